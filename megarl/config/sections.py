@@ -1,0 +1,298 @@
+"""Typed configuration: one pydantic model per component, following DESIGN.md's key tree.
+
+Every model forbids unknown keys and is frozen: the config is read once, checked by the planner
+(megarl/config/planner.py) before anything starts, and never mutated at run time. This module
+imports neither torch nor megatron so that `megarl plan` stays fast.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+# Names selectable in the config; megarl.algos' registries hold the implementations and a test
+# keeps both lists equal (the planner must not import torch to validate a name).
+ESTIMATORS = (
+    "gae",
+    "grpo",
+    "dr_grpo",
+    "rloo",
+    "reinforce_plus_plus",
+    "reinforce_plus_plus_baseline",
+    "remax",
+)
+GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline")
+POLICY_LOSSES = ("ppo", "gspo")
+LOSS_AGGS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+KL_ESTIMATORS = ("k1", "k2", "k3", "abs")
+
+
+class Section(BaseModel):
+    """Base of every config section: unknown keys are errors, values are immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+class ModelConfig(Section):
+    path: str | None = Field(None, description="Hugging Face model directory (config.json, safetensors, tokenizer).")
+    arch: str | None = Field(
+        None,
+        description="Built-in architecture name (e.g. qwen2.5-72b) for planning without weights; see `megarl plan --list-archs`.",
+    )
+    dtype: Literal["bfloat16", "float16", "float32"] = Field(
+        "bfloat16", description="Parameter and activation dtype for training and rollout."
+    )
+
+    @model_validator(mode="after")
+    def _path_or_arch(self) -> ModelConfig:
+        if self.path is None and self.arch is None:
+            raise ValueError("set model.path (an HF model directory) or model.arch (a built-in architecture name)")
+        return self
+
+
+class ClusterConfig(Section):
+    device: Literal["cuda", "cpu"] = Field("cuda", description="cuda for GPU clusters; cpu runs everything on gloo with the torch engine.")
+    nnodes: int = Field(1, ge=1, description="Number of nodes.")
+    gpus_per_node: int = Field(8, ge=1, description="GPUs per node (processes per node when device is cpu).")
+    gpu_memory_gib: float = Field(80.0, gt=0, description="Memory of one GPU in GiB, for the memory plan.")
+    placement: Literal["colocated", "disaggregated"] = Field(
+        "colocated",
+        description="colocated: training and rollout share every GPU; disaggregated: rollout gets its own pool of rollout_gpus.",
+    )
+    rollout_gpus: int = Field(0, ge=0, description="GPUs given to rollout when placement is disaggregated (taken from the last nodes).")
+    ray_address: str | None = Field(None, description="Ray cluster to attach to ('auto' or host:port); None starts an embedded local Ray.")
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.gpus_per_node
+
+
+class DataFile(Section):
+    path: str = Field(description="A parquet file in the verl schema (data_source, prompt, reward_model, extra_info).")
+    weight: float = Field(1.0, gt=0, description="Relative sampling weight when several train files are mixed.")
+
+
+class DataConfig(Section):
+    train_files: list[DataFile] = Field(default_factory=list, description="Training parquet files (strings or {path, weight}).")
+    val_files: list[str] = Field(default_factory=list, description="Validation parquet files.")
+    prompt_key: str = Field("prompt", description="Column holding the prompt (a string or a list of chat messages).")
+    prompts_per_step: int = Field(32, ge=1, description="Prompts drawn per RL step; the step generates prompts_per_step x rollout.n samples.")
+    max_prompt_length: int = Field(1024, ge=1, description="Maximum prompt length in tokens after templating.")
+    truncation: Literal["error", "left", "right"] = Field(
+        "error", description="What to do with a prompt over max_prompt_length when it is not filtered out."
+    )
+    filter_overlong_prompts: bool = Field(True, description="Drop prompts longer than max_prompt_length when the dataset is loaded.")
+    apply_chat_template: bool = Field(True, description="Render prompts with the tokenizer's chat template (else raw text).")
+    shuffle: bool = Field(True, description="Shuffle each epoch (seeded, resumable).")
+    seed: int = Field(1, description="Seed of the sampler's shuffles.")
+
+    @field_validator("train_files", mode="before")
+    @classmethod
+    def _strings_to_files(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = [value]
+        if isinstance(value, list):
+            return [{"path": v} if isinstance(v, str) else v for v in value]
+        return value
+
+    @field_validator("val_files", mode="before")
+    @classmethod
+    def _string_to_list(cls, value: object) -> object:
+        return [value] if isinstance(value, str) else value
+
+
+class SamplingConfig(Section):
+    temperature: float = Field(1.0, ge=0, description="Sampling temperature; the trainer computes log-probs at the same temperature.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling; < 1 makes the rollout differ from the trained distribution.")
+    top_k: int = Field(-1, ge=-1, description="Top-k sampling; -1 = the whole vocabulary.")
+    max_new_tokens: int = Field(1024, ge=1, description="Maximum response length; a response cut here is marked truncated.")
+    stop: list[str] = Field(default_factory=list, description="Stop strings (the matched string stays in the response).")
+    stop_token_ids: list[int] = Field(default_factory=list, description="Extra stop token ids besides the tokenizer's EOS.")
+
+
+class WeightSyncConfig(Section):
+    bucket_mb: int = Field(512, ge=1, description="Size of one weight-transfer bucket in MiB.")
+    check_logprobs: bool = Field(True, description="After each sync, compare engine and trainer log-probs of a few fixed sequences.")
+    max_logprob_diff: float = Field(0.05, gt=0, description="Refuse a sync whose mean |engine - trainer| log-prob exceeds this.")
+
+
+class ValSamplingConfig(Section):
+    greedy: bool = Field(True, description="Validate with greedy decoding (else sample at the training temperature).")
+    n: int = Field(1, ge=1, description="Samples per validation prompt.")
+
+
+class RolloutConfig(Section):
+    engine: Literal["sglang", "torch"] = Field("sglang", description="sglang on GPUs; torch is the reference engine (CPU, CI, debugging).")
+    tp: int = Field(1, ge=1, description="Tensor parallel size of one rollout engine.")
+    mem_fraction: float = Field(0.8, gt=0, lt=1, description="Fraction of GPU memory SGLang takes for weights and KV cache.")
+    max_running_requests: int = Field(256, ge=1, description="Concurrent requests per engine.")
+    n: int = Field(8, ge=1, description="Samples (responses) per prompt.")
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Sampling of training rollouts.")
+    val: ValSamplingConfig = Field(default_factory=ValSamplingConfig, description="Sampling of validation rollouts.")
+    weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig, description="Trainer -> engine weight transfer.")
+
+
+class ParallelConfig(Section):
+    tp: int = Field(1, ge=1, description="Tensor parallel size.")
+    pp: int = Field(1, ge=1, description="Pipeline parallel size.")
+    vpp: int = Field(1, ge=1, description="Virtual pipeline stages per rank (not supported yet: 1).")
+    cp: int = Field(1, ge=1, description="Context parallel size (not supported yet: 1).")
+    ep: int = Field(1, ge=1, description="Expert parallel size (not supported yet: 1).")
+    sequence_parallel: bool = Field(False, description="Megatron sequence parallelism (needs tp > 1).")
+
+
+class OptimizerConfig(Section):
+    lr: float = Field(1e-6, gt=0, description="Peak learning rate.")
+    min_lr: float = Field(0.0, ge=0, description="Final learning rate of the decay schedule.")
+    warmup_steps: int = Field(0, ge=0, description="Linear warm-up, in optimizer steps.")
+    schedule: Literal["constant", "cosine", "linear"] = Field("constant", description="Decay after warm-up.")
+    weight_decay: float = Field(0.0, ge=0, description="Decoupled weight decay.")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="Adam betas.")
+    eps: float = Field(1e-8, gt=0, description="Adam epsilon.")
+    clip_grad: float = Field(1.0, ge=0, description="Global gradient-norm clip; 0 disables.")
+    distributed: bool = Field(True, description="Megatron's distributed optimizer (optimizer state sharded over DP).")
+
+
+class ActorConfig(Section):
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig, description="Model parallel layout.")
+    micro_batch_size: int | None = Field(1, ge=1, description="Samples per micro-batch per DP rank (or use max_tokens_per_gpu).")
+    max_tokens_per_gpu: int | None = Field(None, ge=1, description="Token budget of a micro-batch per DP rank; overrides micro_batch_size.")
+    mini_batch_size: int | None = Field(None, ge=1, description="Samples per optimizer step over all DP ranks; None = the whole step's samples.")
+    ppo_epochs: int = Field(1, ge=1, description="Passes over the step's samples.")
+    recompute: Literal["none", "selective", "full"] = Field("none", description="Activation recomputation.")
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig, description="Optimizer and LR schedule.")
+    offload: bool = Field(False, description="Move params, grads and optimizer state to host memory while the engine generates (colocated).")
+
+
+class ReferenceConfig(Section):
+    enabled: bool | None = Field(None, description="Keep a frozen reference policy; None = derived from the algorithm (a KL term needs one).")
+    offload: bool = Field(False, description="Keep the reference weights in host memory between uses.")
+
+
+class CriticConfig(ActorConfig):
+    enabled: bool | None = Field(None, description="Train a critic; None = derived from the estimator (gae needs one).")
+    path: str | None = Field(None, description="HF model to initialise the critic backbone from; None = the policy's model.path.")
+
+
+class ClipConfig(Section):
+    low: float = Field(0.2, ge=0, description="Lower clip ratio epsilon (ratio >= 1 - low).")
+    high: float = Field(0.2, ge=0, description="Upper clip ratio epsilon (ratio <= 1 + high); DAPO clip-higher uses 0.28.")
+    dual_c: float | None = Field(3.0, gt=1, description="Dual-clip bound for negative advantages; None disables.")
+    value: float | None = Field(0.2, gt=0, description="Value-function clip range of the critic loss; None disables.")
+
+
+class KLConfig(Section):
+    use_in_reward: bool = Field(False, description="Subtract coef x KL from the token rewards.")
+    use_in_loss: bool = Field(False, description="Add coef x KL to the policy loss.")
+    estimator: Literal["k1", "k2", "k3", "abs"] = Field("k3", description="KL estimator (k3 = low-variance KL).")
+    coef: float = Field(0.001, ge=0, description="KL coefficient (initial value for the adaptive controller).")
+    controller: Literal["fixed", "adaptive"] = Field("fixed", description="Keep coef fixed or adapt it towards target.")
+    target: float = Field(0.01, gt=0, description="Target KL of the adaptive controller.")
+    horizon: int = Field(10000, ge=1, description="Horizon of the adaptive controller.")
+
+    @property
+    def enabled(self) -> bool:
+        return self.use_in_reward or self.use_in_loss
+
+
+class TISConfig(Section):
+    level: Literal["none", "token", "sequence"] = Field("none", description="Truncated importance sampling against the engine's log-probs.")
+    cap: float = Field(2.0, gt=0, description="Cap of the importance weight.")
+
+
+class DynamicSamplingConfig(Section):
+    enabled: bool = Field(False, description="DAPO: drop groups whose rewards are all equal and generate more.")
+    max_rounds: int = Field(3, ge=1, description="Generation rounds per step at most before training on what is there.")
+
+
+class OverlongConfig(Section):
+    length: int = Field(0, ge=0, description="DAPO overlong shaping: penalise the last `length` tokens before max_new_tokens; 0 disables.")
+    penalty: float = Field(1.0, ge=0, description="Penalty at the limit (linear from 0 over the window).")
+
+
+class AlgorithmConfig(Section):
+    estimator: Literal[ESTIMATORS] = Field("grpo", description="Advantage estimator.")  # type: ignore[valid-type]
+    policy_loss: Literal[POLICY_LOSSES] = Field("ppo", description="ppo (token ratio) or gspo (sequence ratio).")  # type: ignore[valid-type]
+    gamma: float = Field(1.0, ge=0, le=1, description="Discount (gae, reinforce++).")
+    lam: float = Field(1.0, ge=0, le=1, description="GAE lambda.")
+    norm_by_std: bool = Field(True, description="Divide group-relative advantages by the group's std (grpo).")
+    clip: ClipConfig = Field(default_factory=ClipConfig, description="Ratio and value clipping.")
+    loss_agg: Literal[LOSS_AGGS] = Field("token-mean", description="How token losses are aggregated.")  # type: ignore[valid-type]
+    entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus coefficient.")
+    kl: KLConfig = Field(default_factory=KLConfig, description="KL to the reference policy.")
+    tis: TISConfig = Field(default_factory=TISConfig, description="Train/inference mismatch correction.")
+    dynamic_sampling: DynamicSamplingConfig = Field(default_factory=DynamicSamplingConfig, description="DAPO dynamic sampling.")
+    overlong: OverlongConfig = Field(default_factory=OverlongConfig, description="DAPO overlong reward shaping.")
+
+
+class CustomRewardConfig(Section):
+    path: str = Field(description="Python file defining the reward function.")
+    name: str = Field("compute_score", description="Function name in that file.")
+    batched: bool = Field(False, description="The function takes lists and returns a list (verl's batch reward).")
+
+
+class RewardModelConfig(Section):
+    path: str = Field(description="HF sequence-classification model directory.")
+    batch_size: int = Field(8, ge=1, description="Samples per forward.")
+    device: str = Field("cpu", description="Device of the reward model in the reward workers.")
+
+
+class RewardConfig(Section):
+    functions: dict[str, str] = Field(default_factory=dict, description="data_source -> built-in scorer name (gsm8k, math, code, ...); unlisted sources use their own name.")
+    custom: CustomRewardConfig | None = Field(None, description="A user reward function (verl signature) used for every sample.")
+    model: RewardModelConfig | None = Field(None, description="An HF reward model instead of rule-based scoring.")
+    timeout_s: float = Field(10.0, gt=0, description="Per-sample scoring timeout; a timeout scores 0 and is counted.")
+    workers: int = Field(2, ge=1, description="Reward worker processes.")
+
+
+class TrainerConfig(Section):
+    total_steps: int | None = Field(None, ge=1, description="RL steps to run (or set total_epochs).")
+    total_epochs: int | None = Field(None, ge=1, description="Passes over the training prompts (used when total_steps is None).")
+    save_freq: int = Field(0, ge=0, description="Checkpoint every N steps (and at the end); 0 = at the end only.")
+    eval_freq: int = Field(0, ge=0, description="Validate every N steps; 0 disables periodic validation.")
+    eval_before_train: bool = Field(False, description="Validate once before the first step.")
+    val_only: bool = Field(False, description="Only validate, then exit.")
+    critic_warmup_steps: int = Field(0, ge=0, description="Steps where only the critic trains (PPO).")
+    output_dir: str = Field("outputs/run", description="Checkpoints, metrics.jsonl, TensorBoard logs and samples go here.")
+    resume: str = Field("auto", description="auto (latest valid checkpoint in output_dir), disable, or a checkpoint path.")
+    keep_last: int = Field(3, ge=1, description="Checkpoints kept on disk.")
+    loggers: list[Literal["console", "jsonl", "tensorboard", "wandb", "mlflow"]] = Field(
+        default_factory=lambda: ["console", "jsonl", "tensorboard"], description="Metric sinks."
+    )
+    project: str = Field("megarl", description="Project name for W&B / MLflow.")
+    experiment: str = Field("run", description="Run name for W&B / MLflow.")
+    seed: int = Field(1, description="Run seed; per-rank and per-sample seeds derive from it.")
+    profile_steps: list[int] = Field(default_factory=list, description="Steps to trace with the torch profiler.")
+    val_samples_logged: int = Field(4, ge=0, description="Validation generations written to output_dir/samples per eval.")
+
+
+class MegaRLConfig(Section):
+    """The whole run."""
+
+    model: ModelConfig = Field(description="The policy model.")
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="Hardware and placement.")
+    data: DataConfig = Field(default_factory=DataConfig, description="Prompts.")
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Generation.")
+    actor: ActorConfig = Field(default_factory=ActorConfig, description="The trained policy.")
+    reference: ReferenceConfig = Field(default_factory=ReferenceConfig, description="The frozen reference policy.")
+    critic: CriticConfig = Field(default_factory=CriticConfig, description="The value model (gae).")
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="Advantages, losses, KL.")
+    reward: RewardConfig = Field(default_factory=RewardConfig, description="Scoring.")
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="The loop, checkpoints and logging.")
+
+    @property
+    def reference_enabled(self) -> bool:
+        if self.reference.enabled is not None:
+            return self.reference.enabled
+        return self.algorithm.kl.enabled
+
+    @property
+    def critic_enabled(self) -> bool:
+        if self.critic.enabled is not None:
+            return self.critic.enabled
+        return self.algorithm.estimator == "gae"
+
+    @property
+    def samples_per_step(self) -> int:
+        return self.data.prompts_per_step * self.rollout.n

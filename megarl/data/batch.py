@@ -1,0 +1,192 @@
+"""The Batch: the one record type that flows through the RL loop.
+
+One row per sample (a response). Every per-token tensor is ``[B, R]`` and position ``t``
+belongs to response token ``t`` (for log-probs: the log-prob of token ``t`` given everything
+before it). Prompts are left-padded to ``P`` so that prompt and response meet in the middle:
+``tokens = cat(prompt_ids, response_ids)`` is a contiguous sequence for every row once the
+padding (``prompt_mask == 0`` on the left, ``t >= response_lengths`` on the right) is masked.
+
+Fields that stages fill in later (``old_logprobs``, ``values``, ...) are ``None`` until then.
+Every operation (select / split / concat / replace) keeps every field aligned by row; there is
+deliberately no free-form dict of extra tensors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+# Per-token float tensors filled in as the step progresses, all [B, R].
+TOKEN_FIELDS = (
+    "rollout_logprobs",
+    "old_logprobs",
+    "ref_logprobs",
+    "values",
+    "token_rewards",
+    "advantages",
+    "returns",
+)
+# Per-sample python lists, length B.
+LIST_FIELDS = ("data_source", "ground_truth", "extra_info", "finish_reason", "prompt_text")
+
+FINISH_REASONS = ("stop", "length", "abort")
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A batch of samples; see the module docstring for the alignment rule."""
+
+    prompt_ids: torch.Tensor  # [B, P] long, left-padded
+    prompt_mask: torch.Tensor  # [B, P] long, 1 = real prompt token
+    response_ids: torch.Tensor  # [B, R] long, right-padded
+    response_lengths: torch.Tensor  # [B] long, real response tokens (incl. non-loss ones)
+    response_mask: torch.Tensor  # [B, R] float, 1 = model-generated token that counts in the loss
+    group_id: torch.Tensor  # [B] long, the prompt the sample came from (unique per step)
+    data_source: list[str] = field(default_factory=list)
+    ground_truth: list[Any] = field(default_factory=list)
+    extra_info: list[dict] = field(default_factory=list)
+    finish_reason: list[str] = field(default_factory=list)  # "stop" | "length" | "abort"
+    prompt_text: list[str] = field(default_factory=list)
+    scores: torch.Tensor | None = None  # [B] float, outcome reward of each sample
+    rollout_logprobs: torch.Tensor | None = None  # [B, R] engine log-probs at the rollout T
+    old_logprobs: torch.Tensor | None = None  # [B, R] trainer log-probs before the update
+    ref_logprobs: torch.Tensor | None = None  # [B, R] reference-policy log-probs
+    values: torch.Tensor | None = None  # [B, R] critic values
+    token_rewards: torch.Tensor | None = None  # [B, R] outcome on the last token, minus KL
+    advantages: torch.Tensor | None = None  # [B, R]
+    returns: torch.Tensor | None = None  # [B, R]
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    # ---- shape contract -------------------------------------------------------------
+    def validate(self) -> None:
+        """Check every field against the shape contract (internal invariant)."""
+        b, r = self.response_ids.shape
+        assert self.prompt_ids.dim() == 2 and self.prompt_ids.shape[0] == b, self.prompt_ids.shape
+        assert self.prompt_mask.shape == self.prompt_ids.shape
+        assert self.response_mask.shape == (b, r), (self.response_mask.shape, (b, r))
+        assert self.response_lengths.shape == (b,)
+        assert self.group_id.shape == (b,)
+        if self.scores is not None:
+            assert self.scores.shape == (b,), self.scores.shape
+        for name in TOKEN_FIELDS:
+            value = getattr(self, name)
+            assert value is None or value.shape == (b, r), (name, value.shape, (b, r))
+        for name in LIST_FIELDS:
+            value = getattr(self, name)
+            assert len(value) in (0, b), (name, len(value), b)
+
+    def __len__(self) -> int:
+        return self.response_ids.shape[0]
+
+    @property
+    def prompt_len(self) -> int:
+        return self.prompt_ids.shape[1]
+
+    @property
+    def response_len(self) -> int:
+        return self.response_ids.shape[1]
+
+    @property
+    def prompt_lengths(self) -> torch.Tensor:
+        """[B] number of real prompt tokens."""
+        return self.prompt_mask.sum(-1)
+
+    @property
+    def response_valid(self) -> torch.Tensor:
+        """[B, R] long, 1 where a real (non-padding) response token sits."""
+        positions = torch.arange(self.response_len, device=self.response_ids.device)
+        return (positions[None, :] < self.response_lengths[:, None]).long()
+
+    def sequences(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The full token rows the models see.
+
+        Returns ``tokens [B, P+R]``, ``attention_mask [B, P+R]`` (1 = real token) and
+        ``position_ids [B, P+R]`` (0 at each row's first real token). The log-prob of
+        response token t comes from the logits at column ``P + t - 1``.
+        """
+        tokens = torch.cat([self.prompt_ids, self.response_ids], dim=1)
+        mask = torch.cat([self.prompt_mask.long(), self.response_valid], dim=1)
+        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+        return tokens, mask, position_ids
+
+    # ---- row operations ---------------------------------------------------------------
+    def replace(self, **fields: Any) -> Batch:
+        """A copy with some fields replaced (validated)."""
+        return dataclasses.replace(self, **fields)
+
+    def select(self, index: torch.Tensor | Sequence[int]) -> Batch:
+        """Rows ``index`` (a long tensor, a list of ints or a bool mask [B]), all fields aligned."""
+        idx = torch.as_tensor(index, dtype=torch.long) if not isinstance(index, torch.Tensor) else index
+        if idx.dtype == torch.bool:
+            idx = idx.nonzero(as_tuple=True)[0]
+        idx = idx.cpu()
+        rows = idx.tolist()
+        updates: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, torch.Tensor):
+                updates[f.name] = value[idx.to(value.device)]
+            elif isinstance(value, list):
+                updates[f.name] = [value[i] for i in rows] if value else []
+        return dataclasses.replace(self, **updates)
+
+    def split(self, size: int) -> list[Batch]:
+        """Consecutive chunks of ``size`` rows (the last may be smaller)."""
+        if size <= 0:
+            raise ValueError(f"split size must be positive, got {size}")
+        return [self.select(range(i, min(i + size, len(self)))) for i in range(0, len(self), size)]
+
+    def chunk(self, parts: int) -> list[Batch]:
+        """``parts`` consecutive chunks of equal size; ``parts`` must divide the batch."""
+        if parts <= 0 or len(self) % parts:
+            raise ValueError(f"cannot cut a batch of {len(self)} rows into {parts} equal parts")
+        return self.split(len(self) // parts)
+
+    @staticmethod
+    def concat(batches: Sequence[Batch]) -> Batch:
+        """Rows of all ``batches`` in order; prompts and responses re-padded to the widest."""
+        if not batches:
+            raise ValueError("concat needs at least one batch")
+        p = max(b.prompt_len for b in batches)
+        r = max(b.response_len for b in batches)
+        updates: dict[str, Any] = {}
+        for f in dataclasses.fields(Batch):
+            values = [getattr(b, f.name) for b in batches]
+            if all(v is None for v in values):
+                updates[f.name] = None
+            elif any(v is None for v in values):
+                raise ValueError(f"concat: field {f.name} is set in some batches but not all")
+            elif isinstance(values[0], list):
+                updates[f.name] = [x for v in values for x in v]
+            elif f.name in ("prompt_ids", "prompt_mask"):
+                updates[f.name] = torch.cat([_pad_left(v, p) for v in values])
+            elif values[0].dim() == 2:
+                updates[f.name] = torch.cat([_pad_right(v, r) for v in values])
+            else:
+                updates[f.name] = torch.cat(values)
+        return Batch(**updates)
+
+    def to(self, device: torch.device | str) -> Batch:
+        updates = {
+            f.name: getattr(self, f.name).to(device)
+            for f in dataclasses.fields(self)
+            if isinstance(getattr(self, f.name), torch.Tensor)
+        }
+        return dataclasses.replace(self, **updates)
+
+    def num_groups(self) -> int:
+        return int(torch.unique(self.group_id).numel())
+
+
+def _pad_left(t: torch.Tensor, width: int) -> torch.Tensor:
+    return torch.nn.functional.pad(t, (width - t.shape[1], 0), value=0)
+
+
+def _pad_right(t: torch.Tensor, width: int) -> torch.Tensor:
+    return torch.nn.functional.pad(t, (0, width - t.shape[1]), value=0)

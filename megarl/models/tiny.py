@@ -1,0 +1,158 @@
+"""Tiny Hugging Face model directories built offline, for tests and the CPU demo.
+
+A directory made here is a real HF model directory (config.json, model.safetensors, a fast
+tokenizer with a chat template, generation_config.json): every code path that takes an HF path
+runs on it. Nothing is downloaded: the model is random-init from a config and the tokenizer is
+made with `tokenizers`.
+
+Two tokenizers:
+- byte-level (default): the 256 ByteLevel symbols, no merges, plus ChatML special tokens; any
+  text round-trips. Vocabulary 259 (not divisible by 2: exercises vocab padding at TP=2).
+- a task vocabulary (``task_vocab="0123456789+="`` ...): one token per character plus special
+  tokens, so a random policy already hits the answer alphabet often (the demo's task).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+CHATML_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+# A task vocabulary has no role names or newlines: one marker opens the answer.
+TASK_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>{% endif %}"
+)
+ARCHS = ("qwen2", "qwen3", "llama")
+
+
+def build_tokenizer(task_vocab: str | None = None):
+    """A ``PreTrainedTokenizerFast`` (byte-level, or one token per character of ``task_vocab``)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    if task_vocab is None:
+        alphabet = pre_tokenizers.ByteLevel.alphabet()
+        vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
+        tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+        tok.decoder = decoders.ByteLevel()
+        template = CHATML_TEMPLATE
+        unk = None
+    else:
+        chars = list(dict.fromkeys(task_vocab))
+        vocab = {ch: i for i, ch in enumerate(["<unk>", *chars])}
+        tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+        tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+        tok.decoder = decoders.Fuse()
+        template = TASK_TEMPLATE
+        unk = "<unk>"
+    tok.add_special_tokens(list(SPECIAL_TOKENS))
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        bos_token=None,
+        unk_token=unk,
+        chat_template=template,
+        model_max_length=1 << 16,
+    )
+
+
+def tiny_hf_config(
+    arch: str = "qwen2",
+    *,
+    vocab_size: int,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    ffn_hidden_size: int = 128,
+    tie_word_embeddings: bool = False,
+    max_position_embeddings: int = 512,
+    rope_theta: float = 10000.0,
+    rope_scaling: dict[str, Any] | None = None,
+    eos_token_id: int | None = None,
+    pad_token_id: int | None = None,
+):
+    """The transformers config of a tiny dense model of architecture ``arch``."""
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+
+    if arch not in ARCHS:
+        raise ValueError(f"tiny model arch {arch!r} is not one of {', '.join(ARCHS)}")
+    common: dict[str, Any] = dict(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=ffn_hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=tie_word_embeddings,
+        rms_norm_eps=1e-6,
+        eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
+        bos_token_id=None,
+    )
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": rope_theta}
+    if rope_scaling is not None:
+        rope = {**rope_scaling, "rope_theta": rope_theta}
+    if arch == "qwen2":
+        cfg = Qwen2Config(**common, use_sliding_window=False)
+    elif arch == "qwen3":
+        cfg = Qwen3Config(**common, head_dim=hidden_size // num_heads, use_sliding_window=False)
+    else:
+        cfg = LlamaConfig(**common, attention_bias=False, mlp_bias=False, head_dim=hidden_size // num_heads)
+    _set_rope(cfg, rope)
+    return cfg
+
+
+def _set_rope(cfg, rope: dict[str, Any]) -> None:
+    """transformers 5 keeps rope settings in ``rope_parameters``; 4.x in theta + scaling."""
+    if hasattr(cfg, "rope_parameters"):
+        cfg.rope_parameters = rope
+    else:  # transformers 4.x
+        cfg.rope_theta = rope["rope_theta"]
+        scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
+        cfg.rope_scaling = None if scaling.get("rope_type") == "default" else scaling
+
+
+def build_tiny_model(
+    out_dir: str | Path,
+    arch: str = "qwen2",
+    *,
+    task_vocab: str | None = None,
+    seed: int = 0,
+    dtype: str = "float32",
+    **config_kwargs: Any,
+) -> Path:
+    """Write a random-init HF model + tokenizer to ``out_dir`` and return the path.
+
+    ``config_kwargs`` go to :func:`tiny_hf_config` (hidden_size, num_layers, num_heads,
+    num_kv_heads, ffn_hidden_size, tie_word_embeddings, rope_scaling, ...).
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(task_vocab)
+    config = tiny_hf_config(
+        arch,
+        vocab_size=len(tokenizer),
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **config_kwargs,
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    model.generation_config = GenerationConfig(
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
+    )
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out
