@@ -1,0 +1,108 @@
+"""Optimizer and learning-rate schedule of a Megatron worker, built from ``OptimizerConfig``.
+
+The optimizer is Megatron's own (``get_megatron_optimizer``: Adam, fp32 main params and grads,
+optionally the distributed optimizer that shards state over DP, global grad-norm clipping).
+
+The schedule is ours, because Megatron's ``OptimizerParamScheduler`` warms up from an initial
+LR at step 0 (a wasted step at ``init_lr = 0``) and wants its decay horizon up front. Here:
+
+- warm-up: the ``k``-th optimizer step (``k = 0, 1, ...``) uses ``lr * (k + 1) / warmup_steps``
+  while ``k < warmup_steps``;
+- then ``constant`` stays at ``lr``; ``linear`` / ``cosine`` go from ``lr`` to ``min_lr`` over
+  the remaining ``total_steps - warmup_steps`` steps and stay at ``min_lr`` afterwards.
+
+``LRSchedule.apply`` writes the LR (times each group's ``lr_mult``) and weight decay (times
+``wd_mult``) into the optimizer's param groups, honouring Megatron's per-group multipliers.
+Its ``state_dict`` is a plain dict (the step counter) for checkpoints.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from megarl.config.sections import OptimizerConfig
+
+
+class LRSchedule:
+    """Warm-up then constant / linear / cosine decay to ``min_lr`` (see module docstring)."""
+
+    def __init__(self, cfg: OptimizerConfig, total_steps: int | None = None) -> None:
+        if cfg.schedule != "constant" and (total_steps is None or total_steps <= cfg.warmup_steps):
+            raise ValueError(
+                f"actor.optimizer.schedule={cfg.schedule!r} needs the total number of optimizer "
+                f"steps (> warmup_steps={cfg.warmup_steps}) to decay over, got {total_steps}; "
+                f"pass total_optimizer_steps to the worker or use schedule='constant'"
+            )
+        if cfg.min_lr > cfg.lr:
+            raise ValueError(f"actor.optimizer.min_lr ({cfg.min_lr}) must not exceed lr ({cfg.lr})")
+        self.cfg = cfg
+        self.total_steps = total_steps
+        self.step_count = 0  # optimizer steps taken so far
+
+    def lr_at(self, step: int) -> float:
+        """The LR of the ``step``-th optimizer step (0-based)."""
+        cfg = self.cfg
+        if step < cfg.warmup_steps:
+            return cfg.lr * (step + 1) / cfg.warmup_steps
+        if cfg.schedule == "constant":
+            return cfg.lr
+        assert self.total_steps is not None
+        span = self.total_steps - cfg.warmup_steps
+        frac = min(1.0, (step - cfg.warmup_steps) / span)
+        if cfg.schedule == "linear":
+            scale = 1.0 - frac
+        else:  # cosine
+            scale = 0.5 * (1.0 + math.cos(math.pi * frac))
+        return cfg.min_lr + (cfg.lr - cfg.min_lr) * scale
+
+    @property
+    def current_lr(self) -> float:
+        return self.lr_at(self.step_count)
+
+    def apply(self, optimizer: Any) -> float:
+        """Set the current step's LR and weight decay on every param group; returns the LR."""
+        lr = self.current_lr
+        for group in optimizer.param_groups:
+            group["lr"] = lr * group.get("lr_mult", 1.0)
+            group["weight_decay"] = self.cfg.weight_decay * group.get("wd_mult", 1.0)
+        return lr
+
+    def advance(self) -> None:
+        self.step_count += 1
+
+    def state_dict(self) -> dict[str, int]:
+        return {"step_count": self.step_count}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.step_count = int(state["step_count"])
+
+
+def megatron_optimizer_config(cfg: OptimizerConfig, *, bf16: bool, fp16: bool) -> Any:
+    """Megatron's ``OptimizerConfig`` for our section (Adam; fp32 main params and grads)."""
+    from megatron.core.optimizer import OptimizerConfig as MegatronOptimizerConfig
+
+    return MegatronOptimizerConfig(
+        optimizer="adam",
+        lr=cfg.lr,
+        min_lr=cfg.min_lr,
+        weight_decay=cfg.weight_decay,
+        adam_beta1=cfg.betas[0],
+        adam_beta2=cfg.betas[1],
+        adam_eps=cfg.eps,
+        clip_grad=cfg.clip_grad,
+        bf16=bf16,
+        fp16=fp16,
+        params_dtype=torch.bfloat16 if bf16 else (torch.float16 if fp16 else torch.float32),
+        use_distributed_optimizer=cfg.distributed,
+    )
+
+
+def build_optimizer(cfg: OptimizerConfig, model_chunks: list[Any], dtype: torch.dtype) -> Any:
+    """Megatron's optimizer over DDP-wrapped ``model_chunks`` (the model's dtype picks mixed precision)."""
+    from megatron.core.optimizer import get_megatron_optimizer
+
+    mcfg = megatron_optimizer_config(cfg, bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16)
+    return get_megatron_optimizer(mcfg, model_chunks)
