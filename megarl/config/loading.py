@@ -1,0 +1,141 @@
+"""Reading a config: YAML file + dotted command-line overrides -> a validated MegaRLConfig.
+
+`megarl launch cfg.yaml rollout.n=8 actor.optimizer.lr=2e-6`: each override's value is parsed
+as a YAML scalar (or flow list/dict: `data.val_files=[a.parquet,b.parquet]`). Unknown keys, in
+the file or in an override, are refused with the closest valid key suggested. Errors are
+ConfigError with one line per problem: the field path, the value, and what to do.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from megarl.config.sections import MegaRLConfig
+
+
+class ConfigError(ValueError):
+    """A user configuration mistake; the message names the field and the fix."""
+
+
+def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> MegaRLConfig:
+    """Read ``path`` (YAML), apply ``key.path=value`` overrides, validate."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        raw = _read_yaml(Path(path))
+    for item in overrides:
+        key, value = parse_override(item)
+        _check_key_path(key)
+        _set_dotted(raw, key, value)
+    return validate_config(raw, source=str(path) if path else "<overrides>")
+
+
+def validate_config(raw: dict[str, Any], source: str = "<config>") -> MegaRLConfig:
+    try:
+        return MegaRLConfig.model_validate(raw)
+    except ValidationError as exc:
+        lines = [_describe_error(err) for err in exc.errors()]
+        raise ConfigError(f"{source}: invalid configuration\n" + "\n".join(f"  - {ln}" for ln in lines)) from None
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """``"a.b=3"`` -> ``("a.b", 3)``; the value is a YAML scalar / flow collection."""
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} must look like key.path=value (e.g. rollout.n=8)")
+    key, text = item.split("=", 1)
+    key = key.strip()
+    if not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"override {item!r}: empty key segment in {key!r}")
+    try:
+        value = yaml.safe_load(text) if text.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override {item!r}: value {text!r} is not valid YAML ({exc.problem})") from None
+    return key, value
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path}: the top level must be a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def _set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
+    node = raw
+    parts = key.split(".")
+    for i, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            where = ".".join(parts[: i + 1])
+            raise ConfigError(f"override {key}: {where} is a value ({child!r}), not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def _check_key_path(key: str) -> None:
+    """Refuse an override whose key does not exist, suggesting the closest one."""
+    model: type[BaseModel] | None = MegaRLConfig
+    walked: list[str] = []
+    for part in key.split("."):
+        if model is None:
+            raise ConfigError(f"override {key}: {'.'.join(walked)} is a value, not a section")
+        fields = model.model_fields
+        if part not in fields:
+            raise ConfigError(_unknown_key_message(".".join([*walked, part]), part, list(fields)))
+        walked.append(part)
+        model = _section_type(fields[part].annotation)
+
+
+def _section_type(annotation: Any) -> type[BaseModel] | None:
+    """The BaseModel inside an annotation like ``X``, ``X | None``; else None."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()) or ():
+        if isinstance(arg, type) and issubclass(arg, BaseModel):
+            return arg
+    return None
+
+
+def _unknown_key_message(path: str, name: str, valid: list[str]) -> str:
+    close = difflib.get_close_matches(name, valid, n=1, cutoff=0.5)
+    hint = f"did you mean {path.rsplit('.', 1)[0] + '.' if '.' in path else ''}{close[0]}?" if close else ""
+    return f"unknown key {path}; {hint + ' ' if hint else ''}valid keys here: {', '.join(valid)}"
+
+
+def _describe_error(err: dict[str, Any]) -> str:
+    loc = ".".join(str(p) for p in err["loc"])
+    if err["type"] == "extra_forbidden":
+        parent = _model_at(err["loc"][:-1])
+        valid = list(parent.model_fields) if parent else []
+        return _unknown_key_message(loc, str(err["loc"][-1]), valid)
+    value = err.get("input")
+    shown = "" if isinstance(value, dict) else f" (got {value!r})"
+    msg = err["msg"].removeprefix("Value error, ")
+    return f"{loc or 'config'}: {msg}{shown}"
+
+
+def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    model: type[BaseModel] | None = MegaRLConfig
+    for part in loc:
+        if model is None or not isinstance(part, str) or part not in model.model_fields:
+            return None
+        model = _section_type(model.model_fields[part].annotation)
+    return model
+
+
+def config_to_yaml(cfg: MegaRLConfig) -> str:
+    """The fully-resolved config (defaults included), for logs and checkpoints."""
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,78 @@
+"""Printing a Plan for people: the placement table, the memory budget, the warnings."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from megarl.config.memory import GIB
+from megarl.config.planner import Plan
+from megarl.config.sections import MegaRLConfig
+
+
+def print_plan(cfg: MegaRLConfig, plan: Plan, console: Console | None = None) -> None:
+    console = console or Console()
+    a = plan.arch
+    console.print(
+        f"[bold]model[/] {a.name} ({a.model_type}, {_count(a.num_params)} params, {a.num_layers} layers, "
+        f"{a.num_heads} heads / {a.num_kv_heads} kv, vocab {a.vocab_size})"
+    )
+    layouts = ", ".join(
+        f"{r.role}: tp{r.tp} pp{r.pp} dp{r.dp}" if r.role != "rollout" else f"rollout: {r.dp} x {cfg.rollout.engine} engine tp{r.tp}"
+        for r in plan.roles.values()
+    )
+    console.print(f"[bold]placement[/] {plan.placement} on {cfg.cluster.nnodes} x {cfg.cluster.gpus_per_node} {plan.device}; {layouts}")
+    console.print(
+        f"[bold]step[/] {cfg.data.prompts_per_step} prompts x n={cfg.rollout.n} = {cfg.samples_per_step} samples; "
+        f"mini-batch {cfg.actor.mini_batch_size or cfg.samples_per_step}, ppo_epochs {cfg.actor.ppo_epochs}"
+    )
+    table = Table(show_lines=False, header_style="bold")
+    for col in ("node", "gpu" if plan.device == "cuda" else "proc", "roles (ranks)"):
+        table.add_column(col)
+    mem = plan.memory
+    if mem is not None and plan.device == "cuda":
+        table.add_column("train GiB", justify="right")
+        table.add_column("rollout GiB", justify="right")
+    for node, gpu, roles in plan.rows(cfg.cluster.nnodes, cfg.cluster.gpus_per_node):
+        cells = [str(node), str(gpu), roles]
+        if mem is not None and plan.device == "cuda":
+            cells += [f"{mem.train_peak / GIB:.1f}", f"{mem.rollout_peak / GIB:.1f}" if mem.rollout else "-"]
+        table.add_row(*cells)
+    console.print(table)
+    if mem is not None:
+        _print_memory(cfg, plan, console)
+    for w in plan.warnings:
+        console.print(f"[yellow]warning[/] {w}")
+    console.print("[green]ok[/]: the plan fits")
+
+
+def _print_memory(cfg: MegaRLConfig, plan: Plan, console: Console) -> None:
+    mem = plan.memory
+    assert mem is not None
+
+    def g(x: float) -> str:
+        return f"{x / GIB:.1f}" if x >= GIB / 10 or x == 0 else f"{x / GIB:.2g}"
+
+    for role, m in (("policy", mem.policy), ("critic", mem.critic)):
+        if m is not None:
+            console.print(
+                f"[bold]{role} memory/GPU[/] weights {g(m.weights)} + grads {g(m.grads)} + optimizer {g(m.optimizer)} "
+                f"+ activations {g(m.activations)} + logits {g(m.logits)} = {g(m.peak)} GiB"
+            )
+    if mem.reference_weights:
+        console.print(f"[bold]reference[/] weights {g(mem.reference_weights)} GiB{' (offloaded)' if cfg.reference.offload else ''}")
+    if mem.rollout is not None:
+        r = mem.rollout
+        console.print(
+            f"[bold]rollout memory/GPU[/] {g(r.budget)} GiB (mem_fraction {cfg.rollout.mem_fraction}): weights {g(r.weights)} "
+            f"+ KV cache {g(r.kv_cache)} = {r.full_length_sequences} sequences of full length at once"
+        )
+    if plan.device == "cuda":
+        console.print(f"[bold]peak/GPU[/] training {g(mem.train_peak)} GiB, generation {g(mem.rollout_peak)} GiB of {g(mem.gpu_bytes)} GiB")
+
+
+def _count(n: int) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.2f}{unit}"
+    return str(n)

@@ -1,0 +1,351 @@
+"""The planner: every check that can fail a run, done before anything starts.
+
+`make_plan(cfg)` derives each role's data-parallel size and the GPU placement, estimates memory
+per GPU, and collects every violation it finds (not just the first) as an issue naming the
+field path, the values, and a fix. It raises PlanError when any issue is an error; warnings
+(e.g. top-p sampling makes the rollout off-policy) are kept on the plan.
+
+Deliberately torch-free: `megarl plan` must answer in well under two seconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from megarl.config.architectures import ArchError, ArchSpec, resolve_arch
+from megarl.config.memory import GIB, RUNTIME_OVERHEAD_GIB, RolloutMemory, TrainMemory, rollout_memory, train_memory
+from megarl.config.sections import GROUP_ESTIMATORS, ActorConfig, MegaRLConfig
+
+
+@dataclass(frozen=True)
+class Issue:
+    field: str
+    message: str
+    level: str = "error"  # error | warning
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}"
+
+
+class PlanError(ValueError):
+    """The config cannot run; ``issues`` lists every reason."""
+
+    def __init__(self, issues: list[Issue]):
+        self.issues = issues
+        super().__init__("the plan is refused:\n" + "\n".join(f"  - {i}" for i in issues))
+
+
+@dataclass(frozen=True)
+class RoleLayout:
+    role: str  # policy | critic | rollout
+    tp: int
+    pp: int
+    dp: int  # rollout: number of engines
+    gpus: tuple[int, ...]  # global GPU (process) indices, rank order
+
+    def coords(self, rank: int) -> str:
+        """Megatron's default rank order: tp fastest, then dp, then pp."""
+        if self.role == "rollout":
+            return f"engine {rank // self.tp} tp{rank % self.tp}"
+        tp_rank, dp_rank, pp_rank = rank % self.tp, (rank // self.tp) % self.dp, rank // (self.tp * self.dp)
+        return f"tp{tp_rank} pp{pp_rank} dp{dp_rank}"
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    policy: TrainMemory | None
+    critic: TrainMemory | None
+    reference_weights: float
+    rollout: RolloutMemory | None
+    train_peak: float  # bytes per GPU while a model trains
+    rollout_peak: float  # bytes per GPU while the engines generate
+    gpu_bytes: float
+
+
+@dataclass(frozen=True)
+class Plan:
+    arch: ArchSpec
+    device: str
+    placement: str
+    roles: dict[str, RoleLayout]
+    memory: MemoryPlan | None
+    warnings: list[Issue] = field(default_factory=list)
+
+    def rows(self, nnodes: int, gpus_per_node: int) -> list[tuple[int, int, str]]:
+        """(node, local gpu, roles text) for every GPU of the cluster."""
+        cells: dict[int, list[str]] = {}
+        for layout in self.roles.values():
+            for rank, gpu in enumerate(layout.gpus):
+                cells.setdefault(gpu, []).append(f"{layout.role} {layout.coords(rank)}")
+        total = nnodes * gpus_per_node
+        return [(g // gpus_per_node, g % gpus_per_node, "; ".join(cells.get(g, ["idle"]))) for g in range(total)]
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["warnings"] = [str(w) for w in self.warnings]
+        return out
+
+
+def make_plan(cfg: MegaRLConfig, *, check_files: bool = False) -> Plan:
+    """Check ``cfg`` and derive the layout; raises PlanError listing every problem."""
+    issues: list[Issue] = []
+    try:
+        arch = resolve_arch(cfg.model.path, cfg.model.arch)
+    except ArchError as exc:
+        raise PlanError([Issue("model", str(exc))]) from None
+    _check_scope(cfg, arch, issues)
+    roles = _layout_roles(cfg, issues)
+    for role, section_name in (("policy", "actor"), ("critic", "critic")):
+        if role == "policy" or cfg.critic_enabled:
+            section = getattr(cfg, section_name)
+            _check_model_parallel(section_name, section, arch, issues)
+            if role in roles:
+                _check_batches(section_name, section, roles[role], cfg, issues)
+    if "rollout" in roles:
+        _check_rollout(cfg, arch, roles["rollout"], issues)
+    _check_sampling(cfg, arch, issues)
+    _check_algorithm(cfg, issues)
+    if check_files:
+        _check_files(cfg, issues)
+    memory = None
+    if not any(i.level == "error" for i in issues):
+        memory = _plan_memory(cfg, arch, roles, issues)
+    errors = [i for i in issues if i.level == "error"]
+    if errors:
+        raise PlanError(errors)
+    warnings = [i for i in issues if i.level == "warning"]
+    return Plan(arch, cfg.cluster.device, cfg.cluster.placement, roles, memory, warnings)
+
+
+def _check_scope(cfg: MegaRLConfig, arch: ArchSpec, issues: list[Issue]) -> None:
+    later = "not supported yet (planned: see DESIGN.md 'Scope now'); set it to 1"
+    for section in ("actor", "critic"):
+        par = getattr(cfg, section).parallel
+        for knob, what in (("vpp", "virtual pipeline stages"), ("cp", "context parallelism"), ("ep", "expert parallelism")):
+            value = getattr(par, knob)
+            if value != 1:
+                issues.append(Issue(f"{section}.parallel.{knob}", f"{what} ({value}) is {later}"))
+    if arch.num_experts:
+        issues.append(Issue("model", f"{arch.name} is a mixture-of-experts model ({arch.num_experts} experts); MoE is not supported yet"))
+    if arch.model_type not in ("llama", "qwen2", "qwen3"):
+        issues.append(Issue("model", f"model_type {arch.model_type!r} has no bridge; supported: llama, qwen2, qwen3"))
+    if cfg.rollout.engine == "sglang" and cfg.cluster.device == "cpu":
+        issues.append(Issue("rollout.engine", "sglang needs cluster.device=cuda; on cpu use rollout.engine=torch"))
+
+
+def _layout_roles(cfg: MegaRLConfig, issues: list[Issue]) -> dict[str, RoleLayout]:
+    """Split the cluster into the training pool and the rollout pool, derive DP sizes."""
+    cl = cfg.cluster
+    world = cl.world_size
+    train_gpus = list(range(world))
+    rollout_gpus = list(range(world))
+    if cl.placement == "disaggregated":
+        if cl.rollout_gpus <= 0 or cl.rollout_gpus >= world:
+            issues.append(Issue("cluster.rollout_gpus", f"({cl.rollout_gpus}) must be between 1 and {world - 1} "
+                                f"(nnodes x gpus_per_node = {world}) with placement=disaggregated"))
+            return {}
+        if cfg.rollout.engine == "torch":
+            issues.append(Issue("cluster.placement", "the torch engine lives inside the policy ranks: use placement=colocated"))
+        train_gpus, rollout_gpus = train_gpus[: world - cl.rollout_gpus], train_gpus[world - cl.rollout_gpus :]
+    elif cl.rollout_gpus:
+        issues.append(Issue("cluster.rollout_gpus", f"({cl.rollout_gpus}) is only used with placement=disaggregated; remove it or set the placement"))
+    roles: dict[str, RoleLayout] = {}
+    policy = _train_layout("policy", "actor", cfg.actor, train_gpus, issues)
+    if policy:
+        roles["policy"] = policy
+    if cfg.critic_enabled:
+        critic = _train_layout("critic", "critic", cfg.critic, train_gpus, issues)
+        if critic:
+            roles["critic"] = critic
+    if cfg.rollout.engine == "sglang":
+        tp = cfg.rollout.tp
+        if len(rollout_gpus) % tp == 0:
+            roles["rollout"] = RoleLayout("rollout", tp, 1, len(rollout_gpus) // tp, tuple(rollout_gpus))
+        else:
+            issues.append(Issue("rollout.tp", f"({tp}) must divide the {len(rollout_gpus)} GPUs of the rollout pool"))
+    elif policy:
+        # One torch engine in the first rank of each policy data-parallel replica.
+        firsts = tuple(g for r, g in enumerate(policy.gpus) if r % policy.tp == 0 and r < policy.tp * policy.dp)
+        roles["rollout"] = RoleLayout("rollout", 1, 1, len(firsts), firsts)
+    return roles
+
+
+def _train_layout(role: str, section: str, cfg: ActorConfig, gpus: list[int], issues: list[Issue]) -> RoleLayout | None:
+    tp, pp = cfg.parallel.tp, cfg.parallel.pp
+    if len(gpus) % (tp * pp):
+        issues.append(Issue(f"{section}.parallel", f"tp x pp ({tp} x {pp} = {tp * pp}) must divide the {len(gpus)} GPUs "
+                            f"of the training pool; try {_divisors_text(len(gpus))} for tp x pp"))
+        return None
+    return RoleLayout(role, tp, pp, len(gpus) // (tp * pp), tuple(gpus))
+
+
+def _check_model_parallel(section: str, cfg: ActorConfig, arch: ArchSpec, issues: list[Issue]) -> None:
+    tp, pp = cfg.parallel.tp, cfg.parallel.pp
+    ok_tp = [d for d in _divisors(arch.num_heads) if arch.num_kv_heads % d == 0]
+    if arch.num_heads % tp or arch.num_kv_heads % tp:
+        issues.append(Issue(f"{section}.parallel.tp", f"({tp}) must divide num_attention_heads ({arch.num_heads}) and "
+                            f"num_key_value_heads ({arch.num_kv_heads}); try {_join(ok_tp)}"))
+    if arch.num_layers % pp:
+        issues.append(Issue(f"{section}.parallel.pp", f"({pp}) must divide num_layers ({arch.num_layers}); try {_join(_divisors(arch.num_layers))}"))
+    if cfg.parallel.sequence_parallel and tp == 1:
+        issues.append(Issue(f"{section}.parallel.sequence_parallel", "needs tp > 1; set it to false or raise tp"))
+
+
+def _check_batches(section: str, cfg: ActorConfig, layout: RoleLayout, full: MegaRLConfig, issues: list[Issue]) -> None:
+    samples = full.samples_per_step
+    mini = cfg.mini_batch_size or samples
+    if samples % mini:
+        issues.append(Issue(f"{section}.mini_batch_size", f"({mini}) must divide the samples of a step, data.prompts_per_step x "
+                            f"rollout.n = {full.data.prompts_per_step} x {full.rollout.n} = {samples}; try {_join(_divisors(samples)[-4:])}"))
+    if cfg.max_tokens_per_gpu is None and cfg.micro_batch_size is None:
+        issues.append(Issue(f"{section}.micro_batch_size", "set micro_batch_size or max_tokens_per_gpu"))
+        return
+    unit = layout.dp * (cfg.micro_batch_size if cfg.max_tokens_per_gpu is None else 1)
+    if mini % unit:
+        what = f"dp x micro_batch_size = {layout.dp} x {cfg.micro_batch_size}" if cfg.max_tokens_per_gpu is None else f"dp ({layout.dp})"
+        issues.append(Issue(f"{section}.mini_batch_size", f"({mini}) must be divisible by {what} = {unit}; change the "
+                            f"mini-batch, the micro-batch or the layout"))
+    seq = full.data.max_prompt_length + full.rollout.sampling.max_new_tokens
+    if cfg.max_tokens_per_gpu is not None and cfg.max_tokens_per_gpu < seq:
+        issues.append(Issue(f"{section}.max_tokens_per_gpu", f"({cfg.max_tokens_per_gpu}) must hold one full sequence "
+                            f"(max_prompt_length + max_new_tokens = {seq})"))
+
+
+def _check_rollout(cfg: MegaRLConfig, arch: ArchSpec, layout: RoleLayout, issues: list[Issue]) -> None:
+    tp = cfg.rollout.tp
+    if cfg.rollout.engine == "torch":
+        if tp != 1:
+            issues.append(Issue("rollout.tp", f"({tp}) must be 1 with the torch engine (it runs in one process)"))
+        return
+    if tp > cfg.cluster.gpus_per_node:
+        issues.append(Issue("rollout.tp", f"({tp}) must fit in one node (gpus_per_node = {cfg.cluster.gpus_per_node})"))
+    kv = arch.num_kv_heads
+    kv_ok = (kv % tp == 0) if tp <= kv else (tp % kv == 0)
+    if arch.num_heads % tp or not kv_ok:
+        ok = [d for d in _divisors(arch.num_heads) if (kv % d == 0 if d <= kv else d % kv == 0)]
+        issues.append(Issue("rollout.tp", f"({tp}) must divide num_attention_heads ({arch.num_heads}), and divide or be a "
+                            f"multiple of num_key_value_heads ({kv}); try {_join(ok)}"))
+
+
+def _check_sampling(cfg: MegaRLConfig, arch: ArchSpec, issues: list[Issue]) -> None:
+    s = cfg.rollout.sampling
+    if s.top_p < 1 or s.top_k > 0:
+        issues.append(Issue("rollout.sampling", f"top_p={s.top_p}, top_k={s.top_k}: the rollout samples from a truncated "
+                            "distribution while the trainer's ratio uses the full one (off-policy); consider algorithm.tis",
+                            level="warning"))
+    total = cfg.data.max_prompt_length + s.max_new_tokens
+    if total > arch.max_positions:
+        issues.append(Issue("data.max_prompt_length", f"max_prompt_length + rollout.sampling.max_new_tokens ({cfg.data.max_prompt_length} "
+                            f"+ {s.max_new_tokens} = {total}) exceeds the model's max_position_embeddings ({arch.max_positions})"))
+
+
+def _check_algorithm(cfg: MegaRLConfig, issues: list[Issue]) -> None:
+    alg = cfg.algorithm
+    if alg.estimator in GROUP_ESTIMATORS and cfg.rollout.n < 2:
+        issues.append(Issue("rollout.n", f"({cfg.rollout.n}) must be >= 2 for the group estimator {alg.estimator}: "
+                            "advantages compare the samples of one prompt"))
+    if alg.estimator == "gae" and not cfg.critic_enabled:
+        issues.append(Issue("critic.enabled", "estimator gae needs a critic; set critic.enabled=true or pick a critic-free estimator (grpo, rloo, ...)"))
+    if alg.kl.enabled and not cfg.reference_enabled:
+        issues.append(Issue("reference.enabled", "a KL term (algorithm.kl.use_in_reward / use_in_loss) needs the reference policy; "
+                            "set reference.enabled=true or turn the KL off"))
+    if cfg.trainer.critic_warmup_steps and not cfg.critic_enabled:
+        issues.append(Issue("trainer.critic_warmup_steps", "needs a critic (estimator gae)"))
+    if cfg.trainer.total_steps is None and cfg.trainer.total_epochs is None:
+        issues.append(Issue("trainer.total_steps", "set trainer.total_steps or trainer.total_epochs"))
+    if alg.overlong.length >= cfg.rollout.sampling.max_new_tokens:
+        issues.append(Issue("algorithm.overlong.length", f"({alg.overlong.length}) must be below rollout.sampling.max_new_tokens "
+                            f"({cfg.rollout.sampling.max_new_tokens})"))
+
+
+def _check_files(cfg: MegaRLConfig, issues: list[Issue]) -> None:
+    if not cfg.data.train_files and not cfg.trainer.val_only:
+        issues.append(Issue("data.train_files", "no training files; give at least one parquet file"))
+    for i, f in enumerate(cfg.data.train_files):
+        if not Path(f.path).is_file():
+            issues.append(Issue(f"data.train_files[{i}]", f"{f.path} does not exist"))
+    for i, path in enumerate(cfg.data.val_files):
+        if not Path(path).is_file():
+            issues.append(Issue(f"data.val_files[{i}]", f"{path} does not exist"))
+    if cfg.model.path is None or not (Path(cfg.model.path) / "config.json").is_file():
+        issues.append(Issue("model.path", f"({cfg.model.path}) must be a local HF model directory to launch"))
+    if cfg.reward.custom and not Path(cfg.reward.custom.path).is_file():
+        issues.append(Issue("reward.custom.path", f"{cfg.reward.custom.path} does not exist"))
+    resume = cfg.trainer.resume
+    if resume not in ("auto", "disable") and not Path(resume).is_dir():
+        issues.append(Issue("trainer.resume", f"({resume}) is neither auto, disable, nor an existing checkpoint directory"))
+
+
+def _tokens_per_micro_batch(cfg: MegaRLConfig, section: ActorConfig) -> int:
+    seq = cfg.data.max_prompt_length + cfg.rollout.sampling.max_new_tokens
+    if section.max_tokens_per_gpu is not None:
+        return section.max_tokens_per_gpu
+    return (section.micro_batch_size or 1) * seq
+
+
+def _plan_memory(cfg: MegaRLConfig, arch: ArchSpec, roles: dict[str, RoleLayout], issues: list[Issue]) -> MemoryPlan:
+    gpu = cfg.cluster.gpu_memory_gib * GIB
+    dtype = cfg.model.dtype
+    mems: dict[str, TrainMemory] = {}
+    for role, section in (("policy", cfg.actor), ("critic", cfg.critic)):
+        if role in roles:
+            lay = roles[role]
+            mems[role] = train_memory(
+                arch, tp=lay.tp, pp=lay.pp, dp=lay.dp, tokens_per_micro_batch=_tokens_per_micro_batch(cfg, section),
+                dtype=dtype, recompute=section.recompute, sequence_parallel=section.parallel.sequence_parallel,
+                distributed_optimizer=section.optimizer.distributed, value_head=role == "critic",
+            )
+    ref = mems["policy"].weights if cfg.reference_enabled and "policy" in mems else 0.0
+    resident = {r: (0.0 if sec.offload else mems[r].states) for r, sec in (("policy", cfg.actor), ("critic", cfg.critic)) if r in mems}
+    ref_resident = 0.0 if cfg.reference.offload else ref
+    overhead = RUNTIME_OVERHEAD_GIB * GIB
+    train_peak = max((m.peak + sum(v for r2, v in resident.items() if r2 != r) + ref_resident for r, m in mems.items()), default=0.0)
+    train_peak += overhead
+    rollout = None
+    rollout_peak = 0.0
+    if cfg.rollout.engine == "sglang":
+        seq = cfg.data.max_prompt_length + cfg.rollout.sampling.max_new_tokens
+        rollout = rollout_memory(arch, tp=cfg.rollout.tp, gpu_bytes=gpu, mem_fraction=cfg.rollout.mem_fraction, dtype=dtype, seq_len=seq)
+        shared = sum(resident.values()) + ref_resident if cfg.cluster.placement == "colocated" else 0.0
+        rollout_peak = rollout.budget + shared + overhead
+        _check_rollout_memory(cfg, rollout, issues)
+    if cfg.cluster.device == "cuda":
+        _check_fits(cfg, train_peak, rollout_peak, gpu, issues)
+    return MemoryPlan(mems.get("policy"), mems.get("critic"), ref, rollout, train_peak, rollout_peak, gpu)
+
+
+def _check_rollout_memory(cfg: MegaRLConfig, mem: RolloutMemory, issues: list[Issue]) -> None:
+    if mem.weights >= mem.budget:
+        issues.append(Issue("rollout.mem_fraction", f"({cfg.rollout.mem_fraction}) leaves {mem.budget / GIB:.1f} GiB per GPU, less than "
+                            f"the engine's weights ({mem.weights / GIB:.1f} GiB at rollout.tp={cfg.rollout.tp}); raise rollout.tp or mem_fraction"))
+    elif mem.full_length_sequences < 1:
+        issues.append(Issue("rollout.mem_fraction", f"the KV cache ({mem.kv_cache / GIB:.1f} GiB) holds no full-length sequence; raise "
+                            "rollout.tp or mem_fraction, or shorten max_prompt_length / max_new_tokens"))
+
+
+def _check_fits(cfg: MegaRLConfig, train_peak: float, rollout_peak: float, gpu: float, issues: list[Issue]) -> None:
+    if train_peak > gpu:
+        issues.append(Issue("actor", f"training needs an estimated {train_peak / GIB:.1f} GiB per GPU, {(train_peak - gpu) / GIB:.1f} GiB "
+                            f"over cluster.gpu_memory_gib ({cfg.cluster.gpu_memory_gib:g}); raise actor.parallel.tp / pp, set "
+                            "actor.optimizer.distributed=true, actor.recompute=full, lower micro_batch_size / max_tokens_per_gpu, "
+                            "or offload the reference / critic"))
+    if rollout_peak > gpu:
+        issues.append(Issue("rollout.mem_fraction", f"generation needs an estimated {rollout_peak / GIB:.1f} GiB per GPU, "
+                            f"{(rollout_peak - gpu) / GIB:.1f} GiB over cluster.gpu_memory_gib ({cfg.cluster.gpu_memory_gib:g}); "
+                            "set actor.offload=true (and critic/reference offload) or lower rollout.mem_fraction"))
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _divisors_text(n: int) -> str:
+    return _join(_divisors(n))
+
+
+def _join(values: list[int]) -> str:
+    values = list(values)
+    if len(values) <= 1:
+        return str(values[0]) if values else "none"
+    return ", ".join(str(v) for v in values[:-1]) + f" or {values[-1]}"

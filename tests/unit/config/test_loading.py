@@ -1,0 +1,82 @@
+"""YAML + dotted overrides -> validated config; unknown keys suggest the closest valid key."""
+
+import pytest
+
+from megarl.config.loading import ConfigError, load_config, parse_override, validate_config
+
+BASE = ["model.arch=qwen2.5-7b", "trainer.total_steps=1"]
+
+
+def test_override_values_are_yaml_scalars():
+    cfg = load_config(None, [*BASE, "rollout.n=4", "actor.optimizer.lr=2e-6", "rollout.sampling.stop=[a, b]",
+                             "actor.optimizer.distributed=false", "cluster.ray_address=null"])
+    assert cfg.rollout.n == 4
+    assert cfg.actor.optimizer.lr == pytest.approx(2e-6)
+    assert cfg.rollout.sampling.stop == ["a", "b"]
+    assert cfg.actor.optimizer.distributed is False
+    assert cfg.cluster.ray_address is None
+
+
+def test_override_wins_over_file(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("model: {arch: qwen2.5-7b}\nrollout: {n: 16, tp: 2}\n")
+    cfg = load_config(path, ["rollout.n=2"])
+    assert (cfg.rollout.n, cfg.rollout.tp) == (2, 2)
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("rollout.nn=3", "unknown key rollout.nn; did you mean rollout.n?"),
+        ("actor.optimizer.lrr=1", "did you mean actor.optimizer.lr?"),
+        ("algorithm.kl.coeff=0.1", "did you mean algorithm.kl.coef?"),
+        ("rollot.n=3", "did you mean rollout?"),
+    ],
+)
+def test_unknown_override_key_suggests_closest(override, expected):
+    with pytest.raises(ConfigError, match=expected.replace("?", r"\?").replace(".", r"\.")):
+        load_config(None, [*BASE, override])
+
+
+def test_unknown_key_in_file_suggests_closest(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("model: {arch: qwen2.5-7b}\nrollout: {smapling: {temperature: 1}}\n")
+    with pytest.raises(ConfigError, match=r"unknown key rollout\.smapling; did you mean rollout\.sampling\?"):
+        load_config(path)
+
+
+def test_bad_value_names_field_and_value():
+    with pytest.raises(ConfigError, match=r"rollout\.n: .*integer.*'abc'"):
+        load_config(None, [*BASE, "rollout.n=abc"])
+    with pytest.raises(ConfigError, match=r"data\.truncation: .*'middle'"):
+        load_config(None, [*BASE, "data.truncation=middle"])
+
+
+@pytest.mark.parametrize("bad", ["rollout.n", "=3", "a..b=1"])
+def test_malformed_override(bad):
+    with pytest.raises(ConfigError):
+        parse_override(bad)
+
+
+def test_override_into_a_value_is_refused():
+    with pytest.raises(ConfigError, match="rollout.n is a value, not a section"):
+        load_config(None, [*BASE, "rollout.n.x=1"])
+
+
+def test_missing_file_and_non_mapping(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "list.yaml"
+    bad.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_config(bad)
+
+
+def test_model_needs_path_or_arch():
+    with pytest.raises(ConfigError, match="set model.path"):
+        validate_config({"model": {}})
+
+
+def test_train_files_accept_strings_and_weights():
+    cfg = validate_config({"model": {"arch": "qwen3-8b"}, "data": {"train_files": ["a.parquet", {"path": "b.parquet", "weight": 3}]}})
+    assert [(f.path, f.weight) for f in cfg.data.train_files] == [("a.parquet", 1.0), ("b.parquet", 3.0)]

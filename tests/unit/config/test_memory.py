@@ -1,0 +1,46 @@
+"""The memory model against hand-computed figures."""
+
+import pytest
+
+from megarl.config.architectures import BUILTIN_ARCHS, ArchSpec
+from megarl.config.memory import activation_bytes_per_token, rollout_memory, stage_params, train_memory
+
+# Published parameter counts (config.json shapes), to 0.5 %.
+@pytest.mark.parametrize(("name", "billions"), [("qwen2.5-7b", 7.62), ("qwen2.5-72b", 72.7), ("qwen3-8b", 8.19), ("llama-3-8b", 8.03), ("llama-3-70b", 70.55)])
+def test_param_counts_match_published(name, billions):
+    assert BUILTIN_ARCHS[name].num_params / 1e9 == pytest.approx(billions, rel=5e-3)
+
+
+def test_train_memory_by_hand():
+    # A small llama-like model, numbers worked out on paper.
+    arch = ArchSpec("hand", "llama", hidden_size=1024, num_layers=4, num_heads=8, num_kv_heads=8, ffn_hidden_size=4096,
+                    vocab_size=1000, max_positions=4096, tie_embeddings=False)
+    layer = 4 * 1024 * 1024 + 3 * 1024 * 4096 + 2 * 1024  # attention + SwiGLU + 2 norms = 16_779_264
+    assert arch.layer_params == layer
+    # pp=2: the heaviest stage has 2 layers + the output layer and final norm (1000*1024 + 1024)
+    stage = 2 * layer + 1000 * 1024 + 1024
+    assert stage_params(arch, 2) == stage
+    m = train_memory(arch, tp=2, pp=2, dp=4, tokens_per_micro_batch=2048, dtype="bfloat16", recompute="none",
+                     sequence_parallel=False, distributed_optimizer=True)
+    assert m.weights == 2 * stage / 2
+    assert m.grads == 4 * stage / 2
+    assert m.optimizer == 12 * stage / 2 / 4
+    # per token per layer: sharded (3*1024 + 1024 + 3*4096) / 2 + replicated 4*1024, times 2 bytes
+    per_token = 2 * ((3 * 1024 + 1024 + 3 * 4096) / 2 + 4 * 1024)
+    assert activation_bytes_per_token(arch, 2, False) == per_token
+    assert m.activations == 2048 * 4 * per_token
+    assert m.logits == 2 * 4 * 2048 * 1000 / 2
+    full = train_memory(arch, tp=2, pp=2, dp=4, tokens_per_micro_batch=2048, dtype="bfloat16", recompute="full",
+                        sequence_parallel=False, distributed_optimizer=True)
+    assert full.activations == 2048 * 4 * 1024 * 2 + 2048 * per_token
+
+
+def test_rollout_memory_by_hand():
+    arch = BUILTIN_ARCHS["qwen2.5-7b"]  # 28 layers, 4 kv heads of 128
+    gib = 1024**3
+    r = rollout_memory(arch, tp=2, gpu_bytes=80 * gib, mem_fraction=0.5, dtype="bfloat16", seq_len=4096)
+    assert r.weights == 2 * arch.num_params / 2
+    assert r.kv_bytes_per_token == 2 * 28 * 2 * 128 * 2
+    assert r.full_length_sequences == int((40 * gib - r.weights) // (r.kv_bytes_per_token * 4096))
+    # tp 8 > 4 kv heads: SGLang replicates, one kv head per rank
+    assert rollout_memory(arch, tp=8, gpu_bytes=80 * gib, mem_fraction=0.5, dtype="bfloat16", seq_len=4096).kv_bytes_per_token == 2 * 28 * 1 * 128 * 2

@@ -1,0 +1,34 @@
+"""Every config section forbids unknown keys, is frozen, and documents every field."""
+
+import pydantic
+import pytest
+
+from megarl.config import sections
+from megarl.config.sections import MegaRLConfig, Section
+
+
+def _all_sections():
+    return [cls for cls in vars(sections).values() if isinstance(cls, type) and issubclass(cls, Section) and cls is not Section]
+
+
+@pytest.mark.parametrize("cls", _all_sections(), ids=lambda c: c.__name__)
+def test_every_field_has_a_description(cls):
+    missing = [name for name, f in cls.model_fields.items() if not f.description]
+    assert not missing, f"{cls.__name__} fields without description: {missing}"
+
+
+def test_frozen_and_forbidding_extra():
+    cfg = MegaRLConfig(model={"arch": "qwen3-8b"})
+    with pytest.raises(pydantic.ValidationError):
+        cfg.rollout.n = 3  # type: ignore[misc]
+    with pytest.raises(pydantic.ValidationError):
+        MegaRLConfig(model={"arch": "qwen3-8b"}, rolout={})
+
+
+def test_derived_roles():
+    cfg = MegaRLConfig(model={"arch": "qwen3-8b"})
+    assert not cfg.reference_enabled and not cfg.critic_enabled
+    cfg = MegaRLConfig(model={"arch": "qwen3-8b"}, algorithm={"estimator": "gae", "kl": {"use_in_reward": True}})
+    assert cfg.reference_enabled and cfg.critic_enabled
+    cfg = MegaRLConfig(model={"arch": "qwen3-8b"}, reference={"enabled": False}, algorithm={"kl": {"use_in_loss": True}})
+    assert not cfg.reference_enabled
