@@ -1,0 +1,90 @@
+"""Turning engine outputs into the Batch the trainer works on, and responses into text.
+
+The engines answer ``[p0s0 .. p0s(n-1), p1s0 ...]``; here those rows become one Batch with
+every sample of prompt ``p`` carrying group id ``group_offset + p`` and that prompt's
+metadata, prompts left-padded and responses right-padded. Every generated token counts in the
+loss (no tool or user turns in single-turn rollouts).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from megarl.data.batch import FINISH_REASONS, Batch
+from megarl.rollout.engine import GenerationResult
+
+
+def batch_from_generations(
+    prompts: Sequence[Sequence[int]],
+    results: Sequence[GenerationResult],
+    n: int,
+    *,
+    group_offset: int = 0,
+    data_source: Sequence[str] = (),
+    ground_truth: Sequence[Any] = (),
+    extra_info: Sequence[dict] = (),
+    prompt_text: Sequence[str] = (),
+) -> Batch:
+    """One row per result; per-prompt metadata lists (length ``len(prompts)``) are repeated n times."""
+    if len(results) != len(prompts) * n:
+        raise ValueError(f"expected {len(prompts)} prompts x n={n} results, got {len(results)}")
+    rows = [r.prompt_index for r in results]
+    if rows != [p for p in range(len(prompts)) for _ in range(n)]:
+        raise ValueError("engine results are not grouped by prompt as [p0s0 .. p0s(n-1), p1s0, ...]")
+    b = len(results)
+    p_len = max(len(p) for p in prompts)
+    r_len = max(1, max(len(r.response_ids) for r in results))
+    prompt_ids = torch.zeros(b, p_len, dtype=torch.long)
+    prompt_mask = torch.zeros(b, p_len, dtype=torch.long)
+    response_ids = torch.zeros(b, r_len, dtype=torch.long)
+    logprobs = torch.zeros(b, r_len, dtype=torch.float32)
+    for i, res in enumerate(results):
+        prompt = prompts[res.prompt_index]
+        prompt_ids[i, p_len - len(prompt) :] = torch.as_tensor(prompt, dtype=torch.long)
+        prompt_mask[i, p_len - len(prompt) :] = 1
+        k = len(res.response_ids)
+        if len(res.logprobs) != k:
+            raise ValueError(f"sample {i}: {k} response tokens but {len(res.logprobs)} log-probs")
+        if res.finish_reason not in FINISH_REASONS:
+            raise ValueError(f"sample {i}: unknown finish reason {res.finish_reason!r}")
+        response_ids[i, :k] = torch.as_tensor(res.response_ids, dtype=torch.long)
+        logprobs[i, :k] = torch.as_tensor(res.logprobs, dtype=torch.float32)
+    lengths = torch.tensor([len(r.response_ids) for r in results], dtype=torch.long)
+    valid = (torch.arange(r_len)[None, :] < lengths[:, None]).float()
+    return Batch(
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        response_ids=response_ids,
+        response_lengths=lengths,
+        response_mask=valid,
+        group_id=torch.tensor([group_offset + r.prompt_index for r in results], dtype=torch.long),
+        data_source=_repeat(data_source, rows),
+        ground_truth=_repeat(ground_truth, rows),
+        extra_info=_repeat(extra_info, rows),
+        prompt_text=_repeat(prompt_text, rows),
+        finish_reason=[r.finish_reason for r in results],
+        rollout_logprobs=logprobs * valid,
+    )
+
+
+def _repeat(values: Sequence[Any], rows: list[int]) -> list[Any]:
+    return [values[p] for p in rows] if len(values) else []
+
+
+def response_texts(batch: Batch, tokenizer: Any, eos_token_ids: Sequence[int]) -> list[str]:
+    """Each response decoded for scoring: a final EOS dropped, other special tokens kept.
+
+    Keeping special tokens means a response that interleaves e.g. ``<|im_start|>`` with the
+    answer does not read as the bare answer to the reward function.
+    """
+    eos = set(int(t) for t in eos_token_ids)
+    texts = []
+    for ids, n in zip(batch.response_ids.tolist(), batch.response_lengths.tolist()):
+        ids = ids[:n]
+        if ids and ids[-1] in eos:
+            ids = ids[:-1]
+        texts.append(tokenizer.decode(ids, skip_special_tokens=False))
+    return texts

@@ -1,0 +1,197 @@
+"""Where step metrics go: console progress, metrics.jsonl, TensorBoard, W&B, MLflow.
+
+One ``MetricsLogger`` fans a step's flat ``{name: float}`` dict out to the sinks chosen by
+``trainer.loggers``. On resume, metrics.jsonl is cut back to the resumed step, so the file
+always reads as one uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+from megarl.config.sections import TrainerConfig
+
+
+class MetricsSink(Protocol):
+    def log(self, step: int, metrics: dict[str, float]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class JsonlSink:
+    """``<output_dir>/metrics.jsonl``: one JSON object per step, with ``step`` first."""
+
+    def __init__(self, path: Path, resume_step: int = 0):
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        kept = [ln for ln in _read_lines(path) if json.loads(ln).get("step", 0) <= resume_step] if resume_step else []
+        path.write_text("".join(ln + "\n" for ln in kept))
+        self._file = path.open("a")
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        record = {"step": step, **{k: _jsonable(v) for k, v in sorted(metrics.items())}}
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class TensorBoardSink:
+    def __init__(self, log_dir: Path):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self._writer = SummaryWriter(log_dir=str(log_dir))
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        for name, value in metrics.items():
+            self._writer.add_scalar(name, value, step)
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+class WandbSink:
+    def __init__(self, project: str, name: str, config: dict[str, Any], log_dir: Path):
+        try:
+            import wandb
+        except ImportError:
+            raise ImportError("trainer.loggers includes wandb but wandb is not installed: pip install wandb") from None
+        self._run = wandb.init(project=project, name=name, config=config, dir=str(log_dir), resume="allow")
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self._run.log(metrics, step=step)
+
+    def close(self) -> None:
+        self._run.finish()
+
+
+class MlflowSink:
+    def __init__(self, project: str, name: str, config: dict[str, Any]):
+        try:
+            import mlflow
+        except ImportError:
+            raise ImportError("trainer.loggers includes mlflow but mlflow is not installed: pip install mlflow") from None
+        self._mlflow = mlflow
+        mlflow.set_experiment(project)
+        mlflow.start_run(run_name=name)
+        mlflow.log_params({k: str(v)[:250] for k, v in _flatten(config).items()})
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self._mlflow.log_metrics({k.replace("@", "_"): v for k, v in metrics.items()}, step=step)
+
+    def close(self) -> None:
+        self._mlflow.end_run()
+
+
+class ConsoleSink:
+    """A rich progress bar: step, reward, KL, step time; validation results printed as lines."""
+
+    def __init__(self, total_steps: int, start_step: int = 0):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self._progress = Progress(
+            TextColumn("[bold]step"), MofNCompleteColumn(), BarColumn(), TextColumn("{task.fields[info]}"), TimeRemainingColumn()
+        )
+        self._task = self._progress.add_task("train", total=total_steps, completed=start_step, info="")
+        self._progress.start()
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        parts = [f"reward {metrics['reward/mean']:.3f}" if "reward/mean" in metrics else ""]
+        for key, label in (("actor/kl", "kl"), ("time/step_s", "s/step")):
+            if key in metrics:
+                parts.append(f"{label} {metrics[key]:.3g}")
+        self._progress.update(self._task, completed=step, info="  ".join(p for p in parts if p))
+        if "val/reward/mean" in metrics:
+            self._progress.console.print(f"step {step}: validation reward {metrics['val/reward/mean']:.3f}")
+
+    def close(self) -> None:
+        self._progress.stop()
+
+
+class MetricsLogger:
+    """Fans each step's metrics out to every sink; remembers the last record."""
+
+    def __init__(self, sinks: list[MetricsSink]):
+        self.sinks = sinks
+        self.last: dict[str, float] = {}
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self.last = dict(metrics)
+        for sink in self.sinks:
+            sink.log(step, metrics)
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
+
+
+def build_logger(cfg: TrainerConfig, config_dict: dict[str, Any], total_steps: int, resume_step: int = 0) -> MetricsLogger:
+    out = Path(cfg.output_dir)
+    sinks: list[MetricsSink] = []
+    for name in dict.fromkeys(cfg.loggers):
+        if name == "console":
+            sinks.append(ConsoleSink(total_steps, resume_step))
+        elif name == "jsonl":
+            sinks.append(JsonlSink(out / "metrics.jsonl", resume_step))
+        elif name == "tensorboard":
+            sinks.append(TensorBoardSink(out / "tensorboard"))
+        elif name == "wandb":
+            sinks.append(WandbSink(cfg.project, cfg.experiment, config_dict, out))
+        elif name == "mlflow":
+            sinks.append(MlflowSink(cfg.project, cfg.experiment, config_dict))
+    return MetricsLogger(sinks)
+
+
+class PhaseTimer:
+    """Times the phases of a step: ``with timer.phase("generate"): ...`` -> time/generate_s."""
+
+    def __init__(self) -> None:
+        self.times: dict[str, float] = {}
+
+    def phase(self, name: str) -> _Phase:
+        return _Phase(self, name)
+
+    def metrics(self) -> dict[str, float]:
+        return {f"time/{name}_s": seconds for name, seconds in self.times.items()}
+
+
+class _Phase:
+    def __init__(self, timer: PhaseTimer, name: str):
+        self.timer, self.name = timer, name
+
+    def __enter__(self) -> None:
+        self.start = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        self.timer.times[self.name] = self.timer.times.get(self.name, 0.0) + time.perf_counter() - self.start
+
+
+def read_metrics(path: Path) -> list[dict[str, float]]:
+    return [json.loads(ln) for ln in _read_lines(path)]
+
+
+def _read_lines(path: Path) -> list[str]:
+    if not path.exists():
+        return []
+    return [ln for ln in path.read_text().splitlines() if ln.strip()]
+
+
+def _jsonable(value: Any) -> Any:
+    value = float(value)
+    return None if math.isnan(value) or math.isinf(value) else value
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out

@@ -1,0 +1,43 @@
+"""`megarl plot RUN_DIR`: reward and KL curves from metrics.jsonl to a PNG."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from megarl.trainer.metrics import read_metrics
+
+CURVES = (
+    ("reward", (("reward/mean", "train reward (sampled)"), ("val/reward/mean", "held-out reward (validation)"))),
+    ("KL to reference / approx KL", (("actor/kl", "actor/kl"), ("actor/approx_kl", "actor/approx_kl"))),
+    ("entropy", (("actor/entropy", "actor/entropy"),)),
+)
+
+
+def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
+    """Draw the curves of ``run_dir/metrics.jsonl``; returns the PNG path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    run = Path(run_dir)
+    records = read_metrics(run / "metrics.jsonl")
+    if not records:
+        raise FileNotFoundError(f"{run / 'metrics.jsonl'} is missing or empty; is {run} a megarl output_dir?")
+    panels = [(title, series) for title, series in CURVES if any(k in r for r in records for k, _ in series)]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6), squeeze=False)
+    for ax, (title, series) in zip(axes[0], panels):
+        for key, label in series:
+            points = [(r["step"], r[key]) for r in records if r.get(key) is not None]
+            if points:
+                xs, ys = zip(*points)
+                ax.plot(xs, ys, marker="o" if len(points) < 30 else None, markersize=3, label=label)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    target = Path(out) if out else run / "curves.png"
+    fig.savefig(target, dpi=110)
+    plt.close(fig)
+    return target
