@@ -1,0 +1,77 @@
+"""The built-in rule scorers by name, the data sources they serve, and verl-style dispatch.
+
+A sample's scorer is found from its ``data_source``: ``reward.functions`` (data_source ->
+scorer name) first, then the known dataset names below, then the data_source itself as a
+scorer name. Everything here is a plain function with verl's signature
+``(data_source, solution_str, ground_truth, extra_info=None) -> float | dict``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from megarl.rewards import code_sandbox, gsm8k, reverse_digits
+from megarl.rewards import math as math_answer
+
+ScoreFn = Callable[..., Any]
+
+SCORERS: dict[str, ScoreFn] = {
+    "gsm8k": gsm8k.compute_score_strict,
+    "gsm8k_flexible": gsm8k.compute_score_flexible,
+    "math": math_answer.compute_score,
+    "code": code_sandbox.compute_score,
+    "reverse_digits": reverse_digits.compute_score,
+}
+# Scorers that take milliseconds: the pool sends them in chunks (see scorer.py).
+CHEAP_SCORERS = frozenset({"gsm8k", "gsm8k_flexible", "math", "reverse_digits"})
+
+DATA_SOURCES: dict[str, str] = {
+    "openai/gsm8k": "gsm8k",
+    "lighteval/MATH": "math",
+    "DigitalLearningGmbH/MATH-lighteval": "math",
+    "HuggingFaceH4/MATH-500": "math",
+    "hendrycks/competition_math": "math",
+    "EleutherAI/hendrycks_math": "math",
+    "math_dapo": "math",
+    "aime": "math",
+    "codecontests": "code",
+    "apps": "code",
+    "taco": "code",
+    "deepmind/code_contests": "code",
+}
+
+
+def resolve(data_source: str, functions: Mapping[str, str] | None = None) -> str:
+    """The scorer name for ``data_source``; an unknown one raises with the known names and the fix."""
+    name = (functions or {}).get(data_source) or DATA_SOURCES.get(data_source) or data_source
+    if name in SCORERS:
+        return name
+    raise KeyError(
+        f"no reward scorer for data_source {data_source!r}. Built-in scorers: {', '.join(sorted(SCORERS))}; "
+        f"known data sources: {', '.join(sorted(DATA_SOURCES))}. Map it with reward.functions "
+        f"({{{data_source!r}: <scorer>}}) or give your own function in reward.custom."
+    )
+
+
+def check_functions(functions: Mapping[str, str]) -> None:
+    """Refuse ``reward.functions`` entries that name no built-in scorer."""
+    for source, name in functions.items():
+        if name not in SCORERS:
+            raise ValueError(
+                f"reward.functions[{source!r}] = {name!r} is not a built-in scorer; use one of "
+                f"{', '.join(sorted(SCORERS))}, or reward.custom for your own function"
+            )
+
+
+def compute_score(
+    data_source: str,
+    solution_str: str,
+    ground_truth: Any,
+    extra_info: dict | None = None,
+    functions: Mapping[str, str] | None = None,
+) -> float | dict:
+    """Score one response with the built-in scorer for ``data_source`` (verl's signature)."""
+    return SCORERS[resolve(data_source, functions)](
+        data_source, solution_str, ground_truth, extra_info
+    )

@@ -1,0 +1,317 @@
+"""Parallel reward scoring in warm worker processes, with a true per-sample timeout.
+
+``RewardScorer`` owns a pebble ``ProcessPool`` (forkserver or spawn context: the trainer
+process runs threads, so plain fork is unsafe). Each task has its own timeout: a task that
+runs past ``reward.timeout_s`` is stopped by killing its worker, which the pool replaces; a
+worker that dies (``os._exit``, a segfault in user code) fails only its task. Such samples
+score 0 and are counted (``reward/errors``, ``reward/timeouts``); the first few are logged
+with the sample.
+
+What runs where:
+- built-in rule scorers (registry.py): cheap ones go in chunks of samples per task (the pool's
+  per-task cost is larger than a gsm8k check); a chunk that times out or loses its worker is
+  re-run one sample per task, so a hanging sample still gets exactly its own timeout.
+- reward.custom: loaded in the workers, one sample per task (batched: one task per call, the
+  timeout applies to the whole call).
+- reward.model: one task per ``batch_size`` samples; the model is loaded once per worker.
+
+Left out: rewards that need the GPU of the trainer, async scoring overlapped with generation.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import multiprocessing
+import os
+from collections.abc import Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from typing import Any
+
+from pebble import ProcessExpired, ProcessPool
+
+from megarl.config.sections import RewardConfig
+from megarl.rewards import custom as custom_fn
+from megarl.rewards import registry
+
+log = logging.getLogger(__name__)
+
+CHUNK_SIZE = 32  # samples per task for cheap scorers
+LOGGED_ERRORS_PER_CALL = 3
+CUSTOM_CHECK_TIMEOUT_S = 60.0
+
+# A task returns, per sample, ("ok", score, extras) or ("error", message).
+Outcome = tuple
+
+
+@dataclass
+class ScoreResult:
+    """Scores of one batch, aligned with the inputs, plus extra per-sample metrics and counts."""
+
+    scores: list[float]
+    extra: dict[str, list[float]] = field(default_factory=dict)  # NaN where a sample had no value
+    errors: int = 0
+    timeouts: int = 0
+
+    def metrics(self, prefix: str = "reward/") -> dict[str, float]:
+        """Means for logging: score, each extra key (NaN ignored), error and timeout counts."""
+        out = {f"{prefix}score_mean": sum(self.scores) / max(len(self.scores), 1)}
+        for key, values in self.extra.items():
+            seen = [v for v in values if not math.isnan(v)]
+            if seen:
+                out[f"{prefix}{key}"] = sum(seen) / len(seen)
+        out[f"{prefix}errors"] = float(self.errors)
+        out[f"{prefix}timeouts"] = float(self.timeouts)
+        return out
+
+
+# ----------------------------------------------------------------------------- worker side
+
+_WORKER: dict[str, Any] = {}
+
+
+def _init_worker(spec: dict[str, Any]) -> None:
+    """Pool initializer: load the custom function / reward model once. Never raises (pebble
+    would respawn a failing worker forever); a load error is re-raised by each task instead."""
+    _WORKER.clear()
+    _WORKER["spec"] = spec
+    try:
+        if spec.get("custom"):
+            _WORKER["custom"] = custom_fn.load_function(*spec["custom"])
+        if spec.get("model"):
+            from megarl.rewards.reward_model import load_reward_model
+
+            load_reward_model(*spec["model"])
+        if spec.get("preload_math"):
+            import math_verify  # noqa: F401  (the first math task should not pay the sympy import)
+    except BaseException as exc:  # noqa: BLE001 - reported by every task of this worker
+        _WORKER["load_error"] = exc
+
+
+def _custom() -> Any:
+    if "load_error" in _WORKER:
+        raise _WORKER["load_error"]
+    return _WORKER["custom"]
+
+
+def _check_custom() -> str:
+    """Run in a worker at start: the custom function loads (raises otherwise)."""
+    fn = _custom()
+    return getattr(fn, "__qualname__", repr(fn))
+
+
+def _score_samples(scorers: list[str | None], samples: list[tuple]) -> list[Outcome]:
+    """Score each (data_source, solution, ground_truth, extra_info); None scorer = the custom one."""
+    outcomes: list[Outcome] = []
+    for name, sample in zip(scorers, samples, strict=True):
+        try:
+            fn = registry.SCORERS[name] if name is not None else _custom()
+            where = f"reward scorer {name}" if name is not None else "reward.custom function"
+            score, extras = custom_fn.to_scored(fn(*sample), where)
+            outcomes.append(("ok", score, extras))
+        except Exception as exc:  # noqa: BLE001 - a reward error scores 0, never crashes the run
+            outcomes.append(("error", f"{type(exc).__name__}: {exc}"))
+    return outcomes
+
+
+def _score_batched(columns: tuple[list, list, list, list]) -> list[Outcome]:
+    values = _custom()(*columns)
+    if not isinstance(values, (list, tuple)) or len(values) != len(columns[0]):
+        got = len(values) if isinstance(values, (list, tuple)) else type(values).__name__
+        raise ValueError(
+            f"batched reward.custom function returned {got} for {len(columns[0])} samples; return a list, one per sample"
+        )
+    return [("ok", *custom_fn.to_scored(v, "batched reward.custom function")) for v in values]
+
+
+def _score_model(texts: list[str]) -> list[Outcome]:
+    from megarl.rewards.reward_model import score_texts
+
+    if "load_error" in _WORKER:
+        raise _WORKER["load_error"]
+    path, device = _WORKER["spec"]["model"]
+    return [("ok", s, {}) for s in score_texts(path, device, texts)]
+
+
+# ----------------------------------------------------------------------------- trainer side
+
+
+@dataclass
+class _Job:
+    indices: list[int]  # the samples this task scores
+    future: Future
+    split_on_failure: bool  # re-run one sample per task when the whole task times out / dies
+    scorers: list[str | None] = field(default_factory=list)
+
+
+class RewardScorer:
+    """Scores batches of responses in ``cfg.workers`` warm processes; use as a context manager.
+
+    ``score(data_sources, solution_strs, ground_truths, extra_infos=None, prompts=None)``:
+    lists of equal length, one entry per sample; ``prompts`` is needed by ``reward.model``.
+    """
+
+    def __init__(self, cfg: RewardConfig, *, start_method: str = "forkserver") -> None:
+        if cfg.custom is not None and cfg.model is not None:
+            raise ValueError(
+                "reward.custom and reward.model are both set; set one of them (a custom function can call a model itself)"
+            )
+        registry.check_functions(cfg.functions)
+        self.cfg = cfg
+        custom = (os.path.abspath(cfg.custom.path), cfg.custom.name) if cfg.custom else None
+        model = (cfg.model.path, cfg.model.device) if cfg.model else None
+        spec = {"custom": custom, "model": model, "preload_math": custom is None and model is None}
+        context = multiprocessing.get_context(start_method)
+        if start_method == "forkserver":  # workers replaced after a timeout start in milliseconds
+            context.set_forkserver_preload(["megarl.rewards.scorer", "math_verify"])
+        self._pool = ProcessPool(
+            max_workers=cfg.workers, initializer=_init_worker, initargs=(spec,), context=context
+        )
+        if custom is not None:
+            self._check_custom(custom)
+
+    def _check_custom(self, custom: tuple[str, str]) -> None:
+        try:
+            self._pool.schedule(_check_custom, timeout=CUSTOM_CHECK_TIMEOUT_S).result()
+        except Exception as exc:
+            self.close()
+            raise ValueError(
+                f"reward.custom: loading {custom[1]!r} from {custom[0]} failed in a reward worker: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    def score(
+        self,
+        data_sources: Sequence[str],
+        solution_strs: Sequence[str],
+        ground_truths: Sequence[Any],
+        extra_infos: Sequence[dict | None] | None = None,
+        prompts: Sequence[str] | None = None,
+    ) -> ScoreResult:
+        """Score every sample; errors and timeouts score 0 and are counted, never raised."""
+        n = len(solution_strs)
+        infos = list(extra_infos) if extra_infos is not None else [None] * n
+        lengths = {
+            "data_sources": len(data_sources),
+            "ground_truths": len(ground_truths),
+            "extra_infos": len(infos),
+        }
+        if prompts is not None:
+            lengths["prompts"] = len(prompts)
+        bad = {k: v for k, v in lengths.items() if v != n}
+        if bad:
+            raise ValueError(
+                f"RewardScorer.score: {bad} differ from len(solution_strs) = {n}; pass one entry per sample"
+            )
+        samples = [
+            (data_sources[i], solution_strs[i], ground_truths[i], infos[i]) for i in range(n)
+        ]
+        if self.cfg.model is not None:
+            jobs = self._model_jobs(samples, prompts)
+        elif self.cfg.custom is not None and self.cfg.custom.batched:
+            jobs = self._batched_jobs(samples)
+        else:
+            jobs = self._sample_jobs(samples)
+        outcomes = self._collect(jobs, samples)
+        return self._result(outcomes, samples)
+
+    def _batched_jobs(self, samples: list[tuple]) -> list[_Job]:
+        if not samples:
+            return []
+        columns = tuple([s[k] for s in samples] for k in range(4))
+        future = self._pool.schedule(_score_batched, args=(columns,), timeout=self.cfg.timeout_s)
+        return [_Job(list(range(len(samples))), future, False)]
+
+    def _sample_jobs(self, samples: list[tuple]) -> list[_Job]:
+        if self.cfg.custom is not None:
+            names: list[str | None] = [None] * len(samples)
+        else:  # resolving first: an unknown data_source is a config error, raised before any work
+            names = [registry.resolve(s[0], self.cfg.functions) for s in samples]
+        cheap = [i for i, name in enumerate(names) if name in registry.CHEAP_SCORERS]
+        chunk = max(1, min(CHUNK_SIZE, math.ceil(len(cheap) / (4 * self.cfg.workers))))
+        groups = [cheap[k : k + chunk] for k in range(0, len(cheap), chunk)]
+        groups += [[i] for i, name in enumerate(names) if name not in registry.CHEAP_SCORERS]
+        return [self._schedule(g, [names[i] for i in g], samples) for g in groups]
+
+    def _schedule(self, indices: list[int], names: list[str | None], samples: list[tuple]) -> _Job:
+        future = self._pool.schedule(
+            _score_samples, args=(names, [samples[i] for i in indices]), timeout=self.cfg.timeout_s
+        )
+        return _Job(indices, future, len(indices) > 1, names)
+
+    def _model_jobs(self, samples: list[tuple], prompts: Sequence[str] | None) -> list[_Job]:
+        if prompts is None:
+            raise ValueError(
+                "reward.model scores prompt + response: pass prompts=[...] to RewardScorer.score"
+            )
+        size = self.cfg.model.batch_size  # type: ignore[union-attr]
+        texts = [str(p) + s[1] for p, s in zip(prompts, samples, strict=True)]
+        jobs = []
+        for k in range(0, len(texts), size):
+            future = self._pool.schedule(
+                _score_model, args=(texts[k : k + size],), timeout=self.cfg.timeout_s
+            )
+            jobs.append(_Job(list(range(k, min(k + size, len(texts)))), future, False))
+        return jobs
+
+    def _collect(self, jobs: list[_Job], samples: list[tuple]) -> list[Outcome]:
+        outcomes: list[Outcome] = [("error", "not scored")] * len(samples)
+        pending = list(jobs)
+        while pending:
+            job = pending.pop(0)
+            try:
+                for i, outcome in zip(job.indices, job.future.result(), strict=True):
+                    outcomes[i] = outcome
+                continue
+            except FutureTimeout:
+                failure: Outcome = ("timeout", f"timed out after {self.cfg.timeout_s} s")
+            except ProcessExpired as exc:
+                failure = ("error", f"reward worker died (exit code {exc.exitcode})")
+            except Exception as exc:  # noqa: BLE001 - a batched / model call that raised
+                failure = ("error", f"{type(exc).__name__}: {exc}")
+            if job.split_on_failure:
+                pending += [
+                    self._schedule([i], [name], samples)
+                    for i, name in zip(job.indices, job.scorers, strict=True)
+                ]
+            else:
+                for i in job.indices:
+                    outcomes[i] = failure
+        return outcomes
+
+    def _result(self, outcomes: list[Outcome], samples: list[tuple]) -> ScoreResult:
+        n = len(outcomes)
+        result = ScoreResult(scores=[0.0] * n)
+        logged = 0
+        for i, outcome in enumerate(outcomes):
+            if outcome[0] == "ok":
+                result.scores[i] = outcome[1]
+                for key, value in outcome[2].items():
+                    result.extra.setdefault(key, [math.nan] * n)[i] = value
+                continue
+            result.timeouts += outcome[0] == "timeout"
+            result.errors += outcome[0] == "error"
+            if logged < LOGGED_ERRORS_PER_CALL:
+                logged += 1
+                source, solution, truth, _ = samples[i]
+                log.warning(
+                    "reward %s (scored 0): %s | data_source=%r ground_truth=%r response=%r",
+                    outcome[0],
+                    outcome[1],
+                    source,
+                    str(truth)[:200],
+                    str(solution)[:300],
+                )
+        return result
+
+    def close(self) -> None:
+        """Stop the workers (running tasks are abandoned)."""
+        self._pool.stop()
+        self._pool.join()
+
+    def __enter__(self) -> RewardScorer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
