@@ -8,11 +8,17 @@ the seq-mean modes count sequences, and the normalisation is global across the m
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
+from megarl.algos.kl import kl_estimate
+from megarl.algos.mismatch import logprob_mismatch, tis_weights
+from megarl.algos.registry import Registry
+from megarl.config.sections import AlgorithmConfig, ClipConfig
 from megarl.data.batch import Batch
 
 
@@ -37,3 +43,305 @@ class LossFn(Protocol):
         micro-batches and DP ranks and reports ``sum / count``.
         """
         ...
+
+
+# =========================================================================================
+# Implementations.
+#
+# A policy loss (registered under algorithm.policy_loss) maps per-token log-probs to a per-token
+# loss matrix; an aggregation (algorithm.loss_agg) turns a matrix into (loss_sum, count) for
+# Megatron's global division; ``make_policy_loss_fn`` / ``make_value_loss_fn`` compose them
+# with the entropy bonus, the KL term and the TIS weights into a LossFn. Because every
+# aggregation is linear in the token losses, adding the terms per token and aggregating once
+# equals aggregating each term (verl's way).
+#
+# Metrics are ``[2] = (sum, count)`` tensors; the reported value is sum(sums) / sum(counts)
+# over micro-batches and DP ranks. Exception, by name: a metric ending in ``_max`` (``_min``) is
+# ``(value, 1)`` (``(-inf, 0)`` / ``(inf, 0)`` for a slice without valid tokens) and must be
+# reduced with max (min) of the first element; ``metric_reduction(name)`` says which, and
+# ``reduce_metrics`` does it for a list of metric dicts (use the same op in the DP all-reduce).
+# =========================================================================================
+
+LOG_RATIO_CLAMP = 20.0  # |log ratio| clamp before exp (PPO token ratio)
+GSPO_LOG_RATIO_MAX = 10.0  # upper clamp of GSPO's log ratio
+
+
+@dataclass(frozen=True)
+class PolicyLossTerms:
+    loss: torch.Tensor  # [B, R] per-token policy-gradient loss (with grad)
+    ratio: torch.Tensor  # [B, R] detached importance ratio the loss used
+    clipped: torch.Tensor  # [B, R] float, 1 where the clipped branch was taken
+    clipped_lower: torch.Tensor  # [B, R] float, 1 where the dual-clip bound was taken
+
+
+PolicyLoss = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, ClipConfig], PolicyLossTerms
+]
+POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss")
+
+Aggregation = Callable[[torch.Tensor, torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
+LOSS_AGGREGATIONS: Registry[Aggregation] = Registry("loss aggregation")
+
+
+# ---- policy losses ----------------------------------------------------------------------
+@POLICY_LOSSES.register("ppo")
+def ppo_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip: ClipConfig,
+) -> PolicyLossTerms:
+    """Token-ratio clipped objective, ratio in [1 - low, 1 + high] (DAPO clip-higher when
+    high > low); with ``dual_c`` the loss of a negative-advantage token is capped at -A * c."""
+    log_ratio = (logprobs - old_logprobs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    ratio = torch.exp(log_ratio)  # [B, R]
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1.0 - clip.low, 1.0 + clip.high)
+    loss = torch.maximum(unclipped, clipped)
+    clip_taken = (clipped > unclipped).to(logprobs.dtype)
+    lower = torch.zeros_like(loss)
+    if clip.dual_c is not None:
+        bound = -advantages * clip.dual_c
+        negative = advantages < 0
+        lower = ((loss > bound) & negative).to(logprobs.dtype)
+        loss = torch.where(negative, torch.minimum(loss, bound), loss)
+    return PolicyLossTerms(loss, ratio.detach(), clip_taken, lower)
+
+
+@POLICY_LOSSES.register("gspo")
+def gspo_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip: ClipConfig,
+) -> PolicyLossTerms:
+    """GSPO: sequence ratio s_i = exp(mean_t log(pi / pi_old)) over valid tokens, clipped.
+
+    Token-level form from the paper: s_it = sg[s_i] * pi_t / sg[pi_t] has the value s_i and
+    gives each token the gradient s_i * grad log pi_t (instead of the 1/|y| share of the
+    sequence ratio's gradient), so per-token advantages still work. No dual clip.
+    """
+    n = mask.sum(-1).clamp(min=1)  # [B]
+    seq_log_ratio = ((logprobs - old_logprobs) * mask).sum(-1) / n  # [B]
+    log_ratio = logprobs - logprobs.detach() + seq_log_ratio.detach()[:, None]
+    ratio = torch.exp(log_ratio.clamp(max=GSPO_LOG_RATIO_MAX))  # [B, R] value s_i on every token
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1.0 - clip.low, 1.0 + clip.high)
+    loss = torch.maximum(unclipped, clipped)
+    clip_taken = (clipped > unclipped).to(logprobs.dtype)
+    return PolicyLossTerms(loss, ratio.detach(), clip_taken, torch.zeros_like(loss))
+
+
+# ---- aggregations: (loss_sum, count), count summed globally by Megatron -----------------
+@LOSS_AGGREGATIONS.register("token-mean")
+def agg_token_mean(
+    loss: torch.Tensor, mask: torch.Tensor, max_response_length: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sum over valid tokens; count = valid tokens."""
+    return (loss * mask).sum(), mask.sum().detach()
+
+
+def _nonempty_rows(mask: torch.Tensor) -> torch.Tensor:
+    return (mask.sum(-1) > 0).to(mask.dtype).sum()  # sequences with no valid token do not count
+
+
+@LOSS_AGGREGATIONS.register("seq-mean-token-sum")
+def agg_seq_mean_token_sum(
+    loss: torch.Tensor, mask: torch.Tensor, max_response_length: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sum of per-sequence token sums; count = non-empty sequences."""
+    return (loss * mask).sum(), _nonempty_rows(mask)
+
+
+@LOSS_AGGREGATIONS.register("seq-mean-token-mean")
+def agg_seq_mean_token_mean(
+    loss: torch.Tensor, mask: torch.Tensor, max_response_length: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sum of per-sequence token means; count = non-empty sequences."""
+    per_row = (loss * mask).sum(-1) / mask.sum(-1).clamp(min=1)  # [B]
+    return per_row.sum(), _nonempty_rows(mask)
+
+
+@LOSS_AGGREGATIONS.register("seq-mean-token-sum-norm")
+def agg_seq_mean_token_sum_norm(
+    loss: torch.Tensor, mask: torch.Tensor, max_response_length: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-sequence token sums divided by the constant max response length (Dr. GRPO);
+    count = non-empty sequences."""
+    return (loss * mask).sum() / max_response_length, _nonempty_rows(mask)
+
+
+def aggregate(
+    loss: torch.Tensor, mask: torch.Tensor, mode: str, max_response_length: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(loss_sum, count)`` of a ``[B, R]`` token-loss matrix in aggregation ``mode``."""
+    return LOSS_AGGREGATIONS.get(mode)(loss, mask, max_response_length)
+
+
+# ---- metrics ----------------------------------------------------------------------------
+def _token_metric(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return torch.stack([(x.detach() * mask).sum(), mask.sum()])
+
+
+def _extreme_metric(x: torch.Tensor, mask: torch.Tensor, largest: bool) -> torch.Tensor:
+    valid = mask > 0
+    if not bool(valid.any()):
+        return x.new_tensor([-math.inf if largest else math.inf, 0.0])
+    picked = x.detach()[valid]
+    value = picked.max() if largest else picked.min()
+    return torch.stack([value, value.new_tensor(1.0)])
+
+
+def metric_reduction(name: str) -> str:
+    """ "max", "min" or "sum": how ``name``'s [2] tensors combine across slices (see above)."""
+    if name.endswith("_max"):
+        return "max"
+    if name.endswith("_min"):
+        return "min"
+    return "sum"
+
+
+def reduce_metrics(slices: Sequence[dict[str, torch.Tensor]]) -> dict[str, float]:
+    """Combine per-slice metric dicts and return ``name -> value`` (nan when nothing counted)."""
+    out: dict[str, float] = {}
+    for name in {k for s in slices for k in s}:
+        parts = torch.stack(
+            [s[name].detach().double().cpu() for s in slices if name in s]
+        )  # [n, 2]
+        count = float(parts[:, 1].sum())
+        op = metric_reduction(name)
+        if count == 0:
+            out[name] = math.nan
+        elif op == "max":
+            out[name] = float(parts[parts[:, 1] > 0, 0].max())
+        elif op == "min":
+            out[name] = float(parts[parts[:, 1] > 0, 0].min())
+        else:
+            out[name] = float(parts[:, 0].sum()) / count
+    return out
+
+
+# ---- LossFn factories -------------------------------------------------------------------
+def _require(value: torch.Tensor | None, what: str, why: str) -> torch.Tensor:
+    if value is None:
+        raise ValueError(f"the policy loss needs {what} because {why}")
+    return value
+
+
+class PolicyLossFn:
+    """The actor's LossFn: policy loss x TIS weight - entropy bonus + KL term, aggregated."""
+
+    def __init__(
+        self, cfg: AlgorithmConfig, max_response_length: int, kl_coef: float | None = None
+    ) -> None:
+        if max_response_length <= 0:
+            raise ValueError(f"max_response_length must be positive, got {max_response_length}")
+        self.cfg = cfg
+        self.max_response_length = max_response_length
+        self.kl_coef = cfg.kl.coef if kl_coef is None else kl_coef
+        self.policy_loss = POLICY_LOSSES.get(cfg.policy_loss)
+        self.aggregation = LOSS_AGGREGATIONS.get(cfg.loss_agg)
+
+    def __call__(
+        self, batch: Batch, outputs: ModelOutputs
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        cfg, logp = self.cfg, outputs.logprobs  # [b, R]
+        mask = batch.response_mask.to(logp.dtype)
+        advantages = _require(
+            batch.advantages, "batch.advantages", "it is the policy-gradient signal"
+        )
+        old = (
+            batch.old_logprobs if batch.old_logprobs is not None else logp.detach()
+        )  # on-policy: ratio 1
+        terms = self.policy_loss(logp, old, advantages, mask, cfg.clip)
+        token_loss = terms.loss
+        metrics: dict[str, torch.Tensor] = {}
+        if batch.rollout_logprobs is not None:
+            metrics["logprob_mismatch"] = logprob_mismatch(old, batch.rollout_logprobs, mask)
+        if cfg.tis.level != "none":
+            rollout = _require(
+                batch.rollout_logprobs, "batch.rollout_logprobs", "algorithm.tis.level is set"
+            )
+            weights = tis_weights(old, rollout, mask, cfg.tis.level, cfg.tis.cap)
+            token_loss = token_loss * weights
+            metrics["tis_weight"] = _token_metric(weights, mask)
+            metrics["tis_capped_frac"] = _token_metric(
+                (weights >= cfg.tis.cap).to(logp.dtype), mask
+            )
+        pg_sum, count = self.aggregation(token_loss.detach(), mask, self.max_response_length)
+        metrics["pg_loss"] = torch.stack([pg_sum, count])
+        total = token_loss
+        if outputs.entropy is not None:
+            metrics["entropy"] = _token_metric(outputs.entropy, mask)
+        if cfg.entropy_coef > 0:
+            entropy = _require(outputs.entropy, "outputs.entropy", "algorithm.entropy_coef > 0")
+            total = total - cfg.entropy_coef * entropy
+        if batch.ref_logprobs is not None:
+            kl = kl_estimate(logp, batch.ref_logprobs, cfg.kl.estimator)  # [b, R]
+            metrics["kl"] = _token_metric(kl, mask)
+            if cfg.kl.use_in_loss:
+                total = total + self.kl_coef * kl
+        elif cfg.kl.use_in_loss:
+            _require(None, "batch.ref_logprobs", "algorithm.kl.use_in_loss is true")
+        loss_sum, count = self.aggregation(total, mask, self.max_response_length)
+        metrics["pg_clipfrac"] = _token_metric(terms.clipped, mask)
+        metrics["pg_clipfrac_lower"] = _token_metric(terms.clipped_lower, mask)
+        metrics["ppo_kl"] = _token_metric(old - logp, mask)
+        metrics["ratio_mean"] = _token_metric(terms.ratio, mask)
+        metrics["ratio_max"] = _extreme_metric(terms.ratio, mask, largest=True)
+        metrics["ratio_min"] = _extreme_metric(terms.ratio, mask, largest=False)
+        return loss_sum, count.detach(), metrics
+
+
+class ValueLossFn:
+    """The critic's LossFn: 0.5 * max((v - R)^2, (v_clipped - R)^2), v clipped around the old
+    values by ``algorithm.clip.value`` (no clipping when it is None)."""
+
+    def __init__(self, cfg: AlgorithmConfig, max_response_length: int | None = None) -> None:
+        if cfg.loss_agg == "seq-mean-token-sum-norm" and not max_response_length:
+            raise ValueError(
+                "algorithm.loss_agg seq-mean-token-sum-norm needs max_response_length for the value loss"
+            )
+        self.clip = cfg.clip.value
+        self.max_response_length = max_response_length or 1
+        self.aggregation = LOSS_AGGREGATIONS.get(cfg.loss_agg)
+
+    def __call__(
+        self, batch: Batch, outputs: ModelOutputs
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        if outputs.values is None or batch.values is None or batch.returns is None:
+            raise ValueError(
+                "the value loss needs outputs.values, batch.values (old values) and batch.returns"
+            )
+        vpred, old, returns = outputs.values, batch.values, batch.returns  # [b, R]
+        mask = batch.response_mask.to(vpred.dtype)
+        err = (vpred - returns).square()
+        if self.clip is None:
+            token_loss, clipped = 0.5 * err, torch.zeros_like(err)
+        else:
+            vclipped = old + (vpred - old).clamp(-self.clip, self.clip)
+            err_clipped = (vclipped - returns).square()
+            token_loss = 0.5 * torch.maximum(err, err_clipped)
+            clipped = (err_clipped > err).to(vpred.dtype)
+        loss_sum, count = self.aggregation(token_loss, mask, self.max_response_length)
+        metrics = {
+            "vf_loss": torch.stack([loss_sum.detach(), count.detach()]),
+            "vf_clipfrac": _token_metric(clipped, mask),
+            "vpred_mean": _token_metric(vpred, mask),
+        }
+        return loss_sum, count.detach(), metrics
+
+
+def make_policy_loss_fn(
+    cfg: AlgorithmConfig, max_response_length: int, kl_coef: float | None = None
+) -> LossFn:
+    """The actor's LossFn. ``max_response_length`` (rollout.sampling.max_new_tokens) is the
+    constant of seq-mean-token-sum-norm; ``kl_coef`` overrides ``cfg.kl.coef`` for the loss term."""
+    return PolicyLossFn(cfg, max_response_length, kl_coef)
+
+
+def make_value_loss_fn(cfg: AlgorithmConfig, max_response_length: int | None = None) -> LossFn:
+    """The critic's LossFn (same aggregation as the actor, ``cfg.loss_agg``)."""
+    return ValueLossFn(cfg, max_response_length)

@@ -1,0 +1,310 @@
+"""Advantage estimators, registered by name, and the group statistics they share.
+
+An estimator is ``fn(inputs: AdvantageInputs, cfg: AlgorithmConfig) -> (advantages, returns)``,
+both ``[B, R]``, zero wherever ``response_mask`` is 0. Outcome estimators read each sample's
+score as ``token_rewards.sum(-1)`` (the outcome sits on the last response token, a KL penalty
+in the reward is spread over the tokens), so everything enters through ``token_rewards``;
+``token_rewards_from_scores`` builds it.
+
+Semantics follow verl's ``core_algos`` on valid tokens so that numbers agree:
+
+- grpo: (s - mean_g) / (std_g + 1e-6), std unbiased; dr_grpo: s - mean_g (no std, and
+  ``cfg.norm_by_std=False`` turns grpo into it); rloo: (s - mean_g) * n / (n - 1), i.e. s minus
+  the mean of the others; reinforce_plus_plus_baseline: s - mean_g broadcast over tokens, then
+  whitened over all valid tokens of the batch. In every group estimator a group of one keeps
+  its raw score and a group whose scores are all equal gets exactly 0 before any batch
+  whitening (tested bit-exact: not "(s - mean) / (0 + eps)", which amplifies rounding).
+- gae and reinforce_plus_plus: the backward recursions skip masked positions (a masked token
+  carries the running value through and its reward is dropped), then advantages are whitened
+  over the batch's valid tokens; returns are not whitened.
+- remax: returns = reverse cumsum of masked token rewards, advantages = returns - baseline,
+  with the baseline being the score of the greedy response to the same prompt.
+
+Group ids are arbitrary integers (``Batch.group_id``); groups are handled with
+``unique`` + ``index_add`` / ``scatter_reduce``, never Python loops over samples. The GAE
+recursion runs as a two-level chunked linear scan (``discounted_reverse_scan``): only powers
+``<= 1`` of gamma * lambda appear, so it is stable at any length, unlike a cumsum scaled by
+``(gamma * lambda) ** -t``. Deliberately left out: process rewards, multi-turn observation
+handling beyond the mask, and anything that needs a model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from megarl.algos.kl import kl_estimate
+from megarl.algos.registry import Registry
+from megarl.config.sections import AlgorithmConfig, KLConfig
+from megarl.data.batch import Batch
+
+GRPO_EPS = 1e-6  # added to the group std (verl's epsilon)
+WHITEN_EPS = 1e-8  # added to the batch variance
+SCAN_CHUNK = 64  # time steps per block of the chunked scan
+
+
+@dataclass(frozen=True)
+class AdvantageInputs:
+    """Everything an estimator may read; per-sample rows aligned with the Batch."""
+
+    token_rewards: torch.Tensor  # [B, R] outcome on the last response token, minus KL if in reward
+    response_mask: torch.Tensor  # [B, R] 1 = token counts
+    group_id: torch.Tensor  # [B] long, samples of one prompt share an id
+    values: torch.Tensor | None = None  # [B, R] critic values (gae)
+    baseline_scores: torch.Tensor | None = None  # [B] score of the greedy response (remax)
+
+
+Estimator = Callable[[AdvantageInputs, AlgorithmConfig], tuple[torch.Tensor, torch.Tensor]]
+ADVANTAGE_ESTIMATORS: Registry[Estimator] = Registry("advantage estimator")
+
+
+# ---- group statistics -------------------------------------------------------------------
+@dataclass(frozen=True)
+class GroupStats:
+    index: torch.Tensor  # [B] long, dense group index 0..G-1 of each sample
+    count: torch.Tensor  # [G] samples per group
+    mean: torch.Tensor  # [G]
+    std: torch.Tensor  # [G] unbiased; 0 for groups of one
+    constant: torch.Tensor  # [G] bool, every score in the group is equal (groups of one too)
+
+
+def group_stats(scores: torch.Tensor, group_id: torch.Tensor) -> GroupStats:
+    """Per-group count, mean, unbiased std and all-equal flag of ``scores [B]``."""
+    _, index = torch.unique(group_id, return_inverse=True)  # [B]
+    num = int(index.max()) + 1 if index.numel() else 0
+    zeros = scores.new_zeros(num)
+    count = zeros.index_add(0, index, torch.ones_like(scores))
+    mean = zeros.index_add(0, index, scores) / count
+    dev = scores - mean[index]  # two-pass variance: no cancellation
+    std = (zeros.index_add(0, index, dev * dev) / (count - 1).clamp(min=1)).sqrt()
+    high = scores.new_full((num,), -torch.inf).scatter_reduce(0, index, scores, "amax")
+    low = scores.new_full((num,), torch.inf).scatter_reduce(0, index, scores, "amin")
+    return GroupStats(index, count, mean, std, high == low)
+
+
+def _group_relative(scores: torch.Tensor, group_id: torch.Tensor, scale: str) -> torch.Tensor:
+    """[B] group-relative scalar: s - mean_g, scaled by ``scale`` in {"none", "std", "loo"}.
+
+    Groups of one keep the raw score; all-equal groups give exactly 0.
+    """
+    st = group_stats(scores, group_id)
+    n = st.count[st.index]
+    centred = scores - st.mean[st.index]
+    if scale == "std":
+        centred = centred / (st.std[st.index] + GRPO_EPS)
+    elif scale == "loo":
+        centred = centred * n / (n - 1).clamp(min=1)
+    centred = torch.where(st.constant[st.index], torch.zeros_like(centred), centred)
+    return torch.where(n == 1, scores, centred)
+
+
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """[B, R] (x - mean) / sqrt(var + 1e-8) over the valid tokens (unbiased var), 0 elsewhere."""
+    n = mask.sum()
+    mean = (x * mask).sum() / n.clamp(min=1)
+    var = ((x - mean).square() * mask).sum() / (n - 1).clamp(min=1)
+    return (x - mean) * torch.rsqrt(var + WHITEN_EPS) * mask
+
+
+# ---- the chunked linear scan ------------------------------------------------------------
+def _power_matrix(c: float, size: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """[size, size] lower-triangular M[j, i] = c ** (j - i) for i <= j, else 0."""
+    steps = torch.arange(size, dtype=torch.float64, device=device)
+    diff = steps[:, None] - steps[None, :]
+    powers = torch.pow(torch.tensor(c, dtype=torch.float64, device=device), diff.clamp(min=0))
+    return torch.where(diff >= 0, powers, torch.zeros_like(powers)).to(dtype)
+
+
+def discounted_reverse_scan(x: torch.Tensor, c: float, chunk: int = SCAN_CHUNK) -> torch.Tensor:
+    """[B, L] y with y_t = x_t + c * y_{t+1} (y_L = 0), for 0 <= c <= 1.
+
+    Blocks of ``chunk`` steps are solved by one matmul with the matrix of powers of c; the
+    values carried between blocks solve the same recurrence with c ** chunk, again as a matmul.
+    Only non-negative powers of c occur, so nothing overflows.
+    """
+    b, length = x.shape
+    if length == 0:
+        return x.clone()
+    blocks = -(-length // chunk)
+    xr = torch.nn.functional.pad(x.flip(-1), (0, blocks * chunk - length))  # forward recurrence
+    xr = xr.view(b, blocks, chunk)
+    local = xr @ _power_matrix(c, chunk, x.dtype, x.device).T  # [B, K, C] within-block solution
+    ends = (
+        local[..., -1] @ _power_matrix(c**chunk, blocks, x.dtype, x.device).T
+    )  # [B, K] block ends
+    carry = torch.nn.functional.pad(ends[:, :-1], (1, 0))  # [B, K] value entering each block
+    lead = torch.pow(
+        torch.tensor(c, dtype=torch.float64), torch.arange(1, chunk + 1, dtype=torch.float64)
+    )
+    out = local + carry[..., None] * lead.to(dtype=x.dtype, device=x.device)  # [B, K, C]
+    return out.view(b, blocks * chunk)[:, :length].flip(-1)
+
+
+def _compact(x: torch.Tensor, valid: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+    """[B, R] the valid entries of each row moved to its front (order kept), zeros after."""
+    return torch.zeros_like(x).scatter_add_(1, position, torch.where(valid, x, torch.zeros_like(x)))
+
+
+def masked_reverse_scan(
+    x: torch.Tensor,
+    mask: torch.Tensor,
+    c: float,
+    values: torch.Tensor | None = None,
+    gamma: float = 1.0,
+) -> torch.Tensor:
+    """Reverse recursion over the valid tokens only, as if masked tokens were not there.
+
+    Without ``values``: y_t = x_t + c * y_next. With ``values`` (GAE):
+    delta_t = x_t + gamma * V_next - V_t and y_t = delta_t + c * y_next, where "next" is the
+    next valid position (0 past the last). Returns ``[B, R]``, 0 at masked positions.
+    """
+    valid = mask > 0
+    prefix = bool((valid[:, 1:] <= valid[:, :-1]).all())  # common case: no holes, no compaction
+    position = (valid.long().cumsum(-1) - 1).clamp(min=0)  # [B, R] column in the compacted row
+    xc = x * valid if prefix else _compact(x, valid, position)
+    if values is not None:
+        vc = values * valid if prefix else _compact(values, valid, position)
+        next_v = torch.nn.functional.pad(vc[:, 1:], (0, 1))
+        xc = xc + gamma * next_v - vc
+    yc = discounted_reverse_scan(xc, c)
+    y = yc if prefix else yc.gather(1, position)
+    return y * valid
+
+
+# ---- estimators -------------------------------------------------------------------------
+def _scores(inputs: AdvantageInputs) -> torch.Tensor:
+    return inputs.token_rewards.sum(-1)  # [B]
+
+
+def _broadcast(scalar: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    adv = scalar[:, None] * mask  # [B, R]
+    return adv, adv
+
+
+@ADVANTAGE_ESTIMATORS.register("gae")
+def gae(inputs: AdvantageInputs, cfg: AlgorithmConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE(gamma, lam) from critic values; advantages whitened over the batch, returns = A + V."""
+    if inputs.values is None:
+        raise ValueError(
+            "algorithm.estimator 'gae' needs critic values; enable the critic or pick grpo"
+        )
+    mask = inputs.response_mask.to(inputs.token_rewards.dtype)
+    adv = masked_reverse_scan(
+        inputs.token_rewards, mask, cfg.gamma * cfg.lam, inputs.values, cfg.gamma
+    )
+    returns = (adv + inputs.values) * mask
+    return masked_whiten(adv, mask), returns
+
+
+@ADVANTAGE_ESTIMATORS.register("grpo")
+def grpo(inputs: AdvantageInputs, cfg: AlgorithmConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """Group-relative, divided by the group std unless ``cfg.norm_by_std`` is False."""
+    scale = "std" if cfg.norm_by_std else "none"
+    return _broadcast(
+        _group_relative(_scores(inputs), inputs.group_id, scale), inputs.response_mask
+    )
+
+
+@ADVANTAGE_ESTIMATORS.register("dr_grpo")
+def dr_grpo(inputs: AdvantageInputs, cfg: AlgorithmConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dr. GRPO: group-relative without std normalisation."""
+    return _broadcast(
+        _group_relative(_scores(inputs), inputs.group_id, "none"), inputs.response_mask
+    )
+
+
+@ADVANTAGE_ESTIMATORS.register("rloo")
+def rloo(inputs: AdvantageInputs, cfg: AlgorithmConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """Leave-one-out baseline: s_i - mean of the other samples of the group."""
+    return _broadcast(
+        _group_relative(_scores(inputs), inputs.group_id, "loo"), inputs.response_mask
+    )
+
+
+@ADVANTAGE_ESTIMATORS.register("reinforce_plus_plus")
+def reinforce_plus_plus(
+    inputs: AdvantageInputs, cfg: AlgorithmConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Discounted returns (gamma) per token, whitened over the batch's valid tokens."""
+    mask = inputs.response_mask.to(inputs.token_rewards.dtype)
+    returns = masked_reverse_scan(inputs.token_rewards, mask, cfg.gamma)
+    return masked_whiten(returns, mask), returns
+
+
+@ADVANTAGE_ESTIMATORS.register("reinforce_plus_plus_baseline")
+def reinforce_plus_plus_baseline(
+    inputs: AdvantageInputs, cfg: AlgorithmConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """s - mean_g on every token, then whitened over the batch (REINFORCE++ with baseline)."""
+    mask = inputs.response_mask.to(inputs.token_rewards.dtype)
+    centred = _group_relative(_scores(inputs), inputs.group_id, "none")[:, None] * mask
+    adv = masked_whiten(centred, mask)
+    return adv, adv
+
+
+@ADVANTAGE_ESTIMATORS.register("remax")
+def remax(inputs: AdvantageInputs, cfg: AlgorithmConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns-to-go minus the greedy response's score (``baseline_scores``)."""
+    if inputs.baseline_scores is None:
+        raise ValueError(
+            "algorithm.estimator 'remax' needs baseline_scores (scores of greedy responses)"
+        )
+    mask = inputs.response_mask.to(inputs.token_rewards.dtype)
+    returns = (inputs.token_rewards * mask).flip(-1).cumsum(-1).flip(-1) * mask
+    return returns - inputs.baseline_scores[:, None] * mask, returns
+
+
+# ---- from the Batch -----------------------------------------------------------------------
+def token_rewards_from_scores(
+    scores: torch.Tensor,
+    response_lengths: torch.Tensor,
+    response_mask: torch.Tensor,
+    kl: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+) -> torch.Tensor:
+    """[B, R] the score on each row's last response token, minus ``kl_coef * kl`` on valid tokens.
+
+    An empty response keeps its score at position 0 (masked out of the loss, still counted by
+    the outcome estimators, which sum the row) so its group statistics stay right.
+    """
+    rewards = torch.zeros_like(response_mask, dtype=scores.dtype)
+    last = (response_lengths.to(torch.long) - 1).clamp(min=0)[:, None]  # [B, 1]
+    rewards.scatter_(1, last, scores[:, None].to(rewards.dtype))
+    if kl is not None and kl_coef:
+        rewards = rewards - kl_coef * kl * response_mask
+    return rewards
+
+
+def reward_kl(batch: Batch, cfg: KLConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token KL penalty ``[B, R]`` (masked) of old vs reference log-probs, and its mean
+    per-sequence value (token mean per row, then mean over rows) for the adaptive controller."""
+    if batch.old_logprobs is None or batch.ref_logprobs is None:
+        raise ValueError(
+            "algorithm.kl.use_in_reward needs old_logprobs and ref_logprobs in the batch"
+        )
+    mask = batch.response_mask
+    kl = kl_estimate(batch.old_logprobs, batch.ref_logprobs, cfg.estimator) * mask
+    per_row = kl.sum(-1) / mask.sum(-1).clamp(min=1)
+    return kl, per_row.mean()
+
+
+def compute_advantages(
+    batch: Batch, cfg: AlgorithmConfig, baseline_scores: torch.Tensor | None = None
+) -> Batch:
+    """Fill ``advantages`` and ``returns`` from ``batch.token_rewards`` with ``cfg.estimator``."""
+    if batch.token_rewards is None:
+        raise ValueError(
+            "compute_advantages needs batch.token_rewards; build it with token_rewards_from_scores"
+        )
+    inputs = AdvantageInputs(
+        token_rewards=batch.token_rewards,
+        response_mask=batch.response_mask,
+        group_id=batch.group_id,
+        values=batch.values,
+        baseline_scores=baseline_scores,
+    )
+    with torch.no_grad():
+        advantages, returns = ADVANTAGE_ESTIMATORS.get(cfg.estimator)(inputs, cfg)
+    return batch.replace(advantages=advantages, returns=returns)
