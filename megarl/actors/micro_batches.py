@@ -11,8 +11,8 @@ Three pure steps, no process groups involved:
    rows of similar length share a micro-batch and little padding is computed.
 3. ``pack_micro_batch``: the rows of a micro-batch are laid out left-aligned: each row is its
    real prompt tokens followed by its real response tokens, starting at column 0, right-padded
-   to the longest row. Position ids are then plain ``0..S-1`` and a single causal mask serves
-   every row (padding only ever follows real tokens). ``response_columns`` says where each
+   to the longest row. Position ids are then plain ``0..S-1`` and plain causal attention is
+   exact for every row (padding only ever follows real tokens), so no mask is built. ``response_columns`` says where each
    response token's predicting logits sit: column ``prompt_len_i + t - 1`` of row ``i``.
 
 What is left out: sequence packing (THD), which the CPU attention path does not support.
@@ -95,7 +95,6 @@ class MicroBatch:
     batch: Batch  # the rows themselves (fields as in the original batch), for the loss function
     tokens: torch.Tensor  # [b, S] long, real tokens from column 0, right-padded with 0
     position_ids: torch.Tensor  # [b, S] long, 0..S-1
-    attention_mask: torch.Tensor  # [1, 1, S, S] bool, True = masked (causal)
     response_columns: torch.Tensor  # [b, R] long, logits column predicting response token t
     num_tokens: int  # real tokens in the micro-batch (prompt + response)
 
@@ -119,14 +118,12 @@ def pack_micro_batch(batch: Batch, rows: list[int] | torch.Tensor, device: torch
     # Column of the logits that predict response token t; t = 0 of an empty prompt has no
     # predictor (clamped to column 0, the caller's masks drop it).
     columns = (plen[:, None] + torch.arange(r)[None, :] - 1).clamp(0, width - 1)  # [b, R]
-    causal = torch.ones(width, width, dtype=torch.bool).triu(1)[None, None]  # [1, 1, S, S]
     positions = torch.arange(width, dtype=torch.long)[None, :].expand(b, width).contiguous()
     return MicroBatch(
         rows=rows_t,
         batch=sub.to(device),
         tokens=tokens.to(device),
         position_ids=positions.to(device),
-        attention_mask=causal.to(device),
         response_columns=columns.to(device),
         num_tokens=int(total.sum()),
     )

@@ -46,6 +46,5 @@ def test_pack_left_aligns_rows_and_points_at_predicting_columns():
     assert mb.tokens.tolist() == [[4, 5, 6, 1, 0], [5, 6, 7, 8, 9]]
     assert mb.response_columns.tolist() == [[2, 3, 4], [1, 2, 3]]
     assert mb.num_tokens == 9
-    assert mb.attention_mask.shape == (1, 1, 5, 5)
-    assert bool(mb.attention_mask[0, 0, 0, 1]) and not bool(mb.attention_mask[0, 0, 1, 0])
+    assert mb.position_ids.tolist() == [list(range(5))] * 2
     assert mb.batch.group_id.tolist() == [1, 0]

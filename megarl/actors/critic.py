@@ -1,0 +1,88 @@
+"""The critic worker: the policy's backbone with a scalar value head, trained on a value loss.
+
+Built from an HF causal-LM directory through the bridge with ``value_head=True``: the
+transformer weights are loaded, the LM head is not, and a small freshly initialised
+``[1, hidden]`` head gives one value per position. Same conventions as the policy (whole batch
+in, full ``[B, R]`` out on every rank; global loss normalisation).
+
+Value alignment (verl's convention): the value of response token ``t`` is read at column
+``P + t - 1`` of the batch's sequences, the position whose logits predict token ``t``, i.e. the
+state before the token is generated. Values past each response's length are 0.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from megarl.actors.megatron_model import MegatronModel, dtype_of
+from megarl.actors.micro_batches import MicroBatch
+from megarl.actors.training import TrainableModel
+from megarl.algos.losses import LossFn, ModelOutputs
+from megarl.config.sections import CriticConfig
+from megarl.data.batch import Batch
+
+
+def _values(mb: MicroBatch, output: torch.Tensor) -> torch.Tensor:
+    """Per-token values ``[b, R]`` from the value head's output ``[b, S, 1]``."""
+    b = output.shape[0]
+    per_position = output.reshape(b, -1).float()  # [b, S]
+    values = per_position.gather(1, mb.response_columns)  # [b, R]
+    return values * mb.batch.response_valid.to(values.dtype)
+
+
+class CriticWorker:
+    """Megatron value model: ``compute_values``, ``update``, ``save``/``load``, ``offload``/``onload``."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        critic_cfg: CriticConfig,
+        dtype: str | torch.dtype = "bfloat16",
+        seed: int = 1,
+        *,
+        total_optimizer_steps: int | None = None,
+    ) -> None:
+        self.cfg = critic_cfg
+        self.dtype = dtype if isinstance(dtype, torch.dtype) else dtype_of(dtype)
+        self.model = MegatronModel.build(str(model_path), critic_cfg, self.dtype, seed, value_head=True)
+        self.trainer = TrainableModel(self.model, critic_cfg, self.dtype, total_optimizer_steps)
+
+    @property
+    def info(self):
+        return self.model.info
+
+    def compute_values(self, batch: Batch) -> torch.Tensor:
+        """``[B, R]`` float32 values on CPU, on every rank (alignment: module docstring)."""
+        out = self.model.forward_tokens(
+            batch,
+            lambda mb, output: {"values": _values(mb, output)},
+            ("values",),
+            micro_batch_size=self.cfg.micro_batch_size,
+            max_tokens=self.cfg.max_tokens_per_gpu,
+        )
+        return out["values"]
+
+    def update(
+        self, batch: Batch, value_loss_fn: LossFn, *, mini_batch_size: int | None = None, ppo_epochs: int | None = None
+    ) -> dict[str, float]:
+        """Train the value model; ``value_loss_fn`` gets ``ModelOutputs(logprobs=None, values)``."""
+
+        def loss_head(mb: MicroBatch, output: torch.Tensor):
+            outputs = ModelOutputs(logprobs=None, values=_values(mb, output))  # type: ignore[arg-type]
+            return value_loss_fn(mb.batch, outputs)
+
+        return self.trainer.train(batch, loss_head, mini_batch_size=mini_batch_size, ppo_epochs=ppo_epochs)
+
+    def save(self, path: str | Path) -> None:
+        self.trainer.save(path)
+
+    def load(self, path: str | Path) -> None:
+        self.trainer.load(path)
+
+    def offload(self) -> int:
+        return self.trainer.offload()
+
+    def onload(self) -> None:
+        self.trainer.onload()

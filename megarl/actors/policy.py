@@ -1,0 +1,112 @@
+"""The policy (actor) worker: a Megatron model that computes log-probs and trains on a loss.
+
+A plain class that runs in every process of the policy group, under torchrun or inside a Ray
+actor (the Ray glue lives in megarl/actors/ray_*.py). Every method is collective: all ranks of
+the group call it with the same arguments.
+
+Conventions (see megarl/actors/megatron_model.py for the details):
+
+- Every rank is given the WHOLE batch; each DP replica takes a token-balanced share by index;
+  results are gathered so that every rank returns the full ``[B, R]`` tensors.
+- Log-probs are ``log_softmax(logits / temperature)`` of the response tokens, from the logits at
+  column ``P + t - 1`` of the batch's sequences (the position that predicts token t), computed
+  vocab-parallel without gathering the vocabulary; 0 past each response's length.
+- ``update`` normalises the loss globally (sum over micro-batches and DP ranks, divided once by
+  the loss function's total count).
+
+The reference worker (megarl/actors/reference.py) can live in the same processes: both go
+through the same process-global Megatron parallel state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from megarl.actors.megatron_model import MegatronModel, dtype_of, token_logprob_head
+from megarl.actors.micro_batches import MicroBatch
+from megarl.actors.training import TrainableModel
+from megarl.algos.losses import LossFn, ModelOutputs
+from megarl.config.sections import ActorConfig
+from megarl.data.batch import Batch
+
+
+class PolicyWorker:
+    """Megatron policy: ``compute_logprobs``, ``update``, ``export_weights``, ``save``/``load``,
+    ``offload``/``onload``."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        actor_cfg: ActorConfig,
+        dtype: str | torch.dtype = "bfloat16",
+        seed: int = 1,
+        *,
+        total_optimizer_steps: int | None = None,
+    ) -> None:
+        """Build this rank's shard from the HF directory ``model_path``, wrap it in DDP and make
+        the optimizer. ``total_optimizer_steps`` is the decay horizon of a linear/cosine schedule."""
+        self.cfg = actor_cfg
+        self.dtype = dtype if isinstance(dtype, torch.dtype) else dtype_of(dtype)
+        self.model = MegatronModel.build(str(model_path), actor_cfg, self.dtype, seed)
+        self.trainer = TrainableModel(self.model, actor_cfg, self.dtype, total_optimizer_steps)
+
+    @property
+    def info(self):
+        """This rank's place in the layout (``megarl.parallel.groups.ParallelInfo``)."""
+        return self.model.info
+
+    def compute_logprobs(
+        self, batch: Batch, temperature: float = 1.0, with_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(logprobs [B, R], entropy [B, R] | None)`` float32 on CPU, on every rank."""
+        names = ("logprobs", "entropy") if with_entropy else ("logprobs",)
+        head = token_logprob_head(self.model, temperature, with_entropy)
+        out = self.model.forward_tokens(
+            batch, head, names, micro_batch_size=self.cfg.micro_batch_size, max_tokens=self.cfg.max_tokens_per_gpu
+        )
+        return out["logprobs"], out.get("entropy")
+
+    def update(
+        self,
+        batch: Batch,
+        loss_fn: LossFn,
+        *,
+        mini_batch_size: int | None = None,
+        ppo_epochs: int | None = None,
+        temperature: float = 1.0,
+        with_entropy: bool = True,
+    ) -> dict[str, float]:
+        """Train on ``batch`` with ``loss_fn`` (mini-batch / epoch defaults from the config).
+
+        ``loss_fn`` sees each micro-batch's rows and ``ModelOutputs(logprobs, entropy)`` at
+        ``temperature``. Returns metrics equal on every rank: the loss function's metrics and
+        ``loss`` as global sum/count, ``grad_norm``, ``lr``, ``optimizer_steps``, ``skipped_steps``.
+        """
+        head = token_logprob_head(self.model, temperature, with_entropy)
+
+        def loss_head(mb: MicroBatch, logits: torch.Tensor):
+            out = head(mb, logits)
+            return loss_fn(mb.batch, ModelOutputs(logprobs=out["logprobs"], entropy=out.get("entropy")))
+
+        return self.trainer.train(batch, loss_head, mini_batch_size=mini_batch_size, ppo_epochs=ppo_epochs)
+
+    def export_weights(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """HF-named full tensors in buckets of at most ``bucket_bytes`` (collective; see the bridge)."""
+        return self.model.bridge.export_hf_weights(self.model.core, bucket_bytes)
+
+    def save(self, path: str | Path) -> None:
+        """Dist-checkpoint of model, optimizer and LR schedule into directory ``path``."""
+        self.trainer.save(path)
+
+    def load(self, path: str | Path) -> None:
+        self.trainer.load(path)
+
+    def offload(self) -> int:
+        """Params, grads and optimizer state to host memory (CUDA; no-op on CPU); bytes moved."""
+        return self.trainer.offload()
+
+    def onload(self) -> None:
+        self.trainer.onload()
