@@ -1,0 +1,311 @@
+"""SGLangEngine: one SGLang server seen as a megarl RolloutEngine.
+
+Generation: one ``/generate`` request per prompt carrying its n samples (see
+client.build_generate_payload for why), at most ``max_running_requests // n`` requests in
+flight, results grouped ``[p0s0 .. p0s(n-1), p1s0, ...]``.
+
+Control: pause / flush / continue, memory release / resume with tags, the three weight
+update endpoints, the group endpoints of the distributed path, weight-version checks,
+health and restart. The order in which a weight push calls them lives in weight_sync.py.
+
+Deliberately left out: routers, streaming, partial rollouts, data-parallel attention.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Protocol
+
+from megarl.rollout.engine import EngineHealth, GenerationResult, SamplingParams, WeightBucket
+from megarl.rollout_sglang.client import (
+    SGLangClient,
+    SGLangHTTPError,
+    build_generate_payload,
+    check_reply,
+    parse_generate_reply,
+    parse_weight_version,
+)
+
+# SGLang's memory tags (sglang.srt.constants.GPU_MEMORY_TYPE_*).
+WEIGHTS, KV_CACHE, CUDA_GRAPH = "weights", "kv_cache", "cuda_graph"
+ALL_TAGS = (KV_CACHE, WEIGHTS, CUDA_GRAPH)
+
+
+class WeightVersionMismatch(RuntimeError):
+    """An engine reports another weight version than the one just pushed."""
+
+
+class EngineBusy(RuntimeError):
+    """A control call that needs an idle engine was made while requests were in flight."""
+
+
+class ServerHandle(Protocol):
+    """What the engine needs from the process behind its URL (SGLangServer implements it)."""
+
+    @property
+    def url(self) -> str: ...
+
+    def restart(self, timeout: float = 600.0) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+    def log_tail(self, max_lines: int = 40) -> str: ...
+
+
+class SGLangEngine:
+    """A RolloutEngine backed by one SGLang HTTP server.
+
+    ``server`` is the process handle (for restart and log tails) or just a URL for a server
+    started elsewhere (then :meth:`restart` is impossible).
+    """
+
+    def __init__(
+        self,
+        server: ServerHandle | str,
+        tp: int = 1,
+        max_running_requests: int = 256,
+        timeout: float = 3600.0,
+        retries: int = 3,
+        flush_retries: int = 60,
+        flush_interval: float = 1.0,
+        control_timeout: float = 600.0,
+    ) -> None:
+        self.server = None if isinstance(server, str) else server
+        url = server if isinstance(server, str) else server.url
+        self.client = SGLangClient(url, timeout=timeout, retries=retries)
+        self.tp = tp
+        self.max_running_requests = max_running_requests
+        self.flush_retries = flush_retries
+        self.flush_interval = flush_interval
+        self.control_timeout = control_timeout
+        self.released: set[str] = set()
+        self._version = 0
+        self._inflight = 0
+        self._lock = threading.Lock()
+        # One thread for HTTP calls that must not block the caller (group init, distributed
+        # updates): the caller posts, then joins the collective, then waits for the reply.
+        self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sglang-ctl")
+
+    @property
+    def url(self) -> str:
+        return self.client.url
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    def __repr__(self) -> str:
+        return f"SGLangEngine({self.url}, tp={self.tp})"
+
+    # ---- generation -------------------------------------------------------------------
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams, first_sample_index: int = 0
+    ) -> list[GenerationResult]:
+        """``len(prompts) * n`` results grouped by prompt; ``first_sample_index`` is the global
+        index (within the step) of this call's first sample, for per-sample seeds."""
+        if self.released:
+            raise EngineBusy(
+                f"{self}: memory is released ({sorted(self.released)}); call resume_memory() before generate()"
+            )
+        concurrency = max(1, self.max_running_requests // params.n)
+        with ThreadPoolExecutor(max_workers=min(concurrency, max(1, len(prompts)))) as pool:
+            futures = [
+                pool.submit(self._generate_one, p, params, i, first_sample_index + i * params.n)
+                for i, p in enumerate(prompts)
+            ]
+            return [r for f in futures for r in f.result()]
+
+    def _generate_one(
+        self, prompt: Sequence[int], params: SamplingParams, index: int, first_sample: int
+    ) -> list[GenerationResult]:
+        payload = build_generate_payload(prompt, params, first_sample)
+        with self._lock:
+            self._inflight += 1
+        try:
+            reply = self.client.post("/generate", payload)
+        finally:
+            with self._lock:
+                self._inflight -= 1
+        if reply.status != 200:
+            check_reply(self.url, "/generate", reply)
+        try:
+            return parse_generate_reply(reply.body, index, params.n)
+        except SGLangHTTPError as err:
+            raise SGLangHTTPError(self.url, "/generate", reply.status, err.detail) from None
+
+    # ---- control ----------------------------------------------------------------------
+
+    def pause_generation(self, mode: str = "abort") -> None:
+        """Stop scheduling; ``abort`` returns running requests as aborted (their
+        finish_reason is "abort"). Servers before the ``mode`` field ignore the body."""
+        self.client.post_ok("/pause_generation", {"mode": mode}, self.control_timeout)
+
+    def continue_generation(self) -> None:
+        self.client.post_ok("/continue_generation", {}, self.control_timeout)
+
+    def flush_cache(self) -> int:
+        """Flush the radix/KV cache, retrying while SGLang answers 400 (requests still
+        running or waiting). Returns the number of attempts."""
+        for attempt in range(1, self.flush_retries + 1):
+            reply = self.client.post("/flush_cache", {}, self.control_timeout)
+            if reply.status == 200:
+                return attempt
+            if reply.status != 400:
+                check_reply(self.url, "/flush_cache", reply)
+            time.sleep(self.flush_interval)
+        raise SGLangHTTPError(
+            self.url, "/flush_cache", 400,
+            f"still refused after {self.flush_retries} attempts (requests running or waiting); "
+            "pause generation or abort requests first",
+        )  # fmt: skip
+
+    def release_memory(self, tags: Sequence[str] = ALL_TAGS) -> None:
+        """Free GPU memory (needs ``--enable-memory-saver``); the engine must be idle."""
+        with self._lock:
+            if self._inflight:
+                raise EngineBusy(
+                    f"{self}: {self._inflight} requests in flight; release_memory needs an idle engine"
+                )
+        todo = [t for t in tags if t not in self.released]
+        if todo:
+            self.client.post_ok("/release_memory_occupation", {"tags": todo}, self.control_timeout)
+            self.released.update(todo)
+
+    def resume_memory(self, tags: Sequence[str] = ALL_TAGS) -> None:
+        todo = [t for t in tags if t in self.released]
+        if todo:
+            self.client.post_ok("/resume_memory_occupation", {"tags": todo}, self.control_timeout)
+            self.released.difference_update(todo)
+
+    # ---- weight updates ---------------------------------------------------------------
+
+    def update_from_tensor(
+        self, payloads: Sequence[str], load_format: str | None, version: int | None
+    ) -> None:
+        """``/update_weights_from_tensor`` with one base64 payload per engine TP rank."""
+        if len(payloads) != self.tp:
+            raise ValueError(
+                f"{self}: {len(payloads)} payloads for tp={self.tp}; give one per TP rank"
+            )
+        body: dict[str, Any] = {
+            "serialized_named_tensors": list(payloads),
+            "load_format": load_format,
+            "flush_cache": False,  # one flush per push, not per bucket
+        }
+        if version is not None:
+            body["weight_version"] = str(version)
+        self.client.post_ok("/update_weights_from_tensor", body, self.control_timeout)
+
+    def load_weights(self, bucket: WeightBucket) -> None:
+        """One bucket over CUDA IPC (colocated). Callers normally use SGLangTensorSync."""
+        from megarl.rollout_sglang.tensor_payload import build_tensor_requests
+
+        for request in build_tensor_requests(bucket.tensors, self.tp):
+            version = bucket.version if bucket.last and request.last else None
+            self.update_from_tensor(request.payloads, request.load_format, version)
+
+    def update_from_distributed_async(
+        self, names: list[str], dtypes: list[str], shapes: list[list[int]], group_name: str,
+        version: int | None,
+    ) -> Future[Any]:  # fmt: skip
+        """Post ``/update_weights_from_distributed`` without waiting: the engine answers only
+        after it received every tensor, which the caller broadcasts meanwhile."""
+        body: dict[str, Any] = {
+            "names": names, "dtypes": dtypes, "shapes": shapes, "group_name": group_name,
+            "flush_cache": False,
+        }  # fmt: skip
+        if version is not None:
+            body["weight_version"] = str(version)
+        return self._background.submit(
+            self.client.post_ok, "/update_weights_from_distributed", body, self.control_timeout
+        )
+
+    def init_update_group_async(
+        self, master_address: str, master_port: int, rank_offset: int, world_size: int,
+        group_name: str, backend: str,
+    ) -> Future[Any]:  # fmt: skip
+        """Post ``/init_weights_update_group``; it returns only after the rendezvous, so the
+        trainer joins the group while this is pending."""
+        body = {
+            "master_address": master_address, "master_port": master_port,
+            "rank_offset": rank_offset, "world_size": world_size,
+            "group_name": group_name, "backend": backend,
+        }  # fmt: skip
+        return self._background.submit(
+            self.client.post_ok, "/init_weights_update_group", body, self.control_timeout
+        )
+
+    def destroy_update_group(self, group_name: str) -> None:
+        self.client.post_ok(
+            "/destroy_weights_update_group", {"group_name": group_name}, self.control_timeout
+        )
+
+    def update_from_disk(self, model_path: str, version: int) -> None:
+        # One request per push, so it may flush the cache itself (the default).
+        body = {"model_path": model_path, "weight_version": str(version)}
+        self.client.post_ok("/update_weights_from_disk", body, self.control_timeout)
+
+    def set_weight_version(self, version: int) -> None:
+        """``/update_weight_version`` (a label only: no weights move)."""
+        body = {"new_version": str(version), "abort_all_requests": False}
+        self.client.post_ok("/update_weight_version", body, self.control_timeout)
+
+    # ---- state ------------------------------------------------------------------------
+
+    def model_info(self) -> dict[str, Any]:
+        """``/model_info`` (0.5.15+), falling back to ``/get_model_info`` on older servers."""
+        reply = self.client.get("/model_info", self.control_timeout)
+        if reply.status == 404:
+            reply = self.client.get("/get_model_info", self.control_timeout)
+        check_reply(self.url, "/model_info", reply)
+        if not isinstance(reply.body, dict):
+            raise SGLangHTTPError(
+                self.url, "/model_info", reply.status, f"not a JSON object: {reply.body!r}"
+            )
+        return reply.body
+
+    def server_weight_version(self) -> int:
+        return parse_weight_version(self.model_info().get("weight_version"))
+
+    def check_weight_version(self, expected: int) -> None:
+        """Raise :class:`WeightVersionMismatch` unless the server reports ``expected``."""
+        got = self.server_weight_version()
+        if got != expected:
+            raise WeightVersionMismatch(
+                f"{self}: weight_version is {got} after pushing version {expected}; the update "
+                "did not reach this engine (restarted mid-push? an update request failed?)"
+            )
+        self._version = expected
+
+    def health(self) -> EngineHealth:
+        """Alive = ``/health_generate`` answers 200 (it runs a 1-token generation). While its
+        memory is released an engine cannot generate, so then ``/model_info`` answering is
+        enough."""
+        endpoint = "/model_info" if self.released else "/health_generate"
+        try:
+            reply = self.client.get(endpoint, timeout=30.0, retries=0)
+        except SGLangHTTPError as err:
+            return EngineHealth(False, self._version, str(err))
+        if reply.status != 200:
+            return EngineHealth(False, self._version, f"{endpoint} answered {reply.status}")
+        return EngineHealth(True, self._version)
+
+    def restart(self, timeout: float = 600.0) -> None:
+        """Relaunch the server process; its weights are the initial ones until re-pushed."""
+        if self.server is None:
+            raise RuntimeError(
+                f"{self} was built from a URL; only an engine built from a server handle can restart"
+            )
+        self.server.restart(timeout)
+        self.client.url = self.server.url.rstrip("/")
+        self.released.clear()
+        self._version = 0
+
+    def shutdown(self) -> None:
+        self._background.shutdown(wait=False, cancel_futures=True)
+        if self.server is not None:
+            self.server.shutdown()

@@ -1,0 +1,318 @@
+"""Launch, watch and stop one SGLang HTTP server process (one rollout engine).
+
+A :class:`ServerSpec` (typed, immutable) says how one engine runs: model, TP size, GPUs,
+memory fraction, port. :func:`build_launch_command` turns it into the
+``python -m sglang.launch_server`` command line and :class:`SGLangServer` runs that command
+in its own process group, logs to a file, waits for ``/health_generate``, detects a dead
+process and relaunches it.
+
+Deliberately left out: multi-node engines (``--nnodes``/``--dist-init-addr``), routers, data
+parallel attention. One server = one engine = ``tp`` GPUs on one node.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from megarl.config.sections import RolloutConfig
+
+# Environment variables the launcher removes from the server's environment, and why:
+# - PYTORCH_CUDA_ALLOC_CONF: expandable segments break the memory saver's release/resume and
+#   CUDA IPC (slime and verl both drop it before starting SGLang).
+# - SGLANG_RETURN_ORIGINAL_LOGPROB: would make SGLang report log-probs before temperature,
+#   while megarl's contract is log_softmax(logits / T) (megarl/rollout/engine.py).
+_DROPPED_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "SGLANG_RETURN_ORIGINAL_LOGPROB")
+
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+class ServerLaunchError(RuntimeError):
+    """The server did not become healthy; the message carries the tail of its log."""
+
+
+def pick_free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` right now (the OS picks it; a race is possible but rare)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """How to run one SGLang server.
+
+    ``gpu_ids`` are physical GPU indices on this node; the server gets them through
+    ``CUDA_VISIBLE_DEVICES`` and therefore ``--base-gpu-id 0``. Leave ``gpu_ids`` empty to
+    keep the caller's ``CUDA_VISIBLE_DEVICES`` and pass ``base_gpu_id`` instead (what a Ray
+    actor that was handed its GPUs does).
+    """
+
+    model_path: str
+    tp: int = 1
+    mem_fraction: float = 0.8
+    max_running_requests: int = 256
+    host: str = "127.0.0.1"
+    port: int = 0  # 0 = pick a free port at launch
+    gpu_ids: tuple[int, ...] = ()
+    base_gpu_id: int = 0
+    seed: int = 1
+    memory_saver: bool = True  # colocated mode: release/resume need it
+    weights_cpu_backup: bool = False  # weights survive release/resume via a host copy
+    deterministic: bool = False  # --enable-deterministic-inference (needed for sampling_seed)
+    dtype: str | None = None  # "bfloat16" | "float16" | "float32"; None = the model's
+    load_format: str | None = None  # e.g. "dummy": random weights, real ones pushed later
+    log_level: str = "warning"
+    log_path: str | None = None  # None = a file in the temp directory
+    extra_args: tuple[str, ...] = ()
+    extra_env: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+    python: str = sys.executable
+
+    def __post_init__(self) -> None:
+        if self.tp < 1:
+            raise ValueError(f"rollout.tp ({self.tp}) must be >= 1")
+        if self.gpu_ids and len(self.gpu_ids) != self.tp:
+            raise ValueError(
+                f"ServerSpec.gpu_ids {list(self.gpu_ids)} has {len(self.gpu_ids)} GPUs but "
+                f"rollout.tp is {self.tp}; give exactly tp GPU ids"
+            )
+        if not 0 < self.mem_fraction < 1:
+            raise ValueError(
+                f"rollout.mem_fraction ({self.mem_fraction}) must be in (0, 1), e.g. 0.8"
+            )
+        if self.log_level not in LOG_LEVELS:
+            raise ValueError(f"ServerSpec.log_level {self.log_level!r} must be one of {LOG_LEVELS}")
+        if self.weights_cpu_backup and not self.memory_saver:
+            raise ValueError(
+                "ServerSpec.weights_cpu_backup needs memory_saver=True (the CPU backup only "
+                "exists for release/resume); set memory_saver=True or drop weights_cpu_backup"
+            )
+
+
+def build_launch_command(spec: ServerSpec, port: int) -> list[str]:
+    """The ``python -m sglang.launch_server`` argv for ``spec`` listening on ``port``."""
+    base_gpu = 0 if spec.gpu_ids else spec.base_gpu_id
+    cmd = [
+        spec.python, "-m", "sglang.launch_server",
+        "--model-path", spec.model_path,
+        "--tp-size", str(spec.tp),
+        "--mem-fraction-static", repr(spec.mem_fraction),
+        "--host", spec.host,
+        "--port", str(port),
+        "--base-gpu-id", str(base_gpu),
+        "--max-running-requests", str(spec.max_running_requests),
+        "--random-seed", str(spec.seed),
+        "--log-level", spec.log_level,
+        # Warm-up sends a request before we can pause the server; health_generate covers it.
+        "--skip-server-warmup",
+    ]  # fmt: skip
+    if spec.memory_saver:
+        cmd.append("--enable-memory-saver")
+    if spec.weights_cpu_backup:
+        cmd.append("--enable-weights-cpu-backup")
+    if spec.deterministic:
+        cmd.append("--enable-deterministic-inference")
+    if spec.dtype is not None:
+        cmd += ["--dtype", spec.dtype]
+    if spec.load_format is not None:
+        cmd += ["--load-format", spec.load_format]
+    return cmd + list(spec.extra_args)
+
+
+def build_launch_env(spec: ServerSpec, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The server's environment: the caller's, minus :data:`_DROPPED_ENV`, plus its GPUs."""
+    env = dict(os.environ if base is None else base)
+    for name in _DROPPED_ENV:
+        env.pop(name, None)
+    if spec.gpu_ids:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in spec.gpu_ids)
+    env.update(dict(spec.extra_env))
+    return env
+
+
+def read_log_tail(path: str | Path, max_lines: int = 40) -> str:
+    """The last ``max_lines`` lines of a log file ('' when it does not exist)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - 64 * 1024))
+            text = fh.read().decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        return ""
+    return "\n".join(text.splitlines()[-max_lines:])
+
+
+def probe_health(url: str, timeout: float = 5.0, path: str = "/health_generate") -> bool:
+    """True when ``GET url+path`` answers 200 (503 while SGLang starts or is stuck)."""
+    try:
+        with urllib.request.urlopen(url + path, timeout=timeout) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+        return False
+
+
+class SGLangServer:
+    """One SGLang server process: launch, health wait, liveness, shutdown, relaunch.
+
+    ``command`` overrides the argv built from the spec (tests run a stand-in process with
+    it); everything else (process group, log file, health wait, log tail on failure) is the
+    same code path the real server uses.
+    """
+
+    def __init__(self, spec: ServerSpec, command: Sequence[str] | None = None) -> None:
+        self.spec = spec
+        self._command_override = list(command) if command is not None else None
+        self.port = spec.port
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = spec.log_path
+        self.launches = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.spec.host}:{self.port}"
+
+    def command(self) -> list[str]:
+        if self._command_override is not None:
+            return [a.replace("{port}", str(self.port)) for a in self._command_override]
+        return build_launch_command(self.spec, self.port)
+
+    def launch(self) -> None:
+        """Start the process (does not wait for health; see :meth:`wait_healthy`)."""
+        if self.alive():
+            raise RuntimeError(
+                f"SGLang server at {self.url} is already running (pid {self.proc.pid})"
+            )
+        if self.spec.port == 0 or self.launches > 0 and not _port_free(self.spec.host, self.port):
+            self.port = pick_free_port(self.spec.host)
+        if self.log_path is None:
+            import tempfile
+
+            fd, self.log_path = tempfile.mkstemp(prefix=f"sglang-{self.port}-", suffix=".log")
+            os.close(fd)
+        log = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it after Popen
+        try:
+            self.proc = subprocess.Popen(
+                self.command(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=build_launch_env(self.spec),
+                start_new_session=True,  # own process group: shutdown kills TP workers too
+            )
+        finally:
+            log.close()
+        self.launches += 1
+
+    def wait_healthy(self, timeout: float = 600.0, poll: float = 1.0) -> None:
+        """Block until ``/health_generate`` answers 200; raise with the log tail otherwise."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.alive():
+                code = self.proc.returncode if self.proc is not None else None
+                raise ServerLaunchError(self._failure(f"exited with code {code} while starting"))
+            if probe_health(self.url, timeout=min(5.0, poll + 1.0)):
+                return
+            time.sleep(poll)
+        raise ServerLaunchError(self._failure(f"was not healthy after {timeout:.0f} s"))
+
+    def start(self, timeout: float = 600.0) -> None:
+        """:meth:`launch` then :meth:`wait_healthy`; kills the process if it never gets healthy."""
+        self.launch()
+        try:
+            self.wait_healthy(timeout)
+        except ServerLaunchError:
+            self.shutdown()
+            raise
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def healthy(self, timeout: float = 5.0) -> bool:
+        """Alive and answering ``/health_generate``: what restart detection checks."""
+        return self.alive() and probe_health(self.url, timeout=timeout)
+
+    def log_tail(self, max_lines: int = 40) -> str:
+        return read_log_tail(self.log_path, max_lines) if self.log_path else ""
+
+    def shutdown(self, grace: float = 10.0) -> None:
+        """SIGTERM the process group, SIGKILL it after ``grace`` seconds."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            _signal_group(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                _signal_group(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=grace)
+        # Children (scheduler / TP workers) may outlive the leader: kill what is left.
+        _signal_group(self.proc.pid, signal.SIGKILL)
+
+    def restart(self, timeout: float = 600.0) -> None:
+        """Kill whatever is left of the old process and start a new one."""
+        self.shutdown()
+        self.start(timeout)
+
+    def _failure(self, what: str) -> str:
+        tail = self.log_tail()
+        return (
+            f"SGLang server {self.url} {what}. Command: {' '.join(self.command())}\n"
+            f"Log {self.log_path} (last lines):\n{tail or '<empty>'}"
+        )
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def spec_from_config(
+    model_path: str,
+    rollout: RolloutConfig,
+    placement: str,
+    gpu_ids: Sequence[int] = (),
+    seed: int = 1,
+    dtype: str | None = None,
+    **overrides: object,
+) -> ServerSpec:
+    """A ServerSpec from the validated config sections (rollout.*, cluster.placement).
+
+    Colocated engines get the memory saver (release/resume while the trainer runs) and a
+    CPU copy of their weights; disaggregated engines keep their memory.
+    """
+    colocated = placement == "colocated"
+    fields: dict[str, object] = dict(
+        model_path=model_path,
+        tp=rollout.tp,
+        mem_fraction=rollout.mem_fraction,
+        max_running_requests=rollout.max_running_requests,
+        gpu_ids=tuple(gpu_ids),
+        seed=seed,
+        memory_saver=colocated,
+        weights_cpu_backup=colocated,
+        dtype=dtype,
+    )
+    fields.update(overrides)
+    return ServerSpec(**fields)  # type: ignore[arg-type]
