@@ -1,0 +1,150 @@
+"""Parquet prompt files in the verl schema: reading and checking them row by row.
+
+The schema (one row per prompt), as verl and most RL recipes write it:
+
+    data_source   str                                   which dataset / reward function
+    prompt        str | list[{role: str, content: str}] raw text or chat messages
+    ability       str (optional)                        e.g. "math"
+    reward_model  {ground_truth: any, style: str}       what the reward function checks against
+    extra_info    dict (optional)                       free per-row metadata, passed to rewards
+
+Every malformed row or missing column is a :class:`DataError` naming the file (with the config
+field it came from), the row and the column. This module only reads and checks; rendering
+prompts into token ids is megarl/data/prompts.py, drawing batches is megarl/data/sampler.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# A prompt as stored: raw text, or chat messages [{"role": ..., "content": ...}].
+Prompt = str | list[dict[str, str]]
+
+REQUIRED_COLUMNS = ("data_source", "reward_model")
+SCHEMA_HELP = (
+    "expected the verl schema: data_source (str), prompt (str or list of {role, content}), "
+    "ability (str, optional), reward_model ({ground_truth, style}), extra_info (dict, optional); "
+    "`megarl data convert` writes it from JSONL/CSV"
+)
+
+
+class DataError(ValueError):
+    """A user's data file is missing, unreadable or malformed (the message says where and how to fix)."""
+
+
+@dataclass(frozen=True)
+class PromptRecord:
+    """One checked row of a prompt file."""
+
+    data_source: str
+    prompt: Prompt
+    ground_truth: Any
+    row: int  # row number in its file (0-based), for error messages and PromptBatch.index
+    ability: str = ""
+    style: str = "rule"
+    extra_info: dict[str, Any] = field(default_factory=dict)
+
+
+def file_label(field_name: str, path: str | Path) -> str:
+    """How errors name a file: ``data.train_files[0] (gsm8k.parquet)``."""
+    return f"{field_name} ({Path(path).name})" if field_name else str(path)
+
+
+def read_prompt_file(path: str | Path, *, label: str = "", prompt_key: str = "prompt") -> list[PromptRecord]:
+    """Read and check every row of a verl-schema parquet file.
+
+    ``label`` names the file in errors (e.g. ``data.train_files[0] (gsm8k.parquet)``);
+    ``prompt_key`` is the column holding the prompt (``data.prompt_key``).
+    """
+    import pyarrow.parquet as pq
+
+    label = label or str(path)
+    if not Path(path).is_file():
+        raise DataError(f"{label}: file {path} does not exist; check the path (relative paths are relative to the working directory)")
+    try:
+        table = pq.read_table(path)
+    except Exception as exc:  # pyarrow raises several types for a corrupt / non-parquet file
+        raise DataError(f"{label}: cannot read {path} as parquet ({exc}); {SCHEMA_HELP}") from exc
+    columns = table.column_names
+    for name in (*REQUIRED_COLUMNS, prompt_key):
+        if name not in columns:
+            hint = f" (data.prompt_key is {prompt_key!r})" if name == prompt_key else ""
+            raise DataError(f"{label}: missing column {name!r}{hint}; the file has columns {columns}; {SCHEMA_HELP}")
+    data = {name: table.column(name).to_pylist() for name in (*REQUIRED_COLUMNS, prompt_key)}
+    ability = table.column("ability").to_pylist() if "ability" in columns else [None] * table.num_rows
+    extra = table.column("extra_info").to_pylist() if "extra_info" in columns else [None] * table.num_rows
+    return [
+        _check_row(label, i, data["data_source"][i], data[prompt_key][i], prompt_key, ability[i], data["reward_model"][i], extra[i])
+        for i in range(table.num_rows)
+    ]
+
+
+def _check_row(
+    label: str, i: int, data_source: Any, prompt: Any, prompt_key: str, ability: Any, reward_model: Any, extra_info: Any
+) -> PromptRecord:
+    def bad(column: str, expected: str, value: Any) -> DataError:
+        shown = type(value).__name__ if value is not None else "null"
+        return DataError(f"{label}: row {i}, column {column!r}: expected {expected}, got {shown} ({_short(value)})")
+
+    if not isinstance(data_source, str) or not data_source:
+        raise bad("data_source", "a non-empty string", data_source)
+    checked = check_prompt(prompt)
+    if checked is None:
+        raise bad(prompt_key, "a string or a list of {role, content} messages", prompt)
+    if ability is not None and not isinstance(ability, str):
+        raise bad("ability", "a string", ability)
+    if not isinstance(reward_model, dict) or "ground_truth" not in reward_model:
+        raise bad("reward_model", "a struct {ground_truth, style}", reward_model)
+    style = reward_model.get("style")
+    if style is not None and not isinstance(style, str):
+        raise bad("reward_model.style", "a string", style)
+    if extra_info is not None and not isinstance(extra_info, dict):
+        raise bad("extra_info", "a struct (dict) or null", extra_info)
+    return PromptRecord(
+        data_source=data_source,
+        prompt=checked,
+        ground_truth=reward_model["ground_truth"],
+        row=i,
+        ability=ability or "",
+        style=style or "rule",
+        extra_info=dict(extra_info or {}),
+    )
+
+
+def check_prompt(prompt: Any) -> Prompt | None:
+    """``prompt`` as a :data:`Prompt` (messages reduced to role + content), or None if malformed."""
+    if isinstance(prompt, str):
+        return prompt
+    if not isinstance(prompt, list) or not prompt:
+        return None
+    messages: list[dict[str, str]] = []
+    for m in prompt:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            return None
+        messages.append({"role": m["role"], "content": m["content"]})
+    return messages
+
+
+def prompt_chars(prompt: Prompt) -> int:
+    """Characters of a prompt's text (all message contents), for token-free statistics."""
+    return len(prompt) if isinstance(prompt, str) else sum(len(m["content"]) for m in prompt)
+
+
+def write_prompt_file(rows: list[dict[str, Any]], path: str | Path) -> Path:
+    """Write verl-schema rows (dicts with the columns above) to a parquet file; returns the path."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if not rows:
+        raise DataError(f"{path}: refusing to write a parquet file with no rows")
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows), out)
+    return out
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

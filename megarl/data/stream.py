@@ -1,0 +1,171 @@
+"""The trainer's data side: load the configured files, then hand out one PromptBatch per step.
+
+    stream = build_train_stream(cfg.data, tokenizer)     # reads, checks, filters overlong
+    prompts = stream.next_batch()                        # PromptBatch of prompts_per_step
+    rollout = expand_for_rollout(prompts, cfg.rollout.n) # group ids + per-sample metadata
+    ckpt["data"] = stream.state_dict()                   # resume: stream.load_state_dict(...)
+
+Files are read and checked whole at start-up (so a bad row fails before any GPU work) and
+overlong prompts are dropped there when ``data.filter_overlong_prompts`` is on; the prompts a
+step draws are templated and tokenized when drawn. Validation prompts come whole, in file order
+(:func:`load_val_prompts`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from megarl.data.datasets import DataError, PromptRecord, file_label, read_prompt_file
+from megarl.data.prompt_batch import PromptBatch
+from megarl.data.prompts import PromptBuilder
+from megarl.data.sampler import MixtureSampler
+
+if TYPE_CHECKING:
+    from megarl.config.sections import DataConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PromptSet:
+    """The checked (and filtered) rows of one file."""
+
+    label: str  # how errors name the file: data.train_files[0] (gsm8k.parquet)
+    path: str
+    records: list[PromptRecord]
+    rows_read: int
+    dropped_overlong: int
+
+    def where(self, record: PromptRecord) -> str:
+        return f"{self.label}: row {record.row}"
+
+
+def load_prompt_set(
+    path: str, *, label: str, builder: PromptBuilder, prompt_key: str = "prompt", filter_overlong: bool = True
+) -> PromptSet:
+    """Read ``path``, check every row, and drop overlong prompts if ``filter_overlong``."""
+    records = read_prompt_file(path, label=label, prompt_key=prompt_key)
+    kept = records
+    if filter_overlong and records:
+        wheres = [f"{label}: row {r.row}" for r in records]
+        too_long = builder.overlong([r.prompt for r in records], wheres)
+        kept = [r for r, drop in zip(records, too_long, strict=True) if not drop]
+    dropped = len(records) - len(kept)
+    if dropped:
+        log.warning("%s: dropped %d of %d prompts longer than data.max_prompt_length (%d tokens)",
+                    label, dropped, len(records), builder.max_prompt_length)
+    if not kept:
+        reason = f"all {len(records)} prompts are longer than data.max_prompt_length ({builder.max_prompt_length})" if records else "it has no rows"
+        raise DataError(f"{label}: no usable prompts, {reason}")
+    return PromptSet(label=label, path=str(path), records=kept, rows_read=len(records), dropped_overlong=dropped)
+
+
+def encode_records(sets: list[PromptSet], picks: list[tuple[int, int]], builder: PromptBuilder, step: int) -> PromptBatch:
+    """Template and tokenize the records at ``picks`` ((set index, position in set.records))."""
+    records = [sets[f].records[i] for f, i in picks]
+    wheres = [sets[f].where(r) for (f, _), r in zip(picks, records, strict=True)]
+    ids, texts = builder.encode([r.prompt for r in records], wheres)
+    return PromptBatch(
+        prompt_ids=ids,
+        prompt_text=texts,
+        data_source=[r.data_source for r in records],
+        ground_truth=[r.ground_truth for r in records],
+        extra_info=[dict(r.extra_info) for r in records],
+        index=[r.row for r in records],
+        file_index=[f for f, _ in picks],
+        step=step,
+    )
+
+
+class PromptStream:
+    """Training prompts: one :class:`PromptBatch` per step, resumable exactly."""
+
+    def __init__(self, sets: list[PromptSet], builder: PromptBuilder, sampler: MixtureSampler) -> None:
+        assert [len(s.records) for s in sets] == sampler.sizes
+        self.sets = sets
+        self.builder = builder
+        self.sampler = sampler
+
+    def next_batch(self) -> PromptBatch:
+        """The next step's prompts (``data.prompts_per_step`` of them)."""
+        step = self.sampler.step
+        return encode_records(self.sets, self.sampler.next_indices(), self.builder, step)
+
+    @property
+    def step(self) -> int:
+        """Steps drawn so far."""
+        return self.sampler.step
+
+    @property
+    def epoch(self) -> float:
+        return self.sampler.epoch
+
+    def steps_per_epoch(self) -> int:
+        return self.sampler.steps_per_epoch()
+
+    def __len__(self) -> int:
+        """Usable prompts over all files."""
+        return sum(len(s.records) for s in self.sets)
+
+    def load_report(self) -> dict[str, float]:
+        """Counts for the start-up log / metrics: prompts read, kept and dropped as overlong."""
+        return {
+            "data/train_rows_read": float(sum(s.rows_read for s in self.sets)),
+            "data/train_prompts": float(len(self)),
+            "data/train_dropped_overlong": float(sum(s.dropped_overlong for s in self.sets)),
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"sampler": self.sampler.state_dict(), "files": [s.path for s in self.sets]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sampler.load_state_dict(state["sampler"])
+
+
+def build_train_stream(cfg: DataConfig, tokenizer: Any) -> PromptStream:
+    """Load ``cfg.train_files`` (checked, filtered) and build the seeded, weighted sampler."""
+    builder = PromptBuilder.from_config(cfg, tokenizer)
+    if not cfg.train_files:
+        raise DataError("data.train_files is empty; give at least one parquet file in the verl schema")
+    sets = [
+        load_prompt_set(
+            f.path,
+            label=file_label(f"data.train_files[{i}]", f.path),
+            builder=builder,
+            prompt_key=cfg.prompt_key,
+            filter_overlong=cfg.filter_overlong_prompts,
+        )
+        for i, f in enumerate(cfg.train_files)
+    ]
+    sampler = MixtureSampler(
+        [len(s.records) for s in sets],
+        [f.weight for f in cfg.train_files],
+        batch_size=cfg.prompts_per_step,
+        seed=cfg.seed,
+        shuffle=cfg.shuffle,
+    )
+    stream = PromptStream(sets, builder, sampler)
+    log.info("training prompts: %s", stream.load_report())
+    return stream
+
+
+def load_val_prompts(cfg: DataConfig, tokenizer: Any) -> PromptBatch | None:
+    """Every prompt of ``cfg.val_files`` in file order (overlong ones filtered as for training);
+    None when no validation files are configured."""
+    if not cfg.val_files:
+        return None
+    builder = PromptBuilder.from_config(cfg, tokenizer)
+    sets = [
+        load_prompt_set(
+            path,
+            label=file_label(f"data.val_files[{i}]", path),
+            builder=builder,
+            prompt_key=cfg.prompt_key,
+            filter_overlong=cfg.filter_overlong_prompts,
+        )
+        for i, path in enumerate(cfg.val_files)
+    ]
+    picks = [(f, i) for f, s in enumerate(sets) for i in range(len(s.records))]
+    return encode_records(sets, picks, builder, step=-1)

@@ -1,0 +1,101 @@
+"""Reading verl-schema parquet files: good rows come back typed, bad ones name file/row/column."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from megarl.data.datasets import DataError, file_label, read_prompt_file
+
+LABEL = "data.train_files[0] (bad.parquet)"
+
+
+def _write_table(path: Path, columns: dict) -> Path:
+    pq.write_table(pa.table(columns), path)
+    return path
+
+
+def test_reads_chat_and_string_prompts(prompt_file):
+    chat = prompt_file("chat.parquet", [[{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]])
+    text = prompt_file("text.parquet", ["plain prompt"], truths=["42"])
+    (rec,) = read_prompt_file(chat)
+    assert rec.prompt == [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]
+    assert (rec.data_source, rec.ground_truth, rec.ability, rec.style, rec.row) == ("src", "0", "test", "rule", 0)
+    assert rec.extra_info == {"index": 0}
+    (rec,) = read_prompt_file(text)
+    assert rec.prompt == "plain prompt" and rec.ground_truth == "42"
+
+
+def test_optional_columns_and_custom_prompt_key(tmp_path):
+    path = _write_table(
+        tmp_path / "min.parquet",
+        {"data_source": ["a"], "question": ["q?"], "reward_model": [{"ground_truth": "1", "style": "rule"}]},
+    )
+    (rec,) = read_prompt_file(path, prompt_key="question")
+    assert rec.prompt == "q?" and rec.extra_info == {} and rec.ability == ""
+
+
+def test_missing_column_names_file_column_and_found_columns(tmp_path):
+    path = _write_table(tmp_path / "bad.parquet", {"data_source": ["a"], "prompt": ["q"]})
+    with pytest.raises(DataError) as err:
+        read_prompt_file(path, label=file_label("data.train_files[0]", path))
+    msg = str(err.value)
+    assert msg.startswith(f"{LABEL}: missing column 'reward_model'")
+    assert "['data_source', 'prompt']" in msg
+
+
+def test_missing_prompt_key_column_mentions_the_setting(prompt_file):
+    path = prompt_file("bad.parquet", ["q"])
+    with pytest.raises(DataError, match=r"missing column 'question' \(data.prompt_key is 'question'\)"):
+        read_prompt_file(path, prompt_key="question")
+
+
+def test_prompt_of_wrong_type_names_row_and_column(tmp_path):
+    path = _write_table(
+        tmp_path / "bad.parquet",
+        {"data_source": ["a"], "prompt": [17], "reward_model": [{"ground_truth": "1", "style": "rule"}]},
+    )
+    with pytest.raises(DataError) as err:
+        read_prompt_file(path, label=LABEL)
+    assert str(err.value).startswith(
+        f"{LABEL}: row 0, column 'prompt': expected a string or a list of {{role, content}} messages, got int"
+    )
+
+
+def test_malformed_message_in_a_later_row(tmp_path):
+    good = [{"role": "user", "content": "hi"}]
+    prompts = [good] * 17 + [[{"role": "user", "content": None}]] + [good]
+    rm = [{"ground_truth": "1", "style": "rule"}] * len(prompts)
+    path = _write_table(tmp_path / "bad.parquet", {"data_source": ["a"] * len(prompts), "prompt": prompts, "reward_model": rm})
+    with pytest.raises(DataError, match=r"^data.train_files\[0\] \(bad.parquet\): row 17, column 'prompt': expected a string or a list"):
+        read_prompt_file(path, label=LABEL)
+
+
+@pytest.mark.parametrize(
+    "column, value, expected",
+    [
+        ("data_source", [""], "row 0, column 'data_source': expected a non-empty string"),
+        ("reward_model", ["just text"], "row 0, column 'reward_model': expected a struct {ground_truth, style}, got str"),
+        ("reward_model", [{"style": "rule"}], "row 0, column 'reward_model': expected a struct {ground_truth, style}, got dict"),
+        ("extra_info", [[1, 2]], "row 0, column 'extra_info': expected a struct (dict) or null, got list"),
+    ],
+)
+def test_malformed_metadata_columns(tmp_path, column, value, expected):
+    columns = {"data_source": ["a"], "prompt": ["q"], "reward_model": [{"ground_truth": "1", "style": "rule"}]}
+    columns[column] = value
+    path = _write_table(tmp_path / "bad.parquet", columns)
+    with pytest.raises(DataError) as err:
+        read_prompt_file(path, label=LABEL)
+    assert expected in str(err.value)
+
+
+def test_missing_and_non_parquet_files(tmp_path):
+    with pytest.raises(DataError, match="does not exist"):
+        read_prompt_file(tmp_path / "nope.parquet", label=LABEL)
+    junk = tmp_path / "junk.parquet"
+    junk.write_text("not parquet")
+    with pytest.raises(DataError, match=r"cannot read .* as parquet"):
+        read_prompt_file(junk, label=LABEL)
