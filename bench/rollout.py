@@ -1,0 +1,129 @@
+"""Benchmark: torch rollout engine vs plain ``transformers`` generate, sampling tokens/s on CPU.
+
+Same random-init Qwen2-shaped model (8 layers, hidden 512, 8 heads, 2 KV heads, FFN 1536,
+vocab 32000, fp32), same 64 prompts of 128 tokens, 128 new tokens each (no EOS: the model has
+none, so both always produce 128), temperature 1, no top-p/top-k, 2 threads. Prints a table and
+writes bench/results/rollout.json.
+
+    OMP_NUM_THREADS=2 .venv/bin/python bench/rollout.py [--reps 2] [--prompts 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+
+def machine() -> dict:
+    cpu = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "load_avg": os.getloadavg(),
+        "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def build_model(out: Path) -> Path:
+    from transformers import AutoModelForCausalLM
+
+    from megarl.models.tiny import tiny_hf_config
+
+    cfg = tiny_hf_config(
+        "qwen2", vocab_size=32000, hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=2,
+        ffn_hidden_size=1536, max_position_embeddings=1024,
+    )
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(out)
+    return out
+
+
+def time_engine(engine, prompts: list[list[int]], new_tokens: int, seed: int) -> tuple[float, int]:
+    from megarl.rollout.engine import SamplingParams
+
+    params = SamplingParams(temperature=1.0, top_p=1.0, top_k=-1, max_new_tokens=new_tokens, seed=seed)
+    start = time.perf_counter()
+    results = engine.generate(prompts, params)
+    return time.perf_counter() - start, sum(len(r.response_ids) for r in results)
+
+
+def time_hf(model, prompts: list[list[int]], new_tokens: int, seed: int) -> tuple[float, int]:
+    ids = torch.tensor(prompts)  # all prompts have the same length: no padding
+    torch.manual_seed(seed)
+    start = time.perf_counter()
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0,
+            top_p=1.0, top_k=0, max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0,
+        )
+    return time.perf_counter() - start, (out.shape[1] - ids.shape[1]) * ids.shape[0]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=64)
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "rollout.json"))
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    from transformers import AutoModelForCausalLM
+
+    from megarl.rollout.torch_engine import TorchEngine
+
+    before = machine()
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = build_model(Path(tmp))
+        engine = TorchEngine(model_dir, dtype="float32", max_running_requests=args.prompts)
+        hf = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    gen = torch.Generator().manual_seed(1)
+    prompts = torch.randint(0, 32000, (args.prompts, args.prompt_len), generator=gen).tolist()
+    time_engine(engine, prompts[:4], 4, 0)  # warm-up
+    time_hf(hf, prompts[:4], 4, 0)
+    runs: dict[str, list[float]] = {"torch_engine": [], "hf_generate": []}
+    for rep in range(args.reps):  # alternate so both see the same machine conditions
+        secs, toks = time_engine(engine, prompts, args.new_tokens, rep)
+        runs["torch_engine"].append(toks / secs)
+        secs, toks = time_hf(hf, prompts, args.new_tokens, rep)
+        runs["hf_generate"].append(toks / secs)
+    best = {k: max(v) for k, v in runs.items()}
+    ratio = best["torch_engine"] / best["hf_generate"]
+    print(f"{'implementation':<16}{'best tok/s':>12}{'median tok/s':>14}")
+    for name, vals in runs.items():
+        print(f"{name:<16}{best[name]:>12.1f}{statistics.median(vals):>14.1f}")
+    print(f"ratio torch_engine / hf_generate (best): {ratio:.3f}x")
+    result = {
+        "benchmark": "rollout: torch engine vs transformers generate (sampling, T=1)",
+        "model": "qwen2, 8 layers, hidden 512, 8 heads, 2 kv heads, ffn 1536, vocab 32000, fp32, random init",
+        "prompts": args.prompts, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
+        "tokens_per_s": runs, "best_tokens_per_s": best, "ratio_engine_over_hf": ratio,
+        "machine_before": before, "load_avg_after": os.getloadavg(),
+    }
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
