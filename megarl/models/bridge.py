@@ -1,0 +1,262 @@
+"""Model bridges: HF config/weights <-> Megatron GPTModel, one bridge per HF ``model_type``.
+
+A bridge answers four questions for its architecture: which TransformerConfig an HF config
+means (refusing what it does not handle, by name), how to build the GPTModel, which Megatron
+parameter holds which HF tensor(s) in which layout (:class:`megarl.models.layouts.ParamRule`),
+and what the full set of HF tensor names and shapes is. From the rules, this base class
+implements streaming import (:meth:`ModelBridge.load_hf_weights`) and bucketed export
+(:meth:`ModelBridge.export_hf_weights`), each checking that every tensor maps exactly once.
+
+Export (the data path of weight sync and `megarl convert`) is a collective over the model's
+TP and PP groups. Every rank of a DP replica calls it; every rank of that replica receives
+every bucket (TP shards are all-gathered, each PP stage broadcasts its tensors to the other
+stages in stage order); DP replicas work independently (no cross-DP traffic). The rank that
+feeds an engine (e.g. ``ParallelInfo.is_replica_leader``) uses the buckets, the others drop
+them. With ``gather_pp=False`` each stage yields only its own tensors (for transports that send
+per stage). Memory: at most one bucket plus one tensor beyond the model.
+
+Left out: MoE, MLA, vision towers; registering new architectures happens in their own modules
+with :func:`register_bridge`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from megarl.models.layouts import ParamRule, ShardInfo, export_full, read_shard
+from megarl.models.safetensors_reader import SafetensorsReader
+from megarl.models.value_head import VALUE_HEAD_HF_NAME, ValueHead
+from megarl.parallel.buckets import bucketize
+from megarl.parallel.sharding import all_gather_objects, broadcast_from_group_rank
+
+_REGISTRY: dict[str, type[ModelBridge]] = {}
+HF_CONFIG_ATTR = "megarl_hf_config"  # set on every GPTModel built by a bridge
+
+
+def register_bridge(*model_types: str):
+    """Class decorator: make ``get_bridge(model_type)`` return an instance of the class."""
+
+    def wrap(cls: type[ModelBridge]) -> type[ModelBridge]:
+        for t in model_types:
+            _REGISTRY[t] = cls
+        return cls
+
+    return wrap
+
+
+def supported_model_types() -> list[str]:
+    _import_builtin_bridges()
+    return sorted(_REGISTRY)
+
+
+def get_bridge(model_type_or_hf_config: str | Any) -> ModelBridge:
+    """The bridge of an HF ``model_type`` (a string or an HF config object)."""
+    _import_builtin_bridges()
+    model_type = model_type_or_hf_config
+    if not isinstance(model_type, str):
+        model_type = getattr(model_type_or_hf_config, "model_type", None)
+    if model_type not in _REGISTRY:
+        raise ValueError(
+            f"HF model_type {model_type!r} has no megarl bridge; supported: "
+            f"{', '.join(sorted(_REGISTRY))}"
+        )
+    return _REGISTRY[model_type]()
+
+
+def _import_builtin_bridges() -> None:
+    import megarl.models.dense  # noqa: F401  (registers llama, qwen2, qwen3)
+
+
+def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The GPTModel inside DDP / Float16Module wrappers (they hold it as ``.module``)."""
+    while hasattr(model, "module") and isinstance(model.module, torch.nn.Module):
+        model = model.module
+    return model
+
+
+class ModelBridge:
+    """Base of the per-architecture bridges (see module docstring). Subclasses implement the
+    methods that raise NotImplementedError; the weight streaming below is shared."""
+
+    # ---- architecture-specific -------------------------------------------------------------
+    def transformer_config(self, hf_config: Any, parallel: Any, dtype: torch.dtype, recompute: str = "none"):
+        raise NotImplementedError
+
+    def build_model(self, hf_config: Any, transformer_config: Any, *, pre_process: bool, post_process: bool, value_head: bool = False):
+        raise NotImplementedError
+
+    def vocab_size(self, hf_config: Any) -> int:
+        """The true vocabulary; logits columns at and beyond it are padding to mask out."""
+        return int(hf_config.vocab_size)
+
+    def padded_vocab_size(self, hf_config: Any, tp: int) -> int:
+        raise NotImplementedError
+
+    def hf_tensor_shapes(self, hf_config: Any) -> dict[str, tuple[int, ...]]:
+        """Every tensor of the HF checkpoint (causal LM), by name."""
+        raise NotImplementedError
+
+    def param_rule(self, hf_config: Any, model: torch.nn.Module, megatron_name: str) -> ParamRule:
+        """The rule of one local parameter; raises KeyError for a parameter it does not know."""
+        raise NotImplementedError
+
+    # ---- shared ------------------------------------------------------------------------------
+    def hf_param_names(self, hf_config: Any) -> set[str]:
+        return set(self.hf_tensor_shapes(hf_config))
+
+    def shard_info(self, hf_config: Any, model: torch.nn.Module) -> ShardInfo:
+        from megatron.core import parallel_state as ps
+
+        cfg = unwrap_model(model).config
+        tp = ps.get_tensor_model_parallel_world_size()
+        return ShardInfo(
+            tp_rank=ps.get_tensor_model_parallel_rank(),
+            tp_size=tp,
+            num_heads=cfg.num_attention_heads,
+            num_groups=cfg.num_query_groups,
+            head_dim=cfg.kv_channels,
+            vocab_size=self.vocab_size(hf_config),
+            padded_vocab_size=self.padded_vocab_size(hf_config, tp),
+        )
+
+    def local_rules(self, model: torch.nn.Module) -> list[tuple[ParamRule, torch.nn.Parameter]]:
+        """(rule, parameter) for every parameter of this rank's model, in module order."""
+        gpt = unwrap_model(model)
+        hf_config = _hf_config_of(gpt)
+        out = []
+        for name, param in gpt.named_parameters():
+            try:
+                out.append((self.param_rule(hf_config, gpt, name), param))
+            except KeyError as e:
+                raise ValueError(f"Megatron parameter {name!r} has no HF mapping in {type(self).__name__}") from e
+        return out
+
+    def load_hf_weights(self, model: torch.nn.Module, hf_path: str) -> None:
+        """Fill this rank's parameters (its TP shard of its PP stage) from an HF directory.
+
+        Reads only the needed slices. Errors name the tensor: an HF tensor no parameter maps to,
+        an expected tensor missing from the files, a shape mismatch, an unmapped parameter.
+        The value head of a critic is not in HF checkpoints and keeps its initialisation.
+        """
+        gpt = unwrap_model(model)
+        hf_config = _hf_config_of(gpt)
+        reader = SafetensorsReader(hf_path)
+        self._check_checkpoint_names(hf_config, reader, value_head=_has_value_head(gpt))
+        info = self.shard_info(hf_config, gpt)
+        filled: set[str] = set()
+        with torch.no_grad():
+            for rule, param in self.local_rules(gpt):
+                if rule.hf == (VALUE_HEAD_HF_NAME,):  # the critic's head: not in HF checkpoints
+                    continue
+                shard = read_shard(rule, reader, info)
+                if tuple(shard.shape) != tuple(param.shape):
+                    raise ValueError(
+                        f"HF tensor(s) {', '.join(rule.hf)} give shape {tuple(shard.shape)} for "
+                        f"Megatron parameter {rule.megatron} of shape {tuple(param.shape)}"
+                    )
+                param.data.copy_(shard.to(dtype=param.dtype))
+                assert rule.megatron not in filled, rule.megatron
+                filled.add(rule.megatron)
+
+    def _check_checkpoint_names(self, hf_config: Any, reader: SafetensorsReader, value_head: bool) -> None:
+        expected = self.hf_tensor_shapes(hf_config)
+        present = reader.names()
+        # A critic starts from a policy checkpoint: its lm_head (if any) is simply not used.
+        unused_ok = {"lm_head.weight"} if value_head else set()
+        unknown = sorted(present - set(expected) - unused_ok)
+        missing = sorted(set(expected) - present - unused_ok)
+        if unknown or missing:
+            raise ValueError(
+                f"HF checkpoint {reader.path} does not match a {hf_config.model_type} model: "
+                f"tensors that map to no Megatron parameter: {unknown or 'none'}; "
+                f"expected tensors missing: {missing or 'none'}"
+            )
+        for name in sorted(set(expected) & present):
+            if reader.shape(name) != tuple(expected[name]):
+                raise ValueError(
+                    f"HF tensor {name} has shape {reader.shape(name)}, the config implies {tuple(expected[name])}"
+                )
+
+    def export_names(self, hf_config: Any, value_head: bool = False) -> set[str]:
+        """Names a full export yields (the HF checkpoint's, or the critic's trunk + value head)."""
+        names = self.hf_param_names(hf_config)
+        if value_head:
+            names = (names - {"lm_head.weight"}) | {VALUE_HEAD_HF_NAME}
+        return names
+
+    def export_hf_weights(
+        self, model: torch.nn.Module, bucket_bytes: int, *, gather_pp: bool = True
+    ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """Yield HF-named full tensors in buckets of at most ``bucket_bytes`` (a collective over
+        the replica's TP and PP groups; who receives what: see the module docstring)."""
+        return bucketize(self._export_stream(model, gather_pp), bucket_bytes)
+
+    def _export_stream(self, model: torch.nn.Module, gather_pp: bool) -> Iterator[tuple[str, torch.Tensor]]:
+        from megatron.core import parallel_state as ps
+
+        gpt = unwrap_model(model)
+        hf_config = _hf_config_of(gpt)
+        info = self.shard_info(hf_config, gpt)
+        mine = [(r, p) for r, p in self.local_rules(gpt) if r.export]
+        pp_size, pp_rank = ps.get_pipeline_model_parallel_world_size(), ps.get_pipeline_model_parallel_rank()
+        seen: set[str] = set()
+        if not gather_pp or pp_size == 1:
+            for rule, param in mine:
+                for name, full in export_full(rule, param, info):
+                    _note_once(seen, name)
+                    yield name, full
+            if pp_size == 1:
+                _check_all_exported(seen, self.export_names(hf_config, _has_value_head(gpt)))
+            return
+        shapes = self.hf_tensor_shapes(hf_config) | _value_head_shapes(gpt)
+        stage_names = all_gather_objects([n for r, _ in mine for n in _exported_names(r)])
+        dtype = gpt.config.params_dtype
+        device = next(gpt.parameters()).device
+        for stage, names in enumerate(stage_names):
+            if stage == pp_rank:
+                for rule, param in mine:
+                    for name, full in export_full(rule, param, info):
+                        _note_once(seen, name)
+                        yield name, broadcast_from_group_rank(full, stage, full.shape, dtype, device)
+            else:
+                for name in names:
+                    _note_once(seen, name)
+                    yield name, broadcast_from_group_rank(None, stage, shapes[name], dtype, device)
+        _check_all_exported(seen, self.export_names(hf_config, _has_value_head(gpt)))
+
+
+def _exported_names(rule: ParamRule) -> tuple[str, ...]:
+    return rule.hf
+
+
+def _note_once(seen: set[str], name: str) -> None:
+    if name in seen:
+        raise AssertionError(f"export produced HF tensor {name} twice")
+    seen.add(name)
+
+
+def _check_all_exported(seen: set[str], expected: set[str]) -> None:
+    if seen != expected:
+        raise AssertionError(
+            f"export mismatch: missing {sorted(expected - seen)}, unexpected {sorted(seen - expected)}"
+        )
+
+
+def _hf_config_of(gpt: torch.nn.Module) -> Any:
+    cfg = getattr(gpt, HF_CONFIG_ATTR, None)
+    if cfg is None:
+        raise ValueError("this GPTModel was not built by a megarl ModelBridge (build_model); cannot map its weights")
+    return cfg
+
+
+def _has_value_head(gpt: torch.nn.Module) -> bool:
+    return isinstance(getattr(gpt, "output_layer", None), ValueHead)
+
+
+def _value_head_shapes(gpt: torch.nn.Module) -> dict[str, tuple[int, ...]]:
+    if not _has_value_head(gpt):
+        return {}
+    return {VALUE_HEAD_HF_NAME: tuple(gpt.output_layer.weight.shape)}

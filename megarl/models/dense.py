@@ -1,0 +1,280 @@
+"""Bridges of the dense decoder families: Llama, Qwen2, Qwen3.
+
+The three share one layout (pre-norm RMSNorm, GQA attention with RoPE, SwiGLU MLP) and the HF
+names ``model.layers.{i}.self_attn.{q,k,v,o}_proj``, ``mlp.{gate,up,down}_proj`` ...; they
+differ in: QKV bias (Qwen2 always; Llama/Qwen3 never: ``attention_bias=True`` is refused),
+per-head q/k RMSNorm (Qwen3 -> Megatron ``q_layernorm``/``k_layernorm``), and config defaults.
+Tied embeddings are supported at any PP (Megatron keeps a copy of the embedding on the last
+stage; it is loaded from ``embed_tokens`` and not exported twice).
+
+Vocabulary padding: to a multiple of ``tp`` for small vocabularies (< 32768 tokens), of
+``128 * tp`` otherwise (the usual Megatron divisor, good GEMM shapes). Padded rows are zero
+and padded logit columns must be excluded (columns >= ``vocab_size(hf_config)``).
+
+Every HF config value that changes the math is read by name; anything this bridge does not
+implement (sliding windows, other rope types, dropout, biases on o_proj/MLP, quantization)
+raises ValueError naming the key, the value and what is supported.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from megarl.models.bridge import HF_CONFIG_ATTR, ModelBridge, register_bridge
+from megarl.models.layouts import ParamRule
+from megarl.models.rope import llama3_inv_freq, read_rope
+from megarl.models.value_head import VALUE_HEAD_HF_NAME, ValueHead
+
+LARGE_VOCAB = 32768
+LARGE_VOCAB_DIVISOR = 128
+
+# Megatron local suffix -> (HF suffixes, layout) inside one decoder layer.
+_LAYER_RULES: dict[str, tuple[tuple[str, ...], str]] = {
+    "input_layernorm.weight": (("input_layernorm.weight",), "replicated"),
+    "self_attention.linear_qkv.weight": (
+        ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"), "qkv"),
+    "self_attention.linear_qkv.bias": (
+        ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"), "qkv"),
+    "self_attention.q_layernorm.weight": (("self_attn.q_norm.weight",), "replicated"),
+    "self_attention.k_layernorm.weight": (("self_attn.k_norm.weight",), "replicated"),
+    "self_attention.linear_proj.weight": (("self_attn.o_proj.weight",), "row"),
+    "pre_mlp_layernorm.weight": (("post_attention_layernorm.weight",), "replicated"),
+    "mlp.linear_fc1.weight": (("mlp.gate_proj.weight", "mlp.up_proj.weight"), "fc1"),
+    "mlp.linear_fc2.weight": (("mlp.down_proj.weight",), "row"),
+}
+_LAYER_NAME = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
+
+
+class DenseDecoderBridge(ModelBridge):
+    qkv_bias: bool = False
+    qk_norm: bool = False
+
+    # ---- config ------------------------------------------------------------------------
+    def check_hf_config(self, hf_config: Any) -> None:
+        """Refuse, by name, every HF setting this bridge does not implement."""
+        def refuse(key: str, value: Any, supported: str) -> None:
+            raise ValueError(
+                f"{hf_config.model_type} config {key}={value!r} is not supported by megarl's "
+                f"{type(self).__name__}; supported: {supported}"
+            )
+
+        act = getattr(hf_config, "hidden_act", "silu")
+        if act != "silu":
+            refuse("hidden_act", act, "'silu'")
+        if float(getattr(hf_config, "attention_dropout", 0.0) or 0.0) != 0.0:
+            refuse("attention_dropout", hf_config.attention_dropout, "0.0")
+        if getattr(hf_config, "use_sliding_window", False):
+            refuse("use_sliding_window", True, "False (full attention)")
+        layer_types = getattr(hf_config, "layer_types", None) or []
+        if any(t != "full_attention" for t in layer_types):
+            refuse("layer_types", sorted(set(layer_types)), "'full_attention' on every layer")
+        for key in ("attention_bias", "mlp_bias"):
+            if getattr(hf_config, key, False) and not (key == "attention_bias" and self.qkv_bias):
+                refuse(key, True, "False")
+        if getattr(hf_config, "pretraining_tp", 1) not in (None, 1):
+            refuse("pretraining_tp", hf_config.pretraining_tp, "1")
+        if getattr(hf_config, "quantization_config", None):
+            refuse("quantization_config", "set", "none (unquantized weights)")
+        if getattr(hf_config, "num_experts", None) or getattr(hf_config, "num_local_experts", None):
+            refuse("num_experts", getattr(hf_config, "num_experts", None), "dense models only")
+        read_rope(hf_config)  # raises on unsupported rope settings
+
+    def _dims(self, hf_config: Any) -> tuple[int, int, int]:
+        heads = hf_config.num_attention_heads
+        groups = getattr(hf_config, "num_key_value_heads", None) or heads
+        head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
+        return heads, groups, head_dim
+
+    def check_parallel(self, hf_config: Any, parallel: Any) -> None:
+        heads, groups, _ = self._dims(hf_config)
+        tp, pp = parallel.tp, parallel.pp
+        for key in ("vpp", "cp", "ep"):
+            if getattr(parallel, key, 1) != 1:
+                raise ValueError(f"parallel.{key} ({getattr(parallel, key)}) is not supported yet; set it to 1")
+        if getattr(parallel, "sequence_parallel", False):
+            raise ValueError(
+                "parallel.sequence_parallel (True) is not supported with megarl's local layer spec "
+                "(torch norms); set it to False"
+            )
+        for what, n in (("num_attention_heads", heads), ("num_key_value_heads", groups)):
+            if n % tp:
+                ok = [d for d in range(1, n + 1) if n % d == 0]
+                raise ValueError(f"parallel.tp ({tp}) must divide {what} ({n}); try {', '.join(map(str, ok))}")
+        layers = hf_config.num_hidden_layers
+        if layers % pp:
+            ok = [d for d in range(1, layers + 1) if layers % d == 0]
+            raise ValueError(f"parallel.pp ({pp}) must divide num_hidden_layers ({layers}); try {', '.join(map(str, ok))}")
+
+    def transformer_config(self, hf_config: Any, parallel: Any, dtype: torch.dtype, recompute: str = "none"):
+        from megatron.core.transformer.transformer_config import TransformerConfig
+
+        self.check_hf_config(hf_config)
+        self.check_parallel(hf_config, parallel)
+        heads, groups, head_dim = self._dims(hf_config)
+        cpu = not torch.cuda.is_available()
+        kwargs: dict[str, Any] = dict(
+            num_layers=hf_config.num_hidden_layers,
+            hidden_size=hf_config.hidden_size,
+            ffn_hidden_size=hf_config.intermediate_size,
+            num_attention_heads=heads,
+            num_query_groups=groups,
+            kv_channels=head_dim,
+            normalization="RMSNorm",
+            layernorm_epsilon=float(hf_config.rms_norm_eps),
+            gated_linear_unit=True,
+            activation_func=F.silu,
+            add_bias_linear=False,
+            add_qkv_bias=self.qkv_bias,
+            qk_layernorm=self.qk_norm,
+            hidden_dropout=0.0,
+            attention_dropout=0.0,
+            attention_softmax_in_fp32=True,
+            tensor_model_parallel_size=parallel.tp,
+            pipeline_model_parallel_size=parallel.pp,
+            sequence_parallel=False,
+            params_dtype=dtype,
+            pipeline_dtype=dtype,
+            bf16=dtype == torch.bfloat16,
+            fp16=dtype == torch.float16,
+            use_cpu_initialization=cpu,
+            # variable_seq_lengths stays False (0.16 ties it to MoE dispatcher checks): every
+            # micro-batch of one pipeline call has the same padded length (see parallel/pipeline).
+            calculate_per_token_loss=True,
+            # Kernels that need apex / transformer-engine stay off; jit-fused ones only on GPU.
+            masked_softmax_fusion=False,
+            persist_layer_norm=False,
+            apply_rope_fusion=False,
+            gradient_accumulation_fusion=False,
+            bias_activation_fusion=not cpu,
+            bias_dropout_fusion=not cpu,
+        )
+        kwargs.update(_recompute_kwargs(recompute))
+        return TransformerConfig(**kwargs)
+
+    def padded_vocab_size(self, hf_config: Any, tp: int) -> int:
+        vocab = self.vocab_size(hf_config)
+        multiple = tp * (LARGE_VOCAB_DIVISOR if vocab >= LARGE_VOCAB else 1)
+        return -(-vocab // multiple) * multiple
+
+    # ---- model ---------------------------------------------------------------------------
+    def layer_spec(self):
+        """Megatron's local spec (RMSNorm, q/k norm if any) with SDPA core attention."""
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+        from megarl.models.attention import SdpaAttention
+
+        spec = copy.deepcopy(get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=self.qk_norm))
+        spec.submodules.self_attention.submodules.core_attention = SdpaAttention
+        return spec
+
+    def build_model(self, hf_config: Any, transformer_config: Any, *, pre_process: bool, post_process: bool, value_head: bool = False):
+        """This rank's GPTModel stage (random init; call :meth:`load_hf_weights` next)."""
+        from megatron.core.models.gpt import GPTModel
+
+        rope = read_rope(hf_config)
+        tied = bool(getattr(hf_config, "tie_word_embeddings", False)) and not value_head
+        model = GPTModel(
+            config=transformer_config,
+            transformer_layer_spec=self.layer_spec(),
+            vocab_size=self.padded_vocab_size(hf_config, transformer_config.tensor_model_parallel_size),
+            max_sequence_length=hf_config.max_position_embeddings,
+            pre_process=pre_process,
+            post_process=post_process,
+            parallel_output=True,
+            share_embeddings_and_output_weights=tied,
+            position_embedding_type="rope",
+            rotary_base=rope.theta,
+            seq_len_interpolation_factor=rope.factor if rope.rope_type == "linear" else None,
+        )
+        if rope.rope_type == "llama3":
+            # Megatron's llama3 scaling hard-codes its constants; use the config's own.
+            inv = llama3_inv_freq(transformer_config.kv_channels, rope)
+            model.rotary_pos_emb.inv_freq = inv.to(model.rotary_pos_emb.inv_freq.device)
+        if value_head and post_process:
+            model.output_layer = ValueHead(transformer_config)
+        setattr(model, HF_CONFIG_ATTR, hf_config)
+        return model
+
+    # ---- names ---------------------------------------------------------------------------
+    def _layer_suffixes(self) -> list[str]:
+        skip = set()
+        if not self.qkv_bias:
+            skip.add("self_attention.linear_qkv.bias")
+        if not self.qk_norm:
+            skip |= {"self_attention.q_layernorm.weight", "self_attention.k_layernorm.weight"}
+        return [s for s in _LAYER_RULES if s not in skip]
+
+    def hf_tensor_shapes(self, hf_config: Any) -> dict[str, tuple[int, ...]]:
+        heads, groups, d = self._dims(hf_config)
+        h, f, v = hf_config.hidden_size, hf_config.intermediate_size, self.vocab_size(hf_config)
+        per_layer = {
+            "input_layernorm.weight": (h,),
+            "self_attn.q_proj.weight": (heads * d, h),
+            "self_attn.k_proj.weight": (groups * d, h),
+            "self_attn.v_proj.weight": (groups * d, h),
+            "self_attn.q_proj.bias": (heads * d,),
+            "self_attn.k_proj.bias": (groups * d,),
+            "self_attn.v_proj.bias": (groups * d,),
+            "self_attn.q_norm.weight": (d,),
+            "self_attn.k_norm.weight": (d,),
+            "self_attn.o_proj.weight": (h, heads * d),
+            "post_attention_layernorm.weight": (h,),
+            "mlp.gate_proj.weight": (f, h),
+            "mlp.up_proj.weight": (f, h),
+            "mlp.down_proj.weight": (h, f),
+        }
+        used = {hf for s in self._layer_suffixes() for hf in _LAYER_RULES[s][0]}
+        shapes = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,)}
+        if not getattr(hf_config, "tie_word_embeddings", False):
+            shapes["lm_head.weight"] = (v, h)
+        for i in range(hf_config.num_hidden_layers):
+            shapes.update({f"model.layers.{i}.{k}": s for k, s in per_layer.items() if k in used})
+        return shapes
+
+    def param_rule(self, hf_config: Any, model: torch.nn.Module, megatron_name: str) -> ParamRule:
+        if megatron_name == "embedding.word_embeddings.weight":
+            return ParamRule(megatron_name, ("model.embed_tokens.weight",), "vocab")
+        if megatron_name == "decoder.final_layernorm.weight":
+            return ParamRule(megatron_name, ("model.norm.weight",), "replicated")
+        if megatron_name == "output_layer.weight":
+            if isinstance(model.output_layer, ValueHead):
+                return ParamRule(megatron_name, (VALUE_HEAD_HF_NAME,), "replicated")
+            if model.share_embeddings_and_output_weights:  # last stage's copy (PP > 1)
+                return ParamRule(megatron_name, ("model.embed_tokens.weight",), "vocab", export=False)
+            return ParamRule(megatron_name, ("lm_head.weight",), "vocab")
+        m = _LAYER_NAME.match(megatron_name)
+        if m is None or m.group(2) not in self._layer_suffixes():
+            raise KeyError(megatron_name)
+        layer = model.decoder.layers[int(m.group(1))].layer_number - 1  # global, 0-based
+        hf, layout = _LAYER_RULES[m.group(2)]
+        return ParamRule(megatron_name, tuple(f"model.layers.{layer}.{s}" for s in hf), layout)  # type: ignore[arg-type]
+
+
+def _recompute_kwargs(recompute: str) -> dict[str, Any]:
+    if recompute == "none":
+        return {}
+    if recompute == "full":
+        return {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
+    if recompute == "selective":
+        return {"recompute_granularity": "selective"}
+    raise ValueError(f"recompute={recompute!r} is not one of none, selective, full")
+
+
+@register_bridge("llama")
+class LlamaBridge(DenseDecoderBridge):
+    pass
+
+
+@register_bridge("qwen2")
+class Qwen2Bridge(DenseDecoderBridge):
+    qkv_bias = True
+
+
+@register_bridge("qwen3")
+class Qwen3Bridge(DenseDecoderBridge):
+    qk_norm = True

@@ -1,0 +1,129 @@
+"""How one Megatron parameter's TP shard relates to its HF tensor(s): import slices, export gathers.
+
+A :class:`ParamRule` names a Megatron parameter (local name in a GPTModel), the HF tensor(s)
+it holds and a layout:
+
+- ``replicated``: same tensor on every TP rank (norm weights, the value head);
+- ``column`` / ``row``: split along dim 0 / dim 1 (ColumnParallel / RowParallel linears);
+- ``vocab``: rows split after padding the vocabulary to the padded size (embedding, lm_head);
+- ``qkv``: Megatron's fused QKV, per query group ``[q heads of the group, k, v]``, split by
+  groups; HF keeps separate q/k/v (weights or biases);
+- ``fc1``: Megatron's fused ``[gate; up]``, each half split along dim 0 per TP rank.
+
+Import builds a rank's shard from row/column slices of the HF tensors (never the full tensor
+for split layouts); export turns the rank's shard back into HF shards and all-gathers them over
+the TP group, so every TP rank ends with the full HF tensors. Communication lives in
+megarl.parallel.sharding; this module only knows layouts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from megarl.models.safetensors_reader import SafetensorsReader
+from megarl.parallel.sharding import gather_along
+
+Layout = Literal["replicated", "column", "row", "vocab", "qkv", "fc1"]
+
+
+@dataclass(frozen=True)
+class ParamRule:
+    megatron: str  # local parameter name in the GPTModel
+    hf: tuple[str, ...]  # qkv: (q, k, v); fc1: (gate, up); others: one name
+    layout: Layout
+    export: bool = True  # False for the last stage's copy of a tied embedding
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """What a layout needs to know about the model and this rank."""
+
+    tp_rank: int
+    tp_size: int
+    num_heads: int
+    num_groups: int
+    head_dim: int
+    vocab_size: int  # true HF vocabulary
+    padded_vocab_size: int
+
+    @property
+    def heads_per_group(self) -> int:
+        return self.num_heads // self.num_groups
+
+    @property
+    def groups_per_rank(self) -> int:
+        return self.num_groups // self.tp_size
+
+
+def _rank_range(size: int, info: ShardInfo) -> tuple[int, int]:
+    part = size // info.tp_size
+    return info.tp_rank * part, (info.tp_rank + 1) * part
+
+
+def read_shard(rule: ParamRule, reader: SafetensorsReader, info: ShardInfo) -> torch.Tensor:
+    """This TP rank's shard of ``rule``'s parameter, built from slices of the HF tensors."""
+    name = rule.hf[0]
+    if rule.layout == "replicated":
+        return reader.read(name)
+    if rule.layout == "column":
+        return reader.read_rows(name, *_rank_range(reader.shape(name)[0], info))
+    if rule.layout == "row":
+        return reader.read_cols(name, *_rank_range(reader.shape(name)[1], info))
+    if rule.layout == "vocab":
+        start, end = _rank_range(info.padded_vocab_size, info)
+        rows = reader.read_rows(name, min(start, info.vocab_size), min(end, info.vocab_size))
+        pad = (end - start) - rows.shape[0]
+        if pad:
+            rows = torch.cat([rows, rows.new_zeros(pad, *rows.shape[1:])])
+        return rows
+    if rule.layout == "fc1":
+        gate, up = rule.hf
+        rng = _rank_range(reader.shape(gate)[0], info)
+        return torch.cat([reader.read_rows(gate, *rng), reader.read_rows(up, *rng)])
+    if rule.layout == "qkv":
+        return _read_qkv(rule, reader, info)
+    raise AssertionError(f"unknown layout {rule.layout}")
+
+
+def _read_qkv(rule: ParamRule, reader: SafetensorsReader, info: ShardInfo) -> torch.Tensor:
+    """Interleave this rank's query groups: per group ``[q (heads_per_group * d), k (d), v (d)]``."""
+    q_name, k_name, v_name = rule.hf
+    g0, g1 = info.tp_rank * info.groups_per_rank, (info.tp_rank + 1) * info.groups_per_rank
+    qd = info.heads_per_group * info.head_dim
+    d = info.head_dim
+    q = reader.read_rows(q_name, g0 * qd, g1 * qd)  # [groups * qd, (h)]
+    k = reader.read_rows(k_name, g0 * d, g1 * d)  # [groups * d, (h)]
+    v = reader.read_rows(v_name, g0 * d, g1 * d)
+    rest = q.shape[1:]
+    per_group = [t.reshape(info.groups_per_rank, -1, *rest) for t in (q, k, v)]
+    return torch.cat(per_group, dim=1).reshape(-1, *rest)
+
+
+def export_full(rule: ParamRule, shard: torch.Tensor, info: ShardInfo) -> list[tuple[str, torch.Tensor]]:
+    """The full HF tensors of ``rule`` from this rank's ``shard`` (TP all-gather inside: every
+    TP rank must call this for the same rule at the same time)."""
+    shard = shard.detach()
+    if rule.layout == "replicated":
+        return [(rule.hf[0], shard)]
+    if rule.layout == "column":
+        return [(rule.hf[0], gather_along(shard, 0))]
+    if rule.layout == "row":
+        return [(rule.hf[0], gather_along(shard, 1))]
+    if rule.layout == "vocab":
+        return [(rule.hf[0], gather_along(shard, 0)[: info.vocab_size])]
+    if rule.layout == "fc1":
+        gate, up = shard.chunk(2, dim=0)
+        return [(rule.hf[0], gather_along(gate, 0)), (rule.hf[1], gather_along(up, 0))]
+    if rule.layout == "qkv":
+        rest = shard.shape[1:]
+        grouped = shard.reshape(info.groups_per_rank, -1, *rest)
+        qd, d = info.heads_per_group * info.head_dim, info.head_dim
+        q, k, v = grouped.split([qd, d, d], dim=1)
+        return [
+            (name, gather_along(part.reshape(-1, *rest), 0))
+            for name, part in zip(rule.hf, (q, k, v), strict=True)
+        ]
+    raise AssertionError(f"unknown layout {rule.layout}")

@@ -1,0 +1,123 @@
+"""Let megatron-core run on a machine without CUDA (CI, laptops): the ONE place that knows how.
+
+megatron-core hard-codes a few CUDA calls on paths that otherwise work on CPU with gloo
+(see notes/megatron-on-cpu.md). When ``torch.cuda.is_available()`` is false,
+:func:`enable_cpu_compat` redirects exactly those:
+
+- ``torch.cuda.current_device()`` answers ``"cpu"`` (rotary embedding, global buffers);
+- ``torch.cuda.synchronize()`` is a no-op (pipeline p2p communication);
+- a ``TorchFunctionMode`` rewrites a cuda ``device=`` argument of any torch function, and
+  ``Tensor.cuda()`` / ``Tensor.to("cuda")``, to cpu (pipeline token counters, default masks);
+- ``Tensor.type()`` with no argument answers the ``torch.cuda.*Tensor`` name and
+  ``Tensor.type("torch.cuda.X")`` converts to the CPU type, because Megatron's optimizers, grad
+  clipping and distributed optimizer accept parameters by comparing that string.
+
+Torch function modes live on a per-thread stack, so the mode is entered in the calling thread
+and in every thread started afterwards (Megatron's checkpoint writers and Ray use threads).
+
+Deliberately left out: anything on a machine with CUDA (the function does nothing there), and
+CUDA streams/events/memory statistics (Megatron does not call them on the CPU paths we use).
+Nothing else in megarl may rely on how this works; call :func:`enable_cpu_compat` and go.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+_lock = threading.Lock()
+_mode: _CudaToCpuMode | None = None
+
+
+def _is_cuda(device: Any) -> bool:
+    if isinstance(device, torch.device):
+        return device.type == "cuda"
+    if isinstance(device, str):
+        return device.startswith("cuda")
+    return False  # ints mean a cuda ordinal only to .cuda()/.to(); handled there
+
+
+class _CudaToCpuMode(TorchFunctionMode):
+    """Rewrites cuda placements to cpu and answers cuda type names (see module docstring)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.Tensor.cuda:
+            return args[0]
+        if func is torch.Tensor.type:
+            return _tensor_type(args, kwargs)
+        if func is torch.Tensor.to:
+            args, kwargs = _rewrite_to(args, kwargs)
+        elif "device" in kwargs and _is_cuda(kwargs["device"]):
+            kwargs = {**kwargs, "device": "cpu"}
+        return func(*args, **kwargs)
+
+
+def _tensor_type(args: tuple, kwargs: dict) -> Any:
+    tensor, rest = args[0], args[1:]
+    dtype = rest[0] if rest else kwargs.get("dtype")
+    if dtype is None:  # the query form: answer as if the tensor lived on cuda
+        name = torch.Tensor.type(tensor)
+        return name.replace("torch.", "torch.cuda.", 1) if "cuda" not in name else name
+    if isinstance(dtype, str) and dtype.startswith("torch.cuda."):
+        dtype = dtype.replace("torch.cuda.", "torch.", 1)
+    return torch.Tensor.type(tensor, dtype, **{k: v for k, v in kwargs.items() if k != "dtype"})
+
+
+def _rewrite_to(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """``x.to("cuda")``, ``x.to(torch.device("cuda"), dtype)``, ``x.to(device="cuda")`` -> cpu."""
+    if len(args) > 1 and _is_cuda(args[1]):
+        args = (args[0], "cpu", *args[2:])
+    if "device" in kwargs and _is_cuda(kwargs["device"]):
+        kwargs = {**kwargs, "device": "cpu"}
+    return args, kwargs
+
+
+def _current_device() -> str:
+    return "cpu"
+
+
+def _synchronize(device: Any = None) -> None:
+    return None
+
+
+def _patch_threads(mode: _CudaToCpuMode) -> None:
+    """Enter the mode in every thread started from now on (the mode stack is per thread)."""
+    bootstrap = getattr(threading.Thread, "_bootstrap_inner", None)
+    if bootstrap is None:  # a Python without this hook: threads run without the mode
+        return
+
+    def bootstrap_with_mode(self: threading.Thread) -> None:
+        with mode:
+            bootstrap(self)
+
+    threading.Thread._bootstrap_inner = bootstrap_with_mode  # type: ignore[attr-defined]
+
+
+def enable_cpu_compat() -> bool:
+    """Activate the CUDA -> CPU redirection when CUDA is absent; idempotent.
+
+    Returns True when the redirection is active (no CUDA), False on a CUDA machine.
+    """
+    global _mode
+    if torch.cuda.is_available():
+        return False
+    with _lock:
+        if _mode is None:
+            _mode = _CudaToCpuMode()
+            torch.cuda.current_device = _current_device  # type: ignore[assignment]
+            torch.cuda.synchronize = _synchronize  # type: ignore[assignment]
+            _patch_threads(_mode)
+    if not is_active_in_this_thread():
+        _mode.__enter__()  # threads that existed before enabling (e.g. the main thread)
+    return True
+
+
+def is_active_in_this_thread() -> bool:
+    """Whether the redirection mode is on this thread's torch function mode stack."""
+    from torch.overrides import _get_current_function_mode_stack
+
+    return _mode is not None and any(m is _mode for m in _get_current_function_mode_stack())

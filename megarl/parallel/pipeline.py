@@ -1,0 +1,82 @@
+"""Forward-only passes over micro-batches through Megatron's pipeline schedule.
+
+:func:`forward_only` runs ``get_forward_backward_func()`` with ``forward_only=True`` (the no-pipeline
+schedule at PP=1, 1F1B otherwise) and returns, on the last pipeline stage, one collected value per
+micro-batch (e.g. per-token log-probs); other stages get None. :func:`broadcast_from_last_stage`
+hands those values to every stage when the caller needs them everywhere.
+
+All micro-batches of one call must have the same sequence length and size (pad them; Megatron's
+p2p communication uses fixed shapes here, see the dense bridge). Left out: training (the workers
+call the schedule with their loss function themselves), virtual pipeline stages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import torch
+
+MicroBatch = TypeVar("MicroBatch")
+
+
+def forward_only(
+    model: torch.nn.Module,
+    micro_batches: Sequence[MicroBatch],
+    step: Callable[[torch.nn.Module, MicroBatch], torch.Tensor],
+    collect: Callable[[torch.Tensor, MicroBatch], Any],
+    *,
+    seq_length: int,
+    micro_batch_size: int,
+) -> list[Any] | None:
+    """Run ``step(model, mb)`` (e.g. ``model(*gpt_inputs(...))``) for each micro-batch through the
+    pipeline without gradients; on the last stage return ``[collect(output, mb) for mb]`` (output is
+    the last stage's model output, e.g. vocab-parallel logits [b, s, V/tp]); None elsewhere.
+
+    ``step`` runs on every stage: on a later stage the model ignores ``input_ids`` and reads the
+    activations received from the previous stage, but the mask and position ids still matter.
+    """
+    from megatron.core import parallel_state
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    def forward_step(data_iterator, model_chunk):
+        mb = next(data_iterator)
+        output = step(model_chunk, mb)
+
+        def loss_func(output_tensor, non_loss_data: bool = False):
+            assert non_loss_data, "forward_only collects outputs, not losses"
+            return collect(output_tensor, mb)
+
+        return output, loss_func
+
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = get_forward_backward_func()(
+                forward_step_func=forward_step,
+                data_iterator=iter(list(micro_batches)),
+                model=[model],
+                num_microbatches=len(micro_batches),
+                seq_length=seq_length,
+                micro_batch_size=micro_batch_size,
+                forward_only=True,
+                collect_non_loss_data=True,
+            )
+    finally:
+        model.train(was_training)
+    return list(out) if parallel_state.is_pipeline_last_stage() else None
+
+
+def broadcast_from_last_stage(obj: Any) -> Any:
+    """Every pipeline stage gets the last stage's ``obj`` (any picklable; tensors go to CPU)."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    group = parallel_state.get_pipeline_model_parallel_group()
+    if dist.get_world_size(group) == 1:
+        return obj
+    last = parallel_state.get_pipeline_model_parallel_last_rank()
+    box = [obj if parallel_state.is_pipeline_last_stage() else None]
+    dist.broadcast_object_list(box, src=last, group=group)
+    return box[0]
