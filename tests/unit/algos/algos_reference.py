@@ -13,18 +13,21 @@ Rows = list[list[float]]
 
 def whiten(rows: Rows, mask: Rows) -> Rows:
     """(x - mean) / sqrt(var + 1e-8) over valid entries (unbiased var); 0 elsewhere."""
-    vals = [x for r, m in zip(rows, mask) for x, v in zip(r, m) if v]
+    vals = [x for r, m in zip(rows, mask, strict=True) for x, v in zip(r, m, strict=True) if v]
     n = len(vals)
     mean = sum(vals) / max(n, 1)
     var = sum((x - mean) ** 2 for x in vals) / max(n - 1, 1)
     scale = 1.0 / math.sqrt(var + 1e-8)
-    return [[(x - mean) * scale if v else 0.0 for x, v in zip(r, m)] for r, m in zip(rows, mask)]
+    return [
+        [(x - mean) * scale if v else 0.0 for x, v in zip(r, m, strict=True)]
+        for r, m in zip(rows, mask, strict=True)
+    ]
 
 
 def gae(rewards: Rows, values: Rows, mask: Rows, gamma: float, lam: float) -> tuple[Rows, Rows]:
     """Raw (unwhitened) GAE advantages and returns; masked tokens are skipped (carry through)."""
     advs, rets = [], []
-    for r, v, m in zip(rewards, values, mask):
+    for r, v, m in zip(rewards, values, mask, strict=True):
         next_v, last = 0.0, 0.0
         a = [0.0] * len(r)
         for t in reversed(range(len(r))):
@@ -40,7 +43,7 @@ def gae(rewards: Rows, values: Rows, mask: Rows, gamma: float, lam: float) -> tu
 
 def discounted_returns(rewards: Rows, mask: Rows, gamma: float) -> Rows:
     out = []
-    for r, m in zip(rewards, mask):
+    for r, m in zip(rewards, mask, strict=True):
         run = 0.0
         g = [0.0] * len(r)
         for t in reversed(range(len(r))):
@@ -75,7 +78,9 @@ def group_relative(scores: list[float], groups: list[int], mode: str) -> list[fl
     return out
 
 
-def ppo_token(logp: float, old: float, adv: float, low: float, high: float, dual_c: float | None) -> float:
+def ppo_token(
+    logp: float, old: float, adv: float, low: float, high: float, dual_c: float | None
+) -> float:
     ratio = math.exp(max(min(logp - old, 20.0), -20.0))
     loss = max(-adv * ratio, -adv * min(max(ratio, 1 - low), 1 + high))
     if dual_c is not None and adv < 0:
@@ -85,9 +90,9 @@ def ppo_token(logp: float, old: float, adv: float, low: float, high: float, dual
 
 def gspo_rows(logp: Rows, old: Rows, adv: Rows, mask: Rows, low: float, high: float) -> Rows:
     out = []
-    for lp, od, a, m in zip(logp, old, adv, mask):
+    for lp, od, a, m in zip(logp, old, adv, mask, strict=True):
         n = max(sum(m), 1)
-        s = math.exp(min(sum((x - y) * v for x, y, v in zip(lp, od, m)) / n, 10.0))
+        s = math.exp(min(sum((x - y) * v for x, y, v in zip(lp, od, m, strict=True)) / n, 10.0))
         out.append([max(-ai * s, -ai * min(max(s, 1 - low), 1 + high)) for ai in a])
     return out
 
@@ -95,12 +100,14 @@ def gspo_rows(logp: Rows, old: Rows, adv: Rows, mask: Rows, low: float, high: fl
 def aggregate(loss: Rows, mask: Rows, mode: str, max_len: int) -> float:
     """The mean the trainer should report for a whole batch (verl's agg_loss definitions)."""
     if mode == "token-mean":
-        num = sum(x for r, m in zip(loss, mask) for x, v in zip(r, m) if v)
+        num = sum(
+            x for r, m in zip(loss, mask, strict=True) for x, v in zip(r, m, strict=True) if v
+        )
         return num / sum(v for m in mask for v in m)
-    rows = [(r, m) for r, m in zip(loss, mask) if sum(m) > 0]
+    rows = [(r, m) for r, m in zip(loss, mask, strict=True) if sum(m) > 0]
     per = []
     for r, m in rows:
-        s = sum(x for x, v in zip(r, m) if v)
+        s = sum(x for x, v in zip(r, m, strict=True) if v)
         if mode == "seq-mean-token-mean":
             s /= sum(m)
         elif mode == "seq-mean-token-sum-norm":

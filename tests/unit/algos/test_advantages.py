@@ -1,19 +1,25 @@
 import math
 
+import algos_reference as ref
 import pytest
 import torch
 
-from megarl.algos import ADVANTAGE_ESTIMATORS, AdvantageInputs, compute_advantages, token_rewards_from_scores
+from megarl.algos import (
+    ADVANTAGE_ESTIMATORS,
+    AdvantageInputs,
+    compute_advantages,
+    token_rewards_from_scores,
+)
 from megarl.algos.advantages import discounted_reverse_scan, group_stats, masked_reverse_scan
 from megarl.config.sections import AlgorithmConfig
 from megarl.data.batch import Batch
 
-import algos_reference as ref
-
 GROUP_MODES = {"grpo": "grpo", "dr_grpo": "dr_grpo", "rloo": "rloo"}
 
 
-def ragged(b: int, r: int, seed: int, holes: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def ragged(
+    b: int, r: int, seed: int, holes: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Random rows: lengths in [0, r] (one empty row), optional holes inside the response."""
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(1, r + 1, (b,), generator=g)
@@ -76,7 +82,9 @@ def test_group_estimators_match_loop_reference(name, seed):
     g = torch.Generator().manual_seed(seed + 10)
     groups = torch.randint(100, 108, (23,), generator=g) * 1000  # sparse ids, ragged group sizes
     scores = scores + torch.rand(23, generator=g).round(decimals=1)  # some ties, some not
-    adv, _ = ADVANTAGE_ESTIMATORS.get(name)(inputs_for(scores, lengths, mask, groups), AlgorithmConfig())
+    adv, _ = ADVANTAGE_ESTIMATORS.get(name)(
+        inputs_for(scores, lengths, mask, groups), AlgorithmConfig()
+    )
     expected = ref.group_relative(scores.tolist(), groups.tolist(), GROUP_MODES[name])
     torch.testing.assert_close(adv, torch.tensor(expected)[:, None] * mask, atol=1e-5, rtol=1e-5)
 
@@ -88,7 +96,9 @@ def test_equal_rewards_give_exact_zero_and_singletons_keep_raw_score():
     mask = torch.ones(6, 3)
     lengths = torch.full((6,), 3)
     for name in ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline"):
-        adv, _ = ADVANTAGE_ESTIMATORS.get(name)(inputs_for(scores, lengths, mask, groups), AlgorithmConfig())
+        adv, _ = ADVANTAGE_ESTIMATORS.get(name)(
+            inputs_for(scores, lengths, mask, groups), AlgorithmConfig()
+        )
         assert torch.isfinite(adv).all(), name
         if name != "reinforce_plus_plus_baseline":
             assert (adv[:5] == 0).all(), name
@@ -118,7 +128,9 @@ def test_reinforce_plus_plus_matches_loop_reference(gamma):
     adv, ret = ADVANTAGE_ESTIMATORS.get("reinforce_plus_plus")(x, AlgorithmConfig(gamma=gamma))
     expected = ref.discounted_returns(rewards.tolist(), mask.tolist(), gamma)
     torch.testing.assert_close(ret, torch.tensor(expected), atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(adv, torch.tensor(ref.whiten(expected, mask.tolist())), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(
+        adv, torch.tensor(ref.whiten(expected, mask.tolist())), atol=1e-4, rtol=1e-4
+    )
 
 
 def test_remax_hand_example():
@@ -129,7 +141,9 @@ def test_remax_hand_example():
     torch.testing.assert_close(ret, torch.tensor([[1.0, 1.0, 1.0, 0.0], [0.5, 0.0, 0.0, 0.0]]))
     torch.testing.assert_close(adv, torch.tensor([[0.75, 0.75, 0.75, 0.0], [-0.5, 0.0, 0.0, 0.0]]))
     with pytest.raises(ValueError, match="baseline_scores"):
-        ADVANTAGE_ESTIMATORS.get("remax")(AdvantageInputs(rewards, mask, torch.arange(2)), AlgorithmConfig())
+        ADVANTAGE_ESTIMATORS.get("remax")(
+            AdvantageInputs(rewards, mask, torch.arange(2)), AlgorithmConfig()
+        )
 
 
 def test_gae_hand_example():
@@ -143,7 +157,9 @@ def test_gae_hand_example():
     torch.testing.assert_close(ret, torch.tensor([[0.31275, 0.495, 1.0]]))
     torch.testing.assert_close(adv, torch.tensor(ref.whiten([[-0.18725, 0.295, 0.9]], [[1, 1, 1]])))
     with pytest.raises(ValueError, match="critic"):
-        ADVANTAGE_ESTIMATORS.get("gae")(AdvantageInputs(rewards, mask, torch.zeros(1)), AlgorithmConfig())
+        ADVANTAGE_ESTIMATORS.get("gae")(
+            AdvantageInputs(rewards, mask, torch.zeros(1)), AlgorithmConfig()
+        )
 
 
 @pytest.mark.parametrize("gamma,lam", [(1.0, 1.0), (1.0, 0.95), (0.99, 0.95)])
@@ -158,11 +174,14 @@ def test_gae_matches_loop_reference_at_4096_tokens(gamma, lam, holes):
     rewards = torch.randn(b, r, generator=g) * 0.1 * mask  # dense (per-token KL) rewards
     values = torch.randn(b, r, generator=g)
     adv, ret = ADVANTAGE_ESTIMATORS.get("gae")(
-        AdvantageInputs(rewards, mask, torch.arange(b), values), AlgorithmConfig(gamma=gamma, lam=lam)
+        AdvantageInputs(rewards, mask, torch.arange(b), values),
+        AlgorithmConfig(gamma=gamma, lam=lam),
     )
     raw, returns = ref.gae(rewards.tolist(), values.tolist(), mask.tolist(), gamma, lam)
     torch.testing.assert_close(ret, torch.tensor(returns), atol=2e-4, rtol=1e-4)
-    torch.testing.assert_close(adv, torch.tensor(ref.whiten(raw, mask.tolist())), atol=2e-4, rtol=1e-4)
+    torch.testing.assert_close(
+        adv, torch.tensor(ref.whiten(raw, mask.tolist())), atol=2e-4, rtol=1e-4
+    )
     assert torch.isfinite(adv).all()
 
 
@@ -178,7 +197,18 @@ def test_discounted_reverse_scan_any_length(c, length):
     torch.testing.assert_close(discounted_reverse_scan(x, c), expected)
 
 
-@pytest.mark.parametrize("name", ["gae", "grpo", "dr_grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "gae",
+        "grpo",
+        "dr_grpo",
+        "rloo",
+        "reinforce_plus_plus",
+        "reinforce_plus_plus_baseline",
+        "remax",
+    ],
+)
 def test_padding_and_empty_rows_are_zero_and_finite(name):
     lengths, mask, scores = ragged(8, 6, seed=11, holes=True)
     mask[3] = 0.0  # a second empty response
@@ -192,7 +222,9 @@ def test_padding_and_empty_rows_are_zero_and_finite(name):
 
 def test_all_masked_batch_gives_zeros_not_nan():
     mask = torch.zeros(3, 4)
-    x = AdvantageInputs(torch.zeros(3, 4), mask, torch.zeros(3, dtype=torch.long), torch.randn(3, 4))
+    x = AdvantageInputs(
+        torch.zeros(3, 4), mask, torch.zeros(3, dtype=torch.long), torch.randn(3, 4)
+    )
     for name in ("gae", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "grpo"):
         adv, _ = ADVANTAGE_ESTIMATORS.get(name)(x, AlgorithmConfig())
         assert (adv == 0).all(), name
@@ -212,7 +244,11 @@ def test_compute_advantages_fills_the_batch():
     with pytest.raises(ValueError, match="token_rewards"):
         compute_advantages(batch, AlgorithmConfig())
     rewards = token_rewards_from_scores(batch.scores, batch.response_lengths, batch.response_mask)
-    out = compute_advantages(batch.replace(token_rewards=rewards), AlgorithmConfig(estimator="grpo"))
+    out = compute_advantages(
+        batch.replace(token_rewards=rewards), AlgorithmConfig(estimator="grpo")
+    )
     s = 1 / math.sqrt(2)
-    torch.testing.assert_close(out.advantages[:, 0], torch.tensor([0.5 / (s + 1e-6), -0.5 / (s + 1e-6), 0.0, 0.0]))
+    torch.testing.assert_close(
+        out.advantages[:, 0], torch.tensor([0.5 / (s + 1e-6), -0.5 / (s + 1e-6), 0.0, 0.0])
+    )
     assert out.returns is not None and out.advantages.shape == (b, r)

@@ -1,0 +1,66 @@
+import math
+
+import pytest
+import torch
+
+from megarl.algos import (
+    KL_ESTIMATORS,
+    AdaptiveKLController,
+    FixedKLController,
+    kl_estimate,
+    make_kl_controller,
+)
+from megarl.config.sections import KLConfig
+
+
+def test_estimators_hand_values():
+    logp = torch.tensor([-1.0, -2.0])
+    ref = torch.tensor([-1.5, -1.0])  # log r = logp - ref = [0.5, -1.0]
+    torch.testing.assert_close(kl_estimate(logp, ref, "k1"), torch.tensor([0.5, -1.0]))
+    torch.testing.assert_close(kl_estimate(logp, ref, "k2"), torch.tensor([0.125, 0.5]))
+    torch.testing.assert_close(kl_estimate(logp, ref, "abs"), torch.tensor([0.5, 1.0]))
+    k3 = [math.exp(-0.5) + 0.5 - 1, math.exp(1.0) - 1.0 - 1]
+    torch.testing.assert_close(kl_estimate(logp, ref, "k3"), torch.tensor(k3))
+
+
+def test_k3_is_clamped_and_nonnegative():
+    logp = torch.tensor([-50.0, 0.0, -3.0])
+    ref = torch.tensor([0.0, -50.0, -3.0])
+    k3 = kl_estimate(logp, ref, "k3")
+    assert torch.isfinite(k3).all() and (k3 >= 0).all() and (k3 <= 10).all()
+    assert k3[2].item() == 0.0
+
+
+def test_k3_mean_estimates_true_kl():
+    # samples from p = N-free categorical: KL(p || q) by sampling tokens from p
+    p = torch.tensor([0.5, 0.3, 0.2])
+    q = torch.tensor([0.2, 0.5, 0.3])
+    tokens = torch.multinomial(
+        p, 200_000, replacement=True, generator=torch.Generator().manual_seed(0)
+    )
+    true = (p * (p / q).log()).sum().item()
+    for name in ("k1", "k3"):
+        est = KL_ESTIMATORS.get(name)(p.log()[tokens], q.log()[tokens]).mean().item()
+        assert est == pytest.approx(true, abs=5e-3), name
+
+
+def test_fixed_controller():
+    ctl = make_kl_controller(KLConfig(coef=0.05))
+    assert isinstance(ctl, FixedKLController)
+    ctl.update(10.0, 100)
+    assert ctl.value == 0.05
+
+
+def test_adaptive_controller_moves_towards_target_and_checkpoints():
+    ctl = make_kl_controller(KLConfig(coef=0.1, controller="adaptive", target=0.01, horizon=1000))
+    assert isinstance(ctl, AdaptiveKLController)
+    ctl.update(0.02, 100)  # KL above target: error clipped to 0.2
+    assert ctl.value == pytest.approx(0.1 * (1 + 0.2 * 100 / 1000))
+    ctl.update(0.009, 100)  # below: error -0.1
+    assert ctl.value == pytest.approx(0.1 * 1.02 * (1 - 0.1 * 0.1))
+    state = ctl.state_dict()
+    fresh = make_kl_controller(KLConfig(coef=0.1, controller="adaptive", target=0.01, horizon=1000))
+    fresh.load_state_dict(state)
+    assert fresh.value == ctl.value
+    with pytest.raises(ValueError, match="horizon"):
+        AdaptiveKLController(0.1, 0.01, 0)
