@@ -1,0 +1,229 @@
+"""`megarl data ...`: make and check prompt files in the verl parquet schema.
+
+``register(subparsers)`` adds the ``data`` command to the main parser (megarl/cli.py). Each
+handler returns an exit code; a data error prints ``error: <file: line/row, field, fix>`` and
+returns 1. Heavy imports (pyarrow, transformers) happen inside the handlers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+
+SCHEMA_TEXT = """\
+The verl parquet schema (one row per prompt), which `megarl launch` reads:
+  data_source   str                          selects the reward function (reward.functions)
+  prompt        list of {role, content}      chat messages (or one plain string)
+  ability       str                          free label, e.g. "math"
+  reward_model  {ground_truth, style}        what the reward compares the response with
+  extra_info    struct                       per-row metadata (split, index, ...)
+"""
+
+DATA_EPILOG = (
+    SCHEMA_TEXT
+    + """
+examples:
+  megarl data gsm8k gsm8k/train.jsonl data/gsm8k_train.parquet
+  megarl data math MATH/test.jsonl data/math_test.parquet --split test
+  megarl data convert qa.csv data/qa.parquet --prompt-field q --answer-field a --data-source my_qa
+  megarl data inspect data/gsm8k_train.parquet --tokenizer /models/Qwen2.5-7B-Instruct
+  megarl data demo data/reverse            # the CPU demo's train.parquet + val.parquet
+"""
+)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``megarl data`` and its subcommands to the main CLI's subparsers."""
+    p = subparsers.add_parser(
+        "data",
+        help="convert raw JSONL/CSV to training parquet, inspect prompt files, write the demo data",
+        description="Make and check prompt files in the verl parquet schema.",
+        epilog=DATA_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = p.add_subparsers(dest="data_command", metavar="DATA_COMMAND")
+    sub.required = True
+    _add_gsm8k(sub)
+    _add_math(sub)
+    _add_convert(sub)
+    _add_inspect(sub)
+    _add_demo(sub)
+
+
+def _parser(sub: argparse._SubParsersAction, name: str, help: str, description: str) -> argparse.ArgumentParser:
+    return sub.add_parser(name, help=help, description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def _add_io(p: argparse.ArgumentParser, fmt: str) -> None:
+    p.add_argument("input", metavar="IN", help=f"raw input file ({fmt})")
+    p.add_argument("output", metavar="OUT.parquet", help="parquet file to write (parent folders are created)")
+    p.add_argument("--split", default="train", help="split name stored in extra_info.split (default: train)")
+
+
+def _add_gsm8k(sub: argparse._SubParsersAction) -> None:
+    p = _parser(
+        sub,
+        "gsm8k",
+        "convert GSM8K JSONL (question/answer) to parquet",
+        "Convert GSM8K (one JSON object per line with 'question' and 'answer', as in the official "
+        "release) to the verl schema.\n\n"
+        "  prompt        one user message: the question + ' Let's think step by step and output the final\n"
+        "                answer after \"####\".'\n"
+        "  ground_truth  the text after the last '####' of the answer, commas removed ('1,234' -> '1234')\n"
+        "  data_source   openai/gsm8k (the gsm8k reward function's key)\n"
+        "  extra_info    split, index, question, answer\n\n"
+        "An answer without '####' is an error naming the line.",
+    )
+    _add_io(p, ".jsonl with question, answer")
+    p.set_defaults(handler=_guarded(_run_gsm8k))
+
+
+def _add_math(sub: argparse._SubParsersAction) -> None:
+    p = _parser(
+        sub,
+        "math",
+        "convert MATH-style JSONL (problem/solution with \\boxed{}) to parquet",
+        "Convert MATH-style data (one JSON object per line with 'problem' and 'solution') to the verl "
+        "schema.\n\n"
+        "  prompt        one user message: the problem + ' Let's think step by step and output the final\n"
+        "                answer within \\boxed{}.'\n"
+        "  ground_truth  the content of the solution's last \\boxed{...} (nested braces kept)\n"
+        "  data_source   math\n"
+        "  extra_info    split, index, problem, solution\n\n"
+        "A solution without a complete \\boxed{...} is an error naming the line.",
+    )
+    _add_io(p, ".jsonl with problem, solution")
+    p.set_defaults(handler=_guarded(_run_math))
+
+
+def _add_convert(sub: argparse._SubParsersAction) -> None:
+    p = _parser(
+        sub,
+        "convert",
+        "convert any JSONL/CSV to parquet by naming the prompt and answer fields",
+        "Convert any JSONL (one object per line) or CSV (with a header row) to the verl schema.\n\n"
+        "A string prompt becomes one user message (optionally preceded by a --system message and\n"
+        "followed by a --suffix instruction); a JSONL prompt that already is a list of {role, content}\n"
+        "messages is kept as is. The answer field becomes reward_model.ground_truth (as a string).",
+    )
+    _add_io(p, ".jsonl or .csv")
+    p.add_argument("--prompt-field", required=True, metavar="NAME", help="field holding the prompt")
+    p.add_argument("--answer-field", required=True, metavar="NAME", help="field holding the ground-truth answer")
+    p.add_argument("--data-source", required=True, metavar="NAME", help="data_source of every row (selects the reward function)")
+    p.add_argument("--system", default="", metavar="TEXT", help="system message put before each prompt")
+    p.add_argument("--suffix", default="", metavar="TEXT", help="instruction appended to each prompt after a space")
+    p.add_argument("--ability", default="", metavar="TEXT", help="ability label of every row (default: empty)")
+    p.set_defaults(handler=_guarded(_run_convert))
+
+
+def _add_inspect(sub: argparse._SubParsersAction) -> None:
+    p = _parser(
+        sub,
+        "inspect",
+        "check a prompt parquet file and print rows, columns, data sources and prompt lengths",
+        "Read a prompt file with the same checks as training (a malformed row is an error naming\n"
+        "row and column) and print: row count, columns and their types, rows per data_source, and\n"
+        "prompt-length percentiles p50/p90/p99/max: in tokens after the chat template when\n"
+        "--tokenizer is given, in characters of the prompt text otherwise.",
+    )
+    p.add_argument("file", metavar="FILE.parquet", help="the parquet file to inspect")
+    p.add_argument("--tokenizer", metavar="HF_DIR", help="HF model or tokenizer directory: measure lengths in tokens")
+    p.add_argument("--raw", action="store_true", help="with --tokenizer: measure raw prompt text, without the chat template")
+    p.add_argument("--prompt-key", default="prompt", help="column holding the prompt (data.prompt_key; default: prompt)")
+    p.add_argument("--max-prompt-length", type=int, metavar="N", help="with --tokenizer: also count prompts longer than N tokens")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(handler=_guarded(_run_inspect))
+
+
+def _add_demo(sub: argparse._SubParsersAction) -> None:
+    p = _parser(
+        sub,
+        "demo",
+        "write the CPU demo's task data (reverse digit strings) as train.parquet and val.parquet",
+        "Write the synthetic task of the CPU demo: the prompt is a digit string ('472'), the\n"
+        "ground truth its reverse ('274'), data_source reverse_digits. Every string of --digits\n"
+        "digits appears exactly once: --val-size of them (chosen by --seed) go to val.parquet and\n"
+        "never appear in train.parquet. Pair it with a tiny model built with task_vocab '0123456789'.",
+    )
+    p.add_argument("out_dir", metavar="OUT_DIR", help="folder to write train.parquet and val.parquet into")
+    p.add_argument("--digits", type=int, default=3, help="length of each digit string (default: 3, i.e. 1000 strings)")
+    p.add_argument("--val-size", type=int, default=200, help="strings held out for validation (default: 200)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the train/val split (default: 0)")
+    p.set_defaults(handler=_guarded(_run_demo))
+
+
+# ---- handlers --------------------------------------------------------------------------------
+def _guarded(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Print a data error as one line and return 1 instead of a traceback."""
+
+    def handler(args: argparse.Namespace) -> int:
+        from megarl.data.datasets import DataError
+
+        try:
+            return run(args)
+        except DataError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+
+    return handler
+
+
+def _report(rows: list, source: str, out: str) -> int:
+    from megarl.data.convert import write_rows
+
+    path = write_rows(rows, out, source)
+    print(f"wrote {len(rows)} rows to {path}")
+    return 0
+
+
+def _run_gsm8k(args: argparse.Namespace) -> int:
+    from megarl.data.convert import gsm8k_rows
+
+    return _report(gsm8k_rows(args.input, split=args.split), args.input, args.output)
+
+
+def _run_math(args: argparse.Namespace) -> int:
+    from megarl.data.convert import math_rows
+
+    return _report(math_rows(args.input, split=args.split), args.input, args.output)
+
+
+def _run_convert(args: argparse.Namespace) -> int:
+    from megarl.data.convert import generic_rows
+
+    rows = generic_rows(
+        args.input,
+        prompt_field=args.prompt_field,
+        answer_field=args.answer_field,
+        data_source=args.data_source,
+        system=args.system,
+        suffix=args.suffix,
+        ability=args.ability,
+        split=args.split,
+    )
+    return _report(rows, args.input, args.output)
+
+
+def _run_inspect(args: argparse.Namespace) -> int:
+    from megarl.data.summary import format_summary, load_tokenizer, summarize_prompt_file
+
+    tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else None
+    summary = summarize_prompt_file(
+        args.file,
+        tokenizer,
+        prompt_key=args.prompt_key,
+        apply_chat_template=not args.raw,
+        max_prompt_length=args.max_prompt_length,
+    )
+    print(json.dumps(summary.to_dict(), indent=2, default=str) if args.json else format_summary(summary))
+    return 0
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    from megarl.data.tasks import write_reverse_digits
+
+    train, val = write_reverse_digits(args.out_dir, num_digits=args.digits, val_size=args.val_size, seed=args.seed)
+    print(f"wrote {train} and {val}")
+    return 0

@@ -1,0 +1,187 @@
+"""Converters from raw JSONL / CSV files to verl-schema parquet (``megarl data gsm8k|math|convert``).
+
+- GSM8K (``question`` / ``answer``): the ground truth is the text after the last ``####`` of the
+  answer, commas removed ("1,234" -> "1234"); data_source ``openai/gsm8k`` (what the gsm8k
+  reward is keyed on); the prompt asks for the answer after "####".
+- MATH (``problem`` / ``solution``): the ground truth is the content of the solution's last
+  ``\\boxed{...}`` (nested braces kept); data_source ``math``; the prompt asks for a boxed answer.
+- generic: any prompt / answer field names, a data_source of the user's choice, an optional
+  system message and instruction suffix.
+
+Bad input raises :class:`~megarl.data.datasets.DataError` naming the file, the line and the
+field. Nothing here downloads datasets: the user brings the raw files.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from megarl.data.datasets import DataError, Prompt, check_prompt, write_prompt_file
+
+GSM8K_SOURCE = "openai/gsm8k"
+MATH_SOURCE = "math"
+GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
+MATH_INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
+READABLE = (".jsonl", ".csv")
+
+
+@dataclass(frozen=True)
+class RawRecord:
+    """One input record and where it came from (for errors)."""
+
+    fields: dict[str, Any]
+    where: str  # "train.jsonl: line 12"
+
+    def get(self, name: str, *, option: str = "") -> Any:
+        if name not in self.fields or self.fields[name] is None:
+            hint = f"; choose the field with {option}" if option else ""
+            raise DataError(f"{self.where}: missing field {name!r}; the record has fields {sorted(self.fields)}{hint}")
+        return self.fields[name]
+
+    def text(self, name: str, *, option: str = "") -> str:
+        value = self.get(name, option=option)
+        if isinstance(value, bool) or not isinstance(value, str | int | float):
+            raise DataError(f"{self.where}: field {name!r} must be a string, got {type(value).__name__}")
+        text = str(value).strip()
+        if not text:
+            raise DataError(f"{self.where}: field {name!r} is empty")
+        return text
+
+
+def read_raw_records(path: str | Path) -> Iterator[RawRecord]:
+    """Records of a ``.jsonl`` (one JSON object per line) or ``.csv`` (header row) file."""
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"{path}: no such file")
+    if p.suffix not in READABLE:
+        raise DataError(f"{path}: unsupported input format {p.suffix or '(none)'!r}; give a .jsonl or .csv file")
+    with p.open(encoding="utf-8", newline="") as fh:
+        if p.suffix == ".csv":
+            reader = csv.DictReader(fh)
+            for row in reader:
+                yield RawRecord(dict(row), f"{p.name}: line {reader.line_num}")
+            return
+        for n, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{p.name}: line {n}: not valid JSON ({exc.msg} at column {exc.colno})") from exc
+            if not isinstance(obj, dict):
+                raise DataError(f"{p.name}: line {n}: expected a JSON object, got {type(obj).__name__}")
+            yield RawRecord(obj, f"{p.name}: line {n}")
+
+
+# ---- answer extraction ---------------------------------------------------------------------
+def gsm8k_final_answer(answer: str) -> str | None:
+    """The text after the last ``####`` with thousands separators removed, or None."""
+    if "####" not in answer:
+        return None
+    final = answer.rsplit("####", 1)[1].strip().replace(",", "")
+    return final or None
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``, or ``\\boxed 5``) in ``text``."""
+    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
+    if start < 0:
+        return None
+    i = start + (len("\\boxed") if text.startswith("\\boxed", start) else len("\\fbox"))
+    if text.startswith(" ", i):  # "\boxed 5": the argument runs to the next space or "$"
+        arg = text[i + 1 :].split("$", 1)[0].split()
+        return arg[0] if arg else None
+    if not text.startswith("{", i):
+        return None
+    depth = 0
+    for j in range(i, len(text)):
+        if text[j] == "{":
+            depth += 1
+        elif text[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[i + 1 : j].strip() or None
+    return None  # unbalanced braces
+
+
+# ---- per-format rows ------------------------------------------------------------------------
+def _user_prompt(text: str, suffix: str = "", system: str = "") -> list[dict[str, str]]:
+    content = f"{text} {suffix}" if suffix else text
+    messages = [{"role": "system", "content": system}] if system else []
+    return [*messages, {"role": "user", "content": content}]
+
+
+def _row(source: str, prompt: Prompt, truth: str, ability: str, extra: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "data_source": source,
+        "prompt": prompt,
+        "ability": ability,
+        "reward_model": {"ground_truth": truth, "style": "rule"},
+        "extra_info": extra,
+    }
+
+
+def gsm8k_rows(path: str | Path, *, split: str = "train") -> list[dict[str, Any]]:
+    rows = []
+    for i, rec in enumerate(read_raw_records(path)):
+        question, answer = rec.text("question"), rec.text("answer")
+        final = gsm8k_final_answer(answer)
+        if final is None:
+            raise DataError(f"{rec.where}: field 'answer' has no final answer after '####' (GSM8K answers end with '#### <number>')")
+        extra = {"split": split, "index": i, "question": question, "answer": answer}
+        rows.append(_row(GSM8K_SOURCE, _user_prompt(question, GSM8K_INSTRUCTION), final, "math", extra))
+    return rows
+
+
+def math_rows(path: str | Path, *, split: str = "train") -> list[dict[str, Any]]:
+    rows = []
+    for i, rec in enumerate(read_raw_records(path)):
+        problem, solution = rec.text("problem"), rec.text("solution")
+        final = last_boxed(solution)
+        if final is None:
+            raise DataError(f"{rec.where}: field 'solution' has no complete \\boxed{{...}} answer")
+        extra = {"split": split, "index": i, "problem": problem, "solution": solution}
+        rows.append(_row(MATH_SOURCE, _user_prompt(problem, MATH_INSTRUCTION), final, "math", extra))
+    return rows
+
+
+def generic_rows(
+    path: str | Path,
+    *,
+    prompt_field: str,
+    answer_field: str,
+    data_source: str,
+    system: str = "",
+    suffix: str = "",
+    ability: str = "",
+    split: str = "train",
+) -> list[dict[str, Any]]:
+    """Rows from any JSONL / CSV: a string prompt becomes a user message (plus ``system`` and
+    ``suffix``); a JSONL prompt that is already a list of {role, content} messages is kept."""
+    if not data_source:
+        raise DataError("--data-source must be a non-empty name (the reward functions are chosen by it)")
+    rows = []
+    for i, rec in enumerate(read_raw_records(path)):
+        raw = rec.get(prompt_field, option="--prompt-field")
+        if isinstance(raw, list):
+            prompt = check_prompt(raw)
+            if prompt is None:
+                raise DataError(f"{rec.where}: field {prompt_field!r} must be a string or a list of {{role, content}} messages")
+        else:
+            prompt = _user_prompt(rec.text(prompt_field, option="--prompt-field"), suffix, system)
+        truth = rec.text(answer_field, option="--answer-field")
+        rows.append(_row(data_source, prompt, truth, ability, {"split": split, "index": i}))
+    return rows
+
+
+def write_rows(rows: list[dict[str, Any]], out: str | Path, source: str | Path) -> Path:
+    if not rows:
+        raise DataError(f"{source}: no records found (empty file?)")
+    if Path(out).suffix != ".parquet":
+        raise DataError(f"{out}: the output must be a .parquet file")
+    return write_prompt_file(rows, out)

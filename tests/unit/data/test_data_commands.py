@@ -1,0 +1,76 @@
+"""`megarl data ...` through argparse, as the main CLI registers it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from megarl.data.commands import register
+
+
+def _run(*argv: str) -> int:
+    parser = argparse.ArgumentParser(prog="megarl")
+    register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(list(argv))
+    return args.handler(args)
+
+
+def test_every_data_subcommand_has_help(capsys):
+    for name in ("gsm8k", "math", "convert", "inspect", "demo"):
+        with pytest.raises(SystemExit) as done:
+            _run("data", name, "--help")
+        assert done.value.code == 0
+        assert "usage: megarl data " + name in capsys.readouterr().out
+
+
+def test_demo_then_inspect_in_characters(tmp_path, capsys):
+    assert _run("data", "demo", str(tmp_path), "--val-size", "100") == 0
+    assert (tmp_path / "train.parquet").is_file() and (tmp_path / "val.parquet").is_file()
+    capsys.readouterr()
+    assert _run("data", "inspect", str(tmp_path / "val.parquet")) == 0
+    out = capsys.readouterr().out
+    assert f"{tmp_path / 'val.parquet'}: 100 rows" in out
+    assert "  reverse_digits: 100" in out
+    assert "prompt length (characters): p50=3  p90=3  p99=3  max=3  mean=3" in out
+    assert "prompt: list<element: struct<role: string, content: string>>" in out
+
+
+def test_inspect_percentiles_in_tokens(prompt_file, byte_tokenizer_dir, capsys):
+    path = prompt_file("lens.parquet", ["x" * n for n in range(1, 101)], source="s")
+    assert _run("data", "inspect", str(path), "--tokenizer", str(byte_tokenizer_dir), "--raw", "--max-prompt-length", "95", "--json") == 0
+    summary = json.loads(capsys.readouterr().out)
+    # ASCII under the byte-level tokenizer: one token per character, lengths 1..100
+    assert summary["length_unit"] == "tokens"
+    assert summary["lengths"] == {"p50": 50.0, "p90": 90.0, "p99": 99.0, "max": 100.0, "mean": 50.5}
+    assert summary["over_limit"] == 5 and summary["rows"] == 100
+    # With the chat template every prompt gains the same ChatML overhead.
+    assert _run("data", "inspect", str(path), "--tokenizer", str(byte_tokenizer_dir), "--json") == 0
+    templated = json.loads(capsys.readouterr().out)["lengths"]
+    overhead = templated["max"] - 100
+    assert overhead > 0 and templated["p50"] == 50 + overhead
+
+
+def test_gsm8k_and_convert_commands(tmp_path, capsys):
+    src = tmp_path / "g.jsonl"
+    src.write_text(json.dumps({"question": "q", "answer": "#### 3"}) + "\n")
+    assert _run("data", "gsm8k", str(src), str(tmp_path / "out" / "g.parquet")) == 0
+    assert "wrote 1 rows" in capsys.readouterr().out
+    csv = tmp_path / "qa.csv"
+    csv.write_text("q,a\nhi,there\n")
+    argv = ["data", "convert", str(csv), str(tmp_path / "qa.parquet"), "--prompt-field", "q", "--answer-field", "a", "--data-source", "qa"]
+    assert _run(*argv) == 0
+    assert _run("data", "inspect", str(tmp_path / "qa.parquet")) == 0
+    assert "  qa: 1" in capsys.readouterr().out
+
+
+def test_bad_input_exits_1_with_a_located_message(tmp_path, capsys):
+    src = tmp_path / "m.jsonl"
+    src.write_text(json.dumps({"problem": "p", "solution": "s"}) + "\n")
+    assert _run("data", "math", str(src), str(tmp_path / "m.parquet")) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: m.jsonl: line 1: field 'solution' has no complete \\boxed{...} answer")
+    assert not (tmp_path / "m.parquet").exists()
+    assert _run("data", "inspect", str(tmp_path / "nothing.parquet")) == 1
+    assert "does not exist" in capsys.readouterr().err

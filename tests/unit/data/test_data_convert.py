@@ -1,0 +1,122 @@
+"""Raw JSONL / CSV -> verl-schema rows: answer extraction and errors naming file, line, field."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from megarl.data.convert import (
+    GSM8K_INSTRUCTION,
+    generic_rows,
+    gsm8k_final_answer,
+    gsm8k_rows,
+    last_boxed,
+    math_rows,
+    write_rows,
+)
+from megarl.data.datasets import DataError, read_prompt_file
+
+
+def _jsonl(path, records) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" if isinstance(r, dict) else r for r in records))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "answer, expected",
+    [
+        ("She has 3 + 4 = <<3+4=7>>7 apples.\n#### 7", "7"),
+        ("... so 1,234 in total\n#### 1,234", "1234"),
+        ("#### -5 ", "-5"),
+        ("a #### b\n#### 12", "12"),  # the last marker wins
+        ("no marker 7", None),
+        ("####   ", None),
+    ],
+)
+def test_gsm8k_final_answer(answer, expected):
+    assert gsm8k_final_answer(answer) == expected
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("so $\\boxed{5}$.", "5"),
+        ("first \\boxed{1} then \\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),
+        ("\\boxed{\\sqrt{x^{2}+1}} done", "\\sqrt{x^{2}+1}"),
+        ("answer $\\boxed 7$", "7"),
+        ("\\fbox{a{b}c}", "a{b}c"),
+        ("unbalanced \\boxed{1 + {2}", None),
+        ("no box here", None),
+    ],
+)
+def test_last_boxed_handles_nested_braces(text, expected):
+    assert last_boxed(text) == expected
+
+
+def test_gsm8k_rows_follow_the_schema(tmp_path):
+    src = _jsonl(tmp_path / "g.jsonl", [{"question": "How many?", "answer": "2+2=4\n#### 4"}, "\n", {"question": "Q2", "answer": "#### 1,000"}])
+    rows = gsm8k_rows(src, split="test")
+    assert [r["reward_model"]["ground_truth"] for r in rows] == ["4", "1000"]
+    assert rows[0]["data_source"] == "openai/gsm8k" and rows[0]["ability"] == "math"
+    assert rows[0]["prompt"] == [{"role": "user", "content": f"How many? {GSM8K_INSTRUCTION}"}]
+    assert rows[1]["extra_info"] == {"split": "test", "index": 1, "question": "Q2", "answer": "#### 1,000"}
+    out = write_rows(rows, tmp_path / "g.parquet", src)
+    assert [r.ground_truth for r in read_prompt_file(out)] == ["4", "1000"]
+
+
+def test_gsm8k_errors_name_line_and_field(tmp_path):
+    src = _jsonl(tmp_path / "g.jsonl", [{"question": "q", "answer": "#### 1"}, {"question": "q", "answer": "forgot"}])
+    with pytest.raises(DataError, match=r"^g.jsonl: line 2: field 'answer' has no final answer after '####'"):
+        gsm8k_rows(src)
+    src = _jsonl(tmp_path / "h.jsonl", [{"question": "q", "answer": "#### 1"}, {"q": "x", "answer": "#### 2"}])
+    with pytest.raises(DataError, match=r"^h.jsonl: line 2: missing field 'question'; the record has fields \['answer', 'q'\]"):
+        gsm8k_rows(src)
+    src = _jsonl(tmp_path / "j.jsonl", [{"question": "q", "answer": "#### 1"}, "{broken\n"])
+    with pytest.raises(DataError, match=r"^j.jsonl: line 2: not valid JSON"):
+        gsm8k_rows(src)
+
+
+def test_math_rows(tmp_path):
+    src = _jsonl(tmp_path / "m.jsonl", [{"problem": "Half of 1?", "solution": "It is $\\boxed{\\frac{1}{2}}$."}])
+    (row,) = math_rows(src)
+    assert row["data_source"] == "math" and row["reward_model"]["ground_truth"] == "\\frac{1}{2}"
+    assert row["prompt"][0]["content"].startswith("Half of 1? ") and "\\boxed{}" in row["prompt"][0]["content"]
+    bad = _jsonl(tmp_path / "n.jsonl", [{"problem": "p", "solution": "no box"}])
+    with pytest.raises(DataError, match=r"^n.jsonl: line 1: field 'solution' has no complete \\boxed"):
+        math_rows(bad)
+
+
+def test_generic_csv_with_system_and_suffix(tmp_path):
+    src = tmp_path / "qa.csv"
+    src.write_text('q,a,other\n"What is 2+2, really?",4,x\nCapital of France?,Paris,y\n')
+    rows = generic_rows(src, prompt_field="q", answer_field="a", data_source="my_qa", system="Be brief.", suffix="Answer:")
+    assert rows[0]["prompt"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What is 2+2, really? Answer:"},
+    ]
+    assert [r["reward_model"]["ground_truth"] for r in rows] == ["4", "Paris"]
+    assert {r["data_source"] for r in rows} == {"my_qa"}
+    with pytest.raises(DataError, match=r"^qa.csv: line 2: missing field 'question'.*choose the field with --prompt-field"):
+        generic_rows(src, prompt_field="question", answer_field="a", data_source="my_qa")
+
+
+def test_generic_jsonl_keeps_message_prompts_and_checks_types(tmp_path):
+    msgs = [{"role": "user", "content": "hi"}]
+    src = _jsonl(tmp_path / "c.jsonl", [{"p": msgs, "a": 3}, {"p": "plain", "a": 1.5}])
+    rows = generic_rows(src, prompt_field="p", answer_field="a", data_source="chat")
+    assert rows[0]["prompt"] == msgs and rows[0]["reward_model"]["ground_truth"] == "3"
+    assert rows[1]["reward_model"]["ground_truth"] == "1.5"
+    bad = _jsonl(tmp_path / "d.jsonl", [{"p": "x", "a": ["list"]}])
+    with pytest.raises(DataError, match=r"^d.jsonl: line 1: field 'a' must be a string, got list"):
+        generic_rows(bad, prompt_field="p", answer_field="a", data_source="chat")
+
+
+def test_unsupported_or_missing_input(tmp_path):
+    (tmp_path / "x.txt").write_text("question,answer\n")
+    with pytest.raises(DataError, match="unsupported input format '.txt'; give a .jsonl or .csv file"):
+        gsm8k_rows(tmp_path / "x.txt")
+    with pytest.raises(DataError, match="no such file"):
+        gsm8k_rows(tmp_path / "missing.jsonl")
+    with pytest.raises(DataError, match="no records found"):
+        write_rows([], tmp_path / "o.parquet", tmp_path / "empty.jsonl")
