@@ -1,0 +1,266 @@
+"""Ray placement groups for the worker roles (policy, critic, rollout, ...).
+
+Input: one `RolePlacement` per role (the lead adapts the planner's output to it) and the
+sets of roles that share devices (colocated). Output: one `PlacedRole` per role, which a
+`WorkerGroup` uses to put rank r of that role on bundle r.
+
+Layout: one bundle per process; one placement group per node-group of a role
+(`procs_per_node` bundles, STRICT_PACK: a node-group never straddles nodes). Colocated
+roles must have the same shape and share the very same bundles: a shared bundle holds the
+GPUs of one process and the CPUs of all sharing roles; each sharing actor asks for
+`gpus_per_proc / number of sharing roles` GPUs, so Ray puts them on the same device(s).
+
+Before anything is created the request is checked against the cluster (totals and the
+largest node), so an impossible request fails at once with a message that names the role
+and the numbers; a request that is possible but blocked (resources held by others) fails
+after `timeout_s` naming the node-group that could not be placed. Deliberately left out:
+node affinity / labels, spreading node-groups over distinct nodes (Ray may pack two
+node-groups on one big node; WorkerGroup computes LOCAL_RANK from where ranks really land).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+
+class PlacementError(RuntimeError):
+    """The requested placement cannot be (or was not) satisfied by the Ray cluster."""
+
+
+@dataclass(frozen=True)
+class RolePlacement:
+    """How many processes a role runs and what each one holds.
+
+    role: name used in errors and log files (policy | critic | rollout | ...).
+    nnodes x procs_per_node processes in all; gpus_per_proc is 0 on CPU.
+    """
+
+    role: str
+    nnodes: int
+    procs_per_node: int
+    gpus_per_proc: float = 0.0
+    cpus_per_proc: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.nnodes < 1 or self.procs_per_node < 1:
+            raise ValueError(
+                f"placement of {self.role}: nnodes ({self.nnodes}) and procs_per_node "
+                f"({self.procs_per_node}) must be >= 1"
+            )
+        if self.gpus_per_proc < 0 or self.cpus_per_proc < 0:
+            raise ValueError(f"placement of {self.role}: gpus_per_proc and cpus_per_proc must be >= 0")
+        if self.gpus_per_proc == 0 and self.cpus_per_proc == 0:
+            raise ValueError(
+                f"placement of {self.role}: a process needs some resource; set cpus_per_proc > 0 "
+                "(e.g. 1) when gpus_per_proc is 0"
+            )
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.procs_per_node
+
+    def same_shape(self, other: RolePlacement) -> bool:
+        return (self.nnodes, self.procs_per_node, self.gpus_per_proc) == (
+            other.nnodes,
+            other.procs_per_node,
+            other.gpus_per_proc,
+        )
+
+
+@dataclass
+class BundlePool:
+    """Placement groups (one per node-group) shared by one or more colocated roles."""
+
+    roles: tuple[str, ...]
+    shape: RolePlacement
+    groups: list[PlacementGroup]
+    removed: bool = False
+
+    def bundle_of(self, rank: int) -> tuple[PlacementGroup, int]:
+        """Rank r lives on bundle r % procs_per_node of node-group r // procs_per_node."""
+        per_node = self.shape.procs_per_node
+        return self.groups[rank // per_node], rank % per_node
+
+    def remove(self) -> None:
+        if self.removed:
+            return
+        for pg in self.groups:
+            remove_placement_group(pg)
+        self.removed = True
+
+
+@dataclass
+class PlacedRole:
+    """One role's share of a BundlePool: what each of its actors asks Ray for."""
+
+    placement: RolePlacement
+    pool: BundlePool
+    num_gpus: float  # per actor; a fraction when roles share a GPU
+    num_cpus: float  # per actor
+    owns_pool: bool = field(default=False)
+
+    @property
+    def role(self) -> str:
+        return self.placement.role
+
+    def scheduling(self, rank: int) -> dict[str, Any]:
+        """Ray actor options that pin rank `rank` to its bundle."""
+        pg, index = self.pool.bundle_of(rank)
+        strategy = PlacementGroupSchedulingStrategy(
+            placement_group=pg,
+            placement_group_bundle_index=index,
+            placement_group_capture_child_tasks=True,
+        )
+        return {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus, "scheduling_strategy": strategy}
+
+
+def place_roles(
+    placements: Sequence[RolePlacement],
+    colocate: Iterable[Sequence[str]] = (),
+    *,
+    timeout_s: float = 120.0,
+) -> dict[str, PlacedRole]:
+    """Create and wait for the placement groups of every role; returns role -> PlacedRole.
+
+    colocate: sets of role names that share bundles, e.g. [("policy", "rollout")]. Roles in
+    no set get a pool of their own (disaggregated). Raises PlacementError, having removed
+    whatever it created, when the cluster cannot hold the request or it is not placed within
+    timeout_s.
+    """
+    by_role = {p.role: p for p in placements}
+    if len(by_role) != len(placements):
+        raise ValueError(f"placement: role names must be unique, got {[p.role for p in placements]}")
+    pool_specs = _pool_specs(by_role, colocate)
+    _check_cluster(pool_specs)
+    pools: list[BundlePool] = []
+    try:
+        for roles, shape, bundle in pool_specs:
+            groups = [
+                placement_group([dict(bundle)] * shape.procs_per_node, strategy="STRICT_PACK",
+                                name=f"megarl-{'+'.join(roles)}-node{i}")
+                for i in range(shape.nnodes)
+            ]
+            pools.append(BundlePool(roles=roles, shape=shape, groups=groups))
+        _wait_ready(pools, timeout_s)
+    except BaseException:
+        for pool in pools:
+            pool.remove()
+        raise
+    placed: dict[str, PlacedRole] = {}
+    for pool in pools:
+        for role in pool.roles:
+            p = by_role[role]
+            placed[role] = PlacedRole(
+                placement=p, pool=pool, num_gpus=p.gpus_per_proc / len(pool.roles), num_cpus=p.cpus_per_proc
+            )
+    return placed
+
+
+def release(placed: Mapping[str, PlacedRole]) -> None:
+    """Remove the placement groups behind `placed` (each shared pool once)."""
+    for item in placed.values():
+        item.pool.remove()
+
+
+def _pool_specs(
+    by_role: Mapping[str, RolePlacement], colocate: Iterable[Sequence[str]]
+) -> list[tuple[tuple[str, ...], RolePlacement, dict[str, float]]]:
+    """(roles, shape, bundle resources) for every pool to create."""
+    specs = []
+    grouped: set[str] = set()
+    for names in colocate:
+        names = tuple(n for n in names if n in by_role)
+        if not names:
+            continue
+        overlap = grouped.intersection(names)
+        if overlap:
+            raise ValueError(f"placement: role(s) {sorted(overlap)} appear in two colocated sets")
+        grouped.update(names)
+        first = by_role[names[0]]
+        for other in names[1:]:
+            if not first.same_shape(by_role[other]):
+                raise PlacementError(
+                    f"placement: colocated roles must have the same shape; {first.role} has "
+                    f"{_shape_text(first)} but {other} has {_shape_text(by_role[other])}"
+                )
+        cpus = sum(by_role[n].cpus_per_proc for n in names)
+        specs.append((names, first, _bundle(first.gpus_per_proc, cpus)))
+    for role, p in by_role.items():
+        if role not in grouped:
+            specs.append(((role,), p, _bundle(p.gpus_per_proc, p.cpus_per_proc)))
+    return specs
+
+
+def _bundle(gpus: float, cpus: float) -> dict[str, float]:
+    bundle = {}
+    if cpus > 0:
+        bundle["CPU"] = cpus
+    if gpus > 0:
+        bundle["GPU"] = gpus
+    return bundle
+
+
+def _shape_text(p: RolePlacement) -> str:
+    return f"{p.nnodes} node(s) x {p.procs_per_node} procs x {_num(p.gpus_per_proc)} GPU"
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def _check_cluster(specs: Sequence[tuple[tuple[str, ...], RolePlacement, dict[str, float]]]) -> None:
+    """Refuse at once what the cluster can never hold (totals, then the largest node)."""
+    total = ray.cluster_resources()
+    nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+    for resource, unit in (("GPU", "GPUs"), ("CPU", "CPUs")):
+        have = total.get(resource, 0.0)
+        asked = {"+".join(roles): bundle.get(resource, 0.0) * shape.world_size for roles, shape, bundle in specs}
+        for name, amount in asked.items():
+            if amount > have:
+                raise PlacementError(
+                    f"placement: {_num(amount)} {unit} requested for {name}, cluster has {_num(have)}"
+                )
+        if sum(asked.values()) > have:
+            parts = ", ".join(f"{k} {_num(v)}" for k, v in asked.items() if v)
+            raise PlacementError(
+                f"placement: {_num(sum(asked.values()))} {unit} requested in all ({parts}), cluster has {_num(have)}"
+            )
+        largest = max((n.get(resource, 0.0) for n in nodes), default=0.0)
+        for roles, shape, bundle in specs:
+            per_node = bundle.get(resource, 0.0) * shape.procs_per_node
+            if per_node > largest:
+                raise PlacementError(
+                    f"placement: {'+'.join(roles)} needs {_num(per_node)} {unit} on one node "
+                    f"({shape.procs_per_node} procs per node x {_num(bundle[resource])}), "
+                    f"the largest node has {_num(largest)}; lower procs_per_node and raise nnodes"
+                )
+
+
+def _wait_ready(pools: Sequence[BundlePool], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    for pool in pools:
+        for index, pg in enumerate(pool.groups):
+            left = max(0.0, deadline - time.monotonic())
+            ready, _ = ray.wait([pg.ready()], timeout=left)
+            if ready:
+                continue
+            avail = ray.available_resources()
+            bundle = pg.bundle_specs[0]
+            raise PlacementError(
+                f"placement: node-group {index} of {'+'.join(pool.roles)} ({pool.shape.procs_per_node} "
+                f"bundles of {_resources_text(bundle)}, STRICT_PACK) was not placed within {timeout_s:g} s; "
+                f"available now: {_resources_text(avail)}. Other placement groups or jobs may hold "
+                "the resources, or no single node has them all"
+            )
+
+
+def _resources_text(res: Mapping[str, float]) -> str:
+    keys = [k for k in ("CPU", "GPU") if k in res] or list(res)[:4]
+    return "{" + ", ".join(f"{k}: {_num(res.get(k, 0.0))}" for k in keys) + "}"
