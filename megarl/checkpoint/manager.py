@@ -1,0 +1,324 @@
+"""Atomic, verified checkpoints under <output_dir>/checkpoints/step_<NNNNNN>/.
+
+A save happens in `with manager.saving(step) as ckpt_dir:`. The block (the trainer, and the
+policy / critic workers from their own processes) writes each component into a
+subdirectory (or file) of `ckpt_dir`, which is a temp dir `.tmp_step_<NNNNNN>_<pid>` next
+to the final ones. When the block succeeds the manager fsyncs every file, writes
+manifest.json last (step, time, megarl version, components, every file's size and the
+sha256 of small files), and renames the temp dir to `step_<NNNNNN>` (one atomic rename on
+POSIX filesystems); when it raises, the temp dir is removed and nothing else changes. So a
+crash mid-save leaves at worst a `.tmp_*` dir, which the next manager removes at start-up;
+the last good checkpoint is never touched before the new one is complete.
+
+A checkpoint is valid when its manifest is present, parses, names the same step as its
+directory, and every listed file exists with its recorded size (and checksum, when one was
+recorded). `resolve_resume("auto")` returns the latest valid checkpoint, logging a warning
+for each newer one it skips and why. Retention keeps the newest `keep_last` valid
+checkpoints (the newest valid one is never removed); directories that fail verification are
+reported, never deleted, so nothing a person might still want disappears silently.
+
+One trainer process manages one output_dir. Left out: what goes inside the components
+(Megatron dist-checkpoint, trainer_state.pt), remote object stores, async saving.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import megarl
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+MANIFEST_VERSION = 1
+CHECKPOINTS_DIR = "checkpoints"
+_STEP_RE = re.compile(r"^step_(\d+)$")
+_TEMP_PREFIX = ".tmp_"
+_TRASH_PREFIX = ".trash_"
+DEFAULT_CHECKSUM_MAX_BYTES = 16 * 1024 * 1024  # sha256 for files up to this size
+
+
+class CheckpointError(ValueError):
+    """A checkpoint (or a resume setting) is invalid; the message says what and how to fix it."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A verified checkpoint on disk."""
+
+    step: int
+    path: Path
+    manifest: dict[str, Any] = field(repr=False)
+
+    @property
+    def components(self) -> list[str]:
+        return list(self.manifest["components"])
+
+    def component(self, name: str) -> Path:
+        """Path of a component (subdirectory or file) saved in this checkpoint."""
+        if name not in self.manifest["components"]:
+            raise CheckpointError(
+                f"checkpoint {self.path} has no component '{name}'; it holds {self.components}"
+            )
+        return self.path / name
+
+
+def step_dir_name(step: int) -> str:
+    return f"step_{step:06d}"
+
+
+class CheckpointManager:
+    """Saves, verifies, finds and prunes the checkpoints of one run."""
+
+    def __init__(self, output_dir: str | Path, keep_last: int = 3, *,
+                 checksum_max_bytes: int = DEFAULT_CHECKSUM_MAX_BYTES):
+        if keep_last < 1:
+            raise ValueError(f"trainer.keep_last ({keep_last}) must be >= 1")
+        self.root = Path(output_dir) / CHECKPOINTS_DIR
+        self.keep_last = keep_last
+        self.checksum_max_bytes = checksum_max_bytes
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._recover_leftovers()
+
+    # ---- saving ---------------------------------------------------------------------
+
+    @contextmanager
+    def saving(self, step: int) -> Iterator[Path]:
+        """Yield a temp dir to write the components of `step` into; commit it on success.
+
+        On an exception inside the block, the temp dir is removed and the exception goes on.
+        Saving a step that already exists replaces it only once the new one is complete.
+        """
+        if step < 0:
+            raise ValueError(f"checkpoint step must be >= 0, got {step}")
+        final = self.root / step_dir_name(step)
+        temp = self.root / f"{_TEMP_PREFIX}{final.name}_{os.getpid()}"
+        if temp.exists():
+            shutil.rmtree(temp)
+        temp.mkdir()
+        try:
+            yield temp
+            self._commit(step, temp, final)
+        except BaseException:
+            shutil.rmtree(temp, ignore_errors=True)
+            raise
+        self.prune()
+
+    def _commit(self, step: int, temp: Path, final: Path) -> None:
+        files = _list_files(temp)
+        if not files:
+            raise CheckpointError(f"checkpoint step {step}: nothing was written into {temp}")
+        entries = []
+        for rel in files:
+            path = temp / rel
+            _fsync_file(path)
+            size = path.stat().st_size
+            entry: dict[str, Any] = {"path": rel, "size": size}
+            if size <= self.checksum_max_bytes:
+                entry["sha256"] = _sha256(path)
+            entries.append(entry)
+        manifest = {
+            "manifest_version": MANIFEST_VERSION,
+            "step": step,
+            "time": time.time(),
+            "megarl_version": megarl.__version__,
+            "components": sorted(p.name for p in temp.iterdir()),
+            "files": entries,
+        }
+        _write_json_durably(temp / MANIFEST, manifest)
+        for d in sorted({(temp / rel).parent for rel in files}, reverse=True):
+            _fsync_dir(d)
+        _fsync_dir(temp)
+        old = None
+        if final.exists():
+            old = self.root / f"{_TRASH_PREFIX}{final.name}_{os.getpid()}"
+            os.rename(final, old)
+        os.rename(temp, final)
+        _fsync_dir(self.root)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        log.info("checkpoint: saved step %d to %s (%d files)", step, final, len(entries))
+
+    # ---- finding and verifying ------------------------------------------------------
+
+    def step_dirs(self) -> list[tuple[int, Path]]:
+        """Every step_* directory, oldest first (valid or not)."""
+        found = []
+        for p in self.root.iterdir():
+            m = _STEP_RE.match(p.name)
+            if m and p.is_dir():
+                found.append((int(m.group(1)), p))
+        return sorted(found)
+
+    def valid_checkpoints(self) -> list[Checkpoint]:
+        """Checkpoints that pass verification, oldest first."""
+        out = []
+        for _, path in self.step_dirs():
+            try:
+                out.append(verify_checkpoint(path))
+            except CheckpointError:
+                continue
+        return out
+
+    def latest_valid(self) -> Checkpoint | None:
+        """The newest valid checkpoint; a warning names each newer one skipped and why."""
+        for _, path in reversed(self.step_dirs()):
+            try:
+                return verify_checkpoint(path)
+            except CheckpointError as exc:
+                log.warning("checkpoint: skipping %s: %s", path, exc)
+        return None
+
+    def resolve_resume(self, resume: str | Path) -> Checkpoint | None:
+        """trainer.resume -> the checkpoint to load, or None to start fresh.
+
+        "auto": the latest valid checkpoint (None if there is none); "disable": None;
+        anything else is a checkpoint directory, which must be valid.
+        """
+        if str(resume) == "disable":
+            return None
+        if str(resume) == "auto":
+            found = self.latest_valid()
+            if found is None:
+                log.info("checkpoint: no valid checkpoint in %s; starting from step 0", self.root)
+            return found
+        path = Path(resume).expanduser()
+        if not path.is_dir():
+            raise CheckpointError(
+                f"trainer.resume={str(resume)!r}: no such checkpoint directory; give a "
+                f"{self.root}/step_NNNNNN directory, 'auto' (latest valid) or 'disable'"
+            )
+        try:
+            return verify_checkpoint(path)
+        except CheckpointError as exc:
+            raise CheckpointError(
+                f"trainer.resume={str(resume)!r} is not a valid checkpoint: {exc}. Pick another "
+                "step directory, or use trainer.resume=auto to take the latest valid one"
+            ) from None
+
+    # ---- retention and leftovers ----------------------------------------------------
+
+    def prune(self) -> list[Path]:
+        """Remove valid checkpoints beyond the newest `keep_last`; returns what was removed."""
+        valid = self.valid_checkpoints()
+        removed = []
+        for ckpt in valid[: max(0, len(valid) - self.keep_last)]:
+            # Rename first: a crash mid-delete leaves a .trash_ dir, never a half step dir.
+            trash = self.root / f"{_TRASH_PREFIX}{ckpt.path.name}_{os.getpid()}"
+            os.rename(ckpt.path, trash)
+            shutil.rmtree(trash, ignore_errors=True)
+            removed.append(ckpt.path)
+            log.info("checkpoint: removed %s (keep_last=%d)", ckpt.path, self.keep_last)
+        return removed
+
+    def _recover_leftovers(self) -> None:
+        """Remove temp dirs of crashed saves; finish interrupted replacements / deletions."""
+        for p in sorted(self.root.iterdir()):
+            if p.name.startswith(_TEMP_PREFIX):
+                log.warning("checkpoint: removing %s, left by a save that did not finish", p)
+                shutil.rmtree(p, ignore_errors=True)
+            elif p.name.startswith(_TRASH_PREFIX):
+                name = p.name[len(_TRASH_PREFIX):].rsplit("_", 1)[0]
+                final = self.root / name
+                if not final.exists() and _is_valid(p):
+                    # Crash between "move old aside" and "move new in": the old one is it.
+                    log.warning("checkpoint: restoring %s from %s", final, p)
+                    os.rename(p, final)
+                else:
+                    shutil.rmtree(p, ignore_errors=True)
+
+
+def verify_checkpoint(path: str | Path) -> Checkpoint:
+    """Check a checkpoint directory against its manifest; raises CheckpointError saying why not."""
+    path = Path(path)
+    manifest_path = path / MANIFEST
+    if not manifest_path.is_file():
+        raise CheckpointError(f"{MANIFEST} is missing in {path} (the save did not finish)")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        step, files = int(manifest["step"]), list(manifest["files"])
+        if not isinstance(manifest["components"], list):
+            raise TypeError("components is not a list")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{manifest_path} is unreadable ({type(exc).__name__}: {exc})") from None
+    m = _STEP_RE.match(path.name)
+    if m and int(m.group(1)) != step:
+        raise CheckpointError(f"{manifest_path} says step {step} but the directory is {path.name}")
+    for entry in files:
+        _verify_file(path, entry)
+    return Checkpoint(step=step, path=path, manifest=manifest)
+
+
+def _verify_file(root: Path, entry: dict[str, Any]) -> None:
+    f = root / entry["path"]
+    if not f.is_file():
+        raise CheckpointError(f"file {entry['path']} listed in the manifest is missing")
+    size = f.stat().st_size
+    if size != entry["size"]:
+        raise CheckpointError(f"file {entry['path']} has {size} bytes, the manifest says {entry['size']} (truncated?)")
+    if "sha256" in entry and _sha256(f) != entry["sha256"]:
+        raise CheckpointError(f"file {entry['path']} does not match its sha256 in the manifest (corrupted)")
+
+
+def _is_valid(path: Path) -> bool:
+    try:
+        verify_checkpoint(path)
+        return True
+    except CheckpointError:
+        return False
+
+
+def _list_files(root: Path) -> list[str]:
+    """Relative paths of every regular file under root (symlinks followed), sorted."""
+    out = []
+    for dirpath, _, names in os.walk(root, followlinks=True):
+        for n in names:
+            out.append(os.path.relpath(os.path.join(dirpath, n), root))
+    return sorted(out)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems refuse fsync on directories
+    finally:
+        os.close(fd)
+
+
+def _write_json_durably(path: Path, data: dict[str, Any]) -> None:
+    with open(path, "w") as f:
+        json.dump(data, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())

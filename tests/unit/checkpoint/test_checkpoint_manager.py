@@ -1,0 +1,168 @@
+"""CheckpointManager: atomic save, verification, resume selection, retention."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from megarl.checkpoint.manager import (
+    MANIFEST,
+    CheckpointError,
+    CheckpointManager,
+    step_dir_name,
+    verify_checkpoint,
+)
+
+
+def _save(manager: CheckpointManager, step: int, payload: bytes = b"weights") -> Path:
+    with manager.saving(step) as d:
+        (d / "policy").mkdir()
+        (d / "policy" / "shard_0.distcp").write_bytes(payload * 10)
+        (d / "policy" / "metadata.json").write_text(json.dumps({"step": step}))
+        (d / "trainer_state.pt").write_bytes(b"state%d" % step)
+    return manager.root / step_dir_name(step)
+
+
+def _names(manager: CheckpointManager) -> list[str]:
+    return sorted(p.name for p in manager.root.iterdir())
+
+
+def test_save_writes_manifest_and_resume_finds_it(tmp_path):
+    manager = CheckpointManager(tmp_path, keep_last=3)
+    path = _save(manager, 12)
+    assert path.name == "step_000012" and _names(manager) == ["step_000012"]
+    manifest = json.loads((path / MANIFEST).read_text())
+    assert manifest["step"] == 12 and manifest["components"] == ["policy", "trainer_state.pt"]
+    files = {f["path"]: f for f in manifest["files"]}
+    assert set(files) == {"policy/shard_0.distcp", "policy/metadata.json", "trainer_state.pt"}
+    assert files["policy/shard_0.distcp"]["size"] == 70 and len(files["trainer_state.pt"]["sha256"]) == 64
+    ckpt = manager.resolve_resume("auto")
+    assert ckpt is not None and ckpt.step == 12 and ckpt.path == path
+    assert ckpt.component("policy") == path / "policy"
+    with pytest.raises(CheckpointError, match="no component 'critic'.*policy"):
+        ckpt.component("critic")
+    assert manager.resolve_resume("disable") is None
+    assert manager.resolve_resume(str(path)).step == 12
+
+
+def test_big_files_are_checked_by_size_only(tmp_path):
+    manager = CheckpointManager(tmp_path, checksum_max_bytes=10)
+    path = _save(manager, 1)
+    files = {f["path"]: f for f in json.loads((path / MANIFEST).read_text())["files"]}
+    assert "sha256" not in files["policy/shard_0.distcp"] and "sha256" in files["trainer_state.pt"]
+
+
+def test_exception_inside_saving_leaves_previous_checkpoint(tmp_path):
+    manager = CheckpointManager(tmp_path)
+    good = _save(manager, 1)
+    with pytest.raises(RuntimeError, match="worker died"):
+        with manager.saving(2) as d:
+            (d / "policy").mkdir()
+            (d / "policy" / "half.distcp").write_bytes(b"x" * 100)
+            raise RuntimeError("worker died")
+    assert _names(manager) == ["step_000001"]  # no step_000002, no temp dir
+    verify_checkpoint(good)
+    assert manager.resolve_resume("auto").step == 1
+
+
+def test_empty_save_is_refused(tmp_path):
+    manager = CheckpointManager(tmp_path)
+    with pytest.raises(CheckpointError, match="nothing was written"):
+        with manager.saving(3):
+            pass
+    assert _names(manager) == []
+
+
+def test_stale_temp_dirs_are_removed_at_start(tmp_path, caplog):
+    manager = CheckpointManager(tmp_path)
+    _save(manager, 1)
+    stale = manager.root / ".tmp_step_000002_99999"
+    (stale / "policy").mkdir(parents=True)
+    (stale / "policy" / "x.distcp").write_bytes(b"partial")
+    with caplog.at_level(logging.WARNING):
+        manager = CheckpointManager(tmp_path)
+    assert _names(manager) == ["step_000001"]
+    assert ".tmp_step_000002_99999" in caplog.text
+
+
+def test_interrupted_replacement_is_recovered(tmp_path):
+    manager = CheckpointManager(tmp_path)
+    path = _save(manager, 4)
+    # A crash after moving the old step aside and before moving the new one in.
+    path.rename(manager.root / ".trash_step_000004_4242")
+    manager = CheckpointManager(tmp_path)
+    assert _names(manager) == ["step_000004"] and manager.resolve_resume("auto").step == 4
+
+
+def test_resaving_a_step_replaces_it(tmp_path):
+    manager = CheckpointManager(tmp_path)
+    _save(manager, 5, b"old")
+    path = _save(manager, 5, b"new")
+    assert (path / "policy" / "shard_0.distcp").read_bytes() == b"new" * 10
+    assert _names(manager) == ["step_000005"]
+    verify_checkpoint(path)
+
+
+def test_auto_skips_torn_checkpoints_with_warnings(tmp_path, caplog):
+    manager = CheckpointManager(tmp_path)
+    _save(manager, 1)
+    truncated = _save(manager, 2)
+    with open(truncated / "policy" / "shard_0.distcp", "r+b") as f:
+        f.truncate(5)
+    corrupted = _save(manager, 3)
+    (corrupted / "trainer_state.pt").write_bytes(b"STATE3")  # same size, other bytes
+    no_manifest = _save(manager, 4)
+    (no_manifest / MANIFEST).unlink()
+    with caplog.at_level(logging.WARNING):
+        ckpt = manager.resolve_resume("auto")
+    assert ckpt is not None and ckpt.step == 1
+    text = caplog.text
+    assert "step_000004" in text and "manifest.json is missing" in text
+    assert "step_000003" in text and "sha256" in text
+    assert "step_000002" in text and "has 5 bytes, the manifest says 70" in text
+
+
+def test_manifest_of_another_step_is_invalid(tmp_path):
+    manager = CheckpointManager(tmp_path)
+    path = _save(manager, 6)
+    moved = path.rename(manager.root / "step_000007")
+    with pytest.raises(CheckpointError, match="says step 6 but the directory is step_000007"):
+        verify_checkpoint(moved)
+    (path.parent / "step_000008").mkdir()
+    ((path.parent / "step_000008") / MANIFEST).write_text("{not json")
+    with pytest.raises(CheckpointError, match="unreadable"):
+        verify_checkpoint(path.parent / "step_000008")
+
+
+def test_explicit_invalid_resume_path_errors(tmp_path):
+    manager = CheckpointManager(tmp_path)
+    torn = _save(manager, 3)
+    (torn / MANIFEST).unlink()
+    with pytest.raises(CheckpointError, match=r"trainer.resume=.*step_000003.*manifest.json is missing.*resume=auto"):
+        manager.resolve_resume(str(torn))
+    with pytest.raises(CheckpointError, match="no such checkpoint directory"):
+        manager.resolve_resume(str(tmp_path / "nope"))
+    assert manager.resolve_resume("auto") is None  # only a torn one: start fresh
+
+
+def test_retention_keeps_newest_valid(tmp_path):
+    manager = CheckpointManager(tmp_path, keep_last=2)
+    for step in (1, 2, 3, 4):
+        _save(manager, step)
+    assert _names(manager) == ["step_000003", "step_000004"]
+    # A torn newer directory never counts as "newest": the newest valid one stays.
+    manager = CheckpointManager(tmp_path, keep_last=1)
+    torn = manager.root / "step_000009"
+    torn.mkdir()
+    (torn / "junk").write_bytes(b"x")
+    _save(manager, 5)
+    assert _names(manager) == ["step_000005", "step_000009"]  # invalid dirs are left for a person
+    assert manager.resolve_resume("auto").step == 5
+
+
+def test_keep_last_must_be_positive(tmp_path):
+    with pytest.raises(ValueError, match=r"trainer.keep_last \(0\)"):
+        CheckpointManager(tmp_path, keep_last=0)
