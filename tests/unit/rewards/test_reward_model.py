@@ -1,0 +1,61 @@
+"""reward.model: a tiny random Qwen2 sequence classifier scored in the workers, compared with
+a direct transformers forward of each text on its own (no padding) in this process."""
+
+import pytest
+
+from megarl.config.sections import RewardConfig, RewardModelConfig
+from megarl.rewards import RewardScorer
+
+pytestmark = pytest.mark.slow  # the workers import torch + transformers
+
+
+@pytest.fixture(scope="module")
+def reward_model_dir(tmp_path_factory):
+    import torch
+    from transformers import Qwen2ForSequenceClassification
+
+    from megarl.models.tiny import build_tokenizer, tiny_hf_config
+
+    tokenizer = build_tokenizer()
+    cfg = tiny_hf_config("qwen2", vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id)
+    cfg.num_labels = 1
+    torch.manual_seed(0)
+    model = Qwen2ForSequenceClassification(cfg)
+    out = tmp_path_factory.mktemp("tiny_rm")
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return str(out)
+
+
+def _reference(path: str, texts: list[str]) -> list[float]:
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForSequenceClassification.from_pretrained(path).eval()
+    out = []
+    with torch.no_grad():
+        for text in texts:
+            ids = tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
+            out.append(float(model(input_ids=ids).logits[0, 0]))
+    return out
+
+
+def test_reward_model_scores_prompt_plus_response(reward_model_dir):
+    prompts = ["<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"] * 2 + [
+        "<|im_start|>user\nlonger question?<|im_end|>\n<|im_start|>assistant\n"
+    ]
+    responses = ["hello", "a much longer answer with more tokens", "ok"]
+    cfg = RewardConfig(
+        model=RewardModelConfig(path=reward_model_dir, batch_size=2), timeout_s=60.0, workers=1
+    )
+    with RewardScorer(cfg) as scorer:
+        result = scorer.score(["any"] * 3, responses, [None] * 3, prompts=prompts)
+        with pytest.raises(ValueError, match="pass prompts"):
+            scorer.score(["any"], ["x"], [None])
+    assert (result.errors, result.timeouts) == (0, 0)
+    expected = _reference(
+        reward_model_dir, [p + r for p, r in zip(prompts, responses, strict=True)]
+    )
+    assert result.scores == pytest.approx(expected, abs=1e-4)
+    assert len(set(result.scores)) == 3  # a random model still tells the texts apart

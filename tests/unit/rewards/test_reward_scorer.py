@@ -1,0 +1,157 @@
+"""RewardScorer: the worker pool, per-sample timeouts, crashes, custom functions (contract)."""
+
+import logging
+import math
+import textwrap
+import time
+
+import pytest
+
+from megarl.config.sections import CustomRewardConfig, RewardConfig, RewardModelConfig
+from megarl.rewards import RewardScorer
+
+TIMEOUT_S = 1.0
+USER_REWARDS = textwrap.dedent(
+    """
+    import ctypes, os, time
+
+    def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+        if solution_str == "raise":
+            raise RuntimeError("boom from user code")
+        if solution_str == "sleep":
+            time.sleep(60)
+        if solution_str == "exit":
+            os._exit(3)
+        if solution_str == "segfault":
+            ctypes.string_at(0)
+        if solution_str == "dict":
+            return {"score": 0.5, "length": len(ground_truth), "label": "not a number"}
+        if solution_str == "nan":
+            return float("nan")
+        return float(solution_str == ground_truth)
+
+    def compute_batch(data_sources, solution_strs, ground_truths, extra_infos):
+        if "raise" in solution_strs:
+            raise ValueError("batch boom")
+        if "short" in solution_strs:
+            return [1.0]
+        return [{"score": float(s == g), "position": i} for i, (s, g) in enumerate(zip(solution_strs, ground_truths))]
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def user_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("user_rewards") / "my_reward.py"
+    path.write_text(USER_REWARDS)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def custom_scorer(user_file):
+    cfg = RewardConfig(custom=CustomRewardConfig(path=user_file), timeout_s=TIMEOUT_S, workers=2)
+    with RewardScorer(cfg) as scorer:
+        yield scorer
+
+
+def _score(scorer, solutions, truths=None):
+    truths = truths or ["a"] * len(solutions)
+    return scorer.score(["any"] * len(solutions), solutions, truths, [None] * len(solutions))
+
+
+def test_custom_scores_errors_and_extras(custom_scorer, caplog):
+    with caplog.at_level(logging.WARNING, logger="megarl.rewards.scorer"):
+        result = _score(
+            custom_scorer, ["a", "b", "raise", "dict", "nan"], ["a", "a", "a", "xyz", "a"]
+        )
+    assert result.scores == [1.0, 0.0, 0.0, 0.5, 0.0]
+    assert (result.errors, result.timeouts) == (2, 0)  # the raise and the NaN score
+    assert list(result.extra) == ["length"]  # non-numeric extras are dropped
+    assert result.extra["length"][3] == 3.0 and math.isnan(result.extra["length"][0])
+    assert (
+        "boom from user code" in caplog.text and "'raise'" in caplog.text
+    )  # logged with the sample
+    metrics = result.metrics()
+    assert metrics["reward/errors"] == 2.0 and metrics["reward/length"] == 3.0
+    assert metrics["reward/score_mean"] == pytest.approx(1.5 / 5)
+
+
+def test_timeout_scores_zero_and_returns_promptly(custom_scorer):
+    start = time.monotonic()
+    result = _score(custom_scorer, ["a", "sleep", "a", "b"])
+    elapsed = time.monotonic() - start
+    assert result.scores == [1.0, 0.0, 1.0, 0.0]
+    assert (result.errors, result.timeouts) == (0, 1)
+    assert elapsed < TIMEOUT_S + 4.0  # the 60 s sleep was cut at the timeout
+    assert _score(custom_scorer, ["a"]).scores == [1.0]  # the replaced worker serves the next call
+
+
+@pytest.mark.parametrize("crash", ["exit", "segfault"])
+def test_worker_crash_is_an_error_and_the_pool_survives(custom_scorer, crash, caplog):
+    with caplog.at_level(logging.WARNING, logger="megarl.rewards.scorer"):
+        result = _score(custom_scorer, ["a", crash, "a"])
+    assert result.scores == [1.0, 0.0, 1.0]
+    assert (result.errors, result.timeouts) == (1, 0)
+    assert "worker died" in caplog.text
+    assert _score(custom_scorer, ["a", "a", "b"]).scores == [1.0, 1.0, 0.0]
+
+
+def test_batched_custom_function(user_file):
+    cfg = RewardConfig(
+        custom=CustomRewardConfig(path=user_file, name="compute_batch", batched=True),
+        timeout_s=TIMEOUT_S,
+    )
+    with RewardScorer(cfg) as scorer:
+        result = _score(scorer, ["a", "b", "a"])
+        assert result.scores == [1.0, 0.0, 1.0] and result.extra == {"position": [0.0, 1.0, 2.0]}
+        failed = _score(scorer, ["a", "raise"])  # the call raised: every sample of it scores 0
+        assert failed.scores == [0.0, 0.0] and failed.errors == 2
+        short = _score(scorer, ["a", "short"])  # wrong length is an error, not a misalignment
+        assert short.scores == [0.0, 0.0] and short.errors == 2
+
+
+def test_custom_config_errors_name_field_and_fix(user_file, tmp_path):
+    with pytest.raises(ValueError, match="reward.custom.path"):
+        RewardScorer(RewardConfig(custom=CustomRewardConfig(path=str(tmp_path / "missing.py"))))
+    with pytest.raises(ValueError, match="compute_batch, compute_score"):
+        RewardScorer(RewardConfig(custom=CustomRewardConfig(path=user_file, name="score_it")))
+    both = RewardConfig(
+        custom=CustomRewardConfig(path=user_file), model=RewardModelConfig(path=str(tmp_path))
+    )
+    with pytest.raises(ValueError, match="set one of them"):
+        RewardScorer(both)
+    with pytest.raises(ValueError, match="not a built-in scorer"):
+        RewardScorer(RewardConfig(functions={"my/data": "gsm9k"}))
+
+
+@pytest.fixture(scope="module")
+def builtin_scorer():
+    # spawn here (the custom pool uses the default forkserver): both contexts are exercised.
+    cfg = RewardConfig(functions={"my/arith": "gsm8k_flexible"}, timeout_s=TIMEOUT_S, workers=2)
+    with RewardScorer(cfg, start_method="spawn") as scorer:
+        yield scorer
+
+
+def test_builtin_scorers_in_the_pool(builtin_scorer):
+    sources = ["openai/gsm8k", "my/arith", "lighteval/MATH", "reverse_digits", "code"]
+    solutions = ["#### 7", "it is 7", "\\boxed{\\frac{1}{2}}", "321", "```python\nprint(7)\n```"]
+    truths = ["7", "7", "0.5", "321", None]
+    infos = [None, None, None, None, {"tests": [{"input": "", "output": "7"}]}]
+    result = builtin_scorer.score(sources, solutions, truths, infos)
+    assert result.scores == [1.0] * 5 and (result.errors, result.timeouts) == (0, 0)
+
+
+def test_hanging_sample_in_a_chunk_gets_its_own_timeout(builtin_scorer):
+    # 9^(9^(9^9)) makes sympy compute a huge integer in C: only killing the worker stops it.
+    solutions = ["\\boxed{2}"] * 6 + ["\\boxed{9^{9^{9^{9}}}}"] + ["\\boxed{3}"] * 5
+    result = builtin_scorer.score(["math"] * 12, solutions, ["2"] * 12)
+    assert result.scores == [1.0] * 6 + [0.0] * 6
+    assert (result.errors, result.timeouts) == (0, 1)
+
+
+def test_input_errors_raise_before_scoring(builtin_scorer):
+    with pytest.raises(KeyError, match="reward.functions"):
+        builtin_scorer.score(["unknown/source"], ["x"], ["y"])
+    with pytest.raises(ValueError, match="ground_truths"):
+        builtin_scorer.score(["gsm8k", "gsm8k"], ["#### 1", "#### 2"], ["1"])
+    assert builtin_scorer.score([], [], []).scores == []
