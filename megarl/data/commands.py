@@ -148,7 +148,10 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
         "never appear in train.parquet. Pair it with a tiny model built with task_vocab '0123456789'.",
     )
     p.add_argument("out_dir", metavar="OUT_DIR", help="folder to write train.parquet and val.parquet into")
-    p.add_argument("--digits", type=int, default=3, help="length of each digit string (default: 3, i.e. 1000 strings)")
+    p.add_argument(
+        "--digits", type=int, default=3,
+        help="length of each digit string (default: 3, i.e. 1000 strings; the reverse_digits reward scores 3 only)",
+    )
     p.add_argument("--val-size", type=int, default=200, help="strings held out for validation (default: 200)")
     p.add_argument("--seed", type=int, default=0, help="seed of the train/val split (default: 0)")
     p.set_defaults(handler=_guarded(_run_demo))

@@ -81,6 +81,26 @@ def read_prompt_file(path: str | Path, *, label: str = "", prompt_key: str = "pr
     ]
 
 
+def schema_problem(path: str | Path, prompt_key: str = "prompt") -> str | None:
+    """Why ``path`` cannot be a prompt file judging from its parquet schema alone, or None.
+
+    Cheap (reads the footer, no rows), for pre-launch checks (`megarl plan --check-files`);
+    the row-by-row checks run when the trainer loads the file.
+    """
+    import pyarrow.parquet as pq
+
+    if not Path(path).is_file():
+        return f"{path} does not exist"
+    try:
+        names = pq.read_schema(path).names
+    except Exception as exc:  # not a parquet file
+        return f"cannot read {path} as parquet ({exc})"
+    missing = [name for name in (*REQUIRED_COLUMNS, prompt_key) if name not in names]
+    if missing:
+        return f"{path} lacks column(s) {missing} (it has {names}); {SCHEMA_HELP}"
+    return None
+
+
 def _check_row(
     label: str, i: int, data_source: Any, prompt: Any, prompt_key: str, ability: Any, reward_model: Any, extra_info: Any
 ) -> PromptRecord:

@@ -1,8 +1,9 @@
 """Synthetic task data for the CPU demo: reverse a string of digits ("472" -> "274").
 
 Why this task: a tiny random-init model learns it with GRPO on a CPU in minutes (attention
-learns the positional copy), while e.g. addition does not move (see the calibration notes in
-the docs). Every digit string of ``num_digits`` digits is generated once, shuffled with the
+learns the positional copy): in a measured probe (2-layer, hidden-64 Qwen2, 32 prompts x 8
+samples, 800 train / 200 held-out strings) held-out reward rose from 0.08 to 0.67 in 200 steps,
+while (a + b) mod 10 on held-out pairs did not move at all. Every digit string of ``num_digits`` digits is generated once, shuffled with the
 seed and split, so a held-out prompt never appears in training. Rows follow the verl schema:
 the prompt is one user message whose content is the digit string, the ground truth is the
 reversed string. The reward (partial credit per position) lives in megarl/rewards/.
