@@ -114,3 +114,25 @@ def test_left_pad():
     assert ids.tolist() == [[5, 6, 7], [0, 0, 8]]
     assert mask.tolist() == [[1, 1, 1], [0, 0, 1]]
     assert ids.dtype == torch.long
+
+
+def test_expansion_agrees_with_the_batch_built_from_engine_results(prompt_file, digit_tokenizer):
+    """A PromptBatch feeds rollout.batching.batch_from_generations field for field."""
+    from megarl.rollout.batching import batch_from_generations
+    from megarl.rollout.engine import GenerationResult
+
+    path = prompt_file("p.parquet", [[{"role": "user", "content": c}] for c in ("1", "22", "333")], truths=["a", "b", "c"])
+    prompts = build_train_stream(_config(train_files=[str(path)], prompts_per_step=3), digit_tokenizer).next_batch()
+    n = 2
+    results = [GenerationResult(prompt_index=p, response_ids=[5] * (k + 1), logprobs=[-0.5] * (k + 1), finish_reason="stop")
+               for p in range(3) for k in range(n)]
+    batch = batch_from_generations(
+        prompts.prompt_ids, results, n,
+        data_source=prompts.data_source, ground_truth=prompts.ground_truth,
+        extra_info=prompts.extra_info, prompt_text=prompts.prompt_text,
+    )
+    expanded = expand_for_rollout(prompts, n)
+    ids, mask = expanded.padded_prompts(pad_id=0)
+    assert torch.equal(batch.group_id, expanded.group_id)
+    assert torch.equal(batch.prompt_mask, mask) and torch.equal(batch.prompt_ids * mask, ids * mask)
+    assert batch.ground_truth == expanded.ground_truth and batch.prompt_text == expanded.prompt_text
