@@ -13,6 +13,7 @@ Deliberately left out: routers, streaming, partial rollouts, data-parallel atten
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -248,6 +249,15 @@ class SGLangEngine:
         # One request per push, so it may flush the cache itself (the default).
         body = {"model_path": model_path, "weight_version": str(version)}
         self.client.post_ok("/update_weights_from_disk", body, self.control_timeout)
+
+    def load_weights_from_disk(self, directory: str | os.PathLike[str], version: int) -> None:
+        """What megarl.rollout.weight_sync.DiskWeightSync calls: the disk update with the same
+        memory and version steps as the other transports (no pause: SGLang's disk update
+        waits for running requests itself)."""
+        self.resume_memory([WEIGHTS])
+        self.update_from_disk(str(directory), version)
+        self.resume_memory([KV_CACHE, CUDA_GRAPH])
+        self.check_weight_version(version)
 
     def set_weight_version(self, version: int) -> None:
         """``/update_weight_version`` (a label only: no weights move)."""

@@ -224,13 +224,13 @@ class SGLangServer:
             if probe_health(self.url, timeout=min(5.0, poll + 1.0)):
                 return
             time.sleep(poll)
-        raise ServerLaunchError(self._failure(f"was not healthy after {timeout:.0f} s"))
+        raise ServerLaunchError(self._failure(f"was not healthy after {timeout:g} s"))
 
-    def start(self, timeout: float = 600.0) -> None:
+    def start(self, timeout: float = 600.0, poll: float = 1.0) -> None:
         """:meth:`launch` then :meth:`wait_healthy`; kills the process if it never gets healthy."""
         self.launch()
         try:
-            self.wait_healthy(timeout)
+            self.wait_healthy(timeout, poll)
         except ServerLaunchError:
             self.shutdown()
             raise
@@ -259,10 +259,10 @@ class SGLangServer:
         # Children (scheduler / TP workers) may outlive the leader: kill what is left.
         _signal_group(self.proc.pid, signal.SIGKILL)
 
-    def restart(self, timeout: float = 600.0) -> None:
+    def restart(self, timeout: float = 600.0, poll: float = 1.0) -> None:
         """Kill whatever is left of the old process and start a new one."""
         self.shutdown()
-        self.start(timeout)
+        self.start(timeout, poll)
 
     def _failure(self, what: str) -> str:
         tail = self.log_tail()

@@ -1,11 +1,10 @@
 """WeightSync transports to SGLang engines: from tensor (CUDA IPC), from distributed (NCCL),
 from disk. Each implements megarl.rollout.engine.WeightSync: ``connect(engines)`` then
-``push(version) -> metrics``.
+``push(version) -> metrics`` (the keys of megarl.rollout.weight_sync.sync_metrics).
 
-Data path (shared, not here): the policy gathers TP shards, collects PP stages, converts to
-HF names and layouts and packs buckets of ``bucket_mb`` (megarl/rollout/weight_sync.py). A
-transport takes that as a *bucket source*: a callable returning a fresh iterable of buckets,
-each a ``list[(hf_name, tensor)]`` (or a WeightBucket). Only the send differs per class.
+Data path (shared, not here): megarl.rollout.weight_sync.HFWeightStream turns the policy's
+HF export into WeightBuckets of ``bucket_mb``; every policy rank iterates it (the export is
+collective) and only ranks with engines connected send. Only the send differs per class.
 
 The order of calls to every engine in one push (the update state machine):
 
@@ -28,17 +27,16 @@ time, so two stages' broadcasts in flight on two engines in opposite orders woul
 
 from __future__ import annotations
 
-import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from megarl.rollout.engine import WeightBucket
+from megarl.rollout.weight_sync import DiskWeightSync, sync_metrics
 from megarl.rollout_sglang.engine import CUDA_GRAPH, KV_CACHE, WEIGHTS, SGLangEngine
 from megarl.rollout_sglang.server import pick_free_port
 from megarl.rollout_sglang.tensor_payload import build_tensor_requests, serialize_for_http
@@ -51,26 +49,11 @@ from megarl.rollout_sglang.update_group import (
     plan_stage_group,
 )
 
-Named = list[tuple[str, torch.Tensor]]
-Bucket = Sequence[tuple[str, torch.Tensor]] | WeightBucket
-BucketSource = Callable[[], Iterable[Bucket]]
 
+class BucketStream(Protocol):
+    """What a transport reads: megarl.rollout.weight_sync.HFWeightStream implements it."""
 
-def _named(bucket: Bucket) -> Named:
-    return list(bucket.tensors) if isinstance(bucket, WeightBucket) else list(bucket)
-
-
-def with_last(buckets: Iterable[Bucket]) -> Iterator[tuple[Named, bool]]:
-    """Yield (bucket, is_last) with one bucket of look-ahead; refuse an empty push."""
-    it = iter(buckets)
-    try:
-        prev = _named(next(it))
-    except StopIteration:
-        raise ValueError("the bucket source yielded no buckets; nothing to push") from None
-    for cur in it:
-        yield prev, False
-        prev = _named(cur)
-    yield prev, True
+    def buckets(self, version: int) -> Iterable[WeightBucket]: ...
 
 
 def begin_update(engines: Sequence[SGLangEngine]) -> None:
@@ -90,23 +73,16 @@ def end_update(engines: Sequence[SGLangEngine], version: int) -> None:
 
 
 def _metrics(seconds: float, nbytes: int, buckets: int) -> dict[str, float]:
-    return {
-        "seconds": seconds,
-        "bytes": float(nbytes),
-        "gb_per_s": nbytes / 1e9 / seconds if seconds > 0 else 0.0,
-        "buckets": float(buckets),
-    }
-
-
-def _nbytes(named: Named) -> int:
-    return sum(t.numel() * t.element_size() for _, t in named)
+    return sync_metrics(seconds, nbytes) | {"weight_sync/buckets": float(buckets)}
 
 
 class _SGLangSync:
     """What the three transports share: the engine list and recovery after a restart."""
 
+    engines: list[Any]
+
     def __init__(self) -> None:
-        self.engines: list[SGLangEngine] = []
+        self.engines = []
 
     def connect(self, engines: Iterable[SGLangEngine]) -> None:
         engines = list(engines)
@@ -137,44 +113,47 @@ class _SGLangSync:
 class SGLangTensorSync(_SGLangSync):
     """Colocated: tensors stay on the trainer's GPU and reach SGLang as CUDA IPC handles.
 
-    ``bucket_class`` and ``serialize`` default to SGLang's FlattenedTensorBucket (when
-    importable) and ForkingPickler+base64; tests pass ``bucket_class=None`` to send plain
-    ``[(name, tensor)]`` lists of CPU tensors.
+    Every policy rank calls :meth:`push` (the stream's export is collective); the ranks that
+    host an engine's producer connect it, the others connect an empty list. ``bucket_class``
+    and ``serialize`` default to SGLang's FlattenedTensorBucket (when importable) and
+    ForkingPickler+base64; the CPU tests pass ``bucket_class=None`` (plain ``[(name,
+    tensor)]`` lists).
     """
 
     def __init__(
         self,
-        bucket_source: BucketSource,
+        stream: BucketStream,
         bucket_class: type | None | str = "auto",
         serialize: Callable[[Any], str] = serialize_for_http,
     ) -> None:
         super().__init__()
-        self.bucket_source = bucket_source
+        self.stream = stream
         self.bucket_class = bucket_class
         self.serialize = serialize
 
     def push(self, version: int) -> dict[str, float]:
-        if not self.engines:
-            raise RuntimeError("SGLangTensorSync.push before connect(engines)")
         start = time.perf_counter()
-        begin_update(self.engines)
+        if self.engines:
+            begin_update(self.engines)
         nbytes = count = 0
-        for named, last in with_last(self.bucket_source()):
+        for bucket in self.stream.buckets(version):
             for engine in self.engines:
                 requests = build_tensor_requests(
-                    named, engine.tp, self.bucket_class, self.serialize
+                    bucket.tensors, engine.tp, self.bucket_class, self.serialize
                 )
                 for req in requests:
-                    tag = version if last and req.last else None
+                    tag = version if bucket.last and req.last else None
                     engine.update_from_tensor(req.payloads, req.load_format, tag)
                 # `requests` (and the IPC-shared memory they pin) is dropped only here,
                 # after the engine has answered for every one of them.
                 del requests
-            nbytes += _nbytes(named)
+            nbytes += bucket.nbytes
             count += 1
-        if torch.cuda.is_available():
-            torch.cuda.ipc_collect()  # release the IPC handles the engines closed
-        end_update(self.engines, version)
+            del bucket
+        if self.engines:
+            if torch.cuda.is_available():
+                torch.cuda.ipc_collect()  # release the IPC handles the engines closed
+            end_update(self.engines, version)
         return _metrics(time.perf_counter() - start, nbytes, count)
 
 
@@ -182,20 +161,27 @@ class SGLangTensorSync(_SGLangSync):
 class StageRole:
     """Which part of a distributed push this trainer process does.
 
-    ``sender_stages``: the pipeline stages whose DP=0/TP=0 rank this process is (usually one,
-    or none); ``coordinator``: the one process (stage 0's sender) that drives pause / flush /
-    continue and checks the version on the engines.
+    ``stages``: the pipeline stages this process exports (normally its own pp rank; all its
+    stage's ranks iterate the stream because the export gathers TP shards collectively);
+    ``sender_stages``: the stages whose DP=0/TP=0 rank this process is (it joins that
+    stage's group as rank 0 and broadcasts); ``coordinator``: the one process (stage 0's
+    sender) that drives pause / flush / continue and checks the version on the engines.
     """
 
     pp_size: int = 1
+    stages: tuple[int, ...] = (0,)
     sender_stages: tuple[int, ...] = (0,)
     coordinator: bool = True
 
     def __post_init__(self) -> None:
-        bad = [s for s in self.sender_stages if not 0 <= s < self.pp_size]
+        bad = [s for s in self.stages if not 0 <= s < self.pp_size]
         if bad:
             raise ValueError(
-                f"StageRole.sender_stages {bad} outside 0..{self.pp_size - 1} (actor.parallel.pp={self.pp_size})"
+                f"StageRole.stages {bad} outside 0..{self.pp_size - 1} (actor.parallel.pp={self.pp_size})"
+            )
+        if not set(self.sender_stages) <= set(self.stages):
+            raise ValueError(
+                f"StageRole.sender_stages {list(self.sender_stages)} must be among stages {list(self.stages)}"
             )
 
 
@@ -203,24 +189,29 @@ class SGLangDistributedSync(_SGLangSync):
     """Disaggregated: one process group per pipeline stage, whose sender broadcasts that
     stage's tensors to every engine GPU (NCCL on GPUs; gloo works for CPU tensors).
 
-    ``bucket_source(stage)`` yields the buckets of one stage. ``barrier`` synchronises all
-    trainer processes that take part (e.g. a barrier on the policy's world group); with one
-    process it can stay None. Every process calls connect/push the same number of times.
+    ``streams[stage]`` yields the buckets of one stage (an HFWeightStream over that stage's
+    export). With an exporter that already collects every stage on every rank, use
+    ``StageRole(pp_size=1)``: one group, rank 0 sends everything. ``barrier`` synchronises
+    all trainer processes that take part (e.g. a barrier on the policy's world group); with
+    one process it can stay None. Every process calls connect / push the same number of times.
     """
 
     def __init__(
         self,
-        bucket_source: Callable[[int], Iterable[Bucket]],
+        streams: Mapping[int, BucketStream],
         role: StageRole = StageRole(),
         master_address: str = "127.0.0.1",
-        master_ports: dict[int, int] | None = None,
+        master_ports: Mapping[int, int] | None = None,
         backend: str = "nccl",
         barrier: Callable[[], None] | None = None,
         group_prefix: str = GROUP_PREFIX,
         timeout: timedelta = timedelta(minutes=10),
     ) -> None:
         super().__init__()
-        self.bucket_source = bucket_source
+        missing = [s for s in role.stages if s not in streams]
+        if missing:
+            raise ValueError(f"SGLangDistributedSync: no stream for stages {missing} of {role}")
+        self.streams = dict(streams)
         self.role = role
         self.master_address = master_address
         self.master_ports = dict(master_ports or {})
@@ -279,7 +270,7 @@ class SGLangDistributedSync(_SGLangSync):
         self.groups.clear()
 
     def push(self, version: int) -> dict[str, float]:
-        if not self.engines or len(self.groups) != len(self.role.sender_stages):
+        if set(self.groups) != set(self.role.sender_stages) or (self.groups and not self.engines):
             raise RuntimeError("SGLangDistributedSync.push before connect(engines)")
         start = time.perf_counter()
         if self.role.coordinator:
@@ -290,8 +281,8 @@ class SGLangDistributedSync(_SGLangSync):
         # sets it once every stage is in (no single bucket is "the last" of the push).
         single = self.role.pp_size == 1
         for stage in range(self.role.pp_size):
-            if stage in self.groups:
-                b, c = self._push_stage(stage, version if single else None)
+            if stage in self.role.stages:
+                b, c = self._push_stage(stage, version, tag_last=single)
                 nbytes, count = nbytes + b, count + c
             self.barrier()
         if self.role.coordinator:
@@ -302,55 +293,50 @@ class SGLangDistributedSync(_SGLangSync):
         self.barrier()
         return _metrics(time.perf_counter() - start, nbytes, count)
 
-    def _push_stage(self, stage: int, version: int | None) -> tuple[int, int]:
-        plan, group = self.groups[stage]
+    def _push_stage(self, stage: int, version: int, tag_last: bool) -> tuple[int, int]:
+        """Iterate the stage's stream (every rank of the stage); its sender broadcasts."""
+        sender = self.groups.get(stage)
         nbytes = count = 0
-        for named, last in with_last(self.bucket_source(stage)):
-            names = [n for n, _ in named]
-            dtypes = [str(t.dtype).removeprefix("torch.") for _, t in named]
-            shapes = [list(t.shape) for _, t in named]
-            pending = [
-                e.update_from_distributed_async(
-                    names, dtypes, shapes, plan.name, version if last else None
-                )
-                for e in self.engines
-            ]
-            broadcast_tensors(group, [t for _, t in named])
-            for fut in pending:
-                fut.result()
-            nbytes += _nbytes(named)
+        for bucket in self.streams[stage].buckets(version):
+            if sender is not None:
+                plan, group = sender
+                named = bucket.tensors
+                tag = version if tag_last and bucket.last else None
+                pending = [
+                    e.update_from_distributed_async(
+                        [n for n, _ in named],
+                        [str(t.dtype).removeprefix("torch.") for _, t in named],
+                        [list(t.shape) for _, t in named],
+                        plan.name,
+                        tag,
+                    )
+                    for e in self.engines
+                ]
+                broadcast_tensors(group, [t for _, t in named])
+                for fut in pending:
+                    fut.result()
+            nbytes += bucket.nbytes
             count += 1
+            del bucket
         return nbytes, count
 
     def close(self) -> None:
         self._close_groups(self.engines)
 
 
-class SGLangDiskSync(_SGLangSync):
-    """Through a shared filesystem: ``save(version)`` writes an HF checkpoint directory and
-    returns its path; every engine loads it with ``/update_weights_from_disk``.
+class SGLangDiskSync(DiskWeightSync, _SGLangSync):
+    """Through a shared filesystem: the shared DiskWeightSync writes each push as an HF
+    directory and calls :meth:`SGLangEngine.load_weights_from_disk` on every engine (which
+    resumes memory, posts ``/update_weights_from_disk`` and checks the version).
 
-    No pause here: SGLang's disk update waits for running requests itself, and the
-    synchronous loop has none in flight when it pushes.
+    ``hf_dir`` is required here: SGLang loads the directory as a model, so it needs the
+    config and tokenizer files next to the weights.
     """
 
-    def __init__(self, save: Callable[[int], str | os.PathLike[str]]) -> None:
-        super().__init__()
-        self.save = save
+    def __init__(
+        self, stream: BucketStream, directory: str, *, hf_dir: str, writer: bool = True
+    ) -> None:
+        DiskWeightSync.__init__(self, stream, directory, writer=writer, hf_dir=hf_dir)  # type: ignore[arg-type]
 
-    def push(self, version: int) -> dict[str, float]:
-        if not self.engines:
-            raise RuntimeError("SGLangDiskSync.push before connect(engines)")
-        start = time.perf_counter()
-        path = Path(self.save(version))
-        if not path.is_dir():
-            raise FileNotFoundError(
-                f"SGLangDiskSync: save({version}) returned {path}, which is not a directory"
-            )
-        for engine in self.engines:
-            engine.resume_memory([WEIGHTS])
-            engine.update_from_disk(str(path), version)
-            engine.resume_memory([KV_CACHE, CUDA_GRAPH])
-            engine.check_weight_version(version)
-        nbytes = sum(f.stat().st_size for f in path.glob("*.safetensors"))
-        return _metrics(time.perf_counter() - start, nbytes, 1)
+    def connect(self, engines: Iterable[SGLangEngine]) -> None:
+        _SGLangSync.connect(self, engines)

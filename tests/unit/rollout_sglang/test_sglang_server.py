@@ -1,0 +1,142 @@
+"""SGLang server launch: the command line from a spec, its environment, the health wait
+(timeout and early exit carry the log tail), shutdown of the process group.
+
+The process tests run small stand-in Python processes through SGLangServer's real launch
+path (``command=``), since SGLang itself cannot run here.
+"""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import pytest
+
+from megarl.config.sections import RolloutConfig
+from megarl.rollout_sglang.server import (
+    ServerLaunchError,
+    ServerSpec,
+    SGLangServer,
+    build_launch_command,
+    build_launch_env,
+    spec_from_config,
+)
+
+
+def test_command_line_for_a_colocated_engine():
+    spec = ServerSpec(model_path="/models/qwen", tp=2, mem_fraction=0.7, max_running_requests=64,
+                      gpu_ids=(2, 3), seed=5, weights_cpu_backup=True, deterministic=True,
+                      dtype="bfloat16", log_level="info", python="/py")  # fmt: skip
+    assert build_launch_command(spec, port=31001) == [
+        "/py", "-m", "sglang.launch_server", "--model-path", "/models/qwen", "--tp-size", "2",
+        "--mem-fraction-static", "0.7", "--host", "127.0.0.1", "--port", "31001",
+        "--base-gpu-id", "0", "--max-running-requests", "64", "--random-seed", "5",
+        "--log-level", "info", "--skip-server-warmup", "--enable-memory-saver",
+        "--enable-weights-cpu-backup", "--enable-deterministic-inference", "--dtype", "bfloat16",
+    ]  # fmt: skip
+
+
+def test_command_line_for_a_disaggregated_engine_keeps_given_gpus():
+    spec = ServerSpec(model_path="m", base_gpu_id=4, memory_saver=False, load_format="dummy",
+                      extra_args=("--disable-radix-cache",))  # fmt: skip
+    cmd = build_launch_command(spec, port=1)
+    assert cmd[cmd.index("--base-gpu-id") + 1] == "4"
+    assert "--enable-memory-saver" not in cmd and "--enable-weights-cpu-backup" not in cmd
+    assert cmd[-3:] == ["--load-format", "dummy", "--disable-radix-cache"]
+
+
+def test_environment_pins_gpus_and_drops_settings_that_break_sglang():
+    spec = ServerSpec(model_path="m", tp=2, gpu_ids=(6, 7), extra_env=(("NCCL_DEBUG", "WARN"),))
+    env = build_launch_env(spec, {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+                                  "SGLANG_RETURN_ORIGINAL_LOGPROB": "1", "HOME": "/h"})  # fmt: skip
+    assert env == {"HOME": "/h", "CUDA_VISIBLE_DEVICES": "6,7", "NCCL_DEBUG": "WARN"}
+
+
+def test_spec_from_config_follows_the_placement():
+    rollout = RolloutConfig(tp=2, mem_fraction=0.6, max_running_requests=32)
+    colo = spec_from_config("/m", rollout, "colocated", gpu_ids=(0, 1), seed=3)
+    assert (colo.tp, colo.mem_fraction, colo.max_running_requests, colo.seed) == (2, 0.6, 32, 3)
+    assert colo.memory_saver and colo.weights_cpu_backup
+    disagg = spec_from_config("/m", rollout, "disaggregated", gpu_ids=(4, 5))
+    assert not disagg.memory_saver and not disagg.weights_cpu_backup
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"tp": 2, "gpu_ids": (0,)}, "has 1 GPUs but rollout.tp is 2"),
+        ({"mem_fraction": 1.2}, r"rollout.mem_fraction \(1.2\) must be in \(0, 1\)"),
+        ({"log_level": "loud"}, "log_level 'loud' must be one of"),
+        ({"memory_saver": False, "weights_cpu_backup": True}, "needs memory_saver=True"),
+    ],
+)
+def test_bad_specs_are_refused_with_the_fix(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ServerSpec(model_path="m", **kwargs)
+
+
+def _stand_in(tmp_path, code: str) -> SGLangServer:
+    spec = ServerSpec(model_path="m", log_path=str(tmp_path / "server.log"))
+    return SGLangServer(spec, command=[sys.executable, "-c", textwrap.dedent(code)])
+
+
+def test_health_timeout_error_carries_the_log_tail(tmp_path):
+    server = _stand_in(
+        tmp_path,
+        """
+        import time
+        print("loading weights", flush=True)
+        print("RuntimeError: CUDA out of memory (stand-in)", flush=True)
+        time.sleep(60)
+    """,
+    )
+    with pytest.raises(ServerLaunchError) as info:
+        server.start(timeout=0.5, poll=0.05)
+    message = str(info.value)
+    assert "was not healthy after 0.5 s" in message
+    assert "CUDA out of memory (stand-in)" in message and str(tmp_path / "server.log") in message
+    assert not server.alive()  # start() killed it
+
+
+def test_exit_during_start_is_reported_with_code_and_log(tmp_path):
+    server = _stand_in(
+        tmp_path,
+        """
+        import sys
+        print("ValueError: unknown model architecture", flush=True)
+        sys.exit(3)
+    """,
+    )
+    with pytest.raises(
+        ServerLaunchError, match=r"(?s)exited with code 3 .*unknown model architecture"
+    ):
+        server.start(timeout=30.0, poll=0.05)
+
+
+def test_healthy_server_starts_is_detected_dead_and_restarts(tmp_path):
+    # A stand-in that answers /health_generate on the port SGLangServer picked.
+    server = _stand_in(
+        tmp_path,
+        """
+        import http.server
+        class H(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                self.send_response(200 if self.path == "/health_generate" else 404)
+                self.end_headers()
+            def log_message(self, *a):
+                pass
+        http.server.HTTPServer(("127.0.0.1", {port}), H).serve_forever()
+    """,
+    )
+    server.start(timeout=30.0, poll=0.05)
+    try:
+        assert server.healthy()
+        first = server.proc
+        server.proc.kill()
+        server.proc.wait()
+        assert not server.healthy()  # a dead engine is detected
+        server.restart(timeout=30.0, poll=0.05)
+        assert server.healthy() and server.proc is not first and server.launches == 2
+    finally:
+        server.shutdown()
+    assert not server.alive()

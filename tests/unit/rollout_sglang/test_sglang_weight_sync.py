@@ -1,0 +1,267 @@
+"""Weight pushes to the fake SGLang server: the update state machine, payloads, version
+checks, release/resume ordering, restart + re-push, and the distributed path over gloo."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+import torch
+
+from megarl.rollout.engine import SamplingParams
+from megarl.rollout.weight_sync import HFWeightStream
+from megarl.rollout_sglang.client import SGLangHTTPError
+from megarl.rollout_sglang.engine import EngineBusy, SGLangEngine, WeightVersionMismatch
+from megarl.rollout_sglang.weight_sync import (
+    SGLangDiskSync,
+    SGLangDistributedSync,
+    SGLangTensorSync,
+    StageRole,
+)
+
+TIMEOUT = timedelta(seconds=30)
+
+
+def make_weights(prefix: str = "model.layers.0", count: int = 5) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(len(prefix) + count)
+    out = {
+        f"{prefix}.w{i}": torch.randn(64, 64, generator=gen) for i in range(count)
+    }  # 16 KiB each
+    out[f"{prefix}.norm"] = torch.ones(64, dtype=torch.bfloat16)
+    return out
+
+
+def stream_of(weights: dict[str, torch.Tensor], bucket_mb: float = 0.04) -> HFWeightStream:
+    # The shared bucket stream (megarl/rollout/weight_sync.py) over a fixed "export".
+    return HFWeightStream(lambda _: ([(n, t.clone())] for n, t in weights.items()), bucket_mb)
+
+
+def assert_same_weights(received: dict[str, torch.Tensor], sent: dict[str, torch.Tensor]) -> None:
+    assert sorted(received) == sorted(sent)
+    for name, tensor in sent.items():
+        assert received[name].dtype == tensor.dtype and torch.equal(received[name], tensor), name
+
+
+def tensor_sync(weights: dict[str, torch.Tensor]) -> SGLangTensorSync:
+    return SGLangTensorSync(stream_of(weights), bucket_class=None)
+
+
+def test_tensor_push_follows_the_update_state_machine(fake_server):
+    server = fake_server(flush_busy=1)
+    engine = SGLangEngine(server, flush_interval=0.01)
+    engine.release_memory()  # colocated: released while the trainer ran
+    weights = make_weights()
+    sync = tensor_sync(weights)
+    sync.connect([engine])
+    metrics = sync.push(1)
+
+    calls = server.fake.control_calls()
+    n_updates = calls.count("/update_weights_from_tensor")
+    assert n_updates == metrics["weight_sync/buckets"] >= 3  # 16 KiB tensors, 40 KiB buckets
+    assert calls == (
+        ["/release_memory_occupation", "/resume_memory_occupation", "/pause_generation",
+         "/flush_cache", "/flush_cache"]  # the first flush answered 400 and was retried
+        + ["/update_weights_from_tensor"] * n_updates
+        + ["/continue_generation", "/resume_memory_occupation"]
+    )  # fmt: skip
+    bodies = [b for p, b in server.fake.bodies if p.endswith("_memory_occupation")]
+    assert [b["tags"] for b in bodies] == [
+        ["kv_cache", "weights", "cuda_graph"], ["weights"], ["kv_cache", "cuda_graph"]
+    ]  # fmt: skip
+    updates = [b for p, b in server.fake.bodies if p == "/update_weights_from_tensor"]
+    assert all(b["flush_cache"] is False and b["load_format"] is None for b in updates)
+    assert [b.get("weight_version") for b in updates] == [None] * (n_updates - 1) + ["1"]
+    assert_same_weights(server.fake.weights, weights)
+    assert engine.weight_version == 1 and server.fake.weight_version == "1"
+    assert metrics["weight_sync/bytes"] == sum(
+        t.numel() * t.element_size() for t in weights.values()
+    )
+
+
+def test_tensor_push_sends_one_payload_per_tp_rank(fake_server):
+    server = fake_server(tp=2)  # the fake refuses a payload count other than its TP size
+    weights = make_weights(count=2)
+    sync = tensor_sync(weights)
+    sync.connect([SGLangEngine(server, tp=2)])
+    sync.push(4)
+    updates = [b for p, b in server.fake.bodies if p == "/update_weights_from_tensor"]
+    assert all(len(b["serialized_named_tensors"]) == 2 for b in updates)
+    assert_same_weights(server.fake.weights, weights)
+
+
+def test_generation_reports_the_new_weight_version(fake_server):
+    server = fake_server()
+    engine = SGLangEngine(server)
+    sync = tensor_sync(make_weights(count=1))
+    sync.connect([engine])
+    sync.push(2)
+    results = engine.generate([[1, 2, 3]], SamplingParams(max_new_tokens=2))
+    assert results[0].weight_version == 2
+    assert results[0].logprobs == pytest.approx([-0.52, -0.62])  # the fake shifts by version
+
+
+def test_lost_weight_version_raises_clearly(fake_server):
+    server = fake_server()
+    server.fake.ignore_version = True
+    sync = tensor_sync(make_weights(count=1))
+    sync.connect([SGLangEngine(server)])
+    with pytest.raises(WeightVersionMismatch, match="weight_version is 0 after pushing version 5"):
+        sync.push(5)
+
+
+def test_failed_update_raises_with_the_servers_message(fake_server):
+    server = fake_server()
+    server.fake.fail_update = True
+    sync = tensor_sync(make_weights(count=1))
+    sync.connect([SGLangEngine(server)])
+    with pytest.raises(
+        SGLangHTTPError, match="update_weights_from_tensor: HTTP 400: .*size mismatch"
+    ):
+        sync.push(1)
+
+
+def test_flush_gives_up_after_its_retry_bound(fake_server):
+    server = fake_server(flush_busy=10)
+    engine = SGLangEngine(server, flush_retries=3, flush_interval=0.0)
+    with pytest.raises(SGLangHTTPError, match="still refused after 3 attempts"):
+        engine.flush_cache()
+    assert server.fake.calls.count("/flush_cache") == 3
+
+
+def test_version_check_falls_back_to_get_model_info(fake_server):
+    server = fake_server()
+    server.fake.legacy_info = True
+    sync = tensor_sync(make_weights(count=1))
+    engine = SGLangEngine(server)
+    sync.connect([engine])
+    sync.push(3)
+    assert server.fake.calls[-2:] == ["/model_info", "/get_model_info"]
+    assert engine.weight_version == 3
+
+
+def test_release_needs_an_idle_engine_and_resume_only_what_was_released(fake_server):
+    server = fake_server(generate_delay=0.5)
+    engine = SGLangEngine(server)
+    worker = threading.Thread(
+        target=engine.generate, args=([[1, 2]], SamplingParams(max_new_tokens=1))
+    )
+    worker.start()
+    deadline = time.monotonic() + 5
+    while server.fake.inflight == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    with pytest.raises(EngineBusy, match="1 requests in flight"):
+        engine.release_memory()
+    worker.join()
+    engine.release_memory(["kv_cache"])
+    engine.resume_memory()  # only kv_cache was released
+    bodies = [b for p, b in server.fake.bodies if p.endswith("_memory_occupation")]
+    assert [b["tags"] for b in bodies] == [["kv_cache"], ["kv_cache"]]
+
+
+def test_dead_engine_is_restarted_and_repushed(fake_server):
+    server = fake_server()
+    engine = SGLangEngine(server)
+    weights = make_weights(count=2)
+    sync = tensor_sync(weights)
+    sync.connect([engine])
+    sync.push(7)
+    assert sync.recover(7) == []  # all alive: nothing restarted, nothing pushed
+    server.kill()
+    assert engine.health().alive is False
+    assert sync.recover(7) == [engine]
+    fresh = server.history[-1]
+    assert fresh is not server.history[0]
+    assert fresh.weight_version == "7"
+    assert_same_weights(fresh.weights, weights)
+    assert fresh.control_calls()[:2] == ["/pause_generation", "/flush_cache"]
+    assert engine.health().alive is True
+
+
+def test_disk_push_loads_the_written_directory(fake_server, tmp_path):
+    hf_dir = tmp_path / "hf"
+    hf_dir.mkdir()
+    (hf_dir / "config.json").write_text("{}")
+    server = fake_server()
+    weights = make_weights(count=2)
+    sync = SGLangDiskSync(stream_of(weights), str(tmp_path / "push"), hf_dir=str(hf_dir))
+    sync.connect([SGLangEngine(server)])
+    metrics = sync.push(2)
+    (body,) = [b for p, b in server.fake.bodies if p == "/update_weights_from_disk"]
+    target = tmp_path / "push" / "v2"
+    assert body == {"model_path": str(target), "weight_version": "2"}
+    assert (target / "config.json").exists() and list(target.glob("*.safetensors"))
+    assert server.fake.weight_version == "2" and metrics["weight_sync/bytes"] > 0
+
+
+def test_distributed_push_per_stage_groups_over_gloo(fake_server):
+    # Two engines (tp 1 and tp 2) and a 2-stage policy whose stages this process both sends.
+    servers = [fake_server(tp=1), fake_server(tp=2)]
+    engines = [SGLangEngine(servers[0], tp=1), SGLangEngine(servers[1], tp=2)]
+    stage_weights = {0: make_weights("model.layers.0", 2), 1: make_weights("model.layers.1", 3)}
+    sync = SGLangDistributedSync(
+        {s: stream_of(w) for s, w in stage_weights.items()},
+        StageRole(pp_size=2, stages=(0, 1), sender_stages=(0, 1)),
+        backend="gloo",
+        group_prefix="test_dist_a",
+        timeout=TIMEOUT,
+    )
+    sync.connect(engines)
+    try:
+        sync.push(3)
+        everything = stage_weights[0] | stage_weights[1]
+        for server in servers:
+            assert_same_weights(server.fake.weights, everything)
+            assert server.fake.weight_version == "3"
+        inits = [b for p, b in servers[1].fake.bodies if p == "/init_weights_update_group"]
+        assert [(b["group_name"], b["rank_offset"], b["world_size"]) for b in inits] == [
+            ("test_dist_a_pp0", 2, 4), ("test_dist_a_pp1", 2, 4)
+        ]  # fmt: skip
+        updates = [b for p, b in servers[0].fake.bodies if p == "/update_weights_from_distributed"]
+        assert [b["group_name"] for b in updates] == ["test_dist_a_pp0"] * 1 + [
+            "test_dist_a_pp1"
+        ] * 2
+        assert all("weight_version" not in b for b in updates)  # set once, after all stages
+        # Nothing was released (disaggregated), so no resume after continue.
+        assert servers[0].fake.control_calls()[-2:] == [
+            "/update_weight_version",
+            "/continue_generation",
+        ]
+
+        servers[1].kill()  # engine 1 dies: restart, rebuild both groups, re-push
+        assert sync.recover(3) == [engines[1]]
+        assert_same_weights(servers[1].history[-1].weights, everything)
+        assert servers[1].history[-1].weight_version == "3"
+        destroyed = [
+            b["group_name"]
+            for p, b in servers[0].fake.bodies
+            if p == "/destroy_weights_update_group"
+        ]
+        assert destroyed == ["test_dist_a_pp0", "test_dist_a_pp1"]
+    finally:
+        sync.close()
+
+
+def test_distributed_single_stage_tags_the_last_bucket(fake_server):
+    server = fake_server()
+    weights = make_weights(count=3)
+    sync = SGLangDistributedSync(
+        {0: stream_of(weights)}, backend="gloo", group_prefix="test_dist_b", timeout=TIMEOUT
+    )
+    sync.connect([SGLangEngine(server)])
+    try:
+        sync.push(9)
+        updates = [b for p, b in server.fake.bodies if p == "/update_weights_from_distributed"]
+        assert [b.get("weight_version") for b in updates] == [None] * (len(updates) - 1) + ["9"]
+        assert all(b["flush_cache"] is False for b in updates)
+        assert "/update_weight_version" not in server.fake.calls
+        assert_same_weights(server.fake.weights, weights)
+    finally:
+        sync.close()
+
+
+def test_distributed_push_before_connect_is_refused():
+    sync = SGLangDistributedSync({0: stream_of(make_weights(count=1))}, backend="gloo")
+    with pytest.raises(RuntimeError, match="before connect"):
+        sync.push(1)
