@@ -1,0 +1,95 @@
+"""Bridge registry, HF config -> TransformerConfig, refusals, vocab padding, HF tensor names."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from megarl.config.sections import ParallelConfig
+from megarl.models.bridge import get_bridge, supported_model_types
+from megarl.models.tiny import build_tiny_model, tiny_hf_config
+
+
+@pytest.fixture(scope="module")
+def tiny_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bridge_cfg")
+    return {
+        "qwen2": build_tiny_model(root / "qwen2", "qwen2"),
+        "qwen3": build_tiny_model(root / "qwen3", "qwen3", tie_word_embeddings=True),
+        "llama": build_tiny_model(root / "llama", "llama", num_kv_heads=4),
+    }
+
+
+def test_registry_lists_supported_types_on_a_miss():
+    assert {"llama", "qwen2", "qwen3"} <= set(supported_model_types())
+    with pytest.raises(ValueError, match="'mixtral' has no megarl bridge; supported: .*llama.*qwen2.*qwen3"):
+        get_bridge("mixtral")
+    assert type(get_bridge(tiny_hf_config("qwen3", vocab_size=259))).__name__ == "Qwen3Bridge"
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "llama"])
+def test_hf_tensor_shapes_match_the_checkpoint(tiny_dirs, arch):
+    from safetensors import safe_open
+    from transformers import AutoConfig
+
+    path = tiny_dirs[arch]
+    bridge = get_bridge(AutoConfig.from_pretrained(path))
+    with safe_open(path / "model.safetensors", framework="pt") as f:
+        actual = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    assert bridge.hf_tensor_shapes(AutoConfig.from_pretrained(path)) == actual
+
+
+def test_transformer_config_reads_every_field():
+    cfg = tiny_hf_config("qwen3", vocab_size=259, hidden_size=64, num_heads=4, num_kv_heads=2)
+    cfg.head_dim = 32  # qwen3 allows head_dim != hidden / heads
+    cfg.rms_norm_eps = 1e-5
+    tc = get_bridge(cfg).transformer_config(cfg, ParallelConfig(tp=2), torch.bfloat16, recompute="full")
+    assert (tc.kv_channels, tc.num_query_groups, tc.layernorm_epsilon) == (32, 2, 1e-5)
+    assert tc.qk_layernorm and not tc.add_qkv_bias and tc.gated_linear_unit
+    assert tc.bf16 and tc.params_dtype == torch.bfloat16 and tc.recompute_granularity == "full"
+    assert tc.calculate_per_token_loss and tc.hidden_dropout == 0.0 and tc.attention_dropout == 0.0
+    q2 = tiny_hf_config("qwen2", vocab_size=259)
+    assert get_bridge(q2).transformer_config(q2, ParallelConfig(), torch.float32).add_qkv_bias
+
+
+def _qwen2(**overrides):
+    cfg = tiny_hf_config("qwen2", vocab_size=259)
+    for k, v in overrides.items():
+        setattr(cfg, k, v)
+    return cfg
+
+
+@pytest.mark.parametrize(
+    "overrides, parallel, match",
+    [
+        ({"use_sliding_window": True}, {}, "use_sliding_window=True"),
+        ({"attention_dropout": 0.1}, {}, "attention_dropout=0.1.*supported: 0.0"),
+        ({"hidden_act": "gelu"}, {}, "hidden_act='gelu'"),
+        ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}}, {}, "rope_type='dynamic'"),
+        ({}, {"tp": 4}, r"parallel.tp \(4\) must divide num_key_value_heads \(2\); try 1, 2"),
+        ({}, {"pp": 3}, r"parallel.pp \(3\) must divide num_hidden_layers \(2\)"),
+        ({}, {"tp": 2, "sequence_parallel": True}, "sequence_parallel"),
+        ({}, {"cp": 2}, r"parallel.cp \(2\) is not supported"),
+    ],
+)
+def test_unsupported_settings_are_refused_by_name(overrides, parallel, match):
+    cfg = _qwen2(**overrides)
+    with pytest.raises(ValueError, match=match):
+        get_bridge(cfg).transformer_config(cfg, ParallelConfig(**parallel), torch.float32)
+
+
+def test_llama_attention_bias_refused():
+    cfg = tiny_hf_config("llama", vocab_size=259)
+    cfg.attention_bias = True
+    with pytest.raises(ValueError, match="attention_bias=True"):
+        get_bridge(cfg).transformer_config(cfg, ParallelConfig(), torch.float32)
+
+
+def test_padded_vocab_size():
+    b = get_bridge("qwen2")
+    assert b.padded_vocab_size(tiny_hf_config("qwen2", vocab_size=259), 1) == 259
+    assert b.padded_vocab_size(tiny_hf_config("qwen2", vocab_size=259), 2) == 260
+    big = tiny_hf_config("qwen2", vocab_size=151646)
+    assert b.padded_vocab_size(big, 1) == 151680  # multiple of 128
+    assert b.padded_vocab_size(big, 8) == 152576  # multiple of 1024
+    assert b.vocab_size(big) == 151646

@@ -1,0 +1,62 @@
+"""The CUDA -> CPU redirection that lets megatron-core run without a GPU."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from megarl.parallel.cpu_compat import enable_cpu_compat, is_active_in_this_thread
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the redirection is only active without CUDA")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def active():
+    assert enable_cpu_compat() is True
+    assert enable_cpu_compat() is True  # idempotent
+
+
+def test_cuda_device_arguments_land_on_cpu():
+    assert torch.cuda.current_device() == "cpu"
+    torch.cuda.synchronize()  # no-op instead of "Torch not compiled with CUDA"
+    a = torch.zeros(3, device="cuda")
+    b = torch.arange(4, device=torch.device("cuda", 0))
+    c = torch.ones(2).cuda()
+    d = torch.ones(2).to("cuda")
+    e = torch.ones(2).to(device="cuda", dtype=torch.float64)
+    f = torch.empty(2, device=torch.cuda.current_device())
+    assert all(t.device.type == "cpu" for t in (a, b, c, d, e, f))
+    assert e.dtype == torch.float64 and b.tolist() == [0, 1, 2, 3]
+
+
+def test_tensor_type_answers_cuda_names_and_converts_back():
+    x = torch.ones(2)
+    assert x.type() == "torch.cuda.FloatTensor"
+    assert torch.ones(2, dtype=torch.bfloat16).type() == "torch.cuda.BFloat16Tensor"
+    y = x.type("torch.cuda.DoubleTensor")
+    assert y.dtype == torch.float64 and y.device.type == "cpu"
+    assert x.type(torch.int64).dtype == torch.int64
+
+
+def test_ordinary_torch_code_is_unchanged():
+    x = torch.randn(4, 4, requires_grad=True)
+    y = (x @ x.t()).sum()
+    y.backward()
+    # y = sum_k (sum_i x_ik)^2, so dy/dx_ik = 2 * sum_i x_ik
+    assert torch.allclose(x.grad, 2 * x.detach().sum(0, keepdim=True).expand(4, 4))
+    assert torch.ones(2, device="cpu").to(torch.float16).dtype == torch.float16
+    assert torch.nn.functional.softmax(torch.zeros(3), dim=0).tolist() == pytest.approx([1 / 3] * 3)
+
+
+def test_active_in_threads_started_later():
+    seen: list = []
+
+    def work():
+        seen.append((is_active_in_this_thread(), torch.zeros(1, device="cuda").device.type))
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    assert seen == [(True, "cpu")]
