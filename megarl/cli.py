@@ -30,6 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     _add_plan(sub)
+    from megarl.data.commands import register as register_data
+
+    register_data(sub)
     return parser
 
 
