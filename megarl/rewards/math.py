@@ -14,11 +14,20 @@ Left out: answers not in a box ("The answer is 5."), multiple-answer credit, uni
 from __future__ import annotations
 
 import functools
+import re
 import threading
+from fractions import Fraction
 from typing import Any
 
 BOX_COMMANDS = ("\\boxed", "\\fbox")
 MATH_VERIFY_TIMEOUT_S = 5
+# Plain numbers decide without sympy: exactly equal -> equal; further apart than this relative
+# gap -> different (math-verify's float tolerance is far tighter); anything else -> math-verify.
+CLEARLY_DIFFERENT = 1e-3
+_NUMBER = r"-?(?:\d+(?:\.\d*)?|\.\d+)"
+_RATIONAL = re.compile(
+    rf"(?P<sign>-?)(?:\\[dt]?frac\{{(?P<fn>{_NUMBER})\}}\{{(?P<fd>{_NUMBER})\}}|(?P<n>{_NUMBER})(?:/(?P<d>{_NUMBER}))?)"
+)
 
 
 def _braced(text: str, start: int) -> str | None:
@@ -71,11 +80,31 @@ def _normalise(expr: str) -> str:
     return "".join(expr.split()).replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
 
 
+def as_rational(expr: str) -> Fraction | None:
+    """``expr`` as an exact number when it is a plain integer, decimal, a/b or \\frac{a}{b}."""
+    match = _RATIONAL.fullmatch("".join(expr.split()).strip("$"))
+    if match is None:
+        return None
+    num, den = (
+        (match["fn"], match["fd"]) if match["fn"] is not None else (match["n"], match["d"] or "1")
+    )
+    if Fraction(den) == 0:
+        return None
+    value = Fraction(num) / Fraction(den)
+    return -value if match["sign"] else value
+
+
 def is_equivalent(answer: str, ground_truth: str) -> bool:
     """Whether ``answer`` (box contents) equals ``ground_truth`` (a bare or boxed answer) by value."""
     truth = last_boxed(ground_truth) or ground_truth
     if _normalise(answer) == _normalise(truth):
         return True  # the common case needs no sympy
+    mine, theirs = as_rational(answer), as_rational(truth)
+    if mine is not None and theirs is not None:
+        if mine == theirs:
+            return True
+        if abs(mine - theirs) > CLEARLY_DIFFERENT * max(1, abs(theirs)):
+            return False
     from math_verify import verify
 
     gold = list(_parse_truth(ground_truth))

@@ -1,8 +1,10 @@
+from fractions import Fraction
+
 import pytest
 
 from megarl.rewards import compute_score
+from megarl.rewards.math import as_rational, is_equivalent, last_boxed
 from megarl.rewards.math import compute_score as math_score
-from megarl.rewards.math import last_boxed
 
 
 @pytest.mark.parametrize(
@@ -50,3 +52,38 @@ def test_math_equivalence(response, truth, score):
 def test_math_data_sources():
     for source in ("math", "lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval"):
         assert compute_score(source, "\\boxed{\\frac{1}{2}}", "0.5") == 1.0
+
+
+@pytest.mark.parametrize(
+    ("expr", "value"),
+    [
+        ("7", Fraction(7)),
+        ("-0.25", Fraction(-1, 4)),
+        ("3/4", Fraction(3, 4)),
+        ("\\frac{1}{2}", Fraction(1, 2)),
+        ("-\\dfrac{3}{4}", Fraction(-3, 4)),
+        ("$5$", Fraction(5)),
+        ("1/0", None),
+        ("x+1", None),
+        ("1,000", None),  # a tuple or a thousands separator: left to math-verify
+    ],
+)
+def test_plain_numbers_skip_sympy(expr, value):
+    assert as_rational(expr) == value
+
+
+@pytest.mark.parametrize(
+    ("answer", "truth"),
+    [
+        ("0.333333", "\\frac{1}{3}"),
+        ("0.3333", "\\frac{1}{3}"),
+        ("2.0000001", "2"),
+        ("0.1", "10"),
+        ("1.0", "1"),
+    ],
+)
+def test_fast_path_agrees_with_math_verify(answer, truth):
+    from math_verify import parse, verify
+
+    reference = verify(parse(f"\\boxed{{{truth}}}"), parse(f"\\boxed{{{answer}}}"))
+    assert is_equivalent(answer, truth) == reference
