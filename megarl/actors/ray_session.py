@@ -46,15 +46,15 @@ def ray_session(
     "auto" or "host:port" attaches to a cluster (num_cpus / num_gpus must then be None: the
     cluster's nodes declare their resources). env_vars reach every worker process.
     """
-    if ray.is_initialized():
-        log.info("ray_session: reusing the Ray instance already initialised in this process")
-        yield _describe(started_here=False)
-        return
     if address is not None and (num_cpus is not None or num_gpus is not None):
         raise ValueError(
             f"ray_session: num_cpus/num_gpus only apply to a local Ray; with address={address!r} "
             "the cluster's nodes declare their resources (start them with `ray start --num-cpus ...`)"
         )
+    if ray.is_initialized():
+        log.info("ray_session: reusing the Ray instance already initialised in this process")
+        yield _describe(started_here=False)
+        return
     runtime_env = {"env_vars": dict(env_vars)} if env_vars else None
     kwargs = dict(log_to_driver=log_to_driver, namespace=namespace, runtime_env=runtime_env)
     if address is None:

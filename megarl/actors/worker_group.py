@@ -277,6 +277,8 @@ class WorkerGroup:
     def _check_open(self, method: str) -> None:
         if self._closed:
             raise RuntimeError(f"{self.role} worker group is shut down; cannot call '{method}'")
+        if not callable(getattr(self.cls, method, None)):
+            raise AttributeError(f"{self.role}: {self.cls.__qualname__} has no method '{method}'")
 
     def _gather(self, refs: list[Any], ranks: list[int], method: str, timeout_s: float | None) -> list[Any]:
         """Wait for all refs; the first failure (in completion order) raises WorkerError."""

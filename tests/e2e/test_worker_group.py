@@ -104,12 +104,27 @@ def test_session_and_rendezvous(session, tmp_path):
         assert group.call_rank(1, "echo", x=1) == (1, "t", (), {"x": 1})
         pending = group.call_async("echo", 7)
         assert [r[0] for r in pending.get()] == [0, 1]
+        with pytest.raises(ValueError, match="got 1 argument sets for 2 ranks"):
+            group.call_each("echo", [()])
+        with pytest.raises(ValueError, match="rank 2 is out of range 0..1"):
+            group.call_rank(2, "echo")
+        with pytest.raises(AttributeError, match="RendezvousWorker has no method 'ecko'"):
+            group.call("ecko")
         group.call("close")
         assert (tmp_path / "policy_rank1.log").exists()
     with pytest.raises(RuntimeError, match="shut down"):
         group.call("env")
     trace = save_timeline(tmp_path / "timeline.json")
     assert len(json.loads(trace.read_text())) > 0
+
+
+def test_session_reuse_and_bad_arguments(session):
+    with ray_session() as inner:  # already initialised: reused, left running
+        assert not inner.started_here
+    assert ray.is_initialized()
+    with pytest.raises(ValueError, match="num_cpus/num_gpus only apply to a local Ray"):
+        with ray_session("auto", num_cpus=2):
+            pass
 
 
 def test_raise_in_init_names_rank_and_log(session, tmp_path):
@@ -173,6 +188,7 @@ def test_placement_errors(session):
         place_roles([RolePlacement("policy", 1, 2, 1, 0.1), RolePlacement("rollout", 1, 1, 1, 0.1)],
                     colocate=[("policy", "rollout")])
     # Possible in principle, but another placement group holds the CPUs: fails after the timeout.
+    # (Placing `held` also proves the earlier tests' groups gave their bundles back.)
     held = place_roles([RolePlacement("other", 1, 1, 0, 3.5)], timeout_s=30)
     try:
         with pytest.raises(PlacementError, match=r"node-group 0 of critic .*not placed within 1 s"):
