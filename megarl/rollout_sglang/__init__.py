@@ -5,7 +5,12 @@ processes, and by the colocated tensor path for its bucket class); see docs/sgla
 """
 
 from megarl.rollout_sglang.client import SGLangClient, SGLangHTTPError, SGLangUnreachable
-from megarl.rollout_sglang.engine import EngineBusy, SGLangEngine, WeightVersionMismatch
+from megarl.rollout_sglang.engine import (
+    EngineBusy,
+    SGLangEngine,
+    WeightVersionMismatch,
+    generate_across,
+)
 from megarl.rollout_sglang.server import (
     ServerLaunchError,
     ServerSpec,
@@ -36,6 +41,7 @@ __all__ = [
     "StageRole",
     "WeightVersionMismatch",
     "build_launch_command",
+    "generate_across",
     "pick_free_port",
     "spec_from_config",
 ]

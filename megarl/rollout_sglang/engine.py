@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any, Protocol
 
 from megarl.rollout.engine import EngineHealth, GenerationResult, SamplingParams, WeightBucket
@@ -319,3 +320,27 @@ class SGLangEngine:
         self._background.shutdown(wait=False, cancel_futures=True)
         if self.server is not None:
             self.server.shutdown()
+
+
+def generate_across(
+    engines: Sequence[SGLangEngine], prompts: Sequence[Sequence[int]], params: SamplingParams
+) -> list[GenerationResult]:
+    """Spread prompts over engines in contiguous slices, all engines at once.
+
+    All n samples of a prompt go to the same engine (they share its prefix cache); results
+    come back in prompt order with global ``prompt_index`` and the same per-sample seeds an
+    unsplit request would use, so the split never changes what is sampled.
+    """
+    if not engines:
+        raise ValueError("no SGLang engines to generate with; start at least one")
+    size = -(-len(prompts) // len(engines))  # ceil: the first engines take one more
+    slices = [(i, prompts[i : i + size]) for i in range(0, len(prompts), size)]
+    with ThreadPoolExecutor(max_workers=len(slices) or 1) as pool:
+        futures = [
+            pool.submit(engine.generate, chunk, params, start * params.n)
+            for engine, (start, chunk) in zip(engines, slices, strict=False)
+        ]
+        out: list[GenerationResult] = []
+        for (start, _), fut in zip(slices, futures, strict=True):
+            out += [replace(r, prompt_index=r.prompt_index + start) for r in fut.result()]
+    return out

@@ -299,8 +299,10 @@ def spec_from_config(
 ) -> ServerSpec:
     """A ServerSpec from the validated config sections (rollout.*, cluster.placement).
 
-    Colocated engines get the memory saver (release/resume while the trainer runs) and a
-    CPU copy of their weights; disaggregated engines keep their memory.
+    Colocated engines get the memory saver (release/resume while the trainer runs) but no
+    CPU copy of their weights: every resume of the weights is followed by a push (see
+    weight_sync.py), so a host copy would only cost host memory. Disaggregated engines keep
+    their memory.
     """
     colocated = placement == "colocated"
     fields: dict[str, object] = dict(
@@ -311,7 +313,6 @@ def spec_from_config(
         gpu_ids=tuple(gpu_ids),
         seed=seed,
         memory_saver=colocated,
-        weights_cpu_backup=colocated,
         dtype=dtype,
     )
     fields.update(overrides)

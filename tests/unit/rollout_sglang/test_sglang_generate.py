@@ -13,7 +13,7 @@ from megarl.rollout_sglang.client import (
     build_generate_payload,
     parse_generate_reply,
 )
-from megarl.rollout_sglang.engine import EngineBusy, SGLangEngine
+from megarl.rollout_sglang.engine import EngineBusy, SGLangEngine, generate_across
 from megarl.rollout_sglang.server import pick_free_port
 
 
@@ -144,3 +144,17 @@ def test_generate_on_released_engine_is_refused(fake_server):
 def test_empty_prompt_is_refused():
     with pytest.raises(ValueError, match="empty prompt"):
         build_generate_payload([], SamplingParams(), 0)
+
+
+def test_generate_across_engines_matches_one_engine(fake_server):
+    servers = [fake_server(), fake_server()]
+    engines = [SGLangEngine(s.url) for s in servers]
+    prompts = [[1, 2], [3], [4, 5, 6], [7, 8]]
+    params = SamplingParams(max_new_tokens=4, n=2, seed=3)
+    split = generate_across(engines, prompts, params)
+    whole = engines[0].generate(prompts, params)
+    assert [(r.prompt_index, r.response_ids) for r in split] == [
+        (r.prompt_index, r.response_ids) for r in whole
+    ]
+    first, second = (s.history[0] for s in servers)
+    assert first.calls.count("/generate") == 2 + 4 and second.calls.count("/generate") == 2

@@ -56,7 +56,7 @@ def test_spec_from_config_follows_the_placement():
     rollout = RolloutConfig(tp=2, mem_fraction=0.6, max_running_requests=32)
     colo = spec_from_config("/m", rollout, "colocated", gpu_ids=(0, 1), seed=3)
     assert (colo.tp, colo.mem_fraction, colo.max_running_requests, colo.seed) == (2, 0.6, 32, 3)
-    assert colo.memory_saver and colo.weights_cpu_backup
+    assert colo.memory_saver and not colo.weights_cpu_backup  # weights are re-pushed anyway
     disagg = spec_from_config("/m", rollout, "disaggregated", gpu_ids=(4, 5))
     assert not disagg.memory_saver and not disagg.weights_cpu_backup
 
