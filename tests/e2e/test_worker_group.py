@@ -18,6 +18,7 @@ ray = pytest.importorskip("ray")
 from megarl.actors.placement import PlacementError, RolePlacement, place_roles, release  # noqa: E402
 from megarl.actors.ray_session import ray_session, save_timeline  # noqa: E402
 from megarl.actors.worker_group import GroupOptions, WorkerError, WorkerGroup  # noqa: E402
+from megarl.checkpoint.manager import CheckpointManager  # noqa: E402
 
 # Ray workers cannot import this test module by name: ship its classes by value.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -49,6 +50,10 @@ class RendezvousWorker:
 
     def echo(self, *args: object, **kwargs: object) -> tuple:
         return (self.rank, self.tag, args, kwargs)
+
+    def save_shard(self, directory: str) -> None:
+        with open(os.path.join(directory, f"shard_{self.rank}.bin"), "wb") as f:
+            f.write(bytes([self.rank]) * (self.rank + 1))
 
     def close(self) -> None:
         import torch.distributed as dist
@@ -110,6 +115,13 @@ def test_session_and_rendezvous(session, tmp_path):
             group.call_rank(2, "echo")
         with pytest.raises(AttributeError, match="RendezvousWorker has no method 'ecko'"):
             group.call("ecko")
+        # A checkpoint written by the workers from their own processes, committed by the driver.
+        manager = CheckpointManager(tmp_path / "run")
+        with manager.saving(3) as ckpt_dir:
+            (ckpt_dir / "policy").mkdir()
+            group.call("save_shard", str(ckpt_dir / "policy"))
+        ckpt = manager.resolve_resume("auto")
+        assert ckpt.step == 3 and (ckpt.component("policy") / "shard_1.bin").read_bytes() == b"\x01\x01"
         group.call("close")
         assert (tmp_path / "policy_rank1.log").exists()
     with pytest.raises(RuntimeError, match="shut down"):
