@@ -211,6 +211,33 @@ def _pp2_worker(rank: int, world: int, dirs: dict[str, str]) -> dict:
     return out
 
 
+def _tp2_pp2_worker(rank: int, world: int, dirs: dict[str, str]) -> dict:
+    """TP=2 x PP=2: logits through the pipeline (TP-gathered), full export, per-stage export."""
+    from megarl.models.inputs import gpt_inputs
+    from megarl.parallel.groups import init_parallel
+    from megarl.parallel.pipeline import broadcast_from_last_stage, forward_only
+    from megarl.parallel.sharding import gather_along
+
+    info = init_parallel(tp=2, pp=2, seed=0)
+    out: dict = {"stage": (info.pp_rank, info.tp_rank)}
+    for arch, path in dirs.items():
+        bridge, hf_config, model = _build(path, tp=2, pp=2)
+        vocab = bridge.vocab_size(hf_config)
+        ids, valid = _batch(vocab)
+        got = forward_only(
+            model, [(ids, valid)], step=lambda m, mb: m(*gpt_inputs(*mb)),
+            collect=lambda o, mb: gather_along(o, dim=-1), seq_length=ids.shape[1], micro_batch_size=3,
+        )
+        logits = broadcast_from_last_stage(got)[0][..., :vocab]
+        stage_names = {n for b in bridge.export_hf_weights(model, 1 << 16, gather_pp=False) for n, _ in b}
+        out[arch] = {
+            "max_diff": (logits - _hf_logits(path, ids, valid))[valid].abs().max().item(),
+            "export": _export_check(bridge, model, path),
+            "stage_names": sorted(stage_names),
+        }
+    return out
+
+
 def _assert_arch_results(results: list[dict]) -> None:
     for rank_out in results:
         for arch in ARCHS:
@@ -238,3 +265,25 @@ def test_bridges_pp2(model_dirs):
     assert sorted(r["stage"] for r in results) == [0, 1]
     _assert_arch_results(results)
     print(f"pp2 launch {time.perf_counter() - t0:.1f}s", {a: round(results[0][a]["seconds"], 2) for a in ARCHS})
+
+
+@pytest.mark.slow
+def test_bridges_tp2_pp2(model_dirs):
+    t0 = time.perf_counter()
+    results = run_distributed(_tp2_pp2_worker, 4, model_dirs)
+    assert sorted(r["stage"] for r in results) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    _assert_arch_results(results)
+    for arch in ARCHS:
+        # per-stage export: the two stages partition the checkpoint, TP ranks of a stage agree
+        by_stage = {r["stage"][0]: set(r[arch]["stage_names"]) for r in results}
+        assert not by_stage[0] & by_stage[1]
+        assert by_stage[0] | by_stage[1] == set(_names_of(model_dirs[arch]))
+        assert "model.embed_tokens.weight" in by_stage[0] and "model.norm.weight" in by_stage[1]
+    print(f"tp2 x pp2 launch {time.perf_counter() - t0:.1f}s")
+
+
+def _names_of(path: str) -> list[str]:
+    from safetensors import safe_open
+
+    with safe_open(f"{path}/model.safetensors", framework="pt") as f:
+        return list(f.keys())
