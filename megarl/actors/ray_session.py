@@ -58,7 +58,9 @@ def ray_session(
     runtime_env = {"env_vars": dict(env_vars)} if env_vars else None
     kwargs = dict(log_to_driver=log_to_driver, namespace=namespace, runtime_env=runtime_env)
     if address is None:
-        ray.init(num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, **kwargs)
+        # "local" always starts a new instance; plain ray.init() would join a cluster found
+        # through RAY_ADDRESS or a `ray start` on this machine (someone else's, on a shared box).
+        ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, **kwargs)
     else:
         try:
             ray.init(address=address, **kwargs)

@@ -14,6 +14,7 @@ import sys
 import pytest
 
 ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.timeout(180)  # a hung rendezvous must not hang CI
 
 from megarl.actors.placement import PlacementError, RolePlacement, place_roles, release  # noqa: E402
 from megarl.actors.ray_session import ray_session, save_timeline  # noqa: E402
