@@ -94,8 +94,10 @@ class CheckpointManager:
     # ---- saving ---------------------------------------------------------------------
 
     @contextmanager
-    def saving(self, step: int) -> Iterator[Path]:
+    def saving(self, step: int, metadata: dict[str, Any] | None = None) -> Iterator[Path]:
         """Yield a temp dir to write the components of `step` into; commit it on success.
+
+        metadata: JSON-able extras recorded in the manifest (e.g. the config, a run id).
 
         On an exception inside the block, the temp dir is removed and the exception goes on.
         Saving a step that already exists replaces it only once the new one is complete.
@@ -109,13 +111,13 @@ class CheckpointManager:
         temp.mkdir()
         try:
             yield temp
-            self._commit(step, temp, final)
+            self._commit(step, temp, final, metadata or {})
         except BaseException:
             shutil.rmtree(temp, ignore_errors=True)
             raise
         self.prune()
 
-    def _commit(self, step: int, temp: Path, final: Path) -> None:
+    def _commit(self, step: int, temp: Path, final: Path, metadata: dict[str, Any]) -> None:
         files = _list_files(temp)
         if not files:
             raise CheckpointError(f"checkpoint step {step}: nothing was written into {temp}")
@@ -135,6 +137,7 @@ class CheckpointManager:
             "megarl_version": megarl.__version__,
             "components": sorted(p.name for p in temp.iterdir()),
             "files": entries,
+            "metadata": metadata,
         }
         _write_json_durably(temp / MANIFEST, manifest)
         for d in sorted({(temp / rel).parent for rel in files}, reverse=True):

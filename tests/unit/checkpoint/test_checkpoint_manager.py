@@ -48,6 +48,13 @@ def test_save_writes_manifest_and_resume_finds_it(tmp_path):
     assert manager.resolve_resume(str(path)).step == 12
 
 
+def test_metadata_goes_into_the_manifest(tmp_path):
+    manager = CheckpointManager(tmp_path)
+    with manager.saving(2, metadata={"run": "abc", "config": {"seed": 1}}) as d:
+        (d / "trainer_state.pt").write_bytes(b"s")
+    assert manager.resolve_resume("auto").manifest["metadata"] == {"run": "abc", "config": {"seed": 1}}
+
+
 def test_big_files_are_checked_by_size_only(tmp_path):
     manager = CheckpointManager(tmp_path, checksum_max_bytes=10)
     path = _save(manager, 1)
