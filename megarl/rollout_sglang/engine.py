@@ -84,6 +84,10 @@ class SGLangEngine:
         self.flush_interval = flush_interval
         self.control_timeout = control_timeout
         self.released: set[str] = set()
+        # --enable-deterministic-inference: SGLang samples with per-request sampling_seed.
+        self.deterministic = bool(
+            getattr(getattr(self.server, "spec", None), "deterministic", False)
+        )
         self._version = 0
         self._inflight = 0
         self._lock = threading.Lock()
@@ -112,6 +116,12 @@ class SGLangEngine:
         if self.released:
             raise EngineBusy(
                 f"{self}: memory is released ({sorted(self.released)}); call resume_memory() before generate()"
+            )
+        if self.deterministic and params.seed is None and not params.greedy:
+            raise ValueError(
+                f"{self} runs with deterministic inference, which samples from sampling_seed: "
+                "without SamplingParams.seed every sample would share SGLang's one default seed; "
+                "set a seed (megarl.rollout.seeds.step_seed) or launch with deterministic=False"
             )
         concurrency = max(1, self.max_running_requests // params.n)
         with ThreadPoolExecutor(max_workers=min(concurrency, max(1, len(prompts)))) as pool:

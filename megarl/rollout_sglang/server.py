@@ -194,7 +194,8 @@ class SGLangServer:
             raise RuntimeError(
                 f"SGLang server at {self.url} is already running (pid {self.proc.pid})"
             )
-        if self.spec.port == 0 or self.launches > 0 and not _port_free(self.spec.host, self.port):
+        # A relaunch keeps its port (clients keep their URL) unless something else took it.
+        if self.port == 0 or (self.launches > 0 and not _port_free(self.spec.host, self.port)):
             self.port = pick_free_port(self.spec.host)
         if self.log_path is None:
             import tempfile

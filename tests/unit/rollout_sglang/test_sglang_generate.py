@@ -14,7 +14,7 @@ from megarl.rollout_sglang.client import (
     parse_generate_reply,
 )
 from megarl.rollout_sglang.engine import EngineBusy, SGLangEngine, generate_across
-from megarl.rollout_sglang.server import pick_free_port
+from megarl.rollout_sglang.server import ServerSpec, pick_free_port
 
 
 def test_payload_has_one_copy_per_sample_with_its_own_seed():
@@ -158,3 +158,12 @@ def test_generate_across_engines_matches_one_engine(fake_server):
     ]
     first, second = (s.history[0] for s in servers)
     assert first.calls.count("/generate") == 2 + 4 and second.calls.count("/generate") == 2
+
+
+def test_deterministic_engine_needs_a_seed(fake_server):
+    server = fake_server()
+    server.spec = ServerSpec(model_path="m", deterministic=True)  # what SGLangServer carries
+    engine = SGLangEngine(server)
+    with pytest.raises(ValueError, match="without SamplingParams.seed"):
+        engine.generate([[1]], SamplingParams(n=2))
+    assert len(engine.generate([[1]], SamplingParams(n=2, seed=1, max_new_tokens=1))) == 2

@@ -131,12 +131,13 @@ def test_healthy_server_starts_is_detected_dead_and_restarts(tmp_path):
     server.start(timeout=30.0, poll=0.05)
     try:
         assert server.healthy()
-        first = server.proc
+        first, port = server.proc, server.port
         server.proc.kill()
         server.proc.wait()
         assert not server.healthy()  # a dead engine is detected
         server.restart(timeout=30.0, poll=0.05)
         assert server.healthy() and server.proc is not first and server.launches == 2
+        assert server.port == port  # same URL for the engine's clients
     finally:
         server.shutdown()
     assert not server.alive()
