@@ -273,6 +273,7 @@ def parse_tests(ground_truth: Any, extra_info: dict | None) -> list[dict[str, st
         source = json.loads(ground_truth)
     elif source is None:
         source = ground_truth
+    source = _plain(source)  # parquet via pandas gives numpy arrays where JSON gives lists
     if isinstance(source, dict) and "inputs" in source and "outputs" in source:
         source = [
             {"input": i, "output": o}
@@ -288,6 +289,16 @@ def parse_tests(ground_truth: Any, extra_info: dict | None) -> list[dict[str, st
             f'(or that list / {{"inputs": [...], "outputs": [...]}} as JSON in ground_truth); got {str(source)[:200]!r}'
         )
     return source
+
+
+def _plain(value: Any) -> Any:
+    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
+        value = value.tolist()
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
 
 
 def compute_score(

@@ -113,3 +113,16 @@ def test_environment_is_fresh_and_scratch_is_removed(bwrap, monkeypatch):
     assert "MEGARL_TEST_SECRET" not in names and "hunter2" not in result.stdout
     if not bwrap:
         assert not os.path.exists(cwd)
+
+
+def test_tests_as_numpy_arrays_from_parquet():
+    np = pytest.importorskip("numpy")
+    tests = np.array(
+        [{"input": "2\n", "output": "4"}, {"input": "3\n", "output": "6"}], dtype=object
+    )
+    assert parse_tests(None, {"tests": tests}) == [
+        {"input": "2\n", "output": "4"},
+        {"input": "3\n", "output": "6"},
+    ]
+    columns = {"inputs": np.array(["1\n"]), "outputs": np.array(["2"])}
+    assert parse_tests(None, {"tests": columns}) == [{"input": "1\n", "output": "2"}]
