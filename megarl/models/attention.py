@@ -34,7 +34,11 @@ class SdpaAttention(DotProductAttention):
         attn_mask_type=None,
         attention_bias: torch.Tensor | None = None,
         packed_seq_params=None,
+        **extra,  # arguments newer megatron-core versions may add; only None values are accepted
     ) -> torch.Tensor:  # [sq, b, np * hn]
+        unsupported = sorted(k for k, v in extra.items() if v is not None)
+        if unsupported:
+            raise NotImplementedError(f"SdpaAttention does not support {', '.join(unsupported)}")
         if packed_seq_params is not None:
             raise NotImplementedError("SdpaAttention does not support packed sequences (THD)")
         if attention_bias is not None:

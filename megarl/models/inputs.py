@@ -29,7 +29,8 @@ def gpt_inputs(
 def mask_vocab_padding_(logits: torch.Tensor, vocab_size: int, tp_rank: int) -> torch.Tensor:
     """Fill, in place, the columns of this TP rank's vocab-parallel logits shard ``[..., V/tp]``
     whose global index is >= ``vocab_size`` (vocabulary padding) with the dtype's lowest value,
-    so softmax gives them 0 probability without NaNs in ``p * log p``. Returns ``logits``."""
+    so softmax gives them 0 probability and ``p * logits`` (entropy) stays finite, where -inf
+    would give NaN. Returns ``logits``."""
     width = logits.shape[-1]
     first_pad = vocab_size - tp_rank * width  # local index of the first padded column
     if first_pad < width:

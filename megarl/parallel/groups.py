@@ -81,7 +81,7 @@ def init_parallel(tp: int, pp: int, seed: int, *, timeout_s: float = 1800.0) -> 
     ``tp * pp`` must divide the world size; DP is the quotient. Seeds: Megatron's
     ``model_parallel_cuda_manual_seed`` (distinct per TP/PP rank where Megatron wants it).
     """
-    from megatron.core import parallel_state, tensor_parallel
+    from megatron.core import parallel_state
 
     cpu = enable_cpu_compat()
     device = _init_process_group(timeout_s)
@@ -99,10 +99,28 @@ def init_parallel(tp: int, pp: int, seed: int, *, timeout_s: float = 1800.0) -> 
         distributed_timeout_minutes=max(1, int(timeout_s // 60)),
     )
     torch.manual_seed(seed)
-    # On CPU the default tracker's fork() needs CUDA RNG states; the inference tracker's fork is
-    # a null context (dropout is off in RL training, so nothing draws from it).
-    tensor_parallel.model_parallel_cuda_manual_seed(seed, inference_rng_tracker=cpu)
+    _seed_model_parallel_rng(seed, cpu)
     return current_parallel_info(device)
+
+
+def _seed_model_parallel_rng(seed: int, cpu: bool) -> None:
+    """Megatron's per-TP-rank RNG tracker. On CPU the default tracker's fork() needs CUDA RNG
+    states; the inference tracker's fork is a null context (dropout is off in RL training, so
+    nothing draws from it). Feature-detected: the keyword exists in megatron-core 0.16-0.19."""
+    import inspect
+
+    from megatron.core import tensor_parallel
+
+    seed_fn = tensor_parallel.model_parallel_cuda_manual_seed
+    if cpu and "inference_rng_tracker" in inspect.signature(seed_fn).parameters:
+        seed_fn(seed, inference_rng_tracker=True)
+    elif cpu:
+        raise RuntimeError(
+            "this megatron-core's model_parallel_cuda_manual_seed has no inference_rng_tracker; "
+            "megarl cannot seed Megatron's RNG tracker without CUDA"
+        )
+    else:
+        seed_fn(seed)
 
 
 def current_parallel_info(device: torch.device | None = None) -> ParallelInfo:
