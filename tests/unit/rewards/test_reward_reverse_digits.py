@@ -33,6 +33,12 @@ def test_constant_output_scores_low_on_average():
     assert perfect == 1.0
 
 
+def test_other_lengths_share_credit_equally():
+    assert compute_score("reverse_digits", "54321", "54321") == 1.0
+    assert compute_score("reverse_digits", "54000", "54321") == pytest.approx(3 / 6)
+    assert compute_score("reverse_digits", "9", "7") == 0.5
+
+
 def test_bad_ground_truth_names_the_format():
-    with pytest.raises(ValueError, match="3 digits"):
+    with pytest.raises(ValueError, match="string of digits"):
         compute_score("reverse_digits", "123", "12a")
