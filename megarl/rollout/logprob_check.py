@@ -96,3 +96,21 @@ def compare_logprobs(
             "trainer's weights as the trainer uses them (bridge conversion, dtype or a partial push)"
         )
     return {"weight_sync/logprob_diff": mean, "weight_sync/logprob_diff_max": worst}
+
+
+class TrainerLogprobs(Protocol):
+    def compute_logprobs(self, batch: Batch, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor | None]: ...
+
+
+def check_after_sync(
+    policy: TrainerLogprobs, engine: ScoringEngine | None, batch: Batch, temperature: float, max_diff: float
+) -> dict[str, float]:
+    """Run on EVERY policy rank right after a push (``compute_logprobs`` is collective).
+
+    Ranks holding an engine (``engine`` not None) compare and return the metrics (or raise
+    :class:`LogprobMismatchError`); the others return ``{}``.
+    """
+    trainer_lp, _ = policy.compute_logprobs(batch, temperature)
+    if engine is None:
+        return {}
+    return compare_logprobs(engine_logprobs(engine, batch, temperature), trainer_lp, batch.response_mask, max_diff)

@@ -76,7 +76,7 @@ def _engine_vs_trainer(policy, engine, batch) -> float:
 def _run(rank: int, model_dir: str, engine_dir: str) -> None:
     from megarl.actors.policy import PolicyWorker
     from megarl.config.sections import ActorConfig, OptimizerConfig, ParallelConfig
-    from megarl.rollout.logprob_check import compare_logprobs, engine_logprobs, probe_batch, probe_sequences
+    from megarl.rollout.logprob_check import check_after_sync, engine_logprobs, probe_batch, probe_sequences
     from megarl.rollout.torch_engine import TorchEngine
     from megarl.rollout.weight_sync import HFWeightStream, InProcessWeightSync
 
@@ -99,13 +99,10 @@ def _run(rank: int, model_dir: str, engine_dir: str) -> None:
     metrics = sync.push(version=1)
     assert metrics["weight_sync/bytes"] > 0 and metrics["weight_sync/gbps"] > 0
     assert _engine_vs_trainer(policy, engine, batch) <= TOL
+    check = check_after_sync(policy, engine, batch, TEMPERATURE, max_diff=0.05)
     if engine is not None:
         assert engine.weight_version == 1
-        trainer, _ = policy.compute_logprobs(batch, temperature=TEMPERATURE)
-        check = compare_logprobs(engine_logprobs(engine, batch, TEMPERATURE), trainer, batch.response_mask, 0.05)
         assert check["weight_sync/logprob_diff"] <= TOL
-    else:
-        policy.compute_logprobs(batch, temperature=TEMPERATURE)
 
     before, _ = policy.compute_logprobs(batch, temperature=TEMPERATURE)
     policy.update(batch, _nll_loss, temperature=TEMPERATURE)
