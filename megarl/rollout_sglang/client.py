@@ -106,14 +106,27 @@ class SGLangClient:
     ) -> HTTPReply:
         return self.request("GET", endpoint, timeout=timeout, retries=retries)
 
-    def post(self, endpoint: str, payload: Any = None, timeout: float | None = None) -> HTTPReply:
+    def post(
+        self,
+        endpoint: str,
+        payload: Any = None,
+        timeout: float | None = None,
+        retries: int | None = None,
+    ) -> HTTPReply:
         # SGLang's POST handlers parse a JSON body; an empty object stands for "no fields".
-        return self.request("POST", endpoint, {} if payload is None else payload, timeout)
+        body = {} if payload is None else payload
+        return self.request("POST", endpoint, body, timeout, retries)
 
-    def post_ok(self, endpoint: str, payload: Any = None, timeout: float | None = None) -> Any:
+    def post_ok(
+        self,
+        endpoint: str,
+        payload: Any = None,
+        timeout: float | None = None,
+        retries: int | None = None,
+    ) -> Any:
         """POST and raise :class:`SGLangHTTPError` unless the status is 200 and, for the weight
         endpoints that answer ``{"success": bool, "message": str}``, success is true."""
-        reply = self.post(endpoint, payload, timeout)
+        reply = self.post(endpoint, payload, timeout, retries)
         check_reply(self.url, endpoint, reply)
         return reply.body
 

@@ -84,6 +84,7 @@ class SGLangEngine:
         self.flush_interval = flush_interval
         self.control_timeout = control_timeout
         self.released: set[str] = set()
+        self.paused = False
         # --enable-deterministic-inference: SGLang samples with per-request sampling_seed.
         self.deterministic = bool(
             getattr(getattr(self.server, "spec", None), "deterministic", False)
@@ -155,9 +156,11 @@ class SGLangEngine:
         """Stop scheduling; ``abort`` returns running requests as aborted (their
         finish_reason is "abort"). Servers before the ``mode`` field ignore the body."""
         self.client.post_ok("/pause_generation", {"mode": mode}, self.control_timeout)
+        self.paused = True
 
     def continue_generation(self) -> None:
         self.client.post_ok("/continue_generation", {}, self.control_timeout)
+        self.paused = False
 
     def flush_cache(self) -> int:
         """Flush the radix/KV cache, retrying while SGLang answers 400 (requests still
@@ -232,8 +235,9 @@ class SGLangEngine:
         }  # fmt: skip
         if version is not None:
             body["weight_version"] = str(version)
+        # No retry: a re-sent request would wait for a second broadcast that never comes.
         return self._background.submit(
-            self.client.post_ok, "/update_weights_from_distributed", body, self.control_timeout
+            self.client.post_ok, "/update_weights_from_distributed", body, self.control_timeout, 0
         )
 
     def init_update_group_async(
@@ -248,7 +252,7 @@ class SGLangEngine:
             "group_name": group_name, "backend": backend,
         }  # fmt: skip
         return self._background.submit(
-            self.client.post_ok, "/init_weights_update_group", body, self.control_timeout
+            self.client.post_ok, "/init_weights_update_group", body, self.control_timeout, 0
         )
 
     def destroy_update_group(self, group_name: str) -> None:
@@ -304,9 +308,9 @@ class SGLangEngine:
 
     def health(self) -> EngineHealth:
         """Alive = ``/health_generate`` answers 200 (it runs a 1-token generation). While its
-        memory is released an engine cannot generate, so then ``/model_info`` answering is
-        enough."""
-        endpoint = "/model_info" if self.released else "/health_generate"
+        memory is released or generation paused (a push failed half-way) an engine cannot
+        generate, so then ``/model_info`` answering is enough."""
+        endpoint = "/model_info" if self.released or self.paused else "/health_generate"
         try:
             reply = self.client.get(endpoint, timeout=30.0, retries=0)
         except SGLangHTTPError as err:
@@ -324,6 +328,7 @@ class SGLangEngine:
         self.server.restart(timeout)
         self.client.url = self.server.url.rstrip("/")
         self.released.clear()
+        self.paused = False
         self._version = 0
 
     def shutdown(self) -> None:

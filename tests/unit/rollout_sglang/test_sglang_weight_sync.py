@@ -265,3 +265,21 @@ def test_distributed_push_before_connect_is_refused():
     sync = SGLangDistributedSync({0: stream_of(make_weights(count=1))}, backend="gloo")
     with pytest.raises(RuntimeError, match="before connect"):
         sync.push(1)
+
+
+def test_failed_push_leaves_a_live_paused_engine_that_the_next_push_finishes(fake_server):
+    server = fake_server()
+    server.fake.fail_update = True
+    engine = SGLangEngine(server)
+    sync = tensor_sync(make_weights(count=1))
+    sync.connect([engine])
+    with pytest.raises(SGLangHTTPError):
+        sync.push(1)
+    assert server.fake.paused and engine.paused
+    health_calls = len(server.fake.calls)
+    assert engine.health().alive  # paused: checked through /model_info, not a generation
+    assert server.fake.calls[health_calls:] == ["/model_info"]
+    assert sync.recover(1) == []  # alive: nothing to restart
+    server.fake.fail_update = False
+    sync.push(1)
+    assert not server.fake.paused and server.fake.weight_version == "1"
