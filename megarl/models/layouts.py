@@ -18,6 +18,7 @@ megarl.parallel.sharding; this module only knows layouts.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -102,28 +103,27 @@ def _read_qkv(rule: ParamRule, reader: SafetensorsReader, info: ShardInfo) -> to
     return torch.cat(per_group, dim=1).reshape(-1, *rest)
 
 
-def export_full(rule: ParamRule, shard: torch.Tensor, info: ShardInfo) -> list[tuple[str, torch.Tensor]]:
-    """The full HF tensors of ``rule`` from this rank's ``shard`` (TP all-gather inside: every
-    TP rank must call this for the same rule at the same time)."""
+def export_full(rule: ParamRule, shard: torch.Tensor, info: ShardInfo) -> Iterator[tuple[str, torch.Tensor]]:
+    """The full HF tensors of ``rule`` from this rank's ``shard``, one at a time (TP all-gather
+    inside: every TP rank must consume this for the same rule at the same time)."""
     shard = shard.detach()
     if rule.layout == "replicated":
-        return [(rule.hf[0], shard)]
-    if rule.layout == "column":
-        return [(rule.hf[0], gather_along(shard, 0))]
-    if rule.layout == "row":
-        return [(rule.hf[0], gather_along(shard, 1))]
-    if rule.layout == "vocab":
-        return [(rule.hf[0], gather_along(shard, 0)[: info.vocab_size])]
-    if rule.layout == "fc1":
+        yield rule.hf[0], shard
+    elif rule.layout == "column":
+        yield rule.hf[0], gather_along(shard, 0)
+    elif rule.layout == "row":
+        yield rule.hf[0], gather_along(shard, 1)
+    elif rule.layout == "vocab":
+        yield rule.hf[0], gather_along(shard, 0)[: info.vocab_size]
+    elif rule.layout == "fc1":
         gate, up = shard.chunk(2, dim=0)
-        return [(rule.hf[0], gather_along(gate, 0)), (rule.hf[1], gather_along(up, 0))]
-    if rule.layout == "qkv":
+        yield rule.hf[0], gather_along(gate, 0)
+        yield rule.hf[1], gather_along(up, 0)
+    elif rule.layout == "qkv":
         rest = shard.shape[1:]
         grouped = shard.reshape(info.groups_per_rank, -1, *rest)
         qd, d = info.heads_per_group * info.head_dim, info.head_dim
-        q, k, v = grouped.split([qd, d, d], dim=1)
-        return [
-            (name, gather_along(part.reshape(-1, *rest), 0))
-            for name, part in zip(rule.hf, (q, k, v), strict=True)
-        ]
-    raise AssertionError(f"unknown layout {rule.layout}")
+        for name, part in zip(rule.hf, grouped.split([qd, d, d], dim=1), strict=True):
+            yield name, gather_along(part.reshape(-1, *rest), 0)
+    else:
+        raise AssertionError(f"unknown layout {rule.layout}")
