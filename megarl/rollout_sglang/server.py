@@ -281,7 +281,10 @@ def _signal_group(pid: int, sig: signal.Signals) -> None:
 
 
 def _port_free(host: str, port: int) -> bool:
+    """Whether a server could bind ``port`` now (with SO_REUSEADDR, as uvicorn binds, so
+    connections of the previous process in TIME_WAIT do not count)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:
