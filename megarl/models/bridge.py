@@ -144,7 +144,7 @@ class ModelBridge:
         gpt = unwrap_model(model)
         hf_config = _hf_config_of(gpt)
         reader = SafetensorsReader(hf_path)
-        self._check_checkpoint_names(hf_config, reader, value_head=_has_value_head(gpt))
+        self.check_hf_checkpoint(hf_config, reader, value_head=_has_value_head(gpt))
         info = self.shard_info(hf_config, gpt)
         filled: set[str] = set()
         with torch.no_grad():
@@ -161,11 +161,17 @@ class ModelBridge:
                 assert rule.megatron not in filled, rule.megatron
                 filled.add(rule.megatron)
 
-    def _check_checkpoint_names(self, hf_config: Any, reader: SafetensorsReader, value_head: bool) -> None:
+    def check_hf_checkpoint(self, hf_config: Any, hf: str | SafetensorsReader, value_head: bool = False) -> None:
+        """Raise ValueError unless the checkpoint's tensor names and shapes are exactly what the
+        config implies (no tensor mapping nowhere, none missing). Reads headers only."""
+        reader = hf if isinstance(hf, SafetensorsReader) else SafetensorsReader(hf)
         expected = self.hf_tensor_shapes(hf_config)
         present = reader.names()
-        # A critic starts from a policy checkpoint: its lm_head (if any) is simply not used.
-        unused_ok = {"lm_head.weight"} if value_head else set()
+        # Present in some checkpoints but carrying nothing: a critic's (unused) lm_head, the
+        # duplicate lm_head some tied checkpoints store, old rotary inv_freq buffers.
+        tied = bool(getattr(hf_config, "tie_word_embeddings", False))
+        unused_ok = {"lm_head.weight"} if value_head or tied else set()
+        unused_ok |= {n for n in present if n.endswith("rotary_emb.inv_freq")}
         unknown = sorted(present - set(expected) - unused_ok)
         missing = sorted(set(expected) - present - unused_ok)
         if unknown or missing:

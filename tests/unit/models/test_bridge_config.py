@@ -93,3 +93,39 @@ def test_padded_vocab_size():
     assert b.padded_vocab_size(big, 1) == 151680  # multiple of 128
     assert b.padded_vocab_size(big, 8) == 152576  # multiple of 1024
     assert b.vocab_size(big) == 151646
+
+
+def _rewrite(src, dst, drop=(), add=None, reshape=None):
+    """Copy a tiny checkpoint with tensors dropped / added / reshaped."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    tensors = {k: v for k, v in load_file(str(src / "model.safetensors")).items() if k not in drop}
+    tensors.update(add or {})
+    for name, shape in (reshape or {}).items():
+        tensors[name] = torch.zeros(shape)
+    save_file(tensors, str(dst / "model.safetensors"))
+    return dst
+
+
+def test_checkpoint_check_names_the_offending_tensor(tiny_dirs, tmp_path):
+    from transformers import AutoConfig
+
+    src = tiny_dirs["qwen2"]
+    cfg = AutoConfig.from_pretrained(src)
+    bridge = get_bridge(cfg)
+    bridge.check_hf_checkpoint(cfg, str(src))  # the original passes
+    extra = _rewrite(src, tmp_path / "extra", add={"model.layers.0.mlp.extra.weight": torch.zeros(2)})
+    with pytest.raises(ValueError, match=r"map to no Megatron parameter: \['model.layers.0.mlp.extra.weight'\]"):
+        bridge.check_hf_checkpoint(cfg, str(extra))
+    missing = _rewrite(src, tmp_path / "missing", drop={"model.layers.1.self_attn.k_proj.bias"})
+    with pytest.raises(ValueError, match=r"missing: \['model.layers.1.self_attn.k_proj.bias'\]"):
+        bridge.check_hf_checkpoint(cfg, str(missing))
+    wrong = _rewrite(src, tmp_path / "shape", reshape={"model.norm.weight": (3,)})
+    with pytest.raises(ValueError, match=r"model.norm.weight has shape \(3,\), the config implies \(64,\)"):
+        bridge.check_hf_checkpoint(cfg, str(wrong))
+    # a critic built from this policy checkpoint does not use lm_head: accepted
+    no_head = _rewrite(src, tmp_path / "nohead", drop={"lm_head.weight"})
+    bridge.check_hf_checkpoint(cfg, str(no_head), value_head=True)
