@@ -103,48 +103,61 @@ def _group_relative(scores: torch.Tensor, group_id: torch.Tensor, scale: str) ->
 def masked_whiten(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """[B, R] (x - mean) / sqrt(var + 1e-8) over the valid tokens (unbiased var), 0 elsewhere."""
     n = mask.sum()
+    # torch's sum reduces pairwise (error ~ log n); a BLAS dot accumulates sequentially in fp32
+    # and loses ~1e-4 relative over a million tokens, so sums stay sums here
     mean = (x * mask).sum() / n.clamp(min=1)
-    var = ((x - mean).square() * mask).sum() / (n - 1).clamp(min=1)
-    return (x - mean) * torch.rsqrt(var + WHITEN_EPS) * mask
+    centred = (x - mean) * mask
+    var = centred.square().sum() / (n - 1).clamp(min=1)
+    return centred.mul_(torch.rsqrt(var + WHITEN_EPS))
 
 
 # ---- the chunked linear scan ------------------------------------------------------------
 def _power_matrix(c: float, size: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """[size, size] lower-triangular M[j, i] = c ** (j - i) for i <= j, else 0."""
+    """[size, size] lower-triangular M[i, j] = c ** (i - j) for i >= j, else 0.
+
+    Powers below 1e-30 are set to 0: they do not change fp32 sums and denormals slow matmuls.
+    """
     steps = torch.arange(size, dtype=torch.float64, device=device)
     diff = steps[:, None] - steps[None, :]
     powers = torch.pow(torch.tensor(c, dtype=torch.float64, device=device), diff.clamp(min=0))
-    return torch.where(diff >= 0, powers, torch.zeros_like(powers)).to(dtype)
+    keep = (diff >= 0) & (powers >= 1e-30)
+    return torch.where(keep, powers, torch.zeros_like(powers)).to(dtype)
 
 
 def discounted_reverse_scan(x: torch.Tensor, c: float, chunk: int = SCAN_CHUNK) -> torch.Tensor:
     """[B, L] y with y_t = x_t + c * y_{t+1} (y_L = 0), for 0 <= c <= 1.
 
-    Blocks of ``chunk`` steps are solved by one matmul with the matrix of powers of c; the
-    values carried between blocks solve the same recurrence with c ** chunk, again as a matmul.
-    Only non-negative powers of c occur, so nothing overflows.
+    Blocks of ``chunk`` steps are solved by one matmul with the matrix of powers of c
+    (``local[k, j] = sum_{i >= j} c^(i-j) x[k, i]``); the value at the start of each block
+    solves the same recurrence over blocks with c ** chunk, again one matmul; block k then adds
+    ``c^(chunk-j)`` times the start of block k + 1. Only powers <= 1 occur: nothing overflows.
     """
     b, length = x.shape
     if length == 0:
         return x.clone()
     blocks = -(-length // chunk)
-    xr = torch.nn.functional.pad(x.flip(-1), (0, blocks * chunk - length))  # forward recurrence
-    xr = xr.view(b, blocks, chunk)
-    local = xr @ _power_matrix(c, chunk, x.dtype, x.device).T  # [B, K, C] within-block solution
-    ends = (
-        local[..., -1] @ _power_matrix(c**chunk, blocks, x.dtype, x.device).T
-    )  # [B, K] block ends
-    carry = torch.nn.functional.pad(ends[:, :-1], (1, 0))  # [B, K] value entering each block
-    lead = torch.pow(
-        torch.tensor(c, dtype=torch.float64), torch.arange(1, chunk + 1, dtype=torch.float64)
-    )
-    out = local + carry[..., None] * lead.to(dtype=x.dtype, device=x.device)  # [B, K, C]
-    return out.view(b, blocks * chunk)[:, :length].flip(-1)
+    padded = blocks * chunk
+    xp = x if padded == length else torch.nn.functional.pad(x, (0, padded - length))
+    local = xp.reshape(b, blocks, chunk) @ _power_matrix(c, chunk, x.dtype, x.device)  # [B, K, C]
+    starts = local[..., 0] @ _power_matrix(c**chunk, blocks, x.dtype, x.device)  # [B, K]
+    carry = torch.nn.functional.pad(starts[:, 1:], (0, 1))  # [B, K] start of the next block
+    tail = torch.pow(
+        torch.tensor(c, dtype=torch.float64), torch.arange(chunk, 0, -1, dtype=torch.float64)
+    ).to(dtype=x.dtype, device=x.device)  # [C] c^(C - j)
+    out = local.addcmul_(carry[..., None], tail).view(b, padded)
+    return out if padded == length else out[:, :length]
 
 
 def _compact(x: torch.Tensor, valid: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
     """[B, R] the valid entries of each row moved to its front (order kept), zeros after."""
     return torch.zeros_like(x).scatter_add_(1, position, torch.where(valid, x, torch.zeros_like(x)))
+
+
+def _deltas(x: torch.Tensor, values: torch.Tensor, gamma: float) -> torch.Tensor:
+    """[B, L] x_t + gamma * V_{t+1} - V_t on rows whose valid entries are at the front."""
+    delta = x - values
+    delta[:, :-1].add_(values[:, 1:], alpha=gamma)
+    return delta
 
 
 def masked_reverse_scan(
@@ -159,18 +172,19 @@ def masked_reverse_scan(
     Without ``values``: y_t = x_t + c * y_next. With ``values`` (GAE):
     delta_t = x_t + gamma * V_next - V_t and y_t = delta_t + c * y_next, where "next" is the
     next valid position (0 past the last). Returns ``[B, R]``, 0 at masked positions.
+    Rows whose valid tokens are a prefix (the usual case) are scanned in place; rows with holes
+    (tool tokens, observations) are compacted first and scattered back.
     """
     valid = mask > 0
-    prefix = bool((valid[:, 1:] <= valid[:, :-1]).all())  # common case: no holes, no compaction
+    if bool((valid[:, 1:] <= valid[:, :-1]).all()):  # prefix rows: zeros past each row's end
+        m = valid.to(x.dtype)
+        xc = x * m if values is None else _deltas(x * m, values * m, gamma)
+        return discounted_reverse_scan(xc, c)  # stays exactly 0 past each end
     position = (valid.long().cumsum(-1) - 1).clamp(min=0)  # [B, R] column in the compacted row
-    xc = x * valid if prefix else _compact(x, valid, position)
+    xc = _compact(x, valid, position)
     if values is not None:
-        vc = values * valid if prefix else _compact(values, valid, position)
-        next_v = torch.nn.functional.pad(vc[:, 1:], (0, 1))
-        xc = xc + gamma * next_v - vc
-    yc = discounted_reverse_scan(xc, c)
-    y = yc if prefix else yc.gather(1, position)
-    return y * valid
+        xc = _deltas(xc, _compact(values, valid, position), gamma)
+    return discounted_reverse_scan(xc, c).gather(1, position) * valid
 
 
 # ---- estimators -------------------------------------------------------------------------
@@ -252,8 +266,12 @@ def remax(inputs: AdvantageInputs, cfg: AlgorithmConfig) -> tuple[torch.Tensor, 
             "algorithm.estimator 'remax' needs baseline_scores (scores of greedy responses)"
         )
     mask = inputs.response_mask.to(inputs.token_rewards.dtype)
-    returns = (inputs.token_rewards * mask).flip(-1).cumsum(-1).flip(-1) * mask
-    return returns - inputs.baseline_scores[:, None] * mask, returns
+    masked = inputs.token_rewards * mask
+    # reverse cumsum as total - cumsum + x: no flips (copies) of the [B, R] tensors
+    returns = masked.sum(-1, keepdim=True) - masked.cumsum(-1)
+    returns.add_(masked).mul_(mask)
+    advantages = torch.addcmul(returns, inputs.baseline_scores[:, None], mask, value=-1.0)
+    return advantages, returns
 
 
 # ---- from the Batch -----------------------------------------------------------------------

@@ -140,11 +140,19 @@ def agg_token_mean(
     loss: torch.Tensor, mask: torch.Tensor, max_response_length: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sum over valid tokens; count = valid tokens."""
-    return (loss * mask).sum(), mask.sum().detach()
+    return _masked_sum(loss, mask), mask.sum().detach()
 
 
-def _nonempty_rows(mask: torch.Tensor) -> torch.Tensor:
-    return (mask.sum(-1) > 0).to(mask.dtype).sum()  # sequences with no valid token do not count
+def _masked_sum(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Scalar sum of x over valid tokens (pairwise-summed: a BLAS dot would accumulate
+    sequentially in fp32 and lose ~1e-4 relative over a million tokens)."""
+    return (x * mask).sum()
+
+
+def _nonempty_rows(row_tokens: torch.Tensor) -> torch.Tensor:
+    return (
+        (row_tokens > 0).to(row_tokens.dtype).sum()
+    )  # sequences without valid tokens do not count
 
 
 @LOSS_AGGREGATIONS.register("seq-mean-token-sum")
@@ -152,7 +160,7 @@ def agg_seq_mean_token_sum(
     loss: torch.Tensor, mask: torch.Tensor, max_response_length: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sum of per-sequence token sums; count = non-empty sequences."""
-    return (loss * mask).sum(), _nonempty_rows(mask)
+    return _masked_sum(loss, mask), _nonempty_rows(mask.sum(-1))
 
 
 @LOSS_AGGREGATIONS.register("seq-mean-token-mean")
@@ -160,8 +168,9 @@ def agg_seq_mean_token_mean(
     loss: torch.Tensor, mask: torch.Tensor, max_response_length: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sum of per-sequence token means; count = non-empty sequences."""
-    per_row = (loss * mask).sum(-1) / mask.sum(-1).clamp(min=1)  # [B]
-    return per_row.sum(), _nonempty_rows(mask)
+    row_tokens = mask.sum(-1)  # [B]
+    per_row = (loss * mask).sum(-1) / row_tokens.clamp(min=1)  # [B]
+    return per_row.sum(), _nonempty_rows(row_tokens)
 
 
 @LOSS_AGGREGATIONS.register("seq-mean-token-sum-norm")
@@ -170,7 +179,7 @@ def agg_seq_mean_token_sum_norm(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-sequence token sums divided by the constant max response length (Dr. GRPO);
     count = non-empty sequences."""
-    return (loss * mask).sum() / max_response_length, _nonempty_rows(mask)
+    return _masked_sum(loss, mask) / max_response_length, _nonempty_rows(mask.sum(-1))
 
 
 def aggregate(
@@ -182,16 +191,25 @@ def aggregate(
 
 # ---- metrics ----------------------------------------------------------------------------
 def _token_metric(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return torch.stack([(x.detach() * mask).sum(), mask.sum()])
+    return torch.stack([_masked_sum(x.detach(), mask), mask.sum()])
 
 
-def _extreme_metric(x: torch.Tensor, mask: torch.Tensor, largest: bool) -> torch.Tensor:
-    valid = mask > 0
-    if not bool(valid.any()):
-        return x.new_tensor([-math.inf if largest else math.inf, 0.0])
-    picked = x.detach()[valid]
-    value = picked.max() if largest else picked.min()
-    return torch.stack([value, value.new_tensor(1.0)])
+EXTREME_SHIFT = 1e30  # pushes padding out of max/min; metrics (ratios) stay far below it
+
+
+def _extreme_metrics(x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(max, min)`` metrics of x over valid tokens, each ``(value, 1)`` or ``(-+inf, 0)``.
+
+    Shifting padding by +-1e30 is several times faster on CPU than masked_fill / indexing.
+    """
+    if not bool(mask.any()):
+        return x.new_tensor([-math.inf, 0.0]), x.new_tensor([math.inf, 0.0])
+    x = x.detach()
+    invalid = 1.0 - mask.to(x.dtype)
+    one = x.new_tensor(1.0)
+    high = torch.add(x, invalid, alpha=-EXTREME_SHIFT).max()
+    low = torch.add(x, invalid, alpha=EXTREME_SHIFT).min()
+    return torch.stack([high, one]), torch.stack([low, one])
 
 
 def metric_reduction(name: str) -> str:
@@ -290,8 +308,7 @@ class PolicyLossFn:
         metrics["pg_clipfrac_lower"] = _token_metric(terms.clipped_lower, mask)
         metrics["ppo_kl"] = _token_metric(old - logp, mask)
         metrics["ratio_mean"] = _token_metric(terms.ratio, mask)
-        metrics["ratio_max"] = _extreme_metric(terms.ratio, mask, largest=True)
-        metrics["ratio_min"] = _extreme_metric(terms.ratio, mask, largest=False)
+        metrics["ratio_max"], metrics["ratio_min"] = _extreme_metrics(terms.ratio, mask)
         return loss_sum, count.detach(), metrics
 
 
