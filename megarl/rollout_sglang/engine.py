@@ -150,6 +150,53 @@ class SGLangEngine:
         except SGLangHTTPError as err:
             raise SGLangHTTPError(self.url, "/generate", reply.status, err.detail) from None
 
+    def score(
+        self,
+        prompts: Sequence[Sequence[int]],
+        responses: Sequence[Sequence[int]],
+        temperature: float = 1.0,
+    ) -> list[list[float]]:
+        """Teacher-forced log-probs of each response token (the post-sync check's engine side,
+        megarl.rollout.logprob_check.ScoringEngine).
+
+        Read from ``meta_info.input_token_logprobs`` of a prefill over prompt + response.
+        SGLang computes input log-probs from unscaled logits, so only temperature 1 (or
+        greedy, counted as 1 like the torch engine) is supported: run the check at T = 1.
+        """
+        if not (temperature < 1e-6 or abs(temperature - 1.0) < 1e-9):
+            raise ValueError(
+                f"{self}: score at temperature {temperature} is not possible (SGLang's prompt "
+                "log-probs ignore temperature); run the post-sync log-prob check at temperature 1.0"
+            )
+        if len(prompts) != len(responses):
+            raise ValueError(f"score got {len(prompts)} prompts but {len(responses)} responses")
+        workers = max(1, min(self.max_running_requests, len(prompts)))
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            return list(pool.map(self._score_one, prompts, responses))
+
+    def _score_one(self, prompt: Sequence[int], response: Sequence[int]) -> list[float]:
+        prompt, response = [int(t) for t in prompt], [int(t) for t in response]
+        if not response:
+            return []
+        body = {
+            "input_ids": prompt + response,
+            "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
+            "return_logprob": True,
+            # From the last prompt token on: whether SGLang's first entry is that token or
+            # the first response token, the last len(response) entries are the response.
+            "logprob_start_len": max(0, len(prompt) - 1),
+        }
+        reply = self.client.post("/generate", body)
+        check_reply(self.url, "/generate", reply)
+        meta = (reply.body or {}).get("meta_info", {}) if isinstance(reply.body, dict) else {}
+        items = (meta.get("input_token_logprobs") or [])[-len(response) :]
+        if [int(i[1]) for i in items] != response or any(i[0] is None for i in items):
+            raise SGLangHTTPError(
+                self.url, "/generate", reply.status,
+                f"input_token_logprobs do not cover the {len(response)} response tokens: {items[:4]}...",
+            )  # fmt: skip
+        return [float(i[0]) for i in items]
+
     # ---- control ----------------------------------------------------------------------
 
     def pause_generation(self, mode: str = "abort") -> None:

@@ -119,3 +119,15 @@ def test_release_then_push_resumes_and_frees_memory(engine, model_dir):
     ref = hf_logprobs(model_dir, hf_state(model_dir), PROMPT, r.response_ids)
     assert r.weight_version == 2 and len(r.response_ids) > 0
     assert r.logprobs[0] == pytest.approx(float(ref[0]), abs=0.1)
+
+
+def test_score_matches_hf(engine, model_dir):
+    from megarl.rollout_sglang import SGLangTensorSync
+
+    sync = SGLangTensorSync(stream_of(hf_state(model_dir)))
+    sync.connect([engine])
+    sync.push(3)
+    response = [101, 32, 119, 111, 114, 108, 100]
+    (got,) = engine.score([PROMPT], [response], temperature=1.0)
+    ref = hf_logprobs(model_dir, hf_state(model_dir), PROMPT, response)
+    assert (torch.tensor(got) - ref).abs().mean() < 0.05

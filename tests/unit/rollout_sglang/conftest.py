@@ -80,6 +80,8 @@ class FakeSGLang:
         }
 
     def ep_generate(self, body: dict) -> tuple[int, Any]:
+        if isinstance(body["input_ids"][0], int):  # a single prompt (the scoring request)
+            return 200, self._prefill(body["input_ids"], body.get("logprob_start_len", -1))
         prompts, params = body["input_ids"], body["sampling_params"]
         with self.lock:
             self.inflight += len(prompts)
@@ -118,6 +120,19 @@ class FakeSGLang:
             "output_token_logprobs": pairs,
         }  # fmt: skip
         return {"text": "", "output_ids": ids, "meta_info": meta}
+
+    def token_logprob(self, token: int) -> float:
+        shift = 0.0 if self.weight_version == "default" else 0.01 * int(self.weight_version)
+        return -0.01 * (token + 1) - shift
+
+    def _prefill(self, ids: list[int], start: int) -> dict:
+        # input_token_logprobs: entry i is the token at position start + i given the tokens
+        # before it; position 0 has no log-prob (None), as in SGLang.
+        first = max(start, 0)
+        pairs = [[None if i == 0 else self.token_logprob(t), t, None] for i, t in enumerate(ids)]
+        meta = {"finish_reason": {"type": "length", "length": 1}, "weight_version": self.weight_version,
+                "input_token_logprobs": pairs[first:], "output_token_logprobs": [[-1.0, 0, None]]}  # fmt: skip
+        return {"text": "", "output_ids": [0], "meta_info": meta}
 
     def ep_pause_generation(self, body: Any) -> tuple[int, Any]:
         self.paused = True

@@ -167,3 +167,15 @@ def test_deterministic_engine_needs_a_seed(fake_server):
     with pytest.raises(ValueError, match="without SamplingParams.seed"):
         engine.generate([[1]], SamplingParams(n=2))
     assert len(engine.generate([[1]], SamplingParams(n=2, seed=1, max_new_tokens=1))) == 2
+
+
+def test_score_reads_teacher_forced_logprobs_of_the_response(fake_server):
+    server = fake_server()
+    engine = SGLangEngine(server.url)
+    got = engine.score([[5, 6, 7], [9]], [[1, 2], [3, 4, 8]], temperature=1.0)
+    assert got == [pytest.approx([-0.02, -0.03]), pytest.approx([-0.04, -0.05, -0.09])]
+    (body,) = [b for p, b in server.fake.bodies if p == "/generate"][:1]
+    assert body["return_logprob"] is True and body["input_ids"] in ([5, 6, 7, 1, 2], [9, 3, 4, 8])
+    assert engine.score([[1]], [[]]) == [[]]
+    with pytest.raises(ValueError, match="run the post-sync log-prob check at temperature 1.0"):
+        engine.score([[1]], [[2]], temperature=0.7)
