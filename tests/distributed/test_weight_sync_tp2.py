@@ -7,13 +7,10 @@ not divisible by 2, so the export's vocab-padding removal is exercised too.
 
 from __future__ import annotations
 
-import os
-import socket
 import weakref
 
 import pytest
-import torch
-import torch.multiprocessing as mp
+from spawn import run_distributed
 
 from megarl.models.tiny import build_tiny_model
 
@@ -21,12 +18,6 @@ WORLD = 2
 BUCKET_MB = 0.02  # ~20 KiB: many buckets, several tensors larger than one bucket
 TEMPERATURE = 0.8
 TOL = 1e-4
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _nll_loss(batch, outputs):
@@ -73,7 +64,7 @@ def _engine_vs_trainer(policy, engine, batch) -> float:
     return float(diff.max())
 
 
-def _run(rank: int, model_dir: str, engine_dir: str) -> None:
+def _run(rank: int, world_size: int, model_dir: str, engine_dir: str) -> None:
     from megarl.actors.policy import PolicyWorker
     from megarl.config.sections import ActorConfig, OptimizerConfig, ParallelConfig
     from megarl.rollout.logprob_check import check_after_sync, engine_logprobs, probe_batch, probe_sequences
@@ -118,19 +109,6 @@ def _run(rank: int, model_dir: str, engine_dir: str) -> None:
     assert stream.peak_bytes <= stream.bucket_bytes + live.largest
 
 
-def _worker(rank: int, port: int, model_dir: str, engine_dir: str) -> None:
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank)
-    )
-    torch.set_num_threads(1)
-    from megarl.parallel.groups import destroy_parallel
-
-    try:
-        _run(rank, model_dir, engine_dir)
-    finally:
-        destroy_parallel()
-
-
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory):
     policy_dir = build_tiny_model(tmp_path_factory.mktemp("policy"), seed=0)
@@ -139,4 +117,4 @@ def model_dirs(tmp_path_factory):
 
 
 def test_tp2_policy_pushes_into_torch_engine_and_logprobs_match(model_dirs):
-    mp.spawn(_worker, args=(_free_port(), *model_dirs), nprocs=WORLD, join=True)
+    run_distributed(_run, WORLD, *model_dirs)
