@@ -20,6 +20,7 @@ from megarl.rollout_sglang.server import (
     spec_from_config,
 )
 from megarl.rollout_sglang.weight_sync import (
+    PayloadGather,
     SGLangDiskSync,
     SGLangDistributedSync,
     SGLangTensorSync,
@@ -28,6 +29,7 @@ from megarl.rollout_sglang.weight_sync import (
 
 __all__ = [
     "EngineBusy",
+    "PayloadGather",
     "SGLangClient",
     "SGLangDiskSync",
     "SGLangDistributedSync",

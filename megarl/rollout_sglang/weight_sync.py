@@ -110,12 +110,32 @@ class _SGLangSync:
         return dead
 
 
+@dataclass(frozen=True)
+class PayloadGather:
+    """Per-GPU producers for one engine (how slime feeds a TP > 1 engine).
+
+    Every trainer process on the engine's GPUs serializes its own copy of each bucket, from
+    its own GPU, so engine TP rank r opens memory on its own device (no peer access, no
+    CUDA context on another GPU). ``gather(payload)`` collects one payload per process over
+    the engine's GPU group, ordered by engine TP rank, and returns the list on the process
+    that posts (the one connected to the engine) and None elsewhere, e.g. with
+    ``dist.gather_object`` on a gloo group. ``barrier()`` on the same group runs after the
+    post, so no process frees its copy before the engine has read it.
+    """
+
+    gather: Callable[[str], list[str] | None]
+    barrier: Callable[[], None]
+
+
 class SGLangTensorSync(_SGLangSync):
     """Colocated: tensors stay on the trainer's GPU and reach SGLang as CUDA IPC handles.
 
-    Every policy rank calls :meth:`push` (the stream's export is collective); the ranks that
-    host an engine's producer connect it, the others connect an empty list. ``bucket_class``
-    and ``serialize`` default to SGLang's FlattenedTensorBucket (when importable) and
+    Every policy rank calls :meth:`push` (the stream's export is collective); the process
+    that posts to an engine connects it, the others connect an empty list. Without
+    ``per_gpu`` one process serializes each bucket once per engine TP rank from its own GPU
+    (the engine's other ranks then read it over peer access); with ``per_gpu`` each GPU's
+    process contributes its own copy (see :class:`PayloadGather`). ``bucket_class`` and
+    ``serialize`` default to SGLang's FlattenedTensorBucket (when importable) and
     ForkingPickler+base64; the CPU tests pass ``bucket_class=None`` (plain ``[(name,
     tensor)]`` lists).
     """
@@ -125,11 +145,21 @@ class SGLangTensorSync(_SGLangSync):
         stream: BucketStream,
         bucket_class: type | None | str = "auto",
         serialize: Callable[[Any], str] = serialize_for_http,
+        per_gpu: PayloadGather | None = None,
     ) -> None:
         super().__init__()
         self.stream = stream
         self.bucket_class = bucket_class
         self.serialize = serialize
+        self.per_gpu = per_gpu
+
+    def connect(self, engines: Iterable[SGLangEngine]) -> None:
+        super().connect(engines)
+        if self.per_gpu is not None and len(self.engines) > 1:
+            raise ValueError(
+                "SGLangTensorSync with per_gpu payloads posts to one engine per process; "
+                f"got {len(self.engines)} engines (connect each engine in its own leader process)"
+            )
 
     def push(self, version: int) -> dict[str, float]:
         start = time.perf_counter()
@@ -137,24 +167,40 @@ class SGLangTensorSync(_SGLangSync):
             begin_update(self.engines)
         nbytes = count = 0
         for bucket in self.stream.buckets(version):
-            for engine in self.engines:
-                requests = build_tensor_requests(
-                    bucket.tensors, engine.tp, self.bucket_class, self.serialize
-                )
-                for req in requests:
-                    tag = version if bucket.last and req.last else None
-                    engine.update_from_tensor(req.payloads, req.load_format, tag)
-                # `requests` (and the IPC-shared memory they pin) is dropped only here,
-                # after the engine has answered for every one of them.
-                del requests
+            if self.per_gpu is None:
+                self._send_from_here(bucket, version)
+            else:
+                self._send_per_gpu(bucket, version, self.per_gpu)
             nbytes += bucket.nbytes
             count += 1
             del bucket
+        if torch.cuda.is_available():
+            torch.cuda.ipc_collect()  # release the IPC handles the engines closed
         if self.engines:
-            if torch.cuda.is_available():
-                torch.cuda.ipc_collect()  # release the IPC handles the engines closed
             end_update(self.engines, version)
         return _metrics(time.perf_counter() - start, nbytes, count)
+
+    def _send_from_here(self, bucket: WeightBucket, version: int) -> None:
+        for engine in self.engines:
+            requests = build_tensor_requests(
+                bucket.tensors, engine.tp, self.bucket_class, self.serialize
+            )
+            for req in requests:
+                tag = version if bucket.last and req.last else None
+                engine.update_from_tensor(req.payloads, req.load_format, tag)
+            # `requests` (and the IPC-shared memory they pin) is dropped only here, after
+            # the engine has answered for every one of them.
+            del requests
+
+    def _send_per_gpu(self, bucket: WeightBucket, version: int, per_gpu: PayloadGather) -> None:
+        requests = build_tensor_requests(bucket.tensors, 1, self.bucket_class, self.serialize)
+        for req in requests:
+            payloads = per_gpu.gather(req.payloads[0])
+            if payloads is not None and self.engines:
+                tag = version if bucket.last and req.last else None
+                self.engines[0].update_from_tensor(payloads, req.load_format, tag)
+            per_gpu.barrier()  # every copy stays alive until the engine has answered
+        del requests
 
 
 @dataclass(frozen=True)

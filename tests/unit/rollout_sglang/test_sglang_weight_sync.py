@@ -15,6 +15,7 @@ from megarl.rollout.weight_sync import HFWeightStream
 from megarl.rollout_sglang.client import SGLangHTTPError
 from megarl.rollout_sglang.engine import EngineBusy, SGLangEngine, WeightVersionMismatch
 from megarl.rollout_sglang.weight_sync import (
+    PayloadGather,
     SGLangDiskSync,
     SGLangDistributedSync,
     SGLangTensorSync,
@@ -283,3 +284,54 @@ def test_failed_push_leaves_a_live_paused_engine_that_the_next_push_finishes(fak
     server.fake.fail_update = False
     sync.push(1)
     assert not server.fake.paused and server.fake.weight_version == "1"
+
+
+def test_per_gpu_payloads_are_gathered_in_tp_rank_order(fake_server):
+    # Two trainer processes (threads here) on the two GPUs of a TP=2 engine each serialize
+    # their own copy; rank 0 gathers them in TP-rank order and posts.
+    server = fake_server(tp=2)
+    weights = make_weights(count=3)
+    slots: list[str | None] = [None, None]
+    meet = threading.Barrier(2)
+
+    def gather_for(rank: int):
+        def gather(payload: str) -> list[str] | None:
+            slots[rank] = payload
+            meet.wait()
+            out = list(slots) if rank == 0 else None
+            meet.wait()
+            return out
+
+        return gather
+
+    syncs = [
+        SGLangTensorSync(
+            stream_of(weights), bucket_class=None, per_gpu=PayloadGather(gather_for(r), meet.wait)
+        )  # fmt: skip
+        for r in range(2)
+    ]
+    syncs[0].connect([SGLangEngine(server, tp=2)])
+    syncs[1].connect([])
+    errors: list[BaseException] = []
+
+    def run(sync: SGLangTensorSync) -> None:
+        try:
+            sync.push(6)
+        except BaseException as err:  # noqa: BLE001 - reported by the assertion below
+            errors.append(err)
+            meet.abort()
+
+    threads = [threading.Thread(target=run, args=(s,)) for s in syncs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors, errors
+    updates = [b for p, b in server.fake.bodies if p == "/update_weights_from_tensor"]
+    assert len(updates) >= 2 and all(len(b["serialized_named_tensors"]) == 2 for b in updates)
+    # Each rank's payload is its own serialization (distinct strings, same tensors).
+    assert all(
+        b["serialized_named_tensors"][0] != b["serialized_named_tensors"][1] for b in updates
+    )
+    assert_same_weights(server.fake.weights, weights)
+    assert server.fake.weight_version == "6"
