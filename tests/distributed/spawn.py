@@ -16,6 +16,7 @@ once per test session, so each launch costs a fork, not a ~10 s import (2-core C
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import multiprocessing as mp
 import os
 import socket
@@ -43,20 +44,26 @@ def free_port() -> int:
 
 
 def _fn_ref(fn) -> tuple[str, str, str]:
-    """(module name, qualified name, sys.path root) so a child can import ``fn`` by itself."""
+    """(module name, qualified name, module file) so a child can load ``fn`` by itself."""
     module = sys.modules[fn.__module__]
-    file = os.path.abspath(module.__file__ or "")
-    root = os.path.dirname(file)
-    for _ in range(fn.__module__.count(".")):
-        root = os.path.dirname(root)
-    return fn.__module__, fn.__qualname__, root
+    return fn.__module__, fn.__qualname__, os.path.abspath(module.__file__ or "")
 
 
 def _resolve(ref: tuple[str, str, str]):
-    module_name, qualname, root = ref
-    if root not in sys.path:
-        sys.path.insert(0, root)
-    obj: Any = importlib.import_module(module_name)
+    """Load ``fn``'s module from its file (works whatever pytest's import mode), with the file's
+    directory on sys.path so its sibling helpers (``from spawn import ...``) import too."""
+    module_name, qualname, file = ref
+    folder = os.path.dirname(file)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    module = sys.modules.get(module_name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(module_name, file)
+        assert spec is not None and spec.loader is not None, file
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        spec.loader.exec_module(module)
+    obj: Any = module
     for part in qualname.split("."):
         obj = getattr(obj, part)
     return obj
