@@ -10,6 +10,7 @@ from megarl.rollout_sglang.engine import (
     SGLangEngine,
     WeightVersionMismatch,
     generate_across,
+    start_engines,
 )
 from megarl.rollout_sglang.server import (
     ServerLaunchError,
@@ -46,4 +47,5 @@ __all__ = [
     "generate_across",
     "pick_free_port",
     "spec_from_config",
+    "start_engines",
 ]

@@ -406,3 +406,26 @@ def generate_across(
         for (start, _), fut in zip(slices, futures, strict=True):
             out += [replace(r, prompt_index=r.prompt_index + start) for r in fut.result()]
     return out
+
+
+def start_engines(
+    servers: Sequence[Any], timeout: float = 900.0, poll: float = 1.0
+) -> list[SGLangEngine]:
+    """Launch every server at once, wait until all are healthy, wrap each in an engine.
+
+    ``servers`` are SGLangServer objects (built from ServerSpecs). If one fails, all are shut
+    down and its ServerLaunchError (with its log tail) is raised.
+    """
+    for server in servers:
+        server.launch()
+    try:
+        for server in servers:
+            server.wait_healthy(timeout, poll)
+    except BaseException:
+        for server in servers:
+            server.shutdown()
+        raise
+    return [
+        SGLangEngine(s, tp=s.spec.tp, max_running_requests=s.spec.max_running_requests)
+        for s in servers
+    ]

@@ -13,6 +13,7 @@ import textwrap
 import pytest
 
 from megarl.config.sections import RolloutConfig
+from megarl.rollout_sglang.engine import start_engines
 from megarl.rollout_sglang.server import (
     ServerLaunchError,
     ServerSpec,
@@ -113,21 +114,21 @@ def test_exit_during_start_is_reported_with_code_and_log(tmp_path):
         server.start(timeout=30.0, poll=0.05)
 
 
+# A stand-in that answers /health_generate on the port SGLangServer picked.
+HEALTHY_STAND_IN = """
+    import http.server
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path == "/health_generate" else 404)
+            self.end_headers()
+        def log_message(self, *a):
+            pass
+    http.server.HTTPServer(("127.0.0.1", {port}), H).serve_forever()
+"""
+
+
 def test_healthy_server_starts_is_detected_dead_and_restarts(tmp_path):
-    # A stand-in that answers /health_generate on the port SGLangServer picked.
-    server = _stand_in(
-        tmp_path,
-        """
-        import http.server
-        class H(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):
-                self.send_response(200 if self.path == "/health_generate" else 404)
-                self.end_headers()
-            def log_message(self, *a):
-                pass
-        http.server.HTTPServer(("127.0.0.1", {port}), H).serve_forever()
-    """,
-    )
+    server = _stand_in(tmp_path, HEALTHY_STAND_IN)
     server.start(timeout=30.0, poll=0.05)
     try:
         assert server.healthy()
@@ -141,3 +142,21 @@ def test_healthy_server_starts_is_detected_dead_and_restarts(tmp_path):
     finally:
         server.shutdown()
     assert not server.alive()
+
+
+def test_start_engines_launches_all_and_cleans_up_on_failure(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    good = [_stand_in(tmp_path / d, HEALTHY_STAND_IN) for d in ("a", "b")]
+    engines = start_engines(good, timeout=30.0, poll=0.05)
+    try:
+        assert [e.url for e in engines] == [s.url for s in good]
+        assert all(e.health().alive for e in engines)  # /health_generate answers 200
+    finally:
+        for s in good:
+            s.shutdown()
+    bad = _stand_in(tmp_path / "a", "import sys; print('boom', flush=True); sys.exit(2)")
+    other = _stand_in(tmp_path / "b", HEALTHY_STAND_IN)
+    with pytest.raises(ServerLaunchError, match="(?s)exited with code 2.*boom"):
+        start_engines([bad, other], timeout=30.0, poll=0.05)
+    assert not other.alive()
