@@ -100,6 +100,9 @@ class _SGLangSync:
         """Relaunch dead engines, rebuild groups, re-push ``version`` to all and check it.
 
         Returns the engines that were restarted (empty: nothing to do, nothing pushed).
+        For one trainer process. With several (a distributed push), the controller decides:
+        it restarts the dead engines once (``SGLangEngine.restart``), then calls
+        ``connect`` and ``push`` on every process, since both are collective.
         """
         dead = [e for e in self.engines if not e.health().alive]
         for engine in dead:
