@@ -96,10 +96,26 @@ def _patch_cuda_reductions() -> None:
     monkey_patch_torch_reductions()
 
 
+def _sglang_serializer() -> Any:
+    try:
+        from sglang.srt.utils import MultiprocessingSerializer
+    except ImportError:
+        return None
+    return MultiprocessingSerializer
+
+
 def serialize_for_http(obj: Any) -> str:
-    """``ForkingPickler`` + base64: what SGLang's ``MultiprocessingSerializer.deserialize``
-    reads from an HTTP request (it base64-decodes strings, then unpickles)."""
+    """One base64 payload, as SGLang's ``MultiprocessingSerializer.deserialize`` reads it
+    from an HTTP request (base64-decode, then unpickle).
+
+    Uses SGLang's own ``MultiprocessingSerializer.serialize(obj, output_str=True)`` when SGLang
+    is importable; otherwise the same format by hand (``ForkingPickler`` + base64), which is
+    what runs on CPU-only machines and in the tests.
+    """
     _patch_cuda_reductions()
+    serializer = _sglang_serializer()
+    if serializer is not None:
+        return serializer.serialize(obj, output_str=True)
     buf = io.BytesIO()
     ForkingPickler(buf).dump(obj)
     return base64.b64encode(buf.getvalue()).decode("ascii")
