@@ -24,7 +24,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     records = read_metrics(run / "metrics.jsonl")
     if not records:
         raise FileNotFoundError(f"{run / 'metrics.jsonl'} is missing or empty; is {run} a megarl output_dir?")
-    panels = [(title, series) for title, series in CURVES if any(k in r for r in records for k, _ in series)]
+    panels = [(title, series) for title, series in CURVES if any(r.get(k) is not None for r in records for k, _ in series)]
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6), squeeze=False)
     for ax, (title, series) in zip(axes[0], panels):
         for key, label in series:

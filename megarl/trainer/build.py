@@ -1,0 +1,122 @@
+"""Building the run from a checked config: Ray placement, worker groups, and one strategy
+object per phase of the RL step (the step itself never branches on the config)."""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from megarl.actors.placement import RolePlacement, place_roles
+from megarl.actors.worker_group import GroupOptions, WorkerGroup
+from megarl.config.loading import config_to_yaml
+from megarl.config.planner import Plan
+from megarl.config.sections import GROUP_ESTIMATORS, MegaRLConfig
+from megarl.trainer.loop import Components, Trainer
+from megarl.trainer.metrics import build_logger
+from megarl.trainer.model_phases import Advantages, CriticPhase, OldLogprobs, PolicyUpdate, ReferenceLogprobs, Skip, WeightPush
+from megarl.trainer.rollout import DynamicSamplingCollector, GreedyBaseline, NoBaseline, PlainCollector, Scorer, WorkerEngines
+
+log = logging.getLogger(__name__)
+
+
+def is_strictly_on_policy(cfg: MegaRLConfig) -> bool:
+    """One epoch, one optimizer step per RL step, no KL-in-reward: the update's own forward gives
+    the old log-probs (the ratio starts at exactly 1), so no separate forward is needed."""
+    one_step = (cfg.actor.mini_batch_size or cfg.samples_per_step) == cfg.samples_per_step
+    return cfg.actor.ppo_epochs == 1 and one_step and not cfg.algorithm.kl.use_in_reward
+
+
+def role_placements(cfg: MegaRLConfig, plan: Plan) -> tuple[list[RolePlacement], list[tuple[str, ...]]]:
+    """Ray placements of the Megatron roles (SGLang servers are placed by megarl.rollout_sglang)."""
+    cl = cfg.cluster
+    gpus = 1.0 if cl.device == "cuda" else 0.0
+    placements = []
+    for role in ("policy", "critic"):
+        if role in plan.roles:
+            n = len(plan.roles[role].gpus)
+            nnodes = max(1, n // cl.gpus_per_node)
+            placements.append(RolePlacement(role, nnodes, n // nnodes, gpus_per_proc=gpus, cpus_per_proc=1.0))
+    return placements, [("policy", "critic")]
+
+
+def build_trainer(cfg: MegaRLConfig, plan: Plan) -> Trainer:
+    out = Path(cfg.trainer.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.yaml").write_text(config_to_yaml(cfg))
+    tokenizer, eos_ids = _tokenizer(cfg.model.path)
+    from megarl.data.stream import build_train_stream, load_val_prompts
+
+    stream = build_train_stream(cfg.data, tokenizer)
+    total_steps = cfg.trainer.total_steps or cfg.trainer.total_epochs * stream.steps_per_epoch()
+    groups = _start_groups(cfg, plan, total_steps, out / "logs")
+    parts = _components(cfg, groups, stream, load_val_prompts(cfg.data, tokenizer), tokenizer, eos_ids, total_steps)
+    config_dict = cfg.model_dump(mode="json")
+    return Trainer(cfg, parts, partial(build_logger, cfg.trainer, config_dict, total_steps))
+
+
+def _start_groups(cfg: MegaRLConfig, plan: Plan, total_steps: int, log_dir: Path) -> dict[str, Any]:
+    from megarl.actors.critic_rank import CriticRank
+    from megarl.actors.policy_rank import PolicyRank
+
+    placements, colocate = role_placements(cfg, plan)
+    placed = place_roles(placements, colocate)
+    options = GroupOptions(log_dir=log_dir)
+    per_step = cfg.samples_per_step // (cfg.actor.mini_batch_size or cfg.samples_per_step)
+    groups = {"policy": WorkerGroup(PolicyRank, placed["policy"], cfg, total_steps * per_step * cfg.actor.ppo_epochs, group_options=options)}
+    if "critic" in placed:
+        c_step = cfg.samples_per_step // (cfg.critic.mini_batch_size or cfg.samples_per_step)
+        groups["critic"] = WorkerGroup(CriticRank, placed["critic"], cfg, total_steps * c_step * cfg.critic.ppo_epochs, group_options=options)
+    return groups
+
+
+def _components(cfg: MegaRLConfig, groups: dict[str, Any], stream: Any, val_prompts: Any, tokenizer: Any, eos_ids: list[int], total_steps: int) -> Components:
+    from megarl.rewards.scorer import RewardScorer
+
+    policy = groups["policy"]
+    temperature = cfg.rollout.sampling.temperature
+    engines = WorkerEngines(policy, policy.call("layout"))
+    scorer = Scorer(RewardScorer(cfg.reward), tokenizer, eos_ids)
+    ds = cfg.algorithm.dynamic_sampling
+    if ds.enabled and cfg.algorithm.estimator not in GROUP_ESTIMATORS:
+        log.warning("algorithm.dynamic_sampling with estimator %s: groups are filtered by reward variance anyway", cfg.algorithm.estimator)
+    collector = DynamicSamplingCollector(engines, scorer, stream.next_batch, ds.max_rounds) if ds.enabled else PlainCollector(engines, scorer)
+    return Components(
+        data=stream,
+        val_prompts=val_prompts,
+        engines=engines,
+        scorer=scorer,
+        collector=collector,
+        baseline=GreedyBaseline(engines, scorer) if cfg.algorithm.estimator == "remax" else NoBaseline(),
+        old_logprobs=Skip() if is_strictly_on_policy(cfg) else OldLogprobs(policy, temperature),
+        reference=ReferenceLogprobs(policy, temperature) if cfg.reference_enabled else Skip(),
+        critic=CriticPhase(groups["critic"]) if "critic" in groups else Skip(),
+        advantages=Advantages(cfg),
+        policy=PolicyUpdate(policy, temperature, cfg.trainer.critic_warmup_steps),
+        weight_push=WeightPush(policy, temperature, cfg.rollout.weight_sync.check_logprobs),
+        groups=groups,
+        total_steps=total_steps,
+    )
+
+
+def _tokenizer(path: str | None) -> tuple[Any, list[int]]:
+    from transformers import AutoTokenizer, GenerationConfig
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    try:
+        gen_eos = GenerationConfig.from_pretrained(path).eos_token_id
+        eos |= set(gen_eos if isinstance(gen_eos, list) else [gen_eos] if gen_eos is not None else [])
+    except OSError:
+        pass
+    return tokenizer, sorted(eos)
+
+
+def shutdown(trainer: Trainer | None) -> None:
+    if trainer is None:
+        return
+    trainer.close()
+    trainer.parts.scorer.reward_scorer.close()
+    for group in trainer.parts.groups.values():
+        group.shutdown()

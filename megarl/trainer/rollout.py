@@ -1,0 +1,192 @@
+"""Controller side of generation: prompts -> scored Batch, whatever the engines are.
+
+- ``WorkerEngines``: torch engines living in the policy ranks (one per DP replica); prompts are
+  cut into contiguous shards, one per engine, so all n samples of a prompt go to one engine.
+- ``Scorer``: decodes responses and scores them in the reward worker pool.
+- ``Collector`` strategies: ``PlainCollector`` (one generation round) or
+  ``DynamicSamplingCollector`` (DAPO: more rounds until enough groups have reward variance).
+- ``Baseline`` strategies: none, or remax's greedy rollout per prompt.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import torch
+
+from megarl.algos.dapo import dynamic_sampling_filter, zero_var_group_frac
+from megarl.data.batch import Batch
+from megarl.data.prompt_batch import PromptBatch
+from megarl.rollout.batching import batch_from_generations, response_texts
+from megarl.rollout.engine import GenerationResult, SamplingParams
+from megarl.trainer.metrics import PhaseTimer
+
+
+class Engines(Protocol):
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[GenerationResult]: ...
+
+
+class WorkerEngines:
+    """Torch engines inside the policy ranks (``PolicyRank.generate``)."""
+
+    def __init__(self, group: Any, layouts: list[dict[str, int]]):
+        self.group = group
+        leaders = sorted((lay["dp_rank"], lay["rank"]) for lay in layouts if lay["leader"])
+        self.engine_ranks = [rank for _, rank in leaders]
+        self.world = len(layouts)
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[GenerationResult]:
+        shards = _shards(len(prompts), len(self.engine_ranks))
+        requests: list[Any] = [None] * self.world
+        for rank, (start, stop) in zip(self.engine_ranks, shards):
+            if stop > start:
+                requests[rank] = ([list(p) for p in prompts[start:stop]], params, start * params.n)
+        answers = self.group.call_each("generate", [(r,) for r in requests])
+        results: list[GenerationResult] = []
+        for rank, (start, stop) in zip(self.engine_ranks, shards):
+            if stop > start:
+                results += [dataclasses.replace(r, prompt_index=r.prompt_index + start) for r in answers[rank]]
+        return results
+
+
+def _shards(total: int, parts: int) -> list[tuple[int, int]]:
+    """Contiguous near-equal [start, stop) ranges."""
+    base, extra = divmod(total, parts)
+    out, start = [], 0
+    for i in range(parts):
+        stop = start + base + (1 if i < extra else 0)
+        out.append((start, stop))
+        start = stop
+    return out
+
+
+class Scorer:
+    """Decode the responses, score them in the reward pool, put the scores on the batch."""
+
+    def __init__(self, reward_scorer: Any, tokenizer: Any, eos_token_ids: Sequence[int]):
+        self.reward_scorer, self.tokenizer, self.eos = reward_scorer, tokenizer, list(eos_token_ids)
+
+    def score(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
+        texts = response_texts(batch, self.tokenizer, self.eos)
+        result = self.reward_scorer.score(batch.data_source, texts, batch.ground_truth, batch.extra_info, prompts=batch.prompt_text)
+        scores = torch.tensor(result.scores, dtype=torch.float32)  # [B]
+        return batch.replace(scores=scores), result.metrics()
+
+    def texts(self, batch: Batch) -> list[str]:
+        return response_texts(batch, self.tokenizer, self.eos)
+
+
+def generate_batch(engines: Engines, prompts: PromptBatch, params: SamplingParams, group_offset: int = 0) -> Batch:
+    results = engines.generate(prompts.prompt_ids, params)
+    return batch_from_generations(
+        prompts.prompt_ids, results, params.n, group_offset=group_offset, data_source=prompts.data_source,
+        ground_truth=prompts.ground_truth, extra_info=prompts.extra_info, prompt_text=prompts.prompt_text,
+    )
+
+
+class Collector(Protocol):
+    def collect(self, prompts: PromptBatch, params: SamplingParams, timer: PhaseTimer) -> tuple[Batch, dict[str, float]]: ...
+
+
+class PlainCollector:
+    """One generation round, then scoring."""
+
+    def __init__(self, engines: Engines, scorer: Scorer):
+        self.engines, self.scorer = engines, scorer
+
+    def collect(self, prompts: PromptBatch, params: SamplingParams, timer: PhaseTimer) -> tuple[Batch, dict[str, float]]:
+        with timer.phase("generate"):
+            batch = generate_batch(self.engines, prompts, params)
+        with timer.phase("reward"):
+            return self.scorer.score(batch)
+
+
+class DynamicSamplingCollector:
+    """DAPO dynamic sampling: drop groups whose samples all scored the same, generate more.
+
+    Round k draws ``prompts_per_step`` fresh prompts from the stream (k > 1) until enough groups
+    with reward variance are collected or ``max_rounds`` is reached; then the batch is filled up
+    with dropped groups (zero advantage under group estimators, so they change nothing) to keep
+    the step's size, and batch arithmetic, fixed. Surplus groups are discarded, not carried over.
+    """
+
+    def __init__(self, engines: Engines, scorer: Scorer, next_prompts: Any, max_rounds: int):
+        self.plain = PlainCollector(engines, scorer)
+        self.next_prompts, self.max_rounds = next_prompts, max_rounds
+
+    def collect(self, prompts: PromptBatch, params: SamplingParams, timer: PhaseTimer) -> tuple[Batch, dict[str, float]]:
+        wanted = len(prompts)
+        kept: list[Batch] = []
+        dropped: list[Batch] = []
+        metrics: dict[str, float] = {}
+        rounds = 0
+        while rounds < self.max_rounds and sum(b.num_groups() for b in kept) < wanted:
+            if rounds:
+                prompts = self.next_prompts()
+            batch, metrics = self.plain.collect(prompts, params, timer)
+            batch = batch.replace(group_id=batch.group_id + rounds * wanted)  # unique across rounds
+            keep, _ = dynamic_sampling_filter(batch.scores, batch.group_id)
+            kept.append(batch.select(keep))
+            dropped.append(batch.select(~keep))
+            rounds += 1
+        pool = Batch.concat([b for b in kept + dropped if len(b)])
+        batch = _first_groups(pool, wanted)
+        metrics["dynamic_sampling/rounds"] = float(rounds)
+        metrics["dynamic_sampling/kept_groups"] = float(min(wanted, sum(b.num_groups() for b in kept)))
+        return batch, metrics
+
+
+def _first_groups(batch: Batch, groups: int) -> Batch:
+    """The rows of the first ``groups`` distinct group ids, in order, renumbered 0..groups-1."""
+    order = list(dict.fromkeys(batch.group_id.tolist()))[:groups]
+    rank = {g: i for i, g in enumerate(order)}
+    rows = [i for i, g in enumerate(batch.group_id.tolist()) if g in rank]
+    picked = batch.select(rows)
+    return picked.replace(group_id=torch.tensor([rank[g] for g in picked.group_id.tolist()], dtype=torch.long))
+
+
+class Baseline(Protocol):
+    def scores(self, batch: Batch, params: SamplingParams) -> torch.Tensor | None: ...
+
+
+class NoBaseline:
+    def scores(self, batch: Batch, params: SamplingParams) -> torch.Tensor | None:
+        return None
+
+
+class GreedyBaseline:
+    """ReMax: each prompt's greedy response scored; [B] baseline, the group's value per sample."""
+
+    def __init__(self, engines: Engines, scorer: Scorer):
+        self.engines, self.scorer = engines, scorer
+
+    def scores(self, batch: Batch, params: SamplingParams) -> torch.Tensor:
+        groups = list(dict.fromkeys(batch.group_id.tolist()))
+        first_rows = [batch.group_id.tolist().index(g) for g in groups]
+        heads = batch.select(first_rows)
+        prompts = [row[mask.bool()].tolist() for row, mask in zip(heads.prompt_ids, heads.prompt_mask)]
+        greedy = dataclasses.replace(params, temperature=0.0, n=1, top_p=1.0, top_k=-1)
+        results = self.engines.generate(prompts, greedy)
+        greedy_batch = batch_from_generations(
+            prompts, results, 1, data_source=heads.data_source, ground_truth=heads.ground_truth,
+            extra_info=heads.extra_info, prompt_text=heads.prompt_text,
+        )
+        scored, _ = self.scorer.score(greedy_batch)
+        per_group = dict(zip(groups, scored.scores.tolist()))
+        return torch.tensor([per_group[g] for g in batch.group_id.tolist()], dtype=torch.float32)
+
+
+def rollout_metrics(batch: Batch) -> dict[str, float]:
+    """What every step reports about its samples."""
+    scores = batch.scores if batch.scores is not None else torch.zeros(len(batch))
+    lengths = batch.response_lengths.float()
+    return {
+        "reward/mean": float(scores.mean()),
+        "reward/std": float(scores.std()) if len(batch) > 1 else 0.0,
+        "reward/zero_var_group_frac": zero_var_group_frac(scores, batch.group_id),
+        "response_length/mean": float(lengths.mean()),
+        "response_length/max": float(lengths.max()),
+        "response/truncated_frac": sum(r == "length" for r in batch.finish_reason) / max(len(batch), 1),
+    }
