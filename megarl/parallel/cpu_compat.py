@@ -6,6 +6,9 @@ megatron-core hard-codes a few CUDA calls on paths that otherwise work on CPU wi
 
 - ``torch.cuda.current_device()`` answers ``"cpu"`` (rotary embedding, global buffers);
 - ``torch.cuda.synchronize()`` is a no-op (pipeline p2p communication);
+- the CUDA RNG state is empty: ``torch.cuda.get_rng_state()`` answers an empty tensor and
+  setting it is a no-op (activation recomputation and Megatron's RNG checkpointing save and
+  restore it; there is no CUDA generator to save);
 - a ``TorchFunctionMode`` rewrites a cuda ``device=`` argument of any torch function, and
   ``Tensor.cuda()`` / ``Tensor.to("cuda")``, to cpu (pipeline token counters, default masks);
 - ``Tensor.type()`` with no argument answers the ``torch.cuda.*Tensor`` name and
@@ -84,6 +87,30 @@ def _synchronize(device: Any = None) -> None:
     return None
 
 
+def _empty_rng_state(device: Any = "cuda") -> torch.Tensor:
+    return torch.empty(0, dtype=torch.uint8)
+
+
+def _ignore_rng_state(new_state: Any = None, device: Any = -1, graph_safe: bool = False) -> None:
+    return None
+
+
+def _patch_cuda_rng() -> None:
+    import torch.cuda.random as cuda_random
+
+    for module in (torch.cuda, cuda_random):
+        module.get_rng_state = _empty_rng_state  # type: ignore[assignment]
+        module.set_rng_state = _ignore_rng_state  # type: ignore[assignment]
+        module.get_rng_state_all = lambda: []  # type: ignore[assignment]
+        module.set_rng_state_all = lambda new_states: None  # type: ignore[assignment]
+    try:  # Megatron's own setter queues a lazy CUDA call per use, a slow leak without CUDA
+        from megatron.core.tensor_parallel import random as mcore_random
+    except ImportError:
+        return
+    if hasattr(mcore_random, "_set_cuda_rng_state"):
+        mcore_random._set_cuda_rng_state = _ignore_rng_state
+
+
 def _patch_threads(mode: _CudaToCpuMode) -> None:
     """Enter the mode in every thread started from now on (the mode stack is per thread)."""
     bootstrap = getattr(threading.Thread, "_bootstrap_inner", None)
@@ -110,6 +137,7 @@ def enable_cpu_compat() -> bool:
             _mode = _CudaToCpuMode()
             torch.cuda.current_device = _current_device  # type: ignore[assignment]
             torch.cuda.synchronize = _synchronize  # type: ignore[assignment]
+            _patch_cuda_rng()
             _patch_threads(_mode)
     if not is_active_in_this_thread():
         _mode.__enter__()  # threads that existed before enabling (e.g. the main thread)

@@ -60,7 +60,7 @@ def _hf_logits(path: str, ids: torch.Tensor, valid: torch.Tensor) -> torch.Tenso
         return hf(input_ids=ids, attention_mask=valid.long(), position_ids=pos).logits
 
 
-def _build(path: str, tp: int, pp: int, value_head: bool = False):
+def _build(path: str, tp: int, pp: int, value_head: bool = False, recompute: str = "none"):
     from transformers import AutoConfig
 
     from megarl.config.sections import ParallelConfig
@@ -70,7 +70,7 @@ def _build(path: str, tp: int, pp: int, value_head: bool = False):
     info = current_parallel_info()
     hf_config = AutoConfig.from_pretrained(path)
     bridge = get_bridge(hf_config)
-    tcfg = bridge.transformer_config(hf_config, ParallelConfig(tp=tp, pp=pp), torch.float32)
+    tcfg = bridge.transformer_config(hf_config, ParallelConfig(tp=tp, pp=pp), torch.float32, recompute)
     model = bridge.build_model(
         hf_config, tcfg, pre_process=info.is_first_stage, post_process=info.is_last_stage, value_head=value_head
     )
@@ -127,6 +127,7 @@ def _tp2_worker(rank: int, world: int, dirs: dict[str, str]) -> dict:
             "seconds": time.perf_counter() - t0,
         }
     out["critic"] = _critic_check(dirs["qwen2"])
+    out["recompute"] = _recompute_check(dirs["qwen2"])
     out["attention"] = _attention_check()
     return out
 
@@ -151,6 +152,19 @@ def _critic_check(path: str) -> dict:
         "same_on_tp_ranks": torch.equal(parts[0], parts[1]),
         "export_has_score": "score.weight" in names and "lm_head.weight" not in names,
     }
+
+
+def _recompute_check(path: str) -> dict:
+    """Gradients with selective / full activation recomputation equal those without."""
+    from megarl.models.inputs import gpt_inputs
+
+    grads = {}
+    for mode in ("none", "selective", "full"):
+        bridge, hf_config, model = _build(path, tp=2, pp=1, recompute=mode)
+        ids, valid = _batch(bridge.vocab_size(hf_config))
+        model(*gpt_inputs(ids, valid)).logsumexp(-1)[valid].mean().backward()
+        grads[mode] = torch.cat([p.grad.flatten() for p in model.parameters()])
+    return {m: torch.equal(grads[m], grads["none"]) for m in ("selective", "full")}
 
 
 def _attention_check() -> dict:
@@ -255,6 +269,7 @@ def test_bridges_tp2(model_dirs):
     assert results[0]["qwen2"]["padded_vocab"] == 260  # 259 padded to a multiple of tp
     for r in results:
         assert r["critic"] == {"shape": (3, 12, 1), "finite": True, "same_on_tp_ranks": True, "export_has_score": True}
+        assert r["recompute"] == {"selective": True, "full": True}
         assert r["attention"]["finite"] and r["attention"]["max_diff"] <= 1e-5, r["attention"]
     print(f"tp2 launch {time.perf_counter() - t0:.1f}s", {a: round(results[0][a]["seconds"], 2) for a in ARCHS})
 

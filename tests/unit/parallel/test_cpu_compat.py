@@ -60,3 +60,13 @@ def test_active_in_threads_started_later():
     t.start()
     t.join()
     assert seen == [(True, "cpu")]
+
+
+def test_cuda_rng_state_is_empty_and_setting_it_is_harmless():
+    state = torch.cuda.get_rng_state()
+    assert state.numel() == 0
+    torch.cuda.set_rng_state(state)
+    torch.cuda.random.set_rng_state(torch.cuda.random.get_rng_state())
+    cpu_before = torch.get_rng_state()
+    torch.cuda.set_rng_state(state)
+    assert torch.equal(torch.get_rng_state(), cpu_before)  # the CPU generator is untouched
