@@ -33,11 +33,35 @@ from megarl.config.sections import RewardConfig
 from megarl.rewards import RewardScorer, compute_score
 from megarl.rewards.code_sandbox import bwrap_available, run_program
 
-Samples = tuple[list[str], list[str]]  # (responses, ground truths)
+Samples = tuple[list[str], list[str], list[str]]  # (responses, ground truths, form labels)
+
+
+GSM8K_FORMS = (
+    "#### n",
+    "#### 1,234",
+    "#### $n",
+    "#### n.00",
+    "unmarked",
+    "wrong",
+    "wrong",
+    "wrong",
+)
+MATH_FORMS = (
+    "percent",
+    "interval",
+    "radical",
+    "no box",
+    "two boxes",
+    "number",
+    "number",
+    "number",
+    "number",
+    "number",
+)
 
 
 def gsm8k_samples(n: int, rng: random.Random) -> Samples:
-    responses, truths = [], []
+    responses, truths, forms = [], [], []
     for _ in range(n):
         truth = rng.choice([rng.randint(0, 99), rng.randint(100, 99_999)])
         wrong = truth + rng.choice([-10, -1, 1, 2, 100])
@@ -58,7 +82,8 @@ def gsm8k_samples(n: int, rng: random.Random) -> Samples:
             text = f"{steps}\n#### {wrong}"
         responses.append(text)
         truths.append(str(truth))
-    return responses, truths
+        forms.append(GSM8K_FORMS[form])
+    return responses, truths, forms
 
 
 def _latex_forms(value: Fraction, rng: random.Random) -> str:
@@ -73,7 +98,7 @@ def _latex_forms(value: Fraction, rng: random.Random) -> str:
 
 
 def math_samples(n: int, rng: random.Random) -> Samples:
-    responses, truths = [], []
+    responses, truths, forms = [], [], []
     for _ in range(n):
         kind = rng.randrange(10)
         value = Fraction(rng.randint(-20, 60), rng.choice([1, 1, 2, 3, 4, 5, 8, 10]))
@@ -100,7 +125,8 @@ def math_samples(n: int, rng: random.Random) -> Samples:
             text = f"{prefix}Therefore the answer is $\\boxed{{{answer}}}$."
         responses.append(text)
         truths.append(truth)
-    return responses, truths
+        forms.append(MATH_FORMS[kind])
+    return responses, truths, forms
 
 
 def timed(fn: Callable[[], list[float]]) -> tuple[list[float], float]:
@@ -111,6 +137,16 @@ def timed(fn: Callable[[], list[float]]) -> tuple[list[float], float]:
 
 def agreement(a: list[float], b: list[float]) -> float:
     return sum(1 for x, y in zip(a, b, strict=True) if abs(x - y) < 1e-9) / len(a)
+
+
+def disagreements(mine: list[float], theirs: list[float], forms: list[str]) -> dict[str, str]:
+    """Per answer form: how many samples differ, and who scored them 1."""
+    out: dict[str, list[int]] = {}
+    for x, y, form in zip(mine, theirs, forms, strict=True):
+        if abs(x - y) > 1e-9:
+            counts = out.setdefault(form, [0, 0])
+            counts[0 if x > y else 1] += 1
+    return {form: f"{a + b} (megarl 1: {a}, other 1: {b})" for form, (a, b) in sorted(out.items())}
 
 
 def verl_scorers() -> dict[str, dict[str, Callable[[str, str], float]]] | str:
@@ -130,7 +166,7 @@ def verl_scorers() -> dict[str, dict[str, Callable[[str, str], float]]] | str:
 
 
 def bench_task(task: str, data: Samples, scorer: RewardScorer, verl: dict | str) -> list[dict]:
-    responses, truths = data
+    responses, truths, forms = data
     n = len(responses)
     sources = [task] * n
     rows = []
@@ -153,6 +189,7 @@ def bench_task(task: str, data: Samples, scorer: RewardScorer, verl: dict | str)
                 {"task": task, "scorer": label, "seconds": secs, "mean_score": sum(scores) / n}
             )
             rows[-1]["agreement_with_megarl_serial"] = agreement(scores, serial)
+            rows[-1]["disagreements_by_form"] = disagreements(serial, scores, forms)
     for row in rows:
         row["samples"] = n
         row["samples_per_s"] = n / row["seconds"]
@@ -225,6 +262,14 @@ def write_markdown(path: Path, report: dict) -> None:
             f"| {r['task']} | {r['scorer']} | {r['samples']} | {r['seconds']:.2f} | {r['samples_per_s']:.0f} | "
             f"{r['mean_score']:.3f} | {'-' if agree is None else f'{agree:.4f}'} |"
         )
+    lines += [
+        "",
+        "Where verl and megarl disagree (samples per answer form of the synthetic set):",
+        "",
+    ]
+    for r in report["scoring"]:
+        for form, what in r.get("disagreements_by_form", {}).items():
+            lines.append(f"- {r['task']}, {r['scorer']}, {form}: {what}")
     lines += ["", "| code sandbox | runs | correct | runs/s |", "|---|---|---|---|"]
     lines += [
         f"| {r['sandbox']} | {r['runs']} | {r['ok']} | {r['runs_per_s']:.1f} |"

@@ -50,6 +50,8 @@ DEFAULT_MEMORY_LIMIT_MB = 512
 OUTPUT_LIMIT_BYTES = 16 << 20
 SANDBOX_DIR = "/sandbox"  # where the scratch directory appears inside bubblewrap
 
+_ACTIVE: dict[str, int | None] = {}  # scratch dir -> process group of the run using it
+
 _FENCE = re.compile(r"```([A-Za-z0-9_+-]*)[ \t]*\n(.*?)```", re.DOTALL)
 
 # Runs in the child: limits, parent-death signal, optional audit guard, then the program.
@@ -192,6 +194,7 @@ def run_program(
             "use_bwrap=True but bubblewrap (bwrap) is not installed or cannot create namespaces"
         )
     scratch = Path(tempfile.mkdtemp(prefix="megarl-sandbox-"))
+    _ACTIVE[str(scratch)] = None
     try:
         (scratch / "solution.py").write_text(source)
         limits = {
@@ -214,6 +217,7 @@ def run_program(
         return _execute(argv, stdin, scratch, env, time_limit_s)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+        _ACTIVE.pop(str(scratch), None)
 
 
 def _execute(
@@ -232,6 +236,7 @@ def _execute(
             env=env,
             start_new_session=True,
         )
+        _ACTIVE[str(scratch)] = proc.pid
         timed_out = False
         try:
             proc.communicate(stdin.encode(), timeout=time_limit_s)
@@ -246,6 +251,19 @@ def _execute(
     return RunResult(
         read(out_path), read(err_path), None if timed_out else proc.returncode, timed_out, seconds
     )
+
+
+def stop_active_runs() -> None:
+    """Kill running sandboxed programs and delete their directories; for a worker's SIGTERM
+    handler (a timed-out reward task's worker is terminated without unwinding ``finally``)."""
+    for scratch, pid in list(_ACTIVE.items()):
+        if pid is not None:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        shutil.rmtree(scratch, ignore_errors=True)
+    _ACTIVE.clear()
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

@@ -24,6 +24,7 @@ import logging
 import math
 import multiprocessing
 import os
+import signal
 from collections.abc import Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -33,8 +34,8 @@ from typing import Any
 from pebble import ProcessExpired, ProcessPool
 
 from megarl.config.sections import RewardConfig
+from megarl.rewards import code_sandbox, registry
 from megarl.rewards import custom as custom_fn
-from megarl.rewards import registry
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,7 @@ def _init_worker(spec: dict[str, Any]) -> None:
     would respawn a failing worker forever); a load error is re-raised by each task instead."""
     _WORKER.clear()
     _WORKER["spec"] = spec
+    _chain_sigterm()
     try:
         if spec.get("custom"):
             _WORKER["custom"] = custom_fn.load_function(*spec["custom"])
@@ -88,6 +90,21 @@ def _init_worker(spec: dict[str, Any]) -> None:
             import math_verify  # noqa: F401  (the first math task should not pay the sympy import)
     except BaseException as exc:  # noqa: BLE001 - reported by every task of this worker
         _WORKER["load_error"] = exc
+
+
+def _chain_sigterm() -> None:
+    # pebble stops a timed-out task's worker with SIGTERM and os._exit, skipping ``finally``:
+    # kill that task's sandboxed programs and delete their directories first.
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def on_term(signum: int, frame: Any) -> None:
+        code_sandbox.stop_active_runs()
+        if callable(previous):
+            previous(signum, frame)
+        else:
+            os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_term)
 
 
 def _custom() -> Any:

@@ -1,9 +1,13 @@
 """RewardScorer: the worker pool, per-sample timeouts, crashes, custom functions (contract)."""
 
+import glob
 import logging
 import math
+import os
+import tempfile
 import textwrap
 import time
+import uuid
 
 import pytest
 
@@ -155,3 +159,19 @@ def test_input_errors_raise_before_scoring(builtin_scorer):
     with pytest.raises(ValueError, match="ground_truths"):
         builtin_scorer.score(["gsm8k", "gsm8k"], ["#### 1", "#### 2"], ["1"])
     assert builtin_scorer.score([], [], []).scores == []
+
+
+def test_timed_out_code_sample_leaves_no_program_or_directory(builtin_scorer):
+    marker = f"marker_{uuid.uuid4().hex}"
+    program = f"```python\nimport time\nopen({marker!r}, 'w').write('x')\nwhile True:\n    time.sleep(0.01)\n```"
+    info = {"tests": [{"input": "", "output": "never"}], "time_limit_s": 30}  # > reward timeout
+    result = builtin_scorer.score(["code"], [program], [None], [info])
+    assert (result.scores, result.timeouts) == ([0.0], 1)
+    deadline = time.monotonic() + 5.0
+    while _sandboxes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _sandboxes_with(marker)  # the worker's SIGTERM handler killed the run and cleaned up
+
+
+def _sandboxes_with(marker: str) -> list[str]:
+    return glob.glob(os.path.join(tempfile.gettempdir(), "megarl-sandbox-*", marker))
