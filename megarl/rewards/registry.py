@@ -47,7 +47,7 @@ def resolve(data_source: str, functions: Mapping[str, str] | None = None) -> str
     name = (functions or {}).get(data_source) or DATA_SOURCES.get(data_source) or data_source
     if name in SCORERS:
         return name
-    raise KeyError(
+    raise ValueError(
         f"no reward scorer for data_source {data_source!r}. Built-in scorers: {', '.join(sorted(SCORERS))}; "
         f"known data sources: {', '.join(sorted(DATA_SOURCES))}. Map it with reward.functions "
         f"({{{data_source!r}: <scorer>}}) or give your own function in reward.custom."

@@ -5,7 +5,7 @@ from megarl.rewards.registry import check_functions
 
 
 def test_unknown_data_source_lists_scorers_and_fix():
-    with pytest.raises(KeyError) as info:
+    with pytest.raises(ValueError) as info:
         compute_score("my/dataset", "x", "y")
     message = str(info.value)
     assert "my/dataset" in message and "reward.functions" in message and "reward.custom" in message

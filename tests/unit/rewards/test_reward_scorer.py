@@ -154,7 +154,7 @@ def test_hanging_sample_in_a_chunk_gets_its_own_timeout(builtin_scorer):
 
 
 def test_input_errors_raise_before_scoring(builtin_scorer):
-    with pytest.raises(KeyError, match="reward.functions"):
+    with pytest.raises(ValueError, match="reward.functions"):
         builtin_scorer.score(["unknown/source"], ["x"], ["y"])
     with pytest.raises(ValueError, match="ground_truths"):
         builtin_scorer.score(["gsm8k", "gsm8k"], ["#### 1", "#### 2"], ["1"])
