@@ -35,6 +35,7 @@ from megarl.algos.losses import (
 )
 from megarl.algos.mismatch import logprob_mismatch, tis_weights
 from megarl.algos.registry import Registry, UnknownNameError
+from megarl.algos.step import advantage_step
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
@@ -48,6 +49,7 @@ __all__ = [
     "ModelOutputs",
     "Registry",
     "UnknownNameError",
+    "advantage_step",
     "aggregate",
     "compute_advantages",
     "dynamic_sampling_filter",

@@ -72,8 +72,8 @@ GSPO_LOG_RATIO_MAX = 10.0  # upper clamp of GSPO's log ratio
 class PolicyLossTerms:
     loss: torch.Tensor  # [B, R] per-token policy-gradient loss (with grad)
     ratio: torch.Tensor  # [B, R] detached importance ratio the loss used
-    clipped: torch.Tensor  # [B, R] float, 1 where the clipped branch was taken
-    clipped_lower: torch.Tensor  # [B, R] float, 1 where the dual-clip bound was taken
+    clipped: torch.Tensor  # [B, R] bool, the 1 -+ eps clip bound holds the ratio
+    clipped_lower: torch.Tensor  # [B, R] bool, the dual-clip bound c holds it
 
 
 PolicyLoss = Callable[
@@ -86,6 +86,31 @@ LOSS_AGGREGATIONS: Registry[Aggregation] = Registry("loss aggregation")
 
 
 # ---- policy losses ----------------------------------------------------------------------
+def _clipped_objective(
+    ratio: torch.Tensor, advantages: torch.Tensor, clip: ClipConfig, dual_c: float | None
+) -> PolicyLossTerms:
+    """PPO's pessimistic clipped objective for a ratio ``[B, R]`` (with grad).
+
+    ``max(-A r, -A clip(r, 1 - low, 1 + high))``, and for A < 0 with dual clip also
+    ``min(., -A c)``, equals ``-A r_eff`` with ``r_eff = min(r, 1 + high)`` where A >= 0 and
+    ``clamp(r, 1 - low, c)`` where A < 0: same values, same gradients (zero where a bound is
+    active), in a third of the elementwise passes. ``clipped`` marks tokens held by the
+    1 -+ eps bounds (A != 0), ``clipped_lower`` those held by the dual-clip bound c.
+    """
+    positive = advantages >= 0
+    upper = ratio.clamp(max=1.0 + clip.high)
+    lower = ratio.clamp(min=1.0 - clip.low, max=dual_c)
+    effective = torch.where(positive, upper, lower)
+    loss = torch.mul(advantages, effective).neg_()
+    r, e = ratio.detach(), effective.detach()
+    if dual_c is None:
+        dual = torch.zeros_like(positive)
+    else:
+        dual = (r > dual_c) & ~positive
+    clipped = (e != r) & (advantages != 0) & ~dual
+    return PolicyLossTerms(loss, r, clipped, dual)
+
+
 @POLICY_LOSSES.register("ppo")
 def ppo_loss(
     logprobs: torch.Tensor,
@@ -96,19 +121,8 @@ def ppo_loss(
 ) -> PolicyLossTerms:
     """Token-ratio clipped objective, ratio in [1 - low, 1 + high] (DAPO clip-higher when
     high > low); with ``dual_c`` the loss of a negative-advantage token is capped at -A * c."""
-    log_ratio = (logprobs - old_logprobs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    ratio = torch.exp(log_ratio)  # [B, R]
-    unclipped = -advantages * ratio
-    clipped = -advantages * ratio.clamp(1.0 - clip.low, 1.0 + clip.high)
-    loss = torch.maximum(unclipped, clipped)
-    clip_taken = (clipped > unclipped).to(logprobs.dtype)
-    lower = torch.zeros_like(loss)
-    if clip.dual_c is not None:
-        bound = -advantages * clip.dual_c
-        negative = advantages < 0
-        lower = ((loss > bound) & negative).to(logprobs.dtype)
-        loss = torch.where(negative, torch.minimum(loss, bound), loss)
-    return PolicyLossTerms(loss, ratio.detach(), clip_taken, lower)
+    log_ratio = (logprobs - old_logprobs).clamp_(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    return _clipped_objective(torch.exp(log_ratio), advantages, clip, clip.dual_c)
 
 
 @POLICY_LOSSES.register("gspo")
@@ -126,14 +140,10 @@ def gspo_loss(
     sequence ratio's gradient), so per-token advantages still work. No dual clip.
     """
     n = mask.sum(-1).clamp(min=1)  # [B]
-    seq_log_ratio = ((logprobs - old_logprobs) * mask).sum(-1) / n  # [B]
-    log_ratio = logprobs - logprobs.detach() + seq_log_ratio.detach()[:, None]
+    seq_log_ratio = ((logprobs.detach() - old_logprobs) * mask).sum(-1) / n  # [B]
+    log_ratio = logprobs - logprobs.detach() + seq_log_ratio[:, None]
     ratio = torch.exp(log_ratio.clamp(max=GSPO_LOG_RATIO_MAX))  # [B, R] value s_i on every token
-    unclipped = -advantages * ratio
-    clipped = -advantages * ratio.clamp(1.0 - clip.low, 1.0 + clip.high)
-    loss = torch.maximum(unclipped, clipped)
-    clip_taken = (clipped > unclipped).to(logprobs.dtype)
-    return PolicyLossTerms(loss, ratio.detach(), clip_taken, torch.zeros_like(loss))
+    return _clipped_objective(ratio, advantages, clip, None)
 
 
 # ---- aggregations: (loss_sum, count), count summed globally by Megatron -----------------

@@ -80,12 +80,16 @@ def group_relative(scores: list[float], groups: list[int], mode: str) -> list[fl
 
 def ppo_token(
     logp: float, old: float, adv: float, low: float, high: float, dual_c: float | None
-) -> float:
+) -> tuple[float, bool, bool]:
+    """(loss, clipped, dual-clipped) of one token, by verl's branch definitions."""
     ratio = math.exp(max(min(logp - old, 20.0), -20.0))
-    loss = max(-adv * ratio, -adv * min(max(ratio, 1 - low), 1 + high))
-    if dual_c is not None and adv < 0:
-        loss = min(loss, -adv * dual_c)
-    return loss
+    unclipped = -adv * ratio
+    clipped = -adv * min(max(ratio, 1 - low), 1 + high)
+    loss = max(unclipped, clipped)
+    lower = dual_c is not None and adv < 0 and loss > -adv * dual_c
+    if lower:
+        loss = -adv * dual_c
+    return loss, clipped > unclipped, lower
 
 
 def gspo_rows(logp: Rows, old: Rows, adv: Rows, mask: Rows, low: float, high: float) -> Rows:

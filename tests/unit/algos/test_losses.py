@@ -74,13 +74,18 @@ def test_ppo_matches_loop_reference(seed):
     t = POLICY_LOSSES.get("ppo")(
         logp, batch.old_logprobs, batch.advantages, batch.response_mask, clip
     )
-    expected = [
+    rows = [
         [ref.ppo_token(a, b, c, 0.2, 0.28, 3.0) for a, b, c in zip(ra, rb, rc, strict=True)]
         for ra, rb, rc in zip(
             logp.tolist(), batch.old_logprobs.tolist(), batch.advantages.tolist(), strict=True
         )
     ]
-    torch.testing.assert_close(t.loss, torch.tensor(expected), atol=1e-5, rtol=1e-5)
+    loss, clipped, lower = (
+        torch.tensor([[tok[k] for tok in row] for row in rows]) for k in range(3)
+    )
+    torch.testing.assert_close(t.loss, loss.float(), atol=1e-5, rtol=1e-5)
+    assert (t.clipped == clipped).all() and (t.clipped_lower == lower).all()
+    assert clipped.any() and lower.any()  # the random draw exercises both bounds
 
 
 @pytest.mark.parametrize("seed", [0, 1])
