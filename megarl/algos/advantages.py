@@ -106,7 +106,7 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     # torch's sum reduces pairwise (error ~ log n); a BLAS dot accumulates sequentially in fp32
     # and loses ~1e-4 relative over a million tokens, so sums stay sums here
     mean = (x * mask).sum() / n.clamp(min=1)
-    centred = (x - mean) * mask
+    centred = (x - mean).mul_(mask)
     var = centred.square().sum() / (n - 1).clamp(min=1)
     return centred.mul_(torch.rsqrt(var + WHITEN_EPS))
 
@@ -153,10 +153,18 @@ def _compact(x: torch.Tensor, valid: torch.Tensor, position: torch.Tensor) -> to
     return torch.zeros_like(x).scatter_add_(1, position, torch.where(valid, x, torch.zeros_like(x)))
 
 
-def _deltas(x: torch.Tensor, values: torch.Tensor, gamma: float) -> torch.Tensor:
-    """[B, L] x_t + gamma * V_{t+1} - V_t on rows whose valid entries are at the front."""
+def _deltas(
+    x: torch.Tensor, values: torch.Tensor, gamma: float, mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """[B, L] m_t (x_t - V_t) + gamma * m_{t+1} V_{t+1} on rows whose valid entries are at the
+    front (``mask`` None: already compacted, m = 1). One new tensor, the rest in place: on CPU
+    every fresh [B, R] tensor costs page faults comparable to the arithmetic."""
     delta = x - values
-    delta[:, :-1].add_(values[:, 1:], alpha=gamma)
+    if mask is None:
+        delta[:, :-1].add_(values[:, 1:], alpha=gamma)
+    else:
+        delta.mul_(mask)
+        delta[:, :-1].addcmul_(values[:, 1:], mask[:, 1:], value=gamma)
     return delta
 
 
@@ -177,8 +185,8 @@ def masked_reverse_scan(
     """
     valid = mask > 0
     if bool((valid[:, 1:] <= valid[:, :-1]).all()):  # prefix rows: zeros past each row's end
-        m = valid.to(x.dtype)
-        xc = x * m if values is None else _deltas(x * m, values * m, gamma)
+        m = mask if mask.dtype == x.dtype else valid.to(x.dtype)
+        xc = x * m if values is None else _deltas(x, values, gamma, m)
         return discounted_reverse_scan(xc, c)  # stays exactly 0 past each end
     position = (valid.long().cumsum(-1) - 1).clamp(min=0)  # [B, R] column in the compacted row
     xc = _compact(x, valid, position)
@@ -208,7 +216,7 @@ def gae(inputs: AdvantageInputs, cfg: AlgorithmConfig) -> tuple[torch.Tensor, to
     adv = masked_reverse_scan(
         inputs.token_rewards, mask, cfg.gamma * cfg.lam, inputs.values, cfg.gamma
     )
-    returns = (adv + inputs.values) * mask
+    returns = torch.add(adv, inputs.values).mul_(mask)
     return masked_whiten(adv, mask), returns
 
 
