@@ -15,6 +15,7 @@ once per test session, so each launch costs a fork, not a ~10 s import (2-core C
 
 from __future__ import annotations
 
+import faulthandler
 import importlib
 import importlib.util
 import multiprocessing as mp
@@ -69,7 +70,7 @@ def _resolve(ref: tuple[str, str, str]):
     return obj
 
 
-def _child(ref, rank: int, world_size: int, port: int, init_group: bool, args: tuple, queue) -> None:
+def _child(ref, rank: int, world_size: int, port: int, init_group: bool, args: tuple, queue, timeout_s: float) -> None:
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
         WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
@@ -78,6 +79,8 @@ def _child(ref, rank: int, world_size: int, port: int, init_group: bool, args: t
     import torch.distributed as dist
 
     torch.set_num_threads(1)
+    # A hung rank prints every thread's stack to stderr just before the parent gives up.
+    faulthandler.dump_traceback_later(max(1.0, timeout_s - 2.0), exit=False)
     try:
         if init_group:
             dist.init_process_group("gloo", rank=rank, world_size=world_size)
@@ -86,6 +89,7 @@ def _child(ref, rank: int, world_size: int, port: int, init_group: bool, args: t
     except BaseException:  # report everything, including assertion failures, to the parent
         queue.put((rank, False, traceback.format_exc()))
     finally:
+        faulthandler.cancel_dump_traceback_later()
         _teardown()
 
 
@@ -110,7 +114,7 @@ def run_distributed(fn, world_size: int, *args: Any, timeout_s: float = 300.0, i
     port = free_port()
     ref = _fn_ref(fn)
     procs = [
-        ctx.Process(target=_child, args=(ref, r, world_size, port, init_group, args, queue), daemon=True)
+        ctx.Process(target=_child, args=(ref, r, world_size, port, init_group, args, queue, timeout_s), daemon=True)
         for r in range(world_size)
     ]
     for p in procs:

@@ -15,7 +15,6 @@ import time
 
 import pytest
 import torch
-
 from spawn import run_distributed
 
 ARCHS = {
