@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+import math
+
 import torch
 import torch.distributed as dist
 
@@ -44,6 +46,7 @@ from megarl.actors.micro_batches import (
     pack_micro_batch,
     sequence_lengths,
 )
+from megarl.algos.losses import metric_reduction
 from megarl.config.sections import ActorConfig, ParallelConfig
 from megarl.data.batch import Batch
 
@@ -162,17 +165,19 @@ class MegatronModel:
     ) -> dict[str, tuple[float, float]]:
         """Forward + backward of this replica's share of ``mini_batch``; grads are left in the
         DDP buffers, normalised by the global count. Returns ``{name: (sum, count)}`` reduced over
-        micro-batches, DP ranks and pipeline stages (identical on every rank); ``loss`` included."""
+        micro-batches, DP ranks and pipeline stages (identical on every rank); ``loss`` included. Metrics named
+        ``*_max`` / ``*_min`` keep their extreme instead of a sum (megarl.algos' rule)."""
         rows = self._replica_rows(mini_batch)
         micro = self._micro_batches(mini_batch, rows, micro_batch_size, max_tokens)
-        collected: dict[str, torch.Tensor] = {}
+        collected: dict[str, tuple[float, float]] = {}
 
         def loss_func(mb: MicroBatch, output: torch.Tensor):
             loss_sum, count, metrics = loss_head(mb, output)
-            parts = {"loss": torch.stack([loss_sum.detach().float(), count.detach().float()])}
-            parts.update({k: v.detach().float().reshape(2) for k, v in metrics.items()})
+            parts = {"loss": torch.stack([loss_sum.detach(), count.detach().to(loss_sum.dtype)])}
+            parts.update(metrics)
             for name, value in parts.items():
-                collected[name] = collected.get(name, 0) + value.cpu()
+                pair = tuple(float(x) for x in value.detach().double().cpu().reshape(2))
+                collected[name] = merge_metric(name, collected[name], pair) if name in collected else pair
             return loss_sum, _count_as_int(count, output.device), {}
 
         self.module.train()
@@ -222,22 +227,53 @@ class MegatronModel:
             forward_only=forward_only,
         )
 
-    def _reduce_metrics(self, collected: dict[str, torch.Tensor]) -> dict[str, tuple[float, float]]:
-        """Sum (sum, count) pairs over DP ranks, then hand the last stage's result to all stages."""
+    def _reduce_metrics(self, collected: dict[str, tuple[float, float]]) -> dict[str, tuple[float, float]]:
+        """Reduce (value, count) pairs over DP ranks (by each metric's op), then hand the last
+        stage's result to every pipeline stage."""
         from megatron.core import parallel_state as ps
 
         names = [sorted(collected)]
+        pp_group = ps.get_pipeline_model_parallel_group()
         if self.info.pp_size > 1:
-            last = ps.get_pipeline_model_parallel_last_rank()
-            dist.broadcast_object_list(names, src=last, group=ps.get_pipeline_model_parallel_group())
-        table = torch.zeros(len(names[0]), 2, dtype=torch.float64, device=self.info.device)
-        if self.info.is_last_stage:
-            for i, name in enumerate(names[0]):
-                table[i] = collected[name].to(table)
-        dist.all_reduce(table, group=ps.get_data_parallel_group())
+            dist.broadcast_object_list(names, src=ps.get_pipeline_model_parallel_last_rank(), group=pp_group)
+        ops = [metric_reduction(name) for name in names[0]]
+        table = torch.zeros(len(ops), 2, dtype=torch.float64, device=self.info.device)  # [n, (value, count)]
+        for i, (name, op) in enumerate(zip(names[0], ops)):
+            value, count = collected.get(name, (0.0, 0.0))
+            empty = {"max": -math.inf, "min": math.inf}.get(op, 0.0)
+            table[i] = torch.tensor([value if count > 0 else empty, count], dtype=torch.float64)
+        dp_group = ps.get_data_parallel_group()
+        counts = table[:, 1].contiguous()  # collectives need contiguous buffers
+        dist.all_reduce(counts, group=dp_group)
+        table[:, 1] = counts
+        for op, reduce_op in (("sum", dist.ReduceOp.SUM), ("max", dist.ReduceOp.MAX), ("min", dist.ReduceOp.MIN)):
+            rows = [i for i, o in enumerate(ops) if o == op]
+            if rows:
+                part = table[rows, 0].contiguous()
+                dist.all_reduce(part, op=reduce_op, group=dp_group)
+                table[rows, 0] = part
         if self.info.pp_size > 1:
-            dist.all_reduce(table, group=ps.get_pipeline_model_parallel_group())
+            dist.broadcast(table, src=ps.get_pipeline_model_parallel_last_rank(), group=pp_group)
         return {name: (float(table[i, 0]), float(table[i, 1])) for i, name in enumerate(names[0])}
+
+
+def merge_metric(name: str, a: tuple[float, float], b: tuple[float, float]) -> tuple[float, float]:
+    """Combine two (value, count) pairs of metric ``name``: sums add; ``*_max`` / ``*_min``
+    metrics keep the extreme over the pairs that counted anything (megarl.algos' rule)."""
+    op = metric_reduction(name)
+    if op == "sum":
+        return a[0] + b[0], a[1] + b[1]
+    present = [p[0] for p in (a, b) if p[1] > 0]
+    pick = max if op == "max" else min
+    return (pick(present) if present else 0.0), a[1] + b[1]
+
+
+def metric_value(name: str, pair: tuple[float, float]) -> float:
+    """The reported number: sum / count for summed metrics, the extreme for max/min; nan if empty."""
+    value, count = pair
+    if count == 0:
+        return math.nan
+    return value / count if metric_reduction(name) == "sum" else value
 
 
 def _configure_schedule(tcfg: Any, dtype: torch.dtype) -> None:

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from megarl.actors.megatron_model import MegatronModel
+from megarl.actors.megatron_model import MegatronModel, merge_metric, metric_value
 from megarl.actors.micro_batches import MicroBatch
 from megarl.actors.offload import StorageOffloader, model_tensors, on_device, optimizer_tensors
 from megarl.actors.optim import LRSchedule, build_optimizer
@@ -60,7 +60,8 @@ class TrainableModel:
     def train(self, batch: Batch, loss_head: LossHead, *, mini_batch_size: int | None, ppo_epochs: int | None) -> dict[str, float]:
         """Optimizer steps over ``batch`` (see module docstring); metrics equal on every rank.
 
-        Returns each loss metric as global ``sum / count`` over all steps, ``grad_norm`` (mean over
+        Returns each loss metric as global ``sum / count`` over all steps (``*_max`` / ``*_min``:
+        the extreme), ``grad_norm`` (mean over
         steps), ``lr`` (of the last step), ``optimizer_steps`` and ``skipped_steps``.
         """
         size = mini_batch_size or self.cfg.mini_batch_size or len(batch)
@@ -70,20 +71,18 @@ class TrainableModel:
                 f"mini_batch_size ({size}) must divide the number of samples in the step ({len(batch)}); "
                 f"pick a divisor of {len(batch)}"
             )
-        totals: dict[str, list[float]] = {}
+        totals: dict[str, tuple[float, float]] = {}
         grad_norms: list[float] = []
         skipped, lr = 0, self.schedule.current_lr
         for _ in range(epochs):
             for mini in batch.split(size):
                 parts, grad_norm, ok, lr = self._step(mini, loss_head)
-                for name, (s, c) in parts.items():
-                    acc = totals.setdefault(name, [0.0, 0.0])
-                    acc[0] += s
-                    acc[1] += c
+                for name, pair in parts.items():
+                    totals[name] = merge_metric(name, totals[name], pair) if name in totals else pair
                 if ok:
                     grad_norms.append(grad_norm)
                 skipped += 0 if ok else 1
-        metrics = {name: s / c if c else 0.0 for name, (s, c) in totals.items()}
+        metrics = {name: metric_value(name, pair) for name, pair in totals.items()}
         metrics["grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
         metrics["lr"] = lr
         metrics["optimizer_steps"] = float(epochs * (len(batch) // size))

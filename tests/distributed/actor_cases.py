@@ -48,6 +48,9 @@ def pg_loss(batch: Batch, outputs: ModelOutputs):
     loss_sum = -(batch.advantages.to(mask.dtype) * outputs.logprobs * mask).sum()
     count = mask.sum()
     metrics = {"pg_loss": torch.stack([loss_sum.detach(), count])}
+    # A max-reduced metric (megarl.algos' "*_max" rule): the largest loss-token log-prob.
+    top = outputs.logprobs.detach().masked_fill(mask == 0, -torch.inf).max()
+    metrics["logp_max"] = torch.stack([top, (count > 0).to(top.dtype)])
     if outputs.entropy is not None:
         metrics["entropy"] = torch.stack([(outputs.entropy * mask).sum().detach(), count])
     return loss_sum, count, metrics
@@ -86,22 +89,24 @@ def hf_token_logprobs(model, batch: Batch, temperature: float) -> tuple[torch.Te
 
 def hf_reference_update(path: str | Path, batch: Batch, *, lr: float, clip_grad: float, mini_batch_size: int):
     """Plain-torch Adam steps of ``pg_loss`` on the HF model, one per mini-batch; returns the
-    final state dict and the grad norm of each step (before clipping)."""
+    final state dict, the grad norm of each step (before clipping) and the largest loss-token
+    log-prob seen."""
     model = hf_model(path)
     opt = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.999), eps=1e-8)
-    norms = []
+    norms, logp_max = [], -torch.inf
     for mini in batch.split(mini_batch_size):
         opt.zero_grad()
         loss_sum, count = 0.0, 0.0
         for i in range(len(mini)):
             row = mini.select([i])
             lp, ent = _differentiable_row_logprobs(model, row)
-            s, c, _ = pg_loss(row, ModelOutputs(logprobs=lp, entropy=ent))
+            s, c, m = pg_loss(row, ModelOutputs(logprobs=lp, entropy=ent))
+            logp_max = max(logp_max, float(m["logp_max"][0]))
             loss_sum, count = loss_sum + s, count + c
         (loss_sum / count).backward()
         norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad)))
         opt.step()
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}, norms
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}, norms, logp_max
 
 
 def _differentiable_row_logprobs(model, row: Batch) -> tuple[torch.Tensor, torch.Tensor]:

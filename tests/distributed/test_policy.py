@@ -39,8 +39,8 @@ def reference(model_dir):
     batch = ac.make_batch(0)
     with torch.no_grad():
         logprobs, entropy = ac.hf_token_logprobs(ac.hf_model(model_dir), batch, TEMPERATURE)
-    state, norms = ac.hf_reference_update(model_dir, batch, lr=LR, clip_grad=CLIP, mini_batch_size=MINI)
-    return {"logprobs": logprobs, "entropy": entropy, "state": state, "grad_norms": norms}
+    state, norms, logp_max = ac.hf_reference_update(model_dir, batch, lr=LR, clip_grad=CLIP, mini_batch_size=MINI)
+    return {"logprobs": logprobs, "entropy": entropy, "state": state, "grad_norms": norms, "logp_max": logp_max}
 
 
 def _policy_run(rank: int, world: int, path: str, cfg: ActorConfig, with_reference: bool) -> dict:
@@ -76,6 +76,7 @@ def _check_against_hf(results: list[dict], reference: dict) -> None:
     # The grad norm is sensitive to the normalisation (Adam's update mostly is not).
     mean_norm = sum(reference["grad_norms"]) / 2
     assert metrics["grad_norm"] == pytest.approx(mean_norm, rel=1e-4)
+    assert metrics["logp_max"] == pytest.approx(reference["logp_max"], abs=1e-4)
     state = results[0]["state"]
     assert set(state) == set(reference["state"])
     for name, tensor in reference["state"].items():
