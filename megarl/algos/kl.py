@@ -29,6 +29,12 @@ KLEstimator = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 KL_ESTIMATORS: Registry[KLEstimator] = Registry("KL estimator")
 
 
+def _in_place_ok(*tensors: torch.Tensor) -> bool:
+    """True when no autograd graph is being built: fresh buffers may then be reused in place
+    (the reward-penalty path; on CPU each new [B, R] tensor costs as much as the arithmetic)."""
+    return not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+
+
 @KL_ESTIMATORS.register("k1")
 def kl_k1(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     """[B, R] log pi - log pi_ref."""
@@ -38,20 +44,26 @@ def kl_k1(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
 @KL_ESTIMATORS.register("k2")
 def kl_k2(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     """[B, R] 0.5 * (log pi - log pi_ref)^2."""
-    return 0.5 * (logprobs - ref_logprobs).square()
+    diff = logprobs - ref_logprobs
+    if _in_place_ok(logprobs, ref_logprobs):
+        return diff.square_().mul_(0.5)
+    return 0.5 * diff.square()
 
 
 @KL_ESTIMATORS.register("k3")
 def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     """[B, R] exp(d) - d - 1 with d = log pi_ref - log pi (non-negative, low variance)."""
-    d = (ref_logprobs - logprobs).clamp(-20.0, 20.0)  # exp(20) is still finite in fp32
+    d = (ref_logprobs - logprobs).clamp_(-20.0, 20.0)  # exp(20) is still finite in fp32
+    if _in_place_ok(logprobs, ref_logprobs):
+        return torch.exp(d).sub_(d).sub_(1.0).clamp_(-10.0, 10.0)
     return (torch.exp(d) - d - 1.0).clamp(-10.0, 10.0)
 
 
 @KL_ESTIMATORS.register("abs")
 def kl_abs(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     """[B, R] |log pi - log pi_ref|."""
-    return (logprobs - ref_logprobs).abs()
+    diff = logprobs - ref_logprobs
+    return diff.abs_() if _in_place_ok(logprobs, ref_logprobs) else diff.abs()
 
 
 def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str) -> torch.Tensor:

@@ -64,3 +64,22 @@ def test_adaptive_controller_moves_towards_target_and_checkpoints():
     assert fresh.value == ctl.value
     with pytest.raises(ValueError, match="horizon"):
         AdaptiveKLController(0.1, 0.01, 0)
+
+
+@pytest.mark.parametrize("name", ["k1", "k2", "k3", "abs"])
+def test_grad_and_no_grad_paths_agree(name):
+    g = torch.Generator().manual_seed(1)
+    logp = -torch.rand(4, 6, generator=g) * 3
+    ref = -torch.rand(4, 6, generator=g) * 3
+    plain = kl_estimate(logp, ref, name)
+    leaf = logp.clone().requires_grad_()
+    tracked = kl_estimate(leaf, ref, name)
+    torch.testing.assert_close(tracked.detach(), plain)
+    tracked.sum().backward()
+    expected = {
+        "k1": torch.ones_like(logp),
+        "k2": logp - ref,
+        "k3": 1.0 - torch.exp(ref - logp),
+        "abs": torch.sign(logp - ref),
+    }[name]
+    torch.testing.assert_close(leaf.grad, expected)
