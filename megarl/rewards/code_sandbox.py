@@ -156,12 +156,14 @@ def _bwrap_prefix(scratch: Path) -> list[str]:
 
 
 def _nproc_limit() -> int | None:
-    # RLIMIT_NPROC counts every process of the user system-wide and root ignores it: leave
-    # room for what the user already runs, so the program itself can start a handful at most.
+    # RLIMIT_NPROC counts every process and thread of the user system-wide and root ignores
+    # it: leave room for what the user already runs, so the program can start a handful.
     if os.geteuid() == 0:
         return None
     uid = os.getuid()
-    running = sum(1 for p in Path("/proc").iterdir() if p.name.isdigit() and _owner(p) == uid)
+    running = sum(
+        _tasks(p) for p in Path("/proc").iterdir() if p.name.isdigit() and _owner(p) == uid
+    )
     return running + 8
 
 
@@ -170,6 +172,13 @@ def _owner(proc_dir: Path) -> int | None:
         return proc_dir.stat().st_uid
     except OSError:
         return None
+
+
+def _tasks(proc_dir: Path) -> int:
+    try:
+        return len(os.listdir(proc_dir / "task"))  # threads count against RLIMIT_NPROC too
+    except OSError:
+        return 0
 
 
 def _python() -> str:
