@@ -1,7 +1,8 @@
 """Model bridges against HF transformers, in 2 gloo processes (one launch per layout).
 
-Each launch checks the three architectures: Qwen2 (untied, qkv bias, vocab 259 padded at TP=2),
-Qwen3 (tied embeddings, q/k norm), Llama (llama3 rope scaling with non-default constants):
+Each launch checks five models: Qwen2 (untied, qkv bias, vocab 259 padded at TP=2), Qwen3 (tied
+embeddings, q/k norm), Llama (llama3 rope scaling with non-default constants), Llama with linear
+rope scaling and no GQA, Qwen3 with head_dim 32 != hidden / heads:
 - Megatron logits == HF logits (max abs diff <= 1e-4) on a left-padded batch of mixed lengths,
   padded positions excluded, padded vocab columns dropped;
 - export(import(hf)) == the HF safetensors, bit for bit, every tensor exactly once, on every rank.
@@ -17,26 +18,44 @@ import pytest
 import torch
 from spawn import run_distributed
 
+# case -> (HF architecture, build_tiny_model options)
 ARCHS = {
-    "qwen2": {},
-    "qwen3": {"tie_word_embeddings": True},
-    "llama": {
+    "qwen2": ("qwen2", {}),
+    "qwen3": ("qwen3", {"tie_word_embeddings": True}),
+    "llama": ("llama", {
         "rope_scaling": {
             "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
             "high_freq_factor": 4.0, "original_max_position_embeddings": 256,
         }
-    },
+    }),
+    "llama_linear_rope": ("llama", {"rope_scaling": {"rope_type": "linear", "factor": 2.0}, "num_kv_heads": 4}),
+    "qwen3_head_dim_32": ("qwen3", {"head_dim": 32}),  # q_proj 128 wide on a 64 hidden size
 }
 TOL = 1e-4
 LENGTHS = (12, 7, 3)  # left-padded to 12
 
 
+def _build_dir(out, arch: str, options: dict) -> str:
+    """build_tiny_model, except for a head_dim different from hidden / heads (config edited)."""
+    from megarl.models.tiny import build_tiny_model, tiny_hf_config
+
+    options = dict(options)
+    head_dim = options.pop("head_dim", None)
+    if head_dim is None:
+        return str(build_tiny_model(out, arch, **options))
+    from transformers import AutoModelForCausalLM
+
+    cfg = tiny_hf_config(arch, vocab_size=259, **options)
+    cfg.head_dim = head_dim
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(out)
+    return str(out)
+
+
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory) -> dict[str, str]:
-    from megarl.models.tiny import build_tiny_model
-
     root = tmp_path_factory.mktemp("bridge")
-    return {a: str(build_tiny_model(root / a, a, **kw)) for a, kw in ARCHS.items()}
+    return {case: _build_dir(root / case, arch, kw) for case, (arch, kw) in ARCHS.items()}
 
 
 def _batch(vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
