@@ -30,6 +30,7 @@ from megarl.models.layouts import ParamRule, ShardInfo, export_full, read_shard
 from megarl.models.safetensors_reader import SafetensorsReader
 from megarl.models.value_head import VALUE_HEAD_HF_NAME, ValueHead
 from megarl.parallel.buckets import bucketize
+from megarl.parallel.cpu_compat import enable_cpu_compat
 from megarl.parallel.sharding import all_gather_objects, broadcast_from_group_rank
 
 _REGISTRY: dict[str, type[ModelBridge]] = {}
@@ -203,6 +204,7 @@ class ModelBridge:
     def _export_stream(self, model: torch.nn.Module, gather_pp: bool) -> Iterator[tuple[str, torch.Tensor]]:
         from megatron.core import parallel_state as ps
 
+        enable_cpu_compat()  # this thread may not be the one that called init_parallel
         gpt = unwrap_model(model)
         hf_config = _hf_config_of(gpt)
         info = self.shard_info(hf_config, gpt)

@@ -16,7 +16,10 @@ megatron-core hard-codes a few CUDA calls on paths that otherwise work on CPU wi
   clipping and distributed optimizer accept parameters by comparing that string.
 
 Torch function modes live on a per-thread stack, so the mode is entered in the calling thread
-and in every thread started afterwards (Megatron's checkpoint writers and Ray use threads).
+and in every thread started afterwards (Megatron's checkpoint writers and Ray use threads). A
+thread that already existed when the redirection was enabled gets it by calling
+:func:`enable_cpu_compat` itself (cheap and idempotent): entry points that may run on another
+thread than ``init_parallel`` (pipeline forward, export) do so.
 
 Deliberately left out: anything on a machine with CUDA (the function does nothing there), and
 CUDA streams/events/memory statistics (Megatron does not call them on the CPU paths we use).

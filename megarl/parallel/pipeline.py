@@ -39,6 +39,10 @@ def forward_only(
     from megatron.core import parallel_state
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
+    from megarl.parallel.cpu_compat import enable_cpu_compat
+
+    enable_cpu_compat()  # this thread may not be the one that called init_parallel
+
     def forward_step(data_iterator, model_chunk):
         mb = next(data_iterator)
         output = step(model_chunk, mb)
