@@ -53,7 +53,7 @@ ROOT = Path(__file__).resolve().parents[1]
 B, R, GROUP = 512, 4096, 8
 THREADS = 1
 BUDGET_S = 6.0  # seconds of timed runs per function, both sides together (at least 2 runs each)
-MAX_REPEATS = 20
+MAX_REPEATS = 50
 
 try:
     import verl.trainer.ppo.core_algos as verl_core
