@@ -252,3 +252,14 @@ def test_compute_advantages_fills_the_batch():
         out.advantages[:, 0], torch.tensor([0.5 / (s + 1e-6), -0.5 / (s + 1e-6), 0.0, 0.0])
     )
     assert out.returns is not None and out.advantages.shape == (b, r)
+
+
+def test_reinforce_plus_plus_hand_example():
+    rewards = torch.tensor([[0.0, 0.0, 1.0], [0.0, 2.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    x = AdvantageInputs(rewards, mask, torch.arange(2))
+    adv, ret = ADVANTAGE_ESTIMATORS.get("reinforce_plus_plus")(x, AlgorithmConfig(gamma=0.5))
+    torch.testing.assert_close(ret, torch.tensor([[0.25, 0.5, 1.0], [1.0, 2.0, 0.0]]))
+    vals = [0.25, 0.5, 1.0, 1.0, 2.0]  # mean 0.95, unbiased var 0.45
+    z = [(v - 0.95) / math.sqrt(0.45 + 1e-8) for v in vals]
+    torch.testing.assert_close(adv, torch.tensor([z[:3], [z[3], z[4], 0.0]]))
