@@ -162,9 +162,8 @@ def _masked_sum(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def _nonempty_rows(row_tokens: torch.Tensor) -> torch.Tensor:
-    return (
-        (row_tokens > 0).to(row_tokens.dtype).sum()
-    )  # sequences without valid tokens do not count
+    """Number of sequences with at least one valid token (empty ones do not count)."""
+    return (row_tokens > 0).to(row_tokens.dtype).sum()
 
 
 @LOSS_AGGREGATIONS.register("seq-mean-token-sum")
