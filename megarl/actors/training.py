@@ -32,6 +32,10 @@ from megarl.actors.optim import LRSchedule, build_optimizer
 from megarl.config.sections import ActorConfig
 from megarl.data.batch import Batch
 
+# Distributed-optimizer state saved per DP buffer: fully parallel, no gather; a resume keeps
+# TP/PP (DP may change). megatron-core 0.16 refuses its default (flattened-range) format.
+CHECKPOINT_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
+
 LossHead = Callable[[MicroBatch, torch.Tensor], tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]]
 
 
@@ -102,10 +106,10 @@ class TrainableModel:
 
     # ---- checkpoints ------------------------------------------------------------------------
     def _sharded_state(self, is_loading: bool) -> dict[str, Any]:
-        model_sd = self.model.core.sharded_state_dict()
+        model_sd = self.model.core.sharded_state_dict(metadata=CHECKPOINT_METADATA)
         return {
             "model": model_sd,
-            "optimizer": self.optimizer.sharded_state_dict(model_sd, is_loading=is_loading),
+            "optimizer": self.optimizer.sharded_state_dict(model_sd, is_loading=is_loading, metadata=CHECKPOINT_METADATA),
             "schedule": self.schedule.state_dict(),
         }
 
@@ -122,9 +126,14 @@ class TrainableModel:
 
         if not os.path.isdir(path):
             raise FileNotFoundError(f"checkpoint directory {path} does not exist")
+        _materialise_optimizer_state(self.optimizer)
         state = dist_checkpointing.load(self._sharded_state(is_loading=True), str(path))
-        self.model.core.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        # no_grad: with fp32 params the optimizer's main params are views of the model's leaf
+        # params, which Megatron's loader fills in place.
+        with torch.no_grad():
+            self.model.core.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+        _restore_adam_steps(self.optimizer, state["optimizer"])
         self.schedule.load_state_dict(state["schedule"])
 
     # ---- offload ----------------------------------------------------------------------------
@@ -140,3 +149,53 @@ class TrainableModel:
     def onload(self) -> None:
         """Undo :meth:`offload` (no-op when nothing is offloaded)."""
         self._offloader.onload()
+
+
+def _materialise_optimizer_state(optimizer: Any) -> None:
+    """Give a never-stepped optimizer its state tensors (``step``, moments) so that Megatron can
+    describe them for loading (without apex/TE it reads ``step`` from the state). A step with
+    zero gradients, zero LR and zero weight decay changes no parameter; the load overwrites it."""
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = opt.optimizer
+        if len(inner.state) > 0:
+            continue
+        saved = [(g["lr"], g.get("weight_decay", 0.0)) for g in inner.param_groups]
+        for group in inner.param_groups:
+            group["lr"], group["weight_decay"] = 0.0, 0.0
+            for p in group["params"]:
+                p.grad = torch.zeros_like(p)
+        inner.step()
+        for group, (lr, wd) in zip(inner.param_groups, saved):
+            group["lr"], group["weight_decay"] = lr, wd
+            for p in group["params"]:
+                p.grad = None
+
+
+def _restore_adam_steps(optimizer: Any, loaded: Any) -> None:
+    """Set torch Adam's per-parameter ``step`` to the checkpoint's value, one tensor each.
+
+    Without apex/TE, Megatron keeps the step in the saved param groups; on load (0.16) the value
+    did not reach an already materialised state (seen in the checkpoint test), and on a fresh
+    state it assigns one tensor to all parameters, which Adam then increments in place."""
+    steps: set[float] = set()
+
+    def collect(node: Any) -> None:
+        if isinstance(node, dict):
+            for group in node.get("param_groups", []) if isinstance(node.get("param_groups"), list) else []:
+                if "step" in group and group["step"] is not None:
+                    steps.add(float(group["step"]))
+            for value in node.values():
+                collect(value)
+        elif isinstance(node, (list, tuple)):
+            for value in node:
+                collect(value)
+
+    collect(loaded)
+    if not steps:
+        return
+    assert len(steps) == 1, steps
+    step = steps.pop()
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        for param_state in opt.optimizer.state.values():
+            if "step" in param_state:
+                param_state["step"] = torch.tensor(step, dtype=torch.float32)
