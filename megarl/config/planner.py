@@ -14,7 +14,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from megarl.config.architectures import ArchError, ArchSpec, resolve_arch
-from megarl.config.memory import GIB, RUNTIME_OVERHEAD_GIB, RolloutMemory, TrainMemory, rollout_memory, train_memory
+from megarl.config.memory import (
+    GIB,
+    RUNTIME_OVERHEAD_GIB,
+    RolloutMemory,
+    TrainMemory,
+    rollout_memory,
+    train_memory,
+)
 from megarl.config.sections import GROUP_ESTIMATORS, ActorConfig, MegaRLConfig
 
 
@@ -188,8 +195,9 @@ def _check_model_parallel(section: str, cfg: ActorConfig, arch: ArchSpec, issues
                             f"num_key_value_heads ({arch.num_kv_heads}); try {_join(ok_tp)}"))
     if arch.num_layers % pp:
         issues.append(Issue(f"{section}.parallel.pp", f"({pp}) must divide num_layers ({arch.num_layers}); try {_join(_divisors(arch.num_layers))}"))
-    if cfg.parallel.sequence_parallel and tp == 1:
-        issues.append(Issue(f"{section}.parallel.sequence_parallel", "needs tp > 1; set it to false or raise tp"))
+    if cfg.parallel.sequence_parallel:
+        issues.append(Issue(f"{section}.parallel.sequence_parallel", "is not supported yet (the local layer spec's norms "
+                            "do not shard the sequence); set it to false"))
 
 
 def _check_batches(section: str, cfg: ActorConfig, layout: RoleLayout, full: MegaRLConfig, issues: list[Issue]) -> None:

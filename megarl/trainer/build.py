@@ -15,8 +15,23 @@ from megarl.config.planner import Plan
 from megarl.config.sections import GROUP_ESTIMATORS, MegaRLConfig
 from megarl.trainer.loop import Components, Trainer
 from megarl.trainer.metrics import build_logger
-from megarl.trainer.model_phases import Advantages, CriticPhase, OldLogprobs, PolicyUpdate, ReferenceLogprobs, Skip, WeightPush
-from megarl.trainer.rollout import DynamicSamplingCollector, GreedyBaseline, NoBaseline, PlainCollector, Scorer, WorkerEngines
+from megarl.trainer.model_phases import (
+    Advantages,
+    CriticPhase,
+    OldLogprobs,
+    PolicyUpdate,
+    ReferenceLogprobs,
+    Skip,
+    WeightPush,
+)
+from megarl.trainer.rollout import (
+    DynamicSamplingCollector,
+    GreedyBaseline,
+    NoBaseline,
+    PlainCollector,
+    Scorer,
+    WorkerEngines,
+)
 
 log = logging.getLogger(__name__)
 

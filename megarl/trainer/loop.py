@@ -20,8 +20,23 @@ from megarl.data.prompt_batch import PromptBatch
 from megarl.rollout.engine import SamplingParams
 from megarl.rollout.seeds import step_seed
 from megarl.trainer.metrics import MetricsLogger, PhaseTimer
-from megarl.trainer.model_phases import Advantages, CriticPhase, OldLogprobs, PolicyUpdate, ReferenceLogprobs, Skip, WeightPush
-from megarl.trainer.rollout import Baseline, Collector, Engines, Scorer, generate_batch, rollout_metrics
+from megarl.trainer.model_phases import (
+    Advantages,
+    CriticPhase,
+    OldLogprobs,
+    PolicyUpdate,
+    ReferenceLogprobs,
+    Skip,
+    WeightPush,
+)
+from megarl.trainer.rollout import (
+    Baseline,
+    Collector,
+    Engines,
+    Scorer,
+    generate_batch,
+    rollout_metrics,
+)
 
 log = logging.getLogger(__name__)
 
@@ -114,8 +129,13 @@ class Trainer:
             self._profile(step, "stop_profile")
             if t.eval_freq and (step % t.eval_freq == 0 or step == self.parts.total_steps):
                 metrics |= self.validate(step)
+            saving = (t.save_freq and step % t.save_freq == 0) or step == self.parts.total_steps
+            if saving:
+                metrics["actor/param_checksum"] = self.parts.groups["policy"].call("parameter_checksum")[0]
+            # Logged before the save: a crash in between resumes from the previous checkpoint and
+            # re-runs this step, and metrics.jsonl is cut back to that checkpoint's step.
             self.logger.log(step, metrics)
-            if (t.save_freq and step % t.save_freq == 0) or step == self.parts.total_steps:
+            if saving:
                 self.save(step)
         return self.logger.last
 

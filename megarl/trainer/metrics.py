@@ -93,7 +93,13 @@ class ConsoleSink:
     """A rich progress bar: step, reward, KL, step time; validation results printed as lines."""
 
     def __init__(self, total_steps: int, start_step: int = 0):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+        )
 
         self._progress = Progress(
             TextColumn("[bold]step"), MofNCompleteColumn(), BarColumn(), TextColumn("{task.fields[info]}"), TimeRemainingColumn()

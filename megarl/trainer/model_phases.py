@@ -11,9 +11,8 @@ from typing import Any
 
 import torch
 
-from megarl.algos.advantages import compute_advantages, reward_kl, token_rewards_from_scores
-from megarl.algos.dapo import overlong_penalty
 from megarl.algos.kl import make_kl_controller
+from megarl.algos.step import advantage_step
 from megarl.config.sections import MegaRLConfig
 from megarl.data.batch import Batch
 
@@ -90,7 +89,13 @@ class PolicyUpdate:
 
 
 class Advantages:
-    """Scores -> token rewards (overlong shaping, KL in the reward) -> the estimator."""
+    """Scores -> token rewards (overlong shaping, KL in the reward) -> the estimator.
+
+    Holds the KL controller (checkpointed by the trainer); the work is ``algos.advantage_step``.
+    """
+
+    NAMES = {"reward_kl": "reward/kl", "kl_coef": "reward/kl_coef", "overlong_penalty_mean": "reward/overlong_penalty_mean",
+             "advantage_mean": "advantages/mean", "return_mean": "advantages/return_mean"}
 
     def __init__(self, cfg: MegaRLConfig):
         self.cfg = cfg.algorithm
@@ -98,21 +103,8 @@ class Advantages:
         self.kl_controller = make_kl_controller(cfg.algorithm.kl)
 
     def __call__(self, batch: Batch, baseline: torch.Tensor | None) -> tuple[Batch, dict[str, float]]:
-        ov = self.cfg.overlong
-        penalty = overlong_penalty(batch.response_lengths, self.max_new_tokens, ov.length, ov.penalty)  # [B]
-        scores = batch.scores + penalty
-        metrics = {"reward/overlong_penalty_mean": float(penalty.mean())} if ov.length else {}
-        kl, coef = None, 0.0
-        if self.cfg.kl.use_in_reward:
-            kl, kl_mean = reward_kl(batch, self.cfg.kl)
-            coef = self.kl_controller.value
-            metrics |= {"reward/kl": float(kl_mean), "reward/kl_coef": coef}
-            self.kl_controller.update(float(kl_mean), len(batch))
-        rewards = token_rewards_from_scores(scores, batch.response_lengths, batch.response_mask, kl, coef)
-        batch = compute_advantages(batch.replace(token_rewards=rewards), self.cfg, baseline)
-        valid = batch.response_mask.bool()
-        metrics["advantages/mean"] = float(batch.advantages[valid].mean()) if valid.any() else 0.0
-        return batch, metrics
+        batch, metrics = advantage_step(batch, self.cfg, self.kl_controller, self.max_new_tokens, baseline)
+        return batch, {self.NAMES[k]: v for k, v in metrics.items() if k in self.NAMES}
 
 
 class WeightPush:

@@ -3,7 +3,13 @@
 import pytest
 
 from megarl.config.architectures import BUILTIN_ARCHS, ArchSpec
-from megarl.config.memory import activation_bytes_per_token, rollout_memory, stage_params, train_memory
+from megarl.config.memory import (
+    activation_bytes_per_token,
+    rollout_memory,
+    stage_params,
+    train_memory,
+)
+
 
 # Published parameter counts (config.json shapes), to 0.5 %.
 @pytest.mark.parametrize(("name", "billions"), [("qwen2.5-7b", 7.62), ("qwen2.5-72b", 72.7), ("qwen3-8b", 8.19), ("llama-3-8b", 8.03), ("llama-3-70b", 70.55)])

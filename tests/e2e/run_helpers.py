@@ -1,0 +1,48 @@
+"""Shared set-up of the trainer's end-to-end tests: the demo's tiny model and data, small configs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from megarl.config.loading import load_config
+from megarl.trainer.demo import prepare_demo
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "configs" / "tiny_grpo.yaml"
+
+# Every step writes at least these (the README's metrics table).
+REQUIRED_METRICS = (
+    "step", "reward/mean", "reward/errors", "response_length/mean", "response/truncated_frac", "actor/kl",
+    "actor/entropy", "actor/clip_frac", "actor/grad_norm", "actor/lr", "rollout/logprob_mismatch",
+    "reward/zero_var_group_frac", "time/step_s", "time/generate_s", "time/policy_update_s", "weight_sync/gbps",
+)
+
+
+def small_overrides(root: Path, out: Path, steps: int, *extra: str) -> list[str]:
+    """The demo config shrunk to a few seconds a step on 2 cores."""
+    model, data = prepare_demo(root)
+    return [
+        f"model.path={model}",
+        f"data.train_files=[{data / 'train.parquet'}]",
+        f"data.val_files=[{data / 'val.parquet'}]",
+        f"trainer.output_dir={out}",
+        f"trainer.total_steps={steps}",
+        "trainer.eval_before_train=false",
+        f"trainer.eval_freq={steps}",
+        "trainer.save_freq=0",
+        "trainer.loggers=[jsonl]",
+        "data.prompts_per_step=8",
+        "rollout.n=4",
+        "actor.mini_batch_size=32",
+        "actor.micro_batch_size=16",
+        *extra,
+    ]
+
+
+def small_config(root: Path, out: Path, steps: int, *extra: str):
+    return load_config(TINY, small_overrides(root, out, steps, *extra))
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -1,0 +1,40 @@
+"""`megarl launch` refuses a bad config before Ray starts, in well under two seconds."""
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import ray
+
+from megarl.config.loading import ConfigError
+from megarl.config.planner import PlanError
+from megarl.trainer.launch import launch
+
+TINY = Path(__file__).resolve().parents[3] / "configs" / "tiny_grpo.yaml"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "error", "text"),
+    [
+        (["actor.parallel.tp=3"], PlanError, "actor.parallel.tp: (3) must divide num_attention_heads (4)"),
+        (["rollout.nn=2"], ConfigError, "did you mean rollout.n?"),
+        (["data.train_files=[/nonexistent/train.parquet]"], PlanError, "/nonexistent/train.parquet does not exist"),
+    ],
+)
+def test_refused_before_ray(overrides, error, text):
+    assert not ray.is_initialized()
+    start = time.perf_counter()
+    with pytest.raises(error) as info:
+        launch(TINY, overrides)
+    assert text in str(info.value)
+    assert not ray.is_initialized()
+    assert time.perf_counter() - start < 2.0
+
+
+def test_cli_exit_code_and_message():
+    proc = subprocess.run([sys.executable, "-m", "megarl.cli", "launch", str(TINY), "actor.parallel.pp=3"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert "actor.parallel.pp: (3) must divide num_layers (2)" in proc.stderr
