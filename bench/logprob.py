@@ -42,7 +42,7 @@ def machine() -> dict:
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "load_avg_1m": os.getloadavg()[0],
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
 
 
@@ -122,7 +122,7 @@ def main() -> None:
         tokens = args.rows * (args.prompt + args.response)
         hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa").eval()
         hf_s, hf_lp = timed(lambda: hf_logprobs(hf, batch, 0.8, args.micro), args.repeats)
-        del hf
+        hf = None  # free it before the Megatron model is built
         worker = PolicyWorker(path, ActorConfig(micro_batch_size=args.micro), "float32", seed=0)
         mg_s, (mg_lp, _) = timed(lambda: worker.compute_logprobs(batch, 0.8), args.repeats)
     diff = float((mg_lp - hf_lp).abs().max())

@@ -28,12 +28,11 @@ Left out: virtual pipeline stages, context/expert parallelism, sequence packing.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
-
-import math
 
 import torch
 import torch.distributed as dist

@@ -11,12 +11,12 @@ update mean Megatron's normalisation is global across micro-batches and DP ranks
 
 from __future__ import annotations
 
+import actor_cases as ac
 import pytest
 import torch
+from spawn import run_distributed
 
 from megarl.config.sections import ActorConfig, OptimizerConfig, ParallelConfig
-import actor_cases as ac
-from spawn import run_distributed
 
 TEMPERATURE = 0.7
 LR, CLIP, MINI = 2e-4, 1.0, 3  # 6 rows -> two optimizer steps
