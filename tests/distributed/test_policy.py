@@ -1,6 +1,7 @@
 """PolicyWorker (+ ReferenceWorker in the same processes) against plain HF transformers.
 
-Three 2-process layouts, many checks per spawn (spawning is the expensive part):
+Three 2-process layouts and one 4-process (TP=2 x PP=2, marked slow), many checks per spawn
+(spawning is the expensive part):
 - TP=2 (vocab 259 padded to 260): log-probs / entropy vs HF, reference coexisting and frozen,
   offload/onload round trip, two Adam steps vs a plain-torch HF reference;
 - TP=1 x DP=2 with a token budget (unequal micro-batches per rank): the same update;
@@ -106,4 +107,11 @@ def test_dp2_token_budget_matches_whole_batch(model_dir, reference):
 
 def test_pp2_logprobs_and_update(model_dir, reference):
     results = run_distributed(_policy_run, 2, model_dir, _cfg(pp=2, micro_batch_size=1), False)
+    _check_against_hf(results, reference)
+
+
+@pytest.mark.slow
+def test_tp2_pp2_logprobs_and_update(model_dir, reference):
+    # 4 processes: TP=2 inside each of 2 pipeline stages (vocab-parallel head on the last one).
+    results = run_distributed(_policy_run, 4, model_dir, _cfg(tp=2, pp=2, micro_batch_size=2), False)
     _check_against_hf(results, reference)
