@@ -41,6 +41,8 @@ class PolicyRank:
             self.engine = TorchEngine(path, device=device, dtype=dtype, max_running_requests=cfg.rollout.max_running_requests)
         self.sync = InProcessWeightSync(HFWeightStream(self.policy.export_weights, cfg.rollout.weight_sync.bucket_mb))
         self.sync.connect([self.engine] if self.engine is not None else [])
+        self.sglang_engines: list[Any] = []  # the SGLang engines this rank posts to (connect_sglang)
+        self._gloo_groups: dict[tuple[int, ...], Any] = {}
         self.max_new_tokens = cfg.rollout.sampling.max_new_tokens
         self._profiler: Any = None
 
@@ -95,17 +97,97 @@ class PolicyRank:
     def check_logprobs(self, temperature: float) -> dict[str, float] | None:
         """Engine vs trainer log-probs of fixed probe sequences (collective over the policy).
 
-        Every engine rank compares its own engine; raises LogprobMismatchError above
-        rollout.weight_sync.max_logprob_diff. Rank 0 (always an engine rank) returns the metrics.
+        Every rank that feeds engines compares each of them; raises LogprobMismatchError above
+        rollout.weight_sync.max_logprob_diff. Rank 0 (always such a rank) returns the metrics
+        (the worst engine's). SGLang scores prompts from unscaled logits, so with SGLang both
+        sides are compared at temperature 1.0 whatever the sampling temperature.
         """
+        if self.cfg.rollout.engine == "sglang":
+            temperature = 1.0
         prompts, responses = probe_sequences(self.policy.model.vocab_size)
         batch = probe_batch(prompts, responses)
         trainer, _ = self.policy.compute_logprobs(batch, temperature)
-        if self.engine is None:
+        scorers = [self.engine] if self.engine is not None else self.sglang_engines
+        if not scorers:
             return None
-        engine = engine_logprobs(self.engine, batch, temperature)
-        metrics = compare_logprobs(engine, trainer, batch.response_mask, self.cfg.rollout.weight_sync.max_logprob_diff)
+        limit = self.cfg.rollout.weight_sync.max_logprob_diff
+        results = [compare_logprobs(engine_logprobs(e, batch, temperature), trainer, batch.response_mask, limit) for e in scorers]
+        metrics = max(results, key=lambda m: m["weight_sync/logprob_diff"])
         return metrics if self.rank == 0 else None
+
+    # ---- SGLang engines (rollout.engine = sglang) -------------------------------------------
+    def connect_sglang(self, engines: list[dict[str, Any]], transport: str, holders: list[list[int]]) -> None:
+        """Point ``push_weights`` at SGLang servers (collective: every rank calls it, again
+        after an engine restart). ``engines``: url / tp / max_running_requests of each.
+
+        ``transport="tensor"`` (colocated): ``holders[k]`` are the policy ranks on engine k's
+        GPUs in engine TP order; each serializes its own CUDA IPC copy, gathered on a gloo
+        group to ``holders[k][0]``, which posts (SGLangTensorSync with PayloadGather).
+        ``transport="distributed"`` (disaggregated): one NCCL group per pipeline stage, the
+        stage's first rank (tp 0, dp 0) sends; rank 0 drives pause / flush / version checks.
+        """
+        from megarl.rollout_sglang.engine import SGLangEngine
+        from megarl.rollout_sglang.weight_sync import SGLangDistributedSync
+
+        if isinstance(self.sync, SGLangDistributedSync):
+            self.sync.close()  # the old groups (a restart rebuilds them)
+        clients = [SGLangEngine(e["url"], tp=e["tp"], max_running_requests=e["max_running_requests"]) for e in engines]
+        if transport == "tensor":
+            self.sync, self.sglang_engines = self._tensor_sync(clients, holders)
+        elif transport == "distributed":
+            self.sync, self.sglang_engines = self._distributed_sync(clients)
+        else:
+            raise ValueError(f"connect_sglang: transport {transport!r} must be 'tensor' or 'distributed'")
+        self.sync.connect(self.sglang_engines)
+
+    def _gloo_group(self, ranks: list[int]) -> Any:
+        """A gloo group over ``ranks`` (made once; every rank must ask for every group, in order)."""
+        import torch.distributed as dist
+
+        key = tuple(sorted(ranks))
+        if key not in self._gloo_groups:
+            self._gloo_groups[key] = dist.new_group(list(key), backend="gloo")
+        return self._gloo_groups[key]
+
+    def _tensor_sync(self, clients: list[Any], holders: list[list[int]]) -> tuple[Any, list[Any]]:
+        from megarl.rollout_sglang.weight_sync import SGLangTensorSync
+
+        if len(holders) != len(clients):
+            raise ValueError(f"connect_sglang: {len(holders)} holder lists for {len(clients)} engines")
+        groups = [self._gloo_group(ranks) for ranks in holders]  # collective creation, all ranks
+        stream = HFWeightStream(self.policy.export_weights, self.cfg.rollout.weight_sync.bucket_mb)
+        for k, ranks in enumerate(holders):
+            if self.rank in ranks:
+                gather = _payload_gather(groups[k], ranks) if len(ranks) > 1 else None
+                return SGLangTensorSync(stream, per_gpu=gather), [clients[k]] if self.rank == ranks[0] else []
+        return SGLangTensorSync(stream), []  # on no engine's GPUs: export (collective) only
+
+    def _distributed_sync(self, clients: list[Any]) -> tuple[Any, list[Any]]:
+        import torch.distributed as dist
+
+        from megarl.rollout_sglang.weight_sync import SGLangDistributedSync, StageRole
+
+        i = self.info
+        model = self.policy.model
+        bucket_mb = self.cfg.rollout.weight_sync.bucket_mb
+        # Each stage exports only its own tensors (no cross-stage broadcast); its sender sends them.
+        stream = HFWeightStream(lambda b: model.bridge.export_hf_weights(model.core, b, gather_pp=False), bucket_mb)
+        sender = i.tp_rank == 0 and i.dp_rank == 0
+        role = StageRole(pp_size=i.pp_size, stages=(i.pp_rank,), sender_stages=(i.pp_rank,) if sender else (),
+                         coordinator=self.rank == 0)  # fmt: skip
+        world = self._gloo_group(list(range(i.world_size)))
+        sync = SGLangDistributedSync({i.pp_rank: stream}, role, master_address=_node_ip(),
+                                     backend="nccl" if torch.cuda.is_available() else "gloo",
+                                     barrier=lambda: dist.barrier(group=world))  # fmt: skip
+        return sync, clients if sender or self.rank == 0 else []
+
+    def offload_states(self) -> int | None:
+        """Policy params, grads and optimizer state to host memory (colocated SGLang generates)."""
+        moved = self.policy.offload()
+        return moved if self.rank == 0 else None
+
+    def onload_states(self) -> None:
+        self.policy.onload()
 
     # ---- checkpoints, memory, profiling -----------------------------------------------------
     def save(self, path: str) -> None:
@@ -140,3 +222,33 @@ class PolicyRank:
         self._profiler.export_chrome_trace(str(target))
         self._profiler = None
 
+
+def _payload_gather(group: Any, ranks: list[int]) -> Any:
+    """PayloadGather over ``group``: payloads in engine TP order (``ranks``' order) on ranks[0]."""
+    import torch.distributed as dist
+
+    from megarl.rollout_sglang.weight_sync import PayloadGather
+
+    me = dist.get_rank()
+    order = sorted(ranks)  # a group's ranks are numbered in sorted global order
+
+    def gather(payload: str) -> list[str] | None:
+        out: list[Any] | None = [None] * len(ranks) if me == ranks[0] else None
+        dist.gather_object(payload, out, dst=ranks[0], group=group)
+        return None if out is None else [out[order.index(r)] for r in ranks]
+
+    return PayloadGather(gather=gather, barrier=lambda: dist.barrier(group=group))
+
+
+def _node_ip() -> str:
+    """This node's address as the engines on other nodes reach it."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return ray.util.get_node_ip_address()
+    except ImportError:
+        pass
+    import socket
+
+    return socket.gethostbyname(socket.gethostname())

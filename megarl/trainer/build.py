@@ -27,7 +27,9 @@ from megarl.trainer.model_phases import (
 from megarl.trainer.rollout import (
     DynamicSamplingCollector,
     GreedyBaseline,
+    HandedOverEngines,
     NoBaseline,
+    NoHandover,
     PlainCollector,
     Scorer,
     WorkerEngines,
@@ -66,7 +68,13 @@ def build_trainer(cfg: MegaRLConfig, plan: Plan) -> Trainer:
     stream = build_train_stream(cfg.data, tokenizer)
     total_steps = cfg.trainer.total_steps or cfg.trainer.total_epochs * stream.steps_per_epoch()
     groups = _start_groups(cfg, plan, total_steps, out / "logs")
-    parts = _components(cfg, groups, stream, load_val_prompts(cfg.data, tokenizer), tokenizer, eos_ids, total_steps)
+    try:
+        sglang = _start_sglang(cfg, plan, groups, out / "logs")
+    except BaseException:
+        for group in groups.values():
+            group.shutdown()
+        raise
+    parts = _components(cfg, groups, stream, load_val_prompts(cfg.data, tokenizer), tokenizer, eos_ids, total_steps, sglang)
     config_dict = cfg.model_dump(mode="json")
     return Trainer(cfg, parts, partial(build_logger, cfg.trainer, config_dict, total_steps))
 
@@ -86,12 +94,25 @@ def _start_groups(cfg: MegaRLConfig, plan: Plan, total_steps: int, log_dir: Path
     return groups
 
 
-def _components(cfg: MegaRLConfig, groups: dict[str, Any], stream: Any, val_prompts: Any, tokenizer: Any, eos_ids: list[int], total_steps: int) -> Components:
+def _start_sglang(cfg: MegaRLConfig, plan: Plan, groups: dict[str, Any], log_dir: Path) -> Any:
+    """SGLang servers on their nodes, the policy connected to them (None with the torch engine)."""
+    if cfg.rollout.engine != "sglang":
+        return None
+    from megarl.trainer.sglang_rollout import start_sglang
+
+    return start_sglang(cfg, plan, groups["policy"], log_dir)
+
+
+def _components(cfg: MegaRLConfig, groups: dict[str, Any], stream: Any, val_prompts: Any, tokenizer: Any, eos_ids: list[int], total_steps: int,
+                sglang: Any = None) -> Components:  # fmt: skip
     from megarl.rewards.scorer import RewardScorer
 
     policy = groups["policy"]
     temperature = cfg.rollout.sampling.temperature
-    engines = WorkerEngines(policy, policy.call("layout"))
+    # torch: engines inside the policy ranks; sglang: servers, with the memory hand-over around
+    # every generation and push (megarl/trainer/sglang_rollout.py).
+    handover = sglang.handover if sglang is not None else NoHandover()
+    engines = WorkerEngines(policy, policy.call("layout")) if sglang is None else HandedOverEngines(sglang.engines, handover)
     scorer = Scorer(RewardScorer(cfg.reward), tokenizer, eos_ids)
     ds = cfg.algorithm.dynamic_sampling
     if ds.enabled and cfg.algorithm.estimator not in GROUP_ESTIMATORS:
@@ -109,9 +130,10 @@ def _components(cfg: MegaRLConfig, groups: dict[str, Any], stream: Any, val_prom
         critic=CriticPhase(groups["critic"]) if "critic" in groups else Skip(),
         advantages=Advantages(cfg),
         policy=PolicyUpdate(policy, temperature, cfg.trainer.critic_warmup_steps),
-        weight_push=WeightPush(policy, temperature, cfg.rollout.weight_sync.check_logprobs),
+        weight_push=WeightPush(policy, temperature, cfg.rollout.weight_sync.check_logprobs, handover),
         groups=groups,
         total_steps=total_steps,
+        rollout_backend=sglang,
     )
 
 
@@ -133,5 +155,7 @@ def shutdown(trainer: Trainer | None) -> None:
         return
     trainer.close()
     trainer.parts.scorer.reward_scorer.close()
+    if trainer.parts.rollout_backend is not None:
+        trainer.parts.rollout_backend.close()  # servers first: colocated ones share the policy's GPUs
     for group in trainer.parts.groups.values():
         group.shutdown()

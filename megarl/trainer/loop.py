@@ -59,6 +59,7 @@ class Components:
     weight_push: WeightPush
     groups: dict[str, Any]  # role -> WorkerGroup (checkpoints, profiling, shutdown)
     total_steps: int
+    rollout_backend: Any = None  # what serves rollouts outside the groups (SGLangRollout), closed at shutdown
 
 
 class Trainer:

@@ -15,6 +15,7 @@ from megarl.algos.kl import make_kl_controller
 from megarl.algos.step import advantage_step
 from megarl.config.sections import MegaRLConfig
 from megarl.data.batch import Batch
+from megarl.trainer.rollout import NoHandover
 
 
 def _rank0(results: list[Any]) -> Any:
@@ -108,13 +109,19 @@ class Advantages:
 
 
 class WeightPush:
-    """Policy -> engines after each update, then the engine/trainer log-prob check."""
+    """Policy -> engines after each update, then the engine/trainer log-prob check.
 
-    def __init__(self, group: Any, temperature: float, check: bool):
+    ``handover`` (megarl.trainer.rollout.Handover) runs before and after the push: e.g.
+    colocated SGLang resumes its weights' memory first, restarts dead engines."""
+
+    def __init__(self, group: Any, temperature: float, check: bool, handover: Any = None):
         self.group, self.temperature, self.check = group, temperature, check
+        self.handover = handover if handover is not None else NoHandover()
 
     def __call__(self, version: int) -> dict[str, float]:
+        self.handover.before_push(version)
         metrics = dict(_rank0(self.group.call("push_weights", version)))
+        self.handover.after_push(version)
         if self.check:
             metrics |= _rank0(self.group.call("check_logprobs", self.temperature))
         return metrics

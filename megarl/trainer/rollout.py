@@ -28,6 +28,51 @@ class Engines(Protocol):
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[GenerationResult]: ...
 
 
+class Handover(Protocol):
+    """What must happen around generation and weight pushes when the engines share devices
+    with training (colocated SGLang: memory release/resume, policy offload) or can die and be
+    restarted. Called at fixed points: around every ``Engines.generate`` (HandedOverEngines)
+    and around every push (model_phases.WeightPush)."""
+
+    def before_generate(self) -> None: ...
+
+    def after_generate(self) -> None: ...
+
+    def before_push(self, version: int) -> None: ...
+
+    def after_push(self, version: int) -> None: ...
+
+
+class NoHandover:
+    """Engines that need nothing around generation or pushes (the torch engine: the policy
+    rank offloads itself inside ``PolicyRank.generate``)."""
+
+    def before_generate(self) -> None:
+        pass
+
+    def after_generate(self) -> None:
+        pass
+
+    def before_push(self, version: int) -> None:
+        pass
+
+    def after_push(self, version: int) -> None:
+        pass
+
+
+class HandedOverEngines:
+    """``engines`` with ``handover.before_generate`` / ``after_generate`` around each call."""
+
+    def __init__(self, engines: Engines, handover: Handover):
+        self.engines, self.handover = engines, handover
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[GenerationResult]:
+        self.handover.before_generate()
+        results = self.engines.generate(prompts, params)
+        self.handover.after_generate()
+        return results
+
+
 class WorkerEngines:
     """Torch engines inside the policy ranks (``PolicyRank.generate``)."""
 
