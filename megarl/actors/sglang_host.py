@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from megarl.rollout_sglang.server import ServerSpec, SGLangServer
@@ -104,6 +105,8 @@ class SGLangHost:
     """Runs one SGLang server on this node; the controller calls it through Ray."""
 
     def __init__(self, spec: ServerSpec) -> None:
+        if spec.log_path:  # the run's log folder may not exist on this node yet
+            Path(spec.log_path).parent.mkdir(parents=True, exist_ok=True)
         self.server = SGLangServer(spec)
 
     def start(self, timeout: float = 900.0) -> str:
