@@ -25,10 +25,9 @@ from megarl.data.batch import Batch
 
 
 def _values(mb: MicroBatch, output: torch.Tensor) -> torch.Tensor:
-    """Per-token values ``[b, R]`` from the value head's output ``[b, S, 1]``."""
-    b = output.shape[0]
-    per_position = output.reshape(b, -1).float()  # [b, S]
-    values = per_position.gather(1, mb.response_columns)  # [b, R]
+    """Per-token values ``[b, R]`` from the value head's output ``[b, R, 1]`` (the model only
+    evaluates the head at the response columns, see megarl/actors/megatron_model.py)."""
+    values = output.reshape(output.shape[0], -1).float()  # [b, R]
     return values * mb.batch.response_valid.to(values.dtype)
 
 

@@ -19,6 +19,11 @@ Conventions (identical for all workers):
 - Normalisation is global: the schedule runs with ``calculate_per_token_loss=True``; a loss
   function returns a SUM and its count; Megatron adds the counts over micro-batches and DP
   ranks and divides the (summed, not averaged) DP gradient by that total once.
+- Only response positions reach the output layer: a forward pre-hook on ``output_layer`` keeps
+  the hidden states at each row's ``response_columns`` (``[S, b, h] -> [R, b, h]``), so the
+  last stage returns ``[b, R, V/tp]`` logits (or ``[b, R, 1]`` values) already aligned with the
+  response tokens. Prompt positions never pay for the LM head (its matmul and the ``[b, S, V]``
+  logits, the largest activation with a big vocabulary).
 - Several models may live in one process (policy + reference): Megatron's parallel state is
   process-global, so :func:`ensure_parallel` initialises it once and later models check that
   their layout matches.
@@ -51,8 +56,9 @@ from megarl.data.batch import Batch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
-# A head turns the last stage's output [b, S, ...] for one micro-batch into named per-token
-# tensors [b, R] (on every TP rank of the stage; TP rank 0's copy is kept).
+# A head turns the last stage's output [b, R, ...] (response positions only) for one
+# micro-batch into named per-token tensors [b, R] (on every TP rank of the stage; TP rank 0's
+# copy is kept).
 Head = Callable[[MicroBatch, torch.Tensor], dict[str, torch.Tensor]]
 
 
@@ -93,6 +99,7 @@ class MegatronModel:
     module: torch.nn.Module  # GPTModel, or DDP(GPTModel) once wrapped for training
     info: Any  # megarl.parallel.groups.ParallelInfo
     vocab_size: int  # real vocabulary (padding columns past it are masked)
+    positions: ResponsePositions  # the output layer's position selector (last stage)
 
     @classmethod
     def build(
@@ -118,7 +125,10 @@ class MegatronModel:
             hf_config, tcfg, pre_process=info.is_first_stage, post_process=info.is_last_stage, value_head=value_head
         )
         bridge.load_hf_weights(module, hf_path)
-        return cls(bridge, hf_config, tcfg, module, info, bridge.vocab_size(hf_config))
+        positions = ResponsePositions()
+        if info.is_last_stage:
+            module.output_layer.register_forward_pre_hook(positions, with_kwargs=True)
+        return cls(bridge, hf_config, tcfg, module, info, bridge.vocab_size(hf_config), positions)
 
     @property
     def core(self) -> torch.nn.Module:
@@ -211,6 +221,7 @@ class MegatronModel:
 
         def forward_step(data_iterator, model):
             mb = next(data_iterator)
+            self.positions.columns = mb.response_columns
             # Rows are left-aligned: plain causal attention (mask None) is exact.
             output = model(input_ids=mb.tokens, position_ids=mb.position_ids, attention_mask=None)
             return output, partial(loss_func, mb)
@@ -275,6 +286,24 @@ def metric_value(name: str, pair: tuple[float, float]) -> float:
     return value / count if metric_reduction(name) == "sum" else value
 
 
+class ResponsePositions:
+    """Forward pre-hook of the output layer: keep the hidden states at the response columns.
+
+    ``columns [b, R]`` is set per micro-batch before the model runs; the hook turns the output
+    layer's input ``[S, b, h]`` into ``[R, b, h]`` (a gather, so gradients flow back to exactly
+    those positions)."""
+
+    def __init__(self) -> None:
+        self.columns: torch.Tensor | None = None  # [b, R] long
+
+    def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict):
+        if self.columns is None:
+            return None
+        hidden = args[0]  # [S, b, h]
+        index = self.columns.t().unsqueeze(-1).expand(-1, -1, hidden.shape[-1])  # [R, b, h]
+        return (hidden.gather(0, index), *args[1:]), kwargs
+
+
 def _configure_schedule(tcfg: Any, dtype: torch.dtype) -> None:
     """Schedule flags every worker relies on (see the module docstring)."""
     from megatron.core.distributed import finalize_model_grads
@@ -305,15 +334,14 @@ def token_logprob_head(
     model: MegatronModel, temperature: float, with_entropy: bool
 ) -> Callable[[MicroBatch, torch.Tensor], dict[str, torch.Tensor]]:
     """A head giving ``logprobs`` (and ``entropy``) ``[b, R]`` of the response tokens from
-    vocab-parallel logits ``[b, S, V/tp]``; positions past each response's length are 0."""
+    vocab-parallel logits ``[b, R, V/tp]`` at the response positions; positions past each
+    response's length are 0."""
     from megarl.parallel.sharding import tp_group
 
     def head(mb: MicroBatch, logits: torch.Tensor) -> dict[str, torch.Tensor]:
-        b = logits.shape[0]
-        picked = logits[torch.arange(b, device=logits.device)[:, None], mb.response_columns]  # [b, R, V/tp]
-        local_vocab = logits.shape[-1]
+        local_vocab = logits.shape[-1]  # logits: [b, R, V/tp]
         logprobs, entropy = vocab_parallel_logprobs(
-            picked,
+            logits,
             mb.batch.response_ids,
             temperature=temperature,
             vocab_start=model.info.tp_rank * local_vocab,

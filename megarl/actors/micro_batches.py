@@ -95,7 +95,7 @@ class MicroBatch:
     batch: Batch  # the rows themselves (fields as in the original batch), for the loss function
     tokens: torch.Tensor  # [b, S] long, real tokens from column 0, right-padded with 0
     position_ids: torch.Tensor  # [b, S] long, 0..S-1
-    response_columns: torch.Tensor  # [b, R] long, logits column predicting response token t
+    response_columns: torch.Tensor  # [b, R] long, column whose output predicts response token t
     num_tokens: int  # real tokens in the micro-batch (prompt + response)
 
 
