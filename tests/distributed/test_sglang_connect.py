@@ -49,7 +49,13 @@ def _connect_and_push(rank: int, world: int, model_path: str, url: str, tp: int,
     policy = PolicyRank(cfg, total_optimizer_steps=1)
     policy.connect_sglang([{"url": url, "tp": tp, "max_running_requests": 8}], transport, holders)
     metrics = policy.push_weights(4)
-    return {"posts": len(policy.sglang_engines), "metrics": metrics}
+    # The post-push check at a sampling temperature of 0.7 must score SGLang at T = 1 (score()
+    # refuses anything else); the stand-in's log-probs are not the model's, so it is refused.
+    try:
+        check = policy.check_logprobs(0.7)
+    except Exception as err:  # noqa: BLE001 - the type is the result
+        check = type(err).__name__
+    return {"posts": len(policy.sglang_engines), "metrics": metrics, "check": check}
 
 
 def _hf_state(model_dir: str) -> dict[str, torch.Tensor]:
@@ -70,6 +76,7 @@ def test_push_from_policy_ranks_reaches_the_engine(model_dir, transport, tp, hol
         assert [r["posts"] for r in results] == posters
         assert results[0]["metrics"]["weight_sync/buckets"] >= 1 and results[1]["metrics"] is None
         assert fake.weight_version == "4"
+        assert [r["check"] for r in results] == ["LogprobMismatchError", None]
         want = _hf_state(model_dir)
         assert sorted(fake.weights) == sorted(want)
         for name, tensor in want.items():
