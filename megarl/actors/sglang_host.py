@@ -104,10 +104,10 @@ def slot_spec(spec: ServerSpec, slot: EngineSlot, log_path: str | None) -> Serve
 class SGLangHost:
     """Runs one SGLang server on this node; the controller calls it through Ray."""
 
-    def __init__(self, spec: ServerSpec) -> None:
+    def __init__(self, spec: ServerSpec, command: Sequence[str] | None = None) -> None:
         if spec.log_path:  # the run's log folder may not exist on this node yet
             Path(spec.log_path).parent.mkdir(parents=True, exist_ok=True)
-        self.server = SGLangServer(spec)
+        self.server = SGLangServer(spec, command)  # command: a stand-in process (CPU tests)
 
     def start(self, timeout: float = 900.0) -> str:
         self.server.start(timeout)
@@ -130,7 +130,8 @@ class SGLangHost:
         return self.server.log_tail(max_lines)
 
 
-def start_hosts(slots: Sequence[EngineSlot], specs: Sequence[ServerSpec]) -> list[Any]:
+def start_hosts(slots: Sequence[EngineSlot], specs: Sequence[ServerSpec],
+                command: Sequence[str] | None = None) -> list[Any]:  # fmt: skip
     """One SGLangHost actor per slot, pinned to the slot's node (no CPU, no GPU asked)."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -140,7 +141,7 @@ def start_hosts(slots: Sequence[EngineSlot], specs: Sequence[ServerSpec]) -> lis
         actor.options(
             num_cpus=0, num_gpus=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=slot.node_id, soft=False),
-        ).remote(spec)
+        ).remote(spec, command)
         for slot, spec in zip(slots, specs, strict=True)
     ]  # fmt: skip
 
