@@ -16,7 +16,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: $(VENV)/.installed
-	$(VENV)/bin/megarl plan configs/tiny_grpo.yaml
+	$(VENV)/bin/megarl demo
 
 test: $(VENV)/.installed
 	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(PY) -m pytest --durations=15

@@ -23,7 +23,7 @@ TIMING = ("time/", "weight_sync/seconds", "weight_sync/gbps")
 
 
 def launch_cmd(root: Path, out: Path) -> list[str]:
-    overrides = small_overrides(root, out, STEPS, f"trainer.save_freq={SAVE_FREQ}", "trainer.eval_freq=4", "actor.optimizer.distributed=false")
+    overrides = small_overrides(root, out, STEPS, f"trainer.save_freq={SAVE_FREQ}", "trainer.eval_freq=4")
     return [sys.executable, "-m", "megarl.cli", "launch", str(TINY), *overrides]
 
 
