@@ -31,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     _add_plan(sub)
     _add_launch(sub)
+    _add_config(sub)
     _add_demo(sub)
     _add_plot(sub)
     from megarl.data.commands import register as register_data
@@ -79,6 +80,19 @@ def _run_launch(args: argparse.Namespace) -> int:
     _setup_logging()
     launch(args.config, args.overrides, args.address)
     return 0
+
+
+def _add_config(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("config", help="print every config key with its default and meaning",
+                       description="The configuration reference, read from megarl's typed config models.")
+    p.add_argument("section", nargs="?", default=None, help="a section such as rollout or actor.optimizer (default: all)")
+    p.set_defaults(handler=lambda args: print(_describe(args.section)) or 0)
+
+
+def _describe(section: str | None) -> str:
+    from megarl.config.reference import describe
+
+    return describe(section)
 
 
 def _add_demo(sub: argparse._SubParsersAction) -> None:
@@ -147,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
-    except (ConfigError, PlanError, ArchError) as exc:
+    except (ConfigError, PlanError, ArchError) as exc:  # user mistakes: one clear message, exit 1
         print(f"error: {exc}", file=sys.stderr)
         return 1
 

@@ -1,0 +1,19 @@
+"""`megarl config` lists every leaf key of the config with its default."""
+
+import pytest
+
+from megarl.config.loading import ConfigError
+from megarl.config.reference import describe
+
+
+def test_every_leaf_key_is_listed():
+    text = describe()
+    for key in ("rollout.sampling.temperature = 1.0", "actor.optimizer.lr = 1e-06", "algorithm.kl.estimator = 'k3'",
+                "trainer.resume = 'auto'", "model.path = None", "reward.custom: (optional section", "reward.custom.path = <required>"):
+        assert key in text
+
+
+def test_one_section_and_a_bad_one():
+    assert describe("actor.optimizer").splitlines()[0].startswith("actor.optimizer.lr = ")
+    with pytest.raises(ConfigError, match="sections here: parallel, optimizer"):
+        describe("actor.nope")
