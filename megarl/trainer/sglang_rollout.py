@@ -78,14 +78,16 @@ class PolicyConnection:
 class SGLangHandover:
     """The Handover of SGLang engines (see the module docstring for the order of calls).
 
-    ``policy``: the policy WorkerGroup (``offload_states``, ``onload_states``,
-    ``push_weights``); ``reconnect``: re-runs the policy's connection after a restart.
+    ``policy``: the policy WorkerGroup (``push_weights`` after a restart); ``reconnect``:
+    re-runs the policy's connection after a restart; ``offload``: the groups whose states
+    leave the GPUs while SGLang generates (colocated; each has ``offload_states`` /
+    ``onload_states``, e.g. the policy with actor.offload).
     """
 
     def __init__(self, engines: Sequence[SGLangEngine], policy: Any, reconnect: Any, *, colocated: bool,
-                 offload_policy: bool, resume_kv_after_push: bool, restart_timeout: float = 900.0):  # fmt: skip
+                 offload: Sequence[Any] = (), resume_kv_after_push: bool, restart_timeout: float = 900.0):  # fmt: skip
         self.engines, self.policy, self.reconnect = list(engines), policy, reconnect
-        self.colocated, self.offload_policy = colocated, offload_policy
+        self.colocated, self.offload = colocated, list(offload)
         self.resume_kv_after_push = resume_kv_after_push
         self.restart_timeout = restart_timeout
         self.version: int | None = None  # last version pushed to every engine
@@ -97,8 +99,8 @@ class SGLangHandover:
             # The restarted engines hold the initial weights: push what the others hold.
             self.policy.call("push_weights", self.version)
         if self.colocated:
-            if self.offload_policy:
-                self.policy.call("offload_states")
+            for group in self.offload:
+                group.call("offload_states")
             for engine in self.engines:
                 engine.resume_memory([KV_CACHE, CUDA_GRAPH])
 
@@ -106,8 +108,8 @@ class SGLangHandover:
         if self.colocated:
             for engine in self.engines:
                 engine.release_memory()
-            if self.offload_policy:
-                self.policy.call("onload_states")
+            for group in self.offload:
+                group.call("onload_states")
 
     # ---- weight pushes ------------------------------------------------------------------
     def before_push(self, version: int) -> None:
@@ -225,7 +227,7 @@ def start_sglang(cfg: Any, plan: Any, policy: Any, log_dir: Path, timeout: float
     except BaseException:
         SGLangRollout(SGLangEngines([]), None, hosts, placed).close()  # type: ignore[arg-type]
         raise
-    handover = SGLangHandover(engines, policy, connect, colocated=colocated, offload_policy=offload,
+    handover = SGLangHandover(engines, policy, connect, colocated=colocated, offload=[policy] if offload else [],
                               resume_kv_after_push=cfg.rollout.weight_sync.check_logprobs)  # fmt: skip
     log.info("SGLang engines up: %s", ", ".join(f"{e.url} (GPUs {s.gpu_ids} on {s.ip})" for e, s in zip(engines, slots)))
     return SGLangRollout(SGLangEngines(engines), handover, hosts, placed)

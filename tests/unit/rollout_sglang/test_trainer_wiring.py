@@ -173,7 +173,7 @@ def colocated_setup(fake_server, resume_kv_after_push=False):
     reconnect()
     for e in engines:  # what start_sglang does once the servers are up
         e.release_memory()
-    handover = SGLangHandover(engines, policy, reconnect, colocated=True, offload_policy=True,
+    handover = SGLangHandover(engines, policy, reconnect, colocated=True, offload=[policy],
                               resume_kv_after_push=resume_kv_after_push)  # fmt: skip
     push = WeightPush(policy, 1.0, False, handover)
     gen = HandedOverEngines(SGLangEngines(engines), handover)
@@ -243,7 +243,7 @@ def test_disaggregated_handover_leaves_memory_alone(fake_server):
     engine = SGLangEngine(server, flush_interval=0.01)
     policy = InProcessPolicy({"w": torch.ones(3)}, lambda: [server.fake])
     policy.call("connect_sglang", engine_descriptors([engine]), "tensor", [[0]])
-    handover = SGLangHandover([engine], policy, lambda: None, colocated=False, offload_policy=False,
+    handover = SGLangHandover([engine], policy, lambda: None, colocated=False,
                               resume_kv_after_push=True)  # fmt: skip
     WeightPush(policy, 1.0, False, handover)(version=2)
     HandedOverEngines(SGLangEngines([engine]), handover).generate([[1]], SamplingParams(max_new_tokens=1))
