@@ -199,17 +199,17 @@ def start_sglang(cfg: Any, plan: Any, policy: Any, log_dir: Path, timeout: float
     from megarl.rollout_sglang.server import spec_from_config
 
     colocated = cfg.cluster.placement == "colocated"
-    placed = None
-    if colocated:
-        slots = colocated_slots(plan, policy.node_infos)
-    else:
-        placed = place_roles([rollout_placement(plan)])
-        slots = disaggregated_slots(plan, probe_bundles(placed["rollout"]))
     base = spec_from_config(cfg.model.path, cfg.rollout, cfg.cluster.placement, seed=cfg.trainer.seed, dtype=cfg.model.dtype)
-    specs = [slot_spec(base, s, str(Path(log_dir) / f"sglang_engine{s.index}.log")) for s in slots]
     offload = colocated and cfg.actor.offload
+    placed: dict[str, Any] | None = None
     hosts: list[Any] = []
     try:
+        if colocated:
+            slots = colocated_slots(plan, policy.node_infos)
+        else:
+            placed = place_roles([rollout_placement(plan)])
+            slots = disaggregated_slots(plan, probe_bundles(placed["rollout"]))
+        specs = [slot_spec(base, s, str(Path(log_dir) / f"sglang_engine{s.index}.log")) for s in slots]
         if offload:
             policy.call("offload_states")
         hosts = start_hosts(slots, specs)
