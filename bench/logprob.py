@@ -5,7 +5,10 @@ Same random-init Qwen2-shaped model (8 layers, hidden 512, 8 heads, 2 KV heads, 
 float32, 2 threads. The HF side is ``Qwen2ForCausalLM`` with ``attn_implementation="sdpa"``:
 logits -> slice the response columns -> ``log_softmax(logits / T)`` -> gather. The Megatron
 side is ``PolicyWorker.compute_logprobs`` (vocab-parallel log-softmax, Megatron's schedule).
-Both results are compared (max abs difference) so the speed is of the same computation.
+Both results are compared (max abs difference) so the speed is of the same computation. The
+two run interleaved, best of ``--repeats`` each (the machine is shared; its load is recorded).
+Differences: HF computes logits at every position, the worker only at response positions;
+Megatron's unfused RoPE (cos/sin per layer, rotate-half by cat) costs extra on CPU.
 
 Run: ``OMP_NUM_THREADS=2 .venv/bin/python bench/logprob.py``; writes bench/results/logprob.json.
 """
@@ -85,14 +88,17 @@ def hf_logprobs(model, batch, temperature: float, micro: int) -> torch.Tensor:
     return torch.cat(out)
 
 
-def timed(fn, repeats: int) -> tuple[float, object]:
-    fn()  # warm-up
-    best, result = float("inf"), None
+def timed_pair(fns: list, repeats: int) -> list[tuple[float, object]]:
+    """Best-of-``repeats`` seconds of each function, runs interleaved (a, b, a, b, ...) so that
+    a change in machine load hits both alike; one warm-up run each first."""
+    best = [float("inf")] * len(fns)
+    results: list = [fn() for fn in fns]
     for _ in range(repeats):
-        start = time.perf_counter()
-        result = fn()
-        best = min(best, time.perf_counter() - start)
-    return best, result
+        for i, fn in enumerate(fns):
+            start = time.perf_counter()
+            results[i] = fn()
+            best[i] = min(best[i], time.perf_counter() - start)
+    return list(zip(best, results))
 
 
 def main() -> None:
@@ -121,10 +127,10 @@ def main() -> None:
         batch = make_batch(args.rows, args.prompt, args.response, args.vocab)
         tokens = args.rows * (args.prompt + args.response)
         hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa").eval()
-        hf_s, hf_lp = timed(lambda: hf_logprobs(hf, batch, 0.8, args.micro), args.repeats)
-        hf = None  # free it before the Megatron model is built
         worker = PolicyWorker(path, ActorConfig(micro_batch_size=args.micro), "float32", seed=0)
-        mg_s, (mg_lp, _) = timed(lambda: worker.compute_logprobs(batch, 0.8), args.repeats)
+        (hf_s, hf_lp), (mg_s, (mg_lp, _)) = timed_pair(
+            [lambda: hf_logprobs(hf, batch, 0.8, args.micro), lambda: worker.compute_logprobs(batch, 0.8)], args.repeats
+        )
     diff = float((mg_lp - hf_lp).abs().max())
     rows = [
         {"impl": "hf_sdpa", "seconds": hf_s, "tokens_per_s": tokens / hf_s},
