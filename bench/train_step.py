@@ -6,7 +6,9 @@ Adam step, through Megatron's schedule with a token-mean policy-gradient loss. M
     flops = 6 x params x tokens + 12 x layers x hidden x seq^2 x batch
     MFU   = flops / step_seconds / peak
 
-``params`` excludes the input embedding table (a lookup, no matmul; the LM head counts), and
+``params`` excludes the input embedding table (a lookup, no matmul; the LM head counts). The
+worker runs the LM head at response positions only (half the tokens here), so the formula
+counts more than is executed: ``mfu_executed`` counts the LM head on response tokens only. And
 ``peak`` is measured in the same run by a large square matmul in the step's dtype, before and
 after the steps (the better of the two), so the number says how well the step uses this
 machine, not a datasheet. On a shared CPU both are noisy: the load average is recorded.
@@ -104,15 +106,18 @@ def main() -> None:
     peak = max(peak, peak_flops(args.matmul, dtype, device))
     tokens = args.rows * args.seq
     flops = 6 * matmul_params * tokens + 12 * args.layers * args.hidden * args.seq**2 * args.rows
+    lm_head = args.vocab * args.hidden
+    executed = flops - 6 * lm_head * (tokens - args.rows * (args.seq - half))
     row = {
         "device": device, "dtype": args.dtype, "params": params, "matmul_params": matmul_params, "tokens": tokens, "step_seconds": step_s,
         "tokens_per_s": tokens / step_s, "model_tflops_per_s": flops / step_s / 1e12,
         "peak_tflops_per_s": peak / 1e12, "mfu": flops / step_s / peak,
+        "mfu_executed": executed / step_s / peak,
     }
     info["load_avg_1m_after"] = os.getloadavg()[0]
     print(f"{'device':<8}{'params':>12}{'tokens':>8}{'step s':>9}{'tokens/s':>10}{'TFLOP/s':>9}{'peak':>8}{'MFU':>7}")
     print(f"{device:<8}{params:>12,}{tokens:>8}{step_s:>9.2f}{row['tokens_per_s']:>10.0f}"
-          f"{row['model_tflops_per_s']:>9.3f}{row['peak_tflops_per_s']:>8.3f}{row['mfu']:>7.1%}")
+          f"{row['model_tflops_per_s']:>9.3f}{row['peak_tflops_per_s']:>8.3f}{row['mfu']:>7.1%}  (executed: {row['mfu_executed']:.1%})")
     existing = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     existing[device] = {"machine": info, "config": vars(args), "result": row}
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
