@@ -54,6 +54,11 @@ def _policy_run(rank: int, world: int, path: str, cfg: ActorConfig, with_referen
     out["logprobs"], out["entropy"] = policy.compute_logprobs(batch, TEMPERATURE, with_entropy=True)
     if with_reference:
         ref = ReferenceWorker(path, cfg, "float32", seed=1, offload=True)
+        try:  # a second model in these processes must share the layout
+            ReferenceWorker(path, _cfg(tp=1), "float32", seed=1)
+            out["layout_error"] = ""
+        except ValueError as e:
+            out["layout_error"] = str(e)
         out["ref_before"], _ = ref.compute_logprobs(batch, TEMPERATURE)
         policy.offload()
         policy.onload()
@@ -94,6 +99,7 @@ def test_tp2_logprobs_update_and_reference(model_dir, reference):
         torch.testing.assert_close(r["ref_before"], reference["logprobs"], atol=1e-4, rtol=0)
         assert torch.equal(r["ref_after"], r["ref_before"])
         assert torch.equal(r["after_offload"], r["logprobs"])
+        assert "must use the same layout" in r["layout_error"]
     # Padding positions (past each response) are 0.
     batch = ac.make_batch(0)
     assert (results[0]["logprobs"][batch.response_valid == 0] == 0).all()
