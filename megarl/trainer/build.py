@@ -4,11 +4,12 @@ object per phase of the RL step (the step itself never branches on the config)."
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from megarl.actors.placement import RolePlacement, place_roles
+from megarl.actors.placement import RolePlacement, place_roles, release
 from megarl.actors.worker_group import GroupOptions, WorkerGroup
 from megarl.config.loading import config_to_yaml
 from megarl.config.planner import Plan
@@ -67,30 +68,36 @@ def build_trainer(cfg: MegaRLConfig, plan: Plan) -> Trainer:
 
     stream = build_train_stream(cfg.data, tokenizer)
     total_steps = cfg.trainer.total_steps or cfg.trainer.total_epochs * stream.steps_per_epoch()
-    groups = _start_groups(cfg, plan, total_steps, out / "logs")
+    closers: list[Callable[[], None]] = []  # what was started, undone in reverse on failure or at shutdown
     try:
+        groups = _start_groups(cfg, plan, total_steps, out / "logs", closers)
         sglang = _start_sglang(cfg, plan, groups, out / "logs")
+        if sglang is not None:
+            closers.append(sglang.close)  # servers first: colocated ones share the policy's GPUs
+        parts = _components(cfg, groups, stream, load_val_prompts(cfg.data, tokenizer), tokenizer, eos_ids, total_steps, sglang)
+        closers.append(parts.scorer.reward_scorer.close)
     except BaseException:
-        for group in groups.values():
-            group.shutdown()
+        _close_all(closers)
         raise
-    parts = _components(cfg, groups, stream, load_val_prompts(cfg.data, tokenizer), tokenizer, eos_ids, total_steps, sglang)
+    parts.closers = closers
     config_dict = cfg.model_dump(mode="json")
     return Trainer(cfg, parts, partial(build_logger, cfg.trainer, config_dict, total_steps))
 
 
-def _start_groups(cfg: MegaRLConfig, plan: Plan, total_steps: int, log_dir: Path) -> dict[str, Any]:
+def _start_groups(cfg: MegaRLConfig, plan: Plan, total_steps: int, log_dir: Path, closers: list[Callable[[], None]]) -> dict[str, Any]:
     from megarl.actors.critic_rank import CriticRank
     from megarl.actors.policy_rank import PolicyRank
 
     placements, colocate = role_placements(cfg, plan)
     placed = place_roles(placements, colocate)
+    closers.append(lambda: release(placed))
     options = GroupOptions(log_dir=log_dir)
-    per_step = cfg.samples_per_step // (cfg.actor.mini_batch_size or cfg.samples_per_step)
-    groups = {"policy": WorkerGroup(PolicyRank, placed["policy"], cfg, total_steps * per_step * cfg.actor.ppo_epochs, group_options=options)}
-    if "critic" in placed:
-        c_step = cfg.samples_per_step // (cfg.critic.mini_batch_size or cfg.samples_per_step)
-        groups["critic"] = WorkerGroup(CriticRank, placed["critic"], cfg, total_steps * c_step * cfg.critic.ppo_epochs, group_options=options)
+    groups: dict[str, Any] = {}
+    for role, cls, section in (("policy", PolicyRank, cfg.actor), ("critic", CriticRank, cfg.critic)):
+        if role in placed:
+            per_step = cfg.samples_per_step // (section.mini_batch_size or cfg.samples_per_step)
+            groups[role] = WorkerGroup(cls, placed[role], cfg, total_steps * per_step * section.ppo_epochs, group_options=options)
+            closers.append(groups[role].shutdown)
     return groups
 
 
@@ -133,7 +140,6 @@ def _components(cfg: MegaRLConfig, groups: dict[str, Any], stream: Any, val_prom
         weight_push=WeightPush(policy, temperature, cfg.rollout.weight_sync.check_logprobs, handover),
         groups=groups,
         total_steps=total_steps,
-        rollout_backend=sglang,
     )
 
 
@@ -154,8 +160,13 @@ def shutdown(trainer: Trainer | None) -> None:
     if trainer is None:
         return
     trainer.close()
-    trainer.parts.scorer.reward_scorer.close()
-    if trainer.parts.rollout_backend is not None:
-        trainer.parts.rollout_backend.close()  # servers first: colocated ones share the policy's GPUs
-    for group in trainer.parts.groups.values():
-        group.shutdown()
+    _close_all(trainer.parts.closers)
+
+
+def _close_all(closers: list[Callable[[], None]]) -> None:
+    """Undo what was started, newest first; one failure does not stop the rest."""
+    while closers:
+        try:
+            closers.pop()()
+        except Exception:  # noqa: BLE001 - cleanup must go on; the error is logged
+            log.exception("shutdown step failed")

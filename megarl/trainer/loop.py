@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +60,7 @@ class Components:
     weight_push: WeightPush
     groups: dict[str, Any]  # role -> WorkerGroup (checkpoints, profiling, shutdown)
     total_steps: int
-    rollout_backend: Any = None  # what serves rollouts outside the groups (SGLangRollout), closed at shutdown
+    closers: list[Callable[[], None]] = field(default_factory=list)  # run in reverse order at shutdown
 
 
 class Trainer:

@@ -43,7 +43,9 @@ def test_grpo_three_steps(ray_local, demo_root, tmp_path):
         assert record["weight_sync/logprob_diff"] < 1e-4  # engine == trainer after each push
         assert record["rollout/logprob_mismatch"] < 1e-4
     assert "val/reward/mean" in records[-1]
-    assert records[0]["actor/kl"] is None  # no reference in plain GRPO: null, not a made-up number
+    # KL to the reference (k3 in the loss, from the demo config): zero before the first update,
+    # positive once the policy has moved.
+    assert records[0]["actor/kl"] == pytest.approx(0.0, abs=1e-6) and records[-1]["actor/kl"] > 0
     assert (tmp_path / "grpo" / "checkpoints" / "step_000003" / "manifest.json").is_file()
     assert list((tmp_path / "grpo" / "samples").glob("step_*.jsonl"))
     assert math.isfinite(last["actor/param_checksum"])
@@ -60,10 +62,11 @@ def test_ppo_with_critic_two_steps(ray_local, demo_root, tmp_path):
 
 
 def test_critic_warmup_skips_the_policy(ray_local, demo_root, tmp_path):
-    _, _, records = train(demo_root, tmp_path / "warm", 2, "algorithm.estimator=gae", "critic.mini_batch_size=32",
+    _, _, records = train(demo_root, tmp_path / "warm", 2, "algorithm.estimator=gae", "algorithm.kl.use_in_loss=false", "critic.mini_batch_size=32",
                           "critic.micro_batch_size=16", "trainer.critic_warmup_steps=1")
     assert "actor/loss" not in records[0] and "critic/loss" in records[0]
     assert "actor/loss" in records[1]
+    assert records[1]["actor/kl"] is None  # no reference: null in the log, not a made-up number
 
 
 @pytest.mark.parametrize(
