@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from megarl.data.datasets import DataError, Prompt, check_prompt, write_prompt_file
+from megarl.rewards.math import last_boxed  # one definition for data conversion and scoring
 
 GSM8K_SOURCE = "openai/gsm8k"
 MATH_SOURCE = "math"
@@ -85,28 +86,6 @@ def gsm8k_final_answer(answer: str) -> str | None:
         return None
     final = answer.rsplit("####", 1)[1].strip().replace(",", "")
     return final or None
-
-
-def last_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``, or ``\\boxed 5``) in ``text``."""
-    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
-    if start < 0:
-        return None
-    i = start + (len("\\boxed") if text.startswith("\\boxed", start) else len("\\fbox"))
-    if text.startswith(" ", i):  # "\boxed 5": the argument runs to the next space or "$"
-        arg = text[i + 1 :].split("$", 1)[0].split()
-        return arg[0] if arg else None
-    if not text.startswith("{", i):
-        return None
-    depth = 0
-    for j in range(i, len(text)):
-        if text[j] == "{":
-            depth += 1
-        elif text[j] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[i + 1 : j].strip() or None
-    return None  # unbalanced braces
 
 
 # ---- per-format rows ------------------------------------------------------------------------
