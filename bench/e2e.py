@@ -12,10 +12,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
-from datetime import date
 from pathlib import Path
+
+from machine import describe  # bench/machine.py
 
 ROOT = Path(__file__).resolve().parents[1]
 SKIP_WARMUP = 3  # the first steps pay one-off costs (allocations, forkserver start)
@@ -47,8 +47,7 @@ def report(records: list[dict]) -> None:
         print(f"{name:22} {secs * 1e3:9.1f} {secs / step:7.1%}")
     print(f"{'step':22} {step * 1e3:9.1f}   over {len(records)} steps; overhead target < 5%")
     out = {
-        "date": date.today().isoformat(),
-        "machine": {"cpu": _cpu(), "cores": os.cpu_count(), "python": platform.python_version(), "load_1m": round(os.getloadavg()[0], 2)},
+        "machine": describe(),
         "steps_measured": len(records),
         "step_ms": step * 1e3,
         "phases_ms": {name: secs * 1e3 for name, secs in rows},
@@ -60,14 +59,7 @@ def report(records: list[dict]) -> None:
     lines = ["| phase | ms/step | share |", "|---|---|---|"]
     lines += [f"| {n} | {s * 1e3:.1f} | {s / step:.1%} |" for n, s in sorted(rows, key=lambda r: -r[1])]
     lines.append(f"| **step** | {step * 1e3:.1f} | 100% |")
-    (results / "e2e.md").write_text(f"# CPU demo step breakdown ({out['date']}, {out['machine']['cpu']}, load {out['machine']['load_1m']})\n\n" + "\n".join(lines) + "\n")
-
-
-def _cpu() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.machine()
+    (results / "e2e.md").write_text(f"# CPU demo step breakdown ({out['machine']['date']}, {out['machine']['cpu']}, load {out['machine']['load_avg_1m']})\n\n" + "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -7,13 +7,13 @@ off the planning path). Prints a table and writes bench/results/plan.json.
 from __future__ import annotations
 
 import json
-import platform
 import statistics
 import subprocess
 import sys
 import time
-from datetime import date
 from pathlib import Path
+
+from machine import describe  # bench/machine.py
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = {
@@ -39,31 +39,11 @@ def main() -> None:
     for r in rows:
         print(f"{r['case']:32} {r['median_s']:9.3f} {r['max_s']:7.3f} {r['exit_code']:5d}")
     out = {
-        "date": date.today().isoformat(),
-        "machine": {"cpu": _cpu_model(), "python": platform.python_version(), "cores": _cores(), "load_1m": _load()},
+        "machine": describe(),
         "target_s": 2.0,
         "rows": rows,
     }
     (ROOT / "bench" / "results" / "plan.json").write_text(json.dumps(out, indent=2) + "\n")
-
-
-def _cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.machine()
-
-
-def _load() -> float:
-    import os
-
-    return round(os.getloadavg()[0], 2)
-
-
-def _cores() -> int:
-    import os
-
-    return os.cpu_count() or 0
 
 
 if __name__ == "__main__":
