@@ -29,6 +29,14 @@ class CriticRank:
         metrics = self.critic.update(batch, self.loss_fn, mini_batch_size=self.cfg.critic.mini_batch_size, ppo_epochs=self.cfg.critic.ppo_epochs)
         return metrics if self.rank == 0 else None
 
+    def offload_states(self) -> int | None:
+        """Critic params, grads and optimizer state to host memory (while colocated SGLang generates)."""
+        moved = self.critic.offload()
+        return moved if self.rank == 0 else None
+
+    def onload_states(self) -> None:
+        self.critic.onload()
+
     def save(self, path: str) -> None:
         Path(path).mkdir(parents=True, exist_ok=True)  # dist-checkpointing needs the directory
         self.critic.save(Path(path))

@@ -20,7 +20,12 @@ from megarl.algos.losses import make_policy_loss_fn
 from megarl.config.sections import MegaRLConfig
 from megarl.data.batch import Batch
 from megarl.rollout.engine import GenerationResult, SamplingParams
-from megarl.rollout.logprob_check import compare_logprobs, engine_logprobs, probe_batch, probe_sequences
+from megarl.rollout.logprob_check import (
+    compare_logprobs,
+    engine_logprobs,
+    probe_batch,
+    probe_sequences,
+)
 from megarl.rollout.weight_sync import HFWeightStream, InProcessWeightSync
 
 

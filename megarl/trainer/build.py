@@ -107,7 +107,7 @@ def _start_sglang(cfg: MegaRLConfig, plan: Plan, groups: dict[str, Any], log_dir
         return None
     from megarl.trainer.sglang_rollout import start_sglang
 
-    return start_sglang(cfg, plan, groups["policy"], log_dir)
+    return start_sglang(cfg, plan, groups["policy"], log_dir, critic=groups.get("critic"))
 
 
 def _components(cfg: MegaRLConfig, groups: dict[str, Any], stream: Any, val_prompts: Any, tokenizer: Any, eos_ids: list[int], total_steps: int,

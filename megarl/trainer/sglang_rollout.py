@@ -179,11 +179,12 @@ def rollout_placement(plan: Any) -> Any:
     return RolePlacement("rollout", nnodes=rollout.dp, procs_per_node=rollout.tp, gpus_per_proc=1.0, cpus_per_proc=0.0)
 
 
-def start_sglang(cfg: Any, plan: Any, policy: Any, log_dir: Path, timeout: float = 900.0) -> SGLangRollout:
+def start_sglang(cfg: Any, plan: Any, policy: Any, log_dir: Path, timeout: float = 900.0, critic: Any = None) -> SGLangRollout:
     """Start one server per engine on its node, wait until all are healthy, connect the policy.
 
     Colocated: the policy offloads (actor.offload) while the servers start and profile memory;
-    the servers then release all their memory and the policy comes back.
+    the servers then release all their memory and the policy comes back. A colocated critic
+    with critic.offload goes to host memory around every generation too.
     """
     import ray
 
@@ -227,7 +228,8 @@ def start_sglang(cfg: Any, plan: Any, policy: Any, log_dir: Path, timeout: float
     except BaseException:
         SGLangRollout(SGLangEngines([]), None, hosts, placed).close()  # type: ignore[arg-type]
         raise
-    handover = SGLangHandover(engines, policy, connect, colocated=colocated, offload=[policy] if offload else [],
+    offloaded = ([policy] if offload else []) + ([critic] if colocated and critic is not None and cfg.critic.offload else [])
+    handover = SGLangHandover(engines, policy, connect, colocated=colocated, offload=offloaded,
                               resume_kv_after_push=cfg.rollout.weight_sync.check_logprobs)  # fmt: skip
     log.info("SGLang engines up: %s", ", ".join(f"{e.url} (GPUs {s.gpu_ids} on {s.ip})" for e, s in zip(engines, slots)))
     return SGLangRollout(SGLangEngines(engines), handover, hosts, placed)

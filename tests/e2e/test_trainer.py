@@ -33,7 +33,7 @@ def train(demo_root, out, steps, *extra):
 
 
 def test_grpo_three_steps(ray_local, demo_root, tmp_path):
-    cfg, last, records = train(demo_root, tmp_path / "grpo", 3)
+    cfg, last, records = train(demo_root, tmp_path / "grpo", 3, "trainer.profile_steps=[2]")
     assert [r["step"] for r in records] == [1, 2, 3]
     for record in records:
         missing = [k for k in REQUIRED_METRICS if k not in record]
@@ -49,6 +49,15 @@ def test_grpo_three_steps(ray_local, demo_root, tmp_path):
     assert (tmp_path / "grpo" / "checkpoints" / "step_000003" / "manifest.json").is_file()
     assert list((tmp_path / "grpo" / "samples").glob("step_*.jsonl"))
     assert math.isfinite(last["actor/param_checksum"])
+    profile = tmp_path / "grpo" / "profile"
+    assert (profile / "step_2" / "policy_rank0.json").stat().st_size > 0  # torch profiler trace
+    assert (profile / "ray_timeline.json").stat().st_size > 0
+
+
+def test_validation_only(ray_local, demo_root, tmp_path):
+    _, _, records = train(demo_root, tmp_path / "val", 3, "trainer.val_only=true")
+    assert len(records) == 1 and records[0]["step"] == 0
+    assert 0 <= records[0]["val/reward/mean"] <= 1 and "reward/mean" not in records[0]
 
 
 def test_ppo_with_critic_two_steps(ray_local, demo_root, tmp_path):
@@ -82,3 +91,5 @@ def test_critic_warmup_skips_the_policy(ray_local, demo_root, tmp_path):
 def test_algorithm_variants_run(ray_local, demo_root, tmp_path, name, extra, check):
     _, _, records = train(demo_root, tmp_path / name, 2, *extra)
     assert len(records) == 2 and all(check(r) for r in records)
+    if name == "adaptive_kl":  # the controller moved the coefficient after seeing step 1's KL
+        assert records[1]["reward/kl_coef"] != records[0]["reward/kl_coef"]
