@@ -8,7 +8,7 @@ from megarl.trainer.metrics import read_metrics
 
 CURVES = (
     ("reward", (("reward/mean", "train reward (sampled)"), ("val/reward/mean", "held-out reward (validation)"))),
-    ("KL to reference / approx KL", (("actor/kl", "actor/kl"), ("actor/approx_kl", "actor/approx_kl"))),
+    ("KL to reference", (("actor/kl", "actor/kl"), ("reward/kl", "reward/kl (in the reward)"))),
     ("entropy", (("actor/entropy", "actor/entropy"),)),
 )
 
