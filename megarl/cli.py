@@ -32,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_plan(sub)
     _add_launch(sub)
     _add_config(sub)
+    _add_convert(sub)
     _add_demo(sub)
     _add_plot(sub)
     from megarl.data.commands import register as register_data
@@ -93,6 +94,29 @@ def _describe(section: str | None) -> str:
     from megarl.config.reference import describe
 
     return describe(section)
+
+
+def _add_convert(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "convert",
+        help="export a training checkpoint's policy as a Hugging Face model directory (verified)",
+        description="Rebuilds the policy with the run's layout, loads CHECKPOINT (a <output_dir>/checkpoints/step_NNNNNN "
+        "directory), writes HF safetensors + index with the config and tokenizer of model.path, then imports the "
+        "written files back and checks every parameter equals the trained one bit for bit.",
+    )
+    p.add_argument("checkpoint", help="a step_NNNNNN checkpoint directory (a torn one is refused)")
+    p.add_argument("out", help="the HF model directory to write")
+    p.add_argument("--config", default=None, help="the run's config (default: <output_dir>/config.yaml next to the checkpoints)")
+    p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    p.set_defaults(handler=_run_convert)
+
+
+def _run_convert(args: argparse.Namespace) -> int:
+    from megarl.checkpoint.hf_export import convert_checkpoint
+
+    _setup_logging()
+    print(convert_checkpoint(args.checkpoint, args.out, args.config, args.overwrite))
+    return 0
 
 
 def _add_demo(sub: argparse._SubParsersAction) -> None:
@@ -161,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
-    except (ConfigError, PlanError, ArchError) as exc:  # user mistakes: one clear message, exit 1
+    except (ConfigError, PlanError, ArchError, FileNotFoundError, FileExistsError) as exc:  # user mistakes: one clear message, exit 1
         print(f"error: {exc}", file=sys.stderr)
         return 1
 

@@ -4,8 +4,10 @@ adaptive KL controller. One embedded Ray session for the whole module."""
 from __future__ import annotations
 
 import math
+import shutil
 
 import pytest
+import torch
 from run_helpers import REQUIRED_METRICS, read_jsonl, small_config
 
 from megarl.actors.ray_session import ray_session
@@ -32,8 +34,15 @@ def train(demo_root, out, steps, *extra):
     return cfg, last, read_jsonl(out / "metrics.jsonl")
 
 
-def test_grpo_three_steps(ray_local, demo_root, tmp_path):
-    cfg, last, records = train(demo_root, tmp_path / "grpo", 3, "trainer.profile_steps=[2]")
+@pytest.fixture(scope="module")
+def grpo_run(ray_local, demo_root, tmp_path_factory):
+    out = tmp_path_factory.mktemp("grpo")
+    cfg, last, records = train(demo_root, out, 3, "trainer.profile_steps=[2]")
+    return out, cfg, last, records
+
+
+def test_grpo_three_steps(grpo_run):
+    out, cfg, last, records = grpo_run
     assert [r["step"] for r in records] == [1, 2, 3]
     for record in records:
         missing = [k for k in REQUIRED_METRICS if k not in record]
@@ -46,12 +55,37 @@ def test_grpo_three_steps(ray_local, demo_root, tmp_path):
     # KL to the reference (k3 in the loss, from the demo config): zero before the first update,
     # positive once the policy has moved.
     assert records[0]["actor/kl"] == pytest.approx(0.0, abs=1e-6) and records[-1]["actor/kl"] > 0
-    assert (tmp_path / "grpo" / "checkpoints" / "step_000003" / "manifest.json").is_file()
-    assert list((tmp_path / "grpo" / "samples").glob("step_*.jsonl"))
+    assert (out / "checkpoints" / "step_000003" / "manifest.json").is_file()
+    assert list((out / "samples").glob("step_*.jsonl"))
     assert math.isfinite(last["actor/param_checksum"])
-    profile = tmp_path / "grpo" / "profile"
+    profile = out / "profile"
     assert (profile / "step_2" / "policy_rank0.json").stat().st_size > 0  # torch profiler trace
     assert (profile / "ray_timeline.json").stat().st_size > 0
+
+
+def test_convert_checkpoint_to_hf(grpo_run, demo_root, tmp_path):
+    """The export re-imports bit for bit (checked inside convert); the result is a loadable HF
+    directory holding the trained weights, not the initial ones."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from megarl.checkpoint.hf_export import convert_checkpoint
+    from megarl.checkpoint.manager import CheckpointError
+
+    out, cfg, _, _ = grpo_run
+    hf = convert_checkpoint(out / "checkpoints" / "step_000003", tmp_path / "hf")
+    model = AutoModelForCausalLM.from_pretrained(hf)
+    initial = load_file(str(demo_root / "model" / "model.safetensors"))
+    trained = dict(model.named_parameters())
+    assert set(initial) == set(trained)
+    assert any(not torch.equal(initial[k], trained[k].detach()) for k in initial)
+    with pytest.raises(FileExistsError, match="--overwrite"):
+        convert_checkpoint(out / "checkpoints" / "step_000003", hf)
+    torn = tmp_path / "step_000003"
+    shutil.copytree(out / "checkpoints" / "step_000003", torn)
+    (torn / "manifest.json").unlink()
+    with pytest.raises(CheckpointError, match="manifest.json is missing"):
+        convert_checkpoint(torn, tmp_path / "hf2")
 
 
 def test_validation_only(ray_local, demo_root, tmp_path):

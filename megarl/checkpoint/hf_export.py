@@ -1,0 +1,123 @@
+"""`megarl convert`: a training checkpoint -> a Hugging Face model directory, verified.
+
+The policy group is rebuilt with the run's own layout (from the run's config.yaml), the
+checkpoint is loaded, and the weights go out through the same export as weight sync (gather TP
+shards, collect PP stages, HF names and layouts). Then the written directory is imported back
+through the bridge into a fresh model of the same layout and every parameter must equal the
+trained one bit for bit; a mismatch is an error, never a silent mis-conversion. The model's
+config and tokenizer files are copied from ``model.path``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+from megarl.config.sections import MegaRLConfig
+
+INDEX = "model.safetensors.index.json"
+
+
+class ConversionError(RuntimeError):
+    """The exported directory does not reproduce the trained weights."""
+
+
+class ExportRank:
+    """One process of the conversion group: the trained policy, restored from the checkpoint."""
+
+    def __init__(self, cfg: MegaRLConfig, checkpoint: str) -> None:
+        from megarl.actors.policy import PolicyWorker
+
+        self.cfg = cfg
+        self.policy = PolicyWorker(cfg.model.path, cfg.actor, cfg.model.dtype, cfg.trainer.seed, total_optimizer_steps=1)
+        self.policy.load(Path(checkpoint) / "policy")
+        self.rank = self.policy.info.rank
+
+    def write(self, staging: str) -> dict[str, float] | None:
+        """Export into ``staging/v0`` (collective; rank 0 writes)."""
+        from megarl.rollout.weight_sync import DiskWeightSync, HFWeightStream
+
+        stream = HFWeightStream(self.policy.export_weights, self.cfg.rollout.weight_sync.bucket_mb)
+        sync = DiskWeightSync(stream, staging, writer=self.rank == 0, hf_dir=self.cfg.model.path)
+        metrics = sync.push(0)
+        return metrics if self.rank == 0 else None
+
+    def verify(self, hf_dir: str) -> int | None:
+        """Import ``hf_dir`` into a fresh model of this layout; every parameter must be identical."""
+        from megarl.actors.reference import ReferenceWorker
+
+        imported = ReferenceWorker(hf_dir, self.cfg.actor, self.cfg.model.dtype, self.cfg.trainer.seed)
+        trained = dict(self.policy.model.core.named_parameters())
+        checked = 0
+        for name, param in imported.model.core.named_parameters():
+            if not torch.equal(param.detach().cpu(), trained[name].detach().cpu()):
+                diff = (param.detach().float().cpu() - trained[name].detach().float().cpu()).abs().max()
+                raise ConversionError(f"{hf_dir}: {name} differs from the trained weights after re-import (max |diff| {float(diff):.3g})")
+            checked += 1
+        return checked if self.rank == 0 else None
+
+
+def convert_checkpoint(checkpoint: str | Path, out: str | Path, config: str | Path | None = None, overwrite: bool = False) -> Path:
+    """Write the policy of ``checkpoint`` (a step_NNNNNN directory) as an HF directory ``out``."""
+    from megarl.actors.ray_session import ray_session
+    from megarl.actors.worker_group import GroupOptions, WorkerGroup
+    from megarl.checkpoint.manager import verify_checkpoint
+    from megarl.config.loading import load_config
+    from megarl.config.planner import make_plan
+    from megarl.trainer.build import role_placements
+
+    ckpt = verify_checkpoint(checkpoint)  # a torn checkpoint is refused here, naming what is wrong
+    out = Path(out)
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise FileExistsError(f"{out} exists and is not empty; choose another directory or pass --overwrite")
+    cfg_path = Path(config) if config else ckpt.path.parent.parent / "config.yaml"
+    if not cfg_path.is_file():
+        raise FileNotFoundError(f"no run config at {cfg_path}; pass --config with the config the run was launched with")
+    cfg = load_config(cfg_path)
+    plan = make_plan(cfg)
+    staging = out.parent / f".{out.name}.staging"
+    shutil.rmtree(staging, ignore_errors=True)
+    placements, _ = role_placements(cfg, plan)
+    local_cpus = None if cfg.cluster.ray_address else len(plan.roles["policy"].gpus) + 1
+    with ray_session(cfg.cluster.ray_address, num_cpus=local_cpus):
+        group = WorkerGroup(ExportRank, placements[0], cfg, str(ckpt.path), group_options=GroupOptions(log_dir=staging / "logs"))
+        try:
+            group.call("write", str(staging))
+            written = staging / "v0"
+            _write_index(written)
+            group.call("verify", str(written))
+        finally:
+            group.shutdown()
+    if out.exists():
+        shutil.rmtree(out)
+    written.rename(out)
+    shutil.rmtree(staging, ignore_errors=True)
+    return out
+
+
+def _write_index(directory: Path) -> None:
+    """The weight map transformers needs to load a directory of several safetensors files."""
+    from safetensors import safe_open
+
+    weight_map, total = {}, 0
+    for path in sorted(directory.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            for key in f.keys():
+                weight_map[key] = path.name
+                t = f.get_slice(key)
+                total += _numel(t.get_shape()) * _dtype_bytes(t.get_dtype())
+    (directory / INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n")
+
+
+def _numel(shape: list[int]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _dtype_bytes(name: str) -> int:
+    return {"F32": 4, "BF16": 2, "F16": 2, "F64": 8, "I64": 8, "I32": 4}.get(name, 4)
