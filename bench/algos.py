@@ -23,8 +23,6 @@ is missing). Targets: GAE >= 5x faster than verl's, every other function no slow
 from __future__ import annotations
 
 import json
-import os
-import platform
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,6 +32,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from machine import describe  # noqa: E402  (bench/machine.py)
 
 from megarl.algos import (
     ADVANTAGE_ESTIMATORS,
@@ -322,22 +321,8 @@ def run_case(case: Case) -> dict[str, Any]:
 
 
 def machine() -> dict[str, Any]:
-    cpu = platform.machine()
-    if Path("/proc/cpuinfo").exists():
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "torch_threads": THREADS,
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "verl": getattr(__import__("verl"), "__version__", "?") if verl_core else None,
-        "load_1m": round(os.getloadavg()[0], 2),
-    }
-
+    verl = getattr(__import__("verl"), "__version__", "?") if verl_core else None
+    return describe() | {"torch_threads": THREADS, "verl": verl}  # bench/machine.py
 
 def write_results(rows: list[dict[str, Any]]) -> None:
     out = {
@@ -354,7 +339,7 @@ def write_results(rows: list[dict[str, Any]]) -> None:
         f"# megarl.algos vs verl core_algos, [{B}, {R}] fp32, CPU, {THREADS} thread",
         "",
         f"{out['date']}; {out['machine']['cpu']}, {out['machine']['cores']} cores, torch {out['machine']['torch']}, "
-        f"verl {out['machine']['verl']}, load {out['machine']['load_1m']}. Best of up to {MAX_REPEATS} runs.",
+        f"verl {out['machine']['verl']}, load {out['machine']['load_avg_1m']}. Best of up to {MAX_REPEATS} runs.",
         "",
         "| function | megarl ms | verl ms | verl / megarl | max abs diff | note |",
         "|---|---:|---:|---:|---:|---|",

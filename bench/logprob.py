@@ -16,38 +16,20 @@ Run: ``OMP_NUM_THREADS=2 .venv/bin/python bench/logprob.py``; writes bench/resul
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from machine import describe  # noqa: E402  (bench/machine.py)
 
 RESULTS = Path(__file__).parent / "results" / "logprob.json"
 
 
 def machine() -> dict:
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
-        "load_avg_1m": os.getloadavg()[0],
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-    }
-
+    return describe()  # bench/machine.py
 
 def build_model(out: Path, layers: int, hidden: int, heads: int, kv_heads: int, vocab: int) -> Path:
     from transformers import AutoModelForCausalLM

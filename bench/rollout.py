@@ -13,35 +13,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
+from machine import describe  # noqa: E402  (bench/machine.py)
 
 
 def machine() -> dict:
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "load_avg": os.getloadavg(),
-        "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-    }
-
+    return describe()  # bench/machine.py
 
 def build_model(out: Path) -> Path:
     from transformers import AutoModelForCausalLM
