@@ -50,6 +50,7 @@ class PolicyRank:
         self._gloo_groups: dict[tuple[int, ...], Any] = {}
         self.max_new_tokens = cfg.rollout.sampling.max_new_tokens
         self._profiler: Any = None
+        self._probe: tuple[Batch, torch.Tensor, float] | None = None  # the check's trainer side
 
     @property
     def rank(self) -> int:
@@ -87,8 +88,8 @@ class PolicyRank:
         logprobs, _ = self.reference.compute_logprobs(batch, temperature)
         return logprobs if self.rank == 0 else None
 
-    def update(self, batch: Batch, temperature: float, kl_coef: float | None = None) -> dict[str, float] | None:
-        loss_fn = make_policy_loss_fn(self.cfg.algorithm, self.max_new_tokens, kl_coef)
+    def update(self, batch: Batch, temperature: float) -> dict[str, float] | None:
+        loss_fn = make_policy_loss_fn(self.cfg.algorithm, self.max_new_tokens)
         metrics = self.policy.update(
             batch, loss_fn, mini_batch_size=self.cfg.actor.mini_batch_size, ppo_epochs=self.cfg.actor.ppo_epochs, temperature=temperature
         )
@@ -107,11 +108,25 @@ class PolicyRank:
         (the worst engine's). SGLang scores prompts from unscaled logits, so with SGLang both
         sides are compared at temperature 1.0 whatever the sampling temperature.
         """
+        self.probe_trainer_logprobs(temperature)
+        return self.compare_probe_logprobs()
+
+    def probe_trainer_logprobs(self, temperature: float) -> None:
+        """The trainer's side of the check (collective): log-probs of the probe sequences."""
         if self.cfg.rollout.engine == "sglang":
             temperature = 1.0
         prompts, responses = probe_sequences(self.policy.model.vocab_size)
         batch = probe_batch(prompts, responses)
         trainer, _ = self.policy.compute_logprobs(batch, temperature)
+        self._probe = (batch, trainer, temperature)
+
+    def compare_probe_logprobs(self) -> dict[str, float] | None:
+        """The engines' side: score the probes, compare with the stored trainer log-probs.
+
+        Needs no policy memory, so it runs after a colocated hand-over offloaded the policy."""
+        assert self._probe is not None, "probe_trainer_logprobs must run first"
+        batch, trainer, temperature = self._probe
+        self._probe = None
         scorers = [self.engine] if self.engine is not None else self.sglang_engines
         if not scorers:
             return None

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from megarl.config.architectures import ArchError, ArchSpec, resolve_arch
 from megarl.config.memory import (
+    DTYPE_BYTES,
     GIB,
     RUNTIME_OVERHEAD_GIB,
     RolloutMemory,
@@ -127,7 +128,7 @@ def make_plan(cfg: MegaRLConfig, *, check_files: bool = False) -> Plan:
 
 def _check_scope(cfg: MegaRLConfig, arch: ArchSpec, issues: list[Issue]) -> None:
     later = "not supported yet (planned: see DESIGN.md 'Scope now'); set it to 1"
-    for section in ("actor", "critic"):
+    for section in ("actor", "critic") if cfg.critic_enabled else ("actor",):
         par = getattr(cfg, section).parallel
         for knob, what in (("vpp", "virtual pipeline stages"), ("cp", "context parallelism"), ("ep", "expert parallelism")):
             value = getattr(par, knob)
@@ -154,6 +155,10 @@ def _layout_roles(cfg: MegaRLConfig, issues: list[Issue]) -> dict[str, RoleLayou
             return {}
         if cfg.rollout.engine == "torch":
             issues.append(Issue("cluster.placement", "the torch engine lives inside the policy ranks: use placement=colocated"))
+        if cl.nnodes > 1 and cl.rollout_gpus % cl.gpus_per_node:
+            issues.append(Issue("cluster.rollout_gpus", f"({cl.rollout_gpus}) must be whole nodes on a multi-node cluster "
+                                f"(a multiple of gpus_per_node = {cl.gpus_per_node}), so each pool is placed node by node"))
+            return {}
         train_gpus, rollout_gpus = train_gpus[: world - cl.rollout_gpus], train_gpus[world - cl.rollout_gpus :]
     elif cl.rollout_gpus:
         issues.append(Issue("cluster.rollout_gpus", f"({cl.rollout_gpus}) is only used with placement=disaggregated; remove it or set the placement"))
@@ -226,8 +231,9 @@ def _check_rollout(cfg: MegaRLConfig, arch: ArchSpec, layout: RoleLayout, issues
         if tp != 1:
             issues.append(Issue("rollout.tp", f"({tp}) must be 1 with the torch engine (it runs in one process)"))
         return
-    if tp > cfg.cluster.gpus_per_node:
-        issues.append(Issue("rollout.tp", f"({tp}) must fit in one node (gpus_per_node = {cfg.cluster.gpus_per_node})"))
+    if tp > cfg.cluster.gpus_per_node or cfg.cluster.gpus_per_node % tp:
+        issues.append(Issue("rollout.tp", f"({tp}) must divide gpus_per_node ({cfg.cluster.gpus_per_node}) so that no engine "
+                            f"spans two nodes; try {_join([d for d in _divisors(cfg.cluster.gpus_per_node)])}"))
     kv = arch.num_kv_heads
     kv_ok = (kv % tp == 0) if tp <= kv else (tp % kv == 0)
     if arch.num_heads % tp or not kv_ok:
@@ -238,6 +244,9 @@ def _check_rollout(cfg: MegaRLConfig, arch: ArchSpec, layout: RoleLayout, issues
 
 def _check_sampling(cfg: MegaRLConfig, arch: ArchSpec, issues: list[Issue]) -> None:
     s = cfg.rollout.sampling
+    if s.temperature <= 0:
+        issues.append(Issue("rollout.sampling.temperature", f"({s.temperature}) must be > 0 for training rollouts (log-probs "
+                            "are taken at this temperature); greedy validation is rollout.val.greedy=true"))
     if s.top_p < 1 or s.top_k > 0:
         issues.append(Issue("rollout.sampling", f"top_p={s.top_p}, top_k={s.top_k}: the rollout samples from a truncated "
                             "distribution while the trainer's ratio uses the full one (off-policy); consider algorithm.tis",
@@ -260,6 +269,16 @@ def _check_algorithm(cfg: MegaRLConfig, issues: list[Issue]) -> None:
                             "set reference.enabled=true or turn the KL off"))
     if cfg.trainer.critic_warmup_steps and not cfg.critic_enabled:
         issues.append(Issue("trainer.critic_warmup_steps", "needs a critic (estimator gae)"))
+    total = cfg.trainer.total_steps
+    if total is not None and cfg.trainer.critic_warmup_steps >= total:
+        issues.append(Issue("trainer.critic_warmup_steps", f"({cfg.trainer.critic_warmup_steps}) must be below trainer.total_steps "
+                            f"({total}), or the policy never trains"))
+    if alg.kl.controller == "adaptive" and not alg.kl.use_in_reward:
+        issues.append(Issue("algorithm.kl.controller", "adaptive adjusts the KL penalty in the reward; with use_in_reward=false "
+                            "it would be ignored: set algorithm.kl.use_in_reward=true or controller=fixed"))
+    if alg.dynamic_sampling.enabled and (alg.estimator not in GROUP_ESTIMATORS or cfg.rollout.n < 2):
+        issues.append(Issue("algorithm.dynamic_sampling", f"filters groups by reward variance, which only group estimators "
+                            f"with n >= 2 learn from (estimator {alg.estimator}, n {cfg.rollout.n})", level="warning"))
     if cfg.trainer.total_steps is None and cfg.trainer.total_epochs is None:
         issues.append(Issue("trainer.total_steps", "set trainer.total_steps or trainer.total_epochs"))
     if alg.overlong.length >= cfg.rollout.sampling.max_new_tokens:
@@ -305,13 +324,18 @@ def _plan_memory(cfg: MegaRLConfig, arch: ArchSpec, roles: dict[str, RoleLayout]
                 distributed_optimizer=section.optimizer.distributed, value_head=role == "critic",
             )
     ref = mems["policy"].weights if cfg.reference_enabled and "policy" in mems else 0.0
-    resident = {r: (0.0 if sec.offload else mems[r].states) for r, sec in (("policy", cfg.actor), ("critic", cfg.critic)) if r in mems}
-    ref_resident = 0.0 if cfg.reference.offload else ref
+    ref_resident = 0.0 if cfg.reference.offload else ref  # the reference offloads between its own uses
     overhead = RUNTIME_OVERHEAD_GIB * GIB
-    train_peak = max((m.peak + sum(v for r2, v in resident.items() if r2 != r) + ref_resident for r, m in mems.items()), default=0.0)
-    train_peak += overhead
+    # A torch engine on a GPU keeps a full HF copy of the weights in the replica leader's process.
+    engine = DTYPE_BYTES[dtype] * arch.num_params if cfg.rollout.engine == "torch" else 0.0
+    # While one model trains, the other keeps its states on the GPU: offload only happens
+    # around generation (colocated), not between the critic's and the policy's updates.
+    peaks = {r: m.peak + sum(o.states for r2, o in mems.items() if r2 != r) + ref_resident for r, m in mems.items()}
+    peak_role = max(peaks, key=peaks.get) if peaks else "policy"
+    train_peak = peaks.get(peak_role, 0.0) + engine + overhead
+    resident = {r: (0.0 if sec.offload else mems[r].states) for r, sec in (("policy", cfg.actor), ("critic", cfg.critic)) if r in mems}
     rollout = None
-    rollout_peak = 0.0
+    rollout_peak = sum(resident.values()) + ref_resident + engine + overhead if engine else 0.0
     if cfg.rollout.engine == "sglang":
         seq = cfg.data.max_prompt_length + cfg.rollout.sampling.max_new_tokens
         rollout = rollout_memory(arch, tp=cfg.rollout.tp, gpu_bytes=gpu, mem_fraction=cfg.rollout.mem_fraction, dtype=dtype, seq_len=seq)
@@ -319,7 +343,7 @@ def _plan_memory(cfg: MegaRLConfig, arch: ArchSpec, roles: dict[str, RoleLayout]
         rollout_peak = rollout.budget + shared + overhead
         _check_rollout_memory(cfg, rollout, issues)
     if cfg.cluster.device == "cuda":
-        _check_fits(cfg, train_peak, rollout_peak, gpu, issues)
+        _check_fits(cfg, "actor" if peak_role == "policy" else "critic", train_peak, rollout_peak, gpu, issues)
     return MemoryPlan(mems.get("policy"), mems.get("critic"), ref, rollout, train_peak, rollout_peak, gpu)
 
 
@@ -332,12 +356,15 @@ def _check_rollout_memory(cfg: MegaRLConfig, mem: RolloutMemory, issues: list[Is
                             "rollout.tp or mem_fraction, or shorten max_prompt_length / max_new_tokens"))
 
 
-def _check_fits(cfg: MegaRLConfig, train_peak: float, rollout_peak: float, gpu: float, issues: list[Issue]) -> None:
+def _check_fits(cfg: MegaRLConfig, section: str, train_peak: float, rollout_peak: float, gpu: float, issues: list[Issue]) -> None:
     if train_peak > gpu:
-        issues.append(Issue("actor", f"training needs an estimated {train_peak / GIB:.1f} GiB per GPU, {(train_peak - gpu) / GIB:.1f} GiB "
-                            f"over cluster.gpu_memory_gib ({cfg.cluster.gpu_memory_gib:g}); raise actor.parallel.tp / pp, set "
-                            "actor.optimizer.distributed=true, actor.recompute=full, lower micro_batch_size / max_tokens_per_gpu, "
-                            "or offload the reference / critic"))
+        knobs = [f"raise {section}.parallel.tp / pp", f"{section}.recompute=full", f"lower {section}.micro_batch_size / max_tokens_per_gpu"]
+        if not getattr(cfg, section).optimizer.distributed:
+            knobs.insert(1, f"set {section}.optimizer.distributed=true")
+        if cfg.reference_enabled and not cfg.reference.offload:
+            knobs.append("set reference.offload=true")
+        issues.append(Issue(section, f"training needs an estimated {train_peak / GIB:.1f} GiB per GPU, {(train_peak - gpu) / GIB:.1f} GiB "
+                            f"over cluster.gpu_memory_gib ({cfg.cluster.gpu_memory_gib:g}); " + ", ".join(knobs)))
     if rollout_peak > gpu:
         issues.append(Issue("rollout.mem_fraction", f"generation needs an estimated {rollout_peak / GIB:.1f} GiB per GPU, "
                             f"{(rollout_peak - gpu) / GIB:.1f} GiB over cluster.gpu_memory_gib ({cfg.cluster.gpu_memory_gib:g}); "

@@ -127,6 +127,11 @@ class RolloutConfig(Section):
     tp: int = Field(1, ge=1, description="Tensor parallel size of one rollout engine.")
     mem_fraction: float = Field(0.8, gt=0, lt=1, description="Fraction of GPU memory SGLang takes for weights and KV cache.")
     max_running_requests: int = Field(256, ge=1, description="Concurrent requests per engine.")
+    deterministic: bool = Field(
+        False,
+        description="SGLang: --enable-deterministic-inference, so the per-sample seeds are honoured and a resumed run "
+        "regenerates exactly (costs throughput). The torch engine is always seeded.",
+    )
     n: int = Field(8, ge=1, description="Samples (responses) per prompt.")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Sampling of training rollouts.")
     val: ValSamplingConfig = Field(default_factory=ValSamplingConfig, description="Sampling of validation rollouts.")
@@ -139,7 +144,7 @@ class ParallelConfig(Section):
     vpp: int = Field(1, ge=1, description="Virtual pipeline stages per rank (not supported yet: 1).")
     cp: int = Field(1, ge=1, description="Context parallel size (not supported yet: 1).")
     ep: int = Field(1, ge=1, description="Expert parallel size (not supported yet: 1).")
-    sequence_parallel: bool = Field(False, description="Megatron sequence parallelism (needs tp > 1).")
+    sequence_parallel: bool = Field(False, description="Megatron sequence parallelism (not supported yet: false).")
 
 
 class OptimizerConfig(Section):

@@ -31,7 +31,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from megarl.rollout.engine import EngineHealth, GenerationResult, SamplingParams, WeightBucket
 from megarl.rollout.seeds import sample_seed

@@ -318,6 +318,7 @@ def spec_from_config(
         seed=seed,
         memory_saver=colocated,
         dtype=dtype,
+        deterministic=rollout.deterministic,
     )
     fields.update(overrides)
     return ServerSpec(**fields)  # type: ignore[arg-type]

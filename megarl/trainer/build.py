@@ -13,7 +13,7 @@ from megarl.actors.placement import RolePlacement, place_roles, release
 from megarl.actors.worker_group import GroupOptions, WorkerGroup
 from megarl.config.loading import config_to_yaml
 from megarl.config.planner import Plan
-from megarl.config.sections import GROUP_ESTIMATORS, MegaRLConfig
+from megarl.config.sections import MegaRLConfig
 from megarl.trainer.loop import Components, Trainer
 from megarl.trainer.metrics import build_logger
 from megarl.trainer.model_phases import (
@@ -74,8 +74,12 @@ def build_trainer(cfg: MegaRLConfig, plan: Plan) -> Trainer:
         sglang = _start_sglang(cfg, plan, groups, out / "logs")
         if sglang is not None:
             closers.append(sglang.close)  # servers first: colocated ones share the policy's GPUs
-        parts = _components(cfg, groups, stream, load_val_prompts(cfg.data, tokenizer), tokenizer, eos_ids, total_steps, sglang)
-        closers.append(parts.scorer.reward_scorer.close)
+        from megarl.rewards.scorer import RewardScorer
+
+        rewards = RewardScorer(cfg.reward)
+        closers.append(rewards.close)
+        scorer = Scorer(rewards, tokenizer, eos_ids)
+        parts = _components(cfg, groups, stream, load_val_prompts(cfg.data, tokenizer), scorer, total_steps, sglang)
     except BaseException:
         _close_all(closers)
         raise
@@ -96,7 +100,9 @@ def _start_groups(cfg: MegaRLConfig, plan: Plan, total_steps: int, log_dir: Path
     for role, cls, section in (("policy", PolicyRank, cfg.actor), ("critic", CriticRank, cfg.critic)):
         if role in placed:
             per_step = cfg.samples_per_step // (section.mini_batch_size or cfg.samples_per_step)
-            groups[role] = WorkerGroup(cls, placed[role], cfg, total_steps * per_step * section.ppo_epochs, group_options=options)
+            # The LR schedule spans the steps that train this model (the policy waits out the critic's warm-up).
+            steps = total_steps - (cfg.trainer.critic_warmup_steps if role == "policy" else 0)
+            groups[role] = WorkerGroup(cls, placed[role], cfg, max(1, steps) * per_step * section.ppo_epochs, group_options=options)
             closers.append(groups[role].shutdown)
     return groups
 
@@ -110,20 +116,15 @@ def _start_sglang(cfg: MegaRLConfig, plan: Plan, groups: dict[str, Any], log_dir
     return start_sglang(cfg, plan, groups["policy"], log_dir, critic=groups.get("critic"))
 
 
-def _components(cfg: MegaRLConfig, groups: dict[str, Any], stream: Any, val_prompts: Any, tokenizer: Any, eos_ids: list[int], total_steps: int,
+def _components(cfg: MegaRLConfig, groups: dict[str, Any], stream: Any, val_prompts: Any, scorer: Scorer, total_steps: int,
                 sglang: Any = None) -> Components:  # fmt: skip
-    from megarl.rewards.scorer import RewardScorer
-
     policy = groups["policy"]
     temperature = cfg.rollout.sampling.temperature
     # torch: engines inside the policy ranks; sglang: servers, with the memory hand-over around
     # every generation and push (megarl/trainer/sglang_rollout.py).
     handover = sglang.handover if sglang is not None else NoHandover()
     engines = WorkerEngines(policy, policy.call("layout")) if sglang is None else HandedOverEngines(sglang.engines, handover)
-    scorer = Scorer(RewardScorer(cfg.reward), tokenizer, eos_ids)
     ds = cfg.algorithm.dynamic_sampling
-    if ds.enabled and cfg.algorithm.estimator not in GROUP_ESTIMATORS:
-        log.warning("algorithm.dynamic_sampling with estimator %s: groups are filtered by reward variance anyway", cfg.algorithm.estimator)
     collector = DynamicSamplingCollector(engines, scorer, stream.next_batch, ds.max_rounds) if ds.enabled else PlainCollector(engines, scorer)
     return Components(
         data=stream,
@@ -159,8 +160,10 @@ def _tokenizer(path: str | None) -> tuple[Any, list[int]]:
 def shutdown(trainer: Trainer | None) -> None:
     if trainer is None:
         return
-    trainer.close()
-    _close_all(trainer.parts.closers)
+    try:
+        trainer.close()
+    finally:
+        _close_all(trainer.parts.closers)
 
 
 def _close_all(closers: list[Callable[[], None]]) -> None:

@@ -76,10 +76,10 @@ class PolicyUpdate:
     def __init__(self, group: Any, temperature: float, warmup_steps: int):
         self.group, self.temperature, self.warmup_steps = group, temperature, warmup_steps
 
-    def update(self, batch: Batch, step: int, kl_coef: float | None = None) -> dict[str, float]:
+    def update(self, batch: Batch, step: int) -> dict[str, float]:
         if step <= self.warmup_steps:
             return {}
-        metrics = _rank0(self.group.call("update", batch, self.temperature, kl_coef))
+        metrics = _rank0(self.group.call("update", batch, self.temperature))
         out = _prefixed("actor", metrics)
         # The names the run log promises (see the README's metrics table).
         out["actor/clip_frac"] = out.get("actor/pg_clipfrac", 0.0)
@@ -123,5 +123,9 @@ class WeightPush:
         metrics = dict(_rank0(self.group.call("push_weights", version)))
         self.handover.after_push(version)
         if self.check:
-            metrics |= _rank0(self.group.call("check_logprobs", self.temperature))
+            # Trainer side first, while the policy holds its device memory; then the engines
+            # score, after the hand-over made room for them (colocated SGLang: policy offloaded).
+            self.group.call("probe_trainer_logprobs", self.temperature)
+            with self.handover.scoring():
+                metrics |= _rank0(self.group.call("compare_probe_logprobs"))
         return metrics

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -21,6 +22,7 @@ from megarl.data.batch import Batch
 from megarl.data.prompt_batch import PromptBatch
 from megarl.rollout.batching import batch_from_generations, response_texts
 from megarl.rollout.engine import GenerationResult, SamplingParams
+from megarl.rollout.seeds import step_seed
 from megarl.trainer.metrics import PhaseTimer
 
 
@@ -42,6 +44,10 @@ class Handover(Protocol):
 
     def after_push(self, version: int) -> None: ...
 
+    def scoring(self) -> contextlib.AbstractContextManager[None]:
+        """Around the engines' side of the post-push log-prob check (after the trainer's side)."""
+        ...
+
 
 class NoHandover:
     """Engines that need nothing around generation or pushes (the torch engine: the policy
@@ -58,6 +64,9 @@ class NoHandover:
 
     def after_push(self, version: int) -> None:
         pass
+
+    def scoring(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
 
 
 class HandedOverEngines:
@@ -153,8 +162,11 @@ class DynamicSamplingCollector:
 
     Round k draws ``prompts_per_step`` fresh prompts from the stream (k > 1) until enough groups
     with reward variance are collected or ``max_rounds`` is reached; then the batch is filled up
-    with dropped groups (zero advantage under group estimators, so they change nothing) to keep
-    the step's size, and batch arithmetic, fixed. Surplus groups are discarded, not carried over.
+    with dropped groups to keep the step's size, and batch arithmetic, fixed. Those have zero
+    advantage under group estimators, so they add no policy gradient, but their tokens still
+    count in the token-mean denominator and in the entropy / KL terms (the update is scaled by
+    the kept share, as in verl). Surplus groups are discarded, not carried over. Each round
+    samples with its own seed, derived from the step's seed and the round.
     """
 
     def __init__(self, engines: Engines, scorer: Scorer, next_prompts: Any, max_rounds: int):
@@ -170,7 +182,9 @@ class DynamicSamplingCollector:
         while rounds < self.max_rounds and sum(b.num_groups() for b in kept) < wanted:
             if rounds:
                 prompts = self.next_prompts()
-            batch, metrics = self.plain.collect(prompts, params, timer)
+            round_params = dataclasses.replace(params, seed=step_seed(params.seed, rounds)) if rounds else params
+            batch, round_metrics = self.plain.collect(prompts, params=round_params, timer=timer)
+            metrics = _add_counts(metrics, round_metrics)
             batch = batch.replace(group_id=batch.group_id + rounds * wanted)  # unique across rounds
             keep, _ = dynamic_sampling_filter(batch.scores, batch.group_id)
             kept.append(batch.select(keep))
@@ -181,6 +195,14 @@ class DynamicSamplingCollector:
         metrics["dynamic_sampling/rounds"] = float(rounds)
         metrics["dynamic_sampling/kept_groups"] = float(min(wanted, sum(b.num_groups() for b in kept)))
         return batch, metrics
+
+
+def _add_counts(total: dict[str, float], new: dict[str, float]) -> dict[str, float]:
+    """Scorer metrics over several rounds: error / timeout counts add up, means are the last round's."""
+    out = dict(new)
+    for key in ("reward/errors", "reward/timeouts"):
+        out[key] = total.get(key, 0.0) + new.get(key, 0.0)
+    return out
 
 
 def _first_groups(batch: Batch, groups: int) -> Batch:

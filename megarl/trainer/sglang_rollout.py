@@ -11,8 +11,11 @@ Three objects, chosen once by build.py (the RL step never asks which engine it h
 
       before_push     restart dead engines (+ reconnect the policy); resume "weights"
       push            PolicyRank.push_weights (pause, flush, buckets, continue, version check)
-      after_push      remember the version; resume "kv_cache"/"cuda_graph" if the post-push
-                      log-prob check needs the engine to run (rollout.weight_sync.check_logprobs)
+      after_push      remember the version
+      scoring         (the post-push log-prob check, after the trainer computed its side)
+                      offload the policy, resume "kv_cache"/"cuda_graph"; afterwards release
+                      them again (the pushed weights stay) and onload the policy, so the
+                      policy's states and SGLang's KV cache never hold the GPU together
       before_generate restart dead engines (+ reconnect, re-push the last version);
                       offload the policy (actor.offload); resume "kv_cache"/"cuda_graph"
       generate
@@ -28,8 +31,9 @@ fails; resume from the last checkpoint), partial rollouts, routers.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,10 +89,9 @@ class SGLangHandover:
     """
 
     def __init__(self, engines: Sequence[SGLangEngine], policy: Any, reconnect: Any, *, colocated: bool,
-                 offload: Sequence[Any] = (), resume_kv_after_push: bool, restart_timeout: float = 900.0):  # fmt: skip
+                 offload: Sequence[Any] = (), restart_timeout: float = 900.0):  # fmt: skip
         self.engines, self.policy, self.reconnect = list(engines), policy, reconnect
         self.colocated, self.offload = colocated, list(offload)
-        self.resume_kv_after_push = resume_kv_after_push
         self.restart_timeout = restart_timeout
         self.version: int | None = None  # last version pushed to every engine
         self.restarts = 0
@@ -120,9 +123,26 @@ class SGLangHandover:
 
     def after_push(self, version: int) -> None:
         self.version = version
-        if self.colocated and self.resume_kv_after_push:
+
+    @contextlib.contextmanager
+    def scoring(self) -> Iterator[None]:
+        """The engines score the post-push probes: the same hand-over as a generation."""
+        if not self.colocated:
+            yield
+            return
+        for group in self.offload:
+            group.call("offload_states")
+        for engine in self.engines:
+            engine.resume_memory([KV_CACHE, CUDA_GRAPH])
+        try:
+            yield
+        finally:
+            # Only the KV cache goes: the weights just pushed stay (a released "weights" tag
+            # comes back empty without --enable-weights-cpu-backup), ready for the next rollout.
             for engine in self.engines:
-                engine.resume_memory([KV_CACHE, CUDA_GRAPH])
+                engine.release_memory([KV_CACHE, CUDA_GRAPH])
+            for group in self.offload:
+                group.call("onload_states")
 
     # ---- restarts -----------------------------------------------------------------------
     def recover(self) -> list[SGLangEngine]:
@@ -229,7 +249,6 @@ def start_sglang(cfg: Any, plan: Any, policy: Any, log_dir: Path, timeout: float
         SGLangRollout(SGLangEngines([]), None, hosts, placed).close()  # type: ignore[arg-type]
         raise
     offloaded = ([policy] if offload else []) + ([critic] if colocated and critic is not None and cfg.critic.offload else [])
-    handover = SGLangHandover(engines, policy, connect, colocated=colocated, offload=offloaded,
-                              resume_kv_after_push=cfg.rollout.weight_sync.check_logprobs)  # fmt: skip
+    handover = SGLangHandover(engines, policy, connect, colocated=colocated, offload=offloaded)
     log.info("SGLang engines up: %s", ", ".join(f"{e.url} (GPUs {s.gpu_ids} on {s.ip})" for e, s in zip(engines, slots)))
     return SGLangRollout(SGLangEngines(engines), handover, hosts, placed)

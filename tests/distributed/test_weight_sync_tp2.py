@@ -67,7 +67,12 @@ def _engine_vs_trainer(policy, engine, batch) -> float:
 def _run(rank: int, world_size: int, model_dir: str, engine_dir: str) -> None:
     from megarl.actors.policy import PolicyWorker
     from megarl.config.sections import ActorConfig, OptimizerConfig, ParallelConfig
-    from megarl.rollout.logprob_check import check_after_sync, engine_logprobs, probe_batch, probe_sequences
+    from megarl.rollout.logprob_check import (
+        check_after_sync,
+        engine_logprobs,
+        probe_batch,
+        probe_sequences,
+    )
     from megarl.rollout.torch_engine import TorchEngine
     from megarl.rollout.weight_sync import HFWeightStream, InProcessWeightSync
 

@@ -42,10 +42,12 @@ def test_layout_derives_dp_and_placement():
 
 
 def test_disaggregated_pools():
-    p = plan(PPO7, "cluster.placement=disaggregated", "cluster.rollout_gpus=4")
-    assert p.roles["policy"].gpus == (0, 1, 2, 3) and p.roles["policy"].dp == 2
-    assert p.roles["critic"].gpus == (0, 1, 2, 3)
-    assert p.roles["rollout"].gpus == (4, 5, 6, 7) and p.roles["rollout"].dp == 2
+    p = plan(PPO7, "cluster.placement=disaggregated", "cluster.nnodes=2", "cluster.rollout_gpus=8")
+    assert p.roles["policy"].gpus == tuple(range(8)) and p.roles["policy"].dp == 4
+    assert p.roles["critic"].gpus == tuple(range(8))
+    assert p.roles["rollout"].gpus == tuple(range(8, 16)) and p.roles["rollout"].dp == 4
+    # pools are placed node by node: a pool of 12 GPUs on 8-GPU nodes cannot be
+    assert "must be whole nodes" in refused(PPO7, "cluster.placement=disaggregated", "cluster.nnodes=2", "cluster.rollout_gpus=4")
     assert "the torch engine lives inside the policy ranks" in refused(
         TINY, "cluster.placement=disaggregated", "cluster.rollout_gpus=1", "actor.micro_batch_size=1")
     assert "rollout_gpus" in refused(GRPO72, "cluster.placement=disaggregated")
@@ -97,7 +99,9 @@ def test_local_config_json_is_used(tmp_path):
 
 
 def test_rollout_tp_rules():
-    assert "must fit in one node" in refused(GRPO72, "rollout.tp=16")
+    assert "rollout.tp: (16) must divide gpus_per_node (8) so that no engine spans two nodes" in refused(GRPO72, "rollout.tp=16")
+    assert "must divide gpus_per_node (6)" in refused(GRPO72, "rollout.tp=4", "cluster.gpus_per_node=6", "actor.parallel.pp=2",
+                                                      "actor.parallel.tp=4", "actor.mini_batch_size=128")
     assert "rollout.tp: (3) must divide the 32 GPUs" in refused(GRPO72, "rollout.tp=3")
     # 28 heads, 4 kv heads: tp 7 divides the heads and is not a multiple of 4 -> refused
     assert "rollout.tp: (7) must divide num_attention_heads (28)" in refused(PPO7, "rollout.tp=7", "cluster.gpus_per_node=7", "actor.parallel.tp=1", "critic.parallel.tp=1", "actor.mini_batch_size=56", "critic.mini_batch_size=56", "data.prompts_per_step=56", "actor.micro_batch_size=1", "critic.micro_batch_size=1")
@@ -128,6 +132,23 @@ def test_algorithm_needs():
     assert "critic.enabled: estimator gae needs a critic" in refused(TINY, "algorithm.estimator=gae", "critic.enabled=false")
     assert "reference.enabled: a KL term" in refused(TINY, "algorithm.kl.use_in_loss=true", "reference.enabled=false")
     assert plan(TINY, "algorithm.estimator=gae").roles["critic"].dp == 2
+
+
+def test_training_counts_the_other_models_states():
+    """The critic's params, grads and Adam state stay on the GPU while the policy trains
+    (offload only applies around generation): 2 x 8-GPU PPO at tp=2, micro 4 does not fit."""
+    msg = refused(PPO7, "actor.micro_batch_size=4", "critic.micro_batch_size=4")
+    assert "actor: training needs an estimated" in msg and "actor.recompute=full" in msg
+    assert "actor.optimizer.distributed=true" not in msg  # already set: not suggested
+
+
+def test_temperature_and_warmup_and_adaptive_kl():
+    assert "rollout.sampling.temperature: (0.0) must be > 0" in refused(TINY, "rollout.sampling.temperature=0")
+    assert "trainer.critic_warmup_steps: (500) must be below trainer.total_steps (500)" in refused(
+        TINY, "algorithm.estimator=gae", "trainer.critic_warmup_steps=500")
+    assert "with use_in_reward=false it would be ignored" in refused(TINY, "algorithm.kl.controller=adaptive")
+    warned = plan(TINY, "algorithm.dynamic_sampling.enabled=true", "algorithm.estimator=reinforce_plus_plus")
+    assert any("algorithm.dynamic_sampling" in str(w) for w in warned.warnings)
 
 
 def test_memory_over_budget_names_knobs():

@@ -78,7 +78,8 @@ def test_disaggregated_engines_on_the_rollout_pool_bundles():
 
 
 def test_disaggregated_7b_rollout_gpus_after_the_training_pool():
-    _, plan = plan_of("qwen2.5_7b_ppo.yaml", "cluster.placement=disaggregated", "cluster.rollout_gpus=4")
+    _, plan = plan_of("qwen2.5_7b_ppo.yaml", "cluster.placement=disaggregated", "cluster.rollout_gpus=4",
+                      "cluster.gpu_memory_gib=141")  # 4 training GPUs hold policy + critic on H200s
     assert plan.roles["policy"].gpus == (0, 1, 2, 3)
     bundles = ray_infos(4, 8, physical=lambda local: local + 4)  # the pool is GPUs 4..7 of node 0
     assert [s.gpu_ids for s in disaggregated_slots(plan, bundles)] == [(4, 5), (6, 7)]
@@ -158,13 +159,15 @@ class InProcessPolicy:
             self.connections.append([d["url"] for d in descriptors])
         elif method == "push_weights":
             return [self.sync.push(args[0])]
+        elif method == "compare_probe_logprobs":
+            return [{"weight_sync/logprob_diff": 0.0}]
         return [None]
 
     def methods(self) -> list[str]:
         return [m for m, _ in self.events]
 
 
-def colocated_setup(fake_server, resume_kv_after_push=False):
+def colocated_setup(fake_server, check=False):
     servers = [fake_server(), fake_server()]
     engines = [SGLangEngine(s, flush_interval=0.01) for s in servers]
     weights = {"w0": torch.randn(8, 8), "w1": torch.randn(4)}
@@ -176,9 +179,8 @@ def colocated_setup(fake_server, resume_kv_after_push=False):
     reconnect()
     for e in engines:  # what start_sglang does once the servers are up
         e.release_memory()
-    handover = SGLangHandover(engines, policy, reconnect, colocated=True, offload=[policy],
-                              resume_kv_after_push=resume_kv_after_push)  # fmt: skip
-    push = WeightPush(policy, 1.0, False, handover)
+    handover = SGLangHandover(engines, policy, reconnect, colocated=True, offload=[policy])
+    push = WeightPush(policy, 1.0, check, handover)
     gen = HandedOverEngines(SGLangEngines(engines), handover)
     return servers, engines, policy, push, gen
 
@@ -216,10 +218,17 @@ def test_colocated_step_releases_after_generation_and_resumes_on_push(fake_serve
     assert offload == [{"kv_cache", "cuda_graph"}] * 2 and onload == [ALL_TAGS] * 2
 
 
-def test_log_prob_check_gets_a_runnable_engine_after_the_push(fake_server):
-    servers, engines, policy, push, gen = colocated_setup(fake_server, resume_kv_after_push=True)
+def test_log_prob_check_scores_on_runnable_engines_with_the_policy_offloaded(fake_server):
+    servers, engines, policy, push, gen = colocated_setup(fake_server, check=True)
     push(version=0)
-    assert all(s.fake.released == set() for s in servers)  # the check right after can score
+    events = [(m, r) for m, r in policy.events if m != "connect_sglang"]
+    names = [m for m, _ in events]
+    assert names == ["push_weights", "probe_trainer_logprobs", "offload_states", "compare_probe_logprobs", "onload_states"]
+    # The trainer's side runs before SGLang takes its KV cache; the engines score with the
+    # KV cache back and the policy off the GPU; afterwards SGLang holds nothing again.
+    assert events[1][1] == [{"kv_cache", "cuda_graph"}] * 2
+    assert events[3][1] == [set()] * 2
+    assert events[4][1] == [{"kv_cache", "cuda_graph"}] * 2  # the pushed weights stay resident
     gen.generate([[1, 2]], SamplingParams(max_new_tokens=2, n=1))
     assert all(s.fake.released == ALL_TAGS for s in servers)
 
@@ -246,8 +255,7 @@ def test_disaggregated_handover_leaves_memory_alone(fake_server):
     engine = SGLangEngine(server, flush_interval=0.01)
     policy = InProcessPolicy({"w": torch.ones(3)}, lambda: [server.fake])
     policy.call("connect_sglang", engine_descriptors([engine]), "tensor", [[0]])
-    handover = SGLangHandover([engine], policy, lambda: None, colocated=False,
-                              resume_kv_after_push=True)  # fmt: skip
+    handover = SGLangHandover([engine], policy, lambda: None, colocated=False)
     WeightPush(policy, 1.0, False, handover)(version=2)
     HandedOverEngines(SGLangEngines([engine]), handover).generate([[1]], SamplingParams(max_new_tokens=1))
     assert not [c for c in server.fake.calls if "memory" in c]
