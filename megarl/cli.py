@@ -182,7 +182,13 @@ def main(argv: list[str] | None = None) -> int:
     from megarl.config.loading import ConfigError
     from megarl.config.planner import PlanError
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    # KEY=VALUE overrides may also come after options (`launch cfg.yaml --address auto rollout.n=4`).
+    args, extra = parser.parse_known_args(argv)
+    if extra and hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra):
+        args.overrides = [*args.overrides, *extra]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return args.handler(args)
     except (ConfigError, PlanError, ArchError, FileNotFoundError, FileExistsError) as exc:  # user mistakes: one clear message, exit 1

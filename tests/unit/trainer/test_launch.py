@@ -38,3 +38,12 @@ def test_cli_exit_code_and_message():
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1
     assert "actor.parallel.pp: (3) must divide num_layers (2)" in proc.stderr
+
+
+def test_overrides_may_follow_options():
+    from megarl.cli import main
+
+    # --json sits between the config and the overrides; the override still applies (and fails).
+    assert main(["plan", str(TINY), "--json", "actor.parallel.pp=3"]) == 1
+    with pytest.raises(SystemExit):
+        main(["plan", str(TINY), "--json", "--no-such-flag"])

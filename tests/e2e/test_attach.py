@@ -1,0 +1,42 @@
+"""`megarl launch --address host:port` attaches to a running Ray cluster (here one started
+with `ray start --head` on this machine) instead of starting an embedded one."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from run_helpers import TINY, read_jsonl, small_overrides
+
+pytestmark = pytest.mark.slow
+RAY = str(Path(sys.executable).with_name("ray"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_launch_attaches_to_a_running_cluster(tmp_path):
+    port = free_port()
+    start = [RAY, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=4",
+             "--include-dashboard=false", "--disable-usage-stats"]
+    # A loopback-only test cluster: no token auth, so the test needs no token files.
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    subprocess.run(start, check=True, capture_output=True, timeout=120, env=env)
+    try:
+        out = tmp_path / "run"
+        cmd = [sys.executable, "-m", "megarl.cli", "launch", str(TINY), "--address", f"127.0.0.1:{port}",
+               *small_overrides(tmp_path / "demo", out, 2)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "Started a local Ray instance" not in proc.stderr  # it joined the cluster
+        assert [r["step"] for r in read_jsonl(out / "metrics.jsonl")] == [1, 2]
+    finally:
+        subprocess.run([RAY, "stop", "--force"], capture_output=True, timeout=120, env=env)
