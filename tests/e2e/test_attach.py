@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from run_helpers import TINY, read_jsonl, small_overrides
 
 pytestmark = pytest.mark.slow
