@@ -106,7 +106,7 @@ def _add_convert(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("checkpoint", help="a step_NNNNNN checkpoint directory (a torn one is refused)")
     p.add_argument("out", help="the HF model directory to write")
-    p.add_argument("--config", default=None, help="the run's config (default: <output_dir>/config.yaml next to the checkpoints)")
+    p.add_argument("--config", default=None, help="the run's config (default: the config.yaml saved in the checkpoint)")
     p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     p.set_defaults(handler=_run_convert)
 

@@ -73,7 +73,8 @@ def convert_checkpoint(checkpoint: str | Path, out: str | Path, config: str | Pa
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise FileExistsError(f"{out} exists and is not empty; choose another directory or pass --overwrite")
-    cfg_path = Path(config) if config else ckpt.path.parent.parent / "config.yaml"
+    saved = ckpt.path / "config.yaml"  # written with every checkpoint; older ones: the run's
+    cfg_path = Path(config) if config else saved if saved.is_file() else ckpt.path.parent.parent / "config.yaml"
     if not cfg_path.is_file():
         raise FileNotFoundError(f"no run config at {cfg_path}; pass --config with the config the run was launched with")
     cfg = load_config(cfg_path)

@@ -16,6 +16,7 @@ from typing import Any
 
 from megarl.checkpoint.manager import CheckpointManager, step_dir_name
 from megarl.checkpoint.trainer_state import TrainerState, capture_rng, restore_rng
+from megarl.config.loading import config_to_yaml
 from megarl.config.sections import MegaRLConfig
 from megarl.data.prompt_batch import PromptBatch
 from megarl.rollout.engine import SamplingParams
@@ -175,6 +176,9 @@ class Trainer:
         with self.checkpoints.saving(step) as folder:
             for role, group in self.parts.groups.items():
                 group.call("save", str(folder / role))
+            # The config this checkpoint was trained with (megarl convert reads it; output_dir's
+            # config.yaml is the latest launch's and may have changed since).
+            (folder / "config.yaml").write_text(config_to_yaml(self.cfg))
             TrainerState(
                 step=step,
                 sampler=self.parts.data.state_dict(),

@@ -56,6 +56,7 @@ def test_grpo_three_steps(grpo_run):
     # positive once the policy has moved.
     assert records[0]["actor/kl"] == pytest.approx(0.0, abs=1e-6) and records[-1]["actor/kl"] > 0
     assert (out / "checkpoints" / "step_000003" / "manifest.json").is_file()
+    assert "total_steps: 3" in (out / "checkpoints" / "step_000003" / "config.yaml").read_text()
     assert list((out / "samples").glob("step_*.jsonl"))
     assert math.isfinite(last["actor/param_checksum"])
     profile = out / "profile"
