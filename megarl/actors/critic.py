@@ -18,7 +18,7 @@ import torch
 
 from megarl.actors.megatron_model import MegatronModel, dtype_of
 from megarl.actors.micro_batches import MicroBatch
-from megarl.actors.training import TrainableModel
+from megarl.actors.training import TrainableModel, TrainedWorker
 from megarl.algos.losses import LossFn, ModelOutputs
 from megarl.config.sections import CriticConfig
 from megarl.data.batch import Batch
@@ -31,7 +31,7 @@ def _values(mb: MicroBatch, output: torch.Tensor) -> torch.Tensor:
     return values * mb.batch.response_valid.to(values.dtype)
 
 
-class CriticWorker:
+class CriticWorker(TrainedWorker):
     """Megatron value model: ``compute_values``, ``update``, ``save``/``load``, ``offload``/``onload``."""
 
     def __init__(
@@ -74,14 +74,3 @@ class CriticWorker:
 
         return self.trainer.train(batch, loss_head, mini_batch_size=mini_batch_size, ppo_epochs=ppo_epochs)
 
-    def save(self, path: str | Path) -> None:
-        self.trainer.save(path)
-
-    def load(self, path: str | Path) -> None:
-        self.trainer.load(path)
-
-    def offload(self) -> int:
-        return self.trainer.offload()
-
-    def onload(self) -> None:
-        self.trainer.onload()

@@ -330,6 +330,17 @@ def _count_as_int(count: torch.Tensor, device: torch.device) -> torch.Tensor:
     return _int(round(value), device)
 
 
+def response_logprobs(
+    model: MegatronModel, cfg: ActorConfig, batch: Batch, temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(logprobs [B, R], entropy [B, R] | None)`` of the batch's responses, micro-batched as
+    ``cfg`` says (the forward the policy and the reference share)."""
+    names = ("logprobs", "entropy") if with_entropy else ("logprobs",)
+    head = token_logprob_head(model, temperature, with_entropy)
+    out = model.forward_tokens(batch, head, names, micro_batch_size=cfg.micro_batch_size, max_tokens=cfg.max_tokens_per_gpu)
+    return out["logprobs"], out.get("entropy")
+
+
 def token_logprob_head(
     model: MegatronModel, temperature: float, with_entropy: bool
 ) -> Callable[[MicroBatch, torch.Tensor], dict[str, torch.Tensor]]:

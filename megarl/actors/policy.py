@@ -25,15 +25,20 @@ from pathlib import Path
 
 import torch
 
-from megarl.actors.megatron_model import MegatronModel, dtype_of, token_logprob_head
+from megarl.actors.megatron_model import (
+    MegatronModel,
+    dtype_of,
+    response_logprobs,
+    token_logprob_head,
+)
 from megarl.actors.micro_batches import MicroBatch
-from megarl.actors.training import TrainableModel
+from megarl.actors.training import TrainableModel, TrainedWorker
 from megarl.algos.losses import LossFn, ModelOutputs
 from megarl.config.sections import ActorConfig
 from megarl.data.batch import Batch
 
 
-class PolicyWorker:
+class PolicyWorker(TrainedWorker):
     """Megatron policy: ``compute_logprobs``, ``update``, ``export_weights``, ``save``/``load``,
     ``offload``/``onload``."""
 
@@ -62,12 +67,7 @@ class PolicyWorker:
         self, batch: Batch, temperature: float = 1.0, with_entropy: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``(logprobs [B, R], entropy [B, R] | None)`` float32 on CPU, on every rank."""
-        names = ("logprobs", "entropy") if with_entropy else ("logprobs",)
-        head = token_logprob_head(self.model, temperature, with_entropy)
-        out = self.model.forward_tokens(
-            batch, head, names, micro_batch_size=self.cfg.micro_batch_size, max_tokens=self.cfg.max_tokens_per_gpu
-        )
-        return out["logprobs"], out.get("entropy")
+        return response_logprobs(self.model, self.cfg, batch, temperature, with_entropy)
 
     def update(
         self,
@@ -97,16 +97,3 @@ class PolicyWorker:
         """HF-named full tensors in buckets of at most ``bucket_bytes`` (collective; see the bridge)."""
         return self.model.bridge.export_hf_weights(self.model.core, bucket_bytes)
 
-    def save(self, path: str | Path) -> None:
-        """Dist-checkpoint of model, optimizer and LR schedule into directory ``path``."""
-        self.trainer.save(path)
-
-    def load(self, path: str | Path) -> None:
-        self.trainer.load(path)
-
-    def offload(self) -> int:
-        """Params, grads and optimizer state to host memory (CUDA; no-op on CPU); bytes moved."""
-        return self.trainer.offload()
-
-    def onload(self) -> None:
-        self.trainer.onload()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from megarl.actors.megatron_model import MegatronModel, dtype_of, token_logprob_head
+from megarl.actors.megatron_model import MegatronModel, dtype_of, response_logprobs
 from megarl.actors.offload import StorageOffloader, model_tensors, on_device
 from megarl.config.sections import ActorConfig
 from megarl.data.batch import Batch
@@ -55,15 +55,10 @@ class ReferenceWorker:
         """``(logprobs [B, R], entropy [B, R] | None)`` float32 on CPU, on every rank."""
         self.onload()
         try:
-            names = ("logprobs", "entropy") if with_entropy else ("logprobs",)
-            head = token_logprob_head(self.model, temperature, with_entropy)
-            out = self.model.forward_tokens(
-                batch, head, names, micro_batch_size=self.cfg.micro_batch_size, max_tokens=self.cfg.max_tokens_per_gpu
-            )
+            return response_logprobs(self.model, self.cfg, batch, temperature, with_entropy)
         finally:
             if self.offload_between_uses:
                 self.offload()
-        return out["logprobs"], out.get("entropy")
 
     def offload(self) -> int:
         """Weights to host memory (CUDA; a no-op on CPU); returns the bytes moved."""

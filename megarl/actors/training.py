@@ -199,3 +199,23 @@ def _restore_adam_steps(optimizer: Any, loaded: Any) -> None:
         for param_state in opt.optimizer.state.values():
             if "step" in param_state:
                 param_state["step"] = torch.tensor(step, dtype=torch.float32)
+
+
+class TrainedWorker:
+    """What every trained worker (policy, critic) exposes of its TrainableModel ``self.trainer``."""
+
+    trainer: TrainableModel
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Dist-checkpoint of model, optimizer and LR schedule into directory ``path`` (collective)."""
+        self.trainer.save(path)
+
+    def load(self, path: str | os.PathLike) -> None:
+        self.trainer.load(path)
+
+    def offload(self) -> int:
+        """Params, grads and optimizer state to host memory (CUDA; no-op on CPU); bytes moved."""
+        return self.trainer.offload()
+
+    def onload(self) -> None:
+        self.trainer.onload()
