@@ -25,7 +25,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=40)
     steps = parser.parse_args().steps
-    from megarl.trainer.demo import run_demo
+    from megarl.commands.demo import run_demo
 
     work = ROOT / "outputs" / "bench_e2e"
     overrides = [f"trainer.total_steps={steps}", "trainer.eval_freq=0", "trainer.eval_before_train=false",

@@ -73,7 +73,7 @@ def rank_main(rank: int, port: int, model_dir: str, bucket_mb: float, reps: int,
     torch.set_num_threads(1)
     import torch.distributed as dist
 
-    from megarl.actors.megatron_model import MegatronModel
+    from megarl.actors.megatron_runtime.model import MegatronModel
     from megarl.config.sections import ActorConfig, ParallelConfig
     from megarl.parallel.groups import destroy_parallel
     from megarl.rollout.torch_engine import TorchEngine

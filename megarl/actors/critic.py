@@ -16,9 +16,9 @@ from pathlib import Path
 
 import torch
 
-from megarl.actors.megatron_model import MegatronModel, dtype_of
-from megarl.actors.micro_batches import MicroBatch
-from megarl.actors.training import TrainableModel, TrainedWorker
+from megarl.actors.megatron_runtime.micro_batches import MicroBatch
+from megarl.actors.megatron_runtime.model import MegatronModel, dtype_of
+from megarl.actors.megatron_runtime.training import TrainableModel, TrainedWorker
 from megarl.algos.losses import LossFn, ModelOutputs
 from megarl.config.sections import CriticConfig
 from megarl.data.batch import Batch
@@ -26,7 +26,7 @@ from megarl.data.batch import Batch
 
 def _values(mb: MicroBatch, output: torch.Tensor) -> torch.Tensor:
     """Per-token values ``[b, R]`` from the value head's output ``[b, R, 1]`` (the model only
-    evaluates the head at the response columns, see megarl/actors/megatron_model.py)."""
+    evaluates the head at the response columns, see megarl/actors/megatron_runtime/model.py)."""
     values = output.reshape(output.shape[0], -1).float()  # [b, R]
     return values * mb.batch.response_valid.to(values.dtype)
 

@@ -147,7 +147,7 @@ class PolicyRank:
         stage's first rank (tp 0, dp 0) sends; rank 0 drives pause / flush / version checks.
         """
         from megarl.rollout_sglang.engine import SGLangEngine
-        from megarl.rollout_sglang.weight_sync import SGLangDistributedSync
+        from megarl.rollout_sglang.transports import SGLangDistributedSync
 
         if isinstance(self.sync, SGLangDistributedSync):
             self.sync.close()  # the old groups (a restart rebuilds them)
@@ -170,7 +170,7 @@ class PolicyRank:
         return self._gloo_groups[key]
 
     def _tensor_sync(self, clients: list[Any], holders: list[list[int]]) -> tuple[Any, list[Any]]:
-        from megarl.rollout_sglang.weight_sync import SGLangTensorSync
+        from megarl.rollout_sglang.transports import SGLangTensorSync
 
         if len(holders) != len(clients):
             raise ValueError(f"connect_sglang: {len(holders)} holder lists for {len(clients)} engines")
@@ -185,7 +185,7 @@ class PolicyRank:
     def _distributed_sync(self, clients: list[Any]) -> tuple[Any, list[Any]]:
         import torch.distributed as dist
 
-        from megarl.rollout_sglang.weight_sync import SGLangDistributedSync, StageRole
+        from megarl.rollout_sglang.transports import SGLangDistributedSync, StageRole
 
         i = self.info
         model = self.policy.model
@@ -247,7 +247,7 @@ def _payload_gather(group: Any, ranks: list[int]) -> Any:
     """PayloadGather over ``group``: payloads in engine TP order (``ranks``' order) on ranks[0]."""
     import torch.distributed as dist
 
-    from megarl.rollout_sglang.weight_sync import PayloadGather
+    from megarl.rollout_sglang.transports import PayloadGather
 
     me = dist.get_rank()
     order = sorted(ranks)  # a group's ranks are numbered in sorted global order

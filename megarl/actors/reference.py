@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from megarl.actors.megatron_model import MegatronModel, dtype_of, response_logprobs
-from megarl.actors.offload import StorageOffloader, model_tensors, on_device
+from megarl.actors.megatron_runtime.model import MegatronModel, dtype_of, response_logprobs
+from megarl.actors.megatron_runtime.offload import StorageOffloader, model_tensors, on_device
 from megarl.config.sections import ActorConfig
 from megarl.data.batch import Batch
 

@@ -1,4 +1,5 @@
-"""`megarl convert`: a training checkpoint -> a Hugging Face model directory, verified.
+"""A training checkpoint -> a Hugging Face model directory, verified (the workers of `megarl convert`,
+whose orchestration is megarl/commands/convert.py).
 
 The policy group is rebuilt with the run's own layout (from the run's config.yaml), the
 checkpoint is loaded, and the weights go out through the same export as weight sync (gather TP
@@ -11,7 +12,6 @@ config and tokenizer files are copied from ``model.path``.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import torch
@@ -60,46 +60,7 @@ class ExportRank:
         return checked if self.rank == 0 else None
 
 
-def convert_checkpoint(checkpoint: str | Path, out: str | Path, config: str | Path | None = None, overwrite: bool = False) -> Path:
-    """Write the policy of ``checkpoint`` (a step_NNNNNN directory) as an HF directory ``out``."""
-    from megarl.actors.ray_session import ray_session
-    from megarl.actors.worker_group import GroupOptions, WorkerGroup
-    from megarl.checkpoint.manager import verify_checkpoint
-    from megarl.config.loading import load_config
-    from megarl.config.planner import make_plan
-    from megarl.trainer.build import role_placements
-
-    ckpt = verify_checkpoint(checkpoint)  # a torn checkpoint is refused here, naming what is wrong
-    out = Path(out)
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise FileExistsError(f"{out} exists and is not empty; choose another directory or pass --overwrite")
-    saved = ckpt.path / "config.yaml"  # written with every checkpoint; older ones: the run's
-    cfg_path = Path(config) if config else saved if saved.is_file() else ckpt.path.parent.parent / "config.yaml"
-    if not cfg_path.is_file():
-        raise FileNotFoundError(f"no run config at {cfg_path}; pass --config with the config the run was launched with")
-    cfg = load_config(cfg_path)
-    plan = make_plan(cfg)
-    staging = out.parent / f".{out.name}.staging"
-    shutil.rmtree(staging, ignore_errors=True)
-    placements, _ = role_placements(cfg, plan)
-    local_cpus = None if cfg.cluster.ray_address else len(plan.roles["policy"].gpus) + 1
-    with ray_session(cfg.cluster.ray_address, num_cpus=local_cpus):
-        group = WorkerGroup(ExportRank, placements[0], cfg, str(ckpt.path), group_options=GroupOptions(log_dir=staging / "logs"))
-        try:
-            group.call("write", str(staging))
-            written = staging / "v0"
-            _write_index(written)
-            group.call("verify", str(written))
-        finally:
-            group.shutdown()
-    if out.exists():
-        shutil.rmtree(out)
-    written.rename(out)
-    shutil.rmtree(staging, ignore_errors=True)
-    return out
-
-
-def _write_index(directory: Path) -> None:
+def write_index(directory: Path) -> None:
     """The weight map transformers needs to load a directory of several safetensors files."""
     from safetensors import safe_open
 

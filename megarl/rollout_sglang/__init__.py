@@ -20,7 +20,7 @@ from megarl.rollout_sglang.server import (
     pick_free_port,
     spec_from_config,
 )
-from megarl.rollout_sglang.weight_sync import (
+from megarl.rollout_sglang.transports import (
     PayloadGather,
     SGLangDiskSync,
     SGLangDistributedSync,

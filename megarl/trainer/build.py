@@ -9,23 +9,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from megarl.actors.placement import RolePlacement, place_roles, release
-from megarl.actors.worker_group import GroupOptions, WorkerGroup
+from megarl.actors.ray_groups.placement import place_roles, release, role_placements
+from megarl.actors.ray_groups.worker_group import GroupOptions, WorkerGroup
 from megarl.config.loading import config_to_yaml
 from megarl.config.planner import Plan
 from megarl.config.sections import MegaRLConfig
-from megarl.trainer.loop import Components, Trainer
-from megarl.trainer.metrics import build_logger
-from megarl.trainer.model_phases import (
-    Advantages,
-    CriticPhase,
-    OldLogprobs,
-    PolicyUpdate,
-    ReferenceLogprobs,
-    Skip,
-    WeightPush,
-)
-from megarl.trainer.rollout import (
+from megarl.rollout.collect import (
     DynamicSamplingCollector,
     GreedyBaseline,
     HandedOverEngines,
@@ -34,6 +23,17 @@ from megarl.trainer.rollout import (
     PlainCollector,
     Scorer,
     WorkerEngines,
+)
+from megarl.trainer.loop import Components, Trainer
+from megarl.trainer.metric_sinks import build_logger
+from megarl.trainer.phases import (
+    Advantages,
+    CriticPhase,
+    OldLogprobs,
+    PolicyUpdate,
+    ReferenceLogprobs,
+    Skip,
+    WeightPush,
 )
 
 log = logging.getLogger(__name__)
@@ -44,19 +44,6 @@ def is_strictly_on_policy(cfg: MegaRLConfig) -> bool:
     the old log-probs (the ratio starts at exactly 1), so no separate forward is needed."""
     one_step = (cfg.actor.mini_batch_size or cfg.samples_per_step) == cfg.samples_per_step
     return cfg.actor.ppo_epochs == 1 and one_step and not cfg.algorithm.kl.use_in_reward
-
-
-def role_placements(cfg: MegaRLConfig, plan: Plan) -> tuple[list[RolePlacement], list[tuple[str, ...]]]:
-    """Ray placements of the Megatron roles (SGLang servers are placed by megarl.rollout_sglang)."""
-    cl = cfg.cluster
-    gpus = 1.0 if cl.device == "cuda" else 0.0
-    placements = []
-    for role in ("policy", "critic"):
-        if role in plan.roles:
-            n = len(plan.roles[role].gpus)
-            nnodes = max(1, n // cl.gpus_per_node)
-            placements.append(RolePlacement(role, nnodes, n // nnodes, gpus_per_proc=gpus, cpus_per_proc=1.0))
-    return placements, [("policy", "critic")]
 
 
 def build_trainer(cfg: MegaRLConfig, plan: Plan) -> Trainer:
@@ -111,7 +98,7 @@ def _start_sglang(cfg: MegaRLConfig, plan: Plan, groups: dict[str, Any], log_dir
     """SGLang servers on their nodes, the policy connected to them (None with the torch engine)."""
     if cfg.rollout.engine != "sglang":
         return None
-    from megarl.trainer.sglang_rollout import start_sglang
+    from megarl.rollout_sglang.controller import start_sglang
 
     return start_sglang(cfg, plan, groups["policy"], log_dir, critic=groups.get("critic"))
 
@@ -121,7 +108,7 @@ def _components(cfg: MegaRLConfig, groups: dict[str, Any], stream: Any, val_prom
     policy = groups["policy"]
     temperature = cfg.rollout.sampling.temperature
     # torch: engines inside the policy ranks; sglang: servers, with the memory hand-over around
-    # every generation and push (megarl/trainer/sglang_rollout.py).
+    # every generation and push (megarl/rollout_sglang/controller.py).
     handover = sglang.handover if sglang is not None else NoHandover()
     engines = WorkerEngines(policy, policy.call("layout")) if sglang is None else HandedOverEngines(sglang.engines, handover)
     ds = cfg.algorithm.dynamic_sampling

@@ -19,10 +19,18 @@ from megarl.checkpoint.trainer_state import TrainerState, capture_rng, restore_r
 from megarl.config.loading import config_to_yaml
 from megarl.config.sections import MegaRLConfig
 from megarl.data.prompt_batch import PromptBatch
+from megarl.rollout.collect import (
+    Baseline,
+    Collector,
+    Engines,
+    Scorer,
+    generate_batch,
+    rollout_metrics,
+)
 from megarl.rollout.engine import SamplingParams
 from megarl.rollout.seeds import step_seed
-from megarl.trainer.metrics import MetricsLogger, PhaseTimer
-from megarl.trainer.model_phases import (
+from megarl.trainer.metric_sinks import MetricsLogger, PhaseTimer
+from megarl.trainer.phases import (
     Advantages,
     CriticPhase,
     OldLogprobs,
@@ -30,14 +38,6 @@ from megarl.trainer.model_phases import (
     ReferenceLogprobs,
     Skip,
     WeightPush,
-)
-from megarl.trainer.rollout import (
-    Baseline,
-    Collector,
-    Engines,
-    Scorer,
-    generate_batch,
-    rollout_metrics,
 )
 
 log = logging.getLogger(__name__)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from megarl.commands.demo import prepare_demo
 from megarl.config.loading import load_config
-from megarl.trainer.demo import prepare_demo
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "configs" / "tiny_grpo.yaml"

@@ -10,9 +10,9 @@ import pytest
 import torch
 from run_helpers import REQUIRED_METRICS, read_jsonl, small_config
 
-from megarl.actors.ray_session import ray_session
+from megarl.actors.ray_groups.session import ray_session
+from megarl.commands.launch import run
 from megarl.config.planner import make_plan
-from megarl.trainer.launch import run
 
 pytestmark = pytest.mark.slow
 
@@ -70,8 +70,8 @@ def test_convert_checkpoint_to_hf(grpo_run, demo_root, tmp_path):
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from megarl.checkpoint.hf_export import convert_checkpoint
     from megarl.checkpoint.manager import CheckpointError
+    from megarl.commands.convert import convert_checkpoint
 
     out, cfg, _, _ = grpo_run
     hf = convert_checkpoint(out / "checkpoints" / "step_000003", tmp_path / "hf")

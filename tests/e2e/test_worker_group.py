@@ -16,9 +16,9 @@ import pytest
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.timeout(180)  # a hung rendezvous must not hang CI
 
-from megarl.actors.placement import PlacementError, RolePlacement, place_roles, release  # noqa: E402
-from megarl.actors.ray_session import ray_session, save_timeline  # noqa: E402
-from megarl.actors.worker_group import GroupOptions, WorkerError, WorkerGroup  # noqa: E402
+from megarl.actors.ray_groups.placement import PlacementError, RolePlacement, place_roles, release  # noqa: E402
+from megarl.actors.ray_groups.session import ray_session, save_timeline  # noqa: E402
+from megarl.actors.ray_groups.worker_group import GroupOptions, WorkerError, WorkerGroup  # noqa: E402
 from megarl.checkpoint.manager import CheckpointManager  # noqa: E402
 
 # Ray workers cannot import this test module by name: ship its classes by value.

@@ -2,7 +2,7 @@
 
 import torch
 
-from megarl.actors.logprobs import vocab_parallel_logprobs
+from megarl.actors.megatron_runtime.logprobs import vocab_parallel_logprobs
 
 
 def test_logprobs_and_entropy_match_log_softmax_with_padding_masked():

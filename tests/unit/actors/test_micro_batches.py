@@ -2,7 +2,11 @@
 
 import torch
 
-from megarl.actors.micro_batches import balanced_partition, micro_batch_indices, pack_micro_batch
+from megarl.actors.megatron_runtime.micro_batches import (
+    balanced_partition,
+    micro_batch_indices,
+    pack_micro_batch,
+)
 from megarl.data.batch import Batch
 
 

@@ -2,7 +2,7 @@
 
 import torch
 
-from megarl.actors.offload import StorageOffloader
+from megarl.actors.megatron_runtime.offload import StorageOffloader
 
 
 def test_offload_frees_storage_and_onload_restores_every_view():

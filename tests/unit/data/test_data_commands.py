@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from megarl.data.commands import register
+from megarl.commands.data import register
 
 
 def _run(*argv: str) -> int:

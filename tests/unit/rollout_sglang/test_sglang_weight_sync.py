@@ -14,7 +14,7 @@ from megarl.rollout.engine import SamplingParams
 from megarl.rollout.weight_sync import HFWeightStream
 from megarl.rollout_sglang.client import SGLangHTTPError
 from megarl.rollout_sglang.engine import EngineBusy, SGLangEngine, WeightVersionMismatch
-from megarl.rollout_sglang.weight_sync import (
+from megarl.rollout_sglang.transports import (
     PayloadGather,
     SGLangDiskSync,
     SGLangDistributedSync,

@@ -9,23 +9,28 @@ from pathlib import Path
 import pytest
 import torch
 
-from megarl.actors.sglang_host import colocated_slots, disaggregated_slots, engine_slots, slot_spec
 from megarl.config.loading import load_config
 from megarl.config.planner import make_plan
 from megarl.data.prompt_batch import PromptBatch
+from megarl.rollout.collect import HandedOverEngines, generate_batch
 from megarl.rollout.engine import SamplingParams
 from megarl.rollout.weight_sync import HFWeightStream
-from megarl.rollout_sglang.engine import SGLangEngine
-from megarl.rollout_sglang.server import build_launch_command, build_launch_env, spec_from_config
-from megarl.rollout_sglang.weight_sync import SGLangTensorSync
-from megarl.trainer.model_phases import WeightPush
-from megarl.trainer.rollout import HandedOverEngines, generate_batch
-from megarl.trainer.sglang_rollout import (
+from megarl.rollout_sglang.controller import (
     SGLangEngines,
     SGLangHandover,
     engine_descriptors,
     rollout_placement,
 )
+from megarl.rollout_sglang.engine import SGLangEngine
+from megarl.rollout_sglang.hosts import (
+    colocated_slots,
+    disaggregated_slots,
+    engine_slots,
+    slot_spec,
+)
+from megarl.rollout_sglang.server import build_launch_command, build_launch_env, spec_from_config
+from megarl.rollout_sglang.transports import SGLangTensorSync
+from megarl.trainer.phases import WeightPush
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 ALL_TAGS = {"kv_cache", "weights", "cuda_graph"}

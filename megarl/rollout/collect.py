@@ -23,7 +23,7 @@ from megarl.data.prompt_batch import PromptBatch
 from megarl.rollout.batching import batch_from_generations, response_texts
 from megarl.rollout.engine import GenerationResult, SamplingParams
 from megarl.rollout.seeds import step_seed
-from megarl.trainer.metrics import PhaseTimer
+from megarl.trainer.metric_sinks import PhaseTimer
 
 
 class Engines(Protocol):

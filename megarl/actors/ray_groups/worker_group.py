@@ -44,7 +44,7 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
-from megarl.actors.placement import PlacedRole, RolePlacement, place_roles
+from megarl.actors.ray_groups.placement import PlacedRole, RolePlacement, place_roles
 
 LOG_TAIL_LINES = 40
 

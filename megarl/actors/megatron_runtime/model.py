@@ -42,8 +42,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from megarl.actors.logprobs import vocab_parallel_logprobs
-from megarl.actors.micro_batches import (
+from megarl.actors.megatron_runtime.logprobs import vocab_parallel_logprobs
+from megarl.actors.megatron_runtime.micro_batches import (
     MicroBatch,
     balanced_partition,
     micro_batch_indices,

@@ -15,7 +15,7 @@ from megarl.algos.kl import make_kl_controller
 from megarl.algos.step import advantage_step
 from megarl.config.sections import MegaRLConfig
 from megarl.data.batch import Batch
-from megarl.trainer.rollout import NoHandover
+from megarl.rollout.collect import NoHandover
 
 
 def _rank0(results: list[Any]) -> Any:
@@ -111,7 +111,7 @@ class Advantages:
 class WeightPush:
     """Policy -> engines after each update, then the engine/trainer log-prob check.
 
-    ``handover`` (megarl.trainer.rollout.Handover) runs before and after the push: e.g.
+    ``handover`` (megarl.rollout.collect.Handover) runs before and after the push: e.g.
     colocated SGLang resumes its weights' memory first, restarts dead engines."""
 
     def __init__(self, group: Any, temperature: float, check: bool, handover: Any = None):

@@ -264,3 +264,17 @@ def _wait_ready(pools: Sequence[BundlePool], timeout_s: float) -> None:
 def _resources_text(res: Mapping[str, float]) -> str:
     keys = [k for k in ("CPU", "GPU") if k in res] or list(res)[:4]
     return "{" + ", ".join(f"{k}: {_num(res.get(k, 0.0))}" for k in keys) + "}"
+
+
+def role_placements(cfg: Any, plan: Any) -> tuple[list[RolePlacement], list[tuple[str, ...]]]:
+    """Ray placements of the Megatron roles of a checked config (``MegaRLConfig``, ``Plan``) and the
+    roles that share devices. SGLang servers are placed by megarl.rollout_sglang."""
+    cl = cfg.cluster
+    gpus = 1.0 if cl.device == "cuda" else 0.0
+    placements = []
+    for role in ("policy", "critic"):
+        if role in plan.roles:
+            n = len(plan.roles[role].gpus)
+            nnodes = max(1, n // cl.gpus_per_node)
+            placements.append(RolePlacement(role, nnodes, n // nnodes, gpus_per_proc=gpus, cpus_per_proc=1.0))
+    return placements, [("policy", "critic")]

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import ray
 
+from megarl.commands.launch import launch
 from megarl.config.loading import ConfigError
 from megarl.config.planner import PlanError
-from megarl.trainer.launch import launch
 
 TINY = Path(__file__).resolve().parents[3] / "configs" / "tiny_grpo.yaml"
 

@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
-from megarl.trainer.metrics import read_metrics
+from megarl.trainer.metric_sinks import read_metrics
 
 CURVES = (
     ("reward", (("reward/mean", "train reward (sampled)"), ("val/reward/mean", "held-out reward (validation)"))),
     ("KL to reference", (("actor/kl", "actor/kl"), ("reward/kl", "reward/kl (in the reward)"))),
     ("entropy", (("actor/entropy", "actor/entropy"),)),
 )
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plot", help="draw reward and KL curves of a run to a PNG",
+                       description="Reads RUN_DIR/metrics.jsonl and writes the reward, KL and entropy curves.")
+    p.add_argument("run_dir", help="a run's trainer.output_dir")
+    p.add_argument("--out", default=None, help="PNG path (default: RUN_DIR/curves.png)")
+    p.set_defaults(handler=lambda args: print(plot_run(args.run_dir, args.out)) or 0)
 
 
 def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:

@@ -25,10 +25,15 @@ from typing import Any
 
 import torch
 
-from megarl.actors.megatron_model import MegatronModel, merge_metric, metric_value
-from megarl.actors.micro_batches import MicroBatch
-from megarl.actors.offload import StorageOffloader, model_tensors, on_device, optimizer_tensors
-from megarl.actors.optim import LRSchedule, build_optimizer
+from megarl.actors.megatron_runtime.micro_batches import MicroBatch
+from megarl.actors.megatron_runtime.model import MegatronModel, merge_metric, metric_value
+from megarl.actors.megatron_runtime.offload import (
+    StorageOffloader,
+    model_tensors,
+    on_device,
+    optimizer_tensors,
+)
+from megarl.actors.megatron_runtime.optim import LRSchedule, build_optimizer
 from megarl.config.sections import ActorConfig
 from megarl.data.batch import Batch
 

@@ -2,8 +2,8 @@
 
 import pytest
 
+from megarl.config.documentation import describe
 from megarl.config.loading import ConfigError
-from megarl.config.reference import describe
 
 
 def test_every_leaf_key_is_listed():

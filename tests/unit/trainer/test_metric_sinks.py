@@ -5,8 +5,8 @@ import time
 
 import pytest
 
-from megarl.trainer.metrics import JsonlSink, PhaseTimer, read_metrics
-from megarl.trainer.plot import plot_run
+from megarl.commands.plot import plot_run
+from megarl.trainer.metric_sinks import JsonlSink, PhaseTimer, read_metrics
 
 
 def test_jsonl_resume_cuts_later_steps(tmp_path):

@@ -176,7 +176,7 @@ class SGLangRollout:
     def close(self) -> None:
         import ray
 
-        from megarl.actors.placement import release
+        from megarl.actors.ray_groups.placement import release
 
         # Each host kills its server's process group; killing the actor alone would leave the
         # server (its own session) holding the GPUs.
@@ -193,7 +193,7 @@ class SGLangRollout:
 def rollout_placement(plan: Any) -> Any:
     """Disaggregated pool: one placement group per engine (``tp`` one-GPU bundles, one node),
     so Ray gives those GPUs to nothing else while the servers use them."""
-    from megarl.actors.placement import RolePlacement
+    from megarl.actors.ray_groups.placement import RolePlacement
 
     rollout = plan.roles["rollout"]
     return RolePlacement("rollout", nnodes=rollout.dp, procs_per_node=rollout.tp, gpus_per_proc=1.0, cpus_per_proc=0.0)
@@ -208,8 +208,8 @@ def start_sglang(cfg: Any, plan: Any, policy: Any, log_dir: Path, timeout: float
     """
     import ray
 
-    from megarl.actors.placement import place_roles
-    from megarl.actors.sglang_host import (
+    from megarl.actors.ray_groups.placement import place_roles
+    from megarl.rollout_sglang.hosts import (
         HostHandle,
         colocated_slots,
         disaggregated_slots,

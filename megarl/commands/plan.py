@@ -1,0 +1,36 @@
+"""`megarl plan CONFIG [k=v ...]`: check a config and print the placement and memory plan."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from megarl.commands.arguments import add_config_args
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "plan",
+        help="check a config and print the placement and memory plan (no GPU, no weights needed)",
+        description="Validate a config without starting anything: layout (TP x PP x DP per role), batch arithmetic, "
+        "algorithm needs, sequence lengths and the memory per GPU. Prints one row per GPU; exits 1 with every "
+        "problem (field, values, fix) when the run cannot work.",
+    )
+    add_config_args(p)
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("--check-files", action="store_true", help="also check that data, model and reward files exist (as launch does)")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from megarl.config.loading import load_config
+    from megarl.config.plan_report import print_plan
+    from megarl.config.planner import make_plan
+
+    cfg = load_config(args.config, args.overrides)
+    plan = make_plan(cfg, check_files=args.check_files)
+    if args.json:
+        print(json.dumps(plan.to_dict(), indent=2, default=str))
+    else:
+        print_plan(cfg, plan)
+    return 0
