@@ -23,8 +23,10 @@ from typing import Any
 
 from megarl.rollout.engine import GenerationResult, SamplingParams
 
-# SGLang's sampler builds its per-request seed tensor as int32 (sampling_batch_info.py).
-_SEED_MASK = (1 << 31) - 1
+# SGLang refuses a sampling_seed outside [-2**63, 2**63 - 1] (sampling_params.py) and builds
+# its per-request seed tensor as int64 (sampling_batch_info.py; 0.5.15 to 0.5.23 at least).
+# megarl's seeds are 63-bit already (megarl.rollout.seeds), so the mask only guards the range.
+_SEED_MASK = (1 << 63) - 1
 FINISH_TYPES = ("stop", "length", "abort")
 
 

@@ -4,9 +4,10 @@ Generation: one ``/generate`` request per prompt carrying its n samples (see
 client.build_generate_payload for why), at most ``max_running_requests // n`` requests in
 flight, results grouped ``[p0s0 .. p0s(n-1), p1s0, ...]``.
 
-Control: pause / flush / continue, memory release / resume with tags, the three weight
-update endpoints, the group endpoints of the distributed path, weight-version checks,
-health and restart. The order in which a weight push calls them lives in weight_sync.py.
+Control: pause / flush / continue, memory release / resume with tags, the weight-update
+session (begin / end, SGLang >= 0.5.21 only), the three weight update endpoints, the group
+endpoints of the distributed path, weight-version checks, health and restart. The order in
+which a weight push calls them lives in transports.py (docs/sglang.md has it too).
 
 Deliberately left out: routers, streaming, partial rollouts, data-parallel attention.
 """
@@ -14,6 +15,7 @@ Deliberately left out: routers, streaming, partial rollouts, data-parallel atten
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from collections.abc import Sequence
@@ -34,6 +36,18 @@ from megarl.rollout_sglang.client import (
 # SGLang's memory tags (sglang.srt.constants.GPU_MEMORY_TYPE_*).
 WEIGHTS, KV_CACHE, CUDA_GRAPH = "weights", "kv_cache", "cuda_graph"
 ALL_TAGS = (KV_CACHE, WEIGHTS, CUDA_GRAPH)
+# From this release on, SGLang applies /update_weights_from_tensor and
+# /update_weights_from_distributed only between POST /begin_weight_update and POST
+# /end_weight_update (400 otherwise); before it those two routes do not exist (404).
+UPDATE_SESSION_SINCE = (0, 5, 21)
+
+
+def parse_version(text: str) -> tuple[int, int, int]:
+    """``"0.5.23"``, ``"0.5.15.post1"``, ``"0.5.22rc0"`` -> (major, minor, patch)."""
+    match = re.match(r"\s*(\d+)\.(\d+)\.(\d+)", str(text))
+    if match is None:
+        raise ValueError(f"SGLang version {text!r} is not of the form MAJOR.MINOR.PATCH")
+    return int(match[1]), int(match[2]), int(match[3])
 
 
 class WeightVersionMismatch(RuntimeError):
@@ -90,6 +104,8 @@ class SGLangEngine:
             getattr(getattr(self.server, "spec", None), "deterministic", False)
         )
         self._version = 0
+        self._server_version: str | None = None  # SGLang's release, read once per launch
+        self.update_session = False  # between begin_weight_update and end_weight_update
         self._inflight = 0
         self._lock = threading.Lock()
         # One thread for HTTP calls that must not block the caller (group init, distributed
@@ -150,53 +166,6 @@ class SGLangEngine:
         except SGLangHTTPError as err:
             raise SGLangHTTPError(self.url, "/generate", reply.status, err.detail) from None
 
-    def score(
-        self,
-        prompts: Sequence[Sequence[int]],
-        responses: Sequence[Sequence[int]],
-        temperature: float = 1.0,
-    ) -> list[list[float]]:
-        """Teacher-forced log-probs of each response token (the post-sync check's engine side,
-        megarl.rollout.logprob_check.ScoringEngine).
-
-        Read from ``meta_info.input_token_logprobs`` of a prefill over prompt + response.
-        SGLang computes input log-probs from unscaled logits, so only temperature 1 (or
-        greedy, counted as 1 like the torch engine) is supported: run the check at T = 1.
-        """
-        if not (temperature < 1e-6 or abs(temperature - 1.0) < 1e-9):
-            raise ValueError(
-                f"{self}: score at temperature {temperature} is not possible (SGLang's prompt "
-                "log-probs ignore temperature); run the post-sync log-prob check at temperature 1.0"
-            )
-        if len(prompts) != len(responses):
-            raise ValueError(f"score got {len(prompts)} prompts but {len(responses)} responses")
-        workers = max(1, min(self.max_running_requests, len(prompts)))
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            return list(pool.map(self._score_one, prompts, responses))
-
-    def _score_one(self, prompt: Sequence[int], response: Sequence[int]) -> list[float]:
-        prompt, response = [int(t) for t in prompt], [int(t) for t in response]
-        if not response:
-            return []
-        body = {
-            "input_ids": prompt + response,
-            "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
-            "return_logprob": True,
-            # From the last prompt token on: whether SGLang's first entry is that token or
-            # the first response token, the last len(response) entries are the response.
-            "logprob_start_len": max(0, len(prompt) - 1),
-        }
-        reply = self.client.post("/generate", body)
-        check_reply(self.url, "/generate", reply)
-        meta = (reply.body or {}).get("meta_info", {}) if isinstance(reply.body, dict) else {}
-        items = (meta.get("input_token_logprobs") or [])[-len(response) :]
-        if [int(i[1]) for i in items] != response or any(i[0] is None for i in items):
-            raise SGLangHTTPError(
-                self.url, "/generate", reply.status,
-                f"input_token_logprobs do not cover the {len(response)} response tokens: {items[:4]}...",
-            )  # fmt: skip
-        return [float(i[0]) for i in items]
-
     # ---- control ----------------------------------------------------------------------
 
     def pause_generation(self, mode: str = "abort") -> None:
@@ -226,7 +195,13 @@ class SGLangEngine:
         )  # fmt: skip
 
     def release_memory(self, tags: Sequence[str] = ALL_TAGS) -> None:
-        """Free GPU memory (needs ``--enable-memory-saver``); the engine must be idle."""
+        """Free GPU memory (needs ``--enable-memory-saver``); the engine must be idle.
+
+        SGLang asserts idleness inside its scheduler, and a release while a request runs
+        kills the server (seen on 0.5.23). So: refuse while this client has requests in
+        flight, then flush the cache, which SGLang refuses (400, retried by
+        :meth:`flush_cache`) while any client's request is running or waiting (as slime does).
+        """
         with self._lock:
             if self._inflight:
                 raise EngineBusy(
@@ -234,10 +209,13 @@ class SGLangEngine:
                 )
         todo = [t for t in tags if t not in self.released]
         if todo:
+            self.flush_cache()
             self.client.post_ok("/release_memory_occupation", {"tags": todo}, self.control_timeout)
             self.released.update(todo)
 
     def resume_memory(self, tags: Sequence[str] = ALL_TAGS) -> None:
+        """Resume the released tags among ``tags``; never a tag that is not released (SGLang's
+        scheduler raises on it and the server dies, seen on 0.5.23)."""
         todo = [t for t in tags if t in self.released]
         if todo:
             self.client.post_ok("/resume_memory_occupation", {"tags": todo}, self.control_timeout)
@@ -245,10 +223,67 @@ class SGLangEngine:
 
     # ---- weight updates ---------------------------------------------------------------
 
+    def server_version(self) -> str:
+        """SGLang's release (``version`` of ``/server_info``, or ``/get_server_info`` on servers
+        without it), read once per launch."""
+        if self._server_version is None:
+            reply = self.client.get("/server_info", self.control_timeout)
+            if reply.status == 404:
+                reply = self.client.get("/get_server_info", self.control_timeout)
+            check_reply(self.url, "/server_info", reply)
+            version = reply.body.get("version") if isinstance(reply.body, dict) else None
+            if version is None:
+                raise SGLangHTTPError(
+                    self.url, "/server_info", reply.status, "the answer has no 'version' field"
+                )
+            self._server_version = str(version)
+        return self._server_version
+
+    @property
+    def needs_update_session(self) -> bool:
+        """Whether this server applies tensor and distributed updates only inside
+        begin_weight_update / end_weight_update (SGLang >= 0.5.21)."""
+        try:
+            return parse_version(self.server_version()) >= UPDATE_SESSION_SINCE
+        except ValueError as err:
+            raise SGLangHTTPError(
+                self.url, "/server_info", 200,
+                f"{err}; megarl reads it to know whether weight updates need "
+                "begin_weight_update (SGLang >= 0.5.21): run a released SGLang",
+            ) from None  # fmt: skip
+
+    def begin_weight_update(self) -> None:
+        """``POST /begin_weight_update`` where the server needs it (>= 0.5.21; a no-op before).
+        Call it after pause / flush and before the first tensor or distributed bucket; a
+        session this client already opened is kept (a push retried after a failure)."""
+        if self.update_session or not self.needs_update_session:
+            self.update_session = True
+            return
+        self.client.post_ok("/begin_weight_update", {}, self.control_timeout)
+        self.update_session = True
+
+    def end_weight_update(self) -> None:
+        """``POST /end_weight_update`` after the last bucket (a no-op where begin was one)."""
+        if self.update_session and self.needs_update_session:
+            self.client.post_ok("/end_weight_update", {}, self.control_timeout)
+        self.update_session = False
+
+    def _check_update_session(self, endpoint: str) -> None:
+        # Refused here rather than by the server: a refused distributed update returns at
+        # once, and the trainer's broadcast would then wait for a receiver that never comes.
+        if not self.update_session and self.needs_update_session:
+            raise RuntimeError(
+                f"{self}: SGLang {self.server_version()} applies {endpoint} only between "
+                "begin_weight_update and end_weight_update; call engine.begin_weight_update() "
+                "before the first bucket and engine.end_weight_update() after the last"
+            )
+
     def update_from_tensor(
         self, payloads: Sequence[str], load_format: str | None, version: int | None
     ) -> None:
-        """``/update_weights_from_tensor`` with one base64 payload per engine TP rank."""
+        """``/update_weights_from_tensor`` with one base64 payload per engine TP rank (inside
+        begin_weight_update / end_weight_update on SGLang >= 0.5.21)."""
+        self._check_update_session("/update_weights_from_tensor")
         if len(payloads) != self.tp:
             raise ValueError(
                 f"{self}: {len(payloads)} payloads for tp={self.tp}; give one per TP rank"
@@ -263,19 +298,26 @@ class SGLangEngine:
         self.client.post_ok("/update_weights_from_tensor", body, self.control_timeout)
 
     def load_weights(self, bucket: WeightBucket) -> None:
-        """One bucket over CUDA IPC (colocated). Callers normally use SGLangTensorSync."""
+        """One bucket over CUDA IPC (colocated), in its own update session unless the caller
+        opened one. Callers normally use the tensor transport (transports.py)."""
         from megarl.rollout_sglang.tensor_payload import build_tensor_requests
 
+        own_session = not self.update_session
+        self.begin_weight_update()
         for request in build_tensor_requests(bucket.tensors, self.tp):
             version = bucket.version if bucket.last and request.last else None
             self.update_from_tensor(request.payloads, request.load_format, version)
+        if own_session:
+            self.end_weight_update()
 
     def update_from_distributed_async(
         self, names: list[str], dtypes: list[str], shapes: list[list[int]], group_name: str,
         version: int | None,
     ) -> Future[Any]:  # fmt: skip
         """Post ``/update_weights_from_distributed`` without waiting: the engine answers only
-        after it received every tensor, which the caller broadcasts meanwhile."""
+        after it received every tensor, which the caller broadcasts meanwhile (inside
+        begin_weight_update / end_weight_update on SGLang >= 0.5.21, checked before posting)."""
+        self._check_update_session("/update_weights_from_distributed")
         body: dict[str, Any] = {
             "names": names, "dtypes": dtypes, "shapes": shapes, "group_name": group_name,
             "flush_cache": False,
@@ -307,18 +349,23 @@ class SGLangEngine:
             "/destroy_weights_update_group", {"group_name": group_name}, self.control_timeout
         )
 
-    def update_from_disk(self, model_path: str, version: int) -> None:
+    def update_from_disk(self, model_path: str, version: int, load_format: str = "auto") -> None:
+        """``/update_weights_from_disk``. ``load_format`` is always sent: left out, SGLang
+        loads with the server's current one, and a server launched with ``--load-format
+        dummy`` answers 400 "Failed to get model loader: DummyModelLoader" (0.5.23)."""
         # One request per push, so it may flush the cache itself (the default).
-        body = {"model_path": model_path, "weight_version": str(version)}
+        body = {
+            "model_path": model_path,
+            "weight_version": str(version),
+            "load_format": load_format,
+        }
         self.client.post_ok("/update_weights_from_disk", body, self.control_timeout)
 
     def load_weights_from_disk(self, directory: str | os.PathLike[str], version: int) -> None:
-        """What megarl.rollout.weight_sync.DiskWeightSync calls: the disk update with the same
-        memory and version steps as the other transports (no pause: SGLang's disk update
-        waits for running requests itself)."""
-        self.resume_memory([WEIGHTS])
+        """What the disk transport (megarl/rollout/transports.py) calls: the update, then the
+        version check (no pause: SGLang's disk update waits for running requests itself; the
+        memory hand-over resumed the weights' memory before the push)."""
         self.update_from_disk(str(directory), version)
-        self.resume_memory([KV_CACHE, CUDA_GRAPH])
         self.check_weight_version(version)
 
     def set_weight_version(self, version: int) -> None:
@@ -354,9 +401,12 @@ class SGLangEngine:
         self._version = expected
 
     def health(self) -> EngineHealth:
-        """Alive = ``/health_generate`` answers 200 (it runs a 1-token generation). While its
-        memory is released or generation paused (a push failed half-way) an engine cannot
-        generate, so then ``/model_info`` answering is enough."""
+        """Alive = ``/health_generate`` answers 200 (it runs a 1-token generation). While
+        generation is paused (a push failed half-way) that request waits and SGLang answers
+        503 after its 20 s health timeout (seen on 0.5.23); while memory is released on a GPU
+        the 1-token forward would read unmapped weights / KV cache and fault (read in SGLang's
+        memory-saver code; the CPU server has nothing to release and answers 200). In both
+        cases ``/model_info`` answering is enough."""
         endpoint = "/model_info" if self.released or self.paused else "/health_generate"
         try:
             reply = self.client.get(endpoint, timeout=30.0, retries=0)
@@ -376,10 +426,17 @@ class SGLangEngine:
         self.client.url = self.server.url.rstrip("/")
         self.released.clear()
         self.paused = False
+        self.update_session = False
+        self._server_version = None  # the relaunched process may be another install
         self._version = 0
 
-    def shutdown(self) -> None:
+    def close(self) -> None:
+        """Drop this client's background thread; the server keeps running."""
         self._background.shutdown(wait=False, cancel_futures=True)
+
+    def shutdown(self) -> None:
+        """:meth:`close`, and stop the server process when this engine holds its handle."""
+        self.close()
         if self.server is not None:
             self.server.shutdown()
 
@@ -406,26 +463,3 @@ def generate_across(
         for (start, _), fut in zip(slices, futures, strict=True):
             out += [replace(r, prompt_index=r.prompt_index + start) for r in fut.result()]
     return out
-
-
-def start_engines(
-    servers: Sequence[Any], timeout: float = 900.0, poll: float = 1.0
-) -> list[SGLangEngine]:
-    """Launch every server at once, wait until all are healthy, wrap each in an engine.
-
-    ``servers`` are SGLangServer objects (built from ServerSpecs). If one fails, all are shut
-    down and its ServerLaunchError (with its log tail) is raised.
-    """
-    for server in servers:
-        server.launch()
-    try:
-        for server in servers:
-            server.wait_healthy(timeout, poll)
-    except BaseException:
-        for server in servers:
-            server.shutdown()
-        raise
-    return [
-        SGLangEngine(s, tp=s.spec.tp, max_running_requests=s.spec.max_running_requests)
-        for s in servers
-    ]

@@ -6,6 +6,10 @@ memory fraction, port. :func:`build_launch_command` turns it into the
 in its own process group, logs to a file, waits for ``/health_generate``, detects a dead
 process and relaunches it.
 
+A spec with ``device="cpu"`` runs SGLang's CPU engine (``--device cpu``,
+``SGLANG_USE_CPU_ENGINE=1``): what the real-server tests in tests/sglang/ use, with the
+interpreter of the venv ``make sglang-cpu`` builds as ``python``.
+
 Deliberately left out: multi-node engines (``--nnodes``/``--dist-init-addr``), routers, data
 parallel attention. One server = one engine = ``tp`` GPUs on one node.
 """
@@ -13,6 +17,7 @@ parallel attention. One server = one engine = ``tp`` GPUs on one node.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -26,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from megarl.config.sections import RolloutConfig
+    from megarl.config.sections import ClusterConfig, RolloutConfig
 
 # Environment variables the launcher removes from the server's environment, and why:
 # - PYTORCH_CUDA_ALLOC_CONF: expandable segments break the memory saver's release/resume and
@@ -36,6 +41,10 @@ if TYPE_CHECKING:
 _DROPPED_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "SGLANG_RETURN_ORIGINAL_LOGPROB")
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+DEVICES = ("cuda", "cpu")
+# KV cache size (tokens) of a CPU server when the spec gives none: SGLang would otherwise size
+# it from mem_fraction of the host's RAM.
+CPU_MAX_TOTAL_TOKENS = 4096
 
 
 class ServerLaunchError(RuntimeError):
@@ -77,11 +86,29 @@ class ServerSpec:
     log_path: str | None = None  # None = a file in the temp directory
     extra_args: tuple[str, ...] = ()
     extra_env: tuple[tuple[str, str], ...] = field(default_factory=tuple)
-    python: str = sys.executable
+    python: str = sys.executable  # the interpreter with SGLang installed (rollout.server_python)
+    device: str = "cuda"  # "cuda" | "cpu" (SGLang's CPU engine: tests, no GPU)
+    max_total_tokens: int | None = None  # KV cache in tokens; None: from mem_fraction (cuda),
+    # CPU_MAX_TOTAL_TOKENS (cpu)
+    overlap_schedule: bool | None = None  # None: SGLang's default on cuda, off on cpu (its CPU
+    # engine runs with --disable-overlap-schedule)
+    sleep_on_idle: bool | None = None  # None: on for cpu (an idle scheduler otherwise spins a
+    # whole core, which a small machine shares with the trainer), SGLang's default on cuda
 
     def __post_init__(self) -> None:
         if self.tp < 1:
             raise ValueError(f"rollout.tp ({self.tp}) must be >= 1")
+        if self.device not in DEVICES:
+            raise ValueError(f"ServerSpec.device {self.device!r} must be one of {DEVICES}")
+        if self.device == "cpu" and self.memory_saver:
+            raise ValueError(
+                "ServerSpec.memory_saver needs a CUDA device (SGLang's torch_memory_saver); "
+                "set memory_saver=False for device 'cpu'"
+            )
+        if self.max_total_tokens is not None and self.max_total_tokens < 1:
+            raise ValueError(
+                f"ServerSpec.max_total_tokens ({self.max_total_tokens}) must be >= 1 or None"
+            )
         if self.gpu_ids and len(self.gpu_ids) != self.tp:
             raise ValueError(
                 f"ServerSpec.gpu_ids {list(self.gpu_ids)} has {len(self.gpu_ids)} GPUs but "
@@ -102,7 +129,6 @@ class ServerSpec:
 
 def build_launch_command(spec: ServerSpec, port: int) -> list[str]:
     """The ``python -m sglang.launch_server`` argv for ``spec`` listening on ``port``."""
-    base_gpu = 0 if spec.gpu_ids else spec.base_gpu_id
     cmd = [
         spec.python, "-m", "sglang.launch_server",
         "--model-path", spec.model_path,
@@ -110,7 +136,12 @@ def build_launch_command(spec: ServerSpec, port: int) -> list[str]:
         "--mem-fraction-static", repr(spec.mem_fraction),
         "--host", spec.host,
         "--port", str(port),
-        "--base-gpu-id", str(base_gpu),
+    ]  # fmt: skip
+    if spec.device == "cuda":
+        cmd += ["--base-gpu-id", str(0 if spec.gpu_ids else spec.base_gpu_id)]
+    else:
+        cmd += ["--device", spec.device]
+    cmd += [
         "--max-running-requests", str(spec.max_running_requests),
         "--random-seed", str(spec.seed),
         "--log-level", spec.log_level,
@@ -118,7 +149,9 @@ def build_launch_command(spec: ServerSpec, port: int) -> list[str]:
         "--skip-server-warmup",
     ]  # fmt: skip
     if spec.memory_saver:
-        cmd.append("--enable-memory-saver")
+        # The "breakable" CUDA-graph prefill backend refuses to run under the memory saver
+        # once graph memory is releasable (SGLANG_MEMORY_SAVER_CUDA_GRAPH, see the env).
+        cmd += ["--enable-memory-saver", "--cuda-graph-backend-prefill", "disabled"]
     if spec.weights_cpu_backup:
         cmd.append("--enable-weights-cpu-backup")
     if spec.deterministic:
@@ -127,16 +160,38 @@ def build_launch_command(spec: ServerSpec, port: int) -> list[str]:
         cmd += ["--dtype", spec.dtype]
     if spec.load_format is not None:
         cmd += ["--load-format", spec.load_format]
+    tokens = spec.max_total_tokens
+    if tokens is None and spec.device == "cpu":
+        tokens = CPU_MAX_TOTAL_TOKENS
+    if tokens is not None:
+        cmd += ["--max-total-tokens", str(tokens)]
+    overlap = spec.overlap_schedule if spec.overlap_schedule is not None else spec.device != "cpu"
+    if not overlap:
+        cmd.append("--disable-overlap-schedule")
+    if spec.sleep_on_idle if spec.sleep_on_idle is not None else spec.device == "cpu":
+        cmd.append("--sleep-on-idle")
     return cmd + list(spec.extra_args)
 
 
 def build_launch_env(spec: ServerSpec, base: dict[str, str] | None = None) -> dict[str, str]:
-    """The server's environment: the caller's, minus :data:`_DROPPED_ENV`, plus its GPUs."""
+    """The server's environment: the caller's, minus :data:`_DROPPED_ENV`, plus its GPUs and
+    what its mode needs (``extra_env`` last, so it can override any of them)."""
     env = dict(os.environ if base is None else base)
     for name in _DROPPED_ENV:
         env.pop(name, None)
-    if spec.gpu_ids:
+    if spec.device == "cpu":
+        env["SGLANG_USE_CPU_ENGINE"] = "1"
+    elif spec.gpu_ids:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in spec.gpu_ids)
+    if spec.memory_saver:
+        # Without it, releasing "cuda_graph" frees nothing (SGLang's graph pools are allocated
+        # outside the memory saver unless this is set; slime sets it too).
+        env["SGLANG_MEMORY_SAVER_CUDA_GRAPH"] = "true"
+        if spec.tp > 1:
+            # Colocated, the trainer holds different amounts of memory on each GPU; SGLang's
+            # check that all TP ranks see about the same free memory would refuse to start.
+            # (slime's SGL_DISABLE_TP_MEMORY_INBALANCE_CHECK is not read by SGLang >= 0.5.21.)
+            env["SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK"] = "false"
     env.update(dict(spec.extra_env))
     return env
 
@@ -193,6 +248,12 @@ class SGLangServer:
         if self.alive():
             raise RuntimeError(
                 f"SGLang server at {self.url} is already running (pid {self.proc.pid})"
+            )
+        python = self.command()[0]
+        if shutil.which(python) is None:
+            raise ServerLaunchError(
+                f"rollout.server_python {python!r} is not an executable on this node; point it "
+                "at the bin/python of a venv with SGLang installed, or leave it unset"
             )
         # A relaunch keeps its port (clients keep their URL) unless something else took it.
         if self.port == 0 or (self.launches > 0 and not _port_free(self.spec.host, self.port)):
@@ -295,30 +356,35 @@ def _port_free(host: str, port: int) -> bool:
 def spec_from_config(
     model_path: str,
     rollout: RolloutConfig,
-    placement: str,
+    cluster: ClusterConfig,
     gpu_ids: Sequence[int] = (),
     seed: int = 1,
     dtype: str | None = None,
     **overrides: object,
 ) -> ServerSpec:
-    """A ServerSpec from the validated config sections (rollout.*, cluster.placement).
+    """A ServerSpec from the validated config sections (rollout.*, cluster.*).
 
-    Colocated engines get the memory saver (release/resume while the trainer runs) but no
-    CPU copy of their weights: every resume of the weights is followed by a push (see
-    weight_sync.py), so a host copy would only cost host memory. Disaggregated engines keep
-    their memory.
+    ``cluster`` gives the placement and device. Colocated CUDA engines get the memory saver
+    (release/resume while the trainer runs, with releasable CUDA-graph memory); whether they
+    keep a CPU copy of their weights is the caller's (``rollout.weights_cpu_backup``: without
+    it, the memory hand-over re-pushes the weights before a generation that follows a
+    release). Disaggregated engines keep their memory, and so do CPU engines (the memory saver
+    is CUDA-only). ``rollout.server_python`` (None = this interpreter) runs
+    ``sglang.launch_server``.
     """
-    colocated = placement == "colocated"
+    placement, device = cluster.placement, cluster.device
     fields: dict[str, object] = dict(
         model_path=model_path,
         tp=rollout.tp,
         mem_fraction=rollout.mem_fraction,
         max_running_requests=rollout.max_running_requests,
-        gpu_ids=tuple(gpu_ids),
+        gpu_ids=tuple(gpu_ids) if device == "cuda" else (),
         seed=seed,
-        memory_saver=colocated,
+        memory_saver=placement == "colocated" and device == "cuda",
         dtype=dtype,
         deterministic=rollout.deterministic,
+        device=device,
+        python=rollout.server_python or sys.executable,
     )
     fields.update(overrides)
     return ServerSpec(**fields)  # type: ignore[arg-type]

@@ -16,17 +16,21 @@ Two payload formats, as SGLang's loader knows them:
 - ``load_format=None``: a pickled ``list[(name, tensor)]``, used when SGLang is not importable
   on the trainer side (and by the CPU tests).
 
+CPU tensors (CPU tests, a CPU server) are pickled with their bytes; see
+:func:`serialize_for_http`.
+
 The producer must keep the tensors alive, and must not write into them, until the server
 has answered (SGLang can reply before its copy kernels have run, so a reused buffer races:
 slime PR #929), then drop them and call ``torch.cuda.ipc_collect()`` so the IPC handles are
-released; the sync classes in weight_sync.py do that. Deliberately left out: gathering per-rank payloads from
-several trainer processes (slime's gather_object); one producer serializes for every rank.
+released; the transports in transports.py do that (and gather per-GPU payloads from several
+trainer processes, slime's layout). Deliberately left out here: any HTTP or process group.
 """
 
 from __future__ import annotations
 
 import base64
 import io
+import pickle
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.reduction import ForkingPickler
@@ -79,7 +83,12 @@ def plan_requests(
     if bucket_class is None:
         return [(None, named)]
     if getattr(bucket_class, "supports_multi_dtypes", False):
-        return [("flattened_bucket", named)]
+        # SGLang rebuilds each tensor as flat_uint8[start:end].view(dtype), which needs start
+        # to be a multiple of the dtype's size; it pads nothing. Widest dtypes first keeps
+        # every start aligned (sizes are powers of two); the order of names does not matter
+        # to the loader. E.g. a 3-element bf16 tensor before an fp32 one would put the fp32
+        # one at byte 6 and the view would raise.
+        return [("flattened_bucket", sorted(named, key=lambda nt: -nt[1].element_size()))]
     return [("flattened_bucket", group) for group in group_by_dtype(named)]
 
 
@@ -104,14 +113,30 @@ def _sglang_serializer() -> Any:
     return MultiprocessingSerializer
 
 
+def _has_cuda_tensor(obj: Any) -> bool:
+    if isinstance(obj, torch.Tensor):
+        return obj.is_cuda
+    if isinstance(obj, dict):
+        return any(_has_cuda_tensor(v) for v in obj.values())
+    if isinstance(obj, list | tuple):
+        return any(_has_cuda_tensor(v) for v in obj)
+    return False
+
+
 def serialize_for_http(obj: Any) -> str:
     """One base64 payload, as SGLang's ``MultiprocessingSerializer.deserialize`` reads it
-    from an HTTP request (base64-decode, then unpickle).
+    from an HTTP request (base64-decode, then unpickle with its allow-list).
 
-    Uses SGLang's own ``MultiprocessingSerializer.serialize(obj, output_str=True)`` when SGLang
-    is importable; otherwise the same format by hand (``ForkingPickler`` + base64), which is
-    what runs on CPU-only machines and in the tests.
+    CUDA tensors go through ``ForkingPickler`` (SGLang's own
+    ``MultiprocessingSerializer.serialize(obj, output_str=True)`` when SGLang is importable,
+    the same format by hand otherwise), so they travel as CUDA IPC handles. A payload of CPU
+    tensors is pickled plainly, bytes included: ForkingPickler would share CPU storage through
+    a file descriptor handed over by ``multiprocessing.resource_sharer``, which only a process
+    forked from the sender can fetch; a real SGLang server fails that handshake
+    (AuthenticationError) and its scheduler dies (seen with 0.5.23 on CPU).
     """
+    if not _has_cuda_tensor(obj):
+        return base64.b64encode(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)).decode("ascii")
     _patch_cuda_reductions()
     serializer = _sglang_serializer()
     if serializer is not None:

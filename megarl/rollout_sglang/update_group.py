@@ -4,7 +4,7 @@ One group per pipeline stage of the policy. In the group of stage ``s`` the trai
 that sends stage ``s`` (its DP=0, TP=0 rank) is rank 0 and every GPU of every engine joins:
 engine ``i``'s TP rank ``r`` is ``1 + sum(tp of engines before i) + r``. SGLang computes that
 rank itself from the ``rank_offset`` we send (``rank_offset + tp_rank``), so the plan here
-and SGLang must agree on the offsets, which :func:`plan_stage_groups` fixes.
+and SGLang must agree on the offsets, which :func:`plan_stage_group` fixes.
 
 The trainer side of a group is built the way SGLang builds its side (a standalone group on a
 ``TCPStore`` hosted by rank 0, wrapped in ``PrefixStore(group_name)``, then torch's group
@@ -74,28 +74,6 @@ def plan_stage_group(
     return StageGroup(
         stage_group_name(pp_rank, prefix), pp_rank, master_address, master_port, world, offsets
     )
-
-
-def plan_stage_groups(
-    engine_tps: Sequence[int],
-    pp_size: int,
-    master_address: str,
-    master_ports: Sequence[int],
-    prefix: str = GROUP_PREFIX,
-) -> list[StageGroup]:
-    """One group per pipeline stage; ``master_ports[s]`` is hosted by stage s's sender."""
-    if len(master_ports) != pp_size:
-        raise ValueError(
-            f"{len(master_ports)} master ports for {pp_size} pipeline stages; give one per stage"
-        )
-    if len(set(master_ports)) != len(master_ports):
-        raise ValueError(
-            f"master ports {list(master_ports)} repeat; each stage group needs its own port"
-        )
-    return [
-        plan_stage_group(engine_tps, s, master_address, master_ports[s], prefix)
-        for s in range(pp_size)
-    ]
 
 
 def open_update_group(

@@ -1,22 +1,55 @@
 """A stand-in SGLang HTTP server for the rollout_sglang tests (no GPU, no SGLang).
 
-It speaks SGLang's documented request/response formats (docs/sglang.md, SGLang 0.5.15+
+It speaks SGLang's request/response formats (docs/sglang.md, SGLang 0.5.15 to 0.5.23
 ``http_server.py`` / ``io_struct.py``): ``/generate`` batches with ``meta_info``
 (``output_token_logprobs`` as ``[logprob, token_id, null]``, ``finish_reason`` dicts,
 ``weight_version`` strings), ``{"success", "message"}`` bodies for weight updates, ``null``
 bodies for memory release/resume, 400 from ``/flush_cache`` while busy. It records every
 call so tests can assert the order megarl drives. Its weight receivers do what SGLang does
-with the payloads: unpickle base64 ForkingPickler strings (one per TP rank), or join a
-standalone group per TP rank and receive broadcasts in ``names`` order.
+with the payloads: unpickle base64 strings (one per TP rank; ``load_format`` null or
+``flattened_bucket``), or join a standalone group per TP rank and receive broadcasts in
+``names`` order.
+
+It is as strict as SGLang where megarl relies on it. Each rule says where it comes from:
+[real] = seen on a real SGLang 0.5.23 CPU server (tests/sglang/ repeats what megarl depends
+on); [source] = read in SGLang's code for what happens on a GPU, which the CPU server cannot
+show (its memory saver is CUDA-only, so a CPU release frees nothing).
+
+- [real] a tensor or distributed update outside ``/begin_weight_update`` ...
+  ``/end_weight_update`` is refused (400) on version >= 0.5.21; older versions have no such
+  routes (404) and accept updates anywhere. A second begin, or an end without begin: 400.
+- [real] ``/release_memory_occupation`` while a request runs kills the server (SGLang asserts
+  idleness in its scheduler); so does resuming a tag that is not released.
+- [real] ``/flush_cache`` answers 400 while a request runs.
+- [real] a payload that shares CPU storage through a file descriptor (``ForkingPickler`` on
+  CPU tensors) kills the server: the fd hand-over fails its handshake across processes. So
+  does a ``flattened_bucket`` whose tensor does not start at a multiple of its dtype's size
+  (SGLang views the uint8 buffer as that dtype and pads nothing).
+- [real] a disk update without ``load_format`` on a server launched with ``--load-format
+  dummy`` is refused (400); after a load with ``"auto"`` the server's format is ``auto``.
+- [real] ``/health_generate`` while generation is paused answers 503 (after SGLang's 20 s
+  health timeout; here at once).
+- [source] any forward (``/generate``, ``/health_generate``) or weight update while
+  ``weights``, ``kv_cache`` or ``cuda_graph`` are released kills the server: the memory saver
+  unmapped those pages and the kernels fault.
+- [source] weights released and resumed without ``--enable-weights-cpu-backup`` come back
+  as whatever the fresh pages hold; until a push replaces them the fake answers log-probs of
+  ``null`` (what SGLang's orjson writes for NaN) so a test sees garbage was served.
+- [source] ``sampling_seed`` outside the int64 range is refused (400).
+
+A dead fake closes every connection without an answer and stops listening, as a dead
+server's port does.
 """
 
 from __future__ import annotations
 
 import base64
+import io
 import json
 import pickle
 import threading
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -25,69 +58,177 @@ import pytest
 import torch
 import torch.distributed as dist
 
+UPDATE_SESSION_SINCE = (0, 5, 21)  # first SGLang release with begin/end_weight_update
+NOT_FOUND = (404, {"detail": "Not Found"})
+
+
+class ServerDied(Exception):
+    """Raised inside a handler: the fake server dies (SGLang's scheduler crashed)."""
+
+
+@dataclass
+class FlattenedTensorMetadata:
+    """SGLang's ``sglang.srt.weight_sync.tensor_bucket.FlattenedTensorMetadata`` (same fields),
+    which a ``flattened_bucket`` payload pickles by that module path."""
+
+    name: str
+    shape: Any
+    dtype: torch.dtype
+    start_idx: int
+    end_idx: int
+    numel: int
+
+
+class PayloadUnpickler(pickle.Unpickler):
+    """Unpickles weight payloads the way a separate SGLang process can."""
+
+    FD_SHARING = {
+        ("multiprocessing.resource_sharer", "DupFd"),
+        ("torch.multiprocessing.reductions", "rebuild_storage_fd"),
+        ("torch.multiprocessing.reductions", "rebuild_storage_filename"),
+    }
+    METADATA = ("sglang.srt.weight_sync.tensor_bucket", "FlattenedTensorMetadata")
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in self.FD_SHARING:
+            raise ServerDied(
+                f"payload shares CPU storage through {module}.{name}: "
+                "AuthenticationError('digest sent was rejected') in the scheduler"
+            )
+        if (module, name) == self.METADATA:
+            return FlattenedTensorMetadata
+        return super().find_class(module, name)
+
+
+def decode_payload(payload: str, load_format: str | None) -> list[tuple[str, torch.Tensor]]:
+    obj = PayloadUnpickler(io.BytesIO(base64.b64decode(payload))).load()
+    if load_format is None:
+        return [(name, tensor) for name, tensor in obj]
+    if load_format != "flattened_bucket":
+        raise ValueError(f"the fake does not know load_format {load_format!r}")
+    flat = obj["flattened_tensor"]
+    return [
+        (m.name, flat[m.start_idx : m.end_idx].view(m.dtype).reshape(m.shape))
+        for m in obj["metadata"]
+    ]
+
+
+def version_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in text.split(".")[:3])
+
 
 class FakeSGLang:
     """State and behaviour of one fake server (one engine with ``tp`` ranks)."""
 
-    def __init__(self, tp: int = 1, generate_delay: float = 0.0, flush_busy: int = 0) -> None:
+    def __init__(
+        self,
+        tp: int = 1,
+        generate_delay: float = 0.0,
+        flush_busy: int = 0,
+        version: str = "0.5.23",
+        load_format: str = "auto",
+        weights_cpu_backup: bool = False,
+    ) -> None:
         self.tp = tp
         self.generate_delay = generate_delay
         self.flush_busy = flush_busy  # answer 400 to this many /flush_cache calls first
+        self.version = version
+        self.load_format = load_format  # --load-format at launch; a disk load may change it
+        self.weights_cpu_backup = weights_cpu_backup
         self.calls: list[str] = []
         self.bodies: list[tuple[str, Any]] = []
         self.weight_version = "default"
         self.weights: dict[str, torch.Tensor] = {}
         self.released: set[str] = set()
         self.paused = False
+        self.session_open = False
+        self.weights_lost = False  # resumed without a CPU backup and not pushed since
+        self.crashed: str | None = None  # why the server died
         self.inflight = 0
         self.max_inflight = 0
         self.ignore_version = False  # simulate an engine that loses the version
-        self.legacy_info = False  # only /get_model_info (pre-0.5.15 servers)
+        self.legacy_info = False  # only /get_model_info, /get_server_info (pre-0.5.15 servers)
         self.abort_sample: int | None = None  # finish this batch item with "abort"
         self.fail_update = False
         self.groups: dict[str, list[Any]] = {}
         self.lock = threading.Lock()
 
+    @property
+    def needs_session(self) -> bool:
+        return version_tuple(self.version) >= UPDATE_SESSION_SINCE
+
     # ---- endpoints -----------------------------------------------------------------
 
     def handle(self, method: str, path: str, body: Any) -> tuple[int, Any]:
+        """(status, body); raises ServerDied when the request kills the server."""
         with self.lock:
             self.calls.append(path)
             self.bodies.append((path, body))
-        name = path.strip("/").replace("/", "_")
+        if self.crashed:
+            raise ServerDied(self.crashed)
+        name = path.split("?")[0].strip("/").replace("/", "_")
         handler = getattr(self, f"ep_{name}", None)
         if handler is None:
-            return 404, {"detail": "Not Found"}
-        return handler(body)
+            return NOT_FOUND
+        try:
+            return handler(body)
+        except ServerDied as err:
+            self.crashed = self.crashed or str(err)
+            raise
+
+    def _forward_needs_memory(self, what: str) -> None:
+        if self.released:
+            raise ServerDied(
+                f"{what} ran a forward on released memory {sorted(self.released)} "
+                "(CUDA illegal memory access)"
+            )
 
     def ep_health_generate(self, body: Any) -> tuple[int, Any]:
-        return (503, None) if self.released else (200, None)
+        if self.paused:
+            return 503, None  # its 1-token request waits behind the pause
+        self._forward_needs_memory("/health_generate")
+        return 200, None
+
+    def _model_info(self) -> dict[str, Any]:
+        return {
+            "model_path": "/fake",
+            "is_generation": True,
+            "weight_version": self.weight_version,
+            "load_format": self.load_format,
+        }
 
     def ep_model_info(self, body: Any) -> tuple[int, Any]:
-        if self.legacy_info:
-            return 404, {"detail": "Not Found"}
-        return 200, {
-            "model_path": "/fake",
-            "is_generation": True,
-            "weight_version": self.weight_version,
-        }
+        return NOT_FOUND if self.legacy_info else (200, self._model_info())
 
     def ep_get_model_info(self, body: Any) -> tuple[int, Any]:
-        return 200, {
-            "model_path": "/fake",
-            "is_generation": True,
-            "weight_version": self.weight_version,
-        }
+        return 200, self._model_info()
+
+    def ep_server_info(self, body: Any) -> tuple[int, Any]:
+        return NOT_FOUND if self.legacy_info else self.ep_get_server_info(body)
+
+    def ep_get_server_info(self, body: Any) -> tuple[int, Any]:
+        return 200, {"version": self.version, "tp_size": self.tp, "load_format": self.load_format}
 
     def ep_generate(self, body: dict) -> tuple[int, Any]:
+        self._forward_needs_memory("/generate")
         if isinstance(body["input_ids"][0], int):  # a single prompt (the scoring request)
             return 200, self._prefill(body["input_ids"], body.get("logprob_start_len", -1))
         prompts, params = body["input_ids"], body["sampling_params"]
+        for sp in params:
+            seed = sp.get("sampling_seed")
+            if seed is not None and not -(2**63) <= seed <= 2**63 - 1:
+                return 400, {
+                    "error": {
+                        "message": f"sampling_seed must be in [-2**63, 2**63 - 1], got {seed}."
+                    }
+                }
         with self.lock:
             self.inflight += len(prompts)
             self.max_inflight = max(self.max_inflight, self.inflight)
         try:
             time.sleep(self.generate_delay)
+            if self.crashed:  # died while this request ran (a release while busy)
+                raise ServerDied(self.crashed)
             return 200, [
                 self._sample(p, sp, i)
                 for i, (p, sp) in enumerate(zip(prompts, params, strict=True))
@@ -103,6 +244,8 @@ class FakeSGLang:
         ids = [(sum(prompt) + seed + k) % 97 for k in range(length)]
         version_shift = 0.0 if self.weight_version == "default" else 0.01 * int(self.weight_version)
         pairs = [[-0.5 - 0.1 * k - version_shift, t, None] for k, t in enumerate(ids)]
+        if self.weights_lost:
+            pairs = [[None, t, None] for t in ids]  # garbage weights: NaN, written as null
         if self.abort_sample == i:
             finish = {
                 "type": "abort",
@@ -143,43 +286,87 @@ class FakeSGLang:
         return 200, {"message": "Generation continued successfully.", "status": "ok"}
 
     def ep_flush_cache(self, body: Any) -> tuple[int, Any]:
-        if self.flush_busy > 0:
-            self.flush_busy -= 1
+        if self.flush_busy > 0 or self.inflight:
+            self.flush_busy = max(0, self.flush_busy - 1)
             return 400, "Cache not flushed. Please check for pending requests."
         return 200, "Cache flushed."
 
     def ep_release_memory_occupation(self, body: dict) -> tuple[int, Any]:
         if self.inflight:
-            return 500, {
-                "error": "release_memory_occupation should be called only when no ongoing request"
-            }
-        self.released.update(body["tags"])
+            raise ServerDied(
+                "AssertionError: release_memory_occupation should be called only when server is idle."
+            )
+        self.released.update(body.get("tags") or ("kv_cache", "weights", "cuda_graph"))
         return 200, None
 
     def ep_resume_memory_occupation(self, body: dict) -> tuple[int, Any]:
-        self.released.difference_update(body["tags"])
+        tags = body.get("tags") or ("kv_cache", "weights", "cuda_graph")
+        for tag in tags:
+            if tag not in self.released:
+                raise ServerDied(f"KeyError: {tag!r} (resumed but not released)")
+        self.released.difference_update(tags)
+        if "weights" in tags and not self.weights_cpu_backup:
+            self.weights_lost = True
         return 200, None
 
+    def ep_begin_weight_update(self, body: Any) -> tuple[int, Any]:
+        if not self.needs_session:
+            return NOT_FOUND
+        if self.session_open:
+            return 400, {"success": False, "message": "a weight-update session is already open; call end_weight_update() first"}  # fmt: skip
+        self.session_open = True
+        return 200, {"success": True, "message": "Success"}
+
+    def ep_end_weight_update(self, body: Any) -> tuple[int, Any]:
+        if not self.needs_session:
+            return NOT_FOUND
+        if not self.session_open:
+            return 400, {"success": False, "message": "no weight-update session is open; call begin_weight_update() first"}  # fmt: skip
+        self.session_open = False
+        return 200, {"success": True, "message": "Success"}
+
+    def _refuse_update(self, endpoint: str) -> tuple[int, Any] | None:
+        """The refusals every weight update shares, in SGLang's order."""
+        if endpoint != "update_weights_from_disk" and self.needs_session and not self.session_open:
+            return 400, {"success": False, "message": f"{endpoint} must run between begin_weight_update() and end_weight_update()"}  # fmt: skip
+        if "weights" in self.released:
+            raise ServerDied(f"{endpoint} wrote into released weights (CUDA illegal memory access)")
+        return None
+
     def _finish_update(self, body: dict) -> tuple[int, Any]:
+        self.weights_lost = False
         if body.get("weight_version") is not None and not self.ignore_version:
             self.weight_version = body["weight_version"]
         return 200, {"success": True, "message": "Succeeded to update model weights."}
 
     def ep_update_weights_from_tensor(self, body: dict) -> tuple[int, Any]:
+        refused = self._refuse_update("update_weights_from_tensor")
+        if refused:
+            return refused
         if self.fail_update:
             return 400, {"success": False, "message": "Failed to update weights: size mismatch"}
-        if "weights" in self.released:
-            return 400, {"success": False, "message": "weights are released"}
         payloads = body["serialized_named_tensors"]
         if len(payloads) != self.tp:
             return 400, {"success": False, "message": f"{len(payloads)} payloads for tp {self.tp}"}
-        per_rank = [pickle.loads(base64.b64decode(p)) for p in payloads]
+        try:
+            per_rank = [decode_payload(p, body.get("load_format")) for p in payloads]
+        except ServerDied:
+            raise
+        except Exception as err:  # the scheduler rebuilds the tensors and dies on an error
+            raise ServerDied(f"{type(err).__name__}: {err}") from err
         assert all([n for n, _ in r] == [n for n, _ in per_rank[0]] for r in per_rank)
         for name, tensor in per_rank[0]:
             self.weights[name] = tensor.clone()
         return self._finish_update(body)
 
     def ep_update_weights_from_disk(self, body: dict) -> tuple[int, Any]:
+        refused = self._refuse_update("update_weights_from_disk")
+        if refused:
+            return refused
+        load_format = body.get("load_format") or self.load_format
+        if load_format == "dummy":
+            return 400, {"success": False, "message": "Failed to get model loader: <sglang.srt.model_loader.loader.DummyModelLoader object>.", "num_paused_requests": 0}  # fmt: skip
+        self.load_format = load_format
         return self._finish_update(body)
 
     def ep_update_weight_version(self, body: dict) -> tuple[int, Any]:
@@ -208,6 +395,11 @@ class FakeSGLang:
         return 200, {"success": True, "message": "Succeeded to initialize custom process group."}
 
     def ep_update_weights_from_distributed(self, body: dict) -> tuple[int, Any]:
+        # Refused before receiving anything, as SGLang does: a sender that broadcasts anyway
+        # waits for a receiver that never comes.
+        refused = self._refuse_update("update_weights_from_distributed")
+        if refused:
+            return refused
         groups = self.groups[body["group_name"]]
         received: list[list[torch.Tensor]] = [[] for _ in range(self.tp)]
 
@@ -237,7 +429,8 @@ class FakeSGLang:
             t.join()
 
     def control_calls(self) -> list[str]:
-        skip = {"/generate", "/health_generate", "/model_info", "/get_model_info"}
+        skip = {"/generate", "/health_generate", "/model_info", "/get_model_info", "/server_info",
+                "/get_server_info"}  # fmt: skip
         return [c for c in self.calls if c not in skip]
 
 
@@ -256,7 +449,7 @@ class FakeServer:
     def _start(self) -> None:
         self.fake = FakeSGLang(**self.fake_kwargs)
         self.history.append(self.fake)
-        fake = self.fake
+        fake, owner = self.fake, self
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
@@ -264,7 +457,13 @@ class FakeServer:
             def _serve(self, method: str) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length) if length else b""
-                status, body = fake.handle(method, self.path, json.loads(raw) if raw else None)
+                try:
+                    status, body = fake.handle(method, self.path, json.loads(raw) if raw else None)
+                except ServerDied:
+                    # A dead server answers nothing and stops listening.
+                    self.close_connection = True
+                    threading.Thread(target=owner.kill, daemon=True).start()
+                    return
                 data = json.dumps(body).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
@@ -283,6 +482,8 @@ class FakeServer:
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
+        self._closed = False
+        self._kill_lock = threading.Lock()
         self.thread = threading.Thread(
             target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
         )
@@ -294,6 +495,10 @@ class FakeServer:
 
     def kill(self) -> None:
         """The engine dies: its port stops answering."""
+        with self._kill_lock:  # a crash kills from a handler thread, a test from its own
+            if self._closed:
+                return
+            self._closed = True
         self.httpd.shutdown()
         self.httpd.server_close()
 
@@ -306,7 +511,7 @@ class FakeServer:
             self.kill()
 
     def log_tail(self, max_lines: int = 40) -> str:
-        return ""
+        return self.fake.crashed or ""
 
 
 @pytest.fixture

@@ -3,15 +3,20 @@ parsing, grouping of the n samples, bounded concurrency, errors."""
 
 from __future__ import annotations
 
+import math
+import threading
+
 import pytest
 
 from megarl.rollout.engine import RolloutEngine, SamplingParams
 from megarl.rollout.seeds import sample_seed
 from megarl.rollout_sglang.client import (
+    SGLangClient,
     SGLangHTTPError,
     SGLangUnreachable,
     build_generate_payload,
     parse_generate_reply,
+    sampling_params_dict,
 )
 from megarl.rollout_sglang.engine import EngineBusy, SGLangEngine, generate_across
 from megarl.rollout_sglang.server import ServerSpec, pick_free_port
@@ -24,7 +29,8 @@ def test_payload_has_one_copy_per_sample_with_its_own_seed():
     assert body["input_ids"] == [[1, 2, 3]] * 3
     assert body["return_logprob"] is True and body["logprob_start_len"] == -1
     sp = body["sampling_params"]
-    assert [p["sampling_seed"] for p in sp] == [sample_seed(11, i) & (2**31 - 1) for i in (6, 7, 8)]
+    # SGLang takes int64 seeds (sampling_batch_info.py): megarl's 63-bit seeds go as they are.
+    assert [p["sampling_seed"] for p in sp] == [sample_seed(11, i) for i in (6, 7, 8)]
     assert len({p["sampling_seed"] for p in sp}) == 3
     first = sp[0]
     assert first["temperature"] == 0.7 and first["top_p"] == 0.9 and first["top_k"] == 20
@@ -36,6 +42,19 @@ def test_payload_has_one_copy_per_sample_with_its_own_seed():
     assert first["no_stop_trim"] is True and first["skip_special_tokens"] is False
     assert first["spaces_between_special_tokens"] is False
     assert "n" not in first  # n copies, never sampling_params.n (see build_generate_payload)
+
+
+def test_seeds_stay_within_sglangs_int64_range():
+    assert sampling_params_dict(SamplingParams(), seed=2**64 + 5)["sampling_seed"] == 5
+    assert sampling_params_dict(SamplingParams(), seed=2**63 - 1)["sampling_seed"] == 2**63 - 1
+    assert max(sample_seed(3, i) for i in range(1000)) >= 2**62  # 63 bits are in use
+
+
+def test_fake_refuses_a_seed_outside_int64_as_sglang_does(fake_server):
+    body = build_generate_payload([1, 2], SamplingParams(max_new_tokens=1, seed=1), 0)
+    body["sampling_params"][0]["sampling_seed"] = 2**63
+    reply = SGLangClient(fake_server().url).post("/generate", body)
+    assert reply.status == 400 and "sampling_seed" in str(reply.body)
 
 
 def test_payload_without_seed_or_stops_sends_no_such_fields():
@@ -88,7 +107,7 @@ def test_engine_groups_samples_by_prompt_and_reports_finish_reasons(fake_server)
     assert [r.prompt_index for r in results] == [0, 0, 1, 1, 2, 2]
     for j, r in enumerate(results):  # the fake's answer is a function of (prompt, seed)
         prompt = prompts[j // 2]
-        seed = sample_seed(5, j) & (2**31 - 1)
+        seed = sample_seed(5, j)
         length = min(len(prompt), 3)
         assert r.response_ids == [(sum(prompt) + seed + k) % 97 for k in range(length)]
         assert r.logprobs == pytest.approx([-0.5 - 0.1 * k for k in range(length)])
@@ -169,13 +188,107 @@ def test_deterministic_engine_needs_a_seed(fake_server):
     assert len(engine.generate([[1]], SamplingParams(n=2, seed=1, max_new_tokens=1))) == 2
 
 
-def test_score_reads_teacher_forced_logprobs_of_the_response(fake_server):
+# ---- memory and health: what SGLang does, and what the engine does about it ----------------
+# [real]: seen on SGLang 0.5.23 (CPU); [source]: read in SGLang's GPU code (conftest.py).
+
+
+def _wait_inflight(fake, thread) -> None:
+    while fake.inflight == 0 and thread.is_alive():
+        thread.join(0.01)
+
+
+def _raw_generate(url: str, out: dict):
+    def run():
+        try:
+            out["reply"] = SGLangClient(url, retries=0).post(
+                "/generate", build_generate_payload([1, 2], SamplingParams(max_new_tokens=2), 0)
+            )
+        except SGLangHTTPError as err:
+            out["error"] = err
+
+    return threading.Thread(target=run)
+
+
+def test_release_while_a_request_runs_kills_sglang(fake_server):  # [real]
+    server = fake_server(generate_delay=0.5)
+    out: dict = {}
+    worker = _raw_generate(server.url, out)
+    worker.start()
+    _wait_inflight(server.fake, worker)
+    with pytest.raises(SGLangUnreachable):
+        SGLangClient(server.url, retries=0).post("/release_memory_occupation", {"tags": None})
+    worker.join()
+    assert "idle" in server.fake.crashed and isinstance(out["error"], SGLangUnreachable)
+    assert SGLangEngine(server.url, retries=0).health().alive is False
+
+
+def test_release_waits_for_other_clients_requests_by_flushing_first(fake_server):
+    server = fake_server(generate_delay=0.3)
+    engine = SGLangEngine(server.url, flush_interval=0.05)
+    out: dict = {}
+    worker = _raw_generate(server.url, out)  # another client: the engine cannot count it
+    worker.start()
+    _wait_inflight(server.fake, worker)
+    engine.release_memory()  # flush answers 400 until that request is done
+    worker.join()
+    assert server.fake.crashed is None and out["reply"].status == 200
+    calls = server.fake.control_calls()
+    assert calls[0] == "/flush_cache" and calls[-2:] == [
+        "/flush_cache",
+        "/release_memory_occupation",
+    ]
+    assert engine.released == {"kv_cache", "weights", "cuda_graph"}
+
+
+def test_resuming_a_tag_that_is_not_released_kills_sglang_and_the_engine_never_sends_it(
+    fake_server,
+):
     server = fake_server()
     engine = SGLangEngine(server.url)
-    got = engine.score([[5, 6, 7], [9]], [[1, 2], [3, 4, 8]], temperature=1.0)
-    assert got == [pytest.approx([-0.02, -0.03]), pytest.approx([-0.04, -0.05, -0.09])]
-    (body,) = [b for p, b in server.fake.bodies if p == "/generate"][:1]
-    assert body["return_logprob"] is True and body["input_ids"] in ([5, 6, 7, 1, 2], [9, 3, 4, 8])
-    assert engine.score([[1]], [[]]) == [[]]
-    with pytest.raises(ValueError, match="run the post-sync log-prob check at temperature 1.0"):
-        engine.score([[1]], [[2]], temperature=0.7)
+    engine.release_memory(["kv_cache"])
+    engine.resume_memory()  # all tags asked, only kv_cache sent
+    engine.resume_memory()  # nothing released: nothing sent
+    assert [b["tags"] for p, b in server.fake.bodies if p == "/resume_memory_occupation"] == [
+        ["kv_cache"]
+    ]
+    assert server.fake.crashed is None
+    with pytest.raises(SGLangUnreachable):  # [real] what the bookkeeping prevents
+        SGLangClient(server.url, retries=0).post("/resume_memory_occupation", {"tags": ["weights"]})
+    assert "not released" in server.fake.crashed
+
+
+def test_a_forward_on_released_memory_kills_sglang_so_health_asks_model_info(
+    fake_server,
+):  # [source]
+    server = fake_server()
+    engine = SGLangEngine(server.url, retries=0)
+    engine.release_memory()
+    assert engine.health().alive  # through /model_info: no forward
+    assert server.fake.crashed is None and server.fake.calls[-1] == "/model_info"
+    with pytest.raises(SGLangUnreachable):
+        SGLangClient(server.url, retries=0).get("/health_generate")
+    assert "released memory" in server.fake.crashed
+    assert engine.health().alive is False
+
+
+def test_health_generate_while_paused_answers_503(fake_server):  # [real]
+    server = fake_server()
+    engine = SGLangEngine(server.url)
+    engine.pause_generation()
+    assert SGLangClient(server.url).get("/health_generate").status == 503
+    assert engine.health().alive  # paused: /model_info
+    engine.continue_generation()
+    assert engine.health().alive and server.fake.calls[-1] == "/health_generate"
+
+
+@pytest.mark.parametrize("cpu_backup", [False, True])
+def test_weights_resumed_without_a_cpu_backup_are_garbage_until_a_push(
+    fake_server, cpu_backup
+):  # [source]
+    server = fake_server(weights_cpu_backup=cpu_backup)
+    engine = SGLangEngine(server.url)
+    engine.release_memory()
+    engine.resume_memory()
+    (result,) = engine.generate([[1, 2, 3]], SamplingParams(max_new_tokens=2))
+    lost = [math.isnan(x) for x in result.logprobs]
+    assert lost == [not cpu_backup] * 2

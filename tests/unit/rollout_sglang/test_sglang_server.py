@@ -12,8 +12,8 @@ import textwrap
 
 import pytest
 
-from megarl.config.sections import RolloutConfig
-from megarl.rollout_sglang.engine import start_engines
+from megarl.config.sections import ClusterConfig, RolloutConfig
+from megarl.rollout_sglang.engine import SGLangEngine
 from megarl.rollout_sglang.server import (
     ServerLaunchError,
     ServerSpec,
@@ -33,6 +33,7 @@ def test_command_line_for_a_colocated_engine():
         "--mem-fraction-static", "0.7", "--host", "127.0.0.1", "--port", "31001",
         "--base-gpu-id", "0", "--max-running-requests", "64", "--random-seed", "5",
         "--log-level", "info", "--skip-server-warmup", "--enable-memory-saver",
+        "--cuda-graph-backend-prefill", "disabled",
         "--enable-weights-cpu-backup", "--enable-deterministic-inference", "--dtype", "bfloat16",
     ]  # fmt: skip
 
@@ -47,19 +48,68 @@ def test_command_line_for_a_disaggregated_engine_keeps_given_gpus():
 
 
 def test_environment_pins_gpus_and_drops_settings_that_break_sglang():
-    spec = ServerSpec(model_path="m", tp=2, gpu_ids=(6, 7), extra_env=(("NCCL_DEBUG", "WARN"),))
+    spec = ServerSpec(model_path="m", tp=2, gpu_ids=(6, 7), memory_saver=False,
+                      extra_env=(("NCCL_DEBUG", "WARN"),))  # fmt: skip
     env = build_launch_env(spec, {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
                                   "SGLANG_RETURN_ORIGINAL_LOGPROB": "1", "HOME": "/h"})  # fmt: skip
     assert env == {"HOME": "/h", "CUDA_VISIBLE_DEVICES": "6,7", "NCCL_DEBUG": "WARN"}
 
 
+def test_colocated_environment_makes_cuda_graphs_releasable_and_skips_the_imbalance_check():
+    colocated_tp2 = build_launch_env(ServerSpec(model_path="m", tp=2), {})
+    assert colocated_tp2 == {"SGLANG_MEMORY_SAVER_CUDA_GRAPH": "true",
+                             "SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK": "false"}  # fmt: skip
+    # One GPU has nothing to compare; a disaggregated engine (no memory saver) keeps the check.
+    assert build_launch_env(ServerSpec(model_path="m", tp=1), {}) == {
+        "SGLANG_MEMORY_SAVER_CUDA_GRAPH": "true"
+    }
+    assert build_launch_env(ServerSpec(model_path="m", tp=2, memory_saver=False), {}) == {}
+    # extra_env has the last word.
+    spec = ServerSpec(
+        model_path="m", tp=2, extra_env=(("SGLANG_MEMORY_SAVER_CUDA_GRAPH", "false"),)
+    )
+    assert build_launch_env(spec, {})["SGLANG_MEMORY_SAVER_CUDA_GRAPH"] == "false"
+
+
+def test_cpu_server_command_and_environment():
+    spec = ServerSpec(model_path="/tiny", device="cpu", memory_saver=False, mem_fraction=0.05,
+                      dtype="float32", python="/venvs/sglang/bin/python", gpu_ids=())  # fmt: skip
+    cmd = build_launch_command(spec, port=30000)
+    assert cmd[:3] == ["/venvs/sglang/bin/python", "-m", "sglang.launch_server"]
+    assert cmd[cmd.index("--device") + 1] == "cpu" and "--base-gpu-id" not in cmd
+    assert cmd[cmd.index("--max-total-tokens") + 1] == "4096"  # a cap, not a share of host RAM
+    assert "--disable-overlap-schedule" in cmd and "--enable-memory-saver" not in cmd
+    assert "--sleep-on-idle" in cmd  # an idle CPU scheduler would otherwise spin a core
+    env = build_launch_env(spec, {"CUDA_VISIBLE_DEVICES": "0", "HOME": "/h"})
+    assert env == {"CUDA_VISIBLE_DEVICES": "0", "HOME": "/h", "SGLANG_USE_CPU_ENGINE": "1"}
+    sized = ServerSpec(model_path="m", device="cpu", memory_saver=False, max_total_tokens=512,
+                       overlap_schedule=True)  # fmt: skip
+    cmd = build_launch_command(sized, port=1)
+    assert cmd[cmd.index("--max-total-tokens") + 1] == "512"
+    assert "--disable-overlap-schedule" not in cmd
+    gpu = build_launch_command(ServerSpec(model_path="m"), port=1)
+    assert "--max-total-tokens" not in gpu and "--disable-overlap-schedule" not in gpu
+    assert "--sleep-on-idle" not in gpu
+
+
 def test_spec_from_config_follows_the_placement():
     rollout = RolloutConfig(tp=2, mem_fraction=0.6, max_running_requests=32)
-    colo = spec_from_config("/m", rollout, "colocated", gpu_ids=(0, 1), seed=3)
+    colo = spec_from_config("/m", rollout, ClusterConfig(placement="colocated"), gpu_ids=(0, 1), seed=3)
     assert (colo.tp, colo.mem_fraction, colo.max_running_requests, colo.seed) == (2, 0.6, 32, 3)
     assert colo.memory_saver and not colo.weights_cpu_backup  # weights are re-pushed anyway
-    disagg = spec_from_config("/m", rollout, "disaggregated", gpu_ids=(4, 5))
+    assert colo.device == "cuda" and colo.python == sys.executable
+    disagg = spec_from_config(
+        "/m", rollout, ClusterConfig(placement="disaggregated"), gpu_ids=(4, 5)
+    )
     assert not disagg.memory_saver and not disagg.weights_cpu_backup
+
+
+def test_spec_from_config_takes_the_device_and_the_server_interpreter():
+    rollout = RolloutConfig(tp=1, server_python="/venvs/sglang/bin/python")
+    cpu = spec_from_config("/m", rollout, ClusterConfig(device="cpu", placement="colocated"))
+    assert cpu.device == "cpu" and not cpu.memory_saver  # nothing to release on a CPU
+    assert cpu.python == "/venvs/sglang/bin/python"
+    assert build_launch_command(cpu, 1)[0] == "/venvs/sglang/bin/python"
 
 
 @pytest.mark.parametrize(
@@ -69,6 +119,9 @@ def test_spec_from_config_follows_the_placement():
         ({"mem_fraction": 1.2}, r"rollout.mem_fraction \(1.2\) must be in \(0, 1\)"),
         ({"log_level": "loud"}, "log_level 'loud' must be one of"),
         ({"memory_saver": False, "weights_cpu_backup": True}, "needs memory_saver=True"),
+        ({"device": "tpu"}, "device 'tpu' must be one of"),
+        ({"device": "cpu"}, "memory_saver needs a CUDA device.*set memory_saver=False"),
+        ({"max_total_tokens": 0}, r"max_total_tokens \(0\) must be >= 1"),
     ],
 )
 def test_bad_specs_are_refused_with_the_fix(kwargs, match):
@@ -97,6 +150,15 @@ def test_health_timeout_error_carries_the_log_tail(tmp_path):
     assert "was not healthy after 0.5 s" in message
     assert "CUDA out of memory (stand-in)" in message and str(tmp_path / "server.log") in message
     assert not server.alive()  # start() killed it
+
+
+def test_a_missing_server_interpreter_is_named(tmp_path):
+    spec = ServerSpec(model_path="m", python=str(tmp_path / "no-venv" / "bin" / "python"))
+    with pytest.raises(
+        ServerLaunchError,
+        match=r"rollout.server_python '.*no-venv/bin/python' is not an executable",
+    ):
+        SGLangServer(spec).launch()
 
 
 def test_exit_during_start_is_reported_with_code_and_log(tmp_path):
@@ -144,19 +206,14 @@ def test_healthy_server_starts_is_detected_dead_and_restarts(tmp_path):
     assert not server.alive()
 
 
-def test_start_engines_launches_all_and_cleans_up_on_failure(tmp_path):
+def test_a_server_that_exits_while_starting_fails_with_its_log(tmp_path):
     (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
-    good = [_stand_in(tmp_path / d, HEALTHY_STAND_IN) for d in ("a", "b")]
-    engines = start_engines(good, timeout=30.0, poll=0.05)
+    good = _stand_in(tmp_path / "a", HEALTHY_STAND_IN)
+    good.start(timeout=30.0, poll=0.05)
     try:
-        assert [e.url for e in engines] == [s.url for s in good]
-        assert all(e.health().alive for e in engines)  # /health_generate answers 200
+        assert SGLangEngine(good).health().alive  # /health_generate answers 200
     finally:
-        for s in good:
-            s.shutdown()
+        good.shutdown()
     bad = _stand_in(tmp_path / "a", "import sys; print('boom', flush=True); sys.exit(2)")
-    other = _stand_in(tmp_path / "b", HEALTHY_STAND_IN)
     with pytest.raises(ServerLaunchError, match="(?s)exited with code 2.*boom"):
-        start_engines([bad, other], timeout=30.0, poll=0.05)
-    assert not other.alive()
+        bad.start(timeout=30.0, poll=0.05)
