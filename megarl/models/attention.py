@@ -19,7 +19,11 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+from megarl.models.mcore_version import require_megatron_core
+
+require_megatron_core()  # a one-line error instead of a deep ImportError (e.g. no triton)
+from megatron.core.transformer.dot_product_attention import DotProductAttention  # noqa: E402
 
 
 class SdpaAttention(DotProductAttention):

@@ -4,16 +4,17 @@ A bridge answers four questions for its architecture: which TransformerConfig an
 means (refusing what it does not handle, by name), how to build the GPTModel, which Megatron
 parameter holds which HF tensor(s) in which layout (:class:`megarl.models.layouts.ParamRule`),
 and what the full set of HF tensor names and shapes is. From the rules, this base class
-implements streaming import (:meth:`ModelBridge.load_hf_weights`) and bucketed export
-(:meth:`ModelBridge.export_hf_weights`), each checking that every tensor maps exactly once.
+implements streaming import (:meth:`ModelBridge.load_hf_weights`) and streaming export
+(:meth:`ModelBridge.export_hf_tensors`), each checking that every tensor maps exactly once.
 
 Export (the data path of weight sync and `megarl convert`) is a collective over the model's
 TP and PP groups. Every rank of a DP replica calls it; every rank of that replica receives
-every bucket (TP shards are all-gathered, each PP stage broadcasts its tensors to the other
-stages in stage order); DP replicas work independently (no cross-DP traffic). The rank that
-feeds an engine (e.g. ``ParallelInfo.is_replica_leader``) uses the buckets, the others drop
-them. With ``gather_pp=False`` each stage yields only its own tensors (for transports that send
-per stage). Memory: at most one bucket plus one tensor beyond the model.
+every tensor (TP shards are all-gathered, each PP stage broadcasts its tensors to the other
+stages in stage order, after announcing each tensor's name, shape and dtype: a receiver
+allocates what the sender sends, whatever the dtype); DP replicas work independently (no
+cross-DP traffic). The rank that feeds an engine (e.g. ``ParallelInfo.is_replica_leader``) uses
+the tensors, the others drop them. With ``gather_pp=False`` each stage yields only its own
+tensors (for transports that send per stage). Memory: one full tensor at a time beyond the model.
 
 Left out: MoE, MLA, vision towers; registering new architectures happens in their own modules
 with :func:`register_bridge`.
@@ -26,10 +27,8 @@ from typing import Any
 
 import torch
 
-from megarl.models.layouts import ParamRule, ShardInfo, export_full, read_shard
+from megarl.models.layouts import VALUE_HEAD_HF_NAME, ParamRule, ShardInfo, export_full, read_shard
 from megarl.models.safetensors_reader import SafetensorsReader
-from megarl.models.value_head import VALUE_HEAD_HF_NAME, ValueHead
-from megarl.parallel.buckets import bucketize
 from megarl.parallel.cpu_compat import enable_cpu_compat
 from megarl.parallel.sharding import all_gather_objects, broadcast_from_group_rank
 
@@ -46,11 +45,6 @@ def register_bridge(*model_types: str):
         return cls
 
     return wrap
-
-
-def supported_model_types() -> list[str]:
-    _import_builtin_bridges()
-    return sorted(_REGISTRY)
 
 
 def get_bridge(model_type_or_hf_config: str | Any) -> ModelBridge:
@@ -194,14 +188,10 @@ class ModelBridge:
             names = (names - {"lm_head.weight"}) | {VALUE_HEAD_HF_NAME}
         return names
 
-    def export_hf_weights(
-        self, model: torch.nn.Module, bucket_bytes: int, *, gather_pp: bool = True
-    ) -> Iterator[list[tuple[str, torch.Tensor]]]:
-        """Yield HF-named full tensors in buckets of at most ``bucket_bytes`` (a collective over
-        the replica's TP and PP groups; who receives what: see the module docstring)."""
-        return bucketize(self._export_stream(model, gather_pp), bucket_bytes)
-
-    def _export_stream(self, model: torch.nn.Module, gather_pp: bool) -> Iterator[tuple[str, torch.Tensor]]:
+    def export_hf_tensors(self, model: torch.nn.Module, *, gather_pp: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield ``(HF name, full tensor)`` one at a time (a collective over the replica's TP and
+        PP groups; who receives what: see the module docstring). Packing them into transfer
+        buckets is the weight stream's job (megarl/rollout/weight_stream.py)."""
         from megatron.core import parallel_state as ps
 
         enable_cpu_compat()  # this thread may not be the one that called init_parallel
@@ -219,25 +209,42 @@ class ModelBridge:
             if pp_size == 1:
                 _check_all_exported(seen, self.export_names(hf_config, _has_value_head(gpt)))
             return
+        # Each stage announces (name, shape, dtype) of what it will send; receivers allocate
+        # exactly that, so sender and receivers cannot disagree on a buffer's size.
         shapes = self.hf_tensor_shapes(hf_config) | _value_head_shapes(gpt)
-        stage_names = all_gather_objects([n for r, _ in mine for n in _exported_names(r)])
-        dtype = gpt.config.params_dtype
+        stage_specs = all_gather_objects(
+            [(n, tuple(shapes[n]), _dtype_name(p.dtype)) for r, p in mine for n in _exported_names(r)]
+        )
         device = next(gpt.parameters()).device
-        for stage, names in enumerate(stage_names):
+        for stage, specs in enumerate(stage_specs):
             if stage == pp_rank:
+                announced = iter(specs)
                 for rule, param in mine:
                     for name, full in export_full(rule, param, info):
                         _note_once(seen, name)
-                        yield name, broadcast_from_group_rank(full, stage, full.shape, dtype, device)
+                        _check_announced(next(announced), name, full)
+                        yield name, broadcast_from_group_rank(full, stage, full.shape, full.dtype, device)
             else:
-                for name in names:
+                for name, shape, dtype_name in specs:
                     _note_once(seen, name)
-                    yield name, broadcast_from_group_rank(None, stage, shapes[name], dtype, device)
+                    dtype = getattr(torch, dtype_name)
+                    yield name, broadcast_from_group_rank(None, stage, shape, dtype, device)
         _check_all_exported(seen, self.export_names(hf_config, _has_value_head(gpt)))
 
 
 def _exported_names(rule: ParamRule) -> tuple[str, ...]:
     return rule.hf
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _check_announced(spec: tuple[str, tuple[int, ...], str], name: str, full: torch.Tensor) -> None:
+    """The tensor a stage sends must be what it announced (else the receivers' buffers differ)."""
+    got = (name, tuple(full.shape), _dtype_name(full.dtype))
+    if got != spec:
+        raise AssertionError(f"pipeline export: announced {spec}, about to send {got}")
 
 
 def _note_once(seen: set[str], name: str) -> None:
@@ -261,6 +268,8 @@ def _hf_config_of(gpt: torch.nn.Module) -> Any:
 
 
 def _has_value_head(gpt: torch.nn.Module) -> bool:
+    from megarl.models.value_head import ValueHead  # megatron-core: imported only with a model
+
     return isinstance(getattr(gpt, "output_layer", None), ValueHead)
 
 

@@ -26,9 +26,10 @@ import torch
 import torch.nn.functional as F
 
 from megarl.models.bridge import HF_CONFIG_ATTR, ModelBridge, register_bridge
-from megarl.models.layouts import ParamRule
+from megarl.models.layouts import VALUE_HEAD_HF_NAME, ParamRule
+from megarl.models.norm import RMSNorm, current_device
+from megarl.models.placement import check_placement
 from megarl.models.rope import llama3_inv_freq, read_rope
-from megarl.models.value_head import VALUE_HEAD_HF_NAME, ValueHead
 
 LARGE_VOCAB = 32768
 LARGE_VOCAB_DIVISOR = 128
@@ -143,7 +144,7 @@ class DenseDecoderBridge(ModelBridge):
             fp16=dtype == torch.float16,
             use_cpu_initialization=cpu,
             # variable_seq_lengths stays False (0.16 ties it to MoE dispatcher checks): every
-            # micro-batch of one pipeline call has the same padded length (see parallel/pipeline).
+            # micro-batch of one pipeline call has the same padded length.
             calculate_per_token_loss=True,
             # Kernels that need apex / transformer-engine stay off; jit-fused ones only on GPU.
             masked_softmax_fusion=False,
@@ -163,14 +164,33 @@ class DenseDecoderBridge(ModelBridge):
 
     # ---- model ---------------------------------------------------------------------------
     def layer_spec(self):
-        """Megatron's local spec (RMSNorm, q/k norm if any) with SDPA core attention."""
+        """One decoder layer: Megatron's local spec with SDPA core attention and megarl's
+        RMSNorm (params_dtype, current device) in every norm slot, q/k norms included."""
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
         from megarl.models.attention import SdpaAttention
 
         spec = copy.deepcopy(get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=self.qk_norm))
-        spec.submodules.self_attention.submodules.core_attention = SdpaAttention
+        spec.submodules.input_layernorm = RMSNorm
+        spec.submodules.pre_mlp_layernorm = RMSNorm
+        attention = spec.submodules.self_attention.submodules
+        attention.core_attention = SdpaAttention
+        if self.qk_norm:
+            attention.q_layernorm = RMSNorm
+            attention.k_layernorm = RMSNorm
         return spec
+
+    def block_spec(self, transformer_config: Any):
+        """This pipeline stage's decoder block: its layers and the final norm. Given a layer spec
+        alone, Megatron picks the final norm from what is installed (TE's, apex's or torch's);
+        naming it here keeps it megarl's RMSNorm everywhere."""
+        from megatron.core.transformer.transformer_block import (
+            TransformerBlockSubmodules,
+            get_num_layers_to_build,
+        )
+
+        layers = get_num_layers_to_build(transformer_config)
+        return TransformerBlockSubmodules(layer_specs=[self.layer_spec()] * layers, layer_norm=RMSNorm)
 
     def build_model(self, hf_config: Any, transformer_config: Any, *, pre_process: bool, post_process: bool, value_head: bool = False):
         """This rank's GPTModel stage (random init; call :meth:`load_hf_weights` next)."""
@@ -180,7 +200,7 @@ class DenseDecoderBridge(ModelBridge):
         tied = bool(getattr(hf_config, "tie_word_embeddings", False)) and not value_head
         model = GPTModel(
             config=transformer_config,
-            transformer_layer_spec=self.layer_spec(),
+            transformer_layer_spec=self.block_spec(transformer_config),
             vocab_size=self.padded_vocab_size(hf_config, transformer_config.tensor_model_parallel_size),
             max_sequence_length=hf_config.max_position_embeddings,
             pre_process=pre_process,
@@ -196,8 +216,13 @@ class DenseDecoderBridge(ModelBridge):
             inv = llama3_inv_freq(transformer_config.kv_channels, rope)
             model.rotary_pos_emb.inv_freq = inv.to(model.rotary_pos_emb.inv_freq.device)
         if value_head and post_process:
+            from megarl.models.value_head import (
+                ValueHead,  # megatron-core: imported only with a model
+            )
+
             model.output_layer = ValueHead(transformer_config)
         setattr(model, HF_CONFIG_ATTR, hf_config)
+        check_placement(model, transformer_config.params_dtype, current_device())
         return model
 
     # ---- names ---------------------------------------------------------------------------
@@ -242,7 +267,7 @@ class DenseDecoderBridge(ModelBridge):
         if megatron_name == "decoder.final_layernorm.weight":
             return ParamRule(megatron_name, ("model.norm.weight",), "replicated")
         if megatron_name == "output_layer.weight":
-            if isinstance(model.output_layer, ValueHead):
+            if getattr(model.output_layer, "is_value_head", False):
                 return ParamRule(megatron_name, (VALUE_HEAD_HF_NAME,), "replicated")
             if model.share_embeddings_and_output_weights:  # last stage's copy (PP > 1)
                 return ParamRule(megatron_name, ("model.embed_tokens.weight",), "vocab", export=False)

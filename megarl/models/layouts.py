@@ -27,6 +27,9 @@ import torch
 from megarl.models.safetensors_reader import SafetensorsReader
 from megarl.parallel.sharding import gather_along
 
+# The critic's value head in HF form: the name transformers' *ForTokenClassification heads use.
+VALUE_HEAD_HF_NAME = "score.weight"
+
 Layout = Literal["replicated", "column", "row", "vocab", "qkv", "fc1"]
 
 

@@ -13,13 +13,19 @@ values are near 0. Left out: sequence parallelism (the local layer spec does not
 from __future__ import annotations
 
 import torch
-from megatron.core.transformer.module import MegatronModule
-from megatron.core.transformer.transformer_config import TransformerConfig
 
-VALUE_HEAD_HF_NAME = "score.weight"  # the name transformers' *ForTokenClassification heads use
+from megarl.models.mcore_version import require_megatron_core
+
+require_megatron_core()  # a one-line error instead of a deep ImportError (e.g. no triton)
+from megatron.core.transformer.module import MegatronModule  # noqa: E402
+from megatron.core.transformer.transformer_config import TransformerConfig  # noqa: E402
+
+from megarl.models.layouts import VALUE_HEAD_HF_NAME  # noqa: E402,F401 - the head's HF name, beside its class
 
 
 class ValueHead(MegatronModule):
+    is_value_head = True  # what the bridges check (without importing this module)
+
     def __init__(self, config: TransformerConfig, init_seed: int = 0) -> None:
         super().__init__(config=config)
         gen = torch.Generator().manual_seed(init_seed)

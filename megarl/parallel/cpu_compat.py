@@ -1,11 +1,14 @@
 """Let megatron-core run on a machine without CUDA (CI, laptops): the ONE place that knows how.
 
 megatron-core hard-codes a few CUDA calls on paths that otherwise work on CPU with gloo
-(see notes/megatron-on-cpu.md). When ``torch.cuda.is_available()`` is false,
+(see docs/megatron.md). When ``torch.cuda.is_available()`` is false,
 :func:`enable_cpu_compat` redirects exactly those:
 
 - ``torch.cuda.current_device()`` answers ``"cpu"`` (rotary embedding, global buffers);
 - ``torch.cuda.synchronize()`` is a no-op (pipeline p2p communication);
+- ``torch.cuda.current_stream()`` answers a stream whose waits and records do nothing
+  (megatron-core >= 0.17 waits on CUDA-graph events of the current stream in DDP's
+  ``start_grad_sync``; on the CPU every operation is already ordered);
 - the CUDA RNG state is empty: ``torch.cuda.get_rng_state()`` answers an empty tensor and
   setting it is a no-op (activation recomputation and Megatron's RNG checkpointing save and
   restore it; there is no CUDA generator to save);
@@ -22,7 +25,8 @@ thread that already existed when the redirection was enabled gets it by calling
 thread than ``init_parallel`` (pipeline forward, export) do so.
 
 Deliberately left out: anything on a machine with CUDA (the function does nothing there), and
-CUDA streams/events/memory statistics (Megatron does not call them on the CPU paths we use).
+other CUDA streams/events/memory statistics: new streams (``torch.cuda.Stream``) belong to
+overlapped communication and offloading, which megarl leaves off on the CPU.
 Nothing else in megarl may rely on how this works; call :func:`enable_cpu_compat` and go.
 """
 
@@ -90,6 +94,33 @@ def _synchronize(device: Any = None) -> None:
     return None
 
 
+class _NullStream:
+    """What ``torch.cuda.current_stream()`` answers without CUDA: CPU work is already in order,
+    so waiting on or recording into the stream has nothing to do."""
+
+    def wait_event(self, event: Any) -> None:
+        return None
+
+    def wait_stream(self, stream: Any) -> None:
+        return None
+
+    def record_event(self, event: Any = None) -> Any:
+        return event
+
+    def synchronize(self) -> None:
+        return None
+
+    def query(self) -> bool:
+        return True
+
+
+_NULL_STREAM = _NullStream()
+
+
+def _current_stream(device: Any = None) -> _NullStream:
+    return _NULL_STREAM
+
+
 def _empty_rng_state(device: Any = "cuda") -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8)
 
@@ -140,6 +171,7 @@ def enable_cpu_compat() -> bool:
             _mode = _CudaToCpuMode()
             torch.cuda.current_device = _current_device  # type: ignore[assignment]
             torch.cuda.synchronize = _synchronize  # type: ignore[assignment]
+            torch.cuda.current_stream = _current_stream  # type: ignore[assignment]
             _patch_cuda_rng()
             _patch_threads(_mode)
     if not is_active_in_this_thread():

@@ -17,6 +17,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from megarl.models.mcore_version import require_megatron_core
 from megarl.parallel.cpu_compat import enable_cpu_compat
 
 
@@ -81,6 +82,7 @@ def init_parallel(tp: int, pp: int, seed: int, *, timeout_s: float = 1800.0) -> 
     ``tp * pp`` must divide the world size; DP is the quotient. Seeds: Megatron's
     ``model_parallel_cuda_manual_seed`` (distinct per TP/PP rank where Megatron wants it).
     """
+    require_megatron_core()  # before the first megatron import: a one-line error, not a deep one
     from megatron.core import parallel_state
 
     cpu = enable_cpu_compat()

@@ -27,14 +27,6 @@ def pp_group() -> dist.ProcessGroup:
     return parallel_state.get_pipeline_model_parallel_group()
 
 
-def shard_along(tensor: torch.Tensor, dim: int, rank: int, world: int) -> torch.Tensor:
-    """This rank's contiguous 1/world slice of ``tensor`` along ``dim`` (must divide evenly)."""
-    size = tensor.shape[dim]
-    if size % world != 0:
-        raise ValueError(f"cannot split dim {dim} of size {size} into {world} equal shards")
-    return tensor.narrow(dim, rank * (size // world), size // world)
-
-
 def gather_along(tensor: torch.Tensor, dim: int, group: dist.ProcessGroup | None = None) -> torch.Tensor:
     """All-gather equal shards along ``dim`` over ``group`` (default: the TP group); every rank
     gets the full tensor. A group of one returns ``tensor`` itself."""

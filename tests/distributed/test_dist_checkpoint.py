@@ -3,19 +3,34 @@
 One spawn: two updates with a warm-up + cosine schedule (the reported LRs are checked against
 hand-computed values), save, then a second worker in the same processes loads the checkpoint:
 optimizer state (sharded over DP), params and the schedule step must restore exactly, and one
-more identical update on both workers must give identical weights.
+more identical update on both workers must give identical weights. The checkpoint records the
+megatron-core version that wrote it.
+
+Without TE/apex Megatron trains with torch Adam (step per parameter); with either installed,
+with their FusedAdam (step per param group). Neither installs here, so the FusedAdam restore
+is checked on a stand-in with FusedAdam's state layout, in one process.
 """
 
 from __future__ import annotations
 
+import json
 import math
+from importlib.metadata import version
+from pathlib import Path
+from types import SimpleNamespace
 
 import actor_cases as ac
 import pytest
 import torch
 from spawn import run_distributed
 
+from megarl.actors.megatron_runtime.optim import adam_step_layout
+from megarl.actors.megatron_runtime.training import (
+    _materialise_optimizer_state,
+    _restore_adam_steps,
+)
 from megarl.config.sections import ActorConfig, OptimizerConfig, ParallelConfig
+from megarl.models.mcore_version import VERSIONS_FILE
 
 OPT = OptimizerConfig(lr=1e-3, min_lr=1e-4, warmup_steps=2, schedule="cosine", clip_grad=0.5, distributed=True)
 
@@ -54,9 +69,10 @@ def _ckpt_run(rank: int, world: int, path: str, ckpt_dir: str) -> dict:
     cfg = ActorConfig(parallel=ParallelConfig(tp=1), micro_batch_size=2, optimizer=OPT)
     batch = ac.make_batch(2, rows=8)
     first = PolicyWorker(path, cfg, "float32", seed=1, total_optimizer_steps=6)
-    lrs = [first.update(batch, ac.pg_loss, mini_batch_size=8)["lr"] for _ in range(3)]
+    lrs = [first.update(batch, ac.pg_loss, mini_batch_size=8)["actor/lr"] for _ in range(3)]
     first.save(ckpt_dir)
     saved = _optimizer_state(first)
+    versions = json.loads((Path(ckpt_dir) / VERSIONS_FILE).read_text())
     second = PolicyWorker(path, cfg, "float32", seed=1, total_optimizer_steps=6)
     fresh_differs = any(not torch.equal(v, _optimizer_state(second)[k]) for k, v in saved.items())
     second.load(ckpt_dir)
@@ -69,11 +85,12 @@ def _ckpt_run(rank: int, world: int, path: str, ckpt_dir: str) -> dict:
         "differing": [(k, saved[k].flatten()[:3].tolist(), loaded[k].flatten()[:3].tolist()) for k in saved if not torch.equal(saved[k], loaded[k])][:6],
         "n_state": len(saved),
         "step": second.trainer.schedule.step_count,
+        "written_by": versions["megatron_core"],
     }
     m1 = first.update(batch, ac.pg_loss, mini_batch_size=8)
     m2 = second.update(batch, ac.pg_loss, mini_batch_size=8)
     out["metrics_equal"] = m1 == m2
-    out["lrs"].append(m2["lr"])
+    out["lrs"].append(m2["actor/lr"])
     w1, w2 = ac.exported_state(first), ac.exported_state(second)
     out["weights_equal"] = all(torch.equal(w1[k], w2[k]) for k in w1)
     return out
@@ -89,4 +106,89 @@ def test_distributed_optimizer_checkpoint_restores_exactly(model_dir, tmp_path):
         assert r["same_keys"] and r["n_state"] > 0
         assert r["state_equal"], r["differing"]
         assert r["step"] == 3
+        assert r["written_by"] == version("megatron-core")
         assert r["metrics_equal"] and r["weights_equal"]
+
+
+def _fused_adam_class(package: str) -> type:
+    """A stand-in with TE/apex FusedAdam's layout: moments per parameter, ``step`` an int in
+    each param group that has parameters (incremented by ``step()``)."""
+
+    class FusedAdam(torch.optim.Optimizer):
+        def __init__(self, params, lr: float = 1e-3) -> None:
+            super().__init__(params, {"lr": lr})
+
+        def step(self, closure=None):
+            for group in self.param_groups:
+                if group["params"]:
+                    group["step"] = group.get("step", 0) + 1
+                for p in group["params"]:
+                    self.state[p].setdefault("exp_avg", torch.zeros_like(p))
+
+    FusedAdam.__module__ = f"{package}.optimizers.fused_adam"
+    return FusedAdam
+
+
+def _megatron_like(inner: torch.optim.Optimizer) -> SimpleNamespace:
+    return SimpleNamespace(chained_optimizers=[SimpleNamespace(optimizer=inner)])
+
+
+def _params(n: int = 2) -> list[torch.nn.Parameter]:
+    return [torch.nn.Parameter(torch.randn(3)) for _ in range(n)]
+
+
+def test_the_step_layout_follows_the_optimizer_class():
+    assert adam_step_layout(torch.optim.Adam(_params())) == "per_param"
+    assert adam_step_layout(torch.optim.AdamW(_params())) == "per_param"
+    for package in ("transformer_engine.pytorch", "apex"):
+        assert adam_step_layout(_fused_adam_class(package)(_params())) == "per_group"
+    for unknown in (torch.optim.SGD(_params(), lr=0.1), _fused_adam_class("somewhere")(_params())):
+        with pytest.raises(ValueError, match=r"optimizer; megarl restores checkpoints exactly only for torch Adam"):
+            adam_step_layout(unknown)
+
+
+def test_build_refuses_an_optimizer_it_cannot_restore(monkeypatch):
+    import megatron.core.optimizer as mcore_optimizer
+
+    from megarl.actors.megatron_runtime.optim import build_optimizer
+
+    sgd = _megatron_like(torch.optim.SGD(_params(), lr=0.1))
+    monkeypatch.setattr(mcore_optimizer, "get_megatron_optimizer", lambda config, chunks: sgd)
+    with pytest.raises(ValueError, match="torch.optim.sgd.SGD optimizer"):
+        build_optimizer(OPT, [], torch.float32)
+    fused = _megatron_like(_fused_adam_class("transformer_engine.pytorch")(_params()))
+    monkeypatch.setattr(mcore_optimizer, "get_megatron_optimizer", lambda config, chunks: fused)
+    assert build_optimizer(OPT, [], torch.float32) is fused
+
+
+def test_fused_adam_restore_sets_the_group_step():
+    params = _params(3)
+    fused = _fused_adam_class("apex")([{"params": params[:2]}, {"params": params[2:]}, {"params": []}])
+    wrapper = _megatron_like(fused)
+    _materialise_optimizer_state(wrapper)  # FusedAdam needs no materialising step
+    assert len(fused.state) == 0 and all("step" not in g for g in fused.param_groups)
+    before = [p.detach().clone() for p in params]
+    fused.step()
+    saved = {"optimizer": {"param_groups": [{"step": 7}, {"step": 7}, {"step": 7}]}}
+    _restore_adam_steps(wrapper, saved)
+    assert [g.get("step") for g in fused.param_groups] == [7, 7, None]  # empty groups never step
+    assert all(torch.equal(a, b) for a, b in zip(before, params))
+
+
+def test_torch_adam_restore_gives_each_parameter_its_own_step():
+    params = _params(2)
+    adam = torch.optim.Adam(params, lr=0.1)
+    wrapper = _megatron_like(adam)
+    before = [p.detach().clone() for p in params]
+    _materialise_optimizer_state(wrapper)  # a zero-LR step: state exists, parameters unchanged
+    assert all("step" in adam.state[p] for p in params)
+    assert all(torch.equal(a, b) for a, b in zip(before, params))
+    _restore_adam_steps(wrapper, {"optimizer": {"param_groups": [{"step": 5.0}]}})
+    steps = [adam.state[p]["step"] for p in params]
+    assert [float(s) for s in steps] == [5.0, 5.0] and steps[0] is not steps[1]
+
+
+def test_disagreeing_saved_steps_are_refused():
+    wrapper = _megatron_like(torch.optim.Adam(_params(), lr=0.1))
+    with pytest.raises(ValueError, match=r"disagree on Adam's step: \[3.0, 4.0\]"):
+        _restore_adam_steps(wrapper, {"a": {"param_groups": [{"step": 3}]}, "b": {"param_groups": [{"step": 4}]}})

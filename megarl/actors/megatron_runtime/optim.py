@@ -2,6 +2,9 @@
 
 The optimizer is Megatron's own (``get_megatron_optimizer``: Adam, fp32 main params and grads,
 optionally the distributed optimizer that shards state over DP, global grad-norm clipping).
+Megatron takes TE's or apex's FusedAdam whenever either package imports, torch's Adam/AdamW
+otherwise; the two keep Adam's step count in different places, and :func:`adam_step_layout`
+says where for the checkpoint restore (anything else is refused when the optimizer is built).
 
 The schedule is ours, because Megatron's ``OptimizerParamScheduler`` warms up from an initial
 LR at step 0 (a wasted step at ``init_lr = 0``) and wants its decay horizon up front. Here:
@@ -19,7 +22,7 @@ Its ``state_dict`` is a plain dict (the step counter) for checkpoints.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -101,8 +104,35 @@ def megatron_optimizer_config(cfg: OptimizerConfig, *, bf16: bool, fp16: bool) -
 
 
 def build_optimizer(cfg: OptimizerConfig, model_chunks: list[Any], dtype: torch.dtype) -> Any:
-    """Megatron's optimizer over DDP-wrapped ``model_chunks`` (the model's dtype picks mixed precision)."""
+    """Megatron's optimizer over DDP-wrapped ``model_chunks`` (the model's dtype picks mixed
+    precision). Refuses, at build time, an Adam whose checkpoint restore megarl cannot make exact."""
     from megatron.core.optimizer import get_megatron_optimizer
 
     mcfg = megatron_optimizer_config(cfg, bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16)
-    return get_megatron_optimizer(mcfg, model_chunks)
+    optimizer = get_megatron_optimizer(mcfg, model_chunks)
+    for chained in getattr(optimizer, "chained_optimizers", [optimizer]):
+        if chained.optimizer is not None:  # None on a rank without parameters
+            adam_step_layout(chained.optimizer)
+    return optimizer
+
+
+AdamStepLayout = Literal["per_param", "per_group"]
+# Where Megatron's Adam classes keep the step count (the bias correction of the next update):
+# torch Adam/AdamW (no TE/apex installed) a tensor per parameter state; TE's and apex's
+# FusedAdam (picked by megatron-core whenever either is importable) an int per param group.
+_FUSED_ADAM_PACKAGES = ("transformer_engine", "apex")
+
+
+def adam_step_layout(torch_optimizer: Any) -> AdamStepLayout:
+    """``per_param`` (torch Adam/AdamW) or ``per_group`` (TE/apex FusedAdam); ValueError for
+    any other class, whose state layout megarl's checkpoint restore does not know."""
+    if isinstance(torch_optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+        return "per_param"
+    cls = type(torch_optimizer)
+    if cls.__name__ == "FusedAdam" and cls.__module__.split(".")[0] in _FUSED_ADAM_PACKAGES:
+        return "per_group"
+    raise ValueError(
+        f"megatron-core built a {cls.__module__}.{cls.__qualname__} optimizer; megarl restores "
+        f"checkpoints exactly only for torch Adam/AdamW and TE/apex FusedAdam, so it refuses to "
+        f"train with it (install neither TE nor apex, or use a megatron-core that picks one of those)"
+    )

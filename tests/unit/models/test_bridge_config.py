@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from megarl.config.sections import ParallelConfig
-from megarl.models.bridge import get_bridge, supported_model_types
+from megarl.models.bridge import get_bridge
 from megarl.models.tiny import build_tiny_model, tiny_hf_config
 
 
@@ -21,7 +21,7 @@ def tiny_dirs(tmp_path_factory):
 
 
 def test_registry_lists_supported_types_on_a_miss():
-    assert {"llama", "qwen2", "qwen3"} <= set(supported_model_types())
+    assert all(get_bridge(t) is not None for t in ("llama", "qwen2", "qwen3"))
     with pytest.raises(ValueError, match="'mixtral' has no megarl bridge; supported: .*llama.*qwen2.*qwen3"):
         get_bridge("mixtral")
     assert type(get_bridge(tiny_hf_config("qwen3", vocab_size=259))).__name__ == "Qwen3Bridge"

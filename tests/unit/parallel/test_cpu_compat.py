@@ -70,3 +70,14 @@ def test_cuda_rng_state_is_empty_and_setting_it_is_harmless():
     cpu_before = torch.get_rng_state()
     torch.cuda.set_rng_state(state)
     assert torch.equal(torch.get_rng_state(), cpu_before)  # the CPU generator is untouched
+
+
+def test_current_stream_waits_and_records_as_no_ops():
+    """megatron-core >= 0.17's DDP start_grad_sync waits on CUDA-graph events of the current
+    stream; without CUDA those calls must do nothing instead of initialising CUDA."""
+    stream = torch.cuda.current_stream()
+    assert stream is torch.cuda.current_stream(torch.device("cuda", 0))
+    event = object()
+    assert stream.wait_event(event) is None and stream.wait_stream(stream) is None
+    assert stream.record_event(event) is event and stream.query() is True
+    stream.synchronize()

@@ -1,4 +1,6 @@
-"""Forward-only passes over micro-batches through Megatron's pipeline schedule.
+"""Forward-only passes over micro-batches through Megatron's pipeline schedule: the bridge
+tests' oracle for whole-model logits at PP > 1 (the workers drive the schedule themselves, in
+megarl/actors/megatron_runtime/model.py).
 
 :func:`forward_only` runs ``get_forward_backward_func()`` with ``forward_only=True`` (the no-pipeline
 schedule at PP=1, 1F1B otherwise) and returns, on the last pipeline stage, one collected value per
@@ -84,3 +86,19 @@ def broadcast_from_last_stage(obj: Any) -> Any:
     box = [obj if parallel_state.is_pipeline_last_stage() else None]
     dist.broadcast_object_list(box, src=last, group=group)
     return box[0]
+
+
+# GPTModel.forward(input_ids, position_ids, attention_mask) inputs from a padded token batch, with
+# an explicit mask (bool [b, 1, s, s], True = masked: causal + padding); exact for left- or right-
+# padded rows (attention depends on relative positions and padding keys are masked).
+def gpt_inputs(
+    input_ids: torch.Tensor,  # [b, s]
+    valid: torch.Tensor,  # [b, s] bool/int, 1 = a real token (left or right padding)
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(input_ids [b, s], position_ids [b, s], attention_mask bool [b, 1, s, s], True = masked)."""
+    valid = valid.to(torch.bool)
+    s = input_ids.shape[1]
+    position_ids = (valid.long().cumsum(-1) - 1).clamp(min=0)
+    causal = torch.triu(torch.ones(s, s, dtype=torch.bool, device=input_ids.device), diagonal=1)
+    attention_mask = causal[None, None] | ~valid[:, None, None, :]
+    return input_ids, position_ids, attention_mask

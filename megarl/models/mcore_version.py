@@ -1,0 +1,113 @@
+"""Which megatron-core is installed, whether megarl can use it, and which one wrote a checkpoint.
+
+megarl supports megatron-core 0.16 to 0.19 (docs/megatron.md says what differs). Two facts are
+checked here, before anything imports ``megatron``:
+
+- megatron-core >= 0.17 imports ``triton`` from ``megatron.core`` itself, unguarded; without
+  triton the first Megatron import dies deep inside megatron-core. :func:`require_megatron_core`
+  turns that into one line ("megatron-core 0.19.2 needs triton; pip install triton").
+- Dist-checkpoints are not readable across versions backwards (0.16 cannot read what 0.19
+  writes: 0.19 no longer writes ``common.pt``). :func:`write_checkpoint_versions` records the
+  writer's versions next to the dist-checkpoint; :func:`check_checkpoint_readable` refuses a
+  load under an older megatron-core with the version to use instead.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import warnings
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+SUPPORTED = ">=0.16,<0.20"  # the range pyproject.toml declares
+_OLDEST, _NEWEST_TESTED = (0, 16), (0, 19)
+_NEEDS_TRITON = (0, 17)  # the first megatron-core whose `import megatron.core` imports triton
+VERSIONS_FILE = "megarl_versions.json"  # beside the dist-checkpoint's own metadata.json
+
+
+def _minor(text: str) -> tuple[int, int]:
+    """(major, minor) of a version string such as ``0.19.2`` or ``0.16.0rc0``."""
+    parts = text.split(".")
+    digits = ["".join(ch for ch in p if ch.isdigit()) or "0" for p in parts[:2]]
+    return int(digits[0]), int(digits[1]) if len(digits) > 1 else 0
+
+
+def installed_version() -> str | None:
+    try:
+        return version("megatron-core")
+    except PackageNotFoundError:
+        return None
+
+
+def usability_error(mcore: str | None, has_triton: bool) -> str | None:
+    """Why megarl cannot import this megatron-core (one line), or None when it can."""
+    if mcore is None:
+        return f"megatron-core is not installed; pip install 'megatron-core{SUPPORTED}'"
+    if _minor(mcore) < _OLDEST:
+        return f"megatron-core {mcore} is older than megarl supports; pip install 'megatron-core{SUPPORTED}'"
+    if _minor(mcore) >= _NEEDS_TRITON and not has_triton:
+        return (
+            f"megatron-core {mcore} needs triton (megatron.core imports it); pip install triton, "
+            f"or use megatron-core 0.16 (pip install 'megatron-core>=0.16,<0.17')"
+        )
+    return None
+
+
+@functools.cache
+def require_megatron_core() -> str:
+    """The installed megatron-core version; raises ImportError (one line) when megarl cannot
+    import it. Call before the first ``import megatron`` of a code path."""
+    mcore = installed_version()
+    error = usability_error(mcore, importlib.util.find_spec("triton") is not None)
+    if error:
+        raise ImportError(error)
+    assert mcore is not None
+    if _minor(mcore) > _NEWEST_TESTED:
+        warnings.warn(
+            f"megatron-core {mcore} is newer than megarl has been tested with ({SUPPORTED})",
+            stacklevel=2,
+        )
+    return mcore
+
+
+def write_checkpoint_versions(path: str | Path) -> None:
+    """Record which megatron-core and torch wrote the dist-checkpoint in directory ``path``."""
+    import torch
+
+    info = {"megatron_core": require_megatron_core(), "torch": torch.__version__}
+    (Path(path) / VERSIONS_FILE).write_text(json.dumps(info, indent=1) + "\n")
+
+
+def checkpoint_version_error(path: str | Path, writer: str | None, reader: str) -> str | None:
+    """Why megatron-core ``reader`` cannot load what ``writer`` wrote (one line), or None.
+
+    A dist-checkpoint is loadable by the same or a newer megatron-core (0.19 reads 0.16's); an
+    older one is refused (0.16 cannot read 0.19's). ``writer`` None: unknown, allowed."""
+    if writer is None or _minor(reader) >= _minor(writer):
+        return None
+    major, minor = _minor(writer)
+    upper = "" if writer.endswith("+") else f",<{major}.{minor + 1}"
+    return (
+        f"checkpoint {path} was written by megatron-core {writer} and cannot be read by the "
+        f"installed megatron-core {reader}; load it with megatron-core {writer} "
+        f"(pip install 'megatron-core>={major}.{minor}{upper}')"
+    )
+
+
+def checkpoint_writer(path: str | Path) -> str | None:
+    """The megatron-core version that wrote the dist-checkpoint in ``path``, as recorded; for a
+    checkpoint without the record (written before megarl kept one), ``0.17+`` when it lacks the
+    ``common.pt`` that 0.16 always writes, else None (unknown)."""
+    record = Path(path) / VERSIONS_FILE
+    if record.is_file():
+        return json.loads(record.read_text()).get("megatron_core")
+    return None if (Path(path) / "common.pt").is_file() else "0.17+"
+
+
+def check_checkpoint_readable(path: str | Path) -> None:
+    """Raise ValueError when the installed megatron-core is older than the checkpoint's writer."""
+    error = checkpoint_version_error(path, checkpoint_writer(path), require_megatron_core())
+    if error:
+        raise ValueError(error)
