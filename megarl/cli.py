@@ -2,19 +2,51 @@
 
 Each subcommand lives in megarl/commands/ (``register`` adds it to the parser); handlers import
 heavy libraries (torch, megatron, ray) lazily inside themselves, so `megarl plan` stays fast.
+
+Errors a user can cause (a config value, a data file, a checkpoint, a reward function, a path,
+a worker that failed) end as one ``error: ...`` line naming the problem and the fix, with exit
+code 2 (EXIT_USER); the traceback goes to the run's log (and to the terminal with --debug).
+Anything else is a megarl bug: its traceback is printed and the exit code is 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import traceback
 
 from megarl import __version__
+
+EXIT_OK, EXIT_INTERNAL, EXIT_USER = 0, 1, 2
+EXIT_SIGINT, EXIT_SIGTERM, EXIT_BROKEN_PIPE = 130, 143, 141
 
 EPILOG = """examples:
   megarl plan configs/qwen72b_grpo.yaml                 check a config, print the GPU placement
   megarl plan configs/tiny_grpo.yaml rollout.n=4 --json overrides are key.path=value (YAML values)
+
+exit codes:
+  0    done
+  1    internal error: a traceback follows (a megarl bug, please report it)
+  2    user error: one `error:` line names the problem and the fix (command line, config, data,
+       checkpoint, reward function, paths, a worker that failed); --debug adds the traceback
+  130  stopped by Ctrl-C (SIGINT); 143 stopped by SIGTERM: the last checkpoint and the resume
+       command are printed
 """
+
+# The project's user-facing errors, by module: only modules already imported are looked at, so
+# reporting an error never imports ray or torch.
+USER_ERRORS = (
+    ("megarl.config.loading", "ConfigError"),
+    ("megarl.config.planner", "PlanError"),
+    ("megarl.config.architectures", "ArchError"),
+    ("megarl.data.datasets", "DataError"),
+    ("megarl.checkpoint.manager", "CheckpointError"),
+    ("megarl.commands.convert", "OutputError"),
+    ("megarl.rewards.scorer", "RewardError"),
+    ("megarl.actors.ray_groups.worker_group", "WorkerError"),
+    ("megarl.trainer.watchdog", "HangError"),
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"megarl {__version__}")
+    parser.add_argument("--debug", action="store_true", help="print the full traceback of an error (also: MEGARL_DEBUG=1)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     from megarl.commands import config, convert, data, demo, launch, plan, plot
@@ -42,10 +75,6 @@ def setup_logging() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from megarl.config.architectures import ArchError
-    from megarl.config.loading import ConfigError
-    from megarl.config.planner import PlanError
-
     parser = build_parser()
     # KEY=VALUE overrides may also come after options (`launch cfg.yaml --address auto rollout.n=4`).
     args, extra = parser.parse_known_args(argv)
@@ -54,11 +83,83 @@ def main(argv: list[str] | None = None) -> int:
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     setup_logging()
+    debug = args.debug or os.environ.get("MEGARL_DEBUG", "") not in ("", "0")
     try:
         return args.handler(args)
-    except (ConfigError, PlanError, ArchError, FileNotFoundError, FileExistsError) as exc:  # user mistakes: one clear message, exit 1
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    except BrokenPipeError:
+        return _quiet_broken_pipe()
+    except BaseException as exc:  # noqa: BLE001 - every ending gets one clear line and an exit code
+        return report(exc, debug)
+
+
+def report(exc: BaseException, debug: bool = False) -> int:
+    """Print how ``exc`` ended the command; returns the exit code."""
+    stopped = _stopped_code(exc)
+    if stopped is not None:
+        print(str(exc), file=sys.stderr)
+        return stopped
+    if isinstance(exc, KeyboardInterrupt):
+        print("interrupted (Ctrl-C)", file=sys.stderr)
+        return EXIT_SIGINT
+    if isinstance(exc, SystemExit):
+        raise exc
+    line = user_error_line(exc)
+    if line is None:  # a bug: the whole story
+        traceback.print_exception(exc)
+        return EXIT_INTERNAL
+    log_path = getattr(exc, "megarl_log", None)
+    if debug:
+        traceback.print_exception(exc)
+    print(f"error: {line}" + (f"\n(traceback: {log_path})" if log_path and not debug else ""), file=sys.stderr)
+    return EXIT_USER
+
+
+def user_error_line(exc: BaseException) -> str | None:
+    """The one-line (or one line per problem) report of a user error; None for anything else."""
+    for module, name in USER_ERRORS:
+        cls = getattr(sys.modules.get(module), name, None)
+        if cls is not None and isinstance(exc, cls):
+            return getattr(exc, "summary", None) or str(exc)
+    if isinstance(exc, (FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError)) and exc.filename is None:
+        return str(exc)  # raised by megarl with its own message
+    if isinstance(exc, ConnectionError):
+        return str(exc)
+    if isinstance(exc, OSError) and exc.filename is not None:
+        return _os_error_line(exc)
+    return None
+
+
+def _os_error_line(exc: OSError) -> str:
+    import errno
+
+    hint = {
+        errno.EACCES: "check the permissions or choose another path",
+        errno.EPERM: "check the permissions or choose another path",
+        errno.EROFS: "the filesystem is read-only: choose a writable path",
+        errno.ENOSPC: "the disk is full: free space or choose another disk",
+        errno.ENOENT: "check the path",
+    }.get(exc.errno or 0, "check the path")
+    where = exc.filename if exc.filename2 is None else f"{exc.filename} -> {exc.filename2}"
+    if exc.strerror and ";" in exc.strerror:  # megarl's own message already says what to do
+        return f"{where}: {exc.strerror}"
+    return f"{where}: {exc.strerror or exc}; {hint}"
+
+
+def _stopped_code(exc: BaseException) -> int | None:
+    stopped = getattr(sys.modules.get("megarl.trainer.watchdog"), "RunStopped", None)
+    if stopped is not None and isinstance(exc, stopped):
+        return exc.exit_code
+    return None
+
+
+def _quiet_broken_pipe() -> int:
+    """`megarl data inspect x.parquet | head`: the reader left; exit without a traceback."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # Python flushes stdout at exit: make that harmless
+    except (OSError, ValueError):
+        pass
+    return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":

@@ -15,7 +15,16 @@ directory, and every listed file exists with its recorded size (and checksum, wh
 recorded). `resolve_resume("auto")` returns the latest valid checkpoint, logging a warning
 for each newer one it skips and why. Retention keeps the newest `keep_last` valid
 checkpoints (the newest valid one is never removed); directories that fail verification are
-reported, never deleted, so nothing a person might still want disappears silently.
+reported, never deleted, so nothing a person might still want disappears silently:
+- when step directories exist and none verifies, `resume=auto` refuses (listing each one and
+  why) instead of starting again from step 0 over them;
+- a save of a step whose directory fails verification keeps that directory as
+  `step_NNNNNN.unverified` (reported) and writes the new one beside it;
+- a new run (`resume=disable`, or another run's checkpoint) over existing checkpoints is refused;
+- a save first checks that the disk has room for it (the previous checkpoint's size, or the
+  caller's estimate) and refuses with the numbers.
+`plan_resume()` makes these decisions without touching the disk, so `megarl launch` refuses
+before Ray starts (megarl/config/preflight.py).
 
 One trainer process manages one output_dir. Left out: what goes inside the components
 (Megatron dist-checkpoint, trainer_state.pt), remote object stores, async saving.
@@ -46,6 +55,9 @@ CHECKPOINTS_DIR = "checkpoints"
 _STEP_RE = re.compile(r"^step_(\d+)$")
 _TEMP_PREFIX = ".tmp_"
 _TRASH_PREFIX = ".trash_"
+UNVERIFIED_SUFFIX = ".unverified"
+FREE_SPACE_MARGIN = 1.05  # a save needs its size plus this share, plus SPACE_SLACK_BYTES
+SPACE_SLACK_BYTES = 64 * 1024 * 1024
 DEFAULT_CHECKSUM_MAX_BYTES = 16 * 1024 * 1024  # sha256 for files up to this size
 
 
@@ -94,16 +106,21 @@ class CheckpointManager:
     # ---- saving ---------------------------------------------------------------------
 
     @contextmanager
-    def saving(self, step: int, metadata: dict[str, Any] | None = None) -> Iterator[Path]:
+    def saving(self, step: int, metadata: dict[str, Any] | None = None, *,
+               expected_bytes: int | None = None) -> Iterator[Path]:
         """Yield a temp dir to write the components of `step` into; commit it on success.
 
         metadata: JSON-able extras recorded in the manifest (e.g. the config, a run id).
+        expected_bytes: the checkpoint's estimated size; the free-space check uses the larger of
+        it and the newest checkpoint's size (from its manifest), and refuses before anything is written.
 
         On an exception inside the block, the temp dir is removed and the exception goes on.
-        Saving a step that already exists replaces it only once the new one is complete.
+        Saving a step that already exists replaces it only once the new one is complete; one
+        that fails verification is kept as step_NNNNNN.unverified, never replaced.
         """
         if step < 0:
             raise ValueError(f"checkpoint step must be >= 0, got {step}")
+        self.check_free_space(step, expected_bytes)
         final = self.root / step_dir_name(step)
         temp = self.root / f"{_TEMP_PREFIX}{final.name}_{os.getpid()}"
         if temp.exists():
@@ -116,6 +133,19 @@ class CheckpointManager:
             shutil.rmtree(temp, ignore_errors=True)
             raise
         self.prune()
+
+    def check_free_space(self, step: int, expected_bytes: int | None = None) -> None:
+        """Refuse (CheckpointError with the numbers) when the disk cannot hold another checkpoint."""
+        need = max(expected_bytes or 0, self._last_size())
+        if not need:
+            return
+        free = shutil.disk_usage(self.root).free
+        if free < need * FREE_SPACE_MARGIN + SPACE_SLACK_BYTES:
+            raise CheckpointError(
+                f"not enough disk space to save step {step} in {self.root}: a checkpoint takes about "
+                f"{_gib(need)} GiB and {_gib(free)} GiB are free; free some space (a lower trainer.keep_last "
+                "keeps fewer checkpoints) or point trainer.output_dir at a larger disk, then resume"
+            )
 
     def _commit(self, step: int, temp: Path, final: Path, metadata: dict[str, Any]) -> None:
         files = _list_files(temp)
@@ -144,7 +174,12 @@ class CheckpointManager:
             _fsync_dir(d)
         _fsync_dir(temp)
         old = None
-        if final.exists():
+        if final.exists() and not _is_valid(final):
+            kept = _free_name(final.with_name(final.name + UNVERIFIED_SUFFIX))
+            log.warning("checkpoint: %s fails verification (%s); kept as %s, not replaced",
+                        final, _why_invalid(final), kept.name)
+            os.rename(final, kept)
+        elif final.exists():
             old = self.root / f"{_TRASH_PREFIX}{final.name}_{os.getpid()}"
             os.rename(final, old)
         os.rename(temp, final)
@@ -152,6 +187,15 @@ class CheckpointManager:
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
         log.info("checkpoint: saved step %d to %s (%d files)", step, final, len(entries))
+
+    def _last_size(self) -> int:
+        """Bytes of the newest checkpoint whose manifest reads (no hashing: this runs every save)."""
+        for _, path in reversed(self.step_dirs()):
+            try:
+                return sum(int(e["size"]) for e in json.loads((path / MANIFEST).read_text())["files"])
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+        return 0
 
     # ---- finding and verifying ------------------------------------------------------
 
@@ -174,41 +218,22 @@ class CheckpointManager:
                 continue
         return out
 
-    def latest_valid(self) -> Checkpoint | None:
+    def latest_valid(self, quiet: bool = False) -> Checkpoint | None:
         """The newest valid checkpoint; a warning names each newer one skipped and why."""
         for _, path in reversed(self.step_dirs()):
             try:
                 return verify_checkpoint(path)
             except CheckpointError as exc:
-                log.warning("checkpoint: skipping %s: %s", path, exc)
+                if not quiet:
+                    log.warning("checkpoint: skipping %s: %s", path, exc)
         return None
 
     def resolve_resume(self, resume: str | Path) -> Checkpoint | None:
-        """trainer.resume -> the checkpoint to load, or None to start fresh.
-
-        "auto": the latest valid checkpoint (None if there is none); "disable": None;
-        anything else is a checkpoint directory, which must be valid.
-        """
-        if str(resume) == "disable":
-            return None
-        if str(resume) == "auto":
-            found = self.latest_valid()
-            if found is None:
-                log.info("checkpoint: no valid checkpoint in %s; starting from step 0", self.root)
-            return found
-        path = Path(resume).expanduser()
-        if not path.is_dir():
-            raise CheckpointError(
-                f"trainer.resume={str(resume)!r}: no such checkpoint directory; give a "
-                f"{self.root}/step_NNNNNN directory, 'auto' (latest valid) or 'disable'"
-            )
-        try:
-            return verify_checkpoint(path)
-        except CheckpointError as exc:
-            raise CheckpointError(
-                f"trainer.resume={str(resume)!r} is not a valid checkpoint: {exc}. Pick another "
-                "step directory, or use trainer.resume=auto to take the latest valid one"
-            ) from None
+        """trainer.resume -> the checkpoint to load, or None to start fresh (see plan_resume)."""
+        found = plan_resume(self.root.parent, resume)
+        if found is None:
+            log.info("checkpoint: no checkpoint in %s; starting from step 0", self.root)
+        return found
 
     # ---- retention and leftovers ----------------------------------------------------
 
@@ -242,10 +267,88 @@ class CheckpointManager:
                     shutil.rmtree(p, ignore_errors=True)
 
 
+def scan_step_dirs(output_dir: str | Path) -> list[tuple[int, Path, str | None]]:
+    """(step, directory, why it fails verification or None) of every step_* directory under
+    ``output_dir``/checkpoints, oldest first. Reads only: nothing is created or removed."""
+    root = Path(output_dir) / CHECKPOINTS_DIR
+    if not root.is_dir():
+        return []
+    found = []
+    for p in root.iterdir():
+        m = _STEP_RE.match(p.name)
+        if m and p.is_dir():
+            found.append((int(m.group(1)), p, _why_invalid(p)))
+    return sorted(found)
+
+
+def plan_resume(output_dir: str | Path, resume: str | Path, *, quiet: bool = False) -> Checkpoint | None:
+    """What ``trainer.resume`` means for ``output_dir``: the checkpoint to load, None to start at
+    step 0, or CheckpointError (one message: what is there, why it cannot be used, the ways on).
+
+    - "auto": the newest valid checkpoint (newer broken ones are skipped with a warning); when
+      step directories exist and none verifies, refused (never started again over them);
+    - "disable": a new run; refused when output_dir already holds checkpoints;
+    - a path: that checkpoint, which must verify; refused when output_dir holds checkpoints of
+      another run (the path is not one of them).
+    Reads only, so `megarl launch` can decide before Ray starts (quietly: the trainer's own
+    call warns about the skipped directories once).
+    """
+    out = Path(output_dir)
+    dirs = scan_step_dirs(out)
+    where = out / CHECKPOINTS_DIR
+    if str(resume) == "auto":
+        for _, path, why in reversed(dirs):
+            if why is None:
+                return verify_checkpoint(path)
+            if not quiet:
+                log.warning("checkpoint: skipping %s: %s", path, why)
+        if dirs:
+            raise CheckpointError(_none_valid_message(where, dirs))
+        return None
+    existing = ", ".join(p.name for _, p, _ in dirs[-3:]) + (", ..." if len(dirs) > 3 else "")
+    if str(resume) == "disable":
+        if dirs:
+            raise CheckpointError(
+                f"trainer.resume=disable starts a new run, but trainer.output_dir ({out}) holds the checkpoints of "
+                f"another run ({existing}); resume it with trainer.resume=auto, or give the new run its own trainer.output_dir"
+            )
+        return None
+    path = Path(resume).expanduser()
+    if not path.is_dir():
+        raise CheckpointError(
+            f"trainer.resume={str(resume)!r}: no such checkpoint directory; give a "
+            f"{where}/step_NNNNNN directory, 'auto' (latest valid) or 'disable'"
+        )
+    try:
+        found = verify_checkpoint(path)
+    except CheckpointError as exc:
+        raise CheckpointError(
+            f"trainer.resume={str(resume)!r} is not a valid checkpoint: {exc}. Pick another "
+            "step directory, or use trainer.resume=auto to take the latest valid one"
+        ) from None
+    if dirs and path.resolve().parent != where.resolve():
+        raise CheckpointError(
+            f"trainer.resume={str(resume)!r} starts from another run's checkpoint, but trainer.output_dir ({out}) "
+            f"holds checkpoints of its own ({existing}); give this run a new trainer.output_dir"
+        )
+    return found
+
+
+def _none_valid_message(where: Path, dirs: list[tuple[int, Path, str | None]]) -> str:
+    listed = "; ".join(f"{p.name}: {why}" for _, p, why in dirs)
+    return (
+        f"trainer.resume=auto: {where} holds {len(dirs)} checkpoint(s) and none verifies ({listed}). "
+        "Nothing was changed. Repair or restore one of them (e.g. copy back the missing file), or start a new run "
+        "with trainer.resume=disable and a new trainer.output_dir"
+    )
+
+
 def verify_checkpoint(path: str | Path) -> Checkpoint:
     """Check a checkpoint directory against its manifest; raises CheckpointError saying why not."""
     path = Path(path)
     manifest_path = path / MANIFEST
+    if not path.is_dir():
+        raise CheckpointError(f"{path} is not a directory; give a checkpoint directory (<output_dir>/checkpoints/step_NNNNNN)")
     if not manifest_path.is_file():
         raise CheckpointError(f"{MANIFEST} is missing in {path} (the save did not finish)")
     try:
@@ -275,11 +378,28 @@ def _verify_file(root: Path, entry: dict[str, Any]) -> None:
 
 
 def _is_valid(path: Path) -> bool:
+    return _why_invalid(path) is None
+
+
+def _why_invalid(path: Path) -> str | None:
     try:
         verify_checkpoint(path)
-        return True
-    except CheckpointError:
-        return False
+        return None
+    except CheckpointError as exc:
+        return str(exc)
+
+
+def _free_name(path: Path) -> Path:
+    """``path``, or ``path.1``, ``path.2``, ... whichever does not exist yet."""
+    candidate, n = path, 0
+    while candidate.exists():
+        n += 1
+        candidate = path.with_name(f"{path.name}.{n}")
+    return candidate
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.1f}" if n >= 2**30 / 10 else f"{n / 2**30:.2g}"
 
 
 def _list_files(root: Path) -> list[str]:

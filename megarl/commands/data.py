@@ -2,7 +2,7 @@
 
 ``register(subparsers)`` adds the ``data`` command to the main parser (megarl/cli.py). Each
 handler returns an exit code; a data error prints ``error: <file: line/row, field, fix>`` and
-returns 1. Heavy imports (pyarrow, transformers) happen inside the handlers.
+returns 2 (the CLI's EXIT_USER). Heavy imports (pyarrow, transformers) happen inside the handlers.
 """
 
 from __future__ import annotations
@@ -159,16 +159,17 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
 
 # ---- handlers --------------------------------------------------------------------------------
 def _guarded(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    """Print a data error as one line and return 1 instead of a traceback."""
+    """Print a data error as one line and return EXIT_USER instead of a traceback."""
 
     def handler(args: argparse.Namespace) -> int:
+        from megarl.cli import EXIT_USER
         from megarl.data.datasets import DataError
 
         try:
             return run(args)
         except DataError as exc:
             print(f"error: {exc}", file=sys.stderr)
-            return 1
+            return EXIT_USER
 
     return handler
 

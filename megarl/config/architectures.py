@@ -92,6 +92,15 @@ BUILTIN_ARCHS: dict[str, ArchSpec] = {
 }
 
 
+def describe_archs() -> str:
+    """The built-in table, one line per architecture (what `megarl plan --list-archs` prints)."""
+    lines = [f"{'name':<16} {'type':<6} {'params':>8} {'layers':>6} {'heads/kv':>8} {'hidden':>6} {'vocab':>7} {'positions':>9}"]
+    for a in BUILTIN_ARCHS.values():
+        lines.append(f"{a.name:<16} {a.model_type:<6} {a.num_params / 1e9:>7.2f}B {a.num_layers:>6} "
+                     f"{f'{a.num_heads}/{a.num_kv_heads}':>8} {a.hidden_size:>6} {a.vocab_size:>7} {a.max_positions:>9}")
+    return "\n".join(lines)
+
+
 class ArchError(ValueError):
     """The model's architecture cannot be determined (names the field and the fix)."""
 

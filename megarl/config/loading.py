@@ -3,7 +3,8 @@
 `megarl launch cfg.yaml rollout.n=8 actor.optimizer.lr=2e-6`: each override's value is parsed
 as a YAML scalar (or flow list/dict: `data.val_files=[a.parquet,b.parquet]`). Unknown keys, in
 the file or in an override, are refused with the closest valid key suggested. Errors are
-ConfigError with one line per problem: the field path, the value, and what to do.
+ConfigError with one line per problem: the field path, the value, and what to do; a problem
+with a value an override set names that override, not the YAML file.
 """
 
 from __future__ import annotations
@@ -27,19 +28,36 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
     raw: dict[str, Any] = {}
     if path is not None:
         raw = _read_yaml(Path(path))
+    applied: dict[str, str] = {}  # key -> the override as typed, to name it in errors
     for item in overrides:
         key, value = parse_override(item)
         _check_key_path(key)
         _set_dotted(raw, key, value)
-    return validate_config(raw, source=str(path) if path else "<overrides>")
+        applied[key] = item
+    return validate_config(raw, source=str(path) if path else "<overrides>", overrides=applied)
 
 
-def validate_config(raw: dict[str, Any], source: str = "<config>") -> MegaRLConfig:
+def validate_config(raw: dict[str, Any], source: str = "<config>", overrides: dict[str, str] | None = None) -> MegaRLConfig:
+    """Validate ``raw``; errors name ``source``, or the override (``key=value``) that set the value."""
     try:
         return MegaRLConfig.model_validate(raw)
     except ValidationError as exc:
-        lines = [_describe_error(err) for err in exc.errors()]
-        raise ConfigError(f"{source}: invalid configuration\n" + "\n".join(f"  - {ln}" for ln in lines)) from None
+        by_source: dict[str, list[str]] = {}
+        for err in exc.errors():
+            origin = _override_of(err["loc"], overrides or {})
+            by_source.setdefault(f"override {origin}" if origin else source, []).append(_describe_error(err))
+        parts = [f"{where}: invalid configuration\n" + "\n".join(f"  - {ln}" for ln in lines) for where, lines in by_source.items()]
+        raise ConfigError("\n".join(parts)) from None
+
+
+def _override_of(loc: tuple[Any, ...], overrides: dict[str, str]) -> str | None:
+    """The override that set the value at ``loc`` (the key itself or a section above it)."""
+    path = [str(p) for p in loc]
+    for depth in range(len(path), 0, -1):
+        item = overrides.get(".".join(path[:depth]))
+        if item is not None:
+            return item
+    return None
 
 
 def parse_override(item: str) -> tuple[str, Any]:
@@ -130,7 +148,9 @@ def _describe_error(err: dict[str, Any]) -> str:
 def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
     model: type[BaseModel] | None = MegaRLConfig
     for part in loc:
-        if model is None or not isinstance(part, str) or part not in model.model_fields:
+        if isinstance(part, int):  # an index into a list of sections (data.train_files.0)
+            continue
+        if model is None or part not in model.model_fields:
             return None
         model = _section_type(model.model_fields[part].annotation)
     return model

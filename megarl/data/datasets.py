@@ -15,6 +15,7 @@ prompts into token ids is megarl/data/prompts.py, drawing batches is megarl/data
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,44 +62,92 @@ def read_prompt_file(path: str | Path, *, label: str = "", prompt_key: str = "pr
     import pyarrow.parquet as pq
 
     label = label or str(path)
-    if not Path(path).is_file():
-        raise DataError(f"{label}: file {path} does not exist; check the path (relative paths are relative to the working directory)")
+    _check_exists(label, path)
     try:
         table = pq.read_table(path)
     except Exception as exc:  # pyarrow raises several types for a corrupt / non-parquet file
-        raise DataError(f"{label}: cannot read {path} as parquet ({exc}); {SCHEMA_HELP}") from exc
-    columns = table.column_names
+        raise _unreadable(label, path, exc) from exc
+    _check_columns(label, table.column_names, prompt_key)
+    return _check_table(label, table, prompt_key, range(table.num_rows))
+
+
+SAMPLE_ROWS = 1000
+
+
+def check_prompt_file(path: str | Path, *, label: str = "", prompt_key: str = "prompt",
+                      sample_rows: int = SAMPLE_ROWS) -> list[PromptRecord]:
+    """The pre-launch check of a prompt file, cheap on any size: the parquet footer (readable,
+    columns, at least one row), then at most ``sample_rows`` rows checked as training checks them.
+
+    The rows are the first ones of row groups spread over the file (streamed: a 1 GB file costs a
+    fraction of a second); returns them. Raises DataError with the same messages as training.
+    """
+    import pyarrow.parquet as pq
+
+    label = label or str(path)
+    _check_exists(label, path)
+    try:
+        # Unbuffered column chunks are read page by page: a row group's head costs its first pages.
+        parquet = pq.ParquetFile(path, pre_buffer=False, buffer_size=1 << 20)
+        names = parquet.schema_arrow.names
+    except Exception as exc:  # not a parquet file, truncated footer, ...
+        raise _unreadable(label, path, exc) from exc
+    _check_columns(label, names, prompt_key)
+    meta = parquet.metadata
+    if meta.num_rows == 0:
+        raise DataError(f"{label}: {path} has no rows; training needs at least one prompt")
+    columns = [c for c in ("data_source", prompt_key, "ability", "reward_model", "extra_info") if c in names]
+    groups = _spread(meta.num_row_groups, sample_rows)
+    per_group = max(1, sample_rows // len(groups))
+    starts = [0]
+    for g in range(meta.num_row_groups):
+        starts.append(starts[-1] + meta.row_group(g).num_rows)
+    records: list[PromptRecord] = []
+    try:
+        for g in groups:
+            batch = next(parquet.iter_batches(batch_size=per_group, row_groups=[g], columns=columns), None)
+            if batch is not None:
+                records += _check_table(label, batch, prompt_key, range(starts[g], starts[g] + batch.num_rows))
+    except DataError:
+        raise
+    except Exception as exc:  # a damaged page
+        raise _unreadable(label, path, exc) from exc
+    return records
+
+
+def _spread(count: int, at_most: int) -> list[int]:
+    """At most ``at_most`` indices of range(count), evenly spread, first and last included."""
+    if count <= at_most:
+        return list(range(count))
+    return sorted({round(i * (count - 1) / (at_most - 1)) for i in range(at_most)})
+
+
+def _check_exists(label: str, path: str | Path) -> None:
+    if not Path(path).is_file():
+        raise DataError(f"{label}: file {path} does not exist; check the path (relative paths are relative to the working directory)")
+
+
+def _unreadable(label: str, path: str | Path, exc: Exception) -> DataError:
+    return DataError(f"{label}: cannot read {path} as parquet ({exc}); {SCHEMA_HELP}")
+
+
+def _check_columns(label: str, columns: list[str], prompt_key: str) -> None:
     for name in (*REQUIRED_COLUMNS, prompt_key):
         if name not in columns:
             hint = f" (data.prompt_key is {prompt_key!r})" if name == prompt_key else ""
             raise DataError(f"{label}: missing column {name!r}{hint}; the file has columns {columns}; {SCHEMA_HELP}")
+
+
+def _check_table(label: str, table: Any, prompt_key: str, rows: range) -> list[PromptRecord]:
+    """Check the rows of an arrow table or record batch; ``rows`` are their numbers in the file."""
+    names = table.schema.names
     data = {name: table.column(name).to_pylist() for name in (*REQUIRED_COLUMNS, prompt_key)}
-    ability = table.column("ability").to_pylist() if "ability" in columns else [None] * table.num_rows
-    extra = table.column("extra_info").to_pylist() if "extra_info" in columns else [None] * table.num_rows
+    ability = table.column("ability").to_pylist() if "ability" in names else [None] * table.num_rows
+    extra = table.column("extra_info").to_pylist() if "extra_info" in names else [None] * table.num_rows
     return [
-        _check_row(label, i, data["data_source"][i], data[prompt_key][i], prompt_key, ability[i], data["reward_model"][i], extra[i])
-        for i in range(table.num_rows)
+        _check_row(label, row, data["data_source"][i], data[prompt_key][i], prompt_key, ability[i], data["reward_model"][i], extra[i])
+        for i, row in enumerate(rows)
     ]
-
-
-def schema_problem(path: str | Path, prompt_key: str = "prompt") -> str | None:
-    """Why ``path`` cannot be a prompt file judging from its parquet schema alone, or None.
-
-    Cheap (reads the footer, no rows), for pre-launch checks (`megarl plan --check-files`);
-    the row-by-row checks run when the trainer loads the file.
-    """
-    import pyarrow.parquet as pq
-
-    if not Path(path).is_file():
-        return f"{path} does not exist"
-    try:
-        names = pq.read_schema(path).names
-    except Exception as exc:  # not a parquet file
-        return f"cannot read {path} as parquet ({exc})"
-    missing = [name for name in (*REQUIRED_COLUMNS, prompt_key) if name not in names]
-    if missing:
-        return f"{path} lacks column(s) {missing} (it has {names}); {SCHEMA_HELP}"
-    return None
 
 
 def _check_row(
@@ -161,7 +210,13 @@ def write_prompt_file(rows: list[dict[str, Any]], path: str | Path) -> Path:
         raise DataError(f"{path}: refusing to write a parquet file with no rows")
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist(rows), out)
+    # Written beside the target and renamed: a failure never leaves half a file, nor destroys an old one.
+    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+    try:
+        pq.write_table(pa.Table.from_pylist(rows), tmp)
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
     return out
 
 

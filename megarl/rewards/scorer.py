@@ -5,7 +5,14 @@ process runs threads, so plain fork is unsafe). Each task has its own timeout: a
 runs past ``reward.timeout_s`` is stopped by killing its worker, which the pool replaces; a
 worker that dies (``os._exit``, a segfault in user code) fails only its task. Such samples
 score 0 and are counted (``reward/errors``, ``reward/timeouts``); the first few are logged
-with the sample.
+with the sample, the first timeout as soon as it happens.
+
+Failing fast: a function that timed out on ``reward.workers`` samples (one round of the pool)
+without ever returning in this call is hanging on everything; its remaining samples are
+marked as timeouts without running, so a step where every sample hangs ends within about
+2 x ``timeout_s`` (a chunk's timeout, then one round of single samples). When errors +
+timeouts reach ``reward.max_failed_fraction`` of a call's samples, ``score`` raises
+RewardError with the function's first traceback: the run stops instead of training on zeros.
 
 What runs where:
 - built-in rule scorers (registry.py): cheap ones go in chunks of samples per task (the pool's
@@ -25,8 +32,9 @@ import math
 import multiprocessing
 import os
 import signal
+import traceback
 from collections.abc import Sequence
-from concurrent.futures import Future
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,8 +51,13 @@ CHUNK_SIZE = 32  # samples per task for cheap scorers
 LOGGED_ERRORS_PER_CALL = 3
 CUSTOM_CHECK_TIMEOUT_S = 60.0
 
-# A task returns, per sample, ("ok", score, extras) or ("error", message).
+# A task returns, per sample, ("ok", score, extras) or ("error", message, traceback); the
+# driver adds ("timeout", message).
 Outcome = tuple
+
+
+class RewardError(RuntimeError):
+    """Reward functions failed on too many of a step's samples (reward.max_failed_fraction)."""
 
 
 @dataclass
@@ -79,6 +92,9 @@ def _init_worker(spec: dict[str, Any]) -> None:
     _WORKER.clear()
     _WORKER["spec"] = spec
     _chain_sigterm()
+    # Ctrl-C reaches the whole foreground process group: the driver decides when to stop, a
+    # worker must not die mid-sample (the step in progress is finished or abandoned as a whole).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         if spec.get("custom"):
             _WORKER["custom"] = custom_fn.load_function(*spec["custom"])
@@ -128,9 +144,33 @@ def _score_samples(scorers: list[str | None], samples: list[tuple]) -> list[Outc
             where = f"reward scorer {name}" if name is not None else "reward.custom function"
             score, extras = custom_fn.to_scored(fn(*sample), where)
             outcomes.append(("ok", score, extras))
-        except Exception as exc:  # noqa: BLE001 - a reward error scores 0, never crashes the run
-            outcomes.append(("error", f"{type(exc).__name__}: {exc}"))
+        except Exception as exc:  # noqa: BLE001 - a reward error scores 0 and is counted
+            # The traceback from the function's own frame on (this loop's frame says nothing).
+            user_tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__.tb_next))
+            outcomes.append(("error", f"{type(exc).__name__}: {exc}", user_tb))
     return outcomes
+
+
+class _HangWatch:
+    """Per function, in one scoring call: timeouts so far and whether it ever returned."""
+
+    def __init__(self, workers: int, timeout_s: float):
+        self.workers, self.timeout_s = workers, timeout_s
+        self.timeouts: dict[str, int] = {}
+        self.answered: set[str] = set()
+
+    def timed_out(self, function: str, sample: tuple) -> None:
+        self.timeouts[function] = self.timeouts.get(function, 0) + 1
+        if sum(self.timeouts.values()) == 1:  # at once, not when the batch ends
+            log.warning("reward: %s timed out after %g s (reward.timeout_s) | data_source=%r response=%r",
+                        function, self.timeout_s, sample[0], str(sample[1])[:200])
+
+    def returned(self, function: str) -> None:
+        self.answered.add(function)
+
+    def hopeless(self, function: str) -> bool:
+        """One round of the pool timed out on this function, and it never returned a score."""
+        return function not in self.answered and self.timeouts.get(function, 0) >= self.workers
 
 
 def _score_batched(columns: tuple[list, list, list, list]) -> list[Outcome]:
@@ -161,6 +201,7 @@ class _Job:
     future: Future
     split_on_failure: bool  # re-run one sample per task when the whole task times out / dies
     scorers: list[str | None] = field(default_factory=list)
+    function: str = "reward.custom"  # what runs: a scorer name, reward.custom or reward.model
 
 
 class RewardScorer:
@@ -238,7 +279,7 @@ class RewardScorer:
             return []
         columns = tuple([s[k] for s in samples] for k in range(4))
         future = self._pool.schedule(_score_batched, args=(columns,), timeout=self.cfg.timeout_s)
-        return [_Job(list(range(len(samples))), future, False)]
+        return [_Job(list(range(len(samples))), future, False, function=self._custom_label())]
 
     def _sample_jobs(self, samples: list[tuple]) -> list[_Job]:
         if self.cfg.custom is not None:
@@ -255,7 +296,8 @@ class RewardScorer:
         future = self._pool.schedule(
             _score_samples, args=(names, [samples[i] for i in indices]), timeout=self.cfg.timeout_s
         )
-        return _Job(indices, future, len(indices) > 1, names)
+        label = f"reward scorer {names[0]}" if names[0] is not None else self._custom_label()
+        return _Job(indices, future, len(indices) > 1, names, label)
 
     def _model_jobs(self, samples: list[tuple], prompts: Sequence[str] | None) -> list[_Job]:
         if prompts is None:
@@ -269,33 +311,66 @@ class RewardScorer:
             future = self._pool.schedule(
                 _score_model, args=(texts[k : k + size],), timeout=self.cfg.timeout_s
             )
-            jobs.append(_Job(list(range(k, min(k + size, len(texts)))), future, False))
+            jobs.append(_Job(list(range(k, min(k + size, len(texts)))), future, False, function="reward.model"))
         return jobs
 
+    def _custom_label(self) -> str:
+        custom = self.cfg.custom
+        return f"reward.custom {custom.name!r} ({os.path.basename(custom.path)})" if custom else "reward.custom"
+
     def _collect(self, jobs: list[_Job], samples: list[tuple]) -> list[Outcome]:
-        outcomes: list[Outcome] = [("error", "not scored")] * len(samples)
-        pending = list(jobs)
+        """Wait for the jobs as they finish; re-run failed chunks one sample per task; give up on
+        a function that hangs on everything (see the module docstring)."""
+        outcomes: list[Outcome] = [("error", "not scored", "")] * len(samples)
+        pending = {job.future: job for job in jobs}
+        watch = _HangWatch(self.cfg.workers, self.cfg.timeout_s)
         while pending:
-            job = pending.pop(0)
-            try:
-                for i, outcome in zip(job.indices, job.future.result(), strict=True):
-                    outcomes[i] = outcome
-                continue
-            except FutureTimeout:
-                failure: Outcome = ("timeout", f"timed out after {self.cfg.timeout_s} s")
-            except ProcessExpired as exc:
-                failure = ("error", f"reward worker died (exit code {exc.exitcode})")
-            except Exception as exc:  # noqa: BLE001 - a batched / model call that raised
-                failure = ("error", f"{type(exc).__name__}: {exc}")
-            if job.split_on_failure:
-                pending += [
-                    self._schedule([i], [name], samples)
-                    for i, name in zip(job.indices, job.scorers, strict=True)
-                ]
-            else:
+            done, _ = wait(list(pending), return_when=FIRST_COMPLETED)
+            for future in done:
+                job = pending.pop(future)
+                failure = self._finished(job, outcomes, watch, samples)
+                if failure is None:
+                    continue
+                if job.split_on_failure and not watch.hopeless(job.function):
+                    for i, name in zip(job.indices, job.scorers, strict=True):
+                        retry = self._schedule([i], [name], samples)
+                        pending[retry.future] = retry
+                    continue
                 for i in job.indices:
                     outcomes[i] = failure
+                if watch.hopeless(job.function):
+                    self._give_up(job.function, pending, outcomes, watch)
         return outcomes
+
+    def _finished(self, job: _Job, outcomes: list[Outcome], watch: _HangWatch, samples: list[tuple]) -> Outcome | None:
+        """Store a finished job's outcomes; returns the failure when the whole task failed."""
+        try:
+            results = job.future.result()
+        except FutureTimeout:
+            watch.timed_out(job.function, samples[job.indices[0]])
+            return ("timeout", f"timed out after {self.cfg.timeout_s:g} s (reward.timeout_s)")
+        except ProcessExpired as exc:
+            watch.returned(job.function)  # it ended, it did not hang
+            return ("error", f"reward worker died (exit code {exc.exitcode})", "")
+        except Exception as exc:  # noqa: BLE001 - a batched / model call that raised
+            watch.returned(job.function)
+            return ("error", f"{type(exc).__name__}: {exc}", getattr(exc, "traceback", "") or "")
+        watch.returned(job.function)
+        for i, outcome in zip(job.indices, results, strict=True):
+            outcomes[i] = outcome
+        return None
+
+    def _give_up(self, function: str, pending: dict[Future, _Job], outcomes: list[Outcome], watch: _HangWatch) -> None:
+        skipped = [job for job in pending.values() if job.function == function]
+        for job in skipped:
+            job.future.cancel()  # a running one: pebble stops its worker
+            del pending[job.future]
+            for i in job.indices:
+                outcomes[i] = ("timeout", f"not run: {function} timed out {watch.timeouts[function]} times and never returned")
+        count = sum(len(job.indices) for job in skipped)
+        if count:
+            log.warning("reward: %s timed out %d times without ever returning; its other %d samples of this batch "
+                        "are counted as timeouts without running", function, watch.timeouts[function], count)
 
     def _result(self, outcomes: list[Outcome], samples: list[tuple]) -> ScoreResult:
         n = len(outcomes)
@@ -320,7 +395,25 @@ class RewardScorer:
                     str(truth)[:200],
                     str(solution)[:300],
                 )
+        self._check_failed_fraction(result, outcomes, samples)
         return result
+
+    def _check_failed_fraction(self, result: ScoreResult, outcomes: list[Outcome], samples: list[tuple]) -> None:
+        n, failed = len(outcomes), result.errors + result.timeouts
+        limit = self.cfg.max_failed_fraction
+        if not n or failed < limit * n:
+            return
+        first = next(i for i, o in enumerate(outcomes) if o[0] != "ok")
+        kind, message = outcomes[first][0], outcomes[first][1]
+        trace = outcomes[first][2] if kind == "error" and len(outcomes[first]) > 2 else ""
+        what = self._custom_label() if self.cfg.custom else "reward.model" if self.cfg.model else "the reward scorers"
+        fix = ("raise reward.timeout_s or make the function return sooner" if kind == "timeout"
+               else "fix the function" + (" (its traceback follows)" if trace else ""))
+        raise RewardError(
+            f"{what} failed on {failed} of {n} samples ({result.errors} errors, {result.timeouts} timeouts), at least "
+            f"reward.max_failed_fraction ({limit:g}) of them; the run stops rather than train on zero rewards. "
+            f"First failure (data_source={samples[first][0]!r}): {message}; {fix}" + (f"\n{trace.rstrip()}" if trace else "")
+        )
 
     def close(self) -> None:
         """Stop the workers (running tasks are abandoned)."""

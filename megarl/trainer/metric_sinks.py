@@ -1,19 +1,29 @@
 """Where step metrics go: console progress, metrics.jsonl, TensorBoard, W&B, MLflow.
 
 One ``MetricsLogger`` fans a step's flat ``{name: float}`` dict out to the sinks chosen by
-``trainer.loggers``. On resume, metrics.jsonl is cut back to the resumed step, so the file
-always reads as one uninterrupted run.
+``trainer.loggers``. On resume, metrics.jsonl is cut back to the resumed step (steps after
+the checkpoint are re-run) and appended to, so the file always reads as one uninterrupted
+run; a run starting at step 0 keeps an earlier run's file as metrics.<time>.jsonl, and a
+resumed run continues the same W&B run (its id is kept in <output_dir>/wandb_run_id).
+
+``PhaseTimer`` also reports to ``PROGRESS``, which the hang watchdog
+(megarl/trainer/watchdog.py) reads: the phase the driver is in and since when.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
+import os
+import threading
 import time
 from pathlib import Path
 from typing import Any, Protocol
 
 from megarl.config.sections import TrainerConfig
+
+log = logging.getLogger(__name__)
 
 
 class MetricsSink(Protocol):
@@ -28,8 +38,16 @@ class JsonlSink:
     def __init__(self, path: Path, resume_step: int = 0):
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
-        kept = [ln for ln in _read_lines(path) if json.loads(ln).get("step", 0) <= resume_step] if resume_step else []
-        path.write_text("".join(ln + "\n" for ln in kept))
+        lines = _read_lines(path)
+        if resume_step:
+            kept = [ln for ln in lines if json.loads(ln).get("step", 0) <= resume_step]
+            if len(kept) != len(lines):
+                _write_atomically(path, "".join(ln + "\n" for ln in kept))
+        elif lines:  # a new run in a directory with an earlier run's metrics (no checkpoint of it)
+            stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(path.stat().st_mtime))
+            kept_as = path.with_name(f"{path.stem}.{stamp}{path.suffix}")
+            os.replace(path, kept_as)
+            log.warning("metrics: %s of an earlier run kept as %s", path, kept_as.name)
         self._file = path.open("a")
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
@@ -57,12 +75,19 @@ class TensorBoardSink:
 
 
 class WandbSink:
-    def __init__(self, project: str, name: str, config: dict[str, Any], log_dir: Path):
+    """W&B; a resumed run (``resume_step`` > 0) continues the W&B run whose id is in ``<log_dir>/wandb_run_id``."""
+
+    ID_FILE = "wandb_run_id"
+
+    def __init__(self, project: str, name: str, config: dict[str, Any], log_dir: Path, resume_step: int = 0):
         try:
             import wandb
         except ImportError:
             raise ImportError("trainer.loggers includes wandb but wandb is not installed: pip install wandb") from None
-        self._run = wandb.init(project=project, name=name, config=config, dir=str(log_dir), resume="allow")
+        id_file = Path(log_dir) / self.ID_FILE
+        run_id = id_file.read_text().strip() if resume_step and id_file.is_file() else wandb.util.generate_id()
+        self._run = wandb.init(project=project, name=name, config=config, dir=str(log_dir), id=run_id, resume="allow")
+        id_file.write_text(run_id + "\n")
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self._run.log(metrics, step=step)
@@ -109,8 +134,11 @@ class ConsoleSink:
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         parts = [f"reward {metrics['reward/mean']:.3f}" if "reward/mean" in metrics else ""]
+        failed = {label: int(metrics.get(key) or 0) for key, label in (("reward/errors", "errors"), ("reward/timeouts", "timeouts"))}
+        if any(failed.values()):  # reward functions that raised / timed out: visible at a glance
+            parts.append("[red]reward " + " ".join(f"{label} {n}" for label, n in failed.items() if n) + "[/]")
         for key, label in (("actor/kl", "kl"), ("time/step_s", "s/step")):
-            if key in metrics:
+            if key in metrics and metrics[key] is not None and not math.isnan(metrics[key]):
                 parts.append(f"{label} {metrics[key]:.3g}")
         self._progress.update(self._task, completed=step, info="  ".join(p for p in parts if p))
         if "val/reward/mean" in metrics:
@@ -148,10 +176,32 @@ def build_logger(cfg: TrainerConfig, config_dict: dict[str, Any], total_steps: i
         elif name == "tensorboard":
             sinks.append(TensorBoardSink(out / "tensorboard"))
         elif name == "wandb":
-            sinks.append(WandbSink(cfg.project, cfg.experiment, config_dict, out))
+            sinks.append(WandbSink(cfg.project, cfg.experiment, config_dict, out, resume_step))
         elif name == "mlflow":
             sinks.append(MlflowSink(cfg.project, cfg.experiment, config_dict))
     return MetricsLogger(sinks)
+
+
+class Progress:
+    """Where the driver is: the phase it entered or left last, and when (for the hang watchdog)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.phase, self.since, self.step = "start", time.monotonic(), 0
+
+    def mark(self, phase: str, step: int | None = None) -> None:
+        with self._lock:
+            self.phase, self.since = phase, time.monotonic()
+            if step is not None:
+                self.step = step
+
+    def snapshot(self) -> tuple[str, float, int]:
+        """(phase, seconds since it was entered or left, step)."""
+        with self._lock:
+            return self.phase, time.monotonic() - self.since, self.step
+
+
+PROGRESS = Progress()
 
 
 class PhaseTimer:
@@ -172,10 +222,12 @@ class _Phase:
         self.timer, self.name = timer, name
 
     def __enter__(self) -> None:
+        PROGRESS.mark(self.name)
         self.start = time.perf_counter()
 
     def __exit__(self, *exc: object) -> None:
         self.timer.times[self.name] = self.timer.times.get(self.name, 0.0) + time.perf_counter() - self.start
+        PROGRESS.mark(f"after {self.name}")
 
 
 def read_metrics(path: Path) -> list[dict[str, float]]:
@@ -186,6 +238,13 @@ def _read_lines(path: Path) -> list[str]:
     if not path.exists():
         return []
     return [ln for ln in path.read_text().splitlines() if ln.strip()]
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Replace ``path``'s content in one rename: a crash leaves the old file or the new one."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def _jsonable(value: Any) -> Any:

@@ -107,13 +107,10 @@ def test_session_and_rendezvous(session, tmp_path):
         assert group.call_each("all_reduce", [(1.0,), {"value": 2.0}]) == [9.0, 9.0]
         assert group.call("echo", 5, k="v") == [(0, "t", (5,), {"k": "v"}), (1, "t", (5,), {"k": "v"})]
         assert group.call_each("echo", ["a", ("b", "c")]) == [(0, "t", ("a",), {}), (1, "t", ("b", "c"), {})]
-        assert group.call_rank(1, "echo", x=1) == (1, "t", (), {"x": 1})
         pending = group.call_async("echo", 7)
         assert [r[0] for r in pending.get()] == [0, 1]
         with pytest.raises(ValueError, match="got 1 argument sets for 2 ranks"):
             group.call_each("echo", [()])
-        with pytest.raises(ValueError, match="rank 2 is out of range 0..1"):
-            group.call_rank(2, "echo")
         with pytest.raises(AttributeError, match="RendezvousWorker has no method 'ecko'"):
             group.call("ecko")
         # A checkpoint written by the workers from their own processes, committed by the driver.

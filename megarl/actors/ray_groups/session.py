@@ -3,6 +3,13 @@
 `ray_session()` starts an embedded local Ray (no dashboard) when no address is given, or
 attaches to a running cluster ("auto" or host:port); on exit it shuts down only what it
 started (an already initialised Ray, e.g. a test fixture's, is reused and left running).
+
+An embedded Ray's processes (GCS, raylet, agents, workers) and the driver's other children
+(reward workers) are children of the driver. When the driver is killed without a chance to
+clean up (SIGKILL, the OOM killer), a small reaper process, in its own session so that a
+process-group kill spares it, notices at once (its stdin pipe from the driver closes), freezes
+and kills every process of that run, then exits; a normal exit tells it to go quietly. Ray's
+token-authentication notice is not printed for an embedded cluster (it stays on, local).
 `save_timeline()` writes Ray's task/actor timeline (Chrome trace JSON, open it in
 chrome://tracing or Perfetto) for profiling a run. Left out: starting multi-node clusters
 (launch/ holds the Slurm / head-worker bootstrap), runtime environments beyond env vars.
@@ -11,6 +18,9 @@ chrome://tracing or Perfetto) for profiling a run. Left out: starting multi-node
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -57,10 +67,13 @@ def ray_session(
         return
     runtime_env = {"env_vars": dict(env_vars)} if env_vars else None
     kwargs = dict(log_to_driver=log_to_driver, namespace=namespace, runtime_env=runtime_env)
+    reaper = None
     if address is None:
         # "local" always starts a new instance; plain ray.init() would join a cluster found
         # through RAY_ADDRESS or a `ray start` on this machine (someone else's, on a shared box).
-        ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, **kwargs)
+        with _quiet_auth_notice():
+            ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, **kwargs)
+        reaper = start_reaper()
     else:
         try:
             ray.init(address=address, **kwargs)
@@ -74,6 +87,91 @@ def ray_session(
         yield _describe(started_here=True)
     finally:
         ray.shutdown()
+        if reaper is not None:
+            stop_reaper(reaper)
+
+
+@contextmanager
+def _quiet_auth_notice() -> Iterator[None]:
+    """Ray warns on every embedded start that it turned token authentication on; it does so for
+    a local cluster only this driver uses, so the notice is noise (the setting is unchanged)."""
+    auth = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    level = auth.level
+    auth.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        auth.setLevel(level)
+
+
+# The reaper (a separate, tiny process: psutil and the standard library only). argv: the
+# driver's pid. It polls the driver's process tree while it waits; on EOF on stdin without
+# "done" (the driver died), it freezes every process it saw (and their children), then kills them.
+_REAPER_CODE = r"""
+import os, select, signal, sys, time
+import psutil
+
+driver = psutil.Process(int(sys.argv[1]))
+me = os.getpid()
+seen = {}
+
+def scan(procs):
+    for p in list(procs):
+        try:
+            for c in [p] + p.children(recursive=True):
+                if c.pid not in (me, driver.pid):
+                    seen.setdefault(c.pid, c)
+        except psutil.Error:
+            pass
+
+done = False
+while True:
+    ready = select.select([0], [], [], 0.5)[0]
+    if ready:
+        data = os.read(0, 64)
+        done = b"done" in data
+        if not data or done:
+            break
+    scan([driver])
+if done:
+    sys.exit(0)
+for _ in range(5):  # freeze first: a frozen parent starts nothing new while its tree is collected
+    alive = [p for p in seen.values() if p.is_running()]
+    if not alive:
+        break
+    for p in alive:
+        try:
+            p.send_signal(signal.SIGSTOP)
+        except psutil.Error:
+            pass
+    scan(alive)
+    for p in list(seen.values()):
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    time.sleep(0.2)
+"""
+
+
+def start_reaper() -> subprocess.Popen | None:
+    """Start the reaper of this driver's processes (see the module docstring); None if it cannot."""
+    try:
+        return subprocess.Popen([sys.executable, "-c", _REAPER_CODE, str(os.getpid())], stdin=subprocess.PIPE,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    except OSError as exc:  # no reaper is no reason not to train
+        log.warning("ray_session: cannot start the process reaper (%s); a killed driver may leave Ray processes behind", exc)
+        return None
+
+
+def stop_reaper(reaper: subprocess.Popen) -> None:
+    """The driver is exiting normally: the reaper goes without killing anything."""
+    try:
+        reaper.stdin.write(b"done\n")  # type: ignore[union-attr]
+        reaper.stdin.close()  # type: ignore[union-attr]
+        reaper.wait(timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        reaper.kill()
 
 
 def _describe(started_here: bool) -> RaySession:

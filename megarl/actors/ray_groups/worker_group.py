@@ -21,7 +21,12 @@ the worker, sets the environment torchrun would have set:
 
 Every rank's stdout and stderr (file descriptors 1 and 2, so C++ output too) go to
 `<log_dir>/<role>_rank<r>.log`. A rank that raises, or whose process dies, is reported as
-a WorkerError that names the role, the rank, the method and the last lines of that log.
+a WorkerError whose first line (``summary``) names the role, the rank, the method and the
+cause quoted from that log (the last exception line it holds), followed by the log's last
+lines. Each rank registers faulthandler on SIGUSR1: `dump_stacks()` makes every rank write
+the Python stacks of all its threads to its log (a rank on another node is signalled by a
+zero-CPU Ray task pinned to that node), which the hang watchdog uses; `pending_calls()`
+says which ranks have not answered the calls in flight.
 
 This module imports neither torch nor megatron: the driver imports it. Left out: actor
 restarts (a dead rank fails the group; the trainer resumes from a checkpoint), concurrent
@@ -30,10 +35,15 @@ calls into one rank (each actor runs one call at a time, in submission order).
 
 from __future__ import annotations
 
+import faulthandler
+import logging
 import os
+import re
+import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Sequence
@@ -47,15 +57,24 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from megarl.actors.ray_groups.placement import PlacedRole, RolePlacement, place_roles
 
 LOG_TAIL_LINES = 40
+STACK_SIGNAL = signal.SIGUSR1  # faulthandler in every rank: write all threads' stacks to the log
+STACK_MARK = b"most recent call first"
+# The line of a log that says what went wrong: a Python exception, or the C runtime's last word.
+# A prefix such as "[rank1]: " (torch's) is allowed before the exception's name.
+_CAUSE_RE = re.compile(r"(^|: )[\w.]*(Error|Exception|Exit|Interrupt)\b|^(Killed|Segmentation fault|Fatal Python error|terminate called)\b")
+
+log = logging.getLogger(__name__)
 
 
 class WorkerError(RuntimeError):
-    """A rank of a worker group raised or died; the message names it and quotes its log."""
+    """A rank of a worker group raised or died; ``summary`` is one line naming it and the cause,
+    the message adds the last lines of its log."""
 
-    def __init__(self, message: str, role: str, rank: int):
+    def __init__(self, message: str, role: str, rank: int, summary: str | None = None):
         super().__init__(message)
         self.role = role
         self.rank = rank
+        self.summary = summary or message.splitlines()[0]
 
 
 @dataclass(frozen=True)
@@ -88,6 +107,9 @@ class _WorkerHost:
         os.dup2(fd, 1)
         os.dup2(fd, 2)
         os.close(fd)
+        # `WorkerGroup.dump_stacks()`: written from the signal handler itself, so a rank stuck in C
+        # code (a collective, a CUDA call) still shows where it is.
+        faulthandler.register(STACK_SIGNAL, file=sys.stderr, all_threads=True, chain=False)
         self._worker: Any = None
 
     def node_info(self) -> dict[str, Any]:
@@ -128,6 +150,16 @@ class _WorkerHost:
 _HostActor = ray.remote(max_restarts=0, max_task_retries=0)(_WorkerHost)
 
 
+@ray.remote(num_cpus=0)
+def _signal_pid(pid: int, signum: int) -> bool:
+    """Runs on the rank's node (pinned there): the actor itself may be busy with a call."""
+    try:
+        os.kill(pid, signum)
+        return True
+    except ProcessLookupError:
+        return False
+
+
 @dataclass
 class PendingCall:
     """Object refs of one call into some ranks; `get()` waits and translates failures."""
@@ -161,17 +193,22 @@ class WorkerGroup:
     ):
         self.cls = cls
         self.options = group_options or GroupOptions()
+        self.role = placement.role
+        log_dir = self.options.log_dir or tempfile.mkdtemp(prefix=f"megarl-{self.role}-logs-")
+        self.log_dir = Path(log_dir).resolve()
+        # First, before anything is placed: an unwritable place is one clear OSError, not a rank
+        # dying in its constructor.
+        self.log_dir.mkdir(parents=True, exist_ok=True)
         if isinstance(placement, RolePlacement):
             placed = place_roles([placement], timeout_s=self.options.place_timeout_s)[placement.role]
             placed.owns_pool = True
         else:
             placed = placement
         self.placed = placed
-        self.role = placed.role
         self.world_size = placed.placement.world_size
-        log_dir = self.options.log_dir or tempfile.mkdtemp(prefix=f"megarl-{self.role}-logs-")
-        self.log_dir = Path(log_dir).resolve()
         self.log_paths = [self.log_dir / f"{self.role}_rank{r}.log" for r in range(self.world_size)]
+        self._waits: dict[int, tuple[str, list[int]]] = {}  # calls in flight -> ranks not answered yet
+        self._waits_lock = threading.Lock()
         # Where this group's output starts in each log (a log dir may be reused by a restart).
         self._log_starts = [p.stat().st_size if p.exists() else 0 for p in self.log_paths]
         self._actors: list[Any] = []
@@ -186,6 +223,8 @@ class WorkerGroup:
     # ---- start-up -------------------------------------------------------------------
 
     def _start(self, init_args: tuple, init_kwargs: dict) -> None:
+        started = time.monotonic()
+        log.info("%s: starting %d rank(s) (logs: %s)", self.role, self.world_size, self.options.log_dir or self.log_dir)
         self._actors = [
             _HostActor.options(**self.placed.scheduling(r)).remote(str(self.log_paths[r]))
             for r in range(self.world_size)
@@ -195,9 +234,11 @@ class WorkerGroup:
         self.node_infos = self._gather([a.node_info.remote() for a in self._actors], ranks, "<start>", timeout)
         port = self._gather([self._actors[0].free_port.remote()], [0], "<free_port>", timeout)[0]
         envs = self.rank_envs(self.node_infos, self.node_infos[0]["ip"], port)
+        log.info("%s: %d rank(s) up; building %s in each (loads the model) ...", self.role, self.world_size, self.cls.__qualname__)
         packed = ray.put((init_args, init_kwargs))  # a top-level ref: Ray resolves it per actor
         refs = [a.construct.remote(self.cls, packed, envs[r]) for r, a in enumerate(self._actors)]
         self._gather(refs, ranks, "__init__", timeout)
+        log.info("%s: %d rank(s) ready in %.0f s", self.role, self.world_size, time.monotonic() - started)
 
     def rank_envs(self, infos: Sequence[dict[str, Any]], master_addr: str, master_port: int) -> list[dict[str, str]]:
         """The torchrun-like environment of every rank, from where the ranks landed."""
@@ -247,10 +288,6 @@ class WorkerGroup:
         anything else is passed as the single positional argument."""
         return self.call_each_async(method, args_per_rank).get()
 
-    def call_rank(self, rank: int, method: str, *args: Any, **kwargs: Any) -> Any:
-        """Call `method` on one rank only."""
-        return self.call_rank_async(rank, method, *args, **kwargs).get()[0]
-
     def call_async(self, method: str, *args: Any, **kwargs: Any) -> PendingCall:
         self._check_open(method)
         packed = ray.put((args, kwargs))  # serialised once, shared by all ranks
@@ -267,13 +304,6 @@ class WorkerGroup:
         refs = [a.run.remote(method, _as_packed(x)) for a, x in zip(self._actors, args_per_rank, strict=True)]
         return PendingCall(self, method, list(range(self.world_size)), refs)
 
-    def call_rank_async(self, rank: int, method: str, *args: Any, **kwargs: Any) -> PendingCall:
-        self._check_open(method)
-        if not 0 <= rank < self.world_size:
-            raise ValueError(f"{self.role}.call_rank: rank {rank} is out of range 0..{self.world_size - 1}")
-        ref = self._actors[rank].run.remote(method, (args, kwargs))
-        return PendingCall(self, method, [rank], [ref])
-
     def _check_open(self, method: str) -> None:
         if self._closed:
             raise RuntimeError(f"{self.role} worker group is shut down; cannot call '{method}'")
@@ -285,41 +315,95 @@ class WorkerGroup:
         pending = dict(zip(refs, range(len(refs)), strict=True))
         results: list[Any] = [None] * len(refs)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while pending:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            ready, _ = ray.wait(list(pending), num_returns=1, timeout=left)
-            if not ready:
-                waiting = sorted(ranks[i] for i in pending.values())
-                raise WorkerError(
-                    f"{self.role}: {self._what(method)} did not finish within {timeout_s:g} s on "
-                    f"rank(s) {waiting}; logs: {self.log_dir}", self.role, waiting[0])
-            for ref in ready:
-                index = pending.pop(ref)
-                try:
-                    results[index] = ray.get(ref)
-                except (RayTaskError, RayActorError, GetTimeoutError) as exc:
-                    raise self._failure(ranks[index], method, exc) from exc
+        key = id(pending)
+        try:
+            while pending:
+                self._note_wait(key, method, sorted(ranks[i] for i in pending.values()))
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                ready, _ = ray.wait(list(pending), num_returns=1, timeout=left)
+                if not ready:
+                    waiting = sorted(ranks[i] for i in pending.values())
+                    raise WorkerError(
+                        f"{self.role}: {self._what(method)} did not finish within {timeout_s:g} s on "
+                        f"rank(s) {waiting}; logs: {self.log_dir}", self.role, waiting[0])
+                for ref in ready:
+                    index = pending.pop(ref)
+                    try:
+                        results[index] = ray.get(ref)
+                    except (RayTaskError, RayActorError, GetTimeoutError) as exc:
+                        raise self._failure(ranks[index], method, exc) from exc
+        finally:
+            with self._waits_lock:
+                self._waits.pop(key, None)
         return results
+
+    def _note_wait(self, key: int, method: str, ranks: list[int]) -> None:
+        with self._waits_lock:
+            self._waits[key] = (self._what(method), ranks)
+
+    def pending_calls(self) -> list[tuple[str, list[int]]]:
+        """The calls being waited for now: (what, ranks that have not answered yet)."""
+        with self._waits_lock:
+            return list(self._waits.values())
+
+    def dump_stacks(self) -> dict[int, bool]:
+        """Make every rank write all its threads' Python stacks to its log; rank -> whether it
+        did (within a few seconds). Local ranks get the signal directly, remote ones through a
+        zero-CPU task pinned to their node (the actor itself may be stuck in a call)."""
+        here = socket.gethostname()
+        sizes = [self._log_size(r) for r in range(len(self.node_infos))]
+        for info in self.node_infos:
+            try:
+                if info.get("hostname") == here:
+                    os.kill(info["pid"], STACK_SIGNAL)
+                else:
+                    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+                    pinned = NodeAffinitySchedulingStrategy(info["node_id"], soft=False)
+                    ray.get(_signal_pid.options(scheduling_strategy=pinned).remote(info["pid"], STACK_SIGNAL), timeout=10)
+            except Exception:  # noqa: BLE001 - a dead rank or node: reported as "did not write"
+                continue
+        deadline = time.monotonic() + 3.0
+        written: dict[int, bool] = {}
+        while time.monotonic() < deadline and len([w for w in written.values() if w]) < len(sizes):
+            written = {r: self._stack_written(r, sizes[r]) for r in range(len(sizes))}
+            time.sleep(0.1)
+        return {r: written.get(r, False) for r in range(len(sizes))}
+
+    def _log_size(self, rank: int) -> int:
+        try:
+            return self.log_paths[rank].stat().st_size
+        except OSError:
+            return 0
+
+    def _stack_written(self, rank: int, since: int) -> bool:
+        try:
+            with open(self.log_paths[rank], "rb") as f:
+                f.seek(since)
+                return STACK_MARK in f.read()
+        except OSError:
+            return False
 
     def _what(self, method: str) -> str:
         name = self.cls.__qualname__
         return {"<start>": "starting the actor", "<free_port>": "picking MASTER_PORT"}.get(method, f"{name}.{method}")
 
     def _failure(self, rank: int, method: str, exc: BaseException) -> WorkerError:
+        tail = self.log_tail(rank) if rank < len(self.log_paths) else ""
         if isinstance(exc, RayActorError):
             time.sleep(0.2)  # let the dying process's last writes reach the log
-            how = f"died during {self._what(method)} (its process exited or was killed)"
+            tail = self.log_tail(rank)
+            cause = _cause(tail) or _cause(str(exc)) or "no error in its log: killed by a signal (the OOM killer?)"
+            how = f"died during {self._what(method)}: {cause}"
         else:
-            cause = getattr(exc, "cause", None) or exc
-            lines = str(cause).strip().splitlines()
-            how = f"raised {type(cause).__name__} in {self._what(method)}: {lines[-1] if lines else ''}"
+            err = getattr(exc, "cause", None) or exc
+            lines = str(err).strip().splitlines()
+            how = f"raised {type(err).__name__} in {self._what(method)}: {lines[-1] if lines else ''}"
         where = self.node_infos[rank] if rank < len(self.node_infos) else {}
         host = f" on {where.get('hostname')} ({where.get('ip')}), pid {where.get('pid')}" if where else ""
-        message = (
-            f"{self.role} rank {rank}{host} {how}\n"
-            f"--- last lines of {self.log_paths[rank]} ---\n{self.log_tail(rank)}"
-        )
-        return WorkerError(message, self.role, rank)
+        summary = f"{self.role} rank {rank}{host} {how} (log: {self.log_paths[rank]})"
+        message = f"{summary}\n--- last lines of {self.log_paths[rank]} ---\n{tail}"
+        return WorkerError(message, self.role, rank, summary)
 
     def log_tail(self, rank: int, lines: int = LOG_TAIL_LINES) -> str:
         """The last `lines` lines this group's rank wrote to its log (read on the driver's
@@ -331,7 +415,10 @@ class WorkerGroup:
                 f.seek(max(self._log_starts[rank], f.tell() - 64 * 1024))
                 text = f.read().decode("utf-8", errors="replace")
         except OSError as exc:
-            return f"(log not readable here: {exc}; it is on the rank's node)"
+            info = self.node_infos[rank] if rank < len(self.node_infos) else {}
+            if not info or info.get("hostname") == socket.gethostname():
+                return f"(no log: {exc.strerror}: {path})"
+            return f"(log not readable here: {exc.strerror}; it is on {info.get('hostname')}, or use a shared log_dir)"
         return "\n".join(text.splitlines()[-lines:])
 
     # ---- shutdown -------------------------------------------------------------------
@@ -355,6 +442,15 @@ class WorkerGroup:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+
+def _cause(text: str) -> str | None:
+    """The last line of ``text`` that names an error (what a dead rank's log says happened)."""
+    for line in reversed(text.splitlines()):
+        line = line.strip()
+        if _CAUSE_RE.search(line):
+            return line[:300]
+    return None
 
 
 def _as_packed(x: Any) -> tuple[tuple, dict]:

@@ -12,6 +12,7 @@ from megarl.checkpoint.manager import (
     MANIFEST,
     CheckpointError,
     CheckpointManager,
+    plan_resume,
     step_dir_name,
     verify_checkpoint,
 )
@@ -44,8 +45,8 @@ def test_save_writes_manifest_and_resume_finds_it(tmp_path):
     assert ckpt.component("policy") == path / "policy"
     with pytest.raises(CheckpointError, match="no component 'critic'.*policy"):
         ckpt.component("critic")
-    assert manager.resolve_resume("disable") is None
     assert manager.resolve_resume(str(path)).step == 12
+    assert CheckpointManager(tmp_path / "fresh").resolve_resume("disable") is None
 
 
 def test_metadata_goes_into_the_manifest(tmp_path):
@@ -152,7 +153,6 @@ def test_explicit_invalid_resume_path_errors(tmp_path):
         manager.resolve_resume(str(torn))
     with pytest.raises(CheckpointError, match="no such checkpoint directory"):
         manager.resolve_resume(str(tmp_path / "nope"))
-    assert manager.resolve_resume("auto") is None  # only a torn one: start fresh
 
 
 def test_retention_keeps_newest_valid(tmp_path):
@@ -173,3 +173,64 @@ def test_retention_keeps_newest_valid(tmp_path):
 def test_keep_last_must_be_positive(tmp_path):
     with pytest.raises(ValueError, match=r"trainer.keep_last \(0\)"):
         CheckpointManager(tmp_path, keep_last=0)
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_auto_refuses_when_no_checkpoint_verifies_and_changes_nothing(tmp_path):
+    manager = CheckpointManager(tmp_path)
+    for step in (2, 4):
+        path = _save(manager, step)
+        state = path / "trainer_state.pt"
+        state.write_bytes(state.read_bytes()[:3])  # truncated
+    before = _tree(tmp_path)
+    with pytest.raises(CheckpointError) as info:
+        CheckpointManager(tmp_path).resolve_resume("auto")
+    msg = str(info.value)
+    assert "none verifies" in msg and "step_000002: file trainer_state.pt has 3 bytes" in msg and "step_000004" in msg
+    assert "Repair or restore" in msg and "trainer.resume=disable and a new trainer.output_dir" in msg
+    assert _tree(tmp_path) == before  # the evidence is untouched
+
+
+def test_a_new_run_never_writes_over_another_runs_checkpoints(tmp_path):
+    manager = CheckpointManager(tmp_path / "old")
+    old = _save(manager, 3)
+    with pytest.raises(CheckpointError, match=r"resume=disable starts a new run.*holds the checkpoints of another run \(step_000003\)"):
+        plan_resume(tmp_path / "old", "disable")
+    other = CheckpointManager(tmp_path / "other")
+    _save(other, 1)
+    with pytest.raises(CheckpointError, match="starts from another run's checkpoint.*new trainer.output_dir"):
+        plan_resume(tmp_path / "other", str(old))
+    # From another run's checkpoint into an empty output_dir, or from its own: fine.
+    assert plan_resume(tmp_path / "new", str(old)).step == 3
+    assert plan_resume(tmp_path / "old", str(old)).step == 3
+    assert not (tmp_path / "new").exists()  # planning reads only
+
+
+def test_save_keeps_an_unverified_step_dir_aside(tmp_path, caplog):
+    manager = CheckpointManager(tmp_path)
+    _save(manager, 1)
+    damaged = _save(manager, 2)
+    (damaged / MANIFEST).unlink()
+    evidence = _tree(damaged)
+    with caplog.at_level(logging.WARNING):
+        path = _save(manager, 2, b"new")
+    verify_checkpoint(path)
+    kept = manager.root / "step_000002.unverified"
+    assert _tree(kept) == evidence and "kept as step_000002.unverified" in caplog.text
+    (path / MANIFEST).unlink()
+    _save(manager, 2, b"newer")
+    assert (manager.root / "step_000002.unverified.1").is_dir()  # never overwritten either
+
+
+def test_save_refuses_without_disk_space_and_writes_nothing(tmp_path):
+    import shutil
+
+    manager = CheckpointManager(tmp_path)
+    free = shutil.disk_usage(tmp_path).free
+    with pytest.raises(CheckpointError, match=r"not enough disk space to save step 7 .* GiB and .* GiB are free; free some space"):
+        with manager.saving(7, expected_bytes=10 * free) as d:
+            (d / "x").write_bytes(b"never")
+    assert _names(manager) == []

@@ -1,4 +1,5 @@
-"""`megarl launch` refuses a bad config before Ray starts, in well under two seconds."""
+"""`megarl launch` refuses a bad config before Ray starts, in well under two seconds; the CLI
+reports user errors as `error:` lines with exit code 2 (EXIT_USER)."""
 
 import subprocess
 import sys
@@ -36,14 +37,16 @@ def test_refused_before_ray(overrides, error, text):
 def test_cli_exit_code_and_message():
     proc = subprocess.run([sys.executable, "-m", "megarl.cli", "launch", str(TINY), "actor.parallel.pp=3"],
                           capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 1
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: the plan is refused:")
     assert "actor.parallel.pp: (3) must divide num_layers (2)" in proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 def test_overrides_may_follow_options():
     from megarl.cli import main
 
     # --json sits between the config and the overrides; the override still applies (and fails).
-    assert main(["plan", str(TINY), "--json", "actor.parallel.pp=3"]) == 1
+    assert main(["plan", str(TINY), "--json", "actor.parallel.pp=3"]) == 2
     with pytest.raises(SystemExit):
         main(["plan", str(TINY), "--json", "--no-such-flag"])

@@ -65,12 +65,12 @@ def test_gsm8k_and_convert_commands(tmp_path, capsys):
     assert "  qa: 1" in capsys.readouterr().out
 
 
-def test_bad_input_exits_1_with_a_located_message(tmp_path, capsys):
+def test_bad_input_exits_2_with_a_located_message(tmp_path, capsys):
     src = tmp_path / "m.jsonl"
     src.write_text(json.dumps({"problem": "p", "solution": "s"}) + "\n")
-    assert _run("data", "math", str(src), str(tmp_path / "m.parquet")) == 1
+    assert _run("data", "math", str(src), str(tmp_path / "m.parquet")) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: m.jsonl: line 1: field 'solution' has no complete \\boxed{...} answer")
     assert not (tmp_path / "m.parquet").exists()
-    assert _run("data", "inspect", str(tmp_path / "nothing.parquet")) == 1
+    assert _run("data", "inspect", str(tmp_path / "nothing.parquet")) == 2
     assert "does not exist" in capsys.readouterr().err

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from megarl.data.datasets import DataError, file_label, read_prompt_file, schema_problem
+from megarl.data.datasets import DataError, file_label, read_prompt_file
 
 LABEL = "data.train_files[0] (bad.parquet)"
 
@@ -99,10 +99,3 @@ def test_missing_and_non_parquet_files(tmp_path):
     junk.write_text("not parquet")
     with pytest.raises(DataError, match=r"cannot read .* as parquet"):
         read_prompt_file(junk, label=LABEL)
-
-
-def test_schema_problem_reads_only_the_footer(tmp_path, prompt_file):
-    good = prompt_file("good.parquet", ["q"])
-    assert schema_problem(good) is None
-    assert "lacks column(s) ['question']" in schema_problem(good, prompt_key="question")
-    assert schema_problem(tmp_path / "none.parquet").endswith("does not exist")

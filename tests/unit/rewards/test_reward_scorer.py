@@ -13,6 +13,7 @@ import pytest
 
 from megarl.config.sections import CustomRewardConfig, RewardConfig, RewardModelConfig
 from megarl.rewards import RewardScorer
+from megarl.rewards.scorer import RewardError
 
 TIMEOUT_S = 2.0  # generous: fast samples must never hit it on a loaded 2-core machine
 USER_REWARDS = textwrap.dedent(
@@ -108,10 +109,11 @@ def test_batched_custom_function(user_file):
     with RewardScorer(cfg) as scorer:
         result = _score(scorer, ["a", "b", "a"])
         assert result.scores == [1.0, 0.0, 1.0] and result.extra == {"position": [0.0, 1.0, 2.0]}
-        failed = _score(scorer, ["a", "raise"])  # the call raised: every sample of it scores 0
-        assert failed.scores == [0.0, 0.0] and failed.errors == 2
-        short = _score(scorer, ["a", "short"])  # wrong length is an error, not a misalignment
-        assert short.scores == [0.0, 0.0] and short.errors == 2
+        # The call raised: every sample of it failed, so the run stops with the function's traceback.
+        with pytest.raises(RewardError, match=r"(?s)failed on 2 of 2 samples.*batch boom.*Traceback.*my_reward.py"):
+            _score(scorer, ["a", "raise"])
+        with pytest.raises(RewardError, match="returned 1 for 2 samples"):  # wrong length: an error, not a misalignment
+            _score(scorer, ["a", "short"])
 
 
 def test_custom_config_errors_name_field_and_fix(user_file, tmp_path):
@@ -165,8 +167,8 @@ def test_timed_out_code_sample_leaves_no_program_or_directory(builtin_scorer):
     marker = f"marker_{uuid.uuid4().hex}"
     program = f"```python\nimport time\nopen({marker!r}, 'w').write('x')\nwhile True:\n    time.sleep(0.01)\n```"
     info = {"tests": [{"input": "", "output": "never"}], "time_limit_s": 30}  # > reward timeout
-    result = builtin_scorer.score(["code"], [program], [None], [info])
-    assert (result.scores, result.timeouts) == ([0.0], 1)
+    result = builtin_scorer.score(["code", "reverse_digits"], [program, "321"], [None, "321"], [info, None])
+    assert (result.scores, result.timeouts) == ([0.0, 1.0], 1)
     deadline = time.monotonic() + 5.0
     while _sandboxes_with(marker) and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -1,0 +1,364 @@
+"""Checks before Ray starts: everything a launch needs from the disk, read cheaply.
+
+`make_plan(cfg, check_files=True)` (what `megarl launch` and `megarl plan --check-files` run)
+calls :func:`preflight`; each problem becomes one planner Issue naming the field, the file and
+the fix, so all of them are reported at once, in seconds, before Ray or any worker starts:
+
+- data files: the parquet footer (readable, the columns, at least one row) and at most
+  ``SAMPLE_ROWS`` rows checked as training checks them (megarl/data/datasets.py);
+- prompts: with ``data.truncation=error`` and overlong prompts not filtered, the tokenizer of
+  model.path renders the sampled prompts and none may be over max_prompt_length; otherwise
+  only that the tokenizer has a chat template when data.apply_chat_template is on;
+- rewards: built-in scorer names, a scorer for every sampled data_source, reward.custom
+  importable and defining its function, reward.model present;
+- model.path: config.json present and accepted by the bridges (config values, layout, the
+  weights' tensor names and shapes), the installed megatron-core usable;
+- trainer.output_dir writable; trainer.resume meaningful for what output_dir holds
+  (megarl.checkpoint.manager.plan_resume: no destroyed evidence, no two runs in one place).
+
+User code and Megatron never run in the driver process: the reward import and the bridge
+check run in one child process, started first, in parallel with the rest (the bridge check
+imports megatron-core, several seconds; it is waited for only when everything else passed).
+Nothing is created or changed on disk.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from megarl.config.sections import MegaRLConfig
+
+SAMPLE_ROWS = 1000
+CHILD_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class Finding:
+    field: str
+    message: str
+    level: str = "error"  # error | warning
+
+
+def preflight(cfg: MegaRLConfig) -> list[Finding]:
+    """Every problem found with the files and directories ``cfg`` names (empty: all good)."""
+    findings: list[Finding] = []
+    child = _ChildChecks(cfg)
+    try:
+        _check_output_dir(cfg, findings)
+        _check_resume(cfg, findings)
+        samples = _check_data(cfg, findings)
+        if _check_model_dir(cfg, findings):
+            strict = cfg.data.truncation == "error" and not cfg.data.filter_overlong_prompts
+            if strict and samples:  # lengths need the tokenizer (transformers: a second or two)
+                _check_prompts(cfg, samples, findings)
+            elif cfg.data.apply_chat_template and not _has_chat_template(Path(cfg.model.path)):
+                findings.append(Finding("data.apply_chat_template", f"is true but the tokenizer of model.path ({cfg.model.path}) "
+                                        "has no chat template; set data.apply_chat_template=false to feed raw prompt text, "
+                                        "or use a tokenizer with a template"))
+        _check_rewards(cfg, samples, findings)
+        findings += child.results("reward")
+        if not any(f.level == "error" for f in findings):  # the slow one, worth waiting for only now
+            findings += child.results("model")
+    finally:
+        child.stop()
+    return findings
+
+
+def finished_run(cfg: MegaRLConfig) -> str | None:
+    """A message when output_dir's newest checkpoint already is at trainer.total_steps."""
+    from megarl.checkpoint.manager import CheckpointError, plan_resume
+
+    t = cfg.trainer
+    if t.val_only or t.total_steps is None or t.resume == "disable":
+        return None
+    try:
+        ckpt = plan_resume(t.output_dir, t.resume, quiet=True)
+    except CheckpointError:
+        return None
+    if ckpt is None or ckpt.step < t.total_steps:
+        return None
+    return (
+        f"{t.output_dir} already finished: its checkpoint {ckpt.path.name} is at trainer.total_steps ({t.total_steps}); "
+        f"nothing to train. To train longer raise trainer.total_steps; to start over give a new trainer.output_dir "
+        f"(or move {t.output_dir} away)"
+    )
+
+
+# ---- output_dir and resume ----------------------------------------------------------------------------
+
+
+def _check_output_dir(cfg: MegaRLConfig, findings: list[Finding]) -> None:
+    problem = writable_dir_problem(Path(cfg.trainer.output_dir))
+    if problem:
+        findings.append(Finding("trainer.output_dir", f"{problem}; choose a writable directory"))
+
+
+def writable_dir_problem(path: Path) -> str | None:
+    """Why ``path`` (an existing directory, or one that would be created) cannot be written, or
+    None. A real write (a temp file, removed at once): as root, permission bits say nothing."""
+    if path.exists() and not path.is_dir():
+        return f"{path} exists and is not a directory"
+    probe = path
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        return f"{probe} is not a directory, so {path} cannot be created"
+    try:
+        fd, name = tempfile.mkstemp(prefix=".megarl-write-test-", dir=probe)
+        os.close(fd)
+        os.unlink(name)
+    except OSError as exc:
+        return f"{path} is not writable ({exc.strerror} in {probe})"
+    return None
+
+
+def _check_resume(cfg: MegaRLConfig, findings: list[Finding]) -> None:
+    from megarl.checkpoint.manager import CheckpointError, plan_resume
+
+    try:
+        ckpt = plan_resume(cfg.trainer.output_dir, cfg.trainer.resume, quiet=True)
+    except CheckpointError as exc:  # the message starts with "trainer.resume=<value>": the field
+        findings.append(Finding(f"trainer.resume={cfg.trainer.resume}", re.sub(r"^trainer\.resume=('[^']*'|\S+?):?\s", "", str(exc))))
+        return
+    if ckpt is not None and "policy" in ckpt.components:
+        from megarl.models.mcore_version import check_checkpoint_readable
+
+        try:
+            check_checkpoint_readable(ckpt.component("policy"))
+        except (ValueError, ImportError) as exc:
+            findings.append(Finding("trainer.resume", str(exc)))
+
+
+# ---- data -----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Sample:
+    label: str  # data.train_files[0] (x.parquet)
+    records: list[Any]  # PromptRecord
+
+
+def _data_files(cfg: MegaRLConfig) -> list[tuple[str, str]]:
+    from megarl.data.datasets import file_label
+
+    files = [] if cfg.trainer.val_only else [(f"data.train_files[{i}]", f.path) for i, f in enumerate(cfg.data.train_files)]
+    files += [(f"data.val_files[{i}]", path) for i, path in enumerate(cfg.data.val_files)]
+    return [(file_label(name, path), path) for name, path in files]
+
+
+def _check_data(cfg: MegaRLConfig, findings: list[Finding]) -> list[_Sample]:
+    from megarl.data.datasets import DataError, check_prompt_file
+
+    if not cfg.data.train_files and not cfg.trainer.val_only:
+        findings.append(Finding("data.train_files", "no training files; give at least one parquet file"))
+    samples = []
+    for label, path in _data_files(cfg):
+        try:
+            samples.append(_Sample(label, check_prompt_file(path, label=label, prompt_key=cfg.data.prompt_key, sample_rows=SAMPLE_ROWS)))
+        except DataError as exc:
+            findings.append(_located(label, str(exc)))
+    return samples
+
+
+def _located(label: str, message: str) -> Finding:
+    """A Finding for a message that starts with the file's label (as DataError's do)."""
+    return Finding(label, message.removeprefix(f"{label}: "))
+
+
+def _has_chat_template(model: Path) -> bool:
+    """Whether the tokenizer files hold a chat template (read as JSON / file names: no transformers)."""
+    if (model / "chat_template.jinja").is_file() or (model / "chat_template.json").is_file():
+        return True
+    try:
+        return bool(json.loads((model / "tokenizer_config.json").read_text()).get("chat_template"))
+    except (OSError, ValueError, AttributeError):
+        return True  # unknown layout: the tokenizer itself decides at start-up
+
+
+def _check_prompts(cfg: MegaRLConfig, samples: list[_Sample], findings: list[Finding]) -> None:
+    """data.truncation=error without filtering: the sampled prompts, rendered by the run's
+    tokenizer, must all fit data.max_prompt_length (else training fails on the first such draw)."""
+    from megarl.data.datasets import DataError
+    from megarl.data.prompts import PromptBuilder
+    from megarl.data.summary import load_tokenizer
+
+    d = cfg.data
+    try:
+        builder = PromptBuilder.from_config(d, load_tokenizer(cfg.model.path))
+    except DataError as exc:
+        findings.append(Finding("data.apply_chat_template" if "chat template" in str(exc) else "model.path", str(exc)))
+        return
+    for sample in samples:
+        wheres = [f"{sample.label}: row {r.row}" for r in sample.records]
+        try:
+            lengths = builder.lengths([r.prompt for r in sample.records], wheres)
+        except DataError as exc:
+            findings.append(_located(sample.label, str(exc)))
+            continue
+        over = [i for i, n in enumerate(lengths) if n > d.max_prompt_length]
+        if over:
+            row, n = sample.records[over[0]].row, lengths[over[0]]
+            findings.append(Finding(sample.label, f"row {row}: the prompt has {n} tokens > data.max_prompt_length "
+                                    f"({d.max_prompt_length}), and data.truncation=error ({len(over)} of {len(lengths)} rows "
+                                    "checked are over); raise data.max_prompt_length, set data.filter_overlong_prompts=true "
+                                    "to drop such prompts, or set data.truncation=left|right"))
+
+
+# ---- model and rewards ----------------------------------------------------------------------------------
+
+
+def _check_model_dir(cfg: MegaRLConfig, findings: list[Finding]) -> bool:
+    path = cfg.model.path
+    if path is None or not (Path(path) / "config.json").is_file():
+        findings.append(Finding("model.path", f"({path}) must be a local HF model directory (with config.json) to launch"))
+        return False
+    return True
+
+
+def _check_rewards(cfg: MegaRLConfig, samples: list[_Sample], findings: list[Finding]) -> None:
+    from megarl.rewards import registry
+
+    r = cfg.reward
+    if r.custom is not None and r.model is not None:
+        findings.append(Finding("reward", "reward.custom and reward.model are both set; set one of them "
+                                "(a custom function can call a model itself)"))
+    if r.model is not None and not (Path(r.model.path) / "config.json").is_file():
+        findings.append(Finding("reward.model.path", f"({r.model.path}) must be a local HF model directory (with config.json)"))
+    if r.custom is not None and not Path(r.custom.path).is_file():
+        findings.append(Finding("reward.custom.path", f"{r.custom.path} does not exist; give the path of a Python file"))
+    try:
+        registry.check_functions(r.functions)
+    except ValueError as exc:
+        findings.append(Finding("reward.functions", str(exc)))
+        return
+    if r.custom is not None or r.model is not None:
+        return
+    seen: set[str] = set()
+    for sample in samples:
+        for record in sample.records:
+            if record.data_source in seen:
+                continue
+            seen.add(record.data_source)
+            try:
+                registry.resolve(record.data_source, r.functions)
+            except ValueError as exc:
+                findings.append(Finding(sample.label, f"row {record.row}: {exc}"))
+
+
+# The child process: the user's reward module and the bridges (Megatron) never load in the driver.
+_CHILD_CODE = r"""
+import json, sys, traceback
+spec = json.loads(sys.argv[1])
+
+def emit(check, error):
+    print(json.dumps({"check": check, "error": error}), flush=True)
+
+if spec.get("reward"):
+    path, name = spec["reward"]
+    try:
+        # custom.py alone (standard library only), not the megarl.rewards package (sympy, ...).
+        import importlib.util
+        loader = importlib.util.spec_from_file_location("megarl_preflight_custom", spec["custom_module"])
+        custom = importlib.util.module_from_spec(loader)
+        loader.loader.exec_module(custom)
+        custom.load_function(path, name)
+        emit("reward", None)
+    except BaseException as exc:
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == path]
+        where = f" (line {frames[-1].lineno})" if frames else ""
+        emit("reward", f"{type(exc).__name__}: {exc}{where}")
+if spec.get("model"):
+    try:
+        from megarl.models.mcore_version import require_megatron_core
+        require_megatron_core()
+        from transformers import AutoConfig
+        from megarl.models.bridge import get_bridge
+        hf = AutoConfig.from_pretrained(spec["model"])
+        bridge = get_bridge(hf)
+        bridge.check_hf_config(hf)
+        from types import SimpleNamespace
+        for layout in spec["layouts"]:
+            bridge.check_parallel(hf, SimpleNamespace(**layout))
+        bridge.check_hf_checkpoint(hf, spec["model"])
+        emit("model", None)
+    except BaseException as exc:
+        emit("model", f"{type(exc).__name__}: {exc}")
+"""
+
+
+class _ChildChecks:
+    """reward.custom's import and the bridge check, in one child process started at once."""
+
+    def __init__(self, cfg: MegaRLConfig):
+        custom = cfg.reward.custom
+        model = cfg.model.path if cfg.model.path and (Path(cfg.model.path) / "config.json").is_file() else None
+        layouts = [cfg.actor.parallel.model_dump()] + ([cfg.critic.parallel.model_dump()] if cfg.critic_enabled else [])
+        self.spec = {
+            "reward": [os.path.abspath(custom.path), custom.name] if custom and Path(custom.path).is_file() else None,
+            "custom_module": str(Path(__file__).resolve().parents[1] / "rewards" / "custom.py"),
+            "model": model,
+            "layouts": layouts,
+        }
+        self.cfg = cfg
+        self.got: dict[str, str | None] = {}
+        self._buffer = b""
+        self.proc: subprocess.Popen | None = None
+        if self.spec["reward"] or self.spec["model"]:
+            env = {**os.environ, "PYTHONWARNINGS": "ignore", "TRANSFORMERS_VERBOSITY": "error"}
+            self.proc = subprocess.Popen([sys.executable, "-c", _CHILD_CODE, json.dumps(self.spec)], stdout=subprocess.PIPE,
+                                         stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, env=env)
+
+    def results(self, check: str) -> list[Finding]:
+        """The child's finding for ``check`` (reward | model), waiting for it if needed."""
+        if not self.spec[check]:
+            return []
+        if check not in self.got:
+            self.got.update(self._read({check}))
+        error = self.got.get(check, f"the check did not answer within {CHILD_TIMEOUT_S:g} s (its process died or hung)")
+        return [self._finding(check, error)] if error is not None else []
+
+    def _read(self, wanted: set[str]) -> dict[str, str | None]:
+        """Answers (one JSON line each) until every wanted one came, the child ended, or the deadline."""
+        import select
+
+        got: dict[str, str | None] = {}
+        if self.proc is None:
+            return got
+        fd = self.proc.stdout.fileno()  # type: ignore[union-attr]
+        deadline = time.monotonic() + CHILD_TIMEOUT_S
+        while wanted - set(got):
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                break
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break  # the child ended (or died) before answering everything
+            *lines, self._buffer = (self._buffer + chunk).split(b"\n")
+            for line in lines:
+                answer = json.loads(line)
+                got[answer["check"]] = answer["error"]
+        return got
+
+    def _finding(self, check: str, error: str) -> Finding:
+        if check == "reward":
+            custom = self.cfg.reward.custom
+            assert custom is not None
+            return Finding("reward.custom", f"loading {custom.name!r} from {custom.path} failed: {error}; fix the file "
+                           "(or install what it imports) and check reward.custom.name")
+        return Finding("model.path", f"({self.cfg.model.path}) is not a model megarl can train: {error}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+        if self.proc is not None:
+            self.proc.wait()
+            self.proc.stdout.close()  # type: ignore[union-attr]

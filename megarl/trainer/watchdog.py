@@ -1,0 +1,169 @@
+"""Ending a run on purpose: interrupts (Ctrl-C, SIGTERM) and hangs, always through the trainer's
+own shutdown, with one message that says what was saved and how to go on.
+
+``RunControl`` holds the driver's signal handlers (installed in the main thread for the whole
+run). Outside the step loop a signal stops at once (KeyboardInterrupt: nothing is half done).
+Inside it the first SIGINT / SIGTERM (Slurm's preemption signal) only asks to stop: the step
+finishes, a checkpoint is written if ``trainer.checkpoint_on_signal`` (and the step did not
+already save one), then ``RunStopped`` ends the run; a second signal abandons the step at once.
+While shutting down, further signals are ignored (Ray and the worker processes are cleaned up
+either way; after SIGKILL the session's reaper does it, megarl/actors/ray_groups/session.py).
+
+``Watchdog`` is a thread that reads ``metric_sinks.PROGRESS`` (the phase the driver entered or
+left last): when nothing moved for ``trainer.hang_timeout_s``, it makes every rank write its
+Python stacks to its log (``WorkerGroup.dump_stacks``), writes the driver's to
+``<output_dir>/logs/driver_stacks.log``, and interrupts the main thread, which raises
+``HangError`` naming the phase and the ranks that did not answer.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from megarl.trainer.metric_sinks import PROGRESS
+
+log = logging.getLogger(__name__)
+
+EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
+HANG_SIGNAL = signal.SIGUSR2  # the watchdog -> the main thread (ranks use SIGUSR1 for their stacks)
+_NAMES = {signal.SIGINT: "SIGINT (Ctrl-C)", signal.SIGTERM: "SIGTERM"}
+
+
+class RunStopped(Exception):
+    """The run stopped on a signal; the message says what was saved and the resume command."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class HangError(RuntimeError):
+    """No phase made progress for trainer.hang_timeout_s."""
+
+
+class RunControl:
+    """The driver's signal handling for one run; ``resume_command`` is quoted when it stops."""
+
+    def __init__(self, resume_command: str = "", save_on_signal: bool = True):
+        self.resume_command = resume_command
+        self.save_on_signal = save_on_signal
+        self.signal: int | None = None  # the first SIGINT / SIGTERM received
+        self.deferred = False  # inside the step loop: the first signal waits for the step's end
+        self.cleaning = False  # shutting down: signals are ignored
+        self.hang: str | None = None  # the watchdog's finding
+        self.installed = False
+
+    @property
+    def stop_requested(self) -> bool:
+        return self.signal is not None
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES.get(self.signal or signal.SIGINT, 130)
+
+    @property
+    def signal_name(self) -> str:
+        return _NAMES.get(self.signal or signal.SIGINT, f"signal {self.signal}")
+
+    @contextmanager
+    def handlers(self) -> Iterator[RunControl]:
+        """Install the handlers (main thread only; elsewhere Python's defaults stay)."""
+        if self.installed or threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, HANG_SIGNAL)}
+        signal.signal(signal.SIGINT, self._on_signal)
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(HANG_SIGNAL, self._on_hang)
+        self.installed = True
+        try:
+            yield self
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+            self.installed = False
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        first = self.signal is None
+        self.signal = self.signal or signum
+        if self.cleaning:
+            print("\nmegarl: shutting down, please wait", file=sys.stderr, flush=True)
+            return
+        if first and self.deferred:
+            save = " and saving a checkpoint" if self.save_on_signal else ""
+            print(f"\nmegarl: {_NAMES.get(signum, signum)} received: stopping after this step{save}; "
+                  "send it again to stop at once", file=sys.stderr, flush=True)
+            return
+        raise KeyboardInterrupt  # abandon what runs now (Ray's waits turn it into KeyboardInterrupt too)
+
+    def _on_hang(self, signum: int, frame: Any) -> None:
+        if not self.cleaning:
+            raise KeyboardInterrupt
+
+    def interrupt_for_hang(self, message: str) -> None:
+        """From the watchdog thread: the main thread raises (and the run ends in HangError)."""
+        self.hang = message
+        if self.installed:
+            signal.pthread_kill(threading.main_thread().ident, HANG_SIGNAL)  # type: ignore[arg-type]
+
+
+class Watchdog:
+    """Stops the run when no phase makes progress for ``timeout_s`` (see the module docstring)."""
+
+    def __init__(self, control: RunControl, timeout_s: float, groups: dict[str, Any], log_dir: Path):
+        self.control, self.timeout_s, self.groups, self.log_dir = control, timeout_s, groups, Path(log_dir)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="megarl-watchdog", daemon=True)
+
+    def __enter__(self) -> Watchdog:
+        PROGRESS.mark("start")
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _watch(self) -> None:
+        poll = max(0.2, min(5.0, self.timeout_s / 10))
+        while not self._stop.wait(poll):
+            phase, idle, step = PROGRESS.snapshot()
+            if idle > self.timeout_s:
+                self.control.interrupt_for_hang(self._report(phase, idle, step))
+                return
+
+    def _report(self, phase: str, idle: float, step: int) -> str:
+        waiting = [f"{role} rank(s) {ranks} did not answer {what}" for role, group in self.groups.items()
+                   for what, ranks in group.pending_calls()]
+        silent = []
+        for role, group in self.groups.items():
+            written = group.dump_stacks()
+            silent += [f"{role} rank {r}" for r, ok in written.items() if not ok]
+        driver = self._driver_stacks()
+        parts = [f"no progress for {idle:.0f} s in phase '{phase}' of step {step} (trainer.hang_timeout_s={self.timeout_s:g})",
+                 "; ".join(waiting) or "no worker call was in flight (the driver itself was stuck)",
+                 f"every rank wrote its Python stacks to its log in {self.log_dir}" if not silent else
+                 f"Python stacks are in the rank logs in {self.log_dir}, except {', '.join(silent)} (stopped or dead?)",
+                 f"the driver's are in {driver}" if driver else "",
+                 "raise trainer.hang_timeout_s if the phase is only slow"]
+        message = "; ".join(p for p in parts if p)
+        log.error("%s", message)
+        return message
+
+    def _driver_stacks(self) -> Path | None:
+        path = self.log_dir / "driver_stacks.log"
+        try:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            with open(path, "a") as f:
+                faulthandler.dump_traceback(file=f, all_threads=True)
+        except OSError:
+            return None
+        return path

@@ -1,0 +1,246 @@
+"""Whole runs ended on purpose, as a user would end them: real `megarl` processes in a launch
+directory with relative paths (as the demo's config has).
+
+- Ctrl-C (SIGINT to the terminal's whole process group) stops after the step, saves, prints the
+  resume command and exits 130, leaving no process behind;
+- SIGKILL of the driver alone: no process of the run survives 10 s (psutil);
+- the printed command resumes; metrics.jsonl then reads as one run (each step once);
+- `megarl convert` from another directory finds the run's relative model.path, says the
+  bit-exact check passed, writes ordinary file modes; `convert CKPT . --overwrite` and a failed
+  export destroy nothing and leave no staging folder;
+- a reward function that raises on every sample stops the run at step 1 with its traceback; one
+  that hangs is stopped by the watchdog, which names the phase and dumps every stack.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+from megarl.checkpoint.manager import verify_checkpoint
+from megarl.commands.demo import prepare_demo
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "configs" / "tiny_grpo.yaml"
+MEGARL = [sys.executable, "-m", "megarl.cli"]
+STEPS = 12
+
+
+def overrides(steps: int, *extra: str) -> list[str]:
+    return ["model.path=demo/model", "data.train_files=[demo/data/train.parquet]", "data.val_files=[demo/data/val.parquet]",
+            "trainer.output_dir=run", f"trainer.total_steps={steps}", "trainer.eval_before_train=false",
+            f"trainer.eval_freq={steps}", "trainer.save_freq=0", "trainer.loggers=[jsonl]", "data.prompts_per_step=8",
+            "rollout.n=4", "actor.mini_batch_size=32", "actor.micro_batch_size=16", *extra]
+
+
+def start(cwd: Path, args: list[str], log: Path) -> subprocess.Popen:
+    with log.open("a") as f:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen(args, cwd=cwd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def finish(proc: subprocess.Popen, log: Path, timeout: float = 600) -> str:
+    proc.wait(timeout=timeout)
+    return log.read_text()
+
+
+def steps_logged(run: Path) -> list[int]:
+    path = run / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line)["step"] for line in path.read_text().splitlines() if line.strip()]
+
+
+def wait_for_step(proc: subprocess.Popen, run: Path, step: int, log: Path) -> None:
+    deadline = time.monotonic() + 600
+    while not any(s >= step for s in steps_logged(run)):
+        assert proc.poll() is None, f"the run ended before step {step}:\n{log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, "no step within 10 minutes"
+        time.sleep(0.05)
+
+
+def survivors(procs: list[psutil.Process], within: float) -> list[str]:
+    """Processes of ``procs`` still alive after ``within`` seconds (zombies count as gone)."""
+    deadline = time.monotonic() + within
+    while True:
+        alive = []
+        for p in procs:
+            try:
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(f"{p.pid} {' '.join(p.cmdline())[:80]}")
+            except psutil.NoSuchProcess:
+                pass
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.2)
+
+
+def resume_args(output: str) -> list[str]:
+    line = next(ln for ln in output.splitlines() if ln.startswith("resume with: "))
+    args = shlex.split(line.removeprefix("resume with: "))
+    assert args[:2] == ["megarl", "launch"]
+    return MEGARL + args[1:]
+
+
+@pytest.fixture(scope="module")
+def launch_dir(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("launch")
+    prepare_demo(root / "demo")
+    return root
+
+
+@pytest.fixture(scope="module")
+def interrupted(launch_dir):
+    """A run stopped with Ctrl-C after its first step."""
+    log = launch_dir / "interrupted.log"
+    proc = start(launch_dir, [*MEGARL, "launch", str(TINY), *overrides(STEPS)], log)
+    wait_for_step(proc, launch_dir / "run", 1, log)
+    family = psutil.Process(proc.pid).children(recursive=True)
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal does on Ctrl-C
+    output = finish(proc, log, timeout=300)
+    return proc.returncode, output, family
+
+
+def test_ctrl_c_stops_after_the_step_saves_and_says_how_to_resume(interrupted, launch_dir):
+    code, output, family = interrupted
+    assert code == 130, output[-3000:]
+    stopped = [ln for ln in output.splitlines() if ln.startswith("stopped by SIGINT (Ctrl-C) after step ")]
+    assert stopped and "saved checkpoint" in stopped[0], output[-3000:]
+    step = int(stopped[0].split("after step ")[1].split(";")[0])
+    assert 1 <= step < STEPS and steps_logged(launch_dir / "run") == list(range(1, step + 1))
+    assert verify_checkpoint(launch_dir / "run" / "checkpoints" / f"step_{step:06d}").step == step
+    assert "KeyboardInterrupt" not in output and "Traceback" not in output
+    assert not survivors(family, within=10)
+
+
+@pytest.fixture(scope="module")
+def killed(interrupted, launch_dir):
+    """The printed resume command, SIGKILLed (the driver alone) after one more step."""
+    args = resume_args(interrupted[1])
+    log = launch_dir / "killed.log"
+    before = max(steps_logged(launch_dir / "run"))
+    proc = start(launch_dir, args, log)
+    wait_for_step(proc, launch_dir / "run", before + 1, log)
+    family = psutil.Process(proc.pid).children(recursive=True)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    return args, family, before
+
+
+def test_sigkill_of_the_driver_leaves_no_process_behind(killed):
+    _, family, _ = killed
+    names = {p.name() for p in family if p.is_running()} if family else set()
+    assert family, "the run had no child processes to check"
+    left = survivors(family, within=10)
+    assert not left, f"alive 10 s after the driver's SIGKILL: {left} (of {sorted(names)})"
+
+
+@pytest.fixture(scope="module")
+def finished(killed, launch_dir):
+    """The printed resume command, run to the end."""
+    args, _, _ = killed
+    log = launch_dir / "finished.log"
+    proc = start(launch_dir, args, log)
+    output = finish(proc, log)
+    return args, proc.returncode, output
+
+
+def test_the_resume_command_finishes_the_run_as_one(finished, launch_dir):
+    args, code, output = finished
+    assert code == 0 and "Traceback" not in output, output[-3000:]
+    assert steps_logged(launch_dir / "run") == list(range(1, STEPS + 1))  # appended, cut back: each step once
+    # Running it once more: nothing to do, said before Ray starts.
+    again = subprocess.run(args, cwd=launch_dir, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and "already finished" in again.stdout and "Started a local Ray" not in again.stderr
+
+
+def test_convert_from_elsewhere_and_what_it_refuses(finished, launch_dir, tmp_path):
+    ckpt = launch_dir / "run" / "checkpoints" / f"step_{STEPS:06d}"
+    assert ckpt.is_dir(), "the run did not finish"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = subprocess.run([*MEGARL, "convert", str(ckpt), "hf"], cwd=elsewhere, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "bit for bit" in done.stdout and "verified:" in done.stdout
+    hf = elsewhere / "hf"
+    assert (hf / "megarl_export.json").is_file() and (hf / "config.json").is_file()
+    umask = os.umask(0)
+    os.umask(umask)
+    assert {p.stat().st_mode & 0o777 for p in hf.iterdir()} == {0o666 & ~umask}
+    assert not [p.name for p in elsewhere.iterdir() if "staging" in p.name]
+    # `convert CKPT . --overwrite` in a directory of one's own: refused before Ray, nothing lost.
+    (elsewhere / "precious.txt").write_text("mine")
+    dot = subprocess.run([*MEGARL, "convert", str(ckpt), ".", "--overwrite"], cwd=elsewhere, capture_output=True, text=True,
+                         timeout=300)
+    assert dot.returncode == 2 and dot.stderr.startswith("error: ") and "is the current directory" in dot.stderr
+    assert "Started a local Ray" not in dot.stderr and (elsewhere / "precious.txt").read_text() == "mine"
+    assert (hf / "megarl_export.json").is_file()
+
+
+def test_a_failed_export_leaves_no_staging_and_one_line(finished, launch_dir, tmp_path):
+    ckpt = launch_dir / "run" / "checkpoints" / f"step_{STEPS:06d}"
+    # The run's config with a model of another shape: the checkpoint cannot load into it.
+    bigger = tmp_path / "bigger"
+    prepare_demo(bigger)
+    cfg_json = json.loads((bigger / "model" / "config.json").read_text())
+    cfg_json["intermediate_size"] *= 2
+    (bigger / "model" / "config.json").write_text(json.dumps(cfg_json))
+    cfg = yaml.safe_load((ckpt / "config.yaml").read_text())
+    cfg["model"]["path"] = str(bigger / "model")
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(cfg))
+    out = tmp_path / "out" / "hf"
+    proc = subprocess.run([*MEGARL, "convert", str(ckpt), str(out), "--config", str(tmp_path / "run.yaml")],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
+    assert len(errors) == 1 and "policy rank" in errors[0] and "(log: " in errors[0], proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    assert not out.exists() and not [p.name for p in out.parent.iterdir() if "staging" in p.name]
+
+
+REWARDS = """
+import time
+
+def raises(data_source, solution_str, ground_truth, extra_info=None):
+    return {"score": 1.0}["typo"]
+
+def hangs(data_source, solution_str, ground_truth, extra_info=None):
+    time.sleep(3600)
+"""
+
+
+def test_a_reward_that_raises_everywhere_stops_at_step_one(launch_dir, tmp_path):
+    (tmp_path / "rewards.py").write_text(REWARDS)
+    run = tmp_path / "raising"
+    args = [*MEGARL, "launch", str(TINY), *overrides(3, f"reward.custom.path={tmp_path / 'rewards.py'}",
+                                                     "reward.custom.name=raises", f"trainer.output_dir={run}")]
+    proc = subprocess.run(args, cwd=launch_dir, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    err = proc.stderr[proc.stderr.index("error: "):]
+    assert err.startswith("error: reward.custom 'raises' (rewards.py) failed on 32 of 32 samples (32 errors, 0 timeouts)")
+    assert "KeyError: 'typo'" in err and 'return {"score": 1.0}["typo"]' in err  # the function's own traceback
+    assert steps_logged(run) == [] and (run / "logs" / "driver.log").is_file()
+
+
+def test_a_hanging_phase_is_stopped_by_the_watchdog(launch_dir, tmp_path):
+    (tmp_path / "rewards.py").write_text(REWARDS)
+    run = tmp_path / "hanging"
+    args = [*MEGARL, "launch", str(TINY), *overrides(3, f"reward.custom.path={tmp_path / 'rewards.py'}", "reward.custom.name=hangs",
+                                                     "reward.timeout_s=600", "trainer.hang_timeout_s=8",
+                                                     f"trainer.output_dir={run}")]
+    proc = subprocess.run(args, cwd=launch_dir, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    line = next(ln for ln in proc.stderr.splitlines() if ln.startswith("error: "))
+    assert "no progress for" in line and "in phase 'reward' of step 1" in line and "trainer.hang_timeout_s=8" in line
+    assert "most recent call first" in (run / "logs" / "driver_stacks.log").read_text()
+    assert "most recent call first" in (run / "logs" / "policy_rank0.log").read_text()

@@ -1,0 +1,77 @@
+"""The CLI's contract: documented exit codes, one `error:` line per user error (the override that
+caused it named), tracebacks only with --debug or for bugs, quiet broken pipes, and `--help` /
+`plan` without torch or Ray."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from megarl.cli import EXIT_USER, main
+
+ROOT = Path(__file__).resolve().parents[3]
+TINY = ROOT / "configs" / "tiny_grpo.yaml"
+
+
+def megarl(*args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "megarl.cli", *args], capture_output=True, text=True, timeout=120, **kw)
+
+
+def test_help_lists_the_exit_codes():
+    out = megarl("--help").stdout
+    assert "exit codes:" in out and "2    user error" in out and "130  stopped by Ctrl-C" in out
+
+
+def test_help_and_plan_import_neither_torch_nor_ray():
+    code = ("import sys; from megarl.cli import main; main(['plan', sys.argv[1]]); "
+            "assert not {'torch', 'ray'} & set(sys.modules), sorted({'torch', 'ray'} & set(sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code, str(TINY)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_an_override_type_error_names_the_override(capsys):
+    assert main(["plan", str(TINY), "rollout.n=many"]) == EXIT_USER
+    err = capsys.readouterr().err
+    assert err.startswith("error: override rollout.n=many: invalid configuration")
+    assert str(TINY) not in err  # the YAML file is not blamed
+    assert "rollout.n: Input should be a valid integer" in err
+
+
+def test_user_error_traceback_only_with_debug(capsys):
+    assert main(["plan", str(TINY), "actor.parallel.pp=3"]) == EXIT_USER
+    assert "Traceback" not in capsys.readouterr().err
+    assert main(["--debug", "plan", str(TINY), "actor.parallel.pp=3"]) == EXIT_USER
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and err.rstrip().splitlines()[-1].startswith("  - actor.parallel.pp")
+
+
+def test_data_errors_and_os_errors_on_user_paths_are_one_line(tmp_path, capsys):
+    (tmp_path / "x.parquet").write_text("not parquet")
+    assert main(["data", "inspect", str(tmp_path / "x.parquet")]) == EXIT_USER
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "cannot read" in err and err.count("\n") == 1
+    from megarl.cli import user_error_line
+
+    line = user_error_line(PermissionError(13, "Permission denied", "/ro/run/logs"))
+    assert line == "/ro/run/logs: Permission denied; check the permissions or choose another path"
+    assert user_error_line(KeyError("a bug")) is None  # not a user error: a traceback
+
+
+def test_broken_pipe_is_quiet(tmp_path):
+    from megarl.data.tasks import write_reverse_digits
+
+    train, _ = write_reverse_digits(tmp_path, val_size=100)
+    cmd = f"{sys.executable} -m megarl.cli data inspect {train} --json | head -c 10"
+    proc = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], capture_output=True, text=True, timeout=120)
+    assert "BrokenPipeError" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stdout.startswith("{")
+
+
+@pytest.mark.parametrize("argv", [["launch", "no_such.yaml"], ["convert", "/no/such/step_000001", "out"]])
+def test_missing_inputs_are_user_errors(argv, capsys):
+    assert main(argv) == EXIT_USER
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "Traceback" not in err

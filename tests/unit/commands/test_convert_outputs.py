@@ -1,0 +1,144 @@
+"""`megarl convert` never destroys what the user owns: the output checks, the swap and the run's
+paths, on real directories (the export itself runs in tests/e2e/test_failures_convert.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from megarl.checkpoint.manager import CheckpointManager
+from megarl.commands.convert import (
+    EXPORT_MANIFEST,
+    OutputError,
+    OutputExistsError,
+    _normalize_modes,
+    _swap_in,
+    check_output_target,
+    run_config,
+)
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def run(tmp_path):
+    """A launch directory holding a model and a run with one checkpoint (relative paths, as the demo)."""
+    launch = tmp_path / "project"
+    (launch / "models" / "tiny").mkdir(parents=True)
+    (launch / "models" / "tiny" / "config.json").write_text("{}")
+    cfg = {"model": {"path": "models/tiny", "arch": "tiny-demo", "dtype": "float32"}, "trainer": {"output_dir": "outputs/run"}}
+    manager = CheckpointManager(launch / "outputs" / "run")
+    with manager.saving(4, {"launch_dir": str(launch)}) as d:
+        (d / "config.yaml").write_text(yaml.safe_dump(cfg))
+    return launch, manager.resolve_resume("auto")
+
+
+def protected(launch: Path, ckpt) -> dict[str, Path]:
+    return {"the run's checkpoints directory": ckpt.path.parent, "the model directory": launch / "models" / "tiny"}
+
+
+def test_current_directory_and_its_parents_are_refused(run, monkeypatch):
+    launch, ckpt = run
+    work = launch / "work"
+    work.mkdir()
+    (work / "precious.txt").write_text("mine")
+    monkeypatch.chdir(work)
+    for out in (Path("."), work, launch):
+        with pytest.raises(OutputError, match="current directory"):
+            check_output_target(out.absolute(), True, protected(launch, ckpt))
+    assert (work / "precious.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize(
+    ("where", "relation"),
+    [("outputs/run/checkpoints/hf", "is inside the run's checkpoints"), ("outputs", "contains the run's checkpoints"),
+     ("models/tiny", "is the model directory"), ("models/tiny/hf", "is inside the model directory")],
+)
+def test_the_checkpoint_tree_and_the_model_are_refused(run, where, relation):
+    launch, ckpt = run
+    with pytest.raises(OutputError, match=relation):
+        check_output_target(launch / where, True, protected(launch, ckpt))
+
+
+def test_an_existing_directory_is_replaced_only_when_it_is_a_previous_output(run):
+    launch, ckpt = run
+    out = launch / "hf"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(OutputExistsError, match="exists and is not empty.*--overwrite"):
+        check_output_target(out, False, protected(launch, ckpt))
+    with pytest.raises(OutputError, match=f"has no {EXPORT_MANIFEST} \\(it holds notes.txt\\)"):
+        check_output_target(out, True, protected(launch, ckpt))
+    (out / "model.safetensors").write_bytes(b"w")
+    (out / EXPORT_MANIFEST).write_text(json.dumps({"files": ["model.safetensors"]}))
+    with pytest.raises(OutputError, match=r"holds files that megarl convert did not write \(notes.txt\)"):
+        check_output_target(out, True, protected(launch, ckpt))
+    assert (out / "notes.txt").read_text() == "mine"
+    (out / "notes.txt").unlink()
+    check_output_target(out, True, protected(launch, ckpt))  # a previous output, alone: replaceable
+    check_output_target(launch / "new" / "hf", False, protected(launch, ckpt))  # a new place: fine
+
+
+def test_swap_replaces_a_previous_output_and_normalizes_modes(tmp_path):
+    target, written = tmp_path / "hf", tmp_path / ".hf.staging" / "v0"
+    target.mkdir()
+    (target / "old.safetensors").write_bytes(b"old")
+    written.mkdir(parents=True)
+    shard = written / "model-00000.safetensors"
+    shard.write_bytes(b"new")
+    shard.chmod(0o600)
+    _normalize_modes(written)
+    _swap_in(written, target)
+    assert tree(target) == {"model-00000.safetensors": b"new"}
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (target / "model-00000.safetensors").stat().st_mode & 0o777 == 0o666 & ~umask
+    assert not list(tmp_path.glob(".hf.megarl-old-*"))
+
+
+def test_relative_paths_resolve_against_the_launch_directory(run, tmp_path, monkeypatch):
+    launch, ckpt = run
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert run_config(ckpt).model.path == str((launch / "models" / "tiny").resolve())
+    # Without the recorded launch directory (older checkpoints), it is derived from output_dir.
+    ckpt.manifest["metadata"].pop("launch_dir")
+    assert run_config(ckpt).model.path == str((launch / "models" / "tiny").resolve())
+    from megarl.config.loading import ConfigError
+
+    (launch / "models" / "tiny" / "config.json").unlink()
+    with pytest.raises(ConfigError, match=r"model.path \(models/tiny\) of .*config.yaml is relative, and no models/tiny/config.json"):
+        run_config(ckpt)
+
+
+@contextlib.contextmanager
+def read_only_dir(path: Path):
+    """A directory nobody can write into, root included (a read-only tmpfs when we are root)."""
+    path.mkdir()
+    if os.geteuid() != 0:
+        path.chmod(0o555)
+        yield path
+        path.chmod(0o755)
+        return
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(path)], capture_output=True).returncode:
+        pytest.skip("root without the right to mount a read-only tmpfs")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], check=True)
+
+
+def test_a_read_only_place_is_refused_before_anything_starts(run, tmp_path):
+    launch, ckpt = run
+    with read_only_dir(tmp_path / "ro") as ro:
+        with pytest.raises(OutputError, match=r"cannot write .*ro/hf: .*is not writable .*choose a writable place"):
+            check_output_target(ro / "hf", False, protected(launch, ckpt))

@@ -1,0 +1,193 @@
+"""Preflight: every problem a launch would meet on the disk is refused before Ray starts, as one
+line per problem naming the field, the file and the fix (real files in tmp paths)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from megarl.config.loading import load_config
+from megarl.config.planner import PlanError, make_plan
+from megarl.config.preflight import finished_run, preflight, writable_dir_problem
+
+TINY = Path(__file__).resolve().parents[3] / "configs" / "tiny_grpo.yaml"
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    from megarl.commands.demo import prepare_demo
+
+    return prepare_demo(tmp_path_factory.mktemp("demo"))
+
+
+def config(demo, out: Path, *extra: str):
+    model, data = demo
+    return load_config(TINY, [f"model.path={model}", f"data.train_files=[{data / 'train.parquet'}]",
+                              f"data.val_files=[{data / 'val.parquet'}]", f"trainer.output_dir={out}", *extra])
+
+
+def refusal(cfg) -> str:
+    with pytest.raises(PlanError) as info:
+        make_plan(cfg, check_files=True)
+    return str(info.value)
+
+
+def rows(prompts: list[str], source: str = "reverse_digits") -> list[dict]:
+    return [{"data_source": source, "prompt": [{"role": "user", "content": p}], "ability": "t",
+             "reward_model": {"ground_truth": p[::-1], "style": "rule"}, "extra_info": {"index": i}}
+            for i, p in enumerate(prompts)]
+
+
+@contextlib.contextmanager
+def read_only_dir(path: Path):
+    """A directory nobody can write into, root included (a read-only tmpfs when we are root)."""
+    path.mkdir()
+    if os.geteuid() != 0:
+        path.chmod(0o555)
+        yield path
+        path.chmod(0o755)
+        return
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(path)], capture_output=True).returncode:
+        pytest.skip("root without the right to mount a read-only tmpfs")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], check=True)
+
+
+def test_a_good_config_passes(demo, tmp_path):
+    assert preflight(config(demo, tmp_path / "run")) == []
+    assert not (tmp_path / "run").exists()  # nothing is created
+
+
+def test_bad_data_files_each_get_one_line(demo, tmp_path):
+    (tmp_path / "text.parquet").write_text("not parquet at all\n")
+    pq.write_table(pa.Table.from_pylist([{"question": "q", "answer": "a"}]), tmp_path / "columns.parquet")
+    pq.write_table(pa.Table.from_pylist(rows(["123"])).slice(0, 0), tmp_path / "empty.parquet")
+    bad_row = rows(["123", "456"])
+    bad_row[1]["reward_model"] = None
+    pq.write_table(pa.Table.from_pylist(bad_row), tmp_path / "row.parquet")
+    files = ",".join(str(tmp_path / n) for n in ("text.parquet", "columns.parquet", "empty.parquet", "row.parquet", "gone.parquet"))
+    start = time.perf_counter()
+    msg = refusal(config(demo, tmp_path / "run", f"data.train_files=[{files}]"))
+    assert time.perf_counter() - start < 60  # seconds, not a launch; the real budget is asserted below
+    lines = msg.splitlines()[1:]
+    assert len(lines) == 5, msg
+    assert lines[0].startswith("  - data.train_files[0] (text.parquet): cannot read") and "as parquet" in lines[0]
+    assert "data.train_files[1] (columns.parquet): missing column 'data_source'" in lines[1] and "megarl data convert" in lines[1]
+    assert "data.train_files[2] (empty.parquet):" in lines[2] and "has no rows" in lines[2]
+    assert "data.train_files[3] (row.parquet): row 1, column 'reward_model': expected a struct {ground_truth, style}" in lines[3]
+    assert "data.train_files[4] (gone.parquet): file" in lines[4] and "does not exist" in lines[4]
+
+
+def test_overlong_prompt_with_truncation_error(demo, tmp_path):
+    path = tmp_path / "long.parquet"
+    pq.write_table(pa.Table.from_pylist(rows(["123", "0123456789" * 4])), path)
+    cfg = config(demo, tmp_path / "run", f"data.train_files=[{path}]", "data.filter_overlong_prompts=false")
+    msg = refusal(cfg)
+    assert "data.train_files[0] (long.parquet): row 1: the prompt has" in msg
+    assert "> data.max_prompt_length (16), and data.truncation=error" in msg and "data.truncation=left|right" in msg
+    # Filtered (the default), the same file is fine.
+    assert preflight(config(demo, tmp_path / "run", f"data.train_files=[{path}]")) == []
+
+
+def test_unscorable_data_source_and_unknown_scorer(demo, tmp_path):
+    path = tmp_path / "src.parquet"
+    pq.write_table(pa.Table.from_pylist(rows(["123"], source="my_task")), path)
+    msg = refusal(config(demo, tmp_path / "run", f"data.train_files=[{path}]", "reward.functions={a: nope}"))
+    assert "reward.functions: reward.functions['a'] = 'nope' is not a built-in scorer" in msg
+    msg = refusal(config(demo, tmp_path / "run", f"data.train_files=[{path}]"))
+    assert "data.train_files[0] (src.parquet): row 0: no reward scorer for data_source 'my_task'" in msg
+
+
+@pytest.mark.parametrize(
+    ("source", "name", "expected"),
+    [
+        ("def other(s, a, b, c=None):\n    return 0.0\n", "compute_score",
+         "'compute_score' is not a function in {path}; functions defined there: other"),
+        ("import no_such_module_megarl\n", "compute_score", "ModuleNotFoundError: No module named 'no_such_module_megarl' (line 1)"),
+        ("def compute_score(:\n", "compute_score", "SyntaxError"),
+        ("x = 1\nraise RuntimeError('broken at import')\n", "compute_score", "RuntimeError: broken at import (line 2)"),
+    ],
+)
+def test_reward_function_that_cannot_load(demo, tmp_path, source, name, expected):
+    path = tmp_path / "my_reward.py"
+    path.write_text(source)
+    msg = refusal(config(demo, tmp_path / "run", f"reward.custom.path={path}", f"reward.custom.name={name}"))
+    assert f"reward.custom: loading {name!r} from {path} failed" in msg
+    assert expected.format(path=path) in msg
+
+
+def test_output_dir_that_cannot_be_written(demo, tmp_path):
+    with read_only_dir(tmp_path / "ro") as ro:
+        problem = writable_dir_problem(ro / "run")
+        assert problem is not None and "is not writable" in problem
+        msg = refusal(config(demo, ro / "run"))
+        assert f"trainer.output_dir: {ro / 'run'} is not writable" in msg and "choose a writable directory" in msg
+    (tmp_path / "file").write_text("x")
+    assert "exists and is not a directory" in refusal(config(demo, tmp_path / "file"))
+
+
+def _checkpoint(out: Path, step: int) -> Path:
+    from megarl.checkpoint.manager import CheckpointManager
+
+    with CheckpointManager(out).saving(step) as d:
+        (d / "trainer_state.pt").write_bytes(b"state" * 10)
+    return out / "checkpoints" / f"step_{step:06d}"
+
+
+def test_checkpoints_are_never_started_over(demo, tmp_path):
+    out = tmp_path / "run"
+    ckpt = _checkpoint(out, 2)
+    (ckpt / "trainer_state.pt").write_bytes(b"short")
+    msg = refusal(config(demo, out))
+    assert "  - trainer.resume=auto: " in msg and "none verifies (step_000002: file trainer_state.pt has 5 bytes" in msg
+    assert "resume=disable and a new trainer.output_dir" in msg
+    assert "  - trainer.resume=disable: starts a new run" in refusal(config(demo, out, "trainer.resume=disable"))
+    assert (ckpt / "trainer_state.pt").read_bytes() == b"short"
+
+
+def test_a_finished_run_says_so(demo, tmp_path):
+    out = tmp_path / "run"
+    _checkpoint(out, 500)
+    message = finished_run(config(demo, out))
+    assert message is not None and "already finished" in message and "step_000500" in message
+    assert "raise trainer.total_steps" in message and "new trainer.output_dir" in message
+    assert finished_run(config(demo, out, "trainer.total_steps=600")) is None
+
+
+@pytest.mark.slow
+def test_a_one_gigabyte_data_file_is_checked_within_five_seconds(tmp_path):
+    """Parquet footer plus at most 1,000 rows, whatever the file's size (the issue's budget)."""
+    from megarl.data.datasets import check_prompt_file
+
+    path = tmp_path / "big.parquet"
+    text = "digits " * 300
+    chunk = pa.Table.from_pylist(rows([f"{text}{i}" for i in range(20_000)]))
+    with pq.ParquetWriter(path, chunk.schema, compression="none") as writer:
+        for _ in range(2**30 // chunk.nbytes + 1):
+            writer.write_table(chunk)
+    assert path.stat().st_size >= 2**30
+    os.posix_fadvise(os.open(path, os.O_RDONLY), 0, 0, os.POSIX_FADV_DONTNEED)  # not from the page cache
+    start = time.perf_counter()
+    records = check_prompt_file(path, label="data.train_files[0]")
+    elapsed = time.perf_counter() - start
+    assert 0 < len(records) <= 1000
+    assert elapsed < 5.0, f"{elapsed:.1f} s"
+
+
+def test_a_tokenizer_without_chat_template(demo, tmp_path):
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(demo[0], model)
+    (model / "chat_template.jinja").unlink()
+    msg = refusal(config(demo, tmp_path / "run", f"model.path={model}"))
+    assert "data.apply_chat_template: is true but the tokenizer of model.path" in msg and "apply_chat_template=false" in msg

@@ -1,0 +1,82 @@
+"""Reward functions that fail on every sample stop the run fast and visibly: real functions that
+raise, sleep forever and return garbage, in a real worker pool."""
+
+from __future__ import annotations
+
+import logging
+import textwrap
+import time
+
+import pytest
+
+from megarl.config.sections import CustomRewardConfig, RewardConfig
+from megarl.rewards import RewardScorer
+from megarl.rewards.scorer import RewardError
+
+TIMEOUT_S = 2.0
+BROKEN = textwrap.dedent(
+    """
+    import time
+
+    def raises(data_source, solution_str, ground_truth, extra_info=None):
+        return 1 / len(solution_str.replace(solution_str, ""))
+
+    def sleeps(data_source, solution_str, ground_truth, extra_info=None):
+        if solution_str.startswith("fast"):
+            return 1.0
+        time.sleep(3600)
+
+    def garbage(data_source, solution_str, ground_truth, extra_info=None):
+        return {"a": "not a score", "b": None, "c": [1.0]}.get(solution_str, float(solution_str == ground_truth))
+    """
+)
+
+
+def scorer(tmp_path, name: str, **kw) -> RewardScorer:
+    path = tmp_path / "broken_reward.py"
+    path.write_text(BROKEN)
+    cfg = RewardConfig(custom=CustomRewardConfig(path=str(path), name=name), timeout_s=TIMEOUT_S, workers=2, **kw)
+    return RewardScorer(cfg)
+
+
+def score(s: RewardScorer, solutions: list[str]):
+    return s.score(["task"] * len(solutions), solutions, ["x"] * len(solutions), [None] * len(solutions))
+
+
+def test_raising_on_every_sample_stops_with_the_traceback(tmp_path):
+    with scorer(tmp_path, "raises") as s, pytest.raises(RewardError) as info:
+        score(s, ["a", "b", "c", "d"])
+    msg = str(info.value)
+    assert msg.startswith("reward.custom 'raises' (broken_reward.py) failed on 4 of 4 samples (4 errors, 0 timeouts)")
+    assert "reward.max_failed_fraction (1)" in msg and "ZeroDivisionError: division by zero" in msg
+    assert "Traceback (most recent call last)" in msg and "broken_reward.py" in msg and "return 1 / len(" in msg
+
+
+def test_a_step_where_every_sample_hangs_ends_within_two_timeouts(tmp_path, caplog):
+    """The issue's deadline: 2 x timeout_s + 10 s, whatever the number of samples."""
+    with scorer(tmp_path, "sleeps") as s, caplog.at_level(logging.WARNING, logger="megarl.rewards.scorer"):
+        start = time.monotonic()
+        with pytest.raises(RewardError) as info:
+            score(s, [f"hang {i}" for i in range(16)])
+        elapsed = time.monotonic() - start
+    assert elapsed < 2 * TIMEOUT_S + 10, f"{elapsed:.1f} s"
+    assert "failed on 16 of 16 samples (0 errors, 16 timeouts)" in str(info.value)
+    assert "raise reward.timeout_s" in str(info.value)
+    assert "timed out after 2 s (reward.timeout_s)" in caplog.text  # logged when it happened
+    assert "counted as timeouts without running" in caplog.text
+
+
+def test_some_hanging_samples_do_not_cost_the_others(tmp_path):
+    with scorer(tmp_path, "sleeps") as s:
+        result = score(s, ["fast 0", "fast 1", "hang", "fast 2", "fast 3", "hang", "fast 4"])
+    assert result.scores == [1.0, 1.0, 0.0, 1.0, 1.0, 0.0, 1.0]
+    assert (result.errors, result.timeouts) == (0, 2)
+
+
+def test_garbage_returns_are_errors_and_the_threshold_is_configurable(tmp_path):
+    with scorer(tmp_path, "garbage") as s:
+        result = score(s, ["a", "b", "x", "c", "x"])
+        assert result.scores == [0.0, 0.0, 1.0, 0.0, 1.0] and result.errors == 3
+    with scorer(tmp_path, "garbage", max_failed_fraction=0.5) as s, pytest.raises(RewardError) as info:
+        score(s, ["a", "b", "x", "c", "x"])
+    assert "failed on 3 of 5 samples" in str(info.value) and "returned str 'not a score'" in str(info.value)

@@ -1,0 +1,62 @@
+"""Nothing lost in the metric sinks: a resumed run appends (cut back atomically to its checkpoint),
+a new run keeps an earlier run's file, W&B continues the same run id, reward failures show."""
+
+from __future__ import annotations
+
+import io
+import sys
+import types
+
+from megarl.trainer.metric_sinks import ConsoleSink, JsonlSink, WandbSink, read_metrics
+
+
+def test_a_new_run_keeps_an_earlier_runs_metrics(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "reward/mean": 0.5}\n')
+    JsonlSink(path).close()
+    kept = [p for p in tmp_path.glob("metrics.*.jsonl")]
+    assert len(kept) == 1 and read_metrics(kept[0]) == [{"step": 1, "reward/mean": 0.5}]
+    assert read_metrics(path) == []
+
+
+def test_resume_appends_after_the_checkpoint_step(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(f'{{"step": {s}}}\n' for s in (1, 2, 3, 4)))
+    sink = JsonlSink(path, resume_step=2)
+    sink.log(3, {"reward/mean": 1.0})
+    sink.close()
+    assert [r["step"] for r in read_metrics(path)] == [1, 2, 3]
+    assert not list(tmp_path.glob(".metrics.jsonl.tmp*"))
+
+
+class FakeWandb(types.ModuleType):
+    """The third-party `wandb` API surface the sink uses (not installed here)."""
+
+    def __init__(self) -> None:
+        super().__init__("wandb")
+        self.inits: list[dict] = []
+        self.util = types.SimpleNamespace(generate_id=lambda: f"id{len(self.inits)}")
+
+    def init(self, **kw):
+        self.inits.append(kw)
+        return types.SimpleNamespace(log=lambda *a, **k: None, finish=lambda: None)
+
+
+def test_wandb_resumes_the_same_run_id(tmp_path, monkeypatch):
+    fake = FakeWandb()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    WandbSink("p", "e", {}, tmp_path)
+    WandbSink("p", "e", {}, tmp_path, resume_step=5)
+    WandbSink("p", "e", {}, tmp_path)  # a new run: a new id
+    ids = [kw["id"] for kw in fake.inits]
+    assert ids[0] == ids[1] and ids[2] != ids[0]
+    assert all(kw["resume"] == "allow" for kw in fake.inits)
+
+
+def test_the_progress_bar_shows_reward_failures():
+    sink = ConsoleSink(total_steps=3)
+    sink._progress.console.file = io.StringIO()
+    sink.log(1, {"reward/mean": 0.0, "reward/errors": 4.0, "reward/timeouts": 2.0})
+    info = sink._progress.tasks[0].fields["info"]
+    sink.close()
+    assert "reward errors 4 timeouts 2" in info

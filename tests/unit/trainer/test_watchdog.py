@@ -1,0 +1,52 @@
+"""RunControl and Watchdog in this process: real signals to the test process itself."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from megarl.trainer.metric_sinks import PROGRESS
+from megarl.trainer.watchdog import RunControl, Watchdog
+
+
+def deliver(signum: int) -> None:
+    os.kill(os.getpid(), signum)
+    time.sleep(0.2)  # the handler runs at the next bytecode boundary
+
+
+def test_outside_a_step_a_signal_stops_at_once():
+    control = RunControl()
+    previous = signal.getsignal(signal.SIGTERM)
+    with control.handlers():
+        with pytest.raises(KeyboardInterrupt):
+            deliver(signal.SIGTERM)
+    assert control.signal == signal.SIGTERM and control.exit_code == 143 and control.signal_name == "SIGTERM"
+    assert signal.getsignal(signal.SIGTERM) is previous  # put back
+
+
+def test_inside_a_step_the_first_signal_waits_and_the_second_abandons(capsys):
+    control = RunControl(save_on_signal=True)
+    with control.handlers():
+        control.deferred = True
+        deliver(signal.SIGINT)
+        assert control.stop_requested and control.exit_code == 130
+        assert "stopping after this step and saving a checkpoint" in capsys.readouterr().err
+        with pytest.raises(KeyboardInterrupt):
+            deliver(signal.SIGINT)
+        control.cleaning = True
+        deliver(signal.SIGTERM)  # while shutting down: noted, nothing raised
+    assert "shutting down, please wait" in capsys.readouterr().err
+
+
+def test_the_watchdog_interrupts_a_stuck_driver(tmp_path):
+    control = RunControl()
+    with control.handlers(), pytest.raises(KeyboardInterrupt), Watchdog(control, 1.0, {}, tmp_path):
+        PROGRESS.mark("reward", 7)
+        time.sleep(60)  # stuck: no phase moves
+    assert control.hang is not None
+    assert "in phase 'reward' of step 7 (trainer.hang_timeout_s=1)" in control.hang
+    assert "no worker call was in flight" in control.hang
+    assert "most recent call first" in (tmp_path / "driver_stacks.log").read_text()
