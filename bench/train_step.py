@@ -59,7 +59,7 @@ def pg_loss(batch, outputs):
     mask = batch.response_mask.to(outputs.logprobs.dtype)
     loss_sum = -(outputs.logprobs * mask).sum()
     count = mask.sum()
-    return loss_sum, count, {"pg_loss": torch.stack([loss_sum.detach(), count])}
+    return loss_sum, count, {"actor/pg_loss": torch.stack([loss_sum.detach(), count])}
 
 
 def parse() -> argparse.Namespace:

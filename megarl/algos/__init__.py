@@ -1,4 +1,5 @@
-"""RL algorithms as pure torch functions: advantages, policy/value losses, KL, TIS, DAPO.
+"""RL algorithms as pure torch functions: advantages, policy/value losses, KL, TIS, DAPO, and
+the metric accumulator (reductions of the catalogued metrics as tensor operations).
 
 No torch.distributed, no Ray, no models: the controller calls the advantage functions on a
 whole Batch, the Megatron workers call the LossFns on micro-batch slices. Names selectable
@@ -30,9 +31,8 @@ from megarl.algos.losses import (
     aggregate,
     make_policy_loss_fn,
     make_value_loss_fn,
-    metric_reduction,
-    reduce_metrics,
 )
+from megarl.algos.metrics import MetricAccumulator, reduce_metrics
 from megarl.algos.mismatch import logprob_mismatch, tis_weights
 from megarl.algos.registry import Registry, UnknownNameError
 from megarl.algos.step import advantage_step
@@ -46,6 +46,7 @@ __all__ = [
     "AdvantageInputs",
     "FixedKLController",
     "LossFn",
+    "MetricAccumulator",
     "ModelOutputs",
     "Registry",
     "UnknownNameError",
@@ -59,7 +60,6 @@ __all__ = [
     "make_kl_controller",
     "make_policy_loss_fn",
     "make_value_loss_fn",
-    "metric_reduction",
     "overlong_penalty",
     "reduce_metrics",
     "reward_kl",

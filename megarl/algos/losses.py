@@ -8,8 +8,7 @@ the seq-mean modes count sequences, and the normalisation is global across the m
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -38,9 +37,10 @@ class LossFn(Protocol):
         """Return ``(loss_sum, normaliser_count, metrics)``.
 
         ``loss_sum``: scalar tensor with grad; ``normaliser_count``: scalar tensor (tokens for
-        token-mean, sequences for seq-mean modes); ``metrics``: name -> a detached tensor
-        ``[2] = (sum, count)`` over the slice; the worker adds sums and counts over
-        micro-batches and DP ranks and reports ``sum / count``.
+        token-mean, sequences for seq-mean modes); ``metrics``: catalogued public name
+        (megarl/metrics.py) -> a detached ``[2]`` tensor over the slice; the worker combines
+        them over micro-batches, mini-batches and DP ranks by each name's reduction
+        (megarl.algos.metrics).
         """
         ...
 
@@ -55,13 +55,10 @@ class LossFn(Protocol):
 # aggregation is linear in the token losses, adding the terms per token and aggregating once
 # equals aggregating each term (verl's way).
 #
-# Metrics are ``[2] = (sum, count)`` tensors; the reported value is sum(sums) / sum(counts)
-# over micro-batches and DP ranks. Exception, by name: a metric ending in ``_max`` (``_min``) is
-# ``(value, 1)`` (``(0, 0)`` / ``(inf, 0)`` for a slice without valid tokens) and must be
-# reduced with max (min) of the first element; ``metric_reduction(name)`` says which, and
-# ``reduce_metrics`` does it for a list of metric dicts. In the DP all-reduce use MAX (MIN) on
-# the value and SUM on the count: the empty-slice values (0 for the max of positive ratios,
-# inf for the min) never win, so no special case is needed there.
+# Metrics are slices ``{public name: [2] tensor}`` (megarl.algos.metrics): the policy loss
+# emits ``actor/...`` (and ``rollout/logprob_mismatch``), the value loss ``critic/...``, names
+# and reductions declared once in megarl/metrics.py. Each pair is (sum over valid tokens, their
+# count) for a mean, (extreme, 1) or (anything, 0) for a max / min over a slice.
 # =========================================================================================
 
 LOG_RATIO_CLAMP = 20.0  # |log ratio| clamp before exp (PPO token ratio)
@@ -72,6 +69,7 @@ GSPO_LOG_RATIO_MAX = 10.0  # upper clamp of GSPO's log ratio
 class PolicyLossTerms:
     loss: torch.Tensor  # [B, R] per-token policy-gradient loss (with grad)
     ratio: torch.Tensor  # [B, R] detached importance ratio the loss used
+    log_ratio: torch.Tensor  # [B, R] detached log of it, clamped as the loss clamped it
     clipped: torch.Tensor  # [B, R] bool, the 1 -+ eps clip bound holds the ratio
     clipped_lower: torch.Tensor  # [B, R] bool, the dual-clip bound c holds it
 
@@ -87,9 +85,9 @@ LOSS_AGGREGATIONS: Registry[Aggregation] = Registry("loss aggregation")
 
 # ---- policy losses ----------------------------------------------------------------------
 def _clipped_objective(
-    ratio: torch.Tensor, advantages: torch.Tensor, clip: ClipConfig, dual_c: float | None
+    log_ratio: torch.Tensor, advantages: torch.Tensor, clip: ClipConfig, dual_c: float | None
 ) -> PolicyLossTerms:
-    """PPO's pessimistic clipped objective for a ratio ``[B, R]`` (with grad).
+    """PPO's pessimistic clipped objective for a clamped log-ratio ``[B, R]`` (with grad).
 
     ``max(-A r, -A clip(r, 1 - low, 1 + high))``, and for A < 0 with dual clip also
     ``min(., -A c)``, equals ``-A r_eff`` with ``r_eff = min(r, 1 + high)`` where A >= 0 and
@@ -97,6 +95,7 @@ def _clipped_objective(
     active), in a third of the elementwise passes. ``clipped`` marks tokens held by the
     1 -+ eps bounds (A != 0), ``clipped_lower`` those held by the dual-clip bound c.
     """
+    ratio = torch.exp(log_ratio)
     positive = advantages >= 0
     upper = ratio.clamp(max=1.0 + clip.high)
     lower = ratio.clamp(min=1.0 - clip.low, max=dual_c)
@@ -108,7 +107,7 @@ def _clipped_objective(
     else:
         dual = (r > dual_c) & ~positive
     clipped = (e != r) & (advantages != 0) & ~dual
-    return PolicyLossTerms(loss, r, clipped, dual)
+    return PolicyLossTerms(loss, r, log_ratio.detach(), clipped, dual)
 
 
 @POLICY_LOSSES.register("ppo")
@@ -122,7 +121,7 @@ def ppo_loss(
     """Token-ratio clipped objective, ratio in [1 - low, 1 + high] (DAPO clip-higher when
     high > low); with ``dual_c`` the loss of a negative-advantage token is capped at -A * c."""
     log_ratio = (logprobs - old_logprobs).clamp_(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    return _clipped_objective(torch.exp(log_ratio), advantages, clip, clip.dual_c)
+    return _clipped_objective(log_ratio, advantages, clip, clip.dual_c)
 
 
 @POLICY_LOSSES.register("gspo")
@@ -141,9 +140,8 @@ def gspo_loss(
     """
     n = mask.sum(-1).clamp(min=1)  # [B]
     seq_log_ratio = ((logprobs.detach() - old_logprobs) * mask).sum(-1) / n  # [B]
-    log_ratio = logprobs - logprobs.detach() + seq_log_ratio[:, None]
-    ratio = torch.exp(log_ratio.clamp(max=GSPO_LOG_RATIO_MAX))  # [B, R] value s_i on every token
-    return _clipped_objective(ratio, advantages, clip, None)
+    log_ratio = logprobs - logprobs.detach() + seq_log_ratio[:, None]  # [B, R] value log s_i
+    return _clipped_objective(log_ratio.clamp(max=GSPO_LOG_RATIO_MAX), advantages, clip, None)
 
 
 # ---- aggregations: (loss_sum, count), count summed globally by Megatron -----------------
@@ -211,41 +209,13 @@ def _positive_extremes(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(max, min)`` metrics of a strictly positive x (ratios) over valid tokens.
 
-    Each is ``(value, 1)``, or ``(0 / inf, 0)`` for a slice without valid tokens. Positivity
-    lets padding drop out as x * 0 = 0 (max) and x / 0 = inf (min): no masked_fill, no sync.
+    Each is ``(value, 1)``, or ``(0 / inf, 0)`` for a slice without valid tokens (the count 0
+    makes the accumulator ignore it). Positivity lets padding drop out as x * 0 = 0 (max) and
+    x / 0 = inf (min): no masked_fill, no sync.
     """
     x = x.detach()
     present = (n > 0).to(x.dtype)
     return torch.stack([(x * mask).max(), present]), torch.stack([(x / mask).min(), present])
-
-
-def metric_reduction(name: str) -> str:
-    """ "max", "min" or "sum": how ``name``'s [2] tensors combine across slices (see above)."""
-    if name.endswith("_max"):
-        return "max"
-    if name.endswith("_min"):
-        return "min"
-    return "sum"
-
-
-def reduce_metrics(slices: Sequence[dict[str, torch.Tensor]]) -> dict[str, float]:
-    """Combine per-slice metric dicts and return ``name -> value`` (nan when nothing counted)."""
-    out: dict[str, float] = {}
-    for name in {k for s in slices for k in s}:
-        parts = torch.stack(
-            [s[name].detach().double().cpu() for s in slices if name in s]
-        )  # [n, 2]
-        count = float(parts[:, 1].sum())
-        op = metric_reduction(name)
-        if count == 0:
-            out[name] = math.nan
-        elif op == "max":
-            out[name] = float(parts[parts[:, 1] > 0, 0].max())
-        elif op == "min":
-            out[name] = float(parts[parts[:, 1] > 0, 0].min())
-        else:
-            out[name] = float(parts[:, 0].sum()) / count
-    return out
 
 
 # ---- LossFn factories -------------------------------------------------------------------
@@ -282,20 +252,22 @@ class PolicyLossFn:
         old = batch.old_logprobs if batch.old_logprobs is not None else logp.detach()
         terms = self.policy_loss(logp, old, advantages, mask, cfg.clip)
         metrics: dict[str, torch.Tensor] = {
-            "pg_clipfrac": _token_metric(terms.clipped, mask, n),
-            "pg_clipfrac_lower": _token_metric(terms.clipped_lower, mask, n),
-            "ppo_kl": _token_metric(old - logp.detach(), mask, n),
-            "ratio_mean": _token_metric(terms.ratio, mask, n),
+            "actor/clip_frac": _token_metric(terms.clipped, mask, n),
+            "actor/clip_frac_lower": _token_metric(terms.clipped_lower, mask, n),
+            # -log ratio as the loss clamped it (verl's ppo_kl): finite where a ratio saturates
+            "actor/ppo_kl": _token_metric(terms.log_ratio.neg(), mask, n),
+            "actor/ratio_mean": _token_metric(terms.ratio, mask, n),
         }
-        metrics["ratio_max"], metrics["ratio_min"] = _positive_extremes(terms.ratio, mask, n)
+        metrics["actor/ratio_max"], metrics["actor/ratio_min"] = _positive_extremes(terms.ratio, mask, n)
         token_loss = self._importance_weighted(terms.loss, old, batch, mask, n, metrics)
         total = self._regularised(token_loss, logp, batch, outputs, mask, n, metrics)
         loss_sum, count = self.aggregation(total, mask, self.max_response_length)
+        metrics["actor/loss"] = torch.stack([loss_sum.detach(), count.detach()])
         if total is token_loss:  # no extra terms: the policy-gradient loss is the loss
-            metrics["pg_loss"] = torch.stack([loss_sum.detach(), count.detach()])
+            metrics["actor/pg_loss"] = metrics["actor/loss"]
         else:
             pg_sum, pg_count = self.aggregation(token_loss.detach(), mask, self.max_response_length)
-            metrics["pg_loss"] = torch.stack([pg_sum, pg_count])
+            metrics["actor/pg_loss"] = torch.stack([pg_sum, pg_count])
         return loss_sum, count.detach(), metrics
 
     def _importance_weighted(
@@ -310,15 +282,15 @@ class PolicyLossFn:
         """The token losses times the TIS weights (when configured), plus mismatch metrics."""
         tis = self.cfg.tis
         if batch.rollout_logprobs is not None:
-            metrics["logprob_mismatch"] = logprob_mismatch(old, batch.rollout_logprobs, mask)
+            metrics["rollout/logprob_mismatch"] = logprob_mismatch(old, batch.rollout_logprobs, mask)
         if tis.level == "none":
             return loss
         rollout = _require(
             batch.rollout_logprobs, "batch.rollout_logprobs", "algorithm.tis.level is set"
         )
         weights = tis_weights(old, rollout, mask, tis.level, tis.cap)
-        metrics["tis_weight"] = _token_metric(weights, mask, n)
-        metrics["tis_capped_frac"] = _token_metric((weights >= tis.cap).to(loss.dtype), mask, n)
+        metrics["actor/tis_weight"] = _token_metric(weights, mask, n)
+        metrics["actor/tis_capped_frac"] = _token_metric((weights >= tis.cap).to(loss.dtype), mask, n)
         return loss * weights
 
     def _regularised(
@@ -331,19 +303,21 @@ class PolicyLossFn:
         n: torch.Tensor,
         metrics: dict[str, torch.Tensor],
     ) -> torch.Tensor:
-        """The token losses minus the entropy bonus plus the KL term, as configured."""
+        """The token losses minus the entropy bonus plus the KL term, as configured. ``actor/kl``
+        is emitted empty (reported null) without a reference: the run log always has the key."""
         cfg = self.cfg
         if outputs.entropy is not None:
-            metrics["entropy"] = _token_metric(outputs.entropy, mask, n)
+            metrics["actor/entropy"] = _token_metric(outputs.entropy, mask, n)
         if cfg.entropy_coef > 0:
             entropy = _require(outputs.entropy, "outputs.entropy", "algorithm.entropy_coef > 0")
             loss = loss - cfg.entropy_coef * entropy
         if batch.ref_logprobs is None:
             if cfg.kl.use_in_loss:
                 _require(None, "batch.ref_logprobs", "algorithm.kl.use_in_loss is true")
+            metrics["actor/kl"] = torch.zeros(2, dtype=n.dtype, device=n.device)  # nothing counted
             return loss
         kl = kl_estimate(logp, batch.ref_logprobs, cfg.kl.estimator)  # [b, R]
-        metrics["kl"] = _token_metric(kl, mask, n)
+        metrics["actor/kl"] = _token_metric(kl, mask, n)
         return loss + self.kl_coef * kl if cfg.kl.use_in_loss else loss
 
 
@@ -378,10 +352,13 @@ class ValueLossFn:
             token_loss = 0.5 * torch.maximum(err, err_clipped)
             clipped = (err_clipped > err).to(vpred.dtype)
         loss_sum, count = self.aggregation(token_loss, mask, self.max_response_length)
+        n = mask.sum()
+        vf_loss = torch.stack([loss_sum.detach(), count.detach()])
         metrics = {
-            "vf_loss": torch.stack([loss_sum.detach(), count.detach()]),
-            "vf_clipfrac": _token_metric(clipped, mask, mask.sum()),
-            "vpred_mean": _token_metric(vpred, mask, mask.sum()),
+            "critic/loss": vf_loss,  # the value loss is the whole critic loss
+            "critic/vf_loss": vf_loss,
+            "critic/vf_clipfrac": _token_metric(clipped, mask, n),
+            "critic/vpred_mean": _token_metric(vpred, mask, n),
         }
         return loss_sum, count.detach(), metrics
 

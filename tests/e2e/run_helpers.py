@@ -11,11 +11,12 @@ from megarl.config.loading import load_config
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "configs" / "tiny_grpo.yaml"
 
-# Every step writes at least these (the README's metrics table).
+# Every GRPO step writes at least these (the README's metrics table; megarl/metrics.py).
 REQUIRED_METRICS = (
     "step", "reward/mean", "reward/errors", "response_length/mean", "response/truncated_frac", "actor/kl",
-    "actor/entropy", "actor/clip_frac", "actor/grad_norm", "actor/lr", "rollout/logprob_mismatch",
-    "reward/zero_var_group_frac", "time/step_s", "time/generate_s", "time/policy_update_s", "weight_sync/gbps",
+    "actor/entropy", "actor/clip_frac", "actor/ppo_kl", "actor/loss", "actor/grad_norm", "actor/lr",
+    "actor/optimizer_steps", "rollout/logprob_mismatch", "reward/zero_var_group_frac", "advantages/mean",
+    "time/step_s", "time/generate_s", "time/policy_update_s", "weight_sync/gbps",
 )
 
 

@@ -166,17 +166,22 @@ def test_policy_loss_fn_composes_terms(policy_loss, loss_agg):
     assert (logp.grad[mask == 0] == 0).all()
     values = reduce_metrics([metrics])
     n = mask.sum()
-    assert values["entropy"] == pytest.approx(((entropy * mask).sum() / n).item(), rel=1e-5)
-    assert values["ppo_kl"] == pytest.approx(
-        (((batch.old_logprobs - logp) * mask).sum() / n).item(), rel=1e-5
+    assert values["actor/entropy"] == pytest.approx(((entropy * mask).sum() / n).item(), rel=1e-5)
+    assert values["actor/ppo_kl"] == pytest.approx(
+        ((-terms.log_ratio * mask).sum() / n).item(), rel=1e-5
     )
-    assert values["ratio_max"] >= values["ratio_mean"] >= values["ratio_min"] > 0
-    assert 0 <= values["pg_clipfrac"] <= 1 and 0 < values["tis_weight"] <= 1.5
-    assert values["logprob_mismatch"] == pytest.approx(
+    if policy_loss == "ppo":  # small log-ratios: the clamp is inactive, ppo_kl = mean(old - new)
+        assert values["actor/ppo_kl"] == pytest.approx(
+            (((batch.old_logprobs - logp) * mask).sum() / n).item(), rel=1e-5
+        )
+    assert values["actor/ratio_max"] >= values["actor/ratio_mean"] >= values["actor/ratio_min"] > 0
+    assert 0 <= values["actor/clip_frac"] <= 1 and 0 < values["actor/tis_weight"] <= 1.5
+    assert values["rollout/logprob_mismatch"] == pytest.approx(
         (((batch.old_logprobs - batch.rollout_logprobs).abs() * mask).sum() / n).item(), rel=1e-5
     )
     pg_only = ref.aggregate((terms.loss * w).tolist(), mask.tolist(), loss_agg, MAX_LEN)
-    assert values["pg_loss"] == pytest.approx(pg_only, rel=1e-5)
+    assert values["actor/pg_loss"] == pytest.approx(pg_only, rel=1e-5)
+    assert values["actor/loss"] == pytest.approx(expected, rel=1e-5)
 
 
 def test_on_policy_without_old_logprobs_has_ratio_one_and_reinforce_gradient():
@@ -187,8 +192,10 @@ def test_on_policy_without_old_logprobs_has_ratio_one_and_reinforce_gradient():
     loss_sum.backward()
     torch.testing.assert_close(logp.grad, -batch.advantages * batch.response_mask)
     v = reduce_metrics([metrics])
-    assert v["ratio_max"] == v["ratio_min"] == 1.0 and v["pg_clipfrac"] == 0.0
-    assert "kl" not in v and "logprob_mismatch" not in v
+    assert v["actor/ratio_max"] == v["actor/ratio_min"] == 1.0 and v["actor/clip_frac"] == 0.0
+    assert math.isnan(v["actor/kl"])  # no reference: the key is there, null in the run log
+    assert "rollout/logprob_mismatch" not in v
+    assert v["actor/pg_loss"] == v["actor/loss"]  # no entropy / KL term
 
 
 def test_empty_slice_contributes_nothing_and_no_nan():
@@ -206,7 +213,7 @@ def test_empty_slice_contributes_nothing_and_no_nan():
         [metrics, make_policy_loss_fn(cfg, MAX_LEN)(full, ModelOutputs(new_logprobs(full, 2)))[2]]
     )
     assert all(math.isfinite(x) for x in merged.values())
-    assert math.isnan(reduce_metrics([metrics])["ratio_max"])
+    assert math.isnan(reduce_metrics([metrics])["actor/ratio_max"])
 
 
 def test_missing_inputs_name_the_field():
@@ -238,7 +245,10 @@ def test_value_loss_clipping_hand_example():
     # token 0: clipped to .2 -> (0.8)^2 > (0.5)^2; token 1: .1 within; token 2: clipped -.2 -> .04 < 1
     expected = 0.5 * (0.64 + 0.81 + 1.0)
     assert loss_sum.item() == pytest.approx(expected) and count.item() == 3
-    assert reduce_metrics([metrics])["vf_clipfrac"] == pytest.approx(1 / 3)
+    values = reduce_metrics([metrics])
+    assert values["critic/vf_clipfrac"] == pytest.approx(1 / 3)
+    assert values["critic/vf_loss"] == values["critic/loss"] == pytest.approx(expected / 3)
+    assert values["critic/vpred_mean"] == pytest.approx((0.5 + 0.1 - 1.0) / 3)
     loss_sum.backward()
     torch.testing.assert_close(
         vpred.grad, torch.tensor([[0.0, -0.9, -1.0, 0.0]])
@@ -247,3 +257,30 @@ def test_value_loss_clipping_hand_example():
         batch, ModelOutputs(vpred.detach(), values=vpred)
     )
     assert unclipped.item() == pytest.approx(0.5 * (0.25 + 0.81 + 1.0))
+
+
+def test_ppo_kl_uses_the_clamped_log_ratio_of_the_loss():
+    # verl's ppo_kl: mean of -clamp(logp - old, -20, 20). Token 0: log-ratio -30 (clamped to
+    # -20), token 1: +25 (clamped to 20), token 2: -0.5 (as is); the unclamped mean would be
+    # (30 - 25 + 0.5) / 3.
+    old = torch.tensor([[0.0, -25.0, -1.0]])
+    logp = torch.tensor([[-30.0, 0.0, -1.5]], requires_grad=True)
+    batch = make_batch(1, 3, 0, empty_rows=(), old_logprobs=old, advantages=torch.ones(1, 3))
+    batch = batch.replace(response_mask=torch.ones(1, 3))
+    _, _, metrics = make_policy_loss_fn(AlgorithmConfig(), MAX_LEN)(batch, ModelOutputs(logp))
+    values = reduce_metrics([metrics])
+    assert values["actor/ppo_kl"] == pytest.approx((20.0 - 20.0 + 0.5) / 3)
+    assert values["actor/ratio_max"] == pytest.approx(math.exp(20.0))  # the same clamp
+    assert values["actor/ratio_min"] == pytest.approx(math.exp(-20.0))
+
+
+def test_gspo_ppo_kl_uses_its_clamped_sequence_log_ratio():
+    # Row 0: token log-ratios 12 and 14, sequence log-ratio 13 > 10 -> clamped to 10 on both
+    # tokens; row 1: 0.2 and -0.4 -> -0.1 on both. ppo_kl = -(10 + 10 - 0.1 - 0.1) / 4.
+    old = torch.tensor([[-13.0, -15.0], [-1.0, -1.0]])
+    logp = torch.tensor([[-1.0, -1.0], [-0.8, -1.4]], requires_grad=True)
+    batch = make_batch(2, 2, 0, empty_rows=(), old_logprobs=old, advantages=torch.ones(2, 2))
+    batch = batch.replace(response_mask=torch.ones(2, 2))
+    cfg = AlgorithmConfig(policy_loss="gspo")
+    _, _, metrics = make_policy_loss_fn(cfg, MAX_LEN)(batch, ModelOutputs(logp))
+    assert reduce_metrics([metrics])["actor/ppo_kl"] == pytest.approx(-(20.0 - 0.2) / 4)

@@ -56,9 +56,16 @@ def test_overlong_shaping_kl_penalty_and_controller_update():
         ]
     )
     torch.testing.assert_close(out.advantages, centred[:, None] * mask)
-    assert metrics["kl_coef"] == 0.1 and ctl.value > 0.1  # KL far above target: coefficient grew
-    assert metrics["zero_var_group_frac"] == 1.0  # on raw scores: both groups all-equal
-    assert metrics["overlong_penalty_mean"] == pytest.approx(-1.5 / 4)
+    # The step emits public names (megarl/metrics.py); the reward statistics are rollout_metrics'.
+    assert set(metrics) == {
+        "reward/kl", "reward/kl_coef", "reward/overlong_penalty_mean", "advantages/mean", "advantages/return_mean",
+    }
+    assert metrics["reward/kl_coef"] == 0.1 and ctl.value > 0.1  # KL far above target: coefficient grew
+    lengths = torch.tensor([10.0, 4.0, 8.0, 2.0])
+    assert metrics["reward/kl"] == pytest.approx(float((kl.sum(-1) / lengths).mean()), rel=1e-6)
+    assert metrics["reward/overlong_penalty_mean"] == pytest.approx(-1.5 / 4)
+    # token mean: each row's advantage counts once per valid token (10 + 4 + 8 + 2 tokens)
+    assert metrics["advantages/mean"] == pytest.approx(float((centred * lengths).sum() / 24), abs=1e-6)
 
 
 def test_needs_scores():
