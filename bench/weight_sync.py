@@ -5,7 +5,7 @@ random-init HF directory shaped like Qwen2-0.5B (24 layers, hidden 896, 14 heads
 FFN 4864, vocab 151936, tied embeddings); rank 0 also holds the torch engine. Measured:
 
 - export only: the shared stream (TP all-gather + HF conversion + bucketing), no engine;
-- full push: export + ``engine.load_weights`` (InProcessWeightSync), metrics as reported;
+- full push: export + ``engine.load_weights`` (InProcessTransport), metrics as reported;
 - memcpy: one ``copy_`` of the same number of bytes on rank 0, same thread count, same run.
 
 Prints a table and writes bench/results/weight_sync.json (machine, load, date).
@@ -77,13 +77,15 @@ def rank_main(rank: int, port: int, model_dir: str, bucket_mb: float, reps: int,
     from megarl.config.sections import ActorConfig, ParallelConfig
     from megarl.parallel.groups import destroy_parallel
     from megarl.rollout.torch_engine import TorchEngine
-    from megarl.rollout.weight_sync import HFWeightStream, InProcessWeightSync
+    from megarl.rollout.transports import InProcessTransport
+    from megarl.rollout.weight_stream import WeightStream
 
     model = MegatronModel.build(model_dir, ActorConfig(parallel=ParallelConfig(tp=2)), torch.bfloat16, seed=1)
     engine = TorchEngine(model_dir, dtype="bfloat16") if rank == 0 else None
-    stream = HFWeightStream(partial(model.bridge.export_hf_weights, model.core), bucket_mb=bucket_mb)
-    export_only, full = InProcessWeightSync(stream), InProcessWeightSync(stream)
-    full.connect([engine] if engine is not None else [])
+    stream = WeightStream(partial(model.bridge.export_hf_tensors, model.core), bucket_mb=bucket_mb)
+    export_only, full = InProcessTransport(stream), InProcessTransport(stream, [engine] if engine is not None else [])
+    export_only.connect(None)
+    full.connect(None)
     runs: dict[str, list[dict[str, float]]] = {"export_only": [], "push": []}
     for rep in range(reps):
         runs["export_only"].append(timed_push(export_only, 0))

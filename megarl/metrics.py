@@ -119,7 +119,7 @@ CATALOGUE: tuple[Metric, ...] = (
     Metric("weight_sync/buckets", "last", "weight_sync", "buckets of rollout.weight_sync.bucket_mb pushed"),
     Metric("weight_sync/logprob_diff", "mean", "weight_sync", "mean |engine - trainer| log-prob of the probe tokens after the push (above max_logprob_diff: refused)"),
     Metric("weight_sync/logprob_diff_max", "max", "weight_sync", "largest |engine - trainer| log-prob of a probe token after the push"),
-    # ---- timing (megarl.trainer.metric_sinks.PhaseTimer, the loop) -------------------------
+    # ---- timing (megarl.progress.PhaseTimer: the loop and the collectors) ----------------
     Metric("time/step_s", "sum", "trainer", "wall time of the RL step"),
     Metric("time/<phase>_s", "sum", "trainer", "wall time of one phase of the step (generate, reward, policy_update, validate, ...)"),
     # ---- validation (megarl.trainer.loop.Trainer.validate) ---------------------------------

@@ -3,7 +3,7 @@
 Built from an HF causal-LM directory through the bridge with ``value_head=True``: the
 transformer weights are loaded, the LM head is not, and a small freshly initialised
 ``[1, hidden]`` head gives one value per position. Same conventions as the policy (whole batch
-in, full ``[B, R]`` out on every rank; global loss normalisation).
+in, each output rank's rows out; global loss normalisation).
 
 Value alignment (verl's convention): the value of response token ``t`` is read at column
 ``P + t - 1`` of the batch's sequences, the position whose logits predict token ``t``, i.e. the
@@ -21,7 +21,7 @@ from megarl.actors.megatron_runtime.model import MegatronModel, dtype_of
 from megarl.actors.megatron_runtime.training import TrainableModel, TrainedWorker
 from megarl.algos.losses import LossFn, ModelOutputs
 from megarl.config.sections import CriticConfig
-from megarl.data.batch import Batch
+from megarl.data.batch import Batch, TokenRows
 
 
 def _values(mb: MicroBatch, output: torch.Tensor) -> torch.Tensor:
@@ -46,22 +46,21 @@ class CriticWorker(TrainedWorker):
         self.cfg = critic_cfg
         self.dtype = dtype if isinstance(dtype, torch.dtype) else dtype_of(dtype)
         self.model = MegatronModel.build(str(model_path), critic_cfg, self.dtype, seed, value_head=True)
-        self.trainer = TrainableModel(self.model, critic_cfg, self.dtype, total_optimizer_steps)
+        self.trainer = TrainableModel(self.model, critic_cfg, self.dtype, total_optimizer_steps, role="critic")
 
     @property
     def info(self):
         return self.model.info
 
-    def compute_values(self, batch: Batch) -> torch.Tensor:
-        """``[B, R]`` float32 values on CPU, on every rank (alignment: module docstring)."""
-        out = self.model.forward_tokens(
+    def compute_values(self, batch: Batch) -> TokenRows | None:
+        """``values [n, R]`` float32 of this rank's rows (``TokenRows``, on output ranks; None
+        elsewhere; alignment: module docstring)."""
+        return self.model.forward_tokens(
             batch,
             lambda mb, output: {"values": _values(mb, output)},
-            ("values",),
             micro_batch_size=self.cfg.micro_batch_size,
             max_tokens=self.cfg.max_tokens_per_gpu,
         )
-        return out["values"]
 
     def update(
         self, batch: Batch, value_loss_fn: LossFn, *, mini_batch_size: int | None = None, ppo_epochs: int | None = None

@@ -1,45 +1,37 @@
 """One process of the critic group: the Megatron value model (its own layout and processes).
 
-Like PolicyRank, every method is collective and only rank 0 returns results.
+Called through megarl/actors/clients.py (CriticClient), like PolicyRank.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from megarl.actors.critic import CriticWorker
+from megarl.actors.megatron_runtime.offload import ModelStates
+from megarl.actors.trained_rank import TrainedRank
 from megarl.algos.losses import make_value_loss_fn
 from megarl.config.sections import MegaRLConfig
-from megarl.data.batch import Batch
+from megarl.data.batch import Batch, TokenRows
 
 
-class CriticRank:
+class CriticRank(TrainedRank):
+    role = "critic"
+
     def __init__(self, cfg: MegaRLConfig, total_optimizer_steps: int) -> None:
         self.cfg = cfg
         path = cfg.critic.path or cfg.model.path
-        self.critic = CriticWorker(path, cfg.critic, cfg.model.dtype, cfg.trainer.seed, total_optimizer_steps=total_optimizer_steps)
-        self.rank = self.critic.info.rank
+        self.worker = CriticWorker(path, cfg.critic, cfg.model.dtype, cfg.trainer.seed, total_optimizer_steps=total_optimizer_steps)
+        self.info = self.worker.info
         self.loss_fn = make_value_loss_fn(cfg.algorithm, cfg.rollout.sampling.max_new_tokens)
 
-    def compute_values(self, batch: Batch):
-        values = self.critic.compute_values(batch)
-        return values if self.rank == 0 else None
+    def compute_values(self, batch: Batch) -> TokenRows | None:
+        return self.worker.compute_values(batch)
 
-    def update(self, batch: Batch) -> dict[str, float] | None:
-        metrics = self.critic.update(batch, self.loss_fn, mini_batch_size=self.cfg.critic.mini_batch_size, ppo_epochs=self.cfg.critic.ppo_epochs)
-        return metrics if self.rank == 0 else None
+    def update(self, batch: Batch) -> dict[str, float]:
+        c = self.cfg.critic
+        return self.worker.update(batch, self.loss_fn, mini_batch_size=c.mini_batch_size, ppo_epochs=c.ppo_epochs)
 
-    def offload_states(self) -> int | None:
-        """Critic params, grads and optimizer state to host memory (while colocated SGLang generates)."""
-        moved = self.critic.offload()
-        return moved if self.rank == 0 else None
+    def profile_name(self) -> str:
+        return f"critic_rank{self.info.rank}"
 
-    def onload_states(self) -> None:
-        self.critic.onload()
-
-    def save(self, path: str) -> None:
-        Path(path).mkdir(parents=True, exist_ok=True)  # dist-checkpointing needs the directory
-        self.critic.save(Path(path))
-
-    def load(self, path: str) -> None:
-        self.critic.load(Path(path))
+    def model_states(self) -> dict[str, ModelStates]:
+        return {"critic": self.worker.trainer.states}

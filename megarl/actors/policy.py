@@ -7,7 +7,7 @@ the group call it with the same arguments.
 Conventions (see megarl/actors/megatron_runtime/model.py for the details):
 
 - Every rank is given the WHOLE batch; each DP replica takes a token-balanced share by index;
-  results are gathered so that every rank returns the full ``[B, R]`` tensors.
+  the replica's output rank returns the rows it computed (``TokenRows``), the others None.
 - Log-probs are ``log_softmax(logits / temperature)`` of the response tokens, from the logits at
   column ``P + t - 1`` of the batch's sequences (the position that predicts token t), computed
   vocab-parallel without gathering the vocabulary; 0 past each response's length.
@@ -35,7 +35,7 @@ from megarl.actors.megatron_runtime.model import (
 from megarl.actors.megatron_runtime.training import TrainableModel, TrainedWorker
 from megarl.algos.losses import LossFn, ModelOutputs
 from megarl.config.sections import ActorConfig
-from megarl.data.batch import Batch
+from megarl.data.batch import Batch, TokenRows
 
 
 class PolicyWorker(TrainedWorker):
@@ -56,17 +56,16 @@ class PolicyWorker(TrainedWorker):
         self.cfg = actor_cfg
         self.dtype = dtype if isinstance(dtype, torch.dtype) else dtype_of(dtype)
         self.model = MegatronModel.build(str(model_path), actor_cfg, self.dtype, seed)
-        self.trainer = TrainableModel(self.model, actor_cfg, self.dtype, total_optimizer_steps)
+        self.trainer = TrainableModel(self.model, actor_cfg, self.dtype, total_optimizer_steps, role="actor")
 
     @property
     def info(self):
         """This rank's place in the layout (``megarl.parallel.groups.ParallelInfo``)."""
         return self.model.info
 
-    def compute_logprobs(
-        self, batch: Batch, temperature: float = 1.0, with_entropy: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``(logprobs [B, R], entropy [B, R] | None)`` float32 on CPU, on every rank."""
+    def compute_logprobs(self, batch: Batch, temperature: float = 1.0, with_entropy: bool = False) -> TokenRows | None:
+        """``logprobs`` (and ``entropy``) ``[n, R]`` float32 of this rank's rows (``TokenRows``,
+        on output ranks; None elsewhere)."""
         return response_logprobs(self.model, self.cfg, batch, temperature, with_entropy)
 
     def update(
@@ -93,7 +92,7 @@ class PolicyWorker(TrainedWorker):
 
         return self.trainer.train(batch, loss_head, mini_batch_size=mini_batch_size, ppo_epochs=ppo_epochs)
 
-    def export_weights(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
-        """HF-named full tensors in buckets of at most ``bucket_bytes`` (collective; see the bridge)."""
-        return self.model.bridge.export_hf_weights(self.model.core, bucket_bytes)
-
+    def export_weights(self, gather_pp: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
+        """HF-named full tensors, one at a time (collective; see the bridge). ``gather_pp=False``:
+        each pipeline stage yields only its own tensors (a transport that sends per stage)."""
+        return self.model.bridge.export_hf_tensors(self.model.core, gather_pp=gather_pp)

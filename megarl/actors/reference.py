@@ -2,10 +2,10 @@
 
 Lives in the same processes as the policy, with the same layout (Megatron's parallel state is
 process-global; building it second reuses the policy's groups and refuses a different layout).
-No DDP, no optimizer, no gradients. With ``offload=True`` its weights stay in host memory
-between uses and come to the device only inside :meth:`compute_logprobs` (CUDA only; on CPU
-there is nothing to move). Same conventions as the policy: whole batch in, full ``[B, R]`` out
-on every rank.
+No DDP, no optimizer, no gradients. Its weights leave the device only when the memory hand-over
+says so (``reference.offload``: everywhere but in ``reference_forward``, see
+megarl/config/residency.py); it never moves itself. Same conventions as the policy: whole
+batch in, each output rank's rows out.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from pathlib import Path
 import torch
 
 from megarl.actors.megatron_runtime.model import MegatronModel, dtype_of, response_logprobs
-from megarl.actors.megatron_runtime.offload import StorageOffloader, model_tensors, on_device
+from megarl.actors.megatron_runtime.offload import ModelStates, model_weights
 from megarl.config.sections import ActorConfig
-from megarl.data.batch import Batch
+from megarl.data.batch import Batch, TokenRows
 
 
 class ReferenceWorker:
@@ -29,43 +29,23 @@ class ReferenceWorker:
         actor_cfg: ActorConfig,
         dtype: str | torch.dtype = "bfloat16",
         seed: int = 1,
-        *,
-        offload: bool = False,
     ) -> None:
-        """``actor_cfg`` gives the layout and micro-batching (the policy's); ``offload`` keeps the
-        weights on the host between calls."""
+        """``actor_cfg`` gives the layout and micro-batching (the policy's)."""
         self.cfg = actor_cfg
         self.dtype = dtype if isinstance(dtype, torch.dtype) else dtype_of(dtype)
         self.model = MegatronModel.build(str(model_path), actor_cfg, self.dtype, seed)
         for p in self.model.module.parameters():
             p.requires_grad_(False)
         self.model.module.eval()
-        self.offload_between_uses = offload
-        self._offloader = StorageOffloader()
-        if offload:
-            self.offload()
+        self.states = ModelStates(self.model.info.device, {"weights": lambda: model_weights(self.model.module)}, copied=("weights",))
 
     @property
     def info(self):
         return self.model.info
 
-    def compute_logprobs(
-        self, batch: Batch, temperature: float = 1.0, with_entropy: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``(logprobs [B, R], entropy [B, R] | None)`` float32 on CPU, on every rank."""
-        self.onload()
-        try:
-            return response_logprobs(self.model, self.cfg, batch, temperature, with_entropy)
-        finally:
-            if self.offload_between_uses:
-                self.offload()
-
-    def offload(self) -> int:
-        """Weights to host memory (CUDA; a no-op on CPU); returns the bytes moved."""
-        device = self.model.info.device
-        if device.type == "cpu" or self._offloader.offloaded:
-            return 0
-        return self._offloader.offload(on_device(model_tensors(self.model.module), device))
-
-    def onload(self) -> None:
-        self._offloader.onload()
+    def compute_logprobs(self, batch: Batch, temperature: float = 1.0, with_entropy: bool = False) -> TokenRows | None:
+        """Like the policy's: this rank's rows (``TokenRows``) on output ranks, None elsewhere."""
+        if self.states.offloaded():
+            raise RuntimeError("the reference's weights are off the device; the memory hand-over brings them back "
+                               "for reference_forward (megarl/rollout/handover.py)")  # fmt: skip
+        return response_logprobs(self.model, self.cfg, batch, temperature, with_entropy)

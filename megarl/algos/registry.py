@@ -3,14 +3,21 @@
 Each kind of algorithm (advantage estimators, policy losses, KL estimators) keeps one
 ``Registry``; the config validates names without importing torch (megarl/config/sections.py
 lists them) and a unit test keeps both lists equal. A lookup miss names the kind, the bad
-name and every valid one. Deliberately no plugin discovery or entry points: registering is an
-import-time decorator call.
+name and every valid one.
+
+Users extend a registry by import path: a name of the form ``package.module:function`` is
+imported on first use (in every process that looks it up, so the module must be importable
+there: installed, or on PYTHONPATH) and must be callable; see docs/extending.md. Deliberately
+no plugin discovery or entry points.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
+
+from megarl.config.sections import IMPORT_PATH
 
 F = TypeVar("F", bound=Callable[..., object])
 
@@ -43,11 +50,14 @@ class Registry(Generic[F]):
         return add
 
     def get(self, name: str) -> F:
-        try:
+        if name in self._fns:
             return self._fns[name]
-        except KeyError:
-            valid = ", ".join(self._fns)
-            raise UnknownNameError(f"unknown {self.kind} {name!r}; valid names: {valid}") from None
+        if is_import_path(name):
+            return load_import_path(name, self.kind)  # type: ignore[return-value]
+        valid = ", ".join(self._fns)
+        raise UnknownNameError(
+            f"unknown {self.kind} {name!r}; valid names: {valid}, or your own function as package.module:function"
+        )
 
     __getitem__ = get
 
@@ -62,3 +72,28 @@ class Registry(Generic[F]):
 
     def __len__(self) -> int:
         return len(self._fns)
+
+
+def is_import_path(name: str) -> bool:
+    """``package.module:function`` (what a user's own function is named by)."""
+    return bool(IMPORT_PATH.match(name))
+
+
+def load_import_path(path: str, kind: str) -> Callable[..., object]:
+    """Import ``package.module:function`` and return the function; a missing module, a missing
+    attribute or something that is not callable is an error naming the path and the fix."""
+    module_name, _, attr = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise UnknownNameError(
+            f"{kind} {path!r}: cannot import {module_name} ({err}); install it or put its folder on PYTHONPATH "
+            "(every process that runs it needs it)"
+        ) from None
+    except Exception as err:  # the user's module itself fails while importing (a syntax error, ...)
+        raise UnknownNameError(f"{kind} {path!r}: importing {module_name} failed: {type(err).__name__}: {err}") from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        what = "has no attribute" if fn is None else "has a non-callable"
+        raise UnknownNameError(f"{kind} {path!r}: module {module_name} {what} {attr!r}; name a function")
+    return fn

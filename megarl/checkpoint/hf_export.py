@@ -36,16 +36,20 @@ class ExportRank:
         self.policy.load(Path(checkpoint) / "policy")
         self.rank = self.policy.info.rank
 
-    def write(self, staging: str) -> dict[str, float] | None:
-        """Export into ``staging/v0`` (collective; rank 0 writes)."""
-        from megarl.rollout.weight_sync import DiskWeightSync, HFWeightStream
+    def write(self, staging: str) -> dict[str, float]:
+        """Export into ``staging/v0`` through the disk transport (collective; rank 0 writes)."""
+        import torch.distributed as dist
 
-        stream = HFWeightStream(self.policy.export_weights, self.cfg.rollout.weight_sync.bucket_mb)
-        sync = DiskWeightSync(stream, staging, writer=self.rank == 0, hf_dir=self.cfg.model.path)
-        metrics = sync.push(0)
-        return metrics if self.rank == 0 else None
+        from megarl.rollout.transports import DiskTransport
+        from megarl.rollout.weight_stream import WeightStream
 
-    def verify(self, hf_dir: str) -> int | None:
+        stream = WeightStream(self.policy.export_weights, self.cfg.rollout.weight_sync.bucket_mb)
+        disk = DiskTransport(stream, staging, writer=self.rank == 0, hf_dir=self.cfg.model.path,
+                             engines_of=lambda _: [], barrier=dist.barrier)  # fmt: skip
+        disk.connect(None)
+        return disk.push(0)
+
+    def verify(self, hf_dir: str) -> int:
         """Import ``hf_dir`` into a fresh model of this layout; every parameter must be identical."""
         from megarl.actors.reference import ReferenceWorker
 
@@ -57,7 +61,7 @@ class ExportRank:
                 diff = (param.detach().float().cpu() - trained[name].detach().float().cpu()).abs().max()
                 raise ConversionError(f"{hf_dir}: {name} differs from the trained weights after re-import (max |diff| {float(diff):.3g})")
             checked += 1
-        return checked if self.rank == 0 else None
+        return checked  # this rank's parameters
 
 
 def write_index(directory: Path) -> None:

@@ -8,12 +8,17 @@ a 2-process Megatron policy, the torch engine, rewards in worker processes) and 
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 
+from megarl.data.tasks import TASK_VOCAB
 from megarl.models.tiny import build_tiny_model
 
-# The demo model: what the calibration probe learned the task with (shared/notes).
-DEMO_MODEL = dict(arch="qwen2", task_vocab="0123456789", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+# The demo model: the size a plain calibration probe (HF model + hand-written GRPO) learned the task with.
+DEMO_MODEL = dict(arch="qwen2", task_vocab=TASK_VOCAB, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
                   ffn_hidden_size=128, max_position_embeddings=64)
 
 
@@ -36,18 +41,80 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def demo_command(config: str | Path, overrides: list[str], root: str | Path) -> str:
+    """The `megarl demo` command line that resumes this demo run."""
+    args = ["megarl", "demo", *(o for o in overrides if not o.startswith("trainer.resume="))]
+    args += ["--root", str(root)] if str(root) != "outputs/demo" else []
+    args += ["--config", str(config)] if str(config) != "configs/tiny_grpo.yaml" else []
+    if any(o.startswith("trainer.resume=") and o != "trainer.resume=auto" for o in overrides):
+        args.append("trainer.resume=auto")
+    return shlex.join(args)
+
+
+# The real SGLang server on this CPU (`megarl demo rollout.engine=sglang`): a pool of its own
+# (its CPU engine cannot release memory), one server next to the 2 policy ranks, weights pushed
+# over a gloo group as a disaggregated GPU run pushes them over NCCL.
+SGLANG_ON_CPU = ("cluster.placement=disaggregated", "cluster.gpus_per_node=3", "cluster.rollout_gpus=1",
+                 "rollout.mem_fraction=0.05")  # fmt: skip
+
+
+def sglang_on_cpu(overrides: list[str]) -> list[str]:
+    """The placement the demo needs for ``rollout.engine=sglang`` on CPU (before the user's own
+    overrides, which win), with the interpreter `make sglang-cpu` built when none is given."""
+    if "rollout.engine=sglang" not in overrides:
+        return []
+    extra = list(SGLANG_ON_CPU)
+    if not any(o.startswith("rollout.server_python=") for o in overrides):
+        python = sglang_cpu_python()
+        if python is not None:
+            extra.append(f"rollout.server_python={python}")
+    return extra
+
+
+def sglang_cpu_python() -> Path | None:
+    """The interpreter of the venv `make sglang-cpu` built for this checkout, if it exists
+    (its path comes from ci/sglang-cpu/venv_path.py, the build's own definition)."""
+    import importlib.util
+
+    script = Path(__file__).resolve().parents[2] / "ci" / "sglang-cpu" / "venv_path.py"
+    if not script.is_file():  # megarl installed without its repository
+        return None
+    spec = importlib.util.spec_from_file_location("megarl_sglang_cpu_venv_path", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    python = module.venv_path() / "bin" / "python"
+    return python if python.exists() else None
+
+
 def prepare_demo(root: str | Path = "outputs/demo", seed: int = 0) -> tuple[Path, Path]:
-    """Model and data directories under ``root`` (made if missing)."""
+    """Model and data directories under ``root`` (made if missing; each is built beside its place
+    and renamed in whole, so an interrupted build never leaves half a model)."""
     from megarl.data.tasks import write_reverse_digits
 
     root = Path(root)
     model = root / "model"
     if not (model / "config.json").is_file():
-        build_tiny_model(model, seed=seed, **DEMO_MODEL)
+        _build_in_place(model, lambda tmp: build_tiny_model(tmp, seed=seed, **DEMO_MODEL))
     data = root / "data"
     if not (data / "train.parquet").is_file() or not (data / "val.parquet").is_file():
-        write_reverse_digits(data, seed=seed)
+        _build_in_place(data, lambda tmp: write_reverse_digits(tmp, seed=seed))
     return model, data
+
+
+def _build_in_place(target: Path, build: Callable[[Path], object]) -> None:
+    staging = target.with_name(f".{target.name}.staging-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)  # ours: a leftover of this very process id
+    try:
+        build(staging)
+        if target.is_dir() and not any(target.iterdir()):
+            target.rmdir()
+        try:
+            os.rename(staging, target)
+        except OSError as exc:
+            raise OSError(exc.errno, f"{exc.strerror}: it holds files but not a complete demo {target.name}; move it "
+                          "away or use another --root", str(target)) from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def run_demo(config: str | Path, overrides: list[str], root: str | Path = "outputs/demo") -> Path:
@@ -58,7 +125,7 @@ def run_demo(config: str | Path, overrides: list[str], root: str | Path = "outpu
 
     model, data = prepare_demo(root)
     paths = [f"model.path={model}", f"data.train_files=[{data / 'train.parquet'}]", f"data.val_files=[{data / 'val.parquet'}]",
-             f"trainer.output_dir={Path(root) / 'run'}"]
-    launch(config, [*paths, *overrides])
+             f"trainer.output_dir={Path(root) / 'run'}", *sglang_on_cpu(overrides)]
+    launch(config, [*paths, *overrides], resume_command=demo_command(config, overrides, root))
     cfg = load_config(config, [*paths, *overrides])
     return plot_run(cfg.trainer.output_dir)

@@ -1,7 +1,12 @@
 """`megarl launch`: check everything, then start Ray (embedded or a cluster) and train.
 
-Every check the planner can make runs before Ray starts: a bad config costs seconds, not a
-cluster allocation.
+Every check the planner can make, and every check of the files and directories the run needs
+(megarl/config/preflight.py), runs before Ray starts: a bad config costs seconds, not a cluster
+allocation. A run whose output_dir already holds its last step says so and starts nothing.
+
+While it runs, the driver logs to <output_dir>/logs/driver.log as well (with the traceback of
+whatever ended the run), Ctrl-C and SIGTERM stop it cleanly (megarl/trainer/watchdog.py), and
+the exact command that resumes it is printed when it stops.
 """
 
 from __future__ import annotations
@@ -9,6 +14,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shlex
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from megarl.commands.arguments import add_config_args
@@ -17,49 +25,132 @@ from megarl.config.planner import make_plan
 from megarl.config.sections import MegaRLConfig
 
 log = logging.getLogger(__name__)
+DRIVER_LOG = "driver.log"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "launch",
         help="train: check the config, start Ray (embedded or a cluster), run the RL loop",
-        description="Run a config end to end. Every planner check (and that data, model and reward files exist) "
-        "runs before Ray starts. Without --address (or cluster.ray_address) an embedded local Ray is started; "
-        "'auto' or host:port attaches to a running cluster. Metrics go to the console, "
-        "<output_dir>/metrics.jsonl and TensorBoard; checkpoints to <output_dir>/checkpoints (resume=auto picks up "
-        "the latest valid one).",
+        description="Run a config end to end. Every planner check, and every check of the data, model, reward "
+        "and output files (readable, the right columns, writable, ...), runs before Ray starts. Without --address "
+        "(or cluster.ray_address) an embedded local Ray is started; 'auto' or host:port attaches to a running "
+        "cluster. Metrics go to the console, <output_dir>/metrics.jsonl and TensorBoard; checkpoints to "
+        "<output_dir>/checkpoints (resume=auto picks up the latest valid one). Ctrl-C or SIGTERM stops after the "
+        "current step, saves a checkpoint (trainer.checkpoint_on_signal) and prints the command that resumes.",
     )
     add_config_args(p)
-    p.add_argument("--address", default=None, help="Ray cluster to attach to: auto or host:port (default: embedded local Ray)")
-    p.set_defaults(handler=lambda args: launch(args.config, args.overrides, args.address) and 0)
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--address", default=None, help="Ray cluster to attach to: auto or host:port (default: embedded local Ray)")
+    where.add_argument("--in-process", action="store_true",
+                       help="no Ray: every role in this process (a world of one, e.g. one GPU under torchrun; needs "
+                       "cluster.nnodes=1 cluster.gpus_per_node=1 and rollout.engine=torch)")  # fmt: skip
+    p.set_defaults(handler=_run)
 
 
-def launch(config: str | Path, overrides: list[str], address: str | None = None) -> dict[str, float]:
-    """Run the config to the end; returns the last step's metrics."""
+def _run(args: argparse.Namespace) -> int:
+    launch(args.config, args.overrides, args.address, in_process=args.in_process)
+    return 0
+
+
+def launch(config: str | Path, overrides: list[str], address: str | None = None,
+           resume_command: str | None = None, *, in_process: bool = False) -> dict[str, float]:
+    """Run the config to the end; returns the last step's metrics ({} when there was nothing to do)."""
+    from megarl.config.preflight import finished_run
+
     cfg = load_config(config, overrides)
-    plan = make_plan(cfg, check_files=True)
+    plan = make_plan(cfg, check_files=True, in_process=in_process)
     for warning in plan.warnings:
         log.warning("%s", warning)
-    return run(cfg, plan, address)
+    finished = finished_run(cfg)
+    if finished:
+        print(finished)
+        return {}
+    command = resume_command or launch_command(config, overrides, cfg, address, in_process)
+    return run(cfg, plan, address, command, in_process=in_process)
 
 
-def run(cfg: MegaRLConfig, plan, address: str | None = None) -> dict[str, float]:
-    from megarl.actors.ray_groups.session import ray_session
+def launch_command(config: str | Path, overrides: list[str], cfg: MegaRLConfig, address: str | None = None,
+                   in_process: bool = False) -> str:  # fmt: skip
+    """The `megarl launch` command line that resumes this run (trainer.resume=auto)."""
+    args = ["megarl", "launch", str(config), *(o for o in overrides if not o.startswith("trainer.resume="))]
+    if address:
+        args += ["--address", address]
+    if in_process:
+        args.append("--in-process")
+    if cfg.trainer.resume != "auto":
+        args.append("trainer.resume=auto")
+    return shlex.join(args)
+
+
+def run(cfg: MegaRLConfig, plan, address: str | None = None, resume_command: str = "", *,
+        in_process: bool = False) -> dict[str, float]:  # fmt: skip
     from megarl.trainer.build import build_trainer, shutdown
+    from megarl.trainer.watchdog import RunControl, RunStopped
 
     address = address or cfg.cluster.ray_address
     local_cpus = None if address else max(os.cpu_count() or 1, _cpus_needed(plan))
+    control = RunControl(resume_command, save_on_signal=cfg.trainer.checkpoint_on_signal)
     trainer = None
-    with ray_session(address, num_cpus=local_cpus, num_gpus=None if address else _local_gpus(cfg)):
-        try:
-            trainer = build_trainer(cfg, plan)
-            return trainer.fit()
-        finally:
-            shutdown(trainer)
-            if cfg.trainer.profile_steps:
-                from megarl.actors.ray_groups.session import save_timeline
+    with driver_log(Path(cfg.trainer.output_dir) / "logs" / DRIVER_LOG), control.handlers():
+        where = "this process" if in_process else f"Ray at {address}" if address else f"an embedded Ray ({local_cpus} CPUs)"
+        log.info("starting %s, then %s", where, _roles(plan))
+        with _session(in_process, address, local_cpus, cfg):
+            try:
+                trainer = build_trainer(cfg, plan, in_process=in_process)
+                return trainer.fit(control)  # stops in the step loop are its own (RunStopped)
+            except KeyboardInterrupt:  # Ctrl-C / SIGTERM while starting (workers, restore): nothing to save
+                raise RunStopped(f"stopped by {control.signal_name} while starting; nothing was trained or saved\n"
+                                 f"start again with: {resume_command or 'the same command'}", control.exit_code) from None
+            finally:
+                control.cleaning = True  # signals from here on wait for the shutdown
+                shutdown(trainer)
+                if cfg.trainer.profile_steps and not in_process:
+                    from megarl.actors.ray_groups.session import save_timeline
 
-                save_timeline(Path(cfg.trainer.output_dir) / "profile" / "ray_timeline.json")
+                    save_timeline(Path(cfg.trainer.output_dir) / "profile" / "ray_timeline.json")
+
+
+@contextmanager
+def _session(in_process: bool, address: str | None, local_cpus: int | None, cfg: MegaRLConfig) -> Iterator[None]:
+    """Ray (embedded or attached), or nothing for a run in this process."""
+    if in_process:
+        yield
+        return
+    from megarl.actors.ray_groups.session import ray_session
+
+    with ray_session(address, num_cpus=local_cpus, num_gpus=None if address else _local_gpus(cfg)):
+        yield
+
+
+@contextmanager
+def driver_log(path: Path) -> Iterator[None]:
+    """Everything the driver logs also goes to ``path``, plus the traceback of what ends the run
+    (the terminal gets one line: megarl/cli.py)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%Y-%m-%d %H:%M:%S"))
+    root, errors = logging.getLogger(), logging.getLogger("megarl.driver_errors")
+    errors.propagate = False  # tracebacks to the file only
+    root.addHandler(handler)
+    errors.addHandler(handler)
+    try:
+        yield
+    except BaseException as exc:
+        errors.error("the run ended with %s", type(exc).__name__, exc_info=exc)
+        try:
+            exc.megarl_log = str(path)  # type: ignore[attr-defined]
+        except AttributeError:
+            pass
+        raise
+    finally:
+        root.removeHandler(handler)
+        errors.removeHandler(handler)
+        handler.close()
+
+
+def _roles(plan) -> str:
+    return ", ".join(f"{len(r.gpus)} {r.role} rank(s)" for name, r in plan.roles.items() if name != "rollout")
 
 
 def _cpus_needed(plan) -> int:

@@ -13,20 +13,27 @@ def register(sub: argparse._SubParsersAction) -> None:
         "plan",
         help="check a config and print the placement and memory plan (no GPU, no weights needed)",
         description="Validate a config without starting anything: layout (TP x PP x DP per role), batch arithmetic, "
-        "algorithm needs, sequence lengths and the memory per GPU. Prints one row per GPU; exits 1 with every "
+        "algorithm needs, sequence lengths and the memory per GPU. Prints one row per GPU; exits 2 with every "
         "problem (field, values, fix) when the run cannot work.",
     )
-    add_config_args(p)
+    add_config_args(p, optional=True)  # not with --list-archs
+    p.add_argument("--list-archs", action="store_true", help="list the built-in architectures (model.arch) and exit")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("--check-files", action="store_true", help="also check that data, model and reward files exist (as launch does)")
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from megarl.config.loading import load_config
+    from megarl.config.architectures import describe_archs
+    from megarl.config.loading import ConfigError, load_config
     from megarl.config.plan_report import print_plan
     from megarl.config.planner import make_plan
 
+    if args.list_archs:
+        print(describe_archs())
+        return 0
+    if args.config is None:
+        raise ConfigError("megarl plan needs a CONFIG file (or --list-archs)")
     cfg = load_config(args.config, args.overrides)
     plan = make_plan(cfg, check_files=args.check_files)
     if args.json:

@@ -6,7 +6,8 @@ Training, per GPU of a role with layout (tp, pp, dp), for the heaviest pipeline 
 - weights: dtype bytes x params on the stage / tp
 - grads: fp32 (4 B) x params on the stage / tp (Megatron's grad buffer accumulates in fp32)
 - optimizer: fp32 master copy + Adam m and v = 12 B x params on the stage / tp, divided by dp
-  with the distributed optimizer
+  with the distributed optimizer; with fp32 weights the master copy is the weights themselves
+  (Megatron's optimizer steps the model's own params), so 8 B
 - activations: per token per layer, the tensors kept for backward (see activation_bytes_per_token);
   pipeline 1F1B keeps up to pp micro-batches in flight on stage 0, so stage 0 holds
   layers_per_stage x pp = num_layers layers' worth; full recompute keeps only each layer's input.
@@ -16,7 +17,13 @@ Training, per GPU of a role with layout (tp, pp, dp), for the heaviest pipeline 
 - runtime: CUDA context, NCCL and allocator slack (a constant, RUNTIME_OVERHEAD_GIB)
 
 Rollout (SGLang): mem_fraction x GPU memory for weights / rollout.tp plus the KV cache; the KV
-cache size gives how many sequences of full length run at once.
+cache size gives how many sequences of full length run at once. The torch engine: a full copy
+of the weights in each replica leader, and while it generates a KV cache of
+max_running_requests sequences of full length.
+
+Which of these are on a GPU in which phase of the step is the residency table's business
+(megarl/config/residency.py); the planner adds them up per phase, plus each phase's working
+memory (:func:`phase_working_bytes`) and the runtime overhead.
 """
 
 from __future__ import annotations
@@ -24,6 +31,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from megarl.config.architectures import ArchSpec
+from megarl.config.residency import (
+    CRITIC_FORWARD,
+    CRITIC_UPDATE,
+    POLICY_FORWARD,
+    POLICY_UPDATE,
+    REFERENCE_FORWARD,
+    WEIGHT_PUSH,
+)
 
 GIB = 1024**3
 RUNTIME_OVERHEAD_GIB = 3.0
@@ -39,6 +54,7 @@ class TrainMemory:
     optimizer: float
     activations: float
     logits: float
+    optimizer_at_build: float = 0.0  # before the first step: fp32 master copies only (Adam's moments come with it)
 
     @property
     def states(self) -> float:
@@ -106,10 +122,12 @@ def train_memory(
         act = tokens_per_micro_batch * layers_in_flight * activation_bytes_per_token(arch, tp, sequence_parallel, wbytes)
     vocab = 1 if value_head else arch.vocab_size
     logits = 2 * 4 * tokens_per_micro_batch * vocab / tp
+    master = 0 if wbytes == 4 else 4  # fp32 weights are their own master copy
     return TrainMemory(
         weights=wbytes * params,
         grads=4 * params if trainable else 0.0,
-        optimizer=(12 * params / (dp if distributed_optimizer else 1)) if trainable else 0.0,
+        optimizer=((master + 8) * params / (dp if distributed_optimizer else 1)) if trainable else 0.0,
+        optimizer_at_build=(master * params / (dp if distributed_optimizer else 1)) if trainable else 0.0,
         activations=act,
         logits=logits,
     )
@@ -127,10 +145,41 @@ class RolloutMemory:
 
 
 def rollout_memory(arch: ArchSpec, *, tp: int, gpu_bytes: float, mem_fraction: float, dtype: str, seq_len: int) -> RolloutMemory:
-    wbytes = DTYPE_BYTES[dtype]
-    weights = wbytes * arch.num_params / tp
-    kv_heads_per_rank = max(1, arch.num_kv_heads // tp)  # SGLang replicates KV heads when tp > kv heads
-    kv_per_token = 2 * arch.num_layers * kv_heads_per_rank * arch.kv_channels * wbytes
+    weights = DTYPE_BYTES[dtype] * arch.num_params / tp
+    kv_per_token = kv_bytes_per_token(arch, tp, dtype)
     budget = mem_fraction * gpu_bytes
     kv = max(0.0, budget - weights)
     return RolloutMemory(budget, weights, kv, kv_per_token, int(kv // (kv_per_token * seq_len)))
+
+
+def kv_bytes_per_token(arch: ArchSpec, tp: int, dtype: str) -> float:
+    """K and V of every layer for one token on one engine rank."""
+    kv_heads_per_rank = max(1, arch.num_kv_heads // tp)  # SGLang replicates KV heads when tp > kv heads
+    return 2 * arch.num_layers * kv_heads_per_rank * arch.kv_channels * DTYPE_BYTES[dtype]
+
+
+def torch_engine_memory(arch: ArchSpec, *, dtype: str, max_running_requests: int, seq_len: int) -> tuple[float, float]:
+    """(weights, KV cache) of a torch engine: the whole model, and at most max_running_requests
+    sequences of full length decoded together."""
+    return DTYPE_BYTES[dtype] * arch.num_params, max_running_requests * seq_len * kv_bytes_per_token(arch, 1, dtype)
+
+
+def largest_hf_tensor_bytes(arch: ArchSpec, dtype: str) -> float:
+    """The largest full tensor a weight export holds at once: the embedding (or LM head), or an
+    MLP or attention projection when those are bigger."""
+    h, heads, kv, d = arch.hidden_size, arch.num_heads, arch.num_kv_heads, arch.kv_channels
+    return DTYPE_BYTES[dtype] * max(arch.vocab_size * h, arch.ffn_hidden_size * h, heads * d * h, 2 * kv * d * h)
+
+
+def phase_working_bytes(policy: TrainMemory | None, critic: TrainMemory | None, bucket_bytes: float,
+                        largest_tensor_bytes: float) -> dict[str, float]:  # fmt: skip
+    """What a phase needs besides the resident states, per GPU: an update's activations and
+    logits; a forward pass's logits (no activations are kept for a backward); a push's bucket
+    being filled, plus the largest tensor twice while it is exported (its gathered TP shards and
+    the full tensor they are joined into)."""
+    out = {WEIGHT_PUSH: bucket_bytes + 2.0 * largest_tensor_bytes}
+    if policy is not None:
+        out |= {POLICY_FORWARD: policy.logits, REFERENCE_FORWARD: policy.logits, POLICY_UPDATE: policy.activations + policy.logits}
+    if critic is not None:
+        out |= {CRITIC_FORWARD: critic.logits, CRITIC_UPDATE: critic.activations + critic.logits}
+    return out

@@ -53,10 +53,11 @@ def _print_memory(cfg: MegaRLConfig, plan: Plan, console: Console) -> None:
     def g(x: float) -> str:
         return f"{x / GIB:.1f}" if x >= GIB / 10 or x == 0 else f"{x / GIB:.2g}"
 
+    per = "GPU" if plan.device == "cuda" else "device"  # a CPU plan has processes, not GPUs
     for role, m in (("policy", mem.policy), ("critic", mem.critic)):
         if m is not None:
             console.print(
-                f"[bold]{role} memory/GPU[/] weights {g(m.weights)} + grads {g(m.grads)} + optimizer {g(m.optimizer)} "
+                f"[bold]{role} memory/{per}[/] weights {g(m.weights)} + grads {g(m.grads)} + optimizer {g(m.optimizer)} "
                 f"+ activations {g(m.activations)} + logits {g(m.logits)} = {g(m.peak)} GiB"
             )
     if mem.reference_weights:
@@ -64,10 +65,12 @@ def _print_memory(cfg: MegaRLConfig, plan: Plan, console: Console) -> None:
     if mem.rollout is not None:
         r = mem.rollout
         console.print(
-            f"[bold]rollout memory/GPU[/] {g(r.budget)} GiB (mem_fraction {cfg.rollout.mem_fraction}): weights {g(r.weights)} "
+            f"[bold]rollout memory/{per}[/] {g(r.budget)} GiB (mem_fraction {cfg.rollout.mem_fraction}): weights {g(r.weights)} "
             f"+ KV cache {g(r.kv_cache)} = {r.full_length_sequences} sequences of full length at once"
         )
     if plan.device == "cuda":
+        # Per phase of the residency table (docs/architecture.md, 'Memory between training and generation').
+        console.print("[bold]by phase/GPU[/] " + ", ".join(f"{p} {g(b)}" for p, b in mem.phases.items()) + " GiB")
         console.print(f"[bold]peak/GPU[/] training {g(mem.train_peak)} GiB, generation {g(mem.rollout_peak)} GiB of {g(mem.gpu_bytes)} GiB")
 
 

@@ -10,18 +10,36 @@ Deliberately torch-free: `megarl plan` must answer in well under two seconds.
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import sys
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 from megarl.config.architectures import ArchError, ArchSpec, resolve_arch
 from megarl.config.memory import (
-    DTYPE_BYTES,
     GIB,
     RUNTIME_OVERHEAD_GIB,
     RolloutMemory,
     TrainMemory,
+    largest_hf_tensor_bytes,
+    phase_working_bytes,
     rollout_memory,
+    torch_engine_memory,
     train_memory,
+)
+from megarl.config.residency import (
+    CRITIC_FORWARD,
+    CRITIC_UPDATE,
+    GENERATE,
+    GENERATION_PHASES,
+    NEEDS,
+    POLICY_UPDATE,
+    START,
+    TRAINED_STATES,
+    WEIGHT_PUSH,
+    Residency,
+    owner_of,
+    residency_of,
 )
 from megarl.config.sections import GROUP_ESTIMATORS, ActorConfig, MegaRLConfig
 
@@ -66,9 +84,12 @@ class MemoryPlan:
     critic: TrainMemory | None
     reference_weights: float
     rollout: RolloutMemory | None
-    train_peak: float  # bytes per GPU while a model trains
-    rollout_peak: float  # bytes per GPU while the engines generate
+    train_peak: float  # bytes per training GPU in its heaviest phase (colocated: generation aside)
+    rollout_peak: float  # bytes per GPU while the engines generate (disaggregated: the rollout pool's GPUs)
     gpu_bytes: float
+    phases: dict[str, float]  # bytes per training GPU in each phase of the residency table
+    states: dict[str, float]  # bytes per GPU of each state of the table
+    residency: dict[str, dict[str, float]]  # phase -> {resident state: bytes per GPU} (megarl/config/residency.py)
 
 
 @dataclass(frozen=True)
@@ -95,8 +116,9 @@ class Plan:
         return out
 
 
-def make_plan(cfg: MegaRLConfig, *, check_files: bool = False) -> Plan:
-    """Check ``cfg`` and derive the layout; raises PlanError listing every problem."""
+def make_plan(cfg: MegaRLConfig, *, check_files: bool = False, in_process: bool = False) -> Plan:
+    """Check ``cfg`` and derive the layout; raises PlanError listing every problem.
+    ``in_process``: the run will hold every role in one process (`megarl launch --in-process`)."""
     issues: list[Issue] = []
     try:
         arch = resolve_arch(cfg.model.path, cfg.model.arch)
@@ -114,8 +136,12 @@ def make_plan(cfg: MegaRLConfig, *, check_files: bool = False) -> Plan:
         _check_rollout(cfg, arch, roles["rollout"], issues)
     _check_sampling(cfg, arch, issues)
     _check_algorithm(cfg, issues)
+    _check_offload(cfg, issues)
+    if in_process:
+        _check_in_process(cfg, issues)
     if check_files:
         _check_files(cfg, issues)
+        _check_server_python(cfg, issues)
     memory = None
     if not any(i.level == "error" for i in issues):
         memory = _plan_memory(cfg, arch, roles, issues)
@@ -127,7 +153,7 @@ def make_plan(cfg: MegaRLConfig, *, check_files: bool = False) -> Plan:
 
 
 def _check_scope(cfg: MegaRLConfig, arch: ArchSpec, issues: list[Issue]) -> None:
-    later = "not supported yet (planned: see DESIGN.md 'Scope now'); set it to 1"
+    later = "not supported yet (see docs/architecture.md, 'Scope'); set it to 1"
     for section in ("actor", "critic") if cfg.critic_enabled else ("actor",):
         par = getattr(cfg, section).parallel
         for knob, what in (("vpp", "virtual pipeline stages"), ("cp", "context parallelism"), ("ep", "expert parallelism")):
@@ -138,8 +164,9 @@ def _check_scope(cfg: MegaRLConfig, arch: ArchSpec, issues: list[Issue]) -> None
         issues.append(Issue("model", f"{arch.name} is a mixture-of-experts model ({arch.num_experts} experts); MoE is not supported yet"))
     if arch.model_type not in ("llama", "qwen2", "qwen3"):
         issues.append(Issue("model", f"model_type {arch.model_type!r} has no bridge; supported: llama, qwen2, qwen3"))
-    if cfg.rollout.engine == "sglang" and cfg.cluster.device == "cpu":
-        issues.append(Issue("rollout.engine", "sglang needs cluster.device=cuda; on cpu use rollout.engine=torch"))
+    if cfg.rollout.engine == "sglang" and cfg.cluster.device == "cpu" and cfg.cluster.placement != "disaggregated":
+        issues.append(Issue("cluster.placement", "SGLang on cpu runs as a server of its own (its CPU engine cannot release "
+                            "memory): set cluster.placement=disaggregated and cluster.rollout_gpus, or rollout.engine=torch"))
 
 
 def _layout_roles(cfg: MegaRLConfig, issues: list[Issue]) -> dict[str, RoleLayout]:
@@ -225,8 +252,48 @@ def _check_batches(section: str, cfg: ActorConfig, layout: RoleLayout, full: Meg
                             f"(max_prompt_length + max_new_tokens = {seq})"))
 
 
+# Which weight transports reach which engines (see megarl/rollout/transports.py).
+_TRANSPORTS = {("torch", "colocated"): ("in_process", "disk"), ("sglang", "colocated"): ("tensor", "disk"),
+               ("sglang", "disaggregated"): ("distributed", "disk")}  # fmt: skip
+
+
+def _check_transport(cfg: MegaRLConfig, issues: list[Issue]) -> None:
+    chosen = cfg.weight_transport
+    possible = _TRANSPORTS.get((cfg.rollout.engine, cfg.cluster.placement), ())
+    if possible and chosen not in possible:
+        issues.append(Issue("rollout.weight_sync.transport", f"({chosen}) cannot reach {cfg.rollout.engine} engines placed "
+                            f"{cfg.cluster.placement}; use {' or '.join(possible)} (or auto)"))
+
+
+def _check_in_process(cfg: MegaRLConfig, issues: list[Issue]) -> None:
+    """A run without Ray: one process holds every role, so a world of one and the torch engine."""
+    if cfg.cluster.world_size != 1:
+        issues.append(Issue("cluster", f"--in-process runs a world of one process, the config has {cfg.cluster.world_size} "
+                            "(nnodes x gpus_per_node); set cluster.nnodes=1 cluster.gpus_per_node=1"))
+    if cfg.rollout.engine != "torch":
+        issues.append(Issue("rollout.engine", f"({cfg.rollout.engine}) needs Ray to place its servers; --in-process runs "
+                            "the torch engine (rollout.engine=torch)"))
+    if os.environ.get("WORLD_SIZE", "1") != "1":
+        issues.append(Issue("cluster", f"--in-process runs one process, but WORLD_SIZE is {os.environ['WORLD_SIZE']} "
+                            "(a launcher started several); run it with torchrun --nproc_per_node 1, or without --in-process"))
+
+
+def _check_server_python(cfg: MegaRLConfig, issues: list[Issue]) -> None:
+    """The interpreter that runs the SGLang servers exists and (this one) has SGLang."""
+    if cfg.rollout.engine != "sglang":
+        return
+    python = cfg.rollout.server_python
+    if python is not None and not os.access(python, os.X_OK):
+        issues.append(Issue("rollout.server_python", f"({python}) is not an executable Python interpreter"))
+    elif python is None and importlib.util.find_spec("sglang") is None:
+        fix = ("on a CPU machine `make sglang-cpu` builds one; then set rollout.server_python=<that venv>/bin/python"
+               if cfg.cluster.device == "cpu" else "pip install -e .[sglang], or point rollout.server_python at a Python that has it")
+        issues.append(Issue("rollout.server_python", f"(unset: this interpreter, {sys.executable}) cannot import sglang; {fix}"))
+
+
 def _check_rollout(cfg: MegaRLConfig, arch: ArchSpec, layout: RoleLayout, issues: list[Issue]) -> None:
     tp = cfg.rollout.tp
+    _check_transport(cfg, issues)
     if cfg.rollout.engine == "torch":
         if tp != 1:
             issues.append(Issue("rollout.tp", f"({tp}) must be 1 with the torch engine (it runs in one process)"))
@@ -287,21 +354,10 @@ def _check_algorithm(cfg: MegaRLConfig, issues: list[Issue]) -> None:
 
 
 def _check_files(cfg: MegaRLConfig, issues: list[Issue]) -> None:
-    if not cfg.data.train_files and not cfg.trainer.val_only:
-        issues.append(Issue("data.train_files", "no training files; give at least one parquet file"))
-    for i, f in enumerate(cfg.data.train_files):
-        if not Path(f.path).is_file():
-            issues.append(Issue(f"data.train_files[{i}]", f"{f.path} does not exist"))
-    for i, path in enumerate(cfg.data.val_files):
-        if not Path(path).is_file():
-            issues.append(Issue(f"data.val_files[{i}]", f"{path} does not exist"))
-    if cfg.model.path is None or not (Path(cfg.model.path) / "config.json").is_file():
-        issues.append(Issue("model.path", f"({cfg.model.path}) must be a local HF model directory to launch"))
-    if cfg.reward.custom and not Path(cfg.reward.custom.path).is_file():
-        issues.append(Issue("reward.custom.path", f"{cfg.reward.custom.path} does not exist"))
-    resume = cfg.trainer.resume
-    if resume not in ("auto", "disable") and not Path(resume).is_dir():
-        issues.append(Issue("trainer.resume", f"({resume}) is neither auto, disable, nor an existing checkpoint directory"))
+    """What launch needs from the disk (megarl/config/preflight.py), still before Ray starts."""
+    from megarl.config.preflight import preflight
+
+    issues += [Issue(f.field, f.message, f.level) for f in preflight(cfg)]
 
 
 def _tokens_per_micro_batch(cfg: MegaRLConfig, section: ActorConfig) -> int:
@@ -312,39 +368,55 @@ def _tokens_per_micro_batch(cfg: MegaRLConfig, section: ActorConfig) -> int:
 
 
 def _plan_memory(cfg: MegaRLConfig, arch: ArchSpec, roles: dict[str, RoleLayout], issues: list[Issue]) -> MemoryPlan:
+    """Bytes per GPU in every phase: the residency table's resident states (megarl/config/residency.py)
+    plus the phase's working memory and the runtime overhead; nothing else adds to a peak."""
     gpu = cfg.cluster.gpu_memory_gib * GIB
-    dtype = cfg.model.dtype
     mems: dict[str, TrainMemory] = {}
     for role, section in (("policy", cfg.actor), ("critic", cfg.critic)):
         if role in roles:
             lay = roles[role]
             mems[role] = train_memory(
                 arch, tp=lay.tp, pp=lay.pp, dp=lay.dp, tokens_per_micro_batch=_tokens_per_micro_batch(cfg, section),
-                dtype=dtype, recompute=section.recompute, sequence_parallel=section.parallel.sequence_parallel,
+                dtype=cfg.model.dtype, recompute=section.recompute, sequence_parallel=section.parallel.sequence_parallel,
                 distributed_optimizer=section.optimizer.distributed, value_head=role == "critic",
             )
-    ref = mems["policy"].weights if cfg.reference_enabled and "policy" in mems else 0.0
-    ref_resident = 0.0 if cfg.reference.offload else ref  # the reference offloads between its own uses
-    overhead = RUNTIME_OVERHEAD_GIB * GIB
-    # A torch engine on a GPU keeps a full HF copy of the weights in the replica leader's process.
-    engine = DTYPE_BYTES[dtype] * arch.num_params if cfg.rollout.engine == "torch" else 0.0
-    # While one model trains, the other keeps its states on the GPU: offload only happens
-    # around generation (colocated), not between the critic's and the policy's updates.
-    peaks = {r: m.peak + sum(o.states for r2, o in mems.items() if r2 != r) + ref_resident for r, m in mems.items()}
-    peak_role = max(peaks, key=peaks.get) if peaks else "policy"
-    train_peak = peaks.get(peak_role, 0.0) + engine + overhead
-    resident = {r: (0.0 if sec.offload else mems[r].states) for r, sec in (("policy", cfg.actor), ("critic", cfg.critic)) if r in mems}
     rollout = None
-    rollout_peak = sum(resident.values()) + ref_resident + engine + overhead if engine else 0.0
     if cfg.rollout.engine == "sglang":
         seq = cfg.data.max_prompt_length + cfg.rollout.sampling.max_new_tokens
-        rollout = rollout_memory(arch, tp=cfg.rollout.tp, gpu_bytes=gpu, mem_fraction=cfg.rollout.mem_fraction, dtype=dtype, seq_len=seq)
-        shared = sum(resident.values()) + ref_resident if cfg.cluster.placement == "colocated" else 0.0
-        rollout_peak = rollout.budget + shared + overhead
+        rollout = rollout_memory(arch, tp=cfg.rollout.tp, gpu_bytes=gpu, mem_fraction=cfg.rollout.mem_fraction, dtype=cfg.model.dtype, seq_len=seq)
         _check_rollout_memory(cfg, rollout, issues)
+    table = residency_of(cfg)
+    sizes = _state_bytes(cfg, arch, mems, rollout)
+    working = phase_working_bytes(mems.get("policy"), mems.get("critic"), cfg.rollout.weight_sync.bucket_mb * 1024**2,
+                                  largest_hf_tensor_bytes(arch, cfg.model.dtype))  # fmt: skip
+    overhead = RUNTIME_OVERHEAD_GIB * GIB
+    # As built, the optimizer holds its fp32 master copies only: the first step (or a checkpoint
+    # load) allocates Adam's moments, in a phase that has room for them.
+    at_build = sizes | {f"{role}/optimizer": m.optimizer_at_build for role, m in mems.items()}
+    residency = {p: {s: (at_build if p == START else sizes)[s] for s in sorted(table.resident(p))} for p in table.phases}
+    phases = {p: sum(b for s, b in residency[p].items() if table.on_training_devices(s)) + working.get(p, 0.0) + overhead
+              for p in table.phases}  # fmt: skip
+    generation = [p for p in GENERATION_PHASES if p in phases] if table.engine_shares_devices else []
+    train_peak = max(b for p, b in phases.items() if p not in generation)
+    rollout_peak = max(phases[p] for p in generation) if generation else (rollout.budget + overhead if rollout else 0.0)
     if cfg.cluster.device == "cuda":
-        _check_fits(cfg, "actor" if peak_role == "policy" else "critic", train_peak, rollout_peak, gpu, issues)
-    return MemoryPlan(mems.get("policy"), mems.get("critic"), ref, rollout, train_peak, rollout_peak, gpu)
+        _check_fits(cfg, table, {p: b for p, b in phases.items() if p not in generation}, rollout_peak, gpu, issues)
+    ref = sizes.get("reference/weights", 0.0)
+    return MemoryPlan(mems.get("policy"), mems.get("critic"), ref, rollout, train_peak, rollout_peak, gpu, phases, sizes, residency)
+
+
+def _state_bytes(cfg: MegaRLConfig, arch: ArchSpec, mems: dict[str, TrainMemory], rollout: RolloutMemory | None) -> dict[str, float]:
+    """Bytes per GPU of every state of the residency table (on the GPU that holds most of it)."""
+    sizes = {f"{role}/{what}": getattr(m, what) for role, m in mems.items() for what in TRAINED_STATES}
+    if cfg.reference_enabled and "policy" in mems:
+        sizes["reference/weights"] = mems["policy"].weights  # the policy's layout, no grads or optimizer
+    if rollout is not None:
+        weights, kv = rollout.weights, rollout.kv_cache
+    else:  # the torch engine, in each replica leader's process
+        seq = cfg.data.max_prompt_length + cfg.rollout.sampling.max_new_tokens
+        weights, kv = torch_engine_memory(arch, dtype=cfg.model.dtype, max_running_requests=cfg.rollout.max_running_requests, seq_len=seq)
+    # CUDA graphs live outside SGLang's mem_fraction: counted in the runtime overhead.
+    return sizes | {"engine/weights": weights, "engine/kv_cache": kv, "engine/cuda_graph": 0.0}
 
 
 def _check_rollout_memory(cfg: MegaRLConfig, mem: RolloutMemory, issues: list[Issue]) -> None:
@@ -356,19 +428,47 @@ def _check_rollout_memory(cfg: MegaRLConfig, mem: RolloutMemory, issues: list[Is
                             "rollout.tp or mem_fraction, or shorten max_prompt_length / max_new_tokens"))
 
 
-def _check_fits(cfg: MegaRLConfig, section: str, train_peak: float, rollout_peak: float, gpu: float, issues: list[Issue]) -> None:
-    if train_peak > gpu:
-        knobs = [f"raise {section}.parallel.tp / pp", f"{section}.recompute=full", f"lower {section}.micro_batch_size / max_tokens_per_gpu"]
-        if not getattr(cfg, section).optimizer.distributed:
-            knobs.insert(1, f"set {section}.optimizer.distributed=true")
-        if cfg.reference_enabled and not cfg.reference.offload:
-            knobs.append("set reference.offload=true")
-        issues.append(Issue(section, f"training needs an estimated {train_peak / GIB:.1f} GiB per GPU, {(train_peak - gpu) / GIB:.1f} GiB "
-                            f"over cluster.gpu_memory_gib ({cfg.cluster.gpu_memory_gib:g}); " + ", ".join(knobs)))
+# The section an over-budget phase names (its knobs are that model's).
+_PHASE_SECTION = {CRITIC_FORWARD: "critic", CRITIC_UPDATE: "critic"}
+_OFFLOAD_KNOBS = (("policy", "actor.offload"), ("critic", "critic.offload"), ("reference", "reference.offload"))
+
+
+def _check_fits(cfg: MegaRLConfig, table: Residency, training: dict[str, float], rollout_peak: float, gpu: float,
+                issues: list[Issue]) -> None:  # fmt: skip
+    """The heaviest training phase and the generation must fit ``gpu``; an error names the knobs."""
+    over = f"over cluster.gpu_memory_gib ({cfg.cluster.gpu_memory_gib:g})"
+    phase = max(training, key=training.get)  # type: ignore[arg-type]
+    if training[phase] > gpu:
+        section = _PHASE_SECTION.get(phase, "actor")
+        knobs = _offload_knobs(cfg, table, phase)
+        if phase in (POLICY_UPDATE, CRITIC_UPDATE):
+            knobs = [f"raise {section}.parallel.tp / pp", f"{section}.recompute=full",
+                     f"lower {section}.micro_batch_size / max_tokens_per_gpu"] + knobs  # fmt: skip
+            if not getattr(cfg, section).optimizer.distributed:
+                knobs.insert(1, f"set {section}.optimizer.distributed=true")
+        if phase == WEIGHT_PUSH:
+            knobs.append("lower rollout.weight_sync.bucket_mb")
+        issues.append(Issue(section, f"training needs an estimated {training[phase] / GIB:.1f} GiB per GPU in phase {phase}, "
+                            f"{(training[phase] - gpu) / GIB:.1f} GiB {over}; " + ", ".join(knobs or ["raise the GPU count"])))
     if rollout_peak > gpu:
+        knobs = _offload_knobs(cfg, table, GENERATE) if table.engine_shares_devices else []
+        knobs.append("lower rollout.mem_fraction" if cfg.rollout.engine == "sglang" else "lower rollout.max_running_requests")
         issues.append(Issue("rollout.mem_fraction", f"generation needs an estimated {rollout_peak / GIB:.1f} GiB per GPU, "
-                            f"{(rollout_peak - gpu) / GIB:.1f} GiB over cluster.gpu_memory_gib ({cfg.cluster.gpu_memory_gib:g}); "
-                            "set actor.offload=true (and critic/reference offload) or lower rollout.mem_fraction"))
+                            f"{(rollout_peak - gpu) / GIB:.1f} GiB {over}; " + ", ".join(knobs)))
+
+
+def _offload_knobs(cfg: MegaRLConfig, table: Residency, phase: str) -> list[str]:
+    """``set <model>.offload=true`` for each model that keeps states in ``phase`` it does not use there."""
+    resident = table.resident(phase) - NEEDS[phase]
+    return [f"set {flag}=true" for model, flag in _OFFLOAD_KNOBS
+            if model in table.models and model not in table.offloaded and any(owner_of(s) == model for s in resident)]  # fmt: skip
+
+
+def _check_offload(cfg: MegaRLConfig, issues: list[Issue]) -> None:
+    """What the memory hand-over cannot do (the offload flags themselves work everywhere)."""
+    if cfg.rollout.weights_cpu_backup and not (cfg.rollout.engine == "sglang" and cfg.cluster.placement == "colocated"):
+        issues.append(Issue("rollout.weights_cpu_backup", "only colocated SGLang releases its weights (the torch engine and "
+                            "disaggregated engines keep them); set it to false"))
 
 
 def _divisors(n: int) -> list[int]:

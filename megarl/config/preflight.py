@@ -11,14 +11,17 @@ the fix, so all of them are reported at once, in seconds, before Ray or any work
   only that the tokenizer has a chat template when data.apply_chat_template is on;
 - rewards: built-in scorer names, a scorer for every sampled data_source, reward.custom
   importable and defining its function, reward.model present;
+- the user's own functions named by import path (algorithm.estimator, algorithm.policy_loss,
+  rollout.generate_function; megarl/config/extensions.py): importable and callable;
 - model.path: config.json present and accepted by the bridges (config values, layout, the
   weights' tensor names and shapes), the installed megatron-core usable;
 - trainer.output_dir writable; trainer.resume meaningful for what output_dir holds
   (megarl.checkpoint.manager.plan_resume: no destroyed evidence, no two runs in one place).
 
-User code and Megatron never run in the driver process: the reward import and the bridge
-check run in one child process, started first, in parallel with the rest (the bridge check
-imports megatron-core, several seconds; it is waited for only when everything else passed).
+User code and Megatron never run in the driver process: the reward import, the import-path
+functions and the bridge check run in one child process, started first, in parallel with the
+rest (the bridge check imports torch, a few seconds; it is waited for only when everything
+else passed).
 Nothing is created or changed on disk.
 """
 
@@ -35,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from megarl.config.extensions import named_functions
 from megarl.config.sections import MegaRLConfig
 
 SAMPLE_ROWS = 1000
@@ -66,6 +70,8 @@ def preflight(cfg: MegaRLConfig) -> list[Finding]:
                                         "or use a tokenizer with a template"))
         _check_rewards(cfg, samples, findings)
         findings += child.results("reward")
+        for field, _ in child.spec["extensions"]:
+            findings += child.results(field)
         if not any(f.level == "error" for f in findings):  # the slow one, worth waiting for only now
             findings += child.results("model")
     finally:
@@ -276,6 +282,12 @@ if spec.get("reward"):
         frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == path]
         where = f" (line {frames[-1].lineno})" if frames else ""
         emit("reward", f"{type(exc).__name__}: {exc}{where}")
+for field, name in spec.get("extensions", []):
+    try:
+        from megarl.config.extensions import import_problem
+        emit(field, import_problem(field, name))
+    except BaseException as exc:
+        emit(field, f"{type(exc).__name__}: {exc}")
 if spec.get("model"):
     try:
         from megarl.models.mcore_version import require_megatron_core
@@ -296,7 +308,8 @@ if spec.get("model"):
 
 
 class _ChildChecks:
-    """reward.custom's import and the bridge check, in one child process started at once."""
+    """reward.custom's import, the import-path functions and the bridge check, in one child
+    process started at once."""
 
     def __init__(self, cfg: MegaRLConfig):
         custom = cfg.reward.custom
@@ -307,19 +320,20 @@ class _ChildChecks:
             "custom_module": str(Path(__file__).resolve().parents[1] / "rewards" / "custom.py"),
             "model": model,
             "layouts": layouts,
+            "extensions": named_functions(cfg),
         }
         self.cfg = cfg
         self.got: dict[str, str | None] = {}
         self._buffer = b""
         self.proc: subprocess.Popen | None = None
-        if self.spec["reward"] or self.spec["model"]:
+        if self.spec["reward"] or self.spec["model"] or self.spec["extensions"]:
             env = {**os.environ, "PYTHONWARNINGS": "ignore", "TRANSFORMERS_VERBOSITY": "error"}
             self.proc = subprocess.Popen([sys.executable, "-c", _CHILD_CODE, json.dumps(self.spec)], stdout=subprocess.PIPE,
                                          stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, env=env)
 
     def results(self, check: str) -> list[Finding]:
-        """The child's finding for ``check`` (reward | model), waiting for it if needed."""
-        if not self.spec[check]:
+        """The child's finding for ``check`` (reward | model | an import-path field), waiting for it if needed."""
+        if check in ("reward", "model") and not self.spec[check]:
             return []
         if check not in self.got:
             self.got.update(self._read({check}))
@@ -354,7 +368,9 @@ class _ChildChecks:
             assert custom is not None
             return Finding("reward.custom", f"loading {custom.name!r} from {custom.path} failed: {error}; fix the file "
                            "(or install what it imports) and check reward.custom.name")
-        return Finding("model.path", f"({self.cfg.model.path}) is not a model megarl can train: {error}")
+        if check == "model":
+            return Finding("model.path", f"({self.cfg.model.path}) is not a model megarl can train: {error}")
+        return Finding(check, error)  # an import-path function: the registry's message names it and the fix
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -1,4 +1,4 @@
-"""Typed configuration: one pydantic model per component, following DESIGN.md's key tree.
+"""Typed configuration: one pydantic model per component (the key tree in README's Configuration).
 
 Every model forbids unknown keys and is frozen: the config is read once, checked by the planner
 (megarl/config/planner.py) before anything starts, and never mutated at run time. This module
@@ -7,6 +7,7 @@ imports neither torch nor megatron so that `megarl plan` stays fast.
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -26,6 +27,8 @@ GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline")
 POLICY_LOSSES = ("ppo", "gspo")
 LOSS_AGGS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KL_ESTIMATORS = ("k1", "k2", "k3", "abs")
+# A user's own function (algorithm.estimator / policy_loss, rollout.generate_function).
+IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
 class Section(BaseModel):
@@ -102,6 +105,12 @@ class DataConfig(Section):
         return [value] if isinstance(value, str) else value
 
 
+def _builtin_or_import_path(value: str, builtin: tuple[str, ...], what: str) -> str:
+    if value in builtin or IMPORT_PATH.match(value):
+        return value
+    raise ValueError(f"{what} {value!r} is not one of {', '.join(builtin)}, nor an import path package.module:function")
+
+
 class SamplingConfig(Section):
     temperature: float = Field(1.0, ge=0, description="Sampling temperature; the trainer computes log-probs at the same temperature.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling; < 1 makes the rollout differ from the trained distribution.")
@@ -111,10 +120,33 @@ class SamplingConfig(Section):
     stop_token_ids: list[int] = Field(default_factory=list, description="Extra stop token ids besides the tokenizer's EOS.")
 
 
+WEIGHT_TRANSPORTS = ("auto", "in_process", "tensor", "distributed", "disk")
+
+
 class WeightSyncConfig(Section):
+    transport: Literal[WEIGHT_TRANSPORTS] = Field(  # type: ignore[valid-type]
+        "auto",
+        description="How weights reach the engines: in_process (torch engine), tensor (colocated SGLang, CUDA IPC), "
+        "distributed (disaggregated SGLang, a broadcast group per pipeline stage), disk (HF files in disk_dir that the "
+        "engines reload; any engine). auto picks in_process, tensor or distributed from the engine and placement.",
+    )
+    disk_dir: str | None = Field(
+        None, description="Directory of the disk transport (on a filesystem every engine reads); None = <output_dir>/weights."
+    )
     bucket_mb: int = Field(512, ge=1, description="Size of one weight-transfer bucket in MiB.")
-    check_logprobs: bool = Field(True, description="After each sync, compare engine and trainer log-probs of a few fixed sequences.")
-    max_logprob_diff: float = Field(0.05, gt=0, description="Refuse a sync whose mean |engine - trainer| log-prob exceeds this.")
+    check_logprobs: bool = Field(
+        True,
+        description="After each push, the engines generate short responses to a few of the run's prompts and the "
+        "trainer's log-probs of the same tokens must agree (within max_logprob_diff).",
+    )
+    max_logprob_diff: float = Field(
+        0.04,
+        gt=0,
+        description="Refuse a push whose mean |engine - trainer| log-prob over the post-push probe exceeds this. "
+        "Default: 3x the worst mean seen over 20 honest bf16 pushes (demo model and the Qwen2.5-0.5B shape, TP=2 and "
+        "PP=2, CPU: 0.0117), rounded up; see bench/results/logprob_check.json. It refuses gross mis-conversions (q and "
+        "k swapped in an early layer, a weight off by 10 % to 2x), not a 1 % error in one tensor (within bf16 noise).",
+    )
 
 
 class ValSamplingConfig(Section):
@@ -132,10 +164,31 @@ class RolloutConfig(Section):
         description="SGLang: --enable-deterministic-inference, so the per-sample seeds are honoured and a resumed run "
         "regenerates exactly (costs throughput). The torch engine is always seeded.",
     )
+    weights_cpu_backup: bool = Field(
+        False,
+        description="Colocated SGLang: --enable-weights-cpu-backup, so weights released for the updates and checkpoints come back intact "
+        "(costs host memory: one copy of the engine's weights); without it the memory hand-over re-pushes the last "
+        "version before a generation that follows a release (docs/architecture.md, 'Memory between training and generation').",
+    )
+    server_python: str | None = Field(
+        None,
+        description="SGLang: the Python interpreter that runs `python -m sglang.launch_server` (e.g. the bin/python of a "
+        "separate SGLang venv, such as the CPU one `make sglang-cpu` builds); None = the trainer's own interpreter.",
+    )
     n: int = Field(8, ge=1, description="Samples (responses) per prompt.")
+    generate_function: str = Field(
+        "default",
+        description="How a step's prompts become a Batch of responses: default (one single-turn response per sample), "
+        "or your own as package.module:function(engines, prompts, params) -> Batch (docs/extending.md).",
+    )
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Sampling of training rollouts.")
     val: ValSamplingConfig = Field(default_factory=ValSamplingConfig, description="Sampling of validation rollouts.")
     weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig, description="Trainer -> engine weight transfer.")
+
+    @field_validator("generate_function")
+    @classmethod
+    def _generate_function(cls, value: str) -> str:
+        return _builtin_or_import_path(value, ("default",), "rollout.generate_function")
 
 
 class ParallelConfig(Section):
@@ -217,8 +270,14 @@ class OverlongConfig(Section):
 
 
 class AlgorithmConfig(Section):
-    estimator: Literal[ESTIMATORS] = Field("grpo", description="Advantage estimator.")  # type: ignore[valid-type]
-    policy_loss: Literal[POLICY_LOSSES] = Field("ppo", description="ppo (token ratio) or gspo (sequence ratio).")  # type: ignore[valid-type]
+    estimator: str = Field(
+        "grpo",
+        description=f"Advantage estimator: {', '.join(ESTIMATORS)}, or your own as package.module:function (docs/extending.md).",
+    )
+    policy_loss: str = Field(
+        "ppo",
+        description="ppo (token ratio), gspo (sequence ratio), or your own as package.module:function (docs/extending.md).",
+    )
     gamma: float = Field(1.0, ge=0, le=1, description="Discount (gae, reinforce++).")
     lam: float = Field(1.0, ge=0, le=1, description="GAE lambda.")
     norm_by_std: bool = Field(True, description="Divide group-relative advantages by the group's std (grpo).")
@@ -229,6 +288,16 @@ class AlgorithmConfig(Section):
     tis: TISConfig = Field(default_factory=TISConfig, description="Train/inference mismatch correction.")
     dynamic_sampling: DynamicSamplingConfig = Field(default_factory=DynamicSamplingConfig, description="DAPO dynamic sampling.")
     overlong: OverlongConfig = Field(default_factory=OverlongConfig, description="DAPO overlong reward shaping.")
+
+    @field_validator("estimator")
+    @classmethod
+    def _estimator(cls, value: str) -> str:
+        return _builtin_or_import_path(value, ESTIMATORS, "estimator")
+
+    @field_validator("policy_loss")
+    @classmethod
+    def _policy_loss(cls, value: str) -> str:
+        return _builtin_or_import_path(value, POLICY_LOSSES, "policy_loss")
 
 
 class CustomRewardConfig(Section):
@@ -249,6 +318,11 @@ class RewardConfig(Section):
     model: RewardModelConfig | None = Field(None, description="An HF reward model instead of rule-based scoring.")
     timeout_s: float = Field(10.0, gt=0, description="Per-sample scoring timeout; a timeout scores 0 and is counted.")
     workers: int = Field(2, ge=1, description="Reward worker processes.")
+    max_failed_fraction: float = Field(
+        1.0, gt=0, le=1,
+        description="Stop the run (with the first failure's traceback) when reward functions raise or time out on at "
+        "least this fraction of a step's samples; 1.0 = only when every sample failed.",
+    )
 
 
 class TrainerConfig(Section):
@@ -270,6 +344,14 @@ class TrainerConfig(Section):
     seed: int = Field(1, description="Run seed; per-rank and per-sample seeds derive from it.")
     profile_steps: list[int] = Field(default_factory=list, description="Steps to trace with the torch profiler.")
     val_samples_logged: int = Field(4, ge=0, description="Validation generations written to output_dir/samples per eval.")
+    checkpoint_on_signal: bool = Field(
+        True, description="On Ctrl-C / SIGTERM (Slurm preemption), finish the step and save a checkpoint before stopping.",
+    )
+    hang_timeout_s: float = Field(
+        3600.0, ge=0,
+        description="Stop the run when no phase of a step makes progress for this long, after every rank wrote its "
+        "Python stacks to its log; 0 disables the watchdog.",
+    )
 
 
 class MegaRLConfig(Section):
@@ -297,6 +379,20 @@ class MegaRLConfig(Section):
         if self.critic.enabled is not None:
             return self.critic.enabled
         return self.algorithm.estimator == "gae"
+
+    @property
+    def weight_transport(self) -> str:
+        """``rollout.weight_sync.transport`` with ``auto`` resolved from the engine and placement."""
+        chosen = self.rollout.weight_sync.transport
+        if chosen != "auto":
+            return chosen
+        if self.rollout.engine == "torch":
+            return "in_process"
+        return "tensor" if self.cluster.placement == "colocated" else "distributed"
+
+    @property
+    def weight_disk_dir(self) -> str:
+        return self.rollout.weight_sync.disk_dir or f"{self.trainer.output_dir}/weights"
 
     @property
     def samples_per_step(self) -> int:

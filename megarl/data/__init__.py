@@ -5,11 +5,10 @@
 - prompts.py       chat template or raw text -> token ids; max_prompt_length and truncation
 - sampler.py       the seeded, weighted, resumable (file, row) sampler
 - stream.py        build_train_stream / load_val_prompts: config -> PromptBatch per step
-- prompt_batch.py  PromptBatch and expand_for_rollout (group ids, per-sample metadata)
+- prompt_batch.py  PromptBatch: a step's prompts and their metadata
 - convert.py       raw JSONL / CSV -> parquet (gsm8k, math, generic)
 - summary.py       what `megarl data inspect` reports
 - tasks.py         the CPU demo's synthetic task (reverse digit strings)
-- commands.py      the `megarl data ...` subcommands
 
 Nothing is imported here, so `import megarl.data.batch` stays light.
 """

@@ -190,3 +190,34 @@ def _pad_left(t: torch.Tensor, width: int) -> torch.Tensor:
 
 def _pad_right(t: torch.Tensor, width: int) -> torch.Tensor:
     return torch.nn.functional.pad(t, (0, width - t.shape[1]), value=0)
+
+
+@dataclass(frozen=True)
+class TokenRows:
+    """Per-token results for some rows of a Batch, as one worker process computed them.
+
+    A forward pass over a Batch is spread over data-parallel replicas; each replica's output
+    rank (last pipeline stage, TP rank 0) returns the rows it computed, the other ranks return
+    None. :meth:`assemble` puts the pieces back into ``[B, R]`` tensors on the controller, so
+    no ``[B, R]`` tensor is ever all-reduced over the workers.
+    """
+
+    rows: torch.Tensor  # [n] long, row indices into the batch
+    values: dict[str, torch.Tensor]  # name -> [n, R] float32, 0 past each row's response length
+
+    @staticmethod
+    def assemble(parts: Sequence[TokenRows | None], batch_size: int, width: int) -> dict[str, torch.Tensor]:
+        """``name -> [batch_size, width]`` from the parts of every rank; every row exactly once."""
+        present = [p for p in parts if p is not None]
+        if not present:
+            raise ValueError("no worker returned any rows (was the batch empty?)")
+        seen = torch.zeros(batch_size, dtype=torch.long)
+        out = {name: torch.zeros(batch_size, width, dtype=torch.float32) for name in present[0].values}
+        for part in present:
+            seen.index_add_(0, part.rows, torch.ones_like(part.rows))  # counts a row listed twice, too
+            for name, value in part.values.items():
+                out[name][part.rows, : value.shape[1]] = value.float().cpu()
+        if not bool((seen == 1).all()):
+            bad = (seen != 1).nonzero().flatten().tolist()[:8]
+            raise RuntimeError(f"rows {bad} were computed {seen[bad].tolist()} times; expected exactly once each")
+        return out

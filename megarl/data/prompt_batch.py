@@ -1,22 +1,15 @@
-"""A step's prompts (PromptBatch) and their expansion into rollout samples (RolloutPrompts).
+"""A step's prompts (PromptBatch): the hand-off from data to rollout.
 
-The hand-off from data to rollout: ``PromptBatch`` holds ``P`` prompts (token ids plus the
-metadata the reward functions need); :func:`expand_for_rollout` turns it into what the engine
-and the Batch need for ``n`` samples per prompt. Group ids are the prompt's position in the
-step, ``0 .. P-1``: sample ``j * n + k`` (the k-th sample of prompt j, the order
-``RolloutEngine.generate`` returns) gets ``group_id = j``, so ids are unique within a step and
-the n samples of one prompt share one. Nothing here builds a Batch (the trainer does, from the
-engine's results) or pads responses.
+``PromptBatch`` holds ``P`` prompts (token ids plus the metadata the reward functions need).
+The rollout turns the engines' answers into a Batch (megarl/rollout/batching.py): the n
+samples of prompt j get ``group_id = j`` and their own copy of the prompt's metadata.
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
-
-import torch
 
 
 @dataclass(frozen=True)
@@ -53,59 +46,3 @@ class PromptBatch:
             file_index=[self.file_index[i] for i in pick],
             step=self.step,
         )
-
-
-@dataclass(frozen=True)
-class RolloutPrompts:
-    """A PromptBatch expanded to ``P * n`` samples (see the module docstring for the order)."""
-
-    prompt_ids: list[list[int]]  # [P] unique prompts: pass these with SamplingParams(n=n)
-    n: int
-    group_id: torch.Tensor  # [P*n] long, = sample // n
-    data_source: list[str]  # [P*n]
-    ground_truth: list[Any]  # [P*n]
-    extra_info: list[dict[str, Any]]  # [P*n], a copy per sample (a reward may annotate its own)
-    prompt_text: list[str]  # [P*n]
-
-    def __len__(self) -> int:
-        return len(self.prompt_ids) * self.n
-
-    def sample_prompt_ids(self) -> list[list[int]]:
-        """[P*n] the prompt of every sample (the same list object for the n samples of a prompt)."""
-        return [ids for ids in self.prompt_ids for _ in range(self.n)]
-
-    def padded_prompts(self, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """``prompt_ids [P*n, L]`` left-padded with ``pad_id`` and ``prompt_mask [P*n, L]`` (1 = real),
-        where L is the longest prompt: the Batch's prompt fields."""
-        return left_pad(self.sample_prompt_ids(), pad_id)
-
-
-def expand_for_rollout(prompts: PromptBatch, n: int) -> RolloutPrompts:
-    """Repeat every prompt's metadata ``n`` times and give the samples of prompt j ``group_id`` j."""
-    if n < 1:
-        raise ValueError(f"rollout.n must be >= 1, got {n}")
-
-    def rep(values: list[Any]) -> list[Any]:
-        return [v for v in values for _ in range(n)]
-
-    return RolloutPrompts(
-        prompt_ids=list(prompts.prompt_ids),
-        n=n,
-        group_id=torch.arange(len(prompts), dtype=torch.long).repeat_interleave(n),  # [P*n]
-        data_source=rep(prompts.data_source),
-        ground_truth=rep(prompts.ground_truth),
-        extra_info=[copy.deepcopy(e) for e in prompts.extra_info for _ in range(n)],
-        prompt_text=rep(prompts.prompt_text),
-    )
-
-
-def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-pad token rows to the longest: ``ids [B, L]`` long and ``mask [B, L]`` long (1 = real)."""
-    width = max((len(r) for r in rows), default=0)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        if r:
-            ids[i, width - len(r) :] = torch.as_tensor(list(r), dtype=torch.long)
-            mask[i, width - len(r) :] = 1
-    return ids, mask

@@ -101,11 +101,6 @@ class MixtureSampler:
         """Steps to draw as many prompts as all files hold together (rounded up)."""
         return -(-sum(self.sizes) // self.batch_size)
 
-    def file_epochs(self) -> list[int]:
-        """The epoch each file's stream is in (completed passes over that file)."""
-        return [c // s for c, s in zip(self.counts, self.sizes, strict=True)]
-
-    # ---- checkpointing ----------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Plain-python state (JSON-able) saved with checkpoints."""
         return {

@@ -2,7 +2,6 @@
 
     stream = build_train_stream(cfg.data, tokenizer)     # reads, checks, filters overlong
     prompts = stream.next_batch()                        # PromptBatch of prompts_per_step
-    rollout = expand_for_rollout(prompts, cfg.rollout.n) # group ids + per-sample metadata
     ckpt["data"] = stream.state_dict()                   # resume: stream.load_state_dict(...)
 
 Files are read and checked whole at start-up (so a bad row fails before any GPU work) and
@@ -104,6 +103,12 @@ class PromptStream:
 
     def steps_per_epoch(self) -> int:
         return self.sampler.steps_per_epoch()
+
+    def first_prompts(self, count: int) -> PromptBatch:
+        """The first ``count`` prompts of the first file (fixed for the whole run; the sampler does
+        not move): the post-push check's probe when there are no validation prompts."""
+        picks = [(0, i) for i in range(min(count, len(self.sets[0].records)))]
+        return encode_records(self.sets, picks, self.builder, step=-1)
 
     def __len__(self) -> int:
         """Usable prompts over all files."""

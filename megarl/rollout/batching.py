@@ -2,12 +2,14 @@
 
 The engines answer ``[p0s0 .. p0s(n-1), p1s0 ...]``; here those rows become one Batch with
 every sample of prompt ``p`` carrying group id ``group_offset + p`` and that prompt's
-metadata, prompts left-padded and responses right-padded. Every generated token counts in the
+metadata (``extra_info`` copied per sample: a reward function may annotate its own), prompts
+left-padded and responses right-padded. Every generated token counts in the
 loss (no tool or user turns in single-turn rollouts).
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from typing import Any
 
@@ -63,7 +65,7 @@ def batch_from_generations(
         group_id=torch.tensor([group_offset + r.prompt_index for r in results], dtype=torch.long),
         data_source=_repeat(data_source, rows),
         ground_truth=_repeat(ground_truth, rows),
-        extra_info=_repeat(extra_info, rows),
+        extra_info=[copy.deepcopy(extra_info[p]) for p in rows] if len(extra_info) else [],  # each sample owns its dict
         prompt_text=_repeat(prompt_text, rows),
         finish_reason=[r.finish_reason for r in results],
         rollout_logprobs=logprobs * valid,

@@ -2,6 +2,8 @@
 
 - ``WorkerEngines``: torch engines living in the policy ranks (one per DP replica); prompts are
   cut into contiguous shards, one per engine, so all n samples of a prompt go to one engine.
+  The trainer wraps its engines, torch or SGLang, in megarl/rollout/handover.py
+  ``HandedOverEngines``, so that every generation runs in the memory hand-over's generate phase.
 - ``Scorer``: decodes responses and scores them in the reward worker pool.
 - ``Collector`` strategies: ``PlainCollector`` (one generation round) or
   ``DynamicSamplingCollector`` (DAPO: more rounds until enough groups have reward variance).
@@ -10,85 +12,33 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import torch
 
 from megarl.algos.dapo import dynamic_sampling_filter, zero_var_group_frac
+from megarl.algos.registry import Registry
 from megarl.data.batch import Batch
 from megarl.data.prompt_batch import PromptBatch
+from megarl.progress import PhaseTimer
 from megarl.rollout.batching import batch_from_generations, response_texts
 from megarl.rollout.engine import GenerationResult, SamplingParams
 from megarl.rollout.seeds import step_seed
-from megarl.trainer.metric_sinks import PhaseTimer
 
 
 class Engines(Protocol):
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[GenerationResult]: ...
 
 
-class Handover(Protocol):
-    """What must happen around generation and weight pushes when the engines share devices
-    with training (colocated SGLang: memory release/resume, policy offload) or can die and be
-    restarted. Called at fixed points: around every ``Engines.generate`` (HandedOverEngines)
-    and around every push (model_phases.WeightPush)."""
-
-    def before_generate(self) -> None: ...
-
-    def after_generate(self) -> None: ...
-
-    def before_push(self, version: int) -> None: ...
-
-    def after_push(self, version: int) -> None: ...
-
-    def scoring(self) -> contextlib.AbstractContextManager[None]:
-        """Around the engines' side of the post-push log-prob check (after the trainer's side)."""
-        ...
-
-
-class NoHandover:
-    """Engines that need nothing around generation or pushes (the torch engine: the policy
-    rank offloads itself inside ``PolicyRank.generate``)."""
-
-    def before_generate(self) -> None:
-        pass
-
-    def after_generate(self) -> None:
-        pass
-
-    def before_push(self, version: int) -> None:
-        pass
-
-    def after_push(self, version: int) -> None:
-        pass
-
-    def scoring(self) -> contextlib.AbstractContextManager[None]:
-        return contextlib.nullcontext()
-
-
-class HandedOverEngines:
-    """``engines`` with ``handover.before_generate`` / ``after_generate`` around each call."""
-
-    def __init__(self, engines: Engines, handover: Handover):
-        self.engines, self.handover = engines, handover
-
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[GenerationResult]:
-        self.handover.before_generate()
-        results = self.engines.generate(prompts, params)
-        self.handover.after_generate()
-        return results
-
-
 class WorkerEngines:
-    """Torch engines inside the policy ranks (``PolicyRank.generate``)."""
+    """Torch engines inside the policy ranks (one per DP replica, on its leader rank)."""
 
-    def __init__(self, group: Any, layouts: list[dict[str, int]]):
-        self.group = group
-        leaders = sorted((lay["dp_rank"], lay["rank"]) for lay in layouts if lay["leader"])
-        self.engine_ranks = [rank for _, rank in leaders]
+    def __init__(self, policy: Any):
+        self.policy = policy  # megarl.actors.clients.PolicyClient
+        layouts = policy.layouts()
+        self.engine_ranks = [lay.rank for lay in sorted((x for x in layouts if x.leader), key=lambda x: x.dp_rank)]
         self.world = len(layouts)
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[GenerationResult]:
@@ -97,7 +47,7 @@ class WorkerEngines:
         for rank, (start, stop) in zip(self.engine_ranks, shards):
             if stop > start:
                 requests[rank] = ([list(p) for p in prompts[start:stop]], params, start * params.n)
-        answers = self.group.call_each("generate", [(r,) for r in requests])
+        answers = self.policy.generate(requests)
         results: list[GenerationResult] = []
         for rank, (start, stop) in zip(self.engine_ranks, shards):
             if stop > start:
@@ -132,10 +82,18 @@ class Scorer:
         return response_texts(batch, self.tokenizer, self.eos)
 
 
-def generate_batch(engines: Engines, prompts: PromptBatch, params: SamplingParams, group_offset: int = 0) -> Batch:
+GenerateFn = Callable[[Engines, PromptBatch, SamplingParams], Batch]
+"""``generate(engines, prompts, params) -> Batch``: a step's prompts to responses (rollout.generate_function)."""
+
+GENERATE_FUNCTIONS: Registry[GenerateFn] = Registry("generate function")
+
+
+@GENERATE_FUNCTIONS.register("default")
+def generate_batch(engines: Engines, prompts: PromptBatch, params: SamplingParams) -> Batch:
+    """One single-turn response per sample: ``params.n`` samples of each prompt, grouped by prompt."""
     results = engines.generate(prompts.prompt_ids, params)
     return batch_from_generations(
-        prompts.prompt_ids, results, params.n, group_offset=group_offset, data_source=prompts.data_source,
+        prompts.prompt_ids, results, params.n, data_source=prompts.data_source,
         ground_truth=prompts.ground_truth, extra_info=prompts.extra_info, prompt_text=prompts.prompt_text,
     )
 
@@ -145,14 +103,14 @@ class Collector(Protocol):
 
 
 class PlainCollector:
-    """One generation round, then scoring."""
+    """One generation round (``generate``, rollout.generate_function), then scoring."""
 
-    def __init__(self, engines: Engines, scorer: Scorer):
-        self.engines, self.scorer = engines, scorer
+    def __init__(self, engines: Engines, scorer: Scorer, generate: GenerateFn = generate_batch):
+        self.engines, self.scorer, self.generate = engines, scorer, generate
 
     def collect(self, prompts: PromptBatch, params: SamplingParams, timer: PhaseTimer) -> tuple[Batch, dict[str, float]]:
         with timer.phase("generate"):
-            batch = generate_batch(self.engines, prompts, params)
+            batch = self.generate(self.engines, prompts, params)
         with timer.phase("reward"):
             return self.scorer.score(batch)
 
@@ -169,8 +127,8 @@ class DynamicSamplingCollector:
     samples with its own seed, derived from the step's seed and the round.
     """
 
-    def __init__(self, engines: Engines, scorer: Scorer, next_prompts: Any, max_rounds: int):
-        self.plain = PlainCollector(engines, scorer)
+    def __init__(self, plain: PlainCollector, next_prompts: Any, max_rounds: int):
+        self.plain = plain
         self.next_prompts, self.max_rounds = next_prompts, max_rounds
 
     def collect(self, prompts: PromptBatch, params: SamplingParams, timer: PhaseTimer) -> tuple[Batch, dict[str, float]]:

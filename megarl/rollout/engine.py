@@ -9,9 +9,10 @@ recomputes), so the train/inference mismatch metric compares like with like.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -76,7 +77,8 @@ class WeightBucket:
 
 @runtime_checkable
 class RolloutEngine(Protocol):
-    """One generator (one SGLang server, or one torch model)."""
+    """One generator (one SGLang server, or one torch model). Releasing and resuming its memory
+    is engine-specific and the memory hand-over's business (megarl/rollout/handover.py)."""
 
     def generate(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams
@@ -91,34 +93,29 @@ class RolloutEngine(Protocol):
         """Load one bucket of HF-named tensors (full, unsharded tensors)."""
         ...
 
-    def release_memory(self) -> None:
-        """Free weights and KV cache while the trainer uses the device (colocated mode)."""
-        ...
-
-    def resume_memory(self) -> None:
-        """Take the memory back after :meth:`release_memory`."""
-        ...
-
     def health(self) -> EngineHealth: ...
 
     @property
     def weight_version(self) -> int: ...
 
 
-@runtime_checkable
-class WeightSync(Protocol):
-    """The only way weights move from the trainer to the engines.
+def eos_token_ids(model_path: str | Path, tokenizer: Any = None) -> tuple[int, ...]:
+    """The token ids that end a response for the HF model at ``model_path``: those of its
+    generation_config.json, its config.json and its tokenizer, in that order, once each
+    (the engines stop on them; scoring drops a final one). ``tokenizer``: an already loaded one."""
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
-    Data path (shared by every transport): gather TP shards -> collect PP stages -> convert
-    to HF names and layouts (the model bridge) -> pack buckets of ``bucket_mb`` -> send.
-    Implementations differ only in the send: in-process (torch engine), SGLang from tensor
-    (CUDA IPC), SGLang from distributed (NCCL broadcast per pipeline stage), disk.
-    """
+    try:
+        generation = GenerationConfig.from_pretrained(str(model_path)).eos_token_id
+    except OSError:  # no generation_config.json
+        generation = None
+    tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(str(model_path))
+    ids = [*_id_list(generation), *_id_list(AutoConfig.from_pretrained(str(model_path)).eos_token_id),
+           *_id_list(tokenizer.eos_token_id)]  # fmt: skip
+    return tuple(dict.fromkeys(ids))
 
-    def connect(self, engines: Iterable[RolloutEngine]) -> None:
-        """Attach the engines that receive the weights (rebuilds groups after a restart)."""
-        ...
 
-    def push(self, version: int) -> dict[str, float]:
-        """Send the current policy weights; returns metrics (seconds, bytes, GB/s)."""
-        ...
+def _id_list(value: Any) -> list[int]:
+    if value is None:
+        return []
+    return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]

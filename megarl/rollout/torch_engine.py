@@ -32,7 +32,13 @@ from pathlib import Path
 
 import torch
 
-from megarl.rollout.engine import EngineHealth, GenerationResult, SamplingParams, WeightBucket
+from megarl.rollout.engine import (
+    EngineHealth,
+    GenerationResult,
+    SamplingParams,
+    WeightBucket,
+    eos_token_ids,
+)
 from megarl.rollout.seeds import sample_seed
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -74,10 +80,9 @@ class TorchEngine:
         self.tokenizer = _load_tokenizer(model_path)
         self.max_running_requests = max_running_requests
         self.compact_fraction = compact_fraction
-        self.eos_token_ids = _eos_ids(self.model, self.tokenizer)
+        self.eos_token_ids = eos_token_ids(model_path, self.tokenizer)
         self.pad_token_id = _pad_id(self.model, self.tokenizer, self.eos_token_ids)
         self._weight_version = 0
-        self._released = False
         self._param_names = _canonical_param_names(self.model)  # state-dict key -> parameter name
         self._received: set[str] = set()
 
@@ -96,7 +101,6 @@ class TorchEngine:
         that splits one request across calls or engines (sample j of prompt p has index
         ``first_sample_index + p * n + j``).
         """
-        self._check_usable()
         _validate_params(params, self.tokenizer)
         prompts = [list(map(int, p)) for p in prompts]
         if any(len(p) == 0 for p in prompts):
@@ -172,44 +176,6 @@ class TorchEngine:
         text = self.tokenizer.decode(response[-window:], skip_special_tokens=False)
         return any(s in text for s in stops)
 
-    # ------------------------------------------------------------------ scoring
-
-    @torch.no_grad()
-    def score(
-        self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], temperature: float
-    ) -> list[list[float]]:
-        """Teacher-forced log-probs of each response token given prompt + earlier response tokens.
-
-        Same definition as generation: ``log_softmax(logits / T)`` (T < 1e-6 counted as 1).
-        """
-        self._check_usable()
-        if len(prompts) != len(responses):
-            raise ValueError(f"score got {len(prompts)} prompts but {len(responses)} responses")
-        temp = 1.0 if temperature < 1e-6 else float(temperature)
-        out: list[list[float]] = []
-        for start in range(0, len(prompts), self.max_running_requests):
-            ps = [list(map(int, p)) for p in prompts[start : start + self.max_running_requests]]
-            rs = [list(map(int, r)) for r in responses[start : start + self.max_running_requests]]
-            out.extend(self._score_chunk(ps, rs, temp))
-        return out
-
-    def _score_chunk(self, prompts: list[list[int]], responses: list[list[int]], temp: float) -> list[list[float]]:
-        seqs = [p + r for p, r in zip(prompts, responses, strict=True)]
-        ids, mask = _left_pad(seqs, self.pad_token_id, self.device)  # [B, L]
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        logits = self.model(input_ids=ids, attention_mask=mask, position_ids=positions).logits  # [B, L, V]
-        width = ids.shape[1]
-        result = []
-        for b, r in enumerate(responses):
-            if not r:
-                result.append([])
-                continue
-            # response token t sits at column width - len(r) + t; its logits one column earlier
-            cols = slice(width - len(r) - 1, width - 1)
-            logp = torch.log_softmax(logits[b, cols].float() / temp, dim=-1)  # [len(r), V]
-            result.append(logp.gather(-1, ids[b, width - len(r) :, None]).squeeze(-1).tolist())
-        return result
-
     # ------------------------------------------------------------------ weights
 
     @torch.no_grad()
@@ -262,28 +228,11 @@ class TorchEngine:
     def weight_version(self) -> int:
         return self._weight_version
 
-    # ------------------------------------------------------------------ memory, health
-
-    def release_memory(self) -> None:
-        """On CUDA, move the weights to host memory and empty the cache; on CPU nothing to free."""
-        if self.device.type == "cuda" and not self._released:
-            self.model.to("cpu")
-            torch.cuda.empty_cache()
-        self._released = True
-
-    def resume_memory(self) -> None:
-        if self.device.type == "cuda" and self._released:
-            self.model.to(self.device)
-        self._released = False
+    # ------------------------------------------------------------------ health
 
     def health(self) -> EngineHealth:
         dtype = next(self.model.parameters()).dtype
-        state = "released" if self._released else "ready"
-        return EngineHealth(True, self._weight_version, f"torch engine on {self.device} ({dtype}), {state}")
-
-    def _check_usable(self) -> None:
-        if self._released and self.device.type == "cuda":
-            raise RuntimeError("the torch engine's memory is released; call resume_memory() before generating")
+        return EngineHealth(True, self._weight_version, f"torch engine on {self.device} ({dtype})")
 
 
 def sample_tokens(
@@ -358,20 +307,6 @@ def _load_tokenizer(model_path: str | Path):
         return AutoTokenizer.from_pretrained(str(model_path))
     except (OSError, ValueError, TypeError, KeyError):
         return None
-
-
-def _as_id_list(value) -> list[int]:
-    if value is None:
-        return []
-    return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
-
-
-def _eos_ids(model, tokenizer) -> tuple[int, ...]:
-    ids = _as_id_list(getattr(model.generation_config, "eos_token_id", None))
-    ids += _as_id_list(getattr(model.config, "eos_token_id", None))
-    if tokenizer is not None:
-        ids += _as_id_list(tokenizer.eos_token_id)
-    return tuple(dict.fromkeys(ids))
 
 
 def _pad_id(model, tokenizer, eos_ids: tuple[int, ...]) -> int:

@@ -1,27 +1,17 @@
 """The controller's side of ``rollout.engine: sglang``: start the servers where they belong,
-generate over them, hand GPU memory back and forth (colocated), restart dead engines.
+generate over them, and give the memory hand-over its engine side.
 
-Three objects, chosen once by build.py (the RL step never asks which engine it has):
+Chosen once by build.py (the RL step never asks which engine it has):
 
 - :class:`SGLangEngines` (the trainer's ``Engines``): prompts spread over the engines with
   ``generate_across`` (contiguous slices, global prompt indices and seeds kept).
-- :class:`SGLangHandover` (the trainer's ``Handover``): the fixed points of one step.
-  Colocated, the engines' memory is owned here (the policy ranks' own engine clients never
-  release or resume, so there is one view of what is released)::
-
-      before_push     restart dead engines (+ reconnect the policy); resume "weights"
-      push            PolicyRank.push_weights (pause, flush, buckets, continue, version check)
-      after_push      remember the version
-      scoring         (the post-push log-prob check, after the trainer computed its side)
-                      offload the policy, resume "kv_cache"/"cuda_graph"; afterwards release
-                      them again (the pushed weights stay) and onload the policy, so the
-                      policy's states and SGLang's KV cache never hold the GPU together
-      before_generate restart dead engines (+ reconnect, re-push the last version);
-                      offload the policy (actor.offload); resume "kv_cache"/"cuda_graph"
-      generate
-      after_generate  release all SGLang memory; onload the policy
-
-  Disaggregated, only the restart checks run.
+- :class:`SGLangMemory`: the engine side of the run's memory hand-over
+  (megarl/rollout/handover.py, the only caller of its release / resume / restart): the
+  residency table's ``engine/weights | kv_cache | cuda_graph`` are SGLang's memory tags, on
+  every engine at once (the policy ranks' own engine clients never release or resume);
+  health checks, and restarts that reconnect the policy's transports.
+- :func:`start_sglang`: the servers launched through the hand-over (colocated: with nothing of
+  the trained models on the GPUs, so SGLang sizes its KV cache for the memory it will have).
 - :class:`SGLangRollout`: what was started (host actors, engines, the rollout placement
   group), for shutdown.
 
@@ -31,14 +21,15 @@ fails; resume from the last checkpoint), partial rollouts, routers.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from megarl.config.residency import residency_of
 from megarl.rollout.engine import GenerationResult, SamplingParams
+from megarl.rollout.handover import Handover
 from megarl.rollout_sglang.engine import (
     CUDA_GRAPH,
     KV_CACHE,
@@ -46,6 +37,7 @@ from megarl.rollout_sglang.engine import (
     SGLangEngine,
     generate_across,
 )
+from megarl.rollout_sglang.transports import EngineEndpoint
 
 log = logging.getLogger(__name__)
 
@@ -60,94 +52,53 @@ class SGLangEngines:
         return generate_across(self.engines, prompts, params)
 
 
-def engine_descriptors(engines: Sequence[SGLangEngine]) -> list[dict[str, Any]]:
-    """What a policy rank needs to build its own client of each engine (plain data for Ray)."""
-    return [{"url": e.url, "tp": e.tp, "max_running_requests": e.max_running_requests} for e in engines]
+def engine_endpoints(engines: Sequence[SGLangEngine], holders: Sequence[Sequence[int]] = ()) -> list[EngineEndpoint]:
+    """What a policy rank needs to reach each engine (plain data for Ray); ``holders[k]``: the
+    policy ranks on engine k's GPUs in engine TP order (colocated), else empty."""
+    held = list(holders) or [() for _ in engines]
+    return [EngineEndpoint(e.url, e.tp, e.max_running_requests, tuple(h)) for e, h in zip(engines, held, strict=True)]
 
 
 @dataclass
 class PolicyConnection:
-    """Connects every policy rank to the engines (collective ``PolicyRank.connect_sglang``);
-    called at start and again after a restart (URLs and groups change)."""
+    """Connects every policy rank's transport to the engines (collective); called at start and
+    again after a restart (URLs and groups change)."""
 
-    group: Any  # WorkerGroup of PolicyRank
+    policy: Any  # megarl.actors.clients.PolicyClient
     engines: Sequence[SGLangEngine]
-    transport: str  # "tensor" (colocated, CUDA IPC) | "distributed" (disaggregated, NCCL)
-    holders: list[list[int]] = field(default_factory=list)  # tensor: policy ranks per engine, TP order
+    holders: list[list[int]] = field(default_factory=list)  # colocated: policy ranks per engine, TP order
 
     def __call__(self) -> None:
-        self.group.call("connect_sglang", engine_descriptors(self.engines), self.transport, self.holders)
+        self.policy.connect_engines(engine_endpoints(self.engines, self.holders))
 
 
-class SGLangHandover:
-    """The Handover of SGLang engines (see the module docstring for the order of calls).
+# The residency table's engine states (megarl/config/residency.py) are SGLang's memory tags.
+TAG_OF_STATE = {"engine/weights": WEIGHTS, "engine/kv_cache": KV_CACHE, "engine/cuda_graph": CUDA_GRAPH}
 
-    ``policy``: the policy WorkerGroup (``push_weights`` after a restart); ``reconnect``:
-    re-runs the policy's connection after a restart; ``offload``: the groups whose states
-    leave the GPUs while SGLang generates (colocated; each has ``offload_states`` /
-    ``onload_states``, e.g. the policy with actor.offload).
+
+class SGLangMemory:
+    """The engine side of the memory hand-over (megarl/rollout/handover.py ``EngineMemory``).
+
+    ``reconnect`` re-runs the policy's connection after a restart (URLs and groups change).
     """
 
-    def __init__(self, engines: Sequence[SGLangEngine], policy: Any, reconnect: Any, *, colocated: bool,
-                 offload: Sequence[Any] = (), restart_timeout: float = 900.0):  # fmt: skip
-        self.engines, self.policy, self.reconnect = list(engines), policy, reconnect
-        self.colocated, self.offload = colocated, list(offload)
-        self.restart_timeout = restart_timeout
-        self.version: int | None = None  # last version pushed to every engine
-        self.restarts = 0
+    def __init__(self, engines: Sequence[SGLangEngine], reconnect: Any, restart_timeout: float = 900.0) -> None:
+        self.engines, self.reconnect, self.restart_timeout = list(engines), reconnect, restart_timeout
 
-    # ---- generation ---------------------------------------------------------------------
-    def before_generate(self) -> None:
-        if self.recover() and self.version is not None:
-            # The restarted engines hold the initial weights: push what the others hold.
-            self.policy.call("push_weights", self.version)
-        if self.colocated:
-            for group in self.offload:
-                group.call("offload_states")
-            for engine in self.engines:
-                engine.resume_memory([KV_CACHE, CUDA_GRAPH])
+    def release(self, states: Collection[str], engines: Sequence[SGLangEngine] | None = None) -> None:
+        """Release the tags of ``states`` on ``engines`` (None: all); each engine flushes first
+        and refuses while it has requests in flight (SGLangEngine.release_memory)."""
+        tags = [TAG_OF_STATE[s] for s in states]
+        for engine in self.engines if engines is None else engines:
+            engine.release_memory(tags)
 
-    def after_generate(self) -> None:
-        if self.colocated:
-            for engine in self.engines:
-                engine.release_memory()
-            for group in self.offload:
-                group.call("onload_states")
-
-    # ---- weight pushes ------------------------------------------------------------------
-    def before_push(self, version: int) -> None:
-        self.recover()  # the push that follows brings the restarted engines up to date
-        if self.colocated:
-            for engine in self.engines:
-                engine.resume_memory([WEIGHTS])
-
-    def after_push(self, version: int) -> None:
-        self.version = version
-
-    @contextlib.contextmanager
-    def scoring(self) -> Iterator[None]:
-        """The engines score the post-push probes: the same hand-over as a generation."""
-        if not self.colocated:
-            yield
-            return
-        for group in self.offload:
-            group.call("offload_states")
+    def resume(self, states: Collection[str]) -> None:
+        tags = [TAG_OF_STATE[s] for s in states]
         for engine in self.engines:
-            engine.resume_memory([KV_CACHE, CUDA_GRAPH])
-        try:
-            yield
-        finally:
-            # Only the KV cache goes: the weights just pushed stay (a released "weights" tag
-            # comes back empty without --enable-weights-cpu-backup), ready for the next rollout.
-            for engine in self.engines:
-                engine.release_memory([KV_CACHE, CUDA_GRAPH])
-            for group in self.offload:
-                group.call("onload_states")
+            engine.resume_memory(tags)
 
-    # ---- restarts -----------------------------------------------------------------------
-    def recover(self) -> list[SGLangEngine]:
-        """Restart every engine whose health check fails and reconnect the policy ranks;
-        returns the restarted engines (their weights are the initial ones until a push)."""
+    def dead(self) -> list[SGLangEngine]:
+        """The engines whose health check fails (each logged with its server's last lines)."""
         dead = []
         for engine in self.engines:
             health = engine.health()
@@ -156,12 +107,14 @@ class SGLangHandover:
                 tail = engine.server.log_tail() if engine.server is not None else ""
                 log.warning("SGLang engine %s is not healthy (%s); restarting it. Last log lines:\n%s",
                             engine.url, health.detail, tail)  # fmt: skip
-        for engine in dead:
-            engine.restart(self.restart_timeout)
-            self.restarts += 1
-        if dead:
-            self.reconnect()
         return dead
+
+    def restart(self, engines: Sequence[SGLangEngine]) -> None:
+        """Relaunch ``engines`` (they come up holding all their memory, with the initial
+        weights) and reconnect the policy's transports."""
+        for engine in engines:
+            engine.restart(self.restart_timeout)
+        self.reconnect()
 
 
 @dataclass
@@ -169,7 +122,7 @@ class SGLangRollout:
     """Everything ``start_sglang`` started; ``close`` stops it (servers, actors, placement)."""
 
     engines: SGLangEngines
-    handover: SGLangHandover
+    handover: Handover | None
     hosts: list[Any]
     placed: dict[str, Any] | None = None
 
@@ -196,16 +149,14 @@ def rollout_placement(plan: Any) -> Any:
     from megarl.actors.ray_groups.placement import RolePlacement
 
     rollout = plan.roles["rollout"]
+    if plan.device == "cpu":  # the CPU server's processes: a CPU slot per "GPU" of the pool
+        return RolePlacement("rollout", nnodes=rollout.dp, procs_per_node=rollout.tp, gpus_per_proc=0.0, cpus_per_proc=1.0)
     return RolePlacement("rollout", nnodes=rollout.dp, procs_per_node=rollout.tp, gpus_per_proc=1.0, cpus_per_proc=0.0)
 
 
-def start_sglang(cfg: Any, plan: Any, policy: Any, log_dir: Path, timeout: float = 900.0, critic: Any = None) -> SGLangRollout:
-    """Start one server per engine on its node, wait until all are healthy, connect the policy.
-
-    Colocated: the policy offloads (actor.offload) while the servers start and profile memory;
-    the servers then release all their memory and the policy comes back. A colocated critic
-    with critic.offload goes to host memory around every generation too.
-    """
+def start_sglang(cfg: Any, plan: Any, models: dict[str, Any], log_dir: Path, timeout: float = 900.0) -> SGLangRollout:
+    """Start one server per engine on its node through the run's memory hand-over, wait until
+    all are healthy, connect the policy. ``models``: the trained models' clients by role."""
     import ray
 
     from megarl.actors.ray_groups.placement import place_roles
@@ -220,35 +171,34 @@ def start_sglang(cfg: Any, plan: Any, policy: Any, log_dir: Path, timeout: float
     from megarl.rollout_sglang.server import spec_from_config
 
     colocated = cfg.cluster.placement == "colocated"
-    base = spec_from_config(cfg.model.path, cfg.rollout, cfg.cluster.placement, seed=cfg.trainer.seed, dtype=cfg.model.dtype)
-    offload = colocated and cfg.actor.offload
+    table = residency_of(cfg)  # the planner refuses weights_cpu_backup but with colocated SGLang
+    base = spec_from_config(cfg.model.path, cfg.rollout, cfg.cluster, seed=cfg.trainer.seed, dtype=cfg.model.dtype,
+                            weights_cpu_backup=table.weights_cpu_backup)  # fmt: skip
+    handover = Handover(table, models)
     placed: dict[str, Any] | None = None
     hosts: list[Any] = []
     try:
         if colocated:
-            slots = colocated_slots(plan, policy.node_infos)
+            slots = colocated_slots(plan, models["policy"].group.node_infos)  # where the policy ranks run
         else:
             placed = place_roles([rollout_placement(plan)])
             slots = disaggregated_slots(plan, probe_bundles(placed["rollout"]))
         specs = [slot_spec(base, s, str(Path(log_dir) / f"sglang_engine{s.index}.log")) for s in slots]
-        if offload:
-            policy.call("offload_states")
-        hosts = start_hosts(slots, specs)
-        urls = ray.get([h.start.remote(timeout) for h in hosts])
-        engines = [SGLangEngine(HostHandle(h, u, s), tp=s.tp, max_running_requests=s.max_running_requests)
-                   for h, u, s in zip(hosts, urls, specs, strict=True)]  # fmt: skip
-        if colocated:
-            for engine in engines:
-                engine.release_memory()
-        if offload:
-            policy.call("onload_states")
-        connect = PolicyConnection(policy, engines, "tensor" if colocated else "distributed",
-                                   [list(s.holders) for s in slots] if colocated else [])  # fmt: skip
+        connect = PolicyConnection(models["policy"], [], [list(s.holders) for s in slots] if colocated else [])
+
+        def start() -> SGLangMemory:
+            hosts.extend(start_hosts(slots, specs))
+            urls = ray.get([h.start.remote(timeout) for h in hosts])
+            connect.engines = [SGLangEngine(HostHandle(h, u, s), tp=s.tp, max_running_requests=s.max_running_requests)
+                               for h, u, s in zip(hosts, urls, specs, strict=True)]  # fmt: skip
+            return SGLangMemory(connect.engines, connect, restart_timeout=timeout)
+
+        handover.launch(start)
         connect()
     except BaseException:
-        SGLangRollout(SGLangEngines([]), None, hosts, placed).close()  # type: ignore[arg-type]
+        SGLangRollout(SGLangEngines([]), None, hosts, placed).close()
         raise
-    offloaded = ([policy] if offload else []) + ([critic] if colocated and critic is not None and cfg.critic.offload else [])
-    handover = SGLangHandover(engines, policy, connect, colocated=colocated, offload=offloaded)
-    log.info("SGLang engines up: %s", ", ".join(f"{e.url} (GPUs {s.gpu_ids} on {s.ip})" for e, s in zip(engines, slots)))
+    engines = connect.engines
+    where = [f"{e.url} ({f'GPUs {s.gpu_ids}' if s.gpu_ids else 'CPU'} on {s.ip})" for e, s in zip(engines, slots, strict=True)]
+    log.info("SGLang engines up: %s", ", ".join(where))
     return SGLangRollout(SGLangEngines(engines), handover, hosts, placed)

@@ -110,7 +110,7 @@ class SGLangEngine:
         self._lock = threading.Lock()
         # One thread for HTTP calls that must not block the caller (group init, distributed
         # updates): the caller posts, then joins the collective, then waits for the reply.
-        self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sglang-ctl")
+        self._background_pool: ThreadPoolExecutor | None = None
 
     @property
     def url(self) -> str:
@@ -325,7 +325,7 @@ class SGLangEngine:
         if version is not None:
             body["weight_version"] = str(version)
         # No retry: a re-sent request would wait for a second broadcast that never comes.
-        return self._background.submit(
+        return self._background().submit(
             self.client.post_ok, "/update_weights_from_distributed", body, self.control_timeout, 0
         )
 
@@ -340,7 +340,7 @@ class SGLangEngine:
             "rank_offset": rank_offset, "world_size": world_size,
             "group_name": group_name, "backend": backend,
         }  # fmt: skip
-        return self._background.submit(
+        return self._background().submit(
             self.client.post_ok, "/init_weights_update_group", body, self.control_timeout, 0
         )
 
@@ -430,9 +430,18 @@ class SGLangEngine:
         self._server_version = None  # the relaunched process may be another install
         self._version = 0
 
+    def _background(self) -> ThreadPoolExecutor:
+        """The thread for HTTP calls that must not block the caller (made when first needed)."""
+        if self._background_pool is None:
+            self._background_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sglang-ctl")
+        return self._background_pool
+
     def close(self) -> None:
-        """Drop this client's background thread; the server keeps running."""
-        self._background.shutdown(wait=False, cancel_futures=True)
+        """Drop this client's background thread (a later call makes a new one); the server keeps
+        running."""
+        if self._background_pool is not None:
+            self._background_pool.shutdown(wait=False, cancel_futures=True)
+            self._background_pool = None
 
     def shutdown(self) -> None:
         """:meth:`close`, and stop the server process when this engine holds its handle."""

@@ -44,11 +44,12 @@ class EngineSlot:
 
 
 def engine_slots(rollout_gpus: Sequence[int], tp: int, holder_of: dict[int, int],
-                 infos: Sequence[dict[str, Any]]) -> list[EngineSlot]:  # fmt: skip
+                 infos: Sequence[dict[str, Any]], device: str = "cuda") -> list[EngineSlot]:  # fmt: skip
     """One slot per engine: ``rollout_gpus`` cut into contiguous ``tp``-sized slices.
 
     ``holder_of[g]`` is the index into ``infos`` of the process on global GPU ``g``;
-    ``infos[i]`` has ``node_id``, ``ip`` and ``gpu_ids`` (physical ids, one per process).
+    ``infos[i]`` has ``node_id``, ``ip`` and ``gpu_ids`` (physical ids, one per process; on
+    ``device`` cpu the "GPUs" are process slots and hold no GPU id).
     Raises ValueError when an engine's GPUs are on two nodes or a GPU has no holder.
     """
     if tp < 1 or len(rollout_gpus) % tp:
@@ -67,6 +68,9 @@ def engine_slots(rollout_gpus: Sequence[int], tp: int, holder_of: dict[int, int]
                 "fit in one node and engines must not straddle nodes (check cluster.gpus_per_node)"
             )
         first = infos[holders[0]]
+        if device == "cpu":
+            slots.append(EngineSlot(k, first["node_id"], first["ip"], (), tuple(holders)))
+            continue
         without = [h for h in holders if len(infos[h]["gpu_ids"]) != 1]
         if without:
             raise ValueError(f"engine {k}: processes {without} do not hold exactly one GPU "
@@ -81,7 +85,7 @@ def colocated_slots(plan: Any, policy_infos: Sequence[dict[str, Any]]) -> list[E
     in ``plan.roles["policy"].gpus`` (the planner lists GPUs in rank order)."""
     rollout = plan.roles["rollout"]
     holder_of = {g: rank for rank, g in enumerate(plan.roles["policy"].gpus)}
-    return engine_slots(rollout.gpus, rollout.tp, holder_of, policy_infos)
+    return engine_slots(rollout.gpus, rollout.tp, holder_of, policy_infos, plan.device)
 
 
 def disaggregated_slots(plan: Any, bundle_infos: Sequence[dict[str, Any]]) -> list[EngineSlot]:
@@ -89,7 +93,7 @@ def disaggregated_slots(plan: Any, bundle_infos: Sequence[dict[str, Any]]) -> li
     ``plan.roles["rollout"].gpus[b]``."""
     rollout = plan.roles["rollout"]
     holder_of = {g: b for b, g in enumerate(rollout.gpus)}
-    return engine_slots(rollout.gpus, rollout.tp, holder_of, bundle_infos)
+    return engine_slots(rollout.gpus, rollout.tp, holder_of, bundle_infos, plan.device)
 
 
 def slot_spec(spec: ServerSpec, slot: EngineSlot, log_path: str | None) -> ServerSpec:

@@ -1,43 +1,42 @@
-"""WeightSync transports to SGLang engines: from tensor (CUDA IPC), from distributed (NCCL),
-from disk. Each implements megarl.rollout.engine.WeightSync: ``connect(engines)`` then
-``push(version) -> metrics`` (the keys of megarl.rollout.weight_sync.sync_metrics).
+"""Weight transports to SGLang servers: from tensor (CUDA IPC, colocated) and from distributed
+(a broadcast group per pipeline stage, disaggregated). The disk transport is shared with the
+torch engine (megarl/rollout/transports.py: DiskTransport).
 
-Data path (shared, not here): megarl.rollout.weight_sync.HFWeightStream turns the policy's
-HF export into WeightBuckets of ``bucket_mb``; every policy rank iterates it (the export is
-collective) and only ranks with engines connected send. Only the send differs per class.
+Both implement megarl.rollout.transports.WeightTransport and consume the buckets of one
+megarl.rollout.weight_stream.WeightStream on every policy rank (the export is collective);
+they differ only in how a bucket reaches the engines. ``connect(endpoints)`` (collective, again
+after an engine restart) gets one :class:`EngineEndpoint` per engine from the controller.
 
-The order of calls to every engine in one push (the update state machine):
+The order of calls to every engine in one push (what a real SGLang server needs; memory is
+resumed before the push by the hand-over, megarl/rollout/handover.py, not here)::
 
-    resume_memory(["weights"])        if the engine released its memory (colocated)
     pause_generation                  no request runs while weights change
     flush_cache                       retried while SGLang answers 400
+    begin_weight_update               on servers that require it (SGLangEngine knows)
     bucket 1 .. bucket k              flush_cache=False each; the last one carries
                                       weight_version
+    end_weight_update                 on servers that require it
     continue_generation
-    resume_memory(["kv_cache", "cuda_graph"])   if they were released
     check weight_version              /model_info must report the pushed version
 
-After an engine died: :meth:`_SGLangSync.recover` relaunches it, rebuilds the groups
-(``connect``), re-pushes the weights and checks the version on every engine.
-
-Deliberately left out: pushing to a subset of engines, overlapping stages of the
-distributed path (stages send one after another: an engine serves one update request at a
-time, so two stages' broadcasts in flight on two engines in opposite orders would deadlock).
+Deliberately left out: pushing to a subset of engines, overlapping stages of the distributed
+path (stages send one after another: an engine serves one update request at a time, so two
+stages' broadcasts in flight on two engines in opposite orders would deadlock).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
 from megarl.rollout.engine import WeightBucket
-from megarl.rollout.weight_sync import DiskWeightSync, sync_metrics
-from megarl.rollout_sglang.engine import CUDA_GRAPH, KV_CACHE, WEIGHTS, SGLangEngine
+from megarl.rollout.weight_stream import WeightStream, sync_metrics
+from megarl.rollout_sglang.engine import SGLangEngine
 from megarl.rollout_sglang.server import pick_free_port
 from megarl.rollout_sglang.tensor_payload import build_tensor_requests, serialize_for_http
 from megarl.rollout_sglang.update_group import (
@@ -50,67 +49,41 @@ from megarl.rollout_sglang.update_group import (
 )
 
 
-class BucketStream(Protocol):
-    """What a transport reads: megarl.rollout.weight_sync.HFWeightStream implements it."""
+@dataclass(frozen=True)
+class EngineEndpoint:
+    """How a policy rank reaches one engine (plain data: it travels from the controller).
 
-    def buckets(self, version: int) -> Iterable[WeightBucket]: ...
+    ``holders`` (colocated only): the policy ranks on the engine's GPUs, in engine TP order.
+    """
+
+    url: str
+    tp: int
+    max_running_requests: int = 256
+    holders: tuple[int, ...] = ()
 
 
-def begin_update(engines: Sequence[SGLangEngine]) -> None:
+EngineFactory = Callable[[EngineEndpoint], SGLangEngine]
+
+
+def engine_client(endpoint: EngineEndpoint) -> SGLangEngine:
+    """A policy rank's own client of one engine (it never releases or resumes memory)."""
+    return SGLangEngine(endpoint.url, tp=endpoint.tp, max_running_requests=endpoint.max_running_requests)
+
+
+def pause_for_push(engines: Sequence[SGLangEngine]) -> None:
     """Steps before the first bucket, on every engine (see the module docstring)."""
     for engine in engines:
-        engine.resume_memory([WEIGHTS])
         engine.pause_generation()
         engine.flush_cache()
+        engine.begin_weight_update()
 
 
-def end_update(engines: Sequence[SGLangEngine], version: int) -> None:
+def finish_push(engines: Sequence[SGLangEngine], version: int) -> None:
     """Steps after the last bucket, on every engine; raises WeightVersionMismatch."""
     for engine in engines:
+        engine.end_weight_update()
         engine.continue_generation()
-        engine.resume_memory([KV_CACHE, CUDA_GRAPH])
         engine.check_weight_version(version)
-
-
-def _metrics(seconds: float, nbytes: int, buckets: int) -> dict[str, float]:
-    return sync_metrics(seconds, nbytes) | {"weight_sync/buckets": float(buckets)}
-
-
-class _SGLangSync:
-    """What the three transports share: the engine list and recovery after a restart."""
-
-    engines: list[Any]
-
-    def __init__(self) -> None:
-        self.engines = []
-
-    def connect(self, engines: Iterable[SGLangEngine]) -> None:
-        engines = list(engines)
-        for engine in engines:
-            if not isinstance(engine, SGLangEngine):
-                raise TypeError(
-                    f"{type(self).__name__} drives SGLang engines; got {type(engine).__name__}"
-                )
-        self.engines = engines
-
-    def push(self, version: int) -> dict[str, float]:
-        raise NotImplementedError
-
-    def recover(self, version: int, timeout: float = 600.0) -> list[SGLangEngine]:
-        """Relaunch dead engines, rebuild groups, re-push ``version`` to all and check it.
-
-        Returns the engines that were restarted (empty: nothing to do, nothing pushed).
-        For one trainer process. With several (a distributed push), the controller decides:
-        it restarts the dead engines once (``SGLangEngine.restart``), then calls
-        ``connect`` and ``push`` on every process, since both are collective.
-        """
-        dead = [e for e in self.engines if not e.health().alive]
-        for engine in dead:
-            engine.restart(timeout)
-        if dead:
-            self.connect(self.engines)
-            self.push(version)
-        return dead
 
 
 @dataclass(frozen=True)
@@ -130,58 +103,56 @@ class PayloadGather:
     barrier: Callable[[], None]
 
 
-class SGLangTensorSync(_SGLangSync):
-    """Colocated: tensors stay on the trainer's GPU and reach SGLang as CUDA IPC handles.
+class SGLangTensorTransport:
+    """Colocated: gather TP -> convert to HF -> bucket -> CUDA IPC handles -> SGLang.
 
-    Every policy rank calls :meth:`push` (the stream's export is collective); the process
-    that posts to an engine connects it, the others connect an empty list. Without
-    ``per_gpu`` one process serializes each bucket once per engine TP rank from its own GPU
-    (the engine's other ranks then read it over peer access); with ``per_gpu`` each GPU's
-    process contributes its own copy (see :class:`PayloadGather`). ``bucket_class`` and
-    ``serialize`` default to SGLang's FlattenedTensorBucket (when importable) and
-    ForkingPickler+base64; the CPU tests pass ``bucket_class=None`` (plain ``[(name,
-    tensor)]`` lists).
+    Tensors stay on the trainer's GPUs; SGLang opens them through CUDA IPC. Every policy rank on
+    an engine's GPUs serializes its own copy of each bucket from its own GPU (engine TP rank r
+    then reads memory on its own device); the copies are gathered over a gloo group of those
+    ranks to the first of them, which posts one payload per engine TP rank. Ranks on no engine's
+    GPUs only take part in the export.
+
+    ``payload_gather(ranks)`` builds the gather for one engine's holders (default: gloo, made
+    collectively by every rank in the same order); ``bucket_class`` and ``serialize`` default to
+    SGLang's FlattenedTensorBucket (when importable) and ForkingPickler+base64; the CPU tests pass
+    ``bucket_class=None`` (plain ``[(name, tensor)]`` lists).
     """
 
-    def __init__(
-        self,
-        stream: BucketStream,
-        bucket_class: type | None | str = "auto",
-        serialize: Callable[[Any], str] = serialize_for_http,
-        per_gpu: PayloadGather | None = None,
-    ) -> None:
-        super().__init__()
-        self.stream = stream
-        self.bucket_class = bucket_class
-        self.serialize = serialize
-        self.per_gpu = per_gpu
+    def __init__(self, stream: WeightStream, *, rank: int = 0, make_engine: EngineFactory = engine_client,
+                 payload_gather: Callable[[list[int]], PayloadGather] | None = None,
+                 bucket_class: type | None | str = "auto", serialize: Callable[[Any], str] = serialize_for_http) -> None:  # fmt: skip
+        self.stream, self.rank, self.make_engine = stream, rank, make_engine
+        self.payload_gather = payload_gather or GlooPayloadGathers()
+        self.bucket_class, self.serialize = bucket_class, serialize
+        self.engines: list[SGLangEngine] = []  # the engine this rank posts to (at most one)
+        self.per_gpu: PayloadGather | None = None
 
-    def connect(self, engines: Iterable[SGLangEngine]) -> None:
-        super().connect(engines)
+    def connect(self, endpoints: Sequence[EngineEndpoint]) -> None:
+        self.close()
+        for endpoint in endpoints:
+            holders = list(endpoint.holders) or [0]  # none given: rank 0 serves the engine alone
+            gather = self.payload_gather(holders) if len(holders) > 1 else None  # collective: every rank
+            if self.rank in holders:
+                self.per_gpu = gather or self.per_gpu
+                if self.rank == holders[0]:
+                    self.engines.append(self.make_engine(endpoint))
         if self.per_gpu is not None and len(self.engines) > 1:
-            raise ValueError(
-                "SGLangTensorSync with per_gpu payloads posts to one engine per process; "
-                f"got {len(self.engines)} engines (connect each engine in its own leader process)"
-            )
+            raise ValueError(f"policy rank {self.rank} is on the GPUs of {len(self.engines)} engines; "
+                             "an engine's GPUs must hold distinct policy ranks")  # fmt: skip
 
     def push(self, version: int) -> dict[str, float]:
         start = time.perf_counter()
-        if self.engines:
-            begin_update(self.engines)
-        nbytes = count = 0
+        pause_for_push(self.engines)
         for bucket in self.stream.buckets(version):
             if self.per_gpu is None:
                 self._send_from_here(bucket, version)
             else:
                 self._send_per_gpu(bucket, version, self.per_gpu)
-            nbytes += bucket.nbytes
-            count += 1
             del bucket
         if torch.cuda.is_available():
             torch.cuda.ipc_collect()  # release the IPC handles the engines closed
-        if self.engines:
-            end_update(self.engines, version)
-        return _metrics(time.perf_counter() - start, nbytes, count)
+        finish_push(self.engines, version)
+        return self.stream.metrics(time.perf_counter() - start)
 
     def _send_from_here(self, bucket: WeightBucket, version: int) -> None:
         for engine in self.engines:
@@ -204,6 +175,34 @@ class SGLangTensorSync(_SGLangSync):
                 self.engines[0].update_from_tensor(payloads, req.load_format, tag)
             per_gpu.barrier()  # every copy stays alive until the engine has answered
         del requests
+
+    def close(self) -> None:
+        for engine in self.engines:
+            engine.close()  # this rank's client only: the server keeps running
+        self.engines, self.per_gpu = [], None
+
+
+class GlooPayloadGathers:
+    """``PayloadGather`` over a gloo group of the given policy ranks, one group per rank set
+    (made once: every rank must ask for every set, in the same order)."""
+
+    def __init__(self) -> None:
+        self._groups: dict[tuple[int, ...], Any] = {}
+
+    def __call__(self, ranks: list[int]) -> PayloadGather:
+        import torch.distributed as dist
+
+        key = tuple(sorted(ranks))
+        if key not in self._groups:
+            self._groups[key] = dist.new_group(list(key), backend="gloo")
+        group, me, order = self._groups[key], dist.get_rank(), sorted(ranks)
+
+        def gather(payload: str) -> list[str] | None:
+            out: list[Any] | None = [None] * len(ranks) if me == ranks[0] else None
+            dist.gather_object(payload, out, dst=ranks[0], group=group)
+            return None if out is None else [out[order.index(r)] for r in ranks]
+
+        return PayloadGather(gather=gather, barrier=lambda: dist.barrier(group=group))
 
 
 @dataclass(frozen=True)
@@ -234,48 +233,42 @@ class StageRole:
             )
 
 
-class SGLangDistributedSync(_SGLangSync):
-    """Disaggregated: one process group per pipeline stage, whose sender broadcasts that
-    stage's tensors to every engine GPU (NCCL on GPUs; gloo works for CPU tensors).
+class SGLangDistributedTransport:
+    """Disaggregated: gather TP -> convert to HF -> bucket -> broadcast in one group per
+    pipeline stage, whose sender (the stage's DP=0/TP=0 rank) is rank 0 and every engine GPU a
+    member (NCCL on GPUs; gloo for CPU tensors and the CPU SGLang server).
 
-    ``streams[stage]`` yields the buckets of one stage (an HFWeightStream over that stage's
-    export). With an exporter that already collects every stage on every rank, use
-    ``StageRole(pp_size=1)``: one group, rank 0 sends everything. ``barrier`` synchronises
-    all trainer processes that take part (e.g. a barrier on the policy's world group); with
-    one process it can stay None. Every process calls connect / push the same number of times.
+    ``streams[stage]`` yields the buckets of one stage (an export of that stage only). With an
+    exporter that collects every stage on every rank, use ``StageRole(pp_size=1)``: one group,
+    rank 0 sends everything. ``barrier`` synchronises every trainer process that takes part
+    (None with one process); ``sum_over_ranks`` adds numbers over them (the push's bytes and
+    buckets over the stages' senders; None with one process). Every process calls connect /
+    push the same number of times.
     """
 
-    def __init__(
-        self,
-        streams: Mapping[int, BucketStream],
-        role: StageRole = StageRole(),
-        master_address: str = "127.0.0.1",
-        master_ports: Mapping[int, int] | None = None,
-        backend: str = "nccl",
-        barrier: Callable[[], None] | None = None,
-        group_prefix: str = GROUP_PREFIX,
-        timeout: timedelta = timedelta(minutes=10),
-    ) -> None:
-        super().__init__()
+    def __init__(self, streams: Mapping[int, WeightStream], role: StageRole = StageRole(), *,
+                 master_address: str = "127.0.0.1", backend: str = "nccl", barrier: Callable[[], None] | None = None,
+                 make_engine: EngineFactory = engine_client, master_ports: Mapping[int, int] | None = None,
+                 group_prefix: str = GROUP_PREFIX, timeout: timedelta = timedelta(minutes=10),
+                 sum_over_ranks: Callable[[list[float]], list[float]] | None = None) -> None:  # fmt: skip
         missing = [s for s in role.stages if s not in streams]
         if missing:
-            raise ValueError(f"SGLangDistributedSync: no stream for stages {missing} of {role}")
-        self.streams = dict(streams)
-        self.role = role
-        self.master_address = master_address
-        self.master_ports = dict(master_ports or {})
-        self.backend = backend
+            raise ValueError(f"SGLangDistributedTransport: no stream for stages {missing} of {role}")
+        self.streams, self.role = dict(streams), role
+        self.master_address, self.backend = master_address, backend
         self.barrier = barrier or (lambda: None)
-        self.group_prefix = group_prefix
-        self.timeout = timeout
+        self.sum_over_ranks = sum_over_ranks or (lambda values: values)
+        self.make_engine, self.master_ports = make_engine, dict(master_ports or {})
+        self.group_prefix, self.timeout = group_prefix, timeout
+        self.engines: list[SGLangEngine] = []
         self.groups: dict[int, tuple[StageGroup, Any]] = {}
 
-    def connect(self, engines: Iterable[SGLangEngine]) -> None:
-        """(Re)build every stage group; stages join one after another (see module doc)."""
-        old = self.engines
-        super().connect(engines)
-        self._close_groups(old)
-        tps = [e.tp for e in self.engines]
+    def connect(self, endpoints: Sequence[EngineEndpoint]) -> None:
+        """(Re)build every stage group; stages join one after another (see the module docstring)."""
+        self.close()
+        talks = self.role.coordinator or bool(self.role.sender_stages)
+        self.engines = [self.make_engine(e) for e in endpoints] if talks else []
+        tps = [e.tp for e in endpoints]
         for stage in range(self.role.pp_size):
             if stage in self.role.sender_stages:
                 port = self.master_ports.get(stage) or pick_free_port(self.master_address)
@@ -320,32 +313,32 @@ class SGLangDistributedSync(_SGLangSync):
 
     def push(self, version: int) -> dict[str, float]:
         if set(self.groups) != set(self.role.sender_stages) or (self.groups and not self.engines):
-            raise RuntimeError("SGLangDistributedSync.push before connect(engines)")
+            raise RuntimeError("SGLangDistributedTransport.push before connect(endpoints)")
         start = time.perf_counter()
         if self.role.coordinator:
-            begin_update(self.engines)
+            pause_for_push(self.engines)
         self.barrier()
-        nbytes = count = 0
         # With one stage its last bucket carries the version; with several, the coordinator
         # sets it once every stage is in (no single bucket is "the last" of the push).
         single = self.role.pp_size == 1
         for stage in range(self.role.pp_size):
             if stage in self.role.stages:
-                b, c = self._push_stage(stage, version, tag_last=single)
-                nbytes, count = nbytes + b, count + c
+                self._push_stage(stage, version, tag_last=single)
             self.barrier()
         if self.role.coordinator:
             if not single:
                 for engine in self.engines:
                     engine.set_weight_version(version)
-            end_update(self.engines, version)
-        self.barrier()
-        return _metrics(time.perf_counter() - start, nbytes, count)
+            finish_push(self.engines, version)
+        seconds = time.perf_counter() - start
+        # What the stages' senders sent, over every stage (each rank iterated its own stage).
+        sent = [[self.streams[s].pushed_bytes, self.streams[s].pushed_buckets] for s in self.role.sender_stages]
+        nbytes, buckets = self.sum_over_ranks([sum(x[0] for x in sent), sum(x[1] for x in sent)])
+        return sync_metrics(seconds, int(nbytes), int(buckets))
 
-    def _push_stage(self, stage: int, version: int, tag_last: bool) -> tuple[int, int]:
+    def _push_stage(self, stage: int, version: int, tag_last: bool) -> None:
         """Iterate the stage's stream (every rank of the stage); its sender broadcasts."""
         sender = self.groups.get(stage)
-        nbytes = count = 0
         for bucket in self.streams[stage].buckets(version):
             if sender is not None:
                 plan, group = sender
@@ -364,28 +357,10 @@ class SGLangDistributedSync(_SGLangSync):
                 broadcast_tensors(group, [t for _, t in named])
                 for fut in pending:
                     fut.result()
-            nbytes += bucket.nbytes
-            count += 1
             del bucket
-        return nbytes, count
 
     def close(self) -> None:
         self._close_groups(self.engines)
-
-
-class SGLangDiskSync(DiskWeightSync, _SGLangSync):
-    """Through a shared filesystem: the shared DiskWeightSync writes each push as an HF
-    directory and calls :meth:`SGLangEngine.load_weights_from_disk` on every engine (which
-    resumes memory, posts ``/update_weights_from_disk`` and checks the version).
-
-    ``hf_dir`` is required here: SGLang loads the directory as a model, so it needs the
-    config and tokenizer files next to the weights.
-    """
-
-    def __init__(
-        self, stream: BucketStream, directory: str, *, hf_dir: str, writer: bool = True
-    ) -> None:
-        DiskWeightSync.__init__(self, stream, directory, writer=writer, hf_dir=hf_dir)  # type: ignore[arg-type]
-
-    def connect(self, engines: Iterable[SGLangEngine]) -> None:
-        _SGLangSync.connect(self, engines)
+        for engine in self.engines:
+            engine.close()  # this rank's client only: the server keeps running
+        self.engines = []

@@ -9,27 +9,33 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from megarl.actors.clients import CriticClient, InProcessGroup, PolicyClient, TrainedClient
 from megarl.actors.ray_groups.placement import place_roles, release, role_placements
 from megarl.actors.ray_groups.worker_group import GroupOptions, WorkerGroup
 from megarl.config.loading import config_to_yaml
 from megarl.config.planner import Plan
+from megarl.config.residency import residency_of
 from megarl.config.sections import MegaRLConfig
 from megarl.rollout.collect import (
+    GENERATE_FUNCTIONS,
     DynamicSamplingCollector,
     GreedyBaseline,
-    HandedOverEngines,
     NoBaseline,
-    NoHandover,
     PlainCollector,
     Scorer,
     WorkerEngines,
+    generate_batch,
 )
+from megarl.rollout.engine import SamplingParams, eos_token_ids
+from megarl.rollout.handover import CheckpointedModel, HandedOverEngines, Handover
+from megarl.rollout.logprob_check import PROBE_PROMPTS, PostPushCheck
 from megarl.trainer.loop import Components, Trainer
 from megarl.trainer.metric_sinks import build_logger
 from megarl.trainer.phases import (
     Advantages,
     CriticPhase,
     OldLogprobs,
+    PolicyForward,
     PolicyUpdate,
     ReferenceLogprobs,
     Skip,
@@ -46,7 +52,9 @@ def is_strictly_on_policy(cfg: MegaRLConfig) -> bool:
     return cfg.actor.ppo_epochs == 1 and one_step and not cfg.algorithm.kl.use_in_reward
 
 
-def build_trainer(cfg: MegaRLConfig, plan: Plan) -> Trainer:
+def build_trainer(cfg: MegaRLConfig, plan: Plan, *, in_process: bool = False) -> Trainer:
+    """Start the workers (Ray worker groups, or in this process when ``in_process``: world size
+    1, no Ray), the engines and the reward pool, and resolve every phase of the step."""
     out = Path(cfg.trainer.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(config_to_yaml(cfg))
@@ -57,8 +65,9 @@ def build_trainer(cfg: MegaRLConfig, plan: Plan) -> Trainer:
     total_steps = cfg.trainer.total_steps or cfg.trainer.total_epochs * stream.steps_per_epoch()
     closers: list[Callable[[], None]] = []  # what was started, undone in reverse on failure or at shutdown
     try:
-        groups = _start_groups(cfg, plan, total_steps, out / "logs", closers)
-        sglang = _start_sglang(cfg, plan, groups, out / "logs")
+        start = _start_in_process if in_process else _start_groups
+        models = start(cfg, plan, total_steps, out / "logs", closers)
+        sglang = _start_sglang(cfg, plan, models, out / "logs")
         if sglang is not None:
             closers.append(sglang.close)  # servers first: colocated ones share the policy's GPUs
         from megarl.rewards.scorer import RewardScorer
@@ -66,7 +75,8 @@ def build_trainer(cfg: MegaRLConfig, plan: Plan) -> Trainer:
         rewards = RewardScorer(cfg.reward)
         closers.append(rewards.close)
         scorer = Scorer(rewards, tokenizer, eos_ids)
-        parts = _components(cfg, groups, stream, load_val_prompts(cfg.data, tokenizer), scorer, total_steps, sglang)
+        val_prompts = load_val_prompts(cfg.data, tokenizer)
+        parts = _components(cfg, models, stream, val_prompts, scorer, total_steps, sglang)
     except BaseException:
         _close_all(closers)
         raise
@@ -75,73 +85,117 @@ def build_trainer(cfg: MegaRLConfig, plan: Plan) -> Trainer:
     return Trainer(cfg, parts, partial(build_logger, cfg.trainer, config_dict, total_steps))
 
 
-def _start_groups(cfg: MegaRLConfig, plan: Plan, total_steps: int, log_dir: Path, closers: list[Callable[[], None]]) -> dict[str, Any]:
+def _optimizer_steps(cfg: MegaRLConfig, role: str, total_steps: int) -> int:
+    """Optimizer steps of a role over the run: its LR schedule's horizon (the policy waits out
+    the critic's warm-up)."""
+    section = cfg.actor if role == "policy" else cfg.critic
+    per_step = cfg.samples_per_step // (section.mini_batch_size or cfg.samples_per_step)
+    steps = total_steps - (cfg.trainer.critic_warmup_steps if role == "policy" else 0)
+    return max(1, steps) * per_step * section.ppo_epochs
+
+
+def _rank_args(cfg: MegaRLConfig, role: str, total_steps: int) -> tuple:
+    """What a role's rank class is built with (PolicyRank, CriticRank): the config, its LR
+    schedule's horizon, and for the policy the disk transport's directory resolved here."""
+    args: tuple = (cfg, _optimizer_steps(cfg, role, total_steps))
+    return (*args, str(Path(cfg.weight_disk_dir).resolve())) if role == "policy" else args
+
+
+def _rank_classes(plan: Plan) -> dict[str, type]:
     from megarl.actors.critic_rank import CriticRank
     from megarl.actors.policy_rank import PolicyRank
 
+    return {role: cls for role, cls in (("policy", PolicyRank), ("critic", CriticRank)) if role in plan.roles}
+
+
+def _clients(groups: dict[str, Any]) -> dict[str, TrainedClient]:
+    return {role: (PolicyClient if role == "policy" else CriticClient)(group) for role, group in groups.items()}
+
+
+def _start_groups(cfg: MegaRLConfig, plan: Plan, total_steps: int, log_dir: Path, closers: list[Callable[[], None]]) -> dict[str, TrainedClient]:
+    """One Ray worker group per trained role, placed as the plan says."""
     placements, colocate = role_placements(cfg, plan)
     placed = place_roles(placements, colocate)
     closers.append(lambda: release(placed))
-    options = GroupOptions(log_dir=log_dir)
     groups: dict[str, Any] = {}
-    for role, cls, section in (("policy", PolicyRank, cfg.actor), ("critic", CriticRank, cfg.critic)):
-        if role in placed:
-            per_step = cfg.samples_per_step // (section.mini_batch_size or cfg.samples_per_step)
-            # The LR schedule spans the steps that train this model (the policy waits out the critic's warm-up).
-            steps = total_steps - (cfg.trainer.critic_warmup_steps if role == "policy" else 0)
-            groups[role] = WorkerGroup(cls, placed[role], cfg, max(1, steps) * per_step * section.ppo_epochs, group_options=options)
-            closers.append(groups[role].shutdown)
-    return groups
+    for role, cls in _rank_classes(plan).items():
+        groups[role] = WorkerGroup(cls, placed[role], *_rank_args(cfg, role, total_steps),
+                                   group_options=GroupOptions(log_dir=log_dir))  # fmt: skip
+        closers.append(groups[role].shutdown)
+    return _clients(groups)
 
 
-def _start_sglang(cfg: MegaRLConfig, plan: Plan, groups: dict[str, Any], log_dir: Path) -> Any:
-    """SGLang servers on their nodes, the policy connected to them (None with the torch engine)."""
+def _start_in_process(cfg: MegaRLConfig, plan: Plan, total_steps: int, log_dir: Path, closers: list[Callable[[], None]]) -> dict[str, TrainedClient]:
+    """Every trained role in this process (a world of one: a one-GPU box without Ray)."""
+    groups: dict[str, Any] = {}
+    for role, cls in _rank_classes(plan).items():
+        assert len(plan.roles[role].gpus) == 1, "make_plan(in_process=True) refuses larger worlds"
+        groups[role] = InProcessGroup(cls, *_rank_args(cfg, role, total_steps))
+        closers.append(groups[role].shutdown)
+    return _clients(groups)
+
+
+def _start_sglang(cfg: MegaRLConfig, plan: Plan, models: dict[str, Any], log_dir: Path) -> Any:
+    """SGLang servers on their nodes, started through the run's memory hand-over, the policy
+    connected to them (None with the torch engine)."""
     if cfg.rollout.engine != "sglang":
+        models["policy"].connect_engines(None)  # the torch engines live in the policy ranks
         return None
     from megarl.rollout_sglang.controller import start_sglang
 
-    return start_sglang(cfg, plan, groups["policy"], log_dir, critic=groups.get("critic"))
+    return start_sglang(cfg, plan, models, log_dir)
 
 
-def _components(cfg: MegaRLConfig, groups: dict[str, Any], stream: Any, val_prompts: Any, scorer: Scorer, total_steps: int,
+def _components(cfg: MegaRLConfig, models: dict[str, Any], stream: Any, val_prompts: Any, scorer: Scorer, total_steps: int,
                 sglang: Any = None) -> Components:  # fmt: skip
-    policy = groups["policy"]
+    policy = models["policy"]
     temperature = cfg.rollout.sampling.temperature
-    # torch: engines inside the policy ranks; sglang: servers, with the memory hand-over around
-    # every generation and push (megarl/rollout_sglang/controller.py).
-    handover = sglang.handover if sglang is not None else NoHandover()
-    engines = WorkerEngines(policy, policy.call("layout")) if sglang is None else HandedOverEngines(sglang.engines, handover)
+    # One memory hand-over per run (megarl/rollout/handover.py): every phase below enters its
+    # phase of the residency table first. torch: engines inside the policy ranks; sglang:
+    # servers, whose hand-over started them (megarl/rollout_sglang/controller.py).
+    handover = sglang.handover if sglang is not None else Handover(residency_of(cfg), models)
+    engines = HandedOverEngines(WorkerEngines(policy) if sglang is None else sglang.engines, handover)
+    forward = PolicyForward(policy, handover)
+    generate = GENERATE_FUNCTIONS.get(cfg.rollout.generate_function)
+    plain = PlainCollector(engines, scorer, generate)
     ds = cfg.algorithm.dynamic_sampling
-    collector = DynamicSamplingCollector(engines, scorer, stream.next_batch, ds.max_rounds) if ds.enabled else PlainCollector(engines, scorer)
+    collector = DynamicSamplingCollector(plain, stream.next_batch, ds.max_rounds) if ds.enabled else plain
     return Components(
         data=stream,
         val_prompts=val_prompts,
         engines=engines,
+        generate=generate,
         scorer=scorer,
         collector=collector,
         baseline=GreedyBaseline(engines, scorer) if cfg.algorithm.estimator == "remax" else NoBaseline(),
-        old_logprobs=Skip() if is_strictly_on_policy(cfg) else OldLogprobs(policy, temperature),
-        reference=ReferenceLogprobs(policy, temperature) if cfg.reference_enabled else Skip(),
-        critic=CriticPhase(groups["critic"]) if "critic" in groups else Skip(),
+        old_logprobs=Skip() if is_strictly_on_policy(cfg) else OldLogprobs(forward, temperature),
+        reference=ReferenceLogprobs(policy, temperature, handover) if cfg.reference_enabled else Skip(),
+        critic=CriticPhase(models["critic"], handover) if "critic" in models else Skip(),
         advantages=Advantages(cfg),
-        policy=PolicyUpdate(policy, temperature, cfg.trainer.critic_warmup_steps),
-        weight_push=WeightPush(policy, temperature, cfg.rollout.weight_sync.check_logprobs, handover),
-        groups=groups,
+        policy=PolicyUpdate(policy, temperature, cfg.trainer.critic_warmup_steps, handover),
+        weight_push=WeightPush(policy, handover, _post_push_check(cfg, engines, forward, stream, val_prompts)),
+        models={role: CheckpointedModel(client, handover) for role, client in models.items()},
         total_steps=total_steps,
     )
 
 
-def _tokenizer(path: str | None) -> tuple[Any, list[int]]:
-    from transformers import AutoTokenizer, GenerationConfig
+def _post_push_check(cfg: MegaRLConfig, engines: Any, policy: Any, stream: Any, val_prompts: Any) -> PostPushCheck | None:
+    """The engines' and the trainer's log-probs of a few generated responses, after every push."""
+    ws = cfg.rollout.weight_sync
+    if not ws.check_logprobs:
+        return None
+    prompts = val_prompts.select(range(min(PROBE_PROMPTS, len(val_prompts)))) if val_prompts else stream.first_prompts(PROBE_PROMPTS)
+    s = cfg.rollout.sampling
+    sampling = SamplingParams(temperature=s.temperature, max_new_tokens=s.max_new_tokens, stop=tuple(s.stop),
+                              stop_token_ids=tuple(s.stop_token_ids), seed=cfg.trainer.seed)  # fmt: skip
+    return PostPushCheck(partial(generate_batch, engines), policy, prompts, sampling, ws.max_logprob_diff)
+
+
+def _tokenizer(path: str | None) -> tuple[Any, tuple[int, ...]]:
+    from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(path)
-    eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
-    try:
-        gen_eos = GenerationConfig.from_pretrained(path).eos_token_id
-        eos |= set(gen_eos if isinstance(gen_eos, list) else [gen_eos] if gen_eos is not None else [])
-    except OSError:
-        pass
-    return tokenizer, sorted(eos)
+    return tokenizer, eos_token_ids(path, tokenizer)
 
 
 def shutdown(trainer: Trainer | None) -> None:

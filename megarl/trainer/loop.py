@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,17 +20,18 @@ from megarl.checkpoint.trainer_state import TrainerState, capture_rng, restore_r
 from megarl.config.loading import config_to_yaml
 from megarl.config.sections import MegaRLConfig
 from megarl.data.prompt_batch import PromptBatch
+from megarl.progress import PROGRESS, PhaseTimer
 from megarl.rollout.collect import (
     Baseline,
     Collector,
     Engines,
+    GenerateFn,
     Scorer,
-    generate_batch,
     rollout_metrics,
 )
 from megarl.rollout.engine import SamplingParams
 from megarl.rollout.seeds import step_seed
-from megarl.trainer.metric_sinks import MetricsLogger, PhaseTimer
+from megarl.trainer.metric_sinks import MetricsLogger
 from megarl.trainer.phases import (
     Advantages,
     CriticPhase,
@@ -39,6 +41,7 @@ from megarl.trainer.phases import (
     Skip,
     WeightPush,
 )
+from megarl.trainer.watchdog import HangError, RunControl, RunStopped, Watchdog
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +53,7 @@ class Components:
     data: Any  # megarl.data.stream.PromptStream
     val_prompts: PromptBatch | None
     engines: Engines
+    generate: GenerateFn  # rollout.generate_function: prompts -> Batch (training and validation)
     scorer: Scorer
     collector: Collector
     baseline: Baseline
@@ -59,7 +63,7 @@ class Components:
     advantages: Advantages
     policy: PolicyUpdate
     weight_push: WeightPush
-    groups: dict[str, Any]  # role -> WorkerGroup (checkpoints, profiling, shutdown)
+    models: dict[str, Any]  # role -> client of a trained model (megarl.actors.clients: checkpoints, profiling)
     total_steps: int
     closers: list[Callable[[], None]] = field(default_factory=list)  # run in reverse order at shutdown
 
@@ -114,41 +118,94 @@ class Trainer:
         )
 
     # ---- the run ---------------------------------------------------------------------------
-    def fit(self) -> dict[str, float]:
-        """Resume if asked, validate / train until total_steps, checkpoint; returns the last metrics."""
+    def fit(self, control: RunControl | None = None) -> dict[str, float]:
+        """Resume if asked, validate / train until total_steps, checkpoint; returns the last metrics.
+
+        ``control`` (megarl/trainer/watchdog.py) carries the signal handling and the resume
+        command; a signal ends the run in RunStopped, a hang in HangError, both after what the
+        stop allows to save."""
+        control = control or RunControl(save_on_signal=self.cfg.trainer.checkpoint_on_signal)
+        with control.handlers():
+            start = self.restore()
+            if start >= self.parts.total_steps and not self.cfg.trainer.val_only:
+                log.info("%s already finished at step %d (trainer.total_steps=%d): nothing to train; raise "
+                         "trainer.total_steps to go on, or give a new trainer.output_dir to start over",
+                         self.out, start, self.parts.total_steps)
+                return {}
+            self.logger = self._logger_factory(start)
+            self.step = self._start = start
+            timeout = self.cfg.trainer.hang_timeout_s
+            groups = {role: m.group for role, m in self.parts.models.items() if hasattr(m.group, "dump_stacks")}
+            try:
+                if not timeout:
+                    return self._train(start, control)
+                with Watchdog(control, timeout, groups, self.out / "logs"):
+                    return self._train(start, control)
+            except KeyboardInterrupt:  # a second signal, or the watchdog: the step is abandoned
+                control.cleaning = True
+                if control.hang:
+                    raise HangError(control.hang) from None
+                raise RunStopped(self._stopped_message(control, None), control.exit_code) from None
+
+    def _train(self, start: int, control: RunControl) -> dict[str, float]:
         t = self.cfg.trainer
-        start = self.restore()
-        self.logger = self._logger_factory(start)
+        PROGRESS.mark("initial weight sync", start)
+        log.info("first weight sync (trainer -> engines) ...")
         initial = self.parts.weight_push(version=start)  # engines start from what the trainer holds
         log.info("initial weight sync: %s", initial)
         if t.val_only or (t.eval_before_train and start == 0):
             self.logger.log(start, self.validate(start))
             if t.val_only:
                 return self.logger.last
+        log.info("training steps %d to %d", start + 1, self.parts.total_steps)
         for step in range(start + 1, self.parts.total_steps + 1):
             self.step = step
-            self._profile(step, "start_profile")
+            PROGRESS.mark("step start", step)
+            control.deferred = True  # a first signal from here on waits for the end of the step
+            self._profile(step, start=True)
             metrics = self.rl_step(step)
-            self._profile(step, "stop_profile")
+            self._profile(step, start=False)
             if t.eval_freq and (step % t.eval_freq == 0 or step == self.parts.total_steps):
                 metrics |= self.validate(step)
             saving = (t.save_freq and step % t.save_freq == 0) or step == self.parts.total_steps
+            saving = saving or (control.stop_requested and control.save_on_signal)
             if saving:
-                metrics["actor/param_checksum"] = self.parts.groups["policy"].call("parameter_checksum")[0]
+                metrics["actor/param_checksum"] = self.parts.models["policy"].parameter_checksum()
             # Logged before the save: a crash in between resumes from the previous checkpoint and
             # re-runs this step, and metrics.jsonl is cut back to that checkpoint's step.
             self.logger.log(step, metrics)
+            _log_reward_failures(step, metrics)
             if saving:
                 self.save(step)
+            if control.stop_requested:
+                control.cleaning = True
+                raise RunStopped(self._stopped_message(control, step, saved=bool(saving)), control.exit_code)
         return self.logger.last
+
+    def _stopped_message(self, control: RunControl, step: int | None, saved: bool = False) -> str:
+        """What a stop on a signal leaves behind (``step``: the last completed one, None when the
+        step in progress was abandoned), and the command that goes on from there."""
+        latest = self.checkpoints.latest_valid(quiet=True)
+        if saved and step is not None:
+            what = f"after step {step}; saved checkpoint {self.checkpoints.root / step_dir_name(step)}"
+        else:
+            kept = f"last checkpoint: step {latest.step} ({latest.path})" if latest else "no checkpoint yet (it starts again at step 0)"
+            if step is not None:
+                done = f"after step {step} (not saved: trainer.checkpoint_on_signal=false)"
+            else:
+                done = f"during step {self.step} (abandoned)" if self.step > self._start else f"before step {self._start + 1}"
+            what = f"{done}; {kept}"
+        command = control.resume_command or "the same command (trainer.resume=auto)"
+        return f"stopped by {control.signal_name} {what}\nresume with: {command}"
 
     def validate(self, step: int) -> dict[str, float]:
         """Generate on every validation prompt, score, write a few samples; val/* metrics."""
         p = self.parts
         if p.val_prompts is None:
             return {}
+        PROGRESS.mark("validate", step)
         start = time.perf_counter()
-        batch = generate_batch(p.engines, p.val_prompts, self.sampling(step, validation=True))
+        batch = p.generate(p.engines, p.val_prompts, self.sampling(step, validation=True))
         batch, _ = p.scorer.score(batch)
         metrics = {"val/reward/mean": float(batch.scores.mean()), "time/validate_s": 0.0}
         for source in sorted(set(batch.data_source)):
@@ -173,9 +230,13 @@ class Trainer:
 
     # ---- checkpoints -----------------------------------------------------------------------
     def save(self, step: int) -> Path:
-        with self.checkpoints.saving(step) as folder:
-            for role, group in self.parts.groups.items():
-                group.call("save", str(folder / role))
+        PROGRESS.mark("save", step)
+        # The launch directory: relative paths in the saved config (model.path, data files) are
+        # relative to it, wherever `megarl convert` later runs.
+        metadata = {"launch_dir": os.getcwd()}
+        with self.checkpoints.saving(step, metadata, expected_bytes=self._checkpoint_bytes()) as folder:
+            for role, model in self.parts.models.items():
+                model.save(str(folder / role))
             # The config this checkpoint was trained with (megarl convert reads it; output_dir's
             # config.yaml is the latest launch's and may have changed since).
             (folder / "config.yaml").write_text(config_to_yaml(self.cfg))
@@ -187,13 +248,26 @@ class Trainer:
             ).save(folder)
         return self.checkpoints.root / step_dir_name(step)
 
+    def _checkpoint_bytes(self) -> int:
+        """The planner's estimate of a checkpoint: weights plus fp32 master weights and Adam's two
+        moments per trained model (the free-space check before a save)."""
+        from megarl.config.architectures import ArchError, resolve_arch
+        from megarl.config.memory import DTYPE_BYTES
+
+        try:
+            params = resolve_arch(self.cfg.model.path, self.cfg.model.arch).num_params
+        except ArchError:
+            return 0
+        return int(params * (DTYPE_BYTES[self.cfg.model.dtype] + 12) * (2 if self.cfg.critic_enabled else 1))
+
     def restore(self) -> int:
         """Load the checkpoint trainer.resume points at; returns the step to continue after."""
+        PROGRESS.mark("restore")
         ckpt = self.checkpoints.resolve_resume(self.cfg.trainer.resume)
         if ckpt is None:
             return 0
-        for role, group in self.parts.groups.items():
-            group.call("load", str(ckpt.component(role)))
+        for role, model in self.parts.models.items():
+            model.load(str(ckpt.component(role)))
         state = TrainerState.load(ckpt.path)
         self.parts.data.load_state_dict(state.sampler)
         self.parts.advantages.kl_controller.load_state_dict(state.kl_controller)
@@ -201,13 +275,23 @@ class Trainer:
         log.info("resumed from %s (step %d)", ckpt.path, state.step)
         return state.step
 
-    def _profile(self, step: int, method: str) -> None:
+    def _profile(self, step: int, start: bool) -> None:
+        """The torch profiler in every policy rank around the steps of trainer.profile_steps."""
         if step not in self.cfg.trainer.profile_steps:
             return
-        folder = str(self.out / "profile" / f"step_{step}")
-        args = () if method == "start_profile" else (folder,)
-        self.parts.groups["policy"].call(method, *args)
+        policy = self.parts.models["policy"]
+        if start:
+            policy.start_profile()
+        else:
+            policy.stop_profile(str(self.out / "profile" / f"step_{step}"))
 
     def close(self) -> None:
         if self.logger is not None:
             self.logger.close()
+
+
+def _log_reward_failures(step: int, metrics: dict[str, float]) -> None:
+    errors, timeouts = int(metrics.get("reward/errors") or 0), int(metrics.get("reward/timeouts") or 0)
+    if errors or timeouts:
+        log.warning("step %d: reward functions raised on %d and timed out on %d samples (scored 0; "
+                    "reward.max_failed_fraction stops the run)", step, errors, timeouts)

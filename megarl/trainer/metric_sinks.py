@@ -5,9 +5,7 @@ One ``MetricsLogger`` fans a step's flat ``{name: float}`` dict out to the sinks
 the checkpoint are re-run) and appended to, so the file always reads as one uninterrupted
 run; a run starting at step 0 keeps an earlier run's file as metrics.<time>.jsonl, and a
 resumed run continues the same W&B run (its id is kept in <output_dir>/wandb_run_id).
-
-``PhaseTimer`` also reports to ``PROGRESS``, which the hang watchdog
-(megarl/trainer/watchdog.py) reads: the phase the driver is in and since when.
+The step's phases are timed by megarl/progress.py.
 """
 
 from __future__ import annotations
@@ -16,7 +14,6 @@ import json
 import logging
 import math
 import os
-import threading
 import time
 from pathlib import Path
 from typing import Any, Protocol
@@ -180,54 +177,6 @@ def build_logger(cfg: TrainerConfig, config_dict: dict[str, Any], total_steps: i
         elif name == "mlflow":
             sinks.append(MlflowSink(cfg.project, cfg.experiment, config_dict))
     return MetricsLogger(sinks)
-
-
-class Progress:
-    """Where the driver is: the phase it entered or left last, and when (for the hang watchdog)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.phase, self.since, self.step = "start", time.monotonic(), 0
-
-    def mark(self, phase: str, step: int | None = None) -> None:
-        with self._lock:
-            self.phase, self.since = phase, time.monotonic()
-            if step is not None:
-                self.step = step
-
-    def snapshot(self) -> tuple[str, float, int]:
-        """(phase, seconds since it was entered or left, step)."""
-        with self._lock:
-            return self.phase, time.monotonic() - self.since, self.step
-
-
-PROGRESS = Progress()
-
-
-class PhaseTimer:
-    """Times the phases of a step: ``with timer.phase("generate"): ...`` -> time/generate_s."""
-
-    def __init__(self) -> None:
-        self.times: dict[str, float] = {}
-
-    def phase(self, name: str) -> _Phase:
-        return _Phase(self, name)
-
-    def metrics(self) -> dict[str, float]:
-        return {f"time/{name}_s": seconds for name, seconds in self.times.items()}
-
-
-class _Phase:
-    def __init__(self, timer: PhaseTimer, name: str):
-        self.timer, self.name = timer, name
-
-    def __enter__(self) -> None:
-        PROGRESS.mark(self.name)
-        self.start = time.perf_counter()
-
-    def __exit__(self, *exc: object) -> None:
-        self.timer.times[self.name] = self.timer.times.get(self.name, 0.0) + time.perf_counter() - self.start
-        PROGRESS.mark(f"after {self.name}")
 
 
 def read_metrics(path: Path) -> list[dict[str, float]]:

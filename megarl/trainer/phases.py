@@ -1,8 +1,11 @@
 """Controller side of the model work: each phase of the RL step as a small strategy object.
 
 Which implementation a phase gets is decided once, when the trainer is built (e.g. no critic
--> ``Skip``), so the step itself has no feature ``if``s. Worker groups are called on every
-rank; only rank 0 answers (see megarl/actors/policy_rank.py).
+-> ``Skip``), so the step itself has no feature ``if``s. The workers are reached through typed
+clients (megarl/actors/clients.py); per-token results come back already zero past each
+response's length, so no phase masks them again. Each phase first enters its phase of the
+memory hand-over (megarl/rollout/handover.py), which brings onto the devices what the phase
+works with (megarl/config/residency.py).
 """
 
 from __future__ import annotations
@@ -11,19 +14,20 @@ from typing import Any
 
 import torch
 
+from megarl.actors.clients import CriticClient, PolicyClient
 from megarl.algos.kl import make_kl_controller
 from megarl.algos.step import advantage_step
+from megarl.config.residency import (
+    CRITIC_FORWARD,
+    CRITIC_UPDATE,
+    POLICY_FORWARD,
+    POLICY_UPDATE,
+    REFERENCE_FORWARD,
+    WEIGHT_PUSH,
+)
 from megarl.config.sections import MegaRLConfig
 from megarl.data.batch import Batch
-from megarl.rollout.collect import NoHandover
-
-
-def _rank0(results: list[Any]) -> Any:
-    return results[0]
-
-
-def _prefixed(prefix: str, metrics: dict[str, float] | None) -> dict[str, float]:
-    return {f"{prefix}/{k}": v for k, v in (metrics or {}).items()}
+from megarl.rollout.handover import Handover
 
 
 class Skip:
@@ -36,57 +40,64 @@ class Skip:
         return {}
 
 
+class PolicyForward:
+    """The policy's log-probs, in the policy_forward phase (the old log-probs; the post-push
+    check's trainer side, megarl/rollout/logprob_check.py)."""
+
+    def __init__(self, policy: PolicyClient, handover: Handover):
+        self.policy, self.handover = policy, handover
+
+    def compute_logprobs(self, batch: Batch, temperature: float) -> torch.Tensor:
+        self.handover.enter(POLICY_FORWARD)
+        return self.policy.compute_logprobs(batch, temperature)
+
+
 class OldLogprobs:
     """The policy's log-probs before the update (needed off-policy: several epochs or mini-batches)."""
 
-    def __init__(self, group: Any, temperature: float):
-        self.group, self.temperature = group, temperature
+    def __init__(self, policy: PolicyForward, temperature: float):
+        self.policy, self.temperature = policy, temperature
 
     def __call__(self, batch: Batch) -> Batch:
-        logprobs, _ = _rank0(self.group.call("compute_logprobs", batch, self.temperature))
-        return batch.replace(old_logprobs=logprobs * batch.response_mask)
+        return batch.replace(old_logprobs=self.policy.compute_logprobs(batch, self.temperature))
 
 
 class ReferenceLogprobs:
-    def __init__(self, group: Any, temperature: float):
-        self.group, self.temperature = group, temperature
+    def __init__(self, policy: PolicyClient, temperature: float, handover: Handover):
+        self.policy, self.temperature, self.handover = policy, temperature, handover
 
     def __call__(self, batch: Batch) -> Batch:
-        logprobs = _rank0(self.group.call("compute_ref_logprobs", batch, self.temperature))
-        return batch.replace(ref_logprobs=logprobs * batch.response_mask)
+        self.handover.enter(REFERENCE_FORWARD)
+        return batch.replace(ref_logprobs=self.policy.compute_ref_logprobs(batch, self.temperature))
 
 
 class CriticPhase:
     """Values before the update, and the critic's own update."""
 
-    def __init__(self, group: Any):
-        self.group = group
+    def __init__(self, critic: CriticClient, handover: Handover):
+        self.critic, self.handover = critic, handover
 
     def __call__(self, batch: Batch) -> Batch:
-        values = _rank0(self.group.call("compute_values", batch))
-        return batch.replace(values=values * batch.response_mask)
+        self.handover.enter(CRITIC_FORWARD)
+        return batch.replace(values=self.critic.compute_values(batch))
 
     def update(self, batch: Batch, step: int) -> dict[str, float]:
-        return _prefixed("critic", _rank0(self.group.call("update", batch)))
+        self.handover.enter(CRITIC_UPDATE)
+        return self.critic.update(batch)  # public names (megarl/metrics.py), as the worker emits them
 
 
 class PolicyUpdate:
     """The policy's update; skipped while the critic warms up (PPO)."""
 
-    def __init__(self, group: Any, temperature: float, warmup_steps: int):
-        self.group, self.temperature, self.warmup_steps = group, temperature, warmup_steps
+    def __init__(self, policy: PolicyClient, temperature: float, warmup_steps: int, handover: Handover):
+        self.policy, self.temperature, self.warmup_steps = policy, temperature, warmup_steps
+        self.handover = handover
 
     def update(self, batch: Batch, step: int) -> dict[str, float]:
         if step <= self.warmup_steps:
             return {}
-        metrics = _rank0(self.group.call("update", batch, self.temperature))
-        out = _prefixed("actor", metrics)
-        # The names the run log promises (see the README's metrics table).
-        out["actor/clip_frac"] = out.get("actor/pg_clipfrac", 0.0)
-        out["actor/kl"] = out.get("actor/kl", float("nan"))  # NaN (null in the log) without a reference
-        if "actor/logprob_mismatch" in out:
-            out["rollout/logprob_mismatch"] = out["actor/logprob_mismatch"]
-        return out
+        self.handover.enter(POLICY_UPDATE)
+        return self.policy.update(batch, self.temperature)  # public names, as the worker emits them
 
 
 class Advantages:
@@ -95,37 +106,28 @@ class Advantages:
     Holds the KL controller (checkpointed by the trainer); the work is ``algos.advantage_step``.
     """
 
-    NAMES = {"reward_kl": "reward/kl", "kl_coef": "reward/kl_coef", "overlong_penalty_mean": "reward/overlong_penalty_mean",
-             "advantage_mean": "advantages/mean", "return_mean": "advantages/return_mean"}
-
     def __init__(self, cfg: MegaRLConfig):
         self.cfg = cfg.algorithm
         self.max_new_tokens = cfg.rollout.sampling.max_new_tokens
         self.kl_controller = make_kl_controller(cfg.algorithm.kl)
 
     def __call__(self, batch: Batch, baseline: torch.Tensor | None) -> tuple[Batch, dict[str, float]]:
-        batch, metrics = advantage_step(batch, self.cfg, self.kl_controller, self.max_new_tokens, baseline)
-        return batch, {self.NAMES[k]: v for k, v in metrics.items() if k in self.NAMES}
+        return advantage_step(batch, self.cfg, self.kl_controller, self.max_new_tokens, baseline)
 
 
 class WeightPush:
-    """Policy -> engines after each update, then the engine/trainer log-prob check.
+    """Policy -> engines after each update, in the weight_push phase (dead engines restarted,
+    colocated SGLang's weights resumed, the policy's optimizer state off the GPUs), then the
+    post-push log-prob check: ``check`` (or None) generates a few responses with the engines and
+    compares their log-probs with the trainer's (megarl/rollout/logprob_check.py)."""
 
-    ``handover`` (megarl.rollout.collect.Handover) runs before and after the push: e.g.
-    colocated SGLang resumes its weights' memory first, restarts dead engines."""
-
-    def __init__(self, group: Any, temperature: float, check: bool, handover: Any = None):
-        self.group, self.temperature, self.check = group, temperature, check
-        self.handover = handover if handover is not None else NoHandover()
+    def __init__(self, policy: PolicyClient, handover: Handover, check: Any = None):
+        self.policy, self.handover, self.check = policy, handover, check
 
     def __call__(self, version: int) -> dict[str, float]:
-        self.handover.before_push(version)
-        metrics = dict(_rank0(self.group.call("push_weights", version)))
-        self.handover.after_push(version)
-        if self.check:
-            # Trainer side first, while the policy holds its device memory; then the engines
-            # score, after the hand-over made room for them (colocated SGLang: policy offloaded).
-            self.group.call("probe_trainer_logprobs", self.temperature)
-            with self.handover.scoring():
-                metrics |= _rank0(self.group.call("compare_probe_logprobs"))
+        self.handover.enter(WEIGHT_PUSH)
+        metrics = self.policy.push_weights(version)
+        self.handover.pushed(version)
+        if self.check is not None:
+            metrics |= self.check(version)
         return metrics

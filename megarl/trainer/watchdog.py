@@ -9,7 +9,7 @@ already save one), then ``RunStopped`` ends the run; a second signal abandons th
 While shutting down, further signals are ignored (Ray and the worker processes are cleaned up
 either way; after SIGKILL the session's reaper does it, megarl/actors/ray_groups/session.py).
 
-``Watchdog`` is a thread that reads ``metric_sinks.PROGRESS`` (the phase the driver entered or
+``Watchdog`` is a thread that reads ``megarl.progress.PROGRESS`` (the phase the driver entered or
 left last): when nothing moved for ``trainer.hang_timeout_s``, it makes every rank write its
 Python stacks to its log (``WorkerGroup.dump_stacks``), writes the driver's to
 ``<output_dir>/logs/driver_stacks.log``, and interrupts the main thread, which raises
@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from megarl.trainer.metric_sinks import PROGRESS
+from megarl.progress import PROGRESS
 
 log = logging.getLogger(__name__)
 

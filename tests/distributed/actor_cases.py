@@ -47,12 +47,13 @@ def pg_loss(batch: Batch, outputs: ModelOutputs):
     mask = batch.response_mask.to(outputs.logprobs.dtype)
     loss_sum = -(batch.advantages.to(mask.dtype) * outputs.logprobs * mask).sum()
     count = mask.sum()
-    metrics = {"pg_loss": torch.stack([loss_sum.detach(), count])}
-    # A max-reduced metric (megarl.algos' "*_max" rule): the largest loss-token log-prob.
+    metrics = {"actor/pg_loss": torch.stack([loss_sum.detach(), count])}
+    # Metric names must be catalogued (megarl/metrics.py). To check the max reduction over
+    # micro-batches, DP ranks and stages, a max-reduced name carries the largest loss-token log-prob.
     top = outputs.logprobs.detach().masked_fill(mask == 0, -torch.inf).max()
-    metrics["logp_max"] = torch.stack([top, (count > 0).to(top.dtype)])
+    metrics["actor/ratio_max"] = torch.stack([top, (count > 0).to(top.dtype)])
     if outputs.entropy is not None:
-        metrics["entropy"] = torch.stack([(outputs.entropy * mask).sum().detach(), count])
+        metrics["actor/entropy"] = torch.stack([(outputs.entropy * mask).sum().detach(), count])
     return loss_sum, count, metrics
 
 
@@ -62,7 +63,7 @@ def mse_value_loss(batch: Batch, outputs: ModelOutputs):
     err = (outputs.values - batch.returns.to(mask.dtype)) * mask
     loss_sum = 0.5 * (err**2).sum()
     count = mask.sum()
-    return loss_sum, count, {"vf_loss": torch.stack([loss_sum.detach(), count])}
+    return loss_sum, count, {"critic/vf_loss": torch.stack([loss_sum.detach(), count])}
 
 
 def hf_model(path: str | Path):
@@ -101,7 +102,7 @@ def hf_reference_update(path: str | Path, batch: Batch, *, lr: float, clip_grad:
             row = mini.select([i])
             lp, ent = _differentiable_row_logprobs(model, row)
             s, c, m = pg_loss(row, ModelOutputs(logprobs=lp, entropy=ent))
-            logp_max = max(logp_max, float(m["logp_max"][0]))
+            logp_max = max(logp_max, float(m["actor/ratio_max"][0]))
             loss_sum, count = loss_sum + s, count + c
         (loss_sum / count).backward()
         norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad)))
@@ -122,11 +123,19 @@ def _differentiable_row_logprobs(model, row: Batch) -> tuple[torch.Tensor, torch
 
 def exported_state(worker) -> dict[str, torch.Tensor]:
     """The worker's weights as HF-named full tensors (a collective; every rank gets them)."""
-    out: dict[str, torch.Tensor] = {}
-    for bucket in worker.export_weights(1 << 20):
-        for name, tensor in bucket:
-            out[name] = tensor.detach().float().cpu().clone()
-    return out
+    return {name: tensor.detach().float().cpu().clone() for name, tensor in worker.export_weights()}
+
+
+def gathered(rows, batch: Batch) -> dict[str, torch.Tensor]:
+    """What the controller's client assembles from every rank's TokenRows, here on every rank
+    (a collective: the test compares each rank's view)."""
+    import torch.distributed as dist
+
+    from megarl.data.batch import TokenRows
+
+    parts: list = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, rows)
+    return TokenRows.assemble(parts, len(batch), batch.response_len)
 
 
 def portable(obj):

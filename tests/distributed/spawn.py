@@ -107,14 +107,17 @@ def _teardown() -> None:
         dist.destroy_process_group()
 
 
-def run_distributed(fn, world_size: int, *args: Any, timeout_s: float = 300.0, init_group: bool = True) -> list[Any]:
-    """Run ``fn(rank, world_size, *args)`` in ``world_size`` gloo processes (see module docstring)."""
+def run_distributed(fn, world_size: int, *args: Any, timeout_s: float = 300.0, init_group: bool = True,
+                    daemon: bool = True) -> list[Any]:  # fmt: skip
+    """Run ``fn(rank, world_size, *args)`` in ``world_size`` gloo processes (see module docstring).
+
+    ``daemon=False`` lets ``fn`` start processes of its own (e.g. a reward worker pool)."""
     ctx = _context()
     queue = ctx.Queue()
     port = free_port()
     ref = _fn_ref(fn)
     procs = [
-        ctx.Process(target=_child, args=(ref, r, world_size, port, init_group, args, queue, timeout_s), daemon=True)
+        ctx.Process(target=_child, args=(ref, r, world_size, port, init_group, args, queue, timeout_s), daemon=daemon)
         for r in range(world_size)
     ]
     for p in procs:

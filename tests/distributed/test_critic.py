@@ -41,12 +41,14 @@ def _critic_run(rank: int, world: int, path: str) -> dict:
     batch = ac.make_batch(1)
     returns = torch.linspace(-1.0, 1.0, batch.response_len).expand(len(batch), -1) * batch.response_mask
     batch = batch.replace(returns=returns.contiguous())
-    out = {"values": critic.compute_values(batch), "values_wide": critic.compute_values(_wider_prompts(batch, 3))}
+    wide = _wider_prompts(batch, 3)
+    out = {"values": ac.gathered(critic.compute_values(batch), batch)["values"],
+           "values_wide": ac.gathered(critic.compute_values(wide), wide)["values"]}  # fmt: skip
     loss_fn = make_value_loss_fn(AlgorithmConfig())
     losses = []
     for _ in range(4):
-        batch = batch.replace(values=critic.compute_values(batch))
-        losses.append(critic.update(batch, loss_fn, mini_batch_size=3)["vf_loss"])
+        batch = batch.replace(values=ac.gathered(critic.compute_values(batch), batch)["values"])
+        losses.append(critic.update(batch, loss_fn, mini_batch_size=3)["critic/vf_loss"])
     out["losses"] = losses
     return ac.portable(out)
 

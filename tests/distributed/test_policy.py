@@ -51,38 +51,42 @@ def _policy_run(rank: int, world: int, path: str, cfg: ActorConfig, with_referen
     batch = ac.make_batch(0)
     policy = PolicyWorker(path, cfg, "float32", seed=1)
     out: dict = {}
-    out["logprobs"], out["entropy"] = policy.compute_logprobs(batch, TEMPERATURE, with_entropy=True)
+    first = ac.gathered(policy.compute_logprobs(batch, TEMPERATURE, with_entropy=True), batch)
+    out["logprobs"], out["entropy"] = first["logprobs"], first["entropy"]
     if with_reference:
-        ref = ReferenceWorker(path, cfg, "float32", seed=1, offload=True)
+        ref = ReferenceWorker(path, cfg, "float32", seed=1)
+        ref.states.offload(["weights"])  # what the memory hand-over does; really moves on CPU too
+        ref.states.onload(["weights"])
         try:  # a second model in these processes must share the layout
             ReferenceWorker(path, _cfg(tp=1), "float32", seed=1)
             out["layout_error"] = ""
         except ValueError as e:
             out["layout_error"] = str(e)
-        out["ref_before"], _ = ref.compute_logprobs(batch, TEMPERATURE)
-        policy.offload()
-        policy.onload()
-        out["after_offload"], _ = policy.compute_logprobs(batch, TEMPERATURE)
+        out["ref_before"] = ac.gathered(ref.compute_logprobs(batch, TEMPERATURE), batch)["logprobs"]
+        policy.trainer.states.offload(["weights", "grads", "optimizer"])
+        policy.trainer.states.onload(["weights", "grads", "optimizer"])
+        out["after_offload"] = ac.gathered(policy.compute_logprobs(batch, TEMPERATURE), batch)["logprobs"]
     out["metrics"] = policy.update(batch, ac.pg_loss, mini_batch_size=MINI, ppo_epochs=1)
     out["state"] = ac.exported_state(policy)
-    out["logprobs_after"], _ = policy.compute_logprobs(batch, 1.0)
+    out["logprobs_after"] = ac.gathered(policy.compute_logprobs(batch, 1.0), batch)["logprobs"]
     if with_reference:
-        out["ref_after"], _ = ref.compute_logprobs(batch, TEMPERATURE)
+        out["ref_after"] = ac.gathered(ref.compute_logprobs(batch, TEMPERATURE), batch)["logprobs"]
     return ac.portable(out)
 
 
 def _check_against_hf(results: list[dict], reference: dict) -> None:
     results[:] = [ac.tensors(r) for r in results]
-    for r in results:  # every rank returns the full [B, R] tensors and the same metrics
+    for r in results:  # the rows assemble to the full [B, R] tensors; every rank has the same metrics
         torch.testing.assert_close(r["logprobs"], reference["logprobs"], atol=1e-4, rtol=0)
         torch.testing.assert_close(r["entropy"], reference["entropy"], atol=1e-4, rtol=0)
         assert r["metrics"] == results[0]["metrics"]
     metrics = results[0]["metrics"]
-    assert metrics["optimizer_steps"] == 2 and metrics["lr"] == LR
+    assert metrics["actor/optimizer_steps"] == 2 and metrics["actor/lr"] == LR
     # The grad norm is sensitive to the normalisation (Adam's update mostly is not).
     mean_norm = sum(reference["grad_norms"]) / 2
-    assert metrics["grad_norm"] == pytest.approx(mean_norm, rel=1e-4)
-    assert metrics["logp_max"] == pytest.approx(reference["logp_max"], abs=1e-4)
+    assert metrics["actor/grad_norm"] == pytest.approx(mean_norm, rel=1e-4)
+    assert metrics["actor/ratio_max"] == pytest.approx(reference["logp_max"], abs=1e-4)  # see ac.pg_loss
+    assert metrics["actor/skipped_steps"] == 0
     state = results[0]["state"]
     assert set(state) == set(reference["state"])
     for name, tensor in reference["state"].items():

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.timeout(300)
 from megarl.actors.ray_groups.placement import RolePlacement  # noqa: E402
 from megarl.actors.ray_groups.session import ray_session  # noqa: E402
 from megarl.actors.ray_groups.worker_group import GroupOptions, WorkerError, WorkerGroup  # noqa: E402
-from megarl.trainer.metric_sinks import PhaseTimer  # noqa: E402
+from megarl.progress import PhaseTimer  # noqa: E402
 from megarl.trainer.watchdog import RunControl, Watchdog  # noqa: E402
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -35,7 +35,8 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(model_dir, tmp_path_factory):
-    from megarl.rollout_sglang import ServerSpec, SGLangEngine, SGLangServer
+    from megarl.rollout_sglang.engine import SGLangEngine
+    from megarl.rollout_sglang.server import ServerSpec, SGLangServer
 
     log = tmp_path_factory.mktemp("logs") / "sglang.log"
     spec = ServerSpec(model_path=str(model_dir), tp=1, mem_fraction=0.3, max_running_requests=16,
@@ -65,10 +66,14 @@ def hf_state(model_dir) -> dict[str, torch.Tensor]:
     return load_file(str(model_dir / "model.safetensors"), device="cuda")
 
 
-def stream_of(state: dict[str, torch.Tensor]):
-    from megarl.rollout.weight_sync import HFWeightStream
+def push(engine, state: dict[str, torch.Tensor], version: int) -> dict[str, float]:
+    """A tensor-transport push (CUDA IPC) of ``state`` from this process to ``engine``."""
+    from megarl.rollout.weight_stream import WeightStream
+    from megarl.rollout_sglang.transports import EngineEndpoint, SGLangTensorTransport
 
-    return HFWeightStream(lambda _: ([(n, t)] for n, t in state.items()), bucket_mb=1)
+    transport = SGLangTensorTransport(WeightStream(lambda: iter(state.items()), bucket_mb=1), make_engine=lambda _: engine)
+    transport.connect([EngineEndpoint(engine.url, engine.tp)])
+    return transport.push(version)
 
 
 def test_generate_logprobs_match_hf(engine, model_dir):
@@ -85,15 +90,12 @@ def test_generate_logprobs_match_hf(engine, model_dir):
 
 def test_push_from_tensor_changes_logprobs_and_version(engine, model_dir):
     from megarl.rollout.engine import SamplingParams
-    from megarl.rollout_sglang import SGLangTensorSync
 
     new = {
         n: t * 1.5 if n.endswith("lm_head.weight") else t.clone()
         for n, t in hf_state(model_dir).items()
     }
-    sync = SGLangTensorSync(stream_of(new))
-    sync.connect([engine])
-    metrics = sync.push(1)
+    metrics = push(engine, new, 1)
     assert engine.server_weight_version() == 1 and metrics["weight_sync/bytes"] > 0
     (r,) = engine.generate([PROMPT], SamplingParams(max_new_tokens=8, temperature=1.0))
     assert r.weight_version == 1
@@ -103,31 +105,18 @@ def test_push_from_tensor_changes_logprobs_and_version(engine, model_dir):
     assert (got - new_ref).abs().mean() < 0.05 < (got - old_ref).abs().mean()
 
 
-def test_release_then_push_resumes_and_frees_memory(engine, model_dir):
+def test_release_frees_memory_and_a_push_after_resume_restores_the_weights(engine, model_dir):
     from megarl.rollout.engine import SamplingParams
-    from megarl.rollout_sglang import SGLangTensorSync
 
     free_before, _ = torch.cuda.mem_get_info()
     engine.release_memory()
     free_released, _ = torch.cuda.mem_get_info()
     assert free_released > free_before  # KV cache and weights went back to the driver
-    sync = SGLangTensorSync(stream_of(hf_state(model_dir)))
-    sync.connect([engine])
-    sync.push(2)  # resume weights -> update -> resume kv_cache + cuda_graph
+    engine.resume_memory(["weights"])  # the hand-over's order: weights, push, then the KV cache
+    push(engine, hf_state(model_dir), 2)
+    engine.resume_memory(["kv_cache", "cuda_graph"])
     assert not engine.released and engine.server_weight_version() == 2
     (r,) = engine.generate([PROMPT], SamplingParams(max_new_tokens=4, temperature=0.0))
     ref = hf_logprobs(model_dir, hf_state(model_dir), PROMPT, r.response_ids)
     assert r.weight_version == 2 and len(r.response_ids) > 0
     assert r.logprobs[0] == pytest.approx(float(ref[0]), abs=0.1)
-
-
-def test_score_matches_hf(engine, model_dir):
-    from megarl.rollout_sglang import SGLangTensorSync
-
-    sync = SGLangTensorSync(stream_of(hf_state(model_dir)))
-    sync.connect([engine])
-    sync.push(3)
-    response = [101, 32, 119, 111, 114, 108, 100]
-    (got,) = engine.score([PROMPT], [response], temperature=1.0)
-    ref = hf_logprobs(model_dir, hf_state(model_dir), PROMPT, response)
-    assert (torch.tensor(got) - ref).abs().mean() < 0.05

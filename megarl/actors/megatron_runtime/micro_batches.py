@@ -96,7 +96,6 @@ class MicroBatch:
     tokens: torch.Tensor  # [b, S] long, real tokens from column 0, right-padded with 0
     position_ids: torch.Tensor  # [b, S] long, 0..S-1
     response_columns: torch.Tensor  # [b, R] long, column whose output predicts response token t
-    num_tokens: int  # real tokens in the micro-batch (prompt + response)
 
 
 def pack_micro_batch(batch: Batch, rows: list[int] | torch.Tensor, device: torch.device | str = "cpu") -> MicroBatch:
@@ -125,5 +124,4 @@ def pack_micro_batch(batch: Batch, rows: list[int] | torch.Tensor, device: torch
         tokens=tokens.to(device),
         position_ids=positions.to(device),
         response_columns=columns.to(device),
-        num_tokens=int(total.sum()),
     )

@@ -4,18 +4,19 @@ Shared by the policy, reference and critic workers. A :class:`MegatronModel` own
 ``GPTModel`` (this rank's TP shard of this rank's PP stage), built and loaded from an HF
 directory through the model bridge. Its two entry points:
 
-- :meth:`MegatronModel.forward_tokens` runs a whole batch forward-only and returns a per-token
-  ``[B, R]`` result (log-probs / entropy / values) on EVERY rank;
+- :meth:`MegatronModel.forward_tokens` runs a whole batch forward-only and returns per-token
+  results (log-probs / entropy / values) of the rows this rank computed
+  (:class:`~megarl.data.batch.TokenRows`, assembled on the controller);
 - :meth:`MegatronModel.forward_backward` runs one mini-batch forward and backward with a loss
-  function; gradients are normalised globally (see below) and metrics reduced to every rank.
+  function; gradients are normalised globally (see below); the loss metrics accumulate on the
+  device and :meth:`MegatronModel.reduce_metrics` reduces them to every rank.
 
 Conventions (identical for all workers):
 
 - Every rank of the worker group is handed the SAME whole batch. Each DP replica takes its
-  share by index (``balanced_partition`` by token count), cuts it into micro-batches, and the
-  per-token results are summed into a zero ``[B, R]`` tensor over the whole world: rows come
-  only from the last pipeline stage's TP rank 0 of the replica that owned them, so every rank
-  returns the full ``[B, R]``. Positions past a row's response length are 0.
+  share by index (``balanced_partition`` by token count) and cuts it into micro-batches. The
+  replica's output rank (last pipeline stage, TP rank 0) returns its rows; nothing per-token
+  is reduced over the world. Positions past a row's response length are 0.
 - Normalisation is global: the schedule runs with ``calculate_per_token_loss=True``; a loss
   function returns a SUM and its count; Megatron adds the counts over micro-batches and DP
   ranks and divides the (summed, not averaged) DP gradient by that total once.
@@ -33,7 +34,6 @@ Left out: virtual pipeline stages, context/expert parallelism, sequence packing.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -50,9 +50,9 @@ from megarl.actors.megatron_runtime.micro_batches import (
     pack_micro_batch,
     sequence_lengths,
 )
-from megarl.algos.losses import metric_reduction
+from megarl.algos.metrics import MetricAccumulator
 from megarl.config.sections import ActorConfig, ParallelConfig
-from megarl.data.batch import Batch
+from megarl.data.batch import Batch, TokenRows
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -114,6 +114,9 @@ class MegatronModel:
         """Build this rank's shard through the bridge and load the HF weights into it."""
         from transformers import AutoConfig
 
+        from megarl.models.mcore_version import require_megatron_core
+
+        require_megatron_core()  # before the first megatron import: a one-line error, not a deep one
         from megarl.models.bridge import get_bridge
 
         info = ensure_parallel(cfg.parallel, seed)
@@ -137,9 +140,10 @@ class MegatronModel:
 
     # ---- forward only ---------------------------------------------------------------------
     def forward_tokens(
-        self, batch: Batch, head: Head, names: tuple[str, ...], *, micro_batch_size: int | None, max_tokens: int | None
-    ) -> dict[str, torch.Tensor]:
-        """Run ``batch`` forward-only; returns ``{name: [B, R] float32}`` on every rank."""
+        self, batch: Batch, head: Head, *, micro_batch_size: int | None, max_tokens: int | None
+    ) -> TokenRows | None:
+        """Run ``batch`` forward-only (collective). The output rank of each DP replica (last
+        pipeline stage, TP rank 0) returns the rows its replica computed, the others None."""
         rows = self._replica_rows(batch)
         micro = self._micro_batches(batch, rows, micro_batch_size, max_tokens)
         results: list[tuple[MicroBatch, dict[str, torch.Tensor]]] = []
@@ -151,47 +155,36 @@ class MegatronModel:
         self.module.eval()
         with torch.no_grad():
             self._run(batch, micro, loss_func, forward_only=True)
-        b, r = batch.response_ids.shape
-        full = {name: torch.zeros(b, r, dtype=torch.float32, device=self.info.device) for name in names}
-        if self.info.is_last_stage and self.info.tp_rank == 0:
-            for mb, values in results:
-                for name in names:
-                    full[name][mb.rows.to(self.info.device)] = values[name].float()
-        for name in names:
-            # Each row is written by exactly one rank of the world: a sum gathers them everywhere.
-            dist.all_reduce(full[name], op=dist.ReduceOp.SUM)
-            full[name] = full[name].cpu()
-        return full
+        if not (self.info.is_last_stage and self.info.tp_rank == 0):
+            return None
+        names = list(results[0][1])
+        values = {name: torch.cat([v[name].float() for _, v in results]).cpu() for name in names}  # [n, R]
+        return TokenRows(rows=torch.cat([mb.rows for mb, _ in results]).cpu(), values=values)
 
     # ---- training -------------------------------------------------------------------------
     def forward_backward(
         self,
         mini_batch: Batch,
         loss_head: Callable[[MicroBatch, torch.Tensor], tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]],
+        metrics: MetricAccumulator,
         *,
         micro_batch_size: int | None,
         max_tokens: int | None,
-    ) -> dict[str, tuple[float, float]]:
+    ) -> None:
         """Forward + backward of this replica's share of ``mini_batch``; grads are left in the
-        DDP buffers, normalised by the global count. Returns ``{name: (sum, count)}`` reduced over
-        micro-batches, DP ranks and pipeline stages (identical on every rank); ``loss`` included. Metrics named
-        ``*_max`` / ``*_min`` keep their extreme instead of a sum (megarl.algos' rule)."""
+        DDP buffers, normalised by the global count. Each micro-batch's loss metrics are added
+        to ``metrics`` on the device (this rank's share, last pipeline stage only; no host sync):
+        :meth:`reduce_metrics` makes them the group's."""
         rows = self._replica_rows(mini_batch)
         micro = self._micro_batches(mini_batch, rows, micro_batch_size, max_tokens)
-        collected: dict[str, tuple[float, float]] = {}
 
         def loss_func(mb: MicroBatch, output: torch.Tensor):
-            loss_sum, count, metrics = loss_head(mb, output)
-            parts = {"loss": torch.stack([loss_sum.detach(), count.detach().to(loss_sum.dtype)])}
-            parts.update(metrics)
-            for name, value in parts.items():
-                pair = tuple(float(x) for x in value.detach().double().cpu().reshape(2))
-                collected[name] = merge_metric(name, collected[name], pair) if name in collected else pair
+            loss_sum, count, slice_metrics = loss_head(mb, output)
+            metrics.add(slice_metrics)
             return loss_sum, _count_as_int(count, output.device), {}
 
         self.module.train()
         self._run(mini_batch, micro, loss_func, forward_only=False)
-        return self._reduce_metrics(collected)
 
     # ---- internals ------------------------------------------------------------------------
     def _replica_rows(self, batch: Batch) -> list[int]:
@@ -237,53 +230,23 @@ class MegatronModel:
             forward_only=forward_only,
         )
 
-    def _reduce_metrics(self, collected: dict[str, tuple[float, float]]) -> dict[str, tuple[float, float]]:
-        """Reduce (value, count) pairs over DP ranks (by each metric's op), then hand the last
-        stage's result to every pipeline stage."""
+    def reduce_metrics(self, metrics: MetricAccumulator, replicated: dict[str, torch.Tensor] | None = None) -> None:
+        """Make ``metrics`` the group's, in place on the device, identical on every rank: one
+        SUM and one MAX all-reduce over the DP group; then ``replicated`` (values every rank of
+        the last stage holds alike, e.g. the optimizer's) is added on the last stage; then one
+        broadcast hands the last stage's state to the other pipeline stages (their own loss
+        functions never ran)."""
         from megatron.core import parallel_state as ps
 
-        names = [sorted(collected)]
-        pp_group = ps.get_pipeline_model_parallel_group()
+        if self.info.dp_size > 1:
+            dp_group = ps.get_data_parallel_group()
+            ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
+            metrics.all_reduce(lambda t, op: dist.all_reduce(t, op=ops[op], group=dp_group))
+        if self.info.is_last_stage and replicated:
+            metrics.add(replicated)
         if self.info.pp_size > 1:
-            dist.broadcast_object_list(names, src=ps.get_pipeline_model_parallel_last_rank(), group=pp_group)
-        ops = [metric_reduction(name) for name in names[0]]
-        table = torch.zeros(len(ops), 2, dtype=torch.float64, device=self.info.device)  # [n, (value, count)]
-        for i, (name, op) in enumerate(zip(names[0], ops)):
-            value, count = collected.get(name, (0.0, 0.0))
-            empty = {"max": -math.inf, "min": math.inf}.get(op, 0.0)
-            table[i] = torch.tensor([value if count > 0 else empty, count], dtype=torch.float64)
-        dp_group = ps.get_data_parallel_group()
-        counts = table[:, 1].contiguous()  # collectives need contiguous buffers
-        dist.all_reduce(counts, group=dp_group)
-        table[:, 1] = counts
-        for op, reduce_op in (("sum", dist.ReduceOp.SUM), ("max", dist.ReduceOp.MAX), ("min", dist.ReduceOp.MIN)):
-            rows = [i for i, o in enumerate(ops) if o == op]
-            if rows:
-                part = table[rows, 0].contiguous()
-                dist.all_reduce(part, op=reduce_op, group=dp_group)
-                table[rows, 0] = part
-        if self.info.pp_size > 1:
-            dist.broadcast(table, src=ps.get_pipeline_model_parallel_last_rank(), group=pp_group)
-        return {name: (float(table[i, 0]), float(table[i, 1])) for i, name in enumerate(names[0])}
-
-
-def merge_metric(name: str, a: tuple[float, float], b: tuple[float, float]) -> tuple[float, float]:
-    """Combine two (value, count) pairs of metric ``name``: sums add; ``*_max`` / ``*_min``
-    metrics keep the extreme over the pairs that counted anything (megarl.algos' rule)."""
-    op = metric_reduction(name)
-    if op == "sum":
-        return a[0] + b[0], a[1] + b[1]
-    present = [p[0] for p in (a, b) if p[1] > 0]
-    pick = max if op == "max" else min
-    return (pick(present) if present else 0.0), a[1] + b[1]
-
-
-def metric_value(name: str, pair: tuple[float, float]) -> float:
-    """The reported number: sum / count for summed metrics, the extreme for max/min; nan if empty."""
-    value, count = pair
-    if count == 0:
-        return math.nan
-    return value / count if metric_reduction(name) == "sum" else value
+            src, pp_group = ps.get_pipeline_model_parallel_last_rank(), ps.get_pipeline_model_parallel_group()
+            metrics.broadcast(lambda t: dist.broadcast(t, src=src, group=pp_group))
 
 
 class ResponsePositions:
@@ -332,13 +295,12 @@ def _count_as_int(count: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 def response_logprobs(
     model: MegatronModel, cfg: ActorConfig, batch: Batch, temperature: float, with_entropy: bool
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``(logprobs [B, R], entropy [B, R] | None)`` of the batch's responses, micro-batched as
-    ``cfg`` says (the forward the policy and the reference share)."""
-    names = ("logprobs", "entropy") if with_entropy else ("logprobs",)
+) -> TokenRows | None:
+    """``logprobs`` (and ``entropy``) ``[n, R]`` of the response rows this rank computed (see
+    ``forward_tokens``), micro-batched as ``cfg`` says (the forward the policy and the
+    reference share)."""
     head = token_logprob_head(model, temperature, with_entropy)
-    out = model.forward_tokens(batch, head, names, micro_batch_size=cfg.micro_batch_size, max_tokens=cfg.max_tokens_per_gpu)
-    return out["logprobs"], out.get("entropy")
+    return model.forward_tokens(batch, head, micro_batch_size=cfg.micro_batch_size, max_tokens=cfg.max_tokens_per_gpu)
 
 
 def token_logprob_head(

@@ -26,16 +26,19 @@ from typing import Any
 import torch
 
 from megarl.actors.megatron_runtime.micro_batches import MicroBatch
-from megarl.actors.megatron_runtime.model import MegatronModel, merge_metric, metric_value
+from megarl.actors.megatron_runtime.model import MegatronModel
 from megarl.actors.megatron_runtime.offload import (
-    StorageOffloader,
-    model_tensors,
-    on_device,
+    ModelStates,
+    model_grads,
+    model_weights,
     optimizer_tensors,
 )
-from megarl.actors.megatron_runtime.optim import LRSchedule, build_optimizer
+from megarl.actors.megatron_runtime.optim import LRSchedule, adam_step_layout, build_optimizer
+from megarl.algos.metrics import MetricAccumulator, pair
 from megarl.config.sections import ActorConfig
 from megarl.data.batch import Batch
+from megarl.metrics import optimizer_metric_names
+from megarl.models.mcore_version import check_checkpoint_readable, write_checkpoint_versions
 
 # Distributed-optimizer state saved per DP buffer: fully parallel, no gather; a resume keeps
 # TP/PP (DP may change). megatron-core 0.16 refuses its default (flattened-range) format.
@@ -47,10 +50,13 @@ LossHead = Callable[[MicroBatch, torch.Tensor], tuple[torch.Tensor, torch.Tensor
 class TrainableModel:
     """DDP-wrapped :class:`MegatronModel` with optimizer and schedule (see module docstring)."""
 
-    def __init__(self, model: MegatronModel, cfg: ActorConfig, dtype: torch.dtype, total_optimizer_steps: int | None) -> None:
+    def __init__(self, model: MegatronModel, cfg: ActorConfig, dtype: torch.dtype, total_optimizer_steps: int | None,
+                 role: str) -> None:  # fmt: skip
+        """``role`` ("actor" or "critic") names the update's optimizer metrics (``<role>/lr`` ...)."""
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
         self.model = model
+        self.role = role
         self.cfg = cfg
         ddp_cfg = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True,
@@ -63,15 +69,21 @@ class TrainableModel:
         if dtype == torch.float16:
             model.tcfg.grad_scale_func = self.optimizer.scale_loss
         self.schedule = LRSchedule(cfg.optimizer, total_optimizer_steps)
-        self._offloader = StorageOffloader()
+        # What the memory hand-over moves (megarl/config/residency.py); grads are freed, not copied.
+        self.states = ModelStates(model.info.device, {"weights": lambda: model_weights(self.model.module),
+                                                      "grads": lambda: model_grads(self.model.module),
+                                                      "optimizer": lambda: optimizer_tensors(self.optimizer)},
+                                  copied=("weights", "optimizer"))  # fmt: skip
 
     # ---- the update loop --------------------------------------------------------------------
     def train(self, batch: Batch, loss_head: LossHead, *, mini_batch_size: int | None, ppo_epochs: int | None) -> dict[str, float]:
         """Optimizer steps over ``batch`` (see module docstring); metrics equal on every rank.
 
-        Returns each loss metric as global ``sum / count`` over all steps (``*_max`` / ``*_min``:
-        the extreme), ``grad_norm`` (mean over
-        steps), ``lr`` (of the last step), ``optimizer_steps`` and ``skipped_steps``.
+        Returns the loss function's metrics reduced over every micro-batch, mini-batch and DP
+        rank by their catalogued reductions (megarl/metrics.py), plus ``<role>/grad_norm`` (mean
+        over the steps taken), ``<role>/lr`` (last step), ``<role>/optimizer_steps`` and
+        ``<role>/skipped_steps``.
+        The metrics stay on the device until one host transfer at the end.
         """
         size = mini_batch_size or self.cfg.mini_batch_size or len(batch)
         epochs = ppo_epochs or self.cfg.ppo_epochs
@@ -80,34 +92,43 @@ class TrainableModel:
                 f"mini_batch_size ({size}) must divide the number of samples in the step ({len(batch)}); "
                 f"pick a divisor of {len(batch)}"
             )
-        totals: dict[str, tuple[float, float]] = {}
-        grad_norms: list[float] = []
-        skipped, lr = 0, self.schedule.current_lr
+        metrics = MetricAccumulator(self.model.info.device)
+        steps: list[tuple[float, bool]] = []  # (grad norm, taken) of each optimizer step
+        lr = self.schedule.current_lr
         for _ in range(epochs):
             for mini in batch.split(size):
-                parts, grad_norm, ok, lr = self._step(mini, loss_head)
-                for name, pair in parts.items():
-                    totals[name] = merge_metric(name, totals[name], pair) if name in totals else pair
-                if ok:
-                    grad_norms.append(grad_norm)
-                skipped += 0 if ok else 1
-        metrics = {name: metric_value(name, pair) for name, pair in totals.items()}
-        metrics["grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
-        metrics["lr"] = lr
-        metrics["optimizer_steps"] = float(epochs * (len(batch) // size))
-        metrics["skipped_steps"] = float(skipped)
-        return metrics
+                grad_norm, ok, lr = self._step(mini, loss_head, metrics)
+                steps.append((grad_norm, ok))
+        # The optimizer's values are the same on every rank, hence added after the DP reduction
+        # (not summed), on the last stage, which broadcasts the whole table.
+        replicated = self._optimizer_metrics(self.role, steps, lr) if self.model.info.is_last_stage else None
+        self.model.reduce_metrics(metrics, replicated)
+        return metrics.values()
 
-    def _step(self, mini: Batch, loss_head: LossHead) -> tuple[dict[str, tuple[float, float]], float, bool, float]:
+    def _step(self, mini: Batch, loss_head: LossHead, metrics: MetricAccumulator) -> tuple[float, bool, float]:
+        """One optimizer step on ``mini``; its loss metrics go to ``metrics``. Returns
+        ``(grad norm, step taken, lr)``: host values Megatron's optimizer already computed."""
         self.model.module.zero_grad_buffer()
         self.optimizer.zero_grad()
         lr = self.schedule.apply(self.optimizer)
-        parts = self.model.forward_backward(
-            mini, loss_head, micro_batch_size=self.cfg.micro_batch_size, max_tokens=self.cfg.max_tokens_per_gpu
+        self.model.forward_backward(
+            mini, loss_head, metrics, micro_batch_size=self.cfg.micro_batch_size, max_tokens=self.cfg.max_tokens_per_gpu
         )
         ok, grad_norm, _ = self.optimizer.step()
         self.schedule.advance()
-        return parts, float(grad_norm) if grad_norm is not None else float("nan"), bool(ok), lr
+        return float(grad_norm) if grad_norm is not None else float("nan"), bool(ok), lr
+
+    @staticmethod
+    def _optimizer_metrics(role: str, steps: list[tuple[float, bool]], lr: float) -> dict[str, torch.Tensor]:
+        """The update's optimizer metrics of ``role`` as slices (``steps``: (grad norm, taken))."""
+        names = optimizer_metric_names(role)
+        taken = [norm for norm, ok in steps if ok]
+        return {
+            names["grad_norm"]: pair(sum(taken), len(taken)),  # mean over the steps taken; NaN if none
+            names["lr"]: pair(lr),
+            names["optimizer_steps"]: pair(float(len(steps))),
+            names["skipped_steps"]: pair(float(len(steps) - len(taken))),
+        }
 
     # ---- checkpoints ------------------------------------------------------------------------
     def _sharded_state(self, is_loading: bool) -> dict[str, Any]:
@@ -124,6 +145,9 @@ class TrainableModel:
 
         os.makedirs(path, exist_ok=True)
         dist_checkpointing.save(self._sharded_state(is_loading=False), str(path))
+        if torch.distributed.get_rank() == 0:  # which megatron-core can read it back
+            write_checkpoint_versions(path)
+        torch.distributed.barrier()  # the record exists for every rank once save returns
 
     def load(self, path: str | os.PathLike) -> None:
         """Restore what :meth:`save` wrote (collective; same TP/PP/DP layout or a reshardable one)."""
@@ -131,6 +155,7 @@ class TrainableModel:
 
         if not os.path.isdir(path):
             raise FileNotFoundError(f"checkpoint directory {path} does not exist")
+        check_checkpoint_readable(path)
         _materialise_optimizer_state(self.optimizer)
         state = dist_checkpointing.load(self._sharded_state(is_loading=True), str(path))
         # no_grad: with fp32 params the optimizer's main params are views of the model's leaf
@@ -141,28 +166,22 @@ class TrainableModel:
         _restore_adam_steps(self.optimizer, state["optimizer"])
         self.schedule.load_state_dict(state["schedule"])
 
-    # ---- offload ----------------------------------------------------------------------------
-    def offload(self) -> int:
-        """Params, grads and optimizer state to host memory (CUDA only; a no-op on CPU).
-        Returns the bytes moved."""
-        device = self.model.info.device
-        if device.type == "cpu" or self._offloader.offloaded:
-            return 0
-        tensors = list(model_tensors(self.model.module)) + list(optimizer_tensors(self.optimizer))
-        return self._offloader.offload(on_device(tensors, device))
 
-    def onload(self) -> None:
-        """Undo :meth:`offload` (no-op when nothing is offloaded)."""
-        self._offloader.onload()
+def _inner_optimizers(optimizer: Any) -> list[Any]:
+    """The torch optimizers inside Megatron's (chained) optimizer; ranks without parameters
+    have none."""
+    inner = [opt.optimizer for opt in getattr(optimizer, "chained_optimizers", [optimizer])]
+    return [opt for opt in inner if opt is not None]
 
 
 def _materialise_optimizer_state(optimizer: Any) -> None:
-    """Give a never-stepped optimizer its state tensors (``step``, moments) so that Megatron can
-    describe them for loading (without apex/TE it reads ``step`` from the state). A step with
-    zero gradients, zero LR and zero weight decay changes no parameter; the load overwrites it."""
-    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
-        inner = opt.optimizer
-        if len(inner.state) > 0:
+    """Give a never-stepped torch Adam its state tensors (``step``, moments) so that Megatron can
+    describe them for loading (without apex/TE it reads ``step`` from the per-parameter state).
+    A step with zero gradients, zero LR and zero weight decay changes no parameter; the load
+    overwrites it. TE/apex FusedAdam needs none: Megatron allocates its moments itself and its
+    ``step`` lives in the param groups, which the load restores."""
+    for inner in _inner_optimizers(optimizer):
+        if adam_step_layout(inner) != "per_param" or len(inner.state) > 0:
             continue
         saved = [(g["lr"], g.get("weight_decay", 0.0)) for g in inner.param_groups]
         for group in inner.param_groups:
@@ -176,18 +195,16 @@ def _materialise_optimizer_state(optimizer: Any) -> None:
                 p.grad = None
 
 
-def _restore_adam_steps(optimizer: Any, loaded: Any) -> None:
-    """Set torch Adam's per-parameter ``step`` to the checkpoint's value, one tensor each.
-
-    Without apex/TE, Megatron keeps the step in the saved param groups; on load (0.16) the value
-    did not reach an already materialised state (seen in the checkpoint test), and on a fresh
-    state it assigns one tensor to all parameters, which Adam then increments in place."""
+def _saved_adam_step(loaded: Any) -> float | None:
+    """The one Adam step count in a loaded optimizer state tree (Megatron saves it in every
+    param group, for torch Adam and FusedAdam alike); None if it saved none."""
     steps: set[float] = set()
 
     def collect(node: Any) -> None:
         if isinstance(node, dict):
-            for group in node.get("param_groups", []) if isinstance(node.get("param_groups"), list) else []:
-                if "step" in group and group["step"] is not None:
+            groups = node.get("param_groups")
+            for group in groups if isinstance(groups, list) else []:
+                if isinstance(group, dict) and group.get("step") is not None:
                     steps.add(float(group["step"]))
             for value in node.values():
                 collect(value)
@@ -196,14 +213,31 @@ def _restore_adam_steps(optimizer: Any, loaded: Any) -> None:
                 collect(value)
 
     collect(loaded)
-    if not steps:
+    if len(steps) > 1:
+        raise ValueError(f"the checkpoint's optimizer param groups disagree on Adam's step: {sorted(steps)}")
+    return steps.pop() if steps else None
+
+
+def _restore_adam_steps(optimizer: Any, loaded: Any) -> None:
+    """Set every Adam step count to the checkpoint's, where this optimizer class keeps it.
+
+    torch Adam keeps a ``step`` tensor per parameter: on load (0.16) the saved value did not
+    reach an already materialised state (seen in the checkpoint test), and on a fresh state
+    Megatron assigns one tensor to all parameters, which Adam then increments in place; so each
+    parameter gets its own tensor here. TE/apex FusedAdam keep one int ``step`` per param group
+    (Megatron aligns the groups on save); groups with parameters get the saved value."""
+    step = _saved_adam_step(loaded)
+    if step is None:
         return
-    assert len(steps) == 1, steps
-    step = steps.pop()
-    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
-        for param_state in opt.optimizer.state.values():
-            if "step" in param_state:
-                param_state["step"] = torch.tensor(step, dtype=torch.float32)
+    for inner in _inner_optimizers(optimizer):
+        if adam_step_layout(inner) == "per_param":
+            for param_state in inner.state.values():
+                if "step" in param_state:
+                    param_state["step"] = torch.tensor(step, dtype=torch.float32)
+        else:
+            for group in inner.param_groups:
+                if group["params"]:
+                    group["step"] = int(step)
 
 
 class TrainedWorker:
@@ -217,10 +251,3 @@ class TrainedWorker:
 
     def load(self, path: str | os.PathLike) -> None:
         self.trainer.load(path)
-
-    def offload(self) -> int:
-        """Params, grads and optimizer state to host memory (CUDA; no-op on CPU); bytes moved."""
-        return self.trainer.offload()
-
-    def onload(self) -> None:
-        self.trainer.onload()

@@ -49,6 +49,5 @@ def test_pack_left_aligns_rows_and_points_at_predicting_columns():
     mb = pack_micro_batch(_batch(), [1, 0])
     assert mb.tokens.tolist() == [[4, 5, 6, 1, 0], [5, 6, 7, 8, 9]]
     assert mb.response_columns.tolist() == [[2, 3, 4], [1, 2, 3]]
-    assert mb.num_tokens == 9
     assert mb.position_ids.tolist() == [list(range(5))] * 2
     assert mb.batch.group_id.tolist() == [1, 0]

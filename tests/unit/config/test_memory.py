@@ -5,8 +5,11 @@ import pytest
 from megarl.config.architectures import BUILTIN_ARCHS, ArchSpec
 from megarl.config.memory import (
     activation_bytes_per_token,
+    largest_hf_tensor_bytes,
+    phase_working_bytes,
     rollout_memory,
     stage_params,
+    torch_engine_memory,
     train_memory,
 )
 
@@ -50,3 +53,27 @@ def test_rollout_memory_by_hand():
     assert r.full_length_sequences == int((40 * gib - r.weights) // (r.kv_bytes_per_token * 4096))
     # tp 8 > 4 kv heads: SGLang replicates, one kv head per rank
     assert rollout_memory(arch, tp=8, gpu_bytes=80 * gib, mem_fraction=0.5, dtype="bfloat16", seq_len=4096).kv_bytes_per_token == 2 * 28 * 1 * 128 * 2
+
+
+def test_fp32_weights_are_their_own_master_copy():
+    """Megatron's optimizer steps fp32 params in place: Adam's two moments only (8 B), and before
+    the first step nothing; bf16 keeps an fp32 master copy (4 B) from the start."""
+    arch = BUILTIN_ARCHS["tiny-demo"]
+    kw = dict(tp=1, pp=1, dp=2, tokens_per_micro_batch=64, recompute="none", sequence_parallel=False, distributed_optimizer=True)
+    params = stage_params(arch, 1)
+    fp32, bf16 = train_memory(arch, dtype="float32", **kw), train_memory(arch, dtype="bfloat16", **kw)
+    assert (fp32.weights, fp32.grads, fp32.optimizer, fp32.optimizer_at_build) == (4 * params, 4 * params, 8 * params / 2, 0)
+    assert (bf16.weights, bf16.grads, bf16.optimizer, bf16.optimizer_at_build) == (2 * params, 4 * params, 12 * params / 2, 4 * params / 2)
+
+
+def test_torch_engine_memory_and_phase_working_memory_by_hand():
+    arch = BUILTIN_ARCHS["qwen2.5-7b"]  # 28 layers, 4 kv heads of 128
+    weights, kv = torch_engine_memory(arch, dtype="bfloat16", max_running_requests=8, seq_len=1000)
+    assert weights == 2 * arch.num_params and kv == 8 * 1000 * (2 * 28 * 4 * 128 * 2)
+    m = train_memory(arch, tp=2, pp=1, dp=4, tokens_per_micro_batch=2048, dtype="bfloat16", recompute="full",
+                     sequence_parallel=False, distributed_optimizer=True)  # fmt: skip
+    largest = largest_hf_tensor_bytes(arch, "bfloat16")
+    assert largest == 2 * 152064 * 3584  # the embedding (vocab x hidden) outweighs any projection
+    working = phase_working_bytes(m, None, 512 * 1024**2, largest)
+    assert working == {"weight_push": 512 * 1024**2 + 2 * largest, "policy_forward": m.logits,
+                       "reference_forward": m.logits, "policy_update": m.activations + m.logits}  # fmt: skip

@@ -3,8 +3,11 @@
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from megarl.config.loading import load_config
+from megarl.config.memory import GIB
+from megarl.config.plan_report import print_plan
 from megarl.config.planner import PlanError, make_plan
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
@@ -107,7 +110,22 @@ def test_rollout_tp_rules():
     assert "rollout.tp: (7) must divide num_attention_heads (28)" in refused(PPO7, "rollout.tp=7", "cluster.gpus_per_node=7", "actor.parallel.tp=1", "critic.parallel.tp=1", "actor.mini_batch_size=56", "critic.mini_batch_size=56", "data.prompts_per_step=56", "actor.micro_batch_size=1", "critic.micro_batch_size=1")
     assert plan(GRPO72, "rollout.tp=4").roles["rollout"].dp == 8
     assert "must be 1 with the torch engine" in refused(TINY, "rollout.tp=2")
-    assert "sglang needs cluster.device=cuda" in refused(TINY, "rollout.engine=sglang")
+    assert "SGLang on cpu runs as a server of its own" in refused(TINY, "rollout.engine=sglang")
+    # On CPU it runs disaggregated, weights over a gloo broadcast (the demo's placement).
+    cpu = plan(TINY, "rollout.engine=sglang", "cluster.placement=disaggregated", "cluster.gpus_per_node=3",
+               "cluster.rollout_gpus=1")  # fmt: skip
+    assert (cpu.roles["policy"].dp, cpu.roles["rollout"].dp) == (2, 1)
+
+
+def test_weight_transport_must_reach_the_engines():
+    assert "transport: (tensor) cannot reach torch engines placed colocated; use in_process or disk" in refused(
+        TINY, "rollout.weight_sync.transport=tensor")
+    assert "(distributed) cannot reach sglang engines placed colocated; use tensor or disk" in refused(
+        GRPO72, "rollout.weight_sync.transport=distributed")
+    assert "(tensor) cannot reach sglang engines placed disaggregated; use distributed or disk" in refused(
+        GRPO72, "rollout.weight_sync.transport=tensor", "cluster.nnodes=5", "cluster.placement=disaggregated",
+        "cluster.rollout_gpus=8")
+    plan(TINY, "rollout.weight_sync.transport=disk")  # any engine can reload from disk
 
 
 def test_top_p_is_a_warning_not_a_refusal():
@@ -134,12 +152,61 @@ def test_algorithm_needs():
     assert plan(TINY, "algorithm.estimator=gae").roles["critic"].dp == 2
 
 
-def test_training_counts_the_other_models_states():
-    """The critic's params, grads and Adam state stay on the GPU while the policy trains
-    (offload only applies around generation): 2 x 8-GPU PPO at tp=2, micro 4 does not fit."""
-    msg = refused(PPO7, "actor.micro_batch_size=4", "critic.micro_batch_size=4")
-    assert "actor: training needs an estimated" in msg and "actor.recompute=full" in msg
+def test_critic_offload_decides_whether_the_critic_stays_while_the_policy_trains():
+    """critic.offload takes the critic's params, grads and Adam state off the GPUs in every phase
+    but its own (megarl/config/residency.py): 8-GPU PPO at tp=2, micro 4 fits with it, not without."""
+    micro4 = ("actor.micro_batch_size=4", "critic.micro_batch_size=4")
+    msg = refused(PPO7, *micro4, "critic.offload=false")
+    assert "actor: training needs an estimated 83.0 GiB per GPU in phase policy_update" in msg
+    assert "actor.recompute=full" in msg and "set critic.offload=true" in msg
     assert "actor.optimizer.distributed=true" not in msg  # already set: not suggested
+    mem = plan(PPO7, *micro4).memory
+    critic = mem.critic.weights + mem.critic.grads + mem.critic.optimizer
+    assert mem.phases["policy_update"] == pytest.approx(mem.policy.peak + 3 * GIB)
+    kept = plan(PPO7, *micro4, "critic.offload=false", "cluster.gpu_memory_gib=141").memory  # H200s: it fits
+    assert kept.phases["policy_update"] == pytest.approx(mem.phases["policy_update"] + critic)
+
+
+def test_critic_offload_is_honoured_disaggregated_too():
+    """Disaggregated, nothing makes room for the engines, but the critic still makes room for the policy's update."""
+    pool = ("cluster.placement=disaggregated", "cluster.rollout_gpus=4")
+    mem = plan(PPO7, *pool).memory
+    assert mem.phases["policy_update"] == pytest.approx(mem.policy.peak + 3 * GIB)  # no critic, no engine
+    assert mem.rollout_peak == pytest.approx(mem.rollout.budget + 3 * GIB)  # the engines' own GPUs
+    assert "set critic.offload=true" in refused(PPO7, *pool, "critic.offload=false")
+
+
+def test_weights_cpu_backup_only_where_weights_are_released():
+    assert "rollout.weights_cpu_backup: only colocated SGLang releases its weights" in refused(TINY, "rollout.weights_cpu_backup=true")
+    assert plan(GRPO72, "rollout.weights_cpu_backup=true").memory.phases == plan(GRPO72).memory.phases  # same bytes on the GPUs
+
+
+def test_72b_phase_sums_are_the_printed_ones_by_hand_and_fit():
+    """Each phase of the 72B colocated plan: the table's resident states summed by hand, equal
+    to what `megarl plan` prints, within gpu_memory_gib."""
+    cfg = load_config(GRPO72, [])
+    p = make_plan(cfg)
+    mem, pol, eng = p.memory, p.memory.policy, p.memory.rollout
+    # Runtime; a push holds a bucket (bucket_mb 1024) and, while exporting it, the embedding (the
+    # largest tensor, 152064 x 8192 in bf16) twice: its gathered TP shards and the joined tensor.
+    overhead, push = 3 * GIB, 1024 * 1024**2 + 2 * (2 * 152064 * 8192)
+    by_hand = {
+        "start": pol.weights + pol.grads + pol.optimizer / 3 + pol.weights + overhead,  # + reference; no Adam moments yet
+        "launch": eng.budget + overhead,
+        "generate": eng.weights + eng.kv_cache + overhead,  # actor and reference offloaded
+        "policy_forward": pol.weights + eng.weights + pol.logits + overhead,
+        "reference_forward": pol.weights + eng.weights + pol.logits + overhead,  # the reference has the policy's shape
+        "policy_update": pol.weights + pol.grads + pol.optimizer + pol.activations + pol.logits + overhead,
+        "weight_push": pol.weights + eng.weights + push + overhead,
+        "checkpoint": pol.weights + pol.optimizer + overhead,
+    }
+    assert mem.phases == pytest.approx(by_hand)
+    assert max(mem.phases.values()) <= 80 * GIB
+    console = Console(record=True, width=400)
+    print_plan(cfg, p, console)
+    line = next(x for x in console.export_text().splitlines() if x.startswith("by phase/GPU"))
+    printed = dict(part.split() for part in line.removeprefix("by phase/GPU ").removesuffix(" GiB").split(", "))
+    assert printed == {k: f"{v / GIB:.1f}" for k, v in by_hand.items()}
 
 
 def test_temperature_and_warmup_and_adaptive_kl():
@@ -166,4 +233,21 @@ def test_all_problems_reported_at_once():
 
 def test_check_files_for_launch(tmp_path):
     msg = str(pytest.raises(PlanError, make_plan, load_config(TINY, [f"data.train_files=[{tmp_path}/x.parquet]"]), check_files=True).value)
-    assert f"data.train_files[0]: {tmp_path}/x.parquet does not exist" in msg
+    assert f"data.train_files[0] (x.parquet): file {tmp_path}/x.parquet does not exist" in msg
+
+
+def test_in_process_runs_need_a_world_of_one_and_the_torch_engine(monkeypatch):
+    from megarl.config.loading import load_config
+    from megarl.config.planner import PlanError, make_plan
+
+    def refused_in_process(*overrides: str) -> str:
+        with pytest.raises(PlanError) as err:
+            make_plan(load_config(TINY, list(overrides)), in_process=True)
+        return str(err.value)
+
+    assert "--in-process runs a world of one process, the config has 2" in refused_in_process()
+    make_plan(load_config(TINY, ["cluster.gpus_per_node=1"]), in_process=True)
+    assert "needs Ray to place its servers" in refused_in_process(
+        "cluster.gpus_per_node=1", "rollout.engine=sglang", "cluster.device=cuda")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert "WORLD_SIZE is 2" in refused_in_process("cluster.gpus_per_node=1")

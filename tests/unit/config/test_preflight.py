@@ -125,6 +125,18 @@ def test_reward_function_that_cannot_load(demo, tmp_path, source, name, expected
     assert expected.format(path=path) in msg
 
 
+def test_functions_named_by_import_path_are_imported_before_launch(demo, tmp_path, monkeypatch):
+    examples = Path(__file__).resolve().parents[3] / "docs" / "examples"
+    monkeypatch.setenv("PYTHONPATH", str(examples))  # the preflight's child imports them, not this process
+    good = config(demo, tmp_path / "run", "algorithm.estimator=my_extensions:centered_score",
+                  "rollout.generate_function=my_extensions:generate_with_prefix")  # fmt: skip
+    assert preflight(good) == []
+    msg = refusal(config(demo, tmp_path / "run", "algorithm.policy_loss=my_extensions:nope",
+                         "rollout.generate_function=nowhere_megarl.at_all:gen"))  # fmt: skip
+    assert "algorithm.policy_loss: policy loss 'my_extensions:nope': module my_extensions has no attribute 'nope'" in msg
+    assert "rollout.generate_function: generate function 'nowhere_megarl.at_all:gen': cannot import nowhere_megarl" in msg
+
+
 def test_output_dir_that_cannot_be_written(demo, tmp_path):
     with read_only_dir(tmp_path / "ro") as ro:
         problem = writable_dir_problem(ro / "run")

@@ -5,11 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from megarl.config.sections import DataConfig
 from megarl.data.datasets import DataError
-from megarl.data.prompt_batch import expand_for_rollout, left_pad
 from megarl.data.stream import build_train_stream, load_val_prompts
 
 
@@ -91,48 +89,3 @@ def test_val_prompts_come_whole_in_file_order(prompt_file, digit_tokenizer):
     assert val.data_source == ["v1"] * 3 + ["v2"] * 2
     assert val.select([4, 0]).data_source == ["v2", "v1"]
     assert load_val_prompts(_config(), digit_tokenizer) is None
-
-
-def test_expand_for_rollout_groups_samples_by_prompt(prompt_file, digit_tokenizer):
-    path = prompt_file("p.parquet", _digits(3), truths=["x", "y", "z"])
-    prompts = build_train_stream(_config(train_files=[str(path)], prompts_per_step=3, shuffle=False), digit_tokenizer).next_batch()
-    out = expand_for_rollout(prompts, n=2)
-    assert len(out) == 6 and out.prompt_ids == prompts.prompt_ids
-    assert out.group_id.tolist() == [0, 0, 1, 1, 2, 2]
-    assert out.ground_truth == ["x", "x", "y", "y", "z", "z"]
-    assert out.prompt_text[2] == prompts.prompt_text[1] and out.data_source == ["src"] * 6
-    out.extra_info[0]["note"] = 1  # each sample owns its dict
-    assert "note" not in out.extra_info[1] and "note" not in prompts.extra_info[0]
-    ids, mask = out.padded_prompts(pad_id=-1)
-    assert ids.shape == (6, 6) and mask.sum().item() == 36
-    with pytest.raises(ValueError, match="rollout.n must be >= 1"):
-        expand_for_rollout(prompts, 0)
-
-
-def test_left_pad():
-    ids, mask = left_pad([[5, 6, 7], [8]], pad_id=0)
-    assert ids.tolist() == [[5, 6, 7], [0, 0, 8]]
-    assert mask.tolist() == [[1, 1, 1], [0, 0, 1]]
-    assert ids.dtype == torch.long
-
-
-def test_expansion_agrees_with_the_batch_built_from_engine_results(prompt_file, digit_tokenizer):
-    """A PromptBatch feeds rollout.batching.batch_from_generations field for field."""
-    from megarl.rollout.batching import batch_from_generations
-    from megarl.rollout.engine import GenerationResult
-
-    path = prompt_file("p.parquet", [[{"role": "user", "content": c}] for c in ("1", "22", "333")], truths=["a", "b", "c"])
-    prompts = build_train_stream(_config(train_files=[str(path)], prompts_per_step=3), digit_tokenizer).next_batch()
-    n = 2
-    results = [GenerationResult(prompt_index=p, response_ids=[5] * (k + 1), logprobs=[-0.5] * (k + 1), finish_reason="stop")
-               for p in range(3) for k in range(n)]
-    batch = batch_from_generations(
-        prompts.prompt_ids, results, n,
-        data_source=prompts.data_source, ground_truth=prompts.ground_truth,
-        extra_info=prompts.extra_info, prompt_text=prompts.prompt_text,
-    )
-    expanded = expand_for_rollout(prompts, n)
-    ids, mask = expanded.padded_prompts(pad_id=0)
-    assert torch.equal(batch.group_id, expanded.group_id)
-    assert torch.equal(batch.prompt_mask, mask) and torch.equal(batch.prompt_ids * mask, ids * mask)
-    assert batch.ground_truth == expanded.ground_truth and batch.prompt_text == expanded.prompt_text

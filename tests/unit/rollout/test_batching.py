@@ -31,6 +31,8 @@ def test_grouping_padding_and_metadata():
     assert batch.response_mask.tolist()[0] == [1.0, 0.0, 0.0]
     assert batch.rollout_logprobs[1].tolist() == [-0.5] * 3 and batch.rollout_logprobs[0, 1] == 0
     assert batch.finish_reason == ["stop", "length", "stop", "stop"]
+    batch.extra_info[2]["note"] = 1  # each sample owns its copy of the prompt's metadata
+    assert "note" not in batch.extra_info[3]
 
 
 def test_ungrouped_results_are_refused():

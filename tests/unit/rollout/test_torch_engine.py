@@ -158,25 +158,6 @@ def test_sample_tokens_follows_the_filtered_distribution():
     assert torch.allclose(lps, torch.log(probs)[tokens])
 
 
-def test_score_matches_hf_forward(task_engine, hf_task_model):
-    responses = [[4, 4, 5], [6], [7, 8, 9, 10]]
-    got = task_engine.score(PROMPTS, responses, temperature=0.5)
-    for p, r, lps in zip(PROMPTS, responses, got, strict=True):
-        logp = torch.log_softmax(_hf_logits(hf_task_model, p, r) / 0.5, -1)
-        assert torch.allclose(torch.tensor(lps), logp.gather(-1, torch.tensor(r)[:, None]).squeeze(-1), atol=1e-5)
-
-
-def test_release_and_resume_on_cpu_keep_state(task_engine):
-    params = SamplingParams(max_new_tokens=4, seed=5)
-    before = task_engine.generate(PROMPTS[:1], params)
-    task_engine.release_memory()
-    assert "released" in task_engine.health().detail
-    task_engine.resume_memory()
-    health = task_engine.health()
-    assert health.alive and "ready" in health.detail
-    assert task_engine.generate(PROMPTS[:1], params) == before
-
-
 @pytest.mark.parametrize(
     "field, value, match",
     [("n", 0, "n"), ("top_k", 0, "top_k"), ("top_p", 0.0, "top_p"), ("max_new_tokens", 0, "max_new_tokens")],

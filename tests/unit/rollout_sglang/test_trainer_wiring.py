@@ -1,9 +1,13 @@
 """rollout.engine=sglang in the trainer, what runs without a GPU: engines mapped to nodes and
 local GPUs from real plans, the trainer's Engines over the fake SGLang servers (conftest.py),
-and the order of the colocated memory hand-over and of restarts as the servers record it."""
+and the memory hand-over (megarl/rollout/handover.py) driven through the trainer's phase
+objects: what the servers and the policy see, in order, and that no generation reads
+released weights (the fake serves NaN log-probs then, as SGLang serves garbage)."""
 
 from __future__ import annotations
 
+import math
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -11,14 +15,17 @@ import torch
 
 from megarl.config.loading import load_config
 from megarl.config.planner import make_plan
+from megarl.config.residency import build_residency
 from megarl.data.prompt_batch import PromptBatch
-from megarl.rollout.collect import HandedOverEngines, generate_batch
+from megarl.rollout.collect import generate_batch
 from megarl.rollout.engine import SamplingParams
-from megarl.rollout.weight_sync import HFWeightStream
+from megarl.rollout.handover import CheckpointedModel, HandedOverEngines, Handover
+from megarl.rollout.logprob_check import PostPushCheck
+from megarl.rollout.weight_stream import WeightStream
 from megarl.rollout_sglang.controller import (
+    PolicyConnection,
     SGLangEngines,
-    SGLangHandover,
-    engine_descriptors,
+    SGLangMemory,
     rollout_placement,
 )
 from megarl.rollout_sglang.engine import SGLangEngine
@@ -29,8 +36,8 @@ from megarl.rollout_sglang.hosts import (
     slot_spec,
 )
 from megarl.rollout_sglang.server import build_launch_command, build_launch_env, spec_from_config
-from megarl.rollout_sglang.transports import SGLangTensorSync
-from megarl.trainer.phases import WeightPush
+from megarl.rollout_sglang.transports import SGLangTensorTransport
+from megarl.trainer.phases import PolicyForward, WeightPush
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 ALL_TAGS = {"kv_cache", "weights", "cuda_graph"}
@@ -103,7 +110,7 @@ def test_engine_straddling_nodes_is_refused():
 def test_slot_spec_pins_gpus_and_listens_on_the_node_address(tmp_path):
     cfg, plan = plan_of("qwen2.5_7b_ppo.yaml")
     slot = colocated_slots(plan, ray_infos(8, 8, physical=lambda local: 7 - local))[1]
-    base = spec_from_config(cfg.model.path, cfg.rollout, cfg.cluster.placement, seed=3, dtype=cfg.model.dtype)
+    base = spec_from_config(cfg.model.path, cfg.rollout, cfg.cluster, seed=3, dtype=cfg.model.dtype)
     spec = slot_spec(base, slot, str(tmp_path / "e1.log"))
     assert build_launch_env(spec, base={})["CUDA_VISIBLE_DEVICES"] == "5,4"
     cmd = build_launch_command(spec, 30000)
@@ -142,126 +149,246 @@ def test_sglang_engines_make_the_same_batch_as_one_engine(fake_server):
 # ---- the hand-over: what the servers see, in order ----------------------------------------------
 
 
-class InProcessPolicy:
-    """The policy WorkerGroup as the hand-over calls it (``call(method, ...)``), in one process:
-    pushes go through the real SGLangTensorSync over its own engine clients (a policy rank's
-    view), offload/onload record what the servers had released at that moment."""
+class RecordingPolicy:
+    """The policy client as the hand-over uses it, in one process: pushes go through the real
+    SGLangTensorTransport over its own engine clients (a policy rank's view); every call records
+    its states and what each server had released at that moment."""
 
     def __init__(self, weights: dict[str, torch.Tensor], fakes_of) -> None:
         self.weights, self.fakes_of = weights, fakes_of
-        self.events: list[tuple[str, list[set[str]]]] = []
+        self.events: list[tuple[str, tuple, list[set[str]]]] = []
         self.connections: list[list[str]] = []
-        self.sync: SGLangTensorSync | None = None
+        stream = WeightStream(lambda: ((n, t.clone()) for n, t in self.weights.items()), 0.01)
+        self.transport = SGLangTensorTransport(stream, bucket_class=None)
 
-    def call(self, method: str, *args):
-        self.events.append((method, [set(f.released) for f in self.fakes_of()]))
-        if method == "connect_sglang":
-            descriptors, transport, _ = args
-            assert transport == "tensor"
-            stream = HFWeightStream(lambda _: ([(n, t.clone())] for n, t in self.weights.items()), 0.01)
-            self.sync = SGLangTensorSync(stream, bucket_class=None)
-            self.sync.connect([SGLangEngine(d["url"], tp=d["tp"]) for d in descriptors])
-            self.connections.append([d["url"] for d in descriptors])
-        elif method == "push_weights":
-            return [self.sync.push(args[0])]
-        elif method == "compare_probe_logprobs":
-            return [{"weight_sync/logprob_diff": 0.0}]
-        return [None]
+    def _note(self, method: str, *args) -> None:
+        self.events.append((method, args, [set(f.released) for f in self.fakes_of()]))
 
-    def methods(self) -> list[str]:
-        return [m for m, _ in self.events]
+    def connect_engines(self, endpoints) -> None:
+        self._note("connect_engines")
+        self.transport.connect(endpoints)
+        self.connections.append([e.url for e in endpoints])
+
+    def push_weights(self, version: int) -> dict[str, float]:
+        self._note("push_weights", version)
+        return self.transport.push(version)
+
+    def offload(self, states) -> int:
+        self._note("offload", *states)
+        return 0
+
+    def onload(self, states) -> None:
+        self._note("onload", *states)
+
+    def save(self, path: str) -> None:
+        self._note("save", path)
+
+    def compute_logprobs(self, batch, temperature: float) -> torch.Tensor:
+        self._note("compute_logprobs")
+        return batch.rollout_logprobs.clone()  # the trainer agrees with whatever the engine sampled...
+
+    def moves(self) -> list[tuple]:
+        """(method, states...) of every call but connections."""
+        return [(m, *a) for m, a, _ in self.events if m != "connect_engines"]
 
 
-def colocated_setup(fake_server, check=False):
-    servers = [fake_server(), fake_server()]
-    engines = [SGLangEngine(s, flush_interval=0.01) for s in servers]
-    weights = {"w0": torch.randn(8, 8), "w1": torch.randn(4)}
-    policy = InProcessPolicy(weights, lambda: [s.fake for s in servers])
+# The 72B recipe's table: colocated SGLang, actor and reference offloaded, no critic.
+GRPO = dict(reference=True, actor_offload=True, reference_offload=True)
+POLICY_ALL = ("policy/grads", "policy/optimizer", "policy/weights")
 
-    def reconnect():
-        policy.call("connect_sglang", engine_descriptors(engines), "tensor", [[0], [1]])
 
-    reconnect()
-    for e in engines:  # what start_sglang does once the servers are up
-        e.release_memory()
-    handover = SGLangHandover(engines, policy, reconnect, colocated=True, offload=[policy])
-    push = WeightPush(policy, 1.0, check, handover)
-    gen = HandedOverEngines(SGLangEngines(engines), handover)
-    return servers, engines, policy, push, gen
+def colocated_setup(fake_server, check: bool = False, **table_flags):
+    """Servers launched through the hand-over, as start_sglang does; the trainer's phase objects."""
+    servers: list = []
+    table = build_residency("colocated", "sglang", **(table_flags or GRPO))
+    policy = RecordingPolicy({"w0": torch.randn(8, 8), "w1": torch.randn(4)}, lambda: [s.fake for s in servers])
+    handover = Handover(table, {"policy": policy})
+    connect = PolicyConnection(policy, [], [[0], [0]])
+
+    def start() -> SGLangMemory:
+        servers.extend([fake_server(weights_cpu_backup=table.weights_cpu_backup) for _ in range(2)])
+        connect.engines = [SGLangEngine(s, flush_interval=0.01) for s in servers]
+        return SGLangMemory(connect.engines, connect)
+
+    handover.launch(start)
+    connect()
+    gen = HandedOverEngines(SGLangEngines(connect.engines), handover)
+    probe = PostPushCheck(partial(generate_batch, gen), PolicyForward(policy, handover), prompt_batch([[1, 2], [3]]),
+                          SamplingParams(max_new_tokens=2, seed=1), max_diff=0.05) if check else None  # fmt: skip
+    push = WeightPush(policy, handover, probe)
+    return servers, policy, handover, push, gen
 
 
 def memory_bodies(fake) -> list[tuple[str, list[str]]]:
     return [(c.split("_")[0].strip("/"), sorted(b["tags"])) for c, b in fake.bodies if "memory_occupation" in c]
 
 
-def test_colocated_step_releases_after_generation_and_resumes_on_push(fake_server):
-    servers, engines, policy, push, gen = colocated_setup(fake_server)
+def generate(gen, prompts=([1, 2], [3, 4]), n=2):
+    results = gen.generate([list(p) for p in prompts], SamplingParams(max_new_tokens=2, n=n, seed=3))
+    assert all(math.isfinite(x) for r in results for x in r.logprobs)  # real weights served, not garbage
+    return results
+
+
+def test_launch_happens_with_the_trained_models_off_the_gpus(fake_server):
+    servers, policy, handover, _, _ = colocated_setup(fake_server)
+    # Everything trained leaves before a server exists (SGLang sizes its KV cache from the free
+    # memory it sees), comes back once every server released all its memory.
+    (off, off_args, off_seen), (on, on_args, on_seen) = [e for e in policy.events if e[0] != "connect_engines"]
+    assert (off, on) == ("offload", "onload") and off_args == on_args == (*POLICY_ALL, "reference/weights")
+    assert off_seen == [] and on_seen == [ALL_TAGS] * 2
+    assert [memory_bodies(s.fake) for s in servers] == [[("release", sorted(ALL_TAGS))]] * 2
+    assert handover.phase == "start" and handover.stale  # the initial weights were released: a push comes first
+
+
+def test_colocated_step_moves_exactly_what_the_table_says(fake_server):
+    servers, policy, handover, push, gen = colocated_setup(fake_server)
+    del policy.events[:]
     push(version=0)
-    gen.generate([[1, 2], [3, 4]], SamplingParams(max_new_tokens=2, n=2))
+    generate(gen)
+    for phase in ("policy_forward", "reference_forward", "policy_update"):  # what the step's phase objects enter
+        handover.enter(phase)
     push(version=1)
+    generate(gen)
+    assert policy.moves() == [
+        ("offload", "policy/grads", "policy/optimizer", "reference/weights"),  # start -> weight_push
+        ("push_weights", 0),
+        ("offload", "policy/weights"),  # -> generate
+        ("onload", "policy/weights"),  # -> policy_forward
+        ("offload", "policy/weights"), ("onload", "reference/weights"),  # -> reference_forward
+        ("offload", "reference/weights"), ("onload", *POLICY_ALL),  # -> policy_update (grads come back zeroed)
+        ("offload", "policy/grads", "policy/optimizer"),  # -> weight_push: the optimizer leaves before the push
+        ("push_weights", 1),
+        ("offload", "policy/weights"),  # -> generate
+    ]  # fmt: skip
     for s in servers:
-        f = s.fake
-        assert memory_bodies(f) == [
-            ("release", sorted(ALL_TAGS)),            # at start, so the policy has the GPU
+        assert memory_bodies(s.fake) == [
+            ("release", sorted(ALL_TAGS)),            # after the launch
             ("resume", ["weights"]),                  # push 0 needs the weights' memory
-            ("resume", ["cuda_graph", "kv_cache"]),   # before generating
-            ("release", sorted(ALL_TAGS)),            # right after generating
-            ("resume", ["weights"]),                  # push 1
+            ("resume", ["cuda_graph", "kv_cache"]),   # generate
+            ("release", ["cuda_graph", "kv_cache"]),  # policy_forward: the weights stay
+            ("release", ["weights"]),                 # policy_update
+            ("resume", ["weights"]),                  # push 1 refills them
+            ("resume", ["cuda_graph", "kv_cache"]),   # generate
         ]  # fmt: skip
-        calls = [c for c in f.calls if c not in ("/model_info", "/health_generate")]
-        gen_at = calls.index("/generate")
-        assert calls[gen_at - 1] == "/resume_memory_occupation" and calls[gen_at + 1] == "/release_memory_occupation"
-        assert f.weight_version == "1" and f.released == {"kv_cache", "cuda_graph"}
-        assert torch.equal(f.weights["w0"], policy.weights["w0"])
-    # The policy leaves before SGLang takes its KV cache and returns after SGLang released it all.
-    events = [(m, r) for m, r in policy.events if m != "connect_sglang"]
-    assert [m for m, _ in events] == ["push_weights", "offload_states", "onload_states", "push_weights"]
-    pushes = [rs for m, rs in events if m == "push_weights"]
-    assert pushes == [[{"kv_cache", "cuda_graph"}] * 2] * 2  # the weights' memory is back before a push
-    offload = next(rs for m, rs in events if m == "offload_states")
-    onload = next(rs for m, rs in events if m == "onload_states")
-    assert offload == [{"kv_cache", "cuda_graph"}] * 2 and onload == [ALL_TAGS] * 2
+        calls = [c for c in s.fake.calls if c not in ("/model_info", "/health_generate")]
+        release = calls.index("/release_memory_occupation", calls.index("/generate"))
+        assert calls[release - 1] == "/flush_cache"  # released only once idle
+        assert s.fake.weight_version == "1" and torch.equal(s.fake.weights["w0"], policy.weights["w0"])
+    # The optimizer left before the push, with the engines' KV cache still released.
+    seen = {(m, *a): r for m, a, r in policy.events}
+    assert seen[("push_weights", 1)] == [{"kv_cache", "cuda_graph"}] * 2
+    assert seen[("onload", *POLICY_ALL)] == [ALL_TAGS] * 2  # the policy trains with SGLang holding nothing
+    assert handover.repushes == 0
 
 
-def test_log_prob_check_scores_on_runnable_engines_with_the_policy_offloaded(fake_server):
-    servers, engines, policy, push, gen = colocated_setup(fake_server, check=True)
+def test_second_generations_read_real_weights_without_a_repush(fake_server):
+    """ReMax's greedy baseline right after the step's generation, the post-push check, then
+    validation and the next step: every generation after the first keeps the pushed weights."""
+    servers, policy, handover, push, gen = colocated_setup(fake_server, check=True)
+    push(version=0)  # + the check: generate, then the trainer's log-probs
+    generate(gen)  # validation (eval_before_train)
+    generate(gen)  # step 1
+    generate(gen, n=1)  # remax baseline
+    handover.enter("policy_forward")
+    generate(gen)  # a second DAPO round would do this
+    assert [m for m, *_ in policy.moves() if m in ("push_weights", "compute_logprobs")] == ["push_weights", "compute_logprobs"]
+    assert handover.repushes == 0
+    for s in servers:
+        assert [b for b in memory_bodies(s.fake) if "weights" in b[1]] == [("release", sorted(ALL_TAGS)), ("resume", ["weights"])]
+
+
+def test_post_push_check_generates_with_the_policy_off_and_scores_with_it_back(fake_server):
+    servers, policy, handover, push, gen = colocated_setup(fake_server, check=True)
+    del policy.events[:]
+    metrics = push(version=0)
+    assert metrics["weight_sync/logprob_diff"] == 0.0
+    events = [(m, a, r) for m, a, r in policy.events if m != "connect_engines"]
+    assert [(m, *a) for m, a, _ in events] == [
+        ("offload", "policy/grads", "policy/optimizer", "reference/weights"), ("push_weights", 0),
+        ("offload", "policy/weights"), ("onload", "policy/weights"), ("compute_logprobs",)]  # fmt: skip
+    # generate with the KV cache resumed; score with it released again but the weights kept
+    assert events[2][2] == [{"kv_cache", "cuda_graph"}] * 2
+    assert events[4][2] == [{"kv_cache", "cuda_graph"}] * 2
+    assert all(s.fake.weight_version == "0" for s in servers)
+
+
+@pytest.mark.parametrize("cpu_backup", [False, True])
+def test_generation_after_a_weights_release_repushes_unless_sglang_kept_a_copy(fake_server, cpu_backup):
+    """A checkpoint releases the engines' weights (rule 3 of megarl/config/residency.py): the next
+    generation re-pushes the last version first, unless SGLang kept a CPU copy."""
+    servers, policy, handover, push, gen = colocated_setup(fake_server, **GRPO, weights_cpu_backup=cpu_backup)
+    push(version=4)
+    generate(gen)
+    CheckpointedModel(policy, handover).save("step_000004")  # the loop's save, in the checkpoint phase
+    assert policy.moves()[-3:] == [("offload", "policy/weights"), ("onload", "policy/optimizer", "policy/weights"),
+                                   ("save", "step_000004")]  # fmt: skip
+    del policy.events[:]
+    generate(gen)
+    pushes = [a for m, a, _ in policy.events if m == "push_weights"]
+    assert pushes == ([] if cpu_backup else [(4,)])
+    assert handover.repushes == (0 if cpu_backup else 1)
+    if not cpu_backup:  # through weight_push (the optimizer leaves first), then generate
+        assert policy.moves() == [("offload", "policy/optimizer"), ("push_weights", 4), ("offload", "policy/weights")]
+    after_generate = [("release", sorted(ALL_TAGS))]  # generate -> checkpoint
+    for s in servers:
+        if cpu_backup:
+            assert memory_bodies(s.fake)[-2:] == after_generate + [("resume", sorted(ALL_TAGS))]
+        else:  # weights for the push, then the rest for the generation
+            assert memory_bodies(s.fake)[-3:] == after_generate + [("resume", ["weights"]), ("resume", ["cuda_graph", "kv_cache"])]
+        assert s.fake.weight_version == "4"
+
+
+def test_dead_engine_restarts_with_the_policy_off_and_gets_the_last_version(fake_server):
+    servers, policy, handover, push, gen = colocated_setup(fake_server)
     push(version=0)
-    events = [(m, r) for m, r in policy.events if m != "connect_sglang"]
-    names = [m for m, _ in events]
-    assert names == ["push_weights", "probe_trainer_logprobs", "offload_states", "compare_probe_logprobs", "onload_states"]
-    # The trainer's side runs before SGLang takes its KV cache; the engines score with the
-    # KV cache back and the policy off the GPU; afterwards SGLang holds nothing again.
-    assert events[1][1] == [{"kv_cache", "cuda_graph"}] * 2
-    assert events[3][1] == [set()] * 2
-    assert events[4][1] == [{"kv_cache", "cuda_graph"}] * 2  # the pushed weights stay resident
-    gen.generate([[1, 2]], SamplingParams(max_new_tokens=2, n=1))
-    assert all(s.fake.released == ALL_TAGS for s in servers)
-
-
-def test_dead_engine_is_restarted_reconnected_and_brought_to_the_last_version(fake_server):
-    servers, engines, policy, push, gen = colocated_setup(fake_server)
-    push(version=0)
-    gen.generate([[1, 2]], SamplingParams(max_new_tokens=2, n=1))
+    generate(gen, n=1)
+    handover.enter("policy_update")
     push(version=3)
+    engines = handover.engines.engines
     old_url = engines[1].url
     servers[1].kill()
-    results = gen.generate([[1, 2], [5, 6]], SamplingParams(max_new_tokens=2, n=1))
+    del policy.events[:]
+    results = generate(gen, prompts=([1, 2], [5, 6]), n=1)
     assert [r.prompt_index for r in results] == [0, 1]
-    assert gen.handover.restarts == 1
+    assert handover.restarts == 1 and handover.repushes == 1
     assert engines[1].url != old_url and policy.connections[-1] == [engines[0].url, engines[1].url]
-    fresh = servers[1].fake  # the relaunched server: initial weights until the re-push
+    moves = [(m, *a) for m, a, _ in policy.events]
+    assert moves == [
+        ("offload", "policy/weights"),  # weight_push's resident trained states leave before the relaunch
+        ("connect_engines",),  # the relaunched server is up
+        ("onload", "policy/weights"),  # after it released what weight_push does not hold
+        ("push_weights", 3),  # stale: the relaunched server has the initial weights
+        ("offload", "policy/weights"),  # -> generate
+    ]
+    fresh = servers[1].fake  # the relaunched server
+    assert policy.events[2][2] == [{"kv_cache", "cuda_graph"}] * 2  # the relaunched one released like the other, before the onload
+    assert memory_bodies(fresh) == [("release", ["cuda_graph", "kv_cache"]), ("resume", ["cuda_graph", "kv_cache"])]
     assert fresh.weight_version == "3" and torch.equal(fresh.weights["w1"], policy.weights["w1"])
-    assert "/generate" in fresh.calls and fresh.released == ALL_TAGS  # generated, then released
     assert servers[0].fake.weight_version == "3"
 
 
-def test_disaggregated_handover_leaves_memory_alone(fake_server):
+def test_disaggregated_moves_no_engine_memory_but_honours_the_critic_offload(fake_server):
     server = fake_server()
     engine = SGLangEngine(server, flush_interval=0.01)
-    policy = InProcessPolicy({"w": torch.ones(3)}, lambda: [server.fake])
-    policy.call("connect_sglang", engine_descriptors([engine]), "tensor", [[0]])
-    handover = SGLangHandover([engine], policy, lambda: None, colocated=False)
-    WeightPush(policy, 1.0, False, handover)(version=2)
-    HandedOverEngines(SGLangEngines([engine]), handover).generate([[1]], SamplingParams(max_new_tokens=1))
-    assert not [c for c in server.fake.calls if "memory" in c]
-    assert "offload_states" not in policy.methods() and server.fake.weight_version == "2"
+    policy = RecordingPolicy({"w": torch.ones(3)}, lambda: [server.fake])
+    critic = RecordingPolicy({}, lambda: [server.fake])
+    table = build_residency("disaggregated", "sglang", critic=True, critic_offload=True)
+    handover = Handover(table, {"policy": policy, "critic": critic})
+    connect = PolicyConnection(policy, [engine])
+    handover.launch(lambda: SGLangMemory([engine], connect))
+    connect()
+    WeightPush(policy, handover)(version=2)
+    gen = HandedOverEngines(SGLangEngines([engine]), handover)
+    generate(gen, n=1)
+    for phase in ("critic_forward", "critic_update", "policy_update"):
+        handover.enter(phase)
+    server.kill()
+    WeightPush(policy, handover)(version=3)  # the restart brings nothing of the trained models off
+    assert not [c for c in server.fake.calls if "memory" in c] and not [c for s in server.history for c in s.calls if "memory" in c]
+    assert [m for m, *_ in policy.moves()] == ["push_weights", "push_weights"]  # the policy has no flag: it never moves
+    assert critic.moves() == [
+        ("offload", "critic/grads", "critic/optimizer", "critic/weights"),  # start -> weight_push
+        ("onload", "critic/weights"), ("onload", "critic/grads", "critic/optimizer"),  # its forward, its update
+        ("offload", "critic/grads", "critic/optimizer", "critic/weights"),  # policy_update
+    ]  # fmt: skip
+    assert server.fake.weight_version == "3" and handover.restarts == 1

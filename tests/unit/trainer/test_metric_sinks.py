@@ -6,7 +6,8 @@ import time
 import pytest
 
 from megarl.commands.plot import plot_run
-from megarl.trainer.metric_sinks import JsonlSink, PhaseTimer, read_metrics
+from megarl.progress import PhaseTimer
+from megarl.trainer.metric_sinks import JsonlSink, read_metrics
 
 
 def test_jsonl_resume_cuts_later_steps(tmp_path):

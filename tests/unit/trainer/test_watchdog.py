@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from megarl.trainer.metric_sinks import PROGRESS
+from megarl.progress import PROGRESS
 from megarl.trainer.watchdog import RunControl, Watchdog
 
 

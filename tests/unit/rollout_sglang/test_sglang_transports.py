@@ -1,5 +1,5 @@
-"""Weight pushes to the fake SGLang server: the update state machine, payloads, version
-checks, release/resume ordering, restart + re-push, and the distributed path over gloo."""
+"""Weight transports to the fake SGLang server: the order of calls a push makes, payloads,
+version checks, reconnect + re-push after a restart, and the distributed path over gloo."""
 
 from __future__ import annotations
 
@@ -11,14 +11,15 @@ import pytest
 import torch
 
 from megarl.rollout.engine import SamplingParams
-from megarl.rollout.weight_sync import HFWeightStream
+from megarl.rollout.transports import DiskTransport
+from megarl.rollout.weight_stream import WeightStream
 from megarl.rollout_sglang.client import SGLangHTTPError
 from megarl.rollout_sglang.engine import EngineBusy, SGLangEngine, WeightVersionMismatch
 from megarl.rollout_sglang.transports import (
+    EngineEndpoint,
     PayloadGather,
-    SGLangDiskSync,
-    SGLangDistributedSync,
-    SGLangTensorSync,
+    SGLangDistributedTransport,
+    SGLangTensorTransport,
     StageRole,
 )
 
@@ -34,9 +35,18 @@ def make_weights(prefix: str = "model.layers.0", count: int = 5) -> dict[str, to
     return out
 
 
-def stream_of(weights: dict[str, torch.Tensor], bucket_mb: float = 0.04) -> HFWeightStream:
-    # The shared bucket stream (megarl/rollout/weight_sync.py) over a fixed "export".
-    return HFWeightStream(lambda _: ([(n, t.clone())] for n, t in weights.items()), bucket_mb)
+def stream_of(weights: dict[str, torch.Tensor], bucket_mb: float = 0.04) -> WeightStream:
+    # The shared bucket stream (megarl/rollout/weight_stream.py) over a fixed "export".
+    return WeightStream(lambda: ((n, t.clone()) for n, t in weights.items()), bucket_mb)
+
+
+def endpoints(engines: list[SGLangEngine]) -> list[EngineEndpoint]:
+    return [EngineEndpoint(e.url, e.tp, e.max_running_requests) for e in engines]
+
+
+def these(engines: list[SGLangEngine]):
+    """The transports' engine factory, handing out the test's own clients (to look at their state)."""
+    return lambda endpoint: next(e for e in engines if e.url == endpoint.url)  # URLs change on restart
 
 
 def assert_same_weights(received: dict[str, torch.Tensor], sent: dict[str, torch.Tensor]) -> None:
@@ -45,32 +55,29 @@ def assert_same_weights(received: dict[str, torch.Tensor], sent: dict[str, torch
         assert received[name].dtype == tensor.dtype and torch.equal(received[name], tensor), name
 
 
-def tensor_sync(weights: dict[str, torch.Tensor]) -> SGLangTensorSync:
-    return SGLangTensorSync(stream_of(weights), bucket_class=None)
+def tensor_sync(weights: dict[str, torch.Tensor], *engines: SGLangEngine) -> SGLangTensorTransport:
+    """A connected tensor transport (one process: it posts to every engine)."""
+    transport = SGLangTensorTransport(stream_of(weights), bucket_class=None, make_engine=these(list(engines)))
+    transport.connect(endpoints(list(engines)))
+    return transport
 
 
-def test_tensor_push_follows_the_update_state_machine(fake_server):
-    server = fake_server(flush_busy=1)
+def test_tensor_push_makes_the_calls_a_real_server_needs_in_order(fake_server):
+    server = fake_server(flush_busy=1)  # an SGLang 0.5.23: updates only inside begin/end
     engine = SGLangEngine(server, flush_interval=0.01)
-    engine.release_memory()  # colocated: released while the trainer ran
     weights = make_weights()
-    sync = tensor_sync(weights)
-    sync.connect([engine])
+    sync = tensor_sync(weights, engine)
     metrics = sync.push(1)
 
     calls = server.fake.control_calls()
     n_updates = calls.count("/update_weights_from_tensor")
     assert n_updates == metrics["weight_sync/buckets"] >= 3  # 16 KiB tensors, 40 KiB buckets
-    assert calls == (
-        ["/release_memory_occupation", "/resume_memory_occupation", "/pause_generation",
-         "/flush_cache", "/flush_cache"]  # the first flush answered 400 and was retried
+    assert [c for c in calls if c != "/server_info"] == (
+        ["/pause_generation", "/flush_cache", "/flush_cache",  # the first flush answered 400 and was retried
+         "/begin_weight_update"]
         + ["/update_weights_from_tensor"] * n_updates
-        + ["/continue_generation", "/resume_memory_occupation"]
+        + ["/end_weight_update", "/continue_generation"]
     )  # fmt: skip
-    bodies = [b for p, b in server.fake.bodies if p.endswith("_memory_occupation")]
-    assert [b["tags"] for b in bodies] == [
-        ["kv_cache", "weights", "cuda_graph"], ["weights"], ["kv_cache", "cuda_graph"]
-    ]  # fmt: skip
     updates = [b for p, b in server.fake.bodies if p == "/update_weights_from_tensor"]
     assert all(b["flush_cache"] is False and b["load_format"] is None for b in updates)
     assert [b.get("weight_version") for b in updates] == [None] * (n_updates - 1) + ["1"]
@@ -84,8 +91,7 @@ def test_tensor_push_follows_the_update_state_machine(fake_server):
 def test_tensor_push_sends_one_payload_per_tp_rank(fake_server):
     server = fake_server(tp=2)  # the fake refuses a payload count other than its TP size
     weights = make_weights(count=2)
-    sync = tensor_sync(weights)
-    sync.connect([SGLangEngine(server, tp=2)])
+    sync = tensor_sync(weights, SGLangEngine(server, tp=2))
     sync.push(4)
     updates = [b for p, b in server.fake.bodies if p == "/update_weights_from_tensor"]
     assert all(len(b["serialized_named_tensors"]) == 2 for b in updates)
@@ -95,8 +101,7 @@ def test_tensor_push_sends_one_payload_per_tp_rank(fake_server):
 def test_generation_reports_the_new_weight_version(fake_server):
     server = fake_server()
     engine = SGLangEngine(server)
-    sync = tensor_sync(make_weights(count=1))
-    sync.connect([engine])
+    sync = tensor_sync(make_weights(count=1), engine)
     sync.push(2)
     results = engine.generate([[1, 2, 3]], SamplingParams(max_new_tokens=2))
     assert results[0].weight_version == 2
@@ -106,8 +111,7 @@ def test_generation_reports_the_new_weight_version(fake_server):
 def test_lost_weight_version_raises_clearly(fake_server):
     server = fake_server()
     server.fake.ignore_version = True
-    sync = tensor_sync(make_weights(count=1))
-    sync.connect([SGLangEngine(server)])
+    sync = tensor_sync(make_weights(count=1), SGLangEngine(server))
     with pytest.raises(WeightVersionMismatch, match="weight_version is 0 after pushing version 5"):
         sync.push(5)
 
@@ -115,8 +119,7 @@ def test_lost_weight_version_raises_clearly(fake_server):
 def test_failed_update_raises_with_the_servers_message(fake_server):
     server = fake_server()
     server.fake.fail_update = True
-    sync = tensor_sync(make_weights(count=1))
-    sync.connect([SGLangEngine(server)])
+    sync = tensor_sync(make_weights(count=1), SGLangEngine(server))
     with pytest.raises(
         SGLangHTTPError, match="update_weights_from_tensor: HTTP 400: .*size mismatch"
     ):
@@ -134,9 +137,8 @@ def test_flush_gives_up_after_its_retry_bound(fake_server):
 def test_version_check_falls_back_to_get_model_info(fake_server):
     server = fake_server()
     server.fake.legacy_info = True
-    sync = tensor_sync(make_weights(count=1))
     engine = SGLangEngine(server)
-    sync.connect([engine])
+    sync = tensor_sync(make_weights(count=1), engine)
     sync.push(3)
     assert server.fake.calls[-2:] == ["/model_info", "/get_model_info"]
     assert engine.weight_version == 3
@@ -161,22 +163,22 @@ def test_release_needs_an_idle_engine_and_resume_only_what_was_released(fake_ser
     assert [b["tags"] for b in bodies] == [["kv_cache"], ["kv_cache"]]
 
 
-def test_dead_engine_is_restarted_and_repushed(fake_server):
+def test_a_restarted_engine_gets_the_weights_again_after_reconnect(fake_server):
     server = fake_server()
     engine = SGLangEngine(server)
     weights = make_weights(count=2)
-    sync = tensor_sync(weights)
-    sync.connect([engine])
+    sync = tensor_sync(weights, engine)
     sync.push(7)
-    assert sync.recover(7) == []  # all alive: nothing restarted, nothing pushed
     server.kill()
     assert engine.health().alive is False
-    assert sync.recover(7) == [engine]
+    engine.restart()  # what the controller's hand-over does, then reconnect + re-push
+    sync.connect(endpoints([engine]))
+    sync.push(7)
     fresh = server.history[-1]
     assert fresh is not server.history[0]
     assert fresh.weight_version == "7"
     assert_same_weights(fresh.weights, weights)
-    assert fresh.control_calls()[:2] == ["/pause_generation", "/flush_cache"]
+    assert [c for c in fresh.control_calls() if c != "/server_info"][:3] == ["/pause_generation", "/flush_cache", "/begin_weight_update"]
     assert engine.health().alive is True
 
 
@@ -186,12 +188,15 @@ def test_disk_push_loads_the_written_directory(fake_server, tmp_path):
     (hf_dir / "config.json").write_text("{}")
     server = fake_server()
     weights = make_weights(count=2)
-    sync = SGLangDiskSync(stream_of(weights), str(tmp_path / "push"), hf_dir=str(hf_dir))
-    sync.connect([SGLangEngine(server)])
+    engine = SGLangEngine(server)
+    sync = DiskTransport(stream_of(weights), str(tmp_path / "push"), writer=True, hf_dir=str(hf_dir),
+                         engines_of=lambda _: [engine])  # fmt: skip
+    sync.connect(None)
     metrics = sync.push(2)
     (body,) = [b for p, b in server.fake.bodies if p == "/update_weights_from_disk"]
     target = tmp_path / "push" / "v2"
-    assert body == {"model_path": str(target), "weight_version": "2"}
+    assert body["model_path"] == str(target) and body["weight_version"] == "2"
+    assert body.get("load_format") == "auto"  # not the launch's dummy format
     assert (target / "config.json").exists() and list(target.glob("*.safetensors"))
     assert server.fake.weight_version == "2" and metrics["weight_sync/bytes"] > 0
 
@@ -201,14 +206,15 @@ def test_distributed_push_per_stage_groups_over_gloo(fake_server):
     servers = [fake_server(tp=1), fake_server(tp=2)]
     engines = [SGLangEngine(servers[0], tp=1), SGLangEngine(servers[1], tp=2)]
     stage_weights = {0: make_weights("model.layers.0", 2), 1: make_weights("model.layers.1", 3)}
-    sync = SGLangDistributedSync(
+    sync = SGLangDistributedTransport(
         {s: stream_of(w) for s, w in stage_weights.items()},
         StageRole(pp_size=2, stages=(0, 1), sender_stages=(0, 1)),
         backend="gloo",
+        make_engine=these(engines),
         group_prefix="test_dist_a",
         timeout=TIMEOUT,
     )
-    sync.connect(engines)
+    sync.connect(endpoints(engines))
     try:
         sync.push(3)
         everything = stage_weights[0] | stage_weights[1]
@@ -224,14 +230,17 @@ def test_distributed_push_per_stage_groups_over_gloo(fake_server):
             "test_dist_a_pp1"
         ] * 2
         assert all("weight_version" not in b for b in updates)  # set once, after all stages
-        # Nothing was released (disaggregated), so no resume after continue.
-        assert servers[0].fake.control_calls()[-2:] == [
+        # The version label goes on once every stage is in, inside the update session.
+        assert servers[0].fake.control_calls()[-3:] == [
             "/update_weight_version",
+            "/end_weight_update",
             "/continue_generation",
         ]
 
-        servers[1].kill()  # engine 1 dies: restart, rebuild both groups, re-push
-        assert sync.recover(3) == [engines[1]]
+        servers[1].kill()  # engine 1 dies: restart, rebuild both groups, re-push (the hand-over's steps)
+        engines[1].restart()
+        sync.connect(endpoints(engines))
+        sync.push(3)
         assert_same_weights(servers[1].history[-1].weights, everything)
         assert servers[1].history[-1].weight_version == "3"
         destroyed = [
@@ -247,10 +256,11 @@ def test_distributed_push_per_stage_groups_over_gloo(fake_server):
 def test_distributed_single_stage_tags_the_last_bucket(fake_server):
     server = fake_server()
     weights = make_weights(count=3)
-    sync = SGLangDistributedSync(
-        {0: stream_of(weights)}, backend="gloo", group_prefix="test_dist_b", timeout=TIMEOUT
+    engine = SGLangEngine(server)
+    sync = SGLangDistributedTransport(
+        {0: stream_of(weights)}, backend="gloo", make_engine=these([engine]), group_prefix="test_dist_b", timeout=TIMEOUT
     )
-    sync.connect([SGLangEngine(server)])
+    sync.connect(endpoints([engine]))
     try:
         sync.push(9)
         updates = [b for p, b in server.fake.bodies if p == "/update_weights_from_distributed"]
@@ -263,7 +273,7 @@ def test_distributed_single_stage_tags_the_last_bucket(fake_server):
 
 
 def test_distributed_push_before_connect_is_refused():
-    sync = SGLangDistributedSync({0: stream_of(make_weights(count=1))}, backend="gloo")
+    sync = SGLangDistributedTransport({0: stream_of(make_weights(count=1))}, backend="gloo")
     with pytest.raises(RuntimeError, match="before connect"):
         sync.push(1)
 
@@ -272,15 +282,13 @@ def test_failed_push_leaves_a_live_paused_engine_that_the_next_push_finishes(fak
     server = fake_server()
     server.fake.fail_update = True
     engine = SGLangEngine(server)
-    sync = tensor_sync(make_weights(count=1))
-    sync.connect([engine])
+    sync = tensor_sync(make_weights(count=1), engine)
     with pytest.raises(SGLangHTTPError):
         sync.push(1)
     assert server.fake.paused and engine.paused
     health_calls = len(server.fake.calls)
     assert engine.health().alive  # paused: checked through /model_info, not a generation
     assert server.fake.calls[health_calls:] == ["/model_info"]
-    assert sync.recover(1) == []  # alive: nothing to restart
     server.fake.fail_update = False
     sync.push(1)
     assert not server.fake.paused and server.fake.weight_version == "1"
@@ -304,17 +312,17 @@ def test_per_gpu_payloads_are_gathered_in_tp_rank_order(fake_server):
 
         return gather
 
+    engine = SGLangEngine(server, tp=2)
     syncs = [
-        SGLangTensorSync(
-            stream_of(weights), bucket_class=None, per_gpu=PayloadGather(gather_for(r), meet.wait)
-        )  # fmt: skip
+        SGLangTensorTransport(stream_of(weights), rank=r, bucket_class=None, make_engine=these([engine]),
+                              payload_gather=lambda ranks, r=r: PayloadGather(gather_for(r), meet.wait))  # fmt: skip
         for r in range(2)
     ]
-    syncs[0].connect([SGLangEngine(server, tp=2)])
-    syncs[1].connect([])
+    for sync in syncs:  # the engine's GPUs are held by policy ranks 0 and 1, in TP order
+        sync.connect([EngineEndpoint(engine.url, 2, holders=(0, 1))])
     errors: list[BaseException] = []
 
-    def run(sync: SGLangTensorSync) -> None:
+    def run(sync: SGLangTensorTransport) -> None:
         try:
             sync.push(6)
         except BaseException as err:  # noqa: BLE001 - reported by the assertion below

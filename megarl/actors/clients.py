@@ -1,0 +1,190 @@
+"""The controller's typed view of the worker groups: one client per role, one method per call.
+
+A client turns a typed call (``policy.compute_logprobs(batch, temperature) -> [B, R]``) into
+a call on every rank of its group and collects the answers by the method's rule, declared
+here once per method:
+
+- ``_first``: the collective already made every rank's answer identical (metrics reduced over
+  the group, a checksum): rank 0's is taken.
+- ``_rows``: per-token results; each data-parallel replica's output rank returns the rows it
+  computed (:class:`~megarl.data.batch.TokenRows`) and the client assembles ``[B, R]``.
+- ``_each``: one answer per rank (layouts, generations of the engines in the ranks).
+
+The group is anything with ``world_size``, ``call`` and ``call_each``: a Ray
+:class:`~megarl.actors.ray_groups.worker_group.WorkerGroup`, or an :class:`InProcessGroup`
+(world size 1, no Ray: a one-GPU box under torchrun, and unit tests). This is the only module
+that names worker methods as strings.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from megarl.data.batch import Batch, TokenRows
+from megarl.rollout.engine import GenerationResult
+
+
+class Group(Protocol):
+    """What a client needs of a worker group (WorkerGroup and InProcessGroup have it)."""
+
+    world_size: int
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]: ...
+
+    def call_each(self, method: str, args_per_rank: Sequence[Any]) -> list[Any]: ...
+
+
+def _first(results: list[Any]) -> Any:
+    return results[0]
+
+
+def _rows(results: list[TokenRows | None], batch: Batch) -> dict[str, torch.Tensor]:
+    return TokenRows.assemble(results, len(batch), batch.response_len)
+
+
+@dataclass(frozen=True)
+class RankLayout:
+    """Where one rank of the policy group sits (the controller maps engines to ranks with it)."""
+
+    rank: int
+    dp_rank: int
+    dp_size: int
+    leader: bool  # TP rank 0 of the first pipeline stage: holds its replica's torch engine
+
+
+class TrainedClient:
+    """What the policy and critic clients share: checkpoints, memory states, profiling."""
+
+    def __init__(self, group: Group) -> None:
+        self.group = group
+
+    def save(self, path: str) -> None:
+        self.group.call("save", path)
+
+    def load(self, path: str) -> None:
+        self.group.call("load", path)
+
+    # Memory: only the hand-over (megarl/rollout/handover.py) calls offload / onload.
+    def offload(self, states: Sequence[str]) -> int:
+        """Move residency-table states of this group's processes (``policy/optimizer``,
+        ``reference/weights``, ...: megarl/config/residency.py) off the devices; bytes freed, all ranks."""
+        return sum(self.group.call("offload_states", list(states)))
+
+    def onload(self, states: Sequence[str]) -> None:
+        self.group.call("onload_states", list(states))
+
+    def device_bytes(self) -> list[dict[str, int]]:
+        """Per rank: the bytes each table state keeps allocated on the device (0: off it)."""
+        return self.group.call("device_bytes")
+
+    def start_profile(self) -> None:
+        self.group.call("start_profile")
+
+    def stop_profile(self, folder: str) -> None:
+        self.group.call("stop_profile", folder)
+
+
+class PolicyClient(TrainedClient):
+    """The policy group (PolicyRank): policy, reference and the torch engines live there."""
+
+    def layouts(self) -> list[RankLayout]:
+        return [RankLayout(**lay) for lay in self.group.call("layout")]
+
+    def compute_logprobs(self, batch: Batch, temperature: float) -> torch.Tensor:
+        """``[B, R]`` log-probs of the responses under the current policy (0 past each length)."""
+        return _rows(self.group.call("compute_logprobs", batch, temperature), batch)["logprobs"]
+
+    def compute_ref_logprobs(self, batch: Batch, temperature: float) -> torch.Tensor:
+        """``[B, R]`` log-probs under the frozen reference policy."""
+        return _rows(self.group.call("compute_ref_logprobs", batch, temperature), batch)["logprobs"]
+
+    def update(self, batch: Batch, temperature: float) -> dict[str, float]:
+        """One RL update on ``batch``; metrics reduced over the group (public names)."""
+        return _first(self.group.call("update", batch, temperature))
+
+    def push_weights(self, version: int) -> dict[str, float]:
+        """Send the current weights to the engines through the connected transport."""
+        return _first(self.group.call("push_weights", version))
+
+    def connect_engines(self, engines: Any) -> None:
+        """(Re)connect every rank's transport to the engines (after start and each restart)."""
+        self.group.call("connect_engines", engines)
+
+    def generate(self, requests: Sequence[Any]) -> list[list[GenerationResult] | None]:
+        """``requests[r]`` to rank r's torch engine (None: nothing for that rank)."""
+        return self.group.call_each("generate", [(r,) for r in requests])
+
+    def parameter_checksum(self) -> float:
+        return _first(self.group.call("parameter_checksum"))
+
+
+class CriticClient(TrainedClient):
+    """The critic group (CriticRank)."""
+
+    def compute_values(self, batch: Batch) -> torch.Tensor:
+        """``[B, R]`` values before the update (0 past each response's length)."""
+        return _rows(self.group.call("compute_values", batch), batch)["values"]
+
+    def update(self, batch: Batch) -> dict[str, float]:
+        return _first(self.group.call("update", batch))
+
+
+class ExportClient:
+    """The conversion group (megarl.checkpoint.hf_export.ExportRank) of `megarl convert`."""
+
+    def __init__(self, group: Group) -> None:
+        self.group = group
+
+    def write(self, staging: str) -> dict[str, float]:
+        """The trained policy as HF files in ``staging/v0``; the push's metrics."""
+        return _first(self.group.call("write", staging))
+
+    def verify(self, hf_dir: str) -> int:
+        """Re-import ``hf_dir`` and compare bit for bit; the number of parameters checked."""
+        return sum(self.group.call("verify", hf_dir))
+
+
+class InProcessGroup:
+    """A worker group of one rank living in this process (no Ray).
+
+    Sets torchrun's variables when they are missing (rank 0 of a world of 1 on a free local
+    port), so the worker initialises torch.distributed as it would under torchrun.
+    """
+
+    world_size = 1
+
+    def __init__(self, factory: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        defaults = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}  # fmt: skip
+        for key, value in defaults.items():
+            os.environ.setdefault(key, value)
+        if os.environ["WORLD_SIZE"] != "1":
+            raise RuntimeError(
+                f"an in-process worker group runs one rank, but WORLD_SIZE is {os.environ['WORLD_SIZE']}; "
+                "launch with one process (torchrun --nproc_per_node 1) or use Ray worker groups"
+            )
+        self.worker = factory(*args, **kwargs)
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        return [getattr(self.worker, method)(*args, **kwargs)]
+
+    def call_each(self, method: str, args_per_rank: Sequence[Any]) -> list[Any]:
+        if len(args_per_rank) != 1:
+            raise ValueError(f"call_each('{method}'): {len(args_per_rank)} argument sets for 1 rank")
+        (args,) = args_per_rank
+        return [getattr(self.worker, method)(*args)]
+
+    def shutdown(self) -> None:
+        self.worker = None
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

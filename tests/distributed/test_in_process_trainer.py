@@ -1,0 +1,131 @@
+"""The whole RL step without Ray: every role in one process through the in-process worker
+group (what a one-GPU box runs under torchrun), on the demo's tiny model and task.
+
+One spawned process (a world of one) runs several configurations one after another, each
+built by the real ``build_trainer(..., in_process=True)`` and trained for two steps. The tests
+check which phase implementations the build picked (skipped old log-probs when strictly
+on-policy, the critic for GAE, the greedy baseline for ReMax, dynamic sampling for DAPO, the
+policy waiting out the critic's warm-up) and what the steps logged.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from spawn import run_distributed
+
+ROOT = Path(__file__).resolve().parents[2]
+PHASES = ("old_logprobs", "reference", "critic", "collector", "baseline", "generate")
+
+CASES = {
+    "grpo": (),
+    "ppo": ("algorithm.estimator=gae", "algorithm.lam=0.95", "actor.ppo_epochs=2", "algorithm.kl.use_in_reward=true",
+            "critic.mini_batch_size=32", "critic.micro_batch_size=16", "critic.optimizer.lr=1e-3"),
+    "warmup": ("algorithm.estimator=gae", "algorithm.kl.use_in_loss=false", "critic.mini_batch_size=32",
+               "critic.micro_batch_size=16", "trainer.critic_warmup_steps=1"),
+    "remax": ("algorithm.estimator=remax",),
+    "dapo": ("algorithm.dynamic_sampling.enabled=true", "algorithm.dynamic_sampling.max_rounds=2"),
+    "adaptive_kl": ("algorithm.kl.use_in_reward=true", "algorithm.kl.controller=adaptive", "algorithm.kl.coef=0.05"),
+    # The documented extension examples (docs/examples/my_extensions.py), named by import path.
+    "extensions": ("algorithm.estimator=my_extensions:centered_score", "algorithm.policy_loss=my_extensions:unclipped_ratio",
+                   "rollout.generate_function=my_extensions:generate_with_prefix"),
+}  # fmt: skip
+
+
+def _overrides(root: Path, out: Path, extra: tuple[str, ...]) -> list[str]:
+    from megarl.commands.demo import prepare_demo
+
+    model, data = prepare_demo(root)
+    return [
+        f"model.path={model}", f"data.train_files=[{data / 'train.parquet'}]", f"data.val_files=[{data / 'val.parquet'}]",
+        f"trainer.output_dir={out}", "trainer.total_steps=2", "trainer.eval_before_train=false", "trainer.eval_freq=2",
+        "trainer.save_freq=0", "trainer.loggers=[jsonl]", "cluster.gpus_per_node=1", "data.prompts_per_step=8",
+        "rollout.n=4", "actor.mini_batch_size=32", "actor.micro_batch_size=16", "reward.workers=1", *extra,
+    ]  # fmt: skip
+
+
+def _run_cases(rank: int, world: int, root: str) -> dict:
+    import sys
+
+    from megarl.config.loading import load_config
+    from megarl.config.planner import make_plan
+    from megarl.trainer.build import build_trainer, shutdown
+
+    sys.path.insert(0, str(ROOT / "docs" / "examples"))  # where the extension examples live
+    results = {}
+    for name, extra in CASES.items():
+        out = Path(root) / name
+        cfg = load_config(ROOT / "configs" / "tiny_grpo.yaml", _overrides(Path(root) / "demo", out, extra))
+        trainer = build_trainer(cfg, make_plan(cfg, check_files=True, in_process=True), in_process=True)
+        try:
+            trainer.fit()
+            phases = {p: _name(getattr(trainer.parts, p)) for p in PHASES}
+        finally:
+            shutdown(trainer)
+        records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        results[name] = {"phases": phases, "records": records}
+    return results
+
+
+def _name(part: object) -> str:
+    """A phase object's class, or a function's qualified name (the generate function)."""
+    return f"{part.__module__}.{part.__name__}" if callable(part) and hasattr(part, "__name__") else type(part).__name__
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    # Not a daemon: the trainer starts its reward worker pool.
+    return run_distributed(_run_cases, 1, str(tmp_path_factory.mktemp("in_process")), timeout_s=900, daemon=False)[0]
+
+
+def test_grpo_skips_the_old_logprob_forward_and_keeps_engine_and_trainer_equal(runs):
+    grpo = runs["grpo"]
+    assert grpo["phases"] == {"old_logprobs": "Skip", "reference": "ReferenceLogprobs", "critic": "Skip",
+                              "collector": "PlainCollector", "baseline": "NoBaseline",
+                              "generate": "megarl.rollout.collect.generate_batch"}  # fmt: skip
+    assert [r["step"] for r in grpo["records"]] == [1, 2]
+    for record in grpo["records"]:
+        assert record["weight_sync/logprob_diff"] <= 1e-5  # fp32: the push is exact
+        assert 0.0 <= record["reward/mean"] <= 1.0 and math.isfinite(record["actor/kl"])
+        assert record["rollout/logprob_mismatch"] <= 1e-5
+    assert "val/reward/mean" in grpo["records"][-1]
+
+
+def test_ppo_runs_the_critic_and_the_old_logprob_forward(runs):
+    ppo = runs["ppo"]
+    assert ppo["phases"]["old_logprobs"] == "OldLogprobs" and ppo["phases"]["critic"] == "CriticPhase"
+    for record in ppo["records"]:
+        assert math.isfinite(record["critic/loss"]) and "reward/kl" in record
+        assert record["actor/optimizer_steps"] == 2  # two epochs over one mini-batch
+
+
+def test_critic_warmup_skips_the_policy_update(runs):
+    first, second = runs["warmup"]["records"]
+    assert "actor/loss" not in first and "critic/loss" in first
+    assert "actor/loss" in second
+    assert second["actor/kl"] is None  # no reference: null in the log, not a made-up number
+
+
+def test_remax_scores_a_greedy_baseline(runs):
+    assert runs["remax"]["phases"]["baseline"] == "GreedyBaseline"
+    assert all(0.0 <= r["reward/mean"] <= 1.0 for r in runs["remax"]["records"])
+
+
+def test_dapo_collects_over_at_most_max_rounds(runs):
+    assert runs["dapo"]["phases"]["collector"] == "DynamicSamplingCollector"
+    assert all(1 <= r["dynamic_sampling/rounds"] <= 2 for r in runs["dapo"]["records"])
+
+
+def test_adaptive_kl_moves_its_coefficient(runs):
+    first, second = runs["adaptive_kl"]["records"]
+    assert first["reward/kl_coef"] > 0 and second["reward/kl_coef"] != first["reward/kl_coef"]
+
+
+def test_user_functions_named_by_import_path_train(runs):
+    assert runs["extensions"]["phases"]["generate"] == "my_extensions.generate_with_prefix"
+    records = runs["extensions"]["records"]
+    assert [r["step"] for r in records] == [1, 2]
+    assert all(math.isfinite(r["actor/loss"]) and r["actor/clip_frac"] == 0 for r in records)  # unclipped
