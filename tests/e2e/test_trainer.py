@@ -10,30 +10,9 @@ import shutil
 
 import pytest
 import torch
-from run_helpers import REQUIRED_METRICS, read_jsonl, small_config
-
-from megarl.actors.ray_groups.session import ray_session
-from megarl.commands.launch import run
-from megarl.config.planner import make_plan
+from run_helpers import REQUIRED_METRICS, train
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def ray_local():
-    with ray_session(None, num_cpus=6) as session:
-        yield session
-
-
-@pytest.fixture(scope="module")
-def demo_root(tmp_path_factory):
-    return tmp_path_factory.mktemp("demo")
-
-
-def train(demo_root, out, steps, *extra):
-    cfg = small_config(demo_root, out, steps, *extra)
-    last = run(cfg, make_plan(cfg, check_files=True))
-    return cfg, last, read_jsonl(out / "metrics.jsonl")
 
 
 @pytest.fixture(scope="module")

@@ -3,10 +3,8 @@ paths, on real directories (the export itself runs in tests/e2e/test_failures_co
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -120,24 +118,7 @@ def test_relative_paths_resolve_against_the_launch_directory(run, tmp_path, monk
         run_config(ckpt)
 
 
-@contextlib.contextmanager
-def read_only_dir(path: Path):
-    """A directory nobody can write into, root included (a read-only tmpfs when we are root)."""
-    path.mkdir()
-    if os.geteuid() != 0:
-        path.chmod(0o555)
-        yield path
-        path.chmod(0o755)
-        return
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(path)], capture_output=True).returncode:
-        pytest.skip("root without the right to mount a read-only tmpfs")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", str(path)], check=True)
-
-
-def test_a_read_only_place_is_refused_before_anything_starts(run, tmp_path):
+def test_a_read_only_place_is_refused_before_anything_starts(run, tmp_path, read_only_dir):
     launch, ckpt = run
     with read_only_dir(tmp_path / "ro") as ro:
         with pytest.raises(OutputError, match=r"cannot write .*ro/hf: .*is not writable .*choose a writable place"):

@@ -3,9 +3,7 @@ line per problem naming the field, the file and the fix (real files in tmp paths
 
 from __future__ import annotations
 
-import contextlib
 import os
-import subprocess
 import time
 from pathlib import Path
 
@@ -43,23 +41,6 @@ def rows(prompts: list[str], source: str = "reverse_digits") -> list[dict]:
     return [{"data_source": source, "prompt": [{"role": "user", "content": p}], "ability": "t",
              "reward_model": {"ground_truth": p[::-1], "style": "rule"}, "extra_info": {"index": i}}
             for i, p in enumerate(prompts)]
-
-
-@contextlib.contextmanager
-def read_only_dir(path: Path):
-    """A directory nobody can write into, root included (a read-only tmpfs when we are root)."""
-    path.mkdir()
-    if os.geteuid() != 0:
-        path.chmod(0o555)
-        yield path
-        path.chmod(0o755)
-        return
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(path)], capture_output=True).returncode:
-        pytest.skip("root without the right to mount a read-only tmpfs")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", str(path)], check=True)
 
 
 def test_a_good_config_passes(demo, tmp_path):
@@ -137,7 +118,7 @@ def test_functions_named_by_import_path_are_imported_before_launch(demo, tmp_pat
     assert "rollout.generate_function: generate function 'nowhere_megarl.at_all:gen': cannot import nowhere_megarl" in msg
 
 
-def test_output_dir_that_cannot_be_written(demo, tmp_path):
+def test_output_dir_that_cannot_be_written(demo, tmp_path, read_only_dir):
     with read_only_dir(tmp_path / "ro") as ro:
         problem = writable_dir_problem(ro / "run")
         assert problem is not None and "is not writable" in problem
