@@ -48,13 +48,18 @@ def _overrides(root: Path, out: Path, extra: tuple[str, ...]) -> list[str]:
 
 
 def _run_cases(rank: int, world: int, root: str) -> dict:
+    import os
     import sys
 
     from megarl.config.loading import load_config
     from megarl.config.planner import make_plan
     from megarl.trainer.build import build_trainer, shutdown
 
-    sys.path.insert(0, str(ROOT / "docs" / "examples"))  # where the extension examples live
+    # Where the extension examples live, as a user puts their own code: on PYTHONPATH, which the
+    # preflight's child process (and Ray's workers) inherit; sys.path for this process.
+    examples = str(ROOT / "docs" / "examples")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (examples, os.environ.get("PYTHONPATH")) if p)
+    sys.path.insert(0, examples)
     results = {}
     for name, extra in CASES.items():
         out = Path(root) / name
