@@ -26,6 +26,7 @@ from megarl.config.sections import MegaRLConfig
 
 log = logging.getLogger(__name__)
 DRIVER_LOG = "driver.log"
+RESUME_ENV = "MEGARL_RESUME_COMMAND"  # overrides the printed resume command (set by megarl sbatch scripts)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -66,7 +67,8 @@ def launch(config: str | Path, overrides: list[str], address: str | None = None,
     if finished:
         print(finished)
         return {}
-    command = resume_command or launch_command(config, overrides, cfg, address, in_process)
+    # A batch script (launch/megarl.sbatch) names itself: resubmitting is how its runs resume.
+    command = resume_command or os.environ.get(RESUME_ENV) or launch_command(config, overrides, cfg, address, in_process)
     return run(cfg, plan, address, command, in_process=in_process)
 
 
@@ -96,6 +98,7 @@ def run(cfg: MegaRLConfig, plan, address: str | None = None, resume_command: str
         where = "this process" if in_process else f"Ray at {address}" if address else f"an embedded Ray ({local_cpus} CPUs)"
         log.info("starting %s, then %s", where, _roles(plan))
         with _session(in_process, address, local_cpus, cfg):
+            control.reclaim()
             try:
                 trainer = build_trainer(cfg, plan, in_process=in_process)
                 return trainer.fit(control)  # stops in the step loop are its own (RunStopped)

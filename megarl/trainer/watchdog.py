@@ -6,6 +6,8 @@ run). Outside the step loop a signal stops at once (KeyboardInterrupt: nothing i
 Inside it the first SIGINT / SIGTERM (Slurm's preemption signal) only asks to stop: the step
 finishes, a checkpoint is written if ``trainer.checkpoint_on_signal`` (and the step did not
 already save one), then ``RunStopped`` ends the run; a second signal abandons the step at once.
+A SIGTERM repeated within ``REPEAT_WINDOW_S`` counts as the same request: on preemption Slurm
+signals every process of the job and the batch script forwards the TERM too (launch/).
 While shutting down, further signals are ignored (Ray and the worker processes are cleaned up
 either way; after SIGKILL the session's reaper does it, megarl/actors/ray_groups/session.py).
 
@@ -23,6 +25,7 @@ import logging
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -35,6 +38,7 @@ log = logging.getLogger(__name__)
 EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
 HANG_SIGNAL = signal.SIGUSR2  # the watchdog -> the main thread (ranks use SIGUSR1 for their stacks)
 _NAMES = {signal.SIGINT: "SIGINT (Ctrl-C)", signal.SIGTERM: "SIGTERM"}
+REPEAT_WINDOW_S = 5.0  # a SIGTERM this soon after the first is the same request, not "stop at once"
 
 
 class RunStopped(Exception):
@@ -56,6 +60,7 @@ class RunControl:
         self.resume_command = resume_command
         self.save_on_signal = save_on_signal
         self.signal: int | None = None  # the first SIGINT / SIGTERM received
+        self.signal_at = 0.0  # when it came (time.monotonic())
         self.deferred = False  # inside the step loop: the first signal waits for the step's end
         self.cleaning = False  # shutting down: signals are ignored
         self.hang: str | None = None  # the watchdog's finding
@@ -91,9 +96,19 @@ class RunControl:
                 signal.signal(s, handler)
             self.installed = False
 
+    def reclaim(self) -> None:
+        """Put the handlers back after a library replaced them: ray.init installs Ray's own
+        SIGTERM handler, which ends the driver at once (exit 15) instead of after the step."""
+        if self.installed:
+            signal.signal(signal.SIGINT, self._on_signal)
+            signal.signal(signal.SIGTERM, self._on_signal)
+
     def _on_signal(self, signum: int, frame: Any) -> None:
         first = self.signal is None
-        self.signal = self.signal or signum
+        if first:
+            self.signal, self.signal_at = signum, time.monotonic()
+        elif signum == self.signal == signal.SIGTERM and time.monotonic() - self.signal_at < REPEAT_WINDOW_S:
+            return  # the same stop request delivered twice (Slurm and the batch script)
         if self.cleaning:
             print("\nmegarl: shutting down, please wait", file=sys.stderr, flush=True)
             return

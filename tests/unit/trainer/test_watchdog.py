@@ -41,6 +41,20 @@ def test_inside_a_step_the_first_signal_waits_and_the_second_abandons(capsys):
     assert "shutting down, please wait" in capsys.readouterr().err
 
 
+def test_a_sigterm_repeated_at_once_is_the_same_request(capsys, monkeypatch):
+    # Slurm's preemption signals every process of the job, and the batch script forwards it too.
+    control = RunControl()
+    with control.handlers():
+        control.deferred = True
+        deliver(signal.SIGTERM)
+        deliver(signal.SIGTERM)  # within REPEAT_WINDOW_S: no KeyboardInterrupt
+        assert control.stop_requested and control.exit_code == 143
+        monkeypatch.setattr(control, "signal_at", time.monotonic() - 60)  # a TERM a minute later abandons
+        with pytest.raises(KeyboardInterrupt):
+            deliver(signal.SIGTERM)
+    assert capsys.readouterr().err.count("stopping after this step") == 1
+
+
 def test_the_watchdog_interrupts_a_stuck_driver(tmp_path):
     control = RunControl()
     with control.handlers(), pytest.raises(KeyboardInterrupt), Watchdog(control, 1.0, {}, tmp_path):
