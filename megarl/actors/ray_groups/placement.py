@@ -10,10 +10,11 @@ roles must have the same shape and share the very same bundles: a shared bundle 
 GPUs of one process and the CPUs of all sharing roles; each sharing actor asks for
 `gpus_per_proc / number of sharing roles` GPUs, so Ray puts them on the same device(s).
 
-Before anything is created the request is checked against the cluster (totals and the
-largest node), so an impossible request fails at once with a message that names the role
-and the numbers; a request that is possible but blocked (resources held by others) fails
-after `timeout_s` naming the node-group that could not be placed. Deliberately left out:
+Before anything is created the request is checked against the cluster (`missing_capacity`:
+totals, the largest node, and enough nodes to hold every node-group), so an impossible
+request fails at once with a message that names the role and the numbers; a request that
+is possible but blocked (resources held by others) fails after `timeout_s` naming the
+node-group that could not be placed. Deliberately left out:
 node affinity / labels, spreading node-groups over distinct nodes (Ray may pack two
 node-groups on one big node; WorkerGroup computes LOCAL_RANK from where ranks really land).
 """
@@ -72,6 +73,10 @@ class RolePlacement:
             other.procs_per_node,
             other.gpus_per_proc,
         )
+
+
+# (roles sharing the pool, their common shape, the resources of one bundle = one process)
+PoolSpec = tuple[tuple[str, ...], RolePlacement, dict[str, float]]
 
 
 @dataclass
@@ -169,9 +174,7 @@ def release(placed: Mapping[str, PlacedRole]) -> None:
         item.pool.remove()
 
 
-def _pool_specs(
-    by_role: Mapping[str, RolePlacement], colocate: Iterable[Sequence[str]]
-) -> list[tuple[tuple[str, ...], RolePlacement, dict[str, float]]]:
+def _pool_specs(by_role: Mapping[str, RolePlacement], colocate: Iterable[Sequence[str]]) -> list[PoolSpec]:
     """(roles, shape, bundle resources) for every pool to create."""
     specs = []
     grouped: set[str] = set()
@@ -215,32 +218,104 @@ def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
-def _check_cluster(specs: Sequence[tuple[tuple[str, ...], RolePlacement, dict[str, float]]]) -> None:
-    """Refuse at once what the cluster can never hold (totals, then the largest node)."""
-    total = ray.cluster_resources()
-    nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+def _check_cluster(specs: Sequence[PoolSpec]) -> None:
+    """Refuse at once what the cluster can never hold (see missing_capacity)."""
+    problem = missing_capacity(specs, ray.nodes())
+    if problem:
+        raise PlacementError(problem)
+
+
+def missing_capacity(specs: Sequence[PoolSpec], nodes: Sequence[Mapping[str, Any]]) -> str | None:
+    """What the cluster lacks for ``specs`` (one line naming the role, the numbers and a fix), or
+    None when it could hold them.
+
+    nodes: ``ray.nodes()`` as Ray returns it (dead nodes are skipped). Only necessary conditions
+    are checked, so whatever is refused here could never be placed: totals, the largest node,
+    then enough nodes for the node-groups (each is STRICT_PACK: all on one node).
+
+    GPU memory is not compared with cluster.gpu_memory_gib: Ray's node resources carry a GPU
+    count and an ``accelerator_type:<model>`` marker (``A100`` for the 40 and the 80 GB card
+    alike), never the memory of a GPU, so there is nothing to compare the plan with.
+    """
+    alive = _alive_nodes(nodes)
     for resource, unit in (("GPU", "GPUs"), ("CPU", "CPUs")):
-        have = total.get(resource, 0.0)
-        asked = {"+".join(roles): bundle.get(resource, 0.0) * shape.world_size for roles, shape, bundle in specs}
-        for name, amount in asked.items():
-            if amount > have:
-                raise PlacementError(
-                    f"placement: {_num(amount)} {unit} requested for {name}, cluster has {_num(have)}"
-                )
-        if sum(asked.values()) > have:
-            parts = ", ".join(f"{k} {_num(v)}" for k, v in asked.items() if v)
-            raise PlacementError(
-                f"placement: {_num(sum(asked.values()))} {unit} requested in all ({parts}), cluster has {_num(have)}"
+        problem = (
+            _total_missing(specs, alive, resource, unit)
+            or _largest_missing(specs, alive, resource, unit)
+            or _nodes_missing(specs, alive, resource, unit)
+        )
+        if problem:
+            return problem
+    return None
+
+
+def _total_missing(specs: Sequence[PoolSpec], nodes: list[tuple[str, Mapping[str, float]]],
+                   resource: str, unit: str) -> str | None:
+    have = sum(res.get(resource, 0.0) for _, res in nodes)
+    asked = {"+".join(roles): bundle.get(resource, 0.0) * shape.world_size for roles, shape, bundle in specs}
+    for name, amount in asked.items():
+        if amount > have:
+            return f"placement: {_num(amount)} {unit} requested for {name}, cluster has {_num(have)}"
+    if sum(asked.values()) > have:
+        parts = ", ".join(f"{k} {_num(v)}" for k, v in asked.items() if v)
+        return f"placement: {_num(sum(asked.values()))} {unit} requested in all ({parts}), cluster has {_num(have)}"
+    return None
+
+
+def _largest_missing(specs: Sequence[PoolSpec], nodes: list[tuple[str, Mapping[str, float]]],
+                     resource: str, unit: str) -> str | None:
+    largest = max((res.get(resource, 0.0) for _, res in nodes), default=0.0)
+    for roles, shape, bundle in specs:
+        per_node = bundle.get(resource, 0.0) * shape.procs_per_node
+        if per_node > largest:
+            return (
+                f"placement: {'+'.join(roles)} needs {_num(per_node)} {unit} on one node "
+                f"({shape.procs_per_node} procs per node x {_num(bundle[resource])}), "
+                f"the largest node has {_num(largest)}; lower procs_per_node and raise nnodes"
             )
-        largest = max((n.get(resource, 0.0) for n in nodes), default=0.0)
-        for roles, shape, bundle in specs:
-            per_node = bundle.get(resource, 0.0) * shape.procs_per_node
-            if per_node > largest:
-                raise PlacementError(
-                    f"placement: {'+'.join(roles)} needs {_num(per_node)} {unit} on one node "
-                    f"({shape.procs_per_node} procs per node x {_num(bundle[resource])}), "
-                    f"the largest node has {_num(largest)}; lower procs_per_node and raise nnodes"
-                )
+    return None
+
+
+def _nodes_missing(specs: Sequence[PoolSpec], nodes: list[tuple[str, Mapping[str, float]]],
+                   resource: str, unit: str) -> str | None:
+    """Enough nodes for the node-groups. A node with c of ``resource`` holds at most c // g
+    node-groups that need g or more each, whichever pools they belong to: the totals can
+    suffice while the nodes cannot (4 + 4 GPUs do not hold two node-groups of 8, nor 3 + 3
+    three of 2)."""
+    groups = [("+".join(roles), shape.nnodes, bundle.get(resource, 0.0) * shape.procs_per_node)
+              for roles, shape, bundle in specs]
+    for need in sorted({size for *_, size in groups}, reverse=True):  # the largest first: its fix comes first
+        if need <= 0:
+            continue
+        rivals = [(name, count, size) for name, count, size in groups if size >= need]
+        wanted = sum(count for _, count, _ in rivals)
+        room = sum(int(res.get(resource, 0.0) / need + 1e-9) for _, res in nodes)  # 1e-9: 3 / 1.5
+        if room >= wanted:
+            continue
+        who = (f"{rivals[0][0]} needs" if len(rivals) == 1
+               else " and ".join(f"{name} ({count})" for name, count, _ in rivals) + " need")
+        each = "each" if all(size == need for *_, size in rivals) else "or more each"
+        ranked = sorted(nodes, key=lambda item: -item[1].get(resource, 0.0))
+        listed = ", ".join(f"{label} {_num(res.get(resource, 0.0))} {unit}" for label, res in ranked[:8])
+        more = f" and {len(ranked) - 8} more" if len(ranked) > 8 else ""
+        missing = wanted - room
+        return (
+            f"placement: {who} {wanted} nodes with {_num(need)} {unit} {each}; the cluster has room for "
+            f"{room} ({listed or 'no alive node'}{more}); start Ray on {missing} more node{'s' * (missing > 1)} "
+            f"with {_num(need)} {unit} or lower nnodes"
+        )
+    return None
+
+
+def _alive_nodes(nodes: Sequence[Mapping[str, Any]]) -> list[tuple[str, Mapping[str, float]]]:
+    """(label, resources) of the alive nodes; the label is the host name, with the start of the
+    node id when several nodes share a host (a test cluster on one machine)."""
+    alive = [n for n in nodes if n.get("Alive")]
+    hosts = [str(n.get("NodeManagerHostname") or n.get("NodeManagerAddress") or "?") for n in alive]
+    return [
+        (f"{host}:{str(n.get('NodeID', ''))[:6]}" if hosts.count(host) > 1 else host, n.get("Resources", {}))
+        for host, n in zip(hosts, alive)
+    ]
 
 
 def _wait_ready(pools: Sequence[BundlePool], timeout_s: float) -> None:

@@ -1,0 +1,118 @@
+"""`megarl doctor` on this machine, and in Pythons where megatron-core, torch and Ray are out of
+reach (real subprocesses: an old megatron-core's metadata first on PYTHONPATH; no site-packages)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from megarl.cli import main
+from megarl.models.mcore_version import SUPPORTED
+
+ROOT = Path(__file__).resolve().parents[3]
+KEYS = {"name", "ok", "version", "detail", "disables", "fatal"}
+
+
+def doctor_json(capsys) -> tuple[int, dict, dict[str, dict]]:
+    code = main(["doctor", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    return code, report, {c["name"]: c for c in report["checks"]}
+
+
+def test_this_machine(capsys):
+    import ray
+
+    code, report, checks = doctor_json(capsys)
+    assert code == 0 and report["launch_possible"] is True
+    assert all(set(c) == KEYS for c in report["checks"])
+    assert checks["torch"]["version"] == torch.__version__ and checks["torch"]["ok"]
+    assert checks["ray"]["version"] == ray.__version__ and checks["ray"]["ok"]
+    assert checks["megatron-core"]["ok"] and f"supported ({SUPPORTED})" in checks["megatron-core"]["detail"]
+    assert checks["python"]["version"] == ".".join(map(str, sys.version_info[:3]))
+    if torch.cuda.is_available():
+        assert checks["CUDA"]["ok"] and len(report["gpus"]) == torch.cuda.device_count()
+    else:
+        cuda = checks["CUDA"]
+        assert not cuda["ok"] and not cuda["fatal"] and report["gpus"] == []
+        assert cuda["disables"].startswith("CPU only (gloo): `megarl demo`")
+        assert "GPU configs (cluster.device=cuda) do not" in cuda["disables"]
+        assert checks["NCCL"]["detail"].startswith("not checked: no CUDA")
+
+
+def test_table(capsys):
+    assert main(["doctor"]) == 0
+    *rows, last = capsys.readouterr().out.splitlines()
+    names = ["python", "torch", "CUDA", "NCCL", "megatron-core", "transformer-engine", "apex", "flash-attn",
+             "sglang", "ray", "ray cluster", "slurm"]
+    assert [row[: len(name)] for row, name in zip(rows, names)] == names and len(rows) == len(names)
+    column = len("transformer-engine") + 2  # names are padded to the longest: the status column is aligned
+    assert {row[column:].split()[0] for row in rows} <= {"ok", "no", "FAIL"}
+    assert all(row[column - 2 : column] == "  " for row in rows)
+    assert last.startswith("megarl launch can run here")
+
+
+def test_ray_address_probed_not_joined(capsys, monkeypatch):
+    with socket.socket() as server:  # a listener stands in for the GCS port: one TCP connect, nothing else
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")
+        _, _, checks = doctor_json(capsys)
+        assert checks["ray cluster"]["ok"]
+        assert checks["ray cluster"]["detail"] == f"127.0.0.1:{port} (from RAY_ADDRESS): `--address auto` attaches to it"
+    code, _, checks = doctor_json(capsys)  # the listener is gone
+    assert code == 0 and not checks["ray cluster"]["ok"] and "does not answer" in checks["ray cluster"]["detail"]
+    assert "start the cluster" in checks["ray cluster"]["disables"]
+
+
+def test_slurm_job_variables(capsys, monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "gpu[01-04]")
+    monkeypatch.setenv("SLURM_NNODES", "4")
+    _, _, checks = doctor_json(capsys)
+    assert checks["slurm"]["detail"] == "SLURM_JOB_ID=4242 SLURM_JOB_NODELIST=gpu[01-04] SLURM_NNODES=4"
+
+
+def run_doctor(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=120, env=env, cwd=cwd)
+
+
+def test_old_megatron_core_makes_launch_impossible(tmp_path):
+    # What pip leaves for megatron-core 0.10, first on the path: launch's own version check reads it.
+    dist = tmp_path / "site" / "megatron_core-0.10.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: megatron-core\nVersion: 0.10.0\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
+    proc = run_doctor(["-m", "megarl.cli", "doctor"], env, tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("megatron-core "))
+    assert line.split()[1:3] == ["FAIL", "0.10.0"]
+    assert f"megatron-core 0.10.0 is older than megarl supports; pip install 'megatron-core{SUPPORTED}'" in line
+    assert proc.stdout.splitlines()[-1] == "megarl launch cannot run here: fix megatron-core (the FAIL lines)"
+
+
+def test_python_without_site_packages(tmp_path):
+    # `python -S`: none of the installed packages is importable; megarl comes from the checkout.
+    # The `megarl` CLI needs more than doctor does, so this is also the module's own entry point.
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = run_doctor(["-S", "-m", "megarl.commands.doctor", "--json"], env, tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    checks = {c["name"]: c for c in report["checks"]}
+    assert report["launch_possible"] is False
+    assert sorted(name for name, c in checks.items() if c["fatal"]) == ["megatron-core", "ray", "torch"]
+    assert checks["megatron-core"]["detail"] == f"megatron-core is not installed; pip install 'megatron-core{SUPPORTED}'"
+    assert "pip install 'torch" in checks["torch"]["disables"] and "pip install 'ray" in checks["ray"]["disables"]
+
+
+def test_help_has_an_example(capsys):
+    with pytest.raises(SystemExit):
+        main(["doctor", "--help"])
+    assert "megarl doctor --json" in capsys.readouterr().out
