@@ -43,6 +43,7 @@ USER_ERRORS = (
     ("megarl.data.datasets", "DataError"),
     ("megarl.checkpoint.manager", "CheckpointError"),
     ("megarl.commands.convert", "OutputError"),
+    ("megarl.commands.sbatch", "SbatchError"),
     ("megarl.rewards.scorer", "RewardError"),
     ("megarl.actors.ray_groups.worker_group", "WorkerError"),
     ("megarl.trainer.watchdog", "HangError"),
@@ -61,9 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="print the full traceback of an error (also: MEGARL_DEBUG=1)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    from megarl.commands import config, convert, data, demo, launch, plan, plot
+    from megarl.commands import config, convert, data, demo, doctor, launch, plan, plot, sbatch
 
-    for command in (plan, launch, config, convert, demo, plot, data):
+    for command in (plan, launch, config, convert, demo, plot, data, sbatch, doctor):
         command.register(sub)
     return parser
 

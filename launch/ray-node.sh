@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# megarl's Ray node bootstrap: one node of a multi-node run (a Slurm job step, or a host you
+# start by hand). `megarl sbatch` embeds this file in the scripts it writes; run it directly on
+# clusters without Slurm.
+#
+#   ray-node.sh head PORT                          the Ray head on this node (blocks)
+#   ray-node.sh worker HEAD_IP:PORT                a Ray worker node joining the head (blocks)
+#   ray-node.sh wait HEAD_IP:PORT NNODES GPUS_PER_NODE TIMEOUT_S [EXPECTED_HOST ...]
+#                                                  until NNODES nodes (each with GPUS_PER_NODE
+#                                                  GPUs, 0 = CPU) joined; exit 1 naming the
+#                                                  missing hosts after TIMEOUT_S
+#
+#   ray-node.sh relay                              (a Slurm job step) turn a TERM for the job's
+#                                                  steps into a TERM for the batch shell
+#
+# Stopping a run at a safe point is a TERM for the megarl driver alone: it finishes the step
+# and saves a checkpoint while Ray keeps running. `scancel --signal=TERM JOB` signals a job's
+# steps but not its batch shell, where the driver runs: the relay step passes it on.
+#
+# Environment: MEGARL_NODE_IP (this node's address; default: the first of `hostname -I`),
+# RAY_TMPDIR (the head's Ray temp dir; default /tmp/ray), PYTHON (default python3).
+set -euo pipefail
+
+PYTHON=${PYTHON:-python3}
+role=${1:?usage: ray-node.sh head PORT | worker HEAD_IP:PORT | wait HEAD_IP:PORT NNODES GPUS TIMEOUT_S [HOST ...]}
+shift
+
+node_ip() {
+  if [[ -n ${MEGARL_NODE_IP:-} ]]; then
+    echo "$MEGARL_NODE_IP"
+  else
+    hostname -I | awk '{print $1}'
+  fi
+}
+
+wait_for_nodes() {
+  local address=$1 nnodes=$2 gpus=$3 timeout_s=$4
+  shift 4
+  "$PYTHON" - "$address" "$nnodes" "$gpus" "$timeout_s" "$@" <<'PY'
+import sys, time
+
+import ray
+
+address, nnodes, gpus, timeout_s = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+expected = sys.argv[5:]
+deadline = time.monotonic() + timeout_s
+ray.init(address=address, log_to_driver=False, logging_level="ERROR")
+while True:
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    ready = [n for n in nodes if n.get("Resources", {}).get("GPU", 0.0) >= gpus]
+    if len(ready) >= nnodes:
+        print(f"ray-node: {len(ready)} node(s) joined ({', '.join(sorted(n['NodeManagerHostname'] for n in ready))})")
+        sys.exit(0)
+    if time.monotonic() > deadline:
+        joined = {n["NodeManagerHostname"] for n in ready}
+        missing = [h for h in expected if h not in joined and h.split(".")[0] not in joined]
+        short = [f"{n['NodeManagerHostname']} ({n.get('Resources', {}).get('GPU', 0):g} GPUs)" for n in nodes if n not in ready]
+        print(f"ray-node: only {len(ready)} of {nnodes} node(s) with {gpus:g} GPUs joined within {timeout_s:g} s; "
+              f"missing: {', '.join(missing) or 'unknown'}" + (f"; too few GPUs: {', '.join(short)}" if short else "")
+              + "; see each node's ray-*.log", file=sys.stderr)
+        sys.exit(1)
+    time.sleep(2)
+PY
+}
+
+case $role in
+  head)
+    exec ray start --head --node-ip-address="$(node_ip)" --port="${1:?head needs PORT}" --include-dashboard=false \
+      --temp-dir="${RAY_TMPDIR:-/tmp/ray}" --disable-usage-stats --block ;;
+  worker)
+    exec ray start --address="${1:?worker needs HEAD_IP:PORT}" --node-ip-address="$(node_ip)" --disable-usage-stats --block ;;
+  wait)
+    wait_for_nodes "$@" ;;
+  relay)
+    trap 'echo "ray-node: SIGTERM for the job: passing it to the batch shell"; scancel --batch --signal=TERM "$SLURM_JOB_ID"; exit 0' TERM
+    trap 'exit 0' USR1
+    while :; do
+      sleep 3600 &
+      wait "$!" || true
+    done ;;
+  *)
+    echo "ray-node.sh: unknown role '$role' (head, worker, wait or relay)" >&2
+    exit 2 ;;
+esac

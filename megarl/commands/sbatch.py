@@ -1,0 +1,215 @@
+"""`megarl sbatch CONFIG [k=v ...] --partition P --time T`: a Slurm batch script for the config.
+
+The script is launch/megarl.sbatch with its blanks filled from the config (nodes, GPUs per
+node) and the options, and launch/ray-node.sh (the Ray node bootstrap) embedded, so the one
+file is all a Slurm user submits. The config is checked by the planner first: a script is only
+written for a run that can start. The templates live in the checkout's launch/ folder (megarl
+is installed from a checkout, `pip install -e`, on clusters and in docker/'s images).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import sys
+from pathlib import Path
+
+from megarl.commands.arguments import add_config_args
+
+LAUNCH_DIR = Path(__file__).resolve().parents[2] / "launch"
+TEMPLATE, BOOTSTRAP = "megarl.sbatch", "ray-node.sh"
+# Slurm's --time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S
+DEFAULTS = {"ray_port": 6379, "join_timeout": 600, "save_grace": 600}  # options with a default value
+_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+
+
+class SbatchError(ValueError):
+    """An option of `megarl sbatch` that cannot make a working script."""
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "sbatch",
+        help="write a Slurm batch script that runs the config on cluster.nnodes x cluster.gpus_per_node",
+        description="Check the config, then write a complete sbatch script: exclusive nodes with the config's GPUs, "
+        "the Ray head on the first node and a Ray worker on each other node (job steps), a wait until every node "
+        "joined, then `megarl launch CONFIG --address HEAD:PORT trainer.resume=auto` on the head. "
+        "`scancel --signal=TERM JOBID` and the time limit stop the run at a safe point with a checkpoint; "
+        "resubmitting resumes. Logs go to <trainer.output_dir>/logs/slurm/.",
+        epilog="example:\n  megarl sbatch configs/qwen72b_grpo.yaml --partition gpu --time 2-00:00:00 --out qwen72b.sbatch\n"
+        "  sbatch qwen72b.sbatch",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_config_args(p)
+    p.add_argument("--partition", required=True, help="Slurm partition (sbatch --partition)")
+    p.add_argument("--time", required=True, help="time limit in Slurm's format: MINUTES, HH:MM:SS or D-HH:MM:SS")
+    p.add_argument("--account", help="Slurm account to charge (sbatch --account)")
+    p.add_argument("--container", metavar="IMAGE", help="run every step in this image (pyxis/enroot: srun --container-image)")
+    p.add_argument("--container-mounts", metavar="SRC:DST,...", help="extra container mounts (the working directory is always mounted)")
+    p.add_argument("--job-name", help="Slurm job name (default: megarl-<config name>)")
+    p.add_argument("--ray-port", type=int, default=DEFAULTS["ray_port"], help="the Ray head's port (default: %(default)s)")
+    p.add_argument("--join-timeout", type=int, default=DEFAULTS["join_timeout"], metavar="S",
+                   help="seconds to wait for every node to join Ray before failing (default: %(default)s)")  # fmt: skip
+    p.add_argument("--save-grace", type=int, default=DEFAULTS["save_grace"], metavar="S",
+                   help="seconds before the time limit at which the run stops and saves (default: %(default)s)")  # fmt: skip
+    p.add_argument("--out", metavar="FILE", help="write the script here (default: print it)")
+    p.add_argument("--overwrite", action="store_true", help="replace FILE if it exists")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from megarl.config.loading import load_config
+    from megarl.config.planner import make_plan
+
+    cfg = load_config(args.config, args.overrides)
+    make_plan(cfg)  # refuses a run that cannot start, before anything is written
+    script = render(cfg, args)
+    if args.out is None:
+        sys.stdout.write(script)
+        return 0
+    write_script(Path(args.out), script, args.overwrite)
+    gpus = f"{cfg.cluster.gpus_per_node} GPU(s)" if cfg.cluster.device == "cuda" else "CPU"
+    print(f"wrote {args.out}: {cfg.cluster.nnodes} node(s) x {gpus}, partition {args.partition}, time {args.time}\n"
+          f"submit with: sbatch {shlex.quote(args.out)}")  # fmt: skip
+    return 0
+
+
+def render(cfg, args: argparse.Namespace, workdir: Path | None = None) -> str:
+    """The batch script for ``cfg`` (checked) and the command-line options ``args``."""
+    from megarl import __version__
+    from megarl.commands.launch import RESUME_ENV, launch_command
+
+    check_options(args)
+    workdir = (workdir or Path.cwd()).resolve()
+    log_dir = (workdir / cfg.trainer.output_dir / "logs" / "slurm").resolve()
+    if re.search(r"[\s'\"%]", str(log_dir)):  # #SBATCH lines take no quoting; % is Slurm's pattern sign
+        raise SbatchError(f"trainer.output_dir ({log_dir.parent.parent}) holds a space, quote or %, which an #SBATCH --output "
+                          "line cannot carry; choose a plain path")  # fmt: skip
+    try:
+        log_dir.mkdir(parents=True, exist_ok=True)  # Slurm does not create --output's folder
+    except OSError as exc:  # written elsewhere than the cluster: say what to do there
+        print(f"warning: cannot create {log_dir} here ({exc.strerror}); create it on the cluster before "
+              f"submitting: mkdir -p {_sh(str(log_dir))}", file=sys.stderr)  # fmt: skip
+    cuda = cfg.cluster.device == "cuda"
+    values = {
+        "VERSION": __version__,
+        "CONFIG": str(args.config),
+        "COMMAND": _command_line(args),
+        "SCRIPT": args.out or "SCRIPT",
+        "NNODES": str(cfg.cluster.nnodes),
+        "GPUS_PER_NODE": str(cfg.cluster.gpus_per_node) if cuda else "0 (CPU)",
+        "WAIT_GPUS": str(cfg.cluster.gpus_per_node) if cuda else "0",
+        "GPU_DIRECTIVE": f"#SBATCH --gpus-per-node={cfg.cluster.gpus_per_node}" if cuda
+        else "# (cluster.device is cpu: no GPUs requested)",
+        "JOB_NAME": args.job_name or f"megarl-{Path(args.config).stem}",
+        "PARTITION": args.partition,
+        "TIME": args.time,
+        "ACCOUNT_DIRECTIVE": f"#SBATCH --account={args.account}" if args.account else "# (no --account: the default account)",
+        "LOG_DIR": str(log_dir),
+        "LOG_DIR_SH": _sh(str(log_dir)),
+        "SAVE_GRACE_S": str(args.save_grace),
+        "ENV_SETUP": _env_setup(args.container),
+        "WORKDIR": _sh(str(workdir)),
+        "RAY_PORT": str(args.ray_port),
+        "JOIN_TIMEOUT_S": str(args.join_timeout),
+        "CONTAINER_ARGS": _container_args(args, workdir, [log_dir.parents[1], Path(args.config).resolve().parent]),
+        "RAY_NODE_SH": read_template(BOOTSTRAP).rstrip("\n"),
+        "LAUNCH": launch_command(args.config, args.overrides, cfg),
+        "RESUME_COMMAND": f"export {RESUME_ENV}={_sh('sbatch ' + shlex.quote(str(Path(args.out).resolve())))}  # what megarl prints on a stop"
+        if args.out else "# (written to stdout: a stopped run prints its `megarl launch` resume command)",
+    }  # fmt: skip
+    script = read_template(TEMPLATE)
+    for key, value in values.items():
+        script = script.replace(f"@@{key}@@", value)
+    assert "@@" not in script.replace("@@@", ""), "an unfilled blank in launch/megarl.sbatch"
+    return script
+
+
+def check_options(args: argparse.Namespace) -> None:
+    """One line per option that cannot work, naming the option, its value and the fix."""
+    limit = time_limit_s(args.time)
+    if limit is None:
+        raise SbatchError(f"--time ({args.time!r}) is not a Slurm time limit; use MINUTES, HH:MM:SS or D-HH:MM:SS, e.g. 2-00:00:00")
+    if not 0 < args.save_grace < limit:
+        raise SbatchError(f"--save-grace ({args.save_grace} s) must be positive and shorter than --time ({args.time} = {limit} s); "
+                          "the run needs time to train after the grace is kept back")  # fmt: skip
+    if not 1024 <= args.ray_port <= 65535:
+        raise SbatchError(f"--ray-port ({args.ray_port}) must be between 1024 and 65535")
+    if args.join_timeout <= 0:
+        raise SbatchError(f"--join-timeout ({args.join_timeout} s) must be positive")
+    for name in ("partition", "account", "job_name"):
+        value = getattr(args, name)
+        if value is not None and not re.fullmatch(r"[\w.,+-]+", value):
+            raise SbatchError(f"--{name.replace('_', '-')} ({value!r}) may hold letters, digits and . , + - _ only")
+
+
+def time_limit_s(text: str) -> int | None:
+    """Seconds in a Slurm --time value, or None when it is not one."""
+    m = _TIME.match(text.strip())
+    if not m:
+        return None
+    days, first, *rest = (int(g) if g else None for g in m.groups())
+    fields = [first, *(x for x in rest if x is not None)]
+    if days is not None:  # D-H, D-H:M, D-H:M:S
+        hours, minutes, seconds = fields + [0] * (3 - len(fields))
+        return days * 86400 + hours * 3600 + minutes * 60 + seconds
+    if len(fields) == 3:  # H:M:S
+        return fields[0] * 3600 + fields[1] * 60 + fields[2]
+    return fields[0] * 60 + (fields[1] if len(fields) == 2 else 0)  # M, M:S
+
+
+def read_template(name: str) -> str:
+    path = LAUNCH_DIR / name
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: megarl sbatch reads its templates from the checkout's launch/ folder; "
+                                "install megarl from a checkout (pip install -e .)")  # fmt: skip
+    return path.read_text()
+
+
+def write_script(path: Path, script: str, overwrite: bool) -> None:
+    """Write ``script`` to ``path`` (executable); an existing file is replaced only with --overwrite."""
+    from megarl.commands.convert import OutputExistsError
+
+    if path.exists() and not overwrite:
+        raise OutputExistsError(f"{path} exists; pass --overwrite to replace it, or choose another --out")
+    if path.is_dir():
+        raise IsADirectoryError(f"--out {path} is a directory; name a file")
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(script)
+    tmp.chmod(0o755)
+    os.replace(tmp, path)
+
+
+def _command_line(args: argparse.Namespace) -> str:
+    """The `megarl sbatch` command that writes this script again."""
+    words = ["megarl", "sbatch", str(args.config), *args.overrides, "--partition", args.partition, "--time", args.time]
+    for option in ("account", "container", "container_mounts", "job_name", "out"):
+        if getattr(args, option):
+            words += [f"--{option.replace('_', '-')}", str(getattr(args, option))]
+    words += [f"--{k.replace('_', '-')}={getattr(args, k)}" for k, v in DEFAULTS.items() if getattr(args, k) != v]
+    return shlex.join(words)
+
+
+def _env_setup(container: str | None) -> str:
+    if container:
+        return "# megarl, Ray and Python come from the container image (--container)."
+    if sys.prefix != sys.base_prefix:  # written from a virtual environment: the nodes use the same one
+        return f"source {_sh(str(Path(sys.prefix) / 'bin' / 'activate'))}"
+    return "# megarl and Ray are on PATH (no virtual environment was active when this script was written)."
+
+
+def _container_args(args: argparse.Namespace, workdir: Path, needed: list[Path]) -> str:
+    """pyxis options: the image, and mounts for the working directory, the run's output_dir and
+    the config's folder (where not inside the working directory), plus the user's own."""
+    if not args.container:
+        return ""
+    paths = [workdir, *(p for p in needed if not p.is_relative_to(workdir))]
+    mounts = ",".join([*dict.fromkeys(f"{p}:{p}" for p in paths), *([args.container_mounts] if args.container_mounts else [])])
+    words = [f"--container-image={args.container}", f"--container-mounts={mounts}", f"--container-workdir={workdir}"]
+    return " ".join("'" + w.replace("'", "'\\''") + "'" for w in words)  # always quoted (commas read as typos)
+
+
+def _sh(text: str) -> str:
+    return shlex.quote(text)

