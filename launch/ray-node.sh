@@ -17,8 +17,10 @@
 # and saves a checkpoint while Ray keeps running. `scancel --signal=TERM JOB` signals a job's
 # steps but not its batch shell, where the driver runs: the relay step passes it on.
 #
-# Environment: MEGARL_NODE_IP (this node's address; default: the first of `hostname -I`),
-# RAY_TMPDIR (the head's Ray temp dir; default /tmp/ray), PYTHON (default python3).
+# Environment: MEGARL_NODE_IP (this node's address) or MEGARL_NODE_IFACE (the interface whose
+# address to use, e.g. ib0; default: the first of `hostname -I`), RAY_TMPDIR (the head's Ray
+# files go to $RAY_TMPDIR/ray; default /tmp), JOIN_TIMEOUT_S (how long a worker waits for the
+# head; default 600), PYTHON (default python3).
 set -euo pipefail
 
 PYTHON=${PYTHON:-python3}
@@ -28,9 +30,24 @@ shift
 node_ip() {
   if [[ -n ${MEGARL_NODE_IP:-} ]]; then
     echo "$MEGARL_NODE_IP"
+  elif [[ -n ${MEGARL_NODE_IFACE:-} ]]; then
+    ip -4 -o addr show dev "$MEGARL_NODE_IFACE" | awk '{split($4, a, "/"); print a[1]; exit}'
   else
     hostname -I | awk '{print $1}'
   fi
+}
+
+# Until the head's port answers (JOIN_TIMEOUT_S, default 600 s): `ray start` gives up after ~20 s.
+wait_for_port() {
+  local host=${1%:*} port=${1##*:} waited=0
+  until (echo >"/dev/tcp/$host/$port") 2>/dev/null; do
+    if ((waited >= ${JOIN_TIMEOUT_S:-600})); then
+      echo "ray-node: the Ray head at $1 did not answer within $waited s" >&2
+      exit 1
+    fi
+    sleep 2
+    waited=$((waited + 2))
+  done
 }
 
 wait_for_nodes() {
@@ -44,19 +61,27 @@ import ray
 address, nnodes, gpus, timeout_s = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
 expected = sys.argv[5:]
 deadline = time.monotonic() + timeout_s
-ray.init(address=address, log_to_driver=False, logging_level="ERROR")
-while True:
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
+short = lambda host: host.split(".")[0]  # Slurm's short names vs Ray's hostnames
+while True:  # the head may still be starting (a cold venv on a shared filesystem): retry until the deadline
+    try:
+        if not ray.is_initialized():
+            ray.init(address=address, log_to_driver=False, logging_level="ERROR")
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+    except (ConnectionError, RuntimeError) as exc:
+        if time.monotonic() > deadline:
+            sys.exit(f"ray-node: no Ray head answers at {address} after {timeout_s:g} s ({exc}); see the head's ray-*.log")
+        time.sleep(2)
+        continue
     ready = [n for n in nodes if n.get("Resources", {}).get("GPU", 0.0) >= gpus]
     if len(ready) >= nnodes:
         print(f"ray-node: {len(ready)} node(s) joined ({', '.join(sorted(n['NodeManagerHostname'] for n in ready))})")
         sys.exit(0)
     if time.monotonic() > deadline:
-        joined = {n["NodeManagerHostname"] for n in ready}
-        missing = [h for h in expected if h not in joined and h.split(".")[0] not in joined]
-        short = [f"{n['NodeManagerHostname']} ({n.get('Resources', {}).get('GPU', 0):g} GPUs)" for n in nodes if n not in ready]
+        joined = {short(n["NodeManagerHostname"]) for n in ready}
+        missing = [h for h in expected if short(h) not in joined]
+        few = [f"{n['NodeManagerHostname']} ({n.get('Resources', {}).get('GPU', 0):g} GPUs)" for n in nodes if n not in ready]
         print(f"ray-node: only {len(ready)} of {nnodes} node(s) with {gpus:g} GPUs joined within {timeout_s:g} s; "
-              f"missing: {', '.join(missing) or 'unknown'}" + (f"; too few GPUs: {', '.join(short)}" if short else "")
+              f"missing: {', '.join(missing) or 'unknown'}" + (f"; too few GPUs: {', '.join(few)}" if few else "")
               + "; see each node's ray-*.log", file=sys.stderr)
         sys.exit(1)
     time.sleep(2)
@@ -66,8 +91,9 @@ PY
 case $role in
   head)
     exec ray start --head --node-ip-address="$(node_ip)" --port="${1:?head needs PORT}" --include-dashboard=false \
-      --temp-dir="${RAY_TMPDIR:-/tmp/ray}" --disable-usage-stats --block ;;
+      --temp-dir="${RAY_TMPDIR:-/tmp}/ray" --disable-usage-stats --block ;;
   worker)
+    wait_for_port "${1:?worker needs HEAD_IP:PORT}"
     exec ray start --address="${1:?worker needs HEAD_IP:PORT}" --node-ip-address="$(node_ip)" --disable-usage-stats --block ;;
   wait)
     wait_for_nodes "$@" ;;

@@ -36,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Check the config, then write a complete sbatch script: exclusive nodes with the config's GPUs, "
         "the Ray head on the first node and a Ray worker on each other node (job steps), a wait until every node "
         "joined, then `megarl launch CONFIG --address HEAD:PORT trainer.resume=auto` on the head. "
-        "`scancel --signal=TERM JOBID` and the time limit stop the run at a safe point with a checkpoint; "
+        "`scancel --batch --signal=TERM JOBID` and the time limit stop the run at a safe point with a checkpoint; "
         "resubmitting resumes. Logs go to <trainer.output_dir>/logs/slurm/.",
         epilog="example:\n  megarl sbatch configs/qwen72b_grpo.yaml --partition gpu --time 2-00:00:00 --out qwen72b.sbatch\n"
         "  sbatch qwen72b.sbatch",
@@ -64,6 +64,9 @@ def run(args: argparse.Namespace) -> int:
     from megarl.config.planner import make_plan
 
     cfg = load_config(args.config, args.overrides)
+    if cfg.trainer.resume not in ("auto", "disable"):
+        raise SbatchError(f"trainer.resume ({cfg.trainer.resume}): batch scripts resume with auto, so each resubmission continues "
+                          "the run; copy that checkpoint into trainer.output_dir/checkpoints, or use trainer.resume=auto")  # fmt: skip
     make_plan(cfg)  # refuses a run that cannot start, before anything is written
     script = render(cfg, args)
     if args.out is None:
@@ -114,7 +117,7 @@ def render(cfg, args: argparse.Namespace, workdir: Path | None = None) -> str:
         "WORKDIR": _sh(str(workdir)),
         "RAY_PORT": str(args.ray_port),
         "JOIN_TIMEOUT_S": str(args.join_timeout),
-        "CONTAINER_ARGS": _container_args(args, workdir, [log_dir.parents[1], Path(args.config).resolve().parent]),
+        "CONTAINER_ARGS": _container_args(args, workdir, [log_dir.parents[1], *_read_folders(cfg, args, workdir)]),
         "RAY_NODE_SH": read_template(BOOTSTRAP).rstrip("\n"),
         "LAUNCH": launch_command(args.config, args.overrides, cfg),
         "RESUME_COMMAND": f"export {RESUME_ENV}={_sh('sbatch ' + shlex.quote(str(Path(args.out).resolve())))}  # what megarl prints on a stop"
@@ -132,11 +135,13 @@ def check_options(args: argparse.Namespace) -> None:
     limit = time_limit_s(args.time)
     if limit is None:
         raise SbatchError(f"--time ({args.time!r}) is not a Slurm time limit; use MINUTES, HH:MM:SS or D-HH:MM:SS, e.g. 2-00:00:00")
-    if not 0 < args.save_grace < limit:
+    if not 0 < args.save_grace < min(limit, 65536):  # Slurm's --signal takes at most 65535 s
         raise SbatchError(f"--save-grace ({args.save_grace} s) must be positive and shorter than --time ({args.time} = {limit} s); "
                           "the run needs time to train after the grace is kept back")  # fmt: skip
     if not 1024 <= args.ray_port <= 65535:
         raise SbatchError(f"--ray-port ({args.ray_port}) must be between 1024 and 65535")
+    if args.container_mounts and not args.container:
+        raise SbatchError(f"--container-mounts ({args.container_mounts}) needs --container IMAGE")
     if args.join_timeout <= 0:
         raise SbatchError(f"--join-timeout ({args.join_timeout} s) must be positive")
     for name in ("partition", "account", "job_name"):
@@ -182,6 +187,14 @@ def write_script(path: Path, script: str, overwrite: bool) -> None:
     os.replace(tmp, path)
 
 
+def _read_folders(cfg, args: argparse.Namespace, workdir: Path) -> list[Path]:
+    """The folders a run reads: the config's, the model's, the data's, a custom reward's."""
+    files = [args.config, *(f.path for f in cfg.data.train_files), *cfg.data.val_files]
+    files += [cfg.reward.custom.path] if cfg.reward.custom else []
+    folders = [(workdir / f).resolve().parent for f in files]
+    return folders + ([(workdir / cfg.model.path).resolve()] if cfg.model.path else [])
+
+
 def _command_line(args: argparse.Namespace) -> str:
     """The `megarl sbatch` command that writes this script again."""
     words = ["megarl", "sbatch", str(args.config), *args.overrides, "--partition", args.partition, "--time", args.time]
@@ -201,14 +214,16 @@ def _env_setup(container: str | None) -> str:
 
 
 def _container_args(args: argparse.Namespace, workdir: Path, needed: list[Path]) -> str:
-    """pyxis options: the image, and mounts for the working directory, the run's output_dir and
-    the config's folder (where not inside the working directory), plus the user's own."""
+    """pyxis options: the image, and mounts for the working directory and the folders the run
+    reads or writes outside it, the job's Ray folder ($RAY_HOST_TMP), plus the user's own."""
     if not args.container:
         return ""
     paths = [workdir, *(p for p in needed if not p.is_relative_to(workdir))]
-    mounts = ",".join([*dict.fromkeys(f"{p}:{p}" for p in paths), *([args.container_mounts] if args.container_mounts else [])])
-    words = [f"--container-image={args.container}", f"--container-mounts={mounts}", f"--container-workdir={workdir}"]
-    return " ".join("'" + w.replace("'", "'\\''") + "'" for w in words)  # always quoted (commas read as typos)
+    mounts = [*dict.fromkeys(f"{p}:{p}" for p in paths), *([args.container_mounts] if args.container_mounts else [])]
+    words = [f"--container-image={args.container}", f"--container-mounts={','.join(mounts)}", f"--container-workdir={workdir}"]
+    quoted = ['"' + re.sub(r'(["$`\\])', r"\\\1", w) + '"' for w in words]  # double quotes: $RAY_HOST_TMP expands
+    quoted[1] = quoted[1][:-1] + ',${RAY_HOST_TMP}:/tmp/ray"'
+    return " ".join(quoted)
 
 
 def _sh(text: str) -> str:

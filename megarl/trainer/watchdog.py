@@ -115,7 +115,7 @@ class RunControl:
         if first and self.deferred:
             save = " and saving a checkpoint" if self.save_on_signal else ""
             print(f"\nmegarl: {_NAMES.get(signum, signum)} received: stopping after this step{save}; "
-                  "send it again to stop at once", file=sys.stderr, flush=True)
+                  "send it again to stop at once (a SIGTERM: after 5 s)", file=sys.stderr, flush=True)
             return
         raise KeyboardInterrupt  # abandon what runs now (Ray's waits turn it into KeyboardInterrupt too)
 

@@ -4,6 +4,7 @@ under Slurm in tests/e2e/test_slurm.py."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -43,9 +44,10 @@ def test_cluster_script_is_clean_and_has_the_configs_shape(capsys, tmp_path, mon
                  "#SBATCH --time=2-00:00:00", "#SBATCH --account=proj", "#SBATCH --signal=B:TERM@600",
                  f"#SBATCH --output={tmp_path / 'run' / 'logs' / 'slurm'}/slurm-%j.out", "#SBATCH --requeue"):  # fmt: skip
         assert line + "\n" in script, line
-    assert "trainer.resume=auto" in script  # requeue-friendly whatever the config said
-    mounts = f"'--container-mounts={tmp_path}:{tmp_path},{ROOT / 'configs'}:{ROOT / 'configs'}' "  # workdir, config
-    assert "--container-image=nvcr.io/me/megarl:1" in script and mounts in script
+    assert re.search(r"\n\"\$\{ON_HEAD\[@\]\}\" megarl launch \S+ \S+ trainer\.resume=auto --address ", script)  # requeue-friendly
+    mounts = (f'"--container-mounts={tmp_path}:{tmp_path},{ROOT / "configs"}:{ROOT / "configs"},'  # workdir, config,
+              '/data:/data,/models/Qwen2.5-72B-Instruct:/models/Qwen2.5-72B-Instruct,${RAY_HOST_TMP}:/tmp/ray"')  # data, model, Ray
+    assert '"--container-image=nvcr.io/me/megarl:1"' in script and mounts in script
     assert LAUNCH_DIR.joinpath("ray-node.sh").read_text().rstrip("\n") in script  # embedded unchanged
     assert (tmp_path / "run" / "logs" / "slurm").is_dir()  # Slurm does not create --output's folder
     assert subprocess.run(["bash", "-n", str(tmp_path / "job.sbatch")]).returncode == 0
@@ -74,6 +76,8 @@ def test_slurm_time_limits(text, seconds):
     (("--time", "10", "--save-grace", "600"), "--save-grace (600 s) must be positive and shorter than --time (10 = 600 s)"),
     (("--time", "60", "--ray-port", "80"), "--ray-port (80) must be between 1024 and 65535"),
     (("--time", "60", "--account", "a b"), "--account ('a b') may hold"),
+    (("--time", "60", "--container-mounts", "/a:/a"), "--container-mounts (/a:/a) needs --container IMAGE"),
+    (("--time", "60", "trainer.resume=/x/step_000010"), "trainer.resume (/x/step_000010): batch scripts resume with auto"),
 ])  # fmt: skip
 def test_options_that_cannot_work_are_one_line(capsys, tmp_path, monkeypatch, args, message):
     monkeypatch.chdir(tmp_path)
