@@ -45,7 +45,8 @@ sglang-cpu:
 MEGARL_CACHE ?= $(HOME)/.cache/megarl
 MCORE_LATEST_TESTS ?= tests/distributed \
 	tests/e2e/test_trainer.py::test_grpo_three_steps \
-	tests/e2e/test_trainer.py::test_ppo_with_critic_two_steps
+	tests/e2e/test_trainer.py::test_ppo_with_critic_two_steps \
+	tests/e2e/test_convert_formats.py::test_hf_to_megatron_tp2_pp2_and_back_bit_for_bit
 
 .PHONY: test-mcore-latest
 test-mcore-latest:

@@ -43,6 +43,7 @@ USER_ERRORS = (
     ("megarl.data.datasets", "DataError"),
     ("megarl.checkpoint.manager", "CheckpointError"),
     ("megarl.commands.convert", "OutputError"),
+    ("megarl.checkpoint.model_checkpoint", "ModelCheckpointError"),
     ("megarl.commands.sbatch", "SbatchError"),
     ("megarl.rewards.scorer", "RewardError"),
     ("megarl.actors.ray_groups.worker_group", "WorkerError"),
@@ -76,7 +77,10 @@ def setup_logging() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from megarl.commands.convert import expand_short_form
+
     parser = build_parser()
+    argv = expand_short_form(list(sys.argv[1:] if argv is None else argv))  # `convert CKPT OUT`
     # KEY=VALUE overrides may also come after options (`launch cfg.yaml --address auto rollout.n=4`).
     args, extra = parser.parse_known_args(argv)
     if extra and hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra):

@@ -135,19 +135,20 @@ class CriticClient(TrainedClient):
         return _first(self.group.call("update", batch))
 
 
-class ExportClient:
-    """The conversion group (megarl.checkpoint.hf_export.ExportRank) of `megarl convert`."""
+class ConversionClient:
+    """A conversion group of `megarl convert` (megarl.checkpoint.conversion_ranks: ExportRank or
+    ImportRank)."""
 
     def __init__(self, group: Group) -> None:
         self.group = group
 
-    def write(self, staging: str) -> dict[str, float]:
-        """The trained policy as HF files in ``staging/v0``; the push's metrics."""
-        return _first(self.group.call("write", staging))
+    def write(self, target: str) -> dict[str, float] | None:
+        """The loaded weights in the other format under ``target``; rank 0's metrics, if any."""
+        return _first(self.group.call("write", target))
 
-    def verify(self, hf_dir: str) -> int:
-        """Re-import ``hf_dir`` and compare bit for bit; the number of parameters checked."""
-        return sum(self.group.call("verify", hf_dir))
+    def verify(self, written: str) -> int:
+        """Load ``written`` back and compare bit for bit; the number of parameters checked."""
+        return sum(self.group.call("verify", written))
 
 
 class InProcessGroup:

@@ -1,17 +1,30 @@
-"""`megarl convert CHECKPOINT OUT`: a checkpoint's policy as a verified Hugging Face directory.
+"""`megarl convert`: models between Hugging Face and Megatron formats, verified bit for bit.
 
-Rebuilds the policy group with the run's layout (megarl/checkpoint/hf_export.py: ExportRank),
-writes the HF files into a staging directory next to OUT, re-imports and compares them bit for
-bit, then swaps the result in by rename. Nothing the user owns is ever deleted:
+- ``megarl convert megatron-to-hf --ckpt CKPT --out HF_DIR`` (short form: ``megarl convert CKPT
+  HF_DIR``): CKPT is a training checkpoint (a step_NNNNNN directory: its policy, rebuilt with the
+  run's layout) or a model checkpoint of hf-to-megatron (rebuilt with its recorded layout or
+  --tp/--pp). HF safetensors + index, config, generation config and tokenizer are written,
+  imported back and compared with the loaded weights bit for bit (--no-verify skips that).
+- ``megarl convert hf-to-megatron --hf HF_DIR --out CKPT --tp N --pp M``: a Megatron
+  dist-checkpoint that records the HF config it came from (megarl/checkpoint/model_checkpoint.py);
+  `megarl launch` starts from it when model.path names it, with any TP/PP. It is loaded back
+  and compared with the HF import bit for bit.
+
+The worker processes (megarl/checkpoint/conversion_ranks.py) run under Ray: the training
+layout's placement for a training checkpoint, TP x PP CPU processes on this machine for a model
+conversion (each rank reads and holds only its slices of the weights). Nothing the user owns is
+ever deleted:
 
 - OUT may not be the current directory or one of its parents, the checkpoints directory of the
-  run (or anything inside it), or the model directory the checkpoint's config points at;
+  run (or anything inside it), or the model directory it is converted from;
 - an existing, non-empty OUT is replaced only with --overwrite, and only when it is a previous
-  megarl output (recognised by its manifest, megarl_export.json) holding no other file;
-- every check runs before Ray starts; a failure removes the staging directory and leaves OUT
-  as it was (the worker logs are kept, and named in the error);
-- relative paths in the checkpoint's config (model.path) resolve against the directory the
-  run was launched from (recorded in the checkpoint), not the caller's;
+  output of the same direction (recognised by its record: megarl_export.json or
+  megarl_megatron.json) holding no other file;
+- every check runs before Ray starts; the files are written into a staging directory next to
+  OUT, verified, and swapped in by rename; a failure removes the staging directory and leaves
+  OUT as it was (the worker logs are kept, and named in the error);
+- relative paths in a training checkpoint's config (model.path) resolve against the directory
+  the run was launched from (recorded in the checkpoint), not the caller's;
 - the written files get the modes of any new file (0666 minus the umask).
 """
 
@@ -22,10 +35,14 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 EXPORT_MANIFEST = "megarl_export.json"
+DIRECTIONS = ("hf-to-megatron", "megatron-to-hf")
+DTYPES = ("float32", "bfloat16", "float16")
 
 
 class OutputError(Exception):
@@ -39,28 +56,107 @@ class OutputExistsError(OutputError, FileExistsError):
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "convert",
-        help="export a training checkpoint's policy as a Hugging Face model directory (verified)",
-        description="Rebuilds the policy with the run's layout, loads CHECKPOINT (a <output_dir>/checkpoints/step_NNNNNN "
-        "directory), writes HF safetensors + index with the config and tokenizer of model.path, then imports the "
-        "written files back and checks every parameter equals the trained one bit for bit. OUT is written next to "
-        "itself and swapped in only once verified.",
+        help="convert models between Hugging Face and Megatron formats (verified bit for bit)",
+        description="Convert a model between Hugging Face and Megatron formats. Every conversion loads what it "
+        "wrote back and checks every parameter bit for bit; OUT is written next to itself and swapped in only "
+        "once verified. Short form: `megarl convert CHECKPOINT OUT` = `megarl convert megatron-to-hf --ckpt "
+        "CHECKPOINT --out OUT`.",
+        epilog="examples:\n"
+        "  megarl convert outputs/run/checkpoints/step_000200 hf_model\n"
+        "  megarl convert hf-to-megatron --hf Qwen2.5-7B --out qwen7b_tp2pp2 --tp 2 --pp 2\n"
+        "  megarl launch configs/qwen7b_grpo.yaml model.path=qwen7b_tp2pp2\n"
+        "  megarl convert megatron-to-hf --ckpt qwen7b_tp2pp2 --out qwen7b_hf",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("checkpoint", help="a step_NNNNNN checkpoint directory (a torn one is refused)")
-    p.add_argument("out", help="the HF model directory to write (new or empty)")
-    p.add_argument("--config", default=None, help="the run's config (default: the config.yaml saved in the checkpoint)")
+    directions = p.add_subparsers(dest="direction", metavar="DIRECTION")
+    directions.required = True
+    _register_to_megatron(directions)
+    _register_to_hf(directions)
+
+
+def _register_to_megatron(directions: argparse._SubParsersAction) -> None:
+    p = directions.add_parser(
+        "hf-to-megatron",
+        help="an HF model directory -> a Megatron dist-checkpoint that `megarl launch` starts from",
+        description="Load an HF model (safetensors) into a Megatron model with --tp x --pp ranks (CPU processes; "
+        "each reads only its slices), save it as a Megatron dist-checkpoint in OUT with the HF config and "
+        "tokenizer, load it back and compare every parameter bit for bit. Set model.path (or critic.path) to OUT "
+        "to train from it with any TP/PP layout.",
+    )
+    p.add_argument("--hf", required=True, help="the HF model directory (config.json + safetensors)")
+    p.add_argument("--out", required=True, help="the checkpoint directory to write (new or empty)")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks of the conversion (default 1)")
+    p.add_argument("--pp", type=int, default=1, help="pipeline stages of the conversion (default 1)")
+    p.add_argument("--dtype", choices=DTYPES, default=None,
+                   help="parameter dtype (default: the HF config's dtype, else bfloat16)")
     p.add_argument("--overwrite", action="store_true",
-                   help="replace OUT when it holds a previous megarl convert output (and nothing else)")
-    p.set_defaults(handler=_run)
+                   help="replace OUT when it holds a previous hf-to-megatron output (and nothing else)")
+    p.set_defaults(handler=_run_to_megatron)
 
 
-def _run(args: argparse.Namespace) -> int:
-    convert_checkpoint(args.checkpoint, args.out, args.config, args.overwrite, report=print)
+def _register_to_hf(directions: argparse._SubParsersAction) -> None:
+    p = directions.add_parser(
+        "megatron-to-hf",
+        help="a training checkpoint or a Megatron model checkpoint -> an HF model directory",
+        description="Rebuild the model (a training checkpoint's policy with the run's layout, or a model checkpoint "
+        "of hf-to-megatron with its recorded layout or --tp/--pp), write HF safetensors + index with the config, "
+        "generation config and tokenizer, then import the written files back and check every parameter equals "
+        "the loaded one bit for bit.",
+    )
+    p.add_argument("--ckpt", default=None, help="a step_NNNNNN training checkpoint (a torn one is refused) or a "
+                   "model checkpoint of hf-to-megatron")
+    p.add_argument("--out", default=None, help="the HF model directory to write (new or empty)")
+    p.add_argument("ckpt_pos", nargs="?", help=argparse.SUPPRESS)  # the short form's positionals
+    p.add_argument("out_pos", nargs="?", help=argparse.SUPPRESS)
+    p.add_argument("--config", default=None, help="training checkpoint: the run's config (default: the config.yaml "
+                   "saved in the checkpoint)")
+    p.add_argument("--tp", type=int, default=None, help="model checkpoint: TP of the export (default: recorded)")
+    p.add_argument("--pp", type=int, default=None, help="model checkpoint: PP of the export (default: recorded)")
+    p.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
+                   help="import the written files back and compare bit for bit (default: on)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace OUT when it holds a previous megatron-to-hf output (and nothing else)")
+    p.set_defaults(handler=_run_to_hf)
+
+
+def expand_short_form(argv: list[str]) -> list[str]:
+    """``convert CKPT OUT ...`` -> ``convert megatron-to-hf CKPT OUT ...`` (the form before directions)."""
+    i = next((k for k, a in enumerate(argv) if not a.startswith("-")), None)
+    if i is None or argv[i] != "convert" or i + 1 >= len(argv):
+        return argv
+    nxt = argv[i + 1]
+    if nxt in DIRECTIONS or nxt.startswith("-"):
+        return argv
+    return [*argv[: i + 1], "megatron-to-hf", *argv[i + 1 :]]
+
+
+def _run_to_megatron(args: argparse.Namespace) -> int:
+    convert_hf_to_megatron(args.hf, args.out, args.tp, args.pp, args.dtype, args.overwrite, report=print)
+    return 0
+
+
+def _run_to_hf(args: argparse.Namespace) -> int:
+    ckpt, out = args.ckpt or args.ckpt_pos, args.out or args.out_pos
+    if ckpt is None or out is None:
+        raise OutputError("megatron-to-hf needs --ckpt CHECKPOINT and --out HF_DIR (or: megarl convert CHECKPOINT HF_DIR)")
+    from megarl.checkpoint.model_checkpoint import is_model_checkpoint
+
+    if is_model_checkpoint(ckpt):
+        if args.config is not None:
+            raise OutputError(f"--config is for training checkpoints; {ckpt} is a model checkpoint (it holds its own config)")
+        export_model_checkpoint(ckpt, out, args.tp, args.pp, args.overwrite, args.verify, report=print)
+    else:
+        if args.tp is not None or args.pp is not None:
+            raise OutputError(f"--tp/--pp are for model checkpoints; a training checkpoint ({ckpt}) is exported with "
+                              "the run's layout")
+        convert_checkpoint(ckpt, out, args.config, args.overwrite, report=print, verify=args.verify)
     return 0
 
 
 def convert_checkpoint(checkpoint: str | Path, out: str | Path, config: str | Path | None = None, overwrite: bool = False,
-                       report: Any = None) -> Path:  # fmt: skip
+                       report: Any = None, verify: bool = True) -> Path:  # fmt: skip
     """Write the policy of ``checkpoint`` (a step_NNNNNN directory) as an HF directory ``out``."""
+    from megarl.actors.ray_groups.placement import role_placements
     from megarl.checkpoint.manager import verify_checkpoint
     from megarl.config.planner import make_plan
 
@@ -70,44 +166,196 @@ def convert_checkpoint(checkpoint: str | Path, out: str | Path, config: str | Pa
     check_output_target(target, overwrite, {"the run's checkpoints directory": ckpt.path.parent,
                                             "the model directory of model.path": Path(cfg.model.path)})
     plan = make_plan(cfg)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = target.parent / f".{target.name}.megarl-staging-{os.getpid()}"
-    logs = Path(tempfile.mkdtemp(prefix="megarl-convert-logs-"))
-    try:
-        written, checked = _export(cfg, plan, ckpt, staging, logs)
-        _write_manifest(written, ckpt, checked)
-        _normalize_modes(written)
-        _swap_in(written, target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    shutil.rmtree(logs, ignore_errors=True)  # kept (and named by the error) when the export failed
+    placements, _ = role_placements(cfg, plan)
+    local_cpus = None if cfg.cluster.ray_address else len(plan.roles["policy"].gpus) + 1
+    rank_args = (cfg.model.path, cfg.actor, cfg.model.dtype, cfg.trainer.seed, cfg.rollout.weight_sync.bucket_mb, str(ckpt.path))
+    with _staged(target) as staging:
+        checked = _export_hf(placements[0], rank_args, staging, verify, cfg.cluster.ray_address, local_cpus, report)
+        written = staging / "v0"
+        _write_manifest(written, str(ckpt.path.resolve()), ckpt.step, checked)
+        _finish(written, target)
     if report is not None:
-        report(f"wrote {out} from {ckpt.path} (step {ckpt.step}); verified: {checked} parameters re-imported from the "
-               "written files equal the trained ones bit for bit")
+        report(f"wrote {out} from {ckpt.path} (step {ckpt.step}); {_verified(checked)}")
     return Path(out)
 
 
-def _export(cfg: Any, plan: Any, ckpt: Any, staging: Path, logs: Path) -> tuple[Path, int]:
-    """Write and verify the HF files in ``staging``/v0; returns it and the parameters checked."""
-    from megarl.actors.clients import ExportClient
-    from megarl.actors.ray_groups.placement import role_placements
+def export_model_checkpoint(checkpoint: str | Path, out: str | Path, tp: int | None = None, pp: int | None = None,
+                            overwrite: bool = False, verify: bool = True, report: Any = None) -> Path:  # fmt: skip
+    """Write a model checkpoint of hf-to-megatron as an HF directory ``out`` (with its recorded
+    layout, or ``tp`` x ``pp`` CPU processes)."""
+    from megarl.checkpoint.model_checkpoint import check_model_checkpoint
+
+    source = Path(checkpoint).absolute()
+    record = check_model_checkpoint(source)
+    target = Path(out).absolute()
+    check_output_target(target, overwrite, {"the model checkpoint": source})
+    tp, pp = tp or int(record["tp"]), pp or int(record["pp"])
+    actor = _layout_config(source, tp, pp)
+    rank_args = (str(source), actor, record["dtype"], 1, 512.0, None)
+    with _staged(target) as staging:
+        checked = _export_hf(_cpu_placement(tp * pp), rank_args, staging, verify, None, tp * pp + 1, report)
+        written = staging / "v0"
+        _write_manifest(written, str(source), None, checked)
+        _finish(written, target)
+    if report is not None:
+        report(f"wrote {out} from {source} (TP={tp}, PP={pp}); {_verified(checked)}")
+    return Path(out)
+
+
+def convert_hf_to_megatron(hf: str | Path, out: str | Path, tp: int = 1, pp: int = 1, dtype: str | None = None,
+                           overwrite: bool = False, report: Any = None) -> Path:  # fmt: skip
+    """Write the HF model ``hf`` as a model checkpoint ``out`` (Megatron dist-checkpoint saved by
+    ``tp`` x ``pp`` CPU processes, with the HF config and tokenizer); verified bit for bit."""
+    from megarl.checkpoint.conversion_ranks import ImportRank
+    from megarl.checkpoint.model_checkpoint import (
+        RECORD,
+        WEIGHTS,
+        is_model_checkpoint,
+        write_record,
+    )
+
+    source = Path(hf).absolute()
+    if is_model_checkpoint(source):
+        raise OutputError(f"--hf {hf} is already a model checkpoint; give an HF model directory (config.json + safetensors)")
+    hf_config = _read_hf_config(source)
+    dtype = dtype or _config_dtype(hf_config)
+    actor = _layout_config(source, tp, pp)
+    target = Path(out).absolute()
+    check_output_target(target, overwrite, {"the HF model directory": source}, manifest=RECORD)
+    say = report or (lambda _: None)
+    with _staged(target) as staging:
+        say(f"hf-to-megatron: loading {source} into {tp * pp} rank(s) (TP={tp}, PP={pp}, {dtype}) ...")
+        with _conversion_group(ImportRank, _cpu_placement(tp * pp), (str(source), actor, dtype, 1), None, tp * pp + 1) as client:
+            say("hf-to-megatron: saving the Megatron checkpoint ...")
+            client.write(str(staging / WEIGHTS))
+            _copy_side_files(source, staging)
+            record = dict(source=str(source), tp=tp, pp=pp, dtype=dtype, hf_config=hf_config)
+            write_record(staging, **record, verified_parameters=None)
+            say("hf-to-megatron: loading the written checkpoint back to compare ...")
+            checked = client.verify(str(staging))
+        write_record(staging, **record, verified_parameters=checked)
+        _finish(staging, target)
+    say(f"wrote {out} from {source} (TP={tp}, PP={pp}, {dtype}); {_verified(checked)}")
+    return Path(out)
+
+
+# ---- the conversion groups --------------------------------------------------------------------------------
+
+
+def _cpu_placement(world: int) -> Any:
+    from megarl.actors.ray_groups.placement import RolePlacement
+
+    return RolePlacement("convert", 1, world, gpus_per_proc=0.0, cpus_per_proc=1.0)
+
+
+@contextmanager
+def _conversion_group(rank_cls: type, placement: Any, rank_args: tuple, address: str | None,
+                      local_cpus: int | None) -> Iterator[Any]:  # fmt: skip
+    """A ConversionClient over a Ray group of ``rank_cls``; its logs are kept (and named by the
+    error) only when something failed."""
+    from megarl.actors.clients import ConversionClient
     from megarl.actors.ray_groups.session import ray_session
     from megarl.actors.ray_groups.worker_group import GroupOptions, WorkerGroup
-    from megarl.checkpoint.hf_export import ExportRank, write_index
 
-    placements, _ = role_placements(cfg, plan)
-    local_cpus = None if cfg.cluster.ray_address else len(plan.roles["policy"].gpus) + 1
-    with ray_session(cfg.cluster.ray_address, num_cpus=local_cpus):
-        group = WorkerGroup(ExportRank, placements[0], cfg, str(ckpt.path), group_options=GroupOptions(log_dir=logs))
+    logs = Path(tempfile.mkdtemp(prefix="megarl-convert-logs-"))
+    with ray_session(address, num_cpus=None if address else local_cpus):
+        group = WorkerGroup(rank_cls, placement, *rank_args, group_options=GroupOptions(log_dir=logs))
         try:
-            client = ExportClient(group)
-            client.write(str(staging))
-            written = staging / "v0"
-            write_index(written)
-            checked = client.verify(str(written))
+            yield ConversionClient(group)
         finally:
             group.shutdown()
-    return written, checked
+    shutil.rmtree(logs, ignore_errors=True)
+
+
+def _export_hf(placement: Any, rank_args: tuple, staging: Path, verify: bool, address: str | None,
+               local_cpus: int | None, report: Callable[[str], None] | None) -> int | None:  # fmt: skip
+    """HF files of the ExportRank group's model in ``staging``/v0 (with the index); the parameters
+    verified (None when not verified)."""
+    from megarl.checkpoint.conversion_ranks import ExportRank, write_index
+
+    say = report or (lambda _: None)
+    say(f"megatron-to-hf: loading {rank_args[-1] or rank_args[0]} into {placement.nnodes * placement.procs_per_node} rank(s) ...")
+    with _conversion_group(ExportRank, placement, rank_args, address, local_cpus) as client:
+        say("megatron-to-hf: writing HF safetensors ...")
+        client.write(str(staging))
+        written = staging / "v0"
+        write_index(written)
+        if not verify:
+            return None
+        say("megatron-to-hf: importing the written files back to compare ...")
+        return client.verify(str(written))
+
+
+def _layout_config(model_dir: Path, tp: int, pp: int) -> Any:
+    """The ActorConfig of a conversion layout, refused (OutputError naming --tp/--pp) when the
+    model cannot be split that way."""
+    from megarl.config.sections import ActorConfig, ParallelConfig
+
+    for name, value in (("--tp", tp), ("--pp", pp)):
+        if value < 1:
+            raise OutputError(f"{name} ({value}) must be >= 1")
+    parallel = ParallelConfig(tp=tp, pp=pp)
+    try:
+        from transformers import AutoConfig
+
+        from megarl.models.mcore_version import require_megatron_core
+
+        require_megatron_core()
+        from megarl.models.bridge import get_bridge
+
+        hf_config = AutoConfig.from_pretrained(str(model_dir))
+        bridge = get_bridge(hf_config)
+        bridge.check_hf_config(hf_config)
+        bridge.check_parallel(hf_config, parallel)
+    except ValueError as exc:
+        raise OutputError(f"{model_dir}: {str(exc).replace('parallel.tp', '--tp').replace('parallel.pp', '--pp')}") from None
+    return ActorConfig(parallel=parallel)
+
+
+def _read_hf_config(source: Path) -> dict[str, Any]:
+    try:
+        return json.loads((source / "config.json").read_text())
+    except FileNotFoundError:
+        raise OutputError(f"--hf {source} has no config.json; give a Hugging Face model directory") from None
+    except (OSError, ValueError) as exc:
+        raise OutputError(f"{source / 'config.json'} is unreadable ({exc})") from None
+
+
+def _config_dtype(hf_config: dict[str, Any]) -> str:
+    """The HF config's dtype when it is one megarl trains in, else bfloat16."""
+    named = hf_config.get("dtype") or hf_config.get("torch_dtype")
+    return named if named in DTYPES else "bfloat16"
+
+
+def _copy_side_files(source: Path, target: Path) -> None:
+    from megarl.rollout.transports import HF_SIDE_FILES
+
+    for name in HF_SIDE_FILES:
+        if (source / name).is_file():
+            shutil.copy2(source / name, target / name)
+
+
+def _verified(checked: int | None) -> str:
+    if checked is None:
+        return "not verified (--no-verify)"
+    return f"verified: {checked} parameters loaded back from the written files equal the converted ones bit for bit"
+
+
+@contextmanager
+def _staged(target: Path) -> Iterator[Path]:
+    """A staging directory next to ``target``, removed at the end whatever happened."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = target.parent / f".{target.name}.megarl-staging-{os.getpid()}"
+    staging.mkdir()
+    try:
+        yield staging
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _finish(written: Path, target: Path) -> None:
+    _normalize_modes(written)
+    _swap_in(written, target)
 
 
 # ---- the run's config ---------------------------------------------------------------------------------
@@ -155,8 +403,9 @@ def launch_dirs(ckpt: Any, output_dir: str) -> list[Path]:
 # ---- the output directory -----------------------------------------------------------------------------
 
 
-def check_output_target(target: Path, overwrite: bool, protected: dict[str, Path]) -> None:
-    """Refuse (OutputError) an OUT whose writing could destroy anything but a previous megarl output."""
+def check_output_target(target: Path, overwrite: bool, protected: dict[str, Path], manifest: str = EXPORT_MANIFEST) -> None:
+    """Refuse (OutputError) an OUT whose writing could destroy anything but a previous megarl
+    output of the same kind (recognised by its ``manifest`` file, which lists what it wrote)."""
     from megarl.config.preflight import writable_dir_problem
 
     real = target.resolve()
@@ -172,23 +421,23 @@ def check_output_target(target: Path, overwrite: bool, protected: dict[str, Path
             relation = "is" if real == path else "is inside" if path in real.parents else "contains"
             raise OutputError(f"{target} {relation} {name} ({path}); choose a directory outside it")
     if target.is_dir() and any(target.iterdir()):
-        _check_previous_output(target, overwrite)
+        _check_previous_output(target, overwrite, manifest)
     problem = writable_dir_problem(target.parent)
     if problem:
         raise OutputError(f"cannot write {target}: {problem}; choose a writable place")
 
 
-def _check_previous_output(target: Path, overwrite: bool) -> None:
+def _check_previous_output(target: Path, overwrite: bool, manifest_name: str) -> None:
     if not overwrite:
         raise OutputExistsError(f"{target} exists and is not empty; choose another directory, or pass --overwrite to "
                           "replace a previous megarl convert output")
-    manifest = target / EXPORT_MANIFEST
+    manifest = target / manifest_name
     present = sorted(str(p.relative_to(target)) for p in target.rglob("*") if not p.is_dir())
     if not manifest.is_file():
         raise OutputError(f"--overwrite replaces only a previous megarl convert output, and {target} has no "
-                          f"{EXPORT_MANIFEST} (it holds {_listing(present)}); choose another directory")
+                          f"{manifest_name} (it holds {_listing(present)}); choose another directory")
     try:
-        listed = set(json.loads(manifest.read_text())["files"]) | {EXPORT_MANIFEST}
+        listed = set(json.loads(manifest.read_text())["files"]) | {manifest_name}
     except (ValueError, KeyError, TypeError) as exc:
         raise OutputError(f"{manifest} is unreadable ({exc}); choose another directory") from None
     others = [p for p in present if p not in listed]
@@ -201,12 +450,12 @@ def _listing(names: list[str], limit: int = 5) -> str:
     return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "") if names else "nothing"
 
 
-def _write_manifest(written: Path, ckpt: Any, checked: int) -> None:
+def _write_manifest(written: Path, source: str, step: int | None, checked: int | None) -> None:
     import megarl
 
     files = sorted(str(p.relative_to(written)) for p in written.rglob("*") if p.is_file())
-    manifest = {"kind": "megarl convert", "megarl_version": megarl.__version__, "checkpoint": str(ckpt.path.resolve()),
-                "step": ckpt.step, "verified_parameters": checked, "files": files}
+    manifest = {"kind": "megarl convert", "megarl_version": megarl.__version__, "checkpoint": source,
+                "step": step, "verified_parameters": checked, "files": files}
     (written / EXPORT_MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
 
 

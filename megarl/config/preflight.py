@@ -14,7 +14,9 @@ the fix, so all of them are reported at once, in seconds, before Ray or any work
 - the user's own functions named by import path (algorithm.estimator, algorithm.policy_loss,
   rollout.generate_function; megarl/config/extensions.py): importable and callable;
 - model.path: config.json present and accepted by the bridges (config values, layout, the
-  weights' tensor names and shapes), the installed megatron-core usable;
+  weights' tensor names and shapes), the installed megatron-core usable; a model checkpoint
+  of `megarl convert hf-to-megatron` (as model.path or critic.path): its record readable and
+  its HF config equal to the config.json beside it;
 - trainer.output_dir writable; trainer.resume meaningful for what output_dir holds
   (megarl.checkpoint.manager.plan_resume: no destroyed evidence, no two runs in one place).
 
@@ -223,10 +225,24 @@ def _check_prompts(cfg: MegaRLConfig, samples: list[_Sample], findings: list[Fin
 
 
 def _check_model_dir(cfg: MegaRLConfig, findings: list[Finding]) -> bool:
+    from megarl.checkpoint.model_checkpoint import (
+        ModelCheckpointError,
+        check_model_checkpoint,
+        is_model_checkpoint,
+    )
+
     path = cfg.model.path
     if path is None or not (Path(path) / "config.json").is_file():
-        findings.append(Finding("model.path", f"({path}) must be a local HF model directory (with config.json) to launch"))
+        findings.append(Finding("model.path", f"({path}) must be a local HF model directory (with config.json) or a "
+                                "model checkpoint of `megarl convert hf-to-megatron` to launch"))
         return False
+    for field, value in (("model.path", path), ("critic.path", cfg.critic.path if cfg.critic_enabled else None)):
+        if is_model_checkpoint(value):
+            try:
+                check_model_checkpoint(value)
+            except ModelCheckpointError as exc:
+                findings.append(Finding(field, str(exc)))
+                return False
     return True
 
 
@@ -300,7 +316,9 @@ if spec.get("model"):
         from types import SimpleNamespace
         for layout in spec["layouts"]:
             bridge.check_parallel(hf, SimpleNamespace(**layout))
-        bridge.check_hf_checkpoint(hf, spec["model"])
+        from megarl.checkpoint.model_checkpoint import is_model_checkpoint
+        if not is_model_checkpoint(spec["model"]):  # a model checkpoint is checked in the parent
+            bridge.check_hf_checkpoint(hf, spec["model"])
         emit("model", None)
     except BaseException as exc:
         emit("model", f"{type(exc).__name__}: {exc}")

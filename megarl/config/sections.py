@@ -38,7 +38,8 @@ class Section(BaseModel):
 
 
 class ModelConfig(Section):
-    path: str | None = Field(None, description="Hugging Face model directory (config.json, safetensors, tokenizer).")
+    path: str | None = Field(None, description="Hugging Face model directory (config.json, safetensors, tokenizer), or a "
+                             "model checkpoint of `megarl convert hf-to-megatron` (any TP/PP layout).")
     arch: str | None = Field(
         None,
         description="Built-in architecture name (e.g. qwen2.5-72b) for planning without weights; see `megarl plan --list-archs`.",
@@ -230,7 +231,7 @@ class ReferenceConfig(Section):
 
 class CriticConfig(ActorConfig):
     enabled: bool | None = Field(None, description="Train a critic; None = derived from the estimator (gae needs one).")
-    path: str | None = Field(None, description="HF model to initialise the critic backbone from; None = the policy's model.path.")
+    path: str | None = Field(None, description="HF model (or model checkpoint of `megarl convert hf-to-megatron`) to initialise the critic backbone from; None = the policy's model.path.")
 
 
 class ClipConfig(Section):

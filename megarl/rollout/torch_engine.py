@@ -29,6 +29,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -48,6 +49,19 @@ class WeightLoadError(ValueError):
     """A weight push that does not match the engine's model (unknown name, shape, missing)."""
 
 
+def _load_model(model_path: str | Path, dtype: torch.dtype | None) -> Any:
+    """The HF model of ``model_path``; a model checkpoint (no HF weights) is built from its config
+    with random weights, which the trainer's initial weight push replaces before any generation."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from megarl.checkpoint.model_checkpoint import is_model_checkpoint
+
+    if is_model_checkpoint(model_path):
+        config = AutoConfig.from_pretrained(str(model_path))
+        return AutoModelForCausalLM.from_config(config, dtype=dtype or getattr(config, "dtype", None) or torch.float32)
+    return AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype or "auto")
+
+
 class TorchEngine:
     """One HF model that generates (see the module docstring for the exact conventions)."""
 
@@ -60,13 +74,13 @@ class TorchEngine:
         max_running_requests: int = 256,
         compact_fraction: float = 0.25,
     ) -> None:
-        """Load ``model_path`` (an HF directory). ``dtype`` None = the config's dtype.
+        """Load ``model_path`` (an HF directory, or a model checkpoint of `megarl convert
+        hf-to-megatron`: its architecture, with the weights of the trainer's first push).
+        ``dtype`` None = the config's dtype.
 
         ``max_running_requests`` bounds the rows decoded together; ``compact_fraction``: drop
         finished rows from the KV cache once that fraction of the running rows has finished.
         """
-        from transformers import AutoModelForCausalLM
-
         if max_running_requests < 1:
             raise ValueError(f"max_running_requests ({max_running_requests}) must be >= 1")
         if isinstance(dtype, str):
@@ -74,7 +88,7 @@ class TorchEngine:
                 raise ValueError(f"dtype {dtype!r} is not one of {', '.join(_DTYPES)}")
             dtype = _DTYPES[dtype]
         self.device = torch.device(device)
-        self.model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype or "auto")
+        self.model = _load_model(model_path, dtype)
         self.model.to(self.device).eval()
         self.model.requires_grad_(False)
         self.tokenizer = _load_tokenizer(model_path)

@@ -93,8 +93,11 @@ class InProcessTransport:
 _VERSION_DIR = re.compile(r"v\d+(\.tmp)?")  # what DiskTransport writes into its directory
 
 # The files an HF model directory needs besides the weights (SGLang loads a pushed version as a model).
+# What an HF directory holds besides its weights (config, tokenizer), copied into the directories
+# megarl writes: disk pushes, `megarl convert` outputs, model checkpoints.
 HF_SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-                 "special_tokens_map.json", "chat_template.jinja")  # fmt: skip
+                 "special_tokens_map.json", "chat_template.jinja", "tokenizer.model", "vocab.json", "merges.txt",
+                 "added_tokens.json")  # fmt: skip
 
 
 class DiskTransport:

@@ -372,6 +372,8 @@ def spec_from_config(
     is CUDA-only). ``rollout.server_python`` (None = this interpreter) runs
     ``sglang.launch_server``.
     """
+    from megarl.checkpoint.model_checkpoint import is_model_checkpoint
+
     placement, device = cluster.placement, cluster.device
     fields: dict[str, object] = dict(
         model_path=model_path,
@@ -385,6 +387,9 @@ def spec_from_config(
         deterministic=rollout.deterministic,
         device=device,
         python=rollout.server_python or sys.executable,
+        # A model checkpoint of `megarl convert hf-to-megatron` has no HF weights: the server
+        # starts from its config and the trainer's initial push brings the weights.
+        load_format="dummy" if is_model_checkpoint(model_path) else None,
     )
     fields.update(overrides)
     return ServerSpec(**fields)  # type: ignore[arg-type]

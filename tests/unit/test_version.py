@@ -15,6 +15,7 @@ import pytest
 
 import megarl
 from megarl.checkpoint.manager import MANIFEST, CheckpointManager, step_dir_name
+from megarl.checkpoint.model_checkpoint import RECORD, write_record
 from megarl.cli import build_parser
 from megarl.commands.convert import EXPORT_MANIFEST, _write_manifest
 
@@ -62,5 +63,7 @@ def test_checkpoints_and_converted_models_record_it(tmp_path):
     exported = tmp_path / "model"
     exported.mkdir()
     (exported / "config.json").write_text("{}")
-    _write_manifest(exported, ckpt, checked=0)
+    _write_manifest(exported, str(ckpt.path), ckpt.step, checked=0)
     assert json.loads((exported / EXPORT_MANIFEST).read_text())["megarl_version"] == megarl.__version__
+    write_record(exported, source="hf", tp=1, pp=1, dtype="float32", hf_config={}, verified_parameters=0)
+    assert json.loads((exported / RECORD).read_text())["megarl_version"] == megarl.__version__

@@ -111,12 +111,14 @@ class MegatronModel:
         *,
         value_head: bool = False,
     ) -> MegatronModel:
-        """Build this rank's shard through the bridge and load the HF weights into it."""
+        """Build this rank's shard through the bridge and load the weights of ``hf_path`` into it:
+        an HF directory, or a model checkpoint of `megarl convert hf-to-megatron`."""
         from transformers import AutoConfig
 
         from megarl.models.mcore_version import require_megatron_core
 
         require_megatron_core()  # before the first megatron import: a one-line error, not a deep one
+        from megarl.checkpoint.model_checkpoint import is_model_checkpoint, load_model_weights
         from megarl.models.bridge import get_bridge
 
         info = ensure_parallel(cfg.parallel, seed)
@@ -127,7 +129,10 @@ class MegatronModel:
         module = bridge.build_model(
             hf_config, tcfg, pre_process=info.is_first_stage, post_process=info.is_last_stage, value_head=value_head
         )
-        bridge.load_hf_weights(module, hf_path)
+        if is_model_checkpoint(hf_path):  # `megarl convert hf-to-megatron` output, any layout
+            load_model_weights(module, hf_path)
+        else:
+            bridge.load_hf_weights(module, hf_path)
         positions = ResponsePositions()
         if info.is_last_stage:
             module.output_layer.register_forward_pre_hook(positions, with_kwargs=True)

@@ -1,5 +1,5 @@
 """`megarl convert` never destroys what the user owns: the output checks, the swap and the run's
-paths, on real directories (the export itself runs in tests/e2e/test_failures_convert.py)."""
+paths, on real directories (the export itself runs in tests/e2e/test_failures_run.py and tests/e2e/test_convert_formats.py)."""
 
 from __future__ import annotations
 

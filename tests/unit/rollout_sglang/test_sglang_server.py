@@ -217,3 +217,15 @@ def test_a_server_that_exits_while_starting_fails_with_its_log(tmp_path):
     bad = _stand_in(tmp_path / "a", "import sys; print('boom', flush=True); sys.exit(2)")
     with pytest.raises(ServerLaunchError, match="(?s)exited with code 2.*boom"):
         bad.start(timeout=30.0, poll=0.05)
+
+
+def test_a_model_checkpoint_starts_the_server_with_dummy_weights(tmp_path):
+    """A model checkpoint of `megarl convert hf-to-megatron` holds no HF weights: the server loads
+    none (the trainer's initial push brings them); an HF directory loads its own."""
+    from megarl.checkpoint.model_checkpoint import write_record
+
+    write_record(tmp_path, source="/hf", tp=1, pp=1, dtype="bfloat16", hf_config={}, verified_parameters=1)
+    cluster = ClusterConfig(device="cpu")
+    assert spec_from_config(str(tmp_path), RolloutConfig(), cluster).load_format == "dummy"
+    assert "--load-format" in build_launch_command(spec_from_config(str(tmp_path), RolloutConfig(), cluster), 1)
+    assert spec_from_config("/m", RolloutConfig(), cluster).load_format is None

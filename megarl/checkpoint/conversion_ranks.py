@@ -1,0 +1,137 @@
+"""The worker processes of `megarl convert` (its orchestration: megarl/commands/convert.py).
+
+Both directions go through the bridge, the same code that loads HF weights for training and
+exports them for weight sync, and both end with a bit-for-bit check in the same processes:
+
+- ``ExportRank`` (Megatron -> HF): the model is rebuilt with a layout (the run's, for a
+  training checkpoint; the recorded or a chosen one, for a model checkpoint), its weights are
+  loaded, and the weights go out through the weight-sync export (gather TP shards, collect PP
+  stages, HF names and layouts) into safetensors files; then the written directory is
+  imported back into a fresh model of the same layout and every parameter must equal the
+  loaded one. The config and tokenizer files are copied from the model directory.
+- ``ImportRank`` (HF -> Megatron): the HF weights are loaded into the layout's model (each rank
+  reads only its slices), saved as a dist-checkpoint, then loaded back into a fresh model of
+  the same layout and compared with the HF import.
+
+A mismatch is a ConversionError, never a silent mis-conversion.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from megarl.config.sections import ActorConfig
+
+INDEX = "model.safetensors.index.json"
+
+
+class ConversionError(RuntimeError):
+    """The written files do not reproduce the weights they were written from."""
+
+
+def compare_parameters(expected: torch.nn.Module, got: torch.nn.Module, source: str) -> int:
+    """Every parameter of ``got`` must equal ``expected``'s bit for bit; returns how many were checked."""
+    want = dict(expected.named_parameters())
+    checked = 0
+    for name, param in got.named_parameters():
+        if not torch.equal(param.detach().cpu(), want[name].detach().cpu()):
+            diff = (param.detach().float().cpu() - want[name].detach().float().cpu()).abs().max()
+            raise ConversionError(f"{source}: {name} differs from the converted weights after re-import (max |diff| {float(diff):.3g})")
+        checked += 1
+    return checked  # this rank's parameters
+
+
+class ExportRank:
+    """One process of the Megatron -> HF group: the model of ``model_path`` in ``actor_cfg``'s
+    layout, with the trained policy of ``checkpoint`` (a step_NNNNNN directory) loaded on top
+    when given; else the weights of ``model_path`` itself (a model checkpoint)."""
+
+    def __init__(self, model_path: str, actor_cfg: ActorConfig, dtype: str, seed: int, bucket_mb: float,
+                 checkpoint: str | None = None) -> None:  # fmt: skip
+        from megarl.actors.megatron_runtime.model import MegatronModel, dtype_of
+        from megarl.actors.policy import PolicyWorker
+
+        self.actor_cfg, self.dtype, self.seed, self.bucket_mb = actor_cfg, dtype, seed, bucket_mb
+        self.model_path = model_path
+        if checkpoint is not None:
+            policy = PolicyWorker(model_path, actor_cfg, dtype, seed, total_optimizer_steps=1)
+            policy.load(Path(checkpoint) / "policy")
+            self.model = policy.model
+        else:
+            self.model = MegatronModel.build(model_path, actor_cfg, dtype_of(dtype), seed)
+        self.rank = self.model.info.rank
+
+    def _export(self, gather_pp: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
+        return self.model.bridge.export_hf_tensors(self.model.core, gather_pp=gather_pp)
+
+    def write(self, staging: str) -> dict[str, float]:
+        """Export into ``staging/v0`` through the disk transport (collective; rank 0 writes)."""
+        import torch.distributed as dist
+
+        from megarl.rollout.transports import DiskTransport
+        from megarl.rollout.weight_stream import WeightStream
+
+        stream = WeightStream(self._export, self.bucket_mb)
+        disk = DiskTransport(stream, staging, writer=self.rank == 0, hf_dir=self.model_path,
+                             engines_of=lambda _: [], barrier=dist.barrier)  # fmt: skip
+        disk.connect(None)
+        return disk.push(0)
+
+    def verify(self, hf_dir: str) -> int:
+        """Import ``hf_dir`` into a fresh model of this layout; every parameter must be identical."""
+        from megarl.actors.megatron_runtime.model import MegatronModel, dtype_of
+
+        imported = MegatronModel.build(hf_dir, self.actor_cfg, dtype_of(self.dtype), self.seed)
+        return compare_parameters(self.model.core, imported.core, hf_dir)
+
+
+class ImportRank:
+    """One process of the HF -> Megatron group: the HF model in ``actor_cfg``'s layout."""
+
+    def __init__(self, hf_dir: str, actor_cfg: ActorConfig, dtype: str, seed: int) -> None:
+        from megarl.actors.megatron_runtime.model import MegatronModel, dtype_of
+
+        self.actor_cfg, self.dtype, self.seed = actor_cfg, dtype, seed
+        self.model = MegatronModel.build(hf_dir, actor_cfg, dtype_of(dtype), seed)
+
+    def write(self, weights_dir: str) -> None:
+        """The loaded weights as a dist-checkpoint in ``weights_dir`` (collective)."""
+        from megarl.checkpoint.model_checkpoint import save_model_weights
+
+        save_model_weights(self.model.core, weights_dir)
+
+    def verify(self, checkpoint_dir: str) -> int:
+        """Load the finished model checkpoint into a fresh model; every parameter must equal the HF import."""
+        from megarl.actors.megatron_runtime.model import MegatronModel, dtype_of
+
+        loaded = MegatronModel.build(checkpoint_dir, self.actor_cfg, dtype_of(self.dtype), self.seed)
+        return compare_parameters(self.model.core, loaded.core, checkpoint_dir)
+
+
+def write_index(directory: Path) -> None:
+    """The weight map transformers needs to load a directory of several safetensors files."""
+    from safetensors import safe_open
+
+    weight_map, total = {}, 0
+    for path in sorted(directory.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            for key in f.keys():
+                weight_map[key] = path.name
+                t = f.get_slice(key)
+                total += _numel(t.get_shape()) * _dtype_bytes(t.get_dtype())
+    (directory / INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n")
+
+
+def _numel(shape: list[int]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _dtype_bytes(name: str) -> int:
+    return {"F32": 4, "BF16": 2, "F16": 2, "F64": 8, "I64": 8, "I32": 4}.get(name, 4)

@@ -1,0 +1,153 @@
+"""A model as a Megatron dist-checkpoint (what `megarl convert hf-to-megatron` writes).
+
+A directory that names the model it came from and can stand where an HF directory stands
+(``model.path``, ``critic.path``)::
+
+    CKPT_DIR/
+      megarl_megatron.json   the record: kind, megarl version, source HF directory, the layout it
+                             was written with (tp, pp), dtype, the HF config (config.json) it came
+                             from, and every file written
+      config.json, generation_config.json, tokenizer files   copied from the HF directory
+      megatron/              the weights: Megatron ``dist_checkpointing`` (torch_dist) of the
+                             model's sharded state dict, under the key "model"
+
+Megatron's sharded state dict names every tensor by its global shape and the piece each rank
+holds, so a run with another TP/PP layout loads it (resharding on load). The vocabulary rows a
+layout adds as padding are stored as the layout had them; a layout with other padding loads the
+rows both have and zeros past them (Megatron's ``allow_shape_mismatch`` for the embedding and
+output layer), which equals the HF import's zero padding. There are no safetensors: the
+engines start from the config (the torch engine from random weights, SGLang with
+``load_format=dummy``) and get the weights from the trainer's initial push.
+
+A record whose HF config differs from the config.json beside it (the directory was edited, or
+files of another model copied in) is refused by name of the differing fields.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+RECORD = "megarl_megatron.json"
+WEIGHTS = "megatron"
+KIND = "megarl hf-to-megatron"
+# Bookkeeping keys of an HF config.json that say nothing about the model.
+_CONFIG_NOISE = {"_name_or_path", "transformers_version"}
+
+
+class ModelCheckpointError(ValueError):
+    """A model checkpoint directory that cannot be used; the message says why and what to do."""
+
+
+def is_model_checkpoint(path: str | os.PathLike | None) -> bool:
+    """Whether ``path`` is a directory written by `megarl convert hf-to-megatron`."""
+    return path is not None and (Path(path) / RECORD).is_file()
+
+
+def read_record(path: str | os.PathLike) -> dict[str, Any]:
+    """The record of the model checkpoint at ``path`` (ModelCheckpointError if unreadable)."""
+    record_path = Path(path) / RECORD
+    try:
+        record = json.loads(record_path.read_text())
+        if record.get("kind") != KIND or not isinstance(record.get("hf_config"), dict):
+            raise ValueError(f"kind {record.get('kind')!r} or hf_config missing")
+    except (OSError, ValueError, AttributeError) as exc:
+        raise ModelCheckpointError(f"{record_path} is unreadable ({exc}); convert the HF model again with "
+                                   "`megarl convert hf-to-megatron`") from None
+    return record
+
+
+def write_record(directory: str | os.PathLike, *, source: str, tp: int, pp: int, dtype: str, hf_config: dict[str, Any],
+                 verified_parameters: int | None) -> None:  # fmt: skip
+    """Write the record of the model checkpoint in ``directory``, listing every file already there."""
+    import megarl
+
+    directory = Path(directory)
+    files = sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file() and p.name != RECORD)
+    record = {"kind": KIND, "megarl_version": megarl.__version__, "time": time.time(), "source": source, "tp": tp,
+              "pp": pp, "dtype": dtype, "hf_config": hf_config, "verified_parameters": verified_parameters,
+              "files": files}  # fmt: skip
+    (directory / RECORD).write_text(json.dumps(record, indent=1) + "\n")
+
+
+def config_differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """``field: recorded A, now B`` for every model field that differs between two HF configs."""
+    keys = sorted((set(recorded) | set(current)) - _CONFIG_NOISE)
+    missing = object()
+    out = []
+    for key in keys:
+        a, b = recorded.get(key, missing), current.get(key, missing)
+        if a != b:
+            show = lambda v: "absent" if v is missing else json.dumps(v)  # noqa: E731
+            out.append(f"{key}: recorded {show(a)}, now {show(b)}")
+    return out
+
+
+def check_model_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    """Refuse (ModelCheckpointError) a model checkpoint that cannot be loaded as the model its
+    config.json describes; returns its record."""
+    path = Path(path)
+    record = read_record(path)
+    if not (path / WEIGHTS / "metadata.json").is_file():
+        raise ModelCheckpointError(f"{path / WEIGHTS} holds no Megatron checkpoint (metadata.json is missing); "
+                                   "convert the HF model again with `megarl convert hf-to-megatron`")
+    try:
+        current = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelCheckpointError(f"{path / 'config.json'} is unreadable ({exc}); it must be the config.json the "
+                                   "checkpoint was converted from") from None
+    differ = config_differences(record["hf_config"], current)
+    if differ:
+        raise ModelCheckpointError(
+            f"{path}: config.json differs from the HF config the weights were converted from "
+            f"({record.get('source')}): {'; '.join(differ)}; restore that config.json, or convert the model it "
+            "describes with `megarl convert hf-to-megatron`"
+        )
+    return record
+
+
+# ---- the weights (collective; Megatron imported lazily) --------------------------------------------
+
+
+def _model_state(core: Any) -> dict[str, Any]:
+    """The model's sharded state dict without a critic's value head (not in a policy's checkpoint:
+    it keeps its initialisation, as in an HF import)."""
+    state = core.sharded_state_dict()
+    if getattr(getattr(core, "output_layer", None), "is_value_head", False):
+        state = {k: v for k, v in state.items() if not k.startswith("output_layer.")}
+    return {"model": state}
+
+
+def save_model_weights(core: Any, directory: str | os.PathLike) -> None:
+    """Write this group's model (a GPTModel, every rank calling) as a dist-checkpoint into ``directory``."""
+    import torch.distributed as dist
+    from megatron.core import dist_checkpointing
+
+    from megarl.models.mcore_version import write_checkpoint_versions
+
+    os.makedirs(directory, exist_ok=True)
+    dist_checkpointing.save(_model_state(core), str(directory))
+    if dist.get_rank() == 0:
+        write_checkpoint_versions(directory)
+    dist.barrier()
+
+
+def load_model_weights(core: Any, path: str | os.PathLike) -> None:
+    """Fill this rank's parameters from the model checkpoint at ``path`` (collective), whatever
+    TP/PP layout wrote it."""
+    import torch
+    from megatron.core import dist_checkpointing
+
+    from megarl.models.mcore_version import check_checkpoint_readable
+
+    weights = Path(path) / WEIGHTS
+    check_checkpoint_readable(weights)
+    state = dist_checkpointing.load(_model_state(core), str(weights))
+    with torch.no_grad():
+        missing, _ = core.load_state_dict(state["model"], strict=False)
+    unexpected_missing = [k for k in missing if not k.startswith("output_layer.") and not k.endswith("._extra_state")]
+    if unexpected_missing:
+        raise ModelCheckpointError(f"{path}: the checkpoint has no values for {', '.join(unexpected_missing[:5])}")

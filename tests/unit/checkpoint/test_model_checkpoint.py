@@ -1,0 +1,143 @@
+"""The model checkpoint format of `megarl convert hf-to-megatron` and the refusals around it, on
+real directories (the conversions themselves run in tests/e2e/test_convert_formats.py)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from megarl.checkpoint.model_checkpoint import (
+    RECORD,
+    WEIGHTS,
+    ModelCheckpointError,
+    check_model_checkpoint,
+    config_differences,
+    is_model_checkpoint,
+    write_record,
+)
+from megarl.commands.convert import (
+    OutputError,
+    OutputExistsError,
+    check_output_target,
+    expand_short_form,
+)
+
+TINY = Path(__file__).resolve().parents[3] / "configs" / "tiny_grpo.yaml"
+
+
+def fake_checkpoint(root: Path, hf_dir: Path) -> Path:
+    """A model checkpoint's files around an empty weights record: what the checks read."""
+    root.mkdir()
+    for f in hf_dir.iterdir():
+        if f.suffix != ".safetensors":
+            shutil.copy2(f, root / f.name)
+    (root / WEIGHTS).mkdir()
+    (root / WEIGHTS / "metadata.json").write_text("{}")
+    config = json.loads((hf_dir / "config.json").read_text())
+    write_record(root, source=str(hf_dir), tp=2, pp=1, dtype="float32", hf_config=config, verified_parameters=3)
+    return root
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    from megarl.commands.demo import prepare_demo
+
+    return prepare_demo(tmp_path_factory.mktemp("demo"))
+
+
+def test_config_differences_name_each_field():
+    recorded = {"hidden_size": 64, "rope_theta": 10000.0, "transformers_version": "4.0", "tie_word_embeddings": True}
+    now = {"hidden_size": 64, "rope_theta": 500000.0, "transformers_version": "5.0", "vocab_size": 300}
+    assert config_differences(recorded, now) == [
+        "rope_theta: recorded 10000.0, now 500000.0",
+        "tie_word_embeddings: recorded true, now absent",
+        "vocab_size: recorded absent, now 300",
+    ]
+    assert config_differences(recorded, dict(recorded, transformers_version="9")) == []
+
+
+def test_record_lists_the_files_and_the_checks_refuse_by_name(demo, tmp_path):
+    model, _ = demo
+    ckpt = fake_checkpoint(tmp_path / "ckpt", model)
+    assert is_model_checkpoint(ckpt) and not is_model_checkpoint(model) and not is_model_checkpoint(None)
+    record = check_model_checkpoint(ckpt)
+    assert "megatron/metadata.json" in record["files"] and "config.json" in record["files"] and RECORD not in record["files"]
+    config = json.loads((ckpt / "config.json").read_text())
+    (ckpt / "config.json").write_text(json.dumps(dict(config, num_hidden_layers=config["num_hidden_layers"] + 1)))
+    with pytest.raises(ModelCheckpointError) as info:
+        check_model_checkpoint(ckpt)
+    assert f"num_hidden_layers: recorded {config['num_hidden_layers']}, now {config['num_hidden_layers'] + 1}" in str(info.value)
+    assert "restore that config.json" in str(info.value)
+    (ckpt / WEIGHTS / "metadata.json").unlink()
+    with pytest.raises(ModelCheckpointError, match="holds no Megatron checkpoint"):
+        check_model_checkpoint(ckpt)
+    (ckpt / RECORD).write_text("{not json")
+    with pytest.raises(ModelCheckpointError, match="is unreadable"):
+        check_model_checkpoint(ckpt)
+
+
+def test_launch_refuses_a_checkpoint_whose_config_was_changed(demo, tmp_path):
+    """Before Ray: preflight names model.path and every differing field; the untouched copy passes."""
+    from megarl.config.loading import load_config
+    from megarl.config.planner import PlanError, make_plan
+    from megarl.config.preflight import preflight
+
+    model, data = demo
+    ckpt = fake_checkpoint(tmp_path / "ckpt", model)
+    overrides = [f"model.path={ckpt}", f"data.train_files=[{data / 'train.parquet'}]",
+                 f"data.val_files=[{data / 'val.parquet'}]", f"trainer.output_dir={tmp_path / 'run'}"]  # fmt: skip
+    assert preflight(load_config(TINY, overrides)) == []
+    config = json.loads((ckpt / "config.json").read_text())
+    (ckpt / "config.json").write_text(json.dumps(dict(config, max_position_embeddings=123)))
+    with pytest.raises(PlanError) as info:
+        make_plan(load_config(TINY, overrides), check_files=True)
+    assert f"model.path: {ckpt}: config.json differs from the HF config the weights were converted from" in str(info.value)
+    assert f"max_position_embeddings: recorded {config['max_position_embeddings']}, now 123" in str(info.value)
+
+
+def test_outputs_of_hf_to_megatron_follow_the_overwrite_rule(demo, tmp_path):
+    model, _ = demo
+    previous = fake_checkpoint(tmp_path / "previous", model)
+    check_output_target(previous, True, {}, manifest=RECORD)  # a previous output: replaceable
+    with pytest.raises(OutputExistsError, match="--overwrite"):
+        check_output_target(previous, False, {}, manifest=RECORD)
+    (previous / "notes.txt").write_text("mine")
+    with pytest.raises(OutputError, match=r"holds files that megarl convert did not write \(notes.txt\)"):
+        check_output_target(previous, True, {}, manifest=RECORD)
+    with pytest.raises(OutputError, match="is inside the HF model directory"):
+        check_output_target(model / "megatron_copy", False, {"the HF model directory": model}, manifest=RECORD)
+
+
+@pytest.mark.parametrize("argv,expanded", [
+    (["convert", "ckpt", "out"], ["convert", "megatron-to-hf", "ckpt", "out"]),
+    (["--debug", "convert", "ckpt", "out", "--overwrite"], ["--debug", "convert", "megatron-to-hf", "ckpt", "out", "--overwrite"]),
+    (["convert", "hf-to-megatron", "--hf", "m"], ["convert", "hf-to-megatron", "--hf", "m"]),
+    (["convert", "--help"], ["convert", "--help"]),
+    (["plan", "convert"], ["plan", "convert"]),
+])  # fmt: skip
+def test_the_short_form_is_megatron_to_hf(argv, expanded):
+    assert expand_short_form(argv) == expanded
+
+
+def test_cli_refusals_are_one_line_before_ray(demo, tmp_path):
+    """Bad layouts and inputs end as one `error:` line naming the flag (exit 2), in seconds."""
+    import subprocess
+    import sys
+
+    model, _ = demo
+    cli = [sys.executable, "-m", "megarl.cli", "convert"]
+    cases = [
+        ([*cli, "hf-to-megatron", "--hf", str(model), "--out", str(tmp_path / "o"), "--tp", "3"], "--tp (3) must divide"),
+        ([*cli, "hf-to-megatron", "--hf", str(tmp_path), "--out", str(tmp_path / "o")], "has no config.json"),
+        ([*cli, "megatron-to-hf", "--out", str(tmp_path / "o")], "megatron-to-hf needs --ckpt"),
+        ([*cli, str(model), str(tmp_path / "o"), "--tp", "2"], "--tp/--pp are for model checkpoints"),
+    ]
+    for argv, expected in cases:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2, (argv, done.stderr[-2000:])
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], done.stderr
+    assert not (tmp_path / "o").exists()
