@@ -18,9 +18,11 @@
 # steps but not its batch shell, where the driver runs: the relay step passes it on.
 #
 # Environment: MEGARL_NODE_IP (this node's address) or MEGARL_NODE_IFACE (the interface whose
-# address to use, e.g. ib0; default: the first of `hostname -I`), RAY_TMPDIR (the head's Ray
-# files go to $RAY_TMPDIR/ray; default /tmp), JOIN_TIMEOUT_S (how long a worker waits for the
-# head; default 600), PYTHON (default python3).
+# address to use, e.g. ib0; default: the first of `hostname -I`), RAY_TMPDIR (this node's Ray
+# files go to $RAY_TMPDIR/ray; default /tmp), MEGARL_RAY_START_ARGS (optional: more `ray start`
+# options for this node, split on spaces, e.g. "--num-cpus=16 --object-store-memory=10000000000"),
+# JOIN_TIMEOUT_S (how long a worker waits for the head; default 600), PYTHON (default python3).
+# Every node passes --temp-dir: without it, Ray gives a worker node the head's temp dir path.
 set -euo pipefail
 
 PYTHON=${PYTHON:-python3}
@@ -54,20 +56,23 @@ wait_for_nodes() {
   local address=$1 nnodes=$2 gpus=$3 timeout_s=$4
   shift 4
   "$PYTHON" - "$address" "$nnodes" "$gpus" "$timeout_s" "$@" <<'PY'
-import sys, time
+import socket, sys, time
 
 import ray
 
 address, nnodes, gpus, timeout_s = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
 expected = sys.argv[5:]
 deadline = time.monotonic() + timeout_s
+head_host, head_port = address.rsplit(":", 1)
 short = lambda host: host.split(".")[0]  # Slurm's short names vs Ray's hostnames
 while True:  # the head may still be starting (a cold venv on a shared filesystem): retry until the deadline
     try:
         if not ray.is_initialized():
+            # ray.init retries an address that does not answer forever (and ignores TERM meanwhile)
+            socket.create_connection((head_host.strip("[]"), int(head_port)), timeout=5).close()
             ray.init(address=address, log_to_driver=False, logging_level="ERROR")
         nodes = [n for n in ray.nodes() if n.get("Alive")]
-    except (ConnectionError, RuntimeError) as exc:
+    except (OSError, RuntimeError) as exc:  # OSError: ConnectionError, a refused or timed-out connect
         if time.monotonic() > deadline:
             sys.exit(f"ray-node: no Ray head answers at {address} after {timeout_s:g} s ({exc}); see the head's ray-*.log")
         time.sleep(2)
@@ -88,13 +93,16 @@ while True:  # the head may still be starting (a cold venv on a shared filesyste
 PY
 }
 
+read -ra extra_args <<<"${MEGARL_RAY_START_ARGS:-}"
+
 case $role in
   head)
     exec ray start --head --node-ip-address="$(node_ip)" --port="${1:?head needs PORT}" --include-dashboard=false \
-      --temp-dir="${RAY_TMPDIR:-/tmp}/ray" --disable-usage-stats --block ;;
+      --temp-dir="${RAY_TMPDIR:-/tmp}/ray" --disable-usage-stats ${extra_args[@]+"${extra_args[@]}"} --block ;;
   worker)
     wait_for_port "${1:?worker needs HEAD_IP:PORT}"
-    exec ray start --address="${1:?worker needs HEAD_IP:PORT}" --node-ip-address="$(node_ip)" --disable-usage-stats --block ;;
+    exec ray start --address="${1:?worker needs HEAD_IP:PORT}" --node-ip-address="$(node_ip)" \
+      --temp-dir="${RAY_TMPDIR:-/tmp}/ray" --disable-usage-stats ${extra_args[@]+"${extra_args[@]}"} --block ;;
   wait)
     wait_for_nodes "$@" ;;
   relay)
