@@ -75,6 +75,7 @@ def write_record(directory: str | os.PathLike, *, source: str, tp: int, pp: int,
 
 def config_differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """``field: recorded A, now B`` for every model field that differs between two HF configs."""
+    recorded, current = _dtype_key(recorded), _dtype_key(current)
     keys = sorted((set(recorded) | set(current)) - _CONFIG_NOISE)
     missing = object()
     out = []
@@ -84,6 +85,13 @@ def config_differences(recorded: dict[str, Any], current: dict[str, Any]) -> lis
             show = lambda v: "absent" if v is missing else json.dumps(v)  # noqa: E731
             out.append(f"{key}: recorded {show(a)}, now {show(b)}")
     return out
+
+
+def _dtype_key(config: dict[str, Any]) -> dict[str, Any]:
+    """transformers 5 saves ``dtype`` where older versions saved ``torch_dtype``: one field."""
+    if "torch_dtype" in config and "dtype" not in config:
+        config = {**config, "dtype": config["torch_dtype"]}
+    return {k: v for k, v in config.items() if k != "torch_dtype"}
 
 
 def check_model_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
@@ -148,6 +156,7 @@ def load_model_weights(core: Any, path: str | os.PathLike) -> None:
     state = dist_checkpointing.load(_model_state(core), str(weights))
     with torch.no_grad():
         missing, _ = core.load_state_dict(state["model"], strict=False)
-    unexpected_missing = [k for k in missing if not k.startswith("output_layer.") and not k.endswith("._extra_state")]
+    value_head = getattr(getattr(core, "output_layer", None), "is_value_head", False)
+    unexpected_missing = [k for k in missing if not (value_head and k.startswith("output_layer.")) and not k.endswith("._extra_state")]
     if unexpected_missing:
         raise ModelCheckpointError(f"{path}: the checkpoint has no values for {', '.join(unexpected_missing[:5])}")

@@ -43,6 +43,9 @@ from typing import Any
 EXPORT_MANIFEST = "megarl_export.json"
 DIRECTIONS = ("hf-to-megatron", "megatron-to-hf")
 DTYPES = ("float32", "bfloat16", "float16")
+# A model conversion initialises nothing at random that it keeps (every weight is loaded), so any
+# seed does; the export's bucket size bounds rank 0's extra memory while writing.
+CONVERSION_SEED, EXPORT_BUCKET_MB = 1, 512.0
 
 
 class OutputError(Exception):
@@ -58,7 +61,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "convert",
         help="convert models between Hugging Face and Megatron formats (verified bit for bit)",
         description="Convert a model between Hugging Face and Megatron formats. Every conversion loads what it "
-        "wrote back and checks every parameter bit for bit; OUT is written next to itself and swapped in only "
+        "wrote back and checks every parameter bit for bit (megatron-to-hf --no-verify skips it); OUT is written next to itself and swapped in only "
         "once verified. Short form: `megarl convert CHECKPOINT OUT` = `megarl convert megatron-to-hf --ckpt "
         "CHECKPOINT --out OUT`.",
         epilog="examples:\n"
@@ -83,8 +86,8 @@ def _register_to_megatron(directions: argparse._SubParsersAction) -> None:
         "tokenizer, load it back and compare every parameter bit for bit. Set model.path (or critic.path) to OUT "
         "to train from it with any TP/PP layout.",
     )
-    p.add_argument("--hf", required=True, help="the HF model directory (config.json + safetensors)")
-    p.add_argument("--out", required=True, help="the checkpoint directory to write (new or empty)")
+    p.add_argument("--hf", required=True, metavar="HF_DIR", help="the HF model directory (config.json + safetensors)")
+    p.add_argument("--out", required=True, metavar="CKPT_DIR", help="the checkpoint directory to write (new or empty)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks of the conversion (default 1)")
     p.add_argument("--pp", type=int, default=1, help="pipeline stages of the conversion (default 1)")
     p.add_argument("--dtype", choices=DTYPES, default=None,
@@ -101,13 +104,11 @@ def _register_to_hf(directions: argparse._SubParsersAction) -> None:
         description="Rebuild the model (a training checkpoint's policy with the run's layout, or a model checkpoint "
         "of hf-to-megatron with its recorded layout or --tp/--pp), write HF safetensors + index with the config, "
         "generation config and tokenizer, then import the written files back and check every parameter equals "
-        "the loaded one bit for bit.",
+        "the loaded one bit for bit. --ckpt and --out are required; `megarl convert CKPT OUT` is the short form.",
     )
     p.add_argument("--ckpt", default=None, help="a step_NNNNNN training checkpoint (a torn one is refused) or a "
                    "model checkpoint of hf-to-megatron")
-    p.add_argument("--out", default=None, help="the HF model directory to write (new or empty)")
-    p.add_argument("ckpt_pos", nargs="?", help=argparse.SUPPRESS)  # the short form's positionals
-    p.add_argument("out_pos", nargs="?", help=argparse.SUPPRESS)
+    p.add_argument("--out", default=None, metavar="HF_DIR", help="the HF model directory to write (new or empty)")
     p.add_argument("--config", default=None, help="training checkpoint: the run's config (default: the config.yaml "
                    "saved in the checkpoint)")
     p.add_argument("--tp", type=int, default=None, help="model checkpoint: TP of the export (default: recorded)")
@@ -119,15 +120,32 @@ def _register_to_hf(directions: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=_run_to_hf)
 
 
+# Options of megatron-to-hf that take a value (the short form's bare words are the others).
+_VALUED = {"--config", "--tp", "--pp", "--ckpt", "--out"}
+
+
 def expand_short_form(argv: list[str]) -> list[str]:
-    """``convert CKPT OUT ...`` -> ``convert megatron-to-hf CKPT OUT ...`` (the form before directions)."""
+    """``convert [opts] CKPT [opts] OUT [opts]`` -> ``convert megatron-to-hf [opts] --ckpt CKPT --out
+    OUT`` (the form before directions); anything else is left to argparse."""
     i = next((k for k, a in enumerate(argv) if not a.startswith("-")), None)
-    if i is None or argv[i] != "convert" or i + 1 >= len(argv):
+    if i is None or argv[i] != "convert":
         return argv
-    nxt = argv[i + 1]
-    if nxt in DIRECTIONS or nxt.startswith("-"):
+    rest = argv[i + 1 :]
+    if any(a in DIRECTIONS for a in rest) or not rest or any(a in ("-h", "--help") for a in rest):
         return argv
-    return [*argv[: i + 1], "megatron-to-hf", *argv[i + 1 :]]
+    options, bare, k = [], [], 0
+    while k < len(rest):
+        a = rest[k]
+        if a in _VALUED and k + 1 < len(rest):
+            options += [a, rest[k + 1]]
+            k += 2
+            continue
+        (options if a.startswith("-") else bare).append(a)
+        k += 1
+    if not bare:
+        return argv  # argparse says what is missing
+    named = ["--ckpt", bare[0]] + (["--out", bare[1]] if len(bare) > 1 else [])
+    return [*argv[: i + 1], "megatron-to-hf", *options, *named, *bare[2:]]
 
 
 def _run_to_megatron(args: argparse.Namespace) -> int:
@@ -136,11 +154,14 @@ def _run_to_megatron(args: argparse.Namespace) -> int:
 
 
 def _run_to_hf(args: argparse.Namespace) -> int:
-    ckpt, out = args.ckpt or args.ckpt_pos, args.out or args.out_pos
+    ckpt, out = args.ckpt, args.out
     if ckpt is None or out is None:
         raise OutputError("megatron-to-hf needs --ckpt CHECKPOINT and --out HF_DIR (or: megarl convert CHECKPOINT HF_DIR)")
     from megarl.checkpoint.model_checkpoint import is_model_checkpoint
 
+    if (Path(ckpt) / "config.json").is_file() and not (Path(ckpt) / "manifest.json").is_file() and not is_model_checkpoint(ckpt):
+        raise OutputError(f"--ckpt {ckpt} is a Hugging Face model directory, not a checkpoint; to make a Megatron "
+                          f"checkpoint of it: megarl convert hf-to-megatron --hf {ckpt} --out CKPT_DIR")
     if is_model_checkpoint(ckpt):
         if args.config is not None:
             raise OutputError(f"--config is for training checkpoints; {ckpt} is a model checkpoint (it holds its own config)")
@@ -169,11 +190,8 @@ def convert_checkpoint(checkpoint: str | Path, out: str | Path, config: str | Pa
     placements, _ = role_placements(cfg, plan)
     local_cpus = None if cfg.cluster.ray_address else len(plan.roles["policy"].gpus) + 1
     rank_args = (cfg.model.path, cfg.actor, cfg.model.dtype, cfg.trainer.seed, cfg.rollout.weight_sync.bucket_mb, str(ckpt.path))
-    with _staged(target) as staging:
-        checked = _export_hf(placements[0], rank_args, staging, verify, cfg.cluster.ray_address, local_cpus, report)
-        written = staging / "v0"
-        _write_manifest(written, str(ckpt.path.resolve()), ckpt.step, checked)
-        _finish(written, target)
+    checked = _write_hf_output(target, placements[0], rank_args, verify, cfg.cluster.ray_address, local_cpus,
+                               (str(ckpt.path.resolve()), ckpt.step), report)  # fmt: skip
     if report is not None:
         report(f"wrote {out} from {ckpt.path} (step {ckpt.step}); {_verified(checked)}")
     return Path(out)
@@ -189,14 +207,12 @@ def export_model_checkpoint(checkpoint: str | Path, out: str | Path, tp: int | N
     record = check_model_checkpoint(source)
     target = Path(out).absolute()
     check_output_target(target, overwrite, {"the model checkpoint": source})
-    tp, pp = tp or int(record["tp"]), pp or int(record["pp"])
+    tp = int(record["tp"]) if tp is None else tp
+    pp = int(record["pp"]) if pp is None else pp
     actor = _layout_config(source, tp, pp)
-    rank_args = (str(source), actor, record["dtype"], 1, 512.0, None)
-    with _staged(target) as staging:
-        checked = _export_hf(_cpu_placement(tp * pp), rank_args, staging, verify, None, tp * pp + 1, report)
-        written = staging / "v0"
-        _write_manifest(written, str(source), None, checked)
-        _finish(written, target)
+    rank_args = (str(source), actor, record["dtype"], CONVERSION_SEED, EXPORT_BUCKET_MB, None)
+    checked = _write_hf_output(target, _cpu_placement(tp * pp), rank_args, verify, None, tp * pp + 1, (str(source), None),
+                               report)  # fmt: skip
     if report is not None:
         report(f"wrote {out} from {source} (TP={tp}, PP={pp}); {_verified(checked)}")
     return Path(out)
@@ -213,23 +229,26 @@ def convert_hf_to_megatron(hf: str | Path, out: str | Path, tp: int = 1, pp: int
         is_model_checkpoint,
         write_record,
     )
+    from megarl.rollout.transports import copy_side_files
 
     source = Path(hf).absolute()
     if is_model_checkpoint(source):
         raise OutputError(f"--hf {hf} is already a model checkpoint; give an HF model directory (config.json + safetensors)")
     hf_config = _read_hf_config(source)
     dtype = dtype or _config_dtype(hf_config)
-    actor = _layout_config(source, tp, pp)
+    actor = _layout_config(source, tp, pp, check_weights=True)
     target = Path(out).absolute()
     check_output_target(target, overwrite, {"the HF model directory": source}, manifest=RECORD)
     say = report or (lambda _: None)
     with _staged(target) as staging:
         say(f"hf-to-megatron: loading {source} into {tp * pp} rank(s) (TP={tp}, PP={pp}, {dtype}) ...")
-        with _conversion_group(ImportRank, _cpu_placement(tp * pp), (str(source), actor, dtype, 1), None, tp * pp + 1) as client:
+        with _conversion_group(ImportRank, _cpu_placement(tp * pp), (str(source), actor, dtype, CONVERSION_SEED), None,
+                               tp * pp + 1) as client:  # fmt: skip
             say("hf-to-megatron: saving the Megatron checkpoint ...")
             client.write(str(staging / WEIGHTS))
-            _copy_side_files(source, staging)
+            copy_side_files(source, staging)
             record = dict(source=str(source), tp=tp, pp=pp, dtype=dtype, hf_config=hf_config)
+            # the verify load recognises the directory by its record; rewritten with the count below
             write_record(staging, **record, verified_parameters=None)
             say("hf-to-megatron: loading the written checkpoint back to compare ...")
             checked = client.verify(str(staging))
@@ -267,6 +286,19 @@ def _conversion_group(rank_cls: type, placement: Any, rank_args: tuple, address:
     shutil.rmtree(logs, ignore_errors=True)
 
 
+def _write_hf_output(target: Path, placement: Any, rank_args: tuple, verify: bool, address: str | None,
+                     local_cpus: int | None, source: tuple[str, int | None], report: Callable[[str], None] | None) -> int | None:  # fmt: skip
+    """Staged, verified and swapped in at ``target``: the HF files of the ExportRank group's model
+    with their manifest (``source``: the checkpoint and its step). The parameters verified (None
+    when not verified)."""
+    with _staged(target) as staging:
+        checked = _export_hf(placement, rank_args, staging, verify, address, local_cpus, report)
+        written = staging / "v0"
+        _write_manifest(written, *source, checked)
+        _finish(written, target)
+    return checked
+
+
 def _export_hf(placement: Any, rank_args: tuple, staging: Path, verify: bool, address: str | None,
                local_cpus: int | None, report: Callable[[str], None] | None) -> int | None:  # fmt: skip
     """HF files of the ExportRank group's model in ``staging``/v0 (with the index); the parameters
@@ -286,9 +318,10 @@ def _export_hf(placement: Any, rank_args: tuple, staging: Path, verify: bool, ad
         return client.verify(str(written))
 
 
-def _layout_config(model_dir: Path, tp: int, pp: int) -> Any:
+def _layout_config(model_dir: Path, tp: int, pp: int, check_weights: bool = False) -> Any:
     """The ActorConfig of a conversion layout, refused (OutputError naming --tp/--pp) when the
-    model cannot be split that way."""
+    model cannot be split that way; ``check_weights``: also the HF safetensors' names and shapes
+    (headers only), so a bad --hf is refused before Ray starts."""
     from megarl.config.sections import ActorConfig, ParallelConfig
 
     for name, value in (("--tp", tp), ("--pp", pp)):
@@ -307,6 +340,10 @@ def _layout_config(model_dir: Path, tp: int, pp: int) -> Any:
         bridge = get_bridge(hf_config)
         bridge.check_hf_config(hf_config)
         bridge.check_parallel(hf_config, parallel)
+        if check_weights:
+            bridge.check_hf_checkpoint(hf_config, str(model_dir))
+    except FileNotFoundError as exc:
+        raise OutputError(f"--hf {model_dir}: {exc}") from None
     except ValueError as exc:
         raise OutputError(f"{model_dir}: {str(exc).replace('parallel.tp', '--tp').replace('parallel.pp', '--pp')}") from None
     return ActorConfig(parallel=parallel)
@@ -325,14 +362,6 @@ def _config_dtype(hf_config: dict[str, Any]) -> str:
     """The HF config's dtype when it is one megarl trains in, else bfloat16."""
     named = hf_config.get("dtype") or hf_config.get("torch_dtype")
     return named if named in DTYPES else "bfloat16"
-
-
-def _copy_side_files(source: Path, target: Path) -> None:
-    from megarl.rollout.transports import HF_SIDE_FILES
-
-    for name in HF_SIDE_FILES:
-        if (source / name).is_file():
-            shutil.copy2(source / name, target / name)
 
 
 def _verified(checked: int | None) -> str:
@@ -434,6 +463,10 @@ def _check_previous_output(target: Path, overwrite: bool, manifest_name: str) ->
     manifest = target / manifest_name
     present = sorted(str(p.relative_to(target)) for p in target.rglob("*") if not p.is_dir())
     if not manifest.is_file():
+        other = next((n for n in _OUTPUT_RECORDS if n != manifest_name and (target / n).is_file()), None)
+        if other is not None:
+            raise OutputError(f"{target} is a {_OUTPUT_RECORDS[other]} output ({other}), and --overwrite here replaces "
+                              f"only a previous {_OUTPUT_RECORDS[manifest_name]} output; choose another directory")
         raise OutputError(f"--overwrite replaces only a previous megarl convert output, and {target} has no "
                           f"{manifest_name} (it holds {_listing(present)}); choose another directory")
     try:
@@ -444,6 +477,10 @@ def _check_previous_output(target: Path, overwrite: bool, manifest_name: str) ->
     if others:
         raise OutputError(f"{target} holds files that megarl convert did not write ({_listing(others)}); "
                           "move them away or choose another directory")
+
+
+# The record each direction writes into its output, and the direction's name.
+_OUTPUT_RECORDS = {EXPORT_MANIFEST: "megatron-to-hf", "megarl_megatron.json": "hf-to-megatron"}
 
 
 def _listing(names: list[str], limit: int = 5) -> str:

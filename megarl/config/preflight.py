@@ -236,14 +236,15 @@ def _check_model_dir(cfg: MegaRLConfig, findings: list[Finding]) -> bool:
         findings.append(Finding("model.path", f"({path}) must be a local HF model directory (with config.json) or a "
                                 "model checkpoint of `megarl convert hf-to-megatron` to launch"))
         return False
+    ok = True
     for field, value in (("model.path", path), ("critic.path", cfg.critic.path if cfg.critic_enabled else None)):
         if is_model_checkpoint(value):
             try:
                 check_model_checkpoint(value)
             except ModelCheckpointError as exc:
                 findings.append(Finding(field, str(exc)))
-                return False
-    return True
+                ok = False
+    return ok
 
 
 def _check_rewards(cfg: MegaRLConfig, samples: list[_Sample], findings: list[Finding]) -> None:

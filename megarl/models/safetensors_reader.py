@@ -25,7 +25,7 @@ class SafetensorsReader:
             if not files:
                 raise FileNotFoundError(
                     f"no *.safetensors (nor model.safetensors.index.json) in {self.path}; "
-                    f"point model.path at a Hugging Face model directory saved with safetensors"
+                    f"use a Hugging Face model directory saved with safetensors"
                 )
             weight_map = {}
             for f in files:

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from megarl.checkpoint.model_checkpoint import is_model_checkpoint
 from megarl.rollout.engine import (
     EngineHealth,
     GenerationResult,
@@ -49,16 +50,15 @@ class WeightLoadError(ValueError):
     """A weight push that does not match the engine's model (unknown name, shape, missing)."""
 
 
-def _load_model(model_path: str | Path, dtype: torch.dtype | None) -> Any:
+def _load_model(model_path: str | Path, dtype: torch.dtype | None, device: torch.device) -> Any:
     """The HF model of ``model_path``; a model checkpoint (no HF weights) is built from its config
     with random weights, which the trainer's initial weight push replaces before any generation."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from megarl.checkpoint.model_checkpoint import is_model_checkpoint
-
     if is_model_checkpoint(model_path):
         config = AutoConfig.from_pretrained(str(model_path))
-        return AutoModelForCausalLM.from_config(config, dtype=dtype or getattr(config, "dtype", None) or torch.float32)
+        with torch.device(device):  # initialised where it runs: no CPU copy of a large model first
+            return AutoModelForCausalLM.from_config(config, dtype=dtype or getattr(config, "dtype", None) or torch.float32)
     return AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype or "auto")
 
 
@@ -88,7 +88,9 @@ class TorchEngine:
                 raise ValueError(f"dtype {dtype!r} is not one of {', '.join(_DTYPES)}")
             dtype = _DTYPES[dtype]
         self.device = torch.device(device)
-        self.model = _load_model(model_path, dtype)
+        self.model = _load_model(model_path, dtype, self.device)
+        # Built from a config alone, the weights are random until the first complete push.
+        self._weights_missing = is_model_checkpoint(model_path)
         self.model.to(self.device).eval()
         self.model.requires_grad_(False)
         self.tokenizer = _load_tokenizer(model_path)
@@ -115,6 +117,9 @@ class TorchEngine:
         that splits one request across calls or engines (sample j of prompt p has index
         ``first_sample_index + p * n + j``).
         """
+        if self._weights_missing:
+            raise WeightLoadError("this engine was built from a model checkpoint's config and has random weights "
+                                  "until the first complete weight push; push the weights before generating")
         _validate_params(params, self.tokenizer)
         prompts = [list(map(int, p)) for p in prompts]
         if any(len(p) == 0 for p in prompts):
@@ -225,6 +230,7 @@ class TorchEngine:
                     f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}"
                 )
             self._weight_version = bucket.version
+            self._weights_missing = False
 
     def load_weights_from_disk(self, directory: str | Path, version: int) -> None:
         """Load every ``*.safetensors`` file of ``directory`` (HF names) as one push."""

@@ -92,12 +92,18 @@ class InProcessTransport:
 
 _VERSION_DIR = re.compile(r"v\d+(\.tmp)?")  # what DiskTransport writes into its directory
 
-# The files an HF model directory needs besides the weights (SGLang loads a pushed version as a model).
 # What an HF directory holds besides its weights (config, tokenizer), copied into the directories
 # megarl writes: disk pushes, `megarl convert` outputs, model checkpoints.
 HF_SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                  "special_tokens_map.json", "chat_template.jinja", "tokenizer.model", "vocab.json", "merges.txt",
                  "added_tokens.json")  # fmt: skip
+
+
+def copy_side_files(source: Path, target: Path) -> None:
+    """The HF_SIDE_FILES ``source`` has, copied into ``target`` (SGLang loads a pushed version as a model)."""
+    for name in HF_SIDE_FILES:
+        if (source / name).is_file():
+            shutil.copy2(source / name, target / name)
 
 
 class DiskTransport:
@@ -148,9 +154,7 @@ class DiskTransport:
 
     def _publish(self, tmp: Path, target: Path) -> None:
         if self.hf_dir is not None:
-            for name in HF_SIDE_FILES:
-                if (self.hf_dir / name).exists():
-                    shutil.copy2(self.hf_dir / name, tmp / name)
+            copy_side_files(self.hf_dir, tmp)
         shutil.rmtree(target, ignore_errors=True)
         tmp.rename(target)  # atomic: an engine never sees a half-written version
 

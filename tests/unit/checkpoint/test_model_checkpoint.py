@@ -19,6 +19,7 @@ from megarl.checkpoint.model_checkpoint import (
     write_record,
 )
 from megarl.commands.convert import (
+    EXPORT_MANIFEST,
     OutputError,
     OutputExistsError,
     check_output_target,
@@ -107,13 +108,24 @@ def test_outputs_of_hf_to_megatron_follow_the_overwrite_rule(demo, tmp_path):
     (previous / "notes.txt").write_text("mine")
     with pytest.raises(OutputError, match=r"holds files that megarl convert did not write \(notes.txt\)"):
         check_output_target(previous, True, {}, manifest=RECORD)
+    exported = tmp_path / "exported"  # the other direction's output is named as such
+    exported.mkdir()
+    (exported / EXPORT_MANIFEST).write_text(json.dumps({"files": []}))
+    with pytest.raises(OutputError, match=r"is a megatron-to-hf output \(megarl_export.json\), and --overwrite here "
+                       "replaces only a previous hf-to-megatron output"):
+        check_output_target(exported, True, {}, manifest=RECORD)
     with pytest.raises(OutputError, match="is inside the HF model directory"):
         check_output_target(model / "megatron_copy", False, {"the HF model directory": model}, manifest=RECORD)
 
 
 @pytest.mark.parametrize("argv,expanded", [
-    (["convert", "ckpt", "out"], ["convert", "megatron-to-hf", "ckpt", "out"]),
-    (["--debug", "convert", "ckpt", "out", "--overwrite"], ["--debug", "convert", "megatron-to-hf", "ckpt", "out", "--overwrite"]),
+    (["convert", "ckpt", "out"], ["convert", "megatron-to-hf", "--ckpt", "ckpt", "--out", "out"]),
+    (["--debug", "convert", "ckpt", "out", "--overwrite"],
+     ["--debug", "convert", "megatron-to-hf", "--overwrite", "--ckpt", "ckpt", "--out", "out"]),
+    (["convert", "--config", "c.yaml", "ckpt", "out"],
+     ["convert", "megatron-to-hf", "--config", "c.yaml", "--ckpt", "ckpt", "--out", "out"]),
+    (["convert", "ckpt", "--overwrite", "out"], ["convert", "megatron-to-hf", "--overwrite", "--ckpt", "ckpt", "--out", "out"]),
+    (["convert", "--overwrite"], ["convert", "--overwrite"]),
     (["convert", "hf-to-megatron", "--hf", "m"], ["convert", "hf-to-megatron", "--hf", "m"]),
     (["convert", "--help"], ["convert", "--help"]),
     (["plan", "convert"], ["plan", "convert"]),
@@ -133,7 +145,8 @@ def test_cli_refusals_are_one_line_before_ray(demo, tmp_path):
         ([*cli, "hf-to-megatron", "--hf", str(model), "--out", str(tmp_path / "o"), "--tp", "3"], "--tp (3) must divide"),
         ([*cli, "hf-to-megatron", "--hf", str(tmp_path), "--out", str(tmp_path / "o")], "has no config.json"),
         ([*cli, "megatron-to-hf", "--out", str(tmp_path / "o")], "megatron-to-hf needs --ckpt"),
-        ([*cli, str(model), str(tmp_path / "o"), "--tp", "2"], "--tp/--pp are for model checkpoints"),
+        ([*cli, str(tmp_path), str(tmp_path / "o"), "--tp", "2"], "--tp/--pp are for model checkpoints"),
+        ([*cli, "--overwrite", str(model), str(tmp_path / "o")], "is a Hugging Face model directory, not a checkpoint"),
     ]
     for argv, expected in cases:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
@@ -141,3 +154,24 @@ def test_cli_refusals_are_one_line_before_ray(demo, tmp_path):
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], done.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_a_torch_engine_from_a_model_checkpoint_generates_only_after_a_push(demo, tmp_path):
+    """Built from the config alone, the engine refuses to generate from its random weights; after
+    one complete push of the HF model's tensors it samples what the HF directory's engine samples."""
+    from safetensors.torch import load_file
+
+    from megarl.rollout.engine import SamplingParams, WeightBucket
+    from megarl.rollout.torch_engine import TorchEngine, WeightLoadError
+
+    model, _ = demo
+    engine = TorchEngine(fake_checkpoint(tmp_path / "ckpt", model), dtype="float32")
+    params = SamplingParams(temperature=1.0, max_new_tokens=4, seed=7)
+    with pytest.raises(WeightLoadError, match="random weights until the first complete weight push"):
+        engine.generate([[5, 6, 7]], params)
+    engine.load_weights(WeightBucket(list(load_file(str(model / "model.safetensors")).items()), 1, last=True))
+    got = engine.generate([[5, 6, 7]], params)
+    want = TorchEngine(model, dtype="float32").generate([[5, 6, 7]], params)
+    assert [r.response_ids for r in got] == [r.response_ids for r in want]
+    for a, b in zip(got, want):  # the same weights; buffers built by another path round differently
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
