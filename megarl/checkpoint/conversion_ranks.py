@@ -45,13 +45,37 @@ def compare_parameters(expected: torch.nn.Module, got: torch.nn.Module, source: 
     return checked  # this rank's parameters
 
 
+class ProgressFile:
+    """Rank 0's ``done total`` in a file the driver polls for its progress bar (a Ray actor's output
+    goes to its log, not the user's terminal). Written at most every ``every_s`` seconds, and at
+    the end, by rename (the reader never sees half a line); other ranks write nothing."""
+
+    def __init__(self, path: str | None, every_s: float = 0.5) -> None:
+        import os
+
+        self.path = path if path is not None and os.environ.get("RANK", "0") == "0" else None
+        self.every_s, self._last = every_s, 0.0
+
+    def __call__(self, done: int, total: int) -> None:
+        import os
+        import time
+
+        if self.path is None or (done < total and time.monotonic() - self._last < self.every_s):
+            return
+        self._last = time.monotonic()
+        tmp = f"{self.path}.tmp"
+        with open(tmp, "w") as f:
+            f.write(f"{done} {total}\n")
+        os.replace(tmp, self.path)
+
+
 class ExportRank:
     """One process of the Megatron -> HF group: the model of ``model_path`` in ``actor_cfg``'s
     layout, with the trained policy of ``checkpoint`` (a step_NNNNNN directory) loaded on top
     when given; else the weights of ``model_path`` itself (a model checkpoint)."""
 
     def __init__(self, model_path: str, actor_cfg: ActorConfig, dtype: str, seed: int, bucket_mb: float,
-                 checkpoint: str | None = None) -> None:  # fmt: skip
+                 checkpoint: str | None = None, progress_file: str | None = None) -> None:  # fmt: skip
         from megarl.actors.megatron_runtime.model import MegatronModel, dtype_of
         from megarl.actors.policy import PolicyWorker
 
@@ -64,9 +88,16 @@ class ExportRank:
         else:
             self.model = MegatronModel.build(model_path, actor_cfg, dtype_of(dtype), seed)
         self.rank = self.model.info.rank
+        self.progress = ProgressFile(progress_file)
 
     def _export(self, gather_pp: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
-        return self.model.bridge.export_hf_tensors(self.model.core, gather_pp=gather_pp)
+        from megarl.models.bridge import has_value_head
+
+        bridge, core = self.model.bridge, self.model.core
+        total = len(bridge.export_names(self.model.hf_config, has_value_head(core)))
+        for done, item in enumerate(bridge.export_hf_tensors(core, gather_pp=gather_pp), 1):
+            yield item
+            self.progress(done, total)
 
     def write(self, staging: str) -> dict[str, float]:
         """Export into ``staging/v0`` through the disk transport (collective; rank 0 writes)."""
@@ -92,11 +123,11 @@ class ExportRank:
 class ImportRank:
     """One process of the HF -> Megatron group: the HF model in ``actor_cfg``'s layout."""
 
-    def __init__(self, hf_dir: str, actor_cfg: ActorConfig, dtype: str, seed: int) -> None:
+    def __init__(self, hf_dir: str, actor_cfg: ActorConfig, dtype: str, seed: int, progress_file: str | None = None) -> None:
         from megarl.actors.megatron_runtime.model import MegatronModel, dtype_of
 
         self.actor_cfg, self.dtype, self.seed = actor_cfg, dtype, seed
-        self.model = MegatronModel.build(hf_dir, actor_cfg, dtype_of(dtype), seed)
+        self.model = MegatronModel.build(hf_dir, actor_cfg, dtype_of(dtype), seed, progress=ProgressFile(progress_file))
 
     def write(self, weights_dir: str) -> None:
         """The loaded weights as a dist-checkpoint in ``weights_dir`` (collective)."""

@@ -243,7 +243,7 @@ def convert_hf_to_megatron(hf: str | Path, out: str | Path, tp: int = 1, pp: int
     with _staged(target) as staging:
         say(f"hf-to-megatron: loading {source} into {tp * pp} rank(s) (TP={tp}, PP={pp}, {dtype}) ...")
         with _conversion_group(ImportRank, _cpu_placement(tp * pp), (str(source), actor, dtype, CONVERSION_SEED), None,
-                               tp * pp + 1) as client:  # fmt: skip
+                               tp * pp + 1, "hf-to-megatron: rank 0 loading") as client:  # fmt: skip
             say("hf-to-megatron: saving the Megatron checkpoint ...")
             client.write(str(staging / WEIGHTS))
             copy_side_files(source, staging)
@@ -269,21 +269,59 @@ def _cpu_placement(world: int) -> Any:
 
 @contextmanager
 def _conversion_group(rank_cls: type, placement: Any, rank_args: tuple, address: str | None,
-                      local_cpus: int | None) -> Iterator[Any]:  # fmt: skip
-    """A ConversionClient over a Ray group of ``rank_cls``; its logs are kept (and named by the
-    error) only when something failed."""
+                      local_cpus: int | None, progress: str) -> Iterator[Any]:  # fmt: skip
+    """A ConversionClient over a Ray group of ``rank_cls``, with a progress bar (``progress``: its
+    label) of rank 0's tensors; the logs are kept (and named by the error) only when something failed."""
     from megarl.actors.clients import ConversionClient
     from megarl.actors.ray_groups.session import ray_session
     from megarl.actors.ray_groups.worker_group import GroupOptions, WorkerGroup
 
     logs = Path(tempfile.mkdtemp(prefix="megarl-convert-logs-"))
-    with ray_session(address, num_cpus=None if address else local_cpus):
-        group = WorkerGroup(rank_cls, placement, *rank_args, group_options=GroupOptions(log_dir=logs))
+    progress_file = logs / "progress"  # rank 0 on another node writes its own: no bar then
+    with ray_session(address, num_cpus=None if address else local_cpus), _progress_bar(progress_file, progress):
+        group = WorkerGroup(rank_cls, placement, *rank_args, group_options=GroupOptions(log_dir=logs),
+                            progress_file=str(progress_file))  # fmt: skip
         try:
             yield ConversionClient(group)
         finally:
             group.shutdown()
     shutil.rmtree(logs, ignore_errors=True)
+
+
+@contextmanager
+def _progress_bar(path: Path, label: str, poll_s: float = 0.5) -> Iterator[None]:
+    """A rich progress bar (as the trainer's console) following the ``done total`` that rank 0
+    writes to ``path``; it appears once the first count arrives, on a terminal only."""
+    import sys
+    import threading
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    stop = threading.Event()
+    bar = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TextColumn("tensors"), TimeElapsedColumn(),
+                   disable=not sys.stdout.isatty(), transient=False)  # fmt: skip
+    task = None
+
+    def follow() -> None:
+        nonlocal task
+        while not stop.wait(poll_s):
+            try:
+                done, total = map(int, path.read_text().split())
+            except (OSError, ValueError):
+                continue  # not written yet
+            if task is None:
+                task = bar.add_task(label, total=total)
+            bar.update(task, completed=done, total=total)
+
+    thread = threading.Thread(target=follow, name="megarl-convert-progress", daemon=True)
+    bar.start()
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        bar.stop()
 
 
 def _write_hf_output(target: Path, placement: Any, rank_args: tuple, verify: bool, address: str | None,
@@ -307,7 +345,7 @@ def _export_hf(placement: Any, rank_args: tuple, staging: Path, verify: bool, ad
 
     say = report or (lambda _: None)
     say(f"megatron-to-hf: loading {rank_args[-1] or rank_args[0]} into {placement.nnodes * placement.procs_per_node} rank(s) ...")
-    with _conversion_group(ExportRank, placement, rank_args, address, local_cpus) as client:
+    with _conversion_group(ExportRank, placement, rank_args, address, local_cpus, "megatron-to-hf: exporting") as client:
         say("megatron-to-hf: writing HF safetensors ...")
         client.write(str(staging))
         written = staging / "v0"

@@ -22,7 +22,7 @@ with :func:`register_bridge`.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -129,21 +129,26 @@ class ModelBridge:
                 raise ValueError(f"Megatron parameter {name!r} has no HF mapping in {type(self).__name__}") from e
         return out
 
-    def load_hf_weights(self, model: torch.nn.Module, hf_path: str) -> None:
+    def load_hf_weights(self, model: torch.nn.Module, hf_path: str,
+                        progress: Callable[[int, int], None] | None = None) -> None:  # fmt: skip
         """Fill this rank's parameters (its TP shard of its PP stage) from an HF directory.
 
         Reads only the needed slices. Errors name the tensor: an HF tensor no parameter maps to,
         an expected tensor missing from the files, a shape mismatch, an unmapped parameter.
         The value head of a critic is not in HF checkpoints and keeps its initialisation.
+        ``progress(done, total)`` is called after each parameter.
         """
         gpt = unwrap_model(model)
         hf_config = _hf_config_of(gpt)
         reader = SafetensorsReader(hf_path)
-        self.check_hf_checkpoint(hf_config, reader, value_head=_has_value_head(gpt))
+        self.check_hf_checkpoint(hf_config, reader, value_head=has_value_head(gpt))
         info = self.shard_info(hf_config, gpt)
         filled: set[str] = set()
+        rules = self.local_rules(gpt)
         with torch.no_grad():
-            for rule, param in self.local_rules(gpt):
+            for done, (rule, param) in enumerate(rules, 1):
+                if progress is not None:
+                    progress(done, len(rules))
                 if rule.hf == (VALUE_HEAD_HF_NAME,):  # the critic's head: not in HF checkpoints
                     continue
                 shard = read_shard(rule, reader, info)
@@ -207,7 +212,7 @@ class ModelBridge:
                     _note_once(seen, name)
                     yield name, full
             if pp_size == 1:
-                _check_all_exported(seen, self.export_names(hf_config, _has_value_head(gpt)))
+                _check_all_exported(seen, self.export_names(hf_config, has_value_head(gpt)))
             return
         # Each stage announces (name, shape, dtype) of what it will send; receivers allocate
         # exactly that, so sender and receivers cannot disagree on a buffer's size.
@@ -229,7 +234,7 @@ class ModelBridge:
                     _note_once(seen, name)
                     dtype = getattr(torch, dtype_name)
                     yield name, broadcast_from_group_rank(None, stage, shape, dtype, device)
-        _check_all_exported(seen, self.export_names(hf_config, _has_value_head(gpt)))
+        _check_all_exported(seen, self.export_names(hf_config, has_value_head(gpt)))
 
 
 def _exported_names(rule: ParamRule) -> tuple[str, ...]:
@@ -267,13 +272,13 @@ def _hf_config_of(gpt: torch.nn.Module) -> Any:
     return cfg
 
 
-def _has_value_head(gpt: torch.nn.Module) -> bool:
+def has_value_head(gpt: torch.nn.Module) -> bool:
     from megarl.models.value_head import ValueHead  # megatron-core: imported only with a model
 
     return isinstance(getattr(gpt, "output_layer", None), ValueHead)
 
 
 def _value_head_shapes(gpt: torch.nn.Module) -> dict[str, tuple[int, ...]]:
-    if not _has_value_head(gpt):
+    if not has_value_head(gpt):
         return {}
     return {VALUE_HEAD_HF_NAME: tuple(gpt.output_layer.weight.shape)}

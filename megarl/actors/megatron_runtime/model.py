@@ -110,9 +110,11 @@ class MegatronModel:
         seed: int,
         *,
         value_head: bool = False,
+        progress: Callable[[int, int], None] | None = None,
     ) -> MegatronModel:
         """Build this rank's shard through the bridge and load the weights of ``hf_path`` into it:
-        an HF directory, or a model checkpoint of `megarl convert hf-to-megatron`."""
+        an HF directory (``progress(done, total)`` after each parameter), or a model checkpoint of
+        `megarl convert hf-to-megatron`."""
         from transformers import AutoConfig
 
         from megarl.models.mcore_version import require_megatron_core
@@ -132,7 +134,7 @@ class MegatronModel:
         if is_model_checkpoint(hf_path):  # `megarl convert hf-to-megatron` output, any layout
             load_model_weights(module, hf_path)
         else:
-            bridge.load_hf_weights(module, hf_path)
+            bridge.load_hf_weights(module, hf_path, progress)
         positions = ResponsePositions()
         if info.is_last_stage:
             module.output_layer.register_forward_pre_hook(positions, with_kwargs=True)

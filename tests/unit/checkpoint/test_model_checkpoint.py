@@ -175,3 +175,22 @@ def test_a_torch_engine_from_a_model_checkpoint_generates_only_after_a_push(demo
     assert [r.response_ids for r in got] == [r.response_ids for r in want]
     for a, b in zip(got, want):  # the same weights; buffers built by another path round differently
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+
+
+def test_rank_zero_writes_its_progress_whole_and_throttled(tmp_path, monkeypatch):
+    """The count the driver's progress bar follows: rank 0 only, at most every every_s seconds,
+    always the last one, and never a half-written file."""
+    from megarl.checkpoint.conversion_ranks import ProgressFile
+
+    path = tmp_path / "progress"
+    monkeypatch.setenv("RANK", "1")
+    ProgressFile(str(path))(1, 3)
+    assert not path.exists()
+    monkeypatch.setenv("RANK", "0")
+    progress = ProgressFile(str(path), every_s=3600)
+    progress(1, 3)
+    assert path.read_text() == "1 3\n"
+    progress(2, 3)  # within every_s: skipped
+    assert path.read_text() == "1 3\n"
+    progress(3, 3)  # the end is always written
+    assert path.read_text() == "3 3\n" and not (tmp_path / "progress.tmp").exists()
