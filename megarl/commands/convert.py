@@ -40,6 +40,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from megarl.checkpoint.model_checkpoint import (
+    RECORD as MODEL_RECORD,  # stdlib only: the CLI stays fast
+)
+
 EXPORT_MANIFEST = "megarl_export.json"
 DIRECTIONS = ("hf-to-megatron", "megatron-to-hf")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -518,7 +522,7 @@ def _check_previous_output(target: Path, overwrite: bool, manifest_name: str) ->
 
 
 # The record each direction writes into its output, and the direction's name.
-_OUTPUT_RECORDS = {EXPORT_MANIFEST: "megatron-to-hf", "megarl_megatron.json": "hf-to-megatron"}
+_OUTPUT_RECORDS = {EXPORT_MANIFEST: "megatron-to-hf", MODEL_RECORD: "hf-to-megatron"}
 
 
 def _listing(names: list[str], limit: int = 5) -> str:
