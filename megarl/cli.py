@@ -41,6 +41,8 @@ USER_ERRORS = (
     ("megarl.config.planner", "PlanError"),
     ("megarl.config.architectures", "ArchError"),
     ("megarl.data.datasets", "DataError"),
+    ("megarl.evaluation", "EvaluationError"),
+    ("megarl.commands.generate", "GenerateError"),
     ("megarl.checkpoint.manager", "CheckpointError"),
     ("megarl.commands.convert", "OutputError"),
     ("megarl.checkpoint.model_checkpoint", "ModelCheckpointError"),
@@ -63,9 +65,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="print the full traceback of an error (also: MEGARL_DEBUG=1)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    from megarl.commands import config, convert, data, demo, doctor, launch, plan, plot, sbatch
+    from megarl.commands import (
+        config,
+        convert,
+        data,
+        demo,
+        doctor,
+        evaluate,
+        generate,
+        launch,
+        plan,
+        plot,
+        sbatch,
+    )
 
-    for command in (plan, launch, config, convert, demo, plot, data, sbatch, doctor):
+    for command in (plan, launch, config, convert, demo, plot, data, generate, evaluate, sbatch, doctor):
         command.register(sub)
     return parser
 

@@ -69,6 +69,27 @@ def _optimizer_metrics(role: Emitter, what: str) -> tuple[Metric, ...]:
     )
 
 
+# What megarl.evaluation.summarize reports: over every validation prompt, and per data source.
+_VALIDATION: tuple[tuple[str, Reduction, str], ...] = (
+    ("reward/mean", "mean", "held-out score, mean over the prompts of each prompt's mean (mean@n)"),
+    ("pass@<k>", "mean", "unbiased pass@k (score >= rollout.val.pass_threshold, or the reward's acc), mean over prompts"),
+    ("best@<k>", "mean", "expected best score of k of a prompt's responses, mean over prompts"),
+    ("worst@<k>", "mean", "expected worst score of k of a prompt's responses, mean over prompts"),
+    ("maj@<k>", "mean", "score of the majority answer (the reward's pred) of k responses, mean over prompts"),
+    ("response_length/mean", "mean", "validation response length in tokens"),
+    ("response_length/min", "min", "shortest validation response in tokens"),
+    ("response_length/max", "max", "longest validation response in tokens"),
+    ("truncated_frac", "mean", "share of validation responses cut by max_new_tokens"),
+)
+
+
+def _validation_metrics() -> tuple[Metric, ...]:
+    overall = tuple(Metric(f"val/{name}", red, "validation", meaning) for name, red, meaning in _VALIDATION)
+    per_source = tuple(Metric(f"val/<data_source>/{name}", red, "validation", f"{meaning}; one data source")
+                       for name, red, meaning in _VALIDATION)  # fmt: skip
+    return overall + per_source
+
+
 CATALOGUE: tuple[Metric, ...] = (
     # ---- policy update (megarl.algos.losses.PolicyLossFn and the Megatron runtime) --------
     Metric("actor/loss", "mean", "actor", "the optimised policy loss: policy gradient x TIS weight - entropy bonus + KL term, per algorithm.loss_agg"),
@@ -123,8 +144,7 @@ CATALOGUE: tuple[Metric, ...] = (
     Metric("time/step_s", "sum", "trainer", "wall time of the RL step"),
     Metric("time/<phase>_s", "sum", "trainer", "wall time of one phase of the step (generate, reward, policy_update, validate, ...)"),
     # ---- validation (megarl.trainer.loop.Trainer.validate) ---------------------------------
-    Metric("val/reward/mean", "mean", "validation", "held-out score, mean over the validation samples"),
-    Metric("val/<data_source>/reward/mean", "mean", "validation", "held-out score of one data source"),
+    *_validation_metrics(),
     # ---- training data (megarl.data.stream, logged once at start) --------------------------
     Metric("data/train_rows_read", "sum", "data", "rows read from data.train_files"),
     Metric("data/train_prompts", "sum", "data", "training prompts kept"),

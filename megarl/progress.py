@@ -1,11 +1,17 @@
 """Where the driver is in a step: the phase timer (``time/<phase>_s``) and the progress marker
 the hang watchdog reads (megarl/trainer/watchdog.py). Plain Python, no torch: the rollout's
-collectors and the trainer's loop both time their phases with it."""
+collectors and the trainer's loop both time their phases with it. Also the progress display of
+long offline commands (:func:`counting`)."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+_log = logging.getLogger(__name__)
 
 
 class Progress:
@@ -54,3 +60,34 @@ class _Phase:
     def __exit__(self, *exc: object) -> None:
         self.timer.times[self.name] = self.timer.times.get(self.name, 0.0) + time.perf_counter() - self.start
         PROGRESS.mark(f"after {self.name}")
+
+
+@contextmanager
+def counting(total: int, label: str, unit: str, done: int = 0) -> Iterator[Callable[[int], None]]:
+    """Progress of long offline work (`megarl generate`, `megarl evaluate`): yields ``advance(n)``.
+    A rich bar on a terminal; otherwise one log line per advance (logs and CI stay readable)."""
+    import sys
+
+    if not sys.stdout.isatty():
+        state = {"done": done}
+
+        def log_line(n: int) -> None:
+            state["done"] += n
+            _log.info("%s: %d/%d %s", label, state["done"], total, unit)
+
+        yield log_line
+        return
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+    from rich.progress import Progress as Bar
+
+    bar = Bar(TextColumn(label), BarColumn(), MofNCompleteColumn(), TextColumn(unit), TimeElapsedColumn(),
+              TimeRemainingColumn())  # fmt: skip
+    task = bar.add_task(label, total=total, completed=done)
+    with bar:
+        yield lambda n: bar.advance(task, n)

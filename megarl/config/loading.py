@@ -37,6 +37,29 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
     return validate_config(raw, source=str(path) if path else "<overrides>", overrides=applied)
 
 
+def load_section(overrides: list[str] | tuple[str, ...], section: str) -> Any:
+    """One section of a config without a config file (e.g. ``reward`` for `megarl evaluate`):
+    its defaults with ``section.key=value`` overrides."""
+    raw: dict[str, Any] = {}
+    applied: dict[str, str] = {}
+    for item in overrides:
+        key, value = parse_override(item)
+        if key.split(".")[0] != section:
+            raise ConfigError(f"override {item!r}: without a config file only {section}.* settings apply here; "
+                              f"give the config file to set {key}")  # fmt: skip
+        _check_key_path(key)
+        _set_dotted(raw, key, value)
+        applied[key] = item
+    model = _section_type(MegaRLConfig.model_fields[section].annotation)
+    assert model is not None, section
+    try:
+        return model.model_validate(raw.get(section, {}))
+    except ValidationError as exc:
+        lines = [_describe_error({**err, "loc": (section, *err["loc"])}) for err in exc.errors()]
+        origin = next(iter(applied.values()), "<defaults>")
+        raise ConfigError(f"override {origin}: invalid configuration\n" + "\n".join(f"  - {ln}" for ln in lines)) from None
+
+
 def validate_config(raw: dict[str, Any], source: str = "<config>", overrides: dict[str, str] | None = None) -> MegaRLConfig:
     """Validate ``raw``; errors name ``source``, or the override (``key=value``) that set the value."""
     try:

@@ -152,7 +152,12 @@ class WeightSyncConfig(Section):
 
 class ValSamplingConfig(Section):
     greedy: bool = Field(True, description="Validate with greedy decoding (else sample at the training temperature).")
-    n: int = Field(1, ge=1, description="Samples per validation prompt.")
+    n: int = Field(1, ge=1, description="Samples per validation prompt (pass@k, best@k and maj@k are reported for k = 1, 2, 4, ..., n).")
+    pass_threshold: float = Field(
+        1.0,
+        description="A validation response passes (pass@k) when its score is at least this, or when its reward "
+        "function returns an 'acc' value, when that is true.",
+    )
 
 
 class RolloutConfig(Section):

@@ -155,7 +155,7 @@ def _check_row(
 ) -> PromptRecord:
     def bad(column: str, expected: str, value: Any) -> DataError:
         shown = type(value).__name__ if value is not None else "null"
-        return DataError(f"{label}: row {i}, column {column!r}: expected {expected}, got {shown} ({_short(value)})")
+        return DataError(f"{label}: row {i}, column {column!r}: expected {expected}, got {shown} ({short_repr(value)})")
 
     if not isinstance(data_source, str) or not data_source:
         raise bad("data_source", "a non-empty string", data_source)
@@ -220,6 +220,6 @@ def write_prompt_file(rows: list[dict[str, Any]], path: str | Path) -> Path:
     return out
 
 
-def _short(value: Any, limit: int = 60) -> str:
+def short_repr(value: Any, limit: int = 60) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -8,7 +8,9 @@ and a batched one (``reward.custom.batched: true``) takes lists and returns a li
 
     def compute_score(data_sources, solution_strs, ground_truths, extra_infos) -> list[float | dict]
 
-A dict return needs a "score"; its other numeric keys become extra metrics. Loading happens in
+A dict return needs a "score"; its other numeric keys become extra metrics, and a "pred" (the
+answer the function extracted, verl's convention) is kept as text for majority voting (maj@k in
+megarl/evaluation.py). Loading happens in
 the reward workers (user code never runs in the trainer process); the scorer checks once at
 start that the file loads and the name is a function, so a typo fails before training starts.
 """
@@ -23,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-Scored = tuple[float, dict[str, float]]  # (score, extra metrics of this sample)
+Scored = tuple[float, dict[str, Any]]  # (score, extra metrics of this sample; "pred" as a string)
 
 
 def load_function(path: str, name: str) -> Callable[..., Any]:
@@ -58,7 +60,9 @@ def to_scored(value: Any, where: str) -> Scored:
     if isinstance(value, dict):
         if "score" not in value:
             raise ValueError(f"{where} returned a dict without 'score' (keys: {sorted(value)})")
-        extras = {str(k): float(v) for k, v in value.items() if k != "score" and _is_number(v)}
+        extras: dict[str, Any] = {str(k): float(v) for k, v in value.items() if k not in ("score", "pred") and _is_number(v)}
+        if value.get("pred") is not None:
+            extras["pred"] = str(value["pred"])
         return _finite(value["score"], where), extras
     return _finite(value, where), {}
 

@@ -66,6 +66,7 @@ class ScoreResult:
 
     scores: list[float]
     extra: dict[str, list[float]] = field(default_factory=dict)  # NaN where a sample had no value
+    preds: list[str | None] = field(default_factory=list)  # the functions' "pred" answers, None where not given
     errors: int = 0
     timeouts: int = 0
 
@@ -374,13 +375,16 @@ class RewardScorer:
 
     def _result(self, outcomes: list[Outcome], samples: list[tuple]) -> ScoreResult:
         n = len(outcomes)
-        result = ScoreResult(scores=[0.0] * n)
+        result = ScoreResult(scores=[0.0] * n, preds=[None] * n)
         logged = 0
         for i, outcome in enumerate(outcomes):
             if outcome[0] == "ok":
                 result.scores[i] = outcome[1]
                 for key, value in outcome[2].items():
-                    result.extra.setdefault(key, [math.nan] * n)[i] = value
+                    if key == "pred":
+                        result.preds[i] = value
+                    else:
+                        result.extra.setdefault(key, [math.nan] * n)[i] = value
                 continue
             result.timeouts += outcome[0] == "timeout"
             result.errors += outcome[0] == "error"

@@ -73,10 +73,15 @@ class Scorer:
         self.reward_scorer, self.tokenizer, self.eos = reward_scorer, tokenizer, list(eos_token_ids)
 
     def score(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
+        batch, result = self.score_result(batch)
+        return batch, result.metrics()
+
+    def score_result(self, batch: Batch) -> tuple[Batch, Any]:
+        """The scored batch and the whole megarl.rewards.scorer.ScoreResult (extras, preds)."""
         texts = response_texts(batch, self.tokenizer, self.eos)
         result = self.reward_scorer.score(batch.data_source, texts, batch.ground_truth, batch.extra_info, prompts=batch.prompt_text)
         scores = torch.tensor(result.scores, dtype=torch.float32)  # [B]
-        return batch.replace(scores=scores), result.metrics()
+        return batch.replace(scores=scores), result
 
     def texts(self, batch: Batch) -> list[str]:
         return response_texts(batch, self.tokenizer, self.eos)

@@ -20,6 +20,7 @@ from megarl.checkpoint.trainer_state import TrainerState, capture_rng, restore_r
 from megarl.config.loading import config_to_yaml
 from megarl.config.sections import MegaRLConfig
 from megarl.data.prompt_batch import PromptBatch
+from megarl.evaluation import as_metrics, scored_responses, summarize
 from megarl.progress import PROGRESS, PhaseTimer
 from megarl.rollout.collect import (
     Baseline,
@@ -206,11 +207,13 @@ class Trainer:
         PROGRESS.mark("validate", step)
         start = time.perf_counter()
         batch = p.generate(p.engines, p.val_prompts, self.sampling(step, validation=True))
-        batch, _ = p.scorer.score(batch)
-        metrics = {"val/reward/mean": float(batch.scores.mean()), "time/validate_s": 0.0}
-        for source in sorted(set(batch.data_source)):
-            rows = [i for i, s in enumerate(batch.data_source) if s == source]
-            metrics[f"val/{source}/reward/mean"] = float(batch.scores[rows].mean())
+        batch, result = p.scorer.score_result(batch)
+        # The numbers `megarl evaluate` reports, by the same code (megarl/evaluation.py).
+        responses = scored_responses(batch.data_source, batch.group_id.tolist(), result.scores,
+                                     batch.response_lengths.tolist(), batch.finish_reason,
+                                     pass_threshold=self.cfg.rollout.val.pass_threshold,
+                                     acc=result.extra.get("acc"), preds=result.preds)  # fmt: skip
+        metrics = as_metrics(summarize(responses))
         self._write_samples(step, batch)
         metrics["time/validate_s"] = time.perf_counter() - start
         return metrics

@@ -80,3 +80,16 @@ def test_model_needs_path_or_arch():
 def test_train_files_accept_strings_and_weights():
     cfg = validate_config({"model": {"arch": "qwen3-8b"}, "data": {"train_files": ["a.parquet", {"path": "b.parquet", "weight": 3}]}})
     assert [(f.path, f.weight) for f in cfg.data.train_files] == [("a.parquet", 1.0), ("b.parquet", 3.0)]
+
+
+def test_one_section_from_overrides_without_a_file():
+    from megarl.config.loading import load_section
+
+    reward = load_section(["reward.workers=3", "reward.functions={a: gsm8k}"], "reward")
+    assert reward.workers == 3 and reward.functions == {"a": "gsm8k"}
+    with pytest.raises(ConfigError, match="only reward.\\* settings apply here; give the config file to set rollout.n"):
+        load_section(["rollout.n=4"], "reward")
+    with pytest.raises(ConfigError, match="reward.workers: Input should be greater than or equal to 1"):
+        load_section(["reward.workers=0"], "reward")
+    with pytest.raises(ConfigError, match="unknown key reward.worker"):
+        load_section(["reward.worker=2"], "reward")

@@ -30,7 +30,7 @@ USER_REWARDS = textwrap.dedent(
         if solution_str == "segfault":
             ctypes.string_at(0)
         if solution_str == "dict":
-            return {"score": 0.5, "length": len(ground_truth), "label": "not a number"}
+            return {"score": 0.5, "length": len(ground_truth), "label": "not a number", "pred": 42}
         if solution_str == "nan":
             return float("nan")
         return float(solution_str == ground_truth)
@@ -72,6 +72,7 @@ def test_custom_scores_errors_and_extras(custom_scorer, caplog):
     assert result.scores == [1.0, 0.0, 0.0, 0.5, 0.0]
     assert (result.errors, result.timeouts) == (2, 0)  # the raise and the NaN score
     assert list(result.extra) == ["length"]  # non-numeric extras are dropped
+    assert result.preds == [None, None, None, "42", None]  # "pred" is kept as text (maj@k)
     assert result.extra["length"][3] == 3.0 and math.isnan(result.extra["length"][0])
     assert (
         "boom from user code" in caplog.text and "'raise'" in caplog.text

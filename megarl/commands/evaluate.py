@@ -1,0 +1,183 @@
+"""`megarl evaluate --data GENERATED.parquet [CONFIG] [reward.KEY=VALUE ...]`: score every
+response of a generated file with the reward functions and report, per data source, the mean
+reward, pass@k, best@k / worst@k, maj@k, response lengths and the truncated share.
+
+The numbers come from megarl/evaluation.py, the code RL validation logs ``val/*`` with; the
+scores from the reward worker pool training uses (data_source routing, reward.custom, reward
+models, timeouts and failure counting: megarl/rewards/scorer.py). Reward settings come from the
+config's ``reward`` section, or without a config from ``reward.*`` overrides on the defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from megarl.commands.arguments import add_config_args
+
+SCORE_CHUNK = 1024  # responses per scoring call: the progress display's step
+SUMMARY_SUFFIX = ".eval.json"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "evaluate",
+        help="score generated responses offline: pass@k, maj@k, mean reward per data source",
+        description="Scores every response in --data (what `megarl generate` writes) with the reward functions "
+        "(the config's reward section, or reward.* overrides on the defaults) in the reward worker pool, prints a "
+        "table per data source and writes a JSON summary: mean reward (mean@n), unbiased pass@k, best@k / worst@k, "
+        "maj@k (when the reward function returns a 'pred'), response lengths and the share cut by max_new_tokens. "
+        "RL validation logs the same numbers as val/*.",
+    )
+    p.add_argument("--data", required=True, help="parquet with a 'responses' list column (from megarl generate)")
+    add_config_args(p, optional=True)
+    p.add_argument("--k", default=None, help="comma-separated k of pass@k, best@k and maj@k, each <= the responses "
+                   "per prompt (default: 1, 2, 4, ... up to n)")  # fmt: skip
+    p.add_argument("--pass-threshold", type=float, default=None,
+                   help="a response passes when its score is at least this, or its reward's 'acc' is true "
+                   "(default: rollout.val.pass_threshold of the config, 1.0)")  # fmt: skip
+    p.add_argument("--out", default=None, help=f"JSON summary (default: DATA with {SUMMARY_SUFFIX} in place of .parquet)")
+    p.add_argument("--scored", default=None, help="also write DATA's rows plus a 'scores' list column to this parquet")
+    p.set_defaults(handler=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    config, overrides = args.config, list(args.overrides)
+    if config is not None and "=" in config and not Path(config).is_file():  # only overrides were given
+        config, overrides = None, [config, *overrides]
+    ks = _parse_ks(args.k)
+    summary = evaluate(args.data, config, overrides, ks=ks, pass_threshold=args.pass_threshold, scored=args.scored)
+    out = Path(args.out) if args.out else _default_out(Path(args.data))
+    out.write_text(json.dumps(summary, indent=2) + "\n")
+    print(format_table(summary))
+    print(f"wrote {out}" + (f" and {args.scored}" if args.scored else ""))
+    return 0
+
+
+def _parse_ks(text: str | None) -> list[int] | None:
+    from megarl.evaluation import EvaluationError
+
+    if text is None:
+        return None
+    try:
+        return [int(k) for k in text.split(",") if k.strip()]
+    except ValueError:
+        raise EvaluationError(f"--k {text!r}: expected comma-separated whole numbers such as 1,8") from None
+
+
+def _default_out(data: Path) -> Path:
+    return data.with_name(data.name.removesuffix(".parquet") + SUMMARY_SUFFIX)
+
+
+def evaluate(data: str | Path, config: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (), *,
+             ks: list[int] | None = None, pass_threshold: float | None = None, scored: str | Path | None = None) -> dict[str, Any]:  # fmt: skip
+    """Score ``data`` and summarise it (the JSON ``megarl evaluate`` writes)."""
+    from megarl.config.loading import load_config, load_section
+    from megarl.data.generated import read_generated
+    from megarl.evaluation import scored_responses, summarize
+
+    if config is not None:
+        cfg = load_config(config, overrides)
+        reward, prompt_key, threshold = cfg.reward, cfg.data.prompt_key, cfg.rollout.val.pass_threshold
+    else:
+        reward, prompt_key, threshold = load_section(overrides, "reward"), "prompt", 1.0
+    pass_threshold = threshold if pass_threshold is None else pass_threshold
+    rows = read_generated(data, prompt_key=prompt_key)
+    flat = [(r, j) for r, answers in enumerate(rows.responses) for j in range(len(answers))]
+    result = _score(reward, rows, flat)
+    lengths = [rows.lengths[r][j] for r, j in flat] if rows.lengths is not None else [-1] * len(flat)
+    reasons = [rows.finish_reasons[r][j] for r, j in flat] if rows.finish_reasons is not None else [""] * len(flat)
+    responses = scored_responses([rows.records[r].data_source for r, _ in flat], [r for r, _ in flat], result.scores,
+                                 lengths, reasons, pass_threshold=pass_threshold, acc=result.extra.get("acc"),
+                                 preds=result.preds)  # fmt: skip
+    summary = summarize(responses, ks)
+    if rows.lengths is None or rows.finish_reasons is None:  # not known: not reported
+        for values in summary.values():
+            for name in [n for n in values if n.startswith("response_length/") or n == "truncated_frac"]:
+                del values[name]
+    if scored is not None:
+        _write_scored(data, scored, rows.responses, result.scores)
+    return {
+        "data": str(data),
+        "pass_threshold": pass_threshold,
+        "reward": {"errors": result.errors, "timeouts": result.timeouts},
+        "per_data_source": {source: _finite(values) for source, values in summary.items()},
+    }
+
+
+def _score(reward: Any, rows: Any, flat: list[tuple[int, int]]) -> Any:
+    """Every response scored in the reward pool, in chunks (one progress tick each)."""
+    from megarl.progress import counting
+    from megarl.rewards.scorer import RewardScorer, ScoreResult
+
+    total = ScoreResult(scores=[], preds=[])
+    extras: dict[str, list[float]] = {}
+    scorer = RewardScorer(reward)
+    try:
+        with counting(len(flat), "scoring", "responses") as advance:
+            for start in range(0, len(flat), SCORE_CHUNK):
+                chunk = flat[start : start + SCORE_CHUNK]
+                records = [rows.records[r] for r, _ in chunk]
+                prompts = [rows.prompt_text[r] if rows.prompt_text else str(rows.records[r].prompt) for r, _ in chunk]
+                part = scorer.score([x.data_source for x in records], [rows.responses[r][j] for r, j in chunk],
+                                    [x.ground_truth for x in records], [x.extra_info for x in records], prompts=prompts)  # fmt: skip
+                for key in set(extras) | set(part.extra):  # NaN where a chunk had no such value
+                    extras.setdefault(key, [math.nan] * len(total.scores)).extend(part.extra.get(key, [math.nan] * len(chunk)))
+                total.scores += part.scores
+                total.preds += part.preds
+                total.errors, total.timeouts = total.errors + part.errors, total.timeouts + part.timeouts
+                advance(len(chunk))
+    finally:
+        scorer.close()
+    total.extra = extras
+    return total
+
+
+def _write_scored(data: str | Path, out: str | Path, responses: list[list[str]], scores: list[float]) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    per_row, start = [], 0
+    for answers in responses:
+        per_row.append(scores[start : start + len(answers)])
+        start += len(answers)
+    table = pq.read_table(data)
+    table = table.append_column("scores", pa.array(per_row, type=pa.list_(pa.float64())))
+    tmp = Path(out).with_name(Path(out).name + ".tmp")
+    pq.write_table(table, tmp)
+    tmp.replace(out)
+
+
+def _finite(values: dict[str, float]) -> dict[str, float | None]:
+    """JSON has no NaN: None instead."""
+    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in values.items()}
+
+
+def format_table(summary: dict[str, Any]) -> str:
+    """The console table: one row per data source (``all`` first), one column per number."""
+    per_source = summary["per_data_source"]
+    # worst@k is in the JSON only: the table stays readable
+    columns = [n for n in dict.fromkeys(n for values in per_source.values() for n in values) if not n.startswith("worst@")]
+    header = ["data_source", *(_short_name(c) for c in columns)]
+    body = [[source, *(_cell(values.get(c)) for c in columns)] for source, values in per_source.items()]
+    widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+             for row in [header, *body]]  # fmt: skip
+    failed = summary["reward"]
+    if failed["errors"] or failed["timeouts"]:
+        lines.append(f"reward functions raised on {failed['errors']} and timed out on {failed['timeouts']} responses (scored 0)")
+    return "\n".join(lines)
+
+
+def _short_name(name: str) -> str:
+    return {"reward/mean": "reward", "response_length/mean": "len_mean", "response_length/min": "len_min",
+            "response_length/max": "len_max", "truncated_frac": "truncated"}.get(name, name)  # fmt: skip
+
+
+def _cell(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.0f}" if float(value).is_integer() and abs(value) >= 1 else f"{value:.3f}"

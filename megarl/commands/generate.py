@@ -1,0 +1,312 @@
+"""`megarl generate CONFIG --data IN.parquet --out OUT.parquet [--n N] [KEY=VALUE ...]`:
+N responses per prompt with the configured engine, resumable.
+
+- The model: ``--model`` or ``model.path``; an HF directory is used as it is, a model
+  checkpoint (`megarl convert hf-to-megatron`) or a training checkpoint (a step_NNNNNN
+  directory) is first exported to HF files in ``OUT.parquet.partial/model`` through the
+  `megarl convert` path (verified bit for bit), since the engines load HF directories.
+- The engine: ``rollout.engine``. torch: one engine in this process (the CPU, or the first GPU
+  with cluster.device=cuda); sglang: ``cluster.gpus_per_node / rollout.tp`` servers on this
+  node, prompts spread over them.
+- Sampling: ``rollout.sampling`` (``--temperature``, ``--top-p``, ``--max-new-tokens`` and
+  ``--n`` are shortcuts; ``n`` defaults to rollout.n); the prompts are templated and truncated
+  as in training (``data.*``); ``rollout.generate_function`` makes the responses.
+- Nothing lost: the prompts go in parts of ``--batch-size``, each written as
+  ``OUT.parquet.partial/part-NNNNNN.parquet`` when it is done; a re-run with the same settings
+  skips the written parts (a crash loses at most the part in flight), and part i is sampled
+  with a seed derived from (trainer.seed, i), so a resumed file equals an uninterrupted one on
+  a seeded engine. At the end the parts are merged into OUT by rename and the partial directory
+  is removed. An existing OUT is replaced only with --overwrite; a partial directory made with
+  other settings is refused, never removed.
+
+The output format is megarl/data/generated.py; `megarl evaluate` scores it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import shutil
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+from megarl.commands.arguments import add_config_args
+
+log = logging.getLogger(__name__)
+PARTIAL_SUFFIX = ".partial"
+JOB_FILE = "generate.json"
+MODEL_DIR = "model"
+
+
+class GenerateError(ValueError):
+    """A bad output path, or a partial generation made with other settings."""
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "generate",
+        help="sample responses for a prompt file offline (resumable), from an HF model or a megarl checkpoint",
+        description="Writes OUT.parquet: the rows of --data plus prompt_text, responses (n per prompt), "
+        "response_lengths and finish_reasons, sampled with the config's engine and rollout.sampling. The model is "
+        "--model or model.path: an HF directory, a model checkpoint or a training checkpoint (step_NNNNNN, exported "
+        "to HF files first). Parts are written to OUT.parquet.partial as they finish; running the same command again "
+        "after a crash or Ctrl-C goes on where it stopped. `megarl evaluate --data OUT.parquet` scores the result.",
+    )
+    add_config_args(p)
+    p.add_argument("--data", required=True, help="prompt parquet in the verl schema (like data.val_files)")
+    p.add_argument("--out", required=True, help="output parquet (OUT.parquet.partial holds the parts until the end)")
+    p.add_argument("--model", default=None, help="HF directory, model checkpoint or training checkpoint (default: model.path)")
+    p.add_argument("--n", type=int, default=None, help="responses per prompt (default: rollout.n)")
+    p.add_argument("--temperature", type=float, default=None, help="rollout.sampling.temperature (0 = greedy)")
+    p.add_argument("--top-p", type=float, default=None, help="rollout.sampling.top_p")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="rollout.sampling.max_new_tokens")
+    p.add_argument("--batch-size", type=int, default=64, help="prompts per part: what a crash can lose (default 64)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
+    p.set_defaults(handler=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    shortcuts = {"rollout.n": args.n, "rollout.sampling.temperature": args.temperature,
+                 "rollout.sampling.top_p": args.top_p, "rollout.sampling.max_new_tokens": args.max_new_tokens}  # fmt: skip
+    overrides = [*args.overrides, *(f"{key}={value}" for key, value in shortcuts.items() if value is not None)]
+    out = generate(args.config, overrides, args.data, args.out, model=args.model, batch_size=args.batch_size,
+                   overwrite=args.overwrite)  # fmt: skip
+    print(f"wrote {out}")
+    return 0
+
+
+def generate(config: str | Path, overrides: list[str], data: str | Path, out: str | Path, *, model: str | None = None,
+             batch_size: int = 64, overwrite: bool = False) -> Path:  # fmt: skip
+    """Generate for every prompt of ``data`` into ``out`` (see the module docstring)."""
+    from megarl.config.loading import load_config
+    from megarl.data.datasets import read_prompt_file
+
+    cfg = load_config(config, overrides)
+    target = Path(out).absolute()
+    _check_target(target, Path(data), overwrite, batch_size)
+    records = read_prompt_file(data, label="--data", prompt_key=cfg.data.prompt_key)  # checked before any work
+    source = str(Path(model or cfg.model.path or "").absolute())
+    if not model and not cfg.model.path:
+        raise GenerateError("no model: set model.path in the config or give --model")
+    partial = target.with_name(target.name + PARTIAL_SUFFIX)
+    job = _job(cfg, Path(data), source, batch_size)
+    _open_partial(partial, job)
+    parts = _parts(len(records), batch_size)
+    todo = [i for i in range(len(parts)) if not _part_path(partial, i).is_file()]
+    if todo:
+        model_dir = _hf_model(Path(source), partial / MODEL_DIR)
+        try:
+            _generate_parts(cfg, model_dir, Path(data), records, parts, todo, partial)
+        except KeyboardInterrupt:
+            done = sum(1 for i in range(len(parts)) if _part_path(partial, i).is_file())
+            log.warning("stopped: %d of %d parts are in %s; run the same command to go on", done, len(parts), partial)
+            raise
+    _merge(partial, len(parts), target)
+    shutil.rmtree(partial)  # ours: the parts (now in OUT) and the staged model
+    return target
+
+
+def _check_target(target: Path, data: Path, overwrite: bool, batch_size: int) -> None:
+    if batch_size < 1:
+        raise GenerateError(f"--batch-size ({batch_size}) must be >= 1")
+    if target.suffix != ".parquet":
+        raise GenerateError(f"--out {target} must end in .parquet")
+    if target == data.absolute():
+        raise GenerateError(f"--out {target} is the input file; give another path")
+    if target.is_dir():
+        raise GenerateError(f"--out {target} is a directory; give a .parquet file path")
+    if target.exists() and not overwrite:
+        raise GenerateError(f"--out {target} exists; pass --overwrite to replace it, or give another path")
+    target.parent.mkdir(parents=True, exist_ok=True)
+
+
+def _job(cfg: Any, data: Path, model: str, batch_size: int) -> dict[str, Any]:
+    """What a partial generation must match to be continued."""
+    s = cfg.rollout.sampling
+    return {
+        "data_sha256": hashlib.sha256(data.read_bytes()).hexdigest(),
+        "model": model,
+        "engine": cfg.rollout.engine,
+        "dtype": cfg.model.dtype,
+        "n": cfg.rollout.n,
+        "sampling": s.model_dump(mode="json"),
+        "data": cfg.data.model_dump(mode="json", include={"prompt_key", "max_prompt_length", "truncation", "apply_chat_template"}),
+        "generate_function": cfg.rollout.generate_function,
+        "seed": cfg.trainer.seed,
+        "batch_size": batch_size,
+    }
+
+
+def _open_partial(partial: Path, job: dict[str, Any]) -> None:
+    """Create the partial directory, or check that the one there was made with the same settings."""
+    record = partial / JOB_FILE
+    if partial.exists():
+        if not record.is_file():
+            raise GenerateError(f"{partial} exists but was not made by megarl generate (no {JOB_FILE}); move it away")
+        before = json.loads(record.read_text())
+        changed = sorted(k for k in set(before) | set(job) if before.get(k) != job.get(k))
+        if changed:
+            raise GenerateError(f"{partial} holds a generation made with other settings ({', '.join(changed)} differ); "
+                                "run with the same settings to continue it, or move it away to start over")  # fmt: skip
+        log.info("continuing the generation in %s", partial)
+        return
+    partial.mkdir()
+    record.write_text(json.dumps(job, indent=2) + "\n")
+
+
+def _parts(total: int, size: int) -> list[range]:
+    return [range(start, min(start + size, total)) for start in range(0, total, size)]
+
+
+def _part_path(partial: Path, index: int) -> Path:
+    return partial / f"part-{index:06d}.parquet"
+
+
+def _hf_model(source: Path, staged: Path) -> Path:
+    """An HF directory the engines load: ``source`` itself, or its export to ``staged``."""
+    from megarl.checkpoint.model_checkpoint import is_model_checkpoint
+    from megarl.commands.convert import EXPORT_MANIFEST, convert_checkpoint, export_model_checkpoint
+
+    if is_model_checkpoint(source):
+        export = export_model_checkpoint
+    elif (source / "manifest.json").is_file():  # a training checkpoint (step_NNNNNN)
+        export = convert_checkpoint
+    elif (source / "config.json").is_file():
+        return source
+    else:
+        raise GenerateError(f"model {source} is not an HF model directory (config.json), a model checkpoint or a "
+                            "training checkpoint (step_NNNNNN); give one with --model or model.path")  # fmt: skip
+    if (staged / EXPORT_MANIFEST).is_file():
+        log.info("using the HF export staged in %s", staged)
+        return staged
+    log.info("exporting %s to HF files in %s (the engines load HF directories)", source, staged)
+    export(source, staged, report=print)
+    return staged
+
+
+def _generate_parts(cfg: Any, model_dir: Path, data: Path, records: list[Any], parts: list[range], todo: list[int],
+                    partial: Path) -> None:  # fmt: skip
+    """Generate the parts in ``todo``, writing each as soon as it is done."""
+    import pyarrow.parquet as pq
+    from transformers import AutoTokenizer
+
+    from megarl.data.prompts import PromptBuilder
+    from megarl.progress import counting
+    from megarl.rollout.collect import GENERATE_FUNCTIONS
+    from megarl.rollout.engine import eos_token_ids
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    eos = eos_token_ids(model_dir, tokenizer)
+    builder = PromptBuilder.from_config(cfg.data, tokenizer)
+    produce = GENERATE_FUNCTIONS.get(cfg.rollout.generate_function)
+    table = pq.read_table(data)
+    done = sum(len(p) for i, p in enumerate(parts) if i not in todo)
+    with open_engines(cfg, model_dir, partial / "logs") as engines, \
+            counting(len(records), "generating", "prompts", done=done) as advance:  # fmt: skip
+        for index in todo:
+            rows = parts[index]
+            batch = produce(engines, _prompt_batch(records, rows, builder), _sampling(cfg, index))
+            _write_part(_part_path(partial, index), table.slice(rows.start, len(rows)), batch, tokenizer, eos)
+            advance(len(rows))
+
+
+def _prompt_batch(records: list[Any], rows: range, builder: Any) -> Any:
+    from megarl.data.prompt_batch import PromptBatch
+
+    picked = [records[i] for i in rows]
+    ids, texts = builder.encode([r.prompt for r in picked], [f"--data: row {r.row}" for r in picked])
+    return PromptBatch(prompt_ids=ids, prompt_text=texts, data_source=[r.data_source for r in picked],
+                       ground_truth=[r.ground_truth for r in picked], extra_info=[dict(r.extra_info) for r in picked],
+                       index=[r.row for r in picked], file_index=[0] * len(picked))  # fmt: skip
+
+
+def _sampling(cfg: Any, part: int) -> Any:
+    """rollout.sampling with part ``part``'s own seed (the same part always samples the same)."""
+    from megarl.rollout.engine import SamplingParams
+    from megarl.rollout.seeds import step_seed
+
+    s = cfg.rollout.sampling
+    return SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=s.max_new_tokens,
+                          n=cfg.rollout.n, stop=tuple(s.stop), stop_token_ids=tuple(s.stop_token_ids),
+                          seed=step_seed(cfg.trainer.seed, part))  # fmt: skip
+
+
+def _write_part(path: Path, rows: Any, batch: Any, tokenizer: Any, eos: tuple[int, ...]) -> None:
+    """The input rows plus the generated columns, written whole or not at all."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from megarl.data.generated import GENERATED_COLUMNS, LENGTHS, PROMPT_TEXT, REASONS, RESPONSES
+    from megarl.rollout.batching import response_texts
+
+    texts = response_texts(batch, tokenizer, eos)
+    groups = batch.group_id.tolist()
+    per_prompt: list[dict[str, list]] = [{RESPONSES: [], LENGTHS: [], REASONS: []} for _ in range(rows.num_rows)]
+    prompt_text = [""] * rows.num_rows
+    for b, g in enumerate(groups):
+        per_prompt[g][RESPONSES].append(texts[b])
+        per_prompt[g][LENGTHS].append(int(batch.response_lengths[b]))
+        per_prompt[g][REASONS].append(batch.finish_reason[b])
+        prompt_text[g] = batch.prompt_text[b]
+    rows = rows.drop_columns([c for c in GENERATED_COLUMNS if c in rows.column_names])  # a generated file as input
+    rows = rows.append_column(PROMPT_TEXT, pa.array(prompt_text, type=pa.string()))
+    rows = rows.append_column(RESPONSES, pa.array([p[RESPONSES] for p in per_prompt], type=pa.list_(pa.string())))
+    rows = rows.append_column(LENGTHS, pa.array([p[LENGTHS] for p in per_prompt], type=pa.list_(pa.int64())))
+    rows = rows.append_column(REASONS, pa.array([p[REASONS] for p in per_prompt], type=pa.list_(pa.string())))
+    tmp = path.with_name(path.name + ".tmp")
+    pq.write_table(rows, tmp)
+    tmp.replace(path)
+
+
+def _merge(partial: Path, count: int, target: Path) -> None:
+    """The parts, in order, into ``target`` (written next to it, then renamed into place)."""
+    import pyarrow.parquet as pq
+
+    tmp = target.with_name(target.name + ".tmp")
+    writer = None
+    try:
+        for index in range(count):
+            part = pq.read_table(_part_path(partial, index))
+            writer = writer or pq.ParquetWriter(tmp, part.schema)
+            writer.write_table(part)
+    finally:
+        if writer is not None:
+            writer.close()
+    tmp.replace(target)
+
+
+@contextmanager
+def open_engines(cfg: Any, model_dir: Path, log_dir: Path) -> Iterator[Any]:
+    """The configured engines on this node, closed on exit: one torch engine in this process,
+    or ``cluster.gpus_per_node / rollout.tp`` SGLang servers (one on a CPU)."""
+    if cfg.rollout.engine == "torch":
+        from megarl.rollout.torch_engine import TorchEngine
+
+        device = "cuda" if cfg.cluster.device == "cuda" else "cpu"
+        yield TorchEngine(model_dir, device=device, dtype=cfg.model.dtype, max_running_requests=cfg.rollout.max_running_requests)
+        return
+    from megarl.rollout_sglang.controller import SGLangEngines
+    from megarl.rollout_sglang.engine import SGLangEngine
+    from megarl.rollout_sglang.server import SGLangServer, spec_from_config
+
+    tp, cuda = cfg.rollout.tp, cfg.cluster.device == "cuda"
+    count = max(1, cfg.cluster.gpus_per_node // tp) if cuda else 1
+    cluster = cfg.cluster.model_copy(update={"placement": "disaggregated"})  # nothing to hand memory over to
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with ExitStack() as stack:
+        servers = []
+        for k in range(count):
+            spec = spec_from_config(str(model_dir), cfg.rollout, cluster, gpu_ids=range(k * tp, (k + 1) * tp) if cuda else (),
+                                    seed=cfg.trainer.seed, dtype=cfg.model.dtype,
+                                    log_path=str(log_dir / f"sglang_engine{k}.log"))  # fmt: skip
+            server = SGLangServer(spec)
+            stack.callback(server.shutdown)
+            server.launch()
+            servers.append(server)
+        for server in servers:
+            server.wait_healthy()
+        yield SGLangEngines([SGLangEngine(s, tp=tp, max_running_requests=cfg.rollout.max_running_requests) for s in servers])

@@ -1,0 +1,57 @@
+"""Parquet files of generated responses: what `megarl generate` writes and `megarl evaluate` reads.
+
+One row per prompt: the input file's columns (the verl schema, megarl/data/datasets.py) plus
+
+    prompt_text       str              the prompt as the engine saw it (chat template applied)
+    responses         list[str]        the n responses, decoded (a final EOS dropped)
+    response_lengths  list[int]        tokens of each response
+    finish_reasons    list[str]        stop | length | abort, per response
+
+Any parquet in the verl schema with a ``responses`` list column can be evaluated; the other
+three columns are optional there (without them, the length and truncation statistics are left
+out and rewards that read the prompt get the raw prompt).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from megarl.data.datasets import DataError, PromptRecord, read_prompt_file, short_repr
+
+PROMPT_TEXT, RESPONSES, LENGTHS, REASONS = "prompt_text", "responses", "response_lengths", "finish_reasons"
+GENERATED_COLUMNS = (PROMPT_TEXT, RESPONSES, LENGTHS, REASONS)
+
+
+@dataclass(frozen=True)
+class GeneratedRows:
+    """The checked rows of a generated file; per-response lists aligned with ``responses``."""
+
+    records: list[PromptRecord]
+    responses: list[list[str]]
+    lengths: list[list[int]] | None
+    finish_reasons: list[list[str]] | None
+    prompt_text: list[str] | None
+
+
+def read_generated(path: str | Path, *, label: str = "--data", prompt_key: str = "prompt") -> GeneratedRows:
+    """Read and check a generated file; errors name the file, the row and the column."""
+    import pyarrow.parquet as pq
+
+    records = read_prompt_file(path, label=label, prompt_key=prompt_key)
+    table = pq.read_table(path)
+    where = f"{label} ({Path(path).name})"
+    if RESPONSES not in table.column_names:
+        raise DataError(f"{where} has no '{RESPONSES}' column (found: {', '.join(table.column_names)}); evaluate "
+                        "reads what `megarl generate` writes")  # fmt: skip
+    columns = {name: table.column(name).to_pylist() if name in table.column_names else None for name in GENERATED_COLUMNS}
+    responses = columns[RESPONSES]
+    for row, answers in enumerate(responses):
+        if not isinstance(answers, list) or not answers or not all(isinstance(a, str) for a in answers):
+            raise DataError(f"{where}: row {row}, column '{RESPONSES}': expected a non-empty list of strings, got {short_repr(answers)}")
+        for name in (LENGTHS, REASONS):
+            values = columns[name]
+            if values is not None and (not isinstance(values[row], list) or len(values[row]) != len(answers)):
+                raise DataError(f"{where}: row {row}, column '{name}': expected {len(answers)} values (one per response), "
+                                f"got {short_repr(values[row])}")  # fmt: skip
+    return GeneratedRows(records, responses, columns[LENGTHS], columns[REASONS], columns[PROMPT_TEXT])

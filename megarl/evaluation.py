@@ -1,0 +1,171 @@
+"""Scored responses summarised per data source: what `megarl evaluate` prints and what RL
+validation logs as ``val/*`` (one code path for both).
+
+Each prompt has ``n`` scored responses. Per data source, averaged over its prompts:
+
+- ``reward/mean``: the mean score of the responses (verl's ``mean@n``);
+- ``pass@k``: the chance that at least one of ``k`` responses drawn without replacement from
+  the prompt's ``n`` passes, by the unbiased estimator ``1 - C(n-c, k) / C(n, k)`` (Chen et
+  al. 2021, c = passing responses); a response passes when its score >= ``pass_threshold``
+  (or its reward function's ``acc`` value is true, when it returns one);
+- ``best@k`` / ``worst@k`` (k >= 2; at k = 1 they are the mean): the expected highest / lowest score of ``k`` responses drawn with
+  replacement (what verl's validation estimates by bootstrap; computed exactly here);
+- ``maj@k`` (k >= 2): the score of the majority answer among ``k`` responses drawn with replacement,
+  when the reward function returns a ``pred`` (its extracted answer, verl's convention): 1000
+  bootstrap draws with a fixed seed, the most common ``pred`` wins (ties: the first drawn),
+  and its first drawn response's score counts;
+- ``response_length/mean|min|max`` (tokens) and ``truncated_frac`` (finish reason ``length``).
+
+``all`` holds the same over every prompt. Torch-free: the CLI imports it without torch.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+ALL = "all"
+MAJORITY_DRAWS = 1000  # bootstrap draws of maj@k (verl uses 1000)
+MAJORITY_SEED = 42
+
+
+class EvaluationError(ValueError):
+    """A k larger than the responses per prompt, or responses that cannot be summarised."""
+
+
+@dataclass(frozen=True)
+class ScoredResponse:
+    """One scored response: which prompt it answers, its score and what the engine reported."""
+
+    data_source: str
+    prompt: int  # responses of the same prompt share this key
+    score: float
+    length: int  # response tokens
+    finish_reason: str  # stop | length | abort
+    passed: bool
+    pred: str | None = None  # the reward function's extracted answer (maj@k), if it gives one
+
+
+def scored_responses(data_source: Sequence[str], prompts: Sequence[int], scores: Sequence[float], lengths: Sequence[int],
+                     finish_reasons: Sequence[str], *, pass_threshold: float, acc: Sequence[float] | None = None,
+                     preds: Sequence[str | None] | None = None) -> list[ScoredResponse]:  # fmt: skip
+    """Aligned per-response columns as ScoredResponses. ``acc``: the reward functions' ``acc``
+    values (NaN where a function gave none): where given, it decides ``passed``."""
+    out = []
+    for i, score in enumerate(scores):
+        given = acc is not None and not math.isnan(acc[i])
+        passed = bool(acc[i]) if given else score >= pass_threshold  # type: ignore[index]
+        out.append(ScoredResponse(data_source[i], int(prompts[i]), float(score), int(lengths[i]), finish_reasons[i],
+                                  passed, preds[i] if preds else None))  # fmt: skip
+    return out
+
+
+def default_ks(n: int) -> list[int]:
+    """1, 2, 4, ... up to n, and n itself (verl's sizes for best@k / maj@k)."""
+    ks, k = [1], 2
+    while k < n:
+        ks.append(k)
+        k *= 2
+    return sorted({*ks, n})
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of one prompt with ``c`` passing responses out of ``n`` (k <= n)."""
+    if not 0 < k <= n or not 0 <= c <= n:
+        raise EvaluationError(f"pass@k needs 0 < k <= n and 0 <= c <= n; got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    # 1 - C(n-c, k) / C(n, k), as a product (no huge binomials)
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+def expected_best(scores: Sequence[float], k: int) -> float:
+    """E[max of k scores drawn with replacement]: sorted ascending, score i is the max with
+    probability ((i+1)/n)^k - (i/n)^k."""
+    ordered, n = sorted(scores), len(scores)
+    return sum(s * (((i + 1) / n) ** k - (i / n) ** k) for i, s in enumerate(ordered))
+
+
+def expected_worst(scores: Sequence[float], k: int) -> float:
+    return -expected_best([-s for s in scores], k)
+
+
+def majority_score(scores: Sequence[float], preds: Sequence[str], k: int, rng: random.Random) -> float:
+    """maj@k of one prompt by bootstrap (see the module docstring)."""
+    total = 0.0
+    for _ in range(MAJORITY_DRAWS):
+        picks = [rng.randrange(len(scores)) for _ in range(k)]
+        counts = Counter(preds[i] for i in picks)  # insertion order: ties go to the first drawn
+        winner = max(counts, key=counts.__getitem__)
+        total += scores[next(i for i in picks if preds[i] == winner)]
+    return total / MAJORITY_DRAWS
+
+
+def check_ks(ks: Sequence[int], n: int, where: str = "k") -> None:
+    """Every k must be in 1..n (n: the fewest responses any prompt has)."""
+    bad = [k for k in ks if not 1 <= k <= n]
+    if bad:
+        raise EvaluationError(f"{where} {bad[0]} is not in 1..{n}: there are {n} responses per prompt; "
+                              f"use k <= {n}, or generate more responses (--n)")  # fmt: skip
+
+
+def summarize(responses: Sequence[ScoredResponse], ks: Sequence[int] | None = None) -> dict[str, dict[str, float]]:
+    """Per data source (and ``all``): the numbers of the module docstring. ``ks`` None: 1, 2,
+    4, ... up to the fewest responses any prompt has."""
+    if not responses:
+        raise EvaluationError("no responses to evaluate")
+    groups: dict[tuple[str, int], list[ScoredResponse]] = defaultdict(list)
+    for r in responses:
+        groups[(r.data_source, r.prompt)].append(r)
+    n = min(len(g) for g in groups.values())
+    ks = default_ks(n) if ks is None else sorted(set(ks))
+    check_ks(ks, n)
+    by_source: dict[str, list[list[ScoredResponse]]] = defaultdict(list)
+    for (source, _), group in groups.items():
+        by_source[source].append(group)
+        by_source[ALL].append(group)
+    return {source: _summary(prompts, ks) for source, prompts in sorted(by_source.items(), key=lambda x: x[0] != ALL)}
+
+
+def _summary(prompts: list[list[ScoredResponse]], ks: Sequence[int]) -> dict[str, float]:
+    flat = [r for group in prompts for r in group]
+    out: dict[str, float] = {
+        "prompts": len(prompts),
+        "responses": len(flat),
+        "reward/mean": _mean(_mean([r.score for r in g]) for g in prompts),
+    }
+    with_preds = all(r.pred is not None for r in flat)
+    rng = random.Random(MAJORITY_SEED)
+    for k in ks:
+        out[f"pass@{k}"] = _mean(pass_at_k(len(g), sum(r.passed for r in g), k) for g in prompts)
+    drawn = [k for k in ks if k > 1]  # of one response, best, worst and majority are its mean score
+    for k in drawn:
+        out[f"best@{k}"] = _mean(expected_best([r.score for r in g], k) for g in prompts)
+    for k in drawn:
+        out[f"worst@{k}"] = _mean(expected_worst([r.score for r in g], k) for g in prompts)
+    for k in drawn if with_preds else []:
+        out[f"maj@{k}"] = _mean(majority_score([r.score for r in g], [str(r.pred) for r in g], k, rng) for g in prompts)
+    lengths = [r.length for r in flat]
+    out["response_length/mean"] = _mean(lengths)
+    out["response_length/min"] = float(min(lengths))
+    out["response_length/max"] = float(max(lengths))
+    out["truncated_frac"] = _mean(float(r.finish_reason == "length") for r in flat)
+    return out
+
+
+def _mean(values: object) -> float:
+    items = list(values)  # type: ignore[call-overload]
+    return float(sum(items) / len(items)) if items else math.nan
+
+
+def as_metrics(summary: dict[str, dict[str, float]], prefix: str = "val/") -> dict[str, float]:
+    """Flat metric names: ``val/pass@1`` for all sources, ``val/<source>/pass@1`` for one
+    (counts of prompts and responses are left to the summary)."""
+    out: dict[str, float] = {}
+    for source, values in summary.items():
+        head = prefix if source == ALL else f"{prefix}{source}/"
+        out |= {f"{head}{name}": v for name, v in values.items() if name not in ("prompts", "responses")}
+    return out

@@ -1,0 +1,144 @@
+"""`megarl generate` and `megarl evaluate` on the demo's tiny model, end to end on CPU: the
+output file, a crash and its resume (equal to an uninterrupted run), a model checkpoint as the
+model, and the evaluation's numbers against the reward function called directly."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from megarl.commands.demo import prepare_demo
+from megarl.commands.evaluate import evaluate
+from megarl.commands.generate import GenerateError, generate
+from megarl.evaluation import pass_at_k
+from megarl.rewards.reverse_digits import compute_score
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "configs" / "tiny_grpo.yaml"
+CRASHING = """
+    import os
+    from pathlib import Path
+
+    from megarl.rollout.collect import generate_batch
+
+    def generate(engines, prompts, params):
+        # The default generation, but the process dies (as if killed) on call CRASH_AT_CALL.
+        calls = Path(os.environ["CALLS_FILE"])
+        count = int(calls.read_text()) + 1 if calls.exists() else 1
+        calls.write_text(str(count))
+        if count == int(os.environ.get("CRASH_AT_CALL", "0")):
+            os._exit(9)
+        return generate_batch(engines, prompts, params)
+"""
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    return prepare_demo(tmp_path_factory.mktemp("demo"))
+
+
+def _overrides(model: Path, *extra: str) -> list[str]:
+    return [f"model.path={model}", "rollout.sampling.max_new_tokens=4", *extra]
+
+
+def _cli(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "megarl.cli", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+
+
+def test_generate_writes_every_row_and_evaluate_scores_it(demo, tmp_path):
+    model, data = demo
+    out = generate(CONFIG, _overrides(model, "rollout.n=4"), data / "val.parquet", tmp_path / "gen.parquet", batch_size=64)
+    source, generated = pq.read_table(data / "val.parquet"), pq.read_table(out)
+    assert generated.column_names == [*source.column_names, "prompt_text", "responses", "response_lengths", "finish_reasons"]
+    assert generated.select(source.column_names).equals(source)  # the input rows, in order, untouched
+    rows = generated.to_pylist()
+    assert all(len(r["responses"]) == len(r["response_lengths"]) == len(r["finish_reasons"]) == 4 for r in rows)
+    assert all(1 <= n <= 4 for r in rows for n in r["response_lengths"])
+    assert {reason for r in rows for reason in r["finish_reasons"]} <= {"stop", "length"}
+    assert not (tmp_path / "gen.parquet.partial").exists()
+
+    summary = evaluate(out, CONFIG, _overrides(model), ks=[1, 4])["per_data_source"]["reverse_digits"]
+    scores = [[compute_score("reverse_digits", text, r["reward_model"]["ground_truth"]) for text in r["responses"]]
+              for r in rows]  # fmt: skip
+    assert summary["reward/mean"] == pytest.approx(sum(map(sum, scores)) / (4 * len(rows)))
+    expected = sum(pass_at_k(4, sum(s >= 1.0 for s in row), 4) for row in scores) / len(rows)
+    assert summary["pass@4"] == pytest.approx(expected)
+    lengths = [n for r in rows for n in r["response_lengths"]]
+    assert summary["response_length/mean"] == pytest.approx(sum(lengths) / len(lengths))
+
+
+def test_a_crashed_generation_resumes_to_the_uninterrupted_result(demo, tmp_path):
+    model, data = demo
+    (tmp_path / "crashing.py").write_text(textwrap.dedent(CRASHING))
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "CALLS_FILE": str(tmp_path / "calls"), "OMP_NUM_THREADS": "1"}
+    args = ["generate", str(CONFIG), *_overrides(model, "rollout.generate_function=crashing:generate"),
+            "--data", str(data / "val.parquet"), "--out", "gen.parquet", "--n", "2", "--batch-size", "50"]  # fmt: skip
+    crashed = _cli(args, {**env, "CRASH_AT_CALL": "3"}, tmp_path)
+    assert crashed.returncode == 9, crashed.stderr
+    partial = tmp_path / "gen.parquet.partial"
+    assert sorted(p.name for p in partial.glob("part-*")) == ["part-000000.parquet", "part-000001.parquet"]
+    assert not (tmp_path / "gen.parquet").exists()
+
+    changed = _cli([*args, "--temperature", "0.5"], env, tmp_path)  # other settings: refused, nothing removed
+    assert changed.returncode == 2 and "sampling differ" in changed.stderr and partial.is_dir()
+
+    resumed = _cli(args, env, tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "continuing the generation" in resumed.stderr and (tmp_path / "calls").read_text() == str(3 + 2)
+    assert not partial.exists()
+    whole = generate(CONFIG, _overrides(model, "rollout.n=2"), data / "val.parquet", tmp_path / "whole.parquet", batch_size=50)
+    assert pq.read_table(tmp_path / "gen.parquet").equals(pq.read_table(whole))  # seeded per part: the same samples
+
+
+def test_generate_from_a_model_checkpoint_equals_its_hf_source(demo, tmp_path):
+    from megarl.commands.convert import convert_hf_to_megatron
+
+    model, data = demo
+    ckpt = convert_hf_to_megatron(model, tmp_path / "ckpt")
+    greedy = _overrides(model, "rollout.n=1", "rollout.sampling.temperature=0")
+    from_hf = generate(CONFIG, greedy, data / "val.parquet", tmp_path / "hf.parquet")
+    from_ckpt = generate(CONFIG, greedy, data / "val.parquet", tmp_path / "ckpt.parquet", model=str(ckpt))
+    assert pq.read_table(from_ckpt).equals(pq.read_table(from_hf))
+    assert not (tmp_path / "ckpt.parquet.partial").exists()  # the staged export went with it
+
+
+def test_output_and_partial_are_never_overwritten_silently(demo, tmp_path):
+    model, data = demo
+    out = tmp_path / "gen.parquet"
+    out.write_text("the user's file")
+    with pytest.raises(GenerateError, match="exists; pass --overwrite"):
+        generate(CONFIG, _overrides(model), data / "val.parquet", out)
+    assert out.read_text() == "the user's file"
+    stray = tmp_path / "other.parquet.partial"
+    stray.mkdir()
+    (stray / "notes.txt").write_text("mine")
+    with pytest.raises(GenerateError, match="was not made by megarl generate"):
+        generate(CONFIG, _overrides(model), data / "val.parquet", tmp_path / "other.parquet")
+    assert (stray / "notes.txt").read_text() == "mine"
+    with pytest.raises(GenerateError, match="is the input file"):
+        generate(CONFIG, _overrides(model), data / "val.parquet", data / "val.parquet", overwrite=True)
+
+
+def test_evaluate_cli_writes_the_summary_and_scored_rows(demo, tmp_path):
+    model, data = demo
+    out = generate(CONFIG, _overrides(model, "rollout.n=2"), data / "val.parquet", tmp_path / "gen.parquet")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = _cli(["evaluate", "--data", str(out), "reward.functions={reverse_digits: reverse_digits}", "--k", "1,2",
+                 "--scored", str(tmp_path / "scored.parquet")], env, tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((tmp_path / "gen.eval.json").read_text())
+    assert set(summary["per_data_source"]) == {"all", "reverse_digits"}
+    assert "pass@2" in done.stdout.splitlines()[0] and done.stdout.splitlines()[1].startswith("all")
+    scored = pq.read_table(tmp_path / "scored.parquet").column("scores").to_pylist()
+    mean = sum(map(sum, scored)) / sum(map(len, scored))
+    assert summary["per_data_source"]["all"]["reward/mean"] == pytest.approx(mean)
+    too_many = _cli(["evaluate", "--data", str(out), "--k", "4"], env, tmp_path)
+    assert too_many.returncode == 2 and "k 4 is not in 1..2" in too_many.stderr
