@@ -43,6 +43,7 @@ USER_ERRORS = (
     ("megarl.data.datasets", "DataError"),
     ("megarl.evaluation", "EvaluationError"),
     ("megarl.commands.generate", "GenerateError"),
+    ("megarl.commands.sft", "SFTError"),
     ("megarl.checkpoint.manager", "CheckpointError"),
     ("megarl.commands.convert", "OutputError"),
     ("megarl.checkpoint.model_checkpoint", "ModelCheckpointError"),
@@ -77,9 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
         plan,
         plot,
         sbatch,
+        sft,
     )
 
-    for command in (plan, launch, config, convert, demo, plot, data, generate, evaluate, sbatch, doctor):
+    for command in (plan, launch, config, convert, demo, plot, data, sft, generate, evaluate, sbatch, doctor):
         command.register(sub)
     return parser
 

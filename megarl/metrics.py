@@ -32,7 +32,7 @@ ACCUMULATED: tuple[Reduction, ...] = ("mean", "sum", "max", "min", "last")  # wh
 # Who writes a metric. "actor" and "critic" are the trained roles: their update names the
 # optimizer metrics (``<role>/grad_norm``) after the role of the loss metrics it saw.
 Emitter = Literal[
-    "actor", "critic", "advantages", "rollout", "scorer", "weight_sync", "trainer", "validation", "data"
+    "actor", "critic", "advantages", "rollout", "scorer", "weight_sync", "trainer", "validation", "data", "sft"
 ]
 
 
@@ -145,6 +145,10 @@ CATALOGUE: tuple[Metric, ...] = (
     Metric("time/<phase>_s", "sum", "trainer", "wall time of one phase of the step (generate, reward, policy_update, validate, ...)"),
     # ---- validation (megarl.trainer.loop.Trainer.validate) ---------------------------------
     *_validation_metrics(),
+    # ---- supervised fine-tuning (megarl.algos.losses.SFTLossFn, megarl.commands.sft) -------
+    Metric("sft/loss", "mean", "sft", "negative log-likelihood of the trained (response / assistant) tokens, mean over them"),
+    Metric("sft/tokens", "sum", "sft", "trained tokens of the optimizer step"),
+    Metric("sft/val_loss", "mean", "sft", "the same loss on sft.val_files, mean over their trained tokens"),
     # ---- training data (megarl.data.stream, logged once at start) --------------------------
     Metric("data/train_rows_read", "sum", "data", "rows read from data.train_files"),
     Metric("data/train_prompts", "sum", "data", "training prompts kept"),

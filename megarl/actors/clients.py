@@ -135,6 +135,28 @@ class CriticClient(TrainedClient):
         return _first(self.group.call("update", batch))
 
 
+class SFTClient(TrainedClient):
+    """The `megarl sft` group (megarl.actors.sft_rank.SFTRank)."""
+
+    def dp_size(self) -> int:
+        return int(_first(self.group.call("layout"))["dp_size"])
+
+    def train_step(self, batch: Batch) -> dict[str, float]:
+        """One optimizer step on ``batch``; metrics reduced over the group (sft/loss, actor/lr, ...)."""
+        return _first(self.group.call("train_step", batch))
+
+    def compute_logprobs(self, batch: Batch) -> torch.Tensor:
+        """``[B, R]`` log-probs of the response tokens (0 past each length)."""
+        return _rows(self.group.call("compute_logprobs", batch), batch)["logprobs"]
+
+    def save_model(self, weights_dir: str) -> None:
+        self.group.call("save_model", weights_dir)
+
+    def verify_model(self, checkpoint_dir: str) -> int:
+        """Load the written checkpoint back and compare bit for bit; parameters checked, all ranks."""
+        return sum(self.group.call("verify_model", checkpoint_dir))
+
+
 class ConversionClient:
     """A conversion group of `megarl convert` (megarl.checkpoint.conversion_ranks: ExportRank or
     ImportRank)."""

@@ -363,6 +363,23 @@ class ValueLossFn:
         return loss_sum, count.detach(), metrics
 
 
+class SFTLossFn:
+    """Supervised fine-tuning: the negative log-likelihood of the trained tokens
+    (``batch.response_mask``), a token mean over the whole optimizer step."""
+
+    def __call__(
+        self, batch: Batch, outputs: ModelOutputs
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        logp = outputs.logprobs  # [b, R]
+        mask = batch.response_mask.to(logp.dtype)
+        loss_sum, count = -(logp * mask).sum(), mask.sum()
+        metrics = {
+            "sft/loss": torch.stack([loss_sum.detach(), count]),
+            "sft/tokens": torch.stack([count, torch.ones_like(count)]),
+        }
+        return loss_sum, count, metrics
+
+
 def make_policy_loss_fn(
     cfg: AlgorithmConfig, max_response_length: int, kl_coef: float | None = None
 ) -> LossFn:

@@ -238,13 +238,13 @@ def convert_hf_to_megatron(hf: str | Path, out: str | Path, tp: int = 1, pp: int
     source = Path(hf).absolute()
     if is_model_checkpoint(source):
         raise OutputError(f"--hf {hf} is already a model checkpoint; give an HF model directory (config.json + safetensors)")
-    hf_config = _read_hf_config(source)
+    hf_config = read_hf_config(source)
     dtype = dtype or _config_dtype(hf_config)
     actor = _layout_config(source, tp, pp, check_weights=True)
     target = Path(out).absolute()
     check_output_target(target, overwrite, {"the HF model directory": source}, manifest=RECORD)
     say = report or (lambda _: None)
-    with _staged(target) as staging:
+    with staged_output(target) as staging:
         say(f"hf-to-megatron: loading {source} into {tp * pp} rank(s) (TP={tp}, PP={pp}, {dtype}) ...")
         with _conversion_group(ImportRank, _cpu_placement(tp * pp), (str(source), actor, dtype, CONVERSION_SEED), None,
                                tp * pp + 1, "hf-to-megatron: rank 0 loading") as client:  # fmt: skip
@@ -257,7 +257,7 @@ def convert_hf_to_megatron(hf: str | Path, out: str | Path, tp: int = 1, pp: int
             say("hf-to-megatron: loading the written checkpoint back to compare ...")
             checked = client.verify(str(staging))
         write_record(staging, **record, verified_parameters=checked)
-        _finish(staging, target)
+        finish_output(staging, target)
     say(f"wrote {out} from {source} (TP={tp}, PP={pp}, {dtype}); {_verified(checked)}")
     return Path(out)
 
@@ -333,11 +333,11 @@ def _write_hf_output(target: Path, placement: Any, rank_args: tuple, verify: boo
     """Staged, verified and swapped in at ``target``: the HF files of the ExportRank group's model
     with their manifest (``source``: the checkpoint and its step). The parameters verified (None
     when not verified)."""
-    with _staged(target) as staging:
+    with staged_output(target) as staging:
         checked = _export_hf(placement, rank_args, staging, verify, address, local_cpus, report)
         written = staging / "v0"
         _write_manifest(written, *source, checked)
-        _finish(written, target)
+        finish_output(written, target)
     return checked
 
 
@@ -391,7 +391,7 @@ def _layout_config(model_dir: Path, tp: int, pp: int, check_weights: bool = Fals
     return ActorConfig(parallel=parallel)
 
 
-def _read_hf_config(source: Path) -> dict[str, Any]:
+def read_hf_config(source: Path) -> dict[str, Any]:
     try:
         return json.loads((source / "config.json").read_text())
     except FileNotFoundError:
@@ -413,7 +413,7 @@ def _verified(checked: int | None) -> str:
 
 
 @contextmanager
-def _staged(target: Path) -> Iterator[Path]:
+def staged_output(target: Path) -> Iterator[Path]:
     """A staging directory next to ``target``, removed at the end whatever happened."""
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = target.parent / f".{target.name}.megarl-staging-{os.getpid()}"
@@ -424,7 +424,7 @@ def _staged(target: Path) -> Iterator[Path]:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _finish(written: Path, target: Path) -> None:
+def finish_output(written: Path, target: Path) -> None:
     _normalize_modes(written)
     _swap_in(written, target)
 

@@ -73,9 +73,9 @@ def _run(args: argparse.Namespace) -> int:
     shortcuts = {"rollout.n": args.n, "rollout.sampling.temperature": args.temperature,
                  "rollout.sampling.top_p": args.top_p, "rollout.sampling.max_new_tokens": args.max_new_tokens}  # fmt: skip
     overrides = [*args.overrides, *(f"{key}={value}" for key, value in shortcuts.items() if value is not None)]
-    out = generate(args.config, overrides, args.data, args.out, model=args.model, batch_size=args.batch_size,
-                   overwrite=args.overwrite)  # fmt: skip
-    print(f"wrote {out}")
+    generate(args.config, overrides, args.data, args.out, model=args.model, batch_size=args.batch_size,
+             overwrite=args.overwrite)  # fmt: skip
+    print(f"wrote {args.out}")
     return 0
 
 

@@ -1,4 +1,4 @@
-"""`megarl plot RUN_DIR`: reward and KL curves from metrics.jsonl to a PNG."""
+"""`megarl plot RUN_DIR`: reward, KL and entropy curves (or an SFT run's loss) from metrics.jsonl to a PNG."""
 
 from __future__ import annotations
 
@@ -11,13 +11,15 @@ CURVES = (
     ("reward", (("reward/mean", "train reward (sampled)"), ("val/reward/mean", "held-out reward (validation)"))),
     ("KL to reference", (("actor/kl", "actor/kl"), ("reward/kl", "reward/kl (in the reward)"))),
     ("entropy", (("actor/entropy", "actor/entropy"),)),
+    ("SFT loss", (("sft/loss", "train (per step)"), ("sft/val_loss", "held-out"))),
 )
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plot", help="draw reward and KL curves of a run to a PNG",
-                       description="Reads RUN_DIR/metrics.jsonl and writes the reward, KL and entropy curves.")
-    p.add_argument("run_dir", help="a run's trainer.output_dir")
+                       description="Reads RUN_DIR/metrics.jsonl and writes the reward, KL and entropy curves (the "
+                       "train and held-out loss for an SFT run's sft.output_dir).")
+    p.add_argument("run_dir", help="a run's trainer.output_dir (or sft.output_dir)")
     p.add_argument("--out", default=None, help="PNG path (default: RUN_DIR/curves.png)")
     p.set_defaults(handler=lambda args: print(plot_run(args.run_dir, args.out)) or 0)
 

@@ -360,6 +360,36 @@ class TrainerConfig(Section):
     )
 
 
+class SFTConfig(Section):
+    train_files: list[str] = Field(
+        default_factory=list,
+        description="Parquet files of `megarl sft`: prompt + response columns (sft.prompt_key, sft.response_key), or chat "
+        "conversations (sft.messages_key).",
+    )
+    val_files: list[str] = Field(default_factory=list, description="Held-out parquet files: the loss on them is logged as sft/val_loss.")
+    prompt_key: str = Field("prompt", description="Column of the prompt (text or chat messages), templated as RL prompts are (data.apply_chat_template).")
+    response_key: str = Field(
+        "response",
+        description="Column of the response text; a dotted key reads a struct column (reward_model.ground_truth trains "
+        "on an RL file's answers). The model's EOS id is appended.",
+    )
+    messages_key: str = Field(
+        "messages",
+        description="Column of whole conversations [{role, content}], used when the response column is absent: every "
+        "assistant turn is trained on, nothing else.",
+    )
+    max_length: int = Field(2048, ge=2, description="Rows longer than this many tokens (prompt + response) are dropped, and counted in a warning.")
+    batch_size: int = Field(64, ge=1, description="Sequences per optimizer step, over all data-parallel ranks (a multiple of the DP size).")
+    total_steps: int | None = Field(None, ge=1, description="Optimizer steps; None = sft.epochs passes over the training rows.")
+    epochs: int = Field(1, ge=1, description="Passes over the training rows when total_steps is None.")
+    eval_freq: int = Field(0, ge=0, description="Held-out loss every N steps (and always after the last); 0 = after the last only.")
+    output_dir: str = Field(
+        "outputs/sft",
+        description="metrics.jsonl, logs and model/: the fine-tuned model checkpoint that model.path can name to start RL "
+        "from, and that `megarl convert` exports.",
+    )
+
+
 class MegaRLConfig(Section):
     """The whole run."""
 
@@ -373,6 +403,11 @@ class MegaRLConfig(Section):
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="Advantages, losses, KL.")
     reward: RewardConfig = Field(default_factory=RewardConfig, description="Scoring.")
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="The loop, checkpoints and logging.")
+    sft: SFTConfig = Field(
+        default_factory=SFTConfig,
+        description="Supervised fine-tuning (`megarl sft`): data, steps and output; model, layout (actor.parallel, "
+        "actor.micro_batch_size) and optimizer (actor.optimizer) are the RL run's.",
+    )
 
     @property
     def reference_enabled(self) -> bool:

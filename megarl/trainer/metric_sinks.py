@@ -112,7 +112,8 @@ class MlflowSink:
 
 
 class ConsoleSink:
-    """A rich progress bar: step, reward, KL, step time; validation results printed as lines."""
+    """A rich progress bar: step, reward (or the SFT loss), KL, step time; validation results
+    printed as lines."""
 
     def __init__(self, total_steps: int, start_step: int = 0):
         from rich.progress import (
@@ -134,12 +135,14 @@ class ConsoleSink:
         failed = {label: int(metrics.get(key) or 0) for key, label in (("reward/errors", "errors"), ("reward/timeouts", "timeouts"))}
         if any(failed.values()):  # reward functions that raised / timed out: visible at a glance
             parts.append("[red]reward " + " ".join(f"{label} {n}" for label, n in failed.items() if n) + "[/]")
-        for key, label in (("actor/kl", "kl"), ("time/step_s", "s/step")):
+        for key, label in (("sft/loss", "loss"), ("actor/kl", "kl"), ("time/step_s", "s/step")):
             if key in metrics and metrics[key] is not None and not math.isnan(metrics[key]):
                 parts.append(f"{label} {metrics[key]:.3g}")
         self._progress.update(self._task, completed=step, info="  ".join(p for p in parts if p))
         if "val/reward/mean" in metrics:
             self._progress.console.print(f"step {step}: validation reward {metrics['val/reward/mean']:.3f}")
+        if metrics.get("sft/val_loss") is not None:
+            self._progress.console.print(f"step {step}: held-out loss {metrics['sft/val_loss']:.4f}")
 
     def close(self) -> None:
         self._progress.stop()

@@ -284,3 +284,21 @@ def test_gspo_ppo_kl_uses_its_clamped_sequence_log_ratio():
     cfg = AlgorithmConfig(policy_loss="gspo")
     _, _, metrics = make_policy_loss_fn(cfg, MAX_LEN)(batch, ModelOutputs(logp))
     assert reduce_metrics([metrics])["actor/ppo_kl"] == pytest.approx(-(20.0 - 0.2) / 4)
+
+
+def test_sft_loss_is_the_masked_token_mean_nll_over_the_step():
+    from megarl.algos.losses import ModelOutputs, SFTLossFn
+    from megarl.algos.metrics import MetricAccumulator
+
+    logp = torch.tensor([[-0.5, -1.0, -2.0], [-0.25, -4.0, 0.0]], requires_grad=True)  # [2, 3]
+    mask = torch.tensor([[1.0, 1.0, 0.0], [0.0, 1.0, 0.0]])  # the trained tokens
+    batch = Batch(prompt_ids=torch.zeros(2, 1, dtype=torch.long), prompt_mask=torch.ones(2, 1, dtype=torch.long),
+                  response_ids=torch.zeros(2, 3, dtype=torch.long), response_lengths=torch.tensor([3, 2]),
+                  response_mask=mask, group_id=torch.arange(2))  # fmt: skip
+    loss_sum, count, metrics = SFTLossFn()(batch, ModelOutputs(logprobs=logp))
+    assert float(loss_sum.detach()) == 0.5 + 1.0 + 4.0 and float(count) == 3.0
+    loss_sum.backward()
+    assert logp.grad.tolist() == [[-1.0, -1.0, 0.0], [0.0, -1.0, 0.0]]  # only trained tokens learn
+    acc = MetricAccumulator(torch.device("cpu"))
+    acc.add(metrics)
+    assert acc.values() == {"sft/loss": pytest.approx(5.5 / 3), "sft/tokens": 3.0}

@@ -1,0 +1,57 @@
+"""One process of the `megarl sft` group: the policy (the same PolicyWorker, layout and
+optimizer RL trains) with the supervised loss, and the fine-tuned model written as a model
+checkpoint (megarl/checkpoint/model_checkpoint.py) that RL starts from with model.path.
+
+Collective methods; the controller calls them through megarl/actors/clients.py ``SFTClient``.
+"""
+
+from __future__ import annotations
+
+from megarl.actors.megatron_runtime.offload import ModelStates
+from megarl.actors.policy import PolicyWorker
+from megarl.actors.trained_rank import TrainedRank
+from megarl.algos.losses import SFTLossFn
+from megarl.config.sections import MegaRLConfig
+from megarl.data.batch import Batch, TokenRows
+
+
+class SFTRank(TrainedRank):
+    role = "policy"
+
+    def __init__(self, cfg: MegaRLConfig, total_optimizer_steps: int) -> None:
+        self.cfg = cfg
+        self.worker = PolicyWorker(cfg.model.path, cfg.actor, cfg.model.dtype, cfg.trainer.seed,
+                                   total_optimizer_steps=total_optimizer_steps)  # fmt: skip
+        self.info = self.worker.info
+        self.loss_fn = SFTLossFn()
+
+    def layout(self) -> dict[str, int]:
+        return {"dp_size": self.info.dp_size}
+
+    def train_step(self, batch: Batch) -> dict[str, float]:
+        """One optimizer step on ``batch`` (split over the DP ranks, micro-batched); metrics equal on every rank."""
+        return self.worker.update(batch, self.loss_fn, mini_batch_size=len(batch), ppo_epochs=1, temperature=1.0,
+                                  with_entropy=False)  # fmt: skip
+
+    def compute_logprobs(self, batch: Batch) -> TokenRows | None:
+        return self.worker.compute_logprobs(batch, 1.0)
+
+    def save_model(self, weights_dir: str) -> None:
+        """The current weights as a dist-checkpoint in ``weights_dir``."""
+        from megarl.checkpoint.model_checkpoint import save_model_weights
+
+        save_model_weights(self.worker.model.core, weights_dir)
+
+    def verify_model(self, checkpoint_dir: str) -> int:
+        """Load the written model checkpoint into a fresh model; every parameter must equal the trained one."""
+        from megarl.actors.megatron_runtime.model import MegatronModel
+        from megarl.checkpoint.conversion_ranks import compare_parameters
+
+        loaded = MegatronModel.build(checkpoint_dir, self.cfg.actor, self.worker.dtype, self.cfg.trainer.seed)
+        return compare_parameters(self.worker.model.core, loaded.core, checkpoint_dir)
+
+    def profile_name(self) -> str:
+        return f"sft_rank{self.info.rank}"
+
+    def model_states(self) -> dict[str, ModelStates]:
+        return {"policy": self.worker.trainer.states}

@@ -1,0 +1,206 @@
+"""`megarl sft CONFIG [KEY=VALUE ...]`: supervised fine-tuning before RL, with the RL run's
+model, policy worker, parallel layout (actor.parallel, actor.micro_batch_size) and optimizer
+and LR schedule (actor.optimizer).
+
+The data, steps and output are the config's ``sft`` section (megarl/data/sft.py: prompt +
+response columns or chat conversations; only response / assistant tokens are trained). Every
+``sft.eval_freq`` steps and after the last, the loss on ``sft.val_files`` is logged
+(``sft/val_loss``); metrics go where the RL run's go (console, ``<sft.output_dir>/metrics.jsonl``,
+TensorBoard, W&B as trainer.loggers says).
+
+The result is ``<sft.output_dir>/model``: a model checkpoint (the format of `megarl convert
+hf-to-megatron`, recording the HF config), written beside itself, loaded back and compared bit
+for bit, then renamed into place. ``model.path=<sft.output_dir>/model`` starts RL from it (the
+reference too) with any layout, and `megarl convert megatron-to-hf` exports it. An existing
+``model`` directory is never replaced: the run is refused before it starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from megarl.commands.arguments import add_config_args
+
+log = logging.getLogger(__name__)
+MODEL_DIR = "model"
+
+
+class SFTError(ValueError):
+    """An SFT setting that cannot work (no data, a batch the layout cannot split, an existing output)."""
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "sft",
+        help="supervised fine-tuning (response / assistant tokens only) into a checkpoint RL starts from",
+        description="Trains the config's model on sft.train_files with the RL run's policy worker, layout and "
+        "optimizer; the loss covers response tokens (prompt + response rows) or assistant turns (chat "
+        "conversations) only. Writes <sft.output_dir>/model, a model checkpoint verified bit for bit: "
+        "`megarl launch CONFIG model.path=<sft.output_dir>/model` starts RL from it and `megarl convert` exports it.",
+    )
+    add_config_args(p)
+    p.add_argument("--address", default=None, help="Ray cluster to attach to: auto or host:port (default: embedded local Ray)")
+    p.set_defaults(handler=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from megarl.config.loading import load_config
+
+    cfg = load_config(args.config, args.overrides)
+    run_sft(cfg, args.address)
+    print(f"wrote {Path(cfg.sft.output_dir) / MODEL_DIR}: start RL from it with model.path={Path(cfg.sft.output_dir) / MODEL_DIR}")
+    return 0
+
+
+def run_sft(cfg: Any, address: str | None = None) -> Path:
+    """Fine-tune, then write and verify ``<sft.output_dir>/model``; returns its path."""
+    from megarl.actors.ray_groups.placement import role_placements
+    from megarl.actors.ray_groups.session import ray_session
+    from megarl.config.planner import make_plan
+
+    s = cfg.sft
+    if not s.train_files:
+        raise SFTError("sft.train_files is empty; give parquet files with prompt + response columns or chat messages")
+    plan = make_plan(cfg)
+    dp = plan.roles["policy"].dp
+    if s.batch_size % dp:
+        raise SFTError(f"sft.batch_size ({s.batch_size}) must be a multiple of the data-parallel size ({dp}); "
+                       f"try {max(dp, s.batch_size // dp * dp)}")  # fmt: skip
+    out = Path(s.output_dir).absolute()
+    target = out / MODEL_DIR
+    _check_target(target, cfg)
+    data = _load_data(cfg)
+    steps = s.total_steps or max(1, s.epochs * len(data.train) // s.batch_size)
+    placement = role_placements(cfg, plan)[0][0]
+    log.info("sft: %d training rows, %d held-out, %d steps of %d sequences (DP=%d)", len(data.train), len(data.val),
+             steps, s.batch_size, dp)  # fmt: skip
+    local_cpus = None if (address or cfg.cluster.ray_address) else len(plan.roles["policy"].gpus) + 1
+    with ray_session(address or cfg.cluster.ray_address, num_cpus=local_cpus):
+        client, group = _start_group(cfg, placement, steps, out / "logs")
+        try:
+            _train(cfg, client, data, steps, dp)
+            _write_model(cfg, client, target)
+        finally:
+            group.shutdown()
+    return target
+
+
+def _check_target(target: Path, cfg: Any) -> None:
+    from megarl.checkpoint.model_checkpoint import RECORD
+    from megarl.commands.convert import OutputError, check_output_target
+
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise SFTError(f"{target} exists (an earlier megarl sft wrote it?) and is never replaced; give another "
+                       "sft.output_dir, or move it away")  # fmt: skip
+    try:
+        check_output_target(target, False, {"the model directory of model.path": Path(cfg.model.path or "")}, manifest=RECORD)
+    except OutputError as exc:
+        raise SFTError(f"{exc} (sft.output_dir={cfg.sft.output_dir}: give another one, or move the old model away)") from None
+
+
+class _Data:
+    """The tokenized rows, with what batching needs."""
+
+    def __init__(self, train: list[Any], val: list[Any], pad_id: int) -> None:
+        self.train, self.val, self.pad_id = train, val, pad_id
+
+
+def _load_data(cfg: Any) -> _Data:
+    from transformers import AutoTokenizer
+
+    from megarl.data.prompts import PromptBuilder
+    from megarl.data.sft import read_sft_file
+    from megarl.rollout.engine import eos_token_ids
+
+    s, path = cfg.sft, str(cfg.model.path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    eos = eos_token_ids(path, tokenizer)
+    builder = PromptBuilder(tokenizer, max_prompt_length=s.max_length, apply_chat_template=cfg.data.apply_chat_template)
+
+    def read(files: list[str], field: str) -> list[Any]:
+        return [e for i, f in enumerate(files) for e in read_sft_file(
+            f, label=f"sft.{field}[{i}]", builder=builder, eos_id=eos[0], prompt_key=s.prompt_key,
+            response_key=s.response_key, messages_key=s.messages_key, max_length=s.max_length)]  # fmt: skip
+
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+    return _Data(read(s.train_files, "train_files"), read(s.val_files, "val_files"), pad)
+
+
+def _start_group(cfg: Any, placement: Any, steps: int, log_dir: Path) -> tuple[Any, Any]:
+    from megarl.actors.clients import SFTClient
+    from megarl.actors.ray_groups.worker_group import GroupOptions, WorkerGroup
+    from megarl.actors.sft_rank import SFTRank
+
+    group = WorkerGroup(SFTRank, placement, cfg, steps, group_options=GroupOptions(log_dir=log_dir))
+    return SFTClient(group), group
+
+
+def _batches(data: _Data, batch_size: int, seed: int) -> Iterator[list[Any]]:
+    """Training rows in a new seeded order each epoch, ``batch_size`` at a time, epochs running on."""
+    from megarl.data.sft import epoch_order
+
+    epoch, order = 0, epoch_order(len(data.train), 0, seed)
+    while True:
+        if len(order) < batch_size:
+            epoch += 1
+            order = order + epoch_order(len(data.train), epoch, seed)
+            continue
+        yield [data.train[i] for i in order[:batch_size]]
+        order = order[batch_size:]
+
+
+def _train(cfg: Any, client: Any, data: _Data, steps: int, dp: int) -> None:
+    from megarl.data.sft import sft_batch
+    from megarl.trainer.metric_sinks import build_logger
+
+    s = cfg.sft
+    logger = build_logger(cfg.trainer.model_copy(update={"output_dir": s.output_dir}), cfg.model_dump(mode="json"), steps)
+    try:
+        batches = _batches(data, s.batch_size, cfg.trainer.seed)
+        for step in range(1, steps + 1):
+            metrics = client.train_step(sft_batch(next(batches), data.pad_id))
+            if data.val and ((s.eval_freq and step % s.eval_freq == 0) or step == steps):
+                metrics["sft/val_loss"] = validation_loss(client, data, s.batch_size, dp)
+            logger.log(step, metrics)
+    finally:
+        logger.close()
+
+
+def validation_loss(client: Any, data: _Data, batch_size: int, dp: int) -> float:
+    """Mean NLL of the held-out rows' trained tokens (a short last chunk is padded to the DP
+    size with masked copies)."""
+    from megarl.data.sft import sft_batch
+
+    total, count = 0.0, 0.0
+    for start in range(0, len(data.val), batch_size):
+        chunk = data.val[start : start + batch_size]
+        batch = sft_batch([*chunk, *[chunk[0]] * (-len(chunk) % dp)], data.pad_id)
+        mask = batch.response_mask.clone()  # [B, R]
+        mask[len(chunk) :] = 0
+        logprobs = client.compute_logprobs(batch)  # [B, R]
+        total += float(-(logprobs * mask).sum())
+        count += float(mask.sum())
+    return total / count
+
+
+def _write_model(cfg: Any, client: Any, target: Path) -> None:
+    """The fine-tuned weights as a model checkpoint at ``target``: staged, verified, renamed."""
+    from megarl.checkpoint.model_checkpoint import WEIGHTS, write_record
+    from megarl.commands.convert import finish_output, read_hf_config, staged_output
+    from megarl.rollout.transports import copy_side_files
+
+    source = Path(cfg.model.path).absolute()
+    p = cfg.actor.parallel
+    with staged_output(target) as staging:
+        client.save_model(str(staging / WEIGHTS))
+        copy_side_files(source, staging)
+        record = dict(source=f"megarl sft of {source}", tp=p.tp, pp=p.pp, dtype=cfg.model.dtype, hf_config=read_hf_config(source))
+        write_record(staging, **record, verified_parameters=None)  # the verify load recognises it by its record
+        checked = client.verify_model(str(staging))
+        write_record(staging, **record, verified_parameters=checked)
+        finish_output(staging, target)
+    log.info("sft: verified: %d parameters loaded back from %s equal the trained ones bit for bit", checked, target)
