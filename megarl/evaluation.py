@@ -6,26 +6,29 @@ Each prompt has ``n`` scored responses. Per data source, averaged over its promp
 - ``reward/mean``: the mean score of the responses (verl's ``mean@n``);
 - ``pass@k``: the chance that at least one of ``k`` responses drawn without replacement from
   the prompt's ``n`` passes, by the unbiased estimator ``1 - C(n-c, k) / C(n, k)`` (Chen et
-  al. 2021, c = passing responses); a response passes when its score >= ``pass_threshold``
-  (or its reward function's ``acc`` value is true, when it returns one);
-- ``best@k`` / ``worst@k`` (k >= 2; at k = 1 they are the mean): the expected highest / lowest score of ``k`` responses drawn with
-  replacement (what verl's validation estimates by bootstrap; computed exactly here);
+  al. 2021, c = passing responses); a response passes when its reward function's ``acc`` is
+  true, or, for a function that returns no ``acc``, when its score >= ``pass_threshold``;
+- ``best@k`` / ``worst@k`` (k >= 2; at k = 1 they are the mean): the expected highest /
+  lowest score of ``k`` responses drawn with replacement (what verl's validation estimates by
+  bootstrap; computed exactly here);
 - ``maj@k`` (k >= 2): the score of the majority answer among ``k`` responses drawn with replacement,
   when the reward function returns a ``pred`` (its extracted answer, verl's convention): 1000
   bootstrap draws with a fixed seed, the most common ``pred`` wins (ties: the first drawn),
   and its first drawn response's score counts;
 - ``response_length/mean|min|max`` (tokens) and ``truncated_frac`` (finish reason ``length``).
 
-``all`` holds the same over every prompt. Torch-free: the CLI imports it without torch.
+``all`` holds the same over every prompt (a data source named ``all`` would share its row).
+Torch-free: the CLI imports it without torch.
 """
 
 from __future__ import annotations
 
 import math
-import random
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 ALL = "all"
 MAJORITY_DRAWS = 1000  # bootstrap draws of maj@k (verl uses 1000)
@@ -93,22 +96,23 @@ def expected_worst(scores: Sequence[float], k: int) -> float:
     return -expected_best([-s for s in scores], k)
 
 
-def majority_score(scores: Sequence[float], preds: Sequence[str], k: int, rng: random.Random) -> float:
-    """maj@k of one prompt by bootstrap (see the module docstring)."""
-    total = 0.0
-    for _ in range(MAJORITY_DRAWS):
-        picks = [rng.randrange(len(scores)) for _ in range(k)]
-        counts = Counter(preds[i] for i in picks)  # insertion order: ties go to the first drawn
-        winner = max(counts, key=counts.__getitem__)
-        total += scores[next(i for i in picks if preds[i] == winner)]
-    return total / MAJORITY_DRAWS
+def majority_score(scores: Sequence[float], preds: Sequence[str], k: int, rng: np.random.Generator) -> float:
+    """maj@k of one prompt by bootstrap (see the module docstring), vectorised over the draws."""
+    codes = np.unique(np.asarray(preds, dtype=object), return_inverse=True)[1].reshape(-1)  # [n] pred ids
+    draws = rng.integers(len(scores), size=(MAJORITY_DRAWS, k))  # [D, k] response indices
+    drawn = codes[draws]  # [D, k]
+    counts = (drawn[:, :, None] == drawn[:, None, :]).sum(-1)  # [D, k] votes of each drawn answer
+    # The winner is the most voted answer; among ties, the one drawn first, and the score counted
+    # is that of its first drawn response: the first position holding a most-voted answer.
+    first = (counts == counts.max(-1, keepdims=True)).argmax(-1)  # [D]
+    return float(np.asarray(scores, dtype=np.float64)[draws[np.arange(MAJORITY_DRAWS), first]].mean())
 
 
 def check_ks(ks: Sequence[int], n: int, where: str = "k") -> None:
     """Every k must be in 1..n (n: the fewest responses any prompt has)."""
     bad = [k for k in ks if not 1 <= k <= n]
     if bad:
-        raise EvaluationError(f"{where} {bad[0]} is not in 1..{n}: there are {n} responses per prompt; "
+        raise EvaluationError(f"{where} {bad[0]} is not in 1..{n}: the prompt with the fewest responses has {n}; "
                               f"use k <= {n}, or generate more responses (--n)")  # fmt: skip
 
 
@@ -123,31 +127,37 @@ def summarize(responses: Sequence[ScoredResponse], ks: Sequence[int] | None = No
     n = min(len(g) for g in groups.values())
     ks = default_ks(n) if ks is None else sorted(set(ks))
     check_ks(ks, n)
-    by_source: dict[str, list[list[ScoredResponse]]] = defaultdict(list)
-    for (source, _), group in groups.items():
-        by_source[source].append(group)
-        by_source[ALL].append(group)
-    return {source: _summary(prompts, ks) for source, prompts in sorted(by_source.items(), key=lambda x: x[0] != ALL)}
+    with_preds = all(r.pred is not None for r in responses)
+    # Each prompt's values once; a source's number is the mean over its prompts, ``all``'s over every prompt.
+    per_prompt = {key: _prompt_values(group, ks, with_preds, key[1]) for key, group in groups.items()}
+    by_source: dict[str, list[tuple[str, int]]] = defaultdict(list)
+    for key in groups:
+        by_source[key[0]].append(key)
+        by_source[ALL].append(key)
+    return {source: _summary([groups[k] for k in keys], [per_prompt[k] for k in keys])
+            for source, keys in sorted(by_source.items(), key=lambda x: x[0] != ALL)}  # fmt: skip
 
 
-def _summary(prompts: list[list[ScoredResponse]], ks: Sequence[int]) -> dict[str, float]:
-    flat = [r for group in prompts for r in group]
-    out: dict[str, float] = {
-        "prompts": len(prompts),
-        "responses": len(flat),
-        "reward/mean": _mean(_mean([r.score for r in g]) for g in prompts),
-    }
-    with_preds = all(r.pred is not None for r in flat)
-    rng = random.Random(MAJORITY_SEED)
+def _prompt_values(group: list[ScoredResponse], ks: Sequence[int], with_preds: bool, prompt: int) -> dict[str, float]:
+    scores = [r.score for r in group]
+    out = {"reward/mean": _mean(scores)}
     for k in ks:
-        out[f"pass@{k}"] = _mean(pass_at_k(len(g), sum(r.passed for r in g), k) for g in prompts)
+        out[f"pass@{k}"] = pass_at_k(len(group), sum(r.passed for r in group), k)
     drawn = [k for k in ks if k > 1]  # of one response, best, worst and majority are its mean score
     for k in drawn:
-        out[f"best@{k}"] = _mean(expected_best([r.score for r in g], k) for g in prompts)
+        out[f"best@{k}"] = expected_best(scores, k)
     for k in drawn:
-        out[f"worst@{k}"] = _mean(expected_worst([r.score for r in g], k) for g in prompts)
+        out[f"worst@{k}"] = expected_worst(scores, k)
+    rng = np.random.default_rng([MAJORITY_SEED, prompt])  # the same draws whatever else is evaluated
     for k in drawn if with_preds else []:
-        out[f"maj@{k}"] = _mean(majority_score([r.score for r in g], [str(r.pred) for r in g], k, rng) for g in prompts)
+        out[f"maj@{k}"] = majority_score(scores, [str(r.pred) for r in group], k, rng)
+    return out
+
+
+def _summary(prompts: list[list[ScoredResponse]], values: list[dict[str, float]]) -> dict[str, float]:
+    flat = [r for group in prompts for r in group]
+    out: dict[str, float] = {"prompts": len(prompts), "responses": len(flat)}
+    out |= {name: _mean(v[name] for v in values) for name in values[0]}
     lengths = [r.length for r in flat]
     out["response_length/mean"] = _mean(lengths)
     out["response_length/min"] = float(min(lengths))

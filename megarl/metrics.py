@@ -72,7 +72,7 @@ def _optimizer_metrics(role: Emitter, what: str) -> tuple[Metric, ...]:
 # What megarl.evaluation.summarize reports: over every validation prompt, and per data source.
 _VALIDATION: tuple[tuple[str, Reduction, str], ...] = (
     ("reward/mean", "mean", "held-out score, mean over the prompts of each prompt's mean (mean@n)"),
-    ("pass@<k>", "mean", "unbiased pass@k (score >= rollout.val.pass_threshold, or the reward's acc), mean over prompts"),
+    ("pass@<k>", "mean", "unbiased pass@k (the reward's acc where given, else score >= rollout.val.pass_threshold), mean over prompts"),
     ("best@<k>", "mean", "expected best score of k of a prompt's responses, mean over prompts"),
     ("worst@<k>", "mean", "expected worst score of k of a prompt's responses, mean over prompts"),
     ("maj@<k>", "mean", "score of the majority answer (the reward's pred) of k responses, mean over prompts"),

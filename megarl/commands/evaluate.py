@@ -37,10 +37,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--k", default=None, help="comma-separated k of pass@k, best@k and maj@k, each <= the responses "
                    "per prompt (default: 1, 2, 4, ... up to n)")  # fmt: skip
     p.add_argument("--pass-threshold", type=float, default=None,
-                   help="a response passes when its score is at least this, or its reward's 'acc' is true "
-                   "(default: rollout.val.pass_threshold of the config, 1.0)")  # fmt: skip
+                   help="a response passes when its score is at least this (default: rollout.val.pass_threshold "
+                   "of the config, 1.0); for a reward function that returns 'acc', that decides instead")  # fmt: skip
     p.add_argument("--out", default=None, help=f"JSON summary (default: DATA with {SUMMARY_SUFFIX} in place of .parquet)")
     p.add_argument("--scored", default=None, help="also write DATA's rows plus a 'scores' list column to this parquet")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace existing --out / --scored files (a summary evaluate wrote is replaced anyway)")  # fmt: skip
     p.set_defaults(handler=_run)
 
 
@@ -49,12 +51,34 @@ def _run(args: argparse.Namespace) -> int:
     if config is not None and "=" in config and not Path(config).is_file():  # only overrides were given
         config, overrides = None, [config, *overrides]
     ks = _parse_ks(args.k)
-    summary = evaluate(args.data, config, overrides, ks=ks, pass_threshold=args.pass_threshold, scored=args.scored)
     out = Path(args.out) if args.out else _default_out(Path(args.data))
+    _check_outputs(Path(args.data), out, Path(args.scored) if args.scored else None, args.overwrite)
+    summary = evaluate(args.data, config, overrides, ks=ks, pass_threshold=args.pass_threshold, scored=args.scored)
     out.write_text(json.dumps(summary, indent=2) + "\n")
     print(format_table(summary))
     print(f"wrote {out}" + (f" and {args.scored}" if args.scored else ""))
     return 0
+
+
+def _check_outputs(data: Path, summary: Path, scored: Path | None, overwrite: bool) -> None:
+    """Neither output may be the input; an existing file is replaced only when it is a summary
+    evaluate wrote (the JSON), or with --overwrite."""
+    from megarl.evaluation import EvaluationError
+
+    for flag, path in (("--out", summary), ("--scored", scored)):
+        if path is None:
+            continue
+        if path.absolute() == data.absolute():
+            raise EvaluationError(f"{flag} {path} is the --data file; give another path")
+        if path.exists() and not overwrite and not (flag == "--out" and _is_summary(path)):
+            raise EvaluationError(f"{flag} {path} exists; pass --overwrite to replace it, or give another path")
+
+
+def _is_summary(path: Path) -> bool:
+    try:
+        return "per_data_source" in json.loads(path.read_text())
+    except (OSError, ValueError, TypeError):
+        return False
 
 
 def _parse_ks(text: str | None) -> list[int] | None:

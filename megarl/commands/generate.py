@@ -6,8 +6,8 @@ N responses per prompt with the configured engine, resumable.
   directory) is first exported to HF files in ``OUT.parquet.partial/model`` through the
   `megarl convert` path (verified bit for bit), since the engines load HF directories.
 - The engine: ``rollout.engine``. torch: one engine in this process (the CPU, or the first GPU
-  with cluster.device=cuda); sglang: ``cluster.gpus_per_node / rollout.tp`` servers on this
-  node, prompts spread over them.
+  with cluster.device=cuda); sglang: one server per ``rollout.tp`` of this machine's visible
+  GPUs (CUDA_VISIBLE_DEVICES), prompts spread over them.
 - Sampling: ``rollout.sampling`` (``--temperature``, ``--top-p``, ``--max-new-tokens`` and
   ``--n`` are shortcuts; ``n`` defaults to rollout.n); the prompts are templated and truncated
   as in training (``data.*``); ``rollout.generate_function`` makes the responses.
@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from megarl.commands.arguments import add_config_args
+from megarl.trainer.watchdog import RunControl, RunStopped
 
 log = logging.getLogger(__name__)
 PARTIAL_SUFFIX = ".partial"
@@ -86,25 +87,36 @@ def generate(config: str | Path, overrides: list[str], data: str | Path, out: st
     from megarl.data.datasets import read_prompt_file
 
     cfg = load_config(config, overrides)
-    target = Path(out).absolute()
-    _check_target(target, Path(data), overwrite, batch_size)
-    records = read_prompt_file(data, label="--data", prompt_key=cfg.data.prompt_key)  # checked before any work
-    source = str(Path(model or cfg.model.path or "").absolute())
     if not model and not cfg.model.path:
         raise GenerateError("no model: set model.path in the config or give --model")
+    target = Path(out).absolute()
+    source = str(Path(model or cfg.model.path or "").absolute())
     partial = target.with_name(target.name + PARTIAL_SUFFIX)
     job = _job(cfg, Path(data), source, batch_size)
+    if target.exists() and not overwrite and _merged_before(partial, job):
+        log.info("%s was merged by an earlier run that stopped before removing %s; removing it now", target, partial)
+        shutil.rmtree(partial)
+        return target
+    _check_target(target, Path(data), overwrite, batch_size)
+    records = read_prompt_file(data, label="--data", prompt_key=cfg.data.prompt_key)  # checked before any work
+    export = _model_export(Path(source))  # refused before anything is written
+    # A training checkpoint holds no tokenizer: its run's model (the config's model.path) does.
+    tokenizer_dir = source if (Path(source) / "tokenizer_config.json").is_file() else str(cfg.model.path)
+    _check_prompts(cfg, records, tokenizer_dir)
     _open_partial(partial, job)
     parts = _parts(len(records), batch_size)
     todo = [i for i in range(len(parts)) if not _part_path(partial, i).is_file()]
-    if todo:
-        model_dir = _hf_model(Path(source), partial / MODEL_DIR)
-        try:
-            _generate_parts(cfg, model_dir, Path(data), records, parts, todo, partial)
-        except KeyboardInterrupt:
-            done = sum(1 for i in range(len(parts)) if _part_path(partial, i).is_file())
-            log.warning("stopped: %d of %d parts are in %s; run the same command to go on", done, len(parts), partial)
-            raise
+    control = RunControl()  # Ctrl-C / SIGTERM: the servers are shut down, the written parts stay
+    try:
+        with control.handlers():
+            if todo:
+                model_dir = _hf_model(Path(source), export, partial / MODEL_DIR)
+                control.reclaim()  # an export ran under Ray, which installs its own SIGTERM handler
+                _generate_parts(cfg, model_dir, Path(data), records, parts, todo, partial)
+    except KeyboardInterrupt:
+        done = sum(1 for i in range(len(parts)) if _part_path(partial, i).is_file())
+        raise RunStopped(f"stopped by {control.signal_name}: {done} of {len(parts)} parts are in {partial}; run the "
+                         "same command to go on", control.exit_code) from None  # fmt: skip
     _merge(partial, len(parts), target)
     shutil.rmtree(partial)  # ours: the parts (now in OUT) and the staged model
     return target
@@ -128,7 +140,7 @@ def _job(cfg: Any, data: Path, model: str, batch_size: int) -> dict[str, Any]:
     """What a partial generation must match to be continued."""
     s = cfg.rollout.sampling
     return {
-        "data_sha256": hashlib.sha256(data.read_bytes()).hexdigest(),
+        "data_sha256": hashlib.sha256(data.read_bytes()).hexdigest() if data.is_file() else None,  # missing: refused later
         "model": model,
         "engine": cfg.rollout.engine,
         "dtype": cfg.model.dtype,
@@ -158,6 +170,20 @@ def _open_partial(partial: Path, job: dict[str, Any]) -> None:
     record.write_text(json.dumps(job, indent=2) + "\n")
 
 
+def _merged_before(partial: Path, job: dict[str, Any]) -> bool:
+    """Whether ``partial`` holds every part of this very job (OUT was merged from it and the run
+    stopped before removing it)."""
+    import pyarrow.parquet as pq
+
+    try:
+        if json.loads((partial / JOB_FILE).read_text()) != job:
+            return False
+        rows = sum(pq.read_metadata(p).num_rows for p in partial.glob("part-*.parquet"))
+        return rows == pq.read_metadata(partial.with_name(partial.name.removesuffix(PARTIAL_SUFFIX))).num_rows
+    except (OSError, ValueError):
+        return False
+
+
 def _parts(total: int, size: int) -> list[range]:
     return [range(start, min(start + size, total)) for start in range(0, total, size)]
 
@@ -166,20 +192,48 @@ def _part_path(partial: Path, index: int) -> Path:
     return partial / f"part-{index:06d}.parquet"
 
 
-def _hf_model(source: Path, staged: Path) -> Path:
-    """An HF directory the engines load: ``source`` itself, or its export to ``staged``."""
+def _model_export(source: Path) -> Any:
+    """How ``source`` becomes an HF directory: None (it is one), or the `megarl convert` function
+    that exports it (a model checkpoint, a training checkpoint)."""
     from megarl.checkpoint.model_checkpoint import is_model_checkpoint
-    from megarl.commands.convert import EXPORT_MANIFEST, convert_checkpoint, export_model_checkpoint
+    from megarl.commands.convert import convert_checkpoint, export_model_checkpoint
 
     if is_model_checkpoint(source):
-        export = export_model_checkpoint
-    elif (source / "manifest.json").is_file():  # a training checkpoint (step_NNNNNN)
-        export = convert_checkpoint
-    elif (source / "config.json").is_file():
+        return export_model_checkpoint
+    if (source / "manifest.json").is_file():  # a training checkpoint (step_NNNNNN)
+        return convert_checkpoint
+    if (source / "config.json").is_file():
+        return None
+    raise GenerateError(f"model {source} is not an HF model directory (config.json), a model checkpoint or a "
+                        "training checkpoint (step_NNNNNN); give one with --model or model.path")  # fmt: skip
+
+
+def _check_prompts(cfg: Any, records: list[Any], tokenizer_dir: str) -> None:
+    """Every prompt must fit data.max_prompt_length unless data.truncation cuts it (generate
+    answers every row: it filters nothing), checked before any engine starts."""
+    from transformers import AutoTokenizer
+
+    if not records:
+        raise GenerateError("--data has no rows")
+    if cfg.data.truncation != "error":
+        return
+    from megarl.data.prompts import PromptBuilder
+
+    builder = PromptBuilder.from_config(cfg.data, AutoTokenizer.from_pretrained(tokenizer_dir))
+    lengths = builder.lengths([r.prompt for r in records])
+    over = [(r.row, n) for r, n in zip(records, lengths, strict=True) if n > cfg.data.max_prompt_length]
+    if over:
+        raise GenerateError(f"{len(over)} prompts of --data are longer than data.max_prompt_length "
+                            f"({cfg.data.max_prompt_length} tokens), the first row {over[0][0]} ({over[0][1]} tokens); "
+                            "raise data.max_prompt_length, or set data.truncation=left|right")  # fmt: skip
+
+
+def _hf_model(source: Path, export: Any, staged: Path) -> Path:
+    """An HF directory the engines load: ``source`` itself, or its export to ``staged``."""
+    from megarl.commands.convert import EXPORT_MANIFEST
+
+    if export is None:
         return source
-    else:
-        raise GenerateError(f"model {source} is not an HF model directory (config.json), a model checkpoint or a "
-                            "training checkpoint (step_NNNNNN); give one with --model or model.path")  # fmt: skip
     if (staged / EXPORT_MANIFEST).is_file():
         log.info("using the HF export staged in %s", staged)
         return staged
@@ -282,7 +336,7 @@ def _merge(partial: Path, count: int, target: Path) -> None:
 @contextmanager
 def open_engines(cfg: Any, model_dir: Path, log_dir: Path) -> Iterator[Any]:
     """The configured engines on this node, closed on exit: one torch engine in this process,
-    or ``cluster.gpus_per_node / rollout.tp`` SGLang servers (one on a CPU)."""
+    or one SGLang server per ``rollout.tp`` of this machine's visible GPUs (one on a CPU)."""
     if cfg.rollout.engine == "torch":
         from megarl.rollout.torch_engine import TorchEngine
 
@@ -294,13 +348,16 @@ def open_engines(cfg: Any, model_dir: Path, log_dir: Path) -> Iterator[Any]:
     from megarl.rollout_sglang.server import SGLangServer, spec_from_config
 
     tp, cuda = cfg.rollout.tp, cfg.cluster.device == "cuda"
-    count = max(1, cfg.cluster.gpus_per_node // tp) if cuda else 1
+    gpus = _visible_gpus() if cuda else []
+    if cuda and len(gpus) < tp:
+        raise GenerateError(f"rollout.tp ({tp}) needs {tp} GPUs; this machine shows {len(gpus)} (CUDA_VISIBLE_DEVICES)")
+    count = len(gpus) // tp if cuda else 1
     cluster = cfg.cluster.model_copy(update={"placement": "disaggregated"})  # nothing to hand memory over to
     log_dir.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:
         servers = []
         for k in range(count):
-            spec = spec_from_config(str(model_dir), cfg.rollout, cluster, gpu_ids=range(k * tp, (k + 1) * tp) if cuda else (),
+            spec = spec_from_config(str(model_dir), cfg.rollout, cluster, gpu_ids=gpus[k * tp : (k + 1) * tp],
                                     seed=cfg.trainer.seed, dtype=cfg.model.dtype,
                                     log_path=str(log_dir / f"sglang_engine{k}.log"))  # fmt: skip
             server = SGLangServer(spec)
@@ -310,3 +367,15 @@ def open_engines(cfg: Any, model_dir: Path, log_dir: Path) -> Iterator[Any]:
         for server in servers:
             server.wait_healthy()
         yield SGLangEngines([SGLangEngine(s, tp=tp, max_running_requests=cfg.rollout.max_running_requests) for s in servers])
+
+
+def _visible_gpus() -> list[int]:
+    """The physical ids of the GPUs this process may use (CUDA_VISIBLE_DEVICES, else all)."""
+    import os
+
+    import torch
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [int(g) for g in visible.split(",") if g.strip().isdigit()]
+    return list(range(torch.cuda.device_count()))

@@ -13,17 +13,22 @@ hf-to-megatron`, recording the HF config), written beside itself, loaded back an
 for bit, then renamed into place. ``model.path=<sft.output_dir>/model`` starts RL from it (the
 reference too) with any layout, and `megarl convert megatron-to-hf` exports it. An existing
 ``model`` directory is never replaced: the run is refused before it starts.
+
+A first Ctrl-C or SIGTERM (Slurm preemption) stops after the current step and still writes
+(and verifies) the model; a second one stops at once. SFT does not resume.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from megarl.commands.arguments import add_config_args
+from megarl.trainer.watchdog import RunControl, RunStopped
 
 log = logging.getLogger(__name__)
 MODEL_DIR = "model"
@@ -79,13 +84,20 @@ def run_sft(cfg: Any, address: str | None = None) -> Path:
     log.info("sft: %d training rows, %d held-out, %d steps of %d sequences (DP=%d)", len(data.train), len(data.val),
              steps, s.batch_size, dp)  # fmt: skip
     local_cpus = None if (address or cfg.cluster.ray_address) else len(plan.roles["policy"].gpus) + 1
-    with ray_session(address or cfg.cluster.ray_address, num_cpus=local_cpus):
+    control = RunControl()
+    with control.handlers(), ray_session(address or cfg.cluster.ray_address, num_cpus=local_cpus):
+        control.reclaim()  # ray.init installed its own SIGTERM handler
         client, group = _start_group(cfg, placement, steps, out / "logs")
         try:
-            _train(cfg, client, data, steps, dp)
+            done = _train(cfg, client, data, steps, dp, control)
+            control.cleaning = True  # the weights are written whatever comes now
             _write_model(cfg, client, target)
         finally:
             group.shutdown()
+    if done < steps:
+        raise RunStopped(f"stopped by {control.signal_name} after step {done} of {steps}; the weights so far are in "
+                         f"{target} (verified); SFT does not resume: start RL from them, or fine-tune them further "
+                         f"with model.path={target} and another sft.output_dir", control.exit_code)  # fmt: skip
     return target
 
 
@@ -153,21 +165,28 @@ def _batches(data: _Data, batch_size: int, seed: int) -> Iterator[list[Any]]:
         order = order[batch_size:]
 
 
-def _train(cfg: Any, client: Any, data: _Data, steps: int, dp: int) -> None:
+def _train(cfg: Any, client: Any, data: _Data, steps: int, dp: int, control: RunControl) -> int:
+    """The optimizer steps; a first Ctrl-C / SIGTERM ends them after the current one (the model
+    is written then). Returns the steps done."""
     from megarl.data.sft import sft_batch
     from megarl.trainer.metric_sinks import build_logger
 
     s = cfg.sft
     logger = build_logger(cfg.trainer.model_copy(update={"output_dir": s.output_dir}), cfg.model_dump(mode="json"), steps)
+    control.deferred = True
     try:
         batches = _batches(data, s.batch_size, cfg.trainer.seed)
         for step in range(1, steps + 1):
             metrics = client.train_step(sft_batch(next(batches), data.pad_id))
-            if data.val and ((s.eval_freq and step % s.eval_freq == 0) or step == steps):
+            last = step == steps or control.stop_requested
+            if data.val and ((s.eval_freq and step % s.eval_freq == 0) or last):
                 metrics["sft/val_loss"] = validation_loss(client, data, s.batch_size, dp)
             logger.log(step, metrics)
+            if last:
+                return step
     finally:
         logger.close()
+    return steps
 
 
 def validation_loss(client: Any, data: _Data, batch_size: int, dp: int) -> float:
@@ -195,12 +214,20 @@ def _write_model(cfg: Any, client: Any, target: Path) -> None:
 
     source = Path(cfg.model.path).absolute()
     p = cfg.actor.parallel
+    record = dict(source=f"megarl sft of {source}", tp=p.tp, pp=p.pp, dtype=cfg.model.dtype, hf_config=read_hf_config(source))
+    client.offload(["policy/optimizer", "policy/grads"])  # room for the second model the verify load builds
     with staged_output(target) as staging:
-        client.save_model(str(staging / WEIGHTS))
-        copy_side_files(source, staging)
-        record = dict(source=f"megarl sft of {source}", tp=p.tp, pp=p.pp, dtype=cfg.model.dtype, hf_config=read_hf_config(source))
-        write_record(staging, **record, verified_parameters=None)  # the verify load recognises it by its record
-        checked = client.verify_model(str(staging))
+        try:
+            client.save_model(str(staging / WEIGHTS))
+            copy_side_files(source, staging)
+            write_record(staging, **record, verified_parameters=None)  # the verify load recognises it by its record
+            checked = client.verify_model(str(staging))
+        except Exception as exc:  # the trained weights die with the group: keep what was written
+            kept = target.with_name(f"{target.name}.unverified")
+            kept = kept if not kept.exists() else kept.with_name(f"{kept.name}.{os.getpid()}")
+            staging.rename(kept)
+            raise SFTError(f"writing or verifying {target} failed ({type(exc).__name__}: {exc}); what was written is "
+                           f"kept in {kept} (unverified)") from exc  # fmt: skip
         write_record(staging, **record, verified_parameters=checked)
         finish_output(staging, target)
     log.info("sft: verified: %d parameters loaded back from %s equal the trained ones bit for bit", checked, target)

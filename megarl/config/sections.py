@@ -155,8 +155,8 @@ class ValSamplingConfig(Section):
     n: int = Field(1, ge=1, description="Samples per validation prompt (pass@k, best@k and maj@k are reported for k = 1, 2, 4, ..., n).")
     pass_threshold: float = Field(
         1.0,
-        description="A validation response passes (pass@k) when its score is at least this, or when its reward "
-        "function returns an 'acc' value, when that is true.",
+        description="A validation response passes (pass@k) when its score is at least this; for a reward function "
+        "that returns an 'acc' value, that decides instead.",
     )
 
 

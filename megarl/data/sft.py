@@ -52,7 +52,10 @@ def read_sft_file(path: str | Path, *, label: str, builder: PromptBuilder, eos_i
     where = file_label(label, path)
     if not Path(path).is_file():
         raise DataError(f"{where}: no such file; give a parquet file with {prompt_key} + {response_key} columns or {messages_key}")
-    table = pq.read_table(path)
+    try:
+        table = pq.read_table(path)
+    except Exception as exc:  # pyarrow raises ArrowInvalid / OSError for a file that is not parquet
+        raise DataError(f"{where}: cannot read it as parquet ({exc})") from None
     top = response_key.split(".")[0]
     if messages_key in table.column_names and top not in table.column_names:
         examples = [conversation_example(m, builder, f"{where}: row {i}", messages_key) for i, m in
@@ -107,6 +110,9 @@ def conversation_example(messages: Any, builder: PromptBuilder, where: str, mess
     if not turns:
         raise DataError(f"{where}, column {messages_key!r}: no assistant message to train on")
     tok = builder.tokenizer
+    if not getattr(tok, "chat_template", None):
+        raise DataError(f"{where}, column {messages_key!r}: conversations need the tokenizer's chat template, and "
+                        "this tokenizer has none; give prompt + response rows instead (sft.response_key)")  # fmt: skip
 
     def ids(upto: int, generation_prompt: bool) -> list[int]:
         text = tok.apply_chat_template(messages[:upto], tokenize=False, add_generation_prompt=generation_prompt)
@@ -115,11 +121,15 @@ def conversation_example(messages: Any, builder: PromptBuilder, where: str, mess
     whole = ids(len(messages), False)
     mask = [0] * len(whole)
     for i in turns:
-        start, through = len(ids(i, True)), ids(i + 1, False)
-        if whole[: len(through)] != through:
-            raise DataError(f"{where}: the chat template does not tokenize the conversation up to message {i} as a "
-                            "prefix of the whole one, so assistant turns cannot be masked exactly")  # fmt: skip
-        mask[start : len(through)] = [1] * (len(through) - start)
+        head, through = ids(i, True), ids(i + 1, False)
+        # Both prefixes must be prefixes of the whole conversation (a template that adds e.g. an
+        # empty <think> block to the generation prompt only would shift the mask), and the turn
+        # must add tokens after its header.
+        if whole[: len(through)] != through or whole[: len(head)] != head or len(head) >= len(through):
+            raise DataError(f"{where}: the chat template does not render the conversation up to message {i} "
+                            "(with and without its generation prompt) as a prefix of the whole one, so the assistant "
+                            "turn cannot be masked exactly; give prompt + response rows instead (sft.response_key)")  # fmt: skip
+        mask[len(head) : len(through)] = [1] * (len(through) - len(head))
     first, last = mask.index(1), len(mask) - mask[::-1].index(1)
     return SFTExample(whole[:first], whole[first:last], mask[first:last])
 

@@ -125,6 +125,12 @@ def test_output_and_partial_are_never_overwritten_silently(demo, tmp_path):
     assert (stray / "notes.txt").read_text() == "mine"
     with pytest.raises(GenerateError, match="is the input file"):
         generate(CONFIG, _overrides(model), data / "val.parquet", data / "val.parquet", overwrite=True)
+    # refused before anything is written: a wrong model, a prompt over data.max_prompt_length
+    with pytest.raises(GenerateError, match="is not an HF model directory"):
+        generate(CONFIG, _overrides(model), data / "val.parquet", tmp_path / "a.parquet", model=str(tmp_path / "nope"))
+    with pytest.raises(GenerateError, match="200 prompts of --data are longer than data.max_prompt_length \\(3 tokens\\), the first row 0"):
+        generate(CONFIG, _overrides(model, "data.max_prompt_length=3"), data / "val.parquet", tmp_path / "a.parquet")
+    assert not (tmp_path / "a.parquet.partial").exists()
 
 
 def test_evaluate_cli_writes_the_summary_and_scored_rows(demo, tmp_path):
@@ -142,3 +148,7 @@ def test_evaluate_cli_writes_the_summary_and_scored_rows(demo, tmp_path):
     assert summary["per_data_source"]["all"]["reward/mean"] == pytest.approx(mean)
     too_many = _cli(["evaluate", "--data", str(out), "--k", "4"], env, tmp_path)
     assert too_many.returncode == 2 and "k 4 is not in 1..2" in too_many.stderr
+    onto_data = _cli(["evaluate", "--data", str(out), "--out", str(out)], env, tmp_path)
+    assert onto_data.returncode == 2 and "is the --data file" in onto_data.stderr and pq.read_table(out).num_rows == 200
+    again = _cli(["evaluate", "--data", str(out), "--scored", str(tmp_path / "scored.parquet")], env, tmp_path)
+    assert again.returncode == 2 and "--scored" in again.stderr and "exists; pass --overwrite" in again.stderr

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 from run_helpers import ROOT, read_jsonl, train
 
+from megarl.commands.convert import export_model_checkpoint
 from megarl.commands.demo import prepare_demo
 from megarl.commands.evaluate import evaluate
 from megarl.commands.generate import generate
@@ -15,6 +16,32 @@ from megarl.commands.sft import SFTError, run_sft
 from megarl.config.loading import load_config
 
 CONFIG = ROOT / "configs" / "tiny_grpo.yaml"
+
+
+def _hf_nll(model_dir, val_file) -> float:
+    """Mean NLL of the trained tokens of ``val_file`` under the HF model (an independent forward)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from megarl.data.prompts import PromptBuilder
+    from megarl.data.sft import read_sft_file
+    from megarl.rollout.engine import eos_token_ids
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    examples = read_sft_file(val_file, label="val", builder=PromptBuilder(tok, max_prompt_length=64),
+                             eos_id=eos_token_ids(model_dir, tok)[0], response_key="reward_model.ground_truth")  # fmt: skip
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for e in examples:
+            ids = torch.tensor([e.prompt_ids + e.response_ids])  # [1, T]
+            logp = torch.log_softmax(model(ids).logits[0, :-1].float(), -1)  # [T-1, V]
+            targets = ids[0, 1:]
+            token_logp = logp[torch.arange(len(targets)), targets][len(e.prompt_ids) - 1 :]  # the response tokens
+            mask = torch.tensor(e.loss_mask, dtype=torch.float32)
+            total -= float((token_logp * mask).sum())
+            count += int(mask.sum())
+    return total / count
 
 
 def test_sft_then_rl_generate_and_evaluate(tmp_path):
@@ -31,6 +58,10 @@ def test_sft_then_rl_generate_and_evaluate(tmp_path):
 
     with pytest.raises(SFTError, match="exists"):  # a second run never replaces the model
         run_sft(load_config(CONFIG, sft))
+
+    # `megarl convert` exports it; transformers' NLL of the held-out answers equals sft/val_loss
+    hf = export_model_checkpoint(checkpoint, tmp_path / "hf")
+    assert records[-1]["sft/val_loss"] == pytest.approx(_hf_nll(hf, data / "val.parquet"), rel=1e-4)
 
     # RL starts from the checkpoint (policy and reference): the held-out greedy reward before step 1
     _, _, rl = train(tmp_path / "demo", tmp_path / "rl", 1, f"model.path={checkpoint}", "trainer.eval_before_train=true")

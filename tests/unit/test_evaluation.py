@@ -96,7 +96,7 @@ def test_acc_decides_passing_where_a_reward_gives_it():
 
 def test_k_beyond_the_responses_per_prompt_is_refused():
     rows = scored_responses(["d"] * 4, [0, 0, 1, 1], [1.0] * 4, [1] * 4, ["stop"] * 4, pass_threshold=1.0)
-    with pytest.raises(EvaluationError, match=r"k 4 is not in 1..2: there are 2 responses per prompt; use k <= 2"):
+    with pytest.raises(EvaluationError, match=r"k 4 is not in 1..2: the prompt with the fewest responses has 2; use k <= 2"):
         summarize(rows, ks=[1, 4])
     assert default_ks(1) == [1] and default_ks(8) == [1, 2, 4, 8] and default_ks(6) == [1, 2, 4, 6]
     with pytest.raises(EvaluationError, match="no responses"):

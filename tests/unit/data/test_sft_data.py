@@ -77,3 +77,15 @@ def test_batch_layout_and_seeded_epochs(byte_tokenizer):
     assert torch.equal(batch.group_id, torch.arange(2))
     assert sorted(epoch_order(10, 0, 1)) == list(range(10)) and epoch_order(10, 0, 1) != epoch_order(10, 1, 1)
     assert epoch_order(10, 3, 7) == epoch_order(10, 3, 7)
+
+
+def test_a_template_whose_generation_prompt_is_not_a_prefix_is_refused():
+    from megarl.models.tiny import build_tokenizer
+
+    # Qwen3-style: the generation prompt opens an empty think block the rendered turn lacks.
+    tok = build_tokenizer()  # a fresh one: the template is changed below
+    tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                         "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n\n</think>\n\n{% endif %}")  # fmt: skip
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there, a long answer here"}]
+    with pytest.raises(DataError, match="cannot be masked exactly"):
+        conversation_example(chat, PromptBuilder(tok, max_prompt_length=512), "row 0")
