@@ -71,3 +71,22 @@ def test_sft_then_rl_generate_and_evaluate(tmp_path):
     out = generate(CONFIG, greedy, data / "val.parquet", tmp_path / "gen.parquet")  # exports the checkpoint to HF first
     summary = evaluate(out, CONFIG, greedy)["per_data_source"]["all"]
     assert summary["pass@1"] >= 0.5
+
+
+def test_sft_at_tp2_dp2_with_an_odd_held_out_set(tmp_path):
+    # TP=2 x DP=2 (4 processes); 33 held-out rows: the last chunk is padded to the DP size with
+    # masked copies, which must not change the loss transformers computes on the 33 rows.
+    import pyarrow.parquet as pq
+
+    from megarl.checkpoint.model_checkpoint import read_record
+
+    model, data = prepare_demo(tmp_path / "demo")
+    pq.write_table(pq.read_table(data / "val.parquet").slice(0, 33), tmp_path / "val33.parquet")
+    sft = [f"model.path={model}", f"sft.train_files=[{data / 'train.parquet'}]", f"sft.val_files=[{tmp_path / 'val33.parquet'}]",
+           f"sft.output_dir={tmp_path / 'sft'}", "sft.total_steps=3", "actor.parallel.tp=2", "cluster.gpus_per_node=4",
+           "trainer.loggers=[jsonl]"]  # fmt: skip
+    checkpoint = run_sft(load_config(CONFIG, sft))
+    assert read_record(checkpoint)["tp"] == 2
+    last = read_jsonl(tmp_path / "sft" / "metrics.jsonl")[-1]
+    hf = export_model_checkpoint(checkpoint, tmp_path / "hf", tp=1, pp=1)
+    assert last["sft/val_loss"] == pytest.approx(_hf_nll(hf, tmp_path / "val33.parquet"), rel=1e-4)
