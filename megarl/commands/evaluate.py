@@ -65,6 +65,8 @@ def _check_outputs(data: Path, summary: Path, scored: Path | None, overwrite: bo
     evaluate wrote (the JSON), or with --overwrite."""
     from megarl.evaluation import EvaluationError
 
+    if scored is not None and scored.absolute() == summary.absolute():
+        raise EvaluationError(f"--scored {scored} is also the --out summary; give two different paths")
     for flag, path in (("--out", summary), ("--scored", scored)):
         if path is None:
             continue
@@ -101,7 +103,7 @@ def evaluate(data: str | Path, config: str | Path | None = None, overrides: list
     """Score ``data`` and summarise it (the JSON ``megarl evaluate`` writes)."""
     from megarl.config.loading import load_config, load_section
     from megarl.data.generated import read_generated
-    from megarl.evaluation import scored_responses, summarize
+    from megarl.evaluation import EvaluationError, scored_responses, summarize
 
     if config is not None:
         cfg = load_config(config, overrides)
@@ -111,7 +113,10 @@ def evaluate(data: str | Path, config: str | Path | None = None, overrides: list
     pass_threshold = threshold if pass_threshold is None else pass_threshold
     rows = read_generated(data, prompt_key=prompt_key)
     flat = [(r, j) for r, answers in enumerate(rows.responses) for j in range(len(answers))]
-    result = _score(reward, rows, flat)
+    try:
+        result = _score(reward, rows, flat)
+    except ValueError as exc:  # reward.custom that does not load, a data_source without a scorer
+        raise EvaluationError(str(exc)) from exc
     lengths = [rows.lengths[r][j] for r, j in flat] if rows.lengths is not None else [-1] * len(flat)
     reasons = [rows.finish_reasons[r][j] for r, j in flat] if rows.finish_reasons is not None else [""] * len(flat)
     responses = scored_responses([rows.records[r].data_source for r, _ in flat], [r for r, _ in flat], result.scores,

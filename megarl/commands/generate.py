@@ -95,7 +95,7 @@ def generate(config: str | Path, overrides: list[str], data: str | Path, out: st
     job = _job(cfg, Path(data), source, batch_size)
     if target.exists() and not overwrite and _merged_before(partial, job):
         log.info("%s was merged by an earlier run that stopped before removing %s; removing it now", target, partial)
-        shutil.rmtree(partial)
+        _remove_partial(partial)
         return target
     _check_target(target, Path(data), overwrite, batch_size)
     records = read_prompt_file(data, label="--data", prompt_key=cfg.data.prompt_key)  # checked before any work
@@ -118,7 +118,7 @@ def generate(config: str | Path, overrides: list[str], data: str | Path, out: st
         raise RunStopped(f"stopped by {control.signal_name}: {done} of {len(parts)} parts are in {partial}; run the "
                          "same command to go on", control.exit_code) from None  # fmt: skip
     _merge(partial, len(parts), target)
-    shutil.rmtree(partial)  # ours: the parts (now in OUT) and the staged model
+    _remove_partial(partial)
     return target
 
 
@@ -168,6 +168,19 @@ def _open_partial(partial: Path, job: dict[str, Any]) -> None:
         return
     partial.mkdir()
     record.write_text(json.dumps(job, indent=2) + "\n")
+
+
+def _remove_partial(partial: Path) -> None:
+    """What generate wrote in ``partial`` (the parts, now in OUT, the job record, the staged
+    model and the server logs); the directory itself only if nothing else is left in it."""
+    for path in [*partial.glob("part-*.parquet*"), partial / JOB_FILE]:
+        path.unlink(missing_ok=True)
+    for folder in (partial / MODEL_DIR, partial / "logs"):
+        shutil.rmtree(folder, ignore_errors=True)
+    if not any(partial.iterdir()):
+        partial.rmdir()
+    else:
+        log.warning("%s holds files generate did not write; left in place", partial)
 
 
 def _merged_before(partial: Path, job: dict[str, Any]) -> bool:

@@ -90,10 +90,11 @@ def test_a_crashed_generation_resumes_to_the_uninterrupted_result(demo, tmp_path
     changed = _cli([*args, "--temperature", "0.5"], env, tmp_path)  # other settings: refused, nothing removed
     assert changed.returncode == 2 and "sampling differ" in changed.stderr and partial.is_dir()
 
+    (partial / "notes.txt").write_text("mine")  # not generate's: it stays
     resumed = _cli(args, env, tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert "continuing the generation" in resumed.stderr and (tmp_path / "calls").read_text() == str(3 + 2)
-    assert not partial.exists()
+    assert [p.name for p in partial.iterdir()] == ["notes.txt"]
     whole = generate(CONFIG, _overrides(model, "rollout.n=2"), data / "val.parquet", tmp_path / "whole.parquet", batch_size=50)
     assert pq.read_table(tmp_path / "gen.parquet").equals(pq.read_table(whole))  # seeded per part: the same samples
 
@@ -152,3 +153,9 @@ def test_evaluate_cli_writes_the_summary_and_scored_rows(demo, tmp_path):
     assert onto_data.returncode == 2 and "is the --data file" in onto_data.stderr and pq.read_table(out).num_rows == 200
     again = _cli(["evaluate", "--data", str(out), "--scored", str(tmp_path / "scored.parquet")], env, tmp_path)
     assert again.returncode == 2 and "--scored" in again.stderr and "exists; pass --overwrite" in again.stderr
+    same = _cli(["evaluate", "--data", str(out), "--out", "s.json", "--scored", "s.json"], env, tmp_path)
+    assert same.returncode == 2 and "also the --out summary" in same.stderr
+    (tmp_path / "bad_reward.py").write_text("def score(:\n")
+    bad = _cli(["evaluate", "--data", str(out), f"reward.custom.path={tmp_path / 'bad_reward.py'}", "reward.custom.name=score",
+                "--out", "b.json"], env, tmp_path)  # fmt: skip
+    assert bad.returncode == 2 and bad.stderr.startswith("error: ") and "SyntaxError" in bad.stderr and "Traceback" not in bad.stderr
