@@ -233,11 +233,11 @@ def _check_prompts(cfg: Any, records: list[Any], tokenizer_dir: str) -> None:
     from megarl.data.prompts import PromptBuilder
 
     builder = PromptBuilder.from_config(cfg.data, AutoTokenizer.from_pretrained(tokenizer_dir))
-    lengths = builder.lengths([r.prompt for r in records])
-    over = [(r.row, n) for r, n in zip(records, lengths, strict=True) if n > cfg.data.max_prompt_length]
+    too_long = builder.overlong([r.prompt for r in records])
+    over = [r.row for r, drop in zip(records, too_long, strict=True) if drop]
     if over:
         raise GenerateError(f"{len(over)} prompts of --data are longer than data.max_prompt_length "
-                            f"({cfg.data.max_prompt_length} tokens), the first row {over[0][0]} ({over[0][1]} tokens); "
+                            f"({cfg.data.max_prompt_length} tokens), the first row {over[0]}; "
                             "raise data.max_prompt_length, or set data.truncation=left|right")  # fmt: skip
 
 
