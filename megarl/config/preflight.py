@@ -20,10 +20,11 @@ the fix, so all of them are reported at once, in seconds, before Ray or any work
 - trainer.output_dir writable; trainer.resume meaningful for what output_dir holds
   (megarl.checkpoint.manager.plan_resume: no destroyed evidence, no two runs in one place).
 
-User code and Megatron never run in the driver process: the reward import, the import-path
-functions and the bridge check run in one child process, started first, in parallel with the
-rest (the bridge check imports torch, a few seconds; it is waited for only when everything
-else passed).
+User code never runs in the driver process: the reward import and the import-path functions
+run in one child process, started first, in parallel with the rest. The bridge check runs in the
+driver, last and only when everything else passed: it imports torch and transformers (a few
+seconds), which the driver of a launch imports anyway for the tokenizer and the controller, so
+checking here costs the run nothing (it imports no Megatron module).
 Nothing is created or changed on disk.
 """
 
@@ -74,8 +75,8 @@ def preflight(cfg: MegaRLConfig) -> list[Finding]:
         findings += child.results("reward")
         for field, _ in child.spec["extensions"]:
             findings += child.results(field)
-        if not any(f.level == "error" for f in findings):  # the slow one, worth waiting for only now
-            findings += child.results("model")
+        if not any(f.level == "error" for f in findings):  # the slow one, worth running only now
+            findings += _check_bridge(cfg)
     finally:
         child.stop()
     return findings
@@ -247,6 +248,32 @@ def _check_model_dir(cfg: MegaRLConfig, findings: list[Finding]) -> bool:
     return ok
 
 
+def _check_bridge(cfg: MegaRLConfig) -> list[Finding]:
+    """model.path's config.json accepted by its bridge (values, both parallel layouts) and, for an
+    HF directory, its weights' tensor names and shapes (a model checkpoint: _check_model_dir)."""
+    from megarl.checkpoint.model_checkpoint import is_model_checkpoint
+    from megarl.models.mcore_version import require_megatron_core
+
+    layouts = [cfg.actor.parallel] + ([cfg.critic.parallel] if cfg.critic_enabled else [])
+    try:
+        require_megatron_core()  # the installed version only: nothing of Megatron is imported
+        from transformers import AutoConfig
+
+        from megarl.models.bridge import get_bridge
+
+        hf = AutoConfig.from_pretrained(cfg.model.path)
+        bridge = get_bridge(hf)
+        bridge.check_hf_config(hf)
+        for layout in layouts:
+            bridge.check_parallel(hf, layout)
+        if not is_model_checkpoint(cfg.model.path):
+            bridge.check_hf_checkpoint(hf, cfg.model.path)
+    except Exception as exc:  # noqa: BLE001 - any refusal (ValueError, OSError, ...) is this field's finding
+        reason = " ".join(str(exc).split())  # one line, whatever transformers or safetensors wrote
+        return [Finding("model.path", f"({cfg.model.path}) is not a model megarl can train: {type(exc).__name__}: {reason}")]
+    return []
+
+
 def _check_rewards(cfg: MegaRLConfig, samples: list[_Sample], findings: list[Finding]) -> None:
     from megarl.rewards import registry
 
@@ -277,7 +304,7 @@ def _check_rewards(cfg: MegaRLConfig, samples: list[_Sample], findings: list[Fin
                 findings.append(Finding(sample.label, f"row {record.row}: {exc}"))
 
 
-# The child process: the user's reward module and the bridges (Megatron) never load in the driver.
+# The child process: the user's reward module and functions never load in the driver.
 _CHILD_CODE = r"""
 import json, sys, traceback
 spec = json.loads(sys.argv[1])
@@ -305,54 +332,31 @@ for field, name in spec.get("extensions", []):
         emit(field, import_problem(field, name))
     except BaseException as exc:
         emit(field, f"{type(exc).__name__}: {exc}")
-if spec.get("model"):
-    try:
-        from megarl.models.mcore_version import require_megatron_core
-        require_megatron_core()
-        from transformers import AutoConfig
-        from megarl.models.bridge import get_bridge
-        hf = AutoConfig.from_pretrained(spec["model"])
-        bridge = get_bridge(hf)
-        bridge.check_hf_config(hf)
-        from types import SimpleNamespace
-        for layout in spec["layouts"]:
-            bridge.check_parallel(hf, SimpleNamespace(**layout))
-        from megarl.checkpoint.model_checkpoint import is_model_checkpoint
-        if not is_model_checkpoint(spec["model"]):  # a model checkpoint is checked in the parent
-            bridge.check_hf_checkpoint(hf, spec["model"])
-        emit("model", None)
-    except BaseException as exc:
-        emit("model", f"{type(exc).__name__}: {exc}")
 """
 
 
 class _ChildChecks:
-    """reward.custom's import, the import-path functions and the bridge check, in one child
-    process started at once."""
+    """reward.custom's import and the import-path functions, in one child process started at once."""
 
     def __init__(self, cfg: MegaRLConfig):
         custom = cfg.reward.custom
-        model = cfg.model.path if cfg.model.path and (Path(cfg.model.path) / "config.json").is_file() else None
-        layouts = [cfg.actor.parallel.model_dump()] + ([cfg.critic.parallel.model_dump()] if cfg.critic_enabled else [])
         self.spec = {
             "reward": [os.path.abspath(custom.path), custom.name] if custom and Path(custom.path).is_file() else None,
             "custom_module": str(Path(__file__).resolve().parents[1] / "rewards" / "custom.py"),
-            "model": model,
-            "layouts": layouts,
             "extensions": named_functions(cfg),
         }
         self.cfg = cfg
         self.got: dict[str, str | None] = {}
         self._buffer = b""
         self.proc: subprocess.Popen | None = None
-        if self.spec["reward"] or self.spec["model"] or self.spec["extensions"]:
+        if self.spec["reward"] or self.spec["extensions"]:
             env = {**os.environ, "PYTHONWARNINGS": "ignore", "TRANSFORMERS_VERBOSITY": "error"}
             self.proc = subprocess.Popen([sys.executable, "-c", _CHILD_CODE, json.dumps(self.spec)], stdout=subprocess.PIPE,
                                          stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, env=env)
 
     def results(self, check: str) -> list[Finding]:
-        """The child's finding for ``check`` (reward | model | an import-path field), waiting for it if needed."""
-        if check in ("reward", "model") and not self.spec[check]:
+        """The child's finding for ``check`` (reward | an import-path field), waiting for it if needed."""
+        if check == "reward" and not self.spec["reward"]:
             return []
         if check not in self.got:
             self.got.update(self._read({check}))
@@ -387,8 +391,6 @@ class _ChildChecks:
             assert custom is not None
             return Finding("reward.custom", f"loading {custom.name!r} from {custom.path} failed: {error}; fix the file "
                            "(or install what it imports) and check reward.custom.name")
-        if check == "model":
-            return Finding("model.path", f"({self.cfg.model.path}) is not a model megarl can train: {error}")
         return Finding(check, error)  # an import-path function: the registry's message names it and the fix
 
     def stop(self) -> None:

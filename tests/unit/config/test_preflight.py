@@ -184,3 +184,42 @@ def test_a_tokenizer_without_chat_template(demo, tmp_path):
     (model / "chat_template.jinja").unlink()
     msg = refusal(config(demo, tmp_path / "run", f"model.path={model}"))
     assert "data.apply_chat_template: is true but the tokenizer of model.path" in msg and "apply_chat_template=false" in msg
+
+
+def test_a_model_its_bridge_refuses(demo, tmp_path):
+    """config.json whose MLP width differs from the weights': refused before Ray, on one line naming
+    model.path and a tensor; a config transformers itself rejects: one line too."""
+    import json
+    import shutil
+
+    model = shutil.copytree(demo[0], tmp_path / "model")
+    hf = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**hf, "intermediate_size": hf["intermediate_size"] + 8}))
+    msg = refusal(config(demo, tmp_path / "run", f"model.path={model}"))
+    assert f"model.path: ({model}) is not a model megarl can train" in msg
+    assert "mlp" in msg and len(msg.splitlines()) == 2  # "the plan is refused:" and one finding
+
+    (model / "config.json").write_text(json.dumps({**hf, "num_hidden_layers": hf["num_hidden_layers"] + 1}))
+    msg = refusal(config(demo, tmp_path / "run", f"model.path={model}"))
+    assert "layer_types" in msg and len(msg.splitlines()) == 2
+
+
+def test_the_driver_imports_no_megatron_and_no_user_code(demo, tmp_path):
+    """The bridge check runs in the driver without importing Megatron; the user's reward module
+    is imported only by the child process."""
+    import subprocess
+    import sys
+
+    (tmp_path / "rewards.py").write_text("def score(**kwargs):\n    return 0.0\n")
+    code = ("import sys\nfrom megarl.config.loading import load_config\nfrom megarl.config.preflight import preflight\n"
+            f"cfg = load_config({str(TINY)!r}, {list(config_args(demo, tmp_path))!r})\n"
+            "assert preflight(cfg) == [], preflight(cfg)\n"
+            "print(sorted(m for m in sys.modules if m.startswith('megatron') or 'rewards' in m and 'megarl' not in m))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True).stdout
+    assert out.strip() == "[]", out
+
+
+def config_args(demo, tmp_path: Path) -> list[str]:
+    model, data = demo
+    return [f"model.path={model}", f"data.train_files=[{data / 'train.parquet'}]", f"data.val_files=[{data / 'val.parquet'}]",
+            f"trainer.output_dir={tmp_path / 'run'}", f"reward.custom.path={tmp_path / 'rewards.py'}", "reward.custom.name=score"]
