@@ -36,6 +36,7 @@ from megarl.actors.megatron_runtime.training import TrainableModel, TrainedWorke
 from megarl.algos.losses import LossFn, ModelOutputs
 from megarl.config.sections import ActorConfig
 from megarl.data.batch import Batch, TokenRows
+from megarl.models.fingerprint import ExportCheck
 
 
 class PolicyWorker(TrainedWorker):
@@ -57,6 +58,8 @@ class PolicyWorker(TrainedWorker):
         self.dtype = dtype if isinstance(dtype, torch.dtype) else dtype_of(dtype)
         self.model = MegatronModel.build(str(model_path), actor_cfg, self.dtype, seed)
         self.trainer = TrainableModel(self.model, actor_cfg, self.dtype, total_optimizer_steps, role="actor")
+        # Each push's export against the parameters (the weight stream observes, push_weights judges).
+        self.export_check = ExportCheck(self.model.bridge, self.model.core)
 
     @property
     def info(self):

@@ -84,7 +84,10 @@ class PolicyRank(TrainedRank):
         self.transport.connect(endpoints)
 
     def push_weights(self, version: int) -> dict[str, float]:
-        return self.transport.push(version)
+        """Push, then check what was exported against the parameters (every rank raises, or none)."""
+        metrics = self.transport.push(version)
+        self.policy.export_check.verdict(version)
+        return metrics
 
     def parameter_checksum(self) -> float:
         """Sum of |p| over the whole policy (for exact-resume checks): this replica's TP and PP

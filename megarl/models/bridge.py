@@ -120,7 +120,7 @@ class ModelBridge:
     def local_rules(self, model: torch.nn.Module) -> list[tuple[ParamRule, torch.nn.Parameter]]:
         """(rule, parameter) for every parameter of this rank's model, in module order."""
         gpt = unwrap_model(model)
-        hf_config = _hf_config_of(gpt)
+        hf_config = hf_config_of(gpt)
         out = []
         for name, param in gpt.named_parameters():
             try:
@@ -139,7 +139,7 @@ class ModelBridge:
         ``progress(done, total)`` is called after each parameter.
         """
         gpt = unwrap_model(model)
-        hf_config = _hf_config_of(gpt)
+        hf_config = hf_config_of(gpt)
         reader = SafetensorsReader(hf_path)
         self.check_hf_checkpoint(hf_config, reader, value_head=has_value_head(gpt))
         info = self.shard_info(hf_config, gpt)
@@ -201,7 +201,7 @@ class ModelBridge:
 
         enable_cpu_compat()  # this thread may not be the one that called init_parallel
         gpt = unwrap_model(model)
-        hf_config = _hf_config_of(gpt)
+        hf_config = hf_config_of(gpt)
         info = self.shard_info(hf_config, gpt)
         mine = [(r, p) for r, p in self.local_rules(gpt) if r.export]
         pp_size, pp_rank = ps.get_pipeline_model_parallel_world_size(), ps.get_pipeline_model_parallel_rank()
@@ -265,7 +265,7 @@ def _check_all_exported(seen: set[str], expected: set[str]) -> None:
         )
 
 
-def _hf_config_of(gpt: torch.nn.Module) -> Any:
+def hf_config_of(gpt: torch.nn.Module) -> Any:
     cfg = getattr(gpt, HF_CONFIG_ATTR, None)
     if cfg is None:
         raise ValueError("this GPTModel was not built by a megarl ModelBridge (build_model); cannot map its weights")

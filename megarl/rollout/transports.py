@@ -29,6 +29,7 @@ import re
 import shutil
 import time
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -176,7 +177,7 @@ def build_transport(name: str, policy: Any, *, bucket_mb: float, local_engine: A
     the torch engine of this rank (replica leaders), else None.
     """
     info = policy.info
-    stream = WeightStream(policy.export_weights, bucket_mb)
+    stream = WeightStream(policy.export_weights, bucket_mb, observe=partial(policy.export_check.observe, gather_pp=True))
     own = [local_engine] if local_engine is not None else []
     if name == "in_process":
         return InProcessTransport(stream, own)
@@ -213,7 +214,8 @@ def _distributed(policy: Any, bucket_mb: float) -> WeightTransport:
     from megarl.rollout_sglang.transports import SGLangDistributedTransport, StageRole
 
     info = policy.info
-    stream = WeightStream(lambda: policy.export_weights(gather_pp=False), bucket_mb)
+    stream = WeightStream(lambda: policy.export_weights(gather_pp=False), bucket_mb,
+                          observe=partial(policy.export_check.observe, gather_pp=False))
     sender = info.tp_rank == 0 and info.dp_rank == 0
     role = StageRole(pp_size=info.pp_size, stages=(info.pp_rank,), sender_stages=(info.pp_rank,) if sender else (),
                      coordinator=info.rank == 0)  # fmt: skip

@@ -7,13 +7,15 @@ them into :class:`~megarl.rollout.engine.WeightBucket` s of ``bucket_mb`` MiB; a
 (megarl/rollout/transports.py, megarl/rollout_sglang/transports.py) sends each bucket its way.
 
 Every policy rank iterates the stream (the export is collective); ranks that send nothing
-drop the buckets. Memory bound: at most one bucket being filled plus the one tensor that did
+drop the buckets. With ``observe``, each tensor's fingerprint is taken as it passes, for the
+check of the export against the policy's parameters (megarl/models/fingerprint.py). Memory bound: at most one bucket being filled plus the one tensor that did
 not fit is held at once (consumers must not keep buckets after sending them).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import torch
 
@@ -35,10 +37,12 @@ class WeightStream:
     ``peak_bytes`` (after a push) is the most exported bytes the stream held at once.
     """
 
-    def __init__(self, export_fn: ExportFn, bucket_mb: float) -> None:
+    def __init__(self, export_fn: ExportFn, bucket_mb: float, observe: Callable[[], Any] | None = None) -> None:
         if bucket_mb <= 0:
             raise ValueError(f"rollout.weight_sync.bucket_mb ({bucket_mb}) must be > 0")
         self.export_fn = export_fn
+        # observe() -> an Observation (megarl/models/fingerprint.py) of each push's tensors, or None
+        self.observe = observe
         self.bucket_bytes = int(bucket_mb * MIB)
         self.peak_bytes = 0
         self.pushed_bytes = self.pushed_buckets = 0  # of the last push, for its metrics
@@ -48,7 +52,10 @@ class WeightStream:
         self.peak_bytes = self.pushed_bytes = self.pushed_buckets = 0
         pending: list[tuple[str, torch.Tensor]] = []
         pending_bytes = 0
+        seen = self.observe() if self.observe is not None else None
         for name, tensor in self.export_fn():
+            if seen is not None:
+                seen.add(name, tensor)
             size = tensor_bytes(tensor)
             self.peak_bytes = max(self.peak_bytes, pending_bytes + size)
             if pending and pending_bytes + size > self.bucket_bytes:
@@ -60,6 +67,8 @@ class WeightStream:
             del tensor
         if not pending:
             raise RuntimeError("the weight export yielded no tensors; is export_fn the policy's exporter?")
+        if seen is not None:
+            seen.finish()  # before the last bucket goes: a consumer may stop right after it
         yield self._counted(WeightBucket(pending, version, last=True))
 
     def _counted(self, bucket: WeightBucket) -> WeightBucket:

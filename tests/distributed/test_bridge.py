@@ -5,7 +5,9 @@ embeddings, q/k norm), Llama (llama3 rope scaling with non-default constants), L
 rope scaling and no GQA, Qwen3 with head_dim 32 != hidden / heads:
 - Megatron logits == HF logits (max abs diff <= 1e-4) on a left-padded batch of mixed lengths,
   padded positions excluded, padded vocab columns dropped;
-- export(import(hf)) == the HF safetensors, bit for bit, every tensor exactly once, on every rank.
+- export(import(hf)) == the HF safetensors, bit for bit, every tensor exactly once, on every rank;
+  the weight fingerprint computed from the shards (megarl/models/fingerprint.py) equals the
+  file's, and tells apart the file with one tensor scaled by 1.01.
 The TP=2 launch also checks the critic's value head and SdpaAttention against Megatron's own
 unfused DotProductAttention; the PP=2 launch runs the forward through the 1F1B schedule.
 A bf16 PP=2 launch checks that every tensor is bf16 (norms included), the export equals the
@@ -112,7 +114,26 @@ def _export_check(bridge, model, path: str) -> dict:
     return {
         "names_equal": set(got) == set(expected),
         "unequal": sorted(n for n in expected if n in got and not torch.equal(got[n], expected[n])),
+        "fingerprint": _fingerprint_check(bridge, model, expected),
     }
+
+
+def _fingerprint_check(bridge, model, file_tensors: dict[str, torch.Tensor]) -> dict:
+    """The fingerprint computed from this rank's shards (TP-summed, PP-collected) against the
+    HF file's tensors; and the file with one tensor scaled by 1.01 must be told apart."""
+    from megarl.models.fingerprint import Observation, expected_fingerprint
+
+    expected = expected_fingerprint(bridge, model)
+
+    def mismatches(tensors: dict[str, torch.Tensor]) -> list[str]:
+        seen = Observation(expected, [])
+        for name, t in tensors.items():
+            seen.add(name, t)
+        return seen.mismatches()
+
+    name = "model.layers.0.mlp.down_proj.weight"
+    scaled = mismatches({**file_tensors, name: file_tensors[name] * 1.01})
+    return {"file": mismatches(file_tensors), "scaled": [m.split(":")[0] for m in scaled]}
 
 
 def _tp_logits(model, ids, valid) -> torch.Tensor:
@@ -246,6 +267,7 @@ def _tp2_pp2_worker(rank: int, world: int, dirs: dict[str, str]) -> dict:
     """TP=2 x PP=2: logits through the pipeline (TP-gathered), full export, per-stage export."""
     from pipeline_oracle import broadcast_from_last_stage, forward_only, gpt_inputs
 
+    from megarl.models.fingerprint import expected_fingerprint
     from megarl.parallel.groups import init_parallel
     from megarl.parallel.sharding import gather_along
 
@@ -261,7 +283,9 @@ def _tp2_pp2_worker(rank: int, world: int, dirs: dict[str, str]) -> dict:
         )
         logits = broadcast_from_last_stage(got)[0][..., :vocab]
         stage_names = {n for n, _ in bridge.export_hf_tensors(model, gather_pp=False)}
+        stage_fingerprint = expected_fingerprint(bridge, model, gather_pp=False)
         out[arch] = {
+            "stage_fingerprint_names": sorted(n for names in stage_fingerprint for n in names),
             "max_diff": (logits - _hf_logits(path, ids, valid))[valid].abs().max().item(),
             "export": _export_check(bridge, model, path),
             "stage_names": sorted(stage_names),
@@ -318,6 +342,7 @@ def _assert_arch_results(results: list[dict]) -> None:
             assert r["max_diff"] <= TOL, (arch, r["max_diff"])
             assert r["export"]["names_equal"], arch
             assert r["export"]["unequal"] == [], (arch, r["export"]["unequal"])
+            assert r["export"]["fingerprint"] == {"file": [], "scaled": ["model.layers.0.mlp.down_proj.weight"]}, arch
 
 
 def test_bridges_tp2(model_dirs):
@@ -366,6 +391,8 @@ def test_bridges_tp2_pp2(model_dirs):
         assert not by_stage[0] & by_stage[1]
         assert by_stage[0] | by_stage[1] == set(_names_of(model_dirs[arch]))
         assert "model.embed_tokens.weight" in by_stage[0] and "model.norm.weight" in by_stage[1]
+        for r in results:  # a per-stage fingerprint covers exactly what the stage exports
+            assert r[arch]["stage_fingerprint_names"] == r[arch]["stage_names"], arch
     print(f"tp2 x pp2 launch {time.perf_counter() - t0:.1f}s")
 
 

@@ -12,10 +12,15 @@ measurable). Then pushes whose export carries one corrupted tensor:
 
 - q_proj and k_proj swapped in layer 0 (k_proj and the first num_kv_heads heads of q_proj, weight
   and bias: GQA makes q larger than k): refused;
-- layers.0.mlp.down_proj.weight scaled: by 1.01 NOT refused (a 1 % change of one matrix moves the
-  log-probs by about as much as bf16 rounding does: bench/results/logprob_check.md), by
-  REFUSED_SCALE refused (on this model the bench's smallest scale refused in every probe; x 1.5
-  was refused in 1 of 3). The numbers of every push are printed (``pytest -s``).
+- layers.0.mlp.down_proj.weight scaled: by 1.01 NOT refused by the probe (a 1 % change of one
+  matrix moves the log-probs by about as much as bf16 rounding does:
+  bench/results/logprob_check.md), by REFUSED_SCALE refused (on this model the bench's smallest
+  scale refused in every probe; x 1.5 was refused in 1 of 3). The numbers of every push are
+  printed (``pytest -s``).
+
+The second check of every push, the export's fingerprint against the policy's parameters
+(megarl/models/fingerprint.py, run by ``PolicyRank.push_weights``), refuses both scales exactly
+and passes the clean pushes; the q/k swap is invisible to its sums and is the probe's.
 """
 
 from __future__ import annotations
@@ -133,13 +138,20 @@ def _train(policy, steps) -> None:
 
 def _push_and_check(policy, engine, export_fn, version: int, checks) -> dict:
     """Push ``export_fn``'s weights; the check's verdict at the default bound and its numbers."""
+    from megarl.models.fingerprint import WeightExportError
     from megarl.rollout.logprob_check import LogprobMismatchError
     from megarl.rollout.transports import InProcessTransport
     from megarl.rollout.weight_stream import WeightStream
 
-    transport = InProcessTransport(WeightStream(export_fn, bucket_mb=1), [engine] if engine is not None else [])
+    observe = partial(policy.export_check.observe, gather_pp=True)  # as build_transport wires it
+    transport = InProcessTransport(WeightStream(export_fn, bucket_mb=1, observe=observe), [engine] if engine is not None else [])
     transport.connect(None)
     transport.push(version)
+    try:
+        policy.export_check.verdict(version)  # what PolicyRank.push_weights runs after the push
+        export_refused = False
+    except WeightExportError:
+        export_refused = True
     measure, verdict = checks
     numbers = measure(version)  # the same seed as the verdict's: the very same probe tokens
     try:
@@ -147,7 +159,8 @@ def _push_and_check(policy, engine, export_fn, version: int, checks) -> dict:
         refused = False
     except LogprobMismatchError:
         refused = True
-    return dict(refused=refused, mean=numbers["weight_sync/logprob_diff"], max=numbers["weight_sync/logprob_diff_max"])
+    return dict(refused=refused, export_refused=export_refused, mean=numbers["weight_sync/logprob_diff"],
+                max=numbers["weight_sync/logprob_diff_max"])  # fmt: skip
 
 
 def _run(rank: int, world_size: int, model_dir: str, probe: list, steps: list) -> dict:
@@ -188,10 +201,14 @@ def test_default_bound_refuses_a_push_with_one_corrupted_tensor(demo_model):
     assert results[0] == results[1]  # every rank ran the same check on the same numbers
     bound, cases = results[0]["bound"], results[0]["cases"]
     for name, case in cases.items():
-        print(f"{name}: mean {case['mean']:.4g}, max {case['max']:.4g}, refused at {bound}: {case['refused']}")
+        print(f"{name}: mean {case['mean']:.4g}, max {case['max']:.4g}, refused at {bound}: {case['refused']}, "
+              f"export check refused: {case['export_refused']}")  # fmt: skip
     for name in ("clean", "clean again"):
         assert not cases[name]["refused"] and cases[name]["mean"] <= bound, (name, cases[name])
-    assert cases["swap q/k layer 0"]["refused"], cases
+        assert not cases[name]["export_refused"], (name, cases[name])
+    assert cases["swap q/k layer 0"]["refused"], cases  # the probe's: sums cannot see a permutation
     assert cases[f"down_proj x {REFUSED_SCALE}"]["refused"], cases
-    # A 1 % scale of one matrix is within bf16 noise: documented, not asserted either way.
+    # A 1 % scale of one matrix is within bf16 noise for the probe (documented, not asserted
+    # either way); the export check refuses it exactly.
     assert cases["down_proj x 1.01"]["mean"] > 0
+    assert cases["down_proj x 1.01"]["export_refused"] and cases[f"down_proj x {REFUSED_SCALE}"]["export_refused"], cases

@@ -1,0 +1,151 @@
+"""Weight fingerprints: is what a push exported exactly what the policy holds?
+
+The post-push log-prob check (megarl/rollout/logprob_check.py) sees the engine end to end, but
+in bf16 its noise floor hides small errors: one matrix scaled by 1.01 moves the probe's
+log-probs about as much as bf16 rounding does. This check is exact and cheap. For every group of
+HF tensors one Megatron parameter holds (q/k/v of a fused QKV, gate/up of fc1, or one tensor), it
+compares two permutation-invariant statistics, the fp64 sum and the fp64 sum of magnitudes:
+
+- expected: from the policy's own parameters, shard by shard (the vocabulary padding rows left
+  out, a replicated tensor counted on TP rank 0 only), summed over the TP group and collected
+  over the pipeline stages the export sends;
+- observed: from the tensors the export actually yielded, as the weight stream packs them.
+
+The two paths share nothing but the parameters: a conversion that scales, truncates, drops or
+mixes up tensors between parameters, or a pipeline broadcast that delivers the wrong bytes,
+shows up as a mismatch. What sums cannot see (a permutation inside one group, such as q and k
+swapped) changes the computation and is the log-prob probe's to catch.
+
+Exported values are the parameters' own (same dtype, no arithmetic), so both sums add the same
+numbers in a different order: they agree to about 1e-15 of the magnitude sum; the bound below
+leaves a wide margin and is still 10^4 times tighter than a 1 % change of one tensor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+Stats = tuple[float, float]  # (sum, sum of |x|), fp64
+Fingerprint = dict[tuple[str, ...], Stats]  # HF names of one parameter -> its stats
+REL_TOL = 1e-6
+_CHUNK = 1 << 24  # elements per fp64 chunk: bounds the temporary to 128 MiB
+
+
+def tensor_stats(t: torch.Tensor) -> torch.Tensor:
+    """``[2]`` fp64: (sum, sum of |x|) of ``t``, accumulated in fp64 chunk by chunk."""
+    out = torch.zeros(2, dtype=torch.float64, device=t.device)
+    for chunk in t.detach().reshape(-1).split(_CHUNK):
+        wide = chunk.to(torch.float64)
+        out[0] += wide.sum()
+        out[1] += wide.abs().sum()
+    return out
+
+
+def expected_fingerprint(bridge: Any, model: torch.nn.Module, *, gather_pp: bool = True) -> Fingerprint:
+    """The fingerprint of what ``bridge.export_hf_tensors(model, gather_pp=...)`` yields on this
+    rank, computed from the parameters (a collective over the TP group, and the PP group when
+    ``gather_pp``: every rank of the replica calls it at the same point)."""
+    import torch.distributed as dist
+
+    from megarl.models.bridge import hf_config_of, unwrap_model
+    from megarl.parallel.sharding import all_gather_objects, pp_group, tp_group
+
+    gpt = unwrap_model(model)
+    hf_config = hf_config_of(gpt)
+    info = bridge.shard_info(hf_config, gpt)
+    mine = [(rule, param) for rule, param in bridge.local_rules(gpt) if rule.export]
+    device = next(gpt.parameters()).device
+    stats = torch.zeros(len(mine), 2, dtype=torch.float64, device=device)  # [params, (sum, abs)]
+    for i, (rule, param) in enumerate(mine):
+        if rule.layout == "replicated" and info.tp_rank != 0:
+            continue  # every TP rank holds it: count it once
+        values = param.detach()
+        if rule.layout == "vocab":  # rows at and past the true vocabulary are padding, never exported
+            first = info.tp_rank * values.shape[0]
+            values = values[: max(0, min(values.shape[0], info.vocab_size - first))]
+        stats[i] = tensor_stats(values)
+    if info.tp_size > 1:
+        dist.all_reduce(stats, group=tp_group())
+    local = {rule.hf: (float(s), float(a)) for (rule, _), (s, a) in zip(mine, stats.cpu().tolist(), strict=True)}
+    if not gather_pp or dist.get_world_size(pp_group()) == 1:
+        return local
+    merged: Fingerprint = {}
+    for stage in all_gather_objects(local):
+        merged |= stage
+    return merged
+
+
+class WeightExportError(RuntimeError):
+    """A push exported tensors that differ from the policy's parameters (a megarl bug)."""
+
+
+class ExportCheck:
+    """The fingerprint check of one policy rank's pushes: the weight stream opens an
+    :class:`Observation` per push (:meth:`observe`), and after the push every rank asks for the
+    verdict (:meth:`verdict`), which raises on all of them or on none."""
+
+    def __init__(self, bridge: Any, model: torch.nn.Module) -> None:
+        self.bridge, self.model = bridge, model
+        self.problems: list[str] = []
+
+    def observe(self, *, gather_pp: bool) -> Observation:
+        """Start observing one export (the expected side is a collective: see expected_fingerprint)."""
+        return Observation(expected_fingerprint(self.bridge, self.model, gather_pp=gather_pp), self.problems)
+
+    def verdict(self, version: int) -> None:
+        """Raise WeightExportError on every rank when any rank's export differed (a collective)."""
+        problems, self.problems[:] = agreed(self.problems), []
+        if problems:
+            raise WeightExportError(
+                f"weight push {version}: {len(problems)} exported tensor(s) differ from the policy's parameters "
+                f"(a bridge conversion or transfer bug; please report it): {'; '.join(problems[:3])}"
+                + (f"; and {len(problems) - 3} more" if len(problems) > 3 else "")
+            )
+
+
+class Observation:
+    """The stats of the tensors one export yielded, compared with the expected at the end."""
+
+    def __init__(self, expected: Fingerprint, sink: list[str]) -> None:
+        self.expected, self.sink = expected, sink
+        self.by_name: dict[str, torch.Tensor] = {}
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        self.by_name[name] = tensor_stats(tensor)
+
+    def finish(self) -> None:
+        self.sink += self.mismatches()
+
+    def mismatches(self) -> list[str]:
+        """One line per parameter whose exported tensors do not add up to its own values, and per
+        exported tensor no parameter holds."""
+        problems = []
+        for names, (want_sum, want_abs) in self.expected.items():
+            missing = [n for n in names if n not in self.by_name]
+            if missing:
+                problems.append(f"{', '.join(missing)}: never exported")
+                continue
+            got_sum, got_abs = (float(x) for x in sum(self.by_name[n].cpu() for n in names))
+            tol = REL_TOL * max(want_abs, got_abs, 1e-30)
+            if abs(got_sum - want_sum) > tol or abs(got_abs - want_abs) > tol:
+                problems.append(f"{'+'.join(names)}: sum {got_sum:.9g} and sum |x| {got_abs:.9g} exported, "
+                                f"{want_sum:.9g} and {want_abs:.9g} in the policy")  # fmt: skip
+        known = {n for names in self.expected for n in names}
+        problems += [f"{n}: exported but no parameter holds it" for n in self.by_name if n not in known]
+        return problems
+
+
+def agreed(problems: Iterable[str]) -> list[str]:
+    """Every rank's problems, the same list on all ranks (a collective over the default group,
+    so all of them fail together rather than some waiting in the next collective)."""
+    import torch.distributed as dist
+
+    mine = list(problems)
+    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
+        return mine
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    return sorted({p for rank in everyone for p in rank})
