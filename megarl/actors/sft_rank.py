@@ -44,11 +44,9 @@ class SFTRank(TrainedRank):
 
     def verify_model(self, checkpoint_dir: str) -> int:
         """Load the written model checkpoint into a fresh model; every parameter must equal the trained one."""
-        from megarl.actors.megatron_runtime.model import MegatronModel
-        from megarl.checkpoint.conversion_ranks import compare_parameters
+        from megarl.checkpoint.conversion_ranks import verify_rebuilt
 
-        loaded = MegatronModel.build(checkpoint_dir, self.cfg.actor, self.worker.dtype, self.cfg.trainer.seed)
-        return compare_parameters(self.worker.model.core, loaded.core, checkpoint_dir)
+        return verify_rebuilt(self.worker.model, checkpoint_dir, self.cfg.actor, self.worker.dtype, self.cfg.trainer.seed)
 
     def profile_name(self) -> str:
         return f"sft_rank{self.info.rank}"

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -43,6 +44,15 @@ def compare_parameters(expected: torch.nn.Module, got: torch.nn.Module, source: 
             raise ConversionError(f"{source}: {name} differs from the converted weights after re-import (max |diff| {float(diff):.3g})")
         checked += 1
     return checked  # this rank's parameters
+
+
+def verify_rebuilt(model: Any, path: str, actor_cfg: ActorConfig, dtype: torch.dtype, seed: int) -> int:
+    """Build the weights at ``path`` (an HF directory or a model checkpoint just written) into a
+    fresh model of ``model``'s layout; every parameter must equal ``model``'s (a MegatronModel)."""
+    from megarl.actors.megatron_runtime.model import MegatronModel
+
+    rebuilt = MegatronModel.build(path, actor_cfg, dtype, seed)
+    return compare_parameters(model.core, rebuilt.core, path)
 
 
 class ProgressFile:
@@ -114,10 +124,9 @@ class ExportRank:
 
     def verify(self, hf_dir: str) -> int:
         """Import ``hf_dir`` into a fresh model of this layout; every parameter must be identical."""
-        from megarl.actors.megatron_runtime.model import MegatronModel, dtype_of
+        from megarl.actors.megatron_runtime.model import dtype_of
 
-        imported = MegatronModel.build(hf_dir, self.actor_cfg, dtype_of(self.dtype), self.seed)
-        return compare_parameters(self.model.core, imported.core, hf_dir)
+        return verify_rebuilt(self.model, hf_dir, self.actor_cfg, dtype_of(self.dtype), self.seed)
 
 
 class ImportRank:
@@ -137,10 +146,9 @@ class ImportRank:
 
     def verify(self, checkpoint_dir: str) -> int:
         """Load the finished model checkpoint into a fresh model; every parameter must equal the HF import."""
-        from megarl.actors.megatron_runtime.model import MegatronModel, dtype_of
+        from megarl.actors.megatron_runtime.model import dtype_of
 
-        loaded = MegatronModel.build(checkpoint_dir, self.actor_cfg, dtype_of(self.dtype), self.seed)
-        return compare_parameters(self.model.core, loaded.core, checkpoint_dir)
+        return verify_rebuilt(self.model, checkpoint_dir, self.actor_cfg, dtype_of(self.dtype), self.seed)
 
 
 def write_index(directory: Path) -> None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,21 @@ def write_record(directory: str | os.PathLike, *, source: str, tp: int, pp: int,
               "pp": pp, "dtype": dtype, "hf_config": hf_config, "verified_parameters": verified_parameters,
               "files": files}  # fmt: skip
     (directory / RECORD).write_text(json.dumps(record, indent=1) + "\n")
+
+
+def write_verified(staging: Path, source: Path, record: dict[str, Any], save: Callable[[str], Any],
+                   verify: Callable[[str], int]) -> int:  # fmt: skip
+    """A model checkpoint in ``staging`` (see staged_output): ``save(weights dir)``, the HF side
+    files of ``source``, the record; then ``verify(staging)`` loads it back into a fresh model
+    and compares every parameter, and the record gets the count. Returns the count."""
+    from megarl.rollout.transports import copy_side_files
+
+    save(str(staging / WEIGHTS))
+    copy_side_files(source, staging)
+    write_record(staging, **record, verified_parameters=None)  # the verify load recognises it by its record
+    checked = verify(str(staging))
+    write_record(staging, **record, verified_parameters=checked)
+    return checked
 
 
 def config_differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:

@@ -227,13 +227,7 @@ def convert_hf_to_megatron(hf: str | Path, out: str | Path, tp: int = 1, pp: int
     """Write the HF model ``hf`` as a model checkpoint ``out`` (Megatron dist-checkpoint saved by
     ``tp`` x ``pp`` CPU processes, with the HF config and tokenizer); verified bit for bit."""
     from megarl.checkpoint.conversion_ranks import ImportRank
-    from megarl.checkpoint.model_checkpoint import (
-        RECORD,
-        WEIGHTS,
-        is_model_checkpoint,
-        write_record,
-    )
-    from megarl.rollout.transports import copy_side_files
+    from megarl.checkpoint.model_checkpoint import RECORD, is_model_checkpoint, write_verified
 
     source = Path(hf).absolute()
     if is_model_checkpoint(source):
@@ -248,15 +242,9 @@ def convert_hf_to_megatron(hf: str | Path, out: str | Path, tp: int = 1, pp: int
         say(f"hf-to-megatron: loading {source} into {tp * pp} rank(s) (TP={tp}, PP={pp}, {dtype}) ...")
         with _conversion_group(ImportRank, _cpu_placement(tp * pp), (str(source), actor, dtype, CONVERSION_SEED), None,
                                tp * pp + 1, "hf-to-megatron: rank 0 loading") as client:  # fmt: skip
-            say("hf-to-megatron: saving the Megatron checkpoint ...")
-            client.write(str(staging / WEIGHTS))
-            copy_side_files(source, staging)
+            say("hf-to-megatron: saving the Megatron checkpoint, then loading it back to compare ...")
             record = dict(source=str(source), tp=tp, pp=pp, dtype=dtype, hf_config=hf_config)
-            # the verify load recognises the directory by its record; rewritten with the count below
-            write_record(staging, **record, verified_parameters=None)
-            say("hf-to-megatron: loading the written checkpoint back to compare ...")
-            checked = client.verify(str(staging))
-        write_record(staging, **record, verified_parameters=checked)
+            checked = write_verified(staging, source, record, client.write, client.verify)
         finish_output(staging, target)
     say(f"wrote {out} from {source} (TP={tp}, PP={pp}, {dtype}); {_verified(checked)}")
     return Path(out)

@@ -208,9 +208,8 @@ def validation_loss(client: Any, data: _Data, batch_size: int, dp: int) -> float
 
 def _write_model(cfg: Any, client: Any, target: Path) -> None:
     """The fine-tuned weights as a model checkpoint at ``target``: staged, verified, renamed."""
-    from megarl.checkpoint.model_checkpoint import WEIGHTS, write_record
+    from megarl.checkpoint.model_checkpoint import write_verified
     from megarl.commands.convert import finish_output, read_hf_config, staged_output
-    from megarl.rollout.transports import copy_side_files
 
     source = Path(cfg.model.path).absolute()
     p = cfg.actor.parallel
@@ -218,16 +217,12 @@ def _write_model(cfg: Any, client: Any, target: Path) -> None:
     client.offload(["policy/optimizer", "policy/grads"])  # room for the second model the verify load builds
     with staged_output(target) as staging:
         try:
-            client.save_model(str(staging / WEIGHTS))
-            copy_side_files(source, staging)
-            write_record(staging, **record, verified_parameters=None)  # the verify load recognises it by its record
-            checked = client.verify_model(str(staging))
+            checked = write_verified(staging, source, record, client.save_model, client.verify_model)
         except Exception as exc:  # the trained weights die with the group: keep what was written
             kept = target.with_name(f"{target.name}.unverified")
             kept = kept if not kept.exists() else kept.with_name(f"{kept.name}.{os.getpid()}")
             staging.rename(kept)
             raise SFTError(f"writing or verifying {target} failed ({type(exc).__name__}: {exc}); what was written is "
                            f"kept in {kept} (unverified)") from exc  # fmt: skip
-        write_record(staging, **record, verified_parameters=checked)
         finish_output(staging, target)
     log.info("sft: verified: %d parameters loaded back from %s equal the trained ones bit for bit", checked, target)
