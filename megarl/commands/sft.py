@@ -70,7 +70,7 @@ def run_sft(cfg: Any, address: str | None = None) -> Path:
     s = cfg.sft
     if not s.train_files:
         raise SFTError("sft.train_files is empty; give parquet files with prompt + response columns or chat messages")
-    plan = make_plan(cfg)
+    plan = make_plan(cfg, sft=True)
     dp = plan.roles["policy"].dp
     if s.batch_size % dp:
         raise SFTError(f"sft.batch_size ({s.batch_size}) must be a multiple of the data-parallel size ({dp}); "

@@ -116,9 +116,11 @@ class Plan:
         return out
 
 
-def make_plan(cfg: MegaRLConfig, *, check_files: bool = False, in_process: bool = False) -> Plan:
+def make_plan(cfg: MegaRLConfig, *, check_files: bool = False, in_process: bool = False, sft: bool = False) -> Plan:
     """Check ``cfg`` and derive the layout; raises PlanError listing every problem.
-    ``in_process``: the run will hold every role in one process (`megarl launch --in-process`)."""
+    ``in_process``: the run will hold every role in one process (`megarl launch --in-process`).
+    ``sft``: the plan of `megarl sft`: the policy's layout and model checks only (the RL batch,
+    rollout, algorithm and memory checks are not its business)."""
     issues: list[Issue] = []
     try:
         arch = resolve_arch(cfg.model.path, cfg.model.arch)
@@ -126,6 +128,10 @@ def make_plan(cfg: MegaRLConfig, *, check_files: bool = False, in_process: bool 
         raise PlanError([Issue("model", str(exc))]) from None
     _check_scope(cfg, arch, issues)
     roles = _layout_roles(cfg, issues)
+    if sft:
+        _check_model_parallel("actor", cfg.actor, arch, issues)
+        _raise_errors(issues)
+        return Plan(arch, cfg.cluster.device, cfg.cluster.placement, roles, None, [i for i in issues if i.level == "warning"])
     for role, section_name in (("policy", "actor"), ("critic", "critic")):
         if role == "policy" or cfg.critic_enabled:
             section = getattr(cfg, section_name)
@@ -145,11 +151,15 @@ def make_plan(cfg: MegaRLConfig, *, check_files: bool = False, in_process: bool 
     memory = None
     if not any(i.level == "error" for i in issues):
         memory = _plan_memory(cfg, arch, roles, issues)
+    _raise_errors(issues)
+    warnings = [i for i in issues if i.level == "warning"]
+    return Plan(arch, cfg.cluster.device, cfg.cluster.placement, roles, memory, warnings)
+
+
+def _raise_errors(issues: list[Issue]) -> None:
     errors = [i for i in issues if i.level == "error"]
     if errors:
         raise PlanError(errors)
-    warnings = [i for i in issues if i.level == "warning"]
-    return Plan(arch, cfg.cluster.device, cfg.cluster.placement, roles, memory, warnings)
 
 
 def _check_scope(cfg: MegaRLConfig, arch: ArchSpec, issues: list[Issue]) -> None:

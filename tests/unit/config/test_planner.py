@@ -141,6 +141,18 @@ def test_batch_arithmetic():
     assert "max_tokens_per_gpu: (8) must hold one full sequence" in refused(TINY, "actor.max_tokens_per_gpu=8")
 
 
+def test_sft_is_planned_without_the_rl_checks():
+    """`megarl sft` reads the policy's layout; the RL batch, rollout and algorithm settings of the
+    same config are not its business, the policy's model-parallel rules are."""
+    rl_only = ("actor.mini_batch_size=100", "rollout.n=1", "data.max_prompt_length=61")
+    msg = refused(TINY, *rl_only)
+    assert "actor.mini_batch_size" in msg and "rollout.n" in msg and "max_prompt_length" in msg
+    p = make_plan(load_config(TINY, list(rl_only)), sft=True)
+    assert (p.roles["policy"].tp, p.roles["policy"].dp) == (1, 2) and p.memory is None
+    with pytest.raises(PlanError, match=r"actor.parallel.tp: \(3\) must divide num_attention_heads"):
+        make_plan(load_config(TINY, ["actor.parallel.tp=3"]), sft=True)
+
+
 def test_lengths_within_positions():
     assert "exceeds the model's max_position_embeddings (64)" in refused(TINY, "data.max_prompt_length=61")
 
