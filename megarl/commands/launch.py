@@ -16,7 +16,7 @@ import logging
 import os
 import shlex
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from megarl.commands.arguments import add_config_args
@@ -97,14 +97,19 @@ def run(cfg: MegaRLConfig, plan, address: str | None = None, resume_command: str
     with driver_log(Path(cfg.trainer.output_dir) / "logs" / DRIVER_LOG), control.handlers():
         where = "this process" if in_process else f"Ray at {address}" if address else f"an embedded Ray ({local_cpus} CPUs)"
         log.info("starting %s, then %s", where, _roles(plan))
-        with _session(in_process, address, local_cpus, cfg):
+        stopped = lambda: RunStopped(f"stopped by {control.signal_name} while starting; nothing was trained or saved\n"  # noqa: E731
+                                     f"start again with: {resume_command or 'the same command'}", control.exit_code)
+        with ExitStack() as session:
+            try:
+                session.enter_context(_session(in_process, address, local_cpus, cfg))
+            except KeyboardInterrupt:  # Ctrl-C / SIGTERM while Ray starts
+                raise stopped() from None
             control.reclaim()
             try:
                 trainer = build_trainer(cfg, plan, in_process=in_process)
                 return trainer.fit(control)  # stops in the step loop are its own (RunStopped)
             except KeyboardInterrupt:  # Ctrl-C / SIGTERM while starting (workers, restore): nothing to save
-                raise RunStopped(f"stopped by {control.signal_name} while starting; nothing was trained or saved\n"
-                                 f"start again with: {resume_command or 'the same command'}", control.exit_code) from None
+                raise stopped() from None
             finally:
                 control.cleaning = True  # signals from here on wait for the shutdown
                 shutdown(trainer)

@@ -24,6 +24,7 @@ import argparse
 import logging
 import os
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -85,9 +86,14 @@ def run_sft(cfg: Any, address: str | None = None) -> Path:
              steps, s.batch_size, dp)  # fmt: skip
     local_cpus = None if (address or cfg.cluster.ray_address) else len(plan.roles["policy"].gpus) + 1
     control = RunControl()
-    with control.handlers(), ray_session(address or cfg.cluster.ray_address, num_cpus=local_cpus):
-        control.reclaim()  # ray.init installed its own SIGTERM handler
-        client, group = _start_group(cfg, placement, steps, out / "logs")
+    with control.handlers(), ExitStack() as session:
+        try:  # Ctrl-C / SIGTERM while Ray starts or the workers load the model: nothing to keep
+            session.enter_context(ray_session(address or cfg.cluster.ray_address, num_cpus=local_cpus))
+            control.reclaim()  # ray.init installed its own SIGTERM handler
+            client, group = _start_group(cfg, placement, steps, out / "logs")
+        except KeyboardInterrupt:
+            raise RunStopped(f"stopped by {control.signal_name} while starting; nothing was trained or written",
+                             control.exit_code) from None  # fmt: skip
         try:
             done = _train(cfg, client, data, steps, dp, control)
             control.cleaning = True  # the weights are written whatever comes now

@@ -244,3 +244,21 @@ def test_a_hanging_phase_is_stopped_by_the_watchdog(launch_dir, tmp_path):
     assert "no progress for" in line and "in phase 'reward' of step 1" in line and "trainer.hang_timeout_s=8" in line
     assert "most recent call first" in (run / "logs" / "driver_stacks.log").read_text()
     assert "most recent call first" in (run / "logs" / "policy_rank0.log").read_text()
+
+
+def test_sigterm_while_ray_starts_exits_143_with_nothing_left(launch_dir, tmp_path):
+    """SIGTERM (Slurm's stop) to the driver while the embedded Ray starts: ray.init's own handler
+    would exit 15 at once; megarl's takes it: exit 143, "while starting", no process left behind."""
+    log = tmp_path / "starting.log"
+    args = [*MEGARL, "launch", str(TINY), *overrides(3, "trainer.output_dir=starting")]
+    proc = start(launch_dir, args, log)
+    deadline = time.monotonic() + 120
+    while "starting an embedded Ray" not in log.read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.02)
+    family = psutil.Process(proc.pid).children(recursive=True)
+    proc.send_signal(signal.SIGTERM)
+    output = finish(proc, log, timeout=120)
+    assert proc.returncode == 143, output[-3000:]
+    assert "stopped by SIGTERM while starting; nothing was trained or saved" in output
+    assert survivors(family, within=10) == []

@@ -90,3 +90,50 @@ def test_sft_at_tp2_dp2_with_an_odd_held_out_set(tmp_path):
     last = read_jsonl(tmp_path / "sft" / "metrics.jsonl")[-1]
     hf = export_model_checkpoint(checkpoint, tmp_path / "hf", tp=1, pp=1)
     assert last["sft/val_loss"] == pytest.approx(_hf_nll(hf, tmp_path / "val33.parquet"), rel=1e-4)
+
+
+def _sft_process(tmp_path, name: str, *extra: str):
+    import subprocess
+    import sys
+
+    model, data = prepare_demo(tmp_path / "demo")
+    out = tmp_path / name
+    args = [sys.executable, "-m", "megarl.cli", "sft", str(CONFIG), f"model.path={model}",
+            f"sft.train_files=[{data / 'train.parquet'}]", "sft.val_files=[]", f"sft.output_dir={out}", "trainer.loggers=[jsonl]",
+            *extra]  # fmt: skip
+    log = (tmp_path / f"{name}.log").open("w")
+    return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True), out, tmp_path / f"{name}.log"
+
+
+def _wait_for(condition, proc, log, what: str, seconds: float = 300) -> None:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert proc.poll() is None, f"ended before {what}:\n{log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"no {what} within {seconds} s"
+        time.sleep(0.05)
+
+
+def test_sigterm_while_starting_and_after_a_step(tmp_path):
+    """SIGTERM (what Slurm sends) to the driver: while the workers start, exit 143 with nothing
+    written; after a step, the step ends, the weights so far are written and verified, exit 143."""
+    import signal
+
+    from megarl.checkpoint.model_checkpoint import read_record
+
+    proc, out, log = _sft_process(tmp_path, "starting", "sft.total_steps=1000")
+    _wait_for(lambda: "training rows" in log.read_text(), proc, log, "the start")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 143, log.read_text()[-3000:]
+    assert "stopped by SIGTERM while starting; nothing was trained or written" in log.read_text()
+    assert not (out / "model").exists()
+
+    proc, out, log = _sft_process(tmp_path, "stepping", "sft.total_steps=1000")
+    metrics = out / "metrics.jsonl"
+    _wait_for(lambda: metrics.is_file() and metrics.read_text().count("\n") >= 1, proc, log, "a step")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=300) == 143, log.read_text()[-3000:]
+    text = log.read_text()
+    assert "stopped by SIGTERM after step" in text and "of 1000" in text, text[-3000:]
+    assert read_record(out / "model")["verified_parameters"] > 0

@@ -19,12 +19,15 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import ray
 
@@ -72,11 +75,11 @@ def ray_session(
         # "local" always starts a new instance; plain ray.init() would join a cluster found
         # through RAY_ADDRESS or a `ray start` on this machine (someone else's, on a shared box).
         with _quiet_auth_notice():
-            ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, **kwargs)
+            _init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, **kwargs)
         reaper = start_reaper()
     else:
         try:
-            ray.init(address=address, **kwargs)
+            _init(address=address, **kwargs)
         except ConnectionError as exc:
             raise ConnectionError(
                 f"cluster.ray_address={address!r}: no Ray cluster answered ({exc}). Start one with "
@@ -89,6 +92,27 @@ def ray_session(
         ray.shutdown()
         if reaper is not None:
             stop_reaper(reaper)
+
+
+def _init(**kwargs: Any) -> None:
+    """ray.init, keeping a SIGTERM handler of this process's own (megarl's RunControl): ray.init
+    installs one that exits at once (``sys.exit(15)``). A SIGTERM during the init, which Ray's
+    handler turns into SystemExit, is handed to the handler that was there before, and Ray's
+    handler is replaced by it afterwards. Without a Python handler before, Ray's stays."""
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGTERM) if main else None
+    ours = callable(previous)
+    try:
+        ray.init(**kwargs)
+    except SystemExit as exc:
+        if not (ours and exc.code == signal.SIGTERM):
+            raise
+        ray.shutdown()  # whatever the interrupted init started
+        previous(signal.SIGTERM, None)  # type: ignore[misc]  # records the stop; raises KeyboardInterrupt
+        raise
+    finally:
+        if ours:
+            signal.signal(signal.SIGTERM, previous)  # type: ignore[arg-type]
 
 
 @contextmanager
