@@ -84,8 +84,14 @@ class PolicyRank(TrainedRank):
         self.transport.connect(endpoints)
 
     def push_weights(self, version: int) -> dict[str, float]:
-        """Push, then check what was exported against the parameters (every rank raises, or none)."""
-        metrics = self.transport.push(version)
+        """Push, then check what was exported against the parameters. Every rank meets in the
+        verdict, also when its own push failed, so all ranks raise or none (no rank is left
+        waiting in a collective the others never reach)."""
+        try:
+            metrics = self.transport.push(version)
+        except Exception as exc:
+            self.policy.export_check.verdict(version, failure=exc)
+            raise
         self.policy.export_check.verdict(version)
         return metrics
 

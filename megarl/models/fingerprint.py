@@ -23,7 +23,6 @@ leaves a wide margin and is still 10^4 times tighter than a 1 % change of one te
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -31,7 +30,7 @@ import torch
 Stats = tuple[float, float]  # (sum, sum of |x|), fp64
 Fingerprint = dict[tuple[str, ...], Stats]  # HF names of one parameter -> its stats
 REL_TOL = 1e-6
-_CHUNK = 1 << 24  # elements per fp64 chunk: bounds the temporary to 128 MiB
+_CHUNK = 1 << 24  # elements per fp64 chunk: the temporaries (the chunk, its |x|) stay under 256 MiB
 
 
 def tensor_stats(t: torch.Tensor) -> torch.Tensor:
@@ -84,40 +83,69 @@ class WeightExportError(RuntimeError):
 
 class ExportCheck:
     """The fingerprint check of one policy rank's pushes: the weight stream opens an
-    :class:`Observation` per push (:meth:`observe`), and after the push every rank asks for the
-    verdict (:meth:`verdict`), which raises on all of them or on none."""
+    :class:`Observation` per push (:meth:`observe`), and after the push, failed or not, every
+    rank asks for the verdict (:meth:`verdict`), which raises on all of them or on none.
+
+    Built on every rank of the policy at the same point (it makes a gloo group: the verdict's
+    gather must not open a world-wide NCCL communicator in the middle of a colocated push)."""
 
     def __init__(self, bridge: Any, model: torch.nn.Module) -> None:
+        import torch.distributed as dist
+
         self.bridge, self.model = bridge, model
         self.problems: list[str] = []
+        self.open = 0  # observations started and not finished (a consumer that stopped early)
+        initialized = dist.is_available() and dist.is_initialized()
+        self.group = dist.new_group(backend="gloo") if initialized and dist.get_world_size() > 1 else None
 
     def observe(self, *, gather_pp: bool) -> Observation:
         """Start observing one export (the expected side is a collective: see expected_fingerprint)."""
-        return Observation(expected_fingerprint(self.bridge, self.model, gather_pp=gather_pp), self.problems)
+        self.open += 1
+        return Observation(expected_fingerprint(self.bridge, self.model, gather_pp=gather_pp), self)
 
-    def verdict(self, version: int) -> None:
-        """Raise WeightExportError on every rank when any rank's export differed (a collective)."""
-        problems, self.problems[:] = agreed(self.problems), []
-        if problems:
+    def verdict(self, version: int, failure: BaseException | None = None) -> None:
+        """After push ``version`` on every rank (a collective): raises when any rank's export
+        differed, or, on the ranks whose push went through, when another rank's push failed
+        (``failure``: this rank's own error, which its caller raises)."""
+        mine = (self.problems + (["the export was not read to its end"] if self.open and failure is None else []),
+                None if failure is None else f"{type(failure).__name__}: {failure}")  # fmt: skip
+        self.problems, self.open = [], 0
+        everyone = self._gather(mine)
+        failed = [(rank, error) for rank, (_, error) in enumerate(everyone) if error is not None]
+        if failed and failure is None:
+            raise WeightExportError(f"weight push {version} failed on policy rank(s) {[r for r, _ in failed]}: "
+                                    f"{failed[0][1]}")  # fmt: skip
+        problems = sorted({p for ps, _ in everyone for p in ps})
+        if problems and not failed:
             raise WeightExportError(
                 f"weight push {version}: {len(problems)} exported tensor(s) differ from the policy's parameters "
                 f"(a bridge conversion or transfer bug; please report it): {'; '.join(problems[:3])}"
                 + (f"; and {len(problems) - 3} more" if len(problems) > 3 else "")
             )
 
+    def _gather(self, mine: Any) -> list[Any]:
+        import torch.distributed as dist
+
+        if self.group is None:
+            return [mine]
+        everyone: list[Any] = [None] * dist.get_world_size(self.group)
+        dist.all_gather_object(everyone, mine, group=self.group)
+        return everyone
+
 
 class Observation:
     """The stats of the tensors one export yielded, compared with the expected at the end."""
 
-    def __init__(self, expected: Fingerprint, sink: list[str]) -> None:
-        self.expected, self.sink = expected, sink
+    def __init__(self, expected: Fingerprint, check: ExportCheck) -> None:
+        self.expected, self.check = expected, check
         self.by_name: dict[str, torch.Tensor] = {}
 
     def add(self, name: str, tensor: torch.Tensor) -> None:
         self.by_name[name] = tensor_stats(tensor)
 
     def finish(self) -> None:
-        self.sink += self.mismatches()
+        self.check.problems += self.mismatches()
+        self.check.open -= 1
 
     def mismatches(self) -> list[str]:
         """One line per parameter whose exported tensors do not add up to its own values, and per
@@ -136,16 +164,3 @@ class Observation:
         known = {n for names in self.expected for n in names}
         problems += [f"{n}: exported but no parameter holds it" for n in self.by_name if n not in known]
         return problems
-
-
-def agreed(problems: Iterable[str]) -> list[str]:
-    """Every rank's problems, the same list on all ranks (a collective over the default group,
-    so all of them fail together rather than some waiting in the next collective)."""
-    import torch.distributed as dist
-
-    mine = list(problems)
-    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
-        return mine
-    everyone: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, mine)
-    return sorted({p for rank in everyone for p in rank})

@@ -8,8 +8,9 @@ them into :class:`~megarl.rollout.engine.WeightBucket` s of ``bucket_mb`` MiB; a
 
 Every policy rank iterates the stream (the export is collective); ranks that send nothing
 drop the buckets. With ``observe``, each tensor's fingerprint is taken as it passes, for the
-check of the export against the policy's parameters (megarl/models/fingerprint.py). Memory bound: at most one bucket being filled plus the one tensor that did
-not fit is held at once (consumers must not keep buckets after sending them).
+check of the export against the policy's parameters (megarl/models/fingerprint.py).
+Memory bound: at most one bucket being filled plus the one tensor that did not fit is held at
+once (consumers must not keep buckets after sending them).
 """
 
 from __future__ import annotations

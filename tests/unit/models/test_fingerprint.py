@@ -4,9 +4,12 @@ against HF files: tests/distributed/test_bridge.py; a push refused: test_logprob
 
 from __future__ import annotations
 
+from functools import partial
+
+import pytest
 import torch
 
-from megarl.models.fingerprint import Observation, tensor_stats
+from megarl.models.fingerprint import ExportCheck, Observation, WeightExportError, tensor_stats
 from megarl.rollout.weight_stream import WeightStream
 
 
@@ -26,7 +29,7 @@ def _expected(tensors: dict[str, torch.Tensor], groups: list[tuple[str, ...]]) -
 
 
 def _observed(expected: dict, tensors: dict[str, torch.Tensor]) -> list[str]:
-    seen = Observation(expected, [])
+    seen = Observation(expected, ExportCheck(None, None))
     for name, t in tensors.items():
         seen.add(name, t)
     return seen.mismatches()
@@ -63,19 +66,40 @@ def test_summation_order_does_not_matter():
     assert _observed({("w",): (float(total[0]), float(total[1]))}, {"w": full}) == []
 
 
-def test_the_stream_observes_every_tensor_before_the_last_bucket_leaves():
+class _Check(ExportCheck):
+    """An ExportCheck whose expected side is given (no Megatron model in a unit test)."""
+
+    def __init__(self, expected: dict) -> None:
+        super().__init__(None, None)
+        self.expected = expected
+
+    def observe(self, *, gather_pp: bool) -> Observation:
+        self.open += 1
+        return Observation(self.expected, self)
+
+
+def test_the_stream_observes_every_tensor_and_the_verdict_judges_each_push():
     torch.manual_seed(2)
     weights = {f"w{i}": torch.randn(256, 256) for i in range(5)}  # 256 KiB each
-    expected = _expected(weights, [(n,) for n in weights])
-    sink: list[str] = []
+    check = _Check(_expected(weights, [(n,) for n in weights]))
 
-    def corrupted():
-        for name, t in weights.items():
-            yield name, (t * 1.01 if name == "w4" else t)
+    def export(corrupt: bool):
+        return lambda: ((n, t * 1.01 if corrupt and n == "w4" else t) for n, t in weights.items())
 
-    stream = WeightStream(corrupted, bucket_mb=0.5, observe=lambda: Observation(expected, sink))
+    stream = WeightStream(export(True), bucket_mb=0.5, observe=partial(check.observe, gather_pp=True))
     for bucket in stream.buckets(version=1):
         if bucket.last:
-            assert [m.split(":")[0] for m in sink] == ["w4"]  # judged before a consumer can stop
+            assert [m.split(":")[0] for m in check.problems] == ["w4"]  # judged before a consumer can stop
             break
     assert stream.pushed_buckets >= 2
+    with pytest.raises(WeightExportError, match="weight push 1: 1 exported tensor"):
+        check.verdict(1)
+
+    stream.export_fn = export(False)
+    list(stream.buckets(version=2))
+    check.verdict(2)  # a clean push after a refused one: nothing carried over
+
+    next(iter(stream.buckets(version=3)))  # a consumer that stopped after the first bucket
+    with pytest.raises(WeightExportError, match="not read to its end"):
+        check.verdict(3)
+    check.verdict(4, failure=RuntimeError("the engine died"))  # this rank's own failure: its caller raises
