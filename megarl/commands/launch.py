@@ -105,6 +105,8 @@ def run(cfg: MegaRLConfig, plan, address: str | None = None, resume_command: str
             except KeyboardInterrupt:  # Ctrl-C / SIGTERM while Ray starts
                 raise stopped() from None
             control.reclaim()
+            if control.stop_requested:  # a signal during ray.init whose interrupt Python swallowed
+                raise stopped()
             try:
                 trainer = build_trainer(cfg, plan, in_process=in_process)
                 return trainer.fit(control)  # stops in the step loop are its own (RunStopped)

@@ -90,6 +90,8 @@ def run_sft(cfg: Any, address: str | None = None) -> Path:
         try:  # Ctrl-C / SIGTERM while Ray starts or the workers load the model: nothing to keep
             session.enter_context(ray_session(address or cfg.cluster.ray_address, num_cpus=local_cpus))
             control.reclaim()  # ray.init installed its own SIGTERM handler
+            if control.stop_requested:  # a signal during ray.init whose interrupt Python swallowed
+                raise KeyboardInterrupt
             client, group = _start_group(cfg, placement, steps, out / "logs")
         except KeyboardInterrupt:
             raise RunStopped(f"stopped by {control.signal_name} while starting; nothing was trained or written",

@@ -76,7 +76,6 @@ def ray_session(
         # through RAY_ADDRESS or a `ray start` on this machine (someone else's, on a shared box).
         with _quiet_auth_notice():
             _init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, **kwargs)
-        reaper = start_reaper()
     else:
         try:
             _init(address=address, **kwargs)
@@ -87,6 +86,8 @@ def ray_session(
                 "an embedded local Ray"
             ) from exc
     try:
+        if address is None:
+            reaper = start_reaper()
         yield _describe(started_here=True)
     finally:
         ray.shutdown()
@@ -95,24 +96,32 @@ def ray_session(
 
 
 def _init(**kwargs: Any) -> None:
-    """ray.init, keeping a SIGTERM handler of this process's own (megarl's RunControl): ray.init
-    installs one that exits at once (``sys.exit(15)``). A SIGTERM during the init, which Ray's
-    handler turns into SystemExit, is handed to the handler that was there before, and Ray's
-    handler is replaced by it afterwards. Without a Python handler before, Ray's stays."""
+    """ray.init, keeping a SIGTERM handler of this process's own (megarl's RunControl).
+
+    ray.init installs a handler that exits at once (``sys.exit(15)``), and a signal that lands
+    while it forks its daemons can even be swallowed (an exception in an at-fork callback is
+    ignored): the stop would be lost. So when this process has a Python handler, Ray is kept
+    from installing its own during the init, and a signal then reaches ours, which records it.
+    Whatever an interrupted init started is shut down. Without a Python handler, Ray's stays."""
     main = threading.current_thread() is threading.main_thread()
     previous = signal.getsignal(signal.SIGTERM) if main else None
     ours = callable(previous)
+    utils = ray._private.utils  # where ray.init looks its installer up, at call time
+    install = utils.set_sigterm_handler
+    if ours:
+        utils.set_sigterm_handler = lambda handler: None
     try:
         ray.init(**kwargs)
-    except SystemExit as exc:
-        if not (ours and exc.code == signal.SIGTERM):
+    except BaseException as exc:  # a signal (SIGTERM, Ctrl-C) or an error: leave no half-started Ray
+        try:
+            if ours and isinstance(exc, SystemExit) and exc.code == signal.SIGTERM:  # Ray's handler after all
+                signal.signal(signal.SIGTERM, previous)  # type: ignore[arg-type]
+                previous(signal.SIGTERM, None)  # type: ignore[misc]  # records the stop; raises KeyboardInterrupt
             raise
-        ray.shutdown()  # whatever the interrupted init started
-        previous(signal.SIGTERM, None)  # type: ignore[misc]  # records the stop; raises KeyboardInterrupt
-        raise
+        finally:
+            ray.shutdown()
     finally:
-        if ours:
-            signal.signal(signal.SIGTERM, previous)  # type: ignore[arg-type]
+        utils.set_sigterm_handler = install
 
 
 @contextmanager
