@@ -79,7 +79,7 @@ def run_sft(cfg: Any, address: str | None = None) -> Path:
     out = Path(s.output_dir).absolute()
     target = out / MODEL_DIR
     _check_target(target, cfg)
-    data = _load_data(cfg)
+    data = _load_data(cfg, min(s.max_length, plan.arch.max_positions))
     steps = s.total_steps or max(1, s.epochs * len(data.train) // s.batch_size)
     placement = role_placements(cfg, plan)[0][0]
     log.info("sft: %d training rows, %d held-out, %d steps of %d sequences (DP=%d)", len(data.train), len(data.val),
@@ -129,7 +129,9 @@ class _Data:
         self.train, self.val, self.pad_id = train, val, pad_id
 
 
-def _load_data(cfg: Any) -> _Data:
+def _load_data(cfg: Any, max_length: int) -> _Data:
+    """The SFT rows, tokenized; rows over ``max_length`` tokens (sft.max_length, or the model's
+    positions when fewer) are dropped."""
     from transformers import AutoTokenizer
 
     from megarl.data.prompts import PromptBuilder
@@ -139,12 +141,12 @@ def _load_data(cfg: Any) -> _Data:
     s, path = cfg.sft, str(cfg.model.path)
     tokenizer = AutoTokenizer.from_pretrained(path)
     eos = eos_token_ids(path, tokenizer)
-    builder = PromptBuilder(tokenizer, max_prompt_length=s.max_length, apply_chat_template=cfg.data.apply_chat_template)
+    builder = PromptBuilder(tokenizer, max_prompt_length=max_length, apply_chat_template=cfg.data.apply_chat_template)
 
     def read(files: list[str], field: str) -> list[Any]:
         return [e for i, f in enumerate(files) for e in read_sft_file(
             f, label=f"sft.{field}[{i}]", builder=builder, eos_id=eos[0], prompt_key=s.prompt_key,
-            response_key=s.response_key, messages_key=s.messages_key, max_length=s.max_length)]  # fmt: skip
+            response_key=s.response_key, messages_key=s.messages_key, max_length=max_length)]  # fmt: skip
 
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
     return _Data(read(s.train_files, "train_files"), read(s.val_files, "val_files"), pad)

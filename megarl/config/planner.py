@@ -119,8 +119,8 @@ class Plan:
 def make_plan(cfg: MegaRLConfig, *, check_files: bool = False, in_process: bool = False, sft: bool = False) -> Plan:
     """Check ``cfg`` and derive the layout; raises PlanError listing every problem.
     ``in_process``: the run will hold every role in one process (`megarl launch --in-process`).
-    ``sft``: the plan of `megarl sft`: the policy's layout and model checks only (the RL batch,
-    rollout, algorithm and memory checks are not its business)."""
+    ``sft``: the plan of `megarl sft`: the RL layout and the policy's model and micro-batch checks
+    (the RL batch arithmetic, sampling, algorithm and memory checks are not its business)."""
     issues: list[Issue] = []
     try:
         arch = resolve_arch(cfg.model.path, cfg.model.arch)
@@ -130,6 +130,7 @@ def make_plan(cfg: MegaRLConfig, *, check_files: bool = False, in_process: bool 
     roles = _layout_roles(cfg, issues)
     if sft:
         _check_model_parallel("actor", cfg.actor, arch, issues)
+        _check_sft(cfg, arch, issues)
         _raise_errors(issues)
         return Plan(arch, cfg.cluster.device, cfg.cluster.placement, roles, None, [i for i in issues if i.level == "warning"])
     for role, section_name in (("policy", "actor"), ("critic", "critic")):
@@ -154,6 +155,19 @@ def make_plan(cfg: MegaRLConfig, *, check_files: bool = False, in_process: bool 
     _raise_errors(issues)
     warnings = [i for i in issues if i.level == "warning"]
     return Plan(arch, cfg.cluster.device, cfg.cluster.placement, roles, memory, warnings)
+
+
+def _check_sft(cfg: MegaRLConfig, arch: ArchSpec, issues: list[Issue]) -> None:
+    """What `megarl sft` needs of the policy's micro-batches (a row of sft.max_length tokens, or of
+    the model's positions when fewer: longer rows are dropped, megarl/commands/sft.py)."""
+    a, s = cfg.actor, cfg.sft
+    if a.max_tokens_per_gpu is None and a.micro_batch_size is None:
+        issues.append(Issue("actor.micro_batch_size", "set micro_batch_size or max_tokens_per_gpu (SFT's micro-batches)"))
+    longest = min(s.max_length, arch.max_positions)
+    if a.max_tokens_per_gpu is not None and a.max_tokens_per_gpu < longest:
+        issues.append(Issue("actor.max_tokens_per_gpu", f"({a.max_tokens_per_gpu}) must hold one full row of "
+                            f"{longest} tokens (sft.max_length, at most the model's positions); raise it or lower "
+                            "sft.max_length"))  # fmt: skip
 
 
 def _raise_errors(issues: list[Issue]) -> None:

@@ -378,7 +378,7 @@ class SFTConfig(Section):
         description="Column of whole conversations [{role, content}], used when the response column is absent: every "
         "assistant turn is trained on, nothing else.",
     )
-    max_length: int = Field(2048, ge=2, description="Rows longer than this many tokens (prompt + response) are dropped, and counted in a warning.")
+    max_length: int = Field(2048, ge=2, description="Rows longer than this many tokens (prompt + response), or than the model's max_position_embeddings when fewer, are dropped and counted in a warning.")
     batch_size: int = Field(64, ge=1, description="Sequences per optimizer step, over all data-parallel ranks (a multiple of the DP size).")
     total_steps: int | None = Field(None, ge=1, description="Optimizer steps; None = sft.epochs passes over the training rows.")
     epochs: int = Field(1, ge=1, description="Passes over the training rows when total_steps is None.")

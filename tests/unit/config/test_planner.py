@@ -142,8 +142,9 @@ def test_batch_arithmetic():
 
 
 def test_sft_is_planned_without_the_rl_checks():
-    """`megarl sft` reads the policy's layout; the RL batch, rollout and algorithm settings of the
-    same config are not its business, the policy's model-parallel rules are."""
+    """`megarl sft` reads the policy's layout; the RL batch arithmetic, sampling and algorithm
+    settings of the same config are not its business, the policy's model-parallel rules and its
+    micro-batches are."""
     rl_only = ("actor.mini_batch_size=100", "rollout.n=1", "data.max_prompt_length=61")
     msg = refused(TINY, *rl_only)
     assert "actor.mini_batch_size" in msg and "rollout.n" in msg and "max_prompt_length" in msg
@@ -151,6 +152,11 @@ def test_sft_is_planned_without_the_rl_checks():
     assert (p.roles["policy"].tp, p.roles["policy"].dp) == (1, 2) and p.memory is None
     with pytest.raises(PlanError, match=r"actor.parallel.tp: \(3\) must divide num_attention_heads"):
         make_plan(load_config(TINY, ["actor.parallel.tp=3"]), sft=True)
+    with pytest.raises(PlanError, match="actor.micro_batch_size: set micro_batch_size or max_tokens_per_gpu"):
+        make_plan(load_config(TINY, ["actor.micro_batch_size=null"]), sft=True)
+    # sft.max_length (2048 by default) is capped by the tiny model's 64 positions
+    with pytest.raises(PlanError, match=r"actor.max_tokens_per_gpu: \(63\) must hold one full row of 64 tokens"):
+        make_plan(load_config(TINY, ["actor.max_tokens_per_gpu=63"]), sft=True)
 
 
 def test_lengths_within_positions():
