@@ -119,20 +119,23 @@ class Plan:
 def make_plan(cfg: MegaRLConfig, *, check_files: bool = False, in_process: bool = False, sft: bool = False) -> Plan:
     """Check ``cfg`` and derive the layout; raises PlanError listing every problem.
     ``in_process``: the run will hold every role in one process (`megarl launch --in-process`).
-    ``sft``: the plan of `megarl sft`: the RL layout and the policy's model and micro-batch checks
-    (the RL batch arithmetic, sampling, algorithm and memory checks are not its business)."""
+    ``sft``: the plan of `megarl sft`: the policy alone on every GPU, its scope, model and
+    micro-batch checks (rollout, critic, RL batches, algorithm and memory are not its business)."""
     issues: list[Issue] = []
     try:
         arch = resolve_arch(cfg.model.path, cfg.model.arch)
     except ArchError as exc:
         raise PlanError([Issue("model", str(exc))]) from None
-    _check_scope(cfg, arch, issues)
-    roles = _layout_roles(cfg, issues)
-    if sft:
+    _check_scope(cfg, arch, issues, sft=sft)
+    if sft:  # the policy alone, on every GPU of the cluster (no rollout pool, no critic)
+        policy = _train_layout("policy", "actor", cfg.actor, list(range(cfg.cluster.world_size)), issues)
         _check_model_parallel("actor", cfg.actor, arch, issues)
         _check_sft(cfg, arch, issues)
         _raise_errors(issues)
-        return Plan(arch, cfg.cluster.device, cfg.cluster.placement, roles, None, [i for i in issues if i.level == "warning"])
+        assert policy is not None  # a layout problem is an error, raised above
+        return Plan(arch, cfg.cluster.device, cfg.cluster.placement, {"policy": policy}, None,
+                    [i for i in issues if i.level == "warning"])  # fmt: skip
+    roles = _layout_roles(cfg, issues)
     for role, section_name in (("policy", "actor"), ("critic", "critic")):
         if role == "policy" or cfg.critic_enabled:
             section = getattr(cfg, section_name)
@@ -176,9 +179,9 @@ def _raise_errors(issues: list[Issue]) -> None:
         raise PlanError(errors)
 
 
-def _check_scope(cfg: MegaRLConfig, arch: ArchSpec, issues: list[Issue]) -> None:
+def _check_scope(cfg: MegaRLConfig, arch: ArchSpec, issues: list[Issue], *, sft: bool = False) -> None:
     later = "not supported yet (see docs/architecture.md, 'Scope'); set it to 1"
-    for section in ("actor", "critic") if cfg.critic_enabled else ("actor",):
+    for section in ("actor", "critic") if cfg.critic_enabled and not sft else ("actor",):
         par = getattr(cfg, section).parallel
         for knob, what in (("vpp", "virtual pipeline stages"), ("cp", "context parallelism"), ("ep", "expert parallelism")):
             value = getattr(par, knob)
@@ -188,7 +191,7 @@ def _check_scope(cfg: MegaRLConfig, arch: ArchSpec, issues: list[Issue]) -> None
         issues.append(Issue("model", f"{arch.name} is a mixture-of-experts model ({arch.num_experts} experts); MoE is not supported yet"))
     if arch.model_type not in ("llama", "qwen2", "qwen3"):
         issues.append(Issue("model", f"model_type {arch.model_type!r} has no bridge; supported: llama, qwen2, qwen3"))
-    if cfg.rollout.engine == "sglang" and cfg.cluster.device == "cpu" and cfg.cluster.placement != "disaggregated":
+    if not sft and cfg.rollout.engine == "sglang" and cfg.cluster.device == "cpu" and cfg.cluster.placement != "disaggregated":
         issues.append(Issue("cluster.placement", "SGLang on cpu runs as a server of its own (its CPU engine cannot release "
                             "memory): set cluster.placement=disaggregated and cluster.rollout_gpus, or rollout.engine=torch"))
 

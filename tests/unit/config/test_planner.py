@@ -142,14 +142,17 @@ def test_batch_arithmetic():
 
 
 def test_sft_is_planned_without_the_rl_checks():
-    """`megarl sft` reads the policy's layout; the RL batch arithmetic, sampling and algorithm
-    settings of the same config are not its business, the policy's model-parallel rules and its
-    micro-batches are."""
-    rl_only = ("actor.mini_batch_size=100", "rollout.n=1", "data.max_prompt_length=61")
+    """`megarl sft` places the policy alone on every GPU; the rollout, critic, RL batch, sampling
+    and algorithm settings of the same config are not its business, the policy's model-parallel
+    rules and its micro-batches are."""
+    rl_only = ("actor.mini_batch_size=100", "rollout.n=1", "data.max_prompt_length=61", "cluster.placement=disaggregated",
+               "cluster.rollout_gpus=1", "rollout.tp=3")  # the torch engine cannot be disaggregated
     msg = refused(TINY, *rl_only)
     assert "actor.mini_batch_size" in msg and "rollout.n" in msg and "max_prompt_length" in msg
+    assert "cluster.placement" in msg
     p = make_plan(load_config(TINY, list(rl_only)), sft=True)
-    assert (p.roles["policy"].tp, p.roles["policy"].dp) == (1, 2) and p.memory is None
+    assert list(p.roles) == ["policy"] and (p.roles["policy"].tp, p.roles["policy"].dp) == (1, 2)  # every GPU
+    assert p.memory is None
     with pytest.raises(PlanError, match=r"actor.parallel.tp: \(3\) must divide num_attention_heads"):
         make_plan(load_config(TINY, ["actor.parallel.tp=3"]), sft=True)
     with pytest.raises(PlanError, match="actor.micro_batch_size: set micro_batch_size or max_tokens_per_gpu"):
