@@ -101,7 +101,9 @@ class PolicyRank(TrainedRank):
         import torch.distributed as dist
         from megatron.core import parallel_state
 
-        local = sum(p.detach().double().abs().sum() for p in self.policy.model.core.parameters())  # on the device
+        from megarl.models.fingerprint import tensor_stats
+
+        local = sum(tensor_stats(p)[1] for p in self.policy.model.core.parameters())  # on the device
         total = torch.as_tensor(local, dtype=torch.float64, device=self.info.device).reshape(1)
         dist.all_reduce(total, group=parallel_state.get_model_parallel_group())
         return float(total)

@@ -100,13 +100,7 @@ def run(cfg: MegaRLConfig, plan, address: str | None = None, resume_command: str
         stopped = lambda: RunStopped(f"stopped by {control.signal_name} while starting; nothing was trained or saved\n"  # noqa: E731
                                      f"start again with: {resume_command or 'the same command'}", control.exit_code)
         with ExitStack() as session:
-            try:
-                session.enter_context(_session(in_process, address, local_cpus, cfg))
-            except KeyboardInterrupt:  # Ctrl-C / SIGTERM while Ray starts
-                raise stopped() from None
-            control.reclaim()
-            if control.stop_requested:  # a signal during ray.init whose interrupt Python swallowed
-                raise stopped()
+            control.enter_starting(session, _session(in_process, address, local_cpus, cfg), stopped)
             try:
                 trainer = build_trainer(cfg, plan, in_process=in_process)
                 return trainer.fit(control)  # stops in the step loop are its own (RunStopped)

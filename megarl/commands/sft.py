@@ -66,7 +66,7 @@ def run_sft(cfg: Any, address: str | None = None) -> Path:
     """Fine-tune, then write and verify ``<sft.output_dir>/model``; returns its path."""
     from megarl.actors.ray_groups.placement import role_placements
     from megarl.actors.ray_groups.session import ray_session
-    from megarl.config.planner import make_plan
+    from megarl.config.planner import make_plan, sft_max_length
 
     s = cfg.sft
     if not s.train_files:
@@ -79,23 +79,21 @@ def run_sft(cfg: Any, address: str | None = None) -> Path:
     out = Path(s.output_dir).absolute()
     target = out / MODEL_DIR
     _check_target(target, cfg)
-    data = _load_data(cfg, min(s.max_length, plan.arch.max_positions))
+    data = _load_data(cfg, sft_max_length(cfg, plan.arch))
     steps = s.total_steps or max(1, s.epochs * len(data.train) // s.batch_size)
     placement = role_placements(cfg, plan)[0][0]
     log.info("sft: %d training rows, %d held-out, %d steps of %d sequences (DP=%d)", len(data.train), len(data.val),
              steps, s.batch_size, dp)  # fmt: skip
     local_cpus = None if (address or cfg.cluster.ray_address) else len(plan.roles["policy"].gpus) + 1
     control = RunControl()
+    stopped = lambda: RunStopped(f"stopped by {control.signal_name} while starting; nothing was trained or "  # noqa: E731
+                                 "written", control.exit_code)
     with control.handlers(), ExitStack() as session:
-        try:  # Ctrl-C / SIGTERM while Ray starts or the workers load the model: nothing to keep
-            session.enter_context(ray_session(address or cfg.cluster.ray_address, num_cpus=local_cpus))
-            control.reclaim()  # ray.init installed its own SIGTERM handler
-            if control.stop_requested:  # a signal during ray.init whose interrupt Python swallowed
-                raise KeyboardInterrupt
+        control.enter_starting(session, ray_session(address or cfg.cluster.ray_address, num_cpus=local_cpus), stopped)
+        try:  # the workers load the model: a signal now leaves nothing to keep either
             client, group = _start_group(cfg, placement, steps, out / "logs")
         except KeyboardInterrupt:
-            raise RunStopped(f"stopped by {control.signal_name} while starting; nothing was trained or written",
-                             control.exit_code) from None  # fmt: skip
+            raise stopped() from None
         try:
             done = _train(cfg, client, data, steps, dp, control)
             control.cleaning = True  # the weights are written whatever comes now

@@ -160,13 +160,17 @@ def make_plan(cfg: MegaRLConfig, *, check_files: bool = False, in_process: bool 
     return Plan(arch, cfg.cluster.device, cfg.cluster.placement, roles, memory, warnings)
 
 
+def sft_max_length(cfg: MegaRLConfig, arch: ArchSpec) -> int:
+    """The longest row `megarl sft` keeps: sft.max_length, or the model's positions when fewer."""
+    return min(cfg.sft.max_length, arch.max_positions)
+
+
 def _check_sft(cfg: MegaRLConfig, arch: ArchSpec, issues: list[Issue]) -> None:
-    """What `megarl sft` needs of the policy's micro-batches (a row of sft.max_length tokens, or of
-    the model's positions when fewer: longer rows are dropped, megarl/commands/sft.py)."""
-    a, s = cfg.actor, cfg.sft
-    if a.max_tokens_per_gpu is None and a.micro_batch_size is None:
-        issues.append(Issue("actor.micro_batch_size", "set micro_batch_size or max_tokens_per_gpu (SFT's micro-batches)"))
-    longest = min(s.max_length, arch.max_positions)
+    """What `megarl sft` needs of the policy's micro-batches: room for its longest row."""
+    a = cfg.actor
+    if not _micro_batching_set("actor", a, issues):
+        return
+    longest = sft_max_length(cfg, arch)
     if a.max_tokens_per_gpu is not None and a.max_tokens_per_gpu < longest:
         issues.append(Issue("actor.max_tokens_per_gpu", f"({a.max_tokens_per_gpu}) must hold one full row of "
                             f"{longest} tokens (sft.max_length, at most the model's positions); raise it or lower "
@@ -265,8 +269,7 @@ def _check_batches(section: str, cfg: ActorConfig, layout: RoleLayout, full: Meg
     if samples % mini:
         issues.append(Issue(f"{section}.mini_batch_size", f"({mini}) must divide the samples of a step, data.prompts_per_step x "
                             f"rollout.n = {full.data.prompts_per_step} x {full.rollout.n} = {samples}; try {_join(_divisors(samples)[-4:])}"))
-    if cfg.max_tokens_per_gpu is None and cfg.micro_batch_size is None:
-        issues.append(Issue(f"{section}.micro_batch_size", "set micro_batch_size or max_tokens_per_gpu"))
+    if not _micro_batching_set(section, cfg, issues):
         return
     unit = layout.dp * (cfg.micro_batch_size if cfg.max_tokens_per_gpu is None else 1)
     if mini % unit:
@@ -277,6 +280,13 @@ def _check_batches(section: str, cfg: ActorConfig, layout: RoleLayout, full: Meg
     if cfg.max_tokens_per_gpu is not None and cfg.max_tokens_per_gpu < seq:
         issues.append(Issue(f"{section}.max_tokens_per_gpu", f"({cfg.max_tokens_per_gpu}) must hold one full sequence "
                             f"(max_prompt_length + max_new_tokens = {seq})"))
+
+
+def _micro_batching_set(section: str, cfg: ActorConfig, issues: list[Issue]) -> bool:
+    if cfg.max_tokens_per_gpu is None and cfg.micro_batch_size is None:
+        issues.append(Issue(f"{section}.micro_batch_size", "set micro_batch_size or max_tokens_per_gpu"))
+        return False
+    return True
 
 
 # Which weight transports reach which engines (see megarl/rollout/transports.py).

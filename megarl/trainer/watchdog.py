@@ -26,8 +26,8 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +102,18 @@ class RunControl:
         if self.installed:
             signal.signal(signal.SIGINT, self._on_signal)
             signal.signal(signal.SIGTERM, self._on_signal)
+
+    def enter_starting(self, stack: ExitStack, session: AbstractContextManager[Any], stopped: Callable[[], Exception]) -> None:
+        """Enter ``session`` (Ray's start) on ``stack``; a Ctrl-C / SIGTERM meanwhile raises
+        ``stopped()``, also when Python swallowed its interrupt but the handler recorded it (a
+        signal inside ray.init's at-fork callbacks: megarl/actors/ray_groups/session.py)."""
+        try:
+            stack.enter_context(session)
+        except KeyboardInterrupt:
+            raise stopped() from None
+        self.reclaim()
+        if self.stop_requested:
+            raise stopped()
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         first = self.signal is None

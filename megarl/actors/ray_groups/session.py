@@ -107,8 +107,8 @@ def _init(**kwargs: Any) -> None:
     previous = signal.getsignal(signal.SIGTERM) if main else None
     ours = callable(previous)
     utils = ray._private.utils  # where ray.init looks its installer up, at call time
-    install = utils.set_sigterm_handler
-    if ours:
+    install = getattr(utils, "set_sigterm_handler", None)  # another Ray: the SystemExit path below
+    if ours and install is not None:
         utils.set_sigterm_handler = lambda handler: None
     try:
         ray.init(**kwargs)
@@ -121,7 +121,8 @@ def _init(**kwargs: Any) -> None:
         finally:
             ray.shutdown()
     finally:
-        utils.set_sigterm_handler = install
+        if install is not None:
+            utils.set_sigterm_handler = install
 
 
 @contextmanager
