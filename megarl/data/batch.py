@@ -23,6 +23,7 @@ import torch
 # Per-token float tensors filled in as the step progresses, all [B, R].
 TOKEN_FIELDS = (
     "rollout_logprobs",
+    "turn_rewards",
     "old_logprobs",
     "ref_logprobs",
     "values",
@@ -33,7 +34,9 @@ TOKEN_FIELDS = (
 # Per-sample python lists, length B.
 LIST_FIELDS = ("data_source", "ground_truth", "extra_info", "finish_reason", "prompt_text")
 
-FINISH_REASONS = ("stop", "length", "abort")
+# Why a sample ended: the engine stopped it (stop / length / abort), or its agent loop did
+# (megarl/agents/loops.py: max_turns, max_tool_calls, tool_error, timeout).
+FINISH_REASONS = ("stop", "length", "abort", "max_turns", "max_tool_calls", "tool_error", "timeout")
 
 
 @dataclass(frozen=True)
@@ -49,10 +52,11 @@ class Batch:
     data_source: list[str] = field(default_factory=list)
     ground_truth: list[Any] = field(default_factory=list)
     extra_info: list[dict] = field(default_factory=list)
-    finish_reason: list[str] = field(default_factory=list)  # "stop" | "length" | "abort"
+    finish_reason: list[str] = field(default_factory=list)  # one of FINISH_REASONS
     prompt_text: list[str] = field(default_factory=list)
     scores: torch.Tensor | None = None  # [B] float, outcome reward of each sample
     rollout_logprobs: torch.Tensor | None = None  # [B, R] engine log-probs at the rollout T
+    turn_rewards: torch.Tensor | None = None  # [B, R] per-turn rewards of agent loops, on each turn's last generated token
     old_logprobs: torch.Tensor | None = None  # [B, R] trainer log-probs before the update
     ref_logprobs: torch.Tensor | None = None  # [B, R] reference-policy log-probs
     values: torch.Tensor | None = None  # [B, R] critic values

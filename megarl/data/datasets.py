@@ -7,6 +7,7 @@ The schema (one row per prompt), as verl and most RL recipes write it:
     ability       str (optional)                        e.g. "math"
     reward_model  {ground_truth: any, style: str}       what the reward function checks against
     extra_info    dict (optional)                       free per-row metadata, passed to rewards
+    agent_name    str (optional)                        the row's agent loop (docs/agents.md)
 
 Every malformed row or missing column is a :class:`DataError` naming the file (with the config
 field it came from), the row and the column. This module only reads and checks; rendering
@@ -26,7 +27,8 @@ Prompt = str | list[dict[str, str]]
 REQUIRED_COLUMNS = ("data_source", "reward_model")
 SCHEMA_HELP = (
     "expected the verl schema: data_source (str), prompt (str or list of {role, content}), "
-    "ability (str, optional), reward_model ({ground_truth, style}), extra_info (dict, optional); "
+    "ability (str, optional), reward_model ({ground_truth, style}), extra_info (dict, optional), "
+    "agent_name (str, optional); "
     "`megarl data convert` writes it from JSONL/CSV"
 )
 
@@ -46,6 +48,7 @@ class PromptRecord:
     ability: str = ""
     style: str = "rule"
     extra_info: dict[str, Any] = field(default_factory=dict)
+    agent_name: str = ""  # "" = rollout.agent.default_agent
 
 
 def file_label(field_name: str, path: str | Path) -> str:
@@ -96,7 +99,7 @@ def check_prompt_file(path: str | Path, *, label: str = "", prompt_key: str = "p
     meta = parquet.metadata
     if meta.num_rows == 0:
         raise DataError(f"{label}: {path} has no rows; training needs at least one prompt")
-    columns = [c for c in ("data_source", prompt_key, "ability", "reward_model", "extra_info") if c in names]
+    columns = [c for c in ("data_source", prompt_key, "ability", "reward_model", "extra_info", "agent_name") if c in names]
     groups = _spread(meta.num_row_groups, sample_rows)
     per_group = max(1, sample_rows // len(groups))
     starts = [0]
@@ -144,14 +147,17 @@ def _check_table(label: str, table: Any, prompt_key: str, rows: range) -> list[P
     data = {name: table.column(name).to_pylist() for name in (*REQUIRED_COLUMNS, prompt_key)}
     ability = table.column("ability").to_pylist() if "ability" in names else [None] * table.num_rows
     extra = table.column("extra_info").to_pylist() if "extra_info" in names else [None] * table.num_rows
+    agents = table.column("agent_name").to_pylist() if "agent_name" in names else [None] * table.num_rows
     return [
-        _check_row(label, row, data["data_source"][i], data[prompt_key][i], prompt_key, ability[i], data["reward_model"][i], extra[i])
+        _check_row(label, row, data["data_source"][i], data[prompt_key][i], prompt_key, ability[i], data["reward_model"][i],
+                   extra[i], agents[i])  # fmt: skip
         for i, row in enumerate(rows)
     ]
 
 
 def _check_row(
-    label: str, i: int, data_source: Any, prompt: Any, prompt_key: str, ability: Any, reward_model: Any, extra_info: Any
+    label: str, i: int, data_source: Any, prompt: Any, prompt_key: str, ability: Any, reward_model: Any, extra_info: Any,
+    agent_name: Any = None,
 ) -> PromptRecord:
     def bad(column: str, expected: str, value: Any) -> DataError:
         shown = type(value).__name__ if value is not None else "null"
@@ -171,6 +177,8 @@ def _check_row(
         raise bad("reward_model.style", "a string", style)
     if extra_info is not None and not isinstance(extra_info, dict):
         raise bad("extra_info", "a struct (dict) or null", extra_info)
+    if agent_name is not None and not isinstance(agent_name, str):
+        raise bad("agent_name", "a string or null", agent_name)
     return PromptRecord(
         data_source=data_source,
         prompt=checked,
@@ -179,6 +187,7 @@ def _check_row(
         ability=ability or "",
         style=style or "rule",
         extra_info=dict(extra_info or {}),
+        agent_name=agent_name or "",
     )
 
 

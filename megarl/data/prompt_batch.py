@@ -8,7 +8,7 @@ samples of prompt j get ``group_id = j`` and their own copy of the prompt's meta
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -24,11 +24,17 @@ class PromptBatch:
     index: list[int]  # the row of each prompt in its file
     file_index: list[int]  # which file (position in data.train_files / data.val_files)
     step: int = -1  # the RL step that drew this batch (-1: validation)
+    # Optional, empty or length P: each prompt's agent loop (data column agent_name; "" = the
+    # default) and its prompt as stored (a string or chat messages), for multi-turn loops.
+    agent_name: list[str] = field(default_factory=list)
+    raw_prompt: list[Any] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         n = len(self.prompt_ids)
         for name in ("prompt_text", "data_source", "ground_truth", "extra_info", "index", "file_index"):
             assert len(getattr(self, name)) == n, (name, len(getattr(self, name)), n)
+        for name in ("agent_name", "raw_prompt"):
+            assert len(getattr(self, name)) in (0, n), (name, len(getattr(self, name)), n)
 
     def __len__(self) -> int:
         return len(self.prompt_ids)
@@ -45,4 +51,6 @@ class PromptBatch:
             index=[self.index[i] for i in pick],
             file_index=[self.file_index[i] for i in pick],
             step=self.step,
+            agent_name=[self.agent_name[i] for i in pick] if self.agent_name else [],
+            raw_prompt=[self.raw_prompt[i] for i in pick] if self.raw_prompt else [],
         )

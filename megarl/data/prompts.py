@@ -2,7 +2,8 @@
 
 With ``apply_chat_template`` (the default) a prompt is rendered by the tokenizer's own chat
 template with ``add_generation_prompt=True`` (a plain-string prompt becomes one user message),
-then tokenized without adding special tokens again (the template already holds them). Without
+then tokenized without adding special tokens again (the template already holds them); with
+rollout.agent.tools_file the template also gets the tools' schemas (``tools=``). Without
 it the prompt text is tokenized as is, with the tokenizer's usual special tokens (e.g. BOS);
 a message list is accepted there only when it holds a single message.
 
@@ -37,6 +38,7 @@ class PromptBuilder:
         max_prompt_length: int,
         truncation: Truncation = "error",
         apply_chat_template: bool = True,
+        tools: Sequence[dict[str, Any]] = (),
     ) -> None:
         if truncation not in TRUNCATIONS:
             raise DataError(f"data.truncation is {truncation!r}; use one of {', '.join(TRUNCATIONS)}")
@@ -52,14 +54,16 @@ class PromptBuilder:
         self.max_prompt_length = max_prompt_length
         self.truncation: Truncation = truncation
         self.apply_chat_template = apply_chat_template
+        self.tools = list(tools) or None  # tool schemas the chat template shows (rollout.agent.tools_file)
 
     @classmethod
-    def from_config(cls, cfg: DataConfig, tokenizer: Any) -> PromptBuilder:
+    def from_config(cls, cfg: DataConfig, tokenizer: Any, tools: Sequence[dict[str, Any]] = ()) -> PromptBuilder:
         return cls(
             tokenizer,
             max_prompt_length=cfg.max_prompt_length,
             truncation=cfg.truncation,
             apply_chat_template=cfg.apply_chat_template,
+            tools=tools,
         )
 
     def render(self, prompt: Prompt, where: str = "prompt") -> str:
@@ -67,7 +71,7 @@ class PromptBuilder:
         if self.apply_chat_template:
             messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
             try:
-                return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+                return self.tokenizer.apply_chat_template(messages, tools=self.tools, add_generation_prompt=True, tokenize=False)
             except Exception as exc:  # jinja raises for e.g. a role the template refuses
                 raise DataError(f"{where}: the tokenizer's chat template failed on this prompt ({exc})") from exc
         if isinstance(prompt, str):

@@ -13,6 +13,7 @@ step draws are templated and tokenized when drawn. Validation prompts come whole
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -75,6 +76,8 @@ def encode_records(sets: list[PromptSet], picks: list[tuple[int, int]], builder:
         index=[r.row for r in records],
         file_index=[f for f, _ in picks],
         step=step,
+        agent_name=[r.agent_name for r in records],
+        raw_prompt=[r.prompt for r in records],
     )
 
 
@@ -129,9 +132,10 @@ class PromptStream:
         self.sampler.load_state_dict(state["sampler"])
 
 
-def build_train_stream(cfg: DataConfig, tokenizer: Any) -> PromptStream:
-    """Load ``cfg.train_files`` (checked, filtered) and build the seeded, weighted sampler."""
-    builder = PromptBuilder.from_config(cfg, tokenizer)
+def build_train_stream(cfg: DataConfig, tokenizer: Any, tools: Sequence[dict[str, Any]] = ()) -> PromptStream:
+    """Load ``cfg.train_files`` (checked, filtered) and build the seeded, weighted sampler;
+    ``tools``: the schemas the chat template shows."""
+    builder = PromptBuilder.from_config(cfg, tokenizer, tools)
     if not cfg.train_files:
         raise DataError("data.train_files is empty; give at least one parquet file in the verl schema")
     sets = [
@@ -156,12 +160,12 @@ def build_train_stream(cfg: DataConfig, tokenizer: Any) -> PromptStream:
     return stream
 
 
-def load_val_prompts(cfg: DataConfig, tokenizer: Any) -> PromptBatch | None:
+def load_val_prompts(cfg: DataConfig, tokenizer: Any, tools: Sequence[dict[str, Any]] = ()) -> PromptBatch | None:
     """Every prompt of ``cfg.val_files`` in file order (overlong ones filtered as for training);
     None when no validation files are configured."""
     if not cfg.val_files:
         return None
-    builder = PromptBuilder.from_config(cfg, tokenizer)
+    builder = PromptBuilder.from_config(cfg, tokenizer, tools)
     sets = [
         load_prompt_set(
             path,

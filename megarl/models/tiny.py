@@ -14,11 +14,15 @@ Two tokenizers:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+# With tools (an agent's schemas), a first system turn lists them, one JSON object per line, as
+# Qwen's templates do.
 CHATML_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n# Tools\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}<|im_end|>\n{% endif %}"
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
@@ -30,8 +34,9 @@ TASK_TEMPLATE = (
 ARCHS = ("qwen2", "qwen3", "llama")
 
 
-def build_tokenizer(task_vocab: str | None = None):
-    """A ``PreTrainedTokenizerFast`` (byte-level, or one token per character of ``task_vocab``)."""
+def build_tokenizer(task_vocab: str | None = None, markers: Sequence[str] = ()):
+    """A ``PreTrainedTokenizerFast`` (byte-level, or one token per character of ``task_vocab``);
+    ``markers`` (e.g. ``<tool_call>``) are added as single tokens, after the special ones."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -52,6 +57,7 @@ def build_tokenizer(task_vocab: str | None = None):
         template = TASK_TEMPLATE
         unk = "<unk>"
     tok.add_special_tokens(list(SPECIAL_TOKENS))
+    tok.add_tokens(list(markers))
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",
@@ -126,6 +132,7 @@ def build_tiny_model(
     arch: str = "qwen2",
     *,
     task_vocab: str | None = None,
+    markers: Sequence[str] = (),
     seed: int = 0,
     dtype: str = "float32",
     **config_kwargs: Any,
@@ -140,7 +147,7 @@ def build_tiny_model(
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(task_vocab)
+    tokenizer = build_tokenizer(task_vocab, markers)
     config = tiny_hf_config(
         arch,
         vocab_size=len(tokenizer),
