@@ -1,0 +1,1 @@
+"""Agent loops: multi-turn, tool-calling rollouts."""
