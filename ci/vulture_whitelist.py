@@ -13,8 +13,13 @@ kl_k1; kl_k2; kl_k3; kl_abs
 LlamaBridge; Qwen2Bridge; Qwen3Bridge  # @register_bridge, found by HF model_type
 # The documented extension examples, named by import path in configs (docs/extending.md).
 centered_score; unclipped_ratio; generate_with_prefix
+# Agent loops, tools and parsers: registered by decorator, named by the data (agent_name) or a
+# tool file (class_name); the agent examples by import path (docs/agents.md).
+SingleTurn; ToolAgent; Calculator; PythonTool; Retrieval; parse_hermes; AnswerCheck; digit_calls; EchoUser
+create_kwargs; execute_kwargs; release_kwargs  # the Tool base class's signature (verl's BaseTool)
 
 # pydantic: validators, the model config, fields read by name (getattr) in the planner.
+_._default_agent; _._loops; _._tool_parser; _._known_default
 _._path_or_arch; _._strings_to_files; _._string_to_list; _._generate_function; _._estimator; _._policy_loss
 model_config; vpp; cp; ep
 

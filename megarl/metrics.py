@@ -126,6 +126,11 @@ CATALOGUE: tuple[Metric, ...] = (
     Metric("response_length/mean", "mean", "rollout", "response length in tokens, mean over samples"),
     Metric("response_length/max", "max", "rollout", "longest response in tokens"),
     Metric("response/truncated_frac", "mean", "rollout", "share of samples cut by max_new_tokens (finish reason length)"),
+    Metric("response/finish_<reason>_frac", "mean", "rollout", "share of samples that ended for a reason other than stop or length (abort, max_turns, max_tool_calls, tool_error, timeout); logged when it occurs"),
+    Metric("agent/turns_mean", "mean", "rollout", "model turns per trajectory (multi-turn agent loops)"),
+    Metric("agent/tool_calls_mean", "mean", "rollout", "tool calls per trajectory, malformed ones included"),
+    Metric("agent/tool_failures_mean", "mean", "rollout", "failed tool calls (raised, timed out, malformed, unknown tool) per trajectory"),
+    Metric("agent/with_tool_call_frac", "mean", "rollout", "share of trajectories with at least one tool call that ran"),
     Metric("dynamic_sampling/rounds", "sum", "rollout", "generation rounds of DAPO dynamic sampling this step"),
     Metric("dynamic_sampling/kept_groups", "sum", "rollout", "groups with reward variance kept by dynamic sampling"),
     # ---- scoring (megarl.rewards.scorer.ScoreResult.metrics) -------------------------------

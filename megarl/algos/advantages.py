@@ -288,8 +288,11 @@ def token_rewards_from_scores(
     response_mask: torch.Tensor,
     kl: torch.Tensor | None = None,
     kl_coef: float = 0.0,
+    turn_rewards: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """[B, R] the score on each row's last response token, minus ``kl_coef * kl`` on valid tokens.
+    """[B, R] the score on each row's last response token, plus ``turn_rewards`` [B, R] (agent
+    loops' per-turn rewards, each on its turn's last generated token), minus ``kl_coef * kl`` on
+    valid tokens.
 
     An empty response keeps its score at position 0 (masked out of the loss, still counted by
     the outcome estimators, which sum the row) so its group statistics stay right.
@@ -297,6 +300,8 @@ def token_rewards_from_scores(
     rewards = torch.zeros_like(response_mask, dtype=scores.dtype)
     last = (response_lengths.to(torch.long) - 1).clamp(min=0)[:, None]  # [B, 1]
     rewards.scatter_(1, last, scores[:, None].to(rewards.dtype))
+    if turn_rewards is not None:
+        rewards = rewards + turn_rewards.to(rewards.dtype)
     if kl is not None and kl_coef:
         rewards = rewards - kl_coef * kl * response_mask
     return rewards

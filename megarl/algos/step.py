@@ -51,7 +51,8 @@ def advantage_step(
         metrics["reward/kl"] = pair(current_kl)
         metrics["reward/kl_coef"] = pair(coef)
         kl_controller.update(float(current_kl), n_steps=len(batch))
-    rewards = token_rewards_from_scores(scores, batch.response_lengths, mask, kl=kl, kl_coef=coef)
+    rewards = token_rewards_from_scores(scores, batch.response_lengths, mask, kl=kl, kl_coef=coef,
+                                        turn_rewards=batch.turn_rewards)  # fmt: skip
     out = compute_advantages(batch.replace(token_rewards=rewards), cfg, baseline_scores)
     valid = (mask > 0).to(out.advantages.dtype)  # [B, R]
     metrics["advantages/mean"] = pair((out.advantages * valid).sum(), valid.sum())

@@ -230,9 +230,10 @@ def _check_prompts(cfg: Any, records: list[Any], tokenizer_dir: str) -> None:
         raise GenerateError("--data has no rows")
     if cfg.data.truncation != "error":
         return
+    from megarl.agents.rollout import prompt_tools
     from megarl.data.prompts import PromptBuilder
 
-    builder = PromptBuilder.from_config(cfg.data, AutoTokenizer.from_pretrained(tokenizer_dir))
+    builder = PromptBuilder.from_config(cfg.data, AutoTokenizer.from_pretrained(tokenizer_dir), prompt_tools(cfg))
     too_long = builder.overlong([r.prompt for r in records])
     over = [r.row for r, drop in zip(records, too_long, strict=True) if drop]
     if over:
@@ -261,15 +262,15 @@ def _generate_parts(cfg: Any, model_dir: Path, data: Path, records: list[Any], p
     import pyarrow.parquet as pq
     from transformers import AutoTokenizer
 
+    from megarl.agents.rollout import make_generate, prompt_tools
     from megarl.data.prompts import PromptBuilder
     from megarl.progress import counting
-    from megarl.rollout.collect import GENERATE_FUNCTIONS
     from megarl.rollout.engine import eos_token_ids
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     eos = eos_token_ids(model_dir, tokenizer)
-    builder = PromptBuilder.from_config(cfg.data, tokenizer)
-    produce = GENERATE_FUNCTIONS.get(cfg.rollout.generate_function)
+    builder = PromptBuilder.from_config(cfg.data, tokenizer, prompt_tools(cfg))
+    produce = make_generate(cfg, tokenizer, eos)
     table = pq.read_table(data)
     done = sum(len(p) for i, p in enumerate(parts) if i not in todo)
     with open_engines(cfg, model_dir, partial / "logs") as engines, \
@@ -288,7 +289,8 @@ def _prompt_batch(records: list[Any], rows: range, builder: Any) -> Any:
     ids, texts = builder.encode([r.prompt for r in picked], [f"--data: row {r.row}" for r in picked])
     return PromptBatch(prompt_ids=ids, prompt_text=texts, data_source=[r.data_source for r in picked],
                        ground_truth=[r.ground_truth for r in picked], extra_info=[dict(r.extra_info) for r in picked],
-                       index=[r.row for r in picked], file_index=[0] * len(picked))  # fmt: skip
+                       index=[r.row for r in picked], file_index=[0] * len(picked),
+                       agent_name=[r.agent_name for r in picked], raw_prompt=[r.prompt for r in picked])  # fmt: skip
 
 
 def _sampling(cfg: Any, part: int) -> Any:

@@ -160,6 +160,85 @@ class ValSamplingConfig(Section):
     )
 
 
+AGENT_LOOPS = ("single_turn", "tool_agent")  # megarl.agents.loops.LOOPS holds the classes
+TOOL_PARSERS = ("hermes",)  # megarl.agents.tool_calls.PARSERS
+
+
+class AgentConfig(Section):
+    default_agent: str = Field(
+        "single_turn",
+        description="The agent loop of a sample whose data row has no agent_name column: single_turn, tool_agent, "
+        "or a name from loops.",
+    )
+    loops: dict[str, str] = Field(
+        default_factory=dict,
+        description="Your own agent loops: agent_name -> package.module:Class (an AgentLoop subclass, docs/agents.md).",
+    )
+    tools_file: str | None = Field(
+        None,
+        description="Tool file in verl's format (tools: [{class_name, config, tool_schema}]); the schemas go to the "
+        "chat template. Built-in class names: calculator, python, retrieval.",
+    )
+    interactions_file: str | None = Field(
+        None,
+        description="Interaction file in verl's format (interaction: [{name, class_name, config}]): a simulated user "
+        "who answers between turns, chosen per sample by extra_info.interaction_kwargs.name.",
+    )
+    tool_parser: str = Field("hermes", description="How tool calls are found in a turn: hermes (<tool_call>{json}</tool_call>) or package.module:function.")
+    max_turns: int = Field(8, ge=1, description="Model turns per trajectory; a trajectory still calling tools after them ends as max_turns.")
+    max_tool_calls: int = Field(16, ge=1, description="Tool calls per trajectory; a turn that would exceed it ends the trajectory as max_tool_calls.")
+    max_tool_failures: int = Field(
+        3, ge=1, description="Failed tool calls (errors, timeouts, malformed calls) after which a trajectory ends as tool_error or timeout."
+    )
+    max_tokens_per_turn: int | None = Field(
+        None, ge=1, description="Tokens one model turn may generate; None = what is left of rollout.sampling.max_new_tokens, "
+        "which bounds the whole response (model turns, tool answers and user turns together)."
+    )
+    turn_rewards: bool = Field(
+        False,
+        description="Also reward each turn: a tool call's reward and an interaction's turn score go on the last generated "
+        "token of the turn that earned them (the reward function's score stays on the trajectory's last token). "
+        "Outcome estimators (grpo, rloo, ...) add them to the trajectory's score; gae and reinforce_plus_plus credit "
+        "each to the tokens before it (docs/agents.md).",
+    )
+    tool_timeout_s: float = Field(30.0, gt=0, description="Seconds one tool call may take; then the model is told it timed out.")
+    max_concurrent: int = Field(1024, ge=1, description="Trajectories in flight at once (each engine batches its share of them).")
+    overlap_tools: bool | None = Field(
+        None,
+        description="Let trajectories whose tools answered generate while other tools still run. None = on with SGLang, "
+        "off with the torch engine, where every turn waits for the turn's tools so that a resumed run regenerates exactly.",
+    )
+
+    @field_validator("default_agent")
+    @classmethod
+    def _default_agent(cls, value: str) -> str:
+        if not value:
+            raise ValueError("rollout.agent.default_agent is empty; use single_turn, tool_agent or a name from loops")
+        return value
+
+    @field_validator("loops")
+    @classmethod
+    def _loops(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, path in value.items():
+            if name in AGENT_LOOPS:
+                raise ValueError(f"rollout.agent.loops.{name}: {name} is a built-in loop; give yours another name")
+            if not IMPORT_PATH.match(path):
+                raise ValueError(f"rollout.agent.loops.{name} {path!r} is not an import path package.module:Class")
+        return value
+
+    @field_validator("tool_parser")
+    @classmethod
+    def _tool_parser(cls, value: str) -> str:
+        return _builtin_or_import_path(value, TOOL_PARSERS, "rollout.agent.tool_parser")
+
+    @model_validator(mode="after")
+    def _known_default(self) -> AgentConfig:
+        if self.default_agent not in (*AGENT_LOOPS, *self.loops):
+            raise ValueError(f"rollout.agent.default_agent {self.default_agent!r} is not a loop; "
+                             f"use {', '.join((*AGENT_LOOPS, *self.loops))}")  # fmt: skip
+        return self
+
+
 class RolloutConfig(Section):
     engine: Literal["sglang", "torch"] = Field("sglang", description="sglang on GPUs; torch is the reference engine (CPU, CI, debugging).")
     tp: int = Field(1, ge=1, description="Tensor parallel size of one rollout engine.")
@@ -184,12 +263,15 @@ class RolloutConfig(Section):
     n: int = Field(8, ge=1, description="Samples (responses) per prompt.")
     generate_function: str = Field(
         "default",
-        description="How a step's prompts become a Batch of responses: default (one single-turn response per sample), "
-        "or your own as package.module:function(engines, prompts, params) -> Batch (docs/extending.md).",
+        description="How a step's prompts become a Batch of responses: default (each sample's agent loop, "
+        "rollout.agent; single-turn unless the data says otherwise), or your own as package.module:function(engines, prompts, params) -> Batch (docs/extending.md).",
     )
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Sampling of training rollouts.")
     val: ValSamplingConfig = Field(default_factory=ValSamplingConfig, description="Sampling of validation rollouts.")
     weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig, description="Trainer -> engine weight transfer.")
+    agent: AgentConfig = Field(
+        default_factory=AgentConfig, description="Multi-turn, tool-calling rollouts: agent loops chosen per sample by the agent_name column."
+    )
 
     @field_validator("generate_function")
     @classmethod

@@ -219,4 +219,19 @@ def rollout_metrics(batch: Batch) -> dict[str, float]:
         "response_length/mean": float(lengths.mean()),
         "response_length/max": float(lengths.max()),
         "response/truncated_frac": sum(r == "length" for r in batch.finish_reason) / max(len(batch), 1),
+        **_agent_metrics(batch),
     }
+
+
+def _agent_metrics(batch: Batch) -> dict[str, float]:
+    """Finish reasons beyond stop / length, and the agent loops' counts (megarl/agents/rollout.py)."""
+    out: dict[str, float] = {}
+    for reason in sorted(set(batch.finish_reason) - {"stop", "length"}):
+        out["response/finish_<reason>_frac".replace("<reason>", reason)] = batch.finish_reason.count(reason) / len(batch)
+    counts = [e["agent"] for e in batch.extra_info if isinstance(e.get("agent"), dict)]
+    if counts:
+        out["agent/turns_mean"] = sum(c["turns"] for c in counts) / len(counts)
+        out["agent/tool_calls_mean"] = sum(c["tool_calls"] for c in counts) / len(counts)
+        out["agent/tool_failures_mean"] = sum(c["tool_failures"] for c in counts) / len(counts)
+        out["agent/with_tool_call_frac"] = sum(c["tool_calls"] > c["tool_failures"] for c in counts) / len(counts)
+    return out

@@ -17,8 +17,8 @@ from megarl.config.planner import Plan
 from megarl.config.residency import residency_of
 from megarl.config.sections import MegaRLConfig
 from megarl.rollout.collect import (
-    GENERATE_FUNCTIONS,
     DynamicSamplingCollector,
+    GenerateFn,
     GreedyBaseline,
     NoBaseline,
     PlainCollector,
@@ -59,9 +59,11 @@ def build_trainer(cfg: MegaRLConfig, plan: Plan, *, in_process: bool = False) ->
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(config_to_yaml(cfg))
     tokenizer, eos_ids = _tokenizer(cfg.model.path)
+    from megarl.agents.rollout import make_generate, prompt_tools
     from megarl.data.stream import build_train_stream, load_val_prompts
 
-    stream = build_train_stream(cfg.data, tokenizer)
+    generate = make_generate(cfg, tokenizer, eos_ids)  # builds the tools: a bad tool file fails before any worker
+    stream = build_train_stream(cfg.data, tokenizer, prompt_tools(cfg))
     total_steps = cfg.trainer.total_steps or cfg.trainer.total_epochs * stream.steps_per_epoch()
     closers: list[Callable[[], None]] = []  # what was started, undone in reverse on failure or at shutdown
     try:
@@ -75,8 +77,8 @@ def build_trainer(cfg: MegaRLConfig, plan: Plan, *, in_process: bool = False) ->
         rewards = RewardScorer(cfg.reward)
         closers.append(rewards.close)
         scorer = Scorer(rewards, tokenizer, eos_ids)
-        val_prompts = load_val_prompts(cfg.data, tokenizer)
-        parts = _components(cfg, models, stream, val_prompts, scorer, total_steps, sglang)
+        val_prompts = load_val_prompts(cfg.data, tokenizer, prompt_tools(cfg))
+        parts = _components(cfg, models, stream, val_prompts, scorer, generate, total_steps, sglang)
     except BaseException:
         _close_all(closers)
         raise
@@ -146,8 +148,8 @@ def _start_sglang(cfg: MegaRLConfig, plan: Plan, models: dict[str, Any], log_dir
     return start_sglang(cfg, plan, models, log_dir)
 
 
-def _components(cfg: MegaRLConfig, models: dict[str, Any], stream: Any, val_prompts: Any, scorer: Scorer, total_steps: int,
-                sglang: Any = None) -> Components:  # fmt: skip
+def _components(cfg: MegaRLConfig, models: dict[str, Any], stream: Any, val_prompts: Any, scorer: Scorer, generate: GenerateFn,
+                total_steps: int, sglang: Any = None) -> Components:  # fmt: skip
     policy = models["policy"]
     temperature = cfg.rollout.sampling.temperature
     # One memory hand-over per run (megarl/rollout/handover.py): every phase below enters its
@@ -156,7 +158,6 @@ def _components(cfg: MegaRLConfig, models: dict[str, Any], stream: Any, val_prom
     handover = sglang.handover if sglang is not None else Handover(residency_of(cfg), models)
     engines = HandedOverEngines(WorkerEngines(policy) if sglang is None else sglang.engines, handover)
     forward = PolicyForward(policy, handover)
-    generate = GENERATE_FUNCTIONS.get(cfg.rollout.generate_function)
     plain = PlainCollector(engines, scorer, generate)
     ds = cfg.algorithm.dynamic_sampling
     collector = DynamicSamplingCollector(plain, stream.next_batch, ds.max_rounds) if ds.enabled else plain

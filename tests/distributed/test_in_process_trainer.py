@@ -90,7 +90,7 @@ def test_grpo_skips_the_old_logprob_forward_and_keeps_engine_and_trainer_equal(r
     grpo = runs["grpo"]
     assert grpo["phases"] == {"old_logprobs": "Skip", "reference": "ReferenceLogprobs", "critic": "Skip",
                               "collector": "PlainCollector", "baseline": "NoBaseline",
-                              "generate": "megarl.rollout.collect.generate_batch"}  # fmt: skip
+                              "generate": "AgentRollout"}  # fmt: skip
     assert [r["step"] for r in grpo["records"]] == [1, 2]
     for record in grpo["records"]:
         assert record["weight_sync/logprob_diff"] <= 1e-5  # fp32: the push is exact

@@ -1,0 +1,51 @@
+"""A multi-turn trajectory through the real SGLang server: each turn continues from the
+trajectory's token ids, and transformers, scoring the final ids as the trainer would, gives the
+log-probs the server reported for every generated token (none for the context between turns)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from megarl.agents.rollout import AgentRollout, build_env
+from megarl.config.sections import AgentConfig
+from megarl.data.prompt_batch import PromptBatch
+from megarl.rollout.engine import SamplingParams
+
+pytestmark = [pytest.mark.sglang, pytest.mark.slow]
+EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples"
+ATOL = 1e-4  # fp32, two implementations of the same arithmetic
+
+
+def test_a_two_turn_trajectory_is_id_exact_against_transformers(engine, hf, tiny_model, tmp_path, monkeypatch):
+    from transformers import AutoTokenizer
+
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    users = tmp_path / "users.yaml"
+    users.write_text(yaml.safe_dump({"interaction": [{"name": "echo", "class_name": "agent_extensions.EchoUser"}]}))
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    cfg = AgentConfig(interactions_file=str(users), default_agent="tool_agent", max_tokens_per_turn=6)
+    env = build_env(cfg, tok, [tok.convert_tokens_to_ids("<|im_end|>")])
+    texts = ["Hello", "The cat"]
+    ids = [list(tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=False).encode())
+           for t in texts]  # fmt: skip
+    ids = [tok.encode(tok.decode(i), add_special_tokens=False) for i in ids]
+    prompts = PromptBatch(prompt_ids=ids, prompt_text=texts, data_source=["x", "x"], ground_truth=["", ""],
+                          extra_info=[{"interaction_kwargs": {"name": "echo"}} for _ in texts], index=[0, 1],
+                          file_index=[0, 0], raw_prompt=texts)  # fmt: skip
+    batch = AgentRollout(cfg, env, overlap_tools=True)(engine, prompts, SamplingParams(max_new_tokens=40, n=2, seed=7))
+    assert len(batch) == 4
+    for row in range(4):
+        n = int(batch.response_lengths[row])
+        response = batch.response_ids[row, :n].tolist()
+        mask = batch.response_mask[row, :n]
+        prompt = ids[row // 2]
+        assert batch.extra_info[row]["agent"]["turns"] == 2 and 0 < mask.sum() < n  # the user's turn is context
+        assert "<|im_start|>user\n1<|im_end|>" in tok.decode(response)  # the interaction's answer, between turns
+        ref, _ = hf.logprobs(prompt, response)
+        got = batch.rollout_logprobs[row, :n].double()
+        assert got[mask > 0] == pytest.approx(ref[mask > 0], abs=ATOL)
+        assert torch.all(got[mask == 0] == 0)

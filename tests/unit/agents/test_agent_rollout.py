@@ -1,0 +1,316 @@
+"""The agent rollout's driver and the tool_agent loop, token by token.
+
+The engine here replays scripted model turns (the model's choices are the test's input), and is
+strict where a real engine is: it samples a continuation of exactly the ids it is given, and it
+records them, so the tests check that every turn continues the trajectory's ids unchanged.
+Everything else is real: the tiny ChatML tokenizer and its template, the parser, the tools
+(threads, deadlines), the loop and the Batch.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+import yaml
+
+from megarl.agents.chat import TurnEncoder
+from megarl.agents.loops import AgentEnv
+from megarl.agents.rollout import AgentRollout, build_env
+from megarl.agents.tool_calls import parse_hermes
+from megarl.agents.tools import Tool
+from megarl.config.sections import AgentConfig
+from megarl.data.prompt_batch import PromptBatch
+from megarl.models.tiny import build_tokenizer
+from megarl.rollout.engine import GenerationResult, SamplingParams
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "docs" / "examples"
+CALC = {"type": "function", "function": {"name": "calc", "description": "arithmetic",
+        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}}}}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_tokenizer()  # byte-level + ChatML template
+
+
+def _eos(tok) -> int:
+    return tok.convert_tokens_to_ids("<|im_end|>")
+
+
+class ReplayEngine:
+    """Answers each trajectory (told apart by its prompt's first ids) with its next scripted turn."""
+
+    def __init__(self, tok, script: dict[str, list[str]]):
+        self.tok, self.calls = tok, []
+        self.turns = {self._key(p): [self._ids(t) for t in ts] for p, ts in script.items()}
+        self.contexts: dict[tuple, list[list[int]]] = {k: [] for k in self.turns}
+        self.order: list[tuple[tuple, int]] = []
+
+    def _key(self, prompt_text: str) -> tuple:
+        return tuple(self.tok.apply_chat_template([{"role": "user", "content": prompt_text}], add_generation_prompt=True,
+                                                  tokenize=False).encode())  # fmt: skip
+
+    def _ids(self, text: str) -> list[int]:
+        return list(self.tok.encode(text, add_special_tokens=False)) + [_eos(self.tok)]
+
+    def generate(self, prompts, params: SamplingParams) -> list[GenerationResult]:
+        assert params.n == 1
+        self.calls.append(len(prompts))
+        out = []
+        for i, ids in enumerate(prompts):
+            key = next(k for k in self.turns if self.tok.decode(ids).encode().startswith(bytes(k)))
+            self.contexts[key].append(list(ids))
+            self.order.append((key, len(self.contexts[key]) - 1))  # (trajectory, its turn) in serving order
+            turn = self.turns[key].pop(0)[: params.max_new_tokens]  # the engine honours the call's budget
+            reason = "stop" if turn[-1] == _eos(self.tok) else "length"
+            out.append(GenerationResult(i, turn, [-0.5] * len(turn), reason))
+        return out
+
+
+def _prompts(tok, texts: list[str], agent: str = "tool_agent", extra: list[dict] | None = None) -> PromptBatch:
+    ids = [list(tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=False).encode())
+           for t in texts]  # fmt: skip
+    ids = [list(tok.encode(tok.decode(i), add_special_tokens=False)) for i in ids]
+    n = len(texts)
+    return PromptBatch(prompt_ids=[list(tok.encode(tok.apply_chat_template([{"role": "user", "content": t}],
+                       add_generation_prompt=True, tokenize=False), add_special_tokens=False)) for t in texts],
+                       prompt_text=texts, data_source=["x"] * n, ground_truth=[""] * n,
+                       extra_info=extra or [{} for _ in texts], index=list(range(n)), file_index=[0] * n,
+                       agent_name=[agent] * n, raw_prompt=list(texts))  # fmt: skip
+
+
+def _env(tok, tools: dict, **limits) -> AgentEnv:
+    cfg = AgentConfig(**limits)
+    return AgentEnv(tools, parse_hermes, TurnEncoder(tok, [_eos(tok)], [t.tool_schema for t in tools.values()]), cfg)
+
+
+def _call(name: str, **arguments) -> str:
+    import json
+
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
+
+
+class Sleepy(Tool):
+    """Answers "ok", after ``config["seconds"]`` when the argument says so."""
+
+    def execute(self, instance_id, parameters, **kwargs):
+        if parameters.get("slow"):
+            time.sleep(self.config["seconds"])
+        return "ok"
+
+
+def _calc_env(tok, **limits):
+    from megarl.agents.builtin_tools import Calculator
+
+    return _env(tok, {"calc": Calculator({}, CALC)}, **limits)
+
+
+def test_two_turn_trajectory_ids_mask_and_logprobs_token_by_token(tok):
+    turn1, turn2 = _call("calc", expression="2+3"), "It is 5."
+    engine = ReplayEngine(tok, {"what is 2+3?": [turn1, turn2]})
+    prompts = _prompts(tok, ["what is 2+3?"])
+    batch = AgentRollout(AgentConfig(), _calc_env(tok), overlap_tools=False)(engine, prompts, SamplingParams(max_new_tokens=200, seed=1))
+
+    t1, t2 = engine._ids(turn1), engine._ids(turn2)
+    # The template closes the model's turn ("<|im_end|>" was sampled: only "\n" is added), shows
+    # the tool's answer and opens the next assistant turn; tokenized once.
+    context = list(tok.encode("\n<|im_start|>tool\n5<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False))
+    n = int(batch.response_lengths[0])
+    assert batch.response_ids[0, :n].tolist() == t1 + context + t2
+    assert batch.response_mask[0, :n].tolist() == [1.0] * len(t1) + [0.0] * len(context) + [1.0] * len(t2)
+    assert batch.rollout_logprobs[0, :n].tolist() == [-0.5] * len(t1) + [0.0] * len(context) + [-0.5] * len(t2)
+    # The second turn continued exactly from the ids so far (nothing re-tokenized).
+    first, second = engine.contexts[next(iter(engine.contexts))]
+    assert second == first + t1 + context
+    assert batch.finish_reason == ["stop"]
+    assert batch.extra_info[0]["agent"] == {"turns": 2, "tool_calls": 1, "tool_failures": 0, "turn_scores": [],
+                                            "tool_rewards": [0.0]}  # fmt: skip
+
+
+def test_single_turn_rows_take_the_one_request_path(tok):
+    engine = ReplayEngine(tok, {"a": ["x", "y"], "b": ["z", "w"]})
+    batch = AgentRollout(AgentConfig(), _calc_env(tok), overlap_tools=False)(
+        engine, _prompts(tok, ["a", "b"], agent="single_turn"), SamplingParams(max_new_tokens=10, n=1))
+    assert engine.calls == [2] and batch.response_mask.sum().item() == batch.response_lengths.sum().item()
+    assert "agent" not in batch.extra_info[0]
+
+
+@pytest.mark.parametrize(
+    ("limits", "turns", "budget", "reason", "counts"),
+    [
+        ({"max_turns": 2}, [_call("calc", expression="1")] * 3, 400, "max_turns", (2, 1, 0)),
+        ({"max_tool_calls": 2}, [_call("calc", expression="1") * 2, _call("calc", expression="1")], 400, "max_tool_calls", (2, 2, 0)),
+        ({"max_tool_failures": 2}, [_call("nope"), _call("calc", expression="x")], 400, "tool_error", (2, 2, 2)),
+        ({}, [_call("calc", expression="1"), "1"], 90, "length", (1, 1, 0)),  # the tool's answer leaves no room
+        ({"max_tokens_per_turn": 3}, ["0123456789"], 400, "length", (1, 0, 0)),
+    ],
+)
+def test_limits_end_a_trajectory_with_their_finish_reason(tok, limits, turns, budget, reason, counts):
+    engine = ReplayEngine(tok, {"q": turns})
+    batch = AgentRollout(AgentConfig(**limits), _calc_env(tok, **limits), overlap_tools=False)(
+        engine, _prompts(tok, ["q"]), SamplingParams(max_new_tokens=budget))
+    agent = batch.extra_info[0]["agent"]
+    assert batch.finish_reason == [reason] and (agent["turns"], agent["tool_calls"], agent["tool_failures"]) == counts
+    n = int(batch.response_lengths[0])
+    assert n <= budget and batch.response_mask[0, n - 1] == 1.0  # ends on a generated token (the reward's place)
+
+
+def test_a_failed_call_is_the_models_feedback_and_the_trajectory_goes_on(tok):
+    engine = ReplayEngine(tok, {"q": [_call("calc", expression="1/0"), _call("nope"), "done"]})
+    batch = AgentRollout(AgentConfig(), _calc_env(tok), overlap_tools=False)(engine, _prompts(tok, ["q"]), SamplingParams(max_new_tokens=400))
+    text = tok.decode(batch.response_ids[0, : int(batch.response_lengths[0])].tolist())
+    assert "Error: ValueError: calculator: division by zero" in text or "Error: ValueError: calculator:" in text
+    assert "there is no tool 'nope' (tools: calc)" in text
+    assert batch.finish_reason == ["stop"] and batch.extra_info[0]["agent"]["tool_failures"] == 2
+
+
+def test_a_hanging_tool_times_out_and_the_other_trajectories_go_first_with_overlap(tok):
+    sleepy = {"sleep": Sleepy({"seconds": 5.0}, {"type": "function", "function": {"name": "sleep"}})}
+    script = {f"q{i}": [_call("sleep", slow=i == 0), "again", "end"] for i in range(8)}
+    engine = ReplayEngine(tok, script)
+    env = _env(tok, sleepy, tool_timeout_s=1.0)
+    start = time.monotonic()
+    batch = AgentRollout(env.limits, env, overlap_tools=True)(engine, _prompts(tok, list(script)), SamplingParams(max_new_tokens=300))
+    assert time.monotonic() - start < 4.0  # the 5 s tool was abandoned at its 1 s deadline
+    texts = [tok.decode(batch.response_ids[i, : int(batch.response_lengths[i])].tolist()) for i in range(8)]
+    assert "did not answer within 1 s" in texts[0] and all("did not answer" not in t for t in texts[1:])
+    assert batch.finish_reason == ["stop"] * 8
+    # The first round asked for all 8 turns; the 7 fast trajectories' second turns went before the slow one's.
+    slow = engine._key("q0")
+    assert engine.calls[0] == 8
+    assert engine.order.index((slow, 1)) > max(engine.order.index((k, 1)) for k in engine.contexts if k != slow)
+
+
+def test_without_overlap_each_round_waits_for_its_tools(tok):
+    sleepy = {"sleep": Sleepy({"seconds": 0.3}, {"type": "function", "function": {"name": "sleep"}})}
+    script = {f"q{i}": [_call("sleep", slow=i == 0), "end"] for i in range(4)}
+    engine = ReplayEngine(tok, script)
+    env = _env(tok, sleepy)
+    AgentRollout(env.limits, env, overlap_tools=False)(engine, _prompts(tok, list(script)), SamplingParams(max_new_tokens=300))
+    assert engine.calls == [4, 4]  # the same rounds whatever the tools' timing: reproducible seeds
+
+
+def test_a_verl_multi_turn_parquet_runs_with_its_columns(tok, tmp_path, monkeypatch):
+    """agent_name is a column; tools_kwargs (create_kwargs) and interaction_kwargs (name) sit in extra_info."""
+    from megarl.data.datasets import file_label
+    from megarl.data.prompts import PromptBuilder
+    from megarl.data.stream import encode_records, load_prompt_set
+
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    tools_file, interactions_file = tmp_path / "tools.yaml", tmp_path / "interaction.yaml"
+    schema = {"type": "function", "function": {"name": "check_answer", "description": "check",
+              "parameters": {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}}}  # fmt: skip
+    tools_file.write_text(yaml.safe_dump({"tools": [{"class_name": "agent_extensions.AnswerCheck", "config": {"type": "native"},
+                                                     "tool_schema": schema}]}))  # fmt: skip
+    interactions_file.write_text(yaml.safe_dump({"interaction": [{"name": "echo", "class_name": "agent_extensions.EchoUser", "config": {}}]}))
+    rows = [{"data_source": "openai/gsm8k", "agent_name": "tool_agent", "ability": "math",
+             "prompt": [{"role": "system", "content": "Use the tool."}, {"role": "user", "content": "2+3?"}],
+             "reward_model": {"style": "rule", "ground_truth": "5"},
+             "extra_info": {"index": 0, "need_tools_kwargs": True,
+                            "tools_kwargs": {"check_answer": {"create_kwargs": {"ground_truth": "5"}}},
+                            "interaction_kwargs": {"name": "echo", "query": "2+3?", "ground_truth": "5"}}}]  # fmt: skip
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
+    cfg = AgentConfig(tools_file=str(tools_file), interactions_file=str(interactions_file))
+    env = build_env(cfg, tok, [_eos(tok)])
+    builder = PromptBuilder(tok, max_prompt_length=4096, tools=[schema])
+    pset = load_prompt_set(str(tmp_path / "train.parquet"), label=file_label("data.train_files[0]", "train.parquet"), builder=builder)
+    prompts = encode_records([pset], [(0, 0)], builder, step=0)
+    assert prompts.agent_name == ["tool_agent"] and "check_answer" in prompts.prompt_text[0]  # the schema is in the prompt
+
+    class Engine(ReplayEngine):
+        def _key(self, prompt_text):
+            return tuple(prompts.prompt_text[0].encode())
+
+    engine = Engine(tok, {"": [_call("check_answer", answer="5"), "5", "still 5"]})
+    batch = AgentRollout(cfg, env, overlap_tools=False)(engine, prompts, SamplingParams(max_new_tokens=400))
+    text = tok.decode(batch.response_ids[0, : int(batch.response_lengths[0])].tolist())
+    assert "<|im_start|>tool\ncorrect<|im_end|>" in text  # the tool saw the row's ground truth
+    assert "<|im_start|>user\n1<|im_end|>" in text  # the interaction answered once, then ended
+    agent = batch.extra_info[0]["agent"]
+    assert agent["tool_rewards"] == [1.0] and agent["turn_scores"] == [0.0, 1.0] and agent["turns"] == 3
+    assert batch.finish_reason == ["stop"]
+    assert env.interactions["echo"].impl.turns == {}  # finalize_interaction ran when the trajectory ended
+
+
+def test_an_unknown_agent_name_is_refused_with_the_known_ones(tok):
+    with pytest.raises(ValueError, match=r"agent_name 'searcher' .* not a loop; known: single_turn, tool_agent"):
+        AgentRollout(AgentConfig(), _calc_env(tok), overlap_tools=False)(
+            ReplayEngine(tok, {}), _prompts(tok, ["q"], agent="searcher"), SamplingParams())
+
+
+def test_the_rows_mask_is_what_the_loss_sees(tok):
+    engine = ReplayEngine(tok, {"q": [_call("calc", expression="6*7"), "42"]})
+    batch = AgentRollout(AgentConfig(), _calc_env(tok), overlap_tools=False)(engine, _prompts(tok, ["q"]), SamplingParams(max_new_tokens=200))
+    valid = batch.response_valid.float()
+    assert torch.all(batch.response_mask <= valid) and 0 < batch.response_mask.sum() < valid.sum()
+
+
+class Paying(Tool):
+    """verl's (text, reward, metrics) answer: 0.5 per call."""
+
+    def execute(self, instance_id, parameters, **kwargs):
+        return "ok", 0.5, {}
+
+
+@pytest.mark.parametrize("per_turn", [False, True])
+def test_turn_rewards_sit_on_the_last_generated_token_of_the_turn_that_earned_them(tok, per_turn):
+    from megarl.algos.advantages import token_rewards_from_scores
+
+    tools = {"pay": Paying({}, {"type": "function", "function": {"name": "pay"}})}
+    engine = ReplayEngine(tok, {"q": [_call("pay"), _call("pay"), "end"]})
+    env = _env(tok, tools, turn_rewards=per_turn)
+    batch = AgentRollout(env.limits, env, overlap_tools=False)(engine, _prompts(tok, ["q"]), SamplingParams(max_new_tokens=400))
+    if not per_turn:
+        assert batch.turn_rewards is None
+        return
+    t1 = len(engine._ids(_call("pay")))
+    mask = batch.response_mask[0]
+    ends = [i for i in range(len(mask) - 1) if mask[i] == 1 and mask[i + 1] == 0]  # the two tool-calling turns' ends
+    assert ends[0] == t1 - 1 and len(ends) == 2
+    assert batch.turn_rewards[0].nonzero().flatten().tolist() == ends and batch.turn_rewards[0, ends].tolist() == [0.5, 0.5]
+    rewards = token_rewards_from_scores(torch.tensor([1.0]), batch.response_lengths, batch.response_mask,
+                                        turn_rewards=batch.turn_rewards)  # fmt: skip
+    n = int(batch.response_lengths[0])
+    assert rewards[0, n - 1] == 1.0 and rewards.sum() == 2.0  # the outcome on the last token, 0.5 per paying turn
+
+
+def test_at_most_max_concurrent_trajectories_are_in_flight(tok):
+    script = {f"q{i}": [_call("calc", expression="1"), "end"] for i in range(5)}
+    engine = ReplayEngine(tok, script)
+    env = _calc_env(tok, max_concurrent=2)
+    batch = AgentRollout(env.limits, env, overlap_tools=False)(engine, _prompts(tok, list(script)), SamplingParams(max_new_tokens=300))
+    assert max(engine.calls) == 2 and sum(engine.calls) == 10 and batch.finish_reason == ["stop"] * 5
+
+
+def test_the_torch_engine_regenerates_a_multi_turn_step_exactly(tmp_path, monkeypatch):
+    """Rounds do not depend on timing without overlap, so the same seed gives the same trajectories."""
+    from megarl.agents.builtin_tools import Calculator
+    from megarl.agents.tool_calls import PARSERS
+    from megarl.models.tiny import build_tiny_model
+    from megarl.rollout.torch_engine import TorchEngine
+
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    digit_calls = PARSERS.get("agent_extensions:digit_calls")
+    model = build_tiny_model(tmp_path / "m", task_vocab="01", markers=("<tool_call>", "</tool_call>"), seed=0,
+                             max_position_embeddings=128)  # fmt: skip
+    engine = TorchEngine(model)
+    cfg = AgentConfig(default_agent="tool_agent")
+    env = AgentEnv({"calc": Calculator({}, CALC)}, digit_calls, TurnEncoder(engine.tokenizer, engine.eos_token_ids), cfg)
+    ids = engine.tokenizer.apply_chat_template([{"role": "user", "content": "0110"}], add_generation_prompt=True, tokenize=False)
+    prompt = list(engine.tokenizer.encode(ids, add_special_tokens=False))
+    prompts = PromptBatch(prompt_ids=[prompt] * 4, prompt_text=["0110"] * 4, data_source=["x"] * 4, ground_truth=[""] * 4,
+                          extra_info=[{} for _ in range(4)], index=list(range(4)), file_index=[0] * 4)  # fmt: skip
+
+    def run(seed: int):
+        return AgentRollout(cfg, env, overlap_tools=False)(engine, prompts, SamplingParams(max_new_tokens=24, n=4, seed=seed))
+
+    first, again, other = run(3), run(3), run(4)
+    assert sum(e["agent"]["tool_calls"] > 0 for e in first.extra_info) >= 2  # multi-turn really happened
+    assert torch.equal(first.response_ids, again.response_ids) and torch.equal(first.response_mask, again.response_mask)
+    assert torch.equal(first.rollout_logprobs, again.rollout_logprobs)
+    assert not torch.equal(first.response_ids[:, :4], other.response_ids[:, :4])
