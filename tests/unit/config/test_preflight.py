@@ -204,6 +204,25 @@ def test_a_model_its_bridge_refuses(demo, tmp_path):
     assert "layer_types" in msg and len(msg.splitlines()) == 2
 
 
+def test_the_agent_rollouts_user_code_is_loaded_before_launch(demo, tmp_path, monkeypatch):
+    examples = Path(__file__).resolve().parents[3] / "docs" / "examples"
+    monkeypatch.setenv("PYTHONPATH", str(examples))
+    schema = "{type: function, function: {name: check}}"
+    (tmp_path / "good.yaml").write_text(f"tools:\n  - class_name: agent_extensions.AnswerCheck\n    tool_schema: {schema}\n")
+    (tmp_path / "bad.yaml").write_text(f"tools:\n  - class_name: agent_extensions.Missing\n    tool_schema: {schema}\n")
+    (tmp_path / "users.yaml").write_text("interaction:\n  - name: echo\n    class_name: agent_extensions.EchoUser\n")
+    good = config(demo, tmp_path / "run", f"rollout.agent.tools_file={tmp_path / 'good.yaml'}",
+                  f"rollout.agent.interactions_file={tmp_path / 'users.yaml'}",
+                  "rollout.agent.tool_parser=agent_extensions:digit_calls")  # fmt: skip
+    assert preflight(good) == []
+    msg = refusal(config(demo, tmp_path / "run", f"rollout.agent.tools_file={tmp_path / 'bad.yaml'}",
+                         "rollout.agent.loops={mine: agent_extensions:digit_calls}"))  # fmt: skip
+    assert (f"rollout.agent.tools_file: tool file {tmp_path / 'bad.yaml'}, tools[0]: class_name 'agent_extensions.Missing' "
+            "cannot be imported") in msg  # fmt: skip
+    assert ("rollout.agent.loops.mine: agent loop 'agent_extensions:digit_calls' is not a subclass of "
+            "megarl.agents.loops.AgentLoop") in msg  # fmt: skip
+
+
 def test_the_driver_imports_no_megatron_and_no_user_code(demo, tmp_path):
     """The bridge check runs in the driver without importing Megatron; the user's reward module
     is imported only by the child process."""
