@@ -74,9 +74,13 @@ def _add_gsm8k(sub: argparse._SubParsersAction) -> None:
         "  ground_truth  the text after the last '####' of the answer, commas removed ('1,234' -> '1234')\n"
         "  data_source   openai/gsm8k (the gsm8k reward function's key)\n"
         "  extra_info    split, index, question, answer\n\n"
+        "With --tools, the tool-use variant for agent rollouts: a system message offers the calculator\n"
+        "tool (configs/tools/calculator.yaml, set as rollout.agent.tools_file) and each row's agent_name\n"
+        "is tool_agent (configs/gsm8k_tool_agent.yaml, docs/agents.md).\n\n"
         "An answer without '####' is an error naming the line.",
     )
     _add_io(p, ".jsonl with question, answer")
+    p.add_argument("--tools", action="store_true", help="write the tool-use variant (agent_name tool_agent, calculator)")
     p.set_defaults(handler=_guarded(_run_gsm8k))
 
 
@@ -185,7 +189,7 @@ def _report(rows: list, source: str, out: str) -> int:
 def _run_gsm8k(args: argparse.Namespace) -> int:
     from megarl.data.convert import gsm8k_rows
 
-    return _report(gsm8k_rows(args.input, split=args.split), args.input, args.output)
+    return _report(gsm8k_rows(args.input, split=args.split, tools=args.tools), args.input, args.output)
 
 
 def _run_math(args: argparse.Namespace) -> int:

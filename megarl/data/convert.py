@@ -27,6 +27,9 @@ from megarl.rewards.math import last_boxed  # one definition for data conversion
 GSM8K_SOURCE = "openai/gsm8k"
 MATH_SOURCE = "math"
 GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
+# `megarl data gsm8k --tools`: the calculator of configs/tools/calculator.yaml (docs/agents.md).
+GSM8K_TOOL_SYSTEM = ("You are a math expert. Solve the problem step by step. For arithmetic, call the calculator "
+                     "tool with an expression; use its answer. Output the final answer after \"####\".")  # fmt: skip
 MATH_INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
 READABLE = (".jsonl", ".csv")
 
@@ -105,7 +108,9 @@ def _row(source: str, prompt: Prompt, truth: str, ability: str, extra: dict[str,
     }
 
 
-def gsm8k_rows(path: str | Path, *, split: str = "train") -> list[dict[str, Any]]:
+def gsm8k_rows(path: str | Path, *, split: str = "train", tools: bool = False) -> list[dict[str, Any]]:
+    """GSM8K rows; ``tools``: the tool-use variant (a system prompt that offers the calculator,
+    agent_name tool_agent)."""
     rows = []
     for i, rec in enumerate(read_raw_records(path)):
         question, answer = rec.text("question"), rec.text("answer")
@@ -113,7 +118,11 @@ def gsm8k_rows(path: str | Path, *, split: str = "train") -> list[dict[str, Any]
         if final is None:
             raise DataError(f"{rec.where}: field 'answer' has no final answer after '####' (GSM8K answers end with '#### <number>')")
         extra = {"split": split, "index": i, "question": question, "answer": answer}
-        rows.append(_row(GSM8K_SOURCE, _user_prompt(question, GSM8K_INSTRUCTION), final, "math", extra))
+        if tools:
+            row = _row(GSM8K_SOURCE, _user_prompt(question, system=GSM8K_TOOL_SYSTEM), final, "math", extra)
+            rows.append({**row, "agent_name": "tool_agent"})
+        else:
+            rows.append(_row(GSM8K_SOURCE, _user_prompt(question, GSM8K_INSTRUCTION), final, "math", extra))
     return rows
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import pytest
 
@@ -63,6 +64,25 @@ def test_gsm8k_and_convert_commands(tmp_path, capsys):
     assert _run(*argv) == 0
     assert _run("data", "inspect", str(tmp_path / "qa.parquet")) == 0
     assert "  qa: 1" in capsys.readouterr().out
+
+
+def test_gsm8k_tools_writes_the_tool_agent_variant_the_shipped_config_trains_on(tmp_path, capsys):
+    from megarl.agents.tools import load_tools
+    from megarl.config.loading import load_config
+    from megarl.config.planner import make_plan
+    from megarl.data.datasets import read_prompt_file
+
+    src = tmp_path / "g.jsonl"
+    src.write_text(json.dumps({"question": "What is 2+3?", "answer": "2+3=5\n#### 5"}) + "\n")
+    assert _run("data", "gsm8k", "--tools", str(src), str(tmp_path / "g.parquet")) == 0
+    (record,) = read_prompt_file(tmp_path / "g.parquet")
+    assert record.agent_name == "tool_agent" and record.ground_truth == "5"
+    assert record.prompt[0]["role"] == "system" and "calculator" in record.prompt[0]["content"]
+    root = Path(__file__).resolve().parents[3]
+    cfg = load_config(root / "configs" / "gsm8k_tool_agent.yaml", [])
+    assert make_plan(cfg).memory is not None  # the shipped tool-agent config plans (a refusal raises)
+    (tool,) = load_tools(root / cfg.rollout.agent.tools_file).values()
+    assert tool.name == "calculator" and tool.execute("i", {"expression": "(48 / 2) + 48"}) == "72"
 
 
 def test_bad_input_exits_2_with_a_located_message(tmp_path, capsys):
