@@ -198,12 +198,10 @@ def batch_from_trajectories(prompts: PromptBatch, samples: Sequence[AgentSample]
         GenerationResult(i // n, s.trajectory.ids, s.trajectory.logprobs, reason)
         for i, (s, reason) in enumerate(zip(samples, finish, strict=True))
     ]
-    extra = [_with_agent_counts(s) for s in samples]
     batch = batch_from_generations(
         prompts.prompt_ids, results, n, data_source=prompts.data_source, ground_truth=prompts.ground_truth,
-        extra_info=extra, prompt_text=prompts.prompt_text,
+        prompt_text=prompts.prompt_text,
     )  # fmt: skip
-    batch = batch.replace(extra_info=extra)  # one row per sample here, not per prompt
     mask = torch.zeros_like(batch.response_mask)  # [B, R]
     rewards = torch.zeros_like(batch.response_mask)  # [B, R]
     for row, s in enumerate(samples):
@@ -211,7 +209,8 @@ def batch_from_trajectories(prompts: PromptBatch, samples: Sequence[AgentSample]
         for position, value in s.trajectory.turn_rewards.items():
             rewards[row, position] = value
     return batch.replace(response_mask=mask, rollout_logprobs=batch.rollout_logprobs * mask,
-                         turn_rewards=rewards if turn_rewards else None)  # fmt: skip
+                         turn_rewards=rewards if turn_rewards else None,
+                         extra_info=[_with_agent_counts(s) for s in samples])  # fmt: skip
 
 
 def _with_agent_counts(sample: AgentSample) -> dict[str, Any]:
