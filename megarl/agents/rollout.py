@@ -132,10 +132,10 @@ class _Driver:
             if request.max_new_tokens < 1:
                 raise ValueError(f"agent loop {type(loop).__name__} asked for {request.max_new_tokens} new tokens")
             self.wants[i] = request
+        elif isinstance(request, CallTools) and not request.calls:
+            self._advance(i, loop, [])
         elif isinstance(request, CallTools):
             self.tools[i] = [self._start(call, loop) for call in request.calls]
-            if not request.calls:
-                self._collect_tools(None, block=False, only=i, loop=loop)
         else:
             raise TypeError(f"agent loop {type(loop).__name__} yielded {request!r}; yield Generate or CallTools")
 
@@ -164,23 +164,21 @@ class _Driver:
             loops[i].trajectory.add_generated(result)
             self._advance(i, loops[i], result)
 
-    def _collect_tools(self, loops: list[AgentLoop] | None, *, block: bool, only: int | None = None,
-                       loop: AgentLoop | None = None) -> None:  # fmt: skip
-        """Answer the loops whose tool calls all finished or timed out; ``block``: wait for every one."""
+    def _collect_tools(self, loops: list[AgentLoop], *, block: bool) -> None:
+        """Answer the loops whose tool calls all finished or passed their deadline. ``block``:
+        wait until every call did, or with overlap until some loop wants the engine again."""
         while self.tools:
             now = time.monotonic()
-            ready = [i for i, calls in self.tools.items() if all(f.done() or now >= d for _, f, d in calls)]
-            if only is not None:
-                ready = [i for i in ready if i == only]
-            for i in ready:
+            for i in [i for i, calls in self.tools.items() if all(f.done() or now >= d for _, f, d in calls)]:
                 calls = self.tools.pop(i)
                 outcomes = [f.result() if f.done() else timed_out(c.name, self.cfg.tool_timeout_s) for c, f, _ in calls]
-                self._advance(i, loop if loop is not None else loops[i], outcomes)  # type: ignore[index]
-            if not block or only is not None or not self.tools or (self.overlap_tools and self.wants):
+                self._advance(i, loops[i], outcomes)
+            if not block or not self.tools or (self.overlap_tools and self.wants):
                 return
-            pending = [f for calls in self.tools.values() for _, f, _ in calls if not f.done()]
-            deadline = min(d for calls in self.tools.values() for _, f, d in calls if not f.done()) if pending else now
-            wait_futures(pending, timeout=max(0.0, deadline - time.monotonic()), return_when="FIRST_COMPLETED")
+            running = [(f, d) for calls in self.tools.values() for _, f, d in calls if not f.done() and d > now]
+            if running:  # sleep until a call ends or the first deadline passes
+                timeout = max(0.0, min(d for _, d in running) - time.monotonic())
+                wait_futures([f for f, _ in running], timeout=timeout, return_when="FIRST_COMPLETED")
 
 
 def _cut(result: GenerationResult, budget: int) -> GenerationResult:

@@ -186,13 +186,15 @@ def test_a_hanging_tool_times_out_and_the_other_trajectories_go_first_with_overl
     assert engine.order.index((slow, 1)) > max(engine.order.index((k, 1)) for k in engine.contexts if k != slow)
 
 
-def test_without_overlap_each_round_waits_for_its_tools(tok):
-    sleepy = {"sleep": Sleepy({"seconds": 0.3}, {"type": "function", "function": {"name": "sleep"}})}
-    script = {f"q{i}": [_call("sleep", slow=i == 0), "end"] for i in range(4)}
+def test_without_overlap_each_round_waits_for_its_tools_until_the_timeout(tok):
+    sleepy = {"sleep": Sleepy({"seconds": 5.0}, {"type": "function", "function": {"name": "sleep"}})}
+    script = {f"q{i}": [_call("sleep", slow=i == 0), "end"] for i in range(8)}
     engine = ReplayEngine(tok, script)
-    env = _env(tok, sleepy)
+    env = _env(tok, sleepy, tool_timeout_s=1.0)
+    start = time.monotonic()
     AgentRollout(env.limits, env, overlap_tools=False)(engine, _prompts(tok, list(script)), SamplingParams(max_new_tokens=300))
-    assert engine.calls == [4, 4]  # the same rounds whatever the tools' timing: reproducible seeds
+    assert time.monotonic() - start < 4.0  # the step waited for the 1 s deadline, not for the 5 s tool
+    assert engine.calls == [8, 8]  # the same rounds whatever the tools' timing: reproducible seeds
 
 
 def test_a_verl_multi_turn_parquet_runs_with_its_columns(tok, tmp_path, monkeypatch):
