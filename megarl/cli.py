@@ -41,6 +41,7 @@ USER_ERRORS = (
     ("megarl.config.planner", "PlanError"),
     ("megarl.config.architectures", "ArchError"),
     ("megarl.data.datasets", "DataError"),
+    ("megarl.agents.errors", "AgentError"),
     ("megarl.evaluation", "EvaluationError"),
     ("megarl.commands.generate", "GenerateError"),
     ("megarl.commands.sft", "SFTError"),

@@ -2,7 +2,7 @@
 
 ``digit_calls`` reads the compact call syntax of a small task vocabulary, where the model writes
 ``<tool_call>DIGITS</tool_call>`` (each marker one token) to call the tool ``calc`` with the
-digits; the test suite trains a tiny model with it (tests/e2e/test_agent_run.py).
+digits; the test suite trains a tiny model with it (tests/distributed/test_agent_trainer.py).
 """
 
 from __future__ import annotations
@@ -20,14 +20,11 @@ def digit_calls(text: str) -> ParsedCalls:
     """``<tool_call>1 2 3</tool_call>`` -> calc(expression="123"): the digits after the opening
     marker, up to the closing one or the end of the turn (other tokens between are skipped);
     a call without a digit is malformed."""
-    calls, errors = [], []
+    items: list[ToolCall | str] = []
     for match in _CALL.finditer(text):
         digits = "".join(ch for ch in match.group(1) if ch.isdigit())
-        if digits:
-            calls.append(ToolCall("calc", {"expression": str(int(digits))}))
-        else:
-            errors.append("Error: write <tool_call>DIGITS</tool_call>")
-    return ParsedCalls(calls, errors)
+        items.append(ToolCall("calc", {"expression": str(int(digits))}) if digits else "Error: write <tool_call>DIGITS</tool_call>")
+    return ParsedCalls(items)
 
 
 class EchoUser:

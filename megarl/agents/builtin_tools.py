@@ -27,13 +27,14 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from megarl.agents.tools import MAX_TOOL_TEXT, Tool, register_tool
+from megarl.agents.tools import Tool, register_tool
 from megarl.rewards.code_sandbox import bwrap_available, extract_program, run_program
 
 MAX_EXPRESSION_CHARS = 200
 MAX_EXPONENT = 64  # |exponent| of ** at most this
 MAX_RESULT = 10**100  # no value (the result or a step of it) may be larger in magnitude
 STDERR_LINES = 20  # lines of a failed program's stderr shown to the model
+OUTPUT_CHARS = 4096  # the python tool's answer: stdout cut so that the error stays visible
 
 _ALLOWED = "use numbers, + - * / // % ** and parentheses"
 _BINARY = {
@@ -204,7 +205,7 @@ class PythonTool(Tool):
             problem += f"\nError: the program was killed by signal {name} (a CPU, memory or output limit)"
         problem = problem.strip("\n") + "\n"
         stdout = result.stdout
-        room = max(MAX_TOOL_TEXT - len(problem) - 100, 0)  # keep the error visible after the cut
+        room = max(OUTPUT_CHARS - len(problem) - 100, 0)  # keep the error visible after the cut
         if len(stdout) > room:
             stdout = stdout[:room] + "...(output truncated)\n"
         elif stdout and not stdout.endswith("\n"):

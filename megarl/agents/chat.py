@@ -17,11 +17,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from megarl.agents.errors import AgentError
+
 _USER = "MEGARL-USER-TURN"
 _ASSISTANT = "MEGARL-ASSISTANT-TURN"
 
 
-class ChatTemplateError(ValueError):
+class ChatTemplateError(AgentError):
     """A chat template that cannot render appended messages as a suffix of the conversation."""
 
 
@@ -35,7 +37,6 @@ class TurnEncoder:
         self._base = [{"role": "user", "content": _USER}, {"role": "assistant", "content": _ASSISTANT}]
         if _ASSISTANT not in self._render(self._base, add_generation_prompt=False):
             raise ChatTemplateError("the tokenizer's chat template does not render an assistant message's content")
-        self._eos_texts = [t for t in (tokenizer.decode([i]) for i in sorted(self.eos)) if t]
 
     def _render(self, messages: list[dict[str, str]], *, add_generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(
@@ -44,13 +45,21 @@ class TurnEncoder:
 
     def after_turn(self, turn_ids: Sequence[int], messages: list[dict[str, str]]) -> list[int]:
         """Ids that close the model turn ``turn_ids``, add ``messages`` and open the next model turn."""
-        full = self._render(self._base + messages, add_generation_prompt=True)
+        try:
+            full = self._render(self._base + messages, add_generation_prompt=True)
+        except Exception as exc:  # jinja raises for a role the template refuses (e.g. strict user/assistant alternation)
+            roles = ", ".join(sorted({m["role"] for m in messages}))
+            raise ChatTemplateError(f"the tokenizer's chat template cannot render a {roles} message after an assistant "
+                                    f"turn ({type(exc).__name__}: {exc}); use a model whose template has that role") from exc
         if full.count(_ASSISTANT) != 1:
             raise ChatTemplateError("the chat template drops (or repeats) an earlier assistant turn once other messages "
                                     "follow it, so the text after the model's turn cannot be found")  # fmt: skip
         text = full[full.index(_ASSISTANT) + len(_ASSISTANT) :]  # closing + messages + generation prompt
-        if turn_ids and int(turn_ids[-1]) in self.eos:  # the model closed its turn itself
-            text = next((text[len(e) :] for e in self._eos_texts if text.startswith(e)), text)
+        if turn_ids and int(turn_ids[-1]) in self.eos:  # the model ended its turn itself
+            sampled = self.tokenizer.decode([int(turn_ids[-1])])
+            # Only the end-of-turn text it sampled is already there: a model that ended with
+            # another EOS (Qwen2.5: <|endoftext|>) still gets the template's <|im_end|>.
+            text = text[len(sampled) :] if sampled and text.startswith(sampled) else text
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def turn_text(self, turn_ids: Sequence[int]) -> str:

@@ -20,10 +20,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from megarl.agents.errors import AgentError
 from megarl.agents.tools import import_class, read_yaml_list, run_method
 
 
-class InteractionFileError(ValueError):
+class InteractionFileError(AgentError):
     """An interaction file that cannot be used; the message names the file, the entry and the fix."""
 
 
@@ -38,7 +39,11 @@ class Interaction:
         return str(started or instance_id)
 
     def respond(self, instance_id: str, messages: list[dict[str, str]], kwargs: Mapping[str, Any]) -> tuple[bool, str, float]:
-        done, text, score, *_ = run_method(self.impl.generate_response(instance_id, messages, **_without_name(kwargs)))
+        try:
+            done, text, score, *_ = run_method(self.impl.generate_response(instance_id, messages, **_without_name(kwargs)))
+        except Exception as exc:  # the user's code: name it (the run stops; a simulated user has no fallback)
+            raise AgentError(f"interaction {self.name!r} ({type(self.impl).__name__}.generate_response) raised "
+                             f"{type(exc).__name__}: {exc}; fix it or return (done, text, score, extra)") from exc
         return bool(done), str(text), float(score or 0.0)
 
     def finish(self, instance_id: str) -> None:
@@ -46,6 +51,33 @@ class Interaction:
         finalize = getattr(self.impl, "finalize_interaction", None)
         if finalize is not None:
             run_method(finalize(instance_id))
+
+
+def interaction_name(kwargs: Mapping[str, Any], names: list[str]) -> str:
+    """Which interaction ``extra_info.interaction_kwargs`` asks for: its ``name``, or the only one
+    of the file when it names none; AgentError naming the problem and the fix otherwise."""
+    name = kwargs.get("name")
+    if name is None and len(names) == 1:
+        return names[0]
+    if name is None:
+        raise AgentError(f"extra_info.interaction_kwargs has no name and rollout.agent.interactions_file has "
+                         f"{len(names)} interactions ({', '.join(names) or 'none'}); add name to interaction_kwargs")  # fmt: skip
+    if name not in names:
+        raise AgentError(f"extra_info.interaction_kwargs.name {name!r} is not in rollout.agent.interactions_file "
+                         f"(it has {', '.join(names) or 'none'})")  # fmt: skip
+    return str(name)
+
+
+def read_interaction_names(path: str | Path) -> list[str]:
+    """The names an interaction file defines, without importing any class."""
+    entries = read_yaml_list(path, "interaction", "interaction file", InteractionFileError)
+    return [_entry_name(entry, f"interaction file {path}, interaction[{i}]") for i, entry in enumerate(entries)]
+
+
+def _entry_name(entry: Any, where: str) -> str:
+    if not isinstance(entry, dict) or "class_name" not in entry:
+        raise InteractionFileError(f"{where}: needs class_name (got {entry!r})")
+    return str(entry.get("name") or str(entry["class_name"]).replace(":", ".").rsplit(".", 1)[-1].removesuffix("Interaction").lower())
 
 
 def _without_name(kwargs: Mapping[str, Any]) -> dict[str, Any]:
@@ -58,10 +90,8 @@ def load_interactions(path: str | Path) -> dict[str, Interaction]:
     out: dict[str, Interaction] = {}
     for i, entry in enumerate(read_yaml_list(path, "interaction", "interaction file", InteractionFileError)):
         where = f"{label}, interaction[{i}]"
-        if not isinstance(entry, dict) or "class_name" not in entry:
-            raise InteractionFileError(f"{where}: needs class_name (got {entry!r})")
+        name = _entry_name(entry, where)
         cls = import_class(str(entry["class_name"]), where, InteractionFileError)
-        name = str(entry.get("name") or cls.__name__.removesuffix("Interaction").lower())
         if name in out:
             raise InteractionFileError(f"{where}: a second interaction named {name!r}; names must be unique")
         config = {**dict(entry.get("config") or {}), "name": name}

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from megarl.agents.chat import TurnEncoder
-from megarl.agents.interactions import Interaction
+from megarl.agents.interactions import Interaction, interaction_name
 from megarl.agents.tool_calls import ParsedCalls, ToolCall, ToolCallParser
 from megarl.agents.tools import Tool, ToolOutcome
 from megarl.rollout.engine import GenerationResult
@@ -71,6 +71,12 @@ class Trajectory:
         self.ids += ids
         self.mask += [0] * len(ids)
         self.logprobs += [0.0] * len(ids)
+
+    def drop_trailing_context(self) -> None:
+        """End on a generated token (where the outcome reward goes): context after the last
+        model turn (a final turn that generated nothing) is dropped."""
+        keep = max((i + 1 for i, m in enumerate(self.mask) if m), default=0)
+        del self.ids[keep:], self.mask[keep:], self.logprobs[keep:]
 
 
 @dataclass(frozen=True)
@@ -174,11 +180,11 @@ class ToolAgent(AgentLoop):
             text = self.env.encoder.turn_text(result.response_ids)
             messages.append({"role": "assistant", "content": text})
             parsed = self.env.parser(text)
-            if not parsed.attempted and interaction is None:
+            if result.finish_reason == "abort" or (not parsed.attempted and interaction is None):
                 return result.finish_reason
             if traj.remaining <= 0:
                 return "length"
-            if not parsed.attempted:
+            if not parsed.attempted:  # the simulated user answers
                 reply = interaction.respond(messages)
                 traj.turn_scores.append(reply.score)
                 traj.reward_turn(reply.score)
@@ -190,38 +196,54 @@ class ToolAgent(AgentLoop):
                     return "max_turns"
                 if traj.tool_calls + parsed.attempted > limits.max_tool_calls:
                     return "max_tool_calls"
-                outcomes = yield CallTools(parsed.calls)
-                ended = self._count(parsed, outcomes)
+                answers = yield from self._tool_answers(parsed)
+                ended = self._count(answers)
                 if ended:
                     return ended
-                added = [{"role": "tool", "content": o.text} for o in [*outcomes, *_malformed(parsed)]]
+                added = [{"role": "tool", "content": self._cut(a.text)} for a in answers]
             messages += added
             ids = self.env.encoder.after_turn(result.response_ids, added)
             if len(ids) >= traj.remaining:  # no room left for the model to answer
                 return "length"
             traj.add_context(ids)
 
-    def _count(self, parsed: ParsedCalls, outcomes: list[ToolOutcome]) -> str | None:
+    def _tool_answers(self, parsed: ParsedCalls) -> Steps:
+        """One answer per call of the turn, in the turn's order: run (at most max_parallel_calls
+        of them, concurrently), malformed, or over the per-turn limit."""
+        limit = self.env.limits.max_parallel_calls
+        run = parsed.calls[:limit]
+        outcomes = iter((yield CallTools(run)))
+        answers, seen = [], 0
+        for item in parsed.items:
+            if isinstance(item, str):
+                answers.append(ToolOutcome(item, error="error"))
+                continue
+            seen += 1
+            answers.append(next(outcomes) if seen <= limit else ToolOutcome(
+                f"Error: not run: at most {limit} tool calls run per turn; call the rest in your next turn", error="error"))
+        return answers
+
+    def _count(self, answers: list[ToolOutcome]) -> str | None:
         """Book the turn's calls; the finish reason when failures reached their limit."""
         traj = self.trajectory
-        traj.tool_calls += parsed.attempted
-        traj.tool_rewards += [o.reward for o in outcomes]
-        traj.reward_turn(sum(o.reward for o in outcomes))
-        failures = [o.error for o in outcomes if o.error] + ["error"] * len(parsed.errors)
+        traj.tool_calls += len(answers)
+        traj.tool_rewards += [a.reward for a in answers]
+        traj.reward_turn(sum(a.reward for a in answers))
+        failures = [a.error for a in answers if a.error]
         traj.tool_failures += len(failures)
         if failures and traj.tool_failures >= self.env.limits.max_tool_failures:
             return "timeout" if failures[-1] == "timeout" else "tool_error"
         return None
+
+    def _cut(self, text: str) -> str:
+        limit = self.env.limits.max_tool_response_length
+        return text if len(text) <= limit else text[:limit] + "...(truncated)"
 
     def _interaction(self) -> _InteractionSession | None:
         kwargs = dict(self.sample.extra_info.get("interaction_kwargs") or {})
         if not kwargs or not self.env.interactions:
             return None
         return _InteractionSession(self.env.interactions, kwargs)
-
-
-def _malformed(parsed: ParsedCalls) -> list[ToolOutcome]:
-    return [ToolOutcome(message, error="error") for message in parsed.errors]
 
 
 def _messages(prompt: Any) -> list[dict[str, str]]:
@@ -239,11 +261,8 @@ class _InteractionSession:
     """One trajectory's conversation with its interaction (verl's start / respond / finalize)."""
 
     def __init__(self, interactions: Mapping[str, Interaction], kwargs: dict[str, Any]):
-        name = kwargs.get("name")
-        if name not in interactions:
-            raise KeyError(f"extra_info.interaction_kwargs.name {name!r} is not in rollout.agent.interactions_file "
-                           f"(it has {', '.join(interactions) or 'none'})")  # fmt: skip
-        self.interaction, self.kwargs = interactions[name], kwargs
+        self.interaction = interactions[interaction_name(kwargs, list(interactions))]
+        self.kwargs = kwargs
         self.instance = self.interaction.start(uuid.uuid4().hex, kwargs)
 
     def respond(self, messages: list[dict[str, str]]) -> Reply:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import inspect
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future
@@ -32,6 +33,7 @@ from typing import Any
 import torch
 
 from megarl.agents.chat import TurnEncoder
+from megarl.agents.errors import AgentError
 from megarl.agents.loops import (
     LOOPS,
     AgentEnv,
@@ -67,11 +69,11 @@ class AgentRollout:
             return generate_batch(engines, prompts, params)
         unknown = sorted(set(names) - set(self.loops))
         if unknown:
-            raise ValueError(f"agent_name {unknown[0]!r} (data column agent_name) is not a loop; known: "
+            raise AgentError(f"agent_name {unknown[0]!r} (data column agent_name) is not a loop; known: "
                              f"{', '.join(self.loops)}; add yours under rollout.agent.loops")  # fmt: skip
         if self.env is None:
-            raise ValueError(f"agent_name {sorted(set(names) - {'single_turn'})[0]!r} needs the chat template and "
-                             "tools of rollout.agent; the rollout was built without them")  # fmt: skip
+            raise AgentError(f"agent loop {sorted(set(names) - {'single_turn'})[0]!r} appends turns through the chat "
+                             "template, and the tokenizer of model.path has none; use a model whose tokenizer has one")  # fmt: skip
         samples = [_sample(prompts, p, params.max_new_tokens) for p in range(len(prompts)) for _ in range(params.n)]
         loops = [self.loops[names[i // params.n]](s, self.env) for i, s in enumerate(samples)]
         finish = _Driver(engines, params, self.env, self.cfg, self.overlap_tools).run(loops)
@@ -107,33 +109,45 @@ class _Driver:
         self.finish: dict[int, str] = {}
 
     def run(self, loops: list[AgentLoop]) -> list[str]:
+        try:
+            self._run(loops)
+        finally:  # a failure mid-step still ends every loop (their finally blocks: interactions end)
+            for steps in self.steps.values():
+                steps.close()
+        return [self.finish[i] for i in range(len(loops))]
+
+    def _run(self, loops: list[AgentLoop]) -> None:
         queue = list(range(len(loops)))[::-1]
         rounds = 0
         while queue or self.steps:
             while queue and len(self.steps) < self.cfg.max_concurrent:
                 i = queue.pop()
-                self.steps[i] = loops[i].run()
+                steps = loops[i].run()
+                if not inspect.isgenerator(steps):
+                    raise TypeError(f"agent loop {type(loops[i]).__name__}.run() must be a generator that yields "
+                                    "Generate / CallTools requests (docs/agents.md)")  # fmt: skip
+                self.steps[i] = steps
                 self._advance(i, loops[i], None)
             if self.wants:
                 self._generate_round(loops, rounds)
                 rounds += 1
             self._collect_tools(loops, block=not self.wants or not self.overlap_tools)
-        return [self.finish[i] for i in range(len(loops))]
 
     def _advance(self, i: int, loop: AgentLoop, answer: Any) -> None:
         """Send ``answer`` to loop ``i`` and file its next request (or its finish reason)."""
         try:
             request = self.steps[i].send(answer)
+            while isinstance(request, CallTools) and not request.calls:  # nothing to run: answered at once
+                request = self.steps[i].send([])
         except StopIteration as stop:
             del self.steps[i]
             self.finish[i] = str(stop.value)
+            loop.trajectory.drop_trailing_context()
             return
         if isinstance(request, Generate):
             if request.max_new_tokens < 1:
                 raise ValueError(f"agent loop {type(loop).__name__} asked for {request.max_new_tokens} new tokens")
             self.wants[i] = request
-        elif isinstance(request, CallTools) and not request.calls:
-            self._advance(i, loop, [])
         elif isinstance(request, CallTools):
             self.tools[i] = [self._start(call, loop) for call in request.calls]
         else:
@@ -224,7 +238,9 @@ def make_generate(cfg: Any, tokenizer: Any, eos_token_ids: Sequence[int]) -> Gen
     if cfg.rollout.generate_function != "default":
         return GENERATE_FUNCTIONS.get(cfg.rollout.generate_function)
     agent = cfg.rollout.agent
-    overlap = agent.overlap_tools if agent.overlap_tools is not None else cfg.rollout.engine == "sglang"
+    overlap = agent.overlap_tools
+    if overlap is None:  # rounds that wait for their tools keep a deterministic engine's runs reproducible
+        overlap = cfg.rollout.engine == "sglang" and not cfg.rollout.deterministic
     return AgentRollout(agent, build_env(agent, tokenizer, eos_token_ids), overlap)
 
 
@@ -239,6 +255,8 @@ def build_env(agent: Any, tokenizer: Any, eos_token_ids: Sequence[int]) -> Agent
     tools = load_tools(agent.tools_file) if agent.tools_file else {}
     interactions = load_interactions(agent.interactions_file) if agent.interactions_file else {}
     encoder = TurnEncoder(tokenizer, eos_token_ids, tool_schemas(tools))
+    if tools:  # a template that cannot show a tool's answer fails now, not in the middle of a step
+        encoder.after_turn([], [{"role": "tool", "content": "0"}])
     return AgentEnv(tools, PARSERS.get(agent.tool_parser), encoder, agent, interactions)
 
 

@@ -1,7 +1,8 @@
 """Finding the tool calls in a model's turn: parsers by name (``rollout.agent.tool_parser``).
 
-A parser is a function ``parse(text) -> ParsedCalls``: the well-formed calls in order, and one
-message per malformed one (which the loop answers with that message, as a failed call). The
+A parser is a function ``parse(text) -> ParsedCalls``: the turn's calls in the order written,
+each a well-formed ``ToolCall`` or, for a malformed one, the error message the loop answers it
+with (as a failed call). Answers go back in the same order. The
 built-in ``hermes`` parser reads the Hermes / Qwen format the chat templates of Qwen2.5 and
 Qwen3 describe to the model::
 
@@ -31,12 +32,19 @@ class ToolCall:
 
 @dataclass(frozen=True)
 class ParsedCalls:
-    calls: list[ToolCall] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)  # one message per malformed call
+    items: list[ToolCall | str] = field(default_factory=list)  # in the turn's order; str: a malformed call's error
+
+    @property
+    def calls(self) -> list[ToolCall]:
+        return [item for item in self.items if isinstance(item, ToolCall)]
+
+    @property
+    def errors(self) -> list[str]:
+        return [item for item in self.items if isinstance(item, str)]
 
     @property
     def attempted(self) -> int:
-        return len(self.calls) + len(self.errors)
+        return len(self.items)
 
 
 ToolCallParser = Callable[[str], ParsedCalls]
@@ -49,19 +57,13 @@ _HERMES = re.compile(re.escape(HERMES_OPEN) + r"(.*?)(?:" + re.escape(HERMES_CLO
 @PARSERS.register("hermes")
 def parse_hermes(text: str) -> ParsedCalls:
     """``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks, in order."""
-    calls: list[ToolCall] = []
-    errors: list[str] = []
+    items: list[ToolCall | str] = []
     for match in _HERMES.finditer(text):
-        body = match.group(1).strip()
         if not match.group(0).endswith(HERMES_CLOSE):
-            errors.append(f"Error: the tool call is not closed with {HERMES_CLOSE}")
-            continue
-        call = _call_from_json(body)
-        if isinstance(call, str):
-            errors.append(call)
+            items.append(f"Error: the tool call is not closed with {HERMES_CLOSE}")
         else:
-            calls.append(call)
-    return ParsedCalls(calls, errors)
+            items.append(_call_from_json(match.group(1).strip()))
+    return ParsedCalls(items)
 
 
 def _call_from_json(body: str) -> ToolCall | str:

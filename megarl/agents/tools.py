@@ -34,12 +34,13 @@ from typing import Any
 
 import yaml
 
+from megarl.agents.errors import AgentError
+
 # Built-in tool classes by name (filled by megarl/agents/builtin_tools.py at import).
 BUILTIN_TOOLS: dict[str, type[Tool]] = {}
-MAX_TOOL_TEXT = 4096  # characters of one tool answer kept for the model; the rest is cut
 
 
-class ToolFileError(ValueError):
+class ToolFileError(AgentError):
     """A tool file that cannot be used; the message names the file, the entry and the fix."""
 
 
@@ -180,8 +181,6 @@ def _outcome_of(result: Any) -> ToolOutcome:
     text = getattr(result, "text", result)  # verl's ToolResponse has .text
     if not isinstance(text, str):
         return ToolOutcome(f"Error: the tool returned {type(text).__name__}, not text", error="error")
-    if len(text) > MAX_TOOL_TEXT:
-        text = text[:MAX_TOOL_TEXT] + "...(truncated)"
     return ToolOutcome(text, reward=float(reward or 0.0), metrics=dict(metrics or {}))
 
 

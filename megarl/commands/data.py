@@ -74,9 +74,10 @@ def _add_gsm8k(sub: argparse._SubParsersAction) -> None:
         "  ground_truth  the text after the last '####' of the answer, commas removed ('1,234' -> '1234')\n"
         "  data_source   openai/gsm8k (the gsm8k reward function's key)\n"
         "  extra_info    split, index, question, answer\n\n"
-        "With --tools, the tool-use variant for agent rollouts: a system message offers the calculator\n"
-        "tool (configs/tools/calculator.yaml, set as rollout.agent.tools_file) and each row's agent_name\n"
-        "is tool_agent (configs/gsm8k_tool_agent.yaml, docs/agents.md).\n\n"
+        "With --tools, the tool-use variant for agent rollouts (configs/gsm8k_tool_agent.yaml, docs/agents.md):\n"
+        "  prompt        a system message that offers the calculator tool (configs/tools/calculator.yaml,\n"
+        "                rollout.agent.tools_file), then the bare question as the user message\n"
+        "  agent_name    tool_agent\n\n"
         "An answer without '####' is an error naming the line.",
     )
     _add_io(p, ".jsonl with question, answer")

@@ -145,6 +145,7 @@ def make_plan(cfg: MegaRLConfig, *, check_files: bool = False, in_process: bool 
     if "rollout" in roles:
         _check_rollout(cfg, arch, roles["rollout"], issues)
     _check_sampling(cfg, arch, issues)
+    _check_agent(cfg, issues)
     _check_algorithm(cfg, issues)
     _check_offload(cfg, issues)
     if in_process:
@@ -359,6 +360,21 @@ def _check_sampling(cfg: MegaRLConfig, arch: ArchSpec, issues: list[Issue]) -> N
     if total > arch.max_positions:
         issues.append(Issue("data.max_prompt_length", f"max_prompt_length + rollout.sampling.max_new_tokens ({cfg.data.max_prompt_length} "
                             f"+ {s.max_new_tokens} = {total}) exceeds the model's max_position_embeddings ({arch.max_positions})"))
+
+
+def _check_agent(cfg: MegaRLConfig, issues: list[Issue]) -> None:
+    """Agent loops append turns through the chat template; reproducible rounds need no overlap."""
+    agent = cfg.rollout.agent
+    if cfg.rollout.generate_function != "default":
+        return
+    if agent.overlap_tools and cfg.rollout.deterministic:
+        issues.append(Issue("rollout.agent.overlap_tools", "(true) lets tool timing decide which turns generate together, "
+                            "so rollout.deterministic (true) would not make runs reproducible; set overlap_tools=false "
+                            "or leave it unset"))
+    uses_agents = agent.default_agent != "single_turn" or agent.tools_file or agent.interactions_file
+    if uses_agents and not cfg.data.apply_chat_template:
+        issues.append(Issue("data.apply_chat_template", "(false) but rollout.agent appends tool answers and user turns "
+                            "through the chat template; set data.apply_chat_template=true"))
 
 
 def _check_algorithm(cfg: MegaRLConfig, issues: list[Issue]) -> None:

@@ -11,6 +11,8 @@ the fix, so all of them are reported at once, in seconds, before Ray or any work
   only that the tokenizer has a chat template when data.apply_chat_template is on;
 - rewards: built-in scorer names, a scorer for every sampled data_source, reward.custom
   importable and defining its function, reward.model present;
+- agent rollouts: each sampled row's agent_name names a loop and its interaction_kwargs an
+  interaction of rollout.agent.interactions_file (megarl/agents/checks.py);
 - the user's own functions named by import path (algorithm.estimator, algorithm.policy_loss,
   rollout.generate_function; megarl/config/extensions.py): importable and callable;
 - model.path: config.json present and accepted by the bridges (config values, layout, the
@@ -72,6 +74,10 @@ def preflight(cfg: MegaRLConfig) -> list[Finding]:
                                         "has no chat template; set data.apply_chat_template=false to feed raw prompt text, "
                                         "or use a tokenizer with a template"))
         _check_rewards(cfg, samples, findings)
+        if cfg.rollout.generate_function == "default":
+            from megarl.agents.checks import row_findings
+
+            findings += [Finding(*f) for f in row_findings(cfg.rollout.agent, [(s.label, s.records) for s in samples])]
         findings += child.results("reward")
         for field, _ in child.spec["extensions"]:
             findings += child.results(field)

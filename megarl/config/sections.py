@@ -160,7 +160,7 @@ class ValSamplingConfig(Section):
     )
 
 
-AGENT_LOOPS = ("single_turn", "tool_agent")  # megarl.agents.loops.LOOPS holds the classes
+AGENT_LOOPS = ("single_turn", "tool_agent")  # megarl.agents.loops.LOOPS holds the classes (a test keeps them equal)
 TOOL_PARSERS = ("hermes",)  # megarl.agents.tool_calls.PARSERS
 
 
@@ -187,6 +187,12 @@ class AgentConfig(Section):
     tool_parser: str = Field("hermes", description="How tool calls are found in a turn: hermes (<tool_call>{json}</tool_call>) or package.module:function.")
     max_turns: int = Field(8, ge=1, description="Model turns per trajectory; a trajectory still calling tools after them ends as max_turns.")
     max_tool_calls: int = Field(16, ge=1, description="Tool calls per trajectory; a turn that would exceed it ends the trajectory as max_tool_calls.")
+    max_parallel_calls: int = Field(
+        4, ge=1, description="Tool calls run per turn; further calls of the turn are answered with an error (and count as failed)."
+    )
+    max_tool_response_length: int = Field(
+        4096, ge=16, description="Characters of one tool answer the model sees; a longer answer is cut and marked ...(truncated)."
+    )
     max_tool_failures: int = Field(
         3, ge=1, description="Failed tool calls (errors, timeouts, malformed calls) after which a trajectory ends as tool_error or timeout."
     )
@@ -198,15 +204,16 @@ class AgentConfig(Section):
         False,
         description="Also reward each turn: a tool call's reward and an interaction's turn score go on the last generated "
         "token of the turn that earned them (the reward function's score stays on the trajectory's last token). "
-        "Outcome estimators (grpo, rloo, ...) add them to the trajectory's score; gae and reinforce_plus_plus credit "
-        "each to the tokens before it (docs/agents.md).",
+        "Group estimators (grpo, rloo, ...) add them to the trajectory's score; gae, reinforce_plus_plus and remax "
+        "credit each to the tokens before it (docs/agents.md).",
     )
     tool_timeout_s: float = Field(30.0, gt=0, description="Seconds one tool call may take; then the model is told it timed out.")
     max_concurrent: int = Field(1024, ge=1, description="Trajectories in flight at once (each engine batches its share of them).")
     overlap_tools: bool | None = Field(
         None,
-        description="Let trajectories whose tools answered generate while other tools still run. None = on with SGLang, "
-        "off with the torch engine, where every turn waits for the turn's tools so that a resumed run regenerates exactly.",
+        description="Let trajectories whose tools answered generate while other tools still run. None = on with SGLang "
+        "(unless rollout.deterministic), off with the torch engine: there every round waits for its tools, so that a "
+        "resumed run regenerates exactly.",
     )
 
     @field_validator("default_agent")

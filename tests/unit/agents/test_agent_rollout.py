@@ -73,9 +73,6 @@ class ReplayEngine:
 
 
 def _prompts(tok, texts: list[str], agent: str = "tool_agent", extra: list[dict] | None = None) -> PromptBatch:
-    ids = [list(tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=False).encode())
-           for t in texts]  # fmt: skip
-    ids = [list(tok.encode(tok.decode(i), add_special_tokens=False)) for i in ids]
     n = len(texts)
     return PromptBatch(prompt_ids=[list(tok.encode(tok.apply_chat_template([{"role": "user", "content": t}],
                        add_generation_prompt=True, tokenize=False), add_special_tokens=False)) for t in texts],
@@ -164,8 +161,8 @@ def test_a_failed_call_is_the_models_feedback_and_the_trajectory_goes_on(tok):
     engine = ReplayEngine(tok, {"q": [_call("calc", expression="1/0"), _call("nope"), "done"]})
     batch = AgentRollout(AgentConfig(), _calc_env(tok), overlap_tools=False)(engine, _prompts(tok, ["q"]), SamplingParams(max_new_tokens=400))
     text = tok.decode(batch.response_ids[0, : int(batch.response_lengths[0])].tolist())
-    assert "Error: ValueError: calculator: division by zero" in text or "Error: ValueError: calculator:" in text
-    assert "there is no tool 'nope' (tools: calc)" in text
+    assert "<|im_start|>tool\nError: ValueError: calculator: division by zero" in text
+    assert "<|im_start|>tool\nError: there is no tool 'nope' (tools: calc)" in text
     assert batch.finish_reason == ["stop"] and batch.extra_info[0]["agent"]["tool_failures"] == 2
 
 
@@ -198,7 +195,9 @@ def test_without_overlap_each_round_waits_for_its_tools_until_the_timeout(tok):
 
 
 def test_a_verl_multi_turn_parquet_runs_with_its_columns(tok, tmp_path, monkeypatch):
-    """agent_name is a column; tools_kwargs (create_kwargs) and interaction_kwargs (name) sit in extra_info."""
+    """A row as verl's gsm8k_multiturn_w_tool preprocessing writes it (no agent_name column: the
+    config's default loop; tools_kwargs with create_kwargs and interaction_kwargs without a name,
+    the file having one interaction), and a row with verl's agent_name column."""
     from megarl.data.datasets import file_label
     from megarl.data.prompts import PromptBuilder
     from megarl.data.stream import encode_records, load_prompt_set
@@ -210,19 +209,22 @@ def test_a_verl_multi_turn_parquet_runs_with_its_columns(tok, tmp_path, monkeypa
     tools_file.write_text(yaml.safe_dump({"tools": [{"class_name": "agent_extensions.AnswerCheck", "config": {"type": "native"},
                                                      "tool_schema": schema}]}))  # fmt: skip
     interactions_file.write_text(yaml.safe_dump({"interaction": [{"name": "echo", "class_name": "agent_extensions.EchoUser", "config": {}}]}))
-    rows = [{"data_source": "openai/gsm8k", "agent_name": "tool_agent", "ability": "math",
+    rows = [{"data_source": "openai/gsm8k", "ability": "math",
              "prompt": [{"role": "system", "content": "Use the tool."}, {"role": "user", "content": "2+3?"}],
              "reward_model": {"style": "rule", "ground_truth": "5"},
              "extra_info": {"index": 0, "need_tools_kwargs": True,
                             "tools_kwargs": {"check_answer": {"create_kwargs": {"ground_truth": "5"}}},
-                            "interaction_kwargs": {"name": "echo", "query": "2+3?", "ground_truth": "5"}}}]  # fmt: skip
+                            "interaction_kwargs": {"query": "2+3?", "ground_truth": "5"}}}]  # fmt: skip
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
-    cfg = AgentConfig(tools_file=str(tools_file), interactions_file=str(interactions_file))
+    pq.write_table(pa.Table.from_pylist([{**rows[0], "agent_name": "tool_agent"}]), tmp_path / "named.parquet")
+    cfg = AgentConfig(tools_file=str(tools_file), interactions_file=str(interactions_file), default_agent="tool_agent")
     env = build_env(cfg, tok, [_eos(tok)])
     builder = PromptBuilder(tok, max_prompt_length=4096, tools=[schema])
     pset = load_prompt_set(str(tmp_path / "train.parquet"), label=file_label("data.train_files[0]", "train.parquet"), builder=builder)
     prompts = encode_records([pset], [(0, 0)], builder, step=0)
-    assert prompts.agent_name == ["tool_agent"] and "check_answer" in prompts.prompt_text[0]  # the schema is in the prompt
+    assert prompts.agent_name == [""] and "check_answer" in prompts.prompt_text[0]  # the schema is in the prompt
+    named = load_prompt_set(str(tmp_path / "named.parquet"), label="named", builder=builder)
+    assert encode_records([named], [(0, 0)], builder, step=0).agent_name == ["tool_agent"]
 
     class Engine(ReplayEngine):
         def _key(self, prompt_text):
@@ -245,11 +247,53 @@ def test_an_unknown_agent_name_is_refused_with_the_known_ones(tok):
             ReplayEngine(tok, {}), _prompts(tok, ["q"], agent="searcher"), SamplingParams())
 
 
-def test_the_rows_mask_is_what_the_loss_sees(tok):
-    engine = ReplayEngine(tok, {"q": [_call("calc", expression="6*7"), "42"]})
-    batch = AgentRollout(AgentConfig(), _calc_env(tok), overlap_tools=False)(engine, _prompts(tok, ["q"]), SamplingParams(max_new_tokens=200))
-    valid = batch.response_valid.float()
-    assert torch.all(batch.response_mask <= valid) and 0 < batch.response_mask.sum() < valid.sum()
+def test_answers_keep_the_turns_call_order_and_the_per_turn_limits(tok):
+    bad_json = "<tool_call>\n{not json}\n</tool_call>"
+    turn = _call("calc", expression="1+1") + bad_json + _call("nope") + _call("calc", expression="2+2") + _call("calc", expression="3")
+    engine = ReplayEngine(tok, {"q": [turn, "end"]})
+    env = _calc_env(tok, max_parallel_calls=2, max_tool_failures=9, max_tool_response_length=16)
+    batch = AgentRollout(env.limits, env, overlap_tools=False)(engine, _prompts(tok, ["q"]), SamplingParams(max_new_tokens=900))
+    text = tok.decode(batch.response_ids[0, : int(batch.response_lengths[0])].tolist())
+    answers = [part.split("<|im_end|>")[0] for part in text.split("<|im_start|>tool\n")[1:]]
+    cut = "...(truncated)"  # answers are cut at max_tool_response_length (16) characters
+    assert answers == ["2", "Error: the tool " + cut, "Error: there is " + cut, "Error: not run: " + cut, "Error: not run: " + cut]
+    assert batch.extra_info[0]["agent"]["tool_calls"] == 5 and batch.extra_info[0]["agent"]["tool_failures"] == 4
+
+
+def test_an_aborted_turn_ends_the_trajectory_on_its_last_generated_token(tok):
+    class Aborting(ReplayEngine):
+        def generate(self, prompts, params):
+            return [dataclasses.replace(r, finish_reason="abort") for r in super().generate(prompts, params)]
+
+    import dataclasses
+
+    engine = Aborting(tok, {"q": [_call("calc", expression="1"), "never"]})
+    batch = AgentRollout(AgentConfig(), _calc_env(tok), overlap_tools=False)(engine, _prompts(tok, ["q"]), SamplingParams(max_new_tokens=300))
+    assert batch.finish_reason == ["abort"] and batch.extra_info[0]["agent"]["tool_calls"] == 0
+    assert batch.response_mask[0, : int(batch.response_lengths[0])].min() == 1.0
+
+
+def test_a_loop_that_yields_no_calls_again_and_again_does_not_recurse(tok):
+    from megarl.agents.loops import AgentLoop, CallTools, Generate
+
+    class Idle(AgentLoop):
+        def run(self):
+            for _ in range(5000):
+                assert (yield CallTools([])) == []
+            result = yield Generate(4)
+            return result.finish_reason
+
+    class NotAGenerator(AgentLoop):
+        def run(self):
+            return "stop"
+
+    engine = ReplayEngine(tok, {"q": ["x"]})
+    rollout = AgentRollout(AgentConfig(), _calc_env(tok), overlap_tools=False)
+    rollout.loops |= {"idle": Idle, "plain": NotAGenerator}  # as rollout.agent.loops would add them
+    batch = rollout(engine, _prompts(tok, ["q"], agent="idle"), SamplingParams(max_new_tokens=10))
+    assert batch.finish_reason == ["stop"]
+    with pytest.raises(TypeError, match=r"NotAGenerator.run\(\) must be a generator"):
+        rollout(ReplayEngine(tok, {"q": ["x"]}), _prompts(tok, ["q"], agent="plain"), SamplingParams(max_new_tokens=10))
 
 
 class Paying(Tool):

@@ -41,11 +41,20 @@ def test_a_template_that_rerenders_earlier_turns_still_gives_the_appended_part(t
     assert tok.decode(got) == "\n<|im_start|>user\nagain<|im_end|>\n<|im_start|>assistant\n"
 
 
+def test_a_turn_ended_by_another_eos_still_gets_the_templates_end_of_turn(tok):
+    im_end, endoftext = tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")
+    enc = TurnEncoder(tok, [im_end, endoftext])  # Qwen2.5 lists both as EOS
+    got = tok.decode(enc.after_turn(_ids(tok, "x") + [endoftext], [{"role": "tool", "content": "1"}]))
+    assert got == "<|im_end|>\n<|im_start|>tool\n1<|im_end|>\n<|im_start|>assistant\n"
+
+
 def test_the_tools_reach_the_template(tok):
+    tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+                         "{% if m['role'] == 'tool' %} of {{ tools | length }} tools{% endif %}<|im_end|>\n{% endfor %}"
+                         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")  # fmt: skip
     schema = {"type": "function", "function": {"name": "calc"}}
-    enc = TurnEncoder(tok, [tok.convert_tokens_to_ids("<|im_end|>")], [schema])
-    text = tok.decode(enc.after_turn([], [{"role": "tool", "content": "1"}]))
-    assert text.startswith("<|im_end|>\n<|im_start|>tool\n1")  # the tools block sits before the turn, not in the delta
+    enc = TurnEncoder(tok, [tok.convert_tokens_to_ids("<|im_end|>")], [schema, schema])
+    assert "1 of 2 tools" in tok.decode(enc.after_turn([], [{"role": "tool", "content": "1"}]))
 
 
 def test_a_template_without_assistant_content_is_refused(tok):

@@ -12,6 +12,10 @@ def test_registries_hold_exactly_the_config_names():
     assert set(LOSS_AGGREGATIONS.names()) == set(sections.LOSS_AGGS)
     assert set(KL_ESTIMATORS.names()) == set(sections.KL_ESTIMATORS)
     assert set(sections.GROUP_ESTIMATORS) <= set(ADVANTAGE_ESTIMATORS.names())
+    from megarl.agents.loops import LOOPS
+    from megarl.agents.tool_calls import PARSERS
+
+    assert tuple(LOOPS) == sections.AGENT_LOOPS and tuple(PARSERS.names()) == sections.TOOL_PARSERS
 
 
 def test_lookup_miss_lists_valid_names():

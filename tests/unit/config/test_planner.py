@@ -14,6 +14,7 @@ CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 GRPO72 = CONFIGS / "qwen72b_grpo.yaml"
 PPO7 = CONFIGS / "qwen2.5_7b_ppo.yaml"
 TINY = CONFIGS / "tiny_grpo.yaml"
+AGENT = CONFIGS / "gsm8k_tool_agent.yaml"
 
 
 def plan(path, *overrides):
@@ -26,7 +27,7 @@ def refused(path, *overrides) -> str:
     return str(info.value)
 
 
-@pytest.mark.parametrize("path", [GRPO72, PPO7, TINY], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [GRPO72, PPO7, TINY, AGENT], ids=lambda p: p.name)
 def test_shipped_configs_plan(path):
     p = plan(path)
     assert p.roles["policy"].tp * p.roles["policy"].pp * p.roles["policy"].dp == len(p.roles["policy"].gpus)
@@ -272,3 +273,10 @@ def test_in_process_runs_need_a_world_of_one_and_the_torch_engine(monkeypatch):
         "cluster.gpus_per_node=1", "rollout.engine=sglang", "cluster.device=cuda")
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert "WORLD_SIZE is 2" in refused_in_process("cluster.gpus_per_node=1")
+
+
+def test_agent_rollouts_need_the_chat_template_and_no_overlap_when_deterministic():
+    msg = refused(AGENT, "rollout.deterministic=true", "rollout.agent.overlap_tools=true", "data.apply_chat_template=false")
+    assert "rollout.agent.overlap_tools: (true) lets tool timing decide which turns generate together" in msg
+    assert "data.apply_chat_template: (false) but rollout.agent appends tool answers and user turns" in msg
+    assert plan(AGENT, "rollout.deterministic=true").memory is not None  # overlap left unset: rounds, reproducible

@@ -213,7 +213,7 @@ def test_the_agent_rollouts_user_code_is_loaded_before_launch(demo, tmp_path, mo
     (tmp_path / "users.yaml").write_text("interaction:\n  - name: echo\n    class_name: agent_extensions.EchoUser\n")
     good = config(demo, tmp_path / "run", f"rollout.agent.tools_file={tmp_path / 'good.yaml'}",
                   f"rollout.agent.interactions_file={tmp_path / 'users.yaml'}",
-                  "rollout.agent.tool_parser=agent_extensions:digit_calls")  # fmt: skip
+                  "rollout.agent.tool_parser=agent_extensions:digit_calls", "rollout.agent.default_agent=tool_agent")  # fmt: skip
     assert preflight(good) == []
     msg = refusal(config(demo, tmp_path / "run", f"rollout.agent.tools_file={tmp_path / 'bad.yaml'}",
                          "rollout.agent.loops={mine: agent_extensions:digit_calls}"))  # fmt: skip
@@ -221,6 +221,29 @@ def test_the_agent_rollouts_user_code_is_loaded_before_launch(demo, tmp_path, mo
             "cannot be imported") in msg  # fmt: skip
     assert ("rollout.agent.loops.mine: agent loop 'agent_extensions:digit_calls' is not a subclass of "
             "megarl.agents.loops.AgentLoop") in msg  # fmt: skip
+
+
+def test_agent_names_and_interactions_of_the_sampled_rows(demo, tmp_path):
+    (tmp_path / "users.yaml").write_text("interaction:\n  - {name: a, class_name: x.A}\n  - {name: b, class_name: x.B}\n")
+    data = tmp_path / "agents.parquet"
+    records = rows(["01", "10", "11"])
+    records[0]["agent_name"], records[1]["agent_name"], records[2]["agent_name"] = "tool_agent", "searcher", "tool_agent"
+    records[2]["extra_info"] = {"interaction_kwargs": {"query": "q"}}  # no name, two interactions
+    pq.write_table(pa.Table.from_pylist(records), data)
+    findings = preflight(config(demo, tmp_path / "run", f"data.train_files=[{data}]", "data.val_files=[]",
+                                f"rollout.agent.interactions_file={tmp_path / 'users.yaml'}"))  # fmt: skip
+    messages = {f.message for f in findings if f.field == "data.train_files[0] (agents.parquet)"}
+    assert messages == {"row 1: agent_name 'searcher' is not an agent loop; use single_turn, tool_agent, or add yours "
+                        "under rollout.agent.loops",
+                        "row 2: extra_info.interaction_kwargs has no name and rollout.agent.interactions_file has 2 "
+                        "interactions (a, b); add name to interaction_kwargs"}  # fmt: skip
+
+
+def test_tools_that_no_sampled_row_would_call_are_a_warning(demo, tmp_path):
+    (tmp_path / "tools.yaml").write_text("tools:\n  - class_name: calculator\n    tool_schema: {type: function, function: {name: c}}\n")
+    (warning,) = preflight(config(demo, tmp_path / "run", f"rollout.agent.tools_file={tmp_path / 'tools.yaml'}"))
+    assert warning.level == "warning" and warning.field == "rollout.agent.default_agent"
+    assert "every sampled row runs single_turn" in warning.message and "set rollout.agent.default_agent=tool_agent" in warning.message
 
 
 def test_the_driver_imports_no_megatron_and_no_user_code(demo, tmp_path):
