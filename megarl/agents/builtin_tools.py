@@ -65,6 +65,7 @@ _REFUSED = {  # node type -> what the model wrote, in words
     ast.Compare: "comparisons are not allowed",
     ast.BoolOp: "and/or are not allowed",
     ast.Lambda: "lambdas are not allowed",
+    ast.Tuple: "commas are not allowed (write 1234, not 1,234; one expression per call)",
 }
 
 
@@ -197,6 +198,8 @@ class PythonTool(Tool):
         problem = "\n".join(lines)[-2000:]
         if result.timed_out:
             problem += f"\nError: the program timed out after {self.time_limit_s:g} s and was killed"
+        elif result.returncode is not None and result.returncode > 0:
+            problem += f"\nError: the program exited with code {result.returncode}"
         elif result.returncode is not None and result.returncode < 0:
             try:
                 name = signal.Signals(-result.returncode).name

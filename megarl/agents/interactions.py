@@ -39,12 +39,17 @@ class Interaction:
         return str(started or instance_id)
 
     def respond(self, instance_id: str, messages: list[dict[str, str]], kwargs: Mapping[str, Any]) -> tuple[bool, str, float]:
+        where = f"interaction {self.name!r} ({type(self.impl).__name__}.generate_response)"
         try:
-            done, text, score, *_ = run_method(self.impl.generate_response(instance_id, messages, **_without_name(kwargs)))
+            answer = run_method(self.impl.generate_response(instance_id, messages, **_without_name(kwargs)))
         except Exception as exc:  # the user's code: name it (the run stops; a simulated user has no fallback)
-            raise AgentError(f"interaction {self.name!r} ({type(self.impl).__name__}.generate_response) raised "
-                             f"{type(exc).__name__}: {exc}; fix it or return (done, text, score, extra)") from exc
-        return bool(done), str(text), float(score or 0.0)
+            raise AgentError(f"{where} raised {type(exc).__name__}: {exc}; fix it") from exc
+        try:
+            done, text, score, *_ = answer
+            return bool(done), str(text), float(score or 0.0)
+        except (TypeError, ValueError):
+            raise AgentError(f"{where} returned {answer!r:.80}; return (should_terminate: bool, response: str, "
+                             "score: float, extra: dict) as verl's BaseInteraction does") from None
 
     def finish(self, instance_id: str) -> None:
         """verl's finalize_interaction, when the class has one."""

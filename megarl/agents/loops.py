@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from megarl.agents.chat import TurnEncoder
+from megarl.agents.errors import AgentError
 from megarl.agents.interactions import Interaction, interaction_name
 from megarl.agents.tool_calls import ParsedCalls, ToolCall, ToolCallParser
 from megarl.agents.tools import Tool, ToolOutcome
@@ -179,7 +180,7 @@ class ToolAgent(AgentLoop):
             result: GenerationResult = yield Generate(self.turn_budget())
             text = self.env.encoder.turn_text(result.response_ids)
             messages.append({"role": "assistant", "content": text})
-            parsed = self.env.parser(text)
+            parsed = self._parse(text)
             if result.finish_reason == "abort" or (not parsed.attempted and interaction is None):
                 return result.finish_reason
             if traj.remaining <= 0:
@@ -206,6 +207,17 @@ class ToolAgent(AgentLoop):
             if len(ids) >= traj.remaining:  # no room left for the model to answer
                 return "length"
             traj.add_context(ids)
+
+    def _parse(self, text: str) -> ParsedCalls:
+        parser = self.env.parser
+        name = f"rollout.agent.tool_parser ({getattr(parser, '__module__', '')}:{getattr(parser, '__name__', parser)})"
+        try:
+            parsed = parser(text)
+        except Exception as exc:  # the user's parser: a bug in it would hit every turn, so the run stops
+            raise AgentError(f"{name} raised {type(exc).__name__}: {exc} on the turn {text[:80]!r}; fix it") from exc
+        if not isinstance(parsed, ParsedCalls):
+            raise AgentError(f"{name} returned {type(parsed).__name__}; return megarl.agents.tool_calls.ParsedCalls(items)")
+        return parsed
 
     def _tool_answers(self, parsed: ParsedCalls) -> Steps:
         """One answer per call of the turn, in the turn's order: run (at most max_parallel_calls

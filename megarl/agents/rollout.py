@@ -24,6 +24,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import inspect
+import logging
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future
@@ -45,7 +46,8 @@ from megarl.agents.loops import (
 )
 from megarl.agents.tool_calls import PARSERS, ToolCall
 from megarl.agents.tools import ToolOutcome, start_tool_call, timed_out
-from megarl.algos.registry import load_import_path
+from megarl.algos.registry import UnknownNameError, load_import_path
+from megarl.config.sections import LOOP_ALIASES
 from megarl.data.batch import Batch
 from megarl.data.prompt_batch import PromptBatch
 from megarl.rollout.batching import batch_from_generations
@@ -53,6 +55,7 @@ from megarl.rollout.collect import GENERATE_FUNCTIONS, Engines, GenerateFn, gene
 from megarl.rollout.engine import GenerationResult, SamplingParams
 from megarl.rollout.seeds import step_seed
 
+log = logging.getLogger(__name__)
 ROUND_SEED_SALT = 0xA6E7  # round r samples with step_seed(seed ^ salt, r): never the single-turn streams
 
 
@@ -67,10 +70,11 @@ class AgentRollout:
         names = agent_names(prompts, self.cfg.default_agent)
         if all(name == "single_turn" for name in names):
             return generate_batch(engines, prompts, params)
-        unknown = sorted(set(names) - set(self.loops))
-        if unknown:
-            raise AgentError(f"agent_name {unknown[0]!r} (data column agent_name) is not a loop; known: "
-                             f"{', '.join(self.loops)}; add yours under rollout.agent.loops")  # fmt: skip
+        bad = next((p for p, name in enumerate(names) if name not in self.loops), None)
+        if bad is not None:
+            raise AgentError(f"agent_name {names[bad]!r} (row {prompts.index[bad]} of data file {prompts.file_index[bad]} "
+                             f"in data.train_files / val_files) is not a loop; known: {', '.join(self.loops)}; "
+                             "add yours under rollout.agent.loops")  # fmt: skip
         if self.env is None:
             raise AgentError(f"agent loop {sorted(set(names) - {'single_turn'})[0]!r} appends turns through the chat "
                              "template, and the tokenizer of model.path has none; use a model whose tokenizer has one")  # fmt: skip
@@ -81,8 +85,9 @@ class AgentRollout:
 
 
 def agent_names(prompts: PromptBatch, default: str) -> list[str]:
-    """Each prompt's loop: its agent_name, else ``default``."""
-    return [name or default for name in prompts.agent_name] if prompts.agent_name else [default] * len(prompts)
+    """Each prompt's loop: its agent_name (verl's names mapped to ours), else ``default``."""
+    names = [name or default for name in prompts.agent_name] if prompts.agent_name else [default] * len(prompts)
+    return [LOOP_ALIASES.get(name, name) for name in names]
 
 
 def _sample(prompts: PromptBatch, p: int, budget: int) -> AgentSample:
@@ -91,7 +96,10 @@ def _sample(prompts: PromptBatch, p: int, budget: int) -> AgentSample:
 
 
 def loop_class(path: str) -> type[AgentLoop]:
-    cls = load_import_path(path, "agent loop")
+    try:
+        cls = load_import_path(path, "agent loop")
+    except UnknownNameError as exc:
+        raise UnknownNameError(str(exc).replace("; name a function", "; name a class")) from None
     if not (isinstance(cls, type) and issubclass(cls, AgentLoop)):
         raise TypeError(f"agent loop {path!r} is not a subclass of megarl.agents.loops.AgentLoop; derive your loop from it")
     return cls
@@ -107,6 +115,7 @@ class _Driver:
         self.wants: dict[int, Generate] = {}  # loops waiting for the engine
         self.tools: dict[int, list[tuple[ToolCall, Future[ToolOutcome], float]]] = {}  # waiting for tools
         self.finish: dict[int, str] = {}
+        self.calls: dict[str, list] = {}  # tool name -> [calls, failures, the first failure's text] (logged per rollout)
 
     def run(self, loops: list[AgentLoop]) -> list[str]:
         try:
@@ -114,6 +123,9 @@ class _Driver:
         finally:  # a failure mid-step still ends every loop (their finally blocks: interactions end)
             for steps in self.steps.values():
                 steps.close()
+        for name, (calls, failures, first) in self.calls.items():
+            if failures:  # the model is told; the user is told too, once per tool and rollout
+                log.warning("tool %s failed %d of %d calls in this rollout; the first: %s", name, failures, calls, first)
         return [self.finish[i] for i in range(len(loops))]
 
     def _run(self, loops: list[AgentLoop]) -> None:
@@ -186,6 +198,12 @@ class _Driver:
             for i in [i for i, calls in self.tools.items() if all(f.done() or now >= d for _, f, d in calls)]:
                 calls = self.tools.pop(i)
                 outcomes = [f.result() if f.done() else timed_out(c.name, self.cfg.tool_timeout_s) for c, f, _ in calls]
+                for (call, _, _), outcome in zip(calls, outcomes, strict=True):
+                    book = self.calls.setdefault(call.name, [0, 0, ""])
+                    book[0] += 1
+                    if outcome.error:
+                        book[1] += 1
+                        book[2] = book[2] or outcome.text[:200]
                 self._advance(i, loops[i], outcomes)
             if not block or not self.tools or (self.overlap_tools and self.wants):
                 return

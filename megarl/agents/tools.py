@@ -120,6 +120,9 @@ def _schema_of(entry: Any, where: str) -> dict[str, Any]:
 def _tool_from_entry(entry: Any, where: str) -> Tool:
     schema = _schema_of(entry, where)
     cls = _tool_class(str(entry["class_name"]), where)
+    if not issubclass(cls, Tool):
+        raise ToolFileError(f"{where}: class_name {entry['class_name']!r} is not a megarl.agents.tools.Tool subclass; "
+                            "derive it from Tool (a verl tool needs only its base class changed)")
     config = {k: v for k, v in (entry.get("config") or {}).items() if k != "type"}  # verl's type: native
     try:
         return cls(config, schema)
@@ -154,7 +157,8 @@ def read_yaml_list(path: str | Path, key: str, what: str, error: type[ValueError
     try:
         doc = yaml.safe_load(Path(path).read_text())
     except OSError as exc:
-        raise error(f"{label}: cannot be read ({exc.strerror}); check the path") from exc
+        raise error(f"{label}: cannot be read ({exc.strerror}); check the path (a relative path is relative to "
+                    "the working directory)") from exc
     except yaml.YAMLError as exc:
         raise error(f"{label}: not valid YAML ({exc})") from exc
     entries = doc.get(key) if isinstance(doc, dict) else None
@@ -185,7 +189,10 @@ def _outcome_of(result: Any) -> ToolOutcome:
 
 
 def _call(tool: Tool, arguments: dict[str, Any], kwargs: Mapping[str, Any]) -> ToolOutcome:
-    created = run_method(tool.create(**dict(kwargs.get("create_kwargs") or {})))
+    """One instance per call (create -> execute -> release), as verl's agent loop does."""
+    create_kwargs = dict(kwargs.get("create_kwargs") or {})
+    # verl's agent loop passes them as one create_kwargs argument; tools written for it read that.
+    created = run_method(tool.create(**create_kwargs, create_kwargs=create_kwargs))
     instance = created[0] if isinstance(created, tuple) else created  # verl returns (id, response)
     try:
         return _outcome_of(run_method(tool.execute(instance, arguments, **dict(kwargs.get("execute_kwargs") or {}))))
@@ -201,7 +208,9 @@ def start_tool_call(tool: Tool, arguments: dict[str, Any], kwargs: Mapping[str, 
         try:
             outcome = _call(tool, arguments, kwargs)
         except Exception as exc:  # noqa: BLE001 - any failure of the tool is the model's feedback
-            outcome = ToolOutcome(f"Error: {type(exc).__name__}: {exc}", error="error")
+            # A ValueError is the tool refusing its input: its message is for the model as it is.
+            text = f"Error: {exc}" if isinstance(exc, ValueError) else f"Error: {type(exc).__name__}: {exc}"
+            outcome = ToolOutcome(text, error="error")
         if not future.done():
             future.set_result(outcome)
 

@@ -77,7 +77,7 @@ def preflight(cfg: MegaRLConfig) -> list[Finding]:
         if cfg.rollout.generate_function == "default":
             from megarl.agents.checks import row_findings
 
-            findings += [Finding(*f) for f in row_findings(cfg.rollout.agent, [(s.label, s.records) for s in samples])]
+            findings += [Finding(*f) for f in row_findings(cfg.rollout.agent, [(s.label, s.path, s.records) for s in samples])]
         findings += child.results("reward")
         for field, _ in child.spec["extensions"]:
             findings += child.results(field)
@@ -160,6 +160,7 @@ def _check_resume(cfg: MegaRLConfig, findings: list[Finding]) -> None:
 class _Sample:
     label: str  # data.train_files[0] (x.parquet)
     records: list[Any]  # PromptRecord
+    path: str = ""
 
 
 def _data_files(cfg: MegaRLConfig) -> list[tuple[str, str]]:
@@ -178,7 +179,8 @@ def _check_data(cfg: MegaRLConfig, findings: list[Finding]) -> list[_Sample]:
     samples = []
     for label, path in _data_files(cfg):
         try:
-            samples.append(_Sample(label, check_prompt_file(path, label=label, prompt_key=cfg.data.prompt_key, sample_rows=SAMPLE_ROWS)))
+            samples.append(_Sample(label, check_prompt_file(path, label=label, prompt_key=cfg.data.prompt_key,
+                                                            sample_rows=SAMPLE_ROWS), path))  # fmt: skip
         except DataError as exc:
             findings.append(_located(label, str(exc)))
     return samples

@@ -161,6 +161,7 @@ class ValSamplingConfig(Section):
 
 
 AGENT_LOOPS = ("single_turn", "tool_agent")  # megarl.agents.loops.LOOPS holds the classes (a test keeps them equal)
+LOOP_ALIASES = {"single_turn_agent": "single_turn"}  # verl's names for the same loops, as its datasets write them
 TOOL_PARSERS = ("hermes",)  # megarl.agents.tool_calls.PARSERS
 
 

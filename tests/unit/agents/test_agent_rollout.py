@@ -157,13 +157,17 @@ def test_limits_end_a_trajectory_with_their_finish_reason(tok, limits, turns, bu
     assert n <= budget and batch.response_mask[0, n - 1] == 1.0  # ends on a generated token (the reward's place)
 
 
-def test_a_failed_call_is_the_models_feedback_and_the_trajectory_goes_on(tok):
+def test_a_failed_call_is_the_models_feedback_and_the_trajectory_goes_on(tok, caplog):
     engine = ReplayEngine(tok, {"q": [_call("calc", expression="1/0"), _call("nope"), "done"]})
     batch = AgentRollout(AgentConfig(), _calc_env(tok), overlap_tools=False)(engine, _prompts(tok, ["q"]), SamplingParams(max_new_tokens=400))
     text = tok.decode(batch.response_ids[0, : int(batch.response_lengths[0])].tolist())
-    assert "<|im_start|>tool\nError: ValueError: calculator: division by zero" in text
+    assert "<|im_start|>tool\nError: calculator: division by zero" in text
     assert "<|im_start|>tool\nError: there is no tool 'nope' (tools: calc)" in text
     assert batch.finish_reason == ["stop"] and batch.extra_info[0]["agent"]["tool_failures"] == 2
+    # ... and the user's: one line per tool and rollout
+    assert [r.getMessage() for r in caplog.records if r.name == "megarl.agents.rollout"] == [
+        "tool calc failed 1 of 1 calls in this rollout; the first: Error: calculator: division by zero in '1 / 0'",
+        "tool nope failed 1 of 1 calls in this rollout; the first: Error: there is no tool 'nope' (tools: calc)"]
 
 
 def test_a_hanging_tool_times_out_and_the_other_trajectories_go_first_with_overlap(tok):

@@ -94,7 +94,7 @@ def test_a_refusal_through_start_tool_call_is_an_error_outcome():
     tool = Calculator({}, schema("calc", "expression"))
     outcome = start_tool_call(tool, {"expression": "__import__('os').system('true')"}, {}).result(timeout=10)
     assert outcome.error == "error"
-    assert outcome.text.startswith("Error: ValueError: calculator: function calls are not allowed")
+    assert outcome.text.startswith("Error: calculator: function calls are not allowed")
     good = start_tool_call(tool, {"expression": "2+3*4"}, {}).result(timeout=10)
     assert (good.text, good.error) == ("14", None)
 

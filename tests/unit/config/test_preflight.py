@@ -223,18 +223,21 @@ def test_the_agent_rollouts_user_code_is_loaded_before_launch(demo, tmp_path, mo
             "megarl.agents.loops.AgentLoop") in msg  # fmt: skip
 
 
-def test_agent_names_and_interactions_of_the_sampled_rows(demo, tmp_path):
+def test_agent_names_of_every_row_and_interactions_of_the_sampled_rows(demo, tmp_path):
     (tmp_path / "users.yaml").write_text("interaction:\n  - {name: a, class_name: x.A}\n  - {name: b, class_name: x.B}\n")
     data = tmp_path / "agents.parquet"
-    records = rows(["01", "10", "11"])
-    records[0]["agent_name"], records[1]["agent_name"], records[2]["agent_name"] = "tool_agent", "searcher", "tool_agent"
+    records = rows([format(k, "011b") for k in range(1100)])
+    for record in records:
+        record["agent_name"] = "single_turn_agent"  # verl's name of the single-turn loop
+    records[0]["agent_name"] = records[2]["agent_name"] = "tool_agent"
+    records[1050]["agent_name"] = "searcher"  # past the rows the data check samples
     records[2]["extra_info"] = {"interaction_kwargs": {"query": "q"}}  # no name, two interactions
     pq.write_table(pa.Table.from_pylist(records), data)
     findings = preflight(config(demo, tmp_path / "run", f"data.train_files=[{data}]", "data.val_files=[]",
-                                f"rollout.agent.interactions_file={tmp_path / 'users.yaml'}"))  # fmt: skip
-    messages = {f.message for f in findings if f.field == "data.train_files[0] (agents.parquet)"}
-    assert messages == {"row 1: agent_name 'searcher' is not an agent loop; use single_turn, tool_agent, or add yours "
-                        "under rollout.agent.loops",
+                                f"rollout.agent.interactions_file={tmp_path / 'users.yaml'}", "data.max_prompt_length=32"))  # fmt: skip
+    messages = {f.message for f in findings if f.field == "data.train_files[0] (agents.parquet)" and f.level == "error"}
+    assert messages == {"row 1050: agent_name 'searcher' is not an agent loop; use single_turn, tool_agent (or verl's "
+                        "single_turn_agent), or add yours under rollout.agent.loops",
                         "row 2: extra_info.interaction_kwargs has no name and rollout.agent.interactions_file has 2 "
                         "interactions (a, b); add name to interaction_kwargs"}  # fmt: skip
 
@@ -243,7 +246,7 @@ def test_tools_that_no_sampled_row_would_call_are_a_warning(demo, tmp_path):
     (tmp_path / "tools.yaml").write_text("tools:\n  - class_name: calculator\n    tool_schema: {type: function, function: {name: c}}\n")
     (warning,) = preflight(config(demo, tmp_path / "run", f"rollout.agent.tools_file={tmp_path / 'tools.yaml'}"))
     assert warning.level == "warning" and warning.field == "rollout.agent.default_agent"
-    assert "every sampled row runs single_turn" in warning.message and "set rollout.agent.default_agent=tool_agent" in warning.message
+    assert "every row runs single_turn" in warning.message and "set rollout.agent.default_agent=tool_agent" in warning.message
 
 
 def test_the_driver_imports_no_megatron_and_no_user_code(demo, tmp_path):
