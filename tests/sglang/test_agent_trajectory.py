@@ -49,3 +49,43 @@ def test_a_two_turn_trajectory_is_id_exact_against_transformers(engine, hf, tiny
         got = batch.rollout_logprobs[row, :n].double()
         assert got[mask > 0] == pytest.approx(ref[mask > 0], abs=ATOL)
         assert torch.all(got[mask == 0] == 0)
+
+
+def test_a_hanging_tool_holds_up_only_its_own_trajectory(engine, tiny_model):
+    """8 trajectories; the rollout's first tool call hangs. With SGLang's default (overlap) the
+    other 7 run their next turn and call again while it waits for its 2 s deadline."""
+    import threading
+    import time
+
+    from transformers import AutoTokenizer
+
+    from megarl.agents.chat import TurnEncoder
+    from megarl.agents.loops import AgentEnv
+    from megarl.agents.tool_calls import ParsedCalls, ToolCall
+    from megarl.agents.tools import Tool
+
+    class FirstCallHangs(Tool):
+        starts: list[float] = []
+        lock = threading.Lock()
+
+        def execute(self, instance_id, parameters, **kwargs):
+            with self.lock:
+                self.starts.append(time.monotonic())
+                first = len(self.starts) == 1
+            if first:
+                time.sleep(5.0)
+            return "ok"
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    cfg = AgentConfig(default_agent="tool_agent", max_turns=3, tool_timeout_s=2.0, max_tokens_per_turn=4)
+    env = AgentEnv({"wait": FirstCallHangs({}, {"type": "function", "function": {"name": "wait"}})},
+                   lambda text: ParsedCalls([ToolCall("wait", {})]), TurnEncoder(tok, [tok.convert_tokens_to_ids("<|im_end|>")]), cfg)  # fmt: skip
+    prompt = tok.encode(tok.apply_chat_template([{"role": "user", "content": "Hi"}], add_generation_prompt=True, tokenize=False),
+                        add_special_tokens=False)  # fmt: skip
+    prompts = PromptBatch(prompt_ids=[prompt] * 8, prompt_text=["Hi"] * 8, data_source=["x"] * 8, ground_truth=[""] * 8,
+                          extra_info=[{} for _ in range(8)], index=list(range(8)), file_index=[0] * 8)  # fmt: skip
+    batch = AgentRollout(cfg, env, overlap_tools=True)(engine, prompts, SamplingParams(max_new_tokens=200, seed=3))
+    starts = sorted(FirstCallHangs.starts)
+    assert len(starts) == 16 and batch.finish_reason == ["max_turns"] * 8  # two calls per trajectory
+    assert all(t < starts[0] + 2.0 for t in starts[:15])  # 7 second calls went while the first one hung
+    assert starts[15] >= starts[0] + 2.0  # the hung trajectory's second call came after its deadline

@@ -364,3 +364,46 @@ def test_the_torch_engine_regenerates_a_multi_turn_step_exactly(tmp_path, monkey
     assert torch.equal(first.response_ids, again.response_ids) and torch.equal(first.response_mask, again.response_mask)
     assert torch.equal(first.rollout_logprobs, again.rollout_logprobs)
     assert not torch.equal(first.response_ids[:, :4], other.response_ids[:, :4])
+
+
+class FirstCallHangs(Tool):
+    """The first call of the rollout sleeps past any deadline; every call's start time is kept."""
+
+    def __init__(self, config, tool_schema):
+        super().__init__(config, tool_schema)
+        self.starts: list[float] = []
+        self.lock = __import__("threading").Lock()
+
+    def execute(self, instance_id, parameters, **kwargs):
+        with self.lock:
+            self.starts.append(time.monotonic())
+            first = len(self.starts) == 1
+        if first:
+            time.sleep(5.0)
+        return "ok"
+
+
+def always_call(text: str):
+    from megarl.agents.tool_calls import ParsedCalls, ToolCall
+
+    return ParsedCalls([ToolCall("wait", {})])
+
+
+def test_with_the_torch_engine_a_hanging_tool_costs_the_step_its_timeout_only(tmp_path):
+    from megarl.models.tiny import build_tiny_model
+    from megarl.rollout.torch_engine import TorchEngine
+
+    engine = TorchEngine(build_tiny_model(tmp_path / "m", task_vocab="01", max_position_embeddings=256))
+    tool = FirstCallHangs({}, {"type": "function", "function": {"name": "wait"}})
+    cfg = AgentConfig(default_agent="tool_agent", max_turns=2, tool_timeout_s=1.0, max_tokens_per_turn=4)
+    env = AgentEnv({"wait": tool}, always_call, TurnEncoder(engine.tokenizer, engine.eos_token_ids), cfg)
+    prompt = list(engine.tokenizer.encode(engine.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "01"}], add_generation_prompt=True, tokenize=False), add_special_tokens=False))  # fmt: skip
+    prompts = PromptBatch(prompt_ids=[prompt] * 8, prompt_text=["01"] * 8, data_source=["x"] * 8, ground_truth=[""] * 8,
+                          extra_info=[{} for _ in range(8)], index=list(range(8)), file_index=[0] * 8)  # fmt: skip
+    start = time.monotonic()
+    batch = AgentRollout(cfg, env, overlap_tools=False)(engine, prompts, SamplingParams(max_new_tokens=40, seed=1))
+    wall = time.monotonic() - start
+    assert batch.finish_reason == ["max_turns"] * 8 and len(tool.starts) == 8  # one call each, then the turn limit
+    assert sum(e["agent"]["tool_failures"] for e in batch.extra_info) == 1  # the hung one timed out
+    assert wall < 1.0 + 3.0  # the timeout plus two rounds of generation (well under a second each here)
