@@ -52,7 +52,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "generate",
         help="sample responses for a prompt file offline (resumable), from an HF model or a megarl checkpoint",
         description="Writes OUT.parquet: the rows of --data plus prompt_text, responses (n per prompt), "
-        "response_lengths and finish_reasons, sampled with the config's engine and rollout.sampling. The model is "
+        "response_lengths, finish_reasons, turns and tool_calls (per response; agent loops, docs/agents.md), sampled "
+        "with the config's engine and rollout (sampling, agent). The model is "
         "--model or model.path: an HF directory, a model checkpoint or a training checkpoint (step_NNNNNN, exported "
         "to HF files first). Parts are written to OUT.parquet.partial as they finish; running the same command again "
         "after a crash or Ctrl-C goes on where it stopped. `megarl evaluate --data OUT.parquet` scores the result.",
@@ -309,23 +310,33 @@ def _write_part(path: Path, rows: Any, batch: Any, tokenizer: Any, eos: tuple[in
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from megarl.data.generated import GENERATED_COLUMNS, LENGTHS, PROMPT_TEXT, REASONS, RESPONSES
+    from megarl.data.generated import (
+        GENERATED_COLUMNS,
+        LENGTHS,
+        PROMPT_TEXT,
+        REASONS,
+        RESPONSES,
+        TOOL_CALLS,
+        TURNS,
+    )
     from megarl.rollout.batching import response_texts
 
     texts = response_texts(batch, tokenizer, eos)
-    groups = batch.group_id.tolist()
-    per_prompt: list[dict[str, list]] = [{RESPONSES: [], LENGTHS: [], REASONS: []} for _ in range(rows.num_rows)]
+    agent = [e.get("agent") if isinstance(e, dict) else None for e in batch.extra_info] or [None] * len(batch)
+    names = (RESPONSES, LENGTHS, REASONS, TURNS, TOOL_CALLS)  # every part the same columns (they are merged)
+    per_prompt: list[dict[str, list]] = [{name: [] for name in names} for _ in range(rows.num_rows)]
     prompt_text = [""] * rows.num_rows
-    for b, g in enumerate(groups):
-        per_prompt[g][RESPONSES].append(texts[b])
-        per_prompt[g][LENGTHS].append(int(batch.response_lengths[b]))
-        per_prompt[g][REASONS].append(batch.finish_reason[b])
+    for b, g in enumerate(batch.group_id.tolist()):
+        values = {RESPONSES: texts[b], LENGTHS: int(batch.response_lengths[b]), REASONS: batch.finish_reason[b],
+                  TURNS: (agent[b] or {}).get("turns", 1), TOOL_CALLS: (agent[b] or {}).get("tool_calls", 0)}  # fmt: skip
+        for name in names:
+            per_prompt[g][name].append(values[name])
         prompt_text[g] = batch.prompt_text[b]
     rows = rows.drop_columns([c for c in GENERATED_COLUMNS if c in rows.column_names])  # a generated file as input
     rows = rows.append_column(PROMPT_TEXT, pa.array(prompt_text, type=pa.string()))
-    rows = rows.append_column(RESPONSES, pa.array([p[RESPONSES] for p in per_prompt], type=pa.list_(pa.string())))
-    rows = rows.append_column(LENGTHS, pa.array([p[LENGTHS] for p in per_prompt], type=pa.list_(pa.int64())))
-    rows = rows.append_column(REASONS, pa.array([p[REASONS] for p in per_prompt], type=pa.list_(pa.string())))
+    for name in names:
+        kind = pa.list_(pa.string()) if name in (RESPONSES, REASONS) else pa.list_(pa.int64())
+        rows = rows.append_column(name, pa.array([p[name] for p in per_prompt], type=kind))
     tmp = path.with_name(path.name + ".tmp")
     pq.write_table(rows, tmp)
     tmp.replace(path)

@@ -5,7 +5,10 @@ One row per prompt: the input file's columns (the verl schema, megarl/data/datas
     prompt_text       str              the prompt as the engine saw it (chat template applied)
     responses         list[str]        the n responses, decoded (a final EOS dropped)
     response_lengths  list[int]        tokens of each response
-    finish_reasons    list[str]        stop | length | abort, per response
+    finish_reasons    list[str]        stop | length | abort, or an agent loop's (max_turns, max_tool_calls,
+                                       tool_error, timeout), per response
+    turns             list[int]        model turns of each response (1 unless an agent loop ran, docs/agents.md)
+    tool_calls        list[int]        tool calls of each response (0 unless an agent loop ran)
 
 Any parquet in the verl schema with a ``responses`` list column can be evaluated; the other
 three columns are optional there (without them, the length and truncation statistics are left
@@ -20,7 +23,8 @@ from pathlib import Path
 from megarl.data.datasets import DataError, PromptRecord, read_prompt_file, short_repr
 
 PROMPT_TEXT, RESPONSES, LENGTHS, REASONS = "prompt_text", "responses", "response_lengths", "finish_reasons"
-GENERATED_COLUMNS = (PROMPT_TEXT, RESPONSES, LENGTHS, REASONS)
+TURNS, TOOL_CALLS = "turns", "tool_calls"  # agent loops' counts (1 and 0 for a single-turn response)
+GENERATED_COLUMNS = (PROMPT_TEXT, RESPONSES, LENGTHS, REASONS, TURNS, TOOL_CALLS)
 
 
 @dataclass(frozen=True)

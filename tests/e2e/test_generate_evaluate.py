@@ -57,7 +57,9 @@ def test_generate_writes_every_row_and_evaluate_scores_it(demo, tmp_path):
     model, data = demo
     out = generate(CONFIG, _overrides(model, "rollout.n=4"), data / "val.parquet", tmp_path / "gen.parquet", batch_size=64)
     source, generated = pq.read_table(data / "val.parquet"), pq.read_table(out)
-    assert generated.column_names == [*source.column_names, "prompt_text", "responses", "response_lengths", "finish_reasons"]
+    assert generated.column_names == [*source.column_names, "prompt_text", "responses", "response_lengths", "finish_reasons",
+                                      "turns", "tool_calls"]  # fmt: skip
+    assert {t for row in generated.column("turns").to_pylist() for t in row} == {1}  # single-turn rows
     assert generated.select(source.column_names).equals(source)  # the input rows, in order, untouched
     rows = generated.to_pylist()
     assert all(len(r["responses"]) == len(r["response_lengths"]) == len(r["finish_reasons"]) == 4 for r in rows)
@@ -159,3 +161,29 @@ def test_evaluate_cli_writes_the_summary_and_scored_rows(demo, tmp_path):
     bad = _cli(["evaluate", "--data", str(out), f"reward.custom.path={tmp_path / 'bad_reward.py'}", "reward.custom.name=score",
                 "--out", "b.json"], env, tmp_path)  # fmt: skip
     assert bad.returncode == 2 and bad.stderr.startswith("error: ") and "SyntaxError" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_generate_runs_agent_loops_and_writes_their_counts(tmp_path, monkeypatch):
+    import yaml
+
+    from megarl.data.datasets import write_prompt_file
+    from megarl.models.tiny import build_tiny_model
+
+    monkeypatch.syspath_prepend(str(ROOT / "docs" / "examples"))  # the digit-call parser
+    model = build_tiny_model(tmp_path / "model", task_vocab="01", markers=("<tool_call>", "</tool_call>"),
+                             max_position_embeddings=128)  # fmt: skip
+    rows = [{"data_source": "reverse_digits", "prompt": [{"role": "user", "content": format(k, "04b")}],
+             "agent_name": "tool_agent", "reward_model": {"ground_truth": format(k, "04b")[::-1], "style": "rule"}}
+            for k in range(8)]  # fmt: skip
+    data = write_prompt_file(rows, tmp_path / "agents.parquet")
+    schema = {"type": "function", "function": {"name": "calc", "parameters": {"type": "object"}}}
+    (tmp_path / "tools.yaml").write_text(yaml.safe_dump({"tools": [{"class_name": "calculator", "tool_schema": schema}]}))
+    overrides = [f"model.path={model}", "model.arch=null", "rollout.n=4", "rollout.sampling.max_new_tokens=24",
+                 "data.max_prompt_length=16", f"rollout.agent.tools_file={tmp_path / 'tools.yaml'}",
+                 "rollout.agent.tool_parser=agent_extensions:digit_calls"]  # fmt: skip
+    out = pq.read_table(generate(CONFIG, overrides, data, tmp_path / "gen.parquet")).to_pylist()
+    calls = [c for r in out for c in r["tool_calls"]]
+    turns = [t for r in out for t in r["turns"]]
+    assert len(calls) == len(turns) == 32 and any(c > 0 for c in calls)  # the loops really called the tool
+    assert all(t >= 1 for t in turns) and any(t > 1 for t in turns)
+    assert all(c >= 1 for t, c in zip(turns, calls, strict=True) if t > 1)  # only a tool answer starts another turn
