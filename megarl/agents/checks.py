@@ -17,7 +17,7 @@ from megarl.agents.interactions import (
     interaction_name,
     read_interaction_names,
 )
-from megarl.config.sections import AGENT_LOOPS, LOOP_ALIASES
+from megarl.config.sections import AGENT_LOOPS, loop_name
 
 
 def row_findings(agent: Any, files: Sequence[tuple[str, str, Sequence[Any]]]) -> list[tuple[str, str, str]]:
@@ -56,7 +56,7 @@ def _agent_names(path: str, default: str) -> dict[int, str]:
         return {}
     first: dict[str, int] = {}
     for row, name in enumerate(column):
-        first.setdefault(LOOP_ALIASES.get(name or default, name or default), row)
+        first.setdefault(loop_name(name, default), row)
     return {row: name for name, row in first.items()}
 
 

@@ -16,7 +16,9 @@ the rollout's driver: keep ``generate_response`` quick (a rule check, not a mode
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,28 +36,50 @@ class Interaction:
     def __init__(self, name: str, impl: Any):
         self.name, self.impl = name, impl
 
-    def start(self, instance_id: str, kwargs: Mapping[str, Any]) -> str:
+    def session(self, kwargs: Mapping[str, Any]) -> InteractionSession:
+        """One trajectory's conversation (verl's start_interaction)."""
+        instance_id = uuid.uuid4().hex
         started = run_method(self.impl.start_interaction(instance_id, **_without_name(kwargs)))
-        return str(started or instance_id)
+        return InteractionSession(self, str(started or instance_id), _without_name(kwargs))
 
-    def respond(self, instance_id: str, messages: list[dict[str, str]], kwargs: Mapping[str, Any]) -> tuple[bool, str, float]:
-        where = f"interaction {self.name!r} ({type(self.impl).__name__}.generate_response)"
+
+@dataclass(frozen=True)
+class Reply:
+    done: bool  # the conversation is over (verl's should_terminate_sequence)
+    text: str
+    score: float
+
+
+class InteractionSession:
+    """One trajectory's conversation with its interaction: respond between turns, finish at the end."""
+
+    def __init__(self, interaction: Interaction, instance_id: str, kwargs: dict[str, Any]):
+        self.interaction, self.instance_id, self.kwargs = interaction, instance_id, kwargs
+
+    def respond(self, messages: list[dict[str, str]]) -> Reply:
+        impl = self.interaction.impl
+        where = f"interaction {self.interaction.name!r} ({type(impl).__name__}.generate_response)"
         try:
-            answer = run_method(self.impl.generate_response(instance_id, messages, **_without_name(kwargs)))
+            answer = run_method(impl.generate_response(self.instance_id, messages, **self.kwargs))
         except Exception as exc:  # the user's code: name it (the run stops; a simulated user has no fallback)
             raise AgentError(f"{where} raised {type(exc).__name__}: {exc}; fix it") from exc
         try:
             done, text, score, *_ = answer
-            return bool(done), str(text), float(score or 0.0)
+            return Reply(bool(done), str(text), float(score or 0.0))
         except (TypeError, ValueError):
             raise AgentError(f"{where} returned {answer!r:.80}; return (should_terminate: bool, response: str, "
                              "score: float, extra: dict) as verl's BaseInteraction does") from None
 
-    def finish(self, instance_id: str) -> None:
+    def finish(self) -> None:
         """verl's finalize_interaction, when the class has one."""
-        finalize = getattr(self.impl, "finalize_interaction", None)
+        finalize = getattr(self.interaction.impl, "finalize_interaction", None)
         if finalize is not None:
-            run_method(finalize(instance_id))
+            run_method(finalize(self.instance_id))
+
+
+def open_session(interactions: Mapping[str, Interaction], kwargs: Mapping[str, Any]) -> InteractionSession:
+    """The conversation ``extra_info.interaction_kwargs`` asks for."""
+    return interactions[interaction_name(kwargs, list(interactions))].session(kwargs)
 
 
 def interaction_name(kwargs: Mapping[str, Any], names: list[str]) -> str:

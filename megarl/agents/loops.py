@@ -16,14 +16,13 @@ column; ``LOOPS`` has the built-ins and ``rollout.agent.loops`` adds yours by im
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from megarl.agents.chat import TurnEncoder
 from megarl.agents.errors import AgentError
-from megarl.agents.interactions import Interaction, interaction_name
+from megarl.agents.interactions import Interaction, InteractionSession, open_session
 from megarl.agents.tool_calls import ParsedCalls, ToolCall, ToolCallParser
 from megarl.agents.tools import Tool, ToolOutcome
 from megarl.rollout.engine import GenerationResult
@@ -173,7 +172,7 @@ class ToolAgent(AgentLoop):
             if interaction is not None:
                 interaction.finish()
 
-    def _turns(self, interaction: _InteractionSession | None) -> Steps:
+    def _turns(self, interaction: InteractionSession | None) -> Steps:
         traj, limits = self.trajectory, self.env.limits
         messages = _messages(self.sample.prompt)
         while True:
@@ -251,35 +250,12 @@ class ToolAgent(AgentLoop):
         limit = self.env.limits.max_tool_response_length
         return text if len(text) <= limit else text[:limit] + "...(truncated)"
 
-    def _interaction(self) -> _InteractionSession | None:
+    def _interaction(self) -> InteractionSession | None:
         kwargs = dict(self.sample.extra_info.get("interaction_kwargs") or {})
         if not kwargs or not self.env.interactions:
             return None
-        return _InteractionSession(self.env.interactions, kwargs)
+        return open_session(self.env.interactions, kwargs)
 
 
 def _messages(prompt: Any) -> list[dict[str, str]]:
     return [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
-
-
-@dataclass(frozen=True)
-class Reply:
-    done: bool
-    text: str
-    score: float
-
-
-class _InteractionSession:
-    """One trajectory's conversation with its interaction (verl's start / respond / finalize)."""
-
-    def __init__(self, interactions: Mapping[str, Interaction], kwargs: dict[str, Any]):
-        self.interaction = interactions[interaction_name(kwargs, list(interactions))]
-        self.kwargs = kwargs
-        self.instance = self.interaction.start(uuid.uuid4().hex, kwargs)
-
-    def respond(self, messages: list[dict[str, str]]) -> Reply:
-        done, text, score = self.interaction.respond(self.instance, messages, self.kwargs)
-        return Reply(done, text, score)
-
-    def finish(self) -> None:
-        self.interaction.finish(self.instance)

@@ -46,8 +46,8 @@ from megarl.agents.loops import (
 )
 from megarl.agents.tool_calls import PARSERS, ToolCall
 from megarl.agents.tools import ToolOutcome, start_tool_call, timed_out
-from megarl.algos.registry import UnknownNameError, load_import_path
-from megarl.config.sections import LOOP_ALIASES
+from megarl.algos.registry import load_import_path
+from megarl.config.sections import loop_name
 from megarl.data.batch import Batch
 from megarl.data.prompt_batch import PromptBatch
 from megarl.rollout.batching import batch_from_generations
@@ -86,8 +86,7 @@ class AgentRollout:
 
 def agent_names(prompts: PromptBatch, default: str) -> list[str]:
     """Each prompt's loop: its agent_name (verl's names mapped to ours), else ``default``."""
-    names = [name or default for name in prompts.agent_name] if prompts.agent_name else [default] * len(prompts)
-    return [LOOP_ALIASES.get(name, name) for name in names]
+    return [loop_name(name, default) for name in prompts.agent_name or [None] * len(prompts)]
 
 
 def _sample(prompts: PromptBatch, p: int, budget: int) -> AgentSample:
@@ -96,10 +95,7 @@ def _sample(prompts: PromptBatch, p: int, budget: int) -> AgentSample:
 
 
 def loop_class(path: str) -> type[AgentLoop]:
-    try:
-        cls = load_import_path(path, "agent loop")
-    except UnknownNameError as exc:
-        raise UnknownNameError(str(exc).replace("; name a function", "; name a class")) from None
+    cls = load_import_path(path, "agent loop", what="class")
     if not (isinstance(cls, type) and issubclass(cls, AgentLoop)):
         raise TypeError(f"agent loop {path!r} is not a subclass of megarl.agents.loops.AgentLoop; derive your loop from it")
     return cls
@@ -277,10 +273,3 @@ def build_env(agent: Any, tokenizer: Any, eos_token_ids: Sequence[int]) -> Agent
         encoder.after_turn([], [{"role": "tool", "content": "0"}])
     return AgentEnv(tools, PARSERS.get(agent.tool_parser), encoder, agent, interactions)
 
-
-def prompt_tools(cfg: Any) -> list[dict[str, Any]]:
-    """The tool schemas every prompt's chat template shows (none without rollout.agent.tools_file)."""
-    from megarl.agents.tools import read_tool_schemas
-
-    path = cfg.rollout.agent.tools_file
-    return read_tool_schemas(path) if path and cfg.rollout.generate_function == "default" else []

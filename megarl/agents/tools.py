@@ -167,6 +167,13 @@ def read_yaml_list(path: str | Path, key: str, what: str, error: type[ValueError
     return entries
 
 
+def prompt_tools(cfg: Any) -> list[dict[str, Any]]:
+    """The tool schemas every prompt's chat template shows (none without rollout.agent.tools_file,
+    or with a generate function of the user's); read from the file, no tool is built."""
+    path = cfg.rollout.agent.tools_file
+    return read_tool_schemas(path) if path and cfg.rollout.generate_function == "default" else []
+
+
 def tool_schemas(tools: Mapping[str, Tool]) -> list[dict[str, Any]]:
     """The OpenAI function schemas, for the chat template's ``tools=`` argument."""
     return [tool.tool_schema for tool in tools.values()]

@@ -79,9 +79,10 @@ def is_import_path(name: str) -> bool:
     return bool(IMPORT_PATH.match(name))
 
 
-def load_import_path(path: str, kind: str) -> Callable[..., object]:
-    """Import ``package.module:function`` and return the function; a missing module, a missing
-    attribute or something that is not callable is an error naming the path and the fix."""
+def load_import_path(path: str, kind: str, what: str = "function") -> Callable[..., object]:
+    """Import ``package.module:function`` (``what``: the thing the fix asks for, e.g. "class")
+    and return it; a missing module, a missing attribute or something that is not callable is
+    an error naming the path and the fix."""
     module_name, _, attr = path.partition(":")
     try:
         module = importlib.import_module(module_name)
@@ -94,6 +95,6 @@ def load_import_path(path: str, kind: str) -> Callable[..., object]:
         raise UnknownNameError(f"{kind} {path!r}: importing {module_name} failed: {type(err).__name__}: {err}") from None
     fn = getattr(module, attr, None)
     if not callable(fn):
-        what = "has no attribute" if fn is None else "has a non-callable"
-        raise UnknownNameError(f"{kind} {path!r}: module {module_name} {what} {attr!r}; name a function")
+        found = "has no attribute" if fn is None else "has a non-callable"
+        raise UnknownNameError(f"{kind} {path!r}: module {module_name} {found} {attr!r}; name a {what}")
     return fn

@@ -231,7 +231,7 @@ def _check_prompts(cfg: Any, records: list[Any], tokenizer_dir: str) -> None:
         raise GenerateError("--data has no rows")
     if cfg.data.truncation != "error":
         return
-    from megarl.agents.rollout import prompt_tools
+    from megarl.agents.tools import prompt_tools
     from megarl.data.prompts import PromptBuilder
 
     builder = PromptBuilder.from_config(cfg.data, AutoTokenizer.from_pretrained(tokenizer_dir), prompt_tools(cfg))
@@ -263,7 +263,8 @@ def _generate_parts(cfg: Any, model_dir: Path, data: Path, records: list[Any], p
     import pyarrow.parquet as pq
     from transformers import AutoTokenizer
 
-    from megarl.agents.rollout import make_generate, prompt_tools
+    from megarl.agents.rollout import make_generate
+    from megarl.agents.tools import prompt_tools
     from megarl.data.prompts import PromptBuilder
     from megarl.progress import counting
     from megarl.rollout.engine import eos_token_ids

@@ -204,7 +204,7 @@ def _has_chat_template(model: Path) -> bool:
 def _check_prompts(cfg: MegaRLConfig, samples: list[_Sample], findings: list[Finding]) -> None:
     """data.truncation=error without filtering: the sampled prompts, rendered by the run's
     tokenizer, must all fit data.max_prompt_length (else training fails on the first such draw)."""
-    from megarl.agents.rollout import prompt_tools
+    from megarl.agents.tools import prompt_tools
     from megarl.data.datasets import DataError
     from megarl.data.prompts import PromptBuilder
     from megarl.data.summary import load_tokenizer

@@ -59,11 +59,13 @@ def build_trainer(cfg: MegaRLConfig, plan: Plan, *, in_process: bool = False) ->
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(config_to_yaml(cfg))
     tokenizer, eos_ids = _tokenizer(cfg.model.path)
-    from megarl.agents.rollout import make_generate, prompt_tools
+    from megarl.agents.rollout import make_generate
+    from megarl.agents.tools import prompt_tools
     from megarl.data.stream import build_train_stream, load_val_prompts
 
     generate = make_generate(cfg, tokenizer, eos_ids)  # builds the tools: a bad tool file fails before any worker
-    stream = build_train_stream(cfg.data, tokenizer, prompt_tools(cfg))
+    tools = prompt_tools(cfg)  # the schemas the prompts' chat template shows
+    stream = build_train_stream(cfg.data, tokenizer, tools)
     total_steps = cfg.trainer.total_steps or cfg.trainer.total_epochs * stream.steps_per_epoch()
     closers: list[Callable[[], None]] = []  # what was started, undone in reverse on failure or at shutdown
     try:
@@ -77,7 +79,7 @@ def build_trainer(cfg: MegaRLConfig, plan: Plan, *, in_process: bool = False) ->
         rewards = RewardScorer(cfg.reward)
         closers.append(rewards.close)
         scorer = Scorer(rewards, tokenizer, eos_ids)
-        val_prompts = load_val_prompts(cfg.data, tokenizer, prompt_tools(cfg))
+        val_prompts = load_val_prompts(cfg.data, tokenizer, tools)
         parts = _components(cfg, models, stream, val_prompts, scorer, generate, total_steps, sglang)
     except BaseException:
         _close_all(closers)
