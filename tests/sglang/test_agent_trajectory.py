@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from agent_doubles import FirstCallHangs, always_call, chat_prompts
 
 from megarl.agents.rollout import AgentRollout, build_env
 from megarl.config.sections import AgentConfig
-from megarl.data.prompt_batch import PromptBatch
 from megarl.rollout.engine import SamplingParams
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
@@ -30,12 +30,9 @@ def test_a_two_turn_trajectory_is_id_exact_against_transformers(engine, hf, tiny
     cfg = AgentConfig(interactions_file=str(users), default_agent="tool_agent", max_tokens_per_turn=6)
     env = build_env(cfg, tok, [tok.convert_tokens_to_ids("<|im_end|>")])
     texts = ["Hello", "The cat"]
-    ids = [list(tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=False).encode())
-           for t in texts]  # fmt: skip
-    ids = [tok.encode(tok.decode(i), add_special_tokens=False) for i in ids]
-    prompts = PromptBatch(prompt_ids=ids, prompt_text=texts, data_source=["x", "x"], ground_truth=["", ""],
-                          extra_info=[{"interaction_kwargs": {"name": "echo"}} for _ in texts], index=[0, 1],
-                          file_index=[0, 0], raw_prompt=texts)  # fmt: skip
+    prompts = chat_prompts(tok, texts, extra_info=[{"interaction_kwargs": {"name": "echo"}} for _ in texts],
+                           raw_prompt=texts)
+    ids = prompts.prompt_ids
     batch = AgentRollout(cfg, env, overlap_tools=True)(engine, prompts, SamplingParams(max_new_tokens=40, n=2, seed=7))
     assert len(batch) == 4
     for row in range(4):
@@ -54,38 +51,18 @@ def test_a_two_turn_trajectory_is_id_exact_against_transformers(engine, hf, tiny
 def test_a_hanging_tool_holds_up_only_its_own_trajectory(engine, tiny_model):
     """8 trajectories; the rollout's first tool call hangs. With SGLang's default (overlap) the
     other 7 run their next turn and call again while it waits for its 2 s deadline."""
-    import threading
-    import time
-
     from transformers import AutoTokenizer
 
     from megarl.agents.chat import TurnEncoder
     from megarl.agents.loops import AgentEnv
-    from megarl.agents.tool_calls import ParsedCalls, ToolCall
-    from megarl.agents.tools import Tool
-
-    class FirstCallHangs(Tool):
-        starts: list[float] = []
-        lock = threading.Lock()
-
-        def execute(self, instance_id, parameters, **kwargs):
-            with self.lock:
-                self.starts.append(time.monotonic())
-                first = len(self.starts) == 1
-            if first:
-                time.sleep(5.0)
-            return "ok"
 
     tok = AutoTokenizer.from_pretrained(tiny_model)
     cfg = AgentConfig(default_agent="tool_agent", max_turns=3, tool_timeout_s=2.0, max_tokens_per_turn=4)
-    env = AgentEnv({"wait": FirstCallHangs({}, {"type": "function", "function": {"name": "wait"}})},
-                   lambda text: ParsedCalls([ToolCall("wait", {})]), TurnEncoder(tok, [tok.convert_tokens_to_ids("<|im_end|>")]), cfg)  # fmt: skip
-    prompt = tok.encode(tok.apply_chat_template([{"role": "user", "content": "Hi"}], add_generation_prompt=True, tokenize=False),
-                        add_special_tokens=False)  # fmt: skip
-    prompts = PromptBatch(prompt_ids=[prompt] * 8, prompt_text=["Hi"] * 8, data_source=["x"] * 8, ground_truth=[""] * 8,
-                          extra_info=[{} for _ in range(8)], index=list(range(8)), file_index=[0] * 8)  # fmt: skip
+    tool = FirstCallHangs({}, {"type": "function", "function": {"name": "wait"}})
+    env = AgentEnv({"wait": tool}, always_call("wait"), TurnEncoder(tok, [tok.convert_tokens_to_ids("<|im_end|>")]), cfg)
+    prompts = chat_prompts(tok, ["Hi"] * 8)
     batch = AgentRollout(cfg, env, overlap_tools=True)(engine, prompts, SamplingParams(max_new_tokens=200, seed=3))
-    starts = sorted(FirstCallHangs.starts)
+    starts = sorted(tool.starts)
     assert len(starts) == 16 and batch.finish_reason == ["max_turns"] * 8  # two calls per trajectory
     assert all(t < starts[0] + 2.0 for t in starts[:15])  # 7 second calls went while the first one hung
     assert starts[15] >= starts[0] + 2.0  # the hung trajectory's second call came after its deadline

@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 import yaml
+from agent_doubles import FirstCallHangs, always_call, chat_ids, chat_prompts
 
 from megarl.agents.chat import TurnEncoder
 from megarl.agents.loops import AgentEnv
@@ -52,8 +53,7 @@ class ReplayEngine:
         self.order: list[tuple[tuple, int]] = []
 
     def _key(self, prompt_text: str) -> tuple:
-        return tuple(self.tok.apply_chat_template([{"role": "user", "content": prompt_text}], add_generation_prompt=True,
-                                                  tokenize=False).encode())  # fmt: skip
+        return tuple(self.tok.decode(chat_ids(self.tok, prompt_text)).encode())
 
     def _ids(self, text: str) -> list[int]:
         return list(self.tok.encode(text, add_special_tokens=False)) + [_eos(self.tok)]
@@ -73,12 +73,8 @@ class ReplayEngine:
 
 
 def _prompts(tok, texts: list[str], agent: str = "tool_agent", extra: list[dict] | None = None) -> PromptBatch:
-    n = len(texts)
-    return PromptBatch(prompt_ids=[list(tok.encode(tok.apply_chat_template([{"role": "user", "content": t}],
-                       add_generation_prompt=True, tokenize=False), add_special_tokens=False)) for t in texts],
-                       prompt_text=texts, data_source=["x"] * n, ground_truth=[""] * n,
-                       extra_info=extra or [{} for _ in texts], index=list(range(n)), file_index=[0] * n,
-                       agent_name=[agent] * n, raw_prompt=list(texts))  # fmt: skip
+    return chat_prompts(tok, texts, extra_info=extra or [{} for _ in texts], agent_name=[agent] * len(texts),
+                        raw_prompt=list(texts))  # fmt: skip
 
 
 def _env(tok, tools: dict, **limits) -> AgentEnv:
@@ -351,10 +347,7 @@ def test_the_torch_engine_regenerates_a_multi_turn_step_exactly(tmp_path, monkey
     engine = TorchEngine(model)
     cfg = AgentConfig(default_agent="tool_agent")
     env = AgentEnv({"calc": Calculator({}, CALC)}, digit_calls, TurnEncoder(engine.tokenizer, engine.eos_token_ids), cfg)
-    ids = engine.tokenizer.apply_chat_template([{"role": "user", "content": "0110"}], add_generation_prompt=True, tokenize=False)
-    prompt = list(engine.tokenizer.encode(ids, add_special_tokens=False))
-    prompts = PromptBatch(prompt_ids=[prompt] * 4, prompt_text=["0110"] * 4, data_source=["x"] * 4, ground_truth=[""] * 4,
-                          extra_info=[{} for _ in range(4)], index=list(range(4)), file_index=[0] * 4)  # fmt: skip
+    prompts = chat_prompts(engine.tokenizer, ["0110"] * 4)
 
     def run(seed: int):
         return AgentRollout(cfg, env, overlap_tools=False)(engine, prompts, SamplingParams(max_new_tokens=24, n=4, seed=seed))
@@ -366,29 +359,6 @@ def test_the_torch_engine_regenerates_a_multi_turn_step_exactly(tmp_path, monkey
     assert not torch.equal(first.response_ids[:, :4], other.response_ids[:, :4])
 
 
-class FirstCallHangs(Tool):
-    """The first call of the rollout sleeps past any deadline; every call's start time is kept."""
-
-    def __init__(self, config, tool_schema):
-        super().__init__(config, tool_schema)
-        self.starts: list[float] = []
-        self.lock = __import__("threading").Lock()
-
-    def execute(self, instance_id, parameters, **kwargs):
-        with self.lock:
-            self.starts.append(time.monotonic())
-            first = len(self.starts) == 1
-        if first:
-            time.sleep(5.0)
-        return "ok"
-
-
-def always_call(text: str):
-    from megarl.agents.tool_calls import ParsedCalls, ToolCall
-
-    return ParsedCalls([ToolCall("wait", {})])
-
-
 def test_with_the_torch_engine_a_hanging_tool_costs_the_step_its_timeout_only(tmp_path):
     from megarl.models.tiny import build_tiny_model
     from megarl.rollout.torch_engine import TorchEngine
@@ -396,11 +366,8 @@ def test_with_the_torch_engine_a_hanging_tool_costs_the_step_its_timeout_only(tm
     engine = TorchEngine(build_tiny_model(tmp_path / "m", task_vocab="01", max_position_embeddings=256))
     tool = FirstCallHangs({}, {"type": "function", "function": {"name": "wait"}})
     cfg = AgentConfig(default_agent="tool_agent", max_turns=2, tool_timeout_s=1.0, max_tokens_per_turn=4)
-    env = AgentEnv({"wait": tool}, always_call, TurnEncoder(engine.tokenizer, engine.eos_token_ids), cfg)
-    prompt = list(engine.tokenizer.encode(engine.tokenizer.apply_chat_template(
-        [{"role": "user", "content": "01"}], add_generation_prompt=True, tokenize=False), add_special_tokens=False))  # fmt: skip
-    prompts = PromptBatch(prompt_ids=[prompt] * 8, prompt_text=["01"] * 8, data_source=["x"] * 8, ground_truth=[""] * 8,
-                          extra_info=[{} for _ in range(8)], index=list(range(8)), file_index=[0] * 8)  # fmt: skip
+    env = AgentEnv({"wait": tool}, always_call("wait"), TurnEncoder(engine.tokenizer, engine.eos_token_ids), cfg)
+    prompts = chat_prompts(engine.tokenizer, ["01"] * 8)
     start = time.monotonic()
     batch = AgentRollout(cfg, env, overlap_tools=False)(engine, prompts, SamplingParams(max_new_tokens=40, seed=1))
     wall = time.monotonic() - start
