@@ -25,10 +25,10 @@ from megarl.data.batch import Batch, TokenRows
 
 
 def _values(mb: MicroBatch, output: torch.Tensor) -> torch.Tensor:
-    """Per-token values ``[b, R]`` from the value head's output ``[b, R, 1]`` (the model only
-    evaluates the head at the response columns, see megarl/actors/megatron_runtime/model.py)."""
-    values = output.reshape(output.shape[0], -1).float()  # [b, R]
-    return values * mb.batch.response_valid.to(values.dtype)
+    """Per-token values ``[b, R]`` (0 past each response) from the value head's output
+    ``[1, n, 1]`` (the model only evaluates the head at the real response tokens, see
+    megarl/actors/megatron_runtime/model.py)."""
+    return mb.to_rows(output.reshape(-1).float())  # [n] -> [b, R]
 
 
 class CriticWorker(TrainedWorker):

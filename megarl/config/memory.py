@@ -13,7 +13,12 @@ Training, per GPU of a role with layout (tp, pp, dp), for the heaviest pipeline 
   layers_per_stage x pp = num_layers layers' worth; full recompute keeps only each layer's input.
   Attention uses SDPA (flash / memory-efficient): no [seq x seq] score matrix is kept, which is
   why selective recompute saves nothing more here.
-- logits: fp32 [tokens x vocab / tp], twice (logits and their softmax / gradient)
+- logits (the LM head's working memory): log-probs are computed from the hidden states in chunks
+  of actor.logprob_chunk_tokens tokens, so at most a chunk's fp32 [chunk x vocab / tp] logits
+  exist, four times in a backward (logits, log-probs, probabilities, their gradient); an update
+  adds the output layer's gradient, [vocab / tp x hidden], summed in fp32 over the chunks when a
+  micro-batch has several (head_grad).
+  The critic's value head is [tokens x 1].
 - runtime: CUDA context, NCCL and allocator slack (a constant, RUNTIME_OVERHEAD_GIB)
 
 Rollout (SGLang): mem_fraction x GPU memory for weights / rollout.tp plus the KV cache; the KV
@@ -54,6 +59,7 @@ class TrainMemory:
     optimizer: float
     activations: float
     logits: float
+    head_grad: float = 0.0  # an update's fp32 accumulator of the output layer's gradient
     optimizer_at_build: float = 0.0  # before the first step: fp32 master copies only (Adam's moments come with it)
 
     @property
@@ -63,7 +69,12 @@ class TrainMemory:
 
     @property
     def peak(self) -> float:
-        return self.states + self.activations + self.logits
+        return self.states + self.update_working
+
+    @property
+    def update_working(self) -> float:
+        """An update's working memory besides the states."""
+        return self.activations + self.logits + self.head_grad
 
 
 def stage_params(arch: ArchSpec, pp: int, *, value_head: bool = False) -> int:
@@ -109,6 +120,7 @@ def train_memory(
     distributed_optimizer: bool,
     value_head: bool = False,
     trainable: bool = True,
+    logprob_chunk_tokens: int = 1024,
 ) -> TrainMemory:
     params = stage_params(arch, pp, value_head=value_head) / tp
     wbytes = DTYPE_BYTES[dtype]
@@ -120,8 +132,12 @@ def train_memory(
         act += tokens_per_micro_batch * activation_bytes_per_token(arch, tp, sequence_parallel, wbytes)
     else:
         act = tokens_per_micro_batch * layers_in_flight * activation_bytes_per_token(arch, tp, sequence_parallel, wbytes)
-    vocab = 1 if value_head else arch.vocab_size
-    logits = 2 * 4 * tokens_per_micro_batch * vocab / tp
+    if value_head:
+        logits, head_grad = 2 * 4 * tokens_per_micro_batch, 0.0
+    else:
+        logits = 4 * 4 * min(logprob_chunk_tokens, tokens_per_micro_batch) * arch.vocab_size / tp
+        grad_bytes = 4 if tokens_per_micro_batch > logprob_chunk_tokens else wbytes  # several chunks sum in fp32
+        head_grad = grad_bytes * arch.vocab_size / tp * arch.hidden_size if trainable else 0.0
     master = 0 if wbytes == 4 else 4  # fp32 weights are their own master copy
     return TrainMemory(
         weights=wbytes * params,
@@ -130,6 +146,7 @@ def train_memory(
         optimizer_at_build=(master * params / (dp if distributed_optimizer else 1)) if trainable else 0.0,
         activations=act,
         logits=logits,
+        head_grad=head_grad,
     )
 
 
@@ -173,13 +190,13 @@ def largest_hf_tensor_bytes(arch: ArchSpec, dtype: str) -> float:
 
 def phase_working_bytes(policy: TrainMemory | None, critic: TrainMemory | None, bucket_bytes: float,
                         largest_tensor_bytes: float) -> dict[str, float]:  # fmt: skip
-    """What a phase needs besides the resident states, per GPU: an update's activations and
-    logits; a forward pass's logits (no activations are kept for a backward); a push's bucket
+    """What a phase needs besides the resident states, per GPU: an update's activations, logits
+    and head gradient; a forward pass's logits (no activations are kept for a backward); a push's bucket
     being filled, plus the largest tensor twice while it is exported (its gathered TP shards and
     the full tensor they are joined into)."""
     out = {WEIGHT_PUSH: bucket_bytes + 2.0 * largest_tensor_bytes}
     if policy is not None:
-        out |= {POLICY_FORWARD: policy.logits, REFERENCE_FORWARD: policy.logits, POLICY_UPDATE: policy.activations + policy.logits}
+        out |= {POLICY_FORWARD: policy.logits, REFERENCE_FORWARD: policy.logits, POLICY_UPDATE: policy.update_working}
     if critic is not None:
-        out |= {CRITIC_FORWARD: critic.logits, CRITIC_UPDATE: critic.activations + critic.logits}
+        out |= {CRITIC_FORWARD: critic.logits, CRITIC_UPDATE: critic.update_working}
     return out

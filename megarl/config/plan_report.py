@@ -18,7 +18,9 @@ def print_plan(cfg: MegaRLConfig, plan: Plan, console: Console | None = None) ->
         f"{a.num_heads} heads / {a.num_kv_heads} kv, vocab {a.vocab_size})"
     )
     layouts = ", ".join(
-        f"{r.role}: tp{r.tp} pp{r.pp} dp{r.dp}" if r.role != "rollout" else f"rollout: {r.dp} x {cfg.rollout.engine} engine tp{r.tp}"
+        f"{r.role}: tp{r.tp} pp{r.pp} dp{r.dp}{_sequence_parallel(cfg, r.role)}"
+        if r.role != "rollout"
+        else f"rollout: {r.dp} x {cfg.rollout.engine} engine tp{r.tp}"
         for r in plan.roles.values()
     )
     console.print(f"[bold]placement[/] {plan.placement} on {cfg.cluster.nnodes} x {cfg.cluster.gpus_per_node} {plan.device}; {layouts}")
@@ -58,7 +60,7 @@ def _print_memory(cfg: MegaRLConfig, plan: Plan, console: Console) -> None:
         if m is not None:
             console.print(
                 f"[bold]{role} memory/{per}[/] weights {g(m.weights)} + grads {g(m.grads)} + optimizer {g(m.optimizer)} "
-                f"+ activations {g(m.activations)} + logits {g(m.logits)} = {g(m.peak)} GiB"
+                f"+ activations {g(m.activations)} + LM head {g(m.logits + m.head_grad)} = {g(m.peak)} GiB"
             )
     if mem.reference_weights:
         console.print(f"[bold]reference[/] weights {g(mem.reference_weights)} GiB{' (offloaded)' if cfg.reference.offload else ''}")
@@ -79,3 +81,9 @@ def _count(n: int) -> str:
         if n >= size:
             return f"{n / size:.2f}{unit}"
     return str(n)
+
+
+def _sequence_parallel(cfg: MegaRLConfig, role: str) -> str:
+    """" sp" when the role's model runs with sequence parallelism (resolved: on when tp > 1)."""
+    section = cfg.critic if role == "critic" else cfg.actor  # the reference shares the policy's layout
+    return " sp" if section.parallel.sequence_parallel else ""

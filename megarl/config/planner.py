@@ -259,9 +259,6 @@ def _check_model_parallel(section: str, cfg: ActorConfig, arch: ArchSpec, issues
                             f"num_key_value_heads ({arch.num_kv_heads}); try {_join(ok_tp)}"))
     if arch.num_layers % pp:
         issues.append(Issue(f"{section}.parallel.pp", f"({pp}) must divide num_layers ({arch.num_layers}); try {_join(_divisors(arch.num_layers))}"))
-    if cfg.parallel.sequence_parallel:
-        issues.append(Issue(f"{section}.parallel.sequence_parallel", "is not supported yet (the local layer spec's norms "
-                            "do not shard the sequence); set it to false"))
 
 
 def _check_batches(section: str, cfg: ActorConfig, layout: RoleLayout, full: MegaRLConfig, issues: list[Issue]) -> None:
@@ -432,6 +429,7 @@ def _plan_memory(cfg: MegaRLConfig, arch: ArchSpec, roles: dict[str, RoleLayout]
                 arch, tp=lay.tp, pp=lay.pp, dp=lay.dp, tokens_per_micro_batch=_tokens_per_micro_batch(cfg, section),
                 dtype=cfg.model.dtype, recompute=section.recompute, sequence_parallel=section.parallel.sequence_parallel,
                 distributed_optimizer=section.optimizer.distributed, value_head=role == "critic",
+                logprob_chunk_tokens=section.logprob_chunk_tokens,
             )
     rollout = None
     if cfg.rollout.engine == "sglang":

@@ -299,7 +299,17 @@ class ParallelConfig(Section):
     vpp: int = Field(1, ge=1, description="Virtual pipeline stages per rank (not supported yet: 1).")
     cp: int = Field(1, ge=1, description="Context parallel size (not supported yet: 1).")
     ep: int = Field(1, ge=1, description="Expert parallel size (not supported yet: 1).")
-    sequence_parallel: bool = Field(False, description="Megatron sequence parallelism (not supported yet: false).")
+    sequence_parallel: bool | None = Field(
+        None,
+        description="Megatron sequence parallelism: norms, residuals and dropout hold 1/tp of the sequence, and each "
+        "TP all-reduce becomes a reduce-scatter plus an all-gather. None = on when tp > 1; always off at tp = 1.",
+    )
+
+    @model_validator(mode="after")
+    def _resolve_sequence_parallel(self) -> ParallelConfig:
+        # Resolved once here, so every reader (planner, model build, micro-batches) sees a bool.
+        object.__setattr__(self, "sequence_parallel", self.sequence_parallel is not False and self.tp > 1)
+        return self
 
 
 class OptimizerConfig(Section):
@@ -321,6 +331,7 @@ class ActorConfig(Section):
     mini_batch_size: int | None = Field(None, ge=1, description="Samples per optimizer step over all DP ranks; None = the whole step's samples.")
     ppo_epochs: int = Field(1, ge=1, description="Passes over the step's samples.")
     recompute: Literal["none", "selective", "full"] = Field("none", description="Activation recomputation.")
+    logprob_chunk_tokens: int = Field(1024, ge=1, description="Tokens whose LM-head logits exist at once when log-probs and entropy are computed (the head's memory is a few chunk x vocab/tp fp32 buffers, whatever the response length); the critic ignores it.")
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig, description="Optimizer and LR schedule.")
     offload: bool = Field(False, description="Move params, grads and optimizer state to host memory while the engine generates (colocated).")
 

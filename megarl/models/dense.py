@@ -97,11 +97,6 @@ class DenseDecoderBridge(ModelBridge):
         for key in ("vpp", "cp", "ep"):
             if getattr(parallel, key, 1) != 1:
                 raise ValueError(f"parallel.{key} ({getattr(parallel, key)}) is not supported yet; set it to 1")
-        if getattr(parallel, "sequence_parallel", False):
-            raise ValueError(
-                "parallel.sequence_parallel (True) is not supported with megarl's local layer spec "
-                "(torch norms); set it to False"
-            )
         for what, n in (("num_attention_heads", heads), ("num_key_value_heads", groups)):
             if n % tp:
                 ok = [d for d in range(1, n + 1) if n % d == 0]
@@ -137,7 +132,7 @@ class DenseDecoderBridge(ModelBridge):
             attention_softmax_in_fp32=True,
             tensor_model_parallel_size=parallel.tp,
             pipeline_model_parallel_size=parallel.pp,
-            sequence_parallel=False,
+            sequence_parallel=bool(parallel.sequence_parallel),  # resolved by ParallelConfig (off at tp 1)
             params_dtype=dtype,
             pipeline_dtype=dtype,
             bf16=dtype == torch.bfloat16,

@@ -10,7 +10,7 @@ and pre-MLP norms, the q/k norms, the final norm), built like Megatron's other m
 - weight ``[hidden]`` in ``config.params_dtype`` on the current device, initialised to ones;
 - ``sequence_parallel`` set on the module and the weight from the config, the mark Megatron's
   ``finalize_model_grads`` reads to all-reduce a replicated weight's gradient over TP under
-  sequence parallelism (the planner refuses SP today; the mark keeps the module ready for it);
+  sequence parallelism (each TP rank's norm then sees only its slice of the sequence);
 - the math is ``torch.nn.functional.rms_norm``: the statistics in float32 for bf16/fp16 inputs,
   the weight applied before the one cast back (as TE's and SGLang's fused RMSNorm kernels do).
 

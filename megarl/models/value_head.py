@@ -7,7 +7,9 @@ on every TP rank (a vocabulary of 1 cannot be split); its input is the full hidd
 TP rank, so every rank computes the same values and gets the same gradient, as for a norm weight.
 
 Initialised from a fixed generator, identically on every rank, with a small std so the first
-values are near 0. Left out: sequence parallelism (the local layer spec does not support it).
+values are near 0. Under sequence parallelism the model's position hook gathers the sequence
+before the head (megarl/actors/megatron_runtime/model.py), so the head still sees full hidden
+states and its weight is not marked ``sequence_parallel``.
 """
 
 from __future__ import annotations

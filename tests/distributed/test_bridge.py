@@ -3,7 +3,8 @@
 Each launch checks five models: Qwen2 (untied, qkv bias, vocab 259 padded at TP=2), Qwen3 (tied
 embeddings, q/k norm), Llama (llama3 rope scaling with non-default constants), Llama with linear
 rope scaling and no GQA, Qwen3 with head_dim 32 != hidden / heads:
-- Megatron logits == HF logits (max abs diff <= 1e-4) on a left-padded batch of mixed lengths,
+- Megatron logits == HF logits (max abs diff <= 1e-4) on a left-padded batch of mixed lengths
+  (at TP=2 with sequence parallelism, the default there),
   padded positions excluded, padded vocab columns dropped;
 - export(import(hf)) == the HF safetensors, bit for bit, every tensor exactly once, on every rank;
   the weight fingerprint computed from the shards (megarl/models/fingerprint.py) equals the
@@ -84,7 +85,8 @@ def _hf_logits(path: str, ids: torch.Tensor, valid: torch.Tensor) -> torch.Tenso
         return hf(input_ids=ids, attention_mask=valid.long(), position_ids=pos).logits
 
 
-def _build(path: str, tp: int, pp: int, value_head: bool = False, recompute: str = "none", dtype=torch.float32):
+def _build(path: str, tp: int, pp: int, value_head: bool = False, recompute: str = "none", dtype=torch.float32,
+           sequence_parallel: bool | None = None):  # fmt: skip
     from transformers import AutoConfig
 
     from megarl.config.sections import ParallelConfig
@@ -94,7 +96,8 @@ def _build(path: str, tp: int, pp: int, value_head: bool = False, recompute: str
     info = current_parallel_info()
     hf_config = AutoConfig.from_pretrained(path)
     bridge = get_bridge(hf_config)
-    tcfg = bridge.transformer_config(hf_config, ParallelConfig(tp=tp, pp=pp), dtype, recompute)
+    parallel = ParallelConfig(tp=tp, pp=pp, sequence_parallel=sequence_parallel)  # None: on when tp > 1
+    tcfg = bridge.transformer_config(hf_config, parallel, dtype, recompute)
     model = bridge.build_model(
         hf_config, tcfg, pre_process=info.is_first_stage, post_process=info.is_last_stage, value_head=value_head
     )
@@ -176,7 +179,9 @@ def _critic_check(path: str) -> dict:
 
     from megarl.parallel.sharding import tp_group
 
-    bridge, hf_config, model = _build(path, tp=2, pp=1, value_head=True)
+    # Without sequence parallelism: under it the bare model's values stay split over the TP
+    # ranks (the worker's position hook gathers them; test_sequence_parallel.py checks that).
+    bridge, hf_config, model = _build(path, tp=2, pp=1, value_head=True, sequence_parallel=False)
     ids, valid = _batch(bridge.vocab_size(hf_config))
     model.eval()
     with torch.no_grad():

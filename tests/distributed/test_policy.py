@@ -25,7 +25,8 @@ LR, CLIP, MINI = 2e-4, 1.0, 3  # 6 rows -> two optimizer steps
 
 def _cfg(tp: int = 1, pp: int = 1, **kw) -> ActorConfig:
     opt = OptimizerConfig(lr=LR, clip_grad=CLIP, distributed=True)
-    return ActorConfig(parallel=ParallelConfig(tp=tp, pp=pp), optimizer=opt, **kw)
+    # A chunk of 3 tokens: every micro-batch's log-prob head runs in several chunks.
+    return ActorConfig(parallel=ParallelConfig(tp=tp, pp=pp), optimizer=opt, logprob_chunk_tokens=3, **kw)
 
 
 @pytest.fixture(scope="module")

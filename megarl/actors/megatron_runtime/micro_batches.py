@@ -12,8 +12,11 @@ Three pure steps, no process groups involved:
 3. ``pack_micro_batch``: the rows of a micro-batch are laid out left-aligned: each row is its
    real prompt tokens followed by its real response tokens, starting at column 0, right-padded
    to the longest row. Position ids are then plain ``0..S-1`` and plain causal attention is
-   exact for every row (padding only ever follows real tokens), so no mask is built. ``response_columns`` says where each
-   response token's predicting logits sit: column ``prompt_len_i + t - 1`` of row ``i``.
+   exact for every row (padding only ever follows real tokens), so no mask is built. The
+   micro-batch lists its real response tokens (row ``i``, step ``t``, flattened) and the
+   column whose output predicts each: ``prompt_len_i + t - 1`` of row ``i``. Only these
+   positions reach the output layer; padding past a response's end never does. The lists are
+   made on the host, so nothing waits on the device to find them.
 
 What is left out: sequence packing (THD), which the CPU attention path does not support.
 """
@@ -95,17 +98,33 @@ class MicroBatch:
     batch: Batch  # the rows themselves (fields as in the original batch), for the loss function
     tokens: torch.Tensor  # [b, S] long, real tokens from column 0, right-padded with 0
     position_ids: torch.Tensor  # [b, S] long, 0..S-1
-    response_columns: torch.Tensor  # [b, R] long, column whose output predicts response token t
+    # The n real response tokens (t < response length), row-major:
+    token_rows: torch.Tensor  # [n] long, row i of each
+    token_columns: torch.Tensor  # [n] long, the column whose output predicts it
+    token_index: torch.Tensor  # [n] long, i * R + t: its place in a [b, R] tensor
+
+    def to_rows(self, values: torch.Tensor) -> torch.Tensor:
+        """``[b, R]`` with ``values [n]`` (one per real response token) in place, 0 elsewhere;
+        differentiable in ``values``."""
+        b, r = self.batch.response_ids.shape
+        return values.new_zeros(b * r).index_copy(0, self.token_index, values).view(b, r)
+
+    def token_targets(self) -> torch.Tensor:
+        """``[n]`` the ids of the real response tokens (what ``token_columns`` predict)."""
+        return self.batch.response_ids.flatten()[self.token_index]
 
 
-def pack_micro_batch(batch: Batch, rows: list[int] | torch.Tensor, device: torch.device | str = "cpu") -> MicroBatch:
-    """Lay out ``rows`` of ``batch`` left-aligned (prompt then response) on ``device``."""
+def pack_micro_batch(
+    batch: Batch, rows: list[int] | torch.Tensor, device: torch.device | str = "cpu", width_multiple: int = 1
+) -> MicroBatch:
+    """Lay out ``rows`` of ``batch`` left-aligned (prompt then response) on ``device``; the
+    width is rounded up to ``width_multiple`` (sequence parallelism splits it over TP ranks)."""
     rows_t = torch.as_tensor(rows, dtype=torch.long)
     sub = batch.select(rows_t)
     plen = sub.prompt_lengths  # [b]
     rlen = sub.response_lengths  # [b]
     total = plen + rlen
-    width = max(int(total.max()), 1)
+    width = -(-max(int(total.max()), 1) // width_multiple) * width_multiple
     b, p = sub.prompt_ids.shape
     r = sub.response_len
     tokens = torch.zeros(b, width, dtype=torch.long)
@@ -117,11 +136,15 @@ def pack_micro_batch(batch: Batch, rows: list[int] | torch.Tensor, device: torch
     # Column of the logits that predict response token t; t = 0 of an empty prompt has no
     # predictor (clamped to column 0, the caller's masks drop it).
     columns = (plen[:, None] + torch.arange(r)[None, :] - 1).clamp(0, width - 1)  # [b, R]
+    real = torch.arange(r)[None, :] < rlen[:, None]  # [b, R]
+    token_rows, steps = real.nonzero(as_tuple=True)  # [n] each, row-major (on the host)
     positions = torch.arange(width, dtype=torch.long)[None, :].expand(b, width).contiguous()
     return MicroBatch(
         rows=rows_t,
         batch=sub.to(device),
         tokens=tokens.to(device),
         position_ids=positions.to(device),
-        response_columns=columns.to(device),
+        token_rows=token_rows.to(device),
+        token_columns=columns[token_rows, steps].to(device),
+        token_index=(token_rows * r + steps).to(device),
     )

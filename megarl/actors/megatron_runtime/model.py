@@ -20,14 +20,23 @@ Conventions (identical for all workers):
 - Normalisation is global: the schedule runs with ``calculate_per_token_loss=True``; a loss
   function returns a SUM and its count; Megatron adds the counts over micro-batches and DP
   ranks and divides the (summed, not averaged) DP gradient by that total once.
-- Only response positions reach the output layer: a forward pre-hook on ``output_layer`` keeps
-  the hidden states at each row's ``response_columns`` (``[S, b, h] -> [R, b, h]``), so the
-  last stage returns ``[b, R, V/tp]`` logits (or ``[b, R, 1]`` values) already aligned with the
-  response tokens. Prompt positions never pay for the LM head (its matmul and the ``[b, S, V]``
-  logits, the largest activation with a big vocabulary).
+- Only the real response tokens reach the output layer: a forward pre-hook on ``output_layer``
+  keeps the hidden states at the columns that predict them (``[S, b, h] -> [n, 1, h]``, see
+  :class:`ResponsePositions`). Prompt and padding positions never pay for the LM head.
+- The LM head's logits are never built whole: the policy's and reference's output layer hands
+  the hidden states through (the last stage returns ``[1, n, h]``), and the log-prob head
+  computes the output layer's matmul and the log-softmax together, ``logprob_chunk_tokens``
+  tokens at a time (``megarl.actors.megatron_runtime.logprobs``). The critic's value head
+  runs as a layer (``[1, n, 1]`` values). Heads put their per-token results back in
+  ``[b, R]`` rows (``MicroBatch.to_rows``).
 - Several models may live in one process (policy + reference): Megatron's parallel state is
   process-global, so :func:`ensure_parallel` initialises it once and later models check that
   their layout matches.
+
+Sequence parallelism (``tcfg.sequence_parallel``, resolved from the config: on when TP > 1):
+each micro-batch's width is rounded up to a multiple of TP, Megatron splits the sequence over
+the TP ranks between the tensor-parallel layers, and the position hook gathers it back before
+the output layer.
 
 Left out: virtual pipeline stages, context/expert parallelism, sequence packing.
 """
@@ -42,7 +51,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from megarl.actors.megatron_runtime.logprobs import vocab_parallel_logprobs
+from megarl.actors.megatron_runtime.logprobs import linear_logprobs
 from megarl.actors.megatron_runtime.micro_batches import (
     MicroBatch,
     balanced_partition,
@@ -56,7 +65,7 @@ from megarl.data.batch import Batch, TokenRows
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
-# A head turns the last stage's output [b, R, ...] (response positions only) for one
+# A head turns the last stage's output [1, n, ...] (the n real response tokens) for one
 # micro-batch into named per-token tensors [b, R] (on every TP rank of the stage; TP rank 0's
 # copy is kept).
 Head = Callable[[MicroBatch, torch.Tensor], dict[str, torch.Tensor]]
@@ -100,6 +109,7 @@ class MegatronModel:
     info: Any  # megarl.parallel.groups.ParallelInfo
     vocab_size: int  # real vocabulary (padding columns past it are masked)
     positions: ResponsePositions  # the output layer's position selector (last stage)
+    logprob_chunk_tokens: int  # tokens whose LM-head logits exist at once
 
     @classmethod
     def build(
@@ -135,15 +145,26 @@ class MegatronModel:
             load_model_weights(module, hf_path)
         else:
             bridge.load_hf_weights(module, hf_path, progress)
-        positions = ResponsePositions()
+        positions = ResponsePositions(tcfg.sequence_parallel)
         if info.is_last_stage:
             module.output_layer.register_forward_pre_hook(positions, with_kwargs=True)
-        return cls(bridge, hf_config, tcfg, module, info, bridge.vocab_size(hf_config), positions)
+            if not value_head:  # the log-prob head computes the logits, in chunks
+                module.output_layer.forward = _hidden_states_through
+        vocab = bridge.vocab_size(hf_config)
+        return cls(bridge, hf_config, tcfg, module, info, vocab, positions, cfg.logprob_chunk_tokens)
 
     @property
     def core(self) -> torch.nn.Module:
         """The GPTModel itself (unwrapped from DDP)."""
         return getattr(self.module, "module", self.module)
+
+    def output_weight(self) -> torch.Tensor:
+        """``[V/tp, h]`` the weight GPTModel would hand its output layer (the word embeddings
+        when they are tied and this stage holds them)."""
+        core = self.core
+        if core.share_embeddings_and_output_weights:
+            return core.shared_embedding_or_output_weight()
+        return core.output_layer.weight
 
     # ---- forward only ---------------------------------------------------------------------
     def forward_tokens(
@@ -217,11 +238,12 @@ class MegatronModel:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         device = self.info.device
-        packed = iter([pack_micro_batch(batch, rows, device) for rows in micro])
+        multiple = self.info.tp_size if self.tcfg.sequence_parallel else 1
+        packed = iter([pack_micro_batch(batch, rows, device, multiple) for rows in micro])
 
         def forward_step(data_iterator, model):
             mb = next(data_iterator)
-            self.positions.columns = mb.response_columns
+            self.positions.rows, self.positions.columns = mb.token_rows, mb.token_columns
             # Rows are left-aligned: plain causal attention (mask None) is exact.
             output = model(input_ids=mb.tokens, position_ids=mb.position_ids, attention_mask=None)
             return output, partial(loss_func, mb)
@@ -257,21 +279,37 @@ class MegatronModel:
 
 
 class ResponsePositions:
-    """Forward pre-hook of the output layer: keep the hidden states at the response columns.
+    """Forward pre-hook of the output layer: keep the hidden states of the real response tokens.
 
-    ``columns [b, R]`` is set per micro-batch before the model runs; the hook turns the output
-    layer's input ``[S, b, h]`` into ``[R, b, h]`` (a gather, so gradients flow back to exactly
-    those positions)."""
+    ``rows [n]`` and ``columns [n]`` are set per micro-batch before the model runs; the hook
+    turns the output layer's input ``[S, b, h]`` into ``[n, 1, h]`` (an index, so gradients
+    flow back to exactly those positions).
 
-    def __init__(self) -> None:
-        self.columns: torch.Tensor | None = None  # [b, R] long
+    Under sequence parallelism the input is this rank's ``[S/tp, b, h]`` slice: it is gathered
+    first, with a backward that only splits the gradient (no sum), because both heads hand
+    back a full, already summed gradient of their input: the log-prob head all-reduces it over
+    TP itself (for the n selected tokens only), and the value head is replicated."""
+
+    def __init__(self, sequence_parallel: bool = False) -> None:
+        self.sequence_parallel = sequence_parallel
+        self.rows: torch.Tensor | None = None  # [n] long
+        self.columns: torch.Tensor | None = None  # [n] long
 
     def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict):
         if self.columns is None:
             return None
-        hidden = args[0]  # [S, b, h]
-        index = self.columns.t().unsqueeze(-1).expand(-1, -1, hidden.shape[-1])  # [R, b, h]
-        return (hidden.gather(0, index), *args[1:]), kwargs
+        hidden = args[0]  # [S, b, h], or [S/tp, b, h] under sequence parallelism
+        if self.sequence_parallel:
+            from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
+
+            hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False)  # [S, b, h]
+        return (hidden[self.columns, self.rows].unsqueeze(1), *args[1:]), kwargs  # [n, 1, h]
+
+
+def _hidden_states_through(hidden: torch.Tensor, weight: torch.Tensor | None = None, runtime_gather_output=None):
+    """The LM output layer's forward, replaced: the hidden states go on unchanged (GPTModel
+    returns them as ``[1, n, h]``) and the log-prob head applies the weight in chunks."""
+    return hidden, None
 
 
 def _configure_schedule(tcfg: Any, dtype: torch.dtype) -> None:
@@ -313,26 +351,27 @@ def response_logprobs(
 def token_logprob_head(
     model: MegatronModel, temperature: float, with_entropy: bool
 ) -> Callable[[MicroBatch, torch.Tensor], dict[str, torch.Tensor]]:
-    """A head giving ``logprobs`` (and ``entropy``) ``[b, R]`` of the response tokens from
-    vocab-parallel logits ``[b, R, V/tp]`` at the response positions; positions past each
+    """A head giving ``logprobs`` (and ``entropy``) ``[b, R]`` of the response tokens from the
+    last hidden states of the real response tokens ``[1, n, h]``; positions past each
     response's length are 0."""
     from megarl.parallel.sharding import tp_group
 
-    def head(mb: MicroBatch, logits: torch.Tensor) -> dict[str, torch.Tensor]:
-        local_vocab = logits.shape[-1]  # logits: [b, R, V/tp]
-        logprobs, entropy = vocab_parallel_logprobs(
-            logits,
-            mb.batch.response_ids,
+    def head(mb: MicroBatch, hidden: torch.Tensor) -> dict[str, torch.Tensor]:
+        weight = model.output_weight()  # [V/tp, h]
+        logprobs, entropy = linear_logprobs(
+            hidden[0],  # [n, h]
+            weight,
+            mb.token_targets(),
             temperature=temperature,
-            vocab_start=model.info.tp_rank * local_vocab,
+            vocab_start=model.info.tp_rank * weight.shape[0],
             vocab_size=model.vocab_size,
             group=tp_group() if model.info.tp_size > 1 else None,
+            chunk_tokens=model.logprob_chunk_tokens,
             with_entropy=with_entropy,
         )
-        valid = mb.batch.response_valid.to(logprobs.dtype)  # [b, R]
-        out = {"logprobs": logprobs * valid}
+        out = {"logprobs": mb.to_rows(logprobs)}
         if entropy is not None:
-            out["entropy"] = entropy * valid
+            out["entropy"] = mb.to_rows(entropy)
         return out
 
     return head

@@ -48,6 +48,12 @@ def test_micro_batches_by_count_and_by_tokens():
 def test_pack_left_aligns_rows_and_points_at_predicting_columns():
     mb = pack_micro_batch(_batch(), [1, 0])
     assert mb.tokens.tolist() == [[4, 5, 6, 1, 0], [5, 6, 7, 8, 9]]
-    assert mb.response_columns.tolist() == [[2, 3, 4], [1, 2, 3]]
+    # Real response tokens: row 0 (batch row 1) has 1, row 1 has 3; each predicted one column earlier.
+    assert mb.token_rows.tolist() == [0, 1, 1, 1]
+    assert mb.token_columns.tolist() == [2, 1, 2, 3]
+    assert mb.token_index.tolist() == [0, 3, 4, 5]
+    assert mb.token_targets().tolist() == [1, 7, 8, 9]
+    assert mb.to_rows(torch.tensor([1.0, 2.0, 3.0, 4.0])).tolist() == [[1, 0, 0], [2, 3, 4]]
     assert mb.position_ids.tolist() == [list(range(5))] * 2
     assert mb.batch.group_id.tolist() == [1, 0]
+

@@ -38,7 +38,17 @@ def test_train_memory_by_hand():
     per_token = 2 * ((3 * 1024 + 1024 + 3 * 4096) / 2 + 4 * 1024)
     assert activation_bytes_per_token(arch, 2, False) == per_token
     assert m.activations == 2048 * 4 * per_token
-    assert m.logits == 2 * 4 * 2048 * 1000 / 2
+    # The LM head: four fp32 buffers of one 1024-token chunk of vocab / tp columns, and the
+    # output layer's gradient (vocab / tp x hidden) summed in fp32 over the two chunks.
+    assert m.logits == 4 * 4 * 1024 * 1000 / 2
+    assert m.head_grad == 4 * 1000 / 2 * 1024
+    assert m.peak == m.states + m.activations + m.logits + m.head_grad
+    small = train_memory(arch, tp=2, pp=2, dp=4, tokens_per_micro_batch=100, dtype="bfloat16", recompute="none",
+                         sequence_parallel=False, distributed_optimizer=True, logprob_chunk_tokens=256)  # fmt: skip
+    assert small.logits == 4 * 4 * 100 * 1000 / 2  # a micro-batch smaller than the chunk
+    assert small.head_grad == 2 * 1000 / 2 * 1024  # one chunk: the gradient in the weights' dtype
+    assert train_memory(arch, tp=2, pp=2, dp=4, tokens_per_micro_batch=2048, dtype="bfloat16", recompute="none",
+                        sequence_parallel=False, distributed_optimizer=True, trainable=False).head_grad == 0  # fmt: skip
     full = train_memory(arch, tp=2, pp=2, dp=4, tokens_per_micro_batch=2048, dtype="bfloat16", recompute="full",
                         sequence_parallel=False, distributed_optimizer=True)
     assert full.activations == 2048 * 4 * 1024 * 2 + 2048 * per_token
@@ -76,4 +86,4 @@ def test_torch_engine_memory_and_phase_working_memory_by_hand():
     assert largest == 2 * 152064 * 3584  # the embedding (vocab x hidden) outweighs any projection
     working = phase_working_bytes(m, None, 512 * 1024**2, largest)
     assert working == {"weight_push": 512 * 1024**2 + 2 * largest, "policy_forward": m.logits,
-                       "reference_forward": m.logits, "policy_update": m.activations + m.logits}  # fmt: skip
+                       "reference_forward": m.logits, "policy_update": m.activations + m.logits + m.head_grad}  # fmt: skip

@@ -68,7 +68,6 @@ def _qwen2(**overrides):
         ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}}, {}, "rope_type='dynamic'"),
         ({}, {"tp": 4}, r"parallel.tp \(4\) must divide num_key_value_heads \(2\); try 1, 2"),
         ({}, {"pp": 3}, r"parallel.pp \(3\) must divide num_hidden_layers \(2\)"),
-        ({}, {"tp": 2, "sequence_parallel": True}, "sequence_parallel"),
         ({}, {"cp": 2}, r"parallel.cp \(2\) is not supported"),
     ],
 )
