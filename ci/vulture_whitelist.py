@@ -28,7 +28,7 @@ _.offload_states; _.onload_states
 import_problem  # called by the preflight's child process (megarl/config/preflight.py, code as text)
 
 # Attributes and signatures Megatron, torch or transformers read or require.
-_.calculate_per_token_loss; _.variable_seq_lengths; _.finalize_model_grads_func; _.grad_scale_func
+_.calculate_per_token_loss; _.variable_seq_lengths; _.finalize_model_grads_func; _.grad_scale_func; _.no_sync_func; _.grad_sync_func
 _.input_layernorm; _.pre_mlp_layernorm; _.core_attention; _.q_layernorm; _.k_layernorm  # layer spec fields
 _.extra_repr; attn_mask_type; runtime_gather_output; unused  # module interfaces Megatron calls
 _.current_stream; _.wait_event; _.wait_stream; _.record_event; types; graph_safe; new_state; new_states  # cpu_compat stand-ins

@@ -205,14 +205,16 @@ class MegatronModel:
         :meth:`reduce_metrics` makes them the group's."""
         rows = self._replica_rows(mini_batch)
         micro = self._micro_batches(mini_batch, rows, micro_batch_size, max_tokens)
+        counts = WholeCounts(self.info.device)
 
         def loss_func(mb: MicroBatch, output: torch.Tensor):
             loss_sum, count, slice_metrics = loss_head(mb, output)
             metrics.add(slice_metrics)
-            return loss_sum, _count_as_int(count, output.device), {}
+            return loss_sum, counts.as_int(count), {}
 
         self.module.train()
         self._run(mini_batch, micro, loss_func, forward_only=False)
+        counts.check()
 
     # ---- internals ------------------------------------------------------------------------
     def _replica_rows(self, batch: Batch) -> list[int]:
@@ -327,15 +329,28 @@ def _int(value: int, device: torch.device) -> torch.Tensor:
     return torch.tensor(value, dtype=torch.int, device=device)
 
 
-def _count_as_int(count: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Megatron accumulates the normaliser in an int tensor: the count must be a whole number."""
-    value = float(count)
-    if abs(value - round(value)) > 1e-6:
-        raise ValueError(
-            f"the loss function's normaliser_count must be a whole number of tokens or sequences "
-            f"(Megatron adds it in an int tensor), got {value}"
-        )
-    return _int(round(value), device)
+class WholeCounts:
+    """Megatron adds the loss normalisers in an int tensor, so each micro-batch's count must be
+    a whole number. The counts are rounded on the device and their largest distance from a
+    whole number is kept there too: :meth:`check`, once per mini-batch, is the only host read
+    (no sync inside a micro-batch)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.worst = torch.zeros((), dtype=torch.float64, device=device)
+
+    def as_int(self, count: torch.Tensor | float) -> torch.Tensor:
+        count = torch.as_tensor(count, dtype=torch.float64, device=self.worst.device)
+        rounded = count.round()
+        torch.maximum(self.worst, (count - rounded).abs(), out=self.worst)
+        return rounded.to(torch.int)
+
+    def check(self) -> None:
+        worst = float(self.worst)
+        if worst > 1e-6:
+            raise ValueError(
+                f"the loss function's normaliser_count must be a whole number of tokens or sequences "
+                f"(Megatron adds it in an int tensor); one was {worst:.3g} away from one"
+            )
 
 
 def response_logprobs(

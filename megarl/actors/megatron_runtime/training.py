@@ -4,7 +4,11 @@ Shared by the policy and the critic (they differ only in their head and loss). W
 :class:`MegatronModel` in Megatron's ``DistributedDataParallel`` with a SUMMING gradient
 reduction (``calculate_per_token_loss=True`` makes DDP skip its 1/DP pre-scaling, and
 ``average_in_collective=False``), so that ``finalize_model_grads`` can divide by the global
-token/sequence count once.
+token/sequence count once. With DP > 1 the reduction overlaps the last micro-batch's backward
+(``overlap_grad_reduce``; Megatron's schedule holds it back for the earlier micro-batches).
+Left out: ``overlap_param_gather`` (the distributed optimizer's all-gather of the updated
+weights overlapping the next forward): a weight push right after the update would read
+weights whose gather has not finished.
 
 ``train``: for each of ``ppo_epochs`` passes, the batch is cut into consecutive mini-batches of
 ``mini_batch_size`` samples (all DP ranks together; no shuffling, so runs are reproducible), and
@@ -58,13 +62,19 @@ class TrainableModel:
         self.model = model
         self.role = role
         self.cfg = cfg
+        # With DP > 1 each gradient bucket's reduction starts as soon as the last micro-batch's
+        # backward has filled it, while the backward goes on through earlier layers.
+        overlap = model.info.dp_size > 1
         ddp_cfg = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True,
-            overlap_grad_reduce=False,
+            overlap_grad_reduce=overlap,
             use_distributed_optimizer=cfg.optimizer.distributed,
             average_in_collective=False,  # a sum: finalize_model_grads divides by the global count
         )
         model.module = DistributedDataParallel(config=model.tcfg, ddp_config=ddp_cfg, module=model.module)
+        if overlap:  # the schedule holds the reductions back until the last micro-batch
+            model.tcfg.no_sync_func = model.module.no_sync
+            model.tcfg.grad_sync_func = model.module.start_grad_sync
         self.optimizer = build_optimizer(cfg.optimizer, [model.module], dtype)
         if dtype == torch.float16:
             model.tcfg.grad_scale_func = self.optimizer.scale_loss
