@@ -72,12 +72,19 @@ def require_megatron_core() -> str:
     return mcore
 
 
-def write_checkpoint_versions(path: str | Path) -> None:
-    """Record which megatron-core and torch wrote the dist-checkpoint in directory ``path``."""
+def write_checkpoint_versions(path: str | Path, **layout: int) -> None:
+    """Record which megatron-core and torch wrote the dist-checkpoint in directory ``path``, and
+    the ``layout`` values its state depends on (e.g. the gradient bucket size)."""
     import torch
 
-    info = {"megatron_core": require_megatron_core(), "torch": torch.__version__}
+    info = {"megatron_core": require_megatron_core(), "torch": torch.__version__} | layout
     (Path(path) / VERSIONS_FILE).write_text(json.dumps(info, indent=1) + "\n")
+
+
+def checkpoint_record(path: str | Path) -> dict:
+    """What :func:`write_checkpoint_versions` recorded for ``path`` ({} for an older checkpoint)."""
+    record = Path(path) / VERSIONS_FILE
+    return json.loads(record.read_text()) if record.is_file() else {}
 
 
 def checkpoint_version_error(path: str | Path, writer: str | None, reader: str) -> str | None:
@@ -100,9 +107,9 @@ def checkpoint_writer(path: str | Path) -> str | None:
     """The megatron-core version that wrote the dist-checkpoint in ``path``, as recorded; for a
     checkpoint without the record (written before megarl kept one), ``0.17+`` when it lacks the
     ``common.pt`` that 0.16 always writes, else None (unknown)."""
-    record = Path(path) / VERSIONS_FILE
-    if record.is_file():
-        return json.loads(record.read_text()).get("megatron_core")
+    recorded = checkpoint_record(path)
+    if recorded:
+        return recorded.get("megatron_core")
     return None if (Path(path) / "common.pt").is_file() else "0.17+"
 
 

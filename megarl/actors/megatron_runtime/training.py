@@ -4,8 +4,9 @@ Shared by the policy and the critic (they differ only in their head and loss). W
 :class:`MegatronModel` in Megatron's ``DistributedDataParallel`` with a SUMMING gradient
 reduction (``calculate_per_token_loss=True`` makes DDP skip its 1/DP pre-scaling, and
 ``average_in_collective=False``), so that ``finalize_model_grads`` can divide by the global
-token/sequence count once. With DP > 1 the reduction overlaps the last micro-batch's backward
-(``overlap_grad_reduce``; Megatron's schedule holds it back for the earlier micro-batches).
+token/sequence count once. The reduction overlaps the last micro-batch's backward
+(``overlap_grad_reduce``; Megatron's schedule holds it back for the earlier micro-batches; under
+PP only the first stage's reduction overlaps, the later stages reduce after the schedule).
 Left out: ``overlap_param_gather`` (the distributed optimizer's all-gather of the updated
 weights overlapping the next forward): a weight push right after the update would read
 weights whose gather has not finished.
@@ -42,11 +43,17 @@ from megarl.algos.metrics import MetricAccumulator, pair
 from megarl.config.sections import ActorConfig
 from megarl.data.batch import Batch
 from megarl.metrics import optimizer_metric_names
-from megarl.models.mcore_version import check_checkpoint_readable, write_checkpoint_versions
+from megarl.models.mcore_version import (
+    check_checkpoint_readable,
+    checkpoint_record,
+    write_checkpoint_versions,
+)
 
 # Distributed-optimizer state saved per DP buffer: fully parallel, no gather; a resume keeps
 # TP/PP (DP may change). megatron-core 0.16 refuses its default (flattened-range) format.
 CHECKPOINT_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
+# Parameters per gradient bucket (Megatron's default at DP <= 40); recorded in every checkpoint.
+GRAD_BUCKET_PARAMS = 40_000_000
 
 LossHead = Callable[[MicroBatch, torch.Tensor], tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]]
 
@@ -62,19 +69,21 @@ class TrainableModel:
         self.model = model
         self.role = role
         self.cfg = cfg
-        # With DP > 1 each gradient bucket's reduction starts as soon as the last micro-batch's
-        # backward has filled it, while the backward goes on through earlier layers.
-        overlap = model.info.dp_size > 1
+        # Each gradient bucket's reduction starts as soon as the last micro-batch's backward has
+        # filled it, while the backward goes on through earlier layers. The bucket size is fixed
+        # (not Megatron's DP-dependent default, nor one bucket without overlap): the distributed
+        # optimizer's checkpoint is laid out by bucket, and a resume may change DP.
         ddp_cfg = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True,
-            overlap_grad_reduce=overlap,
+            overlap_grad_reduce=True,
+            bucket_size=GRAD_BUCKET_PARAMS,
             use_distributed_optimizer=cfg.optimizer.distributed,
             average_in_collective=False,  # a sum: finalize_model_grads divides by the global count
         )
         model.module = DistributedDataParallel(config=model.tcfg, ddp_config=ddp_cfg, module=model.module)
-        if overlap:  # the schedule holds the reductions back until the last micro-batch
-            model.tcfg.no_sync_func = model.module.no_sync
-            model.tcfg.grad_sync_func = model.module.start_grad_sync
+        # The schedule holds the reductions back until the last micro-batch.
+        model.tcfg.no_sync_func = model.module.no_sync
+        model.tcfg.grad_sync_func = model.module.start_grad_sync
         self.optimizer = build_optimizer(cfg.optimizer, [model.module], dtype)
         if dtype == torch.float16:
             model.tcfg.grad_scale_func = self.optimizer.scale_loss
@@ -155,8 +164,8 @@ class TrainableModel:
 
         os.makedirs(path, exist_ok=True)
         dist_checkpointing.save(self._sharded_state(is_loading=False), str(path))
-        if torch.distributed.get_rank() == 0:  # which megatron-core can read it back
-            write_checkpoint_versions(path)
+        if torch.distributed.get_rank() == 0:  # which megatron-core can read it back, and the buckets
+            write_checkpoint_versions(path, grad_bucket_params=GRAD_BUCKET_PARAMS)
         torch.distributed.barrier()  # the record exists for every rank once save returns
 
     def load(self, path: str | os.PathLike) -> None:
@@ -166,6 +175,9 @@ class TrainableModel:
         if not os.path.isdir(path):
             raise FileNotFoundError(f"checkpoint directory {path} does not exist")
         check_checkpoint_readable(path)
+        error = bucket_layout_error(path, checkpoint_record(path).get("grad_bucket_params"), _trained_params(self.model.core))
+        if error:
+            raise ValueError(error)
         _materialise_optimizer_state(self.optimizer)
         state = dist_checkpointing.load(self._sharded_state(is_loading=True), str(path))
         # no_grad: with fp32 params the optimizer's main params are views of the model's leaf
@@ -175,6 +187,26 @@ class TrainableModel:
             self.optimizer.load_state_dict(state["optimizer"])
         _restore_adam_steps(self.optimizer, state["optimizer"])
         self.schedule.load_state_dict(state["schedule"])
+
+
+def _trained_params(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters() if p.requires_grad)
+
+
+def bucket_layout_error(path: str | os.PathLike, recorded: int | None, params: int) -> str | None:
+    """Why this rank cannot load the optimizer state of checkpoint ``path`` (one line), or None.
+
+    The distributed optimizer's state is laid out by gradient bucket. Checkpoints of earlier
+    megarl versions record no bucket size: they were written with one bucket per stage (no
+    overlap), which equals today's layout only when the stage's ``params`` fit one bucket."""
+    if recorded == GRAD_BUCKET_PARAMS or (recorded is None and params <= GRAD_BUCKET_PARAMS):
+        return None
+    written = "one gradient bucket (an earlier megarl)" if recorded is None else f"buckets of {recorded} parameters"
+    return (
+        f"checkpoint {path} holds optimizer state laid out in {written}; this megarl uses buckets of "
+        f"{GRAD_BUCKET_PARAMS} parameters and this rank holds {params}; resume it with the megarl that wrote it, "
+        f"or start a new run from its weights (megarl convert megatron-to-hf, then model.path)"
+    )
 
 
 def _inner_optimizers(optimizer: Any) -> list[Any]:
