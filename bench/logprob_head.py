@@ -21,6 +21,7 @@ bench/results/logprob_head.json and .md with the machine and its load.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -96,7 +97,7 @@ def main() -> None:
             times[side].append(_step(side, TIME_TOKENS, inputs))
     ratios = [c / w for c, w in zip(times["chunked"], times["whole"])]
     result = {
-        "machine": machine | {"load_avg_1m_end": round(__import__("os").getloadavg()[0], 2)},
+        "machine": machine | {"load_avg_1m_end": round(os.getloadavg()[0], 2)},
         "shape": {"hidden": HIDDEN, "vocab": VOCAB, "chunk_tokens": CHUNK, "dtype": "float32"},
         "peak_mib": memory,
         "time_tokens": TIME_TOKENS,

@@ -17,7 +17,8 @@ Training, per GPU of a role with layout (tp, pp, dp), for the heaviest pipeline 
   of actor.logprob_chunk_tokens tokens, so at most a chunk's fp32 [chunk x vocab / tp] logits
   exist, four times in a backward (logits, log-probs, probabilities, their gradient); an update
   adds the output layer's gradient, [vocab / tp x hidden], summed in fp32 over the chunks when a
-  micro-batch has several (head_grad).
+  micro-batch has several and then cast to the weights' dtype (head_grad; with tied embeddings
+  on one stage, autograd adds the embedding's own gradient to it: not counted).
   The critic's value head is [tokens x 1].
 - runtime: CUDA context, NCCL and allocator slack (a constant, RUNTIME_OVERHEAD_GIB)
 
@@ -136,7 +137,8 @@ def train_memory(
         logits, head_grad = 2 * 4 * tokens_per_micro_batch, 0.0
     else:
         logits = 4 * 4 * min(logprob_chunk_tokens, tokens_per_micro_batch) * arch.vocab_size / tp
-        grad_bytes = 4 if tokens_per_micro_batch > logprob_chunk_tokens else wbytes  # several chunks sum in fp32
+        # Several chunks sum in fp32, then cast: both copies exist for a moment.
+        grad_bytes = 4 + (wbytes if wbytes != 4 else 0) if tokens_per_micro_batch > logprob_chunk_tokens else wbytes
         head_grad = grad_bytes * arch.vocab_size / tp * arch.hidden_size if trainable else 0.0
     master = 0 if wbytes == 4 else 4  # fp32 weights are their own master copy
     return TrainMemory(

@@ -60,7 +60,8 @@ def _print_memory(cfg: MegaRLConfig, plan: Plan, console: Console) -> None:
         if m is not None:
             console.print(
                 f"[bold]{role} memory/{per}[/] weights {g(m.weights)} + grads {g(m.grads)} + optimizer {g(m.optimizer)} "
-                f"+ activations {g(m.activations)} + LM head {g(m.logits + m.head_grad)} = {g(m.peak)} GiB"
+                f"+ activations {g(m.activations)} + {'value head' if role == 'critic' else 'LM head'} {g(m.logits + m.head_grad)} "
+                f"= {g(m.peak)} GiB"
             )
     if mem.reference_weights:
         console.print(f"[bold]reference[/] weights {g(mem.reference_weights)} GiB{' (offloaded)' if cfg.reference.offload else ''}")
@@ -84,6 +85,6 @@ def _count(n: int) -> str:
 
 
 def _sequence_parallel(cfg: MegaRLConfig, role: str) -> str:
-    """" sp" when the role's model runs with sequence parallelism (resolved: on when tp > 1)."""
+    """ " sp" when the role's model runs with sequence parallelism (resolved: on when tp > 1)."""
     section = cfg.critic if role == "critic" else cfg.actor  # the reference shares the policy's layout
-    return " sp" if section.parallel.sequence_parallel else ""
+    return " sp" if section.parallel.uses_sequence_parallel else ""

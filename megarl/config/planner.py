@@ -259,6 +259,9 @@ def _check_model_parallel(section: str, cfg: ActorConfig, arch: ArchSpec, issues
                             f"num_key_value_heads ({arch.num_kv_heads}); try {_join(ok_tp)}"))
     if arch.num_layers % pp:
         issues.append(Issue(f"{section}.parallel.pp", f"({pp}) must divide num_layers ({arch.num_layers}); try {_join(_divisors(arch.num_layers))}"))
+    if cfg.parallel.sequence_parallel and tp == 1:
+        issues.append(Issue(f"{section}.parallel.sequence_parallel", "(true) has no effect at tp 1: sequence parallelism "
+                            "splits the sequence over the tensor-parallel ranks", level="warning"))
 
 
 def _check_batches(section: str, cfg: ActorConfig, layout: RoleLayout, full: MegaRLConfig, issues: list[Issue]) -> None:
@@ -427,7 +430,7 @@ def _plan_memory(cfg: MegaRLConfig, arch: ArchSpec, roles: dict[str, RoleLayout]
             lay = roles[role]
             mems[role] = train_memory(
                 arch, tp=lay.tp, pp=lay.pp, dp=lay.dp, tokens_per_micro_batch=_tokens_per_micro_batch(cfg, section),
-                dtype=cfg.model.dtype, recompute=section.recompute, sequence_parallel=section.parallel.sequence_parallel,
+                dtype=cfg.model.dtype, recompute=section.recompute, sequence_parallel=section.parallel.uses_sequence_parallel,
                 distributed_optimizer=section.optimizer.distributed, value_head=role == "critic",
                 logprob_chunk_tokens=section.logprob_chunk_tokens,
             )

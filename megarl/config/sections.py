@@ -305,11 +305,11 @@ class ParallelConfig(Section):
         "TP all-reduce becomes a reduce-scatter plus an all-gather. None = on when tp > 1; always off at tp = 1.",
     )
 
-    @model_validator(mode="after")
-    def _resolve_sequence_parallel(self) -> ParallelConfig:
-        # Resolved once here, so every reader (planner, model build, micro-batches) sees a bool.
-        object.__setattr__(self, "sequence_parallel", self.sequence_parallel is not False and self.tp > 1)
-        return self
+    @property
+    def uses_sequence_parallel(self) -> bool:
+        """Whether the model runs with sequence parallelism: the one reading of the field (kept as
+        written, so a saved config still means 'on when tp > 1' after tp changes)."""
+        return self.sequence_parallel is not False and self.tp > 1
 
 
 class OptimizerConfig(Section):

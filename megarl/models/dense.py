@@ -132,7 +132,7 @@ class DenseDecoderBridge(ModelBridge):
             attention_softmax_in_fp32=True,
             tensor_model_parallel_size=parallel.tp,
             pipeline_model_parallel_size=parallel.pp,
-            sequence_parallel=bool(parallel.sequence_parallel),  # resolved by ParallelConfig (off at tp 1)
+            sequence_parallel=parallel.uses_sequence_parallel,  # on when tp > 1 unless turned off
             params_dtype=dtype,
             pipeline_dtype=dtype,
             bf16=dtype == torch.bfloat16,

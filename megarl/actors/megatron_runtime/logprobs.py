@@ -117,6 +117,9 @@ class _LinearLogprobs(torch.autograd.Function):
         logprobs, lse, entropy = _combine(lse_r, h_r, picked, group)
         ctx.save_for_backward(hidden, weight, targets, lse, entropy if entropy is not None else lse)
         ctx.args = (temperature, vocab_start, vocab_size, group, chunk, with_entropy)
+        # An unused output's gradient stays None (not zeros): the entropy is often a metric only,
+        # and its term is the costliest of the backward.
+        ctx.set_materialize_grads(False)
         if entropy is None:
             return logprobs, logprobs.new_zeros(0)
         return logprobs, entropy
@@ -127,11 +130,14 @@ class _LinearLogprobs(torch.autograd.Function):
         temperature, vocab_start, vocab_size, group, chunk, with_entropy = ctx.args
         vocab = _Vocab(weight, temperature, vocab_start, vocab_size)
         n = hidden.shape[0]
-        grad_lp = grad_lp / temperature  # the chain rule through logits / T, on [N] not [N, Vl]
+        # The chain rule through logits / T, on [N] rather than [N, Vl].
+        grad_lp = torch.zeros_like(lse) if grad_lp is None else grad_lp / temperature
         grad_h = grad_h / temperature if with_entropy and grad_h is not None else None
         grad_hidden = torch.empty_like(hidden)  # [N, h]
-        # Several chunks' weight gradients add up in fp32 (as Megatron's main_grad would).
-        summed = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if n > chunk else None
+        # Several chunks' weight gradients add up in at least fp32 (each chunk's product is
+        # rounded to the weights' dtype first; a bf16 model's gradient gets one more rounding).
+        acc_dtype = torch.promote_types(weight.dtype, torch.float32)
+        summed = torch.zeros(weight.shape, dtype=acc_dtype, device=weight.device) if n > chunk else None
         grad_weight = None  # [Vl, h]
         for s in range(0, n, chunk):
             e = s + chunk
@@ -140,7 +146,7 @@ class _LinearLogprobs(torch.autograd.Function):
             grad_hidden[s:e] = g @ weight
             if summed is None:
                 grad_weight = g.t() @ hidden[s:e]
-            elif weight.dtype == torch.float32:
+            elif weight.dtype == acc_dtype:  # addmm_ needs one dtype; it saves a [Vl, h] temporary
                 summed.addmm_(g.t(), hidden[s:e])
             else:
                 summed += g.t() @ hidden[s:e]

@@ -133,8 +133,8 @@ def pack_micro_batch(
         # Left-padded prompt: its real tokens are the last pl columns.
         tokens[i, :pl] = sub.prompt_ids[i, p - pl :]
         tokens[i, pl : pl + rl] = sub.response_ids[i, :rl]
-    # Column of the logits that predict response token t; t = 0 of an empty prompt has no
-    # predictor (clamped to column 0, the caller's masks drop it).
+    # Column of the logits that predict response token t. t = 0 of an empty prompt has none
+    # (clamped to column 0); both engines refuse empty prompts, so it never reaches the loss.
     columns = (plen[:, None] + torch.arange(r)[None, :] - 1).clamp(0, width - 1)  # [b, R]
     real = torch.arange(r)[None, :] < rlen[:, None]  # [b, R]
     token_rows, steps = real.nonzero(as_tuple=True)  # [n] each, row-major (on the host)

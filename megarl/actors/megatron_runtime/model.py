@@ -178,7 +178,7 @@ class MegatronModel:
 
         def loss_func(mb: MicroBatch, output: torch.Tensor):
             results.append((mb, {k: v.detach() for k, v in head(mb, output).items()}))
-            return output.new_zeros(()), _int(0, output.device), {}
+            return output.new_zeros(()), output.new_zeros((), dtype=torch.int), {}  # no host-to-device copy
 
         self.module.eval()
         with torch.no_grad():
@@ -298,14 +298,14 @@ class ResponsePositions:
         self.columns: torch.Tensor | None = None  # [n] long
 
     def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict):
-        if self.columns is None:
-            return None
         hidden = args[0]  # [S, b, h], or [S/tp, b, h] under sequence parallelism
-        if self.sequence_parallel:
+        if self.sequence_parallel:  # whole sequences out of the model, positions chosen or not
             from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
 
             hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False)  # [S, b, h]
-        return (hidden[self.columns, self.rows].unsqueeze(1), *args[1:]), kwargs  # [n, 1, h]
+        if self.columns is not None:
+            hidden = hidden[self.columns, self.rows].unsqueeze(1)  # [n, 1, h]
+        return (hidden, *args[1:]), kwargs
 
 
 def _hidden_states_through(hidden: torch.Tensor, weight: torch.Tensor | None = None, runtime_gather_output=None):
@@ -323,10 +323,6 @@ def _configure_schedule(tcfg: Any, dtype: torch.dtype) -> None:
     tcfg.finalize_model_grads_func = finalize_model_grads
     if getattr(tcfg, "pipeline_dtype", None) is None:
         tcfg.pipeline_dtype = dtype
-
-
-def _int(value: int, device: torch.device) -> torch.Tensor:
-    return torch.tensor(value, dtype=torch.int, device=device)
 
 
 class WholeCounts:

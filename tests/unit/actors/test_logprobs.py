@@ -107,3 +107,14 @@ def test_refuses_bad_arguments():
         linear_logprobs(hidden, weight, targets, temperature=0.0)
     with pytest.raises(ValueError, match="chunk_tokens must be >= 1"):
         linear_logprobs(hidden, weight, targets, chunk_tokens=0)
+
+
+def test_an_unused_entropy_or_log_prob_takes_no_part_in_the_gradient():
+    hidden, weight, targets = _inputs()
+    lp, ent = linear_logprobs(hidden, weight, targets, temperature=T, vocab_size=REAL, chunk_tokens=4, with_entropy=True)
+    ref_lp, ref_ent = _reference(hidden, weight, targets)
+    for ours, ref in ((lp, ref_lp), (ent, ref_ent)):  # the other output is left unused
+        got = torch.autograd.grad(ours.sum(), [hidden, weight], retain_graph=True)
+        want = torch.autograd.grad(ref.sum(), [hidden, weight], retain_graph=True)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-5)

@@ -39,9 +39,9 @@ def test_train_memory_by_hand():
     assert activation_bytes_per_token(arch, 2, False) == per_token
     assert m.activations == 2048 * 4 * per_token
     # The LM head: four fp32 buffers of one 1024-token chunk of vocab / tp columns, and the
-    # output layer's gradient (vocab / tp x hidden) summed in fp32 over the two chunks.
+    # output layer's gradient (vocab / tp x hidden) summed in fp32 over the two chunks, then cast.
     assert m.logits == 4 * 4 * 1024 * 1000 / 2
-    assert m.head_grad == 4 * 1000 / 2 * 1024
+    assert m.head_grad == (4 + 2) * 1000 / 2 * 1024  # the fp32 sum and its bf16 cast
     assert m.peak == m.states + m.activations + m.logits + m.head_grad
     small = train_memory(arch, tp=2, pp=2, dp=4, tokens_per_micro_batch=100, dtype="bfloat16", recompute="none",
                          sequence_parallel=False, distributed_optimizer=True, logprob_chunk_tokens=256)  # fmt: skip

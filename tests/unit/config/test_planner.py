@@ -17,6 +17,12 @@ TINY = CONFIGS / "tiny_grpo.yaml"
 AGENT = CONFIGS / "gsm8k_tool_agent.yaml"
 
 
+def _printed(cfg) -> str:
+    console = Console(record=True, width=400)
+    print_plan(cfg, make_plan(cfg), console)
+    return console.export_text()
+
+
 def plan(path, *overrides):
     return make_plan(load_config(path, list(overrides)))
 
@@ -78,8 +84,12 @@ def test_world_must_be_a_multiple_of_tp_pp():
 def test_sequence_parallel_is_on_when_tp_is_above_1_and_shrinks_the_activations():
     on, off = plan(GRPO72), plan(GRPO72, "actor.parallel.sequence_parallel=false")
     cfg = load_config(GRPO72, ["actor.parallel.tp=1", "actor.parallel.pp=8", "actor.parallel.sequence_parallel=true"])
-    assert cfg.actor.parallel.sequence_parallel is False  # nothing to split at tp 1
-    assert load_config(GRPO72, []).actor.parallel.sequence_parallel is True  # tp 8, left unset
+    assert cfg.actor.parallel.uses_sequence_parallel is False  # nothing to split at tp 1
+    warnings = plan(TINY, "actor.parallel.sequence_parallel=true").warnings  # tp 1
+    assert "actor.parallel.sequence_parallel: (true) has no effect at tp 1" in " ".join(map(str, warnings))
+    unset = load_config(GRPO72, [])
+    assert unset.actor.parallel.sequence_parallel is None and unset.actor.parallel.uses_sequence_parallel  # tp 8
+    assert "sp, rollout" in _printed(unset)
     # Norms and residuals hold 1/tp of the sequence: less activation memory, nothing else changes.
     assert on.memory.policy.activations < off.memory.policy.activations
     assert on.memory.policy.states == off.memory.policy.states
@@ -185,7 +195,7 @@ def test_critic_offload_decides_whether_the_critic_stays_while_the_policy_trains
     but its own (megarl/config/residency.py): 8-GPU PPO at tp=2, micro 8 fits with it, not without."""
     micro8 = ("actor.micro_batch_size=8", "critic.micro_batch_size=8")
     msg = refused(PPO7, *micro8, "critic.offload=false")
-    assert "actor: training needs an estimated 92.2 GiB per GPU in phase policy_update" in msg
+    assert "actor: training needs an estimated 92.7 GiB per GPU in phase policy_update" in msg
     assert "actor.recompute=full" in msg and "set critic.offload=true" in msg
     assert "actor.optimizer.distributed=true" not in msg  # already set: not suggested
     mem = plan(PPO7, *micro8).memory
