@@ -6,9 +6,11 @@ float32, 2 threads. The HF side is ``Qwen2ForCausalLM`` with ``attn_implementati
 logits -> slice the response columns -> ``log_softmax(logits / T)`` -> gather. The Megatron
 side is ``PolicyWorker.compute_logprobs`` (vocab-parallel log-softmax, Megatron's schedule).
 Both results are compared (max abs difference) so the speed is of the same computation. The
-two run interleaved, best of ``--repeats`` each (the machine is shared; its load is recorded).
-Differences: HF computes logits at every position, the worker only at response positions;
-Megatron's unfused RoPE (cos/sin per layer, rotate-half by cat) costs extra on CPU.
+two run interleaved (a, b, a, b, ...) ``--repeats`` times after one warm-up each; the result is
+the median of the per-pair time ratios (the machine is shared; its load before and after is
+recorded). Differences: HF computes logits at every position, the worker only at the real
+response tokens, in chunks (``actor.logprob_chunk_tokens``); Megatron's unfused RoPE (cos/sin
+per layer, rotate-half by cat) costs extra on CPU.
 
 Run: ``OMP_NUM_THREADS=2 .venv/bin/python bench/logprob.py``; writes bench/results/logprob.json.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -70,17 +73,18 @@ def hf_logprobs(model, batch, temperature: float, micro: int) -> torch.Tensor:
     return torch.cat(out)
 
 
-def timed_pair(fns: list, repeats: int) -> list[tuple[float, object]]:
-    """Best-of-``repeats`` seconds of each function, runs interleaved (a, b, a, b, ...) so that
-    a change in machine load hits both alike; one warm-up run each first."""
-    best = [float("inf")] * len(fns)
+def interleaved(fns: list, repeats: int) -> tuple[list[list[float]], list]:
+    """Seconds of every run of each function, runs interleaved (a, b, a, b, ...) so that a
+    change in machine load hits both alike; one warm-up run each first. Returns the times and
+    each function's last result."""
     results: list = [fn() for fn in fns]
+    times: list[list[float]] = [[] for _ in fns]
     for _ in range(repeats):
         for i, fn in enumerate(fns):
             start = time.perf_counter()
             results[i] = fn()
-            best[i] = min(best[i], time.perf_counter() - start)
-    return list(zip(best, results))
+            times[i].append(time.perf_counter() - start)
+    return times, results
 
 
 def main() -> None:
@@ -92,7 +96,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--vocab", type=int, default=32000)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -102,6 +106,7 @@ def main() -> None:
 
     from megarl.actors.policy import PolicyWorker
     from megarl.config.sections import ActorConfig
+    from megarl.data.batch import TokenRows
 
     info = machine()
     with tempfile.TemporaryDirectory() as tmp:
@@ -110,19 +115,22 @@ def main() -> None:
         tokens = args.rows * (args.prompt + args.response)
         hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa").eval()
         worker = PolicyWorker(path, ActorConfig(micro_batch_size=args.micro), "float32", seed=0)
-        (hf_s, hf_lp), (mg_s, (mg_lp, _)) = timed_pair(
+        (hf_times, mg_times), (hf_lp, mg_rows) = interleaved(
             [lambda: hf_logprobs(hf, batch, 0.8, args.micro), lambda: worker.compute_logprobs(batch, 0.8)], args.repeats
         )
+    mg_lp = TokenRows.assemble([mg_rows], len(batch), batch.response_len)["logprobs"]
     diff = float((mg_lp - hf_lp).abs().max())
+    hf_s, mg_s = statistics.median(hf_times), statistics.median(mg_times)
     rows = [
-        {"impl": "hf_sdpa", "seconds": hf_s, "tokens_per_s": tokens / hf_s},
-        {"impl": "megarl_policy", "seconds": mg_s, "tokens_per_s": tokens / mg_s},
+        {"impl": "hf_sdpa", "seconds": hf_times, "median_tokens_per_s": tokens / hf_s},
+        {"impl": "megarl_policy", "seconds": mg_times, "median_tokens_per_s": tokens / mg_s},
     ]
-    print(f"{'impl':<16}{'seconds':>10}{'tokens/s':>12}")
+    print(f"{'impl':<16}{'median s':>10}{'tokens/s':>12}")
     for r in rows:
-        print(f"{r['impl']:<16}{r['seconds']:>10.3f}{r['tokens_per_s']:>12.0f}")
-    speedup = hf_s / mg_s
-    print(f"speed-up megarl / HF: {speedup:.2f}x   max |logprob diff|: {diff:.2e}")
+        print(f"{r['impl']:<16}{statistics.median(r['seconds']):>10.3f}{r['median_tokens_per_s']:>12.0f}")
+    speedup = statistics.median(h / m for h, m in zip(hf_times, mg_times))
+    print(f"speed-up megarl / HF (median of {args.repeats} interleaved pairs): {speedup:.2f}x   "
+          f"max |logprob diff|: {diff:.2e}   load {info['load_avg_1m']:.1f} -> {os.getloadavg()[0]:.1f}")
     info["load_avg_1m_after"] = os.getloadavg()[0]
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps({
