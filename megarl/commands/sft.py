@@ -66,12 +66,13 @@ def run_sft(cfg: Any, address: str | None = None) -> Path:
     """Fine-tune, then write and verify ``<sft.output_dir>/model``; returns its path."""
     from megarl.actors.ray_groups.placement import role_placements
     from megarl.actors.ray_groups.session import ray_session
-    from megarl.config.planner import make_plan, sft_max_length
+    from megarl.config.planner import make_plan, resolved_config, sft_max_length
 
     s = cfg.sft
     if not s.train_files:
         raise SFTError("sft.train_files is empty; give parquet files with prompt + response columns or chat messages")
     plan = make_plan(cfg, sft=True)
+    cfg = resolved_config(cfg, plan.resolved)  # recompute: auto is none here (no memory plan)
     dp = plan.roles["policy"].dp
     if s.batch_size % dp:
         raise SFTError(f"sft.batch_size ({s.batch_size}) must be a multiple of the data-parallel size ({dp}); "

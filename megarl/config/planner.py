@@ -100,6 +100,7 @@ class Plan:
     roles: dict[str, RoleLayout]
     memory: MemoryPlan | None
     warnings: list[Issue] = field(default_factory=list)
+    resolved: dict[str, str] = field(default_factory=dict)  # "actor.recompute" -> what "auto" became
 
     def rows(self, nnodes: int, gpus_per_node: int) -> list[tuple[int, int, str]]:
         """(node, local gpu, roles text) for every GPU of the cluster."""
@@ -134,7 +135,7 @@ def make_plan(cfg: MegaRLConfig, *, check_files: bool = False, in_process: bool 
         _raise_errors(issues)
         assert policy is not None  # a layout problem is an error, raised above
         return Plan(arch, cfg.cluster.device, cfg.cluster.placement, {"policy": policy}, None,
-                    [i for i in issues if i.level == "warning"])  # fmt: skip
+                    [i for i in issues if i.level == "warning"], _auto_recompute(cfg, "none"))  # no memory plan: none
     roles = _layout_roles(cfg, issues)
     for role, section_name in (("policy", "actor"), ("critic", "critic")):
         if role == "policy" or cfg.critic_enabled:
@@ -153,12 +154,40 @@ def make_plan(cfg: MegaRLConfig, *, check_files: bool = False, in_process: bool 
     if check_files:
         _check_files(cfg, issues)
         _check_server_python(cfg, issues)
-    memory = None
+    memory, resolved = None, _auto_recompute(cfg, "none")
     if not any(i.level == "error" for i in issues):
+        cfg, resolved = _resolve_recompute(cfg, arch, roles)
         memory = _plan_memory(cfg, arch, roles, issues)
     _raise_errors(issues)
     warnings = [i for i in issues if i.level == "warning"]
-    return Plan(arch, cfg.cluster.device, cfg.cluster.placement, roles, memory, warnings)
+    return Plan(arch, cfg.cluster.device, cfg.cluster.placement, roles, memory, warnings, resolved)
+
+
+def resolved_config(cfg: MegaRLConfig, resolved: dict[str, str]) -> MegaRLConfig:
+    """``cfg`` with what a plan resolved (``Plan.resolved``, e.g. ``recompute: auto``): the config
+    a run builds its workers from."""
+    for key, value in resolved.items():
+        section, field_name = key.split(".")
+        cfg = cfg.model_copy(update={section: getattr(cfg, section).model_copy(update={field_name: value})})
+    return cfg
+
+
+def _auto_recompute(cfg: MegaRLConfig, choice: str) -> dict[str, str]:
+    """``{"<section>.recompute": choice}`` for each trained section left at ``auto``."""
+    return {f"{s}.recompute": choice for s in ("actor", "critic") if getattr(cfg, s).recompute == "auto"}
+
+
+def _resolve_recompute(cfg: MegaRLConfig, arch: ArchSpec, roles: dict[str, RoleLayout]) -> tuple[MegaRLConfig, dict[str, str]]:
+    """``recompute: auto`` becomes the least recompute whose memory plan fits: none, else full
+    (selective saves nothing in this memory model: SDPA keeps no score matrix). Without a memory
+    check (a CPU plan) none always fits."""
+    resolved = _auto_recompute(cfg, "none")
+    if resolved:
+        probe: list[Issue] = []
+        _plan_memory(resolved_config(cfg, resolved), arch, roles, probe)
+        if any(i.level == "error" for i in probe):
+            resolved = _auto_recompute(cfg, "full")
+    return resolved_config(cfg, resolved), resolved
 
 
 def sft_max_length(cfg: MegaRLConfig, arch: ArchSpec) -> int:

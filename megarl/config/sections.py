@@ -330,7 +330,11 @@ class ActorConfig(Section):
     max_tokens_per_gpu: int | None = Field(None, ge=1, description="Token budget of a micro-batch per DP rank; overrides micro_batch_size.")
     mini_batch_size: int | None = Field(None, ge=1, description="Samples per optimizer step over all DP ranks; None = the whole step's samples.")
     ppo_epochs: int = Field(1, ge=1, description="Passes over the step's samples.")
-    recompute: Literal["none", "selective", "full"] = Field("none", description="Activation recomputation.")
+    recompute: Literal["none", "selective", "full", "auto"] = Field(
+        "none",
+        description="Activation recomputation. auto: the least the plan's memory check fits (none, else full), "
+        "resolved by megarl plan / launch and printed; none on CPU and in megarl sft.",
+    )
     logprob_chunk_tokens: int = Field(1024, ge=1, description="Tokens whose LM-head logits exist at once when log-probs and entropy are computed (the head's memory is a few chunk x vocab/tp fp32 buffers, whatever the response length); the critic ignores it.")
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig, description="Optimizer and LR schedule.")
     offload: bool = Field(False, description="Move params, grads and optimizer state to host memory while the engine generates (colocated).")

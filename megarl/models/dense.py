@@ -282,6 +282,9 @@ def _recompute_kwargs(recompute: str) -> dict[str, Any]:
         return {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
     if recompute == "selective":
         return {"recompute_granularity": "selective"}
+    if recompute == "auto":
+        raise ValueError("recompute=auto is resolved by the plan (megarl launch / sft run it); a model built "
+                         "without one needs none, selective or full")
     raise ValueError(f"recompute={recompute!r} is not one of none, selective, full")
 
 

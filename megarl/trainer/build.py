@@ -13,7 +13,7 @@ from megarl.actors.clients import CriticClient, InProcessGroup, PolicyClient, Tr
 from megarl.actors.ray_groups.placement import place_roles, release, role_placements
 from megarl.actors.ray_groups.worker_group import GroupOptions, WorkerGroup
 from megarl.config.loading import config_to_yaml
-from megarl.config.planner import Plan
+from megarl.config.planner import Plan, resolved_config
 from megarl.config.residency import residency_of
 from megarl.config.sections import MegaRLConfig
 from megarl.rollout.collect import (
@@ -54,7 +54,9 @@ def is_strictly_on_policy(cfg: MegaRLConfig) -> bool:
 
 def build_trainer(cfg: MegaRLConfig, plan: Plan, *, in_process: bool = False) -> Trainer:
     """Start the workers (Ray worker groups, or in this process when ``in_process``: world size
-    1, no Ray), the engines and the reward pool, and resolve every phase of the step."""
+    1, no Ray), the engines and the reward pool, and resolve every phase of the step. The
+    workers get the config as the plan resolved it (``recompute: auto``)."""
+    cfg = resolved_config(cfg, plan.resolved)
     out = Path(cfg.trainer.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(config_to_yaml(cfg))

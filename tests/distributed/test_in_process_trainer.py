@@ -23,7 +23,8 @@ PHASES = ("old_logprobs", "reference", "critic", "collector", "baseline", "gener
 CASES = {
     "grpo": (),
     "ppo": ("algorithm.estimator=gae", "algorithm.lam=0.95", "actor.ppo_epochs=2", "algorithm.kl.use_in_reward=true",
-            "critic.mini_batch_size=32", "critic.micro_batch_size=16", "critic.optimizer.lr=1e-3"),
+            "critic.mini_batch_size=32", "critic.micro_batch_size=16", "critic.optimizer.lr=1e-3",
+            "actor.recompute=auto", "critic.recompute=auto"),  # the plan resolves them; the run builds with that
     "warmup": ("algorithm.estimator=gae", "algorithm.kl.use_in_loss=false", "critic.mini_batch_size=32",
                "critic.micro_batch_size=16", "trainer.critic_warmup_steps=1"),
     "remax": ("algorithm.estimator=remax",),
@@ -51,6 +52,8 @@ def _run_cases(rank: int, world: int, root: str) -> dict:
     import os
     import sys
 
+    import yaml
+
     from megarl.config.loading import load_config
     from megarl.config.planner import make_plan
     from megarl.trainer.build import build_trainer, shutdown
@@ -71,7 +74,8 @@ def _run_cases(rank: int, world: int, root: str) -> dict:
         finally:
             shutdown(trainer)
         records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-        results[name] = {"phases": phases, "records": records}
+        saved = yaml.safe_load((out / "config.yaml").read_text())
+        results[name] = {"phases": phases, "records": records, "recompute": [saved[s]["recompute"] for s in ("actor", "critic")]}
     return results
 
 
@@ -101,6 +105,7 @@ def test_grpo_skips_the_old_logprob_forward_and_keeps_engine_and_trainer_equal(r
 
 def test_ppo_runs_the_critic_and_the_old_logprob_forward(runs):
     ppo = runs["ppo"]
+    assert ppo["recompute"] == ["none", "none"]  # auto, as the CPU plan resolved it
     assert ppo["phases"]["old_logprobs"] == "OldLogprobs" and ppo["phases"]["critic"] == "CriticPhase"
     for record in ppo["records"]:
         assert math.isfinite(record["critic/loss"]) and "reward/kl" in record

@@ -296,3 +296,24 @@ def test_agent_rollouts_need_the_chat_template_and_no_overlap_when_deterministic
     assert "rollout.agent.overlap_tools: (true) lets tool timing decide which turns generate together" in msg
     assert "data.apply_chat_template: (false) but rollout.agent appends tool answers and user turns" in msg
     assert plan(AGENT, "rollout.deterministic=true").memory is not None  # overlap left unset: rounds, reproducible
+
+
+def test_recompute_auto_is_the_least_that_fits_and_reaches_the_run():
+    from megarl.config.planner import resolved_config
+
+    fits = plan(GRPO72, "actor.recompute=auto")  # micro-batch 1: fits without recompute
+    assert fits.resolved == {"actor.recompute": "none"}
+    assert fits.memory.policy == plan(GRPO72, "actor.recompute=none").memory.policy
+    big = ("actor.recompute=auto", "actor.micro_batch_size=4")  # 86 GiB without recompute
+    assert "actor: training needs an estimated" in refused(GRPO72, "actor.recompute=none", *big[1:])
+    cfg = load_config(GRPO72, list(big))
+    chosen = make_plan(cfg)
+    assert chosen.resolved == {"actor.recompute": "full"}
+    assert chosen.memory.policy == plan(GRPO72, "actor.recompute=full", *big[1:]).memory.policy
+    assert "dp1 sp recompute full (auto)" in _printed(cfg)
+    # What the workers are built from (build_trainer and megarl sft apply it).
+    assert resolved_config(cfg, chosen.resolved).actor.recompute == "full" and cfg.actor.recompute == "auto"
+    # No memory check on CPU or in megarl sft: none.
+    assert plan(TINY, "actor.recompute=auto").resolved == {"actor.recompute": "none"}
+    assert make_plan(load_config(TINY, ["actor.recompute=auto"]), sft=True).resolved == {"actor.recompute": "none"}
+    assert plan(GRPO72).resolved == {}  # an explicit choice is kept as is

@@ -128,3 +128,9 @@ def test_checkpoint_check_names_the_offending_tensor(tiny_dirs, tmp_path):
     # a critic built from this policy checkpoint does not use lm_head: accepted
     no_head = _rewrite(src, tmp_path / "nohead", drop={"lm_head.weight"})
     bridge.check_hf_checkpoint(cfg, str(no_head), value_head=True)
+
+
+def test_an_unresolved_recompute_auto_is_refused():
+    cfg = _qwen2()
+    with pytest.raises(ValueError, match="recompute=auto is resolved by the plan"):
+        get_bridge(cfg).transformer_config(cfg, ParallelConfig(), torch.float32, "auto")
