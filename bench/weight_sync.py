@@ -6,7 +6,12 @@ FFN 4864, vocab 151936, tied embeddings); rank 0 also holds the torch engine. Me
 
 - export only: the shared stream (TP all-gather + HF conversion + bucketing), no engine;
 - full push: export + ``engine.load_weights`` (InProcessTransport), metrics as reported;
+- all-gather: one ``all_gather_into_tensor`` of the same number of bytes between the same two
+  processes (each sends half): the wire a TP=2 export can reach here;
 - memcpy: one ``copy_`` of the same number of bytes on rank 0, same thread count, same run.
+
+The three sides run interleaved, ``--reps`` times; each ratio is the median of the per-rep
+ratios.
 
 Prints a table and writes bench/results/weight_sync.json (machine, load, date).
 
@@ -19,6 +24,7 @@ import argparse
 import json
 import os
 import socket
+import statistics
 import sys
 import tempfile
 import time
@@ -61,6 +67,18 @@ def memcpy_seconds(nbytes: int, reps: int) -> float:
     return best
 
 
+def gather_seconds(nbytes: int) -> float:
+    """One all-gather of ``nbytes`` in total between the two ranks (each sends half)."""
+    import torch.distributed as dist
+
+    local = torch.ones(nbytes // 2, dtype=torch.uint8)
+    out = torch.empty(2 * local.numel(), dtype=torch.uint8)
+    dist.barrier()
+    start = time.perf_counter()
+    dist.all_gather_into_tensor(out, local)
+    return time.perf_counter() - start
+
+
 def timed_push(sync, version: int) -> dict[str, float]:
     import torch.distributed as dist
 
@@ -86,10 +104,11 @@ def rank_main(rank: int, port: int, model_dir: str, bucket_mb: float, reps: int,
     export_only, full = InProcessTransport(stream), InProcessTransport(stream, [engine] if engine is not None else [])
     export_only.connect(None)
     full.connect(None)
-    runs: dict[str, list[dict[str, float]]] = {"export_only": [], "push": []}
+    runs: dict[str, list] = {"export_only": [], "push": [], "all_gather_seconds": []}
     for rep in range(reps):
         runs["export_only"].append(timed_push(export_only, 0))
         runs["push"].append(timed_push(full, rep + 1))
+        runs["all_gather_seconds"].append(gather_seconds(int(runs["push"][-1]["weight_sync/bytes"])))
     dist.barrier()
     if rank == 0:
         nbytes = int(runs["push"][0]["weight_sync/bytes"])
@@ -119,21 +138,29 @@ def main() -> None:
             port = s.getsockname()[1]
         mp.spawn(rank_main, args=(port, str(model_dir), args.bucket_mb, args.reps, str(raw)), nprocs=2, join=True)
         data = json.loads(raw.read_text())
-    best = {k: min(v, key=lambda m: m["weight_sync/seconds"]) for k, v in data["runs"].items()}
+    runs = data["runs"]
+    seconds = {k: [m["weight_sync/seconds"] for m in runs[k]] for k in ("export_only", "push")}
+    seconds["all_gather"] = runs["all_gather_seconds"]
     copy_gbps = data["bytes"] / data["memcpy_seconds"] / 1e9
-    push = best["push"]
+    ratios = {f"{k}_over_all_gather_throughput": statistics.median(g / s for g, s in zip(seconds["all_gather"], seconds[k]))
+              for k in ("export_only", "push")}  # fmt: skip
+    push_gbps = data["bytes"] / statistics.median(seconds["push"]) / 1e9
     print(f"model: {params / 1e6:.0f}M params, {data['bytes'] / 2**30:.2f} GiB (bf16), bucket {args.bucket_mb} MiB")
-    print(f"{'what':<14}{'best s':>10}{'GB/s':>10}")
-    for name, m in best.items():
-        print(f"{name:<14}{m['weight_sync/seconds']:>10.3f}{m['weight_sync/gbps']:>10.3f}")
+    print(f"{'what':<14}{'median s':>10}{'GB/s':>10}")
+    for name, values in seconds.items():
+        med = statistics.median(values)
+        print(f"{name:<14}{med:>10.3f}{data['bytes'] / med / 1e9:>10.3f}")
     print(f"{'memcpy':<14}{data['memcpy_seconds']:>10.3f}{copy_gbps:>10.3f}")
-    print(f"push / memcpy throughput: {push['weight_sync/gbps'] / copy_gbps:.3f}")
+    for name, ratio in ratios.items():
+        print(f"{name}: {ratio:.3f}")
+    print(f"push / memcpy throughput: {push_gbps / copy_gbps:.3f}")
+    best = {k: min(v, key=lambda m: m["weight_sync/seconds"]) for k, v in runs.items() if k != "all_gather_seconds"}
     result = {
         "benchmark": "weight sync: Megatron TP=2 (2 gloo processes, 1 thread each) -> torch engine in-process",
         "model": ("qwen2 " + json.dumps(shape)), "params": params, "dtype": "bfloat16",
         "bucket_mb": args.bucket_mb, "bytes": data["bytes"], "runs": data["runs"],
         "best": best, "memcpy_seconds": data["memcpy_seconds"], "memcpy_gbps": copy_gbps,
-        "push_over_memcpy_throughput": push["weight_sync/gbps"] / copy_gbps,
+        "push_over_memcpy_throughput": push_gbps / copy_gbps, **ratios,
         "peak_stream_bytes": data["peak_stream_bytes"],
         "machine_before": before, "load_avg_after": os.getloadavg(),
     }
