@@ -8,4 +8,4 @@ import argparse
 def add_config_args(p: argparse.ArgumentParser, *, optional: bool = False) -> None:
     """CONFIG and its KEY=VALUE overrides (plan, launch)."""
     p.add_argument("config", nargs="?" if optional else None, help="YAML config file (see configs/)")
-    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, e.g. rollout.n=8 actor.optimizer.lr=2e-6")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, e.g. rollout.n=8 actor.optimizer.lr=2e-6 (every key: megarl config [SECTION])")

@@ -31,14 +31,24 @@ def register(sub: argparse._SubParsersAction) -> None:
         "<root>/run/curves.png.",
     )
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, e.g. trainer.total_steps=50")
-    p.add_argument("--config", default="configs/tiny_grpo.yaml", help="the demo config (default: %(default)s)")
+    p.add_argument("--config", default="configs/tiny_grpo.yaml",
+                   help="the demo config (default: %(default)s, from this directory, else from the checkout megarl runs from)")
     p.add_argument("--root", default="outputs/demo", help="where the model, data and run go (default: %(default)s)")
     p.set_defaults(handler=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
-    print(f"curves: {run_demo(args.config, args.overrides, args.root)}")
+    print(f"curves: {run_demo(_demo_config(args.config), args.overrides, args.root)}")
     return 0
+
+
+def _demo_config(config: str) -> str:
+    """``config`` as given; the default one, when this directory has none, from the checkout
+    that holds this megarl (an editable install run from elsewhere)."""
+    checkout = Path(__file__).resolve().parents[2] / config
+    if config == "configs/tiny_grpo.yaml" and not Path(config).is_file() and checkout.is_file():
+        return str(checkout)
+    return config
 
 
 def demo_command(config: str | Path, overrides: list[str], root: str | Path) -> str:

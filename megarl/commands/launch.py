@@ -63,6 +63,8 @@ def launch(config: str | Path, overrides: list[str], address: str | None = None,
     plan = make_plan(cfg, check_files=True, in_process=in_process)
     for warning in plan.warnings:
         log.warning("%s", warning)
+    for key, value in plan.resolved.items():
+        log.info("%s: auto -> %s (the plan's choice)", key, value)
     finished = finished_run(cfg)
     if finished:
         print(finished)

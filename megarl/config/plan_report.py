@@ -18,7 +18,7 @@ def print_plan(cfg: MegaRLConfig, plan: Plan, console: Console | None = None) ->
         f"{a.num_heads} heads / {a.num_kv_heads} kv, vocab {a.vocab_size})"
     )
     layouts = ", ".join(
-        f"{r.role}: tp{r.tp} pp{r.pp} dp{r.dp}{_sequence_parallel(cfg, r.role)}{_recompute(plan, r.role)}"
+        f"{r.role}: tp{r.tp} pp{r.pp} dp{r.dp}{_sequence_parallel(cfg, r.role)}{_recompute(cfg, plan, r.role)}"
         if r.role != "rollout"
         else f"rollout: {r.dp} x {cfg.rollout.engine} engine tp{r.tp}"
         for r in plan.roles.values()
@@ -84,10 +84,16 @@ def _count(n: int) -> str:
     return str(n)
 
 
-def _recompute(plan: Plan, role: str) -> str:
-    """" recompute X (auto)" when the plan chose the role's recompute."""
-    key = "critic.recompute" if role == "critic" else "actor.recompute"
-    return f" recompute {plan.resolved[key]} (auto)" if key in plan.resolved and role != "reference" else ""
+def _recompute(cfg: MegaRLConfig, plan: Plan, role: str) -> str:
+    """" recompute X" when the role's model recomputes, " (auto)" when the plan chose it."""
+    section = "critic" if role == "critic" else "actor"
+    key = f"{section}.recompute"
+    if role == "reference":  # forward only
+        return ""
+    if key in plan.resolved:
+        return f" recompute {plan.resolved[key]} (auto)"
+    value = getattr(cfg, section).recompute
+    return "" if value == "none" else f" recompute {value}"
 
 
 def _sequence_parallel(cfg: MegaRLConfig, role: str) -> str:

@@ -525,7 +525,8 @@ def _check_fits(cfg: MegaRLConfig, table: Residency, training: dict[str, float],
         section = _PHASE_SECTION.get(phase, "actor")
         knobs = _offload_knobs(cfg, table, phase)
         if phase in (POLICY_UPDATE, CRITIC_UPDATE):
-            knobs = [f"raise {section}.parallel.tp / pp", f"{section}.recompute=full",
+            recompute = [] if getattr(cfg, section).recompute == "full" else [f"{section}.recompute=full"]
+            knobs = [f"raise {section}.parallel.tp / pp", *recompute,
                      f"lower {section}.micro_batch_size / max_tokens_per_gpu"] + knobs  # fmt: skip
             if not getattr(cfg, section).optimizer.distributed:
                 knobs.insert(1, f"set {section}.optimizer.distributed=true")

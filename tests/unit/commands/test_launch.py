@@ -48,3 +48,11 @@ def test_overrides_may_follow_options():
     assert main(["plan", str(TINY), "--json", "actor.parallel.pp=3"]) == 2
     with pytest.raises(SystemExit):
         main(["plan", str(TINY), "--json", "--no-such-flag"])
+
+
+def test_the_demo_finds_its_config_from_another_directory(tmp_path, monkeypatch):
+    from megarl.commands.demo import _demo_config
+
+    monkeypatch.chdir(tmp_path)  # no configs/ here: the checkout's default config
+    assert Path(_demo_config("configs/tiny_grpo.yaml")) == TINY
+    assert _demo_config("mine.yaml") == "mine.yaml"  # a config the user names is theirs to get right

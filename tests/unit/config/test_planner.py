@@ -89,7 +89,7 @@ def test_sequence_parallel_is_on_when_tp_is_above_1_and_shrinks_the_activations(
     assert "actor.parallel.sequence_parallel: (true) has no effect at tp 1" in " ".join(map(str, warnings))
     unset = load_config(GRPO72, [])
     assert unset.actor.parallel.sequence_parallel is None and unset.actor.parallel.uses_sequence_parallel  # tp 8
-    assert "sp, rollout" in _printed(unset)
+    assert "dp1 sp recompute full, rollout" in _printed(unset)  # the config's explicit recompute, printed too
     # Norms and residuals hold 1/tp of the sequence: less activation memory, nothing else changes.
     assert on.memory.policy.activations < off.memory.policy.activations
     assert on.memory.policy.states == off.memory.policy.states
@@ -317,3 +317,6 @@ def test_recompute_auto_is_the_least_that_fits_and_reaches_the_run():
     assert plan(TINY, "actor.recompute=auto").resolved == {"actor.recompute": "none"}
     assert make_plan(load_config(TINY, ["actor.recompute=auto"]), sft=True).resolved == {"actor.recompute": "none"}
     assert plan(GRPO72).resolved == {}  # an explicit choice is kept as is
+    # Refused even with full: the fix does not offer what auto already tried.
+    msg = refused(GRPO72, "actor.recompute=auto", "actor.micro_batch_size=64")
+    assert "actor: training needs" in msg and "recompute=full" not in msg
