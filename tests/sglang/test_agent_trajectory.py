@@ -30,8 +30,7 @@ def test_a_two_turn_trajectory_is_id_exact_against_transformers(engine, hf, tiny
     cfg = AgentConfig(interactions_file=str(users), default_agent="tool_agent", max_tokens_per_turn=6)
     env = build_env(cfg, tok, [tok.convert_tokens_to_ids("<|im_end|>")])
     texts = ["Hello", "The cat"]
-    prompts = chat_prompts(tok, texts, extra_info=[{"interaction_kwargs": {"name": "echo"}} for _ in texts],
-                           raw_prompt=texts)
+    prompts = chat_prompts(tok, texts, extra_info=[{"interaction_kwargs": {"name": "echo"}} for _ in texts])
     ids = prompts.prompt_ids
     batch = AgentRollout(cfg, env, overlap_tools=True)(engine, prompts, SamplingParams(max_new_tokens=40, n=2, seed=7))
     assert len(batch) == 4

@@ -20,10 +20,13 @@ def chat_ids(tok: Any, text: str) -> list[int]:
 
 
 def chat_prompts(tok: Any, texts: Sequence[str], **fields: Any) -> PromptBatch:
-    """One prompt per text (a user message through the chat template); ``fields`` override the rest."""
+    """One prompt per text (a user message through the chat template), with every field the data
+    stream fills (the stored chat messages and an empty agent_name too, so no test takes a path
+    real data never takes); ``fields`` override the rest."""
     n = len(texts)
     base = dict(prompt_ids=[chat_ids(tok, t) for t in texts], prompt_text=list(texts), data_source=["x"] * n,
-                ground_truth=[""] * n, extra_info=[{} for _ in texts], index=list(range(n)), file_index=[0] * n)  # fmt: skip
+                ground_truth=[""] * n, extra_info=[{} for _ in texts], index=list(range(n)), file_index=[0] * n,
+                agent_name=[""] * n, raw_prompt=[[{"role": "user", "content": t}] for t in texts])  # fmt: skip
     return PromptBatch(**{**base, **fields})
 
 

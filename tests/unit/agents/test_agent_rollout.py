@@ -73,8 +73,7 @@ class ReplayEngine:
 
 
 def _prompts(tok, texts: list[str], agent: str = "tool_agent", extra: list[dict] | None = None) -> PromptBatch:
-    return chat_prompts(tok, texts, extra_info=extra or [{} for _ in texts], agent_name=[agent] * len(texts),
-                        raw_prompt=list(texts))  # fmt: skip
+    return chat_prompts(tok, texts, extra_info=extra or [{} for _ in texts], agent_name=[agent] * len(texts))
 
 
 def _env(tok, tools: dict, **limits) -> AgentEnv:
