@@ -18,7 +18,7 @@ def print_plan(cfg: MegaRLConfig, plan: Plan, console: Console | None = None) ->
         f"{a.num_heads} heads / {a.num_kv_heads} kv, vocab {a.vocab_size})"
     )
     layouts = ", ".join(
-        f"{r.role}: tp{r.tp} pp{r.pp} dp{r.dp}{_sequence_parallel(cfg, r.role)}{_recompute(cfg, plan, r.role)}"
+        f"{r.role}: tp{r.tp} pp{r.pp} dp{r.dp}{_model_flags(cfg, plan, r.role)}"
         if r.role != "rollout"
         else f"rollout: {r.dp} x {cfg.rollout.engine} engine tp{r.tp}"
         for r in plan.roles.values()
@@ -84,19 +84,12 @@ def _count(n: int) -> str:
     return str(n)
 
 
-def _recompute(cfg: MegaRLConfig, plan: Plan, role: str) -> str:
-    """" recompute X" when the role's model recomputes, " (auto)" when the plan chose it."""
+def _model_flags(cfg: MegaRLConfig, plan: Plan, role: str) -> str:
+    """The layout's flags of the role's model: `` sp`` under sequence parallelism, ``
+    recompute X`` (`` (auto)`` when the plan chose X); the reference shares the policy's section."""
     section = "critic" if role == "critic" else "actor"
-    key = f"{section}.recompute"
-    if role == "reference":  # forward only
-        return ""
-    if key in plan.resolved:
-        return f" recompute {plan.resolved[key]} (auto)"
-    value = getattr(cfg, section).recompute
-    return "" if value == "none" else f" recompute {value}"
-
-
-def _sequence_parallel(cfg: MegaRLConfig, role: str) -> str:
-    """ " sp" when the role's model runs with sequence parallelism (resolved: on when tp > 1)."""
-    section = cfg.critic if role == "critic" else cfg.actor  # the reference shares the policy's layout
-    return " sp" if section.parallel.uses_sequence_parallel else ""
+    conf = getattr(cfg, section)
+    flags = " sp" if conf.parallel.uses_sequence_parallel else ""
+    if f"{section}.recompute" in plan.resolved:
+        return f"{flags} recompute {plan.resolved[section + '.recompute']} (auto)"
+    return flags if conf.recompute == "none" else f"{flags} recompute {conf.recompute}"

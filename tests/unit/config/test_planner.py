@@ -240,9 +240,7 @@ def test_72b_phase_sums_are_the_printed_ones_by_hand_and_fit():
     }
     assert mem.phases == pytest.approx(by_hand)
     assert max(mem.phases.values()) <= 80 * GIB
-    console = Console(record=True, width=400)
-    print_plan(cfg, p, console)
-    line = next(x for x in console.export_text().splitlines() if x.startswith("by phase/GPU"))
+    line = next(x for x in _printed(cfg).splitlines() if x.startswith("by phase/GPU"))
     printed = dict(part.split() for part in line.removeprefix("by phase/GPU ").removesuffix(" GiB").split(", "))
     assert printed == {k: f"{v / GIB:.1f}" for k, v in by_hand.items()}
 
