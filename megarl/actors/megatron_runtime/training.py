@@ -175,9 +175,12 @@ class TrainableModel:
         if not os.path.isdir(path):
             raise FileNotFoundError(f"checkpoint directory {path} does not exist")
         check_checkpoint_readable(path)
-        error = bucket_layout_error(path, checkpoint_record(path).get("grad_bucket_params"), _trained_params(self.model.core))
-        if error:
-            raise ValueError(error)
+        # Only the distributed optimizer lays its state out by gradient bucket.
+        if self.cfg.optimizer.distributed:
+            recorded = checkpoint_record(path).get("grad_bucket_params")
+            error = bucket_layout_error(path, recorded, _trained_params(self.model.core))
+            if error:
+                raise ValueError(error)
         _materialise_optimizer_state(self.optimizer)
         state = dist_checkpointing.load(self._sharded_state(is_loading=True), str(path))
         # no_grad: with fp32 params the optimizer's main params are views of the model's leaf
