@@ -64,7 +64,7 @@ class ProgressFile:
         import os
 
         self.path = path if path is not None and os.environ.get("RANK", "0") == "0" else None
-        self.every_s, self._last = every_s, 0.0
+        self.every_s, self._last = every_s, -float("inf")  # the first call writes, however long the machine has been up
 
     def __call__(self, done: int, total: int) -> None:
         import os
