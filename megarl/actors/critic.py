@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from megarl.actors.megatron_runtime.micro_batches import MicroBatch
+from megarl.actors.megatron_runtime.micro_batches import MicroBatch, MicroBatching
 from megarl.actors.megatron_runtime.model import MegatronModel, dtype_of
 from megarl.actors.megatron_runtime.training import TrainableModel, TrainedWorker
 from megarl.algos.losses import LossFn, ModelOutputs
@@ -55,12 +55,7 @@ class CriticWorker(TrainedWorker):
     def compute_values(self, batch: Batch) -> TokenRows | None:
         """``values [n, R]`` float32 of this rank's rows (``TokenRows``, on output ranks; None
         elsewhere; alignment: module docstring)."""
-        return self.model.forward_tokens(
-            batch,
-            lambda mb, output: {"values": _values(mb, output)},
-            micro_batch_size=self.cfg.micro_batch_size,
-            max_tokens=self.cfg.max_tokens_per_gpu,
-        )
+        return self.model.forward_tokens(batch, lambda mb, output: {"values": _values(mb, output)}, MicroBatching.of(self.cfg))
 
     def update(
         self, batch: Batch, value_loss_fn: LossFn, *, mini_batch_size: int | None = None, ppo_epochs: int | None = None

@@ -327,7 +327,8 @@ class OptimizerConfig(Section):
 class ActorConfig(Section):
     parallel: ParallelConfig = Field(default_factory=ParallelConfig, description="Model parallel layout.")
     micro_batch_size: int | None = Field(1, ge=1, description="Samples per micro-batch per DP rank (or use max_tokens_per_gpu).")
-    max_tokens_per_gpu: int | None = Field(None, ge=1, description="Token budget of a micro-batch per DP rank; overrides micro_batch_size.")
+    max_tokens_per_gpu: int | None = Field(None, ge=1, description="Token budget of a micro-batch per DP rank; overrides micro_batch_size. Packed, it counts real tokens (samples are packed first-fit-decreasing); padded, rows x the longest row.")
+    pack_sequences: bool = Field(True, description="Lay a micro-batch's samples end to end in one sequence (Megatron's THD format, attention kept within each sample) instead of padding each to the longest: no compute on padding. False = padded rows.")
     mini_batch_size: int | None = Field(None, ge=1, description="Samples per optimizer step over all DP ranks; None = the whole step's samples.")
     ppo_epochs: int = Field(1, ge=1, description="Passes over the step's samples.")
     recompute: Literal["none", "selective", "full", "auto"] = Field(

@@ -11,8 +11,16 @@ Mask convention (Megatron's): ``attention_mask`` is bool, True = masked, broadca
 all keys instead, which keeps its (unused) output finite, as Megatron's unfused softmax does;
 rows with at least one visible key are computed exactly.
 
-Left out: packed sequences (THD) and attention bias (Megatron's DotProductAttention refuses them
-too), sliding windows (the bridges refuse such configs).
+Packed sequences (THD, ``PackedSeqParams.qkv_format == "thd"``): query, key and value come as
+``[T, heads, hn]`` for several segments end to end, and each segment attends only to itself
+(causally). The parameters must be a :class:`PackedSegments` (made by :func:`packed_seq_params`),
+which carries the host-side plan of ``megarl.models.packed_sequences``. On CUDA, half-precision
+inputs go to torch's variable-length flash kernel (``torch.nn.attention.varlen``) when this torch
+has it; elsewhere (CPU, fp32) the segments are attended in groups of similar length as padded
+batches, exactly.
+
+Left out: attention bias (Megatron's DotProductAttention refuses it too), sliding windows (the
+bridges refuse such configs).
 """
 
 from __future__ import annotations
@@ -23,7 +31,32 @@ import torch.nn.functional as F
 from megarl.models.mcore_version import require_megatron_core
 
 require_megatron_core()  # a one-line error instead of a deep ImportError (e.g. no triton)
+from dataclasses import dataclass  # noqa: E402
+
+from megatron.core.packed_seq_params import PackedSeqParams  # noqa: E402
 from megatron.core.transformer.dot_product_attention import DotProductAttention  # noqa: E402
+
+from megarl.models.packed_sequences import PackedLayout  # noqa: E402
+
+
+@dataclass
+class PackedSegments(PackedSeqParams):
+    """Megatron's packed-sequence parameters plus the segment plan the attention uses."""
+
+    layout: PackedLayout | None = None
+
+
+def packed_seq_params(layout: PackedLayout) -> PackedSegments:
+    """The THD parameters of one packed micro-batch: one ``cu_seqlens`` for queries and keys
+    (self-attention, no padding between segments)."""
+    return PackedSegments(
+        qkv_format="thd",
+        cu_seqlens_q=layout.cu_seqlens,
+        cu_seqlens_kv=layout.cu_seqlens,
+        max_seqlen_q=layout.longest,
+        max_seqlen_kv=layout.longest,
+        layout=layout,
+    )
 
 
 class SdpaAttention(DotProductAttention):
@@ -43,10 +76,10 @@ class SdpaAttention(DotProductAttention):
         unsupported = sorted(k for k, v in extra.items() if v is not None)
         if unsupported:
             raise NotImplementedError(f"SdpaAttention does not support {', '.join(unsupported)}")
-        if packed_seq_params is not None:
-            raise NotImplementedError("SdpaAttention does not support packed sequences (THD)")
         if attention_bias is not None:
             raise NotImplementedError("SdpaAttention does not support an attention bias")
+        if packed_seq_params is not None:
+            return self._packed(query, key, value, packed_seq_params)
         sq, b = query.shape[0], query.shape[1]
         q = query.permute(1, 2, 0, 3)  # [b, np, sq, hn]
         k = key.permute(1, 2, 0, 3)  # [b, ng, sk, hn]
@@ -67,3 +100,66 @@ class SdpaAttention(DotProductAttention):
             )
         # [b, np, sq, hn] -> [sq, b, np * hn]
         return out.permute(2, 0, 1, 3).reshape(sq, b, self.hidden_size_per_partition)
+
+    def _packed(
+        self,
+        query: torch.Tensor,  # [T, np, hn]
+        key: torch.Tensor,  # [T, ng, hn]
+        value: torch.Tensor,  # [T, ng, hn]
+        params: PackedSeqParams,
+    ) -> torch.Tensor:  # [T, np * hn]
+        layout = getattr(params, "layout", None)
+        if params.qkv_format != "thd" or layout is None:
+            raise NotImplementedError(
+                "SdpaAttention takes packed sequences only as megarl.models.attention.PackedSegments (thd)"
+            )
+        dropout = self.attention_dropout.p if self.training else 0.0
+        gqa = key.shape[1] != query.shape[1]
+        varlen = _varlen_call(query, self.softmax_scale) if dropout == 0.0 else None
+        if varlen is not None:
+            out = varlen(query, key, value, layout, gqa)  # [T, np, hn]
+            return out.reshape(out.shape[0], self.hidden_size_per_partition)
+        if len(layout.lengths) == 1:  # one segment: the plain causal case, no gather
+            o = F.scaled_dot_product_attention(*(x.permute(1, 0, 2)[None] for x in (query, key, value)),
+                                               is_causal=query.shape[0] > 1, dropout_p=dropout,
+                                               scale=self.softmax_scale, enable_gqa=gqa)  # fmt: skip  [1, np, T, hn]
+            return o[0].permute(1, 0, 2).reshape(query.shape[0], self.hidden_size_per_partition)
+        pieces = []
+        for group in layout.groups:
+            q, k, v = (x[group.gather].permute(0, 2, 1, 3) for x in (query, key, value))  # [n, heads, L, hn]
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=q.shape[2] > 1, dropout_p=dropout,
+                                               scale=self.softmax_scale, enable_gqa=gqa)  # fmt: skip
+            pieces.append(o.permute(0, 2, 1, 3).reshape(-1, self.hidden_size_per_partition)[group.real])  # [m, np * hn]
+        # Every packed position is some group's real token: one copy puts them all in place.
+        real = pieces[0] if len(pieces) == 1 else torch.cat(pieces)  # [T, np * hn], in group order
+        return real.new_empty(real.shape).index_copy(0, layout.scatter, real)
+
+
+def _varlen_call(query: torch.Tensor, scale: float | None):
+    """A function attending each packed segment causally through torch's flash varlen kernel,
+    or None where it cannot serve: not CUDA, not half precision, a torch without the kernel,
+    or one whose kernel takes no ``scale`` when the model's differs from the default. Its causal
+    switch changed between torch versions (``is_causal``, then a ``(-1, 0)`` window)."""
+    if not query.is_cuda or query.dtype not in (torch.float16, torch.bfloat16):
+        return None
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    import inspect
+
+    accepted = inspect.signature(varlen_attn).parameters
+    kwargs: dict = {"is_causal": True} if "is_causal" in accepted else {"window_size": (-1, 0)}
+    if "scale" in accepted:
+        kwargs["scale"] = scale
+    elif scale is not None and abs(scale - query.shape[-1] ** -0.5) > 1e-12:
+        return None
+
+    def attend(q, k, v, layout: PackedLayout, gqa: bool) -> torch.Tensor:  # [T, np, hn]
+        if gqa:  # not every kernel version takes fewer key heads: repeat them
+            reps = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(reps, dim=1), v.repeat_interleave(reps, dim=1)
+        cu = layout.cu_seqlens
+        return varlen_attn(q, k, v, cu, cu, layout.longest, layout.longest, **kwargs)
+
+    return attend

@@ -24,6 +24,18 @@ def make_batch(seed: int, rows: int = 6, prompt_width: int = 7, response_width: 
     plen = torch.randint(2, prompt_width + 1, (rows,), generator=g)
     rlen = torch.randint(1, response_width + 1, (rows,), generator=g)
     rlen[0] = response_width  # one full-width response
+    return batch_of_lengths(plen.tolist(), rlen.tolist(), g, vocab, prompt_width, response_width)
+
+
+def batch_of_lengths(
+    prompt_lengths: list[int], response_lengths: list[int], g: torch.Generator, vocab: int = 259,
+    prompt_width: int | None = None, response_width: int | None = None,
+) -> Batch:  # fmt: skip
+    """A batch whose rows have exactly these prompt and response lengths (random tokens from
+    ``g``, advantages too; row 1's first response token is masked out of the loss)."""
+    plen, rlen = torch.tensor(prompt_lengths), torch.tensor(response_lengths)
+    rows = len(plen)
+    prompt_width, response_width = prompt_width or int(plen.max()), response_width or int(rlen.max())
     prompt = torch.randint(0, vocab, (rows, prompt_width), generator=g)
     prompt_mask = (torch.arange(prompt_width)[None, :] >= prompt_width - plen[:, None]).long()
     prompt = prompt * prompt_mask

@@ -21,7 +21,7 @@ Conventions (identical for all workers):
   function returns a SUM and its count; Megatron adds the counts over micro-batches and DP
   ranks and divides the (summed, not averaged) DP gradient by that total once.
 - Only the real response tokens reach the output layer: a forward pre-hook on ``output_layer``
-  keeps the hidden states at the columns that predict them (``[S, b, h] -> [n, 1, h]``, see
+  keeps the hidden states at the positions that predict them (``[S, b, h] -> [n, 1, h]``, see
   :class:`ResponsePositions`). Prompt and padding positions never pay for the LM head.
 - The LM head's logits are never built whole: the policy's and reference's output layer hands
   the hidden states through (the last stage returns ``[1, n, h]``), and the log-prob head
@@ -38,7 +38,14 @@ each micro-batch's width is rounded up to a multiple of TP, Megatron splits the 
 the TP ranks between the tensor-parallel layers, and the position hook gathers it back before
 the output layer.
 
-Left out: virtual pipeline stages, context/expert parallelism, sequence packing.
+Packed micro-batches (``actor.pack_sequences``, the default): a micro-batch is one sequence
+``[1, T]`` of its rows end to end, handed to Megatron as THD with packed-sequence parameters
+(``megarl.models.attention.packed_seq_params``); the position hook's rows are then all 0 and
+its columns offsets into the packed sequence, so the heads work unchanged. Every DP replica
+runs as many micro-batches as the busiest (fillers with loss weight 0,
+``micro_batches.equal_counts``).
+
+Left out: virtual pipeline stages, context/expert parallelism.
 """
 
 from __future__ import annotations
@@ -54,8 +61,8 @@ import torch.distributed as dist
 from megarl.actors.megatron_runtime.logprobs import linear_logprobs
 from megarl.actors.megatron_runtime.micro_batches import (
     MicroBatch,
-    balanced_partition,
-    micro_batch_indices,
+    MicroBatching,
+    equal_counts,
     pack_micro_batch,
     sequence_lengths,
 )
@@ -167,22 +174,19 @@ class MegatronModel:
         return core.output_layer.weight
 
     # ---- forward only ---------------------------------------------------------------------
-    def forward_tokens(
-        self, batch: Batch, head: Head, *, micro_batch_size: int | None, max_tokens: int | None
-    ) -> TokenRows | None:
+    def forward_tokens(self, batch: Batch, head: Head, batching: MicroBatching) -> TokenRows | None:
         """Run ``batch`` forward-only (collective). The output rank of each DP replica (last
         pipeline stage, TP rank 0) returns the rows its replica computed, the others None."""
-        rows = self._replica_rows(batch)
-        micro = self._micro_batches(batch, rows, micro_batch_size, max_tokens)
         results: list[tuple[MicroBatch, dict[str, torch.Tensor]]] = []
 
         def loss_func(mb: MicroBatch, output: torch.Tensor):
-            results.append((mb, {k: v.detach() for k, v in head(mb, output).items()}))
+            if not mb.filler:
+                results.append((mb, {k: v.detach() for k, v in head(mb, output).items()}))
             return output.new_zeros(()), output.new_zeros((), dtype=torch.int), {}  # no host-to-device copy
 
         self.module.eval()
         with torch.no_grad():
-            self._run(batch, micro, loss_func, forward_only=True)
+            self._run(batch, batching, loss_func, forward_only=True)
         if not (self.info.is_last_stage and self.info.tp_rank == 0):
             return None
         names = list(results[0][1])
@@ -195,69 +199,62 @@ class MegatronModel:
         mini_batch: Batch,
         loss_head: Callable[[MicroBatch, torch.Tensor], tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]],
         metrics: MetricAccumulator,
-        *,
-        micro_batch_size: int | None,
-        max_tokens: int | None,
+        batching: MicroBatching,
     ) -> None:
         """Forward + backward of this replica's share of ``mini_batch``; grads are left in the
         DDP buffers, normalised by the global count. Each micro-batch's loss metrics are added
         to ``metrics`` on the device (this rank's share, last pipeline stage only; no host sync):
         :meth:`reduce_metrics` makes them the group's."""
-        rows = self._replica_rows(mini_batch)
-        micro = self._micro_batches(mini_batch, rows, micro_batch_size, max_tokens)
         counts = WholeCounts(self.info.device)
 
         def loss_func(mb: MicroBatch, output: torch.Tensor):
+            if mb.filler:  # a zero loss that still runs the backward every replica runs
+                return output.sum() * 0, counts.as_int(0), {}
             loss_sum, count, slice_metrics = loss_head(mb, output)
             metrics.add(slice_metrics)
             return loss_sum, counts.as_int(count), {}
 
         self.module.train()
-        self._run(mini_batch, micro, loss_func, forward_only=False)
+        self._run(mini_batch, batching, loss_func, forward_only=False)
         counts.check()
 
     # ---- internals ------------------------------------------------------------------------
-    def _replica_rows(self, batch: Batch) -> list[int]:
-        """Row indices of ``batch`` that this DP replica processes (balanced by token count)."""
-        if len(batch) < self.info.dp_size:
-            raise ValueError(
-                f"a batch of {len(batch)} samples cannot be spread over {self.info.dp_size} data-parallel "
-                f"ranks; use at least {self.info.dp_size} samples per mini-batch"
-            )
-        lengths = sequence_lengths(batch).tolist()
-        return balanced_partition(lengths, self.info.dp_size)[self.info.dp_rank]
+    def _micro_batches(self, batch: Batch, batching: MicroBatching) -> list[MicroBatch]:
+        """This DP replica's micro-batches of ``batch``, as many as the busiest replica's."""
+        replicas = batching.replica_groups(batch, self.info.dp_size)
+        groups, fillers = equal_counts(replicas, self.info.dp_rank, sequence_lengths(batch).tolist())
+        multiple = self.info.tp_size if self.tcfg.sequence_parallel else 1
+        return [
+            pack_micro_batch(batch, rows, self.info.device, multiple, packed=batching.packed,
+                             filler=k >= len(groups) - fillers)  # fmt: skip
+            for k, rows in enumerate(groups)
+        ]
 
-    @staticmethod
-    def _micro_batches(
-        batch: Batch, rows: list[int], micro_batch_size: int | None, max_tokens: int | None
-    ) -> list[list[int]]:
-        lengths = sequence_lengths(batch)[rows].tolist()
-        groups = micro_batch_indices(lengths, micro_batch_size=micro_batch_size, max_tokens=max_tokens)
-        return [[rows[i] for i in g] for g in groups]
-
-    def _run(self, batch: Batch, micro: list[list[int]], loss_func: Callable, *, forward_only: bool) -> None:
-        """Drive Megatron's schedule (1F1B under PP) over the ``micro`` row groups of ``batch``."""
+    def _run(self, batch: Batch, batching: MicroBatching, loss_func: Callable, *, forward_only: bool) -> None:
+        """Drive Megatron's schedule (1F1B under PP) over this replica's micro-batches of ``batch``."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        device = self.info.device
-        multiple = self.info.tp_size if self.tcfg.sequence_parallel else 1
-        packed = iter([pack_micro_batch(batch, rows, device, multiple) for rows in micro])
+        from megarl.models.attention import packed_seq_params
+
+        micro = self._micro_batches(batch, batching)
 
         def forward_step(data_iterator, model):
             mb = next(data_iterator)
             self.positions.rows, self.positions.columns = mb.token_rows, mb.token_columns
-            # Rows are left-aligned: plain causal attention (mask None) is exact.
-            output = model(input_ids=mb.tokens, position_ids=mb.position_ids, attention_mask=None)
+            # Padded rows are left-aligned: plain causal attention (mask None) is exact; packed
+            # rows are kept apart by the attention, told by the packed-sequence parameters.
+            params = None if mb.layout is None else packed_seq_params(mb.layout)
+            output = model(input_ids=mb.tokens, position_ids=mb.position_ids, attention_mask=None,
+                           packed_seq_params=params)  # fmt: skip
             return output, partial(loss_func, mb)
 
-        longest = max(int(sequence_lengths(batch)[rows].max()) for rows in micro)
         get_forward_backward_func()(
             forward_step_func=forward_step,
-            data_iterator=packed,
+            data_iterator=iter(micro),
             model=[self.module],
             num_microbatches=len(micro),
-            seq_length=longest,  # only a hint: variable_seq_lengths makes PP send shapes
-            micro_batch_size=max(len(rows) for rows in micro),
+            seq_length=max(mb.tokens.shape[1] for mb in micro),  # only a hint: variable_seq_lengths makes PP send shapes
+            micro_batch_size=max(mb.tokens.shape[0] for mb in micro),
             forward_only=forward_only,
         )
 
@@ -356,7 +353,7 @@ def response_logprobs(
     ``forward_tokens``), micro-batched as ``cfg`` says (the forward the policy and the
     reference share)."""
     head = token_logprob_head(model, temperature, with_entropy)
-    return model.forward_tokens(batch, head, micro_batch_size=cfg.micro_batch_size, max_tokens=cfg.max_tokens_per_gpu)
+    return model.forward_tokens(batch, head, MicroBatching.of(cfg))
 
 
 def token_logprob_head(

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from megarl.actors.megatron_runtime.micro_batches import MicroBatch
+from megarl.actors.megatron_runtime.micro_batches import MicroBatch, MicroBatching
 from megarl.actors.megatron_runtime.model import MegatronModel
 from megarl.actors.megatron_runtime.offload import (
     ModelStates,
@@ -130,9 +130,7 @@ class TrainableModel:
         self.model.module.zero_grad_buffer()
         self.optimizer.zero_grad()
         lr = self.schedule.apply(self.optimizer)
-        self.model.forward_backward(
-            mini, loss_head, metrics, micro_batch_size=self.cfg.micro_batch_size, max_tokens=self.cfg.max_tokens_per_gpu
-        )
+        self.model.forward_backward(mini, loss_head, metrics, MicroBatching.of(self.cfg))
         ok, grad_norm, _ = self.optimizer.step()
         self.schedule.advance()
         return float(grad_norm) if grad_norm is not None else float("nan"), bool(ok), lr

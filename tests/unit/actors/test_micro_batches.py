@@ -3,11 +3,14 @@
 import torch
 
 from megarl.actors.megatron_runtime.micro_batches import (
+    MicroBatching,
     balanced_partition,
+    equal_counts,
     micro_batch_indices,
     pack_micro_batch,
 )
 from megarl.data.batch import Batch
+from megarl.models.packed_sequences import PackedLayout, group_segments
 
 
 def _batch() -> Batch:
@@ -45,6 +48,16 @@ def test_micro_batches_by_count_and_by_tokens():
     assert micro_batch_indices([200, 5], max_tokens=100) == [[0], [1]]
 
 
+def test_packed_micro_batches_fill_the_budget_first_fit_decreasing():
+    lengths = [10, 50, 20, 40, 30]
+    # Longest first into the first group with room (budget 80): 50 -> g0; 40 -> g1 (90 > 80);
+    # 30 -> g0 (80); 20 -> g1 (60); 10 -> g1 (70). Padded, the same budget needs three.
+    assert micro_batch_indices(lengths, max_tokens=80, packed=True) == [[1, 4], [3, 2, 0]]
+    assert micro_batch_indices([200, 5], max_tokens=100, packed=True) == [[0], [1]]
+    # A fixed number of rows is the same cut either way.
+    assert micro_batch_indices(lengths, micro_batch_size=2, packed=True) == [[1, 3], [4, 2], [0]]
+
+
 def test_pack_left_aligns_rows_and_points_at_predicting_columns():
     mb = pack_micro_batch(_batch(), [1, 0])
     assert mb.tokens.tolist() == [[4, 5, 6, 1, 0], [5, 6, 7, 8, 9]]
@@ -57,3 +70,52 @@ def test_pack_left_aligns_rows_and_points_at_predicting_columns():
     assert mb.position_ids.tolist() == [list(range(5))] * 2
     assert mb.batch.group_id.tolist() == [1, 0]
 
+
+
+def test_packed_layout_restarts_positions_and_points_at_predicting_columns():
+    # Batch rows 1 then 0: [4, 5, 6 | 1] (4 tokens) then [5, 6 | 7, 8, 9] (5 tokens); T = 9,
+    # rounded up to 10 by a padding segment of one token.
+    mb = pack_micro_batch(_batch(), [1, 0], width_multiple=2, packed=True)
+    assert mb.tokens.tolist() == [[4, 5, 6, 1, 5, 6, 7, 8, 9, 0]]
+    assert mb.position_ids.tolist() == [[0, 1, 2, 3, 0, 1, 2, 3, 4, 0]]
+    assert mb.layout.lengths == (4, 5, 1)
+    assert mb.layout.cu_seqlens.tolist() == [0, 4, 9, 10]
+    assert mb.token_rows.tolist() == [0, 0, 0, 0]
+    # Row 0's response token is predicted at column 2; row 1's at 4 + (2 - 1) + t.
+    assert mb.token_columns.tolist() == [2, 5, 6, 7]
+    assert mb.token_index.tolist() == [0, 3, 4, 5]
+    assert mb.token_targets().tolist() == [1, 7, 8, 9]
+    assert mb.tokens[0, mb.token_columns + 1].tolist() == mb.token_targets().tolist()
+
+
+def test_segment_groups_bound_the_attention_padding():
+    # 100 alone: with 50 the call would cost 2 x 100^2 > 1.5 x (100^2 + 50^2). 50, 48, 45 and 3
+    # share one (4 x 50^2 <= 1.5 x (50^2 + 48^2 + 45^2 + 3^2)).
+    assert group_segments([50, 100, 48, 45, 3]) == [[1], [0, 2, 3, 4]]
+    assert group_segments([100, 10]) == [[0], [1]]
+    # Segments of 3, 1 and 2 tokens at 0, 3 and 4: 3 and 2 share [n=2, L=3] (2 x 9 <= 1.5 x 13),
+    # 1 would make it 27 > 1.5 x 14, so it goes alone.
+    layout = PackedLayout.build([3, 1, 2])
+    pair, single = layout.groups
+    assert pair.gather.tolist() == [[0, 1, 2], [4, 5, 5]]  # past its end, a segment repeats its last token
+    assert pair.scatter.tolist() == [0, 1, 2, 4, 5]  # the padded step is dropped
+    assert pair.gather.flatten()[pair.real].tolist() == pair.scatter.tolist()
+    assert single.gather.tolist() == [[3]]
+    assert layout.scatter.tolist() == [0, 1, 2, 4, 5, 3]
+
+
+def test_replicas_run_equal_micro_batch_counts():
+    batch = Batch(
+        prompt_ids=torch.ones(4, 2, dtype=torch.long),
+        prompt_mask=torch.ones(4, 2, dtype=torch.long),
+        response_ids=torch.ones(4, 30, dtype=torch.long),
+        response_lengths=torch.tensor([30, 30, 30, 1]),
+        response_mask=torch.ones(4, 30),
+        group_id=torch.arange(4),
+    )
+    replicas = MicroBatching(None, 40, True).replica_groups(batch, 2)
+    assert replicas == [[[0], [2]], [[1, 3]]]
+    lengths = [32, 32, 32, 3]
+    assert equal_counts(replicas, 0, lengths) == ([[0], [2]], 0)
+    # Replica 1 runs its shortest row again, as a filler, to match replica 0's two micro-batches.
+    assert equal_counts(replicas, 1, lengths) == ([[1, 3], [3]], 1)
