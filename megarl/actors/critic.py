@@ -42,10 +42,12 @@ class CriticWorker(TrainedWorker):
         seed: int = 1,
         *,
         total_optimizer_steps: int | None = None,
+        layer_spec: str = "local",
     ) -> None:
         self.cfg = critic_cfg
         self.dtype = dtype if isinstance(dtype, torch.dtype) else dtype_of(dtype)
-        self.model = MegatronModel.build(str(model_path), critic_cfg, self.dtype, seed, value_head=True)
+        self.model = MegatronModel.build(str(model_path), critic_cfg, self.dtype, seed, value_head=True,
+                                         layer_spec=layer_spec)  # fmt: skip
         self.trainer = TrainableModel(self.model, critic_cfg, self.dtype, total_optimizer_steps, role="critic")
 
     @property

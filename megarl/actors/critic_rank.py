@@ -19,7 +19,8 @@ class CriticRank(TrainedRank):
     def __init__(self, cfg: MegaRLConfig, total_optimizer_steps: int) -> None:
         self.cfg = cfg
         path = cfg.critic.path or cfg.model.path
-        self.worker = CriticWorker(path, cfg.critic, cfg.model.dtype, cfg.trainer.seed, total_optimizer_steps=total_optimizer_steps)
+        self.worker = CriticWorker(path, cfg.critic, cfg.model.dtype, cfg.trainer.seed, total_optimizer_steps=total_optimizer_steps,
+                                   layer_spec=cfg.model.layer_spec)  # fmt: skip
         self.info = self.worker.info
         self.loss_fn = make_value_loss_fn(cfg.algorithm, cfg.rollout.sampling.max_new_tokens)
 

@@ -51,12 +51,14 @@ class PolicyWorker(TrainedWorker):
         seed: int = 1,
         *,
         total_optimizer_steps: int | None = None,
+        layer_spec: str = "local",
     ) -> None:
         """Build this rank's shard from the HF directory ``model_path``, wrap it in DDP and make
-        the optimizer. ``total_optimizer_steps`` is the decay horizon of a linear/cosine schedule."""
+        the optimizer. ``total_optimizer_steps`` is the decay horizon of a linear/cosine schedule;
+        ``layer_spec`` is ``model.layer_spec``."""
         self.cfg = actor_cfg
         self.dtype = dtype if isinstance(dtype, torch.dtype) else dtype_of(dtype)
-        self.model = MegatronModel.build(str(model_path), actor_cfg, self.dtype, seed)
+        self.model = MegatronModel.build(str(model_path), actor_cfg, self.dtype, seed, layer_spec=layer_spec)
         self.trainer = TrainableModel(self.model, actor_cfg, self.dtype, total_optimizer_steps, role="actor")
         # Each push's export against the parameters (the weight stream observes, push_weights judges).
         self.export_check = ExportCheck(self.model.bridge, self.model.core)

@@ -34,9 +34,11 @@ class PolicyRank(TrainedRank):
         path means nothing to a process on another node, nor to an SGLang server)."""
         self.cfg = cfg
         path, dtype, seed = cfg.model.path, cfg.model.dtype, cfg.trainer.seed
-        self.worker = self.policy = PolicyWorker(path, cfg.actor, dtype, seed, total_optimizer_steps=total_optimizer_steps)
+        spec = cfg.model.layer_spec
+        self.worker = self.policy = PolicyWorker(path, cfg.actor, dtype, seed, total_optimizer_steps=total_optimizer_steps,
+                                                 layer_spec=spec)  # fmt: skip
         self.info = self.policy.info
-        self.reference = ReferenceWorker(path, cfg.actor, dtype, seed) if cfg.reference_enabled else None
+        self.reference = ReferenceWorker(path, cfg.actor, dtype, seed, layer_spec=spec) if cfg.reference_enabled else None
         self.engine = None
         if cfg.rollout.engine == "torch" and self.info.is_replica_leader:
             from megarl.rollout.torch_engine import TorchEngine

@@ -29,11 +29,14 @@ class ReferenceWorker:
         actor_cfg: ActorConfig,
         dtype: str | torch.dtype = "bfloat16",
         seed: int = 1,
+        *,
+        layer_spec: str = "local",
     ) -> None:
-        """``actor_cfg`` gives the layout and micro-batching (the policy's)."""
+        """``actor_cfg`` gives the layout and micro-batching (the policy's); ``layer_spec`` is
+        ``model.layer_spec``."""
         self.cfg = actor_cfg
         self.dtype = dtype if isinstance(dtype, torch.dtype) else dtype_of(dtype)
-        self.model = MegatronModel.build(str(model_path), actor_cfg, self.dtype, seed)
+        self.model = MegatronModel.build(str(model_path), actor_cfg, self.dtype, seed, layer_spec=layer_spec)
         for p in self.model.module.parameters():
             p.requires_grad_(False)
         self.model.module.eval()

@@ -241,14 +241,14 @@ def _megatron_core() -> Check:
 
 
 def _transformer_engine() -> Check:
-    # megarl always builds Megatron's local layer spec (the TE spec is not supported, see
-    # docs/architecture.md "Scope"); TE only changes which Adam Megatron builds.
+    # TE changes which Adam Megatron builds, and makes model.layer_spec te (or auto on CUDA) possible.
     found = _version("transformer-engine") or _version("transformer-engine-torch")
     if found and importlib.util.find_spec("transformer_engine") is not None:
-        return Check("transformer-engine", True, found, "Megatron's optimizer is TE's FusedAdam (layer spec: local)")
+        return Check("transformer-engine", True, found, "Megatron's optimizer is TE's FusedAdam; model.layer_spec "
+                     "te (or auto) builds TE's layers on CUDA")  # fmt: skip
     return Check("transformer-engine", False, None, "not installed",
-                 "no TE FusedAdam: Megatron uses apex's or torch's Adam (same results); megarl uses the local "
-                 f"layer spec either way; for TE: pip install '{_requirement('transformer-engine')}'")  # fmt: skip
+                 "no TE FusedAdam: Megatron uses apex's or torch's Adam (same results); model.layer_spec te is "
+                 f"refused (local runs); for TE: pip install '{_requirement('transformer-engine')}'")  # fmt: skip
 
 
 def _apex() -> Check:

@@ -225,6 +225,9 @@ def _check_scope(cfg: MegaRLConfig, arch: ArchSpec, issues: list[Issue], *, sft:
         issues.append(Issue("model", f"{arch.name} is a mixture-of-experts model ({arch.num_experts} experts); MoE is not supported yet"))
     if arch.model_type not in ("llama", "qwen2", "qwen3"):
         issues.append(Issue("model", f"model_type {arch.model_type!r} has no bridge; supported: llama, qwen2, qwen3"))
+    if cfg.model.layer_spec == "te" and cfg.cluster.device == "cpu":
+        issues.append(Issue("model.layer_spec", "(te) needs CUDA and cluster.device is cpu: transformer-engine "
+                            "does not run on CPU; use auto or local"))
     if not sft and cfg.rollout.engine == "sglang" and cfg.cluster.device == "cpu" and cfg.cluster.placement != "disaggregated":
         issues.append(Issue("cluster.placement", "SGLang on cpu runs as a server of its own (its CPU engine cannot release "
                             "memory): set cluster.placement=disaggregated and cluster.rollout_gpus, or rollout.engine=torch"))

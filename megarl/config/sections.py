@@ -47,6 +47,13 @@ class ModelConfig(Section):
     dtype: Literal["bfloat16", "float16", "float32"] = Field(
         "bfloat16", description="Parameter and activation dtype for training and rollout."
     )
+    layer_spec: Literal["auto", "te", "local"] = Field(
+        "local",
+        description="Modules of the Megatron layers: local = Megatron's plain-torch modules with torch's SDPA "
+        "attention (runs anywhere); te = transformer-engine's (norms fused into the next linear layer, TE's fused "
+        "attention; CUDA only; not yet run on a GPU by megarl's tests, hence not the default); auto = te on CUDA "
+        "where transformer-engine is installed, else local.",
+    )
 
     @model_validator(mode="after")
     def _path_or_arch(self) -> ModelConfig:

@@ -80,7 +80,8 @@ class ModelBridge:
     def transformer_config(self, hf_config: Any, parallel: Any, dtype: torch.dtype, recompute: str = "none"):
         raise NotImplementedError
 
-    def build_model(self, hf_config: Any, transformer_config: Any, *, pre_process: bool, post_process: bool, value_head: bool = False):
+    def build_model(self, hf_config: Any, transformer_config: Any, *, pre_process: bool, post_process: bool,
+                    value_head: bool = False, spec: str = "local"):  # fmt: skip
         raise NotImplementedError
 
     def vocab_size(self, hf_config: Any) -> int:

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from megarl.models.bridge import HF_CONFIG_ATTR, ModelBridge, register_bridge
+from megarl.models.layer_specs import LayerSpec, local_suffix
 from megarl.models.layouts import VALUE_HEAD_HF_NAME, ParamRule
 from megarl.models.norm import RMSNorm, current_device
 from megarl.models.placement import check_placement
@@ -158,44 +159,55 @@ class DenseDecoderBridge(ModelBridge):
         return -(-vocab // multiple) * multiple
 
     # ---- model ---------------------------------------------------------------------------
-    def layer_spec(self):
-        """One decoder layer: Megatron's local spec with SDPA core attention and megarl's
-        RMSNorm (params_dtype, current device) in every norm slot, q/k norms included."""
+    def layer_spec(self, spec: LayerSpec = "local"):
+        """One decoder layer. ``local``: Megatron's local spec with SDPA core attention and
+        megarl's RMSNorm (params_dtype, current device) in every norm slot, q/k norms included.
+        ``te``: Megatron's transformer-engine spec (the input and pre-MLP norms fused into
+        ``linear_qkv`` / ``linear_fc1``, TE's attention; ``megarl.models.layer_specs``)."""
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
         from megarl.models.attention import SdpaAttention
 
-        spec = copy.deepcopy(get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=self.qk_norm))
-        spec.submodules.input_layernorm = RMSNorm
-        spec.submodules.pre_mlp_layernorm = RMSNorm
-        attention = spec.submodules.self_attention.submodules
+        if spec == "te":
+            from megatron.core.models.gpt.gpt_layer_specs import (
+                get_gpt_layer_with_transformer_engine_spec,
+            )
+
+            return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=self.qk_norm)
+
+        layer = copy.deepcopy(get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=self.qk_norm))
+        layer.submodules.input_layernorm = RMSNorm
+        layer.submodules.pre_mlp_layernorm = RMSNorm
+        attention = layer.submodules.self_attention.submodules
         attention.core_attention = SdpaAttention
         if self.qk_norm:
             attention.q_layernorm = RMSNorm
             attention.k_layernorm = RMSNorm
-        return spec
+        return layer
 
-    def block_spec(self, transformer_config: Any):
+    def block_spec(self, transformer_config: Any, spec: LayerSpec = "local"):
         """This pipeline stage's decoder block: its layers and the final norm. Given a layer spec
         alone, Megatron picks the final norm from what is installed (TE's, apex's or torch's);
-        naming it here keeps it megarl's RMSNorm everywhere."""
+        naming it here keeps it megarl's RMSNorm everywhere (under both specs)."""
         from megatron.core.transformer.transformer_block import (
             TransformerBlockSubmodules,
             get_num_layers_to_build,
         )
 
         layers = get_num_layers_to_build(transformer_config)
-        return TransformerBlockSubmodules(layer_specs=[self.layer_spec()] * layers, layer_norm=RMSNorm)
+        return TransformerBlockSubmodules(layer_specs=[self.layer_spec(spec)] * layers, layer_norm=RMSNorm)
 
-    def build_model(self, hf_config: Any, transformer_config: Any, *, pre_process: bool, post_process: bool, value_head: bool = False):
-        """This rank's GPTModel stage (random init; call :meth:`load_hf_weights` next)."""
+    def build_model(self, hf_config: Any, transformer_config: Any, *, pre_process: bool, post_process: bool,
+                    value_head: bool = False, spec: LayerSpec = "local"):  # fmt: skip
+        """This rank's GPTModel stage (random init; call :meth:`load_hf_weights` next), its
+        layers of ``spec`` (``megarl.models.layer_specs.resolve_layer_spec``)."""
         from megatron.core.models.gpt import GPTModel
 
         rope = read_rope(hf_config)
         tied = bool(getattr(hf_config, "tie_word_embeddings", False)) and not value_head
         model = GPTModel(
             config=transformer_config,
-            transformer_layer_spec=self.block_spec(transformer_config),
+            transformer_layer_spec=self.block_spec(transformer_config, spec),
             vocab_size=self.padded_vocab_size(hf_config, transformer_config.tensor_model_parallel_size),
             max_sequence_length=hf_config.max_position_embeddings,
             pre_process=pre_process,
@@ -268,10 +280,11 @@ class DenseDecoderBridge(ModelBridge):
                 return ParamRule(megatron_name, ("model.embed_tokens.weight",), "vocab", export=False)
             return ParamRule(megatron_name, ("lm_head.weight",), "vocab")
         m = _LAYER_NAME.match(megatron_name)
-        if m is None or m.group(2) not in self._layer_suffixes():
+        suffix = local_suffix(m.group(2)) if m else None  # TE's fused-norm names are the local norms' weights
+        if suffix not in self._layer_suffixes():
             raise KeyError(megatron_name)
         layer = model.decoder.layers[int(m.group(1))].layer_number - 1  # global, 0-based
-        hf, layout = _LAYER_RULES[m.group(2)]
+        hf, layout = _LAYER_RULES[suffix]
         return ParamRule(megatron_name, tuple(f"model.layers.{layer}.{s}" for s in hf), layout)  # type: ignore[arg-type]
 
 

@@ -139,6 +139,25 @@ def _fingerprint_check(bridge, model, file_tensors: dict[str, torch.Tensor]) -> 
     return {"file": mismatches(file_tensors), "scaled": [m.split(":")[0] for m in scaled]}
 
 
+def _te_names_check(bridge, hf_config, model) -> dict:
+    """Under the TE spec the input and pre-MLP norms are weights of linear_qkv / linear_fc1: each
+    such name must map to the HF tensor and layout of the local norm it replaces. Returns the
+    names compared and those that differ (TE cannot be built here; the names can)."""
+    from megarl.models.layer_specs import TE_NAMES
+
+    compared, differ = 0, []
+    for name, _ in model.named_parameters():
+        for te, local in TE_NAMES.items():
+            if name.endswith("." + local):
+                te_name = name[: -len(local)] + te
+                a, b = bridge.param_rule(hf_config, model, name), bridge.param_rule(hf_config, model, te_name)
+                compared += 1
+                if (a.hf, a.layout) != (b.hf, b.layout) or b.megatron != te_name:
+                    differ.append(te_name)
+    # Two fused norms per layer of this stage.
+    return {"compared": compared, "expected": 2 * len(model.decoder.layers), "differ": differ}
+
+
 def _tp_logits(model, ids, valid) -> torch.Tensor:
     from pipeline_oracle import gpt_inputs
 
@@ -165,6 +184,7 @@ def _tp2_worker(rank: int, world: int, dirs: dict[str, str]) -> dict:
             "padded_vocab": logits.shape[-1],
             "max_diff": (logits[..., :vocab] - ref)[valid].abs().max().item(),
             "export": _export_check(bridge, model, path),
+            "te_names": _te_names_check(bridge, hf_config, model),
             "seconds": time.perf_counter() - t0,
         }
     out["critic"] = _critic_check(dirs["qwen2"])
@@ -348,6 +368,9 @@ def _assert_arch_results(results: list[dict]) -> None:
             assert r["export"]["names_equal"], arch
             assert r["export"]["unequal"] == [], (arch, r["export"]["unequal"])
             assert r["export"]["fingerprint"] == {"file": [], "scaled": ["model.layers.0.mlp.down_proj.weight"]}, arch
+            if "te_names" in r:
+                te = r["te_names"]
+                assert te["compared"] == te["expected"] > 0 and te["differ"] == [], (arch, te)
 
 
 def test_bridges_tp2(model_dirs):

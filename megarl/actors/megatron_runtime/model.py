@@ -128,10 +128,12 @@ class MegatronModel:
         *,
         value_head: bool = False,
         progress: Callable[[int, int], None] | None = None,
+        layer_spec: str = "local",
     ) -> MegatronModel:
         """Build this rank's shard through the bridge and load the weights of ``hf_path`` into it:
         an HF directory (``progress(done, total)`` after each parameter), or a model checkpoint of
-        `megarl convert hf-to-megatron`."""
+        `megarl convert hf-to-megatron`. ``layer_spec`` is ``model.layer_spec``
+        (``megarl.models.layer_specs``)."""
         from transformers import AutoConfig
 
         from megarl.models.mcore_version import require_megatron_core
@@ -139,6 +141,7 @@ class MegatronModel:
         require_megatron_core()  # before the first megatron import: a one-line error, not a deep one
         from megarl.checkpoint.model_checkpoint import is_model_checkpoint, load_model_weights
         from megarl.models.bridge import get_bridge
+        from megarl.models.layer_specs import resolve_layer_spec
 
         info = ensure_parallel(cfg.parallel, seed)
         hf_config = AutoConfig.from_pretrained(hf_path)
@@ -146,7 +149,8 @@ class MegatronModel:
         tcfg = bridge.transformer_config(hf_config, cfg.parallel, dtype, cfg.recompute)
         _configure_schedule(tcfg, dtype)
         module = bridge.build_model(
-            hf_config, tcfg, pre_process=info.is_first_stage, post_process=info.is_last_stage, value_head=value_head
+            hf_config, tcfg, pre_process=info.is_first_stage, post_process=info.is_last_stage, value_head=value_head,
+            spec=resolve_layer_spec(layer_spec, torch.device(info.device).type),
         )
         if is_model_checkpoint(hf_path):  # `megarl convert hf-to-megatron` output, any layout
             load_model_weights(module, hf_path)
