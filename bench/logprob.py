@@ -34,15 +34,20 @@ RESULTS = Path(__file__).parent / "results" / "logprob.json"
 def machine() -> dict:
     return describe()  # bench/machine.py
 
-def build_model(out: Path, layers: int, hidden: int, heads: int, kv_heads: int, vocab: int) -> Path:
+def build_model(out: Path, layers: int, hidden: int, heads: int, kv_heads: int, vocab: int, *,
+                ffn: int | None = None, head_dim: int | None = None, max_positions: int = 2048) -> Path:  # fmt: skip
+    """A random-init Qwen2-shaped HF model in ``out`` (FFN ``hidden x 11/4`` and head size
+    ``hidden / heads`` unless given)."""
     from transformers import AutoModelForCausalLM
 
     from megarl.models.tiny import tiny_hf_config
 
     cfg = tiny_hf_config(
         "qwen2", vocab_size=vocab, hidden_size=hidden, num_layers=layers, num_heads=heads,
-        num_kv_heads=kv_heads, ffn_hidden_size=hidden * 11 // 4, max_position_embeddings=2048,
+        num_kv_heads=kv_heads, ffn_hidden_size=ffn or hidden * 11 // 4, max_position_embeddings=max_positions,
     )
+    if head_dim is not None:
+        cfg.head_dim = head_dim
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(out)
     return out
