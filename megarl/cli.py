@@ -52,6 +52,7 @@ USER_ERRORS = (
     ("megarl.rewards.scorer", "RewardError"),
     ("megarl.actors.ray_groups.worker_group", "WorkerError"),
     ("megarl.trainer.watchdog", "HangError"),
+    ("megarl.rollout.push_progress", "WeightPushTimeout"),
 )
 
 

@@ -91,7 +91,13 @@ class TrainedClient:
 
 
 class PolicyClient(TrainedClient):
-    """The policy group (PolicyRank): policy, reference and the torch engines live there."""
+    """The policy group (PolicyRank): policy, reference and the torch engines live there.
+    ``push_timeout_s``: the deadline of one weight push (rollout.weight_sync.timeout_s; None: no
+    deadline, and none in an InProcessGroup, which cannot interrupt its own call)."""
+
+    def __init__(self, group: Group, push_timeout_s: float | None = None) -> None:
+        super().__init__(group)
+        self.push_timeout_s = push_timeout_s
 
     def layouts(self) -> list[RankLayout]:
         return [RankLayout(**lay) for lay in self.group.call("layout")]
@@ -109,8 +115,18 @@ class PolicyClient(TrainedClient):
         return _first(self.group.call("update", batch, temperature))
 
     def push_weights(self, version: int) -> dict[str, float]:
-        """Send the current weights to the engines through the connected transport."""
-        return _first(self.group.call("push_weights", version))
+        """Send the current weights to the engines through the connected transport. A push that
+        misses its deadline raises WeightPushTimeout naming the rank(s) it waited for."""
+        call_within = getattr(self.group, "call_within", None)
+        if self.push_timeout_s is None or call_within is None:
+            return _first(self.group.call("push_weights", version))
+        from megarl.actors.ray_groups.worker_group import CallTimeout
+        from megarl.rollout.push_progress import late_push
+
+        try:
+            return _first(call_within(self.push_timeout_s, "push_weights", version))
+        except CallTimeout:
+            raise late_push(version, self.push_timeout_s, self.group) from None
 
     def connect_engines(self, engines: Any) -> None:
         """(Re)connect every rank's transport to the engines (after start and each restart)."""

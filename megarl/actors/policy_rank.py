@@ -21,6 +21,7 @@ from megarl.algos.losses import make_policy_loss_fn
 from megarl.config.sections import MegaRLConfig
 from megarl.data.batch import Batch, TokenRows
 from megarl.rollout.engine import GenerationResult, SamplingParams
+from megarl.rollout.push_progress import PushProgress
 from megarl.rollout.transports import build_transport
 
 
@@ -46,8 +47,10 @@ class PolicyRank(TrainedRank):
             device = f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
             self.engine = TorchEngine(path, device=device, dtype=dtype, max_running_requests=cfg.rollout.max_running_requests)
         ws = cfg.rollout.weight_sync
+        self.push_progress = PushProgress()  # where this rank is in a push, for the driver's deadline report
         self.transport = build_transport(cfg.weight_transport, self.policy, bucket_mb=ws.bucket_mb, local_engine=self.engine,
-                                         disk_dir=weight_dir or cfg.weight_disk_dir, hf_dir=path)  # fmt: skip
+                                         disk_dir=weight_dir or cfg.weight_disk_dir, hf_dir=path,
+                                         progress=self.push_progress)  # fmt: skip
         self.loss_fn = make_policy_loss_fn(cfg.algorithm, cfg.rollout.sampling.max_new_tokens)
         self._profiler: Any = None
 
@@ -89,12 +92,16 @@ class PolicyRank(TrainedRank):
         """Push, then check what was exported against the parameters. Every rank meets in the
         verdict, also when its own push failed, so all ranks raise or none (no rank is left
         waiting in a collective the others never reach)."""
+        self.push_progress.start(version)
         try:
             metrics = self.transport.push(version)
         except Exception as exc:
+            self.push_progress.mark(version, "checking the export (after a failed push)")
             self.policy.export_check.verdict(version, failure=exc)
             raise
+        self.push_progress.mark(version, "checking the export")
         self.policy.export_check.verdict(version)
+        self.push_progress.mark(version, "done")
         return metrics
 
     def parameter_checksum(self) -> float:

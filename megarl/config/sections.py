@@ -142,6 +142,12 @@ class WeightSyncConfig(Section):
         None, description="Directory of the disk transport (on a filesystem every engine reads); None = <output_dir>/weights."
     )
     bucket_mb: int = Field(512, ge=1, description="Size of one weight-transfer bucket in MiB.")
+    timeout_s: float = Field(
+        600.0, ge=0,
+        description="Deadline of one weight push (export, transfer, engine requests). When it passes, every policy "
+        "rank writes its Python stacks to its log and the run stops, naming the rank(s) the push waited for and "
+        "where each rank was; 0 = no deadline (trainer.hang_timeout_s still applies).",
+    )
     check_logprobs: bool = Field(
         True,
         description="After each push, the engines generate short responses to a few of the run's prompts and the "

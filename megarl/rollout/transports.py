@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from megarl.rollout.engine import RolloutEngine
+from megarl.rollout.push_progress import PushProgress
 from megarl.rollout.weight_stream import WeightStream
 
 
@@ -170,14 +171,17 @@ def _save_bucket(tensors: Sequence[tuple[str, Any]], path: Path) -> None:
 
 
 def build_transport(name: str, policy: Any, *, bucket_mb: float, local_engine: Any = None,
-                    disk_dir: str | Path | None = None, hf_dir: str | None = None) -> WeightTransport:  # fmt: skip
+                    disk_dir: str | Path | None = None, hf_dir: str | None = None,
+                    progress: PushProgress | None = None) -> WeightTransport:  # fmt: skip
     """The transport ``name`` (``rollout.weight_sync.transport``, resolved) for one policy rank.
 
     ``policy``: the rank's PolicyWorker (``info`` and ``export_weights``); ``local_engine``:
-    the torch engine of this rank (replica leaders), else None.
+    the torch engine of this rank (replica leaders), else None; ``progress``: where the stream
+    notes each bucket (megarl/rollout/push_progress.py).
     """
     info = policy.info
-    stream = WeightStream(policy.export_weights, bucket_mb, observe=partial(policy.export_check.observe, gather_pp=True))
+    stream = WeightStream(policy.export_weights, bucket_mb, observe=partial(policy.export_check.observe, gather_pp=True),
+                          progress=progress)  # fmt: skip
     own = [local_engine] if local_engine is not None else []
     if name == "in_process":
         return InProcessTransport(stream, own)
@@ -193,7 +197,7 @@ def build_transport(name: str, policy: Any, *, bucket_mb: float, local_engine: A
 
         return SGLangTensorTransport(stream, rank=info.rank)
     if name == "distributed":
-        return _distributed(policy, bucket_mb)
+        return _distributed(policy, bucket_mb, progress)
     raise ValueError(f"rollout.weight_sync.transport {name!r} is not one of in_process, disk, tensor, distributed")
 
 
@@ -206,7 +210,7 @@ def _sglang_writer_engines(writer: bool) -> Callable[[Any], Sequence[Any]]:
     return engines_of
 
 
-def _distributed(policy: Any, bucket_mb: float) -> WeightTransport:
+def _distributed(policy: Any, bucket_mb: float, progress: PushProgress | None) -> WeightTransport:
     """One group per pipeline stage: each stage exports only its own tensors (no cross-stage
     broadcast) and its DP=0/TP=0 rank sends them; rank 0 drives pause / flush / versions."""
     import torch
@@ -215,7 +219,7 @@ def _distributed(policy: Any, bucket_mb: float) -> WeightTransport:
 
     info = policy.info
     stream = WeightStream(lambda: policy.export_weights(gather_pp=False), bucket_mb,
-                          observe=partial(policy.export_check.observe, gather_pp=False))
+                          observe=partial(policy.export_check.observe, gather_pp=False), progress=progress)
     sender = info.tp_rank == 0 and info.dp_rank == 0
     role = StageRole(pp_size=info.pp_size, stages=(info.pp_rank,), sender_stages=(info.pp_rank,) if sender else (),
                      coordinator=info.rank == 0)  # fmt: skip

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from megarl.rollout.engine import WeightBucket
+from megarl.rollout.push_progress import PushProgress
 
 
 def tensor_bytes(t: torch.Tensor) -> int:
@@ -38,13 +39,15 @@ class WeightStream:
     ``peak_bytes`` (after a push) is the most exported bytes the stream held at once.
     """
 
-    def __init__(self, export_fn: ExportFn, bucket_mb: float, observe: Callable[[], Any] | None = None) -> None:
+    def __init__(self, export_fn: ExportFn, bucket_mb: float, observe: Callable[[], Any] | None = None,
+                 progress: PushProgress | None = None) -> None:  # fmt: skip
         if bucket_mb <= 0:
             raise ValueError(f"rollout.weight_sync.bucket_mb ({bucket_mb}) must be > 0")
         self.export_fn = export_fn
         # observe() -> an Observation (megarl/models/fingerprint.py) of each push's tensors, or None
         self.observe = observe
         self.bucket_bytes = int(bucket_mb * MIB)
+        self.progress = progress or PushProgress(rank_log="")  # "": notes nothing
         self.peak_bytes = 0
         self.pushed_bytes = self.pushed_buckets = 0  # of the last push, for its metrics
 
@@ -54,6 +57,7 @@ class WeightStream:
         pending: list[tuple[str, torch.Tensor]] = []
         pending_bytes = 0
         seen = self.observe() if self.observe is not None else None
+        self.progress.mark(version, "exporting bucket 1 (TP gather, PP collect, HF conversion)")
         for name, tensor in self.export_fn():
             if seen is not None:
                 seen.add(name, tensor)
@@ -61,8 +65,10 @@ class WeightStream:
             self.peak_bytes = max(self.peak_bytes, pending_bytes + size)
             if pending and pending_bytes + size > self.bucket_bytes:
                 full, pending, pending_bytes = pending, [], 0
+                self.progress.mark(version, f"sending bucket {self.pushed_buckets + 1}")
                 yield self._counted(WeightBucket(full, version, last=False))
                 del full  # the consumer is done with it: hold one bucket at a time
+                self.progress.mark(version, f"exporting bucket {self.pushed_buckets + 1}")
             pending.append((name, tensor))
             pending_bytes += size
             del tensor
@@ -70,7 +76,9 @@ class WeightStream:
             raise RuntimeError("the weight export yielded no tensors; is export_fn the policy's exporter?")
         if seen is not None:
             seen.finish()  # before the last bucket goes: a consumer may stop right after it
+        self.progress.mark(version, f"sending bucket {self.pushed_buckets + 1} (the last)")
         yield self._counted(WeightBucket(pending, version, last=True))
+        self.progress.mark(version, "bucket stream finished (engine requests, version check)")
 
     def _counted(self, bucket: WeightBucket) -> WeightBucket:
         self.pushed_bytes += bucket.nbytes

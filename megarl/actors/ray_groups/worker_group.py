@@ -55,6 +55,7 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from megarl.actors.ray_groups.placement import PlacedRole, RolePlacement, place_roles
+from megarl.rollout.push_progress import RANK_LOG_ENV
 
 LOG_TAIL_LINES = 40
 STACK_SIGNAL = signal.SIGUSR1  # faulthandler in every rank: write all threads' stacks to the log
@@ -75,6 +76,15 @@ class WorkerError(RuntimeError):
         self.role = role
         self.rank = rank
         self.summary = summary or message.splitlines()[0]
+
+
+class CallTimeout(WorkerError):
+    """A call did not finish on every rank within its deadline; ``waiting`` lists the ranks that
+    had not answered."""
+
+    def __init__(self, message: str, role: str, waiting: list[int]):
+        super().__init__(message, role, waiting[0])
+        self.waiting = waiting
 
 
 @dataclass(frozen=True)
@@ -266,6 +276,7 @@ class WorkerGroup:
                 "MASTER_ADDR": master_addr,
                 "MASTER_PORT": str(master_port),
                 "MEGARL_ROLE": self.role,
+                RANK_LOG_ENV: str(self.log_paths[rank]),  # megarl/rollout/push_progress.py writes beside it
             }
             threads = self.options.omp_threads or (1 if gpus == 0 else None)
             if threads is not None:
@@ -282,6 +293,11 @@ class WorkerGroup:
     def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Call `method(*args, **kwargs)` on every rank; results in rank order."""
         return self.call_async(method, *args, **kwargs).get()
+
+    def call_within(self, timeout_s: float | None, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        """As :meth:`call`, but raise :class:`CallTimeout` when a rank has not answered within
+        ``timeout_s`` seconds (None: wait as long as it takes). The ranks go on running."""
+        return self.call_async(method, *args, **kwargs).get(timeout_s)
 
     def call_each(self, method: str, args_per_rank: Sequence[tuple | list | dict | Any]) -> list[Any]:
         """Rank r gets `args_per_rank[r]`: a tuple/list (positional) or a dict (keywords);
@@ -323,9 +339,9 @@ class WorkerGroup:
                 ready, _ = ray.wait(list(pending), num_returns=1, timeout=left)
                 if not ready:
                     waiting = sorted(ranks[i] for i in pending.values())
-                    raise WorkerError(
+                    raise CallTimeout(
                         f"{self.role}: {self._what(method)} did not finish within {timeout_s:g} s on "
-                        f"rank(s) {waiting}; logs: {self.log_dir}", self.role, waiting[0])
+                        f"rank(s) {waiting}; logs: {self.log_dir}", self.role, waiting)
                 for ref in ready:
                     index = pending.pop(ref)
                     try:

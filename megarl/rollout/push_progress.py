@@ -1,0 +1,109 @@
+"""Where each policy rank is in a weight push, and the report when a push misses its deadline.
+
+A push is collective: every policy rank exports (TP gathers, PP broadcasts), and some send to
+the engines. When one rank stalls, the others wait for it inside a collective, so the driver
+only sees that no rank finished. To name the rank that is behind, each rank writes its place
+in the push (:class:`PushProgress`: the version, the phase, e.g. ``exporting bucket 3`` or
+``sending bucket 3``, and when it got there) to a small file beside its log. When the push's
+deadline (``rollout.weight_sync.timeout_s``) passes, the driver reads every rank's file and
+stack dump (:func:`push_report`): a rank that did not write its stacks is stopped or dead; of
+the others, those at the earliest place are the ones the rest wait for.
+
+The file is ``<rank log>.push``; the worker group puts the rank's log path in
+``MEGARL_RANK_LOG`` (megarl/actors/ray_groups/worker_group.py). Without it (tests, scripts)
+nothing is written.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+RANK_LOG_ENV = "MEGARL_RANK_LOG"
+
+
+class WeightPushTimeout(RuntimeError):
+    """A weight push missed rollout.weight_sync.timeout_s; the message names who it waited for."""
+
+
+def progress_path(rank_log: str | Path) -> Path:
+    return Path(f"{rank_log}.push")
+
+
+class PushProgress:
+    """This rank's place in the current push, in ``<rank log>.push`` (written on every move,
+    by rename, so the driver never reads half a line)."""
+
+    def __init__(self, rank_log: str | None = None) -> None:
+        rank_log = rank_log if rank_log is not None else os.environ.get(RANK_LOG_ENV)
+        self.path = progress_path(rank_log) if rank_log else None
+        self.order = 0  # how far the push got: compared between ranks
+
+    def start(self, version: int) -> None:
+        self.order = 0
+        self.mark(version, "starting")
+
+    def mark(self, version: int, phase: str) -> None:
+        self.order += 1
+        if self.path is None:
+            return
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        try:
+            tmp.write_text(f"{version}\t{self.order}\t{time.time():.3f}\t{phase}\n")
+            os.replace(tmp, self.path)
+        except OSError:  # a full or read-only disk must not fail the push itself
+            pass
+
+
+@dataclass(frozen=True)
+class RankPlace:
+    """What a rank's progress file says."""
+
+    version: int
+    order: int
+    since: float  # time.time() of the move
+    phase: str
+
+
+def read_place(rank_log: str | Path) -> RankPlace | None:
+    try:
+        version, order, since, phase = progress_path(rank_log).read_text().rstrip("\n").split("\t", 3)
+        return RankPlace(int(version), int(order), float(since), phase)
+    except (OSError, ValueError):
+        return None
+
+
+def late_push(version: int, timeout_s: float, group: Any) -> WeightPushTimeout:
+    """The error of a push that missed its deadline: ``group`` (a WorkerGroup) writes every
+    rank's stacks to its log, and each rank's progress file says where it was."""
+    stacks = group.dump_stacks()
+    places = {r: read_place(path) for r, path in enumerate(group.log_paths)}
+    whose = "every rank's Python stacks are" if all(stacks.values()) else "the other ranks' Python stacks are"
+    return WeightPushTimeout(
+        f"weight push {version} did not finish within {timeout_s:g} s (rollout.weight_sync.timeout_s): "
+        f"{push_report(version, places, stacks)}; {whose} at the end of their logs in {group.log_dir}; "
+        "the run stops (raise rollout.weight_sync.timeout_s if pushes are only slow)"
+    )
+
+
+def push_report(version: int, places: dict[int, RankPlace | None], stacks: dict[int, bool], role: str = "policy") -> str:
+    """One paragraph naming the rank(s) the push waits for and where every rank is."""
+    now = time.time()
+    silent = sorted(r for r, ok in stacks.items() if not ok)
+    current = {r: p for r, p in places.items() if p is not None and p.version == version}
+    orders = {p.order for p in current.values()}
+    behind = sorted(r for r, p in current.items() if p.order == min(orders)) if len(orders) > 1 else []
+    never = sorted(r for r in places if r not in current)
+    lines = []
+    if silent:
+        lines.append(f"{role} rank(s) {silent} did not write their stacks: stopped or dead (the others wait for them)")
+    elif behind:
+        lines.append(f"{role} rank(s) {behind} are behind the others (the rest wait for them in a collective)")
+    if never:
+        lines.append(f"{role} rank(s) {never} never started push {version}")
+    for r, p in sorted(current.items()):
+        lines.append(f"{role} rank {r}: {p.phase} (for {now - p.since:.0f} s)")
+    return "; ".join(lines)
