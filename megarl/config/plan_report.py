@@ -43,6 +43,8 @@ def print_plan(cfg: MegaRLConfig, plan: Plan, console: Console | None = None) ->
     console.print(table)
     if mem is not None:
         _print_memory(cfg, plan, console)
+    if plan.push is not None:
+        _print_push(cfg, plan, console)
     for w in plan.warnings:
         console.print(f"[yellow]warning[/] {w}")
     console.print("[green]ok[/]: the plan fits")
@@ -75,6 +77,20 @@ def _print_memory(cfg: MegaRLConfig, plan: Plan, console: Console) -> None:
         # Per phase of the residency table (docs/architecture.md, 'Memory between training and generation').
         console.print("[bold]by phase/GPU[/] " + ", ".join(f"{p} {g(b)}" for p, b in mem.phases.items()) + " GiB")
         console.print(f"[bold]peak/GPU[/] training {g(mem.train_peak)} GiB, generation {g(mem.rollout_peak)} GiB of {g(mem.gpu_bytes)} GiB")
+
+
+def _print_push(cfg: MegaRLConfig, plan: Plan, console: Console) -> None:
+    """One line: what a weight push moves per GPU on each link, and (on GPUs) its time at the
+    cluster's bandwidths (megarl/config/push_model.py)."""
+    push = plan.push
+    assert push is not None
+    parts = " + ".join(f"{name} {b / 1e9:.3g} GB ({link})" for name, b, link in push.parts) or "nothing over a link"
+    line = f"[bold]weight push[/] {push.transport}, per GPU: {parts}"
+    if plan.device == "cuda":
+        cl = cfg.cluster
+        line += (f"; about {push.seconds:.2g} s at {cl.nvlink_gbps:g} / {cl.network_gbps:g} / {cl.host_gbps:g} GB/s "
+                 "(cluster.nvlink_gbps / network_gbps / host_gbps; a lower bound)")  # fmt: skip
+    console.print(line)
 
 
 def _count(n: int) -> str:

@@ -27,6 +27,7 @@ from megarl.config.memory import (
     torch_engine_memory,
     train_memory,
 )
+from megarl.config.push_model import PushEstimate, push_estimate
 from megarl.config.residency import (
     CRITIC_FORWARD,
     CRITIC_UPDATE,
@@ -101,6 +102,7 @@ class Plan:
     memory: MemoryPlan | None
     warnings: list[Issue] = field(default_factory=list)
     resolved: dict[str, str] = field(default_factory=dict)  # "actor.recompute" -> what "auto" became
+    push: PushEstimate | None = None  # one weight push: bytes per GPU per link and time (megarl/config/push_model.py)
 
     def rows(self, nnodes: int, gpus_per_node: int) -> list[tuple[int, int, str]]:
         """(node, local gpu, roles text) for every GPU of the cluster."""
@@ -160,7 +162,9 @@ def make_plan(cfg: MegaRLConfig, *, check_files: bool = False, in_process: bool 
         memory = _plan_memory(cfg, arch, roles, issues)
     _raise_errors(issues)
     warnings = [i for i in issues if i.level == "warning"]
-    return Plan(arch, cfg.cluster.device, cfg.cluster.placement, roles, memory, warnings, resolved)
+    p = roles["policy"]
+    push = push_estimate(cfg, arch, p.tp, p.pp, p.dp)
+    return Plan(arch, cfg.cluster.device, cfg.cluster.placement, roles, memory, warnings, resolved, push)
 
 
 def resolved_config(cfg: MegaRLConfig, resolved: dict[str, str]) -> MegaRLConfig:

@@ -73,6 +73,21 @@ class ClusterConfig(Section):
     )
     rollout_gpus: int = Field(0, ge=0, description="GPUs given to rollout when placement is disaggregated (taken from the last nodes).")
     ray_address: str | None = Field(None, description="Ray cluster to attach to ('auto' or host:port); None starts an embedded local Ray.")
+    nvlink_gbps: float = Field(
+        360.0, gt=0,
+        description="GB/s per GPU and direction within a node, for the plan's weight-push estimate: an all-gather's "
+        "bus bandwidth as nccl-tests measures it (about 360 on H100 NVLink 4, 180 on A100 NVLink 3).",
+    )
+    network_gbps: float = Field(
+        45.0, gt=0,
+        description="GB/s per GPU and direction between nodes, for the weight-push estimate (about 45 with one "
+        "400 Gb/s NIC per GPU, 22 with 200 Gb/s).",
+    )
+    host_gbps: float = Field(
+        20.0, gt=0,
+        description="GB/s between a GPU and host memory or the shared filesystem, for the disk transport's "
+        "estimate (PCIe Gen4 x16 about 20; the filesystem is often slower).",
+    )
 
     @property
     def world_size(self) -> int:
