@@ -125,8 +125,8 @@ class PolicyClient(TrainedClient):
 
         try:
             return _first(call_within(self.push_timeout_s, "push_weights", version))
-        except CallTimeout:
-            raise late_push(version, self.push_timeout_s, self.group) from None
+        except CallTimeout as late:
+            raise late_push(version, self.push_timeout_s, self.group, late.waiting) from None
 
     def connect_engines(self, engines: Any) -> None:
         """(Re)connect every rank's transport to the engines (after start and each restart)."""

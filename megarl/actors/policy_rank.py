@@ -47,7 +47,7 @@ class PolicyRank(TrainedRank):
             device = f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
             self.engine = TorchEngine(path, device=device, dtype=dtype, max_running_requests=cfg.rollout.max_running_requests)
         ws = cfg.rollout.weight_sync
-        self.push_progress = PushProgress()  # where this rank is in a push, for the driver's deadline report
+        self.push_progress = PushProgress(group=self.info.pp_rank)  # where this rank is in a push, for the deadline report
         self.transport = build_transport(cfg.weight_transport, self.policy, bucket_mb=ws.bucket_mb, local_engine=self.engine,
                                          disk_dir=weight_dir or cfg.weight_disk_dir, hf_dir=path,
                                          progress=self.push_progress)  # fmt: skip

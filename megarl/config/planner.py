@@ -161,9 +161,14 @@ def make_plan(cfg: MegaRLConfig, *, check_files: bool = False, in_process: bool 
         cfg, resolved = _resolve_recompute(cfg, arch, roles)
         memory = _plan_memory(cfg, arch, roles, issues)
     _raise_errors(issues)
-    warnings = [i for i in issues if i.level == "warning"]
     p = roles["policy"]
     push = push_estimate(cfg, arch, p.tp, p.pp, p.dp)
+    deadline = cfg.rollout.weight_sync.timeout_s
+    if cfg.cluster.device == "cuda" and deadline and push.seconds > deadline:
+        issues.append(Issue("rollout.weight_sync.timeout_s", f"({deadline:g}) is shorter than the plan's estimate of one "
+                            f"push ({push.seconds:.2g} s, a lower bound): every push would stop the run; raise it",
+                            level="warning"))  # fmt: skip
+    warnings = [i for i in issues if i.level == "warning"]
     return Plan(arch, cfg.cluster.device, cfg.cluster.placement, roles, memory, warnings, resolved, push)
 
 

@@ -25,6 +25,10 @@ bridges refuse such configs).
 
 from __future__ import annotations
 
+import functools
+import inspect
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
@@ -46,13 +50,17 @@ class PackedSegments(PackedSeqParams):
     layout: PackedLayout | None = None
 
 
-def packed_seq_params(layout: PackedLayout) -> PackedSegments:
+def packed_seq_params(layout: PackedLayout, *, host_offsets: bool) -> PackedSegments:
     """The THD parameters of one packed micro-batch: one ``cu_seqlens`` for queries and keys
-    (self-attention, no padding between segments)."""
+    (self-attention, no padding between segments). ``host_offsets``: hand Megatron the host copy
+    (the local spec: its unfused THD rope reads the offsets on the host in every layer, which
+    would wait on the GPU each time; megarl's attention takes the device copy from the layout);
+    TE's attention needs them on the device."""
+    cu = layout.cu_seqlens_host if host_offsets else layout.cu_seqlens
     return PackedSegments(
         qkv_format="thd",
-        cu_seqlens_q=layout.cu_seqlens,
-        cu_seqlens_kv=layout.cu_seqlens,
+        cu_seqlens_q=cu,
+        cu_seqlens_kv=cu,
         max_seqlen_q=layout.longest,
         max_seqlen_kv=layout.longest,
         layout=layout,
@@ -138,17 +146,14 @@ class SdpaAttention(DotProductAttention):
 def _varlen_call(query: torch.Tensor, scale: float | None):
     """A function attending each packed segment causally through torch's flash varlen kernel,
     or None where it cannot serve: not CUDA, not half precision, a torch without the kernel,
-    or one whose kernel takes no ``scale`` when the model's differs from the default. Its causal
-    switch changed between torch versions (``is_causal``, then a ``(-1, 0)`` window)."""
+    or one whose kernel takes no ``scale`` when the model's differs from the default."""
     if not query.is_cuda or query.dtype not in (torch.float16, torch.bfloat16):
         return None
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-    except ImportError:
+    kernel = _varlen_kernel()
+    if kernel is None:
         return None
-    import inspect
-
-    accepted = inspect.signature(varlen_attn).parameters
+    varlen_attn, accepted = kernel
+    # Its causal switch changed between torch versions (``is_causal``, then a ``(-1, 0)`` window).
     kwargs: dict = {"is_causal": True} if "is_causal" in accepted else {"window_size": (-1, 0)}
     if "scale" in accepted:
         kwargs["scale"] = scale
@@ -156,10 +161,22 @@ def _varlen_call(query: torch.Tensor, scale: float | None):
         return None
 
     def attend(q, k, v, layout: PackedLayout, gqa: bool) -> torch.Tensor:  # [T, np, hn]
-        if gqa:  # not every kernel version takes fewer key heads: repeat them
+        if gqa and "enable_gqa" in accepted:
+            kwargs["enable_gqa"] = True
+        elif gqa:  # an older kernel takes equal head counts only: repeat the key/value heads
             reps = q.shape[1] // k.shape[1]
             k, v = k.repeat_interleave(reps, dim=1), v.repeat_interleave(reps, dim=1)
         cu = layout.cu_seqlens
         return varlen_attn(q, k, v, cu, cu, layout.longest, layout.longest, **kwargs)
 
     return attend
+
+
+@functools.cache
+def _varlen_kernel() -> tuple[Any, frozenset[str]] | None:
+    """torch's varlen attention and the keyword arguments it takes (looked up once)."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn, frozenset(inspect.signature(varlen_attn).parameters)

@@ -7,8 +7,9 @@ it can run: on CUDA with transformer-engine importable; local elsewhere). ``te``
 default until its GPU test (tests/gpu/test_te_spec.py) has run.
 
 The two specs hold the same weights under two names for the two norms that TE fuses into the
-next linear layer (:data:`TE_NAMES`); dist-checkpoints use TE's names under both specs
-(Megatron's local spec maps its keys to them), so a checkpoint loads into either.
+next linear layer (:data:`TE_NAMES`); the bridges map both to the same HF tensors. A
+dist-checkpoint written with one spec has not been tested with the other (TE's layers keep
+extra state of their own).
 """
 
 from __future__ import annotations

@@ -58,7 +58,9 @@ class PackedLayout:
     """The segments of one packed sequence, on the device the model runs on."""
 
     lengths: tuple[int, ...]  # tokens per segment, host
-    cu_seqlens: torch.Tensor  # [k + 1] int32: segment offsets, 0 .. T
+    starts: tuple[int, ...]  # each segment's first position, host
+    cu_seqlens: torch.Tensor  # [k + 1] int32 on the model's device: segment offsets, 0 .. T
+    cu_seqlens_host: torch.Tensor  # the same on the host (Megatron's unfused THD rope reads it with .tolist())
     groups: tuple[SegmentGroup, ...]
     scatter: torch.Tensor  # [T] long: the groups' scatter positions end to end (a permutation of 0..T-1)
 
@@ -83,8 +85,9 @@ class PackedLayout:
             valid = (steps[None, :] < seg_len[:, None]).flatten()  # [n * L]
             real = valid.nonzero(as_tuple=True)[0]  # [m]
             groups.append(SegmentGroup(gather.to(device), real.to(device), gather.flatten()[real].to(device)))
-        cu = torch.tensor(starts, dtype=torch.int32, device=device)
-        return cls(tuple(lengths), cu, tuple(groups), torch.cat([g.scatter for g in groups]))
+        host = torch.tensor(starts, dtype=torch.int32)
+        return cls(tuple(lengths), tuple(starts[:-1]), host.to(device), host, tuple(groups),
+                   torch.cat([g.scatter for g in groups]))  # fmt: skip
 
     def positions(self) -> torch.Tensor:
         """``[T]`` long: each token's position within its segment (0 at every segment start)."""

@@ -35,12 +35,15 @@ def progress_path(rank_log: str | Path) -> Path:
 
 class PushProgress:
     """This rank's place in the current push, in ``<rank log>.push`` (written on every move,
-    by rename, so the driver never reads half a line)."""
+    by rename, so the driver never reads half a line). ``group`` names the ranks whose places
+    compare (the pipeline stage: stages export different tensors, and the distributed transport
+    sends them one stage after another)."""
 
-    def __init__(self, rank_log: str | None = None) -> None:
+    def __init__(self, rank_log: str | None = None, group: int = 0) -> None:
         rank_log = rank_log if rank_log is not None else os.environ.get(RANK_LOG_ENV)
         self.path = progress_path(rank_log) if rank_log else None
-        self.order = 0  # how far the push got: compared between ranks
+        self.group = group
+        self.order = 0  # how far the push got: compared between ranks of one group
 
     def start(self, version: int) -> None:
         self.order = 0
@@ -52,7 +55,7 @@ class PushProgress:
             return
         tmp = self.path.with_name(self.path.name + ".tmp")
         try:
-            tmp.write_text(f"{version}\t{self.order}\t{time.time():.3f}\t{phase}\n")
+            tmp.write_text(f"{version}\t{self.group}\t{self.order}\t{time.time():.3f}\t{phase}\n")
             os.replace(tmp, self.path)
         except OSError:  # a full or read-only disk must not fail the push itself
             pass
@@ -63,6 +66,7 @@ class RankPlace:
     """What a rank's progress file says."""
 
     version: int
+    group: int  # the pipeline stage: only places of one group compare
     order: int
     since: float  # time.time() of the move
     phase: str
@@ -70,40 +74,48 @@ class RankPlace:
 
 def read_place(rank_log: str | Path) -> RankPlace | None:
     try:
-        version, order, since, phase = progress_path(rank_log).read_text().rstrip("\n").split("\t", 3)
-        return RankPlace(int(version), int(order), float(since), phase)
+        version, group, order, since, phase = progress_path(rank_log).read_text().rstrip("\n").split("\t", 4)
+        return RankPlace(int(version), int(group), int(order), float(since), phase)
     except (OSError, ValueError):
         return None
 
 
-def late_push(version: int, timeout_s: float, group: Any) -> WeightPushTimeout:
+def late_push(version: int, timeout_s: float, group: Any, waiting: list[int]) -> WeightPushTimeout:
     """The error of a push that missed its deadline: ``group`` (a WorkerGroup) writes every
-    rank's stacks to its log, and each rank's progress file says where it was."""
+    rank's stacks to its log, and each rank's progress file says where it was; ``waiting``:
+    the ranks that had not returned."""
     stacks = group.dump_stacks()
     places = {r: read_place(path) for r, path in enumerate(group.log_paths)}
     whose = "every rank's Python stacks are" if all(stacks.values()) else "the other ranks' Python stacks are"
     return WeightPushTimeout(
         f"weight push {version} did not finish within {timeout_s:g} s (rollout.weight_sync.timeout_s): "
-        f"{push_report(version, places, stacks)}; {whose} at the end of their logs in {group.log_dir}; "
+        f"{push_report(version, places, stacks, waiting)}; {whose} at the end of their logs in {group.log_dir}; "
         "the run stops (raise rollout.weight_sync.timeout_s if pushes are only slow)"
     )
 
 
-def push_report(version: int, places: dict[int, RankPlace | None], stacks: dict[int, bool], role: str = "policy") -> str:
-    """One paragraph naming the rank(s) the push waits for and where every rank is."""
+def push_report(version: int, places: dict[int, RankPlace | None], stacks: dict[int, bool], waiting: list[int]) -> str:
+    """One paragraph naming the rank(s) the push waits for and where every rank is. Of the
+    ``waiting`` ranks, those that could not write their stacks are stopped or dead; else, within
+    a pipeline stage, those at the earliest place are the ones the rest of the stage waits for."""
     now = time.time()
-    silent = sorted(r for r, ok in stacks.items() if not ok)
+    silent = sorted(r for r in waiting if not stacks.get(r, False))
     current = {r: p for r, p in places.items() if p is not None and p.version == version}
-    orders = {p.order for p in current.values()}
-    behind = sorted(r for r, p in current.items() if p.order == min(orders)) if len(orders) > 1 else []
+    behind: list[int] = []
+    for stage in sorted({p.group for p in current.values()}):
+        mine = {r: p.order for r, p in current.items() if p.group == stage and r in waiting}
+        if len(set(mine.values())) > 1:
+            behind += [r for r, order in mine.items() if order == min(mine.values())]
     never = sorted(r for r in places if r not in current)
     lines = []
     if silent:
-        lines.append(f"{role} rank(s) {silent} did not write their stacks: stopped or dead (the others wait for them)")
+        lines.append(f"policy rank(s) {silent} did not write their stacks: stopped or dead (the others wait for them)")
     elif behind:
-        lines.append(f"{role} rank(s) {behind} are behind the others (the rest wait for them in a collective)")
+        lines.append(f"policy rank(s) {sorted(behind)} are behind the others of their pipeline stage (the rest wait "
+                     "for them in a collective)")  # fmt: skip
     if never:
-        lines.append(f"{role} rank(s) {never} never started push {version}")
+        lines.append(f"policy rank(s) {never} never started push {version}")
     for r, p in sorted(current.items()):
-        lines.append(f"{role} rank {r}: {p.phase} (for {now - p.since:.0f} s)")
+        state = "" if r in waiting else ", returned"
+        lines.append(f"policy rank {r} (stage {p.group}): {p.phase} (for {max(0.0, now - p.since):.0f} s{state})")
     return "; ".join(lines)

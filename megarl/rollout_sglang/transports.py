@@ -321,9 +321,11 @@ class SGLangDistributedTransport:
         # With one stage its last bucket carries the version; with several, the coordinator
         # sets it once every stage is in (no single bucket is "the last" of the push).
         single = self.role.pp_size == 1
+        progress = self.streams[self.role.stages[0]].progress
         for stage in range(self.role.pp_size):
             if stage in self.role.stages:
                 self._push_stage(stage, version, tag_last=single)
+            progress.mark(version, f"waiting for pipeline stage {stage}'s broadcast to end")
             self.barrier()
         if self.role.coordinator:
             if not single:

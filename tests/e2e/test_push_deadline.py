@@ -86,7 +86,8 @@ def test_a_stalled_rank_mid_push_ends_in_a_named_error(tmp_path):
         assert "policy rank(s) [1] did not write their stacks: stopped or dead" in line, line
         # Where each rank was: rank 1 where it was stopped; rank 0 anywhere later (at TP=1 its
         # export needs no partner, so it may have reached the check that does).
-        assert re.search(r"policy rank 1: exporting bucket [3-9]", line) and "; policy rank 0: " in line, line
+        assert re.search(r"policy rank 1 \(stage 0\): exporting bucket [3-9]", line), line
+        assert "; policy rank 0 (stage 0): " in line, line
         assert took < 60, f"the run took {took:.0f} s to stop after the stall"
         assert "most recent call first" in (run / "logs" / "policy_rank0.log").read_text()  # rank 0's stacks
         gone = psutil.wait_procs([p for p in family if p.is_running()], timeout=20)[1]

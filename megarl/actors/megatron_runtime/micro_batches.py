@@ -26,18 +26,18 @@ Pure steps, no process groups involved:
    positions reach the output layer. The lists are made on the host, so nothing waits on the
    device to find them.
 
-Every DP replica runs the same number of micro-batches (``equal_counts``): all ranks hold the
-same batch, so each computes every replica's count itself (no communication), and a replica
-with fewer runs filler micro-batches (its shortest row, with loss weight 0). Nothing megarl
-runs today exchanges data over DP per micro-batch (gradients are reduced once per
-mini-batch), but Megatron's per-micro-batch DP collectives (the distributed optimizer's
-overlapped parameter gather, expert all-to-all) assume equal counts, and would hang without.
+In training, every DP replica runs the same number of micro-batches (``equal_counts``): all
+ranks hold the same batch, so each computes every replica's count itself (no communication),
+and a replica with fewer runs filler micro-batches (its shortest row, with loss weight 0).
+This is insurance, not a fix: nothing megarl runs today exchanges data over DP per
+micro-batch (gradients are reduced once per mini-batch, after the last micro-batch), but
+per-micro-batch DP collectives (the distributed optimizer's overlapped parameter gather,
+expert all-to-all) assume equal counts and would hang without. Forward passes skip it.
 """
 
 from __future__ import annotations
 
 import heapq
-import itertools
 from dataclasses import dataclass
 
 import torch
@@ -222,7 +222,7 @@ def pack_micro_batch(
         layout = PackedLayout.build(lengths + ([pad] if pad else []), device)
         tokens = torch.cat([*real_rows, torch.zeros(pad, dtype=torch.long)])[None, :]  # [1, T]
         positions = layout.positions()[None, :]  # [1, T]
-        starts = torch.tensor([0, *itertools.accumulate(lengths)][:-1])  # [b] each row's offset
+        starts = torch.tensor(layout.starts[: len(real_rows)])  # [b] each row's offset
         columns = starts[token_rows] + (plen[token_rows] + steps - 1).clamp(min=0)
         line = torch.zeros_like(token_rows)
     else:

@@ -41,8 +41,8 @@ the output layer.
 Packed micro-batches (``actor.pack_sequences``, the default): a micro-batch is one sequence
 ``[1, T]`` of its rows end to end, handed to Megatron as THD with packed-sequence parameters
 (``megarl.models.attention.packed_seq_params``); the position hook's rows are then all 0 and
-its columns offsets into the packed sequence, so the heads work unchanged. Every DP replica
-runs as many micro-batches as the busiest (fillers with loss weight 0,
+its columns offsets into the packed sequence, so the heads work unchanged. In training every DP
+replica runs as many micro-batches as the busiest (fillers with loss weight 0,
 ``micro_batches.equal_counts``).
 
 Left out: virtual pipeline stages, context/expert parallelism.
@@ -117,6 +117,7 @@ class MegatronModel:
     vocab_size: int  # real vocabulary (padding columns past it are masked)
     positions: ResponsePositions  # the output layer's position selector (last stage)
     logprob_chunk_tokens: int  # tokens whose LM-head logits exist at once
+    layer_spec: str  # "local" or "te" (megarl.models.layer_specs), as built
 
     @classmethod
     def build(
@@ -148,9 +149,10 @@ class MegatronModel:
         bridge = get_bridge(hf_config)
         tcfg = bridge.transformer_config(hf_config, cfg.parallel, dtype, cfg.recompute)
         _configure_schedule(tcfg, dtype)
+        spec = resolve_layer_spec(layer_spec, torch.device(info.device).type)
         module = bridge.build_model(
             hf_config, tcfg, pre_process=info.is_first_stage, post_process=info.is_last_stage, value_head=value_head,
-            spec=resolve_layer_spec(layer_spec, torch.device(info.device).type),
+            spec=spec,
         )
         if is_model_checkpoint(hf_path):  # `megarl convert hf-to-megatron` output, any layout
             load_model_weights(module, hf_path)
@@ -162,7 +164,7 @@ class MegatronModel:
             if not value_head:  # the log-prob head computes the logits, in chunks
                 module.output_layer.forward = _hidden_states_through
         vocab = bridge.vocab_size(hf_config)
-        return cls(bridge, hf_config, tcfg, module, info, vocab, positions, cfg.logprob_chunk_tokens)
+        return cls(bridge, hf_config, tcfg, module, info, vocab, positions, cfg.logprob_chunk_tokens, spec)
 
     @property
     def core(self) -> torch.nn.Module:
@@ -223,10 +225,14 @@ class MegatronModel:
         counts.check()
 
     # ---- internals ------------------------------------------------------------------------
-    def _micro_batches(self, batch: Batch, batching: MicroBatching) -> list[MicroBatch]:
-        """This DP replica's micro-batches of ``batch``, as many as the busiest replica's."""
+    def _micro_batches(self, batch: Batch, batching: MicroBatching, *, even: bool) -> list[MicroBatch]:
+        """This DP replica's micro-batches of ``batch``; ``even``: as many as the busiest
+        replica's (training: see ``micro_batches.equal_counts``)."""
         replicas = batching.replica_groups(batch, self.info.dp_size)
-        groups, fillers = equal_counts(replicas, self.info.dp_rank, sequence_lengths(batch).tolist())
+        if even:
+            groups, fillers = equal_counts(replicas, self.info.dp_rank, sequence_lengths(batch).tolist())
+        else:  # a forward pass has no collective over DP at all
+            groups, fillers = replicas[self.info.dp_rank], 0
         multiple = self.info.tp_size if self.tcfg.sequence_parallel else 1
         return [
             pack_micro_batch(batch, rows, self.info.device, multiple, packed=batching.packed,
@@ -240,14 +246,14 @@ class MegatronModel:
 
         from megarl.models.attention import packed_seq_params
 
-        micro = self._micro_batches(batch, batching)
+        micro = self._micro_batches(batch, batching, even=not forward_only)
 
         def forward_step(data_iterator, model):
             mb = next(data_iterator)
             self.positions.rows, self.positions.columns = mb.token_rows, mb.token_columns
             # Padded rows are left-aligned: plain causal attention (mask None) is exact; packed
             # rows are kept apart by the attention, told by the packed-sequence parameters.
-            params = None if mb.layout is None else packed_seq_params(mb.layout)
+            params = None if mb.layout is None else packed_seq_params(mb.layout, host_offsets=self.layer_spec == "local")
             output = model(input_ids=mb.tokens, position_ids=mb.position_ids, attention_mask=None,
                            packed_seq_params=params)  # fmt: skip
             return output, partial(loss_func, mb)

@@ -41,3 +41,10 @@ def test_a_policy_within_one_node_collects_its_stages_over_nvlink():
 def test_the_plan_carries_it_and_the_cpu_demo_moves_nothing_over_a_link():
     plan = make_plan(load_config("configs/tiny_grpo.yaml"))
     assert plan.push is not None and plan.push.transport == "in_process" and plan.push.parts == ()
+
+
+def test_a_deadline_below_the_estimate_is_a_warning_naming_the_key():
+    plan = make_plan(load_config(QWEN72B, ["rollout.weight_sync.timeout_s=1"]))
+    (warning,) = [w for w in plan.warnings if w.field == "rollout.weight_sync.timeout_s"]
+    assert "(1) is shorter than the plan's estimate of one push (2.5 s, a lower bound)" in warning.message
+    assert not [w for w in make_plan(load_config(QWEN72B)).warnings if w.field == "rollout.weight_sync.timeout_s"]
