@@ -85,11 +85,11 @@ def _print_push(cfg: MegaRLConfig, plan: Plan, console: Console) -> None:
     push = plan.push
     assert push is not None
     parts = " + ".join(f"{name} {b / 1e9:.3g} GB ({link})" for name, b, link in push.parts) or "nothing over a link"
-    line = f"[bold]weight push[/] {push.transport}, per GPU: {parts}"
+    line = f"[bold]weight push[/] (transport {push.transport}) received per GPU: {parts}"
     if plan.device == "cuda":
         cl = cfg.cluster
-        line += (f"; about {push.seconds:.2g} s at {cl.nvlink_gbps:g} / {cl.network_gbps:g} / {cl.host_gbps:g} GB/s "
-                 "(cluster.nvlink_gbps / network_gbps / host_gbps; a lower bound)")  # fmt: skip
+        line += (f"; about {push.seconds:.2g} s at {cl.nvlink_gb_per_s:g} / {cl.network_gb_per_s:g} / {cl.host_gb_per_s:g} GB/s "
+                 "(cluster.nvlink_gb_per_s / network_gb_per_s / host_gb_per_s; a lower bound)")  # fmt: skip
     console.print(line)
 
 

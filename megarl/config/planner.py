@@ -321,7 +321,8 @@ def _check_batches(section: str, cfg: ActorConfig, layout: RoleLayout, full: Meg
     seq = full.data.max_prompt_length + full.rollout.sampling.max_new_tokens
     if cfg.max_tokens_per_gpu is not None and cfg.max_tokens_per_gpu < seq:
         issues.append(Issue(f"{section}.max_tokens_per_gpu", f"({cfg.max_tokens_per_gpu}) must hold one full sequence "
-                            f"(max_prompt_length + max_new_tokens = {seq})"))
+                            f"(max_prompt_length + max_new_tokens = {seq}); raise it to at least {seq}, or lower "
+                            "data.max_prompt_length / rollout.sampling.max_new_tokens"))
 
 
 def _micro_batching_set(section: str, cfg: ActorConfig, issues: list[Issue]) -> bool:

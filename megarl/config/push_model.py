@@ -13,10 +13,11 @@ parts that run one after the other for each bucket (no overlap yet):
    the bucket in the same process, or on the same GPU through CUDA IPC). ``distributed``: each
    stage's sender broadcasts its ``W / pp`` to the engine GPUs on other nodes, so an engine GPU
    receives ``W`` from the network. ``disk``: policy rank 0 copies ``W`` to host memory and
-   writes it; every engine reads ``W`` back (host link, at the filesystem's speed at best).
+   writes it, then every engine reads ``W`` back (host link, at the filesystem's speed at
+   best): ``W`` per GPU, twice one after the other in time.
 
-Time is the sum over the parts of bytes / the link's bandwidth (``cluster.nvlink_gbps``,
-``network_gbps``, ``host_gbps``: GB/s per GPU and direction, as an all-gather bus bandwidth
+Time is the sum over the parts of bytes / the link's bandwidth (``cluster.nvlink_gb_per_s``,
+``network_gb_per_s``, ``host_gb_per_s``: gigabytes, not gigabits, per second per GPU and direction, as an all-gather bus bandwidth
 measures them). It leaves out latency per collective and bucket, and the conversion work,
 so it is a lower bound of what a push takes.
 """
@@ -53,7 +54,7 @@ def push_estimate(cfg: MegaRLConfig, arch: ArchSpec, tp: int, pp: int, dp: int) 
     if transport == "distributed":
         parts.append(("to the engines", total, "network"))
     elif transport == "disk":
-        parts.append(("to the engines", 2 * total, "host"))  # rank 0 writes W, each engine reads W
-    bandwidth = {"nvlink": cl.nvlink_gbps, "network": cl.network_gbps, "host": cl.host_gbps}
+        parts += [("written by policy rank 0", total, "host"), ("read by each engine GPU", total, "host")]
+    bandwidth = {"nvlink": cl.nvlink_gb_per_s, "network": cl.network_gb_per_s, "host": cl.host_gb_per_s}
     seconds = sum(b / (bandwidth[link] * GB) for _, b, link in parts)
     return PushEstimate(transport, tuple(p for p in parts if p[1] > 0), seconds)

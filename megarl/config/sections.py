@@ -73,17 +73,17 @@ class ClusterConfig(Section):
     )
     rollout_gpus: int = Field(0, ge=0, description="GPUs given to rollout when placement is disaggregated (taken from the last nodes).")
     ray_address: str | None = Field(None, description="Ray cluster to attach to ('auto' or host:port); None starts an embedded local Ray.")
-    nvlink_gbps: float = Field(
+    nvlink_gb_per_s: float = Field(
         360.0, gt=0,
-        description="GB/s per GPU and direction within a node, for the plan's weight-push estimate: an all-gather's "
+        description="Gigabytes (not gigabits) per second per GPU and direction within a node, for the plan's weight-push estimate: an all-gather's "
         "bus bandwidth as nccl-tests measures it (about 360 on H100 NVLink 4, 180 on A100 NVLink 3).",
     )
-    network_gbps: float = Field(
+    network_gb_per_s: float = Field(
         45.0, gt=0,
-        description="GB/s per GPU and direction between nodes, for the weight-push estimate (about 45 with one "
+        description="Gigabytes per second per GPU and direction between nodes, for the weight-push estimate (about 45 with one "
         "400 Gb/s NIC per GPU, 22 with 200 Gb/s).",
     )
-    host_gbps: float = Field(
+    host_gb_per_s: float = Field(
         20.0, gt=0,
         description="GB/s between a GPU and host memory or the shared filesystem, for the disk transport's "
         "estimate (PCIe Gen4 x16 about 20; the filesystem is often slower).",
@@ -163,6 +163,13 @@ class WeightSyncConfig(Section):
         "rank writes its Python stacks to its log and the run stops, naming the rank(s) the push waited for and "
         "where each rank was; 0 = no deadline (trainer.hang_timeout_s still applies).",
     )
+
+    @field_validator("timeout_s")
+    @classmethod
+    def _deadline(cls, value: float) -> float:
+        if 0 < value < 1:
+            raise ValueError("must be 0 (no deadline) or at least 1 s: a push's calls alone take longer")
+        return value
     check_logprobs: bool = Field(
         True,
         description="After each push, the engines generate short responses to a few of the run's prompts and the "

@@ -108,7 +108,10 @@ def push_report(version: int, places: dict[int, RankPlace | None], stacks: dict[
             behind += [r for r, order in mine.items() if order == min(mine.values())]
     never = sorted(r for r in places if r not in current)
     lines = []
-    if silent:
+    if waiting and all(r in current and current[r].phase == "done" for r in waiting):
+        lines.append("every policy rank had finished its part: the results did not reach the driver within the "
+                     "deadline, which is shorter than a push's round trip")  # fmt: skip
+    elif silent:
         lines.append(f"policy rank(s) {silent} did not write their stacks: stopped or dead (the others wait for them)")
     elif behind:
         lines.append(f"policy rank(s) {sorted(behind)} are behind the others of their pipeline stage (the rest wait "

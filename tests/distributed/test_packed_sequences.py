@@ -8,7 +8,9 @@ Recomputation (full, selective) hands the packed-sequence parameters to the reco
 too: two cases run packed with it against padded without.
 
 The DP=2 case deals the rows so that one replica has more micro-batches than the other: the
-other runs a filler micro-batch (loss weight 0) and nothing hangs or changes."""
+other runs a filler micro-batch (loss weight 0) and nothing hangs or changes, also in a second
+step after one without fillers (Megatron's DDP then checks that the last micro-batch readies
+every parameter the first step's did)."""
 
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ RAGGED = ([3, 6, 2, 5, 4, 2, 7, 3], [40, 1, 17, 3, 29, 8, 2, 11])  # prompt, res
 # DP=2: 3 rows of 34 tokens and one of 3 -> one replica gets two long rows (two micro-batches),
 # the other a long and the short one (one packed micro-batch of 37 tokens).
 UNEVEN = ([4, 4, 4, 2], [30, 30, 30, 1])
+EVEN = ([4, 4], [10, 10])  # one row per replica: one micro-batch each, no filler
 
 
 def _cfg(tp: int, pp: int, packed: bool, recompute: str = "none") -> ActorConfig:
@@ -50,6 +53,10 @@ def _one_layout(path: str, tp: int, pp: int, packed: bool, lengths, recompute: s
     batch = _batch(lengths)
     policy = PolicyWorker(path, _cfg(tp, pp, packed, recompute), "float32", seed=1)
     assert (policy.model.tcfg.recompute_granularity or "none") == recompute
+    if tuple(lengths) == UNEVEN:  # (a copy: the arguments travel to the ranks by pickle)
+        # A first step without fillers: Megatron's DDP takes the parameters the last micro-batch
+        # readies in its first step as the rule for every later step's last micro-batch.
+        policy.update(_batch(EVEN), ac.pg_loss, mini_batch_size=2, ppo_epochs=1)
     out = ac.gathered(policy.compute_logprobs(batch, TEMPERATURE, with_entropy=True), batch)
     out["metrics"] = policy.update(batch, ac.pg_loss, mini_batch_size=len(batch), ppo_epochs=1)
     params = dict(policy.model.core.named_parameters())

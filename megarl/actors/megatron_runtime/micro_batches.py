@@ -153,13 +153,15 @@ class MicroBatching:
 
 
 def equal_counts(replicas: list[list[list[int]]], replica: int, lengths: list[int]) -> tuple[list[list[int]], int]:
-    """``replica``'s groups followed by fillers up to the largest count of any replica, and how
-    many of them are fillers. A filler is the replica's shortest row again (cheapest to run);
-    its loss weight must be 0."""
+    """Fillers up to the largest count of any replica, then ``replica``'s groups; and how many
+    fillers lead. A filler is the replica's shortest row again (cheapest to run); its loss weight
+    must be 0, and it must still reach every parameter (Megatron's DDP checks, from the second
+    step on, that the last micro-batch's backward readies the same parameters as the first
+    step's did: fillers go first so that the last micro-batch is always a real one)."""
     own = replicas[replica]
     fillers = max(len(r) for r in replicas) - len(own)
     shortest = min((r for g in own for r in g), key=lambda r: lengths[r])
-    return own + [[shortest]] * fillers, fillers
+    return [[shortest]] * fillers + own, fillers
 
 
 def sequence_lengths(batch: Batch) -> torch.Tensor:

@@ -214,9 +214,9 @@ class MegatronModel:
         counts = WholeCounts(self.info.device)
 
         def loss_func(mb: MicroBatch, output: torch.Tensor):
-            if mb.filler:  # a zero loss that still runs the backward every replica runs
-                return output.sum() * 0, counts.as_int(0), {}
             loss_sum, count, slice_metrics = loss_head(mb, output)
+            if mb.filler:  # weight 0, through the real head: every parameter still gets its (zero) gradient
+                return loss_sum * 0, counts.as_int(0), {}
             metrics.add(slice_metrics)
             return loss_sum, counts.as_int(count), {}
 
@@ -236,7 +236,7 @@ class MegatronModel:
         multiple = self.info.tp_size if self.tcfg.sequence_parallel else 1
         return [
             pack_micro_batch(batch, rows, self.info.device, multiple, packed=batching.packed,
-                             filler=k >= len(groups) - fillers)  # fmt: skip
+                             filler=k < fillers)  # fmt: skip
             for k, rows in enumerate(groups)
         ]
 

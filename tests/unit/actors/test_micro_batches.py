@@ -117,5 +117,6 @@ def test_replicas_run_equal_micro_batch_counts():
     assert replicas == [[[0], [2]], [[1, 3]]]
     lengths = [32, 32, 32, 3]
     assert equal_counts(replicas, 0, lengths) == ([[0], [2]], 0)
-    # Replica 1 runs its shortest row again, as a filler, to match replica 0's two micro-batches.
-    assert equal_counts(replicas, 1, lengths) == ([[1, 3], [3]], 1)
+    # Replica 1 runs its shortest row again, as a filler, to match replica 0's two micro-batches;
+    # first, so that its last micro-batch is a real one.
+    assert equal_counts(replicas, 1, lengths) == ([[3], [1, 3]], 1)

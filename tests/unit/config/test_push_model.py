@@ -26,9 +26,9 @@ def test_distributed_sends_each_stage_once_and_disk_goes_through_the_host():
     w = 2 * arch.num_params
     dist = push_estimate(load_config(QWEN72B, ["rollout.weight_sync.transport=distributed"]), arch, tp=8, pp=4, dp=1)
     assert dist.parts == (("TP gather", w / 4 * 7 / 8, "nvlink"), ("to the engines", w, "network"))
-    disk = push_estimate(load_config(QWEN72B, ["rollout.weight_sync.transport=disk", "cluster.host_gbps=10"]),
+    disk = push_estimate(load_config(QWEN72B, ["rollout.weight_sync.transport=disk", "cluster.host_gb_per_s=10"]),
                          arch, tp=8, pp=4, dp=1)  # fmt: skip
-    assert disk.parts[-1] == ("to the engines", 2 * w, "host")
+    assert disk.parts[-2:] == (("written by policy rank 0", w, "host"), ("read by each engine GPU", w, "host"))
     assert disk.seconds > 2 * w / (10 * GB)
 
 

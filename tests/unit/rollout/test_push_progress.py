@@ -61,3 +61,10 @@ def test_ranks_at_the_same_place_are_not_called_behind():
     places = {r: RankPlace(2, 0, 4, now, "sending bucket 1") for r in range(2)}
     assert push_report(2, places, {0: True, 1: True}, waiting=[0, 1]) == (
         "policy rank 0 (stage 0): sending bucket 1 (for 0 s); policy rank 1 (stage 0): sending bucket 1 (for 0 s)")
+
+
+def test_ranks_that_all_finished_are_not_blamed():
+    now = time.time()
+    places = {r: RankPlace(2, 0, 6, now, "done") for r in range(2)}
+    report = push_report(2, places, {0: True, 1: True}, waiting=[0, 1])
+    assert report.startswith("every policy rank had finished its part: the results did not reach the driver")
