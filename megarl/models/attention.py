@@ -127,11 +127,12 @@ class SdpaAttention(DotProductAttention):
         if varlen is not None:
             out = varlen(query, key, value, layout, gqa)  # [T, np, hn]
             return out.reshape(out.shape[0], self.hidden_size_per_partition)
-        if len(layout.lengths) == 1:  # one segment: the plain causal case, no gather
-            o = F.scaled_dot_product_attention(*(x.permute(1, 0, 2)[None] for x in (query, key, value)),
-                                               is_causal=query.shape[0] > 1, dropout_p=dropout,
-                                               scale=self.softmax_scale, enable_gqa=gqa)  # fmt: skip  [1, np, T, hn]
-            return o[0].permute(1, 0, 2).reshape(query.shape[0], self.hidden_size_per_partition)
+        if len(set(layout.lengths)) == 1:  # n segments of one length L: a view, no gather
+            n, t = len(layout.lengths), query.shape[0]
+            q, k, v = (x.view(n, t // n, *x.shape[1:]).transpose(1, 2) for x in (query, key, value))  # [n, heads, L, hn]
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=t // n > 1, dropout_p=dropout, scale=self.softmax_scale,
+                                               enable_gqa=gqa)  # fmt: skip
+            return o.transpose(1, 2).reshape(t, self.hidden_size_per_partition)
         pieces = []
         for group in layout.groups:
             q, k, v = (x[group.gather].permute(0, 2, 1, 3) for x in (query, key, value))  # [n, heads, L, hn]

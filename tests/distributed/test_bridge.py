@@ -190,6 +190,7 @@ def _tp2_worker(rank: int, world: int, dirs: dict[str, str]) -> dict:
     out["critic"] = _critic_check(dirs["qwen2"])
     out["recompute"] = _recompute_check(dirs["qwen2"])
     out["attention"] = _attention_check()
+    out["packed_attention"] = _packed_attention_check()
     return out
 
 
@@ -257,6 +258,37 @@ def _attention_check() -> dict:
         a, c = ref(q, k, v, mask), sdpa(q, k, v, mask)  # [s, b, 32]
     rows = valid.t()  # [s, b]
     return {"max_diff": (a - c)[rows].abs().max().item(), "finite": bool(torch.isfinite(c).all())}
+
+
+def _packed_attention_check() -> dict:
+    """SdpaAttention on packed segments == each segment attended alone (causal, GQA): ragged
+    lengths (grouped batches), equal lengths (the view path), one segment. Max |diff| per case."""
+    import torch.nn.functional as F
+    from megatron.core.transformer.enums import AttnMaskType
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from megarl.models.attention import SdpaAttention, packed_seq_params
+    from megarl.models.packed_sequences import PackedLayout
+
+    cfg = TransformerConfig(num_layers=1, hidden_size=64, num_attention_heads=4, num_query_groups=2, kv_channels=16,
+                            tensor_model_parallel_size=2, attention_dropout=0.0, use_cpu_initialization=True)  # fmt: skip
+    sdpa = SdpaAttention(config=cfg, layer_number=1, attn_mask_type=AttnMaskType.causal, attention_type="self").eval()
+    gen = torch.Generator().manual_seed(2)
+    out = {}
+    for case, lengths in {"ragged": [5, 1, 9, 2, 6], "equal": [4, 4, 4], "one": [7]}.items():
+        t = sum(lengths)
+        q, k, v = (torch.randn(t, h, 16, generator=gen) for h in (2, 1, 1))  # [T, heads / tp, hn]
+        layout = PackedLayout.build(lengths)
+        with torch.no_grad():
+            got = sdpa(q, k, v, None, packed_seq_params=packed_seq_params(layout, host_offsets=True))  # [T, 32]
+        start, worst = 0, 0.0
+        for n in lengths:
+            qs, ks, vs = (x[start : start + n].transpose(0, 1)[None] for x in (q, k, v))
+            ref = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)[0]  # [heads, n, hn]
+            worst = max(worst, (got[start : start + n] - ref.transpose(0, 1).reshape(n, -1)).abs().max().item())
+            start += n
+        out[case] = worst
+    return out
 
 
 def _pp2_worker(rank: int, world: int, dirs: dict[str, str]) -> dict:
@@ -382,6 +414,7 @@ def test_bridges_tp2(model_dirs):
         assert r["critic"] == {"shape": (3, 12, 1), "finite": True, "same_on_tp_ranks": True, "export_has_score": True}
         assert r["recompute"] == {"selective": True, "full": True}
         assert r["attention"]["finite"] and r["attention"]["max_diff"] <= 1e-5, r["attention"]
+        assert max(r["packed_attention"].values()) <= 1e-6, r["packed_attention"]
     print(f"tp2 launch {time.perf_counter() - t0:.1f}s", {a: round(results[0][a]["seconds"], 2) for a in ARCHS})
 
 
