@@ -96,7 +96,8 @@ class PolicyRank(TrainedRank):
         try:
             metrics = self.transport.push(version)
         except Exception as exc:
-            self.push_progress.mark(version, "checking the export (after a failed push)")
+            cause = (str(exc).strip().splitlines() or [""])[-1][:400]
+            self.push_progress.mark(version, f"failed ({type(exc).__name__}: {cause}), meeting the others in the export check")
             self.policy.export_check.verdict(version, failure=exc)
             raise
         self.push_progress.mark(version, "checking the export")

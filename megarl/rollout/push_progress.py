@@ -96,11 +96,14 @@ def late_push(version: int, timeout_s: float, group: Any, waiting: list[int]) ->
 
 def push_report(version: int, places: dict[int, RankPlace | None], stacks: dict[int, bool], waiting: list[int]) -> str:
     """One paragraph naming the rank(s) the push waits for and where every rank is. Of the
-    ``waiting`` ranks, those that could not write their stacks are stopped or dead; else, within
-    a pipeline stage, those at the earliest place are the ones the rest of the stage waits for."""
+    ``waiting`` ranks, those that could not write their stacks are stopped or dead; else those
+    whose push raised (their place says why: e.g. an engine that died) hold the others in a
+    collective; else, within a pipeline stage, those at the earliest place are the ones the rest
+    of the stage waits for."""
     now = time.time()
     silent = sorted(r for r in waiting if not stacks.get(r, False))
     current = {r: p for r, p in places.items() if p is not None and p.version == version}
+    failed = sorted(r for r in waiting if r in current and current[r].phase.startswith("failed"))
     behind: list[int] = []
     for stage in sorted({p.group for p in current.values()}):
         mine = {r: p.order for r, p in current.items() if p.group == stage and r in waiting}
@@ -113,6 +116,9 @@ def push_report(version: int, places: dict[int, RankPlace | None], stacks: dict[
                      "deadline, which is shorter than a push's round trip")  # fmt: skip
     elif silent:
         lines.append(f"policy rank(s) {silent} did not write their stacks: stopped or dead (the others wait for them)")
+    elif failed:
+        lines.append(f"policy rank(s) {failed} failed their push and wait for the others in the export check, "
+                     "while the others wait for them (the cause is in their place below)")  # fmt: skip
     elif behind:
         lines.append(f"policy rank(s) {sorted(behind)} are behind the others of their pipeline stage (the rest wait "
                      "for them in a collective)")  # fmt: skip

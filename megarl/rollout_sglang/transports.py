@@ -356,9 +356,14 @@ class SGLangDistributedTransport:
                     )
                     for e in self.engines
                 ]
-                broadcast_tensors(group, [t for _, t in named])
-                for fut in pending:
-                    fut.result()
+                try:
+                    broadcast_tensors(group, [t for _, t in named])
+                    for fut in pending:
+                        fut.result()
+                except Exception as exc:  # name the receivers: a dead engine shows here as a reset connection
+                    urls = ", ".join(e.url for e in self.engines)
+                    raise RuntimeError(f"sending pipeline stage {stage}'s weights to engine(s) {urls} failed: "
+                                       f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:160]}") from exc
             del bucket
 
     def close(self) -> None:

@@ -1,11 +1,18 @@
-"""A weight push that stalls ends in a named error, not a hang.
+"""A weight push that stalls or loses its receiver ends in a named error, not a hang.
 
-A real `megarl launch` (Ray, two policy ranks, the torch engines fed in process) on a model
-large enough for a push to take many 1 MiB buckets. While a push runs, the test stops policy
-rank 1 (SIGSTOP) once its progress file says it is exporting its third bucket. Rank 0 then
-waits for it inside a collective. With ``rollout.weight_sync.timeout_s=5`` the driver must
-stop the run within seconds, naming rank 1 (it could not write its stacks: stopped), where
-each rank was, and the deadline; and leave no process behind.
+Real `megarl launch` runs (Ray, two policy ranks) on a model large enough for a push to take
+many 1 MiB buckets, with ``rollout.weight_sync.timeout_s=5``. The test watches a rank's
+progress file (``<rank log>.push``) and strikes in the middle of a push:
+
+- the torch engines fed in process: policy rank 1 is stopped (SIGSTOP) while it exports its
+  third bucket. Rank 0 waits for it in a collective; the driver must stop the run within
+  seconds naming rank 1 (it could not write its stacks: stopped) and where each rank was;
+- the real SGLang server (disaggregated, the distributed transport over gloo; skipped without
+  the SGLang CPU venv): the server is killed while rank 0 sends its third bucket. Rank 0's
+  push fails, rank 1 waits at the transport's barrier; the error must name rank 0, the engine
+  it was sending to and the cause.
+
+Each run must leave no process behind.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -35,25 +43,7 @@ def _rank_pid(log: Path) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def _stop_mid_push(run: Path, proc: subprocess.Popen, deadline_s: float = 300) -> int:
-    """SIGSTOP policy rank 1 while its progress file shows it exporting bucket >= 3; its pid."""
-    logs, deadline = run / "logs", time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, "the run ended before the test could stop a rank mid-push"
-        try:
-            phase = (logs / "policy_rank1.log.push").read_text()
-        except OSError:
-            phase = ""
-        m = re.search(r"\texporting bucket (\d+)", phase)
-        pid = _rank_pid(logs / "policy_rank1.log")
-        if m and int(m.group(1)) >= 3 and pid is not None:
-            os.kill(pid, signal.SIGSTOP)
-            return pid
-        time.sleep(0.005)
-    raise AssertionError("no push reached its third bucket on rank 1")
-
-
-def test_a_stalled_rank_mid_push_ends_in_a_named_error(tmp_path):
+def _launch(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, Path, Path]:
     from megarl.commands.demo import prepare_demo
     from megarl.models.tiny import build_tiny_model
 
@@ -68,36 +58,102 @@ def test_a_stalled_rank_mid_push_ends_in_a_named_error(tmp_path):
             "trainer.eval_freq=50", "trainer.save_freq=0", "trainer.loggers=[jsonl]", "data.prompts_per_step=4",
             "rollout.n=2", "actor.mini_batch_size=8", "actor.micro_batch_size=4", "rollout.weight_sync.bucket_mb=1",
             "rollout.weight_sync.check_logprobs=false", "rollout.weight_sync.timeout_s=5",
-            "data.max_prompt_length=128"]  # fmt: skip
+            "data.max_prompt_length=128", *extra]  # fmt: skip
     log = tmp_path / "driver.out"
     with log.open("w") as out:
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    stopped = None
+    return proc, run, log
+
+
+def _strike_mid_push(run: Path, proc: subprocess.Popen, rank: int, phase: str, strike: Callable[[], None]) -> None:
+    """Call ``strike`` once policy rank ``rank``'s progress shows ``phase`` (a regex whose
+    group 1 is a bucket number) at bucket 3 or later of a push after the first."""
+    progress, deadline = run / "logs" / f"policy_rank{rank}.log.push", time.monotonic() + 300
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "the run ended before the test could strike mid-push"
+        try:
+            version, place = progress.read_text().split("\t", 1)
+        except (OSError, ValueError):
+            version, place = "0", ""
+        m = re.search(phase, place)
+        if m and int(m.group(1)) >= 3 and int(version) >= 1:
+            strike()
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"no push reached {phase!r} at bucket 3 on rank {rank}")
+
+
+def _stopped(proc: subprocess.Popen, log: Path) -> str:
+    """The run's error line, after checking it stopped within a minute with exit code 2 and
+    took every process of its session along."""
+    family = psutil.Process(proc.pid).children(recursive=True)
+    started = time.monotonic()
+    proc.wait(timeout=120)
+    text = log.read_text()
+    assert proc.returncode == 2, text[-3000:]
+    assert time.monotonic() - started < 60, "the run took over a minute to stop after the fault"
+    alive = psutil.wait_procs([p for p in family if p.is_running()], timeout=20)[1]
+    assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], alive
+    return next(ln for ln in text.splitlines() if ln.startswith("error: weight push"))
+
+
+def test_a_stalled_rank_mid_push_ends_in_a_named_error(tmp_path):
+    proc, run, log = _launch(tmp_path)
+    stopped: list[int] = []
+
+    def stop_rank_1() -> None:
+        pid = _rank_pid(run / "logs" / "policy_rank1.log")
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        stopped.append(pid)
+
     try:
-        stopped = _stop_mid_push(run, proc)
-        family = psutil.Process(proc.pid).children(recursive=True)
-        started = time.monotonic()
-        proc.wait(timeout=120)
-        took = time.monotonic() - started
-        text = log.read_text()
-        assert proc.returncode == 2, text[-3000:]
-        line = next(ln for ln in text.splitlines() if ln.startswith("error: weight push"))
+        _strike_mid_push(run, proc, 1, r"\texporting bucket (\d+)", stop_rank_1)
+        line = _stopped(proc, log)
         assert "did not finish within 5 s (rollout.weight_sync.timeout_s)" in line, line
         assert "policy rank(s) [1] did not write their stacks: stopped or dead" in line, line
         # Where each rank was: rank 1 where it was stopped; rank 0 anywhere later (at TP=1 its
         # export needs no partner, so it may have reached the check that does).
         assert re.search(r"policy rank 1 \(stage 0\): exporting bucket [3-9]", line), line
         assert "; policy rank 0 (stage 0): " in line, line
-        assert took < 60, f"the run took {took:.0f} s to stop after the stall"
         assert "most recent call first" in (run / "logs" / "policy_rank0.log").read_text()  # rank 0's stacks
-        gone = psutil.wait_procs([p for p in family if p.is_running()], timeout=20)[1]
-        assert not [p for p in gone if p.status() != psutil.STATUS_ZOMBIE], gone
     finally:
-        if stopped is not None:
+        for pid in stopped:
             for sig in (signal.SIGCONT, signal.SIGKILL):
                 try:
-                    os.kill(stopped, sig)
+                    os.kill(pid, sig)
                 except ProcessLookupError:
                     pass
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.mark.sglang
+def test_an_engine_killed_mid_push_is_named(tmp_path):
+    from megarl.commands.demo import SGLANG_ON_CPU, sglang_cpu_python
+
+    python = sglang_cpu_python()
+    if python is None:
+        pytest.skip("no SGLang CPU venv: run `make sglang-cpu` to build it")
+    proc, run, log = _launch(tmp_path, "rollout.engine=sglang", f"rollout.server_python={python}", *SGLANG_ON_CPU)
+
+    def servers() -> list[psutil.Process]:
+        return [p for p in psutil.process_iter(["cmdline"])
+                if "sglang.launch_server" in " ".join(p.info["cmdline"] or []) and str(tmp_path) in " ".join(p.info["cmdline"] or [])]  # fmt: skip
+
+    def kill_engine() -> None:
+        (server,) = servers()
+        for p in [*server.children(recursive=True), server]:
+            p.kill()
+
+    try:
+        _strike_mid_push(run, proc, 0, r"\tsending bucket (\d+)", kill_engine)
+        line = _stopped(proc, log)
+        assert "did not finish within 5 s (rollout.weight_sync.timeout_s)" in line, line
+        assert "policy rank(s) [0] failed their push" in line, line
+        assert re.search(r"policy rank 0 \(stage 0\): failed \(RuntimeError: sending pipeline stage 0's weights to "
+                         r"engine\(s\) http://[\d.]+:\d+ failed: .*Connection reset by peer", line), line  # fmt: skip
+        assert servers() == []
+    finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

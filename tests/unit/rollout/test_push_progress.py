@@ -68,3 +68,12 @@ def test_ranks_that_all_finished_are_not_blamed():
     places = {r: RankPlace(2, 0, 6, now, "done") for r in range(2)}
     report = push_report(2, places, {0: True, 1: True}, waiting=[0, 1])
     assert report.startswith("every policy rank had finished its part: the results did not reach the driver")
+
+
+def test_a_rank_whose_push_raised_is_named_before_ranks_merely_behind():
+    now = time.time()
+    places = {0: RankPlace(3, 0, 8, now, "failed (RuntimeError: engine gone), meeting the others in the export check"),
+              1: RankPlace(3, 0, 90, now, "waiting for pipeline stage 0's broadcast to end")}  # fmt: skip
+    report = push_report(3, places, {0: True, 1: True}, waiting=[0, 1])
+    assert report.startswith("policy rank(s) [0] failed their push"), report
+    assert "policy rank 0 (stage 0): failed (RuntimeError: engine gone)" in report
