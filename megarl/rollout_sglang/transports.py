@@ -322,11 +322,23 @@ class SGLangDistributedTransport:
         # sets it once every stage is in (no single bucket is "the last" of the push).
         single = self.role.pp_size == 1
         progress = self.streams[self.role.stages[0]].progress
+        failure: Exception | None = None
         for stage in range(self.role.pp_size):
-            if stage in self.role.stages:
-                self._push_stage(stage, version, tag_last=single)
+            if stage in self.role.stages and failure is None:
+                try:
+                    self._push_stage(stage, version, tag_last=single)
+                except Exception as exc:  # noqa: BLE001 - raised below, after the barriers
+                    # Still meet the other ranks at every barrier, so that they reach the export
+                    # check (where every rank learns of the failure) instead of waiting here for
+                    # the deadline. A TP peer stuck in the stage's next gather still waits.
+                    failure = exc
             progress.mark(version, f"waiting for pipeline stage {stage}'s broadcast to end")
             self.barrier()
+        (failed_ranks,) = self.sum_over_ranks([float(failure is not None)])
+        if failure is not None:
+            raise failure
+        if failed_ranks:  # another rank's send failed: the export check names it on every rank
+            return sync_metrics(time.perf_counter() - start, 0, 0)
         if self.role.coordinator:
             if not single:
                 for engine in self.engines:
