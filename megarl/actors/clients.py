@@ -92,8 +92,9 @@ class TrainedClient:
 
 class PolicyClient(TrainedClient):
     """The policy group (PolicyRank): policy, reference and the torch engines live there.
-    ``push_timeout_s``: the deadline of one weight push (rollout.weight_sync.timeout_s; None: no
-    deadline, and none in an InProcessGroup, which cannot interrupt its own call)."""
+    ``push_timeout_s``: the deadline of one weight push (rollout.weight_sync.timeout_s), for a
+    Ray WorkerGroup (``call_within``); None: no deadline (an InProcessGroup cannot interrupt its
+    own call, and runs without Ray)."""
 
     def __init__(self, group: Group, push_timeout_s: float | None = None) -> None:
         super().__init__(group)
@@ -117,14 +118,15 @@ class PolicyClient(TrainedClient):
     def push_weights(self, version: int) -> dict[str, float]:
         """Send the current weights to the engines through the connected transport. A push that
         misses its deadline raises WeightPushTimeout naming the rank(s) it waited for."""
-        call_within = getattr(self.group, "call_within", None)
-        if self.push_timeout_s is None or call_within is None:
+        if self.push_timeout_s is None:
             return _first(self.group.call("push_weights", version))
-        from megarl.actors.ray_groups.worker_group import CallTimeout
+        from megarl.actors.ray_groups.worker_group import (
+            CallTimeout,  # a deadline means a Ray group
+        )
         from megarl.rollout.push_progress import late_push
 
         try:
-            return _first(call_within(self.push_timeout_s, "push_weights", version))
+            return _first(self.group.call_within(self.push_timeout_s, "push_weights", version))  # type: ignore[attr-defined]
         except CallTimeout as late:
             raise late_push(version, self.push_timeout_s, self.group, late.waiting) from None
 

@@ -13,8 +13,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "plan",
         help="check a config and print the placement and memory plan (no GPU, no weights needed)",
         description="Validate a config without starting anything: layout (TP x PP x DP per role), batch arithmetic, "
-        "algorithm needs, sequence lengths and the memory per GPU. Prints one row per GPU; exits 2 with every "
-        "problem (field, values, fix) when the run cannot work.",
+        "algorithm needs, sequence lengths, the memory per GPU, and what one weight push moves per GPU on each link "
+        "(with a lower-bound time at the cluster's bandwidths). Prints one row per GPU; exits 2 with every problem "
+        "(field, values, fix) when the run cannot work.",
     )
     add_config_args(p, optional=True)  # not with --list-archs
     p.add_argument("--list-archs", action="store_true", help="list the built-in architectures (model.arch) and exit")

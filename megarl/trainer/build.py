@@ -114,8 +114,8 @@ def _rank_classes(plan: Plan) -> dict[str, type]:
     return {role: cls for role, cls in (("policy", PolicyRank), ("critic", CriticRank)) if role in plan.roles}
 
 
-def _clients(cfg: MegaRLConfig, groups: dict[str, Any]) -> dict[str, TrainedClient]:
-    push_timeout = cfg.rollout.weight_sync.timeout_s or None
+def _clients(groups: dict[str, Any], push_timeout: float | None) -> dict[str, TrainedClient]:
+    """The clients of the started groups; ``push_timeout``: the weight push's deadline (Ray groups only)."""
     return {role: PolicyClient(group, push_timeout) if role == "policy" else CriticClient(group)
             for role, group in groups.items()}  # fmt: skip
 
@@ -130,7 +130,7 @@ def _start_groups(cfg: MegaRLConfig, plan: Plan, total_steps: int, log_dir: Path
         groups[role] = WorkerGroup(cls, placed[role], *_rank_args(cfg, role, total_steps),
                                    group_options=GroupOptions(log_dir=log_dir))  # fmt: skip
         closers.append(groups[role].shutdown)
-    return _clients(cfg, groups)
+    return _clients(groups, cfg.rollout.weight_sync.timeout_s or None)
 
 
 def _start_in_process(cfg: MegaRLConfig, plan: Plan, total_steps: int, log_dir: Path, closers: list[Callable[[], None]]) -> dict[str, TrainedClient]:
@@ -140,7 +140,7 @@ def _start_in_process(cfg: MegaRLConfig, plan: Plan, total_steps: int, log_dir: 
         assert len(plan.roles[role].gpus) == 1, "make_plan(in_process=True) refuses larger worlds"
         groups[role] = InProcessGroup(cls, *_rank_args(cfg, role, total_steps))
         closers.append(groups[role].shutdown)
-    return _clients(cfg, groups)
+    return _clients(groups, None)  # one process cannot interrupt its own push
 
 
 def _start_sglang(cfg: MegaRLConfig, plan: Plan, models: dict[str, Any], log_dir: Path) -> Any:
