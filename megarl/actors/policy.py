@@ -37,6 +37,7 @@ from megarl.algos.losses import LossFn, ModelOutputs
 from megarl.config.sections import ActorConfig
 from megarl.data.batch import Batch, TokenRows
 from megarl.models.fingerprint import ExportCheck
+from megarl.parallel.stage_collection import Collect
 
 
 class PolicyWorker(TrainedWorker):
@@ -97,7 +98,7 @@ class PolicyWorker(TrainedWorker):
 
         return self.trainer.train(batch, loss_head, mini_batch_size=mini_batch_size, ppo_epochs=ppo_epochs)
 
-    def export_weights(self, gather_pp: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
-        """HF-named full tensors, one at a time (collective; see the bridge). ``gather_pp=False``:
-        each pipeline stage yields only its own tensors (a transport that sends per stage)."""
-        return self.model.bridge.export_hf_tensors(self.model.core, gather_pp=gather_pp)
+    def export_weights(self, collect: Collect = "all") -> Iterator[tuple[str, torch.Tensor]]:
+        """HF-named full tensors, one at a time (collective; see the bridge). ``collect``: which
+        ranks receive the other pipeline stages' tensors (megarl/parallel/stage_collection.py)."""
+        return self.model.bridge.export_hf_tensors(self.model.core, collect=collect)

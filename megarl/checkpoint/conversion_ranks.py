@@ -100,12 +100,12 @@ class ExportRank:
         self.rank = self.model.info.rank
         self.progress = ProgressFile(progress_file)
 
-    def _export(self, gather_pp: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
+    def _export(self) -> Iterator[tuple[str, torch.Tensor]]:
         from megarl.models.bridge import has_value_head
 
         bridge, core = self.model.bridge, self.model.core
         total = len(bridge.export_names(self.model.hf_config, has_value_head(core)))
-        for done, item in enumerate(bridge.export_hf_tensors(core, gather_pp=gather_pp), 1):
+        for done, item in enumerate(bridge.export_hf_tensors(core, collect="leader"), 1):
             yield item
             self.progress(done, total)
 

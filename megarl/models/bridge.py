@@ -8,13 +8,11 @@ implements streaming import (:meth:`ModelBridge.load_hf_weights`) and streaming 
 (:meth:`ModelBridge.export_hf_tensors`), each checking that every tensor maps exactly once.
 
 Export (the data path of weight sync and `megarl convert`) is a collective over the model's
-TP and PP groups. Every rank of a DP replica calls it; every rank of that replica receives
-every tensor (TP shards are all-gathered, each PP stage broadcasts its tensors to the other
-stages in stage order, after announcing each tensor's name, shape and dtype: a receiver
-allocates what the sender sends, whatever the dtype); DP replicas work independently (no
-cross-DP traffic). The rank that feeds an engine (e.g. ``ParallelInfo.is_replica_leader``) uses
-the tensors, the others drop them. With ``gather_pp=False`` each stage yields only its own
-tensors (for transports that send per stage). Memory: one full tensor at a time beyond the model.
+TP and PP groups. Every rank of a DP replica calls it: TP shards are all-gathered within each
+stage, and the stages' tensors reach the ranks that load them as ``collect`` says
+(megarl/parallel/stage_collection.py: every rank, the replica's leader only, or none: each
+stage yields its own). DP replicas work independently (no cross-DP traffic). Memory: one full
+tensor at a time beyond the model.
 
 Left out: MoE, MLA, vision towers; registering new architectures happens in their own modules
 with :func:`register_bridge`.
@@ -30,7 +28,8 @@ import torch
 from megarl.models.layouts import VALUE_HEAD_HF_NAME, ParamRule, ShardInfo, export_full, read_shard
 from megarl.models.safetensors_reader import SafetensorsReader
 from megarl.parallel.cpu_compat import enable_cpu_compat
-from megarl.parallel.sharding import all_gather_objects, broadcast_from_group_rank
+from megarl.parallel.sharding import all_gather_objects
+from megarl.parallel.stage_collection import Collect, collect_stages, dtype_name, receives_all
 
 _REGISTRY: dict[str, type[ModelBridge]] = {}
 HF_CONFIG_ATTR = "megarl_hf_config"  # set on every GPTModel built by a bridge
@@ -194,10 +193,11 @@ class ModelBridge:
             names = (names - {"lm_head.weight"}) | {VALUE_HEAD_HF_NAME}
         return names
 
-    def export_hf_tensors(self, model: torch.nn.Module, *, gather_pp: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
+    def export_hf_tensors(self, model: torch.nn.Module, *, collect: Collect = "all") -> Iterator[tuple[str, torch.Tensor]]:
         """Yield ``(HF name, full tensor)`` one at a time (a collective over the replica's TP and
-        PP groups; who receives what: see the module docstring). Packing them into transfer
-        buckets is the weight stream's job (megarl/rollout/weight_stream.py)."""
+        PP groups). ``collect``: which ranks also receive the other pipeline stages' tensors
+        (megarl/parallel/stage_collection.py); the others yield their own stage's. Packing them
+        into transfer buckets is the weight stream's job (megarl/rollout/weight_stream.py)."""
         from megatron.core import parallel_state as ps
 
         enable_cpu_compat()  # this thread may not be the one that called init_parallel
@@ -206,51 +206,19 @@ class ModelBridge:
         info = self.shard_info(hf_config, gpt)
         mine = [(r, p) for r, p in self.local_rules(gpt) if r.export]
         pp_size, pp_rank = ps.get_pipeline_model_parallel_world_size(), ps.get_pipeline_model_parallel_rank()
+        own = ((name, full) for rule, param in mine for name, full in export_full(rule, param, info))
+        if collect != "stage" and pp_size > 1:
+            # Each stage announces (name, shape, dtype) of what it will send; receivers allocate
+            # exactly that, so sender and receivers cannot disagree on a buffer's size.
+            shapes = self.hf_tensor_shapes(hf_config) | _value_head_shapes(gpt)
+            specs = all_gather_objects([(n, tuple(shapes[n]), dtype_name(p.dtype)) for r, p in mine for n in r.hf])
+            own = collect_stages(own, specs, collect, next(gpt.parameters()).device)
         seen: set[str] = set()
-        if not gather_pp or pp_size == 1:
-            for rule, param in mine:
-                for name, full in export_full(rule, param, info):
-                    _note_once(seen, name)
-                    yield name, full
-            if pp_size == 1:
-                _check_all_exported(seen, self.export_names(hf_config, has_value_head(gpt)))
-            return
-        # Each stage announces (name, shape, dtype) of what it will send; receivers allocate
-        # exactly that, so sender and receivers cannot disagree on a buffer's size.
-        shapes = self.hf_tensor_shapes(hf_config) | _value_head_shapes(gpt)
-        stage_specs = all_gather_objects(
-            [(n, tuple(shapes[n]), _dtype_name(p.dtype)) for r, p in mine for n in _exported_names(r)]
-        )
-        device = next(gpt.parameters()).device
-        for stage, specs in enumerate(stage_specs):
-            if stage == pp_rank:
-                announced = iter(specs)
-                for rule, param in mine:
-                    for name, full in export_full(rule, param, info):
-                        _note_once(seen, name)
-                        _check_announced(next(announced), name, full)
-                        yield name, broadcast_from_group_rank(full, stage, full.shape, full.dtype, device)
-            else:
-                for name, shape, dtype_name in specs:
-                    _note_once(seen, name)
-                    dtype = getattr(torch, dtype_name)
-                    yield name, broadcast_from_group_rank(None, stage, shape, dtype, device)
-        _check_all_exported(seen, self.export_names(hf_config, has_value_head(gpt)))
-
-
-def _exported_names(rule: ParamRule) -> tuple[str, ...]:
-    return rule.hf
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def _check_announced(spec: tuple[str, tuple[int, ...], str], name: str, full: torch.Tensor) -> None:
-    """The tensor a stage sends must be what it announced (else the receivers' buffers differ)."""
-    got = (name, tuple(full.shape), _dtype_name(full.dtype))
-    if got != spec:
-        raise AssertionError(f"pipeline export: announced {spec}, about to send {got}")
+        for name, full in own:
+            _note_once(seen, name)
+            yield name, full
+        if receives_all(collect, pp_rank, info.tp_rank, pp_size):
+            _check_all_exported(seen, self.export_names(hf_config, has_value_head(gpt)))
 
 
 def _note_once(seen: set[str], name: str) -> None:

@@ -8,7 +8,7 @@ compares two permutation-invariant statistics, the fp64 sum and the fp64 sum of 
 
 - expected: from the policy's own parameters, shard by shard (the vocabulary padding rows left
   out, a replicated tensor counted on TP rank 0 only), summed over the TP group and collected
-  over the pipeline stages the export sends;
+  over the pipeline stages whose tensors the export delivers to this rank;
 - observed: from the tensors the export actually yielded, as the weight stream packs them.
 
 The two paths share nothing but the parameters: a conversion that scales, truncates, drops or
@@ -23,9 +23,12 @@ leaves a wide margin and is still 10^4 times tighter than a 1 % change of one te
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from megarl.parallel.stage_collection import Collect
 
 Stats = tuple[float, float]  # (sum, sum of |x|), fp64
 Fingerprint = dict[tuple[str, ...], Stats]  # HF names of one parameter -> its stats
@@ -43,14 +46,15 @@ def tensor_stats(t: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def expected_fingerprint(bridge: Any, model: torch.nn.Module, *, gather_pp: bool = True) -> Fingerprint:
-    """The fingerprint of what ``bridge.export_hf_tensors(model, gather_pp=...)`` yields on this
-    rank, computed from the parameters (a collective over the TP group, and the PP group when
-    ``gather_pp``: every rank of the replica calls it at the same point)."""
+def expected_fingerprint(bridge: Any, model: torch.nn.Module, *, collect: Collect = "all") -> Fingerprint:
+    """The fingerprint of what ``bridge.export_hf_tensors(model, collect=...)`` yields on this
+    rank, computed from the parameters (a collective over the TP group, and the PP group unless
+    ``collect`` is "stage": every rank of the replica calls it at the same point)."""
     import torch.distributed as dist
 
     from megarl.models.bridge import hf_config_of, unwrap_model
     from megarl.parallel.sharding import all_gather_objects, pp_group, tp_group
+    from megarl.parallel.stage_collection import receives_all
 
     gpt = unwrap_model(model)
     hf_config = hf_config_of(gpt)
@@ -69,10 +73,14 @@ def expected_fingerprint(bridge: Any, model: torch.nn.Module, *, gather_pp: bool
     if info.tp_size > 1:
         dist.all_reduce(stats, group=tp_group())
     local = {rule.hf: (float(s), float(a)) for (rule, _), (s, a) in zip(mine, stats.cpu().tolist(), strict=True)}
-    if not gather_pp or dist.get_world_size(pp_group()) == 1:
+    pp_size = dist.get_world_size(pp_group())
+    if collect == "stage" or pp_size == 1:
+        return local
+    stages = all_gather_objects(local)  # on every rank of the PP group, the leader's included
+    if not receives_all(collect, dist.get_rank(pp_group()), info.tp_rank, pp_size):
         return local
     merged: Fingerprint = {}
-    for stage in all_gather_objects(local):
+    for stage in stages:
         merged |= stage
     return merged
 
@@ -98,10 +106,10 @@ class ExportCheck:
         initialized = dist.is_available() and dist.is_initialized()
         self.group = dist.new_group(backend="gloo") if initialized and dist.get_world_size() > 1 else None
 
-    def observe(self, *, gather_pp: bool) -> Observation:
+    def observe(self, *, collect: Collect) -> Observation:
         """Start observing one export (the expected side is a collective: see expected_fingerprint)."""
         self.open += 1
-        return Observation(expected_fingerprint(self.bridge, self.model, gather_pp=gather_pp), self)
+        return Observation(expected_fingerprint(self.bridge, self.model, collect=collect), self)
 
     def verdict(self, version: int, failure: BaseException | None = None) -> None:
         """After push ``version`` on every rank (a collective): raises when any rank's export

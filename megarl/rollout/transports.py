@@ -33,6 +33,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from megarl.parallel.stage_collection import Collect
 from megarl.rollout.engine import RolloutEngine
 from megarl.rollout.push_progress import PushProgress
 from megarl.rollout.weight_stream import WeightStream
@@ -170,6 +171,13 @@ def _save_bucket(tensors: Sequence[tuple[str, Any]], path: Path) -> None:
     save_file({name: t.detach().contiguous().cpu() for name, t in tensors}, str(path))
 
 
+# Which ranks of a policy replica receive every pipeline stage's tensors, per transport
+# (megarl/parallel/stage_collection.py): the torch engine lives in the replica's leader and the
+# disk writer is rank 0; a colocated SGLang engine reads whole tensors from every GPU it runs on;
+# the distributed transport sends each stage's tensors from that stage.
+TRANSPORT_COLLECT: dict[str, Collect] = {"in_process": "leader", "disk": "leader", "tensor": "all", "distributed": "stage"}
+
+
 def build_transport(name: str, policy: Any, *, bucket_mb: float, local_engine: Any = None,
                     disk_dir: str | Path | None = None, hf_dir: str | None = None,
                     progress: PushProgress | None = None) -> WeightTransport:  # fmt: skip
@@ -180,8 +188,11 @@ def build_transport(name: str, policy: Any, *, bucket_mb: float, local_engine: A
     notes each bucket (megarl/rollout/push_progress.py).
     """
     info = policy.info
-    stream = WeightStream(policy.export_weights, bucket_mb, observe=partial(policy.export_check.observe, gather_pp=True),
-                          progress=progress)  # fmt: skip
+    collect = TRANSPORT_COLLECT.get(name)
+    if collect is None:
+        raise ValueError(f"rollout.weight_sync.transport {name!r} is not one of {', '.join(TRANSPORT_COLLECT)}")
+    stream = WeightStream(partial(policy.export_weights, collect=collect), bucket_mb, progress=progress,
+                          observe=partial(policy.export_check.observe, collect=collect))  # fmt: skip
     own = [local_engine] if local_engine is not None else []
     if name == "in_process":
         return InProcessTransport(stream, own)
@@ -196,9 +207,7 @@ def build_transport(name: str, policy: Any, *, bucket_mb: float, local_engine: A
         from megarl.rollout_sglang.transports import SGLangTensorTransport
 
         return SGLangTensorTransport(stream, rank=info.rank)
-    if name == "distributed":
-        return _distributed(policy, bucket_mb, progress)
-    raise ValueError(f"rollout.weight_sync.transport {name!r} is not one of in_process, disk, tensor, distributed")
+    return _distributed(policy, stream)
 
 
 def _sglang_writer_engines(writer: bool) -> Callable[[Any], Sequence[Any]]:
@@ -210,16 +219,14 @@ def _sglang_writer_engines(writer: bool) -> Callable[[Any], Sequence[Any]]:
     return engines_of
 
 
-def _distributed(policy: Any, bucket_mb: float, progress: PushProgress | None) -> WeightTransport:
+def _distributed(policy: Any, stream: WeightStream) -> WeightTransport:
     """One group per pipeline stage: each stage exports only its own tensors (no cross-stage
-    broadcast) and its DP=0/TP=0 rank sends them; rank 0 drives pause / flush / versions."""
+    traffic) and its DP=0/TP=0 rank sends them; rank 0 drives pause / flush / versions."""
     import torch
 
     from megarl.rollout_sglang.transports import SGLangDistributedTransport, StageRole
 
     info = policy.info
-    stream = WeightStream(lambda: policy.export_weights(gather_pp=False), bucket_mb,
-                          observe=partial(policy.export_check.observe, gather_pp=False), progress=progress)
     sender = info.tp_rank == 0 and info.dp_rank == 0
     role = StageRole(pp_size=info.pp_size, stages=(info.pp_rank,), sender_stages=(info.pp_rank,) if sender else (),
                      coordinator=info.rank == 0)  # fmt: skip

@@ -6,7 +6,8 @@ rope scaling and no GQA, Qwen3 with head_dim 32 != hidden / heads:
 - Megatron logits == HF logits (max abs diff <= 1e-4) on a left-padded batch of mixed lengths
   (at TP=2 with sequence parallelism, the default there),
   padded positions excluded, padded vocab columns dropped;
-- export(import(hf)) == the HF safetensors, bit for bit, every tensor exactly once, on every rank;
+- export(import(hf)) == the HF safetensors, bit for bit, every tensor exactly once, on every rank
+  (and, collected to the leader only, on the leader; the other ranks keep their stage's);
   the weight fingerprint computed from the shards (megarl/models/fingerprint.py) equals the
   file's, and tells apart the file with one tensor scaled by 1.01.
 The TP=2 launch also checks the critic's value head and SdpaAttention against Megatron's own
@@ -315,16 +316,17 @@ def _pp2_worker(rank: int, world: int, dirs: dict[str, str]) -> dict:
         out[arch] = {
             "max_diff": (logits - ref)[valid].abs().max().item(),
             "export": _export_check(bridge, model, path),
+            "leader": _collected_check(bridge, model, path, "leader"),
             "seconds": time.perf_counter() - t0,
         }
     return out
 
 
 def _tp2_pp2_worker(rank: int, world: int, dirs: dict[str, str]) -> dict:
-    """TP=2 x PP=2: logits through the pipeline (TP-gathered), full export, per-stage export."""
+    """TP=2 x PP=2: logits through the pipeline (TP-gathered), the export with each ``collect``
+    (every rank, the leader only, each stage its own), and the stage collection of odd sizes."""
     from pipeline_oracle import broadcast_from_last_stage, forward_only, gpt_inputs
 
-    from megarl.models.fingerprint import expected_fingerprint
     from megarl.parallel.groups import init_parallel
     from megarl.parallel.sharding import gather_along
 
@@ -339,14 +341,50 @@ def _tp2_pp2_worker(rank: int, world: int, dirs: dict[str, str]) -> dict:
             collect=lambda o, mb: gather_along(o, dim=-1), seq_length=ids.shape[1], micro_batch_size=3,
         )
         logits = broadcast_from_last_stage(got)[0][..., :vocab]
-        stage_names = {n for n, _ in bridge.export_hf_tensors(model, gather_pp=False)}
-        stage_fingerprint = expected_fingerprint(bridge, model, gather_pp=False)
         out[arch] = {
-            "stage_fingerprint_names": sorted(n for names in stage_fingerprint for n in names),
             "max_diff": (logits - _hf_logits(path, ids, valid))[valid].abs().max().item(),
-            "export": _export_check(bridge, model, path),
-            "stage_names": sorted(stage_names),
+            "export": _export_check(bridge, model, path),  # collect="all": TP slices over PP, then TP all-gather
         }
+        for collect in ("stage", "leader"):
+            out[arch][collect] = _collected_check(bridge, model, path, collect)
+    out["odd_sizes"] = _odd_sizes_check(info)
+    return out
+
+
+def _collected_check(bridge, model, path: str, collect: str) -> dict:
+    """What this rank yields with ``collect``: its names, any tensor unequal to the file's, and
+    the names the fingerprint of the same collect expects here."""
+    from safetensors.torch import load_file
+
+    from megarl.models.fingerprint import expected_fingerprint
+
+    expected = load_file(f"{path}/model.safetensors")
+    got = {n: t.clone() for n, t in bridge.export_hf_tensors(model, collect=collect)}
+    fingerprint = expected_fingerprint(bridge, model, collect=collect)
+    return {
+        "names": sorted(got),
+        "unequal": sorted(n for n, t in got.items() if not torch.equal(t, expected[n])),
+        "fingerprint_names": sorted(n for names in fingerprint for n in names),
+    }
+
+
+def _odd_sizes_check(info) -> dict:
+    """collect_stages on tensors whose sizes do not split evenly over TP (the slices are padded)
+    and of two dtypes: every receiving rank gets each stage's tensors exactly."""
+    from megarl.parallel.stage_collection import collect_stages, dtype_name
+
+    def stage_tensors(stage: int) -> list[tuple[str, torch.Tensor]]:
+        gen = torch.Generator().manual_seed(stage)
+        return [(f"s{stage}.a", torch.randn(3, generator=gen)),
+                (f"s{stage}.b", torch.randn(5, 7, generator=gen).to(torch.bfloat16)),
+                (f"s{stage}.c", torch.randn(1, generator=gen))]  # fmt: skip
+
+    specs = [[(n, tuple(t.shape), dtype_name(t.dtype)) for n, t in stage_tensors(s)] for s in range(2)]
+    out = {}
+    for collect in ("all", "leader"):
+        got = dict(collect_stages(iter(stage_tensors(info.pp_rank)), specs, collect, torch.device("cpu")))
+        want = dict(stage_tensors(0) + stage_tensors(1))
+        out[collect] = {"names": sorted(got), "unequal": sorted(n for n, t in got.items() if not torch.equal(t, want[n]))}
     return out
 
 
@@ -423,6 +461,12 @@ def test_bridges_pp2(model_dirs):
     results = run_distributed(_pp2_worker, 2, model_dirs)
     assert sorted(r["stage"] for r in results) == [0, 1]
     _assert_arch_results(results)
+    for arch in ARCHS:  # collect="leader": stage 0 gets every tensor, stage 1 keeps its own
+        got = {r["stage"]: r[arch]["leader"] for r in results}
+        assert got[0]["names"] == sorted(_names_of(model_dirs[arch])) and got[0]["unequal"] == [], arch
+        assert set(got[1]["names"]) < set(got[0]["names"]) and got[1]["unequal"] == [], arch
+        assert "model.norm.weight" in got[1]["names"] and "model.embed_tokens.weight" not in got[1]["names"], arch
+        assert [g["fingerprint_names"] for g in got.values()] == [g["names"] for g in got.values()], arch
     print(f"pp2 launch {time.perf_counter() - t0:.1f}s", {a: round(results[0][a]["seconds"], 2) for a in ARCHS})
 
 
@@ -446,14 +490,28 @@ def test_bridges_tp2_pp2(model_dirs):
     results = run_distributed(_tp2_pp2_worker, 4, model_dirs)
     assert sorted(r["stage"] for r in results) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     _assert_arch_results(results)
+    everything = {a: sorted(_names_of(model_dirs[a])) for a in ARCHS}
     for arch in ARCHS:
         # per-stage export: the two stages partition the checkpoint, TP ranks of a stage agree
-        by_stage = {r["stage"][0]: set(r[arch]["stage_names"]) for r in results}
+        by_stage = {r["stage"][0]: set(r[arch]["stage"]["names"]) for r in results}
         assert not by_stage[0] & by_stage[1]
-        assert by_stage[0] | by_stage[1] == set(_names_of(model_dirs[arch]))
+        assert by_stage[0] | by_stage[1] == set(everything[arch])
         assert "model.embed_tokens.weight" in by_stage[0] and "model.norm.weight" in by_stage[1]
-        for r in results:  # a per-stage fingerprint covers exactly what the stage exports
-            assert r[arch]["stage_fingerprint_names"] == r[arch]["stage_names"], arch
+        for r in results:
+            for collect in ("stage", "leader"):
+                got = r[arch][collect]
+                assert got["unequal"] == [], (arch, collect, got["unequal"])
+                # a fingerprint covers exactly what the same collect yields on this rank
+                assert got["fingerprint_names"] == got["names"], (arch, collect)
+            # leader: the replica's first rank (stage 0, TP rank 0) gets every tensor, the others their stage's
+            leader = r["stage"] == (0, 0)
+            assert r[arch]["leader"]["names"] == (everything[arch] if leader else sorted(by_stage[r["stage"][0]])), arch
+    for r in results:
+        stage = r["stage"][0]
+        assert r["odd_sizes"]["all"] == {"names": sorted(f"s{s}.{x}" for s in (0, 1) for x in "abc"), "unequal": []}
+        leader_names = r["odd_sizes"]["leader"]["names"]
+        assert leader_names == sorted(f"s{s}.{x}" for s in ((0, 1) if r["stage"] == (0, 0) else (stage,)) for x in "abc")
+        assert r["odd_sizes"]["leader"]["unequal"] == []
     print(f"tp2 x pp2 launch {time.perf_counter() - t0:.1f}s")
 
 

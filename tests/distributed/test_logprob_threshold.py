@@ -143,7 +143,7 @@ def _push_and_check(policy, engine, export_fn, version: int, checks) -> dict:
     from megarl.rollout.transports import InProcessTransport
     from megarl.rollout.weight_stream import WeightStream
 
-    observe = partial(policy.export_check.observe, gather_pp=True)  # as build_transport wires it
+    observe = partial(policy.export_check.observe, collect="leader")  # as build_transport wires in_process
     transport = InProcessTransport(WeightStream(export_fn, bucket_mb=1, observe=observe), [engine] if engine is not None else [])
     transport.connect(None)
     transport.push(version)
@@ -183,7 +183,7 @@ def _run(rank: int, world_size: int, model_dir: str, probe: list, steps: list) -
     bound = WeightSyncConfig().max_logprob_diff
     checks = tuple(PostPushCheck(partial(_generate, engine), _Trainer(policy), probe, sampling, max_diff=b)
                    for b in (math.inf, bound))  # fmt: skip
-    clean = policy.export_weights
+    clean = partial(policy.export_weights, collect="leader")
     cases = {"clean": clean, "swap q/k layer 0": swap_qk(clean, 0), "down_proj x 1.01": scale(clean, DOWN_PROJ, 1.01),
              f"down_proj x {REFUSED_SCALE}": scale(clean, DOWN_PROJ, REFUSED_SCALE), "clean again": clean}  # fmt: skip
     out = {name: _push_and_check(policy, engine, fn, v + 1, checks) for v, (name, fn) in enumerate(cases.items())}

@@ -73,7 +73,7 @@ class _Check(ExportCheck):
         super().__init__(None, None)
         self.expected = expected
 
-    def observe(self, *, gather_pp: bool) -> Observation:
+    def observe(self, *, collect: str) -> Observation:
         self.open += 1
         return Observation(self.expected, self)
 
@@ -86,7 +86,7 @@ def test_the_stream_observes_every_tensor_and_the_verdict_judges_each_push():
     def export(corrupt: bool):
         return lambda: ((n, t * 1.01 if corrupt and n == "w4" else t) for n, t in weights.items())
 
-    stream = WeightStream(export(True), bucket_mb=0.5, observe=partial(check.observe, gather_pp=True))
+    stream = WeightStream(export(True), bucket_mb=0.5, observe=partial(check.observe, collect="all"))
     for bucket in stream.buckets(version=1):
         if bucket.last:
             assert [m.split(":")[0] for m in check.problems] == ["w4"]  # judged before a consumer can stop
