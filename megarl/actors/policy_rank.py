@@ -48,9 +48,9 @@ class PolicyRank(TrainedRank):
             self.engine = TorchEngine(path, device=device, dtype=dtype, max_running_requests=cfg.rollout.max_running_requests)
         ws = cfg.rollout.weight_sync
         self.push_progress = PushProgress(group=self.info.pp_rank)  # where this rank is in a push, for the deadline report
-        self.transport = build_transport(cfg.weight_transport, self.policy, bucket_mb=ws.bucket_mb, local_engine=self.engine,
-                                         disk_dir=weight_dir or cfg.weight_disk_dir, hf_dir=path,
-                                         progress=self.push_progress)  # fmt: skip
+        self.transport = build_transport(cfg.weight_transport, self.policy, bucket_mb=ws.bucket_mb, overlap=ws.overlap,
+                                         local_engine=self.engine, disk_dir=weight_dir or cfg.weight_disk_dir,
+                                         hf_dir=path, progress=self.push_progress)  # fmt: skip
         self.loss_fn = make_policy_loss_fn(cfg.algorithm, cfg.rollout.sampling.max_new_tokens)
         self._profiler: Any = None
 

@@ -483,8 +483,9 @@ def _plan_memory(cfg: MegaRLConfig, arch: ArchSpec, roles: dict[str, RoleLayout]
         _check_rollout_memory(cfg, rollout, issues)
     table = residency_of(cfg)
     sizes = _state_bytes(cfg, arch, mems, rollout)
-    working = phase_working_bytes(mems.get("policy"), mems.get("critic"), cfg.rollout.weight_sync.bucket_mb * 1024**2,
-                                  largest_hf_tensor_bytes(arch, cfg.model.dtype))  # fmt: skip
+    ws = cfg.rollout.weight_sync
+    buckets = (2 if ws.overlap else 1) * ws.bucket_mb * 1024**2  # with overlap: the one sent and the one filled
+    working = phase_working_bytes(mems.get("policy"), mems.get("critic"), buckets, largest_hf_tensor_bytes(arch, cfg.model.dtype))
     overhead = RUNTIME_OVERHEAD_GIB * GIB
     # As built, the optimizer holds its fp32 master copies only: the first step (or a checkpoint
     # load) allocates Adam's moments, in a phase that has room for them.

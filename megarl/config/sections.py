@@ -157,6 +157,12 @@ class WeightSyncConfig(Section):
         None, description="Directory of the disk transport (on a filesystem every engine reads); None = <output_dir>/weights."
     )
     bucket_mb: int = Field(512, ge=1, description="Size of one weight-transfer bucket in MiB.")
+    overlap: bool = Field(
+        True,
+        description="Export (TP gather, pipeline-stage collection, HF conversion) the next bucket while the current "
+        "one is sent: a push then holds up to two buckets plus one tensor instead of one. false: export and send "
+        "alternate.",
+    )
     timeout_s: float = Field(
         600.0, ge=0,
         description="Deadline of one weight push (export, transfer, engine requests). When it passes, every policy "

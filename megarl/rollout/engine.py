@@ -10,7 +10,7 @@ recomputes), so the train/inference mismatch metric compares like with like.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -68,7 +68,7 @@ class WeightBucket:
     tensors: list[tuple[str, torch.Tensor]]
     version: int
     last: bool = False
-    meta: dict = field(default_factory=dict)
+    index: int = 1  # its place in the push, from 1 (for progress reports)
 
     @property
     def nbytes(self) -> int:

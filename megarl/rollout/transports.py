@@ -178,12 +178,13 @@ def _save_bucket(tensors: Sequence[tuple[str, Any]], path: Path) -> None:
 TRANSPORT_COLLECT: dict[str, Collect] = {"in_process": "leader", "disk": "leader", "tensor": "all", "distributed": "stage"}
 
 
-def build_transport(name: str, policy: Any, *, bucket_mb: float, local_engine: Any = None,
+def build_transport(name: str, policy: Any, *, bucket_mb: float, overlap: bool = True, local_engine: Any = None,
                     disk_dir: str | Path | None = None, hf_dir: str | None = None,
                     progress: PushProgress | None = None) -> WeightTransport:  # fmt: skip
     """The transport ``name`` (``rollout.weight_sync.transport``, resolved) for one policy rank.
 
-    ``policy``: the rank's PolicyWorker (``info`` and ``export_weights``); ``local_engine``:
+    ``policy``: the rank's PolicyWorker (``info`` and ``export_weights``); ``overlap``: the
+    stream exports the next bucket while one is sent (megarl/rollout/weight_stream.py); ``local_engine``:
     the torch engine of this rank (replica leaders), else None; ``progress``: where the stream
     notes each bucket (megarl/rollout/push_progress.py).
     """
@@ -191,7 +192,7 @@ def build_transport(name: str, policy: Any, *, bucket_mb: float, local_engine: A
     collect = TRANSPORT_COLLECT.get(name)
     if collect is None:
         raise ValueError(f"rollout.weight_sync.transport {name!r} is not one of {', '.join(TRANSPORT_COLLECT)}")
-    stream = WeightStream(partial(policy.export_weights, collect=collect), bucket_mb, progress=progress,
+    stream = WeightStream(partial(policy.export_weights, collect=collect), bucket_mb, progress=progress, overlap=overlap,
                           observe=partial(policy.export_check.observe, collect=collect))  # fmt: skip
     own = [local_engine] if local_engine is not None else []
     if name == "in_process":

@@ -109,7 +109,7 @@ def test_a_stalled_rank_mid_push_ends_in_a_named_error(tmp_path):
         stopped.append(pid)
 
     try:
-        _strike_mid_push(run, proc, 1, r"\texporting bucket (\d+)", stop_rank_1)
+        _strike_mid_push(run, proc, 1, r"(?:\t|, )exporting bucket (\d+)", stop_rank_1)
         line = _stopped(proc, log)
         assert "did not finish within 5 s (rollout.weight_sync.timeout_s)" in line, line
         assert "policy rank(s) [1] did not write their stacks: stopped or dead" in line, line
