@@ -1,21 +1,27 @@
-"""Benchmark: weight sync of a ~0.5B Qwen2-shaped model, Megatron TP=2 -> torch engine (in-process).
+"""Benchmark: weight sync of a ~0.5B Qwen2-shaped model, Megatron TP=2 or PP=2 -> torch engine (in-process).
 
-Two gloo processes (one thread each) build a Megatron model at TP=2 (bf16, no optimizer) from a
-random-init HF directory shaped like Qwen2-0.5B (24 layers, hidden 896, 14 heads, 2 KV heads,
-FFN 4864, vocab 151936, tied embeddings); rank 0 also holds the torch engine. Measured:
+Two gloo processes (one thread each) build a Megatron model at TP=2 and then at PP=2 (bf16, no
+optimizer) from a random-init HF directory shaped like Qwen2-0.5B (24 layers, hidden 896, 14
+heads, 2 KV heads, FFN 4864, vocab 151936, tied embeddings); rank 0 (the replica's leader) also
+holds the torch engine. Measured, per layout:
 
-- export only: the shared stream (TP all-gather + HF conversion + bucketing), no engine;
-- full push: export + ``engine.load_weights`` (InProcessTransport), metrics as reported;
+- export only: the shared stream (TP all-gather, stage collection to the leader, HF
+  conversion, bucketing), no engine;
+- push: export + ``engine.load_weights`` (InProcessTransport), export and load one after the
+  other (``overlap=False``) and double-buffered (``overlap=True``);
+- at PP=2, also the push through the stage collection that sends every stage to every rank
+  (``collect="all"``, what the in-process push did before it sent to the leader only);
 - all-gather: one ``all_gather_into_tensor`` of the same number of bytes between the same two
-  processes (each sends half): the wire a TP=2 export can reach here;
+  processes (each sends half): the wire a push can reach here;
 - memcpy: one ``copy_`` of the same number of bytes on rank 0, same thread count, same run.
 
-The three sides run interleaved, ``--reps`` times; each ratio is the median of the per-rep
-ratios.
+The sides run interleaved, ``--reps`` times; each ratio is the median of the per-rep ratios.
+The stream's peak (the most exported bytes held at once) is reported for both overlap modes,
+with rank 0's peak resident memory.
 
 Prints a table and writes bench/results/weight_sync.json (machine, load, date).
 
-    .venv/bin/python bench/weight_sync.py [--bucket-mb 512] [--reps 3] [--small]
+    .venv/bin/python bench/weight_sync.py [--bucket-mb 512] [--reps 5] [--small]
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import socket
 import statistics
 import sys
@@ -41,6 +48,7 @@ QWEN2_05B = dict(hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2, f
                  vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=4096)
 SMALL = dict(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2, ffn_hidden_size=256,
              vocab_size=1000, tie_word_embeddings=True, max_position_embeddings=512)
+LAYOUTS = {"tp2": dict(tp=2), "pp2": dict(pp=2)}
 
 
 def build_hf_dir(out: Path, shape: dict) -> int:
@@ -86,7 +94,7 @@ def timed_push(sync, version: int) -> dict[str, float]:
     return sync.push(version)
 
 
-def rank_main(rank: int, port: int, model_dir: str, bucket_mb: float, reps: int, out: str) -> None:
+def rank_main(rank: int, port: int, model_dir: str, layout: str, bucket_mb: float, reps: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
     import torch.distributed as dist
@@ -98,31 +106,83 @@ def rank_main(rank: int, port: int, model_dir: str, bucket_mb: float, reps: int,
     from megarl.rollout.transports import InProcessTransport
     from megarl.rollout.weight_stream import WeightStream
 
-    model = MegatronModel.build(model_dir, ActorConfig(parallel=ParallelConfig(tp=2)), torch.bfloat16, seed=1)
-    engine = TorchEngine(model_dir, dtype="bfloat16") if rank == 0 else None
-    stream = WeightStream(partial(model.bridge.export_hf_tensors, model.core), bucket_mb=bucket_mb)
-    export_only, full = InProcessTransport(stream), InProcessTransport(stream, [engine] if engine is not None else [])
-    export_only.connect(None)
-    full.connect(None)
-    runs: dict[str, list] = {"export_only": [], "push": [], "all_gather_seconds": []}
-    for rep in range(reps):
-        runs["export_only"].append(timed_push(export_only, 0))
-        runs["push"].append(timed_push(full, rep + 1))
-        runs["all_gather_seconds"].append(gather_seconds(int(runs["push"][-1]["weight_sync/bytes"])))
+    model = MegatronModel.build(model_dir, ActorConfig(parallel=ParallelConfig(**LAYOUTS[layout])), torch.bfloat16, seed=1)
+    engine = [TorchEngine(model_dir, dtype="bfloat16")] if rank == 0 else []
+
+    def transport(engines: list, overlap: bool, collect: str = "leader") -> InProcessTransport:
+        export = partial(model.bridge.export_hf_tensors, model.core, collect=collect)
+        sync = InProcessTransport(WeightStream(export, bucket_mb=bucket_mb, overlap=overlap), engines)
+        sync.connect(None)
+        return sync
+
+    sides = {"export_only": transport([], True), "push_sequential": transport(engine, False),
+             "push_overlap": transport(engine, True)}
+    if layout == "pp2":
+        sides["push_collect_all"] = transport(engine, True, collect="all")
+    runs: dict[str, list] = {k: [] for k in [*sides, "all_gather_seconds"]}
+    version = 0
+    for _ in range(reps):
+        for name, sync in sides.items():
+            version += 1
+            runs[name].append(timed_push(sync, version))
+        # The leader's bytes (at PP=2 the other stage yields only its own tensors).
+        nbytes = [int(runs["push_overlap"][-1]["weight_sync/bytes"])]
+        dist.broadcast_object_list(nbytes, src=0)
+        runs["all_gather_seconds"].append(gather_seconds(nbytes[0]))
     dist.barrier()
     if rank == 0:
-        nbytes = int(runs["push"][0]["weight_sync/bytes"])
-        copy_s = memcpy_seconds(nbytes, reps)
-        Path(out).write_text(json.dumps({"runs": runs, "memcpy_seconds": copy_s, "bytes": nbytes,
-                                         "peak_stream_bytes": stream.peak_bytes}))
+        nbytes = int(runs["push_overlap"][0]["weight_sync/bytes"])
+        Path(out).write_text(json.dumps({
+            "runs": runs, "memcpy_seconds": memcpy_seconds(nbytes, reps), "bytes": nbytes,
+            "peak_stream_bytes": {k: sides[k].stream.peak_bytes for k in ("push_sequential", "push_overlap")},
+            "largest_tensor_bytes": max(p.numel() * p.element_size() for p in engine[0].model.parameters()),
+            "rank0_max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        }))
     dist.barrier()
     destroy_parallel()
+
+
+def run_layout(layout: str, model_dir: Path, bucket_mb: float, reps: int, tmp: Path) -> dict:
+    raw = tmp / f"raw_{layout}.json"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(rank_main, args=(port, str(model_dir), layout, bucket_mb, reps, str(raw)), nprocs=2, join=True)
+    data = json.loads(raw.read_text())
+    runs = data["runs"]
+    seconds = {k: [m["weight_sync/seconds"] for m in v] for k, v in runs.items() if k != "all_gather_seconds"}
+    gather = runs["all_gather_seconds"]
+    copy_gbps = data["bytes"] / data["memcpy_seconds"] / 1e9
+    ratios = {f"{k}_over_all_gather_throughput": statistics.median(g / s for g, s in zip(gather, v))
+              for k, v in seconds.items()}  # fmt: skip
+    ratios["overlap_speedup"] = statistics.median(a / b for a, b in zip(seconds["push_sequential"], seconds["push_overlap"]))
+    if "push_collect_all" in seconds:
+        ratios["leader_over_collect_all_speedup"] = statistics.median(
+            a / b for a, b in zip(seconds["push_collect_all"], seconds["push_overlap"]))
+    print(f"\n{layout}: {data['bytes'] / 2**30:.2f} GiB (bf16) per push, bucket {bucket_mb} MiB")
+    print(f"{'what':<18}{'median s':>10}{'GB/s':>10}")
+    for name, values in [*seconds.items(), ("all_gather", gather)]:
+        med = statistics.median(values)
+        print(f"{name:<18}{med:>10.3f}{data['bytes'] / med / 1e9:>10.3f}")
+    print(f"{'memcpy':<18}{data['memcpy_seconds']:>10.3f}{copy_gbps:>10.3f}")
+    for name, ratio in ratios.items():
+        print(f"{name}: {ratio:.3f}")
+    push_gbps = data["bytes"] / statistics.median(seconds["push_overlap"]) / 1e9
+    peaks = data["peak_stream_bytes"]
+    print(f"stream peak (MiB): sequential {peaks['push_sequential'] / 2**20:.0f}, overlap {peaks['push_overlap'] / 2**20:.0f}"
+          f" (bound 2 x bucket + largest tensor = {(2 * bucket_mb * 2**20 + data['largest_tensor_bytes']) / 2**20:.0f});"
+          f" rank 0 peak RSS {data['rank0_max_rss_bytes'] / 2**30:.2f} GiB")
+    return {"bytes": data["bytes"], "runs": runs, "median_seconds": {k: statistics.median(v) for k, v in seconds.items()},
+            "memcpy_seconds": data["memcpy_seconds"], "memcpy_gbps": copy_gbps,
+            "push_over_memcpy_throughput": push_gbps / copy_gbps, **ratios, "peak_stream_bytes": peaks,
+            "largest_tensor_bytes": data["largest_tensor_bytes"], "rank0_max_rss_bytes": data["rank0_max_rss_bytes"]}  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bucket-mb", type=float, default=512)
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--layouts", default="tp2,pp2", help="comma-separated: tp2, pp2")
     parser.add_argument("--small", action="store_true", help="a tiny model, to check the script")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "weight_sync.json"))
     args = parser.parse_args()
@@ -132,37 +192,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(tmp) / "model"
         params = build_hf_dir(model_dir, shape)
-        raw = Path(tmp) / "raw.json"
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        mp.spawn(rank_main, args=(port, str(model_dir), args.bucket_mb, args.reps, str(raw)), nprocs=2, join=True)
-        data = json.loads(raw.read_text())
-    runs = data["runs"]
-    seconds = {k: [m["weight_sync/seconds"] for m in runs[k]] for k in ("export_only", "push")}
-    seconds["all_gather"] = runs["all_gather_seconds"]
-    copy_gbps = data["bytes"] / data["memcpy_seconds"] / 1e9
-    ratios = {f"{k}_over_all_gather_throughput": statistics.median(g / s for g, s in zip(seconds["all_gather"], seconds[k]))
-              for k in ("export_only", "push")}  # fmt: skip
-    push_gbps = data["bytes"] / statistics.median(seconds["push"]) / 1e9
-    print(f"model: {params / 1e6:.0f}M params, {data['bytes'] / 2**30:.2f} GiB (bf16), bucket {args.bucket_mb} MiB")
-    print(f"{'what':<14}{'median s':>10}{'GB/s':>10}")
-    for name, values in seconds.items():
-        med = statistics.median(values)
-        print(f"{name:<14}{med:>10.3f}{data['bytes'] / med / 1e9:>10.3f}")
-    print(f"{'memcpy':<14}{data['memcpy_seconds']:>10.3f}{copy_gbps:>10.3f}")
-    for name, ratio in ratios.items():
-        print(f"{name}: {ratio:.3f}")
-    print(f"push / memcpy throughput: {push_gbps / copy_gbps:.3f}")
-    best = {k: min(v, key=lambda m: m["weight_sync/seconds"]) for k, v in runs.items() if k != "all_gather_seconds"}
+        print(f"model: {params / 1e6:.0f}M params")
+        layouts = {name: run_layout(name, model_dir, args.bucket_mb, args.reps, Path(tmp)) for name in args.layouts.split(",")}
     result = {
-        "benchmark": "weight sync: Megatron TP=2 (2 gloo processes, 1 thread each) -> torch engine in-process",
-        "model": ("qwen2 " + json.dumps(shape)), "params": params, "dtype": "bfloat16",
-        "bucket_mb": args.bucket_mb, "bytes": data["bytes"], "runs": data["runs"],
-        "best": best, "memcpy_seconds": data["memcpy_seconds"], "memcpy_gbps": copy_gbps,
-        "push_over_memcpy_throughput": push_gbps / copy_gbps, **ratios,
-        "peak_stream_bytes": data["peak_stream_bytes"],
-        "machine_before": before, "load_avg_after": os.getloadavg(),
+        "benchmark": "weight sync: Megatron TP=2 / PP=2 (2 gloo processes, 1 thread each) -> torch engine in-process",
+        "model": ("qwen2 " + json.dumps(shape)), "params": params, "dtype": "bfloat16", "bucket_mb": args.bucket_mb,
+        "layouts": layouts, "machine_before": before, "load_avg_after": os.getloadavg(),
     }
     if not args.small:
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
