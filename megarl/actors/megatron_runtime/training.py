@@ -7,9 +7,11 @@ reduction (``calculate_per_token_loss=True`` makes DDP skip its 1/DP pre-scaling
 token/sequence count once. The reduction overlaps the last micro-batch's backward
 (``overlap_grad_reduce``; Megatron's schedule holds it back for the earlier micro-batches; under
 PP only the first stage's reduction overlaps, the later stages reduce after the schedule).
-Left out: ``overlap_param_gather`` (the distributed optimizer's all-gather of the updated
-weights overlapping the next forward): a weight push right after the update would read
-weights whose gather has not finished.
+With the distributed optimizer, the all-gather of the updated weights after each optimizer step
+overlaps the next mini-batch's forward (``overlap_param_gather``: Megatron's forward pre-hooks
+finish each bucket's gather before its layers run), and an update ends with a synchronous
+gather of whatever is still pending, so everything that reads the weights after it (a weight
+push, a checkpoint, the memory hand-over's offload, a forward pass) sees them whole.
 
 ``train``: for each of ``ppo_epochs`` passes, the batch is cut into consecutive mini-batches of
 ``mini_batch_size`` samples (all DP ranks together; no shuffling, so runs are reproducible), and
@@ -78,6 +80,9 @@ class TrainableModel:
             overlap_grad_reduce=True,
             bucket_size=GRAD_BUCKET_PARAMS,
             use_distributed_optimizer=cfg.optimizer.distributed,
+            # Only with the distributed optimizer (megatron-core 0.19 reads it alone as its
+            # layer-wise optimizer's switch); train() finishes the gather before it returns.
+            overlap_param_gather=cfg.optimizer.distributed,
             average_in_collective=False,  # a sum: finalize_model_grads divides by the global count
         )
         model.module = DistributedDataParallel(config=model.tcfg, ddp_config=ddp_cfg, module=model.module)
@@ -118,6 +123,8 @@ class TrainableModel:
             for mini in batch.split(size):
                 grad_norm, ok, lr = self._step(mini, loss_head, metrics)
                 steps.append((grad_norm, ok))
+        if self.cfg.optimizer.distributed:  # the last step's weights: gathered now, not in a later forward
+            self.model.module.start_param_sync(force_sync=True)
         # The optimizer's values are the same on every rank, hence added after the DP reduction
         # (not summed), on the last stage, which broadcasts the whole table.
         replicated = self._optimizer_metrics(self.role, steps, lr) if self.model.info.is_last_stage else None
