@@ -83,6 +83,7 @@ def _to_leader(own: Iterable[tuple[str, torch.Tensor]], specs: Sequence[Sequence
             check_announced(spec, name, full)
             if tp_rank == 0:
                 dist.send(full.contiguous(), dst=leader, group=group)
+                _hold_back()
             yield name, full
         return
     yield from own
@@ -103,6 +104,7 @@ def _to_all(own: Iterable[tuple[str, torch.Tensor]], specs: Sequence[Sequence[Sp
             for spec, (name, full) in zip(announced, own, strict=True):
                 check_announced(spec, name, full)
                 _broadcast_sliced(full, stage, full.shape, full.dtype, device)
+                _hold_back()
                 yield name, full
         else:
             for name, shape, dtype in announced:
@@ -120,15 +122,23 @@ def _broadcast_sliced(full: torch.Tensor | None, stage: int, shape: Sequence[int
     per = -(-numel // tp)  # ceil: every slice has the same length
     t = dist.get_rank(tp_group())
     if full is not None:  # the sender's slice, out of the tensor it keeps
-        piece = torch.zeros(per, dtype=dtype, device=device)
-        mine = full.reshape(-1)[t * per : (t + 1) * per]
-        piece[: mine.numel()] = mine
-        broadcast_from_group_rank(piece, stage, piece.shape, dtype, device)
+        mine = full.contiguous().reshape(-1)[t * per : (t + 1) * per]
+        if mine.numel() < per:  # the last slice, padded to the common length
+            mine = torch.cat([mine, mine.new_zeros(per - mine.numel())])
+        broadcast_from_group_rank(mine, stage, mine.shape, dtype, device)
         return full
     piece = broadcast_from_group_rank(None, stage, (per,), dtype, device)
-    parts = [torch.empty_like(piece) for _ in range(tp)]
-    dist.all_gather(parts, piece, group=tp_group())
-    return torch.cat(parts)[:numel].view(*shape)
+    flat = torch.empty(per * tp, dtype=dtype, device=device)
+    dist.all_gather_into_tensor(flat, piece, group=tp_group())
+    return flat[:numel].view(tuple(shape))
+
+
+def _hold_back() -> None:
+    """On GPUs, wait for a send to leave before exporting more: NCCL returns at once, and a
+    sender whose receivers are behind (the leader loading its engine) would otherwise run
+    through its whole stage, every tensor it exported kept alive until it is received."""
+    if torch.cuda.is_available():
+        torch.cuda.current_stream().synchronize()
 
 
 def check_announced(spec: Spec, name: str, full: torch.Tensor) -> None:

@@ -369,23 +369,12 @@ def _collected_check(bridge, model, path: str, collect: str) -> dict:
 
 
 def _odd_sizes_check(info) -> dict:
-    """collect_stages on tensors whose sizes do not split evenly over TP (the slices are padded)
-    and of two dtypes: every receiving rank gets each stage's tensors exactly."""
-    from megarl.parallel.stage_collection import collect_stages, dtype_name
+    """collect_stages at TP=2 x PP=2 on tensors whose sizes do not split evenly over TP (the
+    slices are padded), of two dtypes and 0-d (tests/distributed/test_stage_collection.py)."""
+    from test_stage_collection import collected, expected_names
 
-    def stage_tensors(stage: int) -> list[tuple[str, torch.Tensor]]:
-        gen = torch.Generator().manual_seed(stage)
-        return [(f"s{stage}.a", torch.randn(3, generator=gen)),
-                (f"s{stage}.b", torch.randn(5, 7, generator=gen).to(torch.bfloat16)),
-                (f"s{stage}.c", torch.randn(1, generator=gen))]  # fmt: skip
-
-    specs = [[(n, tuple(t.shape), dtype_name(t.dtype)) for n, t in stage_tensors(s)] for s in range(2)]
-    out = {}
-    for collect in ("all", "leader"):
-        got = dict(collect_stages(iter(stage_tensors(info.pp_rank)), specs, collect, torch.device("cpu")))
-        want = dict(stage_tensors(0) + stage_tensors(1))
-        out[collect] = {"names": sorted(got), "unequal": sorted(n for n, t in got.items() if not torch.equal(t, want[n]))}
-    return out
+    out = collected(info.pp_rank, info.pp_size)
+    return {c: {**got, "expected": expected_names(c, info.pp_rank, info.tp_rank, info.pp_size)} for c, got in out.items()}
 
 
 def _pp2_bf16_worker(rank: int, world: int, dirs: dict[str, str]) -> dict:
@@ -507,11 +496,8 @@ def test_bridges_tp2_pp2(model_dirs):
             leader = r["stage"] == (0, 0)
             assert r[arch]["leader"]["names"] == (everything[arch] if leader else sorted(by_stage[r["stage"][0]])), arch
     for r in results:
-        stage = r["stage"][0]
-        assert r["odd_sizes"]["all"] == {"names": sorted(f"s{s}.{x}" for s in (0, 1) for x in "abc"), "unequal": []}
-        leader_names = r["odd_sizes"]["leader"]["names"]
-        assert leader_names == sorted(f"s{s}.{x}" for s in ((0, 1) if r["stage"] == (0, 0) else (stage,)) for x in "abc")
-        assert r["odd_sizes"]["leader"]["unequal"] == []
+        for collect, got in r["odd_sizes"].items():
+            assert got["names"] == got["expected"] and got["unequal"] == [], (r["stage"], collect, got)
     print(f"tp2 x pp2 launch {time.perf_counter() - t0:.1f}s")
 
 
