@@ -130,10 +130,13 @@ class WeightStream:
             self._where["sending"] = None
 
     def _note(self, version: int, then: str | None = None, **where: str | None) -> None:
-        """Mark this rank's place: what is being sent and exported (both, with overlap)."""
+        """Mark this rank's place: what is being sent and exported (both, with overlap); once
+        the consumer stopped early, what the export drops."""
         with self._lock:
             self._where.update(where)
-            phase = ", ".join(f"{k} bucket {v}" for k, v in self._where.items() if v is not None)
+            phase = ", ".join(f"{k} bucket {v}" for k, v in self._where.items() if v is not None and k != "draining")
+            if self._where.get("draining"):
+                phase = f"consumer stopped; {phase or 'exporting'} {self._where['draining']}"
             self.progress.mark(version, then or phase or "waiting for the export")
 
     def _bucket(self, tensors: list[tuple[str, torch.Tensor]], version: int, last: bool) -> WeightBucket:
@@ -183,6 +186,8 @@ class _Prefetched:
                 del item
                 self.room.release()
         finally:
+            if thread.is_alive():  # the consumer stopped early: the rest of the export is dropped
+                self.stream._note(self.version, sending=None, draining="(finishing the export for the TP/PP peers)")
             self.consumer_gone.set()
             self.room.release()  # a producer waiting for room goes on (and drains)
             thread.join()

@@ -126,6 +126,7 @@ class SGLangTensorTransport:
         self.bucket_class, self.serialize = bucket_class, serialize
         self.engines: list[SGLangEngine] = []  # the engine this rank posts to (at most one)
         self.per_gpu: PayloadGather | None = None
+        self.failure: Exception | None = None  # of the current push's posts (per-GPU payloads)
 
     def connect(self, endpoints: Sequence[EngineEndpoint]) -> None:
         self.close()
@@ -143,6 +144,7 @@ class SGLangTensorTransport:
     def push(self, version: int) -> dict[str, float]:
         start = time.perf_counter()
         pause_for_push(self.engines)
+        self.failure = None
         for bucket in self.stream.buckets(version):
             if self.per_gpu is None:
                 self._send_from_here(bucket, version)
@@ -151,6 +153,10 @@ class SGLangTensorTransport:
             del bucket
         if torch.cuda.is_available():
             torch.cuda.ipc_collect()  # release the IPC handles the engines closed
+        if self.failure is not None:
+            exc = self.failure
+            raise RuntimeError(f"sending weights to engine {self.engines[0].url} failed: "
+                               f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:160]}") from exc
         finish_push(self.engines, version)
         return self.stream.metrics(time.perf_counter() - start)
 
@@ -167,13 +173,20 @@ class SGLangTensorTransport:
             del requests
 
     def _send_per_gpu(self, bucket: WeightBucket, version: int, per_gpu: PayloadGather) -> None:
+        """The engine's GPUs gather their copies to the poster, which posts them. After a failed
+        post the poster still meets the others at every gather and barrier of the push (and
+        raises at its end), so they are not left waiting for it."""
         requests = build_tensor_requests(bucket.tensors, 1, self.bucket_class, self.serialize)
         for req in requests:
             payloads = per_gpu.gather(req.payloads[0])
-            if payloads is not None and self.engines:
-                tag = version if bucket.last and req.last else None
-                self.engines[0].update_from_tensor(payloads, req.load_format, tag)
-            per_gpu.barrier()  # every copy stays alive until the engine has answered
+            try:
+                if payloads is not None and self.engines and self.failure is None:
+                    tag = version if bucket.last and req.last else None
+                    self.engines[0].update_from_tensor(payloads, req.load_format, tag)
+            except Exception as exc:  # noqa: BLE001 - raised at the end of the push
+                self.failure = exc
+            finally:
+                per_gpu.barrier()  # every copy stays alive until the engine has answered
         del requests
 
     def close(self) -> None:
@@ -330,7 +343,8 @@ class SGLangDistributedTransport:
                 except Exception as exc:  # noqa: BLE001 - raised below, after the barriers
                     # Still meet the other ranks at every barrier, so that they reach the export
                     # check (where every rank learns of the failure) instead of waiting here for
-                    # the deadline. A TP peer stuck in the stage's next gather still waits.
+                    # the deadline. The weight stream finishes this rank's export (dropping the
+                    # buckets), so its TP peers get through the stage's gathers too.
                     failure = exc
             progress.mark(version, f"waiting for pipeline stage {stage}'s broadcast to end")
             self.barrier()

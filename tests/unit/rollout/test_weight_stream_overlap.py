@@ -89,10 +89,11 @@ class _Check(ExportCheck):
         return Observation(self.expected, self)
 
 
-def test_a_consumer_that_fails_leaves_the_export_to_finish_and_the_check_refuses():
+def test_a_consumer_that_fails_leaves_the_export_to_finish_and_the_check_refuses(tmp_path):
     weights = _weights()
     export, check = _Export(weights), _Check(weights)
-    stream = WeightStream(export, bucket_mb=0.5, observe=check.observe)
+    progress = PushProgress(rank_log=str(tmp_path / "rank0.log"))
+    stream = WeightStream(export, bucket_mb=0.5, observe=check.observe, progress=progress)
 
     def fail_at_the_first_bucket() -> None:
         for _ in stream.buckets(version=1):
@@ -101,6 +102,7 @@ def test_a_consumer_that_fails_leaves_the_export_to_finish_and_the_check_refuses
     with pytest.raises(ConnectionResetError):
         fail_at_the_first_bucket()
     assert export.made == list(weights)  # drained: every collective of the export ran
+    assert read_place(tmp_path / "rank0.log").phase.startswith("consumer stopped; exporting")  # what the deadline report shows
     assert not any(t.name.startswith("weight-export") for t in threading.enumerate())
     with pytest.raises(WeightExportError, match="not read to its end"):
         check.verdict(1)

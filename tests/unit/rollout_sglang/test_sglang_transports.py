@@ -294,13 +294,12 @@ def test_failed_push_leaves_a_live_paused_engine_that_the_next_push_finishes(fak
     assert not server.fake.paused and server.fake.weight_version == "1"
 
 
-def test_per_gpu_payloads_are_gathered_in_tp_rank_order(fake_server):
-    # Two trainer processes (threads here) on the two GPUs of a TP=2 engine each serialize
-    # their own copy; rank 0 gathers them in TP-rank order and posts.
-    server = fake_server(tp=2)
-    weights = make_weights(count=3)
+def _two_holders(engine: SGLangEngine, weights: dict[str, torch.Tensor], version: int) -> list[BaseException | None]:
+    """Two trainer processes (threads here) on the two GPUs of a TP=2 engine push ``version``:
+    each serializes its own copy, rank 0 gathers them in TP-rank order and posts. Returns each
+    rank's error (None: its push returned); a rank left waiting fails the test by timing out."""
     slots: list[str | None] = [None, None]
-    meet = threading.Barrier(2)
+    meet = threading.Barrier(2, timeout=30)
 
     def gather_for(rank: int):
         def gather(payload: str) -> list[str] | None:
@@ -312,7 +311,6 @@ def test_per_gpu_payloads_are_gathered_in_tp_rank_order(fake_server):
 
         return gather
 
-    engine = SGLangEngine(server, tp=2)
     syncs = [
         SGLangTensorTransport(stream_of(weights), rank=r, bucket_class=None, make_engine=these([engine]),
                               payload_gather=lambda ranks, r=r: PayloadGather(gather_for(r), meet.wait))  # fmt: skip
@@ -320,21 +318,28 @@ def test_per_gpu_payloads_are_gathered_in_tp_rank_order(fake_server):
     ]
     for sync in syncs:  # the engine's GPUs are held by policy ranks 0 and 1, in TP order
         sync.connect([EngineEndpoint(engine.url, 2, holders=(0, 1))])
-    errors: list[BaseException] = []
+    errors: list[BaseException | None] = [None, None]
 
-    def run(sync: SGLangTensorTransport) -> None:
+    def run(rank: int) -> None:
         try:
-            sync.push(6)
-        except BaseException as err:  # noqa: BLE001 - reported by the assertion below
-            errors.append(err)
-            meet.abort()
+            syncs[rank].push(version)
+        except BaseException as err:  # noqa: BLE001 - returned to the test
+            errors[rank] = err
 
-    threads = [threading.Thread(target=run, args=(s,)) for s in syncs]
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(30)
-    assert not errors, errors
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a rank was left waiting"
+    return errors
+
+
+def test_per_gpu_payloads_are_gathered_in_tp_rank_order(fake_server):
+    server = fake_server(tp=2)
+    weights = make_weights(count=3)
+    engine = SGLangEngine(server, tp=2)
+    assert _two_holders(engine, weights, 6) == [None, None]
     updates = [b for p, b in server.fake.bodies if p == "/update_weights_from_tensor"]
     assert len(updates) >= 2 and all(len(b["serialized_named_tensors"]) == 2 for b in updates)
     # Each rank's payload is its own serialization (distinct strings, same tensors).
@@ -343,3 +348,16 @@ def test_per_gpu_payloads_are_gathered_in_tp_rank_order(fake_server):
     )
     assert_same_weights(server.fake.weights, weights)
     assert server.fake.weight_version == "6"
+
+
+def test_a_failed_post_still_meets_the_other_gpus_and_names_the_engine(fake_server):
+    # The poster's first update fails: the other GPU's rank must still get through every gather
+    # and barrier of the push (not wait for the deadline), and the poster raise at the end.
+    server = fake_server(tp=2)
+    server.fake.fail_update = True
+    engine = SGLangEngine(server, tp=2)
+    errors = _two_holders(engine, make_weights(count=3), 2)
+    assert errors[1] is None
+    assert isinstance(errors[0], RuntimeError) and isinstance(errors[0].__cause__, SGLangHTTPError)
+    assert f"sending weights to engine {engine.url} failed: SGLangHTTPError: " in str(errors[0])
+    assert [p for p, _ in server.fake.bodies].count("/update_weights_from_tensor") == 1  # no post after the failure
