@@ -53,17 +53,17 @@ class PushEstimate:
 
 def push_estimate(cfg: MegaRLConfig, arch: ArchSpec, tp: int, pp: int, dp: int) -> PushEstimate:
     """The push of ``cfg``'s policy (layout ``tp x pp x dp``) through its transport."""
-    transport = cfg.weight_transport
+    transport, collect = cfg.weight_transport, cfg.weight_collect
     cl = cfg.cluster
     total = DTYPE_BYTES[cfg.model.dtype] * arch.num_params
     tp_link = "nvlink" if tp <= cl.gpus_per_node else "network"
     pp_link = "nvlink" if tp * pp * dp <= cl.gpus_per_node else "network"
     others = total * (pp - 1) / pp  # the other stages' bytes
     export = [("TP gather", total / pp * (tp - 1) / tp, tp_link)]  # the export, one part after the other
-    if transport == "tensor":
+    if collect == "all":
         export += [("PP collect (1/tp slices)", others / tp, pp_link),
                    ("TP gather of the PP slices", others * (tp - 1) / tp, tp_link)]  # fmt: skip
-    elif transport in ("in_process", "disk"):
+    elif collect == "leader":
         export.append(("PP collect to the leader", others, pp_link))
     send = {"distributed": [("to the engines", total, "network")],
             "disk": [("written by policy rank 0", total, "host")]}.get(transport, [])  # fmt: skip

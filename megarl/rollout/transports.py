@@ -33,7 +33,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from megarl.parallel.stage_collection import Collect
+from megarl.config.sections import TRANSPORT_COLLECT
 from megarl.rollout.engine import RolloutEngine
 from megarl.rollout.push_progress import PushProgress
 from megarl.rollout.weight_stream import WeightStream
@@ -171,13 +171,6 @@ def _save_bucket(tensors: Sequence[tuple[str, Any]], path: Path) -> None:
     save_file({name: t.detach().contiguous().cpu() for name, t in tensors}, str(path))
 
 
-# Which ranks of a policy replica receive every pipeline stage's tensors, per transport
-# (megarl/parallel/stage_collection.py): the torch engine lives in the replica's leader and the
-# disk writer is rank 0; a colocated SGLang engine reads whole tensors from every GPU it runs on;
-# the distributed transport sends each stage's tensors from that stage.
-TRANSPORT_COLLECT: dict[str, Collect] = {"in_process": "leader", "disk": "leader", "tensor": "all", "distributed": "stage"}
-
-
 def build_transport(name: str, policy: Any, *, bucket_mb: float, overlap: bool = True, local_engine: Any = None,
                     disk_dir: str | Path | None = None, hf_dir: str | None = None,
                     progress: PushProgress | None = None) -> WeightTransport:  # fmt: skip
@@ -189,7 +182,7 @@ def build_transport(name: str, policy: Any, *, bucket_mb: float, overlap: bool =
     notes each bucket (megarl/rollout/push_progress.py).
     """
     info = policy.info
-    collect = TRANSPORT_COLLECT.get(name)
+    collect = TRANSPORT_COLLECT.get(name)  # which ranks receive every stage's tensors
     if collect is None:
         raise ValueError(f"rollout.weight_sync.transport {name!r} is not one of {', '.join(TRANSPORT_COLLECT)}")
     stream = WeightStream(partial(policy.export_weights, collect=collect), bucket_mb, progress=progress, overlap=overlap,
