@@ -21,7 +21,7 @@ from megarl.algos.losses import make_policy_loss_fn
 from megarl.config.sections import MegaRLConfig
 from megarl.data.batch import Batch, TokenRows
 from megarl.rollout.engine import GenerationResult, SamplingParams
-from megarl.rollout.push_progress import PushProgress
+from megarl.rollout.push_progress import PushProgress, push_group
 from megarl.rollout.transports import build_transport
 
 
@@ -47,7 +47,9 @@ class PolicyRank(TrainedRank):
             device = f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
             self.engine = TorchEngine(path, device=device, dtype=dtype, max_running_requests=cfg.rollout.max_running_requests)
         ws = cfg.rollout.weight_sync
-        self.push_progress = PushProgress(group=self.info.pp_rank)  # where this rank is in a push, for the deadline report
+        # Where this rank is in a push, for the deadline report.
+        collects = cfg.weight_collect == "leader" and self.info.pp_size > 1 and self.info.is_replica_leader
+        self.push_progress = PushProgress(group=push_group(self.info.pp_rank, collects))
         self.transport = build_transport(cfg.weight_transport, self.policy, bucket_mb=ws.bucket_mb, overlap=ws.overlap,
                                          local_engine=self.engine, disk_dir=weight_dir or cfg.weight_disk_dir,
                                          hf_dir=path, progress=self.push_progress)  # fmt: skip

@@ -33,13 +33,22 @@ def progress_path(rank_log: str | Path) -> Path:
     return Path(f"{rank_log}.push")
 
 
+def push_group(pp_rank: int, collects_stages: bool) -> str:
+    """The group of a rank's place: its pipeline stage, with apart from it the stage's rank
+    whose stream also carries the other stages' buckets (``collects_stages``: the replica's
+    leader of an in_process or disk push at PP > 1), which writes more places than its stage
+    peers for the same progress."""
+    return f"{pp_rank}, receiving every stage" if collects_stages else str(pp_rank)
+
+
 class PushProgress:
     """This rank's place in the current push, in ``<rank log>.push`` (written on every move,
     by rename, so the driver never reads half a line). ``group`` names the ranks whose places
-    compare (the pipeline stage: stages export different tensors, and the distributed transport
-    sends them one stage after another)."""
+    compare, those whose streams carry the same buckets: the pipeline stage (stages export
+    different tensors, and the distributed transport sends them one stage after another), and
+    apart from it the rank that also receives the other stages' tensors (``push_group``)."""
 
-    def __init__(self, rank_log: str | None = None, group: int = 0) -> None:
+    def __init__(self, rank_log: str | None = None, group: str = "0") -> None:
         rank_log = rank_log if rank_log is not None else os.environ.get(RANK_LOG_ENV)
         self.path = progress_path(rank_log) if rank_log else None
         self.group = group
@@ -66,7 +75,7 @@ class RankPlace:
     """What a rank's progress file says."""
 
     version: int
-    group: int  # the pipeline stage: only places of one group compare
+    group: str  # the pipeline stage (see PushProgress): only places of one group compare
     order: int
     since: float  # time.time() of the move
     phase: str
@@ -75,7 +84,7 @@ class RankPlace:
 def read_place(rank_log: str | Path) -> RankPlace | None:
     try:
         version, group, order, since, phase = progress_path(rank_log).read_text().rstrip("\n").split("\t", 4)
-        return RankPlace(int(version), int(group), int(order), float(since), phase)
+        return RankPlace(int(version), group, int(order), float(since), phase)
     except (OSError, ValueError):
         return None
 
