@@ -483,9 +483,12 @@ def _plan_memory(cfg: MegaRLConfig, arch: ArchSpec, roles: dict[str, RoleLayout]
         _check_rollout_memory(cfg, rollout, issues)
     table = residency_of(cfg)
     sizes = _state_bytes(cfg, arch, mems, rollout)
-    ws = cfg.rollout.weight_sync
-    buckets = (2 if ws.overlap else 1) * ws.bucket_mb * 1024**2  # with overlap: the one sent and the one filled
-    working = phase_working_bytes(mems.get("policy"), mems.get("critic"), buckets, largest_hf_tensor_bytes(arch, cfg.model.dtype))
+    ws, largest = cfg.rollout.weight_sync, largest_hf_tensor_bytes(arch, cfg.model.dtype)
+    # A bucket holds up to bucket_mb, or one larger tensor alone. A push holds the one being
+    # filled, with overlap the one being sent, and with the tensor transport its flattened copy.
+    held = (2 if ws.overlap else 1) + (cfg.weight_transport == "tensor")
+    buckets = held * max(ws.bucket_mb * 1024**2, largest)
+    working = phase_working_bytes(mems.get("policy"), mems.get("critic"), buckets, largest)
     overhead = RUNTIME_OVERHEAD_GIB * GIB
     # As built, the optimizer holds its fp32 master copies only: the first step (or a checkpoint
     # load) allocates Adam's moments, in a phase that has room for them.
