@@ -213,7 +213,8 @@ def build_stack(rank: int, plan: Plan):
                       optimizer=OptimizerConfig(lr=plan.lr, clip_grad=1.0))  # fmt: skip
     policy = PolicyWorker(plan.model_dir, cfg, dtype="bfloat16", seed=plan.seed)
     engine = TorchEngine(plan.model_dir, dtype="bfloat16") if rank == 0 else None
-    transport = InProcessTransport(WeightStream(policy.export_weights, plan.bucket_mb), [engine] if engine else [])
+    export = partial(policy.export_weights, collect="leader")  # as build_transport wires in_process
+    transport = InProcessTransport(WeightStream(export, plan.bucket_mb), [engine] if engine else [])
     transport.connect(None)
     sampling = SamplingParams(temperature=plan.temperature, max_new_tokens=plan.max_new_tokens, seed=plan.seed)
     # max_diff=inf: record every push (compare_logprobs still refuses NaN).

@@ -95,7 +95,9 @@ def _stopped(proc: subprocess.Popen, log: Path, error: str = "error: weight push
     assert time.monotonic() - started < 60, "the run took over a minute to stop after the fault"
     alive = psutil.wait_procs([p for p in family if p.is_running()], timeout=20)[1]
     assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], alive
-    return next(ln for ln in text.splitlines() if ln.startswith(error))
+    line = next((ln for ln in text.splitlines() if ln.startswith(error)), None)
+    assert line is not None, f"no line starting with {error!r}; the run's output ends with:\n{text[-3000:]}"
+    return line
 
 
 def test_a_stalled_rank_mid_push_ends_in_a_named_error(tmp_path):
