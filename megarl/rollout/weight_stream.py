@@ -176,17 +176,20 @@ class _Prefetched:
     def __iter__(self) -> Iterator[WeightBucket]:
         thread = threading.Thread(target=self._produce, name=f"weight-export-v{self.version}", daemon=True)
         thread.start()
+        ended = False
         try:
             while (item := self.ready.get()) is not self._END:
                 if isinstance(item, BaseException):
+                    ended = True  # the export itself failed: nothing left to finish
                     raise item
                 self.stream._handing_over(item)
                 yield item
                 self.stream._sent(item)
                 del item
                 self.room.release()
+            ended = True
         finally:
-            if thread.is_alive():  # the consumer stopped early: the rest of the export is dropped
+            if not ended:  # the consumer stopped early: the rest of the export is dropped
                 self.stream._note(self.version, sending=None, draining="(finishing the export for the TP/PP peers)")
             self.consumer_gone.set()
             self.room.release()  # a producer waiting for room goes on (and drains)
