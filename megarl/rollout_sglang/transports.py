@@ -70,6 +70,14 @@ def engine_client(endpoint: EngineEndpoint) -> SGLangEngine:
     return SGLangEngine(endpoint.url, tp=endpoint.tp, max_running_requests=endpoint.max_running_requests)
 
 
+def send_failed(what: str, engines: Sequence[SGLangEngine], exc: BaseException) -> RuntimeError:
+    """The error of a send to ``engines`` that raised ``exc``: the engines named, the cause's
+    first line (the push deadline's report and the driver's one-line error carry it)."""
+    cause = (str(exc).strip().splitlines() or [""])[0][:160]
+    urls = ", ".join(e.url for e in engines)
+    return RuntimeError(f"sending {what} to engine(s) {urls} failed: {type(exc).__name__}: {cause}")
+
+
 def pause_for_push(engines: Sequence[SGLangEngine]) -> None:
     """Steps before the first bucket, on every engine (see the module docstring)."""
     for engine in engines:
@@ -154,9 +162,7 @@ class SGLangTensorTransport:
         if torch.cuda.is_available():
             torch.cuda.ipc_collect()  # release the IPC handles the engines closed
         if self.failure is not None:
-            exc = self.failure
-            raise RuntimeError(f"sending weights to engine {self.engines[0].url} failed: "
-                               f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:160]}") from exc
+            raise send_failed("weights", self.engines, self.failure) from self.failure
         finish_push(self.engines, version)
         return self.stream.metrics(time.perf_counter() - start)
 
@@ -387,9 +393,7 @@ class SGLangDistributedTransport:
                     for fut in pending:
                         fut.result()
                 except Exception as exc:  # name the receivers: a dead engine shows here as a reset connection
-                    urls = ", ".join(e.url for e in self.engines)
-                    raise RuntimeError(f"sending pipeline stage {stage}'s weights to engine(s) {urls} failed: "
-                                       f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:160]}") from exc
+                    raise send_failed(f"pipeline stage {stage}'s weights", self.engines, exc) from exc
             del bucket
 
     def close(self) -> None:

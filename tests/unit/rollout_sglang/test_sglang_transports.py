@@ -359,5 +359,5 @@ def test_a_failed_post_still_meets_the_other_gpus_and_names_the_engine(fake_serv
     errors = _two_holders(engine, make_weights(count=3), 2)
     assert errors[1] is None
     assert isinstance(errors[0], RuntimeError) and isinstance(errors[0].__cause__, SGLangHTTPError)
-    assert f"sending weights to engine {engine.url} failed: SGLangHTTPError: " in str(errors[0])
+    assert f"sending weights to engine(s) {engine.url} failed: SGLangHTTPError: " in str(errors[0])
     assert [p for p, _ in server.fake.bodies].count("/update_weights_from_tensor") == 1  # no post after the failure
