@@ -18,6 +18,7 @@ from megarl.actors.policy import PolicyWorker
 from megarl.actors.reference import ReferenceWorker
 from megarl.actors.trained_rank import TrainedRank
 from megarl.algos.losses import make_policy_loss_fn
+from megarl.config.push_model import TRANSPORT_COLLECT
 from megarl.config.sections import MegaRLConfig
 from megarl.data.batch import Batch, TokenRows
 from megarl.rollout.engine import GenerationResult, SamplingParams
@@ -48,7 +49,8 @@ class PolicyRank(TrainedRank):
             self.engine = TorchEngine(path, device=device, dtype=dtype, max_running_requests=cfg.rollout.max_running_requests)
         ws = cfg.rollout.weight_sync
         # Where this rank is in a push, for the deadline report.
-        collects = cfg.weight_collect == "leader" and self.info.pp_size > 1 and self.info.is_replica_leader
+        leader_collects = TRANSPORT_COLLECT[cfg.weight_transport] == "leader" and self.info.pp_size > 1
+        collects = leader_collects and self.info.is_replica_leader
         self.push_progress = PushProgress(group=push_group(self.info.pp_rank, collects))
         self.transport = build_transport(cfg.weight_transport, self.policy, bucket_mb=ws.bucket_mb, overlap=ws.overlap,
                                          local_engine=self.engine, disk_dir=weight_dir or cfg.weight_disk_dir,

@@ -41,6 +41,14 @@ from megarl.config.sections import MegaRLConfig
 
 GB = 1e9
 
+# Which ranks of a policy replica receive every pipeline stage's tensors in a push, per
+# transport (megarl/parallel/stage_collection.py): the torch engine lives in the replica's
+# leader and the disk writer is rank 0 ("leader"); a colocated SGLang engine reads whole
+# tensors on every GPU it runs on ("all"); the distributed transport sends each stage's tensors
+# from that stage ("stage"). The transports are built from it and this model follows it, so
+# the plan's figures and the run move the same bytes.
+TRANSPORT_COLLECT = {"in_process": "leader", "disk": "leader", "tensor": "all", "distributed": "stage"}
+
 
 @dataclass(frozen=True)
 class PushEstimate:
@@ -53,7 +61,8 @@ class PushEstimate:
 
 def push_estimate(cfg: MegaRLConfig, arch: ArchSpec, tp: int, pp: int, dp: int) -> PushEstimate:
     """The push of ``cfg``'s policy (layout ``tp x pp x dp``) through its transport."""
-    transport, collect = cfg.weight_transport, cfg.weight_collect
+    transport = cfg.weight_transport
+    collect = TRANSPORT_COLLECT[transport]
     cl = cfg.cluster
     total = DTYPE_BYTES[cfg.model.dtype] * arch.num_params
     tp_link = "nvlink" if tp <= cl.gpus_per_node else "network"

@@ -144,12 +144,6 @@ class SamplingConfig(Section):
 
 
 WEIGHT_TRANSPORTS = ("auto", "in_process", "tensor", "distributed", "disk")
-# Which ranks of a policy replica receive every pipeline stage's tensors in a push, per
-# transport (megarl/parallel/stage_collection.py): the torch engine lives in the replica's
-# leader and the disk writer is rank 0 ("leader"); a colocated SGLang engine reads whole
-# tensors on every GPU it runs on ("all"); the distributed transport sends each stage's tensors
-# from that stage ("stage").
-TRANSPORT_COLLECT = {"in_process": "leader", "disk": "leader", "tensor": "all", "distributed": "stage"}
 
 
 class WeightSyncConfig(Section):
@@ -589,11 +583,6 @@ class MegaRLConfig(Section):
         if self.rollout.engine == "torch":
             return "in_process"
         return "tensor" if self.cluster.placement == "colocated" else "distributed"
-
-    @property
-    def weight_collect(self) -> str:
-        """Which ranks receive every pipeline stage's tensors in a push (``TRANSPORT_COLLECT``)."""
-        return TRANSPORT_COLLECT[self.weight_transport]
 
     @property
     def weight_disk_dir(self) -> str:

@@ -33,7 +33,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from megarl.config.sections import TRANSPORT_COLLECT
+from megarl.config.push_model import TRANSPORT_COLLECT
 from megarl.rollout.engine import RolloutEngine
 from megarl.rollout.push_progress import PushProgress
 from megarl.rollout.weight_stream import WeightStream
