@@ -123,7 +123,7 @@ class TrainableModel:
             for mini in batch.split(size):
                 grad_norm, ok, lr = self._step(mini, loss_head, metrics)
                 steps.append((grad_norm, ok))
-        if self.cfg.optimizer.distributed:  # the last step's weights: gathered now, not in a later forward
+        if self.model.module.ddp_config.overlap_param_gather:  # the last step's weights: gathered now, not in a later forward
             self.model.module.start_param_sync(force_sync=True)
         # The optimizer's values are the same on every rank, hence added after the DP reduction
         # (not summed), on the last stage, which broadcasts the whole table.
