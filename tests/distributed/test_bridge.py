@@ -370,8 +370,8 @@ def _collected_check(bridge, model, path: str, collect: str) -> dict:
 
 def _odd_sizes_check(info) -> dict:
     """collect_stages at TP=2 x PP=2 on tensors whose sizes do not split evenly over TP (the
-    slices are padded), of two dtypes and 0-d (tests/distributed/test_stage_collection.py)."""
-    from test_stage_collection import collected, expected_names
+    slices are padded), of two dtypes and 0-d (tests/distributed/stage_cases.py)."""
+    from stage_cases import collected, expected_names
 
     out = collected(info.pp_rank, info.pp_size)
     return {c: {**got, "expected": expected_names(c, info.pp_rank, info.tp_rank, info.pp_size)} for c, got in out.items()}
