@@ -86,7 +86,9 @@ class SGLangClient:
                     return HTTPReply(resp.status, _parse_json(resp.read()))
             except urllib.error.HTTPError as err:  # an answer with an error status
                 return HTTPReply(err.code, _parse_json(err.read()))
-            except (urllib.error.URLError, ConnectionError, http.client.RemoteDisconnected) as err:
+            # A server that died mid-answer: no connection, a closed one, or a body cut short.
+            except (urllib.error.URLError, ConnectionError, http.client.RemoteDisconnected,
+                    http.client.IncompleteRead) as err:  # fmt: skip
                 reason = getattr(err, "reason", err)
                 if isinstance(reason, socket.timeout | TimeoutError):
                     raise SGLangHTTPError(

@@ -157,7 +157,7 @@ def test_an_engine_killed_mid_push_is_named(tmp_path):
         # naming rank 0's (``weight push 1 failed on policy rank(s) [0]: ...``). The cause is
         # whichever channel to the killed engine broke first: the gloo broadcast ("Connection
         # reset by peer" or "closed by peer", as the kernel tore it down) or the HTTP request
-        # that goes with it (``SGLangUnreachable``).
+        # that goes with it (``SGLangUnreachable``: refused, closed, or an answer cut short).
         assert re.search(r"^error: policy rank [01] .* raised (RuntimeError|WeightExportError) in PolicyRank.push_weights: "
                          r"(weight push \d+ failed on policy rank\(s\) \[0\]: RuntimeError: )?sending pipeline stage 0's "
                          r"weights to engine\(s\) http://[\d.]+:\d+ failed: (RuntimeError: .*Connection (reset|closed) by peer"

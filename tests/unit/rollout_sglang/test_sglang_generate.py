@@ -153,6 +153,29 @@ def test_unreachable_server_is_retried_then_reported():
     assert engine.health().alive is False
 
 
+def test_a_server_dying_mid_answer_is_unreachable_not_a_raw_http_error():
+    # What a killed SGLang server can leave: the status line and headers sent, the body cut
+    # short (http.client.IncompleteRead). It means the same as a refused connection.
+    import socket
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+
+        def answer_half() -> None:
+            conn, _ = listener.accept()
+            with conn:
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 66\r\n\r\n")
+
+        server = threading.Thread(target=answer_half)
+        server.start()
+        engine = SGLangEngine(f"http://127.0.0.1:{listener.getsockname()[1]}", retries=0)
+        with pytest.raises(SGLangUnreachable, match=r"/update_weights_from_disk: .*unreachable after 1 attempts: IncompleteRead"):
+            engine.client.post("/update_weights_from_disk", {"model_path": "x"}, retries=0)
+        server.join(5)
+
+
 def test_generate_on_released_engine_is_refused(fake_server):
     engine = SGLangEngine(fake_server().url)
     engine.release_memory()
