@@ -137,7 +137,8 @@ class WeightStream:
             phase = ", ".join(f"{k} bucket {v}" for k, v in self._where.items() if v is not None and k != "draining")
             if self._where.get("draining"):
                 phase = f"consumer stopped; {phase or 'exporting'} {self._where['draining']}"
-            self.progress.mark(version, then or phase or "waiting for the export")
+            # neither: a bucket just exported, on its way to the sender (overlap: another thread)
+            self.progress.mark(version, then or phase or "between buckets (handing the next one to the sender)")
 
     def _bucket(self, tensors: list[tuple[str, torch.Tensor]], version: int, last: bool) -> WeightBucket:
         """The next bucket of the push, counted for its metrics."""

@@ -27,8 +27,9 @@ def _weights() -> dict[str, torch.Tensor]:
 class _Export:
     """An export_fn over ``weights`` (fresh copies, as a TP gather makes), noting what it made."""
 
-    def __init__(self, weights: dict[str, torch.Tensor], fail_at: str | None = None) -> None:
-        self.weights, self.fail_at = weights, fail_at
+    def __init__(self, weights: dict[str, torch.Tensor], fail_at: str | None = None,
+                 wait_at: tuple[str, threading.Event] | None = None) -> None:  # fmt: skip
+        self.weights, self.fail_at, self.wait_at = weights, fail_at, wait_at
         self.made: list[str] = []
         self.alive: dict[int, int] = {}
 
@@ -36,6 +37,8 @@ class _Export:
         for name, t in self.weights.items():
             if name == self.fail_at:
                 raise RuntimeError(f"gather of {name} failed")
+            if self.wait_at is not None and name == self.wait_at[0]:
+                assert self.wait_at[1].wait(30), f"the test never let the export of {name} go on"
             copy = t.clone()
             self.alive[id(copy)] = copy.numel() * copy.element_size()
             weakref.finalize(copy, self.alive.pop, id(copy), None)
@@ -123,8 +126,10 @@ def test_an_error_of_the_export_reaches_the_consumer():
 
 def test_the_progress_file_shows_the_bucket_sent_and_the_one_exported(tmp_path):
     progress = PushProgress(rank_log=str(tmp_path / "rank0.log"))
-    export = _Export(_weights())
-    stream = WeightStream(export, bucket_mb=0.5, progress=progress)
+    # Bucket 3 is w6 alone (500 KiB; w7 does not fit with it): the export waits before w7 until
+    # the test has read the file, so the producer is surely inside bucket 3's export.
+    go_on = threading.Event()
+    stream = WeightStream(_Export(_weights(), wait_at=("w7", go_on)), bucket_mb=0.5, progress=progress)
     seen: set[str] = set()
 
     def shows_both() -> bool:
@@ -133,7 +138,11 @@ def test_the_progress_file_shows_the_bucket_sent_and_the_one_exported(tmp_path):
 
     for bucket in stream.buckets(version=3):
         if bucket.index == 2:
-            assert _wait_for(shows_both), seen
+            assert [n for n, _ in bucket.tensors] == ["w3", "w4", "w5"]
+            try:
+                assert _wait_for(shows_both), seen
+            finally:
+                go_on.set()
     assert read_place(tmp_path / "rank0.log").phase.startswith("bucket stream finished")
 
 

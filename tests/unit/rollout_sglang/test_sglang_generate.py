@@ -4,6 +4,7 @@ parsing, grouping of the n samples, bounded concurrency, errors."""
 from __future__ import annotations
 
 import math
+import re
 import threading
 
 import pytest
@@ -153,6 +154,17 @@ def test_unreachable_server_is_retried_then_reported():
     assert engine.health().alive is False
 
 
+def _read_request(conn) -> None:
+    """Read one HTTP request, headers and Content-Length body, from ``conn``."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += conn.recv(65536)
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))
+    while len(body) < length:
+        body += conn.recv(65536)
+
+
 def test_a_server_dying_mid_answer_is_unreachable_not_a_raw_http_error():
     # What a killed SGLang server can leave: the status line and headers sent, the body cut
     # short (http.client.IncompleteRead). It means the same as a refused connection.
@@ -165,7 +177,7 @@ def test_a_server_dying_mid_answer_is_unreachable_not_a_raw_http_error():
         def answer_half() -> None:
             conn, _ = listener.accept()
             with conn:
-                conn.recv(65536)
+                _read_request(conn)  # all of it: unread bytes would make close() a reset, not an EOF
                 conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 66\r\n\r\n")
 
         server = threading.Thread(target=answer_half)
