@@ -83,13 +83,14 @@ def run_sft(cfg: Any, address: str | None = None) -> Path:
     data = _load_data(cfg, sft_max_length(cfg, plan.arch))
     steps = s.total_steps or max(1, s.epochs * len(data.train) // s.batch_size)
     placement = role_placements(cfg, plan)[0][0]
-    log.info("sft: %d training rows, %d held-out, %d steps of %d sequences (DP=%d)", len(data.train), len(data.val),
-             steps, s.batch_size, dp)  # fmt: skip
     local_cpus = None if (address or cfg.cluster.ray_address) else len(plan.roles["policy"].gpus) + 1
     control = RunControl()
     stopped = lambda: RunStopped(f"stopped by {control.signal_name} while starting; nothing was trained or "  # noqa: E731
                                  "written", control.exit_code)
     with control.handlers(), ExitStack() as session:
+        # Logged once a signal is handled: a SIGTERM sent on seeing it stops the run cleanly.
+        log.info("sft: %d training rows, %d held-out, %d steps of %d sequences (DP=%d)", len(data.train), len(data.val),
+                 steps, s.batch_size, dp)  # fmt: skip
         control.enter_starting(session, ray_session(address or cfg.cluster.ray_address, num_cpus=local_cpus), stopped)
         try:  # the workers load the model: a signal now leaves nothing to keep either
             client, group = _start_group(cfg, placement, steps, out / "logs")

@@ -58,7 +58,9 @@ def steps_logged(run: Path) -> list[int]:
     path = run / "metrics.jsonl"
     if not path.exists():
         return []
-    return [json.loads(line)["step"] for line in path.read_text().splitlines() if line.strip()]
+    text = path.read_text()
+    whole = text[: text.rfind("\n") + 1]  # a line being appended is not read half-written
+    return [json.loads(line)["step"] for line in whole.splitlines() if line.strip()]
 
 
 def wait_for_step(proc: subprocess.Popen, run: Path, step: int, log: Path) -> None:

@@ -128,7 +128,9 @@ def wait_done(env: dict, job: str, timeout_s: float = 420) -> str:
 
 def steps_logged(run: Path) -> list[int]:
     path = run / "metrics.jsonl"
-    return [json.loads(line)["step"] for line in path.read_text().splitlines()] if path.exists() else []
+    text = path.read_text() if path.exists() else ""
+    whole = text[: text.rfind("\n") + 1]  # a line being appended is not read half-written
+    return [json.loads(line)["step"] for line in whole.splitlines()]
 
 
 def test_a_two_step_run_exits_zero(slurm, launch_dir):

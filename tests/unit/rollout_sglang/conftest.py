@@ -124,6 +124,7 @@ class FakeSGLang:
         self,
         tp: int = 1,
         generate_delay: float = 0.0,
+        generate_gate: threading.Event | None = None,
         flush_busy: int = 0,
         version: str = "0.5.23",
         load_format: str = "auto",
@@ -131,6 +132,8 @@ class FakeSGLang:
     ) -> None:
         self.tp = tp
         self.generate_delay = generate_delay
+        # set by a test once it has done what must happen while a generation runs
+        self.generate_gate = generate_gate
         self.flush_busy = flush_busy  # answer 400 to this many /flush_cache calls first
         self.version = version
         self.load_format = load_format  # --load-format at launch; a disk load may change it
@@ -226,7 +229,10 @@ class FakeSGLang:
             self.inflight += len(prompts)
             self.max_inflight = max(self.max_inflight, self.inflight)
         try:
-            time.sleep(self.generate_delay)
+            if self.generate_gate is not None:
+                assert self.generate_gate.wait(30), "the test never let the generation finish"
+            else:
+                time.sleep(self.generate_delay)
             if self.crashed:  # died while this request ran (a release while busy)
                 raise ServerDied(self.crashed)
             return 200, [

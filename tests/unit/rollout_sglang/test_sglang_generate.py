@@ -158,11 +158,17 @@ def _read_request(conn) -> None:
     """Read one HTTP request, headers and Content-Length body, from ``conn``."""
     data = b""
     while b"\r\n\r\n" not in data:
-        data += conn.recv(65536)
+        data += _received(conn)
     head, _, body = data.partition(b"\r\n\r\n")
     length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))
     while len(body) < length:
-        body += conn.recv(65536)
+        body += _received(conn)
+
+
+def _received(conn) -> bytes:
+    chunk = conn.recv(65536)
+    assert chunk, "the client closed the connection before its request was whole"
+    return chunk
 
 
 def test_a_server_dying_mid_answer_is_unreachable_not_a_raw_http_error():
@@ -245,13 +251,17 @@ def _raw_generate(url: str, out: dict):
 
 
 def test_release_while_a_request_runs_kills_sglang(fake_server):  # [real]
-    server = fake_server(generate_delay=0.5)
+    running = threading.Event()  # the generation runs until the release was sent
+    server = fake_server(generate_gate=running)
     out: dict = {}
     worker = _raw_generate(server.url, out)
     worker.start()
     _wait_inflight(server.fake, worker)
-    with pytest.raises(SGLangUnreachable):
-        SGLangClient(server.url, retries=0).post("/release_memory_occupation", {"tags": None})
+    try:
+        with pytest.raises(SGLangUnreachable):
+            SGLangClient(server.url, retries=0).post("/release_memory_occupation", {"tags": None})
+    finally:
+        running.set()
     worker.join()
     assert "idle" in server.fake.crashed and isinstance(out["error"], SGLangUnreachable)
     assert SGLangEngine(server.url, retries=0).health().alive is False

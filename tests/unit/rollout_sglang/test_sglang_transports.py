@@ -145,7 +145,8 @@ def test_version_check_falls_back_to_get_model_info(fake_server):
 
 
 def test_release_needs_an_idle_engine_and_resume_only_what_was_released(fake_server):
-    server = fake_server(generate_delay=0.5)
+    running = threading.Event()  # the generation runs until the release was refused
+    server = fake_server(generate_gate=running)
     engine = SGLangEngine(server)
     worker = threading.Thread(
         target=engine.generate, args=([[1, 2]], SamplingParams(max_new_tokens=1))
@@ -154,8 +155,11 @@ def test_release_needs_an_idle_engine_and_resume_only_what_was_released(fake_ser
     deadline = time.monotonic() + 5
     while server.fake.inflight == 0 and time.monotonic() < deadline:
         time.sleep(0.01)
-    with pytest.raises(EngineBusy, match="1 requests in flight"):
-        engine.release_memory()
+    try:
+        with pytest.raises(EngineBusy, match="1 requests in flight"):
+            engine.release_memory()
+    finally:
+        running.set()
     worker.join()
     engine.release_memory(["kv_cache"])
     engine.resume_memory()  # only kv_cache was released
