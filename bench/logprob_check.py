@@ -207,13 +207,13 @@ def build_stack(rank: int, plan: Plan):
     from megarl.rollout.logprob_check import PostPushCheck
     from megarl.rollout.torch_engine import TorchEngine
     from megarl.rollout.transports import InProcessTransport
-    from megarl.rollout.weight_stream import WeightStream
+    from megarl.rollout.weight_stream import MIB, WeightStream
 
     cfg = ActorConfig(parallel=ParallelConfig(**LAYOUTS[plan.layout]), micro_batch_size=8,
                       optimizer=OptimizerConfig(lr=plan.lr, clip_grad=1.0))  # fmt: skip
     policy = PolicyWorker(plan.model_dir, cfg, dtype="bfloat16", seed=plan.seed)
     engine = TorchEngine(plan.model_dir, dtype="bfloat16") if rank == 0 else None
-    export = partial(policy.export_weights, collect="leader")  # as build_transport wires in_process
+    export = partial(policy.export_weights, gather_bytes=int(plan.bucket_mb * MIB), collect="leader")  # as build_transport wires in_process
     transport = InProcessTransport(WeightStream(export, plan.bucket_mb), [engine] if engine else [])
     transport.connect(None)
     sampling = SamplingParams(temperature=plan.temperature, max_new_tokens=plan.max_new_tokens, seed=plan.seed)

@@ -9,6 +9,8 @@ holds the torch engine. Measured, per layout:
   conversion, bucketing), no engine;
 - push: export + ``engine.load_weights`` (InProcessTransport), export and load one after the
   other (``overlap=False``) and double-buffered (``overlap=True``);
+- at TP=2, also the push with one TP all-gather per tensor (``gather_bytes=1``) instead of one
+  per bucket's worth of tensors (the export's default: ``gather_bytes`` = the bucket size);
 - at PP=2, also the push through the stage collection that sends every stage to every rank
   (``collect="all"``, what the in-process push did before it sent to the leader only);
 - all-gather: one ``all_gather_into_tensor`` of the same number of bytes between the same two
@@ -104,13 +106,14 @@ def rank_main(rank: int, port: int, model_dir: str, layout: str, bucket_mb: floa
     from megarl.parallel.groups import destroy_parallel
     from megarl.rollout.torch_engine import TorchEngine
     from megarl.rollout.transports import InProcessTransport
-    from megarl.rollout.weight_stream import WeightStream
+    from megarl.rollout.weight_stream import MIB, WeightStream
 
     model = MegatronModel.build(model_dir, ActorConfig(parallel=ParallelConfig(**LAYOUTS[layout])), torch.bfloat16, seed=1)
     engine = [TorchEngine(model_dir, dtype="bfloat16")] if rank == 0 else []
 
-    def transport(engines: list, overlap: bool, collect: str = "leader") -> InProcessTransport:
-        export = partial(model.bridge.export_hf_tensors, model.core, collect=collect)
+    def transport(engines: list, overlap: bool, collect: str = "leader", gather_bytes: int | None = None) -> InProcessTransport:
+        gather_bytes = int(bucket_mb * MIB) if gather_bytes is None else gather_bytes  # as build_transport wires it
+        export = partial(model.bridge.export_hf_tensors, model.core, gather_bytes=gather_bytes, collect=collect)
         sync = InProcessTransport(WeightStream(export, bucket_mb=bucket_mb, overlap=overlap), engines)
         sync.connect(None)
         return sync
@@ -119,6 +122,8 @@ def rank_main(rank: int, port: int, model_dir: str, layout: str, bucket_mb: floa
              "push_overlap": transport(engine, True)}
     if layout == "pp2":
         sides["push_collect_all"] = transport(engine, True, collect="all")
+    else:
+        sides["push_gather_each"] = transport(engine, True, gather_bytes=1)
     runs: dict[str, list] = {k: [] for k in [*sides, "all_gather_seconds"]}
     version = 0
     for _ in range(reps):
@@ -159,6 +164,9 @@ def run_layout(layout: str, model_dir: Path, bucket_mb: float, reps: int, tmp: P
     if "push_collect_all" in seconds:
         ratios["leader_over_collect_all_speedup"] = statistics.median(
             a / b for a, b in zip(seconds["push_collect_all"], seconds["push_overlap"]))
+    if "push_gather_each" in seconds:
+        ratios["bucket_gather_speedup"] = statistics.median(
+            a / b for a, b in zip(seconds["push_gather_each"], seconds["push_overlap"]))
     print(f"\n{layout}: {data['bytes'] / 2**30:.2f} GiB (bf16) per push, bucket {bucket_mb} MiB")
     print(f"{'what':<18}{'median s':>10}{'GB/s':>10}")
     for name, values in [*seconds.items(), ("all_gather", gather)]:

@@ -98,7 +98,8 @@ class PolicyWorker(TrainedWorker):
 
         return self.trainer.train(batch, loss_head, mini_batch_size=mini_batch_size, ppo_epochs=ppo_epochs)
 
-    def export_weights(self, collect: Collect = "all") -> Iterator[tuple[str, torch.Tensor]]:
-        """HF-named full tensors, one at a time (collective; see the bridge). ``collect``: which
-        ranks receive the other pipeline stages' tensors (megarl/parallel/stage_collection.py)."""
-        return self.model.bridge.export_hf_tensors(self.model.core, collect=collect)
+    def export_weights(self, *, gather_bytes: int, collect: Collect = "all") -> Iterator[tuple[str, torch.Tensor]]:
+        """HF-named full tensors, one at a time (collective; see the bridge). ``gather_bytes``:
+        the most full bytes one TP all-gather collects; ``collect``: which ranks receive the other
+        pipeline stages' tensors (megarl/parallel/stage_collection.py)."""
+        return self.model.bridge.export_hf_tensors(self.model.core, gather_bytes=gather_bytes, collect=collect)

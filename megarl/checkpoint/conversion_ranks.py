@@ -102,10 +102,12 @@ class ExportRank:
 
     def _export(self) -> Iterator[tuple[str, torch.Tensor]]:
         from megarl.models.bridge import has_value_head
+        from megarl.rollout.weight_stream import MIB
 
         bridge, core = self.model.bridge, self.model.core
         total = len(bridge.export_names(self.model.hf_config, has_value_head(core)))
-        for done, item in enumerate(bridge.export_hf_tensors(core, collect="leader"), 1):
+        tensors = bridge.export_hf_tensors(core, gather_bytes=int(self.bucket_mb * MIB), collect="leader")
+        for done, item in enumerate(tensors, 1):
             yield item
             self.progress(done, total)
 

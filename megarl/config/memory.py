@@ -191,14 +191,14 @@ def largest_hf_tensor_bytes(arch: ArchSpec, dtype: str) -> float:
 
 
 def phase_working_bytes(policy: TrainMemory | None, critic: TrainMemory | None, bucket_bytes: float,
-                        largest_tensor_bytes: float) -> dict[str, float]:  # fmt: skip
+                        gather_bytes: float) -> dict[str, float]:  # fmt: skip
     """What a phase needs besides the resident states, per GPU: an update's activations, logits
     and head gradient; a forward pass's logits (no activations are kept for a backward); a push's
     buckets (``bucket_bytes``: the one being filled, with rollout.weight_sync.overlap the one
-    being sent, and with the tensor transport its flattened copy for CUDA IPC), plus the largest
-    tensor twice while it is exported (its gathered TP shards and the full tensor they are
-    joined into)."""
-    out = {WEIGHT_PUSH: bucket_bytes + 2.0 * largest_tensor_bytes}
+    being sent, and with the tensor transport its flattened copy for CUDA IPC), plus one TP
+    gather group twice while it is exported (``gather_bytes``: a bucket's worth of tensors, or
+    one larger tensor alone; its gathered shards and the full tensors they are joined into)."""
+    out = {WEIGHT_PUSH: bucket_bytes + 2.0 * gather_bytes}
     if policy is not None:
         out |= {POLICY_FORWARD: policy.logits, REFERENCE_FORWARD: policy.logits, POLICY_UPDATE: policy.update_working}
     if critic is not None:

@@ -193,9 +193,12 @@ class ModelBridge:
             names = (names - {"lm_head.weight"}) | {VALUE_HEAD_HF_NAME}
         return names
 
-    def export_hf_tensors(self, model: torch.nn.Module, *, collect: Collect = "all") -> Iterator[tuple[str, torch.Tensor]]:
+    def export_hf_tensors(self, model: torch.nn.Module, *, gather_bytes: int,
+                          collect: Collect = "all") -> Iterator[tuple[str, torch.Tensor]]:  # fmt: skip
         """Yield ``(HF name, full tensor)`` one at a time (a collective over the replica's TP and
-        PP groups). ``collect``: which ranks also receive the other pipeline stages' tensors
+        PP groups). ``gather_bytes``: the TP shards of up to this many full bytes (one larger
+        tensor alone) are gathered with one collective (a push passes its bucket size).
+        ``collect``: which ranks also receive the other pipeline stages' tensors
         (megarl/parallel/stage_collection.py); the others yield their own stage's. Packing them
         into transfer buckets is the weight stream's job (megarl/rollout/weight_stream.py)."""
         from megatron.core import parallel_state as ps
@@ -206,7 +209,7 @@ class ModelBridge:
         info = self.shard_info(hf_config, gpt)
         mine = [(r, p) for r, p in self.local_rules(gpt) if r.export]
         pp_size, pp_rank = ps.get_pipeline_model_parallel_world_size(), ps.get_pipeline_model_parallel_rank()
-        own = ((name, full) for rule, param in mine for name, full in export_full(rule, param, info))
+        own = export_full(mine, info, gather_bytes)
         if collect != "stage" and pp_size > 1:
             # Each stage announces (name, shape, dtype) of what it will send; receivers allocate
             # exactly that, so sender and receivers cannot disagree on a buffer's size.

@@ -12,20 +12,24 @@ it holds and a layout:
 
 Import builds a rank's shard from row/column slices of the HF tensors (never the full tensor
 for split layouts); export turns the rank's shard back into HF shards and all-gathers them over
-the TP group, so every TP rank ends with the full HF tensors. Communication lives in
+the TP group, many tensors per collective, so every TP rank ends with the full HF tensors. The
+layout conversion (QKV split, gate/up split, vocabulary padding) is on this side of the gather:
+each rank converts its own shard, and the gathered pieces join into HF tensors by a plain
+concatenation. Communication lives in
 megarl.parallel.sharding; this module only knows layouts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 
 from megarl.models.safetensors_reader import SafetensorsReader
-from megarl.parallel.sharding import gather_along
+from megarl.parallel.sharding import gather_shards
 
 # The critic's value head in HF form: the name transformers' *ForTokenClassification heads use.
 VALUE_HEAD_HF_NAME = "score.weight"
@@ -106,27 +110,64 @@ def _read_qkv(rule: ParamRule, reader: SafetensorsReader, info: ShardInfo) -> to
     return torch.cat(per_group, dim=1).reshape(-1, *rest)
 
 
-def export_full(rule: ParamRule, shard: torch.Tensor, info: ShardInfo) -> Iterator[tuple[str, torch.Tensor]]:
-    """The full HF tensors of ``rule`` from this rank's ``shard``, one at a time (TP all-gather
-    inside: every TP rank must consume this for the same rule at the same time)."""
-    shard = shard.detach()
+@dataclass(frozen=True)
+class ExportPart:
+    """One HF tensor of a rule as this TP rank holds it: ``shard`` joined with the other ranks'
+    along ``dim`` (None: the same on every rank), then cut to its first ``rows`` rows (the
+    vocabulary's padding dropped)."""
+
+    name: str
+    shard: torch.Tensor
+    dim: int | None
+    rows: int | None = None
+
+    def full_bytes(self, tp_size: int) -> int:
+        return self.shard.numel() * self.shard.element_size() * (1 if self.dim is None else tp_size)
+
+
+def export_parts(rule: ParamRule, shard: torch.Tensor, info: ShardInfo) -> list[ExportPart]:
+    """``rule``'s HF tensors as this rank's pieces of them (no communication)."""
+    shard, name = shard.detach(), rule.hf[0]
     if rule.layout == "replicated":
-        yield rule.hf[0], shard
-    elif rule.layout == "column":
-        yield rule.hf[0], gather_along(shard, 0)
-    elif rule.layout == "row":
-        yield rule.hf[0], gather_along(shard, 1)
-    elif rule.layout == "vocab":
-        yield rule.hf[0], gather_along(shard, 0)[: info.vocab_size]
-    elif rule.layout == "fc1":
+        return [ExportPart(name, shard, None)]
+    if rule.layout in ("column", "row"):
+        return [ExportPart(name, shard, 0 if rule.layout == "column" else 1)]
+    if rule.layout == "vocab":
+        return [ExportPart(name, shard, 0, rows=info.vocab_size)]
+    if rule.layout == "fc1":
         gate, up = shard.chunk(2, dim=0)
-        yield rule.hf[0], gather_along(gate, 0)
-        yield rule.hf[1], gather_along(up, 0)
-    elif rule.layout == "qkv":
+        return [ExportPart(rule.hf[0], gate, 0), ExportPart(rule.hf[1], up, 0)]
+    if rule.layout == "qkv":
         rest = shard.shape[1:]
-        grouped = shard.reshape(info.groups_per_rank, -1, *rest)
+        grouped = shard.reshape(info.groups_per_rank, -1, *rest)  # [groups, q heads + k + v, (h)]
         qd, d = info.heads_per_group * info.head_dim, info.head_dim
-        for name, part in zip(rule.hf, grouped.split([qd, d, d], dim=1), strict=True):
-            yield name, gather_along(part.reshape(-1, *rest), 0)
-    else:
-        raise AssertionError(f"unknown layout {rule.layout}")
+        parts = grouped.split([qd, d, d], dim=1)
+        return [ExportPart(n, p.reshape(-1, *rest), 0) for n, p in zip(rule.hf, parts, strict=True)]
+    raise AssertionError(f"unknown layout {rule.layout}")
+
+
+def export_full(rules: Iterable[tuple[ParamRule, torch.Tensor]], info: ShardInfo,
+                gather_bytes: int) -> Iterator[tuple[str, torch.Tensor]]:  # fmt: skip
+    """The full HF tensors of ``rules`` (this rank's shards) in order. They are TP-gathered in
+    groups of at most ``gather_bytes`` full bytes (a larger tensor alone), one collective per
+    group and dtype: every TP rank must consume this over the same rules at the same time."""
+    group: list[ExportPart] = []
+    size = 0
+    for rule, shard in rules:
+        for part in export_parts(rule, shard, info):
+            nbytes = part.full_bytes(info.tp_size)
+            if group and size + nbytes > gather_bytes:
+                yield from _gathered(group)
+                group, size = [], 0
+            group.append(part)
+            size += nbytes
+    if group:
+        yield from _gathered(group)
+
+
+def _gathered(parts: list[ExportPart]) -> Iterator[tuple[str, torch.Tensor]]:
+    """One group's full tensors, each let go by the group once yielded."""
+    full = deque(gather_shards([(p.shard, p.dim) for p in parts if p.dim is not None]))
+    for part in parts:
+        tensor = part.shard if part.dim is None else full.popleft()
+        yield part.name, tensor if part.rows is None else tensor[: part.rows]

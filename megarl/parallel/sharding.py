@@ -27,17 +27,37 @@ def pp_group() -> dist.ProcessGroup:
     return parallel_state.get_pipeline_model_parallel_group()
 
 
-def gather_along(tensor: torch.Tensor, dim: int, group: dist.ProcessGroup | None = None) -> torch.Tensor:
-    """All-gather equal shards along ``dim`` over ``group`` (default: the TP group); every rank
-    gets the full tensor. A group of one returns ``tensor`` itself."""
+def gather_shards(shards: list[tuple[torch.Tensor, int]], group: dist.ProcessGroup | None = None) -> list[torch.Tensor]:
+    """All-gather several tensors' equal shards over ``group`` (default: the TP group) with one
+    collective per dtype, not one per tensor: ``[(shard, dim)]`` -> the full tensors (the ranks'
+    shards joined along ``dim``), in order. Every rank passes the same shapes and dtypes."""
     group = group if group is not None else tp_group()
     world = dist.get_world_size(group)
     if world == 1:
-        return tensor
-    tensor = tensor.contiguous()
-    parts = [torch.empty_like(tensor) for _ in range(world)]
-    dist.all_gather(parts, tensor, group=group)
-    return torch.cat(parts, dim=dim)
+        return [shard for shard, _ in shards]
+    full: list[torch.Tensor | None] = [None] * len(shards)
+    by_dtype: dict[torch.dtype, list[int]] = {}
+    for i, (shard, _) in enumerate(shards):
+        by_dtype.setdefault(shard.dtype, []).append(i)
+    for members in by_dtype.values():
+        shard, dim = shards[members[0]]
+        if len(members) == 1 and dim == 0:  # the ranks' slabs in order are the tensor: no copy out
+            shard = shard.contiguous()
+            full[members[0]] = out = shard.new_empty(world * shard.shape[0], *shard.shape[1:])
+            dist.all_gather_into_tensor(out, shard, group=group)
+            continue
+        flat = torch.cat([shards[i][0].reshape(-1) for i in members])  # [n]: this rank's shards back to back
+        gathered = flat.new_empty(world * flat.numel())  # [world * n]: every rank's, rank by rank
+        dist.all_gather_into_tensor(gathered, flat, group=group)
+        gathered = gathered.view(world, -1)  # [world, n]
+        del flat
+        start = 0
+        for i in members:
+            shard, dim = shards[i]
+            slabs = [gathered[r, start : start + shard.numel()].view(shard.shape) for r in range(world)]
+            full[i] = torch.cat(slabs, dim=dim)
+            start += shard.numel()
+    return full  # type: ignore[return-value]  # every index was filled by its dtype's gather
 
 
 def all_gather_objects(obj: Any, group: dist.ProcessGroup | None = None) -> list[Any]:

@@ -36,7 +36,7 @@ from typing import Any, Protocol, runtime_checkable
 from megarl.config.push_model import TRANSPORT_COLLECT
 from megarl.rollout.engine import RolloutEngine
 from megarl.rollout.push_progress import PushProgress
-from megarl.rollout.weight_stream import WeightStream
+from megarl.rollout.weight_stream import MIB, WeightStream
 
 
 @runtime_checkable
@@ -185,7 +185,10 @@ def build_transport(name: str, policy: Any, *, bucket_mb: float, overlap: bool =
     collect = TRANSPORT_COLLECT.get(name)  # which ranks receive every stage's tensors
     if collect is None:
         raise ValueError(f"rollout.weight_sync.transport {name!r} is not one of {', '.join(TRANSPORT_COLLECT)}")
-    stream = WeightStream(partial(policy.export_weights, collect=collect), bucket_mb, progress=progress, overlap=overlap,
+    # One TP all-gather per bucket's worth of tensors (the export's groups and the stream's
+    # buckets have the same bound, not the same edges: a stage's tensors start a group anew).
+    export = partial(policy.export_weights, gather_bytes=int(bucket_mb * MIB), collect=collect)
+    stream = WeightStream(export, bucket_mb, progress=progress, overlap=overlap,
                           observe=partial(policy.export_check.observe, collect=collect))  # fmt: skip
     own = [local_engine] if local_engine is not None else []
     if name == "in_process":

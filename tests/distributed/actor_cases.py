@@ -135,7 +135,7 @@ def _differentiable_row_logprobs(model, row: Batch) -> tuple[torch.Tensor, torch
 
 def exported_state(worker) -> dict[str, torch.Tensor]:
     """The worker's weights as HF-named full tensors (a collective; every rank gets them)."""
-    return {name: tensor.detach().float().cpu().clone() for name, tensor in worker.export_weights()}
+    return {name: tensor.detach().float().cpu().clone() for name, tensor in worker.export_weights(gather_bytes=1 << 20)}
 
 
 def gathered(rows, batch: Batch) -> dict[str, torch.Tensor]:

@@ -18,6 +18,7 @@ HF file cast to bf16 on both stages, and a receiving stage allocates the dtype t
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import pytest
@@ -106,20 +107,70 @@ def _build(path: str, tp: int, pp: int, value_head: bool = False, recompute: str
     return bridge, hf_config, model
 
 
+# gather_bytes of an export: each TP-split tensor gathered alone, in groups (a few tensors of the
+# tiny models), all in one group
+GATHERS = {"each": 1, "some": 48 << 10, "all": 1 << 40}
+
+
 def _export_check(bridge, model, path: str) -> dict:
-    """Bit equality of every exported tensor with the file."""
+    """Bit equality of every exported tensor with the file, whatever the TP gather groups; how
+    many all-gathers each grouping took; and how many tensors are TP-split here."""
     from safetensors.torch import load_file
 
     expected = load_file(f"{path}/model.safetensors")
-    got: dict[str, torch.Tensor] = {}
-    for name, t in bridge.export_hf_tensors(model):
-        assert name not in got, name
-        got[name] = t.clone()
-    return {
-        "names_equal": set(got) == set(expected),
-        "unequal": sorted(n for n in expected if n in got and not torch.equal(got[n], expected[n])),
-        "fingerprint": _fingerprint_check(bridge, model, expected),
-    }
+    out: dict = {"names_equal": True, "unequal": set(), "all_gathers": {}}
+    for grouping, gather_bytes in GATHERS.items():
+        got: dict[str, torch.Tensor] = {}
+        with _counted_all_gathers() as calls:
+            for name, t in bridge.export_hf_tensors(model, gather_bytes=gather_bytes):
+                assert name not in got, name
+                got[name] = t.clone()
+        out["all_gathers"][grouping] = len(calls)
+        out["names_equal"] &= set(got) == set(expected)
+        out["unequal"] |= {n for n in expected if n in got and not torch.equal(got[n], expected[n])}
+    out["unequal"] = sorted(out["unequal"])
+    out["split"] = sum(len(r.hf) for r, _ in bridge.local_rules(model) if r.export and r.layout != "replicated")
+    out["fingerprint"] = _fingerprint_check(bridge, model, expected)
+    return out
+
+
+@contextlib.contextmanager
+def _counted_all_gathers():
+    """The calls of torch.distributed.all_gather_into_tensor made inside the block."""
+    import torch.distributed as dist
+
+    calls: list[int] = []
+    real = dist.all_gather_into_tensor
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    dist.all_gather_into_tensor = counted
+    try:
+        yield calls
+    finally:
+        dist.all_gather_into_tensor = real
+
+
+def _gather_shards_check(rank: int) -> dict:
+    """gather_shards against the concatenation of every rank's known shards: three dtypes,
+    dims 0 and 1, a dtype with a lone dim-0 tensor (gathered straight into place), odd shapes;
+    one all-gather per dtype."""
+    from megarl.parallel.sharding import gather_shards
+
+    specs = [((3, 5), torch.float32, 0), ((4, 2), torch.bfloat16, 1), ((7,), torch.float32, 0),
+             ((2, 3), torch.float32, 1), ((6, 1), torch.float64, 0)]  # fmt: skip
+
+    def shard(r: int, i: int) -> torch.Tensor:
+        shape, dtype, _ = specs[i]
+        return (torch.arange(torch.Size(shape).numel()) + 100 * r + 10 * i).reshape(shape).to(dtype)
+
+    with _counted_all_gathers() as calls:
+        got = gather_shards([(shard(rank, i), dim) for i, (_, _, dim) in enumerate(specs)])
+    want = [torch.cat([shard(r, i) for r in range(2)], dim) for i, (_, _, dim) in enumerate(specs)]
+    return {"equal": [a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(got, want, strict=True)],
+            "all_gathers": len(calls)}  # fmt: skip
 
 
 def _fingerprint_check(bridge, model, file_tensors: dict[str, torch.Tensor]) -> dict:
@@ -162,11 +213,12 @@ def _te_names_check(bridge, hf_config, model) -> dict:
 def _tp_logits(model, ids, valid) -> torch.Tensor:
     from pipeline_oracle import gpt_inputs
 
-    from megarl.parallel.sharding import gather_along
+    from megarl.parallel.sharding import gather_shards
 
     model.eval()
     with torch.no_grad():
-        return gather_along(model(*gpt_inputs(ids, valid)), dim=-1)  # [b, s, V_padded]
+        (logits,) = gather_shards([(model(*gpt_inputs(ids, valid)), -1)])
+        return logits  # [b, s, V_padded]
 
 
 def _tp2_worker(rank: int, world: int, dirs: dict[str, str]) -> dict:
@@ -189,6 +241,7 @@ def _tp2_worker(rank: int, world: int, dirs: dict[str, str]) -> dict:
             "seconds": time.perf_counter() - t0,
         }
     out["critic"] = _critic_check(dirs["qwen2"])
+    out["gather_shards"] = _gather_shards_check(rank)
     out["recompute"] = _recompute_check(dirs["qwen2"])
     out["attention"] = _attention_check()
     out["packed_attention"] = _packed_attention_check()
@@ -210,7 +263,7 @@ def _critic_check(path: str) -> dict:
         values = model(*gpt_inputs(ids, valid))  # [b, s, 1]
     parts = [torch.empty_like(values) for _ in range(2)]
     dist.all_gather(parts, values.contiguous(), group=tp_group())
-    names = {n for n, _ in bridge.export_hf_tensors(model)}
+    names = {n for n, _ in bridge.export_hf_tensors(model, gather_bytes=GATHERS["some"])}
     return {
         "shape": tuple(values.shape),
         "finite": bool(torch.isfinite(values).all()),
@@ -328,7 +381,7 @@ def _tp2_pp2_worker(rank: int, world: int, dirs: dict[str, str]) -> dict:
     from pipeline_oracle import broadcast_from_last_stage, forward_only, gpt_inputs
 
     from megarl.parallel.groups import init_parallel
-    from megarl.parallel.sharding import gather_along
+    from megarl.parallel.sharding import gather_shards
 
     info = init_parallel(tp=2, pp=2, seed=0)
     out: dict = {"stage": (info.pp_rank, info.tp_rank)}
@@ -338,7 +391,7 @@ def _tp2_pp2_worker(rank: int, world: int, dirs: dict[str, str]) -> dict:
         ids, valid = _batch(vocab)
         got = forward_only(
             model, [(ids, valid)], step=lambda m, mb: m(*gpt_inputs(*mb)),
-            collect=lambda o, mb: gather_along(o, dim=-1), seq_length=ids.shape[1], micro_batch_size=3,
+            collect=lambda o, mb: gather_shards([(o, -1)])[0], seq_length=ids.shape[1], micro_batch_size=3,
         )
         logits = broadcast_from_last_stage(got)[0][..., :vocab]
         out[arch] = {
@@ -359,7 +412,7 @@ def _collected_check(bridge, model, path: str, collect: str) -> dict:
     from megarl.models.fingerprint import expected_fingerprint
 
     expected = load_file(f"{path}/model.safetensors")
-    got = {n: t.clone() for n, t in bridge.export_hf_tensors(model, collect=collect)}
+    got = {n: t.clone() for n, t in bridge.export_hf_tensors(model, gather_bytes=GATHERS["some"], collect=collect)}
     fingerprint = expected_fingerprint(bridge, model, collect=collect)
     return {
         "names": sorted(got),
@@ -399,7 +452,7 @@ def _pp2_bf16_worker(rank: int, world: int, dirs: dict[str, str]) -> dict:
         )
         logits = broadcast_from_last_stage(got)[0][..., : bridge.vocab_size(hf_config)]
         expected = {k: v.to(torch.bfloat16) for k, v in load_file(f"{path}/model.safetensors").items()}
-        exported = {n: t.clone() for n, t in bridge.export_hf_tensors(model)}
+        exported = {n: t.clone() for n, t in bridge.export_hf_tensors(model, gather_bytes=GATHERS["some"])}
         out[arch] = {
             "placement_errors": placement_errors(model, torch.bfloat16, torch.device("cpu")),
             "norm_dtypes": sorted({str(p.dtype) for n, p in model.named_parameters() if "norm" in n}),
@@ -412,7 +465,7 @@ def _pp2_bf16_worker(rank: int, world: int, dirs: dict[str, str]) -> dict:
     norm = model.decoder.final_layernorm if info.is_last_stage else None
     if norm is not None:
         norm.weight.data = norm.weight.data.float() + 0.001  # not representable in bf16
-    sent = {n: t.clone() for n, t in bridge.export_hf_tensors(model)}["model.norm.weight"]
+    sent = {n: t.clone() for n, t in bridge.export_hf_tensors(model, gather_bytes=GATHERS["some"])}["model.norm.weight"]
     reference = torch.ones(sent.shape) if norm is None else norm.weight.detach().clone()
     reference = broadcast_from_last_stage([reference])[0]
     out["mixed"] = {"dtype": str(sent.dtype), "equal": torch.equal(sent, reference)}
@@ -438,6 +491,11 @@ def test_bridges_tp2(model_dirs):
     _assert_arch_results(results)
     assert results[0]["qwen2"]["padded_vocab"] == 260  # 259 padded to a multiple of tp
     for r in results:
+        assert r["gather_shards"] == {"equal": [True] * 5, "all_gathers": 3}, r["gather_shards"]
+        for arch in ARCHS:  # one fp32 model: one all-gather per group of tensors, never per tensor
+            export = r[arch]["export"]
+            gathers = export["all_gathers"]
+            assert gathers["each"] == export["split"] > gathers["some"] > gathers["all"] == 1, (arch, export)
         assert r["critic"] == {"shape": (3, 12, 1), "finite": True, "same_on_tp_ranks": True, "export_has_score": True}
         assert r["recompute"] == {"selective": True, "full": True}
         assert r["attention"]["finite"] and r["attention"]["max_diff"] <= 1e-5, r["attention"]

@@ -183,7 +183,7 @@ def _run(rank: int, world_size: int, model_dir: str, probe: list, steps: list) -
     bound = WeightSyncConfig().max_logprob_diff
     checks = tuple(PostPushCheck(partial(_generate, engine), _Trainer(policy), probe, sampling, max_diff=b)
                    for b in (math.inf, bound))  # fmt: skip
-    clean = partial(policy.export_weights, collect="leader")
+    clean = partial(policy.export_weights, gather_bytes=1 << 20, collect="leader")
     cases = {"clean": clean, "swap q/k layer 0": swap_qk(clean, 0), "down_proj x 1.01": scale(clean, DOWN_PROJ, 1.01),
              f"down_proj x {REFUSED_SCALE}": scale(clean, DOWN_PROJ, REFUSED_SCALE), "clean again": clean}  # fmt: skip
     out = {name: _push_and_check(policy, engine, fn, v + 1, checks) for v, (name, fn) in enumerate(cases.items())}

@@ -8,11 +8,13 @@ not divisible by 2, so the export's vocab-padding removal is exercised too.
 from __future__ import annotations
 
 import weakref
+from functools import partial
 
 import pytest
 from spawn import run_distributed
 
 from megarl.models.tiny import build_tiny_model
+from megarl.rollout.weight_stream import MIB
 
 WORLD = 2
 BUCKET_MB = 0.02  # ~20 KiB: many buckets, several tensors larger than one bucket
@@ -87,7 +89,8 @@ def _run(rank: int, world_size: int, model_dir: str, engine_dir: str) -> None:
     )  # fmt: skip
     policy = PolicyWorker(model_dir, cfg, dtype="float32", seed=1)
     engine = TorchEngine(engine_dir, dtype="float32") if rank == 0 else None
-    live = _LiveBytes(policy.export_weights, policy.model.core.parameters())
+    export = partial(policy.export_weights, gather_bytes=int(BUCKET_MB * MIB))  # as build_transport wires it
+    live = _LiveBytes(export, policy.model.core.parameters())
     stream = WeightStream(live, bucket_mb=BUCKET_MB)
     transport = InProcessTransport(stream, [engine] if engine is not None else [])
     transport.connect(None)

@@ -227,10 +227,11 @@ def test_72b_phase_sums_are_the_printed_ones_by_hand_and_fit():
     mem, pol, eng = p.memory, p.memory.policy, p.memory.rollout
     # Runtime; a push holds three buckets (the one sent, its flattened copy for CUDA IPC, the one
     # filled beside it), each up to bucket_mb (1024 MiB) or the embedding alone (the largest
-    # tensor, 152064 x 8192 in bf16: 2.5 GB), and, while exporting, the embedding twice more:
-    # its gathered TP shards and the joined tensor.
+    # tensor, 152064 x 8192 in bf16: 2.5 GB), and, while exporting, a TP gather group (as big
+    # as a bucket) twice more: its gathered shards and the tensors they are joined into.
     embedding = 2 * 152064 * 8192
-    overhead, push = 3 * GIB, 3 * max(1024 * 1024**2, embedding) + 2 * embedding
+    bucket = max(1024 * 1024**2, embedding)
+    overhead, push = 3 * GIB, 3 * bucket + 2 * bucket
     by_hand = {
         "start": pol.weights + pol.grads + pol.optimizer / 3 + pol.weights + overhead,  # + reference; no Adam moments yet
         "launch": eng.budget + overhead,
