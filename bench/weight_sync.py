@@ -9,12 +9,14 @@ holds the torch engine. Measured, per layout:
   conversion, bucketing), no engine;
 - push: export + ``engine.load_weights`` (InProcessTransport), export and load one after the
   other (``overlap=False``) and double-buffered (``overlap=True``);
-- at TP=2, also the push with one TP all-gather per tensor (``gather_bytes=1``) instead of one
-  per bucket's worth of tensors (the export's default: ``gather_bytes`` = the bucket size);
+- at TP=2, also the push whose TP all-gathers take a bucket's worth of tensors at a time
+  (``rollout.weight_sync.gather_mb`` = ``bucket_mb``) instead of one tensor (the default, 0);
 - at PP=2, also the push through the stage collection that sends every stage to every rank
   (``collect="all"``, what the in-process push did before it sent to the leader only);
 - all-gather: one ``all_gather_into_tensor`` of the same number of bytes between the same two
-  processes (each sends half): the wire a push can reach here;
+  processes (each sends half): the wire a push can reach here; and the same bytes in 16 MiB
+  all-gathers, each into fresh memory as an export's are (gloo moves one large message at a
+  fraction of the rate of medium ones here);
 - memcpy: one ``copy_`` of the same number of bytes on rank 0, same thread count, same run.
 
 The sides run interleaved, ``--reps`` times; each ratio is the median of the per-rep ratios.
@@ -24,6 +26,8 @@ with rank 0's peak resident memory.
 Prints a table and writes bench/results/weight_sync.json (machine, load, date).
 
     .venv/bin/python bench/weight_sync.py [--bucket-mb 512] [--reps 5] [--small]
+
+``--small``: a 2-layer model of 1 MB, where per-collective latency, not bytes, sets the time.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ QWEN2_05B = dict(hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2, f
 SMALL = dict(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2, ffn_hidden_size=256,
              vocab_size=1000, tie_word_embeddings=True, max_position_embeddings=512)
 LAYOUTS = {"tp2": dict(tp=2), "pp2": dict(pp=2)}
+BASELINES = {"all_gather_seconds": None, "all_gather_16mib_seconds": 16 << 20}  # one all-gather, or one per 16 MiB
 
 
 def build_hf_dir(out: Path, shape: dict) -> int:
@@ -77,15 +82,20 @@ def memcpy_seconds(nbytes: int, reps: int) -> float:
     return best
 
 
-def gather_seconds(nbytes: int) -> float:
-    """One all-gather of ``nbytes`` in total between the two ranks (each sends half)."""
+def gather_seconds(nbytes: int, chunk: int | None = None) -> float:
+    """All-gathers of ``nbytes`` in total between the two ranks (each sends half): one, or one
+    per ``chunk`` bytes."""
     import torch.distributed as dist
 
-    local = torch.ones(nbytes // 2, dtype=torch.uint8)
+    chunk = min(chunk or nbytes, nbytes)
+    local = torch.ones(chunk // 2, dtype=torch.uint8)
     out = torch.empty(2 * local.numel(), dtype=torch.uint8)
     dist.barrier()
     start = time.perf_counter()
-    dist.all_gather_into_tensor(out, local)
+    for _ in range(max(1, round(nbytes / chunk))):
+        dist.all_gather_into_tensor(out, local)
+        if chunk < nbytes:  # each into fresh memory, as an export's gathers are (not the one above)
+            out = torch.empty_like(out)
     return time.perf_counter() - start
 
 
@@ -102,7 +112,7 @@ def rank_main(rank: int, port: int, model_dir: str, layout: str, bucket_mb: floa
     import torch.distributed as dist
 
     from megarl.actors.megatron_runtime.model import MegatronModel
-    from megarl.config.sections import ActorConfig, ParallelConfig
+    from megarl.config.sections import ActorConfig, ParallelConfig, WeightSyncConfig
     from megarl.parallel.groups import destroy_parallel
     from megarl.rollout.torch_engine import TorchEngine
     from megarl.rollout.transports import InProcessTransport
@@ -111,8 +121,10 @@ def rank_main(rank: int, port: int, model_dir: str, layout: str, bucket_mb: floa
     model = MegatronModel.build(model_dir, ActorConfig(parallel=ParallelConfig(**LAYOUTS[layout])), torch.bfloat16, seed=1)
     engine = [TorchEngine(model_dir, dtype="bfloat16")] if rank == 0 else []
 
+    default = int(WeightSyncConfig().gather_mb * MIB)  # rollout.weight_sync.gather_mb's default
+
     def transport(engines: list, overlap: bool, collect: str = "leader", gather_bytes: int | None = None) -> InProcessTransport:
-        gather_bytes = int(bucket_mb * MIB) if gather_bytes is None else gather_bytes  # as build_transport wires it
+        gather_bytes = default if gather_bytes is None else gather_bytes
         export = partial(model.bridge.export_hf_tensors, model.core, gather_bytes=gather_bytes, collect=collect)
         sync = InProcessTransport(WeightStream(export, bucket_mb=bucket_mb, overlap=overlap), engines)
         sync.connect(None)
@@ -123,8 +135,9 @@ def rank_main(rank: int, port: int, model_dir: str, layout: str, bucket_mb: floa
     if layout == "pp2":
         sides["push_collect_all"] = transport(engine, True, collect="all")
     else:
-        sides["push_gather_each"] = transport(engine, True, gather_bytes=1)
-    runs: dict[str, list] = {k: [] for k in [*sides, "all_gather_seconds"]}
+        sides["push_gather_each"] = transport(engine, True, gather_bytes=0)
+        sides["push_gather_bucket"] = transport(engine, True, gather_bytes=int(bucket_mb * MIB))
+    runs: dict[str, list] = {k: [] for k in [*sides, *BASELINES]}
     version = 0
     for _ in range(reps):
         for name, sync in sides.items():
@@ -133,7 +146,8 @@ def rank_main(rank: int, port: int, model_dir: str, layout: str, bucket_mb: floa
         # The leader's bytes (at PP=2 the other stage yields only its own tensors).
         nbytes = [int(runs["push_overlap"][-1]["weight_sync/bytes"])]
         dist.broadcast_object_list(nbytes, src=0)
-        runs["all_gather_seconds"].append(gather_seconds(nbytes[0]))
+        for baseline, chunk in BASELINES.items():
+            runs[baseline].append(gather_seconds(nbytes[0], chunk))
     dist.barrier()
     if rank == 0:
         nbytes = int(runs["push_overlap"][0]["weight_sync/bytes"])
@@ -149,27 +163,34 @@ def rank_main(rank: int, port: int, model_dir: str, layout: str, bucket_mb: floa
 
 def run_layout(layout: str, model_dir: Path, bucket_mb: float, reps: int, tmp: Path) -> dict:
     raw = tmp / f"raw_{layout}.json"
+    # The ranks (spawned: a fresh glibc) map and unmap every large allocation. glibc's default
+    # raises its mmap threshold as large blocks are freed, and then keeps the freed GiBs of five
+    # interleaved sides' pushes in its heap: rank 0 was OOM-killed at 16 GiB of 24 GiB here.
+    os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(1 << 20))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     mp.spawn(rank_main, args=(port, str(model_dir), layout, bucket_mb, reps, str(raw)), nprocs=2, join=True)
     data = json.loads(raw.read_text())
     runs = data["runs"]
-    seconds = {k: [m["weight_sync/seconds"] for m in v] for k, v in runs.items() if k != "all_gather_seconds"}
-    gather = runs["all_gather_seconds"]
+    seconds = {k: [m["weight_sync/seconds"] for m in v] for k, v in runs.items() if k not in BASELINES}
+    gather, chunked = runs["all_gather_seconds"], runs["all_gather_16mib_seconds"]
     copy_gbps = data["bytes"] / data["memcpy_seconds"] / 1e9
     ratios = {f"{k}_over_all_gather_throughput": statistics.median(g / s for g, s in zip(gather, v))
               for k, v in seconds.items()}  # fmt: skip
+    ratios |= {f"{k}_over_all_gather_16mib_throughput": statistics.median(g / s for g, s in zip(chunked, v))
+               for k, v in seconds.items()}  # fmt: skip
     ratios["overlap_speedup"] = statistics.median(a / b for a, b in zip(seconds["push_sequential"], seconds["push_overlap"]))
     if "push_collect_all" in seconds:
         ratios["leader_over_collect_all_speedup"] = statistics.median(
             a / b for a, b in zip(seconds["push_collect_all"], seconds["push_overlap"]))
-    if "push_gather_each" in seconds:
-        ratios["bucket_gather_speedup"] = statistics.median(
-            a / b for a, b in zip(seconds["push_gather_each"], seconds["push_overlap"]))
+    for grouping in ("each", "bucket"):  # the default gather group against one tensor, and a bucket
+        if f"push_gather_{grouping}" in seconds:
+            ratios[f"default_gather_over_{grouping}_speedup"] = statistics.median(
+                a / b for a, b in zip(seconds[f"push_gather_{grouping}"], seconds["push_overlap"]))
     print(f"\n{layout}: {data['bytes'] / 2**30:.2f} GiB (bf16) per push, bucket {bucket_mb} MiB")
     print(f"{'what':<18}{'median s':>10}{'GB/s':>10}")
-    for name, values in [*seconds.items(), ("all_gather", gather)]:
+    for name, values in [*seconds.items(), ("all_gather", gather), ("all_gather_16mib", chunked)]:
         med = statistics.median(values)
         print(f"{name:<18}{med:>10.3f}{data['bytes'] / med / 1e9:>10.3f}")
     print(f"{'memcpy':<18}{data['memcpy_seconds']:>10.3f}{copy_gbps:>10.3f}")
@@ -191,8 +212,9 @@ def main() -> None:
     parser.add_argument("--bucket-mb", type=float, default=512)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--layouts", default="tp2,pp2", help="comma-separated: tp2, pp2")
-    parser.add_argument("--small", action="store_true", help="a tiny model, to check the script")
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "weight_sync.json"))
+    parser.add_argument("--small", action="store_true",
+                        help="a tiny model (latency-bound: many small tensors), results in weight_sync_small.json")
+    parser.add_argument("--out", default=None, help="default: bench/results/weight_sync[_small].json")
     args = parser.parse_args()
     torch.set_num_threads(1)
     before = machine()
@@ -202,14 +224,18 @@ def main() -> None:
         params = build_hf_dir(model_dir, shape)
         print(f"model: {params / 1e6:.0f}M params")
         layouts = {name: run_layout(name, model_dir, args.bucket_mb, args.reps, Path(tmp)) for name in args.layouts.split(",")}
+    from megarl.config.sections import WeightSyncConfig
+
     result = {
         "benchmark": "weight sync: Megatron TP=2 / PP=2 (2 gloo processes, 1 thread each) -> torch engine in-process",
         "model": ("qwen2 " + json.dumps(shape)), "params": params, "dtype": "bfloat16", "bucket_mb": args.bucket_mb,
+        "gather_mb": WeightSyncConfig().gather_mb, "env": {"MALLOC_MMAP_THRESHOLD_": os.environ["MALLOC_MMAP_THRESHOLD_"]},
         "layouts": layouts, "machine_before": before, "load_avg_after": os.getloadavg(),
     }
-    if not args.small:
-        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {args.out}")
+    print(json.dumps({k: result[k] for k in ("gather_mb", "env")}))
+    out = args.out or str(Path(__file__).parent / "results" / f"weight_sync{'_small' if args.small else ''}.json")
+    Path(out).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

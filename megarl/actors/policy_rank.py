@@ -53,7 +53,7 @@ class PolicyRank(TrainedRank):
         collects = leader_collects and self.info.is_replica_leader
         self.push_progress = PushProgress(group=push_group(self.info.pp_rank, collects))
         self.transport = build_transport(cfg.weight_transport, self.policy, bucket_mb=ws.bucket_mb, overlap=ws.overlap,
-                                         local_engine=self.engine, disk_dir=weight_dir or cfg.weight_disk_dir,
+                                         gather_mb=ws.gather_mb, local_engine=self.engine, disk_dir=weight_dir or cfg.weight_disk_dir,
                                          hf_dir=path, progress=self.push_progress)  # fmt: skip
         self.loss_fn = make_policy_loss_fn(cfg.algorithm, cfg.rollout.sampling.max_new_tokens)
         self._profiler: Any = None

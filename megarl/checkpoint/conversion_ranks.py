@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from megarl.config.sections import ActorConfig
+from megarl.config.sections import ActorConfig, WeightSyncConfig
 
 INDEX = "model.safetensors.index.json"
 
@@ -102,11 +102,11 @@ class ExportRank:
 
     def _export(self) -> Iterator[tuple[str, torch.Tensor]]:
         from megarl.models.bridge import has_value_head
-        from megarl.rollout.weight_stream import MIB
 
         bridge, core = self.model.bridge, self.model.core
         total = len(bridge.export_names(self.model.hf_config, has_value_head(core)))
-        tensors = bridge.export_hf_tensors(core, gather_bytes=int(self.bucket_mb * MIB), collect="leader")
+        gather = WeightSyncConfig().gather_mb << 20  # TP gather groups as a push's by default
+        tensors = bridge.export_hf_tensors(core, gather_bytes=gather, collect="leader")
         for done, item in enumerate(tensors, 1):
             yield item
             self.progress(done, total)

@@ -196,8 +196,9 @@ def phase_working_bytes(policy: TrainMemory | None, critic: TrainMemory | None, 
     and head gradient; a forward pass's logits (no activations are kept for a backward); a push's
     buckets (``bucket_bytes``: the one being filled, with rollout.weight_sync.overlap the one
     being sent, and with the tensor transport its flattened copy for CUDA IPC), plus one TP
-    gather group twice while it is exported (``gather_bytes``: a bucket's worth of tensors, or
-    one larger tensor alone; its gathered shards and the full tensors they are joined into)."""
+    gather group twice while it is exported (``gather_bytes``: rollout.weight_sync.gather_mb of
+    tensors, or one larger tensor alone; its gathered shards and the full tensors they are
+    joined into)."""
     out = {WEIGHT_PUSH: bucket_bytes + 2.0 * gather_bytes}
     if policy is not None:
         out |= {POLICY_FORWARD: policy.logits, REFERENCE_FORWARD: policy.logits, POLICY_UPDATE: policy.update_working}

@@ -484,12 +484,12 @@ def _plan_memory(cfg: MegaRLConfig, arch: ArchSpec, roles: dict[str, RoleLayout]
     table = residency_of(cfg)
     sizes = _state_bytes(cfg, arch, mems, rollout)
     ws, largest = cfg.rollout.weight_sync, largest_hf_tensor_bytes(arch, cfg.model.dtype)
-    # A bucket holds up to bucket_mb, or one larger tensor alone; so does a TP gather group. A
-    # push holds the bucket being filled, with overlap the one being sent, and with the tensor
-    # transport its flattened copy.
+    # A bucket holds up to bucket_mb, or one larger tensor alone; a TP gather group up to
+    # gather_mb, or one larger tensor. A push holds the bucket being filled, with overlap the one
+    # being sent, and with the tensor transport its flattened copy.
     held = (2 if ws.overlap else 1) + (cfg.weight_transport == "tensor")
-    bucket = max(ws.bucket_mb * 1024**2, largest)
-    working = phase_working_bytes(mems.get("policy"), mems.get("critic"), held * bucket, bucket)
+    bucket, gather = (max(mb * 1024**2, largest) for mb in (ws.bucket_mb, ws.gather_mb))
+    working = phase_working_bytes(mems.get("policy"), mems.get("critic"), held * bucket, gather)
     overhead = RUNTIME_OVERHEAD_GIB * GIB
     # As built, the optimizer holds its fp32 master copies only: the first step (or a checkpoint
     # load) allocates Adam's moments, in a phase that has room for them.

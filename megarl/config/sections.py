@@ -157,6 +157,14 @@ class WeightSyncConfig(Section):
         None, description="Directory of the disk transport (on a filesystem every engine reads); None = <output_dir>/weights."
     )
     bucket_mb: int = Field(512, ge=1, description="Size of one weight-transfer bucket in MiB.")
+    gather_mb: int = Field(
+        1, ge=0,
+        description="The export's TP all-gathers, in MiB: the TP shards of up to this many MiB of tensors are gathered "
+        "with one collective per dtype; a larger tensor is gathered alone, straight into place. 0 = one collective "
+        "per tensor. A group saves per-collective latency at the cost of a copy of the rank's shards and the group's "
+        "gathered buffer beside its tensors (the planner counts it); on gloo, large groups are slower "
+        "(bench/results/weight_sync.json).",
+    )
     overlap: bool = Field(
         True,
         description="Export (TP gather, pipeline-stage collection, HF conversion) the next bucket while the current "

@@ -171,13 +171,14 @@ def _save_bucket(tensors: Sequence[tuple[str, Any]], path: Path) -> None:
     save_file({name: t.detach().contiguous().cpu() for name, t in tensors}, str(path))
 
 
-def build_transport(name: str, policy: Any, *, bucket_mb: float, overlap: bool = True, local_engine: Any = None,
-                    disk_dir: str | Path | None = None, hf_dir: str | None = None,
+def build_transport(name: str, policy: Any, *, bucket_mb: float, overlap: bool = True, gather_mb: float = 0,
+                    local_engine: Any = None, disk_dir: str | Path | None = None, hf_dir: str | None = None,
                     progress: PushProgress | None = None) -> WeightTransport:  # fmt: skip
     """The transport ``name`` (``rollout.weight_sync.transport``, resolved) for one policy rank.
 
     ``policy``: the rank's PolicyWorker (``info`` and ``export_weights``); ``overlap``: the
-    stream exports the next bucket while one is sent (megarl/rollout/weight_stream.py); ``local_engine``:
+    stream exports the next bucket while one is sent (megarl/rollout/weight_stream.py); ``gather_mb``: the
+    MiB of tensors one TP all-gather of the export takes (0: one tensor); ``local_engine``:
     the torch engine of this rank (replica leaders), else None; ``progress``: where the stream
     notes each bucket (megarl/rollout/push_progress.py).
     """
@@ -185,9 +186,7 @@ def build_transport(name: str, policy: Any, *, bucket_mb: float, overlap: bool =
     collect = TRANSPORT_COLLECT.get(name)  # which ranks receive every stage's tensors
     if collect is None:
         raise ValueError(f"rollout.weight_sync.transport {name!r} is not one of {', '.join(TRANSPORT_COLLECT)}")
-    # One TP all-gather per bucket's worth of tensors (the export's groups and the stream's
-    # buckets have the same bound, not the same edges: a stage's tensors start a group anew).
-    export = partial(policy.export_weights, gather_bytes=int(bucket_mb * MIB), collect=collect)
+    export = partial(policy.export_weights, gather_bytes=int(gather_mb * MIB), collect=collect)
     stream = WeightStream(export, bucket_mb, progress=progress, overlap=overlap,
                           observe=partial(policy.export_check.observe, collect=collect))  # fmt: skip
     own = [local_engine] if local_engine is not None else []

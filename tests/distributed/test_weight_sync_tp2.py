@@ -89,7 +89,8 @@ def _run(rank: int, world_size: int, model_dir: str, engine_dir: str) -> None:
     )  # fmt: skip
     policy = PolicyWorker(model_dir, cfg, dtype="float32", seed=1)
     engine = TorchEngine(engine_dir, dtype="float32") if rank == 0 else None
-    export = partial(policy.export_weights, gather_bytes=int(BUCKET_MB * MIB))  # as build_transport wires it
+    # TP gathers in groups of a bucket (rollout.weight_sync.gather_mb), through a real push
+    export = partial(policy.export_weights, gather_bytes=int(BUCKET_MB * MIB))
     live = _LiveBytes(export, policy.model.core.parameters())
     stream = WeightStream(live, bucket_mb=BUCKET_MB)
     transport = InProcessTransport(stream, [engine] if engine is not None else [])

@@ -84,6 +84,6 @@ def test_torch_engine_memory_and_phase_working_memory_by_hand():
                      sequence_parallel=False, distributed_optimizer=True)  # fmt: skip
     largest = largest_hf_tensor_bytes(arch, "bfloat16")
     assert largest == 2 * 152064 * 3584  # the embedding (vocab x hidden) outweighs any projection
-    working = phase_working_bytes(m, None, 512 * 1024**2, largest)  # a gather group: the embedding alone
+    working = phase_working_bytes(m, None, 512 * 1024**2, largest)  # the gather group: the embedding alone
     assert working == {"weight_push": 512 * 1024**2 + 2 * largest, "policy_forward": m.logits,
                        "reference_forward": m.logits, "policy_update": m.activations + m.logits + m.head_grad}  # fmt: skip

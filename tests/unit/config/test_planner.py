@@ -219,6 +219,13 @@ def test_weights_cpu_backup_only_where_weights_are_released():
     assert plan(GRPO72, "rollout.weights_cpu_backup=true").memory.phases == plan(GRPO72).memory.phases  # same bytes on the GPUs
 
 
+def test_a_gather_group_beyond_the_largest_tensor_is_counted_twice_in_the_push():
+    embedding = 2 * 152064 * 8192  # the 72B model's largest tensor: the default group (one tensor)
+    base = make_plan(load_config(GRPO72, [])).memory.phases["weight_push"]
+    grouped = make_plan(load_config(GRPO72, ["rollout.weight_sync.gather_mb=4096"])).memory.phases["weight_push"]
+    assert grouped - base == pytest.approx(2 * (4096 * 1024**2 - embedding))
+
+
 def test_72b_phase_sums_are_the_printed_ones_by_hand_and_fit():
     """Each phase of the 72B colocated plan: the table's resident states summed by hand, equal
     to what `megarl plan` prints, within gpu_memory_gib."""
@@ -227,11 +234,10 @@ def test_72b_phase_sums_are_the_printed_ones_by_hand_and_fit():
     mem, pol, eng = p.memory, p.memory.policy, p.memory.rollout
     # Runtime; a push holds three buckets (the one sent, its flattened copy for CUDA IPC, the one
     # filled beside it), each up to bucket_mb (1024 MiB) or the embedding alone (the largest
-    # tensor, 152064 x 8192 in bf16: 2.5 GB), and, while exporting, a TP gather group (as big
-    # as a bucket) twice more: its gathered shards and the tensors they are joined into.
+    # tensor, 152064 x 8192 in bf16: 2.5 GB), and, while exporting, a TP gather group (one
+    # tensor by default: the embedding) twice more: its gathered shards and the joined tensor.
     embedding = 2 * 152064 * 8192
-    bucket = max(1024 * 1024**2, embedding)
-    overhead, push = 3 * GIB, 3 * bucket + 2 * bucket
+    overhead, push = 3 * GIB, 3 * max(1024 * 1024**2, embedding) + 2 * embedding
     by_hand = {
         "start": pol.weights + pol.grads + pol.optimizer / 3 + pol.weights + overhead,  # + reference; no Adam moments yet
         "launch": eng.budget + overhead,
