@@ -202,7 +202,12 @@ def train_batch(rows: list[tuple[list[int], list[int]]]):
 def build_stack(rank: int, plan: Plan):
     """(policy, engine or None, transport, check) as a run builds them, at bf16."""
     from megarl.actors.policy import PolicyWorker
-    from megarl.config.sections import ActorConfig, OptimizerConfig, ParallelConfig
+    from megarl.config.sections import (
+        ActorConfig,
+        OptimizerConfig,
+        ParallelConfig,
+        WeightSyncConfig,
+    )
     from megarl.rollout.engine import SamplingParams
     from megarl.rollout.logprob_check import PostPushCheck
     from megarl.rollout.torch_engine import TorchEngine
@@ -213,7 +218,8 @@ def build_stack(rank: int, plan: Plan):
                       optimizer=OptimizerConfig(lr=plan.lr, clip_grad=1.0))  # fmt: skip
     policy = PolicyWorker(plan.model_dir, cfg, dtype="bfloat16", seed=plan.seed)
     engine = TorchEngine(plan.model_dir, dtype="bfloat16") if rank == 0 else None
-    export = partial(policy.export_weights, gather_bytes=int(plan.bucket_mb * MIB), collect="leader")  # as build_transport wires in_process
+    gather = int(WeightSyncConfig().gather_mb * MIB)
+    export = partial(policy.export_weights, gather_bytes=gather, collect="leader")  # as build_transport wires in_process
     transport = InProcessTransport(WeightStream(export, plan.bucket_mb), [engine] if engine else [])
     transport.connect(None)
     sampling = SamplingParams(temperature=plan.temperature, max_new_tokens=plan.max_new_tokens, seed=plan.seed)

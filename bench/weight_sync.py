@@ -9,8 +9,9 @@ holds the torch engine. Measured, per layout:
   conversion, bucketing), no engine;
 - push: export + ``engine.load_weights`` (InProcessTransport), export and load one after the
   other (``overlap=False``) and double-buffered (``overlap=True``);
-- at TP=2, also the push whose TP all-gathers take a bucket's worth of tensors at a time
-  (``rollout.weight_sync.gather_mb`` = ``bucket_mb``) instead of one tensor (the default, 0);
+- at TP=2, also the push with one TP all-gather per tensor (``rollout.weight_sync.gather_mb``
+  = 0) and with a bucket's worth of tensors per all-gather (``gather_mb`` = ``bucket_mb``),
+  against the default groups (1 MiB);
 - at PP=2, also the push through the stage collection that sends every stage to every rank
   (``collect="all"``, what the in-process push did before it sent to the leader only);
 - all-gather: one ``all_gather_into_tensor`` of the same number of bytes between the same two

@@ -198,7 +198,9 @@ def phase_working_bytes(policy: TrainMemory | None, critic: TrainMemory | None, 
     being sent, and with the tensor transport its flattened copy for CUDA IPC), plus one TP
     gather group twice while it is exported (``gather_bytes``: rollout.weight_sync.gather_mb of
     tensors, or one larger tensor alone; its gathered shards and the full tensors they are
-    joined into)."""
+    joined into). Approximate: a lone tensor split along dim 0 (the embedding) is gathered into
+    place and held once, and a group also holds the rank's copies of its fused-QKV pieces (up to
+    1/tp of the group)."""
     out = {WEIGHT_PUSH: bucket_bytes + 2.0 * gather_bytes}
     if policy is not None:
         out |= {POLICY_FORWARD: policy.logits, REFERENCE_FORWARD: policy.logits, POLICY_UPDATE: policy.update_working}

@@ -501,7 +501,8 @@ def _plan_memory(cfg: MegaRLConfig, arch: ArchSpec, roles: dict[str, RoleLayout]
     train_peak = max(b for p, b in phases.items() if p not in generation)
     rollout_peak = max(phases[p] for p in generation) if generation else (rollout.budget + overhead if rollout else 0.0)
     if cfg.cluster.device == "cuda":
-        _check_fits(cfg, table, {p: b for p, b in phases.items() if p not in generation}, rollout_peak, gpu, issues)
+        push_knobs = ["lower rollout.weight_sync.bucket_mb"] + ["lower rollout.weight_sync.gather_mb"] * (gather > largest)
+        _check_fits(cfg, table, {p: b for p, b in phases.items() if p not in generation}, rollout_peak, gpu, issues, push_knobs)
     ref = sizes.get("reference/weights", 0.0)
     return MemoryPlan(mems.get("policy"), mems.get("critic"), ref, rollout, train_peak, rollout_peak, gpu, phases, sizes, residency)
 
@@ -535,8 +536,9 @@ _OFFLOAD_KNOBS = (("policy", "actor.offload"), ("critic", "critic.offload"), ("r
 
 
 def _check_fits(cfg: MegaRLConfig, table: Residency, training: dict[str, float], rollout_peak: float, gpu: float,
-                issues: list[Issue]) -> None:  # fmt: skip
-    """The heaviest training phase and the generation must fit ``gpu``; an error names the knobs."""
+                issues: list[Issue], push_knobs: list[str]) -> None:  # fmt: skip
+    """The heaviest training phase and the generation must fit ``gpu``; an error names the knobs
+    (``push_knobs``: those that shrink a weight push)."""
     over = f"over cluster.gpu_memory_gib ({cfg.cluster.gpu_memory_gib:g})"
     phase = max(training, key=training.get)  # type: ignore[arg-type]
     if training[phase] > gpu:
@@ -549,7 +551,7 @@ def _check_fits(cfg: MegaRLConfig, table: Residency, training: dict[str, float],
             if not getattr(cfg, section).optimizer.distributed:
                 knobs.insert(1, f"set {section}.optimizer.distributed=true")
         if phase == WEIGHT_PUSH:
-            knobs.append("lower rollout.weight_sync.bucket_mb")
+            knobs += push_knobs
         issues.append(Issue(section, f"training needs an estimated {training[phase] / GIB:.1f} GiB per GPU in phase {phase}, "
                             f"{(training[phase] - gpu) / GIB:.1f} GiB {over}; " + ", ".join(knobs or ["raise the GPU count"])))
     if rollout_peak > gpu:

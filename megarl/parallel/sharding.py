@@ -30,7 +30,8 @@ def pp_group() -> dist.ProcessGroup:
 def gather_shards(shards: list[tuple[torch.Tensor, int]], group: dist.ProcessGroup | None = None) -> list[torch.Tensor]:
     """All-gather several tensors' equal shards over ``group`` (default: the TP group) with one
     collective per dtype, not one per tensor: ``[(shard, dim)]`` -> the full tensors (the ranks'
-    shards joined along ``dim``), in order. Every rank passes the same shapes and dtypes."""
+    shards, at least 1-d, joined along ``dim``), in order. Every rank passes the same shapes and
+    dtypes."""
     group = group if group is not None else tp_group()
     world = dist.get_world_size(group)
     if world == 1:
@@ -46,7 +47,8 @@ def gather_shards(shards: list[tuple[torch.Tensor, int]], group: dist.ProcessGro
             full[members[0]] = out = shard.new_empty(world * shard.shape[0], *shard.shape[1:])
             dist.all_gather_into_tensor(out, shard, group=group)
             continue
-        flat = torch.cat([shards[i][0].reshape(-1) for i in members])  # [n]: this rank's shards back to back
+        # [n]: this rank's shards back to back (a lone shard needs no copy)
+        flat = shard.reshape(-1) if len(members) == 1 else torch.cat([shards[i][0].reshape(-1) for i in members])
         gathered = flat.new_empty(world * flat.numel())  # [world * n]: every rank's, rank by rank
         dist.all_gather_into_tensor(gathered, flat, group=group)
         gathered = gathered.view(world, -1)  # [world, n]

@@ -171,7 +171,7 @@ def _save_bucket(tensors: Sequence[tuple[str, Any]], path: Path) -> None:
     save_file({name: t.detach().contiguous().cpu() for name, t in tensors}, str(path))
 
 
-def build_transport(name: str, policy: Any, *, bucket_mb: float, overlap: bool = True, gather_mb: float = 0,
+def build_transport(name: str, policy: Any, *, bucket_mb: float, gather_mb: float, overlap: bool = True,
                     local_engine: Any = None, disk_dir: str | Path | None = None, hf_dir: str | None = None,
                     progress: PushProgress | None = None) -> WeightTransport:  # fmt: skip
     """The transport ``name`` (``rollout.weight_sync.transport``, resolved) for one policy rank.

@@ -155,16 +155,19 @@ def _counted_all_gathers():
 
 def _gather_shards_check(rank: int) -> dict:
     """gather_shards against the concatenation of every rank's known shards: three dtypes,
-    dims 0 and 1, a dtype with a lone dim-0 tensor (gathered straight into place), odd shapes;
-    one all-gather per dtype."""
+    dims 0 and 1, a dtype with a lone dim-0 tensor (gathered straight into place; given as a
+    non-contiguous view), odd shapes; one all-gather per dtype."""
     from megarl.parallel.sharding import gather_shards
 
     specs = [((3, 5), torch.float32, 0), ((4, 2), torch.bfloat16, 1), ((7,), torch.float32, 0),
-             ((2, 3), torch.float32, 1), ((6, 1), torch.float64, 0)]  # fmt: skip
+             ((2, 3), torch.float32, 1), ((6, 2), torch.float64, 0)]  # fmt: skip
 
     def shard(r: int, i: int) -> torch.Tensor:
         shape, dtype, _ = specs[i]
-        return (torch.arange(torch.Size(shape).numel()) + 100 * r + 10 * i).reshape(shape).to(dtype)
+        values = torch.arange(torch.Size(shape).numel()) + 100 * r + 10 * i
+        if dtype == torch.float64:  # [6, 2] as the transpose of [2, 6]: not contiguous
+            return values.reshape(shape[::-1]).to(dtype).t()
+        return values.reshape(shape).to(dtype)
 
     with _counted_all_gathers() as calls:
         got = gather_shards([(shard(rank, i), dim) for i, (_, _, dim) in enumerate(specs)])

@@ -113,7 +113,8 @@ def _run(rank: int, world_size: int, model_dir: str, engine_dir: str) -> None:
     if engine is not None:
         assert engine.weight_version == 2
     # Double buffered (the stream's default, as the config's): the bucket being loaded and the one
-    # being exported beside it, plus the tensor that did not fit.
+    # being exported beside it, plus the tensor that did not fit. (What the stream holds; the
+    # gather group being joined inside the export comes on top, and the planner counts it.)
     assert 0 < live.peak <= 2 * stream.bucket_bytes + live.largest, (live.peak, stream.bucket_bytes, live.largest)
     assert stream.peak_bytes <= 2 * stream.bucket_bytes + live.largest
 

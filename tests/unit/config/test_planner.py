@@ -226,6 +226,13 @@ def test_a_gather_group_beyond_the_largest_tensor_is_counted_twice_in_the_push()
     assert grouped - base == pytest.approx(2 * (4096 * 1024**2 - embedding))
 
 
+def test_a_push_over_budget_names_the_gather_group_only_when_it_is_what_grew():
+    msg = refused(GRPO72, "rollout.weight_sync.gather_mb=40000")  # 2 x 39 GiB groups: the push phase is over
+    assert "in phase weight_push" in msg and "lower rollout.weight_sync.bucket_mb, lower rollout.weight_sync.gather_mb" in msg
+    msg = refused(GRPO72, "rollout.weight_sync.bucket_mb=40000")
+    assert "in phase weight_push" in msg and "lower rollout.weight_sync.bucket_mb" in msg and "gather_mb" not in msg
+
+
 def test_72b_phase_sums_are_the_printed_ones_by_hand_and_fit():
     """Each phase of the 72B colocated plan: the table's resident states summed by hand, equal
     to what `megarl plan` prints, within gpu_memory_gib."""
