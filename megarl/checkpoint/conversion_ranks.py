@@ -102,10 +102,11 @@ class ExportRank:
 
     def _export(self) -> Iterator[tuple[str, torch.Tensor]]:
         from megarl.models.bridge import has_value_head
+        from megarl.rollout.weight_stream import MIB
 
         bridge, core = self.model.bridge, self.model.core
         total = len(bridge.export_names(self.model.hf_config, has_value_head(core)))
-        gather = WeightSyncConfig().gather_mb << 20  # TP gather groups as a push's by default
+        gather = int(WeightSyncConfig().gather_mb * MIB)  # TP gather groups as a push's by default
         tensors = bridge.export_hf_tensors(core, gather_bytes=gather, collect="leader")
         for done, item in enumerate(tensors, 1):
             yield item

@@ -501,7 +501,9 @@ def _plan_memory(cfg: MegaRLConfig, arch: ArchSpec, roles: dict[str, RoleLayout]
     train_peak = max(b for p, b in phases.items() if p not in generation)
     rollout_peak = max(phases[p] for p in generation) if generation else (rollout.budget + overhead if rollout else 0.0)
     if cfg.cluster.device == "cuda":
-        push_knobs = ["lower rollout.weight_sync.bucket_mb"] + ["lower rollout.weight_sync.gather_mb"] * (gather > largest)
+        push_knobs = ["lower rollout.weight_sync.bucket_mb"]
+        if gather > largest:  # the gather group, not one tensor, is what the push holds twice
+            push_knobs.append("lower rollout.weight_sync.gather_mb")
         _check_fits(cfg, table, {p: b for p, b in phases.items() if p not in generation}, rollout_peak, gpu, issues, push_knobs)
     ref = sizes.get("reference/weights", 0.0)
     return MemoryPlan(mems.get("policy"), mems.get("critic"), ref, rollout, train_peak, rollout_peak, gpu, phases, sizes, residency)

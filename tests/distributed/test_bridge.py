@@ -18,8 +18,8 @@ HF file cast to bf16 on both stages, and a receiving stage allocates the dtype t
 
 from __future__ import annotations
 
-import contextlib
 import time
+from unittest import mock
 
 import pytest
 import torch
@@ -125,7 +125,7 @@ def _export_check(bridge, model, path: str) -> dict:
             for name, t in bridge.export_hf_tensors(model, gather_bytes=gather_bytes):
                 assert name not in got, name
                 got[name] = t.clone()
-        out["all_gathers"][grouping] = len(calls)
+        out["all_gathers"][grouping] = calls.call_count
         out["names_equal"] &= set(got) == set(expected)
         out["unequal"] |= {n for n in expected if n in got and not torch.equal(got[n], expected[n])}
     out["unequal"] = sorted(out["unequal"])
@@ -134,23 +134,11 @@ def _export_check(bridge, model, path: str) -> dict:
     return out
 
 
-@contextlib.contextmanager
 def _counted_all_gathers():
-    """The calls of torch.distributed.all_gather_into_tensor made inside the block."""
+    """A spy on torch.distributed.all_gather_into_tensor: ``call_count`` inside the block."""
     import torch.distributed as dist
 
-    calls: list[int] = []
-    real = dist.all_gather_into_tensor
-
-    def counted(*args, **kwargs):
-        calls.append(1)
-        return real(*args, **kwargs)
-
-    dist.all_gather_into_tensor = counted
-    try:
-        yield calls
-    finally:
-        dist.all_gather_into_tensor = real
+    return mock.patch.object(dist, "all_gather_into_tensor", wraps=dist.all_gather_into_tensor)
 
 
 def _gather_shards_check(rank: int) -> dict:
@@ -173,7 +161,7 @@ def _gather_shards_check(rank: int) -> dict:
         got = gather_shards([(shard(rank, i), dim) for i, (_, _, dim) in enumerate(specs)])
     want = [torch.cat([shard(r, i) for r in range(2)], dim) for i, (_, _, dim) in enumerate(specs)]
     return {"equal": [a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(got, want, strict=True)],
-            "all_gathers": len(calls)}  # fmt: skip
+            "all_gathers": calls.call_count}  # fmt: skip
 
 
 def _fingerprint_check(bridge, model, file_tensors: dict[str, torch.Tensor]) -> dict:

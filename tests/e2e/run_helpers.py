@@ -45,6 +45,15 @@ def small_config(root: Path, out: Path, steps: int, *extra: str):
     return load_config(TINY, small_overrides(root, out, steps, *extra))
 
 
+def steps_logged(run: Path) -> list[int]:
+    """The steps in ``run``'s metrics.jsonl so far; a line being appended is not read
+    half-written."""
+    path = run / "metrics.jsonl"
+    text = path.read_text() if path.exists() else ""
+    whole = text[: text.rfind("\n") + 1]
+    return [json.loads(line)["step"] for line in whole.splitlines() if line.strip()]
+
+
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 

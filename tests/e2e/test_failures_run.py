@@ -26,6 +26,7 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
+from run_helpers import steps_logged
 
 from megarl.checkpoint.manager import verify_checkpoint
 from megarl.commands.demo import prepare_demo
@@ -52,15 +53,6 @@ def start(cwd: Path, args: list[str], log: Path) -> subprocess.Popen:
 def finish(proc: subprocess.Popen, log: Path, timeout: float = 600) -> str:
     proc.wait(timeout=timeout)
     return log.read_text()
-
-
-def steps_logged(run: Path) -> list[int]:
-    path = run / "metrics.jsonl"
-    if not path.exists():
-        return []
-    text = path.read_text()
-    whole = text[: text.rfind("\n") + 1]  # a line being appended is not read half-written
-    return [json.loads(line)["step"] for line in whole.splitlines() if line.strip()]
 
 
 def wait_for_step(proc: subprocess.Popen, run: Path, step: int, log: Path) -> None:

@@ -11,7 +11,6 @@ or the test is not root (slurmd runs jobs as root here).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -22,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+from run_helpers import steps_logged
 
 from megarl.commands.demo import prepare_demo
 
@@ -124,13 +124,6 @@ def wait_done(env: dict, job: str, timeout_s: float = 420) -> str:
     _wait(lambda: job_field(env, job, "JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"),
           timeout_s, f"job {job} to end")  # fmt: skip
     return job_field(env, job, "ExitCode")
-
-
-def steps_logged(run: Path) -> list[int]:
-    path = run / "metrics.jsonl"
-    text = path.read_text() if path.exists() else ""
-    whole = text[: text.rfind("\n") + 1]  # a line being appended is not read half-written
-    return [json.loads(line)["step"] for line in whole.splitlines()]
 
 
 def test_a_two_step_run_exits_zero(slurm, launch_dir):

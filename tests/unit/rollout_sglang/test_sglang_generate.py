@@ -3,8 +3,8 @@ parsing, grouping of the n samples, bounded concurrency, errors."""
 
 from __future__ import annotations
 
+import http.server
 import math
-import re
 import threading
 
 import pytest
@@ -154,44 +154,35 @@ def test_unreachable_server_is_retried_then_reported():
     assert engine.health().alive is False
 
 
-def _read_request(conn) -> None:
-    """Read one HTTP request, headers and Content-Length body, from ``conn``."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        data += _received(conn)
-    head, _, body = data.partition(b"\r\n\r\n")
-    length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))
-    while len(body) < length:
-        body += _received(conn)
+class _HalfAnswer(http.server.BaseHTTPRequestHandler):
+    """Reads the whole request (so closing is an EOF, not a reset), sends the status line and
+    headers of a 66-byte body, and closes without the body."""
 
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", "66")
+        self.end_headers()
+        self.close_connection = True
 
-def _received(conn) -> bytes:
-    chunk = conn.recv(65536)
-    assert chunk, "the client closed the connection before its request was whole"
-    return chunk
+    def log_message(self, *args) -> None:  # quiet
+        pass
 
 
 def test_a_server_dying_mid_answer_is_unreachable_not_a_raw_http_error():
     # What a killed SGLang server can leave: the status line and headers sent, the body cut
     # short (http.client.IncompleteRead). It means the same as a refused connection.
-    import socket
-
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen()
-
-        def answer_half() -> None:
-            conn, _ = listener.accept()
-            with conn:
-                _read_request(conn)  # all of it: unread bytes would make close() a reset, not an EOF
-                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 66\r\n\r\n")
-
-        server = threading.Thread(target=answer_half)
-        server.start()
-        engine = SGLangEngine(f"http://127.0.0.1:{listener.getsockname()[1]}", retries=0)
+    server = http.server.HTTPServer(("127.0.0.1", 0), _HalfAnswer)
+    thread = threading.Thread(target=server.handle_request)
+    thread.start()
+    try:
+        engine = SGLangEngine(f"http://127.0.0.1:{server.server_port}", retries=0)
         with pytest.raises(SGLangUnreachable, match=r"/update_weights_from_disk: .*unreachable after 1 attempts: IncompleteRead"):
             engine.client.post("/update_weights_from_disk", {"model_path": "x"}, retries=0)
-        server.join(5)
+    finally:
+        thread.join(5)
+        server.server_close()
 
 
 def test_generate_on_released_engine_is_refused(fake_server):
