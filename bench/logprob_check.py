@@ -202,12 +202,8 @@ def train_batch(rows: list[tuple[list[int], list[int]]]):
 def build_stack(rank: int, plan: Plan):
     """(policy, engine or None, transport, check) as a run builds them, at bf16."""
     from megarl.actors.policy import PolicyWorker
-    from megarl.config.sections import (
-        ActorConfig,
-        OptimizerConfig,
-        ParallelConfig,
-        WeightSyncConfig,
-    )
+    from megarl.config.rollout_sections import WeightSyncConfig
+    from megarl.config.sections import ActorConfig, OptimizerConfig, ParallelConfig
     from megarl.rollout.engine import SamplingParams
     from megarl.rollout.logprob_check import PostPushCheck
     from megarl.rollout.torch_engine import TorchEngine

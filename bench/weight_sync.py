@@ -113,7 +113,8 @@ def rank_main(rank: int, port: int, model_dir: str, layout: str, bucket_mb: floa
     import torch.distributed as dist
 
     from megarl.actors.megatron_runtime.model import MegatronModel
-    from megarl.config.sections import ActorConfig, ParallelConfig, WeightSyncConfig
+    from megarl.config.rollout_sections import WeightSyncConfig
+    from megarl.config.sections import ActorConfig, ParallelConfig
     from megarl.parallel.groups import destroy_parallel
     from megarl.rollout.torch_engine import TorchEngine
     from megarl.rollout.transports import InProcessTransport
@@ -225,7 +226,7 @@ def main() -> None:
         params = build_hf_dir(model_dir, shape)
         print(f"model: {params / 1e6:.0f}M params")
         layouts = {name: run_layout(name, model_dir, args.bucket_mb, args.reps, Path(tmp)) for name in args.layouts.split(",")}
-    from megarl.config.sections import WeightSyncConfig
+    from megarl.config.rollout_sections import WeightSyncConfig
 
     result = {
         "benchmark": "weight sync: Megatron TP=2 / PP=2 (2 gloo processes, 1 thread each) -> torch engine in-process",

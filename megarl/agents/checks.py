@@ -17,7 +17,7 @@ from megarl.agents.interactions import (
     interaction_name,
     read_interaction_names,
 )
-from megarl.config.sections import AGENT_LOOPS, loop_name
+from megarl.config.rollout_sections import AGENT_LOOPS, loop_name
 
 
 def row_findings(agent: Any, files: Sequence[tuple[str, str, Sequence[Any]]]) -> list[tuple[str, str, str]]:

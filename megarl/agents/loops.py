@@ -96,7 +96,7 @@ class AgentEnv:
     tools: Mapping[str, Tool]
     parser: ToolCallParser
     encoder: TurnEncoder
-    limits: Any  # megarl.config.sections.AgentConfig
+    limits: Any  # megarl.config.rollout_sections.AgentConfig
     interactions: Mapping[str, Interaction] = field(default_factory=dict)
 
 

@@ -47,7 +47,7 @@ from megarl.agents.loops import (
 from megarl.agents.tool_calls import PARSERS, ToolCall
 from megarl.agents.tools import ToolOutcome, start_tool_call, timed_out
 from megarl.algos.registry import load_import_path
-from megarl.config.sections import loop_name
+from megarl.config.rollout_sections import loop_name
 from megarl.data.batch import Batch
 from megarl.data.prompt_batch import PromptBatch
 from megarl.rollout.batching import batch_from_generations

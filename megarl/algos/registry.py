@@ -17,7 +17,7 @@ import importlib
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
-from megarl.config.sections import IMPORT_PATH
+from megarl.config.section_base import IMPORT_PATH
 
 F = TypeVar("F", bound=Callable[..., object])
 

@@ -25,7 +25,8 @@ from typing import Any
 
 import torch
 
-from megarl.config.sections import ActorConfig, WeightSyncConfig
+from megarl.config.rollout_sections import WeightSyncConfig
+from megarl.config.sections import ActorConfig
 
 INDEX = "model.safetensors.index.json"
 

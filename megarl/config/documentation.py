@@ -3,6 +3,7 @@ from the pydantic models themselves (so the manual cannot drift from the code)."
 
 from __future__ import annotations
 
+import re
 import typing
 from typing import Any
 
@@ -52,4 +53,4 @@ def _type(annotation: Any) -> str:
     if typing.get_origin(annotation) is typing.Literal:
         return " | ".join(str(a) for a in typing.get_args(annotation))
     text = str(annotation) if typing.get_origin(annotation) else getattr(annotation, "__name__", str(annotation))
-    return text.replace("typing.", "").replace("megarl.config.sections.", "")
+    return re.sub(r"\bmegarl\.config\.\w+\.", "", text.replace("typing.", ""))  # list[DataFile], not its module path

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import importlib
 
-from megarl.config.sections import IMPORT_PATH, MegaRLConfig
+from megarl.config.section_base import IMPORT_PATH
+from megarl.config.sections import MegaRLConfig
 
 # config field -> (module, registry) that resolves its names
 REGISTRIES = {

@@ -7,10 +7,12 @@ imports neither torch nor megatron so that `megarl plan` stays fast.
 
 from __future__ import annotations
 
-import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from megarl.config.rollout_sections import RolloutConfig
+from megarl.config.section_base import Section, builtin_or_import_path
 
 # Names selectable in the config; megarl.algos' registries hold the implementations and a test
 # keeps both lists equal (the planner must not import torch to validate a name).
@@ -27,16 +29,6 @@ GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline")
 POLICY_LOSSES = ("ppo", "gspo")
 LOSS_AGGS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KL_ESTIMATORS = ("k1", "k2", "k3", "abs")
-# A user's own function (algorithm.estimator / policy_loss, rollout.generate_function).
-IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
-
-
-class Section(BaseModel):
-    """Base of every config section: unknown keys are errors, values are immutable."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
-
-
 class ModelConfig(Section):
     path: str | None = Field(None, description="Hugging Face model directory (config.json, safetensors, tokenizer), or a "
                              "model checkpoint of `megarl convert hf-to-megatron` (any TP/PP layout).")
@@ -126,220 +118,6 @@ class DataConfig(Section):
     @classmethod
     def _string_to_list(cls, value: object) -> object:
         return [value] if isinstance(value, str) else value
-
-
-def _builtin_or_import_path(value: str, builtin: tuple[str, ...], what: str) -> str:
-    if value in builtin or IMPORT_PATH.match(value):
-        return value
-    raise ValueError(f"{what} {value!r} is not one of {', '.join(builtin)}, nor an import path package.module:function")
-
-
-class SamplingConfig(Section):
-    temperature: float = Field(1.0, ge=0, description="Sampling temperature; the trainer computes log-probs at the same temperature.")
-    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling; < 1 makes the rollout differ from the trained distribution.")
-    top_k: int = Field(-1, ge=-1, description="Top-k sampling; -1 = the whole vocabulary.")
-    max_new_tokens: int = Field(1024, ge=1, description="Maximum response length; a response cut here is marked truncated.")
-    stop: list[str] = Field(default_factory=list, description="Stop strings (the matched string stays in the response).")
-    stop_token_ids: list[int] = Field(default_factory=list, description="Extra stop token ids besides the tokenizer's EOS.")
-
-
-WEIGHT_TRANSPORTS = ("auto", "in_process", "tensor", "distributed", "disk")
-
-
-class WeightSyncConfig(Section):
-    transport: Literal[WEIGHT_TRANSPORTS] = Field(  # type: ignore[valid-type]
-        "auto",
-        description="How weights reach the engines: in_process (torch engine), tensor (colocated SGLang, CUDA IPC), "
-        "distributed (disaggregated SGLang, a broadcast group per pipeline stage), disk (HF files in disk_dir that the "
-        "engines reload; any engine). auto picks in_process, tensor or distributed from the engine and placement.",
-    )
-    disk_dir: str | None = Field(
-        None, description="Directory of the disk transport (on a filesystem every engine reads); None = <output_dir>/weights."
-    )
-    bucket_mb: int = Field(512, ge=1, description="Size of one weight-transfer bucket in MiB.")
-    gather_mb: int = Field(
-        1, ge=0,
-        description="The export's TP all-gathers, in MiB: the TP shards of up to this many MiB of tensors are gathered "
-        "with one collective per dtype; a larger tensor is gathered alone, straight into place. 0 = one collective "
-        "per tensor. A group saves per-collective latency at the cost of a copy of the rank's shards and the group's "
-        "gathered buffer beside its tensors (the planner counts it); on gloo, large groups are slower "
-        "(bench/results/weight_sync.json).",
-    )
-    overlap: bool = Field(
-        True,
-        description="Export (TP gather, pipeline-stage collection, HF conversion) the next bucket while the current "
-        "one is sent: a push then holds up to two buckets plus one tensor instead of one. false: export and send "
-        "alternate.",
-    )
-    timeout_s: float = Field(
-        600.0, ge=0,
-        description="Deadline of one weight push (export, transfer, engine requests). When it passes, every policy "
-        "rank writes its Python stacks to its log and the run stops, naming the rank(s) the push waited for and "
-        "where each rank was; 0 = no deadline (trainer.hang_timeout_s still applies).",
-    )
-
-    @field_validator("timeout_s")
-    @classmethod
-    def _deadline(cls, value: float) -> float:
-        if 0 < value < 1:
-            raise ValueError("must be 0 (no deadline) or at least 1 s: a push's calls alone take longer")
-        return value
-    check_logprobs: bool = Field(
-        True,
-        description="After each push, the engines generate short responses to a few of the run's prompts and the "
-        "trainer's log-probs of the same tokens must agree (within max_logprob_diff).",
-    )
-    max_logprob_diff: float = Field(
-        0.04,
-        gt=0,
-        description="Refuse a push whose mean |engine - trainer| log-prob over the post-push probe exceeds this. "
-        "Default: 3x the worst mean seen over 20 honest bf16 pushes (demo model and the Qwen2.5-0.5B shape, TP=2 and "
-        "PP=2, CPU: 0.0117), rounded up; see bench/results/logprob_check.json. It refuses gross mis-conversions (q and "
-        "k swapped in an early layer, a weight off by 10 % to 2x), not a 1 % error in one tensor (within bf16 noise).",
-    )
-
-
-class ValSamplingConfig(Section):
-    greedy: bool = Field(True, description="Validate with greedy decoding (else sample at the training temperature).")
-    n: int = Field(1, ge=1, description="Samples per validation prompt (pass@k, best@k and maj@k are reported for k = 1, 2, 4, ..., n).")
-    pass_threshold: float = Field(
-        1.0,
-        description="A validation response passes (pass@k) when its score is at least this; for a reward function "
-        "that returns an 'acc' value, that decides instead.",
-    )
-
-
-AGENT_LOOPS = ("single_turn", "tool_agent")  # megarl.agents.loops.LOOPS holds the classes (a test keeps them equal)
-LOOP_ALIASES = {"single_turn_agent": "single_turn"}  # verl's names for the same loops, as its datasets write them
-
-
-def loop_name(agent_name: str | None, default: str) -> str:
-    """The loop a data row runs: its agent_name (verl's names mapped to ours), else ``default``."""
-    name = agent_name or default
-    return LOOP_ALIASES.get(name, name)
-TOOL_PARSERS = ("hermes",)  # megarl.agents.tool_calls.PARSERS
-
-
-class AgentConfig(Section):
-    default_agent: str = Field(
-        "single_turn",
-        description="The agent loop of a sample whose data row has no agent_name column: single_turn, tool_agent, "
-        "or a name from loops.",
-    )
-    loops: dict[str, str] = Field(
-        default_factory=dict,
-        description="Your own agent loops: agent_name -> package.module:Class (an AgentLoop subclass, docs/agents.md).",
-    )
-    tools_file: str | None = Field(
-        None,
-        description="Tool file in verl's format (tools: [{class_name, config, tool_schema}]); the schemas go to the "
-        "chat template. Built-in class names: calculator, python, retrieval.",
-    )
-    interactions_file: str | None = Field(
-        None,
-        description="Interaction file in verl's format (interaction: [{name, class_name, config}]): a simulated user "
-        "who answers between turns, chosen per sample by extra_info.interaction_kwargs.name.",
-    )
-    tool_parser: str = Field("hermes", description="How tool calls are found in a turn: hermes (<tool_call>{json}</tool_call>) or package.module:function.")
-    max_turns: int = Field(8, ge=1, description="Model turns per trajectory; a trajectory still calling tools after them ends as max_turns.")
-    max_tool_calls: int = Field(16, ge=1, description="Tool calls per trajectory; a turn that would exceed it ends the trajectory as max_tool_calls.")
-    max_parallel_calls: int = Field(
-        4, ge=1, description="Tool calls run per turn; further calls of the turn are answered with an error (and count as failed)."
-    )
-    max_tool_response_length: int = Field(
-        4096, ge=16, description="Characters of one tool answer the model sees; a longer answer is cut and marked ...(truncated)."
-    )
-    max_tool_failures: int = Field(
-        3, ge=1, description="Failed tool calls (errors, timeouts, malformed calls) after which a trajectory ends as tool_error or timeout."
-    )
-    max_tokens_per_turn: int | None = Field(
-        None, ge=1, description="Tokens one model turn may generate; None = what is left of rollout.sampling.max_new_tokens, "
-        "which bounds the whole response (model turns, tool answers and user turns together)."
-    )
-    turn_rewards: bool = Field(
-        False,
-        description="Also reward each turn: a tool call's reward and an interaction's turn score go on the last generated "
-        "token of the turn that earned them (the reward function's score stays on the trajectory's last token). "
-        "Group estimators (grpo, rloo, ...) add them to the trajectory's score; gae, reinforce_plus_plus and remax "
-        "credit each to the tokens before it (docs/agents.md).",
-    )
-    tool_timeout_s: float = Field(30.0, gt=0, description="Seconds one tool call may take; then the model is told it timed out.")
-    max_concurrent: int = Field(1024, ge=1, description="Trajectories in flight at once (each engine batches its share of them).")
-    overlap_tools: bool | None = Field(
-        None,
-        description="Let trajectories whose tools answered generate while other tools still run. None = on with SGLang "
-        "(unless rollout.deterministic), off with the torch engine: there every round waits for its tools, so that a "
-        "resumed run regenerates exactly.",
-    )
-
-    @field_validator("default_agent")
-    @classmethod
-    def _default_agent(cls, value: str) -> str:
-        if not value:
-            raise ValueError("rollout.agent.default_agent is empty; use single_turn, tool_agent or a name from loops")
-        return value
-
-    @field_validator("loops")
-    @classmethod
-    def _loops(cls, value: dict[str, str]) -> dict[str, str]:
-        for name, path in value.items():
-            if name in AGENT_LOOPS:
-                raise ValueError(f"rollout.agent.loops.{name}: {name} is a built-in loop; give yours another name")
-            if not IMPORT_PATH.match(path):
-                raise ValueError(f"rollout.agent.loops.{name} {path!r} is not an import path package.module:Class")
-        return value
-
-    @field_validator("tool_parser")
-    @classmethod
-    def _tool_parser(cls, value: str) -> str:
-        return _builtin_or_import_path(value, TOOL_PARSERS, "rollout.agent.tool_parser")
-
-    @model_validator(mode="after")
-    def _known_default(self) -> AgentConfig:
-        if self.default_agent not in (*AGENT_LOOPS, *self.loops):
-            raise ValueError(f"rollout.agent.default_agent {self.default_agent!r} is not a loop; "
-                             f"use {', '.join((*AGENT_LOOPS, *self.loops))}")  # fmt: skip
-        return self
-
-
-class RolloutConfig(Section):
-    engine: Literal["sglang", "torch"] = Field("sglang", description="sglang on GPUs; torch is the reference engine (CPU, CI, debugging).")
-    tp: int = Field(1, ge=1, description="Tensor parallel size of one rollout engine.")
-    mem_fraction: float = Field(0.8, gt=0, lt=1, description="Fraction of GPU memory SGLang takes for weights and KV cache.")
-    max_running_requests: int = Field(256, ge=1, description="Concurrent requests per engine.")
-    deterministic: bool = Field(
-        False,
-        description="SGLang: --enable-deterministic-inference, so the per-sample seeds are honoured and a resumed run "
-        "regenerates exactly (costs throughput). The torch engine is always seeded.",
-    )
-    weights_cpu_backup: bool = Field(
-        False,
-        description="Colocated SGLang: --enable-weights-cpu-backup, so weights released for the updates and checkpoints come back intact "
-        "(costs host memory: one copy of the engine's weights); without it the memory hand-over re-pushes the last "
-        "version before a generation that follows a release (docs/architecture.md, 'Memory between training and generation').",
-    )
-    server_python: str | None = Field(
-        None,
-        description="SGLang: the Python interpreter that runs `python -m sglang.launch_server` (e.g. the bin/python of a "
-        "separate SGLang venv, such as the CPU one `make sglang-cpu` builds); None = the trainer's own interpreter.",
-    )
-    n: int = Field(8, ge=1, description="Samples (responses) per prompt.")
-    generate_function: str = Field(
-        "default",
-        description="How a step's prompts become a Batch of responses: default (each sample's agent loop, "
-        "rollout.agent; single-turn unless the data says otherwise), or your own as package.module:function(engines, prompts, params) -> Batch (docs/extending.md).",
-    )
-    sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Sampling of training rollouts.")
-    val: ValSamplingConfig = Field(default_factory=ValSamplingConfig, description="Sampling of validation rollouts.")
-    weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig, description="Trainer -> engine weight transfer.")
-    agent: AgentConfig = Field(
-        default_factory=AgentConfig, description="Multi-turn, tool-calling rollouts: agent loops chosen per sample by the agent_name column."
-    )
-
-    @field_validator("generate_function")
-    @classmethod
-    def _generate_function(cls, value: str) -> str:
-        return _builtin_or_import_path(value, ("default",), "rollout.generate_function")
 
 
 class ParallelConfig(Section):
@@ -459,12 +237,12 @@ class AlgorithmConfig(Section):
     @field_validator("estimator")
     @classmethod
     def _estimator(cls, value: str) -> str:
-        return _builtin_or_import_path(value, ESTIMATORS, "estimator")
+        return builtin_or_import_path(value, ESTIMATORS, "estimator")
 
     @field_validator("policy_loss")
     @classmethod
     def _policy_loss(cls, value: str) -> str:
-        return _builtin_or_import_path(value, POLICY_LOSSES, "policy_loss")
+        return builtin_or_import_path(value, POLICY_LOSSES, "policy_loss")
 
 
 class CustomRewardConfig(Section):

@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from megarl.config.sections import ClusterConfig, RolloutConfig
+    from megarl.config.rollout_sections import RolloutConfig
+    from megarl.config.sections import ClusterConfig
 
 # Environment variables the launcher removes from the server's environment, and why:
 # - PYTORCH_CUDA_ALLOC_CONF: expandable segments break the memory saver's release/resume and

@@ -165,12 +165,8 @@ def _push_and_check(policy, engine, export_fn, version: int, checks) -> dict:
 
 def _run(rank: int, world_size: int, model_dir: str, probe: list, steps: list) -> dict:
     from megarl.actors.policy import PolicyWorker
-    from megarl.config.sections import (
-        ActorConfig,
-        OptimizerConfig,
-        ParallelConfig,
-        WeightSyncConfig,
-    )
+    from megarl.config.rollout_sections import WeightSyncConfig
+    from megarl.config.sections import ActorConfig, OptimizerConfig, ParallelConfig
     from megarl.rollout.engine import SamplingParams
     from megarl.rollout.logprob_check import PostPushCheck
     from megarl.rollout.torch_engine import TorchEngine

@@ -12,7 +12,7 @@ import yaml
 from agent_doubles import FirstCallHangs, always_call, chat_prompts
 
 from megarl.agents.rollout import AgentRollout, build_env
-from megarl.config.sections import AgentConfig
+from megarl.config.rollout_sections import AgentConfig
 from megarl.rollout.engine import SamplingParams
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]

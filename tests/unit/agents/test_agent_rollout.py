@@ -24,7 +24,7 @@ from megarl.agents.loops import AgentEnv
 from megarl.agents.rollout import AgentRollout, build_env
 from megarl.agents.tool_calls import parse_hermes
 from megarl.agents.tools import Tool
-from megarl.config.sections import AgentConfig
+from megarl.config.rollout_sections import AgentConfig
 from megarl.data.prompt_batch import PromptBatch
 from megarl.models.tiny import build_tokenizer
 from megarl.rollout.engine import GenerationResult, SamplingParams

@@ -2,7 +2,7 @@ import pytest
 
 from megarl.algos import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
 from megarl.algos.registry import Registry, UnknownNameError
-from megarl.config import sections
+from megarl.config import rollout_sections, sections
 
 
 def test_registries_hold_exactly_the_config_names():
@@ -15,7 +15,7 @@ def test_registries_hold_exactly_the_config_names():
     from megarl.agents.loops import LOOPS
     from megarl.agents.tool_calls import PARSERS
 
-    assert tuple(LOOPS) == sections.AGENT_LOOPS and tuple(PARSERS.names()) == sections.TOOL_PARSERS
+    assert tuple(LOOPS) == rollout_sections.AGENT_LOOPS and tuple(PARSERS.names()) == rollout_sections.TOOL_PARSERS
 
 
 def test_lookup_miss_lists_valid_names():

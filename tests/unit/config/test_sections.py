@@ -4,7 +4,8 @@ import pydantic
 import pytest
 
 from megarl.config import sections
-from megarl.config.sections import MegaRLConfig, Section
+from megarl.config.section_base import Section
+from megarl.config.sections import MegaRLConfig
 
 
 def _all_sections():

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from megarl.config.sections import WeightSyncConfig
+from megarl.config.rollout_sections import WeightSyncConfig
 from megarl.data.batch import Batch
 from megarl.data.prompt_batch import PromptBatch
 from megarl.rollout.batching import batch_from_generations

@@ -12,7 +12,8 @@ import textwrap
 
 import pytest
 
-from megarl.config.sections import ClusterConfig, RolloutConfig
+from megarl.config.rollout_sections import RolloutConfig
+from megarl.config.sections import ClusterConfig
 from megarl.rollout_sglang.engine import SGLangEngine
 from megarl.rollout_sglang.server import (
     ServerLaunchError,
