@@ -3,13 +3,20 @@
 import pydantic
 import pytest
 
-from megarl.config import sections
 from megarl.config.section_base import Section
 from megarl.config.sections import MegaRLConfig
 
 
-def _all_sections():
-    return [cls for cls in vars(sections).values() if isinstance(cls, type) and issubclass(cls, Section) and cls is not Section]
+def _all_sections() -> list[type[Section]]:
+    """Every section class of megarl's config modules (MegaRLConfig imports them all), however
+    the tree is split into modules."""
+    found, todo = [], list(Section.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        todo += cls.__subclasses__()
+        if cls.__module__.startswith("megarl.config.") and cls not in found:
+            found.append(cls)
+    return sorted(found, key=lambda c: c.__name__)
 
 
 @pytest.mark.parametrize("cls", _all_sections(), ids=lambda c: c.__name__)
