@@ -16,8 +16,9 @@ load average is recorded.
 
 The table crosses models (``--presets``), sequence lengths (``--seqs``) and attention choices
 (``--attention``): ``padded`` (rows padded, torch SDPA), ``packed`` (THD: torch's varlen flash
-kernel on CUDA in half precision, grouped SDPA elsewhere), ``te`` (transformer-engine's layers,
-packed; only where it is installed). Presets:
+kernel on CUDA in half precision, grouped SDPA elsewhere), ``flex`` (packed, compiled
+FlexAttention with a document mask; CUDA only: its compilation falls in the warm-up step),
+``te`` (transformer-engine's layers, packed; only where it is installed). Presets:
 - ``1b``: a ~1.1B Qwen2-shaped model (24 layers, hidden 1536, 12 heads, 2 KV heads, FFN 4224,
   vocabulary 151936);
 - ``72b-slice``: 2 layers with Qwen2.5-72B's per-rank shapes at TP=8, run at TP=1 (hidden 8192,
@@ -52,7 +53,7 @@ PRESETS = {
     "72b-slice": dict(layers=2, hidden=8192, heads=8, kv_heads=1, head_dim=128, ffn=3696, vocab=152064 // 8),
     "cpu": dict(layers=8, hidden=512, heads=8, kv_heads=2, head_dim=64, ffn=1408, vocab=32000),
 }
-CUDA_DEFAULTS = dict(presets="1b,72b-slice", seqs="4096,16384", attention="padded,packed,te", rows=2, micro=1,
+CUDA_DEFAULTS = dict(presets="1b,72b-slice", seqs="4096,16384", attention="padded,packed,flex,te", rows=2, micro=1,
                      dtype="bfloat16", matmul=8192)  # fmt: skip
 CPU_DEFAULTS = dict(presets="cpu", seqs="512", attention="padded,packed", rows=8, micro=2, dtype="float32", matmul=2048)
 
@@ -109,7 +110,7 @@ def measure(path: Path, shape: dict, attention: str, seq: int, args: argparse.Na
     from megarl.config.sections import ActorConfig, OptimizerConfig
 
     cfg = ActorConfig(micro_batch_size=args.micro, recompute="none", pack_sequences=attention != "padded",
-                      optimizer=OptimizerConfig(lr=1e-6))  # fmt: skip
+                      packed_attention="flex" if attention == "flex" else "auto", optimizer=OptimizerConfig(lr=1e-6))  # fmt: skip
     worker = PolicyWorker(path, cfg, args.dtype, seed=0, layer_spec="te" if attention == "te" else "local")
     params = sum(p.numel() for p in worker.model.module.parameters())
     matmul_params = params - worker.model.core.embedding.word_embeddings.weight.numel()
@@ -135,7 +136,11 @@ def main() -> None:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = getattr(torch, args.dtype)
     info = machine()
-    choices = [a for a in args.attention.split(",") if a != "te" or (device == "cuda" and te_importable())]
+    runs = {"padded": True, "packed": True, "te": device == "cuda" and te_importable(), "flex": device == "cuda"}
+    unknown = sorted(set(args.attention.split(",")) - set(runs))
+    if unknown:
+        raise SystemExit(f"--attention {','.join(unknown)}: choose from {', '.join(runs)}")
+    choices = [a for a in args.attention.split(",") if runs[a]]
     peak = peak_flops(args.matmul, dtype, device)
     rows = []
     seqs = [int(s) for s in args.seqs.split(",")]

@@ -230,6 +230,7 @@ def _check_scope(cfg: MegaRLConfig, arch: ArchSpec, issues: list[Issue], *, sft:
             value = getattr(par, knob)
             if value != 1:
                 issues.append(Issue(f"{section}.parallel.{knob}", f"{what} ({value}) is {later}"))
+        _check_packed_attention(cfg, section, issues)
     if arch.num_experts:
         issues.append(Issue("model", f"{arch.name} is a mixture-of-experts model ({arch.num_experts} experts); MoE is not supported yet"))
     if arch.model_type not in ("llama", "qwen2", "qwen3"):
@@ -240,6 +241,26 @@ def _check_scope(cfg: MegaRLConfig, arch: ArchSpec, issues: list[Issue], *, sft:
     if not sft and cfg.rollout.engine == "sglang" and cfg.cluster.device == "cpu" and cfg.cluster.placement != "disaggregated":
         issues.append(Issue("cluster.placement", "SGLang on cpu runs as a server of its own (its CPU engine cannot release "
                             "memory): set cluster.placement=disaggregated and cluster.rollout_gpus, or rollout.engine=torch"))
+
+
+def _check_packed_attention(cfg: MegaRLConfig, section: str, issues: list[Issue]) -> None:
+    """FlexAttention (``packed_attention: flex``) needs CUDA, packed micro-batches and the local spec."""
+    actor = getattr(cfg, section)
+    if actor.packed_attention != "flex":
+        return
+    field = f"{section}.packed_attention"
+    if cfg.cluster.device == "cpu":
+        issues.append(Issue(field, "(flex) needs CUDA and cluster.device is cpu: torch has no FlexAttention backward "
+                            "on CPU; use auto"))  # fmt: skip
+    if not actor.pack_sequences:
+        issues.append(Issue(field, f"(flex) attends packed micro-batches and {section}.pack_sequences is false; "
+                            "set pack_sequences true or packed_attention auto"))  # fmt: skip
+    if cfg.model.layer_spec == "te":
+        issues.append(Issue(field, "(flex) replaces the local spec's attention and model.layer_spec is te, whose own "
+                            "attention takes packed sequences; use model.layer_spec local or packed_attention auto"))  # fmt: skip
+    elif cfg.model.layer_spec == "auto" and cfg.cluster.device == "cuda":
+        issues.append(Issue(field, "(flex) is used only where model.layer_spec auto resolves to local (no "
+                            "transformer-engine installed); set model.layer_spec local to be sure", "warning"))  # fmt: skip
 
 
 def _layout_roles(cfg: MegaRLConfig, issues: list[Issue]) -> dict[str, RoleLayout]:

@@ -156,6 +156,12 @@ class ActorConfig(Section):
     micro_batch_size: int | None = Field(1, ge=1, description="Samples per micro-batch per DP rank (or use max_tokens_per_gpu).")
     max_tokens_per_gpu: int | None = Field(None, ge=1, description="Token budget of a micro-batch per DP rank; overrides micro_batch_size. Packed, it counts real tokens (samples are packed first-fit-decreasing); padded, rows x the longest row.")
     pack_sequences: bool = Field(True, description="Lay a micro-batch's samples end to end in one sequence (Megatron's THD format, attention kept within each sample) instead of padding each to the longest: no compute on padding. False = padded rows.")
+    packed_attention: Literal["auto", "flex"] = Field(
+        "auto",
+        description="Attention of packed micro-batches under the local layer spec. auto: torch's varlen flash "
+        "kernel on CUDA in bf16/fp16, else each sample attended alone with SDPA (exact); flex: FlexAttention "
+        "with a document mask (compiled; CUDA only, as torch has no FlexAttention backward on CPU).",
+    )
     mini_batch_size: int | None = Field(None, ge=1, description="Samples per optimizer step over all DP ranks; None = the whole step's samples.")
     ppo_epochs: int = Field(1, ge=1, description="Passes over the step's samples.")
     recompute: Literal["none", "selective", "full", "auto"] = Field(

@@ -17,7 +17,10 @@ Packed sequences (THD, ``PackedSeqParams.qkv_format == "thd"``): query, key and 
 which carries the host-side plan of ``megarl.models.packed_sequences``. On CUDA, half-precision
 inputs go to torch's variable-length flash kernel (``torch.nn.attention.varlen``) when this torch
 has it; elsewhere (CPU, fp32) the segments are attended in groups of similar length as padded
-batches, exactly.
+batches, exactly. ``actor.packed_attention: flex`` hands the segments to FlexAttention instead,
+as one sequence with a document mask (:func:`document_block_mask`, made once per micro-batch and
+shared by every layer); compiled on CUDA. On CPU it runs uncompiled and forward only (torch has
+no FlexAttention backward there), which is enough for the parity tests.
 
 Left out: attention bias (Megatron's DotProductAttention refuses it too), sliding windows (the
 bridges refuse such configs).
@@ -48,14 +51,16 @@ class PackedSegments(PackedSeqParams):
     """Megatron's packed-sequence parameters plus the segment plan the attention uses."""
 
     layout: PackedLayout | None = None
+    block_mask: Any = None  # FlexAttention's BlockMask of the segments, when actor.packed_attention is flex
 
 
-def packed_seq_params(layout: PackedLayout, *, host_offsets: bool) -> PackedSegments:
+def packed_seq_params(layout: PackedLayout, *, host_offsets: bool, flex: bool = False) -> PackedSegments:
     """The THD parameters of one packed micro-batch: one ``cu_seqlens`` for queries and keys
     (self-attention, no padding between segments). ``host_offsets``: hand Megatron the host copy
     (the local spec: its unfused THD rope reads the offsets on the host in every layer, which
     would wait on the GPU each time; megarl's attention takes the device copy from the layout);
-    TE's attention needs them on the device."""
+    TE's attention needs them on the device. ``flex``: attend through FlexAttention, with the
+    segments' block mask made here, once for all layers."""
     cu = layout.cu_seqlens_host if host_offsets else layout.cu_seqlens
     return PackedSegments(
         qkv_format="thd",
@@ -64,7 +69,25 @@ def packed_seq_params(layout: PackedLayout, *, host_offsets: bool) -> PackedSegm
         max_seqlen_q=layout.longest,
         max_seqlen_kv=layout.longest,
         layout=layout,
+        block_mask=document_block_mask(layout) if flex else None,
     )
+
+
+def document_block_mask(layout: PackedLayout):
+    """FlexAttention's block mask of a packed sequence: a token sees the tokens of its own segment
+    up to itself. Built on the layout's device (compiled there on CUDA, where a long sequence's
+    dense mask would not fit)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    device = layout.cu_seqlens.device
+    lengths = torch.tensor(layout.lengths, device=device)  # [k]
+    segment = torch.repeat_interleave(torch.arange(len(layout.lengths), device=device), lengths)  # [T]
+
+    def same_segment_causal(batch, head, q, kv):
+        return (segment[q] == segment[kv]) & (q >= kv)
+
+    t = segment.shape[0]
+    return create_block_mask(same_segment_causal, None, None, t, t, device=device, _compile=device.type == "cuda")
 
 
 class SdpaAttention(DotProductAttention):
@@ -123,6 +146,12 @@ class SdpaAttention(DotProductAttention):
             )
         dropout = self.attention_dropout.p if self.training else 0.0
         gqa = key.shape[1] != query.shape[1]
+        if getattr(params, "block_mask", None) is not None:
+            if dropout:
+                raise NotImplementedError(f"actor.packed_attention flex has no attention dropout (the model's is "
+                                          f"{dropout}); use packed_attention auto")  # fmt: skip
+            out = flex_attend(query, key, value, params.block_mask, self.softmax_scale, gqa)  # [T, np, hn]
+            return out.reshape(out.shape[0], self.hidden_size_per_partition)
         varlen = _varlen_call(query, self.softmax_scale) if dropout == 0.0 else None
         if varlen is not None:
             out = varlen(query, key, value, layout, gqa)  # [T, np, hn]
@@ -142,6 +171,40 @@ class SdpaAttention(DotProductAttention):
         # Every packed position is some group's real token: one copy puts them all in place.
         real = pieces[0] if len(pieces) == 1 else torch.cat(pieces)  # [T, np * hn], in group order
         return real.new_empty(real.shape).index_copy(0, layout.scatter, real)
+
+
+def flex_attend(
+    query: torch.Tensor,  # [T, np, hn]
+    key: torch.Tensor,  # [T, ng, hn]
+    value: torch.Tensor,  # [T, ng, hn]
+    block_mask: Any,  # document_block_mask of the packed sequence
+    scale: float | None,
+    gqa: bool,
+) -> torch.Tensor:  # [T, np, hn]
+    """A packed sequence through FlexAttention as one batch row, its segments kept apart by
+    ``block_mask``; compiled on CUDA."""
+    q, k, v = (x.transpose(0, 1)[None] for x in (query, key, value))  # [1, heads, T, hn]
+    out = _flex_attention(query.is_cuda)(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa)
+    return out[0].transpose(0, 1)
+
+
+@functools.cache
+def _flex_attention(compiled: bool):
+    """FlexAttention, compiled (a fused kernel; the uncompiled one computes the dense scores, and
+    has no backward on CPU)."""
+    import warnings
+
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if compiled:
+        return torch.compile(flex_attention)
+
+    def uncompiled(*args, **kwargs):
+        with warnings.catch_warnings():  # torch warns that it is uncompiled: here that is the point
+            warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+            return flex_attention(*args, **kwargs)
+
+    return uncompiled
 
 
 def _varlen_call(query: torch.Tensor, scale: float | None):

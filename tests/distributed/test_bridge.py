@@ -18,6 +18,7 @@ HF file cast to bf16 on both stages, and a receiving stage allocates the dtype t
 
 from __future__ import annotations
 
+import itertools
 import time
 from unittest import mock
 
@@ -307,7 +308,8 @@ def _attention_check() -> dict:
 
 def _packed_attention_check() -> dict:
     """SdpaAttention on packed segments == each segment attended alone (causal, GQA): ragged
-    lengths (grouped batches), equal lengths (the view path), one segment. Max |diff| per case."""
+    lengths (grouped batches), equal lengths (the view path), one segment; each also through
+    FlexAttention's document mask (uncompiled, forward: CPU has no backward). Max |diff| per case."""
     import torch.nn.functional as F
     from megatron.core.transformer.enums import AttnMaskType
     from megatron.core.transformer.transformer_config import TransformerConfig
@@ -320,19 +322,22 @@ def _packed_attention_check() -> dict:
     sdpa = SdpaAttention(config=cfg, layer_number=1, attn_mask_type=AttnMaskType.causal, attention_type="self").eval()
     gen = torch.Generator().manual_seed(2)
     out = {}
-    for case, lengths in {"ragged": [5, 1, 9, 2, 6], "equal": [4, 4, 4], "one": [7]}.items():
+    cases = {"ragged": [5, 1, 9, 2, 6], "equal": [4, 4, 4], "one": [7], "ragged-long": [150, 3, 131, 1]}
+    for (case, lengths), flex in itertools.product(cases.items(), (False, True)):
         t = sum(lengths)
         q, k, v = (torch.randn(t, h, 16, generator=gen) for h in (2, 1, 1))  # [T, heads / tp, hn]
         layout = PackedLayout.build(lengths)
+        params = packed_seq_params(layout, host_offsets=True, flex=flex)
+        assert (params.block_mask is not None) == flex
         with torch.no_grad():
-            got = sdpa(q, k, v, None, packed_seq_params=packed_seq_params(layout, host_offsets=True))  # [T, 32]
+            got = sdpa(q, k, v, None, packed_seq_params=params)  # [T, 32]
         start, worst = 0, 0.0
         for n in lengths:
             qs, ks, vs = (x[start : start + n].transpose(0, 1)[None] for x in (q, k, v))
             ref = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)[0]  # [heads, n, hn]
             worst = max(worst, (got[start : start + n] - ref.transpose(0, 1).reshape(n, -1)).abs().max().item())
             start += n
-        out[case] = worst
+        out[f"{case}-flex" if flex else case] = worst
     return out
 
 
@@ -490,7 +495,7 @@ def test_bridges_tp2(model_dirs):
         assert r["critic"] == {"shape": (3, 12, 1), "finite": True, "same_on_tp_ranks": True, "export_has_score": True}
         assert r["recompute"] == {"selective": True, "full": True}
         assert r["attention"]["finite"] and r["attention"]["max_diff"] <= 1e-5, r["attention"]
-        assert max(r["packed_attention"].values()) <= 1e-6, r["packed_attention"]
+        assert len(r["packed_attention"]) == 8 and max(r["packed_attention"].values()) <= 1e-6, r["packed_attention"]
     print(f"tp2 launch {time.perf_counter() - t0:.1f}s", {a: round(results[0][a]["seconds"], 2) for a in ARCHS})
 
 

@@ -4,6 +4,10 @@ gradients and weights after one Adam step (fp32), at TP=2 (with sequence paralle
 packed length is rounded up by a padding segment), PP=2 and DP=2. Rows are ragged (responses
 of 1 to 40 tokens), and each packed micro-batch holds several rows under a token budget.
 
+Without recomputation, the packed micro-batches also go through FlexAttention's document mask
+(actor.packed_attention flex; forward only, as torch has no FlexAttention backward on CPU) and
+give the same log-probs and entropy.
+
 Recomputation (full, selective) hands the packed-sequence parameters to the recomputed forward
 too: two cases run packed with it against padded without.
 
@@ -65,10 +69,25 @@ def _one_layout(path: str, tp: int, pp: int, packed: bool, lengths, recompute: s
     return out
 
 
+def _flex_logprobs(path: str, tp: int, pp: int, lengths) -> dict:
+    """Log-probs and entropy of packed micro-batches attended through FlexAttention (forward
+    only: torch has no FlexAttention backward on CPU)."""
+    from megarl.actors.policy import PolicyWorker
+
+    batch = _batch(lengths)
+    cfg = _cfg(tp, pp, True).model_copy(update={"packed_attention": "flex"})
+    policy = PolicyWorker(path, cfg, "float32", seed=1)
+    assert policy.model.flex_attention
+    return ac.gathered(policy.compute_logprobs(batch, TEMPERATURE, with_entropy=True), batch)
+
+
 def _both(rank: int, world: int, path: str, tp: int, pp: int, lengths, recompute: str) -> dict:
-    """Padded without recomputation against packed with ``recompute``."""
-    return ac.portable({packed: _one_layout(path, tp, pp, packed, lengths, recompute if packed else "none")
-                        for packed in (False, True)})  # fmt: skip
+    """Padded without recomputation against packed with ``recompute`` (and, without, packed
+    through FlexAttention)."""
+    out = {packed: _one_layout(path, tp, pp, packed, lengths, recompute if packed else "none") for packed in (False, True)}
+    if recompute == "none" and tuple(lengths) != UNEVEN:  # (the uneven case's policies train a step first)
+        out["flex"] = _flex_logprobs(path, tp, pp, lengths)
+    return ac.portable(out)
 
 
 @pytest.fixture(scope="module")
@@ -90,8 +109,12 @@ def test_packed_equals_padded(model_dir, tp, pp, lengths, recompute):
         assert sorted(len(r) for r in replicas) == [1, 2], replicas
     for result in run_distributed(_both, 2, model_dir, tp, pp, lengths, recompute):
         padded, packed = ac.tensors(result[False]), ac.tensors(result[True])
+        assert ("flex" in result) == (recompute == "none" and lengths != UNEVEN)
+        flex = ac.tensors(result.get("flex", {}))
         for name in ("logprobs", "entropy"):
             torch.testing.assert_close(packed[name], padded[name], atol=1e-5, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
+            if flex:
+                torch.testing.assert_close(flex[name], padded[name], atol=1e-5, rtol=0, msg=lambda m, n=name: f"flex {n}: {m}")
         for name in ("actor/pg_loss", "actor/entropy"):
             assert packed["metrics"][name] == pytest.approx(padded["metrics"][name], abs=1e-5)
         for name, grad in padded["grads"].items():

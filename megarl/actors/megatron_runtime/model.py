@@ -118,6 +118,7 @@ class MegatronModel:
     positions: ResponsePositions  # the output layer's position selector (last stage)
     logprob_chunk_tokens: int  # tokens whose LM-head logits exist at once
     layer_spec: str  # "local" or "te" (megarl.models.layer_specs), as built
+    flex_attention: bool  # packed micro-batches attend through FlexAttention (actor.packed_attention, local spec)
 
     @classmethod
     def build(
@@ -164,7 +165,8 @@ class MegatronModel:
             if not value_head:  # the log-prob head computes the logits, in chunks
                 module.output_layer.forward = _hidden_states_through
         vocab = bridge.vocab_size(hf_config)
-        return cls(bridge, hf_config, tcfg, module, info, vocab, positions, cfg.logprob_chunk_tokens, spec)
+        flex = cfg.packed_attention == "flex" and spec == "local"  # TE's own attention takes THD under te
+        return cls(bridge, hf_config, tcfg, module, info, vocab, positions, cfg.logprob_chunk_tokens, spec, flex)
 
     @property
     def core(self) -> torch.nn.Module:
@@ -253,7 +255,8 @@ class MegatronModel:
             self.positions.rows, self.positions.columns = mb.token_rows, mb.token_columns
             # Padded rows are left-aligned: plain causal attention (mask None) is exact; packed
             # rows are kept apart by the attention, told by the packed-sequence parameters.
-            params = None if mb.layout is None else packed_seq_params(mb.layout, host_offsets=self.layer_spec == "local")
+            params = None if mb.layout is None else packed_seq_params(mb.layout, host_offsets=self.layer_spec == "local",
+                                                                       flex=self.flex_attention)  # fmt: skip
             output = model(input_ids=mb.tokens, position_ids=mb.position_ids, attention_mask=None,
                            packed_seq_params=params)  # fmt: skip
             return output, partial(loss_func, mb)

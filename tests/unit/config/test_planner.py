@@ -101,6 +101,18 @@ def test_out_of_scope_parallelism_is_refused(knob):
     assert "not supported yet" in refused(GRPO72, f"actor.parallel.{knob}=2")
 
 
+def test_flex_attention_needs_cuda_packing_and_the_local_spec():
+    assert plan(PPO7, "actor.packed_attention=flex", "critic.packed_attention=flex", "model.layer_spec=local").warnings == []
+    cpu = refused(TINY, "actor.packed_attention=flex")
+    assert "actor.packed_attention: (flex) needs CUDA and cluster.device is cpu" in cpu and "use auto" in cpu
+    padded = refused(PPO7, "critic.packed_attention=flex", "critic.pack_sequences=false")
+    assert "critic.packed_attention: (flex) attends packed micro-batches and critic.pack_sequences is false" in padded
+    te = refused(PPO7, "actor.packed_attention=flex", "model.layer_spec=te")
+    assert "actor.packed_attention: (flex) replaces the local spec's attention and model.layer_spec is te" in te
+    auto = plan(PPO7, "actor.packed_attention=flex", "model.layer_spec=auto").warnings
+    assert [w.field for w in auto] == ["actor.packed_attention"] and "set model.layer_spec local" in auto[0].message
+
+
 def test_moe_model_refused(tmp_path):
     (tmp_path / "config.json").write_text(
         '{"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, '
