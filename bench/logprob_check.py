@@ -293,7 +293,7 @@ def clean_probes(plan: Plan, check) -> list[dict]:
 
 def rank_main(rank: int, port: int, plan: Plan, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
-                      LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")  # fmt: skip
+                      LOCAL_RANK=str(rank), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")  # gloo, CPU tensors  # fmt: skip
     torch.set_num_threads(1)
     from megarl.parallel.groups import destroy_parallel
 

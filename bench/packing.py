@@ -107,6 +107,9 @@ def parse() -> argparse.Namespace:
 
 def main() -> None:
     args = parse()
+    # A CPU bench (the HF side runs on the CPU): the worker too, also on a GPU box. Set before
+    # anything asks torch for a GPU.
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
     torch.set_num_threads(args.threads)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("MASTER_PORT", "29535"), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
     from transformers import AutoModelForCausalLM

@@ -35,6 +35,7 @@ Run: ``.venv/bin/python bench/train_step.py`` (``--presets``, ``--seqs``, ``--at
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -116,7 +117,11 @@ def measure(path: Path, shape: dict, attention: str, seq: int, args: argparse.Na
     matmul_params = params - worker.model.core.embedding.word_embeddings.weight.numel()
     half = seq // 2
     step_s = timed_steps(worker, make_batch(args.rows, half, seq - half, shape["vocab"]), args.steps, device)
+    # The worker sits in reference cycles (DDP's grad hooks, the config's bound no_sync): free it
+    # now, not whenever the collector runs, or the next preset's worker may not fit on the GPU.
     del worker
+    gc.collect()
+    gc.collect()
     if device == "cuda":
         torch.cuda.empty_cache()
     tokens = args.rows * seq

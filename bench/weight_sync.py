@@ -108,7 +108,8 @@ def timed_push(sync, version: int) -> dict[str, float]:
 
 
 def rank_main(rank: int, port: int, model_dir: str, layout: str, bucket_mb: float, reps: int, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
+                      CUDA_VISIBLE_DEVICES="")  # a gloo bench of CPU tensors, also on a GPU box  # fmt: skip
     torch.set_num_threads(1)
     import torch.distributed as dist
 

@@ -10,8 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from megarl.actors.clients import CriticClient, InProcessGroup, PolicyClient, TrainedClient
-from megarl.actors.ray_groups.placement import place_roles, release, role_placements
-from megarl.actors.ray_groups.worker_group import GroupOptions, WorkerGroup
 from megarl.config.loading import config_to_yaml
 from megarl.config.planner import Plan, resolved_config
 from megarl.config.residency import residency_of
@@ -122,6 +120,10 @@ def _clients(groups: dict[str, Any], push_timeout: float | None) -> dict[str, Tr
 
 def _start_groups(cfg: MegaRLConfig, plan: Plan, total_steps: int, log_dir: Path, closers: list[Callable[[], None]]) -> dict[str, TrainedClient]:
     """One Ray worker group per trained role, placed as the plan says."""
+    # Imported here: they import Ray, which an in-process run (a one-GPU box under torchrun) lacks.
+    from megarl.actors.ray_groups.placement import place_roles, release, role_placements
+    from megarl.actors.ray_groups.worker_group import GroupOptions, WorkerGroup
+
     placements, colocate = role_placements(cfg, plan)
     placed = place_roles(placements, colocate)
     closers.append(lambda: release(placed))

@@ -74,6 +74,7 @@ def _child(ref, rank: int, world_size: int, port: int, init_group: bool, args: t
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
         WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+        CUDA_VISIBLE_DEVICES="",  # gloo tests of CPU tensors, also on a GPU box (whose rank 1 may have no GPU)
     )
     import torch
     import torch.distributed as dist

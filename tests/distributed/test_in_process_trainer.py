@@ -1,5 +1,6 @@
 """The whole RL step without Ray: every role in one process through the in-process worker
-group (what a one-GPU box runs under torchrun), on the demo's tiny model and task.
+group (what a one-GPU box runs under torchrun), on the demo's tiny model and task; any import of
+Ray on that path fails the test, as it would there.
 
 One spawned process (a world of one) runs several configurations one after another, each
 built by the real ``build_trainer(..., in_process=True)`` and trained for two steps. The tests
@@ -54,6 +55,10 @@ def _run_cases(rank: int, world: int, root: str) -> dict:
 
     import yaml
 
+    # No Ray: a one-GPU box runs this under torchrun with Ray not installed. None in sys.modules
+    # makes every `import ray` of the run fail, as there.
+    assert "ray" not in sys.modules, "something imported Ray before the in-process run"
+    sys.modules["ray"] = None  # type: ignore[assignment]
     from megarl.config.loading import load_config
     from megarl.config.planner import make_plan
     from megarl.trainer.build import build_trainer, shutdown

@@ -2,7 +2,7 @@
 colocated (SGLang releases its memory while the policy trains, the policy offloads while
 SGLang generates), weights pushed over CUDA IPC and checked by log-probs after every push.
 
-Skipped unless CUDA and sglang are importable. NOT yet run: written on a machine without a
+Skipped unless CUDA, sglang and ray are importable. NOT yet run: written on a machine without a
 GPU (see docs/sglang.md).
 """
 
@@ -21,8 +21,8 @@ pytestmark = [
     pytest.mark.sglang,
     pytest.mark.slow,
     pytest.mark.skipif(
-        not torch.cuda.is_available() or importlib.util.find_spec("sglang") is None,
-        reason="needs a CUDA GPU and sglang installed",
+        not torch.cuda.is_available() or any(importlib.util.find_spec(m) is None for m in ("sglang", "ray")),
+        reason="needs a CUDA GPU, sglang and ray installed (the launch places its workers with Ray)",
     ),
 ]
 
