@@ -23,6 +23,10 @@ from megarl.config.sections import TrainerConfig
 log = logging.getLogger(__name__)
 
 
+class MetricsFileError(ValueError):
+    """A metrics.jsonl that cannot be read (a user-facing, one-line error)."""
+
+
 class MetricsSink(Protocol):
     def log(self, step: int, metrics: dict[str, float]) -> None: ...
 
@@ -35,12 +39,11 @@ class JsonlSink:
     def __init__(self, path: Path, resume_step: int = 0):
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
-        lines = _read_lines(path)
         if resume_step:
-            kept = [ln for ln in lines if json.loads(ln).get("step", 0) <= resume_step]
-            if len(kept) != len(lines):
-                _write_atomically(path, "".join(ln + "\n" for ln in kept))
-        elif lines:  # a new run in a directory with an earlier run's metrics (no checkpoint of it)
+            kept = "".join(line + "\n" for line, record in _records(path) if record.get("step", 0) <= resume_step)
+            if kept != path.read_text():  # later steps (re-run now) or a cut-off last line go
+                _write_atomically(path, kept)
+        elif path.exists() and path.stat().st_size:  # a new run where an earlier run left metrics (no checkpoint of it)
             stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(path.stat().st_mtime))
             kept_as = path.with_name(f"{path.stem}.{stamp}{path.suffix}")
             os.replace(path, kept_as)
@@ -183,13 +186,30 @@ def build_logger(cfg: TrainerConfig, config_dict: dict[str, Any], total_steps: i
 
 
 def read_metrics(path: Path) -> list[dict[str, float]]:
-    return [json.loads(ln) for ln in _read_lines(path)]
+    """The records of a metrics.jsonl (none when it does not exist); see :func:`_records`."""
+    return [record for _, record in _records(path)]
 
 
-def _read_lines(path: Path) -> list[str]:
+def _records(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """Each line of a metrics.jsonl with its record. A cut-off last line (a run killed while
+    writing it) is left out with a warning: resuming re-runs that step. A bad line elsewhere is
+    not something a kill leaves, so it is an error naming the line."""
     if not path.exists():
         return []
-    return [ln for ln in path.read_text().splitlines() if ln.strip()]
+    text = path.read_text()
+    lines = text.splitlines()
+    out = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            out.append((line, json.loads(line)))
+        except json.JSONDecodeError:
+            if number == len(lines) and not text.endswith("\n"):
+                log.warning("%s: its last line is cut off (a run killed while writing it); it is left out", path)
+                continue
+            raise MetricsFileError(f"{path}:{number} is not a JSON record ({line[:40]!r}...); mend or delete that line") from None
+    return out
 
 
 def _write_atomically(path: Path, text: str) -> None:

@@ -7,7 +7,15 @@ import io
 import sys
 import types
 
-from megarl.trainer.metric_sinks import ConsoleSink, JsonlSink, WandbSink, read_metrics
+import pytest
+
+from megarl.trainer.metric_sinks import (
+    ConsoleSink,
+    JsonlSink,
+    MetricsFileError,
+    WandbSink,
+    read_metrics,
+)
 
 
 def test_a_new_run_keeps_an_earlier_runs_metrics(tmp_path):
@@ -17,6 +25,26 @@ def test_a_new_run_keeps_an_earlier_runs_metrics(tmp_path):
     kept = [p for p in tmp_path.glob("metrics.*.jsonl")]
     assert len(kept) == 1 and read_metrics(kept[0]) == [{"step": 1, "reward/mean": 0.5}]
     assert read_metrics(path) == []
+
+
+def test_a_line_cut_off_by_a_kill_is_dropped_on_resume_and_left_out_when_read(tmp_path, caplog):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1}\n{"step": 2}\n{"step": 3, "actor/cl')  # killed while writing step 3
+    assert read_metrics(path) == [{"step": 1}, {"step": 2}]
+    assert "last line is cut off" in caplog.text
+    sink = JsonlSink(path, resume_step=2)
+    sink.log(3, {"reward/mean": 1.0})
+    sink.close()
+    assert path.read_text() == '{"step": 1}\n{"step": 2}\n{"step": 3, "reward/mean": 1.0}\n'
+
+
+def test_a_bad_line_before_the_last_is_an_error_naming_it(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1}\nnot json\n{"step": 3}\n')
+    for read in (read_metrics, lambda p: JsonlSink(p, resume_step=3)):
+        with pytest.raises(MetricsFileError, match=r"metrics.jsonl:2 is not a JSON record \('not json'\.\.\.\); mend"):
+            read(path)
+    assert path.read_text() == '{"step": 1}\nnot json\n{"step": 3}\n'  # untouched
 
 
 def test_resume_appends_after_the_checkpoint_step(tmp_path):
