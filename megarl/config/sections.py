@@ -284,7 +284,7 @@ class TrainerConfig(Section):
     eval_before_train: bool = Field(False, description="Validate once before the first step.")
     val_only: bool = Field(False, description="Only validate, then exit.")
     critic_warmup_steps: int = Field(0, ge=0, description="Steps where only the critic trains (PPO).")
-    output_dir: str = Field("outputs/run", description="Checkpoints, metrics.jsonl, TensorBoard logs and samples go here.")
+    output_dir: str = Field("outputs/run", min_length=1, description="Checkpoints, metrics.jsonl, TensorBoard logs and samples go here.")
     resume: str = Field("auto", description="auto (latest valid checkpoint in output_dir), disable, or a checkpoint path.")
     keep_last: int = Field(3, ge=1, description="Checkpoints kept on disk.")
     loggers: list[Literal["console", "jsonl", "tensorboard", "wandb", "mlflow"]] = Field(
@@ -330,6 +330,7 @@ class SFTConfig(Section):
     eval_freq: int = Field(0, ge=0, description="Held-out loss every N steps (and always after the last); 0 = after the last only.")
     output_dir: str = Field(
         "outputs/sft",
+        min_length=1,
         description="metrics.jsonl, logs and model/: the fine-tuned model checkpoint that model.path can name to start RL "
         "from, and that `megarl convert` exports.",
     )

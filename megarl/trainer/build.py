@@ -4,6 +4,8 @@ object per phase of the RL step (the step itself never branches on the config)."
 from __future__ import annotations
 
 import logging
+import os
+import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -50,14 +52,28 @@ def is_strictly_on_policy(cfg: MegaRLConfig) -> bool:
     return cfg.actor.ppo_epochs == 1 and one_step and not cfg.algorithm.kl.use_in_reward
 
 
+RUN_CONFIG_HEADER = "# megarl: the resolved config of this run's latest launch (rewritten by each launch)\n"
+
+
+def write_run_config(cfg: MegaRLConfig) -> Path:
+    """``output_dir/config.yaml``, the config as run. A config.yaml that megarl did not write
+    there (e.g. the user's own, launched with output_dir set to its folder) is kept, renamed."""
+    path = Path(cfg.trainer.output_dir) / "config.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists() and not path.read_text(errors="replace").startswith(RUN_CONFIG_HEADER):
+        kept = path.with_name(f"config.{time.strftime('%Y%m%d-%H%M%S', time.localtime(path.stat().st_mtime))}.yaml")
+        os.replace(path, kept)
+        log.warning("%s was not written by megarl; kept as %s", path, kept.name)
+    path.write_text(RUN_CONFIG_HEADER + config_to_yaml(cfg))
+    return path
+
+
 def build_trainer(cfg: MegaRLConfig, plan: Plan, *, in_process: bool = False) -> Trainer:
     """Start the workers (Ray worker groups, or in this process when ``in_process``: world size
     1, no Ray), the engines and the reward pool, and resolve every phase of the step. The
     workers get the config as the plan resolved it (``recompute: auto``)."""
     cfg = resolved_config(cfg, plan.resolved)
-    out = Path(cfg.trainer.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(config_to_yaml(cfg))
+    out = write_run_config(cfg).parent
     tokenizer, eos_ids = _tokenizer(cfg.model.path)
     from megarl.agents.rollout import make_generate
     from megarl.agents.tools import prompt_tools
