@@ -23,7 +23,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
@@ -310,35 +309,17 @@ def _ray_cluster() -> Check:
     """The cluster `megarl launch --address auto` would attach to, as Ray finds it: RAY_ADDRESS,
     else the address file the last `ray start` on this machine wrote. (Plain `megarl launch`
     ignores both: it always starts its own Ray.)"""
-    env = os.environ.get("RAY_ADDRESS", "")
-    if env and env != "auto":
-        source, address = "RAY_ADDRESS", env
-    else:
-        # Ray's own lookup (ray._common.utils.get_ray_address_file), without importing Ray.
-        tmp = os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or "/tmp"
-        path = Path(tmp) / "ray" / "ray_current_cluster"
-        try:
-            source, address = str(path), path.read_text().strip()
-        except OSError:
-            return Check("ray cluster", True, None, "none running here: `--address auto` has nothing to attach to")
-    answer = _answers(address)
+    from megarl.actors.ray_groups.address import find_cluster, unanswered
+
+    found = find_cluster("auto")
+    if found is None:
+        return Check("ray cluster", True, None, "none running here: `--address auto` has nothing to attach to")
+    source, address = found
+    answer = unanswered(address)
     if answer is None:
         return Check("ray cluster", True, None, f"{address} (from {source}): `--address auto` attaches to it")
     return Check("ray cluster", False, None, f"{address} (from {source}) does not answer ({answer})",
                  "`megarl launch --address auto`: start the cluster (`ray start --head`) or unset RAY_ADDRESS")  # fmt: skip
-
-
-def _answers(address: str) -> str | None:
-    """None when something listens at host:port (one TCP connect, closed at once; Ray is not
-    joined), else why not. Addresses that are not host:port (ray://...) are not probed."""
-    found = re.fullmatch(r"\[?([^\]\s/]+?)\]?:(\d+)", address)
-    if found is None:
-        return None
-    try:
-        with socket.create_connection((found.group(1), int(found.group(2))), timeout=1.0):
-            return None
-    except OSError as exc:
-        return exc.strerror or str(exc)
 
 
 def _slurm() -> Check:

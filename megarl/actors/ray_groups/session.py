@@ -78,10 +78,11 @@ def ray_session(
             _init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, **kwargs)
     else:
         try:
+            _probe(address)  # ray.init would retry a dead address for minutes
             _init(address=address, **kwargs)
         except ConnectionError as exc:
             raise ConnectionError(
-                f"cluster.ray_address={address!r}: no Ray cluster answered ({exc}). Start one with "
+                f"--address / cluster.ray_address {address!r}: no Ray cluster answered ({exc}). Start one with "
                 "`ray start --head` (or the launch/ scripts), or unset cluster.ray_address to run "
                 "an embedded local Ray"
             ) from exc
@@ -93,6 +94,19 @@ def ray_session(
         ray.shutdown()
         if reaper is not None:
             stop_reaper(reaper)
+
+
+def _probe(address: str) -> None:
+    """ConnectionError unless the cluster ``address`` names is recorded and listening."""
+    from megarl.actors.ray_groups.address import find_cluster, unanswered
+
+    found = find_cluster(address)
+    if found is None:
+        raise ConnectionError("no cluster is recorded on this machine: RAY_ADDRESS is unset and no `ray start` ran here")
+    source, resolved = found
+    why = unanswered(resolved)
+    if why is not None:
+        raise ConnectionError(f"{resolved}{'' if source == 'given' else f' (from {source})'} does not answer: {why}")
 
 
 def _init(**kwargs: Any) -> None:

@@ -1,0 +1,44 @@
+"""Which Ray cluster an address names, and whether it answers, without importing or joining Ray.
+
+`megarl launch --address` and `megarl doctor` both ask: Ray's own ``ray.init`` retries a dead
+address for minutes, printing only its GCS timeouts, so the launch probes first and fails in a
+second with one line. ``auto`` is resolved as Ray resolves it: RAY_ADDRESS, else the address
+file the last ``ray start`` on this machine wrote.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from pathlib import Path
+
+
+def find_cluster(address: str) -> tuple[str, str] | None:
+    """``(where the address came from, host:port)`` for ``address`` (``auto`` resolved; None when
+    no cluster is recorded on this machine), or ``("given", address)`` for an explicit one."""
+    if address != "auto":
+        return "given", address
+    env = os.environ.get("RAY_ADDRESS", "")
+    if env and env != "auto":
+        return "RAY_ADDRESS", env
+    # Ray's own lookup (ray._common.utils.get_ray_address_file).
+    tmp = os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or "/tmp"
+    path = Path(tmp) / "ray" / "ray_current_cluster"
+    try:
+        return str(path), path.read_text().strip()
+    except OSError:
+        return None
+
+
+def unanswered(address: str) -> str | None:
+    """None when something listens at host:port (one TCP connect, closed at once; Ray is not
+    joined), else why not. Addresses that are not host:port (ray://...) are not probed."""
+    found = re.fullmatch(r"\[?([^\]\s/]+?)\]?:(\d+)", address)
+    if found is None:
+        return None
+    try:
+        with socket.create_connection((found.group(1), int(found.group(2))), timeout=1.0):
+            return None
+    except OSError as exc:
+        return exc.strerror or str(exc)
