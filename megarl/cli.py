@@ -53,6 +53,8 @@ USER_ERRORS = (
     ("megarl.actors.ray_groups.worker_group", "WorkerError"),
     ("megarl.trainer.watchdog", "HangError"),
     ("megarl.rollout.push_progress", "WeightPushTimeout"),
+    ("megarl.trainer.metric_sinks", "MetricsFileError"),
+    ("megarl.rollout_sglang.server", "ServerLaunchError"),
 )
 
 

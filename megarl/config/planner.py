@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 
@@ -386,10 +387,22 @@ def _check_server_python(cfg: MegaRLConfig, issues: list[Issue]) -> None:
     python = cfg.rollout.server_python
     if python is not None and not os.access(python, os.X_OK):
         issues.append(Issue("rollout.server_python", f"({python}) is not an executable Python interpreter"))
+    elif python is not None and not _imports_sglang(python):
+        issues.append(Issue("rollout.server_python", f"({python}) cannot import sglang; point it at the Python of an "
+                            "SGLang environment (on a CPU machine `make sglang-cpu` builds one)"))  # fmt: skip
     elif python is None and importlib.util.find_spec("sglang") is None:
         fix = ("on a CPU machine `make sglang-cpu` builds one; then set rollout.server_python=<that venv>/bin/python"
                if cfg.cluster.device == "cpu" else "pip install -e .[sglang], or point rollout.server_python at a Python that has it")
         issues.append(Issue("rollout.server_python", f"(unset: this interpreter, {sys.executable}) cannot import sglang; {fix}"))
+
+
+def _imports_sglang(python: str) -> bool:
+    """Whether ``python`` has SGLang installed (found, not imported: that would take seconds)."""
+    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('sglang') is None)"
+    try:
+        return subprocess.run([python, "-c", probe], capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
 
 
 def _check_rollout(cfg: MegaRLConfig, arch: ArchSpec, layout: RoleLayout, issues: list[Issue]) -> None:

@@ -32,6 +32,7 @@ Nothing is created or changed on disk.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -63,6 +64,7 @@ def preflight(cfg: MegaRLConfig) -> list[Finding]:
     child = _ChildChecks(cfg)
     try:
         _check_output_dir(cfg, findings)
+        _check_loggers(cfg, findings)
         _check_resume(cfg, findings)
         samples = _check_data(cfg, findings)
         if _check_model_dir(cfg, findings):
@@ -115,6 +117,18 @@ def _check_output_dir(cfg: MegaRLConfig, findings: list[Finding]) -> None:
     problem = writable_dir_problem(Path(cfg.trainer.output_dir))
     if problem:
         findings.append(Finding("trainer.output_dir", f"{problem}; choose a writable directory"))
+
+
+LOGGER_PACKAGES = {"wandb": "wandb", "mlflow": "mlflow", "tensorboard": "tensorboard"}  # logger -> what it imports
+
+
+def _check_loggers(cfg: MegaRLConfig, findings: list[Finding]) -> None:
+    """Each logger's package is installed here (the controller, which logs), not found missing after Ray starts."""
+    for name in dict.fromkeys(cfg.trainer.loggers):
+        package = LOGGER_PACKAGES.get(name)
+        if package and importlib.util.find_spec(package) is None:
+            findings.append(Finding("trainer.loggers", f"includes {name}, and {package} is not installed in this Python "
+                                    f"({sys.executable}); pip install {package}, or drop {name} from trainer.loggers"))  # fmt: skip
 
 
 def writable_dir_problem(path: Path) -> str | None:

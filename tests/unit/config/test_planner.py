@@ -1,5 +1,6 @@
 """Each planner check: a good config passes, a bad one fails naming the field and a fix."""
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -299,6 +300,26 @@ def test_all_problems_reported_at_once():
 def test_check_files_for_launch(tmp_path):
     msg = str(pytest.raises(PlanError, make_plan, load_config(TINY, [f"data.train_files=[{tmp_path}/x.parquet]"]), check_files=True).value)
     assert f"data.train_files[0] (x.parquet): file {tmp_path}/x.parquet does not exist" in msg
+
+
+def test_a_server_python_without_sglang_is_refused_before_launch(tmp_path):
+    sglang = ["rollout.engine=sglang", "cluster.placement=disaggregated", "cluster.gpus_per_node=3", "cluster.rollout_gpus=1"]
+
+    def refusal(python: str) -> str:
+        cfg = load_config(TINY, [*sglang, f"rollout.server_python={python}"])
+        with pytest.raises(PlanError) as info:
+            make_plan(cfg, check_files=True)
+        return str(info.value)
+
+    assert f"rollout.server_python: ({sys.executable}) cannot import sglang; point it at" in refusal(sys.executable)
+    assert "is not an executable Python interpreter" in refusal(str(tmp_path / "python"))
+    fake = tmp_path / "venv"  # an interpreter that has sglang: a package of that name on its path
+    (fake / "sglang").mkdir(parents=True)
+    (fake / "sglang" / "__init__.py").write_text("")
+    python = tmp_path / "python-with-sglang"
+    python.write_text(f"#!/bin/sh\nPYTHONPATH={fake} exec {sys.executable} \"$@\"\n")
+    python.chmod(0o755)
+    make_plan(load_config(TINY, [*sglang, f"rollout.server_python={python}"]), check_files=True)
 
 
 def test_in_process_runs_need_a_world_of_one_and_the_torch_engine(monkeypatch):

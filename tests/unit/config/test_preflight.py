@@ -136,6 +136,17 @@ def _checkpoint(out: Path, step: int) -> Path:
     return out / "checkpoints" / f"step_{step:06d}"
 
 
+def test_a_logger_whose_package_is_missing_is_refused_before_launch(demo, tmp_path):
+    import importlib.util
+
+    missing = [n for n in ("wandb", "mlflow") if importlib.util.find_spec(n) is None]
+    if not missing:
+        pytest.skip("wandb and mlflow are both installed here")
+    msg = refusal(config(demo, tmp_path / "out", f"trainer.loggers=[console,{missing[0]}]"))
+    assert f"trainer.loggers: includes {missing[0]}, and {missing[0]} is not installed in this Python" in msg
+    assert f"drop {missing[0]} from trainer.loggers" in msg
+
+
 def test_checkpoints_are_never_started_over(demo, tmp_path):
     out = tmp_path / "run"
     ckpt = _checkpoint(out, 2)
