@@ -98,10 +98,10 @@ class DenseDecoderBridge(ModelBridge):
         for key in ("vpp", "cp", "ep"):
             if getattr(parallel, key, 1) != 1:
                 raise ValueError(f"parallel.{key} ({getattr(parallel, key)}) is not supported yet; set it to 1")
+        ok_tp = [d for d in range(1, groups + 1) if groups % d == 0 and heads % d == 0]  # both must split evenly
         for what, n in (("num_attention_heads", heads), ("num_key_value_heads", groups)):
             if n % tp:
-                ok = [d for d in range(1, n + 1) if n % d == 0]
-                raise ValueError(f"parallel.tp ({tp}) must divide {what} ({n}); try {', '.join(map(str, ok))}")
+                raise ValueError(f"parallel.tp ({tp}) must divide {what} ({n}); try {', '.join(map(str, ok_tp))}")
         layers = hf_config.num_hidden_layers
         if layers % pp:
             ok = [d for d in range(1, layers + 1) if layers % d == 0]
