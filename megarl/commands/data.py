@@ -11,6 +11,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 SCHEMA_TEXT = """\
 The verl parquet schema (one row per prompt), which `megarl launch` reads:
@@ -60,6 +61,7 @@ def _add_io(p: argparse.ArgumentParser, fmt: str) -> None:
     p.add_argument("input", metavar="IN", help=f"raw input file ({fmt})")
     p.add_argument("output", metavar="OUT.parquet", help="parquet file to write (parent folders are created)")
     p.add_argument("--split", default="train", help="split name stored in extra_info.split (default: train)")
+    p.add_argument("--overwrite", action="store_true", help="replace OUT.parquet if it exists")
 
 
 def _add_gsm8k(sub: argparse._SubParsersAction) -> None:
@@ -159,6 +161,7 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--val-size", type=int, default=200, help="strings held out for validation (default: 200)")
     p.add_argument("--seed", type=int, default=0, help="seed of the train/val split (default: 0)")
+    p.add_argument("--overwrite", action="store_true", help="replace train.parquet and val.parquet if they exist")
     p.set_defaults(handler=_guarded(_run_demo))
 
 
@@ -179,10 +182,22 @@ def _guarded(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Nam
     return handler
 
 
-def _report(rows: list, source: str, out: str) -> int:
+def _refuse_existing(paths: list[Path], overwrite: bool, fix: str) -> None:
+    """A file the user already has is replaced only when asked (--overwrite); checked before any
+    input is read, so a refusal costs nothing."""
+    from megarl.data.datasets import DataError
+
+    for path in paths:
+        if path.is_dir():
+            raise DataError(f"{path} is a directory; {fix}")
+        if path.exists() and not overwrite:
+            raise DataError(f"{path} exists; pass --overwrite to replace it, or {fix}")
+
+
+def _report(rows: list, args: argparse.Namespace) -> int:
     from megarl.data.convert import write_rows
 
-    path = write_rows(rows, out, source)
+    path = write_rows(rows, args.output, args.input)
     print(f"wrote {len(rows)} rows to {path}")
     return 0
 
@@ -190,18 +205,21 @@ def _report(rows: list, source: str, out: str) -> int:
 def _run_gsm8k(args: argparse.Namespace) -> int:
     from megarl.data.convert import gsm8k_rows
 
-    return _report(gsm8k_rows(args.input, split=args.split, tools=args.tools), args.input, args.output)
+    _refuse_existing([Path(args.output)], args.overwrite, "give another OUT.parquet")
+    return _report(gsm8k_rows(args.input, split=args.split, tools=args.tools), args)
 
 
 def _run_math(args: argparse.Namespace) -> int:
     from megarl.data.convert import math_rows
 
-    return _report(math_rows(args.input, split=args.split), args.input, args.output)
+    _refuse_existing([Path(args.output)], args.overwrite, "give another OUT.parquet")
+    return _report(math_rows(args.input, split=args.split), args)
 
 
 def _run_convert(args: argparse.Namespace) -> int:
     from megarl.data.convert import generic_rows
 
+    _refuse_existing([Path(args.output)], args.overwrite, "give another OUT.parquet")
     rows = generic_rows(
         args.input,
         prompt_field=args.prompt_field,
@@ -212,7 +230,7 @@ def _run_convert(args: argparse.Namespace) -> int:
         ability=args.ability,
         split=args.split,
     )
-    return _report(rows, args.input, args.output)
+    return _report(rows, args)
 
 
 def _run_inspect(args: argparse.Namespace) -> int:
@@ -233,6 +251,8 @@ def _run_inspect(args: argparse.Namespace) -> int:
 def _run_demo(args: argparse.Namespace) -> int:
     from megarl.data.tasks import write_reverse_digits
 
+    out = Path(args.out_dir)
+    _refuse_existing([out / "train.parquet", out / "val.parquet"], args.overwrite, "give another OUT_DIR")
     train, val = write_reverse_digits(args.out_dir, num_digits=args.digits, val_size=args.val_size, seed=args.seed)
     print(f"wrote {train} and {val}")
     return 0
