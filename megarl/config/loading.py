@@ -2,7 +2,8 @@
 
 `megarl launch cfg.yaml rollout.n=8 actor.optimizer.lr=2e-6`: each override's value is parsed
 as a YAML scalar (or flow list/dict: `data.val_files=[a.parquet,b.parquet]`). Unknown keys, in
-the file or in an override, are refused with the closest valid key suggested. Errors are
+the file or in an override, are refused with the closest valid key suggested, and so is a key
+the file gives twice (plain YAML keeps the last one without a word). Errors are
 ConfigError with one line per problem: the field path, the value, and what to do; a problem
 with a value an override set names that override, not the YAML file.
 """
@@ -98,11 +99,43 @@ def parse_override(item: str) -> tuple[str, Any]:
     return key, value
 
 
+class _DuplicateKey(yaml.YAMLError):
+    def __init__(self, key: Any, lines: tuple[int, int]):
+        super().__init__(f"key {key} appears twice")
+        self.key, self.lines = key, lines
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML lets a repeated key silently replace the first (a second ``rollout:`` block drops the
+    whole first one), so a config mapping with a key given twice is refused instead."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            # merge keys (``<<: *base``) are YAML's way to override on purpose, not a duplicate
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise _DuplicateKey(key, (seen[key], line))
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
+    if path.is_dir():
+        raise ConfigError(f"config file {path} is a directory; give a YAML file")
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
+    except (UnicodeDecodeError, yaml.reader.ReaderError) as exc:  # a parquet, a checkpoint, an image...
+        raise ConfigError(f"config file {path} is not a YAML text file ({_not_text_reason(exc)}); give a YAML config "
+                          "(see configs/)") from None  # fmt: skip
+    except _DuplicateKey as exc:
+        raise ConfigError(f"config file {path}: key {exc.key} is given twice (lines {exc.lines[0]} and {exc.lines[1]}) "
+                          "and YAML would keep only the last; merge them into one") from None  # fmt: skip
     except yaml.YAMLError as exc:
         raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
     if data is None:
@@ -110,6 +143,12 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path}: the top level must be a mapping of sections, got {type(data).__name__}")
     return data
+
+
+def _not_text_reason(exc: UnicodeDecodeError | yaml.reader.ReaderError) -> str:
+    if isinstance(exc, UnicodeDecodeError):
+        return f"byte {exc.object[exc.start]:#04x} at offset {exc.start} is not UTF-8"
+    return f"character U+{exc.character:04X} at offset {exc.position} is not allowed in YAML"
 
 
 def _set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
