@@ -20,17 +20,23 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Reads RUN_DIR/metrics.jsonl and writes the reward, KL and entropy curves (the "
                        "train and held-out loss for an SFT run's sft.output_dir).")
     p.add_argument("run_dir", help="a run's trainer.output_dir (or sft.output_dir)")
-    p.add_argument("--out", default=None, help="PNG path (default: RUN_DIR/curves.png)")
-    p.set_defaults(handler=lambda args: print(plot_run(args.run_dir, args.out)) or 0)
+    p.add_argument("--out", default=None,
+                   help="image to write; its extension picks the format: .png, .pdf, .svg, ... (default: RUN_DIR/curves.png, "
+                   "replaced on each plot)")  # fmt: skip
+    p.add_argument("--overwrite", action="store_true", help="replace the --out file if it exists")
+    p.set_defaults(handler=lambda args: print(plot_run(args.run_dir, args.out, args.overwrite)) or 0)
 
 
-def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
-    """Draw the curves of ``run_dir/metrics.jsonl``; returns the PNG path."""
+def plot_run(run_dir: str | Path, out: str | Path | None = None, overwrite: bool = False) -> Path:
+    """Draw the curves of ``run_dir/metrics.jsonl``; returns the image's path. The default
+    RUN_DIR/curves.png is plot's own and is replaced; an existing ``out`` only with ``overwrite``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    if out is not None:
+        _check_out(Path(out), overwrite)
     run = Path(run_dir)
     records = read_metrics(run / "metrics.jsonl")
     if not records:
@@ -52,3 +58,20 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     fig.savefig(target, dpi=110)
     plt.close(fig)
     return target
+
+
+def _check_out(out: Path, overwrite: bool) -> None:
+    """Refuse --out before the metrics are read: a format matplotlib cannot write (it would fail
+    only after drawing), a folder, or a file the user has (replaced only with --overwrite)."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    from megarl.commands.convert import OutputError, OutputExistsError
+
+    if out.is_dir():
+        raise OutputError(f"--out {out} is a directory; name an image file, e.g. {out / 'curves.png'}")
+    formats = sorted(FigureCanvasBase.get_supported_filetypes())
+    if out.suffix.lstrip(".").lower() not in formats:
+        got = f"extension {out.suffix}" if out.suffix else "no extension"
+        raise OutputError(f"--out {out} has {got}; name an image file ending in one of: {', '.join(formats)} (e.g. curves.png)")
+    if out.exists() and not overwrite:
+        raise OutputExistsError(f"--out {out} exists; pass --overwrite to replace it, or give another path")
