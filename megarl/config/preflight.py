@@ -248,6 +248,9 @@ def _check_prompts(cfg: MegaRLConfig, samples: list[_Sample], findings: list[Fin
 # ---- model and rewards ----------------------------------------------------------------------------------
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")  # one of them holds any HF tokenizer's vocabulary
+
+
 def _check_model_dir(cfg: MegaRLConfig, findings: list[Finding]) -> bool:
     from megarl.checkpoint.model_checkpoint import (
         ModelCheckpointError,
@@ -259,6 +262,11 @@ def _check_model_dir(cfg: MegaRLConfig, findings: list[Finding]) -> bool:
     if path is None or not (Path(path) / "config.json").is_file():
         findings.append(Finding("model.path", f"({path}) must be a local HF model directory (with config.json) or a "
                                 "model checkpoint of `megarl convert hf-to-megatron` to launch"))
+        return False
+    if not any((Path(path) / name).is_file() for name in TOKENIZER_FILES):
+        # transformers would build a one-token tokenizer from config.json alone and fail much later
+        findings.append(Finding("model.path", f"({path}) has no tokenizer ({', '.join(TOKENIZER_FILES)}); copy the "
+                                "model's tokenizer files into it"))  # fmt: skip
         return False
     ok = True
     for field, value in (("model.path", path), ("critic.path", cfg.critic.path if cfg.critic_enabled else None)):

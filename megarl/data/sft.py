@@ -71,6 +71,8 @@ def read_sft_file(path: str | Path, *, label: str, builder: PromptBuilder, eos_i
     if len(kept) < len(examples):
         log.warning("%s: dropped %d of %d rows longer than sft.max_length (%d tokens)", where, len(examples) - len(kept),
                     len(examples), max_length)  # fmt: skip
+    if not examples:
+        raise DataError(f"{where}: no rows to train on; give a parquet file with rows")
     if not kept:
         raise DataError(f"{where}: no usable rows ({len(examples)} read, all longer than sft.max_length={max_length})")
     return kept

@@ -215,6 +215,15 @@ def test_a_model_its_bridge_refuses(demo, tmp_path):
     assert "layer_types" in msg and len(msg.splitlines()) == 2
 
 
+def test_a_model_directory_without_a_tokenizer(demo, tmp_path):
+    import shutil
+
+    model = shutil.copytree(demo[0], tmp_path / "model")
+    (model / "tokenizer.json").unlink()
+    msg = refusal(config(demo, tmp_path / "run", f"model.path={model}"))
+    assert f"model.path: ({model}) has no tokenizer (tokenizer.json, tokenizer.model, vocab.json)" in msg
+
+
 def test_the_agent_rollouts_user_code_is_loaded_before_launch(demo, tmp_path, monkeypatch):
     examples = Path(__file__).resolve().parents[3] / "docs" / "examples"
     monkeypatch.setenv("PYTHONPATH", str(examples))
