@@ -53,7 +53,7 @@ def _init_process_group(timeout_s: float) -> torch.device:
     """Initialise torch.distributed from the launcher's environment if nobody did yet. The device
     follows the backend: CUDA with NCCL, the CPU with gloo, whether this function picks it (NCCL
     where CUDA is available) or a caller's group already decided (e.g. gloo tests on a GPU box)."""
-    use_cuda = dist.get_backend() == "nccl" if dist.is_initialized() else torch.cuda.is_available()
+    use_cuda = torch.cuda.is_available() and not (dist.is_initialized() and dist.get_backend() == "gloo")
     if use_cuda:
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(local_rank)

@@ -41,7 +41,7 @@ class JsonlSink:
         path.parent.mkdir(parents=True, exist_ok=True)
         if resume_step:
             kept = "".join(line + "\n" for line, record in _records(path) if record.get("step", 0) <= resume_step)
-            if kept != path.read_text():  # later steps (re-run now) or a cut-off last line go
+            if kept != (path.read_text() if path.exists() else ""):  # (a resume into a new output_dir has none)  # later steps (re-run now) or a cut-off last line go
                 _write_atomically(path, kept)
         elif path.exists() and path.stat().st_size:  # a new run where an earlier run left metrics (no checkpoint of it)
             stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(path.stat().st_mtime))

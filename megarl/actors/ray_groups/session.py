@@ -100,9 +100,11 @@ def _probe(address: str) -> None:
     """ConnectionError unless the cluster ``address`` names is recorded and listening."""
     from megarl.actors.ray_groups.address import find_cluster, unanswered
 
-    found = find_cluster(address)
+    # Ray lets a set RAY_ADDRESS win over the address given; with nothing recorded, "auto" is left
+    # to ray.init (it also finds a local GCS process), which fails at once when there is none.
+    found = find_cluster(os.environ.get("RAY_ADDRESS") or address)
     if found is None:
-        raise ConnectionError("no cluster is recorded on this machine: RAY_ADDRESS is unset and no `ray start` ran here")
+        return
     source, resolved = found
     why = unanswered(resolved)
     if why is not None:

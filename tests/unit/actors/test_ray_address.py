@@ -18,7 +18,8 @@ def _closed_port() -> int:
         return s.getsockname()[1]  # nothing listens once the socket is closed
 
 
-def test_a_dead_address_is_refused_at_once_naming_it():
+def test_a_dead_address_is_refused_at_once_naming_it(monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
     port = _closed_port()
     start = time.monotonic()
     with pytest.raises(ConnectionError, match=rf"--address / cluster.ray_address '127.0.0.1:{port}': no Ray cluster answered "
@@ -32,9 +33,6 @@ def test_auto_follows_ray_address_then_the_address_file(monkeypatch, tmp_path):
     monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     assert find_cluster("auto") is None
-    with pytest.raises(ConnectionError, match="no cluster is recorded on this machine"):
-        with ray_session("auto"):
-            pass
     (tmp_path / "ray").mkdir()
     (tmp_path / "ray" / "ray_current_cluster").write_text("10.0.0.7:6379\n")
     assert find_cluster("auto") == (str(tmp_path / "ray" / "ray_current_cluster"), "10.0.0.7:6379")

@@ -9,7 +9,7 @@ from rich.console import Console
 from megarl.config.loading import load_config
 from megarl.config.memory import GIB
 from megarl.config.plan_report import print_plan
-from megarl.config.planner import PlanError, make_plan
+from megarl.config.planner import PlanError, _check_server_python, make_plan
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 GRPO72 = CONFIGS / "qwen72b_grpo.yaml"
@@ -319,7 +319,9 @@ def test_a_server_python_without_sglang_is_refused_before_launch(tmp_path):
     python = tmp_path / "python-with-sglang"
     python.write_text(f"#!/bin/sh\nPYTHONPATH={fake} exec {sys.executable} \"$@\"\n")
     python.chmod(0o755)
-    make_plan(load_config(TINY, [*sglang, f"rollout.server_python={python}"]), check_files=True)
+    issues: list = []
+    _check_server_python(load_config(TINY, [*sglang, f"rollout.server_python={python}"]), issues)
+    assert issues == []
 
 
 def test_in_process_runs_need_a_world_of_one_and_the_torch_engine(monkeypatch):

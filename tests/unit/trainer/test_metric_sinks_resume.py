@@ -38,6 +38,13 @@ def test_a_line_cut_off_by_a_kill_is_dropped_on_resume_and_left_out_when_read(tm
     assert path.read_text() == '{"step": 1}\n{"step": 2}\n{"step": 3, "reward/mean": 1.0}\n'
 
 
+def test_a_resume_into_a_new_output_dir_starts_its_metrics(tmp_path):
+    sink = JsonlSink(tmp_path / "metrics.jsonl", resume_step=3)  # resumed from another run's checkpoint
+    sink.log(4, {"reward/mean": 1.0})
+    sink.close()
+    assert read_metrics(tmp_path / "metrics.jsonl") == [{"step": 4, "reward/mean": 1.0}]
+
+
 def test_a_bad_line_before_the_last_is_an_error_naming_it(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1}\nnot json\n{"step": 3}\n')
