@@ -40,7 +40,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a response passes when its score is at least this (default: rollout.val.pass_threshold "
                    "of the config, 1.0); for a reward function that returns 'acc', that decides instead")  # fmt: skip
     p.add_argument("--out", default=None, help=f"JSON summary (default: DATA with {SUMMARY_SUFFIX} in place of .parquet)")
-    p.add_argument("--scored", default=None, help="also write DATA's rows plus a 'scores' list column to this parquet")
+    p.add_argument("--scored", default=None, help="also write DATA's rows plus a 'scores' list column to this parquet "
+                   "(replacing a 'scores' column DATA already has)")  # fmt: skip
     p.add_argument("--overwrite", action="store_true",
                    help="replace existing --out / --scored files (a summary evaluate wrote is replaced anyway)")  # fmt: skip
     p.set_defaults(handler=_run)
@@ -72,6 +73,11 @@ def _check_outputs(data: Path, summary: Path, scored: Path | None, overwrite: bo
             continue
         if path.absolute() == data.absolute():
             raise EvaluationError(f"{flag} {path} is the --data file; give another path")
+        # checked before scoring, which can take long: a wrong folder must not cost the whole run
+        if not path.absolute().parent.is_dir():
+            raise EvaluationError(f"{flag} {path}: the folder {path.parent} does not exist; create it or give another path")
+        if path.is_dir():
+            raise EvaluationError(f"{flag} {path} is a folder; give a file path")
         if path.exists() and not overwrite and not (flag == "--out" and _is_summary(path)):
             raise EvaluationError(f"{flag} {path} exists; pass --overwrite to replace it, or give another path")
 
@@ -89,9 +95,13 @@ def _parse_ks(text: str | None) -> list[int] | None:
     if text is None:
         return None
     try:
-        return [int(k) for k in text.split(",") if k.strip()]
+        ks = [int(k) for k in text.split(",") if k.strip()]
     except ValueError:
         raise EvaluationError(f"--k {text!r}: expected comma-separated whole numbers such as 1,8") from None
+    if not ks:  # an empty list would silently report no pass@k / best@k / maj@k at all
+        raise EvaluationError(f"--k {text!r} names no k; give comma-separated whole numbers such as 1,8, or leave "
+                              "--k out for 1, 2, 4, ... up to n")  # fmt: skip
+    return ks
 
 
 def _default_out(data: Path) -> Path:
@@ -169,12 +179,18 @@ def _write_scored(data: str | Path, out: str | Path, responses: list[list[str]],
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from megarl.data.generated import SCORES
+
     per_row, start = [], 0
     for answers in responses:
         per_row.append(scores[start : start + len(answers)])
         start += len(answers)
     table = pq.read_table(data)
-    table = table.append_column("scores", pa.array(per_row, type=pa.list_(pa.float64())))
+    column = pa.array(per_row, type=pa.list_(pa.float64()))
+    if SCORES in table.column_names:  # a file scored before: the new scores replace the old, in place
+        table = table.set_column(table.column_names.index(SCORES), SCORES, column)
+    else:
+        table = table.append_column(SCORES, column)
     tmp = Path(out).with_name(Path(out).name + ".tmp")
     pq.write_table(table, tmp)
     tmp.replace(out)

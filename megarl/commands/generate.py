@@ -17,7 +17,13 @@ N responses per prompt with the configured engine, resumable.
   with a seed derived from (trainer.seed, i), so a resumed file equals an uninterrupted one on
   a seeded engine. At the end the parts are merged into OUT by rename and the partial directory
   is removed. An existing OUT is replaced only with --overwrite; a partial directory made with
-  other settings is refused, never removed.
+  other settings is refused, never removed, unless it holds no finished part (nor a staged
+  export of another model): then there is nothing to continue and it starts afresh.
+- Checked before any work: the output path, the model, every prompt against
+  data.max_prompt_length, and data.max_prompt_length + max_new_tokens against the model's
+  positions (as `megarl plan` checks RL rollouts).
+- A generated or scored file as --data: its generated columns (prompt_text, responses, ...,
+  scores) are replaced by this generation's.
 
 The output format is megarl/data/generated.py; `megarl evaluate` scores it.
 """
@@ -101,6 +107,8 @@ def generate(config: str | Path, overrides: list[str], data: str | Path, out: st
     _check_target(target, Path(data), overwrite, batch_size)
     records = read_prompt_file(data, label="--data", prompt_key=cfg.data.prompt_key)  # checked before any work
     export = _model_export(Path(source))  # refused before anything is written
+    _check_positions(cfg, source)
+    _note_replaced_columns(Path(data))
     # A training checkpoint holds no tokenizer: its run's model (the config's model.path) does.
     tokenizer_dir = source if (Path(source) / "tokenizer_config.json").is_file() else str(cfg.model.path)
     _check_prompts(cfg, records, tokenizer_dir)
@@ -162,13 +170,23 @@ def _open_partial(partial: Path, job: dict[str, Any]) -> None:
             raise GenerateError(f"{partial} exists but was not made by megarl generate (no {JOB_FILE}); move it away")
         before = json.loads(record.read_text())
         changed = sorted(k for k in set(before) | set(job) if before.get(k) != job.get(k))
-        if changed:
+        if not changed:
+            log.info("continuing the generation in %s", partial)
+            return
+        if _holds_work(partial, changed):
             raise GenerateError(f"{partial} holds a generation made with other settings ({', '.join(changed)} differ); "
                                 "run with the same settings to continue it, or move it away to start over")  # fmt: skip
-        log.info("continuing the generation in %s", partial)
-        return
-    partial.mkdir()
+        # e.g. a run that failed before its first part: nothing to continue, so the new settings start it afresh
+        log.info("%s holds no finished part; starting it afresh with these settings (%s differ)", partial, ", ".join(changed))
+    else:
+        partial.mkdir()
     record.write_text(json.dumps(job, indent=2) + "\n")
+
+
+def _holds_work(partial: Path, changed: list[str]) -> bool:
+    """Whether a partial generation made with other settings holds anything this run would lose
+    or misuse: a finished part, or the staged HF export of another model."""
+    return any(partial.glob("part-*.parquet")) or ("model" in changed and (partial / MODEL_DIR).exists())
 
 
 def _remove_partial(partial: Path) -> None:
@@ -222,6 +240,40 @@ def _model_export(source: Path) -> Any:
                         "training checkpoint (step_NNNNNN); give one with --model or model.path")  # fmt: skip
 
 
+def _check_positions(cfg: Any, source: str) -> None:
+    """The planner's rule for RL rollouts (megarl/config/planner.py): data.max_prompt_length (the
+    longest prompt) plus max_new_tokens must fit the model's positions, else responses are cut short."""
+    from megarl.config.architectures import ArchError, resolve_arch
+    from megarl.config.planner import Issue, _check_sampling
+
+    # a checkpoint's HF config: beside a model checkpoint, else the run's model (model.path, model.arch)
+    hf_dir = source if (Path(source) / "config.json").is_file() else cfg.model.path
+    try:
+        arch = resolve_arch(hf_dir, cfg.model.arch)
+    except ArchError:  # no config to read the positions from: the export and the engine decide
+        return
+    issues: list[Issue] = []
+    _check_sampling(cfg, arch, issues)  # also temperature rules that are RL's alone (generate may be greedy)
+    for issue in issues:
+        if issue.field == "data.max_prompt_length" and issue.level == "error":
+            room = arch.max_positions - cfg.data.max_prompt_length
+            fix = f"lower --max-new-tokens to at most {room}, or data.max_prompt_length" if room > 0 else "lower data.max_prompt_length"
+            raise GenerateError(f"{issue}; {fix}")
+
+
+def _note_replaced_columns(data: Path) -> None:
+    """A generated (or scored) file as --data: its responses belong to another generation, so
+    the output has this generation's in their place (no stale columns beside the new ones)."""
+    import pyarrow.parquet as pq
+
+    from megarl.data.generated import GENERATED_COLUMNS
+
+    stale = [c for c in GENERATED_COLUMNS if c in pq.read_schema(data).names]
+    if stale:
+        log.info("--data %s already holds %s from an earlier generation; the output has this generation's instead",
+                 data, ", ".join(stale))  # fmt: skip
+
+
 def _check_prompts(cfg: Any, records: list[Any], tokenizer_dir: str) -> None:
     """Every prompt must fit data.max_prompt_length unless data.truncation cuts it (generate
     answers every row: it filters nothing), checked before any engine starts."""
@@ -234,7 +286,12 @@ def _check_prompts(cfg: Any, records: list[Any], tokenizer_dir: str) -> None:
     from megarl.agents.tools import prompt_tools
     from megarl.data.prompts import PromptBuilder
 
-    builder = PromptBuilder.from_config(cfg.data, AutoTokenizer.from_pretrained(tokenizer_dir), prompt_tools(cfg))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    except OSError as exc:  # e.g. a model.path that is not there: a user's path, not a crash
+        raise GenerateError(f"no tokenizer could be loaded from {tokenizer_dir} ({str(exc).splitlines()[0]}); a model "
+                            "without tokenizer files takes model.path's: give an HF directory with them") from None  # fmt: skip
+    builder = PromptBuilder.from_config(cfg.data, tokenizer, prompt_tools(cfg))
     too_long = builder.overlong([r.prompt for r in records])
     over = [r.row for r, drop in zip(records, too_long, strict=True) if drop]
     if over:

@@ -10,6 +10,10 @@ One row per prompt: the input file's columns (the verl schema, megarl/data/datas
     turns             list[int]        model turns of each response (1 unless an agent loop ran, docs/agents.md)
     tool_calls        list[int]        tool calls of each response (0 unless an agent loop ran)
 
+and, in a file `megarl evaluate --scored` writes, ``scores`` (list[float], one per response).
+These columns belong to one generation: `megarl generate` given such a file as --data drops
+them (the new responses replace them) and `megarl evaluate --scored` replaces ``scores``.
+
 Any parquet in the verl schema with a ``responses`` list column can be evaluated; the other
 three columns are optional there (without them, the length and truncation statistics are left
 out and rewards that read the prompt get the raw prompt).
@@ -24,7 +28,8 @@ from megarl.data.datasets import DataError, PromptRecord, read_prompt_file, shor
 
 PROMPT_TEXT, RESPONSES, LENGTHS, REASONS = "prompt_text", "responses", "response_lengths", "finish_reasons"
 TURNS, TOOL_CALLS = "turns", "tool_calls"  # agent loops' counts (1 and 0 for a single-turn response)
-GENERATED_COLUMNS = (PROMPT_TEXT, RESPONSES, LENGTHS, REASONS, TURNS, TOOL_CALLS)
+SCORES = "scores"  # evaluate --scored: the reward of each response
+GENERATED_COLUMNS = (PROMPT_TEXT, RESPONSES, LENGTHS, REASONS, TURNS, TOOL_CALLS, SCORES)
 
 
 @dataclass(frozen=True)
@@ -48,7 +53,8 @@ def read_generated(path: str | Path, *, label: str = "--data", prompt_key: str =
     if RESPONSES not in table.column_names:
         raise DataError(f"{where} has no '{RESPONSES}' column (found: {', '.join(table.column_names)}); evaluate "
                         "reads what `megarl generate` writes")  # fmt: skip
-    columns = {name: table.column(name).to_pylist() if name in table.column_names else None for name in GENERATED_COLUMNS}
+    read = (PROMPT_TEXT, RESPONSES, LENGTHS, REASONS)  # what evaluate uses
+    columns = {name: table.column(name).to_pylist() if name in table.column_names else None for name in read}
     responses = columns[RESPONSES]
     for row, answers in enumerate(responses):
         if not isinstance(answers, list) or not answers or not all(isinstance(a, str) for a in answers):

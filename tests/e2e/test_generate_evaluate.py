@@ -187,3 +187,53 @@ def test_generate_runs_agent_loops_and_writes_their_counts(tmp_path, monkeypatch
     assert len(calls) == len(turns) == 32 and any(c > 0 for c in calls)  # the loops really called the tool
     assert all(t >= 1 for t in turns) and any(t > 1 for t in turns)
     assert all(c >= 1 for t, c in zip(turns, calls, strict=True) if t > 1)  # only a tool answer starts another turn
+
+
+def test_a_run_that_failed_before_its_first_part_leaves_nothing_in_the_way(demo, tmp_path):
+    model, data = demo
+    broken = tmp_path / "broken"  # config.json alone: the engine cannot load it
+    broken.mkdir()
+    (broken / "config.json").write_text((model / "config.json").read_text())
+    out, partial = tmp_path / "y.parquet", tmp_path / "y.parquet.partial"
+    with pytest.raises(ValueError, match="has no chat template"):  # the engine loads broken's own tokenizer
+        generate(CONFIG, _overrides(model), data / "val.parquet", out, model=str(broken))
+    assert [p.name for p in partial.iterdir()] == ["generate.json"]  # the failed run wrote no part
+    (partial / "notes.txt").write_text("mine")
+    # the corrected command (another model) is not refused: there was nothing to continue
+    generate(CONFIG, _overrides(model, "rollout.n=2"), data / "val.parquet", out)
+    whole = generate(CONFIG, _overrides(model, "rollout.n=2"), data / "val.parquet", tmp_path / "whole.parquet")
+    assert pq.read_table(out).equals(pq.read_table(whole))
+    assert [p.name for p in partial.iterdir()] == ["notes.txt"]  # the user's file stays
+
+    # a staged HF export of another model is work too: still refused, and left in place
+    stale = tmp_path / "z.parquet.partial"
+    with pytest.raises(ValueError, match="has no chat template"):
+        generate(CONFIG, _overrides(model), data / "val.parquet", tmp_path / "z.parquet", model=str(broken))
+    (stale / "model").mkdir()
+    with pytest.raises(GenerateError, match="model differ"):
+        generate(CONFIG, _overrides(model), data / "val.parquet", tmp_path / "z.parquet")
+    assert (stale / "model").is_dir()
+
+
+def test_generate_refuses_more_new_tokens_than_the_model_has_positions(demo, tmp_path):
+    model, data = demo
+    with pytest.raises(GenerateError, match=r"\(16 \+ 1000 = 1016\) exceeds the model's max_position_embeddings \(64\); "
+                                            r"lower --max-new-tokens to at most 48"):  # fmt: skip
+        generate(CONFIG, _overrides(model, "rollout.sampling.max_new_tokens=1000"), data / "val.parquet", tmp_path / "a.parquet")
+    assert not (tmp_path / "a.parquet.partial").exists()  # refused before anything was written
+    # greedy is fine offline (RL's temperature rule is not generate's); 16 + 48 fills the 64 positions
+    greedy = _overrides(model, "rollout.sampling.max_new_tokens=48", "rollout.sampling.temperature=0", "rollout.n=1")
+    out = generate(CONFIG, greedy, data / "val.parquet", tmp_path / "b.parquet")
+    assert pq.read_metadata(out).num_rows == 200
+
+
+def test_generating_from_a_scored_file_replaces_its_generated_columns(demo, tmp_path):
+    model, data = demo
+    first = generate(CONFIG, _overrides(model, "rollout.n=4"), data / "val.parquet", tmp_path / "gen.parquet")
+    scored = tmp_path / "scored.parquet"
+    evaluate(first, CONFIG, _overrides(model), scored=scored)
+    again = pq.read_table(generate(CONFIG, _overrides(model, "rollout.n=2"), scored, tmp_path / "again.parquet"))
+    # no 4-entry 'scores' of the earlier responses beside the 2 new ones: the file is one generation
+    assert again.column_names == pq.read_table(first).column_names
+    assert {len(r) for r in again.column("responses").to_pylist()} == {2}
+    assert again.select(pq.read_table(data / "val.parquet").column_names).equals(pq.read_table(data / "val.parquet"))
