@@ -146,10 +146,7 @@ class SdpaAttention(DotProductAttention):
             )
         dropout = self.attention_dropout.p if self.training else 0.0
         gqa = key.shape[1] != query.shape[1]
-        if getattr(params, "block_mask", None) is not None:
-            if dropout:
-                raise NotImplementedError(f"actor.packed_attention flex has no attention dropout (the model's is "
-                                          f"{dropout}); use packed_attention auto")  # fmt: skip
+        if getattr(params, "block_mask", None) is not None:  # (no dropout: the bridges refuse attention dropout)
             out = flex_attend(query, key, value, params.block_mask, self.softmax_scale, gqa)  # [T, np, hn]
             return out.reshape(out.shape[0], self.hidden_size_per_partition)
         varlen = _varlen_call(query, self.softmax_scale) if dropout == 0.0 else None
