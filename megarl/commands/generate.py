@@ -241,10 +241,10 @@ def _model_export(source: Path) -> Any:
 
 
 def _check_positions(cfg: Any, source: str) -> None:
-    """The planner's rule for RL rollouts (megarl/config/planner.py): data.max_prompt_length (the
-    longest prompt) plus max_new_tokens must fit the model's positions, else responses are cut short."""
+    """The planner's rule for RL rollouts: data.max_prompt_length (the longest prompt) plus
+    max_new_tokens must fit the model's positions, else responses are cut short."""
     from megarl.config.architectures import ArchError, resolve_arch
-    from megarl.config.planner import Issue, _check_sampling
+    from megarl.config.rollout_checks import check_positions
 
     # a checkpoint's HF config: beside a model checkpoint, else the run's model (model.path, model.arch)
     hf_dir = source if (Path(source) / "config.json").is_file() else cfg.model.path
@@ -252,13 +252,9 @@ def _check_positions(cfg: Any, source: str) -> None:
         arch = resolve_arch(hf_dir, cfg.model.arch)
     except ArchError:  # no config to read the positions from: the export and the engine decide
         return
-    issues: list[Issue] = []
-    _check_sampling(cfg, arch, issues)  # also temperature rules that are RL's alone (generate may be greedy)
-    for issue in issues:
-        if issue.field == "data.max_prompt_length" and issue.level == "error":
-            room = arch.max_positions - cfg.data.max_prompt_length
-            fix = f"lower --max-new-tokens to at most {room}, or data.max_prompt_length" if room > 0 else "lower data.max_prompt_length"
-            raise GenerateError(f"{issue}; {fix}")
+    issue = check_positions(cfg, arch, new_tokens="--max-new-tokens")
+    if issue is not None:
+        raise GenerateError(str(issue))
 
 
 def _note_replaced_columns(data: Path) -> None:

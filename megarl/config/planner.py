@@ -10,10 +10,6 @@ Deliberately torch-free: `megarl plan` must answer in well under two seconds.
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import subprocess
-import sys
 from dataclasses import asdict, dataclass, field
 
 from megarl.config.architectures import ArchError, ArchSpec, resolve_arch
@@ -28,6 +24,7 @@ from megarl.config.memory import (
     torch_engine_memory,
     train_memory,
 )
+from megarl.config.plan_issues import Issue, PlanError, choices, divisors
 from megarl.config.push_model import PushEstimate, push_estimate
 from megarl.config.residency import (
     CRITIC_FORWARD,
@@ -43,25 +40,14 @@ from megarl.config.residency import (
     owner_of,
     residency_of,
 )
+from megarl.config.rollout_checks import (
+    check_agent,
+    check_in_process,
+    check_rollout,
+    check_sampling,
+    check_server_python,
+)
 from megarl.config.sections import GROUP_ESTIMATORS, ActorConfig, MegaRLConfig
-
-
-@dataclass(frozen=True)
-class Issue:
-    field: str
-    message: str
-    level: str = "error"  # error | warning
-
-    def __str__(self) -> str:
-        return f"{self.field}: {self.message}"
-
-
-class PlanError(ValueError):
-    """The config cannot run; ``issues`` lists every reason."""
-
-    def __init__(self, issues: list[Issue]):
-        self.issues = issues
-        super().__init__("the plan is refused:\n" + "\n".join(f"  - {i}" for i in issues))
 
 
 @dataclass(frozen=True)
@@ -147,16 +133,16 @@ def make_plan(cfg: MegaRLConfig, *, check_files: bool = False, in_process: bool 
             if role in roles:
                 _check_batches(section_name, section, roles[role], cfg, issues)
     if "rollout" in roles:
-        _check_rollout(cfg, arch, roles["rollout"], issues)
-    _check_sampling(cfg, arch, issues)
-    _check_agent(cfg, issues)
+        check_rollout(cfg, arch, issues)
+    check_sampling(cfg, arch, issues)
+    check_agent(cfg, issues)
     _check_algorithm(cfg, issues)
     _check_offload(cfg, issues)
     if in_process:
-        _check_in_process(cfg, issues)
+        check_in_process(cfg, issues)
     if check_files:
         _check_files(cfg, issues)
-        _check_server_python(cfg, issues)
+        check_server_python(cfg, issues)
     memory, resolved = None, _auto_recompute(cfg, "none")
     if not any(i.level == "error" for i in issues):
         cfg, resolved = _resolve_recompute(cfg, arch, roles)
@@ -309,19 +295,19 @@ def _train_layout(role: str, section: str, cfg: ActorConfig, gpus: list[int], is
     tp, pp = cfg.parallel.tp, cfg.parallel.pp
     if len(gpus) % (tp * pp):
         issues.append(Issue(f"{section}.parallel", f"tp x pp ({tp} x {pp} = {tp * pp}) must divide the {len(gpus)} GPUs "
-                            f"of the training pool; try {_divisors_text(len(gpus))} for tp x pp"))
+                            f"of the training pool; try {choices(divisors(len(gpus)))} for tp x pp"))
         return None
     return RoleLayout(role, tp, pp, len(gpus) // (tp * pp), tuple(gpus))
 
 
 def _check_model_parallel(section: str, cfg: ActorConfig, arch: ArchSpec, issues: list[Issue]) -> None:
     tp, pp = cfg.parallel.tp, cfg.parallel.pp
-    ok_tp = [d for d in _divisors(arch.num_heads) if arch.num_kv_heads % d == 0]
+    ok_tp = [d for d in divisors(arch.num_heads) if arch.num_kv_heads % d == 0]
     if arch.num_heads % tp or arch.num_kv_heads % tp:
         issues.append(Issue(f"{section}.parallel.tp", f"({tp}) must divide num_attention_heads ({arch.num_heads}) and "
-                            f"num_key_value_heads ({arch.num_kv_heads}); try {_join(ok_tp)}"))
+                            f"num_key_value_heads ({arch.num_kv_heads}); try {choices(ok_tp)}"))
     if arch.num_layers % pp:
-        issues.append(Issue(f"{section}.parallel.pp", f"({pp}) must divide num_layers ({arch.num_layers}); try {_join(_divisors(arch.num_layers))}"))
+        issues.append(Issue(f"{section}.parallel.pp", f"({pp}) must divide num_layers ({arch.num_layers}); try {choices(divisors(arch.num_layers))}"))
     if cfg.parallel.sequence_parallel and tp == 1:
         issues.append(Issue(f"{section}.parallel.sequence_parallel", "(true) has no effect at tp 1: sequence parallelism "
                             "splits the sequence over the tensor-parallel ranks", level="warning"))
@@ -332,7 +318,7 @@ def _check_batches(section: str, cfg: ActorConfig, layout: RoleLayout, full: Meg
     mini = cfg.mini_batch_size or samples
     if samples % mini:
         issues.append(Issue(f"{section}.mini_batch_size", f"({mini}) must divide the samples of a step, data.prompts_per_step x "
-                            f"rollout.n = {full.data.prompts_per_step} x {full.rollout.n} = {samples}; try {_join(_divisors(samples)[-4:])}"))
+                            f"rollout.n = {full.data.prompts_per_step} x {full.rollout.n} = {samples}; try {choices(divisors(samples)[-4:])}"))
     if not _micro_batching_set(section, cfg, issues):
         return
     unit = layout.dp * (cfg.micro_batch_size if cfg.max_tokens_per_gpu is None else 1)
@@ -352,105 +338,6 @@ def _micro_batching_set(section: str, cfg: ActorConfig, issues: list[Issue]) -> 
         issues.append(Issue(f"{section}.micro_batch_size", "set micro_batch_size or max_tokens_per_gpu"))
         return False
     return True
-
-
-# Which weight transports reach which engines (see megarl/rollout/transports.py).
-_TRANSPORTS = {("torch", "colocated"): ("in_process", "disk"), ("sglang", "colocated"): ("tensor", "disk"),
-               ("sglang", "disaggregated"): ("distributed", "disk")}  # fmt: skip
-
-
-def _check_transport(cfg: MegaRLConfig, issues: list[Issue]) -> None:
-    chosen = cfg.weight_transport
-    possible = _TRANSPORTS.get((cfg.rollout.engine, cfg.cluster.placement), ())
-    if possible and chosen not in possible:
-        issues.append(Issue("rollout.weight_sync.transport", f"({chosen}) cannot reach {cfg.rollout.engine} engines placed "
-                            f"{cfg.cluster.placement}; use {' or '.join(possible)} (or auto)"))
-
-
-def _check_in_process(cfg: MegaRLConfig, issues: list[Issue]) -> None:
-    """A run without Ray: one process holds every role, so a world of one and the torch engine."""
-    if cfg.cluster.world_size != 1:
-        issues.append(Issue("cluster", f"--in-process runs a world of one process, the config has {cfg.cluster.world_size} "
-                            "(nnodes x gpus_per_node); set cluster.nnodes=1 cluster.gpus_per_node=1"))
-    if cfg.rollout.engine != "torch":
-        issues.append(Issue("rollout.engine", f"({cfg.rollout.engine}) needs Ray to place its servers; --in-process runs "
-                            "the torch engine (rollout.engine=torch)"))
-    if os.environ.get("WORLD_SIZE", "1") != "1":
-        issues.append(Issue("cluster", f"--in-process runs one process, but WORLD_SIZE is {os.environ['WORLD_SIZE']} "
-                            "(a launcher started several); run it with torchrun --nproc_per_node 1, or without --in-process"))
-
-
-def _check_server_python(cfg: MegaRLConfig, issues: list[Issue]) -> None:
-    """The interpreter that runs the SGLang servers exists and (this one) has SGLang."""
-    if cfg.rollout.engine != "sglang":
-        return
-    python = cfg.rollout.server_python
-    if python is not None and not os.access(python, os.X_OK):
-        issues.append(Issue("rollout.server_python", f"({python}) is not an executable Python interpreter"))
-    elif python is not None and not _imports_sglang(python):
-        issues.append(Issue("rollout.server_python", f"({python}) cannot import sglang; point it at the Python of an "
-                            "SGLang environment (on a CPU machine `make sglang-cpu` builds one)"))  # fmt: skip
-    elif python is None and importlib.util.find_spec("sglang") is None:
-        fix = ("on a CPU machine `make sglang-cpu` builds one; then set rollout.server_python=<that venv>/bin/python"
-               if cfg.cluster.device == "cpu" else "pip install -e .[sglang], or point rollout.server_python at a Python that has it")
-        issues.append(Issue("rollout.server_python", f"(unset: this interpreter, {sys.executable}) cannot import sglang; {fix}"))
-
-
-def _imports_sglang(python: str) -> bool:
-    """Whether ``python`` has SGLang installed (found, not imported: that would take seconds)."""
-    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('sglang') is None)"
-    try:
-        return subprocess.run([python, "-c", probe], capture_output=True, timeout=60).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
-
-def _check_rollout(cfg: MegaRLConfig, arch: ArchSpec, layout: RoleLayout, issues: list[Issue]) -> None:
-    tp = cfg.rollout.tp
-    _check_transport(cfg, issues)
-    if cfg.rollout.engine == "torch":
-        if tp != 1:
-            issues.append(Issue("rollout.tp", f"({tp}) must be 1 with the torch engine (it runs in one process)"))
-        return
-    if tp > cfg.cluster.gpus_per_node or cfg.cluster.gpus_per_node % tp:
-        issues.append(Issue("rollout.tp", f"({tp}) must divide gpus_per_node ({cfg.cluster.gpus_per_node}) so that no engine "
-                            f"spans two nodes; try {_join([d for d in _divisors(cfg.cluster.gpus_per_node)])}"))
-    kv = arch.num_kv_heads
-    kv_ok = (kv % tp == 0) if tp <= kv else (tp % kv == 0)
-    if arch.num_heads % tp or not kv_ok:
-        ok = [d for d in _divisors(arch.num_heads) if (kv % d == 0 if d <= kv else d % kv == 0)]
-        issues.append(Issue("rollout.tp", f"({tp}) must divide num_attention_heads ({arch.num_heads}), and divide or be a "
-                            f"multiple of num_key_value_heads ({kv}); try {_join(ok)}"))
-
-
-def _check_sampling(cfg: MegaRLConfig, arch: ArchSpec, issues: list[Issue]) -> None:
-    s = cfg.rollout.sampling
-    if s.temperature <= 0:
-        issues.append(Issue("rollout.sampling.temperature", f"({s.temperature}) must be > 0 for training rollouts (log-probs "
-                            "are taken at this temperature); greedy validation is rollout.val.greedy=true"))
-    if s.top_p < 1 or s.top_k > 0:
-        issues.append(Issue("rollout.sampling", f"top_p={s.top_p}, top_k={s.top_k}: the rollout samples from a truncated "
-                            "distribution while the trainer's ratio uses the full one (off-policy); consider algorithm.tis",
-                            level="warning"))
-    total = cfg.data.max_prompt_length + s.max_new_tokens
-    if total > arch.max_positions:
-        issues.append(Issue("data.max_prompt_length", f"max_prompt_length + rollout.sampling.max_new_tokens ({cfg.data.max_prompt_length} "
-                            f"+ {s.max_new_tokens} = {total}) exceeds the model's max_position_embeddings ({arch.max_positions})"))
-
-
-def _check_agent(cfg: MegaRLConfig, issues: list[Issue]) -> None:
-    """Agent loops append turns through the chat template; reproducible rounds need no overlap."""
-    agent = cfg.rollout.agent
-    if cfg.rollout.generate_function != "default":
-        return
-    if agent.overlap_tools and cfg.rollout.deterministic:
-        issues.append(Issue("rollout.agent.overlap_tools", "(true) lets tool timing decide which turns generate together, "
-                            "so rollout.deterministic (true) would not make runs reproducible; set overlap_tools=false "
-                            "or leave it unset"))
-    uses_agents = agent.default_agent != "single_turn" or agent.tools_file or agent.interactions_file
-    if uses_agents and not cfg.data.apply_chat_template:
-        issues.append(Issue("data.apply_chat_template", "(false) but rollout.agent appends tool answers and user turns "
-                            "through the chat template; set data.apply_chat_template=true"))
 
 
 def _check_algorithm(cfg: MegaRLConfig, issues: list[Issue]) -> None:
@@ -609,18 +496,3 @@ def _check_offload(cfg: MegaRLConfig, issues: list[Issue]) -> None:
     if cfg.rollout.weights_cpu_backup and not (cfg.rollout.engine == "sglang" and cfg.cluster.placement == "colocated"):
         issues.append(Issue("rollout.weights_cpu_backup", "only colocated SGLang releases its weights (the torch engine and "
                             "disaggregated engines keep them); set it to false"))
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def _divisors_text(n: int) -> str:
-    return _join(_divisors(n))
-
-
-def _join(values: list[int]) -> str:
-    values = list(values)
-    if len(values) <= 1:
-        return str(values[0]) if values else "none"
-    return ", ".join(str(v) for v in values[:-1]) + f" or {values[-1]}"

@@ -9,7 +9,8 @@ from rich.console import Console
 from megarl.config.loading import load_config
 from megarl.config.memory import GIB
 from megarl.config.plan_report import print_plan
-from megarl.config.planner import PlanError, _check_server_python, make_plan
+from megarl.config.planner import PlanError, make_plan
+from megarl.config.rollout_checks import check_server_python
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 GRPO72 = CONFIGS / "qwen72b_grpo.yaml"
@@ -193,7 +194,10 @@ def test_sft_is_planned_without_the_rl_checks():
 
 
 def test_lengths_within_positions():
-    assert "exceeds the model's max_position_embeddings (64)" in refused(TINY, "data.max_prompt_length=61")
+    assert ("(61 + 4 = 65) exceeds the model's max_position_embeddings (64); lower rollout.sampling.max_new_tokens "
+            "to at most 3, or data.max_prompt_length") in refused(TINY, "data.max_prompt_length=61")
+    assert "(64 + 4 = 68) exceeds the model's max_position_embeddings (64); lower data.max_prompt_length" in refused(
+        TINY, "data.max_prompt_length=64")
 
 
 def test_algorithm_needs():
@@ -320,7 +324,7 @@ def test_a_server_python_without_sglang_is_refused_before_launch(tmp_path):
     python.write_text(f"#!/bin/sh\nPYTHONPATH={fake} exec {sys.executable} \"$@\"\n")
     python.chmod(0o755)
     issues: list = []
-    _check_server_python(load_config(TINY, [*sglang, f"rollout.server_python={python}"]), issues)
+    check_server_python(load_config(TINY, [*sglang, f"rollout.server_python={python}"]), issues)
     assert issues == []
 
 
