@@ -46,7 +46,7 @@ USER_ERRORS = (
     ("megarl.commands.generate", "GenerateError"),
     ("megarl.commands.sft", "SFTError"),
     ("megarl.checkpoint.manager", "CheckpointError"),
-    ("megarl.commands.convert", "OutputError"),
+    ("megarl.commands.outputs", "OutputError"),
     ("megarl.checkpoint.model_checkpoint", "ModelCheckpointError"),
     ("megarl.commands.sbatch", "SbatchError"),
     ("megarl.rewards.scorer", "RewardError"),

@@ -43,6 +43,7 @@ from typing import Any
 from megarl.checkpoint.model_checkpoint import (
     RECORD as MODEL_RECORD,  # stdlib only: the CLI stays fast
 )
+from megarl.commands.outputs import OutputError, OutputExistsError
 
 EXPORT_MANIFEST = "megarl_export.json"
 DIRECTIONS = ("hf-to-megatron", "megatron-to-hf")
@@ -50,14 +51,6 @@ DTYPES = ("float32", "bfloat16", "float16")
 # A model conversion initialises nothing at random that it keeps (every weight is loaded), so any
 # seed does; the export's bucket size bounds rank 0's extra memory while writing.
 CONVERSION_SEED, EXPORT_BUCKET_MB = 1, 512.0
-
-
-class OutputError(Exception):
-    """An output megarl refuses to write, because writing it could destroy something."""
-
-
-class OutputExistsError(OutputError, FileExistsError):
-    """OUT exists and is not empty, and --overwrite was not given."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -185,13 +185,10 @@ def _guarded(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Nam
 def _refuse_existing(paths: list[Path], overwrite: bool, fix: str) -> None:
     """A file the user already has is replaced only when asked (--overwrite); checked before any
     input is read, so a refusal costs nothing."""
-    from megarl.data.datasets import DataError
+    from megarl.commands.outputs import check_new_file
 
     for path in paths:
-        if path.is_dir():
-            raise DataError(f"{path} is a directory; {fix}")
-        if path.exists() and not overwrite:
-            raise DataError(f"{path} exists; pass --overwrite to replace it, or {fix}")
+        check_new_file(path, overwrite, flag="", fix=fix)
 
 
 def _report(rows: list, args: argparse.Namespace) -> int:

@@ -64,6 +64,7 @@ def _run(args: argparse.Namespace) -> int:
 def _check_outputs(data: Path, summary: Path, scored: Path | None, overwrite: bool) -> None:
     """Neither output may be the input; an existing file is replaced only when it is a summary
     evaluate wrote (the JSON), or with --overwrite."""
+    from megarl.commands.outputs import check_new_file
     from megarl.evaluation import EvaluationError
 
     if scored is not None and scored.absolute() == summary.absolute():
@@ -76,10 +77,7 @@ def _check_outputs(data: Path, summary: Path, scored: Path | None, overwrite: bo
         # checked before scoring, which can take long: a wrong folder must not cost the whole run
         if not path.absolute().parent.is_dir():
             raise EvaluationError(f"{flag} {path}: the folder {path.parent} does not exist; create it or give another path")
-        if path.is_dir():
-            raise EvaluationError(f"{flag} {path} is a folder; give a file path")
-        if path.exists() and not overwrite and not (flag == "--out" and _is_summary(path)):
-            raise EvaluationError(f"{flag} {path} exists; pass --overwrite to replace it, or give another path")
+        check_new_file(path, overwrite or (flag == "--out" and _is_summary(path)), flag=flag)
 
 
 def _is_summary(path: Path) -> bool:

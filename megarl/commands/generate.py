@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from megarl.commands.arguments import add_config_args
+from megarl.commands.outputs import check_new_file
 from megarl.trainer.watchdog import RunControl, RunStopped
 
 log = logging.getLogger(__name__)
@@ -138,10 +139,7 @@ def _check_target(target: Path, data: Path, overwrite: bool, batch_size: int) ->
         raise GenerateError(f"--out {target} must end in .parquet")
     if target == data.absolute():
         raise GenerateError(f"--out {target} is the input file; give another path")
-    if target.is_dir():
-        raise GenerateError(f"--out {target} is a directory; give a .parquet file path")
-    if target.exists() and not overwrite:
-        raise GenerateError(f"--out {target} exists; pass --overwrite to replace it, or give another path")
+    check_new_file(target, overwrite)
     target.parent.mkdir(parents=True, exist_ok=True)
 
 

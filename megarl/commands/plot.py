@@ -65,7 +65,7 @@ def _check_out(out: Path, overwrite: bool) -> None:
     only after drawing), a folder, or a file the user has (replaced only with --overwrite)."""
     from matplotlib.backend_bases import FigureCanvasBase
 
-    from megarl.commands.convert import OutputError, OutputExistsError
+    from megarl.commands.outputs import OutputError, check_new_file
 
     if out.is_dir():
         raise OutputError(f"--out {out} is a directory; name an image file, e.g. {out / 'curves.png'}")
@@ -73,5 +73,4 @@ def _check_out(out: Path, overwrite: bool) -> None:
     if out.suffix.lstrip(".").lower() not in formats:
         got = f"extension {out.suffix}" if out.suffix else "no extension"
         raise OutputError(f"--out {out} has {got}; name an image file ending in one of: {', '.join(formats)} (e.g. curves.png)")
-    if out.exists() and not overwrite:
-        raise OutputExistsError(f"--out {out} exists; pass --overwrite to replace it, or give another path")
+    check_new_file(out, overwrite)

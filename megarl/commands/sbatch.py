@@ -175,12 +175,9 @@ def read_template(name: str) -> str:
 
 def write_script(path: Path, script: str, overwrite: bool) -> None:
     """Write ``script`` to ``path`` (executable); an existing file is replaced only with --overwrite."""
-    from megarl.commands.convert import OutputExistsError
+    from megarl.commands.outputs import check_new_file
 
-    if path.exists() and not overwrite:
-        raise OutputExistsError(f"{path} exists; pass --overwrite to replace it, or choose another --out")
-    if path.is_dir():
-        raise IsADirectoryError(f"--out {path} is a directory; name a file")
+    check_new_file(path, overwrite, fix="choose another --out")
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(script)
     tmp.chmod(0o755)

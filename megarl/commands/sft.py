@@ -111,7 +111,8 @@ def run_sft(cfg: Any, address: str | None = None) -> Path:
 
 def _check_target(target: Path, cfg: Any) -> None:
     from megarl.checkpoint.model_checkpoint import RECORD
-    from megarl.commands.convert import OutputError, check_output_target
+    from megarl.commands.convert import check_output_target
+    from megarl.commands.outputs import OutputError
 
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise SFTError(f"{target} exists (an earlier megarl sft wrote it?) and is never replaced; give another "

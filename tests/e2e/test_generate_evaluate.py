@@ -17,6 +17,7 @@ import pytest
 from megarl.commands.demo import prepare_demo
 from megarl.commands.evaluate import evaluate
 from megarl.commands.generate import GenerateError, generate
+from megarl.commands.outputs import OutputExistsError
 from megarl.evaluation import pass_at_k
 from megarl.rewards.reverse_digits import compute_score
 
@@ -117,7 +118,7 @@ def test_output_and_partial_are_never_overwritten_silently(demo, tmp_path):
     model, data = demo
     out = tmp_path / "gen.parquet"
     out.write_text("the user's file")
-    with pytest.raises(GenerateError, match="exists; pass --overwrite"):
+    with pytest.raises(OutputExistsError, match="exists; pass --overwrite"):
         generate(CONFIG, _overrides(model), data / "val.parquet", out)
     assert out.read_text() == "the user's file"
     stray = tmp_path / "other.parquet.partial"

@@ -1,0 +1,21 @@
+"""The one rule every command's file output follows: nothing the user has is written over
+unless they pass --overwrite, and a folder is never taken for a file."""
+
+import pytest
+
+from megarl.commands.outputs import OutputError, OutputExistsError, check_new_file
+
+
+def test_an_existing_file_is_replaced_only_with_overwrite(tmp_path):
+    out = tmp_path / "out.parquet"
+    check_new_file(out, overwrite=False)  # nothing there: fine
+    out.write_text("the user's")
+    with pytest.raises(OutputExistsError, match=rf"^--out {out} exists; pass --overwrite to replace it, or give another path$"):
+        check_new_file(out, overwrite=False)
+    check_new_file(out, overwrite=True)
+    assert out.read_text() == "the user's"  # a check writes nothing
+
+
+def test_a_folder_is_refused_even_with_overwrite(tmp_path):
+    with pytest.raises(OutputError, match=rf"^{tmp_path} is a directory; give another OUT_DIR$"):
+        check_new_file(tmp_path, overwrite=True, flag="", fix="give another OUT_DIR")
