@@ -79,7 +79,7 @@ def write_verified(staging: Path, source: Path, record: dict[str, Any], save: Ca
     """A model checkpoint in ``staging`` (see staged_output): ``save(weights dir)``, the HF side
     files of ``source``, the record; then ``verify(staging)`` loads it back into a fresh model
     and compares every parameter, and the record gets the count. Returns the count."""
-    from megarl.rollout.transports import copy_side_files
+    from megarl.models.hf_files import copy_side_files
 
     save(str(staging / WEIGHTS))
     copy_side_files(source, staging)

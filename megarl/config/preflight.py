@@ -46,6 +46,7 @@ from typing import Any
 
 from megarl.config.extensions import named_functions
 from megarl.config.sections import MegaRLConfig
+from megarl.models.hf_files import TOKENIZER_VOCAB_FILES
 
 SAMPLE_ROWS = 1000
 CHILD_TIMEOUT_S = 120.0
@@ -248,9 +249,6 @@ def _check_prompts(cfg: MegaRLConfig, samples: list[_Sample], findings: list[Fin
 # ---- model and rewards ----------------------------------------------------------------------------------
 
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")  # one of them holds any HF tokenizer's vocabulary
-
-
 def _check_model_dir(cfg: MegaRLConfig, findings: list[Finding]) -> bool:
     from megarl.checkpoint.model_checkpoint import (
         ModelCheckpointError,
@@ -263,9 +261,9 @@ def _check_model_dir(cfg: MegaRLConfig, findings: list[Finding]) -> bool:
         findings.append(Finding("model.path", f"({path}) must be a local HF model directory (with config.json) or a "
                                 "model checkpoint of `megarl convert hf-to-megatron` to launch"))
         return False
-    if not any((Path(path) / name).is_file() for name in TOKENIZER_FILES):
+    if not any((Path(path) / name).is_file() for name in TOKENIZER_VOCAB_FILES):
         # transformers would build a one-token tokenizer from config.json alone and fail much later
-        findings.append(Finding("model.path", f"({path}) has no tokenizer ({', '.join(TOKENIZER_FILES)}); copy the "
+        findings.append(Finding("model.path", f"({path}) has no tokenizer ({', '.join(TOKENIZER_VOCAB_FILES)}); copy the "
                                 "model's tokenizer files into it"))  # fmt: skip
         return False
     ok = True

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from megarl.config.push_model import TRANSPORT_COLLECT
+from megarl.models.hf_files import copy_side_files
 from megarl.rollout.engine import RolloutEngine
 from megarl.rollout.push_progress import PushProgress
 from megarl.rollout.weight_stream import MIB, WeightStream
@@ -94,20 +95,6 @@ class InProcessTransport:
 
 
 _VERSION_DIR = re.compile(r"v\d+(\.tmp)?")  # what DiskTransport writes into its directory
-
-# What an HF directory holds besides its weights (config, tokenizer), copied into the directories
-# megarl writes: disk pushes, `megarl convert` outputs, model checkpoints.
-HF_SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-                 "special_tokens_map.json", "chat_template.jinja", "tokenizer.model", "vocab.json", "merges.txt",
-                 "added_tokens.json")  # fmt: skip
-
-
-def copy_side_files(source: Path, target: Path) -> None:
-    """The HF_SIDE_FILES ``source`` has, copied into ``target`` (SGLang loads a pushed version as a model)."""
-    for name in HF_SIDE_FILES:
-        if (source / name).is_file():
-            shutil.copy2(source / name, target / name)
-
 
 class DiskTransport:
     """Each push becomes an HF directory ``directory/v<version>`` (one safetensors file per
