@@ -52,7 +52,10 @@ def is_strictly_on_policy(cfg: MegaRLConfig) -> bool:
     return cfg.actor.ppo_epochs == 1 and one_step and not cfg.algorithm.kl.use_in_reward
 
 
-RUN_CONFIG_HEADER = "# megarl: the resolved config of this run's latest launch (rewritten by each launch)\n"
+# The first line of the config.yaml megarl writes; a file is recognised as megarl's by its stable
+# prefix, so that rewording the rest never makes a run's own config look foreign.
+RUN_CONFIG_MARK = "# megarl:"
+RUN_CONFIG_HEADER = f"{RUN_CONFIG_MARK} the resolved config of this run's latest launch (rewritten by each launch)\n"
 
 
 def write_run_config(cfg: MegaRLConfig) -> Path:
@@ -60,12 +63,22 @@ def write_run_config(cfg: MegaRLConfig) -> Path:
     there (e.g. the user's own, launched with output_dir set to its folder) is kept, renamed."""
     path = Path(cfg.trainer.output_dir) / "config.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
-    if path.exists() and not path.read_text(errors="replace").startswith(RUN_CONFIG_HEADER):
-        kept = path.with_name(f"config.{time.strftime('%Y%m%d-%H%M%S', time.localtime(path.stat().st_mtime))}.yaml")
+    if path.exists() and not path.read_text(errors="replace").startswith(RUN_CONFIG_MARK):
+        kept = _unused_name(path, time.strftime("%Y%m%d-%H%M%S", time.localtime(path.stat().st_mtime)))
         os.replace(path, kept)
-        log.warning("%s was not written by megarl; kept as %s", path, kept.name)
+        log.warning("%s has no megarl header (a file of yours, or the run config of an older megarl); kept as %s",
+                    path, kept.name)  # fmt: skip
     path.write_text(RUN_CONFIG_HEADER + config_to_yaml(cfg))
     return path
+
+
+def _unused_name(path: Path, stamp: str) -> Path:
+    """``config.<stamp>.yaml`` beside ``path``, or ``config.<stamp>-N.yaml`` when that is taken
+    (two files kept in one second must not replace one another)."""
+    kept, n = path.with_name(f"{path.stem}.{stamp}{path.suffix}"), 1
+    while kept.exists():
+        kept, n = path.with_name(f"{path.stem}.{stamp}-{n}{path.suffix}"), n + 1
+    return kept
 
 
 def build_trainer(cfg: MegaRLConfig, plan: Plan, *, in_process: bool = False) -> Trainer:
