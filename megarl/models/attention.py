@@ -19,8 +19,9 @@ inputs go to torch's variable-length flash kernel (``torch.nn.attention.varlen``
 has it; elsewhere (CPU, fp32) the segments are attended in groups of similar length as padded
 batches, exactly. ``actor.packed_attention: flex`` hands the segments to FlexAttention instead,
 as one sequence with a document mask (:func:`document_block_mask`, made once per micro-batch and
-shared by every layer); compiled on CUDA. On CPU it runs uncompiled and forward only (torch has
-no FlexAttention backward there), which is enough for the parity tests.
+shared by every layer); compiled on CUDA. On CPU it runs uncompiled by default, forward only
+(torch has no FlexAttention backward there), which is enough for the parity tests; a unit test
+runs the compiled forward on CPU too.
 
 Left out: attention bias (Megatron's DotProductAttention refuses it too), sliding windows (the
 bridges refuse such configs).
@@ -73,12 +74,10 @@ def packed_seq_params(layout: PackedLayout, *, host_offsets: bool, flex: bool = 
     )
 
 
-def document_block_mask(layout: PackedLayout):
+def document_block_mask(layout: PackedLayout, compiled: bool | None = None):
     """FlexAttention's block mask of a packed sequence: a token sees the tokens of its own segment
-    up to itself. Built on the layout's device (compiled there on CUDA, where a long sequence's
-    dense mask would not fit)."""
-    from torch.nn.attention.flex_attention import create_block_mask
-
+    up to itself. Built on the layout's device; ``compiled`` (default: on CUDA, where a long
+    sequence's dense mask would not fit) builds it block by block."""
     device = layout.cu_seqlens.device
     lengths = torch.tensor(layout.lengths, device=device)  # [k]
     segment = torch.repeat_interleave(torch.arange(len(layout.lengths), device=device), lengths)  # [T]
@@ -87,7 +86,17 @@ def document_block_mask(layout: PackedLayout):
         return (segment[q] == segment[kv]) & (q >= kv)
 
     t = segment.shape[0]
-    return create_block_mask(same_segment_causal, None, None, t, t, device=device, _compile=device.type == "cuda")
+    build = _block_mask_builder(device.type == "cuda" if compiled is None else compiled)
+    return build(same_segment_causal, None, None, t, t, device=device)
+
+
+@functools.cache
+def _block_mask_builder(compiled: bool):
+    """torch's create_block_mask, compiled once per process (torch's advice; its ``_compile``
+    flag is deprecated): later lengths reuse the compiled code, dynamic after the first change."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    return torch.compile(create_block_mask) if compiled else create_block_mask
 
 
 class SdpaAttention(DotProductAttention):
@@ -177,11 +186,13 @@ def flex_attend(
     block_mask: Any,  # document_block_mask of the packed sequence
     scale: float | None,
     gqa: bool,
+    compiled: bool | None = None,
 ) -> torch.Tensor:  # [T, np, hn]
     """A packed sequence through FlexAttention as one batch row, its segments kept apart by
-    ``block_mask``; compiled on CUDA."""
+    ``block_mask``; ``compiled`` by default on CUDA (CPU has a compiled forward, no backward)."""
     q, k, v = (x.transpose(0, 1)[None] for x in (query, key, value))  # [1, heads, T, hn]
-    out = _flex_attention(query.is_cuda)(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa)
+    attend = _flex_attention(query.is_cuda if compiled is None else compiled)
+    out = attend(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa)
     return out[0].transpose(0, 1)
 
 
