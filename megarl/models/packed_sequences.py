@@ -6,9 +6,9 @@ only to itself, with positions restarting at 0. Megatron describes the segments 
 with ``cu_seqlens`` (``[k + 1]`` int32 offsets) in ``PackedSeqParams``; rotary embeddings
 restart per segment from them.
 
-The attention itself (``megarl.models.attention``) needs more than ``cu_seqlens`` off the
-device, so :class:`PackedLayout` also holds a plan, made once per micro-batch on the host:
-the segments are put in groups of similar length (:func:`group_segments`), and each group is
+The exact attention path (``megarl.models.attention`` on CPU or in fp32) needs more than
+``cu_seqlens``, so :class:`PackedLayout` also holds a plan, made on the host on first use (the
+CUDA kernels and FlexAttention need only ``cu_seqlens``): the segments are put in groups of similar length (:func:`group_segments`), and each group is
 attended as one right-padded batch ``[n, L]`` with plain causal attention. That is exact for
 every real token, for the same reason as in a padded micro-batch: padding only ever follows a
 segment's real tokens, so no real query sees it. A group pays ``n x L^2`` attention for the
@@ -19,6 +19,7 @@ runs on the ``T`` real tokens only.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -61,8 +62,6 @@ class PackedLayout:
     starts: tuple[int, ...]  # each segment's first position, host
     cu_seqlens: torch.Tensor  # [k + 1] int32 on the model's device: segment offsets, 0 .. T
     cu_seqlens_host: torch.Tensor  # the same on the host (Megatron's unfused THD rope reads it with .tolist())
-    groups: tuple[SegmentGroup, ...]
-    scatter: torch.Tensor  # [T] long: the groups' scatter positions end to end (a permutation of 0..T-1)
 
     @property
     def longest(self) -> int:
@@ -75,19 +74,29 @@ class PackedLayout:
         starts = [0]
         for n in lengths:
             starts.append(starts[-1] + n)
-        groups = []
-        for members in group_segments(lengths):
-            width = lengths[members[0]]  # longest first
+        host = torch.tensor(starts, dtype=torch.int32)
+        return cls(tuple(lengths), tuple(starts[:-1]), host.to(device), host)
+
+    @functools.cached_property
+    def groups(self) -> tuple[SegmentGroup, ...]:
+        """The padded-batch plan of the exact attention path, made (and copied to the device) on
+        first use: the varlen kernel and FlexAttention need only the offsets."""
+        groups, device = [], self.cu_seqlens.device
+        for members in group_segments(list(self.lengths)):
+            width = self.lengths[members[0]]  # longest first
             steps = torch.arange(width)  # [L]
-            seg_len = torch.tensor([lengths[i] for i in members])  # [n]
-            seg_start = torch.tensor([starts[i] for i in members])  # [n]
+            seg_len = torch.tensor([self.lengths[i] for i in members])  # [n]
+            seg_start = torch.tensor([self.starts[i] for i in members])  # [n]
             gather = seg_start[:, None] + torch.minimum(steps[None, :], seg_len[:, None] - 1)  # [n, L]
             valid = (steps[None, :] < seg_len[:, None]).flatten()  # [n * L]
             real = valid.nonzero(as_tuple=True)[0]  # [m]
             groups.append(SegmentGroup(gather.to(device), real.to(device), gather.flatten()[real].to(device)))
-        host = torch.tensor(starts, dtype=torch.int32)
-        return cls(tuple(lengths), tuple(starts[:-1]), host.to(device), host, tuple(groups),
-                   torch.cat([g.scatter for g in groups]))  # fmt: skip
+        return tuple(groups)
+
+    @functools.cached_property
+    def scatter(self) -> torch.Tensor:
+        """``[T]`` long: the groups' scatter positions end to end (a permutation of 0..T-1)."""
+        return torch.cat([g.scatter for g in self.groups])
 
     def positions(self) -> torch.Tensor:
         """``[T]`` long: each token's position within its segment (0 at every segment start)."""
