@@ -52,6 +52,14 @@ def test_bad_value_names_field_and_value():
         load_config(None, [*BASE, "data.truncation=middle"])
 
 
+@pytest.mark.parametrize("override", ["rollout.n=true", "actor.optimizer.lr=false", "trainer.total_steps=yes"])
+def test_a_boolean_is_not_a_number(override):
+    """YAML reads true/yes as booleans, which pydantic would take as 1 (rollout.n=true ran with n = 1)."""
+    key = override.split("=")[0]
+    with pytest.raises(ConfigError, match=rf"{key}: (true|false) is a boolean; give a number"):
+        load_config(None, [*BASE, override])
+
+
 @pytest.mark.parametrize("bad", ["rollout.n", "=3", "a..b=1"])
 def test_malformed_override(bad):
     with pytest.raises(ConfigError):
