@@ -1,4 +1,4 @@
-"""`megarl config [SECTION]`: every config key with its type, default and description, read
+"""`megarl config [SECTION | KEY]`: every config key with its type, default and description, read
 from the pydantic models themselves (so the manual cannot drift from the code)."""
 
 from __future__ import annotations
@@ -10,20 +10,25 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from megarl.config.loading import ConfigError, _section_type
+from megarl.config.loading import ConfigError, _section_type, _unknown_key_message
 from megarl.config.sections import MegaRLConfig
 
 
-def describe(section: str | None = None) -> str:
-    """The reference of the whole config, or of one dotted section (e.g. ``actor.optimizer``)."""
+def describe(key: str | None = None) -> str:
+    """The reference of the whole config, of one dotted section (e.g. ``actor.optimizer``) or of
+    one key (e.g. ``actor.optimizer.lr``)."""
     model: type[BaseModel] = MegaRLConfig
     prefix = ""
-    for part in section.split(".") if section else []:
+    parts = key.split(".") if key else []
+    for i, part in enumerate(parts):
         field = model.model_fields.get(part)
         sub = _section_type(field.annotation) if field else None
+        if field is not None and sub is None and i == len(parts) - 1:
+            return _key_line(f"{prefix}{part}", field)
+        if field is not None and sub is None:
+            raise ConfigError(f"{prefix}{part} is a key, not a section; `megarl config {prefix}{part}` describes it")
         if sub is None:
-            valid = [k for k, f in model.model_fields.items() if _section_type(f.annotation)]
-            raise ConfigError(f"{prefix}{part} is not a config section; sections here: {', '.join(valid)}")
+            raise ConfigError(_unknown_key_message(f"{prefix}{part}", part, list(model.model_fields)))
         model, prefix = sub, f"{prefix}{part}."
     return "\n".join(_lines(model, prefix))
 
@@ -37,8 +42,12 @@ def _lines(model: type[BaseModel], prefix: str) -> list[str]:
             out.append(f"{prefix}{name}:{optional}  # {field.description}")
             out += _lines(sub, f"{prefix}{name}.")
             continue
-        out.append(f"{prefix}{name} = {_default(field)}  ({_type(field.annotation)})  {field.description}")
+        out.append(_key_line(f"{prefix}{name}", field))
     return out
+
+
+def _key_line(key: str, field: Any) -> str:
+    return f"{key} = {_default(field)}  ({_type(field.annotation)})  {field.description}"
 
 
 def _default(field: Any) -> str:

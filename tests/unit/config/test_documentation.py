@@ -15,5 +15,14 @@ def test_every_leaf_key_is_listed():
 
 def test_one_section_and_a_bad_one():
     assert describe("actor.optimizer").splitlines()[0].startswith("actor.optimizer.lr = ")
-    with pytest.raises(ConfigError, match="sections here: parallel, optimizer"):
+    with pytest.raises(ConfigError, match=r"^unknown key actor\.nope; valid keys here: .*parallel, .*optimizer"):
         describe("actor.nope")
+
+
+def test_one_key_and_a_misspelt_one():
+    assert describe("actor.optimizer.lr") == "actor.optimizer.lr = 1e-06  (float)  Peak learning rate."
+    assert describe("rollout.n").startswith("rollout.n = ")
+    with pytest.raises(ConfigError, match=r"^unknown key rollout\.sampling\.temprature; did you mean rollout\.sampling\.temperature\?"):
+        describe("rollout.sampling.temprature")
+    with pytest.raises(ConfigError, match=r"^rollout\.n is a key, not a section; `megarl config rollout\.n` describes it$"):
+        describe("rollout.n.x")
