@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"megarl {__version__}")
-    parser.add_argument("--debug", action="store_true", help="print the full traceback of an error (also: MEGARL_DEBUG=1)")
+    parser.add_argument("--debug", action="store_true", help="print the full traceback of an error; also after the command (or MEGARL_DEBUG=1)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     from megarl.commands import (
@@ -87,7 +87,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     for command in (plan, launch, config, convert, demo, plot, data, sft, generate, evaluate, sbatch, doctor):
         command.register(sub)
+    _debug_everywhere(sub)
     return parser
+
+
+def _debug_everywhere(sub: argparse._SubParsersAction) -> None:
+    """``--debug`` after the (sub)command too: `megarl launch cfg.yaml --debug` (SUPPRESS keeps
+    the top-level flag's value when a subcommand's is absent)."""
+    for command in sub.choices.values():
+        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        for action in command._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                _debug_everywhere(action)
 
 
 def setup_logging() -> None:

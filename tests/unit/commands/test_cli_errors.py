@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from megarl.cli import EXIT_USER, main
+from megarl.cli import EXIT_USER, build_parser, main
 
 ROOT = Path(__file__).resolve().parents[3]
 TINY = ROOT / "configs" / "tiny_grpo.yaml"
@@ -46,6 +46,12 @@ def test_user_error_traceback_only_with_debug(capsys):
     assert main(["--debug", "plan", str(TINY), "actor.parallel.pp=3"]) == EXIT_USER
     err = capsys.readouterr().err
     assert "Traceback (most recent call last)" in err and err.rstrip().splitlines()[-1].startswith("  - actor.parallel.pp")
+    for argv in (["plan", str(TINY), "--debug", "actor.parallel.pp=3"], ["plan", str(TINY), "actor.parallel.pp=3", "--debug"]):
+        assert main(argv) == EXIT_USER  # --debug after the subcommand works too
+        assert "Traceback (most recent call last)" in capsys.readouterr().err
+    # and after a nested subcommand; without it, no traceback
+    assert build_parser().parse_args(["data", "inspect", "x.parquet", "--debug"]).debug is True
+    assert build_parser().parse_args(["data", "inspect", "x.parquet"]).debug is False
 
 
 def test_data_errors_and_os_errors_on_user_paths_are_one_line(tmp_path, capsys):
