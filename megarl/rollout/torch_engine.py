@@ -26,6 +26,7 @@ batching, tensor parallelism, min_p / penalties. Weights arrive through :meth:`l
 
 from __future__ import annotations
 
+import inspect
 import random
 from collections.abc import Sequence
 from pathlib import Path
@@ -89,6 +90,7 @@ class TorchEngine:
             dtype = _DTYPES[dtype]
         self.device = torch.device(device)
         self.model = _load_model(model_path, dtype, self.device)
+        self._cache = _cache_argument(self.model)
         # Built from a config alone, the weights are random until the first complete push.
         self._weights_missing = is_model_checkpoint(model_path)
         self.model.to(self.device).eval()
@@ -145,7 +147,7 @@ class TorchEngine:
         gens = [torch.Generator().manual_seed(s) for s in seeds]
         stop_ids = set(self.eos_token_ids) | set(params.stop_token_ids)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
-        cache, logits = out.past_key_values, out.logits[:, -1, :]  # [B, V]
+        cache, logits = getattr(out, self._cache), out.logits[:, -1, :]  # [B, V]
         next_pos = positions[:, -1] + 1  # [B]
         running = list(range(len(prompts)))  # original row of each cache row
         responses: list[list[int]] = [[] for _ in prompts]
@@ -176,10 +178,10 @@ class TorchEngine:
                 input_ids=tokens[:, None],
                 attention_mask=mask,
                 position_ids=next_pos[:, None],
-                past_key_values=cache,
                 use_cache=True,
+                **{self._cache: cache},
             )
-            cache, logits = out.past_key_values, out.logits[:, -1, :]
+            cache, logits = getattr(out, self._cache), out.logits[:, -1, :]
             next_pos = next_pos + 1
         return [(responses[r], logprobs[r], reasons[r] or "length") for r in range(len(prompts))]
 
@@ -344,3 +346,9 @@ def _canonical_param_names(model: torch.nn.Module) -> dict[str, str]:
     """Every state-dict key that is a parameter -> the name of that parameter (tied ones share one)."""
     by_id = {id(p): name for name, p in model.named_parameters()}
     return {key: by_id[id(t)] for key, t in model.state_dict(keep_vars=True).items() if id(t) in by_id}
+
+
+def _cache_argument(model: torch.nn.Module) -> str:
+    """The name of the KV cache in the model's forward and output: ``cache`` since transformers
+    5.2x (where the older ``past_key_values`` still works, with a deprecation warning)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
