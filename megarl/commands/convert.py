@@ -263,14 +263,23 @@ def _conversion_group(rank_cls: type, placement: Any, rank_args: tuple, address:
 
     logs = Path(tempfile.mkdtemp(prefix="megarl-convert-logs-"))
     progress_file = logs / "progress"  # rank 0 on another node writes its own: no bar then
-    with ray_session(address, num_cpus=None if address else local_cpus), _progress_bar(progress_file, progress):
-        group = WorkerGroup(rank_cls, placement, *rank_args, group_options=GroupOptions(log_dir=logs),
-                            progress_file=str(progress_file))  # fmt: skip
-        try:
-            yield ConversionClient(group)
-        finally:
-            group.shutdown()
-    shutil.rmtree(logs, ignore_errors=True)
+    failed = False
+    try:
+        with ray_session(address, num_cpus=None if address else local_cpus), _progress_bar(progress_file, progress):
+            group = WorkerGroup(rank_cls, placement, *rank_args, group_options=GroupOptions(log_dir=logs),
+                                progress_file=str(progress_file))  # fmt: skip
+            try:
+                yield ConversionClient(group)
+            finally:
+                group.shutdown()
+    except (KeyboardInterrupt, SystemExit):  # stopped by the user: nothing to diagnose
+        raise
+    except BaseException:
+        failed = True  # the error names these logs
+        raise
+    finally:
+        if not failed:
+            shutil.rmtree(logs, ignore_errors=True)
 
 
 @contextmanager
