@@ -100,9 +100,9 @@ def parse_override(item: str) -> tuple[str, Any]:
 
 
 class _DuplicateKey(yaml.YAMLError):
-    def __init__(self, key: Any, lines: tuple[int, int]):
+    def __init__(self, key: Any, lines: tuple[int, int], column: int):
         super().__init__(f"key {key} appears twice")
-        self.key, self.lines = key, lines
+        self.key, self.lines, self.column = key, lines, column
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -118,7 +118,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             key = self.construct_object(key_node)
             line = key_node.start_mark.line + 1
             if key in seen:
-                raise _DuplicateKey(key, (seen[key], line))
+                raise _DuplicateKey(key, (seen[key], line), key_node.start_mark.column)
             seen[key] = line
         return super().construct_mapping(node, deep=deep)
 
@@ -134,7 +134,8 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"config file {path} is not a YAML text file ({_not_text_reason(exc)}); give a YAML config "
                           "(see configs/)") from None  # fmt: skip
     except _DuplicateKey as exc:
-        raise ConfigError(f"config file {path}: key {exc.key} is given twice (lines {exc.lines[0]} and {exc.lines[1]}) "
+        key = _key_path(path.read_text(encoding="utf-8"), exc.lines[1], exc.column) or exc.key
+        raise ConfigError(f"config file {path}: key {key} is given twice (lines {exc.lines[0]} and {exc.lines[1]}) "
                           "and YAML would keep only the last; merge them into one") from None  # fmt: skip
     except yaml.YAMLError as exc:
         raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
@@ -143,6 +144,30 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path}: the top level must be a mapping of sections, got {type(data).__name__}")
     return data
+
+
+def _key_path(text: str, line: int, column: int) -> str | None:
+    """The dotted path (``rollout.sampling.top_p``) of the mapping key at ``line`` (1-based), ``column``."""
+
+    def walk(node: yaml.Node, path: list[str]) -> str | None:
+        if isinstance(node, yaml.MappingNode):
+            for key_node, value in node.value:
+                here = [*path, str(key_node.value)]
+                mark = key_node.start_mark
+                if isinstance(key_node, yaml.ScalarNode) and (mark.line + 1, mark.column) == (line, column):
+                    return ".".join(here)
+                found = walk(value, here)
+                if found:
+                    return found
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                found = walk(item, [*path, str(i)])
+                if found:
+                    return found
+        return None
+
+    root = yaml.compose(text, Loader=yaml.SafeLoader)
+    return walk(root, []) if root is not None else None
 
 
 def _not_text_reason(exc: UnicodeDecodeError | yaml.reader.ReaderError) -> str:

@@ -36,7 +36,10 @@ def test_a_key_given_twice_names_the_key_and_both_lines(tmp_path):
     with pytest.raises(ConfigError, match=rf"^config file {path}: key rollout is given twice \(lines 1 and 5\)"):
         load_config(path)
     path.write_text("model:\n  arch: qwen2.5-7b\nrollout:\n  n: 4\n  tp: 2\n  n: 8\n")
-    with pytest.raises(ConfigError, match=r"key n is given twice \(lines 4 and 6\)"):
+    with pytest.raises(ConfigError, match=r"key rollout.n is given twice \(lines 4 and 6\)"):  # its dotted path
+        load_config(path)
+    path.write_text("model: {arch: qwen2.5-7b}\nrollout: {sampling: {top_p: 0.9, top_p: 1.0}}\n")  # flow style
+    with pytest.raises(ConfigError, match=r"key rollout\.sampling\.top_p is given twice \(lines 2 and 2\)"):
         load_config(path)
 
 
