@@ -11,6 +11,7 @@ with a value an override set names that override, not the YAML file.
 from __future__ import annotations
 
 import difflib
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -191,17 +192,26 @@ def _set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
 
 
 def _check_key_path(key: str) -> None:
-    """Refuse an override whose key does not exist, suggesting the closest one."""
+    """Refuse an override whose key does not exist, suggesting the closest one. The last part
+    may be an entry of a mapping field (``reward.functions.my_source=gsm8k``)."""
     model: type[BaseModel] | None = MegaRLConfig
     walked: list[str] = []
-    for part in key.split("."):
+    parts = key.split(".")
+    annotation: Any = None
+    for i, part in enumerate(parts):
         if model is None:
-            raise ConfigError(f"override {key}: {'.'.join(walked)} is a value, not a section")
+            if typing.get_origin(annotation) is not dict:
+                raise ConfigError(f"override {key}: {'.'.join(walked)} is a value, not a section")
+            if i < len(parts) - 1:
+                raise ConfigError(f"override {key}: {'.'.join(walked)} is a mapping; set one entry, "
+                                  f"{'.'.join(walked)}.NAME=VALUE")  # fmt: skip
+            return  # one entry of the mapping, merged into the file's
         fields = model.model_fields
         if part not in fields:
             raise ConfigError(_unknown_key_message(".".join([*walked, part]), part, list(fields)))
         walked.append(part)
-        model = _section_type(fields[part].annotation)
+        annotation = fields[part].annotation
+        model = _section_type(annotation)
 
 
 def _section_type(annotation: Any) -> type[BaseModel] | None:

@@ -66,6 +66,16 @@ def test_malformed_override(bad):
         parse_override(bad)
 
 
+def test_an_override_sets_one_entry_of_a_mapping(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("model: {arch: qwen2.5-7b}\nreward: {functions: {a: gsm8k}}\n")
+    cfg = load_config(path, ["reward.functions.b=math", "rollout.agent.loops.mine=pkg.mod:loop"])
+    assert cfg.reward.functions == {"a": "gsm8k", "b": "math"}  # merged into the file's mapping
+    assert cfg.rollout.agent.loops == {"mine": "pkg.mod:loop"}
+    with pytest.raises(ConfigError, match=r"reward\.functions is a mapping; set one entry, reward\.functions\.NAME=VALUE"):
+        load_config(path, ["reward.functions.b.c=math"])
+
+
 def test_override_into_a_value_is_refused():
     with pytest.raises(ConfigError, match="rollout.n is a value, not a section"):
         load_config(None, [*BASE, "rollout.n.x=1"])
