@@ -131,7 +131,21 @@ def _check_exists(label: str, path: str | Path) -> None:
 
 
 def _unreadable(label: str, path: str | Path, exc: Exception) -> DataError:
+    twice = _repeated_columns(path)
+    if twice:  # pyarrow's own message dumps the whole schema
+        return DataError(f"{label}: {path} has the column(s) {', '.join(twice)} more than once (an older megarl evaluate "
+                         "--scored wrote 'scores' again); score the generated file instead, or write this one with each column once")  # fmt: skip
     return DataError(f"{label}: cannot read {path} as parquet ({exc}); {SCHEMA_HELP}")
+
+
+def _repeated_columns(path: str | Path) -> list[str]:
+    import pyarrow.parquet as pq
+
+    try:
+        names = pq.read_schema(path).names
+    except Exception:  # noqa: BLE001 - not parquet at all: the caller's message says so
+        return []
+    return sorted({n for n in names if names.count(n) > 1})
 
 
 def _check_columns(label: str, columns: list[str], prompt_key: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pyarrow as pa
@@ -99,3 +100,13 @@ def test_missing_and_non_parquet_files(tmp_path):
     junk.write_text("not parquet")
     with pytest.raises(DataError, match=r"cannot read .* as parquet"):
         read_prompt_file(junk, label=LABEL)
+
+
+def test_a_column_given_twice_is_named(tmp_path):
+    """pyarrow cannot read such a file and dumps its schema; an older `megarl evaluate --scored` run
+    twice wrote one."""
+    path = tmp_path / "scored.parquet"
+    table = pa.table({"data_source": ["a"], "prompt": ["p"], "reward_model": [{"ground_truth": "1", "style": "rule"}]})
+    pq.write_table(table.append_column("scores", pa.array([[1.0]])).append_column("scores", pa.array([[0.0]])), path)
+    with pytest.raises(DataError, match=rf"^{re.escape(LABEL)}: {path} has the column\(s\) scores more than once \(an older"):
+        read_prompt_file(path, label=LABEL)
