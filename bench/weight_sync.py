@@ -14,7 +14,7 @@ holds the torch engine. Measured, per layout:
   against the default groups (1 MiB);
 - at PP=2, also the push through the stage collection that sends every stage to every rank
   (``collect="all"``, what the in-process push did before it sent to the leader only);
-- all-gather: one ``all_gather_into_tensor`` of the same number of bytes between the same two
+- all-gather: one ``all_gather_single`` (``all_gather_into_tensor``) of the same number of bytes between the same two
   processes (each sends half): the wire a push can reach here; and the same bytes in 16 MiB
   all-gathers, each into fresh memory as an export's are (gloo moves one large message at a
   fraction of the rate of medium ones here);
@@ -88,13 +88,15 @@ def gather_seconds(nbytes: int, chunk: int | None = None) -> float:
     per ``chunk`` bytes."""
     import torch.distributed as dist
 
+    from megarl.parallel.sharding import all_gather_flat
+
     chunk = min(chunk or nbytes, nbytes)
     local = torch.ones(chunk // 2, dtype=torch.uint8)
     out = torch.empty(2 * local.numel(), dtype=torch.uint8)
     dist.barrier()
     start = time.perf_counter()
     for _ in range(max(1, round(nbytes / chunk))):
-        dist.all_gather_into_tensor(out, local)
+        all_gather_flat(out, local, None)
         if chunk < nbytes:  # each into fresh memory, as an export's gathers are (not the one above)
             out = torch.empty_like(out)
     return time.perf_counter() - start

@@ -27,6 +27,13 @@ def pp_group() -> dist.ProcessGroup:
     return parallel_state.get_pipeline_model_parallel_group()
 
 
+def all_gather_flat(out: torch.Tensor, piece: torch.Tensor, group: dist.ProcessGroup | None) -> None:
+    """Every rank's ``piece`` into ``out`` (``[world * n, ...]``, rank by rank): torch's
+    all_gather_single where it exists (2.13 deprecates all_gather_into_tensor), else the older name."""
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    gather(out, piece, group=group)
+
+
 def gather_shards(shards: list[tuple[torch.Tensor, int]], group: dist.ProcessGroup | None = None) -> list[torch.Tensor]:
     """All-gather several tensors' equal shards over ``group`` (default: the TP group) with one
     collective per dtype, not one per tensor: ``[(shard, dim)]`` -> the full tensors (the ranks'
@@ -45,12 +52,12 @@ def gather_shards(shards: list[tuple[torch.Tensor, int]], group: dist.ProcessGro
         if len(members) == 1 and dim == 0:  # the ranks' slabs in order are the tensor: no copy out
             shard = shard.contiguous()
             full[members[0]] = out = shard.new_empty(world * shard.shape[0], *shard.shape[1:])
-            dist.all_gather_into_tensor(out, shard, group=group)
+            all_gather_flat(out, shard, group)
             continue
         # [n]: this rank's shards back to back (a lone shard needs no copy)
         flat = shard.reshape(-1) if len(members) == 1 else torch.cat([shards[i][0].reshape(-1) for i in members])
         gathered = flat.new_empty(world * flat.numel())  # [world * n]: every rank's, rank by rank
-        dist.all_gather_into_tensor(gathered, flat, group=group)
+        all_gather_flat(gathered, flat, group)
         gathered = gathered.view(world, -1)  # [world, n]
         del flat
         start = 0

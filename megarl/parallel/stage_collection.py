@@ -39,7 +39,7 @@ from typing import Literal
 import torch
 import torch.distributed as dist
 
-from megarl.parallel.sharding import broadcast_from_group_rank, pp_group, tp_group
+from megarl.parallel.sharding import all_gather_flat, broadcast_from_group_rank, pp_group, tp_group
 
 Collect = Literal["stage", "leader", "all"]
 Spec = tuple[str, tuple[int, ...], str]  # (HF name, shape, dtype name without "torch.")
@@ -129,7 +129,7 @@ def _broadcast_sliced(full: torch.Tensor | None, stage: int, shape: Sequence[int
         return full
     piece = broadcast_from_group_rank(None, stage, (per,), dtype, device)
     flat = torch.empty(per * tp, dtype=dtype, device=device)
-    dist.all_gather_into_tensor(flat, piece, group=tp_group())
+    all_gather_flat(flat, piece, tp_group())
     return flat[:numel].view(tuple(shape))
 
 

@@ -136,10 +136,12 @@ def _export_check(bridge, model, path: str) -> dict:
 
 
 def _counted_all_gathers():
-    """A spy on torch.distributed.all_gather_into_tensor: ``call_count`` inside the block."""
+    """A spy on the all-gather torch runs (all_gather_single, or all_gather_into_tensor before torch
+    2.13; see megarl.parallel.sharding.all_gather_flat): ``call_count`` inside the block."""
     import torch.distributed as dist
 
-    return mock.patch.object(dist, "all_gather_into_tensor", wraps=dist.all_gather_into_tensor)
+    name = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
+    return mock.patch.object(dist, name, wraps=getattr(dist, name))
 
 
 def _gather_shards_check(rank: int) -> dict:
