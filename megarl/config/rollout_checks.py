@@ -1,5 +1,5 @@
 """The planner's checks of the rollout side: engines and their weight transport, the SGLang
-servers' interpreter, sampling, positions and agent loops. Each appends :class:`Issue` s to the
+servers' interpreter, what a run without Ray can hold, sampling, positions and agent loops. Each appends :class:`Issue` s to the
 list it is given (megarl/config/planner.py collects them); `megarl generate` runs
 :func:`check_positions` alone. Torch-free, like the planner."""
 
