@@ -2,7 +2,7 @@
 
 One row per check: Python, torch and its CUDA build, the GPUs and the driver, NCCL,
 megatron-core (through megarl.models.mcore_version, the check `megarl launch` itself runs),
-transformer-engine, apex, flash-attn, SGLang in this Python (or the venv
+transformer-engine, apex, flash-attn, the C compiler torch.compile needs, SGLang in this Python (or the venv
 ``rollout.server_python`` can name), Ray and the cluster ``--address auto`` would attach to,
 and the Slurm job around us. Exit code 2 only when `megarl launch` cannot work here (no
 torch, no usable megatron-core, no Ray, a Python older than megarl's); else 0. Where
@@ -82,7 +82,8 @@ def collect() -> tuple[list[Check], list[dict[str, Any]]]:
     torch_check, torch = _torch()
     cuda_check, gpus = _cuda(torch)
     checks = [_python(), torch_check, cuda_check, _nccl(torch, bool(gpus)), _megatron_core(),
-              _transformer_engine(), _apex(), _flash_attn(), _sglang(), _ray(), _ray_cluster(), _slurm()]  # fmt: skip
+              _transformer_engine(), _apex(), _flash_attn(), _compiler(), _sglang(), _ray(), _ray_cluster(),
+              _slurm()]  # fmt: skip
     return checks, gpus
 
 
@@ -261,6 +262,23 @@ def _flash_attn() -> Check:
     if importlib.util.find_spec("flash_attn") is not None:
         return Check("flash-attn", True, _version("flash-attn") or _version("flash_attn"), "installed; megarl does not use it")
     return Check("flash-attn", False, None, "not installed", "nothing: megarl's attention is torch SDPA")
+
+
+def _compiler() -> Check:
+    # torch.compile (inductor) and Triton build each kernel with a C compiler against Python.h.
+    import sysconfig
+
+    names = [os.environ["CC"]] if os.environ.get("CC") else ["cc", "gcc", "clang"]
+    compiler = next((found for found in map(shutil.which, names) if found), None)
+    header = Path(sysconfig.get_paths()["include"]) / "Python.h"
+    missing = [what for what, ok in ((f"a C compiler ({' / '.join(names)} on PATH)", compiler), (str(header), header.is_file()))
+               if not ok]  # fmt: skip
+    if not missing:
+        return Check("C compiler", True, None, f"{compiler} and {header}: torch.compile and Triton can build kernels")
+    return Check("C compiler", False, None, f"missing {' and '.join(missing)}",
+                 "torch.compile / Triton cannot build kernels, which CUDA runs need (Megatron compiles its fused "
+                 "bias-activation and bias-dropout functions, actor.packed_attention=flex its attention); install gcc "
+                 "and this Python's headers (python3-dev)")  # fmt: skip
 
 
 def _sglang() -> Check:

@@ -50,7 +50,7 @@ def test_table(capsys):
     assert main(["doctor"]) == 0
     *rows, last = capsys.readouterr().out.splitlines()
     names = ["python", "torch", "CUDA", "NCCL", "megatron-core", "transformer-engine", "apex", "flash-attn",
-             "sglang", "ray", "ray cluster", "slurm"]
+             "C compiler", "sglang", "ray", "ray cluster", "slurm"]
     assert [row[: len(name)] for row, name in zip(rows, names)] == names and len(rows) == len(names)
     column = len("transformer-engine") + 2  # names are padded to the longest: the status column is aligned
     assert {row[column:].split()[0] for row in rows} <= {"ok", "no", "FAIL"}
@@ -78,6 +78,23 @@ def test_slurm_job_variables(capsys, monkeypatch):
     monkeypatch.setenv("SLURM_NNODES", "4")
     _, _, checks = doctor_json(capsys)
     assert checks["slurm"]["detail"] == "SLURM_JOB_ID=4242 SLURM_JOB_NODELIST=gpu[01-04] SLURM_NNODES=4"
+
+
+def test_c_compiler_for_torch_compile(capsys, monkeypatch):
+    import shutil
+    import sysconfig
+
+    _, _, checks = doctor_json(capsys)
+    if shutil.which("cc") and (Path(sysconfig.get_paths()["include"]) / "Python.h").is_file():
+        assert checks["C compiler"]["ok"] and checks["C compiler"]["detail"].endswith("Python.h: torch.compile and Triton can build kernels")
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setattr(sysconfig, "get_paths", lambda: {"include": "/nonexistent"})
+    _, _, checks = doctor_json(capsys)
+    compiler = checks["C compiler"]
+    assert not compiler["ok"] and not compiler["fatal"]
+    assert compiler["detail"] == "missing a C compiler (cc / gcc / clang on PATH) and /nonexistent/Python.h"
+    assert "which CUDA runs need" in compiler["disables"] and "python3-dev" in compiler["disables"]
 
 
 def run_doctor(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
