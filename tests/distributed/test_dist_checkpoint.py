@@ -110,6 +110,34 @@ def test_distributed_optimizer_checkpoint_restores_exactly(model_dir, tmp_path):
         assert r["metrics_equal"] and r["weights_equal"]
 
 
+def _never_stepped_run(rank: int, world: int, path: str, ckpt_dir: str) -> dict:
+    """A policy saved before its first optimizer step (a PPO run's critic warm-up), loaded, then
+    trained one step: the same as the saver's step and as a fresh policy's."""
+    import multiprocessing
+
+    from megarl.actors.policy import PolicyWorker
+
+    multiprocessing.current_process()._config["daemon"] = False  # as in _ckpt_run
+    cfg = ActorConfig(parallel=ParallelConfig(tp=1), micro_batch_size=2, optimizer=OPT)
+    batch = ac.make_batch(2, rows=8)
+    workers = [PolicyWorker(path, cfg, "float32", seed=1, total_optimizer_steps=6) for _ in range(3)]
+    saver, loader, fresh = workers
+    saver.save(ckpt_dir)  # Megatron's distributed optimizer asserted on a state without a step
+    loader.load(ckpt_dir)
+    metrics = [w.update(batch, ac.pg_loss, mini_batch_size=8) for w in workers]
+    weights = [ac.exported_state(w) for w in workers]
+    return {"metrics_equal": metrics[0] == metrics[1] == metrics[2],
+            "weights_equal": all(torch.equal(weights[0][k], w[k]) for w in weights[1:] for k in weights[0]),
+            "trained": any(not torch.equal(weights[0][k], ac.exported_state(PolicyWorker(path, cfg, "float32", seed=1,
+                           total_optimizer_steps=6))[k]) for k in weights[0])}  # fmt: skip
+
+
+def test_a_policy_saved_before_its_first_step_resumes_as_a_fresh_one(model_dir, tmp_path):
+    for r in run_distributed(_never_stepped_run, 2, model_dir, str(tmp_path / "ckpt")):
+        assert r["trained"], "the step must change the weights, or equality proves nothing"
+        assert r["metrics_equal"] and r["weights_equal"]
+
+
 def _fused_adam_class(package: str) -> type:
     """A stand-in with TE/apex FusedAdam's layout: moments per parameter, ``step`` an int in
     each param group that has parameters (incremented by ``step()``)."""

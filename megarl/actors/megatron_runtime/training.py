@@ -168,6 +168,9 @@ class TrainableModel:
         from megatron.core import dist_checkpointing
 
         os.makedirs(path, exist_ok=True)
+        # A never-stepped optimizer (the policy during critic warm-up) has no state for the
+        # distributed optimizer to describe: give it the state a fresh Adam starts from (step 0).
+        _materialise_optimizer_state(self.optimizer, step=0.0)
         dist_checkpointing.save(self._sharded_state(is_loading=False), str(path))
         if torch.distributed.get_rank() == 0:  # which megatron-core can read it back, and the buckets
             write_checkpoint_versions(path, grad_bucket_params=GRAD_BUCKET_PARAMS)
@@ -224,12 +227,14 @@ def _inner_optimizers(optimizer: Any) -> list[Any]:
     return [opt for opt in inner if opt is not None]
 
 
-def _materialise_optimizer_state(optimizer: Any) -> None:
+def _materialise_optimizer_state(optimizer: Any, step: float | None = None) -> None:
     """Give a never-stepped torch Adam its state tensors (``step``, moments) so that Megatron can
-    describe them for loading (without apex/TE it reads ``step`` from the per-parameter state).
-    A step with zero gradients, zero LR and zero weight decay changes no parameter; the load
-    overwrites it. TE/apex FusedAdam needs none: Megatron allocates its moments itself and its
-    ``step`` lives in the param groups, which the load restores."""
+    describe them for loading or saving (without apex/TE it reads ``step`` from the
+    per-parameter state). A step with zero gradients, zero LR and zero weight decay changes no
+    parameter and leaves zero moments; a load overwrites it; ``step`` (0 for a save) sets the
+    count, and zero moments at step 0 are exactly the state a fresh Adam starts from. TE/apex
+    FusedAdam needs none: Megatron allocates its moments itself and its ``step`` lives in the
+    param groups, which the load restores."""
     for inner in _inner_optimizers(optimizer):
         if adam_step_layout(inner) != "per_param" or len(inner.state) > 0:
             continue
@@ -243,6 +248,9 @@ def _materialise_optimizer_state(optimizer: Any) -> None:
             group["lr"], group["weight_decay"] = lr, wd
             for p in group["params"]:
                 p.grad = None
+        if step is not None:
+            for param_state in inner.state.values():
+                param_state["step"] = torch.tensor(step, dtype=torch.float32)  # one tensor each: Adam adds in place
 
 
 def _saved_adam_step(loaded: Any) -> float | None:
