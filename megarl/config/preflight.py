@@ -166,6 +166,52 @@ def _check_resume(cfg: MegaRLConfig, findings: list[Finding]) -> None:
             check_checkpoint_readable(ckpt.component("policy"))
         except (ValueError, ImportError) as exc:
             findings.append(Finding("trainer.resume", str(exc)))
+    if ckpt is not None:
+        _check_resumed_config(cfg, ckpt, findings)
+
+
+# What may change between a run's launches without a word: how long it runs, where it resumes from.
+RESUME_FREE_KEYS = ("trainer.total_steps", "trainer.total_epochs", "trainer.resume")
+
+
+def _check_resumed_config(cfg: MegaRLConfig, ckpt: Any, findings: list[Finding]) -> None:
+    """The launch's config against the one the checkpoint was trained with: another model is
+    refused (the policy would go on from the checkpoint's weights while the reference loads the
+    new model), any other change is named (the run goes on with the new values)."""
+    from megarl.config.loading import ConfigError, load_config
+
+    try:
+        old = load_config(ckpt.path / "config.yaml")
+    except ConfigError:  # none, or written by a megarl whose config differs: nothing to compare
+        return
+    launched = Path((ckpt.manifest.get("metadata") or {}).get("launch_dir") or Path.cwd())
+    was, now = old.model.path, cfg.model.path
+    if (was is None) != (now is None) or (was and now and (launched / was).resolve() != Path(now).resolve()) or (
+        old.model.arch != cfg.model.arch
+    ):  # fmt: skip
+        trained = f"model.path={was}" if was else f"model.arch={old.model.arch}"
+        findings.append(Finding("model.path", f"({now or cfg.model.arch}) is not the model {ckpt.path.name} was trained "
+                                f"from ({trained}): its policy would go on from the checkpoint while the reference loads "
+                                f"the new model; resume with {trained}, or start from the new model in a new "
+                                "trainer.output_dir"))  # fmt: skip
+    changed = [f"{k}: {a!r} -> {b!r}" for k, (a, b) in _differences(old.model_dump(), cfg.model_dump()).items()
+               if k not in (*RESUME_FREE_KEYS, "model.path", "model.arch")]  # fmt: skip
+    if changed:
+        shown = "; ".join(changed[:6]) + (f"; and {len(changed) - 6} more" if len(changed) > 6 else "")
+        findings.append(Finding("trainer.resume", f"{ckpt.path.name} was trained with another config, and the run goes "
+                                f"on with this one: {shown}", level="warning"))  # fmt: skip
+
+
+def _differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> dict[str, tuple[Any, Any]]:
+    """The dotted keys whose values differ between two config dumps, with (old, new)."""
+    out: dict[str, tuple[Any, Any]] = {}
+    for key in dict.fromkeys([*old, *new]):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out |= _differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out[f"{prefix}{key}"] = (a, b)
+    return out
 
 
 # ---- data -----------------------------------------------------------------------------------------------

@@ -158,6 +158,33 @@ def test_checkpoints_are_never_started_over(demo, tmp_path):
     assert (ckpt / "trainer_state.pt").read_bytes() == b"short"
 
 
+def _trained_with(out: Path, step: int, cfg, launch_dir: Path) -> Path:
+    """A checkpoint as the trainer saves it: with the config it was trained with and the launch directory."""
+    from megarl.checkpoint.manager import CheckpointManager
+    from megarl.config.loading import config_to_yaml
+
+    with CheckpointManager(out).saving(step, {"launch_dir": str(launch_dir)}) as d:
+        (d / "trainer_state.pt").write_bytes(b"state")
+        (d / "config.yaml").write_text(config_to_yaml(cfg))
+    return out / "checkpoints" / f"step_{step:06d}"
+
+
+def test_a_resume_refuses_another_model_and_names_other_changes(demo, tmp_path):
+    model, _ = demo
+    out = tmp_path / "run"
+    trained = config(demo, out, f"model.path={model.name}")  # relative to the launch directory, model's parent
+    _trained_with(out, 2, trained, launch_dir=model.parent)
+    plan = make_plan(config(demo, out, "trainer.total_steps=9"), check_files=True)  # the same model, absolute now
+    assert [w for w in plan.warnings if w.field in ("model.path", "trainer.resume")] == []
+    msg = refusal(config(demo, out, "model.path=/elsewhere/sft/model"))
+    assert (f"model.path: (/elsewhere/sft/model) is not the model step_000002 was trained from (model.path={model.name}): "
+            "its policy would go on from the checkpoint while the reference loads the new model") in msg
+    warned = make_plan(config(demo, out, "actor.optimizer.lr=0.005", "rollout.n=16"), check_files=True).warnings
+    [changed] = [w for w in warned if w.field == "trainer.resume"]
+    assert changed.message == ("step_000002 was trained with another config, and the run goes on with this one: "
+                               "rollout.n: 8 -> 16; actor.optimizer.lr: 0.001 -> 0.005")
+
+
 def test_a_finished_run_says_so(demo, tmp_path):
     out = tmp_path / "run"
     _checkpoint(out, 500)
