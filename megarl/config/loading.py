@@ -33,8 +33,7 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
     applied: dict[str, str] = {}  # key -> the override as typed, to name it in errors
     for item in overrides:
         key, value = parse_override(item)
-        _check_key_path(key)
-        _set_dotted(raw, key, value)
+        _set_dotted(raw, key, value, merge=_check_key_path(key))
         applied[key] = item
     return validate_config(raw, source=str(path) if path else "<overrides>", overrides=applied)
 
@@ -49,8 +48,7 @@ def load_section(overrides: list[str] | tuple[str, ...], section: str) -> Any:
         if key.split(".")[0] != section:
             raise ConfigError(f"override {item!r}: without a config file only {section}.* settings apply here; "
                               f"give the config file to set {key}")  # fmt: skip
-        _check_key_path(key)
-        _set_dotted(raw, key, value)
+        _set_dotted(raw, key, value, merge=_check_key_path(key))
         applied[key] = item
     model = _section_type(MegaRLConfig.model_fields[section].annotation)
     assert model is not None, section
@@ -177,7 +175,10 @@ def _not_text_reason(exc: UnicodeDecodeError | yaml.reader.ReaderError) -> str:
     return f"character U+{exc.character:04X} at offset {exc.position} is not allowed in YAML"
 
 
-def _set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
+def _set_dotted(raw: dict[str, Any], key: str, value: Any, merge: bool = False) -> None:
+    """``raw[a][b][c] = value`` for ``key`` a.b.c; ``merge``: a mapping given for a section is
+    merged into what the file set there (``rollout.sampling={temperature: 0.7}`` keeps the
+    file's max_new_tokens), as Hydra does."""
     node = raw
     parts = key.split(".")
     for i, part in enumerate(parts[:-1]):
@@ -188,12 +189,22 @@ def _set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
             where = ".".join(parts[: i + 1])
             raise ConfigError(f"override {key}: {where} is a value ({child!r}), not a section")
         node = child
+    if merge and isinstance(value, dict) and isinstance(node.get(parts[-1]), dict):
+        value = _merged(node[parts[-1]], value)
     node[parts[-1]] = value
 
 
-def _check_key_path(key: str) -> None:
+def _merged(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in update.items():
+        out[k] = _merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _check_key_path(key: str) -> bool:
     """Refuse an override whose key does not exist, suggesting the closest one. The last part
-    may be an entry of a mapping field (``reward.functions.my_source=gsm8k``)."""
+    may be an entry of a mapping field (``reward.functions.my_source=gsm8k``). Returns whether
+    the key names a section."""
     model: type[BaseModel] | None = MegaRLConfig
     walked: list[str] = []
     parts = key.split(".")
@@ -205,13 +216,14 @@ def _check_key_path(key: str) -> None:
             if i < len(parts) - 1:
                 raise ConfigError(f"override {key}: {'.'.join(walked)} is a mapping; set one entry, "
                                   f"{'.'.join(walked)}.NAME=VALUE")  # fmt: skip
-            return  # one entry of the mapping, merged into the file's
+            return False  # one entry of the mapping, merged into the file's
         fields = model.model_fields
         if part not in fields:
             raise ConfigError(_unknown_key_message(".".join([*walked, part]), part, list(fields)))
         walked.append(part)
         annotation = fields[part].annotation
         model = _section_type(annotation)
+    return model is not None
 
 
 def _section_type(annotation: Any) -> type[BaseModel] | None:

@@ -66,6 +66,15 @@ def test_malformed_override(bad):
         parse_override(bad)
 
 
+def test_a_mapping_given_for_a_section_is_merged_into_the_files(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("model: {arch: qwen2.5-7b}\nrollout: {n: 4, sampling: {max_new_tokens: 3072, temperature: 1.0}}\n")
+    cfg = load_config(path, ["rollout.sampling={temperature: 0.7}", "rollout={tp: 2, sampling: {top_p: 0.9}}"])
+    assert (cfg.rollout.n, cfg.rollout.tp) == (4, 2)
+    s = cfg.rollout.sampling
+    assert (s.max_new_tokens, s.temperature, s.top_p) == (3072, 0.7, 0.9)  # the file's max_new_tokens kept
+
+
 def test_an_override_sets_one_entry_of_a_mapping(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("model: {arch: qwen2.5-7b}\nreward: {functions: {a: gsm8k}}\n")
