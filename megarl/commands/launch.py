@@ -90,13 +90,18 @@ def launch_command(config: str | Path, overrides: list[str], cfg: MegaRLConfig, 
 def run(cfg: MegaRLConfig, plan, address: str | None = None, resume_command: str = "", *,
         in_process: bool = False) -> dict[str, float]:  # fmt: skip
     from megarl.trainer.build import build_trainer, shutdown
+    from megarl.trainer.run_lock import output_dir_lock
     from megarl.trainer.watchdog import RunControl, RunStopped
 
     address = address or cfg.cluster.ray_address
     local_cpus = None if address else max(os.cpu_count() or 1, _cpus_needed(plan))
     control = RunControl(resume_command, save_on_signal=cfg.trainer.checkpoint_on_signal)
     trainer = None
-    with driver_log(Path(cfg.trainer.output_dir) / "logs" / DRIVER_LOG), control.handlers():
+    with (
+        output_dir_lock(cfg.trainer.output_dir),  # one run per output_dir: a second launch there is refused
+        driver_log(Path(cfg.trainer.output_dir) / "logs" / DRIVER_LOG),
+        control.handlers(),
+    ):
         where = "this process" if in_process else f"Ray at {address}" if address else f"an embedded Ray ({local_cpus} CPUs)"
         log.info("starting %s, then %s", where, _roles(plan))
         stopped = lambda: RunStopped(f"stopped by {control.signal_name} while starting; nothing was trained or saved\n"  # noqa: E731

@@ -67,6 +67,7 @@ def run_sft(cfg: Any, address: str | None = None) -> Path:
     from megarl.actors.ray_groups.placement import role_placements
     from megarl.actors.ray_groups.session import ray_session
     from megarl.config.planner import make_plan, resolved_config, sft_max_length
+    from megarl.trainer.run_lock import output_dir_lock
 
     s = cfg.sft
     if not s.train_files:
@@ -87,7 +88,7 @@ def run_sft(cfg: Any, address: str | None = None) -> Path:
     control = RunControl()
     stopped = lambda: RunStopped(f"stopped by {control.signal_name} while starting; nothing was trained or "  # noqa: E731
                                  "written", control.exit_code)
-    with control.handlers(), ExitStack() as session:
+    with output_dir_lock(out, "sft.output_dir"), control.handlers(), ExitStack() as session:
         # Logged once a signal is handled: a SIGTERM sent on seeing it stops the run cleanly.
         log.info("sft: %d training rows, %d held-out, %d steps of %d sequences (DP=%d)", len(data.train), len(data.val),
                  steps, s.batch_size, dp)  # fmt: skip

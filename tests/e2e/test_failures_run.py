@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -258,6 +259,27 @@ def test_sigterm_while_ray_starts_exits_143_with_nothing_left(launch_dir, tmp_pa
     # Ray's processes (GCS, raylet, workers) started by this run, wherever they were re-parented
     started = [psutil.Process(p) for p in set(psutil.pids()) - before if psutil.pid_exists(p)]
     assert survivors([p for p in started if _is_ray(p)], within=10) == []
+
+
+def test_a_second_launch_into_a_running_runs_output_dir_is_refused(launch_dir, tmp_path):
+    """The same command again while the run lives (a Slurm requeue of a job still running):
+    refused before it touches the run, naming the first; the first goes on undisturbed."""
+    log = tmp_path / "busy.log"
+    args = [*MEGARL, "launch", str(TINY), *overrides(1000, "trainer.output_dir=busy")]
+    proc = start(launch_dir, args, log)
+    try:
+        wait_for_step(proc, launch_dir / "busy", 1, log)
+        second = subprocess.run(args, cwd=launch_dir, capture_output=True, text=True, timeout=120)
+        assert proc.poll() is None, log.read_text()[-3000:]
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        output = finish(proc, log, timeout=300)
+    assert second.returncode == 2, second.stderr[-3000:]
+    assert re.search(rf"^error: trainer.output_dir busy is in use by pid {proc.pid} on \S+ \(since [^)]*\); wait for that "
+                     r"run to end or stop it, or give another trainer.output_dir$", second.stderr, re.M), second.stderr[-3000:]
+    assert proc.returncode == 130 and "saved checkpoint" in output, output[-3000:]
+    steps = steps_logged(launch_dir / "busy")
+    assert steps == list(range(1, max(steps) + 1))  # one run's lines, none cut by the refused launch
 
 
 def _is_ray(p: psutil.Process) -> bool:
