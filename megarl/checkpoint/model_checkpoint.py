@@ -35,6 +35,7 @@ from typing import Any
 RECORD = "megarl_megatron.json"
 WEIGHTS = "megatron"
 KIND = "megarl hf-to-megatron"
+SFT_SOURCE = "megarl sft of "  # the record's source of weights `megarl sft` trained (no conversion remakes them)
 # Bookkeeping keys of an HF config.json that say nothing about the model.
 _CONFIG_NOISE = {"_name_or_path", "transformers_version"}
 

@@ -43,6 +43,7 @@ from typing import Any
 from megarl.checkpoint.model_checkpoint import (
     RECORD as MODEL_RECORD,  # stdlib only: the CLI stays fast
 )
+from megarl.checkpoint.model_checkpoint import SFT_SOURCE
 from megarl.commands.outputs import OutputError, OutputExistsError
 
 EXPORT_MANIFEST = "megarl_export.json"
@@ -502,9 +503,13 @@ def _check_previous_output(target: Path, overwrite: bool, manifest_name: str) ->
         raise OutputError(f"--overwrite replaces only a previous megarl convert output, and {target} has no "
                           f"{manifest_name} (it holds {_listing(present)}); choose another directory")
     try:
-        listed = set(json.loads(manifest.read_text())["files"]) | {manifest_name}
+        record = json.loads(manifest.read_text())
+        listed = set(record["files"]) | {manifest_name}
     except (ValueError, KeyError, TypeError) as exc:
         raise OutputError(f"{manifest} is unreadable ({exc}); choose another directory") from None
+    if str(record.get("source", "")).startswith(SFT_SOURCE):  # trained weights: no conversion makes them again
+        raise OutputError(f"{target} holds the weights `megarl sft` trained ({manifest_name}: {record['source']}), and "
+                          "--overwrite here replaces only a conversion's output; choose another directory")  # fmt: skip
     others = [p for p in present if p not in listed]
     if others:
         raise OutputError(f"{target} holds files that megarl convert did not write ({_listing(others)}); "

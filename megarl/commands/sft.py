@@ -220,12 +220,12 @@ def validation_loss(client: Any, data: _Data, batch_size: int, dp: int) -> float
 
 def _write_model(cfg: Any, client: Any, target: Path) -> None:
     """The fine-tuned weights as a model checkpoint at ``target``: staged, verified, renamed."""
-    from megarl.checkpoint.model_checkpoint import write_verified
+    from megarl.checkpoint.model_checkpoint import SFT_SOURCE, write_verified
     from megarl.commands.convert import finish_output, read_hf_config, staged_output
 
     source = Path(cfg.model.path).absolute()
     p = cfg.actor.parallel
-    record = dict(source=f"megarl sft of {source}", tp=p.tp, pp=p.pp, dtype=cfg.model.dtype, hf_config=read_hf_config(source))
+    record = dict(source=f"{SFT_SOURCE}{source}", tp=p.tp, pp=p.pp, dtype=cfg.model.dtype, hf_config=read_hf_config(source))
     client.offload(["policy/optimizer", "policy/grads"])  # room for the second model the verify load builds
     with staged_output(target) as staging:
         try:

@@ -85,6 +85,22 @@ def test_an_existing_directory_is_replaced_only_when_it_is_a_previous_output(run
     check_output_target(launch / "new" / "hf", False, protected(launch, ckpt))  # a new place: fine
 
 
+def test_weights_sft_trained_are_never_overwritten(run):
+    """A `megarl sft` model has the record of an hf-to-megatron output; its weights are trained,
+    not converted, so --overwrite must not take it for a conversion's output."""
+    from megarl.checkpoint.model_checkpoint import RECORD, SFT_SOURCE
+
+    launch, ckpt = run
+    out = launch / "sft" / "model"
+    out.mkdir(parents=True)
+    (out / "weights").write_bytes(b"trained")
+    (out / RECORD).write_text(json.dumps({"files": ["weights"], "source": f"{SFT_SOURCE}models/tiny"}))
+    with pytest.raises(OutputError, match=r"holds the weights `megarl sft` trained .*; choose another directory"):
+        check_output_target(out, True, protected(launch, ckpt), manifest=RECORD)
+    (out / RECORD).write_text(json.dumps({"files": ["weights"], "source": "models/tiny"}))  # a conversion's: replaceable
+    check_output_target(out, True, protected(launch, ckpt), manifest=RECORD)
+
+
 def test_swap_replaces_a_previous_output_and_normalizes_modes(tmp_path):
     target, written = tmp_path / "hf", tmp_path / ".hf.staging" / "v0"
     target.mkdir()
