@@ -73,4 +73,4 @@ def _check_out(out: Path, overwrite: bool) -> None:
     if out.suffix.lstrip(".").lower() not in formats:
         got = f"extension {out.suffix}" if out.suffix else "no extension"
         raise OutputError(f"--out {out} has {got}; name an image file ending in one of: {', '.join(formats)} (e.g. curves.png)")
-    check_new_file(out, overwrite)
+    check_new_file(out, overwrite, in_existing_folder=True)

@@ -177,7 +177,7 @@ def write_script(path: Path, script: str, overwrite: bool) -> None:
     """Write ``script`` to ``path`` (executable); an existing file is replaced only with --overwrite."""
     from megarl.commands.outputs import check_new_file
 
-    check_new_file(path, overwrite, fix="choose another --out")
+    check_new_file(path, overwrite, fix="choose another --out", in_existing_folder=True)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(script)
     tmp.chmod(0o755)

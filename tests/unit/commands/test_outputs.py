@@ -19,3 +19,10 @@ def test_an_existing_file_is_replaced_only_with_overwrite(tmp_path):
 def test_a_folder_is_refused_even_with_overwrite(tmp_path):
     with pytest.raises(OutputError, match=rf"^{tmp_path} is a directory; give another OUT_DIR$"):
         check_new_file(tmp_path, overwrite=True, flag="", fix="give another OUT_DIR")
+
+
+def test_a_missing_folder_is_named_where_the_command_creates_none(tmp_path):
+    out = tmp_path / "nodir" / "job.sbatch"
+    with pytest.raises(OutputError, match=rf"^--out {out}: the folder {out.parent} does not exist; create it, or give another path$"):
+        check_new_file(out, overwrite=False, in_existing_folder=True)
+    check_new_file(out, overwrite=False)  # a command that creates its folders
