@@ -17,6 +17,9 @@ from megarl.config.sections import MegaRLConfig
 def describe(key: str | None = None) -> str:
     """The reference of the whole config, of one dotted section (e.g. ``actor.optimizer``) or of
     one key (e.g. ``actor.optimizer.lr``)."""
+    if key and (key.endswith((".yaml", ".yml")) or "/" in key):
+        raise ConfigError(f"{key} looks like a config file; `megarl config` takes a section or key (e.g. rollout or "
+                          f"rollout.n), and `megarl plan {key}` checks that file")  # fmt: skip
     model: type[BaseModel] = MegaRLConfig
     prefix = ""
     parts = key.split(".") if key else []

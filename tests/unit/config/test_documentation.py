@@ -26,3 +26,8 @@ def test_one_key_and_a_misspelt_one():
         describe("rollout.sampling.temprature")
     with pytest.raises(ConfigError, match=r"^rollout\.n is a key, not a section; `megarl config rollout\.n` describes it$"):
         describe("rollout.n.x")
+
+
+def test_a_config_file_is_not_a_key():
+    with pytest.raises(ConfigError, match=r"^configs/tiny_grpo.yaml looks like a config file; .*`megarl plan configs/tiny_grpo.yaml`"):
+        describe("configs/tiny_grpo.yaml")
