@@ -219,11 +219,23 @@ def _check_key_path(key: str) -> bool:
             return False  # one entry of the mapping, merged into the file's
         fields = model.model_fields
         if part not in fields:
+            deeper = _nested_key(model, part)
+            if deeper:  # rollout.temperature: the key lives one section down (verl's flat names)
+                raise ConfigError(f"unknown key {'.'.join([*walked, part])}; did you mean {'.'.join([*walked, deeper])}?")
             raise ConfigError(_unknown_key_message(".".join([*walked, part]), part, list(fields)))
         walked.append(part)
         annotation = fields[part].annotation
         model = _section_type(annotation)
     return model is not None
+
+
+def _nested_key(model: type[BaseModel], name: str) -> str | None:
+    """``sampling.temperature`` when ``name`` is a key of one of ``model``'s sections (the first found)."""
+    for field_name, field in model.model_fields.items():
+        sub = _section_type(field.annotation)
+        if sub is not None and name in sub.model_fields:
+            return f"{field_name}.{name}"
+    return None
 
 
 def _section_type(annotation: Any) -> type[BaseModel] | None:

@@ -31,6 +31,8 @@ def test_override_wins_over_file(tmp_path):
         ("actor.optimizer.lrr=1", "did you mean actor.optimizer.lr?"),
         ("algorithm.kl.coeff=0.1", "did you mean algorithm.kl.coef?"),
         ("rollot.n=3", "did you mean rollout?"),
+        ("rollout.temperature=0.7", "unknown key rollout.temperature; did you mean rollout.sampling.temperature?"),
+        ("rollout.max_new_tokens=5", "did you mean rollout.sampling.max_new_tokens?"),
     ],
 )
 def test_unknown_override_key_suggests_closest(override, expected):
