@@ -11,6 +11,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from megarl.config.architectures import BUILTIN_ARCHS
 from megarl.config.rollout_sections import RolloutConfig
 from megarl.config.section_base import Section, builtin_or_import_path
 
@@ -51,6 +52,8 @@ class ModelConfig(Section):
     def _path_or_arch(self) -> ModelConfig:
         if self.path is None and self.arch is None:
             raise ValueError("set model.path (an HF model directory) or model.arch (a built-in architecture name)")
+        if self.arch is not None and self.arch.lower() not in BUILTIN_ARCHS:  # also beside a path: a typo is no plan
+            raise ValueError(f"model.arch ({self.arch!r}) is not a built-in architecture; choose one of: {', '.join(BUILTIN_ARCHS)}")
         return self
 
 
