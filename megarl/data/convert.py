@@ -42,7 +42,9 @@ class RawRecord:
     where: str  # "train.jsonl: line 12"
 
     def get(self, name: str, *, option: str = "") -> Any:
-        if name not in self.fields or self.fields[name] is None:
+        if name in self.fields and self.fields[name] is None:
+            raise DataError(f"{self.where}: field {name!r} is null; give it a value or drop the record")
+        if name not in self.fields:
             hint = f"; choose the field with {option}" if option else ""
             raise DataError(f"{self.where}: missing field {name!r}; the record has fields {sorted(self.fields)}{hint}")
         return self.fields[name]
@@ -64,7 +66,7 @@ def read_raw_records(path: str | Path) -> Iterator[RawRecord]:
         raise DataError(f"{path}: no such file")
     if p.suffix not in READABLE:
         raise DataError(f"{path}: unsupported input format {p.suffix or '(none)'!r}; give a .jsonl or .csv file")
-    with p.open(encoding="utf-8", newline="") as fh:
+    with p.open(encoding="utf-8-sig", newline="") as fh:  # -sig: a spreadsheet's byte-order mark is no field name
         if p.suffix == ".csv":
             reader = csv.DictReader(fh)
             for row in reader:

@@ -101,6 +101,16 @@ def test_generic_csv_with_system_and_suffix(tmp_path):
         generic_rows(src, prompt_field="question", answer_field="a", data_source="my_qa")
 
 
+def test_a_spreadsheets_byte_order_mark_and_a_null_field(tmp_path):
+    src = tmp_path / "excel.csv"
+    src.write_bytes("\ufeffq,a\nCapital of France?,Paris\n".encode())  # what Excel's "CSV UTF-8" writes
+    (row,) = generic_rows(src, prompt_field="q", answer_field="a", data_source="qa")
+    assert row["reward_model"]["ground_truth"] == "Paris"
+    src = _jsonl(tmp_path / "n.jsonl", [{"q": "b", "a": None}])
+    with pytest.raises(DataError, match=r"^n.jsonl: line 1: field 'a' is null; give it a value or drop the record$"):
+        generic_rows(src, prompt_field="q", answer_field="a", data_source="qa")
+
+
 def test_generic_jsonl_keeps_message_prompts_and_checks_types(tmp_path):
     msgs = [{"role": "user", "content": "hi"}]
     src = _jsonl(tmp_path / "c.jsonl", [{"p": msgs, "a": 3}, {"p": "plain", "a": 1.5}])
