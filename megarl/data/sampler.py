@@ -133,7 +133,7 @@ class MixtureSampler:
                 raise DataError(
                     f"cannot resume the data sampler: the checkpoint was saved with {what} = {state[key]}, "
                     f"the config now gives {mine[key]}; resume with the same data settings, or start "
-                    "a fresh run (trainer.resume=disable)"
+                    "a fresh run in a new trainer.output_dir"
                 )
         self.step = int(state["step"])
         self.counts = [int(c) for c in state["counts"]]
