@@ -336,8 +336,9 @@ def _ray_cluster() -> Check:
     answer = unanswered(address)
     if answer is None:
         return Check("ray cluster", True, None, f"{address} (from {source}): `--address auto` attaches to it")
+    fix = "correct or unset RAY_ADDRESS" if source == "RAY_ADDRESS" else f"remove {source}, which an earlier Ray left"
     return Check("ray cluster", False, None, f"{address} (from {source}) does not answer ({answer})",
-                 "`megarl launch --address auto`: start the cluster (`ray start --head`) or unset RAY_ADDRESS")  # fmt: skip
+                 f"`megarl launch --address auto`: start the cluster (`ray start --head`), or {fix}")  # fmt: skip
 
 
 def _slurm() -> Check:

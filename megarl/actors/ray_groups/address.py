@@ -33,10 +33,12 @@ def find_cluster(address: str) -> tuple[str, str] | None:
 
 def unanswered(address: str) -> str | None:
     """None when something listens at host:port (one TCP connect, closed at once; Ray is not
-    joined), else why not. Addresses that are not host:port (ray://...) are not probed."""
+    joined), else why not. Ray Client addresses (ray://...) are not probed."""
+    if address.startswith("ray://"):
+        return None
     found = re.fullmatch(r"\[?([^\]\s/]+?)\]?:(\d+)", address)
     if found is None:
-        return None
+        return "not host:port"
     try:
         with socket.create_connection((found.group(1), int(found.group(2))), timeout=1.0):
             return None

@@ -47,3 +47,4 @@ def test_a_listening_port_answers_and_client_addresses_are_not_probed():
         server.listen()
         assert unanswered(f"127.0.0.1:{server.getsockname()[1]}") is None
     assert unanswered("ray://head:10001") is None
+    assert unanswered("garbage") == "not host:port"  # RAY_ADDRESS=garbage attaches to nothing

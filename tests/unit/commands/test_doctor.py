@@ -69,7 +69,10 @@ def test_ray_address_probed_not_joined(capsys, monkeypatch):
         assert checks["ray cluster"]["detail"] == f"127.0.0.1:{port} (from RAY_ADDRESS): `--address auto` attaches to it"
     code, _, checks = doctor_json(capsys)  # the listener is gone
     assert code == 0 and not checks["ray cluster"]["ok"] and "does not answer" in checks["ray cluster"]["detail"]
-    assert "start the cluster" in checks["ray cluster"]["disables"]
+    assert checks["ray cluster"]["disables"].endswith("start the cluster (`ray start --head`), or correct or unset RAY_ADDRESS")
+    monkeypatch.setenv("RAY_ADDRESS", "garbage")
+    _, _, checks = doctor_json(capsys)
+    assert checks["ray cluster"]["detail"] == "garbage (from RAY_ADDRESS) does not answer (not host:port)"
 
 
 def test_slurm_job_variables(capsys, monkeypatch):
