@@ -185,21 +185,52 @@ def _check_resumed_config(cfg: MegaRLConfig, ckpt: Any, findings: list[Finding])
     except ConfigError:  # none, or written by a megarl whose config differs: nothing to compare
         return
     launched = Path((ckpt.manifest.get("metadata") or {}).get("launch_dir") or Path.cwd())
-    was, now = old.model.path, cfg.model.path
-    if (was is None) != (now is None) or (was and now and (launched / was).resolve() != Path(now).resolve()) or (
-        old.model.arch != cfg.model.arch
-    ):  # fmt: skip
-        trained = f"model.path={was}" if was else f"model.arch={old.model.arch}"
-        findings.append(Finding("model.path", f"({now or cfg.model.arch}) is not the model {ckpt.path.name} was trained "
-                                f"from ({trained}): its policy would go on from the checkpoint while the reference loads "
-                                f"the new model; resume with {trained}, or start from the new model in a new "
-                                "trainer.output_dir"))  # fmt: skip
+    problem = _another_model(old, cfg, launched)
+    if problem:
+        findings.append(Finding("model.path", f"({cfg.model.path or cfg.model.arch}) {problem}, not the model "
+                                f"{ckpt.path.name} was trained from: its policy would go on from the checkpoint while the "
+                                "reference loads the new one; resume with the run's model, or start from the new one in "
+                                "a new trainer.output_dir"))  # fmt: skip
     changed = [f"{k}: {a!r} -> {b!r}" for k, (a, b) in _differences(old.model_dump(), cfg.model_dump()).items()
-               if k not in (*RESUME_FREE_KEYS, "model.path", "model.arch")]  # fmt: skip
+               if k not in (*RESUME_FREE_KEYS, "model.path", "model.arch") and b != "auto"]  # fmt: skip
+    # (the saved config holds what a plan resolved: "auto" there is the same choice)
     if changed:
         shown = "; ".join(changed[:6]) + (f"; and {len(changed) - 6} more" if len(changed) > 6 else "")
         findings.append(Finding("trainer.resume", f"{ckpt.path.name} was trained with another config, and the run goes "
                                 f"on with this one: {shown}", level="warning"))  # fmt: skip
+
+
+def _another_model(old: MegaRLConfig, new: MegaRLConfig, launched: Path) -> str | None:
+    """Why ``new``'s model is not ``old``'s (None when it is, or when that cannot be told): the
+    same directory, or one whose weight files are the same (a moved or staged copy) is the same
+    model; a path that no longer exists cannot be compared."""
+    was, now = old.model.path, new.model.path
+    if was is None or now is None:  # planned from a built-in architecture: the name decides
+        if (was, (old.model.arch or "").lower()) != (now, (new.model.arch or "").lower()):
+            return f"is not model.{'path' if was else 'arch'}={was or old.model.arch}"
+        return None
+    before, after = (launched / was).resolve(), Path(now).resolve()
+    if before == after or not before.is_dir() or not after.is_dir():  # (a missing model.path has its own refusal)
+        return None
+    if _weights_fingerprint(before) != _weights_fingerprint(after):
+        return f"holds other weights than model.path={was}"
+    return None
+
+
+def _weights_fingerprint(model_dir: Path, edge: int = 1 << 20) -> list[tuple[str, int, str]]:
+    """Each weight file's name, size and a hash of its first and last MiB: a fine-tuned model
+    and its base have the same names and sizes but not the same bytes; reads a few MiB."""
+    import hashlib
+
+    out = []
+    for path in sorted(p for p in model_dir.rglob("*") if p.suffix in (".safetensors", ".distcp", ".bin") and p.is_file()):
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            digest = hashlib.sha256(f.read(edge))
+            f.seek(max(0, size - edge))
+            digest.update(f.read(edge))
+        out.append((str(path.relative_to(model_dir)), size, digest.hexdigest()))
+    return out
 
 
 def _differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> dict[str, tuple[Any, Any]]:

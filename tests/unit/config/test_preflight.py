@@ -170,16 +170,30 @@ def _trained_with(out: Path, step: int, cfg, launch_dir: Path) -> Path:
 
 
 def test_a_resume_refuses_another_model_and_names_other_changes(demo, tmp_path):
+    import shutil
+
+    from megarl.config.planner import resolved_config
+
     model, _ = demo
     out = tmp_path / "run"
-    trained = config(demo, out, f"model.path={model.name}")  # relative to the launch directory, model's parent
+    trained = config(demo, out, "actor.recompute=auto", f"model.path={model.name}")  # relative to the launch directory, model's parent
+    resolved = make_plan(trained).resolved
+    assert resolved == {"actor.recompute": "none"}
+    trained = resolved_config(trained, resolved)  # what the trainer saves: recompute none, the launch says auto
     _trained_with(out, 2, trained, launch_dir=model.parent)
-    plan = make_plan(config(demo, out, "trainer.total_steps=9"), check_files=True)  # the same model, absolute now
-    assert [w for w in plan.warnings if w.field in ("model.path", "trainer.resume")] == []
-    msg = refusal(config(demo, out, "model.path=/elsewhere/sft/model"))
-    assert (f"model.path: (/elsewhere/sft/model) is not the model step_000002 was trained from (model.path={model.name}): "
-            "its policy would go on from the checkpoint while the reference loads the new model") in msg
-    warned = make_plan(config(demo, out, "actor.optimizer.lr=0.005", "rollout.n=16"), check_files=True).warnings
+    moved = shutil.copytree(model, tmp_path / "staged" / "model")  # the same model elsewhere (a staged copy)
+    for same in (str(model), str(moved)):
+        plan = make_plan(config(demo, out, "actor.recompute=auto", f"model.path={same}", "trainer.total_steps=9"), check_files=True)
+        assert [w for w in plan.warnings if w.field in ("model.path", "trainer.resume")] == []
+    tuned = shutil.copytree(model, tmp_path / "sft" / "model")  # same names and sizes, other weights
+    weights = tuned / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-8:] = bytes(8)
+    weights.write_bytes(bytes(data))
+    msg = refusal(config(demo, out, "actor.recompute=auto", f"model.path={tuned}"))
+    assert (f"model.path: ({tuned}) holds other weights than model.path={model.name}, not the model step_000002 was "
+            "trained from: its policy would go on from the checkpoint while the reference loads the new one") in msg
+    warned = make_plan(config(demo, out, "actor.recompute=auto", "actor.optimizer.lr=0.005", "rollout.n=16"), check_files=True).warnings
     [changed] = [w for w in warned if w.field == "trainer.resume"]
     assert changed.message == ("step_000002 was trained with another config, and the run goes on with this one: "
                                "rollout.n: 8 -> 16; actor.optimizer.lr: 0.001 -> 0.005")
