@@ -276,7 +276,7 @@ def test_a_second_launch_into_a_running_runs_output_dir_is_refused(launch_dir, t
         output = finish(proc, log, timeout=300)
     assert second.returncode == 2, second.stderr[-3000:]
     assert re.search(rf"^error: trainer.output_dir busy is in use by pid {proc.pid} on \S+ \(since [^)]*\); wait for that "
-                     r"run to end or stop it, or give another trainer.output_dir$", second.stderr, re.M), second.stderr[-3000:]
+                     r"run to end or stop it \(.*\), or give another trainer.output_dir$", second.stderr, re.M), second.stderr[-3000:]
     assert proc.returncode == 130 and "saved checkpoint" in output, output[-3000:]
     steps = steps_logged(launch_dir / "busy")
     assert steps == list(range(1, max(steps) + 1))  # one run's lines, none cut by the refused launch
