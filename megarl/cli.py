@@ -96,7 +96,8 @@ def _debug_everywhere(sub: argparse._SubParsersAction) -> None:
     """``--debug`` after the (sub)command too: `megarl launch cfg.yaml --debug` (SUPPRESS keeps
     the top-level flag's value when a subcommand's is absent)."""
     for command in sub.choices.values():
-        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        if "--debug" not in command._option_string_actions:
+            command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
         for action in command._actions:
             if isinstance(action, argparse._SubParsersAction):
                 _debug_everywhere(action)

@@ -22,6 +22,7 @@ import importlib.util
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -268,7 +269,7 @@ def _compiler() -> Check:
     # torch.compile (inductor) and Triton build each kernel with a C compiler against Python.h.
     import sysconfig
 
-    names = [os.environ["CC"]] if os.environ.get("CC") else ["cc", "gcc", "clang"]
+    names = [shlex.split(os.environ["CC"])[-1]] if os.environ.get("CC") else ["cc", "gcc", "clang"]  # CC="ccache gcc"
     compiler = next((found for found in map(shutil.which, names) if found), None)
     header = Path(sysconfig.get_paths()["include"]) / "Python.h"
     missing = [what for what, ok in ((f"a C compiler ({' / '.join(names)} on PATH)", compiler), (str(header), header.is_file()))

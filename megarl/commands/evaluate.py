@@ -75,9 +75,7 @@ def _check_outputs(data: Path, summary: Path, scored: Path | None, overwrite: bo
         if path.absolute() == data.absolute():
             raise EvaluationError(f"{flag} {path} is the --data file; give another path")
         # checked before scoring, which can take long: a wrong folder must not cost the whole run
-        if not path.absolute().parent.is_dir():
-            raise EvaluationError(f"{flag} {path}: the folder {path.parent} does not exist; create it or give another path")
-        check_new_file(path, overwrite or (flag == "--out" and _is_summary(path)), flag=flag)
+        check_new_file(path, overwrite or (flag == "--out" and _is_summary(path)), flag=flag, in_existing_folder=True)
 
 
 def _is_summary(path: Path) -> bool:

@@ -7,6 +7,7 @@ imports neither torch nor megatron so that `megarl plan` stays fast.
 
 from __future__ import annotations
 
+import difflib
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -52,9 +53,17 @@ class ModelConfig(Section):
     def _path_or_arch(self) -> ModelConfig:
         if self.path is None and self.arch is None:
             raise ValueError("set model.path (an HF model directory) or model.arch (a built-in architecture name)")
-        if self.arch is not None and self.arch.lower() not in BUILTIN_ARCHS:  # also beside a path: a typo is no plan
-            raise ValueError(f"model.arch ({self.arch!r}) is not a built-in architecture; choose one of: {', '.join(BUILTIN_ARCHS)}")
         return self
+
+    @field_validator("arch")
+    @classmethod
+    def _known_arch(cls, arch: str | None) -> str | None:
+        """Also beside a path: a misspelt name would be ignored until the day the path is absent."""
+        if arch is not None and arch.lower() not in BUILTIN_ARCHS:
+            close = difflib.get_close_matches(arch.lower(), BUILTIN_ARCHS, n=1)
+            hint = f"did you mean {close[0]}? " if close else ""
+            raise ValueError(f"{arch!r} is not a built-in architecture; {hint}choose one of: {', '.join(BUILTIN_ARCHS)}")
+        return arch
 
 
 class ClusterConfig(Section):

@@ -40,15 +40,10 @@ def load_tokenizer(path: str | Path) -> Any:
     """An HF tokenizer from a model / tokenizer directory (no download)."""
     from transformers import AutoTokenizer
 
-    from megarl.models.hf_files import TOKENIZER_VOCAB_FILES
-
     directory = Path(path)
     if not directory.is_dir():
         what = "does not exist" if not directory.exists() else "is a file"
         raise DataError(f"--tokenizer {path} {what}; give an HF model (or tokenizer) directory")
-    if not any((directory / name).is_file() for name in TOKENIZER_VOCAB_FILES):
-        raise DataError(f"--tokenizer {path} has no tokenizer ({', '.join(TOKENIZER_VOCAB_FILES)}); give an HF model "
-                        "(or tokenizer) directory")  # fmt: skip
     try:
         return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except Exception as exc:  # transformers raises OSError / ValueError / ... for a bad dir

@@ -11,7 +11,8 @@ from pathlib import Path
 TOKENIZER_VOCAB_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 
 HF_SIDE_FILES = ("config.json", "generation_config.json", *TOKENIZER_VOCAB_FILES, "tokenizer_config.json",
-                 "special_tokens_map.json", "chat_template.jinja", "merges.txt", "added_tokens.json")  # fmt: skip
+                 "special_tokens_map.json", "chat_template.jinja", "chat_template.json", "merges.txt",
+                 "added_tokens.json")  # fmt: skip
 
 
 def copy_side_files(source: Path, target: Path) -> None:

@@ -34,7 +34,7 @@ def find_cluster(address: str) -> tuple[str, str] | None:
 def unanswered(address: str) -> str | None:
     """None when something listens at host:port (one TCP connect, closed at once; Ray is not
     joined), else why not. Ray Client addresses (ray://...) are not probed."""
-    if address.startswith("ray://"):
+    if address.startswith("ray://") or address == "local":  # Ray Client; `local`: ray.init starts one
         return None
     found = re.fullmatch(r"\[?([^\]\s/]+?)\]?:(\d+)", address)
     if found is None:

@@ -102,7 +102,7 @@ def test_missing_file_and_non_mapping(tmp_path):
 
 
 def test_an_unknown_arch_is_refused_even_beside_a_path():
-    with pytest.raises(ConfigError, match=r"model.arch \('nope'\) is not a built-in architecture; choose one of: .*qwen2.5-72b"):
+    with pytest.raises(ConfigError, match=r"model.arch: 'nope' is not a built-in architecture; choose one of: .*qwen2.5-72b"):
         load_config(None, ["model.path=/some/model", "model.arch=nope", "trainer.total_steps=1"])
 
 

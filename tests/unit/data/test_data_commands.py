@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 from pathlib import Path
 
 import pytest
@@ -39,15 +38,15 @@ def test_demo_then_inspect_in_characters(tmp_path, capsys):
     assert "prompt: list<element: struct<role: string, content: string>>" in out
 
 
-@pytest.mark.parametrize(("where", "expected"), [("nope", "does not exist"), ("empty", "has no tokenizer (tokenizer.json")])
+@pytest.mark.parametrize(("where", "expected"), [("nope", " does not exist; give an HF model (or tokenizer) directory"),
+                                                ("empty", ": cannot load a tokenizer from it (")])
 def test_a_tokenizer_path_that_holds_none_is_one_line(tmp_path, where, expected, capsys):
     (tmp_path / "empty").mkdir()
     assert _run("data", "demo", str(tmp_path / "d"), "--val-size", "10") == 0
     capsys.readouterr()
     assert _run("data", "inspect", str(tmp_path / "d" / "val.parquet"), "--tokenizer", str(tmp_path / where)) == 2
     err = capsys.readouterr().err
-    assert re.fullmatch(rf"error: --tokenizer {tmp_path / where} {re.escape(expected)}.*; give an HF model \(or "
-                        r"tokenizer\) directory\n", err), err  # fmt: skip
+    assert err.startswith(f"error: --tokenizer {tmp_path / where}{expected}") and err.count("\n") == 1, err
 
 
 def test_inspect_percentiles_in_tokens(prompt_file, byte_tokenizer_dir, capsys):
