@@ -258,11 +258,14 @@ def _describe_error(err: dict[str, Any]) -> str:
     loc = ".".join(str(p) for p in err["loc"])
     if err["type"] == "extra_forbidden":
         parent = _model_at(err["loc"][:-1])
+        deeper = _nested_key(parent, str(err["loc"][-1])) if parent else None
+        if deeper:  # a YAML file's rollout: {temperature: ...}, as on the command line
+            return f"unknown key {loc}; did you mean {'.'.join([*map(str, err['loc'][:-1]), deeper])}?"
         valid = list(parent.model_fields) if parent else []
         return _unknown_key_message(loc, str(err["loc"][-1]), valid)
     value = err.get("input")
-    shown = "" if isinstance(value, dict) else f" (got {value!r})"
     msg = err["msg"].removeprefix("Value error, ")
+    shown = "" if isinstance(value, dict) or msg.endswith("is a boolean; give a number") else f" (got {value!r})"
     return f"{loc or 'config'}: {msg}{shown}"
 
 

@@ -40,6 +40,13 @@ def test_unknown_override_key_suggests_closest(override, expected):
         load_config(None, [*BASE, override])
 
 
+def test_a_key_one_section_down_is_suggested_in_a_file_too(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("model: {arch: qwen2.5-7b}\nrollout: {temperature: 0.7}\n")
+    with pytest.raises(ConfigError, match=r"unknown key rollout\.temperature; did you mean rollout\.sampling\.temperature\?"):
+        load_config(path)
+
+
 def test_unknown_key_in_file_suggests_closest(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("model: {arch: qwen2.5-7b}\nrollout: {smapling: {temperature: 1}}\n")
