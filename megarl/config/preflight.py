@@ -184,7 +184,10 @@ def _check_resumed_config(cfg: MegaRLConfig, ckpt: Any, findings: list[Finding])
         old = load_config(ckpt.path / "config.yaml")
     except ConfigError:  # none, or written by a megarl whose config differs: nothing to compare
         return
-    launched = Path((ckpt.manifest.get("metadata") or {}).get("launch_dir") or Path.cwd())
+    # where the run was launched, as `megarl convert` finds it: its relative paths start there
+    from megarl.commands.convert import launch_dirs
+
+    launched = next(iter(launch_dirs(ckpt, old.trainer.output_dir)), Path.cwd())
     problem = _another_model(old, cfg, launched)
     if problem:
         findings.append(Finding("model.path", f"({cfg.model.path or cfg.model.arch}) {problem}, not the model "
