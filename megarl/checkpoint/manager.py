@@ -14,13 +14,17 @@ A checkpoint is valid when its manifest is present, parses, names the same step 
 directory, and every listed file exists with its recorded size (and checksum, when one was
 recorded). `resolve_resume("auto")` returns the latest valid checkpoint, logging a warning
 for each newer one it skips and why. Retention keeps the newest `keep_last` valid
-checkpoints (the newest valid one is never removed); directories that fail verification are
+checkpoints (the newest valid one is never removed) and removes only the files a checkpoint's
+manifest lists: anything else put inside one is kept as `step_NNNNNN.pruned`; directories that fail verification are
 reported, never deleted, so nothing a person might still want disappears silently:
 - when step directories exist and none verifies, `resume=auto` refuses (listing each one and
   why) instead of starting again from step 0 over them;
 - a save of a step whose directory fails verification keeps that directory as
   `step_NNNNNN.unverified` (reported) and writes the new one beside it;
 - a new run (`resume=disable`, or another run's checkpoint) over existing checkpoints is refused;
+- a resume from an older checkpoint of the run (an explicit path) keeps the newer step
+  directories as `step_NNNNNN.abandoned`: its saves do not replace them and `resume=auto` does
+  not pick them afterwards;
 - a save first checks that the disk has room for it (the previous checkpoint's size, or the
   caller's estimate) and refuses with the numbers.
 `plan_resume()` makes these decisions without touching the disk, so `megarl launch` refuses
@@ -56,6 +60,8 @@ _STEP_RE = re.compile(r"^step_(\d+)$")
 _TEMP_PREFIX = ".tmp_"
 _TRASH_PREFIX = ".trash_"
 UNVERIFIED_SUFFIX = ".unverified"
+ABANDONED_SUFFIX = ".abandoned"
+PRUNED_SUFFIX = ".pruned"  # what a removed checkpoint directory held besides its own files  # a step after the one an explicit trainer.resume went back to
 FREE_SPACE_MARGIN = 1.05  # a save needs its size plus this share, plus SPACE_SLACK_BYTES
 SPACE_SLACK_BYTES = 64 * 1024 * 1024
 DEFAULT_CHECKSUM_MAX_BYTES = 16 * 1024 * 1024  # sha256 for files up to this size
@@ -185,7 +191,7 @@ class CheckpointManager:
         os.rename(temp, final)
         _fsync_dir(self.root)
         if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+            _discard(old, final.name)
         log.info("checkpoint: saved step %d to %s (%d files)", step, final, len(entries))
 
     def _last_size(self) -> int:
@@ -229,11 +235,32 @@ class CheckpointManager:
         return None
 
     def resolve_resume(self, resume: str | Path) -> Checkpoint | None:
-        """trainer.resume -> the checkpoint to load, or None to start fresh (see plan_resume)."""
+        """trainer.resume -> the checkpoint to load, or None to start fresh (see plan_resume).
+        An explicit older checkpoint of this run sets the newer ones aside (set_aside_newer)."""
         found = plan_resume(self.root.parent, resume)
         if found is None:
             log.info("checkpoint: no checkpoint in %s; starting from step 0", self.root)
+        elif str(resume) != "auto":
+            self.set_aside_newer(found)
         return found
+
+    def set_aside_newer(self, ckpt: Checkpoint) -> list[Path]:
+        """Rename this run's step directories newer than ``ckpt`` to step_NNNNNN.abandoned; returns
+        the new names. Going back to an older checkpoint starts another history from its step:
+        left in place, the newer steps would be replaced by the re-run's saves of the same step, or
+        picked by a later resume=auto, mixing the two histories. Kept, never deleted: retention and
+        resume=auto see only step_NNNNNN names."""
+        kept = []
+        for path in newer_step_dirs(self.root.parent, ckpt):
+            target = _free_name(path.with_name(path.name + ABANDONED_SUFFIX))
+            os.rename(path, target)
+            kept.append(target)
+        if kept:
+            _fsync_dir(self.root)
+            log.warning("checkpoint: resuming from %s (step %d), an older checkpoint of this run; the newer %s kept "
+                        "as %s (not resumed from, not pruned)", ckpt.path.name, ckpt.step,
+                        "one is" if len(kept) == 1 else f"{len(kept)} are", ", ".join(p.name for p in kept))
+        return kept
 
     # ---- retention and leftovers ----------------------------------------------------
 
@@ -245,7 +272,7 @@ class CheckpointManager:
             # Rename first: a crash mid-delete leaves a .trash_ dir, never a half step dir.
             trash = self.root / f"{_TRASH_PREFIX}{ckpt.path.name}_{os.getpid()}"
             os.rename(ckpt.path, trash)
-            shutil.rmtree(trash, ignore_errors=True)
+            _discard(trash, ckpt.path.name)
             removed.append(ckpt.path)
             log.info("checkpoint: removed %s (keep_last=%d)", ckpt.path, self.keep_last)
         return removed
@@ -264,7 +291,7 @@ class CheckpointManager:
                     log.warning("checkpoint: restoring %s from %s", final, p)
                     os.rename(p, final)
                 else:
-                    shutil.rmtree(p, ignore_errors=True)
+                    _discard(p, name)
 
 
 def scan_step_dirs(output_dir: str | Path) -> list[tuple[int, Path, str | None]]:
@@ -281,6 +308,15 @@ def scan_step_dirs(output_dir: str | Path) -> list[tuple[int, Path, str | None]]
     return sorted(found)
 
 
+def newer_step_dirs(output_dir: str | Path, ckpt: Checkpoint) -> list[Path]:
+    """The step directories (valid or not) of ``output_dir``'s run after ``ckpt``, when ``ckpt`` is
+    one of that run's own checkpoints (an explicit trainer.resume going back); else none."""
+    root = Path(output_dir) / CHECKPOINTS_DIR
+    if not root.is_dir() or ckpt.path.resolve().parent != root.resolve():
+        return []
+    return [path for step, path, _ in scan_step_dirs(output_dir) if step > ckpt.step]
+
+
 def plan_resume(output_dir: str | Path, resume: str | Path, *, quiet: bool = False) -> Checkpoint | None:
     """What ``trainer.resume`` means for ``output_dir``: the checkpoint to load, None to start at
     step 0, or CheckpointError (one message: what is there, why it cannot be used, the ways on).
@@ -289,7 +325,8 @@ def plan_resume(output_dir: str | Path, resume: str | Path, *, quiet: bool = Fal
       step directories exist and none verifies, refused (never started again over them);
     - "disable": a new run; refused when output_dir already holds checkpoints;
     - a path: that checkpoint, which must verify; refused when output_dir holds checkpoints of
-      another run (the path is not one of them).
+      another run (the path is not one of them). Newer checkpoints of the run are set aside when
+      the trainer resumes (CheckpointManager.set_aside_newer; newer_step_dirs names them).
     Reads only, so `megarl launch` can decide before Ray starts (quietly: the trainer's own
     call warns about the skipped directories once).
     """
@@ -387,6 +424,38 @@ def _why_invalid(path: Path) -> str | None:
         return None
     except CheckpointError as exc:
         return str(exc)
+
+
+def _discard(path: Path, name: str) -> None:
+    """Delete what a checkpoint directory holds of its own: the files its manifest lists, then the
+    manifest, then links and the folders left empty. Anything else (a file a person put there,
+    e.g. an evaluation's output) is kept: the directory is renamed <name>.pruned and a warning
+    names the files. A listed path that leads out through a symlink is not followed (the link goes,
+its target stays)."""
+    try:
+        listed = [str(e["path"]) for e in json.loads((path / MANIFEST).read_text())["files"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        listed = []  # (a removal cut short after the manifest went: what is left is not ours)
+    real = path.resolve()
+    for rel in listed:
+        f = path / rel
+        if f.resolve().parent.is_relative_to(real):
+            f.unlink(missing_ok=True)
+    (path / MANIFEST).unlink(missing_ok=True)
+    for dirpath, dirs, files in os.walk(path, topdown=False):
+        for n in [*dirs, *files]:
+            if os.path.islink(os.path.join(dirpath, n)):
+                os.unlink(os.path.join(dirpath, n))
+        if dirpath != str(path) and not os.listdir(dirpath):
+            os.rmdir(dirpath)
+    left = _list_files(path)
+    if not left:
+        path.rmdir()
+        return
+    kept = _free_name(path.with_name(name + PRUNED_SUFFIX))
+    os.rename(path, kept)
+    log.warning("checkpoint: %s is removed, but it also held files the checkpoint does not list (%s%s); they are "
+                "kept in %s", name, ", ".join(left[:3]), ", ..." if len(left) > 3 else "", kept)
 
 
 def _free_name(path: Path) -> Path:

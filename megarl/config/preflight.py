@@ -168,6 +168,20 @@ def _check_resume(cfg: MegaRLConfig, findings: list[Finding]) -> None:
             findings.append(Finding("trainer.resume", str(exc)))
     if ckpt is not None:
         _check_resumed_config(cfg, ckpt, findings)
+        _check_going_back(cfg, ckpt, findings)
+
+
+def _check_going_back(cfg: MegaRLConfig, ckpt: Any, findings: list[Finding]) -> None:
+    """Said before launch: a resume from an older checkpoint of this run sets the newer ones aside."""
+    from megarl.checkpoint.manager import ABANDONED_SUFFIX, newer_step_dirs
+
+    newer = newer_step_dirs(cfg.trainer.output_dir, ckpt) if cfg.trainer.resume != "auto" else []
+    if newer:
+        names = ", ".join(p.name for p in newer[:4]) + (", ..." if len(newer) > 4 else "")
+        findings.append(Finding("trainer.resume", f"goes back to step {ckpt.step}: the run's newer checkpoints ({names}) "
+                                f"will be kept as <name>{ABANDONED_SUFFIX} (not resumed from, not pruned) and the metrics "
+                                f"after step {ckpt.step} kept aside; for the latest, use trainer.resume=auto",
+                                level="warning"))  # fmt: skip
 
 
 # What may change between a run's launches without a word: how long it runs, where it resumes from.

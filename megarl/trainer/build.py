@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -16,6 +15,7 @@ from megarl.config.loading import config_to_yaml
 from megarl.config.planner import Plan, resolved_config
 from megarl.config.residency import residency_of
 from megarl.config.sections import MegaRLConfig
+from megarl.kept_files import kept_name, time_tag
 from megarl.rollout.collect import (
     DynamicSamplingCollector,
     GenerateFn,
@@ -64,21 +64,12 @@ def write_run_config(cfg: MegaRLConfig) -> Path:
     path = Path(cfg.trainer.output_dir) / "config.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.exists() and not path.read_text(errors="replace").startswith(RUN_CONFIG_MARK):
-        kept = _unused_name(path, time.strftime("%Y%m%d-%H%M%S", time.localtime(path.stat().st_mtime)))
+        kept = kept_name(path, time_tag(path.stat().st_mtime))
         os.replace(path, kept)
         log.warning("%s has no megarl header (a file of yours, or the run config of an older megarl); kept as %s",
                     path, kept.name)  # fmt: skip
     path.write_text(RUN_CONFIG_HEADER + config_to_yaml(cfg))
     return path
-
-
-def _unused_name(path: Path, stamp: str) -> Path:
-    """``config.<stamp>.yaml`` beside ``path``, or ``config.<stamp>-N.yaml`` when that is taken
-    (two files kept in one second must not replace one another)."""
-    kept, n = path.with_name(f"{path.stem}.{stamp}{path.suffix}"), 1
-    while kept.exists():
-        kept, n = path.with_name(f"{path.stem}.{stamp}-{n}{path.suffix}"), n + 1
-    return kept
 
 
 def build_trainer(cfg: MegaRLConfig, plan: Plan, *, in_process: bool = False) -> Trainer:

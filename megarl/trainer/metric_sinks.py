@@ -14,11 +14,11 @@ import json
 import logging
 import math
 import os
-import time
 from pathlib import Path
 from typing import Any, Protocol
 
 from megarl.config.sections import TrainerConfig
+from megarl.kept_files import kept_name, time_tag
 
 log = logging.getLogger(__name__)
 
@@ -40,12 +40,9 @@ class JsonlSink:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         if resume_step:
-            kept = "".join(line + "\n" for line, record in _records(path) if record.get("step", 0) <= resume_step)
-            if kept != (path.read_text() if path.exists() else ""):  # (a resume into a new output_dir has none)  # later steps (re-run now) or a cut-off last line go
-                _write_atomically(path, kept)
+            _cut_back(path, resume_step)
         elif path.exists() and path.stat().st_size:  # a new run where an earlier run left metrics (no checkpoint of it)
-            stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(path.stat().st_mtime))
-            kept_as = path.with_name(f"{path.stem}.{stamp}{path.suffix}")
+            kept_as = kept_name(path, time_tag(path.stat().st_mtime))
             os.replace(path, kept_as)
             log.warning("metrics: %s of an earlier run kept as %s", path, kept_as.name)
         self._file = path.open("a")
@@ -183,6 +180,24 @@ def build_logger(cfg: TrainerConfig, config_dict: dict[str, Any], total_steps: i
         elif name == "mlflow":
             sinks.append(MlflowSink(cfg.project, cfg.experiment, config_dict))
     return MetricsLogger(sinks)
+
+
+def _cut_back(path: Path, resume_step: int) -> None:
+    """Cut ``path`` back to the resumed step: the steps after it are re-run now (and a cut-off
+    last line goes). The records cut are kept beside it as metrics.steps<A>-<B>.<time>.jsonl: the
+    steps a crashed run got through after its checkpoint, or the history a resume from an older
+    checkpoint leaves, are evidence someone may want."""
+    records = _records(path)  # (a resume into a new output_dir has none)
+    kept = "".join(line + "\n" for line, record in records if record.get("step", 0) <= resume_step)
+    cut = [(line, record) for line, record in records if record.get("step", 0) > resume_step]
+    if cut:
+        steps = [int(record["step"]) for _, record in cut]
+        aside = kept_name(path, f"steps{min(steps)}-{max(steps)}.{time_tag()}")
+        _write_atomically(aside, "".join(line + "\n" for line, _ in cut))
+        log.warning("metrics: steps %d-%d in %s come after the resumed step (%d) and are trained again; their "
+                    "records are kept in %s", min(steps), max(steps), path.name, resume_step, aside.name)
+    if kept != (path.read_text() if path.exists() else ""):
+        _write_atomically(path, kept)
 
 
 def read_metrics(path: Path) -> list[dict[str, float]]:

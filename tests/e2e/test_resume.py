@@ -22,8 +22,8 @@ STEPS, SAVE_FREQ = 8, 2
 TIMING = ("time/", "weight_sync/seconds", "weight_sync/gbps")
 
 
-def launch_cmd(root: Path, out: Path) -> list[str]:
-    overrides = small_overrides(root, out, STEPS, f"trainer.save_freq={SAVE_FREQ}", "trainer.eval_freq=4")
+def launch_cmd(root: Path, out: Path, *extra: str) -> list[str]:
+    overrides = small_overrides(root, out, STEPS, f"trainer.save_freq={SAVE_FREQ}", "trainer.eval_freq=4", *extra)
     return [sys.executable, "-m", "megarl.cli", "launch", str(TINY), *overrides]
 
 
@@ -82,3 +82,15 @@ def test_sigkill_then_resume_is_exact(tmp_path):
     for step in range(resumed_from + 1, STEPS + 1):
         assert got[step] == expected[step], f"step {step} differs after resuming from step {resumed_from}"
     assert got[STEPS]["actor/param_checksum"] == expected[STEPS]["actor/param_checksum"]
+
+    # Going back to an older checkpoint of the finished run: the same steps again, the newer
+    # checkpoints and the metrics records cut kept aside, never replaced.
+    back = STEPS - 2 * SAVE_FREQ
+    run_to_end(launch_cmd(root, killed, f"trainer.resume={killed / 'checkpoints' / f'step_{back:06d}'}"), tmp_path / "back.log")
+    again = {r["step"]: comparable(r) for r in read_jsonl(killed / "metrics.jsonl")}
+    assert sorted(again) == list(range(1, STEPS + 1)) and again == got
+    [cut] = killed.glob(f"metrics.steps{back + 1}-{STEPS}.*.jsonl")
+    assert [comparable(r) for r in read_jsonl(cut)] == [got[s] for s in range(back + 1, STEPS + 1)]
+    steps = sorted(p.name for p in (killed / "checkpoints").glob("step_*"))
+    assert {f"step_{s:06d}.abandoned" for s in range(back + SAVE_FREQ, STEPS + 1, SAVE_FREQ)} <= set(steps)
+    assert f"step_{STEPS:06d}" in steps

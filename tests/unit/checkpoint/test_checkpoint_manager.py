@@ -170,6 +170,31 @@ def test_retention_keeps_newest_valid(tmp_path):
     assert manager.resolve_resume("auto").step == 5
 
 
+def test_retention_removes_only_the_checkpoints_own_files(tmp_path, caplog):
+    manager = CheckpointManager(tmp_path, keep_last=1)
+    first = _save(manager, 1)
+    (first / "samples.parquet").write_bytes(b"a user's evaluation")  # put there by hand after the save
+    (first / "policy" / "notes.txt").write_text("mine")
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "keep.bin").write_bytes(b"not the checkpoint's")
+    (first / "policy" / "link").symlink_to(outside, target_is_directory=True)
+    with caplog.at_level(logging.WARNING):
+        _save(manager, 2)
+    kept = manager.root / "step_000001.pruned"
+    assert _names(manager) == ["step_000001.pruned", "step_000002"]
+    assert _tree(kept) == {"policy/notes.txt": b"mine", "samples.parquet": b"a user's evaluation"}
+    assert (outside / "keep.bin").read_bytes() == b"not the checkpoint's"  # a link is removed, never followed
+    assert "step_000001 is removed, but it also held files the checkpoint does not list (policy/notes.txt, samples.parquet)" in caplog.text
+    # A removal cut short (some listed files gone, the manifest still there) finishes at the next start.
+    third = _save(manager, 3)
+    (third / "mine.txt").write_text("x")
+    (third / "trainer_state.pt").unlink()
+    third.rename(manager.root / ".trash_step_000003_77")
+    CheckpointManager(tmp_path)
+    assert _tree(manager.root / "step_000003.pruned") == {"mine.txt": b"x"}
+
+
 def test_keep_last_must_be_positive(tmp_path):
     with pytest.raises(ValueError, match=r"trainer.keep_last \(0\)"):
         CheckpointManager(tmp_path, keep_last=0)
@@ -207,6 +232,28 @@ def test_a_new_run_never_writes_over_another_runs_checkpoints(tmp_path):
     assert plan_resume(tmp_path / "new", str(old)).step == 3
     assert plan_resume(tmp_path / "old", str(old)).step == 3
     assert not (tmp_path / "new").exists()  # planning reads only
+
+
+def test_going_back_to_an_older_checkpoint_keeps_the_newer_ones_aside(tmp_path, caplog):
+    manager = CheckpointManager(tmp_path, keep_last=5)
+    for step in (2, 4, 6):
+        _save(manager, step)
+    torn = _save(manager, 8)
+    (torn / MANIFEST).unlink()  # a broken newer one is set aside too, not replaced by the re-run's save
+    evidence = {name: _tree(manager.root / name) for name in ("step_000004", "step_000006", "step_000008")}
+    older = manager.root / "step_000002"
+    assert plan_resume(tmp_path, str(older)).step == 2 and _names(manager)[-1] == "step_000008"  # planning reads only
+    with caplog.at_level(logging.WARNING):
+        assert manager.resolve_resume(str(older)).step == 2
+    assert _names(manager) == ["step_000002", "step_000004.abandoned", "step_000006.abandoned", "step_000008.abandoned"]
+    assert {name: _tree(manager.root / f"{name}.abandoned") for name in evidence} == evidence
+    assert "resuming from step_000002 (step 2), an older checkpoint of this run; the newer 3 are kept" in caplog.text
+    _save(manager, 4, b"rerun")  # the new history's step 4 and a later resume=auto: the new branch only
+    assert manager.resolve_resume("auto").path.name == "step_000004"
+    assert _tree(manager.root / "step_000004.abandoned") == evidence["step_000004"]
+    assert manager.resolve_resume(str(manager.root / "step_000004")).step == 4  # the latest by path: nothing to set aside
+    manager.resolve_resume(str(older))  # going back twice: the second branch's step 4 is kept under a free name
+    assert (manager.root / "step_000004.abandoned.1").is_dir() and (manager.root / "step_000004.abandoned").is_dir()
 
 
 def test_save_keeps_an_unverified_step_dir_aside(tmp_path, caplog):

@@ -199,6 +199,21 @@ def test_a_resume_refuses_another_model_and_names_other_changes(demo, tmp_path):
                                "rollout.n: 8 -> 16; actor.optimizer.lr: 0.001 -> 0.005")
 
 
+def test_going_back_to_an_older_checkpoint_is_said_before_launch(demo, tmp_path):
+    out = tmp_path / "run"
+    older = _checkpoint(out, 2)
+    _checkpoint(out, 4)
+    warned = make_plan(config(demo, out, f"trainer.resume={older}"), check_files=True).warnings
+    [back] = [w for w in warned if w.field == "trainer.resume"]
+    assert back.message.startswith("goes back to step 2: the run's newer checkpoints (step_000004) will be kept as "
+                                   "<name>.abandoned (not resumed from, not pruned)")
+    assert back.message.endswith("for the latest, use trainer.resume=auto")
+    assert (out / "checkpoints" / "step_000004").is_dir()  # planning moves nothing
+    for latest in ("auto", str(out / "checkpoints" / "step_000004")):
+        assert [w for w in make_plan(config(demo, out, f"trainer.resume={latest}"), check_files=True).warnings
+                if w.field == "trainer.resume"] == []
+
+
 def test_a_finished_run_says_so(demo, tmp_path):
     out = tmp_path / "run"
     _checkpoint(out, 500)

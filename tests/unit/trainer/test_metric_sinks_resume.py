@@ -54,13 +54,18 @@ def test_a_bad_line_before_the_last_is_an_error_naming_it(tmp_path):
     assert path.read_text() == '{"step": 1}\nnot json\n{"step": 3}\n'  # untouched
 
 
-def test_resume_appends_after_the_checkpoint_step(tmp_path):
+def test_resume_appends_after_the_checkpoint_step_and_keeps_the_records_it_cuts(tmp_path, caplog):
     path = tmp_path / "metrics.jsonl"
-    path.write_text("".join(f'{{"step": {s}}}\n' for s in (1, 2, 3, 4)))
+    path.write_text("".join(f'{{"step": {s}, "loss": {s / 10}}}\n' for s in (1, 2, 3, 4)))
     sink = JsonlSink(path, resume_step=2)
     sink.log(3, {"reward/mean": 1.0})
     sink.close()
     assert [r["step"] for r in read_metrics(path)] == [1, 2, 3]
+    [kept] = tmp_path.glob("metrics.steps3-4.*.jsonl")
+    assert read_metrics(kept) == [{"step": 3, "loss": 0.3}, {"step": 4, "loss": 0.4}]
+    assert "steps 3-4 in metrics.jsonl come after the resumed step (2)" in caplog.text and kept.name in caplog.text
+    JsonlSink(path, resume_step=2).close()  # cut again in the same second: a second file, the first one stays
+    assert len(list(tmp_path.glob("metrics.steps3-3.*.jsonl"))) == 1 and read_metrics(kept)[1]["step"] == 4
     assert not list(tmp_path.glob(".metrics.jsonl.tmp*"))
 
 

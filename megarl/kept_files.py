@@ -1,0 +1,21 @@
+"""Names for the files megarl keeps aside instead of replacing them (an earlier run's metrics, a
+user's own config.yaml, the metric records a resume cuts): ``<stem>.<tag><suffix>`` beside the
+file, never one that exists (two files kept in one second must not replace one another)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+
+def kept_name(path: Path, tag: str) -> Path:
+    """``<stem>.<tag><suffix>`` beside ``path``, or ``<stem>.<tag>-N<suffix>`` when that is taken."""
+    kept, n = path.with_name(f"{path.stem}.{tag}{path.suffix}"), 1
+    while kept.exists():
+        kept, n = path.with_name(f"{path.stem}.{tag}-{n}{path.suffix}"), n + 1
+    return kept
+
+
+def time_tag(seconds: float | None = None) -> str:
+    """A local-time tag for a kept file's name: now, or ``seconds`` (e.g. the file's mtime)."""
+    return time.strftime("%Y%m%d-%H%M%S", time.localtime(seconds))
