@@ -4,9 +4,10 @@ Each subcommand lives in megarl/commands/ (``register`` adds it to the parser); 
 heavy libraries (torch, megatron, ray) lazily inside themselves, so `megarl plan` stays fast.
 
 Errors a user can cause (a config value, a data file, a checkpoint, a reward function, a path,
-a worker that failed) end as one ``error: ...`` line naming the problem and the fix, with exit
+one of these met in a worker, a worker that died) end as one ``error: ...`` line naming the problem and the fix, with exit
 code 2 (EXIT_USER); the traceback goes to the run's log (and to the terminal with --debug).
-Anything else is a megarl bug: its traceback is printed and the exit code is 1.
+Anything else is a megarl bug, as is a failed assert in a worker: its traceback is printed and
+the exit code is 1.
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ EPILOG = """examples:
 
 exit codes:
   0    done
-  1    internal error: a traceback follows (a megarl bug, please report it)
+  1    internal error: a traceback follows (a megarl bug, or an assert in a worker; please report it)
   2    user error: one `error:` line names the problem and the fix (command line, config, data,
-       checkpoint, reward function, paths, a worker that failed); --debug adds the traceback
+       checkpoint, reward function, paths, a worker that died); --debug adds the traceback
   130  stopped by Ctrl-C (SIGINT); 143 stopped by SIGTERM: the last checkpoint and the resume
        command are printed
 """
@@ -154,6 +155,11 @@ def report(exc: BaseException, debug: bool = False) -> int:
 
 def user_error_line(exc: BaseException) -> str | None:
     """The one-line (or one line per problem) report of a user error; None for anything else."""
+    if _is_worker_error(exc) and isinstance(getattr(exc, "cause", None), AssertionError):
+        # A broken invariant in a worker, megarl's or Megatron's: a bug (a config mistake is
+        # refused before launch), so the whole story. Other exceptions there often come from the
+        # user's inputs (a checkpoint of another shape): one line naming the rank and its log.
+        return None
     for module, name in USER_ERRORS:
         cls = getattr(sys.modules.get(module), name, None)
         if cls is not None and isinstance(exc, cls):
@@ -165,6 +171,11 @@ def user_error_line(exc: BaseException) -> str | None:
     if isinstance(exc, OSError) and exc.filename is not None:
         return _os_error_line(exc)
     return None
+
+
+def _is_worker_error(exc: BaseException) -> bool:
+    cls = getattr(sys.modules.get("megarl.actors.ray_groups.worker_group"), "WorkerError", None)
+    return cls is not None and isinstance(exc, cls)
 
 
 def _os_error_line(exc: OSError) -> str:

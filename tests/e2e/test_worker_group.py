@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 
 import pytest
@@ -20,6 +21,7 @@ from megarl.actors.ray_groups.placement import PlacementError, RolePlacement, pl
 from megarl.actors.ray_groups.session import ray_session, save_timeline  # noqa: E402
 from megarl.actors.ray_groups.worker_group import GroupOptions, WorkerError, WorkerGroup  # noqa: E402
 from megarl.checkpoint.manager import CheckpointManager  # noqa: E402
+from megarl.cli import user_error_line  # noqa: E402
 
 # Ray workers cannot import this test module by name: ship its classes by value.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -82,6 +84,9 @@ class FragileWorker:
 
     def boom(self) -> None:
         raise KeyError("missing-key-xyz")
+
+    def broken_invariant(self) -> None:
+        raise AssertionError()  # what a failed bare `assert` raises (pytest would add a message to one here)
 
 
 @pytest.fixture(scope="module")
@@ -156,6 +161,12 @@ def test_dead_and_raising_worker(session, tmp_path):
         with pytest.raises(WorkerError, match=r"policy rank [01] .*raised KeyError in FragileWorker.boom") as info:
             group.call("boom")
         assert "missing-key-xyz" in str(info.value)
+        assert user_error_line(info.value).startswith("policy rank")  # one line: it may come from the user's inputs
+        with pytest.raises(WorkerError) as info:
+            group.call("broken_invariant")
+        assert isinstance(info.value.cause, AssertionError) and user_error_line(info.value) is None  # a bug
+        assert re.search(r"raised AssertionError in FragileWorker.broken_invariant: \(no message\) at \S+"
+                         r"test_worker_group.py:\d+ in broken_invariant \(log: ", info.value.summary), info.value.summary
         with pytest.raises(WorkerError) as info:
             group.call("die", 1)
         msg = str(info.value)

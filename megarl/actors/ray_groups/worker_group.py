@@ -69,13 +69,16 @@ log = logging.getLogger(__name__)
 
 class WorkerError(RuntimeError):
     """A rank of a worker group raised or died; ``summary`` is one line naming it and the cause,
-    the message adds the last lines of its log."""
+    the message adds the last lines of its log. ``cause``: what the rank raised (None when it
+    died), so the CLI tells a user's mistake met in a worker from a bug in one."""
 
-    def __init__(self, message: str, role: str, rank: int, summary: str | None = None):
+    def __init__(self, message: str, role: str, rank: int, summary: str | None = None,
+                 cause: BaseException | None = None):
         super().__init__(message)
         self.role = role
         self.rank = rank
         self.summary = summary or message.splitlines()[0]
+        self.cause = cause
 
 
 class CallTimeout(WorkerError):
@@ -414,12 +417,14 @@ class WorkerGroup:
         else:
             err = getattr(exc, "cause", None) or exc
             lines = str(err).strip().splitlines()
-            how = f"raised {type(err).__name__} in {self._what(method)}: {lines[-1] if lines else ''}"
+            said = lines[-1] if lines else f"(no message) {_raised_at(str(exc))}".rstrip()
+            how = f"raised {type(err).__name__} in {self._what(method)}: {said}"
         where = self.node_infos[rank] if rank < len(self.node_infos) else {}
         host = f" on {where.get('hostname')} ({where.get('ip')}), pid {where.get('pid')}" if where else ""
         summary = f"{self.role} rank {rank}{host} {how} (log: {self.log_paths[rank]})"
         message = f"{summary}\n--- last lines of {self.log_paths[rank]} ---\n{tail}"
-        return WorkerError(message, self.role, rank, summary)
+        return WorkerError(message, self.role, rank, summary,
+                           None if isinstance(exc, RayActorError) else getattr(exc, "cause", None) or exc)
 
     def log_tail(self, rank: int, lines: int = LOG_TAIL_LINES) -> str:
         """The last `lines` lines this group's rank wrote to its log (read on the driver's
@@ -458,6 +463,16 @@ class WorkerGroup:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+
+def _raised_at(traceback_text: str) -> str:
+    """'at <file>:<line> in <function>' of a traceback's last frame ('' without one): where an
+    exception without a message (a bare assert) was raised. Ray's error text holds the rank's traceback."""
+    frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', traceback_text)
+    if not frames:
+        return ""
+    file, line, function = frames[-1]
+    return f"at {file}:{line} in {function}"
 
 
 def _cause(text: str) -> str | None:

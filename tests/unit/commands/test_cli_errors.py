@@ -81,3 +81,19 @@ def test_missing_inputs_are_user_errors(argv, capsys):
     assert main(argv) == EXIT_USER
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "Traceback" not in err
+
+
+def test_an_assert_in_a_worker_is_an_internal_error(capsys):
+    from megarl.actors.ray_groups.worker_group import WorkerError
+    from megarl.cli import EXIT_INTERNAL, report
+
+    said = "policy rank 1 raised RuntimeError in PolicyRank.load: size mismatch for weight (log: r1.log)"
+    mistake = WorkerError(said + "\n--- last lines ---\n...", "policy", 1, cause=RuntimeError("size mismatch for weight"))
+    assert report(mistake) == EXIT_USER and capsys.readouterr().err == f"error: {said}\n"
+    bug = WorkerError("policy rank 0 raised AssertionError in PolicyRank.save: (no message) at x.py:3 in save\n"
+                      "--- last lines ---\nTraceback ...", "policy", 0, cause=AssertionError())
+    assert report(bug) == EXIT_INTERNAL
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "raised AssertionError in PolicyRank.save: (no message) at x.py:3 in save" in err
+    died = WorkerError("policy rank 0 died during PolicyRank.step: Killed", "policy", 0)  # no cause: the OOM killer, a signal
+    assert report(died) == EXIT_USER
