@@ -111,10 +111,15 @@ def run_sft(cfg: Any, address: str | None = None) -> Path:
 
 
 def _check_target(target: Path, cfg: Any) -> None:
+    from megarl.checkpoint.manager import scan_step_dirs
     from megarl.checkpoint.model_checkpoint import RECORD
     from megarl.commands.convert import check_output_target
     from megarl.commands.outputs import OutputError
 
+    rl = scan_step_dirs(target.parent)
+    if rl:  # its metrics.jsonl would be moved aside and an RL resume there would meet an SFT model
+        raise SFTError(f"sft.output_dir ({cfg.sft.output_dir}) holds an RL run ({rl[-1][1].name} in its checkpoints/); "
+                       "give megarl sft a folder of its own")  # fmt: skip
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise SFTError(f"{target} exists (an earlier megarl sft wrote it?) and is never replaced; give another "
                        "sft.output_dir, or move it away")  # fmt: skip

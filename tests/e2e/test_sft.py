@@ -66,6 +66,11 @@ def test_sft_then_rl_generate_and_evaluate(tmp_path):
     # RL starts from the checkpoint (policy and reference): the held-out greedy reward before step 1
     _, _, rl = train(tmp_path / "demo", tmp_path / "rl", 1, f"model.path={checkpoint}", "trainer.eval_before_train=true")
     assert rl[0]["step"] == 0 and rl[0]["val/reward/mean"] >= 0.5
+    into_rl = [a for a in sft if not a.startswith("sft.output_dir=")] + [f"sft.output_dir={tmp_path / 'rl'}"]
+    before = (tmp_path / "rl" / "metrics.jsonl").read_text()
+    with pytest.raises(SFTError, match=r"holds an RL run \(step_000001 in its checkpoints/\); give megarl sft a folder"):
+        run_sft(load_config(CONFIG, into_rl))
+    assert (tmp_path / "rl" / "metrics.jsonl").read_text() == before and not (tmp_path / "rl" / "model").exists()
 
     greedy = [f"model.path={checkpoint}", "rollout.n=1", "rollout.sampling.temperature=0"]
     out = generate(CONFIG, greedy, data / "val.parquet", tmp_path / "gen.parquet")  # exports the checkpoint to HF first
