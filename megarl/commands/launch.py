@@ -60,6 +60,8 @@ def launch(config: str | Path, overrides: list[str], address: str | None = None,
     from megarl.config.preflight import finished_run
 
     cfg = load_config(config, overrides)
+    if not in_process:
+        check_one_machine(cfg, address)
     plan = make_plan(cfg, check_files=True, in_process=in_process)
     for warning in plan.warnings:
         log.warning("%s", warning)
@@ -72,6 +74,16 @@ def launch(config: str | Path, overrides: list[str], address: str | None = None,
     # A batch script (launch/megarl.sbatch) names itself: resubmitting is how its runs resume.
     command = resume_command or os.environ.get(RESUME_ENV) or launch_command(config, overrides, cfg, address, in_process)
     return run(cfg, plan, address, command, in_process=in_process)
+
+
+def check_one_machine(cfg: MegaRLConfig, address: str | None) -> None:
+    """A config for several nodes with no Ray cluster to attach to is refused before Ray starts."""
+    from megarl.actors.ray_groups.address import one_machine_problem
+    from megarl.config.plan_issues import Issue, PlanError
+
+    problem = one_machine_problem(cfg.cluster.nnodes, address or cfg.cluster.ray_address)
+    if problem:
+        raise PlanError([Issue("cluster.nnodes", problem)])
 
 
 def launch_command(config: str | Path, overrides: list[str], cfg: MegaRLConfig, address: str | None = None,

@@ -66,6 +66,7 @@ def run_sft(cfg: Any, address: str | None = None) -> Path:
     """Fine-tune, then write and verify ``<sft.output_dir>/model``; returns its path."""
     from megarl.actors.ray_groups.placement import role_placements
     from megarl.actors.ray_groups.session import ray_session
+    from megarl.commands.launch import check_one_machine
     from megarl.config.planner import make_plan, resolved_config, sft_max_length
     from megarl.trainer.run_lock import output_dir_lock
 
@@ -78,6 +79,7 @@ def run_sft(cfg: Any, address: str | None = None) -> Path:
     if s.batch_size % dp:
         raise SFTError(f"sft.batch_size ({s.batch_size}) must be a multiple of the data-parallel size ({dp}); "
                        f"try {max(dp, s.batch_size // dp * dp)}")  # fmt: skip
+    check_one_machine(cfg, address)
     out = Path(s.output_dir).absolute()
     target = out / MODEL_DIR
     _check_target(target, cfg)

@@ -31,6 +31,17 @@ def find_cluster(address: str) -> tuple[str, str] | None:
         return None
 
 
+def one_machine_problem(nnodes: int, address: str | None) -> str | None:
+    """Why a config for ``nnodes`` nodes cannot run on the Ray that ``address`` gives, or None.
+    No address (or ``local``) starts Ray on this machine alone, where the placement of several
+    nodes' ranks would wait for nodes that never join."""
+    if nnodes <= 1 or address not in (None, "", "local"):
+        return None
+    return (f"({nnodes}) nodes, but no Ray cluster is given, so Ray would start on this machine alone; start Ray on "
+            f"the {nnodes} nodes (`ray start`, or `megarl sbatch` on Slurm) and pass --address auto or host:port "
+            "(or cluster.ray_address), or set cluster.nnodes=1")
+
+
 def unanswered(address: str) -> str | None:
     """None when something listens at host:port (one TCP connect, closed at once; Ray is not
     joined), else why not. Ray Client addresses (ray://...) are not probed."""

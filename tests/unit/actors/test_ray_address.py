@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from megarl.actors.ray_groups.address import find_cluster, unanswered
+from megarl.actors.ray_groups.address import find_cluster, one_machine_problem, unanswered
 from megarl.actors.ray_groups.session import ray_session
 
 
@@ -48,3 +48,10 @@ def test_a_listening_port_answers_and_client_addresses_are_not_probed():
         assert unanswered(f"127.0.0.1:{server.getsockname()[1]}") is None
     assert unanswered("ray://head:10001") is None
     assert unanswered("garbage") == "not host:port"  # RAY_ADDRESS=garbage attaches to nothing
+
+
+def test_several_nodes_need_a_cluster_address():
+    for embedded in (None, "", "local"):
+        assert "or set cluster.nnodes=1" in one_machine_problem(2, embedded)
+        assert one_machine_problem(1, embedded) is None
+    assert one_machine_problem(4, "auto") is None and one_machine_problem(4, "10.0.0.1:6379") is None

@@ -22,6 +22,8 @@ TINY = Path(__file__).resolve().parents[3] / "configs" / "tiny_grpo.yaml"
         (["actor.parallel.tp=3"], PlanError, "actor.parallel.tp: (3) must divide num_attention_heads (4)"),
         (["rollout.nn=2"], ConfigError, "did you mean rollout.n?"),
         (["data.train_files=[/nonexistent/train.parquet]"], PlanError, "/nonexistent/train.parquet does not exist"),
+        (["cluster.nnodes=2"], PlanError, "cluster.nnodes: (2) nodes, but no Ray cluster is given, so Ray would start "
+         "on this machine alone; start Ray on the 2 nodes"),
     ],
 )
 def test_refused_before_ray(overrides, error, text):
