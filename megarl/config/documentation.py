@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from megarl.config.loading import ConfigError, _section_type, _unknown_key_message
+from megarl.config.loading import ConfigError, _section_type, unknown_key_message
 from megarl.config.sections import MegaRLConfig
 
 
@@ -31,7 +31,7 @@ def describe(key: str | None = None) -> str:
         if field is not None and sub is None:
             raise ConfigError(f"{prefix}{part} is a key, not a section; `megarl config {prefix}{part}` describes it")
         if sub is None:
-            raise ConfigError(_unknown_key_message(f"{prefix}{part}", part, list(model.model_fields)))
+            raise ConfigError(unknown_key_message(model, parts[:i], part))
         model, prefix = sub, f"{prefix}{part}."
     return "\n".join(_lines(model, prefix))
 

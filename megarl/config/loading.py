@@ -219,14 +219,22 @@ def _check_key_path(key: str) -> bool:
             return False  # one entry of the mapping, merged into the file's
         fields = model.model_fields
         if part not in fields:
-            deeper = _nested_key(model, part)
-            if deeper:  # rollout.temperature: the key lives one section down (verl's flat names)
-                raise ConfigError(f"unknown key {'.'.join([*walked, part])}; did you mean {'.'.join([*walked, deeper])}?")
-            raise ConfigError(_unknown_key_message(".".join([*walked, part]), part, list(fields)))
+            raise ConfigError(unknown_key_message(model, walked, part))
         walked.append(part)
         annotation = fields[part].annotation
         model = _section_type(annotation)
     return model is not None
+
+
+def unknown_key_message(model: type[BaseModel], walked: list[str], name: str) -> str:
+    """What to say of a key ``name`` that the section ``model`` (at dotted path ``walked``) lacks:
+    the key one section down when it lives there (rollout.temperature: verl's flat names), else
+    the closest name and the keys there are. For overrides, YAML files and `megarl config`."""
+    path = ".".join([*walked, name])
+    deeper = _nested_key(model, name)
+    if deeper:
+        return f"unknown key {path}; did you mean {'.'.join([*walked, deeper])}?"
+    return _unknown_key_message(path, name, list(model.model_fields))
 
 
 def _nested_key(model: type[BaseModel], name: str) -> str | None:
@@ -258,11 +266,9 @@ def _describe_error(err: dict[str, Any]) -> str:
     loc = ".".join(str(p) for p in err["loc"])
     if err["type"] == "extra_forbidden":
         parent = _model_at(err["loc"][:-1])
-        deeper = _nested_key(parent, str(err["loc"][-1])) if parent else None
-        if deeper:  # a YAML file's rollout: {temperature: ...}, as on the command line
-            return f"unknown key {loc}; did you mean {'.'.join([*map(str, err['loc'][:-1]), deeper])}?"
-        valid = list(parent.model_fields) if parent else []
-        return _unknown_key_message(loc, str(err["loc"][-1]), valid)
+        if parent is None:
+            return _unknown_key_message(loc, str(err["loc"][-1]), [])
+        return unknown_key_message(parent, [str(p) for p in err["loc"][:-1]], str(err["loc"][-1]))
     value = err.get("input")
     msg = err["msg"].removeprefix("Value error, ")
     shown = "" if isinstance(value, dict) or msg.endswith("is a boolean; give a number") else f" (got {value!r})"

@@ -24,6 +24,8 @@ def test_one_key_and_a_misspelt_one():
     assert describe("rollout.n").startswith("rollout.n = ")
     with pytest.raises(ConfigError, match=r"^unknown key rollout\.sampling\.temprature; did you mean rollout\.sampling\.temperature\?"):
         describe("rollout.sampling.temprature")
+    with pytest.raises(ConfigError, match=r"^unknown key actor\.lr; did you mean actor\.optimizer\.lr\?$"):
+        describe("actor.lr")  # a key one section down, as overrides and YAML files say it
     with pytest.raises(ConfigError, match=r"^rollout\.n is a key, not a section; `megarl config rollout\.n` describes it$"):
         describe("rollout.n.x")
 
