@@ -203,12 +203,34 @@ def test_fused_adam_restore_sets_the_group_step():
     assert all(torch.equal(a, b) for a, b in zip(before, params))
 
 
+@pytest.mark.parametrize("options", [{}, {"amsgrad": True}, {"foreach": False}])
+def test_a_materialised_adam_is_the_state_torch_creates_and_steps_the_same(options):
+    """The state set without a step (no gradients allocated) is what torch's own first step
+    would have created before updating it, and the next step from it equals a fresh Adam's."""
+    ours = _params(2)
+    theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
+    adam, fresh = torch.optim.Adam(ours, lr=0.1, **options), torch.optim.Adam(theirs, lr=0.1, **options)
+    _materialise_optimizer_state(_megatron_like(adam))
+    assert all(p.grad is None for p in ours)  # no gradient was allocated
+    for p, q in zip(ours, theirs):
+        p.grad, q.grad = torch.full_like(p, 0.5), torch.full_like(q, 0.5)
+    fresh.step()
+    adam.step()
+    assert all(torch.equal(p, q) for p, q in zip(ours, theirs))
+    for p, q in zip(ours, theirs):
+        mine, torchs = adam.state[p], fresh.state[q]
+        assert sorted(mine) == sorted(torchs)
+        for key in mine:
+            assert (mine[key].dtype, mine[key].device, mine[key].shape) == (torchs[key].dtype, torchs[key].device, torchs[key].shape)
+            assert torch.equal(mine[key], torchs[key]), key
+
+
 def test_torch_adam_restore_gives_each_parameter_its_own_step():
     params = _params(2)
     adam = torch.optim.Adam(params, lr=0.1)
     wrapper = _megatron_like(adam)
     before = [p.detach().clone() for p in params]
-    _materialise_optimizer_state(wrapper)  # a zero-LR step: state exists, parameters unchanged
+    _materialise_optimizer_state(wrapper)  # state exists, parameters unchanged
     assert all("step" in adam.state[p] for p in params)
     assert all(torch.equal(a, b) for a, b in zip(before, params))
     _restore_adam_steps(wrapper, {"optimizer": {"param_groups": [{"step": 5.0}]}})

@@ -170,7 +170,7 @@ class TrainableModel:
         os.makedirs(path, exist_ok=True)
         # A never-stepped optimizer (the policy during critic warm-up) has no state for the
         # distributed optimizer to describe: give it the state a fresh Adam starts from (step 0).
-        _materialise_optimizer_state(self.optimizer, step=0.0)
+        _materialise_optimizer_state(self.optimizer)
         dist_checkpointing.save(self._sharded_state(is_loading=False), str(path))
         if torch.distributed.get_rank() == 0:  # which megatron-core can read it back, and the buckets
             write_checkpoint_versions(path, grad_bucket_params=GRAD_BUCKET_PARAMS)
@@ -227,30 +227,26 @@ def _inner_optimizers(optimizer: Any) -> list[Any]:
     return [opt for opt in inner if opt is not None]
 
 
-def _materialise_optimizer_state(optimizer: Any, step: float | None = None) -> None:
-    """Give a never-stepped torch Adam its state tensors (``step``, moments) so that Megatron can
-    describe them for loading or saving (without apex/TE it reads ``step`` from the
-    per-parameter state). A step with zero gradients, zero LR and zero weight decay changes no
-    parameter and leaves zero moments; a load overwrites it; ``step`` (0 for a save) sets the
-    count, and zero moments at step 0 are exactly the state a fresh Adam starts from. TE/apex
-    FusedAdam needs none: Megatron allocates its moments itself and its ``step`` lives in the
-    param groups, which the load restores."""
+def _materialise_optimizer_state(optimizer: Any, step: float = 0.0) -> None:
+    """Give a never-stepped torch Adam the state its first step would create (``step``, zero
+    moments) so that Megatron can describe it for loading or saving (without apex/TE it reads
+    ``step`` from the per-parameter state). Zero moments at step 0 are exactly the state a fresh
+    Adam starts from, and a load overwrites them. Set directly, not by a zero-LR step: a step
+    needs a gradient per parameter, memory the plan does not count (a rank's fp32 main params
+    again, at save time). TE/apex FusedAdam needs none: Megatron allocates its moments itself and
+    its ``step`` lives in the param groups, which the load restores."""
     for inner in _inner_optimizers(optimizer):
         if adam_step_layout(inner) != "per_param" or len(inner.state) > 0:
             continue
-        saved = [(g["lr"], g.get("weight_decay", 0.0)) for g in inner.param_groups]
         for group in inner.param_groups:
-            group["lr"], group["weight_decay"] = 0.0, 0.0
+            # where torch.optim.Adam keeps ``step``: with the parameter for fused/capturable, else on the CPU
+            on_param = group.get("fused") or group.get("capturable")
+            moments = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq") if group.get("amsgrad") else ("exp_avg", "exp_avg_sq")
             for p in group["params"]:
-                p.grad = torch.zeros_like(p)
-        inner.step()
-        for group, (lr, wd) in zip(inner.param_groups, saved):
-            group["lr"], group["weight_decay"] = lr, wd
-            for p in group["params"]:
-                p.grad = None
-        if step is not None:
-            for param_state in inner.state.values():
-                param_state["step"] = torch.tensor(step, dtype=torch.float32)  # one tensor each: Adam adds in place
+                state = inner.state[p]
+                state["step"] = torch.tensor(step, dtype=torch.float32, device=p.device if on_param else "cpu")
+                for name in moments:
+                    state[name] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
 
 def _saved_adam_step(loaded: Any) -> float | None:
