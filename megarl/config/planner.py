@@ -47,7 +47,7 @@ from megarl.config.rollout_checks import (
     check_sampling,
     check_server_python,
 )
-from megarl.config.sections import GROUP_ESTIMATORS, ActorConfig, MegaRLConfig
+from megarl.config.sections import GROUP_ESTIMATORS, ActorConfig, MegaRLConfig, TrainerConfig
 
 
 @dataclass(frozen=True)
@@ -137,6 +137,7 @@ def make_plan(cfg: MegaRLConfig, *, check_files: bool = False, in_process: bool 
     check_sampling(cfg, arch, issues)
     check_agent(cfg, issues)
     _check_algorithm(cfg, issues)
+    _check_run_length(cfg.trainer, issues)
     _check_offload(cfg, issues)
     if in_process:
         check_in_process(cfg, issues)
@@ -352,21 +353,40 @@ def _check_algorithm(cfg: MegaRLConfig, issues: list[Issue]) -> None:
                             "set reference.enabled=true or turn the KL off"))
     if cfg.trainer.critic_warmup_steps and not cfg.critic_enabled:
         issues.append(Issue("trainer.critic_warmup_steps", "needs a critic (estimator gae)"))
-    total = cfg.trainer.total_steps
-    if total is not None and cfg.trainer.critic_warmup_steps >= total:
-        issues.append(Issue("trainer.critic_warmup_steps", f"({cfg.trainer.critic_warmup_steps}) must be below trainer.total_steps "
-                            f"({total}), or the policy never trains"))
     if alg.kl.controller == "adaptive" and not alg.kl.use_in_reward:
         issues.append(Issue("algorithm.kl.controller", "adaptive adjusts the KL penalty in the reward; with use_in_reward=false "
                             "it would be ignored: set algorithm.kl.use_in_reward=true or controller=fixed"))
     if alg.dynamic_sampling.enabled and (alg.estimator not in GROUP_ESTIMATORS or cfg.rollout.n < 2):
         issues.append(Issue("algorithm.dynamic_sampling", f"filters groups by reward variance, which only group estimators "
                             f"with n >= 2 learn from (estimator {alg.estimator}, n {cfg.rollout.n})", level="warning"))
-    if cfg.trainer.total_steps is None and cfg.trainer.total_epochs is None:
-        issues.append(Issue("trainer.total_steps", "set trainer.total_steps or trainer.total_epochs"))
     if alg.overlong.length >= cfg.rollout.sampling.max_new_tokens:
         issues.append(Issue("algorithm.overlong.length", f"({alg.overlong.length}) must be below rollout.sampling.max_new_tokens "
                             f"({cfg.rollout.sampling.max_new_tokens})"))
+
+
+def _check_run_length(t: TrainerConfig, issues: list[Issue]) -> None:
+    """How many steps the run takes: trainer.total_steps wins over trainer.total_epochs (as verl's
+    total_training_steps does), which is only resolved to steps once the data is read."""
+    if t.total_steps is None and t.total_epochs is None:
+        issues.append(Issue("trainer.total_steps", "set trainer.total_steps or trainer.total_epochs"))
+    elif t.total_steps is not None and t.total_epochs is not None:
+        # A warning, not a refusal: a config with total_epochs cut short by a total_steps override is common.
+        issues.append(Issue("trainer.total_epochs", f"({t.total_epochs}) is ignored: trainer.total_steps ({t.total_steps}) "
+                            "sets the run's length; drop one of them", level="warning"))  # fmt: skip
+    if t.total_steps is not None:
+        warmup = critic_warmup_issue(t, t.total_steps, f"trainer.total_steps ({t.total_steps})", "trainer.total_steps")
+        if warmup is not None:
+            issues.append(warmup)
+
+
+def critic_warmup_issue(t: TrainerConfig, steps: int, length: str, knob: str) -> Issue | None:
+    """The critic's warm-up must leave the policy steps to train. ``length`` says what the run's
+    ``steps`` are (trainer.total_steps, or total_epochs over the data, known once it is read);
+    ``knob`` is the field that raises them."""
+    if t.critic_warmup_steps < steps:
+        return None
+    return Issue("trainer.critic_warmup_steps", f"({t.critic_warmup_steps}) must be below {length}, or the policy never "
+                 f"trains; lower it or raise {knob}")
 
 
 def _check_files(cfg: MegaRLConfig, issues: list[Issue]) -> None:

@@ -288,6 +288,12 @@ def test_temperature_and_warmup_and_adaptive_kl():
     assert any("algorithm.dynamic_sampling" in str(w) for w in warned.warnings)
 
 
+def test_total_steps_beside_total_epochs_is_a_warning_naming_the_value_used():
+    warned = [str(w) for w in plan(GRPO72, "trainer.total_steps=20").warnings]
+    assert "trainer.total_epochs: (2) is ignored: trainer.total_steps (20) sets the run's length; drop one of them" in warned
+    assert not any("total_epochs" in str(w) for w in plan(GRPO72).warnings)  # epochs alone: nothing to say
+
+
 def test_memory_over_budget_names_knobs():
     msg = refused(GRPO72, "actor.optimizer.distributed=false", "actor.parallel.pp=1", "actor.parallel.tp=8",
                   "actor.recompute=none")
