@@ -389,6 +389,16 @@ def critic_warmup_issue(t: TrainerConfig, steps: int, length: str, knob: str) ->
                  f"trains; lower it or raise {knob}")
 
 
+def epochs_warmup_issue(t: TrainerConfig, rows: int, per_epoch: int, *, at_most: bool = False) -> Issue | None:
+    """:func:`critic_warmup_issue` for a run of trainer.total_epochs passes of ``per_epoch`` steps
+    over ``rows`` prompts; ``at_most``: the rows before overlong prompts are dropped."""
+    assert t.total_epochs is not None
+    steps = t.total_epochs * per_epoch
+    length = (f"the run's {'at most ' if at_most else ''}{steps} steps (trainer.total_epochs {t.total_epochs} x "
+              f"{per_epoch} steps per epoch over {rows} training prompts)")  # fmt: skip
+    return critic_warmup_issue(t, steps, length, "trainer.total_epochs")
+
+
 def _check_files(cfg: MegaRLConfig, issues: list[Issue]) -> None:
     """What launch needs from the disk (megarl/config/preflight.py), still before Ray starts."""
     from megarl.config.preflight import preflight
