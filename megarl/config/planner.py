@@ -314,7 +314,7 @@ def _train_layout(role: str, cfg: ActorConfig, gpus: list[int]) -> RoleLayout | 
     return RoleLayout(role, tp, pp, len(gpus) // (tp * pp), tuple(gpus))
 
 
-def parallel_pairs(arch: ArchSpec, gpus: int) -> list[tuple[int, int]]:
+def _parallel_pairs(arch: ArchSpec, gpus: int) -> list[tuple[int, int]]:
     """Every (tp, pp) a model may train with on ``gpus`` GPUs: tp divides the attention and KV
     heads, pp the layers, tp x pp the GPUs. Each suggestion of a layout is drawn from these."""
     ok_tp = [d for d in divisors(arch.num_heads) if arch.num_kv_heads % d == 0]
@@ -327,7 +327,7 @@ def _check_model_parallel(section: str, cfg: ActorConfig, arch: ArchSpec, gpus: 
     knob when a layout with it exists (else any layout's values), so it satisfies every rule.
     ``fit``: the layouts whose batches and memory pass too (none of them: the rules alone)."""
     tp, pp = cfg.parallel.tp, cfg.parallel.pp
-    pairs = parallel_pairs(arch, gpus)
+    pairs = _parallel_pairs(arch, gpus)
     if fit is not None and (gpus % (tp * pp) or (tp, pp) not in pairs):  # a fix will be suggested
         pairs = fit(pairs) or pairs
     tp_at_pp, pp_at_tp = [t for t, p in pairs if p == pp], [p for t, p in pairs if t == tp]
@@ -428,12 +428,12 @@ def _check_run_length(t: TrainerConfig, issues: list[Issue]) -> None:
         issues.append(Issue("trainer.total_epochs", f"({t.total_epochs}) is ignored: trainer.total_steps ({t.total_steps}) "
                             "sets the run's length; drop one of them", level="warning"))  # fmt: skip
     if t.total_steps is not None:
-        warmup = critic_warmup_issue(t, t.total_steps, f"trainer.total_steps ({t.total_steps})", "trainer.total_steps")
+        warmup = _critic_warmup_issue(t, t.total_steps, f"trainer.total_steps ({t.total_steps})", "trainer.total_steps")
         if warmup is not None:
             issues.append(warmup)
 
 
-def critic_warmup_issue(t: TrainerConfig, steps: int, length: str, knob: str) -> Issue | None:
+def _critic_warmup_issue(t: TrainerConfig, steps: int, length: str, knob: str) -> Issue | None:
     """The critic's warm-up must leave the policy steps to train. ``length`` says what the run's
     ``steps`` are (trainer.total_steps, or total_epochs over the data, known once it is read);
     ``knob`` is the field that raises them."""
@@ -444,13 +444,13 @@ def critic_warmup_issue(t: TrainerConfig, steps: int, length: str, knob: str) ->
 
 
 def epochs_warmup_issue(t: TrainerConfig, rows: int, per_epoch: int, *, at_most: bool = False) -> Issue | None:
-    """:func:`critic_warmup_issue` for a run of trainer.total_epochs passes of ``per_epoch`` steps
+    """:func:`_critic_warmup_issue` for a run of trainer.total_epochs passes of ``per_epoch`` steps
     over ``rows`` prompts; ``at_most``: the rows before overlong prompts are dropped."""
     assert t.total_epochs is not None
     steps = t.total_epochs * per_epoch
     length = (f"the run's {'at most ' if at_most else ''}{steps} steps (trainer.total_epochs {t.total_epochs} x "
               f"{per_epoch} steps per epoch over {rows} training prompts)")  # fmt: skip
-    return critic_warmup_issue(t, steps, length, "trainer.total_epochs")
+    return _critic_warmup_issue(t, steps, length, "trainer.total_epochs")
 
 
 def _check_files(cfg: MegaRLConfig, issues: list[Issue]) -> None:
@@ -587,7 +587,7 @@ def _fitting_layouts(cfg: MegaRLConfig, arch: ArchSpec, section: str, pairs: lis
     changes are not held against one. A CPU plan, or one whose other trained role has no layout,
     has no memory check."""
     if pairs is None:
-        pairs = parallel_pairs(arch, _train_pool_size(cfg))
+        pairs = _parallel_pairs(arch, _train_pool_size(cfg))
     role = "policy" if section == "actor" else "critic"
     found = []
     for tp, pp in sorted(pairs, key=lambda lay: (lay[0] * lay[1], -lay[0])):
