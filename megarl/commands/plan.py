@@ -19,7 +19,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_config_args(p, optional=True)  # not with --list-archs
     p.add_argument("--list-archs", action="store_true", help="list the built-in architectures (model.arch) and exit")
-    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("--json", action="store_true", help='print one JSON object: the plan with "ok": true, or '
+                   '{"ok": false, "issues": [{field, message, level}]} (a config that cannot be read: "error") with exit code 2')
     p.add_argument("--check-files", action="store_true", help="also check that data, model and reward files exist (as launch does)")
     p.set_defaults(handler=run)
 
@@ -28,17 +29,38 @@ def run(args: argparse.Namespace) -> int:
     from megarl.config.architectures import describe_archs
     from megarl.config.loading import ConfigError, load_config
     from megarl.config.plan_report import print_plan
-    from megarl.config.planner import make_plan
+    from megarl.config.planner import PlanError, make_plan
 
     if args.list_archs:
         print(describe_archs())
         return 0
     if args.config is None:
         raise ConfigError("megarl plan needs a CONFIG file (or --list-archs)")
-    cfg = load_config(args.config, args.overrides)
-    plan = make_plan(cfg, check_files=args.check_files)
+    try:
+        cfg = load_config(args.config, args.overrides)
+        plan = make_plan(cfg, check_files=args.check_files)
+    except (ConfigError, PlanError) as exc:
+        if not args.json:
+            raise
+        return _print_refusal(exc)
     if args.json:
-        print(json.dumps(plan.to_dict(), indent=2, default=str))
+        print(json.dumps({"ok": True, **plan.to_dict()}, indent=2, default=str))
     else:
         print_plan(cfg, plan)
     return 0
+
+
+def _print_refusal(exc: Exception) -> int:
+    """--json's answer to a refused config: a script reads stdout as JSON whether or not the plan
+    passed; the exit code stays the CLI's user error."""
+    from dataclasses import asdict
+
+    from megarl.cli import EXIT_USER
+    from megarl.config.planner import PlanError
+
+    if isinstance(exc, PlanError):
+        out: dict = {"ok": False, "issues": [asdict(i) for i in exc.issues]}
+    else:  # the config could not be read or validated: no planner issues, the loader's message
+        out = {"ok": False, "error": str(exc), "issues": []}
+    print(json.dumps(out, indent=2))
+    return EXIT_USER

@@ -137,12 +137,40 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"config file {path}: key {key} is given twice (lines {exc.lines[0]} and {exc.lines[1]}) "
                           "and YAML would keep only the last; merge them into one") from None  # fmt: skip
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+        raise ConfigError(_syntax_error_line(path, exc)) from None
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path}: the top level must be a mapping of sections, got {type(data).__name__}")
     return data
+
+
+# Fixes for PyYAML problems whose cause is nearly always the same (matched on the problem and its context).
+_SYNTAX_FIXES = (
+    ("'\\t' that cannot start any token", "indent with spaces: YAML does not allow tabs"),
+    ("mapping values are not allowed here", "check this line's indentation, or quote a value that contains ': '"),
+    ("expected ',' or '}'", "close the { with }"),
+    ("expected ',' or ']'", "close the [ with ]"),
+    ("found undefined alias", "define the anchor (&name) before the alias (*name)"),
+    ("could not find expected ':'", "a key needs ': ' after it; check this line and the one above"),
+    ("while scanning a quoted scalar", "close the quote"),
+)
+
+
+def _syntax_error_line(path: Path, exc: yaml.YAMLError) -> str:
+    """``file:line:col: problem (context); fix``: PyYAML's own message spans several lines (each
+    mark with the source line and a caret), which the one-line error report would split."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None)
+    if mark is None or problem is None:  # not a marked error: its text, on one line
+        return f"config file {path} is not valid YAML: {' '.join(str(exc).split())}"
+    line = f"{path}:{mark.line + 1}:{mark.column + 1}: {problem}"
+    context, at = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    if context:
+        elsewhere = at is not None and (at.line, at.column) != (mark.line, mark.column)
+        line += f" ({context} started at {at.line + 1}:{at.column + 1})" if elsewhere else f" ({context})"
+    fix = next((fix for text, fix in _SYNTAX_FIXES if text in line), None)
+    return f"{line}; {fix}" if fix else line
 
 
 def _key_path(text: str, line: int, column: int) -> str | None:

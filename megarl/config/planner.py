@@ -10,7 +10,9 @@ Deliberately torch-free: `megarl plan` must answer in well under two seconds.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 
 from megarl.config.architectures import ArchError, ArchSpec, resolve_arch
 from megarl.config.memory import (
@@ -46,8 +48,9 @@ from megarl.config.rollout_checks import (
     check_rollout,
     check_sampling,
     check_server_python,
+    rollout_tp_choices,
 )
-from megarl.config.sections import GROUP_ESTIMATORS, ActorConfig, MegaRLConfig
+from megarl.config.sections import GROUP_ESTIMATORS, ActorConfig, MegaRLConfig, TrainerConfig
 
 
 @dataclass(frozen=True)
@@ -118,18 +121,19 @@ def make_plan(cfg: MegaRLConfig, *, check_files: bool = False, in_process: bool 
         raise PlanError([Issue("model", str(exc))]) from None
     _check_scope(cfg, arch, issues, sft=sft)
     if sft:  # the policy alone, on every GPU of the cluster (no rollout pool, no critic)
-        policy = _train_layout("policy", "actor", cfg.actor, list(range(cfg.cluster.world_size)), issues)
-        _check_model_parallel("actor", cfg.actor, arch, issues)
+        policy = _train_layout("policy", cfg.actor, list(range(cfg.cluster.world_size)))
+        _check_model_parallel("actor", cfg.actor, arch, cfg.cluster.world_size, issues)
         _check_sft(cfg, arch, issues)
         _raise_errors(issues)
         assert policy is not None  # a layout problem is an error, raised above
         return Plan(arch, cfg.cluster.device, cfg.cluster.placement, {"policy": policy}, None,
                     [i for i in issues if i.level == "warning"], _auto_recompute(cfg, "none"))  # no memory plan: none
-    roles = _layout_roles(cfg, issues)
+    roles = _layout_roles(cfg, arch, issues)
     for role, section_name in (("policy", "actor"), ("critic", "critic")):
         if role == "policy" or cfg.critic_enabled:
             section = getattr(cfg, section_name)
-            _check_model_parallel(section_name, section, arch, issues)
+            fit = partial(_fitting_layouts, cfg, arch, section_name)  # narrows a suggestion to the layouts that fit
+            _check_model_parallel(section_name, section, arch, _train_pool_size(cfg), issues, fit)
             if role in roles:
                 _check_batches(section_name, section, roles[role], cfg, issues)
     if "rollout" in roles:
@@ -137,6 +141,7 @@ def make_plan(cfg: MegaRLConfig, *, check_files: bool = False, in_process: bool 
     check_sampling(cfg, arch, issues)
     check_agent(cfg, issues)
     _check_algorithm(cfg, issues)
+    _check_run_length(cfg.trainer, issues)
     _check_offload(cfg, issues)
     if in_process:
         check_in_process(cfg, issues)
@@ -180,7 +185,7 @@ def _resolve_recompute(cfg: MegaRLConfig, arch: ArchSpec, roles: dict[str, RoleL
     resolved = _auto_recompute(cfg, "none")
     if resolved:
         probe: list[Issue] = []
-        _plan_memory(resolved_config(cfg, resolved), arch, roles, probe)
+        _plan_memory(resolved_config(cfg, resolved), arch, roles, probe, suggest=False)
         if any(i.level == "error" for i in probe):
             resolved = _auto_recompute(cfg, "full")
     return resolved_config(cfg, resolved), resolved
@@ -250,8 +255,17 @@ def _check_packed_attention(cfg: MegaRLConfig, section: str, issues: list[Issue]
                             "transformer-engine installed); set model.layer_spec local to be sure", "warning"))  # fmt: skip
 
 
-def _layout_roles(cfg: MegaRLConfig, issues: list[Issue]) -> dict[str, RoleLayout]:
-    """Split the cluster into the training pool and the rollout pool, derive DP sizes."""
+def _train_pool_size(cfg: MegaRLConfig) -> int:
+    """GPUs of the training pool: the cluster, less the rollout pool's when disaggregated (and valid)."""
+    cl = cfg.cluster
+    if cl.placement == "disaggregated" and 0 < cl.rollout_gpus < cl.world_size:
+        return cl.world_size - cl.rollout_gpus
+    return cl.world_size
+
+
+def _layout_roles(cfg: MegaRLConfig, arch: ArchSpec, issues: list[Issue]) -> dict[str, RoleLayout]:
+    """Split the cluster into the training pool and the rollout pool, derive DP sizes (a layout
+    that does not divide its pool is left out: _check_model_parallel and check_rollout say why)."""
     cl = cfg.cluster
     world = cl.world_size
     train_gpus = list(range(world))
@@ -267,15 +281,16 @@ def _layout_roles(cfg: MegaRLConfig, issues: list[Issue]) -> dict[str, RoleLayou
             issues.append(Issue("cluster.rollout_gpus", f"({cl.rollout_gpus}) must be whole nodes on a multi-node cluster "
                                 f"(a multiple of gpus_per_node = {cl.gpus_per_node}), so each pool is placed node by node"))
             return {}
-        train_gpus, rollout_gpus = train_gpus[: world - cl.rollout_gpus], train_gpus[world - cl.rollout_gpus :]
+        pool = _train_pool_size(cfg)
+        train_gpus, rollout_gpus = train_gpus[:pool], train_gpus[pool:]
     elif cl.rollout_gpus:
         issues.append(Issue("cluster.rollout_gpus", f"({cl.rollout_gpus}) is only used with placement=disaggregated; remove it or set the placement"))
     roles: dict[str, RoleLayout] = {}
-    policy = _train_layout("policy", "actor", cfg.actor, train_gpus, issues)
+    policy = _train_layout("policy", cfg.actor, train_gpus)
     if policy:
         roles["policy"] = policy
     if cfg.critic_enabled:
-        critic = _train_layout("critic", "critic", cfg.critic, train_gpus, issues)
+        critic = _train_layout("critic", cfg.critic, train_gpus)
         if critic:
             roles["critic"] = critic
     if cfg.rollout.engine == "sglang":
@@ -283,7 +298,8 @@ def _layout_roles(cfg: MegaRLConfig, issues: list[Issue]) -> dict[str, RoleLayou
         if len(rollout_gpus) % tp == 0:
             roles["rollout"] = RoleLayout("rollout", tp, 1, len(rollout_gpus) // tp, tuple(rollout_gpus))
         else:
-            issues.append(Issue("rollout.tp", f"({tp}) must divide the {len(rollout_gpus)} GPUs of the rollout pool"))
+            issues.append(Issue("rollout.tp", f"({tp}) must divide the {len(rollout_gpus)} GPUs of the rollout pool; "
+                                f"try {choices(rollout_tp_choices(cfg, arch))}"))
     elif policy:
         # One torch engine in the first rank of each policy data-parallel replica.
         firsts = tuple(g for r, g in enumerate(policy.gpus) if r % policy.tp == 0 and r < policy.tp * policy.dp)
@@ -291,23 +307,42 @@ def _layout_roles(cfg: MegaRLConfig, issues: list[Issue]) -> dict[str, RoleLayou
     return roles
 
 
-def _train_layout(role: str, section: str, cfg: ActorConfig, gpus: list[int], issues: list[Issue]) -> RoleLayout | None:
+def _train_layout(role: str, cfg: ActorConfig, gpus: list[int]) -> RoleLayout | None:
     tp, pp = cfg.parallel.tp, cfg.parallel.pp
     if len(gpus) % (tp * pp):
-        issues.append(Issue(f"{section}.parallel", f"tp x pp ({tp} x {pp} = {tp * pp}) must divide the {len(gpus)} GPUs "
-                            f"of the training pool; try {choices(divisors(len(gpus)))} for tp x pp"))
-        return None
+        return None  # _check_model_parallel reports it, with the layouts that fit
     return RoleLayout(role, tp, pp, len(gpus) // (tp * pp), tuple(gpus))
 
 
-def _check_model_parallel(section: str, cfg: ActorConfig, arch: ArchSpec, issues: list[Issue]) -> None:
-    tp, pp = cfg.parallel.tp, cfg.parallel.pp
+def _parallel_pairs(arch: ArchSpec, gpus: int) -> list[tuple[int, int]]:
+    """Every (tp, pp) a model may train with on ``gpus`` GPUs: tp divides the attention and KV
+    heads, pp the layers, tp x pp the GPUs. Each suggestion of a layout is drawn from these."""
     ok_tp = [d for d in divisors(arch.num_heads) if arch.num_kv_heads % d == 0]
+    return [(t, p) for t in ok_tp for p in divisors(arch.num_layers) if gpus % (t * p) == 0]
+
+
+def _check_model_parallel(section: str, cfg: ActorConfig, arch: ArchSpec, gpus: int, issues: list[Issue],
+                          fit: Callable[[list[tuple[int, int]]], list[tuple[int, int]]] | None = None) -> None:  # fmt: skip
+    """tp, pp and their product on the ``gpus`` of the training pool; each fix keeps the other
+    knob when a layout with it exists (else any layout's values), so it satisfies every rule.
+    ``fit``: the layouts whose batches and memory pass too (none of them: the rules alone)."""
+    tp, pp = cfg.parallel.tp, cfg.parallel.pp
+    pairs = _parallel_pairs(arch, gpus)
+    if fit is not None and (gpus % (tp * pp) or (tp, pp) not in pairs):  # a fix will be suggested
+        pairs = fit(pairs) or pairs
+    tp_at_pp, pp_at_tp = [t for t, p in pairs if p == pp], [p for t, p in pairs if t == tp]
+    some = " or ".join(f"{t} x {p}" for t, p in sorted(pairs, key=lambda lay: (lay[0] * lay[1], -lay[0]))[:4])
+    if gpus % (tp * pp):
+        keep = ([f"pp {choices(pp_at_tp)} (at tp {tp})"] if pp_at_tp else []) + ([f"tp {choices(tp_at_pp)} (at pp {pp})"] if tp_at_pp else [])
+        issues.append(Issue(f"{section}.parallel", f"tp x pp ({tp} x {pp} = {tp * pp}) must divide the {gpus} GPUs "
+                            f"of the training pool; try {', or '.join(keep) or 'tp x pp ' + some}"))  # fmt: skip
     if arch.num_heads % tp or arch.num_kv_heads % tp:
+        fix = choices(tp_at_pp) if tp_at_pp else f"tp x pp {some} (no tp fits at pp {pp})"
         issues.append(Issue(f"{section}.parallel.tp", f"({tp}) must divide num_attention_heads ({arch.num_heads}) and "
-                            f"num_key_value_heads ({arch.num_kv_heads}); try {choices(ok_tp)}"))
+                            f"num_key_value_heads ({arch.num_kv_heads}); try {fix}"))
     if arch.num_layers % pp:
-        issues.append(Issue(f"{section}.parallel.pp", f"({pp}) must divide num_layers ({arch.num_layers}); try {choices(divisors(arch.num_layers))}"))
+        fix = choices(pp_at_tp) if pp_at_tp else f"tp x pp {some} (no pp fits at tp {tp})"
+        issues.append(Issue(f"{section}.parallel.pp", f"({pp}) must divide num_layers ({arch.num_layers}); try {fix}"))
     if cfg.parallel.sequence_parallel and tp == 1:
         issues.append(Issue(f"{section}.parallel.sequence_parallel", "(true) has no effect at tp 1: sequence parallelism "
                             "splits the sequence over the tensor-parallel ranks", level="warning"))
@@ -316,21 +351,41 @@ def _check_model_parallel(section: str, cfg: ActorConfig, arch: ArchSpec, issues
 def _check_batches(section: str, cfg: ActorConfig, layout: RoleLayout, full: MegaRLConfig, issues: list[Issue]) -> None:
     samples = full.samples_per_step
     mini = cfg.mini_batch_size or samples
+    tokens = cfg.max_tokens_per_gpu is not None
+    unit = _batch_unit(cfg, layout.dp)
+    what = f"dp ({layout.dp})" if tokens else f"dp x micro_batch_size = {layout.dp} x {cfg.micro_batch_size}"
+    fitting = [m for m in divisors(samples) if m % unit == 0][-4:]  # the mini-batches both rules allow
     if samples % mini:
+        fix = (f"try {choices(fitting)}" if fitting else f"none is divisible by {what} = {unit}: lower "
+               f"{section}.micro_batch_size or change the layout")  # fmt: skip
         issues.append(Issue(f"{section}.mini_batch_size", f"({mini}) must divide the samples of a step, data.prompts_per_step x "
-                            f"rollout.n = {full.data.prompts_per_step} x {full.rollout.n} = {samples}; try {choices(divisors(samples)[-4:])}"))
+                            f"rollout.n = {full.data.prompts_per_step} x {full.rollout.n} = {samples}; {fix}"))
     if not _micro_batching_set(section, cfg, issues):
         return
-    unit = layout.dp * (cfg.micro_batch_size if cfg.max_tokens_per_gpu is None else 1)
     if mini % unit:
-        what = f"dp x micro_batch_size = {layout.dp} x {cfg.micro_batch_size}" if cfg.max_tokens_per_gpu is None else f"dp ({layout.dp})"
-        issues.append(Issue(f"{section}.mini_batch_size", f"({mini}) must be divisible by {what} = {unit}; change the "
-                            f"mini-batch, the micro-batch or the layout"))
+        issues.append(Issue(f"{section}.mini_batch_size", f"({mini}) must be divisible by {what} = {unit}; "
+                            + _mini_batch_fix(section, cfg, layout, mini, samples, fitting)))
     seq = full.data.max_prompt_length + full.rollout.sampling.max_new_tokens
     if cfg.max_tokens_per_gpu is not None and cfg.max_tokens_per_gpu < seq:
         issues.append(Issue(f"{section}.max_tokens_per_gpu", f"({cfg.max_tokens_per_gpu}) must hold one full sequence "
                             f"(max_prompt_length + max_new_tokens = {seq}); raise it to at least {seq}, or lower "
                             "data.max_prompt_length / rollout.sampling.max_new_tokens"))
+
+
+def _batch_unit(cfg: ActorConfig, dp: int) -> int:
+    """What a mini-batch must be a multiple of: dp x micro_batch_size, or dp under a token budget
+    (any number of sequences per micro-batch)."""
+    return dp * (1 if cfg.max_tokens_per_gpu is not None else cfg.micro_batch_size or 1)
+
+
+def _mini_batch_fix(section: str, cfg: ActorConfig, layout: RoleLayout, mini: int, samples: int, fitting: list[int]) -> str:
+    """The mini-batches that divide the step and the unit (``fitting``), or smaller micro-batches
+    that make ``mini`` fit when it divides the step's ``samples``; else the layout must change."""
+    fixes = [f"mini_batch_size {choices(fitting)}"] if fitting else []
+    if cfg.max_tokens_per_gpu is None and cfg.micro_batch_size and samples % mini == 0 and mini % layout.dp == 0:
+        micro = [u for u in divisors(mini // layout.dp) if u < cfg.micro_batch_size][-3:]
+        fixes += [f"micro_batch_size {choices(micro)}"] if micro else []
+    return f"try {section}." + f", or {section}.".join(fixes) if fixes else f"change {section}.parallel (dp is {layout.dp})"
 
 
 def _micro_batching_set(section: str, cfg: ActorConfig, issues: list[Issue]) -> bool:
@@ -352,21 +407,50 @@ def _check_algorithm(cfg: MegaRLConfig, issues: list[Issue]) -> None:
                             "set reference.enabled=true or turn the KL off"))
     if cfg.trainer.critic_warmup_steps and not cfg.critic_enabled:
         issues.append(Issue("trainer.critic_warmup_steps", "needs a critic (estimator gae)"))
-    total = cfg.trainer.total_steps
-    if total is not None and cfg.trainer.critic_warmup_steps >= total:
-        issues.append(Issue("trainer.critic_warmup_steps", f"({cfg.trainer.critic_warmup_steps}) must be below trainer.total_steps "
-                            f"({total}), or the policy never trains"))
     if alg.kl.controller == "adaptive" and not alg.kl.use_in_reward:
         issues.append(Issue("algorithm.kl.controller", "adaptive adjusts the KL penalty in the reward; with use_in_reward=false "
                             "it would be ignored: set algorithm.kl.use_in_reward=true or controller=fixed"))
     if alg.dynamic_sampling.enabled and (alg.estimator not in GROUP_ESTIMATORS or cfg.rollout.n < 2):
         issues.append(Issue("algorithm.dynamic_sampling", f"filters groups by reward variance, which only group estimators "
                             f"with n >= 2 learn from (estimator {alg.estimator}, n {cfg.rollout.n})", level="warning"))
-    if cfg.trainer.total_steps is None and cfg.trainer.total_epochs is None:
-        issues.append(Issue("trainer.total_steps", "set trainer.total_steps or trainer.total_epochs"))
     if alg.overlong.length >= cfg.rollout.sampling.max_new_tokens:
         issues.append(Issue("algorithm.overlong.length", f"({alg.overlong.length}) must be below rollout.sampling.max_new_tokens "
                             f"({cfg.rollout.sampling.max_new_tokens})"))
+
+
+def _check_run_length(t: TrainerConfig, issues: list[Issue]) -> None:
+    """How many steps the run takes: trainer.total_steps wins over trainer.total_epochs (as verl's
+    total_training_steps does), which is only resolved to steps once the data is read."""
+    if t.total_steps is None and t.total_epochs is None:
+        issues.append(Issue("trainer.total_steps", "set trainer.total_steps or trainer.total_epochs"))
+    elif t.total_steps is not None and t.total_epochs is not None:
+        # A warning, not a refusal: a config with total_epochs cut short by a total_steps override is common.
+        issues.append(Issue("trainer.total_epochs", f"({t.total_epochs}) is ignored: trainer.total_steps ({t.total_steps}) "
+                            "sets the run's length; drop one of them", level="warning"))  # fmt: skip
+    if t.total_steps is not None:
+        warmup = _critic_warmup_issue(t, t.total_steps, f"trainer.total_steps ({t.total_steps})", "trainer.total_steps")
+        if warmup is not None:
+            issues.append(warmup)
+
+
+def _critic_warmup_issue(t: TrainerConfig, steps: int, length: str, knob: str) -> Issue | None:
+    """The critic's warm-up must leave the policy steps to train. ``length`` says what the run's
+    ``steps`` are (trainer.total_steps, or total_epochs over the data, known once it is read);
+    ``knob`` is the field that raises them."""
+    if t.critic_warmup_steps < steps:
+        return None
+    return Issue("trainer.critic_warmup_steps", f"({t.critic_warmup_steps}) must be below {length}, or the policy never "
+                 f"trains; lower it or raise {knob}")
+
+
+def epochs_warmup_issue(t: TrainerConfig, rows: int, per_epoch: int, *, at_most: bool = False) -> Issue | None:
+    """:func:`_critic_warmup_issue` for a run of trainer.total_epochs passes of ``per_epoch`` steps
+    over ``rows`` prompts; ``at_most``: the rows before overlong prompts are dropped."""
+    assert t.total_epochs is not None
+    steps = t.total_epochs * per_epoch
+    length = (f"the run's {'at most ' if at_most else ''}{steps} steps (trainer.total_epochs {t.total_epochs} x "
+              f"{per_epoch} steps per epoch over {rows} training prompts)")  # fmt: skip
+    return _critic_warmup_issue(t, steps, length, "trainer.total_epochs")
 
 
 def _check_files(cfg: MegaRLConfig, issues: list[Issue]) -> None:
@@ -383,9 +467,11 @@ def _tokens_per_micro_batch(cfg: MegaRLConfig, section: ActorConfig) -> int:
     return (section.micro_batch_size or 1) * seq
 
 
-def _plan_memory(cfg: MegaRLConfig, arch: ArchSpec, roles: dict[str, RoleLayout], issues: list[Issue]) -> MemoryPlan:
+def _plan_memory(cfg: MegaRLConfig, arch: ArchSpec, roles: dict[str, RoleLayout], issues: list[Issue], *,
+                 suggest: bool = True) -> MemoryPlan:  # fmt: skip
     """Bytes per GPU in every phase: the residency table's resident states (megarl/config/residency.py)
-    plus the phase's working memory and the runtime overhead; nothing else adds to a peak."""
+    plus the phase's working memory and the runtime overhead; nothing else adds to a peak.
+    ``suggest``: an over-budget error names the layouts that fit (a probe of one does not)."""
     gpu = cfg.cluster.gpu_memory_gib * GIB
     mems: dict[str, TrainMemory] = {}
     for role, section in (("policy", cfg.actor), ("critic", cfg.critic)):
@@ -425,7 +511,9 @@ def _plan_memory(cfg: MegaRLConfig, arch: ArchSpec, roles: dict[str, RoleLayout]
         push_knobs = ["lower rollout.weight_sync.bucket_mb"]
         if gather > largest:  # the gather group, not one tensor, is what the push holds twice
             push_knobs.append("lower rollout.weight_sync.gather_mb")
-        _check_fits(cfg, table, {p: b for p, b in phases.items() if p not in generation}, rollout_peak, gpu, issues, push_knobs)
+        layouts = partial(_fitting_layouts, cfg, arch) if suggest else None
+        _check_fits(cfg, table, {p: b for p, b in phases.items() if p not in generation}, rollout_peak, gpu, issues,
+                    push_knobs, layouts)  # fmt: skip
     ref = sizes.get("reference/weights", 0.0)
     return MemoryPlan(mems.get("policy"), mems.get("critic"), ref, rollout, train_peak, rollout_peak, gpu, phases, sizes, residency)
 
@@ -459,20 +547,25 @@ _OFFLOAD_KNOBS = (("policy", "actor.offload"), ("critic", "critic.offload"), ("r
 
 
 def _check_fits(cfg: MegaRLConfig, table: Residency, training: dict[str, float], rollout_peak: float, gpu: float,
-                issues: list[Issue], push_knobs: list[str]) -> None:  # fmt: skip
+                issues: list[Issue], push_knobs: list[str], layouts: _Layouts | None = None) -> None:  # fmt: skip
     """The heaviest training phase and the generation must fit ``gpu``; an error names the knobs
-    (``push_knobs``: those that shrink a weight push)."""
+    (``push_knobs``: those that shrink a weight push; ``layouts``: the section's tp x pp that fit)."""
     over = f"over cluster.gpu_memory_gib ({cfg.cluster.gpu_memory_gib:g})"
     phase = max(training, key=training.get)  # type: ignore[arg-type]
     if training[phase] > gpu:
         section = _PHASE_SECTION.get(phase, "actor")
         knobs = _offload_knobs(cfg, table, phase)
+        par = getattr(cfg, section).parallel
+        fits = [lay for lay in layouts(section, None) if lay != (par.tp, par.pp)][:3] if layouts else []
         if phase in (POLICY_UPDATE, CRITIC_UPDATE):
             recompute = [] if getattr(cfg, section).recompute == "full" else [f"{section}.recompute=full"]
             knobs = [f"raise {section}.parallel.tp / pp", *recompute,
                      f"lower {section}.micro_batch_size / max_tokens_per_gpu"] + knobs  # fmt: skip
             if not getattr(cfg, section).optimizer.distributed:
                 knobs.insert(1, f"set {section}.optimizer.distributed=true")
+        if fits:  # the layouts that fit as they are, in place of a vague "raise tp / pp"
+            knobs = [k for k in knobs if not k.startswith(f"raise {section}.parallel")]
+            knobs.insert(0, f"set {section}.parallel tp x pp to " + " or ".join(f"{t} x {p}" for t, p in fits))
         if phase == WEIGHT_PUSH:
             knobs += push_knobs
         issues.append(Issue(section, f"training needs an estimated {training[phase] / GIB:.1f} GiB per GPU in phase {phase}, "
@@ -482,6 +575,36 @@ def _check_fits(cfg: MegaRLConfig, table: Residency, training: dict[str, float],
         knobs.append("lower rollout.mem_fraction" if cfg.rollout.engine == "sglang" else "lower rollout.max_running_requests")
         issues.append(Issue("rollout.mem_fraction", f"generation needs an estimated {rollout_peak / GIB:.1f} GiB per GPU, "
                             f"{(rollout_peak - gpu) / GIB:.1f} GiB {over}; " + ", ".join(knobs)))
+
+
+_Layouts = Callable[[str, "list[tuple[int, int]] | None"], "list[tuple[int, int]]"]
+
+
+def _fitting_layouts(cfg: MegaRLConfig, arch: ArchSpec, section: str, pairs: list[tuple[int, int]] | None = None) -> list[tuple[int, int]]:
+    """The (tp, pp) of ``pairs`` (default: every layout the rules allow on the training pool) with
+    which ``section``'s mini-batch splits over its dp and its memory fits as well, fewest GPUs per
+    replica first (more data parallelism), then the larger tp (inside a node). Problems no layout
+    changes are not held against one. A CPU plan, or one whose other trained role has no layout,
+    has no memory check."""
+    if pairs is None:
+        pairs = _parallel_pairs(arch, _train_pool_size(cfg))
+    role = "policy" if section == "actor" else "critic"
+    found = []
+    for tp, pp in sorted(pairs, key=lambda lay: (lay[0] * lay[1], -lay[0])):
+        conf = getattr(cfg, section)
+        probe_cfg = cfg.model_copy(update={section: conf.model_copy(update={"parallel": conf.parallel.model_copy(update={"tp": tp, "pp": pp})})})
+        probe: list[Issue] = []
+        roles = _layout_roles(probe_cfg, arch, probe)
+        if role not in roles:
+            continue
+        if (conf.mini_batch_size or cfg.samples_per_step) % _batch_unit(conf, roles[role].dp):
+            continue
+        if {"policy", "critic"} & roles.keys() == ({"policy", "critic"} if cfg.critic_enabled else {"policy"}):
+            resolved, _ = _resolve_recompute(probe_cfg, arch, roles)  # (the memory needs every trained role's layout)
+            _plan_memory(resolved, arch, roles, probe, suggest=False)
+        if not any(i.level == "error" and i.field == section for i in probe):  # the section's memory
+            found.append((tp, pp))
+    return found
 
 
 def _offload_knobs(cfg: MegaRLConfig, table: Residency, phase: str) -> list[str]:

@@ -6,6 +6,9 @@ the fix, so all of them are reported at once, in seconds, before Ray or any work
 
 - data files: the parquet footer (readable, the columns, at least one row) and at most
   ``SAMPLE_ROWS`` rows checked as training checks them (megarl/data/datasets.py);
+- the run's length: with trainer.total_epochs, the steps the footers' row counts make must
+  exceed trainer.critic_warmup_steps (a bound when overlong prompts are dropped at load;
+  megarl/trainer/build.py checks the exact count once the data is read);
 - prompts: with ``data.truncation=error`` and overlong prompts not filtered, the tokenizer of
   model.path renders the sampled prompts and none may be over max_prompt_length; otherwise
   only that the tokenizer has a chat template when data.apply_chat_template is on;
@@ -68,6 +71,7 @@ def preflight(cfg: MegaRLConfig) -> list[Finding]:
         _check_loggers(cfg, findings)
         _check_resume(cfg, findings)
         samples = _check_data(cfg, findings)
+        _check_run_length(cfg, findings)
         if _check_model_dir(cfg, findings):
             strict = cfg.data.truncation == "error" and not cfg.data.filter_overlong_prompts
             if strict and samples:  # lengths need the tokenizer (transformers: a second or two)
@@ -293,6 +297,27 @@ def _check_data(cfg: MegaRLConfig, findings: list[Finding]) -> list[_Sample]:
         except DataError as exc:
             findings.append(_located(label, str(exc)))
     return samples
+
+
+def _check_run_length(cfg: MegaRLConfig, findings: list[Finding]) -> None:
+    """A run of trainer.total_epochs has as many steps as the training rows make: the critic's
+    warm-up must be shorter. The parquet footers count the rows; with overlong prompts dropped
+    at load that is an upper bound (launch checks the exact count once the data is read)."""
+    import pyarrow.parquet as pq
+
+    from megarl.config.planner import epochs_warmup_issue
+    from megarl.data.sampler import epoch_steps
+
+    t = cfg.trainer
+    if t.total_steps is not None or t.total_epochs is None or not t.critic_warmup_steps or t.val_only:
+        return
+    try:
+        rows = sum(pq.read_metadata(f.path).num_rows for f in cfg.data.train_files)
+    except Exception:  # noqa: BLE001 - an unreadable file is _check_data's finding
+        return
+    issue = epochs_warmup_issue(t, rows, epoch_steps(rows, cfg.data.prompts_per_step), at_most=cfg.data.filter_overlong_prompts)
+    if issue is not None:
+        findings.append(Finding(issue.field, issue.message))
 
 
 def _located(label: str, message: str) -> Finding:

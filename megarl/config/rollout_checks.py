@@ -6,11 +6,13 @@ list it is given (megarl/config/planner.py collects them); `megarl generate` run
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import subprocess
 import sys
 
 from megarl.config.architectures import ArchSpec
+from megarl.config.memory import GIB, rollout_memory
 from megarl.config.plan_issues import Issue, choices, divisors
 from megarl.config.sections import MegaRLConfig
 
@@ -75,13 +77,29 @@ def check_rollout(cfg: MegaRLConfig, arch: ArchSpec, issues: list[Issue]) -> Non
         return
     if tp > cfg.cluster.gpus_per_node or cfg.cluster.gpus_per_node % tp:
         issues.append(Issue("rollout.tp", f"({tp}) must divide gpus_per_node ({cfg.cluster.gpus_per_node}) so that no engine "
-                            f"spans two nodes; try {choices(divisors(cfg.cluster.gpus_per_node))}"))
-    kv = arch.num_kv_heads
-    kv_ok = (kv % tp == 0) if tp <= kv else (tp % kv == 0)
-    if arch.num_heads % tp or not kv_ok:
-        ok = [d for d in divisors(arch.num_heads) if (kv % d == 0 if d <= kv else d % kv == 0)]
+                            f"spans two nodes; try {choices(rollout_tp_choices(cfg, arch))}"))
+    if not _heads_split(arch, tp):
         issues.append(Issue("rollout.tp", f"({tp}) must divide num_attention_heads ({arch.num_heads}), and divide or be a "
-                            f"multiple of num_key_value_heads ({kv}); try {choices(ok)}"))
+                            f"multiple of num_key_value_heads ({arch.num_kv_heads}); try {choices(rollout_tp_choices(cfg, arch))}"))
+
+
+def _heads_split(arch: ArchSpec, tp: int) -> bool:
+    """Whether SGLang splits the heads over ``tp`` ranks (KV heads are replicated past their count)."""
+    kv = arch.num_kv_heads
+    return arch.num_heads % tp == 0 and (kv % tp == 0 if tp <= kv else tp % kv == 0)
+
+
+def rollout_tp_choices(cfg: MegaRLConfig, arch: ArchSpec) -> list[int]:
+    """The rollout.tp values every rollout rule accepts: dividing the rollout pool and a node
+    (no engine spans two), splitting the heads, and holding the weights and one full-length
+    sequence in rollout.mem_fraction (the values that pass the rest when none does)."""
+    cl = cfg.cluster
+    pool = cl.rollout_gpus if cl.placement == "disaggregated" and cl.rollout_gpus > 0 else cl.world_size
+    ok = [t for t in divisors(math.gcd(pool, cl.gpus_per_node)) if _heads_split(arch, t)]
+    seq = cfg.data.max_prompt_length + cfg.rollout.sampling.max_new_tokens
+    mems = {t: rollout_memory(arch, tp=t, gpu_bytes=cl.gpu_memory_gib * GIB, mem_fraction=cfg.rollout.mem_fraction,
+                              dtype=cfg.model.dtype, seq_len=seq) for t in ok}  # fmt: skip
+    return [t for t in ok if mems[t].weights < mems[t].budget and mems[t].full_length_sequences >= 1] or ok
 
 
 def check_sampling(cfg: MegaRLConfig, arch: ArchSpec, issues: list[Issue]) -> None:

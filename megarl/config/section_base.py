@@ -24,20 +24,49 @@ class Section(BaseModel):
     @field_validator("*", mode="before")
     @classmethod
     def _no_bool_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
-        """pydantic reads true as 1 for an int or float field: ``rollout.n=true`` would run with n = 1."""
-        if isinstance(value, bool) and info.field_name is not None:
-            if _numbers_only(cls.model_fields[info.field_name].annotation):
-                raise ValueError(f"{str(value).lower()} is a boolean; give a number")
+        """pydantic reads true as 1 for an int or float field: ``rollout.n=true`` would run with n = 1;
+        in a list, tuple or mapping of numbers too (``actor.optimizer.betas=[true,0.9]``)."""
+        if info.field_name is None:
+            return value
+        annotation = cls.model_fields[info.field_name].annotation
+        if isinstance(value, bool) and _numbers_only(annotation):
+            raise ValueError(f"{str(value).lower()} is a boolean; give a number")
+        found = _bool_among_numbers(value, annotation)
+        if found is not None:
+            where, item = found
+            raise ValueError(f"{where} ({str(item).lower()}) is a boolean; give a number")
         return value
+
+
+def _kinds(annotation: Any) -> list[Any]:
+    """The types an annotation allows, None aside (``X | None`` -> [X])."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return [a for a in typing.get_args(annotation) if a is not type(None)]
+    return [annotation]
 
 
 def _numbers_only(annotation: Any) -> bool:
     """Whether a field takes numbers and no boolean (``int``, ``float | None``, ...)."""
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        kinds = [a for a in typing.get_args(annotation) if a is not type(None)]
-    else:
-        kinds = [annotation]
+    kinds = _kinds(annotation)
     return bool(kinds) and all(k in (int, float) for k in kinds)
+
+
+def _bool_among_numbers(value: Any, annotation: Any) -> tuple[str, bool] | None:
+    """(``item 0`` or ``key NAME``, the boolean) of the first boolean ``value`` holds where
+    ``annotation`` wants a number: list[int], tuple[float, float], dict[str, float]; else None."""
+    for kind in _kinds(annotation):
+        origin, args = typing.get_origin(kind), typing.get_args(kind)
+        if origin in (list, tuple) and isinstance(value, (list, tuple)):
+            repeated = origin is list or (len(args) == 2 and args[1] is Ellipsis)  # list[X], tuple[X, ...]
+            for i, item in enumerate(value):
+                slot = args[0] if repeated else args[i] if i < len(args) else None
+                if isinstance(item, bool) and slot is not None and _numbers_only(slot):
+                    return f"item {i}", item
+        elif origin is dict and isinstance(value, dict) and len(args) == 2 and _numbers_only(args[1]):
+            for key, item in value.items():
+                if isinstance(item, bool):
+                    return f"key {key}", item
+    return None
 
 
 def builtin_or_import_path(value: str, builtin: tuple[str, ...], what: str) -> str:

@@ -27,6 +27,12 @@ from megarl.data.datasets import DataError
 STATE_VERSION = 1
 
 
+def epoch_steps(rows: int, batch_size: int) -> int:
+    """Steps of one epoch over ``rows`` prompts, ``batch_size`` a step (rounded up: a step may
+    straddle the epoch boundary); the pre-launch check counts a run's length with it too."""
+    return -(-rows // batch_size)
+
+
 class MixtureSampler:
     """Draws ``batch_size`` (file, row) pairs per step from files of ``sizes`` rows."""
 
@@ -99,7 +105,7 @@ class MixtureSampler:
 
     def steps_per_epoch(self) -> int:
         """Steps to draw as many prompts as all files hold together (rounded up)."""
-        return -(-sum(self.sizes) // self.batch_size)
+        return epoch_steps(sum(self.sizes), self.batch_size)
 
     def state_dict(self) -> dict[str, Any]:
         """Plain-python state (JSON-able) saved with checkpoints."""

@@ -8,11 +8,11 @@ import os
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from megarl.actors.clients import CriticClient, InProcessGroup, PolicyClient, TrainedClient
 from megarl.config.loading import config_to_yaml
-from megarl.config.planner import Plan, resolved_config
+from megarl.config.planner import Plan, PlanError, epochs_warmup_issue, resolved_config
 from megarl.config.residency import residency_of
 from megarl.config.sections import MegaRLConfig
 from megarl.kept_files import kept_name, time_tag
@@ -41,6 +41,9 @@ from megarl.trainer.phases import (
     Skip,
     WeightPush,
 )
+
+if TYPE_CHECKING:
+    from megarl.data.stream import PromptStream
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +89,7 @@ def build_trainer(cfg: MegaRLConfig, plan: Plan, *, in_process: bool = False) ->
     generate = make_generate(cfg, tokenizer, eos_ids)  # builds the tools: a bad tool file fails before any worker
     tools = prompt_tools(cfg)  # the schemas the prompts' chat template shows
     stream = build_train_stream(cfg.data, tokenizer, tools)
-    total_steps = cfg.trainer.total_steps or cfg.trainer.total_epochs * stream.steps_per_epoch()
+    total_steps = _total_steps(cfg, stream)
     closers: list[Callable[[], None]] = []  # what was started, undone in reverse on failure or at shutdown
     try:
         start = _start_in_process if in_process else _start_groups
@@ -107,6 +110,23 @@ def build_trainer(cfg: MegaRLConfig, plan: Plan, *, in_process: bool = False) ->
     parts.closers = closers
     config_dict = cfg.model_dump(mode="json")
     return Trainer(cfg, parts, partial(build_logger, cfg.trainer, config_dict, total_steps))
+
+
+def _total_steps(cfg: MegaRLConfig, stream: PromptStream) -> int:
+    """trainer.total_steps, else total_epochs passes over the prompts read (the count logged, as
+    verl logs its computed total). Checked before any worker starts: the critic's warm-up must
+    leave the policy steps (the planner could only bound it from the files' row counts)."""
+    t = cfg.trainer
+    if t.total_steps is not None:
+        return t.total_steps
+    assert t.total_epochs is not None  # the planner refuses a config without either
+    per_epoch = stream.steps_per_epoch()
+    issue = epochs_warmup_issue(t, len(stream), per_epoch)
+    if issue is not None:
+        raise PlanError([issue])
+    log.info("%d steps: trainer.total_epochs %d x %d steps per epoch (%d prompts, data.prompts_per_step %d)",
+             t.total_epochs * per_epoch, t.total_epochs, per_epoch, len(stream), cfg.data.prompts_per_step)
+    return t.total_epochs * per_epoch
 
 
 def _optimizer_steps(cfg: MegaRLConfig, role: str, total_steps: int) -> int:

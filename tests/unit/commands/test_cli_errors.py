@@ -40,6 +40,23 @@ def test_an_override_type_error_names_the_override(capsys):
     assert "rollout.n: Input should be a valid integer" in err
 
 
+def test_plan_json_is_json_when_refused_too(capsys):
+    import json
+
+    assert main(["plan", str(TINY), "--json", "actor.parallel.pp=3"]) == EXIT_USER
+    out = json.loads(capsys.readouterr().out)
+    assert out["ok"] is False
+    by_field = {i["field"]: i for i in out["issues"]}
+    assert by_field["actor.parallel.pp"]["level"] == "error"
+    assert by_field["actor.parallel.pp"]["message"].startswith("(3) must divide num_layers (2)")
+    assert main(["plan", str(TINY), "--json", "rollout.n=many"]) == EXIT_USER  # the loader refuses it
+    out = json.loads(capsys.readouterr().out)
+    assert out["ok"] is False and out["issues"] == [] and "override rollout.n=many" in out["error"]
+    assert main(["plan", str(TINY), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["ok"] is True and out["roles"]["policy"]["pp"] == 1
+
+
 def test_user_error_traceback_only_with_debug(capsys):
     assert main(["plan", str(TINY), "actor.parallel.pp=3"]) == EXIT_USER
     assert "Traceback" not in capsys.readouterr().err

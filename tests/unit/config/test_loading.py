@@ -1,5 +1,7 @@
 """YAML + dotted overrides -> validated config; unknown keys suggest the closest valid key."""
 
+import re
+
 import pytest
 
 from megarl.config.loading import ConfigError, load_config, parse_override, validate_config
@@ -67,6 +69,18 @@ def test_a_boolean_is_not_a_number(override):
     key = override.split("=")[0]
     with pytest.raises(ConfigError, match=rf"{key}: (true|false) is a boolean; give a number"):
         load_config(None, [*BASE, override])
+
+
+@pytest.mark.parametrize(
+    ("override", "item"),
+    [("actor.optimizer.betas=[true,0.9]", "item 0 (true)"), ("rollout.sampling.stop_token_ids=[2,no]", "item 1 (false)"),
+     ("trainer.profile_steps=[yes]", "item 0 (true)")],
+)
+def test_a_boolean_is_not_a_number_in_a_list_either(override, item):
+    key = override.split("=")[0]
+    with pytest.raises(ConfigError, match=rf"{re.escape(key)}: {re.escape(item)} is a boolean; give a number$"):
+        load_config(None, [*BASE, override])
+    assert load_config(None, [*BASE, "actor.optimizer.betas=[0.9,1]"]).actor.optimizer.betas == (0.9, 1.0)
 
 
 @pytest.mark.parametrize("bad", ["rollout.n", "=3", "a..b=1"])

@@ -30,6 +30,24 @@ def test_a_binary_file_is_not_yaml_text(tmp_path, capsys):
         load_config(nul)
 
 
+@pytest.mark.parametrize(
+    ("text", "line"),
+    [
+        ("rollout:\n  sampling: {temperature: 1.0\nactor:\n  lr: 1\n",
+         ":3:6: expected ',' or '}', but got ':' (while parsing a flow mapping started at 2:13); close the { with }"),
+        ("rollout:\n\tn: 8\n", ":2:1: found character '\\t' that cannot start any token (while scanning for the next token); "
+         "indent with spaces: YAML does not allow tabs"),
+        ("model:\n  path: \"abc\n", ":3:1: found unexpected end of stream (while scanning a quoted scalar started at 2:9); "
+         "close the quote"),
+    ],
+)
+def test_a_yaml_syntax_error_is_one_line_with_its_place(tmp_path, capsys, text, line):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    assert main(["plan", str(path)]) == EXIT_USER
+    assert capsys.readouterr().err == f"error: {path}{line}\n"
+
+
 def test_a_key_given_twice_names_the_key_and_both_lines(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("rollout:\n  n: 4\nmodel:\n  arch: qwen2.5-7b\nrollout:\n  tp: 2\n")

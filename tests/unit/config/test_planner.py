@@ -1,5 +1,6 @@
 """Each planner check: a good config passes, a bad one fails naming the field and a fix."""
 
+import re
 import sys
 from pathlib import Path
 
@@ -67,7 +68,8 @@ def test_disaggregated_pools():
 
 def test_tp_must_divide_heads():
     msg = refused(GRPO72, "actor.parallel.tp=3")
-    assert "actor.parallel.tp: (3) must divide num_attention_heads (64)" in msg and "try 1, 2, 4 or 8" in msg
+    # at pp 4, tp 1 and 2 would divide the heads too, but hold too much per GPU
+    assert "actor.parallel.tp: (3) must divide num_attention_heads (64) and num_key_value_heads (8); try 4 or 8" in msg
 
 
 def test_tp_must_divide_query_groups():
@@ -81,6 +83,54 @@ def test_pp_must_divide_layers():
 
 def test_world_must_be_a_multiple_of_tp_pp():
     assert "tp x pp (8 x 4 = 32) must divide the 24 GPUs" in refused(GRPO72, "cluster.nnodes=3")
+
+
+def errors_of(path, *overrides) -> list[str]:
+    """The refusal's lines (none when the plan passes)."""
+    try:
+        plan(path, *overrides)
+    except PlanError as exc:
+        return [str(i) for i in exc.issues]
+    return []
+
+
+def suggested(message: str, after: str) -> list[int]:
+    """The values of ``after`` ``1, 2 or 4`` in ``message``."""
+    match = re.search(re.escape(after) + r" ((?:\d+, )*\d+(?: or \d+)?)", message)
+    assert match, message
+    return [int(v) for v in re.findall(r"\d+", match.group(1))]
+
+
+@pytest.mark.parametrize(("path", "knob", "bad", "field", "after"), [
+    (GRPO72, "actor.parallel.pp", 3, "actor.parallel.pp", "try"),  # divides the layers, and 8 x pp the 32 GPUs
+    (GRPO72, "actor.parallel.pp", 5, "actor.parallel", "try pp"),
+    (GRPO72, "actor.parallel.tp", 3, "actor.parallel.tp", "try"),
+    (GRPO72, "rollout.tp", 3, "rollout.tp", "try"),  # the pool, a node, the heads, and the weights in mem_fraction
+    (TINY, "actor.mini_batch_size", 100, "actor.mini_batch_size", "try"),  # the step, and dp x micro_batch_size
+    (TINY, "actor.mini_batch_size", 64, "actor.mini_batch_size", "try actor.mini_batch_size"),
+    (TINY, "actor.micro_batch_size", 48, "actor.mini_batch_size", "try actor.micro_batch_size"),
+])
+def test_each_suggested_value_passes_every_rule_it_touches(path, knob, bad, field, after):
+    message = next(e for e in errors_of(path, f"{knob}={bad}") if e.startswith(f"{field}: "))
+    values = suggested(message, after)
+    assert values, message
+    fixed = knob if "micro_batch_size" not in after else "actor.micro_batch_size"
+    for v in values:
+        assert errors_of(path, f"{knob}={bad}", f"{fixed}={v}") == [], (message, v)
+
+
+@pytest.mark.parametrize(("overrides", "field"), [
+    (["actor.parallel.tp=1", "actor.parallel.pp=1"], "actor"),  # over the memory: the layouts that fit, not more GPUs
+    (["actor.parallel.tp=2", "actor.parallel.pp=2", "actor.recompute=none"], "actor"),  # in the update, with its other knobs
+    (["actor.parallel.tp=5", "actor.parallel.pp=1"], "actor.parallel.tp"),  # no tp fits at pp 1: whole layouts
+])
+def test_each_suggested_layout_passes_every_rule(overrides, field):
+    message = next(e for e in errors_of(GRPO72, *overrides) if e.startswith(f"{field}: "))
+    assert "raise the GPU count" not in message
+    layouts = re.findall(r"(\d+) x (\d+)(?! =)", message.split("try ")[-1].split("; ")[-1])
+    assert layouts, message
+    for tp, pp in layouts:
+        assert errors_of(GRPO72, *overrides, f"actor.parallel.tp={tp}", f"actor.parallel.pp={pp}") == [], (message, tp, pp)
 
 
 def test_sequence_parallel_is_on_when_tp_is_above_1_and_shrinks_the_activations():
@@ -286,6 +336,12 @@ def test_temperature_and_warmup_and_adaptive_kl():
     assert "with use_in_reward=false it would be ignored" in refused(TINY, "algorithm.kl.controller=adaptive")
     warned = plan(TINY, "algorithm.dynamic_sampling.enabled=true", "algorithm.estimator=reinforce_plus_plus")
     assert any("algorithm.dynamic_sampling" in str(w) for w in warned.warnings)
+
+
+def test_total_steps_beside_total_epochs_is_a_warning_naming_the_value_used():
+    warned = [str(w) for w in plan(GRPO72, "trainer.total_steps=20").warnings]
+    assert "trainer.total_epochs: (2) is ignored: trainer.total_steps (20) sets the run's length; drop one of them" in warned
+    assert not any("total_epochs" in str(w) for w in plan(GRPO72).warnings)  # epochs alone: nothing to say
 
 
 def test_memory_over_budget_names_knobs():

@@ -79,6 +79,22 @@ def test_overlong_prompt_with_truncation_error(demo, tmp_path):
     assert preflight(config(demo, tmp_path / "run", f"data.train_files=[{path}]")) == []
 
 
+def test_critic_warmup_against_the_steps_total_epochs_makes(demo, tmp_path):
+    path = tmp_path / "forty.parquet"
+    pq.write_table(pa.Table.from_pylist(rows([f"{i:03d}" for i in range(40)])), path)
+    epochs = [f"data.train_files=[{path}]", "trainer.total_steps=null", "trainer.total_epochs=2"]  # 2 x 40 / 32 rounded up
+
+    def warmup_findings(*extra: str) -> list[str]:
+        return [f.message for f in preflight(config(demo, tmp_path / "run", *epochs, *extra)) if f.field == "trainer.critic_warmup_steps"]
+
+    assert warmup_findings("trainer.critic_warmup_steps=4") == [
+        "(4) must be below the run's at most 4 steps (trainer.total_epochs 2 x 2 steps per epoch over 40 training prompts), "
+        "or the policy never trains; lower it or raise trainer.total_epochs"]  # at most: overlong prompts are dropped at load
+    assert "the run's 4 steps" in warmup_findings("trainer.critic_warmup_steps=4", "data.filter_overlong_prompts=false")[0]
+    assert warmup_findings("trainer.critic_warmup_steps=3") == []
+    assert warmup_findings("trainer.critic_warmup_steps=4", "trainer.total_steps=5") == []  # total_steps wins: the planner's
+
+
 def test_unscorable_data_source_and_unknown_scorer(demo, tmp_path):
     path = tmp_path / "src.parquet"
     pq.write_table(pa.Table.from_pylist(rows(["123"], source="my_task")), path)

@@ -48,6 +48,28 @@ def test_filter_overlong_drops_at_load_and_reports(prompt_file, digit_tokenizer)
     assert rows == {0, 2, 4}
 
 
+def test_a_run_of_epochs_counts_the_prompts_kept_and_refuses_a_longer_critic_warmup(prompt_file, digit_tokenizer):
+    from pathlib import Path
+
+    from megarl.config.loading import load_config
+    from megarl.config.planner import PlanError
+    from megarl.trainer.build import _total_steps
+
+    path = prompt_file("mix.parquet", ["12", "1234", "34", "123456", "5"])  # 3 of 5 kept at max_prompt_length 6
+
+    def config(warmup: int):
+        tiny = Path(__file__).resolve().parents[3] / "configs" / "tiny_grpo.yaml"
+        return load_config(tiny, [f"data.train_files=[{path}]", "data.max_prompt_length=6", "data.prompts_per_step=1",
+                                  "trainer.total_steps=null", "trainer.total_epochs=2", f"trainer.critic_warmup_steps={warmup}"])
+
+    stream = build_train_stream(config(5).data, digit_tokenizer)
+    assert _total_steps(config(5), stream) == 6
+    # The files' 5 rows would allow 10 steps (the pre-launch bound); the 3 kept make 6.
+    with pytest.raises(PlanError, match=r"critic_warmup_steps: \(6\) must be below the run's 6 steps \(trainer.total_epochs 2 "
+                       r"x 3 steps per epoch over 3 training prompts\)"):
+        _total_steps(config(6), stream)
+
+
 def test_without_filtering_truncation_applies_when_drawn(prompt_file, digit_tokenizer):
     path = prompt_file("long.parquet", ["123456"])
     cfg = _config(train_files=[str(path)], max_prompt_length=6, filter_overlong_prompts=False, prompts_per_step=1)
