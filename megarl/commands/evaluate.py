@@ -62,9 +62,9 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _check_outputs(data: Path, summary: Path, scored: Path | None, overwrite: bool) -> None:
-    """Neither output may be the input; an existing file is replaced only when it is a summary
-    evaluate wrote (the JSON), or with --overwrite."""
-    from megarl.commands.outputs import check_new_file
+    """Neither output may be the input, nor inside a run's checkpoints folder; an existing file is
+    replaced only when it is a summary evaluate wrote (the JSON), or with --overwrite."""
+    from megarl.commands.outputs import check_new_file, check_outside_checkpoints
     from megarl.evaluation import EvaluationError
 
     if scored is not None and scored.absolute() == summary.absolute():
@@ -75,6 +75,7 @@ def _check_outputs(data: Path, summary: Path, scored: Path | None, overwrite: bo
         if path.absolute() == data.absolute():
             raise EvaluationError(f"{flag} {path} is the --data file; give another path")
         # checked before scoring, which can take long: a wrong folder must not cost the whole run
+        check_outside_checkpoints(path, flag=flag)
         check_new_file(path, overwrite or (flag == "--out" and _is_summary(path)), flag=flag, in_existing_folder=True)
 
 

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from megarl.commands.arguments import add_config_args
-from megarl.commands.outputs import check_new_file
+from megarl.commands.outputs import check_new_file, check_outside_checkpoints
 from megarl.trainer.watchdog import RunControl, RunStopped
 
 log = logging.getLogger(__name__)
@@ -91,6 +91,7 @@ def _run(args: argparse.Namespace) -> int:
 def generate(config: str | Path, overrides: list[str], data: str | Path, out: str | Path, *, model: str | None = None,
              batch_size: int = 64, overwrite: bool = False) -> Path:  # fmt: skip
     """Generate for every prompt of ``data`` into ``out`` (see the module docstring)."""
+    from megarl.checkpoint.manager import CHECKPOINTS_DIR
     from megarl.config.loading import load_config
     from megarl.data.datasets import read_prompt_file
 
@@ -105,7 +106,7 @@ def generate(config: str | Path, overrides: list[str], data: str | Path, out: st
         log.info("%s was merged by an earlier run that stopped before removing %s; removing it now", target, partial)
         _remove_partial(partial)
         return target
-    _check_target(target, Path(data), overwrite, batch_size)
+    _check_target(target, Path(data), overwrite, batch_size, Path(cfg.trainer.output_dir) / CHECKPOINTS_DIR)
     records = read_prompt_file(data, label="--data", prompt_key=cfg.data.prompt_key)  # checked before any work
     export = _model_export(Path(source))  # refused before anything is written
     _check_positions(cfg, source)
@@ -132,13 +133,14 @@ def generate(config: str | Path, overrides: list[str], data: str | Path, out: st
     return target
 
 
-def _check_target(target: Path, data: Path, overwrite: bool, batch_size: int) -> None:
+def _check_target(target: Path, data: Path, overwrite: bool, batch_size: int, checkpoints: Path) -> None:
     if batch_size < 1:
         raise GenerateError(f"--batch-size ({batch_size}) must be >= 1")
     if target.suffix != ".parquet":
         raise GenerateError(f"--out {target} must end in .parquet")
     if target == data.absolute():
         raise GenerateError(f"--out {target} is the input file; give another path")
+    check_outside_checkpoints(target, runs=[checkpoints])  # OUT.parquet.partial goes beside it
     check_new_file(target, overwrite)
     target.parent.mkdir(parents=True, exist_ok=True)
 

@@ -64,3 +64,19 @@ def test_a_missing_output_folder_is_refused_before_scoring(generated, tmp_path, 
     target.parent.mkdir()
     assert main([*args, "--out", str(tmp_path / "s.json")] if flag == "--scored" else args) == 0
     assert (tmp_path / "scored.flag").read_text() == "called"
+
+
+@pytest.mark.parametrize("flag", ["--out", "--scored"])
+def test_an_output_inside_a_runs_checkpoints_is_refused_before_scoring(generated, tmp_path, capsys, flag):
+    from megarl.checkpoint.manager import CheckpointManager
+
+    (tmp_path / "reward.py").write_text(TRACING_REWARD)
+    custom = [f"reward.custom.path={tmp_path / 'reward.py'}", "reward.custom.name=score"]
+    with CheckpointManager(tmp_path / "run").saving(4) as d:
+        (d / "state").write_text("s")
+    target = tmp_path / "run" / "checkpoints" / "step_000004" / "x.parquet"
+    args = ["evaluate", "--data", str(generated), *custom, flag, str(target)]
+    assert main([*args, "--out", str(tmp_path / "s.json")] if flag == "--scored" else args) == EXIT_USER
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {flag} {target} is inside the checkpoints folder of a run") and err.count("\n") == 1
+    assert not target.exists() and not (tmp_path / "scored.flag").exists()
