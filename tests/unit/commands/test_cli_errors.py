@@ -81,3 +81,14 @@ def test_missing_inputs_are_user_errors(argv, capsys):
     assert main(argv) == EXIT_USER
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv", [["evaluate", "--data", "gen.parquet", "--dat=x"],
+                                  ["generate", str(TINY), "--data", "in.parquet", "--out", "o.parquet", "--dat=x"],
+                                  ["data", "inspect", "x.parquet", "--js"]])  # fmt: skip
+def test_abbreviated_flags_are_refused(argv, capsys):
+    """An abbreviation means whichever flag it prefixes today: `--d` was --data until --debug came."""
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    assert stopped.value.code == EXIT_USER
+    assert capsys.readouterr().err.splitlines()[-1] == f"megarl: error: unrecognized arguments: {argv[-1]}"
