@@ -174,13 +174,30 @@ def _open_partial(partial: Path, job: dict[str, Any]) -> None:
             log.info("continuing the generation in %s", partial)
             return
         if _holds_work(partial, changed):
-            raise GenerateError(f"{partial} holds a generation made with other settings ({', '.join(changed)} differ); "
+            raise GenerateError(f"{partial} holds a generation made with other settings ({_differences(before, job)}); "
                                 "run with the same settings to continue it, or move it away to start over")  # fmt: skip
         # e.g. a run that failed before its first part: nothing to continue, so the new settings start it afresh
-        log.info("%s holds no finished part; starting it afresh with these settings (%s differ)", partial, ", ".join(changed))
+        log.info("%s holds no finished part; starting it afresh with these settings (%s)", partial, _differences(before, job))
     else:
         partial.mkdir()
     record.write_text(json.dumps(job, indent=2) + "\n")
+
+
+def _differences(before: dict[str, Any], now: dict[str, Any], prefix: str = "") -> str:
+    """What differs between two job records, as ``key was OLD, now NEW`` (nested settings by
+    their dotted key; the data file by its content, whose hash says nothing to a reader)."""
+    parts = []
+    for key in sorted(set(before) | set(now)):
+        old, new = before.get(key), now.get(key)
+        if old == new:
+            continue
+        if isinstance(old, dict) and isinstance(new, dict):
+            parts.append(_differences(old, new, f"{prefix}{key}."))
+        elif key == "data_sha256":
+            parts.append("the --data file's contents differ")
+        else:
+            parts.append(f"{prefix}{key} was {json.dumps(old)}, now {json.dumps(new)}")
+    return "; ".join(parts)
 
 
 def _holds_work(partial: Path, changed: list[str]) -> bool:
