@@ -34,6 +34,7 @@ _.extra_repr; attn_mask_type; runtime_gather_output; unused  # module interfaces
 _.current_stream; _.wait_event; _.wait_stream; _.record_event; types; graph_safe; new_state; new_states  # cpu_compat stand-ins
 _.pre_tokenizer; _.padding_side; _.truncation_side  # tokenizer settings
 _.required  # argparse: a required subcommand
+_.allow_abbrev  # argparse: no abbreviated flags (megarl/cli.py)
 exc_info  # __exit__ signature
 
 # Kept references and records that are read, not called.

@@ -67,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Every config is checked (topology, batches, memory) before anything starts.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
     )
     parser.add_argument("--version", action="version", version=f"megarl {__version__}")
     parser.add_argument("--debug", action="store_true", help="print the full traceback of an error; also after the command (or MEGARL_DEBUG=1)")
@@ -89,19 +90,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     for command in (plan, launch, config, convert, demo, plot, data, sft, generate, evaluate, sbatch, doctor):
         command.register(sub)
-    _debug_everywhere(sub)
+    _set_up_subcommands(sub)
     return parser
 
 
-def _debug_everywhere(sub: argparse._SubParsersAction) -> None:
+def _set_up_subcommands(sub: argparse._SubParsersAction) -> None:
     """``--debug`` after the (sub)command too: `megarl launch cfg.yaml --debug` (SUPPRESS keeps
-    the top-level flag's value when a subcommand's is absent)."""
+    the top-level flag's value when a subcommand's is absent). No abbreviated flags: `--d` would
+    pick --data or --debug by which flags exist, and a new flag would change what an old command line means."""
     for command in sub.choices.values():
+        command.allow_abbrev = False
         if "--debug" not in command._option_string_actions:
             command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
         for action in command._actions:
             if isinstance(action, argparse._SubParsersAction):
-                _debug_everywhere(action)
+                _set_up_subcommands(action)
 
 
 def setup_logging() -> None:

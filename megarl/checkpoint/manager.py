@@ -96,6 +96,11 @@ def step_dir_name(step: int) -> str:
     return f"step_{step:06d}"
 
 
+def is_step_dir_name(name: str) -> bool:
+    """Whether ``name`` is a checkpoint's directory name (step_NNNNNN), which retention may delete."""
+    return _STEP_RE.match(name) is not None
+
+
 class CheckpointManager:
     """Saves, verifies, finds and prunes the checkpoints of one run."""
 

@@ -16,7 +16,7 @@ conversion (each rank reads and holds only its slices of the weights). Nothing t
 ever deleted:
 
 - OUT may not be the current directory or one of its parents, the checkpoints directory of the
-  run (or anything inside it), or the model directory it is converted from;
+  run or of any other run (or anything inside one), or the model directory it is converted from;
 - an existing, non-empty OUT is replaced only with --overwrite, and only when it is a previous
   output of the same direction (recognised by its record: megarl_export.json or
   megarl_megatron.json) holding no other file;
@@ -44,7 +44,7 @@ from megarl.checkpoint.model_checkpoint import (
     RECORD as MODEL_RECORD,  # stdlib only: the CLI stays fast
 )
 from megarl.checkpoint.model_checkpoint import SFT_SOURCE
-from megarl.commands.outputs import OutputError, OutputExistsError
+from megarl.commands.outputs import OutputError, OutputExistsError, check_outside_checkpoints
 
 EXPORT_MANIFEST = "megarl_export.json"
 DIRECTIONS = ("hf-to-megatron", "megatron-to-hf")
@@ -482,6 +482,7 @@ def check_output_target(target: Path, overwrite: bool, protected: dict[str, Path
         if real == path or path in real.parents or real in path.parents:
             relation = "is" if real == path else "is inside" if path in real.parents else "contains"
             raise OutputError(f"{target} {relation} {name} ({path}); choose a directory outside it")
+    check_outside_checkpoints(target, flag="")  # another run's: its retention would delete OUT too
     if target.is_dir() and any(target.iterdir()):
         _check_previous_output(target, overwrite, manifest)
     problem = writable_dir_problem(target.parent)

@@ -2,7 +2,7 @@
 
 One row per check: Python, torch and its CUDA build, the GPUs and the driver, NCCL,
 megatron-core (through megarl.models.mcore_version, the check `megarl launch` itself runs),
-transformer-engine, apex, flash-attn, the C compiler torch.compile needs, SGLang in this Python (or the venv
+transformer-engine, apex, flash-attn, the C and C++ compilers torch.compile needs, SGLang in this Python (or the venv
 ``rollout.server_python`` can name), Ray and the cluster ``--address auto`` would attach to,
 and the Slurm job around us. Exit code 2 only when `megarl launch` cannot work here (no
 torch, no usable megatron-core, no Ray, a Python older than megarl's); else 0. Where
@@ -83,7 +83,7 @@ def collect() -> tuple[list[Check], list[dict[str, Any]]]:
     torch_check, torch = _torch()
     cuda_check, gpus = _cuda(torch)
     checks = [_python(), torch_check, cuda_check, _nccl(torch, bool(gpus)), _megatron_core(),
-              _transformer_engine(), _apex(), _flash_attn(), _compiler(), _sglang(), _ray(), _ray_cluster(),
+              _transformer_engine(), _apex(), _flash_attn(), _compiler(), _cxx_compiler(), _sglang(), _ray(), _ray_cluster(),
               _slurm()]  # fmt: skip
     return checks, gpus
 
@@ -280,6 +280,19 @@ def _compiler() -> Check:
                  "torch.compile / Triton cannot build kernels, which CUDA runs need (Megatron compiles its fused "
                  "bias-activation and bias-dropout functions, actor.packed_attention=flex its attention); install gcc "
                  "and this Python's headers (python3-dev)")  # fmt: skip
+
+
+def _cxx_compiler() -> Check:
+    # inductor writes the kernels of CPU tensors in C++ and builds them with $CXX, else g++ (clang++ on
+    # macOS), which it runs as one program: CXX="ccache g++" does not work there.
+    name = os.environ.get("CXX") or ("clang++" if sys.platform == "darwin" else "g++")
+    compiler = shutil.which(name)
+    if compiler:
+        return Check("C++ compiler", True, None, f"{compiler}: torch.compile can build kernels for CPU tensors")
+    source = f"CXX={name}" if os.environ.get("CXX") else name
+    return Check("C++ compiler", False, None, f"missing a C++ compiler ({source} on PATH)",
+                 "torch.compile cannot build kernels for CPU tensors (inductor writes them in C++; the CPU test of "
+                 "actor.packed_attention=flex compiles on CPU); apt-get install g++, or set CXX to a C++ compiler")  # fmt: skip
 
 
 def _sglang() -> Check:

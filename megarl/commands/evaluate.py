@@ -37,8 +37,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--k", default=None, help="comma-separated k of pass@k, best@k and maj@k, each <= the responses "
                    "per prompt (default: 1, 2, 4, ... up to n)")  # fmt: skip
     p.add_argument("--pass-threshold", type=float, default=None,
-                   help="a response passes when its score is at least this (default: rollout.val.pass_threshold "
-                   "of the config, 1.0); for a reward function that returns 'acc', that decides instead")  # fmt: skip
+                   help="a response passes when its score is at least this, in (0, 1] for the built-in reward "
+                   "functions (default: rollout.val.pass_threshold of the config, 1.0); for a reward function that "
+                   "returns 'acc', that decides instead")  # fmt: skip
     p.add_argument("--out", default=None, help=f"JSON summary (default: DATA with {SUMMARY_SUFFIX} in place of .parquet)")
     p.add_argument("--scored", default=None, help="also write DATA's rows plus a 'scores' list column to this parquet "
                    "(replacing a 'scores' column DATA already has)")  # fmt: skip
@@ -62,9 +63,9 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _check_outputs(data: Path, summary: Path, scored: Path | None, overwrite: bool) -> None:
-    """Neither output may be the input; an existing file is replaced only when it is a summary
-    evaluate wrote (the JSON), or with --overwrite."""
-    from megarl.commands.outputs import check_new_file
+    """Neither output may be the input, nor inside a run's checkpoints folder; an existing file is
+    replaced only when it is a summary evaluate wrote (the JSON), or with --overwrite."""
+    from megarl.commands.outputs import check_new_file, check_outside_checkpoints
     from megarl.evaluation import EvaluationError
 
     if scored is not None and scored.absolute() == summary.absolute():
@@ -75,6 +76,7 @@ def _check_outputs(data: Path, summary: Path, scored: Path | None, overwrite: bo
         if path.absolute() == data.absolute():
             raise EvaluationError(f"{flag} {path} is the --data file; give another path")
         # checked before scoring, which can take long: a wrong folder must not cost the whole run
+        check_outside_checkpoints(path, flag=flag)
         check_new_file(path, overwrite or (flag == "--out" and _is_summary(path)), flag=flag, in_existing_folder=True)
 
 
@@ -116,7 +118,9 @@ def evaluate(data: str | Path, config: str | Path | None = None, overrides: list
         reward, prompt_key, threshold = cfg.reward, cfg.data.prompt_key, cfg.rollout.val.pass_threshold
     else:
         reward, prompt_key, threshold = load_section(overrides, "reward"), "prompt", 1.0
+    name = "rollout.val.pass_threshold" if pass_threshold is None else "--pass-threshold"
     pass_threshold = threshold if pass_threshold is None else pass_threshold
+    _check_threshold(pass_threshold, name, reward)
     rows = read_generated(data, prompt_key=prompt_key)
     flat = [(r, j) for r, answers in enumerate(rows.responses) for j in range(len(answers))]
     try:
@@ -141,6 +145,20 @@ def evaluate(data: str | Path, config: str | Path | None = None, overrides: list
         "reward": {"errors": result.errors, "timeouts": result.timeouts},
         "per_data_source": {source: _finite(values) for source, values in summary.items()},
     }
+
+
+def _check_threshold(value: float, name: str, reward: Any) -> None:
+    """A response passes when its score >= the threshold, and the built-in functions score from 0
+    to 1: above 1 none could pass, at 0 or below all would (a custom function's or a reward
+    model's scores have no such range)."""
+    from megarl.evaluation import EvaluationError
+
+    if not math.isfinite(value):
+        raise EvaluationError(f"{name} ({value}) must be a finite number, e.g. 1 (a full score)")
+    if reward.custom is None and reward.model is None and not 0 < value <= 1:
+        outcome = "no response could pass" if value > 1 else "every response would pass"
+        raise EvaluationError(f"{name} ({value:g}) must be in (0, 1]: the built-in reward functions score from 0 to 1, "
+                              f"so {outcome}; e.g. 1 (a full score) or 0.5")  # fmt: skip
 
 
 def _score(reward: Any, rows: Any, flat: list[tuple[int, int]]) -> Any:

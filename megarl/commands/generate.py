@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from megarl.commands.arguments import add_config_args
-from megarl.commands.outputs import check_new_file
+from megarl.commands.outputs import check_new_file, check_outside_checkpoints
 from megarl.trainer.watchdog import RunControl, RunStopped
 
 log = logging.getLogger(__name__)
@@ -91,6 +91,7 @@ def _run(args: argparse.Namespace) -> int:
 def generate(config: str | Path, overrides: list[str], data: str | Path, out: str | Path, *, model: str | None = None,
              batch_size: int = 64, overwrite: bool = False) -> Path:  # fmt: skip
     """Generate for every prompt of ``data`` into ``out`` (see the module docstring)."""
+    from megarl.checkpoint.manager import CHECKPOINTS_DIR
     from megarl.config.loading import load_config
     from megarl.data.datasets import read_prompt_file
 
@@ -105,7 +106,7 @@ def generate(config: str | Path, overrides: list[str], data: str | Path, out: st
         log.info("%s was merged by an earlier run that stopped before removing %s; removing it now", target, partial)
         _remove_partial(partial)
         return target
-    _check_target(target, Path(data), overwrite, batch_size)
+    _check_target(target, Path(data), overwrite, batch_size, Path(cfg.trainer.output_dir) / CHECKPOINTS_DIR)
     records = read_prompt_file(data, label="--data", prompt_key=cfg.data.prompt_key)  # checked before any work
     export = _model_export(Path(source))  # refused before anything is written
     _check_positions(cfg, source)
@@ -132,13 +133,14 @@ def generate(config: str | Path, overrides: list[str], data: str | Path, out: st
     return target
 
 
-def _check_target(target: Path, data: Path, overwrite: bool, batch_size: int) -> None:
+def _check_target(target: Path, data: Path, overwrite: bool, batch_size: int, checkpoints: Path) -> None:
     if batch_size < 1:
         raise GenerateError(f"--batch-size ({batch_size}) must be >= 1")
     if target.suffix != ".parquet":
         raise GenerateError(f"--out {target} must end in .parquet")
     if target == data.absolute():
         raise GenerateError(f"--out {target} is the input file; give another path")
+    check_outside_checkpoints(target, runs=[checkpoints])  # OUT.parquet.partial goes beside it
     check_new_file(target, overwrite)
     target.parent.mkdir(parents=True, exist_ok=True)
 
@@ -172,13 +174,30 @@ def _open_partial(partial: Path, job: dict[str, Any]) -> None:
             log.info("continuing the generation in %s", partial)
             return
         if _holds_work(partial, changed):
-            raise GenerateError(f"{partial} holds a generation made with other settings ({', '.join(changed)} differ); "
+            raise GenerateError(f"{partial} holds a generation made with other settings ({_differences(before, job)}); "
                                 "run with the same settings to continue it, or move it away to start over")  # fmt: skip
         # e.g. a run that failed before its first part: nothing to continue, so the new settings start it afresh
-        log.info("%s holds no finished part; starting it afresh with these settings (%s differ)", partial, ", ".join(changed))
+        log.info("%s holds no finished part; starting it afresh with these settings (%s)", partial, _differences(before, job))
     else:
         partial.mkdir()
     record.write_text(json.dumps(job, indent=2) + "\n")
+
+
+def _differences(before: dict[str, Any], now: dict[str, Any], prefix: str = "") -> str:
+    """What differs between two job records, as ``key was OLD, now NEW`` (nested settings by
+    their dotted key; the data file by its content, whose hash says nothing to a reader)."""
+    parts = []
+    for key in sorted(set(before) | set(now)):
+        old, new = before.get(key), now.get(key)
+        if old == new:
+            continue
+        if isinstance(old, dict) and isinstance(new, dict):
+            parts.append(_differences(old, new, f"{prefix}{key}."))
+        elif key == "data_sha256":
+            parts.append("the --data file's contents differ")
+        else:
+            parts.append(f"{prefix}{key} was {json.dumps(old)}, now {json.dumps(new)}")
+    return "; ".join(parts)
 
 
 def _holds_work(partial: Path, changed: list[str]) -> bool:

@@ -1,8 +1,10 @@
 """What the commands write for the user: an output is never written over what the user has,
-unless they ask (``--overwrite``); checked before any work, so a refusal costs nothing."""
+unless they ask (``--overwrite``), nor inside a run's checkpoints folder; checked before any
+work, so a refusal costs nothing."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 
@@ -26,3 +28,29 @@ def check_new_file(path: Path, overwrite: bool, *, flag: str = "--out", fix: str
         raise OutputError(f"{name} is a directory; {fix}")
     if path.exists() and not overwrite:
         raise OutputExistsError(f"{name} exists; pass --overwrite to replace it, or {fix}")
+
+
+def check_outside_checkpoints(path: Path, *, flag: str = "--out", runs: Iterable[Path] = ()) -> None:
+    """Refuse an output inside a run's checkpoints folder: retention deletes whole step
+    directories (and a resumed run's manager owns the folder), so the user's file would be lost.
+    ``runs``: checkpoints folders the caller knows (a config's, even before its first save); any
+    other is recognised by its name and the step_NNNNNN directories it holds."""
+    real = path.absolute().resolve()
+    known = {Path(r).absolute().resolve() for r in runs}
+    for folder in [real, *real.parents]:
+        if folder in known or _holds_checkpoints(folder):
+            name = f"{flag} {path}" if flag else str(path)
+            where = "is" if folder == real else "is inside"
+            raise OutputError(f"{name} {where} the checkpoints folder of a run ({folder}), whose step directories "
+                              "are deleted by retention; give a path outside it")  # fmt: skip
+
+
+def _holds_checkpoints(folder: Path) -> bool:
+    from megarl.checkpoint.manager import CHECKPOINTS_DIR, is_step_dir_name
+
+    if folder.name != CHECKPOINTS_DIR:
+        return False
+    try:
+        return any(is_step_dir_name(p.name) and p.is_dir() for p in folder.iterdir())
+    except OSError:  # not there, or unreadable: nothing retention could delete from here
+        return False

@@ -1,4 +1,5 @@
-"""`megarl plot RUN_DIR`: reward, KL and entropy curves (or an SFT run's loss) from metrics.jsonl to a PNG."""
+"""`megarl plot RUN_DIR`: reward, KL and entropy curves (or an SFT run's loss) from metrics.jsonl to a PNG.
+RUN_DIR/metrics.jsonl itself is taken for RUN_DIR (what a shell's tab completion gives)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 from megarl.trainer.metric_sinks import read_metrics
 
+METRICS = "metrics.jsonl"
 CURVES = (
     ("reward", (("reward/mean", "train reward (sampled)"), ("val/reward/mean", "held-out reward (validation)"))),
     ("KL to reference", (("actor/kl", "actor/kl"), ("reward/kl", "reward/kl (in the reward)"))),
@@ -19,7 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plot", help="draw reward and KL curves of a run to a PNG",
                        description="Reads RUN_DIR/metrics.jsonl and writes the reward, KL and entropy curves (the "
                        "train and held-out loss for an SFT run's sft.output_dir).")
-    p.add_argument("run_dir", help="a run's trainer.output_dir (or sft.output_dir)")
+    p.add_argument("run_dir", help="a run's trainer.output_dir (or sft.output_dir), or its metrics.jsonl")
     p.add_argument("--out", default=None,
                    help="image to write; its extension picks the format: .png, .pdf, .svg, ... (default: RUN_DIR/curves.png, "
                    "replaced on each plot)")  # fmt: skip
@@ -37,10 +39,10 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None, overwrite: bool
 
     if out is not None:
         _check_out(Path(out), overwrite)
-    run = Path(run_dir)
-    records = read_metrics(run / "metrics.jsonl")
+    run = _run_folder(Path(run_dir))
+    records = read_metrics(run / METRICS)
     if not records:
-        raise FileNotFoundError(f"{run / 'metrics.jsonl'} is missing or empty; is {run} a megarl output_dir?")
+        raise FileNotFoundError(f"{run / METRICS} is missing or empty; is {run} a megarl output_dir?")
     panels = [(title, series) for title, series in CURVES if any(r.get(k) is not None for r in records for k, _ in series)]
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6), squeeze=False)
     for ax, (title, series) in zip(axes[0], panels):
@@ -58,6 +60,17 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None, overwrite: bool
     fig.savefig(target, dpi=110)
     plt.close(fig)
     return target
+
+
+def _run_folder(path: Path) -> Path:
+    """The run folder of RUN_DIR, or of its metrics.jsonl; any other file is refused, since the
+    default curves.png is replaced without asking only in a run's folder."""
+    if not path.is_file():
+        return path
+    if path.name == METRICS:
+        return path.parent
+    raise FileNotFoundError(f"{path} is a file, not a run's folder or its {METRICS}; give the folder "
+                            "(trainer.output_dir or sft.output_dir)")
 
 
 def _check_out(out: Path, overwrite: bool) -> None:

@@ -10,6 +10,7 @@ is installed from a checkout, `pip install -e`, on clusters and in docker/'s ima
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import shlex
@@ -20,9 +21,10 @@ from megarl.commands.arguments import add_config_args
 
 LAUNCH_DIR = Path(__file__).resolve().parents[2] / "launch"
 TEMPLATE, BOOTSTRAP = "megarl.sbatch", "ray-node.sh"
-# Slurm's --time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S
+# Slurm's --time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S; and no limit: 0, -1, INFINITE, UNLIMITED
 DEFAULTS = {"ray_port": 6379, "join_timeout": 600, "save_grace": 600}  # options with a default value
 _TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+_NO_LIMIT = ("-1", "infinite", "unlimited")  # sbatch reads the words in any case; a limit of 0 is none too
 
 
 class SbatchError(ValueError):
@@ -44,7 +46,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_config_args(p)
     p.add_argument("--partition", required=True, help="Slurm partition (sbatch --partition)")
-    p.add_argument("--time", required=True, help="time limit in Slurm's format: MINUTES, HH:MM:SS or D-HH:MM:SS")
+    p.add_argument("--time", required=True, help="time limit in Slurm's format: MINUTES, HH:MM:SS or D-HH:MM:SS; 0 or "
+                   "UNLIMITED for none (the partition's limit then applies)")
     p.add_argument("--account", help="Slurm account to charge (sbatch --account)")
     p.add_argument("--container", metavar="IMAGE", help="run every step in this image (pyxis/enroot: srun --container-image)")
     p.add_argument("--container-mounts", metavar="SRC:DST,...", help="extra container mounts (the working directory is always mounted)")
@@ -69,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
                           "the run; copy that checkpoint into trainer.output_dir/checkpoints, or use trainer.resume=auto")  # fmt: skip
     make_plan(cfg)  # refuses a run that cannot start, before anything is written
     script = render(cfg, args)
+    _warn_missing_here(cfg, Path.cwd())
     if args.out is None:
         sys.stdout.write(script)
         return 0
@@ -134,10 +138,12 @@ def check_options(args: argparse.Namespace) -> None:
     """One line per option that cannot work, naming the option, its value and the fix."""
     limit = time_limit_s(args.time)
     if limit is None:
-        raise SbatchError(f"--time ({args.time!r}) is not a Slurm time limit; use MINUTES, HH:MM:SS or D-HH:MM:SS, e.g. 2-00:00:00")
+        raise SbatchError(f"--time ({args.time!r}) is not a Slurm time limit; use MINUTES, HH:MM:SS or D-HH:MM:SS, e.g. "
+                          "2-00:00:00, or 0 / UNLIMITED for none")  # fmt: skip
     if not 0 < args.save_grace < min(limit, 65536):  # Slurm's --signal takes at most 65535 s
-        raise SbatchError(f"--save-grace ({args.save_grace} s) must be positive and shorter than --time ({args.time} = {limit} s); "
-                          "the run needs time to train after the grace is kept back")  # fmt: skip
+        bound = (f"--time ({args.time} = {limit} s); the run needs time to train after the grace is kept back"
+                 if limit < 65536 else "65536 s, the most Slurm's --signal takes")  # fmt: skip
+        raise SbatchError(f"--save-grace ({args.save_grace} s) must be positive and shorter than {bound}")
     if not 1024 <= args.ray_port <= 65535:
         raise SbatchError(f"--ray-port ({args.ray_port}) must be between 1024 and 65535")
     if args.container_mounts and not args.container:
@@ -150,8 +156,10 @@ def check_options(args: argparse.Namespace) -> None:
             raise SbatchError(f"--{name.replace('_', '-')} ({value!r}) may hold letters, digits and . , + - _ only")
 
 
-def time_limit_s(text: str) -> int | None:
-    """Seconds in a Slurm --time value, or None when it is not one."""
+def time_limit_s(text: str) -> float | None:
+    """Seconds in a Slurm --time value (math.inf for no limit), or None when it is not one."""
+    if text.strip().lower() in _NO_LIMIT:
+        return math.inf
     m = _TIME.match(text.strip())
     if not m:
         return None
@@ -159,10 +167,12 @@ def time_limit_s(text: str) -> int | None:
     fields = [first, *(x for x in rest if x is not None)]
     if days is not None:  # D-H, D-H:M, D-H:M:S
         hours, minutes, seconds = fields + [0] * (3 - len(fields))
-        return days * 86400 + hours * 3600 + minutes * 60 + seconds
-    if len(fields) == 3:  # H:M:S
-        return fields[0] * 3600 + fields[1] * 60 + fields[2]
-    return fields[0] * 60 + (fields[1] if len(fields) == 2 else 0)  # M, M:S
+        total = days * 86400 + hours * 3600 + minutes * 60 + seconds
+    elif len(fields) == 3:  # H:M:S
+        total = fields[0] * 3600 + fields[1] * 60 + fields[2]
+    else:
+        total = fields[0] * 60 + (fields[1] if len(fields) == 2 else 0)  # M, M:S
+    return total or math.inf
 
 
 def read_template(name: str) -> str:
@@ -190,6 +200,18 @@ def _read_folders(cfg, args: argparse.Namespace, workdir: Path) -> list[Path]:
     files += [cfg.reward.custom.path] if cfg.reward.custom else []
     folders = [(workdir / f).resolve().parent for f in files]
     return folders + ([(workdir / cfg.model.path).resolve()] if cfg.model.path else [])
+
+
+def _warn_missing_here(cfg, workdir: Path) -> None:
+    """A warning, not a refusal, for the files the run reads that this machine does not have:
+    the nodes may see paths (a cluster filesystem) that the machine writing the script does not."""
+    named = [("model.path", cfg.model.path), *((f"data.train_files[{i}]", f.path) for i, f in enumerate(cfg.data.train_files)),
+             *((f"data.val_files[{i}]", f) for i, f in enumerate(cfg.data.val_files)),
+             ("reward.custom.path", cfg.reward.custom.path if cfg.reward.custom else None)]  # fmt: skip
+    missing = [f"{key} ({value})" for key, value in named if value and not (workdir / value).exists()]
+    if missing:
+        print(f"warning: not on this machine: {', '.join(missing)}; the nodes must see them there (relative paths from "
+              f"{workdir})", file=sys.stderr)  # fmt: skip
 
 
 def _command_line(args: argparse.Namespace) -> str:

@@ -108,11 +108,18 @@ def finished_run(cfg: MegaRLConfig) -> str | None:
         return None
     if ckpt is None or ckpt.step < t.total_steps:
         return None
-    return (
-        f"{t.output_dir} already finished: its checkpoint {ckpt.path.name} is at trainer.total_steps ({t.total_steps}); "
-        f"nothing to train. To train longer raise trainer.total_steps; to start over give a new trainer.output_dir "
-        f"(or move {t.output_dir} away)"
-    )
+    return finished_note(t.output_dir, ckpt.path.name, ckpt.step, t.total_steps)
+
+
+def finished_note(output_dir: str | Path, checkpoint: str, step: int, total_steps: int) -> str:
+    """Why a run whose checkpoint is at, or past (a resume with a smaller total_steps),
+    trainer.total_steps has nothing to train, and the ways on."""
+    if step == total_steps:
+        where, longer = f"is at trainer.total_steps ({total_steps})", "raise trainer.total_steps"
+    else:
+        where, longer = f"is step {step}, past trainer.total_steps ({total_steps})", f"raise trainer.total_steps above {step}"
+    return (f"{output_dir} already finished: its checkpoint {checkpoint} {where}; nothing to train. To train longer "
+            f"{longer}; to start over give a new trainer.output_dir (or move {output_dir} away)")
 
 
 # ---- output_dir and resume ----------------------------------------------------------------------------

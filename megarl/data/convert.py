@@ -68,9 +68,7 @@ def read_raw_records(path: str | Path) -> Iterator[RawRecord]:
         raise DataError(f"{path}: unsupported input format {p.suffix or '(none)'!r}; give a .jsonl or .csv file")
     with p.open(encoding="utf-8-sig", newline="") as fh:  # -sig: a spreadsheet's byte-order mark is no field name
         if p.suffix == ".csv":
-            reader = csv.DictReader(fh)
-            for row in reader:
-                yield RawRecord(dict(row), f"{p.name}: line {reader.line_num}")
+            yield from _csv_records(fh, p.name)
             return
         for n, line in enumerate(fh, start=1):
             if not line.strip():
@@ -82,6 +80,23 @@ def read_raw_records(path: str | Path) -> Iterator[RawRecord]:
             if not isinstance(obj, dict):
                 raise DataError(f"{p.name}: line {n}: expected a JSON object, got {type(obj).__name__}")
             yield RawRecord(obj, f"{p.name}: line {n}")
+
+
+def _csv_records(fh: Any, name: str) -> Iterator[RawRecord]:
+    """The rows of a CSV file under its header's names; a row with another number of cells is
+    refused (a short row's missing cells are not null values, and a long row's surplus is most
+    often an unquoted comma that has shifted every cell after it)."""
+    reader = csv.reader(fh)
+    header = next(reader, [])
+    for cells in reader:
+        if not cells:  # a blank line
+            continue
+        if len(cells) != len(header):
+            fix = "quote any cell that holds a comma" if len(cells) > len(header) else "add the missing cells or drop the row"
+            cells_text = f"{len(cells)} cell" + ("s" if len(cells) != 1 else "")
+            raise DataError(f"{name}: line {reader.line_num}: the row has {cells_text} where the header has {len(header)}; "
+                            f"{fix}")  # fmt: skip
+        yield RawRecord(dict(zip(header, cells)), f"{name}: line {reader.line_num}")
 
 
 # ---- answer extraction ---------------------------------------------------------------------

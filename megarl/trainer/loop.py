@@ -129,9 +129,9 @@ class Trainer:
         with control.handlers():
             start = self.restore()
             if start >= self.parts.total_steps and not self.cfg.trainer.val_only:
-                log.info("%s already finished at step %d (trainer.total_steps=%d): nothing to train; raise "
-                         "trainer.total_steps to go on, or give a new trainer.output_dir to start over",
-                         self.out, start, self.parts.total_steps)
+                from megarl.config.preflight import finished_note
+
+                log.info("%s", finished_note(self.out, step_dir_name(start), start, self.parts.total_steps))
                 return {}
             self.logger = self._logger_factory(start)
             self.step = self._start = start

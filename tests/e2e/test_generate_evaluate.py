@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -81,7 +82,7 @@ def test_generate_writes_every_row_and_evaluate_scores_it(demo, tmp_path):
 def test_a_crashed_generation_resumes_to_the_uninterrupted_result(demo, tmp_path):
     model, data = demo
     (tmp_path / "crashing.py").write_text(textwrap.dedent(CRASHING))
-    env = {**os.environ, "PYTHONPATH": str(tmp_path), "CALLS_FILE": str(tmp_path / "calls"), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}", "CALLS_FILE": str(tmp_path / "calls"), "OMP_NUM_THREADS": "1"}
     args = ["generate", str(CONFIG), *_overrides(model, "rollout.generate_function=crashing:generate"),
             "--data", str(data / "val.parquet"), "--out", "gen.parquet", "--n", "2", "--batch-size", "50"]  # fmt: skip
     crashed = _cli(args, {**env, "CRASH_AT_CALL": "3"}, tmp_path)
@@ -91,7 +92,7 @@ def test_a_crashed_generation_resumes_to_the_uninterrupted_result(demo, tmp_path
     assert not (tmp_path / "gen.parquet").exists()
 
     changed = _cli([*args, "--temperature", "0.5"], env, tmp_path)  # other settings: refused, nothing removed
-    assert changed.returncode == 2 and "sampling differ" in changed.stderr and partial.is_dir()
+    assert changed.returncode == 2 and "sampling.temperature was 1.0, now 0.5" in changed.stderr and partial.is_dir()
 
     (partial / "notes.txt").write_text("mine")  # not generate's: it stays
     resumed = _cli(args, env, tmp_path)
@@ -211,7 +212,7 @@ def test_a_run_that_failed_before_its_first_part_leaves_nothing_in_the_way(demo,
     with pytest.raises(ValueError, match="has no chat template"):
         generate(CONFIG, _overrides(model), data / "val.parquet", tmp_path / "z.parquet", model=str(broken))
     (stale / "model").mkdir()
-    with pytest.raises(GenerateError, match="model differ"):
+    with pytest.raises(GenerateError, match=re.escape(f'model was "{broken}", now "{model.absolute()}"')):
         generate(CONFIG, _overrides(model), data / "val.parquet", tmp_path / "z.parquet")
     assert (stale / "model").is_dir()
 

@@ -114,3 +114,14 @@ def test_an_assert_in_a_worker_is_an_internal_error(capsys):
     assert "Traceback" in err and "raised AssertionError in PolicyRank.save: (no message) at x.py:3 in save" in err
     died = WorkerError("policy rank 0 died during PolicyRank.step: Killed", "policy", 0)  # no cause: the OOM killer, a signal
     assert report(died) == EXIT_USER
+
+
+@pytest.mark.parametrize("argv", [["evaluate", "--data", "gen.parquet", "--dat=x"],
+                                  ["generate", str(TINY), "--data", "in.parquet", "--out", "o.parquet", "--dat=x"],
+                                  ["data", "inspect", "x.parquet", "--js"]])  # fmt: skip
+def test_abbreviated_flags_are_refused(argv, capsys):
+    """An abbreviation means whichever flag it prefixes today: `--d` was --data until --debug came."""
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    assert stopped.value.code == EXIT_USER
+    assert capsys.readouterr().err.splitlines()[-1] == f"megarl: error: unrecognized arguments: {argv[-1]}"

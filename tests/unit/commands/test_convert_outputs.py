@@ -139,3 +139,11 @@ def test_a_read_only_place_is_refused_before_anything_starts(run, tmp_path, read
     with read_only_dir(tmp_path / "ro") as ro:
         with pytest.raises(OutputError, match=r"cannot write .*ro/hf: .*is not writable .*choose a writable place"):
             check_output_target(ro / "hf", False, protected(launch, ckpt))
+
+
+def test_another_runs_checkpoints_folder_is_refused(run, tmp_path):
+    launch, ckpt = run
+    with CheckpointManager(tmp_path / "other").saving(1) as d:
+        (d / "state").write_text("s")
+    with pytest.raises(OutputError, match=r"hf is inside the checkpoints folder of a run \(.*other/checkpoints\)"):
+        check_output_target(tmp_path / "other" / "checkpoints" / "hf", True, protected(launch, ckpt))

@@ -50,7 +50,7 @@ def test_table(capsys):
     assert main(["doctor"]) == 0
     *rows, last = capsys.readouterr().out.splitlines()
     names = ["python", "torch", "CUDA", "NCCL", "megatron-core", "transformer-engine", "apex", "flash-attn",
-             "C compiler", "sglang", "ray", "ray cluster", "slurm"]
+             "C compiler", "C++ compiler", "sglang", "ray", "ray cluster", "slurm"]
     assert [row[: len(name)] for row, name in zip(rows, names)] == names and len(rows) == len(names)
     column = len("transformer-engine") + 2  # names are padded to the longest: the status column is aligned
     assert {row[column:].split()[0] for row in rows} <= {"ok", "no", "FAIL"}
@@ -98,6 +98,25 @@ def test_c_compiler_for_torch_compile(capsys, monkeypatch):
     assert not compiler["ok"] and not compiler["fatal"]
     assert compiler["detail"] == "missing a C compiler (cc / gcc / clang on PATH) and /nonexistent/Python.h"
     assert "which CUDA runs need" in compiler["disables"] and "python3-dev" in compiler["disables"]
+
+
+def test_cxx_compiler_for_torch_compile_on_cpu(capsys, monkeypatch):
+    import shutil
+
+    monkeypatch.delenv("CXX", raising=False)
+    _, _, checks = doctor_json(capsys)
+    if shutil.which("g++"):
+        assert checks["C++ compiler"] == {**checks["C++ compiler"], "ok": True,
+                                          "detail": f"{shutil.which('g++')}: torch.compile can build kernels for CPU tensors"}  # fmt: skip
+    monkeypatch.setenv("CXX", "ccache g++")  # torch runs CXX as one program, which is not there
+    _, _, checks = doctor_json(capsys)
+    assert checks["C++ compiler"]["detail"] == "missing a C++ compiler (CXX=ccache g++ on PATH)"
+    monkeypatch.delenv("CXX")
+    monkeypatch.setenv("PATH", "/nonexistent")
+    _, _, checks = doctor_json(capsys)
+    compiler = checks["C++ compiler"]
+    assert not compiler["ok"] and not compiler["fatal"] and compiler["detail"] == "missing a C++ compiler (g++ on PATH)"
+    assert compiler["disables"].endswith("apt-get install g++, or set CXX to a C++ compiler")
 
 
 def run_doctor(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:

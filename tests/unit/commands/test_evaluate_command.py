@@ -64,3 +64,43 @@ def test_a_missing_output_folder_is_refused_before_scoring(generated, tmp_path, 
     target.parent.mkdir()
     assert main([*args, "--out", str(tmp_path / "s.json")] if flag == "--scored" else args) == 0
     assert (tmp_path / "scored.flag").read_text() == "called"
+
+
+@pytest.mark.parametrize("flag", ["--out", "--scored"])
+def test_an_output_inside_a_runs_checkpoints_is_refused_before_scoring(generated, tmp_path, capsys, flag):
+    from megarl.checkpoint.manager import CheckpointManager
+
+    (tmp_path / "reward.py").write_text(TRACING_REWARD)
+    custom = [f"reward.custom.path={tmp_path / 'reward.py'}", "reward.custom.name=score"]
+    with CheckpointManager(tmp_path / "run").saving(4) as d:
+        (d / "state").write_text("s")
+    target = tmp_path / "run" / "checkpoints" / "step_000004" / "x.parquet"
+    args = ["evaluate", "--data", str(generated), *custom, flag, str(target)]
+    assert main([*args, "--out", str(tmp_path / "s.json")] if flag == "--scored" else args) == EXIT_USER
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {flag} {target} is inside the checkpoints folder of a run") and err.count("\n") == 1
+    assert not target.exists() and not (tmp_path / "scored.flag").exists()
+
+
+@pytest.mark.parametrize(("threshold", "outcome"), [("2", "no response could pass"), ("-0.5", "every response would pass"),
+                                                    ("0", "every response would pass")])  # fmt: skip
+def test_a_pass_threshold_the_built_in_scores_cannot_meet_is_refused(generated, tmp_path, capsys, threshold, outcome):
+    out = tmp_path / "s.json"
+    assert main(["evaluate", "--data", str(generated), "--pass-threshold", threshold, "--out", str(out)]) == EXIT_USER
+    err = capsys.readouterr().err
+    assert err == (f"error: --pass-threshold ({float(threshold):g}) must be in (0, 1]: the built-in reward functions "
+                   f"score from 0 to 1, so {outcome}; e.g. 1 (a full score) or 0.5\n")
+    assert not out.exists()
+
+
+def test_a_custom_reward_takes_any_finite_pass_threshold(generated, tmp_path, capsys):
+    import json
+
+    (tmp_path / "reward.py").write_text(TRACING_REWARD)
+    custom = [f"reward.custom.path={tmp_path / 'reward.py'}", "reward.custom.name=score"]
+    out = tmp_path / "s.json"
+    assert main(["evaluate", "--data", str(generated), *custom, "--pass-threshold", "2", "--out", str(out)]) == 0
+    summary = json.loads(out.read_text())
+    assert summary["pass_threshold"] == 2.0 and summary["per_data_source"]["all"]["pass@1"] == 0.0  # scores 0 or 1
+    assert main(["evaluate", "--data", str(generated), *custom, "--pass-threshold", "nan", "--out", str(out)]) == EXIT_USER
+    assert capsys.readouterr().err.startswith("error: --pass-threshold (nan) must be a finite number")

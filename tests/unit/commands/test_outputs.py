@@ -26,3 +26,25 @@ def test_a_missing_folder_is_named_where_the_command_creates_none(tmp_path):
     with pytest.raises(OutputError, match=rf"^--out {out}: the folder {out.parent} does not exist; create it, or give another path$"):
         check_new_file(out, overwrite=False, in_existing_folder=True)
     check_new_file(out, overwrite=False)  # a command that creates its folders
+
+
+def test_an_output_inside_a_runs_checkpoints_folder_is_refused(tmp_path):
+    """Retention deletes whole step directories: a file in one would go with it."""
+    from megarl.checkpoint.manager import CheckpointManager
+    from megarl.commands.outputs import check_outside_checkpoints
+
+    manager = CheckpointManager(tmp_path / "run")
+    with manager.saving(2) as d:
+        (d / "state").write_text("s")
+    folder = (tmp_path / "run" / "checkpoints").resolve()
+    for out in (folder / "step_000002" / "gen.parquet", folder / "gen.parquet", folder / "new" / "e.json"):
+        with pytest.raises(OutputError, match=rf"^--out {out} is inside the checkpoints folder of a run \({folder}\), "
+                                              "whose step directories are deleted by retention; give a path outside it$"):
+            check_outside_checkpoints(out)
+    check_outside_checkpoints(tmp_path / "run" / "gen.parquet")  # beside the checkpoints: the user's
+    mine = tmp_path / "mine" / "checkpoints"  # a folder of that name holding no step directory
+    mine.mkdir(parents=True)
+    check_outside_checkpoints(mine / "gen.parquet")
+    # a run's folder the caller knows (a config's) is refused before its first save too
+    with pytest.raises(OutputError, match=r"^--scored .* is inside the checkpoints folder of a run"):
+        check_outside_checkpoints(mine / "gen.parquet", flag="--scored", runs=[mine])

@@ -60,3 +60,14 @@ def test_an_existing_out_is_replaced_only_with_overwrite(run, capsys):
     # the default RUN_DIR/curves.png is plot's own output: re-plotting replaces it
     assert plot_run(run) == plot_run(run) == run / "curves.png"
     assert plot_run(run, run / "curves.pdf").read_bytes()[:4] == b"%PDF"
+
+
+def test_the_runs_metrics_file_is_taken_for_its_folder(run, capsys):
+    assert main(["plot", str(run / "metrics.jsonl")]) == 0
+    assert capsys.readouterr().out == f"{run / 'curves.png'}\n"
+    assert (run / "curves.png").read_bytes()[:8] == PNG
+    other = run / "notes.jsonl"  # another file: its folder may not be a run, whose curves.png plot replaces
+    other.write_text((run / "metrics.jsonl").read_text())
+    assert main(["plot", str(other)]) == EXIT_USER
+    assert capsys.readouterr().err == (f"error: {other} is a file, not a run's folder or its metrics.jsonl; give the "
+                                       "folder (trainer.output_dir or sft.output_dir)\n")

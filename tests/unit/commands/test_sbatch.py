@@ -4,6 +4,7 @@ under Slurm in tests/e2e/test_slurm.py."""
 
 from __future__ import annotations
 
+import math
 import re
 import shutil
 import subprocess
@@ -66,6 +67,7 @@ def test_cpu_script_asks_for_no_gpus_and_the_bootstrap_is_clean(capsys, tmp_path
 @pytest.mark.parametrize(("text", "seconds"), [
     ("30", 1800), ("30:15", 1815), ("01:02:03", 3723), ("2-00", 172800), ("1-02:03", 93780), ("1-00:00:10", 86410),
     ("1h", None), ("", None), ("1:2:3:4", None),
+    ("0", math.inf), ("0:00", math.inf), ("UNLIMITED", math.inf), ("infinite", math.inf), ("-1", math.inf),  # no limit
 ])  # fmt: skip
 def test_slurm_time_limits(text, seconds):
     assert time_limit_s(text) == seconds
@@ -74,6 +76,8 @@ def test_slurm_time_limits(text, seconds):
 @pytest.mark.parametrize(("args", "message"), [
     (("--time", "2h"), "--time ('2h') is not a Slurm time limit; use MINUTES"),
     (("--time", "10", "--save-grace", "600"), "--save-grace (600 s) must be positive and shorter than --time (10 = 600 s)"),
+    (("--time", "UNLIMITED", "--save-grace", "70000"), "--save-grace (70000 s) must be positive and shorter than 65536 s, "
+                                                        "the most Slurm's --signal takes"),
     (("--time", "60", "--ray-port", "80"), "--ray-port (80) must be between 1024 and 65535"),
     (("--time", "60", "--account", "a b"), "--account ('a b') may hold"),
     (("--time", "60", "--container-mounts", "/a:/a"), "--container-mounts (/a:/a) needs --container IMAGE"),
@@ -84,6 +88,24 @@ def test_options_that_cannot_work_are_one_line(capsys, tmp_path, monkeypatch, ar
     code, out, err = sbatch(capsys, str(ROOT / "configs" / "tiny_grpo.yaml"), "--partition", "debug", *args, "--out", "x.sbatch")
     assert code == 2 and out == "" and err.startswith(f"error: {message}") and len(err.splitlines()) == 1
     assert not (tmp_path / "x.sbatch").exists()
+
+
+@pytest.mark.parametrize("limit", ["0", "UNLIMITED", "infinite"])
+def test_no_time_limit_is_passed_to_slurm(capsys, tmp_path, monkeypatch, limit):
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = sbatch(capsys, str(ROOT / "configs" / "tiny_grpo.yaml"), "--partition", "debug", "--time", limit)
+    assert code == 0 and f"\n#SBATCH --time={limit}\n" in out and "\n#SBATCH --signal=B:TERM@600\n" in out
+
+
+def test_files_the_run_reads_missing_here_are_a_warning(capsys, tmp_path, monkeypatch):
+    """A cluster's nodes may see paths this machine does not: the script is written all the same."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "val.parquet").write_bytes(b"here")
+    code, out, err = sbatch(capsys, str(ROOT / "configs" / "tiny_grpo.yaml"), "model.path=/cluster/model",
+                            "data.val_files=[val.parquet]", "--partition", "debug", "--time", "60")  # fmt: skip
+    assert code == 0 and out.startswith("#!/bin/bash\n")
+    assert err == ("warning: not on this machine: model.path (/cluster/model), data.train_files[0] "
+                   f"(outputs/demo/data/train.parquet); the nodes must see them there (relative paths from {tmp_path})\n")
 
 
 def test_a_config_the_planner_refuses_writes_nothing(capsys, tmp_path, monkeypatch):

@@ -237,6 +237,11 @@ def test_a_finished_run_says_so(demo, tmp_path):
     assert message is not None and "already finished" in message and "step_000500" in message
     assert "raise trainer.total_steps" in message and "new trainer.output_dir" in message
     assert finished_run(config(demo, out, "trainer.total_steps=600")) is None
+    # resumed with a smaller total_steps: the checkpoint is past it, and raising it to 500 would not do
+    message = finished_run(config(demo, out, "trainer.total_steps=300"))
+    assert message == (f"{out} already finished: its checkpoint step_000500 is step 500, past trainer.total_steps (300); "
+                       "nothing to train. To train longer raise trainer.total_steps above 500; to start over give a new "
+                       f"trainer.output_dir (or move {out} away)")
 
 
 @pytest.mark.slow

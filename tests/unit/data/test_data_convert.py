@@ -111,6 +111,20 @@ def test_a_spreadsheets_byte_order_mark_and_a_null_field(tmp_path):
         generic_rows(src, prompt_field="q", answer_field="a", data_source="qa")
 
 
+def test_a_csv_row_with_another_number_of_cells_than_the_header_is_named(tmp_path):
+    src = tmp_path / "qa.csv"
+    src.write_text("q,a,note\nWhat is 2+2?,4,x\n\nWhat is 3+3?\n")  # a blank line, then a short row
+    with pytest.raises(DataError, match=r"^qa.csv: line 4: the row has 1 cell where the header has 3; add the missing "
+                                        r"cells or drop the row$"):  # fmt: skip
+        generic_rows(src, prompt_field="q", answer_field="a", data_source="qa")
+    src.write_text("q,a\nWhat is 2,000 + 1?,2001\n")  # an unquoted comma: every later cell shifted
+    with pytest.raises(DataError, match=r"^qa.csv: line 2: the row has 3 cells where the header has 2; quote any cell "
+                                        r"that holds a comma$"):  # fmt: skip
+        generic_rows(src, prompt_field="q", answer_field="a", data_source="qa")
+    src.write_text('q,a\n"What is 2,000 + 1?",2001\n\n')
+    assert generic_rows(src, prompt_field="q", answer_field="a", data_source="qa")[0]["reward_model"]["ground_truth"] == "2001"
+
+
 def test_generic_jsonl_keeps_message_prompts_and_checks_types(tmp_path):
     msgs = [{"role": "user", "content": "hi"}]
     src = _jsonl(tmp_path / "c.jsonl", [{"p": msgs, "a": 3}, {"p": "plain", "a": 1.5}])

@@ -16,8 +16,10 @@ import torch
 import torch.nn.functional as F
 
 pytest.importorskip("megatron.core")
-if not shutil.which(os.environ.get("CC") or "cc") or not (Path(sysconfig.get_paths()["include"]) / "Python.h").is_file():
-    pytest.skip("torch.compile needs a C compiler and Python.h (`megarl doctor` says which is missing)", allow_module_level=True)
+if (not shutil.which(os.environ.get("CC") or "cc") or not shutil.which(os.environ.get("CXX") or "g++")
+        or not (Path(sysconfig.get_paths()["include"]) / "Python.h").is_file()):  # fmt: skip
+    pytest.skip("torch.compile on CPU needs a C and a C++ compiler and Python.h (`megarl doctor` says which is missing)",
+                allow_module_level=True)
 
 LENGTHS = [300, 7, 64, 1, 129]  # segments across FlexAttention's 128-token blocks, and within one
 HEADS, KV_HEADS, DIM = 4, 2, 16
