@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The GPU checks of a checkout, on a CUDA machine that has torch (with CUDA), transformers and
+# triton but no package index: installs the pinned wheels that ci/gpu/fetch-wheels.sh put in
+# .whl/ (WHEELS=...) into a temporary folder of their own (the machine's Python is untouched),
+# then runs
+#   1. tests/gpu (what is missing there, e.g. transformer-engine, SGLang or Ray, is skipped, named),
+#   2. bench/train_step.py: the train-step MFU table on this GPU (BENCH_ARGS adds options),
+#   3. an RL run of the demo task in bf16 on this GPU, in this process (no Ray): RL_STEPS steps,
+# each under a time limit (TESTS_S, BENCH_S, RL_S seconds). Logs, the environment and the bench's
+# results go to $1 (default: $OUT when set, else ci/gpu/out); copy train_step.json into
+# bench/results/ to keep them. Exit code: the first of the three that failed, else 0.
+set -uo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+out="${1:-${OUT:-$here/out}}"
+python="${PYTHON:-python3}"
+mkdir -p "$out"
+site="$(mktemp -d)"
+trap 'rm -rf "$site"' EXIT
+"$python" -m pip install --quiet --disable-pip-version-check --no-index --no-deps --no-compile --no-cache-dir \
+  --find-links "${WHEELS:-$root/.whl}" --target "$site" -r "$here/requirements.txt" || {
+  echo "ci/gpu: the wheels of ci/gpu/requirements.txt are not all in ${WHEELS:-$root/.whl}; run ci/gpu/fetch-wheels.sh where pip reaches PyPI" >&2
+  exit 2
+}
+export PYTHONPATH="$root:$site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+cd "$root"
+{
+  date -u +"%Y-%m-%dT%H:%M:%SZ"
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 || echo "no nvidia-smi"
+  "$python" -c 'import sys, torch, transformers, megatron.core, pydantic
+print("python", sys.version.split()[0], "| torch", torch.__version__, "| cuda", torch.version.cuda,
+      "| transformers", transformers.__version__, "| megatron-core", megatron.core.__version__,
+      "| pydantic", pydantic.VERSION, "| device", torch.cuda.get_device_name() if torch.cuda.is_available() else "none")'
+} 2>&1 | tee "$out/env.txt"
+timeout "${TESTS_S:-300}" "$python" -m pytest tests/gpu -p no:cacheprovider -q -rs --durations=10 \
+  --junitxml="$out/gpu_tests.xml" 2>&1 | tee "$out/gpu_tests.log"
+tests=${PIPESTATUS[0]}
+# shellcheck disable=SC2086  # BENCH_ARGS: options, split on purpose
+timeout "${BENCH_S:-360}" "$python" bench/train_step.py ${BENCH_ARGS:-} 2>&1 | tee "$out/train_step.log"
+bench=${PIPESTATUS[0]}
+cp bench/results/train_step.json "$out/" 2>/dev/null
+demo="$(mktemp -d)"
+"$python" -c 'import sys; from megarl.commands.demo import prepare_demo; prepare_demo(sys.argv[1])' "$demo" &&
+timeout "${RL_S:-300}" "$python" -m megarl.cli launch configs/tiny_grpo.yaml --in-process cluster.device=cuda \
+  cluster.gpus_per_node=1 model.dtype=bfloat16 "model.path=$demo/model" "data.train_files=[$demo/data/train.parquet]" \
+  "data.val_files=[$demo/data/val.parquet]" "trainer.output_dir=$demo/run" "trainer.total_steps=${RL_STEPS:-20}" \
+  2>&1 | tee "$out/rl_bf16.log"
+rl=${PIPESTATUS[0]}
+cp "$demo/run/metrics.jsonl" "$out/rl_bf16_metrics.jsonl" 2>/dev/null
+rm -rf "$demo"
+echo "ci/gpu: tests exit $tests, bench exit $bench, bf16 RL run exit $rl; logs and results in $out" >&2
+for code in "$tests" "$bench" "$rl"; do
+  [ "$code" -ne 0 ] && exit "$code"
+done
+exit 0
