@@ -177,6 +177,7 @@ def convert_checkpoint(checkpoint: str | Path, out: str | Path, config: str | Pa
     """Write the policy of ``checkpoint`` (a step_NNNNNN directory) as an HF directory ``out``."""
     from megarl.actors.ray_groups.placement import role_placements
     from megarl.checkpoint.manager import verify_checkpoint
+    from megarl.checkpoint.run_record import run_config
     from megarl.config.planner import make_plan
 
     ckpt = verify_checkpoint(checkpoint)  # a torn checkpoint is refused here, naming what is wrong
@@ -421,45 +422,6 @@ def finish_output(written: Path, target: Path) -> None:
 
 
 # ---- the run's config ---------------------------------------------------------------------------------
-
-
-def run_config(ckpt: Any, config: str | Path | None = None) -> Any:
-    """The config the checkpoint was trained with, its relative model paths made absolute
-    against the run's launch directory (or, for --config, the current one first)."""
-    from megarl.config.loading import ConfigError, load_config
-
-    saved = ckpt.path / "config.yaml"  # written with every checkpoint; older ones: the run's
-    cfg_path = Path(config) if config else saved if saved.is_file() else ckpt.path.parent.parent / "config.yaml"
-    if not cfg_path.is_file():
-        raise ConfigError(f"no run config at {cfg_path}; pass --config with the config the run was launched with")
-    cfg = load_config(cfg_path)
-    bases = ([Path.cwd()] if config else []) + launch_dirs(ckpt, cfg.trainer.output_dir) + [Path.cwd()]
-    updates = {}
-    for section, value in (("model", cfg.model.path), ("critic", cfg.critic.path)):
-        if value is None or Path(value).is_absolute():
-            continue
-        found = next((b / value for b in bases if (b / value / "config.json").is_file()), None)
-        if found is None:
-            raise ConfigError(
-                f"{section}.path ({value}) of {cfg_path} is relative, and no {value}/config.json exists under the run's "
-                f"launch directory ({bases[0]}) or here; pass --config with a config whose {section}.path exists"
-            )
-        updates[section] = getattr(cfg, section).model_copy(update={"path": str(found.resolve())})
-    return cfg.model_copy(update=updates)
-
-
-def launch_dirs(ckpt: Any, output_dir: str) -> list[Path]:
-    """Where the run was launched: recorded in the manifest, else what remains of the
-    checkpoint's absolute path once <output_dir>/checkpoints/step_N is taken off its end."""
-    found = []
-    recorded = (ckpt.manifest.get("metadata") or {}).get("launch_dir")
-    if recorded:
-        found.append(Path(recorded))
-    tail = (*Path(output_dir).parts, "checkpoints", ckpt.path.name)
-    parts = ckpt.path.absolute().parts
-    if not Path(output_dir).is_absolute() and parts[-len(tail):] == tail:
-        found.append(Path(*parts[: -len(tail)]))
-    return found
 
 
 # ---- the output directory -----------------------------------------------------------------------------

@@ -203,15 +203,14 @@ def _check_resumed_config(cfg: MegaRLConfig, ckpt: Any, findings: list[Finding])
     """The launch's config against the one the checkpoint was trained with: another model is
     refused (the policy would go on from the checkpoint's weights while the reference loads the
     new model), any other change is named (the run goes on with the new values)."""
+    from megarl.checkpoint.run_record import RUN_CONFIG, launch_dirs
     from megarl.config.loading import ConfigError, load_config
 
     try:
-        old = load_config(ckpt.path / "config.yaml")
+        old = load_config(ckpt.path / RUN_CONFIG)
     except ConfigError:  # none, or written by a megarl whose config differs: nothing to compare
         return
     # where the run was launched, as `megarl convert` finds it: its relative paths start there
-    from megarl.commands.convert import launch_dirs
-
     launched = next(iter(launch_dirs(ckpt, old.trainer.output_dir)), Path.cwd())
     problem = _another_model(old, cfg, launched)
     if problem:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from megarl.checkpoint.manager import CheckpointManager, step_dir_name
+from megarl.checkpoint.run_record import RUN_CONFIG, run_metadata
 from megarl.checkpoint.trainer_state import TrainerState, capture_rng, restore_rng
 from megarl.config.loading import config_to_yaml
 from megarl.config.sections import MegaRLConfig
@@ -236,13 +236,12 @@ class Trainer:
         PROGRESS.mark("save", step)
         # The launch directory: relative paths in the saved config (model.path, data files) are
         # relative to it, wherever `megarl convert` later runs.
-        metadata = {"launch_dir": os.getcwd()}
-        with self.checkpoints.saving(step, metadata, expected_bytes=self._checkpoint_bytes()) as folder:
+        with self.checkpoints.saving(step, run_metadata(), expected_bytes=self._checkpoint_bytes()) as folder:
             for role, model in self.parts.models.items():
                 model.save(str(folder / role))
             # The config this checkpoint was trained with (megarl convert reads it; output_dir's
             # config.yaml is the latest launch's and may have changed since).
-            (folder / "config.yaml").write_text(config_to_yaml(self.cfg))
+            (folder / RUN_CONFIG).write_text(config_to_yaml(self.cfg))
             TrainerState(
                 step=step,
                 sampler=self.parts.data.state_dict(),

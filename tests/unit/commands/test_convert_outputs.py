@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from megarl.checkpoint.manager import CheckpointManager
+from megarl.checkpoint.run_record import run_config
 from megarl.commands.convert import (
     EXPORT_MANIFEST,
     OutputError,
@@ -18,7 +19,6 @@ from megarl.commands.convert import (
     _normalize_modes,
     _swap_in,
     check_output_target,
-    run_config,
 )
 
 
