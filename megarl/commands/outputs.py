@@ -42,7 +42,7 @@ def check_outside_checkpoints(path: Path, *, flag: str = "--out", runs: Iterable
             name = f"{flag} {path}" if flag else str(path)
             where = "is" if folder == real else "is inside"
             raise OutputError(f"{name} {where} the checkpoints folder of a run ({folder}), whose step directories "
-                              "are deleted by retention; give a path outside it")  # fmt: skip
+                              "retention removes (megarl manages that folder); give a path outside it")  # fmt: skip
 
 
 def _holds_checkpoints(folder: Path) -> bool:

@@ -39,7 +39,7 @@ def test_an_output_inside_a_runs_checkpoints_folder_is_refused(tmp_path):
     folder = (tmp_path / "run" / "checkpoints").resolve()
     for out in (folder / "step_000002" / "gen.parquet", folder / "gen.parquet", folder / "new" / "e.json"):
         with pytest.raises(OutputError, match=rf"^--out {out} is inside the checkpoints folder of a run \({folder}\), "
-                                              "whose step directories are deleted by retention; give a path outside it$"):
+                                              "whose step directories retention removes \\(megarl manages that folder\\); give a path outside it$"):
             check_outside_checkpoints(out)
     check_outside_checkpoints(tmp_path / "run" / "gen.parquet")  # beside the checkpoints: the user's
     mine = tmp_path / "mine" / "checkpoints"  # a folder of that name holding no step directory
