@@ -31,8 +31,9 @@ def check_new_file(path: Path, overwrite: bool, *, flag: str = "--out", fix: str
 
 
 def check_outside_checkpoints(path: Path, *, flag: str = "--out", runs: Iterable[Path] = ()) -> None:
-    """Refuse an output inside a run's checkpoints folder: retention deletes whole step
-    directories (and a resumed run's manager owns the folder), so the user's file would be lost.
+    """Refuse an output inside a run's checkpoints folder: megarl manages it (retention removes
+    step directories, a file left in one is moved aside to step_NNNNNN.pruned; a resume going
+    back renames newer ones), so the user's file would not stay where they put it.
     ``runs``: checkpoints folders the caller knows (a config's, even before its first save); any
     other is recognised by its name and the step_NNNNNN directories it holds."""
     real = path.absolute().resolve()
