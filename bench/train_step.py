@@ -87,6 +87,7 @@ def parse() -> argparse.Namespace:
         ap.add_argument(f"--{key.replace('_', '-')}", type=type(value), default=value)
     ap.add_argument("--steps", type=int, default=2, help="timed steps (after one warm-up step)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--results", type=Path, default=RESULTS, help=f"JSON the entries are merged into (default: {RESULTS})")
     return ap.parse_args()
 
 
@@ -165,11 +166,12 @@ def main() -> None:
         print(f"{r['preset']:<11}{r['seq']:>7}{r['attention']:>10}{r['params']:>15,}{r['step_seconds']:>9.2f}"
               f"{r['tokens_per_s']:>10.0f}{r['model_tflops_per_s']:>9.3f}{r['mfu']:>7.1%}{r['mfu_executed']:>7.1%}")
     info["load_avg_1m_after"] = os.getloadavg()[0]
-    existing = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    existing[device] = {"machine": info, "config": vars(args), "results": rows}
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(existing, indent=2) + "\n")
-    print(f"wrote {RESULTS}")
+    out = args.results
+    existing = json.loads(out.read_text()) if out.exists() else {}
+    existing[device] = {"machine": info, "config": {**vars(args), "results": str(out)}, "results": rows}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(existing, indent=2) + "\n")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ exit codes:
   0    done
   1    internal error: a traceback follows (a megarl bug, or an assert in a worker; please report it)
   2    user error: one `error:` line names the problem and the fix (command line, config, data,
-       checkpoint, reward function, paths, a worker that died); --debug adds the traceback
+       checkpoint, reward function, paths, a worker that raised or died); --debug adds the traceback
   130  stopped by Ctrl-C (SIGINT); 143 stopped by SIGTERM: the last checkpoint and the resume
        command are printed
 """

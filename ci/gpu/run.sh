@@ -7,8 +7,9 @@
 #   2. bench/train_step.py: the train-step MFU table on this GPU (BENCH_ARGS adds options),
 #   3. an RL run of the demo task in bf16 on this GPU, in this process (no Ray): RL_STEPS steps,
 # each under a time limit (TESTS_S, BENCH_S, RL_S seconds). Logs, the environment and the bench's
-# results go to $1 (default: $OUT when set, else ci/gpu/out); copy train_step.json into
-# bench/results/ to keep them. Exit code: the first of the three that failed, else 0.
+# results go to $1 (default: $OUT when set, else ci/gpu/out; the checkout is not written): copy
+# train_step.json (the checkout's entries plus this GPU's) over bench/results/ to keep them.
+# Exit code: the first of the three that failed, else 0.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -35,10 +36,14 @@ print("python", sys.version.split()[0], "| torch", torch.__version__, "| cuda", 
 timeout "${TESTS_S:-300}" "$python" -m pytest tests/gpu -p no:cacheprovider -q -rs --durations=10 \
   --junitxml="$out/gpu_tests.xml" 2>&1 | tee "$out/gpu_tests.log"
 tests=${PIPESTATUS[0]}
+# The entries of other devices are kept: the bench merges this GPU's into a copy of the checkout's file.
+rm -f "$out/train_step.json"
+cp bench/results/train_step.json "$out/train_step.json" 2>/dev/null
 # shellcheck disable=SC2086  # BENCH_ARGS: options, split on purpose
-timeout "${BENCH_S:-360}" "$python" bench/train_step.py ${BENCH_ARGS:-} 2>&1 | tee "$out/train_step.log"
+timeout "${BENCH_S:-360}" "$python" bench/train_step.py --results "$out/train_step.json" ${BENCH_ARGS:-} 2>&1 \
+  | tee "$out/train_step.log"
 bench=${PIPESTATUS[0]}
-cp bench/results/train_step.json "$out/" 2>/dev/null
+[ "$bench" -eq 0 ] || mv "$out/train_step.json" "$out/train_step.json.not-updated" 2>/dev/null
 demo="$(mktemp -d)"
 "$python" -c 'import sys; from megarl.commands.demo import prepare_demo; prepare_demo(sys.argv[1])' "$demo" &&
 timeout "${RL_S:-300}" "$python" -m megarl.cli launch configs/tiny_grpo.yaml --in-process cluster.device=cuda \

@@ -36,6 +36,7 @@ One trainer process manages one output_dir. Left out: what goes inside the compo
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -50,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import megarl
+from megarl.kept_files import kept_name
 
 log = logging.getLogger(__name__)
 
@@ -59,9 +61,10 @@ CHECKPOINTS_DIR = "checkpoints"
 _STEP_RE = re.compile(r"^step_(\d+)$")
 _TEMP_PREFIX = ".tmp_"
 _TRASH_PREFIX = ".trash_"
-UNVERIFIED_SUFFIX = ".unverified"
-ABANDONED_SUFFIX = ".abandoned"
-PRUNED_SUFFIX = ".pruned"  # what a removed checkpoint directory held besides its own files  # a step after the one an explicit trainer.resume went back to
+# Names of step directories set aside (kept_files.kept_name: step_NNNNNN.<tag>, -1, -2, ... when taken):
+UNVERIFIED = "unverified"  # one that failed verification when its step was saved again
+ABANDONED = "abandoned"  # a step after the one an explicit trainer.resume went back to
+PRUNED = "pruned"  # what a removed checkpoint directory held besides its own files
 FREE_SPACE_MARGIN = 1.05  # a save needs its size plus this share, plus SPACE_SLACK_BYTES
 SPACE_SLACK_BYTES = 64 * 1024 * 1024
 DEFAULT_CHECKSUM_MAX_BYTES = 16 * 1024 * 1024  # sha256 for files up to this size
@@ -186,7 +189,7 @@ class CheckpointManager:
         _fsync_dir(temp)
         old = None
         if final.exists() and not _is_valid(final):
-            kept = _free_name(final.with_name(final.name + UNVERIFIED_SUFFIX))
+            kept = kept_name(final, UNVERIFIED)
             log.warning("checkpoint: %s fails verification (%s); kept as %s, not replaced",
                         final, _why_invalid(final), kept.name)
             os.rename(final, kept)
@@ -202,10 +205,9 @@ class CheckpointManager:
     def _last_size(self) -> int:
         """Bytes of the newest checkpoint whose manifest reads (no hashing: this runs every save)."""
         for _, path in reversed(self.step_dirs()):
-            try:
-                return sum(int(e["size"]) for e in json.loads((path / MANIFEST).read_text())["files"])
-            except (OSError, ValueError, KeyError, TypeError):
-                continue
+            size = manifest_bytes(path)
+            if size is not None:
+                return size
         return 0
 
     # ---- finding and verifying ------------------------------------------------------
@@ -241,12 +243,10 @@ class CheckpointManager:
 
     def resolve_resume(self, resume: str | Path) -> Checkpoint | None:
         """trainer.resume -> the checkpoint to load, or None to start fresh (see plan_resume).
-        An explicit older checkpoint of this run sets the newer ones aside (set_aside_newer)."""
+        The trainer sets newer checkpoints aside (set_aside_newer) once this one has loaded."""
         found = plan_resume(self.root.parent, resume)
         if found is None:
             log.info("checkpoint: no checkpoint in %s; starting from step 0", self.root)
-        elif str(resume) != "auto":
-            self.set_aside_newer(found)
         return found
 
     def set_aside_newer(self, ckpt: Checkpoint) -> list[Path]:
@@ -254,10 +254,11 @@ class CheckpointManager:
         the new names. Going back to an older checkpoint starts another history from its step:
         left in place, the newer steps would be replaced by the re-run's saves of the same step, or
         picked by a later resume=auto, mixing the two histories. Kept, never deleted: retention and
-        resume=auto see only step_NNNNNN names."""
+        resume=auto see only step_NNNNNN names. Called once ``ckpt`` has loaded (a failed load
+        changes nothing), and not by a validation-only run, which starts no history."""
         kept = []
         for path in newer_step_dirs(self.root.parent, ckpt):
-            target = _free_name(path.with_name(path.name + ABANDONED_SUFFIX))
+            target = kept_name(path, ABANDONED)
             os.rename(path, target)
             kept.append(target)
         if kept:
@@ -288,7 +289,7 @@ class CheckpointManager:
             if p.name.startswith(_TEMP_PREFIX):
                 log.warning("checkpoint: removing %s, left by a save that did not finish", p)
                 shutil.rmtree(p, ignore_errors=True)
-            elif p.name.startswith(_TRASH_PREFIX):
+            elif p.name.startswith(_TRASH_PREFIX) and p.is_dir():
                 name = p.name[len(_TRASH_PREFIX):].rsplit("_", 1)[0]
                 final = self.root / name
                 if not final.exists() and _is_valid(p):
@@ -313,13 +314,24 @@ def scan_step_dirs(output_dir: str | Path) -> list[tuple[int, Path, str | None]]
     return sorted(found)
 
 
+def manifest_bytes(path: Path) -> int | None:
+    """The bytes a checkpoint's manifest lists (None when it does not read); nothing is hashed."""
+    try:
+        return sum(int(e["size"]) for e in json.loads((path / MANIFEST).read_text())["files"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def newer_step_dirs(output_dir: str | Path, ckpt: Checkpoint) -> list[Path]:
     """The step directories (valid or not) of ``output_dir``'s run after ``ckpt``, when ``ckpt`` is
     one of that run's own checkpoints (an explicit trainer.resume going back); else none."""
     root = Path(output_dir) / CHECKPOINTS_DIR
     if not root.is_dir() or ckpt.path.resolve().parent != root.resolve():
         return []
-    return [path for step, path, _ in scan_step_dirs(output_dir) if step > ckpt.step]
+    # From a directory set aside earlier (step_N.abandoned), the step_N in place is another
+    # history's: it goes aside too.
+    canonical = ckpt.path.name == step_dir_name(ckpt.step)
+    return [path for step, path, _ in scan_step_dirs(output_dir) if step > ckpt.step or (step == ckpt.step and not canonical)]
 
 
 def plan_resume(output_dir: str | Path, resume: str | Path, *, quiet: bool = False) -> Checkpoint | None:
@@ -434,42 +446,42 @@ def _why_invalid(path: Path) -> str | None:
 def _discard(path: Path, name: str) -> None:
     """Delete what a checkpoint directory holds of its own: the files its manifest lists, then the
     manifest, then links and the folders left empty. Anything else (a file a person put there,
-    e.g. an evaluation's output) is kept: the directory is renamed <name>.pruned and a warning
-    names the files. A listed path that leads out through a symlink is not followed (the link goes,
-its target stays)."""
+    e.g. an evaluation's output, or one that could not be removed) is kept: the directory is
+    renamed <name>.pruned and a warning names the files. A listed path that leads out through a
+    symlink is not followed (the link goes, its target stays). Never raises: retention runs after
+    a save has committed, and a file it cannot remove must not end the run."""
     try:
         listed = [str(e["path"]) for e in json.loads((path / MANIFEST).read_text())["files"]]
     except (OSError, ValueError, KeyError, TypeError):
         listed = []  # (a removal cut short after the manifest went: what is left is not ours)
     real = path.resolve()
-    for rel in listed:
-        f = path / rel
-        if f.resolve().parent.is_relative_to(real):
-            f.unlink(missing_ok=True)
-    (path / MANIFEST).unlink(missing_ok=True)
+    for f in [path / rel for rel in listed if (path / rel).resolve().parent.is_relative_to(real)] + [path / MANIFEST]:
+        _quietly(f.unlink, missing_ok=True)
     for dirpath, dirs, files in os.walk(path, topdown=False):
         for n in [*dirs, *files]:
             if os.path.islink(os.path.join(dirpath, n)):
-                os.unlink(os.path.join(dirpath, n))
-        if dirpath != str(path) and not os.listdir(dirpath):
-            os.rmdir(dirpath)
+                _quietly(os.unlink, os.path.join(dirpath, n))
+        if dirpath != str(path):
+            _quietly(os.rmdir, dirpath)  # (refused while not empty: what is left stays)
     left = _list_files(path)
-    if not left:
-        path.rmdir()
+    if not left and _quietly(path.rmdir):
         return
-    kept = _free_name(path.with_name(name + PRUNED_SUFFIX))
-    os.rename(path, kept)
-    log.warning("checkpoint: %s is removed, but it also held files the checkpoint does not list (%s%s); they are "
-                "kept in %s", name, ", ".join(left[:3]), ", ..." if len(left) > 3 else "", kept)
+    kept = kept_name(path.with_name(name), PRUNED)
+    if not _quietly(os.rename, path, kept):
+        kept = path
+    log.warning("checkpoint: %s is removed, but it also held files the checkpoint does not list or that could not "
+                "be removed (%s%s); they are kept in %s", name, ", ".join(left[:3]), ", ..." if len(left) > 3 else "", kept)
 
 
-def _free_name(path: Path) -> Path:
-    """``path``, or ``path.1``, ``path.2``, ... whichever does not exist yet."""
-    candidate, n = path, 0
-    while candidate.exists():
-        n += 1
-        candidate = path.with_name(f"{path.name}.{n}")
-    return candidate
+def _quietly(action: Any, *args: Any, **kwargs: Any) -> bool:
+    """Run a file-system action; False (with a warning naming it) when the OS refuses."""
+    try:
+        action(*args, **kwargs)
+        return True
+    except OSError as exc:
+        if exc.errno != errno.ENOTEMPTY:  # (a folder still holding kept files: said once, below)
+            log.warning("checkpoint: could not remove %s (%s)", exc.filename or (args[0] if args else ""), exc.strerror or exc)
+        return False
 
 
 def _gib(n: float) -> str:

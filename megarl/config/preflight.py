@@ -183,16 +183,19 @@ def _check_resume(cfg: MegaRLConfig, findings: list[Finding]) -> None:
 
 
 def _check_going_back(cfg: MegaRLConfig, ckpt: Any, findings: list[Finding]) -> None:
-    """Said before launch: a resume from an older checkpoint of this run sets the newer ones aside."""
-    from megarl.checkpoint.manager import ABANDONED_SUFFIX, newer_step_dirs
+    """Said before launch: a resume from an older checkpoint of this run sets the newer ones aside
+    (with their size: each branch set aside stays on the disk until a person removes it)."""
+    from megarl.checkpoint.manager import ABANDONED, manifest_bytes, newer_step_dirs
 
-    newer = newer_step_dirs(cfg.trainer.output_dir, ckpt) if cfg.trainer.resume != "auto" else []
+    t = cfg.trainer
+    newer = newer_step_dirs(t.output_dir, ckpt) if t.resume != "auto" and not t.val_only else []
     if newer:
         names = ", ".join(p.name for p in newer[:4]) + (", ..." if len(newer) > 4 else "")
-        findings.append(Finding("trainer.resume", f"goes back to step {ckpt.step}: the run's newer checkpoints ({names}) "
-                                f"will be kept as <name>{ABANDONED_SUFFIX} (not resumed from, not pruned) and the metrics "
-                                f"after step {ckpt.step} kept aside; for the latest, use trainer.resume=auto",
-                                level="warning"))  # fmt: skip
+        gib = sum(manifest_bytes(p) or 0 for p in newer) / 2**30
+        findings.append(Finding("trainer.resume", f"goes back to step {ckpt.step}: the run's newer checkpoints ({names}; "
+                                f"{gib:.2g} GiB) will be kept as <name>.{ABANDONED} (not resumed from, not pruned: remove "
+                                f"them when no longer needed) and the metrics after step {ckpt.step} kept aside; for the "
+                                "latest, use trainer.resume=auto", level="warning"))  # fmt: skip
 
 
 # What may change between a run's launches without a word: how long it runs, where it resumes from.

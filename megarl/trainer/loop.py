@@ -274,6 +274,8 @@ class Trainer:
         self.parts.data.load_state_dict(state.sampler)
         self.parts.advantages.kl_controller.load_state_dict(state.kl_controller)
         restore_rng(state.rng)
+        if self.cfg.trainer.resume != "auto" and not self.cfg.trainer.val_only:  # going back starts another history
+            self.checkpoints.set_aside_newer(ckpt)
         log.info("resumed from %s (step %d)", ckpt.path, state.step)
         return state.step
 

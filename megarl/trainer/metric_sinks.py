@@ -3,8 +3,9 @@
 One ``MetricsLogger`` fans a step's flat ``{name: float}`` dict out to the sinks chosen by
 ``trainer.loggers``. On resume, metrics.jsonl is cut back to the resumed step (steps after
 the checkpoint are re-run) and appended to, so the file always reads as one uninterrupted
-run; a run starting at step 0 keeps an earlier run's file as metrics.<time>.jsonl, and a
-resumed run continues the same W&B run (its id is kept in <output_dir>/wandb_run_id).
+run (the records cut are kept as metrics.steps<A>-<B>.<time>.jsonl; a validation-only run
+appends, cutting nothing); a run starting at step 0 keeps an earlier run's file as
+metrics.<time>.jsonl, and a resumed run continues the same W&B run (its id is kept in <output_dir>/wandb_run_id).
 The step's phases are timed by megarl/progress.py.
 """
 
@@ -36,12 +37,13 @@ class MetricsSink(Protocol):
 class JsonlSink:
     """``<output_dir>/metrics.jsonl``: one JSON object per step, with ``step`` first."""
 
-    def __init__(self, path: Path, resume_step: int = 0):
+    def __init__(self, path: Path, resume_step: int = 0, *, append: bool = False):
+        """``append``: add to the file as it is (a validation-only run: it starts no history)."""
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
-        if resume_step:
+        if resume_step and not append:
             _cut_back(path, resume_step)
-        elif path.exists() and path.stat().st_size:  # a new run where an earlier run left metrics (no checkpoint of it)
+        elif not append and path.exists() and path.stat().st_size:  # a new run where an earlier run left metrics (no checkpoint of it)
             kept_as = kept_name(path, time_tag(path.stat().st_mtime))
             os.replace(path, kept_as)
             log.warning("metrics: %s of an earlier run kept as %s", path, kept_as.name)
@@ -172,7 +174,7 @@ def build_logger(cfg: TrainerConfig, config_dict: dict[str, Any], total_steps: i
         if name == "console":
             sinks.append(ConsoleSink(total_steps, resume_step))
         elif name == "jsonl":
-            sinks.append(JsonlSink(out / "metrics.jsonl", resume_step))
+            sinks.append(JsonlSink(out / "metrics.jsonl", resume_step, append=cfg.val_only))
         elif name == "tensorboard":
             sinks.append(TensorBoardSink(out / "tensorboard"))
         elif name == "wandb":

@@ -203,7 +203,7 @@ def test_fused_adam_restore_sets_the_group_step():
     assert all(torch.equal(a, b) for a, b in zip(before, params))
 
 
-@pytest.mark.parametrize("options", [{}, {"amsgrad": True}, {"foreach": False}])
+@pytest.mark.parametrize("options", [{}, {"amsgrad": True}, {"foreach": False}, {"fused": True}])
 def test_a_materialised_adam_is_the_state_torch_creates_and_steps_the_same(options):
     """The state set without a step (no gradients allocated) is what torch's own first step
     would have created before updating it, and the next step from it equals a fresh Adam's."""

@@ -185,7 +185,8 @@ def test_retention_removes_only_the_checkpoints_own_files(tmp_path, caplog):
     assert _names(manager) == ["step_000001.pruned", "step_000002"]
     assert _tree(kept) == {"policy/notes.txt": b"mine", "samples.parquet": b"a user's evaluation"}
     assert (outside / "keep.bin").read_bytes() == b"not the checkpoint's"  # a link is removed, never followed
-    assert "step_000001 is removed, but it also held files the checkpoint does not list (policy/notes.txt, samples.parquet)" in caplog.text
+    assert ("step_000001 is removed, but it also held files the checkpoint does not list or that could not be removed "
+            "(policy/notes.txt, samples.parquet)") in caplog.text
     # A removal cut short (some listed files gone, the manifest still there) finishes at the next start.
     third = _save(manager, 3)
     (third / "mine.txt").write_text("x")
@@ -241,19 +242,52 @@ def test_going_back_to_an_older_checkpoint_keeps_the_newer_ones_aside(tmp_path, 
     torn = _save(manager, 8)
     (torn / MANIFEST).unlink()  # a broken newer one is set aside too, not replaced by the re-run's save
     evidence = {name: _tree(manager.root / name) for name in ("step_000004", "step_000006", "step_000008")}
-    older = manager.root / "step_000002"
-    assert plan_resume(tmp_path, str(older)).step == 2 and _names(manager)[-1] == "step_000008"  # planning reads only
+    older = manager.resolve_resume(str(manager.root / "step_000002"))  # found; nothing moves until it has loaded
+    assert older.step == 2 and _names(manager)[-1] == "step_000008"
     with caplog.at_level(logging.WARNING):
-        assert manager.resolve_resume(str(older)).step == 2
+        manager.set_aside_newer(older)
     assert _names(manager) == ["step_000002", "step_000004.abandoned", "step_000006.abandoned", "step_000008.abandoned"]
     assert {name: _tree(manager.root / f"{name}.abandoned") for name in evidence} == evidence
     assert "resuming from step_000002 (step 2), an older checkpoint of this run; the newer 3 are kept" in caplog.text
     _save(manager, 4, b"rerun")  # the new history's step 4 and a later resume=auto: the new branch only
     assert manager.resolve_resume("auto").path.name == "step_000004"
     assert _tree(manager.root / "step_000004.abandoned") == evidence["step_000004"]
-    assert manager.resolve_resume(str(manager.root / "step_000004")).step == 4  # the latest by path: nothing to set aside
-    manager.resolve_resume(str(older))  # going back twice: the second branch's step 4 is kept under a free name
-    assert (manager.root / "step_000004.abandoned.1").is_dir() and (manager.root / "step_000004.abandoned").is_dir()
+    assert manager.set_aside_newer(manager.resolve_resume(str(manager.root / "step_000004"))) == []  # the latest
+    manager.set_aside_newer(older)  # going back twice: the second branch's step 4 is kept under a free name
+    assert (manager.root / "step_000004.abandoned-1").is_dir() and (manager.root / "step_000004.abandoned").is_dir()
+
+
+def test_going_back_to_a_step_set_aside_earlier_sets_aside_the_one_in_its_place(tmp_path):
+    manager = CheckpointManager(tmp_path, keep_last=5)
+    for step in (2, 4):
+        _save(manager, step, b"A")
+    manager.set_aside_newer(manager.resolve_resume(str(manager.root / "step_000002")))
+    _save(manager, 4, b"B")  # the second history's step 4, beside the first's step_000004.abandoned
+    first = manager.resolve_resume(str(manager.root / "step_000004.abandoned"))
+    assert first.step == 4
+    manager.set_aside_newer(first)
+    assert (manager.root / "step_000004.abandoned-1" / "policy" / "shard_0.distcp").read_bytes() == b"B" * 10
+    assert manager.resolve_resume("auto").step == 2  # never B's step 4 mixed into A's history
+
+
+def test_removing_a_checkpoint_never_raises(tmp_path, caplog):
+    """A removal the OS refuses in part (here: a listed entry that is a folder, as a hand-edited
+    manifest can say) keeps what is left and warns; a plain file named like a leftover is left
+    alone. Retention runs after a save committed, recovery at every start: neither may end a run."""
+    manager = CheckpointManager(tmp_path, keep_last=1)
+    first = _save(manager, 1)
+    manifest = json.loads((first / MANIFEST).read_text())
+    (first / "odd").mkdir()
+    (first / "odd" / "x").write_text("y")
+    manifest["files"].append({"path": "odd", "size": 0})
+    (first / MANIFEST).write_text(json.dumps(manifest))
+    first.rename(manager.root / ".trash_step_000001_77")  # a removal cut short by a crash
+    (manager.root / ".trash_not_a_folder").write_text("a file with a reserved name")
+    with caplog.at_level(logging.WARNING):
+        CheckpointManager(tmp_path)
+    assert _tree(manager.root / "step_000001.pruned") == {"odd/x": b"y"}
+    assert "could not remove" in caplog.text and "odd" in caplog.text
+    assert (manager.root / ".trash_not_a_folder").read_text() == "a file with a reserved name"
 
 
 def test_save_keeps_an_unverified_step_dir_aside(tmp_path, caplog):
@@ -269,7 +303,7 @@ def test_save_keeps_an_unverified_step_dir_aside(tmp_path, caplog):
     assert _tree(kept) == evidence and "kept as step_000002.unverified" in caplog.text
     (path / MANIFEST).unlink()
     _save(manager, 2, b"newer")
-    assert (manager.root / "step_000002.unverified.1").is_dir()  # never overwritten either
+    assert (manager.root / "step_000002.unverified-1").is_dir()  # never overwritten either
 
 
 def test_save_refuses_without_disk_space_and_writes_nothing(tmp_path):

@@ -221,13 +221,13 @@ def test_going_back_to_an_older_checkpoint_is_said_before_launch(demo, tmp_path)
     _checkpoint(out, 4)
     warned = make_plan(config(demo, out, f"trainer.resume={older}"), check_files=True).warnings
     [back] = [w for w in warned if w.field == "trainer.resume"]
-    assert back.message.startswith("goes back to step 2: the run's newer checkpoints (step_000004) will be kept as "
-                                   "<name>.abandoned (not resumed from, not pruned)")
+    assert back.message.startswith("goes back to step 2: the run's newer checkpoints (step_000004; 4.7e-08 GiB) will "
+                                   "be kept as <name>.abandoned (not resumed from, not pruned: remove them when no longer needed)")
     assert back.message.endswith("for the latest, use trainer.resume=auto")
     assert (out / "checkpoints" / "step_000004").is_dir()  # planning moves nothing
-    for latest in ("auto", str(out / "checkpoints" / "step_000004")):
-        assert [w for w in make_plan(config(demo, out, f"trainer.resume={latest}"), check_files=True).warnings
-                if w.field == "trainer.resume"] == []
+    for latest in ("auto", str(out / "checkpoints" / "step_000004"), f"{older} trainer.val_only=true"):
+        assert [w for w in make_plan(config(demo, out, *f"trainer.resume={latest}".split()), check_files=True).warnings
+                if w.field == "trainer.resume"] == []  # (a validation-only run sets nothing aside)
 
 
 def test_a_finished_run_says_so(demo, tmp_path):

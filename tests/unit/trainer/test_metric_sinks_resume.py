@@ -100,3 +100,12 @@ def test_the_progress_bar_shows_reward_failures():
     info = sink._progress.tasks[0].fields["info"]
     sink.close()
     assert "reward errors 4 timeouts 2" in info
+
+
+def test_a_validation_only_run_appends_and_cuts_nothing(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(f'{{"step": {s}}}\n' for s in (1, 2, 3, 4)))
+    sink = JsonlSink(path, resume_step=2, append=True)  # trainer.val_only of the step-2 checkpoint
+    sink.log(2, {"val/reward/mean": 0.5})
+    sink.close()
+    assert [r["step"] for r in read_metrics(path)] == [1, 2, 3, 4, 2] and not list(tmp_path.glob("metrics.*.jsonl"))
