@@ -227,11 +227,11 @@ def convert_hf_to_megatron(hf: str | Path, out: str | Path, tp: int = 1, pp: int
     source = Path(hf).absolute()
     if is_model_checkpoint(source):
         raise OutputError(f"--hf {hf} is already a model checkpoint; give an HF model directory (config.json + safetensors)")
+    target = Path(out).absolute()
+    check_output_target(target, overwrite, {"the HF model directory": source}, manifest=RECORD)
     hf_config = read_hf_config(source)
     dtype = dtype or _config_dtype(hf_config)
     actor = _layout_config(source, tp, pp, check_weights=True)
-    target = Path(out).absolute()
-    check_output_target(target, overwrite, {"the HF model directory": source}, manifest=RECORD)
     say = report or (lambda _: None)
     with staged_output(target) as staging:
         say(f"hf-to-megatron: loading {source} into {tp * pp} rank(s) (TP={tp}, PP={pp}, {dtype}) ...")
@@ -432,6 +432,9 @@ def check_output_target(target: Path, overwrite: bool, protected: dict[str, Path
     output of the same kind (recognised by its ``manifest`` file, which lists what it wrote)."""
     from megarl.config.preflight import writable_dir_problem
 
+    if target.is_symlink():  # the swap renames OUT itself: the link, not what it points to, would be replaced
+        real = target.resolve()
+        raise OutputError(f"{target} is a symbolic link to {os.readlink(target)}; give {real} itself, or another path")
     real = target.resolve()
     if target.exists() and not target.is_dir():
         raise OutputError(f"{target} exists and is not a directory; choose a directory path for the model")

@@ -147,3 +147,23 @@ def test_another_runs_checkpoints_folder_is_refused(run, tmp_path):
         (d / "state").write_text("s")
     with pytest.raises(OutputError, match=r"hf is inside the checkpoints folder of a run \(.*other/checkpoints\)"):
         check_output_target(tmp_path / "other" / "checkpoints" / "hf", True, protected(launch, ckpt))
+
+
+def test_a_symbolic_link_out_is_refused_before_any_work(run, tmp_path, capsys):
+    launch, ckpt = run
+    export = tmp_path / "export"
+    export.mkdir()
+    (export / "model.safetensors").write_bytes(b"w")
+    (export / EXPORT_MANIFEST).write_text(json.dumps({"files": ["model.safetensors"]}))
+    link = tmp_path / "linkA"
+    link.symlink_to(export)
+    # The swap renames OUT: the user's link would be moved aside, and its target left as it was.
+    with pytest.raises(OutputError, match=f"linkA is a symbolic link to {export}; give {export} itself, or another path"):
+        check_output_target(link, True, protected(launch, ckpt))
+    from megarl.cli import EXIT_USER, main
+
+    # hf-to-megatron: refused before the HF directory is read (this one has no config.json).
+    assert main(["convert", "hf-to-megatron", "--hf", str(tmp_path / "nohf"), "--out", str(link), "--overwrite"]) == EXIT_USER
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "linkA is a symbolic link to" in err
+    assert link.is_symlink() and tree(export) == tree(link)
