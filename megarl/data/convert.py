@@ -66,6 +66,13 @@ def read_raw_records(path: str | Path) -> Iterator[RawRecord]:
         raise DataError(f"{path}: no such file")
     if p.suffix not in READABLE:
         raise DataError(f"{path}: unsupported input format {p.suffix or '(none)'!r}; give a .jsonl or .csv file")
+    try:
+        yield from _text_records(p)
+    except UnicodeDecodeError:
+        raise DataError(_not_utf8(p)) from None
+
+
+def _text_records(p: Path) -> Iterator[RawRecord]:
     with p.open(encoding="utf-8-sig", newline="") as fh:  # -sig: a spreadsheet's byte-order mark is no field name
         if p.suffix == ".csv":
             yield from _csv_records(fh, p.name)
@@ -80,6 +87,20 @@ def read_raw_records(path: str | Path) -> Iterator[RawRecord]:
             if not isinstance(obj, dict):
                 raise DataError(f"{p.name}: line {n}: expected a JSON object, got {type(obj).__name__}")
             yield RawRecord(obj, f"{p.name}: line {n}")
+
+
+def _not_utf8(p: Path) -> str:
+    """Where ``p`` first stops being UTF-8 (the decoder reads ahead in blocks, so its error has no
+    line): line, byte and column, and the fix."""
+    with p.open("rb") as fh:
+        for n, raw in enumerate(fh, start=1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                column = len(raw[: exc.start].decode("utf-8")) + 1
+                return (f"{p.name}: line {n}: not UTF-8 (byte 0x{raw[exc.start]:02x} at column {column}); re-encode the "
+                        f"file (e.g. iconv -f latin1 -t utf-8 {p.name} > {p.stem}.utf8{p.suffix})")  # fmt: skip
+    return f"{p.name}: not UTF-8; re-encode the file (e.g. iconv -f latin1 -t utf-8)"  # not reached: an invalid sequence lies within a line
 
 
 def _csv_records(fh: Any, name: str) -> Iterator[RawRecord]:
