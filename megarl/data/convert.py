@@ -104,11 +104,17 @@ def _not_utf8(p: Path) -> str:
 
 
 def _csv_records(fh: Any, name: str) -> Iterator[RawRecord]:
-    """The rows of a CSV file under its header's names; a row with another number of cells is
-    refused (a short row's missing cells are not null values, and a long row's surplus is most
-    often an unquoted comma that has shifted every cell after it)."""
+    """The rows of a CSV file under its header's names (each name once); a row with another number
+    of cells is refused (a short row's missing cells are not null values, and a long row's surplus
+    is most often an unquoted comma that has shifted every cell after it)."""
     reader = csv.reader(fh)
     header = next(reader, [])
+    seen: set[str] = set()
+    for column, field in enumerate(header, start=1):
+        if field in seen:  # a record keeps one value per name: the other column would be dropped unseen
+            raise DataError(f"{name}: line {reader.line_num}: the header names the column {field!r} twice (again in column {column}); "
+                            "give each column its own name")  # fmt: skip
+        seen.add(field)
     for cells in reader:
         if not cells:  # a blank line
             continue

@@ -163,3 +163,11 @@ def test_a_file_that_is_not_utf8_is_named_with_its_line_and_byte(tmp_path, capsy
     assert err == (f"error: {name}: line {n}: not UTF-8 (byte 0xe9 at column {column}); re-encode the file (e.g. iconv "
                    f"-f latin1 -t utf-8 {name} > {src.stem}.utf8{src.suffix})\n")
     assert not out.exists()
+
+
+def test_a_csv_header_naming_a_column_twice_is_refused(tmp_path):
+    src = tmp_path / "qa.csv"
+    src.write_text("q,a,q\nWhat is 2+2?,4,ignored\n")  # a dict of the row would keep only the last 'q'
+    with pytest.raises(DataError, match=r"^qa.csv: line 1: the header names the column 'q' twice \(again in column 3\); "
+                                        r"give each column its own name$"):  # fmt: skip
+        generic_rows(src, prompt_field="q", answer_field="a", data_source="qa")
