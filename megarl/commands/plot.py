@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from megarl.trainer.metric_sinks import read_metrics
+from megarl.trainer.metric_sinks import MetricsFileError, read_metrics
 
 METRICS = "metrics.jsonl"
 CURVES = (
@@ -44,6 +44,10 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None, overwrite: bool
     if not records:
         raise FileNotFoundError(f"{run / METRICS} is missing or empty; is {run} a megarl output_dir?")
     panels = [(title, series) for title, series in CURVES if any(r.get(k) is not None for r in records for k, _ in series)]
+    if not panels:  # nothing to draw: matplotlib would fail on a figure of no axes
+        drawn = ", ".join(k for _, series in CURVES for k, _ in series)
+        raise MetricsFileError(f"{run / METRICS} has none of the metrics plot draws ({drawn}); is {run} a megarl "
+                               "RL or SFT output_dir?")  # fmt: skip
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6), squeeze=False)
     for ax, (title, series) in zip(axes[0], panels):
         for key, label in series:
