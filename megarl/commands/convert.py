@@ -48,6 +48,7 @@ from megarl.checkpoint.model_checkpoint import (
     RECORD as MODEL_RECORD,  # stdlib only: the CLI stays fast
 )
 from megarl.checkpoint.model_checkpoint import SFT_SOURCE
+from megarl.commands.arguments import user_path
 from megarl.commands.outputs import OutputError, OutputExistsError, check_outside_checkpoints
 
 EXPORT_MANIFEST = "megarl_export.json"
@@ -89,8 +90,8 @@ def _register_to_megatron(directions: argparse._SubParsersAction) -> None:
         "tokenizer, load it back and compare every parameter bit for bit. Set model.path (or critic.path) to OUT "
         "to train from it with any TP/PP layout.",
     )
-    p.add_argument("--hf", required=True, metavar="HF_DIR", help="the HF model directory (config.json + safetensors)")
-    p.add_argument("--out", required=True, metavar="CKPT_DIR", help="the checkpoint directory to write (new or empty)")
+    p.add_argument("--hf", required=True, type=user_path, metavar="HF_DIR", help="the HF model directory (config.json + safetensors)")
+    p.add_argument("--out", required=True, type=user_path, metavar="CKPT_DIR", help="the checkpoint directory to write (new or empty)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks of the conversion (default 1)")
     p.add_argument("--pp", type=int, default=1, help="pipeline stages of the conversion (default 1)")
     p.add_argument("--dtype", choices=DTYPES, default=None,
@@ -109,10 +110,10 @@ def _register_to_hf(directions: argparse._SubParsersAction) -> None:
         "generation config and tokenizer, then import the written files back and check every parameter equals "
         "the loaded one bit for bit. --ckpt and --out are required; `megarl convert CKPT OUT` is the short form.",
     )
-    p.add_argument("--ckpt", default=None, help="a step_NNNNNN training checkpoint (a torn one is refused) or a "
+    p.add_argument("--ckpt", default=None, type=user_path, help="a step_NNNNNN training checkpoint (a torn one is refused) or a "
                    "model checkpoint of hf-to-megatron")
-    p.add_argument("--out", default=None, metavar="HF_DIR", help="the HF model directory to write (new or empty)")
-    p.add_argument("--config", default=None, help="training checkpoint: the run's config (default: the config.yaml "
+    p.add_argument("--out", default=None, type=user_path, metavar="HF_DIR", help="the HF model directory to write (new or empty)")
+    p.add_argument("--config", default=None, type=user_path, help="training checkpoint: the run's config (default: the config.yaml "
                    "saved in the checkpoint)")
     p.add_argument("--tp", type=int, default=None, help="model checkpoint: TP of the export (default: recorded)")
     p.add_argument("--pp", type=int, default=None, help="model checkpoint: PP of the export (default: recorded)")

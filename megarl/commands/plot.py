@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from megarl.commands.arguments import user_path
 from megarl.trainer.metric_sinks import MetricsFileError, read_metrics
 
 METRICS = "metrics.jsonl"
@@ -21,8 +22,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plot", help="draw reward and KL curves of a run to a PNG",
                        description="Reads RUN_DIR/metrics.jsonl and writes the reward, KL and entropy curves (the "
                        "train and held-out loss for an SFT run's sft.output_dir).")
-    p.add_argument("run_dir", help="a run's trainer.output_dir (or sft.output_dir), or its metrics.jsonl")
-    p.add_argument("--out", default=None,
+    p.add_argument("run_dir", type=user_path, help="a run's trainer.output_dir (or sft.output_dir), or its metrics.jsonl")
+    p.add_argument("--out", type=user_path, default=None,
                    help="image to write; its extension picks the format: .png, .pdf, .svg, ... (default: RUN_DIR/curves.png, "
                    "replaced on each plot)")  # fmt: skip
     p.add_argument("--overwrite", action="store_true", help="replace the --out file if it exists")

@@ -17,7 +17,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from megarl.commands.arguments import add_config_args
+from megarl.commands.arguments import add_config_args, user_path
 
 LAUNCH_DIR = Path(__file__).resolve().parents[2] / "launch"
 TEMPLATE, BOOTSTRAP = "megarl.sbatch", "ray-node.sh"
@@ -57,7 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="seconds to wait for every node to join Ray before failing (default: %(default)s)")  # fmt: skip
     p.add_argument("--save-grace", type=int, default=DEFAULTS["save_grace"], metavar="S",
                    help="seconds before the time limit at which the run stops and saves (default: %(default)s)")  # fmt: skip
-    p.add_argument("--out", metavar="FILE", help="write the script here (default: print it)")
+    p.add_argument("--out", type=user_path, metavar="FILE", help="write the script here (default: print it)")
     p.add_argument("--overwrite", action="store_true", help="replace FILE if it exists")
     p.set_defaults(handler=run)
 
