@@ -153,14 +153,19 @@ def import_class(name: str, where: str, error: type[ValueError], builtin: Mappin
 
 def read_yaml_list(path: str | Path, key: str, what: str, error: type[ValueError]) -> list[Any]:
     """The non-empty list under ``key`` of a YAML file, or ``error`` naming the file and the fix."""
+    # The config files' one-line YAML errors (imported here: the agents need no config loading otherwise).
+    from megarl.config.loading import not_text_reason, yaml_error_line
+
     label = f"{what} {path}"
     try:
-        doc = yaml.safe_load(Path(path).read_text())
+        doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:
         raise error(f"{label}: cannot be read ({exc.strerror}); check the path (a relative path is relative to "
                     "the working directory)") from exc
+    except (UnicodeDecodeError, yaml.reader.ReaderError) as exc:
+        raise error(f"{label} is not a YAML text file ({not_text_reason(exc)}); save it as UTF-8 text") from None
     except yaml.YAMLError as exc:
-        raise error(f"{label}: not valid YAML ({exc})") from exc
+        raise error(yaml_error_line(Path(path), exc, what)) from None
     entries = doc.get(key) if isinstance(doc, dict) else None
     if not isinstance(entries, list) or not entries:
         raise error(f"{label}: needs a non-empty list under '{key}:' (verl's format)")

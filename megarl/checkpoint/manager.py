@@ -402,9 +402,10 @@ def verify_checkpoint(path: str | Path) -> Checkpoint:
     path = Path(path)
     manifest_path = path / MANIFEST
     if not path.is_dir():
-        raise CheckpointError(f"{path} is not a directory; give a checkpoint directory (<output_dir>/checkpoints/step_NNNNNN)")
+        what = "does not exist" if not path.exists() else "is not a directory"
+        raise CheckpointError(f"{path} {what}; give a checkpoint directory (<output_dir>/checkpoints/step_NNNNNN)")
     if not manifest_path.is_file():
-        raise CheckpointError(f"{MANIFEST} is missing in {path} (the save did not finish)")
+        raise CheckpointError(_missing_manifest(path))
     try:
         manifest = json.loads(manifest_path.read_text())
         step, files = int(manifest["step"]), list(manifest["files"])
@@ -418,6 +419,23 @@ def verify_checkpoint(path: str | Path) -> Checkpoint:
     for entry in files:
         _verify_file(path, entry)
     return Checkpoint(step=step, path=path, manifest=manifest)
+
+
+def _missing_manifest(path: Path) -> str:
+    """Why ``path`` without a manifest is no checkpoint: a torn save, or (when it is a run's
+    output_dir or its checkpoints folder) not a step directory at all, naming the one to give."""
+    root = path if path.name == CHECKPOINTS_DIR else path / CHECKPOINTS_DIR
+    try:
+        steps = sorted((int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_RE.match(p.name)) and p.is_dir())
+    except OSError:  # no checkpoints folder: a step directory whose save did not finish
+        steps = []
+    if not steps:
+        return f"{MANIFEST} is missing in {path} (the save did not finish)"
+    what = "the checkpoints folder of a run" if root == path else "a run's output_dir"
+    latest = next((p for _, p in reversed(steps) if _is_valid(p)), None)
+    if latest is None:
+        return f"{path} is {what}, not a checkpoint, and none of its {len(steps)} step directories in {root} verifies; repair one, or give another checkpoint"
+    return f"{path} is {what}, not a checkpoint; give one of its step directories, e.g. the latest valid one: {latest}"
 
 
 def _verify_file(root: Path, entry: dict[str, Any]) -> None:

@@ -22,7 +22,9 @@ ever deleted:
   megarl_megatron.json) holding no other file;
 - every check runs before Ray starts; the files are written into a staging directory next to
   OUT, verified, and swapped in by rename; a failure removes the staging directory and leaves
-  OUT as it was (the worker logs are kept, and named in the error);
+  OUT as it was (the worker logs are kept, and named in the error); a staging directory that a
+  killed convert left is removed by the next convert to OUT, when its name says it was made on
+  this machine by a process that no longer runs (one named with another host is only mentioned);
 - relative paths in a training checkpoint's config (model.path) resolve against the directory
   the run was launched from (recorded in the checkpoint), not the caller's;
 - the written files get the modes of any new file (0666 minus the umask).
@@ -31,7 +33,9 @@ ever deleted:
 from __future__ import annotations
 
 import argparse
+import glob
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -44,6 +48,7 @@ from megarl.checkpoint.model_checkpoint import (
     RECORD as MODEL_RECORD,  # stdlib only: the CLI stays fast
 )
 from megarl.checkpoint.model_checkpoint import SFT_SOURCE
+from megarl.commands.arguments import user_path
 from megarl.commands.outputs import OutputError, OutputExistsError, check_outside_checkpoints
 
 EXPORT_MANIFEST = "megarl_export.json"
@@ -52,6 +57,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 # A model conversion initialises nothing at random that it keeps (every weight is loaded), so any
 # seed does; the export's bucket size bounds rank 0's extra memory while writing.
 CONVERSION_SEED, EXPORT_BUCKET_MB = 1, 512.0
+log = logging.getLogger(__name__)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -84,8 +90,8 @@ def _register_to_megatron(directions: argparse._SubParsersAction) -> None:
         "tokenizer, load it back and compare every parameter bit for bit. Set model.path (or critic.path) to OUT "
         "to train from it with any TP/PP layout.",
     )
-    p.add_argument("--hf", required=True, metavar="HF_DIR", help="the HF model directory (config.json + safetensors)")
-    p.add_argument("--out", required=True, metavar="CKPT_DIR", help="the checkpoint directory to write (new or empty)")
+    p.add_argument("--hf", required=True, type=user_path, metavar="HF_DIR", help="the HF model directory (config.json + safetensors)")
+    p.add_argument("--out", required=True, type=user_path, metavar="CKPT_DIR", help="the checkpoint directory to write (new or empty)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks of the conversion (default 1)")
     p.add_argument("--pp", type=int, default=1, help="pipeline stages of the conversion (default 1)")
     p.add_argument("--dtype", choices=DTYPES, default=None,
@@ -104,10 +110,10 @@ def _register_to_hf(directions: argparse._SubParsersAction) -> None:
         "generation config and tokenizer, then import the written files back and check every parameter equals "
         "the loaded one bit for bit. --ckpt and --out are required; `megarl convert CKPT OUT` is the short form.",
     )
-    p.add_argument("--ckpt", default=None, help="a step_NNNNNN training checkpoint (a torn one is refused) or a "
+    p.add_argument("--ckpt", default=None, type=user_path, help="a step_NNNNNN training checkpoint (a torn one is refused) or a "
                    "model checkpoint of hf-to-megatron")
-    p.add_argument("--out", default=None, metavar="HF_DIR", help="the HF model directory to write (new or empty)")
-    p.add_argument("--config", default=None, help="training checkpoint: the run's config (default: the config.yaml "
+    p.add_argument("--out", default=None, type=user_path, metavar="HF_DIR", help="the HF model directory to write (new or empty)")
+    p.add_argument("--config", default=None, type=user_path, help="training checkpoint: the run's config (default: the config.yaml "
                    "saved in the checkpoint)")
     p.add_argument("--tp", type=int, default=None, help="model checkpoint: TP of the export (default: recorded)")
     p.add_argument("--pp", type=int, default=None, help="model checkpoint: PP of the export (default: recorded)")
@@ -227,13 +233,13 @@ def convert_hf_to_megatron(hf: str | Path, out: str | Path, tp: int = 1, pp: int
     source = Path(hf).absolute()
     if is_model_checkpoint(source):
         raise OutputError(f"--hf {hf} is already a model checkpoint; give an HF model directory (config.json + safetensors)")
+    target = Path(out).absolute()
+    check_output_target(target, overwrite, {"the HF model directory": source}, manifest=RECORD)
     hf_config = read_hf_config(source)
     dtype = dtype or _config_dtype(hf_config)
     actor = _layout_config(source, tp, pp, check_weights=True)
-    target = Path(out).absolute()
-    check_output_target(target, overwrite, {"the HF model directory": source}, manifest=RECORD)
     say = report or (lambda _: None)
-    with staged_output(target) as staging:
+    with staged_output(target, report) as staging:
         say(f"hf-to-megatron: loading {source} into {tp * pp} rank(s) (TP={tp}, PP={pp}, {dtype}) ...")
         with _conversion_group(ImportRank, _cpu_placement(tp * pp), (str(source), actor, dtype, CONVERSION_SEED), None,
                                tp * pp + 1, "hf-to-megatron: rank 0 loading") as client:  # fmt: skip
@@ -325,7 +331,7 @@ def _write_hf_output(target: Path, placement: Any, rank_args: tuple, verify: boo
     """Staged, verified and swapped in at ``target``: the HF files of the ExportRank group's model
     with their manifest (``source``: the checkpoint and its step). The parameters verified (None
     when not verified)."""
-    with staged_output(target) as staging:
+    with staged_output(target, report) as staging:
         checked = _export_hf(placement, rank_args, staging, verify, address, local_cpus, report)
         written = staging / "v0"
         _write_manifest(written, *source, checked)
@@ -405,15 +411,56 @@ def _verified(checked: int | None) -> str:
 
 
 @contextmanager
-def staged_output(target: Path) -> Iterator[Path]:
-    """A staging directory next to ``target``, removed at the end whatever happened."""
+def staged_output(target: Path, report: Callable[[str], None] | None = None) -> Iterator[Path]:
+    """A staging directory next to ``target``, removed at the end whatever happened (but not
+    after a kill -9: the next staging of ``target`` removes those, see _clear_dead_staging)."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = target.parent / f".{target.name}.megarl-staging-{os.getpid()}"
+    _clear_dead_staging(target, report or log.warning)
+    staging = target.parent / f"{_staging_prefix(target)}{os.getpid()}"
     staging.mkdir()
     try:
         yield staging
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _staging_prefix(target: Path) -> str:
+    """``.OUT.megarl-staging-HOST-PIDNS-`` + the pid: the process namespace (a container's) is part
+    of the name, as a pid says whether a process lives only in its own namespace."""
+    import socket
+
+    try:
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:  # no /proc (macOS): the host's one namespace
+        namespace = 0
+    return f".{target.name}.megarl-staging-{socket.gethostname()}-{namespace}-"
+
+
+def _clear_dead_staging(target: Path, say: Callable[[str], None]) -> None:
+    """Remove the staging directories of ``target`` that a killed convert left. Only those named
+    with this host and process namespace (others may be a live convert's on another node sharing
+    the filesystem) whose pid no longer runs; the others are named, not touched."""
+    ours = _staging_prefix(target)
+    for path in sorted(target.parent.glob(f".{glob.escape(target.name)}.megarl-staging-*")):
+        pid = path.name[len(ours):] if path.name.startswith(ours) else ""
+        if not pid.isdigit() or path.is_symlink() or not path.is_dir():
+            say(f"note: {path} is left as it is: it may be the staging directory of a convert on another machine "
+                f"(or of an older megarl); remove it once no convert to {target.name} is running")
+            continue
+        if _pid_alive(int(pid)):
+            continue  # a convert to the same OUT is running now: its rename will tell
+        shutil.rmtree(path)
+        say(f"removed {path}: the staging directory of an interrupted convert (pid {pid}, no longer running)")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def finish_output(written: Path, target: Path) -> None:
@@ -432,6 +479,9 @@ def check_output_target(target: Path, overwrite: bool, protected: dict[str, Path
     output of the same kind (recognised by its ``manifest`` file, which lists what it wrote)."""
     from megarl.config.preflight import writable_dir_problem
 
+    if target.is_symlink():  # the swap renames OUT itself: the link, not what it points to, would be replaced
+        real = target.resolve()
+        raise OutputError(f"{target} is a symbolic link to {os.readlink(target)}; give {real} itself, or another path")
     real = target.resolve()
     if target.exists() and not target.is_dir():
         raise OutputError(f"{target} exists and is not a directory; choose a directory path for the model")

@@ -13,6 +13,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from megarl.commands.arguments import user_path
+
 SCHEMA_TEXT = """\
 The verl parquet schema (one row per prompt), which `megarl launch` reads:
   data_source   str                          selects the reward function (reward.functions)
@@ -58,8 +60,8 @@ def _parser(sub: argparse._SubParsersAction, name: str, help: str, description: 
 
 
 def _add_io(p: argparse.ArgumentParser, fmt: str) -> None:
-    p.add_argument("input", metavar="IN", help=f"raw input file ({fmt})")
-    p.add_argument("output", metavar="OUT.parquet", help="parquet file to write (parent folders are created)")
+    p.add_argument("input", type=user_path, metavar="IN", help=f"raw input file ({fmt})")
+    p.add_argument("output", type=user_path, metavar="OUT.parquet", help="parquet file to write (parent folders are created)")
     p.add_argument("--split", default="train", help="split name stored in extra_info.split (default: train)")
     p.add_argument("--overwrite", action="store_true", help="replace OUT.parquet if it exists")
 
@@ -135,8 +137,8 @@ def _add_inspect(sub: argparse._SubParsersAction) -> None:
         "prompt-length percentiles p50/p90/p99/max: in tokens after the chat template when\n"
         "--tokenizer is given, in characters of the prompt text otherwise.",
     )
-    p.add_argument("file", metavar="FILE.parquet", help="the parquet file to inspect")
-    p.add_argument("--tokenizer", metavar="HF_DIR", help="HF model or tokenizer directory: measure lengths in tokens")
+    p.add_argument("file", type=user_path, metavar="FILE.parquet", help="the parquet file to inspect")
+    p.add_argument("--tokenizer", type=user_path, metavar="HF_DIR", help="HF model or tokenizer directory: measure lengths in tokens")
     p.add_argument("--raw", action="store_true", help="with --tokenizer: measure raw prompt text, without the chat template")
     p.add_argument("--prompt-key", default="prompt", help="column holding the prompt (data.prompt_key; default: prompt)")
     p.add_argument("--max-prompt-length", type=int, metavar="N", help="with --tokenizer: also count prompts longer than N tokens")
@@ -154,7 +156,7 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
         "digits appears exactly once: --val-size of them (chosen by --seed) go to val.parquet and\n"
         "never appear in train.parquet. Pair it with a tiny model built with task_vocab '0123456789'.",
     )
-    p.add_argument("out_dir", metavar="OUT_DIR", help="folder to write train.parquet and val.parquet into")
+    p.add_argument("out_dir", type=user_path, metavar="OUT_DIR", help="folder to write train.parquet and val.parquet into")
     p.add_argument(
         "--digits", type=int, default=3,
         help="length of each digit string (default: 3, i.e. 1000 strings; the reverse_digits reward scores 3 only)",

@@ -14,6 +14,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+from megarl.commands.arguments import user_path
 from megarl.data.tasks import TASK_VOCAB
 from megarl.models.tiny import build_tiny_model
 
@@ -31,9 +32,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "<root>/run/curves.png.",
     )
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, e.g. trainer.total_steps=50")
-    p.add_argument("--config", default="configs/tiny_grpo.yaml",
+    p.add_argument("--config", type=user_path, default="configs/tiny_grpo.yaml",
                    help="the demo config (default: %(default)s, from this directory, else from the checkout megarl runs from)")
-    p.add_argument("--root", default="outputs/demo", help="where the model, data and run go (default: %(default)s)")
+    p.add_argument("--root", type=user_path, default="outputs/demo", help="where the model, data and run go (default: %(default)s)")
     p.set_defaults(handler=_run)
 
 

@@ -16,7 +16,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from megarl.commands.arguments import add_config_args
+from megarl.commands.arguments import add_config_args, user_path
 
 SCORE_CHUNK = 1024  # responses per scoring call: the progress display's step
 SUMMARY_SUFFIX = ".eval.json"
@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "maj@k (when the reward function returns a 'pred'), response lengths and the share cut by max_new_tokens. "
         "RL validation logs the same numbers as val/*.",
     )
-    p.add_argument("--data", required=True, help="parquet with a 'responses' list column (from megarl generate)")
+    p.add_argument("--data", type=user_path, required=True, help="parquet with a 'responses' list column (from megarl generate)")
     add_config_args(p, optional=True)
     p.add_argument("--k", default=None, help="comma-separated k of pass@k, best@k and maj@k, each <= the responses "
                    "per prompt (default: 1, 2, 4, ... up to n)")  # fmt: skip
@@ -40,8 +40,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a response passes when its score is at least this, in (0, 1] for the built-in reward "
                    "functions (default: rollout.val.pass_threshold of the config, 1.0); for a reward function that "
                    "returns 'acc', that decides instead")  # fmt: skip
-    p.add_argument("--out", default=None, help=f"JSON summary (default: DATA with {SUMMARY_SUFFIX} in place of .parquet)")
-    p.add_argument("--scored", default=None, help="also write DATA's rows plus a 'scores' list column to this parquet "
+    p.add_argument("--out", type=user_path, default=None, help=f"JSON summary (default: DATA with {SUMMARY_SUFFIX} in place of .parquet)")
+    p.add_argument("--scored", type=user_path, default=None, help="also write DATA's rows plus a 'scores' list column to this parquet "
                    "(replacing a 'scores' column DATA already has)")  # fmt: skip
     p.add_argument("--overwrite", action="store_true",
                    help="replace existing --out / --scored files (a summary evaluate wrote is replaced anyway)")  # fmt: skip

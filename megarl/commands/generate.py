@@ -40,7 +40,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
-from megarl.commands.arguments import add_config_args
+from megarl.commands.arguments import add_config_args, user_path
 from megarl.commands.outputs import check_new_file, check_outside_checkpoints
 from megarl.trainer.watchdog import RunControl, RunStopped
 
@@ -66,9 +66,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "after a crash or Ctrl-C goes on where it stopped. `megarl evaluate --data OUT.parquet` scores the result.",
     )
     add_config_args(p)
-    p.add_argument("--data", required=True, help="prompt parquet in the verl schema (like data.val_files)")
-    p.add_argument("--out", required=True, help="output parquet (OUT.parquet.partial holds the parts until the end)")
-    p.add_argument("--model", default=None, help="HF directory, model checkpoint or training checkpoint (default: model.path)")
+    p.add_argument("--data", type=user_path, required=True, help="prompt parquet in the verl schema (like data.val_files)")
+    p.add_argument("--out", type=user_path, required=True, help="output parquet (OUT.parquet.partial holds the parts until the end)")
+    p.add_argument("--model", type=user_path, default=None, help="HF directory, model checkpoint or training checkpoint (default: model.path)")
     p.add_argument("--n", type=int, default=None, help="responses per prompt (default: rollout.n)")
     p.add_argument("--temperature", type=float, default=None, help="rollout.sampling.temperature (0 = greedy)")
     p.add_argument("--top-p", type=float, default=None, help="rollout.sampling.top_p")

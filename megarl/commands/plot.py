@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from megarl.trainer.metric_sinks import read_metrics
+from megarl.commands.arguments import user_path
+from megarl.trainer.metric_sinks import MetricsFileError, read_metrics
 
 METRICS = "metrics.jsonl"
 CURVES = (
@@ -21,8 +22,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plot", help="draw reward and KL curves of a run to a PNG",
                        description="Reads RUN_DIR/metrics.jsonl and writes the reward, KL and entropy curves (the "
                        "train and held-out loss for an SFT run's sft.output_dir).")
-    p.add_argument("run_dir", help="a run's trainer.output_dir (or sft.output_dir), or its metrics.jsonl")
-    p.add_argument("--out", default=None,
+    p.add_argument("run_dir", type=user_path, help="a run's trainer.output_dir (or sft.output_dir), or its metrics.jsonl")
+    p.add_argument("--out", type=user_path, default=None,
                    help="image to write; its extension picks the format: .png, .pdf, .svg, ... (default: RUN_DIR/curves.png, "
                    "replaced on each plot)")  # fmt: skip
     p.add_argument("--overwrite", action="store_true", help="replace the --out file if it exists")
@@ -44,6 +45,10 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None, overwrite: bool
     if not records:
         raise FileNotFoundError(f"{run / METRICS} is missing or empty; is {run} a megarl output_dir?")
     panels = [(title, series) for title, series in CURVES if any(r.get(k) is not None for r in records for k, _ in series)]
+    if not panels:  # nothing to draw: matplotlib would fail on a figure of no axes
+        drawn = ", ".join(k for _, series in CURVES for k, _ in series)
+        raise MetricsFileError(f"{run / METRICS} has none of the metrics plot draws ({drawn}); is {run} a megarl "
+                               "RL or SFT output_dir?")  # fmt: skip
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6), squeeze=False)
     for ax, (title, series) in zip(axes[0], panels):
         for key, label in series:

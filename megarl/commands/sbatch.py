@@ -17,7 +17,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from megarl.commands.arguments import add_config_args
+from megarl.commands.arguments import add_config_args, user_path
 
 LAUNCH_DIR = Path(__file__).resolve().parents[2] / "launch"
 TEMPLATE, BOOTSTRAP = "megarl.sbatch", "ray-node.sh"
@@ -57,7 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="seconds to wait for every node to join Ray before failing (default: %(default)s)")  # fmt: skip
     p.add_argument("--save-grace", type=int, default=DEFAULTS["save_grace"], metavar="S",
                    help="seconds before the time limit at which the run stops and saves (default: %(default)s)")  # fmt: skip
-    p.add_argument("--out", metavar="FILE", help="write the script here (default: print it)")
+    p.add_argument("--out", type=user_path, metavar="FILE", help="write the script here (default: print it)")
     p.add_argument("--overwrite", action="store_true", help="replace FILE if it exists")
     p.set_defaults(handler=run)
 
@@ -138,8 +138,8 @@ def check_options(args: argparse.Namespace) -> None:
     """One line per option that cannot work, naming the option, its value and the fix."""
     limit = time_limit_s(args.time)
     if limit is None:
-        raise SbatchError(f"--time ({args.time!r}) is not a Slurm time limit; use MINUTES, HH:MM:SS or D-HH:MM:SS, e.g. "
-                          "2-00:00:00, or 0 / UNLIMITED for none")  # fmt: skip
+        raise SbatchError(f"--time ({args.time!r}) is not a Slurm time limit; use MINUTES, HH:MM:SS or D-HH:MM:SS (minutes and "
+                          "seconds below 60, hours after D- below 24), e.g. 2-00:00:00, or 0 / UNLIMITED for none")  # fmt: skip
     if not 0 < args.save_grace < min(limit, 65536):  # Slurm's --signal takes at most 65535 s
         bound = (f"--time ({args.time} = {limit} s); the run needs time to train after the grace is kept back"
                  if limit < 65536 else "65536 s, the most Slurm's --signal takes")  # fmt: skip
@@ -165,6 +165,9 @@ def time_limit_s(text: str) -> float | None:
         return None
     days, first, *rest = (int(g) if g else None for g in m.groups())
     fields = [first, *(x for x in rest if x is not None)]
+    # Only the leading field may run over (90 minutes, 30 hours); 25:99 is a typo, not 26:39.
+    if any(x > 59 for x in fields[1:]) or (days is not None and first > 23):
+        return None
     if days is not None:  # D-H, D-H:M, D-H:M:S
         hours, minutes, seconds = fields + [0] * (3 - len(fields))
         total = days * 86400 + hours * 3600 + minutes * 60 + seconds

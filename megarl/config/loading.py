@@ -130,14 +130,14 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     try:
         data = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
     except (UnicodeDecodeError, yaml.reader.ReaderError) as exc:  # a parquet, a checkpoint, an image...
-        raise ConfigError(f"config file {path} is not a YAML text file ({_not_text_reason(exc)}); give a YAML config "
+        raise ConfigError(f"config file {path} is not a YAML text file ({not_text_reason(exc)}); give a YAML config "
                           "(see configs/)") from None  # fmt: skip
     except _DuplicateKey as exc:
         key = _key_path(path.read_text(encoding="utf-8"), exc.lines[1], exc.column) or exc.key
         raise ConfigError(f"config file {path}: key {key} is given twice (lines {exc.lines[0]} and {exc.lines[1]}) "
                           "and YAML would keep only the last; merge them into one") from None  # fmt: skip
     except yaml.YAMLError as exc:
-        raise ConfigError(_syntax_error_line(path, exc)) from None
+        raise ConfigError(yaml_error_line(path, exc)) from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -157,13 +157,14 @@ _SYNTAX_FIXES = (
 )
 
 
-def _syntax_error_line(path: Path, exc: yaml.YAMLError) -> str:
+def yaml_error_line(path: Path, exc: yaml.YAMLError, what: str = "config file") -> str:
     """``file:line:col: problem (context); fix``: PyYAML's own message spans several lines (each
-    mark with the source line and a caret), which the one-line error report would split."""
+    mark with the source line and a caret), which the one-line error report would split. ``what``
+    names the file (a config file, a tool file, ...) when the error has no position."""
     mark = getattr(exc, "problem_mark", None)
     problem = getattr(exc, "problem", None)
     if mark is None or problem is None:  # not a marked error: its text, on one line
-        return f"config file {path} is not valid YAML: {' '.join(str(exc).split())}"
+        return f"{what} {path} is not valid YAML: {' '.join(str(exc).split())}"
     line = f"{path}:{mark.line + 1}:{mark.column + 1}: {problem}"
     context, at = getattr(exc, "context", None), getattr(exc, "context_mark", None)
     if context:
@@ -197,7 +198,7 @@ def _key_path(text: str, line: int, column: int) -> str | None:
     return walk(root, []) if root is not None else None
 
 
-def _not_text_reason(exc: UnicodeDecodeError | yaml.reader.ReaderError) -> str:
+def not_text_reason(exc: UnicodeDecodeError | yaml.reader.ReaderError) -> str:
     if isinstance(exc, UnicodeDecodeError):
         return f"byte {exc.object[exc.start]:#04x} at offset {exc.start} is not UTF-8"
     return f"character U+{exc.character:04X} at offset {exc.position} is not allowed in YAML"

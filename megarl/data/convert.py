@@ -66,6 +66,13 @@ def read_raw_records(path: str | Path) -> Iterator[RawRecord]:
         raise DataError(f"{path}: no such file")
     if p.suffix not in READABLE:
         raise DataError(f"{path}: unsupported input format {p.suffix or '(none)'!r}; give a .jsonl or .csv file")
+    try:
+        yield from _text_records(p)
+    except UnicodeDecodeError:
+        raise DataError(_not_utf8(p)) from None
+
+
+def _text_records(p: Path) -> Iterator[RawRecord]:
     with p.open(encoding="utf-8-sig", newline="") as fh:  # -sig: a spreadsheet's byte-order mark is no field name
         if p.suffix == ".csv":
             yield from _csv_records(fh, p.name)
@@ -82,12 +89,32 @@ def read_raw_records(path: str | Path) -> Iterator[RawRecord]:
             yield RawRecord(obj, f"{p.name}: line {n}")
 
 
+def _not_utf8(p: Path) -> str:
+    """Where ``p`` first stops being UTF-8 (the decoder reads ahead in blocks, so its error has no
+    line): line, byte and column, and the fix."""
+    with p.open("rb") as fh:
+        for n, raw in enumerate(fh, start=1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                column = len(raw[: exc.start].decode("utf-8")) + 1
+                return (f"{p.name}: line {n}: not UTF-8 (byte 0x{raw[exc.start]:02x} at column {column}); re-encode the "
+                        f"file (e.g. iconv -f latin1 -t utf-8 {p.name} > {p.stem}.utf8{p.suffix})")  # fmt: skip
+    return f"{p.name}: not UTF-8; re-encode the file (e.g. iconv -f latin1 -t utf-8)"  # not reached: an invalid sequence lies within a line
+
+
 def _csv_records(fh: Any, name: str) -> Iterator[RawRecord]:
-    """The rows of a CSV file under its header's names; a row with another number of cells is
-    refused (a short row's missing cells are not null values, and a long row's surplus is most
-    often an unquoted comma that has shifted every cell after it)."""
+    """The rows of a CSV file under its header's names (each name once); a row with another number
+    of cells is refused (a short row's missing cells are not null values, and a long row's surplus
+    is most often an unquoted comma that has shifted every cell after it)."""
     reader = csv.reader(fh)
     header = next(reader, [])
+    seen: set[str] = set()
+    for column, field in enumerate(header, start=1):
+        if field in seen:  # a record keeps one value per name: the other column would be dropped unseen
+            raise DataError(f"{name}: line {reader.line_num}: the header names the column {field!r} twice (again in column {column}); "
+                            "give each column its own name")  # fmt: skip
+        seen.add(field)
     for cells in reader:
         if not cells:  # a blank line
             continue

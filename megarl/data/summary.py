@@ -18,6 +18,7 @@ from megarl.data.datasets import DataError, prompt_chars, read_prompt_file
 from megarl.data.prompts import PromptBuilder
 
 PERCENTILES = (50, 90, 99)
+EXAMPLE_CHARS = 200  # of each text of the example row: a whole 100 MB prompt would flood the terminal
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,7 @@ class DatasetSummary:
     lengths: dict[str, float]  # p50, p90, p99, max, mean
     over_limit: int | None  # prompts longer than max_prompt_length (when given)
     max_prompt_length: int | None
-    example: dict[str, Any]  # the first row's prompt and ground truth
+    example: dict[str, Any]  # the first row's prompt and ground truth, long texts cut (see shortened)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -81,7 +82,7 @@ def summarize_prompt_file(
     over = None
     if max_prompt_length is not None and unit == "tokens":
         over = int((arr > max_prompt_length).sum())
-    example = {"prompt": records[0].prompt, "ground_truth": records[0].ground_truth} if records else {}
+    example = {"prompt": shortened(records[0].prompt), "ground_truth": shortened(records[0].ground_truth)} if records else {}
     return DatasetSummary(
         path=str(path),
         rows=len(records),
@@ -93,6 +94,17 @@ def summarize_prompt_file(
         max_prompt_length=max_prompt_length if unit == "tokens" else None,
         example=example,
     )
+
+
+def shortened(value: Any, limit: int = EXAMPLE_CHARS) -> Any:
+    """``value`` with each string (also in messages) cut to ``limit`` characters, saying how many were cut."""
+    if isinstance(value, str) and len(value) > limit:
+        return f"{value[:limit]}... [{len(value) - limit} more characters]"
+    if isinstance(value, list):
+        return [shortened(v, limit) for v in value]
+    if isinstance(value, dict):
+        return {k: shortened(v, limit) for k, v in value.items()}
+    return value
 
 
 def format_summary(s: DatasetSummary) -> str:

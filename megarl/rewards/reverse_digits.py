@@ -1,9 +1,10 @@
 """The CPU demo's task: reverse a string of digits, with dense partial credit.
 
 ``ground_truth`` is the expected answer (the prompt's digits already reversed, e.g. "321" for
-the prompt "123"; megarl/data/tasks.py writes it); ``solution_str`` is the decoded response
-without special tokens, so a response that stopped with EOS right after its answer has exactly
-``len(ground_truth)`` characters.
+the prompt "123"; megarl/data/tasks.py writes it); ``solution_str`` is the decoded response with
+a final EOS dropped and other special tokens kept (megarl/rollout/batching.py response_texts), so
+a response that stopped with EOS right after its answer has exactly ``len(ground_truth)``
+characters, and one that went on with another special token has more.
 
 With n = len(ground_truth) digits (3 in the demo), each of n + 1 checks earns 1 / (n + 1)
 (0.25 for 3 digits): one per position i where response[i] == ground_truth[i], and one when

@@ -222,3 +222,18 @@ def test_load_tools_verl_format_with_a_builtin(tmp_path):
     assert isinstance(tools["calc"], Calculator)
     outcome = start_tool_call(tools["calc"], {"expression": "(1+2)**3"}, {}).result(timeout=10)
     assert (outcome.text, outcome.error) == ("27", None)
+
+
+def test_a_tool_file_that_is_not_valid_yaml_is_one_line_naming_it(tmp_path):
+    from megarl.agents.errors import AgentError
+
+    path = tmp_path / "tools.yaml"
+    path.write_text("tools:\n  - class_name: calculator\n    config: {type: native\n")
+    with pytest.raises(AgentError) as err:
+        load_tools(path)
+    # PyYAML's own text spans 6 lines and names the file "<unicode string>"
+    assert str(err.value).startswith(f"{path}:4:1: ") and "\n" not in str(err.value)
+    assert "<unicode string>" not in str(err.value)
+    path.write_bytes(b"tools:\n  - class_name: calcul\xe9tor\n")
+    with pytest.raises(AgentError, match=f"^tool file {path} is not a YAML text file \\(byte 0xe9 at offset 29 is not UTF-8\\); save it as UTF-8 text$"):
+        load_tools(path)

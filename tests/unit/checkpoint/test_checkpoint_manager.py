@@ -145,6 +145,30 @@ def test_manifest_of_another_step_is_invalid(tmp_path):
         verify_checkpoint(path.parent / "step_000008")
 
 
+def test_a_run_folder_given_for_a_checkpoint_names_its_latest_valid_step(tmp_path):
+    manager = CheckpointManager(tmp_path)
+    _save(manager, 2)
+    torn = _save(manager, 4)
+    (torn / MANIFEST).unlink()  # the newest: skipped, as resume=auto skips it
+    latest = manager.root / "step_000002"
+    with pytest.raises(CheckpointError, match=f"^{tmp_path} is a run's output_dir, not a checkpoint; give one of its "
+                                              f"step directories, e.g. the latest valid one: {latest}$"):  # fmt: skip
+        verify_checkpoint(tmp_path)
+    with pytest.raises(CheckpointError, match=f"^{manager.root} is the checkpoints folder of a run, not a checkpoint; "
+                                              f".*latest valid one: {latest}$"):  # fmt: skip
+        verify_checkpoint(manager.root)
+    (latest / MANIFEST).unlink()
+    with pytest.raises(CheckpointError, match="none of its 2 step directories in .* verifies; repair one"):
+        verify_checkpoint(tmp_path)
+    with pytest.raises(CheckpointError, match=f"^manifest.json is missing in {latest} \\(the save did not finish\\)$"):
+        verify_checkpoint(latest)  # a step directory itself: its save was torn
+    with pytest.raises(CheckpointError, match=f"^{tmp_path / 'nope'} does not exist; give a checkpoint directory"):
+        verify_checkpoint(tmp_path / "nope")
+    (tmp_path / "file").touch()
+    with pytest.raises(CheckpointError, match=f"^{tmp_path / 'file'} is not a directory"):
+        verify_checkpoint(tmp_path / "file")
+
+
 def test_explicit_invalid_resume_path_errors(tmp_path):
     manager = CheckpointManager(tmp_path)
     torn = _save(manager, 3)

@@ -125,3 +125,25 @@ def test_abbreviated_flags_are_refused(argv, capsys):
         main(argv)
     assert stopped.value.code == EXIT_USER
     assert capsys.readouterr().err.splitlines()[-1] == f"megarl: error: unrecognized arguments: {argv[-1]}"
+
+
+@pytest.mark.parametrize(
+    ("argv", "dest"),
+    [(["convert", "hf-to-megatron", "--hf", "m", "--out", "~/x"], "out"), (["convert", "megatron-to-hf", "--ckpt", "~/x"], "ckpt"),
+     (["data", "inspect", "~/x"], "file"), (["plot", "~/x"], "run_dir"), (["generate", "c.yaml", "--data", "d", "--out", "~/x"], "out"),
+     (["launch", "~/x"], "config")],
+)
+def test_a_quoted_tilde_in_a_path_argument_is_the_home_directory(argv, dest, monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    # The shell leaves '~/x' quoted as it is; a literal ./~ folder would follow, and then an `rm -rf ~`.
+    assert getattr(build_parser().parse_args(argv), dest) == str(tmp_path / "x")
+
+
+def test_convert_to_a_quoted_tilde_writes_nothing_under_a_literal_tilde(monkeypatch, tmp_path, capsys):
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir(), work.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    assert main(["convert", "hf-to-megatron", "--hf", "~/nohf", "--out", "~/x", "--tp", "2"]) == EXIT_USER
+    assert capsys.readouterr().err == f"error: --hf {home / 'nohf'} has no config.json; give a Hugging Face model directory\n"
+    assert not (work / "~").exists()

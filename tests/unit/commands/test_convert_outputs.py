@@ -147,3 +147,48 @@ def test_another_runs_checkpoints_folder_is_refused(run, tmp_path):
         (d / "state").write_text("s")
     with pytest.raises(OutputError, match=r"hf is inside the checkpoints folder of a run \(.*other/checkpoints\)"):
         check_output_target(tmp_path / "other" / "checkpoints" / "hf", True, protected(launch, ckpt))
+
+
+def test_a_symbolic_link_out_is_refused_before_any_work(run, tmp_path, capsys):
+    launch, ckpt = run
+    export = tmp_path / "export"
+    export.mkdir()
+    (export / "model.safetensors").write_bytes(b"w")
+    (export / EXPORT_MANIFEST).write_text(json.dumps({"files": ["model.safetensors"]}))
+    link = tmp_path / "linkA"
+    link.symlink_to(export)
+    # The swap renames OUT: the user's link would be moved aside, and its target left as it was.
+    with pytest.raises(OutputError, match=f"linkA is a symbolic link to {export}; give {export} itself, or another path"):
+        check_output_target(link, True, protected(launch, ckpt))
+    from megarl.cli import EXIT_USER, main
+
+    # hf-to-megatron: refused before the HF directory is read (this one has no config.json).
+    assert main(["convert", "hf-to-megatron", "--hf", str(tmp_path / "nohf"), "--out", str(link), "--overwrite"]) == EXIT_USER
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "linkA is a symbolic link to" in err
+    assert link.is_symlink() and tree(export) == tree(link)
+
+
+def test_a_killed_converts_staging_is_removed_by_the_next_one_on_this_machine(tmp_path):
+    import subprocess
+    import sys
+
+    from megarl.commands.convert import _staging_prefix, staged_output
+
+    target = tmp_path / "hf"
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = tmp_path / f"{_staging_prefix(target)}{int(gone.stdout)}"
+    live = tmp_path / f"{_staging_prefix(target)}{os.getppid()}"  # a running process: a convert under way
+    foreign = tmp_path / ".hf.megarl-staging-othernode-4026531836-12"  # maybe live, on another node
+    other_out = tmp_path / f"{_staging_prefix(tmp_path / 'hf2')}{int(gone.stdout)}"  # another OUT's
+    for d in (dead, live, foreign, other_out):
+        (d / "v0").mkdir(parents=True)
+        (d / "v0" / "model.safetensors").write_bytes(b"w")
+    said = []
+    with staged_output(target, said.append) as staging:
+        assert staging.is_dir()
+    assert not dead.exists() and live.is_dir() and foreign.is_dir() and other_out.is_dir()
+    note = next(line for line in said if line.startswith("note:"))
+    assert note.startswith(f"note: {foreign} is left as it is") and "no convert to hf is running" in note
+    assert f"removed {dead}: the staging directory of an interrupted convert (pid {gone.stdout.strip()}, no longer running)" in said
+    assert len(said) == 2 and not staging.exists()

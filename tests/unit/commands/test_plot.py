@@ -71,3 +71,12 @@ def test_the_runs_metrics_file_is_taken_for_its_folder(run, capsys):
     assert main(["plot", str(other)]) == EXIT_USER
     assert capsys.readouterr().err == (f"error: {other} is a file, not a run's folder or its metrics.jsonl; give the "
                                        "folder (trainer.output_dir or sft.output_dir)\n")
+
+
+def test_a_file_with_none_of_the_drawn_metrics_is_one_error_line(tmp_path, capsys):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "foo": 1}\n')
+    assert main(["plot", str(tmp_path)]) == EXIT_USER
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {tmp_path / 'metrics.jsonl'} has none of the metrics plot draws (reward/mean, ")
+    assert err.count("\n") == 1 and "sft/val_loss)" in err
+    assert not (tmp_path / "curves.png").exists()

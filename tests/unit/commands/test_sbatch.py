@@ -67,6 +67,7 @@ def test_cpu_script_asks_for_no_gpus_and_the_bootstrap_is_clean(capsys, tmp_path
 @pytest.mark.parametrize(("text", "seconds"), [
     ("30", 1800), ("30:15", 1815), ("01:02:03", 3723), ("2-00", 172800), ("1-02:03", 93780), ("1-00:00:10", 86410),
     ("1h", None), ("", None), ("1:2:3:4", None),
+    ("90", 5400), ("30:00:00", 108000), ("25:99", None), ("1:60:00", None), ("1-24", None), ("1-00:00:60", None),
     ("0", math.inf), ("0:00", math.inf), ("UNLIMITED", math.inf), ("infinite", math.inf), ("-1", math.inf),  # no limit
 ])  # fmt: skip
 def test_slurm_time_limits(text, seconds):
@@ -75,6 +76,8 @@ def test_slurm_time_limits(text, seconds):
 
 @pytest.mark.parametrize(("args", "message"), [
     (("--time", "2h"), "--time ('2h') is not a Slurm time limit; use MINUTES"),
+    (("--time", "25:99"), "--time ('25:99') is not a Slurm time limit; use MINUTES, HH:MM:SS or D-HH:MM:SS (minutes and "
+                          "seconds below 60"),
     (("--time", "10", "--save-grace", "600"), "--save-grace (600 s) must be positive and shorter than --time (10 = 600 s)"),
     (("--time", "UNLIMITED", "--save-grace", "70000"), "--save-grace (70000 s) must be positive and shorter than 65536 s, "
                                                         "the most Slurm's --signal takes"),

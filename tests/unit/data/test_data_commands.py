@@ -105,3 +105,18 @@ def test_bad_input_exits_2_with_a_located_message(tmp_path, capsys):
     assert not (tmp_path / "m.parquet").exists()
     assert _run("data", "inspect", str(tmp_path / "nothing.parquet")) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_inspect_cuts_the_long_texts_of_the_first_row(tmp_path, capsys):
+    src = tmp_path / "long.jsonl"
+    src.write_text(json.dumps({"q": "x" * 5000, "a": "42"}) + "\n")
+    argv = ["data", "convert", str(src), str(tmp_path / "long.parquet"), "--prompt-field", "q", "--answer-field", "a",
+            "--data-source", "qa"]  # fmt: skip
+    assert _run(*argv) == 0
+    capsys.readouterr()
+    assert _run("data", "inspect", str(tmp_path / "long.parquet")) == 0
+    out = capsys.readouterr().out
+    (line,) = [x for x in out.splitlines() if x.startswith("first row:")]
+    assert "x" * 200 + "... [4800 more characters]" in line and "x" * 201 not in line
+    assert line.endswith("ground_truth='42'") and len(line) < 400
+    assert "max=5000" in out  # the lengths are the whole prompt's

@@ -144,3 +144,30 @@ def test_unsupported_or_missing_input(tmp_path):
         gsm8k_rows(tmp_path / "missing.jsonl")
     with pytest.raises(DataError, match="no records found"):
         write_rows([], tmp_path / "o.parquet", tmp_path / "empty.jsonl")
+
+
+@pytest.mark.parametrize("name", ["latin1.jsonl", "latin1.csv"])
+def test_a_file_that_is_not_utf8_is_named_with_its_line_and_byte(tmp_path, capsys, name):
+    from megarl.cli import EXIT_USER, main
+
+    src = tmp_path / name
+    first = '{"q": "a", "a": "b"}\n' if name.endswith(".jsonl") else "q,a\na,b\n"
+    line = '{"q": "Caf\u00e9?", "a": "yes"}\n' if name.endswith(".jsonl") else "Caf\u00e9?,yes\n"
+    src.write_bytes(first.encode() + line.encode("latin1"))
+    n = first.count("\n") + 1
+    column = line.index("\u00e9") + 1
+    out = tmp_path / "out.parquet"
+    args = ["data", "convert", str(src), str(out), "--prompt-field", "q", "--answer-field", "a", "--data-source", "qa"]
+    assert main(args) == EXIT_USER
+    err = capsys.readouterr().err
+    assert err == (f"error: {name}: line {n}: not UTF-8 (byte 0xe9 at column {column}); re-encode the file (e.g. iconv "
+                   f"-f latin1 -t utf-8 {name} > {src.stem}.utf8{src.suffix})\n")
+    assert not out.exists()
+
+
+def test_a_csv_header_naming_a_column_twice_is_refused(tmp_path):
+    src = tmp_path / "qa.csv"
+    src.write_text("q,a,q\nWhat is 2+2?,4,ignored\n")  # a dict of the row would keep only the last 'q'
+    with pytest.raises(DataError, match=r"^qa.csv: line 1: the header names the column 'q' twice \(again in column 3\); "
+                                        r"give each column its own name$"):  # fmt: skip
+        generic_rows(src, prompt_field="q", answer_field="a", data_source="qa")
