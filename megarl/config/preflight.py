@@ -50,6 +50,7 @@ from typing import Any
 from megarl.config.extensions import named_functions
 from megarl.config.sections import MegaRLConfig
 from megarl.models.hf_files import TOKENIZER_VOCAB_FILES
+from megarl.models.weight_files import weights_fingerprint
 
 SAMPLE_ROWS = 1000
 CHILD_TIMEOUT_S = 120.0
@@ -239,25 +240,9 @@ def _another_model(old: MegaRLConfig, new: MegaRLConfig, launched: Path) -> str 
     before, after = (launched / was).resolve(), Path(now).resolve()
     if before == after or not before.is_dir() or not after.is_dir():  # (a missing model.path has its own refusal)
         return None
-    if _weights_fingerprint(before) != _weights_fingerprint(after):
+    if weights_fingerprint(before) != weights_fingerprint(after):
         return f"holds other weights than model.path={was}"
     return None
-
-
-def _weights_fingerprint(model_dir: Path, edge: int = 1 << 20) -> list[tuple[str, int, str]]:
-    """Each weight file's name, size and a hash of its first and last MiB: a fine-tuned model
-    and its base have the same names and sizes but not the same bytes; reads a few MiB."""
-    import hashlib
-
-    out = []
-    for path in sorted(p for p in model_dir.rglob("*") if p.suffix in (".safetensors", ".distcp", ".bin") and p.is_file()):
-        size = path.stat().st_size
-        with path.open("rb") as f:
-            digest = hashlib.sha256(f.read(edge))
-            f.seek(max(0, size - edge))
-            digest.update(f.read(edge))
-        out.append((str(path.relative_to(model_dir)), size, digest.hexdigest()))
-    return out
 
 
 def _differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> dict[str, tuple[Any, Any]]:
