@@ -14,8 +14,8 @@ N responses per prompt with the configured engine, resumable.
 - Nothing lost: the prompts go in parts of ``--batch-size``, each written as
   ``OUT.parquet.partial/part-NNNNNN.parquet`` when it is done; a re-run with the same settings
   and model (everything that changes what is generated, the model's weights included: see
-  ``_job``) skips the written parts (a crash loses at most the part in flight), and part i is
-  sampled with a seed derived from (trainer.seed, i), so a resumed file equals an uninterrupted one on
+  ``_job``) skips the written parts, each checked by its footer first (a crash loses at most the
+  part in flight), and part i is sampled with a seed derived from (trainer.seed, i), so a resumed file equals an uninterrupted one on
   a seeded engine. At the end the parts are merged into OUT by rename and the partial directory
   is removed. An existing OUT is replaced only with --overwrite; a partial directory made with
   other settings is refused, never removed, unless it holds no finished part (nor a staged
@@ -117,6 +117,7 @@ def generate(config: str | Path, overrides: list[str], data: str | Path, out: st
     _check_prompts(cfg, records, tokenizer_dir)
     _open_partial(partial, job)
     parts = _parts(len(records), batch_size)
+    _check_parts(partial, parts)
     todo = [i for i in range(len(parts)) if not _part_path(partial, i).is_file()]
     control = RunControl()  # Ctrl-C / SIGTERM: the servers are shut down, the written parts stay
     try:
@@ -371,6 +372,27 @@ def _check_prompts(cfg: Any, records: list[Any], tokenizer_dir: str) -> None:
                             "raise data.max_prompt_length, or set data.truncation=left|right")  # fmt: skip
 
 
+def _check_parts(partial: Path, parts: list[range]) -> None:
+    """The parts an earlier run wrote, each read by its footer (cheap), before any generation: a
+    damaged one would otherwise fail the merge after all the remaining work."""
+    import pyarrow.parquet as pq
+
+    for index, rows in enumerate(parts):
+        path = _part_path(partial, index)
+        if not path.is_file():
+            continue
+        try:
+            count = pq.read_metadata(path).num_rows
+        except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+            problem = f"is not a readable parquet file ({str(exc).splitlines()[0]})"
+        else:
+            if count == len(rows):
+                continue
+            problem = f"holds {count} rows, not the {len(rows)} prompts of its part"
+        raise GenerateError(f"{path} {problem}; delete that part file and run the same command to generate its "
+                            "prompts again")  # fmt: skip
+
+
 def _hf_model(source: Path, export: Any, staged: Path) -> Path:
     """An HF directory the engines load: ``source`` itself, or its export to ``staged``."""
     from megarl.commands.convert import EXPORT_MANIFEST
@@ -476,15 +498,18 @@ def _merge(partial: Path, count: int, target: Path) -> None:
     import pyarrow.parquet as pq
 
     tmp = target.with_name(target.name + ".tmp")
-    writer = None
+    writer, merged = None, False
     try:
         for index in range(count):
             part = pq.read_table(_part_path(partial, index))
             writer = writer or pq.ParquetWriter(tmp, part.schema)
             writer.write_table(part)
+        merged = True
     finally:
         if writer is not None:
             writer.close()
+        if not merged:  # no half-written file left beside OUT
+            tmp.unlink(missing_ok=True)
     tmp.replace(target)
 
 

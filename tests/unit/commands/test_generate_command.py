@@ -102,3 +102,28 @@ def test_a_training_checkpoint_is_identified_by_its_step_and_manifest(tmp_path):
     shutil.copytree(tmp_path / "other" / "checkpoints" / "step_000002", step)
     again = _model_fingerprint(step)
     assert again is not None and again["step"] == 2 and again != first
+
+
+def test_a_damaged_part_is_named_before_any_generation_and_a_failed_merge_leaves_no_file(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from megarl.commands.generate import GenerateError, _check_parts, _merge, _part_path, _parts
+
+    partial = tmp_path / "gen.parquet.partial"
+    partial.mkdir()
+    parts = _parts(5, 2)
+    pq.write_table(pa.table({"x": [1, 2]}), _part_path(partial, 0))
+    pq.write_table(pa.table({"x": [3, 4]}), _part_path(partial, 1))
+    _check_parts(partial, parts)  # part 2 not written yet: generated later
+    damaged = _part_path(partial, 1)
+    damaged.write_bytes(damaged.read_bytes()[:100])  # e.g. a disk that filled up
+    with pytest.raises(GenerateError, match=rf"^{damaged} is not a readable parquet file \(.*\); delete that part file "
+                                            "and run the same command to generate its prompts again$"):  # fmt: skip
+        _check_parts(partial, parts)
+    with pytest.raises(pa.ArrowInvalid):
+        _merge(partial, 2, tmp_path / "gen.parquet")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gen.parquet.partial"]  # no gen.parquet.tmp
+    pq.write_table(pa.table({"x": [3]}), damaged)
+    with pytest.raises(GenerateError, match=r"holds 1 rows, not the 2 prompts of its part"):
+        _check_parts(partial, parts)
