@@ -20,7 +20,8 @@ N responses per prompt with the configured engine, resumable.
   is removed. An existing OUT is replaced only with --overwrite; a partial directory made with
   other settings is refused, never removed, unless it holds no finished part (nor a staged
   export of another model): then there is nothing to continue and it starts afresh.
-- Checked before any work: the output path, the model, every prompt against
+- Checked before any work: the output path, the model, the user's code it runs (generate
+  function, tool parser, agent loops and files), every prompt against
   data.max_prompt_length, and data.max_prompt_length + max_new_tokens against the model's
   positions (as `megarl plan` checks RL rollouts).
 - A generated or scored file as --data: its generated columns (prompt_text, responses, ...,
@@ -115,6 +116,7 @@ def generate(config: str | Path, overrides: list[str], data: str | Path, out: st
     # A training checkpoint holds no tokenizer: its run's model (the config's model.path) does.
     tokenizer_dir = source if (Path(source) / "tokenizer_config.json").is_file() else str(cfg.model.path)
     _check_prompts(cfg, records, tokenizer_dir)
+    _check_user_code(cfg)
     _open_partial(partial, job)
     parts = _parts(len(records), batch_size)
     _check_parts(partial, parts)
@@ -370,6 +372,18 @@ def _check_prompts(cfg: Any, records: list[Any], tokenizer_dir: str) -> None:
         raise GenerateError(f"{len(over)} prompts of --data are longer than data.max_prompt_length "
                             f"({cfg.data.max_prompt_length} tokens), the first row {over[0]}; "
                             "raise data.max_prompt_length, or set data.truncation=left|right")  # fmt: skip
+
+
+def _check_user_code(cfg: Any) -> None:
+    """The user's code the generation runs (rollout.generate_function; the agent's tool parser,
+    loops, tool and interaction files), loaded before the partial directory is made: a wrong
+    name is one line, not a traceback after the start."""
+    from megarl.config.extensions import import_problem, named_functions
+
+    for field, name in named_functions(cfg):
+        problem = import_problem(field, name) if field.startswith("rollout.") else None  # algorithm.*: training's
+        if problem:
+            raise GenerateError(f"{field}: {problem}")
 
 
 def _check_parts(partial: Path, parts: list[range]) -> None:

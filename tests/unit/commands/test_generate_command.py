@@ -127,3 +127,16 @@ def test_a_damaged_part_is_named_before_any_generation_and_a_failed_merge_leaves
     pq.write_table(pa.table({"x": [3]}), damaged)
     with pytest.raises(GenerateError, match=r"holds 1 rows, not the 2 prompts of its part"):
         _check_parts(partial, parts)
+
+
+def test_a_tool_parser_that_does_not_load_is_one_line_before_anything_is_written(tmp_path, monkeypatch):
+    from megarl.commands.generate import GenerateError, _check_user_code
+    from megarl.config.loading import load_config
+
+    (tmp_path / "my_parsers.py").write_text("def parse(text):\n    return []\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = load_config(CONFIG, ["rollout.agent.tool_parser=my_parsers:nope", "algorithm.estimator=nowhere:at_all"])
+    with pytest.raises(GenerateError, match=r"^rollout.agent.tool_parser: .*my_parsers:nope.*has no attribute 'nope'"):
+        _check_user_code(cfg)
+    # a training-only function (algorithm.*) is not generate's to load
+    _check_user_code(load_config(CONFIG, ["rollout.agent.tool_parser=my_parsers:parse", "algorithm.estimator=nowhere:at_all"]))
