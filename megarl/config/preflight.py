@@ -66,7 +66,7 @@ class Finding:
 def preflight(cfg: MegaRLConfig) -> list[Finding]:
     """Every problem found with the files and directories ``cfg`` names (empty: all good)."""
     findings: list[Finding] = []
-    child = _ChildChecks(cfg)
+    child = ChildChecks(cfg.reward.custom, named_functions(cfg))
     try:
         _check_output_dir(cfg, findings)
         _check_loggers(cfg, findings)
@@ -474,17 +474,17 @@ for field, name in spec.get("extensions", []):
 """
 
 
-class _ChildChecks:
-    """reward.custom's import and the import-path functions, in one child process started at once."""
+class ChildChecks:
+    """reward.custom's import and the import-path functions ``(field, name)``, in one child process
+    started at once; each answer awaited at most CHILD_TIMEOUT_S (user code can hang at import)."""
 
-    def __init__(self, cfg: MegaRLConfig):
-        custom = cfg.reward.custom
+    def __init__(self, custom: Any, extensions: list[tuple[str, str]]):
         self.spec = {
             "reward": [os.path.abspath(custom.path), custom.name] if custom and Path(custom.path).is_file() else None,
             "custom_module": str(Path(__file__).resolve().parents[1] / "rewards" / "custom.py"),
-            "extensions": named_functions(cfg),
+            "extensions": extensions,
         }
-        self.cfg = cfg
+        self.custom = custom
         self.got: dict[str, str | None] = {}
         self._buffer = b""
         self.proc: subprocess.Popen | None = None
@@ -526,8 +526,7 @@ class _ChildChecks:
 
     def _finding(self, check: str, error: str) -> Finding:
         if check == "reward":
-            custom = self.cfg.reward.custom
-            assert custom is not None
+            custom = self.custom
             return Finding("reward.custom", f"loading {custom.name!r} from {custom.path} failed: {error}; fix the file "
                            "(or install what it imports) and check reward.custom.name")
         return Finding(check, error)  # an import-path function: the registry's message names it and the fix
@@ -538,3 +537,15 @@ class _ChildChecks:
         if self.proc is not None:
             self.proc.wait()
             self.proc.stdout.close()  # type: ignore[union-attr]
+
+
+def reward_file_problem(custom: Any) -> str | None:
+    """reward.custom (a ``CustomReward`` or None) loaded in a child process, as a launch checks
+    it: why it does not load, or does not answer within CHILD_TIMEOUT_S, as one line; or None.
+    For the commands that score without a launch (`megarl evaluate`): a file that hangs at import
+    would hang the reward workers with no word."""
+    child = ChildChecks(custom, [])
+    try:
+        return next((f"{f.field}: {f.message}" for f in child.results("reward")), None)
+    finally:
+        child.stop()
