@@ -174,7 +174,7 @@ def _score(reward: Any, rows: Any, flat: list[tuple[int, int]]) -> Any:
 
     total = ScoreResult(scores=[], preds=[])
     extras: dict[str, list[float]] = {}
-    scorer = RewardScorer(reward)
+    scorer = RewardScorer(reward, stops="evaluate stops rather than report them as scores of 0")
     try:
         with counting(len(flat), "scoring", "responses") as advance:
             for start in range(0, len(flat), SCORE_CHUNK):
