@@ -123,6 +123,12 @@ def evaluate(data: str | Path, config: str | Path | None = None, overrides: list
     _check_threshold(pass_threshold, name, reward)
     rows = read_generated(data, prompt_key=prompt_key)
     flat = [(r, j) for r, answers in enumerate(rows.responses) for j in range(len(answers))]
+    if reward.custom is not None:  # loaded as a launch loads it: a file that hangs at import is refused in bounded time
+        from megarl.config.preflight import reward_file_problem
+
+        problem = reward_file_problem(reward.custom)
+        if problem:
+            raise EvaluationError(problem)
     try:
         result = _score(reward, rows, flat)
     except ValueError as exc:  # reward.custom that does not load, a data_source without a scorer
@@ -168,7 +174,7 @@ def _score(reward: Any, rows: Any, flat: list[tuple[int, int]]) -> Any:
 
     total = ScoreResult(scores=[], preds=[])
     extras: dict[str, list[float]] = {}
-    scorer = RewardScorer(reward)
+    scorer = RewardScorer(reward, stops="evaluate stops rather than report them as scores of 0")
     try:
         with counting(len(flat), "scoring", "responses") as advance:
             for start in range(0, len(flat), SCORE_CHUNK):

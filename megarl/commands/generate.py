@@ -13,13 +13,15 @@ N responses per prompt with the configured engine, resumable.
   as in training (``data.*``); ``rollout.generate_function`` makes the responses.
 - Nothing lost: the prompts go in parts of ``--batch-size``, each written as
   ``OUT.parquet.partial/part-NNNNNN.parquet`` when it is done; a re-run with the same settings
-  skips the written parts (a crash loses at most the part in flight), and part i is sampled
-  with a seed derived from (trainer.seed, i), so a resumed file equals an uninterrupted one on
+  and model (everything that changes what is generated, the model's weights included: see
+  ``_job``) skips the written parts, each checked by its footer first (a crash loses at most the
+  part in flight), and part i is sampled with a seed derived from (trainer.seed, i), so a resumed file equals an uninterrupted one on
   a seeded engine. At the end the parts are merged into OUT by rename and the partial directory
   is removed. An existing OUT is replaced only with --overwrite; a partial directory made with
   other settings is refused, never removed, unless it holds no finished part (nor a staged
   export of another model): then there is nothing to continue and it starts afresh.
-- Checked before any work: the output path, the model, every prompt against
+- Checked before any work: the output path, the model, the user's code it runs (generate
+  function, tool parser, agent loops and files), every prompt against
   data.max_prompt_length, and data.max_prompt_length + max_new_tokens against the model's
   positions (as `megarl plan` checks RL rollouts).
 - A generated or scored file as --data: its generated columns (prompt_text, responses, ...,
@@ -114,8 +116,10 @@ def generate(config: str | Path, overrides: list[str], data: str | Path, out: st
     # A training checkpoint holds no tokenizer: its run's model (the config's model.path) does.
     tokenizer_dir = source if (Path(source) / "tokenizer_config.json").is_file() else str(cfg.model.path)
     _check_prompts(cfg, records, tokenizer_dir)
+    _check_user_code(cfg)
     _open_partial(partial, job)
     parts = _parts(len(records), batch_size)
+    _check_parts(partial, parts)
     todo = [i for i in range(len(parts)) if not _part_path(partial, i).is_file()]
     control = RunControl()  # Ctrl-C / SIGTERM: the servers are shut down, the written parts stay
     try:
@@ -146,20 +150,54 @@ def _check_target(target: Path, data: Path, overwrite: bool, batch_size: int, ch
 
 
 def _job(cfg: Any, data: Path, model: str, batch_size: int) -> dict[str, Any]:
-    """What a partial generation must match to be continued."""
-    s = cfg.rollout.sampling
-    return {
-        "data_sha256": hashlib.sha256(data.read_bytes()).hexdigest() if data.is_file() else None,  # missing: refused later
+    """What a partial generation must match to be continued: everything that changes what is
+    generated (the model's contents too: the same path can hold other weights later)."""
+    from megarl.config.extensions import AGENT_FILES
+
+    agent = cfg.rollout.agent if cfg.rollout.generate_function == "default" else None  # a user's function ignores it
+    files = {field: getattr(agent, field.rsplit(".", 1)[1]) for field in AGENT_FILES} if agent else {}
+    job = {
+        "data_sha256": _sha256(data),  # missing: refused later
         "model": model,
+        "model_fingerprint": _model_fingerprint(Path(model)),
         "engine": cfg.rollout.engine,
         "dtype": cfg.model.dtype,
         "n": cfg.rollout.n,
-        "sampling": s.model_dump(mode="json"),
+        "sampling": cfg.rollout.sampling.model_dump(mode="json"),
         "data": cfg.data.model_dump(mode="json", include={"prompt_key", "max_prompt_length", "truncation", "apply_chat_template"}),
         "generate_function": cfg.rollout.generate_function,
+        "agent": agent.model_dump(mode="json") if agent else None,
+        "agent_files_sha256": {field: _sha256(Path(path)) for field, path in files.items() if path},
         "seed": cfg.trainer.seed,
         "batch_size": batch_size,
     }
+    return json.loads(json.dumps(job))  # as generate.json reads back (tuples as lists)
+
+
+def _sha256(path: Path) -> str | None:
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+
+
+def _model_fingerprint(source: Path) -> dict[str, Any] | None:
+    """Which model ``source`` holds, read cheaply: a training checkpoint by its step and its
+    manifest (which lists every file's sha256); an HF directory or a model checkpoint by its
+    weight files (names, sizes, hashes of their ends) and the HF files beside them (config,
+    tokenizer, chat template). None when there is no such directory (refused later)."""
+    from megarl.checkpoint.manager import MANIFEST
+    from megarl.checkpoint.model_checkpoint import is_model_checkpoint
+    from megarl.models.hf_files import HF_SIDE_FILES
+    from megarl.models.weight_files import weights_fingerprint
+
+    if not source.is_dir():
+        return None
+    if (source / MANIFEST).is_file() and not is_model_checkpoint(source):
+        try:
+            step = json.loads((source / MANIFEST).read_text()).get("step")
+        except (ValueError, AttributeError):
+            step = None  # a torn manifest: the export refuses it, naming what is wrong
+        return {"step": step, "manifest_sha256": _sha256(source / MANIFEST)}
+    return {"weights": weights_fingerprint(source),
+            "files": {name: _sha256(source / name) for name in HF_SIDE_FILES if (source / name).is_file()}}  # fmt: skip
 
 
 def _open_partial(partial: Path, job: dict[str, Any]) -> None:
@@ -174,8 +212,9 @@ def _open_partial(partial: Path, job: dict[str, Any]) -> None:
             log.info("continuing the generation in %s", partial)
             return
         if _holds_work(partial, changed):
+            same = "with the same model and settings" if {"model", "model_fingerprint"} & set(changed) else "with the same settings"
             raise GenerateError(f"{partial} holds a generation made with other settings ({_differences(before, job)}); "
-                                "run with the same settings to continue it, or move it away to start over")  # fmt: skip
+                                f"run {same} to continue it, or move it away to start over")  # fmt: skip
         # e.g. a run that failed before its first part: nothing to continue, so the new settings start it afresh
         log.info("%s holds no finished part; starting it afresh with these settings (%s)", partial, _differences(before, job))
     else:
@@ -185,25 +224,47 @@ def _open_partial(partial: Path, job: dict[str, Any]) -> None:
 
 def _differences(before: dict[str, Any], now: dict[str, Any], prefix: str = "") -> str:
     """What differs between two job records, as ``key was OLD, now NEW`` (nested settings by
-    their dotted key; the data file by its content, whose hash says nothing to a reader)."""
+    their dotted key; a file or a model by what changed in it, whose hashes say nothing to a reader)."""
     parts = []
     for key in sorted(set(before) | set(now)):
         old, new = before.get(key), now.get(key)
         if old == new:
             continue
-        if isinstance(old, dict) and isinstance(new, dict):
-            parts.append(_differences(old, new, f"{prefix}{key}."))
+        if key not in before:
+            parts.append(f"{prefix}{key} was not recorded (an older megarl wrote {JOB_FILE}), now {json.dumps(new)}")
+        elif key == "model_fingerprint":
+            if before.get("model") == now.get("model"):  # else the path's change says it
+                parts.append(_model_change(now["model"], old, new))
         elif key == "data_sha256":
             parts.append("the --data file's contents differ")
+        elif key.endswith("_sha256") and isinstance(old, dict) and isinstance(new, dict):
+            parts += [f"the {field} file's contents differ" for field in sorted(set(old) | set(new))
+                      if old.get(field) != new.get(field)]  # fmt: skip
+        elif isinstance(old, dict) and isinstance(new, dict):
+            parts.append(_differences(old, new, f"{prefix}{key}."))
         else:
             parts.append(f"{prefix}{key} was {json.dumps(old)}, now {json.dumps(new)}")
     return "; ".join(parts)
 
 
+def _model_change(model: str, old: Any, new: Any) -> str:
+    """The same model path with other contents, in words."""
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return f"the model at {model} is not the model the parts were generated with"
+    if "step" in old or "step" in new:
+        steps = f"step {old.get('step')}, now step {new.get('step')}" if old.get("step") != new.get("step") else "its manifest differs"
+        return f"the checkpoint at {model} is another one than the parts were generated with ({steps})"
+    if old.get("weights") != new.get("weights"):
+        return f"the model at {model} holds other weights than the parts were generated with"
+    files = sorted(k for k in set(old["files"]) | set(new["files"]) if old["files"].get(k) != new["files"].get(k))
+    return f"the model at {model} has other {', '.join(files)} than the parts were generated with"
+
+
 def _holds_work(partial: Path, changed: list[str]) -> bool:
     """Whether a partial generation made with other settings holds anything this run would lose
     or misuse: a finished part, or the staged HF export of another model."""
-    return any(partial.glob("part-*.parquet")) or ("model" in changed and (partial / MODEL_DIR).exists())
+    other_model = "model" in changed or "model_fingerprint" in changed
+    return any(partial.glob("part-*.parquet")) or (other_model and (partial / MODEL_DIR).exists())
 
 
 def _remove_partial(partial: Path) -> None:
@@ -313,6 +374,39 @@ def _check_prompts(cfg: Any, records: list[Any], tokenizer_dir: str) -> None:
                             "raise data.max_prompt_length, or set data.truncation=left|right")  # fmt: skip
 
 
+def _check_user_code(cfg: Any) -> None:
+    """The user's code the generation runs (rollout.generate_function; the agent's tool parser,
+    loops, tool and interaction files), loaded before the partial directory is made: a wrong
+    name is one line, not a traceback after the start."""
+    from megarl.config.extensions import import_problem, named_functions
+
+    for field, name in named_functions(cfg):
+        problem = import_problem(field, name) if field.startswith("rollout.") else None  # algorithm.*: training's
+        if problem:
+            raise GenerateError(f"{field}: {problem}")
+
+
+def _check_parts(partial: Path, parts: list[range]) -> None:
+    """The parts an earlier run wrote, each read by its footer (cheap), before any generation: a
+    damaged one would otherwise fail the merge after all the remaining work."""
+    import pyarrow.parquet as pq
+
+    for index, rows in enumerate(parts):
+        path = _part_path(partial, index)
+        if not path.is_file():
+            continue
+        try:
+            count = pq.read_metadata(path).num_rows
+        except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+            problem = f"is not a readable parquet file ({str(exc).splitlines()[0]})"
+        else:
+            if count == len(rows):
+                continue
+            problem = f"holds {count} rows, not the {len(rows)} prompts of its part"
+        raise GenerateError(f"{path} {problem}; delete that part file and run the same command to generate its "
+                            "prompts again")  # fmt: skip
+
+
 def _hf_model(source: Path, export: Any, staged: Path) -> Path:
     """An HF directory the engines load: ``source`` itself, or its export to ``staged``."""
     from megarl.commands.convert import EXPORT_MANIFEST
@@ -418,15 +512,18 @@ def _merge(partial: Path, count: int, target: Path) -> None:
     import pyarrow.parquet as pq
 
     tmp = target.with_name(target.name + ".tmp")
-    writer = None
+    writer, merged = None, False
     try:
         for index in range(count):
             part = pq.read_table(_part_path(partial, index))
             writer = writer or pq.ParquetWriter(tmp, part.schema)
             writer.write_table(part)
+        merged = True
     finally:
         if writer is not None:
             writer.close()
+        if not merged:  # no half-written file left beside OUT
+            tmp.unlink(missing_ok=True)
     tmp.replace(target)
 
 

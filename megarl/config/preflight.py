@@ -50,6 +50,7 @@ from typing import Any
 from megarl.config.extensions import named_functions
 from megarl.config.sections import MegaRLConfig
 from megarl.models.hf_files import TOKENIZER_VOCAB_FILES
+from megarl.models.weight_files import weights_fingerprint
 
 SAMPLE_ROWS = 1000
 CHILD_TIMEOUT_S = 120.0
@@ -65,7 +66,7 @@ class Finding:
 def preflight(cfg: MegaRLConfig) -> list[Finding]:
     """Every problem found with the files and directories ``cfg`` names (empty: all good)."""
     findings: list[Finding] = []
-    child = _ChildChecks(cfg)
+    child = ChildChecks(cfg.reward.custom, named_functions(cfg))
     try:
         _check_output_dir(cfg, findings)
         _check_loggers(cfg, findings)
@@ -242,25 +243,9 @@ def _another_model(old: MegaRLConfig, new: MegaRLConfig, launched: Path) -> str 
     before, after = (launched / was).resolve(), Path(now).resolve()
     if before == after or not before.is_dir() or not after.is_dir():  # (a missing model.path has its own refusal)
         return None
-    if _weights_fingerprint(before) != _weights_fingerprint(after):
+    if weights_fingerprint(before) != weights_fingerprint(after):
         return f"holds other weights than model.path={was}"
     return None
-
-
-def _weights_fingerprint(model_dir: Path, edge: int = 1 << 20) -> list[tuple[str, int, str]]:
-    """Each weight file's name, size and a hash of its first and last MiB: a fine-tuned model
-    and its base have the same names and sizes but not the same bytes; reads a few MiB."""
-    import hashlib
-
-    out = []
-    for path in sorted(p for p in model_dir.rglob("*") if p.suffix in (".safetensors", ".distcp", ".bin") and p.is_file()):
-        size = path.stat().st_size
-        with path.open("rb") as f:
-            digest = hashlib.sha256(f.read(edge))
-            f.seek(max(0, size - edge))
-            digest.update(f.read(edge))
-        out.append((str(path.relative_to(model_dir)), size, digest.hexdigest()))
-    return out
 
 
 def _differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> dict[str, tuple[Any, Any]]:
@@ -492,17 +477,17 @@ for field, name in spec.get("extensions", []):
 """
 
 
-class _ChildChecks:
-    """reward.custom's import and the import-path functions, in one child process started at once."""
+class ChildChecks:
+    """reward.custom's import and the import-path functions ``(field, name)``, in one child process
+    started at once; each answer awaited at most CHILD_TIMEOUT_S (user code can hang at import)."""
 
-    def __init__(self, cfg: MegaRLConfig):
-        custom = cfg.reward.custom
+    def __init__(self, custom: Any, extensions: list[tuple[str, str]]):
         self.spec = {
             "reward": [os.path.abspath(custom.path), custom.name] if custom and Path(custom.path).is_file() else None,
             "custom_module": str(Path(__file__).resolve().parents[1] / "rewards" / "custom.py"),
-            "extensions": named_functions(cfg),
+            "extensions": extensions,
         }
-        self.cfg = cfg
+        self.custom = custom
         self.got: dict[str, str | None] = {}
         self._buffer = b""
         self.proc: subprocess.Popen | None = None
@@ -544,8 +529,7 @@ class _ChildChecks:
 
     def _finding(self, check: str, error: str) -> Finding:
         if check == "reward":
-            custom = self.cfg.reward.custom
-            assert custom is not None
+            custom = self.custom
             return Finding("reward.custom", f"loading {custom.name!r} from {custom.path} failed: {error}; fix the file "
                            "(or install what it imports) and check reward.custom.name")
         return Finding(check, error)  # an import-path function: the registry's message names it and the fix
@@ -556,3 +540,15 @@ class _ChildChecks:
         if self.proc is not None:
             self.proc.wait()
             self.proc.stdout.close()  # type: ignore[union-attr]
+
+
+def reward_file_problem(custom: Any) -> str | None:
+    """reward.custom (a ``CustomReward`` or None) loaded in a child process, as a launch checks
+    it: why it does not load, or does not answer within CHILD_TIMEOUT_S, as one line; or None.
+    For the commands that score without a launch (`megarl evaluate`): a file that hangs at import
+    would hang the reward workers with no word."""
+    child = ChildChecks(custom, [])
+    try:
+        return next((f"{f.field}: {f.message}" for f in child.results("reward")), None)
+    finally:
+        child.stop()

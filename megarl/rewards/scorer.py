@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 CHUNK_SIZE = 32  # samples per task for cheap scorers
 LOGGED_ERRORS_PER_CALL = 3
 CUSTOM_CHECK_TIMEOUT_S = 60.0
+TRAINING_STOPS = "the run stops rather than train on zero rewards"
 
 # A task returns, per sample, ("ok", score, extras) or ("error", message, traceback); the
 # driver adds ("timeout", message).
@@ -140,16 +141,26 @@ def _score_samples(scorers: list[str | None], samples: list[tuple]) -> list[Outc
     """Score each (data_source, solution, ground_truth, extra_info); None scorer = the custom one."""
     outcomes: list[Outcome] = []
     for name, sample in zip(scorers, samples, strict=True):
+        where = f"reward scorer {name}" if name is not None else "reward.custom function"
         try:
             fn = registry.SCORERS[name] if name is not None else _custom()
-            where = f"reward scorer {name}" if name is not None else "reward.custom function"
-            score, extras = custom_fn.to_scored(fn(*sample), where)
-            outcomes.append(("ok", score, extras))
+            value = fn(*sample)
         except Exception as exc:  # noqa: BLE001 - a reward error scores 0 and is counted
             # The traceback from the function's own frame on (this loop's frame says nothing).
             user_tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__.tb_next))
             outcomes.append(("error", f"{type(exc).__name__}: {exc}", user_tb))
+            continue
+        outcomes.append(_scored(value, where))
     return outcomes
+
+
+def _scored(value: Any, where: str) -> Outcome:
+    """A function's return as an outcome; one that is no score is an error without a traceback:
+    the message says what was returned, and the only frames would be megarl's own check."""
+    try:
+        return ("ok", *custom_fn.to_scored(value, where))
+    except Exception as exc:  # noqa: BLE001 - e.g. None, a string, NaN: scored 0 and counted
+        return ("error", f"{type(exc).__name__}: {exc}", "")
 
 
 class _HangWatch:
@@ -181,7 +192,7 @@ def _score_batched(columns: tuple[list, list, list, list]) -> list[Outcome]:
         raise ValueError(
             f"batched reward.custom function returned {got} for {len(columns[0])} samples; return a list, one per sample"
         )
-    return [("ok", *custom_fn.to_scored(v, "batched reward.custom function")) for v in values]
+    return [_scored(v, "batched reward.custom function") for v in values]
 
 
 def _score_model(texts: list[str]) -> list[Outcome]:
@@ -212,13 +223,14 @@ class RewardScorer:
     lists of equal length, one entry per sample; ``prompts`` is needed by ``reward.model``.
     """
 
-    def __init__(self, cfg: RewardConfig, *, start_method: str = "forkserver") -> None:
+    def __init__(self, cfg: RewardConfig, *, start_method: str = "forkserver", stops: str = TRAINING_STOPS) -> None:
         if cfg.custom is not None and cfg.model is not None:
             raise ValueError(
                 "reward.custom and reward.model are both set; set one of them (a custom function can call a model itself)"
             )
         registry.check_functions(cfg.functions)
         self.cfg = cfg
+        self.stops = stops  # what failing on too many samples means, said in the RewardError
         custom = (os.path.abspath(cfg.custom.path), cfg.custom.name) if cfg.custom else None
         model = (cfg.model.path, cfg.model.device) if cfg.model else None
         spec = {"custom": custom, "model": model, "preload_math": custom is None and model is None}
@@ -376,30 +388,24 @@ class RewardScorer:
     def _result(self, outcomes: list[Outcome], samples: list[tuple]) -> ScoreResult:
         n = len(outcomes)
         result = ScoreResult(scores=[0.0] * n, preds=[None] * n)
-        logged = 0
+        failed = []
         for i, outcome in enumerate(outcomes):
-            if outcome[0] == "ok":
-                result.scores[i] = outcome[1]
-                for key, value in outcome[2].items():
-                    if key == "pred":
-                        result.preds[i] = value
-                    else:
-                        result.extra.setdefault(key, [math.nan] * n)[i] = value
+            if outcome[0] != "ok":
+                failed.append(i)
                 continue
-            result.timeouts += outcome[0] == "timeout"
-            result.errors += outcome[0] == "error"
-            if logged < LOGGED_ERRORS_PER_CALL:
-                logged += 1
-                source, solution, truth, _ = samples[i]
-                log.warning(
-                    "reward %s (scored 0): %s | data_source=%r ground_truth=%r response=%r",
-                    outcome[0],
-                    outcome[1],
-                    source,
-                    str(truth)[:200],
-                    str(solution)[:300],
-                )
-        self._check_failed_fraction(result, outcomes, samples)
+            result.scores[i] = outcome[1]
+            for key, value in outcome[2].items():
+                if key == "pred":
+                    result.preds[i] = value
+                else:
+                    result.extra.setdefault(key, [math.nan] * n)[i] = value
+        result.timeouts = sum(outcomes[i][0] == "timeout" for i in failed)
+        result.errors = sum(outcomes[i][0] == "error" for i in failed)
+        self._check_failed_fraction(result, outcomes, samples)  # first: its one line says it all, no warnings before it
+        for i in failed[:LOGGED_ERRORS_PER_CALL]:
+            source, solution, truth, _ = samples[i]
+            log.warning("reward %s (scored 0): %s | data_source=%r ground_truth=%r response=%r", outcomes[i][0],
+                        outcomes[i][1], source, str(truth)[:200], str(solution)[:300])  # fmt: skip
         return result
 
     def _check_failed_fraction(self, result: ScoreResult, outcomes: list[Outcome], samples: list[tuple]) -> None:
@@ -415,7 +421,7 @@ class RewardScorer:
                else "fix the function" + (" (its traceback follows)" if trace else ""))
         raise RewardError(
             f"{what} failed on {failed} of {n} samples ({result.errors} errors, {result.timeouts} timeouts), at least "
-            f"reward.max_failed_fraction ({limit:g}) of them; the run stops rather than train on zero rewards. "
+            f"reward.max_failed_fraction ({limit:g}) of them; {self.stops}. "
             f"First failure (data_source={samples[first][0]!r}): {message}; {fix}" + (f"\n{trace.rstrip()}" if trace else "")
         )
 

@@ -80,3 +80,17 @@ def test_garbage_returns_are_errors_and_the_threshold_is_configurable(tmp_path):
     with scorer(tmp_path, "garbage", max_failed_fraction=0.5) as s, pytest.raises(RewardError) as info:
         score(s, ["a", "b", "x", "c", "x"])
     assert "failed on 3 of 5 samples" in str(info.value) and "returned str 'not a score'" in str(info.value)
+
+
+def test_a_return_that_is_no_score_stops_in_one_line_said_for_the_caller(tmp_path, caplog):
+    path = tmp_path / "broken_reward.py"
+    path.write_text(BROKEN)
+    cfg = RewardConfig(custom=CustomRewardConfig(path=str(path), name="garbage"), timeout_s=TIMEOUT_S, workers=2)
+    with RewardScorer(cfg, stops="evaluate stops rather than report them as scores of 0") as s, \
+            caplog.at_level(logging.WARNING, logger="megarl.rewards.scorer"), pytest.raises(RewardError) as info:  # fmt: skip
+        score(s, ["a", "b"])
+    msg = str(info.value)
+    assert "failed on 2 of 2 samples" in msg and "evaluate stops rather than report them as scores of 0" in msg
+    # what was returned says it all: no traceback of megarl's own check, no warnings before the error
+    assert "returned str 'not a score'" in msg and "\n" not in msg and "train" not in msg
+    assert "reward error" not in caplog.text
