@@ -108,7 +108,7 @@ def _csv_records(fh: Any, name: str) -> Iterator[RawRecord]:
     of cells is refused (a short row's missing cells are not null values, and a long row's surplus
     is most often an unquoted comma that has shifted every cell after it)."""
     reader = csv.reader(fh)
-    header = next(reader, [])
+    header = next((cells for cells in reader if cells), [])  # the first line that is not blank
     seen: set[str] = set()
     for column, field in enumerate(header, start=1):
         if field in seen:  # a record keeps one value per name: the other column would be dropped unseen

@@ -121,7 +121,7 @@ def test_a_csv_row_with_another_number_of_cells_than_the_header_is_named(tmp_pat
     with pytest.raises(DataError, match=r"^qa.csv: line 2: the row has 3 cells where the header has 2; quote any cell "
                                         r"that holds a comma$"):  # fmt: skip
         generic_rows(src, prompt_field="q", answer_field="a", data_source="qa")
-    src.write_text('q,a\n"What is 2,000 + 1?",2001\n\n')
+    src.write_text('\nq,a\n"What is 2,000 + 1?",2001\n\n')  # blank lines before the header too
     assert generic_rows(src, prompt_field="q", answer_field="a", data_source="qa")[0]["reward_model"]["ground_truth"] == "2001"
 
 
