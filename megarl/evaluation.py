@@ -108,6 +108,20 @@ def majority_score(scores: Sequence[float], preds: Sequence[str], k: int, rng: n
     return float(np.asarray(scores, dtype=np.float64)[draws[np.arange(MAJORITY_DRAWS), first]].mean())
 
 
+def threshold_problem(value: float, reward: object) -> str | None:
+    """Why a pass threshold cannot work with ``reward`` (a RewardConfig), or None. A response
+    passes when its score is at least the threshold; the built-in functions score from 0 to 1, so
+    above 1 none could pass and at 0 or below all would (a custom function's or a reward model's
+    scores have no such range). The message starts with the value, for the caller to name it."""
+    if not math.isfinite(value):
+        return f"({value}) must be a finite number, e.g. 1 (a full score)"
+    if getattr(reward, "custom", None) is None and getattr(reward, "model", None) is None and not 0 < value <= 1:
+        outcome = "no response could pass" if value > 1 else "every response would pass"
+        return (f"({value:g}) must be in (0, 1]: the built-in reward functions score from 0 to 1, so {outcome}; "
+                "e.g. 1 (a full score) or 0.5")
+    return None
+
+
 def check_ks(ks: Sequence[int], n: int, where: str = "k") -> None:
     """Every k must be in 1..n (n: the fewest responses any prompt has)."""
     bad = [k for k in ks if not 1 <= k <= n]

@@ -111,7 +111,7 @@ def evaluate(data: str | Path, config: str | Path | None = None, overrides: list
     """Score ``data`` and summarise it (the JSON ``megarl evaluate`` writes)."""
     from megarl.config.loading import load_config, load_section
     from megarl.data.generated import read_generated
-    from megarl.evaluation import EvaluationError, scored_responses, summarize
+    from megarl.evaluation import EvaluationError, scored_responses, summarize, threshold_problem
 
     if config is not None:
         cfg = load_config(config, overrides)
@@ -120,7 +120,9 @@ def evaluate(data: str | Path, config: str | Path | None = None, overrides: list
         reward, prompt_key, threshold = load_section(overrides, "reward"), "prompt", 1.0
     name = "rollout.val.pass_threshold" if pass_threshold is None else "--pass-threshold"
     pass_threshold = threshold if pass_threshold is None else pass_threshold
-    _check_threshold(pass_threshold, name, reward)
+    problem = threshold_problem(pass_threshold, reward)
+    if problem:
+        raise EvaluationError(f"{name} {problem}")
     rows = read_generated(data, prompt_key=prompt_key)
     flat = [(r, j) for r, answers in enumerate(rows.responses) for j in range(len(answers))]
     if reward.custom is not None:  # loaded as a launch loads it: a file that hangs at import is refused in bounded time
@@ -151,20 +153,6 @@ def evaluate(data: str | Path, config: str | Path | None = None, overrides: list
         "reward": {"errors": result.errors, "timeouts": result.timeouts},
         "per_data_source": {source: _finite(values) for source, values in summary.items()},
     }
-
-
-def _check_threshold(value: float, name: str, reward: Any) -> None:
-    """A response passes when its score >= the threshold, and the built-in functions score from 0
-    to 1: above 1 none could pass, at 0 or below all would (a custom function's or a reward
-    model's scores have no such range)."""
-    from megarl.evaluation import EvaluationError
-
-    if not math.isfinite(value):
-        raise EvaluationError(f"{name} ({value}) must be a finite number, e.g. 1 (a full score)")
-    if reward.custom is None and reward.model is None and not 0 < value <= 1:
-        outcome = "no response could pass" if value > 1 else "every response would pass"
-        raise EvaluationError(f"{name} ({value:g}) must be in (0, 1]: the built-in reward functions score from 0 to 1, "
-                              f"so {outcome}; e.g. 1 (a full score) or 0.5")  # fmt: skip
 
 
 def _score(reward: Any, rows: Any, flat: list[tuple[int, int]]) -> Any:

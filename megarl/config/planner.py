@@ -48,6 +48,7 @@ from megarl.config.rollout_checks import (
     check_rollout,
     check_sampling,
     check_server_python,
+    check_validation,
     rollout_tp_choices,
 )
 from megarl.config.sections import GROUP_ESTIMATORS, ActorConfig, MegaRLConfig, TrainerConfig
@@ -139,6 +140,7 @@ def make_plan(cfg: MegaRLConfig, *, check_files: bool = False, in_process: bool 
     if "rollout" in roles:
         check_rollout(cfg, arch, issues)
     check_sampling(cfg, arch, issues)
+    check_validation(cfg, issues)
     check_agent(cfg, issues)
     _check_algorithm(cfg, issues)
     _check_run_length(cfg.trainer, issues)

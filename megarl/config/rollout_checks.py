@@ -102,6 +102,15 @@ def rollout_tp_choices(cfg: MegaRLConfig, arch: ArchSpec) -> list[int]:
     return [t for t in ok if mems[t].weights < mems[t].budget and mems[t].full_length_sequences >= 1] or ok
 
 
+def check_validation(cfg: MegaRLConfig, issues: list[Issue]) -> None:
+    """The pass threshold of validation (pass@k) against the reward's range (megarl evaluate's rule)."""
+    from megarl.evaluation import threshold_problem
+
+    problem = threshold_problem(cfg.rollout.val.pass_threshold, cfg.reward)
+    if problem:
+        issues.append(Issue("rollout.val.pass_threshold", problem))
+
+
 def check_sampling(cfg: MegaRLConfig, arch: ArchSpec, issues: list[Issue]) -> None:
     s = cfg.rollout.sampling
     if s.temperature <= 0:

@@ -1,5 +1,6 @@
-"""`megarl evaluate`'s checks before scoring (the scoring itself runs in
-tests/e2e/test_generate_evaluate.py)."""
+"""`megarl evaluate` on a small hand-written generated file: re-scoring a scored file, an empty
+--k list, the pass threshold, output paths and the reward file checked before any response is
+scored (the scoring itself runs in tests/e2e/test_generate_evaluate.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,106 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from megarl.cli import EXIT_USER, main
 from megarl.commands.evaluate import evaluate
 from megarl.config import preflight
 from megarl.evaluation import EvaluationError
+
+# A reward function that leaves a trace: whether scoring started at all (it runs in the workers).
+TRACING_REWARD = """
+from pathlib import Path
+
+def score(data_source, solution_str, ground_truth, extra_info=None):
+    Path(__file__).with_name("scored.flag").write_text("called")
+    return float(solution_str == ground_truth)
+"""
+
+
+@pytest.fixture
+def generated(tmp_path):
+    """Two prompts of the demo's task with two responses each, as `megarl generate` writes them."""
+    rows = {"data_source": ["reverse_digits"] * 2, "prompt": ["123", "456"],
+            "reward_model": [{"ground_truth": "321", "style": "rule"}, {"ground_truth": "654", "style": "rule"}],
+            "responses": [["321", "999"], ["654", "654"]]}  # fmt: skip
+    pq.write_table(pa.table(rows), tmp_path / "gen.parquet")
+    return tmp_path / "gen.parquet"
+
+
+def test_scoring_a_scored_file_replaces_its_scores_column(generated, tmp_path):
+    first, second = tmp_path / "sc.parquet", tmp_path / "sc2.parquet"
+    assert main(["evaluate", "--data", str(generated), "--scored", str(first), "--out", str(tmp_path / "a.json")]) == 0
+    assert main(["evaluate", "--data", str(first), "--scored", str(second), "--out", str(tmp_path / "b.json")]) == 0
+    schema = pq.read_schema(second)
+    # one 'scores' column, where it was: a second one made the file unreadable for evaluate itself
+    assert schema.names == pq.read_schema(first).names == [*pq.read_schema(generated).names, "scores"]
+    scores = pq.read_table(second).column("scores").to_pylist()
+    assert scores == pq.read_table(first).column("scores").to_pylist() and [row[0] for row in scores] == [1.0, 1.0]
+    assert main(["evaluate", "--data", str(second), "--out", str(tmp_path / "c.json")]) == 0
+
+
+def test_an_empty_k_list_is_refused_in_one_line(generated, tmp_path, capsys):
+    for text in (",", ""):
+        assert main(["evaluate", "--data", str(generated), "--k", text, "--out", str(tmp_path / "k.json")]) == EXIT_USER
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: --k {text!r} names no k") and err.count("\n") == 1
+    assert not (tmp_path / "k.json").exists()  # not a summary without any pass@k
+
+
+@pytest.mark.parametrize("flag", ["--out", "--scored"])
+def test_a_missing_output_folder_is_refused_before_scoring(generated, tmp_path, capsys, flag):
+    (tmp_path / "reward.py").write_text(TRACING_REWARD)
+    custom = [f"reward.custom.path={tmp_path / 'reward.py'}", "reward.custom.name=score"]
+    target = tmp_path / "missing" / "x.parquet"
+    args = ["evaluate", "--data", str(generated), *custom, flag, str(target)]
+    assert main([*args, "--out", str(tmp_path / "s.json")] if flag == "--scored" else args) == EXIT_USER
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {flag} {target}: the folder {target.parent} does not exist") and err.count("\n") == 1
+    assert not (tmp_path / "scored.flag").exists()  # refused before the reward functions ran
+    assert not target.parent.exists()  # and nothing was made in its place
+    # the same run with the folder there scores (the trace above is a real signal)
+    target.parent.mkdir()
+    assert main([*args, "--out", str(tmp_path / "s.json")] if flag == "--scored" else args) == 0
+    assert (tmp_path / "scored.flag").read_text() == "called"
+
+
+@pytest.mark.parametrize("flag", ["--out", "--scored"])
+def test_an_output_inside_a_runs_checkpoints_is_refused_before_scoring(generated, tmp_path, capsys, flag):
+    from megarl.checkpoint.manager import CheckpointManager
+
+    (tmp_path / "reward.py").write_text(TRACING_REWARD)
+    custom = [f"reward.custom.path={tmp_path / 'reward.py'}", "reward.custom.name=score"]
+    with CheckpointManager(tmp_path / "run").saving(4) as d:
+        (d / "state").write_text("s")
+    target = tmp_path / "run" / "checkpoints" / "step_000004" / "x.parquet"
+    args = ["evaluate", "--data", str(generated), *custom, flag, str(target)]
+    assert main([*args, "--out", str(tmp_path / "s.json")] if flag == "--scored" else args) == EXIT_USER
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {flag} {target} is inside the checkpoints folder of a run") and err.count("\n") == 1
+    assert not target.exists() and not (tmp_path / "scored.flag").exists()
+
+
+@pytest.mark.parametrize(("threshold", "outcome"), [("2", "no response could pass"), ("-0.5", "every response would pass"),
+                                                    ("0", "every response would pass")])  # fmt: skip
+def test_a_pass_threshold_the_built_in_scores_cannot_meet_is_refused(generated, tmp_path, capsys, threshold, outcome):
+    out = tmp_path / "s.json"
+    assert main(["evaluate", "--data", str(generated), "--pass-threshold", threshold, "--out", str(out)]) == EXIT_USER
+    err = capsys.readouterr().err
+    assert err == (f"error: --pass-threshold ({float(threshold):g}) must be in (0, 1]: the built-in reward functions "
+                   f"score from 0 to 1, so {outcome}; e.g. 1 (a full score) or 0.5\n")
+    assert not out.exists()
+
+
+def test_a_custom_reward_takes_any_finite_pass_threshold(generated, tmp_path, capsys):
+    import json
+
+    (tmp_path / "reward.py").write_text(TRACING_REWARD)
+    custom = [f"reward.custom.path={tmp_path / 'reward.py'}", "reward.custom.name=score"]
+    out = tmp_path / "s.json"
+    assert main(["evaluate", "--data", str(generated), *custom, "--pass-threshold", "2", "--out", str(out)]) == 0
+    summary = json.loads(out.read_text())
+    assert summary["pass_threshold"] == 2.0 and summary["per_data_source"]["all"]["pass@1"] == 0.0  # scores 0 or 1
+    assert main(["evaluate", "--data", str(generated), *custom, "--pass-threshold", "nan", "--out", str(out)]) == EXIT_USER
+    assert capsys.readouterr().err.startswith("error: --pass-threshold (nan) must be a finite number")
 
 
 def test_a_reward_file_that_hangs_at_import_is_refused_in_bounded_time(tmp_path, monkeypatch):

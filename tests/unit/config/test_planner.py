@@ -430,3 +430,11 @@ def test_recompute_auto_is_the_least_that_fits_and_reaches_the_run():
     # Refused even with full: the fix does not offer what auto already tried.
     msg = refused(GRPO72, "actor.recompute=auto", "actor.micro_batch_size=64")
     assert "actor: training needs" in msg and "recompute=full" not in msg
+
+
+def test_a_validation_pass_threshold_the_reward_cannot_meet_is_refused():
+    with pytest.raises(PlanError, match=r"rollout.val.pass_threshold: \(2\) must be in \(0, 1\]: the built-in reward "
+                                        r"functions score from 0 to 1, so no response could pass"):  # fmt: skip
+        make_plan(load_config(TINY, ["rollout.val.pass_threshold=2"]))
+    custom = ["reward.custom.path=mine.py", "reward.custom.name=score"]  # a custom function's scores have no fixed range
+    assert make_plan(load_config(TINY, ["rollout.val.pass_threshold=2", *custom]))
