@@ -299,7 +299,7 @@ def _check_run_length(cfg: MegaRLConfig, findings: list[Finding]) -> None:
     at load that is an upper bound (launch checks the exact count once the data is read)."""
     import pyarrow.parquet as pq
 
-    from megarl.config.planner import epochs_warmup_issue
+    from megarl.config.algorithm_checks import epochs_warmup_issue
     from megarl.data.sampler import epoch_steps
 
     t = cfg.trainer

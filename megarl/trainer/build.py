@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from megarl.actors.clients import CriticClient, InProcessGroup, PolicyClient, TrainedClient
+from megarl.config.algorithm_checks import epochs_warmup_issue
 from megarl.config.loading import config_to_yaml
-from megarl.config.planner import Plan, PlanError, epochs_warmup_issue, resolved_config
+from megarl.config.planner import Plan, PlanError, resolved_config
 from megarl.config.residency import residency_of
 from megarl.config.sections import MegaRLConfig
 from megarl.kept_files import kept_name, time_tag
