@@ -322,6 +322,13 @@ def manifest_bytes(path: Path) -> int | None:
         return None
 
 
+def starts_new_history(resume: str | Path, val_only: bool) -> bool:
+    """Whether a run resumed with ``resume`` sets the newer checkpoints aside (set_aside_newer):
+    an explicit checkpoint path does; ``auto`` takes the latest, and a validation-only run trains
+    nothing."""
+    return str(resume) not in ("auto", "disable") and not val_only
+
+
 def newer_step_dirs(output_dir: str | Path, ckpt: Checkpoint) -> list[Path]:
     """The step directories (valid or not) of ``output_dir``'s run after ``ckpt``, when ``ckpt`` is
     one of that run's own checkpoints (an explicit trainer.resume going back); else none."""

@@ -186,10 +186,15 @@ def _check_resume(cfg: MegaRLConfig, findings: list[Finding]) -> None:
 def _check_going_back(cfg: MegaRLConfig, ckpt: Any, findings: list[Finding]) -> None:
     """Said before launch: a resume from an older checkpoint of this run sets the newer ones aside
     (with their size: each branch set aside stays on the disk until a person removes it)."""
-    from megarl.checkpoint.manager import ABANDONED, manifest_bytes, newer_step_dirs
+    from megarl.checkpoint.manager import (
+        ABANDONED,
+        manifest_bytes,
+        newer_step_dirs,
+        starts_new_history,
+    )
 
     t = cfg.trainer
-    newer = newer_step_dirs(t.output_dir, ckpt) if t.resume != "auto" and not t.val_only else []
+    newer = newer_step_dirs(t.output_dir, ckpt) if starts_new_history(t.resume, t.val_only) else []
     if newer:
         names = ", ".join(p.name for p in newer[:4]) + (", ..." if len(newer) > 4 else "")
         gib = sum(manifest_bytes(p) or 0 for p in newer) / 2**30

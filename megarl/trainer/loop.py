@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from megarl.checkpoint.manager import CheckpointManager, step_dir_name
+from megarl.checkpoint.manager import CheckpointManager, starts_new_history, step_dir_name
 from megarl.checkpoint.run_record import RUN_CONFIG, run_metadata
 from megarl.checkpoint.trainer_state import TrainerState, capture_rng, restore_rng
 from megarl.config.loading import config_to_yaml
@@ -274,7 +274,7 @@ class Trainer:
         self.parts.data.load_state_dict(state.sampler)
         self.parts.advantages.kl_controller.load_state_dict(state.kl_controller)
         restore_rng(state.rng)
-        if self.cfg.trainer.resume != "auto" and not self.cfg.trainer.val_only:  # going back starts another history
+        if starts_new_history(self.cfg.trainer.resume, self.cfg.trainer.val_only):
             self.checkpoints.set_aside_newer(ckpt)
         log.info("resumed from %s (step %d)", ckpt.path, state.step)
         return state.step
