@@ -29,7 +29,8 @@ attention choice available. CPU defaults: the cpu preset in fp32, 8 rows x 512 t
 micro-batch 2, 2 threads, padded and packed. Writes bench/results/train_step.json
 (device-tagged entries are merged).
 
-Run: ``.venv/bin/python bench/train_step.py`` (``--presets``, ``--seqs``, ``--attention`` override).
+Run: ``.venv/bin/python bench/train_step.py`` (``--presets``, ``--seqs``, ``--attention`` override;
+``--results`` names another JSON to merge into, as ci/gpu/run.sh does).
 """
 
 from __future__ import annotations
