@@ -468,9 +468,6 @@ def finish_output(written: Path, target: Path) -> None:
     _swap_in(written, target)
 
 
-# ---- the run's config ---------------------------------------------------------------------------------
-
-
 # ---- the output directory -----------------------------------------------------------------------------
 
 
