@@ -175,7 +175,10 @@ def _job(cfg: Any, data: Path, model: str, batch_size: int) -> dict[str, Any]:
 
 
 def _sha256(path: Path) -> str | None:
-    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+    if not path.is_file():
+        return None
+    with path.open("rb") as f:  # streamed: a data file can be larger than memory
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _model_fingerprint(source: Path) -> dict[str, Any] | None:
