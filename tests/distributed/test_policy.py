@@ -12,6 +12,9 @@ update mean Megatron's normalisation is global across micro-batches and DP ranks
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import actor_cases as ac
 import pytest
 import torch
@@ -72,6 +75,13 @@ def _policy_run(rank: int, world: int, path: str, cfg: ActorConfig, with_referen
     out["logprobs_after"] = ac.gathered(policy.compute_logprobs(batch, 1.0), batch)["logprobs"]
     if with_reference:
         out["ref_after"] = ac.gathered(ref.compute_logprobs(batch, TEMPERATURE), batch)["logprobs"]
+    # A closed worker, once dropped, is freed (not kept by Megatron DDP's autograd hooks).
+    model = weakref.ref(policy.model.module)
+    policy.close()
+    del policy
+    gc.collect()  # the first pass runs the cycle's finalizers, the second frees it
+    gc.collect()
+    out["freed"] = model() is None
     return ac.portable(out)
 
 
@@ -81,6 +91,7 @@ def _check_against_hf(results: list[dict], reference: dict) -> None:
         torch.testing.assert_close(r["logprobs"], reference["logprobs"], atol=1e-4, rtol=0)
         torch.testing.assert_close(r["entropy"], reference["entropy"], atol=1e-4, rtol=0)
         assert r["metrics"] == results[0]["metrics"]
+        assert r["freed"]
     metrics = results[0]["metrics"]
     assert metrics["actor/optimizer_steps"] == 2 and metrics["actor/lr"] == LR
     # The grad norm is sensitive to the normalisation (Adam's update mostly is not).

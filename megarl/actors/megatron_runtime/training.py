@@ -99,6 +99,17 @@ class TrainableModel:
                                                       "optimizer": lambda: optimizer_tensors(self.optimizer)},
                                   copied=("weights", "optimizer"))  # fmt: skip
 
+    def close(self) -> None:
+        """Breaks the reference cycle that keeps the model alive after the last reference to it
+        is dropped: Megatron's DDP keeps each parameter's autograd grad accumulator in
+        ``grad_accs``, whose hook closes over the DDP module; the cycle runs through autograd's
+        C++ node, which Python's collector cannot see, so without this every worker built in a
+        process (benches, tests, a GPU) stays in memory for good. The model cannot train after."""
+        ddp = self.model.module
+        ddp.grad_accs.clear()
+        if ddp.use_forward_hook:  # the param-gather pre-hooks (overlap_param_gather)
+            ddp.disable_forward_pre_hook(param_sync=False)
+
     # ---- the update loop --------------------------------------------------------------------
     def train(self, batch: Batch, loss_head: LossHead, *, mini_batch_size: int | None, ppo_epochs: int | None) -> dict[str, float]:
         """Optimizer steps over ``batch`` (see module docstring); metrics equal on every rank.
@@ -305,3 +316,7 @@ class TrainedWorker:
 
     def load(self, path: str | os.PathLike) -> None:
         self.trainer.load(path)
+
+    def close(self) -> None:
+        """Lets the model and optimizer be freed once the worker is dropped (see TrainableModel.close)."""
+        self.trainer.close()
