@@ -6,7 +6,8 @@
 #   1. tests/gpu (what is missing there, e.g. transformer-engine, SGLang or Ray, is skipped, named),
 #   2. bench/train_step.py: the train-step MFU table on this GPU (BENCH_ARGS adds options),
 #   3. an RL run of the demo task in bf16 on this GPU, in this process (no Ray): RL_STEPS steps,
-# each under a time limit (TESTS_S, BENCH_S, RL_S seconds). Logs, the environment and the bench's
+# each under a time limit (TESTS_S, BENCH_S, RL_S seconds); STAGES (default "tests bench rl")
+# picks which run, and a stage left out counts as passed. Logs, the environment and the bench's
 # results go to $1 (default: $OUT when set, else ci/gpu/out; the checkout is not written): copy
 # train_step.json (the checkout's entries plus this GPU's) over bench/results/ to keep them.
 # Exit code: the first of the three that failed, else 0.
@@ -33,9 +34,14 @@ print("python", sys.version.split()[0], "| torch", torch.__version__, "| cuda", 
       "| transformers", transformers.__version__, "| megatron-core", megatron.core.__version__,
       "| pydantic", pydantic.VERSION, "| device", torch.cuda.get_device_name() if torch.cuda.is_available() else "none")'
 } 2>&1 | tee "$out/env.txt"
+stages=" ${STAGES:-tests bench rl} "
+tests=0 bench=0 rl=0
+if [[ $stages == *" tests "* ]]; then
 timeout "${TESTS_S:-300}" "$python" -m pytest tests/gpu -p no:cacheprovider -q -rs --durations=10 \
   --junitxml="$out/gpu_tests.xml" 2>&1 | tee "$out/gpu_tests.log"
 tests=${PIPESTATUS[0]}
+fi
+if [[ $stages == *" bench "* ]]; then
 # The entries of other devices are kept: the bench merges this GPU's into a copy of the checkout's file.
 rm -f "$out/train_step.json"
 cp bench/results/train_step.json "$out/train_step.json" 2>/dev/null
@@ -44,6 +50,8 @@ timeout "${BENCH_S:-360}" "$python" bench/train_step.py --results "$out/train_st
   | tee "$out/train_step.log"
 bench=${PIPESTATUS[0]}
 [ "$bench" -eq 0 ] || mv "$out/train_step.json" "$out/train_step.json.not-updated" 2>/dev/null
+fi
+if [[ $stages == *" rl "* ]]; then
 demo="$(mktemp -d)"
 "$python" -c 'import sys; from megarl.commands.demo import prepare_demo; prepare_demo(sys.argv[1])' "$demo" &&
 timeout "${RL_S:-300}" "$python" -m megarl.cli launch configs/tiny_grpo.yaml --in-process cluster.device=cuda \
@@ -53,6 +61,7 @@ timeout "${RL_S:-300}" "$python" -m megarl.cli launch configs/tiny_grpo.yaml --i
 rl=${PIPESTATUS[0]}
 cp "$demo/run/metrics.jsonl" "$out/rl_bf16_metrics.jsonl" 2>/dev/null
 rm -rf "$demo"
+fi
 echo "ci/gpu: tests exit $tests, bench exit $bench, bf16 RL run exit $rl; logs and results in $out" >&2
 for code in "$tests" "$bench" "$rl"; do
   [ "$code" -ne 0 ] && exit "$code"
