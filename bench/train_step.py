@@ -88,6 +88,7 @@ def parse() -> argparse.Namespace:
         ap.add_argument(f"--{key.replace('_', '-')}", type=type(value), default=value)
     ap.add_argument("--steps", type=int, default=2, help="timed steps (after one warm-up step)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--profile", action="store_true", help="CUDA: profile one more step of each row (kernel table, GPU busy share)")
     ap.add_argument("--results", type=Path, default=RESULTS, help=f"JSON the entries are merged into (default: {RESULTS})")
     return ap.parse_args()
 
@@ -107,6 +108,24 @@ def timed_steps(worker, batch, steps: int, device: str) -> float:
     return min(times)
 
 
+def profiled_step(worker, batch, label: str) -> float:
+    """One more update under torch's profiler: prints the kernels that take the GPU's time and
+    returns the share of the step's wall time the GPU was busy (low: the host is the bottleneck)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        worker.update(batch, pg_loss)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - start
+    events = prof.key_averages()
+    busy = sum(e.self_device_time_total for e in events) / 1e6 / wall
+    print(f"--- profile of {label}: step {wall:.3f} s (profiled), GPU busy {busy:.0%}")
+    print(events.table(sort_by="self_device_time_total", row_limit=12, max_name_column_width=60))
+    return busy
+
+
 def measure(path: Path, shape: dict, attention: str, seq: int, args: argparse.Namespace, device: str) -> dict:
     """One row of the table: a fresh worker with ``attention``, its step time and FLOPs."""
     from megarl.actors.policy import PolicyWorker
@@ -118,20 +137,66 @@ def measure(path: Path, shape: dict, attention: str, seq: int, args: argparse.Na
     params = sum(p.numel() for p in worker.model.module.parameters())
     matmul_params = params - worker.model.core.embedding.word_embeddings.weight.numel()
     half = seq // 2
-    step_s = timed_steps(worker, make_batch(args.rows, half, seq - half, shape["vocab"]), args.steps, device)
-    # The worker sits in reference cycles (DDP's grad hooks, the config's bound no_sync): free it
-    # now, not whenever the collector runs, or the next preset's worker may not fit on the GPU.
-    del worker
-    gc.collect()
-    gc.collect()
+    batch = make_batch(args.rows, half, seq - half, shape["vocab"])
     if device == "cuda":
-        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    step_s = timed_steps(worker, batch, args.steps, device)
+    extra = {"peak_gib": torch.cuda.max_memory_allocated() / 2**30} if device == "cuda" else {}
+    if args.profile and device == "cuda":
+        extra["gpu_busy"] = profiled_step(worker, batch, f"{shape['layers']} layers, {attention}, seq {seq}")
+    # Freed now, not whenever the collector runs, or the next worker may not fit on the GPU.
+    worker.close()
+    del worker
+    free_memory(device)
     tokens = args.rows * seq
     flops = 6 * matmul_params * tokens + 12 * shape["layers"] * shape["heads"] * shape["head_dim"] * seq**2 * args.rows
     executed = flops - 6 * shape["vocab"] * shape["hidden"] * (tokens - args.rows * (seq - half))
     return {"attention": attention, "seq": seq, "params": params, "tokens": tokens, "step_seconds": step_s,
             "tokens_per_s": tokens / step_s, "model_tflops_per_s": flops / step_s / 1e12, "flops": flops,
-            "executed_flops": executed}  # fmt: skip
+            "executed_flops": executed, **extra}  # fmt: skip
+
+
+ROW_HEADER = (f"{'preset':<11}{'seq':>7}{'attention':>10}{'params':>15}{'step s':>9}{'tokens/s':>10}{'TFLOP/s':>9}"
+              f"{'MFU':>7}{'exec':>7}{'peak GiB':>9}")
+
+
+def finish_row(row: dict, peak: float) -> str:
+    """Adds the MFU fields to a measured row (not to a failed one) and returns its table line."""
+    if "error" in row:
+        return f"{row['preset']:<11}{row['seq']:>7}{row['attention']:>10}  failed: {row['error']}"
+    row["peak_tflops_per_s"], row["mfu"] = peak / 1e12, row["flops"] / row["step_seconds"] / peak
+    row["mfu_executed"] = row["executed_flops"] / row["step_seconds"] / peak
+    return (f"{row['preset']:<11}{row['seq']:>7}{row['attention']:>10}{row['params']:>15,}{row['step_seconds']:>9.2f}"
+            f"{row['tokens_per_s']:>10.0f}{row['model_tflops_per_s']:>9.3f}{row['mfu']:>7.1%}{row['mfu_executed']:>7.1%}"
+            f"{row.get('peak_gib', float('nan')):>9.1f}")
+
+
+def measure_or_fail(path: Path, shape: dict, attention: str, seq: int, args, device: str) -> dict:
+    """``measure``, or the row with the error that stopped it (an OOM at 16k tokens must not
+    cost the rows already measured, nor the ones after it)."""
+    try:
+        return measure(path, shape, attention, seq, args, device)
+    except (RuntimeError, ValueError) as e:  # torch.OutOfMemoryError is a RuntimeError
+        error = f"{type(e).__name__}: {str(e).splitlines()[0][:400]}"
+    free_memory(device)  # outside the handler: the exception's frames held the worker
+    return {"attention": attention, "seq": seq, "error": error}
+
+
+def free_memory(device: str) -> None:
+    gc.collect()  # the first pass runs the dropped worker's finalizers, the second frees it
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+
+def write_results(out: Path, device: str, info: dict, args, rows: list[dict]) -> None:
+    """Merges this device's entry into ``out`` (after every row: a run stopped by a time limit
+    keeps what it measured)."""
+    existing = json.loads(out.read_text()) if out.exists() else {}
+    info["load_avg_1m_after"] = os.getloadavg()[0]
+    existing[device] = {"machine": info, "config": {**vars(args), "results": str(out)}, "results": rows}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(existing, indent=2) + "\n")
 
 
 def main() -> None:
@@ -149,6 +214,8 @@ def main() -> None:
         raise SystemExit(f"--attention {','.join(unknown)}: choose from {', '.join(runs)}")
     choices = [a for a in args.attention.split(",") if runs[a]]
     peak = peak_flops(args.matmul, dtype, device)
+    print(f"{device}, {args.dtype}, {args.rows} rows, micro-batch {args.micro}; peak (matmul {args.matmul}) "
+          f"{peak / 1e12:.2f} TFLOP/s (re-measured at the end)\n{ROW_HEADER}", flush=True)
     rows = []
     seqs = [int(s) for s in args.seqs.split(",")]
     for preset in args.presets.split(","):
@@ -157,22 +224,17 @@ def main() -> None:
             path = build_model(Path(tmp) / "m", shape["layers"], shape["hidden"], shape["heads"], shape["kv_heads"],
                                shape["vocab"], ffn=shape["ffn"], head_dim=shape["head_dim"],
                                max_positions=max(seqs))  # fmt: skip
-            rows += [{"preset": preset, **measure(path, shape, a, seq, args, device)} for seq in seqs for a in choices]
+            for seq in seqs:
+                for attention in choices:
+                    rows.append({"preset": preset, **measure_or_fail(path, shape, attention, seq, args, device)})
+                    print(finish_row(rows[-1], peak), flush=True)
+                    write_results(args.results, device, info, args, rows)
     peak = max(peak, peak_flops(args.matmul, dtype, device))
-    print(f"{device}, {args.dtype}, {args.rows} rows, micro-batch {args.micro}; peak (matmul {args.matmul}) "
-          f"{peak / 1e12:.2f} TFLOP/s")
-    print(f"{'preset':<11}{'seq':>7}{'attention':>10}{'params':>15}{'step s':>9}{'tokens/s':>10}{'TFLOP/s':>9}{'MFU':>7}{'exec':>7}")
-    for r in rows:
-        r["peak_tflops_per_s"], r["mfu"], r["mfu_executed"] = peak / 1e12, r["flops"] / r["step_seconds"] / peak, r["executed_flops"] / r["step_seconds"] / peak
-        print(f"{r['preset']:<11}{r['seq']:>7}{r['attention']:>10}{r['params']:>15,}{r['step_seconds']:>9.2f}"
-              f"{r['tokens_per_s']:>10.0f}{r['model_tflops_per_s']:>9.3f}{r['mfu']:>7.1%}{r['mfu_executed']:>7.1%}")
-    info["load_avg_1m_after"] = os.getloadavg()[0]
-    out = args.results
-    existing = json.loads(out.read_text()) if out.exists() else {}
-    existing[device] = {"machine": info, "config": {**vars(args), "results": str(out)}, "results": rows}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(existing, indent=2) + "\n")
-    print(f"wrote {out}")
+    print(f"peak (better of before and after) {peak / 1e12:.2f} TFLOP/s\n{ROW_HEADER}")
+    for row in rows:
+        print(finish_row(row, peak))
+    write_results(args.results, device, info, args, rows)
+    print(f"wrote {args.results}")
 
 
 if __name__ == "__main__":
