@@ -9,7 +9,9 @@ Adam step, through Megatron's schedule with a token-mean policy-gradient loss. M
 ``params`` excludes the input embedding table (a lookup, no matmul; the LM head counts);
 ``q_dim`` is query heads x head size. The worker runs the LM head at response positions only
 (half the tokens here), so the formula counts more than is executed: ``mfu_executed`` counts
-the LM head on response tokens only. ``peak`` is measured in the same run by a large square
+the LM head on response tokens only. The attention term counts the whole ``seq^2`` score
+matrix, as PaLM's MFU does; a causal kernel computes about half of it: ``mfu_causal`` counts
+that half (the lowest of the three; the one to compare with frameworks that count causally). ``peak`` is measured in the same run by a large square
 matmul in the step's dtype, before and after the steps (the better of the two), so the number
 says how well the step uses this machine, not a datasheet. On a shared CPU both are noisy: the
 load average is recorded.
@@ -111,6 +113,7 @@ def timed_steps(worker, batch, steps: int, device: str) -> float:
 def profiled_step(worker, batch, label: str) -> float:
     """One more update under torch's profiler: prints the kernels that take the GPU's time and
     returns the share of the step's wall time the GPU was busy (low: the host is the bottleneck)."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
@@ -120,7 +123,9 @@ def profiled_step(worker, batch, label: str) -> float:
         torch.cuda.synchronize()
         wall = time.perf_counter() - start
     events = prof.key_averages()
-    busy = sum(e.self_device_time_total for e in events) / 1e6 / wall
+    # The kernels' own events (an op's CPU-side event repeats its kernels' time), as the table's total.
+    kernels = sum(e.self_device_time_total for e in events if e.device_type == DeviceType.CUDA) / 1e6
+    busy = kernels / wall
     print(f"--- profile of {label}: step {wall:.3f} s (profiled), GPU busy {busy:.0%}")
     print(events.table(sort_by="self_device_time_total", row_limit=12, max_name_column_width=60))
     return busy
@@ -149,11 +154,12 @@ def measure(path: Path, shape: dict, attention: str, seq: int, args: argparse.Na
     del worker
     free_memory(device)
     tokens = args.rows * seq
-    flops = 6 * matmul_params * tokens + 12 * shape["layers"] * shape["heads"] * shape["head_dim"] * seq**2 * args.rows
+    attention_flops = 12 * shape["layers"] * shape["heads"] * shape["head_dim"] * seq**2 * args.rows
+    flops = 6 * matmul_params * tokens + attention_flops
     executed = flops - 6 * shape["vocab"] * shape["hidden"] * (tokens - args.rows * (seq - half))
     return {"attention": attention, "seq": seq, "params": params, "tokens": tokens, "step_seconds": step_s,
             "tokens_per_s": tokens / step_s, "model_tflops_per_s": flops / step_s / 1e12, "flops": flops,
-            "executed_flops": executed, **extra}  # fmt: skip
+            "executed_flops": executed, "attention_flops": attention_flops, **extra}  # fmt: skip
 
 
 ROW_HEADER = (f"{'preset':<11}{'seq':>7}{'attention':>10}{'params':>15}{'step s':>9}{'tokens/s':>10}{'TFLOP/s':>9}"
@@ -166,6 +172,7 @@ def finish_row(row: dict, peak: float) -> str:
         return f"{row['preset']:<11}{row['seq']:>7}{row['attention']:>10}  failed: {row['error']}"
     row["peak_tflops_per_s"], row["mfu"] = peak / 1e12, row["flops"] / row["step_seconds"] / peak
     row["mfu_executed"] = row["executed_flops"] / row["step_seconds"] / peak
+    row["mfu_causal"] = (row["flops"] - row["attention_flops"] / 2) / row["step_seconds"] / peak
     return (f"{row['preset']:<11}{row['seq']:>7}{row['attention']:>10}{row['params']:>15,}{row['step_seconds']:>9.2f}"
             f"{row['tokens_per_s']:>10.0f}{row['model_tflops_per_s']:>9.3f}{row['mfu']:>7.1%}{row['mfu_executed']:>7.1%}"
             f"{row.get('peak_gib', float('nan')):>9.1f}")
@@ -194,7 +201,10 @@ def write_results(out: Path, device: str, info: dict, args, rows: list[dict]) ->
     keeps what it measured)."""
     existing = json.loads(out.read_text()) if out.exists() else {}
     info["load_avg_1m_after"] = os.getloadavg()[0]
-    existing[device] = {"machine": info, "config": {**vars(args), "results": str(out)}, "results": rows}
+    defaults = CUDA_DEFAULTS if device == "cuda" else CPU_DEFAULTS
+    # Another batch shape is another experiment: kept beside the default one, not over it.
+    key = device if (args.rows, args.micro) == (defaults["rows"], defaults["micro"]) else f"{device}, {args.rows} rows, micro-batch {args.micro}"
+    existing[key] = {"machine": info, "config": {**vars(args), "results": str(out)}, "results": rows}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(existing, indent=2) + "\n")
 
