@@ -4,8 +4,7 @@ kernel (``packed_attention: auto``) and compiled FlexAttention with the segments
 (``packed_attention: flex``; lengths past FlexAttention's 128-token blocks).
 
 Skipped without CUDA, without megatron-core (the attention module imports it) or without a
-torch that has ``torch.nn.attention.varlen``. NOT yet run: it was written on a machine without
-a GPU.
+torch that has ``torch.nn.attention.varlen``. Passed on an H100 (torch 2.11, megatron-core 0.19.2).
 """
 
 from __future__ import annotations

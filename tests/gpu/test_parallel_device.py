@@ -2,7 +2,7 @@
 init_parallel makes an NCCL one and puts the rank on its GPU; a gloo group made by the caller
 (the gloo tests and benches) keeps it on the CPU, whose tensors gloo moves.
 
-Skipped without CUDA or megatron-core. NOT yet run: written on a machine without a GPU.
+Skipped without CUDA or megatron-core. Passed on an H100 (torch 2.11, megatron-core 0.19.2).
 """
 
 from __future__ import annotations
