@@ -121,7 +121,9 @@ def test_each_suggested_value_passes_every_rule_it_touches(path, knob, bad, fiel
 
 @pytest.mark.parametrize(("overrides", "field"), [
     (["actor.parallel.tp=1", "actor.parallel.pp=1"], "actor"),  # over the memory: the layouts that fit, not more GPUs
-    (["actor.parallel.tp=2", "actor.parallel.pp=2", "actor.recompute=none"], "actor"),  # in the update, with its other knobs
+    # in the update, with its other knobs (one row per micro-batch: at 16k tokens no layout fits)
+    (["actor.parallel.tp=2", "actor.parallel.pp=2", "actor.recompute=none", "actor.max_tokens_per_gpu=null",
+      "actor.micro_batch_size=1"], "actor"),
     (["actor.parallel.tp=5", "actor.parallel.pp=1"], "actor.parallel.tp"),  # no tp fits at pp 1: whole layouts
 ])
 def test_each_suggested_layout_passes_every_rule(overrides, field):
@@ -411,10 +413,11 @@ def test_agent_rollouts_need_the_chat_template_and_no_overlap_when_deterministic
 def test_recompute_auto_is_the_least_that_fits_and_reaches_the_run():
     from megarl.config.planner import resolved_config
 
-    fits = plan(GRPO72, "actor.recompute=auto")  # micro-batch 1: fits without recompute
+    rows = "actor.max_tokens_per_gpu=null"  # micro-batches of micro_batch_size rows (1), not the config's 16k tokens
+    fits = plan(GRPO72, "actor.recompute=auto", rows)  # micro-batch 1: fits without recompute
     assert fits.resolved == {"actor.recompute": "none"}
-    assert fits.memory.policy == plan(GRPO72, "actor.recompute=none").memory.policy
-    big = ("actor.recompute=auto", "actor.micro_batch_size=4")  # 86 GiB without recompute
+    assert fits.memory.policy == plan(GRPO72, "actor.recompute=none", rows).memory.policy
+    big = ("actor.recompute=auto", rows, "actor.micro_batch_size=4")  # 86 GiB without recompute
     assert "actor: training needs an estimated" in refused(GRPO72, "actor.recompute=none", *big[1:])
     cfg = load_config(GRPO72, list(big))
     chosen = make_plan(cfg)
@@ -428,7 +431,7 @@ def test_recompute_auto_is_the_least_that_fits_and_reaches_the_run():
     assert make_plan(load_config(TINY, ["actor.recompute=auto"]), sft=True).resolved == {"actor.recompute": "none"}
     assert plan(GRPO72).resolved == {}  # an explicit choice is kept as is
     # Refused even with full: the fix does not offer what auto already tried.
-    msg = refused(GRPO72, "actor.recompute=auto", "actor.micro_batch_size=64")
+    msg = refused(GRPO72, "actor.recompute=auto", rows, "actor.micro_batch_size=64")
     assert "actor: training needs" in msg and "recompute=full" not in msg
 
 
