@@ -172,7 +172,7 @@ class CheckpointManager:
             size = path.stat().st_size
             entry: dict[str, Any] = {"path": rel, "size": size}
             if size <= self.checksum_max_bytes:
-                entry["sha256"] = _sha256(path)
+                entry["sha256"] = file_sha256(path)
             entries.append(entry)
         manifest = {
             "manifest_version": MANIFEST_VERSION,
@@ -452,7 +452,7 @@ def _verify_file(root: Path, entry: dict[str, Any]) -> None:
     size = f.stat().st_size
     if size != entry["size"]:
         raise CheckpointError(f"file {entry['path']} has {size} bytes, the manifest says {entry['size']} (truncated?)")
-    if "sha256" in entry and _sha256(f) != entry["sha256"]:
+    if "sha256" in entry and file_sha256(f) != entry["sha256"]:
         raise CheckpointError(f"file {entry['path']} does not match its sha256 in the manifest (corrupted)")
 
 
@@ -522,12 +522,10 @@ def _list_files(root: Path) -> list[str]:
     return sorted(out)
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file's bytes, read in chunks (a file can be larger than memory)."""
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _fsync_file(path: Path) -> None:

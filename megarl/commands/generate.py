@@ -33,7 +33,6 @@ The output format is megarl/data/generated.py; `megarl evaluate` scores it.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import logging
 import shutil
@@ -175,10 +174,9 @@ def _job(cfg: Any, data: Path, model: str, batch_size: int) -> dict[str, Any]:
 
 
 def _sha256(path: Path) -> str | None:
-    if not path.is_file():
-        return None
-    with path.open("rb") as f:  # streamed: a data file can be larger than memory
-        return hashlib.file_digest(f, "sha256").hexdigest()
+    from megarl.checkpoint.manager import file_sha256
+
+    return file_sha256(path) if path.is_file() else None
 
 
 def _model_fingerprint(source: Path) -> dict[str, Any] | None:
