@@ -37,30 +37,30 @@ print("python", sys.version.split()[0], "| torch", torch.__version__, "| cuda", 
 stages=" ${STAGES:-tests bench rl} "
 tests=0 bench=0 rl=0
 if [[ $stages == *" tests "* ]]; then
-timeout "${TESTS_S:-300}" "$python" -m pytest tests/gpu -p no:cacheprovider -q -rs --durations=10 \
-  --junitxml="$out/gpu_tests.xml" 2>&1 | tee "$out/gpu_tests.log"
-tests=${PIPESTATUS[0]}
+  timeout "${TESTS_S:-300}" "$python" -m pytest tests/gpu -p no:cacheprovider -q -rs --durations=10 \
+    --junitxml="$out/gpu_tests.xml" 2>&1 | tee "$out/gpu_tests.log"
+  tests=${PIPESTATUS[0]}
 fi
 if [[ $stages == *" bench "* ]]; then
-# The entries of other devices are kept: the bench merges this GPU's into a copy of the checkout's file.
-rm -f "$out/train_step.json"
-cp bench/results/train_step.json "$out/train_step.json" 2>/dev/null
-# shellcheck disable=SC2086  # BENCH_ARGS: options, split on purpose
-timeout "${BENCH_S:-360}" "$python" bench/train_step.py --results "$out/train_step.json" ${BENCH_ARGS:-} 2>&1 \
-  | tee "$out/train_step.log"
-bench=${PIPESTATUS[0]}
-[ "$bench" -eq 0 ] || mv "$out/train_step.json" "$out/train_step.json.not-updated" 2>/dev/null
+  # The entries of other devices are kept: the bench merges this GPU's into a copy of the checkout's file.
+  rm -f "$out/train_step.json"
+  cp bench/results/train_step.json "$out/train_step.json" 2>/dev/null
+  # shellcheck disable=SC2086  # BENCH_ARGS: options, split on purpose
+  timeout "${BENCH_S:-360}" "$python" bench/train_step.py --results "$out/train_step.json" ${BENCH_ARGS:-} 2>&1 \
+    | tee "$out/train_step.log"
+  bench=${PIPESTATUS[0]}
+  [ "$bench" -eq 0 ] || mv "$out/train_step.json" "$out/train_step.json.not-updated" 2>/dev/null
 fi
 if [[ $stages == *" rl "* ]]; then
-demo="$(mktemp -d)"
-"$python" -c 'import sys; from megarl.commands.demo import prepare_demo; prepare_demo(sys.argv[1])' "$demo" &&
-timeout "${RL_S:-300}" "$python" -m megarl.cli launch configs/tiny_grpo.yaml --in-process cluster.device=cuda \
-  cluster.gpus_per_node=1 model.dtype=bfloat16 "model.path=$demo/model" "data.train_files=[$demo/data/train.parquet]" \
-  "data.val_files=[$demo/data/val.parquet]" "trainer.output_dir=$demo/run" "trainer.total_steps=${RL_STEPS:-20}" \
-  2>&1 | tee "$out/rl_bf16.log"
-rl=${PIPESTATUS[0]}
-cp "$demo/run/metrics.jsonl" "$out/rl_bf16_metrics.jsonl" 2>/dev/null
-rm -rf "$demo"
+  demo="$(mktemp -d)"
+  "$python" -c 'import sys; from megarl.commands.demo import prepare_demo; prepare_demo(sys.argv[1])' "$demo" &&
+  timeout "${RL_S:-300}" "$python" -m megarl.cli launch configs/tiny_grpo.yaml --in-process cluster.device=cuda \
+    cluster.gpus_per_node=1 model.dtype=bfloat16 "model.path=$demo/model" "data.train_files=[$demo/data/train.parquet]" \
+    "data.val_files=[$demo/data/val.parquet]" "trainer.output_dir=$demo/run" "trainer.total_steps=${RL_STEPS:-20}" \
+    2>&1 | tee "$out/rl_bf16.log"
+  rl=${PIPESTATUS[0]}
+  cp "$demo/run/metrics.jsonl" "$out/rl_bf16_metrics.jsonl" 2>/dev/null
+  rm -rf "$demo"
 fi
 echo "ci/gpu: tests exit $tests, bench exit $bench, bf16 RL run exit $rl; logs and results in $out" >&2
 for code in "$tests" "$bench" "$rl"; do
