@@ -23,7 +23,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -49,7 +49,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "`megarl launch CONFIG model.path=<sft.output_dir>/model` starts RL from it and `megarl convert` exports it.",
     )
     add_config_args(p)
-    p.add_argument("--address", default=None, help="Ray cluster to attach to: auto or host:port (default: embedded local Ray)")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--address", default=None, help="Ray cluster to attach to: auto or host:port (default: embedded local Ray)")
+    where.add_argument("--in-process", action="store_true",
+                       help="no Ray: the policy worker in this process (a world of one, e.g. one GPU; needs "
+                       "cluster.nnodes=1 cluster.gpus_per_node=1)")  # fmt: skip
     p.set_defaults(handler=_run)
 
 
@@ -57,15 +61,14 @@ def _run(args: argparse.Namespace) -> int:
     from megarl.config.loading import load_config
 
     cfg = load_config(args.config, args.overrides)
-    run_sft(cfg, args.address)
+    run_sft(cfg, args.address, in_process=args.in_process)
     print(f"wrote {Path(cfg.sft.output_dir) / MODEL_DIR}: start RL from it with model.path={Path(cfg.sft.output_dir) / MODEL_DIR}")
     return 0
 
 
-def run_sft(cfg: Any, address: str | None = None) -> Path:
-    """Fine-tune, then write and verify ``<sft.output_dir>/model``; returns its path."""
-    from megarl.actors.ray_groups.placement import role_placements
-    from megarl.actors.ray_groups.session import ray_session
+def run_sft(cfg: Any, address: str | None = None, *, in_process: bool = False) -> Path:
+    """Fine-tune, then write and verify ``<sft.output_dir>/model``; returns its path.
+    ``in_process``: the worker lives in this process, without Ray (a world of one)."""
     from megarl.commands.launch import check_one_machine
     from megarl.config.planner import make_plan, resolved_config, sft_max_length
     from megarl.trainer.run_lock import output_dir_lock
@@ -73,20 +76,19 @@ def run_sft(cfg: Any, address: str | None = None) -> Path:
     s = cfg.sft
     if not s.train_files:
         raise SFTError("sft.train_files is empty; give parquet files with prompt + response columns or chat messages")
-    plan = make_plan(cfg, sft=True)
+    plan = make_plan(cfg, sft=True, in_process=in_process)
     cfg = resolved_config(cfg, plan.resolved)  # recompute: auto is none here (no memory plan)
     dp = plan.roles["policy"].dp
     if s.batch_size % dp:
         raise SFTError(f"sft.batch_size ({s.batch_size}) must be a multiple of the data-parallel size ({dp}); "
                        f"try {max(dp, s.batch_size // dp * dp)}")  # fmt: skip
-    check_one_machine(cfg, address)
+    if not in_process:  # a world of one: checked by the plan
+        check_one_machine(cfg, address)
     out = Path(s.output_dir).absolute()
     target = out / MODEL_DIR
     _check_target(target, cfg)
     data = _load_data(cfg, sft_max_length(cfg, plan.arch))
     steps = s.total_steps or max(1, s.epochs * len(data.train) // s.batch_size)
-    placement = role_placements(cfg, plan)[0][0]
-    local_cpus = None if (address or cfg.cluster.ray_address) else len(plan.roles["policy"].gpus) + 1
     control = RunControl()
     stopped = lambda: RunStopped(f"stopped by {control.signal_name} while starting; nothing was trained or "  # noqa: E731
                                  "written", control.exit_code)
@@ -94,7 +96,7 @@ def run_sft(cfg: Any, address: str | None = None) -> Path:
         # Logged once a signal is handled: a SIGTERM sent on seeing it stops the run cleanly.
         log.info("sft: %d training rows, %d held-out, %d steps of %d sequences (DP=%d)", len(data.train), len(data.val),
                  steps, s.batch_size, dp)  # fmt: skip
-        control.enter_starting(session, ray_session(address or cfg.cluster.ray_address, num_cpus=local_cpus), stopped)
+        placement = None if in_process else _start_ray(cfg, plan, address, session, control, stopped)
         try:  # the workers load the model: a signal now leaves nothing to keep either
             client, group = _start_group(cfg, placement, steps, out / "logs")
         except KeyboardInterrupt:
@@ -161,12 +163,28 @@ def _load_data(cfg: Any, max_length: int) -> _Data:
     return _Data(read(s.train_files, "train_files"), read(s.val_files, "val_files"), pad)
 
 
+def _start_ray(cfg: Any, plan: Any, address: str | None, session: ExitStack, control: RunControl,
+               stopped: Callable[[], RunStopped]) -> Any:  # fmt: skip
+    """Ray (embedded, or the cluster at ``address``) entered into ``session``; the policy's placement."""
+    from megarl.actors.ray_groups.placement import role_placements
+    from megarl.actors.ray_groups.session import ray_session
+
+    local_cpus = None if (address or cfg.cluster.ray_address) else len(plan.roles["policy"].gpus) + 1
+    control.enter_starting(session, ray_session(address or cfg.cluster.ray_address, num_cpus=local_cpus), stopped)
+    return role_placements(cfg, plan)[0][0]
+
+
 def _start_group(cfg: Any, placement: Any, steps: int, log_dir: Path) -> tuple[Any, Any]:
-    from megarl.actors.clients import SFTClient
-    from megarl.actors.ray_groups.worker_group import GroupOptions, WorkerGroup
+    """The SFT ranks: a Ray worker group on ``placement``, or (None) one rank in this process."""
+    from megarl.actors.clients import InProcessGroup, SFTClient
     from megarl.actors.sft_rank import SFTRank
 
-    group = WorkerGroup(SFTRank, placement, cfg, steps, group_options=GroupOptions(log_dir=log_dir))
+    if placement is None:
+        group = InProcessGroup(SFTRank, cfg, steps)
+    else:
+        from megarl.actors.ray_groups.worker_group import GroupOptions, WorkerGroup
+
+        group = WorkerGroup(SFTRank, placement, cfg, steps, group_options=GroupOptions(log_dir=log_dir))
     return SFTClient(group), group
 
 

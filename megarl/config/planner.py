@@ -113,7 +113,7 @@ class Plan:
 
 def make_plan(cfg: MegaRLConfig, *, check_files: bool = False, in_process: bool = False, sft: bool = False) -> Plan:
     """Check ``cfg`` and derive the layout; raises PlanError listing every problem.
-    ``in_process``: the run will hold every role in one process (`megarl launch --in-process`).
+    ``in_process``: the run will hold every role in one process (`megarl launch|sft --in-process`).
     ``sft``: the plan of `megarl sft`: the policy alone on every GPU, its scope, model and
     micro-batch checks (rollout, critic, RL batches, algorithm and memory are not its business)."""
     issues: list[Issue] = []
@@ -147,7 +147,7 @@ def make_plan(cfg: MegaRLConfig, *, check_files: bool = False, in_process: bool 
     check_run_length(cfg.trainer, issues)
     _check_offload(cfg, issues)
     if in_process:
-        check_in_process(cfg, issues)
+        check_in_process(cfg, issues, sft=sft)
     if check_files:
         _check_files(cfg, issues)
         check_server_python(cfg, issues)

@@ -29,12 +29,13 @@ def check_transport(cfg: MegaRLConfig, issues: list[Issue]) -> None:
                             f"{cfg.cluster.placement}; use {' or '.join(possible)} (or auto)"))
 
 
-def check_in_process(cfg: MegaRLConfig, issues: list[Issue]) -> None:
-    """A run without Ray: one process holds every role, so a world of one and the torch engine."""
+def check_in_process(cfg: MegaRLConfig, issues: list[Issue], *, sft: bool = False) -> None:
+    """A run without Ray: one process holds every role, so a world of one and (RL, not
+    ``sft``) the torch engine."""
     if cfg.cluster.world_size != 1:
         issues.append(Issue("cluster", f"--in-process runs a world of one process, the config has {cfg.cluster.world_size} "
                             "(nnodes x gpus_per_node); set cluster.nnodes=1 cluster.gpus_per_node=1"))
-    if cfg.rollout.engine != "torch":
+    if cfg.rollout.engine != "torch" and not sft:
         issues.append(Issue("rollout.engine", f"({cfg.rollout.engine}) needs Ray to place its servers; --in-process runs "
                             "the torch engine (rollout.engine=torch)"))
     if os.environ.get("WORLD_SIZE", "1") != "1":
