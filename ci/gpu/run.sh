@@ -6,16 +6,19 @@
 #   1. tests/gpu (what is missing there, e.g. transformer-engine, SGLang or Ray, is skipped, named),
 #   2. bench/train_step.py: the train-step MFU table on this GPU (BENCH_ARGS adds options),
 #   3. an RL run of the demo task in bf16 on this GPU, in this process (no Ray): RL_STEPS steps,
-# each under a time limit (TESTS_S, BENCH_S, RL_S seconds); STAGES (default "tests bench rl")
+#   4. the workflow HF model -> megarl sft -> RL from its checkpoint -> generate -> evaluate,
+#      in bf16 on this GPU, without Ray (each command under WORKFLOW_S),
+# each under a time limit (TESTS_S, BENCH_S, RL_S seconds); STAGES (default "tests bench rl workflow")
 # picks which run, and a stage left out counts as passed. Logs, the environment and the bench's
 # results go to $1 (default: $OUT when set, else ci/gpu/out; the checkout is not written): copy
 # train_step.json (the checkout's entries plus this GPU's) over bench/results/ to keep them.
-# Exit code: the first of the three that failed, else 0.
+# Exit code: the first of the four that failed, else 0.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 out="${1:-${OUT:-$here/out}}"
 python="${PYTHON:-python3}"
+device="${DEVICE:-cuda}"  # cpu: a dry run of the RL and workflow stages on a machine without a GPU
 mkdir -p "$out"
 site="$(mktemp -d)"
 trap 'rm -rf "$site"' EXIT
@@ -34,11 +37,11 @@ print("python", sys.version.split()[0], "| torch", torch.__version__, "| cuda", 
       "| transformers", transformers.__version__, "| megatron-core", megatron.core.__version__,
       "| pydantic", pydantic.VERSION, "| device", torch.cuda.get_device_name() if torch.cuda.is_available() else "none")'
 } 2>&1 | tee "$out/env.txt"
-stages=" ${STAGES:-tests bench rl} "
+stages=" ${STAGES:-tests bench rl workflow} "
 tests=0 bench=0 rl=0
 if [[ $stages == *" tests "* ]]; then
-  timeout "${TESTS_S:-300}" "$python" -m pytest tests/gpu -p no:cacheprovider -q -rs --durations=10 \
-    --junitxml="$out/gpu_tests.xml" 2>&1 | tee "$out/gpu_tests.log"
+  timeout "${TESTS_S:-300}" "$python" -m pytest tests/gpu -p no:cacheprovider -q -rs --durations=10 2>&1 \
+    | tee "$out/gpu_tests.log"
   tests=${PIPESTATUS[0]}
 fi
 if [[ $stages == *" bench "* ]]; then
@@ -54,7 +57,7 @@ fi
 if [[ $stages == *" rl "* ]]; then
   demo="$(mktemp -d)"
   "$python" -c 'import sys; from megarl.commands.demo import prepare_demo; prepare_demo(sys.argv[1])' "$demo" &&
-  timeout "${RL_S:-300}" "$python" -m megarl.cli launch configs/tiny_grpo.yaml --in-process cluster.device=cuda \
+  timeout "${RL_S:-300}" "$python" -m megarl.cli launch configs/tiny_grpo.yaml --in-process cluster.device=$device \
     cluster.gpus_per_node=1 model.dtype=bfloat16 "model.path=$demo/model" "data.train_files=[$demo/data/train.parquet]" \
     "data.val_files=[$demo/data/val.parquet]" "trainer.output_dir=$demo/run" "trainer.total_steps=${RL_STEPS:-20}" \
     2>&1 | tee "$out/rl_bf16.log"
@@ -62,8 +65,33 @@ if [[ $stages == *" rl "* ]]; then
   cp "$demo/run/metrics.jsonl" "$out/rl_bf16_metrics.jsonl" 2>/dev/null
   rm -rf "$demo"
 fi
-echo "ci/gpu: tests exit $tests, bench exit $bench, bf16 RL run exit $rl; logs and results in $out" >&2
-for code in "$tests" "$bench" "$rl"; do
+# HF model -> SFT -> RL from its checkpoint -> generate -> evaluate on the demo task, without Ray.
+run_workflow() {
+  local wf on_gpu
+  wf="$(mktemp -d)"
+  on_gpu=(cluster.device=$device cluster.gpus_per_node=1 model.dtype=bfloat16 trainer.loggers=[jsonl])
+  "$python" -c 'import sys; from megarl.commands.demo import prepare_demo; prepare_demo(sys.argv[1])' "$wf" &&
+  timeout "${WORKFLOW_S:-300}" "$python" -m megarl.cli sft --in-process configs/tiny_grpo.yaml "${on_gpu[@]}" \
+    "model.path=$wf/model" "sft.train_files=[$wf/data/train.parquet]" "sft.val_files=[$wf/data/val.parquet]" \
+    "sft.output_dir=$wf/sft" sft.total_steps=100 sft.eval_freq=50 &&
+  timeout "${WORKFLOW_S:-300}" "$python" -m megarl.cli launch --in-process configs/tiny_grpo.yaml "${on_gpu[@]}" \
+    "model.path=$wf/sft/model" "data.train_files=[$wf/data/train.parquet]" "data.val_files=[$wf/data/val.parquet]" \
+    "trainer.output_dir=$wf/rl" trainer.total_steps=5 &&
+  timeout "${WORKFLOW_S:-300}" "$python" -m megarl.cli generate configs/tiny_grpo.yaml "${on_gpu[@]}" \
+    --model "$wf/rl/checkpoints/step_000005" --data "$wf/data/val.parquet" --out "$wf/gen.parquet" --n 4 &&
+  timeout "${WORKFLOW_S:-300}" "$python" -m megarl.cli evaluate configs/tiny_grpo.yaml --data "$wf/gen.parquet" \
+    --k 1,4 --out "$out/workflow_eval.json"
+  local code=$?
+  rm -rf "$wf"
+  return "$code"
+}
+workflow=0
+if [[ $stages == *" workflow "* ]]; then
+  run_workflow 2>&1 | tee "$out/workflow.log"
+  workflow=${PIPESTATUS[0]}
+fi
+echo "ci/gpu: tests exit $tests, bench exit $bench, bf16 RL run exit $rl, workflow exit $workflow; logs and results in $out" >&2
+for code in "$tests" "$bench" "$rl" "$workflow"; do
   [ "$code" -ne 0 ] && exit "$code"
 done
 exit 0
