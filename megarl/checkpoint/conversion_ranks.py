@@ -88,16 +88,13 @@ class ExportRank:
     def __init__(self, model_path: str, actor_cfg: ActorConfig, dtype: str, seed: int, bucket_mb: float,
                  checkpoint: str | None = None, progress_file: str | None = None) -> None:  # fmt: skip
         from megarl.actors.megatron_runtime.model import MegatronModel, dtype_of
-        from megarl.actors.policy import PolicyWorker
+        from megarl.actors.megatron_runtime.training import load_trained_weights
 
         self.actor_cfg, self.dtype, self.seed, self.bucket_mb = actor_cfg, dtype, seed, bucket_mb
         self.model_path = model_path
-        if checkpoint is not None:
-            policy = PolicyWorker(model_path, actor_cfg, dtype, seed, total_optimizer_steps=1)
-            policy.load(Path(checkpoint) / "policy")
-            self.model = policy.model
-        else:
-            self.model = MegatronModel.build(model_path, actor_cfg, dtype_of(dtype), seed)
+        self.model = MegatronModel.build(model_path, actor_cfg, dtype_of(dtype), seed)
+        if checkpoint is not None:  # the trained weights only: no optimizer is built or read
+            load_trained_weights(self.model.core, Path(checkpoint) / "policy")
         self.rank = self.model.info.rank
         self.progress = ProgressFile(progress_file)
 

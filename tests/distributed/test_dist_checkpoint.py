@@ -59,6 +59,8 @@ def _optimizer_state(worker) -> dict[str, torch.Tensor]:
 def _ckpt_run(rank: int, world: int, path: str, ckpt_dir: str) -> dict:
     import multiprocessing
 
+    from megarl.actors.megatron_runtime.model import MegatronModel
+    from megarl.actors.megatron_runtime.training import load_trained_weights
     from megarl.actors.policy import PolicyWorker
 
     # The spawn helper's ranks are daemonic processes; Megatron's checkpoint writer starts a
@@ -87,6 +89,13 @@ def _ckpt_run(rank: int, world: int, path: str, ckpt_dir: str) -> dict:
         "step": second.trainer.schedule.step_count,
         "written_by": versions["megatron_core"],
     }
+    # What an export reads: the weights alone, into a bare model (no optimizer built or read).
+    bare = MegatronModel.build(path, cfg, torch.float32, seed=2)
+    before = {k: v.clone() for k, v in _weights(bare).items()}
+    load_trained_weights(bare.core, ckpt_dir)
+    trained, loaded_bare = _weights(first.model), _weights(bare)
+    out["bare_was_fresh"] = any(not torch.equal(before[k], trained[k]) for k in trained)
+    out["bare_equal"] = set(trained) == set(loaded_bare) and all(torch.equal(trained[k], loaded_bare[k]) for k in trained)
     m1 = first.update(batch, ac.pg_loss, mini_batch_size=8)
     m2 = second.update(batch, ac.pg_loss, mini_batch_size=8)
     out["metrics_equal"] = m1 == m2
@@ -94,6 +103,10 @@ def _ckpt_run(rank: int, world: int, path: str, ckpt_dir: str) -> dict:
     w1, w2 = ac.exported_state(first), ac.exported_state(second)
     out["weights_equal"] = all(torch.equal(w1[k], w2[k]) for k in w1)
     return out
+
+
+def _weights(model) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.core.state_dict().items() if not k.endswith("_extra_state")}
 
 
 def test_distributed_optimizer_checkpoint_restores_exactly(model_dir, tmp_path):
@@ -108,6 +121,7 @@ def test_distributed_optimizer_checkpoint_restores_exactly(model_dir, tmp_path):
         assert r["step"] == 3
         assert r["written_by"] == version("megatron-core")
         assert r["metrics_equal"] and r["weights_equal"]
+        assert r["bare_was_fresh"] and r["bare_equal"]  # load_trained_weights: the trained weights exactly
 
 
 def _never_stepped_run(rank: int, world: int, path: str, ckpt_dir: str) -> dict:

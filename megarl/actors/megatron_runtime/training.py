@@ -167,7 +167,7 @@ class TrainableModel:
 
     # ---- checkpoints ------------------------------------------------------------------------
     def _sharded_state(self, is_loading: bool) -> dict[str, Any]:
-        model_sd = self.model.core.sharded_state_dict(metadata=CHECKPOINT_METADATA)
+        model_sd = _model_sharded_state(self.model.core)
         return {
             "model": model_sd,
             "optimizer": self.optimizer.sharded_state_dict(model_sd, is_loading=is_loading, metadata=CHECKPOINT_METADATA),
@@ -191,9 +191,7 @@ class TrainableModel:
         """Restore what :meth:`save` wrote (collective; same TP/PP/DP layout or a reshardable one)."""
         from megatron.core import dist_checkpointing
 
-        if not os.path.isdir(path):
-            raise FileNotFoundError(f"checkpoint directory {path} does not exist")
-        check_checkpoint_readable(path)
+        _check_loadable(path)
         # Only the distributed optimizer lays its state out by gradient bucket.
         if self.cfg.optimizer.distributed:
             recorded = checkpoint_record(path).get("grad_bucket_params")
@@ -209,6 +207,30 @@ class TrainableModel:
             self.optimizer.load_state_dict(state["optimizer"])
         _restore_adam_steps(self.optimizer, state["optimizer"])
         self.schedule.load_state_dict(state["schedule"])
+
+
+def _model_sharded_state(core: torch.nn.Module) -> dict[str, Any]:
+    """The model's part of a training checkpoint (the ``model`` key of what :meth:`TrainableModel.save` writes)."""
+    return core.sharded_state_dict(metadata=CHECKPOINT_METADATA)
+
+
+def load_trained_weights(core: torch.nn.Module, path: str | os.PathLike) -> None:
+    """Fill ``core``'s parameters from the training checkpoint at ``path`` (what
+    :meth:`TrainableModel.save` wrote; collective), reading neither the optimizer state nor the
+    schedule: an export needs the weights alone, without training's memory for Adam's state
+    and whatever optimizer layout (distributed or not, gradient buckets) wrote them."""
+    from megatron.core import dist_checkpointing
+
+    _check_loadable(path)
+    state = dist_checkpointing.load({"model": _model_sharded_state(core)}, str(path))
+    with torch.no_grad():
+        core.load_state_dict(state["model"])
+
+
+def _check_loadable(path: str | os.PathLike) -> None:
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"checkpoint directory {path} does not exist")
+    check_checkpoint_readable(path)
 
 
 def _trained_params(module: torch.nn.Module) -> int:
