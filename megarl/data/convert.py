@@ -201,9 +201,7 @@ def generic_rows(
     for i, rec in enumerate(read_raw_records(path)):
         raw = rec.get(prompt_field, option="--prompt-field")
         if isinstance(raw, list):
-            prompt = check_prompt(raw)
-            if prompt is None:
-                raise DataError(f"{rec.where}: field {prompt_field!r} must be a string or a list of {{role, content}} messages")
+            prompt = check_prompt(raw, f"{rec.where}: field {prompt_field!r}")
         else:
             prompt = _user_prompt(rec.text(prompt_field, option="--prompt-field"), suffix, system)
         truth = rec.text(answer_field, option="--answer-field")

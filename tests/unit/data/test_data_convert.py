@@ -171,3 +171,39 @@ def test_a_csv_header_naming_a_column_twice_is_refused(tmp_path):
     with pytest.raises(DataError, match=r"^qa.csv: line 1: the header names the column 'q' twice \(again in column 3\); "
                                         r"give each column its own name$"):  # fmt: skip
         generic_rows(src, prompt_field="q", answer_field="a", data_source="qa")
+
+
+@pytest.mark.parametrize(
+    "messages, expected",
+    [
+        ([{"role": "sytem", "content": "Be brief."}, {"role": "user", "content": "hi"}],
+         "message 0 has role 'sytem' (did you mean 'system'?); roles are system, user, assistant, tool"),
+        ([{"role": "user", "content": "hi"}, {"role": "narrator", "content": "x"}],
+         "message 1 has role 'narrator'; roles are system, user, assistant, tool"),
+        ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": 5}],
+         "message 1 has content 5 (int); a message's content must be a string (quote a number, join a list of parts "
+         "into one text)"),
+        ([{"role": "user", "content": "a"}, {"role": "user", "text": "b"}],
+         "message 1 has no 'content' key (it has ['role', 'text']); give each message a role and a content"),
+        ([{"role": "user", "content": "a"}, "b"], "message 1 is str ('b'); give each message as a {role, content} object"),
+        ([], "expected a non-empty list of {role, content} messages, got an empty list"),
+    ],
+)  # fmt: skip
+def test_a_bad_chat_message_is_named_by_line_message_and_key(tmp_path, messages, expected):
+    good = {"p": [{"role": "user", "content": "fine"}], "a": "1"}
+    src = _jsonl(tmp_path / "c.jsonl", [good, "\n", {"p": messages, "a": "2"}])  # line 3: blank lines count
+    with pytest.raises(DataError) as err:
+        generic_rows(src, prompt_field="p", answer_field="a", data_source="chat")
+    assert str(err.value) == f"c.jsonl: line 3: field 'p': {expected}"
+
+
+def test_a_bad_chat_message_is_one_error_line_and_exit_code_2(tmp_path, capsys):
+    from megarl.cli import EXIT_USER, main
+
+    src = _jsonl(tmp_path / "train.jsonl", [{"p": [{"role": "user", "content": "hi"}, {"role": "asistant", "content": "x"}], "a": "1"}])
+    out = tmp_path / "out.parquet"
+    args = ["data", "convert", src, str(out), "--prompt-field", "p", "--answer-field", "a", "--data-source", "chat"]
+    assert main(args) == EXIT_USER
+    assert capsys.readouterr().err == ("error: train.jsonl: line 1: field 'p': message 1 has role 'asistant' (did you mean "
+                                       "'assistant'?); roles are system, user, assistant, tool\n")  # fmt: skip
+    assert not out.exists()
