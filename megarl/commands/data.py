@@ -18,7 +18,8 @@ from megarl.commands.arguments import user_path
 SCHEMA_TEXT = """\
 The verl parquet schema (one row per prompt), which `megarl launch` reads:
   data_source   str                          selects the reward function (reward.functions)
-  prompt        list of {role, content}      chat messages (or one plain string)
+  prompt        list of {role, content}      chat messages (or one plain string); role is
+                                             system, user, assistant or tool
   ability       str                          free label, e.g. "math"
   reward_model  {ground_truth, style}        what the reward compares the response with
   extra_info    struct                       per-row metadata (split, index, ...)
@@ -115,7 +116,12 @@ def _add_convert(sub: argparse._SubParsersAction) -> None:
         "Convert any JSONL (one object per line) or CSV (with a header row) to the verl schema.\n\n"
         "A string prompt becomes one user message (optionally preceded by a --system message and\n"
         "followed by a --suffix instruction); a JSONL prompt that already is a list of {role, content}\n"
-        "messages is kept as is. The answer field becomes reward_model.ground_truth (as a string).",
+        "messages is kept as is: each role is system, user, assistant or tool and each content a\n"
+        "string. Any other prompt (a number, an object) is refused.\n\n"
+        "The answer field becomes reward_model.ground_truth: a string, or a number stored as its\n"
+        "string form (7 -> \"7\", 2.5 -> \"2.5\"); a bool, list, object or null is refused.\n\n"
+        "A bad record is one error line naming the line of the file, the field and, for messages,\n"
+        "the message (numbered from 0) and its key.",
     )
     _add_io(p, ".jsonl or .csv")
     p.add_argument("--prompt-field", required=True, metavar="NAME", help="field holding the prompt")

@@ -6,7 +6,9 @@
 - MATH (``problem`` / ``solution``): the ground truth is the content of the solution's last
   ``\\boxed{...}`` (nested braces kept); data_source ``math``; the prompt asks for a boxed answer.
 - generic: any prompt / answer field names, a data_source of the user's choice, an optional
-  system message and instruction suffix.
+  system message and instruction suffix. The prompt is text or a list of {role, content}
+  messages (checked as training checks them); the ground truth is text or a number, stored as
+  its string form. A number as a prompt, or a bool / list / object as a ground truth, is refused.
 
 Bad input raises :class:`~megarl.data.datasets.DataError` naming the file, the line and the
 field. Nothing here downloads datasets: the user brings the raw files.
@@ -16,12 +18,20 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from megarl.data.datasets import DataError, Prompt, check_prompt, write_prompt_file
+from megarl.data.datasets import (
+    DataError,
+    Prompt,
+    check_prompt,
+    short_repr,
+    type_name,
+    write_prompt_file,
+)
 from megarl.rewards.math import last_boxed  # one definition for data conversion and scoring
 
 GSM8K_SOURCE = "openai/gsm8k"
@@ -50,10 +60,28 @@ class RawRecord:
         return self.fields[name]
 
     def text(self, name: str, *, option: str = "") -> str:
+        """A text field (a prompt, a solution): a non-empty string. A JSON number is refused, not
+        turned into text: a prompt that is a number is most often the wrong field."""
+        value = self.get(name, option=option)
+        if not isinstance(value, str):
+            raise DataError(f"{self.where}: field {name!r} must be a string, got {type_name(value)} ({short_repr(value)}); "
+                            "quote it in the JSON if it is meant as text")  # fmt: skip
+        return self._nonempty(name, value)
+
+    def ground_truth(self, name: str, *, option: str = "") -> str:
+        """A ground truth: a string, or a finite number (common in math data) stored as its
+        string form (7 -> "7", 2.5 -> "2.5"). A bool, list or object has no one answer text and
+        is refused, as is a null (by get)."""
         value = self.get(name, option=option)
         if isinstance(value, bool) or not isinstance(value, str | int | float):
-            raise DataError(f"{self.where}: field {name!r} must be a string, got {type(value).__name__}")
-        text = str(value).strip()
+            raise DataError(f"{self.where}: field {name!r} must be a string or a number, got {type_name(value)} "
+                            f"({short_repr(value)}); write the answer as one string, quoted in the JSON")  # fmt: skip
+        if isinstance(value, float) and not math.isfinite(value):  # JSON NaN / Infinity: no answer to compare with
+            raise DataError(f"{self.where}: field {name!r} is {value}, not a finite number; give the answer")
+        return self._nonempty(name, str(value))
+
+    def _nonempty(self, name: str, value: str) -> str:
+        text = value.strip()
         if not text:
             raise DataError(f"{self.where}: field {name!r} is empty")
         return text
@@ -194,19 +222,18 @@ def generic_rows(
     split: str = "train",
 ) -> list[dict[str, Any]]:
     """Rows from any JSONL / CSV: a string prompt becomes a user message (plus ``system`` and
-    ``suffix``); a JSONL prompt that is already a list of {role, content} messages is kept."""
+    ``suffix``); a JSONL prompt that is already a list of {role, content} messages is kept
+    (checked as training checks it). The ground truth is a string or a number, stored as text."""
     if not data_source:
         raise DataError("--data-source must be a non-empty name (the reward functions are chosen by it)")
     rows = []
     for i, rec in enumerate(read_raw_records(path)):
         raw = rec.get(prompt_field, option="--prompt-field")
-        if isinstance(raw, list):
-            prompt = check_prompt(raw)
-            if prompt is None:
-                raise DataError(f"{rec.where}: field {prompt_field!r} must be a string or a list of {{role, content}} messages")
-        else:
-            prompt = _user_prompt(rec.text(prompt_field, option="--prompt-field"), suffix, system)
-        truth = rec.text(answer_field, option="--answer-field")
+        if isinstance(raw, str):
+            prompt: Prompt = _user_prompt(rec.text(prompt_field), suffix, system)
+        else:  # messages are kept as given (no --system / --suffix); anything else is refused there
+            prompt = check_prompt(raw, f"{rec.where}: field {prompt_field!r}")
+        truth = rec.ground_truth(answer_field, option="--answer-field")
         rows.append(_row(data_source, prompt, truth, ability, {"split": split, "index": i}))
     return rows
 

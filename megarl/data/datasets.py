@@ -3,7 +3,8 @@
 The schema (one row per prompt), as verl and most RL recipes write it:
 
     data_source   str                                   which dataset / reward function
-    prompt        str | list[{role: str, content: str}] raw text or chat messages
+    prompt        str | list[{role: str, content: str}] raw text or chat messages (role: system,
+                                                        user, assistant or tool; content: text)
     ability       str (optional)                        e.g. "math"
     reward_model  {ground_truth: any, style: str}       what the reward function checks against
     extra_info    dict (optional)                       free per-row metadata, passed to rewards
@@ -16,6 +17,7 @@ prompts into token ids is megarl/data/prompts.py, drawing batches is megarl/data
 
 from __future__ import annotations
 
+import difflib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +25,10 @@ from typing import Any
 
 # A prompt as stored: raw text, or chat messages [{"role": ..., "content": ...}].
 Prompt = str | list[dict[str, str]]
+# The roles a message may have: what megarl's own code writes (the agent loops append assistant
+# and tool turns) and its chat-template paths are tested with. A template silently drops a role
+# it does not know (Qwen2.5's does), so any other role is refused rather than trained without.
+ROLES = ("system", "user", "assistant", "tool")
 
 REQUIRED_COLUMNS = ("data_source", "reward_model")
 SCHEMA_HELP = (
@@ -174,14 +180,11 @@ def _check_row(
     agent_name: Any = None,
 ) -> PromptRecord:
     def bad(column: str, expected: str, value: Any) -> DataError:
-        shown = type(value).__name__ if value is not None else "null"
-        return DataError(f"{label}: row {i}, column {column!r}: expected {expected}, got {shown} ({short_repr(value)})")
+        return DataError(f"{label}: row {i}, column {column!r}: expected {expected}, got {type_name(value)} ({short_repr(value)})")
 
     if not isinstance(data_source, str) or not data_source:
         raise bad("data_source", "a non-empty string", data_source)
-    checked = check_prompt(prompt)
-    if checked is None:
-        raise bad(prompt_key, "a string or a list of {role, content} messages", prompt)
+    checked = check_prompt(prompt, f"{label}: row {i}, column {prompt_key!r}")
     if ability is not None and not isinstance(ability, str):
         raise bad("ability", "a string", ability)
     if not isinstance(reward_model, dict) or "ground_truth" not in reward_model:
@@ -205,18 +208,49 @@ def _check_row(
     )
 
 
-def check_prompt(prompt: Any) -> Prompt | None:
-    """``prompt`` as a :data:`Prompt` (messages reduced to role + content), or None if malformed."""
+def check_prompt(prompt: Any, where: str) -> Prompt:
+    """``prompt`` as a :data:`Prompt`: text, or chat messages checked by :func:`check_messages`.
+
+    ``where`` starts every error (``train.parquet: row 17, column 'prompt'``)."""
     if isinstance(prompt, str):
         return prompt
-    if not isinstance(prompt, list) or not prompt:
-        return None
-    messages: list[dict[str, str]] = []
-    for m in prompt:
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-            return None
-        messages.append({"role": m["role"], "content": m["content"]})
-    return messages
+    if isinstance(prompt, list):
+        return check_messages(prompt, where)
+    raise DataError(f"{where}: expected a string or a list of {{role, content}} messages, got {type_name(prompt)} ({short_repr(prompt)})")
+
+
+def check_messages(messages: Any, where: str) -> list[dict[str, str]]:
+    """Chat messages reduced to role + content; the one check of a message list (RL prompts,
+    ``megarl data convert``, SFT conversations). An error names the message (numbered from 0, as
+    the list's index), the key, its value and the fix."""
+    if not isinstance(messages, list) or not messages:
+        shown = "an empty list" if isinstance(messages, list) else f"{type_name(messages)} ({short_repr(messages)})"
+        raise DataError(f"{where}: expected a non-empty list of {{role, content}} messages, got {shown}")
+    checked: list[dict[str, str]] = []
+    for n, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise DataError(f"{where}: message {n} is {type_name(m)} ({short_repr(m)}); give each message as a {{role, content}} object")
+        for key in ("role", "content"):
+            if key not in m:
+                raise DataError(f"{where}: message {n} has no {key!r} key (it has {sorted(m)}); give each message a role and a content")
+        role, content = m["role"], m["content"]
+        if role not in ROLES:  # also a non-string role
+            raise DataError(f"{where}: message {n} has role {role!r}{_close_role(role)}; roles are {', '.join(ROLES)}")
+        if not isinstance(content, str):
+            raise DataError(f"{where}: message {n} has content {short_repr(content)} ({type_name(content)}); a message's "
+                            "content must be a string (quote a number, join a list of parts into one text)")  # fmt: skip
+        checked.append({"role": role, "content": content})
+    return checked
+
+
+def _close_role(role: Any) -> str:
+    close = difflib.get_close_matches(role.lower(), ROLES, n=1, cutoff=0.6) if isinstance(role, str) else []
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def type_name(value: Any) -> str:
+    """A value's JSON-ish type name for errors (None reads as null, as in the user's file)."""
+    return "null" if value is None else type(value).__name__
 
 
 def prompt_chars(prompt: Prompt) -> int:

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from megarl.data.datasets import DataError, check_prompt, file_label, short_repr
+from megarl.data.datasets import DataError, check_messages, check_prompt, file_label, short_repr
 from megarl.data.prompts import PromptBuilder
 
 log = logging.getLogger(__name__)
@@ -92,9 +92,7 @@ def _dig(value: Any, key: str, where: str) -> str:
 def prompt_response_example(prompt: Any, response: str, builder: PromptBuilder, eos_id: int, where: str,
                             prompt_key: str = "prompt") -> SFTExample:  # fmt: skip
     """A templated prompt (as in RL) and its response + EOS, all response tokens trained."""
-    checked = check_prompt(prompt)
-    if checked is None:
-        raise DataError(f"{where}, column {prompt_key!r}: expected text or chat messages, got {short_repr(prompt)}")
+    checked = check_prompt(prompt, f"{where}, column {prompt_key!r}")
     prompt_ids = builder.tokenize([builder.render(checked, where)])[0]
     response_ids = [*builder.tokenizer(response, add_special_tokens=False)["input_ids"], eos_id]
     return SFTExample(prompt_ids, response_ids, [1] * len(response_ids))
@@ -106,8 +104,9 @@ def conversation_example(messages: Any, builder: PromptBuilder, where: str, mess
     Turn boundaries come from rendering the prefixes (up to a turn's generation prompt, and
     through the turn) and tokenizing them; a template whose prefixes do not tokenize as a
     prefix of the whole conversation is refused rather than trained on shifted masks."""
-    if not isinstance(messages, list) or not all(isinstance(m, dict) and {"role", "content"} <= set(m) for m in messages):
-        raise DataError(f"{where}, column {messages_key!r}: expected a list of {{role, content}} messages, got {short_repr(messages)}")
+    # Checked as RL prompts are; the template still gets the messages as stored, so any keys
+    # besides role and content that it renders (e.g. tool_calls) are trained on as before.
+    check_messages(messages, f"{where}, column {messages_key!r}")
     turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
     if not turns:
         raise DataError(f"{where}, column {messages_key!r}: no assistant message to train on")

@@ -132,8 +132,58 @@ def test_generic_jsonl_keeps_message_prompts_and_checks_types(tmp_path):
     assert rows[0]["prompt"] == msgs and rows[0]["reward_model"]["ground_truth"] == "3"
     assert rows[1]["reward_model"]["ground_truth"] == "1.5"
     bad = _jsonl(tmp_path / "d.jsonl", [{"p": "x", "a": ["list"]}])
-    with pytest.raises(DataError, match=r"^d.jsonl: line 1: field 'a' must be a string, got list"):
+    with pytest.raises(DataError, match=r"^d.jsonl: line 1: field 'a' must be a string or a number, got list"):
         generic_rows(bad, prompt_field="p", answer_field="a", data_source="chat")
+
+
+def test_a_numeric_ground_truth_is_stored_as_its_string_form(tmp_path):
+    src = _jsonl(tmp_path / "n.jsonl", [{"p": "a", "a": 7}, {"p": "b", "a": -2.5}, {"p": "c", "a": 12345678901234567890},
+                                        {"p": "d", "a": " 0.5 "}])  # fmt: skip
+    rows = generic_rows(src, prompt_field="p", answer_field="a", data_source="math")
+    expected = ["7", "-2.5", "12345678901234567890", "0.5"]
+    assert [r["reward_model"]["ground_truth"] for r in rows] == expected
+    out = write_rows(rows, tmp_path / "n.parquet", src)
+    assert [r.ground_truth for r in read_prompt_file(out)] == expected  # a string column, not a number one
+
+
+@pytest.mark.parametrize(
+    "answer, expected",
+    [
+        ("true", "field 'a' must be a string or a number, got bool (True); write the answer as one string, quoted in the JSON"),
+        ("false", "field 'a' must be a string or a number, got bool (False); write the answer as one string, quoted in the JSON"),
+        ('[1, 2]', "field 'a' must be a string or a number, got list ([1, 2]); write the answer as one string, quoted in the JSON"),
+        ('{"x": 1}', "field 'a' must be a string or a number, got dict ({'x': 1}); write the answer as one string, quoted in the JSON"),
+        ("NaN", "field 'a' is nan, not a finite number; give the answer"),
+        ("null", "field 'a' is null; give it a value or drop the record"),
+    ],
+)  # fmt: skip
+def test_a_ground_truth_that_is_no_string_or_number_is_refused(tmp_path, answer, expected):
+    src = tmp_path / "b.jsonl"
+    src.write_text(f'{{"p": "x", "a": "1"}}\n{{"p": "y", "a": {answer}}}\n')
+    with pytest.raises(DataError) as err:
+        generic_rows(src, prompt_field="p", answer_field="a", data_source="qa")
+    assert str(err.value) == f"b.jsonl: line 2: {expected}"
+
+
+@pytest.mark.parametrize("prompt, shown", [("42", "int (42)"), ("2.5", "float (2.5)"), ("true", "bool (True)"),
+                                           ('{"role": "user", "content": "hi"}', "dict ({'role': 'user', 'content': 'hi'})")])  # fmt: skip
+def test_a_prompt_must_be_text_or_messages(tmp_path, prompt, shown):
+    src = tmp_path / "p.jsonl"
+    src.write_text(f'{{"p": {prompt}, "a": "1"}}\n')
+    with pytest.raises(DataError) as err:
+        generic_rows(src, prompt_field="p", answer_field="a", data_source="qa")
+    assert str(err.value) == f"p.jsonl: line 1: field 'p': expected a string or a list of {{role, content}} messages, got {shown}"
+
+
+def test_a_number_is_no_text_field_of_gsm8k_but_a_csv_cell_is_text(tmp_path):
+    src = _jsonl(tmp_path / "g.jsonl", [{"question": 12, "answer": "#### 1"}])
+    with pytest.raises(DataError) as err:
+        gsm8k_rows(src)
+    assert str(err.value) == "g.jsonl: line 1: field 'question' must be a string, got int (12); quote it in the JSON if it is meant as text"
+    csv_src = tmp_path / "d.csv"
+    csv_src.write_text("p,a\n472,274\n")  # CSV has no numbers: every cell is text, as the demo's digit prompts are
+    (row,) = generic_rows(csv_src, prompt_field="p", answer_field="a", data_source="reverse_digits")
+    assert row["prompt"] == [{"role": "user", "content": "472"}] and row["reward_model"]["ground_truth"] == "274"
 
 
 def test_unsupported_or_missing_input(tmp_path):
@@ -171,3 +221,39 @@ def test_a_csv_header_naming_a_column_twice_is_refused(tmp_path):
     with pytest.raises(DataError, match=r"^qa.csv: line 1: the header names the column 'q' twice \(again in column 3\); "
                                         r"give each column its own name$"):  # fmt: skip
         generic_rows(src, prompt_field="q", answer_field="a", data_source="qa")
+
+
+@pytest.mark.parametrize(
+    "messages, expected",
+    [
+        ([{"role": "sytem", "content": "Be brief."}, {"role": "user", "content": "hi"}],
+         "message 0 has role 'sytem' (did you mean 'system'?); roles are system, user, assistant, tool"),
+        ([{"role": "user", "content": "hi"}, {"role": "narrator", "content": "x"}],
+         "message 1 has role 'narrator'; roles are system, user, assistant, tool"),
+        ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": 5}],
+         "message 1 has content 5 (int); a message's content must be a string (quote a number, join a list of parts "
+         "into one text)"),
+        ([{"role": "user", "content": "a"}, {"role": "user", "text": "b"}],
+         "message 1 has no 'content' key (it has ['role', 'text']); give each message a role and a content"),
+        ([{"role": "user", "content": "a"}, "b"], "message 1 is str ('b'); give each message as a {role, content} object"),
+        ([], "expected a non-empty list of {role, content} messages, got an empty list"),
+    ],
+)  # fmt: skip
+def test_a_bad_chat_message_is_named_by_line_message_and_key(tmp_path, messages, expected):
+    good = {"p": [{"role": "user", "content": "fine"}], "a": "1"}
+    src = _jsonl(tmp_path / "c.jsonl", [good, "\n", {"p": messages, "a": "2"}])  # line 3: blank lines count
+    with pytest.raises(DataError) as err:
+        generic_rows(src, prompt_field="p", answer_field="a", data_source="chat")
+    assert str(err.value) == f"c.jsonl: line 3: field 'p': {expected}"
+
+
+def test_a_bad_chat_message_is_one_error_line_and_exit_code_2(tmp_path, capsys):
+    from megarl.cli import EXIT_USER, main
+
+    src = _jsonl(tmp_path / "train.jsonl", [{"p": [{"role": "user", "content": "hi"}, {"role": "asistant", "content": "x"}], "a": "1"}])
+    out = tmp_path / "out.parquet"
+    args = ["data", "convert", src, str(out), "--prompt-field", "p", "--answer-field", "a", "--data-source", "chat"]
+    assert main(args) == EXIT_USER
+    assert capsys.readouterr().err == ("error: train.jsonl: line 1: field 'p': message 1 has role 'asistant' (did you mean "
+                                       "'assistant'?); roles are system, user, assistant, tool\n")  # fmt: skip
+    assert not out.exists()

@@ -71,8 +71,35 @@ def test_malformed_message_in_a_later_row(tmp_path):
     prompts = [good] * 17 + [[{"role": "user", "content": None}]] + [good]
     rm = [{"ground_truth": "1", "style": "rule"}] * len(prompts)
     path = _write_table(tmp_path / "bad.parquet", {"data_source": ["a"] * len(prompts), "prompt": prompts, "reward_model": rm})
-    with pytest.raises(DataError, match=r"^data.train_files\[0\] \(bad.parquet\): row 17, column 'prompt': expected a string or a list"):
+    with pytest.raises(DataError) as err:
         read_prompt_file(path, label=LABEL)
+    assert str(err.value) == (f"{LABEL}: row 17, column 'prompt': message 0 has content None (null); a message's content "
+                              "must be a string (quote a number, join a list of parts into one text)")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "role, expected",
+    [
+        ("sytem", "message 1 has role 'sytem' (did you mean 'system'?); roles are system, user, assistant, tool"),
+        ("User", "message 1 has role 'User' (did you mean 'user'?); roles are system, user, assistant, tool"),
+        ("narrator", "message 1 has role 'narrator'; roles are system, user, assistant, tool"),
+    ],
+)
+def test_an_unknown_role_is_refused_with_the_closest_one(tmp_path, role, expected):
+    # A chat template drops a role it does not know (Qwen2.5's does): such a turn would vanish unseen.
+    prompts = [[{"role": "user", "content": "hi"}], [{"role": "system", "content": "s"}, {"role": role, "content": "q"}]]
+    rm = [{"ground_truth": "1", "style": "rule"}] * 2
+    path = _write_table(tmp_path / "bad.parquet", {"data_source": ["a"] * 2, "prompt": prompts, "reward_model": rm})
+    with pytest.raises(DataError) as err:
+        read_prompt_file(path, label=LABEL)
+    assert str(err.value) == f"{LABEL}: row 1, column 'prompt': {expected}"
+
+
+def test_every_supported_role_is_read(tmp_path):
+    prompt = [{"role": r, "content": r} for r in ("system", "user", "assistant", "tool", "user")]
+    path = _write_table(tmp_path / "ok.parquet", {"data_source": ["a"], "prompt": [prompt],
+                                                  "reward_model": [{"ground_truth": "1", "style": "rule"}]})  # fmt: skip
+    assert read_prompt_file(path)[0].prompt == prompt
 
 
 @pytest.mark.parametrize(

@@ -40,8 +40,16 @@ def test_conversation_errors_name_the_row(byte_tokenizer):
     builder = PromptBuilder(byte_tokenizer, max_prompt_length=512)
     with pytest.raises(DataError, match="row 3, column 'messages': no assistant message"):
         conversation_example([{"role": "user", "content": "hi"}], builder, "row 3")
-    with pytest.raises(DataError, match="expected a list of \\{role, content\\} messages"):
+    with pytest.raises(DataError, match="^row 3, column 'messages': expected a non-empty list of \\{role, content\\} messages"):
         conversation_example("hi", builder, "row 3")
+    # The same check as RL prompts (megarl/data/datasets.py): message, key and fix named.
+    chat = [{"role": "user", "content": "hi"}, {"role": "asistant", "content": "hello"}]
+    with pytest.raises(DataError) as err:
+        conversation_example(chat, builder, "row 3")
+    assert str(err.value) == ("row 3, column 'messages': message 1 has role 'asistant' (did you mean 'assistant'?); "
+                              "roles are system, user, assistant, tool")  # fmt: skip
+    with pytest.raises(DataError, match=r"^row 3, column 'messages': message 0 has no 'content' key \(it has \['role'\]\)"):
+        conversation_example([{"role": "user"}, {"role": "assistant", "content": "x"}], builder, "row 3")
 
 
 def test_prompt_and_dotted_response_key_with_eos(tmp_path, digit_tokenizer):
