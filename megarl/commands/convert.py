@@ -25,6 +25,8 @@ ever deleted:
   OUT as it was (the worker logs are kept, and named in the error); a staging directory that a
   killed convert left is removed by the next convert to OUT, when its name says it was made on
   this machine by a process that no longer runs (one named with another host is only mentioned);
+  a previous output that a convert killed during the swap left as ``.OUT.megarl-old-PID`` is
+  named by the next convert to OUT, never removed;
 - relative paths in a training checkpoint's config (model.path) resolve against the directory
   the run was launched from (recorded in the checkpoint), not the caller's;
 - the written files get the modes of any new file (0666 minus the umask).
@@ -416,6 +418,7 @@ def staged_output(target: Path, report: Callable[[str], None] | None = None) -> 
     after a kill -9: the next staging of ``target`` removes those, see _clear_dead_staging)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     _clear_dead_staging(target, report or log.warning)
+    _mention_kept_outputs(target, report or log.warning)
     staging = target.parent / f"{_staging_prefix(target)}{os.getpid()}"
     staging.mkdir()
     try:
@@ -451,6 +454,21 @@ def _clear_dead_staging(target: Path, say: Callable[[str], None]) -> None:
             continue  # a convert to the same OUT is running now: its rename will tell
         shutil.rmtree(path)
         say(f"removed {path}: the staging directory of an interrupted convert (pid {pid}, no longer running)")
+
+
+def _kept_prefix(target: Path) -> str:
+    """``.OUT.megarl-old-`` + a pid: where _swap_in keeps the previous output until the new one is in."""
+    return f".{target.name}.megarl-old-"
+
+
+def _mention_kept_outputs(target: Path, say: Callable[[str], None]) -> None:
+    """Name each previous output of ``target`` that a convert killed during its swap left aside.
+    It is the user's data (a kill between the two renames leaves it the only copy), so it is never
+    removed here, unlike a dead staging directory, which holds nothing the user had."""
+    for path in sorted(target.parent.glob(f"{glob.escape(_kept_prefix(target))}*")):
+        back = "" if os.path.lexists(target) else f" (or rename it back to {target.name})"
+        say(f"warning: {path} is the previous output of an interrupted convert, kept; delete it when you no "
+            f"longer need it{back}")
 
 
 def _pid_alive(pid: int) -> bool:
@@ -555,7 +573,7 @@ def _swap_in(written: Path, target: Path) -> None:
     """Put ``written`` at ``target`` by rename; a previous output goes only once the new one is in."""
     old = None
     if target.is_dir() and any(target.iterdir()):
-        old = target.parent / f".{target.name}.megarl-old-{os.getpid()}"
+        old = target.parent / f"{_kept_prefix(target)}{os.getpid()}"
         os.rename(target, old)
     elif target.is_dir():
         target.rmdir()

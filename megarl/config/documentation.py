@@ -4,6 +4,7 @@ from the pydantic models themselves (so the manual cannot drift from the code)."
 from __future__ import annotations
 
 import re
+import types
 import typing
 from typing import Any
 
@@ -11,6 +12,7 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from megarl.config.loading import ConfigError, _section_type, unknown_key_message
+from megarl.config.section_base import EXPAND_USER, UserPath
 from megarl.config.sections import MegaRLConfig
 
 
@@ -50,7 +52,9 @@ def _lines(model: type[BaseModel], prefix: str) -> list[str]:
 
 
 def _key_line(key: str, field: Any) -> str:
-    return f"{key} = {_default(field)}  ({_type(field.annotation)})  {field.description}"
+    # pydantic keeps a top-level Annotated's markers on the field, not in its annotation
+    kind = "path" if EXPAND_USER in field.metadata else _type(field.annotation)
+    return f"{key} = {_default(field)}  ({kind})  {field.description}"
 
 
 def _default(field: Any) -> str:
@@ -64,5 +68,11 @@ def _default(field: Any) -> str:
 def _type(annotation: Any) -> str:
     if typing.get_origin(annotation) is typing.Literal:
         return " | ".join(str(a) for a in typing.get_args(annotation))
+    if annotation == UserPath:
+        return "path"  # a str whose ~ is expanded (README's Configuration)
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return " | ".join("None" if a is type(None) else _type(a) for a in typing.get_args(annotation))
+    if typing.get_origin(annotation) is list and typing.get_args(annotation) == (UserPath,):
+        return "list[path]"
     text = str(annotation) if typing.get_origin(annotation) else getattr(annotation, "__name__", str(annotation))
     return re.sub(r"\bmegarl\.config\.\w+\.", "", text.replace("typing.", ""))  # list[DataFile], not its module path

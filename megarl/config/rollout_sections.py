@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from megarl.config.section_base import IMPORT_PATH, Section, builtin_or_import_path
+from megarl.config.section_base import IMPORT_PATH, Section, UserPath, builtin_or_import_path
 
 
 class SamplingConfig(Section):
@@ -31,7 +31,7 @@ class WeightSyncConfig(Section):
         "distributed (disaggregated SGLang, a broadcast group per pipeline stage), disk (HF files in disk_dir that the "
         "engines reload; any engine). auto picks in_process, tensor or distributed from the engine and placement.",
     )
-    disk_dir: str | None = Field(
+    disk_dir: UserPath | None = Field(
         None, description="Directory of the disk transport (on a filesystem every engine reads); None = <output_dir>/weights."
     )
     bucket_mb: int = Field(512, ge=1, description="Size of one weight-transfer bucket in MiB.")
@@ -108,12 +108,12 @@ class AgentConfig(Section):
         default_factory=dict,
         description="Your own agent loops: agent_name -> package.module:Class (an AgentLoop subclass, docs/agents.md).",
     )
-    tools_file: str | None = Field(
+    tools_file: UserPath | None = Field(
         None,
         description="Tool file in verl's format (tools: [{class_name, config, tool_schema}]); the schemas go to the "
         "chat template. Built-in class names: calculator, python, retrieval.",
     )
-    interactions_file: str | None = Field(
+    interactions_file: UserPath | None = Field(
         None,
         description="Interaction file in verl's format (interaction: [{name, class_name, config}]): a simulated user "
         "who answers between turns, chosen per sample by extra_info.interaction_kwargs.name.",
@@ -196,7 +196,7 @@ class RolloutConfig(Section):
         "(costs host memory: one copy of the engine's weights); without it the memory hand-over re-pushes the last "
         "version before a generation that follows a release (docs/architecture.md, 'Memory between training and generation').",
     )
-    server_python: str | None = Field(
+    server_python: UserPath | None = Field(
         None,
         description="SGLang: the Python interpreter that runs `python -m sglang.launch_server` (e.g. the bin/python of a "
         "separate SGLang venv, such as the CPU one `make sglang-cpu` builds); None = the trainer's own interpreter.",

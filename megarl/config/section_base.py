@@ -5,15 +5,23 @@ Torch-free, like every config module (`megarl plan` stays fast).
 
 from __future__ import annotations
 
+import os
 import re
 import types
 import typing
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationInfo, field_validator
 
 # A user's own function (algorithm.estimator / policy_loss, rollout.generate_function).
 IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+# The type of every config field that names a file or directory: ``~`` is expanded when a section
+# is validated, so a YAML file, an override and a section built in Python agree. The shell leaves
+# ``model.path=~/x`` as it is (a dotted key is no variable assignment), and a literal ./~ folder
+# made from it invites an `rm -rf ~`. Not for import paths (package.module:function) or addresses.
+EXPAND_USER = AfterValidator(os.path.expanduser)
+UserPath = Annotated[str, EXPAND_USER]
 
 
 class Section(BaseModel):

@@ -14,7 +14,7 @@ from pydantic import Field, field_validator, model_validator
 
 from megarl.config.architectures import BUILTIN_ARCHS
 from megarl.config.rollout_sections import RolloutConfig
-from megarl.config.section_base import Section, builtin_or_import_path
+from megarl.config.section_base import Section, UserPath, builtin_or_import_path
 
 # Names selectable in the config; megarl.algos' registries hold the implementations and a test
 # keeps both lists equal (the planner must not import torch to validate a name).
@@ -32,7 +32,7 @@ POLICY_LOSSES = ("ppo", "gspo")
 LOSS_AGGS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KL_ESTIMATORS = ("k1", "k2", "k3", "abs")
 class ModelConfig(Section):
-    path: str | None = Field(None, description="Hugging Face model directory (config.json, safetensors, tokenizer), or a "
+    path: UserPath | None = Field(None, description="Hugging Face model directory (config.json, safetensors, tokenizer), or a "
                              "model checkpoint of `megarl convert hf-to-megatron` (any TP/PP layout).")
     arch: str | None = Field(
         None,
@@ -99,13 +99,13 @@ class ClusterConfig(Section):
 
 
 class DataFile(Section):
-    path: str = Field(description="A parquet file in the verl schema (data_source, prompt, reward_model, extra_info).")
+    path: UserPath = Field(description="A parquet file in the verl schema (data_source, prompt, reward_model, extra_info).")
     weight: float = Field(1.0, gt=0, description="Relative sampling weight when several train files are mixed.")
 
 
 class DataConfig(Section):
     train_files: list[DataFile] = Field(default_factory=list, description="Training parquet files (strings or {path, weight}).")
-    val_files: list[str] = Field(default_factory=list, description="Validation parquet files.")
+    val_files: list[UserPath] = Field(default_factory=list, description="Validation parquet files.")
     prompt_key: str = Field("prompt", description="Column holding the prompt (a string or a list of chat messages).")
     prompts_per_step: int = Field(32, ge=1, description="Prompts drawn per RL step; the step generates prompts_per_step x rollout.n samples.")
     max_prompt_length: int = Field(1024, ge=1, description="Maximum prompt length in tokens after templating.")
@@ -193,7 +193,7 @@ class ReferenceConfig(Section):
 
 class CriticConfig(ActorConfig):
     enabled: bool | None = Field(None, description="Train a critic; None = derived from the estimator (gae needs one).")
-    path: str | None = Field(None, description="HF model (or model checkpoint of `megarl convert hf-to-megatron`) to initialise the critic backbone from; None = the policy's model.path.")
+    path: UserPath | None = Field(None, description="HF model (or model checkpoint of `megarl convert hf-to-megatron`) to initialise the critic backbone from; None = the policy's model.path.")
 
 
 class ClipConfig(Section):
@@ -264,13 +264,13 @@ class AlgorithmConfig(Section):
 
 
 class CustomRewardConfig(Section):
-    path: str = Field(description="Python file defining the reward function.")
+    path: UserPath = Field(description="Python file defining the reward function.")
     name: str = Field("compute_score", description="Function name in that file.")
     batched: bool = Field(False, description="The function takes lists and returns a list (verl's batch reward).")
 
 
 class RewardModelConfig(Section):
-    path: str = Field(description="HF sequence-classification model directory.")
+    path: UserPath = Field(description="HF sequence-classification model directory.")
     batch_size: int = Field(8, ge=1, description="Samples per forward.")
     device: str = Field("cpu", description="Device of the reward model in the reward workers.")
 
@@ -296,8 +296,8 @@ class TrainerConfig(Section):
     eval_before_train: bool = Field(False, description="Validate once before the first step.")
     val_only: bool = Field(False, description="Only validate, then exit.")
     critic_warmup_steps: int = Field(0, ge=0, description="Steps where only the critic trains (PPO).")
-    output_dir: str = Field("outputs/run", min_length=1, description="Checkpoints, metrics.jsonl, TensorBoard logs and samples go here.")
-    resume: str = Field("auto", description="auto (latest valid checkpoint in output_dir), disable, or a checkpoint path.")
+    output_dir: UserPath = Field("outputs/run", min_length=1, description="Checkpoints, metrics.jsonl, TensorBoard logs and samples go here.")
+    resume: UserPath = Field("auto", description="auto (latest valid checkpoint in output_dir), disable, or a checkpoint path.")
     keep_last: int = Field(3, ge=1, description="Checkpoints kept on disk.")
     loggers: list[Literal["console", "jsonl", "tensorboard", "wandb", "mlflow"]] = Field(
         default_factory=lambda: ["console", "jsonl", "tensorboard"], description="Metric sinks."
@@ -318,12 +318,12 @@ class TrainerConfig(Section):
 
 
 class SFTConfig(Section):
-    train_files: list[str] = Field(
+    train_files: list[UserPath] = Field(
         default_factory=list,
         description="Parquet files of `megarl sft`: prompt + response columns (sft.prompt_key, sft.response_key), or chat "
         "conversations (sft.messages_key).",
     )
-    val_files: list[str] = Field(default_factory=list, description="Held-out parquet files: the loss on them is logged as sft/val_loss.")
+    val_files: list[UserPath] = Field(default_factory=list, description="Held-out parquet files: the loss on them is logged as sft/val_loss.")
     prompt_key: str = Field("prompt", description="Column of the prompt (text or chat messages), templated as RL prompts are (data.apply_chat_template).")
     response_key: str = Field(
         "response",
@@ -340,7 +340,7 @@ class SFTConfig(Section):
     total_steps: int | None = Field(None, ge=1, description="Optimizer steps; None = sft.epochs passes over the training rows.")
     epochs: int = Field(1, ge=1, description="Passes over the training rows when total_steps is None.")
     eval_freq: int = Field(0, ge=0, description="Held-out loss every N steps (and always after the last); 0 = after the last only.")
-    output_dir: str = Field(
+    output_dir: UserPath = Field(
         "outputs/sft",
         min_length=1,
         description="metrics.jsonl, logs and model/: the fine-tuned model checkpoint that model.path can name to start RL "

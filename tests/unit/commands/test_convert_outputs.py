@@ -192,3 +192,29 @@ def test_a_killed_converts_staging_is_removed_by_the_next_one_on_this_machine(tm
     assert note.startswith(f"note: {foreign} is left as it is") and "no convert to hf is running" in note
     assert f"removed {dead}: the staging directory of an interrupted convert (pid {gone.stdout.strip()}, no longer running)" in said
     assert len(said) == 2 and not staging.exists()
+
+
+def test_a_previous_output_kept_by_a_killed_swap_is_named_not_removed(tmp_path):
+    """A kill between _swap_in's two renames leaves the user's previous output as .OUT.megarl-old-PID
+    (and no OUT): the next convert to OUT names it, with the way back, and leaves it as it is."""
+    from megarl.commands.convert import staged_output
+
+    target = tmp_path / "hf"
+    kept = tmp_path / ".hf.megarl-old-4242"
+    (kept / "model.safetensors").parent.mkdir()
+    (kept / "model.safetensors").write_bytes(b"previous")
+    other_out = tmp_path / ".hf2.megarl-old-4242"  # another OUT's: not this convert's business
+    other_out.mkdir()
+    said = []
+    with staged_output(target, said.append):
+        pass
+    assert said == [f"warning: {kept} is the previous output of an interrupted convert, kept; delete it when you no "
+                    "longer need it (or rename it back to hf)"]  # fmt: skip
+    assert tree(kept) == {"model.safetensors": b"previous"} and other_out.is_dir()
+    target.mkdir()  # OUT is there (the kill came after the new output was in): no way back to offer
+    said.clear()
+    with staged_output(target, said.append):
+        pass
+    assert said == [f"warning: {kept} is the previous output of an interrupted convert, kept; delete it when you no "
+                    "longer need it"]  # fmt: skip
+    assert tree(kept) == {"model.safetensors": b"previous"}
