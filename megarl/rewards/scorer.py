@@ -14,6 +14,11 @@ marked as timeouts without running, so a step where every sample hangs ends with
 timeouts reach ``reward.max_failed_fraction`` of a call's samples, ``score`` raises
 RewardError with the function's first traceback: the run stops instead of training on zeros.
 
+A worker that hangs or dies in its initializer (importing reward.custom, loading reward.model)
+runs no task, so no task timeout covers it and pebble reports only a broken pool: the scorer
+bounds that wait itself (WORKER_START_TIMEOUT_S, MODEL_LOAD_TIMEOUT_S), then stops the workers
+and raises one error naming what was loading (ValueError at start, RewardError in ``score``).
+
 What runs where:
 - built-in rule scorers (registry.py): cheap ones go in chunks of samples per task (the pool's
   per-task cost is larger than a gsm8k check); a chunk that times out or loses its worker is
@@ -36,6 +41,7 @@ import traceback
 from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,7 +55,10 @@ log = logging.getLogger(__name__)
 
 CHUNK_SIZE = 32  # samples per task for cheap scorers
 LOGGED_ERRORS_PER_CALL = 3
-CUSTOM_CHECK_TIMEOUT_S = 60.0
+# pebble starts a task's timeout when a worker takes it, after the worker's initializer: user
+# code that hangs at import would never start one. The driver bounds that wait itself.
+WORKER_START_TIMEOUT_S = 60.0  # reward.custom's import, math_verify's
+MODEL_LOAD_TIMEOUT_S = 600.0  # reward.model: a large model read from a slow disk takes minutes
 TRAINING_STOPS = "the run stops rather than train on zero rewards"
 
 # A task returns, per sample, ("ok", score, extras) or ("error", message, traceback); the
@@ -58,7 +67,8 @@ Outcome = tuple
 
 
 class RewardError(RuntimeError):
-    """Reward functions failed on too many of a step's samples (reward.max_failed_fraction)."""
+    """Reward functions failed on too many of a step's samples (reward.max_failed_fraction), or
+    the reward workers stopped taking samples (one died or hung while loading)."""
 
 
 @dataclass
@@ -207,6 +217,29 @@ def _score_model(texts: list[str]) -> list[Outcome]:
 # ----------------------------------------------------------------------------- trainer side
 
 
+def _start_problem(cfg: RewardConfig, hung: bool, limit_s: float) -> str:
+    """A worker hung or died in its initializer (no task runs there, so pebble says nothing useful):
+    what it was loading and the fix, as one line."""
+    if cfg.custom is not None:
+        what, doing = "reward.custom", f"importing {os.path.basename(cfg.custom.path)!r}"
+        fix = ("check it for work done at import (network, locks, long loops)" if hung
+               else f"import it on its own to see why: {_import_command(os.path.abspath(cfg.custom.path))}")
+    elif cfg.model is not None:
+        what, doing = "reward.model", f"loading {cfg.model.path}"
+        fix = ("check that it loads in a plain Python process" if hung
+               else "check the memory that reward.workers copies of it need (a worker killed for memory dies so)")
+    else:
+        what, doing, fix = "reward scorers", "importing math_verify", "check the Python environment (megarl doctor)"
+    if hung:
+        return f"{what}: {doing} did not finish in {limit_s:g} s in a reward worker; {fix}"
+    # a crash in C, os._exit or the OOM killer: no traceback to pass on
+    return f"{what}: a reward worker died while {doing} (or while idle, killed from outside) before any reward ran; {fix}"
+
+
+def _import_command(path: str) -> str:
+    return f'python -c "import runpy; runpy.run_path({path!r})"'
+
+
 @dataclass
 class _Job:
     indices: list[int]  # the samples this task scores
@@ -240,14 +273,21 @@ class RewardScorer:
         self._pool = ProcessPool(
             max_workers=cfg.workers, initializer=_init_worker, initargs=(spec,), context=context
         )
+        self._closed = False
+        self._start_limit_s = MODEL_LOAD_TIMEOUT_S if model else WORKER_START_TIMEOUT_S
         if custom is not None:
             self._check_custom(custom)
 
     def _check_custom(self, custom: tuple[str, str]) -> None:
+        """The custom function loads in a worker within WORKER_START_TIMEOUT_S; ValueError otherwise."""
+        future = self._pool.schedule(_check_custom, timeout=WORKER_START_TIMEOUT_S)
         try:
-            self._pool.schedule(_check_custom, timeout=CUSTOM_CHECK_TIMEOUT_S).result()
+            future.result(timeout=WORKER_START_TIMEOUT_S)  # the whole wait: worker start, import, check
         except Exception as exc:
-            self.close()
+            self.close()  # workers stuck in the import are killed, not left behind
+            if isinstance(exc, (FutureTimeout, BrokenProcessPool)):
+                raise ValueError(_start_problem(self.cfg, isinstance(exc, FutureTimeout), WORKER_START_TIMEOUT_S)) from exc
+            # _init_worker's load error (the user's own exception, kept), or the name is no function
             raise ValueError(
                 f"reward.custom: loading {custom[1]!r} from {custom[0]} failed in a reward worker: {type(exc).__name__}: {exc}"
             ) from exc
@@ -291,7 +331,7 @@ class RewardScorer:
         if not samples:
             return []
         columns = tuple([s[k] for s in samples] for k in range(4))
-        future = self._pool.schedule(_score_batched, args=(columns,), timeout=self.cfg.timeout_s)
+        future = self._submit(_score_batched, columns)
         return [_Job(list(range(len(samples))), future, False, function=self._custom_label())]
 
     def _sample_jobs(self, samples: list[tuple]) -> list[_Job]:
@@ -306,9 +346,7 @@ class RewardScorer:
         return [self._schedule(g, [names[i] for i in g], samples) for g in groups]
 
     def _schedule(self, indices: list[int], names: list[str | None], samples: list[tuple]) -> _Job:
-        future = self._pool.schedule(
-            _score_samples, args=(names, [samples[i] for i in indices]), timeout=self.cfg.timeout_s
-        )
+        future = self._submit(_score_samples, names, [samples[i] for i in indices])
         label = f"reward scorer {names[0]}" if names[0] is not None else self._custom_label()
         return _Job(indices, future, len(indices) > 1, names, label)
 
@@ -321,9 +359,7 @@ class RewardScorer:
         texts = [str(p) + s[1] for p, s in zip(prompts, samples, strict=True)]
         jobs = []
         for k in range(0, len(texts), size):
-            future = self._pool.schedule(
-                _score_model, args=(texts[k : k + size],), timeout=self.cfg.timeout_s
-            )
+            future = self._submit(_score_model, texts[k : k + size])
             jobs.append(_Job(list(range(k, min(k + size, len(texts)))), future, False, function="reward.model"))
         return jobs
 
@@ -338,7 +374,10 @@ class RewardScorer:
         pending = {job.future: job for job in jobs}
         watch = _HangWatch(self.cfg.workers, self.cfg.timeout_s)
         while pending:
-            done, _ = wait(list(pending), return_when=FIRST_COMPLETED)
+            done, _ = wait(list(pending), timeout=self._start_limit_s, return_when=FIRST_COMPLETED)
+            if not done and not any(f.running() for f in pending):
+                # No task started or ended for that long: every worker is still in its initializer.
+                raise self._stopped(_start_problem(self.cfg, True, self._start_limit_s))
             for future in done:
                 job = pending.pop(future)
                 failure = self._finished(job, outcomes, watch, samples)
@@ -362,6 +401,8 @@ class RewardScorer:
         except FutureTimeout:
             watch.timed_out(job.function, samples[job.indices[0]])
             return ("timeout", f"timed out after {self.cfg.timeout_s:g} s (reward.timeout_s)")
+        except BrokenProcessPool as exc:  # before Exception: the pool runs nothing any more
+            raise self._stopped(_start_problem(self.cfg, False, self._start_limit_s)) from exc
         except ProcessExpired as exc:
             watch.returned(job.function)  # it ended, it did not hang
             return ("error", f"reward worker died (exit code {exc.exitcode})", "")
@@ -425,8 +466,22 @@ class RewardScorer:
             f"First failure (data_source={samples[first][0]!r}): {message}; {fix}" + (f"\n{trace.rstrip()}" if trace else "")
         )
 
+    def _submit(self, fn: Any, *args: Any) -> Future:
+        try:
+            return self._pool.schedule(fn, args=args, timeout=self.cfg.timeout_s)
+        except RuntimeError as exc:  # pebble's "Unexpected error within the Pool": a worker died outside a task
+            if self._closed:
+                raise RuntimeError("RewardScorer.score called after close()") from exc
+            raise self._stopped(_start_problem(self.cfg, False, self._start_limit_s)) from exc
+
+    def _stopped(self, why: str) -> RewardError:
+        """The pool cannot score any more: stop its workers (none is left behind) and say why."""
+        self.close()
+        return RewardError(f"reward workers stopped taking samples: {why}; {self.stops}")
+
     def close(self) -> None:
         """Stop the workers (running tasks are abandoned)."""
+        self._closed = True
         self._pool.stop()
         self._pool.join()
 

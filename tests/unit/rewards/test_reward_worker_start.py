@@ -1,0 +1,145 @@
+"""Reward workers that hang or die while loading reward.custom (in their initializer, where pebble's
+task timeout does not reach): one clear error in bounded time, and no worker left behind."""
+
+from __future__ import annotations
+
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from megarl.config.sections import CustomRewardConfig, RewardConfig
+from megarl.rewards import RewardScorer
+from megarl.rewards import scorer as scorer_module
+from megarl.rewards.scorer import RewardError
+
+START_LIMIT_S = 2.0  # the monkeypatched WORKER_START_TIMEOUT_S: an import is a fraction of it
+
+# Breaks at import when always=True, or once a "break_now" file sits beside it (a replacement
+# worker started later imports it again); each breaking worker leaves its pid in a file.
+USER_REWARDS = textwrap.dedent(
+    """
+    import os, pathlib, time
+
+    HERE = pathlib.Path(__file__).parent
+    if {always} or (HERE / "break_now").exists():
+        (HERE / f"worker-{{os.getpid()}}").touch()
+        if {hang}:
+            time.sleep(10**6)
+        os._exit(3)
+
+    def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+        if solution_str == "exit":
+            os._exit(3)
+        if solution_str == "slow":
+            time.sleep({slow_s})
+        return float(solution_str == ground_truth)
+    """
+)
+
+
+@pytest.fixture
+def short_start_limit(monkeypatch):
+    monkeypatch.setattr(scorer_module, "WORKER_START_TIMEOUT_S", START_LIMIT_S)
+
+
+def _rewards(tmp_path, *, always: bool, hang: bool) -> str:
+    path = tmp_path / "my_rewards.py"
+    path.write_text(USER_REWARDS.format(always=always, hang=hang, slow_s=START_LIMIT_S + 1.5))
+    return str(path)
+
+
+def _breaking_workers(tmp_path) -> set[int]:
+    return {int(p.name.split("-")[1]) for p in tmp_path.glob("worker-*")}
+
+
+def _alive(pids: set[int]) -> set[int]:
+    """Which of ``pids`` still run below this process (zombies do not count: they run nothing)."""
+    alive = set()
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.pid in pids and child.status() != psutil.STATUS_ZOMBIE:
+                alive.add(child.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+def test_import_that_hangs_fails_in_bounded_time_and_leaves_no_worker(tmp_path, short_start_limit):
+    path = _rewards(tmp_path, always=True, hang=True)
+    start = time.monotonic()
+    with pytest.raises(ValueError) as info:
+        RewardScorer(RewardConfig(custom=CustomRewardConfig(path=path), workers=2))
+    assert time.monotonic() - start < START_LIMIT_S + 8.0  # the limit, plus stopping the workers
+    assert str(info.value) == (
+        "reward.custom: importing 'my_rewards.py' did not finish in 2 s in a reward worker; "
+        "check it for work done at import (network, locks, long loops)"
+    )
+    hung = _breaking_workers(tmp_path)
+    assert hung and not _alive(hung)
+
+
+def test_worker_that_dies_at_import_is_named_with_the_way_to_see_why(tmp_path, short_start_limit):
+    path = _rewards(tmp_path, always=True, hang=False)
+    with pytest.raises(ValueError) as info:
+        RewardScorer(RewardConfig(custom=CustomRewardConfig(path=path), workers=2))
+    message = str(info.value)
+    assert message.startswith("reward.custom: a reward worker died while importing 'my_rewards.py'")
+    assert f"runpy.run_path({path!r})" in message and "BrokenProcessPool" not in message
+    assert not _alive(_breaking_workers(tmp_path))
+
+
+def test_import_that_raises_keeps_the_users_error(tmp_path):
+    path = tmp_path / "my_rewards.py"
+    path.write_text("import not_installed_dependency_xyz\n")
+    with pytest.raises(ValueError, match=r"loading 'compute_score' from .*my_rewards.py failed in a reward worker: "
+                       r"ModuleNotFoundError: No module named 'not_installed_dependency_xyz'"):
+        RewardScorer(RewardConfig(custom=CustomRewardConfig(path=str(path))))
+
+
+def test_samples_waiting_behind_a_long_sample_are_not_a_stalled_start(tmp_path, short_start_limit):
+    """Tasks that wait longer than the start limit while another runs are only queued."""
+    path = _rewards(tmp_path, always=False, hang=True)
+    with RewardScorer(RewardConfig(custom=CustomRewardConfig(path=path), workers=1, timeout_s=30.0)) as scorer:
+        result = scorer.score(["any"] * 2, ["slow", "a"], ["a", "a"])
+    assert (result.scores, result.errors, result.timeouts) == ([0.0, 1.0], 0, 0)
+
+
+@pytest.mark.parametrize("hang", [True, False], ids=["hangs", "dies"])
+def test_replacement_worker_breaking_at_import_stops_scoring_with_the_cause(tmp_path, short_start_limit, hang):
+    """The file loaded at start; a worker started later (after one died in a sample) does not."""
+    path = _rewards(tmp_path, always=False, hang=hang)
+    scorer = RewardScorer(RewardConfig(custom=CustomRewardConfig(path=path), workers=1, timeout_s=30.0))
+    (tmp_path / "break_now").touch()
+    start = time.monotonic()
+    with pytest.raises(RewardError) as info:
+        scorer.score(["any"] * 2, ["exit", "a"], ["a", "a"])
+    assert time.monotonic() - start < START_LIMIT_S + 8.0
+    message = str(info.value)
+    cause = "importing 'my_rewards.py' did not finish in 2 s" if hang else "died while importing 'my_rewards.py'"
+    assert message.startswith(f"reward workers stopped taking samples: reward.custom: {'' if hang else 'a reward worker '}{cause}")
+    assert message.endswith("the run stops rather than train on zero rewards") and "Unexpected error" not in message
+    broke = _breaking_workers(tmp_path)
+    assert broke and not _alive(broke)
+    with pytest.raises(RuntimeError, match="after close"):
+        scorer.score(["any"], ["a"], ["a"])
+
+
+def test_worker_dying_at_import_between_calls_fails_the_next_call_with_the_cause(tmp_path):
+    """pebble's pool breaks when a worker dies with no task running; its next schedule says only
+    "Unexpected error within the Pool"."""
+    path = _rewards(tmp_path, always=False, hang=False)
+    scorer = RewardScorer(RewardConfig(custom=CustomRewardConfig(path=path), workers=1, timeout_s=30.0))
+    (tmp_path / "break_now").touch()
+    result = scorer.score(["any"] * 2, ["a", "exit"], ["a", "a"])  # the last sample kills the worker
+    assert (result.scores, result.errors) == ([1.0, 0.0], 1)
+    deadline = time.monotonic() + 8.0
+    while not _breaking_workers(tmp_path) and time.monotonic() < deadline:  # its replacement dies at import
+        time.sleep(0.05)
+    time.sleep(1.0)  # pebble notices a dead worker within 0.1 s
+    with pytest.raises(RewardError) as info:
+        scorer.score(["any"], ["a"], ["a"])
+    assert str(info.value).startswith(
+        "reward workers stopped taking samples: reward.custom: a reward worker died while importing 'my_rewards.py'"
+    )
