@@ -107,6 +107,10 @@ def run_sft(cfg: Any, address: str | None = None, *, in_process: bool = False) -
             _write_model(cfg, client, target)
         finally:
             group.shutdown()
+            if in_process:  # and the process group its worker made (torch warns at exit otherwise)
+                from megarl.parallel.groups import destroy_parallel
+
+                destroy_parallel()
     if done < steps:
         raise RunStopped(f"stopped by {control.signal_name} after step {done} of {steps}; the weights so far are in "
                          f"{target} (verified); SFT does not resume: start RL from them, or fine-tune them further "
