@@ -222,7 +222,12 @@ class InProcessGroup:
         return [getattr(self.worker, method)(*args)]
 
     def shutdown(self) -> None:
+        # In this process nothing ends with the rank: close it, or the model (Megatron DDP's
+        # hooks) stays allocated for the life of the process.
+        close = getattr(self.worker, "close", None)
         self.worker = None
+        if close is not None:
+            close()
 
 
 def _free_port() -> int:

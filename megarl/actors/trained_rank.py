@@ -25,6 +25,10 @@ class TrainedRank:
     def load(self, path: str) -> None:
         self.worker.load(Path(path))
 
+    def close(self) -> None:
+        """Let the model be freed once this rank is dropped (TrainedWorker.close)."""
+        self.worker.close()
+
     # ---- memory: what the hand-over moves (megarl/rollout/handover.py) ----------------------
     def model_states(self) -> dict[str, ModelStates]:
         """This process's movable models by owner name of the residency table (policy,

@@ -96,6 +96,10 @@ def run_sft(cfg: Any, address: str | None = None, *, in_process: bool = False) -
         # Logged once a signal is handled: a SIGTERM sent on seeing it stops the run cleanly.
         log.info("sft: %d training rows, %d held-out, %d steps of %d sequences (DP=%d)", len(data.train), len(data.val),
                  steps, s.batch_size, dp)  # fmt: skip
+        if in_process:  # the process group its worker makes goes at the end (torch warns at exit otherwise)
+            from megarl.parallel.groups import new_group_closer
+
+            session.callback(new_group_closer())
         placement = None if in_process else _start_ray(cfg, plan, address, session, control, stopped)
         try:  # the workers load the model: a signal now leaves nothing to keep either
             client, group = _start_group(cfg, placement, steps, out / "logs")
@@ -107,10 +111,6 @@ def run_sft(cfg: Any, address: str | None = None, *, in_process: bool = False) -
             _write_model(cfg, client, target)
         finally:
             group.shutdown()
-            if in_process:  # and the process group its worker made (torch warns at exit otherwise)
-                from megarl.parallel.groups import destroy_parallel
-
-                destroy_parallel()
     if done < steps:
         raise RunStopped(f"stopped by {control.signal_name} after step {done} of {steps}; the weights so far are in "
                          f"{target} (verified); SFT does not resume: start RL from them, or fine-tune them further "

@@ -71,6 +71,7 @@ class TrainableModel:
         self.model = model
         self.role = role
         self.cfg = cfg
+        self.closed = False  # close(): the gradient hooks are gone, so no more training
         # Each gradient bucket's reduction starts as soon as the last micro-batch's backward has
         # filled it, while the backward goes on through earlier layers. The bucket size is fixed
         # (not Megatron's DP-dependent default, nor one bucket without overlap): the distributed
@@ -105,6 +106,9 @@ class TrainableModel:
         ``grad_accs``, whose hook closes over the DDP module; the cycle runs through autograd's
         C++ node, which Python's collector cannot see, so without this every worker built in a
         process (benches, tests, a GPU) stays in memory for good. The model cannot train after."""
+        if self.closed:
+            return
+        self.closed = True
         ddp = self.model.module
         ddp.grad_accs.clear()
         if ddp.use_forward_hook:  # the param-gather pre-hooks (overlap_param_gather)
@@ -120,6 +124,7 @@ class TrainableModel:
         ``<role>/skipped_steps``.
         The metrics stay on the device until one host transfer at the end.
         """
+        assert not self.closed, "train() after close(): the gradient hooks are gone"
         size = mini_batch_size or self.cfg.mini_batch_size or len(batch)
         epochs = ppo_epochs or self.cfg.ppo_epochs
         if len(batch) % size:
