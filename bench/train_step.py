@@ -11,7 +11,7 @@ Adam step, through Megatron's schedule with a token-mean policy-gradient loss. M
 (half the tokens here), so the formula counts more than is executed: ``mfu_executed`` counts
 the LM head on response tokens only. The attention term counts the whole ``seq^2`` score
 matrix, as PaLM's MFU does; a causal kernel computes about half of it: ``mfu_causal`` counts
-that half (the lowest of the three; the one to compare with frameworks that count causally). ``peak`` is measured in the same run by a large square
+that half (the one to compare with frameworks that count causally). ``peak`` is measured in the same run by a large square
 matmul in the step's dtype, before and after the steps (the better of the two), so the number
 says how well the step uses this machine, not a datasheet. On a shared CPU both are noisy: the
 load average is recorded.
@@ -143,16 +143,17 @@ def measure(path: Path, shape: dict, attention: str, seq: int, args: argparse.Na
     matmul_params = params - worker.model.core.embedding.word_embeddings.weight.numel()
     half = seq // 2
     batch = make_batch(args.rows, half, seq - half, shape["vocab"])
-    if device == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    step_s = timed_steps(worker, batch, args.steps, device)
-    extra = {"peak_gib": torch.cuda.max_memory_allocated() / 2**30} if device == "cuda" else {}
-    if args.profile and device == "cuda":
-        extra["gpu_busy"] = profiled_step(worker, batch, f"{shape['layers']} layers, {attention}, seq {seq}")
-    # Freed now, not whenever the collector runs, or the next worker may not fit on the GPU.
-    worker.close()
-    del worker
-    free_memory(device)
+    try:
+        if device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        step_s = timed_steps(worker, batch, args.steps, device)
+        extra = {"peak_gib": torch.cuda.max_memory_allocated() / 2**30} if device == "cuda" else {}
+        if args.profile and device == "cuda":
+            extra["gpu_busy"] = profiled_step(worker, batch, f"{shape['layers']} layers, {attention}, seq {seq}")
+    finally:  # an OOM too: Megatron DDP's hooks keep an unclosed worker, and its memory, alive
+        worker.close()
+        del worker
+        free_memory(device)
     tokens = args.rows * seq
     attention_flops = 12 * shape["layers"] * shape["heads"] * shape["head_dim"] * seq**2 * args.rows
     flops = 6 * matmul_params * tokens + attention_flops
@@ -179,11 +180,12 @@ def finish_row(row: dict, peak: float) -> str:
 
 
 def measure_or_fail(path: Path, shape: dict, attention: str, seq: int, args, device: str) -> dict:
-    """``measure``, or the row with the error that stopped it (an OOM at 16k tokens must not
-    cost the rows already measured, nor the ones after it)."""
+    """``measure``, or the row with the out-of-memory error that stopped it (an OOM at 16k
+    tokens is a result: it must not cost the rows already measured, nor the ones after it).
+    Any other error ends the bench (a bug), after the rows before it were written."""
     try:
         return measure(path, shape, attention, seq, args, device)
-    except (RuntimeError, ValueError) as e:  # torch.OutOfMemoryError is a RuntimeError
+    except torch.OutOfMemoryError as e:
         error = f"{type(e).__name__}: {str(e).splitlines()[0][:400]}"
     free_memory(device)  # outside the handler: the exception's frames held the worker
     return {"attention": attention, "seq": seq, "error": error}
@@ -202,8 +204,9 @@ def write_results(out: Path, device: str, info: dict, args, rows: list[dict]) ->
     existing = json.loads(out.read_text()) if out.exists() else {}
     info["load_avg_1m_after"] = os.getloadavg()[0]
     defaults = CUDA_DEFAULTS if device == "cuda" else CPU_DEFAULTS
-    # Another batch shape is another experiment: kept beside the default one, not over it.
-    key = device if (args.rows, args.micro) == (defaults["rows"], defaults["micro"]) else f"{device}, {args.rows} rows, micro-batch {args.micro}"
+    # Another grid or batch shape is another experiment: kept beside the default one, not over it.
+    changed = [f"{k} {getattr(args, k)}" for k, v in defaults.items() if getattr(args, k) != v]
+    key = ", ".join([device, *changed])
     existing[key] = {"machine": info, "config": {**vars(args), "results": str(out)}, "results": rows}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(existing, indent=2) + "\n")
