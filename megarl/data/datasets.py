@@ -216,7 +216,8 @@ def check_prompt(prompt: Any, where: str) -> Prompt:
         return prompt
     if isinstance(prompt, list):
         return check_messages(prompt, where)
-    raise DataError(f"{where}: expected a string or a list of {{role, content}} messages, got {type_name(prompt)} ({short_repr(prompt)})")
+    raise DataError(f"{where}: expected a string or a list of {{role, content}} messages, got {type_name(prompt)} "
+                    f"({short_repr(prompt)}); give text as a string (quote a number) or messages as a list")
 
 
 def check_messages(messages: Any, where: str) -> list[dict[str, str]]:
@@ -230,20 +231,32 @@ def check_messages(messages: Any, where: str) -> list[dict[str, str]]:
     for n, m in enumerate(messages):
         if not isinstance(m, dict):
             raise DataError(f"{where}: message {n} is {type_name(m)} ({short_repr(m)}); give each message as a {{role, content}} object")
-        for key in ("role", "content"):
+        # An assistant turn that calls tools may carry no text (OpenAI's format: content null or absent).
+        calls = m.get("role") == "assistant" and bool(m.get("tool_calls"))
+        for key in ("role",) if calls else ("role", "content"):
             if key not in m:
                 raise DataError(f"{where}: message {n} has no {key!r} key (it has {sorted(m)}); give each message a role and a content")
-        role, content = m["role"], m["content"]
+        role, content = m["role"], m.get("content")
         if role not in ROLES:  # also a non-string role
             raise DataError(f"{where}: message {n} has role {role!r}{_close_role(role)}; roles are {', '.join(ROLES)}")
+        if content is None and calls:
+            content = ""
         if not isinstance(content, str):
             raise DataError(f"{where}: message {n} has content {short_repr(content)} ({type_name(content)}); a message's "
-                            "content must be a string (quote a number, join a list of parts into one text)")  # fmt: skip
+                            "content must be a string (quote a number, join a list of parts into one text; null only "
+                            "in an assistant message with tool_calls)")  # fmt: skip
         checked.append({"role": role, "content": content})
     return checked
 
 
+# Roles of other chat formats, and the role that plays their part here.
+_ROLE_ALIASES = {"developer": "system", "human": "user", "gpt": "assistant", "model": "assistant", "bot": "assistant",
+                 "function": "tool", "ipython": "tool", "observation": "tool"}  # fmt: skip
+
+
 def _close_role(role: Any) -> str:
+    if isinstance(role, str) and role.lower() in _ROLE_ALIASES:
+        return f" (use {_ROLE_ALIASES[role.lower()]!r} for it)"
     close = difflib.get_close_matches(role.lower(), ROLES, n=1, cutoff=0.6) if isinstance(role, str) else []
     return f" (did you mean {close[0]!r}?)" if close else ""
 

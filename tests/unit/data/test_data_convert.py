@@ -172,7 +172,8 @@ def test_a_prompt_must_be_text_or_messages(tmp_path, prompt, shown):
     src.write_text(f'{{"p": {prompt}, "a": "1"}}\n')
     with pytest.raises(DataError) as err:
         generic_rows(src, prompt_field="p", answer_field="a", data_source="qa")
-    assert str(err.value) == f"p.jsonl: line 1: field 'p': expected a string or a list of {{role, content}} messages, got {shown}"
+    assert str(err.value) == (f"p.jsonl: line 1: field 'p': expected a string or a list of {{role, content}} messages, got "
+                              f"{shown}; give text as a string (quote a number) or messages as a list")
 
 
 def test_a_number_is_no_text_field_of_gsm8k_but_a_csv_cell_is_text(tmp_path):
@@ -232,7 +233,7 @@ def test_a_csv_header_naming_a_column_twice_is_refused(tmp_path):
          "message 1 has role 'narrator'; roles are system, user, assistant, tool"),
         ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": 5}],
          "message 1 has content 5 (int); a message's content must be a string (quote a number, join a list of parts "
-         "into one text)"),
+         "into one text; null only in an assistant message with tool_calls)"),
         ([{"role": "user", "content": "a"}, {"role": "user", "text": "b"}],
          "message 1 has no 'content' key (it has ['role', 'text']); give each message a role and a content"),
         ([{"role": "user", "content": "a"}, "b"], "message 1 is str ('b'); give each message as a {role, content} object"),

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from megarl.data.datasets import DataError, file_label, read_prompt_file
+from megarl.data.datasets import DataError, check_messages, file_label, read_prompt_file
 
 LABEL = "data.train_files[0] (bad.parquet)"
 
@@ -74,7 +74,8 @@ def test_malformed_message_in_a_later_row(tmp_path):
     with pytest.raises(DataError) as err:
         read_prompt_file(path, label=LABEL)
     assert str(err.value) == (f"{LABEL}: row 17, column 'prompt': message 0 has content None (null); a message's content "
-                              "must be a string (quote a number, join a list of parts into one text)")  # fmt: skip
+                              "must be a string (quote a number, join a list of parts into one text; null only in an "
+                              "assistant message with tool_calls)")  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -83,6 +84,10 @@ def test_malformed_message_in_a_later_row(tmp_path):
         ("sytem", "message 1 has role 'sytem' (did you mean 'system'?); roles are system, user, assistant, tool"),
         ("User", "message 1 has role 'User' (did you mean 'user'?); roles are system, user, assistant, tool"),
         ("narrator", "message 1 has role 'narrator'; roles are system, user, assistant, tool"),
+        # Other chat formats' roles get the one that plays their part.
+        ("developer", "message 1 has role 'developer' (use 'system' for it); roles are system, user, assistant, tool"),
+        ("function", "message 1 has role 'function' (use 'tool' for it); roles are system, user, assistant, tool"),
+        ("gpt", "message 1 has role 'gpt' (use 'assistant' for it); roles are system, user, assistant, tool"),
     ],
 )
 def test_an_unknown_role_is_refused_with_the_closest_one(tmp_path, role, expected):
@@ -93,6 +98,18 @@ def test_an_unknown_role_is_refused_with_the_closest_one(tmp_path, role, expecte
     with pytest.raises(DataError) as err:
         read_prompt_file(path, label=LABEL)
     assert str(err.value) == f"{LABEL}: row 1, column 'prompt': {expected}"
+
+
+def test_an_assistant_tool_call_may_have_no_text():
+    # OpenAI's format: the assistant turn that calls a tool has content null (or none at all).
+    call = [{"id": "c1", "type": "function", "function": {"name": "calc", "arguments": "{}"}}]
+    messages = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": None, "tool_calls": call},
+                {"role": "tool", "content": "4"}, {"role": "assistant", "tool_calls": call}]  # fmt: skip
+    assert [m["content"] for m in check_messages(messages, "f")] == ["2+2?", "", "4", ""]
+    with pytest.raises(DataError, match="message 1 has content None"):  # without tool_calls, null is no text
+        check_messages([messages[0], {"role": "assistant", "content": None}], "f")
+    with pytest.raises(DataError, match="message 0 has no 'content' key"):
+        check_messages([{"role": "user", "tool_calls": call}], "f")
 
 
 def test_every_supported_role_is_read(tmp_path):
