@@ -19,6 +19,12 @@ root="$(cd "$here/../.." && pwd)"
 out="${1:-${OUT:-$here/out}}"
 python="${PYTHON:-python3}"
 device="${DEVICE:-cuda}"  # cpu: a dry run of the RL and workflow stages on a machine without a GPU
+for stage in ${STAGES:-}; do  # a misspelt stage would be skipped and counted as passed
+  case "$stage" in
+    tests | bench | rl | workflow) ;;
+    *) echo "ci/gpu: unknown stage '$stage' in STAGES; the stages are tests bench rl workflow" >&2; exit 2 ;;
+  esac
+done
 mkdir -p "$out"
 site="$(mktemp -d)"
 trap 'rm -rf "$site"' EXIT

@@ -233,7 +233,7 @@ def _start_problem(cfg: RewardConfig, hung: bool, limit_s: float) -> str:
     if hung:
         return f"{what}: {doing} did not finish in {limit_s:g} s in a reward worker; {fix}"
     # a crash in C, os._exit or the OOM killer: no traceback to pass on
-    return f"{what}: a reward worker died while {doing} (or while idle, killed from outside) before any reward ran; {fix}"
+    return f"{what}: a reward worker died while {doing} (or while idle, killed from outside) before it took a sample; {fix}"
 
 
 def _import_command(path: str) -> str:

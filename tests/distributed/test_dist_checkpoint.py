@@ -256,3 +256,41 @@ def test_disagreeing_saved_steps_are_refused():
     wrapper = _megatron_like(torch.optim.Adam(_params(), lr=0.1))
     with pytest.raises(ValueError, match=r"disagree on Adam's step: \[3.0, 4.0\]"):
         _restore_adam_steps(wrapper, {"a": {"param_groups": [{"step": 3}]}, "b": {"param_groups": [{"step": 4}]}})
+
+
+def _train_and_save(rank: int, world: int, path: str, ckpt_dir: str) -> dict:
+    import multiprocessing
+
+    from megarl.actors.policy import PolicyWorker
+
+    multiprocessing.current_process()._config["daemon"] = False  # see _ckpt_run
+    cfg = ActorConfig(parallel=ParallelConfig(tp=1), micro_batch_size=2, optimizer=OPT)  # DP=2, distributed Adam
+    worker = PolicyWorker(path, cfg, "float32", seed=1, total_optimizer_steps=6)
+    worker.update(ac.make_batch(2, rows=8), ac.pg_loss, mini_batch_size=8)
+    worker.save(ckpt_dir)
+    return ac.portable(ac.exported_state(worker))
+
+
+def _export_at_tp2_in_bf16(rank: int, world: int, path: str, ckpt_dir: str) -> dict:
+    from megarl.actors.megatron_runtime.model import MegatronModel
+    from megarl.actors.megatron_runtime.training import load_trained_weights
+
+    # What `megarl convert --config` with another layout and dtype builds: TP=2, bf16, no optimizer.
+    model = MegatronModel.build(path, ActorConfig(parallel=ParallelConfig(tp=2)), torch.bfloat16, seed=2)
+    load_trained_weights(model.core, ckpt_dir)
+    exported = dict(model.bridge.export_hf_tensors(model.core, gather_bytes=1 << 20))
+    # numpy has no bf16: the bits cross the spawn queue as int16
+    return {"dtypes": {n: str(t.dtype) for n, t in exported.items()},
+            "bits": ac.portable({n: t.detach().cpu().view(torch.int16) for n, t in exported.items()})}
+
+
+def test_trained_weights_load_into_another_layout_and_dtype(model_dir, tmp_path):
+    # A TP=1 x DP=2 fp32 checkpoint with the distributed optimizer's state, read as TP=2 in bf16:
+    # Megatron reshards the weights; the optimizer's state (laid out for DP=2 fp32) is not read.
+    ckpt = str(tmp_path / "ckpt")
+    trained = ac.tensors(run_distributed(_train_and_save, 2, model_dir, ckpt)[0])
+    for result in run_distributed(_export_at_tp2_in_bf16, 2, model_dir, ckpt):
+        bits = ac.tensors(result["bits"])
+        assert set(bits) == set(trained) and set(result["dtypes"].values()) == {"torch.bfloat16"}
+        for name, tensor in trained.items():
+            assert torch.equal(bits[name], tensor.to(torch.bfloat16).view(torch.int16)), name
