@@ -157,7 +157,7 @@ def _sft_in_process(rank: int, world: int, root: str) -> dict:
 
     model, data = prepare_demo(Path(root) / "demo")
     out = Path(root) / "sft"
-    overrides = [f"model.path={model}", f"sft.train_files=[{data / 'train.parquet'}]", f"sft.output_dir={out}",
+    overrides = [f"model.path={model}", f"sft.train_files=[{data / 'train.parquet'}]", "sft.val_files=[]", f"sft.output_dir={out}",
                  "sft.total_steps=20", "trainer.loggers=[jsonl]", "cluster.gpus_per_node=1",
                  "rollout.engine=sglang"]  # fmt: skip  # SFT generates nothing: any engine is fine
     target = run_sft(load_config(ROOT / "configs" / "tiny_grpo.yaml", overrides), in_process=True)
