@@ -23,7 +23,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -89,6 +89,13 @@ def run_sft(cfg: Any, address: str | None = None, *, in_process: bool = False) -
     _check_target(target, cfg)
     data = _load_data(cfg, sft_max_length(cfg, plan.arch))
     steps = s.total_steps or max(1, s.epochs * len(data.train) // s.batch_size)
+    # Imports happen here, before the signal handlers: a SIGTERM during the seconds Ray's take
+    # must find the run starting (nothing written), not half-way through an import.
+    placement, ray = (None, None) if in_process else _ray_start(cfg, plan, address)
+    if in_process:  # the process group its worker makes goes at the end (torch warns at exit otherwise)
+        from megarl.parallel.groups import new_group_closer
+
+        group_closer = new_group_closer()
     control = RunControl()
     stopped = lambda: RunStopped(f"stopped by {control.signal_name} while starting; nothing was trained or "  # noqa: E731
                                  "written", control.exit_code)
@@ -96,11 +103,10 @@ def run_sft(cfg: Any, address: str | None = None, *, in_process: bool = False) -
         # Logged once a signal is handled: a SIGTERM sent on seeing it stops the run cleanly.
         log.info("sft: %d training rows, %d held-out, %d steps of %d sequences (DP=%d)", len(data.train), len(data.val),
                  steps, s.batch_size, dp)  # fmt: skip
-        if in_process:  # the process group its worker makes goes at the end (torch warns at exit otherwise)
-            from megarl.parallel.groups import new_group_closer
-
-            session.callback(new_group_closer())
-        placement = None if in_process else _start_ray(cfg, plan, address, session, control, stopped)
+        if in_process:
+            session.callback(group_closer)
+        else:
+            control.enter_starting(session, ray, stopped)
         try:  # the workers load the model: a signal now leaves nothing to keep either
             client, group = _start_group(cfg, placement, steps, out / "logs")
         except KeyboardInterrupt:
@@ -167,15 +173,14 @@ def _load_data(cfg: Any, max_length: int) -> _Data:
     return _Data(read(s.train_files, "train_files"), read(s.val_files, "val_files"), pad)
 
 
-def _start_ray(cfg: Any, plan: Any, address: str | None, session: ExitStack, control: RunControl,
-               stopped: Callable[[], RunStopped]) -> Any:  # fmt: skip
-    """Ray (embedded, or the cluster at ``address``) entered into ``session``; the policy's placement."""
+def _ray_start(cfg: Any, plan: Any, address: str | None) -> tuple[Any, Any]:
+    """Where the policy's ranks go, and Ray's session (embedded with as many CPUs as ranks plus
+    the driver, or the cluster at ``address``), not entered yet: nothing starts here."""
     from megarl.actors.ray_groups.placement import role_placements
     from megarl.actors.ray_groups.session import ray_session
 
     local_cpus = None if (address or cfg.cluster.ray_address) else len(plan.roles["policy"].gpus) + 1
-    control.enter_starting(session, ray_session(address or cfg.cluster.ray_address, num_cpus=local_cpus), stopped)
-    return role_placements(cfg, plan)[0][0]
+    return role_placements(cfg, plan)[0][0], ray_session(address or cfg.cluster.ray_address, num_cpus=local_cpus)
 
 
 def _start_group(cfg: Any, placement: Any, steps: int, log_dir: Path) -> tuple[Any, Any]:
