@@ -195,7 +195,10 @@ class InProcessGroup:
     """A worker group of one rank living in this process (no Ray).
 
     Sets torchrun's variables when they are missing (rank 0 of a world of 1 on a free local
-    port), so the worker initialises torch.distributed as it would under torchrun.
+    port), so the worker initialises torch.distributed as it would under torchrun. The group
+    whose worker made the process group destroys it at shutdown (the first made is shut down
+    last: closers run newest first), or torch warns at exit that it never was; a process group
+    the caller made stays theirs.
     """
 
     world_size = 1
@@ -210,7 +213,12 @@ class InProcessGroup:
                 f"an in-process worker group runs one rank, but WORLD_SIZE is {os.environ['WORLD_SIZE']}; "
                 "launch with one process (torchrun --nproc_per_node 1) or use Ray worker groups"
             )
-        self.worker = factory(*args, **kwargs)
+        self._owns_process_group = not torch.distributed.is_initialized()
+        try:
+            self.worker = factory(*args, **kwargs)
+        except BaseException:
+            self._destroy_process_group()
+            raise
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         return [getattr(self.worker, method)(*args, **kwargs)]
@@ -228,6 +236,14 @@ class InProcessGroup:
         self.worker = None
         if close is not None:
             close()
+        self._destroy_process_group()
+
+    def _destroy_process_group(self) -> None:
+        if self._owns_process_group:
+            from megarl.parallel.groups import destroy_parallel
+
+            self._owns_process_group = False
+            destroy_parallel()
 
 
 def _free_port() -> int:

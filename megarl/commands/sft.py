@@ -92,10 +92,6 @@ def run_sft(cfg: Any, address: str | None = None, *, in_process: bool = False) -
     # Imports happen here, before the signal handlers: a SIGTERM during the seconds Ray's take
     # must find the run starting (nothing written), not half-way through an import.
     placement, ray = (None, None) if in_process else _ray_start(cfg, plan, address)
-    if in_process:  # the process group its worker makes goes at the end (torch warns at exit otherwise)
-        from megarl.parallel.groups import new_group_closer
-
-        group_closer = new_group_closer()
     control = RunControl()
     stopped = lambda: RunStopped(f"stopped by {control.signal_name} while starting; nothing was trained or "  # noqa: E731
                                  "written", control.exit_code)
@@ -103,9 +99,7 @@ def run_sft(cfg: Any, address: str | None = None, *, in_process: bool = False) -
         # Logged once a signal is handled: a SIGTERM sent on seeing it stops the run cleanly.
         log.info("sft: %d training rows, %d held-out, %d steps of %d sequences (DP=%d)", len(data.train), len(data.val),
                  steps, s.batch_size, dp)  # fmt: skip
-        if in_process:
-            session.callback(group_closer)
-        else:
+        if not in_process:
             control.enter_starting(session, ray, stopped)
         try:  # the workers load the model: a signal now leaves nothing to keep either
             client, group = _start_group(cfg, placement, steps, out / "logs")

@@ -11,7 +11,6 @@ Left out: context/expert/virtual-pipeline parallelism (refused by the planner fo
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -145,12 +144,6 @@ def current_parallel_info(device: torch.device | None = None) -> ParallelInfo:
         dp_size=ps.get_data_parallel_world_size(),
         device=device,
     )
-
-
-def new_group_closer() -> Callable[[], None]:
-    """What tears down the process group that workers are about to make in this process:
-    destroy_parallel, or nothing when the caller already made one (it is theirs to destroy)."""
-    return (lambda: None) if dist.is_initialized() else destroy_parallel
 
 
 def destroy_parallel() -> None:

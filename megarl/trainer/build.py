@@ -178,11 +178,6 @@ def _start_groups(cfg: MegaRLConfig, plan: Plan, total_steps: int, log_dir: Path
 
 def _start_in_process(cfg: MegaRLConfig, plan: Plan, total_steps: int, log_dir: Path, closers: list[Callable[[], None]]) -> dict[str, TrainedClient]:
     """Every trained role in this process (a world of one: a one-GPU box without Ray)."""
-    from megarl.parallel.groups import new_group_closer
-
-    # Run last (closers go newest first): the process group the workers make goes with them, or
-    # torch warns at exit that it was never destroyed.
-    closers.append(new_group_closer())
     groups: dict[str, Any] = {}
     for role, cls in _rank_classes(plan).items():
         assert len(plan.roles[role].gpus) == 1, "make_plan(in_process=True) refuses larger worlds"
