@@ -92,8 +92,10 @@ class ExportRank:
 
         self.actor_cfg, self.dtype, self.seed, self.bucket_mb = actor_cfg, dtype, seed, bucket_mb
         self.model_path = model_path
-        self.model = MegatronModel.build(model_path, actor_cfg, dtype_of(dtype), seed)
-        if checkpoint is not None:  # the trained weights only: no optimizer is built or read
+        # A training checkpoint's weights replace model_path's, which are not read at all; its
+        # optimizer state is neither built nor read. model_path still gives config and tokenizer.
+        self.model = MegatronModel.build(model_path, actor_cfg, dtype_of(dtype), seed, load_weights=checkpoint is None)
+        if checkpoint is not None:
             load_trained_weights(self.model.core, Path(checkpoint) / "policy")
         self.rank = self.model.info.rank
         self.progress = ProgressFile(progress_file)

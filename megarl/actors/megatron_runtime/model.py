@@ -131,11 +131,13 @@ class MegatronModel:
         value_head: bool = False,
         progress: Callable[[int, int], None] | None = None,
         layer_spec: str = "local",
+        load_weights: bool = True,
     ) -> MegatronModel:
         """Build this rank's shard through the bridge and load the weights of ``hf_path`` into it:
         an HF directory (``progress(done, total)`` after each parameter), or a model checkpoint of
         `megarl convert hf-to-megatron`. ``layer_spec`` is ``model.layer_spec``
-        (``megarl.models.layer_specs``)."""
+        (``megarl.models.layer_specs``). ``load_weights=False``: the shard as initialised, for a
+        caller that fills every parameter itself (an export of a training checkpoint)."""
         from transformers import AutoConfig
 
         from megarl.models.mcore_version import require_megatron_core
@@ -155,9 +157,9 @@ class MegatronModel:
             hf_config, tcfg, pre_process=info.is_first_stage, post_process=info.is_last_stage, value_head=value_head,
             spec=spec,
         )
-        if is_model_checkpoint(hf_path):  # `megarl convert hf-to-megatron` output, any layout
+        if load_weights and is_model_checkpoint(hf_path):  # `megarl convert hf-to-megatron` output, any layout
             load_model_weights(module, hf_path)
-        else:
+        elif load_weights:
             bridge.load_hf_weights(module, hf_path, progress)
         positions = ResponsePositions(tcfg.sequence_parallel)
         if info.is_last_stage:
