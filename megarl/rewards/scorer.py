@@ -17,7 +17,7 @@ RewardError with the function's first traceback: the run stops instead of traini
 A worker that hangs or dies in its initializer (importing reward.custom, loading reward.model)
 runs no task, so no task timeout covers it and pebble reports only a broken pool: the scorer
 bounds that wait itself (WORKER_START_TIMEOUT_S, MODEL_LOAD_TIMEOUT_S), then stops the workers
-and raises one error naming what was loading (ValueError at start, RewardError in ``score``).
+and raises one RewardError naming what was loading.
 
 What runs where:
 - built-in rule scorers (registry.py): cheap ones go in chunks of samples per task (the pool's
@@ -279,16 +279,17 @@ class RewardScorer:
             self._check_custom(custom)
 
     def _check_custom(self, custom: tuple[str, str]) -> None:
-        """The custom function loads in a worker within WORKER_START_TIMEOUT_S; ValueError otherwise."""
+        """The custom function loads in a worker within WORKER_START_TIMEOUT_S; RewardError otherwise
+        (a user error: one line, wherever the scorer starts, training included)."""
         future = self._pool.schedule(_check_custom, timeout=WORKER_START_TIMEOUT_S)
         try:
             future.result(timeout=WORKER_START_TIMEOUT_S)  # the whole wait: worker start, import, check
         except Exception as exc:
             self.close()  # workers stuck in the import are killed, not left behind
             if isinstance(exc, (FutureTimeout, BrokenProcessPool)):
-                raise ValueError(_start_problem(self.cfg, isinstance(exc, FutureTimeout), WORKER_START_TIMEOUT_S)) from exc
+                raise RewardError(_start_problem(self.cfg, isinstance(exc, FutureTimeout), WORKER_START_TIMEOUT_S)) from exc
             # _init_worker's load error (the user's own exception, kept), or the name is no function
-            raise ValueError(
+            raise RewardError(
                 f"reward.custom: loading {custom[1]!r} from {custom[0]} failed in a reward worker: {type(exc).__name__}: {exc}"
             ) from exc
 

@@ -118,9 +118,10 @@ def test_batched_custom_function(user_file):
 
 
 def test_custom_config_errors_name_field_and_fix(user_file, tmp_path):
-    with pytest.raises(ValueError, match="reward.custom.path"):
+    # Loading the function fails in a worker: a RewardError (a user error, one line at the CLI).
+    with pytest.raises(RewardError, match="reward.custom.path"):
         RewardScorer(RewardConfig(custom=CustomRewardConfig(path=str(tmp_path / "missing.py"))))
-    with pytest.raises(ValueError, match="compute_batch, compute_score"):
+    with pytest.raises(RewardError, match="compute_batch, compute_score"):
         RewardScorer(RewardConfig(custom=CustomRewardConfig(path=user_file, name="score_it")))
     both = RewardConfig(
         custom=CustomRewardConfig(path=user_file), model=RewardModelConfig(path=str(tmp_path))

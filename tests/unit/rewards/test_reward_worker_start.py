@@ -69,7 +69,7 @@ def _alive(pids: set[int]) -> set[int]:
 def test_import_that_hangs_fails_in_bounded_time_and_leaves_no_worker(tmp_path, short_start_limit):
     path = _rewards(tmp_path, always=True, hang=True)
     start = time.monotonic()
-    with pytest.raises(ValueError) as info:
+    with pytest.raises(RewardError) as info:
         RewardScorer(RewardConfig(custom=CustomRewardConfig(path=path), workers=2))
     assert time.monotonic() - start < START_LIMIT_S + 8.0  # the limit, plus stopping the workers
     assert str(info.value) == (
@@ -82,7 +82,7 @@ def test_import_that_hangs_fails_in_bounded_time_and_leaves_no_worker(tmp_path, 
 
 def test_worker_that_dies_at_import_is_named_with_the_way_to_see_why(tmp_path, short_start_limit):
     path = _rewards(tmp_path, always=True, hang=False)
-    with pytest.raises(ValueError) as info:
+    with pytest.raises(RewardError) as info:
         RewardScorer(RewardConfig(custom=CustomRewardConfig(path=path), workers=2))
     message = str(info.value)
     assert message.startswith("reward.custom: a reward worker died while importing 'my_rewards.py'")
@@ -93,7 +93,7 @@ def test_worker_that_dies_at_import_is_named_with_the_way_to_see_why(tmp_path, s
 def test_import_that_raises_keeps_the_users_error(tmp_path):
     path = tmp_path / "my_rewards.py"
     path.write_text("import not_installed_dependency_xyz\n")
-    with pytest.raises(ValueError, match=r"loading 'compute_score' from .*my_rewards.py failed in a reward worker: "
+    with pytest.raises(RewardError, match=r"loading 'compute_score' from .*my_rewards.py failed in a reward worker: "
                        r"ModuleNotFoundError: No module named 'not_installed_dependency_xyz'"):
         RewardScorer(RewardConfig(custom=CustomRewardConfig(path=str(path))))
 
