@@ -187,7 +187,7 @@ def measure_or_fail(path: Path, shape: dict, attention: str, seq: int, args, dev
         return measure(path, shape, attention, seq, args, device)
     except torch.OutOfMemoryError as e:
         error = f"{type(e).__name__}: {str(e).splitlines()[0][:400]}"
-    free_memory(device)  # outside the handler: the exception's frames held the worker
+    free_memory(device)  # outside the handler: the exception's frames held the failed step's tensors
     return {"attention": attention, "seq": seq, "error": error}
 
 
