@@ -297,7 +297,7 @@ class TrainerConfig(Section):
     val_only: bool = Field(False, description="Only validate, then exit.")
     critic_warmup_steps: int = Field(0, ge=0, description="Steps where only the critic trains (PPO).")
     output_dir: UserPath = Field("outputs/run", min_length=1, description="Checkpoints, metrics.jsonl, TensorBoard logs and samples go here.")
-    resume: UserPath = Field("auto", description="auto (latest valid checkpoint in output_dir), disable, or a checkpoint path.")
+    resume: Literal["auto", "disable"] | UserPath = Field("auto", description="auto (latest valid checkpoint in output_dir), disable, or a checkpoint path.")
     keep_last: int = Field(3, ge=1, description="Checkpoints kept on disk.")
     loggers: list[Literal["console", "jsonl", "tensorboard", "wandb", "mlflow"]] = Field(
         default_factory=lambda: ["console", "jsonl", "tensorboard"], description="Metric sinks."

@@ -92,3 +92,5 @@ def test_megarl_config_shows_path_keys_as_paths():
     assert describe("data.val_files").startswith("data.val_files = []  (list[path])  ")
     assert describe("trainer.output_dir").startswith("trainer.output_dir = 'outputs/run'  (path)  ")
     assert describe("trainer.experiment").startswith("trainer.experiment = 'run'  (str)  ")
+    # a word or a path: both shown (it was shown as a path alone)
+    assert describe("trainer.resume").startswith("trainer.resume = 'auto'  (auto | disable | path)  ")
