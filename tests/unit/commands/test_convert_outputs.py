@@ -16,6 +16,7 @@ from megarl.commands.convert import (
     EXPORT_MANIFEST,
     OutputError,
     OutputExistsError,
+    _mention_other_dtype,
     _normalize_modes,
     _swap_in,
     check_output_target,
@@ -99,6 +100,16 @@ def test_weights_sft_trained_are_never_overwritten(run):
         check_output_target(out, True, protected(launch, ckpt), manifest=RECORD)
     (out / RECORD).write_text(json.dumps({"files": ["weights"], "source": "models/tiny"}))  # a conversion's: replaceable
     check_output_target(out, True, protected(launch, ckpt), manifest=RECORD)
+
+
+def test_another_dtype_in_config_is_mentioned(run):
+    _, ckpt = run  # trained in float32
+    said: list[str] = []
+    _mention_other_dtype(ckpt, "float32", said.append)
+    assert said == []
+    _mention_other_dtype(ckpt, "bfloat16", said.append)
+    assert said == ["note: --config has model.dtype=bfloat16, step_000004 was trained in float32: its weights are rounded "
+                    "to bfloat16; set model.dtype=float32 in --config to export them as trained"]
 
 
 def test_swap_replaces_a_previous_output_and_normalizes_modes(tmp_path):
