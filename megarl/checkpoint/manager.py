@@ -26,7 +26,8 @@ reported, never deleted, so nothing a person might still want disappears silentl
   directories as `step_NNNNNN.abandoned`: its saves do not replace them and `resume=auto` does
   not pick them afterwards;
 - a save first checks that the disk has room for it (the previous checkpoint's size, or the
-  caller's estimate) and refuses with the numbers.
+  caller's estimate) and refuses with the numbers, naming the set-aside directories above
+  (never deleted by megarl) and their size.
 `plan_resume()` makes these decisions without touching the disk, so `megarl launch` refuses
 before Ray starts (megarl/config/preflight.py).
 
@@ -158,8 +159,19 @@ class CheckpointManager:
             raise CheckpointError(
                 f"not enough disk space to save step {step} in {self.root}: a checkpoint takes about "
                 f"{_gib(need)} GiB and {_gib(free)} GiB are free; free some space (a lower trainer.keep_last "
-                "keeps fewer checkpoints) or point trainer.output_dir at a larger disk, then resume"
+                f"keeps fewer checkpoints{self._set_aside_hint()}) or point trainer.output_dir at a larger disk, then resume"
             )
+
+    def _set_aside_hint(self) -> str:
+        """The directories megarl set aside and never deletes (.abandoned, .unverified, .pruned):
+        named with their size, since they are the first thing a full disk's owner may remove."""
+        tags = (ABANDONED, UNVERIFIED, PRUNED)
+        kept = sorted(p for p in self.root.glob("step_*.*") if p.is_dir() and p.name.split(".", 1)[1].split("-")[0] in tags)
+        if not kept:
+            return ""
+        size = sum(os.path.getsize(os.path.join(self.root, p.name, f)) for p in kept for f in _list_files(p))
+        names = ", ".join(p.name for p in kept[:3]) + (f" and {len(kept) - 3} more" if len(kept) > 3 else "")
+        return f"; {names} ({_gib(size)} GiB) are kept aside, never deleted by megarl: remove them if not needed"
 
     def _commit(self, step: int, temp: Path, final: Path, metadata: dict[str, Any]) -> None:
         files = _list_files(temp)

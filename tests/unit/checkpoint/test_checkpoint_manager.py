@@ -339,3 +339,10 @@ def test_save_refuses_without_disk_space_and_writes_nothing(tmp_path):
         with manager.saving(7, expected_bytes=10 * free) as d:
             (d / "x").write_bytes(b"never")
     assert _names(manager) == []
+    # what megarl set aside (and never deletes) is named with its size: the first thing to remove
+    (manager.root / "step_000003.abandoned" / "policy").mkdir(parents=True)
+    (manager.root / "step_000003.abandoned" / "policy" / "w").write_bytes(b"x" * 2**20)
+    (manager.root / "step_000002.unverified-1").mkdir()
+    with pytest.raises(CheckpointError, match=r"keeps fewer checkpoints; step_000002\.unverified-1, step_000003\.abandoned "
+                       r"\(0\.00098 GiB\) are kept aside, never deleted by megarl: remove them if not needed\) or point"):
+        manager.check_free_space(7, expected_bytes=10 * free)
