@@ -19,7 +19,9 @@ SCHEMA_TEXT = """\
 The verl parquet schema (one row per prompt), which `megarl launch` reads:
   data_source   str                          selects the reward function (reward.functions)
   prompt        list of {role, content}      chat messages (or one plain string); role is
-                                             system, user, assistant or tool
+                                             system, user, assistant or tool; other keys
+                                             (tool_calls, name, tool_call_id) go to the
+                                             chat template
   ability       str                          free label, e.g. "math"
   reward_model  {ground_truth, style}        what the reward compares the response with
   extra_info    struct                       per-row metadata (split, index, ...)
@@ -117,7 +119,11 @@ def _add_convert(sub: argparse._SubParsersAction) -> None:
         "A string prompt becomes one user message (optionally preceded by a --system message and\n"
         "followed by a --suffix instruction); a JSONL prompt that already is a list of {role, content}\n"
         "messages is kept as is: each role is system, user, assistant or tool and each content a\n"
-        "string. Any other prompt (a number, an object) is refused.\n\n"
+        "string. Any other prompt (a number, an object) is refused. Keys besides role and content\n"
+        "(an assistant message's tool_calls, a tool message's name and tool_call_id) are kept for the\n"
+        "chat template, a null value read as no key; one that the parquet file would give back\n"
+        "changed (an object's keys in another order than in earlier rows, an int where they have a\n"
+        "float, an object where they have text) is refused.\n\n"
         "The answer field becomes reward_model.ground_truth: a string, or a number stored as its\n"
         "string form (7 -> \"7\", 2.5 -> \"2.5\"); a bool, list, object or null is refused.\n\n"
         "A bad record is one error line naming the line of the file, the field and, for messages,\n"

@@ -7,8 +7,10 @@
   ``\\boxed{...}`` (nested braces kept); data_source ``math``; the prompt asks for a boxed answer.
 - generic: any prompt / answer field names, a data_source of the user's choice, an optional
   system message and instruction suffix. The prompt is text or a list of {role, content}
-  messages (checked as training checks them); the ground truth is text or a number, stored as
-  its string form. A number as a prompt, or a bool / list / object as a ground truth, is refused.
+  messages (checked as training checks them; other keys such as tool_calls are kept when the
+  parquet file gives them back as given, and refused otherwise); the ground truth is text or a
+  number, stored as its string form. A number as a prompt, or a bool / list / object as a
+  ground truth, is refused.
 
 Bad input raises :class:`~megarl.data.datasets.DataError` naming the file, the line and the
 field. Nothing here downloads datasets: the user brings the raw files.
@@ -27,6 +29,7 @@ from typing import Any
 from megarl.data.datasets import (
     DataError,
     Prompt,
+    check_messages,
     check_prompt,
     short_repr,
     type_name,
@@ -226,7 +229,7 @@ def generic_rows(
     (checked as training checks it). The ground truth is a string or a number, stored as text."""
     if not data_source:
         raise DataError("--data-source must be a non-empty name (the reward functions are chosen by it)")
-    rows = []
+    rows, wheres = [], []
     for i, rec in enumerate(read_raw_records(path)):
         raw = rec.get(prompt_field, option="--prompt-field")
         if isinstance(raw, str):
@@ -235,7 +238,75 @@ def generic_rows(
             prompt = check_prompt(raw, f"{rec.where}: field {prompt_field!r}")
         truth = rec.ground_truth(answer_field, option="--answer-field")
         rows.append(_row(data_source, prompt, truth, ability, {"split": split, "index": i}))
+        wheres.append(f"{rec.where}: field {prompt_field!r}")
+    _check_storable([row["prompt"] for row in rows], wheres, f"{Path(path).name}: field {prompt_field!r}")
     return rows
+
+
+def _check_storable(prompts: list[list[dict[str, Any]]], wheres: list[str], column: str) -> None:
+    """Refuse message keys besides role and content (tool_calls, name, ...) that the parquet
+    file would not give back as given: a column has one type, so every row's messages get each
+    key that any row has (null where missing: read as absent), an object inside a message the
+    key order of the first row that has it, and a number is an int in every row or a float in
+    every row. ``column`` names the file and field for an error that is no one row's."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if all(m.keys() <= {"role", "content"} for p in prompts for m in p):
+        return  # strings only: nothing for parquet to change
+    try:
+        table = pa.table({"prompt": pa.array(prompts)})
+    except pa.ArrowException as exc:
+        raise DataError(f"{wheres[_first_unstorable(prompts)]}: its messages' keys do not fit one parquet column with the "
+                        f"rows before ({exc}); give each key the same type (object, list, text or number) in every row") from exc  # fmt: skip
+    buffer = io.BytesIO()
+    try:
+        pq.write_table(table, buffer)
+    except pa.ArrowException as exc:  # an object that is empty ({}) in every row has no parquet type
+        raise DataError(f"{column}: the messages' keys cannot be stored in parquet ({exc}); drop that key, or give the "
+                        "object a key in some row") from exc  # fmt: skip
+    stored = pq.read_table(io.BytesIO(buffer.getvalue())).column("prompt").to_pylist()
+    for given, back, where in zip(prompts, stored, wheres, strict=True):
+        for n, (mine, read) in enumerate(zip(given, check_messages(back, where), strict=True)):
+            # The order of a message's own keys matters to no template; inside its values it
+            # may (tojson of a tool call's arguments).
+            diff = next((d for key in mine if (d := _first_difference(mine[key], read.get(key), key))), None)
+            if diff is not None:
+                raise DataError(f"{where}: message {n}'s {diff[0]} would read back from parquet as {short_repr(diff[2])}, "
+                                f"not {short_repr(diff[1])} (a parquet column keeps one key order and one number type "
+                                "for all rows); give it the key order and number type of the earlier rows")  # fmt: skip
+
+
+def _first_unstorable(prompts: list[list[dict[str, Any]]]) -> int:
+    """The first prompt that no parquet column can hold together with the prompts before it
+    (bisected: a prefix that fails fails longer too)."""
+    import pyarrow as pa
+
+    good, bad = 0, len(prompts)  # prompts[:good] convert, prompts[:bad] do not
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        try:
+            pa.array(prompts[:mid])
+            good = mid
+        except pa.ArrowException:
+            bad = mid
+    return bad - 1
+
+
+def _first_difference(given: Any, read: Any, path: str) -> tuple[str, Any, Any] | None:
+    """(path, given part, read part) of the first place where ``read`` differs from ``given``,
+    key order and int / float included; None when they are the same."""
+    if isinstance(given, dict) and isinstance(read, dict) and list(given) == list(read):
+        parts = [(f"{path}.{key}", given[key], read[key]) for key in given]
+    elif isinstance(given, list) and isinstance(read, list) and len(given) == len(read):
+        parts = [(f"{path}[{i}]", g, r) for i, (g, r) in enumerate(zip(given, read, strict=True))]
+    elif isinstance(given, dict) or type(given) is not type(read) or given != read:
+        return path, given, read  # a dict here: its keys come back in another order
+    else:
+        return None
+    return next((d for p, g, r in parts if (d := _first_difference(g, r, p)) is not None), None)
 
 
 def write_rows(rows: list[dict[str, Any]], out: str | Path, source: str | Path) -> Path:
