@@ -167,10 +167,28 @@ def gsm8k_final_answer(answer: str) -> str | None:
 
 
 # ---- per-format rows ------------------------------------------------------------------------
-def _user_prompt(text: str, suffix: str = "", system: str = "") -> list[dict[str, str]]:
-    content = f"{text} {suffix}" if suffix else text
-    messages = [{"role": "system", "content": system}] if system else []
-    return [*messages, {"role": "user", "content": content}]
+def _user_prompt(text: str, suffix: str = "", system: str = "") -> list[dict[str, Any]]:
+    return _framed([{"role": "user", "content": text}], system, suffix, where="")  # one message: nothing to refuse
+
+
+def _framed(messages: list[dict[str, Any]], system: str, suffix: str, where: str) -> list[dict[str, Any]]:
+    """Messages with ``system`` (--system) put first and ``suffix`` (--suffix) after the last
+    user message's text, following a space. Messages with a system message of their own are
+    refused rather than given a second one (or one of the two dropped)."""
+    if system:
+        own = next((n for n, m in enumerate(messages) if m["role"] == "system"), None)
+        if own is not None:
+            raise DataError(f"{where}: --system is given but the messages already have a system message (message {own}); "
+                            "drop --system, or that message from the row")  # fmt: skip
+        messages = [{"role": "system", "content": system}, *messages]
+    if suffix:
+        users = [n for n, m in enumerate(messages) if m["role"] == "user"]
+        if not users:
+            raise DataError(f"{where}: --suffix is given but the messages have no user message to append it to; "
+                            "drop --suffix, or add a user message to the row")  # fmt: skip
+        last = messages[users[-1]]
+        messages = [*messages[: users[-1]], {**last, "content": f"{last['content']} {suffix}"}, *messages[users[-1] + 1 :]]
+    return messages
 
 
 def _row(source: str, prompt: Prompt, truth: str, ability: str, extra: dict[str, Any]) -> dict[str, Any]:
@@ -224,21 +242,21 @@ def generic_rows(
     ability: str = "",
     split: str = "train",
 ) -> list[dict[str, Any]]:
-    """Rows from any JSONL / CSV: a string prompt becomes a user message (plus ``system`` and
-    ``suffix``); a JSONL prompt that is already a list of {role, content} messages is kept
-    (checked as training checks it). The ground truth is a string or a number, stored as text."""
+    """Rows from any JSONL / CSV: a string prompt becomes a user message, a JSONL prompt that is
+    already a list of {role, content} messages is kept (checked as training checks it); both get
+    ``system`` and ``suffix``. The ground truth is a string or a number, stored as text."""
     if not data_source:
         raise DataError("--data-source must be a non-empty name (the reward functions are chosen by it)")
     rows, wheres = [], []
     for i, rec in enumerate(read_raw_records(path)):
-        raw = rec.get(prompt_field, option="--prompt-field")
+        raw, where = rec.get(prompt_field, option="--prompt-field"), f"{rec.where}: field {prompt_field!r}"
         if isinstance(raw, str):
             prompt: Prompt = _user_prompt(rec.text(prompt_field), suffix, system)
-        else:  # messages are kept as given (no --system / --suffix); anything else is refused there
-            prompt = check_prompt(raw, f"{rec.where}: field {prompt_field!r}")
+        else:  # messages (check_prompt refuses anything else)
+            prompt = _framed(check_prompt(raw, where), system, suffix, where)
         truth = rec.ground_truth(answer_field, option="--answer-field")
         rows.append(_row(data_source, prompt, truth, ability, {"split": split, "index": i}))
-        wheres.append(f"{rec.where}: field {prompt_field!r}")
+        wheres.append(where)
     _check_storable([row["prompt"] for row in rows], wheres, f"{Path(path).name}: field {prompt_field!r}")
     return rows
 
