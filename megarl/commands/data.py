@@ -125,8 +125,10 @@ def _add_convert(sub: argparse._SubParsersAction) -> None:
         "chat template, a null value read as no key; one that the parquet file would give back\n"
         "changed (an object's keys in another order than in earlier rows, an int where they have a\n"
         "float, an object where they have text) is refused.\n\n"
-        "The answer field becomes reward_model.ground_truth: a string, or a number stored as its\n"
-        "string form (7 -> \"7\", 2.5 -> \"2.5\"); a bool, list, object or null is refused.\n\n"
+        "The answer field becomes reward_model.ground_truth: a string, or a JSON number written as\n"
+        "answers are: an integral value as an integer (3.0 -> \"3\"), any other in plain notation,\n"
+        "all its digits kept, trailing zeros dropped (1.50 -> \"1.5\", 1e-5 -> \"0.00001\"); quote a\n"
+        "number in the JSON to keep it as written. A bool, list, object or null is refused.\n\n"
         "A bad record is one error line naming the line of the file, the field and, for messages,\n"
         "the message (numbered from 0) and its key.",
     )

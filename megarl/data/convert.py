@@ -9,8 +9,8 @@
   system message and instruction suffix. The prompt is text or a list of {role, content}
   messages (checked as training checks them; other keys such as tool_calls are kept when the
   parquet file gives them back as given, and refused otherwise); the ground truth is text or a
-  number, stored as its string form. A number as a prompt, or a bool / list / object as a
-  ground truth, is refused.
+  number, stored as text (number_text: 3.0 -> "3", 1e-5 -> "0.00001"). A number as a prompt,
+  or a bool / list / object as a ground truth, is refused.
 
 Bad input raises :class:`~megarl.data.datasets.DataError` naming the file, the line and the
 field. Nothing here downloads datasets: the user brings the raw files.
@@ -23,6 +23,7 @@ import json
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,11 @@ class RawRecord:
     where: str  # "train.jsonl: line 12"
 
     def get(self, name: str, *, option: str = "") -> Any:
+        """The field's value, its JSON numbers with a point or exponent as floats."""
+        return _floats(self._exact(name, option=option))
+
+    def _exact(self, name: str, *, option: str = "") -> Any:
+        """The field's value as read: a JSONL number with a point or exponent is a Decimal."""
         if name in self.fields and self.fields[name] is None:
             raise DataError(f"{self.where}: field {name!r} is null; give it a value or drop the record")
         if name not in self.fields:
@@ -72,22 +78,45 @@ class RawRecord:
         return self._nonempty(name, value)
 
     def ground_truth(self, name: str, *, option: str = "") -> str:
-        """A ground truth: a string, or a finite number (common in math data) stored as its
-        string form (7 -> "7", 2.5 -> "2.5"). A bool, list or object has no one answer text and
-        is refused, as is a null (by get)."""
-        value = self.get(name, option=option)
-        if isinstance(value, bool) or not isinstance(value, str | int | float):
+        """A ground truth: a string, or a finite number (common in math data) stored as
+        :func:`number_text` writes it. A bool, list or object has no one answer text and is
+        refused, as is a null (by get)."""
+        value = self._exact(name, option=option)
+        if isinstance(value, bool) or not isinstance(value, str | int | float | Decimal):
             raise DataError(f"{self.where}: field {name!r} must be a string or a number, got {type_name(value)} "
-                            f"({short_repr(value)}); write the answer as one string, quoted in the JSON")  # fmt: skip
-        if isinstance(value, float) and not math.isfinite(value):  # JSON NaN / Infinity: no answer to compare with
+                            f"({short_repr(_floats(value))}); write the answer as one string, quoted in the JSON")  # fmt: skip
+        # JSON NaN / Infinity: no answer to compare with; nor a number beyond a float's range
+        # (json used to make 1e400 infinite, and number_text would take ages over 1e999999999).
+        if isinstance(value, float | Decimal) and not math.isfinite(value):
             raise DataError(f"{self.where}: field {name!r} is {value}, not a finite number; give the answer")
-        return self._nonempty(name, str(value))
+        return self._nonempty(name, value if isinstance(value, str) else number_text(value))
 
     def _nonempty(self, name: str, value: str) -> str:
         text = value.strip()
         if not text:
             raise DataError(f"{self.where}: field {name!r} is empty")
         return text
+
+
+def number_text(value: int | float | Decimal) -> str:
+    """A number as answer text, as the scorers and people write answers: an integral value as an
+    integer (3.0 -> "3"), any other in plain notation without trailing zeros (1.50 -> "1.5",
+    1e-5 -> "0.00001"); exact (a JSONL number is read as a Decimal, not rounded to a float)."""
+    exact = value if isinstance(value, Decimal) else Decimal(repr(value))  # a float: its shortest round-trip form
+    if exact == exact.to_integral_value():
+        return str(int(exact))
+    return format(exact, "f").rstrip("0")  # a fractional digit is not 0: the point stays
+
+
+def _floats(value: Any) -> Any:
+    """``value`` with its Decimals as floats (what json gives for a number with a point)."""
+    if isinstance(value, Decimal):
+        return float(value)
+    if isinstance(value, dict):
+        return {key: _floats(v) for key, v in value.items()}
+    if isinstance(value, list):
+        return [_floats(v) for v in value]
+    return value
 
 
 def read_raw_records(path: str | Path) -> Iterator[RawRecord]:
@@ -112,7 +141,7 @@ def _text_records(p: Path) -> Iterator[RawRecord]:
             if not line.strip():
                 continue
             try:
-                obj = json.loads(line)
+                obj = json.loads(line, parse_float=Decimal)  # exact: a ground truth's digits are its text
             except json.JSONDecodeError as exc:
                 raise DataError(f"{p.name}: line {n}: not valid JSON ({exc.msg} at column {exc.colno})") from exc
             if not isinstance(obj, dict):

@@ -303,3 +303,36 @@ def test_system_for_messages_with_a_system_message_or_suffix_for_messages_withou
         generic_rows(src, prompt_field="p", answer_field="a", data_source="chat", suffix="Answer:")
     assert str(err.value) == ("d.jsonl: line 1: field 'p': --suffix is given but the messages have no user message to append "
                               "it to; drop --suffix, or add a user message to the row")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "literal, stored, answer",
+    [
+        ("3.0", "3", "3"),
+        ("1.50", "1.5", "1.5"),
+        ("-2.50", "-2.5", "-2.5"),
+        ("1e-5", "0.00001", "0.00001"),
+        ("2.5E3", "2500", "2500"),
+        ("12345678901234567890", "12345678901234567890", "12345678901234567890"),
+        ("12345678901234567890.0", "12345678901234567890", "12345678901234567890"),
+        ("3.14159265358979323846", "3.14159265358979323846", "3.14159265358979323846"),  # more digits than a float
+    ],
+)
+def test_a_json_number_ground_truth_is_written_as_answers_are_and_scores_against_them(tmp_path, literal, stored, answer):
+    from megarl.rewards.registry import compute_score
+
+    src = tmp_path / "n.jsonl"
+    src.write_text(f'{{"p": "q", "a": {literal}}}\n')
+    out = write_rows(generic_rows(src, prompt_field="p", answer_field="a", data_source="math"), tmp_path / "n.parquet", src)
+    (record,) = read_prompt_file(out)
+    assert record.ground_truth == stored
+    assert compute_score("openai/gsm8k", f"So the answer is\n#### {answer}", record.ground_truth) == 1.0
+    assert compute_score("math", f"So the answer is $\\boxed{{{answer}}}$.", record.ground_truth) == 1.0
+
+
+def test_a_json_number_beyond_a_floats_range_is_refused(tmp_path):
+    src = tmp_path / "n.jsonl"
+    src.write_text('{"p": "q", "a": 1e400}\n')
+    with pytest.raises(DataError) as err:
+        generic_rows(src, prompt_field="p", answer_field="a", data_source="math")
+    assert str(err.value) == "n.jsonl: line 1: field 'a' is 1E+400, not a finite number; give the answer"
