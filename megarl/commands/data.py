@@ -19,7 +19,9 @@ SCHEMA_TEXT = """\
 The verl parquet schema (one row per prompt), which `megarl launch` reads:
   data_source   str                          selects the reward function (reward.functions)
   prompt        list of {role, content}      chat messages (or one plain string); role is
-                                             system, user, assistant or tool
+                                             system, user, assistant or tool; other keys
+                                             (tool_calls, name, tool_call_id) go to the
+                                             chat template
   ability       str                          free label, e.g. "math"
   reward_model  {ground_truth, style}        what the reward compares the response with
   extra_info    struct                       per-row metadata (split, index, ...)
@@ -114,12 +116,19 @@ def _add_convert(sub: argparse._SubParsersAction) -> None:
         "convert",
         "convert any JSONL/CSV to parquet by naming the prompt and answer fields",
         "Convert any JSONL (one object per line) or CSV (with a header row) to the verl schema.\n\n"
-        "A string prompt becomes one user message (optionally preceded by a --system message and\n"
-        "followed by a --suffix instruction); a JSONL prompt that already is a list of {role, content}\n"
-        "messages is kept as is: each role is system, user, assistant or tool and each content a\n"
-        "string. Any other prompt (a number, an object) is refused.\n\n"
-        "The answer field becomes reward_model.ground_truth: a string, or a number stored as its\n"
-        "string form (7 -> \"7\", 2.5 -> \"2.5\"); a bool, list, object or null is refused.\n\n"
+        "A string prompt becomes one user message; a JSONL prompt that already is a list of {role,\n"
+        "content} messages is kept: each role is system, user, assistant or tool and each content a\n"
+        "string. Any other prompt (a number, an object) is refused. Either way, --system becomes a\n"
+        "first system message (a row whose messages have a system message already is refused) and\n"
+        "--suffix is appended to the last user message, after a space. Keys besides role and content\n"
+        "(an assistant message's tool_calls, a tool message's name and tool_call_id) are kept for the\n"
+        "chat template, a null value read as no key; one that the parquet file would give back\n"
+        "changed (an object's keys in another order than in earlier rows, an int where they have a\n"
+        "float, an object where they have text) is refused.\n\n"
+        "The answer field becomes reward_model.ground_truth: a string, or a JSON number written as\n"
+        "answers are: an integral value as an integer (3.0 -> \"3\"), any other in plain notation,\n"
+        "all its digits kept, trailing zeros dropped (1.50 -> \"1.5\", 1e-5 -> \"0.00001\"); quote a\n"
+        "number in the JSON to keep it as written. A bool, list, object or null is refused.\n\n"
         "A bad record is one error line naming the line of the file, the field and, for messages,\n"
         "the message (numbered from 0) and its key.",
     )
@@ -127,8 +136,9 @@ def _add_convert(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prompt-field", required=True, metavar="NAME", help="field holding the prompt")
     p.add_argument("--answer-field", required=True, metavar="NAME", help="field holding the ground-truth answer")
     p.add_argument("--data-source", required=True, metavar="NAME", help="data_source of every row (selects the reward function)")
-    p.add_argument("--system", default="", metavar="TEXT", help="system message put before each prompt")
-    p.add_argument("--suffix", default="", metavar="TEXT", help="instruction appended to each prompt after a space")
+    p.add_argument("--system", default="", metavar="TEXT",
+                   help="system message put first in each prompt (a row with a system message of its own is refused)")
+    p.add_argument("--suffix", default="", metavar="TEXT", help="instruction appended to each prompt's last user message after a space")
     p.add_argument("--ability", default="", metavar="TEXT", help="ability label of every row (default: empty)")
     p.set_defaults(handler=_guarded(_run_convert))
 

@@ -7,8 +7,10 @@
   ``\\boxed{...}`` (nested braces kept); data_source ``math``; the prompt asks for a boxed answer.
 - generic: any prompt / answer field names, a data_source of the user's choice, an optional
   system message and instruction suffix. The prompt is text or a list of {role, content}
-  messages (checked as training checks them); the ground truth is text or a number, stored as
-  its string form. A number as a prompt, or a bool / list / object as a ground truth, is refused.
+  messages (checked as training checks them; other keys such as tool_calls are kept when the
+  parquet file gives them back as given, and refused otherwise); the ground truth is text or a
+  number, stored as text (number_text: 3.0 -> "3", 1e-5 -> "0.00001"). A number as a prompt,
+  or a bool / list / object as a ground truth, is refused.
 
 Bad input raises :class:`~megarl.data.datasets.DataError` naming the file, the line and the
 field. Nothing here downloads datasets: the user brings the raw files.
@@ -21,12 +23,14 @@ import json
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 from megarl.data.datasets import (
     DataError,
     Prompt,
+    check_messages,
     check_prompt,
     short_repr,
     type_name,
@@ -52,6 +56,11 @@ class RawRecord:
     where: str  # "train.jsonl: line 12"
 
     def get(self, name: str, *, option: str = "") -> Any:
+        """The field's value, its JSON numbers with a point or exponent as floats."""
+        return _floats(self._exact(name, option=option))
+
+    def _exact(self, name: str, *, option: str = "") -> Any:
+        """The field's value as read: a JSONL number with a point or exponent is a Decimal."""
         if name in self.fields and self.fields[name] is None:
             raise DataError(f"{self.where}: field {name!r} is null; give it a value or drop the record")
         if name not in self.fields:
@@ -69,22 +78,45 @@ class RawRecord:
         return self._nonempty(name, value)
 
     def ground_truth(self, name: str, *, option: str = "") -> str:
-        """A ground truth: a string, or a finite number (common in math data) stored as its
-        string form (7 -> "7", 2.5 -> "2.5"). A bool, list or object has no one answer text and
-        is refused, as is a null (by get)."""
-        value = self.get(name, option=option)
-        if isinstance(value, bool) or not isinstance(value, str | int | float):
+        """A ground truth: a string, or a finite number (common in math data) stored as
+        :func:`number_text` writes it. A bool, list or object has no one answer text and is
+        refused, as is a null (by get)."""
+        value = self._exact(name, option=option)
+        if isinstance(value, bool) or not isinstance(value, str | int | float | Decimal):
             raise DataError(f"{self.where}: field {name!r} must be a string or a number, got {type_name(value)} "
-                            f"({short_repr(value)}); write the answer as one string, quoted in the JSON")  # fmt: skip
-        if isinstance(value, float) and not math.isfinite(value):  # JSON NaN / Infinity: no answer to compare with
+                            f"({short_repr(_floats(value))}); write the answer as one string, quoted in the JSON")  # fmt: skip
+        # JSON NaN / Infinity: no answer to compare with; nor a number beyond a float's range
+        # (json used to make 1e400 infinite, and number_text would take ages over 1e999999999).
+        if isinstance(value, float | Decimal) and not math.isfinite(value):
             raise DataError(f"{self.where}: field {name!r} is {value}, not a finite number; give the answer")
-        return self._nonempty(name, str(value))
+        return self._nonempty(name, value if isinstance(value, str) else number_text(value))
 
     def _nonempty(self, name: str, value: str) -> str:
         text = value.strip()
         if not text:
             raise DataError(f"{self.where}: field {name!r} is empty")
         return text
+
+
+def number_text(value: int | float | Decimal) -> str:
+    """A number as answer text, as the scorers and people write answers: an integral value as an
+    integer (3.0 -> "3"), any other in plain notation without trailing zeros (1.50 -> "1.5",
+    1e-5 -> "0.00001"); exact (a JSONL number is read as a Decimal, not rounded to a float)."""
+    exact = value if isinstance(value, Decimal) else Decimal(repr(value))  # a float: its shortest round-trip form
+    if exact == exact.to_integral_value():
+        return str(int(exact))
+    return format(exact, "f").rstrip("0")  # a fractional digit is not 0: the point stays
+
+
+def _floats(value: Any) -> Any:
+    """``value`` with its Decimals as floats (what json gives for a number with a point)."""
+    if isinstance(value, Decimal):
+        return float(value)
+    if isinstance(value, dict):
+        return {key: _floats(v) for key, v in value.items()}
+    if isinstance(value, list):
+        return [_floats(v) for v in value]
+    return value
 
 
 def read_raw_records(path: str | Path) -> Iterator[RawRecord]:
@@ -109,7 +141,7 @@ def _text_records(p: Path) -> Iterator[RawRecord]:
             if not line.strip():
                 continue
             try:
-                obj = json.loads(line)
+                obj = json.loads(line, parse_float=Decimal)  # exact: a ground truth's digits are its text
             except json.JSONDecodeError as exc:
                 raise DataError(f"{p.name}: line {n}: not valid JSON ({exc.msg} at column {exc.colno})") from exc
             if not isinstance(obj, dict):
@@ -164,10 +196,28 @@ def gsm8k_final_answer(answer: str) -> str | None:
 
 
 # ---- per-format rows ------------------------------------------------------------------------
-def _user_prompt(text: str, suffix: str = "", system: str = "") -> list[dict[str, str]]:
-    content = f"{text} {suffix}" if suffix else text
-    messages = [{"role": "system", "content": system}] if system else []
-    return [*messages, {"role": "user", "content": content}]
+def _user_prompt(text: str, suffix: str = "", system: str = "") -> list[dict[str, Any]]:
+    return _framed([{"role": "user", "content": text}], system, suffix, where="")  # one message: nothing to refuse
+
+
+def _framed(messages: list[dict[str, Any]], system: str, suffix: str, where: str) -> list[dict[str, Any]]:
+    """Messages with ``system`` (--system) put first and ``suffix`` (--suffix) after the last
+    user message's text, following a space. Messages with a system message of their own are
+    refused rather than given a second one (or one of the two dropped)."""
+    if system:
+        own = next((n for n, m in enumerate(messages) if m["role"] == "system"), None)
+        if own is not None:
+            raise DataError(f"{where}: --system is given but the messages already have a system message (message {own}); "
+                            "drop --system, or that message from the row")  # fmt: skip
+        messages = [{"role": "system", "content": system}, *messages]
+    if suffix:
+        users = [n for n, m in enumerate(messages) if m["role"] == "user"]
+        if not users:
+            raise DataError(f"{where}: --suffix is given but the messages have no user message to append it to; "
+                            "drop --suffix, or add a user message to the row")  # fmt: skip
+        last = messages[users[-1]]
+        messages = [*messages[: users[-1]], {**last, "content": f"{last['content']} {suffix}"}, *messages[users[-1] + 1 :]]
+    return messages
 
 
 def _row(source: str, prompt: Prompt, truth: str, ability: str, extra: dict[str, Any]) -> dict[str, Any]:
@@ -221,21 +271,89 @@ def generic_rows(
     ability: str = "",
     split: str = "train",
 ) -> list[dict[str, Any]]:
-    """Rows from any JSONL / CSV: a string prompt becomes a user message (plus ``system`` and
-    ``suffix``); a JSONL prompt that is already a list of {role, content} messages is kept
-    (checked as training checks it). The ground truth is a string or a number, stored as text."""
+    """Rows from any JSONL / CSV: a string prompt becomes a user message, a JSONL prompt that is
+    already a list of {role, content} messages is kept (checked as training checks it); both get
+    ``system`` and ``suffix``. The ground truth is a string or a number, stored as text."""
     if not data_source:
         raise DataError("--data-source must be a non-empty name (the reward functions are chosen by it)")
-    rows = []
+    rows, wheres = [], []
     for i, rec in enumerate(read_raw_records(path)):
-        raw = rec.get(prompt_field, option="--prompt-field")
+        raw, where = rec.get(prompt_field, option="--prompt-field"), f"{rec.where}: field {prompt_field!r}"
         if isinstance(raw, str):
             prompt: Prompt = _user_prompt(rec.text(prompt_field), suffix, system)
-        else:  # messages are kept as given (no --system / --suffix); anything else is refused there
-            prompt = check_prompt(raw, f"{rec.where}: field {prompt_field!r}")
+        else:  # messages (check_prompt refuses anything else)
+            prompt = _framed(check_prompt(raw, where), system, suffix, where)
         truth = rec.ground_truth(answer_field, option="--answer-field")
         rows.append(_row(data_source, prompt, truth, ability, {"split": split, "index": i}))
+        wheres.append(where)
+    _check_storable([row["prompt"] for row in rows], wheres, f"{Path(path).name}: field {prompt_field!r}")
     return rows
+
+
+def _check_storable(prompts: list[list[dict[str, Any]]], wheres: list[str], column: str) -> None:
+    """Refuse message keys besides role and content (tool_calls, name, ...) that the parquet
+    file would not give back as given: a column has one type, so every row's messages get each
+    key that any row has (null where missing: read as absent), an object inside a message the
+    key order of the first row that has it, and a number is an int in every row or a float in
+    every row. ``column`` names the file and field for an error that is no one row's."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if all(m.keys() <= {"role", "content"} for p in prompts for m in p):
+        return  # strings only: nothing for parquet to change
+    try:
+        table = pa.table({"prompt": pa.array(prompts)})
+    except pa.ArrowException as exc:
+        raise DataError(f"{wheres[_first_unstorable(prompts)]}: its messages' keys do not fit one parquet column with the "
+                        f"rows before ({exc}); give each key the same type (object, list, text or number) in every row") from exc  # fmt: skip
+    buffer = io.BytesIO()
+    try:
+        pq.write_table(table, buffer)
+    except pa.ArrowException as exc:  # an object that is empty ({}) in every row has no parquet type
+        raise DataError(f"{column}: the messages' keys cannot be stored in parquet ({exc}); drop that key, or give the "
+                        "object a key in some row") from exc  # fmt: skip
+    stored = pq.read_table(io.BytesIO(buffer.getvalue())).column("prompt").to_pylist()
+    for given, back, where in zip(prompts, stored, wheres, strict=True):
+        for n, (mine, read) in enumerate(zip(given, check_messages(back, where), strict=True)):
+            # The order of a message's own keys matters to no template; inside its values it
+            # may (tojson of a tool call's arguments).
+            diff = next((d for key in mine if (d := _first_difference(mine[key], read.get(key), key))), None)
+            if diff is not None:
+                raise DataError(f"{where}: message {n}'s {diff[0]} would read back from parquet as {short_repr(diff[2])}, "
+                                f"not {short_repr(diff[1])} (a parquet column keeps one key order and one number type "
+                                "for all rows); give it the key order and number type of the earlier rows")  # fmt: skip
+
+
+def _first_unstorable(prompts: list[list[dict[str, Any]]]) -> int:
+    """The first prompt that no parquet column can hold together with the prompts before it
+    (bisected: a prefix that fails fails longer too)."""
+    import pyarrow as pa
+
+    good, bad = 0, len(prompts)  # prompts[:good] convert, prompts[:bad] do not
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        try:
+            pa.array(prompts[:mid])
+            good = mid
+        except pa.ArrowException:
+            bad = mid
+    return bad - 1
+
+
+def _first_difference(given: Any, read: Any, path: str) -> tuple[str, Any, Any] | None:
+    """(path, given part, read part) of the first place where ``read`` differs from ``given``,
+    key order and int / float included; None when they are the same."""
+    if isinstance(given, dict) and isinstance(read, dict) and list(given) == list(read):
+        parts = [(f"{path}.{key}", given[key], read[key]) for key in given]
+    elif isinstance(given, list) and isinstance(read, list) and len(given) == len(read):
+        parts = [(f"{path}[{i}]", g, r) for i, (g, r) in enumerate(zip(given, read, strict=True))]
+    elif isinstance(given, dict) or type(given) is not type(read) or given != read:
+        return path, given, read  # a dict here: its keys come back in another order
+    else:
+        return None
+    return next((d for p, g, r in parts if (d := _first_difference(g, r, p)) is not None), None)
 
 
 def write_rows(rows: list[dict[str, Any]], out: str | Path, source: str | Path) -> Path:

@@ -4,7 +4,9 @@ The schema (one row per prompt), as verl and most RL recipes write it:
 
     data_source   str                                   which dataset / reward function
     prompt        str | list[{role: str, content: str}] raw text or chat messages (role: system,
-                                                        user, assistant or tool; content: text)
+                                                        user, assistant or tool; content: text;
+                                                        other keys, e.g. tool_calls, go to the
+                                                        chat template)
     ability       str (optional)                        e.g. "math"
     reward_model  {ground_truth: any, style: str}       what the reward function checks against
     extra_info    dict (optional)                       free per-row metadata, passed to rewards
@@ -23,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# A prompt as stored: raw text, or chat messages [{"role": ..., "content": ...}].
-Prompt = str | list[dict[str, str]]
+# A prompt as stored: raw text, or chat messages [{"role": ..., "content": ..., other keys}].
+Prompt = str | list[dict[str, Any]]
 # The roles a message may have: what megarl's own code writes (the agent loops append assistant
 # and tool turns) and its chat-template paths are tested with. A template silently drops a role
 # it does not know (Qwen2.5's does), so any other role is refused rather than trained without.
@@ -220,14 +222,19 @@ def check_prompt(prompt: Any, where: str) -> Prompt:
                     f"({short_repr(prompt)}); give text as a string (quote a number) or messages as a list")
 
 
-def check_messages(messages: Any, where: str) -> list[dict[str, str]]:
-    """Chat messages reduced to role + content; the one check of a message list (RL prompts,
-    ``megarl data convert``, SFT conversations). An error names the message (numbered from 0, as
-    the list's index), the key, its value and the fix."""
+def check_messages(messages: Any, where: str) -> list[dict[str, Any]]:
+    """Chat messages checked; the one check of a message list (RL prompts, ``megarl data
+    convert``, SFT conversations). An error names the message (numbered from 0, as the list's
+    index), the key, its value and the fix.
+
+    Keys besides role and content (an assistant turn's ``tool_calls``, a tool message's ``name``
+    and ``tool_call_id``) are kept for the chat template, except null values, at any depth:
+    parquet gives every message (and every object inside one) each key that any row of the column
+    has, null where the row has none, so a null reads as an absent key."""
     if not isinstance(messages, list) or not messages:
         shown = "an empty list" if isinstance(messages, list) else f"{type_name(messages)} ({short_repr(messages)})"
         raise DataError(f"{where}: expected a non-empty list of {{role, content}} messages, got {shown}")
-    checked: list[dict[str, str]] = []
+    checked: list[dict[str, Any]] = []
     for n, m in enumerate(messages):
         if not isinstance(m, dict):
             raise DataError(f"{where}: message {n} is {type_name(m)} ({short_repr(m)}); give each message as a {{role, content}} object")
@@ -245,8 +252,18 @@ def check_messages(messages: Any, where: str) -> list[dict[str, str]]:
             raise DataError(f"{where}: message {n} has content {short_repr(content)} ({type_name(content)}); a message's "
                             "content must be a string (quote a number, join a list of parts into one text; null only "
                             "in an assistant message with tool_calls)")  # fmt: skip
-        checked.append({"role": role, "content": content})
+        others = {key: _without_nulls(value) for key, value in m.items() if key not in ("role", "content") and value is not None}
+        checked.append({"role": role, "content": content, **others})
     return checked
+
+
+def _without_nulls(value: Any) -> Any:
+    """``value`` with every null-valued key of its objects dropped (list items are kept)."""
+    if isinstance(value, dict):
+        return {key: _without_nulls(v) for key, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value
 
 
 # Roles of other chat formats, and the role that plays their part here.

@@ -104,9 +104,9 @@ def conversation_example(messages: Any, builder: PromptBuilder, where: str, mess
     Turn boundaries come from rendering the prefixes (up to a turn's generation prompt, and
     through the turn) and tokenizing them; a template whose prefixes do not tokenize as a
     prefix of the whole conversation is refused rather than trained on shifted masks."""
-    # Checked as RL prompts are; the template still gets the messages as stored, so any keys
-    # besides role and content that it renders (e.g. tool_calls) are trained on as before.
-    check_messages(messages, f"{where}, column {messages_key!r}")
+    # Checked as RL prompts are, and rendered as they are: keys besides role and content (e.g.
+    # tool_calls) kept, the nulls parquet adds for keys other rows have dropped.
+    messages = check_messages(messages, f"{where}, column {messages_key!r}")
     turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
     if not turns:
         raise DataError(f"{where}, column {messages_key!r}: no assistant message to train on")

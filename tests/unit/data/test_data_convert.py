@@ -258,3 +258,81 @@ def test_a_bad_chat_message_is_one_error_line_and_exit_code_2(tmp_path, capsys):
     assert capsys.readouterr().err == ("error: train.jsonl: line 1: field 'p': message 1 has role 'asistant' (did you mean "
                                        "'assistant'?); roles are system, user, assistant, tool\n")  # fmt: skip
     assert not out.exists()
+
+
+def test_system_and_suffix_apply_to_message_prompts_as_to_text_prompts(tmp_path):
+    calls = [{"id": "c0", "type": "function", "function": {"name": "calculator", "arguments": {"expression": "2+3"}}}]
+    prompts = [
+        "What is 2+2?",
+        [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "What is 3+3?"}],
+        [{"role": "user", "content": "Add 2 and 3."}, {"role": "assistant", "content": None, "tool_calls": calls},
+         {"role": "tool", "content": "5"}],
+    ]  # fmt: skip
+    src = _jsonl(tmp_path / "c.jsonl", [{"p": p, "a": "1"} for p in prompts])
+    out = tmp_path / "c.parquet"
+    args = ["data", "convert", src, str(out), "--prompt-field", "p", "--answer-field", "a", "--data-source", "chat",
+            "--system", "Be brief.", "--suffix", "Answer with a number."]  # fmt: skip
+    from megarl.cli import main
+
+    assert main(args) == 0
+    system = {"role": "system", "content": "Be brief."}
+    assert [r.prompt for r in read_prompt_file(out)] == [
+        [system, {"role": "user", "content": "What is 2+2? Answer with a number."}],
+        [system, {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."},
+         {"role": "user", "content": "What is 3+3? Answer with a number."}],
+        [system, {"role": "user", "content": "Add 2 and 3. Answer with a number."},
+         {"role": "assistant", "content": "", "tool_calls": calls}, {"role": "tool", "content": "5"}],
+    ]  # fmt: skip
+
+
+def test_system_for_messages_with_a_system_message_or_suffix_for_messages_without_a_user_one_is_refused(tmp_path, capsys):
+    from megarl.cli import EXIT_USER, main
+
+    own = [{"role": "user", "content": "Hi"}, {"role": "system", "content": "Be long."}, {"role": "user", "content": "Go"}]
+    src = _jsonl(tmp_path / "c.jsonl", [{"p": "fine", "a": "1"}, {"p": own, "a": "2"}])
+    out = tmp_path / "c.parquet"
+    args = ["data", "convert", src, str(out), "--prompt-field", "p", "--answer-field", "a", "--data-source", "chat"]
+    assert main([*args, "--system", "Be brief."]) == EXIT_USER
+    assert capsys.readouterr().err == ("error: c.jsonl: line 2: field 'p': --system is given but the messages already have a "
+                                       "system message (message 1); drop --system, or that message from the row\n")  # fmt: skip
+    assert not out.exists()
+    assert main([*args, "--suffix", "Answer:"]) == 0  # without --system the row's own system message is kept
+    assert read_prompt_file(out)[1].prompt == [*own[:2], {"role": "user", "content": "Go Answer:"}]
+    src = _jsonl(tmp_path / "d.jsonl", [{"p": [{"role": "system", "content": "Be brief."}], "a": "1"}])
+    with pytest.raises(DataError) as err:
+        generic_rows(src, prompt_field="p", answer_field="a", data_source="chat", suffix="Answer:")
+    assert str(err.value) == ("d.jsonl: line 1: field 'p': --suffix is given but the messages have no user message to append "
+                              "it to; drop --suffix, or add a user message to the row")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "literal, stored, answer",
+    [
+        ("3.0", "3", "3"),
+        ("1.50", "1.5", "1.5"),
+        ("-2.50", "-2.5", "-2.5"),
+        ("1e-5", "0.00001", "0.00001"),
+        ("2.5E3", "2500", "2500"),
+        ("12345678901234567890", "12345678901234567890", "12345678901234567890"),
+        ("12345678901234567890.0", "12345678901234567890", "12345678901234567890"),
+        ("3.14159265358979323846", "3.14159265358979323846", "3.14159265358979323846"),  # more digits than a float
+    ],
+)
+def test_a_json_number_ground_truth_is_written_as_answers_are_and_scores_against_them(tmp_path, literal, stored, answer):
+    from megarl.rewards.registry import compute_score
+
+    src = tmp_path / "n.jsonl"
+    src.write_text(f'{{"p": "q", "a": {literal}}}\n')
+    out = write_rows(generic_rows(src, prompt_field="p", answer_field="a", data_source="math"), tmp_path / "n.parquet", src)
+    (record,) = read_prompt_file(out)
+    assert record.ground_truth == stored
+    assert compute_score("openai/gsm8k", f"So the answer is\n#### {answer}", record.ground_truth) == 1.0
+    assert compute_score("math", f"So the answer is $\\boxed{{{answer}}}$.", record.ground_truth) == 1.0
+
+
+def test_a_json_number_beyond_a_floats_range_is_refused(tmp_path):
+    src = tmp_path / "n.jsonl"
+    src.write_text('{"p": "q", "a": 1e400}\n')
+    with pytest.raises(DataError) as err:
+        generic_rows(src, prompt_field="p", answer_field="a", data_source="math")
+    assert str(err.value) == "n.jsonl: line 1: field 'a' is 1E+400, not a finite number; give the answer"
