@@ -110,10 +110,10 @@ def generate(config: str | Path, overrides: list[str], data: str | Path, out: st
     _check_target(target, Path(data), overwrite, batch_size, Path(cfg.trainer.output_dir) / CHECKPOINTS_DIR)
     records = read_prompt_file(data, label="--data", prompt_key=cfg.data.prompt_key)  # checked before any work
     export = _model_export(Path(source))  # refused before anything is written
-    _check_positions(cfg, source)
+    run_model = _run_model(Path(source), export, cfg)
+    _check_positions(cfg, source, run_model)
     _note_replaced_columns(Path(data))
-    # A training checkpoint holds no tokenizer: its run's model (the config's model.path) does.
-    tokenizer_dir = source if (Path(source) / "tokenizer_config.json").is_file() else str(cfg.model.path)
+    tokenizer_dir = source if (Path(source) / "tokenizer_config.json").is_file() else run_model
     _check_prompts(cfg, records, tokenizer_dir)
     _check_user_code(cfg)
     _open_partial(partial, job)
@@ -319,14 +319,29 @@ def _model_export(source: Path) -> Any:
                         "training checkpoint (step_NNNNNN); give one with --model or model.path")  # fmt: skip
 
 
-def _check_positions(cfg: Any, source: str) -> None:
+def _run_model(source: Path, export: Any, cfg: Any) -> str:
+    """The HF directory of the model ``source`` was trained from, whose config and tokenizer it
+    has (a training checkpoint holds neither): for a training checkpoint, its run's model.path as
+    `megarl convert` finds it (the config saved in the checkpoint, relative paths against the
+    run's launch directory), so that the export and these checks read the same model from any
+    directory; else the config's model.path."""
+    from megarl.checkpoint.manager import verify_checkpoint
+    from megarl.checkpoint.run_record import run_config
+    from megarl.commands.convert import convert_checkpoint
+
+    if export is convert_checkpoint:
+        return str(run_config(verify_checkpoint(source)).model.path)
+    return str(cfg.model.path)
+
+
+def _check_positions(cfg: Any, source: str, run_model: str) -> None:
     """The planner's rule for RL rollouts: data.max_prompt_length (the longest prompt) plus
     max_new_tokens must fit the model's positions, else responses are cut short."""
     from megarl.config.architectures import ArchError, resolve_arch
     from megarl.config.rollout_checks import check_positions
 
-    # a checkpoint's HF config: beside a model checkpoint, else the run's model (model.path, model.arch)
-    hf_dir = source if (Path(source) / "config.json").is_file() else cfg.model.path
+    # a checkpoint's HF config: beside a model checkpoint, else the run's model
+    hf_dir = source if (Path(source) / "config.json").is_file() else run_model
     try:
         arch = resolve_arch(hf_dir, cfg.model.arch)
     except ArchError:  # no config to read the positions from: the export and the engine decide

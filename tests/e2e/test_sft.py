@@ -44,7 +44,7 @@ def _hf_nll(model_dir, val_file) -> float:
     return total / count
 
 
-def test_sft_then_rl_generate_and_evaluate(tmp_path):
+def test_sft_then_rl_generate_and_evaluate(tmp_path, monkeypatch):
     model, data = prepare_demo(tmp_path / "demo")
     sft = [f"model.path={model}", f"sft.train_files=[{data / 'train.parquet'}]", f"sft.val_files=[{data / 'val.parquet'}]",
            f"sft.output_dir={tmp_path / 'sft'}", "sft.total_steps=100", "sft.eval_freq=50", "trainer.loggers=[jsonl]"]  # fmt: skip
@@ -76,6 +76,16 @@ def test_sft_then_rl_generate_and_evaluate(tmp_path):
     out = generate(CONFIG, greedy, data / "val.parquet", tmp_path / "gen.parquet")  # exports the checkpoint to HF first
     summary = evaluate(out, CONFIG, greedy)["per_data_source"]["all"]
     assert summary["pass@1"] >= 0.5
+
+    # Generate from the RL run's step checkpoint, somewhere the config's relative model.path
+    # (outputs/demo/model) is not: the run's own model gives the tokenizer, as convert finds it.
+    import pyarrow.parquet as pq
+
+    monkeypatch.chdir(tmp_path)
+    pq.write_table(pq.read_table(data / "val.parquet").slice(0, 16), tmp_path / "val16.parquet")
+    step = tmp_path / "rl" / "checkpoints" / "step_000001"
+    from_rl = generate(CONFIG, greedy[1:], tmp_path / "val16.parquet", tmp_path / "rl-gen.parquet", model=str(step))
+    assert evaluate(from_rl, CONFIG, greedy[1:])["per_data_source"]["all"]["pass@1"] >= 0.25  # the base model: ~0.03
 
 
 def test_sft_at_tp2_dp2_with_an_odd_held_out_set(tmp_path):
