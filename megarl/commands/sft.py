@@ -88,7 +88,8 @@ def run_sft(cfg: Any, address: str | None = None, *, in_process: bool = False) -
     target = out / MODEL_DIR
     _check_target(target, cfg)
     data = _load_data(cfg, sft_max_length(cfg, plan.arch))
-    steps = s.total_steps or max(1, s.epochs * len(data.train) // s.batch_size)
+    _check_batch_fits(len(data.train), s.batch_size, dp)
+    steps = s.total_steps or -(-s.epochs * len(data.train) // s.batch_size)  # ceil: every row seen in each pass
     # Imports happen here, before the signal handlers: a SIGTERM during the seconds Ray's take
     # must find the run starting (nothing written), not half-way through an import.
     placement, ray = (None, None) if in_process else _ray_start(cfg, plan, address)
@@ -189,6 +190,18 @@ def _start_group(cfg: Any, placement: Any, steps: int, log_dir: Path) -> tuple[A
 
         group = WorkerGroup(SFTRank, placement, cfg, steps, group_options=GroupOptions(log_dir=log_dir))
     return SFTClient(group), group
+
+
+def _check_batch_fits(rows: int, batch_size: int, dp: int) -> None:
+    """A step cannot hold more rows than there are: it would repeat rows, and an sft.epochs "pass"
+    would be many passes. (The last step of a pass is filled from the next pass's order.)"""
+    if rows >= batch_size:
+        return
+    fits = rows // dp * dp
+    fix = (f"set sft.batch_size to at most {fits} (a multiple of the data-parallel size {dp})" if fits
+           else f"give at least {dp} training rows (the data-parallel size)")  # fmt: skip
+    raise SFTError(f"sft.batch_size ({batch_size}) is more than the {rows} training row(s): a step would hold rows "
+                   f"twice; {fix}, or give more rows")  # fmt: skip
 
 
 def _batches(data: _Data, batch_size: int, seed: int) -> Iterator[list[Any]]:

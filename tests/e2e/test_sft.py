@@ -88,6 +88,20 @@ def test_sft_then_rl_generate_and_evaluate(tmp_path, monkeypatch):
     assert evaluate(from_rl, CONFIG, greedy[1:])["per_data_source"]["all"]["pass@1"] >= 0.25  # the base model: ~0.03
 
 
+def test_a_step_of_more_rows_than_the_training_file_has_is_refused(tmp_path):
+    import pyarrow.parquet as pq
+
+    model, data = prepare_demo(tmp_path / "demo")
+    for rows, fix in ((1, "give at least 2 training rows"), (5, "set sft.batch_size to at most 4")):
+        pq.write_table(pq.read_table(data / "train.parquet").slice(0, rows), tmp_path / "few.parquet")
+        cfg = load_config(CONFIG, [f"model.path={model}", f"sft.train_files=[{tmp_path / 'few.parquet'}]", "sft.val_files=[]",
+                                   f"sft.output_dir={tmp_path / 'sft'}"])  # fmt: skip
+        with pytest.raises(SFTError, match=rf"^sft\.batch_size \(64\) is more than the {rows} training row\(s\): a step "
+                           rf"would hold rows twice; {fix}"):
+            run_sft(cfg)
+        assert not (tmp_path / "sft").exists()  # refused before anything is written
+
+
 def test_sft_at_tp2_dp2_with_an_odd_held_out_set(tmp_path):
     # TP=2 x DP=2 (4 processes); 33 held-out rows: the last chunk is padded to the DP size with
     # masked copies, which must not change the loss transformers computes on the 33 rows.
