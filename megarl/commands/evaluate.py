@@ -111,7 +111,7 @@ def evaluate(data: str | Path, config: str | Path | None = None, overrides: list
     """Score ``data`` and summarise it (the JSON ``megarl evaluate`` writes)."""
     from megarl.config.loading import load_config, load_section
     from megarl.data.generated import read_generated
-    from megarl.evaluation import EvaluationError, scored_responses, summarize, threshold_problem
+    from megarl.evaluation import EvaluationError, check_ks, scored_responses, summarize, threshold_problem
 
     if config is not None:
         cfg = load_config(config, overrides)
@@ -125,6 +125,9 @@ def evaluate(data: str | Path, config: str | Path | None = None, overrides: list
         raise EvaluationError(f"{name} {problem}")
     rows = read_generated(data, prompt_key=prompt_key)
     flat = [(r, j) for r, answers in enumerate(rows.responses) for j in range(len(answers))]
+    counts = [len(answers) for answers in rows.responses if answers]
+    if ks is not None and counts:  # before the scoring, which can take long: summarize checks the same
+        check_ks(ks, min(counts))
     if reward.custom is not None:  # loaded as a launch loads it: a file that hangs at import is refused in bounded time
         from megarl.config.preflight import reward_file_problem
 

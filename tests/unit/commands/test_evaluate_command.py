@@ -55,6 +55,16 @@ def test_an_empty_k_list_is_refused_in_one_line(generated, tmp_path, capsys):
     assert not (tmp_path / "k.json").exists()  # not a summary without any pass@k
 
 
+def test_a_k_above_the_responses_is_refused_before_scoring(generated, tmp_path, capsys):
+    (tmp_path / "reward.py").write_text(TRACING_REWARD)
+    custom = [f"reward.custom.path={tmp_path / 'reward.py'}", "reward.custom.name=score"]
+    for k in ("1,4", "0"):
+        assert main(["evaluate", "--data", str(generated), *custom, "--k", k, "--out", str(tmp_path / "k.json")]) == EXIT_USER
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: k {k[-1]} is not in 1..2: the prompt with the fewest responses has 2") and err.count("\n") == 1
+    assert not (tmp_path / "scored.flag").exists() and not (tmp_path / "k.json").exists()  # nothing scored
+
+
 @pytest.mark.parametrize("flag", ["--out", "--scored"])
 def test_a_missing_output_folder_is_refused_before_scoring(generated, tmp_path, capsys, flag):
     (tmp_path / "reward.py").write_text(TRACING_REWARD)
