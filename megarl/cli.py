@@ -119,11 +119,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = expand_short_form(list(sys.argv[1:] if argv is None else argv))  # `convert CKPT OUT`
     # KEY=VALUE overrides may also come after options (`launch cfg.yaml --address auto rollout.n=4`).
+    # A word there that is no override (`trainer.seed`) is one too, for the override check's
+    # message, which names it; an unknown option is argparse's to refuse.
     args, extra = parser.parse_known_args(argv)
-    if extra and hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra):
+    unknown = [e for e in extra if e.startswith("-")] if hasattr(args, "overrides") else extra
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if extra:
         args.overrides = [*args.overrides, *extra]
-    elif extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     setup_logging()
     debug = args.debug or os.environ.get("MEGARL_DEBUG", "") not in ("", "0")
     try:

@@ -127,6 +127,13 @@ def test_abbreviated_flags_are_refused(argv, capsys):
     assert capsys.readouterr().err.splitlines()[-1] == f"megarl: error: unrecognized arguments: {argv[-1]}"
 
 
+def test_a_word_after_the_options_is_an_override_and_named(capsys):
+    # after an option, `trainer.seed` (no =) made argparse refuse every override there, valid ones too
+    argv = ["generate", str(TINY), "--data", "in.parquet", "rollout.n=2", "--out", "o.parquet", "trainer.seed"]
+    assert main(argv) == EXIT_USER
+    assert capsys.readouterr().err == "error: override 'trainer.seed' must look like key.path=value (e.g. rollout.n=8)\n"
+
+
 @pytest.mark.parametrize(
     ("argv", "dest"),
     [(["convert", "hf-to-megatron", "--hf", "m", "--out", "~/x"], "out"), (["convert", "megatron-to-hf", "--ckpt", "~/x"], "ckpt"),
