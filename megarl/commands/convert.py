@@ -73,7 +73,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         epilog="examples:\n"
         "  megarl convert outputs/run/checkpoints/step_000200 hf_model\n"
         "  megarl convert hf-to-megatron --hf Qwen2.5-7B --out qwen7b_tp2pp2 --tp 2 --pp 2\n"
-        "  megarl launch configs/qwen7b_grpo.yaml model.path=qwen7b_tp2pp2\n"
+        "  megarl launch configs/qwen2.5_7b_ppo.yaml model.path=qwen7b_tp2pp2\n"
         "  megarl convert megatron-to-hf --ckpt qwen7b_tp2pp2 --out qwen7b_hf",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -166,7 +166,7 @@ def _run_to_hf(args: argparse.Namespace) -> int:
     from megarl.checkpoint.model_checkpoint import is_model_checkpoint
 
     if (Path(ckpt) / "config.json").is_file() and not (Path(ckpt) / "manifest.json").is_file() and not is_model_checkpoint(ckpt):
-        raise OutputError(f"--ckpt {ckpt} is a Hugging Face model directory, not a checkpoint; to make a Megatron "
+        raise OutputError(f"{ckpt} is a Hugging Face model directory, not a checkpoint; to make a Megatron "
                           f"checkpoint of it: megarl convert hf-to-megatron --hf {ckpt} --out CKPT_DIR")
     if is_model_checkpoint(ckpt):
         if args.config is not None:

@@ -148,7 +148,7 @@ def test_cli_refusals_are_one_line_before_ray(demo, tmp_path):
         ([*cli, "hf-to-megatron", "--hf", str(empty), "--out", str(tmp_path / "o")], "has no config.json"),
         ([*cli, "megatron-to-hf", "--out", str(tmp_path / "o")], "megatron-to-hf needs --ckpt"),
         ([*cli, str(tmp_path), str(tmp_path / "o"), "--tp", "2"], "--tp/--pp are for model checkpoints"),
-        ([*cli, "--overwrite", str(model), str(tmp_path / "o")], "is a Hugging Face model directory, not a checkpoint"),
+        ([*cli, "--overwrite", str(model), str(tmp_path / "o")], f"error: {model} is a Hugging Face model directory, not a checkpoint"),
     ]
     for argv, expected in cases:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
