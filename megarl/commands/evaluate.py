@@ -111,7 +111,13 @@ def evaluate(data: str | Path, config: str | Path | None = None, overrides: list
     """Score ``data`` and summarise it (the JSON ``megarl evaluate`` writes)."""
     from megarl.config.loading import load_config, load_section
     from megarl.data.generated import read_generated
-    from megarl.evaluation import EvaluationError, check_ks, scored_responses, summarize, threshold_problem
+    from megarl.evaluation import (
+        EvaluationError,
+        check_ks,
+        scored_responses,
+        summarize,
+        threshold_problem,
+    )
 
     if config is not None:
         cfg = load_config(config, overrides)

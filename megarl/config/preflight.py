@@ -12,7 +12,8 @@ the fix, so all of them are reported at once, in seconds, before Ray or any work
 - prompts: with ``data.truncation=error`` and overlong prompts not filtered, the tokenizer of
   model.path renders the sampled prompts and none may be over max_prompt_length; otherwise
   only that the tokenizer has a chat template when data.apply_chat_template is on;
-- rewards: built-in scorer names, a scorer for every sampled data_source, reward.custom
+- rewards: built-in scorer names, a scorer for every sampled data_source (and a non-null
+  ground truth, but for code), reward.custom
   importable and defining its function, reward.model present;
 - agent rollouts: each sampled row's agent_name names a loop and its interaction_kwargs an
   interaction of rollout.agent.interactions_file (megarl/agents/checks.py);
@@ -439,16 +440,24 @@ def _check_rewards(cfg: MegaRLConfig, samples: list[_Sample], findings: list[Fin
         return
     if r.custom is not None or r.model is not None:
         return
-    seen: set[str] = set()
+    scorers: dict[str, str | None] = {}
     for sample in samples:
+        no_truth = None
         for record in sample.records:
-            if record.data_source in seen:
-                continue
-            seen.add(record.data_source)
-            try:
-                registry.resolve(record.data_source, r.functions)
-            except ValueError as exc:
-                findings.append(Finding(sample.label, f"row {record.row}: {exc}"))
+            if record.data_source not in scorers:
+                try:
+                    scorers[record.data_source] = registry.resolve(record.data_source, r.functions)
+                except ValueError as exc:
+                    scorers[record.data_source] = None
+                    findings.append(Finding(sample.label, f"row {record.row}: {exc}"))
+            name = scorers[record.data_source]
+            # (a null reads as the text "None" there: every response would score 0, silently)
+            if no_truth is None and name not in (None, "code") and record.ground_truth in (None, ""):
+                no_truth = Finding(sample.label, f"row {record.row}: reward_model.ground_truth is {record.ground_truth!r}; "
+                                   f"the built-in scorer {name!r} compares each response with it: give the answer, or "
+                                   "score with reward.custom")  # fmt: skip
+        if no_truth is not None:
+            findings.append(no_truth)
 
 
 # The child process: the user's reward module and functions never load in the driver.

@@ -104,6 +104,21 @@ def test_unscorable_data_source_and_unknown_scorer(demo, tmp_path):
     assert "data.train_files[0] (src.parquet): row 0: no reward scorer for data_source 'my_task'" in msg
 
 
+def test_a_null_ground_truth_for_a_built_in_scorer(demo, tmp_path):
+    table = rows(["123", "456", "789"])
+    table[1]["reward_model"]["ground_truth"] = table[2]["reward_model"]["ground_truth"] = None  # one line per file
+    pq.write_table(pa.Table.from_pylist(table), tmp_path / "t.parquet")
+    msg = refusal(config(demo, tmp_path / "run", f"data.train_files=[{tmp_path / 't.parquet'}]"))
+    assert ("data.train_files[0] (t.parquet): row 1: reward_model.ground_truth is None; the built-in scorer "
+            "'reverse_digits' compares each response with it: give the answer, or score with reward.custom") in msg
+    assert "row 2" not in msg
+    # code tests may come in extra_info instead: no ground truth needed there
+    for row in table:
+        row["data_source"] = "code"
+    pq.write_table(pa.Table.from_pylist(table), tmp_path / "c.parquet")
+    assert preflight(config(demo, tmp_path / "run", f"data.train_files=[{tmp_path / 'c.parquet'}]")) == []
+
+
 @pytest.mark.parametrize(
     ("source", "name", "expected"),
     [
