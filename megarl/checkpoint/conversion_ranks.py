@@ -44,7 +44,7 @@ def compare_parameters(expected: torch.nn.Module, got: torch.nn.Module, source: 
             diff = (param.detach().float().cpu() - want[name].detach().float().cpu()).abs().max()
             raise ConversionError(f"{source}: {name} differs from the converted weights after re-import (max |diff| {float(diff):.3g})")
         checked += 1
-    return checked  # this rank's parameters
+    return checked  # this rank's parameters (its shards)
 
 
 def verify_rebuilt(model: Any, path: str, actor_cfg: ActorConfig, dtype: torch.dtype, seed: int) -> int:
@@ -53,7 +53,18 @@ def verify_rebuilt(model: Any, path: str, actor_cfg: ActorConfig, dtype: torch.d
     from megarl.actors.megatron_runtime.model import MegatronModel
 
     rebuilt = MegatronModel.build(path, actor_cfg, dtype, seed)
-    return compare_parameters(model.core, rebuilt.core, path)
+    checked = compare_parameters(model.core, rebuilt.core, path)
+    return checked if _counts_parameters() else 0
+
+
+def _counts_parameters() -> bool:
+    """Whether this rank's checked parameters count in the reported total: every rank compares
+    its own, but the model's parameters are those of one data-parallel replica's first tensor-
+    parallel rank in each pipeline stage (a TP shard or a DP copy is no other parameter; megarl's
+    models are dense, so no expert is held only by another DP rank)."""
+    from megatron.core import parallel_state as ps
+
+    return ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank(with_context_parallel=True) == 0
 
 
 class ProgressFile:

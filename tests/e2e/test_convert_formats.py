@@ -75,6 +75,8 @@ def test_hf_to_megatron_tp2_pp2_and_back_bit_for_bit(ray_local, tmp_path, arch, 
     else:
         export_model_checkpoint(ckpt, out, *back)
     _assert_same_tensors(hf, out)
+    # each parameter counted once, whatever the layout (TP shards were counted per rank: 2x)
+    assert json.loads((out / "megarl_export.json").read_text())["verified_parameters"] == record["verified_parameters"]
     for name in ("config.json", "generation_config.json", "tokenizer.json", "model.safetensors.index.json"):
         assert (out / name).is_file(), name
     assert json.loads((out / "config.json").read_text()) == config
