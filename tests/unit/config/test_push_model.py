@@ -1,5 +1,7 @@
 """The plan's model of a weight push, against hand-computed bytes and times."""
 
+from pathlib import Path
+
 import pytest
 
 from megarl.config.architectures import resolve_arch
@@ -7,7 +9,8 @@ from megarl.config.loading import load_config
 from megarl.config.planner import make_plan
 from megarl.config.push_model import GB, push_estimate
 
-QWEN72B = "configs/qwen72b_grpo.yaml"
+CONFIGS = Path(__file__).resolve().parents[3] / "configs"
+QWEN72B = CONFIGS / "qwen72b_grpo.yaml"
 
 
 def test_colocated_72b_sends_each_stage_once_per_tp_group_over_the_network():
@@ -55,7 +58,7 @@ def test_a_policy_within_one_node_collects_its_stages_over_nvlink():
 
 
 def test_the_plan_carries_it_and_the_cpu_demo_moves_nothing_over_a_link():
-    plan = make_plan(load_config("configs/tiny_grpo.yaml"))
+    plan = make_plan(load_config(CONFIGS / "tiny_grpo.yaml"))
     assert plan.push is not None and plan.push.transport == "in_process" and plan.push.parts == ()
 
 

@@ -3,6 +3,8 @@
 transformer-engine is not installed on the CPU machines that run this: ``auto`` must fall back
 to the local spec there, and ``te`` must be refused naming the field and the fix."""
 
+from pathlib import Path
+
 import pytest
 
 from megarl.config.loading import load_config
@@ -29,6 +31,6 @@ def test_without_transformer_engine_auto_falls_back_and_te_says_how_to_install()
 
 
 def test_the_plan_refuses_te_on_a_cpu_cluster():
-    cfg = load_config("configs/tiny_grpo.yaml", ["model.layer_spec=te"])
+    cfg = load_config(Path(__file__).resolve().parents[3] / "configs" / "tiny_grpo.yaml", ["model.layer_spec=te"])
     with pytest.raises(PlanError, match=r"model.layer_spec: \(te\) needs CUDA and cluster.device is cpu"):
         make_plan(cfg)
