@@ -281,7 +281,6 @@ class RewardScorer:
         self._pools = 0  # pools started after a break (see _restart)
         self._fresh = False  # a new pool that has not finished a task yet
         self._closed = False
-        self._start_limit_s = MODEL_LOAD_TIMEOUT_S if model else WORKER_START_TIMEOUT_S
         if custom is not None:
             self._check_custom(custom)
 
@@ -289,6 +288,11 @@ class RewardScorer:
         return ProcessPool(
             max_workers=self.cfg.workers, initializer=_init_worker, initargs=(self._spec,), context=self._context
         )
+
+    @property
+    def _start_limit_s(self) -> float:
+        # read at each wait, not fixed at construction: the module's setting when the wait starts
+        return MODEL_LOAD_TIMEOUT_S if self.cfg.model is not None else WORKER_START_TIMEOUT_S
 
     def _check_custom(self, custom: tuple[str, str]) -> None:
         """The custom function loads in a worker within WORKER_START_TIMEOUT_S; RewardError otherwise
