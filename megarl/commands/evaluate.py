@@ -134,12 +134,9 @@ def evaluate(data: str | Path, config: str | Path | None = None, overrides: list
     counts = [len(answers) for answers in rows.responses if answers]
     if ks is not None and counts:  # before the scoring, which can take long: summarize checks the same
         check_ks(ks, min(counts))
-    if reward.custom is not None:  # loaded as a launch loads it: a file that hangs at import is refused in bounded time
-        from megarl.config.preflight import reward_file_problem
-
-        problem = reward_file_problem(reward.custom)
-        if problem:
-            raise EvaluationError(problem)
+    problem = _reward_problem(reward)
+    if problem:
+        raise EvaluationError(problem)
     try:
         result = _score(reward, rows, flat)
     except ValueError as exc:  # reward.custom that does not load, a data_source without a scorer
@@ -162,6 +159,22 @@ def evaluate(data: str | Path, config: str | Path | None = None, overrides: list
         "reward": {"errors": result.errors, "timeouts": result.timeouts},
         "per_data_source": {source: _finite(values) for source, values in summary.items()},
     }
+
+
+def _reward_problem(reward: Any) -> str | None:
+    """reward.custom and reward.model checked as a launch checks them, before the workers start:
+    a file that hangs at import is refused in bounded time, a model directory the workers would
+    refuse from its config.json alone (not on every sample, after each worker loaded it)."""
+    if reward.custom is not None:
+        from megarl.config.preflight import reward_file_problem
+
+        return reward_file_problem(reward.custom)
+    if reward.model is not None:
+        from megarl.rewards.reward_model import model_dir_problem
+
+        problem = model_dir_problem(reward.model.path)
+        return f"reward.model.path: {problem}" if problem else None
+    return None
 
 
 def _score(reward: Any, rows: Any, flat: list[tuple[int, int]]) -> Any:

@@ -13,8 +13,9 @@ the fix, so all of them are reported at once, in seconds, before Ray or any work
   model.path renders the sampled prompts and none may be over max_prompt_length; otherwise
   only that the tokenizer has a chat template when data.apply_chat_template is on;
 - rewards: built-in scorer names, a scorer for every sampled data_source (and a non-null
-  ground truth, but for code), reward.custom
-  importable and defining its function, reward.model present;
+  ground truth, but for code), reward.custom importable and defining its function,
+  reward.model's config.json one the reward workers load (megarl/rewards/reward_model.py: a
+  sequence classifier with num_labels 1; no weights read);
 - agent rollouts: each sampled row's agent_name names a loop and its interaction_kwargs an
   interaction of rollout.agent.interactions_file (megarl/agents/checks.py);
 - the user's own functions named by import path (algorithm.estimator, algorithm.policy_loss,
@@ -429,8 +430,12 @@ def _check_rewards(cfg: MegaRLConfig, samples: list[_Sample], findings: list[Fin
     if r.custom is not None and r.model is not None:
         findings.append(Finding("reward", "reward.custom and reward.model are both set; set one of them "
                                 "(a custom function can call a model itself)"))
-    if r.model is not None and not (Path(r.model.path) / "config.json").is_file():
-        findings.append(Finding("reward.model.path", f"({r.model.path}) must be a local HF model directory (with config.json)"))
+    if r.model is not None:
+        from megarl.rewards.reward_model import model_dir_problem
+
+        problem = model_dir_problem(r.model.path)
+        if problem:
+            findings.append(Finding("reward.model.path", problem))
     if r.custom is not None and not Path(r.custom.path).is_file():
         findings.append(Finding("reward.custom.path", f"{r.custom.path} does not exist; give the path of a Python file"))
     try:

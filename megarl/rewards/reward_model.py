@@ -1,10 +1,14 @@
 """Reward-model scoring: an HF sequence-classification model reads prompt + response text.
 
 Used by the reward workers when ``reward.model`` is set. The model and tokenizer load once per
-worker process (torch and transformers are imported only there, never by the rule scorers).
+worker process (torch and transformers are imported there, never by the rule scorers).
 The score of a sample is the model's single logit (``num_labels=1``) at the last non-padding
 token of ``prompt + response``; texts longer than the model's context are cut from the left,
 so the response end is always seen.
+
+:func:`model_dir_problem` reads config.json only (no weights; the transformers import is most of
+its cost): the launch's preflight and `megarl evaluate` call it in the driver, and the loader
+first, so a directory the workers would refuse is refused before anything starts.
 
 Left out: pairwise / multi-head reward models, chat-template re-rendering (pass the prompt as
 the engine saw it, template included), dtype options (the model's saved dtype is used).
@@ -12,8 +16,11 @@ the engine saw it, template included), dtype options (the model's saved dtype is
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
+FIX = "give an HF sequence-classification model directory (config.json, weights, tokenizer) with num_labels 1"
 _LOADED: dict[tuple[str, str], tuple[Any, Any]] = {}
 
 
@@ -23,12 +30,11 @@ def load_reward_model(path: str, device: str = "cpu") -> tuple[Any, Any]:
     if key not in _LOADED:
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+        problem = model_dir_problem(path)
+        if problem:
+            raise ValueError(f"reward.model.path: {problem}")
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForSequenceClassification.from_pretrained(path).to(device).eval()
-        if model.config.num_labels != 1:
-            raise ValueError(
-                f"reward.model.path: {path} has num_labels={model.config.num_labels}; a reward model has 1"
-            )
         if model.config.pad_token_id is None:
             pad = (
                 tokenizer.pad_token_id
@@ -44,6 +50,40 @@ def load_reward_model(path: str, device: str = "cpu") -> tuple[Any, Any]:
         tokenizer.truncation_side = "left"
         _LOADED[key] = (model, tokenizer)
     return _LOADED[key]
+
+
+def model_dir_problem(path: str) -> str | None:
+    """Why ``path`` cannot be loaded as :func:`load_reward_model` loads it, from config.json alone:
+    one line that starts with ``(path)`` and ends with the fix (the caller prefixes the field), or None."""
+    if not Path(path).is_dir():
+        return f"({path}) is not a directory; {FIX}"
+    if not (Path(path) / "config.json").is_file():
+        return f"({path}) has no config.json; {FIX}"
+    import transformers
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
+    )
+
+    try:
+        config = AutoConfig.from_pretrained(path)  # what AutoModelForSequenceClassification reads first
+    except Exception as exc:  # noqa: BLE001 - invalid JSON, no or an unknown model_type, a value of the wrong type
+        reason = re.split(r"(?<=\.)\s", " ".join(str(exc).split()), maxsplit=1)[0]  # its first sentence
+        return f"({path}) has a config.json transformers {transformers.__version__} cannot read: {reason.rstrip('.')}; {FIX}"
+    built = MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES.get(config.model_type)
+    if built is None:
+        return (f"({path}) is a {config.model_type} model, and transformers {transformers.__version__} has no "
+                f"sequence-classification class for it; {FIX}")
+    saved = getattr(config, "architectures", None) or []
+    saved = [saved] if isinstance(saved, str) else list(saved)
+    if saved and built not in saved:
+        # saved from another head (a causal LM, a custom reward class): the loader would build
+        # ``built`` with a randomly initialised score head, and score noise
+        return (f"({path}) holds a {', '.join(saved)} (config.json's architectures), not a {built}: a reward model "
+                f"needs the trained score head of a sequence classifier; {FIX}")
+    if config.num_labels != 1:
+        return f"({path}) has num_labels={config.num_labels}; a reward model has 1 (one score per sample); {FIX}"
+    return None
 
 
 def score_texts(path: str, device: str, texts: list[str]) -> list[float]:

@@ -7,6 +7,11 @@ worker that dies (``os._exit``, a segfault in user code) fails only its task. Su
 score 0 and are counted (``reward/errors``, ``reward/timeouts``); the first few are logged
 with the sample, the first timeout as soon as it happens.
 
+A worker that dies while no task runs in the pool (the OOM killer between steps) breaks
+pebble's whole pool, and every task it held is dropped: the scorer logs a warning, starts a new
+pool and schedules the call's unscored samples on it. A second break before the new pool
+finished a task (something kills every worker) raises RewardError.
+
 Failing fast: a function that timed out on ``reward.workers`` samples (one round of the pool)
 without ever returning in this call is hanging on everything; its remaining samples are
 marked as timeouts without running, so a step where every sample hangs ends within about
@@ -42,7 +47,7 @@ from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pebble import ProcessExpired, ProcessPool
@@ -247,6 +252,8 @@ class _Job:
     split_on_failure: bool  # re-run one sample per task when the whole task times out / dies
     scorers: list[str | None] = field(default_factory=list)
     function: str = "reward.custom"  # what runs: a scorer name, reward.custom or reward.model
+    call: tuple = ()  # (function, args): scheduled again on a new pool when the pool breaks
+    pool: int = 0  # the pool it runs on (RewardScorer._pools when scheduled)
 
 
 class RewardScorer:
@@ -266,17 +273,26 @@ class RewardScorer:
         self.stops = stops  # what failing on too many samples means, said in the RewardError
         custom = (os.path.abspath(cfg.custom.path), cfg.custom.name) if cfg.custom else None
         model = (cfg.model.path, cfg.model.device) if cfg.model else None
-        spec = {"custom": custom, "model": model, "preload_math": custom is None and model is None}
-        context = multiprocessing.get_context(start_method)
+        self._spec = {"custom": custom, "model": model, "preload_math": custom is None and model is None}
+        self._context = multiprocessing.get_context(start_method)
         if start_method == "forkserver":  # workers replaced after a timeout start in milliseconds
-            context.set_forkserver_preload(["megarl.rewards.scorer", "math_verify"])
-        self._pool = ProcessPool(
-            max_workers=cfg.workers, initializer=_init_worker, initargs=(spec,), context=context
-        )
+            self._context.set_forkserver_preload(["megarl.rewards.scorer", "math_verify"])
+        self._pool = self._new_pool()
+        self._pools = 0  # pools started after a break (see _restart)
+        self._fresh = False  # a new pool that has not finished a task yet
         self._closed = False
-        self._start_limit_s = MODEL_LOAD_TIMEOUT_S if model else WORKER_START_TIMEOUT_S
         if custom is not None:
             self._check_custom(custom)
+
+    def _new_pool(self) -> ProcessPool:
+        return ProcessPool(
+            max_workers=self.cfg.workers, initializer=_init_worker, initargs=(self._spec,), context=self._context
+        )
+
+    @property
+    def _start_limit_s(self) -> float:
+        # read at each wait, not fixed at construction: the module's setting when the wait starts
+        return MODEL_LOAD_TIMEOUT_S if self.cfg.model is not None else WORKER_START_TIMEOUT_S
 
     def _check_custom(self, custom: tuple[str, str]) -> None:
         """The custom function loads in a worker within WORKER_START_TIMEOUT_S; RewardError otherwise
@@ -332,8 +348,7 @@ class RewardScorer:
         if not samples:
             return []
         columns = tuple([s[k] for s in samples] for k in range(4))
-        future = self._submit(_score_batched, columns)
-        return [_Job(list(range(len(samples))), future, False, function=self._custom_label())]
+        return [self._job((_score_batched, (columns,)), list(range(len(samples))), False, self._custom_label())]
 
     def _sample_jobs(self, samples: list[tuple]) -> list[_Job]:
         if self.cfg.custom is not None:
@@ -347,9 +362,13 @@ class RewardScorer:
         return [self._schedule(g, [names[i] for i in g], samples) for g in groups]
 
     def _schedule(self, indices: list[int], names: list[str | None], samples: list[tuple]) -> _Job:
-        future = self._submit(_score_samples, names, [samples[i] for i in indices])
         label = f"reward scorer {names[0]}" if names[0] is not None else self._custom_label()
-        return _Job(indices, future, len(indices) > 1, names, label)
+        return self._job((_score_samples, (names, [samples[i] for i in indices])), indices, len(indices) > 1, label, names)
+
+    def _job(self, call: tuple, indices: list[int], split_on_failure: bool, function: str,
+             scorers: list[str | None] | None = None) -> _Job:
+        """``call`` = (function, args) scheduled on the pool, as a _Job of ``indices``."""
+        return _Job(indices, self._submit(*call), split_on_failure, scorers or [], function, call, self._pools)
 
     def _model_jobs(self, samples: list[tuple], prompts: Sequence[str] | None) -> list[_Job]:
         if prompts is None:
@@ -360,8 +379,8 @@ class RewardScorer:
         texts = [str(p) + s[1] for p, s in zip(prompts, samples, strict=True)]
         jobs = []
         for k in range(0, len(texts), size):
-            future = self._submit(_score_model, texts[k : k + size])
-            jobs.append(_Job(list(range(k, min(k + size, len(texts)))), future, False, function="reward.model"))
+            jobs.append(self._job((_score_model, (texts[k : k + size],)), list(range(k, min(k + size, len(texts)))), False,
+                                  "reward.model"))
         return jobs
 
     def _custom_label(self) -> str:
@@ -381,7 +400,14 @@ class RewardScorer:
                 raise self._stopped(_start_problem(self.cfg, True, self._start_limit_s))
             for future in done:
                 job = pending.pop(future)
-                failure = self._finished(job, outcomes, watch, samples)
+                try:
+                    failure = self._finished(job, outcomes, watch, samples)
+                except BrokenProcessPool as exc:
+                    pending[future] = job
+                    self._restart(pending, exc)
+                    break  # the rest of ``done``: kept in ``pending`` (finished before the break) or scheduled again
+                if job.pool == self._pools:
+                    self._fresh = False  # the current pool ran a task: a later break is a new one
                 if failure is None:
                     continue
                 if job.split_on_failure and not watch.hopeless(job.function):
@@ -402,8 +428,8 @@ class RewardScorer:
         except FutureTimeout:
             watch.timed_out(job.function, samples[job.indices[0]])
             return ("timeout", f"timed out after {self.cfg.timeout_s:g} s (reward.timeout_s)")
-        except BrokenProcessPool as exc:  # before Exception: the pool runs nothing any more
-            raise self._stopped(_start_problem(self.cfg, False, self._start_limit_s)) from exc
+        except BrokenProcessPool:  # before Exception: the pool runs nothing any more (_collect restarts it)
+            raise
         except ProcessExpired as exc:
             watch.returned(job.function)  # it ended, it did not hang
             return ("error", f"reward worker died (exit code {exc.exitcode})", "")
@@ -414,6 +440,26 @@ class RewardScorer:
         for i, outcome in zip(job.indices, results, strict=True):
             outcomes[i] = outcome
         return None
+
+    def _restart(self, pending: dict[Future, _Job], exc: BrokenProcessPool) -> None:
+        """A new pool in place of the broken one, and every job the break dropped (all of ``pending``
+        but those that finished before it) scheduled on it. A second break before the new pool
+        finished a task is a RewardError: the workers die as they start, or something kills them all."""
+        if self._fresh:
+            raise self._stopped(_start_problem(self.cfg, False, self._start_limit_s)) from exc
+        dropped = [f for f in pending if not f.done() or isinstance(f.exception(), BrokenProcessPool)]
+        log.warning("reward: the reward workers' pool broke (a worker died while no sample ran on it: killed from "
+                    "outside, by the OOM killer say, or dying as it started); starting a new pool for this call's "
+                    "%d unscored samples", sum(len(pending[f].indices) for f in dropped))
+        self._pool.stop()
+        self._pool.join()
+        self._pool = self._new_pool()
+        self._pools += 1
+        self._fresh = True
+        for future in dropped:
+            job = pending.pop(future)
+            retry = replace(job, future=self._submit(*job.call), pool=self._pools)
+            pending[retry.future] = retry
 
     def _give_up(self, function: str, pending: dict[Future, _Job], outcomes: list[Outcome], watch: _HangWatch) -> None:
         skipped = [job for job in pending.values() if job.function == function]
@@ -467,13 +513,15 @@ class RewardScorer:
             f"First failure (data_source={samples[first][0]!r}): {message}; {fix}" + (f"\n{trace.rstrip()}" if trace else "")
         )
 
-    def _submit(self, fn: Any, *args: Any) -> Future:
+    def _submit(self, fn: Any, args: tuple) -> Future:
         try:
             return self._pool.schedule(fn, args=args, timeout=self.cfg.timeout_s)
         except RuntimeError as exc:  # pebble's "Unexpected error within the Pool": a worker died outside a task
             if self._closed:
                 raise RuntimeError("RewardScorer.score called after close()") from exc
-            raise self._stopped(_start_problem(self.cfg, False, self._start_limit_s)) from exc
+            broken: Future = Future()  # a task of the broken pool: _collect restarts the pool and schedules it again
+            broken.set_exception(BrokenProcessPool(str(exc)))
+            return broken
 
     def _stopped(self, why: str) -> RewardError:
         """The pool cannot score any more: stop its workers (none is left behind) and say why."""

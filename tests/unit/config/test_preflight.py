@@ -137,6 +137,21 @@ def test_reward_function_that_cannot_load(demo, tmp_path, source, name, expected
     assert expected.format(path=path) in msg
 
 
+def test_reward_model_that_the_workers_would_refuse(demo, tmp_path):
+    """Read from config.json only (no weights: a config-only directory passes when right)."""
+    import json
+
+    path = tmp_path / "rm"
+    path.mkdir()
+    base = {"model_type": "qwen2", "hidden_size": 8, "num_attention_heads": 2, "num_hidden_layers": 1, "vocab_size": 32}
+    (path / "config.json").write_text(json.dumps({**base, "architectures": ["Qwen2ForCausalLM"], "num_labels": 1}))
+    msg = refusal(config(demo, tmp_path / "run", f"reward.model.path={path}"))
+    assert f"reward.model.path: ({path}) holds a Qwen2ForCausalLM (config.json's architectures)" in msg
+    assert msg.count("reward.model.path") == 1
+    (path / "config.json").write_text(json.dumps({**base, "architectures": ["Qwen2ForSequenceClassification"], "num_labels": 1}))
+    assert preflight(config(demo, tmp_path / "run", f"reward.model.path={path}")) == []
+
+
 def test_functions_named_by_import_path_are_imported_before_launch(demo, tmp_path, monkeypatch):
     examples = Path(__file__).resolve().parents[3] / "docs" / "examples"
     monkeypatch.setenv("PYTHONPATH", str(examples))  # the preflight's child imports them, not this process

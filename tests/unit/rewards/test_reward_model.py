@@ -41,6 +41,12 @@ def _reference(path: str, texts: list[str]) -> list[float]:
     return out
 
 
+def test_a_saved_sequence_classifier_passes_the_check(reward_model_dir):
+    from megarl.rewards.reward_model import model_dir_problem
+
+    assert model_dir_problem(reward_model_dir) is None
+
+
 def test_reward_model_scores_prompt_plus_response(reward_model_dir):
     prompts = ["<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"] * 2 + [
         "<|im_start|>user\nlonger question?<|im_end|>\n<|im_start|>assistant\n"

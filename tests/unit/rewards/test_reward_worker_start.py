@@ -1,8 +1,14 @@
 """Reward workers that hang or die while loading reward.custom (in their initializer, where pebble's
-task timeout does not reach): one clear error in bounded time, and no worker left behind."""
+task timeout does not reach): one clear error in bounded time, and no worker left behind.
+
+Robust on a loaded machine: the start limit is shortened (SHORT_LIMIT_S) only where a start must
+time out (an import that sleeps for days); a healthy start runs under the default 60 s, and a
+worker that dies is reported by pebble, whatever the limit. Elapsed times are bounded generously:
+the tests assert the outcome, a bound only catches a wait that does not end."""
 
 from __future__ import annotations
 
+import logging
 import textwrap
 import time
 
@@ -14,7 +20,8 @@ from megarl.rewards import RewardScorer
 from megarl.rewards import scorer as scorer_module
 from megarl.rewards.scorer import RewardError
 
-START_LIMIT_S = 2.0  # the monkeypatched WORKER_START_TIMEOUT_S: an import is a fraction of it
+SHORT_LIMIT_S = 3.0  # WORKER_START_TIMEOUT_S where the start must time out (the import hangs for days)
+SLACK_S = 60.0  # the bound on stopping the workers after the limit, on a loaded 2-core machine
 
 # Breaks at import when always=True, or once a "break_now" file sits beside it (a replacement
 # worker started later imports it again); each breaking worker leaves its pid in a file.
@@ -39,15 +46,19 @@ USER_REWARDS = textwrap.dedent(
 )
 
 
-@pytest.fixture
-def short_start_limit(monkeypatch):
-    monkeypatch.setattr(scorer_module, "WORKER_START_TIMEOUT_S", START_LIMIT_S)
+def _shorten_start_limit(monkeypatch) -> None:
+    """From now on (read at each wait): healthy starts before this call had the default limit."""
+    monkeypatch.setattr(scorer_module, "WORKER_START_TIMEOUT_S", SHORT_LIMIT_S)
 
 
 def _rewards(tmp_path, *, always: bool, hang: bool) -> str:
     path = tmp_path / "my_rewards.py"
-    path.write_text(USER_REWARDS.format(always=always, hang=hang, slow_s=START_LIMIT_S + 1.5))
+    path.write_text(USER_REWARDS.format(always=always, hang=hang, slow_s=SHORT_LIMIT_S + 2.0))
     return str(path)
+
+
+def _new_pools(caplog) -> int:
+    return sum("pool broke" in r.getMessage() for r in caplog.records)
 
 
 def _breaking_workers(tmp_path) -> set[int]:
@@ -66,21 +77,22 @@ def _alive(pids: set[int]) -> set[int]:
     return alive
 
 
-def test_import_that_hangs_fails_in_bounded_time_and_leaves_no_worker(tmp_path, short_start_limit):
+def test_import_that_hangs_fails_in_bounded_time_and_leaves_no_worker(tmp_path, monkeypatch):
     path = _rewards(tmp_path, always=True, hang=True)
+    _shorten_start_limit(monkeypatch)
     start = time.monotonic()
     with pytest.raises(RewardError) as info:
         RewardScorer(RewardConfig(custom=CustomRewardConfig(path=path), workers=2))
-    assert time.monotonic() - start < START_LIMIT_S + 8.0  # the limit, plus stopping the workers
+    assert time.monotonic() - start < SHORT_LIMIT_S + SLACK_S  # the limit, plus stopping the workers
     assert str(info.value) == (
-        "reward.custom: importing 'my_rewards.py' did not finish in 2 s in a reward worker; "
+        "reward.custom: importing 'my_rewards.py' did not finish in 3 s in a reward worker; "
         "check it for work done at import (network, locks, long loops)"
     )
     hung = _breaking_workers(tmp_path)
     assert hung and not _alive(hung)
 
 
-def test_worker_that_dies_at_import_is_named_with_the_way_to_see_why(tmp_path, short_start_limit):
+def test_worker_that_dies_at_import_is_named_with_the_way_to_see_why(tmp_path):
     path = _rewards(tmp_path, always=True, hang=False)
     with pytest.raises(RewardError) as info:
         RewardScorer(RewardConfig(custom=CustomRewardConfig(path=path), workers=2))
@@ -98,26 +110,31 @@ def test_import_that_raises_keeps_the_users_error(tmp_path):
         RewardScorer(RewardConfig(custom=CustomRewardConfig(path=str(path))))
 
 
-def test_samples_waiting_behind_a_long_sample_are_not_a_stalled_start(tmp_path, short_start_limit):
+def test_samples_waiting_behind_a_long_sample_are_not_a_stalled_start(tmp_path, monkeypatch):
     """Tasks that wait longer than the start limit while another runs are only queued."""
     path = _rewards(tmp_path, always=False, hang=True)
     with RewardScorer(RewardConfig(custom=CustomRewardConfig(path=path), workers=1, timeout_s=30.0)) as scorer:
+        _shorten_start_limit(monkeypatch)  # "slow" runs past it; the worker started under the default
         result = scorer.score(["any"] * 2, ["slow", "a"], ["a", "a"])
     assert (result.scores, result.errors, result.timeouts) == ([0.0, 1.0], 0, 0)
 
 
 @pytest.mark.parametrize("hang", [True, False], ids=["hangs", "dies"])
-def test_replacement_worker_breaking_at_import_stops_scoring_with_the_cause(tmp_path, short_start_limit, hang):
-    """The file loaded at start; a worker started later (after one died in a sample) does not."""
+def test_replacement_worker_breaking_at_import_stops_scoring_with_the_cause(tmp_path, monkeypatch, caplog, hang):
+    """The file loaded at start; a worker started later (after one died in a sample) does not. One
+    that dies breaks the pool (no task runs): one new pool is tried, whose worker dies too."""
     path = _rewards(tmp_path, always=False, hang=hang)
     scorer = RewardScorer(RewardConfig(custom=CustomRewardConfig(path=path), workers=1, timeout_s=30.0))
     (tmp_path / "break_now").touch()
+    if hang:
+        _shorten_start_limit(monkeypatch)
     start = time.monotonic()
-    with pytest.raises(RewardError) as info:
+    with caplog.at_level(logging.WARNING, logger="megarl.rewards.scorer"), pytest.raises(RewardError) as info:
         scorer.score(["any"] * 2, ["exit", "a"], ["a", "a"])
-    assert time.monotonic() - start < START_LIMIT_S + 8.0
+    assert time.monotonic() - start < SHORT_LIMIT_S + SLACK_S
+    assert _new_pools(caplog) == (0 if hang else 1)
     message = str(info.value)
-    cause = "importing 'my_rewards.py' did not finish in 2 s" if hang else "died while importing 'my_rewards.py'"
+    cause = "importing 'my_rewards.py' did not finish in 3 s" if hang else "died while importing 'my_rewards.py'"
     assert message.startswith(f"reward workers stopped taking samples: reward.custom: {'' if hang else 'a reward worker '}{cause}")
     assert message.endswith("the run stops rather than train on zero rewards") and "Unexpected error" not in message
     broke = _breaking_workers(tmp_path)
@@ -126,20 +143,21 @@ def test_replacement_worker_breaking_at_import_stops_scoring_with_the_cause(tmp_
         scorer.score(["any"], ["a"], ["a"])
 
 
-def test_worker_dying_at_import_between_calls_fails_the_next_call_with_the_cause(tmp_path):
+def test_worker_dying_at_import_between_calls_fails_the_next_call_with_the_cause(tmp_path, caplog):
     """pebble's pool breaks when a worker dies with no task running; its next schedule says only
-    "Unexpected error within the Pool"."""
+    "Unexpected error within the Pool". The scorer tries one new pool, whose worker dies too."""
     path = _rewards(tmp_path, always=False, hang=False)
     scorer = RewardScorer(RewardConfig(custom=CustomRewardConfig(path=path), workers=1, timeout_s=30.0))
     (tmp_path / "break_now").touch()
     result = scorer.score(["any"] * 2, ["a", "exit"], ["a", "a"])  # the last sample kills the worker
     assert (result.scores, result.errors) == ([1.0, 0.0], 1)
-    deadline = time.monotonic() + 8.0
-    while not _breaking_workers(tmp_path) and time.monotonic() < deadline:  # its replacement dies at import
+    deadline = time.monotonic() + SLACK_S  # its replacement dies at import, and pebble marks the pool broken
+    while scorer._pool.active and time.monotonic() < deadline:
         time.sleep(0.05)
-    time.sleep(1.0)  # pebble notices a dead worker within 0.1 s
-    with pytest.raises(RewardError) as info:
+    assert _breaking_workers(tmp_path) and not scorer._pool.active
+    with caplog.at_level(logging.WARNING, logger="megarl.rewards.scorer"), pytest.raises(RewardError) as info:
         scorer.score(["any"], ["a"], ["a"])
+    assert _new_pools(caplog) == 1
     assert str(info.value).startswith(
         "reward workers stopped taking samples: reward.custom: a reward worker died while importing 'my_rewards.py'"
     )

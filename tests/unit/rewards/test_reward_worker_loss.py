@@ -1,0 +1,81 @@
+"""A reward worker killed from outside while no sample runs on it (the OOM killer between steps):
+pebble breaks its whole pool when a worker dies with no task running. The scorer starts a new
+pool once and scores every sample of the call, and leaves no process behind at close."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+
+import psutil
+import pytest
+
+from megarl.config.sections import RewardConfig
+from megarl.rewards import RewardScorer
+
+SOURCES = ["openai/gsm8k"] * 12
+SOLUTIONS = [f"The answer is\n#### {i}" for i in range(12)]
+TRUTHS = [str(i if i % 3 else i + 1) for i in range(12)]  # every third answer is wrong
+EXPECTED = [float(i % 3 != 0) for i in range(12)]
+
+
+def _workers(before: set[int]) -> set[int]:
+    """Processes started since ``before`` that are not our own children: the pool's workers (the
+    forkserver's children; the forkserver and the resource tracker are children of this process)."""
+    found = set()
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.pid not in before and child.ppid() != os.getpid() and child.status() != psutil.STATUS_ZOMBIE:
+                found.add(child.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+def _wait_until(condition, limit_s: float = 60.0) -> None:
+    """Poll ``condition`` (a generous bound: the machine may be loaded; the test asserts outcomes)."""
+    deadline = time.monotonic() + limit_s
+    while not condition():
+        assert time.monotonic() < deadline, "the condition did not come true in time"
+        time.sleep(0.05)
+
+
+def _kill_one_worker(before: set[int]) -> int:
+    workers = _workers(before)
+    assert len(workers) == 2, workers
+    victim = min(workers)
+    os.kill(victim, signal.SIGKILL)
+    _wait_until(lambda: victim not in _workers(before))
+    return victim
+
+
+def _restarts(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "pool broke" in r.getMessage()]
+
+
+@pytest.mark.parametrize("noticed", [True, False], ids=["pool-broken-before-the-call", "killed-just-before-the-call"])
+def test_worker_killed_while_idle_is_replaced_and_no_sample_is_lost(caplog, noticed):
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    scorer = RewardScorer(RewardConfig(workers=2, timeout_s=30.0))
+    try:
+        assert scorer.score(SOURCES, SOLUTIONS, TRUTHS).scores == EXPECTED
+        victim = _kill_one_worker(before)
+        if noticed:  # pebble's manager thread marks the pool broken (schedule then raises)
+            _wait_until(lambda: not scorer._pool.active)
+        with caplog.at_level(logging.WARNING, logger="megarl.rewards.scorer"):
+            result = scorer.score(SOURCES, SOLUTIONS, TRUTHS)
+        assert (result.scores, result.errors, result.timeouts) == (EXPECTED, 0, 0)
+        assert victim not in _workers(before)
+        restarts = _restarts(caplog)
+        if noticed:  # (killed just before, pebble may still replace the worker itself: no new pool)
+            assert restarts == ["reward: the reward workers' pool broke (a worker died while no sample ran on it: killed "
+                                "from outside, by the OOM killer say, or dying as it started); starting a new pool for this "
+                                "call's 12 unscored samples"]
+        # the pool goes on: a third call scores without another new pool
+        assert scorer.score(SOURCES, SOLUTIONS, TRUTHS).scores == EXPECTED
+        assert _restarts(caplog) == restarts
+    finally:
+        scorer.close()
+    _wait_until(lambda: not _workers(before))
