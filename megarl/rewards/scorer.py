@@ -10,7 +10,9 @@ with the sample, the first timeout as soon as it happens.
 A worker that dies while no task runs in the pool (the OOM killer between steps) breaks
 pebble's whole pool, and every task it held is dropped: the scorer logs a warning, starts a new
 pool and schedules the call's unscored samples on it. A second break before the new pool
-finished a task (something kills every worker) raises RewardError.
+finished a task (something kills every worker) raises RewardError. pebble also breaks the pool
+when a task kills its worker before pebble read the worker's acknowledgement of it (a race, seen
+when the driver's threads hold the GIL): the new pool runs that sample again.
 
 Failing fast: a function that timed out on ``reward.workers`` samples (one round of the pool)
 without ever returning in this call is hanging on everything; its remaining samples are
