@@ -10,7 +10,11 @@ with the sample, the first timeout as soon as it happens.
 A worker that dies while no task runs in the pool (the OOM killer between steps) breaks
 pebble's whole pool, and every task it held is dropped: the scorer logs a warning, starts a new
 pool and schedules the call's unscored samples on it. A second break before the new pool
-finished a task (something kills every worker) raises RewardError.
+finished a task (something kills every worker) raises RewardError. pebble also breaks the pool
+when a task kills its worker before pebble read the worker's acknowledgement of it (a race, seen
+when the driver's threads hold the GIL): the new pool runs that sample again. And pebble never
+fails a task it had not yet taken from its queue when the pool broke: waits look at the pool
+itself every POOL_CHECK_S.
 
 Failing fast: a function that timed out on ``reward.workers`` samples (one round of the pool)
 without ever returning in this call is hanging on everything; its remaining samples are
@@ -42,6 +46,7 @@ import math
 import multiprocessing
 import os
 import signal
+import time
 import traceback
 from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
@@ -65,6 +70,9 @@ LOGGED_ERRORS_PER_CALL = 3
 WORKER_START_TIMEOUT_S = 60.0  # reward.custom's import, math_verify's
 MODEL_LOAD_TIMEOUT_S = 600.0  # reward.model: a large model read from a slow disk takes minutes
 TRAINING_STOPS = "the run stops rather than train on zero rewards"
+# How often a wait looks at the pool itself: when it breaks, pebble fails the tasks it registered,
+# but one scheduled a moment before (not yet taken by its scheduler thread) is never finished.
+POOL_CHECK_S = 0.5
 
 # A task returns, per sample, ("ok", score, extras) or ("error", message, traceback); the
 # driver adds ("timeout", message).
@@ -299,7 +307,7 @@ class RewardScorer:
         (a user error: one line, wherever the scorer starts, training included)."""
         future = self._pool.schedule(_check_custom, timeout=WORKER_START_TIMEOUT_S)
         try:
-            future.result(timeout=WORKER_START_TIMEOUT_S)  # the whole wait: worker start, import, check
+            self._result_within(future, WORKER_START_TIMEOUT_S)  # the whole wait: worker start, import, check
         except Exception as exc:
             self.close()  # workers stuck in the import are killed, not left behind
             if isinstance(exc, (FutureTimeout, BrokenProcessPool)):
@@ -308,6 +316,16 @@ class RewardScorer:
             raise RewardError(
                 f"reward.custom: loading {custom[1]!r} from {custom[0]} failed in a reward worker: {type(exc).__name__}: {exc}"
             ) from exc
+
+    def _result_within(self, future: Future, limit_s: float) -> Any:
+        """``future.result(timeout=limit_s)``, or BrokenProcessPool as soon as the pool broke."""
+        deadline = time.monotonic() + limit_s
+        while not wait([future], timeout=POOL_CHECK_S).done:
+            if not self._pool.active:
+                raise BrokenProcessPool("the pool broke before it took the task")
+            if time.monotonic() >= deadline:
+                raise FutureTimeout()
+        return future.result()
 
     def score(
         self,
@@ -394,11 +412,7 @@ class RewardScorer:
         pending = {job.future: job for job in jobs}
         watch = _HangWatch(self.cfg.workers, self.cfg.timeout_s)
         while pending:
-            done, _ = wait(list(pending), timeout=self._start_limit_s, return_when=FIRST_COMPLETED)
-            if not done and not any(f.running() for f in pending):
-                # No task started or ended for that long: every worker is still in its initializer.
-                raise self._stopped(_start_problem(self.cfg, True, self._start_limit_s))
-            for future in done:
+            for future in self._wait_any(pending):
                 job = pending.pop(future)
                 try:
                     failure = self._finished(job, outcomes, watch, samples)
@@ -420,6 +434,23 @@ class RewardScorer:
                 if watch.hopeless(job.function):
                     self._give_up(job.function, pending, outcomes, watch)
         return outcomes
+
+    def _wait_any(self, pending: dict[Future, _Job]) -> set[Future]:
+        """The futures of ``pending`` that finished, once one did. Meanwhile a pool that broke is
+        restarted (see POOL_CHECK_S), and a stall is a RewardError: no task running or ending for
+        the start limit, every worker still in its initializer."""
+        quiet_since = time.monotonic()
+        while True:
+            done, _ = wait(list(pending), timeout=POOL_CHECK_S, return_when=FIRST_COMPLETED)
+            if done:
+                return done
+            if not self._pool.active:
+                self._restart(pending, BrokenProcessPool("the pool broke before it took every task"))
+                quiet_since = time.monotonic()
+            elif any(f.running() for f in pending):
+                quiet_since = time.monotonic()
+            elif time.monotonic() - quiet_since >= self._start_limit_s:
+                raise self._stopped(_start_problem(self.cfg, True, self._start_limit_s))
 
     def _finished(self, job: _Job, outcomes: list[Outcome], watch: _HangWatch, samples: list[tuple]) -> Outcome | None:
         """Store a finished job's outcomes; returns the failure when the whole task failed."""

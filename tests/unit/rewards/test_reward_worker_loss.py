@@ -51,6 +51,10 @@ def _kill_one_worker(before: set[int]) -> int:
     return victim
 
 
+NEW_POOL = ("reward: the reward workers' pool broke (a worker died while no sample ran on it: killed from outside, "
+            "by the OOM killer say, or dying as it started); starting a new pool for this call's 12 unscored samples")
+
+
 def _restarts(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if "pool broke" in r.getMessage()]
 
@@ -66,16 +70,18 @@ def test_worker_killed_while_idle_is_replaced_and_no_sample_is_lost(caplog, noti
             _wait_until(lambda: not scorer._pool.active)
         with caplog.at_level(logging.WARNING, logger="megarl.rewards.scorer"):
             result = scorer.score(SOURCES, SOLUTIONS, TRUTHS)
-        assert (result.scores, result.errors, result.timeouts) == (EXPECTED, 0, 0)
-        assert victim not in _workers(before)
-        restarts = _restarts(caplog)
-        if noticed:  # (killed just before, pebble may still replace the worker itself: no new pool)
-            assert restarts == ["reward: the reward workers' pool broke (a worker died while no sample ran on it: killed "
-                                "from outside, by the OOM killer say, or dying as it started); starting a new pool for this "
-                                "call's 12 unscored samples"]
-        # the pool goes on: a third call scores without another new pool
-        assert scorer.score(SOURCES, SOLUTIONS, TRUTHS).scores == EXPECTED
-        assert _restarts(caplog) == restarts
+            assert (result.scores, result.errors, result.timeouts) == (EXPECTED, 0, 0)
+            assert victim not in _workers(before)
+            if noticed:
+                assert _restarts(caplog) == [NEW_POOL]
+            # The pool goes on: a third call scores. The one death costs one new pool at most: killed
+            # just before the second call, pebble may replace the worker itself (a task was running on
+            # the other one when it looked), or break the pool amid that call or only after it.
+            assert scorer.score(SOURCES, SOLUTIONS, TRUTHS).scores == EXPECTED
+            if noticed:
+                assert _restarts(caplog) == [NEW_POOL]
+            else:
+                assert len(_restarts(caplog)) <= 1, caplog.text
     finally:
         scorer.close()
     _wait_until(lambda: not _workers(before))

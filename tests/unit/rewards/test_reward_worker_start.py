@@ -9,6 +9,8 @@ the tests assert the outcome, a bound only catches a wait that does not end."""
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import textwrap
 import time
 
@@ -37,6 +39,8 @@ USER_REWARDS = textwrap.dedent(
         os._exit(3)
 
     def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+        if solution_str == "pid":
+            return float(os.getpid())
         if solution_str == "exit":
             os._exit(3)
         if solution_str == "slow":
@@ -132,7 +136,9 @@ def test_replacement_worker_breaking_at_import_stops_scoring_with_the_cause(tmp_
     with caplog.at_level(logging.WARNING, logger="megarl.rewards.scorer"), pytest.raises(RewardError) as info:
         scorer.score(["any"] * 2, ["exit", "a"], ["a", "a"])
     assert time.monotonic() - start < SHORT_LIMIT_S + SLACK_S
-    assert _new_pools(caplog) == (0 if hang else 1)
+    # dies: the replacement's death breaks the pool, and one new pool is tried. hangs: none, unless
+    # pebble took the sample's death for one outside any task (its acknowledgement came too late)
+    assert _new_pools(caplog) in ((0, 1) if hang else (1,))
     message = str(info.value)
     cause = "importing 'my_rewards.py' did not finish in 3 s" if hang else "died while importing 'my_rewards.py'"
     assert message.startswith(f"reward workers stopped taking samples: reward.custom: {'' if hang else 'a reward worker '}{cause}")
@@ -143,21 +149,25 @@ def test_replacement_worker_breaking_at_import_stops_scoring_with_the_cause(tmp_
         scorer.score(["any"], ["a"], ["a"])
 
 
-def test_worker_dying_at_import_between_calls_fails_the_next_call_with_the_cause(tmp_path, caplog):
-    """pebble's pool breaks when a worker dies with no task running; its next schedule says only
-    "Unexpected error within the Pool". The scorer tries one new pool, whose worker dies too."""
+def test_pool_broken_between_calls_and_a_new_worker_dying_at_import_fail_the_next_call_with_the_cause(tmp_path, caplog):
+    """A worker killed while idle breaks pebble's pool (its next schedule says only "Unexpected error
+    within the Pool"); the scorer starts one new pool, whose worker dies importing the file: the
+    call fails naming that. (Killed from outside, not by a sample: a sample that kills its worker
+    at once may reach pebble as a death outside any task, and break the pool in that call.)"""
     path = _rewards(tmp_path, always=False, hang=False)
     scorer = RewardScorer(RewardConfig(custom=CustomRewardConfig(path=path), workers=1, timeout_s=30.0))
+    worker = int(scorer.score(["any"], ["pid"], ["a"]).scores[0])
     (tmp_path / "break_now").touch()
-    result = scorer.score(["any"] * 2, ["a", "exit"], ["a", "a"])  # the last sample kills the worker
-    assert (result.scores, result.errors) == ([1.0, 0.0], 1)
-    deadline = time.monotonic() + SLACK_S  # its replacement dies at import, and pebble marks the pool broken
+    os.kill(worker, signal.SIGKILL)
+    deadline = time.monotonic() + SLACK_S  # pebble notices the dead worker and marks the pool broken
     while scorer._pool.active and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _breaking_workers(tmp_path) and not scorer._pool.active
+    assert not scorer._pool.active and not _breaking_workers(tmp_path)  # no replacement was started
     with caplog.at_level(logging.WARNING, logger="megarl.rewards.scorer"), pytest.raises(RewardError) as info:
         scorer.score(["any"], ["a"], ["a"])
     assert _new_pools(caplog) == 1
     assert str(info.value).startswith(
         "reward workers stopped taking samples: reward.custom: a reward worker died while importing 'my_rewards.py'"
     )
+    broke = _breaking_workers(tmp_path)
+    assert broke and not _alive(broke | {worker})
