@@ -169,7 +169,7 @@ class CheckpointManager:
         kept = sorted(p for p in self.root.glob("step_*.*") if p.is_dir() and p.name.split(".", 1)[1].split("-")[0] in tags)
         if not kept:
             return ""
-        size = sum(os.path.getsize(os.path.join(self.root, p.name, f)) for p in kept for f in _list_files(p))
+        size = sum(os.lstat(os.path.join(self.root, p.name, f)).st_size for p in kept for f in _list_files(p))
         names = ", ".join(p.name for p in kept[:3]) + (f" and {len(kept) - 3} more" if len(kept) > 3 else "")
         return f"; {names} ({_gib(size)} GiB) are kept aside, never deleted by megarl: remove them if not needed"
 

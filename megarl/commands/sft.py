@@ -198,10 +198,10 @@ def _check_batch_fits(rows: int, batch_size: int, dp: int) -> None:
     if rows >= batch_size:
         return
     fits = rows // dp * dp
-    fix = (f"set sft.batch_size to at most {fits} (a multiple of the data-parallel size {dp})" if fits
+    fix = (f"set sft.batch_size to at most {fits} (a multiple of the data-parallel size {dp}), or give more rows" if fits
            else f"give at least {dp} training rows (the data-parallel size)")  # fmt: skip
     raise SFTError(f"sft.batch_size ({batch_size}) is more than the {rows} training row(s): a step would hold rows "
-                   f"twice; {fix}, or give more rows")  # fmt: skip
+                   f"twice; {fix}")  # fmt: skip
 
 
 def _batches(data: _Data, batch_size: int, seed: int) -> Iterator[list[Any]]:

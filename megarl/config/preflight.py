@@ -457,7 +457,7 @@ def _check_rewards(cfg: MegaRLConfig, samples: list[_Sample], findings: list[Fin
                     findings.append(Finding(sample.label, f"row {record.row}: {exc}"))
             name = scorers[record.data_source]
             # (a null reads as the text "None" there: every response would score 0, silently)
-            if no_truth is None and name not in (None, "code") and record.ground_truth in (None, ""):
+            if no_truth is None and name not in (None, "code") and (record.ground_truth is None or str(record.ground_truth).strip() == ""):
                 no_truth = Finding(sample.label, f"row {record.row}: reward_model.ground_truth is {record.ground_truth!r}; "
                                    f"the built-in scorer {name!r} compares each response with it: give the answer, or "
                                    "score with reward.custom")  # fmt: skip

@@ -338,7 +338,7 @@ class SFTConfig(Section):
         "assistant turn is trained on, nothing else.",
     )
     max_length: int = Field(2048, ge=2, description="Rows longer than this many tokens (prompt + response), or than the model's max_position_embeddings when fewer, are dropped and counted in a warning.")
-    batch_size: int = Field(64, ge=1, description="Sequences per optimizer step, over all data-parallel ranks (a multiple of the DP size).")
+    batch_size: int = Field(64, ge=1, description="Sequences per optimizer step, over all data-parallel ranks (a multiple of the DP size, at most the training rows).")
     total_steps: int | None = Field(None, ge=1, description="Optimizer steps; None = sft.epochs passes over the training rows.")
     epochs: int = Field(1, ge=1, description="Passes over the training rows when total_steps is None: every row is seen once a pass (a pass's last step is filled from the next one's rows).")
     eval_freq: int = Field(0, ge=0, description="Held-out loss every N steps (and always after the last); 0 = after the last only.")

@@ -305,13 +305,13 @@ def _check_storable(prompts: list[list[dict[str, Any]]], wheres: list[str], colu
         return  # strings only: nothing for parquet to change
     try:
         table = pa.table({"prompt": pa.array(prompts)})
-    except pa.ArrowException as exc:
+    except (pa.ArrowException, OverflowError) as exc:
         raise DataError(f"{wheres[_first_unstorable(prompts)]}: its messages' keys do not fit one parquet column with the "
                         f"rows before ({exc}); give each key the same type (object, list, text or number) in every row") from exc  # fmt: skip
     buffer = io.BytesIO()
     try:
         pq.write_table(table, buffer)
-    except pa.ArrowException as exc:  # an object that is empty ({}) in every row has no parquet type
+    except (pa.ArrowException, OverflowError) as exc:  # an object that is empty ({}) in every row has no parquet type
         raise DataError(f"{column}: the messages' keys cannot be stored in parquet ({exc}); drop that key, or give the "
                         "object a key in some row") from exc  # fmt: skip
     stored = pq.read_table(io.BytesIO(buffer.getvalue())).column("prompt").to_pylist()
@@ -337,7 +337,7 @@ def _first_unstorable(prompts: list[list[dict[str, Any]]]) -> int:
         try:
             pa.array(prompts[:mid])
             good = mid
-        except pa.ArrowException:
+        except (pa.ArrowException, OverflowError):
             bad = mid
     return bad - 1
 
