@@ -411,6 +411,9 @@ class RewardScorer:
         outcomes: list[Outcome] = [("error", "not scored", "")] * len(samples)
         pending = {job.future: job for job in jobs}
         watch = _HangWatch(self.cfg.workers, self.cfg.timeout_s)
+        # One restart per call before the new pool finishes a task: an earlier call's new pool
+        # whose jobs were all given up (none finished) is no break of this call.
+        self._fresh = False
         while pending:
             for future in self._wait_any(pending):
                 job = pending.pop(future)
