@@ -24,8 +24,7 @@ def run_config(ckpt: Any, config: str | Path | None = None) -> Any:
     against the run's launch directory (or, for --config, the current one first)."""
     from megarl.config.loading import ConfigError, load_config
 
-    saved = ckpt.path / RUN_CONFIG  # written with every checkpoint; older ones: the run's
-    cfg_path = Path(config) if config else saved if saved.is_file() else ckpt.path.parent.parent / RUN_CONFIG
+    cfg_path = Path(config) if config else saved_config_path(ckpt)
     if not cfg_path.is_file():
         raise ConfigError(f"no run config at {cfg_path}; pass --config with the config the run was launched with")
     cfg = load_config(cfg_path)
@@ -42,6 +41,30 @@ def run_config(ckpt: Any, config: str | Path | None = None) -> Any:
             )
         updates[section] = getattr(cfg, section).model_copy(update={"path": str(found.resolve())})
     return cfg.model_copy(update=updates)
+
+
+def saved_config_path(ckpt: Any) -> Path:
+    """The config the checkpoint was trained with: in its step directory (written with every
+    checkpoint), or for older ones the run's (<output_dir>/config.yaml)."""
+    saved = ckpt.path / RUN_CONFIG
+    return saved if saved.is_file() else ckpt.path.parent.parent / RUN_CONFIG
+
+
+def other_dtype_note(ckpt: Any, dtype: str) -> str | None:
+    """A note when ``dtype`` (--config's model.dtype) is not the one the run trained in: the export
+    casts the checkpoint's weights to it (rounding fp32 weights to bf16, or widening bf16 ones
+    with no precision gained, should not pass unmentioned); None when they agree or it is unknown."""
+    from megarl.config.loading import ConfigError, load_config
+
+    try:
+        trained = load_config(saved_config_path(ckpt)).model.dtype
+    except ConfigError:  # no saved config: nothing to compare
+        return None
+    if trained == dtype:
+        return None
+    effect = "widened (no precision gained)" if dtype == "float32" else "rounded"
+    return (f"note: --config has model.dtype={dtype}, {ckpt.path.name} was trained in {trained}: its weights are "
+            f"{effect} to {dtype}; set model.dtype={trained} in --config to export them as trained")
 
 
 def launch_dirs(ckpt: Any, output_dir: str) -> list[Path]:

@@ -185,13 +185,14 @@ def convert_checkpoint(checkpoint: str | Path, out: str | Path, config: str | Pa
     """Write the policy of ``checkpoint`` (a step_NNNNNN directory) as an HF directory ``out``."""
     from megarl.actors.ray_groups.placement import role_placements
     from megarl.checkpoint.manager import verify_checkpoint
-    from megarl.checkpoint.run_record import run_config
+    from megarl.checkpoint.run_record import other_dtype_note, run_config
     from megarl.config.planner import make_plan
 
     ckpt = verify_checkpoint(checkpoint)  # a torn checkpoint is refused here, naming what is wrong
     cfg = run_config(ckpt, config)
-    if config is not None and report is not None:
-        _mention_other_dtype(ckpt, cfg.model.dtype, report)
+    note = other_dtype_note(ckpt, cfg.model.dtype) if config is not None else None
+    if note and report is not None:
+        report(note)
     target = Path(out).absolute()
     check_output_target(target, overwrite, {"the run's checkpoints directory": ckpt.path.parent,
                                             "the model directory of model.path": Path(cfg.model.path)})
@@ -204,23 +205,6 @@ def convert_checkpoint(checkpoint: str | Path, out: str | Path, config: str | Pa
     if report is not None:
         report(f"wrote {out} from {ckpt.path} (step {ckpt.step}); {_verified(checked)}")
     return Path(out)
-
-
-def _mention_other_dtype(ckpt: Any, dtype: str, say: Callable[[str], None]) -> None:
-    """--config may name another model.dtype than the run trained in: the export casts the
-    checkpoint's weights to it (the user asked for it, but rounding fp32 weights to bf16, or
-    widening bf16 ones to fp32 with no precision gained, should not pass unmentioned)."""
-    from megarl.checkpoint.run_record import RUN_CONFIG
-    from megarl.config.loading import ConfigError, load_config
-
-    try:
-        trained = load_config(ckpt.path / RUN_CONFIG).model.dtype
-    except ConfigError:  # an older checkpoint without its config: nothing to compare
-        return
-    if trained != dtype:
-        effect = "widened (no precision gained)" if dtype == "float32" else "rounded"
-        say(f"note: --config has model.dtype={dtype}, {ckpt.path.name} was trained in {trained}: its weights are "
-            f"{effect} to {dtype}; set model.dtype={trained} in --config to export them as trained")
 
 
 def export_model_checkpoint(checkpoint: str | Path, out: str | Path, tp: int | None = None, pp: int | None = None,

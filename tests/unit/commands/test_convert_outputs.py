@@ -11,12 +11,11 @@ import pytest
 import yaml
 
 from megarl.checkpoint.manager import CheckpointManager
-from megarl.checkpoint.run_record import run_config
+from megarl.checkpoint.run_record import other_dtype_note, run_config
 from megarl.commands.convert import (
     EXPORT_MANIFEST,
     OutputError,
     OutputExistsError,
-    _mention_other_dtype,
     _normalize_modes,
     _swap_in,
     check_output_target,
@@ -104,12 +103,10 @@ def test_weights_sft_trained_are_never_overwritten(run):
 
 def test_another_dtype_in_config_is_mentioned(run):
     _, ckpt = run  # trained in float32
-    said: list[str] = []
-    _mention_other_dtype(ckpt, "float32", said.append)
-    assert said == []
-    _mention_other_dtype(ckpt, "bfloat16", said.append)
-    assert said == ["note: --config has model.dtype=bfloat16, step_000004 was trained in float32: its weights are rounded "
-                    "to bfloat16; set model.dtype=float32 in --config to export them as trained"]
+    assert other_dtype_note(ckpt, "float32") is None
+    assert other_dtype_note(ckpt, "bfloat16") == ("note: --config has model.dtype=bfloat16, step_000004 was trained in "
+                                                  "float32: its weights are rounded to bfloat16; set model.dtype=float32 "
+                                                  "in --config to export them as trained")
 
 
 def test_swap_replaces_a_previous_output_and_normalizes_modes(tmp_path):
