@@ -16,6 +16,13 @@ def kept_name(path: Path, tag: str) -> Path:
     return kept
 
 
+def kept_tag(name: str) -> str:
+    """The tag of a name :func:`kept_name` made (``step_000004.abandoned-1`` -> ``abandoned``), for
+    a name without a suffix; "" for any other name."""
+    _, dot, rest = name.partition(".")
+    return rest.rsplit("-", 1)[0] if dot and rest.rsplit("-", 1)[-1].isdigit() else rest
+
+
 def time_tag(seconds: float | None = None) -> str:
     """A local-time tag for a kept file's name: now, or ``seconds`` (e.g. the file's mtime)."""
     return time.strftime("%Y%m%d-%H%M%S", time.localtime(seconds))

@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 import megarl
-from megarl.kept_files import kept_name
+from megarl.kept_files import kept_name, kept_tag
 
 log = logging.getLogger(__name__)
 
@@ -166,7 +166,7 @@ class CheckpointManager:
         """The directories megarl set aside and never deletes (.abandoned, .unverified, .pruned):
         named with their size, since they are the first thing a full disk's owner may remove."""
         tags = (ABANDONED, UNVERIFIED, PRUNED)
-        kept = sorted(p for p in self.root.glob("step_*.*") if p.is_dir() and p.name.split(".", 1)[1].split("-")[0] in tags)
+        kept = sorted(p for p in self.root.glob("step_*.*") if p.is_dir() and kept_tag(p.name) in tags)
         if not kept:
             return ""
         size = sum(os.lstat(os.path.join(self.root, p.name, f)).st_size for p in kept for f in _list_files(p))
