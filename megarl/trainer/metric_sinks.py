@@ -5,7 +5,8 @@ One ``MetricsLogger`` fans a step's flat ``{name: float}`` dict out to the sinks
 the checkpoint are re-run) and appended to, so the file always reads as one uninterrupted
 run (the records cut are kept as metrics.steps<A>-<B>.<time>.jsonl; a validation-only run
 appends, cutting nothing); a run starting at step 0 keeps an earlier run's file as
-metrics.<time>.jsonl, and a resumed run continues the same W&B run (its id is kept in <output_dir>/wandb_run_id).
+metrics.<time>.jsonl, and a resumed run continues the same W&B run (its id is kept in
+<output_dir>/wandb_run_id; the steps trained again keep their first values there).
 The step's phases are timed by megarl/progress.py.
 """
 
@@ -74,7 +75,12 @@ class TensorBoardSink:
 
 
 class WandbSink:
-    """W&B; a resumed run (``resume_step`` > 0) continues the W&B run whose id is in ``<log_dir>/wandb_run_id``."""
+    """W&B; a resumed run (``resume_step`` > 0) continues the W&B run whose id is in ``<log_dir>/wandb_run_id``.
+
+    W&B's steps only increase: the steps a resume trains again, which the stopped run had
+    already logged, keep their first values there (rewinding a W&B run is a preview feature
+    that self-hosted servers lack). They are not sent again, and one warning says so, instead
+    of W&B's warning per dropped step; metrics.jsonl holds the values trained again."""
 
     ID_FILE = "wandb_run_id"
 
@@ -84,12 +90,20 @@ class WandbSink:
         except ImportError:
             raise ImportError("trainer.loggers includes wandb but wandb is not installed: pip install wandb") from None
         id_file = Path(log_dir) / self.ID_FILE
-        run_id = id_file.read_text().strip() if resume_step and id_file.is_file() else wandb.util.generate_id()
+        run_id = id_file.read_text().strip() if resume_step and id_file.is_file() else None  # None: W&B makes one
         self._run = wandb.init(project=project, name=name, config=config, dir=str(log_dir), id=run_id, resume="allow")
+        run_id = self._run.id
         id_file.write_text(run_id + "\n")
+        self._next_step = self._run.step if resume_step else 0  # the lowest step W&B still takes
+        if self._next_step > resume_step + 1:
+            last = self._next_step - 1
+            log.warning("W&B: run %s already holds steps up to %d, logged before this resume from step %d; W&B keeps "
+                        "those values (its steps only increase), so steps up to %d are not sent there again; "
+                        "metrics.jsonl has this run's values", run_id, last, resume_step, last)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        self._run.log(metrics, step=step)
+        if step >= self._next_step:
+            self._run.log(metrics, step=step)
 
     def close(self) -> None:
         self._run.finish()

@@ -69,17 +69,38 @@ def test_resume_appends_after_the_checkpoint_step_and_keeps_the_records_it_cuts(
     assert not list(tmp_path.glob(".metrics.jsonl.tmp*"))
 
 
-class FakeWandb(types.ModuleType):
-    """The third-party `wandb` API surface the sink uses (not installed here)."""
+class FakeWandbRun:
+    """A resumed W&B run as the real one behaves: ``step`` is the next step it takes, and a
+    step below it is dropped (the real SDK warns per call)."""
 
-    def __init__(self) -> None:
+    def __init__(self, run_id: str, next_step: int) -> None:
+        self.id = run_id
+        self.step = next_step
+        self.logged: list[int] = []
+        self.dropped: list[int] = []
+
+    def log(self, metrics, step):
+        (self.dropped if step < self.step else self.logged).append(step)
+        self.step = max(self.step, step + 1)
+
+    def finish(self):
+        pass
+
+
+class FakeWandb(types.ModuleType):
+    """The third-party `wandb` API surface the sink uses (not installed here); a run it
+    resumes already holds the steps below ``next_step``."""
+
+    def __init__(self, next_step: int = 0) -> None:
         super().__init__("wandb")
         self.inits: list[dict] = []
-        self.util = types.SimpleNamespace(generate_id=lambda: f"id{len(self.inits)}")
+        self.runs: list[FakeWandbRun] = []
+        self.next_step = next_step
 
     def init(self, **kw):
         self.inits.append(kw)
-        return types.SimpleNamespace(log=lambda *a, **k: None, finish=lambda: None)
+        self.runs.append(FakeWandbRun(kw["id"] or f"id{len(self.inits)}", self.next_step))  # None: a new id
+        return self.runs[-1]
 
 
 def test_wandb_resumes_the_same_run_id(tmp_path, monkeypatch):
@@ -88,8 +109,8 @@ def test_wandb_resumes_the_same_run_id(tmp_path, monkeypatch):
     WandbSink("p", "e", {}, tmp_path)
     WandbSink("p", "e", {}, tmp_path, resume_step=5)
     WandbSink("p", "e", {}, tmp_path)  # a new run: a new id
-    ids = [kw["id"] for kw in fake.inits]
-    assert ids[0] == ids[1] and ids[2] != ids[0]
+    ids = [run.id for run in fake.runs]
+    assert ids[0] == ids[1] and ids[2] != ids[0] and fake.inits[1]["id"] == ids[0]
     assert all(kw["resume"] == "allow" for kw in fake.inits)
 
 
@@ -109,3 +130,42 @@ def test_a_validation_only_run_appends_and_cuts_nothing(tmp_path):
     sink.log(2, {"val/reward/mean": 0.5})
     sink.close()
     assert [r["step"] for r in read_metrics(path)] == [1, 2, 3, 4, 2] and not list(tmp_path.glob("metrics.*.jsonl"))
+
+
+def test_a_resume_does_not_resend_the_steps_wandb_already_holds(tmp_path, monkeypatch, caplog):
+    """Stopped at step 7 after a checkpoint at 4: W&B holds 1-7 (next step 8); steps 5-7 trained
+    again are not sent (one warning instead of W&B's per step), from 8 on they are."""
+    fake = FakeWandb(next_step=8)
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    (tmp_path / WandbSink.ID_FILE).write_text("run7\n")
+    sink = WandbSink("p", "e", {}, tmp_path, resume_step=4)
+    assert "run run7 already holds steps up to 7, logged before this resume from step 4" in caplog.text
+    for step in range(5, 10):
+        sink.log(step, {"loss": 0.1})
+    run = fake.runs[0]
+    assert run.logged == [8, 9] and run.dropped == []
+    caplog.clear()
+    WandbSink("p", "e", {}, tmp_path, resume_step=7)  # W&B holds exactly up to the checkpoint: nothing to say
+    assert "already holds" not in caplog.text
+
+
+def test_the_wandb_sink_runs_on_the_real_sdk_offline(tmp_path, monkeypatch):
+    """The fake above only shows what the sink asks of W&B; this runs it on the real SDK
+    (offline: no account, no network), a new run and its resume under the same id."""
+    wandb = pytest.importorskip("wandb")
+    for name, value in {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_CONFIG_DIR": str(tmp_path / "cfg"),
+                        "WANDB_CACHE_DIR": str(tmp_path / "cache"), "WANDB_DATA_DIR": str(tmp_path / "data")}.items():
+        monkeypatch.setenv(name, value)
+    try:
+        sink = WandbSink("p", "e", {"lr": 1e-6}, tmp_path)
+        sink.log(1, {"loss": 0.5})
+        sink.close()
+        run_id = (tmp_path / WandbSink.ID_FILE).read_text().strip()
+        sink = WandbSink("p", "e", {"lr": 1e-6}, tmp_path, resume_step=1)
+        sink.log(2, {"loss": 0.4})
+        sink.close()
+    finally:
+        wandb.teardown()  # the SDK's service process
+    assert run_id and (tmp_path / WandbSink.ID_FILE).read_text().strip() == run_id
+    runs = sorted(p.name for p in (tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2 and all(f"-{run_id}" in name for name in runs), runs
