@@ -16,6 +16,7 @@ import json
 import logging
 import math
 import os
+import re
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -118,13 +119,20 @@ class MlflowSink:
         self._mlflow = mlflow
         mlflow.set_experiment(project)
         mlflow.start_run(run_name=name)
-        mlflow.log_params({k: str(v)[:250] for k, v in _flatten(config).items()})
+        mlflow.log_params({mlflow_name(k): str(v)[:250] for k, v in _flatten(config).items()})  # keys hold user names (reward.functions.<source>)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        self._mlflow.log_metrics({k.replace("@", "_"): v for k, v in metrics.items()}, step=step)
+        self._mlflow.log_metrics({mlflow_name(k): v for k, v in metrics.items()}, step=step)
 
     def close(self) -> None:
         self._mlflow.end_run()
+
+
+def mlflow_name(metric: str) -> str:
+    """``metric`` (or a config key) as MLflow takes it: it refuses (and the run would stop at that step) any
+    character but letters, digits, ``_ - . /``, space (and ``:`` off Windows); ``pass@8`` and
+    data sources named like ``gsm8k(test)`` have others."""
+    return re.sub(r"[^/\w.\- ]", "_", metric)
 
 
 class ConsoleSink:

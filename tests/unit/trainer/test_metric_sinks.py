@@ -1,13 +1,14 @@
 """metrics.jsonl is cut back on resume; the plot reads it; phase timers add up."""
 
 import json
+import re
 import time
 
 import pytest
 
 from megarl.commands.plot import plot_run
 from megarl.progress import PhaseTimer
-from megarl.trainer.metric_sinks import JsonlSink, read_metrics
+from megarl.trainer.metric_sinks import JsonlSink, mlflow_name, read_metrics
 
 
 def test_jsonl_resume_cuts_later_steps(tmp_path):
@@ -57,3 +58,12 @@ def test_plot_writes_png(tmp_path):
 def test_plot_refuses_empty_dir(tmp_path):
     with pytest.raises(FileNotFoundError, match="metrics.jsonl"):
         plot_run(tmp_path)
+
+
+def test_mlflow_names_hold_only_the_characters_mlflow_takes():
+    """MLflow's own rule (mlflow.utils.validation: ``^[/\\w.\\- :]*$``, no ``:`` on Windows); a
+    refused name raised at log time and stopped the run at that step."""
+    assert mlflow_name("val/gsm8k(test)/pass@8") == "val/gsm8k_test_/pass_8"
+    assert mlflow_name("val/数学/reward/mean") == "val/数学/reward/mean"  # \w is any letter
+    assert mlflow_name("actor/grad_norm-x 1.0") == "actor/grad_norm-x 1.0"
+    assert re.fullmatch(r"[/\w.\- ]*", mlflow_name("".join(map(chr, range(32, 127)))))
