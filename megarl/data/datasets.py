@@ -9,6 +9,7 @@ The schema (one row per prompt), as verl and most RL recipes write it:
                                                         chat template)
     ability       str (optional)                        e.g. "math"
     reward_model  {ground_truth: any, style: str}       what the reward function checks against
+                                                        (a number read as its answer text: number_text)
     extra_info    dict (optional)                       free per-row metadata, passed to rewards
     agent_name    str (optional)                        the row's agent loop (docs/agents.md)
 
@@ -20,6 +21,7 @@ prompts into token ids is megarl/data/prompts.py, drawing batches is megarl/data
 from __future__ import annotations
 
 import difflib
+import math
 import os
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -205,13 +207,28 @@ def _check_row(
     return PromptRecord(
         data_source=data_source,
         prompt=checked,
-        ground_truth=reward_model["ground_truth"],
+        ground_truth=_truth(reward_model["ground_truth"], f"{label}: row {i}, column 'reward_model.ground_truth'"),
         row=i,
         ability=ability or "",
         style=style or "rule",
         extra_info=dict(extra_info or {}),
         agent_name=agent_name or "",
     )
+
+
+def _truth(value: Any, where: str) -> Any:
+    """A ground truth as the rewards get it: a number as the answer text ``megarl data convert``
+    writes (a float column's 1e-05 is "0.00001", as answers are written, not str's "1e-05"), so
+    a number scores the same whichever way it came. A bool is no number here; NaN, how pandas
+    writes a missing float, is kept as read (a reward that needs no answer may not use it)."""
+    if isinstance(value, bool) or not isinstance(value, int | float | Decimal):
+        return value
+    if isinstance(value, float) and not math.isfinite(value):
+        return value
+    try:
+        return number_text(value)
+    except ValueError as exc:
+        raise DataError(f"{where}: {exc}; write the answer as a string") from None
 
 
 def number_text(value: int | float | Decimal) -> str:

@@ -138,3 +138,16 @@ def test_a_reward_file_that_hangs_at_import_is_refused_in_bounded_time(tmp_path,
                      "    return float(solution_str == ground_truth)\n")  # fmt: skip
     summary = evaluate(data, overrides=[f"reward.custom.path={hangs}"])  # a file that loads is scored
     assert summary["per_data_source"]["all"]["reward/mean"] == 0.5
+
+
+def test_a_float_ground_truth_column_scores_as_the_answer_text_data_convert_writes(tmp_path):
+    """A parquet file the user wrote with a float64 ground truth: the math scorer compares the
+    responses with "0.00001", as with a converted file, not with str's "1e-05"."""
+    data, scored = tmp_path / "floats.parquet", tmp_path / "scored.parquet"
+    rows = {"data_source": ["math", "math"], "prompt": ["a tenth of 0.0001?", "half of 5?"],
+            "reward_model": [{"ground_truth": 1e-05, "style": "rule"}, {"ground_truth": 2.5, "style": "rule"}],
+            "responses": [["$\\boxed{0.00001}$", "$\\boxed{0.0001}$"], ["$\\boxed{2.5}$", "$\\boxed{2}$"]]}  # fmt: skip
+    pq.write_table(pa.table(rows), data)
+    assert pq.read_schema(data).field("reward_model").type.field("ground_truth").type == pa.float64()
+    assert main(["evaluate", "--data", str(data), "--scored", str(scored), "--out", str(tmp_path / "s.json")]) == 0
+    assert pq.read_table(scored).column("scores").to_pylist() == [[1.0, 0.0], [1.0, 0.0]]
