@@ -128,7 +128,8 @@ def _add_convert(sub: argparse._SubParsersAction) -> None:
         "The answer field becomes reward_model.ground_truth: a string, or a JSON number written as\n"
         "answers are: an integral value as an integer (3.0 -> \"3\"), any other in plain notation,\n"
         "all its digits kept, trailing zeros dropped (1.50 -> \"1.5\", 1e-5 -> \"0.00001\"); quote a\n"
-        "number in the JSON to keep it as written. A bool, list, object or null is refused.\n\n"
+        "number in the JSON to keep it as written. A bool, list, object or null is refused, and so\n"
+        "is a number with more than 100 digits before or after the point written out (1e-999999).\n\n"
         "A bad record is one error line naming the line of the file, the field and, for messages,\n"
         "the message (numbered from 0) and its key.",
     )

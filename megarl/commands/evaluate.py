@@ -64,20 +64,22 @@ def _run(args: argparse.Namespace) -> int:
 
 def _check_outputs(data: Path, summary: Path, scored: Path | None, overwrite: bool) -> None:
     """Neither output may be the input, nor inside a run's checkpoints folder; an existing file is
-    replaced only when it is a summary evaluate wrote (the JSON), or with --overwrite."""
-    from megarl.commands.outputs import check_new_file, check_outside_checkpoints
+    replaced only when it is a summary evaluate wrote (the JSON), or with --overwrite. Their
+    folders are made once both pass, as `megarl generate` makes its --out's."""
+    from megarl.commands.outputs import check_new_file, check_outside_checkpoints, make_folder
     from megarl.evaluation import EvaluationError
 
     if scored is not None and scored.absolute() == summary.absolute():
         raise EvaluationError(f"--scored {scored} is also the --out summary; give two different paths")
-    for flag, path in (("--out", summary), ("--scored", scored)):
-        if path is None:
-            continue
+    outputs = [(flag, path) for flag, path in (("--out", summary), ("--scored", scored)) if path is not None]
+    for flag, path in outputs:
         if path.absolute() == data.absolute():
             raise EvaluationError(f"{flag} {path} is the --data file; give another path")
         # checked before scoring, which can take long: a wrong folder must not cost the whole run
         check_outside_checkpoints(path, flag=flag)
-        check_new_file(path, overwrite or (flag == "--out" and _is_summary(path)), flag=flag, in_existing_folder=True)
+        check_new_file(path, overwrite or (flag == "--out" and _is_summary(path)), flag=flag)
+    for flag, path in outputs:
+        make_folder(path, flag=flag)
 
 
 def _is_summary(path: Path) -> bool:

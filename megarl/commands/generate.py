@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from megarl.commands.arguments import add_config_args, user_path
-from megarl.commands.outputs import check_new_file, check_outside_checkpoints
+from megarl.commands.outputs import check_new_file, check_outside_checkpoints, make_folder
 from megarl.trainer.watchdog import RunControl, RunStopped
 
 log = logging.getLogger(__name__)
@@ -145,7 +145,7 @@ def _check_target(target: Path, data: Path, overwrite: bool, batch_size: int, ch
         raise GenerateError(f"--out {target} is the input file; give another path")
     check_outside_checkpoints(target, runs=[checkpoints])  # OUT.parquet.partial goes beside it
     check_new_file(target, overwrite)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(target)
 
 
 def _job(cfg: Any, data: Path, model: str, batch_size: int) -> dict[str, Any]:

@@ -1,9 +1,11 @@
 """What the commands write for the user: an output is never written over what the user has,
 unless they ask (``--overwrite``), nor inside a run's checkpoints folder; checked before any
-work, so a refusal costs nothing."""
+work, so a refusal costs nothing. A command creates its output's folder (make_folder), after
+those checks and before the work, so a folder that cannot be made costs nothing either."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -28,6 +30,17 @@ def check_new_file(path: Path, overwrite: bool, *, flag: str = "--out", fix: str
         raise OutputError(f"{name} is a directory; {fix}")
     if path.exists() and not overwrite:
         raise OutputExistsError(f"{name} exists; pass --overwrite to replace it, or {fix}")
+
+
+def make_folder(path: Path, *, flag: str = "--out") -> None:
+    """The folder of the file output ``path``, created with its parents if missing; a file where
+    one of them should be is refused in one line (``flag`` names the output, as check_new_file)."""
+    try:
+        path.absolute().parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        blocking = next(p for p in path.absolute().parents if os.path.lexists(p))  # a file, or a dangling link
+        name = f"{flag} {path}" if flag else str(path)
+        raise OutputError(f"{name}: {blocking} is not a folder; give another path") from None
 
 
 def check_outside_checkpoints(path: Path, *, flag: str = "--out", runs: Iterable[Path] = ()) -> None:

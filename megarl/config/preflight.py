@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import re
 import subprocess
@@ -456,14 +457,19 @@ def _check_rewards(cfg: MegaRLConfig, samples: list[_Sample], findings: list[Fin
                     scorers[record.data_source] = None
                     findings.append(Finding(sample.label, f"row {record.row}: {exc}"))
             name = scorers[record.data_source]
-            # (a null reads as the text "None" there: every response would score 0, silently)
-            if no_truth is None and name not in (None, "code") and (record.ground_truth is None or str(record.ground_truth).strip() == ""):
+            if no_truth is None and name not in (None, "code") and _no_answer(record.ground_truth):
                 no_truth = Finding(sample.label, f"row {record.row}: reward_model.ground_truth is {record.ground_truth!r}; "
                                    f"the built-in scorer {name!r} compares each response with it: give the answer, or "
                                    "score with reward.custom")  # fmt: skip
         if no_truth is not None:
             findings.append(no_truth)
 
+
+
+def _no_answer(truth: Any) -> bool:
+    """A ground truth no built-in scorer can compare with: null, blank, or NaN (how pandas writes
+    a missing float); read as the text "None" or "nan", every response would score 0, silently."""
+    return truth is None or (isinstance(truth, float) and math.isnan(truth)) or str(truth).strip() == ""
 
 # The child process: the user's reward module and functions never load in the driver.
 _CHILD_CODE = r"""

@@ -21,6 +21,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from decimal import Decimal
@@ -32,6 +33,7 @@ from megarl.data.datasets import (
     Prompt,
     check_messages,
     check_prompt,
+    number_text,
     short_repr,
     type_name,
     write_prompt_file,
@@ -85,27 +87,20 @@ class RawRecord:
         if isinstance(value, bool) or not isinstance(value, str | int | float | Decimal):
             raise DataError(f"{self.where}: field {name!r} must be a string or a number, got {type_name(value)} "
                             f"({short_repr(_floats(value))}); write the answer as one string, quoted in the JSON")  # fmt: skip
-        # JSON NaN / Infinity: no answer to compare with; nor a number beyond a float's range
-        # (json used to make 1e400 infinite, and number_text would take ages over 1e999999999).
-        if isinstance(value, float | Decimal) and not math.isfinite(value):
+        if isinstance(value, str):
+            return self._nonempty(name, value)
+        if isinstance(value, float) and not math.isfinite(value):  # JSON NaN / Infinity: no answer to compare with
             raise DataError(f"{self.where}: field {name!r} is {value}, not a finite number; give the answer")
-        return self._nonempty(name, value if isinstance(value, str) else number_text(value))
+        try:  # beyond the digits a real answer has (1e-999999 would be a million), it is a mistake
+            return self._nonempty(name, number_text(value))
+        except ValueError as exc:
+            raise DataError(f"{self.where}: field {name!r}: {exc}; write the answer as a string, quoted in the JSON") from None
 
     def _nonempty(self, name: str, value: str) -> str:
         text = value.strip()
         if not text:
             raise DataError(f"{self.where}: field {name!r} is empty")
         return text
-
-
-def number_text(value: int | float | Decimal) -> str:
-    """A number as answer text, as the scorers and people write answers: an integral value as an
-    integer (3.0 -> "3"), any other in plain notation without trailing zeros (1.50 -> "1.5",
-    1e-5 -> "0.00001"); exact (a JSONL number is read as a Decimal, not rounded to a float)."""
-    exact = value if isinstance(value, Decimal) else Decimal(repr(value))  # a float: its shortest round-trip form
-    if exact == exact.to_integral_value():
-        return str(int(exact))
-    return format(exact, "f").rstrip("0")  # a fractional digit is not 0: the point stays
 
 
 def _floats(value: Any) -> Any:
@@ -144,6 +139,9 @@ def _text_records(p: Path) -> Iterator[RawRecord]:
                 obj = json.loads(line, parse_float=Decimal)  # exact: a ground truth's digits are its text
             except json.JSONDecodeError as exc:
                 raise DataError(f"{p.name}: line {n}: not valid JSON ({exc.msg} at column {exc.colno})") from exc
+            except ValueError:  # an integer of more digits than Python reads (sys.get_int_max_str_digits)
+                raise DataError(f"{p.name}: line {n}: a number has more than {sys.get_int_max_str_digits()} digits; "
+                                "write it as a string, quoted in the JSON") from None
             if not isinstance(obj, dict):
                 raise DataError(f"{p.name}: line {n}: expected a JSON object, got {type(obj).__name__}")
             yield RawRecord(obj, f"{p.name}: line {n}")

@@ -1,6 +1,6 @@
 """`megarl evaluate` on a small hand-written generated file: re-scoring a scored file, an empty
---k list, the pass threshold, output paths and the reward file checked before any response is
-scored (the scoring itself runs in tests/e2e/test_generate_evaluate.py)."""
+--k list, the pass threshold, output paths (their folders made) and the reward file checked
+before any response is scored (the scoring itself runs in tests/e2e/test_generate_evaluate.py)."""
 
 from __future__ import annotations
 
@@ -66,20 +66,25 @@ def test_a_k_above_the_responses_is_refused_before_scoring(generated, tmp_path, 
 
 
 @pytest.mark.parametrize("flag", ["--out", "--scored"])
-def test_a_missing_output_folder_is_refused_before_scoring(generated, tmp_path, capsys, flag):
+def test_a_missing_output_folder_is_made_as_generate_makes_its_own(generated, tmp_path, flag):
+    target = tmp_path / "new" / "deeper" / ("s.json" if flag == "--out" else "x.parquet")
+    args = ["evaluate", "--data", str(generated), flag, str(target)]
+    assert main([*args, "--out", str(tmp_path / "s.json")] if flag == "--scored" else args) == 0
+    assert target.is_file() and target.stat().st_size > 0
+
+
+@pytest.mark.parametrize("flag", ["--out", "--scored"])
+def test_an_output_folder_that_is_a_file_is_refused_before_scoring(generated, tmp_path, capsys, flag):
     (tmp_path / "reward.py").write_text(TRACING_REWARD)
     custom = [f"reward.custom.path={tmp_path / 'reward.py'}", "reward.custom.name=score"]
-    target = tmp_path / "missing" / "x.parquet"
+    (tmp_path / "notes").write_text("the user's")
+    target = tmp_path / "notes" / "sub" / "x.parquet"
     args = ["evaluate", "--data", str(generated), *custom, flag, str(target)]
     assert main([*args, "--out", str(tmp_path / "s.json")] if flag == "--scored" else args) == EXIT_USER
     err = capsys.readouterr().err
-    assert err.startswith(f"error: {flag} {target}: the folder {target.parent} does not exist") and err.count("\n") == 1
+    assert err == f"error: {flag} {target}: {tmp_path / 'notes'} is not a folder; give another path\n"
     assert not (tmp_path / "scored.flag").exists()  # refused before the reward functions ran
-    assert not target.parent.exists()  # and nothing was made in its place
-    # the same run with the folder there scores (the trace above is a real signal)
-    target.parent.mkdir()
-    assert main([*args, "--out", str(tmp_path / "s.json")] if flag == "--scored" else args) == 0
-    assert (tmp_path / "scored.flag").read_text() == "called"
+    assert (tmp_path / "notes").read_text() == "the user's"
 
 
 @pytest.mark.parametrize("flag", ["--out", "--scored"])
@@ -138,3 +143,16 @@ def test_a_reward_file_that_hangs_at_import_is_refused_in_bounded_time(tmp_path,
                      "    return float(solution_str == ground_truth)\n")  # fmt: skip
     summary = evaluate(data, overrides=[f"reward.custom.path={hangs}"])  # a file that loads is scored
     assert summary["per_data_source"]["all"]["reward/mean"] == 0.5
+
+
+def test_a_float_ground_truth_column_scores_as_the_answer_text_data_convert_writes(tmp_path):
+    """A parquet file the user wrote with a float64 ground truth: the math scorer compares the
+    responses with "0.00001", as with a converted file, not with str's "1e-05"."""
+    data, scored = tmp_path / "floats.parquet", tmp_path / "scored.parquet"
+    rows = {"data_source": ["math", "math"], "prompt": ["a tenth of 0.0001?", "half of 5?"],
+            "reward_model": [{"ground_truth": 1e-05, "style": "rule"}, {"ground_truth": 2.5, "style": "rule"}],
+            "responses": [["$\\boxed{0.00001}$", "$\\boxed{0.0001}$"], ["$\\boxed{2.5}$", "$\\boxed{2}$"]]}  # fmt: skip
+    pq.write_table(pa.table(rows), data)
+    assert pq.read_schema(data).field("reward_model").type.field("ground_truth").type == pa.float64()
+    assert main(["evaluate", "--data", str(data), "--scored", str(scored), "--out", str(tmp_path / "s.json")]) == 0
+    assert pq.read_table(scored).column("scores").to_pylist() == [[1.0, 0.0], [1.0, 0.0]]

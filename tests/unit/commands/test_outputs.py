@@ -3,7 +3,7 @@ unless they pass --overwrite, and a folder is never taken for a file."""
 
 import pytest
 
-from megarl.commands.outputs import OutputError, OutputExistsError, check_new_file
+from megarl.commands.outputs import OutputError, OutputExistsError, check_new_file, make_folder
 
 
 def test_an_existing_file_is_replaced_only_with_overwrite(tmp_path):
@@ -26,6 +26,19 @@ def test_a_missing_folder_is_named_where_the_command_creates_none(tmp_path):
     with pytest.raises(OutputError, match=rf"^--out {out}: the folder {out.parent} does not exist; create it, or give another path$"):
         check_new_file(out, overwrite=False, in_existing_folder=True)
     check_new_file(out, overwrite=False)  # a command that creates its folders
+
+
+def test_make_folder_makes_the_missing_folders_and_names_what_is_in_the_way(tmp_path):
+    make_folder(tmp_path / "a" / "b" / "out.json")
+    assert (tmp_path / "a" / "b").is_dir()
+    make_folder(tmp_path / "a" / "b" / "out.json")  # there already: fine
+    (tmp_path / "notes").write_text("the user's")
+    (tmp_path / "gone").symlink_to(tmp_path / "nowhere")
+    for blocking in (tmp_path / "notes", tmp_path / "gone"):
+        out = blocking / "sub" / "out.json"
+        with pytest.raises(OutputError, match=rf"^--scored {out}: {blocking} is not a folder; give another path$"):
+            make_folder(out, flag="--scored")
+    assert (tmp_path / "notes").read_text() == "the user's" and not (tmp_path / "nowhere").exists()
 
 
 def test_an_output_inside_a_runs_checkpoints_folder_is_refused(tmp_path):

@@ -3,6 +3,7 @@ line per problem naming the field, the file and the fix (real files in tmp paths
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from pathlib import Path
@@ -117,6 +118,16 @@ def test_a_null_ground_truth_for_a_built_in_scorer(demo, tmp_path):
         row["data_source"] = "code"
     pq.write_table(pa.Table.from_pylist(table), tmp_path / "c.parquet")
     assert preflight(config(demo, tmp_path / "run", f"data.train_files=[{tmp_path / 'c.parquet'}]")) == []
+
+
+def test_a_nan_ground_truth_for_a_built_in_scorer(demo, tmp_path):
+    table = rows(["123", "456"])
+    table[0]["reward_model"]["ground_truth"], table[1]["reward_model"]["ground_truth"] = 321.0, math.nan  # a float column
+    pq.write_table(pa.Table.from_pylist(table), tmp_path / "t.parquet")
+    msg = refusal(config(demo, tmp_path / "run", f"data.train_files=[{tmp_path / 't.parquet'}]"))
+    assert ("data.train_files[0] (t.parquet): row 1: reward_model.ground_truth is nan; the built-in scorer "
+            "'reverse_digits' compares each response with it: give the answer, or score with reward.custom") in msg
+    assert "row 0" not in msg  # 321.0 reads as "321", an answer
 
 
 @pytest.mark.parametrize(

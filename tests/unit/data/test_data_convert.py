@@ -330,9 +330,40 @@ def test_a_json_number_ground_truth_is_written_as_answers_are_and_scores_against
     assert compute_score("math", f"So the answer is $\\boxed{{{answer}}}$.", record.ground_truth) == 1.0
 
 
-def test_a_json_number_beyond_a_floats_range_is_refused(tmp_path):
+@pytest.mark.parametrize(
+    "literal, shown",
+    [
+        ("1e-999999", "1E-999999 has 999999 digits after the point"),  # a million digits, were it written out
+        ("1e400", "1E+400 has 401 digits before the point"),  # finite: more than a float holds, not more
+        ("1e-101", "1E-101 has 101 digits after the point"),
+        ("-2.5e100", "-2.5E+100 has 101 digits before the point"),
+        ("1" * 101, "1.111111E+100 has 101 digits before the point"),  # a long number shown short
+    ],
+)
+def test_a_json_number_too_long_to_write_out_is_refused(tmp_path, literal, shown):
     src = tmp_path / "n.jsonl"
-    src.write_text('{"p": "q", "a": 1e400}\n')
+    src.write_text(f'{{"p": "q", "a": "1"}}\n{{"p": "q", "a": {literal}}}\n')
     with pytest.raises(DataError) as err:
         generic_rows(src, prompt_field="p", answer_field="a", data_source="math")
-    assert str(err.value) == "n.jsonl: line 1: field 'a' is 1E+400, not a finite number; give the answer"
+    assert str(err.value) == (f"n.jsonl: line 2: field 'a': {shown} written out (an answer has at most 100); write the "
+                              "answer as a string, quoted in the JSON")  # fmt: skip
+
+
+@pytest.mark.parametrize("literal, stored", [("1e-100", "0." + "0" * 99 + "1"), ("9" * 100, "9" * 100),
+                                             ("1.2500e-98", "0." + "0" * 97 + "125")])  # fmt: skip
+def test_a_json_number_of_up_to_100_digits_either_side_is_written_out(tmp_path, literal, stored):
+    src = tmp_path / "n.jsonl"
+    src.write_text(f'{{"p": "q", "a": {literal}}}\n')
+    (row,) = generic_rows(src, prompt_field="p", answer_field="a", data_source="math")
+    assert row["reward_model"]["ground_truth"] == stored
+
+
+def test_a_json_integer_longer_than_python_reads_is_refused(tmp_path):
+    import sys
+
+    src = tmp_path / "n.jsonl"
+    src.write_text('{"p": "q", "a": ' + "7" * (sys.get_int_max_str_digits() + 1) + "}\n")
+    with pytest.raises(DataError) as err:
+        generic_rows(src, prompt_field="p", answer_field="a", data_source="math")
+    assert str(err.value) == (f"n.jsonl: line 1: a number has more than {sys.get_int_max_str_digits()} digits; write it "
+                              "as a string, quoted in the JSON")  # fmt: skip
