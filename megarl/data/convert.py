@@ -28,12 +28,12 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from megarl.data.answers import number_text
 from megarl.data.datasets import (
     DataError,
     Prompt,
     check_messages,
     check_prompt,
-    number_text,
     short_repr,
     type_name,
     write_prompt_file,

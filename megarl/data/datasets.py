@@ -9,7 +9,6 @@ The schema (one row per prompt), as verl and most RL recipes write it:
                                                         chat template)
     ability       str (optional)                        e.g. "math"
     reward_model  {ground_truth: any, style: str}       what the reward function checks against
-                                                        (a number read as its answer text: number_text)
     extra_info    dict (optional)                       free per-row metadata, passed to rewards
     agent_name    str (optional)                        the row's agent loop (docs/agents.md)
 
@@ -21,10 +20,8 @@ prompts into token ids is megarl/data/prompts.py, drawing batches is megarl/data
 from __future__ import annotations
 
 import difflib
-import math
 import os
 from dataclasses import dataclass, field
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +31,6 @@ Prompt = str | list[dict[str, Any]]
 # and tool turns) and its chat-template paths are tested with. A template silently drops a role
 # it does not know (Qwen2.5's does), so any other role is refused rather than trained without.
 ROLES = ("system", "user", "assistant", "tool")
-# The most digits a number's answer text has before or after the point; no real answer comes
-# near it, and 1e-999999 written out would be a million digits.
-ANSWER_DIGITS = 100
 
 REQUIRED_COLUMNS = ("data_source", "reward_model")
 SCHEMA_HELP = (
@@ -207,50 +201,13 @@ def _check_row(
     return PromptRecord(
         data_source=data_source,
         prompt=checked,
-        ground_truth=_truth(reward_model["ground_truth"], f"{label}: row {i}, column 'reward_model.ground_truth'"),
+        ground_truth=reward_model["ground_truth"],
         row=i,
         ability=ability or "",
         style=style or "rule",
         extra_info=dict(extra_info or {}),
         agent_name=agent_name or "",
     )
-
-
-def _truth(value: Any, where: str) -> Any:
-    """A ground truth as the rewards get it: a number as the answer text ``megarl data convert``
-    writes (a float column's 1e-05 is "0.00001", as answers are written, not str's "1e-05"), so
-    a number scores the same whichever way it came. A bool is no number here; NaN, how pandas
-    writes a missing float, is kept as read (a reward that needs no answer may not use it)."""
-    if isinstance(value, bool) or not isinstance(value, int | float | Decimal):
-        return value
-    if isinstance(value, float) and not math.isfinite(value):
-        return value
-    try:
-        return number_text(value)
-    except ValueError as exc:
-        raise DataError(f"{where}: {exc}; write the answer as a string") from None
-
-
-def number_text(value: int | float | Decimal) -> str:
-    """A number as answer text, as the scorers and people write answers: an integral value as an
-    integer (3.0 -> "3"), any other in plain notation without trailing zeros (1.50 -> "1.5",
-    1e-5 -> "0.00001"); exact (a JSONL number is read as a Decimal, not rounded to a float).
-    Raises ValueError for a number that is not finite, or whose text would have more than
-    ANSWER_DIGITS digits before or after the point."""
-    # A float as its shortest round-trip form; an int as is (its repr stops at 4300 digits).
-    exact = value if isinstance(value, Decimal) else Decimal(value if isinstance(value, int) else repr(value))
-    if not exact.is_finite():
-        raise ValueError(f"{value} is not a finite number")
-    _, digits, exponent = exact.as_tuple()  # read from the tuple: plain text of 1e-999999 is never built
-    significant = "".join(map(str, digits)).rstrip("0")
-    exponent += len(digits) - len(significant)  # trailing zeros are not digits after the point
-    for count, side in ((len(significant) + exponent, "before"), (-exponent, "after")):
-        if significant and count > ANSWER_DIGITS:
-            shown = str(exact) if len(digits) <= 30 else f"{exact:.6E}"
-            raise ValueError(f"{shown} has {count} digits {side} the point written out (an answer has at most {ANSWER_DIGITS})")
-    if exact == exact.to_integral_value():
-        return str(int(exact))
-    return format(exact, "f").rstrip("0")  # a fractional digit is not 0: the point stays
 
 
 def check_prompt(prompt: Any, where: str) -> Prompt:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from megarl.data.answers import answer_text
 from megarl.rewards import code_sandbox, gsm8k, reverse_digits
 from megarl.rewards import math as math_answer
 
@@ -72,6 +73,12 @@ def compute_score(
     functions: Mapping[str, str] | None = None,
 ) -> float | dict:
     """Score one response with the built-in scorer for ``data_source`` (verl's signature)."""
-    return SCORERS[resolve(data_source, functions)](
-        data_source, solution_str, ground_truth, extra_info
-    )
+    return score(resolve(data_source, functions), data_source, solution_str, ground_truth, extra_info)
+
+
+def score(name: str, data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None) -> Any:
+    """Built-in scorer ``name`` on one response. A number ground truth (a float or int parquet
+    column) is compared as the answer text ``megarl data convert`` writes (megarl/data/answers.py:
+    1e-05 as "0.00001"), so a number scores the same whichever way it came; ``reward.custom``
+    functions get the value as read, as verl passes it."""
+    return SCORERS[name](data_source, solution_str, answer_text(ground_truth), extra_info)

@@ -166,8 +166,7 @@ def _score_samples(scorers: list[str | None], samples: list[tuple]) -> list[Outc
     for name, sample in zip(scorers, samples, strict=True):
         where = f"reward scorer {name}" if name is not None else "reward.custom function"
         try:
-            fn = registry.SCORERS[name] if name is not None else _custom()
-            value = fn(*sample)
+            value = registry.score(name, *sample) if name is not None else _custom()(*sample)
         except Exception as exc:  # noqa: BLE001 - a reward error scores 0 and is counted
             # The traceback from the function's own frame on (this loop's frame says nothing).
             user_tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__.tb_next))
