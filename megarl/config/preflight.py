@@ -52,7 +52,7 @@ from typing import Any
 
 from megarl.config.extensions import named_functions
 from megarl.config.sections import MegaRLConfig
-from megarl.models.hf_files import TOKENIZER_VOCAB_FILES
+from megarl.models.hf_files import tokenizer_files_problem
 from megarl.models.weight_files import weights_fingerprint
 
 SAMPLE_ROWS = 1000
@@ -382,10 +382,10 @@ def _check_model_dir(cfg: MegaRLConfig, findings: list[Finding]) -> bool:
         findings.append(Finding("model.path", f"({path}) must be a local HF model directory (with config.json) or a "
                                 "model checkpoint of `megarl convert hf-to-megatron` to launch"))
         return False
-    if not any((Path(path) / name).is_file() for name in TOKENIZER_VOCAB_FILES):
+    problem = tokenizer_files_problem(Path(path))
+    if problem:
         # transformers would build a one-token tokenizer from config.json alone and fail much later
-        findings.append(Finding("model.path", f"({path}) has no tokenizer ({', '.join(TOKENIZER_VOCAB_FILES)}); copy the "
-                                "model's tokenizer files into it"))  # fmt: skip
+        findings.append(Finding("model.path", f"({path}) {problem}; copy the model's tokenizer files into it"))
         return False
     ok = True
     for field, value in (("model.path", path), ("critic.path", cfg.critic.path if cfg.critic_enabled else None)):

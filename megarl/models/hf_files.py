@@ -1,13 +1,17 @@
 """What a Hugging Face model directory holds besides its weights, and which of those files
 megarl copies into the directories it writes (disk weight pushes, `megarl convert` outputs,
-model checkpoints). Torch-free: the config checks read it."""
+model checkpoints). Torch-free: the config checks read it (tokenizer_files_problem imports
+transformers only for a directory without a tokenizer.json)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
+from typing import Any
 
-# One of them holds any HF tokenizer's vocabulary (fast tokenizers, sentencepiece, BPE).
+# The tokenizer vocabularies of the causal LMs megarl writes (fast, sentencepiece, BPE); which
+# files a directory's tokenizer needs is tokenizer_files_problem's to say.
 TOKENIZER_VOCAB_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 
 HF_SIDE_FILES = ("config.json", "generation_config.json", *TOKENIZER_VOCAB_FILES, "tokenizer_config.json",
@@ -20,3 +24,63 @@ def copy_side_files(source: Path, target: Path) -> None:
     for name in HF_SIDE_FILES:
         if (source / name).is_file():
             shutil.copy2(source / name, target / name)
+
+
+def tokenizer_files_problem(path: Path) -> str | None:
+    """Why AutoTokenizer would find no tokenizer files in the HF directory ``path``, as a clause
+    ("has no tokenizer files: ..."), or None; no tokenizer is loaded. A tokenizer.json is enough
+    (save_pretrained writes one from a fast tokenizer, which AutoTokenizer loads back from it
+    alone). Without one, transformers' own tables say which files: the tokenizer class that
+    tokenizer_config.json names, else AutoTokenizer's class for config.json's model_type, else
+    its fallback, and that class's ``vocab_files_names`` (vocab.txt for BERT, spm.model for
+    DeBERTa-v2, vocab.json + merges.txt for GPT-2). transformers is imported only then."""
+    if (path / "tokenizer.json").is_file():
+        return None
+    tokenizer_config = _json_object(path / "tokenizer_config.json")
+    if tokenizer_config.get("auto_map"):
+        return None  # the model's own tokenizer code decides what it reads
+    classes, named = _tokenizer_classes(tokenizer_config.get("tokenizer_class"), _json_object(path / "config.json"))
+    options = _file_options(classes)
+    if any(all((path / name).is_file() for name in option) for option in options):
+        return None
+    wanted = " or ".join(" + ".join(option) for option in options)
+    return f"has no tokenizer files: {named} reads {wanted}"
+
+
+def _json_object(file: Path) -> dict:
+    try:
+        value = json.loads(file.read_text())
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _tokenizer_classes(name: Any, config: dict) -> tuple[list[type], str]:
+    """The classes AutoTokenizer may build (slow and fast where transformers 4 has both), and
+    which they are, in words."""
+    from transformers import PreTrainedTokenizerFast
+    from transformers.models.auto.tokenization_auto import (
+        TOKENIZER_MAPPING_NAMES,
+        tokenizer_class_from_name,
+    )
+
+    if isinstance(name, str) and name:
+        names, named = [name, f"{name.removesuffix('Fast')}Fast"], f"{name} (tokenizer_config.json)"
+    else:
+        entry = TOKENIZER_MAPPING_NAMES.get(str(config.get("model_type")))
+        names = list(entry) if isinstance(entry, tuple) else [entry]  # transformers 4: (slow, fast)
+        named = f"the tokenizer of a {config.get('model_type')} model"
+    classes = [cls for cls in (tokenizer_class_from_name(n) for n in names if n) if cls is not None]
+    if not classes:  # what AutoTokenizer falls back to
+        return [PreTrainedTokenizerFast], "a fast tokenizer"
+    return classes, named
+
+
+def _file_options(classes: list[type]) -> list[tuple[str, ...]]:
+    """The sets of files any of ``classes`` loads from (each set complete on its own)."""
+    options: list[tuple[str, ...]] = [("tokenizer.json",)]
+    for cls in classes:
+        files = tuple(name for key, name in getattr(cls, "vocab_files_names", {}).items() if key != "tokenizer_file")
+        if files and files not in options:
+            options.append(files)
+    return options

@@ -6,9 +6,10 @@ The score of a sample is the model's single logit (``num_labels=1``) at the last
 token of ``prompt + response``; texts longer than the model's context are cut from the left,
 so the response end is always seen.
 
-:func:`model_dir_problem` reads config.json only (no weights; the transformers import is most of
-its cost): the launch's preflight and `megarl evaluate` call it in the driver, and the loader
-first, so a directory the workers would refuse is refused before anything starts.
+:func:`model_dir_problem` reads config.json and looks for the tokenizer's files (no weights, no
+tokenizer loaded; the transformers import is most of its cost): the launch's preflight and
+`megarl evaluate` call it in the driver, and the loader first, so a directory the workers would
+refuse is refused before anything starts.
 
 Left out: pairwise / multi-head reward models, chat-template re-rendering (pass the prompt as
 the engine saw it, template included), dtype options (the model's saved dtype is used).
@@ -19,6 +20,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 from typing import Any
+
+from megarl.models.hf_files import tokenizer_files_problem
 
 FIX = "give an HF sequence-classification model directory (config.json, weights, tokenizer) with num_labels 1"
 _LOADED: dict[tuple[str, str], tuple[Any, Any]] = {}
@@ -53,8 +56,9 @@ def load_reward_model(path: str, device: str = "cpu") -> tuple[Any, Any]:
 
 
 def model_dir_problem(path: str) -> str | None:
-    """Why ``path`` cannot be loaded as :func:`load_reward_model` loads it, from config.json alone:
-    one line that starts with ``(path)`` and ends with the fix (the caller prefixes the field), or None."""
+    """Why ``path`` cannot be loaded as :func:`load_reward_model` loads it, from config.json and the
+    names of its tokenizer files: one line that starts with ``(path)`` and ends with the fix (the
+    caller prefixes the field), or None."""
     if not Path(path).is_dir():
         return f"({path}) is not a directory; {FIX}"
     if not (Path(path) / "config.json").is_file():
@@ -83,6 +87,9 @@ def model_dir_problem(path: str) -> str | None:
                 f"needs the trained score head of a sequence classifier; {FIX}")
     if config.num_labels != 1:
         return f"({path}) has num_labels={config.num_labels}; a reward model has 1 (one score per sample); {FIX}"
+    tokenizer = tokenizer_files_problem(Path(path))
+    if tokenizer:  # else the workers would fail at the first score, after the whole run started
+        return f"({path}) {tokenizer}; copy the reward model's tokenizer files into it (its tokenizer's save_pretrained writes them)"
     return None
 
 

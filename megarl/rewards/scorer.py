@@ -10,7 +10,9 @@ with the sample, the first timeout as soon as it happens.
 A worker that dies while no task runs in the pool (the OOM killer between steps) breaks
 pebble's whole pool, and every task it held is dropped: the scorer logs a warning, starts a new
 pool and schedules the call's unscored samples on it. A second break before the new pool
-finished a task (something kills every worker) raises RewardError. pebble also breaks the pool
+finished a task (something kills every worker) raises RewardError, saying whether the new pool's
+workers had finished loading (each counts itself in a shared int): if not, loading killed them;
+if so, one died between samples, killed from outside or by a sample. pebble also breaks the pool
 when a task kills its worker before pebble read the worker's acknowledgement of it (a race, seen
 when the driver's threads hold the GIL): the new pool runs that sample again. And pebble never
 fails a task it had not yet taken from its queue when the pool broke: waits look at the pool
@@ -111,9 +113,10 @@ class ScoreResult:
 _WORKER: dict[str, Any] = {}
 
 
-def _init_worker(spec: dict[str, Any]) -> None:
-    """Pool initializer: load the custom function / reward model once. Never raises (pebble
-    would respawn a failing worker forever); a load error is re-raised by each task instead."""
+def _init_worker(spec: dict[str, Any], loaded: Any) -> None:
+    """Pool initializer: load the custom function / reward model once, then count the worker in
+    ``loaded`` (a shared int: the driver tells a death while loading from one after it). Never
+    raises (pebble would respawn a failing worker forever); a load error is re-raised by each task."""
     _WORKER.clear()
     _WORKER["spec"] = spec
     _chain_sigterm()
@@ -131,6 +134,8 @@ def _init_worker(spec: dict[str, Any]) -> None:
             import math_verify  # noqa: F401  (the first math task should not pay the sympy import)
     except BaseException as exc:  # noqa: BLE001 - reported by every task of this worker
         _WORKER["load_error"] = exc
+    with loaded.get_lock():
+        loaded.value += 1
 
 
 def _chain_sigterm() -> None:
@@ -245,7 +250,24 @@ def _start_problem(cfg: RewardConfig, hung: bool, limit_s: float) -> str:
     if hung:
         return f"{what}: {doing} did not finish in {limit_s:g} s in a reward worker; {fix}"
     # a crash in C, os._exit or the OOM killer: no traceback to pass on
-    return f"{what}: a reward worker died while {doing} (or while idle, killed from outside) before it took a sample; {fix}"
+    return f"{what}: a reward worker died while {doing} before it took a sample; {fix}"
+
+
+def _break_problem(cfg: RewardConfig, loaded: int, unscored: list[tuple], limit_s: float) -> str:
+    """The pool broke (a worker died with no task pebble saw start) at the start check, or again in
+    a call's new pool: what is known, as one line. No worker of the pool finished loading: one died
+    loading. Otherwise a loaded worker died between samples: killed from outside, or by a sample that
+    ends its process before pebble read the worker's acknowledgement of it (which one is unknown)."""
+    if not loaded:
+        return _start_problem(cfg, False, limit_s)
+    what = "reward.custom" if cfg.custom else "reward.model" if cfg.model else "reward scorers"
+    cause, fix = "killed from outside (the OOM killer; see dmesg)", "check dmesg"
+    if unscored:
+        cause += (f" or by a sample that ends its process at once (os._exit, a crash in C), maybe one of the call's "
+                  f"{len(unscored)} unscored samples (the first: data_source={unscored[0][0]!r} "
+                  f"response={str(unscored[0][1])[:80]!r})")
+        fix += ", then score those samples in a plain Python process"
+    return f"{what}: a reward worker died after it loaded, before pebble saw it take a sample: {cause}; {fix}"
 
 
 def _import_command(path: str) -> str:
@@ -282,6 +304,7 @@ class RewardScorer:
         model = (cfg.model.path, cfg.model.device) if cfg.model else None
         self._spec = {"custom": custom, "model": model, "preload_math": custom is None and model is None}
         self._context = multiprocessing.get_context(start_method)
+        self._loaded: Any = None  # the current pool's count of workers past their initializer
         if start_method == "forkserver":  # workers replaced after a timeout start in milliseconds
             self._context.set_forkserver_preload(["megarl.rewards.scorer", "math_verify"])
         self._pool = self._new_pool()
@@ -292,9 +315,9 @@ class RewardScorer:
             self._check_custom(custom)
 
     def _new_pool(self) -> ProcessPool:
-        return ProcessPool(
-            max_workers=self.cfg.workers, initializer=_init_worker, initargs=(self._spec,), context=self._context
-        )
+        self._loaded = self._context.Value("i", 0)
+        return ProcessPool(max_workers=self.cfg.workers, initializer=_init_worker,
+                           initargs=(self._spec, self._loaded), context=self._context)
 
     @property
     def _start_limit_s(self) -> float:
@@ -309,8 +332,10 @@ class RewardScorer:
             self._result_within(future, WORKER_START_TIMEOUT_S)  # the whole wait: worker start, import, check
         except Exception as exc:
             self.close()  # workers stuck in the import are killed, not left behind
-            if isinstance(exc, (FutureTimeout, BrokenProcessPool)):
-                raise RewardError(_start_problem(self.cfg, isinstance(exc, FutureTimeout), WORKER_START_TIMEOUT_S)) from exc
+            if isinstance(exc, FutureTimeout):
+                raise RewardError(_start_problem(self.cfg, True, WORKER_START_TIMEOUT_S)) from exc
+            if isinstance(exc, BrokenProcessPool):
+                raise RewardError(_break_problem(self.cfg, self._loaded.value, [], WORKER_START_TIMEOUT_S)) from exc
             # _init_worker's load error (the user's own exception, kept), or the name is no function
             raise RewardError(
                 f"reward.custom: loading {custom[1]!r} from {custom[0]} failed in a reward worker: {type(exc).__name__}: {exc}"
@@ -414,13 +439,13 @@ class RewardScorer:
         # whose jobs were all given up (none finished) is no break of this call.
         self._fresh = False
         while pending:
-            for future in self._wait_any(pending):
+            for future in self._wait_any(pending, samples):
                 job = pending.pop(future)
                 try:
                     failure = self._finished(job, outcomes, watch, samples)
                 except BrokenProcessPool as exc:
                     pending[future] = job
-                    self._restart(pending, exc)
+                    self._restart(pending, exc, samples)
                     break  # the rest of ``done``: kept in ``pending`` (finished before the break) or scheduled again
                 if job.pool == self._pools:
                     self._fresh = False  # the current pool ran a task: a later break is a new one
@@ -437,7 +462,7 @@ class RewardScorer:
                     self._give_up(job.function, pending, outcomes, watch)
         return outcomes
 
-    def _wait_any(self, pending: dict[Future, _Job]) -> set[Future]:
+    def _wait_any(self, pending: dict[Future, _Job], samples: list[tuple]) -> set[Future]:
         """The futures of ``pending`` that finished, once one did. Meanwhile a pool that broke is
         restarted (see POOL_CHECK_S), and a stall is a RewardError: no task running or ending for
         the start limit, every worker still in its initializer."""
@@ -447,7 +472,7 @@ class RewardScorer:
             if done:
                 return done
             if not self._pool.active:
-                self._restart(pending, BrokenProcessPool("the pool broke before it took every task"))
+                self._restart(pending, BrokenProcessPool("the pool broke before it took every task"), samples)
                 quiet_since = time.monotonic()
             elif any(f.running() for f in pending):
                 quiet_since = time.monotonic()
@@ -474,12 +499,14 @@ class RewardScorer:
             outcomes[i] = outcome
         return None
 
-    def _restart(self, pending: dict[Future, _Job], exc: BrokenProcessPool) -> None:
+    def _restart(self, pending: dict[Future, _Job], exc: BrokenProcessPool, samples: list[tuple]) -> None:
         """A new pool in place of the broken one, and every job the break dropped (all of ``pending``
         but those that finished before it) scheduled on it. A second break before the new pool
-        finished a task is a RewardError: the workers die as they start, or something kills them all."""
+        finished a task is a RewardError saying what is known (_break_problem)."""
         if self._fresh:
-            raise self._stopped(_start_problem(self.cfg, False, self._start_limit_s)) from exc
+            unscored = sorted({i for job in pending.values() for i in job.indices})
+            why = _break_problem(self.cfg, self._loaded.value, [samples[i] for i in unscored], self._start_limit_s)
+            raise self._stopped(why) from exc
         dropped = [f for f in pending if not f.done() or isinstance(f.exception(), BrokenProcessPool)]
         log.warning("reward: the reward workers' pool broke (a worker died while no sample ran on it: killed from "
                     "outside, by the OOM killer say, or dying as it started); starting a new pool for this call's "

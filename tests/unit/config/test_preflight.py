@@ -149,8 +149,10 @@ def test_reward_function_that_cannot_load(demo, tmp_path, source, name, expected
 
 
 def test_reward_model_that_the_workers_would_refuse(demo, tmp_path):
-    """Read from config.json only (no weights: a config-only directory passes when right)."""
+    """Read from config.json and the tokenizer's file names (no weights: a directory without any
+    passes when right)."""
     import json
+    import shutil
 
     path = tmp_path / "rm"
     path.mkdir()
@@ -160,6 +162,11 @@ def test_reward_model_that_the_workers_would_refuse(demo, tmp_path):
     assert f"reward.model.path: ({path}) holds a Qwen2ForCausalLM (config.json's architectures)" in msg
     assert msg.count("reward.model.path") == 1
     (path / "config.json").write_text(json.dumps({**base, "architectures": ["Qwen2ForSequenceClassification"], "num_labels": 1}))
+    msg = refusal(config(demo, tmp_path / "run", f"reward.model.path={path}"))
+    assert f"reward.model.path: ({path}) has no tokenizer files: the tokenizer of a qwen2 model reads " in msg
+    assert msg.count("reward.model.path") == 1
+    for name in ("tokenizer.json", "tokenizer_config.json"):  # the demo model's real tokenizer
+        shutil.copy(Path(demo[0]) / name, path / name)
     assert preflight(config(demo, tmp_path / "run", f"reward.model.path={path}")) == []
 
 
@@ -339,7 +346,8 @@ def test_a_model_directory_without_a_tokenizer(demo, tmp_path):
     model = shutil.copytree(demo[0], tmp_path / "model")
     (model / "tokenizer.json").unlink()
     msg = refusal(config(demo, tmp_path / "run", f"model.path={model}"))
-    assert f"model.path: ({model}) has no tokenizer (tokenizer.json, tokenizer.model, vocab.json)" in msg
+    assert f"model.path: ({model}) has no tokenizer files: " in msg and "reads tokenizer.json" in msg
+    assert "; copy the model's tokenizer files into it" in msg
 
 
 def test_the_agent_rollouts_user_code_is_loaded_before_launch(demo, tmp_path, monkeypatch):

@@ -1,6 +1,7 @@
-"""reward.model.path checked from config.json alone (no weights), as the launch's preflight,
-`megarl evaluate` and the reward workers' loader check it: each wrong directory is one line
-naming the path, what is wrong and the fix. The directories hold a config.json only."""
+"""reward.model.path checked from config.json and the tokenizer's file names (no weights, no
+tokenizer loaded), as the launch's preflight, `megarl evaluate` and the reward workers' loader
+check it: each wrong directory is one line naming the path, what is wrong and the fix. The
+directories hold a config.json, and real tokenizers saved where the check must pass."""
 
 from __future__ import annotations
 
@@ -22,10 +23,70 @@ def _model_dir(tmp_path, name: str = "rm", **config) -> str:
     return str(path)
 
 
+def _with_bpe_tokenizer(path: str) -> str:
+    """A real byte-level BPE tokenizer (the tokenizers library, in this process) saved into ``path``:
+    tokenizer.json and tokenizer_config.json (tokenizer_class PreTrainedTokenizerFast)."""
+    from megarl.models.tiny import build_tokenizer
+
+    build_tokenizer().save_pretrained(path)
+    return path
+
+
+BERT_VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "hello", "world", "##s"]
+
+
+def _bert_dir(tmp_path, tokenizer_config: bool = True) -> str:
+    """A BERT reward model's directory as the hub has them: config.json, vocab.txt (WordPiece) and,
+    with ``tokenizer_config``, the tokenizer_config.json BertTokenizer saves; no tokenizer.json."""
+    from transformers import BertTokenizer
+
+    path = tmp_path / "bert_rm"
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({"model_type": "bert", "architectures": ["BertForSequenceClassification"],
+                                                  "num_labels": 1, "vocab_size": len(BERT_VOCAB)}))  # fmt: skip
+    (path / "vocab.txt").write_text("\n".join(BERT_VOCAB) + "\n")
+    if tokenizer_config:
+        BertTokenizer(vocab_file=str(path / "vocab.txt")).save_pretrained(tmp_path / "saved")
+        (path / "tokenizer_config.json").write_bytes((tmp_path / "saved" / "tokenizer_config.json").read_bytes())
+    return str(path)
+
+
 def test_a_sequence_classifier_with_one_label_passes(tmp_path):
-    assert model_dir_problem(_model_dir(tmp_path, architectures=["Qwen2ForSequenceClassification"], num_labels=1)) is None
+    path = _model_dir(tmp_path, architectures=["Qwen2ForSequenceClassification"], num_labels=1)
+    assert model_dir_problem(_with_bpe_tokenizer(path)) is None
     # id2label of one entry is one label too; no architectures: nothing says the head is another one
-    assert model_dir_problem(_model_dir(tmp_path, "labels", id2label={"0": "score"})) is None
+    assert model_dir_problem(_with_bpe_tokenizer(_model_dir(tmp_path, "labels", id2label={"0": "score"}))) is None
+
+
+@pytest.mark.parametrize("tokenizer_config", [True, False], ids=["tokenizer-class", "model-type"])
+def test_a_bert_style_directory_with_vocab_txt_passes(tmp_path, tokenizer_config):
+    """No tokenizer.json: the tokenizer class (tokenizer_config.json's, else the model type's) reads vocab.txt."""
+    from transformers import AutoTokenizer
+
+    path = _bert_dir(tmp_path, tokenizer_config)
+    assert model_dir_problem(path) is None
+    assert AutoTokenizer.from_pretrained(path)("hello worlds")["input_ids"] == [2, 5, 6, 7, 3]  # it loads, vocabulary and all
+
+
+def test_a_directory_without_its_tokenizer_files_is_refused_in_one_line(tmp_path):
+    path = _with_bpe_tokenizer(_model_dir(tmp_path, architectures=["Qwen2ForSequenceClassification"], num_labels=1))
+    (tmp_path / "rm" / "tokenizer.json").unlink()
+    fix = "copy the reward model's tokenizer files into it (its tokenizer's save_pretrained writes them)"
+    saved_class = json.loads((tmp_path / "rm" / "tokenizer_config.json").read_text())["tokenizer_class"]  # by version
+    problem = model_dir_problem(path)
+    # "or tokenizer.model" too where transformers' fast class reads one (transformers 5)
+    assert problem.startswith(f"({path}) has no tokenizer files: {saved_class} (tokenizer_config.json) reads tokenizer.json")
+    assert problem.endswith(f"; {fix}") and "\n" not in problem
+    with pytest.raises(ValueError) as info:  # the workers' loader, before it loads anything
+        load_reward_model(path)
+    assert str(info.value) == f"reward.model.path: {problem}"
+    # no tokenizer_config.json either: the model type's tokenizer class says which files
+    (tmp_path / "rm" / "tokenizer_config.json").unlink()
+    assert model_dir_problem(path) == (f"({path}) has no tokenizer files: the tokenizer of a qwen2 model reads "
+                                       f"tokenizer.json or vocab.json + merges.txt; {fix}")  # fmt: skip
+    bert = _bert_dir(tmp_path)
+    (tmp_path / "bert_rm" / "vocab.txt").unlink()
+    assert model_dir_problem(bert) == f"({bert}) has no tokenizer files: BertTokenizer (tokenizer_config.json) reads tokenizer.json or vocab.txt; {fix}"
 
 
 def _wrong_dir(tmp_path, setup: str) -> str:

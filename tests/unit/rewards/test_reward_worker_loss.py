@@ -15,6 +15,8 @@ import pytest
 from megarl.config.sections import RewardConfig
 from megarl.rewards import RewardScorer
 
+pytestmark = pytest.mark.timeout(300)
+
 SOURCES = ["openai/gsm8k"] * 12
 SOLUTIONS = [f"The answer is\n#### {i}" for i in range(12)]
 TRUTHS = [str(i if i % 3 else i + 1) for i in range(12)]  # every third answer is wrong
@@ -34,11 +36,10 @@ def _workers(before: set[int]) -> set[int]:
     return found
 
 
-def _wait_until(condition, limit_s: float = 60.0) -> None:
-    """Poll ``condition`` (a generous bound: the machine may be loaded; the test asserts outcomes)."""
-    deadline = time.monotonic() + limit_s
+def _wait_until(condition) -> None:
+    """Poll ``condition``, however long a loaded machine takes: a wait that never ends fails at the
+    pytest-timeout mark (the test asserts outcomes, not elapsed times)."""
     while not condition():
-        assert time.monotonic() < deadline, "the condition did not come true in time"
         time.sleep(0.05)
 
 

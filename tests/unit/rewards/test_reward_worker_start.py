@@ -3,8 +3,9 @@ task timeout does not reach): one clear error in bounded time, and no worker lef
 
 Robust on a loaded machine: the start limit is shortened (SHORT_LIMIT_S) only where a start must
 time out (an import that sleeps for days); a healthy start runs under the default 60 s, and a
-worker that dies is reported by pebble, whatever the limit. Elapsed times are bounded generously:
-the tests assert the outcome, a bound only catches a wait that does not end."""
+worker that dies is reported by pebble, whatever the limit. The tests assert outcomes (the limit
+named in the error proves the scorer's own bound ended the wait), never elapsed times; a wait
+that does not end fails at the pytest-timeout mark."""
 
 from __future__ import annotations
 
@@ -22,14 +23,17 @@ from megarl.rewards import RewardScorer
 from megarl.rewards import scorer as scorer_module
 from megarl.rewards.scorer import RewardError
 
+pytestmark = pytest.mark.timeout(300)
+
 SHORT_LIMIT_S = 3.0  # WORKER_START_TIMEOUT_S where the start must time out (the import hangs for days)
-SLACK_S = 60.0  # the bound on stopping the workers after the limit, on a loaded 2-core machine
 
 # Breaks at import when always=True, or once a "break_now" file sits beside it (a replacement
-# worker started later imports it again); each breaking worker leaves its pid in a file.
+# worker started later imports it again); each breaking worker leaves its pid in a file. Once a
+# "die_after_load" file sits beside it, a worker loads it and dies as it asks pebble for its first
+# task (a profile hook on pebble's fetch_task): a loaded worker that dies with no task pebble saw.
 USER_REWARDS = textwrap.dedent(
     """
-    import os, pathlib, time
+    import os, pathlib, sys, time
 
     HERE = pathlib.Path(__file__).parent
     if {always} or (HERE / "break_now").exists():
@@ -37,6 +41,12 @@ USER_REWARDS = textwrap.dedent(
         if {hang}:
             time.sleep(10**6)
         os._exit(3)
+    if (HERE / "die_after_load").exists():
+        def exit_at_fetch(frame, event, arg):
+            if event == "call" and frame.f_code.co_name == "fetch_task":
+                (HERE / f"worker-{{os.getpid()}}").touch()
+                os._exit(3)
+        sys.setprofile(exit_at_fetch)
 
     def compute_score(data_source, solution_str, ground_truth, extra_info=None):
         if solution_str == "pid":
@@ -84,10 +94,8 @@ def _alive(pids: set[int]) -> set[int]:
 def test_import_that_hangs_fails_in_bounded_time_and_leaves_no_worker(tmp_path, monkeypatch):
     path = _rewards(tmp_path, always=True, hang=True)
     _shorten_start_limit(monkeypatch)
-    start = time.monotonic()
     with pytest.raises(RewardError) as info:
         RewardScorer(RewardConfig(custom=CustomRewardConfig(path=path), workers=2))
-    assert time.monotonic() - start < SHORT_LIMIT_S + SLACK_S  # the limit, plus stopping the workers
     assert str(info.value) == (
         "reward.custom: importing 'my_rewards.py' did not finish in 3 s in a reward worker; "
         "check it for work done at import (network, locks, long loops)"
@@ -132,10 +140,8 @@ def test_replacement_worker_breaking_at_import_stops_scoring_with_the_cause(tmp_
     (tmp_path / "break_now").touch()
     if hang:
         _shorten_start_limit(monkeypatch)
-    start = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="megarl.rewards.scorer"), pytest.raises(RewardError) as info:
         scorer.score(["any"] * 2, ["exit", "a"], ["a", "a"])
-    assert time.monotonic() - start < SHORT_LIMIT_S + SLACK_S
     # dies: the replacement's death breaks the pool, and one new pool is tried. hangs: none, unless
     # pebble took the sample's death for one outside any task (its acknowledgement came too late)
     assert _new_pools(caplog) in ((0, 1) if hang else (1,))
@@ -159,10 +165,9 @@ def test_pool_broken_between_calls_and_a_new_worker_dying_at_import_fail_the_nex
     worker = int(scorer.score(["any"], ["pid"], ["a"]).scores[0])
     (tmp_path / "break_now").touch()
     os.kill(worker, signal.SIGKILL)
-    deadline = time.monotonic() + SLACK_S  # pebble notices the dead worker and marks the pool broken
-    while scorer._pool.active and time.monotonic() < deadline:
+    while scorer._pool.active:  # pebble notices the dead worker and marks the pool broken
         time.sleep(0.05)
-    assert not scorer._pool.active and not _breaking_workers(tmp_path)  # no replacement was started
+    assert not _breaking_workers(tmp_path)  # no replacement was started
     with caplog.at_level(logging.WARNING, logger="megarl.rewards.scorer"), pytest.raises(RewardError) as info:
         scorer.score(["any"], ["a"], ["a"])
     assert _new_pools(caplog) == 1
@@ -171,3 +176,29 @@ def test_pool_broken_between_calls_and_a_new_worker_dying_at_import_fail_the_nex
     )
     broke = _breaking_workers(tmp_path)
     assert broke and not _alive(broke | {worker})
+
+
+def test_new_pool_whose_loaded_worker_dies_is_not_called_a_death_at_import(tmp_path, caplog):
+    """After a sample killed the worker, each new worker loads the file and dies before pebble saw
+    it take a sample (as one killed from outside, or by a sample before pebble read its
+    acknowledgement): the pool breaks, and the new pool breaks again. The error says the workers
+    loaded and names the unscored samples, not an import."""
+    path = _rewards(tmp_path, always=False, hang=False)
+    scorer = RewardScorer(RewardConfig(custom=CustomRewardConfig(path=path), workers=1, timeout_s=30.0))
+    (tmp_path / "die_after_load").touch()
+    with caplog.at_level(logging.WARNING, logger="megarl.rewards.scorer"), pytest.raises(RewardError) as info:
+        scorer.score(["any"] * 2, ["exit", "a"], ["a", "a"])
+    assert _new_pools(caplog) == 1
+    message = str(info.value)
+    assert message.startswith(
+        "reward workers stopped taking samples: reward.custom: a reward worker died after it loaded, before pebble "
+        "saw it take a sample: killed from outside (the OOM killer; see dmesg) or by a sample that ends its process "
+        "at once (os._exit, a crash in C), maybe one of the call's "
+    )
+    # "exit" was scored as an error, unless pebble took its death for one outside any task
+    assert "unscored samples (the first: data_source='any' response=" in message and "\n" not in message
+    assert message.endswith(
+        "; check dmesg, then score those samples in a plain Python process; the run stops rather than train on zero rewards"
+    )
+    died = _breaking_workers(tmp_path)
+    assert len(died) >= 2 and not _alive(died)  # the first pool's replacement and the new pool's worker
