@@ -440,7 +440,9 @@ class RewardScorer:
         self._fresh = False
         while pending:
             for future in self._wait_any(pending, samples):
-                job = pending.pop(future)
+                job = pending.pop(future, None)
+                if job is None:  # given up by _give_up while this ``done`` set was handled: its outcome is set
+                    continue
                 try:
                     failure = self._finished(job, outcomes, watch, samples)
                 except BrokenProcessPool as exc:
