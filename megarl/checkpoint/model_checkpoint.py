@@ -164,6 +164,7 @@ def save_model_weights(core: Any, directory: str | os.PathLike) -> None:
 def load_model_weights(core: Any, path: str | os.PathLike) -> None:
     """Fill this rank's parameters from the model checkpoint at ``path`` (collective), whatever
     TP/PP layout wrote it."""
+    # Not load_trained_weights: a model checkpoint has no value head (a critic starts from it too), so the load is not strict.
     import torch
     from megatron.core import dist_checkpointing
 
