@@ -77,9 +77,10 @@ def write_record(directory: str | os.PathLike, *, source: str, tp: int, pp: int,
 
 def write_verified(staging: Path, source: Path, record: dict[str, Any], save: Callable[[str], Any],
                    verify: Callable[[str], int]) -> int:  # fmt: skip
-    """A model checkpoint in ``staging`` (see staged_output): ``save(weights dir)``, the HF side
-    files of ``source``, the record; then ``verify(staging)`` loads it back into a fresh model
-    and compares every parameter, and the record gets the count. Returns the count."""
+    """A model checkpoint in ``staging`` (megarl/commands/model_outputs.py: staged_output):
+    ``save(weights dir)``, the HF side files of ``source``, the record; then ``verify(staging)``
+    loads it back into a fresh model and compares every parameter, and the record gets the
+    count. Returns the count."""
     from megarl.models.hf_files import copy_side_files
 
     save(str(staging / WEIGHTS))
@@ -163,6 +164,7 @@ def save_model_weights(core: Any, directory: str | os.PathLike) -> None:
 def load_model_weights(core: Any, path: str | os.PathLike) -> None:
     """Fill this rank's parameters from the model checkpoint at ``path`` (collective), whatever
     TP/PP layout wrote it."""
+    # Not load_trained_weights: a model checkpoint has no value head (a critic starts from it too), so the load is not strict.
     import torch
     from megatron.core import dist_checkpointing
 

@@ -425,7 +425,7 @@ def _check_parts(partial: Path, parts: list[range]) -> None:
 
 def _hf_model(source: Path, export: Any, staged: Path) -> Path:
     """An HF directory the engines load: ``source`` itself, or its export to ``staged``."""
-    from megarl.commands.convert import EXPORT_MANIFEST
+    from megarl.commands.model_outputs import EXPORT_MANIFEST
 
     if export is None:
         return source

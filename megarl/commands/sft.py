@@ -122,7 +122,7 @@ def run_sft(cfg: Any, address: str | None = None, *, in_process: bool = False) -
 def _check_target(target: Path, cfg: Any) -> None:
     from megarl.checkpoint.manager import scan_step_dirs
     from megarl.checkpoint.model_checkpoint import RECORD
-    from megarl.commands.convert import check_output_target
+    from megarl.commands.model_outputs import check_output_target
     from megarl.commands.outputs import OutputError
 
     rl = scan_step_dirs(target.parent)
@@ -262,7 +262,8 @@ def validation_loss(client: Any, data: _Data, batch_size: int, dp: int) -> float
 def _write_model(cfg: Any, client: Any, target: Path) -> None:
     """The fine-tuned weights as a model checkpoint at ``target``: staged, verified, renamed."""
     from megarl.checkpoint.model_checkpoint import SFT_SOURCE, write_verified
-    from megarl.commands.convert import finish_output, read_hf_config, staged_output
+    from megarl.commands.convert import read_hf_config
+    from megarl.commands.model_outputs import finish_output, staged_output
 
     source = Path(cfg.model.path).absolute()
     p = cfg.actor.parallel

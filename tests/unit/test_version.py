@@ -17,7 +17,8 @@ import megarl
 from megarl.checkpoint.manager import MANIFEST, CheckpointManager, step_dir_name
 from megarl.checkpoint.model_checkpoint import RECORD, write_record
 from megarl.cli import build_parser
-from megarl.commands.convert import EXPORT_MANIFEST, _write_manifest
+from megarl.commands.convert import _write_manifest
+from megarl.commands.model_outputs import EXPORT_MANIFEST
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -224,6 +224,7 @@ def load_trained_weights(core: torch.nn.Module, path: str | os.PathLike) -> None
     :meth:`TrainableModel.save` wrote; collective), reading neither the optimizer state nor the
     schedule: an export needs the weights alone, without training's memory for Adam's state
     and whatever optimizer layout (distributed or not, gradient buckets) wrote them."""
+    # Not load_model_weights: a training checkpoint describes its model with CHECKPOINT_METADATA and holds every parameter.
     from megatron.core import dist_checkpointing
 
     _check_loadable(path)

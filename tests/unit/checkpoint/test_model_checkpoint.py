@@ -18,13 +18,9 @@ from megarl.checkpoint.model_checkpoint import (
     is_model_checkpoint,
     write_record,
 )
-from megarl.commands.convert import (
-    EXPORT_MANIFEST,
-    OutputError,
-    OutputExistsError,
-    check_output_target,
-    expand_short_form,
-)
+from megarl.commands.convert import expand_short_form
+from megarl.commands.model_outputs import EXPORT_MANIFEST, check_output_target
+from megarl.commands.outputs import OutputError, OutputExistsError
 
 TINY = Path(__file__).resolve().parents[3] / "configs" / "tiny_grpo.yaml"
 

@@ -12,14 +12,13 @@ import yaml
 
 from megarl.checkpoint.manager import CheckpointManager
 from megarl.checkpoint.run_record import other_dtype_note, run_config
-from megarl.commands.convert import (
+from megarl.commands.model_outputs import (
     EXPORT_MANIFEST,
-    OutputError,
-    OutputExistsError,
     _normalize_modes,
     _swap_in,
     check_output_target,
 )
+from megarl.commands.outputs import OutputError, OutputExistsError
 
 
 def tree(root: Path) -> dict[str, bytes]:
@@ -181,7 +180,7 @@ def test_a_killed_converts_staging_is_removed_by_the_next_one_on_this_machine(tm
     import subprocess
     import sys
 
-    from megarl.commands.convert import _staging_prefix, staged_output
+    from megarl.commands.model_outputs import _staging_prefix, staged_output
 
     target = tmp_path / "hf"
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
@@ -205,7 +204,7 @@ def test_a_killed_converts_staging_is_removed_by_the_next_one_on_this_machine(tm
 def test_a_previous_output_kept_by_a_killed_swap_is_named_not_removed(tmp_path):
     """A kill between _swap_in's two renames leaves the user's previous output as .OUT.megarl-old-PID
     (and no OUT): the next convert to OUT names it, with the way back, and leaves it as it is."""
-    from megarl.commands.convert import staged_output
+    from megarl.commands.model_outputs import staged_output
 
     target = tmp_path / "hf"
     kept = tmp_path / ".hf.megarl-old-4242"
