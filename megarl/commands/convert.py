@@ -379,11 +379,12 @@ def _layout_config(model_dir: Path, tp: int, pp: int, check_weights: bool = Fals
     return ActorConfig(parallel=parallel)
 
 
-def read_hf_config(source: Path) -> dict[str, Any]:
+def read_hf_config(source: Path, name: str = "--hf") -> dict[str, Any]:
+    """``source``'s config.json; ``name`` is what the user gave it as (an option or a config key)."""
     try:
         return json.loads((source / "config.json").read_text())
     except FileNotFoundError:
-        raise OutputError(f"--hf {source} has no config.json; give a Hugging Face model directory") from None
+        raise OutputError(f"{name} {source} has no config.json; give a Hugging Face model directory") from None
     except (OSError, ValueError) as exc:
         raise OutputError(f"{source / 'config.json'} is unreadable ({exc})") from None
 

@@ -87,6 +87,11 @@ def run_sft(cfg: Any, address: str | None = None, *, in_process: bool = False) -
     out = Path(s.output_dir).absolute()
     target = out / MODEL_DIR
     _check_target(target, cfg)
+    from megarl.commands.convert import read_hf_config
+
+    # Read now: the model record written after training needs it, and a config.json gone by then
+    # must not cost the trained weights.
+    hf_config = read_hf_config(Path(cfg.model.path).absolute(), "model.path")
     data = _load_data(cfg, sft_max_length(cfg, plan.arch))
     _check_batch_fits(len(data.train), s.batch_size, dp)
     steps = s.total_steps or -(-s.epochs * len(data.train) // s.batch_size)  # ceil: every row seen in each pass
@@ -109,7 +114,7 @@ def run_sft(cfg: Any, address: str | None = None, *, in_process: bool = False) -
         try:
             done = _train(cfg, client, data, steps, dp, control)
             control.cleaning = True  # the weights are written whatever comes now
-            _write_model(cfg, client, target)
+            _write_model(cfg, client, target, hf_config)
         finally:
             group.shutdown()
     if done < steps:
@@ -259,15 +264,14 @@ def validation_loss(client: Any, data: _Data, batch_size: int, dp: int) -> float
     return total / count
 
 
-def _write_model(cfg: Any, client: Any, target: Path) -> None:
+def _write_model(cfg: Any, client: Any, target: Path, hf_config: dict[str, Any]) -> None:
     """The fine-tuned weights as a model checkpoint at ``target``: staged, verified, renamed."""
     from megarl.checkpoint.model_checkpoint import SFT_SOURCE, write_verified
-    from megarl.commands.convert import read_hf_config
     from megarl.commands.model_outputs import finish_output, staged_output
 
     source = Path(cfg.model.path).absolute()
     p = cfg.actor.parallel
-    record = dict(source=f"{SFT_SOURCE}{source}", tp=p.tp, pp=p.pp, dtype=cfg.model.dtype, hf_config=read_hf_config(source))
+    record = dict(source=f"{SFT_SOURCE}{source}", tp=p.tp, pp=p.pp, dtype=cfg.model.dtype, hf_config=hf_config)
     client.offload(["policy/optimizer", "policy/grads"])  # room for the second model the verify load builds
     with staged_output(target) as staging:
         try:
