@@ -116,7 +116,7 @@ def generate(config: str | Path, overrides: list[str], data: str | Path, out: st
     tokenizer_dir = source if (Path(source) / "tokenizer_config.json").is_file() else run_model
     _check_prompts(cfg, records, tokenizer_dir)
     _check_user_code(cfg)
-    _check_server_python(cfg)
+    _check_sglang(cfg)
     _open_partial(partial, job)
     parts = _parts(len(records), batch_size)
     _check_parts(partial, parts)
@@ -403,17 +403,18 @@ def _check_user_code(cfg: Any) -> None:
             raise GenerateError(f"{field}: {problem}")
 
 
-def _check_server_python(cfg: Any) -> None:
-    """rollout.engine=sglang: the interpreter that runs the servers has SGLang (the check
-    `megarl launch` makes), before the partial directory is made; otherwise the first server's
-    start fails seconds later with SGLang's import error."""
+def _check_sglang(cfg: Any) -> None:
+    """rollout.engine=sglang: the checks `megarl launch` makes of the servers (the interpreter
+    has SGLang; no deterministic mode on CPU), before the partial directory is made; otherwise
+    the first server's start fails seconds later with SGLang's traceback."""
     from megarl.config.plan_issues import Issue
-    from megarl.config.rollout_checks import check_server_python
+    from megarl.config.rollout_checks import check_deterministic, check_server_python
 
     issues: list[Issue] = []
     check_server_python(cfg, issues)
+    check_deterministic(cfg, issues)
     if issues:
-        raise GenerateError(str(issues[0]))
+        raise GenerateError("; ".join(str(issue) for issue in issues))
 
 
 def _check_parts(partial: Path, parts: list[range]) -> None:

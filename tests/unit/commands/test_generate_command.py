@@ -157,3 +157,13 @@ def test_an_sglang_engine_without_sglang_is_one_line_before_anything_is_written(
     with pytest.raises(GenerateError, match=rf"^rollout.server_python: \({no_sglang}\) cannot import sglang; point it at"):
         generate(CONFIG, overrides, data / "val.parquet", out)
     assert not out.exists() and not (tmp_path / "gen.parquet.partial").exists()
+
+
+def test_sglang_deterministic_inference_on_cpu_is_one_line_before_anything_is_written(tmp_path):
+    from megarl.commands.generate import GenerateError, _check_sglang
+    from megarl.config.loading import load_config
+
+    cfg = load_config(CONFIG, ["rollout.engine=sglang", "rollout.deterministic=true"])
+    with pytest.raises(GenerateError, match=r"rollout.deterministic: \(true\) needs SGLang's deterministic GPU attention"):
+        _check_sglang(cfg)
+    _check_sglang(load_config(CONFIG, ["rollout.deterministic=true"]))  # the torch engine
