@@ -31,6 +31,10 @@ class MetricsFileError(ValueError):
     """A metrics.jsonl that cannot be read (a user-facing, one-line error)."""
 
 
+class MetricsSinkError(ValueError):
+    """A metric service that refuses to start a run (no login, no server): a user-facing, one-line error."""
+
+
 class MetricsSink(Protocol):
     def log(self, step: int, metrics: dict[str, float]) -> None: ...
 
@@ -99,7 +103,13 @@ class WandbSink:
             raise ImportError("trainer.loggers includes wandb but wandb is not installed: pip install wandb") from None
         id_file = Path(log_dir) / self.ID_FILE
         run_id = id_file.read_text().strip() if resume_step and id_file.is_file() else None  # None: W&B makes one
-        self._run = wandb.init(project=project, name=name, config=config, dir=str(log_dir), id=run_id, resume="allow")
+        try:
+            self._run = wandb.init(project=project, name=name, config=config, dir=str(log_dir), id=run_id, resume="allow")
+        except wandb.errors.Error as exc:  # e.g. no API key where W&B cannot ask for one (no terminal: Slurm, nohup)
+            reason = " ".join(str(exc).split()) or type(exc).__name__
+            raise MetricsSinkError(f"trainer.loggers includes wandb, and W&B did not start a run ({reason}); run `wandb "
+                                   "login` or set WANDB_API_KEY, or set WANDB_MODE=offline to keep the run on disk "
+                                   "(`wandb sync` later)") from exc  # fmt: skip
         run_id = self._run.id
         id_file.write_text(run_id + "\n")
         self._next_step = self._run.step if resume_step else 0  # the lowest step W&B still takes

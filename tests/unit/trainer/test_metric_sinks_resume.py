@@ -10,11 +10,13 @@ import types
 
 import pytest
 
+from megarl.cli import user_error_line
 from megarl.config.sections import TrainerConfig
 from megarl.trainer.metric_sinks import (
     ConsoleSink,
     JsonlSink,
     MetricsFileError,
+    MetricsSinkError,
     WandbSink,
     build_logger,
     read_metrics,
@@ -206,3 +208,24 @@ def test_tensorboard_of_a_new_run_hides_an_earlier_runs_curves_and_a_validation_
     _log_steps(tmp_path, (2, 3), 0.5, resume_step=1)
     _log_steps(tmp_path, (1,), 0.75, resume_step=1, val_only=True)  # trainer.val_only of the step-1 checkpoint
     assert _tensorboard_steps(tmp_path / "tensorboard", "reward/mean") == [(1, 0.5), (2, 0.5), (3, 0.5), (1, 0.75)]
+
+
+def test_wandb_without_a_login_is_one_line_naming_the_fixes(tmp_path, monkeypatch):
+    """The real SDK, online, with no API key and no terminal to ask on (a Slurm job): W&B's
+    UsageError used to end the run as an internal error (exit 1, a traceback) at step 0."""
+    wandb = pytest.importorskip("wandb")
+    for name in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_DISABLED", "NETRC"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in {"HOME": str(tmp_path), "WANDB_SILENT": "true", "WANDB_CONFIG_DIR": str(tmp_path / "cfg"),
+                        "WANDB_CACHE_DIR": str(tmp_path / "cache"), "WANDB_DATA_DIR": str(tmp_path / "data")}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(sys, "stdin", io.StringIO())  # no terminal: W&B cannot prompt for a key
+    try:
+        with pytest.raises(MetricsSinkError) as info:
+            WandbSink("p", "e", {}, tmp_path)
+    finally:
+        wandb.teardown()
+    message = str(info.value)
+    assert "\n" not in message and message.startswith("trainer.loggers includes wandb, and W&B did not start a run (")
+    assert "`wandb login`" in message and "WANDB_MODE=offline" in message
+    assert user_error_line(info.value) == message  # exit code 2, not a traceback
