@@ -55,6 +55,7 @@ USER_ERRORS = (
     ("megarl.trainer.watchdog", "HangError"),
     ("megarl.rollout.push_progress", "WeightPushTimeout"),
     ("megarl.trainer.metric_sinks", "MetricsFileError"),
+    ("megarl.trainer.metric_sinks", "MetricsSinkError"),
     ("megarl.rollout_sglang.server", "ServerLaunchError"),
     ("megarl.trainer.run_lock", "OutputDirInUse"),
 )

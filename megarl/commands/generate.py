@@ -116,6 +116,7 @@ def generate(config: str | Path, overrides: list[str], data: str | Path, out: st
     tokenizer_dir = source if (Path(source) / "tokenizer_config.json").is_file() else run_model
     _check_prompts(cfg, records, tokenizer_dir)
     _check_user_code(cfg)
+    _check_sglang(cfg)
     _open_partial(partial, job)
     parts = _parts(len(records), batch_size)
     _check_parts(partial, parts)
@@ -400,6 +401,20 @@ def _check_user_code(cfg: Any) -> None:
         problem = import_problem(field, name) if field.startswith("rollout.") else None  # algorithm.*: training's
         if problem:
             raise GenerateError(f"{field}: {problem}")
+
+
+def _check_sglang(cfg: Any) -> None:
+    """rollout.engine=sglang: the checks `megarl launch` makes of the servers (the interpreter
+    has SGLang; no deterministic mode on CPU), before the partial directory is made; otherwise
+    the first server's start fails seconds later with SGLang's traceback."""
+    from megarl.config.plan_issues import Issue
+    from megarl.config.rollout_checks import check_deterministic, check_server_python
+
+    issues: list[Issue] = []
+    check_server_python(cfg, issues)
+    check_deterministic(cfg, issues)
+    if issues:
+        raise GenerateError("; ".join(str(issue) for issue in issues))
 
 
 def _check_parts(partial: Path, parts: list[range]) -> None:

@@ -76,12 +76,23 @@ def check_rollout(cfg: MegaRLConfig, arch: ArchSpec, issues: list[Issue]) -> Non
         if tp != 1:
             issues.append(Issue("rollout.tp", f"({tp}) must be 1 with the torch engine (it runs in one process)"))
         return
+    check_deterministic(cfg, issues)
     if tp > cfg.cluster.gpus_per_node or cfg.cluster.gpus_per_node % tp:
         issues.append(Issue("rollout.tp", f"({tp}) must divide gpus_per_node ({cfg.cluster.gpus_per_node}) so that no engine "
                             f"spans two nodes; try {choices(rollout_tp_choices(cfg, arch))}"))
     if not _heads_split(arch, tp):
         issues.append(Issue("rollout.tp", f"({tp}) must divide num_attention_heads ({arch.num_heads}), and divide or be a "
                             f"multiple of num_key_value_heads ({arch.num_kv_heads}); try {choices(rollout_tp_choices(cfg, arch))}"))
+
+
+def check_deterministic(cfg: MegaRLConfig, issues: list[Issue]) -> None:
+    """SGLang's deterministic inference needs GPU attention kernels: on CPU (SGLang 0.5.23) the
+    server refuses to start ("only [...] attention backends are supported for deterministic
+    inference")."""
+    if cfg.rollout.engine == "sglang" and cfg.rollout.deterministic and cfg.cluster.device == "cpu":
+        issues.append(Issue("rollout.deterministic", "(true) needs SGLang's deterministic GPU attention kernels, and a CPU "
+                            "server refuses to start with it; set rollout.deterministic=false, or rollout.engine=torch "
+                            "(always seeded)"))  # fmt: skip
 
 
 def _heads_split(arch: ArchSpec, tp: int) -> bool:

@@ -188,7 +188,7 @@ class RolloutConfig(Section):
     deterministic: bool = Field(
         False,
         description="SGLang: --enable-deterministic-inference, so the per-sample seeds are honoured and a resumed run "
-        "regenerates exactly (costs throughput). The torch engine is always seeded.",
+        "regenerates exactly (costs throughput; GPU only: a CPU server refuses it). The torch engine is always seeded.",
     )
     weights_cpu_backup: bool = Field(
         False,

@@ -5,7 +5,8 @@ One ``MetricsLogger`` fans a step's flat ``{name: float}`` dict out to the sinks
 the checkpoint are re-run) and appended to, so the file always reads as one uninterrupted
 run (the records cut are kept as metrics.steps<A>-<B>.<time>.jsonl; a validation-only run
 appends, cutting nothing); a run starting at step 0 keeps an earlier run's file as
-metrics.<time>.jsonl, and a resumed run continues the same W&B run (its id is kept in
+metrics.<time>.jsonl; TensorBoard is told to hide what metrics.jsonl cuts or keeps aside;
+a resumed run continues the same W&B run (its id is kept in
 <output_dir>/wandb_run_id; the steps trained again keep their first values there).
 The step's phases are timed by megarl/progress.py.
 """
@@ -28,6 +29,10 @@ log = logging.getLogger(__name__)
 
 class MetricsFileError(ValueError):
     """A metrics.jsonl that cannot be read (a user-facing, one-line error)."""
+
+
+class MetricsSinkError(ValueError):
+    """A metric service that refuses to start a run (no login, no server): a user-facing, one-line error."""
 
 
 class MetricsSink(Protocol):
@@ -61,10 +66,16 @@ class JsonlSink:
 
 
 class TensorBoardSink:
-    def __init__(self, log_dir: Path):
+    """``<output_dir>/tensorboard``. Event files are never rewritten: a resumed run writes a new
+    one that starts with a purge mark at ``purge_step``, so TensorBoard drops the earlier files'
+    values from that step on (the steps trained again, an earlier run's curves) instead of
+    drawing both; the files stay on disk. ``purge_step`` None: nothing is hidden (a
+    validation-only run adds to the history)."""
+
+    def __init__(self, log_dir: Path, purge_step: int | None = None):
         from torch.utils.tensorboard import SummaryWriter
 
-        self._writer = SummaryWriter(log_dir=str(log_dir))
+        self._writer = SummaryWriter(log_dir=str(log_dir), purge_step=purge_step)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         for name, value in metrics.items():
@@ -92,7 +103,13 @@ class WandbSink:
             raise ImportError("trainer.loggers includes wandb but wandb is not installed: pip install wandb") from None
         id_file = Path(log_dir) / self.ID_FILE
         run_id = id_file.read_text().strip() if resume_step and id_file.is_file() else None  # None: W&B makes one
-        self._run = wandb.init(project=project, name=name, config=config, dir=str(log_dir), id=run_id, resume="allow")
+        try:
+            self._run = wandb.init(project=project, name=name, config=config, dir=str(log_dir), id=run_id, resume="allow")
+        except wandb.errors.Error as exc:  # e.g. no API key where W&B cannot ask for one (no terminal: Slurm, nohup)
+            reason = " ".join(str(exc).split()) or type(exc).__name__
+            raise MetricsSinkError(f"trainer.loggers includes wandb, and W&B did not start a run ({reason}); run `wandb "
+                                   "login` or set WANDB_API_KEY, or set WANDB_MODE=offline to keep the run on disk "
+                                   "(`wandb sync` later)") from exc  # fmt: skip
         run_id = self._run.id
         id_file.write_text(run_id + "\n")
         self._next_step = self._run.step if resume_step else 0  # the lowest step W&B still takes
@@ -198,7 +215,8 @@ def build_logger(cfg: TrainerConfig, config_dict: dict[str, Any], total_steps: i
         elif name == "jsonl":
             sinks.append(JsonlSink(out / "metrics.jsonl", resume_step, append=cfg.val_only))
         elif name == "tensorboard":
-            sinks.append(TensorBoardSink(out / "tensorboard"))
+            purge_step = None if cfg.val_only else resume_step + 1 if resume_step else 0  # as metrics.jsonl is cut
+            sinks.append(TensorBoardSink(out / "tensorboard", purge_step))
         elif name == "wandb":
             sinks.append(WandbSink(cfg.project, cfg.experiment, config_dict, out, resume_step))
         elif name == "mlflow":

@@ -140,3 +140,30 @@ def test_a_tool_parser_that_does_not_load_is_one_line_before_anything_is_written
         _check_user_code(cfg)
     # a training-only function (algorithm.*) is not generate's to load
     _check_user_code(load_config(CONFIG, ["rollout.agent.tool_parser=my_parsers:parse", "algorithm.estimator=nowhere:at_all"]))
+
+
+def test_an_sglang_engine_without_sglang_is_one_line_before_anything_is_written(tmp_path):
+    """rollout.engine=sglang with a server_python that has no SGLang: `megarl launch`'s check, before
+    the partial directory is made (the server's start used to fail with SGLang's import error)."""
+    from megarl.commands.demo import prepare_demo
+    from megarl.commands.generate import GenerateError
+
+    model, data = prepare_demo(tmp_path / "demo")
+    no_sglang = tmp_path / "python"
+    no_sglang.write_text("#!/bin/sh\nexit 1\n")  # finds no module: the probe exits non-zero
+    no_sglang.chmod(0o755)
+    overrides = [f"model.path={model}", "rollout.engine=sglang", f"rollout.server_python={no_sglang}"]
+    out = tmp_path / "gen.parquet"
+    with pytest.raises(GenerateError, match=rf"^rollout.server_python: \({no_sglang}\) cannot import sglang; point it at"):
+        generate(CONFIG, overrides, data / "val.parquet", out)
+    assert not out.exists() and not (tmp_path / "gen.parquet.partial").exists()
+
+
+def test_sglang_deterministic_inference_on_cpu_is_one_line_before_anything_is_written(tmp_path):
+    from megarl.commands.generate import GenerateError, _check_sglang
+    from megarl.config.loading import load_config
+
+    cfg = load_config(CONFIG, ["rollout.engine=sglang", "rollout.deterministic=true"])
+    with pytest.raises(GenerateError, match=r"rollout.deterministic: \(true\) needs SGLang's deterministic GPU attention"):
+        _check_sglang(cfg)
+    _check_sglang(load_config(CONFIG, ["rollout.deterministic=true"]))  # the torch engine

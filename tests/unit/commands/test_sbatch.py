@@ -51,6 +51,7 @@ def test_cluster_script_is_clean_and_has_the_configs_shape(capsys, tmp_path, mon
     assert '"--container-image=nvcr.io/me/megarl:1"' in script and mounts in script
     assert LAUNCH_DIR.joinpath("ray-node.sh").read_text().rstrip("\n") in script  # embedded unchanged
     assert (tmp_path / "run" / "logs" / "slurm").is_dir()  # Slurm does not create --output's folder
+    assert f"`mkdir -p {tmp_path / 'run' / 'logs' / 'slurm'}` before submitting again" in script  # for a resubmission
     assert subprocess.run(["bash", "-n", str(tmp_path / "job.sbatch")]).returncode == 0
     shellcheck(tmp_path / "job.sbatch")
 

@@ -403,6 +403,17 @@ def test_in_process_runs_need_a_world_of_one_and_the_torch_engine(monkeypatch):
     assert "WORLD_SIZE is 2" in refused_in_process("cluster.gpus_per_node=1")
 
 
+def test_sglang_deterministic_inference_is_refused_on_cpu():
+    """A real SGLang 0.5.23 CPU server exits at start with --enable-deterministic-inference
+    (no deterministic attention backend on CPU); on GPUs it is allowed."""
+    sglang_cpu = ("rollout.engine=sglang", "cluster.placement=disaggregated", "cluster.rollout_gpus=1")
+    assert re.search(r"rollout.deterministic: \(true\) needs SGLang's deterministic GPU attention kernels.*"
+                     r"set rollout.deterministic=false", refused(TINY, *sglang_cpu, "rollout.deterministic=true"))
+    assert plan(TINY, *sglang_cpu).memory is not None
+    assert plan(TINY, "rollout.deterministic=true").memory is not None  # the torch engine: seeded anyway
+    assert plan(GRPO72, "rollout.deterministic=true").memory is not None
+
+
 def test_agent_rollouts_need_the_chat_template_and_no_overlap_when_deterministic():
     msg = refused(AGENT, "rollout.deterministic=true", "rollout.agent.overlap_tools=true", "data.apply_chat_template=false")
     assert "rollout.agent.overlap_tools: (true) lets tool timing decide which turns generate together" in msg

@@ -1,5 +1,6 @@
 """Nothing lost in the metric sinks: a resumed run appends (cut back atomically to its checkpoint),
-a new run keeps an earlier run's file, W&B continues the same run id, reward failures show."""
+a new run keeps an earlier run's file, TensorBoard shows each step once, W&B continues the same
+run id, reward failures show."""
 
 from __future__ import annotations
 
@@ -9,11 +10,15 @@ import types
 
 import pytest
 
+from megarl.cli import user_error_line
+from megarl.config.sections import TrainerConfig
 from megarl.trainer.metric_sinks import (
     ConsoleSink,
     JsonlSink,
     MetricsFileError,
+    MetricsSinkError,
     WandbSink,
+    build_logger,
     read_metrics,
 )
 
@@ -169,3 +174,58 @@ def test_the_wandb_sink_runs_on_the_real_sdk_offline(tmp_path, monkeypatch):
     assert run_id and (tmp_path / WandbSink.ID_FILE).read_text().strip() == run_id
     runs = sorted(p.name for p in (tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 2 and all(f"-{run_id}" in name for name in runs), runs
+
+
+def _tensorboard_steps(log_dir, tag):
+    """(step, value) of ``tag`` as TensorBoard shows it (its reader applies the purge marks)."""
+    accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    reader = accumulator.EventAccumulator(str(log_dir), size_guidance={"scalars": 0})
+    reader.Reload()
+    return [(event.step, event.value) for event in reader.Scalars(tag)]
+
+
+def _log_steps(out, steps, value, *, resume_step=0, val_only=False):
+    cfg = TrainerConfig(loggers=["tensorboard"], output_dir=str(out), val_only=val_only)
+    logger = build_logger(cfg, {}, total_steps=10, resume_step=resume_step)
+    for step in steps:
+        logger.log(step, {"reward/mean": value})
+    logger.close()
+
+
+def test_tensorboard_shows_each_step_once_after_a_resume(tmp_path):
+    """Killed at step 5 after a checkpoint at 3: steps 4-5 are trained again; TensorBoard shows
+    the new values once (not the stopped run's too, its line folding back to step 4)."""
+    _log_steps(tmp_path, range(1, 6), 0.25)
+    _log_steps(tmp_path, (4, 5), 0.75, resume_step=3)
+    assert _tensorboard_steps(tmp_path / "tensorboard", "reward/mean") == [(1, 0.25), (2, 0.25), (3, 0.25), (4, 0.75), (5, 0.75)]
+    assert len(list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))) == 2  # the earlier file stays
+
+
+def test_tensorboard_of_a_new_run_hides_an_earlier_runs_curves_and_a_validation_run_adds(tmp_path):
+    _log_steps(tmp_path, (1, 2), 0.25)  # a run stopped before its first checkpoint
+    _log_steps(tmp_path, (1,), 0.5)  # launched again: from step 0
+    assert _tensorboard_steps(tmp_path / "tensorboard", "reward/mean") == [(1, 0.5)]
+    _log_steps(tmp_path, (2, 3), 0.5, resume_step=1)
+    _log_steps(tmp_path, (1,), 0.75, resume_step=1, val_only=True)  # trainer.val_only of the step-1 checkpoint
+    assert _tensorboard_steps(tmp_path / "tensorboard", "reward/mean") == [(1, 0.5), (2, 0.5), (3, 0.5), (1, 0.75)]
+
+
+def test_wandb_without_a_login_is_one_line_naming_the_fixes(tmp_path, monkeypatch):
+    """The real SDK, online, with no API key and no terminal to ask on (a Slurm job): W&B's
+    UsageError used to end the run as an internal error (exit 1, a traceback) at step 0."""
+    wandb = pytest.importorskip("wandb")
+    for name in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_DISABLED", "NETRC"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in {"HOME": str(tmp_path), "WANDB_SILENT": "true", "WANDB_CONFIG_DIR": str(tmp_path / "cfg"),
+                        "WANDB_CACHE_DIR": str(tmp_path / "cache"), "WANDB_DATA_DIR": str(tmp_path / "data")}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(sys, "stdin", io.StringIO())  # no terminal: W&B cannot prompt for a key
+    try:
+        with pytest.raises(MetricsSinkError) as info:
+            WandbSink("p", "e", {}, tmp_path)
+    finally:
+        wandb.teardown()
+    message = str(info.value)
+    assert "\n" not in message and message.startswith("trainer.loggers includes wandb, and W&B did not start a run (")
+    assert "`wandb login`" in message and "WANDB_MODE=offline" in message
+    assert user_error_line(info.value) == message  # exit code 2, not a traceback
