@@ -7,7 +7,8 @@ run (the records cut are kept as metrics.steps<A>-<B>.<time>.jsonl; a validation
 appends, cutting nothing); a run starting at step 0 keeps an earlier run's file as
 metrics.<time>.jsonl; TensorBoard is told to hide what metrics.jsonl cuts or keeps aside;
 a resumed run continues the same W&B run (its id is kept in
-<output_dir>/wandb_run_id; the steps trained again keep their first values there).
+<output_dir>/wandb_run_id; the steps trained again keep their first values there), and the same
+MLflow run (<output_dir>/mlflow_run_id).
 The step's phases are timed by megarl/progress.py.
 """
 
@@ -128,15 +129,33 @@ class WandbSink:
 
 
 class MlflowSink:
-    def __init__(self, project: str, name: str, config: dict[str, Any]):
+    """MLflow; a resumed run (``resume_step`` > 0) continues the MLflow run whose id is in
+    ``<log_dir>/mlflow_run_id``, with the params it started with (MLflow refuses to change a
+    param; a changed config key is named by the resume's own warning). MLflow keeps every value
+    of a step: the steps a resume trains again show both values there."""
+
+    ID_FILE = "mlflow_run_id"
+
+    def __init__(self, project: str, name: str, config: dict[str, Any], log_dir: Path, resume_step: int = 0):
         try:
             import mlflow
         except ImportError:
             raise ImportError("trainer.loggers includes mlflow but mlflow is not installed: pip install mlflow") from None
         self._mlflow = mlflow
+        id_file = Path(log_dir) / self.ID_FILE
+        run_id = id_file.read_text().strip() if resume_step and id_file.is_file() else None
         mlflow.set_experiment(project)
-        mlflow.start_run(run_name=name)
-        mlflow.log_params({mlflow_name(k): str(v)[:250] for k, v in _flatten(config).items()})  # keys hold user names (reward.functions.<source>)
+        run = None
+        if run_id:
+            try:
+                run = mlflow.start_run(run_id=run_id)
+            except mlflow.exceptions.MlflowException as exc:  # e.g. another MLFLOW_TRACKING_URI than the run's
+                log.warning("MLflow: run %s of this output_dir is not in this tracking store (%s); starting a new "
+                            "MLflow run", run_id, str(exc).splitlines()[0])
+        if run is None:
+            run = mlflow.start_run(run_name=name)
+            mlflow.log_params({mlflow_name(k): str(v)[:250] for k, v in _flatten(config).items()})  # keys hold user names (reward.functions.<source>)
+        id_file.write_text(run.info.run_id + "\n")
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self._mlflow.log_metrics({mlflow_name(k): v for k, v in metrics.items()}, step=step)
@@ -220,7 +239,7 @@ def build_logger(cfg: TrainerConfig, config_dict: dict[str, Any], total_steps: i
         elif name == "wandb":
             sinks.append(WandbSink(cfg.project, cfg.experiment, config_dict, out, resume_step))
         elif name == "mlflow":
-            sinks.append(MlflowSink(cfg.project, cfg.experiment, config_dict))
+            sinks.append(MlflowSink(cfg.project, cfg.experiment, config_dict, out, resume_step))
     return MetricsLogger(sinks)
 
 

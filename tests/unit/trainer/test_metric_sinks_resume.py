@@ -17,6 +17,7 @@ from megarl.trainer.metric_sinks import (
     JsonlSink,
     MetricsFileError,
     MetricsSinkError,
+    MlflowSink,
     WandbSink,
     build_logger,
     read_metrics,
@@ -229,3 +230,29 @@ def test_wandb_without_a_login_is_one_line_naming_the_fixes(tmp_path, monkeypatc
     assert "\n" not in message and message.startswith("trainer.loggers includes wandb, and W&B did not start a run (")
     assert "`wandb login`" in message and "WANDB_MODE=offline" in message
     assert user_error_line(info.value) == message  # exit code 2, not a traceback
+
+
+def test_the_mlflow_sink_continues_its_run_on_resume(tmp_path, monkeypatch, caplog):
+    """On the real SDK (a local file store): a resume logs into the run it started, without
+    logging its params again (MLflow refuses a changed one); a run id the store does not have
+    starts a new run with a warning."""
+    mlflow = pytest.importorskip("mlflow")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", (tmp_path / "mlruns").as_uri())
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3's file store is kept for tests like this one
+    out = tmp_path / "out"
+    out.mkdir()
+    sink = MlflowSink("p", "e", {"actor": {"lr": 1e-6}, "trainer": {"total_steps": 4}}, out)
+    sink.log(1, {"reward/mean": 0.1})
+    sink.close()
+    run_id = (out / MlflowSink.ID_FILE).read_text().strip()
+    sink = MlflowSink("p", "e", {"actor": {"lr": 1e-6}, "trainer": {"total_steps": 8}}, out, resume_step=1)
+    sink.log(2, {"reward/mean": 0.2})
+    sink.close()
+    assert (out / MlflowSink.ID_FILE).read_text().strip() == run_id
+    run = mlflow.get_run(run_id)
+    assert run.data.params["trainer.total_steps"] == "4" and run.data.metrics["reward/mean"] == 0.2
+    history = mlflow.MlflowClient().get_metric_history(run_id, "reward/mean")
+    assert sorted((m.step, m.value) for m in history) == [(1, 0.1), (2, 0.2)]
+    (out / MlflowSink.ID_FILE).write_text("0" * 32 + "\n")  # a run of another store
+    MlflowSink("p", "e", {}, out, resume_step=2).close()
+    assert "is not in this tracking store" in caplog.text and (out / MlflowSink.ID_FILE).read_text().strip() != "0" * 32
