@@ -72,7 +72,7 @@ def preflight(cfg: MegaRLConfig) -> list[Finding]:
     child = ChildChecks(cfg.reward.custom, named_functions(cfg))
     try:
         _check_output_dir(cfg, findings)
-        _check_loggers(cfg, findings)
+        check_loggers(cfg, findings)
         _check_resume(cfg, findings)
         samples = _check_data(cfg, findings)
         _check_run_length(cfg, findings)
@@ -138,13 +138,19 @@ def _check_output_dir(cfg: MegaRLConfig, findings: list[Finding]) -> None:
 LOGGER_PACKAGES = {"wandb": "wandb", "mlflow": "mlflow", "tensorboard": "tensorboard"}  # logger -> what it imports
 
 
-def _check_loggers(cfg: MegaRLConfig, findings: list[Finding]) -> None:
-    """Each logger's package is installed here (the controller, which logs), not found missing after Ray starts."""
+def check_loggers(cfg: MegaRLConfig, findings: list[Finding]) -> None:
+    """Each logger's package is installed here (the controller, which logs), and W&B has a key where it
+    cannot ask for one: not found missing after Ray started (launch, via preflight, and sft)."""
     for name in dict.fromkeys(cfg.trainer.loggers):
         package = LOGGER_PACKAGES.get(name)
         if package and importlib.util.find_spec(package) is None:
             findings.append(Finding("trainer.loggers", f"includes {name}, and {package} is not installed in this Python "
                                     f"({sys.executable}); pip install {package}, or drop {name} from trainer.loggers"))  # fmt: skip
+        elif name == "wandb":
+            from megarl.trainer.metric_sinks import wandb_login_problem
+
+            if problem := wandb_login_problem():
+                findings.append(Finding("trainer.loggers", f"includes wandb: {problem}"))
 
 
 def writable_dir_problem(path: Path) -> str | None:

@@ -17,10 +17,13 @@ from __future__ import annotations
 import json
 import logging
 import math
+import netrc
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import urlparse
 
 from megarl.config.sections import TrainerConfig
 from megarl.kept_files import kept_name, time_tag
@@ -87,6 +90,42 @@ class TensorBoardSink:
         self._writer.close()
 
 
+WANDB_LOGIN_FIX = "run `wandb login` or set WANDB_API_KEY, or set WANDB_MODE=offline to keep the run on disk (`wandb sync` later)"
+
+
+def wandb_login_problem() -> str | None:
+    """Why W&B would not start a run here for want of an API key, or None: checked before
+    launch, since the run only meets it after the cluster started and the checkpoint loaded.
+    Only where W&B cannot ask for a key (no terminal: a Slurm job, nohup) and would go online.
+    The environment and netrc are read here; any other source W&B has (its settings files) is
+    W&B's own lookup, which starts nothing when no key is found (wandb.login, verify=False)."""
+    if os.environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun") or _has_terminal():
+        return None
+    if os.environ.get("WANDB_API_KEY") or _netrc_has(urlparse(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").hostname):
+        return None
+    import wandb
+
+    try:
+        wandb.login(verify=False)
+    except wandb.errors.Error as exc:
+        return f"W&B has no API key here and no terminal to ask for one ({' '.join(str(exc).split())}); {WANDB_LOGIN_FIX}"
+    return None
+
+
+def _has_terminal() -> bool:
+    try:
+        return sys.stdin is not None and sys.stdin.isatty()
+    except ValueError:  # a closed stdin
+        return False
+
+
+def _netrc_has(host: str | None) -> bool:
+    try:
+        return bool(host) and netrc.netrc(os.environ.get("NETRC")).authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):  # no file, or one W&B would not read either
+        return False
+
+
 class WandbSink:
     """W&B; a resumed run (``resume_step`` > 0) continues the W&B run whose id is in ``<log_dir>/wandb_run_id``.
 
@@ -108,9 +147,8 @@ class WandbSink:
             self._run = wandb.init(project=project, name=name, config=config, dir=str(log_dir), id=run_id, resume="allow")
         except wandb.errors.Error as exc:  # e.g. no API key where W&B cannot ask for one (no terminal: Slurm, nohup)
             reason = " ".join(str(exc).split()) or type(exc).__name__
-            raise MetricsSinkError(f"trainer.loggers includes wandb, and W&B did not start a run ({reason}); run `wandb "
-                                   "login` or set WANDB_API_KEY, or set WANDB_MODE=offline to keep the run on disk "
-                                   "(`wandb sync` later)") from exc  # fmt: skip
+            raise MetricsSinkError(f"trainer.loggers includes wandb, and W&B did not start a run ({reason}); "
+                                   f"{WANDB_LOGIN_FIX}") from exc
         run_id = self._run.id
         id_file.write_text(run_id + "\n")
         self._next_step = self._run.step if resume_step else 0  # the lowest step W&B still takes
@@ -144,18 +182,28 @@ class MlflowSink:
         self._mlflow = mlflow
         id_file = Path(log_dir) / self.ID_FILE
         run_id = id_file.read_text().strip() if resume_step and id_file.is_file() else None
-        mlflow.set_experiment(project)
-        run = None
-        if run_id:
-            try:
-                run = mlflow.start_run(run_id=run_id)
-            except mlflow.exceptions.MlflowException as exc:  # e.g. another MLFLOW_TRACKING_URI than the run's
-                log.warning("MLflow: run %s of this output_dir is not in this tracking store (%s); starting a new "
-                            "MLflow run", run_id, str(exc).splitlines()[0])
+        experiment = mlflow.set_experiment(project)
+        run = self._resumed(run_id, experiment) if run_id else None
         if run is None:
             run = mlflow.start_run(run_name=name)
             mlflow.log_params({mlflow_name(k): str(v)[:250] for k, v in _flatten(config).items()})  # keys hold user names (reward.functions.<source>)
         id_file.write_text(run.info.run_id + "\n")
+
+    def _resumed(self, run_id: str, experiment: Any) -> Any:
+        """The run ``run_id`` started again, or None (said in a warning) where this tracking store
+        has no such run or it is another experiment's (MLflow refuses to start it under this one)."""
+        try:
+            found = self._mlflow.MlflowClient().get_run(run_id)
+        except self._mlflow.exceptions.MlflowException as exc:
+            log.warning("MLflow: run %s of this output_dir is not in this tracking store (%s); starting a new MLflow "
+                        "run", run_id, str(exc).splitlines()[0])
+            return None
+        if found.info.experiment_id != experiment.experiment_id:
+            other = self._mlflow.MlflowClient().get_experiment(found.info.experiment_id).name
+            log.warning("MLflow: run %s of this output_dir is in experiment %r, and trainer.project is %r; starting a new "
+                        "MLflow run (set trainer.project=%s to continue it)", run_id, other, experiment.name, other)
+            return None
+        return self._mlflow.start_run(run_id=run_id)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self._mlflow.log_metrics({mlflow_name(k): v for k, v in metrics.items()}, step=step)

@@ -3,6 +3,7 @@ line per problem naming the field, the file and the fix (real files in tmp paths
 
 from __future__ import annotations
 
+import io
 import math
 import os
 import sys
@@ -128,7 +129,7 @@ def test_a_nan_ground_truth_for_a_built_in_scorer(demo, tmp_path):
     msg = refusal(config(demo, tmp_path / "run", f"data.train_files=[{tmp_path / 't.parquet'}]"))
     assert ("data.train_files[0] (t.parquet): row 1: reward_model.ground_truth is nan; the built-in scorer "
             "'reverse_digits' compares each response with it: give the answer, or score with reward.custom") in msg
-    assert "row 0" not in msg  # 321.0 reads as "321", an answer
+    assert "row 0" not in msg  # 321.0 is an answer: only NaN stands for none
 
 
 @pytest.mark.parametrize(
@@ -411,3 +412,26 @@ def config_args(demo, tmp_path: Path) -> list[str]:
     model, data = demo
     return [f"model.path={model}", f"data.train_files=[{data / 'train.parquet'}]", f"data.val_files=[{data / 'val.parquet'}]",
             f"trainer.output_dir={tmp_path / 'run'}", f"reward.custom.path={tmp_path / 'rewards.py'}", "reward.custom.name=score"]
+
+
+def test_wandb_without_a_key_where_it_cannot_ask_is_refused_before_launch(demo, tmp_path, monkeypatch):
+    """A Slurm job (no terminal) with no W&B key met W&B's refusal only after the cluster started;
+    W&B's own lookup decides (real SDK), a key in the environment or netrc or offline mode passes."""
+    pytest.importorskip("wandb")
+    for name in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no ~/.netrc, no W&B settings
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    monkeypatch.setenv("NETRC", str(tmp_path / "home" / ".netrc"))
+    monkeypatch.setattr(sys, "stdin", io.StringIO())  # no terminal
+    cfg = config(demo, tmp_path / "out", "trainer.loggers=[console,wandb]")
+    msg = refusal(cfg)
+    assert "trainer.loggers: includes wandb: W&B has no API key here and no terminal to ask for one" in msg
+    assert "set WANDB_MODE=offline" in msg
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    assert not [f for f in preflight(cfg) if f.field == "trainer.loggers"]
+    monkeypatch.delenv("WANDB_MODE")
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / ".netrc").write_text(f"machine api.wandb.ai\n  login user\n  password {'a' * 40}\n")
+    (tmp_path / "home" / ".netrc").chmod(0o600)
+    assert not [f for f in preflight(cfg) if f.field == "trainer.loggers"]

@@ -94,8 +94,8 @@ class FakeWandbRun:
 
 
 class FakeWandb(types.ModuleType):
-    """The third-party `wandb` API surface the sink uses (not installed here); a run it
-    resumes already holds the steps below ``next_step``."""
+    """The `wandb` API surface the sink uses, with a resumed run that already holds the steps
+    below ``next_step`` (offline, the real SDK cannot resume; it is tested below as far as it runs)."""
 
     def __init__(self, next_step: int = 0) -> None:
         super().__init__("wandb")
@@ -253,6 +253,9 @@ def test_the_mlflow_sink_continues_its_run_on_resume(tmp_path, monkeypatch, capl
     assert run.data.params["trainer.total_steps"] == "4" and run.data.metrics["reward/mean"] == 0.2
     history = mlflow.MlflowClient().get_metric_history(run_id, "reward/mean")
     assert sorted((m.step, m.value) for m in history) == [(1, 0.1), (2, 0.2)]
+    MlflowSink("q", "e", {}, out, resume_step=2).close()  # trainer.project changed: MLflow refuses the run there
+    assert f"run {run_id} of this output_dir is in experiment 'p', and trainer.project is 'q'" in caplog.text
+    assert (out / MlflowSink.ID_FILE).read_text().strip() != run_id
     (out / MlflowSink.ID_FILE).write_text("0" * 32 + "\n")  # a run of another store
     MlflowSink("p", "e", {}, out, resume_step=2).close()
     assert "is not in this tracking store" in caplog.text and (out / MlflowSink.ID_FILE).read_text().strip() != "0" * 32
