@@ -204,10 +204,11 @@ def _guarded(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Nam
 def _refuse_existing(paths: list[Path], overwrite: bool, fix: str) -> None:
     """A file the user already has is replaced only when asked (--overwrite); checked before any
     input is read, so a refusal costs nothing."""
-    from megarl.commands.outputs import check_new_file
+    from megarl.commands.outputs import check_folder, check_new_file
 
     for path in paths:
         check_new_file(path, overwrite, flag="", fix=fix)
+        check_folder(path, flag="")  # made when written (write_prompt_file)
 
 
 def _report(rows: list, args: argparse.Namespace) -> int:

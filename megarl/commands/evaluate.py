@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from megarl.commands.arguments import add_config_args, user_path
+from megarl.commands.outputs import make_folder
 
 SCORE_CHUNK = 1024  # responses per scoring call: the progress display's step
 SUMMARY_SUFFIX = ".eval.json"
@@ -56,6 +57,7 @@ def _run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else _default_out(Path(args.data))
     _check_outputs(Path(args.data), out, Path(args.scored) if args.scored else None, args.overwrite)
     summary = evaluate(args.data, config, overrides, ks=ks, pass_threshold=args.pass_threshold, scored=args.scored)
+    make_folder(out)
     out.write_text(json.dumps(summary, indent=2) + "\n")
     print(format_table(summary))
     print(f"wrote {out}" + (f" and {args.scored}" if args.scored else ""))
@@ -66,7 +68,7 @@ def _check_outputs(data: Path, summary: Path, scored: Path | None, overwrite: bo
     """Neither output may be the input, nor inside a run's checkpoints folder; an existing file is
     replaced only when it is a summary evaluate wrote (the JSON), or with --overwrite. Their
     folders are made once both pass, as `megarl generate` makes its --out's."""
-    from megarl.commands.outputs import check_new_file, check_outside_checkpoints, make_folder
+    from megarl.commands.outputs import check_folder, check_new_file, check_outside_checkpoints
     from megarl.evaluation import EvaluationError
 
     if scored is not None and scored.absolute() == summary.absolute():
@@ -78,8 +80,7 @@ def _check_outputs(data: Path, summary: Path, scored: Path | None, overwrite: bo
         # checked before scoring, which can take long: a wrong folder must not cost the whole run
         check_outside_checkpoints(path, flag=flag)
         check_new_file(path, overwrite or (flag == "--out" and _is_summary(path)), flag=flag)
-    for flag, path in outputs:
-        make_folder(path, flag=flag)
+        check_folder(path, flag=flag)  # made when written: a later refusal leaves no empty folder
 
 
 def _is_summary(path: Path) -> bool:
@@ -224,6 +225,7 @@ def _write_scored(data: str | Path, out: str | Path, responses: list[list[str]],
     else:
         table = table.append_column(SCORES, column)
     tmp = Path(out).with_name(Path(out).name + ".tmp")
+    make_folder(Path(out), flag="--scored")
     pq.write_table(table, tmp)
     tmp.replace(out)
 

@@ -1,7 +1,8 @@
 """What the commands write for the user: an output is never written over what the user has,
 unless they ask (``--overwrite``), nor inside a run's checkpoints folder; checked before any
-work, so a refusal costs nothing. A command creates its output's folder (make_folder), after
-those checks and before the work, so a folder that cannot be made costs nothing either."""
+work, so a refusal costs nothing. A folder that cannot be made is refused then too
+(check_folder); a command makes it (make_folder) when it writes, or before long work that
+writes as it goes."""
 
 from __future__ import annotations
 
@@ -32,15 +33,25 @@ def check_new_file(path: Path, overwrite: bool, *, flag: str = "--out", fix: str
         raise OutputExistsError(f"{name} exists; pass --overwrite to replace it, or {fix}")
 
 
+def check_folder(path: Path, *, flag: str = "--out") -> None:
+    """The folder of the file output ``path`` can be made: the nearest existing one of it and its
+    parents is a folder (not a file, nor a dangling link) that can be written; refused in one line
+    (``flag`` names the output, as check_new_file). Creates nothing: a later refusal leaves no
+    empty folders behind."""
+    folder = path.absolute().parent
+    existing = next(p for p in [folder, *folder.parents] if os.path.lexists(p))
+    name = f"{flag} {path}" if flag else str(path)
+    if not existing.is_dir():
+        raise OutputError(f"{name}: {existing} is not a folder; give another path")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise OutputError(f"{name}: {existing} is not writable; give another path")
+
+
 def make_folder(path: Path, *, flag: str = "--out") -> None:
-    """The folder of the file output ``path``, created with its parents if missing; a file where
-    one of them should be is refused in one line (``flag`` names the output, as check_new_file)."""
-    try:
-        path.absolute().parent.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError):
-        blocking = next(p for p in path.absolute().parents if os.path.lexists(p))  # a file, or a dangling link
-        name = f"{flag} {path}" if flag else str(path)
-        raise OutputError(f"{name}: {blocking} is not a folder; give another path") from None
+    """The folder of the file output ``path``, created with its parents if missing (checked as
+    check_folder does)."""
+    check_folder(path, flag=flag)
+    path.absolute().parent.mkdir(parents=True, exist_ok=True)
 
 
 def check_outside_checkpoints(path: Path, *, flag: str = "--out", runs: Iterable[Path] = ()) -> None:

@@ -73,6 +73,12 @@ def test_a_missing_output_folder_is_made_as_generate_makes_its_own(generated, tm
     assert target.is_file() and target.stat().st_size > 0
 
 
+def test_a_refused_evaluate_leaves_no_output_folder(tmp_path, capsys):
+    target = tmp_path / "new" / "deeper" / "s.json"
+    assert main(["evaluate", "--data", str(tmp_path / "missing.parquet"), "--out", str(target)]) == EXIT_USER
+    assert "missing.parquet" in capsys.readouterr().err and not (tmp_path / "new").exists()
+
+
 @pytest.mark.parametrize("flag", ["--out", "--scored"])
 def test_an_output_folder_that_is_a_file_is_refused_before_scoring(generated, tmp_path, capsys, flag):
     (tmp_path / "reward.py").write_text(TRACING_REWARD)

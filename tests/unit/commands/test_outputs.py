@@ -3,7 +3,13 @@ unless they pass --overwrite, and a folder is never taken for a file."""
 
 import pytest
 
-from megarl.commands.outputs import OutputError, OutputExistsError, check_new_file, make_folder
+from megarl.commands.outputs import (
+    OutputError,
+    OutputExistsError,
+    check_folder,
+    check_new_file,
+    make_folder,
+)
 
 
 def test_an_existing_file_is_replaced_only_with_overwrite(tmp_path):
@@ -36,9 +42,15 @@ def test_make_folder_makes_the_missing_folders_and_names_what_is_in_the_way(tmp_
     (tmp_path / "gone").symlink_to(tmp_path / "nowhere")
     for blocking in (tmp_path / "notes", tmp_path / "gone"):
         out = blocking / "sub" / "out.json"
-        with pytest.raises(OutputError, match=rf"^--scored {out}: {blocking} is not a folder; give another path$"):
-            make_folder(out, flag="--scored")
+        for check in (make_folder, check_folder):
+            with pytest.raises(OutputError, match=rf"^--scored {out}: {blocking} is not a folder; give another path$"):
+                check(out, flag="--scored")
     assert (tmp_path / "notes").read_text() == "the user's" and not (tmp_path / "nowhere").exists()
+
+
+def test_check_folder_makes_nothing(tmp_path):
+    check_folder(tmp_path / "a" / "b" / "out.json")
+    assert not (tmp_path / "a").exists()  # a refusal after it leaves no empty folder behind
 
 
 def test_an_output_inside_a_runs_checkpoints_folder_is_refused(tmp_path):

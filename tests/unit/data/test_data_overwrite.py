@@ -69,3 +69,11 @@ def test_a_directory_is_not_an_output_file(tmp_path, capsys):
     out.mkdir()
     assert main(["data", "gsm8k", str(_gsm8k_input(tmp_path)), str(out), "--overwrite"]) == EXIT_USER
     assert capsys.readouterr().err == f"error: {out} is a directory; give another OUT.parquet\n"
+
+
+def test_an_output_folder_that_is_a_file_is_named_before_the_input_is_read(tmp_path, capsys):
+    (tmp_path / "notes").write_text("the user's")
+    out = tmp_path / "notes" / "x.parquet"
+    assert main(_convert_argv(tmp_path, out)) == EXIT_USER
+    assert capsys.readouterr().err == f"error: {out}: {tmp_path / 'notes'} is not a folder; give another path\n"
+    assert (tmp_path / "notes").read_text() == "the user's"
