@@ -85,6 +85,9 @@ def write_verified(staging: Path, source: Path, record: dict[str, Any], save: Ca
 
     save(str(staging / WEIGHTS))
     copy_side_files(source, staging)
+    if not (staging / "config.json").is_file():  # the source went away since the start (an SFT of hours)
+        raise FileNotFoundError(f"{source} has no config.json any more, so the model's config and tokenizer files "
+                                "were not copied beside the weights; copy them in from the model trained from")
     write_record(staging, **record, verified_parameters=None)  # the verify load recognises it by its record
     checked = verify(str(staging))
     write_record(staging, **record, verified_parameters=checked)

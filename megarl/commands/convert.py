@@ -36,6 +36,7 @@ from megarl.commands.model_outputs import (
     EXPORT_MANIFEST,
     check_output_target,
     finish_output,
+    read_hf_config,
     staged_output,
 )
 from megarl.commands.outputs import OutputError
@@ -377,16 +378,6 @@ def _layout_config(model_dir: Path, tp: int, pp: int, check_weights: bool = Fals
     except ValueError as exc:
         raise OutputError(f"{model_dir}: {str(exc).replace('parallel.tp', '--tp').replace('parallel.pp', '--pp')}") from None
     return ActorConfig(parallel=parallel)
-
-
-def read_hf_config(source: Path, name: str = "--hf") -> dict[str, Any]:
-    """``source``'s config.json; ``name`` is what the user gave it as (an option or a config key)."""
-    try:
-        return json.loads((source / "config.json").read_text())
-    except FileNotFoundError:
-        raise OutputError(f"{name} {source} has no config.json; give a Hugging Face model directory") from None
-    except (OSError, ValueError) as exc:
-        raise OutputError(f"{source / 'config.json'} is unreadable ({exc})") from None
 
 
 def _config_dtype(hf_config: dict[str, Any]) -> str:

@@ -27,6 +27,7 @@ import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from megarl.checkpoint.model_checkpoint import (
     RECORD as MODEL_RECORD,  # stdlib only: the CLI stays fast
@@ -136,13 +137,13 @@ def _clear_dead_staging(target: Path, say: Callable[[str], None]) -> None:
     for path in sorted(target.parent.glob(f".{glob.escape(target.name)}.megarl-staging-*")):
         pid = path.name[len(ours):] if path.name.startswith(ours) else ""
         if not pid.isdigit() or path.is_symlink() or not path.is_dir():
-            say(f"note: {path} is left as it is: it may be the staging directory of a convert on another machine "
-                f"(or of an older megarl); remove it once no convert to {target.name} is running")
+            say(f"note: {path} is left as it is: it may be the staging directory of a convert or sft on another machine "
+                f"(or of an older megarl); remove it once no convert or sft writes {target.name}")
             continue
         if _pid_alive(int(pid)):
             continue  # a convert to the same OUT is running now: its rename will tell
         shutil.rmtree(path)
-        say(f"removed {path}: the staging directory of an interrupted convert (pid {pid}, no longer running)")
+        say(f"removed {path}: the staging directory of an interrupted convert or sft (pid {pid}, no longer running)")
 
 
 def _kept_prefix(target: Path) -> str:
@@ -156,7 +157,7 @@ def _mention_kept_outputs(target: Path, say: Callable[[str], None]) -> None:
     removed here, unlike a dead staging directory, which holds nothing the user had."""
     for path in sorted(target.parent.glob(f"{glob.escape(_kept_prefix(target))}*")):
         back = "" if os.path.lexists(target) else f" (or rename it back to {target.name})"
-        say(f"warning: {path} is the previous output of an interrupted convert, kept; delete it when you no "
+        say(f"warning: {path} is the previous output of an interrupted convert or sft, kept; delete it when you no "
             f"longer need it{back}")
 
 
@@ -200,3 +201,13 @@ def _swap_in(written: Path, target: Path) -> None:
         raise
     if old is not None:
         shutil.rmtree(old)
+
+
+def read_hf_config(source: Path, name: str = "--hf") -> dict[str, Any]:
+    """``source``'s config.json; ``name`` is what the user gave it as (an option or a config key)."""
+    try:
+        return json.loads((source / "config.json").read_text())
+    except FileNotFoundError:
+        raise OutputError(f"{name} {source} has no config.json; give a Hugging Face model directory") from None
+    except (OSError, ValueError) as exc:
+        raise OutputError(f"{source / 'config.json'} is unreadable ({exc})") from None

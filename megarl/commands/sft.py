@@ -87,7 +87,13 @@ def run_sft(cfg: Any, address: str | None = None, *, in_process: bool = False) -
     out = Path(s.output_dir).absolute()
     target = out / MODEL_DIR
     _check_target(target, cfg)
-    from megarl.commands.convert import read_hf_config
+    from megarl.commands.model_outputs import read_hf_config
+    from megarl.config.preflight import check_loggers
+
+    problems: list[Any] = []
+    check_loggers(cfg, problems)
+    if problems:
+        raise SFTError(f"{problems[0].field}: {problems[0].message}")
 
     # Read now: the model record written after training needs it, and a config.json gone by then
     # must not cost the trained weights.

@@ -17,6 +17,7 @@ from megarl.checkpoint.model_checkpoint import (
     config_differences,
     is_model_checkpoint,
     write_record,
+    write_verified,
 )
 from megarl.commands.convert import expand_short_form
 from megarl.commands.model_outputs import EXPORT_MANIFEST, check_output_target
@@ -192,3 +193,14 @@ def test_rank_zero_writes_its_progress_whole_and_throttled(tmp_path, monkeypatch
     assert path.read_text() == "1 3\n"
     progress(3, 3)  # the end is always written
     assert path.read_text() == "3 3\n" and not (tmp_path / "progress.tmp").exists()
+
+
+def test_a_model_source_gone_by_the_write_is_said_not_skipped(tmp_path):
+    """An SFT's model.path removed during training: the weights were written without config or
+    tokenizer, and nothing said so (sft keeps them as .unverified with this message)."""
+    staging, source = tmp_path / "staging", tmp_path / "gone"
+    staging.mkdir()
+    save = lambda weights: Path(weights).mkdir()  # noqa: E731
+    with pytest.raises(FileNotFoundError, match=rf"^{source} has no config.json any more, so the model's config and tokenizer"):
+        write_verified(staging, source, {}, save, lambda _: 1)
+    assert (staging / "megatron").is_dir()  # what was written stays for the caller to keep

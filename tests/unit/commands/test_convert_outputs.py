@@ -196,8 +196,8 @@ def test_a_killed_converts_staging_is_removed_by_the_next_one_on_this_machine(tm
         assert staging.is_dir()
     assert not dead.exists() and live.is_dir() and foreign.is_dir() and other_out.is_dir()
     note = next(line for line in said if line.startswith("note:"))
-    assert note.startswith(f"note: {foreign} is left as it is") and "no convert to hf is running" in note
-    assert f"removed {dead}: the staging directory of an interrupted convert (pid {gone.stdout.strip()}, no longer running)" in said
+    assert note.startswith(f"note: {foreign} is left as it is") and "no convert or sft writes hf" in note
+    assert f"removed {dead}: the staging directory of an interrupted convert or sft (pid {gone.stdout.strip()}, no longer running)" in said
     assert len(said) == 2 and not staging.exists()
 
 
@@ -215,13 +215,13 @@ def test_a_previous_output_kept_by_a_killed_swap_is_named_not_removed(tmp_path):
     said = []
     with staged_output(target, said.append):
         pass
-    assert said == [f"warning: {kept} is the previous output of an interrupted convert, kept; delete it when you no "
+    assert said == [f"warning: {kept} is the previous output of an interrupted convert or sft, kept; delete it when you no "
                     "longer need it (or rename it back to hf)"]  # fmt: skip
     assert tree(kept) == {"model.safetensors": b"previous"} and other_out.is_dir()
     target.mkdir()  # OUT is there (the kill came after the new output was in): no way back to offer
     said.clear()
     with staged_output(target, said.append):
         pass
-    assert said == [f"warning: {kept} is the previous output of an interrupted convert, kept; delete it when you no "
+    assert said == [f"warning: {kept} is the previous output of an interrupted convert or sft, kept; delete it when you no "
                     "longer need it"]  # fmt: skip
     assert tree(kept) == {"model.safetensors": b"previous"}
