@@ -26,6 +26,11 @@ def copy_side_files(source: Path, target: Path) -> None:
             shutil.copy2(source / name, target / name)
 
 
+# Tokenizer classes tokenizer_config.json may name that read any vocabulary (transformers 5 writes
+# TokenizersBackend): what the model type's class reads is enough for them.
+GENERIC_TOKENIZERS = frozenset({"TokenizersBackend", "PreTrainedTokenizerFast"})
+
+
 def tokenizer_files_problem(path: Path) -> str | None:
     """Why AutoTokenizer would find no tokenizer files in the HF directory ``path``, as a clause
     ("has no tokenizer files: ..."), or None; no tokenizer is loaded. A tokenizer.json is enough
@@ -64,12 +69,14 @@ def _tokenizer_classes(name: Any, config: dict) -> tuple[list[type], str]:
         tokenizer_class_from_name,
     )
 
+    entry = TOKENIZER_MAPPING_NAMES.get(str(config.get("model_type")))
+    typed = list(entry) if isinstance(entry, tuple) else [entry]  # transformers 4: (slow, fast)
     if isinstance(name, str) and name:
         names, named = [name, f"{name.removesuffix('Fast')}Fast"], f"{name} (tokenizer_config.json)"
+        if name in GENERIC_TOKENIZERS:  # no vocabulary format of its own: the model type's files load too
+            names += typed
     else:
-        entry = TOKENIZER_MAPPING_NAMES.get(str(config.get("model_type")))
-        names = list(entry) if isinstance(entry, tuple) else [entry]  # transformers 4: (slow, fast)
-        named = f"the tokenizer of a {config.get('model_type')} model"
+        names, named = typed, f"the tokenizer of a {config.get('model_type')} model"
     classes = [cls for cls in (tokenizer_class_from_name(n) for n in names if n) if cls is not None]
     if not classes:  # what AutoTokenizer falls back to
         return [PreTrainedTokenizerFast], "a fast tokenizer"

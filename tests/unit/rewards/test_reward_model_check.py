@@ -68,6 +68,24 @@ def test_a_bert_style_directory_with_vocab_txt_passes(tmp_path, tokenizer_config
     assert AutoTokenizer.from_pretrained(path)("hello worlds")["input_ids"] == [2, 5, 6, 7, 3]  # it loads, vocabulary and all
 
 
+def test_a_generic_tokenizer_class_passes_with_the_model_types_files(tmp_path):
+    """tokenizer_config.json naming a class with no vocabulary format of its own (transformers 5
+    writes TokenizersBackend): the qwen2 tokenizer's vocab.json + merges.txt load it."""
+    from transformers import AutoTokenizer
+
+    path = tmp_path / "rm"
+    _with_bpe_tokenizer(_model_dir(tmp_path, architectures=["Qwen2ForSequenceClassification"], num_labels=1))
+    bpe = json.loads((path / "tokenizer.json").read_text())["model"]
+    (path / "vocab.json").write_text(json.dumps(bpe["vocab"]))
+    merges = [m if isinstance(m, str) else " ".join(m) for m in bpe["merges"]]  # "a b" or ["a", "b"], by version
+    (path / "merges.txt").write_text("#version: 0.2\n" + "".join(f"{m}\n" for m in merges))
+    (path / "tokenizer.json").unlink()
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    (path / "tokenizer_config.json").write_text(json.dumps({**config, "tokenizer_class": "TokenizersBackend"}))
+    assert model_dir_problem(str(path)) is None
+    assert AutoTokenizer.from_pretrained(str(path))("ab")["input_ids"]  # it loads
+
+
 def test_a_directory_without_its_tokenizer_files_is_refused_in_one_line(tmp_path):
     path = _with_bpe_tokenizer(_model_dir(tmp_path, architectures=["Qwen2ForSequenceClassification"], num_labels=1))
     (tmp_path / "rm" / "tokenizer.json").unlink()
