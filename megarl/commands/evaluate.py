@@ -67,7 +67,7 @@ def _run(args: argparse.Namespace) -> int:
 def _check_outputs(data: Path, summary: Path, scored: Path | None, overwrite: bool) -> None:
     """Neither output may be the input, nor inside a run's checkpoints folder; an existing file is
     replaced only when it is a summary evaluate wrote (the JSON), or with --overwrite. Their
-    folders are made once both pass, as `megarl generate` makes its --out's."""
+    folders are checked now and made when written (a refusal in between leaves none)."""
     from megarl.commands.outputs import check_folder, check_new_file, check_outside_checkpoints
     from megarl.evaluation import EvaluationError
 
