@@ -38,3 +38,14 @@ def _read_only_dir(path: Path):
 def read_only_dir():
     """``with read_only_dir(path) as ro:`` a directory nobody can write into."""
     return _read_only_dir
+
+
+@pytest.fixture
+def real_wandb():
+    """The real W&B SDK (skipped where it is missing), with its process-wide state torn down
+    before and after the test: W&B reads its settings (WANDB_MODE, the key) from the environment
+    once per process, so a test that set them up would decide the next test's run."""
+    wandb = pytest.importorskip("wandb")
+    wandb.teardown()
+    yield wandb
+    wandb.teardown()

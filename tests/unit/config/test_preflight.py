@@ -414,10 +414,9 @@ def config_args(demo, tmp_path: Path) -> list[str]:
             f"trainer.output_dir={tmp_path / 'run'}", f"reward.custom.path={tmp_path / 'rewards.py'}", "reward.custom.name=score"]
 
 
-def test_wandb_without_a_key_where_it_cannot_ask_is_refused_before_launch(demo, tmp_path, monkeypatch):
+def test_wandb_without_a_key_where_it_cannot_ask_is_refused_before_launch(demo, tmp_path, monkeypatch, real_wandb):
     """A Slurm job (no terminal) with no W&B key met W&B's refusal only after the cluster started;
     W&B's own lookup decides (real SDK), a key in the environment or netrc or offline mode passes."""
-    pytest.importorskip("wandb")
     for name in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_BASE_URL"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no ~/.netrc, no W&B settings

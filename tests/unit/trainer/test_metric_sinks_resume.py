@@ -155,23 +155,19 @@ def test_a_resume_does_not_resend_the_steps_wandb_already_holds(tmp_path, monkey
     assert "already holds" not in caplog.text
 
 
-def test_the_wandb_sink_runs_on_the_real_sdk_offline(tmp_path, monkeypatch):
+def test_the_wandb_sink_runs_on_the_real_sdk_offline(tmp_path, monkeypatch, real_wandb):
     """The fake above only shows what the sink asks of W&B; this runs it on the real SDK
     (offline: no account, no network), a new run and its resume under the same id."""
-    wandb = pytest.importorskip("wandb")
     for name, value in {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_CONFIG_DIR": str(tmp_path / "cfg"),
                         "WANDB_CACHE_DIR": str(tmp_path / "cache"), "WANDB_DATA_DIR": str(tmp_path / "data")}.items():
         monkeypatch.setenv(name, value)
-    try:
-        sink = WandbSink("p", "e", {"lr": 1e-6}, tmp_path)
-        sink.log(1, {"loss": 0.5})
-        sink.close()
-        run_id = (tmp_path / WandbSink.ID_FILE).read_text().strip()
-        sink = WandbSink("p", "e", {"lr": 1e-6}, tmp_path, resume_step=1)
-        sink.log(2, {"loss": 0.4})
-        sink.close()
-    finally:
-        wandb.teardown()  # the SDK's service process
+    sink = WandbSink("p", "e", {"lr": 1e-6}, tmp_path)
+    sink.log(1, {"loss": 0.5})
+    sink.close()
+    run_id = (tmp_path / WandbSink.ID_FILE).read_text().strip()
+    sink = WandbSink("p", "e", {"lr": 1e-6}, tmp_path, resume_step=1)
+    sink.log(2, {"loss": 0.4})
+    sink.close()
     assert run_id and (tmp_path / WandbSink.ID_FILE).read_text().strip() == run_id
     runs = sorted(p.name for p in (tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 2 and all(f"-{run_id}" in name for name in runs), runs
@@ -211,21 +207,17 @@ def test_tensorboard_of_a_new_run_hides_an_earlier_runs_curves_and_a_validation_
     assert _tensorboard_steps(tmp_path / "tensorboard", "reward/mean") == [(1, 0.5), (2, 0.5), (3, 0.5), (1, 0.75)]
 
 
-def test_wandb_without_a_login_is_one_line_naming_the_fixes(tmp_path, monkeypatch):
+def test_wandb_without_a_login_is_one_line_naming_the_fixes(tmp_path, monkeypatch, real_wandb):
     """The real SDK, online, with no API key and no terminal to ask on (a Slurm job): W&B's
     UsageError used to end the run as an internal error (exit 1, a traceback) at step 0."""
-    wandb = pytest.importorskip("wandb")
     for name in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_DISABLED", "NETRC"):
         monkeypatch.delenv(name, raising=False)
     for name, value in {"HOME": str(tmp_path), "WANDB_SILENT": "true", "WANDB_CONFIG_DIR": str(tmp_path / "cfg"),
                         "WANDB_CACHE_DIR": str(tmp_path / "cache"), "WANDB_DATA_DIR": str(tmp_path / "data")}.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setattr(sys, "stdin", io.StringIO())  # no terminal: W&B cannot prompt for a key
-    try:
-        with pytest.raises(MetricsSinkError) as info:
-            WandbSink("p", "e", {}, tmp_path)
-    finally:
-        wandb.teardown()
+    with pytest.raises(MetricsSinkError) as info:
+        WandbSink("p", "e", {}, tmp_path)
     message = str(info.value)
     assert "\n" not in message and message.startswith("trainer.loggers includes wandb, and W&B did not start a run (")
     assert "`wandb login`" in message and "WANDB_MODE=offline" in message
