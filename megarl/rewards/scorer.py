@@ -30,7 +30,7 @@ runs no task, so no task timeout covers it and pebble reports only a broken pool
 bounds that wait itself (WORKER_START_TIMEOUT_S, MODEL_LOAD_TIMEOUT_S), then stops the workers
 and raises one RewardError naming what was loading.
 
-What runs where:
+What runs where (the workers' side, initializer and tasks, is megarl/rewards/worker.py):
 - built-in rule scorers (registry.py): cheap ones go in chunks of samples per task (the pool's
   per-task cost is larger than a gsm8k check); a chunk that times out or loses its worker is
   re-run one sample per task, so a hanging sample still gets exactly its own timeout.
@@ -47,9 +47,7 @@ import logging
 import math
 import multiprocessing
 import os
-import signal
 import time
-import traceback
 from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -60,8 +58,8 @@ from typing import Any
 from pebble import ProcessExpired, ProcessPool
 
 from megarl.config.sections import RewardConfig
-from megarl.rewards import code_sandbox, registry
-from megarl.rewards import custom as custom_fn
+from megarl.rewards import registry, worker
+from megarl.rewards.worker import Outcome
 
 log = logging.getLogger(__name__)
 
@@ -76,9 +74,6 @@ TRAINING_STOPS = "the run stops rather than train on zero rewards"
 # but one scheduled a moment before (not yet taken by its scheduler thread) is never finished.
 POOL_CHECK_S = 0.5
 
-# A task returns, per sample, ("ok", score, extras) or ("error", message, traceback); the
-# driver adds ("timeout", message).
-Outcome = tuple
 
 
 class RewardError(RuntimeError):
@@ -108,88 +103,6 @@ class ScoreResult:
         return out
 
 
-# ----------------------------------------------------------------------------- worker side
-
-_WORKER: dict[str, Any] = {}
-
-
-def _init_worker(spec: dict[str, Any], loaded: Any) -> None:
-    """Pool initializer: load the custom function / reward model once, then count the worker in
-    ``loaded`` (a shared int: the driver tells a death while loading from one after it). Never
-    raises (pebble would respawn a failing worker forever); a load error is re-raised by each task."""
-    _WORKER.clear()
-    _WORKER["spec"] = spec
-    _chain_sigterm()
-    # Ctrl-C reaches the whole foreground process group: the driver decides when to stop, a
-    # worker must not die mid-sample (the step in progress is finished or abandoned as a whole).
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        if spec.get("custom"):
-            _WORKER["custom"] = custom_fn.load_function(*spec["custom"])
-        if spec.get("model"):
-            from megarl.rewards.reward_model import load_reward_model
-
-            load_reward_model(*spec["model"])
-        if spec.get("preload_math"):
-            import math_verify  # noqa: F401  (the first math task should not pay the sympy import)
-    except BaseException as exc:  # noqa: BLE001 - reported by every task of this worker
-        _WORKER["load_error"] = exc
-    with loaded.get_lock():
-        loaded.value += 1
-
-
-def _chain_sigterm() -> None:
-    # pebble stops a timed-out task's worker with SIGTERM and os._exit, skipping ``finally``:
-    # kill that task's sandboxed programs and delete their directories first.
-    previous = signal.getsignal(signal.SIGTERM)
-
-    def on_term(signum: int, frame: Any) -> None:
-        code_sandbox.stop_active_runs()
-        if callable(previous):
-            previous(signum, frame)
-        else:
-            os._exit(128 + signum)
-
-    signal.signal(signal.SIGTERM, on_term)
-
-
-def _custom() -> Any:
-    if "load_error" in _WORKER:
-        raise _WORKER["load_error"]
-    return _WORKER["custom"]
-
-
-def _check_custom() -> str:
-    """Run in a worker at start: the custom function loads (raises otherwise)."""
-    fn = _custom()
-    return getattr(fn, "__qualname__", repr(fn))
-
-
-def _score_samples(scorers: list[str | None], samples: list[tuple]) -> list[Outcome]:
-    """Score each (data_source, solution, ground_truth, extra_info); None scorer = the custom one."""
-    outcomes: list[Outcome] = []
-    for name, sample in zip(scorers, samples, strict=True):
-        where = f"reward scorer {name}" if name is not None else "reward.custom function"
-        try:
-            value = registry.score(name, *sample) if name is not None else _custom()(*sample)
-        except Exception as exc:  # noqa: BLE001 - a reward error scores 0 and is counted
-            # The traceback from the function's own frame on (this loop's frame says nothing).
-            user_tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__.tb_next))
-            outcomes.append(("error", f"{type(exc).__name__}: {exc}", user_tb))
-            continue
-        outcomes.append(_scored(value, where))
-    return outcomes
-
-
-def _scored(value: Any, where: str) -> Outcome:
-    """A function's return as an outcome; one that is no score is an error without a traceback:
-    the message says what was returned, and the only frames would be megarl's own check."""
-    try:
-        return ("ok", *custom_fn.to_scored(value, where))
-    except Exception as exc:  # noqa: BLE001 - e.g. None, a string, NaN: scored 0 and counted
-        return ("error", f"{type(exc).__name__}: {exc}", "")
-
-
 class _HangWatch:
     """Per function, in one scoring call: timeouts so far and whether it ever returned."""
 
@@ -211,24 +124,6 @@ class _HangWatch:
         """One round of the pool timed out on this function, and it never returned a score."""
         return function not in self.answered and self.timeouts.get(function, 0) >= self.workers
 
-
-def _score_batched(columns: tuple[list, list, list, list]) -> list[Outcome]:
-    values = _custom()(*columns)
-    if not isinstance(values, (list, tuple)) or len(values) != len(columns[0]):
-        got = len(values) if isinstance(values, (list, tuple)) else type(values).__name__
-        raise ValueError(
-            f"batched reward.custom function returned {got} for {len(columns[0])} samples; return a list, one per sample"
-        )
-    return [_scored(v, "batched reward.custom function") for v in values]
-
-
-def _score_model(texts: list[str]) -> list[Outcome]:
-    from megarl.rewards.reward_model import score_texts
-
-    if "load_error" in _WORKER:
-        raise _WORKER["load_error"]
-    path, device = _WORKER["spec"]["model"]
-    return [("ok", s, {}) for s in score_texts(path, device, texts)]
 
 
 # ----------------------------------------------------------------------------- trainer side
@@ -316,7 +211,7 @@ class RewardScorer:
 
     def _new_pool(self) -> ProcessPool:
         self._loaded = self._context.Value("i", 0)
-        return ProcessPool(max_workers=self.cfg.workers, initializer=_init_worker,
+        return ProcessPool(max_workers=self.cfg.workers, initializer=worker.init_worker,
                            initargs=(self._spec, self._loaded), context=self._context)
 
     @property
@@ -327,7 +222,7 @@ class RewardScorer:
     def _check_custom(self, custom: tuple[str, str]) -> None:
         """The custom function loads in a worker within WORKER_START_TIMEOUT_S; RewardError otherwise
         (a user error: one line, wherever the scorer starts, training included)."""
-        future = self._pool.schedule(_check_custom, timeout=WORKER_START_TIMEOUT_S)
+        future = self._pool.schedule(worker.check_custom, timeout=WORKER_START_TIMEOUT_S)
         try:
             self._result_within(future, WORKER_START_TIMEOUT_S)  # the whole wait: worker start, import, check
         except Exception as exc:
@@ -336,7 +231,7 @@ class RewardScorer:
                 raise RewardError(_start_problem(self.cfg, True, WORKER_START_TIMEOUT_S)) from exc
             if isinstance(exc, BrokenProcessPool):
                 raise RewardError(_break_problem(self.cfg, self._loaded.value, [], WORKER_START_TIMEOUT_S)) from exc
-            # _init_worker's load error (the user's own exception, kept), or the name is no function
+            # worker.init_worker's load error (the user's own exception, kept), or the name is no function
             raise RewardError(
                 f"reward.custom: loading {custom[1]!r} from {custom[0]} failed in a reward worker: {type(exc).__name__}: {exc}"
             ) from exc
@@ -390,7 +285,7 @@ class RewardScorer:
         if not samples:
             return []
         columns = tuple([s[k] for s in samples] for k in range(4))
-        return [self._job((_score_batched, (columns,)), list(range(len(samples))), False, self._custom_label())]
+        return [self._job((worker.score_batched, (columns,)), list(range(len(samples))), False, self._custom_label())]
 
     def _sample_jobs(self, samples: list[tuple]) -> list[_Job]:
         if self.cfg.custom is not None:
@@ -405,7 +300,7 @@ class RewardScorer:
 
     def _schedule(self, indices: list[int], names: list[str | None], samples: list[tuple]) -> _Job:
         label = f"reward scorer {names[0]}" if names[0] is not None else self._custom_label()
-        return self._job((_score_samples, (names, [samples[i] for i in indices])), indices, len(indices) > 1, label, names)
+        return self._job((worker.score_samples, (names, [samples[i] for i in indices])), indices, len(indices) > 1, label, names)
 
     def _job(self, call: tuple, indices: list[int], split_on_failure: bool, function: str,
              scorers: list[str | None] | None = None) -> _Job:
@@ -421,7 +316,7 @@ class RewardScorer:
         texts = [str(p) + s[1] for p, s in zip(prompts, samples, strict=True)]
         jobs = []
         for k in range(0, len(texts), size):
-            jobs.append(self._job((_score_model, (texts[k : k + size],)), list(range(k, min(k + size, len(texts)))), False,
+            jobs.append(self._job((worker.score_model, (texts[k : k + size],)), list(range(k, min(k + size, len(texts)))), False,
                                   "reward.model"))
         return jobs
 

@@ -1,0 +1,114 @@
+"""What runs in a reward worker process (megarl/rewards/scorer.py owns the pool): the
+initializer that loads reward.custom / reward.model once, and the tasks that score samples.
+A task returns, per sample, an outcome: ("ok", score, extras) or ("error", message,
+traceback); the driver adds ("timeout", message)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import traceback
+from typing import Any
+
+from megarl.rewards import code_sandbox, registry
+from megarl.rewards import custom as custom_fn
+
+Outcome = tuple
+
+_WORKER: dict[str, Any] = {}
+
+
+def init_worker(spec: dict[str, Any], loaded: Any) -> None:
+    """Pool initializer: load the custom function / reward model once, then count the worker in
+    ``loaded`` (a shared int: the driver tells a death while loading from one after it). Never
+    raises (pebble would respawn a failing worker forever); a load error is re-raised by each task."""
+    _WORKER.clear()
+    _WORKER["spec"] = spec
+    _chain_sigterm()
+    # Ctrl-C reaches the whole foreground process group: the driver decides when to stop, a
+    # worker must not die mid-sample (the step in progress is finished or abandoned as a whole).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        if spec.get("custom"):
+            _WORKER["custom"] = custom_fn.load_function(*spec["custom"])
+        if spec.get("model"):
+            from megarl.rewards.reward_model import load_reward_model
+
+            load_reward_model(*spec["model"])
+        if spec.get("preload_math"):
+            import math_verify  # noqa: F401  (the first math task should not pay the sympy import)
+    except BaseException as exc:  # noqa: BLE001 - reported by every task of this worker
+        _WORKER["load_error"] = exc
+    with loaded.get_lock():
+        loaded.value += 1
+
+
+def _chain_sigterm() -> None:
+    # pebble stops a timed-out task's worker with SIGTERM and os._exit, skipping ``finally``:
+    # kill that task's sandboxed programs and delete their directories first.
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def on_term(signum: int, frame: Any) -> None:
+        code_sandbox.stop_active_runs()
+        if callable(previous):
+            previous(signum, frame)
+        else:
+            os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_term)
+
+
+def _custom() -> Any:
+    if "load_error" in _WORKER:
+        raise _WORKER["load_error"]
+    return _WORKER["custom"]
+
+
+def check_custom() -> str:
+    """Run in a worker at start: the custom function loads (raises otherwise)."""
+    fn = _custom()
+    return getattr(fn, "__qualname__", repr(fn))
+
+
+def score_samples(scorers: list[str | None], samples: list[tuple]) -> list[Outcome]:
+    """Score each (data_source, solution, ground_truth, extra_info); None scorer = the custom one."""
+    outcomes: list[Outcome] = []
+    for name, sample in zip(scorers, samples, strict=True):
+        where = f"reward scorer {name}" if name is not None else "reward.custom function"
+        try:
+            value = registry.score(name, *sample) if name is not None else _custom()(*sample)
+        except Exception as exc:  # noqa: BLE001 - a reward error scores 0 and is counted
+            # The traceback from the function's own frame on (this loop's frame says nothing).
+            user_tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__.tb_next))
+            outcomes.append(("error", f"{type(exc).__name__}: {exc}", user_tb))
+            continue
+        outcomes.append(_scored(value, where))
+    return outcomes
+
+
+def _scored(value: Any, where: str) -> Outcome:
+    """A function's return as an outcome; one that is no score is an error without a traceback:
+    the message says what was returned, and the only frames would be megarl's own check."""
+    try:
+        return ("ok", *custom_fn.to_scored(value, where))
+    except Exception as exc:  # noqa: BLE001 - e.g. None, a string, NaN: scored 0 and counted
+        return ("error", f"{type(exc).__name__}: {exc}", "")
+
+
+def score_batched(columns: tuple[list, list, list, list]) -> list[Outcome]:
+    values = _custom()(*columns)
+    if not isinstance(values, (list, tuple)) or len(values) != len(columns[0]):
+        got = len(values) if isinstance(values, (list, tuple)) else type(values).__name__
+        raise ValueError(
+            f"batched reward.custom function returned {got} for {len(columns[0])} samples; return a list, one per sample"
+        )
+    return [_scored(v, "batched reward.custom function") for v in values]
+
+
+def score_model(texts: list[str]) -> list[Outcome]:
+    from megarl.rewards.reward_model import score_texts
+
+    if "load_error" in _WORKER:
+        raise _WORKER["load_error"]
+    path, device = _WORKER["spec"]["model"]
+    return [("ok", s, {}) for s in score_texts(path, device, texts)]
