@@ -9,7 +9,6 @@ import tempfile
 import textwrap
 import uuid
 
-import psutil
 import pytest
 
 from megarl.config.sections import CustomRewardConfig, RewardConfig, RewardModelConfig
@@ -88,25 +87,13 @@ def test_custom_scores_errors_and_extras(custom_scorer, caplog):
     assert metrics["reward/score_mean"] == pytest.approx(1.5 / 5)
 
 
-def test_timeout_scores_zero_and_stops_the_sample(custom_scorer, user_file):
+def test_timeout_scores_zero_and_stops_the_sample(custom_scorer, user_file, still_running):
     result = _score(custom_scorer, ["a", "sleep", "a", "b"])
     assert result.scores == [1.0, 0.0, 1.0, 0.0]
     assert (result.errors, result.timeouts) == (0, 1)  # a timeout, not the 0.0 the sleep returns after 60 s
     sleepers = {int(p.name.split("-")[1]) for p in pathlib.Path(user_file).parent.glob("sleeping-*")}
-    assert len(sleepers) == 1 and not _running(sleepers)  # the sleep was cut: its worker is gone
+    assert len(sleepers) == 1 and not still_running(sleepers)  # the sleep was cut: its worker is gone
     assert _score(custom_scorer, ["a"]).scores == [1.0]  # the replaced worker serves the next call
-
-
-def _running(pids: set[int]) -> set[int]:
-    """Which of ``pids`` still run below this process (a zombie runs nothing)."""
-    alive = set()
-    for child in psutil.Process().children(recursive=True):
-        try:
-            if child.pid in pids and child.status() != psutil.STATUS_ZOMBIE:
-                alive.add(child.pid)
-        except psutil.NoSuchProcess:
-            pass
-    return alive
 
 
 @pytest.mark.parametrize("crash", ["exit", "segfault"])

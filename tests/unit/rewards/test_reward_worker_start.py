@@ -15,7 +15,6 @@ import signal
 import textwrap
 import time
 
-import psutil
 import pytest
 
 from megarl.config.sections import CustomRewardConfig, RewardConfig
@@ -79,19 +78,7 @@ def _breaking_workers(tmp_path) -> set[int]:
     return {int(p.name.split("-")[1]) for p in tmp_path.glob("worker-*")}
 
 
-def _alive(pids: set[int]) -> set[int]:
-    """Which of ``pids`` still run below this process (zombies do not count: they run nothing)."""
-    alive = set()
-    for child in psutil.Process().children(recursive=True):
-        try:
-            if child.pid in pids and child.status() != psutil.STATUS_ZOMBIE:
-                alive.add(child.pid)
-        except psutil.NoSuchProcess:
-            pass
-    return alive
-
-
-def test_import_that_hangs_fails_in_bounded_time_and_leaves_no_worker(tmp_path, monkeypatch):
+def test_import_that_hangs_fails_in_bounded_time_and_leaves_no_worker(tmp_path, monkeypatch, still_running):
     path = _rewards(tmp_path, always=True, hang=True)
     _shorten_start_limit(monkeypatch)
     with pytest.raises(RewardError) as info:
@@ -101,17 +88,17 @@ def test_import_that_hangs_fails_in_bounded_time_and_leaves_no_worker(tmp_path, 
         "check it for work done at import (network, locks, long loops)"
     )
     hung = _breaking_workers(tmp_path)
-    assert hung and not _alive(hung)
+    assert hung and not still_running(hung)
 
 
-def test_worker_that_dies_at_import_is_named_with_the_way_to_see_why(tmp_path):
+def test_worker_that_dies_at_import_is_named_with_the_way_to_see_why(tmp_path, still_running):
     path = _rewards(tmp_path, always=True, hang=False)
     with pytest.raises(RewardError) as info:
         RewardScorer(RewardConfig(custom=CustomRewardConfig(path=path), workers=2))
     message = str(info.value)
     assert message.startswith("reward.custom: a reward worker died while importing 'my_rewards.py'")
     assert f"runpy.run_path({path!r})" in message and "BrokenProcessPool" not in message
-    assert not _alive(_breaking_workers(tmp_path))
+    assert not still_running(_breaking_workers(tmp_path))
 
 
 def test_import_that_raises_keeps_the_users_error(tmp_path):
@@ -132,7 +119,7 @@ def test_samples_waiting_behind_a_long_sample_are_not_a_stalled_start(tmp_path, 
 
 
 @pytest.mark.parametrize("hang", [True, False], ids=["hangs", "dies"])
-def test_replacement_worker_breaking_at_import_stops_scoring_with_the_cause(tmp_path, monkeypatch, caplog, hang):
+def test_replacement_worker_breaking_at_import_stops_scoring_with_the_cause(tmp_path, monkeypatch, caplog, hang, still_running):
     """The file loaded at start; a worker started later (after one died in a sample) does not. One
     that dies breaks the pool (no task runs): one new pool is tried, whose worker dies too."""
     path = _rewards(tmp_path, always=False, hang=hang)
@@ -150,12 +137,12 @@ def test_replacement_worker_breaking_at_import_stops_scoring_with_the_cause(tmp_
     assert message.startswith(f"reward workers stopped taking samples: reward.custom: {'' if hang else 'a reward worker '}{cause}")
     assert message.endswith("the run stops rather than train on zero rewards") and "Unexpected error" not in message
     broke = _breaking_workers(tmp_path)
-    assert broke and not _alive(broke)
+    assert broke and not still_running(broke)
     with pytest.raises(RuntimeError, match="after close"):
         scorer.score(["any"], ["a"], ["a"])
 
 
-def test_pool_broken_between_calls_and_a_new_worker_dying_at_import_fail_the_next_call_with_the_cause(tmp_path, caplog):
+def test_pool_broken_between_calls_and_a_new_worker_dying_at_import_fail_the_next_call_with_the_cause(tmp_path, caplog, still_running):
     """A worker killed while idle breaks pebble's pool (its next schedule says only "Unexpected error
     within the Pool"); the scorer starts one new pool, whose worker dies importing the file: the
     call fails naming that. (Killed from outside, not by a sample: a sample that kills its worker
@@ -175,10 +162,10 @@ def test_pool_broken_between_calls_and_a_new_worker_dying_at_import_fail_the_nex
         "reward workers stopped taking samples: reward.custom: a reward worker died while importing 'my_rewards.py'"
     )
     broke = _breaking_workers(tmp_path)
-    assert broke and not _alive(broke | {worker})
+    assert broke and not still_running(broke | {worker})
 
 
-def test_new_pool_whose_loaded_worker_dies_is_not_called_a_death_at_import(tmp_path, caplog):
+def test_new_pool_whose_loaded_worker_dies_is_not_called_a_death_at_import(tmp_path, caplog, still_running):
     """After a sample killed the worker, each new worker loads the file and dies before pebble saw
     it take a sample (as one killed from outside, or by a sample before pebble read its
     acknowledgement): the pool breaks, and the new pool breaks again. The error says the workers
@@ -201,4 +188,4 @@ def test_new_pool_whose_loaded_worker_dies_is_not_called_a_death_at_import(tmp_p
         "; check dmesg, then score those samples in a plain Python process; the run stops rather than train on zero rewards"
     )
     died = _breaking_workers(tmp_path)
-    assert len(died) >= 2 and not _alive(died)  # the first pool's replacement and the new pool's worker
+    assert len(died) >= 2 and not still_running(died)  # the first pool's replacement and the new pool's worker
