@@ -44,7 +44,7 @@ USER_ERRORS = (
     ("megarl.data.datasets", "DataError"),
     ("megarl.agents.errors", "AgentError"),
     ("megarl.evaluation", "EvaluationError"),
-    ("megarl.commands.generate", "GenerateError"),
+    ("megarl.commands.generate_partial", "GenerateError"),
     ("megarl.commands.sft", "SFTError"),
     ("megarl.checkpoint.manager", "CheckpointError"),
     ("megarl.commands.outputs", "OutputError"),

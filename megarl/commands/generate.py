@@ -14,7 +14,7 @@ N responses per prompt with the configured engine, resumable.
 - Nothing lost: the prompts go in parts of ``--batch-size``, each written as
   ``OUT.parquet.partial/part-NNNNNN.parquet`` when it is done; a re-run with the same settings
   and model (everything that changes what is generated, the model's weights included: see
-  ``_job``) skips the written parts, each checked by its footer first (a crash loses at most the
+  ``generate_partial.job_record``) skips the written parts, each checked by its footer first (a crash loses at most the
   part in flight), and part i is sampled with a seed derived from (trainer.seed, i), so a resumed file equals an uninterrupted one on
   a seeded engine. At the end the parts are merged into OUT by rename and the partial directory
   is removed. An existing OUT is replaced only with --overwrite; a partial directory made with
@@ -33,26 +33,30 @@ The output format is megarl/data/generated.py; `megarl evaluate` scores it.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import shutil
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
 from megarl.commands.arguments import add_config_args, user_path
+from megarl.commands.generate_partial import (
+    MODEL_DIR,
+    PARTIAL_SUFFIX,
+    GenerateError,
+    check_parts,
+    job_record,
+    merge_parts,
+    merged_before,
+    open_partial,
+    part_path,
+    parts_of,
+    remove_partial,
+)
 from megarl.commands.outputs import check_new_file, check_outside_checkpoints, make_folder
 from megarl.trainer.watchdog import RunControl, RunStopped
 
 log = logging.getLogger(__name__)
-PARTIAL_SUFFIX = ".partial"
-JOB_FILE = "generate.json"
-MODEL_DIR = "model"
-
-
-class GenerateError(ValueError):
-    """A bad output path, or a partial generation made with other settings."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -102,10 +106,10 @@ def generate(config: str | Path, overrides: list[str], data: str | Path, out: st
     target = Path(out).absolute()
     source = str(Path(model or cfg.model.path or "").absolute())
     partial = target.with_name(target.name + PARTIAL_SUFFIX)
-    job = _job(cfg, Path(data), source, batch_size)
-    if target.exists() and not overwrite and _merged_before(partial, job):
+    job = job_record(cfg, Path(data), source, batch_size)
+    if target.exists() and not overwrite and merged_before(partial, job):
         log.info("%s was merged by an earlier run that stopped before removing %s; removing it now", target, partial)
-        _remove_partial(partial)
+        remove_partial(partial)
         return target
     _check_target(target, Path(data), overwrite, batch_size, Path(cfg.trainer.output_dir) / CHECKPOINTS_DIR)
     records = read_prompt_file(data, label="--data", prompt_key=cfg.data.prompt_key)  # checked before any work
@@ -117,10 +121,10 @@ def generate(config: str | Path, overrides: list[str], data: str | Path, out: st
     _check_prompts(cfg, records, tokenizer_dir)
     _check_user_code(cfg)
     _check_sglang(cfg)
-    _open_partial(partial, job)
-    parts = _parts(len(records), batch_size)
-    _check_parts(partial, parts)
-    todo = [i for i in range(len(parts)) if not _part_path(partial, i).is_file()]
+    open_partial(partial, job)
+    parts = parts_of(len(records), batch_size)
+    check_parts(partial, parts)
+    todo = [i for i in range(len(parts)) if not part_path(partial, i).is_file()]
     control = RunControl()  # Ctrl-C / SIGTERM: the servers are shut down, the written parts stay
     try:
         with control.handlers():
@@ -129,11 +133,11 @@ def generate(config: str | Path, overrides: list[str], data: str | Path, out: st
                 control.reclaim()  # an export ran under Ray, which installs its own SIGTERM handler
                 _generate_parts(cfg, model_dir, Path(data), records, parts, todo, partial)
     except KeyboardInterrupt:
-        done = sum(1 for i in range(len(parts)) if _part_path(partial, i).is_file())
+        done = sum(1 for i in range(len(parts)) if part_path(partial, i).is_file())
         raise RunStopped(f"stopped by {control.signal_name}: {done} of {len(parts)} parts are in {partial}; run the "
                          "same command to go on", control.exit_code) from None  # fmt: skip
-    _merge(partial, len(parts), target)
-    _remove_partial(partial)
+    merge_parts(partial, len(parts), target)
+    remove_partial(partial)
     return target
 
 
@@ -147,161 +151,6 @@ def _check_target(target: Path, data: Path, overwrite: bool, batch_size: int, ch
     check_outside_checkpoints(target, runs=[checkpoints])  # OUT.parquet.partial goes beside it
     check_new_file(target, overwrite)
     make_folder(target)
-
-
-def _job(cfg: Any, data: Path, model: str, batch_size: int) -> dict[str, Any]:
-    """What a partial generation must match to be continued: everything that changes what is
-    generated (the model's contents too: the same path can hold other weights later)."""
-    from megarl.config.extensions import AGENT_FILES
-
-    agent = cfg.rollout.agent if cfg.rollout.generate_function == "default" else None  # a user's function ignores it
-    files = {field: getattr(agent, field.rsplit(".", 1)[1]) for field in AGENT_FILES} if agent else {}
-    job = {
-        "data_sha256": _sha256(data),  # missing: refused later
-        "model": model,
-        "model_fingerprint": _model_fingerprint(Path(model)),
-        "engine": cfg.rollout.engine,
-        "dtype": cfg.model.dtype,
-        "n": cfg.rollout.n,
-        "sampling": cfg.rollout.sampling.model_dump(mode="json"),
-        "data": cfg.data.model_dump(mode="json", include={"prompt_key", "max_prompt_length", "truncation", "apply_chat_template"}),
-        "generate_function": cfg.rollout.generate_function,
-        "agent": agent.model_dump(mode="json") if agent else None,
-        "agent_files_sha256": {field: _sha256(Path(path)) for field, path in files.items() if path},
-        "seed": cfg.trainer.seed,
-        "batch_size": batch_size,
-    }
-    return json.loads(json.dumps(job))  # as generate.json reads back (tuples as lists)
-
-
-def _sha256(path: Path) -> str | None:
-    from megarl.checkpoint.manager import file_sha256
-
-    return file_sha256(path) if path.is_file() else None
-
-
-def _model_fingerprint(source: Path) -> dict[str, Any] | None:
-    """Which model ``source`` holds, read cheaply: a training checkpoint by its step and its
-    manifest (which lists every file's sha256); an HF directory or a model checkpoint by its
-    weight files (names, sizes, hashes of their ends) and the HF files beside them (config,
-    tokenizer, chat template). None when there is no such directory (refused later)."""
-    from megarl.checkpoint.manager import MANIFEST
-    from megarl.checkpoint.model_checkpoint import is_model_checkpoint
-    from megarl.models.hf_files import HF_SIDE_FILES
-    from megarl.models.weight_files import weights_fingerprint
-
-    if not source.is_dir():
-        return None
-    if (source / MANIFEST).is_file() and not is_model_checkpoint(source):
-        try:
-            step = json.loads((source / MANIFEST).read_text()).get("step")
-        except (ValueError, AttributeError):
-            step = None  # a torn manifest: the export refuses it, naming what is wrong
-        return {"step": step, "manifest_sha256": _sha256(source / MANIFEST)}
-    return {"weights": weights_fingerprint(source),
-            "files": {name: _sha256(source / name) for name in HF_SIDE_FILES if (source / name).is_file()}}  # fmt: skip
-
-
-def _open_partial(partial: Path, job: dict[str, Any]) -> None:
-    """Create the partial directory, or check that the one there was made with the same settings."""
-    record = partial / JOB_FILE
-    if partial.exists():
-        if not record.is_file():
-            raise GenerateError(f"{partial} exists but was not made by megarl generate (no {JOB_FILE}); move it away")
-        before = json.loads(record.read_text())
-        changed = sorted(k for k in set(before) | set(job) if before.get(k) != job.get(k))
-        if not changed:
-            log.info("continuing the generation in %s", partial)
-            return
-        if _holds_work(partial, changed):
-            same = "with the same model and settings" if {"model", "model_fingerprint"} & set(changed) else "with the same settings"
-            raise GenerateError(f"{partial} holds a generation made with other settings ({_differences(before, job)}); "
-                                f"run {same} to continue it, or move it away to start over")  # fmt: skip
-        # e.g. a run that failed before its first part: nothing to continue, so the new settings start it afresh
-        log.info("%s holds no finished part; starting it afresh with these settings (%s)", partial, _differences(before, job))
-    else:
-        partial.mkdir()
-    record.write_text(json.dumps(job, indent=2) + "\n")
-
-
-def _differences(before: dict[str, Any], now: dict[str, Any], prefix: str = "") -> str:
-    """What differs between two job records, as ``key was OLD, now NEW`` (nested settings by
-    their dotted key; a file or a model by what changed in it, whose hashes say nothing to a reader)."""
-    parts = []
-    for key in sorted(set(before) | set(now)):
-        old, new = before.get(key), now.get(key)
-        if old == new:
-            continue
-        if key not in before:
-            parts.append(f"{prefix}{key} was not recorded (an older megarl wrote {JOB_FILE}), now {json.dumps(new)}")
-        elif key == "model_fingerprint":
-            if before.get("model") == now.get("model"):  # else the path's change says it
-                parts.append(_model_change(now["model"], old, new))
-        elif key == "data_sha256":
-            parts.append("the --data file's contents differ")
-        elif key.endswith("_sha256") and isinstance(old, dict) and isinstance(new, dict):
-            parts += [f"the {field} file's contents differ" for field in sorted(set(old) | set(new))
-                      if old.get(field) != new.get(field)]  # fmt: skip
-        elif isinstance(old, dict) and isinstance(new, dict):
-            parts.append(_differences(old, new, f"{prefix}{key}."))
-        else:
-            parts.append(f"{prefix}{key} was {json.dumps(old)}, now {json.dumps(new)}")
-    return "; ".join(parts)
-
-
-def _model_change(model: str, old: Any, new: Any) -> str:
-    """The same model path with other contents, in words."""
-    if not isinstance(old, dict) or not isinstance(new, dict):
-        return f"the model at {model} is not the model the parts were generated with"
-    if "step" in old or "step" in new:
-        steps = f"step {old.get('step')}, now step {new.get('step')}" if old.get("step") != new.get("step") else "its manifest differs"
-        return f"the checkpoint at {model} is another one than the parts were generated with ({steps})"
-    if old.get("weights") != new.get("weights"):
-        return f"the model at {model} holds other weights than the parts were generated with"
-    files = sorted(k for k in set(old["files"]) | set(new["files"]) if old["files"].get(k) != new["files"].get(k))
-    return f"the model at {model} has other {', '.join(files)} than the parts were generated with"
-
-
-def _holds_work(partial: Path, changed: list[str]) -> bool:
-    """Whether a partial generation made with other settings holds anything this run would lose
-    or misuse: a finished part, or the staged HF export of another model."""
-    other_model = "model" in changed or "model_fingerprint" in changed
-    return any(partial.glob("part-*.parquet")) or (other_model and (partial / MODEL_DIR).exists())
-
-
-def _remove_partial(partial: Path) -> None:
-    """What generate wrote in ``partial`` (the parts, now in OUT, the job record, the staged
-    model and the server logs); the directory itself only if nothing else is left in it."""
-    for path in [*partial.glob("part-*.parquet*"), partial / JOB_FILE]:
-        path.unlink(missing_ok=True)
-    for folder in (partial / MODEL_DIR, partial / "logs"):
-        shutil.rmtree(folder, ignore_errors=True)
-    if not any(partial.iterdir()):
-        partial.rmdir()
-    else:
-        log.warning("%s holds files generate did not write; left in place", partial)
-
-
-def _merged_before(partial: Path, job: dict[str, Any]) -> bool:
-    """Whether ``partial`` holds every part of this very job (OUT was merged from it and the run
-    stopped before removing it)."""
-    import pyarrow.parquet as pq
-
-    try:
-        if json.loads((partial / JOB_FILE).read_text()) != job:
-            return False
-        rows = sum(pq.read_metadata(p).num_rows for p in partial.glob("part-*.parquet"))
-        return rows == pq.read_metadata(partial.with_name(partial.name.removesuffix(PARTIAL_SUFFIX))).num_rows
-    except (OSError, ValueError):
-        return False
-
-
-def _parts(total: int, size: int) -> list[range]:
-    return [range(start, min(start + size, total)) for start in range(0, total, size)]
-
-
-def _part_path(partial: Path, index: int) -> Path:
-    return partial / f"part-{index:06d}.parquet"
 
 
 def _model_export(source: Path) -> Any:
@@ -417,27 +266,6 @@ def _check_sglang(cfg: Any) -> None:
         raise GenerateError("; ".join(str(issue) for issue in issues))
 
 
-def _check_parts(partial: Path, parts: list[range]) -> None:
-    """The parts an earlier run wrote, each read by its footer (cheap), before any generation: a
-    damaged one would otherwise fail the merge after all the remaining work."""
-    import pyarrow.parquet as pq
-
-    for index, rows in enumerate(parts):
-        path = _part_path(partial, index)
-        if not path.is_file():
-            continue
-        try:
-            count = pq.read_metadata(path).num_rows
-        except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
-            problem = f"is not a readable parquet file ({str(exc).splitlines()[0]})"
-        else:
-            if count == len(rows):
-                continue
-            problem = f"holds {count} rows, not the {len(rows)} prompts of its part"
-        raise GenerateError(f"{path} {problem}; delete that part file and run the same command to generate its "
-                            "prompts again")  # fmt: skip
-
-
 def _hf_model(source: Path, export: Any, staged: Path) -> Path:
     """An HF directory the engines load: ``source`` itself, or its export to ``staged``."""
     from megarl.commands.model_outputs import EXPORT_MANIFEST
@@ -475,7 +303,7 @@ def _generate_parts(cfg: Any, model_dir: Path, data: Path, records: list[Any], p
         for index in todo:
             rows = parts[index]
             batch = produce(engines, _prompt_batch(records, rows, builder), _sampling(cfg, index))
-            _write_part(_part_path(partial, index), table.slice(rows.start, len(rows)), batch, tokenizer, eos)
+            _write_part(part_path(partial, index), table.slice(rows.start, len(rows)), batch, tokenizer, eos)
             advance(len(rows))
 
 
@@ -536,26 +364,6 @@ def _write_part(path: Path, rows: Any, batch: Any, tokenizer: Any, eos: tuple[in
     tmp = path.with_name(path.name + ".tmp")
     pq.write_table(rows, tmp)
     tmp.replace(path)
-
-
-def _merge(partial: Path, count: int, target: Path) -> None:
-    """The parts, in order, into ``target`` (written next to it, then renamed into place)."""
-    import pyarrow.parquet as pq
-
-    tmp = target.with_name(target.name + ".tmp")
-    writer, merged = None, False
-    try:
-        for index in range(count):
-            part = pq.read_table(_part_path(partial, index))
-            writer = writer or pq.ParquetWriter(tmp, part.schema)
-            writer.write_table(part)
-        merged = True
-    finally:
-        if writer is not None:
-            writer.close()
-        if not merged:  # no half-written file left beside OUT
-            tmp.unlink(missing_ok=True)
-    tmp.replace(target)
 
 
 @contextmanager

@@ -32,17 +32,17 @@ def test_an_output_inside_the_runs_checkpoints_is_refused(tmp_path):
 def test_a_partial_generation_with_other_settings_names_each_old_and_new_value(tmp_path):
     import json
 
-    from megarl.commands.generate import GenerateError, _open_partial
+    from megarl.commands.generate_partial import GenerateError, open_partial
 
     before = {"data_sha256": "ab", "model": "/m", "n": 4, "sampling": {"temperature": 1.0, "top_p": 1.0}, "batch_size": 64}
     partial = tmp_path / "gen.parquet.partial"
-    _open_partial(partial, before)
+    open_partial(partial, before)
     (partial / "part-000000.parquet").write_bytes(b"a finished part")
     now = {**before, "data_sha256": "cd", "n": 2, "sampling": {"temperature": 0.5, "top_p": 1.0}}
     with pytest.raises(GenerateError, match=r"^\S+ holds a generation made with other settings \(the --data file's "
                                             r"contents differ; n was 4, now 2; sampling.temperature was 1.0, now 0.5\); "
                                             "run with the same settings to continue it, or move it away to start over$"):
-        _open_partial(partial, now)
+        open_partial(partial, now)
     assert json.loads((partial / "generate.json").read_text()) == before  # the record of the work there stays
 
 
@@ -54,7 +54,7 @@ def _model(path: Path, weights: bytes) -> Path:
 
 
 def test_a_resume_with_other_agent_settings_or_other_weights_at_the_same_path_is_refused(tmp_path):
-    from megarl.commands.generate import GenerateError, _job, _open_partial
+    from megarl.commands.generate_partial import GenerateError, job_record, open_partial
     from megarl.config.loading import load_config
 
     model, data = _model(tmp_path / "hfA", b"weights A"), tmp_path / "val.parquet"
@@ -64,43 +64,43 @@ def test_a_resume_with_other_agent_settings_or_other_weights_at_the_same_path_is
 
     def job(*overrides: str) -> dict:
         cfg = load_config(CONFIG, [f"model.path={model}", f"rollout.agent.tools_file={tools}", *overrides])
-        return _job(cfg, data, str(model), 64)
+        return job_record(cfg, data, str(model), 64)
 
     partial = tmp_path / "gen.parquet.partial"
-    _open_partial(partial, job())
+    open_partial(partial, job())
     (partial / "part-000000.parquet").write_bytes(b"a finished part")
-    _open_partial(partial, job())  # the same settings and model: continued
+    open_partial(partial, job())  # the same settings and model: continued
     with pytest.raises(GenerateError, match=r"\(agent.default_agent was \"single_turn\", now \"tool_agent\"; "
                                             r"agent.max_turns was 8, now 3\); run with the same settings"):  # fmt: skip
-        _open_partial(partial, job("rollout.agent.default_agent=tool_agent", "rollout.agent.max_turns=3"))
+        open_partial(partial, job("rollout.agent.default_agent=tool_agent", "rollout.agent.max_turns=3"))
     tools.write_text("tools: []  # edited\n")
     with pytest.raises(GenerateError, match=r"\(the rollout.agent.tools_file file's contents differ\)"):
-        _open_partial(partial, job())
+        open_partial(partial, job())
     tools.write_text("tools: []\n")
     _model(model, b"weights B")  # e.g. `megarl convert ... hfA --overwrite` from another checkpoint
     with pytest.raises(GenerateError, match=rf"\(the model at {model} holds other weights than the parts were generated "
                                             r"with\); run with the same model and settings to continue it"):  # fmt: skip
-        _open_partial(partial, job())
+        open_partial(partial, job())
     _model(model, b"weights A")
     (model / "chat_template.jinja").write_text("{{ messages }}")
     with pytest.raises(GenerateError, match=rf"the model at {model} has other chat_template.jinja than the parts"):
-        _open_partial(partial, job())
+        open_partial(partial, job())
 
 
 def test_a_training_checkpoint_is_identified_by_its_step_and_manifest(tmp_path):
     import shutil
 
-    from megarl.commands.generate import _model_fingerprint
+    from megarl.commands.generate_partial import model_fingerprint
 
     for run, state in (("run", "s"), ("other", "t")):
         with CheckpointManager(tmp_path / run).saving(2) as d:
             (d / "state").write_text(state)
     step = tmp_path / "run" / "checkpoints" / "step_000002"
-    first = _model_fingerprint(step)
+    first = model_fingerprint(step)
     assert first is not None and first["step"] == 2
     shutil.rmtree(step)  # another run's step 2 in its place: the same path and step, other weights
     shutil.copytree(tmp_path / "other" / "checkpoints" / "step_000002", step)
-    again = _model_fingerprint(step)
+    again = model_fingerprint(step)
     assert again is not None and again["step"] == 2 and again != first
 
 
@@ -108,25 +108,31 @@ def test_a_damaged_part_is_named_before_any_generation_and_a_failed_merge_leaves
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from megarl.commands.generate import GenerateError, _check_parts, _merge, _part_path, _parts
+    from megarl.commands.generate_partial import (
+        GenerateError,
+        check_parts,
+        merge_parts,
+        part_path,
+        parts_of,
+    )
 
     partial = tmp_path / "gen.parquet.partial"
     partial.mkdir()
-    parts = _parts(5, 2)
-    pq.write_table(pa.table({"x": [1, 2]}), _part_path(partial, 0))
-    pq.write_table(pa.table({"x": [3, 4]}), _part_path(partial, 1))
-    _check_parts(partial, parts)  # part 2 not written yet: generated later
-    damaged = _part_path(partial, 1)
+    parts = parts_of(5, 2)
+    pq.write_table(pa.table({"x": [1, 2]}), part_path(partial, 0))
+    pq.write_table(pa.table({"x": [3, 4]}), part_path(partial, 1))
+    check_parts(partial, parts)  # part 2 not written yet: generated later
+    damaged = part_path(partial, 1)
     damaged.write_bytes(damaged.read_bytes()[:100])  # e.g. a disk that filled up
     with pytest.raises(GenerateError, match=rf"^{damaged} is not a readable parquet file \(.*\); delete that part file "
                                             "and run the same command to generate its prompts again$"):  # fmt: skip
-        _check_parts(partial, parts)
+        check_parts(partial, parts)
     with pytest.raises(pa.ArrowInvalid):
-        _merge(partial, 2, tmp_path / "gen.parquet")
+        merge_parts(partial, 2, tmp_path / "gen.parquet")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gen.parquet.partial"]  # no gen.parquet.tmp
     pq.write_table(pa.table({"x": [3]}), damaged)
     with pytest.raises(GenerateError, match=r"holds 1 rows, not the 2 prompts of its part"):
-        _check_parts(partial, parts)
+        check_parts(partial, parts)
 
 
 def test_a_tool_parser_that_does_not_load_is_one_line_before_anything_is_written(tmp_path, monkeypatch):
