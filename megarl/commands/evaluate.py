@@ -45,7 +45,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--scored", type=user_path, default=None, help="also write DATA's rows plus a 'scores' list column to this parquet "
                    "(replacing a 'scores' column DATA already has)")  # fmt: skip
     p.add_argument("--overwrite", action="store_true",
-                   help="replace existing --out / --scored files (a summary evaluate wrote is replaced anyway)")  # fmt: skip
+                   help="replace existing --out / --scored files (a summary evaluate wrote is replaced anyway); "
+                        "their folders are made when missing")  # fmt: skip
     p.set_defaults(handler=_run)
 
 

@@ -271,7 +271,7 @@ class CustomRewardConfig(Section):
 
 class RewardModelConfig(Section):
     path: UserPath = Field(
-        description="HF sequence-classification model directory (num_labels 1); its config.json is checked before launch."
+        description="HF sequence-classification model directory (num_labels 1); its config.json and tokenizer files are checked before launch."
     )
     batch_size: int = Field(8, ge=1, description="Samples per forward.")
     device: str = Field("cpu", description="Device of the reward model in the reward workers.")
