@@ -15,7 +15,7 @@ the fix, so all of them are reported at once, in seconds, before Ray or any work
 - rewards: built-in scorer names, a scorer for every sampled data_source (and a non-null
   ground truth, but for code), reward.custom importable and defining its function,
   reward.model's config.json one the reward workers load (megarl/rewards/reward_model.py: a
-  sequence classifier with num_labels 1; no weights read);
+  sequence classifier with num_labels 1; no weights read) and its tokenizer files present;
 - agent rollouts: each sampled row's agent_name names a loop and its interaction_kwargs an
   interaction of rollout.agent.interactions_file (megarl/agents/checks.py);
 - the user's own functions named by import path (algorithm.estimator, algorithm.policy_loss,
@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import math
 import os
 import re
 import subprocess
@@ -52,6 +51,7 @@ from typing import Any
 
 from megarl.config.extensions import named_functions
 from megarl.config.sections import MegaRLConfig
+from megarl.data.answers import no_answer
 from megarl.models.hf_files import tokenizer_files_problem
 from megarl.models.weight_files import weights_fingerprint
 
@@ -463,7 +463,7 @@ def _check_rewards(cfg: MegaRLConfig, samples: list[_Sample], findings: list[Fin
                     scorers[record.data_source] = None
                     findings.append(Finding(sample.label, f"row {record.row}: {exc}"))
             name = scorers[record.data_source]
-            if no_truth is None and name not in (None, "code") and _no_answer(record.ground_truth):
+            if no_truth is None and name not in (None, "code") and no_answer(record.ground_truth):
                 no_truth = Finding(sample.label, f"row {record.row}: reward_model.ground_truth is {record.ground_truth!r}; "
                                    f"the built-in scorer {name!r} compares each response with it: give the answer, or "
                                    "score with reward.custom")  # fmt: skip
@@ -471,11 +471,6 @@ def _check_rewards(cfg: MegaRLConfig, samples: list[_Sample], findings: list[Fin
             findings.append(no_truth)
 
 
-
-def _no_answer(truth: Any) -> bool:
-    """A ground truth no built-in scorer can compare with: null, blank, or NaN (how pandas writes
-    a missing float); read as the text "None" or "nan", every response would score 0, silently."""
-    return truth is None or (isinstance(truth, float) and math.isnan(truth)) or str(truth).strip() == ""
 
 # The child process: the user's reward module and functions never load in the driver.
 _CHILD_CODE = r"""

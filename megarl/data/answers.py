@@ -51,3 +51,9 @@ def answer_text(ground_truth: Any) -> Any:
         return number_text(ground_truth)
     except ValueError:
         return ground_truth
+
+
+def no_answer(ground_truth: Any) -> bool:
+    """A ground truth no built-in scorer can compare with: null, blank, or NaN (how pandas writes
+    a missing float); read as the text "None" or "nan", every response would score 0, silently."""
+    return ground_truth is None or (isinstance(ground_truth, float) and math.isnan(ground_truth)) or str(ground_truth).strip() == ""
