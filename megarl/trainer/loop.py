@@ -154,8 +154,10 @@ class Trainer:
         log.info("first weight sync (trainer -> engines) ...")
         initial = self.parts.weight_push(version=start)  # engines start from what the trainer holds
         log.info("initial weight sync: %s", initial)
+        once = self.parts.data.load_report()  # data/train_*: with the first metrics this launch logs
         if t.val_only or (t.eval_before_train and start == 0):
-            self.logger.log(start, self.validate(start))
+            self.logger.log(start, once | self.validate(start))
+            once = {}
             if t.val_only:
                 return self.logger.last
         log.info("training steps %d to %d", start + 1, self.parts.total_steps)
@@ -164,7 +166,8 @@ class Trainer:
             PROGRESS.mark("step start", step)
             control.deferred = True  # a first signal from here on waits for the end of the step
             self._profile(step, start=True)
-            metrics = self.rl_step(step)
+            metrics = once | self.rl_step(step)
+            once = {}
             self._profile(step, start=False)
             if t.eval_freq and (step % t.eval_freq == 0 or step == self.parts.total_steps):
                 metrics |= self.validate(step)

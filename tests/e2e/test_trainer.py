@@ -33,6 +33,9 @@ def test_grpo_three_steps(grpo_run):
         assert record["weight_sync/logprob_diff"] < 1e-4  # engine == trainer after each push
         assert record["rollout/logprob_mismatch"] < 1e-4
     assert "val/reward/mean" in records[-1]
+    # The training files' counts go to the sinks once, with the first step's metrics.
+    assert records[0]["data/train_prompts"] > 0 and records[0]["data/train_dropped_overlong"] == 0
+    assert not any(k.startswith("data/train_") for r in records[1:] for k in r)
     # KL to the reference (k3 in the loss, from the demo config): zero before the first update,
     # positive once the policy has moved.
     assert records[0]["actor/kl"] == pytest.approx(0.0, abs=1e-6) and records[-1]["actor/kl"] > 0
@@ -74,6 +77,7 @@ def test_validation_only(ray_local, demo_root, tmp_path):
     _, _, records = train(demo_root, tmp_path / "val", 3, "trainer.val_only=true")
     assert len(records) == 1 and records[0]["step"] == 0
     assert 0 <= records[0]["val/reward/mean"] <= 1 and "reward/mean" not in records[0]
+    assert records[0]["data/train_prompts"] > 0  # logged with the first (here the only) metrics
 
 
 def test_ppo_with_critic_two_steps(ray_local, demo_root, tmp_path):
