@@ -24,7 +24,7 @@ EXIT_SIGINT, EXIT_SIGTERM, EXIT_BROKEN_PIPE = 130, 143, 141
 
 EPILOG = """examples:
   megarl plan configs/qwen72b_grpo.yaml                 check a config, print the GPU placement
-  megarl plan configs/tiny_grpo.yaml rollout.n=4 --json overrides are key.path=value (YAML values)
+  megarl plan configs/tiny_grpo.yaml rollout.n=16 --json overrides are key.path=value (YAML values)
 
 exit codes:
   0    done

@@ -1,0 +1,115 @@
+"""The manual (README.md, docs/*.md, CHANGELOG.md, every --help) stays true to the code: its
+links resolve, the config keys it names exist, the README's configuration overview names every
+key, and the examples in --help pass `megarl plan`."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel
+
+from megarl.cli import build_parser, main
+from megarl.config.documentation import describe
+from megarl.config.loading import ConfigError, _section_type
+from megarl.config.sections import MegaRLConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGES = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md"))]
+SECTIONS = tuple(MegaRLConfig.model_fields)
+
+# Dotted words in the manual that look like config keys but are not meant as ones: misspelt keys
+# shown with their error, a directory name and a transformers method.
+NOT_KEYS = {"rollout.smapling", "rollout.smapling.temperature", "rollout.temperature", "actor.lr", "reward.KEY",
+            "model.unverified", "model.generate"}  # fmt: skip
+
+
+def _anchors(page: Path) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces as dashes, -1, -2 for repeats."""
+    text = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.S | re.M)
+    seen: dict[str, int] = {}
+    anchors = set()
+    for heading in re.findall(r"^#+ (.+)$", text, flags=re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        seen[slug] = seen.get(slug, -1) + 1
+        anchors.add(slug if seen[slug] == 0 else f"{slug}-{seen[slug]}")
+    return anchors
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_relative_links_and_anchors_resolve(page: Path):
+    broken = []
+    for link in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+        if re.match(r"[a-z]+:", link):  # https:, mailto:
+            continue
+        path, _, anchor = link.partition("#")
+        target = page.parent / path if path else page
+        if not target.exists():
+            broken.append(f"{link} (no such file)")
+        elif anchor and target.suffix == ".md" and anchor not in _anchors(target):
+            broken.append(f"{link} (no such heading in {target.name})")
+    assert not broken, f"{page.name}: {broken}"
+
+
+def _is_key(dotted: str) -> bool:
+    try:
+        describe(dotted)
+        return True
+    except ConfigError:
+        # one entry of a mapping field (reward.functions.my_source, rollout.agent.loops.mine)
+        parent = dotted.rsplit(".", 1)[0]
+        return "." in dotted and _is_key(parent) and "(dict[" in describe(parent)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_config_key_the_manual_names_exists(page: Path):
+    sections = "|".join(SECTIONS)
+    word = re.compile(rf"(?<![\w./~-])((?:{sections})(?:\.[A-Za-z_]\w*)+)")
+    unknown = sorted({k for k in word.findall(page.read_text()) if k not in NOT_KEYS and not _is_key(k)})
+    assert not unknown, f"{page.name} names config keys that do not exist: {unknown}"
+
+
+def _names(model: type[BaseModel]) -> set[str]:
+    """Every field name of a section, its subsections' too."""
+    out: set[str] = set()
+    for name, field in model.model_fields.items():
+        out.add(name)
+        sub = _section_type(field.annotation)
+        out |= _names(sub) if sub is not None else set()
+    return out
+
+
+def test_readme_configuration_overview_names_every_key():
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Configuration") :]
+    block = section[section.index("```\n") + 4 :]
+    block = block[: block.index("```")]
+    listed = {m.group(1): m.group(2) for m in re.finditer(r"^(\w+):\s+(.*(?:\n {3,}.*)*)", block, flags=re.M)}
+    assert set(listed) == set(SECTIONS), f"README's Configuration lists sections {sorted(listed)}"
+    words = {name: set(re.findall(r"\w+", line)) for name, line in listed.items()}
+    words["critic"] |= words["actor"] if "same as actor" in listed["critic"] else set()
+    missing = {name: sorted(_names(_section_type(MegaRLConfig.model_fields[name].annotation)) - words[name])
+               for name in SECTIONS}  # fmt: skip
+    assert not {k: v for k, v in missing.items() if v}, f"README's Configuration leaves out {missing}"
+
+
+def _help_texts(parser: argparse.ArgumentParser) -> list[str]:
+    texts = [parser.description or "", parser.epilog or ""]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                texts += _help_texts(sub)
+    return texts
+
+
+def test_help_examples_pass_the_planner(capsys):
+    pattern = re.compile(r"megarl (?:plan|launch|sbatch|sft|generate) (configs/\S+\.yaml)((?: \S+=\S+| --[\w-]+(?: [^-\s]\S*)?)*)")
+    examples = [m.groups() for text in _help_texts(build_parser()) for m in pattern.finditer(text)]
+    assert len(examples) >= 3  # megarl --help, convert --help, sbatch --help
+    for config, rest in examples:
+        overrides = [t for t in rest.split() if "=" in t and not t.startswith("-")]
+        capsys.readouterr()  # this example's output only
+        code = main(["plan", str(ROOT / config), *overrides])
+        assert code == 0, f"the --help example `{config} {rest.strip()}` is refused: {capsys.readouterr().out[-600:]}"
