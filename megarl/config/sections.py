@@ -171,7 +171,8 @@ class ActorConfig(Section):
     packed_attention: Literal["auto", "flex"] = Field(
         "auto",
         description="Attention of packed micro-batches under the local layer spec. auto: torch's varlen flash "
-        "kernel on CUDA in bf16/fp16, else each sample attended alone with SDPA (exact); flex: FlexAttention "
+        "kernel on CUDA in bf16/fp16, else SDPA over groups of samples of similar length, each padded to its "
+        "longest (exact; a long sample alone); flex: FlexAttention "
         "with a document mask (compiled; CUDA only, as torch has no FlexAttention backward on CPU).",
     )
     mini_batch_size: int | None = Field(None, ge=1, description="Samples per optimizer step over all DP ranks; None = the whole step's samples.")
@@ -278,7 +279,8 @@ class RewardModelConfig(Section):
 
 
 class RewardConfig(Section):
-    functions: dict[str, str] = Field(default_factory=dict, description="data_source -> built-in scorer name (gsm8k, math, code, ...); unlisted sources use their own name.")
+    functions: dict[str, str] = Field(default_factory=dict, description="data_source -> built-in scorer name (gsm8k, math, code, ...); an unlisted source uses its "
+                                     "known dataset's scorer (openai/gsm8k -> gsm8k, docs/rewards.md), else its own name.")
     custom: CustomRewardConfig | None = Field(None, description="A user reward function (verl signature) used for every sample.")
     model: RewardModelConfig | None = Field(None, description="An HF reward model instead of rule-based scoring.")
     timeout_s: float = Field(10.0, gt=0, description="Per-sample scoring timeout; a timeout scores 0 and is counted.")
