@@ -21,7 +21,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--list-archs", action="store_true", help="list the built-in architectures (model.arch) and exit")
     p.add_argument("--json", action="store_true", help='print one JSON object: the plan with "ok": true, or '
                    '{"ok": false, "issues": [{field, message, level}]} (a config that cannot be read: "error") with exit code 2')
-    p.add_argument("--check-files", action="store_true", help="also check that data, model and reward files exist (as launch does)")
+    p.add_argument("--check-files", action="store_true", help="also run the checks launch makes before Ray starts: the data, model, reward, tool and "
+                   "output files, the checkpoints to resume, and your own functions named by import path")
     p.set_defaults(handler=run)
 
 
