@@ -113,3 +113,27 @@ def test_help_examples_pass_the_planner(capsys):
         capsys.readouterr()  # this example's output only
         code = main(["plan", str(ROOT / config), *overrides])
         assert code == 0, f"the --help example `{config} {rest.strip()}` is refused: {capsys.readouterr().out[-600:]}"
+
+
+def _flags(parser: argparse.ArgumentParser, words: tuple[str, ...] = ()) -> dict[tuple[str, ...], set[str]]:
+    """(subcommand words) -> the options it takes, e.g. ("convert", "hf-to-megatron") -> {"--hf", ...}."""
+    out = {words: {o for a in parser._actions for o in a.option_strings}}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                out |= _flags(sub, (*words, name))
+    return out
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_flag_the_manual_shows_exists(page: Path):
+    table = _flags(build_parser())
+    table[("convert",)] |= table[("convert", "megatron-to-hf")]  # `megarl convert CKPT OUT` is its short form
+    wrong = []
+    for command in re.finditer(r"megarl ([a-z][\w-]*)(?: ([a-z][\w-]*))?([^`|\n]*)", page.read_text()):
+        words = (command.group(1),) if (command.group(1), command.group(2)) not in table else command.group(1, 2)
+        if words not in table:
+            continue  # prose: "megarl scores every response"
+        shown = set(re.findall(r"(?<![\w-])(--[a-z][\w-]*)", command.group(3)))
+        wrong += [f"megarl {' '.join(words)} {flag}" for flag in sorted(shown - table[words] - table[()])]
+    assert not wrong, f"{page.name} shows flags that do not exist: {wrong}"
