@@ -176,7 +176,7 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     p.add_argument("out_dir", type=user_path, metavar="OUT_DIR", help="folder to write train.parquet and val.parquet into")
     p.add_argument(
         "--digits", type=int, default=3,
-        help="length of each digit string (default: 3, i.e. 1000 strings; the reverse_digits reward scores 3 only)",
+        help="length of each digit string (default: 3, i.e. 1000 strings; the reverse_digits reward scores any length)",
     )
     p.add_argument("--val-size", type=int, default=200, help="strings held out for validation (default: 200)")
     p.add_argument("--seed", type=int, default=0, help="seed of the train/val split (default: 0)")
