@@ -24,7 +24,10 @@ The verl parquet schema (one row per prompt), which `megarl launch` reads:
                                              chat template
   ability       str                          free label, e.g. "math"
   reward_model  {ground_truth, style}        what the reward compares the response with
-  extra_info    struct                       per-row metadata (split, index, ...)
+  extra_info    struct                       per-row metadata (split, index, ...; tools_kwargs
+                                             and interaction_kwargs for agent loops)
+  agent_name    str (optional)               the row's agent loop: single_turn (default),
+                                             tool_agent or your own (docs/agents.md)
 """
 
 DATA_EPILOG = (
