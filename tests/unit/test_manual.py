@@ -137,3 +137,10 @@ def test_every_flag_the_manual_shows_exists(page: Path):
         shown = set(re.findall(r"(?<![\w-])(--[a-z][\w-]*)", command.group(3)))
         wrong += [f"megarl {' '.join(words)} {flag}" for flag in sorted(shown - table[words] - table[()])]
     assert not wrong, f"{page.name} shows flags that do not exist: {wrong}"
+
+
+def test_readme_shows_megarl_help_as_it_is(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")  # argparse wraps at the terminal's width; the README's is 80
+    text = (ROOT / "README.md").read_text()
+    shown = text[text.index("$ megarl --help\n") + len("$ megarl --help\n") :]
+    assert shown[: shown.index("```")] == build_parser().format_help()
