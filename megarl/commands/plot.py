@@ -19,7 +19,7 @@ CURVES = (
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("plot", help="draw reward and KL curves of a run to a PNG",
+    p = sub.add_parser("plot", help="draw the reward, KL and entropy curves of a run (an SFT run: its losses) to an image",
                        description="Reads RUN_DIR/metrics.jsonl and writes the reward, KL and entropy curves (the "
                        "train and held-out loss for an SFT run's sft.output_dir).")
     p.add_argument("run_dir", type=user_path, help="a run's trainer.output_dir (or sft.output_dir), or its metrics.jsonl")
