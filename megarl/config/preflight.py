@@ -100,28 +100,38 @@ def preflight(cfg: MegaRLConfig) -> list[Finding]:
 
 
 def finished_run(cfg: MegaRLConfig) -> str | None:
-    """A message when output_dir's newest checkpoint already is at trainer.total_steps."""
+    """A message when output_dir's newest checkpoint already is at the run's last step:
+    trainer.total_steps, or the steps trainer.total_epochs makes of the training files' rows. The
+    footers count the rows before overlong prompts are dropped at load, so that count is an upper
+    bound: a run that dropped prompts is found finished only once its data is read (Trainer.fit)."""
     from megarl.checkpoint.manager import CheckpointError, plan_resume
+    from megarl.data.sampler import epoch_steps
 
     t = cfg.trainer
-    if t.val_only or t.total_steps is None or t.resume == "disable":
+    total, epochs = t.total_steps, None
+    if total is None and t.total_epochs is not None and (rows := _training_rows(cfg)) is not None:
+        total, epochs = t.total_epochs * epoch_steps(rows, cfg.data.prompts_per_step), t.total_epochs
+    if t.val_only or total is None or t.resume == "disable":
         return None
     try:
         ckpt = plan_resume(t.output_dir, t.resume, quiet=True)
     except CheckpointError:
         return None
-    if ckpt is None or ckpt.step < t.total_steps:
+    if ckpt is None or ckpt.step < total:
         return None
-    return finished_note(t.output_dir, ckpt.path.name, ckpt.step, t.total_steps)
+    return finished_note(t.output_dir, ckpt.path.name, ckpt.step, total, epochs=epochs)
 
 
-def finished_note(output_dir: str | Path, checkpoint: str, step: int, total_steps: int) -> str:
+def finished_note(output_dir: str | Path, checkpoint: str, step: int, total_steps: int, *, epochs: int | None = None) -> str:
     """Why a run whose checkpoint is at, or past (a resume with a smaller total_steps),
-    trainer.total_steps has nothing to train, and the ways on."""
+    its last step has nothing to train, and the ways on. ``epochs``: the run's length is
+    trainer.total_epochs (``total_steps`` is what those passes make), not trainer.total_steps."""
+    length = f"trainer.total_steps ({total_steps})" if epochs is None else f"the {total_steps} steps of trainer.total_epochs ({epochs})"
     if step == total_steps:
-        where, longer = f"is at trainer.total_steps ({total_steps})", "raise trainer.total_steps"
+        where, longer = f"is at {length}", "raise trainer.total_steps" if epochs is None else "raise trainer.total_epochs"
     else:
-        where, longer = f"is step {step}, past trainer.total_steps ({total_steps})", f"raise trainer.total_steps above {step}"
+        where = f"is step {step}, past {length}"
+        longer = f"raise trainer.total_steps above {step}" + ("" if epochs is None else " (it overrides trainer.total_epochs)")
     return (f"{output_dir} already finished: its checkpoint {checkpoint} {where}; nothing to train. To train longer "
             f"{longer}; to start over give a new trainer.output_dir (or move {output_dir} away)")
 
@@ -311,21 +321,28 @@ def _check_run_length(cfg: MegaRLConfig, findings: list[Finding]) -> None:
     """A run of trainer.total_epochs has as many steps as the training rows make: the critic's
     warm-up must be shorter. The parquet footers count the rows; with overlong prompts dropped
     at load that is an upper bound (launch checks the exact count once the data is read)."""
-    import pyarrow.parquet as pq
-
     from megarl.config.algorithm_checks import epochs_warmup_issue
     from megarl.data.sampler import epoch_steps
 
     t = cfg.trainer
     if t.total_steps is not None or t.total_epochs is None or not t.critic_warmup_steps or t.val_only:
         return
-    try:
-        rows = sum(pq.read_metadata(f.path).num_rows for f in cfg.data.train_files)
-    except Exception:  # noqa: BLE001 - an unreadable file is _check_data's finding
+    if (rows := _training_rows(cfg)) is None:
         return
     issue = epochs_warmup_issue(t, rows, epoch_steps(rows, cfg.data.prompts_per_step), at_most=cfg.data.filter_overlong_prompts)
     if issue is not None:
         findings.append(Finding(issue.field, issue.message))
+
+
+def _training_rows(cfg: MegaRLConfig) -> int | None:
+    """The rows of the training files from their parquet footers (None when one cannot be read:
+    that is _check_data's finding); at most the prompts a run keeps, which may drop overlong ones."""
+    import pyarrow.parquet as pq
+
+    try:
+        return sum(pq.read_metadata(f.path).num_rows for f in cfg.data.train_files)
+    except Exception:  # noqa: BLE001 - any unreadable file
+        return None
 
 
 def _located(label: str, message: str) -> Finding:

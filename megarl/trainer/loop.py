@@ -131,7 +131,9 @@ class Trainer:
             if start >= self.parts.total_steps and not self.cfg.trainer.val_only:
                 from megarl.config.preflight import finished_note
 
-                log.info("%s", finished_note(self.out, step_dir_name(start), start, self.parts.total_steps))
+                t = self.cfg.trainer
+                epochs = t.total_epochs if t.total_steps is None else None
+                log.info("%s", finished_note(self.out, step_dir_name(start), start, self.parts.total_steps, epochs=epochs))
                 return {}
             self.logger = self._logger_factory(start)
             self.step = self._start = start

@@ -290,6 +290,21 @@ def test_a_finished_run_says_so(demo, tmp_path):
                        f"trainer.output_dir (or move {out} away)")
 
 
+def test_a_finished_run_of_total_epochs_says_so(demo, tmp_path):
+    """The demo's 800 training prompts, 32 a step: 25 steps an epoch, read from the files' footers."""
+    out = tmp_path / "run"
+    _checkpoint(out, 50)
+    epochs = ("trainer.total_steps=null", "trainer.total_epochs=2")
+    message = finished_run(config(demo, out, *epochs))
+    assert message == (f"{out} already finished: its checkpoint step_000050 is at the 50 steps of trainer.total_epochs "
+                       "(2); nothing to train. To train longer raise trainer.total_epochs; to start over give a new "
+                       f"trainer.output_dir (or move {out} away)")
+    assert finished_run(config(demo, out, "trainer.total_steps=null", "trainer.total_epochs=3")) is None
+    message = finished_run(config(demo, out, "trainer.total_steps=null", "trainer.total_epochs=1"))
+    assert message is not None and "is step 50, past the 25 steps of trainer.total_epochs (1)" in message
+    assert finished_run(config(demo, out, *epochs, "trainer.resume=disable")) is None
+
+
 @pytest.mark.slow
 def test_a_one_gigabyte_data_file_is_checked_within_five_seconds(tmp_path):
     """Parquet footer plus at most 1,000 rows, whatever the file's size (the issue's budget)."""
