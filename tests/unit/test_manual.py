@@ -1,6 +1,7 @@
 """The manual (README.md, docs/*.md, CHANGELOG.md, every --help) stays true to the code: its
-links resolve, the config keys it names exist, the README's configuration overview names every
-key, and the examples in --help pass `megarl plan`."""
+links resolve, the config keys and the flags it names exist, the README's configuration overview
+names every key and its copy of `megarl --help` is the real one, and the examples in --help pass
+`megarl plan`."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def _anchors(page: Path) -> set[str]:
     """GitHub's heading anchors: lower case, punctuation dropped, spaces as dashes, -1, -2 for repeats."""
     text = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.S | re.M)
     seen: dict[str, int] = {}
-    anchors = set()
+    anchors: set[str] = set()
     for heading in re.findall(r"^#+ (.+)$", text, flags=re.M):
         slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
         seen[slug] = seen.get(slug, -1) + 1
