@@ -126,18 +126,27 @@ def _flags(parser: argparse.ArgumentParser, words: tuple[str, ...] = ()) -> dict
     return out
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
-def test_every_flag_the_manual_shows_exists(page: Path):
+def _unknown_flags(text: str) -> list[str]:
+    """`megarl COMMAND ... --flag` in ``text`` where COMMAND takes no such flag."""
     table = _flags(build_parser())
     table[("convert",)] |= table[("convert", "megatron-to-hf")]  # `megarl convert CKPT OUT` is its short form
     wrong = []
-    for command in re.finditer(r"megarl ([a-z][\w-]*)(?: ([a-z][\w-]*))?([^`|\n]*)", page.read_text()):
+    for command in re.finditer(r"megarl ([a-z][\w-]*)(?: ([a-z][\w-]*))?([^`|\n]*)", text):
         words = (command.group(1),) if (command.group(1), command.group(2)) not in table else command.group(1, 2)
         if words not in table:
             continue  # prose: "megarl scores every response"
         shown = set(re.findall(r"(?<![\w-])(--[a-z][\w-]*)", command.group(3)))
         wrong += [f"megarl {' '.join(words)} {flag}" for flag in sorted(shown - table[words] - table[()])]
-    assert not wrong, f"{page.name} shows flags that do not exist: {wrong}"
+    return wrong
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_flag_the_manual_shows_exists(page: Path):
+    assert not (wrong := _unknown_flags(page.read_text())), f"{page.name} shows flags that do not exist: {wrong}"
+
+
+def test_every_flag_the_help_shows_exists():
+    assert not (wrong := _unknown_flags("\n".join(_help_texts(build_parser())))), f"--help shows flags that do not exist: {wrong}"
 
 
 def test_readme_shows_megarl_help_as_it_is(monkeypatch):
