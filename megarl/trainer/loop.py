@@ -156,7 +156,9 @@ class Trainer:
         log.info("first weight sync (trainer -> engines) ...")
         initial = self.parts.weight_push(version=start)  # engines start from what the trainer holds
         log.info("initial weight sync: %s", initial)
-        once = self.parts.data.load_report()  # data/train_*: with the first metrics this launch logs
+        # data/train_*: with a new run's first metrics (a resumed run's metrics.jsonl reads as one
+        # that never stopped, and its sampler refuses other files)
+        once = self.parts.data.load_report() if start == 0 else {}
         if t.val_only or (t.eval_before_train and start == 0):
             self.logger.log(start, once | self.validate(start))
             once = {}
