@@ -294,3 +294,32 @@ def test_trained_weights_load_into_another_layout_and_dtype(model_dir, tmp_path)
         assert set(bits) == set(trained) and set(result["dtypes"].values()) == {"torch.bfloat16"}
         for name, tensor in trained.items():
             assert torch.equal(bits[name], tensor.to(torch.bfloat16).view(torch.int16)), name
+
+
+def _resume_with_new_adam_settings(rank: int, world: int, path: str, ckpt_dir: str) -> dict:
+    """Saved with OPT's Adam settings, resumed with others (a resume's config may change them:
+    the preflight names the change and says the run goes on with the new values)."""
+    import multiprocessing
+
+    from megarl.actors.policy import PolicyWorker
+
+    multiprocessing.current_process()._config["daemon"] = False  # see _ckpt_run
+    batch = ac.make_batch(2, rows=8)
+    cfg = ActorConfig(parallel=ParallelConfig(tp=1), micro_batch_size=2, optimizer=OPT)
+    saver = PolicyWorker(path, cfg, "float32", seed=1, total_optimizer_steps=6)
+    saver.update(batch, ac.pg_loss, mini_batch_size=8)
+    saver.save(ckpt_dir)
+    new = OPT.model_copy(update={"betas": (0.5, 0.6), "eps": 1e-3, "weight_decay": 0.1})
+    resumed = PolicyWorker(path, cfg.model_copy(update={"optimizer": new}), "float32", seed=1, total_optimizer_steps=6)
+    resumed.load(ckpt_dir)
+    resumed.update(batch, ac.pg_loss, mini_batch_size=8)
+    opt = resumed.trainer.optimizer
+    groups = [g for inner in getattr(opt, "chained_optimizers", [opt]) for g in inner.optimizer.param_groups]
+    return {"betas": sorted({tuple(g["betas"]) for g in groups}), "eps": sorted({g["eps"] for g in groups}),
+            "decays": sorted({g["weight_decay"] / g.get("wd_mult", 1.0) for g in groups if g.get("wd_mult", 1.0)})}
+
+
+def test_a_resume_trains_with_the_adam_settings_of_its_config(model_dir, tmp_path):
+    for r in run_distributed(_resume_with_new_adam_settings, 2, model_dir, str(tmp_path / "ckpt")):
+        assert r["betas"] == [(0.5, 0.6)] and r["eps"] == [1e-3], r  # not the checkpoint's (0.9, 0.999), 1e-8
+        assert r["decays"] == [pytest.approx(0.1)], r

@@ -15,7 +15,8 @@ LR at step 0 (a wasted step at ``init_lr = 0``) and wants its decay horizon up f
   the remaining ``total_steps - warmup_steps`` steps and stay at ``min_lr`` afterwards.
 
 ``LRSchedule.apply`` writes the LR (times each group's ``lr_mult``) and weight decay (times
-``wd_mult``) into the optimizer's param groups, honouring Megatron's per-group multipliers.
+``wd_mult``) into the optimizer's param groups, honouring Megatron's per-group multipliers, and
+Adam's betas and eps (a checkpoint's load puts back the groups it was saved with).
 Its ``state_dict`` is a plain dict (the step counter) for checkpoints.
 """
 
@@ -66,11 +67,15 @@ class LRSchedule:
         return self.lr_at(self.step_count)
 
     def apply(self, optimizer: Any) -> float:
-        """Set the current step's LR and weight decay on every param group; returns the LR."""
+        """Set the current step's LR, weight decay and Adam's betas and eps on every param group;
+        returns the LR. Betas and eps too: loading a checkpoint puts back the param groups it
+        was saved with, and a resumed run trains with its own config's values."""
         lr = self.current_lr
         for group in optimizer.param_groups:
             group["lr"] = lr * group.get("lr_mult", 1.0)
             group["weight_decay"] = self.cfg.weight_decay * group.get("wd_mult", 1.0)
+            group["betas"] = tuple(self.cfg.betas)
+            group["eps"] = self.cfg.eps
         return lr
 
     def advance(self) -> None:

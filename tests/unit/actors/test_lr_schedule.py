@@ -29,6 +29,13 @@ def test_apply_honours_group_multipliers_and_state_round_trips():
     assert other.current_lr == 1.0
 
 
+def test_apply_sets_the_configs_adam_settings_over_loaded_ones():
+    # a checkpoint's optimizer state_dict brings the param groups it was saved with
+    opt = torch.optim.Adam([torch.zeros(1, requires_grad=True)], betas=(0.9, 0.999), eps=1e-8)
+    LRSchedule(OptimizerConfig(lr=1.0, betas=(0.5, 0.6), eps=1e-3)).apply(opt)
+    assert opt.param_groups[0]["betas"] == (0.5, 0.6) and opt.param_groups[0]["eps"] == 1e-3
+
+
 def test_decay_without_horizon_is_refused_with_the_fix():
     with pytest.raises(ValueError, match="total_optimizer_steps"):
         LRSchedule(OptimizerConfig(schedule="cosine"))
