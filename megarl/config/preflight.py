@@ -230,9 +230,11 @@ RESUME_FREE_KEYS = ("trainer.total_steps", "trainer.total_epochs", "trainer.resu
 def _check_resumed_config(cfg: MegaRLConfig, ckpt: Any, findings: list[Finding]) -> None:
     """The launch's config against the one the checkpoint was trained with: another model is
     refused (the policy would go on from the checkpoint's weights while the reference loads the
-    new model), any other change is named (the run goes on with the new values)."""
+    new model), and so are data settings the sampler cannot resume (megarl/data/sampler.py); any
+    other change is named (the run goes on with the new values)."""
     from megarl.checkpoint.run_record import RUN_CONFIG, launch_dirs
     from megarl.config.loading import ConfigError, load_config
+    from megarl.data.sampler import resume_conflicts, resume_settings
 
     try:
         old = load_config(ckpt.path / RUN_CONFIG)
@@ -246,6 +248,10 @@ def _check_resumed_config(cfg: MegaRLConfig, ckpt: Any, findings: list[Finding])
                                 f"{ckpt.path.name} was trained from: its policy would go on from the checkpoint while the "
                                 "reference loads the new one; resume with the run's model, or start from the new one in "
                                 "a new trainer.output_dir"))  # fmt: skip
+    # the data sampler's stream is a function of these: it would refuse them once Ray has started
+    conflicts = [] if cfg.trainer.val_only else resume_conflicts(resume_settings(old.data), resume_settings(cfg.data))
+    for conflict in conflicts:
+        findings.append(Finding("data", f"cannot resume {ckpt.path.name}: {conflict}"))
     changed = [f"{k}: {a!r} -> {b!r}" for k, (a, b) in _differences(old.model_dump(), cfg.model_dump()).items()
                if k not in (*RESUME_FREE_KEYS, "model.path", "model.arch") and b != "auto"]  # fmt: skip
     # (the saved config holds what a plan resolved: "auto" there is the same choice)

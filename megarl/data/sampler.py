@@ -128,19 +128,36 @@ class MixtureSampler:
         """
         if state.get("version") != STATE_VERSION:
             raise DataError(f"sampler state version {state.get('version')} is not {STATE_VERSION}; cannot resume it")
-        mine = self.state_dict()
-        for key, what in (
-            ("sizes", "rows per train file (after filtering)"),
-            ("weights", "data.train_files weights"),
-            ("seed", "data.seed"),
-            ("shuffle", "data.shuffle"),
-        ):
-            if state[key] != mine[key]:
-                raise DataError(
-                    f"cannot resume the data sampler: the checkpoint was saved with {what} = {state[key]}, "
-                    f"the config now gives {mine[key]}; resume with the same data settings, or start "
-                    "a fresh run in a new trainer.output_dir"
-                )
+        conflicts = resume_conflicts(state, self.state_dict())
+        if conflicts:
+            raise DataError(f"cannot resume the data sampler: {conflicts[0]}")
         self.step = int(state["step"])
         self.counts = [int(c) for c in state["counts"]]
         self._orders.clear()
+
+
+# What a resumed sampler must find as it was saved (a state_dict key, what sets it): the stream of
+# prompts is a function of these.
+RESUME_FIXED = (
+    ("sizes", "rows per train file (after filtering)"),
+    ("weights", "data.train_files weights"),
+    ("seed", "data.seed"),
+    ("shuffle", "data.shuffle"),
+)
+
+
+def resume_conflicts(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """Why a sampler with settings ``now`` cannot resume the state ``saved`` (one line each; empty:
+    it can). Keys missing from either side are not compared: the pre-launch check knows the
+    settings of both configs but not the rows a file keeps after filtering."""
+    return [
+        f"the checkpoint was saved with {what} = {saved[key]}, the config now gives {now[key]}; resume with the same "
+        "data settings, or start a fresh run in a new trainer.output_dir"
+        for key, what in RESUME_FIXED
+        if key in saved and key in now and saved[key] != now[key]
+    ]
+
+
+def resume_settings(data: Any) -> dict[str, Any]:
+    """The settings of ``resume_conflicts`` that a DataConfig gives (all but the rows)."""
+    return {"weights": [float(f.weight) for f in data.train_files], "seed": data.seed, "shuffle": data.shuffle}

@@ -259,6 +259,11 @@ def test_a_resume_refuses_another_model_and_names_other_changes(demo, tmp_path):
     [changed] = [w for w in warned if w.field == "trainer.resume"]
     assert changed.message == ("step_000002 was trained with another config, and the run goes on with this one: "
                                "rollout.n: 8 -> 16; actor.optimizer.lr: 0.001 -> 0.005")
+    # the sampler's stream depends on these: refused before launch, not once Ray has started
+    msg = refusal(config(demo, out, "actor.recompute=auto", "data.seed=2", "data.shuffle=false"))
+    assert ("  - data: cannot resume step_000002: the checkpoint was saved with data.seed = 1, the config now gives 2; "
+            "resume with the same data settings, or start a fresh run in a new trainer.output_dir") in msg
+    assert "data.shuffle = True, the config now gives False" in msg
 
 
 def test_going_back_to_an_older_checkpoint_is_said_before_launch(demo, tmp_path):
