@@ -4,6 +4,7 @@ file, never one that exists (two files kept in one second must not replace one a
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -26,3 +27,16 @@ def kept_tag(name: str) -> str:
 def time_tag(seconds: float | None = None) -> str:
     """A local-time tag for a kept file's name: now, or ``seconds`` (e.g. the file's mtime)."""
     return time.strftime("%Y%m%d-%H%M%S", time.localtime(seconds))
+
+
+def write_keeping(path: Path, text: str) -> Path | None:
+    """Write ``text`` to ``path``; a file already there with other content is first kept as
+    ``<stem>.<its mtime><suffix>`` (returned), so that a step trained again after a resume from an
+    older checkpoint does not replace what the first history wrote. The same content is simply
+    written again (an exact resume repeats it); returns None then."""
+    kept = None
+    if path.exists() and path.read_text() != text:
+        kept = kept_name(path, time_tag(path.stat().st_mtime))
+        os.rename(path, kept)
+    path.write_text(text)
+    return kept

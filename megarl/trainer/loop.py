@@ -21,6 +21,7 @@ from megarl.config.loading import config_to_yaml
 from megarl.config.sections import MegaRLConfig
 from megarl.data.prompt_batch import PromptBatch
 from megarl.evaluation import as_metrics, scored_responses, summarize
+from megarl.kept_files import write_keeping
 from megarl.progress import PROGRESS, PhaseTimer
 from megarl.rollout.collect import (
     Baseline,
@@ -230,13 +231,14 @@ class Trainer:
         if not k:
             return
         texts = self.parts.scorer.texts(batch)
-        folder = self.out / "samples"
-        folder.mkdir(parents=True, exist_ok=True)
-        with (folder / f"step_{step:06d}.jsonl").open("w") as f:
-            for i in range(min(k, len(batch))):
-                row = {"prompt": batch.prompt_text[i], "response": texts[i], "ground_truth": batch.ground_truth[i],
-                       "score": float(batch.scores[i]), "finish_reason": batch.finish_reason[i]}
-                f.write(json.dumps(row, default=str) + "\n")
+        rows = [{"prompt": batch.prompt_text[i], "response": texts[i], "ground_truth": batch.ground_truth[i],
+                 "score": float(batch.scores[i]), "finish_reason": batch.finish_reason[i]} for i in range(min(k, len(batch)))]
+        path = self.out / "samples" / f"step_{step:06d}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        kept = write_keeping(path, "".join(json.dumps(row, default=str) + "\n" for row in rows))
+        if kept:
+            log.warning("samples: %s held other samples of step %d (from before the resume); kept as %s",
+                        path.name, step, kept.name)
 
     # ---- checkpoints -----------------------------------------------------------------------
     def save(self, step: int) -> Path:
