@@ -230,8 +230,9 @@ RESUME_FREE_KEYS = ("trainer.total_steps", "trainer.total_epochs", "trainer.resu
 def _check_resumed_config(cfg: MegaRLConfig, ckpt: Any, findings: list[Finding]) -> None:
     """The launch's config against the one the checkpoint was trained with: another model is
     refused (the policy would go on from the checkpoint's weights while the reference loads the
-    new model), and so are data settings the sampler cannot resume (megarl/data/sampler.py); any
-    other change is named (the run goes on with the new values)."""
+    new model), and so are data settings the sampler cannot resume (megarl/data/sampler.py) and a
+    layout the optimizer state cannot load in (RESUME_LAYOUT_KEYS); any other change is named
+    (the run goes on with the new values)."""
     from megarl.checkpoint.run_record import RUN_CONFIG, launch_dirs
     from megarl.config.loading import ConfigError, load_config
     from megarl.data.sampler import resume_conflicts, resume_settings
@@ -252,13 +253,34 @@ def _check_resumed_config(cfg: MegaRLConfig, ckpt: Any, findings: list[Finding])
     conflicts = [] if cfg.trainer.val_only else resume_conflicts(resume_settings(old.data), resume_settings(cfg.data))
     for conflict in conflicts:
         findings.append(Finding("data", f"cannot resume {ckpt.path.name}: {conflict}"))
-    changed = [f"{k}: {a!r} -> {b!r}" for k, (a, b) in _differences(old.model_dump(), cfg.model_dump()).items()
-               if k not in (*RESUME_FREE_KEYS, "model.path", "model.arch") and b != "auto"]  # fmt: skip
+    differences = _differences(old.model_dump(), cfg.model_dump())
+    layout = [] if cfg.trainer.val_only else _layout_changes(differences, ckpt)
+    findings += layout
+    changed = [f"{k}: {a!r} -> {b!r}" for k, (a, b) in differences.items()
+               if k not in (*RESUME_FREE_KEYS, "model.path", "model.arch", *(f.field for f in layout)) and b != "auto"]  # fmt: skip
     # (the saved config holds what a plan resolved: "auto" there is the same choice)
     if changed:
         shown = "; ".join(changed[:6]) + (f"; and {len(changed) - 6} more" if len(changed) > 6 else "")
         findings.append(Finding("trainer.resume", f"{ckpt.path.name} was trained with another config, and the run goes "
                                 f"on with this one: {shown}", level="warning"))  # fmt: skip
+
+
+# What a trained role's optimizer state in a checkpoint is laid out by: Megatron reshards it over
+# DP only (CHECKPOINT_METADATA in megarl/actors/megatron_runtime/training.py), so a resume keeps these.
+RESUME_LAYOUT_KEYS = {
+    "policy": ("actor.parallel.tp", "actor.parallel.pp", "actor.optimizer.distributed", "model.dtype"),
+    "critic": ("critic.parallel.tp", "critic.parallel.pp", "critic.optimizer.distributed", "model.dtype"),
+}
+
+
+def _layout_changes(differences: dict[str, tuple[Any, Any]], ckpt: Any) -> list[Finding]:
+    """A refusal per changed key of RESUME_LAYOUT_KEYS for the roles ``ckpt`` holds (the load
+    would fail once every worker has started, inside Megatron, with a KeyError)."""
+    keys = dict.fromkeys(k for role in ckpt.components if role in RESUME_LAYOUT_KEYS for k in RESUME_LAYOUT_KEYS[role])
+    return [Finding(key, f"{ckpt.path.name} was trained with {key}={a}, and its optimizer state loads only with the same "
+                         f"value (the data-parallel size may change), not {b}; resume with {key}={a}, or start a new run "
+                         "from its weights (`megarl convert` it, then model.path) in a new trainer.output_dir")
+            for key in keys if key in differences for a, b in [differences[key]]]  # fmt: skip
 
 
 def _another_model(old: MegaRLConfig, new: MegaRLConfig, launched: Path) -> str | None:

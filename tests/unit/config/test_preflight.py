@@ -220,14 +220,18 @@ def test_checkpoints_are_never_started_over(demo, tmp_path):
     assert (ckpt / "trainer_state.pt").read_bytes() == b"short"
 
 
-def _trained_with(out: Path, step: int, cfg, launch_dir: Path) -> Path:
-    """A checkpoint as the trainer saves it: with the config it was trained with and the launch directory."""
+def _trained_with(out: Path, step: int, cfg, launch_dir: Path, roles: tuple[str, ...] = ()) -> Path:
+    """A checkpoint as the trainer saves it: with the config it was trained with and the launch
+    directory (and a stand-in directory per trained role: its weights are not read before launch)."""
     from megarl.checkpoint.manager import CheckpointManager
     from megarl.config.loading import config_to_yaml
 
     with CheckpointManager(out).saving(step, {"launch_dir": str(launch_dir)}) as d:
         (d / "trainer_state.pt").write_bytes(b"state")
         (d / "config.yaml").write_text(config_to_yaml(cfg))
+        for role in roles:
+            (d / role).mkdir()
+            (d / role / "common.pt").write_bytes(b"megatron-core 0.16 writes it")
     return out / "checkpoints" / f"step_{step:06d}"
 
 
@@ -264,6 +268,21 @@ def test_a_resume_refuses_another_model_and_names_other_changes(demo, tmp_path):
     assert ("  - data: cannot resume step_000002: the checkpoint was saved with data.seed = 1, the config now gives 2; "
             "resume with the same data settings, or start a fresh run in a new trainer.output_dir") in msg
     assert "data.shuffle = True, the config now gives False" in msg
+
+
+def test_a_resume_refuses_a_layout_its_optimizer_state_cannot_load_in(demo, tmp_path):
+    # Megatron failed in every rank's load with a KeyError, once the whole cluster had started
+    out = tmp_path / "run"
+    _trained_with(out, 2, config(demo, out), launch_dir=tmp_path, roles=("policy",))
+    msg = refusal(config(demo, out, "actor.parallel.tp=2", "model.dtype=bfloat16", "critic.parallel.tp=2"))
+    assert ("  - actor.parallel.tp: step_000002 was trained with actor.parallel.tp=1, and its optimizer state loads only "
+            "with the same value (the data-parallel size may change), not 2; resume with actor.parallel.tp=1, or start a "
+            "new run from its weights (`megarl convert` it, then model.path) in a new trainer.output_dir") in msg
+    assert "  - model.dtype: step_000002 was trained with model.dtype=float32," in msg
+    assert "critic.parallel.tp" not in msg  # no critic in the checkpoint: nothing to load
+    warned = make_plan(config(demo, out, "cluster.gpus_per_node=1"), check_files=True).warnings  # DP 2 -> 1 reshards
+    assert [w.message for w in warned if w.field == "trainer.resume"] == [
+        "step_000002 was trained with another config, and the run goes on with this one: cluster.gpus_per_node: 2 -> 1"]
 
 
 def test_going_back_to_an_older_checkpoint_is_said_before_launch(demo, tmp_path):
