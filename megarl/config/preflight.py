@@ -254,7 +254,7 @@ def _check_resumed_config(cfg: MegaRLConfig, ckpt: Any, findings: list[Finding])
     for conflict in conflicts:
         findings.append(Finding("data", f"cannot resume {ckpt.path.name}: {conflict}"))
     differences = _differences(old.model_dump(), cfg.model_dump())
-    layout = [] if cfg.trainer.val_only else _layout_changes(differences, ckpt)
+    layout = [] if cfg.trainer.val_only else _layout_changes(differences, ckpt, cfg.critic_enabled)
     findings += layout
     changed = [f"{k}: {a!r} -> {b!r}" for k, (a, b) in differences.items()
                if k not in (*RESUME_FREE_KEYS, "model.path", "model.arch", *(f.field for f in layout)) and b != "auto"]  # fmt: skip
@@ -273,14 +273,21 @@ RESUME_LAYOUT_KEYS = {
 }
 
 
-def _layout_changes(differences: dict[str, tuple[Any, Any]], ckpt: Any) -> list[Finding]:
-    """A refusal per changed key of RESUME_LAYOUT_KEYS for the roles ``ckpt`` holds (the load
-    would fail once every worker has started, inside Megatron, with a KeyError)."""
+def _layout_changes(differences: dict[str, tuple[Any, Any]], ckpt: Any, critic: bool) -> list[Finding]:
+    """A refusal per changed key of RESUME_LAYOUT_KEYS for the roles ``ckpt`` holds, and for a
+    critic it does not hold (``critic``: the launch trains one). Either would fail once every
+    worker has started: inside Megatron's load with a KeyError, or for want of the critic."""
+    new_run = "start a new run from its weights (`megarl convert` it, then model.path) in a new trainer.output_dir"
     keys = dict.fromkeys(k for role in ckpt.components if role in RESUME_LAYOUT_KEYS for k in RESUME_LAYOUT_KEYS[role])
-    return [Finding(key, f"{ckpt.path.name} was trained with {key}={a}, and its optimizer state loads only with the same "
-                         f"value (the data-parallel size may change), not {b}; resume with {key}={a}, or start a new run "
-                         "from its weights (`megarl convert` it, then model.path) in a new trainer.output_dir")
-            for key in keys if key in differences for a, b in [differences[key]]]  # fmt: skip
+    found = [Finding(key, f"{ckpt.path.name} was trained with {key}={a}, and its optimizer state loads only with the same "
+                          f"value (the data-parallel size may change), not {b}; resume with {key}={a}, or {new_run}")
+             for key in keys if key in differences for a, b in [differences[key]]]  # fmt: skip
+    if critic and "critic" not in ckpt.components:
+        for key in [k for k in ("algorithm.estimator", "critic.enabled") if k in differences]:
+            was = differences[key][0]
+            found.append(Finding(key, f"this launch trains a critic and {ckpt.path.name} holds none (trained with {key}={was}): "
+                                      f"a resume cannot add one; resume with {key}={was}, or {new_run}"))  # fmt: skip
+    return found
 
 
 def _another_model(old: MegaRLConfig, new: MegaRLConfig, launched: Path) -> str | None:

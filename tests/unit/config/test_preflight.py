@@ -280,6 +280,9 @@ def test_a_resume_refuses_a_layout_its_optimizer_state_cannot_load_in(demo, tmp_
             "new run from its weights (`megarl convert` it, then model.path) in a new trainer.output_dir") in msg
     assert "  - model.dtype: step_000002 was trained with model.dtype=float32," in msg
     assert "critic.parallel.tp" not in msg  # no critic in the checkpoint: nothing to load
+    msg = refusal(config(demo, out, "algorithm.estimator=gae"))  # failed after the start: the checkpoint has no 'critic'
+    assert ("  - algorithm.estimator: this launch trains a critic and step_000002 holds none (trained with "
+            "algorithm.estimator=grpo): a resume cannot add one; resume with algorithm.estimator=grpo, or start") in msg
     warned = make_plan(config(demo, out, "cluster.gpus_per_node=1"), check_files=True).warnings  # DP 2 -> 1 reshards
     assert [w.message for w in warned if w.field == "trainer.resume"] == [
         "step_000002 was trained with another config, and the run goes on with this one: cluster.gpus_per_node: 2 -> 1"]
