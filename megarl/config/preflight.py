@@ -250,11 +250,11 @@ def _check_resumed_config(cfg: MegaRLConfig, ckpt: Any, findings: list[Finding])
                                 "reference loads the new one; resume with the run's model, or start from the new one in "
                                 "a new trainer.output_dir"))  # fmt: skip
     # the data sampler's stream is a function of these: it would refuse them once Ray has started
-    conflicts = [] if cfg.trainer.val_only else resume_conflicts(resume_settings(old.data), resume_settings(cfg.data))
+    conflicts = resume_conflicts(resume_settings(old.data), resume_settings(cfg.data))  # (val_only loads it too)
     for conflict in conflicts:
         findings.append(Finding("data", f"cannot resume {ckpt.path.name}: {conflict}"))
     differences = _differences(old.model_dump(), cfg.model_dump())
-    layout = [] if cfg.trainer.val_only else _layout_changes(differences, ckpt, cfg.critic_enabled)
+    layout = _layout_changes(differences, ckpt, cfg.critic_enabled)
     findings += layout
     changed = [f"{k}: {a!r} -> {b!r}" for k, (a, b) in differences.items()
                if k not in (*RESUME_FREE_KEYS, "model.path", "model.arch", *(f.field for f in layout)) and b != "auto"]  # fmt: skip

@@ -268,6 +268,7 @@ def test_a_resume_refuses_another_model_and_names_other_changes(demo, tmp_path):
     assert ("  - data: cannot resume step_000002: the checkpoint was saved with data.seed = 1, the config now gives 2; "
             "resume with the same data settings, or start a fresh run in a new trainer.output_dir") in msg
     assert "data.shuffle = True, the config now gives False" in msg
+    assert "data.seed = 1" in refusal(config(demo, out, "actor.recompute=auto", "data.seed=2", "trainer.val_only=true"))  # it loads the sampler too
 
 
 def test_a_resume_refuses_a_layout_its_optimizer_state_cannot_load_in(demo, tmp_path):
