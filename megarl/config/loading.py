@@ -11,6 +11,7 @@ with a value an override set names that override, not the YAML file.
 from __future__ import annotations
 
 import difflib
+import re
 import typing
 from pathlib import Path
 from typing import Any
@@ -95,7 +96,27 @@ def parse_override(item: str) -> tuple[str, Any]:
         value = yaml.safe_load(text) if text.strip() else ""
     except yaml.YAMLError as exc:
         raise ConfigError(f"override {item!r}: value {text!r} is not valid YAML ({exc.problem})") from None
+    glued = _glued_entry(value)
+    if glued is not None:
+        fixed = re.sub(r"(?<=[{,\s])(\w+):(?=\S)", r"\1: ", text)
+        raise ConfigError(f"override {item!r}: YAML reads {glued!r} as one key with no value (a mapping needs a space "
+                          f"after each colon); write it as '{key}={fixed}', quoted for the shell")  # fmt: skip
     return key, value
+
+
+def _glued_entry(value: Any) -> str | None:
+    """A key of a flow mapping in ``value`` written ``name:value`` without a space (YAML reads
+    ``{path:/x}`` as ``{"path:/x": None}``; the shell splits ``{path: /x}`` unless quoted), else None."""
+    if isinstance(value, list):
+        return next((g for v in value if (g := _glued_entry(v)) is not None), None)
+    if not isinstance(value, dict):
+        return None
+    for k, v in value.items():
+        if v is None and isinstance(k, str) and ":" in k and k.split(":", 1)[0].isidentifier():
+            return k
+        if (g := _glued_entry(v)) is not None:
+            return g
+    return None
 
 
 class _DuplicateKey(yaml.YAMLError):

@@ -89,6 +89,21 @@ def test_malformed_override(bad):
         parse_override(bad)
 
 
+@pytest.mark.parametrize(("override", "fixed"), [
+    ("reward.custom={path:/tmp/r.py}", "'reward.custom={path: /tmp/r.py}'"),
+    ("data.train_files=[{path:/a.parquet,weight:2}]", "'data.train_files=[{path: /a.parquet,weight: 2}]'"),
+    ("rollout.agent.loops={mine:pkg.mod:Loop}", "'rollout.agent.loops={mine: pkg.mod:Loop}'"),
+])
+def test_a_mapping_entry_without_a_space_after_its_colon_is_refused_with_the_fixed_override(override, fixed):
+    # The shell splits `{path: /x}` unless quoted, so `{path:/x}` is what users type; YAML reads
+    # it as {"path:/x": None}, which validation would report as an unknown key.
+    with pytest.raises(ConfigError) as exc:
+        parse_override(override)
+    assert str(exc.value).endswith(f"write it as {fixed}, quoted for the shell")
+    key, value = parse_override(fixed.strip("'"))
+    assert isinstance(value, (dict, list)) and key == override.split("=")[0]
+
+
 def test_a_mapping_given_for_a_section_is_merged_into_the_files(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("model: {arch: qwen2.5-7b}\nrollout: {n: 4, sampling: {max_new_tokens: 3072, temperature: 1.0}}\n")
