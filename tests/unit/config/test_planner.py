@@ -446,6 +446,14 @@ def test_recompute_auto_is_the_least_that_fits_and_reaches_the_run():
     assert "actor: training needs" in msg and "recompute=full" not in msg
 
 
+def test_several_greedy_validation_samples_are_a_warning():
+    warned = " ".join(map(str, plan(TINY, "rollout.val.n=4").warnings))
+    assert "rollout.val.n: (4) greedy samples of one prompt are all the same response" in warned
+    assert plan(TINY, "rollout.val.n=4", "rollout.val.greedy=false").warnings == []
+    assert plan(TINY, "rollout.val.n=1").warnings == []
+    assert plan(TINY, "rollout.val.n=4", "data.val_files=[]").warnings == []
+
+
 def test_a_validation_pass_threshold_the_reward_cannot_meet_is_refused():
     with pytest.raises(PlanError, match=r"rollout.val.pass_threshold: \(2\) must be in \(0, 1\]: the built-in reward "
                                         r"functions score from 0 to 1, so no response could pass"):  # fmt: skip
