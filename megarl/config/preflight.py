@@ -20,8 +20,9 @@ the fix, so all of them are reported at once, in seconds, before Ray or any work
   interaction of rollout.agent.interactions_file (megarl/agents/checks.py);
 - the user's own functions named by import path (algorithm.estimator, algorithm.policy_loss,
   rollout.generate_function; megarl/config/extensions.py): importable and callable;
-- model.path: config.json present and accepted by the bridges (config values, layout, the
-  weights' tensor names and shapes), the installed megatron-core usable; a model checkpoint
+- model.path (and critic.path, in the critic's layout): config.json present and accepted by the
+  bridges (config values, layout, the weights' tensor names and shapes), the installed
+  megatron-core usable; a model checkpoint
   of `megarl convert hf-to-megatron` (as model.path or critic.path): its record readable and
   its HF config equal to the config.json beside it;
 - trainer.output_dir writable; trainer.resume meaningful for what output_dir holds
@@ -446,7 +447,14 @@ def _check_model_dir(cfg: MegaRLConfig, findings: list[Finding]) -> bool:
         findings.append(Finding("model.path", f"({path}) {problem}; copy the model's tokenizer files into it"))
         return False
     ok = True
-    for field, value in (("model.path", path), ("critic.path", cfg.critic.path if cfg.critic_enabled else None)):
+    critic = cfg.critic.path if cfg.critic_enabled else None
+    if critic is not None and not (Path(critic) / "config.json").is_file():
+        # else the critic ranks fail once the cluster and the policy have started (transformers
+        # takes a missing directory for a hub repo id)
+        findings.append(Finding("critic.path", f"({critic}) must be a local HF model directory (with config.json) or a "
+                                "model checkpoint of `megarl convert hf-to-megatron`; unset, the critic starts from "
+                                "model.path"))  # fmt: skip
+    for field, value in (("model.path", path), ("critic.path", critic)):
         if is_model_checkpoint(value):
             try:
                 check_model_checkpoint(value)
@@ -458,27 +466,33 @@ def _check_model_dir(cfg: MegaRLConfig, findings: list[Finding]) -> bool:
 
 def _check_bridge(cfg: MegaRLConfig) -> list[Finding]:
     """model.path's config.json accepted by its bridge (values, both parallel layouts) and, for an
-    HF directory, its weights' tensor names and shapes (a model checkpoint: _check_model_dir)."""
+    HF directory, its weights' tensor names and shapes (a model checkpoint: _check_model_dir);
+    likewise critic.path's, in the critic's layout, when the critic has its own model."""
     from megarl.checkpoint.model_checkpoint import is_model_checkpoint
     from megarl.models.mcore_version import require_megatron_core
 
-    layouts = [cfg.actor.parallel] + ([cfg.critic.parallel] if cfg.critic_enabled else [])
-    try:
-        require_megatron_core()  # the installed version only: nothing of Megatron is imported
-        from transformers import AutoConfig
+    own_critic = cfg.critic.path if cfg.critic_enabled else None  # else a critic starts from model.path
+    shared = [cfg.critic.parallel] if cfg.critic_enabled and own_critic is None else []
+    models = [("model.path", cfg.model.path, [cfg.actor.parallel, *shared])]
+    if own_critic is not None:
+        models.append(("critic.path", own_critic, [cfg.critic.parallel]))
+    for field, path, layouts in models:
+        try:
+            require_megatron_core()  # the installed version only: nothing of Megatron is imported
+            from transformers import AutoConfig
 
-        from megarl.models.bridge import get_bridge
+            from megarl.models.bridge import get_bridge
 
-        hf = AutoConfig.from_pretrained(cfg.model.path)
-        bridge = get_bridge(hf)
-        bridge.check_hf_config(hf)
-        for layout in layouts:
-            bridge.check_parallel(hf, layout)
-        if not is_model_checkpoint(cfg.model.path):
-            bridge.check_hf_checkpoint(hf, cfg.model.path)
-    except Exception as exc:  # noqa: BLE001 - any refusal (ValueError, OSError, ...) is this field's finding
-        reason = " ".join(str(exc).split())  # one line, whatever transformers or safetensors wrote
-        return [Finding("model.path", f"({cfg.model.path}) is not a model megarl can train: {type(exc).__name__}: {reason}")]
+            hf = AutoConfig.from_pretrained(path)
+            bridge = get_bridge(hf)
+            bridge.check_hf_config(hf)
+            for layout in layouts:
+                bridge.check_parallel(hf, layout)
+            if not is_model_checkpoint(path):
+                bridge.check_hf_checkpoint(hf, path)
+        except Exception as exc:  # noqa: BLE001 - any refusal (ValueError, OSError, ...) is this field's finding
+            reason = " ".join(str(exc).split())  # one line, whatever transformers or safetensors wrote
+            return [Finding(field, f"({path}) is not a model megarl can train: {type(exc).__name__}: {reason}")]
     return []
 
 

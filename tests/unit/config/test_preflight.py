@@ -202,6 +202,23 @@ def _checkpoint(out: Path, step: int) -> Path:
     return out / "checkpoints" / f"step_{step:06d}"
 
 
+def test_a_critic_path_is_checked_as_model_path_is(demo, tmp_path):
+    # A missing critic.path got past the checks, and the critic ranks failed once Ray and the policy had
+    # started (transformers took it for a hub repo id); the critic's own config.json was never checked.
+    from megarl.models.tiny import build_tiny_model
+
+    out, missing = tmp_path / "run", tmp_path / "no-such-model"
+    msg = refusal(config(demo, out, "algorithm.estimator=gae", f"critic.path={missing}"))
+    assert (f"  - critic.path: ({missing}) must be a local HF model directory (with config.json) or a model checkpoint "
+            "of `megarl convert hf-to-megatron`; unset, the critic starts from model.path") in msg
+    assert [f for f in preflight(config(demo, out, f"critic.path={missing}")) if f.field == "critic.path"] == []  # no critic
+    # its own model in the critic's layout: TP 2 divides the policy's 2 KV heads, not this one's 1
+    mqa = build_tiny_model(tmp_path / "mqa", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=1,
+                           ffn_hidden_size=128, max_position_embeddings=64)
+    msg = refusal(config(demo, out, "algorithm.estimator=gae", f"critic.path={mqa}", "critic.parallel.tp=2"))
+    assert f"  - critic.path: ({mqa}) is not a model megarl can train: ValueError: parallel.tp (2) must divide" in msg
+
+
 def test_a_logger_whose_package_is_missing_is_refused_before_launch(demo, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "mlflow", None)  # how Python marks a module unimportable: find_spec gives None
     msg = refusal(config(demo, tmp_path / "out", "trainer.loggers=[console,mlflow]"))
