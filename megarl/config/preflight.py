@@ -24,7 +24,8 @@ the fix, so all of them are reported at once, in seconds, before Ray or any work
   bridges (config values, layout, the weights' tensor names and shapes), the installed
   megatron-core usable; a model checkpoint
   of `megarl convert hf-to-megatron` (as model.path or critic.path): its record readable and
-  its HF config equal to the config.json beside it;
+  its HF config equal to the config.json beside it; critic.path's model able to read model.path's
+  token ids (megarl/models/hf_files.py: token_ids_problem);
 - trainer.output_dir writable; trainer.resume meaningful for what output_dir holds
   (megarl.checkpoint.manager.plan_resume: no destroyed evidence, no two runs in one place).
 
@@ -78,6 +79,7 @@ def preflight(cfg: MegaRLConfig) -> list[Finding]:
         samples = _check_data(cfg, findings)
         _check_run_length(cfg, findings)
         if _check_model_dir(cfg, findings):
+            _check_critic_tokens(cfg, findings)
             strict = cfg.data.truncation == "error" and not cfg.data.filter_overlong_prompts
             if strict and samples:  # lengths need the tokenizer (transformers: a second or two)
                 _check_prompts(cfg, samples, findings)
@@ -462,6 +464,26 @@ def _check_model_dir(cfg: MegaRLConfig, findings: list[Finding]) -> bool:
                 findings.append(Finding(field, str(exc)))
                 ok = False
     return ok
+
+
+def _check_critic_tokens(cfg: MegaRLConfig, findings: list[Finding]) -> None:
+    """critic.path's model reads the token ids of model.path's tokenizer (a critic has no
+    tokenizer of its own at run time): one of another model family runs, on the wrong tokens."""
+    from megarl.data.datasets import DataError
+    from megarl.data.summary import load_tokenizer
+    from megarl.models.hf_files import token_ids_problem
+
+    critic = cfg.critic.path if cfg.critic_enabled else None
+    if critic is None or not (Path(critic) / "config.json").is_file():
+        return  # no model of its own, or _check_model_dir's finding
+    try:
+        tokenizer = load_tokenizer(cfg.model.path)
+    except DataError:
+        return  # a tokenizer that does not load stops the run at start-up, whatever the critic
+    problem = token_ids_problem(tokenizer, Path(critic), "model.path's")
+    if problem:
+        findings.append(Finding("critic.path", f"({critic}) {problem}; the critic reads the policy's token ids: use a "
+                                "critic of the policy's model family, or unset critic.path to start it from model.path"))  # fmt: skip
 
 
 def _check_bridge(cfg: MegaRLConfig) -> list[Finding]:

@@ -194,7 +194,7 @@ class ReferenceConfig(Section):
 
 class CriticConfig(ActorConfig):
     enabled: bool | None = Field(None, description="Train a critic; None = derived from the estimator (gae needs one).")
-    path: UserPath | None = Field(None, description="HF model (or model checkpoint of `megarl convert hf-to-megatron`) to initialise the critic backbone from; None = the policy's model.path.")
+    path: UserPath | None = Field(None, description="HF model (or model checkpoint of `megarl convert hf-to-megatron`) to initialise the critic backbone from; None = the policy's model.path. It reads the policy's token ids, so its tokenizer must be the policy's (checked before launch).")
 
 
 class ClipConfig(Section):

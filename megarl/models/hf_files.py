@@ -52,6 +52,32 @@ def tokenizer_files_problem(path: Path) -> str | None:
     return f"has no tokenizer files: {named} reads {wanted}"
 
 
+def token_ids_problem(tokenizer: Any, other: Path, whose: str) -> str | None:
+    """Why the model of the HF directory ``other`` cannot read the token ids ``tokenizer``
+    (``whose``: e.g. "model.path's") makes, as a clause, or None: its embedding has fewer rows
+    than the tokenizer has tokens, or its own tokenizer gives tokens of ``tokenizer`` other ids
+    (another model family). Tokens its tokenizer lacks are not compared (a policy's added tokens:
+    their rows exist); without a tokenizer in ``other`` only the embedding's size can be told."""
+    rows = _json_object(other / "config.json").get("vocab_size")
+    if isinstance(rows, int) and len(tokenizer) > rows:
+        return (f"has {rows} token embeddings (config.json's vocab_size), fewer than the {len(tokenizer)} tokens of "
+                f"{whose} tokenizer")
+    if tokenizer_files_problem(other) is not None:
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        theirs = AutoTokenizer.from_pretrained(str(other), local_files_only=True).get_vocab()
+    except Exception:  # noqa: BLE001 - a tokenizer the model itself never uses: nothing to compare
+        return None
+    moved = [(t, i, theirs[t]) for t, i in tokenizer.get_vocab().items() if t in theirs and theirs[t] != i]
+    if not moved:
+        return None
+    token, mine, its = min(moved, key=lambda m: m[1])
+    return (f"has another tokenizer: {len(moved)} of the {len(tokenizer)} tokens of {whose} tokenizer have other ids "
+            f"in its own (e.g. {token!r} is {mine} in {whose}, {its} in its own)")
+
+
 def _json_object(file: Path) -> dict:
     try:
         value = json.loads(file.read_text())

@@ -17,6 +17,7 @@ import pytest
 from megarl.config.loading import load_config
 from megarl.config.planner import PlanError, make_plan
 from megarl.config.preflight import finished_run, preflight, writable_dir_problem
+from megarl.data.tasks import TASK_VOCAB
 
 TINY = Path(__file__).resolve().parents[3] / "configs" / "tiny_grpo.yaml"
 
@@ -213,10 +214,28 @@ def test_a_critic_path_is_checked_as_model_path_is(demo, tmp_path):
             "of `megarl convert hf-to-megatron`; unset, the critic starts from model.path") in msg
     assert [f for f in preflight(config(demo, out, f"critic.path={missing}")) if f.field == "critic.path"] == []  # no critic
     # its own model in the critic's layout: TP 2 divides the policy's 2 KV heads, not this one's 1
-    mqa = build_tiny_model(tmp_path / "mqa", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=1,
-                           ffn_hidden_size=128, max_position_embeddings=64)
+    mqa = build_tiny_model(tmp_path / "mqa", task_vocab=TASK_VOCAB, hidden_size=64, num_layers=2, num_heads=4,
+                           num_kv_heads=1, ffn_hidden_size=128, max_position_embeddings=64)
     msg = refusal(config(demo, out, "algorithm.estimator=gae", f"critic.path={mqa}", "critic.parallel.tp=2"))
     assert f"  - critic.path: ({mqa}) is not a model megarl can train: ValueError: parallel.tp (2) must divide" in msg
+
+
+def test_a_critic_of_another_tokenizer_is_refused(demo, tmp_path):
+    # A critic reads the policy's token ids: one of another tokenizer trained on the wrong tokens,
+    # with plausible metrics; one with fewer embeddings than the tokenizer has tokens fails at start-up.
+    from megarl.models.tiny import build_tiny_model
+
+    out, shape = tmp_path / "run", dict(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, ffn_hidden_size=64)
+    byte_level = build_tiny_model(tmp_path / "bytes", **shape)  # 256 byte tokens + 3 special ones
+    msg = refusal(config(demo, out, "algorithm.estimator=gae", f"critic.path={byte_level}"))
+    assert f"  - critic.path: ({byte_level}) has another tokenizer: 13 of the 14 tokens of model.path's tokenizer" in msg
+    assert "(e.g. '0' is 1 in model.path's, 15 in its own); the critic reads the policy's token ids" in msg
+    msg = refusal(config(demo, out, f"model.path={byte_level}", "algorithm.estimator=gae", f"critic.path={demo[0]}"))
+    assert (f"  - critic.path: ({demo[0]}) has 14 token embeddings (config.json's vocab_size), fewer than the 259 tokens "
+            "of model.path's tokenizer") in msg
+    same = build_tiny_model(tmp_path / "same", task_vocab=TASK_VOCAB, seed=3, **shape)  # another model, the same tokens
+    assert [f for f in preflight(config(demo, out, "algorithm.estimator=gae", f"critic.path={same}"))
+            if f.field == "critic.path"] == []  # fmt: skip
 
 
 def test_a_logger_whose_package_is_missing_is_refused_before_launch(demo, tmp_path, monkeypatch):
