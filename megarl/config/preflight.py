@@ -9,9 +9,10 @@ the fix, so all of them are reported at once, in seconds, before Ray or any work
 - the run's length: with trainer.total_epochs, the steps the footers' row counts make must
   exceed trainer.critic_warmup_steps (a bound when overlong prompts are dropped at load;
   megarl/trainer/build.py checks the exact count once the data is read);
-- prompts: with ``data.truncation=error`` and overlong prompts not filtered, the tokenizer of
-  model.path renders the sampled prompts and none may be over max_prompt_length; otherwise
-  only that the tokenizer has a chat template when data.apply_chat_template is on;
+- prompts: the tokenizer has a chat template when data.apply_chat_template is on; the
+  tokenizer of model.path renders the sampled prompts: with ``data.truncation=error`` and
+  overlong prompts not filtered, none may be over max_prompt_length; filtered, a file all
+  dropped is refused and one half dropped named (a warning);
 - rewards: built-in scorer names, a scorer for every sampled data_source (and a non-null
   ground truth, but for code), reward.custom importable and defining its function,
   reward.model's config.json one the reward workers load (megarl/rewards/reward_model.py: a
@@ -81,12 +82,12 @@ def preflight(cfg: MegaRLConfig) -> list[Finding]:
         if _check_model_dir(cfg, findings):
             _check_critic_tokens(cfg, findings)
             strict = cfg.data.truncation == "error" and not cfg.data.filter_overlong_prompts
-            if strict and samples:  # lengths need the tokenizer (transformers: a second or two)
-                _check_prompts(cfg, samples, findings)
-            elif cfg.data.apply_chat_template and not _has_chat_template(Path(cfg.model.path)):
+            if cfg.data.apply_chat_template and not _has_chat_template(Path(cfg.model.path)):
                 findings.append(Finding("data.apply_chat_template", f"is true but the tokenizer of model.path ({cfg.model.path}) "
                                         "has no chat template; set data.apply_chat_template=false to feed raw prompt text, "
                                         "or use a tokenizer with a template"))
+            elif (strict or cfg.data.filter_overlong_prompts) and samples:  # lengths need the tokenizer (a second or two)
+                _check_prompts(cfg, samples, findings)
         _check_rewards(cfg, samples, findings)
         if cfg.rollout.generate_function == "default":
             from megarl.agents.checks import row_findings
@@ -399,8 +400,10 @@ def _has_chat_template(model: Path) -> bool:
 
 
 def _check_prompts(cfg: MegaRLConfig, samples: list[_Sample], findings: list[Finding]) -> None:
-    """data.truncation=error without filtering: the sampled prompts, rendered by the run's
-    tokenizer, must all fit data.max_prompt_length (else training fails on the first such draw)."""
+    """The sampled prompts, rendered by the run's tokenizer, against data.max_prompt_length:
+    with data.truncation=error and no filtering they must all fit (else training fails on the
+    first such draw); with data.filter_overlong_prompts, a file it would empty is refused and
+    one it would halve is named (_dropped)."""
     from megarl.agents.tools import prompt_tools
     from megarl.data.datasets import DataError
     from megarl.data.prompts import PromptBuilder
@@ -420,12 +423,32 @@ def _check_prompts(cfg: MegaRLConfig, samples: list[_Sample], findings: list[Fin
             findings.append(_located(sample.label, str(exc)))
             continue
         over = [i for i, n in enumerate(lengths) if n > d.max_prompt_length]
-        if over:
+        if over and d.filter_overlong_prompts:
+            findings += _dropped(sample, len(over), min(lengths), len(lengths), d.max_prompt_length)
+        elif over:
             row, n = sample.records[over[0]].row, lengths[over[0]]
             findings.append(Finding(sample.label, f"row {row}: the prompt has {n} tokens > data.max_prompt_length "
                                     f"({d.max_prompt_length}), and data.truncation=error ({len(over)} of {len(lengths)} rows "
                                     "checked are over); raise data.max_prompt_length, set data.filter_overlong_prompts=true "
                                     "to drop such prompts, or set data.truncation=left|right"))
+
+
+def _dropped(sample: _Sample, over: int, shortest: int, checked: int, limit: int) -> list[Finding]:
+    """What data.filter_overlong_prompts would do to ``sample``'s file when it drops ``over`` of
+    the ``checked`` prompts: every one of a file checked whole is a refusal (the run would stop
+    at start-up with no prompts to draw), half or more a warning; fewer is the run's business."""
+    import pyarrow.parquet as pq
+
+    if over == checked and checked == pq.read_metadata(sample.path).num_rows:
+        return [Finding(sample.label, f"every one of its {checked} prompts is longer than data.max_prompt_length ({limit}; "
+                                      f"the shortest has {shortest} tokens), and data.filter_overlong_prompts drops them: "
+                                      "raise data.max_prompt_length, or cut them (data.truncation=left|right with "
+                                      "data.filter_overlong_prompts=false)")]  # fmt: skip
+    if 2 * over < checked:
+        return []
+    return [Finding(sample.label, f"{over} of the {checked} prompts checked are longer than data.max_prompt_length "
+                                  f"({limit}) and data.filter_overlong_prompts drops them; raise data.max_prompt_length "
+                                  "to keep them", level="warning")]  # fmt: skip
 
 
 # ---- model and rewards ----------------------------------------------------------------------------------

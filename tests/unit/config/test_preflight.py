@@ -16,7 +16,7 @@ import pytest
 
 from megarl.config.loading import load_config
 from megarl.config.planner import PlanError, make_plan
-from megarl.config.preflight import finished_run, preflight, writable_dir_problem
+from megarl.config.preflight import Finding, finished_run, preflight, writable_dir_problem
 from megarl.data.tasks import TASK_VOCAB
 
 TINY = Path(__file__).resolve().parents[3] / "configs" / "tiny_grpo.yaml"
@@ -79,8 +79,21 @@ def test_overlong_prompt_with_truncation_error(demo, tmp_path):
     msg = refusal(cfg)
     assert "data.train_files[0] (long.parquet): row 1: the prompt has" in msg
     assert "> data.max_prompt_length (16), and data.truncation=error" in msg and "data.truncation=left|right" in msg
-    # Filtered (the default), the same file is fine.
-    assert preflight(config(demo, tmp_path / "run", f"data.train_files=[{path}]")) == []
+    # Filtered (the default), the same file runs without its long half, which is named.
+    assert preflight(config(demo, tmp_path / "run", f"data.train_files=[{path}]")) == [
+        Finding("data.train_files[0] (long.parquet)", "1 of the 2 prompts checked are longer than data.max_prompt_length "
+                "(16) and data.filter_overlong_prompts drops them; raise data.max_prompt_length to keep them", "warning")]
+    pq.write_table(pa.Table.from_pylist(rows(["12", "123", "0123456789" * 4])), path)
+    assert preflight(config(demo, tmp_path / "run", f"data.train_files=[{path}]")) == []  # a third dropped: the run's business
+
+
+def test_a_file_filtering_would_empty_is_refused(demo, tmp_path):
+    # The run stopped at start-up, after Ray and the workers had started, with no prompts to draw.
+    path = tmp_path / "long.parquet"
+    pq.write_table(pa.Table.from_pylist(rows(["0123456789" * 2, "0123456789" * 4])), path)
+    msg = refusal(config(demo, tmp_path / "run", f"data.train_files=[{path}]"))
+    assert ("  - data.train_files[0] (long.parquet): every one of its 2 prompts is longer than data.max_prompt_length "
+            "(16; the shortest has 23 tokens)") in msg and "raise data.max_prompt_length, or cut them" in msg
 
 
 def test_critic_warmup_against_the_steps_total_epochs_makes(demo, tmp_path):
