@@ -88,6 +88,9 @@ class LRSchedule:
         self.step_count = int(state["step_count"])
 
 
+FP16_INITIAL_LOSS_SCALE = 2.0**16
+
+
 def megatron_optimizer_config(cfg: OptimizerConfig, *, bf16: bool, fp16: bool) -> Any:
     """Megatron's ``OptimizerConfig`` for our section (Adam; fp32 main params and grads)."""
     from megatron.core.optimizer import OptimizerConfig as MegatronOptimizerConfig
@@ -105,6 +108,10 @@ def megatron_optimizer_config(cfg: OptimizerConfig, *, bf16: bool, fp16: bool) -
         fp16=fp16,
         params_dtype=torch.bfloat16 if bf16 else (torch.float16 if fp16 else torch.float32),
         use_distributed_optimizer=cfg.distributed,
+        # fp16's dynamic loss scale starts where torch's GradScaler and DeepSpeed's start, not at
+        # Megatron's pretraining 2**32: every halving down from there skips a whole RL step
+        # (a tiny CPU run skipped its first 21 steps; 5 from 2**16).
+        initial_loss_scale=FP16_INITIAL_LOSS_SCALE,
     )
 
 
