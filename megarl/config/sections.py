@@ -161,6 +161,25 @@ class OptimizerConfig(Section):
     eps: float = Field(1e-8, gt=0, description="Adam epsilon.")
     clip_grad: float = Field(1.0, ge=0, description="Global gradient-norm clip; 0 disables.")
     distributed: bool = Field(True, description="Megatron's distributed optimizer (optimizer state sharded over DP).")
+    checkpoint_format: Literal["dp_reshardable", "fully_reshardable"] = Field(
+        "dp_reshardable",
+        description="How checkpoints lay out the distributed optimizer's state. dp_reshardable: each rank writes "
+        "its own shard, no gather; a resume may change the data-parallel size only. fully_reshardable: each "
+        "parameter's Adam state whole, so a resume may also change parallel.tp and parallel.pp; the save "
+        "all-gathers the state over the data-parallel ranks (each rank holds its stage's full fp32 master "
+        "params and Adam moments, 12 B x params / (tp x pp), in host memory while it saves) and every "
+        "data-parallel rank reads its stage's whole state at load: slower, more host memory. Applies to the "
+        "checkpoints this run writes; a resume loads whichever format its checkpoint holds. Needs distributed.",
+    )
+
+    @model_validator(mode="after")
+    def _format_needs_distributed(self) -> OptimizerConfig:
+        if self.checkpoint_format != "dp_reshardable" and not self.distributed:
+            raise ValueError(
+                f"checkpoint_format={self.checkpoint_format} lays out the distributed optimizer's state; with "
+                "distributed=false set checkpoint_format=dp_reshardable, or distributed=true"
+            )
+        return self
 
 
 class ActorConfig(Section):

@@ -72,9 +72,9 @@ def require_megatron_core() -> str:
     return mcore
 
 
-def write_checkpoint_versions(path: str | Path, **layout: int) -> None:
+def write_checkpoint_versions(path: str | Path, **layout: int | str) -> None:
     """Record which megatron-core and torch wrote the dist-checkpoint in directory ``path``, and
-    the ``layout`` values its state depends on (e.g. the gradient bucket size)."""
+    the ``layout`` values its state depends on (e.g. the gradient bucket size, the optimizer's format)."""
     import torch
 
     info = {"megatron_core": require_megatron_core(), "torch": torch.__version__} | layout
@@ -85,6 +85,18 @@ def checkpoint_record(path: str | Path) -> dict:
     """What :func:`write_checkpoint_versions` recorded for ``path`` ({} for an older checkpoint)."""
     record = Path(path) / VERSIONS_FILE
     return json.loads(record.read_text()) if record.is_file() else {}
+
+
+# The record's key of the distributed optimizer's checkpoint format (actor.optimizer.checkpoint_format
+# at save), and the format of a training checkpoint without it: one written by a megarl that
+# knew no other, or by the non-distributed optimizer (whose state no format change reshards).
+OPTIMIZER_FORMAT_RECORD = "optimizer_format"
+UNRECORDED_OPTIMIZER_FORMAT = "dp_reshardable"
+
+
+def checkpoint_optimizer_format(path: str | Path) -> str:
+    """The optimizer state's format in the training checkpoint at ``path``, as its save recorded."""
+    return checkpoint_record(path).get(OPTIMIZER_FORMAT_RECORD, UNRECORDED_OPTIMIZER_FORMAT)
 
 
 def checkpoint_version_error(path: str | Path, writer: str | None, reader: str) -> str | None:

@@ -323,3 +323,93 @@ def test_a_resume_trains_with_the_adam_settings_of_its_config(model_dir, tmp_pat
     for r in run_distributed(_resume_with_new_adam_settings, 2, model_dir, str(tmp_path / "ckpt")):
         assert r["betas"] == [(0.5, 0.6)] and r["eps"] == [1e-3], r  # not the checkpoint's (0.9, 0.999), 1e-8
         assert r["decays"] == [pytest.approx(0.1)], r
+
+
+# A fully_reshardable checkpoint written at TP1 x DP2 resumes at TP2 x DP1 and at PP2 x DP1.
+RESHARDABLE = OPT.model_copy(update={"checkpoint_format": "fully_reshardable"})
+
+
+def _reshardable_cfg(tp: int, pp: int) -> ActorConfig:
+    return ActorConfig(parallel=ParallelConfig(tp=tp, pp=pp), micro_batch_size=2, optimizer=RESHARDABLE)
+
+
+def _save_reshardable(rank: int, world: int, path: str, ckpt_dir: str) -> tuple[dict, dict]:
+    """Three updates at TP1 x DP2, save, then the uninterrupted run's fourth update."""
+    import multiprocessing
+
+    from megarl.actors.policy import PolicyWorker
+
+    multiprocessing.current_process()._config["daemon"] = False  # as in _ckpt_run
+    batch = ac.make_batch(2, rows=8)
+    worker = PolicyWorker(path, _reshardable_cfg(1, 1), "float32", seed=1, total_optimizer_steps=6)
+    before = ac.exported_state(worker)
+    for _ in range(3):
+        worker.update(batch, ac.pg_loss, mini_batch_size=8)
+    worker.save(ckpt_dir)
+    metrics = worker.update(batch, ac.pg_loss, mini_batch_size=8)
+    return metrics, {"weights": ac.exported_state(worker), "initial": before}
+
+
+def _full_optimizer_state(ckpt_dir: str) -> dict[str, torch.Tensor]:
+    """Every per-parameter optimizer tensor of a fully_reshardable checkpoint, whole (main
+    params, exp_avg, exp_avg_sq), by its model key."""
+    from megatron.core.dist_checkpointing import load_plain_tensors
+
+    def flat(node: dict, prefix: str = "") -> dict[str, torch.Tensor]:
+        out: dict[str, torch.Tensor] = {}
+        for key, value in node.items():
+            if isinstance(value, dict):
+                out |= flat(value, f"{prefix}{key}.")
+            elif isinstance(value, torch.Tensor) and f"{prefix}{key}".startswith("optimizer.state."):
+                out[f"{prefix}{key}"] = value
+        return out
+
+    return flat(load_plain_tensors(ckpt_dir))
+
+
+def _resume_reshardable(rank: int, world: int, path: str, ckpt_dir: str, tp: int, pp: int, resaved: str) -> dict:
+    """Load at TP x PP, save again (the loaded state, whole), then the fourth update."""
+    import multiprocessing
+
+    from megarl.actors.policy import PolicyWorker
+
+    multiprocessing.current_process()._config["daemon"] = False
+    worker = PolicyWorker(path, _reshardable_cfg(tp, pp), "float32", seed=1, total_optimizer_steps=6)
+    worker.load(ckpt_dir)
+    worker.save(resaved)
+    saved, loaded = _full_optimizer_state(ckpt_dir), _full_optimizer_state(resaved)
+    # TP2 pads the vocabulary (259 -> 260 rows); the padding row loads as zeros
+    padded = {k: v for k, v in loaded.items() if k in saved and v.shape != saved[k].shape}
+    metrics = worker.update(ac.make_batch(2, rows=8), ac.pg_loss, mini_batch_size=8)
+    return {
+        "keys": sorted(saved) == sorted(loaded),
+        "n": len(saved),
+        "differing": [k for k in saved if not torch.equal(saved[k], loaded[k][: saved[k].shape[0]])],
+        "padding_zero": all(not v[saved[k].shape[0]:].any() for k, v in padded.items()),
+        "step": worker.trainer.schedule.step_count,
+        "metrics": metrics,
+        "weights": ac.exported_state(worker),
+    }
+
+
+@pytest.fixture(scope="module")
+def reshardable_ckpt(model_dir, tmp_path_factory) -> tuple[str, dict, dict]:
+    """(checkpoint, the uninterrupted run's fourth update's metrics, its weights before and after)."""
+    ckpt = str(tmp_path_factory.mktemp("reshardable") / "ckpt")
+    metrics, run = run_distributed(_save_reshardable, 2, model_dir, ckpt)[0]
+    return ckpt, metrics, run
+
+
+@pytest.mark.parametrize("tp,pp", [(2, 1), (1, 2)], ids=["tp2", "pp2"])
+def test_a_fully_reshardable_checkpoint_resumes_in_another_tp_pp_layout(model_dir, reshardable_ckpt, tmp_path, tp, pp):
+    ckpt, metrics, run = reshardable_ckpt
+    assert json.loads((Path(ckpt) / VERSIONS_FILE).read_text())["optimizer_format"] == "fully_reshardable"
+    for r in run_distributed(_resume_reshardable, 2, model_dir, ckpt, tp, pp, str(tmp_path / "again")):
+        assert r["keys"] and r["n"] >= 3 * 10  # main param, exp_avg, exp_avg_sq of every parameter
+        assert r["differing"] == [] and r["padding_zero"]
+        assert r["step"] == 4
+        # the same step as the uninterrupted run's, to fp32 rounding (another reduction order)
+        assert r["metrics"]["actor/grad_norm"] == pytest.approx(metrics["actor/grad_norm"], rel=1e-6)
+        moved = max((run["weights"][k] - run["initial"][k]).abs().max().item() for k in run["weights"])
+        worst = max((r["weights"][k] - run["weights"][k]).abs().max().item() for k in run["weights"])
+        assert worst < 1e-6 < moved, (worst, moved)

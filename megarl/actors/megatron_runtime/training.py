@@ -46,14 +46,20 @@ from megarl.config.sections import ActorConfig
 from megarl.data.batch import Batch
 from megarl.metrics import optimizer_metric_names
 from megarl.models.mcore_version import (
+    OPTIMIZER_FORMAT_RECORD,
+    UNRECORDED_OPTIMIZER_FORMAT,
     check_checkpoint_readable,
+    checkpoint_optimizer_format,
     checkpoint_record,
     write_checkpoint_versions,
 )
 
-# Distributed-optimizer state saved per DP buffer: fully parallel, no gather; a resume keeps
-# TP/PP (DP may change). megatron-core 0.16 refuses its default (flattened-range) format.
-CHECKPOINT_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
+# How the model's and the optimizer's sharded state dicts are described. The optimizer's format
+# is actor.optimizer.checkpoint_format at save (recorded in the checkpoint) and the recorded one
+# at load; this default is what checkpoints without a record hold (megatron-core 0.16 refuses its
+# own default, flattened-range format). dp_reshardable: saved per DP buffer, fully parallel, no
+# gather, a resume keeps TP/PP; fully_reshardable: per parameter, any TP/PP.
+CHECKPOINT_METADATA = {"distrib_optim_sharding_type": UNRECORDED_OPTIMIZER_FORMAT}
 # Parameters per gradient bucket (Megatron's default at DP <= 40); recorded in every checkpoint.
 GRAD_BUCKET_PARAMS = 40_000_000
 
@@ -171,11 +177,12 @@ class TrainableModel:
         }
 
     # ---- checkpoints ------------------------------------------------------------------------
-    def _sharded_state(self, is_loading: bool) -> dict[str, Any]:
+    def _sharded_state(self, is_loading: bool, optimizer_format: str) -> dict[str, Any]:
         model_sd = _model_sharded_state(self.model.core)
+        metadata = CHECKPOINT_METADATA | {"distrib_optim_sharding_type": optimizer_format}
         return {
             "model": model_sd,
-            "optimizer": self.optimizer.sharded_state_dict(model_sd, is_loading=is_loading, metadata=CHECKPOINT_METADATA),
+            "optimizer": self.optimizer.sharded_state_dict(model_sd, is_loading=is_loading, metadata=metadata),
             "schedule": self.schedule.state_dict(),
         }
 
@@ -187,9 +194,12 @@ class TrainableModel:
         # A never-stepped optimizer (the policy during critic warm-up) has no state for the
         # distributed optimizer to describe: give it the state a fresh Adam starts from (step 0).
         _materialise_optimizer_state(self.optimizer)
-        dist_checkpointing.save(self._sharded_state(is_loading=False), str(path))
-        if torch.distributed.get_rank() == 0:  # which megatron-core can read it back, and the buckets
-            write_checkpoint_versions(path, grad_bucket_params=GRAD_BUCKET_PARAMS)
+        fmt = self.cfg.optimizer.checkpoint_format
+        dist_checkpointing.save(self._sharded_state(is_loading=False, optimizer_format=fmt), str(path))
+        if torch.distributed.get_rank() == 0:  # which megatron-core can read it back, the buckets, the format
+            # (the non-distributed optimizer has no format to choose: its state is per parameter)
+            layout = {OPTIMIZER_FORMAT_RECORD: fmt} if self.cfg.optimizer.distributed else {}
+            write_checkpoint_versions(path, grad_bucket_params=GRAD_BUCKET_PARAMS, **layout)
         torch.distributed.barrier()  # the record exists for every rank once save returns
 
     def load(self, path: str | os.PathLike) -> None:
@@ -197,21 +207,45 @@ class TrainableModel:
         from megatron.core import dist_checkpointing
 
         _check_loadable(path)
-        # Only the distributed optimizer lays its state out by gradient bucket.
-        if self.cfg.optimizer.distributed:
+        fmt = checkpoint_optimizer_format(path)
+        # Only the distributed optimizer's dp_reshardable state is laid out by gradient bucket.
+        if self.cfg.optimizer.distributed and fmt == "dp_reshardable":
             recorded = checkpoint_record(path).get("grad_bucket_params")
             error = bucket_layout_error(path, recorded, _trained_params(self.model.core))
             if error:
                 raise ValueError(error)
         _materialise_optimizer_state(self.optimizer)
-        state = dist_checkpointing.load(self._sharded_state(is_loading=True), str(path))
+        state = dist_checkpointing.load(self._sharded_state(is_loading=True, optimizer_format=fmt), str(path))
         # no_grad: with fp32 params the optimizer's main params are views of the model's leaf
         # params, which Megatron's loader fills in place.
         with torch.no_grad():
             self.model.core.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
+            _load_optimizer_state(self.optimizer, state["optimizer"])
         _restore_adam_steps(self.optimizer, state["optimizer"])
         self.schedule.load_state_dict(state["schedule"])
+
+
+def _load_optimizer_state(optimizer: Any, loaded: Any) -> None:
+    """``optimizer.load_state_dict(loaded)``, except for fully_reshardable state under torch Adam.
+
+    megatron-core 0.16 (``load_parameter_state_from_fully_reshardable``) copies every entry of
+    a parameter's optimizer state from the checkpoint, and torch Adam's per-parameter ``step``
+    (which its own ``load_state_dict`` has just put there) is not in it: a KeyError. So the
+    parameter state loads here after the rest, with the steps held aside (and
+    :func:`_restore_adam_steps` sets them afterwards). TE/apex FusedAdam keep no such entry."""
+    chained = getattr(optimizer, "chained_optimizers", [optimizer])
+    if not isinstance(loaded, dict) or loaded.get("param_state_sharding_type") != "fully_reshardable":
+        optimizer.load_state_dict(loaded)
+        return
+    # One optimizer per model: megarl builds no expert-parallel one (parallel.ep=1), so no chain of several.
+    assert len(chained) == 1, f"{len(chained)} chained optimizers"
+    inner = chained[0]
+    param_state = loaded.pop("param_state")
+    inner.load_state_dict(loaded)  # param groups (Adam's step), grad scaler
+    held = {p: s.pop("step") for p, s in inner.optimizer.state.items() if "step" in s} if inner.optimizer else {}
+    inner.load_parameter_state_from_fully_reshardable(param_state)
+    for p, step in held.items():
+        inner.optimizer.state[p]["step"] = step
 
 
 def _model_sharded_state(core: torch.nn.Module) -> dict[str, Any]:

@@ -40,3 +40,11 @@ def test_derived_roles():
     assert cfg.reference_enabled and cfg.critic_enabled
     cfg = MegaRLConfig(model={"arch": "qwen3-8b"}, reference={"enabled": False}, algorithm={"kl": {"use_in_loss": True}})
     assert not cfg.reference_enabled
+
+
+def test_a_checkpoint_format_needs_the_distributed_optimizer():
+    from megarl.config.sections import OptimizerConfig
+
+    assert OptimizerConfig(checkpoint_format="fully_reshardable").distributed  # the default optimizer takes it
+    with pytest.raises(pydantic.ValidationError, match="checkpoint_format=fully_reshardable lays out the distributed"):
+        OptimizerConfig(distributed=False, checkpoint_format="fully_reshardable")
