@@ -258,7 +258,7 @@ def _check_resumed_config(cfg: MegaRLConfig, ckpt: Any, findings: list[Finding])
     for conflict in conflicts:
         findings.append(Finding("data", f"cannot resume {ckpt.path.name}: {conflict}"))
     differences = _differences(old.model_dump(), cfg.model_dump())
-    layout = _layout_changes(differences, ckpt, cfg.critic_enabled)
+    layout = _layout_changes(differences, ckpt, old, cfg.critic_enabled)
     findings += layout
     changed = [f"{k}: {a!r} -> {b!r}" for k, (a, b) in differences.items()
                if k not in (*RESUME_FREE_KEYS, "model.path", "model.arch", *(f.field for f in layout)) and b != "auto"]  # fmt: skip
@@ -269,23 +269,45 @@ def _check_resumed_config(cfg: MegaRLConfig, ckpt: Any, findings: list[Finding])
                                 f"on with this one: {shown}", level="warning"))  # fmt: skip
 
 
-# What a trained role's optimizer state in a checkpoint is laid out by: Megatron reshards it over
-# DP only (CHECKPOINT_METADATA in megarl/actors/megatron_runtime/training.py), so a resume keeps these.
+# What a trained role's optimizer state in a checkpoint is laid out by, so a resume keeps these:
+# Megatron reshards dp_reshardable state over DP only, fully_reshardable state over TP and PP too
+# (<section>.optimizer.checkpoint_format at save; CHECKPOINT_METADATA in
+# megarl/actors/megatron_runtime/training.py).
 RESUME_LAYOUT_KEYS = {
     "policy": ("actor.parallel.tp", "actor.parallel.pp", "actor.optimizer.distributed", "model.dtype"),
     "critic": ("critic.parallel.tp", "critic.parallel.pp", "critic.optimizer.distributed", "model.dtype"),
 }
+ROLE_SECTIONS = {"policy": "actor", "critic": "critic"}
 
 
-def _layout_changes(differences: dict[str, tuple[Any, Any]], ckpt: Any, critic: bool) -> list[Finding]:
-    """A refusal per changed key of RESUME_LAYOUT_KEYS for the roles ``ckpt`` holds, and for a
-    critic it does not hold (``critic``: the launch trains one). Either would fail once every
-    worker has started: inside Megatron's load with a KeyError, or for want of the critic."""
+def _layout_changes(differences: dict[str, tuple[Any, Any]], ckpt: Any, old: MegaRLConfig, critic: bool) -> list[Finding]:
+    """A refusal per changed key of RESUME_LAYOUT_KEYS for the roles ``ckpt`` holds (TP and PP
+    only where a role's optimizer state is dp_reshardable), and for a critic it does not hold
+    (``critic``: the launch trains one). Either would fail once every worker has started:
+    inside Megatron's load with a KeyError, or for want of the critic. ``old``: the config
+    ``ckpt`` was trained with."""
+    from megarl.models.mcore_version import checkpoint_optimizer_format
+
     new_run = "start a new run from its weights (`megarl convert` it, then model.path) in a new trainer.output_dir"
-    keys = dict.fromkeys(k for role in ckpt.components if role in RESUME_LAYOUT_KEYS for k in RESUME_LAYOUT_KEYS[role])
-    found = [Finding(key, f"{ckpt.path.name} was trained with {key}={a}, and its optimizer state loads only with the same "
-                          f"value (the data-parallel size may change), not {b}; resume with {key}={a}, or {new_run}")
-             for key in keys if key in differences for a, b in [differences[key]]]  # fmt: skip
+    keys: dict[str, str] = {}  # each key the roles' state keeps, with (one of) its role(s)
+    for role in (r for r in ckpt.components if r in RESUME_LAYOUT_KEYS):
+        reshardable = checkpoint_optimizer_format(ckpt.path / role) == "fully_reshardable"
+        for key in RESUME_LAYOUT_KEYS[role]:
+            if not (reshardable and key.endswith((".parallel.tp", ".parallel.pp"))):
+                keys.setdefault(key, role)
+    found = []
+    for key, role in keys.items():
+        if key not in differences:
+            continue
+        a, b = differences[key]
+        later = ""  # how the run's later checkpoints could change it (the distributed optimizer's only)
+        section = ROLE_SECTIONS[role]
+        if key.endswith((".parallel.tp", ".parallel.pp")) and getattr(old, section).optimizer.distributed:
+            later = (f"; to change it at a later resume, resume once with {key}={a} and "
+                     f"{section}.optimizer.checkpoint_format=fully_reshardable: the checkpoints it saves may change it")
+        found.append(Finding(key, f"{ckpt.path.name} was trained with {key}={a}, and its optimizer state loads only with the "
+                                  f"same value (the data-parallel size may change), not {b}; resume with {key}={a}, or "
+                                  f"{new_run}{later}"))  # fmt: skip
     if critic and "critic" not in ckpt.components:
         for key in [k for k in ("algorithm.estimator", "critic.enabled") if k in differences]:
             was = differences[key][0]

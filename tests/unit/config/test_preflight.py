@@ -338,6 +338,33 @@ def test_a_resume_refuses_a_layout_its_optimizer_state_cannot_load_in(demo, tmp_
         "step_000002 was trained with another config, and the run goes on with this one: cluster.gpus_per_node: 2 -> 1"]
 
 
+def test_a_fully_reshardable_checkpoint_resumes_in_another_tp_pp(demo, tmp_path):
+    import json
+
+    from megarl.models.mcore_version import VERSIONS_FILE
+
+    out = tmp_path / "run"
+    trained = config(demo, out, "algorithm.estimator=gae", "actor.optimizer.checkpoint_format=fully_reshardable")
+    ckpt = _trained_with(out, 2, trained, launch_dir=tmp_path, roles=("policy", "critic"))
+    # what the save records: the policy's state per parameter, the critic's (default) per DP buffer
+    (ckpt / "policy" / VERSIONS_FILE).write_text(json.dumps({"optimizer_format": "fully_reshardable"}))
+    (ckpt / "critic" / VERSIONS_FILE).write_text(json.dumps({"optimizer_format": "dp_reshardable"}))
+    msg = refusal(config(demo, out, "algorithm.estimator=gae", "actor.optimizer.checkpoint_format=fully_reshardable",
+                         "actor.parallel.tp=2", "actor.parallel.pp=2", "critic.parallel.tp=2", "model.dtype=bfloat16",
+                         "cluster.gpus_per_node=4"))
+    assert "actor.parallel" not in msg  # the policy's state loads in any TP/PP
+    assert "  - model.dtype: step_000002 was trained with model.dtype=float32," in msg  # (fp32 and bf16 state differ)
+    assert ("  - critic.parallel.tp: step_000002 was trained with critic.parallel.tp=1, and its optimizer state loads only "
+            "with the same value (the data-parallel size may change), not 2; resume with critic.parallel.tp=1, or start a "
+            "new run from its weights (`megarl convert` it, then model.path) in a new trainer.output_dir; to change it at a "
+            "later resume, resume once with critic.parallel.tp=1 and critic.optimizer.checkpoint_format=fully_reshardable: "
+            "the checkpoints it saves may change it") in msg
+    plan = make_plan(config(demo, out, "algorithm.estimator=gae", "actor.optimizer.checkpoint_format=fully_reshardable",
+                            "actor.parallel.tp=2"), check_files=True)
+    assert [w.message for w in plan.warnings if w.field == "trainer.resume"] == [
+        "step_000002 was trained with another config, and the run goes on with this one: actor.parallel.tp: 1 -> 2"]
+
+
 def test_going_back_to_an_older_checkpoint_is_said_before_launch(demo, tmp_path):
     out = tmp_path / "run"
     older = _checkpoint(out, 2)
