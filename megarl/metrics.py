@@ -106,7 +106,7 @@ CATALOGUE: tuple[Metric, ...] = (
     Metric("actor/tis_capped_frac", "mean", "actor", "share of valid tokens whose TIS weight reached the cap"),
     Metric("rollout/logprob_mismatch", "mean", "actor", "mean |trainer - engine| log-prob of the sampled tokens (trainer: old log-probs, else current)"),
     *_optimizer_metrics("actor", "policy"),
-    Metric("actor/param_checksum", "last", "trainer", "on checkpoint steps: sum of |parameters| of the policy (resume checks)"),
+    Metric("actor/param_checksum", "last", "trainer", "on checkpoint steps: sum of |parameters| of the policy, as its exported HF tensors: the same at any TP/PP (resume checks)"),
     # ---- critic update (megarl.algos.losses.ValueLossFn) ------------------------------------
     Metric("critic/loss", "mean", "critic", "the optimised critic loss (the value loss: it has no other term)"),
     Metric("critic/vf_loss", "mean", "critic", "clipped value loss 0.5 * max((v - R)^2, (v_clip - R)^2), per algorithm.loss_agg"),

@@ -110,17 +110,14 @@ class PolicyRank(TrainedRank):
         return metrics
 
     def parameter_checksum(self) -> float:
-        """Sum of |p| over the whole policy (for exact-resume checks): this replica's TP and PP
-        shards, so the value does not depend on the number of data-parallel replicas."""
-        import torch.distributed as dist
-        from megatron.core import parallel_state
+        """Sum of |p| over the whole policy (for exact-resume checks), as the HF tensors it
+        exports: each parameter counted once and without the vocabulary's padding rows, so the
+        value depends neither on the data-parallel size nor on TP/PP (a resume may change them;
+        up to fp64 rounding). A collective over the replica (expected_fingerprint)."""
+        from megarl.models.fingerprint import expected_fingerprint
 
-        from megarl.models.fingerprint import tensor_stats
-
-        local = sum(tensor_stats(p)[1] for p in self.policy.model.core.parameters())  # on the device
-        total = torch.as_tensor(local, dtype=torch.float64, device=self.info.device).reshape(1)
-        dist.all_reduce(total, group=parallel_state.get_model_parallel_group())
-        return float(total)
+        stats = expected_fingerprint(self.policy.model.bridge, self.policy.model.core, collect="all")
+        return float(sum(magnitude for _, magnitude in stats.values()))
 
     def profile_name(self) -> str:
         return f"policy_rank{self.info.rank}"

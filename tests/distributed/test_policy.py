@@ -137,3 +137,31 @@ def test_tp2_pp2_logprobs_and_update(model_dir, reference):
     # 4 processes: TP=2 inside each of 2 pipeline stages (vocab-parallel head on the last one).
     results = run_distributed(_policy_run, 4, model_dir, _cfg(tp=2, pp=2, micro_batch_size=2), False)
     _check_against_hf(results, reference)
+
+
+def _checksum_run(rank: int, world: int, path: str, tp: int, pp: int) -> float:
+    from pathlib import Path
+
+    from megarl.actors.policy_rank import PolicyRank
+    from megarl.config.loading import load_config
+
+    root = Path(__file__).resolve().parents[2]
+    cfg = load_config(root / "configs" / "tiny_grpo.yaml", [
+        f"model.path={path}", "rollout.engine=sglang", "reference.enabled=false", f"actor.parallel.tp={tp}",
+        f"actor.parallel.pp={pp}",
+    ])  # fmt: skip
+    return PolicyRank(cfg, total_optimizer_steps=1).parameter_checksum()
+
+
+@pytest.mark.parametrize("tp,pp", [(1, 1), (2, 1), (1, 2)], ids=["dp2", "tp2", "pp2"])
+def test_the_parameter_checksum_is_the_models_whatever_the_layout(model_dir, tp, pp):
+    # a resume may change TP/PP (actor.optimizer.checkpoint_format=fully_reshardable): the
+    # checksum counted TP-replicated parameters (norms) once per TP rank
+    from safetensors.torch import load_file
+
+    from megarl.models.fingerprint import tensor_stats
+
+    hf = load_file(f"{model_dir}/model.safetensors")
+    expected = sum(float(tensor_stats(t)[1]) for t in hf.values())
+    for got in run_distributed(_checksum_run, 2, model_dir, tp, pp):
+        assert got == pytest.approx(expected, rel=1e-12)
