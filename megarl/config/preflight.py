@@ -278,6 +278,7 @@ RESUME_LAYOUT_KEYS = {
     "critic": ("critic.parallel.tp", "critic.parallel.pp", "critic.optimizer.distributed", "model.dtype"),
 }
 ROLE_SECTIONS = {"policy": "actor", "critic": "critic"}
+FULLY_RESHARDABLE_KEYS = (".parallel.tp", ".parallel.pp")  # (suffixes) what fully_reshardable state may change
 
 
 def _layout_changes(differences: dict[str, tuple[Any, Any]], ckpt: Any, old: MegaRLConfig, critic: bool) -> list[Finding]:
@@ -293,7 +294,7 @@ def _layout_changes(differences: dict[str, tuple[Any, Any]], ckpt: Any, old: Meg
     for role in (r for r in ckpt.components if r in RESUME_LAYOUT_KEYS):
         reshardable = checkpoint_optimizer_format(ckpt.path / role) == "fully_reshardable"
         for key in RESUME_LAYOUT_KEYS[role]:
-            if not (reshardable and key.endswith((".parallel.tp", ".parallel.pp"))):
+            if not (reshardable and key.endswith(FULLY_RESHARDABLE_KEYS)):
                 keys.setdefault(key, role)
     found = []
     for key, role in keys.items():
@@ -302,7 +303,7 @@ def _layout_changes(differences: dict[str, tuple[Any, Any]], ckpt: Any, old: Meg
         a, b = differences[key]
         later = ""  # how the run's later checkpoints could change it (the distributed optimizer's only)
         section = ROLE_SECTIONS[role]
-        if key.endswith((".parallel.tp", ".parallel.pp")) and getattr(old, section).optimizer.distributed:
+        if key.endswith(FULLY_RESHARDABLE_KEYS) and getattr(old, section).optimizer.distributed:
             later = (f"; to change it at a later resume, resume once with {key}={a} and "
                      f"{section}.optimizer.checkpoint_format=fully_reshardable: the checkpoints it saves may change it")
         found.append(Finding(key, f"{ckpt.path.name} was trained with {key}={a}, and its optimizer state loads only with the "
