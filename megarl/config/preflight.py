@@ -291,7 +291,8 @@ def _layout_changes(differences: dict[str, tuple[Any, Any]], ckpt: Any, old: Meg
 
     new_run = "start a new run from its weights (`megarl convert` it, then model.path) in a new trainer.output_dir"
     keys: dict[str, str] = {}  # each key the roles' state keeps, with (one of) its role(s)
-    for role in (r for r in ckpt.components if r in RESUME_LAYOUT_KEYS):
+    trained = {"policy", *(["critic"] if critic else [])}  # a critic this launch does not train is not loaded
+    for role in (r for r in ckpt.components if r in RESUME_LAYOUT_KEYS and r in trained):
         reshardable = checkpoint_optimizer_format(ckpt.path / role) == "fully_reshardable"
         for key in RESUME_LAYOUT_KEYS[role]:
             if not (reshardable and key.endswith(FULLY_RESHARDABLE_KEYS)):

@@ -338,6 +338,16 @@ def test_a_resume_refuses_a_layout_its_optimizer_state_cannot_load_in(demo, tmp_
         "step_000002 was trained with another config, and the run goes on with this one: cluster.gpus_per_node: 2 -> 1"]
 
 
+def test_the_layout_of_a_critic_this_launch_does_not_train_is_free(demo, tmp_path):
+    # a PPO run resumed as GRPO does not load its critic: the critic's layout may change
+    out = tmp_path / "run"
+    _trained_with(out, 2, config(demo, out, "algorithm.estimator=gae", "critic.parallel.tp=2"), launch_dir=tmp_path,
+                  roles=("policy", "critic"))  # fmt: skip
+    assert [f for f in preflight(config(demo, out)) if f.level == "error"] == []
+    msg = refusal(config(demo, out, "algorithm.estimator=gae"))  # the critic is loaded: its TP must stay 2
+    assert "  - critic.parallel.tp: step_000002 was trained with critic.parallel.tp=2," in msg
+
+
 def test_a_fully_reshardable_checkpoint_resumes_in_another_tp_pp(demo, tmp_path):
     import json
 
