@@ -518,16 +518,20 @@ def _check_critic_tokens(cfg: MegaRLConfig, findings: list[Finding]) -> None:
     tokenizer of its own at run time): one of another model family runs, on the wrong tokens."""
     from megarl.data.datasets import DataError
     from megarl.data.summary import load_tokenizer
-    from megarl.models.hf_files import token_ids_problem
+    from megarl.models.hf_files import embedding_rows, token_ids_problem
 
-    critic = cfg.critic.path if cfg.critic_enabled else None
-    if critic is None or not (Path(critic) / "config.json").is_file():
-        return  # no model of its own, or _check_model_dir's finding
+    critic = Path(cfg.critic.path) if cfg.critic_enabled and cfg.critic.path is not None else None
+    if critic is None or not (critic / "config.json").is_file() or critic.resolve() == Path(cfg.model.path).resolve():
+        return  # no model of its own (or the policy's), or _check_model_dir's finding
     try:
         tokenizer = load_tokenizer(cfg.model.path)
     except DataError:
         return  # a tokenizer that does not load stops the run at start-up, whatever the critic
-    problem = token_ids_problem(tokenizer, Path(critic), "model.path's")
+    try:
+        own = None if tokenizer_files_problem(critic) else load_tokenizer(critic)
+    except DataError:  # a tokenizer the critic itself never uses: only its embedding can be told
+        own = None
+    problem = token_ids_problem(tokenizer, embedding_rows(critic), own, "model.path's")
     if problem:
         findings.append(Finding("critic.path", f"({critic}) {problem}; the critic reads the policy's token ids: use a "
                                 "critic of the policy's model family, or unset critic.path to start it from model.path"))  # fmt: skip
@@ -558,7 +562,7 @@ def _check_bridge(cfg: MegaRLConfig) -> list[Finding]:
             for layout in layouts:
                 bridge.check_parallel(hf, layout)
             if not is_model_checkpoint(path):
-                bridge.check_hf_checkpoint(hf, path)
+                bridge.check_hf_checkpoint(hf, path, value_head=field == "critic.path")  # its lm_head is unused
         except Exception as exc:  # noqa: BLE001 - any refusal (ValueError, OSError, ...) is this field's finding
             reason = " ".join(str(exc).split())  # one line, whatever transformers or safetensors wrote
             return [Finding(field, f"({path}) is not a model megarl can train: {type(exc).__name__}: {reason}")]

@@ -52,30 +52,30 @@ def tokenizer_files_problem(path: Path) -> str | None:
     return f"has no tokenizer files: {named} reads {wanted}"
 
 
-def token_ids_problem(tokenizer: Any, other: Path, whose: str) -> str | None:
-    """Why the model of the HF directory ``other`` cannot read the token ids ``tokenizer``
-    (``whose``: e.g. "model.path's") makes, as a clause, or None: its embedding has fewer rows
-    than the tokenizer has tokens, or its own tokenizer gives tokens of ``tokenizer`` other ids
-    (another model family). Tokens its tokenizer lacks are not compared (a policy's added tokens:
-    their rows exist); without a tokenizer in ``other`` only the embedding's size can be told."""
-    rows = _json_object(other / "config.json").get("vocab_size")
-    if isinstance(rows, int) and len(tokenizer) > rows:
-        return (f"has {rows} token embeddings (config.json's vocab_size), fewer than the {len(tokenizer)} tokens of "
-                f"{whose} tokenizer")
-    if tokenizer_files_problem(other) is not None:
-        return None
-    from transformers import AutoTokenizer
+def embedding_rows(path: Path) -> int | None:
+    """The token embeddings of the HF model in ``path`` (config.json's vocab_size), if it says."""
+    rows = _json_object(path / "config.json").get("vocab_size")
+    return rows if isinstance(rows, int) else None
 
-    try:
-        theirs = AutoTokenizer.from_pretrained(str(other), local_files_only=True).get_vocab()
-    except Exception:  # noqa: BLE001 - a tokenizer the model itself never uses: nothing to compare
+
+def token_ids_problem(tokenizer: Any, rows: int | None, own: Any | None, whose: str) -> str | None:
+    """Why a model with ``rows`` token embeddings and tokenizer ``own`` (None: it has none)
+    cannot read the token ids ``tokenizer`` (``whose``: e.g. "model.path's") makes, as a clause,
+    or None: fewer rows than the tokenizer has tokens, or base-vocabulary tokens with other ids
+    (another model family). Added tokens are not compared: models of one family rename their
+    reserved special tokens (Llama 3 and 3.1), and a policy's own added tokens have rows anyway."""
+    if rows is not None and len(tokenizer) > rows:
+        return f"has {rows} token embeddings (config.json's vocab_size), fewer than the {len(tokenizer)} tokens of {whose} tokenizer"
+    if own is None:
         return None
-    moved = [(t, i, theirs[t]) for t, i in tokenizer.get_vocab().items() if t in theirs and theirs[t] != i]
+    added, theirs = set(tokenizer.get_added_vocab()), own.get_vocab()
+    base = {t: i for t, i in tokenizer.get_vocab().items() if t not in added}
+    moved = sorted((i, t, theirs[t]) for t, i in base.items() if t in theirs and theirs[t] != i)
     if not moved:
         return None
-    token, mine, its = min(moved, key=lambda m: m[1])
-    return (f"has another tokenizer: {len(moved)} of the {len(tokenizer)} tokens of {whose} tokenizer have other ids "
-            f"in its own (e.g. {token!r} is {mine} in {whose}, {its} in its own)")
+    mine, token, its = moved[0]
+    return (f"has another tokenizer: {len(moved)} of the {len(base)} base tokens of {whose} tokenizer have other ids in "
+            f"its own (e.g. {token!r} is {mine} in {whose}, {its} in its own)")
 
 
 def _json_object(file: Path) -> dict:
