@@ -270,9 +270,10 @@ def _check_resumed_config(cfg: MegaRLConfig, ckpt: Any, findings: list[Finding])
 
 
 # What a trained role's optimizer state in a checkpoint is laid out by, so a resume keeps these:
-# Megatron reshards dp_reshardable state over DP only, fully_reshardable state over TP and PP too
-# (<section>.optimizer.checkpoint_format at save; CHECKPOINT_METADATA in
-# megarl/actors/megatron_runtime/training.py).
+# Megatron reshards the distributed optimizer's dp_reshardable state over DP only, its
+# fully_reshardable state and the non-distributed optimizer's (per parameter, keyed like the
+# weights) over TP and PP too (<section>.optimizer.checkpoint_format at save; CHECKPOINT_METADATA
+# in megarl/actors/megatron_runtime/training.py).
 RESUME_LAYOUT_KEYS = {
     "policy": ("actor.parallel.tp", "actor.parallel.pp", "actor.optimizer.distributed", "model.dtype"),
     "critic": ("critic.parallel.tp", "critic.parallel.pp", "critic.optimizer.distributed", "model.dtype"),
@@ -283,7 +284,8 @@ FULLY_RESHARDABLE_KEYS = (".parallel.tp", ".parallel.pp")  # (suffixes) what ful
 
 def _layout_changes(differences: dict[str, tuple[Any, Any]], ckpt: Any, old: MegaRLConfig, critic: bool) -> list[Finding]:
     """A refusal per changed key of RESUME_LAYOUT_KEYS for the roles ``ckpt`` holds (TP and PP
-    only where a role's optimizer state is dp_reshardable), and for a critic it does not hold
+    only where a role's optimizer state is the distributed optimizer's dp_reshardable), and for a
+    critic it does not hold
     (``critic``: the launch trains one). Either would fail once every worker has started:
     inside Megatron's load with a KeyError, or for want of the critic. ``old``: the config
     ``ckpt`` was trained with."""
@@ -293,7 +295,8 @@ def _layout_changes(differences: dict[str, tuple[Any, Any]], ckpt: Any, old: Meg
     keys: dict[str, str] = {}  # each key the roles' state keeps, with (one of) its role(s)
     trained = {"policy", *(["critic"] if critic else [])}  # a critic this launch does not train is not loaded
     for role in (r for r in ckpt.components if r in RESUME_LAYOUT_KEYS and r in trained):
-        reshardable = checkpoint_optimizer_format(ckpt.path / role) == "fully_reshardable"
+        distributed = getattr(old, ROLE_SECTIONS[role]).optimizer.distributed
+        reshardable = not distributed or checkpoint_optimizer_format(ckpt.path / role) == "fully_reshardable"
         for key in RESUME_LAYOUT_KEYS[role]:
             if not (reshardable and key.endswith(FULLY_RESHARDABLE_KEYS)):
                 keys.setdefault(key, role)

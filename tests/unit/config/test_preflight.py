@@ -380,6 +380,11 @@ def test_a_fully_reshardable_checkpoint_resumes_in_another_tp_pp(demo, tmp_path)
                             "actor.parallel.tp=2"), check_files=True)
     assert [w.message for w in plan.warnings if w.field == "trainer.resume"] == [
         "step_000002 was trained with another config, and the run goes on with this one: actor.parallel.tp: 1 -> 2"]
+    # the non-distributed optimizer keeps its state per parameter too (tests/distributed/test_dist_checkpoint.py)
+    out = tmp_path / "plain"
+    _trained_with(out, 2, config(demo, out, "actor.optimizer.distributed=false"), launch_dir=tmp_path, roles=("policy",))
+    assert [f for f in preflight(config(demo, out, "actor.optimizer.distributed=false", "actor.parallel.tp=2"))
+            if f.level == "error"] == []  # fmt: skip
 
 
 def test_going_back_to_an_older_checkpoint_is_said_before_launch(demo, tmp_path):
