@@ -254,14 +254,13 @@ def _check_resumed_config(cfg: MegaRLConfig, ckpt: Any, findings: list[Finding])
                                 "reference loads the new one; resume with the run's model, or start from the new one in "
                                 "a new trainer.output_dir"))  # fmt: skip
     # the data sampler's stream is a function of these: it would refuse them once Ray has started
-    conflicts = resume_conflicts(resume_settings(old.data), resume_settings(cfg.data))  # (val_only loads it too)
-    for conflict in conflicts:
-        findings.append(Finding("data", f"cannot resume {ckpt.path.name}: {conflict}"))
+    refused = [Finding(field, f"cannot resume {ckpt.path.name}: {why}")  # (val_only loads it too)
+               for field, why in resume_conflicts(resume_settings(old.data), resume_settings(cfg.data))]
     differences = _differences(old.model_dump(), cfg.model_dump())
-    layout = _layout_changes(differences, ckpt, old, cfg.critic_enabled)
-    findings += layout
+    refused += _layout_changes(differences, ckpt, old, cfg.critic_enabled)
+    findings += refused
     changed = [f"{k}: {a!r} -> {b!r}" for k, (a, b) in differences.items()
-               if k not in (*RESUME_FREE_KEYS, "model.path", "model.arch", *(f.field for f in layout)) and b != "auto"]  # fmt: skip
+               if k not in (*RESUME_FREE_KEYS, "model.path", "model.arch", *(f.field for f in refused)) and b != "auto"]  # fmt: skip
     # (the saved config holds what a plan resolved: "auto" there is the same choice)
     if changed:
         shown = "; ".join(changed[:6]) + (f"; and {len(changed) - 6} more" if len(changed) > 6 else "")

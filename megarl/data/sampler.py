@@ -130,30 +130,30 @@ class MixtureSampler:
             raise DataError(f"sampler state version {state.get('version')} is not {STATE_VERSION}; cannot resume it")
         conflicts = resume_conflicts(state, self.state_dict())
         if conflicts:
-            raise DataError(f"cannot resume the data sampler: {conflicts[0]}")
+            raise DataError(f"cannot resume the data sampler: {conflicts[0][1]}")
         self.step = int(state["step"])
         self.counts = [int(c) for c in state["counts"]]
         self._orders.clear()
 
 
-# What a resumed sampler must find as it was saved (a state_dict key, what sets it): the stream of
-# prompts is a function of these.
+# What a resumed sampler must find as it was saved (a state_dict key, the config field that sets
+# it, what it is): the stream of prompts is a function of these.
 RESUME_FIXED = (
-    ("sizes", "rows per train file (after filtering)"),
-    ("weights", "data.train_files weights"),
-    ("seed", "data.seed"),
-    ("shuffle", "data.shuffle"),
+    ("sizes", "data.train_files", "rows per train file (after filtering)"),
+    ("weights", "data.train_files", "data.train_files weights"),
+    ("seed", "data.seed", "data.seed"),
+    ("shuffle", "data.shuffle", "data.shuffle"),
 )
 
 
-def resume_conflicts(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
-    """Why a sampler with settings ``now`` cannot resume the state ``saved`` (one line each; empty:
-    it can). Keys missing from either side are not compared: the pre-launch check knows the
-    settings of both configs but not the rows a file keeps after filtering."""
+def resume_conflicts(saved: dict[str, Any], now: dict[str, Any]) -> list[tuple[str, str]]:
+    """Why a sampler with settings ``now`` cannot resume the state ``saved``: (config field, one
+    line) each; empty: it can. Keys missing from either side are not compared: the pre-launch
+    check knows the settings of both configs but not the rows a file keeps after filtering."""
     return [
-        f"the checkpoint was saved with {what} = {saved[key]}, the config now gives {now[key]}; resume with the same "
-        "data settings, or start a fresh run in a new trainer.output_dir"
-        for key, what in RESUME_FIXED
+        (field, f"the checkpoint was saved with {what} = {saved[key]}, the config now gives {now[key]}; resume with "
+                f"{what} = {saved[key]}, or start a fresh run in a new trainer.output_dir")
+        for key, field, what in RESUME_FIXED
         if key in saved and key in now and saved[key] != now[key]
     ]
 

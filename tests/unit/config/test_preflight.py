@@ -321,9 +321,11 @@ def test_a_resume_refuses_another_model_and_names_other_changes(demo, tmp_path):
                                "rollout.n: 8 -> 16; actor.optimizer.lr: 0.001 -> 0.005")
     # the sampler's stream depends on these: refused before launch, not once Ray has started
     msg = refusal(config(demo, out, "actor.recompute=auto", "data.seed=2", "data.shuffle=false"))
-    assert ("  - data: cannot resume step_000002: the checkpoint was saved with data.seed = 1, the config now gives 2; "
-            "resume with the same data settings, or start a fresh run in a new trainer.output_dir") in msg
-    assert "data.shuffle = True, the config now gives False" in msg
+    assert ("  - data.seed: cannot resume step_000002: the checkpoint was saved with data.seed = 1, the config now gives 2; "
+            "resume with data.seed = 1, or start a fresh run in a new trainer.output_dir") in msg
+    assert "  - data.shuffle: cannot resume step_000002: the checkpoint was saved with data.shuffle = True" in msg
+    named = preflight(config(demo, out, "actor.recompute=auto", "data.seed=2"))
+    assert [f.field for f in named] == ["data.seed"]  # a refused change is not also one "the run goes on with"
     assert "data.seed = 1" in refusal(config(demo, out, "actor.recompute=auto", "data.seed=2", "trainer.val_only=true"))  # it loads the sampler too
 
 
