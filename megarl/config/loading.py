@@ -98,7 +98,7 @@ def parse_override(item: str) -> tuple[str, Any]:
         raise ConfigError(f"override {item!r}: value {text!r} is not valid YAML ({exc.problem})") from None
     glued = _glued_entry(value)
     if glued is not None:
-        fixed = re.sub(r"(?<=[{,\s])(\w+):(?=\S)", r"\1: ", text)
+        fixed = re.sub(r"(?<=[{,\s])([^\s{},:]+):(?=\S)", r"\1: ", text)
         raise ConfigError(f"override {item!r}: YAML reads {glued!r} as one key with no value (a mapping needs a space "
                           f"after each colon); write it as '{key}={fixed}', quoted for the shell")  # fmt: skip
     return key, value
@@ -112,7 +112,7 @@ def _glued_entry(value: Any) -> str | None:
     if not isinstance(value, dict):
         return None
     for k, v in value.items():
-        if v is None and isinstance(k, str) and ":" in k and k.split(":", 1)[0].isidentifier():
+        if v is None and isinstance(k, str) and re.match(r"[^\s:]+:\S", k):  # (a data source may hold a /)
             return k
         if (g := _glued_entry(v)) is not None:
             return g

@@ -93,6 +93,7 @@ def test_malformed_override(bad):
     ("reward.custom={path:/tmp/r.py}", "'reward.custom={path: /tmp/r.py}'"),
     ("data.train_files=[{path:/a.parquet,weight:2}]", "'data.train_files=[{path: /a.parquet,weight: 2}]'"),
     ("rollout.agent.loops={mine:pkg.mod:Loop}", "'rollout.agent.loops={mine: pkg.mod:Loop}'"),
+    ("reward.functions={openai/gsm8k:gsm8k}", "'reward.functions={openai/gsm8k: gsm8k}'"),
 ])
 def test_a_mapping_entry_without_a_space_after_its_colon_is_refused_with_the_fixed_override(override, fixed):
     # The shell splits `{path: /x}` unless quoted, so `{path:/x}` is what users type; YAML reads
