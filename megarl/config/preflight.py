@@ -223,7 +223,7 @@ def _check_going_back(cfg: MegaRLConfig, ckpt: Any, findings: list[Finding]) -> 
         gib = sum(manifest_bytes(p) or 0 for p in newer) / 2**30
         findings.append(Finding("trainer.resume", f"goes back to step {ckpt.step}: the run's newer checkpoints ({names}; "
                                 f"{gib:.2g} GiB) will be kept as <name>.{ABANDONED} (not resumed from, not pruned: remove "
-                                f"them when no longer needed) and the metrics after step {ckpt.step} kept aside; for the "
+                                f"them when no longer needed) and the metrics and validation samples after step {ckpt.step} kept aside; for the "
                                 "latest, use trainer.resume=auto", level="warning"))  # fmt: skip
 
 
