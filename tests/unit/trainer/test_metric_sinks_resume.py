@@ -4,6 +4,7 @@ run id, reward failures show."""
 
 from __future__ import annotations
 
+import inspect
 import io
 import sys
 import types
@@ -75,22 +76,33 @@ def test_resume_appends_after_the_checkpoint_step_and_keeps_the_records_it_cuts(
     assert not list(tmp_path.glob(".metrics.jsonl.tmp*"))
 
 
+def _real_signatures() -> dict[str, inspect.Signature]:
+    """The installed W&B SDK's wandb.init, Run.log and Run.finish: the fakes take their calls as
+    the real SDK would, or raise its TypeError. (Read before a test puts a fake in sys.modules.)"""
+    import wandb
+
+    return {name: inspect.signature(f) for name, f in (("init", wandb.init), ("log", wandb.sdk.wandb_run.Run.log),
+                                                        ("finish", wandb.sdk.wandb_run.Run.finish))}
+
+
 class FakeWandbRun:
     """A resumed W&B run as the real one behaves: ``step`` is the next step it takes, and a
     step below it is dropped (the real SDK warns per call)."""
 
-    def __init__(self, run_id: str, next_step: int) -> None:
-        self.id = run_id
+    def __init__(self, run_id: str, next_step: int, real: dict[str, inspect.Signature]) -> None:
+        self.id, self._real = run_id, real
         self.step = next_step
         self.logged: list[int] = []
         self.dropped: list[int] = []
 
-    def log(self, metrics, step):
+    def log(self, *args, **kw):
+        step = self._real["log"].bind(self, *args, **kw).arguments.get("step")
+        assert step is not None, "the sink always gives the step"
         (self.dropped if step < self.step else self.logged).append(step)
         self.step = max(self.step, step + 1)
 
-    def finish(self):
-        pass
+    def finish(self, *args, **kw):
+        self._real["finish"].bind(self, *args, **kw)
 
 
 class FakeWandb(types.ModuleType):
@@ -102,10 +114,12 @@ class FakeWandb(types.ModuleType):
         self.inits: list[dict] = []
         self.runs: list[FakeWandbRun] = []
         self.next_step = next_step
+        self._real = _real_signatures()
 
-    def init(self, **kw):
+    def init(self, *args, **kw):
+        self._real["init"].bind(*args, **kw)
         self.inits.append(kw)
-        self.runs.append(FakeWandbRun(kw["id"] or f"id{len(self.inits)}", self.next_step))  # None: a new id
+        self.runs.append(FakeWandbRun(kw.get("id") or f"id{len(self.inits)}", self.next_step, self._real))  # None: a new id
         return self.runs[-1]
 
 
