@@ -57,7 +57,7 @@ def _run(args: argparse.Namespace) -> int:
 def launch(config: str | Path, overrides: list[str], address: str | None = None,
            resume_command: str | None = None, *, in_process: bool = False) -> dict[str, float]:
     """Run the config to the end; returns the last step's metrics ({} when there was nothing to do)."""
-    from megarl.config.preflight import finished_run
+    from megarl.config.resume_checks import finished_run
 
     cfg = load_config(config, overrides)
     if not in_process:

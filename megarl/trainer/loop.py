@@ -130,7 +130,7 @@ class Trainer:
         with control.handlers():
             start = self.restore()
             if start >= self.parts.total_steps and not self.cfg.trainer.val_only:
-                from megarl.config.preflight import finished_note
+                from megarl.config.resume_checks import finished_note
 
                 t = self.cfg.trainer
                 epochs = t.total_epochs if t.total_steps is None else None

@@ -16,7 +16,8 @@ import pytest
 
 from megarl.config.loading import load_config
 from megarl.config.planner import PlanError, make_plan
-from megarl.config.preflight import Finding, finished_run, preflight, writable_dir_problem
+from megarl.config.preflight import Finding, preflight, writable_dir_problem
+from megarl.config.resume_checks import finished_run
 from megarl.data.tasks import TASK_VOCAB
 
 TINY = Path(__file__).resolve().parents[3] / "configs" / "tiny_grpo.yaml"
