@@ -319,9 +319,10 @@ def _check_model_dir(cfg: MegaRLConfig, findings: list[Finding]) -> bool:
 def _check_critic_tokens(cfg: MegaRLConfig, findings: list[Finding]) -> None:
     """critic.path's model reads the token ids of model.path's tokenizer (a critic has no
     tokenizer of its own at run time): one of another model family runs, on the wrong tokens."""
+    from megarl.config.architectures import ArchError, arch_from_hf_dir
     from megarl.data.datasets import DataError
     from megarl.data.summary import load_tokenizer
-    from megarl.models.hf_files import embedding_rows, token_ids_problem
+    from megarl.models.hf_files import token_ids_problem
 
     critic = Path(cfg.critic.path) if cfg.critic_enabled and cfg.critic.path is not None else None
     if critic is None or not (critic / "config.json").is_file() or critic.resolve() == Path(cfg.model.path).resolve():
@@ -334,7 +335,11 @@ def _check_critic_tokens(cfg: MegaRLConfig, findings: list[Finding]) -> None:
         own = None if tokenizer_files_problem(critic) else load_tokenizer(critic)
     except DataError:  # a tokenizer the critic itself never uses: only its embedding can be told
         own = None
-    problem = token_ids_problem(tokenizer, embedding_rows(critic), own, "model.path's")
+    try:
+        rows = arch_from_hf_dir(critic).vocab_size
+    except ArchError:  # a config the bridge check names
+        rows = None
+    problem = token_ids_problem(tokenizer, rows, own, "model.path's")
     if problem:
         findings.append(Finding("critic.path", f"({critic}) {problem}; the critic reads the policy's token ids: use a "
                                 "critic of the policy's model family, or unset critic.path to start it from model.path"))  # fmt: skip

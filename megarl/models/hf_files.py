@@ -52,12 +52,6 @@ def tokenizer_files_problem(path: Path) -> str | None:
     return f"has no tokenizer files: {named} reads {wanted}"
 
 
-def embedding_rows(path: Path) -> int | None:
-    """The token embeddings of the HF model in ``path`` (config.json's vocab_size), if it says."""
-    rows = _json_object(path / "config.json").get("vocab_size")
-    return rows if isinstance(rows, int) else None
-
-
 def token_ids_problem(tokenizer: Any, rows: int | None, own: Any | None, whose: str) -> str | None:
     """Why a model with ``rows`` token embeddings and tokenizer ``own`` (None: it has none)
     cannot read the token ids ``tokenizer`` (``whose``: e.g. "model.path's") makes, as a clause,
