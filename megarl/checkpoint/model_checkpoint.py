@@ -32,6 +32,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from megarl.config.differences import ABSENT, differences
+
 RECORD = "megarl_megatron.json"
 WEIGHTS = "megatron"
 KIND = "megarl hf-to-megatron"
@@ -95,17 +97,12 @@ def write_verified(staging: Path, source: Path, record: dict[str, Any], save: Ca
 
 
 def config_differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """``field: recorded A, now B`` for every model field that differs between two HF configs."""
-    recorded, current = _dtype_key(recorded), _dtype_key(current)
-    keys = sorted((set(recorded) | set(current)) - _CONFIG_NOISE)
-    missing = object()
-    out = []
-    for key in keys:
-        a, b = recorded.get(key, missing), current.get(key, missing)
-        if a != b:
-            show = lambda v: "absent" if v is missing else json.dumps(v)  # noqa: E731
-            out.append(f"{key}: recorded {show(a)}, now {show(b)}")
-    return out
+    """``field: recorded A, now B`` for every model field that differs between two HF configs
+    (a nested one, e.g. rope_scaling.factor, by its dotted key)."""
+    show = lambda v: "absent" if v is ABSENT else json.dumps(v)  # noqa: E731
+    differ = differences(_dtype_key(recorded), _dtype_key(current))
+    return [f"{key}: recorded {show(a)}, now {show(b)}" for key, (a, b) in sorted(differ.items())
+            if key.split(".")[0] not in _CONFIG_NOISE]  # fmt: skip
 
 
 def _dtype_key(config: dict[str, Any]) -> dict[str, Any]:

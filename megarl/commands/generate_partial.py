@@ -12,6 +12,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from megarl.config.differences import ABSENT, differences
+
 log = logging.getLogger(__name__)
 PARTIAL_SUFFIX = ".partial"
 JOB_FILE = "generate.json"
@@ -82,43 +84,39 @@ def open_partial(partial: Path, job: dict[str, Any]) -> None:
         if not record.is_file():
             raise GenerateError(f"{partial} exists but was not made by megarl generate (no {JOB_FILE}); move it away")
         before = json.loads(record.read_text())
-        changed = sorted(k for k in set(before) | set(job) if before.get(k) != job.get(k))
+        differ = differences(before, job, whole={"model_fingerprint"})
+        changed = {key.split(".")[0] for key in differ}  # the job record's fields
         if not changed:
             log.info("continuing the generation in %s", partial)
             return
         if _holds_work(partial, changed):
-            same = "with the same model and settings" if {"model", "model_fingerprint"} & set(changed) else "with the same settings"
-            raise GenerateError(f"{partial} holds a generation made with other settings ({_differences(before, job)}); "
+            same = "with the same model and settings" if {"model", "model_fingerprint"} & changed else "with the same settings"
+            raise GenerateError(f"{partial} holds a generation made with other settings ({_told(differ, before)}); "
                                 f"run {same} to continue it, or move it away to start over")  # fmt: skip
         # e.g. a run that failed before its first part: nothing to continue, so the new settings start it afresh
-        log.info("%s holds no finished part; starting it afresh with these settings (%s)", partial, _differences(before, job))
+        log.info("%s holds no finished part; starting it afresh with these settings (%s)", partial, _told(differ, before))
     else:
         partial.mkdir()
     record.write_text(json.dumps(job, indent=2) + "\n")
 
 
-def _differences(before: dict[str, Any], now: dict[str, Any], prefix: str = "") -> str:
-    """What differs between two job records, as ``key was OLD, now NEW`` (nested settings by
-    their dotted key; a file or a model by what changed in it, whose hashes say nothing to a reader)."""
+def _told(differ: dict[str, tuple[Any, Any]], before: dict[str, Any]) -> str:
+    """The differences between two job records as ``key was OLD, now NEW`` (nested settings by
+    their dotted key; a file or a model by what changed in it: their hashes say nothing to a reader)."""
     parts = []
-    for key in sorted(set(before) | set(now)):
-        old, new = before.get(key), now.get(key)
-        if old == new:
-            continue
-        if key not in before:
-            parts.append(f"{prefix}{key} was not recorded (an older megarl wrote {JOB_FILE}), now {json.dumps(new)}")
+    for key, (old, new) in sorted(differ.items()):
+        field = key.split(".")[0]
+        if old is ABSENT:
+            parts.append(f"{key} was not recorded (an older megarl wrote {JOB_FILE}), now {json.dumps(new)}")
         elif key == "model_fingerprint":
-            if before.get("model") == now.get("model"):  # else the path's change says it
-                parts.append(_model_change(now["model"], old, new))
+            if "model" not in differ:  # else the path's change says it
+                parts.append(_model_change(before["model"], old, new))
         elif key == "data_sha256":
             parts.append("the --data file's contents differ")
-        elif key.endswith("_sha256") and isinstance(old, dict) and isinstance(new, dict):
-            parts += [f"the {field} file's contents differ" for field in sorted(set(old) | set(new))
-                      if old.get(field) != new.get(field)]  # fmt: skip
-        elif isinstance(old, dict) and isinstance(new, dict):
-            parts.append(_differences(old, new, f"{prefix}{key}."))
+        elif field.endswith("_sha256") and key != field:  # a file among several: its field says which
+            parts.append(f"the {key.split('.', 1)[1]} file's contents differ")
         else:
-            parts.append(f"{prefix}{key} was {json.dumps(old)}, now {json.dumps(new)}")
+            parts.append(f"{key} was {json.dumps(old)}, now {json.dumps(None if new is ABSENT else new)}")
     return "; ".join(parts)
 
 

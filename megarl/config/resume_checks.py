@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from megarl.config.differences import differences as dict_differences
 from megarl.config.preflight import Finding, training_rows
 from megarl.config.sections import MegaRLConfig
 from megarl.models.weight_files import weights_fingerprint
@@ -125,7 +126,7 @@ def _check_resumed_config(cfg: MegaRLConfig, ckpt: Any, findings: list[Finding])
     # the data sampler's stream is a function of these: it would refuse them once Ray has started
     refused = [Finding(field, f"cannot resume {ckpt.path.name}: {why}")  # (val_only loads it too)
                for field, why in resume_conflicts(resume_settings(old.data), resume_settings(cfg.data))]
-    differences = _differences(old.model_dump(), cfg.model_dump())
+    differences = dict_differences(old.model_dump(), cfg.model_dump())
     refused += _layout_changes(differences, ckpt, old, cfg.critic_enabled)
     findings += refused
     changed = [f"{k}: {a!r} -> {b!r}" for k, (a, b) in differences.items()
@@ -205,14 +206,3 @@ def _another_model(old: MegaRLConfig, new: MegaRLConfig, launched: Path) -> str 
         return f"holds other weights than model.path={was}"
     return None
 
-
-def _differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> dict[str, tuple[Any, Any]]:
-    """The dotted keys whose values differ between two config dumps, with (old, new)."""
-    out: dict[str, tuple[Any, Any]] = {}
-    for key in dict.fromkeys([*old, *new]):
-        a, b = old.get(key), new.get(key)
-        if isinstance(a, dict) and isinstance(b, dict):
-            out |= _differences(a, b, f"{prefix}{key}.")
-        elif a != b:
-            out[f"{prefix}{key}"] = (a, b)
-    return out

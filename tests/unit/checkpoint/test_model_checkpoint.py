@@ -55,6 +55,10 @@ def test_config_differences_name_each_field():
         "vocab_size: recorded absent, now 300",
     ]
     assert config_differences(recorded, dict(recorded, transformers_version="9")) == []
+    scaled = dict(recorded, rope_scaling={"rope_type": "linear", "factor": 8.0})  # a nested field by its dotted key
+    assert config_differences(scaled, dict(scaled, rope_scaling={"rope_type": "linear", "factor": 4.0})) == [
+        "rope_scaling.factor: recorded 8.0, now 4.0"
+    ]
 
 
 def test_record_lists_the_files_and_the_checks_refuse_by_name(demo, tmp_path):
