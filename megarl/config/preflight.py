@@ -41,6 +41,7 @@ Nothing is created or changed on disk.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -48,6 +49,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,14 +83,17 @@ def preflight(cfg: MegaRLConfig) -> list[Finding]:
         samples = _check_data(cfg, findings)
         _check_run_length(cfg, findings)
         if _check_model_dir(cfg, findings):
-            _check_critic_tokens(cfg, findings)
+            from megarl.data.summary import load_tokenizer
+
+            tokenizer = functools.cache(lambda: load_tokenizer(cfg.model.path))  # (seconds for a large one) loaded once
+            _check_critic_tokens(cfg, tokenizer, findings)
             strict = cfg.data.truncation == "error" and not cfg.data.filter_overlong_prompts
             if cfg.data.apply_chat_template and not _has_chat_template(Path(cfg.model.path)):
                 findings.append(Finding("data.apply_chat_template", f"is true but the tokenizer of model.path ({cfg.model.path}) "
                                         "has no chat template; set data.apply_chat_template=false to feed raw prompt text, "
                                         "or use a tokenizer with a template"))
             elif (strict or cfg.data.filter_overlong_prompts) and samples:  # lengths need the tokenizer (a second or two)
-                _check_prompts(cfg, samples, findings)
+                _check_prompts(cfg, samples, tokenizer, findings)
         _check_rewards(cfg, samples, findings)
         if cfg.rollout.generate_function == "default":
             from megarl.agents.checks import row_findings
@@ -226,19 +231,18 @@ def _has_chat_template(model: Path) -> bool:
         return True  # unknown layout: the tokenizer itself decides at start-up
 
 
-def _check_prompts(cfg: MegaRLConfig, samples: list[_Sample], findings: list[Finding]) -> None:
+def _check_prompts(cfg: MegaRLConfig, samples: list[_Sample], tokenizer: Callable[[], Any], findings: list[Finding]) -> None:
     """The sampled prompts, rendered by the run's tokenizer, against data.max_prompt_length:
     with data.truncation=error and no filtering they must all fit (else training fails on the
     first such draw); with data.filter_overlong_prompts, a file it would empty is refused and
-    one it would halve is named (_dropped)."""
+    one it would halve is named (_dropped). ``tokenizer``: model.path's, loaded on first call."""
     from megarl.agents.tools import prompt_tools
     from megarl.data.datasets import DataError
     from megarl.data.prompts import PromptBuilder
-    from megarl.data.summary import load_tokenizer
 
     d = cfg.data
     try:
-        builder = PromptBuilder.from_config(d, load_tokenizer(cfg.model.path), prompt_tools(cfg))
+        builder = PromptBuilder.from_config(d, tokenizer(), prompt_tools(cfg))
     except DataError as exc:
         findings.append(Finding("data.apply_chat_template" if "chat template" in str(exc) else "model.path", str(exc)))
         return
@@ -316,9 +320,10 @@ def _check_model_dir(cfg: MegaRLConfig, findings: list[Finding]) -> bool:
     return ok
 
 
-def _check_critic_tokens(cfg: MegaRLConfig, findings: list[Finding]) -> None:
-    """critic.path's model reads the token ids of model.path's tokenizer (a critic has no
-    tokenizer of its own at run time): one of another model family runs, on the wrong tokens."""
+def _check_critic_tokens(cfg: MegaRLConfig, tokenizer: Callable[[], Any], findings: list[Finding]) -> None:
+    """critic.path's model reads the token ids of model.path's tokenizer (``tokenizer``, loaded on
+    first call; a critic has none of its own at run time): one of another model family runs, on
+    the wrong tokens."""
     from megarl.config.architectures import ArchError, arch_from_hf_dir
     from megarl.data.datasets import DataError
     from megarl.data.summary import load_tokenizer
@@ -328,7 +333,7 @@ def _check_critic_tokens(cfg: MegaRLConfig, findings: list[Finding]) -> None:
     if critic is None or not (critic / "config.json").is_file() or critic.resolve() == Path(cfg.model.path).resolve():
         return  # no model of its own (or the policy's), or _check_model_dir's finding
     try:
-        tokenizer = load_tokenizer(cfg.model.path)
+        policy_tokenizer = tokenizer()
     except DataError:
         return  # a tokenizer that does not load stops the run at start-up, whatever the critic
     try:
@@ -339,7 +344,7 @@ def _check_critic_tokens(cfg: MegaRLConfig, findings: list[Finding]) -> None:
         rows = arch_from_hf_dir(critic).vocab_size
     except ArchError:  # a config the bridge check names
         rows = None
-    problem = token_ids_problem(tokenizer, rows, own, "model.path's")
+    problem = token_ids_problem(policy_tokenizer, rows, own, "model.path's")
     if problem:
         findings.append(Finding("critic.path", f"({critic}) {problem}; the critic reads the policy's token ids: use a "
                                 "critic of the policy's model family, or unset critic.path to start it from model.path"))  # fmt: skip

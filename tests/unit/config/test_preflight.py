@@ -259,6 +259,21 @@ def test_a_critic_of_another_tokenizer_is_refused(demo, tmp_path):
             if f.level == "error"] == []  # fmt: skip
 
 
+def test_the_policy_tokenizer_is_loaded_once_for_the_critic_and_prompt_checks(demo, tmp_path, monkeypatch):
+    # (seconds each for a large tokenizer) the critic's token check and the prompt lengths both read it
+    from megarl.data import summary
+    from megarl.models.tiny import build_tiny_model
+
+    critic = build_tiny_model(tmp_path / "critic", task_vocab=TASK_VOCAB, seed=3, hidden_size=32, num_layers=1,
+                              num_heads=2, num_kv_heads=1, ffn_hidden_size=64)  # fmt: skip
+    loaded, load = [], summary.load_tokenizer
+    monkeypatch.setattr(summary, "load_tokenizer", lambda path: loaded.append(Path(path)) or load(path))
+    findings = preflight(config(demo, tmp_path / "run", "algorithm.estimator=gae", f"critic.path={critic}",
+                                "data.filter_overlong_prompts=true"))  # fmt: skip
+    assert [f for f in findings if f.level == "error"] == []
+    assert sorted(loaded) == sorted([Path(demo[0]), critic])
+
+
 def test_a_logger_whose_package_is_missing_is_refused_before_launch(demo, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "mlflow", None)  # how Python marks a module unimportable: find_spec gives None
     msg = refusal(config(demo, tmp_path / "out", "trainer.loggers=[console,mlflow]"))
