@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "configs" / "tiny_grpo.yaml"
 MEGARL = [sys.executable, "-m", "megarl.cli"]
 STEPS = 12
+RUN_MARK = "MEGARL_TEST_RUN_MARK"  # an environment variable marking one launch's processes
 
 
 def overrides(steps: int, *extra: str) -> list[str]:
@@ -46,9 +47,9 @@ def overrides(steps: int, *extra: str) -> list[str]:
             "rollout.n=4", "actor.mini_batch_size=32", "actor.micro_batch_size=16", *extra]
 
 
-def start(cwd: Path, args: list[str], log: Path) -> subprocess.Popen:
+def start(cwd: Path, args: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
     with log.open("a") as f:  # the child keeps its own copy of the descriptor
-        return subprocess.Popen(args, cwd=cwd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(args, cwd=cwd, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def finish(proc: subprocess.Popen, log: Path, timeout: float = 600) -> str:
@@ -246,8 +247,8 @@ def test_sigterm_while_ray_starts_exits_143_with_nothing_left(launch_dir, tmp_pa
     would exit 15 at once; megarl's takes it: exit 143, "while starting", no process left behind."""
     log = tmp_path / "starting.log"
     args = [*MEGARL, "launch", str(TINY), *overrides(3, "trainer.output_dir=starting")]
-    before = set(psutil.pids())
-    proc = start(launch_dir, args, log)
+    mark = f"{os.getpid()}-{time.time_ns()}"  # inherited by every process the run starts (Ray's too), by no other
+    proc = start(launch_dir, args, log, env={**os.environ, RUN_MARK: mark})
     deadline = time.monotonic() + 120
     while "starting an embedded Ray" not in log.read_text():
         assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
@@ -256,9 +257,8 @@ def test_sigterm_while_ray_starts_exits_143_with_nothing_left(launch_dir, tmp_pa
     output = finish(proc, log, timeout=120)
     assert proc.returncode == 143, output[-3000:]
     assert "stopped by SIGTERM while starting; nothing was trained or saved" in output
-    # Ray's processes (GCS, raylet, workers) started by this run, wherever they were re-parented
-    started = [psutil.Process(p) for p in set(psutil.pids()) - before if psutil.pid_exists(p)]
-    assert survivors([p for p in started if _is_ray(p)], within=10) == []
+    # the run's processes (Ray's GCS, raylet, workers), wherever they were re-parented
+    assert survivors([p for p in psutil.process_iter() if _marked(p, mark)], within=10) == []
 
 
 def test_a_second_launch_into_a_running_runs_output_dir_is_refused(launch_dir, tmp_path):
@@ -282,8 +282,10 @@ def test_a_second_launch_into_a_running_runs_output_dir_is_refused(launch_dir, t
     assert steps == list(range(1, max(steps) + 1))  # one run's lines, none cut by the refused launch
 
 
-def _is_ray(p: psutil.Process) -> bool:
+def _marked(p: psutil.Process, mark: str) -> bool:
+    """Whether ``p`` descends from the run started with ``mark`` in its environment (another run's
+    Ray on the machine does not)."""
     try:
-        return any("ray" in part for part in p.cmdline())
-    except psutil.Error:
+        return p.environ().get(RUN_MARK) == mark
+    except psutil.Error:  # gone, or not ours to read
         return False
