@@ -149,13 +149,23 @@ RESUME_FIXED = (
 def resume_conflicts(saved: dict[str, Any], now: dict[str, Any]) -> list[tuple[str, str]]:
     """Why a sampler with settings ``now`` cannot resume the state ``saved``: (config field, one
     line) each; empty: it can. Keys missing from either side are not compared: the pre-launch
-    check knows the settings of both configs but not the rows a file keeps after filtering."""
+    check knows the settings of both configs but not the rows a file keeps after filtering.
+    What leaves the stream as it was passes: weights of the same shares (one file's, or all
+    doubled), another seed with shuffle off in both."""
+    unshuffled = saved.get("shuffle") is False and now.get("shuffle") is False
     return [
         (field, f"the checkpoint was saved with {what} = {saved[key]}, the config now gives {now[key]}; resume with "
                 f"{what} = {saved[key]}, or start a fresh run in a new trainer.output_dir")
         for key, field, what in RESUME_FIXED
-        if key in saved and key in now and saved[key] != now[key]
+        if key in saved and key in now and _stream_value(key, saved[key]) != _stream_value(key, now[key])
+        and not (key == "seed" and unshuffled)
     ]
+
+
+def _stream_value(key: str, value: Any) -> Any:
+    """What of a RESUME_FIXED setting the stream depends on: the weights' shares, as the sampler
+    computes them (the same floats for weights of the same ratios: exact division), else the value."""
+    return [float(w) / float(sum(value)) for w in value] if key == "weights" else value
 
 
 def resume_settings(data: Any) -> dict[str, Any]:

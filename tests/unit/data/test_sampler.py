@@ -72,6 +72,30 @@ def test_resume_refuses_different_data_or_seed():
     MixtureSampler([10, 4], batch_size=8, seed=1).load_state_dict(state)
 
 
+@pytest.mark.parametrize(
+    ("saved", "now"),
+    [
+        (dict(weights=[2.0, 1.0], seed=11), dict(weights=[4.0, 2.0], seed=11)),  # the same shares
+        (dict(weights=[0.5, 0.25], seed=11), dict(weights=[2.0, 1.0], seed=11)),
+        (dict(weights=[2.0, 1.0], seed=11, shuffle=False), dict(weights=[2.0, 1.0], seed=5, shuffle=False)),
+    ],
+)
+def test_a_resume_with_settings_that_leave_the_stream_as_it_was_goes_on(saved, now):
+    # (refused before: a seed without shuffle, or weights scaled, change nothing the sampler draws)
+    full = _run(MixtureSampler([13, 6], batch_size=5, **saved), 8)
+    first = MixtureSampler([13, 6], batch_size=5, **saved)
+    _run(first, 3)
+    resumed = MixtureSampler([13, 6], batch_size=5, **now)
+    resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
+    assert _run(resumed, 5) == full[3:]
+    with pytest.raises(DataError, match=r"data.train_files weights = \[2.0, 1.0\], the config now gives \[3.0, 1.0\]"):
+        MixtureSampler([13, 6], [3.0, 1.0], batch_size=5, seed=11).load_state_dict(
+            MixtureSampler([13, 6], [2.0, 1.0], batch_size=5, seed=11).state_dict())
+    with pytest.raises(DataError, match="data.seed = 11, the config now gives 5"):  # shuffled on either side
+        MixtureSampler([13, 6], batch_size=5, seed=5, shuffle=False).load_state_dict(
+            MixtureSampler([13, 6], batch_size=5, seed=11).state_dict())
+
+
 def test_bad_weights_are_user_errors():
     with pytest.raises(DataError, match="weights must be > 0"):
         MixtureSampler([3, 3], [1.0, 0.0], batch_size=2, seed=0)
