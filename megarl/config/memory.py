@@ -27,6 +27,9 @@ cache size gives how many sequences of full length run at once. The torch engine
 of the weights in each replica leader, and while it generates a KV cache of
 max_running_requests sequences of full length.
 
+Host memory: a checkpoint of the fully_reshardable optimizer format gathers each rank's stage of
+the optimizer state on every rank (:func:`save_gather_host_bytes`), per node the ranks it holds.
+
 Which of these are on a GPU in which phase of the step is the residency table's business
 (megarl/config/residency.py); the planner adds them up per phase, plus each phase's working
 memory (:func:`phase_working_bytes`) and the runtime overhead.
@@ -181,6 +184,15 @@ def torch_engine_memory(arch: ArchSpec, *, dtype: str, max_running_requests: int
     """(weights, KV cache) of a torch engine: the whole model, and at most max_running_requests
     sequences of full length decoded together."""
     return DTYPE_BYTES[dtype] * arch.num_params, max_running_requests * seq_len * kv_bytes_per_token(arch, 1, dtype)
+
+
+def save_gather_host_bytes(arch: ArchSpec, *, tp: int, pp: int, value_head: bool = False) -> float:
+    """Host memory of one rank while a checkpoint of the distributed optimizer's fully_reshardable
+    format saves: Megatron (without its memory-efficient variant) gathers the rank's whole stage
+    of fp32 master params and Adam moments, 12 B x params on the stage / tp, into host memory on
+    every data-parallel rank before writing (the dp_reshardable format writes each rank's shard
+    as it is)."""
+    return 12.0 * stage_params(arch, pp, value_head=value_head) / tp
 
 
 def largest_hf_tensor_bytes(arch: ArchSpec, dtype: str) -> float:

@@ -10,6 +10,7 @@ Deliberately torch-free: `megarl plan` must answer in well under two seconds.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from functools import partial
@@ -24,6 +25,7 @@ from megarl.config.memory import (
     largest_hf_tensor_bytes,
     phase_working_bytes,
     rollout_memory,
+    save_gather_host_bytes,
     torch_engine_memory,
     train_memory,
 )
@@ -83,6 +85,7 @@ class MemoryPlan:
     phases: dict[str, float]  # bytes per training GPU in each phase of the residency table
     states: dict[str, float]  # bytes per GPU of each state of the table
     residency: dict[str, dict[str, float]]  # phase -> {resident state: bytes per GPU} (megarl/config/residency.py)
+    save_host: dict[str, tuple[float, int]] = field(default_factory=dict)  # role -> (host bytes per rank, ranks on its fullest node) of a fully_reshardable save
 
 
 @dataclass(frozen=True)
@@ -460,7 +463,20 @@ def _plan_memory(cfg: MegaRLConfig, arch: ArchSpec, roles: dict[str, RoleLayout]
         _check_fits(cfg, table, {p: b for p, b in phases.items() if p not in generation}, rollout_peak, gpu, issues,
                     push_knobs, layouts)  # fmt: skip
     ref = sizes.get("reference/weights", 0.0)
-    return MemoryPlan(mems.get("policy"), mems.get("critic"), ref, rollout, train_peak, rollout_peak, gpu, phases, sizes, residency)
+    return MemoryPlan(mems.get("policy"), mems.get("critic"), ref, rollout, train_peak, rollout_peak, gpu, phases, sizes, residency,
+                      _save_host(cfg, arch, roles))  # fmt: skip
+
+
+def _save_host(cfg: MegaRLConfig, arch: ArchSpec, roles: dict[str, RoleLayout]) -> dict[str, tuple[float, int]]:
+    """Per trained role whose checkpoints gather the optimizer state (fully_reshardable): host bytes
+    per rank at a save, and the most of its ranks one node holds (the roles save one after the other)."""
+    out = {}
+    for role, section in (("policy", cfg.actor), ("critic", cfg.critic)):
+        if role in roles and section.optimizer.distributed and section.optimizer.checkpoint_format == "fully_reshardable":
+            lay = roles[role]
+            per_node = Counter(gpu // cfg.cluster.gpus_per_node for gpu in lay.gpus)
+            out[role] = (save_gather_host_bytes(arch, tp=lay.tp, pp=lay.pp, value_head=role == "critic"), max(per_node.values()))
+    return out
 
 
 def _state_bytes(cfg: MegaRLConfig, arch: ArchSpec, mems: dict[str, TrainMemory], rollout: RolloutMemory | None) -> dict[str, float]:

@@ -167,7 +167,8 @@ class OptimizerConfig(Section):
         "its own shard, no gather; a resume may change the data-parallel size only. fully_reshardable: each "
         "parameter's Adam state whole, so a resume may also change parallel.tp and parallel.pp; the save "
         "all-gathers the state over the data-parallel ranks (each rank holds its stage's full fp32 master "
-        "params and Adam moments, 12 B x params / (tp x pp), in host memory while it saves) and every "
+        "params and Adam moments, 12 B x params / (tp x pp), in host memory while it saves; megarl plan shows the sum "
+        "per node) and every "
         "data-parallel rank reads its stage's whole state at load: slower, more host memory. Applies to the "
         "checkpoints this run writes; a resume loads whichever format its checkpoint holds. Needs distributed.",
     )

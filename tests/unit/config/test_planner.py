@@ -331,6 +331,20 @@ def test_72b_phase_sums_are_the_printed_ones_by_hand_and_fit():
     assert printed == {k: f"{v / GIB:.1f}" for k, v in by_hand.items()}
 
 
+def test_a_fully_reshardable_save_shows_the_host_memory_it_gathers_per_node():
+    # Megatron gathers each rank's stage of fp32 master params and Adam moments (12 B a parameter)
+    # into host memory on every rank: 6x the bf16 weights a GPU holds, on each of a node's ranks.
+    fully = ("actor.optimizer.checkpoint_format=fully_reshardable", "critic.optimizer.checkpoint_format=fully_reshardable")
+    cfg = load_config(PPO7, list(fully))
+    mem = make_plan(cfg).memory
+    assert mem.save_host == {"policy": (pytest.approx(6 * mem.policy.weights), 8), "critic": (pytest.approx(6 * mem.critic.weights), 8)}
+    per_rank = mem.save_host["policy"][0]
+    assert (f"policy checkpoint save {8 * per_rank / GIB:.1f} GiB host memory per node (8 ranks x {per_rank / GIB:.1f} GiB: "
+            "actor.optimizer.checkpoint_format=fully_reshardable gathers") in _printed(cfg)
+    assert plan(PPO7, fully[0], "cluster.nnodes=2").memory.save_host["policy"][1] == 8  # 16 ranks, 8 on each node
+    assert plan(PPO7).memory.save_host == {}  # dp_reshardable writes each rank's shard as it is
+
+
 def test_temperature_and_warmup_and_adaptive_kl():
     assert "rollout.sampling.temperature: (0.0) must be > 0" in refused(TINY, "rollout.sampling.temperature=0")
     assert "trainer.critic_warmup_steps: (500) must be below trainer.total_steps (500)" in refused(
