@@ -13,8 +13,10 @@ the exit code is 1.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
+import sysconfig
 import traceback
 
 from megarl import __version__
@@ -109,9 +111,21 @@ def _set_up_subcommands(sub: argparse._SubParsersAction) -> None:
 
 
 def setup_logging() -> None:
-    import logging
+    """The terminal's log: megarl's messages and the libraries' warnings. A library's INFO
+    (Megatron's config dumps and gradient-bucket listings, in a run's own process with
+    --in-process) goes only to the log files a command writes (a launch's driver.log), and so
+    do the Python warnings of installed packages where a command captures them (a launch)."""
+    terminal = logging.StreamHandler()
+    terminal.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+    terminal.addFilter(_for_the_terminal)
+    logging.basicConfig(level=logging.INFO, handlers=[terminal])  # (no-op where the root logger has handlers)
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+
+def _for_the_terminal(record: logging.LogRecord) -> bool:
+    if record.name == "py.warnings":  # a Python warning logging.captureWarnings caught: "FILE:LINE: Category: ..."
+        packages = {sysconfig.get_path("purelib"), sysconfig.get_path("platlib")}
+        return not any(record.getMessage().startswith(path + os.sep) for path in packages)
+    return record.levelno >= logging.WARNING or record.name.partition(".")[0] in ("megarl", "__main__")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -157,6 +157,7 @@ def driver_log(path: Path) -> Iterator[None]:
     errors.propagate = False  # tracebacks to the file only
     root.addHandler(handler)
     errors.addHandler(handler)
+    logging.captureWarnings(True)  # installed packages' warnings (Megatron's, torch's) to the file only (megarl/cli.py)
     try:
         yield
     except BaseException as exc:
@@ -167,6 +168,7 @@ def driver_log(path: Path) -> Iterator[None]:
             pass
         raise
     finally:
+        logging.captureWarnings(False)
         root.removeHandler(handler)
         errors.removeHandler(handler)
         handler.close()

@@ -58,3 +58,33 @@ def test_the_demo_finds_its_config_from_another_directory(tmp_path, monkeypatch)
     monkeypatch.chdir(tmp_path)  # no configs/ here: the checkout's default config
     assert Path(_demo_config("configs/tiny_grpo.yaml")) == TINY
     assert _demo_config("mine.yaml") == "mine.yaml"  # a config the user names is theirs to get right
+
+
+def test_the_terminal_shows_megarl_and_warnings_and_the_driver_log_has_the_libraries_info_too(tmp_path, caplog):
+    # --in-process runs Megatron in the driver: its config dumps, gradient-bucket listings and
+    # "Apex is not installed" warnings filled the terminal around megarl's own lines
+    import logging
+    import sysconfig
+    import warnings
+
+    from megarl.cli import _for_the_terminal
+    from megarl.commands.launch import driver_log
+
+    def record(name: str, level: int, message: str) -> logging.LogRecord:
+        return logging.LogRecord(name, level, __file__, 1, message, None, None)
+
+    library = f"{sysconfig.get_path('purelib')}/megatron/core/backends.py:21: UserWarning: Apex is not installed"
+    assert _for_the_terminal(record("megarl.trainer.loop", logging.INFO, "training steps 1 to 3"))
+    assert _for_the_terminal(record("megatron.core.optimizer", logging.WARNING, "loss scale lowered"))
+    assert not _for_the_terminal(record("megatron.core.optimizer", logging.INFO, "Setting up optimizer with config"))
+    assert not _for_the_terminal(record("py.warnings", logging.WARNING, library))
+    assert _for_the_terminal(record("py.warnings", logging.WARNING, "/home/me/rewards.py:3: UserWarning: mine"))
+    log = tmp_path / "logs" / "driver.log"
+    caplog.set_level(logging.INFO)  # as the CLI sets it
+    with driver_log(log), warnings.catch_warnings():
+        warnings.simplefilter("always")
+        logging.getLogger("megatron.core.optimizer").info("Setting up optimizer with config")
+        warnings.warn("Apex is not installed", UserWarning, stacklevel=1)
+    text = log.read_text()
+    assert "INFO megatron.core.optimizer: Setting up optimizer with config" in text
+    assert "WARNING py.warnings: " in text and "UserWarning: Apex is not installed" in text
