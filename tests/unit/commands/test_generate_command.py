@@ -44,6 +44,10 @@ def test_a_partial_generation_with_other_settings_names_each_old_and_new_value(t
                                             "run with the same settings to continue it, or move it away to start over$"):
         open_partial(partial, now)
     assert json.loads((partial / "generate.json").read_text()) == before  # the record of the work there stays
+    newer = {**before, "seed": 3, "sampling": {**before["sampling"], "min_p": 0.0}}  # keys an older megarl did not record
+    with pytest.raises(GenerateError, match=r"\(sampling.min_p was not recorded \(an older megarl wrote generate.json\), "
+                                            r"now 0.0; seed was not recorded \(an older megarl wrote generate.json\), now 3\)"):
+        open_partial(partial, newer)
 
 
 def _model(path: Path, weights: bytes) -> Path:
