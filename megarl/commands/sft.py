@@ -69,7 +69,7 @@ def _run(args: argparse.Namespace) -> int:
 def run_sft(cfg: Any, address: str | None = None, *, in_process: bool = False) -> Path:
     """Fine-tune, then write and verify ``<sft.output_dir>/model``; returns its path.
     ``in_process``: the worker lives in this process, without Ray (a world of one)."""
-    from megarl.commands.launch import check_one_machine
+    from megarl.commands.launch import DRIVER_LOG, check_one_machine, driver_log
     from megarl.config.planner import make_plan, resolved_config, sft_max_length
     from megarl.trainer.run_lock import output_dir_lock
 
@@ -107,7 +107,7 @@ def run_sft(cfg: Any, address: str | None = None, *, in_process: bool = False) -
     control = RunControl()
     stopped = lambda: RunStopped(f"stopped by {control.signal_name} while starting; nothing was trained or "  # noqa: E731
                                  "written", control.exit_code)
-    with output_dir_lock(out, "sft.output_dir"), control.handlers(), ExitStack() as session:
+    with output_dir_lock(out, "sft.output_dir"), driver_log(out / "logs" / DRIVER_LOG), control.handlers(), ExitStack() as session:
         # Logged once a signal is handled: a SIGTERM sent on seeing it stops the run cleanly.
         log.info("sft: %d training rows, %d held-out, %d steps of %d sequences (DP=%d)", len(data.train), len(data.val),
                  steps, s.batch_size, dp)  # fmt: skip

@@ -5,6 +5,8 @@ to be overwritten."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from run_helpers import ROOT, read_jsonl, train
 
@@ -44,7 +46,8 @@ def _hf_nll(model_dir, val_file) -> float:
     return total / count
 
 
-def test_sft_then_rl_generate_and_evaluate(tmp_path, monkeypatch):
+def test_sft_then_rl_generate_and_evaluate(tmp_path, monkeypatch, caplog):
+    caplog.set_level(logging.INFO)  # as the CLI sets it: the driver's log holds its INFO lines
     model, data = prepare_demo(tmp_path / "demo")
     sft = [f"model.path={model}", f"sft.train_files=[{data / 'train.parquet'}]", f"sft.val_files=[{data / 'val.parquet'}]",
            f"sft.output_dir={tmp_path / 'sft'}", "sft.total_steps=100", "sft.eval_freq=50", "trainer.loggers=[jsonl]"]  # fmt: skip
@@ -55,6 +58,7 @@ def test_sft_then_rl_generate_and_evaluate(tmp_path, monkeypatch):
     assert [r["step"] for r in records if r.get("sft/val_loss") is not None] == [50, 100]
     assert records[-1]["sft/val_loss"] < records[49]["sft/val_loss"]
     assert records[0]["sft/tokens"] == 64 * 4  # 3 digits + EOS per row, 64 rows a step
+    assert "INFO megarl.commands.sft: sft: 800 training rows" in (tmp_path / "sft" / "logs" / "driver.log").read_text()
 
     with pytest.raises(SFTError, match="exists"):  # a second run never replaces the model
         run_sft(load_config(CONFIG, sft))
