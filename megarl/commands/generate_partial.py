@@ -106,15 +106,16 @@ def _told(differ: dict[str, tuple[Any, Any]], before: dict[str, Any]) -> str:
     parts = []
     for key, (old, new) in sorted(differ.items()):
         field = key.split(".")[0]
-        if old is ABSENT:
-            parts.append(f"{key} was not recorded (an older megarl wrote {JOB_FILE}), now {json.dumps(new)}")
+        if field.endswith("_sha256") and key != field:  # a file among several (one set since, too): its field says which
+            parts.append(f"the {key.split('.', 1)[1]} file's contents differ")
+        elif old is ABSENT:
+            now = "" if field.endswith(("_sha256", "_fingerprint")) else f", now {json.dumps(new)}"  # (hashes)
+            parts.append(f"{key} was not recorded (an older megarl wrote {JOB_FILE}){now}")
         elif key == "model_fingerprint":
             if "model" not in differ:  # else the path's change says it
                 parts.append(_model_change(before["model"], old, new))
         elif key == "data_sha256":
             parts.append("the --data file's contents differ")
-        elif field.endswith("_sha256") and key != field:  # a file among several: its field says which
-            parts.append(f"the {key.split('.', 1)[1]} file's contents differ")
         else:
             parts.append(f"{key} was {json.dumps(old)}, now {json.dumps(None if new is ABSENT else new)}")
     return "; ".join(parts)
@@ -133,7 +134,7 @@ def _model_change(model: str, old: Any, new: Any) -> str:
     return f"the model at {model} has other {', '.join(files)} than the parts were generated with"
 
 
-def _holds_work(partial: Path, changed: list[str]) -> bool:
+def _holds_work(partial: Path, changed: set[str]) -> bool:
     """Whether a partial generation made with other settings holds anything this run would lose
     or misuse: a finished part, or the staged HF export of another model."""
     other_model = "model" in changed or "model_fingerprint" in changed

@@ -48,6 +48,13 @@ def test_a_partial_generation_with_other_settings_names_each_old_and_new_value(t
     with pytest.raises(GenerateError, match=r"\(sampling.min_p was not recorded \(an older megarl wrote generate.json\), "
                                             r"now 0.0; seed was not recorded \(an older megarl wrote generate.json\), now 3\)"):
         open_partial(partial, newer)
+    added = {**before, "agent_files_sha256": {"rollout.agent.tools_file": "abc123"}}  # a file set since: no hash shown
+    with pytest.raises(GenerateError, match=r"\(agent_files_sha256 was not recorded \(an older megarl wrote generate.json\)\)"):
+        open_partial(partial, added)  # a record without the field at all
+    record = json.loads((partial / "generate.json").read_text())
+    (partial / "generate.json").write_text(json.dumps({**record, "agent_files_sha256": {}}))
+    with pytest.raises(GenerateError, match=r"\(the rollout.agent.tools_file file's contents differ\)"):
+        open_partial(partial, added)
 
 
 def _model(path: Path, weights: bytes) -> Path:
