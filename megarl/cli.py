@@ -13,6 +13,7 @@ the exit code is 1.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import sys
@@ -111,21 +112,42 @@ def _set_up_subcommands(sub: argparse._SubParsersAction) -> None:
 
 
 def setup_logging() -> None:
-    """The terminal's log: megarl's messages and the libraries' warnings. A library's INFO
-    (Megatron's config dumps and gradient-bucket listings, in a run's own process with
-    --in-process) goes only to the log files a command writes (a launch's driver.log), and so
-    do the Python warnings of installed packages where a command captures them (a launch)."""
+    """The terminal's log: INFO and above of megarl and of your own code, the libraries'
+    warnings. A library's INFO (Megatron's config dumps and gradient-bucket listings, in a run's
+    own process with --in-process) goes only to the log file a command writes (a launch's or an
+    SFT's driver.log), and so do installed packages' Python warnings where the command captures
+    them (launch, sft)."""
     terminal = logging.StreamHandler()
     terminal.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
-    terminal.addFilter(_for_the_terminal)
+    terminal.addFilter(for_the_terminal)
     logging.basicConfig(level=logging.INFO, handlers=[terminal])  # (no-op where the root logger has handlers)
 
 
-def _for_the_terminal(record: logging.LogRecord) -> bool:
-    if record.name == "py.warnings":  # a Python warning logging.captureWarnings caught: "FILE:LINE: Category: ..."
-        packages = {sysconfig.get_path("purelib"), sysconfig.get_path("platlib")}
-        return not any(record.getMessage().startswith(path + os.sep) for path in packages)
-    return record.levelno >= logging.WARNING or record.name.partition(".")[0] in ("megarl", "__main__")
+def for_the_terminal(record: logging.LogRecord) -> bool:
+    """Whether the terminal shows ``record``: not a library's INFO, nor a library's Python warning
+    (logging.captureWarnings's "FILE:LINE: Category: ...")."""
+    if record.name == "py.warnings":
+        return not _in_a_library(record.getMessage().partition(":")[0])
+    return record.levelno >= logging.WARNING or not _in_a_library(record.pathname)
+
+
+@functools.cache
+def _library_dirs() -> tuple[str, ...]:
+    import site
+
+    dirs = {*site.getsitepackages(), site.getusersitepackages(), sysconfig.get_path("purelib"), sysconfig.get_path("platlib")}
+    return tuple(os.path.join(d, "") for d in dirs if d)
+
+
+MEGARL_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "")
+# On CPU the CUDA-to-CPU mode forwards the libraries' torch calls: what torch warns about then
+# points at its forwarding line.
+CPU_COMPAT = os.path.join(MEGARL_DIR, "parallel", "cpu_compat.py")
+
+
+def _in_a_library(path: str) -> bool:
+    """Whether ``path`` is an installed package's file (megarl's own, installed or not, is not)."""
+    return path == CPU_COMPAT or (path.startswith(_library_dirs()) and not path.startswith(MEGARL_DIR))
 
 
 def main(argv: list[str] | None = None) -> int:

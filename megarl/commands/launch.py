@@ -15,6 +15,7 @@ import argparse
 import logging
 import os
 import shlex
+import warnings
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -157,6 +158,7 @@ def driver_log(path: Path) -> Iterator[None]:
     errors.propagate = False  # tracebacks to the file only
     root.addHandler(handler)
     errors.addHandler(handler)
+    captured = warnings.showwarning.__module__ == "logging"  # (a caller's capture stays on)
     logging.captureWarnings(True)  # installed packages' warnings (Megatron's, torch's) to the file only (megarl/cli.py)
     try:
         yield
@@ -168,7 +170,7 @@ def driver_log(path: Path) -> Iterator[None]:
             pass
         raise
     finally:
-        logging.captureWarnings(False)
+        logging.captureWarnings(captured)
         root.removeHandler(handler)
         errors.removeHandler(handler)
         handler.close()

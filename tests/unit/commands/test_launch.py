@@ -67,18 +67,21 @@ def test_the_terminal_shows_megarl_and_warnings_and_the_driver_log_has_the_libra
     import sysconfig
     import warnings
 
-    from megarl.cli import _for_the_terminal
+    from megarl.cli import CPU_COMPAT, MEGARL_DIR, for_the_terminal
     from megarl.commands.launch import driver_log
 
-    def record(name: str, level: int, message: str) -> logging.LogRecord:
-        return logging.LogRecord(name, level, __file__, 1, message, None, None)
+    def record(name: str, level: int, message: str, path: str = "/home/me/rewards.py") -> logging.LogRecord:
+        return logging.LogRecord(name, level, path, 1, message, None, None)
 
-    library = f"{sysconfig.get_path('purelib')}/megatron/core/backends.py:21: UserWarning: Apex is not installed"
-    assert _for_the_terminal(record("megarl.trainer.loop", logging.INFO, "training steps 1 to 3"))
-    assert _for_the_terminal(record("megatron.core.optimizer", logging.WARNING, "loss scale lowered"))
-    assert not _for_the_terminal(record("megatron.core.optimizer", logging.INFO, "Setting up optimizer with config"))
-    assert not _for_the_terminal(record("py.warnings", logging.WARNING, library))
-    assert _for_the_terminal(record("py.warnings", logging.WARNING, "/home/me/rewards.py:3: UserWarning: mine"))
+    megatron = f"{sysconfig.get_path('purelib')}/megatron/core/optimizer/__init__.py"
+    assert for_the_terminal(record("megarl.trainer.loop", logging.INFO, "training steps 1 to 3", f"{MEGARL_DIR}trainer/loop.py"))
+    assert for_the_terminal(record("my_rollout", logging.INFO, "my generate function's note"))  # your own code
+    assert for_the_terminal(record("megatron.core.optimizer", logging.WARNING, "loss scale lowered", megatron))
+    assert not for_the_terminal(record("megatron.core.optimizer", logging.INFO, "Setting up optimizer with config", megatron))
+    assert not for_the_terminal(record("py.warnings", logging.WARNING, f"{megatron}:24: UserWarning: Apex is not installed"))
+    assert Path(CPU_COMPAT).is_file()  # (torch's warnings on the libraries' calls on CPU point at its forwarding line)
+    assert not for_the_terminal(record("py.warnings", logging.WARNING, f"{CPU_COMPAT}:66: UserWarning: .grad of a non-leaf"))
+    assert for_the_terminal(record("py.warnings", logging.WARNING, "/home/me/rewards.py:3: UserWarning: mine"))
     log = tmp_path / "logs" / "driver.log"
     caplog.set_level(logging.INFO)  # as the CLI sets it
     with driver_log(log), warnings.catch_warnings():
@@ -88,3 +91,12 @@ def test_the_terminal_shows_megarl_and_warnings_and_the_driver_log_has_the_libra
     text = log.read_text()
     assert "INFO megatron.core.optimizer: Setting up optimizer with config" in text
     assert "WARNING py.warnings: " in text and "UserWarning: Apex is not installed" in text
+
+
+def test_the_cli_terminal_log_leaves_a_librarys_info_out():
+    # what `megarl` sets up in a fresh process (pytest's own handlers would make it a no-op here)
+    code = ("import logging, sysconfig; from megarl.cli import setup_logging; setup_logging(); "
+            "logging.getLogger('megarl.x').info('kept'); logging.getLogger('lib').handle(logging.LogRecord("
+            "'lib', logging.INFO, sysconfig.get_path('purelib') + '/lib/m.py', 1, 'dropped', None, None))")
+    err = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stderr
+    assert "INFO megarl.x: kept" in err and "dropped" not in err
