@@ -164,7 +164,8 @@ def resume_conflicts(saved: dict[str, Any], now: dict[str, Any]) -> list[tuple[s
 
 def _stream_value(key: str, value: Any) -> Any:
     """What of a RESUME_FIXED setting the stream depends on: the weights' shares, as the sampler
-    computes them (the same floats for weights of the same ratios: exact division), else the value."""
+    computes them (equal floats draw the same files; weights scaled by a power of two, or whose
+    sums are exact, give equal ones; a rounding difference is refused, the safe side), else the value."""
     return [float(w) / float(sum(value)) for w in value] if key == "weights" else value
 
 
