@@ -250,15 +250,15 @@ def test_sigterm_while_ray_starts_exits_143_with_nothing_left(launch_dir, tmp_pa
     mark = f"{os.getpid()}-{time.time_ns()}"  # inherited by every process the run starts (Ray's too), by no other
     proc = start(launch_dir, args, log, env={**os.environ, RUN_MARK: mark})
     deadline = time.monotonic() + 120
-    while "starting an embedded Ray" not in log.read_text():
-        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+    while "starting an embedded Ray" not in log.read_text() or not [p for p in _run_processes(mark) if p.pid != proc.pid]:
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]  # (Ray's first process seen)
         time.sleep(0.02)
     proc.send_signal(signal.SIGTERM)
     output = finish(proc, log, timeout=120)
     assert proc.returncode == 143, output[-3000:]
     assert "stopped by SIGTERM while starting; nothing was trained or saved" in output
     # the run's processes (Ray's GCS, raylet, workers), wherever they were re-parented
-    assert survivors([p for p in psutil.process_iter() if _marked(p, mark)], within=10) == []
+    assert survivors(_run_processes(mark), within=10) == []
 
 
 def test_a_second_launch_into_a_running_runs_output_dir_is_refused(launch_dir, tmp_path):
@@ -282,9 +282,13 @@ def test_a_second_launch_into_a_running_runs_output_dir_is_refused(launch_dir, t
     assert steps == list(range(1, max(steps) + 1))  # one run's lines, none cut by the refused launch
 
 
+def _run_processes(mark: str) -> list[psutil.Process]:
+    """The processes of the run started with ``mark`` in its environment, wherever they were
+    re-parented (another run's Ray on the machine has none)."""
+    return [p for p in psutil.process_iter() if _marked(p, mark)]
+
+
 def _marked(p: psutil.Process, mark: str) -> bool:
-    """Whether ``p`` descends from the run started with ``mark`` in its environment (another run's
-    Ray on the machine does not)."""
     try:
         return p.environ().get(RUN_MARK) == mark
     except psutil.Error:  # gone, or not ours to read
