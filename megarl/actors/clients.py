@@ -83,6 +83,10 @@ class TrainedClient:
         """Per rank: the bytes each table state keeps allocated on the device (0: off it)."""
         return self.group.call("device_bytes")
 
+    def host_bytes(self) -> list[dict[str, int]]:
+        """Per rank: the bytes of each table state's host copy (kept from its last offload for the next)."""
+        return self.group.call("host_bytes")
+
     def start_profile(self) -> None:
         self.group.call("start_profile")
 

@@ -50,6 +50,10 @@ class TrainedRank:
         """Bytes each table state of this process keeps allocated on the device (0: off it)."""
         return {f"{o}/{w}": n for o, ms in self.model_states().items() for w, n in ms.device_bytes().items()}
 
+    def host_bytes(self) -> dict[str, int]:
+        """Bytes of each table state's host copy in this process (0: none)."""
+        return {f"{o}/{w}": n for o, ms in self.model_states().items() for w, n in ms.host_bytes().items()}
+
     def profile_name(self) -> str:
         raise NotImplementedError
 

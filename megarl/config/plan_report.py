@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from megarl.config.memory import GIB
-from megarl.config.planner import Plan
+from megarl.config.planner import Plan, host_memory_text
 from megarl.config.sections import MegaRLConfig
 
 
@@ -73,11 +73,10 @@ def _print_memory(cfg: MegaRLConfig, plan: Plan, console: Console) -> None:
             f"[bold]rollout memory/{per}[/] {g(r.budget)} GiB (mem_fraction {cfg.rollout.mem_fraction}): weights {g(r.weights)} "
             f"+ KV cache {g(r.kv_cache)} = {r.full_length_sequences} sequences of full length at once"
         )
-    for role, (per_rank, ranks) in mem.save_host.items():
-        section = "actor" if role == "policy" else "critic"
-        console.print(f"[bold]{role} checkpoint save[/] {g(per_rank * ranks)} GiB host memory per node ({ranks} ranks x "
-                      f"{g(per_rank)} GiB: {section}.optimizer.checkpoint_format=fully_reshardable gathers each rank's stage "
-                      "of fp32 params and Adam moments)")  # fmt: skip
+    if plan.device == "cuda" and mem.host is not None and mem.host.peak:
+        node = f" (node {mem.host.node})" if cfg.cluster.nnodes > 1 else ""
+        console.print(f"[bold]host memory/node[/]{node} at least {g(mem.host.peak)} GiB: {host_memory_text(mem.host)} "
+                      "(megarl's buffers; the processes' own memory not counted)")  # fmt: skip
     if plan.device == "cuda":
         # Per phase of the residency table (docs/architecture.md, 'Memory between training and generation').
         console.print("[bold]by phase/GPU[/] " + ", ".join(f"{p} {g(b)}" for p, b in mem.phases.items()) + " GiB")

@@ -71,6 +71,12 @@ class ClusterConfig(Section):
     nnodes: int = Field(1, ge=1, description="Number of nodes.")
     gpus_per_node: int = Field(8, ge=1, description="GPUs per node (processes per node when device is cpu).")
     gpu_memory_gib: float = Field(80.0, gt=0, description="Memory of one GPU in GiB, for the memory plan.")
+    host_memory_gib: float | None = Field(
+        None, gt=0,
+        description="Host memory of one node in GiB, for the memory plan: a plan whose host buffers on a node (the copies of "
+        "offloaded states, SGLang's weight backup, a fully_reshardable checkpoint save's gather) need more is refused. "
+        "None: the plan shows them without a check.",
+    )
     placement: Literal["colocated", "disaggregated"] = Field(
         "colocated",
         description="colocated: training and rollout share every GPU; disaggregated: rollout gets its own pool of rollout_gpus.",
@@ -167,8 +173,8 @@ class OptimizerConfig(Section):
         "its own shard, no gather; a resume may change the data-parallel size only. fully_reshardable: each "
         "parameter's Adam state whole, so a resume may also change parallel.tp and parallel.pp; the save "
         "all-gathers the state over the data-parallel ranks (each rank holds its stage's full fp32 master "
-        "params and Adam moments, 12 B x params / (tp x pp), in host memory while it saves; megarl plan shows the sum "
-        "per node) and every "
+        "params and Adam moments, 12 B x params / (tp x pp), in host memory while it saves; megarl plan counts it per "
+        "node) and every "
         "data-parallel rank reads its stage's whole state at load: slower, more host memory. Applies to the "
         "checkpoints this run writes; a resume loads whichever format its checkpoint holds. Needs distributed.",
     )

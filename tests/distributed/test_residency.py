@@ -119,6 +119,8 @@ def _walk(rank: int, world: int, model_dir: str) -> dict:
         record()
     out["measured"] = measured
     out["predicted"] = plan.memory.residency
+    out["host"] = policy.host_bytes()[rank] | critic.host_bytes()[rank]  # after two steps: every state has moved
+    out["host_predicted"] = {owner: b / world for owner, b in plan.memory.host.offloaded.items()}  # (one node)
     return out
 
 
@@ -147,6 +149,18 @@ def test_every_phase_keeps_what_the_table_predicts_within_5_percent(walks):
                     assert nbytes == 0, where
                 else:
                     assert abs(nbytes - expect) <= 0.05 * expect, where
+
+
+def test_the_host_copies_are_what_the_plan_counts_within_5_percent(walks):
+    # each state that left the device keeps a host buffer of its size for the next offload;
+    # gradients are freed, not copied (the plan's host memory per node, megarl/config/memory.py)
+    for rank, walk in enumerate(walks):
+        host = walk["host"]
+        assert [s for s, n in host.items() if s.endswith("/grads")] and not [n for s, n in host.items() if s.endswith("/grads") and n]
+        for owner, expect in walk["host_predicted"].items():
+            got = sum(n for state, n in host.items() if state.startswith(f"{owner}/"))
+            assert abs(got - expect) <= 0.05 * expect, f"rank {rank}, {owner}: host copies {got} bytes, planned {expect:.0f}"
+        assert set(walk["host_predicted"]) == {"policy", "critic", "reference"}
 
 
 def test_moves_keep_the_models_intact(walks):

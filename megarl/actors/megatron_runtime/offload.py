@@ -53,6 +53,10 @@ class HostBuffer:
             self._unpin = weakref.finalize(self.data, torch.cuda.cudart().cudaHostUnregister, ptr)
         return self.data
 
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.data is None else self.data.numel()
+
     def free(self) -> None:
         if self._unpin is not None:
             self._unpin()  # unregister before the memory goes back to the host allocator
@@ -159,6 +163,10 @@ class ModelStates:
     def device_bytes(self) -> dict[str, int]:
         """Bytes each state keeps allocated on the device now."""
         return {name: sum(s.nbytes() for s in storages) for name, storages in self.storages().items()}
+
+    def host_bytes(self) -> dict[str, int]:
+        """Bytes of each state's host buffer (kept from its last offload for the next; grads have none)."""
+        return {name: mover.host.nbytes for name, mover in self.movers.items()}
 
     def _known(self, states: Iterable[str]) -> list[str]:
         states = list(states)

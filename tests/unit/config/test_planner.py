@@ -331,18 +331,39 @@ def test_72b_phase_sums_are_the_printed_ones_by_hand_and_fit():
     assert printed == {k: f"{v / GIB:.1f}" for k, v in by_hand.items()}
 
 
-def test_a_fully_reshardable_save_shows_the_host_memory_it_gathers_per_node():
-    # Megatron gathers each rank's stage of fp32 master params and Adam moments (12 B a parameter)
-    # into host memory on every rank: 6x the bf16 weights a GPU holds, on each of a node's ranks.
-    fully = ("actor.optimizer.checkpoint_format=fully_reshardable", "critic.optimizer.checkpoint_format=fully_reshardable")
-    cfg = load_config(PPO7, list(fully))
+def test_the_host_memory_of_a_node_is_each_ranks_copies_backups_and_save_gather_by_hand():
+    # Colocated SGLang moves every trained model off the GPUs at each launch: each rank keeps a
+    # host copy of its weights and optimizer state (gradients are freed), the reference's weights
+    # too; SGLang's weight backup is the engine's weights per GPU; a fully_reshardable save gathers
+    # each rank's stage of fp32 params and Adam moments (12 B a parameter: 6x the bf16 weights).
+    cfg = load_config(GRPO72, ["rollout.weights_cpu_backup=true", "actor.optimizer.checkpoint_format=fully_reshardable"])
     mem = make_plan(cfg).memory
-    assert mem.save_host == {"policy": (pytest.approx(6 * mem.policy.weights), 8), "critic": (pytest.approx(6 * mem.critic.weights), 8)}
-    per_rank = mem.save_host["policy"][0]
-    assert (f"policy checkpoint save {8 * per_rank / GIB:.1f} GiB host memory per node (8 ranks x {per_rank / GIB:.1f} GiB: "
-            "actor.optimizer.checkpoint_format=fully_reshardable gathers") in _printed(cfg)
-    assert plan(PPO7, fully[0], "cluster.nnodes=2").memory.save_host["policy"][1] == 8  # 16 ranks, 8 on each node
-    assert plan(PPO7).memory.save_host == {}  # dp_reshardable writes each rank's shard as it is
+    pol, eng, host = mem.policy, mem.rollout, mem.host
+    assert host.offloaded == {"policy": pytest.approx(8 * (pol.weights + pol.optimizer)), "reference": pytest.approx(8 * pol.weights)}
+    assert host.engine_backup == pytest.approx(8 * eng.weights)
+    assert host.save_gather == {"policy": pytest.approx(8 * 6 * pol.weights)}
+    assert host.peak == pytest.approx(8 * (pol.weights + pol.optimizer + pol.weights + eng.weights + 6 * pol.weights))
+    g = lambda b: f"{b / GIB:.1f}"  # noqa: E731
+    assert (f"host memory/node (node 0) at least {g(host.peak)} GiB: offloaded copies {g(8 * (2 * pol.weights + pol.optimizer))} "
+            f"(policy {g(8 * (pol.weights + pol.optimizer))}, reference {g(8 * pol.weights)}) + SGLang weight backup "
+            f"{g(8 * eng.weights)} + fully_reshardable save {g(48 * pol.weights)} (policy) GiB") in _printed(cfg)
+    msg = refused(GRPO72, "rollout.weights_cpu_backup=true", "actor.optimizer.checkpoint_format=fully_reshardable",
+                  "cluster.host_memory_gib=256")
+    assert (f"cluster.host_memory_gib: (256) is less than the {g(host.peak)} GiB of host memory node 0 needs at least (offloaded "
+            "copies ") in msg
+    assert ("GiB); set actor.optimizer.checkpoint_format=dp_reshardable, set rollout.weights_cpu_backup=false, raise "
+            "actor.parallel.tp / pp, raise the node count") in msg
+    assert plan(GRPO72, f"cluster.host_memory_gib={host.peak / GIB + 1}", "rollout.weights_cpu_backup=true",
+                "actor.optimizer.checkpoint_format=fully_reshardable").memory.host.peak == host.peak  # fits: no refusal
+
+
+def test_disaggregated_models_keep_host_copies_only_with_their_offload_flag():
+    base = ("cluster.placement=disaggregated", "cluster.nnodes=2", "cluster.rollout_gpus=8", "actor.offload=false", "actor.recompute=full",
+            "reference.offload=false", "critic.offload=false")  # (the shipped config offloads all three)
+    assert plan(PPO7, *base).memory.host.peak == 0  # nothing leaves the GPUs: no launch moves the models
+    mem = plan(PPO7, *base, "critic.offload=true").memory  # the critic leaves while the policy trains
+    crit = mem.critic
+    assert mem.host.node == 0 and mem.host.offloaded == {"critic": pytest.approx(8 * (crit.weights + crit.optimizer))}
 
 
 def test_temperature_and_warmup_and_adaptive_kl():
