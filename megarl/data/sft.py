@@ -110,13 +110,22 @@ def conversation_example(messages: Any, builder: PromptBuilder, where: str, mess
     turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
     if not turns:
         raise DataError(f"{where}, column {messages_key!r}: no assistant message to train on")
+    if turns[0] == 0:  # its head would be the rendering of no messages, which chat templates refuse
+        raise DataError(f"{where}, column {messages_key!r}: message 0 is an assistant turn, so nothing before it shows "
+                        "where its header ends and its content starts; start the conversation with a system or user "
+                        "message")  # fmt: skip
     tok = builder.tokenizer
     if not getattr(tok, "chat_template", None):
         raise DataError(f"{where}, column {messages_key!r}: conversations need the tokenizer's chat template, and "
                         "this tokenizer has none; give prompt + response rows instead (sft.response_key)")  # fmt: skip
 
     def ids(upto: int, generation_prompt: bool) -> list[int]:
-        text = tok.apply_chat_template(messages[:upto], tokenize=False, add_generation_prompt=generation_prompt)
+        try:
+            text = tok.apply_chat_template(messages[:upto], tokenize=False, add_generation_prompt=generation_prompt)
+        except Exception as exc:  # jinja raises for e.g. roles that do not alternate, or a system turn it refuses
+            raise DataError(f"{where}, column {messages_key!r}: the tokenizer's chat template failed on messages 0 to "
+                            f"{upto - 1} ({type(exc).__name__}: {exc}); give conversations it accepts, or prompt + "
+                            "response rows (sft.response_key)") from exc  # fmt: skip
         return list(tok(text, add_special_tokens=False)["input_ids"])
 
     whole = ids(len(messages), False)

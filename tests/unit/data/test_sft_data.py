@@ -100,3 +100,21 @@ def test_a_template_whose_generation_prompt_is_not_a_prefix_is_refused():
     chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there, a long answer here"}]
     with pytest.raises(DataError, match="cannot be masked exactly"):
         conversation_example(chat, PromptBuilder(tok, max_prompt_length=512), "row 0")
+
+
+def test_conversations_the_template_cannot_render_are_refused_with_the_row():
+    from megarl.models.tiny import CHATML_TEMPLATE, build_tokenizer
+
+    tok = build_tokenizer()  # a fresh one: the template is changed below
+    builder = PromptBuilder(tok, max_prompt_length=512)
+    first = [{"role": "assistant", "content": "hello"}, {"role": "user", "content": "hi"}]
+    with pytest.raises(DataError, match=r"^row 2, column 'messages': message 0 is an assistant turn.*start the "
+                                        r"conversation with a system or user message$"):  # fmt: skip
+        conversation_example(first, builder, "row 2")
+    # Gemma-style: the template raises for a system turn
+    tok.chat_template = "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}" + CHATML_TEMPLATE
+    chat = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    with pytest.raises(DataError, match=r"^row 5, column 'messages': the tokenizer's chat template failed on messages "
+                                        r"0 to 2 \(TemplateError: System role not supported\)"):  # fmt: skip
+        conversation_example(chat, builder, "row 5")
+    assert conversation_example(chat[1:], builder, "row 5").loss_mask  # without the system turn it renders
