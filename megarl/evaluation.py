@@ -12,9 +12,11 @@ Each prompt has ``n`` scored responses. Per data source, averaged over its promp
   lowest score of ``k`` responses drawn with replacement (what verl's validation estimates by
   bootstrap; computed exactly here);
 - ``maj@k`` (k >= 2): the score of the majority answer among ``k`` responses drawn with replacement,
-  when the reward function returns a ``pred`` (its extracted answer, verl's convention): 1000
-  bootstrap draws with a fixed seed, the most common ``pred`` wins (ties: the first drawn),
-  and its first drawn response's score counts;
+  for a data source whose reward function returns a ``pred`` (its extracted answer, verl's
+  convention): 1000 bootstrap draws with a fixed seed, the most common ``pred`` wins (ties: the
+  first drawn), and its first drawn response's score counts. A response without a ``pred`` (an
+  answer the function could not extract) votes for "no answer", as in verl; ``all`` has maj@k
+  when every data source has it;
 - ``response_length/mean|min|max`` (tokens) and ``truncated_frac`` (finish reason ``length``).
 
 ``all`` holds the same over every prompt (a data source named ``all`` would share its row).
@@ -96,9 +98,11 @@ def expected_worst(scores: Sequence[float], k: int) -> float:
     return -expected_best([-s for s in scores], k)
 
 
-def majority_score(scores: Sequence[float], preds: Sequence[str], k: int, rng: np.random.Generator) -> float:
-    """maj@k of one prompt by bootstrap (see the module docstring), vectorised over the draws."""
-    codes = np.unique(np.asarray(preds, dtype=object), return_inverse=True)[1].reshape(-1)  # [n] pred ids
+def majority_score(scores: Sequence[float], preds: Sequence[str | None], k: int, rng: np.random.Generator) -> float:
+    """maj@k of one prompt by bootstrap (see the module docstring), vectorised over the draws;
+    None (no pred) is an answer of its own."""
+    ids = {pred: i for i, pred in enumerate(dict.fromkeys(preds))}
+    codes = np.asarray([ids[pred] for pred in preds])  # [n] pred ids
     draws = rng.integers(len(scores), size=(MAJORITY_DRAWS, k))  # [D, k] response indices
     drawn = codes[draws]  # [D, k]
     counts = (drawn[:, :, None] == drawn[:, None, :]).sum(-1)  # [D, k] votes of each drawn answer
@@ -141,9 +145,9 @@ def summarize(responses: Sequence[ScoredResponse], ks: Sequence[int] | None = No
     n = min(len(g) for g in groups.values())
     ks = default_ks(n) if ks is None else sorted(set(ks))
     check_ks(ks, n)
-    with_preds = all(r.pred is not None for r in responses)
+    voting = {r.data_source for r in responses if r.pred is not None}  # the sources whose function gives preds
     # Each prompt's values once; a source's number is the mean over its prompts, ``all``'s over every prompt.
-    per_prompt = {key: _prompt_values(group, ks, with_preds, key[1]) for key, group in groups.items()}
+    per_prompt = {key: _prompt_values(group, ks, key[0] in voting, key[1]) for key, group in groups.items()}
     by_source: dict[str, list[tuple[str, int]]] = defaultdict(list)
     for key in groups:
         by_source[key[0]].append(key)
@@ -164,14 +168,15 @@ def _prompt_values(group: list[ScoredResponse], ks: Sequence[int], with_preds: b
         out[f"worst@{k}"] = expected_worst(scores, k)
     rng = np.random.default_rng([MAJORITY_SEED, prompt])  # the same draws whatever else is evaluated
     for k in drawn if with_preds else []:
-        out[f"maj@{k}"] = majority_score(scores, [str(r.pred) for r in group], k, rng)
+        out[f"maj@{k}"] = majority_score(scores, [r.pred for r in group], k, rng)
     return out
 
 
 def _summary(prompts: list[list[ScoredResponse]], values: list[dict[str, float]]) -> dict[str, float]:
     flat = [r for group in prompts for r in group]
     out: dict[str, float] = {"prompts": len(prompts), "responses": len(flat)}
-    out |= {name: _mean(v[name] for v in values) for name in values[0]}
+    # a number of every prompt only: maj@k of all when some source has no preds would be of a part
+    out |= {name: _mean(v[name] for v in values) for name in values[0] if all(name in v for v in values)}
     lengths = [r.length for r in flat]
     out["response_length/mean"] = _mean(lengths)
     out["response_length/min"] = float(min(lengths))

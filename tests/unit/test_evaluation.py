@@ -64,6 +64,22 @@ def test_majority_vote_is_close_to_its_exact_value_and_needs_preds():
     assert not any(name.startswith("maj@") for name in summarize(without)["d"])
 
 
+def test_responses_without_a_pred_vote_for_no_answer_and_maj_is_per_source():
+    # An answer the function could not extract (pred None) must not drop maj@k of the whole run.
+    scores, preds = [1.0, 1.0, 0.0, 0.0], ["7", "7", None, None]
+    rows = scored_responses(["d"] * 4, [0] * 4, scores, [3] * 4, ["stop"] * 4, pass_threshold=1.0, preds=preds)
+    summary = summarize(rows)
+    for k in (2, 4):  # "no answer" is one more answer, as in verl
+        assert summary["d"][f"maj@{k}"] == pytest.approx(_maj_enumerated(scores, ["7", "7", "-", "-"], k), abs=0.05)
+    assert summary["all"]["maj@4"] == summary["d"]["maj@4"]
+    # Source e's function gives no preds: maj@k for d only, and none for all (it would be d's alone).
+    other = scored_responses(["e"] * 4, [1] * 4, [0.0, 1.0, 0.0, 1.0], [3] * 4, ["stop"] * 4, pass_threshold=1.0)
+    mixed = summarize([*rows, *other])
+    assert mixed["d"]["maj@4"] == summary["d"]["maj@4"]
+    assert not any(name.startswith("maj@") for name in [*mixed["e"], *mixed["all"]])
+    assert mixed["all"]["pass@4"] == pytest.approx(1.0) and mixed["all"]["best@2"] > 0
+
+
 def test_summary_per_source_and_overall():
     # source a: prompt 0 scores [1, 0], prompt 1 scores [0, 0]; source b: prompt 2 scores [1, 1]
     sources = ["a", "a", "a", "a", "b", "b"]
