@@ -69,14 +69,19 @@ def _check_outputs(data: Path, summary: Path, scored: Path | None, overwrite: bo
     """Neither output may be the input, nor inside a run's checkpoints folder; an existing file is
     replaced only when it is a summary evaluate wrote (the JSON), or with --overwrite. Their
     folders are checked now and made when written (a refusal in between leaves none)."""
-    from megarl.commands.outputs import check_folder, check_new_file, check_outside_checkpoints
+    from megarl.commands.outputs import (
+        check_folder,
+        check_new_file,
+        check_outside_checkpoints,
+        same_file,
+    )
     from megarl.evaluation import EvaluationError
 
-    if scored is not None and scored.absolute() == summary.absolute():
+    if scored is not None and same_file(scored, summary):
         raise EvaluationError(f"--scored {scored} is also the --out summary; give two different paths")
     outputs = [(flag, path) for flag, path in (("--out", summary), ("--scored", scored)) if path is not None]
     for flag, path in outputs:
-        if path.absolute() == data.absolute():
+        if same_file(path, data):
             raise EvaluationError(f"{flag} {path} is the --data file; give another path")
         # checked before scoring, which can take long: a wrong folder must not cost the whole run
         check_outside_checkpoints(path, flag=flag)

@@ -53,7 +53,12 @@ from megarl.commands.generate_partial import (
     parts_of,
     remove_partial,
 )
-from megarl.commands.outputs import check_new_file, check_outside_checkpoints, make_folder
+from megarl.commands.outputs import (
+    check_new_file,
+    check_outside_checkpoints,
+    make_folder,
+    same_file,
+)
 from megarl.trainer.watchdog import RunControl, RunStopped
 
 log = logging.getLogger(__name__)
@@ -146,7 +151,7 @@ def _check_target(target: Path, data: Path, overwrite: bool, batch_size: int, ch
         raise GenerateError(f"--batch-size ({batch_size}) must be >= 1")
     if target.suffix != ".parquet":
         raise GenerateError(f"--out {target} must end in .parquet")
-    if target == data.absolute():
+    if same_file(target, data):  # replacing it would replace the input, however --out spells it
         raise GenerateError(f"--out {target} is the input file; give another path")
     check_outside_checkpoints(target, runs=[checkpoints])  # OUT.parquet.partial goes beside it
     check_new_file(target, overwrite)

@@ -33,6 +33,16 @@ def check_new_file(path: Path, overwrite: bool, *, flag: str = "--out", fix: str
         raise OutputExistsError(f"{name} exists; pass --overwrite to replace it, or {fix}")
 
 
+def same_file(a: Path, b: Path) -> bool:
+    """Whether two paths name one file, however spelled: ``sub/../x``, a symbolic link, a hard link."""
+    if a.absolute().resolve() == b.absolute().resolve():
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them is not there: only its spelling could have made it the other
+        return False
+
+
 def check_folder(path: Path, *, flag: str = "--out") -> None:
     """The folder of the file output ``path`` can be made: the nearest existing one of it and its
     parents is a folder (not a file, nor a dangling link) that can be written; refused in one line

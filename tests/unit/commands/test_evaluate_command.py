@@ -80,6 +80,19 @@ def test_a_refused_evaluate_leaves_no_output_folder(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("flag", ["--out", "--scored"])
+def test_an_output_that_is_the_data_under_another_name_is_refused(generated, tmp_path, capsys, flag):
+    (tmp_path / "link.parquet").symlink_to(generated)
+    before = generated.read_bytes()
+    for target in (tmp_path / "sub" / ".." / "gen.parquet", tmp_path / "link.parquet"):
+        args = ["evaluate", "--data", str(generated), flag, str(target), "--overwrite"]
+        assert main([*args, "--out", str(tmp_path / "s.json")] if flag == "--scored" else args) == EXIT_USER
+        assert capsys.readouterr().err == f"error: {flag} {target} is the --data file; give another path\n"
+    assert generated.read_bytes() == before and (tmp_path / "link.parquet").is_symlink()
+    args = ["evaluate", "--data", str(generated), "--out", str(tmp_path / "s.json"), "--scored", str(tmp_path / "x" / ".." / "s.json")]
+    assert main(args) == EXIT_USER and "is also the --out summary" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--out", "--scored"])
 def test_an_output_folder_that_is_a_file_is_refused_before_scoring(generated, tmp_path, capsys, flag):
     (tmp_path / "reward.py").write_text(TRACING_REWARD)
     custom = [f"reward.custom.path={tmp_path / 'reward.py'}", "reward.custom.name=score"]

@@ -184,3 +184,20 @@ def test_sglang_deterministic_inference_on_cpu_is_one_line_before_anything_is_wr
     with pytest.raises(GenerateError, match=r"rollout.deterministic: \(true\) needs SGLang's deterministic GPU attention"):
         _check_sglang(cfg)
     _check_sglang(load_config(CONFIG, ["rollout.deterministic=true"]))  # the torch engine
+
+
+@pytest.mark.parametrize("spelling", ["dotdot", "symlink", "hardlink"])
+def test_an_output_that_is_the_input_under_another_name_is_refused(tmp_path, spelling):
+    from megarl.commands.generate_partial import GenerateError
+
+    data = tmp_path / "val.parquet"
+    data.write_bytes(b"the user's prompts")
+    out = {"dotdot": tmp_path / "sub" / ".." / "val.parquet", "symlink": tmp_path / "link.parquet",
+           "hardlink": tmp_path / "hard.parquet"}[spelling]  # fmt: skip
+    if spelling == "symlink":
+        out.symlink_to(data)
+    elif spelling == "hardlink":
+        out.hardlink_to(data)
+    with pytest.raises(GenerateError, match="is the input file; give another path"):
+        generate(CONFIG, [f"model.path={tmp_path / 'model'}"], data, out, overwrite=True)
+    assert data.read_bytes() == b"the user's prompts" and not (tmp_path / "sub").exists()
