@@ -146,6 +146,7 @@ def evaluate(data: str | Path, config: str | Path | None = None, overrides: list
     problem = _reward_problem(reward)
     if problem:
         raise EvaluationError(problem)
+    _check_scorable(reward, rows.records, data)
     try:
         result = _score(reward, rows, flat)
     except ValueError as exc:  # reward.custom that does not load, a data_source without a scorer
@@ -184,6 +185,18 @@ def _reward_problem(reward: Any) -> str | None:
         problem = model_dir_problem(reward.model.path)
         return f"reward.model.path: {problem}" if problem else None
     return None
+
+
+def _check_scorable(reward: Any, records: list[Any], data: str | Path) -> None:
+    """What a launch's pre-flight refuses in its files, refused here before any scoring: a
+    data_source no scorer takes, a ground truth (null, blank) a built-in scorer would score 0."""
+    from megarl.config.preflight import scorer_findings
+    from megarl.data.datasets import file_label
+    from megarl.evaluation import EvaluationError
+
+    findings = scorer_findings(reward, [(file_label("--data", data), records)])
+    if findings:
+        raise EvaluationError(f"{findings[0].field}: {findings[0].message}")
 
 
 def _score(reward: Any, rows: Any, flat: list[tuple[int, int]]) -> Any:

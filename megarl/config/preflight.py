@@ -402,25 +402,37 @@ def _check_rewards(cfg: MegaRLConfig, samples: list[_Sample], findings: list[Fin
     except ValueError as exc:
         findings.append(Finding("reward.functions", str(exc)))
         return
-    if r.custom is not None or r.model is not None:
-        return
+    findings += scorer_findings(r, [(sample.label, sample.records) for sample in samples])
+
+
+def scorer_findings(reward: Any, files: list[tuple[str, list[Any]]]) -> list[Finding]:
+    """What the built-in scorers of ``reward`` (a RewardConfig) cannot score in ``files`` (label,
+    PromptRecords): a data_source none takes (named once), and per file the first row whose
+    ground truth none can compare with (null, blank, NaN: every response would score 0, silently).
+    A reward.custom or reward.model takes anything."""
+    from megarl.rewards import registry
+
+    if reward.custom is not None or reward.model is not None:
+        return []
+    findings: list[Finding] = []
     scorers: dict[str, str | None] = {}
-    for sample in samples:
+    for label, records in files:
         no_truth = None
-        for record in sample.records:
+        for record in records:
             if record.data_source not in scorers:
                 try:
-                    scorers[record.data_source] = registry.resolve(record.data_source, r.functions)
+                    scorers[record.data_source] = registry.resolve(record.data_source, reward.functions)
                 except ValueError as exc:
                     scorers[record.data_source] = None
-                    findings.append(Finding(sample.label, f"row {record.row}: {exc}"))
+                    findings.append(Finding(label, f"row {record.row}: {exc}"))
             name = scorers[record.data_source]
             if no_truth is None and name not in (None, "code") and no_answer(record.ground_truth):
-                no_truth = Finding(sample.label, f"row {record.row}: reward_model.ground_truth is {record.ground_truth!r}; "
+                no_truth = Finding(label, f"row {record.row}: reward_model.ground_truth is {record.ground_truth!r}; "
                                    f"the built-in scorer {name!r} compares each response with it: give the answer, or "
                                    "score with reward.custom")  # fmt: skip
         if no_truth is not None:
             findings.append(no_truth)
+    return findings
 
 
 

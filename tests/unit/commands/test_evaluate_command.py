@@ -175,3 +175,22 @@ def test_a_float_ground_truth_column_scores_as_the_answer_text_data_convert_writ
     assert pq.read_schema(data).field("reward_model").type.field("ground_truth").type == pa.float64()
     assert main(["evaluate", "--data", str(data), "--scored", str(scored), "--out", str(tmp_path / "s.json")]) == 0
     assert pq.read_table(scored).column("scores").to_pylist() == [[1.0, 0.0], [1.0, 0.0]]
+
+
+@pytest.mark.parametrize("truth", [None, " ", float("nan")])
+def test_a_ground_truth_no_built_in_scorer_can_compare_is_refused_before_scoring(tmp_path, capsys, truth):
+    """As a launch's pre-flight refuses it: every response of the row would score 0, silently."""
+    data = tmp_path / "gen.parquet"
+    rows = {"data_source": ["openai/gsm8k"] * 2, "prompt": ["2+2?", "3+3?"],
+            "reward_model": [{"ground_truth": 4.0 if isinstance(truth, float) else "4", "style": "rule"},
+                             {"ground_truth": truth, "style": "rule"}],  # NaN: how pandas writes a missing float
+            "responses": [["#### 4", "#### 5"], ["#### 6", "#### 7"]]}  # fmt: skip
+    pq.write_table(pa.table(rows), data)
+    assert main(["evaluate", "--data", str(data), "--out", str(tmp_path / "s.json")]) == EXIT_USER
+    assert capsys.readouterr().err == (f"error: --data (gen.parquet): row 1: reward_model.ground_truth is {truth!r}; the "
+                                       "built-in scorer 'gsm8k' compares each response with it: give the answer, or "
+                                       "score with reward.custom\n")  # fmt: skip
+    assert not (tmp_path / "s.json").exists()
+    (tmp_path / "reward.py").write_text(TRACING_REWARD)  # a function of the user's may take it
+    custom = [f"reward.custom.path={tmp_path / 'reward.py'}", "reward.custom.name=score"]
+    assert evaluate(data, overrides=custom)["per_data_source"]["all"]["responses"] == 4
