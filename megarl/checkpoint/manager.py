@@ -449,7 +449,10 @@ def _missing_manifest(path: Path) -> str:
     except OSError:  # no checkpoints folder: a step directory whose save did not finish
         steps = []
     if not steps:
-        return f"{MANIFEST} is missing in {path} (the save did not finish)"
+        from megarl.checkpoint.model_checkpoint import sft_output_hint
+
+        hint = sft_output_hint(path)
+        return f"{path} is not a checkpoint; {hint}" if hint else f"{MANIFEST} is missing in {path} (the save did not finish)"
     what = "the checkpoints folder of a run" if root == path else "a run's output_dir"
     latest = next((p for _, p in reversed(steps) if _is_valid(p)), None)
     if latest is None:

@@ -38,6 +38,7 @@ RECORD = "megarl_megatron.json"
 WEIGHTS = "megatron"
 KIND = "megarl hf-to-megatron"
 SFT_SOURCE = "megarl sft of "  # the record's source of weights `megarl sft` trained (no conversion remakes them)
+SFT_MODEL_DIR = "model"  # where `megarl sft` writes its model checkpoint in sft.output_dir
 # Bookkeeping keys of an HF config.json that say nothing about the model.
 _CONFIG_NOISE = {"_name_or_path", "transformers_version"}
 
@@ -49,6 +50,13 @@ class ModelCheckpointError(ValueError):
 def is_model_checkpoint(path: str | os.PathLike | None) -> bool:
     """Whether ``path`` is a directory written by `megarl convert hf-to-megatron`."""
     return path is not None and (Path(path) / RECORD).is_file()
+
+
+def sft_output_hint(path: str | os.PathLike | None) -> str:
+    """For a folder `megarl sft` wrote (sft.output_dir) given where a model goes, the clause that
+    names the model checkpoint in it (what README's commands pass); "" for any other path."""
+    inner = Path(path or "") / SFT_MODEL_DIR
+    return f"it is an sft.output_dir: give the model checkpoint in it, {inner}" if path and is_model_checkpoint(inner) else ""
 
 
 def read_record(path: str | os.PathLike) -> dict[str, Any]:

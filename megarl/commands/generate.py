@@ -161,7 +161,7 @@ def _check_target(target: Path, data: Path, overwrite: bool, batch_size: int, ch
 def _model_export(source: Path) -> Any:
     """How ``source`` becomes an HF directory: None (it is one), or the `megarl convert` function
     that exports it (a model checkpoint, a training checkpoint)."""
-    from megarl.checkpoint.model_checkpoint import is_model_checkpoint
+    from megarl.checkpoint.model_checkpoint import is_model_checkpoint, sft_output_hint
     from megarl.commands.convert import convert_checkpoint, export_model_checkpoint
 
     if is_model_checkpoint(source):
@@ -171,7 +171,7 @@ def _model_export(source: Path) -> Any:
     if (source / "config.json").is_file():
         return None
     raise GenerateError(f"model {source} is not an HF model directory (config.json), a model checkpoint or a "
-                        "training checkpoint (step_NNNNNN); give one with --model or model.path")  # fmt: skip
+                        f"training checkpoint (step_NNNNNN); {sft_output_hint(source) or 'give one with --model or model.path'}")  # fmt: skip
 
 
 def _run_model(source: Path, export: Any, cfg: Any) -> str:

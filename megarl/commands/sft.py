@@ -28,11 +28,11 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+from megarl.checkpoint.model_checkpoint import SFT_MODEL_DIR as MODEL_DIR
 from megarl.commands.arguments import add_config_args
 from megarl.trainer.watchdog import RunControl, RunStopped
 
 log = logging.getLogger(__name__)
-MODEL_DIR = "model"
 
 
 class SFTError(ValueError):

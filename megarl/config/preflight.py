@@ -290,12 +290,14 @@ def _check_model_dir(cfg: MegaRLConfig, findings: list[Finding]) -> bool:
         ModelCheckpointError,
         check_model_checkpoint,
         is_model_checkpoint,
+        sft_output_hint,
     )
 
     path = cfg.model.path
     if path is None or not (Path(path) / "config.json").is_file():
+        hint = sft_output_hint(path)
         findings.append(Finding("model.path", f"({path}) must be a local HF model directory (with config.json) or a "
-                                "model checkpoint of `megarl convert hf-to-megatron` to launch"))
+                                "model checkpoint of `megarl convert hf-to-megatron` to launch" + (f"; {hint}" if hint else "")))
         return False
     problem = tokenizer_files_problem(Path(path))
     if problem:

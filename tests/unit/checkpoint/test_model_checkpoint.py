@@ -208,3 +208,27 @@ def test_a_model_source_gone_by_the_write_is_said_not_skipped(tmp_path):
     with pytest.raises(FileNotFoundError, match=rf"^{source} has no config.json any more, so the model's config and tokenizer"):
         write_verified(staging, source, {}, save, lambda _: 1)
     assert (staging / "megatron").is_dir()  # what was written stays for the caller to keep
+
+
+def test_an_sft_output_dir_given_as_the_model_names_the_model_checkpoint_in_it(demo, tmp_path):
+    """README's flow passes <sft.output_dir>/model; the folder itself is named as what it is."""
+    from megarl.checkpoint.manager import CheckpointError, verify_checkpoint
+    from megarl.commands.generate import GenerateError, generate
+    from megarl.config.loading import load_config
+    from megarl.config.preflight import preflight
+
+    model, data = demo
+    sft = tmp_path / "sft"
+    sft.mkdir()
+    fake_checkpoint(sft / "model", model)
+    hint = f"it is an sft.output_dir: give the model checkpoint in it, {sft / 'model'}"
+    with pytest.raises(CheckpointError, match=f"^{sft} is not a checkpoint; {hint}$"):  # megarl convert
+        verify_checkpoint(sft)
+    with pytest.raises(GenerateError, match=rf"training checkpoint \(step_NNNNNN\); {hint}$"):
+        generate(TINY, [f"model.path={sft}"], data / "val.parquet", tmp_path / "gen.parquet")
+    findings = preflight(load_config(TINY, [f"model.path={sft}", f"trainer.output_dir={tmp_path / 'run'}",
+                                            f"data.train_files=[{data / 'train.parquet'}]", "data.val_files=[]"]))  # fmt: skip
+    assert any(f.field == "model.path" and f.message.endswith(f"to launch; {hint}") for f in findings), findings
+    (tmp_path / "other").mkdir()
+    with pytest.raises(CheckpointError, match="manifest.json is missing"):  # any other folder: as before
+        verify_checkpoint(tmp_path / "other")
