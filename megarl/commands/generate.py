@@ -21,7 +21,8 @@ N responses per prompt with the configured engine, resumable.
   other settings is refused, never removed, unless it holds no finished part (nor a staged
   export of another model): then there is nothing to continue and it starts afresh.
 - Checked before any work: the output path, the model, the user's code it runs (generate
-  function, tool parser, agent loops and files), every prompt against
+  function, tool parser, agent loops and files), each row's agent_name and extra_info against
+  rollout.agent (as a launch checks its data files), every prompt against
   data.max_prompt_length, and data.max_prompt_length + max_new_tokens against the model's
   positions (as `megarl plan` checks RL rollouts).
 - A generated or scored file as --data: its generated columns (prompt_text, responses, ...,
@@ -125,6 +126,7 @@ def generate(config: str | Path, overrides: list[str], data: str | Path, out: st
     tokenizer_dir = source if (Path(source) / "tokenizer_config.json").is_file() else run_model
     _check_prompts(cfg, records, tokenizer_dir)
     _check_user_code(cfg)
+    _check_agent_rows(cfg, Path(data), records)
     _check_sglang(cfg)
     open_partial(partial, job)
     parts = parts_of(len(records), batch_size)
@@ -255,6 +257,22 @@ def _check_user_code(cfg: Any) -> None:
         problem = import_problem(field, name) if field.startswith("rollout.") else None  # algorithm.*: training's
         if problem:
             raise GenerateError(f"{field}: {problem}")
+
+
+def _check_agent_rows(cfg: Any, data: Path, records: list[Any]) -> None:
+    """The rows' agent_name and extra_info against rollout.agent, as a launch checks its data
+    files: an unknown loop is one line now, not an error once the parts before its row are
+    generated (which the corrected file, other contents, could not continue)."""
+    from megarl.agents.checks import row_findings
+    from megarl.data.datasets import file_label
+
+    if cfg.rollout.generate_function != "default":  # a user's function: the agent settings are not used
+        return
+    findings = row_findings(cfg.rollout.agent, [(file_label("--data", data), str(data), records)])
+    for field, message, level in sorted(findings, key=lambda f: f[2] != "error"):  # the errors first
+        if level == "error":
+            raise GenerateError(f"{field}: {message}")
+        log.warning("%s: %s", field, message)
 
 
 def _check_sglang(cfg: Any) -> None:

@@ -201,3 +201,29 @@ def test_an_output_that_is_the_input_under_another_name_is_refused(tmp_path, spe
     with pytest.raises(GenerateError, match="is the input file; give another path"):
         generate(CONFIG, [f"model.path={tmp_path / 'model'}"], data, out, overwrite=True)
     assert data.read_bytes() == b"the user's prompts" and not (tmp_path / "sub").exists()
+
+
+def test_an_unknown_agent_loop_in_a_row_is_one_line_before_anything_is_written(tmp_path, caplog):
+    """A launch's check of its data files: without it, the parts before the row were generated
+    first, and the corrected file (other contents) could not continue them."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from megarl.commands.demo import prepare_demo
+    from megarl.commands.generate import GenerateError
+
+    model, data = prepare_demo(tmp_path / "demo")
+    table = pq.read_table(data / "val.parquet")
+    names = ["single_turn"] * table.num_rows
+    names[150] = "tool_agnet"
+    pq.write_table(table.append_column("agent_name", pa.array(names)), tmp_path / "agents.parquet")
+    out = tmp_path / "gen.parquet"
+    with pytest.raises(GenerateError, match=r"^--data \(agents.parquet\): row 150: agent_name 'tool_agnet' is not an agent "
+                                            r"loop; use single_turn, tool_agent"):  # fmt: skip
+        generate(CONFIG, [f"model.path={model}"], tmp_path / "agents.parquet", out, batch_size=50)
+    assert not out.exists() and not (tmp_path / "gen.parquet.partial").exists()
+    names[150] = "tool_agent"  # known, but with no tools to call: said, and generated
+    pq.write_table(table.append_column("agent_name", pa.array(names)).slice(140, 20), tmp_path / "agents.parquet")
+    generate(CONFIG, [f"model.path={model}", "rollout.n=1"], tmp_path / "agents.parquet", out)
+    assert "rows run tool_agent: every call they make will be answered 'there is no tool'" in caplog.text
+    assert pq.read_table(out).num_rows == 20
