@@ -441,18 +441,27 @@ def verify_checkpoint(path: str | Path) -> Checkpoint:
 
 
 def _missing_manifest(path: Path) -> str:
-    """Why ``path`` without a manifest is no checkpoint: a torn save, or (when it is a run's
-    output_dir or its checkpoints folder) not a step directory at all, naming the one to give."""
+    """Why ``path`` without a manifest is no checkpoint: a torn save, or not a step directory at
+    all (a run's folder, an sft.output_dir), naming the one to give."""
+    from megarl.checkpoint.model_checkpoint import sft_output_hint
+
+    problem = run_folder_problem(path)
+    if problem:
+        return problem
+    hint = sft_output_hint(path)
+    return f"{path} is not a checkpoint; {hint}" if hint else f"{MANIFEST} is missing in {path} (the save did not finish)"
+
+
+def run_folder_problem(path: Path) -> str | None:
+    """When ``path`` is a run's output_dir or its checkpoints folder (given where a step directory
+    goes), why it is no checkpoint, naming the latest valid step directory to give; else None."""
     root = path if path.name == CHECKPOINTS_DIR else path / CHECKPOINTS_DIR
     try:
         steps = sorted((int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_RE.match(p.name)) and p.is_dir())
-    except OSError:  # no checkpoints folder: a step directory whose save did not finish
-        steps = []
+    except OSError:  # no checkpoints folder
+        return None
     if not steps:
-        from megarl.checkpoint.model_checkpoint import sft_output_hint
-
-        hint = sft_output_hint(path)
-        return f"{path} is not a checkpoint; {hint}" if hint else f"{MANIFEST} is missing in {path} (the save did not finish)"
+        return None
     what = "the checkpoints folder of a run" if root == path else "a run's output_dir"
     latest = next((p for _, p in reversed(steps) if _is_valid(p)), None)
     if latest is None:

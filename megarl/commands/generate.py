@@ -163,6 +163,7 @@ def _check_target(target: Path, data: Path, overwrite: bool, batch_size: int, ch
 def _model_export(source: Path) -> Any:
     """How ``source`` becomes an HF directory: None (it is one), or the `megarl convert` function
     that exports it (a model checkpoint, a training checkpoint)."""
+    from megarl.checkpoint.manager import run_folder_problem
     from megarl.checkpoint.model_checkpoint import is_model_checkpoint, sft_output_hint
     from megarl.commands.convert import convert_checkpoint, export_model_checkpoint
 
@@ -172,6 +173,9 @@ def _model_export(source: Path) -> Any:
         return convert_checkpoint
     if (source / "config.json").is_file():
         return None
+    problem = run_folder_problem(source)
+    if problem:
+        raise GenerateError(f"model {problem}")
     raise GenerateError(f"model {source} is not an HF model directory (config.json), a model checkpoint or a "
                         f"training checkpoint (step_NNNNNN); {sft_output_hint(source) or 'give one with --model or model.path'}")  # fmt: skip
 

@@ -227,3 +227,19 @@ def test_an_unknown_agent_loop_in_a_row_is_one_line_before_anything_is_written(t
     generate(CONFIG, [f"model.path={model}", "rollout.n=1"], tmp_path / "agents.parquet", out)
     assert "rows run tool_agent: every call they make will be answered 'there is no tool'" in caplog.text
     assert pq.read_table(out).num_rows == 20
+
+
+def test_a_runs_folder_as_the_model_names_its_latest_step_directory(tmp_path):
+    """As `megarl convert` names it: the run's output_dir or checkpoints folder is not a checkpoint."""
+    from megarl.commands.generate import GenerateError
+    from megarl.data.datasets import write_prompt_file
+
+    with CheckpointManager(tmp_path / "run").saving(3) as d:
+        (d / "state").write_text("s")
+    write_prompt_file([{"data_source": "reverse_digits", "prompt": "123", "reward_model": {"ground_truth": "321"}}],
+                      tmp_path / "val.parquet")  # fmt: skip
+    for given, what in ((tmp_path / "run", "a run's output_dir"), (tmp_path / "run" / "checkpoints", "the checkpoints folder of a run")):
+        with pytest.raises(GenerateError, match=rf"^model {given} is {what}, not a checkpoint; give one of its step "
+                                                rf"directories, e.g. the latest valid one: {tmp_path / 'run' / 'checkpoints' / 'step_000003'}$"):  # fmt: skip
+            generate(CONFIG, [f"model.path={given}"], tmp_path / "val.parquet", tmp_path / "gen.parquet")
+    assert not (tmp_path / "gen.parquet.partial").exists()
