@@ -29,6 +29,9 @@ from megarl.data.datasets import DataError, check_messages, check_prompt, file_l
 from megarl.data.prompts import PromptBuilder
 
 log = logging.getLogger(__name__)
+# Where the longest row's bound comes from (megarl/config/planner.py: sft_max_length): a row of the
+# model's positions dropped under "sft.max_length" would send the user to a setting already larger.
+MAX_LENGTH_SOURCE = "sft.max_length, or the model's max_position_embeddings when fewer"
 
 
 @dataclass(frozen=True)
@@ -69,12 +72,12 @@ def read_sft_file(path: str | Path, *, label: str, builder: PromptBuilder, eos_i
                         f"{messages_key!r} (sft.messages_key); found {', '.join(table.column_names)}")  # fmt: skip
     kept = [e for e in examples if max_length is None or len(e) <= max_length]
     if len(kept) < len(examples):
-        log.warning("%s: dropped %d of %d rows longer than sft.max_length (%d tokens)", where, len(examples) - len(kept),
-                    len(examples), max_length)  # fmt: skip
+        log.warning("%s: dropped %d of %d rows longer than %d tokens (%s)", where, len(examples) - len(kept), len(examples),
+                    max_length, MAX_LENGTH_SOURCE)  # fmt: skip
     if not examples:
         raise DataError(f"{where}: no rows to train on; give a parquet file with rows")
     if not kept:
-        raise DataError(f"{where}: no usable rows ({len(examples)} read, all longer than sft.max_length={max_length})")
+        raise DataError(f"{where}: no usable rows ({len(examples)} read, all longer than {max_length} tokens: {MAX_LENGTH_SOURCE})")
     return kept
 
 

@@ -66,6 +66,10 @@ def test_prompt_and_dotted_response_key_with_eos(tmp_path, digit_tokenizer):
     short = read_sft_file(tmp_path / "a.parquet", label="x", builder=builder, eos_id=eos,
                           response_key="reward_model.ground_truth", max_length=len(second))  # fmt: skip
     assert short == [second]  # the longer row is dropped
+    with pytest.raises(DataError, match=r"no usable rows \(2 read, all longer than 3 tokens: sft.max_length, or the "
+                                        r"model's max_position_embeddings when fewer\)$"):  # fmt: skip
+        read_sft_file(tmp_path / "a.parquet", label="x", builder=builder, eos_id=eos, response_key="reward_model.ground_truth",
+                      max_length=3)  # fmt: skip
     with pytest.raises(DataError, match=r"row 0, column 'reward_model.answer': no field 'answer'"):
         read_sft_file(tmp_path / "a.parquet", label="x", builder=builder, eos_id=eos, response_key="reward_model.answer")
     with pytest.raises(DataError, match="expected columns 'prompt' and 'response'.*or 'messages'"):
