@@ -59,9 +59,22 @@ def read_generated(path: str | Path, *, label: str = "--data", prompt_key: str =
     for row, answers in enumerate(responses):
         if not isinstance(answers, list) or not answers or not all(isinstance(a, str) for a in answers):
             raise DataError(f"{where}: row {row}, column '{RESPONSES}': expected a non-empty list of strings, got {short_repr(answers)}")
-        for name in (LENGTHS, REASONS):
+        for name, fits, what in ((LENGTHS, _is_count, "token counts"), (REASONS, _is_text, "finish reasons (stop, length, ...)")):
             values = columns[name]
-            if values is not None and (not isinstance(values[row], list) or len(values[row]) != len(answers)):
-                raise DataError(f"{where}: row {row}, column '{name}': expected {len(answers)} values (one per response), "
+            # a null among them stopped the statistics with a TypeError after all the scoring
+            if values is not None and (not isinstance(values[row], list) or len(values[row]) != len(answers)
+                                       or not all(map(fits, values[row]))):  # fmt: skip
+                raise DataError(f"{where}: row {row}, column '{name}': expected {len(answers)} {what} (one per response), "
                                 f"got {short_repr(values[row])}")  # fmt: skip
     return GeneratedRows(records, responses, columns[LENGTHS], columns[REASONS], columns[PROMPT_TEXT])
+
+
+def _is_count(value: object) -> bool:
+    """A token count: a whole number (a float column's 3.0 too, as pandas writes ints beside a null)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return float(value).is_integer() and value >= 0
+
+
+def _is_text(value: object) -> bool:
+    return isinstance(value, str)

@@ -31,5 +31,18 @@ def test_malformed_generated_files_name_row_and_column(tmp_path):
         read_generated(_write(tmp_path / "a.parquet"))
     with pytest.raises(DataError, match="row 1, column 'responses': expected a non-empty list of strings, got \\[\\]"):
         read_generated(_write(tmp_path / "b.parquet", responses=[["x"], []]))
-    with pytest.raises(DataError, match="row 0, column 'response_lengths': expected 2 values"):
+    with pytest.raises(DataError, match="row 0, column 'response_lengths': expected 2 token counts"):
         read_generated(_write(tmp_path / "c.parquet", responses=[["x", "y"], ["z"]], response_lengths=[[1], [1]]))
+
+
+@pytest.mark.parametrize(("column", "values", "shown"), [
+    ("response_lengths", [[1, 2], [3, None]], r"\[3, None\]"),  # the statistics stopped with a TypeError
+    ("response_lengths", [[1.0, 2.0], [3.0, 1.5]], r"\[3.0, 1.5\]"),
+    ("response_lengths", [[1, 2], [3, -1]], r"\[3, -1\]"),
+    ("finish_reasons", [["stop", "stop"], ["stop", None]], r"\['stop', None\]"),
+])  # fmt: skip
+def test_null_or_odd_per_response_values_are_refused_naming_the_row(tmp_path, column, values, shown):
+    with pytest.raises(DataError, match=rf"row 1, column '{column}': expected 2 (token counts|finish reasons) .*, got {shown}$"):
+        read_generated(_write(tmp_path / "a.parquet", responses=[["x", "y"], ["z", "w"]], **{column: values}))
+    whole = read_generated(_write(tmp_path / "b.parquet", responses=[["x", "y"], ["z", "w"]], response_lengths=[[1.0, 2.0], [3.0, 4.0]]))
+    assert whole.lengths == [[1.0, 2.0], [3.0, 4.0]]  # a float column of whole counts (pandas beside a null) is fine
