@@ -63,6 +63,8 @@ from megarl.commands.outputs import (
 from megarl.trainer.watchdog import RunControl, RunStopped
 
 log = logging.getLogger(__name__)
+# What transformers (and SGLang) load an HF directory's weights from: one of these, shards beside an index.
+HF_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -105,6 +107,7 @@ def generate(config: str | Path, overrides: list[str], data: str | Path, out: st
     from megarl.checkpoint.manager import CHECKPOINTS_DIR
     from megarl.config.loading import load_config
     from megarl.data.datasets import read_prompt_file
+    from megarl.models.hf_files import tokenizer_files_problem
 
     cfg = load_config(config, overrides)
     if not model and not cfg.model.path:
@@ -123,7 +126,8 @@ def generate(config: str | Path, overrides: list[str], data: str | Path, out: st
     run_model = _run_model(Path(source), export, cfg)
     _check_positions(cfg, source, run_model)
     _note_replaced_columns(Path(data))
-    tokenizer_dir = source if (Path(source) / "tokenizer_config.json").is_file() else run_model
+    # a training checkpoint has no tokenizer files: its run's model's (what the export copies)
+    tokenizer_dir = run_model if tokenizer_files_problem(Path(source)) else source
     _check_prompts(cfg, records, tokenizer_dir)
     _check_user_code(cfg)
     _check_agent_rows(cfg, Path(data), records)
@@ -166,12 +170,19 @@ def _model_export(source: Path) -> Any:
     from megarl.checkpoint.manager import run_folder_problem
     from megarl.checkpoint.model_checkpoint import is_model_checkpoint, sft_output_hint
     from megarl.commands.convert import convert_checkpoint, export_model_checkpoint
+    from megarl.models.hf_files import tokenizer_files_problem
 
     if is_model_checkpoint(source):
         return export_model_checkpoint
     if (source / "manifest.json").is_file():  # a training checkpoint (step_NNNNNN)
         return convert_checkpoint
-    if (source / "config.json").is_file():
+    if (source / "config.json").is_file():  # the engines load it as it is: its files are checked now
+        problem = tokenizer_files_problem(source)
+        if problem:  # transformers would build another tokenizer from config.json alone
+            raise GenerateError(f"model {source} {problem}; copy the model's tokenizer files into it")
+        if not any((source / name).is_file() for name in HF_WEIGHT_FILES):  # else an OSError traceback at the engine's start
+            raise GenerateError(f"model {source} has no weight files ({' or '.join(HF_WEIGHT_FILES)}); copy the "
+                                "model's weights into it, or give a complete HF directory")  # fmt: skip
         return None
     problem = run_folder_problem(source)
     if problem:

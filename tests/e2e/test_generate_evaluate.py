@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -192,12 +193,14 @@ def test_generate_runs_agent_loops_and_writes_their_counts(tmp_path, monkeypatch
 
 
 def test_a_run_that_failed_before_its_first_part_leaves_nothing_in_the_way(demo, tmp_path):
+    from safetensors import SafetensorError
+
     model, data = demo
-    broken = tmp_path / "broken"  # config.json alone: the engine cannot load it
-    broken.mkdir()
-    (broken / "config.json").write_text((model / "config.json").read_text())
+    broken = tmp_path / "broken"  # its weight file cut short: the engine cannot load it
+    shutil.copytree(model, broken)
+    (broken / "model.safetensors").write_bytes((model / "model.safetensors").read_bytes()[:100])
     out, partial = tmp_path / "y.parquet", tmp_path / "y.parquet.partial"
-    with pytest.raises(ValueError, match="has no chat template"):  # the engine loads broken's own tokenizer
+    with pytest.raises(SafetensorError, match="header"):  # at the engine's start
         generate(CONFIG, _overrides(model), data / "val.parquet", out, model=str(broken))
     assert [p.name for p in partial.iterdir()] == ["generate.json"]  # the failed run wrote no part
     (partial / "notes.txt").write_text("mine")
@@ -209,7 +212,7 @@ def test_a_run_that_failed_before_its_first_part_leaves_nothing_in_the_way(demo,
 
     # a staged HF export of another model is work too: still refused, and left in place
     stale = tmp_path / "z.parquet.partial"
-    with pytest.raises(ValueError, match="has no chat template"):
+    with pytest.raises(SafetensorError, match="header"):
         generate(CONFIG, _overrides(model), data / "val.parquet", tmp_path / "z.parquet", model=str(broken))
     (stale / "model").mkdir()
     with pytest.raises(GenerateError, match=re.escape(f'model was "{broken}", now "{model.absolute()}"')):

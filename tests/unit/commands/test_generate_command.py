@@ -243,3 +243,28 @@ def test_a_runs_folder_as_the_model_names_its_latest_step_directory(tmp_path):
                                                 rf"directories, e.g. the latest valid one: {tmp_path / 'run' / 'checkpoints' / 'step_000003'}$"):  # fmt: skip
             generate(CONFIG, [f"model.path={given}"], tmp_path / "val.parquet", tmp_path / "gen.parquet")
     assert not (tmp_path / "gen.parquet.partial").exists()
+
+
+def test_an_hf_model_without_tokenizer_or_weight_files_is_one_line_before_anything_is_written(tmp_path):
+    """The engine loads the model as it is: without tokenizer files transformers built one from
+    config.json alone, and generate failed after the partial directory was made, blaming the chat
+    template; without weight files the engine's start was an OSError traceback."""
+    import shutil
+
+    from megarl.commands.demo import prepare_demo
+    from megarl.commands.generate import GenerateError
+
+    model, data = prepare_demo(tmp_path / "demo")
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in ("config.json", "model.safetensors", "generation_config.json"):
+        shutil.copy2(model / name, bare / name)
+    with pytest.raises(GenerateError, match=rf"^model {bare} has no tokenizer files: .*; copy the model's tokenizer files into it$"):
+        generate(CONFIG, [f"model.path={model}"], data / "val.parquet", tmp_path / "gen.parquet", model=str(bare))
+    (bare / "model.safetensors").unlink()
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy2(model / name, bare / name)
+    with pytest.raises(GenerateError, match=rf"^model {bare} has no weight files \(model.safetensors or .*\); copy the "
+                                            "model's weights into it, or give a complete HF directory$"):  # fmt: skip
+        generate(CONFIG, [f"model.path={model}"], data / "val.parquet", tmp_path / "gen.parquet", model=str(bare))
+    assert not (tmp_path / "gen.parquet.partial").exists()
