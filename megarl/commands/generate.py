@@ -132,6 +132,7 @@ def generate(config: str | Path, overrides: list[str], data: str | Path, out: st
     _check_user_code(cfg)
     _check_agent_rows(cfg, Path(data), records)
     _check_sglang(cfg)
+    _warn_greedy_copies(cfg)
     open_partial(partial, job)
     parts = parts_of(len(records), batch_size)
     check_parts(partial, parts)
@@ -288,6 +289,16 @@ def _check_agent_rows(cfg: Any, data: Path, records: list[Any]) -> None:
         if level == "error":
             raise GenerateError(f"{field}: {message}")
         log.warning("%s: %s", field, message)
+
+
+def _warn_greedy_copies(cfg: Any) -> None:
+    """Several greedy responses per prompt are one response n times (`megarl plan` says the same
+    of greedy validation): pass@k of the file would be its pass@1."""
+    n, temperature = cfg.rollout.n, cfg.rollout.sampling.temperature
+    if temperature == 0 and n > 1:
+        log.warning("--n %d greedy responses (temperature 0) of a prompt are all the same one, so pass@k, best@k and "
+                    "maj@k of this file will equal pass@1 at %d times the cost; sample them (--temperature > 0), or "
+                    "use --n 1", n, n)  # fmt: skip
 
 
 def _check_sglang(cfg: Any) -> None:

@@ -268,3 +268,15 @@ def test_an_hf_model_without_tokenizer_or_weight_files_is_one_line_before_anythi
                                             "model's weights into it, or give a complete HF directory$"):  # fmt: skip
         generate(CONFIG, [f"model.path={model}"], data / "val.parquet", tmp_path / "gen.parquet", model=str(bare))
     assert not (tmp_path / "gen.parquet.partial").exists()
+
+
+def test_several_greedy_responses_per_prompt_are_a_warning(caplog):
+    from megarl.commands.generate import _warn_greedy_copies
+    from megarl.config.loading import load_config
+
+    _warn_greedy_copies(load_config(CONFIG, ["rollout.n=4", "rollout.sampling.temperature=0"]))
+    assert "--n 4 greedy responses (temperature 0) of a prompt are all the same one, so pass@k" in caplog.text
+    caplog.clear()
+    for fine in (["rollout.n=1", "rollout.sampling.temperature=0"], ["rollout.n=4"]):
+        _warn_greedy_copies(load_config(CONFIG, fine))
+    assert not caplog.text
