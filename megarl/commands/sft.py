@@ -134,12 +134,15 @@ def _check_target(target: Path, cfg: Any) -> None:
     from megarl.checkpoint.manager import scan_step_dirs
     from megarl.checkpoint.model_checkpoint import RECORD
     from megarl.commands.model_outputs import check_output_target
-    from megarl.commands.outputs import OutputError
+    from megarl.commands.outputs import OutputError, same_file
 
     rl = scan_step_dirs(target.parent)
     if rl:  # its metrics.jsonl would be moved aside and an RL resume there would meet an SFT model
         raise SFTError(f"sft.output_dir ({cfg.sft.output_dir}) holds an RL run ({rl[-1][1].name} in its checkpoints/); "
                        "give megarl sft a folder of its own")  # fmt: skip
+    if cfg.model.path and same_file(target, Path(cfg.model.path)):  # "move it away" would move the model SFT starts from
+        raise SFTError(f"{target} is model.path, the model SFT starts from, and <sft.output_dir>/model is where SFT "
+                       f"writes its own; give another sft.output_dir than {cfg.sft.output_dir}")  # fmt: skip
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise SFTError(f"{target} exists (an earlier megarl sft wrote it?) and is never replaced; give another "
                        "sft.output_dir, or move it away")  # fmt: skip
