@@ -134,6 +134,8 @@ def _spread(count: int, at_most: int) -> list[int]:
 
 
 def _check_exists(label: str, path: str | Path) -> None:
+    if Path(path).is_dir():  # e.g. a folder of parquet shards: "does not exist" would be untrue
+        raise DataError(f"{label}: {path} is a directory, not a parquet file; give the file itself")
     if not Path(path).is_file():
         raise DataError(f"{label}: file {path} does not exist; check the path (relative paths are relative to the working directory)")
 

@@ -53,6 +53,8 @@ def read_sft_file(path: str | Path, *, label: str, builder: PromptBuilder, eos_i
     import pyarrow.parquet as pq
 
     where = file_label(label, path)
+    if Path(path).is_dir():
+        raise DataError(f"{where}: {path} is a directory, not a parquet file; give the file itself")
     if not Path(path).is_file():
         raise DataError(f"{where}: no such file; give a parquet file with {prompt_key} + {response_key} columns or {messages_key}")
     try:

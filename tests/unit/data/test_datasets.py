@@ -151,6 +151,9 @@ def test_missing_and_non_parquet_files(tmp_path):
     junk.write_text("not parquet")
     with pytest.raises(DataError, match=r"cannot read .* as parquet"):
         read_prompt_file(junk, label=LABEL)
+    (tmp_path / "shards").mkdir()  # a folder of parquet files: it exists, it is no file
+    with pytest.raises(DataError, match=r"shards is a directory, not a parquet file; give the file itself$"):
+        read_prompt_file(tmp_path / "shards", label=LABEL)
 
 
 def test_a_column_given_twice_is_named(tmp_path):

@@ -74,6 +74,9 @@ def test_prompt_and_dotted_response_key_with_eos(tmp_path, digit_tokenizer):
         read_sft_file(tmp_path / "a.parquet", label="x", builder=builder, eos_id=eos, response_key="reward_model.answer")
     with pytest.raises(DataError, match="expected columns 'prompt' and 'response'.*or 'messages'"):
         read_sft_file(tmp_path / "a.parquet", label="x", builder=builder, eos_id=eos)
+    (tmp_path / "shards").mkdir()
+    with pytest.raises(DataError, match=r"shards is a directory, not a parquet file; give the file itself$"):
+        read_sft_file(tmp_path / "shards", label="x", builder=builder, eos_id=eos)
     pq.write_table(pa.table(rows).slice(0, 0), tmp_path / "empty.parquet")
     with pytest.raises(DataError, match=r"x \(.*empty.parquet\): no rows to train on"):
         read_sft_file(tmp_path / "empty.parquet", label="x", builder=builder, eos_id=eos, response_key="reward_model.ground_truth")
