@@ -184,12 +184,39 @@ def _model_export(source: Path) -> Any:
         if not any((source / name).is_file() for name in HF_WEIGHT_FILES):  # else an OSError traceback at the engine's start
             raise GenerateError(f"model {source} has no weight files ({' or '.join(HF_WEIGHT_FILES)}); copy the "
                                 "model's weights into it, or give a complete HF directory")  # fmt: skip
+        problem = _hf_tensors_problem(source)
+        if problem:
+            raise GenerateError(f"model {source} {problem}; give a complete HF directory")
         return None
     problem = run_folder_problem(source)
     if problem:
         raise GenerateError(f"model {problem}")
     raise GenerateError(f"model {source} is not an HF model directory (config.json), a model checkpoint or a "
                         f"training checkpoint (step_NNNNNN); {sft_output_hint(source) or 'give one with --model or model.path'}")  # fmt: skip
+
+
+def _hf_tensors_problem(source: Path) -> str | None:
+    """What `megarl launch` checks of an HF model.path: its safetensors hold the tensors its
+    config implies (their headers read). transformers fills a missing tensor with random values
+    and the engine generates on (its load report says so among the logs); a cut file is a
+    SafetensorError traceback. An architecture without a megarl bridge, or .bin weights, are left
+    to the engine."""
+    from transformers import AutoConfig
+
+    from megarl.models.bridge import get_bridge
+
+    if not any(source.glob("*.safetensors")):
+        return None
+    try:
+        hf = AutoConfig.from_pretrained(source)
+        bridge = get_bridge(hf)
+    except Exception:  # noqa: BLE001 - a config the engine may still load: its start says what is wrong
+        return None
+    try:
+        bridge.check_hf_checkpoint(hf, str(source))
+    except Exception as exc:  # noqa: BLE001 - a cut header (SafetensorError), a missing tensor (ValueError), ...
+        return f"does not hold the weights its config.json implies ({type(exc).__name__}: {' '.join(str(exc).split())})"
+    return None
 
 
 def _run_model(source: Path, export: Any, cfg: Any) -> str:

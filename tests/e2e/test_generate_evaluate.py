@@ -41,6 +41,12 @@ CRASHING = """
         return generate_batch(engines, prompts, params)
 """
 
+# A generation that fails before its first part is written (as an engine that cannot start).
+FAILING = """
+def generate(engines, prompts, params):
+    raise RuntimeError("the engine failed at start-up")
+"""
+
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
@@ -192,16 +198,16 @@ def test_generate_runs_agent_loops_and_writes_their_counts(tmp_path, monkeypatch
     assert all(c >= 1 for t, c in zip(turns, calls, strict=True) if t > 1)  # only a tool answer starts another turn
 
 
-def test_a_run_that_failed_before_its_first_part_leaves_nothing_in_the_way(demo, tmp_path):
-    from safetensors import SafetensorError
-
+def test_a_run_that_failed_before_its_first_part_leaves_nothing_in_the_way(demo, tmp_path, monkeypatch):
     model, data = demo
-    broken = tmp_path / "broken"  # its weight file cut short: the engine cannot load it
+    (tmp_path / "failing.py").write_text(FAILING)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    broken = tmp_path / "broken"  # the model at another path: another model to the job record
     shutil.copytree(model, broken)
-    (broken / "model.safetensors").write_bytes((model / "model.safetensors").read_bytes()[:100])
+    failing = _overrides(model, "rollout.generate_function=failing:generate")
     out, partial = tmp_path / "y.parquet", tmp_path / "y.parquet.partial"
-    with pytest.raises(SafetensorError, match="header"):  # at the engine's start
-        generate(CONFIG, _overrides(model), data / "val.parquet", out, model=str(broken))
+    with pytest.raises(RuntimeError, match="the engine failed at start-up"):
+        generate(CONFIG, failing, data / "val.parquet", out, model=str(broken))
     assert [p.name for p in partial.iterdir()] == ["generate.json"]  # the failed run wrote no part
     (partial / "notes.txt").write_text("mine")
     # the corrected command (another model) is not refused: there was nothing to continue
@@ -212,8 +218,8 @@ def test_a_run_that_failed_before_its_first_part_leaves_nothing_in_the_way(demo,
 
     # a staged HF export of another model is work too: still refused, and left in place
     stale = tmp_path / "z.parquet.partial"
-    with pytest.raises(SafetensorError, match="header"):
-        generate(CONFIG, _overrides(model), data / "val.parquet", tmp_path / "z.parquet", model=str(broken))
+    with pytest.raises(RuntimeError, match="the engine failed at start-up"):
+        generate(CONFIG, failing, data / "val.parquet", tmp_path / "z.parquet", model=str(broken))
     (stale / "model").mkdir()
     with pytest.raises(GenerateError, match=re.escape(f'model was "{broken}", now "{model.absolute()}"')):
         generate(CONFIG, _overrides(model), data / "val.parquet", tmp_path / "z.parquet")

@@ -248,7 +248,8 @@ def test_a_runs_folder_as_the_model_names_its_latest_step_directory(tmp_path):
 def test_an_hf_model_without_tokenizer_or_weight_files_is_one_line_before_anything_is_written(tmp_path):
     """The engine loads the model as it is: without tokenizer files transformers built one from
     config.json alone, and generate failed after the partial directory was made, blaming the chat
-    template; without weight files the engine's start was an OSError traceback."""
+    template; without weight files the engine's start was an OSError traceback, and with a tensor
+    missing it generated with that tensor at random."""
     import shutil
 
     from megarl.commands.demo import prepare_demo
@@ -266,6 +267,18 @@ def test_an_hf_model_without_tokenizer_or_weight_files_is_one_line_before_anythi
         shutil.copy2(model / name, bare / name)
     with pytest.raises(GenerateError, match=rf"^model {bare} has no weight files \(model.safetensors or .*\); copy the "
                                             "model's weights into it, or give a complete HF directory$"):  # fmt: skip
+        generate(CONFIG, [f"model.path={model}"], data / "val.parquet", tmp_path / "gen.parquet", model=str(bare))
+    # a tensor missing: transformers initialised it at random and the engine generated on
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(model / "model.safetensors")
+    del tensors["model.layers.1.mlp.up_proj.weight"]
+    save_file(tensors, bare / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(GenerateError, match=rf"^model {bare} does not hold the weights its config.json implies \(ValueError: "
+                                            r".*expected tensors missing: \['model.layers.1.mlp.up_proj.weight'\]\)"):  # fmt: skip
+        generate(CONFIG, [f"model.path={model}"], data / "val.parquet", tmp_path / "gen.parquet", model=str(bare))
+    (bare / "model.safetensors").write_bytes((model / "model.safetensors").read_bytes()[:100])  # cut short
+    with pytest.raises(GenerateError, match=r"does not hold the weights its config.json implies \(SafetensorError: "):
         generate(CONFIG, [f"model.path={model}"], data / "val.parquet", tmp_path / "gen.parquet", model=str(bare))
     assert not (tmp_path / "gen.parquet.partial").exists()
 
