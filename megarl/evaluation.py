@@ -168,7 +168,8 @@ def _prompt_values(group: list[ScoredResponse], ks: Sequence[int], with_preds: b
         out[f"worst@{k}"] = expected_worst(scores, k)
     rng = np.random.default_rng([MAJORITY_SEED, prompt])  # the same draws whatever else is evaluated
     for k in drawn if with_preds else []:
-        out[f"maj@{k}"] = majority_score(scores, [r.pred for r in group], k, rng)
+        preds = [None if r.pred is None else str(r.pred) for r in group]  # (a function may give a number or a list)
+        out[f"maj@{k}"] = majority_score(scores, preds, k, rng)
     return out
 
 

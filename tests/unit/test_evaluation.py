@@ -78,6 +78,9 @@ def test_responses_without_a_pred_vote_for_no_answer_and_maj_is_per_source():
     assert mixed["d"]["maj@4"] == summary["d"]["maj@4"]
     assert not any(name.startswith("maj@") for name in [*mixed["e"], *mixed["all"]])
     assert mixed["all"]["pass@4"] == pytest.approx(1.0) and mixed["all"]["best@2"] > 0
+    # a pred that is no string (a number, a list of answers) votes by its text
+    odd = scored_responses(["d"] * 4, [0] * 4, scores, [3] * 4, ["stop"] * 4, pass_threshold=1.0, preds=[[7], [7], 5, None])
+    assert summarize(odd)["d"]["maj@4"] == pytest.approx(_maj_enumerated(scores, ["7", "7", "5", "-"], 4), abs=0.05)
 
 
 def test_summary_per_source_and_overall():
