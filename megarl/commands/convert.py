@@ -3,7 +3,7 @@
 - ``megarl convert megatron-to-hf --ckpt CKPT --out HF_DIR`` (short form: ``megarl convert CKPT
   HF_DIR``): CKPT is a training checkpoint (a step_NNNNNN directory: its policy, rebuilt with the
   run's layout) or a model checkpoint of hf-to-megatron (rebuilt with its recorded layout or
-  --tp/--pp). HF safetensors + index, config, generation config and tokenizer are written,
+  --tp/--pp). HF safetensors + index, config (naming the dtype written), generation config and tokenizer are written,
   imported back and compared with the loaded weights bit for bit (--no-verify skips that).
 - ``megarl convert hf-to-megatron --hf HF_DIR --out CKPT --tp N --pp M``: a Megatron
   dist-checkpoint that records the HF config it came from (megarl/checkpoint/model_checkpoint.py);
@@ -94,8 +94,8 @@ def _register_to_hf(directions: argparse._SubParsersAction) -> None:
         "megatron-to-hf",
         help="a training checkpoint or a Megatron model checkpoint -> an HF model directory",
         description="Rebuild the model (a training checkpoint's policy with the run's layout, or a model checkpoint "
-        "of hf-to-megatron with its recorded layout or --tp/--pp), write HF safetensors + index with the config, "
-        "generation config and tokenizer, then import the written files back and check every parameter equals "
+        "of hf-to-megatron with its recorded layout or --tp/--pp), write HF safetensors + index with the config "
+        "(its dtype set to the written tensors'), generation config and tokenizer, then import the written files back and check every parameter equals "
         "the loaded one bit for bit. --ckpt and --out are required; `megarl convert CKPT OUT` is the short form.",
     )
     p.add_argument("--ckpt", default=None, type=user_path, help="a step_NNNNNN training checkpoint (a torn one is refused) or a "
@@ -320,11 +320,15 @@ def _progress_bar(path: Path, label: str, poll_s: float = 0.5) -> Iterator[None]
 def _write_hf_output(target: Path, placement: Any, rank_args: tuple, verify: bool, address: str | None,
                      local_cpus: int | None, source: tuple[str, int | None], report: Callable[[str], None] | None) -> int | None:  # fmt: skip
     """Staged, verified and swapped in at ``target``: the HF files of the ExportRank group's model
-    with their manifest (``source``: the checkpoint and its step). The parameters verified (None
-    when not verified)."""
+    with their manifest (``source``: the checkpoint and its step), config.json naming the dtype
+    the tensors were written in (``rank_args[2]``; the copied one names the model directory's).
+    The parameters verified (None when not verified)."""
+    from megarl.models.hf_files import set_config_dtype
+
     with staged_output(target, report) as staging:
         checked = _export_hf(placement, rank_args, staging, verify, address, local_cpus, report)
         written = staging / "v0"
+        set_config_dtype(written, rank_args[2])
         _write_manifest(written, *source, checked)
         finish_output(written, target)
     return checked

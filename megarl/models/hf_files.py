@@ -26,6 +26,25 @@ def copy_side_files(source: Path, target: Path) -> None:
             shutil.copy2(source / name, target / name)
 
 
+# Where config.json names its weights' dtype: transformers 5 writes ``dtype``, 4.x ``torch_dtype``.
+CONFIG_DTYPE_KEYS = ("dtype", "torch_dtype")
+
+
+def set_config_dtype(directory: Path, dtype: str) -> None:
+    """Make ``directory``'s config.json name ``dtype`` (e.g. "float32") as its weights' dtype.
+    transformers (by default from version 5) and SGLang load a model in its config's dtype, so
+    fp32 weights beside a config.json copied from a bf16 model would be rounded to bf16 at load.
+    Every dtype key present is set (transformers 5 prefers ``dtype`` when both are); a config
+    with none gets ``torch_dtype``, which every transformers version reads."""
+    path = directory / "config.json"
+    config = json.loads(path.read_text())
+    keys = [k for k in CONFIG_DTYPE_KEYS if k in config] or ["torch_dtype"]
+    if all(config.get(k) == dtype for k in keys):
+        return  # left byte for byte as copied
+    config.update(dict.fromkeys(keys, dtype))
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
 # Tokenizer classes tokenizer_config.json may name that read any vocabulary (transformers 5 writes
 # TokenizersBackend): what the model type's class reads is enough for them.
 GENERIC_TOKENIZERS = frozenset({"TokenizersBackend", "PreTrainedTokenizerFast"})

@@ -3,7 +3,9 @@
 - HF -> Megatron(TP=2, PP=2) -> HF reproduces every tensor bit for bit (names, dtypes, values)
   for Qwen2 (QKV bias, untied output layer) and Llama (tied embeddings). Qwen2 goes back with
   TP=1, PP=1 (resharding on load, and a vocabulary padded differently: 259 rows are 260 at
-  TP=2); Llama with the recorded layout through the short form `megarl convert CKPT OUT`;
+  TP=2); Llama with the recorded layout through the short form `megarl convert CKPT OUT`, in
+  bf16 from an fp32 model (every tensor is the original cast to bf16, and config.json says
+  bfloat16: transformers loads the written model in the dtype it was written in);
 - `megarl launch` trains from a model checkpoint written with another layout than the run's
   (TP=2 -> the demo's TP=1 x DP=2), PPO with a critic: the torch engines start from random
   weights and get the trainer's initial push (engine and trainer log-probs agree), the
@@ -37,19 +39,20 @@ def _tensors(directory) -> dict[str, torch.Tensor]:
     return out
 
 
-def _assert_same_tensors(original, converted) -> None:
+def _assert_same_tensors(original, converted, dtype: torch.dtype | None = None) -> None:
     a, b = _tensors(original), _tensors(converted)
     assert set(a) == set(b), sorted(set(a) ^ set(b))
+    a = {name: t.to(dtype or t.dtype) for name, t in a.items()}
     for name in a:
         assert a[name].dtype == b[name].dtype, name
         assert torch.equal(a[name], b[name]), name
 
 
-@pytest.mark.parametrize("arch,extra,back", [
-    ("qwen2", {}, (1, 1)),
-    ("llama", {"tie_word_embeddings": True}, None),
+@pytest.mark.parametrize("arch,extra,back,dtype", [
+    ("qwen2", {}, (1, 1), "float32"),
+    ("llama", {"tie_word_embeddings": True}, None, "bfloat16"),
 ], ids=["qwen2", "llama"])  # fmt: skip
-def test_hf_to_megatron_tp2_pp2_and_back_bit_for_bit(ray_local, tmp_path, arch, extra, back):
+def test_hf_to_megatron_tp2_pp2_and_back_bit_for_bit(ray_local, tmp_path, arch, extra, back, dtype):
     from megarl.checkpoint.model_checkpoint import RECORD, check_model_checkpoint
     from megarl.commands.convert import convert_hf_to_megatron, export_model_checkpoint
     from megarl.models.tiny import build_tiny_model
@@ -58,9 +61,9 @@ def test_hf_to_megatron_tp2_pp2_and_back_bit_for_bit(ray_local, tmp_path, arch, 
     config = json.loads((hf / "config.json").read_text())
     assert ("q_proj.bias" in str(_tensors(hf).keys())) == (arch == "qwen2")
     assert ("lm_head.weight" in _tensors(hf)) == (arch == "qwen2")
-    ckpt = convert_hf_to_megatron(hf, tmp_path / "ckpt", tp=2, pp=2)
+    ckpt = convert_hf_to_megatron(hf, tmp_path / "ckpt", tp=2, pp=2, dtype=None if dtype == "float32" else dtype)
     record = check_model_checkpoint(ckpt)
-    assert (record["tp"], record["pp"], record["dtype"]) == (2, 2, "float32")
+    assert (record["tp"], record["pp"], record["dtype"]) == (2, 2, dtype)
     assert record["hf_config"] == config
     # Megatron's parameters, each once at TP=2 x PP=2: per layer qkv (+ its fused norm), proj, fc1 (+ norm),
     # fc2, and qwen2's qkv bias; then embedding, final norm, and an output layer unless tied (its PP copy
@@ -78,12 +81,12 @@ def test_hf_to_megatron_tp2_pp2_and_back_bit_for_bit(ray_local, tmp_path, arch, 
         assert "(TP=2, PP=2)" in done.stdout and "bit for bit" in done.stdout
     else:
         export_model_checkpoint(ckpt, out, *back)
-    _assert_same_tensors(hf, out)
+    _assert_same_tensors(hf, out, getattr(torch, dtype))
     # each parameter counted once, whatever the layout (TP shards were counted per rank: 2x)
     assert json.loads((out / "megarl_export.json").read_text())["verified_parameters"] == record["verified_parameters"]
     for name in ("config.json", "generation_config.json", "tokenizer.json", "model.safetensors.index.json"):
         assert (out / name).is_file(), name
-    assert json.loads((out / "config.json").read_text()) == config
+    assert json.loads((out / "config.json").read_text()) == {**config, "dtype": dtype}  # the written tensors'
 
 
 def test_launch_trains_from_a_model_checkpoint(ray_local, demo_root, tmp_path):
