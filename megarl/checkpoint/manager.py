@@ -442,9 +442,11 @@ def verify_checkpoint(path: str | Path) -> Checkpoint:
 
 def _missing_manifest(path: Path) -> str:
     """Why ``path`` without a manifest is no checkpoint: a torn save, or not a step directory at
-    all (a run's folder, an sft.output_dir), naming the one to give."""
+    all (a run's folder, one of a checkpoint's components, an sft.output_dir), naming the one to give."""
     from megarl.checkpoint.model_checkpoint import sft_output_hint
 
+    if path.name in _components_of(path.parent):  # policy/ or critic/: saved whole, with the manifest one level up
+        return f"{path} is the {path.name} part of the checkpoint {path.parent}, not a checkpoint; give {path.parent}"
     problem = run_folder_problem(path)
     if problem:
         return problem
@@ -467,6 +469,15 @@ def run_folder_problem(path: Path) -> str | None:
     if latest is None:
         return f"{path} is {what}, not a checkpoint, and none of its {len(steps)} step directories in {root} verifies; repair one, or give another checkpoint"
     return f"{path} is {what}, not a checkpoint; give one of its step directories, e.g. the latest valid one: {latest}"
+
+
+def _components_of(path: Path) -> list[str]:
+    """The components (policy, critic, ...) the manifest in ``path`` lists; [] without a readable one."""
+    try:
+        components = json.loads((path / MANIFEST).read_text()).get("components")
+    except (OSError, ValueError, AttributeError):
+        return []
+    return components if isinstance(components, list) else []
 
 
 def _verify_file(root: Path, entry: dict[str, Any]) -> None:

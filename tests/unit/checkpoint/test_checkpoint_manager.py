@@ -157,6 +157,10 @@ def test_a_run_folder_given_for_a_checkpoint_names_its_latest_valid_step(tmp_pat
     with pytest.raises(CheckpointError, match=f"^{manager.root} is the checkpoints folder of a run, not a checkpoint; "
                                               f".*latest valid one: {latest}$"):  # fmt: skip
         verify_checkpoint(manager.root)
+    # a part of a complete checkpoint (`megarl convert step_000002/policy OUT`): not a torn save
+    with pytest.raises(CheckpointError, match=f"^{latest / 'policy'} is the policy part of the checkpoint {latest}, "
+                                              f"not a checkpoint; give {latest}$"):  # fmt: skip
+        verify_checkpoint(latest / "policy")
     (latest / MANIFEST).unlink()
     with pytest.raises(CheckpointError, match="none of its 2 step directories in .* verifies; repair one"):
         verify_checkpoint(tmp_path)
