@@ -1,16 +1,21 @@
 """What a training checkpoint records of its run, beside the weights: the config it was trained
 with (``config.yaml`` in the step directory: ``<output_dir>/config.yaml`` is the latest launch's
-and may have changed since) and the directory the run was launched from (``launch_dir`` in the
-manifest's metadata), against which the config's relative paths resolve wherever the checkpoint
-is read later (`megarl convert`, the resume check before a launch)."""
+and may have changed since), model.path's config.json as it was (``model_config.json``: `megarl
+convert` writes model.path's config.json beside the trained weights, and refuses one that changed
+since) and the directory the run was launched from (``launch_dir`` in the manifest's metadata),
+against which the config's relative paths resolve wherever the checkpoint is read later (`megarl
+convert`, the resume check before a launch)."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 RUN_CONFIG = "config.yaml"
+MODEL_CONFIG = "model_config.json"
 LAUNCH_DIR = "launch_dir"
 
 
@@ -79,3 +84,31 @@ def launch_dirs(ckpt: Any, output_dir: str) -> list[Path]:
     if not Path(output_dir).is_absolute() and parts[-len(tail):] == tail:
         found.append(Path(*parts[: -len(tail)]))
     return found
+
+
+def record_model_config(folder: Path, model_path: str | None) -> None:
+    """Copy model.path's config.json (when it has one) into the checkpoint ``folder``."""
+    source = Path(model_path) / "config.json" if model_path else None
+    if source is not None and source.is_file():
+        shutil.copyfile(source, folder / MODEL_CONFIG)
+
+
+def model_config_change(ckpt: Any, model_path: str) -> str | None:
+    """Why ``model_path``'s config.json is not the one ``ckpt`` was trained with (its fields that
+    differ), or None: the same, or nothing to compare (a checkpoint of an older megarl, an
+    unreadable file, which the export's own load reports). An edited rope_theta or rope_scaling
+    changes no weight shape, so without this the export would carry it silently."""
+    from megarl.checkpoint.model_checkpoint import config_differences
+
+    saved = ckpt.path / MODEL_CONFIG
+    try:
+        recorded = json.loads(saved.read_text())
+        current = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    differ = config_differences(recorded, current)
+    if not differ:
+        return None
+    return (f"model.path {model_path}: config.json differs from the one {ckpt.path.name} was trained with "
+            f"({'; '.join(differ)}); restore it (a copy is {saved}), or pass --config with a model.path whose "
+            "config.json is the trained one")

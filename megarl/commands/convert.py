@@ -171,11 +171,14 @@ def convert_checkpoint(checkpoint: str | Path, out: str | Path, config: str | Pa
     """Write the policy of ``checkpoint`` (a step_NNNNNN directory) as an HF directory ``out``."""
     from megarl.actors.ray_groups.placement import role_placements
     from megarl.checkpoint.manager import verify_checkpoint
-    from megarl.checkpoint.run_record import other_dtype_note, run_config
+    from megarl.checkpoint.run_record import model_config_change, other_dtype_note, run_config
     from megarl.config.planner import make_plan
 
     ckpt = verify_checkpoint(checkpoint)  # a torn checkpoint is refused here, naming what is wrong
     cfg = run_config(ckpt, config)
+    changed = model_config_change(ckpt, cfg.model.path) if cfg.model.path else None
+    if changed:  # its config.json is what the export writes beside the weights
+        raise OutputError(changed)
     note = other_dtype_note(ckpt, cfg.model.dtype) if config is not None else None
     if note and report is not None:
         report(note)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from megarl.checkpoint.manager import CheckpointManager, starts_new_history, step_dir_name
-from megarl.checkpoint.run_record import RUN_CONFIG, run_metadata
+from megarl.checkpoint.run_record import RUN_CONFIG, record_model_config, run_metadata
 from megarl.checkpoint.trainer_state import TrainerState, capture_rng, restore_rng
 from megarl.config.loading import config_to_yaml
 from megarl.config.sections import MegaRLConfig
@@ -251,6 +251,7 @@ class Trainer:
             # The config this checkpoint was trained with (megarl convert reads it; output_dir's
             # config.yaml is the latest launch's and may have changed since).
             (folder / RUN_CONFIG).write_text(config_to_yaml(self.cfg))
+            record_model_config(folder, self.cfg.model.path)
             TrainerState(
                 step=step,
                 sampler=self.parts.data.state_dict(),

@@ -18,6 +18,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -30,6 +31,7 @@ import yaml
 from run_helpers import steps_logged
 
 from megarl.checkpoint.manager import verify_checkpoint
+from megarl.checkpoint.run_record import MODEL_CONFIG
 from megarl.commands.demo import prepare_demo
 
 pytestmark = pytest.mark.slow
@@ -184,7 +186,15 @@ def test_convert_from_elsewhere_and_what_it_refuses(finished, launch_dir, tmp_pa
 
 
 def test_a_failed_export_leaves_no_staging_and_one_line(finished, launch_dir, tmp_path):
-    ckpt = launch_dir / "run" / "checkpoints" / f"step_{STEPS:06d}"
+    # A checkpoint of an earlier megarl (no copy of model.path's config.json, which would refuse
+    # the edit below before Ray starts), so that the export fails in the ranks.
+    ckpt = tmp_path / "older" / f"step_{STEPS:06d}"
+    shutil.copytree(launch_dir / "run" / "checkpoints" / ckpt.name, ckpt)
+    (ckpt / MODEL_CONFIG).unlink()
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    manifest["components"].remove(MODEL_CONFIG)
+    manifest["files"] = [f for f in manifest["files"] if f["path"] != MODEL_CONFIG]
+    (ckpt / "manifest.json").write_text(json.dumps(manifest))
     # The run's config with a model of another shape: the checkpoint cannot load into it.
     bigger = tmp_path / "bigger"
     prepare_demo(bigger)

@@ -56,6 +56,7 @@ def test_convert_checkpoint_to_hf(grpo_run, demo_root, tmp_path):
 
     from megarl.checkpoint.manager import CheckpointError
     from megarl.commands.convert import convert_checkpoint
+    from megarl.commands.outputs import OutputError
 
     out, cfg, _, _ = grpo_run
     hf = convert_checkpoint(out / "checkpoints" / "step_000003", tmp_path / "hf")
@@ -66,6 +67,14 @@ def test_convert_checkpoint_to_hf(grpo_run, demo_root, tmp_path):
     assert any(not torch.equal(initial[k], trained[k].detach()) for k in initial)
     with pytest.raises(FileExistsError, match="--overwrite"):
         convert_checkpoint(out / "checkpoints" / "step_000003", hf)
+    # the checkpoint keeps model.path's config.json as trained; one edited since is refused before Ray starts
+    ckpt = out / "checkpoints" / "step_000003"
+    assert (ckpt / "model_config.json").read_bytes() == (demo_root / "model" / "config.json").read_bytes()
+    edited = shutil.copytree(demo_root / "model", tmp_path / "edited")
+    (edited / "config.json").write_text((edited / "config.json").read_text().replace('"rope_theta": 10000.0', '"rope_theta": 5.0'))
+    (tmp_path / "run.yaml").write_text((ckpt / "config.yaml").read_text().replace(str(demo_root / "model"), str(edited)))
+    with pytest.raises(OutputError, match="config.json differs from the one step_000003 was trained with .rope_parameters"):
+        convert_checkpoint(ckpt, tmp_path / "hf3", config=tmp_path / "run.yaml")
     torn = tmp_path / "step_000003"
     shutil.copytree(out / "checkpoints" / "step_000003", torn)
     (torn / "manifest.json").unlink()

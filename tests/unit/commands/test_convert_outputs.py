@@ -141,6 +141,32 @@ def test_relative_paths_resolve_against_the_launch_directory(run, tmp_path, monk
         run_config(ckpt)
 
 
+def test_a_model_config_changed_since_training_is_refused_before_anything_starts(run, tmp_path):
+    # An edited rope_theta changes no weight shape: the export would load fine and write the new
+    # config.json beside weights trained with the old one.
+    from megarl.checkpoint.run_record import MODEL_CONFIG, model_config_change, record_model_config
+    from megarl.commands.convert import convert_checkpoint
+
+    launch, older = run
+    model = launch / "models" / "tiny"
+    (model / "config.json").write_text(json.dumps({"model_type": "qwen2", "rope_theta": 10000.0, "transformers_version": "4"}))
+    manager = CheckpointManager(launch / "outputs" / "run")
+    with manager.saving(5, {"launch_dir": str(launch)}) as d:
+        (d / "config.yaml").write_text((older.path / "config.yaml").read_text())
+        record_model_config(d, str(model))
+    ckpt = manager.resolve_resume("auto")
+    assert (ckpt.step, (ckpt.path / MODEL_CONFIG).read_text()) == (5, (model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({"model_type": "qwen2", "rope_theta": 10000.0, "transformers_version": "5"}))
+    assert model_config_change(ckpt, str(model)) is None  # bookkeeping keys are no change
+    assert model_config_change(older, str(model)) is None  # a checkpoint without the copy: nothing to compare
+    (model / "config.json").write_text(json.dumps({"model_type": "qwen2", "rope_theta": 1000000.0}))
+    out = tmp_path / "hf"
+    with pytest.raises(OutputError, match=f"^model.path {model.resolve()}: config.json differs from the one step_000005 was "
+                                          r"trained with \(rope_theta: recorded 10000.0, now 1000000.0\); restore it"):  # fmt: skip
+        convert_checkpoint(ckpt.path, out)
+    assert not out.exists()
+
+
 def test_a_read_only_place_is_refused_before_anything_starts(run, tmp_path, read_only_dir):
     launch, ckpt = run
     with read_only_dir(tmp_path / "ro") as ro:
