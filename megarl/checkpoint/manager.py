@@ -432,6 +432,11 @@ def verify_checkpoint(path: str | Path) -> Checkpoint:
             raise TypeError("components is not a list")
     except (ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(f"{manifest_path} is unreadable ({type(exc).__name__}: {exc})") from None
+    written = manifest.get("manifest_version", MANIFEST_VERSION)
+    if not isinstance(written, int) or written > MANIFEST_VERSION:  # a layout this megarl does not know
+        raise CheckpointError(f"{path} was written by megarl {manifest.get('megarl_version', '?')} in checkpoint format "
+                              f"{written}, which this megarl ({megarl.__version__}) cannot read (it reads format "
+                              f"{MANIFEST_VERSION}); use megarl {manifest.get('megarl_version', '?')} or newer")  # fmt: skip
     m = _STEP_RE.match(path.name)
     if m and int(m.group(1)) != step:
         raise CheckpointError(f"{manifest_path} says step {step} but the directory is {path.name}")

@@ -145,6 +145,25 @@ def test_manifest_of_another_step_is_invalid(tmp_path):
         verify_checkpoint(path.parent / "step_000008")
 
 
+def test_a_checkpoint_of_a_newer_format_is_refused_naming_the_megarl_that_wrote_it(tmp_path):
+    # A later megarl may lay components or files out otherwise: read as this format, they would
+    # fail somewhere in the ranks, or load wrongly.
+    import megarl
+
+    manager = CheckpointManager(tmp_path)
+    path = _save(manager, 2)
+    manifest = json.loads((path / MANIFEST).read_text())
+    assert manifest["manifest_version"] == 1
+    (path / MANIFEST).write_text(json.dumps({**manifest, "manifest_version": 2, "megarl_version": "9.0.0"}))
+    with pytest.raises(CheckpointError, match=f"^{path} was written by megarl 9.0.0 in checkpoint format 2, which this "
+                                              f"megarl \\({megarl.__version__}\\) cannot read \\(it reads format 1\\); "
+                                              "use megarl 9.0.0 or newer$"):  # fmt: skip
+        verify_checkpoint(path)
+    del manifest["manifest_version"]  # a manifest without it is read as format 1
+    (path / MANIFEST).write_text(json.dumps(manifest))
+    assert verify_checkpoint(path).step == 2
+
+
 def test_a_run_folder_given_for_a_checkpoint_names_its_latest_valid_step(tmp_path):
     manager = CheckpointManager(tmp_path)
     _save(manager, 2)
