@@ -128,6 +128,12 @@ def check_model_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     if not (path / WEIGHTS / "metadata.json").is_file():
         raise ModelCheckpointError(f"{path / WEIGHTS} holds no Megatron checkpoint (metadata.json is missing); "
                                    "convert the HF model again with `megarl convert hf-to-megatron`")
+    # A shard lost in a copy fails only once the ranks load it (after Ray and the workers start).
+    lost = [f for f in record.get("files", []) if f.startswith(f"{WEIGHTS}/") and not (path / f).is_file()]
+    if lost:
+        more = f" and {len(lost) - 3} more" if len(lost) > 3 else ""
+        raise ModelCheckpointError(f"{path}: {', '.join(lost[:3])}{more} (listed in {RECORD}) {'is' if len(lost) == 1 else 'are'} missing; copy the "
+                                   "checkpoint again whole, or convert the HF model again with `megarl convert hf-to-megatron`")
     try:
         current = json.loads((path / "config.json").read_text())
     except (OSError, ValueError) as exc:

@@ -73,6 +73,15 @@ def test_record_lists_the_files_and_the_checks_refuse_by_name(demo, tmp_path):
         check_model_checkpoint(ckpt)
     assert f"num_hidden_layers: recorded {config['num_hidden_layers']}, now {config['num_hidden_layers'] + 1}" in str(info.value)
     assert "restore that config.json" in str(info.value)
+    (ckpt / "config.json").write_text(json.dumps(config))
+    shard = ckpt / WEIGHTS / "__0_1.distcp"  # a shard lost in a copy
+    shard.write_bytes(b"weights")
+    write_record(ckpt, source=str(model), tp=2, pp=1, dtype="float32", hf_config=config, verified_parameters=3)
+    check_model_checkpoint(ckpt)
+    shard.unlink()
+    with pytest.raises(ModelCheckpointError, match=f"^{ckpt}: megatron/__0_1.distcp \\(listed in {RECORD}\\) is missing; "
+                                                   "copy the checkpoint again whole"):  # fmt: skip
+        check_model_checkpoint(ckpt)
     (ckpt / WEIGHTS / "metadata.json").unlink()
     with pytest.raises(ModelCheckpointError, match="holds no Megatron checkpoint"):
         check_model_checkpoint(ckpt)
