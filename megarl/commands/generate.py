@@ -199,7 +199,7 @@ def _hf_tensors_problem(source: Path) -> str | None:
     """What `megarl launch` checks of an HF model.path: its safetensors hold the tensors its
     config implies (their headers read). transformers fills a missing tensor with random values
     and the engine generates on (its load report says so among the logs); a cut file is a
-    SafetensorError traceback. An architecture without a megarl bridge, or .bin weights, are left
+    traceback. An architecture without a megarl bridge, or .bin weights, are left
     to the engine."""
     from transformers import AutoConfig
 
@@ -214,7 +214,7 @@ def _hf_tensors_problem(source: Path) -> str | None:
         return None
     try:
         bridge.check_hf_checkpoint(hf, str(source))
-    except Exception as exc:  # noqa: BLE001 - a cut header (SafetensorError), a missing tensor (ValueError), ...
+    except Exception as exc:  # noqa: BLE001 - a cut file, a missing tensor (ValueError), ...
         return f"does not hold the weights its config.json implies ({type(exc).__name__}: {' '.join(str(exc).split())})"
     return None
 

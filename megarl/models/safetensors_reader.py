@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 
 class SafetensorsReader:
@@ -29,7 +29,7 @@ class SafetensorsReader:
                 )
             weight_map = {}
             for f in files:
-                with safe_open(f, framework="pt") as h:
+                with _open(f) as h:
                     weight_map.update({k: f.name for k in h.keys()})
         self.weight_map = weight_map
         self._handles: dict[str, object] = {}
@@ -42,7 +42,7 @@ class SafetensorsReader:
             raise KeyError(f"tensor {name!r} is not in the safetensors files of {self.path}")
         file = self.weight_map[name]
         if file not in self._handles:
-            self._handles[file] = safe_open(self.path / file, framework="pt")
+            self._handles[file] = _open(self.path / file)
         return self._handles[file].get_slice(name)  # type: ignore[attr-defined]
 
     def shape(self, name: str) -> tuple[int, ...]:
@@ -58,3 +58,13 @@ class SafetensorsReader:
     def read_cols(self, name: str, start: int, end: int) -> torch.Tensor:
         """Columns ``[start, end)`` of dim 1 of a 2-D tensor."""
         return self._slice(name)[:, start:end]
+
+
+def _open(file: Path):
+    """``safe_open`` of ``file``; a file that is not whole safetensors (a download or copy cut
+    short) raises ValueError naming it, not safetensors' own error without the file's name."""
+    try:
+        return safe_open(file, framework="pt")
+    except SafetensorError as exc:
+        raise ValueError(f"{file} is not a readable safetensors file ({exc}); it may be truncated: copy or "
+                         "download it again") from None

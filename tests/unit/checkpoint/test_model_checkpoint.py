@@ -152,10 +152,15 @@ def test_cli_refusals_are_one_line_before_ray(demo, tmp_path):
     model, _ = demo
     empty = tmp_path / "empty"
     empty.mkdir()
+    cut = shutil.copytree(model, tmp_path / "cut")  # a download cut short
+    with open(cut / "model.safetensors", "r+b") as f:
+        f.truncate(f.seek(0, 2) // 2)
     cli = [sys.executable, "-m", "megarl.cli", "convert"]
     cases = [
         ([*cli, "hf-to-megatron", "--hf", str(model), "--out", str(tmp_path / "o"), "--tp", "3"], "--tp (3) must divide"),
         ([*cli, "hf-to-megatron", "--hf", str(empty), "--out", str(tmp_path / "o")], "has no config.json"),
+        ([*cli, "hf-to-megatron", "--hf", str(cut), "--out", str(tmp_path / "o")],
+         f"{cut / 'model.safetensors'} is not a readable safetensors file ("),
         ([*cli, "megatron-to-hf", "--out", str(tmp_path / "o")], "megatron-to-hf needs --ckpt"),
         ([*cli, str(tmp_path), str(tmp_path / "o"), "--tp", "2"], "--tp/--pp are for model checkpoints"),
         ([*cli, "--overwrite", str(model), str(tmp_path / "o")], f"error: {model} is a Hugging Face model directory, not a checkpoint"),
