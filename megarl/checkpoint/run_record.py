@@ -26,7 +26,8 @@ def run_metadata() -> dict[str, str]:
 
 def run_config(ckpt: Any, config: str | Path | None = None) -> Any:
     """The config the checkpoint was trained with, its relative model paths made absolute
-    against the run's launch directory (or, for --config, the current one first)."""
+    against the run's launch directory (or, for --config, the current one first); a model.path
+    that no longer holds a model is refused (ConfigError)."""
     from megarl.config.loading import ConfigError, load_config
 
     cfg_path = Path(config) if config else saved_config_path(ckpt)
@@ -36,7 +37,13 @@ def run_config(ckpt: Any, config: str | Path | None = None) -> Any:
     bases = ([Path.cwd()] if config else []) + launch_dirs(ckpt, cfg.trainer.output_dir) + [Path.cwd()]
     updates = {}
     for section, value in (("model", cfg.model.path), ("critic", cfg.critic.path)):
-        if value is None or Path(value).is_absolute():
+        if value is None:
+            continue
+        if Path(value).is_absolute():
+            # The export's ranks read model.path (a missing one fails there as a hub repo id, once Ray is up); the critic's is not read.
+            if section == "model" and not (Path(value) / "config.json").is_file():
+                raise ConfigError(f"{section}.path ({value}) of {cfg_path} has no config.json (moved or deleted since the run?); "
+                                  f"pass --config with a config whose {section}.path holds the model the run trained from")
             continue
         found = next((b / value for b in bases if (b / value / "config.json").is_file()), None)
         if found is None:

@@ -139,6 +139,12 @@ def test_relative_paths_resolve_against_the_launch_directory(run, tmp_path, monk
     (launch / "models" / "tiny" / "config.json").unlink()
     with pytest.raises(ConfigError, match=r"model.path \(models/tiny\) of .*config.yaml is relative, and no models/tiny/config.json"):
         run_config(ckpt)
+    # an absolute model.path moved away since the run: named before Ray starts
+    gone = tmp_path / "gone"
+    (tmp_path / "run.yaml").write_text((ckpt.path / "config.yaml").read_text().replace("models/tiny", str(gone)))
+    with pytest.raises(ConfigError, match=f"^model.path \\({gone}\\) of {tmp_path / 'run.yaml'} has no config.json "
+                                          r"\(moved or deleted since the run\?\); pass --config"):  # fmt: skip
+        run_config(ckpt, tmp_path / "run.yaml")
 
 
 def test_a_model_config_changed_since_training_is_refused_before_anything_starts(run, tmp_path):
