@@ -6,7 +6,7 @@ A directory that names the model it came from and can stand where an HF director
     CKPT_DIR/
       megarl_megatron.json   the record: kind, megarl version, source HF directory, the layout it
                              was written with (tp, pp), dtype, the HF config (config.json) it came
-                             from, and every file written
+                             from, every file written, and the weight files' sizes
       config.json, generation_config.json, tokenizer files   copied from the HF directory
       megatron/              the weights: Megatron ``dist_checkpointing`` (torch_dist) of the
                              model's sharded state dict, under the key "model"
@@ -81,7 +81,7 @@ def write_record(directory: str | os.PathLike, *, source: str, tp: int, pp: int,
     files = sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file() and p.name != RECORD)
     record = {"kind": KIND, "megarl_version": megarl.__version__, "time": time.time(), "source": source, "tp": tp,
               "pp": pp, "dtype": dtype, "hf_config": hf_config, "verified_parameters": verified_parameters,
-              "files": files}  # fmt: skip
+              "files": files, "sizes": {f: (directory / f).stat().st_size for f in files if f.startswith(f"{WEIGHTS}/")}}  # fmt: skip
     (directory / RECORD).write_text(json.dumps(record, indent=1) + "\n")
 
 
@@ -128,12 +128,7 @@ def check_model_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     if not (path / WEIGHTS / "metadata.json").is_file():
         raise ModelCheckpointError(f"{path / WEIGHTS} holds no Megatron checkpoint (metadata.json is missing); "
                                    "convert the HF model again with `megarl convert hf-to-megatron`")
-    # A shard lost in a copy fails only once the ranks load it (after Ray and the workers start).
-    lost = [f for f in record.get("files", []) if f.startswith(f"{WEIGHTS}/") and not (path / f).is_file()]
-    if lost:
-        more = f" and {len(lost) - 3} more" if len(lost) > 3 else ""
-        raise ModelCheckpointError(f"{path}: {', '.join(lost[:3])}{more} (listed in {RECORD}) {'is' if len(lost) == 1 else 'are'} missing; copy the "
-                                   "checkpoint again whole, or convert the HF model again with `megarl convert hf-to-megatron`")
+    _check_weight_files(path, record)
     try:
         current = json.loads((path / "config.json").read_text())
     except (OSError, ValueError) as exc:
@@ -147,6 +142,23 @@ def check_model_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
             "describes with `megarl convert hf-to-megatron`"
         )
     return record
+
+
+def _check_weight_files(path: Path, record: dict[str, Any]) -> None:
+    """Refuse a weight file the record lists that is missing, or of another size than recorded
+    (older records have no sizes): a shard lost or cut short in a copy fails only once
+    the ranks load it, after Ray and the workers have started."""
+    sizes = record.get("sizes") or {}
+    for name in (f for f in record.get("files", []) if f.startswith(f"{WEIGHTS}/")):
+        file = path / name
+        if not file.is_file():
+            problem = "is missing"
+        elif name in sizes and file.stat().st_size != sizes[name]:
+            problem = f"has {file.stat().st_size} bytes, {RECORD} says {sizes[name]} (truncated?)"
+        else:
+            continue
+        raise ModelCheckpointError(f"{path}: {name} (listed in {RECORD}) {problem}; copy the checkpoint again whole, "
+                                   "or convert the HF model again with `megarl convert hf-to-megatron`")
 
 
 # ---- the weights (collective; Megatron imported lazily) --------------------------------------------

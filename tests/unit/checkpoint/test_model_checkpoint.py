@@ -78,6 +78,10 @@ def test_record_lists_the_files_and_the_checks_refuse_by_name(demo, tmp_path):
     shard.write_bytes(b"weights")
     write_record(ckpt, source=str(model), tp=2, pp=1, dtype="float32", hf_config=config, verified_parameters=3)
     check_model_checkpoint(ckpt)
+    shard.write_bytes(b"weig")  # cut short
+    with pytest.raises(ModelCheckpointError, match=f"^{ckpt}: megatron/__0_1.distcp \\(listed in {RECORD}\\) has 4 bytes, "
+                                                   f"{RECORD} says 7 \\(truncated\\?\\); copy the checkpoint again whole"):  # fmt: skip
+        check_model_checkpoint(ckpt)
     shard.unlink()
     with pytest.raises(ModelCheckpointError, match=f"^{ckpt}: megatron/__0_1.distcp \\(listed in {RECORD}\\) is missing; "
                                                    "copy the checkpoint again whole"):  # fmt: skip
