@@ -169,7 +169,7 @@ def _run_to_hf(args: argparse.Namespace) -> int:
 def convert_checkpoint(checkpoint: str | Path, out: str | Path, config: str | Path | None = None, overwrite: bool = False,
                        report: Any = None, verify: bool = True) -> Path:  # fmt: skip
     """Write the policy of ``checkpoint`` (a step_NNNNNN directory) as an HF directory ``out``."""
-    from megarl.actors.ray_groups.placement import role_placements
+    from megarl.actors.ray_groups.placement import PlacementError, role_placements
     from megarl.checkpoint.manager import verify_checkpoint
     from megarl.checkpoint.run_record import model_config_change, other_dtype_note, run_config
     from megarl.config.planner import make_plan
@@ -189,8 +189,14 @@ def convert_checkpoint(checkpoint: str | Path, out: str | Path, config: str | Pa
     placements, _ = role_placements(cfg, plan)
     local_cpus = None if cfg.cluster.ray_address else len(plan.roles["policy"].gpus) + 1
     rank_args = (cfg.model.path, cfg.actor, cfg.model.dtype, cfg.trainer.seed, cfg.rollout.weight_sync.bucket_mb, str(ckpt.path))
-    checked = _write_hf_output(target, placements[0], rank_args, verify, cfg.cluster.ray_address, local_cpus,
-                               (str(ckpt.path.resolve()), ckpt.step), report)  # fmt: skip
+    try:
+        checked = _write_hf_output(target, placements[0], rank_args, verify, cfg.cluster.ray_address, local_cpus,
+                                   (str(ckpt.path.resolve()), ckpt.step), report)  # fmt: skip
+    except PlacementError as exc:  # e.g. a GPU run's checkpoint on a machine without GPUs: say where it runs
+        p = placements[0]
+        raise OutputError(f"{exc}; {ckpt.path.name} is exported in the run's policy layout ({p.nnodes * p.procs_per_node} "
+                          f"ranks, {p.gpus_per_proc:g} GPU each): run megarl convert where the run ran, or pass --config "
+                          "with the cluster.ray_address of a Ray cluster that has them") from None
     if report is not None:
         report(f"wrote {out} from {ckpt.path} (step {ckpt.step}); {_verified(checked)}")
     return Path(out)

@@ -75,6 +75,12 @@ def test_convert_checkpoint_to_hf(grpo_run, demo_root, tmp_path):
     (tmp_path / "run.yaml").write_text((ckpt / "config.yaml").read_text().replace(str(demo_root / "model"), str(edited)))
     with pytest.raises(OutputError, match="config.json differs from the one step_000003 was trained with .rope_parameters"):
         convert_checkpoint(ckpt, tmp_path / "hf3", config=tmp_path / "run.yaml")
+    # a GPU run's checkpoint exported on a machine without GPUs: one line saying where it can run
+    (tmp_path / "gpu.yaml").write_text((ckpt / "config.yaml").read_text().replace("device: cpu", "device: cuda"))
+    with pytest.raises(OutputError, match="^placement: 2 GPUs requested for policy, cluster has 0; step_000003 is exported "
+                                          r"in the run's policy layout \(2 ranks, 1 GPU each\): run megarl convert where"):  # fmt: skip
+        convert_checkpoint(ckpt, tmp_path / "hf4", config=tmp_path / "gpu.yaml")
+    assert not (tmp_path / "hf4").exists()
     torn = tmp_path / "step_000003"
     shutil.copytree(out / "checkpoints" / "step_000003", torn)
     (torn / "manifest.json").unlink()
