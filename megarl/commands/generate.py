@@ -196,8 +196,8 @@ def _model_export(source: Path) -> Any:
 
 
 def _hf_tensors_problem(source: Path) -> str | None:
-    """What `megarl launch` checks of an HF model.path: its safetensors hold the tensors its
-    config implies (their headers read). transformers fills a missing tensor with random values
+    """What `megarl launch` checks of an HF model.path, for a config megarl's bridge takes: its
+    safetensors hold the tensors the config implies (their headers read). transformers fills a missing tensor with random values
     and the engine generates on (its load report says so among the logs); a cut file is a
     traceback. An architecture without a megarl bridge, or .bin weights, are left
     to the engine."""
@@ -210,6 +210,7 @@ def _hf_tensors_problem(source: Path) -> str | None:
     try:
         hf = AutoConfig.from_pretrained(source)
         bridge = get_bridge(hf)
+        bridge.check_hf_config(hf)  # (a quantized model, biases megarl does not train: the engine may load them)
     except Exception:  # noqa: BLE001 - a config the engine may still load: its start says what is wrong
         return None
     try:

@@ -177,8 +177,7 @@ class ModelBridge:
         if unknown or missing:
             raise ValueError(
                 f"HF checkpoint {reader.path} does not match a {hf_config.model_type} model: "
-                f"tensors that map to no Megatron parameter: {unknown or 'none'}; "
-                f"expected tensors missing: {missing or 'none'}"
+                f"tensors that map to no Megatron parameter: {_some(unknown)}; expected tensors missing: {_some(missing)}"
             )
         for name in sorted(set(expected) & present):
             if reader.shape(name) != tuple(expected[name]):
@@ -254,3 +253,11 @@ def _value_head_shapes(gpt: torch.nn.Module) -> dict[str, tuple[int, ...]]:
     if not has_value_head(gpt):
         return {}
     return {VALUE_HEAD_HF_NAME: tuple(gpt.output_layer.weight.shape)}
+
+
+def _some(names: list[str], shown: int = 8) -> str:
+    """A list of tensor names for one error line: a real model's hundreds cut to the first few."""
+    if not names:
+        return "none"
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return f"{names[:shown]}{more}"

@@ -284,6 +284,19 @@ def test_an_hf_model_without_tokenizer_or_weight_files_is_one_line_before_anythi
     assert not (tmp_path / "gen.parquet.partial").exists()
 
 
+def test_an_hf_model_with_settings_megarl_does_not_train_is_left_to_the_engine(tmp_path):
+    # A Llama with attention and MLP biases (or a quantized checkpoint's scale tensors): the
+    # engines load it; megarl's bridge does not train it, so its tensors are not megarl's to check.
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from megarl.commands.generate import _hf_tensors_problem
+
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                         num_key_value_heads=2, max_position_embeddings=64, attention_bias=True, mlp_bias=True)  # fmt: skip
+    LlamaForCausalLM(config).save_pretrained(tmp_path / "biased")
+    assert _hf_tensors_problem(tmp_path / "biased") is None
+
+
 def test_several_greedy_responses_per_prompt_are_a_warning(caplog):
     from megarl.commands.generate import _warn_greedy_copies
     from megarl.config.loading import load_config

@@ -119,6 +119,10 @@ def test_checkpoint_check_names_the_offending_tensor(tiny_dirs, tmp_path):
     extra = _rewrite(src, tmp_path / "extra", add={"model.layers.0.mlp.extra.weight": torch.zeros(2)})
     with pytest.raises(ValueError, match=r"map to no Megatron parameter: \['model.layers.0.mlp.extra.weight'\]"):
         bridge.check_hf_checkpoint(cfg, str(extra))
+    many = _rewrite(src, tmp_path / "many", add={f"model.layers.0.extra{i}.weight": torch.zeros(2) for i in range(10)})
+    with pytest.raises(ValueError, match=r"map to no Megatron parameter: \['model.layers.0.extra0.weight', .*"
+                                         r"'model.layers.0.extra7.weight'\] and 2 more; expected tensors missing: none$"):
+        bridge.check_hf_checkpoint(cfg, str(many))  # a real model's hundreds: one readable line
     missing = _rewrite(src, tmp_path / "missing", drop={"model.layers.1.self_attn.k_proj.bias"})
     with pytest.raises(ValueError, match=r"missing: \['model.layers.1.self_attn.k_proj.bias'\]"):
         bridge.check_hf_checkpoint(cfg, str(missing))
