@@ -126,8 +126,7 @@ def check_model_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     path = Path(path)
     record = read_record(path)
     if not (path / WEIGHTS / "metadata.json").is_file():
-        raise ModelCheckpointError(f"{path / WEIGHTS} holds no Megatron checkpoint (metadata.json is missing); "
-                                   "convert the HF model again with `megarl convert hf-to-megatron`")
+        raise ModelCheckpointError(f"{path / WEIGHTS} holds no Megatron checkpoint (metadata.json is missing); {_remake(record)}")
     _check_weight_files(path, record)
     try:
         current = json.loads((path / "config.json").read_text())
@@ -138,10 +137,22 @@ def check_model_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     if differ:
         raise ModelCheckpointError(
             f"{path}: config.json differs from the HF config the weights were converted from "
-            f"({record.get('source')}): {'; '.join(differ)}; restore that config.json, or convert the model it "
-            "describes with `megarl convert hf-to-megatron`"
+            f"({record.get('source')}): {'; '.join(differ)}; restore that config.json"
+            + ("" if trained_by_sft(record) else ", or convert the model it describes with `megarl convert hf-to-megatron`")
         )
     return record
+
+
+def trained_by_sft(record: dict[str, Any]) -> bool:
+    """Whether the record's weights are ones `megarl sft` trained (no conversion makes them again)."""
+    return str(record.get("source", "")).startswith(SFT_SOURCE)
+
+
+def _remake(record: dict[str, Any]) -> str:
+    """How to get a damaged model checkpoint whole again."""
+    if trained_by_sft(record):
+        return "copy it again whole from where `megarl sft` wrote it (no conversion remakes trained weights)"
+    return "copy the checkpoint again whole, or convert the HF model again with `megarl convert hf-to-megatron`"
 
 
 def _check_weight_files(path: Path, record: dict[str, Any]) -> None:
@@ -157,8 +168,7 @@ def _check_weight_files(path: Path, record: dict[str, Any]) -> None:
             problem = f"has {file.stat().st_size} bytes, {RECORD} says {sizes[name]} (truncated?)"
         else:
             continue
-        raise ModelCheckpointError(f"{path}: {name} (listed in {RECORD}) {problem}; copy the checkpoint again whole, "
-                                   "or convert the HF model again with `megarl convert hf-to-megatron`")
+        raise ModelCheckpointError(f"{path}: {name} (listed in {RECORD}) {problem}; {_remake(record)}")
 
 
 # ---- the weights (collective; Megatron imported lazily) --------------------------------------------

@@ -32,7 +32,7 @@ from typing import Any
 from megarl.checkpoint.model_checkpoint import (
     RECORD as MODEL_RECORD,  # stdlib only: the CLI stays fast
 )
-from megarl.checkpoint.model_checkpoint import SFT_SOURCE
+from megarl.checkpoint.model_checkpoint import trained_by_sft
 from megarl.commands.outputs import OutputError, OutputExistsError, check_outside_checkpoints
 
 EXPORT_MANIFEST = "megarl_export.json"  # the record of a megatron-to-hf output
@@ -85,7 +85,7 @@ def _check_previous_output(target: Path, overwrite: bool, manifest_name: str) ->
         listed = set(record["files"]) | {manifest_name}
     except (ValueError, KeyError, TypeError) as exc:
         raise OutputError(f"{manifest} is unreadable ({exc}); choose another directory") from None
-    if str(record.get("source", "")).startswith(SFT_SOURCE):  # trained weights: no conversion makes them again
+    if trained_by_sft(record):  # trained weights: no conversion makes them again
         raise OutputError(f"{target} holds the weights `megarl sft` trained ({manifest_name}: {record['source']}), and "
                           "--overwrite here replaces only a conversion's output; choose another directory")  # fmt: skip
     others = [p for p in present if p not in listed]

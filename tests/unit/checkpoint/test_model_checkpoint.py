@@ -11,6 +11,7 @@ import pytest
 
 from megarl.checkpoint.model_checkpoint import (
     RECORD,
+    SFT_SOURCE,
     WEIGHTS,
     ModelCheckpointError,
     check_model_checkpoint,
@@ -84,7 +85,14 @@ def test_record_lists_the_files_and_the_checks_refuse_by_name(demo, tmp_path):
         check_model_checkpoint(ckpt)
     shard.unlink()
     with pytest.raises(ModelCheckpointError, match=f"^{ckpt}: megatron/__0_1.distcp \\(listed in {RECORD}\\) is missing; "
-                                                   "copy the checkpoint again whole"):  # fmt: skip
+                                                   "copy the checkpoint again whole, or convert the HF model again"):  # fmt: skip
+        check_model_checkpoint(ckpt)
+    # the weights megarl sft trained: no conversion makes them again
+    shard.write_bytes(b"weights")
+    write_record(ckpt, source=f"{SFT_SOURCE}{model}", tp=2, pp=1, dtype="float32", hf_config=config, verified_parameters=3)
+    shard.write_bytes(b"weig")
+    with pytest.raises(ModelCheckpointError, match=r"\(truncated\?\); copy it again whole from where `megarl sft` wrote it "
+                                                   r"\(no conversion remakes trained weights\)$"):  # fmt: skip
         check_model_checkpoint(ckpt)
     (ckpt / WEIGHTS / "metadata.json").unlink()
     with pytest.raises(ModelCheckpointError, match="holds no Megatron checkpoint"):
