@@ -373,6 +373,8 @@ def plan_resume(output_dir: str | Path, resume: str | Path, *, quiet: bool = Fal
         for _, path, why in reversed(dirs):
             if why is None:
                 return verify_checkpoint(path)
+            if _newer_format(path):  # not broken: going back past it would train its steps again, in this megarl
+                raise CheckpointError(f"trainer.resume=auto: {why}; this run's latest checkpoint is of it")
             if not quiet:
                 log.warning("checkpoint: skipping %s: %s", path, why)
         if dirs:
@@ -432,8 +434,8 @@ def verify_checkpoint(path: str | Path) -> Checkpoint:
             raise TypeError("components is not a list")
     except (ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(f"{manifest_path} is unreadable ({type(exc).__name__}: {exc})") from None
-    written = manifest.get("manifest_version", MANIFEST_VERSION)
-    if not isinstance(written, int) or written > MANIFEST_VERSION:  # a layout this megarl does not know
+    if _newer_format(path):  # a layout this megarl does not know
+        written = manifest.get("manifest_version")
         raise CheckpointError(f"{path} was written by megarl {manifest.get('megarl_version', '?')} in checkpoint format "
                               f"{written}, which this megarl ({megarl.__version__}) cannot read (it reads format "
                               f"{MANIFEST_VERSION}); use megarl {manifest.get('megarl_version', '?')} or newer")  # fmt: skip
@@ -498,6 +500,15 @@ def _verify_file(root: Path, entry: dict[str, Any]) -> None:
 
 def _is_valid(path: Path) -> bool:
     return _why_invalid(path) is None
+
+
+def _newer_format(path: Path) -> bool:
+    """Whether the checkpoint in ``path`` was written in a format newer than this megarl's."""
+    try:
+        written = json.loads((path / MANIFEST).read_text()).get("manifest_version", MANIFEST_VERSION)
+    except (OSError, ValueError, AttributeError):
+        return False
+    return not isinstance(written, int) or written > MANIFEST_VERSION
 
 
 def _why_invalid(path: Path) -> str | None:

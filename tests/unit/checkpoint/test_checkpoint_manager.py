@@ -159,6 +159,12 @@ def test_a_checkpoint_of_a_newer_format_is_refused_naming_the_megarl_that_wrote_
                                               f"megarl \\({megarl.__version__}\\) cannot read \\(it reads format 1\\); "
                                               "use megarl 9.0.0 or newer$"):  # fmt: skip
         verify_checkpoint(path)
+    # resume=auto does not go back past it to an older checkpoint (its steps trained again, here)
+    older = _save(manager, 1)
+    with pytest.raises(CheckpointError, match=r"^trainer.resume=auto: .*step_000002 was written by megarl 9.0.0 .*; this "
+                                              "run's latest checkpoint is of it$"):  # fmt: skip
+        plan_resume(tmp_path, "auto")
+    assert verify_checkpoint(older).step == 1
     del manifest["manifest_version"]  # a manifest without it is read as format 1
     (path / MANIFEST).write_text(json.dumps(manifest))
     assert verify_checkpoint(path).step == 2
