@@ -227,11 +227,16 @@ def _run_model(source: Path, export: Any, cfg: Any) -> str:
     run's launch directory), so that the export and these checks read the same model from any
     directory; else the config's model.path."""
     from megarl.checkpoint.manager import verify_checkpoint
-    from megarl.checkpoint.run_record import run_config
+    from megarl.checkpoint.run_record import model_config_change, run_config
     from megarl.commands.convert import convert_checkpoint
 
     if export is convert_checkpoint:
-        return str(run_config(verify_checkpoint(source)).model.path)
+        ckpt = verify_checkpoint(source)
+        run_model = str(run_config(ckpt).model.path)
+        changed = model_config_change(ckpt, run_model)  # what the export would write beside the weights
+        if changed:
+            raise GenerateError(changed)
+        return run_model
     return str(cfg.model.path)
 
 

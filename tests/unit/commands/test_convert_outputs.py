@@ -152,6 +152,7 @@ def test_a_model_config_changed_since_training_is_refused_before_anything_starts
     # config.json beside weights trained with the old one.
     from megarl.checkpoint.run_record import MODEL_CONFIG, model_config_change, record_model_config
     from megarl.commands.convert import convert_checkpoint
+    from megarl.commands.generate import GenerateError, _run_model
 
     launch, older = run
     model = launch / "models" / "tiny"
@@ -171,6 +172,9 @@ def test_a_model_config_changed_since_training_is_refused_before_anything_starts
                                           r"trained with \(rope_theta: recorded 10000.0, now 1000000.0\); restore it"):  # fmt: skip
         convert_checkpoint(ckpt.path, out)
     assert not out.exists()
+    # generate --model exports it the same way
+    with pytest.raises(GenerateError, match=r"config.json differs from the one step_000005 was trained with \(rope_theta"):
+        _run_model(ckpt.path, convert_checkpoint, None)  # (before generate opens its partial folder)
 
 
 def test_a_read_only_place_is_refused_before_anything_starts(run, tmp_path, read_only_dir):
