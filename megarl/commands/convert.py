@@ -169,7 +169,7 @@ def _run_to_hf(args: argparse.Namespace) -> int:
 def convert_checkpoint(checkpoint: str | Path, out: str | Path, config: str | Path | None = None, overwrite: bool = False,
                        report: Any = None, verify: bool = True) -> Path:  # fmt: skip
     """Write the policy of ``checkpoint`` (a step_NNNNNN directory) as an HF directory ``out``."""
-    from megarl.actors.ray_groups.placement import PlacementError, role_placements
+    from megarl.actors.ray_groups.placement import MissingCapacity, role_placements
     from megarl.checkpoint.manager import verify_checkpoint
     from megarl.checkpoint.run_record import model_config_change, other_dtype_note, run_config
     from megarl.config.planner import make_plan
@@ -192,10 +192,10 @@ def convert_checkpoint(checkpoint: str | Path, out: str | Path, config: str | Pa
     try:
         checked = _write_hf_output(target, placements[0], rank_args, verify, cfg.cluster.ray_address, local_cpus,
                                    (str(ckpt.path.resolve()), ckpt.step), report)  # fmt: skip
-    except PlacementError as exc:  # e.g. a GPU run's checkpoint on a machine without GPUs: say where it runs
+    except MissingCapacity as exc:  # e.g. a GPU run's checkpoint on a machine without GPUs: say where it runs
         p = placements[0]
         raise OutputError(f"{exc}; {ckpt.path.name} is exported in the run's policy layout ({p.nnodes * p.procs_per_node} "
-                          f"ranks, {p.gpus_per_proc:g} GPU each): run megarl convert where the run ran, or pass --config "
+                          f"ranks, {f'{p.gpus_per_proc:g} GPU each' if p.gpus_per_proc else 'on CPUs'}): run megarl convert where the run ran, or pass --config "
                           "with the cluster.ray_address of a Ray cluster that has them") from None
     if report is not None:
         report(f"wrote {out} from {ckpt.path} (step {ckpt.step}); {_verified(checked)}")

@@ -35,6 +35,10 @@ class PlacementError(RuntimeError):
     """The requested placement cannot be (or was not) satisfied by the Ray cluster."""
 
 
+class MissingCapacity(PlacementError):
+    """The cluster can never hold the placement: too few GPUs, CPUs or nodes in it."""
+
+
 @dataclass(frozen=True)
 class RolePlacement:
     """How many processes a role runs and what each one holds.
@@ -222,7 +226,7 @@ def _check_cluster(specs: Sequence[PoolSpec]) -> None:
     """Refuse at once what the cluster can never hold (see missing_capacity)."""
     problem = missing_capacity(specs, ray.nodes())
     if problem:
-        raise PlacementError(problem)
+        raise MissingCapacity(problem)
 
 
 def missing_capacity(specs: Sequence[PoolSpec], nodes: Sequence[Mapping[str, Any]]) -> str | None:
