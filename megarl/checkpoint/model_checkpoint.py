@@ -115,9 +115,10 @@ def config_differences(recorded: dict[str, Any], current: dict[str, Any]) -> lis
 
 def _dtype_key(config: dict[str, Any]) -> dict[str, Any]:
     """transformers 5 saves ``dtype`` where older versions saved ``torch_dtype``: one field."""
-    if "torch_dtype" in config and "dtype" not in config:
-        config = {**config, "dtype": config["torch_dtype"]}
-    return {k: v for k, v in config.items() if k != "torch_dtype"}
+    from megarl.models.hf_files import CONFIG_DTYPE_KEYS, config_dtype
+
+    named = config_dtype(config)
+    return {k: v for k, v in config.items() if k not in CONFIG_DTYPE_KEYS} | ({"dtype": named} if named is not None else {})
 
 
 def check_model_checkpoint(path: str | os.PathLike) -> dict[str, Any]:

@@ -395,7 +395,9 @@ def _layout_config(model_dir: Path, tp: int, pp: int, check_weights: bool = Fals
 
 def _config_dtype(hf_config: dict[str, Any]) -> str:
     """The HF config's dtype when it is one megarl trains in, else bfloat16."""
-    named = hf_config.get("dtype") or hf_config.get("torch_dtype")
+    from megarl.models.hf_files import config_dtype
+
+    named = config_dtype(hf_config)
     return named if named in DTYPES else "bfloat16"
 
 

@@ -30,6 +30,12 @@ def copy_side_files(source: Path, target: Path) -> None:
 CONFIG_DTYPE_KEYS = ("dtype", "torch_dtype")
 
 
+def config_dtype(config: dict[str, Any]) -> Any:
+    """The dtype config.json names for its weights (``dtype`` first, as transformers 5 reads it);
+    None when it names none."""
+    return next((config[k] for k in CONFIG_DTYPE_KEYS if config.get(k) is not None), None)
+
+
 def set_config_dtype(directory: Path, dtype: str) -> None:
     """Make ``directory``'s config.json name ``dtype`` (e.g. "float32") as its weights' dtype.
     transformers (by default from version 5) and SGLang load a model in its config's dtype, so
