@@ -105,17 +105,22 @@ def model_config_change(ckpt: Any, model_path: str) -> str | None:
     differ), or None: the same, or nothing to compare (a checkpoint of an older megarl, an
     unreadable file, which the export's own load reports). An edited rope_theta or rope_scaling
     changes no weight shape, so without this the export would carry it silently."""
-    from megarl.checkpoint.model_checkpoint import config_differences
-
-    saved = ckpt.path / MODEL_CONFIG
-    try:
-        recorded = json.loads(saved.read_text())
-        current = json.loads((Path(model_path) / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    differ = config_differences(recorded, current)
+    differ = model_config_differences(ckpt, model_path)
     if not differ:
         return None
     return (f"model.path {model_path}: config.json differs from the one {ckpt.path.name} was trained with "
-            f"({'; '.join(differ)}); restore it (a copy is {saved}), or pass --config with a model.path whose "
-            "config.json is the trained one")
+            f"({'; '.join(differ)}); restore it (a copy is {ckpt.path / MODEL_CONFIG}), or pass --config with a "
+            "model.path whose config.json is the trained one")
+
+
+def model_config_differences(ckpt: Any, model_path: str) -> list[str]:
+    """The fields of ``model_path``'s config.json that differ from the copy ``ckpt`` keeps of the
+    one it was trained with (empty: none, or nothing to compare)."""
+    from megarl.checkpoint.model_checkpoint import config_differences
+
+    try:
+        recorded = json.loads((ckpt.path / MODEL_CONFIG).read_text())
+        current = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return []
+    return config_differences(recorded, current)

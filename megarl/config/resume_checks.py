@@ -107,7 +107,12 @@ def _check_resumed_config(cfg: MegaRLConfig, ckpt: Any, findings: list[Finding])
     new model), and so are data settings the sampler cannot resume (megarl/data/sampler.py) and a
     layout the optimizer state cannot load in (RESUME_LAYOUT_KEYS); any other change is named
     (the run goes on with the new values)."""
-    from megarl.checkpoint.run_record import RUN_CONFIG, launch_dirs
+    from megarl.checkpoint.run_record import (
+        MODEL_CONFIG,
+        RUN_CONFIG,
+        launch_dirs,
+        model_config_differences,
+    )
     from megarl.config.loading import ConfigError, load_config
     from megarl.data.sampler import resume_conflicts, resume_settings
 
@@ -123,6 +128,13 @@ def _check_resumed_config(cfg: MegaRLConfig, ckpt: Any, findings: list[Finding])
                                 f"{ckpt.path.name} was trained from: its policy would go on from the checkpoint while the "
                                 "reference loads the new one; resume with the run's model, or start from the new one in "
                                 "a new trainer.output_dir"))  # fmt: skip
+    elif cfg.model.path is not None:
+        differ = model_config_differences(ckpt, cfg.model.path)
+        if differ:  # rope_theta / rope_scaling change no shape: the run would go on under another model config
+            findings.append(Finding("model.path", f"({cfg.model.path}) config.json differs from the one {ckpt.path.name} "
+                                    f"was trained with ({'; '.join(differ)}); restore it (a copy is "
+                                    f"{ckpt.path / MODEL_CONFIG}), or start a new run from the new model in a new "
+                                    "trainer.output_dir"))  # fmt: skip
     # the data sampler's stream is a function of these: it would refuse them once Ray has started
     refused = [Finding(field, f"cannot resume {ckpt.path.name}: {why}")  # (val_only loads it too)
                for field, why in resume_conflicts(resume_settings(old.data), resume_settings(cfg.data))]

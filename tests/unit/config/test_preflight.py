@@ -345,6 +345,26 @@ def test_a_resume_refuses_another_model_and_names_other_changes(demo, tmp_path):
     assert "data.seed = 1" in refusal(config(demo, out, "actor.recompute=auto", "data.seed=2", "trainer.val_only=true"))  # it loads the sampler too
 
 
+def test_a_resume_refuses_a_model_config_edited_since_training(demo, tmp_path):
+    # rope_theta or rope_scaling change no weight shape: the run went on under another model config
+    import json
+    import shutil
+
+    from megarl.checkpoint.run_record import MODEL_CONFIG, record_model_config
+
+    model, out = shutil.copytree(demo[0], tmp_path / "model"), tmp_path / "run"
+    ckpt = _trained_with(out, 2, config(demo, out, f"model.path={model}"), launch_dir=tmp_path)
+    record_model_config(ckpt, str(model))  # as the trainer saves it
+    assert [f for f in preflight(config(demo, out, f"model.path={model}")) if f.field == "model.path"] == []
+    hf = json.loads((model / "config.json").read_text())
+    rope = {**hf["rope_parameters"], "rope_theta": 500000.0}  # (transformers 5 keeps rope_theta there)
+    (model / "config.json").write_text(json.dumps({**hf, "rope_parameters": rope, "transformers_version": "9"}))
+    msg = refusal(config(demo, out, f"model.path={model}"))
+    assert (f"  - model.path: ({model}) config.json differs from the one step_000002 was trained with (rope_parameters."
+            f"rope_theta: recorded {hf['rope_parameters']['rope_theta']}, now 500000.0); restore it (a copy is "
+            f"{ckpt / MODEL_CONFIG}), or start a new run from the new model in a new trainer.output_dir") in msg
+
+
 def test_a_resume_refuses_a_layout_its_optimizer_state_cannot_load_in(demo, tmp_path):
     # Megatron failed in every rank's load with a KeyError, once the whole cluster had started
     out = tmp_path / "run"
