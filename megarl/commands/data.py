@@ -88,7 +88,8 @@ def _add_gsm8k(sub: argparse._SubParsersAction) -> None:
         "  prompt        a system message that offers the calculator tool (configs/tools/calculator.yaml,\n"
         "                rollout.agent.tools_file), then the bare question as the user message\n"
         "  agent_name    tool_agent\n\n"
-        "An answer without '####' is an error naming the line.",
+        "An answer without '####', or whose final answer is no number ('18 dollars', '3/4': the gsm8k\n"
+        "reward compares numbers and would score every response 0), is an error naming the line.",
     )
     _add_io(p, ".jsonl with question, answer")
     p.add_argument("--tools", action="store_true", help="write the tool-use variant (agent_name tool_agent, calculator)")

@@ -1,7 +1,8 @@
 """Converters from raw JSONL / CSV files to verl-schema parquet (``megarl data gsm8k|math|convert``).
 
 - GSM8K (``question`` / ``answer``): the ground truth is the text after the last ``####`` of the
-  answer, commas removed ("1,234" -> "1234"); data_source ``openai/gsm8k`` (what the gsm8k
+  answer, commas removed ("1,234" -> "1234"), refused unless it is a number the gsm8k reward can
+  match ("18 dollars" never would be); data_source ``openai/gsm8k`` (what the gsm8k
   reward is keyed on); the prompt asks for the answer after "####".
 - MATH (``problem`` / ``solution``): the ground truth is the content of the solution's last
   ``\\boxed{...}`` (nested braces kept); data_source ``math``; the prompt asks for a boxed answer.
@@ -38,6 +39,7 @@ from megarl.data.datasets import (
     type_name,
     write_prompt_file,
 )
+from megarl.rewards.gsm8k import reference_number  # the number the gsm8k reward compares with
 from megarl.rewards.math import last_boxed  # one definition for data conversion and scoring
 
 GSM8K_SOURCE = "openai/gsm8k"
@@ -237,6 +239,10 @@ def gsm8k_rows(path: str | Path, *, split: str = "train", tools: bool = False) -
         final = gsm8k_final_answer(answer)
         if final is None:
             raise DataError(f"{rec.where}: field 'answer' has no final answer after '####' (GSM8K answers end with '#### <number>')")
+        if reference_number(final) is None:  # the gsm8k reward compares numbers: every response would score 0
+            raise DataError(f"{rec.where}: field 'answer' ends with '#### {final}', which is not a number the gsm8k reward can "
+                            "match; write the number alone after '####' (commas and $ allowed), or convert the file with "
+                            "`megarl data convert` and a data source of another reward")  # fmt: skip
         extra = {"split": split, "index": i, "question": question, "answer": answer}
         if tools:
             row = _row(GSM8K_SOURCE, _user_prompt(question, system=GSM8K_TOOL_SYSTEM), final, "math", extra)

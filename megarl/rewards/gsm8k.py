@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from decimal import Decimal, InvalidOperation
+from typing import Any
 
 _STRICT = re.compile(r"####\s*\$?\s*(-?[\d,]*\.?\d+)")
 _NUMBER = re.compile(r"-?\$?\s?(?:\d[\d,]*(?:\.\d+)?|\.\d+)")
@@ -34,11 +35,17 @@ def extract_answer(solution_str: str, method: str = "strict") -> str | None:
     return _clean(found[-1]) if found else None
 
 
-def _same_number(a: str, b: str) -> bool:
+def reference_number(ground_truth: Any) -> Decimal | None:
+    """The number a response's answer is compared with: ``ground_truth`` with commas and $
+    removed (or its "#### n" part); None when it is no finite number ("18 dollars", "3/4", a
+    list), which no response can ever match."""
+    truth = str(ground_truth)
+    reference = extract_answer(truth, "strict") if "####" in truth else _clean(truth.strip())
     try:
-        return Decimal(a) == Decimal(b)
+        value = Decimal(reference) if reference is not None else None
     except InvalidOperation:
-        return a == b
+        return None
+    return value if value is not None and value.is_finite() else None
 
 
 def compute_score(solution_str: str, ground_truth: str, method: str = "strict") -> float:
@@ -46,9 +53,8 @@ def compute_score(solution_str: str, ground_truth: str, method: str = "strict") 
     answer = extract_answer(solution_str, method)
     if answer is None:
         return 0.0
-    truth = str(ground_truth)
-    reference = extract_answer(truth, "strict") if "####" in truth else _clean(truth.strip())
-    return 1.0 if reference is not None and _same_number(answer, reference) else 0.0
+    reference = reference_number(ground_truth)
+    return 1.0 if reference is not None and Decimal(answer) == reference else 0.0  # the regex makes answer a number
 
 
 def compute_score_strict(data_source, solution_str, ground_truth, extra_info=None) -> float:

@@ -77,6 +77,14 @@ def test_gsm8k_errors_name_line_and_field(tmp_path):
         gsm8k_rows(src)
 
 
+@pytest.mark.parametrize("final", ["18 dollars", "3/4", "5%"])
+def test_a_gsm8k_final_answer_the_gsm8k_reward_cannot_match_is_refused(tmp_path, final):
+    # The gsm8k reward compares numbers: such a ground truth would score every response 0.
+    src = _jsonl(tmp_path / "g.jsonl", [{"question": "q", "answer": "#### $1,234"}, {"question": "q", "answer": f"x\n#### {final}"}])
+    with pytest.raises(DataError, match=rf"^g.jsonl: line 2: field 'answer' ends with '#### {final}', which is not a number"):
+        gsm8k_rows(src)
+
+
 def test_math_rows(tmp_path):
     src = _jsonl(tmp_path / "m.jsonl", [{"problem": "Half of 1?", "solution": "It is $\\boxed{\\frac{1}{2}}$."}])
     (row,) = math_rows(src)

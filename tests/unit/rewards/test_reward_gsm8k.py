@@ -1,8 +1,10 @@
+from decimal import Decimal
+
 import pytest
 
 from megarl.rewards import compute_score
 from megarl.rewards.gsm8k import compute_score as gsm8k_score
-from megarl.rewards.gsm8k import extract_answer
+from megarl.rewards.gsm8k import extract_answer, reference_number
 
 
 @pytest.mark.parametrize(
@@ -30,6 +32,17 @@ def test_ground_truth_in_gsm8k_answer_format():
     # GSM8K's raw "answer" column ends with "#### n"; it is accepted as ground truth too.
     assert gsm8k_score("#### 7", "3 + 4 = 7\n#### 7") == 1.0
     assert gsm8k_score("#### 4", "3 + 4 = 7\n#### 7") == 0.0
+
+
+@pytest.mark.parametrize(
+    ("truth", "number"),
+    [("1,234", "1234"), ("$18", "18"), (" -0.50 ", "-0.5"), ("2+2=4\n#### 4", "4"), (7, "7"),
+     ("18 dollars", None), ("3/4", None), ("5%", None), (["1", "2"], None), ("NaN", None), ("", None)],
+)
+def test_reference_number_is_none_for_a_ground_truth_no_response_matches(truth, number):
+    assert reference_number(truth) == (None if number is None else Decimal(number))
+    if number is not None:  # what it gives is what scores
+        assert gsm8k_score(f"#### {number}", truth) == 1.0
 
 
 def test_extract_answer_none_without_number():
