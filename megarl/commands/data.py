@@ -108,7 +108,7 @@ def _add_math(sub: argparse._SubParsersAction) -> None:
         "  ground_truth  the content of the solution's last \\boxed{...} (nested braces kept)\n"
         "  data_source   math\n"
         "  extra_info    split, index, problem, solution\n\n"
-        "A solution without a complete \\boxed{...} is an error naming the line.",
+        "A solution without a complete \\boxed{...}, or whose last box is empty, is an error naming the line.",
     )
     _add_io(p, ".jsonl with problem, solution")
     p.set_defaults(handler=_guarded(_run_math))

@@ -5,7 +5,8 @@
   match ("18 dollars" never would be); data_source ``openai/gsm8k`` (what the gsm8k
   reward is keyed on); the prompt asks for the answer after "####".
 - MATH (``problem`` / ``solution``): the ground truth is the content of the solution's last
-  ``\\boxed{...}`` (nested braces kept); data_source ``math``; the prompt asks for a boxed answer.
+  ``\\boxed{...}`` (nested braces kept; an empty box is refused); data_source ``math``; the
+  prompt asks for a boxed answer.
 - generic: any prompt / answer field names, a data_source of the user's choice, an optional
   system message and instruction suffix. The prompt is text or a list of {role, content}
   messages (checked as training checks them; other keys such as tool_calls are kept when the
@@ -259,6 +260,8 @@ def math_rows(path: str | Path, *, split: str = "train") -> list[dict[str, Any]]
         final = last_boxed(solution)
         if final is None:
             raise DataError(f"{rec.where}: field 'solution' has no complete \\boxed{{...}} answer")
+        if not final.strip():  # a blank ground truth: the math reward would score every response 0
+            raise DataError(f"{rec.where}: field 'solution' has an empty last \\boxed{{}}; put the answer in it")
         extra = {"split": split, "index": i, "problem": problem, "solution": solution}
         rows.append(_row(MATH_SOURCE, _user_prompt(problem, MATH_INSTRUCTION), final, "math", extra))
     return rows

@@ -93,6 +93,9 @@ def test_math_rows(tmp_path):
     bad = _jsonl(tmp_path / "n.jsonl", [{"problem": "p", "solution": "no box"}])
     with pytest.raises(DataError, match=r"^n.jsonl: line 1: field 'solution' has no complete \\boxed"):
         math_rows(bad)
+    empty = _jsonl(tmp_path / "e.jsonl", [{"problem": "p", "solution": "\\boxed{1}"}, {"problem": "p", "solution": "so \\boxed{ }."}])
+    with pytest.raises(DataError, match=r"^e.jsonl: line 2: field 'solution' has an empty last \\boxed\{\}"):
+        math_rows(empty)  # a blank ground truth would score every response 0
 
 
 def test_generic_csv_with_system_and_suffix(tmp_path):
