@@ -428,14 +428,27 @@ def scorer_findings(reward: Any, files: list[tuple[str, list[Any]]]) -> list[Fin
                     scorers[record.data_source] = None
                     findings.append(Finding(label, f"row {record.row}: {exc}"))
             name = scorers[record.data_source]
-            if no_truth is None and name not in (None, "code") and no_answer(record.ground_truth):
-                no_truth = Finding(label, f"row {record.row}: reward_model.ground_truth is {record.ground_truth!r}; "
-                                   f"the built-in scorer {name!r} compares each response with it: give the answer, or "
-                                   "score with reward.custom")  # fmt: skip
+            if no_truth is None and name not in (None, "code") and (problem := _truth_problem(name, record.ground_truth)):
+                no_truth = Finding(label, f"row {record.row}: reward_model.ground_truth {problem}")
         if no_truth is not None:
             findings.append(no_truth)
     return findings
 
+
+def _truth_problem(name: str, ground_truth: Any) -> str | None:
+    """Why the built-in scorer ``name`` would score every response 0 against ``ground_truth``
+    (the rest of the sentence after "reward_model.ground_truth"), or None."""
+    from megarl.data.datasets import short_repr
+    from megarl.rewards import registry
+
+    if no_answer(ground_truth):
+        return (f"is {ground_truth!r}; the built-in scorer {name!r} compares each response with it: give the answer, "
+                "or score with reward.custom")  # fmt: skip
+    if not registry.can_match(name, ground_truth):
+        return (f"{short_repr(ground_truth)} is no number; the built-in scorer {name!r} compares numbers, so every "
+                "response would score 0: write the number alone (commas and $ allowed), map the data_source to another "
+                "scorer in reward.functions, or score with reward.custom")  # fmt: skip
+    return None
 
 
 # The child process: the user's reward module and functions never load in the driver.

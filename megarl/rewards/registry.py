@@ -76,6 +76,15 @@ def compute_score(
     return score(resolve(data_source, functions), data_source, solution_str, ground_truth, extra_info)
 
 
+def can_match(name: str, ground_truth: Any) -> bool:
+    """Whether some response could score on ``ground_truth`` with the built-in scorer ``name``, as
+    far as a cheap look tells: the gsm8k scorers compare numbers only ("18 dollars", "3/4" or a
+    list never matches); the others are not judged here."""
+    if name in ("gsm8k", "gsm8k_flexible"):
+        return gsm8k.reference_number(answer_text(ground_truth)) is not None
+    return True
+
+
 def score(name: str, data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None) -> Any:
     """Built-in scorer ``name`` on one response. A number ground truth (a float or int parquet
     column) is compared as the answer text ``megarl data convert`` writes (megarl/data/answers.py:

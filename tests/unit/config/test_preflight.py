@@ -147,6 +147,19 @@ def test_a_nan_ground_truth_for_a_built_in_scorer(demo, tmp_path):
     assert "row 0" not in msg  # 321.0 is an answer: only NaN stands for none
 
 
+@pytest.mark.parametrize("truths", [["$1,234", "18 dollars"], ["$1,234", "3/4"], [["1", "2"]]])
+def test_a_ground_truth_no_gsm8k_response_can_match(demo, tmp_path, truths):
+    # The gsm8k scorer compares numbers: the last of each would score every response 0, silently.
+    table = rows(["123", "456"][: len(truths)], source="openai/gsm8k")
+    for row, truth in zip(table, truths, strict=True):
+        row["reward_model"]["ground_truth"] = truth
+    pq.write_table(pa.Table.from_pylist(table), tmp_path / "g.parquet")
+    msg = refusal(config(demo, tmp_path / "run", f"data.train_files=[{tmp_path / 'g.parquet'}]"))
+    assert (f"data.train_files[0] (g.parquet): row {len(truths) - 1}: reward_model.ground_truth {truths[-1]!r} is no "
+            "number; the built-in scorer 'gsm8k' compares numbers, so every response would score 0") in msg
+    assert len(truths) == 1 or "row 0" not in msg  # "$1,234" is the number 1234 to the scorer
+
+
 @pytest.mark.parametrize(
     ("source", "name", "expected"),
     [
