@@ -120,7 +120,8 @@ def _add_convert(sub: argparse._SubParsersAction) -> None:
         "convert",
         "convert any JSONL/CSV to parquet by naming the prompt and answer fields",
         "Convert any JSONL (one object per line) or CSV (with a header row) to the verl schema.\n\n"
-        "A string prompt becomes one user message; a JSONL prompt that already is a list of {role,\n"
+        "A string prompt becomes one user message (a string that is messages written out, as JSON or\n"
+        "as pandas writes a list cell to CSV, is refused); a JSONL prompt that already is a list of {role,\n"
         "content} messages is kept: each role is system, user, assistant or tool and each content a\n"
         "string. Any other prompt (a number, an object) is refused. Either way, --system becomes a\n"
         "first system message (a row whose messages have a system message already is refused) and\n"

@@ -287,7 +287,7 @@ def generic_rows(
     for i, rec in enumerate(read_raw_records(path)):
         raw, where = rec.get(prompt_field, option="--prompt-field"), f"{rec.where}: field {prompt_field!r}"
         if isinstance(raw, str):
-            prompt: Prompt = _user_prompt(rec.text(prompt_field), suffix, system)
+            prompt: Prompt = _user_prompt(check_prompt(rec.text(prompt_field), where), suffix, system)
         else:  # messages (check_prompt refuses anything else)
             prompt = _framed(check_prompt(raw, where), system, suffix, where)
         truth = rec.ground_truth(answer_field, option="--answer-field")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -217,11 +218,39 @@ def check_prompt(prompt: Any, where: str) -> Prompt:
 
     ``where`` starts every error (``train.parquet: row 17, column 'prompt'``)."""
     if isinstance(prompt, str):
+        _refuse_encoded_messages(prompt, where)
         return prompt
     if isinstance(prompt, list):
         return check_messages(prompt, where)
     raise DataError(f"{where}: expected a string or a list of {{role, content}} messages, got {type_name(prompt)} "
                     f"({short_repr(prompt)}); give text as a string (quote a number) or messages as a list")
+
+
+# "[{ ... }]", spaces allowed: how a list of messages looks written out as text.
+_LIST_OF_OBJECTS = re.compile(r"\[\s*\{.*\}\s*\]", re.DOTALL)
+
+
+def _refuse_encoded_messages(text: str, where: str) -> None:
+    """Refuse a text prompt that is chat messages written out as text: JSON (``json.dumps`` of the
+    list) or Python's repr (what pandas' ``to_csv`` writes for a list cell). As text it would
+    reach the model, brackets and keys included, as one user message."""
+    stripped = text.strip()
+    if not _LIST_OF_OBJECTS.fullmatch(stripped):
+        return  # the cheap test: most prompts fail at their first character
+    import ast
+    import json
+
+    try:
+        value = json.loads(stripped)
+    except ValueError:
+        try:
+            value = ast.literal_eval(stripped)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            return
+    if isinstance(value, list) and all(isinstance(m, dict) and "role" in m for m in value):
+        raise DataError(f"{where}: the text is chat messages written out as a string ({short_repr(text)}), which the "
+                        "model would see as one user message; store them as a list of {role, content} structs "
+                        "(json.loads or ast.literal_eval the text before writing; a CSV cell is always text: use JSONL)")  # fmt: skip
 
 
 def check_messages(messages: Any, where: str) -> list[dict[str, Any]]:

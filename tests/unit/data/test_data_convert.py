@@ -112,6 +112,14 @@ def test_generic_csv_with_system_and_suffix(tmp_path):
         generic_rows(src, prompt_field="question", answer_field="a", data_source="my_qa")
 
 
+def test_a_csv_cell_holding_messages_as_text_is_refused(tmp_path):
+    # pandas' to_csv writes a list of messages as its repr; as text it would be one user message.
+    src = tmp_path / "chat.csv"
+    src.write_text('q,a\nplain question,1\n"[{\'role\': \'user\', \'content\': \'hi\'}]",2\n')
+    with pytest.raises(DataError, match=r"^chat.csv: line 3: field 'q': the text is chat messages written out as a string"):
+        generic_rows(str(src), prompt_field="q", answer_field="a", data_source="d")
+
+
 def test_a_spreadsheets_byte_order_mark_and_a_null_field(tmp_path):
     src = tmp_path / "excel.csv"
     src.write_bytes("\ufeffq,a\nCapital of France?,Paris\n".encode())  # what Excel's "CSV UTF-8" writes

@@ -73,6 +73,24 @@ def test_prompt_of_wrong_type_names_row_and_column(tmp_path):
     )
 
 
+@pytest.mark.parametrize(
+    "text",
+    ['[{"role": "user", "content": "What is 2+2?"}]',  # json.dumps of the messages
+     "[{'role': 'user', 'content': 'What is 2+2?'}]",  # Python's repr: pandas' to_csv of a list cell
+     '[\n  {"role": "system", "content": "s"},\n  {"role": "user", "content": "q"}\n]\n'],
+)
+def test_a_text_prompt_that_is_messages_written_out_is_refused(tmp_path, text):
+    # As text it would reach the model, brackets and keys included, as one user message.
+    plain = ["[{x}] is a set", '[{"a": 1}]', "Sort [{3}, {1}]"]  # brackets alone are text
+    path = _write_table(
+        tmp_path / "bad.parquet",
+        {"data_source": ["a"] * 4, "prompt": [*plain, text], "reward_model": [{"ground_truth": "1", "style": "rule"}] * 4},
+    )
+    with pytest.raises(DataError, match=re.escape(f"{LABEL}: row 3, column 'prompt': the text is chat messages written "
+                                                  "out as a string (")):  # fmt: skip
+        read_prompt_file(path, label=LABEL)
+
+
 def test_malformed_message_in_a_later_row(tmp_path):
     good = [{"role": "user", "content": "hi"}]
     prompts = [good] * 17 + [[{"role": "user", "content": None}]] + [good]
