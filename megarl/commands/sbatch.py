@@ -25,6 +25,10 @@ TEMPLATE, BOOTSTRAP = "megarl.sbatch", "ray-node.sh"
 DEFAULTS = {"ray_port": 6379, "join_timeout": 600, "save_grace": 600}  # options with a default value
 _TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
 _NO_LIMIT = ("-1", "infinite", "unlimited")  # sbatch reads the words in any case; a limit of 0 is none too
+# The ports `ray start --head` takes for itself by default (client server, dashboard, dashboard agent,
+# worker processes 10002-19999): a head port among them makes `ray start` fail at once.
+RAY_DEFAULT_PORTS = {"the client server": range(10001, 10002), "the dashboard": range(8265, 8266),
+                     "the dashboard agent": range(52365, 52366), "worker processes": range(10002, 20000)}  # fmt: skip
 
 
 class SbatchError(ValueError):
@@ -52,7 +56,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--container", metavar="IMAGE", help="run every step in this image (pyxis/enroot: srun --container-image)")
     p.add_argument("--container-mounts", metavar="SRC:DST,...", help="extra container mounts (the working directory is always mounted)")
     p.add_argument("--job-name", help="Slurm job name (default: megarl-<config name>)")
-    p.add_argument("--ray-port", type=int, default=DEFAULTS["ray_port"], help="the Ray head's port (default: %(default)s)")
+    p.add_argument("--ray-port", type=int, default=DEFAULTS["ray_port"], help="the Ray head's port, not one Ray keeps for itself: 8265, 10001-19999, 52365 (default: %(default)s)")
     p.add_argument("--join-timeout", type=int, default=DEFAULTS["join_timeout"], metavar="S",
                    help="seconds to wait for every node to join Ray before failing (default: %(default)s)")  # fmt: skip
     p.add_argument("--save-grace", type=int, default=DEFAULTS["save_grace"], metavar="S",
@@ -146,6 +150,10 @@ def check_options(args: argparse.Namespace) -> None:
         raise SbatchError(f"--save-grace ({args.save_grace} s) must be positive and shorter than {bound}")
     if not 1024 <= args.ray_port <= 65535:
         raise SbatchError(f"--ray-port ({args.ray_port}) must be between 1024 and 65535")
+    taken = next((what for what, ports in RAY_DEFAULT_PORTS.items() if args.ray_port in ports), None)
+    if taken:
+        raise SbatchError(f"--ray-port ({args.ray_port}) is a port Ray keeps for {taken} (8265, 10001-19999, 52365), so the "
+                          f"Ray head could not start; choose another, e.g. {DEFAULTS['ray_port']}")  # fmt: skip
     if args.container_mounts and not args.container:
         raise SbatchError(f"--container-mounts ({args.container_mounts}) needs --container IMAGE")
     if args.join_timeout <= 0:

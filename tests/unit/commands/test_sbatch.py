@@ -83,6 +83,8 @@ def test_slurm_time_limits(text, seconds):
     (("--time", "UNLIMITED", "--save-grace", "70000"), "--save-grace (70000 s) must be positive and shorter than 65536 s, "
                                                         "the most Slurm's --signal takes"),
     (("--time", "60", "--ray-port", "80"), "--ray-port (80) must be between 1024 and 65535"),
+    (("--time", "60", "--ray-port", "16379"), "--ray-port (16379) is a port Ray keeps for worker processes"),
+    (("--time", "60", "--ray-port", "8265"), "--ray-port (8265) is a port Ray keeps for the dashboard"),
     (("--time", "60", "--account", "a b"), "--account ('a b') may hold"),
     (("--time", "60", "--container-mounts", "/a:/a"), "--container-mounts (/a:/a) needs --container IMAGE"),
     (("--time", "60", "trainer.resume=/x/step_000010"), "trainer.resume (/x/step_000010): batch scripts resume with auto"),
