@@ -50,7 +50,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_config_args(p)
     p.add_argument("--partition", required=True, help="Slurm partition (sbatch --partition)")
-    p.add_argument("--time", required=True, help="time limit in Slurm's format: MINUTES, HH:MM:SS or D-HH:MM:SS; 0 or "
+    # Stripped: sbatch refuses `--time= 30` (a value pasted with a space) that megarl would accept.
+    p.add_argument("--time", required=True, type=str.strip, help="time limit in Slurm's format: MINUTES, HH:MM:SS or D-HH:MM:SS; 0 or "
                    "UNLIMITED for none (the partition's limit then applies)")
     p.add_argument("--account", help="Slurm account to charge (sbatch --account)")
     p.add_argument("--container", metavar="IMAGE", help="run every step in this image (pyxis/enroot: srun --container-image)")

@@ -96,6 +96,13 @@ def test_options_that_cannot_work_are_one_line(capsys, tmp_path, monkeypatch, ar
     assert not (tmp_path / "x.sbatch").exists()
 
 
+def test_a_time_with_spaces_is_written_without_them(capsys, tmp_path, monkeypatch):
+    """sbatch refuses `#SBATCH --time= 30` (Invalid --time specification) at submission."""
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = sbatch(capsys, str(ROOT / "configs" / "tiny_grpo.yaml"), "--partition", "debug", "--time", " 30 ")
+    assert code == 0 and "\n#SBATCH --time=30\n" in out
+
+
 @pytest.mark.parametrize("limit", ["0", "UNLIMITED", "infinite"])
 def test_no_time_limit_is_passed_to_slurm(capsys, tmp_path, monkeypatch, limit):
     monkeypatch.chdir(tmp_path)
