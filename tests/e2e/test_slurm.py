@@ -2,6 +2,7 @@
 from Debian's slurm-wlm, private config, sockets and ports) started by this module.
 
 - a 2-step tiny CPU run: the job starts Ray, trains, saves and exits 0;
+- a node whose `ray start` fails: the job ends at once with the end of that node's Ray log;
 - `scancel --signal=TERM` mid-run: the job finishes the step, saves a checkpoint and exits 143;
   submitting the same script again resumes at that step (metrics.jsonl reads as one run).
 
@@ -135,6 +136,17 @@ def test_a_two_step_run_exits_zero(slurm, launch_dir):
     assert "ray-node: 1 node(s) joined" in log and "megarl launch exited with code 0" in log
     assert steps_logged(launch_dir / "run_ok") == [1, 2]
     assert (launch_dir / "run_ok" / "checkpoints" / "step_000002").is_dir()
+
+
+def test_a_node_whose_ray_fails_to_start_ends_the_job_at_once(slurm, launch_dir):
+    """Not after --join-timeout (120 s here): the job says which node and shows its Ray log's end."""
+    script = write_script(launch_dir, "run_bad_ray", 2, "bad_ray.sbatch")
+    job = submit({**slurm, "MEGARL_RAY_START_ARGS": "--num-cpus=two"}, script)  # sbatch passes the environment on
+    code = wait_done(slurm, job)
+    log = (launch_dir / "run_bad_ray" / "logs" / "slurm" / f"slurm-{job}.out").read_text()
+    assert code == "1:0", log
+    assert f"megarl-sbatch: Ray did not start on {socket.gethostname().split('.')[0]}" in log, log
+    assert "'two' is not a valid integer" in log and "did not answer" not in log and "no Ray head answers" not in log
 
 
 def test_term_saves_at_a_safe_point_and_resubmitting_resumes(slurm, launch_dir):
