@@ -129,8 +129,7 @@ def render(cfg, args: argparse.Namespace, workdir: Path | None = None) -> str:
         "CONTAINER_ARGS": _container_args(args, workdir, [log_dir.parents[1], *_read_folders(cfg, args, workdir)]),
         "RAY_NODE_SH": read_template(BOOTSTRAP).rstrip("\n"),
         "LAUNCH": launch_command(args.config, args.overrides, cfg),
-        "RESUME_COMMAND": f"export {RESUME_ENV}={_sh('sbatch ' + shlex.quote(str(Path(args.out).resolve())))}  # what megarl prints on a stop"
-        if args.out else "# (written to stdout: a stopped run prints its `megarl launch` resume command)",
+        "RESUME_COMMAND": _resume_command(args.out, RESUME_ENV),
     }  # fmt: skip
     script = read_template(TEMPLATE)
     for key, value in values.items():
@@ -234,6 +233,25 @@ def _command_line(args: argparse.Namespace) -> str:
             words += [f"--{option.replace('_', '-')}", str(getattr(args, option))]
     words += [f"--{k.replace('_', '-')}={getattr(args, k)}" for k, v in DEFAULTS.items() if getattr(args, k) != v]
     return shlex.join(words)
+
+
+def _resume_command(out: str | None, env: str) -> str:
+    """The line that sets what megarl prints on a stop: `sbatch SCRIPT` (megarl's own resume command
+    would name this job's Ray address, gone once the job ends). A script written to stdout learns
+    its path from Slurm: `Command=` is the path given to sbatch, relative to the submit directory."""
+    if out:
+        return f"export {env}={_sh('sbatch ' + shlex.quote(str(Path(out).resolve())))}  # what megarl prints on a stop"
+    return "\n".join([
+        "# What megarl prints on a stop: this script (written to stdout), as it was submitted.",
+        "SUBMITTED=$(scontrol show job \"$SLURM_JOB_ID\" 2>/dev/null | sed -n 's/^ *Command=//p')",
+        '[[ $SUBMITTED == /* ]] || SUBMITTED=${SLURM_SUBMIT_DIR:-$PWD}/$SUBMITTED',
+        'if [[ -f $SUBMITTED ]]; then',
+        f'  {env}="sbatch $(printf %q "$(realpath "$SUBMITTED")")"',
+        "else  # submitted on stdin: no file to name",
+        f'  {env}="sbatch (this job\'s batch script again)"',
+        "fi",
+        f"export {env}",
+    ])  # fmt: skip
 
 
 def _env_setup(container: str | None) -> str:

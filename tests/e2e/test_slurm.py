@@ -3,7 +3,8 @@ from Debian's slurm-wlm, private config, sockets and ports) started by this modu
 
 - a 2-step tiny CPU run: the job starts Ray, trains, saves and exits 0;
 - a node whose `ray start` fails: the job ends at once with the end of that node's Ray log;
-- `scancel --signal=TERM` mid-run: the job finishes the step, saves a checkpoint and exits 143;
+- `scancel --signal=TERM` mid-run (a script written to stdout): the job finishes the step, saves a
+  checkpoint, exits 143 and names `sbatch SCRIPT` as the way to resume;
   submitting the same script again resumes at that step (metrics.jsonl reads as one run).
 
 Skipped with the reason where Slurm is not installed (`.ci/run` installs it: ci/slurm/install.sh)
@@ -99,14 +100,17 @@ def launch_dir(tmp_path_factory) -> Path:
     return cwd
 
 
-def write_script(cwd: Path, out: str, steps: int, name: str) -> Path:
+def write_script(cwd: Path, out: str, steps: int, name: str, stdout: bool = False) -> Path:
+    """`megarl sbatch ... --out NAME`, or with ``stdout`` `megarl sbatch ... > NAME`."""
     overrides = ["model.path=demo/model", "data.train_files=[demo/data/train.parquet]", "data.val_files=[demo/data/val.parquet]",
                  f"trainer.output_dir={out}", f"trainer.total_steps={steps}", "trainer.eval_before_train=false",
                  f"trainer.eval_freq={steps}", "trainer.save_freq=0", "trainer.loggers=[jsonl]", "data.prompts_per_step=8",
                  "rollout.n=4", "actor.mini_batch_size=32", "actor.micro_batch_size=16"]  # fmt: skip
-    subprocess.run([MEGARL, "sbatch", str(ROOT / "configs" / "tiny_grpo.yaml"), *overrides, "--partition", "debug", "--time", "30",
-                    "--save-grace", "60", "--join-timeout", "120", "--ray-port", str(_free_port()), "--out", name],
-                   cwd=cwd, check=True, capture_output=True)  # fmt: skip
+    done = subprocess.run([MEGARL, "sbatch", str(ROOT / "configs" / "tiny_grpo.yaml"), *overrides, "--partition", "debug", "--time", "30",
+                    "--save-grace", "60", "--join-timeout", "120", "--ray-port", str(_free_port()), *([] if stdout else ["--out", name])],
+                   cwd=cwd, check=True, capture_output=True, text=True)  # fmt: skip
+    if stdout:
+        (cwd / name).write_text(done.stdout)
     return cwd / name
 
 
@@ -151,7 +155,7 @@ def test_a_node_whose_ray_fails_to_start_ends_the_job_at_once(slurm, launch_dir)
 
 def test_term_saves_at_a_safe_point_and_resubmitting_resumes(slurm, launch_dir):
     run = launch_dir / "run_term"
-    script = write_script(launch_dir, "run_term", 40, "term.sbatch")
+    script = write_script(launch_dir, "run_term", 40, "term.sbatch", stdout=True)  # `> FILE`: Slurm names the file
     job = submit(slurm, script)
     _wait(lambda: len(steps_logged(run)) >= 2, 300, "two steps")
     subprocess.run(["scancel", "--signal=TERM", job], env=slurm, check=True)
