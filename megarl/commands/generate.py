@@ -63,8 +63,6 @@ from megarl.commands.outputs import (
 from megarl.trainer.watchdog import RunControl, RunStopped
 
 log = logging.getLogger(__name__)
-# What transformers (and SGLang) load an HF directory's weights from: one of these, shards beside an index.
-HF_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -172,6 +170,7 @@ def _model_export(source: Path) -> Any:
     from megarl.checkpoint.model_checkpoint import is_model_checkpoint, sft_output_hint
     from megarl.commands.convert import convert_checkpoint, export_model_checkpoint
     from megarl.models.hf_files import tokenizer_files_problem
+    from megarl.models.weight_files import HF_WEIGHT_SUFFIXES, has_hf_weights
 
     if is_model_checkpoint(source):
         return export_model_checkpoint
@@ -181,8 +180,8 @@ def _model_export(source: Path) -> Any:
         problem = tokenizer_files_problem(source)
         if problem:  # transformers would build another tokenizer from config.json alone
             raise GenerateError(f"model {source} {problem}; copy the model's tokenizer files into it")
-        if not any((source / name).is_file() for name in HF_WEIGHT_FILES):  # else an OSError traceback at the engine's start
-            raise GenerateError(f"model {source} has no weight files ({' or '.join(HF_WEIGHT_FILES)}); copy the "
+        if not has_hf_weights(source):  # else an OSError traceback at the engine's start
+            raise GenerateError(f"model {source} has no weight files (*{' or *'.join(HF_WEIGHT_SUFFIXES)}); copy the "
                                 "model's weights into it, or give a complete HF directory")  # fmt: skip
         problem = _hf_tensors_problem(source)
         if problem:

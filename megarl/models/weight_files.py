@@ -1,4 +1,4 @@
-"""What says, cheaply, which weights a model directory holds: read by the resume checks of
+"""What says, cheaply, which weights a model directory holds (and whether it holds any): read by the resume checks of
 `megarl launch` (is model.path still the model the run was trained from?) and `megarl generate`
 (are the weights at --model still those the written parts were generated with?)."""
 
@@ -8,6 +8,12 @@ import hashlib
 from pathlib import Path
 
 WEIGHT_SUFFIXES = (".safetensors", ".distcp", ".bin")
+HF_WEIGHT_SUFFIXES = (".safetensors", ".bin")  # what transformers and SGLang load an HF directory's weights from
+
+
+def has_hf_weights(model_dir: Path) -> bool:
+    """Whether an HF directory holds weight files (one file, or shards with or without an index)."""
+    return any(p.suffix in HF_WEIGHT_SUFFIXES and p.is_file() for p in model_dir.iterdir())
 
 
 def weights_fingerprint(model_dir: Path, edge: int = 1 << 20) -> list[tuple[str, int, str]]:

@@ -265,7 +265,7 @@ def test_an_hf_model_without_tokenizer_or_weight_files_is_one_line_before_anythi
     (bare / "model.safetensors").unlink()
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         shutil.copy2(model / name, bare / name)
-    with pytest.raises(GenerateError, match=rf"^model {bare} has no weight files \(model.safetensors or .*\); copy the "
+    with pytest.raises(GenerateError, match=rf"^model {bare} has no weight files \(\*.safetensors or \*.bin\); copy the "
                                             "model's weights into it, or give a complete HF directory$"):  # fmt: skip
         generate(CONFIG, [f"model.path={model}"], data / "val.parquet", tmp_path / "gen.parquet", model=str(bare))
     # a tensor missing: transformers initialised it at random and the engine generated on
@@ -282,6 +282,16 @@ def test_an_hf_model_without_tokenizer_or_weight_files_is_one_line_before_anythi
                                             rf"{bare / 'model.safetensors'} is not a readable safetensors file"):  # fmt: skip
         generate(CONFIG, [f"model.path={model}"], data / "val.parquet", tmp_path / "gen.parquet", model=str(bare))
     assert not (tmp_path / "gen.parquet.partial").exists()
+
+
+def test_shards_without_an_index_are_weight_files(tmp_path):
+    # (SGLang loads every *.safetensors of the directory; the check named one file or an index)
+    from megarl.models.weight_files import has_hf_weights
+
+    (tmp_path / "config.json").write_text("{}")
+    assert not has_hf_weights(tmp_path)
+    (tmp_path / "model-00001-of-00002.safetensors").write_bytes(b"x")
+    assert has_hf_weights(tmp_path)
 
 
 def test_an_hf_model_with_settings_megarl_does_not_train_is_left_to_the_engine(tmp_path):
