@@ -27,16 +27,7 @@ cache size gives how many sequences of full length run at once. The torch engine
 of the weights in each replica leader, and while it generates a KV cache of
 max_running_requests sequences of full length.
 
-Host memory, per node (:class:`HostMemory`, a lower bound: the processes' own memory, Ray's object
-store and the data are not counted):
-- offloaded copies: every state the residency table moves off the GPUs in some phase (with
-  colocated SGLang, every trained model's at each launch) has a host buffer of its size, kept for
-  the next offload (megarl/actors/megatron_runtime/offload.py); gradients are freed, not copied.
-  One per rank of its model on the node (the reference lives in the policy's ranks);
-- SGLang's host copy of released weights (rollout.weights_cpu_backup): the engine's weights per GPU;
-- a checkpoint of the fully_reshardable optimizer format gathers each rank's stage of the
-  optimizer state on every rank while it saves (:func:`save_gather_host_bytes`); the roles save
-  one after the other.
+Host memory per node: megarl/config/host_memory.py.
 
 Which of these are on a GPU in which phase of the step is the residency table's business
 (megarl/config/residency.py); the planner adds them up per phase, plus each phase's working
@@ -87,20 +78,6 @@ class TrainMemory:
     def update_working(self) -> float:
         """An update's working memory besides the states."""
         return self.activations + self.logits + self.head_grad
-
-
-@dataclass(frozen=True)
-class HostMemory:
-    """Host bytes of the busiest node that megarl's own buffers take (module docstring)."""
-
-    node: int  # which node
-    offloaded: dict[str, float]  # owner (policy, critic, reference) -> its host copies on the node
-    engine_backup: float  # SGLang's host copies of released weights on the node
-    save_gather: dict[str, float]  # role -> its fully_reshardable save's gathered state on the node (transient)
-
-    @property
-    def peak(self) -> float:
-        return sum(self.offloaded.values()) + self.engine_backup + max(self.save_gather.values(), default=0.0)
 
 
 def stage_params(arch: ArchSpec, pp: int, *, value_head: bool = False) -> int:
@@ -206,15 +183,6 @@ def torch_engine_memory(arch: ArchSpec, *, dtype: str, max_running_requests: int
     """(weights, KV cache) of a torch engine: the whole model, and at most max_running_requests
     sequences of full length decoded together."""
     return DTYPE_BYTES[dtype] * arch.num_params, max_running_requests * seq_len * kv_bytes_per_token(arch, 1, dtype)
-
-
-def save_gather_host_bytes(arch: ArchSpec, *, tp: int, pp: int, value_head: bool = False) -> float:
-    """Host memory of one rank while a checkpoint of the distributed optimizer's fully_reshardable
-    format saves: Megatron (without its memory-efficient variant) gathers the rank's whole stage
-    of fp32 master params and Adam moments, 12 B x params on the stage / tp, into host memory on
-    every data-parallel rank before writing (the dp_reshardable format writes each rank's shard
-    as it is)."""
-    return 12.0 * stage_params(arch, pp, value_head=value_head) / tp
 
 
 def largest_hf_tensor_bytes(arch: ArchSpec, dtype: str) -> float:

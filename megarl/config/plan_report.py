@@ -5,8 +5,9 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from megarl.config.host_memory import host_memory_text
 from megarl.config.memory import GIB
-from megarl.config.planner import Plan, host_memory_text
+from megarl.config.planner import Plan
 from megarl.config.sections import MegaRLConfig
 
 

@@ -16,16 +16,15 @@ from functools import partial
 
 from megarl.config.algorithm_checks import check_algorithm, check_run_length
 from megarl.config.architectures import ArchError, ArchSpec, resolve_arch
+from megarl.config.host_memory import HostMemory, host_memory, host_over
 from megarl.config.memory import (
     GIB,
     RUNTIME_OVERHEAD_GIB,
-    HostMemory,
     RolloutMemory,
     TrainMemory,
     largest_hf_tensor_bytes,
     phase_working_bytes,
     rollout_memory,
-    save_gather_host_bytes,
     torch_engine_memory,
     train_memory,
 )
@@ -463,64 +462,10 @@ def _plan_memory(cfg: MegaRLConfig, arch: ArchSpec, roles: dict[str, RoleLayout]
         _check_fits(cfg, table, {p: b for p, b in phases.items() if p not in generation}, rollout_peak, gpu, issues,
                     push_knobs, layouts)  # fmt: skip
     ref = sizes.get("reference/weights", 0.0)
-    host = _host_memory(cfg, arch, roles, table, sizes)
+    host = host_memory(cfg, arch, roles, table, sizes)
     if cfg.cluster.host_memory_gib is not None and host.peak > cfg.cluster.host_memory_gib * GIB:
-        issues.append(_host_over(cfg, host))
+        issues.append(Issue("cluster.host_memory_gib", host_over(cfg, host)))
     return MemoryPlan(mems.get("policy"), mems.get("critic"), ref, rollout, train_peak, rollout_peak, gpu, phases, sizes, residency, host)
-
-
-def _host_memory(cfg: MegaRLConfig, arch: ArchSpec, roles: dict[str, RoleLayout], table: Residency,
-                 sizes: dict[str, float]) -> HostMemory:  # fmt: skip
-    """The node where megarl's host buffers take most (megarl/config/memory.py): each rank's
-    copies of the states its model leaves the GPUs with, SGLang's backups of released weights,
-    and the larger role's fully_reshardable save."""
-    ranks = {owner: roles[role].gpus for owner, role in _HOST_OWNERS if role in roles}
-    moved = {s for p in table.phases for s in table.states() if s not in table.resident(p)}
-    per_rank = {owner: sum(sizes[s] for s in moved if owner_of(s) == owner and not s.endswith("/grads"))
-                for owner in ("policy", "reference", "critic") if owner in ranks}  # fmt: skip
-    backup = sizes["engine/weights"] if table.weights_cpu_backup and "engine/weights" in moved else 0.0
-    gather = {role: save_gather_host_bytes(arch, tp=roles[role].tp, pp=roles[role].pp, value_head=role == "critic")
-              for role, section in (("policy", cfg.actor), ("critic", cfg.critic))
-              if role in roles and section.optimizer.distributed and section.optimizer.checkpoint_format == "fully_reshardable"}
-    nodes = []
-    for node in range(cfg.cluster.nnodes):
-        count = {owner: sum(gpu // cfg.cluster.gpus_per_node == node for gpu in gpus) for owner, gpus in ranks.items()}
-        nodes.append(HostMemory(node, {o: count[o] * b for o, b in per_rank.items() if count[o] * b},
-                                count.get("engine", 0) * backup, {r: count[r] * b for r, b in gather.items() if count[r]}))  # fmt: skip
-    return max(nodes, key=lambda h: h.peak)
-
-
-# Whose ranks hold host buffers: (owner, the role whose GPUs it lives on).
-_HOST_OWNERS = (("policy", "policy"), ("reference", "policy"), ("critic", "critic"), ("engine", "rollout"))
-_SECTION = {"policy": "actor", "critic": "critic", "reference": "reference"}
-
-
-def _host_over(cfg: MegaRLConfig, host: HostMemory) -> Issue:
-    """The refusal of a node's host memory over cluster.host_memory_gib, naming what to change."""
-    knobs = [f"set {_SECTION[role]}.optimizer.checkpoint_format=dp_reshardable" for role in host.save_gather]
-    if host.engine_backup:
-        knobs.append("set rollout.weights_cpu_backup=false")
-    trained = [o for o in host.offloaded if o != "reference"]
-    if trained:  # a copy per data-parallel replica: fewer replicas, fewer copies
-        knobs.append(" or ".join(f"raise {_SECTION[o]}.parallel.tp / pp" for o in trained))
-    return Issue("cluster.host_memory_gib", f"({cfg.cluster.host_memory_gib:g}) is less than the {host.peak / GIB:.1f} GiB of host "
-                 f"memory node {host.node} needs at least ({host_memory_text(host)}); " + ", ".join([*knobs, "raise the node count"]))
-
-
-def host_memory_text(host: HostMemory) -> str:
-    """The parts of ``host``, as the plan prints them: ``offloaded copies 20.0 (policy 14.0,
-    reference 6.0) + SGLang weight backup 2.0 + fully_reshardable save 210.1 (policy) GiB``."""
-    g = lambda b: f"{b / GIB:.1f}"  # noqa: E731
-    parts = []
-    if host.offloaded:
-        each = ", ".join(f"{owner} {g(b)}" for owner, b in host.offloaded.items())
-        parts.append(f"offloaded copies {g(sum(host.offloaded.values()))} ({each})")
-    if host.engine_backup:
-        parts.append(f"SGLang weight backup {g(host.engine_backup)}")
-    if host.save_gather:
-        role = max(host.save_gather, key=lambda r: host.save_gather[r])
-        parts.append(f"fully_reshardable save {g(host.save_gather[role])} ({role})")
-    return " + ".join(parts or ["nothing"]) + " GiB"
 
 
 def _state_bytes(cfg: MegaRLConfig, arch: ArchSpec, mems: dict[str, TrainMemory], rollout: RolloutMemory | None) -> dict[str, float]:

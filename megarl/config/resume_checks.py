@@ -15,7 +15,7 @@ from typing import Any
 
 from megarl.config.differences import differences as dict_differences
 from megarl.config.preflight import Finding, training_rows
-from megarl.config.sections import MegaRLConfig
+from megarl.config.sections import ROLE_SECTIONS, MegaRLConfig
 from megarl.models.weight_files import weights_fingerprint
 
 
@@ -159,7 +159,6 @@ RESUME_LAYOUT_KEYS = {
     "policy": ("actor.parallel.tp", "actor.parallel.pp", "actor.optimizer.distributed", "model.dtype"),
     "critic": ("critic.parallel.tp", "critic.parallel.pp", "critic.optimizer.distributed", "model.dtype"),
 }
-ROLE_SECTIONS = {"policy": "actor", "critic": "critic"}
 FULLY_RESHARDABLE_KEYS = (".parallel.tp", ".parallel.pp")  # (suffixes) what fully_reshardable state may change
 
 

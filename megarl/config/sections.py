@@ -66,6 +66,10 @@ class ModelConfig(Section):
         return arch
 
 
+# The config section of each model role (the reference takes the policy's layout, its own offload flag).
+ROLE_SECTIONS = {"policy": "actor", "critic": "critic", "reference": "reference"}
+
+
 class ClusterConfig(Section):
     device: Literal["cuda", "cpu"] = Field("cuda", description="cuda for GPU clusters; cpu runs everything on gloo with the torch engine.")
     nnodes: int = Field(1, ge=1, description="Number of nodes.")
