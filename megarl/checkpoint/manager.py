@@ -329,8 +329,8 @@ def scan_step_dirs(output_dir: str | Path) -> list[tuple[int, Path, str | None]]
 def manifest_bytes(path: Path) -> int | None:
     """The bytes a checkpoint's manifest lists (None when it does not read); nothing is hashed."""
     try:
-        return sum(int(e["size"]) for e in json.loads((path / MANIFEST).read_text())["files"])
-    except (OSError, ValueError, KeyError, TypeError):
+        return sum(int(e["size"]) for e in _read_manifest(path)["files"])
+    except (ValueError, KeyError, TypeError):
         return None
 
 
@@ -373,7 +373,7 @@ def plan_resume(output_dir: str | Path, resume: str | Path, *, quiet: bool = Fal
         for _, path, why in reversed(dirs):
             if why is None:
                 return verify_checkpoint(path)
-            if _newer_format(path):  # not broken: going back past it would train its steps again, in this megarl
+            if _too_new(_read_manifest(path)):  # not broken: going back past it would train its steps again, in this megarl
                 raise CheckpointError(f"trainer.resume=auto: {why}; this run's latest checkpoint is of it")
             if not quiet:
                 log.warning("checkpoint: skipping %s: %s", path, why)
@@ -434,7 +434,7 @@ def verify_checkpoint(path: str | Path) -> Checkpoint:
             raise TypeError("components is not a list")
     except (ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(f"{manifest_path} is unreadable ({type(exc).__name__}: {exc})") from None
-    if _newer_format(path):  # a layout this megarl does not know
+    if _too_new(manifest):  # a layout this megarl does not know
         written = manifest.get("manifest_version")
         raise CheckpointError(f"{path} was written by megarl {manifest.get('megarl_version', '?')} in checkpoint format "
                               f"{written}, which this megarl ({megarl.__version__}) cannot read (it reads format "
@@ -480,11 +480,17 @@ def run_folder_problem(path: Path) -> str | None:
 
 def _components_of(path: Path) -> list[str]:
     """The components (policy, critic, ...) the manifest in ``path`` lists; [] without a readable one."""
-    try:
-        components = json.loads((path / MANIFEST).read_text()).get("components")
-    except (OSError, ValueError, AttributeError):
-        return []
+    components = _read_manifest(path).get("components")
     return components if isinstance(components, list) else []
+
+
+def _read_manifest(path: Path) -> dict[str, Any]:
+    """The manifest in ``path`` as read, unchecked; {} without a readable one."""
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return {}
+    return manifest if isinstance(manifest, dict) else {}
 
 
 def _verify_file(root: Path, entry: dict[str, Any]) -> None:
@@ -502,12 +508,9 @@ def _is_valid(path: Path) -> bool:
     return _why_invalid(path) is None
 
 
-def _newer_format(path: Path) -> bool:
-    """Whether the checkpoint in ``path`` was written in a format newer than this megarl's."""
-    try:
-        written = json.loads((path / MANIFEST).read_text()).get("manifest_version", MANIFEST_VERSION)
-    except (OSError, ValueError, AttributeError):
-        return False
+def _too_new(manifest: dict[str, Any]) -> bool:
+    """Whether ``manifest`` names a checkpoint format newer than this megarl's (none: format 1)."""
+    written = manifest.get("manifest_version", MANIFEST_VERSION)
     return not isinstance(written, int) or written > MANIFEST_VERSION
 
 
