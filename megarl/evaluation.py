@@ -112,6 +112,13 @@ def majority_score(scores: Sequence[float], preds: Sequence[str | None], k: int,
     return float(np.asarray(scores, dtype=np.float64)[draws[np.arange(MAJORITY_DRAWS), first]].mean())
 
 
+def greedy_copies_note(n: int) -> str:
+    """What ``n`` > 1 greedy responses of one prompt amount to (`megarl plan` says it of greedy
+    validation, `megarl generate` of --temperature 0), the fix left to the caller's knobs."""
+    return (f"{n} greedy responses of one prompt are all the same one, so pass@k, best@k and maj@k equal pass@1 "
+            f"at {n} times the cost")
+
+
 def threshold_problem(value: float, reward: object) -> str | None:
     """Why a pass threshold cannot work with ``reward`` (a RewardConfig), or None. A response
     passes when its score is at least the threshold; the built-in functions score from 0 to 1, so

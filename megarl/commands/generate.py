@@ -326,11 +326,11 @@ def _check_agent_rows(cfg: Any, data: Path, records: list[Any]) -> None:
 def _warn_greedy_copies(cfg: Any) -> None:
     """Several greedy responses per prompt are one response n times (`megarl plan` says the same
     of greedy validation): pass@k of the file would be its pass@1."""
+    from megarl.evaluation import greedy_copies_note
+
     n, temperature = cfg.rollout.n, cfg.rollout.sampling.temperature
     if temperature == 0 and n > 1:
-        log.warning("--n %d greedy responses (temperature 0) of a prompt are all the same one, so pass@k, best@k and "
-                    "maj@k of this file will equal pass@1 at %d times the cost; sample them (--temperature > 0), or "
-                    "use --n 1", n, n)  # fmt: skip
+        log.warning("--n %d (temperature 0): %s; sample them (--temperature > 0), or use --n 1", n, greedy_copies_note(n))
 
 
 def _check_sglang(cfg: Any) -> None:

@@ -117,16 +117,15 @@ def rollout_tp_choices(cfg: MegaRLConfig, arch: ArchSpec) -> list[int]:
 def check_validation(cfg: MegaRLConfig, issues: list[Issue]) -> None:
     """The pass threshold of validation (pass@k) against the reward's range (megarl evaluate's rule), and
     several greedy samples per prompt (identical)."""
-    from megarl.evaluation import threshold_problem
+    from megarl.evaluation import greedy_copies_note, threshold_problem
 
     problem = threshold_problem(cfg.rollout.val.pass_threshold, cfg.reward)
     if problem:
         issues.append(Issue("rollout.val.pass_threshold", problem))
     val = cfg.rollout.val
     if val.greedy and val.n > 1 and cfg.data.val_files:  # (no validation files: nothing is validated)
-        issues.append(Issue("rollout.val.n", f"({val.n}) greedy samples of one prompt are all the same response, so pass@k, "
-                            "best@k and maj@k equal pass@1 at n times the cost; set rollout.val.greedy=false to sample "
-                            "them, or rollout.val.n=1", level="warning"))
+        issues.append(Issue("rollout.val.n", f"({val.n}): {greedy_copies_note(val.n)}; set rollout.val.greedy=false to "
+                            "sample them, or rollout.val.n=1", level="warning"))
 
 
 def check_sampling(cfg: MegaRLConfig, arch: ArchSpec, issues: list[Issue]) -> None:

@@ -312,7 +312,7 @@ def test_several_greedy_responses_per_prompt_are_a_warning(caplog):
     from megarl.config.loading import load_config
 
     _warn_greedy_copies(load_config(CONFIG, ["rollout.n=4", "rollout.sampling.temperature=0"]))
-    assert "--n 4 greedy responses (temperature 0) of a prompt are all the same one, so pass@k" in caplog.text
+    assert "--n 4 (temperature 0): 4 greedy responses of one prompt are all the same one, so pass@k" in caplog.text
     caplog.clear()
     for fine in (["rollout.n=1", "rollout.sampling.temperature=0"], ["rollout.n=4"]):
         _warn_greedy_copies(load_config(CONFIG, fine))

@@ -483,7 +483,7 @@ def test_recompute_auto_is_the_least_that_fits_and_reaches_the_run():
 
 def test_several_greedy_validation_samples_are_a_warning():
     warned = " ".join(map(str, plan(TINY, "rollout.val.n=4").warnings))
-    assert "rollout.val.n: (4) greedy samples of one prompt are all the same response" in warned
+    assert "rollout.val.n: (4): 4 greedy responses of one prompt are all the same one, so pass@k" in warned
     assert plan(TINY, "rollout.val.n=4", "rollout.val.greedy=false").warnings == []
     assert plan(TINY, "rollout.val.n=1").warnings == []
     assert plan(TINY, "rollout.val.n=4", "data.val_files=[]").warnings == []
