@@ -11,8 +11,8 @@ crash mid-save leaves at worst a `.tmp_*` dir, which the next manager removes at
 the last good checkpoint is never touched before the new one is complete.
 
 A checkpoint is valid when its manifest is present, parses, names the same step as its
-directory, and every listed file exists with its recorded size (and checksum, when one was
-recorded). `resolve_resume("auto")` returns the latest valid checkpoint, logging a warning
+directory and a format this megarl reads, and every listed file exists with its recorded size
+(and checksum, when one was recorded): megarl/checkpoint/verification.py. `resolve_resume("auto")` returns the latest valid checkpoint, logging a warning
 for each newer one it skips and why. Retention keeps the newest `keep_last` valid
 checkpoints (the newest valid one is never removed) and removes only the files a checkpoint's
 manifest lists: anything else put inside one is kept as `step_NNNNNN.pruned`; directories that fail verification are
@@ -38,28 +38,36 @@ One trainer process manages one output_dir. Left out: what goes inside the compo
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import logging
 import os
-import re
 import shutil
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import megarl
+from megarl.checkpoint.verification import (
+    CHECKPOINTS_DIR,
+    MANIFEST,
+    MANIFEST_VERSION,
+    STEP_RE,
+    Checkpoint,
+    CheckpointError,
+    file_sha256,
+    is_valid,
+    read_manifest,
+    step_dir_name,
+    too_new,
+    verify_checkpoint,
+    why_invalid,
+)
 from megarl.kept_files import kept_name, kept_tag
 
 log = logging.getLogger(__name__)
 
-MANIFEST = "manifest.json"
-MANIFEST_VERSION = 1
-CHECKPOINTS_DIR = "checkpoints"
-_STEP_RE = re.compile(r"^step_(\d+)$")
 _TEMP_PREFIX = ".tmp_"
 _TRASH_PREFIX = ".trash_"
 # Names of step directories set aside (kept_files.kept_name: step_NNNNNN.<tag>, -1, -2, ... when taken):
@@ -69,40 +77,6 @@ PRUNED = "pruned"  # what a removed checkpoint directory held besides its own fi
 FREE_SPACE_MARGIN = 1.05  # a save needs its size plus this share, plus SPACE_SLACK_BYTES
 SPACE_SLACK_BYTES = 64 * 1024 * 1024
 DEFAULT_CHECKSUM_MAX_BYTES = 16 * 1024 * 1024  # sha256 for files up to this size
-
-
-class CheckpointError(ValueError):
-    """A checkpoint (or a resume setting) is invalid; the message says what and how to fix it."""
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """A verified checkpoint on disk."""
-
-    step: int
-    path: Path
-    manifest: dict[str, Any] = field(repr=False)
-
-    @property
-    def components(self) -> list[str]:
-        return list(self.manifest["components"])
-
-    def component(self, name: str) -> Path:
-        """Path of a component (subdirectory or file) saved in this checkpoint."""
-        if name not in self.manifest["components"]:
-            raise CheckpointError(
-                f"checkpoint {self.path} has no component '{name}'; it holds {self.components}"
-            )
-        return self.path / name
-
-
-def step_dir_name(step: int) -> str:
-    return f"step_{step:06d}"
-
-
-def is_step_dir_name(name: str) -> bool:
-    """Whether ``name`` is a checkpoint's directory name (step_NNNNNN), which retention may delete."""
-    return _STEP_RE.match(name) is not None
 
 
 class CheckpointManager:
@@ -200,10 +174,10 @@ class CheckpointManager:
             _fsync_dir(d)
         _fsync_dir(temp)
         old = None
-        if final.exists() and not _is_valid(final):
+        if final.exists() and not is_valid(final):
             kept = kept_name(final, UNVERIFIED)
             log.warning("checkpoint: %s fails verification (%s); kept as %s, not replaced",
-                        final, _why_invalid(final), kept.name)
+                        final, why_invalid(final), kept.name)
             os.rename(final, kept)
         elif final.exists():
             old = self.root / f"{_TRASH_PREFIX}{final.name}_{os.getpid()}"
@@ -228,7 +202,7 @@ class CheckpointManager:
         """Every step_* directory, oldest first (valid or not)."""
         found = []
         for p in self.root.iterdir():
-            m = _STEP_RE.match(p.name)
+            m = STEP_RE.match(p.name)
             if m and p.is_dir():
                 found.append((int(m.group(1)), p))
         return sorted(found)
@@ -304,7 +278,7 @@ class CheckpointManager:
             elif p.name.startswith(_TRASH_PREFIX) and p.is_dir():
                 name = p.name[len(_TRASH_PREFIX):].rsplit("_", 1)[0]
                 final = self.root / name
-                if not final.exists() and _is_valid(p):
+                if not final.exists() and is_valid(p):
                     # Crash between "move old aside" and "move new in": the old one is it.
                     log.warning("checkpoint: restoring %s from %s", final, p)
                     os.rename(p, final)
@@ -320,16 +294,16 @@ def scan_step_dirs(output_dir: str | Path) -> list[tuple[int, Path, str | None]]
         return []
     found = []
     for p in root.iterdir():
-        m = _STEP_RE.match(p.name)
+        m = STEP_RE.match(p.name)
         if m and p.is_dir():
-            found.append((int(m.group(1)), p, _why_invalid(p)))
+            found.append((int(m.group(1)), p, why_invalid(p)))
     return sorted(found)
 
 
 def manifest_bytes(path: Path) -> int | None:
     """The bytes a checkpoint's manifest lists (None when it does not read); nothing is hashed."""
     try:
-        return sum(int(e["size"]) for e in _read_manifest(path)["files"])
+        return sum(int(e["size"]) for e in read_manifest(path)["files"])
     except (ValueError, KeyError, TypeError):
         return None
 
@@ -373,7 +347,7 @@ def plan_resume(output_dir: str | Path, resume: str | Path, *, quiet: bool = Fal
         for _, path, why in reversed(dirs):
             if why is None:
                 return verify_checkpoint(path)
-            if _too_new(_read_manifest(path)):  # not broken: going back past it would train its steps again, in this megarl
+            if too_new(read_manifest(path)):  # not broken: going back past it would train its steps again, in this megarl
                 raise CheckpointError(f"trainer.resume=auto: {why}; this run's latest checkpoint is of it")
             if not quiet:
                 log.warning("checkpoint: skipping %s: %s", path, why)
@@ -416,110 +390,6 @@ def _none_valid_message(where: Path, dirs: list[tuple[int, Path, str | None]]) -
         "Nothing was changed. Repair or restore one of them (e.g. copy back the missing file), or start a new run "
         "with trainer.resume=disable and a new trainer.output_dir"
     )
-
-
-def verify_checkpoint(path: str | Path) -> Checkpoint:
-    """Check a checkpoint directory against its manifest; raises CheckpointError saying why not."""
-    path = Path(path)
-    manifest_path = path / MANIFEST
-    if not path.is_dir():
-        what = "does not exist" if not path.exists() else "is not a directory"
-        raise CheckpointError(f"{path} {what}; give a checkpoint directory (<output_dir>/checkpoints/step_NNNNNN)")
-    if not manifest_path.is_file():
-        raise CheckpointError(_missing_manifest(path))
-    try:
-        manifest = json.loads(manifest_path.read_text())
-        step, files = int(manifest["step"]), list(manifest["files"])
-        if not isinstance(manifest["components"], list):
-            raise TypeError("components is not a list")
-    except (ValueError, KeyError, TypeError) as exc:
-        raise CheckpointError(f"{manifest_path} is unreadable ({type(exc).__name__}: {exc})") from None
-    if _too_new(manifest):  # a layout this megarl does not know
-        written = manifest.get("manifest_version")
-        raise CheckpointError(f"{path} was written by megarl {manifest.get('megarl_version', '?')} in checkpoint format "
-                              f"{written}, which this megarl ({megarl.__version__}) cannot read (it reads format "
-                              f"{MANIFEST_VERSION}); use megarl {manifest.get('megarl_version', '?')} or newer")  # fmt: skip
-    m = _STEP_RE.match(path.name)
-    if m and int(m.group(1)) != step:
-        raise CheckpointError(f"{manifest_path} says step {step} but the directory is {path.name}")
-    for entry in files:
-        _verify_file(path, entry)
-    return Checkpoint(step=step, path=path, manifest=manifest)
-
-
-def _missing_manifest(path: Path) -> str:
-    """Why ``path`` without a manifest is no checkpoint: a torn save, or not a step directory at
-    all (a run's folder, one of a checkpoint's components, an sft.output_dir), naming the one to give."""
-    from megarl.checkpoint.model_checkpoint import sft_output_hint
-
-    if path.name in _components_of(path.parent):  # policy/ or critic/: saved whole, with the manifest one level up
-        return f"{path} is the {path.name} part of the checkpoint {path.parent}, not a checkpoint; give {path.parent}"
-    problem = run_folder_problem(path)
-    if problem:
-        return problem
-    hint = sft_output_hint(path)
-    return f"{path} is not a checkpoint; {hint}" if hint else f"{MANIFEST} is missing in {path} (the save did not finish)"
-
-
-def run_folder_problem(path: Path) -> str | None:
-    """When ``path`` is a run's output_dir or its checkpoints folder (given where a step directory
-    goes), why it is no checkpoint, naming the latest valid step directory to give; else None."""
-    root = path if path.name == CHECKPOINTS_DIR else path / CHECKPOINTS_DIR
-    try:
-        steps = sorted((int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_RE.match(p.name)) and p.is_dir())
-    except OSError:  # no checkpoints folder
-        return None
-    if not steps:
-        return None
-    what = "the checkpoints folder of a run" if root == path else "a run's output_dir"
-    latest = next((p for _, p in reversed(steps) if _is_valid(p)), None)
-    if latest is None:
-        return f"{path} is {what}, not a checkpoint, and none of its {len(steps)} step directories in {root} verifies; repair one, or give another checkpoint"
-    return f"{path} is {what}, not a checkpoint; give one of its step directories, e.g. the latest valid one: {latest}"
-
-
-def _components_of(path: Path) -> list[str]:
-    """The components (policy, critic, ...) the manifest in ``path`` lists; [] without a readable one."""
-    components = _read_manifest(path).get("components")
-    return components if isinstance(components, list) else []
-
-
-def _read_manifest(path: Path) -> dict[str, Any]:
-    """The manifest in ``path`` as read, unchecked; {} without a readable one."""
-    try:
-        manifest = json.loads((path / MANIFEST).read_text())
-    except (OSError, ValueError):
-        return {}
-    return manifest if isinstance(manifest, dict) else {}
-
-
-def _verify_file(root: Path, entry: dict[str, Any]) -> None:
-    f = root / entry["path"]
-    if not f.is_file():
-        raise CheckpointError(f"file {entry['path']} listed in the manifest is missing")
-    size = f.stat().st_size
-    if size != entry["size"]:
-        raise CheckpointError(f"file {entry['path']} has {size} bytes, the manifest says {entry['size']} (truncated?)")
-    if "sha256" in entry and file_sha256(f) != entry["sha256"]:
-        raise CheckpointError(f"file {entry['path']} does not match its sha256 in the manifest (corrupted)")
-
-
-def _is_valid(path: Path) -> bool:
-    return _why_invalid(path) is None
-
-
-def _too_new(manifest: dict[str, Any]) -> bool:
-    """Whether ``manifest`` names a checkpoint format newer than this megarl's (none: format 1)."""
-    written = manifest.get("manifest_version", MANIFEST_VERSION)
-    return not isinstance(written, int) or written > MANIFEST_VERSION
-
-
-def _why_invalid(path: Path) -> str | None:
-    try:
-        verify_checkpoint(path)
-        return None
-    except CheckpointError as exc:
-        return str(exc)
 
 
 def _discard(path: Path, name: str) -> None:
@@ -574,12 +444,6 @@ def _list_files(root: Path) -> list[str]:
         for n in names:
             out.append(os.path.relpath(os.path.join(dirpath, n), root))
     return sorted(out)
-
-
-def file_sha256(path: Path) -> str:
-    """The sha256 of a file's bytes, read in chunks (a file can be larger than memory)."""
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _fsync_file(path: Path) -> None:

@@ -170,8 +170,8 @@ def convert_checkpoint(checkpoint: str | Path, out: str | Path, config: str | Pa
                        report: Any = None, verify: bool = True) -> Path:  # fmt: skip
     """Write the policy of ``checkpoint`` (a step_NNNNNN directory) as an HF directory ``out``."""
     from megarl.actors.ray_groups.placement import MissingCapacity, role_placements
-    from megarl.checkpoint.manager import verify_checkpoint
     from megarl.checkpoint.run_record import model_config_change, other_dtype_note, run_config
+    from megarl.checkpoint.verification import verify_checkpoint
     from megarl.config.planner import make_plan
 
     ckpt = verify_checkpoint(checkpoint)  # a torn checkpoint is refused here, naming what is wrong

@@ -102,7 +102,7 @@ def _run(args: argparse.Namespace) -> int:
 def generate(config: str | Path, overrides: list[str], data: str | Path, out: str | Path, *, model: str | None = None,
              batch_size: int = 64, overwrite: bool = False) -> Path:  # fmt: skip
     """Generate for every prompt of ``data`` into ``out`` (see the module docstring)."""
-    from megarl.checkpoint.manager import CHECKPOINTS_DIR
+    from megarl.checkpoint.verification import CHECKPOINTS_DIR
     from megarl.config.loading import load_config
     from megarl.data.datasets import read_prompt_file
     from megarl.models.hf_files import tokenizer_files_problem
@@ -166,8 +166,8 @@ def _check_target(target: Path, data: Path, overwrite: bool, batch_size: int, ch
 def _model_export(source: Path) -> Any:
     """How ``source`` becomes an HF directory: None (it is one), or the `megarl convert` function
     that exports it (a model checkpoint, a training checkpoint)."""
-    from megarl.checkpoint.manager import run_folder_problem
     from megarl.checkpoint.model_checkpoint import is_model_checkpoint, sft_output_hint
+    from megarl.checkpoint.verification import run_folder_problem
     from megarl.commands.convert import convert_checkpoint, export_model_checkpoint
     from megarl.models.hf_files import tokenizer_files_problem
     from megarl.models.weight_files import HF_WEIGHT_SUFFIXES, has_hf_weights
@@ -225,8 +225,8 @@ def _run_model(source: Path, export: Any, cfg: Any) -> str:
     `megarl convert` finds it (the config saved in the checkpoint, relative paths against the
     run's launch directory), so that the export and these checks read the same model from any
     directory; else the config's model.path."""
-    from megarl.checkpoint.manager import verify_checkpoint
     from megarl.checkpoint.run_record import model_config_change, run_config
+    from megarl.checkpoint.verification import verify_checkpoint
     from megarl.commands.convert import convert_checkpoint
 
     if export is convert_checkpoint:

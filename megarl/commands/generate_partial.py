@@ -50,7 +50,7 @@ def job_record(cfg: Any, data: Path, model: str, batch_size: int) -> dict[str, A
 
 
 def _sha256(path: Path) -> str | None:
-    from megarl.checkpoint.manager import file_sha256
+    from megarl.checkpoint.verification import file_sha256
 
     return file_sha256(path) if path.is_file() else None
 
@@ -60,8 +60,8 @@ def model_fingerprint(source: Path) -> dict[str, Any] | None:
     manifest (which lists every file's sha256); an HF directory or a model checkpoint by its
     weight files (names, sizes, hashes of their ends) and the HF files beside them (config,
     tokenizer, chat template). None when there is no such directory (refused later)."""
-    from megarl.checkpoint.manager import MANIFEST
     from megarl.checkpoint.model_checkpoint import is_model_checkpoint
+    from megarl.checkpoint.verification import MANIFEST
     from megarl.models.hf_files import HF_SIDE_FILES
     from megarl.models.weight_files import weights_fingerprint
 

@@ -81,7 +81,7 @@ def check_outside_checkpoints(path: Path, *, flag: str = "--out", runs: Iterable
 
 
 def _holds_checkpoints(folder: Path) -> bool:
-    from megarl.checkpoint.manager import CHECKPOINTS_DIR, is_step_dir_name
+    from megarl.checkpoint.verification import CHECKPOINTS_DIR, is_step_dir_name
 
     if folder.name != CHECKPOINTS_DIR:
         return False

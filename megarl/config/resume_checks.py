@@ -24,7 +24,8 @@ def finished_run(cfg: MegaRLConfig) -> str | None:
     trainer.total_steps, or the steps trainer.total_epochs makes of the training files' rows. The
     footers count the rows before overlong prompts are dropped at load, so that count is an upper
     bound: a run that dropped prompts is found finished only once its data is read (Trainer.fit)."""
-    from megarl.checkpoint.manager import CheckpointError, plan_resume
+    from megarl.checkpoint.manager import plan_resume
+    from megarl.checkpoint.verification import CheckpointError
     from megarl.data.sampler import epoch_steps
 
     t = cfg.trainer
@@ -57,7 +58,8 @@ def finished_note(output_dir: str | Path, checkpoint: str, step: int, total_step
 
 
 def check_resume(cfg: MegaRLConfig, findings: list[Finding]) -> None:
-    from megarl.checkpoint.manager import CheckpointError, plan_resume
+    from megarl.checkpoint.manager import plan_resume
+    from megarl.checkpoint.verification import CheckpointError
 
     try:
         ckpt = plan_resume(cfg.trainer.output_dir, cfg.trainer.resume, quiet=True)

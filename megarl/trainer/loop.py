@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from megarl.checkpoint.manager import CheckpointManager, starts_new_history, step_dir_name
+from megarl.checkpoint.manager import CheckpointManager, starts_new_history
 from megarl.checkpoint.run_record import RUN_CONFIG, record_model_config, run_metadata
 from megarl.checkpoint.trainer_state import TrainerState, capture_rng, restore_rng
+from megarl.checkpoint.verification import step_dir_name
 from megarl.config.loading import config_to_yaml
 from megarl.config.sections import MegaRLConfig
 from megarl.data.prompt_batch import PromptBatch

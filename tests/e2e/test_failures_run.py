@@ -30,8 +30,8 @@ import pytest
 import yaml
 from run_helpers import steps_logged
 
-from megarl.checkpoint.manager import verify_checkpoint
 from megarl.checkpoint.run_record import MODEL_CONFIG
+from megarl.checkpoint.verification import verify_checkpoint
 from megarl.commands.demo import prepare_demo
 
 pytestmark = pytest.mark.slow

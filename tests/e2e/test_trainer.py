@@ -54,7 +54,7 @@ def test_convert_checkpoint_to_hf(grpo_run, demo_root, tmp_path):
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from megarl.checkpoint.manager import CheckpointError
+    from megarl.checkpoint.verification import CheckpointError
     from megarl.commands.convert import convert_checkpoint
     from megarl.commands.outputs import OutputError
 

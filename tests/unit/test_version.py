@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 import megarl
-from megarl.checkpoint.manager import MANIFEST, CheckpointManager, step_dir_name
+from megarl.checkpoint.manager import CheckpointManager
 from megarl.checkpoint.model_checkpoint import RECORD, write_record
+from megarl.checkpoint.verification import MANIFEST, step_dir_name
 from megarl.cli import build_parser
 from megarl.commands.convert import _write_manifest
 from megarl.commands.model_outputs import EXPORT_MANIFEST

@@ -8,11 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from megarl.checkpoint.manager import (
+from megarl.checkpoint.manager import CheckpointManager, plan_resume
+from megarl.checkpoint.verification import (
     MANIFEST,
     CheckpointError,
-    CheckpointManager,
-    plan_resume,
     step_dir_name,
     verify_checkpoint,
 )

@@ -238,7 +238,7 @@ def test_a_model_source_gone_by_the_write_is_said_not_skipped(tmp_path):
 
 def test_an_sft_output_dir_given_as_the_model_names_the_model_checkpoint_in_it(demo, tmp_path):
     """README's flow passes <sft.output_dir>/model; the folder itself is named as what it is."""
-    from megarl.checkpoint.manager import CheckpointError, verify_checkpoint
+    from megarl.checkpoint.verification import CheckpointError, verify_checkpoint
     from megarl.commands.generate import GenerateError, generate
     from megarl.config.loading import load_config
     from megarl.config.preflight import preflight
