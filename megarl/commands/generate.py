@@ -195,27 +195,20 @@ def _model_export(source: Path) -> Any:
 
 
 def _hf_tensors_problem(source: Path) -> str | None:
-    """What `megarl launch` checks of an HF model.path, for a config megarl's bridge takes: its
-    safetensors hold the tensors the config implies (their headers read). transformers fills a missing tensor with random values
-    and the engine generates on (its load report says so among the logs); a cut file is a
-    traceback. An architecture without a megarl bridge, or .bin weights, are left
-    to the engine."""
-    from transformers import AutoConfig
-
-    from megarl.models.bridge import get_bridge
+    """What `megarl launch` checks of an HF model.path's safetensors, for a config megarl's bridge
+    takes: transformers fills a missing tensor with random values and the engine generates on
+    (its load report says so among the logs); a cut file is a traceback. A config the bridge
+    refuses (a quantized model, biases megarl does not train), an architecture without a bridge
+    and .bin weights are left to the engine, which may load them."""
+    from megarl.models.bridge import ModelRefused, check_hf_model
 
     if not any(source.glob("*.safetensors")):
         return None
     try:
-        hf = AutoConfig.from_pretrained(source)
-        bridge = get_bridge(hf)
-        bridge.check_hf_config(hf)  # (a quantized model, biases megarl does not train: the engine may load them)
-    except Exception:  # noqa: BLE001 - a config the engine may still load: its start says what is wrong
-        return None
-    try:
-        bridge.check_hf_checkpoint(hf, str(source))
-    except Exception as exc:  # noqa: BLE001 - a cut file, a missing tensor (ValueError), ...
-        return f"does not hold the weights its config.json implies ({type(exc).__name__}: {' '.join(str(exc).split())})"
+        check_hf_model(str(source))
+    except ModelRefused as exc:
+        if exc.part == "weights":
+            return f"does not hold the weights its config.json implies ({exc})"
     return None
 
 

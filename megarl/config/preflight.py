@@ -364,23 +364,18 @@ def _check_bridge(cfg: MegaRLConfig) -> list[Finding]:
     models = [("model.path", cfg.model.path, [cfg.actor.parallel, *shared])]
     if own_critic is not None:
         models.append(("critic.path", own_critic, [cfg.critic.parallel]))
+    try:
+        require_megatron_core()  # the installed version only: nothing of Megatron is imported
+    except ImportError as exc:  # a missing or unusable megatron-core: no model can be trained
+        return [Finding("model.path", f"({cfg.model.path}) is not a model megarl can train: ImportError: {exc}")]
+    from megarl.models.bridge import ModelRefused, check_hf_model
+
     for field, path, layouts in models:
         try:
-            require_megatron_core()  # the installed version only: nothing of Megatron is imported
-            from transformers import AutoConfig
-
-            from megarl.models.bridge import get_bridge
-
-            hf = AutoConfig.from_pretrained(path)
-            bridge = get_bridge(hf)
-            bridge.check_hf_config(hf)
-            for layout in layouts:
-                bridge.check_parallel(hf, layout)
-            if not is_model_checkpoint(path):
-                bridge.check_hf_checkpoint(hf, path, value_head=field == "critic.path")  # its lm_head is unused
-        except Exception as exc:  # noqa: BLE001 - any refusal (ValueError, OSError, ...) is this field's finding
-            reason = " ".join(str(exc).split())  # one line, whatever transformers or safetensors wrote
-            return [Finding(field, f"({path}) is not a model megarl can train: {type(exc).__name__}: {reason}")]
+            # a model checkpoint's weights are checked by _check_model_dir; a critic's lm_head is unused
+            check_hf_model(path, tuple(layouts), value_head=field == "critic.path", weights=not is_model_checkpoint(path))
+        except ModelRefused as exc:
+            return [Finding(field, f"({path}) is not a model megarl can train: {exc}")]
     return []
 
 

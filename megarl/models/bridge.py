@@ -60,6 +60,39 @@ def get_bridge(model_type_or_hf_config: str | Any) -> ModelBridge:
     return _REGISTRY[model_type]()
 
 
+class ModelRefused(ValueError):
+    """An HF model megarl's bridge does not take; ``part`` says which part: "config" (its
+    config.json, or a parallel layout for it) or "weights" (its safetensors' tensors)."""
+
+    def __init__(self, part: str, exc: BaseException):
+        self.part = part
+        # one line, whatever transformers or safetensors wrote
+        super().__init__(f"{type(exc).__name__}: {' '.join(str(exc).split())}")
+
+
+def check_hf_model(path: str, layouts: tuple[Any, ...] = (), *, value_head: bool = False, weights: bool = True) -> None:
+    """Raise :class:`ModelRefused` unless the bridge of the HF model at ``path`` takes its
+    config.json (values, and each ParallelConfig in ``layouts``) and, with ``weights``, its
+    safetensors hold exactly the tensors that config implies (headers only: transformers would
+    fill a missing tensor with random values, megarl's load refuses it at start-up).
+    ``value_head``: a critic's checkpoint, whose lm_head is unused."""
+    from transformers import AutoConfig
+
+    try:
+        hf = AutoConfig.from_pretrained(path)
+        bridge = get_bridge(hf)
+        bridge.check_hf_config(hf)
+        for layout in layouts:
+            bridge.check_parallel(hf, layout)
+    except Exception as exc:  # noqa: BLE001 - any refusal (ValueError, OSError, ...) is the config's
+        raise ModelRefused("config", exc) from exc
+    if weights:
+        try:
+            bridge.check_hf_checkpoint(hf, str(path), value_head=value_head)
+        except Exception as exc:  # noqa: BLE001 - a cut file, a missing tensor (ValueError), ...
+            raise ModelRefused("weights", exc) from exc
+
+
 def _import_builtin_bridges() -> None:
     import megarl.models.dense  # noqa: F401  (registers llama, qwen2, qwen3)
 

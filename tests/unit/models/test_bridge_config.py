@@ -138,3 +138,29 @@ def test_an_unresolved_recompute_auto_is_refused():
     cfg = _qwen2()
     with pytest.raises(ValueError, match="recompute=auto is resolved by the plan"):
         get_bridge(cfg).transformer_config(cfg, ParallelConfig(), torch.float32, "auto")
+
+
+def test_check_hf_model_says_which_part_is_refused(tiny_dirs, tmp_path):
+    """One check for launch's preflight and generate: a config refusal and a weights refusal
+    are told apart (generate leaves the first to the engine), each as one line."""
+    import json
+    import shutil
+
+    from megarl.models.bridge import ModelRefused, check_hf_model
+
+    src = tiny_dirs["qwen2"]
+    check_hf_model(str(src), (ParallelConfig(tp=2),))  # the original passes, in a layout it divides
+    with pytest.raises(ModelRefused, match=r"^ValueError: .*tp \(8\) must divide") as refused:
+        check_hf_model(str(src), (ParallelConfig(tp=8),))
+    assert refused.value.part == "config"
+    other = shutil.copytree(src, tmp_path / "other")
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps(config | {"model_type": "gpt2"}))
+    with pytest.raises(ModelRefused, match=r"model_type 'gpt2' has no megarl bridge") as refused:
+        check_hf_model(str(other))
+    assert refused.value.part == "config"
+    missing = _rewrite(src, tmp_path / "missing", drop={"model.norm.weight"})
+    with pytest.raises(ModelRefused, match=r"^ValueError: HF checkpoint .* expected tensors missing: \['model.norm.weight'\]$") as refused:  # fmt: skip
+        check_hf_model(str(missing))
+    assert refused.value.part == "weights"
+    check_hf_model(str(missing), weights=False)  # a model checkpoint's weights are checked elsewhere
