@@ -108,9 +108,31 @@ def config_differences(recorded: dict[str, Any], current: dict[str, Any]) -> lis
     """``field: recorded A, now B`` for every model field that differs between two HF configs
     (a nested one, e.g. rope_scaling.factor, by its dotted key)."""
     show = lambda v: "absent" if v is ABSENT else json.dumps(v)  # noqa: E731
-    differ = differences(_dtype_key(recorded), _dtype_key(current))
+    differ = differences(_as_transformers_reads(recorded), _as_transformers_reads(current))
     return [f"{key}: recorded {show(a)}, now {show(b)}" for key, (a, b) in sorted(differ.items())
             if key.split(".")[0] not in _CONFIG_NOISE]  # fmt: skip
+
+
+def _as_transformers_reads(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` as the installed transformers reads it (its config class's to_dict): a
+    config.json re-saved by another transformers version is the same model (version 5 moves
+    rope_theta into rope_parameters and writes layer_types; a field left at its default may be
+    written or not). A model_type transformers does not know, or values its class refuses:
+    the file's own fields."""
+    from transformers import CONFIG_MAPPING
+    from transformers.utils import logging as hf_logging
+
+    model_type = config.get("model_type")
+    if model_type not in CONFIG_MAPPING:
+        return _dtype_key(config)
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # its notes on legacy fields are not the user's concern here
+    try:
+        return _dtype_key(CONFIG_MAPPING[model_type].from_dict(dict(config)).to_dict())
+    except Exception:  # noqa: BLE001 - a config its class refuses is compared as written
+        return _dtype_key(config)
+    finally:
+        hf_logging.set_verbosity(verbosity)
 
 
 def _dtype_key(config: dict[str, Any]) -> dict[str, Any]:

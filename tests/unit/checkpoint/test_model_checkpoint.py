@@ -258,3 +258,19 @@ def test_an_sft_output_dir_given_as_the_model_names_the_model_checkpoint_in_it(d
     (tmp_path / "other").mkdir()
     with pytest.raises(CheckpointError, match="manifest.json is missing"):  # any other folder: as before
         verify_checkpoint(tmp_path / "other")
+
+
+def test_config_differences_read_configs_as_transformers_does():
+    """A config.json re-saved by another transformers version (rope_theta moved into
+    rope_parameters, layer_types and defaults written) is the same model; an edit is still named."""
+    from transformers import Qwen2Config
+
+    old_style = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
+                 "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 300,
+                 "rope_theta": 1000000.0, "rope_scaling": None, "torch_dtype": "bfloat16", "transformers_version": "4.51.0"}  # fmt: skip
+    resaved = Qwen2Config.from_dict(dict(old_style)).to_dict()
+    assert "rope_theta" not in resaved and "layer_types" in resaved  # the installed version writes it otherwise
+    assert config_differences(old_style, resaved) == []
+    assert config_differences(old_style, dict(old_style, rope_theta=500000.0)) == [
+        "rope_parameters.rope_theta: recorded 1000000.0, now 500000.0"
+    ]
