@@ -69,32 +69,15 @@ def _run(args: argparse.Namespace) -> int:
 def run_sft(cfg: Any, address: str | None = None, *, in_process: bool = False) -> Path:
     """Fine-tune, then write and verify ``<sft.output_dir>/model``; returns its path.
     ``in_process``: the worker lives in this process, without Ray (a world of one)."""
-    from megarl.commands.launch import DRIVER_LOG, check_one_machine, driver_log
-    from megarl.config.planner import make_plan, resolved_config, sft_max_length
+    from megarl.commands.launch import DRIVER_LOG, driver_log
+    from megarl.commands.model_outputs import read_hf_config
+    from megarl.config.planner import sft_max_length
     from megarl.trainer.run_lock import output_dir_lock
 
-    s = cfg.sft
-    if not s.train_files:
-        raise SFTError("sft.train_files is empty; give parquet files with prompt + response columns or chat messages")
-    plan = make_plan(cfg, sft=True, in_process=in_process)
-    cfg = resolved_config(cfg, plan.resolved)  # recompute: auto is none here (no memory plan)
-    dp = plan.roles["policy"].dp
-    if s.batch_size % dp:
-        raise SFTError(f"sft.batch_size ({s.batch_size}) must be a multiple of the data-parallel size ({dp}); "
-                       f"try {max(dp, s.batch_size // dp * dp)}")  # fmt: skip
-    if not in_process:  # a world of one: checked by the plan
-        check_one_machine(cfg, address)
+    cfg, plan = _checked(cfg, address, in_process)
+    s, dp = cfg.sft, plan.roles["policy"].dp
     out = Path(s.output_dir).absolute()
     target = out / MODEL_DIR
-    _check_target(target, cfg)
-    from megarl.commands.model_outputs import read_hf_config
-    from megarl.config.preflight import check_loggers
-
-    problems: list[Any] = []
-    check_loggers(cfg, problems)
-    if problems:
-        raise SFTError(f"{problems[0].field}: {problems[0].message}")
-
     # Read now: the model record written after training needs it, and a config.json gone by then
     # must not cost the trained weights.
     hf_config = read_hf_config(Path(cfg.model.path).absolute(), "model.path")
@@ -128,6 +111,32 @@ def run_sft(cfg: Any, address: str | None = None, *, in_process: bool = False) -
                          f"{target} (verified); SFT does not resume: start RL from them, or fine-tune them further "
                          f"with model.path={target} and another sft.output_dir", control.exit_code)  # fmt: skip
     return target
+
+
+def _checked(cfg: Any, address: str | None, in_process: bool) -> tuple[Any, Any]:
+    """``cfg`` resolved by its plan, and the plan, once what needs no data is checked: the
+    batch against the data-parallel size, the machine, the output folder, the loggers."""
+    from megarl.commands.launch import check_one_machine
+    from megarl.config.planner import make_plan, resolved_config
+    from megarl.config.preflight import check_loggers
+
+    s = cfg.sft
+    if not s.train_files:
+        raise SFTError("sft.train_files is empty; give parquet files with prompt + response columns or chat messages")
+    plan = make_plan(cfg, sft=True, in_process=in_process)
+    cfg = resolved_config(cfg, plan.resolved)  # recompute: auto is none here (no memory plan)
+    dp = plan.roles["policy"].dp
+    if s.batch_size % dp:
+        raise SFTError(f"sft.batch_size ({s.batch_size}) must be a multiple of the data-parallel size ({dp}); "
+                       f"try {max(dp, s.batch_size // dp * dp)}")  # fmt: skip
+    if not in_process:  # a world of one: checked by the plan
+        check_one_machine(cfg, address)
+    _check_target(Path(s.output_dir).absolute() / MODEL_DIR, cfg)
+    problems: list[Any] = []
+    check_loggers(cfg, problems)
+    if problems:
+        raise SFTError(f"{problems[0].field}: {problems[0].message}")
+    return cfg, plan
 
 
 def _check_target(target: Path, cfg: Any) -> None:
