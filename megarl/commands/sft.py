@@ -145,6 +145,9 @@ def _check_target(target: Path, cfg: Any) -> None:
     from megarl.commands.model_outputs import check_output_target
     from megarl.commands.outputs import OutputError, same_file
 
+    if target.parent.exists() and not target.parent.is_dir():  # else "move the old model away"
+        raise SFTError(f"sft.output_dir ({cfg.sft.output_dir}) is a file; give a folder (megarl sft writes "
+                       f"{MODEL_DIR}/ and logs/ in it)")  # fmt: skip
     rl = scan_step_dirs(target.parent)
     if rl:  # its metrics.jsonl would be moved aside and an RL resume there would meet an SFT model
         raise SFTError(f"sft.output_dir ({cfg.sft.output_dir}) holds an RL run ({rl[-1][1].name} in its checkpoints/); "

@@ -24,3 +24,14 @@ def test_an_output_dir_whose_model_folder_is_model_path_is_named_so(tmp_path):
                                        rf"sft.output_dir than {model.parent}$"):  # fmt: skip
         run_sft(cfg, in_process=True)
     assert sorted(p.name for p in model.iterdir()) == before
+
+
+def test_an_output_dir_that_is_a_file_is_named_so(tmp_path):
+    model, _ = prepare_demo(tmp_path / "demo")
+    afile = tmp_path / "notes.txt"
+    afile.write_text("mine")
+    cfg = load_config(CONFIG, [f"model.path={model}", f"sft.output_dir={afile}", "cluster.gpus_per_node=1"])
+    with pytest.raises(SFTError, match=rf"^sft.output_dir \({afile}\) is a file; give a folder \(megarl sft writes model/ "
+                                       r"and logs/ in it\)$"):  # fmt: skip
+        run_sft(cfg, in_process=True)
+    assert afile.read_text() == "mine"
