@@ -1,7 +1,8 @@
 """Competition-math answer checking: the last \\boxed{...} of a response, compared by value.
 
-Extraction takes the last ``\\boxed{...}`` or ``\\fbox{...}`` (nested braces matched) or the
-brace-less form ``\\boxed 5``; a response without one scores 0. Equivalence goes through
+Extraction takes the last ``\\boxed{...}`` (nested braces matched) or the brace-less form
+``\\boxed 5``, and only without any \\boxed the last ``\\fbox{...}`` (verl's order); a response
+without one scores 0. Equivalence goes through
 math-verify (sympy): fractions, decimals, LaTeX forms, percentages written in the ground
 truth, intervals, sets and equations ("x=3" vs "3") compare by value.
 
@@ -44,11 +45,12 @@ def _braced(text: str, start: int) -> str | None:
 
 
 def last_boxed(text: str) -> str | None:
-    """The contents of the last \\boxed{...} / \\fbox{...} / \\boxed x in ``text``, or None."""
-    start = max(text.rfind(cmd) for cmd in BOX_COMMANDS)
-    if start < 0:
+    """The contents of the last \\boxed{...} / \\boxed x in ``text``, else of its last
+    \\fbox{...} (as verl reads a response: a \\boxed anywhere wins), or None."""
+    cmd = next((c for c in BOX_COMMANDS if c in text), None)
+    if cmd is None:
         return None
-    cmd = next(c for c in BOX_COMMANDS if text.startswith(c, start))
+    start = text.rfind(cmd)
     rest = start + len(cmd)
     if rest < len(text) and text[rest] == "{":
         return _braced(text, rest)

@@ -16,6 +16,8 @@ from megarl.rewards.math import compute_score as math_score
         ("first \\boxed{1} then \\boxed{2}", "2"),  # the last box wins
         ("$\\boxed 7$", "7"),
         ("\\fbox{x+1}", "x+1"),
+        ("\\boxed{5} checked: \\fbox{6}", "5"),  # any \\boxed wins over a later \\fbox, as in verl
+        ("\\fbox{1} then \\fbox{2}", "2"),
         ("no box at all: 5", None),
         ("unclosed \\boxed{3", None),
     ],
