@@ -216,6 +216,15 @@ def _refuse_existing(paths: list[Path], overwrite: bool, fix: str) -> None:
         check_folder(path, flag="")  # made when written (write_prompt_file)
 
 
+def _check_output(args: argparse.Namespace) -> None:
+    """A converter's OUT.parquet, checked before its input is read (a big JSONL takes a while)."""
+    from megarl.data.datasets import DataError
+
+    if Path(args.output).suffix != ".parquet":
+        raise DataError(f"{args.output}: the output must be a .parquet file; give OUT.parquet")
+    _refuse_existing([Path(args.output)], args.overwrite, "give another OUT.parquet")
+
+
 def _report(rows: list, args: argparse.Namespace) -> int:
     from megarl.data.convert import write_rows
 
@@ -227,21 +236,21 @@ def _report(rows: list, args: argparse.Namespace) -> int:
 def _run_gsm8k(args: argparse.Namespace) -> int:
     from megarl.data.convert import gsm8k_rows
 
-    _refuse_existing([Path(args.output)], args.overwrite, "give another OUT.parquet")
+    _check_output(args)
     return _report(gsm8k_rows(args.input, split=args.split, tools=args.tools), args)
 
 
 def _run_math(args: argparse.Namespace) -> int:
     from megarl.data.convert import math_rows
 
-    _refuse_existing([Path(args.output)], args.overwrite, "give another OUT.parquet")
+    _check_output(args)
     return _report(math_rows(args.input, split=args.split), args)
 
 
 def _run_convert(args: argparse.Namespace) -> int:
     from megarl.data.convert import generic_rows
 
-    _refuse_existing([Path(args.output)], args.overwrite, "give another OUT.parquet")
+    _check_output(args)
     rows = generic_rows(
         args.input,
         prompt_field=args.prompt_field,

@@ -366,6 +366,4 @@ def _first_difference(given: Any, read: Any, path: str) -> tuple[str, Any, Any] 
 def write_rows(rows: list[dict[str, Any]], out: str | Path, source: str | Path) -> Path:
     if not rows:
         raise DataError(f"{source}: no records found (empty file?)")
-    if Path(out).suffix != ".parquet":
-        raise DataError(f"{out}: the output must be a .parquet file")
     return write_prompt_file(rows, out)

@@ -77,3 +77,16 @@ def test_an_output_folder_that_is_a_file_is_named_before_the_input_is_read(tmp_p
     assert main(_convert_argv(tmp_path, out)) == EXIT_USER
     assert capsys.readouterr().err == f"error: {out}: {tmp_path / 'notes'} is not a folder; give another path\n"
     assert (tmp_path / "notes").read_text() == "the user's"
+
+
+@pytest.mark.parametrize("argv", [
+    lambda tmp, out: ["data", "gsm8k", str(tmp / "missing.jsonl"), str(out)],
+    lambda tmp, out: ["data", "math", str(tmp / "missing.jsonl"), str(out)],
+    lambda tmp, out: ["data", "convert", str(tmp / "missing.csv"), str(out), "--prompt-field", "q",
+                      "--answer-field", "a", "--data-source", "qa"],
+])  # fmt: skip
+def test_an_output_that_is_no_parquet_file_is_named_before_the_input_is_read(tmp_path, capsys, argv):
+    out = tmp_path / "train.jsonl"  # the input is missing: a refusal of it would come first if it were read
+    assert main(argv(tmp_path, out)) == EXIT_USER
+    assert capsys.readouterr().err == f"error: {out}: the output must be a .parquet file; give OUT.parquet\n"
+    assert not out.exists()
