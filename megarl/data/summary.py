@@ -109,7 +109,8 @@ def shortened(value: Any, limit: int = EXAMPLE_CHARS) -> Any:
 
 def format_summary(s: DatasetSummary) -> str:
     """A human-readable report."""
-    lines = [f"{s.path}: {s.rows} rows", "columns:"]
+    no_rows = "  (megarl launch refuses a file with no rows)" if s.rows == 0 else ""
+    lines = [f"{s.path}: {s.rows} rows{no_rows}", "columns:"]
     lines += [f"  {name}: {kind}" for name, kind in s.columns.items()]
     lines.append("data_source:")
     lines += [f"  {name}: {count}" for name, count in s.data_sources.items()]

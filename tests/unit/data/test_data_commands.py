@@ -120,3 +120,15 @@ def test_inspect_cuts_the_long_texts_of_the_first_row(tmp_path, capsys):
     assert "x" * 200 + "... [4800 more characters]" in line and "x" * 201 not in line
     assert line.endswith("ground_truth='42'") and len(line) < 400
     assert "max=5000" in out  # the lengths are the whole prompt's
+
+
+def test_inspect_of_a_file_with_no_rows_says_training_refuses_it(tmp_path, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "empty.parquet"
+    truth = pa.struct([("ground_truth", pa.string())])
+    columns = {"data_source": pa.array([], pa.string()), "prompt": pa.array([], pa.string()), "reward_model": pa.array([], truth)}
+    pq.write_table(pa.table(columns), path)
+    assert _run("data", "inspect", str(path)) == 0
+    assert capsys.readouterr().out.splitlines()[0] == f"{path}: 0 rows  (megarl launch refuses a file with no rows)"
