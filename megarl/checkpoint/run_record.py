@@ -2,7 +2,8 @@
 with (``config.yaml`` in the step directory: ``<output_dir>/config.yaml`` is the latest launch's
 and may have changed since), model.path's config.json as it was (``model_config.json``: `megarl
 convert` writes model.path's config.json beside the trained weights, and refuses one that changed
-since) and the directory the run was launched from (``launch_dir`` in the manifest's metadata),
+since), the run's metrics.jsonl up to the step (``metrics.jsonl``: the records of the history
+that led to it) and the directory the run was launched from (``launch_dir`` in the manifest's metadata),
 against which the config's relative paths resolve wherever the checkpoint is read later (`megarl
 convert`, the resume check before a launch)."""
 
@@ -16,6 +17,7 @@ from typing import Any
 
 RUN_CONFIG = "config.yaml"
 MODEL_CONFIG = "model_config.json"
+METRICS_HISTORY = "metrics.jsonl"  # <output_dir>/metrics.jsonl as it was at the save
 LAUNCH_DIR = "launch_dir"
 
 
@@ -98,6 +100,15 @@ def record_model_config(folder: Path, model_path: str | None) -> None:
     source = Path(model_path) / "config.json" if model_path else None
     if source is not None and source.is_file():
         shutil.copyfile(source, folder / MODEL_CONFIG)
+
+
+def record_metrics(folder: Path, output_dir: str | Path) -> None:
+    """Copy the run's metrics.jsonl (when it logs one) into the checkpoint ``folder``: the records
+    of the history that led to this step, which a resume from it takes back where the file has
+    gone on with another history (megarl/trainer/metric_sinks.py)."""
+    source = Path(output_dir) / METRICS_HISTORY
+    if source.is_file():
+        shutil.copyfile(source, folder / METRICS_HISTORY)
 
 
 def model_config_change(ckpt: Any, model_path: str) -> str | None:

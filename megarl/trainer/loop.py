@@ -15,7 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from megarl.checkpoint.manager import CheckpointManager, starts_new_history
-from megarl.checkpoint.run_record import RUN_CONFIG, record_model_config, run_metadata
+from megarl.checkpoint.run_record import (
+    METRICS_HISTORY,
+    RUN_CONFIG,
+    record_metrics,
+    record_model_config,
+    run_metadata,
+)
 from megarl.checkpoint.trainer_state import TrainerState, capture_rng, restore_rng
 from megarl.checkpoint.verification import step_dir_name
 from megarl.config.loading import config_to_yaml
@@ -78,6 +84,7 @@ class Trainer:
         self.checkpoints = CheckpointManager(self.out, cfg.trainer.keep_last)
         self.step = 0
         self._logger_factory = logger_factory
+        self._history: Path | None = None  # the resumed checkpoint's metrics.jsonl
         self.logger: MetricsLogger | None = None
 
     # ---- one RL step -----------------------------------------------------------------------
@@ -137,7 +144,7 @@ class Trainer:
                 epochs = t.total_epochs if t.total_steps is None else None
                 log.info("%s", finished_note(self.out, step_dir_name(start), start, self.parts.total_steps, epochs=epochs))
                 return {}
-            self.logger = self._logger_factory(start)
+            self.logger = self._logger_factory(start, history=self._history)
             self.step = self._start = start
             timeout = self.cfg.trainer.hang_timeout_s
             groups = {role: m.group for role, m in self.parts.models.items() if hasattr(m.group, "dump_stacks")}
@@ -253,6 +260,7 @@ class Trainer:
             # config.yaml is the latest launch's and may have changed since).
             (folder / RUN_CONFIG).write_text(config_to_yaml(self.cfg))
             record_model_config(folder, self.cfg.model.path)
+            record_metrics(folder, self.out)  # the step's record is logged before the save
             TrainerState(
                 step=step,
                 sampler=self.parts.data.state_dict(),
@@ -279,6 +287,8 @@ class Trainer:
         ckpt = self.checkpoints.resolve_resume(self.cfg.trainer.resume)
         if ckpt is None:
             return 0
+        history = ckpt.path / METRICS_HISTORY  # (a checkpoint of an older megarl has none)
+        self._history = history if history.is_file() else None
         for role, model in self.parts.models.items():
             model.load(str(ckpt.component(role)))
         state = TrainerState.load(ckpt.path)

@@ -4,7 +4,8 @@ One ``MetricsLogger`` fans a step's flat ``{name: float}`` dict out to the sinks
 ``trainer.loggers``. On resume, metrics.jsonl is cut back to the resumed step (steps after
 the checkpoint are re-run) and appended to, so the file always reads as one uninterrupted
 run (the records cut are kept as metrics.steps<A>-<B>.<time>.jsonl; a validation-only run
-appends, cutting nothing); a run starting at step 0 keeps an earlier run's file as
+appends, cutting nothing; a file that went on with another history since the checkpoint is
+kept aside whole and the checkpoint's copy of its records takes its place); a run starting at step 0 keeps an earlier run's file as
 metrics.<time>.jsonl; TensorBoard is told to hide what metrics.jsonl cuts or keeps aside;
 a resumed run continues the same W&B run (its id is kept in
 <output_dir>/wandb_run_id; the steps trained again keep their first values there), and the same
@@ -48,11 +49,14 @@ class MetricsSink(Protocol):
 class JsonlSink:
     """``<output_dir>/metrics.jsonl``: one JSON object per step, with ``step`` first."""
 
-    def __init__(self, path: Path, resume_step: int = 0, *, append: bool = False):
-        """``append``: add to the file as it is (a validation-only run: it starts no history)."""
+    def __init__(self, path: Path, resume_step: int = 0, *, append: bool = False, history: Path | None = None):
+        """``append``: add to the file as it is (a validation-only run: it starts no history).
+        ``history``: the resumed checkpoint's copy of the file (None: an older checkpoint's)."""
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         if resume_step and not append:
+            if history is not None:
+                _take_history(path, resume_step, history)
             _cut_back(path, resume_step)
         elif not append and path.exists() and path.stat().st_size:  # a new run where an earlier run left metrics (no checkpoint of it)
             kept_as = kept_name(path, time_tag(path.stat().st_mtime))
@@ -273,14 +277,16 @@ class MetricsLogger:
             sink.close()
 
 
-def build_logger(cfg: TrainerConfig, config_dict: dict[str, Any], total_steps: int, resume_step: int = 0) -> MetricsLogger:
+def build_logger(cfg: TrainerConfig, config_dict: dict[str, Any], total_steps: int, resume_step: int = 0,
+                 history: Path | None = None) -> MetricsLogger:
+    """The sinks of ``cfg.loggers``; ``history``: the resumed checkpoint's copy of metrics.jsonl."""
     out = Path(cfg.output_dir)
     sinks: list[MetricsSink] = []
     for name in dict.fromkeys(cfg.loggers):
         if name == "console":
             sinks.append(ConsoleSink(total_steps, resume_step))
         elif name == "jsonl":
-            sinks.append(JsonlSink(out / "metrics.jsonl", resume_step, append=cfg.val_only))
+            sinks.append(JsonlSink(out / "metrics.jsonl", resume_step, append=cfg.val_only, history=history))
         elif name == "tensorboard":
             purge_step = None if cfg.val_only else resume_step + 1 if resume_step else 0  # as metrics.jsonl is cut
             sinks.append(TensorBoardSink(out / "tensorboard", purge_step))
@@ -289,6 +295,30 @@ def build_logger(cfg: TrainerConfig, config_dict: dict[str, Any], total_steps: i
         elif name == "mlflow":
             sinks.append(MlflowSink(cfg.project, cfg.experiment, config_dict, out, resume_step))
     return MetricsLogger(sinks)
+
+
+def _take_history(path: Path, resume_step: int, history: Path) -> None:
+    """Where ``path`` does not hold the records the resumed checkpoint was saved with (its copy
+    ``history``), it has gone on with another history since: a resume from a checkpoint set aside
+    as step_N.abandoned meets the records of the history that set it aside, and cutting them back
+    would mix the two. The file is kept aside whole and the checkpoint's records take its place.
+    Records added to the checkpoint's (a validation-only run's) are no other history; a resume
+    into a new output_dir (no file) starts its metrics."""
+    theirs = [line for line, record in _records(history) if record.get("step", 0) <= resume_step]
+    if not path.exists() or _in_order(theirs, [line for line, _ in _records(path)]):
+        return
+    kept_as = kept_name(path, time_tag(path.stat().st_mtime))
+    _write_atomically(kept_as, path.read_text())
+    _write_atomically(path, "".join(line + "\n" for line in theirs))
+    log.warning("metrics: %s does not hold the records %s was saved with (it went on with another history, since "
+                "set aside); kept as %s, and the checkpoint's records up to step %d take its place", path.name,
+                history.parent.name, kept_as.name, resume_step)  # fmt: skip
+
+
+def _in_order(lines: list[str], within: list[str]) -> bool:
+    """Whether ``lines`` appear in ``within`` in their order (others may come between)."""
+    rest = iter(within)
+    return all(any(line == other for other in rest) for line in lines)
 
 
 def _cut_back(path: Path, resume_step: int) -> None:

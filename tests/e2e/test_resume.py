@@ -94,3 +94,5 @@ def test_sigkill_then_resume_is_exact(tmp_path):
     steps = sorted(p.name for p in (killed / "checkpoints").glob("step_*"))
     assert {f"step_{s:06d}.abandoned" for s in range(back + SAVE_FREQ, STEPS + 1, SAVE_FREQ)} <= set(steps)
     assert f"step_{STEPS:06d}" in steps
+    # each checkpoint keeps the records that led to it (a later resume from it takes them back)
+    assert read_jsonl(killed / "checkpoints" / f"step_{STEPS:06d}" / "metrics.jsonl") == read_jsonl(killed / "metrics.jsonl")

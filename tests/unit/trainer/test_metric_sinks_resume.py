@@ -76,6 +76,43 @@ def test_resume_appends_after_the_checkpoint_step_and_keeps_the_records_it_cuts(
     assert not list(tmp_path.glob(".metrics.jsonl.tmp*"))
 
 
+def _lines(*steps: tuple[int, float]) -> str:
+    return "".join(f'{{"step": {step}, "loss": {loss}}}\n' for step, loss in steps)
+
+
+def test_a_resume_from_a_set_aside_checkpoint_takes_back_its_own_history(tmp_path, caplog):
+    """History A ran steps 1-4 (step_4 saved its records); a resume from step 2 went on with
+    history B (steps 3-4 again, other values) and set step_4 aside as .abandoned. Resuming from
+    that one must not read B's steps 3-4 as A's."""
+    path, ckpt = tmp_path / "metrics.jsonl", tmp_path / "checkpoints" / "step_000004.abandoned"
+    ckpt.mkdir(parents=True)
+    (ckpt / "metrics.jsonl").write_text(_lines((1, 0.1), (2, 0.2), (3, 0.3), (4, 0.4)))  # A
+    other = _lines((1, 0.1), (2, 0.2), (3, 0.35), (4, 0.45))  # B
+    path.write_text(other)
+    sink = JsonlSink(path, resume_step=4, history=ckpt / "metrics.jsonl")
+    sink.log(5, {"loss": 0.5})
+    sink.close()
+    assert path.read_text() == _lines((1, 0.1), (2, 0.2), (3, 0.3), (4, 0.4), (5, 0.5))
+    [kept] = tmp_path.glob("metrics.2*.jsonl")
+    assert kept.read_text() == other
+    assert f"kept as {kept.name}, and the checkpoint's records up to step 4 take its place" in caplog.text
+
+
+def test_records_the_checkpoint_holds_within_the_file_are_its_history(tmp_path):
+    """The common case: the file holds the checkpoint's records (and steps after it, or a
+    validation-only run's records between them): cut back as before, nothing kept whole."""
+    path, history = tmp_path / "metrics.jsonl", tmp_path / "step_000002" / "metrics.jsonl"
+    history.parent.mkdir()
+    history.write_text(_lines((1, 0.1), (2, 0.2)))
+    path.write_text(_lines((1, 0.1), (2, 0.2), (2, 0.25), (3, 0.3)))  # (2, 0.25): a validation-only run's
+    JsonlSink(path, resume_step=2, history=history).close()
+    assert path.read_text() == _lines((1, 0.1), (2, 0.2), (2, 0.25))
+    assert [p.name.split(".")[1][:6] for p in tmp_path.glob("metrics.*.jsonl")] == ["steps3"]
+    fresh = tmp_path / "new" / "metrics.jsonl"  # a resume into a new output_dir starts its metrics
+    JsonlSink(fresh, resume_step=2, history=history).close()
+    assert fresh.read_text() == ""
+
+
 def _real_signatures() -> dict[str, inspect.Signature]:
     """The installed W&B SDK's wandb.init, Run.log and Run.finish: the fakes take their calls as
     the real SDK would, or raise its TypeError. (Read before a test puts a fake in sys.modules.)"""
