@@ -101,7 +101,8 @@ class FixedKLController:
         return {"value": self._value}
 
     def load_state_dict(self, state: dict[str, float]) -> None:
-        self._value = float(state["value"])
+        """Nothing to restore: a fixed coefficient is config, not state, so a resume with an
+        edited ``algorithm.kl.coef`` (or from an adaptive run) uses the config's value."""
 
 
 class AdaptiveKLController:
@@ -132,7 +133,11 @@ class AdaptiveKLController:
         return {"value": self._value, "target": self.target, "horizon": float(self.horizon)}
 
     def load_state_dict(self, state: dict[str, float]) -> None:
-        self._value = float(state["value"])  # target/horizon come from the (possibly edited) config
+        """The adapted coefficient; target/horizon come from the (possibly edited) config. A
+        fixed controller's state (no ``target``: the run switched to adaptive) is not an adapted
+        value, so the controller starts from ``algorithm.kl.coef``."""
+        if "target" in state:
+            self._value = float(state["value"])
 
 
 def make_kl_controller(cfg: KLConfig) -> FixedKLController | AdaptiveKLController:

@@ -51,6 +51,24 @@ def test_fixed_controller():
     assert ctl.value == 0.05
 
 
+def test_resume_keeps_an_edited_fixed_coefficient():
+    """A fixed coefficient is config: resuming with another algorithm.kl.coef (or from an
+    adaptive run's state) uses the new one; an adaptive run resumed from a fixed run's state
+    starts from its configured coef."""
+    old = make_kl_controller(KLConfig(coef=0.001))
+    edited = make_kl_controller(KLConfig(coef=0.5))
+    edited.load_state_dict(old.state_dict())
+    assert edited.value == 0.5
+    adaptive = make_kl_controller(KLConfig(coef=0.1, controller="adaptive", target=0.01, horizon=10))
+    adaptive.update(1.0, 10)
+    fixed = make_kl_controller(KLConfig(coef=0.5))
+    fixed.load_state_dict(adaptive.state_dict())
+    assert fixed.value == 0.5
+    switched = make_kl_controller(KLConfig(coef=0.2, controller="adaptive", target=0.01, horizon=10))
+    switched.load_state_dict(old.state_dict())
+    assert switched.value == 0.2
+
+
 def test_adaptive_controller_moves_towards_target_and_checkpoints():
     ctl = make_kl_controller(KLConfig(coef=0.1, controller="adaptive", target=0.01, horizon=1000))
     assert isinstance(ctl, AdaptiveKLController)
