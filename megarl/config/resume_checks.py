@@ -1,7 +1,7 @@
 """Checks before Ray starts of what a launch resumes (megarl/config/preflight.py runs them):
 the checkpoint trainer.resume names must be readable by this megatron-core, trained from the
-same model, and loadable in this launch's layout (the optimizer state's format, a critic it
-holds) and data settings (the sampler's rule); other config changes are named in one warning,
+same model (and a critic it holds from a model of the same architecture), and loadable in this
+launch's layout (the optimizer state's format, a critic it holds) and data settings (the sampler's rule); other config changes are named in one warning,
 going back to an older checkpoint says what is set aside, and a finished run says so
 (finished_run, before Ray starts; finished_note, also the trainer's when it finds out later).
 Nothing is created or changed on disk.
@@ -137,6 +137,8 @@ def _check_resumed_config(cfg: MegaRLConfig, ckpt: Any, findings: list[Finding])
                                     f"was trained with ({'; '.join(differ)}); restore it (a copy is "
                                     f"{ckpt.path / MODEL_CONFIG}), or start a new run from the new model in a new "
                                     "trainer.output_dir"))  # fmt: skip
+    if "critic" in ckpt.components and cfg.critic_enabled:
+        findings += _another_critic(old, cfg, ckpt, launched)
     # the data sampler's stream is a function of these: it would refuse them once Ray has started
     refused = [Finding(field, f"cannot resume {ckpt.path.name}: {why}")  # (val_only loads it too)
                for field, why in resume_conflicts(resume_settings(old.data), resume_settings(cfg.data))]
@@ -201,6 +203,37 @@ def _layout_changes(differences: dict[str, tuple[Any, Any]], ckpt: Any, old: Meg
             found.append(Finding(key, f"this launch trains a critic and {ckpt.path.name} holds none (trained with {key}={was}): "
                                       f"a resume cannot add one; resume with {key}={was}, or {new_run}"))  # fmt: skip
     return found
+
+
+def _another_critic(old: MegaRLConfig, new: MegaRLConfig, ckpt: Any, launched: Path) -> list[Finding]:
+    """A refusal when the critic's model (critic.path, else model.path) is another architecture
+    than the one ``ckpt``'s critic was trained as: its weights would only fail to load once
+    every worker has started (a shape mismatch inside Megatron's load). Another directory of the
+    same architecture is fine (the weights come from the checkpoint); when neither launch set
+    critic.path the model.path check covers it."""
+    import json
+
+    from megarl.checkpoint.model_checkpoint import config_differences
+
+    if old.critic.path is None and new.critic.path is None:
+        return []
+    was, now = old.critic.path or old.model.path, new.critic.path or new.model.path
+    if was is None or now is None:
+        return []
+    try:
+        recorded = json.loads(((launched / was) / "config.json").read_text())
+        current = json.loads((Path(now) / "config.json").read_text())
+    except (OSError, ValueError):  # moved since, or unreadable: nothing to compare (now's own check reports it)
+        return []
+    differ = config_differences(recorded, current)
+    if not differ:
+        return []
+    shown = "; ".join(differ[:3]) + (f"; and {len(differ) - 3} more" if len(differ) > 3 else "")
+    this = f"critic.path={new.critic.path}" if new.critic.path else f"model.path={now} (critic.path unset)"
+    before = f"critic.path={old.critic.path}" if old.critic.path else f"model.path={was}"
+    return [Finding("critic.path", f"this launch's critic model ({this}) is another architecture than the one the critic of "
+                    f"{ckpt.path.name} was trained as ({before}: {shown}), whose weights the checkpoint holds; resume with "
+                    f"critic.path={was}, or start a new run in a new trainer.output_dir")]  # fmt: skip
 
 
 def _another_model(old: MegaRLConfig, new: MegaRLConfig, launched: Path) -> str | None:

@@ -406,6 +406,30 @@ def test_the_layout_of_a_critic_this_launch_does_not_train_is_free(demo, tmp_pat
     assert "  - critic.parallel.tp: step_000002 was trained with critic.parallel.tp=2," in msg
 
 
+def test_a_resume_refuses_a_critic_model_of_another_architecture(demo, tmp_path):
+    # A PPO run whose critic came from its own critic.path, resumed without it (the critic then
+    # starts from model.path) or with another model: Megatron's load failed with a shape mismatch
+    # in every critic rank, once Ray and the policy had started.
+    import shutil
+
+    from megarl.models.tiny import build_tiny_model
+
+    out = tmp_path / "run"
+    small = build_tiny_model(tmp_path / "small", task_vocab=TASK_VOCAB, hidden_size=32, num_layers=1, num_heads=2,
+                             num_kv_heads=1, ffn_hidden_size=64, max_position_embeddings=64)
+    _trained_with(out, 2, config(demo, out, "algorithm.estimator=gae", f"critic.path={small}"), launch_dir=tmp_path,
+                  roles=("policy", "critic"))  # fmt: skip
+    msg = refusal(config(demo, out, "algorithm.estimator=gae"))
+    assert (f"  - critic.path: this launch's critic model (model.path={demo[0]} (critic.path unset)) is another "
+            f"architecture than the one the critic of step_000002 was trained as (critic.path={small}: hidden_size: "
+            f"recorded 32, now 64;") in msg
+    assert f"whose weights the checkpoint holds; resume with critic.path={small}, or start a new run" in msg
+    copy = shutil.copytree(small, tmp_path / "moved")  # another directory, the same model: its weights are not read
+    assert [f for f in preflight(config(demo, out, "algorithm.estimator=gae", f"critic.path={copy}"))
+            if f.field == "critic.path"] == []  # fmt: skip
+    assert [f for f in preflight(config(demo, out)) if f.level == "error"] == []  # GRPO does not load the critic
+
+
 def test_a_fully_reshardable_checkpoint_resumes_in_another_tp_pp(demo, tmp_path):
     import json
 
