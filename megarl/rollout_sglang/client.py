@@ -38,6 +38,11 @@ class SGLangHTTPError(RuntimeError):
         code = f"HTTP {status}" if status is not None else "no answer"
         super().__init__(f"SGLang {url}{endpoint}: {code}: {detail}")
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Raised in the policy ranks (the weight push) and re-raised on the driver by Ray, which
+        # pickles it: the default rebuilds it from the message alone, and that fails
+        return type(self), (self.url, self.endpoint, self.status, self.detail)
+
 
 class SGLangUnreachable(SGLangHTTPError):
     """The server did not answer at all (connection refused/reset after every retry)."""

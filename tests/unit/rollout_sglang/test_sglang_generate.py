@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.server
 import math
+import pickle
 import threading
 
 import pytest
@@ -149,9 +150,14 @@ def test_http_error_names_server_endpoint_and_status(fake_server):
 def test_unreachable_server_is_retried_then_reported():
     engine = SGLangEngine(f"http://127.0.0.1:{pick_free_port()}", retries=1)
     engine.client.backoff = 0.01
-    with pytest.raises(SGLangUnreachable, match="unreachable after 2 attempts"):
+    with pytest.raises(SGLangUnreachable, match="unreachable after 2 attempts") as info:
         engine.generate([[1]], SamplingParams())
     assert engine.health().alive is False
+    # raised in a policy rank's push, Ray pickles it to the driver: it must come back whole (an
+    # exception rebuilt from its message alone failed there, and the run ended in Ray's traceback)
+    back = pickle.loads(pickle.dumps(info.value))
+    assert type(back) is SGLangUnreachable and str(back) == str(info.value)
+    assert (back.url, back.endpoint, back.status, back.detail) == (engine.url, "/generate", None, info.value.detail)
 
 
 class _HalfAnswer(http.server.BaseHTTPRequestHandler):
