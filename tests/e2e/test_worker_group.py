@@ -88,6 +88,16 @@ class FragileWorker:
     def broken_invariant(self) -> None:
         raise AssertionError()  # what a failed bare `assert` raises (pytest would add a message to one here)
 
+    def unpicklable(self) -> None:
+        raise _TwoArgError("http://engine:1", "unreachable")
+
+
+class _TwoArgError(RuntimeError):
+    """An exception pickle cannot rebuild (its __init__ wants more than the message)."""
+
+    def __init__(self, url: str, detail: str):
+        super().__init__(f"{url}: {detail}")
+
 
 @pytest.fixture(scope="module")
 def session():
@@ -167,6 +177,11 @@ def test_dead_and_raising_worker(session, tmp_path):
         assert isinstance(info.value.cause, AssertionError) and user_error_line(info.value) is None  # a bug
         assert re.search(r"raised AssertionError in FragileWorker.broken_invariant: \(no message\) at \S+"
                          r"test_worker_group.py:\d+ in broken_invariant \(log: ", info.value.summary), info.value.summary
+        # Ray could not unpickle it on the driver: a traceback of Ray's UnserializableException
+        with pytest.raises(WorkerError) as info:
+            group.call("unpicklable")
+        assert re.search(r"policy rank [01] .*raised in FragileWorker.unpicklable \(an exception Ray could not unpickle\): "
+                         r"\S*_TwoArgError: http://engine:1: unreachable \(log: ", info.value.summary), info.value.summary
         with pytest.raises(WorkerError) as info:
             group.call("die", 1)
         msg = str(info.value)

@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError, UnserializableException
 
 from megarl.actors.ray_groups.placement import PlacedRole, RolePlacement, place_roles
 from megarl.rollout.push_progress import RANK_LOG_ENV
@@ -349,7 +349,9 @@ class WorkerGroup:
                     index = pending.pop(ref)
                     try:
                         results[index] = ray.get(ref)
-                    except (RayTaskError, RayActorError, GetTimeoutError) as exc:
+                    # (UnserializableException: what a rank raised could not be unpickled here;
+                    # its message is the rank's stack trace, whose last line names the error)
+                    except (RayTaskError, RayActorError, GetTimeoutError, UnserializableException) as exc:
                         raise self._failure(ranks[index], method, exc) from exc
         finally:
             with self._waits_lock:
@@ -418,7 +420,10 @@ class WorkerGroup:
             err = getattr(exc, "cause", None) or exc
             lines = str(err).strip().splitlines()
             said = lines[-1] if lines else f"(no message) {_raised_at(str(exc))}".rstrip()
-            how = f"raised {type(err).__name__} in {self._what(method)}: {said}"
+            if isinstance(err, UnserializableException):  # its last line is "module.Class: message"
+                how = f"raised in {self._what(method)} (an exception Ray could not unpickle): {said}"
+            else:
+                how = f"raised {type(err).__name__} in {self._what(method)}: {said}"
         where = self.node_infos[rank] if rank < len(self.node_infos) else {}
         host = f" on {where.get('hostname')} ({where.get('ip')}), pid {where.get('pid')}" if where else ""
         summary = f"{self.role} rank {rank}{host} {how} (log: {self.log_paths[rank]})"
