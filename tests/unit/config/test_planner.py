@@ -371,6 +371,11 @@ def test_temperature_and_warmup_and_adaptive_kl():
     assert "trainer.critic_warmup_steps: (500) must be below trainer.total_steps (500)" in refused(
         TINY, "algorithm.estimator=gae", "trainer.critic_warmup_steps=500")
     assert "with use_in_reward=false it would be ignored" in refused(TINY, "algorithm.kl.controller=adaptive")
+    # the adaptive rule multiplies the coefficient: from 0 it never moves, and no KL penalty is applied
+    adaptive = ("algorithm.kl.controller=adaptive", "algorithm.kl.use_in_reward=true")
+    assert ("algorithm.kl.coef: (0) is the adaptive controller's starting value, and its rule multiplies it: it would "
+            "stay 0") in refused(TINY, *adaptive, "algorithm.kl.coef=0")
+    assert plan(TINY, *adaptive, "algorithm.kl.coef=0.001")
     warned = plan(TINY, "algorithm.dynamic_sampling.enabled=true", "algorithm.estimator=reinforce_plus_plus")
     assert any("algorithm.dynamic_sampling" in str(w) for w in warned.warnings)
 
