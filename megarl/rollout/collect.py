@@ -18,8 +18,9 @@ from typing import Any, Protocol
 
 import torch
 
-from megarl.algos.dapo import dynamic_sampling_filter, zero_var_group_frac
+from megarl.algos.dapo import dynamic_sampling_filter, overlong_penalty, zero_var_group_frac
 from megarl.algos.registry import Registry
+from megarl.config.sections import OverlongConfig
 from megarl.data.batch import Batch
 from megarl.data.prompt_batch import PromptBatch
 from megarl.progress import PhaseTimer
@@ -187,10 +188,17 @@ class NoBaseline:
 
 
 class GreedyBaseline:
-    """ReMax: each prompt's greedy response scored; [B] baseline, the group's value per sample."""
+    """ReMax: each prompt's greedy response scored; [B] baseline, the group's value per sample.
 
-    def __init__(self, engines: Engines, scorer: Scorer):
+    With DAPO overlong shaping (``overlong``: algorithm.overlong) the greedy response's score is
+    shaped by its length as the samples' scores are (algos.step.advantage_step), as verl's reward
+    manager shapes every batch it scores: an unshaped baseline would be too high by the penalty
+    of a long greedy response, and every advantage of its group too low.
+    """
+
+    def __init__(self, engines: Engines, scorer: Scorer, overlong: OverlongConfig | None = None, max_new_tokens: int = 0):
         self.engines, self.scorer = engines, scorer
+        self.overlong, self.max_new_tokens = overlong, max_new_tokens
 
     def scores(self, batch: Batch, params: SamplingParams) -> torch.Tensor:
         groups = list(dict.fromkeys(batch.group_id.tolist()))
@@ -204,7 +212,11 @@ class GreedyBaseline:
             extra_info=heads.extra_info, prompt_text=heads.prompt_text,
         )
         scored, _ = self.scorer.score(greedy_batch)
-        per_group = dict(zip(groups, scored.scores.tolist()))
+        scores = scored.scores.to(torch.float32)  # [G]
+        if self.overlong is not None and self.overlong.length > 0:
+            scores = scores + overlong_penalty(scored.response_lengths, self.max_new_tokens, self.overlong.length,
+                                               self.overlong.penalty)  # fmt: skip
+        per_group = dict(zip(groups, scores.tolist()))
         return torch.tensor([per_group[g] for g in batch.group_id.tolist()], dtype=torch.float32)
 
 

@@ -217,7 +217,8 @@ def _components(cfg: MegaRLConfig, models: dict[str, Any], stream: Any, val_prom
         generate=generate,
         scorer=scorer,
         collector=collector,
-        baseline=GreedyBaseline(engines, scorer) if cfg.algorithm.estimator == "remax" else NoBaseline(),
+        baseline=(GreedyBaseline(engines, scorer, cfg.algorithm.overlong, cfg.rollout.sampling.max_new_tokens)
+                  if cfg.algorithm.estimator == "remax" else NoBaseline()),
         old_logprobs=Skip() if is_strictly_on_policy(cfg) else OldLogprobs(forward, temperature),
         reference=ReferenceLogprobs(policy, temperature, handover) if cfg.reference_enabled else Skip(),
         critic=CriticPhase(models["critic"], handover) if "critic" in models else Skip(),
