@@ -272,6 +272,9 @@ class SGLangServer:
                 stderr=subprocess.STDOUT,
                 env=build_launch_env(self.spec),
                 start_new_session=True,  # own process group: shutdown kills TP workers too
+                # The host actor inherits an embedded Ray's blocked SIGTERM, and a server started
+                # with it would ignore shutdown's SIGTERM (its own session: no group kill reaches it).
+                preexec_fn=_sigterm_unblocked,
             )
         finally:
             log.close()
@@ -333,6 +336,10 @@ class SGLangServer:
             f"SGLang server {self.url} {what}. Command: {' '.join(self.command())}\n"
             f"Log {self.log_path} (last lines):\n{tail or '<empty>'}"
         )
+
+
+def _sigterm_unblocked() -> None:
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:

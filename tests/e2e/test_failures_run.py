@@ -3,7 +3,8 @@ directory with relative paths (as the demo's config has).
 
 - Ctrl-C (SIGINT to the terminal's whole process group) stops after the step, saves, prints the
   resume command and exits 130, leaving no process behind;
-- SIGKILL of the driver alone: no process of the run survives 10 s (psutil);
+- SIGKILL of the driver alone: no process of the run survives 10 s (psutil); a SIGTERM to the
+  whole process group saves as Ctrl-C does;
 - the printed command resumes; metrics.jsonl then reads as one run (each step once);
 - `megarl convert` from another directory finds the run's relative model.path, says the
   bit-exact check passed, writes ordinary file modes; `convert CKPT . --overwrite` and a failed
@@ -273,23 +274,29 @@ def test_sigterm_while_ray_starts_exits_143_with_nothing_left(launch_dir, tmp_pa
 
 def test_a_second_launch_into_a_running_runs_output_dir_is_refused(launch_dir, tmp_path):
     """The same command again while the run lives (a Slurm requeue of a job still running):
-    refused before it touches the run, naming the first; the first goes on undisturbed."""
+    refused before it touches the run, naming the first; the first goes on undisturbed. Then
+    a SIGTERM to the first one's whole process group (what `timeout`, `kill -TERM -PGID` and
+    systemd send) reaches the driver, not the embedded Ray's processes, which hold the run's
+    state: it saves as on Ctrl-C, and no process is left."""
     log = tmp_path / "busy.log"
     args = [*MEGARL, "launch", str(TINY), *overrides(1000, "trainer.output_dir=busy")]
-    proc = start(launch_dir, args, log)
+    mark = f"{os.getpid()}-{time.time_ns()}"
+    proc = start(launch_dir, args, log, env={**os.environ, RUN_MARK: mark})
     try:
         wait_for_step(proc, launch_dir / "busy", 1, log)
         second = subprocess.run(args, cwd=launch_dir, capture_output=True, text=True, timeout=120)
         assert proc.poll() is None, log.read_text()[-3000:]
     finally:
-        os.killpg(proc.pid, signal.SIGINT)
+        os.killpg(proc.pid, signal.SIGTERM)
         output = finish(proc, log, timeout=300)
     assert second.returncode == 2, second.stderr[-3000:]
     assert re.search(rf"^error: trainer.output_dir busy is in use by pid {proc.pid} on \S+ \(since [^)]*\); wait for that "
                      r"run to end or stop it \(.*\), or give another trainer.output_dir$", second.stderr, re.M), second.stderr[-3000:]
-    assert proc.returncode == 130 and "saved checkpoint" in output, output[-3000:]
+    assert proc.returncode == 143 and "saved checkpoint" in output, output[-3000:]
     steps = steps_logged(launch_dir / "busy")
     assert steps == list(range(1, max(steps) + 1))  # one run's lines, none cut by the refused launch
+    assert verify_checkpoint(launch_dir / "busy" / "checkpoints" / f"step_{max(steps):06d}").step == max(steps)
+    assert survivors(_run_processes(mark), within=10) == []
 
 
 def _run_processes(mark: str) -> list[psutil.Process]:

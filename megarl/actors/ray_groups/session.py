@@ -5,7 +5,9 @@ attaches to a running cluster ("auto" or host:port); on exit it shuts down only 
 started (an already initialised Ray, e.g. a test fixture's, is reused and left running).
 
 An embedded Ray's processes (GCS, raylet, agents, workers) and the driver's other children
-(reward workers) are children of the driver. When the driver is killed without a chance to
+(reward workers) are children of the driver. Ray's processes block SIGTERM, as they block SIGINT:
+a stop signal sent to the whole process group reaches the driver, which saves, and not the
+workers holding the run's state. When the driver is killed without a chance to
 clean up (SIGKILL, the OOM killer), a small reaper process, in its own session so that a
 process-group kill spares it, notices at once (its stdin pipe from the driver closes), freezes
 and kills every process of that run, then exits; a normal exit tells it to go quietly. Ray's
@@ -74,7 +76,7 @@ def ray_session(
     if address is None:
         # "local" always starts a new instance; plain ray.init() would join a cluster found
         # through RAY_ADDRESS or a `ray start` on this machine (someone else's, on a shared box).
-        with _quiet_auth_notice():
+        with _quiet_auth_notice(), _sigterm_blocked_in_children():
             _init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, **kwargs)
     else:
         try:
@@ -91,7 +93,10 @@ def ray_session(
             reaper = start_reaper()
         yield _describe(started_here=True)
     finally:
-        ray.shutdown()
+        if address is None:
+            _shutdown_embedded()
+        else:
+            ray.shutdown()
         if reaper is not None:
             stop_reaper(reaper)
 
@@ -139,6 +144,52 @@ def _init(**kwargs: Any) -> None:
     finally:
         if install is not None:
             utils.set_sigterm_handler = install
+
+
+@contextmanager
+def _sigterm_blocked_in_children() -> Iterator[None]:
+    """SIGTERM blocked in this thread while ray.init forks an embedded Ray's processes from it:
+    they inherit the mask (as Ray blocks SIGINT in them), so a SIGTERM sent to the driver's whole
+    process group (`timeout`, `kill -TERM -PGID`, systemd, a Slurm step's signal) reaches the
+    driver, which finishes the step and saves, and not the GCS, raylet and workers that hold the
+    run's state. A signal meanwhile is delivered when the block ends. Ray stops its processes
+    with SIGKILL after a second's grace. Off the main thread: nothing (Python's handlers run there)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _shutdown_embedded() -> None:
+    """ray.shutdown of an embedded Ray whose processes block SIGTERM (_sigterm_blocked_in_children).
+    Ray SIGTERMs each of its processes and waits a second before the SIGKILL: that second is only
+    a wait here, so it goes to the SIGKILL at once. The raylet's agents, which a SIGTERM to the
+    raylet would have stopped, are killed with the rest of the tree taken before the shutdown.
+    Another Ray (no such internals): its own shutdown."""
+    import psutil
+
+    node = getattr(ray._private.worker, "_global_node", None)
+    tree: list[psutil.Process] = []
+    for infos in getattr(node, "all_processes", {}).values():
+        for info in infos:
+            try:
+                process = psutil.Process(info.process.pid)
+                tree += [process, *process.children(recursive=True)]
+            except (AttributeError, psutil.Error):
+                continue
+    kill = getattr(node, "kill_all_processes", None)
+    if kill is not None:
+        node.kill_all_processes = lambda **kwargs: kill(**(kwargs | {"allow_graceful": False}))
+    ray.shutdown()
+    for process in tree:
+        try:
+            process.kill()  # (psutil: not a later process that reuses the pid)
+        except psutil.Error:
+            continue
 
 
 @contextmanager

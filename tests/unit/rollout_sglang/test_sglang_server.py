@@ -230,3 +230,24 @@ def test_a_model_checkpoint_starts_the_server_with_dummy_weights(tmp_path):
     assert spec_from_config(str(tmp_path), RolloutConfig(), cluster).load_format == "dummy"
     assert "--load-format" in build_launch_command(spec_from_config(str(tmp_path), RolloutConfig(), cluster), 1)
     assert spec_from_config("/m", RolloutConfig(), cluster).load_format is None
+
+
+def test_a_server_launched_where_sigterm_is_blocked_still_stops_on_sigterm(tmp_path):
+    """A host actor of an embedded Ray has SIGTERM blocked (a process-group SIGTERM must not
+    reach it); the server it launches must not inherit the block, or shutdown's SIGTERM would be
+    a wait of `grace` seconds before a SIGKILL."""
+    import signal
+    import time
+
+    server = _stand_in(tmp_path, "import time\nprint('up', flush=True)\ntime.sleep(60)")
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        server.launch()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+    while "up" not in (tmp_path / "server.log").read_text():  # (Python's own start-up done)
+        assert server.alive()
+        time.sleep(0.01)
+    proc = server.proc
+    server.shutdown(grace=30)
+    assert proc.returncode == -signal.SIGTERM  # not -SIGKILL after the grace
