@@ -17,7 +17,7 @@ the rollout's driver: keep ``generate_response`` quick (a rule check, not a mode
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,8 +39,17 @@ class Interaction:
     def session(self, kwargs: Mapping[str, Any]) -> InteractionSession:
         """One trajectory's conversation (verl's start_interaction)."""
         instance_id = uuid.uuid4().hex
-        started = run_method(self.impl.start_interaction(instance_id, **_without_name(kwargs)))
+        started = self.call("start_interaction", lambda: self.impl.start_interaction(instance_id, **_without_name(kwargs)))
         return InteractionSession(self, str(started or instance_id), _without_name(kwargs))
+
+    def call(self, method: str, invoke: Callable[[], Any]) -> Any:
+        """The value of ``invoke()``, a call of the user's ``method`` (plain or async); AgentError
+        naming the method when it raises."""
+        try:
+            return run_method(invoke())
+        except Exception as exc:  # the user's code: name it (the run stops; a simulated user has no fallback)
+            raise AgentError(f"interaction {self.name!r} ({type(self.impl).__name__}.{method}) raised "
+                             f"{type(exc).__name__}: {exc}; fix it") from exc  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -59,10 +68,7 @@ class InteractionSession:
     def respond(self, messages: list[dict[str, str]]) -> Reply:
         impl = self.interaction.impl
         where = f"interaction {self.interaction.name!r} ({type(impl).__name__}.generate_response)"
-        try:
-            answer = run_method(impl.generate_response(self.instance_id, messages, **self.kwargs))
-        except Exception as exc:  # the user's code: name it (the run stops; a simulated user has no fallback)
-            raise AgentError(f"{where} raised {type(exc).__name__}: {exc}; fix it") from exc
+        answer = self.interaction.call("generate_response", lambda: impl.generate_response(self.instance_id, messages, **self.kwargs))
         try:
             done, text, score, *_ = answer
             return Reply(bool(done), str(text), float(score or 0.0))
@@ -72,9 +78,9 @@ class InteractionSession:
 
     def finish(self) -> None:
         """verl's finalize_interaction, when the class has one."""
-        finalize = getattr(self.interaction.impl, "finalize_interaction", None)
-        if finalize is not None:
-            run_method(finalize(self.instance_id))
+        impl = self.interaction.impl
+        if getattr(impl, "finalize_interaction", None) is not None:
+            self.interaction.call("finalize_interaction", lambda: impl.finalize_interaction(self.instance_id))
 
 
 def open_session(interactions: Mapping[str, Interaction], kwargs: Mapping[str, Any]) -> InteractionSession:

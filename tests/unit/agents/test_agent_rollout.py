@@ -240,6 +240,42 @@ def test_a_verl_multi_turn_parquet_runs_with_its_columns(tok, tmp_path, monkeypa
     assert env.interactions["echo"].impl.turns == {}  # finalize_interaction ran when the trajectory ended
 
 
+class RecordingUser:
+    """An interaction that records the kwargs start_interaction got, then ends the talk."""
+
+    def __init__(self, config):
+        self.started = []
+
+    def start_interaction(self, instance_id, level=1, **kwargs):
+        self.started.append((level, kwargs))
+        return instance_id
+
+    def generate_response(self, instance_id, messages, **kwargs):
+        return True, "bye", 0.0, {}
+
+
+@pytest.mark.parametrize("method", ["start_interaction", "finalize_interaction"])
+def test_an_interaction_that_raises_stops_the_run_with_one_line_naming_it(tok, method):
+    from megarl.agents.errors import AgentError
+    from megarl.agents.interactions import Interaction
+
+    class Broken(RecordingUser):
+        def finalize_interaction(self, instance_id):
+            pass
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    impl = Broken({})
+    setattr(impl, method, boom)
+    env = _calc_env(tok)
+    env.interactions = {"u": Interaction("u", impl)}
+    engine = ReplayEngine(tok, {"q": ["hello", "bye"]})
+    with pytest.raises(AgentError, match=rf"interaction 'u' \(Broken.{method}\) raised RuntimeError: boom; fix it"):
+        AgentRollout(AgentConfig(), env, overlap_tools=False)(
+            engine, _prompts(tok, ["q"], extra=[{"interaction_kwargs": {"name": "u"}}]), SamplingParams(max_new_tokens=100))
+
+
 def test_an_unknown_agent_name_is_refused_with_the_known_ones(tok):
     with pytest.raises(ValueError, match=r"agent_name 'searcher' .* not a loop; known: single_turn, tool_agent"):
         AgentRollout(AgentConfig(), _calc_env(tok), overlap_tools=False)(
