@@ -116,7 +116,11 @@ def _entry_name(entry: Any, where: str) -> str:
 
 
 def _without_name(kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in kwargs.items() if k != "name"}
+    """The kwargs the class gets: all but ``name``, and no nulls (in a parquet struct a null is a
+    key this row did not have, so the class's own default applies)."""
+    from megarl.data.datasets import without_nulls
+
+    return without_nulls({k: v for k, v in kwargs.items() if k != "name"})
 
 
 def load_interactions(path: str | Path) -> dict[str, Interaction]:

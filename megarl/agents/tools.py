@@ -202,14 +202,20 @@ def _outcome_of(result: Any) -> ToolOutcome:
 
 def _call(tool: Tool, arguments: dict[str, Any], kwargs: Mapping[str, Any]) -> ToolOutcome:
     """One instance per call (create -> execute -> release), as verl's agent loop does."""
-    create_kwargs = dict(kwargs.get("create_kwargs") or {})
+    from megarl.data.datasets import without_nulls
+
+    # The row's tools_kwargs come from a parquet struct: a null is a key this row did not have
+    # (another row had it), so it is left out and the tool's own default applies.
+    create_kwargs, execute_kwargs, release_kwargs = (
+        without_nulls(dict(kwargs.get(key) or {})) for key in ("create_kwargs", "execute_kwargs", "release_kwargs")
+    )
     # verl's agent loop passes them as one create_kwargs argument; tools written for it read that.
     created = run_method(tool.create(**create_kwargs, create_kwargs=create_kwargs))
     instance = created[0] if isinstance(created, tuple) else created  # verl returns (id, response)
     try:
-        return _outcome_of(run_method(tool.execute(instance, arguments, **dict(kwargs.get("execute_kwargs") or {}))))
+        return _outcome_of(run_method(tool.execute(instance, arguments, **execute_kwargs)))
     finally:
-        run_method(tool.release(instance, **dict(kwargs.get("release_kwargs") or {})))
+        run_method(tool.release(instance, **release_kwargs))
 
 
 def start_tool_call(tool: Tool, arguments: dict[str, Any], kwargs: Mapping[str, Any]) -> Future[ToolOutcome]:

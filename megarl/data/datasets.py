@@ -283,17 +283,19 @@ def check_messages(messages: Any, where: str) -> list[dict[str, Any]]:
             raise DataError(f"{where}: message {n} has content {short_repr(content)} ({type_name(content)}); a message's "
                             "content must be a string (quote a number, join a list of parts into one text; null only "
                             "in an assistant message with tool_calls)")  # fmt: skip
-        others = {key: _without_nulls(value) for key, value in m.items() if key not in ("role", "content") and value is not None}
+        others = {key: without_nulls(value) for key, value in m.items() if key not in ("role", "content") and value is not None}
         checked.append({"role": role, "content": content, **others})
     return checked
 
 
-def _without_nulls(value: Any) -> Any:
-    """``value`` with every null-valued key of its objects dropped (list items are kept)."""
+def without_nulls(value: Any) -> Any:
+    """``value`` with every null-valued key of its objects dropped (list items are kept): in a
+    parquet struct column a null is a key the row did not have (messages here; a row's
+    tools_kwargs and interaction_kwargs in megarl/agents)."""
     if isinstance(value, dict):
-        return {key: _without_nulls(v) for key, v in value.items() if v is not None}
+        return {key: without_nulls(v) for key, v in value.items() if v is not None}
     if isinstance(value, list):
-        return [_without_nulls(v) for v in value]
+        return [without_nulls(v) for v in value]
     return value
 
 

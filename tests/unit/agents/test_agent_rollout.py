@@ -240,6 +240,17 @@ def test_a_verl_multi_turn_parquet_runs_with_its_columns(tok, tmp_path, monkeypa
     assert env.interactions["echo"].impl.turns == {}  # finalize_interaction ran when the trajectory ended
 
 
+class Defaults(Tool):
+    """Answers the create / execute kwargs it got, and its defaults where it got none."""
+
+    def create(self, instance_id=None, ground_truth=None, tolerance=0.5, **kwargs):
+        self.created = f"gt={ground_truth} tol={tolerance}"
+        return "id"
+
+    def execute(self, instance_id, parameters, mode="loose", **kwargs):
+        return f"{self.created} mode={mode}"
+
+
 class RecordingUser:
     """An interaction that records the kwargs start_interaction got, then ends the talk."""
 
@@ -252,6 +263,31 @@ class RecordingUser:
 
     def generate_response(self, instance_id, messages, **kwargs):
         return True, "bye", 0.0, {}
+
+
+def test_nulls_of_a_parquet_struct_leave_the_tools_and_interactions_own_defaults(tok, tmp_path):
+    """Parquet gives each row every key any row of the extra_info column has, null where the row
+    has none: the first row's tool and interaction must still get their own defaults, not None."""
+    from megarl.agents.interactions import Interaction
+
+    kw = {"type": "function", "function": {"name": "kw", "description": "d", "parameters": {"type": "object", "properties": {}}}}
+    rows = [{"extra_info": {"tools_kwargs": {"kw": {"create_kwargs": {"ground_truth": "72"}}},
+                            "interaction_kwargs": {"name": "u", "query": "q"}}},
+            {"extra_info": {"tools_kwargs": {"kw": {"create_kwargs": {"ground_truth": "5", "tolerance": 0.01},
+                                                    "execute_kwargs": {"mode": "strict"}}},
+                            "interaction_kwargs": {"name": "u", "query": "q", "level": 3, "extra": {"a": 1}}}}]  # fmt: skip
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
+    extra = pq.read_table(tmp_path / "train.parquet").column("extra_info").to_pylist()
+    assert extra[0]["tools_kwargs"]["kw"]["create_kwargs"]["tolerance"] is None  # what a reader gets from parquet
+    env = _env(tok, {"kw": Defaults({}, kw)})
+    env.interactions = {"u": Interaction("u", RecordingUser({}))}
+    engine = ReplayEngine(tok, {"a": [_call("kw"), "end"], "b": [_call("kw"), "end"]})
+    batch = AgentRollout(AgentConfig(), env, overlap_tools=False)(engine, _prompts(tok, ["a", "b"], extra=extra),
+                                                                  SamplingParams(max_new_tokens=300))  # fmt: skip
+    texts = [tok.decode(batch.response_ids[r, : int(batch.response_lengths[r])].tolist()) for r in range(2)]
+    assert "<|im_start|>tool\ngt=72 tol=0.5 mode=loose<|im_end|>" in texts[0]
+    assert "<|im_start|>tool\ngt=5 tol=0.01 mode=strict<|im_end|>" in texts[1]
+    assert env.interactions["u"].impl.started == [(1, {"query": "q"}), (3, {"query": "q", "extra": {"a": 1}})]
 
 
 @pytest.mark.parametrize("method", ["start_interaction", "finalize_interaction"])
