@@ -173,13 +173,16 @@ class _Driver:
 
     def _generate_round(self, loops: list[AgentLoop], round_index: int) -> None:
         """One engine call for the round's requests, in loop order (deterministic rounds, so
-        deterministic seeds). The call samples up to the largest budget asked for; a turn with a
-        smaller budget keeps its first tokens (a prefix of a sample is a sample) as cut by length."""
+        deterministic seeds), each turn with its own budget (``prompt_max_new_tokens``). An
+        engine that samples further anyway is cut to the budget (a prefix of a sample is a sample)."""
         wants, self.wants = self.wants, {}
         rows = sorted(wants)
         budget = max(w.max_new_tokens for w in wants.values())
         seed = None if self.params.seed is None else step_seed(self.params.seed ^ ROUND_SEED_SALT, round_index)
-        params = dataclasses.replace(self.params, n=1, max_new_tokens=budget, seed=seed)
+        # Each turn gets its own budget: the largest one for all would let a trajectory near its
+        # end overrun the context length the plan checked (SGLang refuses such a request).
+        params = dataclasses.replace(self.params, n=1, max_new_tokens=budget, seed=seed,
+                                     prompt_max_new_tokens=tuple(wants[i].max_new_tokens for i in rows))  # fmt: skip
         results = self.engines.generate([loops[i].trajectory.context() for i in rows], params)
         for i, result in zip(rows, results, strict=True):
             result = _cut(result, wants[i].max_new_tokens)

@@ -47,7 +47,7 @@ class WorkerEngines:
         requests: list[Any] = [None] * self.world
         for rank, (start, stop) in zip(self.engine_ranks, shards):
             if stop > start:
-                requests[rank] = ([list(p) for p in prompts[start:stop]], params, start * params.n)
+                requests[rank] = ([list(p) for p in prompts[start:stop]], params.for_prompts(start, stop), start * params.n)
         answers = self.policy.generate(requests)
         results: list[GenerationResult] = []
         for rank, (start, stop) in zip(self.engine_ranks, shards):

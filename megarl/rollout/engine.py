@@ -10,7 +10,7 @@ recomputes), so the train/inference mismatch metric compares like with like.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -33,10 +33,32 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
+    # One cap per prompt of the request (each <= max_new_tokens), or None: max_new_tokens for
+    # all. The agent driver batches turns of different budgets in one request; asking each
+    # for the largest would overrun the context length of a trajectory near its end.
+    prompt_max_new_tokens: tuple[int, ...] | None = None
 
     @property
     def greedy(self) -> bool:
         return self.temperature < 1e-6
+
+    def for_prompts(self, start: int, stop: int) -> SamplingParams:
+        """These params for the prompts [start, stop) of the request (a shard of it)."""
+        if self.prompt_max_new_tokens is None:
+            return self
+        return replace(self, prompt_max_new_tokens=self.prompt_max_new_tokens[start:stop])
+
+    def check_budgets(self, prompts: int) -> None:
+        """ValueError unless prompt_max_new_tokens has one cap in [1, max_new_tokens] per prompt."""
+        caps = self.prompt_max_new_tokens
+        if caps is not None and (len(caps) != prompts or not all(1 <= c <= self.max_new_tokens for c in caps)):
+            raise ValueError(f"SamplingParams.prompt_max_new_tokens {caps} needs one value in [1, max_new_tokens="
+                             f"{self.max_new_tokens}] per prompt ({prompts} prompts)")  # fmt: skip
+
+    def budget(self, prompt: int) -> int:
+        """max_new_tokens of prompt ``prompt`` of the request."""
+        caps = self.prompt_max_new_tokens
+        return self.max_new_tokens if caps is None else caps[prompt]
 
 
 @dataclass(frozen=True)

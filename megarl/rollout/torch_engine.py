@@ -123,6 +123,7 @@ class TorchEngine:
             raise WeightLoadError("this engine was built from a model checkpoint's config and has random weights "
                                   "until the first complete weight push; push the weights before generating")
         _validate_params(params, self.tokenizer)
+        params.check_budgets(len(prompts))
         prompts = [list(map(int, p)) for p in prompts]
         if any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token; got an empty prompt")
@@ -132,16 +133,17 @@ class TorchEngine:
         for start in range(0, len(rows), self.max_running_requests):
             chunk = rows[start : start + self.max_running_requests]
             seeds = [sample_seed(base_seed, first_sample_index + start + k) for k in range(len(chunk))]
-            decoded = self._decode([prompts[p] for p, _ in chunk], seeds, params)
+            decoded = self._decode([prompts[p] for p, _ in chunk], seeds, params, [params.budget(p) for p, _ in chunk])
             for (p, _), (ids, lps, reason) in zip(chunk, decoded, strict=True):
                 results.append(GenerationResult(p, ids, lps, reason, self._weight_version))
         return results
 
     @torch.no_grad()
     def _decode(
-        self, prompts: list[list[int]], seeds: list[int], params: SamplingParams
+        self, prompts: list[list[int]], seeds: list[int], params: SamplingParams, budgets: list[int]
     ) -> list[tuple[list[int], list[float], str]]:
-        """Prefill then decode one batch of rows; returns (response ids, log-probs, finish reason)."""
+        """Prefill then decode one batch of rows, row ``r`` up to ``budgets[r]`` tokens; returns
+        (response ids, log-probs, finish reason)."""
         ids, mask = _left_pad(prompts, self.pad_token_id, self.device)  # [B, P] each
         positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [B, P]
         gens = [torch.Generator().manual_seed(s) for s in seeds]
@@ -154,7 +156,7 @@ class TorchEngine:
         logprobs: list[list[float]] = [[] for _ in prompts]
         reasons: list[str | None] = [None] * len(prompts)
         finished_since_compact = 0
-        for step in range(params.max_new_tokens):
+        for _ in range(max(budgets)):
             tokens, lps = sample_tokens(logits.float(), params, [gens[r] for r in running])
             for r, tok, lp in zip(running, tokens.tolist(), lps.tolist(), strict=True):
                 if reasons[r] is not None:
@@ -164,8 +166,11 @@ class TorchEngine:
                 if tok in stop_ids or self._hits_stop_string(responses[r], params.stop):
                     reasons[r] = "stop"
                     finished_since_compact += 1
+                elif len(responses[r]) >= budgets[r]:
+                    reasons[r] = "length"
+                    finished_since_compact += 1
             alive = [k for k, r in enumerate(running) if reasons[r] is None]
-            if not alive or step == params.max_new_tokens - 1:
+            if not alive:
                 break
             if finished_since_compact >= max(1, self.compact_fraction * len(running)):
                 keep = torch.tensor(alive, device=self.device)

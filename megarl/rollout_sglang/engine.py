@@ -140,10 +140,12 @@ class SGLangEngine:
                 "without SamplingParams.seed every sample would share SGLang's one default seed; "
                 "set a seed (megarl.rollout.seeds.step_seed) or launch with deterministic=False"
             )
+        params.check_budgets(len(prompts))
         concurrency = max(1, self.max_running_requests // params.n)
         with ThreadPoolExecutor(max_workers=min(concurrency, max(1, len(prompts)))) as pool:
             futures = [
-                pool.submit(self._generate_one, p, params, i, first_sample_index + i * params.n)
+                pool.submit(self._generate_one, p, replace(params, max_new_tokens=params.budget(i), prompt_max_new_tokens=None),
+                            i, first_sample_index + i * params.n)
                 for i, p in enumerate(prompts)
             ]
             return [r for f in futures for r in f.result()]
@@ -465,7 +467,7 @@ def generate_across(
     slices = [(i, prompts[i : i + size]) for i in range(0, len(prompts), size)]
     with ThreadPoolExecutor(max_workers=len(slices) or 1) as pool:
         futures = [
-            pool.submit(engine.generate, chunk, params, start * params.n)
+            pool.submit(engine.generate, chunk, params.for_prompts(start, start + len(chunk)), start * params.n)
             for engine, (start, chunk) in zip(engines, slices, strict=False)
         ]
         out: list[GenerationResult] = []

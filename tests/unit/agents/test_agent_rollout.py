@@ -66,7 +66,7 @@ class ReplayEngine:
             key = next(k for k in self.turns if self.tok.decode(ids).encode().startswith(bytes(k)))
             self.contexts[key].append(list(ids))
             self.order.append((key, len(self.contexts[key]) - 1))  # (trajectory, its turn) in serving order
-            turn = self.turns[key].pop(0)[: params.max_new_tokens]  # the engine honours the call's budget
+            turn = self.turns[key].pop(0)[: params.budget(i)]  # the engine honours each prompt's budget
             reason = "stop" if turn[-1] == _eos(self.tok) else "length"
             out.append(GenerationResult(i, turn, [-0.5] * len(turn), reason))
         return out
@@ -150,6 +150,25 @@ def test_limits_end_a_trajectory_with_their_finish_reason(tok, limits, turns, bu
     assert batch.finish_reason == [reason] and (agent["turns"], agent["tool_calls"], agent["tool_failures"]) == counts
     n = int(batch.response_lengths[0])
     assert n <= budget and batch.response_mask[0, n - 1] == 1.0  # ends on a generated token (the reward's place)
+
+
+def test_no_turn_asks_past_its_trajectorys_budget_when_a_round_mixes_budgets(tok):
+    """A round batches a trajectory near its end with one that has room left: each turn is asked
+    for its own budget (SGLang refuses a request past the model's context length; here the
+    engine double checks it)."""
+    prompts = _prompts(tok, ["a", "b"])
+    context_length = max(len(ids) for ids in prompts.prompt_ids) + 300  # what the plan checks: prompt + max_new_tokens
+
+    class Strict(ReplayEngine):
+        def generate(self, contexts, params):
+            asked = [len(ids) + params.budget(i) for i, ids in enumerate(contexts)]
+            assert max(asked) <= context_length, f"a turn asked for {max(asked)} positions of {context_length}"
+            return super().generate(contexts, params)
+
+    long_turn = "x" * 150 + _call("calc", expression="1")
+    engine = Strict(tok, {"a": [long_turn, "end"], "b": [_call("calc", expression="2"), "end"]})
+    batch = AgentRollout(AgentConfig(), _calc_env(tok), overlap_tools=False)(engine, prompts, SamplingParams(max_new_tokens=300))
+    assert engine.calls == [2, 2] and batch.finish_reason == ["stop", "stop"]  # the second round held both
 
 
 def test_a_failed_call_is_the_models_feedback_and_the_trajectory_goes_on(tok, caplog):

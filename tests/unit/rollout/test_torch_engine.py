@@ -126,6 +126,20 @@ def test_length_finish_reason_when_cut(task_engine):
         assert len(r.response_ids) == (r.response_ids.index(next(t for t in r.response_ids if t in task_engine.eos_token_ids)) + 1 if eos_hit else 3)
 
 
+def test_each_prompt_stops_at_its_own_budget_with_the_same_tokens(task_engine):
+    """prompt_max_new_tokens caps each prompt's samples (the agent driver's turns of different
+    budgets in one request); a capped sample is the uncapped one's prefix, cut as length."""
+    params = SamplingParams(max_new_tokens=8, n=2, seed=5, stop_token_ids=())
+    full = task_engine.generate(PROMPTS, params)
+    capped = task_engine.generate(PROMPTS, SamplingParams(**{**params.__dict__, "prompt_max_new_tokens": (2, 8, 5)}))
+    for r, whole in zip(capped, full, strict=True):
+        cap = (2, 8, 5)[r.prompt_index]
+        assert r.response_ids == whole.response_ids[:cap]
+        assert r.finish_reason == ("length" if len(whole.response_ids) > cap else whole.finish_reason)
+    with pytest.raises(ValueError, match=r"prompt_max_new_tokens \(2, 9, 5\) needs one value in \[1, max_new_tokens=8\]"):
+        task_engine.generate(PROMPTS, SamplingParams(max_new_tokens=8, prompt_max_new_tokens=(2, 9, 5)))
+
+
 def test_seeded_sample_is_independent_of_batch_composition_and_chunking(task_model_dir, task_engine):
     params = SamplingParams(temperature=1.0, top_p=0.95, max_new_tokens=8, n=2, seed=1234)
     batch = task_engine.generate(PROMPTS, params)

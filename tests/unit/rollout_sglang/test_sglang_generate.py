@@ -217,6 +217,18 @@ def test_generate_across_engines_matches_one_engine(fake_server):
     assert first.calls.count("/generate") == 2 + 4 and second.calls.count("/generate") == 2
 
 
+def test_each_prompt_is_asked_for_its_own_max_new_tokens_across_engines(fake_server):
+    """prompt_max_new_tokens (the agent driver's turns of different budgets) reaches SGLang as
+    each request's max_new_tokens, also when the prompts are split over engines."""
+    engines = [SGLangEngine(fake_server().url), SGLangEngine(fake_server().url)]
+    prompts = [[1, 2, 3, 4], [5, 6, 7, 8], [1, 2, 3, 5], [9, 9, 9, 9]]
+    params = SamplingParams(max_new_tokens=4, n=2, seed=3, prompt_max_new_tokens=(1, 4, 2, 3))
+    results = generate_across(engines, prompts, params)
+    assert [len(r.response_ids) for r in results] == [1, 1, 4, 4, 2, 2, 3, 3]  # the fake answers min(prompt, max_new_tokens)
+    with pytest.raises(ValueError, match="prompt_max_new_tokens"):
+        engines[0].generate(prompts, SamplingParams(max_new_tokens=4, prompt_max_new_tokens=(1, 2)))
+
+
 def test_deterministic_engine_needs_a_seed(fake_server):
     server = fake_server()
     server.spec = ServerSpec(model_path="m", deterministic=True)  # what SGLangServer carries
