@@ -16,6 +16,7 @@ the rollout's driver: keep ``generate_response`` quick (a rule check, not a mode
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -71,10 +72,13 @@ class InteractionSession:
         answer = self.interaction.call("generate_response", lambda: impl.generate_response(self.instance_id, messages, **self.kwargs))
         try:
             done, text, score, *_ = answer
-            return Reply(bool(done), str(text), float(score or 0.0))
+            reply = Reply(bool(done), str(text), float(score or 0.0))
         except (TypeError, ValueError):
             raise AgentError(f"{where} returned {answer!r:.80}; return (should_terminate: bool, response: str, "
                              "score: float, extra: dict) as verl's BaseInteraction does") from None
+        if not math.isfinite(reply.score):  # the score is a reward (turn_rewards): it would reach the loss as it is
+            raise AgentError(f"{where} returned the score {reply.score}; return a finite number")
+        return reply
 
     def finish(self) -> None:
         """verl's finalize_interaction, when the class has one."""

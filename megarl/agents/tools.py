@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
+import math
 import threading
 import uuid
 from collections.abc import Mapping
@@ -197,7 +198,10 @@ def _outcome_of(result: Any) -> ToolOutcome:
     text = getattr(result, "text", result)  # verl's ToolResponse has .text
     if not isinstance(text, str):
         return ToolOutcome(f"Error: the tool returned {type(text).__name__}, not text", error="error")
-    return ToolOutcome(text, reward=float(reward or 0.0), metrics=dict(metrics or {}))
+    reward = float(reward or 0.0)
+    if not math.isfinite(reward):  # with turn_rewards it would reach the loss as it is
+        return ToolOutcome(f"Error: the tool returned the reward {reward}, not a finite number", error="error")
+    return ToolOutcome(text, reward=reward, metrics=dict(metrics or {}))
 
 
 def _call(tool: Tool, arguments: dict[str, Any], kwargs: Mapping[str, Any]) -> ToolOutcome:

@@ -393,6 +393,34 @@ class Paying(Tool):
         return "ok", 0.5, {}
 
 
+def test_a_non_finite_tool_reward_or_turn_score_never_reaches_the_rewards(tok):
+    """A tool's NaN reward is its failure (the model is told, the reward is 0); an interaction's
+    NaN score stops the run with one line: with turn_rewards either would reach the loss as NaN."""
+    from megarl.agents.errors import AgentError
+    from megarl.agents.interactions import Interaction
+
+    class NanPay(Tool):
+        def execute(self, instance_id, parameters, **kwargs):
+            return "ok", float("nan"), {}
+
+    env = _env(tok, {"pay": NanPay({}, {"type": "function", "function": {"name": "pay"}})}, turn_rewards=True)
+    engine = ReplayEngine(tok, {"q": [_call("pay"), "end"]})
+    batch = AgentRollout(env.limits, env, overlap_tools=False)(engine, _prompts(tok, ["q"]), SamplingParams(max_new_tokens=400))
+    assert torch.isfinite(batch.turn_rewards).all() and batch.extra_info[0]["agent"]["tool_failures"] == 1
+    assert "Error: the tool returned the reward nan, not a finite number" in tok.decode(batch.response_ids[0].tolist())
+
+    class NanUser(RecordingUser):
+        def generate_response(self, instance_id, messages, **kwargs):
+            return False, "again", float("nan"), {}
+
+    env = _calc_env(tok, turn_rewards=True)
+    env.interactions = {"u": Interaction("u", NanUser({}))}
+    with pytest.raises(AgentError, match=r"interaction 'u' \(NanUser.generate_response\) returned the score nan; return a finite number"):
+        AgentRollout(env.limits, env, overlap_tools=False)(ReplayEngine(tok, {"q": ["hi", "hi"]}),
+                                                           _prompts(tok, ["q"], extra=[{"interaction_kwargs": {"name": "u"}}]),
+                                                           SamplingParams(max_new_tokens=100))  # fmt: skip
+
+
 @pytest.mark.parametrize("per_turn", [False, True])
 def test_turn_rewards_sit_on_the_last_generated_token_of_the_turn_that_earned_them(tok, per_turn):
     from megarl.algos.advantages import token_rewards_from_scores
