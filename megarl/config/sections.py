@@ -329,7 +329,7 @@ class TrainerConfig(Section):
     eval_freq: int = Field(0, ge=0, description="Validate every N steps; 0 disables periodic validation.")
     eval_before_train: bool = Field(False, description="Validate once before the first step.")
     val_only: bool = Field(False, description="Only validate, then exit.")
-    critic_warmup_steps: int = Field(0, ge=0, description="Steps where only the critic trains (PPO).")
+    critic_warmup_steps: int = Field(0, ge=0, description="Steps where only the critic trains (PPO): the actor trains from step N+1 (verl's trainer.critic_warmup=N trains it from step N).")
     output_dir: UserPath = Field("outputs/run", min_length=1, description="Checkpoints, metrics.jsonl, TensorBoard logs and samples go here.")
     resume: Literal["auto", "disable"] | UserPath = Field("auto", description="auto (latest valid checkpoint in output_dir), disable, or a checkpoint path.")
     keep_last: int = Field(3, ge=1, description="Checkpoints kept on disk.")
