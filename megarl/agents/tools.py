@@ -144,7 +144,12 @@ def import_class(name: str, where: str, error: type[ValueError], builtin: Mappin
     try:
         cls = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
-        raise error(f"{where}: class_name {name!r} cannot be imported ({exc}); install it or put its folder on PYTHONPATH") from exc
+        fix = "install it or put its folder on PYTHONPATH"
+        if name.startswith("verl."):  # a verl tool file as it is: verl's classes are not megarl's
+            builtins = f"use a built-in name ({', '.join(builtin)}), or " if builtin else ""
+            fix = (f"verl's classes do not run in megarl: {builtins}port the class to megarl's base class "
+                   "(docs/agents.md, 'Your own loop, parser, tool or interaction')")  # fmt: skip
+        raise error(f"{where}: class_name {name!r} cannot be imported ({exc}); {fix}") from exc
     except Exception as exc:  # the user's module fails while importing
         raise error(f"{where}: importing {module_name} failed: {type(exc).__name__}: {exc}") from exc
     if not isinstance(cls, type):

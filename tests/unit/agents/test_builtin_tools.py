@@ -237,3 +237,17 @@ def test_a_tool_file_that_is_not_valid_yaml_is_one_line_naming_it(tmp_path):
     path.write_bytes(b"tools:\n  - class_name: calcul\xe9tor\n")
     with pytest.raises(AgentError, match=f"^tool file {path} is not a YAML text file \\(byte 0xe9 at offset 29 is not UTF-8\\); save it as UTF-8 text$"):
         load_tools(path)
+
+
+def test_a_verl_tool_class_points_at_the_built_ins(tmp_path):
+    """A verl tool file as it is names verl's classes: the fix is megarl's built-in or a port, not
+    installing verl."""
+    from megarl.agents.errors import AgentError
+
+    path = tmp_path / "tools.yaml"
+    path.write_text("tools:\n  - class_name: verl.tools.gsm8k_tool.Gsm8kTool\n    config: {type: native}\n"
+                    "    tool_schema: {type: function, function: {name: calc_gsm8k_reward, parameters: {type: object}}}\n")
+    with pytest.raises(AgentError, match=r"class_name 'verl.tools.gsm8k_tool.Gsm8kTool' cannot be imported \(.*\); verl's "
+                                         r"classes do not run in megarl: use a built-in name \(.*calculator.*\), or port the "
+                                         r"class to megarl's base class"):  # fmt: skip
+        load_tools(path)
