@@ -74,7 +74,9 @@ def _call_from_json(body: str) -> ToolCall | str:
         return f"Error: the tool call is not valid JSON ({exc.msg} at character {exc.pos})"
     if not isinstance(value, dict) or not isinstance(value.get("name"), str) or not value["name"]:
         return 'Error: a tool call needs {"name": "<tool>", "arguments": {...}}'
-    arguments = value.get("arguments", {})
+    arguments = value.get("arguments")
+    if arguments is None:  # absent or null: a call without arguments
+        arguments = {}
     if isinstance(arguments, str):  # some models write the arguments as a JSON string
         try:
             arguments = json.loads(arguments)

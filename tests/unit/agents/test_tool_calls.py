@@ -17,6 +17,12 @@ def test_several_calls_in_order_and_arguments_as_a_json_string():
     assert parse_hermes(text).calls == [ToolCall("a", {"x": 1}), ToolCall("b", {"y": [2]})]
 
 
+def test_arguments_absent_or_null_are_none():
+    text = '<tool_call>{"name": "now"}</tool_call><tool_call>{"name": "now", "arguments": null}</tool_call>'
+    parsed = parse_hermes(text)
+    assert parsed.calls == [ToolCall("now", {}), ToolCall("now", {})] and parsed.errors == []
+
+
 def test_no_call_is_nothing_attempted():
     parsed = parse_hermes("The answer is 5.")
     assert parsed.calls == [] and parsed.errors == [] and parsed.attempted == 0
