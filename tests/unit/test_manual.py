@@ -1,7 +1,7 @@
 """The manual (README.md, docs/*.md, CHANGELOG.md, every --help) stays true to the code: its
-links resolve, the config keys and the flags it names exist, the README's configuration overview
-names every key and its copy of `megarl --help` is the real one, and the examples in --help pass
-`megarl plan`."""
+links resolve, the config keys, metrics, repository files (and the functions it names in them)
+and the flags it names exist, the README's configuration overview names every key and its copy
+of `megarl --help` is the real one, and the examples in --help pass `megarl plan`."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from megarl.cli import build_parser, main
 from megarl.config.documentation import describe
 from megarl.config.loading import ConfigError, _section_type
 from megarl.config.sections import MegaRLConfig
+from megarl.metrics import CATALOGUE, UnknownMetricError, lookup
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -70,6 +71,54 @@ def test_every_config_key_the_manual_names_exists(page: Path):
     word = re.compile(rf"(?<![\w./~-])((?:{sections})(?:\.[A-Za-z_]\w*)+)")
     unknown = sorted({k for k in word.findall(page.read_text()) if k not in NOT_KEYS and not _is_key(k)})
     assert not unknown, f"{page.name} names config keys that do not exist: {unknown}"
+
+
+# Metric-like words that are not metrics of this version: the name a metric had before its rename.
+NOT_METRICS = {"actor/pg_clipfrac"}
+# Repository paths the manual names that a command creates (ci/gpu/run.sh's output folder).
+NOT_IN_CHECKOUT = {"ci/gpu/out"}
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_metric_the_manual_names_is_in_the_catalogue(page: Path):
+    families = "|".join(sorted({m.family for m in CATALOGUE}))
+    # `val/<data_source>/pass@<k>`, `actor/clip_frac`; not a path (outputs/demo/data/val.parquet)
+    word = re.compile(rf"(?<![\w./<-])((?:{families})/[\w<>@/.-]*[\w>](?:/\*)?)(?!\.\w)")
+    unknown = []
+    for name in sorted(set(word.findall(page.read_text())) - NOT_METRICS):
+        if re.search(r"\.(py|parquet|jsonl?|ya?ml|md)$", name):
+            continue  # a file: srt/weight_sync/tensor_bucket.py, data/train.parquet
+        if name.endswith("/*"):  # `val/response_length/*`: a family of several names
+            unknown += [] if any(m.name.startswith(name[:-1]) for m in CATALOGUE) else [name]
+            continue
+        try:
+            lookup(name)
+        except UnknownMetricError:
+            unknown.append(name)
+    assert not unknown, f"{page.name} names metrics that megarl/metrics.py does not declare: {unknown}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_repository_file_and_function_the_manual_names_exists(page: Path):
+    """`megarl/x.py`, `tests/e2e/test_y.py` exist; `Name.attr` in `megarl/x.py` (or
+    `megarl/x.py`'s `Name`, `megarl/x.py` (`Name`), megarl/x.py:name) is defined or assigned there."""
+    text = page.read_text()
+    path = r"(?:megarl|tests|bench|ci|configs|docs|launch|docker)/[\w./-]*\w"
+    missing = sorted({p for p in re.findall(rf"(?<![\w./~-])({path})", text)
+                      if p not in NOT_IN_CHECKOUT and not (ROOT / p).exists()})  # fmt: skip
+    named = [m.group(1, 2) for m in re.finditer(rf"`(\w[\w.]*)(?:\(\))?` (?:in|of|from) `({path}\.py)`", text)]
+    named += [m.group(2, 1) for m in re.finditer(rf"`({path}\.py)`(?:'s|,| \(|:)? ?`(\w[\w.]*)(?:\(\))?`", text)]
+    named += [m.group(2, 1) for m in re.finditer(rf"(?<![\w./~-])({path}\.py):(\w[\w.]*)", text)]
+    undefined = []
+    for name, file in named:
+        source = (ROOT / file).read_text() if (ROOT / file).exists() else ""
+        head = name.split(".")[0]
+        if not re.search(rf"^\s*(?:async def|def|class) {head}\b|^{head}\b[^=\n]*=", source, flags=re.M):
+            undefined.append(f"{name} ({file})")
+        elif "." in name and not re.search(rf"\b(?:def |self\.)?{re.escape(name.split('.')[-1])}\b", source):
+            undefined.append(f"{name} ({file})")
+    undefined = sorted(set(undefined))
+    assert not missing and not undefined, f"{page.name}: no such file {missing}; not defined where named {undefined}"
 
 
 def _names(model: type[BaseModel]) -> set[str]:
