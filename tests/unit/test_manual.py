@@ -6,10 +6,12 @@ of `megarl --help` is the real one, and the examples in --help pass `megarl plan
 from __future__ import annotations
 
 import argparse
+import ast
 import re
 from pathlib import Path
 
 import pytest
+import yaml
 from pydantic import BaseModel
 
 from megarl.cli import build_parser, main
@@ -71,6 +73,30 @@ def test_every_config_key_the_manual_names_exists(page: Path):
     word = re.compile(rf"(?<![\w./~-])((?:{sections})(?:\.[A-Za-z_]\w*)+)")
     unknown = sorted({k for k in word.findall(page.read_text()) if k not in NOT_KEYS and not _is_key(k)})
     assert not unknown, f"{page.name} names config keys that do not exist: {unknown}"
+
+
+def _current(page: Path) -> str:
+    """What the page says of this version: CHANGELOG.md's Unreleased section, the whole of any other page
+    (released entries record the defaults of their release)."""
+    text = page.read_text()
+    if page.name != "CHANGELOG.md":
+        return text
+    start = text.index("## [Unreleased]")
+    end = text.find("\n## [", start + 1)
+    return text[start : end if end >= 0 else len(text)]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_default_the_manual_states_is_the_config_default(page: Path):
+    """`trainer.hang_timeout_s` (default 3600 s), `actor.packed_attention` (`auto` | `flex`, default `auto`)."""
+    sections = "|".join(SECTIONS)
+    stated = re.finditer(rf"`((?:{sections})(?:\.\w+)+)(?::[^`]*)?`,? \([^()]*?\bdefault:? `?([\w.+-]+)`?", _current(page))
+    wrong = []
+    for key, value in (m.groups() for m in stated):
+        default = ast.literal_eval(describe(key).splitlines()[0].split(" = ", 1)[1].split("  (", 1)[0])
+        if yaml.safe_load(value) != default:
+            wrong.append(f"{key}: the page says {value}, megarl config says {default!r}")
+    assert not wrong, f"{page.name}: {wrong}"
 
 
 # Metric-like words that are not metrics of this version: the name a metric had before its rename.
