@@ -87,7 +87,7 @@ def run_sft(cfg: Any, address: str | None = None, *, in_process: bool = False) -
     # Imports happen here, before the signal handlers: a SIGTERM during the seconds Ray's take
     # must find the run starting (nothing written), not half-way through an import.
     placement, ray = (None, None) if in_process else _ray_start(cfg, plan, address)
-    control = RunControl()
+    control = RunControl(saves="the model")  # a stop writes and verifies the model; SFT keeps no checkpoint
     stopped = lambda: RunStopped(f"stopped by {control.signal_name} while starting; nothing was trained or "  # noqa: E731
                                  "written", control.exit_code)
     with output_dir_lock(out, "sft.output_dir"), driver_log(out / "logs" / DRIVER_LOG), control.handlers(), ExitStack() as session:

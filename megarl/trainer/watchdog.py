@@ -56,9 +56,10 @@ class HangError(RuntimeError):
 class RunControl:
     """The driver's signal handling for one run; ``resume_command`` is quoted when it stops."""
 
-    def __init__(self, resume_command: str = "", save_on_signal: bool = True):
+    def __init__(self, resume_command: str = "", save_on_signal: bool = True, saves: str = "a checkpoint"):
         self.resume_command = resume_command
         self.save_on_signal = save_on_signal
+        self.saves = saves  # what a stop writes, named in the first signal's line ("the model" for megarl sft)
         self.signal: int | None = None  # the first SIGINT / SIGTERM received
         self.signal_at = 0.0  # when it came (time.monotonic())
         self.deferred = False  # inside the step loop: the first signal waits for the step's end
@@ -125,7 +126,7 @@ class RunControl:
             print("\nmegarl: shutting down, please wait", file=sys.stderr, flush=True)
             return
         if first and self.deferred:
-            save = " and saving a checkpoint" if self.save_on_signal else ""
+            save = f" and saving {self.saves}" if self.save_on_signal else ""
             print(f"\nmegarl: {_NAMES.get(signum, signum)} received: stopping after this step{save}; "
                   "send it again to stop at once (a SIGTERM: after 5 s)", file=sys.stderr, flush=True)
             return

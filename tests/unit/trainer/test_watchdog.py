@@ -41,6 +41,14 @@ def test_inside_a_step_the_first_signal_waits_and_the_second_abandons(capsys):
     assert "shutting down, please wait" in capsys.readouterr().err
 
 
+def test_the_first_signal_names_what_the_stop_writes(capsys):
+    control = RunControl(saves="the model")  # megarl sft: a stop writes the model, not a checkpoint
+    with control.handlers():
+        control.deferred = True
+        deliver(signal.SIGINT)
+    assert "stopping after this step and saving the model; send it again" in capsys.readouterr().err
+
+
 def test_a_sigterm_repeated_at_once_is_the_same_request(capsys, monkeypatch):
     # Slurm's preemption signals every process of the job, and the batch script forwards it too.
     control = RunControl()
