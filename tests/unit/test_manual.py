@@ -1,12 +1,14 @@
 """The manual (README.md, docs/*.md, CHANGELOG.md, every --help) stays true to the code: its
-links resolve, the config keys, metrics, repository files (and the functions it names in them)
-and the flags it names exist, the README's configuration overview names every key and its copy
-of `megarl --help` is the real one, and the examples in --help pass `megarl plan`."""
+links resolve, the config keys, metrics, repository files (and the functions it names in them),
+Python names and flags it names exist, the defaults it states are the config's, the README's
+configuration overview names every key and its copy of `megarl --help` is the real one, and the
+examples in --help pass `megarl plan`."""
 
 from __future__ import annotations
 
 import argparse
 import ast
+import importlib
 import re
 from pathlib import Path
 
@@ -145,6 +147,29 @@ def test_every_repository_file_and_function_the_manual_names_exists(page: Path):
             undefined.append(f"{name} ({file})")
     undefined = sorted(set(undefined))
     assert not missing and not undefined, f"{page.name}: no such file {missing}; not defined where named {undefined}"
+
+
+def _resolves(dotted: str) -> bool:
+    """``megarl.models.norm.RMSNorm``: the longest importable module, then attributes."""
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for attr in parts[i:]:
+            if not hasattr(obj, attr):
+                return False
+            obj = getattr(obj, attr)
+        return True
+    return False
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_python_name_the_manual_gives_resolves(page: Path):
+    """`megarl.agents.tools.Tool`, `megarl.rewards.compute_score(...)` can be imported as written."""
+    names = set(re.findall(r"`(megarl(?:\.\w+)+)", page.read_text()))
+    assert not (wrong := sorted(n for n in names if not _resolves(n))), f"{page.name} names what megarl lacks: {wrong}"
 
 
 def _names(model: type[BaseModel]) -> set[str]:
