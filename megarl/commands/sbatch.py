@@ -219,10 +219,11 @@ def _warn_missing_here(cfg, workdir: Path) -> None:
     named = [("model.path", cfg.model.path), *((f"data.train_files[{i}]", f.path) for i, f in enumerate(cfg.data.train_files)),
              *((f"data.val_files[{i}]", f) for i, f in enumerate(cfg.data.val_files)),
              ("reward.custom.path", cfg.reward.custom.path if cfg.reward.custom else None)]  # fmt: skip
-    missing = [f"{key} ({value})" for key, value in named if value and not (workdir / value).exists()]
+    missing = [(key, str(value)) for key, value in named if value and not (workdir / value).exists()]
     if missing:
-        print(f"warning: not on this machine: {', '.join(missing)}; the nodes must see them there (relative paths from "
-              f"{workdir})", file=sys.stderr)  # fmt: skip
+        relative = any(not Path(value).is_absolute() for _, value in missing)
+        print(f"warning: not on this machine: {', '.join(f'{key} ({value})' for key, value in missing)}; the nodes must "
+              f"see them there{f' (relative paths from {workdir})' if relative else ''}", file=sys.stderr)  # fmt: skip
 
 
 def _command_line(args: argparse.Namespace) -> str:

@@ -119,6 +119,11 @@ def test_files_the_run_reads_missing_here_are_a_warning(capsys, tmp_path, monkey
     assert code == 0 and out.startswith("#!/bin/bash\n")
     assert err == ("warning: not on this machine: model.path (/cluster/model), data.train_files[0] "
                    f"(outputs/demo/data/train.parquet); the nodes must see them there (relative paths from {tmp_path})\n")
+    code, _, err = sbatch(capsys, str(ROOT / "configs" / "tiny_grpo.yaml"), "model.path=/cluster/model",
+                          "data.train_files=[/cluster/train.parquet]", "data.val_files=[val.parquet]", "--partition", "debug",
+                          "--time", "60")  # fmt: skip
+    assert code == 0 and err == ("warning: not on this machine: model.path (/cluster/model), data.train_files[0] "
+                                 "(/cluster/train.parquet); the nodes must see them there\n")  # no relative path to read from
 
 
 def test_a_config_the_planner_refuses_writes_nothing(capsys, tmp_path, monkeypatch):
