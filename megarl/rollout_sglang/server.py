@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from megarl.process_signals import unblock_sigterm
+
 if TYPE_CHECKING:
     from megarl.config.rollout_sections import RolloutConfig
     from megarl.config.sections import ClusterConfig
@@ -274,7 +276,7 @@ class SGLangServer:
                 start_new_session=True,  # own process group: shutdown kills TP workers too
                 # The host actor inherits an embedded Ray's blocked SIGTERM, and a server started
                 # with it would ignore shutdown's SIGTERM (its own session: no group kill reaches it).
-                preexec_fn=_sigterm_unblocked,
+                preexec_fn=unblock_sigterm,
             )
         finally:
             log.close()
@@ -336,10 +338,6 @@ class SGLangServer:
             f"SGLang server {self.url} {what}. Command: {' '.join(self.command())}\n"
             f"Log {self.log_path} (last lines):\n{tail or '<empty>'}"
         )
-
-
-def _sigterm_unblocked() -> None:
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:

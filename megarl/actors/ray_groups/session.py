@@ -33,6 +33,8 @@ from typing import Any
 
 import ray
 
+from megarl.process_signals import sigterm_blocked_in_children
+
 log = logging.getLogger(__name__)
 
 
@@ -76,7 +78,7 @@ def ray_session(
     if address is None:
         # "local" always starts a new instance; plain ray.init() would join a cluster found
         # through RAY_ADDRESS or a `ray start` on this machine (someone else's, on a shared box).
-        with _quiet_auth_notice(), _sigterm_blocked_in_children():
+        with _quiet_auth_notice(), sigterm_blocked_in_children():
             _init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, **kwargs)
     else:
         try:
@@ -146,26 +148,8 @@ def _init(**kwargs: Any) -> None:
             utils.set_sigterm_handler = install
 
 
-@contextmanager
-def _sigterm_blocked_in_children() -> Iterator[None]:
-    """SIGTERM blocked in this thread while ray.init forks an embedded Ray's processes from it:
-    they inherit the mask (as Ray blocks SIGINT in them), so a SIGTERM sent to the driver's whole
-    process group (`timeout`, `kill -TERM -PGID`, systemd, a Slurm step's signal) reaches the
-    driver, which finishes the step and saves, and not the GCS, raylet and workers that hold the
-    run's state. A signal meanwhile is delivered when the block ends. Ray stops its processes
-    with SIGKILL after a second's grace. Off the main thread: nothing (Python's handlers run there)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-
-
 def _shutdown_embedded() -> None:
-    """ray.shutdown of an embedded Ray whose processes block SIGTERM (_sigterm_blocked_in_children).
+    """ray.shutdown of an embedded Ray whose processes block SIGTERM (megarl/process_signals.py).
     Ray SIGTERMs each of its processes and waits a second before the SIGKILL: that second is only
     a wait here, so it goes to the SIGKILL at once. The raylet's agents, which a SIGTERM to the
     raylet would have stopped, are killed with the rest of the tree taken before the shutdown.
