@@ -5,11 +5,13 @@ traceback); the driver adds ("timeout", message)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import traceback
 from typing import Any
 
+from megarl.process_signals import unblock_sigterm
 from megarl.rewards import code_sandbox, registry
 from megarl.rewards import custom as custom_fn
 
@@ -28,6 +30,11 @@ def init_worker(spec: dict[str, Any], loaded: Any) -> None:
     # Ctrl-C reaches the whole foreground process group: the driver decides when to stop, a
     # worker must not die mid-sample (the step in progress is finished or abandoned as a whole).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # So does a SIGTERM to the group (`timeout`, `kill -TERM -PGID`): the worker, started with it
+    # blocked (scorer._new_pool), leaves the group, then takes the SIGTERM pebble stops it with.
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)
+    unblock_sigterm()
     try:
         if spec.get("custom"):
             _WORKER["custom"] = custom_fn.load_function(*spec["custom"])

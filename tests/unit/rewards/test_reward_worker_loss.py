@@ -86,3 +86,56 @@ def test_worker_killed_while_idle_is_replaced_and_no_sample_is_lost(caplog, noti
     finally:
         scorer.close()
     _wait_until(lambda: not _workers(before))
+
+
+# A driver in its own process group, as a launch is: its SIGTERM handler records the stop (the
+# trainer's RunControl does), and the reward function sends a SIGTERM to that whole group while
+# its sample is being scored (what `timeout` or `kill -TERM -PGID` sends mid-step).
+_GROUP_SIGTERM_DRIVER = """
+import json, os, signal, sys
+from megarl.config.sections import CustomRewardConfig, RewardConfig
+from megarl.rewards import RewardScorer
+
+got = []
+
+def main():
+    signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))
+    os.environ["DRIVER_PGID"] = str(os.getpgrp())
+    scorer = RewardScorer(RewardConfig(workers=2, timeout_s=60.0, custom=CustomRewardConfig(path=sys.argv[1])))
+    try:
+        result = scorer.score(["x"] * 4, ["a"] * 4, ["1"] * 4)
+    finally:
+        scorer.close()
+    print(json.dumps({"got": got, "scores": result.scores, "errors": result.errors}))
+
+if __name__ == "__main__":
+    main()
+"""
+
+_GROUP_SIGTERM_REWARD = """
+import os, signal, time
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    os.killpg(int(os.environ["DRIVER_PGID"]), signal.SIGTERM)
+    time.sleep(0.5)  # still scoring when the signal lands
+    return 1.0
+"""
+
+
+def test_a_sigterm_to_the_drivers_process_group_leaves_the_samples_being_scored(tmp_path):
+    """The driver finishes the step on a SIGTERM to its process group and saves: the reward
+    workers, children of the driver, must not die of it mid-sample (scored 0 as errors), as they
+    do not of Ctrl-C."""
+    import json
+    import subprocess
+    import sys
+
+    (tmp_path / "driver.py").write_text(_GROUP_SIGTERM_DRIVER)
+    (tmp_path / "reward.py").write_text(_GROUP_SIGTERM_REWARD)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, str(tmp_path / "driver.py"), str(tmp_path / "reward.py")], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=240, start_new_session=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["got"] and set(result["got"]) == {signal.SIGTERM}  # the driver was signalled
+    assert (result["scores"], result["errors"]) == ([1.0] * 4, 0), done.stderr[-3000:]
