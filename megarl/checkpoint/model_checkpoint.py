@@ -25,6 +25,7 @@ files of another model copied in) is refused by name of the differing fields.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import time
@@ -128,7 +129,8 @@ def _as_transformers_reads(config: dict[str, Any]) -> dict[str, Any]:
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # its notes on legacy fields are not the user's concern here
     try:
-        return _dtype_key(CONFIG_MAPPING[model_type].from_dict(dict(config)).to_dict())
+        # a deep copy: the class writes into the nested dicts it is given (rope_scaling gets rope_theta)
+        return _dtype_key(CONFIG_MAPPING[model_type].from_dict(copy.deepcopy(config)).to_dict())
     except Exception:  # noqa: BLE001 - a config its class refuses is compared as written
         return _dtype_key(config)
     finally:

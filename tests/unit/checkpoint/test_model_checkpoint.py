@@ -274,3 +274,19 @@ def test_config_differences_read_configs_as_transformers_does():
     assert config_differences(old_style, dict(old_style, rope_theta=500000.0)) == [
         "rope_parameters.rope_theta: recorded 1000000.0, now 500000.0"
     ]
+
+
+def test_config_differences_leave_the_configs_compared_as_they_were():
+    """The record's hf_config and the config.json read are the caller's: transformers writes
+    rope_theta into the rope_scaling dict it is given, and a second comparison of the same
+    dicts then missed an edited rope_theta (the nested one wins)."""
+    import copy
+
+    recorded = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                "intermediate_size": 128, "vocab_size": 300, "rope_theta": 10000.0,
+                "rope_scaling": {"rope_type": "linear", "factor": 2.0}}  # fmt: skip
+    before = copy.deepcopy(recorded)
+    assert config_differences(recorded, copy.deepcopy(recorded)) == []
+    assert recorded == before
+    edited = dict(recorded, rope_theta=500000.0)  # (shares the rope_scaling dict, as a shallow copy does)
+    assert config_differences(recorded, edited) == ["rope_parameters.rope_theta: recorded 10000.0, now 500000.0"]
