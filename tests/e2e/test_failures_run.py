@@ -275,9 +275,9 @@ def test_sigterm_while_ray_starts_exits_143_with_nothing_left(launch_dir, tmp_pa
 def test_a_second_launch_into_a_running_runs_output_dir_is_refused(launch_dir, tmp_path):
     """The same command again while the run lives (a Slurm requeue of a job still running):
     refused before it touches the run, naming the first; the first goes on undisturbed. Then
-    a SIGTERM to the first one's whole process group (what `timeout`, `kill -TERM -PGID` and
-    systemd send) reaches the driver, not the embedded Ray's processes, which hold the run's
-    state: it saves as on Ctrl-C, and no process is left."""
+    a SIGTERM to the first one's whole process group (what `timeout` and `kill -TERM -PGID`
+    send) reaches the driver, not the embedded Ray's processes or the reward workers, which hold
+    the run's state: it saves as on Ctrl-C, and no process is left."""
     log = tmp_path / "busy.log"
     args = [*MEGARL, "launch", str(TINY), *overrides(1000, "trainer.output_dir=busy")]
     mark = f"{os.getpid()}-{time.time_ns()}"
