@@ -206,9 +206,10 @@ def _layout_changes(differences: dict[str, tuple[Any, Any]], ckpt: Any, old: Meg
 
 
 def _another_critic(old: MegaRLConfig, new: MegaRLConfig, ckpt: Any, launched: Path) -> list[Finding]:
-    """A refusal when the critic's model (critic.path, else model.path) is another architecture
-    than the one ``ckpt``'s critic was trained as: its weights would only fail to load once
-    every worker has started (a shape mismatch inside Megatron's load). Another directory of the
+    """A refusal when the critic's model (critic.path, else model.path) has another config.json
+    than the one ``ckpt``'s critic was trained as (as the policy's model is refused): another
+    architecture's weights would only fail to load once every worker has started (a shape
+    mismatch inside Megatron's load). Another directory of the
     same architecture is fine (the weights come from the checkpoint); when neither launch set
     critic.path the model.path check covers it."""
     import json
@@ -231,7 +232,7 @@ def _another_critic(old: MegaRLConfig, new: MegaRLConfig, ckpt: Any, launched: P
     shown = "; ".join(differ[:3]) + (f"; and {len(differ) - 3} more" if len(differ) > 3 else "")
     this = f"critic.path={new.critic.path}" if new.critic.path else f"model.path={now} (critic.path unset)"
     before = f"critic.path={old.critic.path}" if old.critic.path else f"model.path={was}"
-    return [Finding("critic.path", f"this launch's critic model ({this}) is another architecture than the one the critic of "
+    return [Finding("critic.path", f"this launch's critic model ({this}) differs from the one the critic of "
                     f"{ckpt.path.name} was trained as ({before}: {shown}), whose weights the checkpoint holds; resume with "
                     f"critic.path={was}, or start a new run in a new trainer.output_dir")]  # fmt: skip
 

@@ -420,8 +420,8 @@ def test_a_resume_refuses_a_critic_model_of_another_architecture(demo, tmp_path)
     _trained_with(out, 2, config(demo, out, "algorithm.estimator=gae", f"critic.path={small}"), launch_dir=tmp_path,
                   roles=("policy", "critic"))  # fmt: skip
     msg = refusal(config(demo, out, "algorithm.estimator=gae"))
-    assert (f"  - critic.path: this launch's critic model (model.path={demo[0]} (critic.path unset)) is another "
-            f"architecture than the one the critic of step_000002 was trained as (critic.path={small}: hidden_size: "
+    assert (f"  - critic.path: this launch's critic model (model.path={demo[0]} (critic.path unset)) differs "
+            f"from the one the critic of step_000002 was trained as (critic.path={small}: hidden_size: "
             f"recorded 32, now 64;") in msg
     assert f"whose weights the checkpoint holds; resume with critic.path={small}, or start a new run" in msg
     copy = shutil.copytree(small, tmp_path / "moved")  # another directory, the same model: its weights are not read
