@@ -34,8 +34,8 @@ exit codes:
   1    internal error: a traceback follows (a megarl bug, or an assert in a worker; please report it)
   2    user error: one `error:` line names the problem and the fix (command line, config, data,
        checkpoint, reward function, paths, a worker that raised or died); --debug adds the traceback
-  130  stopped by Ctrl-C (SIGINT); 143 stopped by SIGTERM: the last checkpoint and the resume
-       command are printed
+  130  stopped by Ctrl-C (SIGINT); 143 stopped by SIGTERM; 129 stopped by SIGHUP (the terminal
+       closed: the end is in logs/driver.log): the last checkpoint and the resume command are printed
 """
 
 # The project's user-facing errors, by module: only modules already imported are looked at, so

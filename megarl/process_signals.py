@@ -1,12 +1,14 @@
-"""SIGTERM and the processes a run starts.
+"""SIGTERM, SIGHUP and the processes a run starts.
 
 A stop signal sent to the run's whole process group (`timeout`, `kill -TERM -PGID`, a Slurm
-step's signal) must reach the driver, which finishes the step and saves, and not the helper
-processes that hold the step's work: an embedded Ray's GCS, raylet and workers
-(megarl/actors/ray_groups/session.py) and the reward workers (megarl/rewards/scorer.py). They
-are started with SIGTERM blocked (a blocked signal mask is inherited across fork and exec, as
-Ray blocks SIGINT in its processes); a process that must stop on a plain SIGTERM again (an
-SGLang server, a reward worker, which pebble stops with one) unblocks it itself.
+step's signal; SIGHUP from the shell when the terminal closes or an ssh connection drops) must
+reach the driver, which finishes the step and saves, and not the helper processes that hold the
+step's work: an embedded Ray's GCS, raylet and workers (megarl/actors/ray_groups/session.py)
+and the reward workers with the forkserver and multiprocessing's resource tracker
+(megarl/rewards/scorer.py). They are started with STOP_SIGNALS blocked (a blocked signal mask
+is inherited across fork and exec, as Ray blocks SIGINT in its processes); a process that must
+stop on a plain SIGTERM again (an SGLang server, a reward worker, which pebble stops with one)
+unblocks them itself.
 """
 
 from __future__ import annotations
@@ -14,24 +16,37 @@ from __future__ import annotations
 import signal
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
+
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGHUP}  # (SIGINT: Ray blocks it itself, reward workers ignore it)
+
+
+def stop_signals_blocked_in_children() -> AbstractContextManager[None]:
+    """STOP_SIGNALS blocked in this thread while it starts processes (and threads, which start
+    processes later): they inherit the block. A signal meanwhile is delivered to this process
+    when the block ends. Off the main thread: nothing (Python's handlers run there)."""
+    return _blocked(STOP_SIGNALS)
+
+
+def hangup_blocked_in_children() -> AbstractContextManager[None]:
+    """SIGHUP alone blocked, for a helper that takes SIGTERM its own way (multiprocessing's
+    resource tracker ignores it; started with it blocked too, reward workers were seen to die of a
+    group SIGTERM, exit code 255)."""
+    return _blocked({signal.SIGHUP})
 
 
 @contextmanager
-def sigterm_blocked_in_children() -> Iterator[None]:
-    """SIGTERM blocked in this thread while it starts processes (and threads, which start
-    processes later): they inherit the block. A SIGTERM meanwhile is delivered to this process
-    when the block ends. Off the main thread: nothing (Python's handlers run there)."""
+def _blocked(signals: set[signal.Signals]) -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
     try:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-def unblock_sigterm() -> None:
-    """In a process started under sigterm_blocked_in_children that must stop on SIGTERM."""
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+def unblock_stop_signals() -> None:
+    """In a process started under stop_signals_blocked_in_children that must stop on SIGTERM."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)

@@ -210,17 +210,23 @@ class RewardScorer:
             self._check_custom(custom)
 
     def _new_pool(self) -> ProcessPool:
-        from megarl.process_signals import sigterm_blocked_in_children
+        from megarl.process_signals import (
+            hangup_blocked_in_children,
+            stop_signals_blocked_in_children,
+        )
 
-        self._loaded = self._context.Value("i", 0)
-        pool = ProcessPool(max_workers=self.cfg.workers, initializer=worker.init_worker,
-                           initargs=(self._spec, self._loaded), context=self._context)
-        # Started now (pebble starts a pool at its first use; `active` does), with SIGTERM blocked:
-        # the forkserver, the workers and pebble's threads, which start replacements, inherit the
-        # block, so a SIGTERM to the driver's process group (`timeout`, `kill -TERM -PGID`) does not
-        # kill the samples being scored, as Ctrl-C does not; each worker then leaves the group and
-        # takes SIGTERM again, which pebble stops a timed-out one with (worker.init_worker).
-        with sigterm_blocked_in_children():
+        # Started now (pebble starts a pool at its first use; `active` does), with SIGTERM and
+        # SIGHUP blocked: the forkserver, the workers and pebble's threads, which start
+        # replacements, inherit the block (multiprocessing's resource tracker SIGHUP only: it
+        # ignores SIGTERM itself), so a SIGTERM or a closed terminal's SIGHUP to the driver's process group
+        # (`timeout`, `kill -TERM -PGID`, the shell) does not kill the samples being scored, as
+        # Ctrl-C does not; each worker then leaves the group and takes SIGTERM again, which pebble
+        # stops a timed-out one with (worker.init_worker).
+        with hangup_blocked_in_children():  # multiprocessing's resource tracker, started for the Value
+            self._loaded = self._context.Value("i", 0)
+        with stop_signals_blocked_in_children():
+            pool = ProcessPool(max_workers=self.cfg.workers, initializer=worker.init_worker,
+                               initargs=(self._spec, self._loaded), context=self._context)
             if not pool.active:  # (starts it)
                 raise RewardError("the reward workers' pool did not start")
         return pool

@@ -11,7 +11,7 @@ import signal
 import traceback
 from typing import Any
 
-from megarl.process_signals import unblock_sigterm
+from megarl.process_signals import unblock_stop_signals
 from megarl.rewards import code_sandbox, registry
 from megarl.rewards import custom as custom_fn
 
@@ -34,7 +34,7 @@ def init_worker(spec: dict[str, Any], loaded: Any) -> None:
     # blocked (scorer._new_pool), leaves the group, then takes the SIGTERM pebble stops it with.
     with contextlib.suppress(OSError):
         os.setpgid(0, 0)
-    unblock_sigterm()
+    unblock_stop_signals()
     try:
         if spec.get("custom"):
             _WORKER["custom"] = custom_fn.load_function(*spec["custom"])

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from megarl.process_signals import unblock_sigterm
+from megarl.process_signals import unblock_stop_signals
 
 if TYPE_CHECKING:
     from megarl.config.rollout_sections import RolloutConfig
@@ -276,7 +276,7 @@ class SGLangServer:
                 start_new_session=True,  # own process group: shutdown kills TP workers too
                 # The host actor inherits an embedded Ray's blocked SIGTERM, and a server started
                 # with it would ignore shutdown's SIGTERM (its own session: no group kill reaches it).
-                preexec_fn=unblock_sigterm,
+                preexec_fn=unblock_stop_signals,
             )
         finally:
             log.close()

@@ -3,11 +3,15 @@ own shutdown, with one message that says what was saved and how to go on.
 
 ``RunControl`` holds the driver's signal handlers (installed in the main thread for the whole
 run). Outside the step loop a signal stops at once (KeyboardInterrupt: nothing is half done).
-Inside it the first SIGINT / SIGTERM (Slurm's preemption signal) only asks to stop: the step
+Inside it the first SIGINT / SIGTERM (Slurm's preemption signal) / SIGHUP (a closed terminal, an
+ssh connection dropped: the shell passes it to its jobs) only asks to stop: the step
 finishes, a checkpoint is written if ``trainer.checkpoint_on_signal`` (and the step did not
 already save one), then ``RunStopped`` ends the run; a second signal abandons the step at once.
 A SIGTERM repeated within ``REPEAT_WINDOW_S`` counts as the same request: on preemption Slurm
-signals every process of the job and the batch script forwards the TERM too (launch/).
+signals every process of the job and the batch script forwards the TERM too (launch/); so does a
+SIGHUP, which the kernel and the hung-up shell both send. After a SIGHUP the terminal is gone (a
+write to it fails with EIO), so stdout and stderr, where they were that terminal, go to
+/dev/null: the run ends in <output_dir>/logs/driver.log.
 While shutting down, further signals are ignored (Ray and the worker processes are cleaned up
 either way; after SIGKILL the session's reaper does it, megarl/actors/ray_groups/session.py).
 
@@ -35,10 +39,11 @@ from megarl.progress import PROGRESS
 
 log = logging.getLogger(__name__)
 
-EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
+EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}
+HANDLED_SIGNALS = tuple(EXIT_CODES)  # a first one asks the run to stop after the step
 HANG_SIGNAL = signal.SIGUSR2  # the watchdog -> the main thread (ranks use SIGUSR1 for their stacks)
-_NAMES = {signal.SIGINT: "SIGINT (Ctrl-C)", signal.SIGTERM: "SIGTERM"}
-REPEAT_WINDOW_S = 5.0  # a SIGTERM this soon after the first is the same request, not "stop at once"
+_NAMES = {signal.SIGINT: "SIGINT (Ctrl-C)", signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP (terminal closed)"}
+REPEAT_WINDOW_S = 5.0  # a SIGTERM / SIGHUP this soon after the first is the same request, not "stop at once"
 
 
 class RunStopped(Exception):
@@ -60,7 +65,7 @@ class RunControl:
         self.resume_command = resume_command
         self.save_on_signal = save_on_signal
         self.saves = saves  # what a stop writes, named in the first signal's line ("the model" for megarl sft)
-        self.signal: int | None = None  # the first SIGINT / SIGTERM received
+        self.signal: int | None = None  # the first of HANDLED_SIGNALS received
         self.signal_at = 0.0  # when it came (time.monotonic())
         self.deferred = False  # inside the step loop: the first signal waits for the step's end
         self.cleaning = False  # shutting down: signals are ignored
@@ -85,9 +90,9 @@ class RunControl:
         if self.installed or threading.current_thread() is not threading.main_thread():
             yield self
             return
-        previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, HANG_SIGNAL)}
-        signal.signal(signal.SIGINT, self._on_signal)
-        signal.signal(signal.SIGTERM, self._on_signal)
+        previous = {s: signal.getsignal(s) for s in (*HANDLED_SIGNALS, HANG_SIGNAL)}
+        for s in HANDLED_SIGNALS:
+            signal.signal(s, self._on_signal)
         signal.signal(HANG_SIGNAL, self._on_hang)
         self.installed = True
         try:
@@ -101,8 +106,8 @@ class RunControl:
         """Put the handlers back after a library replaced them: ray.init installs Ray's own
         SIGTERM handler, which ends the driver at once (exit 15) instead of after the step."""
         if self.installed:
-            signal.signal(signal.SIGINT, self._on_signal)
-            signal.signal(signal.SIGTERM, self._on_signal)
+            for s in HANDLED_SIGNALS:
+                signal.signal(s, self._on_signal)
 
     def enter_starting(self, stack: ExitStack, session: AbstractContextManager[Any], stopped: Callable[[], Exception]) -> None:
         """Enter ``session`` (Ray's start) on ``stack``; a Ctrl-C / SIGTERM meanwhile raises
@@ -117,18 +122,21 @@ class RunControl:
             raise stopped()
 
     def _on_signal(self, signum: int, frame: Any) -> None:
+        if signum == signal.SIGHUP:
+            _leave_hung_up_terminal()
         first = self.signal is None
         if first:
             self.signal, self.signal_at = signum, time.monotonic()
-        elif signum == self.signal == signal.SIGTERM and time.monotonic() - self.signal_at < REPEAT_WINDOW_S:
-            return  # the same stop request delivered twice (Slurm and the batch script)
+        elif (signum == self.signal and signum in (signal.SIGTERM, signal.SIGHUP)
+              and time.monotonic() - self.signal_at < REPEAT_WINDOW_S):
+            return  # the same stop request delivered twice (Slurm and the batch script; the kernel and the shell)
         if self.cleaning:
             print("\nmegarl: shutting down, please wait", file=sys.stderr, flush=True)
             return
         if first and self.deferred:
             save = f" and saving {self.saves}" if self.save_on_signal else ""
             print(f"\nmegarl: {_NAMES.get(signum, signum)} received: stopping after this step{save}; "
-                  "send it again to stop at once (a SIGTERM: after 5 s)", file=sys.stderr, flush=True)
+                  "send it again to stop at once (a SIGTERM or SIGHUP: after 5 s)", file=sys.stderr, flush=True)
             return
         raise KeyboardInterrupt  # abandon what runs now (Ray's waits turn it into KeyboardInterrupt too)
 
@@ -141,6 +149,24 @@ class RunControl:
         self.hang = message
         if self.installed:
             signal.pthread_kill(threading.main_thread().ident, HANG_SIGNAL)  # type: ignore[arg-type]
+
+
+def _leave_hung_up_terminal() -> None:
+    """stdout / stderr on a terminal that hung up go to /dev/null: every write there fails (EIO,
+    even one of zero bytes, which is how it is told: isatty is False by then), and a failing print
+    would end the run wherever it stands instead of after the step. Files, pipes (nohup, a
+    redirect, Slurm's output) and a terminal still there (a `kill -HUP`) stay."""
+    import errno
+    import os
+
+    for fd in (1, 2):
+        try:
+            os.write(fd, b"")
+        except OSError as exc:
+            if exc.errno == errno.EIO:
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, fd)
+                os.close(devnull)
 
 
 class Watchdog:

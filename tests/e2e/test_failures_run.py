@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import shlex
 import shutil
 import signal
@@ -310,3 +311,42 @@ def _marked(p: psutil.Process, mark: str) -> bool:
         return p.environ().get(RUN_MARK) == mark
     except psutil.Error:  # gone, or not ours to read
         return False
+
+
+def test_a_closed_terminal_saves_and_exits_129(launch_dir, tmp_path):
+    """The run's terminal goes away (a closed window, a dropped ssh connection): the kernel sends
+    SIGHUP to the session's leader, the shell sends it to its jobs' whole process groups, and every
+    later write to the terminal fails. The driver stops after the step and saves as on SIGTERM, its
+    end in logs/driver.log; the embedded Ray's processes and the reward workers, in that group, do
+    not die under it."""
+    import pty
+
+    master, slave = pty.openpty()
+    tty = os.ttyname(slave)
+    mark = f"{os.getpid()}-{time.time_ns()}"
+    args = [*MEGARL, "launch", str(TINY), *overrides(1000, "trainer.output_dir=hangup")]
+    # its own session whose controlling terminal is the pty (opening it there makes it so)
+    proc = subprocess.Popen(args, cwd=launch_dir, env={**os.environ, RUN_MARK: mark}, stdin=slave, stdout=slave,
+                            stderr=slave, start_new_session=True, preexec_fn=lambda: os.close(os.open(tty, os.O_RDWR)))
+    os.close(slave)
+    seen = bytearray()
+    try:
+        deadline = time.monotonic() + 600
+        while not steps_logged(launch_dir / "hangup"):
+            assert proc.poll() is None and time.monotonic() < deadline, seen.decode(errors="replace")[-3000:]
+            if select.select([master], [], [], 0.05)[0]:
+                seen += os.read(master, 65536)  # (a full terminal would block the run)
+    finally:
+        os.close(master)  # the hangup: the kernel's SIGHUP to the session leader (the driver here)
+        os.killpg(proc.pid, signal.SIGHUP)  # the shell's to its job's process group
+    proc.wait(timeout=300)
+    driver_log = (launch_dir / "hangup" / "logs" / "driver.log").read_text()
+    assert proc.returncode == 129, driver_log[-3000:]
+    stopped = re.search(r"stopped by SIGHUP \(terminal closed\) after step (\d+); saved checkpoint", driver_log)
+    assert stopped and "resume with: megarl launch" in driver_log, driver_log[-3000:]
+    step = int(stopped.group(1))
+    assert steps_logged(launch_dir / "hangup") == list(range(1, step + 1))
+    assert verify_checkpoint(launch_dir / "hangup" / "checkpoints" / f"step_{step:06d}").step == step
+    # the reward workers and multiprocessing's resource tracker lived
+    assert "pool broke" not in driver_log and "died unexpectedly" not in driver_log, driver_log[-3000:]
+    assert survivors(_run_processes(mark), within=10) == []

@@ -5,7 +5,7 @@ attaches to a running cluster ("auto" or host:port); on exit it shuts down only 
 started (an already initialised Ray, e.g. a test fixture's, is reused and left running).
 
 An embedded Ray's processes (GCS, raylet, agents, workers) and the driver's other children
-(reward workers) are children of the driver. Ray's processes block SIGTERM, as they block SIGINT:
+(reward workers) are children of the driver. Ray's processes block SIGTERM and SIGHUP, as they block SIGINT:
 a stop signal sent to the whole process group reaches the driver, which saves, and not the
 workers holding the run's state. When the driver is killed without a chance to
 clean up (SIGKILL, the OOM killer), a small reaper process, in its own session so that a
@@ -33,7 +33,7 @@ from typing import Any
 
 import ray
 
-from megarl.process_signals import sigterm_blocked_in_children
+from megarl.process_signals import stop_signals_blocked_in_children
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ def ray_session(
     if address is None:
         # "local" always starts a new instance; plain ray.init() would join a cluster found
         # through RAY_ADDRESS or a `ray start` on this machine (someone else's, on a shared box).
-        with _quiet_auth_notice(), sigterm_blocked_in_children():
+        with _quiet_auth_notice(), stop_signals_blocked_in_children():
             _init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, **kwargs)
     else:
         try:
@@ -149,7 +149,7 @@ def _init(**kwargs: Any) -> None:
 
 
 def _shutdown_embedded() -> None:
-    """ray.shutdown of an embedded Ray whose processes block SIGTERM (megarl/process_signals.py).
+    """ray.shutdown of an embedded Ray whose processes block SIGTERM and SIGHUP (megarl/process_signals.py).
     Ray SIGTERMs each of its processes and waits a second before the SIGKILL: that second is only
     a wait here, so it goes to the SIGKILL at once. The raylet's agents, which a SIGTERM to the
     raylet would have stopped, are killed with the rest of the tree taken before the shutdown.

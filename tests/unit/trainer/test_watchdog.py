@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -72,3 +74,45 @@ def test_the_watchdog_interrupts_a_stuck_driver(tmp_path):
     assert "in phase 'reward' of step 7 (trainer.hang_timeout_s=1)" in control.hang
     assert "no worker call was in flight" in control.hang
     assert "most recent call first" in (tmp_path / "driver_stacks.log").read_text()
+
+
+HUNG_UP_CHILD = """
+import json, sys, time
+from megarl.trainer.watchdog import RunControl
+control = RunControl()
+with control.handlers():
+    control.deferred = True  # inside a step: the first stop signal waits for its end
+    print("ready", flush=True)
+    while not control.stop_requested:
+        time.sleep(0.01)
+    for _ in range(3):  # the terminal is gone: these must not raise (EIO)
+        print("after the hangup", file=sys.stderr, flush=True)
+        print("after the hangup", flush=True)
+    open(sys.argv[1], "w").write(json.dumps([control.signal, control.exit_code, control.signal_name]))
+    time.sleep(2)  # the shell's SIGHUP lands while the handlers are in place
+"""
+
+
+def test_a_hung_up_terminal_asks_to_stop_and_output_goes_nowhere(tmp_path):
+    # A closed terminal: the kernel sends SIGHUP to the session's leader and every write to the
+    # terminal fails from then on; the shell then sends SIGHUP to the job too (the same request).
+    import pty
+    import subprocess
+    import sys
+
+    master, slave = pty.openpty()
+    tty = os.ttyname(slave)
+    result = tmp_path / "result.json"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}  # this tree's megarl
+    proc = subprocess.Popen([sys.executable, "-c", HUNG_UP_CHILD, str(result)], stdin=slave, stdout=slave, stderr=slave,
+                            env=env, start_new_session=True, preexec_fn=lambda: os.close(os.open(tty, os.O_RDWR)))
+    os.close(slave)
+    try:
+        seen = b""
+        while b"ready" not in seen:
+            seen += os.read(master, 1024)
+    finally:
+        os.close(master)  # the hangup
+    os.killpg(proc.pid, signal.SIGHUP)  # the shell's, within the repeat window
+    assert proc.wait(timeout=60) == 0
+    assert json.loads(result.read_text()) == [signal.SIGHUP, 129, "SIGHUP (terminal closed)"]
