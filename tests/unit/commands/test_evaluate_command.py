@@ -4,7 +4,12 @@ before any response is scored (the scoring itself runs in tests/e2e/test_generat
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -194,3 +199,37 @@ def test_a_ground_truth_no_built_in_scorer_can_compare_is_refused_before_scoring
     (tmp_path / "reward.py").write_text(TRACING_REWARD)  # a function of the user's may take it
     custom = [f"reward.custom.path={tmp_path / 'reward.py'}", "reward.custom.name=score"]
     assert evaluate(data, overrides=custom)["per_data_source"]["all"]["responses"] == 4
+
+
+SLOW_REWARD = """
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from pathlib import Path
+
+def score(data_source, solution_str, ground_truth, extra_info=None):
+    Path(__file__).with_name("started.flag").write_text("scoring")
+    time.sleep(60)
+    return 1.0
+"""
+
+
+def test_a_sigterm_while_scoring_stops_with_one_line_and_143(generated, tmp_path):
+    # Python's default SIGTERM would end the process mid-scoring: no line, the pool's semaphores leaked.
+    (tmp_path / "slow.py").write_text(SLOW_REWARD)
+    args = [sys.executable, "-m", "megarl.cli", "evaluate", "--data", str(generated), "--scored", str(tmp_path / "sc.parquet"),
+            f"reward.custom.path={tmp_path / 'slow.py'}", "reward.custom.name=score", "reward.timeout_s=120"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}  # this tree's megarl
+    proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "started.flag").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err[-3000:]
+    assert err.strip().splitlines()[-1] == "stopped by SIGTERM while scoring; nothing was written; run the same command again"
+    assert not list(tmp_path.glob("sc.parquet*")) and not list(tmp_path.glob("*.eval.json"))
