@@ -140,12 +140,24 @@ def expand_short_form(argv: list[str]) -> list[str]:
     return [*argv[: i + 1], "megatron-to-hf", *options, *named, *bare[2:]]
 
 
+_STOPPED = "while converting; OUT is as it was (the staging folder is removed); run the same command again"
+
+
 def _run_to_megatron(args: argparse.Namespace) -> int:
-    convert_hf_to_megatron(args.hf, args.out, args.tp, args.pp, args.dtype, args.overwrite, report=print)
+    from megarl.trainer.watchdog import run_stoppable
+
+    run_stoppable(lambda: convert_hf_to_megatron(args.hf, args.out, args.tp, args.pp, args.dtype, args.overwrite, report=print),
+                  _STOPPED)  # fmt: skip
     return 0
 
 
 def _run_to_hf(args: argparse.Namespace) -> int:
+    from megarl.trainer.watchdog import run_stoppable
+
+    return run_stoppable(lambda: _to_hf(args), _STOPPED)
+
+
+def _to_hf(args: argparse.Namespace) -> int:
     ckpt, out = args.ckpt, args.out
     if ckpt is None or out is None:
         raise OutputError("megatron-to-hf needs --ckpt CHECKPOINT and --out HF_DIR (or: megarl convert CHECKPOINT HF_DIR)")

@@ -57,29 +57,17 @@ def _run(args: argparse.Namespace) -> int:
     ks = _parse_ks(args.k)
     out = Path(args.out) if args.out else _default_out(Path(args.data))
     _check_outputs(Path(args.data), out, Path(args.scored) if args.scored else None, args.overwrite)
-    summary = _stoppable(lambda: evaluate(args.data, config, overrides, ks=ks, pass_threshold=args.pass_threshold,
-                                          scored=args.scored))  # fmt: skip
+    from megarl.trainer.watchdog import run_stoppable
+
+    # nothing written yet: --scored is renamed into place only when whole
+    summary = run_stoppable(lambda: evaluate(args.data, config, overrides, ks=ks, pass_threshold=args.pass_threshold,
+                                             scored=args.scored),
+                            "while scoring; nothing was written; run the same command again")  # fmt: skip
     make_folder(out)
     out.write_text(json.dumps(summary, indent=2) + "\n")
     print(format_table(summary))
     print(f"wrote {out}" + (f" and {args.scored}" if args.scored else ""))
     return 0
-
-
-def _stoppable(work: Any) -> Any:
-    """``work()``; a Ctrl-C, SIGTERM or SIGHUP ends it at once with one line and the signal's exit
-    code (130 / 143 / 129), the reward pool shut down on the way out (Python's default SIGTERM
-    would end the process there and then: no line, the pool's semaphores leaked). Nothing was
-    written yet: --scored is renamed into place only when whole."""
-    from megarl.trainer.watchdog import RunControl, RunStopped
-
-    control = RunControl()
-    try:
-        with control.handlers():
-            return work()
-    except KeyboardInterrupt:
-        raise RunStopped(f"stopped by {control.signal_name} while scoring; nothing was written; run the same "
-                         "command again", control.exit_code) from None  # fmt: skip
 
 
 def _check_outputs(data: Path, summary: Path, scored: Path | None, overwrite: bool) -> None:

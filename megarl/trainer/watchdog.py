@@ -151,6 +151,20 @@ class RunControl:
             signal.pthread_kill(threading.main_thread().ident, HANG_SIGNAL)  # type: ignore[arg-type]
 
 
+def run_stoppable(work: Callable[[], Any], stopped: str) -> Any:
+    """``work()`` (a command with no steps: evaluate, convert) under RunControl's handlers: a
+    Ctrl-C, SIGTERM or SIGHUP stops it at once, the ``finally`` blocks and context managers on
+    the way out running (Python's default SIGTERM / SIGHUP would end the process there and then:
+    no line, a reward pool's workers or Ray's left to the reaper), and ends in RunStopped:
+    ``stopped by <signal> <stopped>``, with the signal's exit code (130 / 143 / 129)."""
+    control = RunControl()
+    try:
+        with control.handlers():
+            return work()
+    except KeyboardInterrupt:
+        raise RunStopped(f"stopped by {control.signal_name} {stopped}", control.exit_code) from None
+
+
 def _leave_hung_up_terminal() -> None:
     """stdout / stderr on a terminal that hung up go to /dev/null: every write there fails (EIO,
     even one of zero bytes, which is how it is told: isatty is False by then), and a failing print

@@ -216,6 +216,27 @@ def test_a_failed_export_leaves_no_staging_and_one_line(finished, launch_dir, tm
     assert not out.exists() and not [p.name for p in out.parent.iterdir() if "staging" in p.name]
 
 
+def test_a_sigterm_to_the_group_while_converting_exits_143_and_writes_nothing(finished, launch_dir, tmp_path):
+    """`timeout` / `kill -TERM -PGID` on a convert while its ranks load: one line, exit 143, no OUT and
+    no staging folder beside it, no process of it left (Ray's own SIGTERM handling exited 1, without a line)."""
+    out = tmp_path / "out" / "hf"
+    out.parent.mkdir()
+    log = tmp_path / "convert.log"
+    mark = f"{os.getpid()}-{time.time_ns()}"
+    ckpt = launch_dir / "run" / "checkpoints" / f"step_{STEPS:06d}"
+    proc = start(launch_dir, [*MEGARL, "convert", str(ckpt), str(out)], log, env={**os.environ, RUN_MARK: mark})
+    deadline = time.monotonic() + 120
+    while "building ExportRank" not in log.read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGTERM)
+    output = finish(proc, log, timeout=120)
+    assert proc.returncode == 143, output[-3000:]
+    assert output.strip().splitlines()[-1].startswith("stopped by SIGTERM while converting; OUT is as it was"), output[-3000:]
+    assert list(out.parent.iterdir()) == []
+    assert survivors(_run_processes(mark), within=10) == []
+
+
 REWARDS = """
 import time
 
