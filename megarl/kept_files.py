@@ -1,6 +1,7 @@
 """Names for the files megarl keeps aside instead of replacing them (an earlier run's metrics, a
 user's own config.yaml, the metric records a resume cuts): ``<stem>.<tag><suffix>`` beside the
-file, never one that exists (two files kept in one second must not replace one another)."""
+file, never one that exists (two files kept in one second must not replace one another); and
+the one way a small text file is replaced whole (``write_atomically``)."""
 
 from __future__ import annotations
 
@@ -40,3 +41,12 @@ def write_keeping(path: Path, text: str) -> Path | None:
         os.rename(path, kept)
     path.write_text(text)
     return kept
+
+
+def write_atomically(path: Path | str, text: str) -> None:
+    """Replace ``path``'s content in one rename: a crash or a kill leaves the old file or the new
+    one, never a cut one (a temporary file of this process beside it, at worst)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)

@@ -27,6 +27,7 @@ import torch
 
 from megarl.config.rollout_sections import WeightSyncConfig
 from megarl.config.sections import ActorConfig
+from megarl.kept_files import write_atomically
 
 INDEX = "model.safetensors.index.json"
 
@@ -81,16 +82,12 @@ class ProgressFile:
         self.every_s, self._last = every_s, -float("inf")  # the first call writes, however long the machine has been up
 
     def __call__(self, done: int, total: int) -> None:
-        import os
         import time
 
         if self.path is None or (done < total and time.monotonic() - self._last < self.every_s):
             return
         self._last = time.monotonic()
-        tmp = f"{self.path}.tmp"
-        with open(tmp, "w") as f:
-            f.write(f"{done} {total}\n")
-        os.replace(tmp, self.path)
+        write_atomically(self.path, f"{done} {total}\n")
 
 
 class ExportRank:

@@ -18,6 +18,7 @@ from typing import Any
 
 from megarl.commands.arguments import add_config_args, user_path
 from megarl.commands.outputs import make_folder
+from megarl.kept_files import write_atomically
 
 SCORE_CHUNK = 1024  # responses per scoring call: the progress display's step
 SUMMARY_SUFFIX = ".eval.json"
@@ -64,7 +65,7 @@ def _run(args: argparse.Namespace) -> int:
                                              scored=args.scored),
                             "while scoring; nothing was written; run the same command again")  # fmt: skip
     make_folder(out)
-    out.write_text(json.dumps(summary, indent=2) + "\n")
+    write_atomically(out, json.dumps(summary, indent=2) + "\n")  # a kill leaves the old summary or the new
     print(format_table(summary))
     print(f"wrote {out}" + (f" and {args.scored}" if args.scored else ""))
     return 0

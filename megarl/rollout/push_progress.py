@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from megarl.kept_files import write_atomically
+
 RANK_LOG_ENV = "MEGARL_RANK_LOG"
 
 
@@ -62,10 +64,8 @@ class PushProgress:
         self.order += 1
         if self.path is None:
             return
-        tmp = self.path.with_name(self.path.name + ".tmp")
         try:
-            tmp.write_text(f"{version}\t{self.group}\t{self.order}\t{time.time():.3f}\t{phase}\n")
-            os.replace(tmp, self.path)
+            write_atomically(self.path, f"{version}\t{self.group}\t{self.order}\t{time.time():.3f}\t{phase}\n")
         except OSError:  # a full or read-only disk must not fail the push itself
             pass
 

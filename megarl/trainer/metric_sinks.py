@@ -27,7 +27,7 @@ from typing import Any, Protocol
 from urllib.parse import urlparse
 
 from megarl.config.sections import TrainerConfig
-from megarl.kept_files import kept_name, time_tag
+from megarl.kept_files import kept_name, time_tag, write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -308,8 +308,8 @@ def _take_history(path: Path, resume_step: int, history: Path) -> None:
     if not path.exists() or _in_order(theirs, [line for line, _ in _records(path)]):
         return
     kept_as = kept_name(path, time_tag(path.stat().st_mtime))
-    _write_atomically(kept_as, path.read_text())
-    _write_atomically(path, "".join(line + "\n" for line in theirs))
+    write_atomically(kept_as, path.read_text())
+    write_atomically(path, "".join(line + "\n" for line in theirs))
     log.warning("metrics: %s does not hold the records %s was saved with (it went on with another history, since "
                 "set aside); kept as %s, and the checkpoint's records up to step %d take its place", path.name,
                 history.parent.name, kept_as.name, resume_step)  # fmt: skip
@@ -332,11 +332,11 @@ def _cut_back(path: Path, resume_step: int) -> None:
     if cut:
         steps = [int(record["step"]) for _, record in cut]
         aside = kept_name(path, f"steps{min(steps)}-{max(steps)}.{time_tag()}")
-        _write_atomically(aside, "".join(line + "\n" for line, _ in cut))
+        write_atomically(aside, "".join(line + "\n" for line, _ in cut))
         log.warning("metrics: steps %d-%d in %s come after the resumed step (%d) and are trained again; their "
                     "records are kept in %s", min(steps), max(steps), path.name, resume_step, aside.name)
     if kept != (path.read_text() if path.exists() else ""):
-        _write_atomically(path, kept)
+        write_atomically(path, kept)
 
 
 def read_metrics(path: Path) -> list[dict[str, float]]:
@@ -364,13 +364,6 @@ def _records(path: Path) -> list[tuple[str, dict[str, Any]]]:
                 continue
             raise MetricsFileError(f"{path}:{number} is not a JSON record ({line[:40]!r}...); mend or delete that line") from None
     return out
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    """Replace ``path``'s content in one rename: a crash leaves the old file or the new one."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def _jsonable(value: Any) -> Any:

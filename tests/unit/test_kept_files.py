@@ -18,3 +18,14 @@ def test_write_keeping_keeps_other_content_and_rewrites_the_same(tmp_path):
     assert kept.name == f"step_000003.{time_tag(0)}.jsonl"  # named by when the first one was written
     again = write_keeping(path, "third\n")
     assert again not in (None, kept) and again.read_text() == "second\n" and kept.read_text() == "first\n"
+
+
+def test_write_atomically_replaces_the_whole_file_and_leaves_no_temporary(tmp_path):
+    from megarl.kept_files import write_atomically
+
+    path = tmp_path / "summary.json"
+    path.write_text("old, longer content\n")
+    write_atomically(path, "new\n")
+    write_atomically(str(tmp_path / "fresh.txt"), "x")
+    assert path.read_text() == "new\n" and (tmp_path / "fresh.txt").read_text() == "x"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fresh.txt", "summary.json"]
