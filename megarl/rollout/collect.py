@@ -213,7 +213,7 @@ class GreedyBaseline:
         )
         scored, _ = self.scorer.score(greedy_batch)
         scores = scored.scores.to(torch.float32)  # [G]
-        if self.overlong is not None and self.overlong.length > 0:
+        if self.overlong is not None:  # (length 0: no penalty)
             scores = scores + overlong_penalty(scored.response_lengths, self.max_new_tokens, self.overlong.length,
                                                self.overlong.penalty)  # fmt: skip
         per_group = dict(zip(groups, scores.tolist()))
