@@ -39,7 +39,7 @@ def write_keeping(path: Path, text: str) -> Path | None:
     if path.exists() and path.read_text() != text:
         kept = kept_name(path, time_tag(path.stat().st_mtime))
         os.rename(path, kept)
-    path.write_text(text)
+    write_atomically(path, text)
     return kept
 
 
