@@ -43,10 +43,13 @@ def write_keeping(path: Path, text: str) -> Path | None:
     return kept
 
 
-def write_atomically(path: Path | str, text: str) -> None:
+def write_atomically(path: Path | str, text: str, mode: int | None = None) -> None:
     """Replace ``path``'s content in one rename: a crash or a kill leaves the old file or the new
-    one, never a cut one (a temporary file of this process beside it, at worst)."""
+    one, never a cut one (a temporary file of this process beside it, at worst). ``mode``: the
+    new file's permissions (an executable script's 0o755), set before it takes the name."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     tmp.write_text(text)
+    if mode is not None:
+        tmp.chmod(mode)
     os.replace(tmp, path)

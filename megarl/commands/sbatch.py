@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import re
 import shlex
 import sys
@@ -197,12 +196,10 @@ def read_template(name: str) -> str:
 def write_script(path: Path, script: str, overwrite: bool) -> None:
     """Write ``script`` to ``path`` (executable); an existing file is replaced only with --overwrite."""
     from megarl.commands.outputs import check_new_file
+    from megarl.kept_files import write_atomically
 
     check_new_file(path, overwrite, fix="choose another --out", in_existing_folder=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(script)
-    tmp.chmod(0o755)
-    os.replace(tmp, path)
+    write_atomically(path, script, mode=0o755)
 
 
 def _read_folders(cfg, args: argparse.Namespace, workdir: Path) -> list[Path]:

@@ -144,3 +144,5 @@ def test_an_existing_script_is_replaced_only_with_overwrite(capsys, tmp_path, mo
     code, out, _ = sbatch(capsys, *base, "--overwrite")
     assert code == 0 and "submit with: sbatch job.sbatch" in out
     assert (tmp_path / "job.sbatch").read_text().startswith("#!/bin/bash\n")
+    assert (tmp_path / "job.sbatch").stat().st_mode & 0o777 == 0o755  # executable; no temporary file left beside it
+    assert not list(tmp_path.glob(".job.sbatch*"))
