@@ -19,6 +19,9 @@ import os
 import sys
 import sysconfig
 import traceback
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from megarl import __version__
 
@@ -129,6 +132,19 @@ def for_the_terminal(record: logging.LogRecord) -> bool:
     if record.name == "py.warnings":
         return not _in_a_library(record.getMessage().partition(":")[0])
     return record.levelno >= logging.WARNING or not _in_a_library(record.pathname)
+
+
+@contextmanager
+def library_warnings_logged() -> Iterator[None]:
+    """Python warnings go through logging while inside (``py.warnings``): the terminal leaves out
+    the installed packages' (for_the_terminal), a command's log file keeps them. For commands that
+    run Megatron in their own process (--in-process); a caller's capture stays on after."""
+    captured = warnings.showwarning.__module__ == "logging"
+    logging.captureWarnings(True)
+    try:
+        yield
+    finally:
+        logging.captureWarnings(captured)
 
 
 @functools.cache

@@ -7,7 +7,7 @@
 #   2. bench/train_step.py: the train-step MFU table on this GPU (BENCH_ARGS adds options),
 #   3. an RL run of the demo task in bf16 on this GPU, in this process (no Ray): RL_STEPS steps,
 #   4. the workflow HF model -> megarl sft -> RL from its checkpoint -> generate -> evaluate,
-#      in bf16 on this GPU, without Ray (each command under WORKFLOW_S),
+#      in bf16 on this GPU, without Ray (--in-process; each command under WORKFLOW_S),
 # each under a time limit (TESTS_S, BENCH_S, RL_S seconds); STAGES (default "tests bench rl workflow")
 # picks which run, and a stage left out counts as passed. Logs, the environment and the bench's
 # results go to $1 (default: $OUT when set, else ci/gpu/out; the checkout is not written): copy
@@ -84,10 +84,12 @@ run_workflow() {
     "model.path=$wf/sft/model" "data.train_files=[$wf/data/train.parquet]" "data.val_files=[$wf/data/val.parquet]" \
     "trainer.output_dir=$wf/rl" trainer.total_steps=5 &&
   timeout "${WORKFLOW_S:-300}" "$python" -m megarl.cli generate configs/tiny_grpo.yaml "${on_gpu[@]}" \
-    --model "$wf/rl/checkpoints/step_000005" --data "$wf/data/val.parquet" --out "$wf/gen.parquet" --n 4 &&
+    --model "$wf/rl/checkpoints/step_000005" --data "$wf/data/val.parquet" --out "$wf/gen.parquet" --n 4 --in-process &&
   timeout "${WORKFLOW_S:-300}" "$python" -m megarl.cli evaluate configs/tiny_grpo.yaml --data "$wf/gen.parquet" \
     --k 1,4 --out "$out/workflow_eval.json"
   local code=$?
+  cp "$wf/sft/metrics.jsonl" "$out/workflow_sft_metrics.jsonl" 2>/dev/null
+  cp "$wf/rl/metrics.jsonl" "$out/workflow_rl_metrics.jsonl" 2>/dev/null
   rm -rf "$wf"
   return "$code"
 }

@@ -12,7 +12,9 @@
 
 The worker processes (megarl/checkpoint/conversion_ranks.py) run under Ray: the training
 layout's placement for a training checkpoint, TP x PP CPU processes on this machine for a model
-conversion (each rank reads and holds only its slices of the weights). Nothing the user owns is
+conversion (each rank reads and holds only its slices of the weights). With --in-process, a
+layout of one rank runs in this process instead, without Ray (a one-GPU box under torchrun, or
+where Ray is not installed): the same rank code, on this process's device. Nothing the user owns is
 ever deleted: OUT is checked before Ray starts, written next to itself and swapped in once
 verified (megarl/commands/model_outputs.py says how); OUT may not be the model directory it is
 converted from either, and a failure leaves OUT as it was (the worker logs are kept, and named
@@ -28,6 +30,7 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +89,13 @@ def _register_to_megatron(directions: argparse._SubParsersAction) -> None:
                    help="parameter dtype (default: the HF config's dtype, else bfloat16)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace OUT when it holds a previous hf-to-megatron output (and nothing else)")
+    _add_in_process(p)
     p.set_defaults(handler=_run_to_megatron)
+
+
+def _add_in_process(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--in-process", action="store_true",
+                   help="no Ray: convert with one rank in this process, on its device (a layout of one rank: TP=1, PP=1)")
 
 
 def _register_to_hf(directions: argparse._SubParsersAction) -> None:
@@ -109,6 +118,7 @@ def _register_to_hf(directions: argparse._SubParsersAction) -> None:
                    help="import the written files back and compare bit for bit (default: on)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace OUT when it holds a previous megatron-to-hf output (and nothing else)")
+    _add_in_process(p)
     p.set_defaults(handler=_run_to_hf)
 
 
@@ -146,8 +156,8 @@ _STOPPED = "while converting; OUT is as it was (the staging folder is removed); 
 def _run_to_megatron(args: argparse.Namespace) -> int:
     from megarl.trainer.watchdog import run_stoppable
 
-    run_stoppable(lambda: convert_hf_to_megatron(args.hf, args.out, args.tp, args.pp, args.dtype, args.overwrite, report=print),
-                  _STOPPED)  # fmt: skip
+    run_stoppable(lambda: convert_hf_to_megatron(args.hf, args.out, args.tp, args.pp, args.dtype, args.overwrite, report=print,
+                                                 in_process=args.in_process), _STOPPED)  # fmt: skip
     return 0
 
 
@@ -169,19 +179,20 @@ def _to_hf(args: argparse.Namespace) -> int:
     if is_model_checkpoint(ckpt):
         if args.config is not None:
             raise OutputError(f"--config is for training checkpoints; {ckpt} is a model checkpoint (it holds its own config)")
-        export_model_checkpoint(ckpt, out, args.tp, args.pp, args.overwrite, args.verify, report=print)
+        export_model_checkpoint(ckpt, out, args.tp, args.pp, args.overwrite, args.verify, report=print,
+                                in_process=args.in_process)  # fmt: skip
     else:
         if args.tp is not None or args.pp is not None:
             raise OutputError(f"--tp/--pp are for model checkpoints; a training checkpoint ({ckpt}) is exported with "
                               "the run's layout")
-        convert_checkpoint(ckpt, out, args.config, args.overwrite, report=print, verify=args.verify)
+        convert_checkpoint(ckpt, out, args.config, args.overwrite, report=print, verify=args.verify, in_process=args.in_process)
     return 0
 
 
 def convert_checkpoint(checkpoint: str | Path, out: str | Path, config: str | Path | None = None, overwrite: bool = False,
-                       report: Any = None, verify: bool = True) -> Path:  # fmt: skip
-    """Write the policy of ``checkpoint`` (a step_NNNNNN directory) as an HF directory ``out``."""
-    from megarl.actors.ray_groups.placement import MissingCapacity, role_placements
+                       report: Any = None, verify: bool = True, in_process: bool = False) -> Path:  # fmt: skip
+    """Write the policy of ``checkpoint`` (a step_NNNNNN directory) as an HF directory ``out``
+    (``in_process``: with one rank in this process, no Ray; a run's layout of one rank only)."""
     from megarl.checkpoint.run_record import model_config_change, other_dtype_note, run_config
     from megarl.checkpoint.verification import verify_checkpoint
     from megarl.config.planner import make_plan
@@ -197,27 +208,20 @@ def convert_checkpoint(checkpoint: str | Path, out: str | Path, config: str | Pa
     target = Path(out).absolute()
     check_output_target(target, overwrite, {"the run's checkpoints directory": ckpt.path.parent,
                                             "the model directory of model.path": Path(cfg.model.path)})
-    plan = make_plan(cfg)
-    placements, _ = role_placements(cfg, plan)
-    local_cpus = None if cfg.cluster.ray_address else len(plan.roles["policy"].gpus) + 1
+    ranks = _run_ranks(cfg, make_plan(cfg), ckpt.path.name, in_process)
     rank_args = (cfg.model.path, cfg.actor, cfg.model.dtype, cfg.trainer.seed, cfg.rollout.weight_sync.bucket_mb, str(ckpt.path))
-    try:
-        checked = _write_hf_output(target, placements[0], rank_args, verify, cfg.cluster.ray_address, local_cpus,
-                                   (str(ckpt.path.resolve()), ckpt.step), report)  # fmt: skip
-    except MissingCapacity as exc:  # e.g. a GPU run's checkpoint on a machine without GPUs: say where it runs
-        p = placements[0]
-        raise OutputError(f"{exc}; {ckpt.path.name} is exported in the run's policy layout ({p.nnodes * p.procs_per_node} "
-                          f"ranks, {f'{p.gpus_per_proc:g} GPU each' if p.gpus_per_proc else 'on CPUs'}): run megarl convert where the run ran, or pass --config "
-                          "with the cluster.ray_address of a Ray cluster that has them") from None
+    with _where_it_runs(ranks, ckpt.path.name):
+        checked = _write_hf_output(target, ranks, rank_args, verify, (str(ckpt.path.resolve()), ckpt.step), report)
     if report is not None:
         report(f"wrote {out} from {ckpt.path} (step {ckpt.step}); {_verified(checked)}")
     return Path(out)
 
 
 def export_model_checkpoint(checkpoint: str | Path, out: str | Path, tp: int | None = None, pp: int | None = None,
-                            overwrite: bool = False, verify: bool = True, report: Any = None) -> Path:  # fmt: skip
+                            overwrite: bool = False, verify: bool = True, report: Any = None,
+                            in_process: bool = False) -> Path:  # fmt: skip
     """Write a model checkpoint of hf-to-megatron as an HF directory ``out`` (with its recorded
-    layout, or ``tp`` x ``pp`` CPU processes)."""
+    layout, or ``tp`` x ``pp`` CPU processes; ``in_process``: one rank in this process, no Ray)."""
     from megarl.checkpoint.model_checkpoint import check_model_checkpoint
 
     source = Path(checkpoint).absolute()
@@ -228,17 +232,17 @@ def export_model_checkpoint(checkpoint: str | Path, out: str | Path, tp: int | N
     pp = int(record["pp"]) if pp is None else pp
     actor = _layout_config(source, tp, pp)
     rank_args = (str(source), actor, record["dtype"], CONVERSION_SEED, EXPORT_BUCKET_MB, None)
-    checked = _write_hf_output(target, _cpu_placement(tp * pp), rank_args, verify, None, tp * pp + 1, (str(source), None),
-                               report)  # fmt: skip
+    checked = _write_hf_output(target, _cpu_ranks(tp, pp, in_process), rank_args, verify, (str(source), None), report)
     if report is not None:
         report(f"wrote {out} from {source} (TP={tp}, PP={pp}); {_verified(checked)}")
     return Path(out)
 
 
 def convert_hf_to_megatron(hf: str | Path, out: str | Path, tp: int = 1, pp: int = 1, dtype: str | None = None,
-                           overwrite: bool = False, report: Any = None) -> Path:  # fmt: skip
+                           overwrite: bool = False, report: Any = None, in_process: bool = False) -> Path:  # fmt: skip
     """Write the HF model ``hf`` as a model checkpoint ``out`` (Megatron dist-checkpoint saved by
-    ``tp`` x ``pp`` CPU processes, with the HF config and tokenizer); verified bit for bit."""
+    ``tp`` x ``pp`` CPU processes, or ``in_process`` by one rank in this process; with the HF config
+    and tokenizer); verified bit for bit."""
     from megarl.checkpoint.conversion_ranks import ImportRank
     from megarl.checkpoint.model_checkpoint import RECORD, is_model_checkpoint, write_verified
 
@@ -250,11 +254,12 @@ def convert_hf_to_megatron(hf: str | Path, out: str | Path, tp: int = 1, pp: int
     hf_config = read_hf_config(source)
     dtype = dtype or _config_dtype(hf_config)
     actor = _layout_config(source, tp, pp, check_weights=True)
+    ranks = _cpu_ranks(tp, pp, in_process)
     say = report or (lambda _: None)
     with staged_output(target, report) as staging:
         say(f"hf-to-megatron: loading {source} into {tp * pp} rank(s) (TP={tp}, PP={pp}, {dtype}) ...")
-        with _conversion_group(ImportRank, _cpu_placement(tp * pp), (str(source), actor, dtype, CONVERSION_SEED), None,
-                               tp * pp + 1, "hf-to-megatron: rank 0 loading") as client:  # fmt: skip
+        with _conversion_group(ImportRank, ranks, (str(source), actor, dtype, CONVERSION_SEED),
+                               "hf-to-megatron: rank 0 loading") as client:  # fmt: skip
             say("hf-to-megatron: saving the Megatron checkpoint, then loading it back to compare ...")
             record = dict(source=str(source), tp=tp, pp=pp, dtype=dtype, hf_config=hf_config)
             checked = write_verified(staging, source, record, client.write, client.verify)
@@ -266,40 +271,111 @@ def convert_hf_to_megatron(hf: str | Path, out: str | Path, tp: int = 1, pp: int
 # ---- the conversion groups --------------------------------------------------------------------------------
 
 
-def _cpu_placement(world: int) -> Any:
+@dataclass(frozen=True)
+class ConversionRanks:
+    """Where a conversion group's ``count`` ranks run: a Ray group in ``placement`` (a
+    RolePlacement; on the Ray cluster at ``address``, else an embedded Ray of count + 1 CPUs), or,
+    ``in_process``, its one rank in this process (no Ray)."""
+
+    count: int
+    placement: Any = None
+    address: str | None = None
+    in_process: bool = False
+
+
+def _cpu_ranks(tp: int, pp: int, in_process: bool) -> ConversionRanks:
+    """A model conversion's ``tp`` x ``pp`` ranks: CPU processes on this machine, or this process."""
+    if in_process:
+        return _one_rank(tp * pp, f"--tp {tp} --pp {pp}", "use --tp 1 --pp 1, or run without --in-process")
     from megarl.actors.ray_groups.placement import RolePlacement
 
-    return RolePlacement("convert", 1, world, gpus_per_proc=0.0, cpus_per_proc=1.0)
+    return ConversionRanks(tp * pp, RolePlacement("convert", 1, tp * pp, gpus_per_proc=0.0, cpus_per_proc=1.0))
+
+
+def _run_ranks(cfg: Any, plan: Any, name: str, in_process: bool) -> ConversionRanks:
+    """A training checkpoint's ranks: its run's policy placement (``name``: the checkpoint's)."""
+    count = len(plan.roles["policy"].gpus)
+    if in_process:
+        return _one_rank(count, f"{name}'s layout (the run's policy)", "run megarl convert without --in-process")
+    from megarl.actors.ray_groups.placement import role_placements
+
+    placements, _ = role_placements(cfg, plan)
+    return ConversionRanks(count, placements[0], cfg.cluster.ray_address)
+
+
+def _one_rank(count: int, layout: str, fix: str) -> ConversionRanks:
+    if count != 1:
+        raise OutputError(f"--in-process converts with one rank, in this process; {layout} has {count} ranks: {fix}")
+    return ConversionRanks(1, in_process=True)
 
 
 @contextmanager
-def _conversion_group(rank_cls: type, placement: Any, rank_args: tuple, address: str | None,
-                      local_cpus: int | None, progress: str) -> Iterator[Any]:  # fmt: skip
-    """A ConversionClient over a Ray group of ``rank_cls``, with a progress bar (``progress``: its
-    label) of rank 0's tensors; the logs are kept (and named by the error) only when something failed."""
+def _where_it_runs(ranks: ConversionRanks, name: str) -> Iterator[None]:
+    """A training checkpoint whose layout the Ray cluster cannot hold (a GPU run's checkpoint on
+    a machine without GPUs): the error says where it can be exported."""
+    if ranks.in_process:
+        yield
+        return
+    from megarl.actors.ray_groups.placement import MissingCapacity
+
+    try:
+        yield
+    except MissingCapacity as exc:
+        p = ranks.placement
+        alone = "; a layout of one rank: --in-process exports it in this process" if ranks.count == 1 else ""
+        raise OutputError(f"{exc}; {name} is exported in the run's policy layout ({ranks.count} ranks, "
+                          f"{f'{p.gpus_per_proc:g} GPU each' if p.gpus_per_proc else 'on CPUs'}): run megarl convert where the run "
+                          f"ran, or pass --config with the cluster.ray_address of a Ray cluster that has them{alone}") from None  # fmt: skip
+
+
+@contextmanager
+def _conversion_group(rank_cls: type, ranks: ConversionRanks, rank_args: tuple, progress: str) -> Iterator[Any]:
+    """A ConversionClient over a group of ``rank_cls``, with a progress bar (``progress``: its
+    label) of rank 0's tensors; a Ray group's logs are kept (and named by the error) only when
+    something failed (a rank in this process writes to this process's output)."""
     from megarl.actors.clients import ConversionClient
-    from megarl.actors.ray_groups.session import ray_session
-    from megarl.actors.ray_groups.worker_group import GroupOptions, WorkerGroup
 
     logs = Path(tempfile.mkdtemp(prefix="megarl-convert-logs-"))
     progress_file = logs / "progress"  # rank 0 on another node writes its own: no bar then
     failed = False
     try:
-        with ray_session(address, num_cpus=None if address else local_cpus), _progress_bar(progress_file, progress):
-            group = WorkerGroup(rank_cls, placement, *rank_args, group_options=GroupOptions(log_dir=logs),
-                                progress_file=str(progress_file))  # fmt: skip
-            try:
-                yield ConversionClient(group)
-            finally:
-                group.shutdown()
+        with _progress_bar(progress_file, progress), _rank_group(rank_cls, ranks, rank_args, logs) as group:
+            yield ConversionClient(group)
     except (KeyboardInterrupt, SystemExit):  # stopped by the user: nothing to diagnose
         raise
     except BaseException:
-        failed = True  # the error names these logs
+        failed = not ranks.in_process  # the error names these logs
         raise
     finally:
         if not failed:
             shutil.rmtree(logs, ignore_errors=True)
+
+
+@contextmanager
+def _rank_group(rank_cls: type, ranks: ConversionRanks, rank_args: tuple, logs: Path) -> Iterator[Any]:
+    """The group of ``rank_cls`` where ``ranks`` says, shut down on exit."""
+    progress_file = str(logs / "progress")
+    if ranks.in_process:
+        from megarl.actors.clients import InProcessGroup
+        from megarl.cli import library_warnings_logged
+
+        with library_warnings_logged():  # Megatron's "Apex is not installed" and the like: not on the terminal
+            group: Any = InProcessGroup(rank_cls, *rank_args, progress_file=progress_file)
+            try:
+                yield group
+            finally:
+                group.shutdown()
+        return
+    from megarl.actors.ray_groups.session import ray_session
+    from megarl.actors.ray_groups.worker_group import GroupOptions, WorkerGroup
+
+    with ray_session(ranks.address, num_cpus=None if ranks.address else ranks.count + 1):
+        group = WorkerGroup(rank_cls, ranks.placement, *rank_args, group_options=GroupOptions(log_dir=logs),
+                            progress_file=progress_file)  # fmt: skip
+        try:
+            yield group
+        finally:
+            group.shutdown()
 
 
 @contextmanager
@@ -338,8 +414,8 @@ def _progress_bar(path: Path, label: str, poll_s: float = 0.5) -> Iterator[None]
         bar.stop()
 
 
-def _write_hf_output(target: Path, placement: Any, rank_args: tuple, verify: bool, address: str | None,
-                     local_cpus: int | None, source: tuple[str, int | None], report: Callable[[str], None] | None) -> int | None:  # fmt: skip
+def _write_hf_output(target: Path, ranks: ConversionRanks, rank_args: tuple, verify: bool, source: tuple[str, int | None],
+                     report: Callable[[str], None] | None) -> int | None:  # fmt: skip
     """Staged, verified and swapped in at ``target``: the HF files of the ExportRank group's model
     with their manifest (``source``: the checkpoint and its step), config.json naming the dtype
     the tensors were written in (``rank_args[2]``; the copied one names the model directory's).
@@ -347,7 +423,7 @@ def _write_hf_output(target: Path, placement: Any, rank_args: tuple, verify: boo
     from megarl.models.hf_files import set_config_dtype
 
     with staged_output(target, report) as staging:
-        checked = _export_hf(placement, rank_args, staging, verify, address, local_cpus, report)
+        checked = _export_hf(ranks, rank_args, staging, verify, report)
         written = staging / "v0"
         set_config_dtype(written, rank_args[2])
         _write_manifest(written, *source, checked)
@@ -355,15 +431,16 @@ def _write_hf_output(target: Path, placement: Any, rank_args: tuple, verify: boo
     return checked
 
 
-def _export_hf(placement: Any, rank_args: tuple, staging: Path, verify: bool, address: str | None,
-               local_cpus: int | None, report: Callable[[str], None] | None) -> int | None:  # fmt: skip
+def _export_hf(ranks: ConversionRanks, rank_args: tuple, staging: Path, verify: bool,
+               report: Callable[[str], None] | None) -> int | None:  # fmt: skip
     """HF files of the ExportRank group's model in ``staging``/v0 (with the index); the parameters
     verified (None when not verified)."""
     from megarl.checkpoint.conversion_ranks import ExportRank, write_index
 
     say = report or (lambda _: None)
-    say(f"megatron-to-hf: loading {rank_args[-1] or rank_args[0]} into {placement.nnodes * placement.procs_per_node} rank(s) ...")
-    with _conversion_group(ExportRank, placement, rank_args, address, local_cpus, "megatron-to-hf: exporting") as client:
+    where = " in this process" if ranks.in_process else ""
+    say(f"megatron-to-hf: loading {rank_args[-1] or rank_args[0]} into {ranks.count} rank(s){where} ...")
+    with _conversion_group(ExportRank, ranks, rank_args, "megatron-to-hf: exporting") as client:
         say("megatron-to-hf: writing HF safetensors ...")
         client.write(str(staging))
         written = staging / "v0"

@@ -4,7 +4,8 @@ N responses per prompt with the configured engine, resumable.
 - The model: ``--model`` or ``model.path``; an HF directory is used as it is, a model
   checkpoint (`megarl convert hf-to-megatron`) or a training checkpoint (a step_NNNNNN
   directory) is first exported to HF files in ``OUT.parquet.partial/model`` through the
-  `megarl convert` path (verified bit for bit), since the engines load HF directories.
+  `megarl convert` path (verified bit for bit), since the engines load HF directories; under Ray,
+  or with --in-process in this process (a layout of one rank; a box without Ray).
 - The engine: ``rollout.engine``. torch: one engine in this process (the CPU, or the first GPU
   with cluster.device=cuda); sglang: one server per ``rollout.tp`` of this machine's visible
   GPUs (CUDA_VISIBLE_DEVICES), prompts spread over them.
@@ -86,6 +87,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-new-tokens", type=int, default=None, help="rollout.sampling.max_new_tokens")
     p.add_argument("--batch-size", type=int, default=64, help="prompts per part: what a crash can lose (default 64)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
+    p.add_argument("--in-process", action="store_true",
+                   help="no Ray: a checkpoint's export to HF files runs with one rank in this process (as `megarl "
+                   "convert --in-process`; a layout of one rank)")  # fmt: skip
     p.set_defaults(handler=_run)
 
 
@@ -94,14 +98,15 @@ def _run(args: argparse.Namespace) -> int:
                  "rollout.sampling.top_p": args.top_p, "rollout.sampling.max_new_tokens": args.max_new_tokens}  # fmt: skip
     overrides = [*args.overrides, *(f"{key}={value}" for key, value in shortcuts.items() if value is not None)]
     generate(args.config, overrides, args.data, args.out, model=args.model, batch_size=args.batch_size,
-             overwrite=args.overwrite)  # fmt: skip
+             overwrite=args.overwrite, in_process=args.in_process)  # fmt: skip
     print(f"wrote {args.out}")
     return 0
 
 
 def generate(config: str | Path, overrides: list[str], data: str | Path, out: str | Path, *, model: str | None = None,
-             batch_size: int = 64, overwrite: bool = False) -> Path:  # fmt: skip
-    """Generate for every prompt of ``data`` into ``out`` (see the module docstring)."""
+             batch_size: int = 64, overwrite: bool = False, in_process: bool = False) -> Path:  # fmt: skip
+    """Generate for every prompt of ``data`` into ``out`` (see the module docstring); ``in_process``:
+    a checkpoint is exported without Ray (`megarl convert --in-process`)."""
     from megarl.checkpoint.verification import CHECKPOINTS_DIR
     from megarl.config.loading import load_config
     from megarl.data.datasets import read_prompt_file
@@ -139,7 +144,7 @@ def generate(config: str | Path, overrides: list[str], data: str | Path, out: st
     try:
         with control.handlers():
             if todo:
-                model_dir = _hf_model(Path(source), export, partial / MODEL_DIR)
+                model_dir = _hf_model(Path(source), export, partial / MODEL_DIR, in_process)
                 control.reclaim()  # an export ran under Ray, which installs its own SIGTERM handler
                 _generate_parts(cfg, model_dir, Path(data), records, parts, todo, partial)
     except KeyboardInterrupt:
@@ -340,7 +345,7 @@ def _check_sglang(cfg: Any) -> None:
         raise GenerateError("; ".join(str(issue) for issue in issues))
 
 
-def _hf_model(source: Path, export: Any, staged: Path) -> Path:
+def _hf_model(source: Path, export: Any, staged: Path, in_process: bool) -> Path:
     """An HF directory the engines load: ``source`` itself, or its export to ``staged``."""
     from megarl.commands.model_outputs import EXPORT_MANIFEST
 
@@ -350,7 +355,7 @@ def _hf_model(source: Path, export: Any, staged: Path) -> Path:
         log.info("using the HF export staged in %s", staged)
         return staged
     log.info("exporting %s to HF files in %s (the engines load HF directories)", source, staged)
-    export(source, staged, report=print)
+    export(source, staged, report=print, in_process=in_process)
     return staged
 
 

@@ -15,11 +15,11 @@ import argparse
 import logging
 import os
 import shlex
-import warnings
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
+from megarl.cli import library_warnings_logged
 from megarl.commands.arguments import add_config_args
 from megarl.config.loading import load_config
 from megarl.config.planner import make_plan
@@ -158,10 +158,9 @@ def driver_log(path: Path) -> Iterator[None]:
     errors.propagate = False  # tracebacks to the file only
     root.addHandler(handler)
     errors.addHandler(handler)
-    captured = warnings.showwarning.__module__ == "logging"  # (a caller's capture stays on)
-    logging.captureWarnings(True)  # installed packages' warnings (Megatron's, torch's) to the file only (megarl/cli.py)
     try:
-        yield
+        with library_warnings_logged():  # installed packages' warnings (Megatron's, torch's) to the file only
+            yield
     except BaseException as exc:
         errors.error("the run ended with %s", type(exc).__name__, exc_info=exc)
         try:
@@ -170,7 +169,6 @@ def driver_log(path: Path) -> Iterator[None]:
             pass
         raise
     finally:
-        logging.captureWarnings(captured)
         root.removeHandler(handler)
         errors.removeHandler(handler)
         handler.close()

@@ -11,19 +11,23 @@
   weights and get the trainer's initial push (engine and trainer log-probs agree), the
   reference starts from the same weights (KL 0 at the first step), and the critic's trunk
   comes from the checkpoint too (critic.path defaults to model.path; its value head, which a
-  policy checkpoint does not hold, keeps its initialisation).
+  policy checkpoint does not hold, keeps its initialisation);
+- without Ray (--in-process, one rank in the command's own process): HF -> model checkpoint ->
+  HF bit for bit, a training checkpoint's export equal to the Ray export's files, and
+  `megarl generate --in-process` from it equal to generating from those files.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 
 import pytest
 import torch
-from run_helpers import train
+from run_helpers import TINY, small_overrides, train
 
 pytestmark = pytest.mark.slow
 
@@ -103,3 +107,45 @@ def test_launch_trains_from_a_model_checkpoint(ray_local, demo_root, tmp_path):
     assert first["rollout/logprob_mismatch"] < 1e-4
     assert first["actor/kl"] == pytest.approx(0.0, abs=1e-6)  # reference == policy at the start
     assert all(math.isfinite(r["critic/loss"]) for r in records)
+
+
+# `megarl ...` in a process where Ray cannot be imported (a one-GPU box without it): None in
+# sys.modules makes every `import ray` fail, as there.
+WITHOUT_RAY = "import sys; sys.modules['ray'] = None; from megarl.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+def _without_ray(*args) -> str:
+    done = subprocess.run([sys.executable, "-c", WITHOUT_RAY, *map(str, args)], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def test_in_process_conversions_and_generation_need_no_ray_and_equal_rays(ray_local, demo_root, tmp_path):
+    # Without Ray: HF -> model checkpoint -> HF (--in-process both ways) reproduces the model bit
+    # for bit; an RL run's training checkpoint (--in-process, one rank) exports to the same files
+    # as the Ray export, and generate --in-process from it equals generating from that export.
+    import pyarrow.parquet as pq
+
+    from megarl.commands.convert import convert_checkpoint
+    from megarl.commands.demo import prepare_demo
+    from megarl.commands.generate import generate
+
+    model, data = prepare_demo(demo_root)
+    _without_ray("convert", "hf-to-megatron", "--hf", model, "--out", tmp_path / "ckpt", "--in-process")
+    out = _without_ray("convert", tmp_path / "ckpt", tmp_path / "back", "--in-process")
+    assert "into 1 rank(s) in this process" in out
+    _assert_same_tensors(model, tmp_path / "back")
+
+    run = small_overrides(demo_root, tmp_path / "run", 1, "cluster.gpus_per_node=1", "trainer.save_freq=1")
+    _without_ray("launch", TINY, "--in-process", *run)
+    step = tmp_path / "run" / "checkpoints" / "step_000001"
+    _without_ray("convert", step, tmp_path / "in_process", "--in-process")
+    convert_checkpoint(step, tmp_path / "ray")  # this process has Ray
+    _assert_same_tensors(tmp_path / "ray", tmp_path / "in_process")
+
+    greedy = ["rollout.n=1", "rollout.sampling.temperature=0", "rollout.sampling.max_new_tokens=4"]
+    _without_ray("generate", TINY, *greedy, "--model", step, "--data", data / "val.parquet", "--out", tmp_path / "a.parquet",
+                 "--in-process")  # fmt: skip
+    generate(TINY, greedy, data / "val.parquet", tmp_path / "b.parquet", model=str(tmp_path / "ray"))
+    assert pq.read_table(tmp_path / "a.parquet").equals(pq.read_table(tmp_path / "b.parquet"))

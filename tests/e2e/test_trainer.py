@@ -81,6 +81,11 @@ def test_convert_checkpoint_to_hf(grpo_run, demo_root, tmp_path):
                                           r"in the run's policy layout \(2 ranks, 1 GPU each\): run megarl convert where"):  # fmt: skip
         convert_checkpoint(ckpt, tmp_path / "hf4", config=tmp_path / "gpu.yaml")
     assert not (tmp_path / "hf4").exists()
+    # without Ray (--in-process) only a layout of one rank converts: this run's has two
+    with pytest.raises(OutputError, match=r"^--in-process converts with one rank, in this process; step_000003's layout "
+                                          r"\(the run's policy\) has 2 ranks: run megarl convert without --in-process$"):  # fmt: skip
+        convert_checkpoint(ckpt, tmp_path / "hf5", in_process=True)
+    assert not (tmp_path / "hf5").exists()
     torn = tmp_path / "step_000003"
     shutil.copytree(out / "checkpoints" / "step_000003", torn)
     (torn / "manifest.json").unlink()

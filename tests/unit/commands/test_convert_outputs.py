@@ -261,3 +261,14 @@ def test_a_previous_output_kept_by_a_killed_swap_is_named_not_removed(tmp_path):
     assert said == [f"warning: {kept} is the previous output of an interrupted convert or sft, kept; delete it when you no "
                     "longer need it"]  # fmt: skip
     assert tree(kept) == {"model.safetensors": b"previous"}
+
+
+def test_an_in_process_conversion_of_several_ranks_is_refused_before_anything_is_written(tmp_path):
+    from megarl.commands.convert import convert_hf_to_megatron
+    from megarl.models.tiny import build_tiny_model
+
+    hf = build_tiny_model(tmp_path / "tiny", "qwen2", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, ffn_hidden_size=128)
+    with pytest.raises(OutputError, match=r"^--in-process converts with one rank, in this process; --tp 2 --pp 1 has 2 "
+                                          r"ranks: use --tp 1 --pp 1, or run without --in-process$"):  # fmt: skip
+        convert_hf_to_megatron(hf, tmp_path / "ckpt", tp=2, in_process=True)
+    assert not (tmp_path / "ckpt").exists()
