@@ -227,6 +227,9 @@ def user_error_line(exc: BaseException) -> str | None:
         return str(exc)  # raised by megarl with its own message
     if isinstance(exc, ConnectionError):
         return str(exc)
+    if isinstance(exc, ModuleNotFoundError) and (exc.name or "").partition(".")[0] == "ray":  # a box without Ray
+        return (f"Ray is not installed for {sys.executable}: pip install 'ray[default]' (a megarl dependency), or, for "
+                "a layout of one process, add --in-process (megarl launch, sft, convert and generate then run without Ray)")
     if isinstance(exc, OSError) and exc.filename is not None:
         return _os_error_line(exc)
     return None

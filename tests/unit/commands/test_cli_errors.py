@@ -32,6 +32,20 @@ def test_help_and_plan_import_neither_torch_nor_ray():
     assert proc.returncode == 0, proc.stderr
 
 
+def test_a_command_that_needs_ray_where_it_is_missing_says_so_in_one_line(tmp_path):
+    from megarl.models.tiny import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "tiny", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, ffn_hidden_size=128)
+    code = "import sys; sys.modules['ray'] = None; from megarl.cli import main; sys.exit(main(sys.argv[1:]))"  # as if not installed
+    args = ["convert", "hf-to-megatron", "--hf", str(model), "--out", str(tmp_path / "ckpt")]
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == EXIT_USER, proc.stderr
+    assert proc.stderr.splitlines()[-1] == (f"error: Ray is not installed for {sys.executable}: pip install 'ray[default]' "
+                                            "(a megarl dependency), or, for a layout of one process, add --in-process "
+                                            "(megarl launch, sft, convert and generate then run without Ray)")  # fmt: skip
+    assert "Traceback" not in proc.stderr and not (tmp_path / "ckpt").exists()
+
+
 def test_an_override_type_error_names_the_override(capsys):
     assert main(["plan", str(TINY), "rollout.n=many"]) == EXIT_USER
     err = capsys.readouterr().err
