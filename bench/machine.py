@@ -19,7 +19,8 @@ def cpu_model() -> str:
 
 
 def describe() -> dict:
-    """CPU, cores, GPU (if torch is importable and sees one), versions, load and date (UTC)."""
+    """CPU, cores, GPU (if torch is importable and sees one), versions (Python, torch, megatron-core),
+    load and date (UTC)."""
     info = {
         "cpu": cpu_model(),
         "cores": os.cpu_count(),
@@ -33,4 +34,10 @@ def describe() -> dict:
         return info
     info |= {"torch": torch.__version__, "threads": torch.get_num_threads(),
              "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
+    try:  # what the model code runs on (its unfused kernels' shape changes between versions)
+        from importlib.metadata import version
+
+        info["megatron_core"] = version("megatron-core")
+    except ImportError:
+        pass
     return info

@@ -90,7 +90,8 @@ def parse() -> argparse.Namespace:
         ap.add_argument(f"--{key.replace('_', '-')}", type=type(value), default=value)
     ap.add_argument("--steps", type=int, default=2, help="timed steps (after one warm-up step)")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--profile", action="store_true", help="CUDA: profile one more step of each row (kernel table, GPU busy share)")
+    ap.add_argument("--profile", action="store_true", help="profile one more step of each row: torch operations "
+                    "dispatched; CUDA: also the kernel table and the GPU's busy share")  # fmt: skip
     ap.add_argument("--results", type=Path, default=RESULTS, help=f"JSON the entries are merged into (default: {RESULTS})")
     return ap.parse_args()
 
@@ -110,25 +111,32 @@ def timed_steps(worker, batch, steps: int, device: str) -> float:
     return min(times)
 
 
-def profiled_step(worker, batch, label: str) -> float:
-    """One more update under torch's profiler: prints the kernels that take the GPU's time and
-    returns the share of the step's wall time the GPU was busy (low: the host is the bottleneck)."""
+def profiled_step(worker, batch, label: str, device: str) -> dict:
+    """One more update under torch's profiler: the torch operations the host dispatched
+    (``host_ops``: on a GPU each is at least a kernel launch's worth of host time) and, on CUDA,
+    the share of the step's wall time the GPU was busy (``gpu_busy``; low: the host is the
+    bottleneck), with a table of the kernels that take the GPU's time."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    cuda = device == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]) as prof:
         start = time.perf_counter()
         worker.update(batch, pg_loss)
-        torch.cuda.synchronize()
+        if cuda:
+            torch.cuda.synchronize()
         wall = time.perf_counter() - start
     events = prof.key_averages()
-    # The kernels' own events (an op's CPU-side event repeats its kernels' time), as the table's total.
-    kernels = sum(e.self_device_time_total for e in events if e.device_type == DeviceType.CUDA) / 1e6
-    busy = kernels / wall
-    print(f"--- profile of {label}: step {wall:.3f} s (profiled), GPU busy {busy:.0%}")
-    print(events.table(sort_by="self_device_time_total", row_limit=12, max_name_column_width=60))
-    return busy
+    found = {"host_ops": sum(e.count for e in events if e.key.startswith("aten::") and e.device_type == DeviceType.CPU)}
+    if cuda:  # the kernels' own events (an op's CPU-side event repeats its kernels' time), as the table's total
+        found["gpu_busy"] = sum(e.self_device_time_total for e in events if e.device_type == DeviceType.CUDA) / 1e6 / wall
+    busy = f", GPU busy {found['gpu_busy']:.0%}" if cuda else ""
+    print(f"--- profile of {label}: step {wall:.3f} s (profiled), {found['host_ops']} torch operations{busy}")
+    if cuda:
+        print(events.table(sort_by="self_device_time_total", row_limit=12, max_name_column_width=60))
+    return found
 
 
 def measure(path: Path, shape: dict, attention: str, seq: int, args: argparse.Namespace, device: str) -> dict:
@@ -148,8 +156,8 @@ def measure(path: Path, shape: dict, attention: str, seq: int, args: argparse.Na
             torch.cuda.reset_peak_memory_stats()
         step_s = timed_steps(worker, batch, args.steps, device)
         extra = {"peak_gib": torch.cuda.max_memory_allocated() / 2**30} if device == "cuda" else {}
-        if args.profile and device == "cuda":
-            extra["gpu_busy"] = profiled_step(worker, batch, f"{shape['layers']} layers, {attention}, seq {seq}")
+        if args.profile:
+            extra.update(profiled_step(worker, batch, f"{shape['layers']} layers, {attention}, seq {seq}", device))
     finally:  # an OOM too: Megatron DDP's hooks keep an unclosed worker, and its memory, alive
         worker.close()
         del worker
