@@ -20,7 +20,10 @@ The table crosses models (``--presets``), sequence lengths (``--seqs``) and atte
 (``--attention``): ``padded`` (rows padded, torch SDPA), ``packed`` (THD: torch's varlen flash
 kernel on CUDA in half precision, grouped SDPA elsewhere), ``flex`` (packed, compiled
 FlexAttention with a document mask; CUDA only: its compilation falls in the warm-up step),
-``te`` (transformer-engine's layers, packed; only where it is installed). Presets:
+``te`` (transformer-engine's layers, packed; only where it is installed), ``packed-seg``
+(``packed`` with Megatron's own rotary embedding, which megatron-core 0.19 applies one segment
+at a time: the comparison for megarl/models/packed_rope.py; not in the defaults). A choice may
+be repeated, to interleave the compared sides. Presets:
 - ``1b``: a ~1.1B Qwen2-shaped model (24 layers, hidden 1536, 12 heads, 2 KV heads, FFN 4224,
   vocabulary 151936);
 - ``72b-slice``: 2 layers with Qwen2.5-72B's per-rank shapes at TP=8, run at TP=1 (hidden 8192,
@@ -147,6 +150,10 @@ def measure(path: Path, shape: dict, attention: str, seq: int, args: argparse.Na
     cfg = ActorConfig(micro_batch_size=args.micro, recompute="none", pack_sequences=attention != "padded",
                       packed_attention="flex" if attention == "flex" else "auto", optimizer=OptimizerConfig(lr=1e-6))  # fmt: skip
     worker = PolicyWorker(path, cfg, args.dtype, seed=0, layer_spec="te" if attention == "te" else "local")
+    if attention == "packed-seg":  # Megatron's rotary embedding back (megarl's: one row per packed token)
+        from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+
+        worker.model.core.rotary_pos_emb.__class__ = RotaryEmbedding
     params = sum(p.numel() for p in worker.model.module.parameters())
     matmul_params = params - worker.model.core.embedding.word_embeddings.weight.numel()
     half = seq // 2
@@ -171,18 +178,18 @@ def measure(path: Path, shape: dict, attention: str, seq: int, args: argparse.Na
             "executed_flops": executed, "attention_flops": attention_flops, **extra}  # fmt: skip
 
 
-ROW_HEADER = (f"{'preset':<11}{'seq':>7}{'attention':>10}{'params':>15}{'step s':>9}{'tokens/s':>10}{'TFLOP/s':>9}"
+ROW_HEADER = (f"{'preset':<11}{'seq':>7}{'attention':>12}{'params':>15}{'step s':>9}{'tokens/s':>10}{'TFLOP/s':>9}"
               f"{'MFU':>7}{'exec':>7}{'peak GiB':>9}")
 
 
 def finish_row(row: dict, peak: float) -> str:
     """Adds the MFU fields to a measured row (not to a failed one) and returns its table line."""
     if "error" in row:
-        return f"{row['preset']:<11}{row['seq']:>7}{row['attention']:>10}  failed: {row['error']}"
+        return f"{row['preset']:<11}{row['seq']:>7}{row['attention']:>12}  failed: {row['error']}"
     row["peak_tflops_per_s"], row["mfu"] = peak / 1e12, row["flops"] / row["step_seconds"] / peak
     row["mfu_executed"] = row["executed_flops"] / row["step_seconds"] / peak
     row["mfu_causal"] = (row["flops"] - row["attention_flops"] / 2) / row["step_seconds"] / peak
-    return (f"{row['preset']:<11}{row['seq']:>7}{row['attention']:>10}{row['params']:>15,}{row['step_seconds']:>9.2f}"
+    return (f"{row['preset']:<11}{row['seq']:>7}{row['attention']:>12}{row['params']:>15,}{row['step_seconds']:>9.2f}"
             f"{row['tokens_per_s']:>10.0f}{row['model_tflops_per_s']:>9.3f}{row['mfu']:>7.1%}{row['mfu_executed']:>7.1%}"
             f"{row.get('peak_gib', float('nan')):>9.1f}")
 
@@ -229,7 +236,8 @@ def main() -> None:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = getattr(torch, args.dtype)
     info = machine()
-    runs = {"padded": True, "packed": True, "te": device == "cuda" and te_importable(), "flex": device == "cuda"}
+    runs = {"padded": True, "packed": True, "te": device == "cuda" and te_importable(), "flex": device == "cuda",
+            "packed-seg": True}  # fmt: skip
     unknown = sorted(set(args.attention.split(",")) - set(runs))
     if unknown:
         raise SystemExit(f"--attention {','.join(unknown)}: choose from {', '.join(runs)}")

@@ -36,6 +36,8 @@ _.pre_tokenizer; _.padding_side; _.truncation_side  # tokenizer settings
 _.required  # argparse: a required subcommand
 _.allow_abbrev  # argparse: no abbreviated flags (megarl/cli.py)
 exc_info  # __exit__ signature
+_.cu_seqlens_q_padded; _.cu_seqlens_kv_padded  # read by Megatron's rope (megarl/models/packed_rope.py)
+_.__class__  # a Megatron module given megarl's subclass of its own class (megarl/models/packed_rope.py; the bench undoes it)
 
 # Kept references and records that are read, not called.
 keepalive  # tensors an IPC payload points into stay alive until the engine answered

@@ -145,7 +145,7 @@ class DenseDecoderBridge(ModelBridge):
             # Kernels that need apex / transformer-engine stay off; jit-fused ones only on GPU.
             masked_softmax_fusion=False,
             persist_layer_norm=False,
-            apply_rope_fusion=False,
+            apply_rope_fusion=False,  # and megarl/models/packed_rope.py relies on it (the unfused THD apply)
             gradient_accumulation_fusion=False,
             bias_activation_fusion=not cpu,
             bias_dropout_fusion=not cpu,
@@ -222,6 +222,10 @@ class DenseDecoderBridge(ModelBridge):
             # Megatron's llama3 scaling hard-codes its constants; use the config's own.
             inv = llama3_inv_freq(transformer_config.kv_channels, rope)
             model.rotary_pos_emb.inv_freq = inv.to(model.rotary_pos_emb.inv_freq.device)
+        if spec == "local":  # (TE's attention reads the padded offsets this sets: see packed_rope)
+            from megarl.models.packed_rope import rotate_packed_sequences_at_once
+
+            rotate_packed_sequences_at_once(model)
         if value_head and post_process:
             from megarl.models.value_head import (
                 ValueHead,  # megatron-core: imported only with a model

@@ -4,7 +4,7 @@ A packed micro-batch is one sequence of ``T`` tokens made of segments (the rows,
 one padding segment that rounds ``T`` up for sequence parallelism). Each segment must attend
 only to itself, with positions restarting at 0. Megatron describes the segments to its layers
 with ``cu_seqlens`` (``[k + 1]`` int32 offsets) in ``PackedSeqParams``; rotary embeddings
-restart per segment from them.
+restart per segment (one row per token: megarl/models/packed_rope.py).
 
 The exact attention path (``megarl.models.attention`` on CPU or in fp32) needs more than
 ``cu_seqlens``, so :class:`PackedLayout` also holds a plan, made on the host on first use (the
@@ -101,3 +101,9 @@ class PackedLayout:
     def positions(self) -> torch.Tensor:
         """``[T]`` long: each token's position within its segment (0 at every segment start)."""
         return torch.cat([torch.arange(n) for n in self.lengths])
+
+    @functools.cached_property
+    def token_positions(self) -> torch.Tensor:
+        """``[T]`` long: :meth:`positions` on the layout's device, made once (the rotary
+        embedding's rows, megarl/models/packed_rope.py)."""
+        return self.positions().to(self.cu_seqlens.device)

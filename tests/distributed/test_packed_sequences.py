@@ -8,6 +8,9 @@ Without recomputation, the packed micro-batches also go through FlexAttention's 
 (actor.packed_attention flex; forward only, as torch has no FlexAttention backward on CPU) and
 give the same log-probs and entropy.
 
+The packed micro-batches' rotary embedding has one row per token (megarl/models/packed_rope.py):
+the same values as Megatron's per-segment mapping, or the log-probs would differ.
+
 Recomputation (full, selective) hands the packed-sequence parameters to the recomputed forward
 too: two cases run packed with it against padded without.
 
@@ -53,10 +56,12 @@ def _batch(lengths: tuple[list[int], list[int]]):
 
 def _one_layout(path: str, tp: int, pp: int, packed: bool, lengths, recompute: str) -> dict:
     from megarl.actors.policy import PolicyWorker
+    from megarl.models.packed_rope import PackedRotaryEmbedding
 
     batch = _batch(lengths)
     policy = PolicyWorker(path, _cfg(tp, pp, packed, recompute), "float32", seed=1)
     assert (policy.model.tcfg.recompute_granularity or "none") == recompute
+    assert type(policy.model.core.rotary_pos_emb) is PackedRotaryEmbedding  # one row per packed token
     if tuple(lengths) == UNEVEN:  # (a copy: the arguments travel to the ranks by pickle)
         # A first step without fillers: Megatron's DDP takes the parameters the last micro-batch
         # readies in its first step as the rule for every later step's last micro-batch.
