@@ -160,6 +160,20 @@ def build_tiny_model(
     model.generation_config = GenerationConfig(
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
     )
-    model.save_pretrained(out, safe_serialization=True)
+    _save_quietly(model, out)
     tokenizer.save_pretrained(out)
     return out
+
+
+def _save_quietly(model: Any, out: Path) -> None:
+    """``save_pretrained`` without transformers' "Writing model shards" bar (one shard of a tiny
+    model: noise in the demo's output); the bar's setting is left as it was."""
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(out, safe_serialization=True)
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()

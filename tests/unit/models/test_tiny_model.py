@@ -43,3 +43,16 @@ def test_llama3_rope_scaling_is_kept(tmp_path):
     cfg = AutoModelForCausalLM.from_pretrained(path).config
     params = getattr(cfg, "rope_parameters", None) or {**(cfg.rope_scaling or {}), "rope_theta": cfg.rope_theta}
     assert params["rope_type"] == "llama3" and params["factor"] == 8.0 and params["rope_theta"] == 500000.0
+
+
+def test_building_prints_no_progress_bar_and_leaves_the_setting_as_it_was(tmp_path, capfd):
+    from transformers.utils import logging as hf_logging
+
+    build_tiny_model(tmp_path / "m")  # the demo's first output line was transformers' "Writing model shards" bar
+    assert capfd.readouterr().err == "" and hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        build_tiny_model(tmp_path / "m2")
+        assert not hf_logging.is_progress_bar_enabled()  # the caller's choice stays
+    finally:
+        hf_logging.enable_progress_bar()
