@@ -2,7 +2,8 @@
 with (``config.yaml`` in the step directory: ``<output_dir>/config.yaml`` is the latest launch's
 and may have changed since), model.path's config.json as it was (``model_config.json``: `megarl
 convert` writes model.path's config.json beside the trained weights, and refuses one that changed
-since), the run's metrics.jsonl up to the step (``metrics.jsonl``: the records of the history
+since; a resume too), critic.path's when the critic trains from its own model
+(``critic_model_config.json``: a resume with a critic model of another shape is refused), the run's metrics.jsonl up to the step (``metrics.jsonl``: the records of the history
 that led to it) and the directory the run was launched from (``launch_dir`` in the manifest's metadata),
 against which the config's relative paths resolve wherever the checkpoint is read later (`megarl
 convert`, the resume check before a launch)."""
@@ -17,6 +18,7 @@ from typing import Any
 
 RUN_CONFIG = "config.yaml"
 MODEL_CONFIG = "model_config.json"
+CRITIC_MODEL_CONFIG = "critic_model_config.json"
 METRICS_HISTORY = "metrics.jsonl"  # <output_dir>/metrics.jsonl as it was at the save
 LAUNCH_DIR = "launch_dir"
 
@@ -95,11 +97,14 @@ def launch_dirs(ckpt: Any, output_dir: str) -> list[Path]:
     return found
 
 
-def record_model_config(folder: Path, model_path: str | None) -> None:
-    """Copy model.path's config.json (when it has one) into the checkpoint ``folder``."""
-    source = Path(model_path) / "config.json" if model_path else None
-    if source is not None and source.is_file():
-        shutil.copyfile(source, folder / MODEL_CONFIG)
+def record_model_configs(folder: Path, cfg: Any) -> None:
+    """Copy model.path's config.json, and critic.path's when the critic trains from its own model
+    (each when it has one), into the checkpoint ``folder``."""
+    models = {MODEL_CONFIG: cfg.model.path, CRITIC_MODEL_CONFIG: cfg.critic.path if cfg.critic_enabled else None}
+    for name, model_path in models.items():
+        source = Path(model_path) / "config.json" if model_path else None
+        if source is not None and source.is_file():
+            shutil.copyfile(source, folder / name)
 
 
 def record_metrics(folder: Path, output_dir: str | Path) -> None:

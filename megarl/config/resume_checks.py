@@ -211,18 +211,22 @@ def _another_critic(old: MegaRLConfig, new: MegaRLConfig, ckpt: Any, launched: P
     architecture's weights would only fail to load once every worker has started (a shape
     mismatch inside Megatron's load). Another directory of the
     same architecture is fine (the weights come from the checkpoint); when neither launch set
-    critic.path the model.path check covers it."""
+    critic.path the model.path check covers it. The trained-as config is the copy the checkpoint
+    keeps (megarl/checkpoint/run_record.py); one saved by an older megarl has none: the old
+    directory's config.json as it is now."""
     import json
 
     from megarl.checkpoint.model_checkpoint import config_differences
+    from megarl.checkpoint.run_record import CRITIC_MODEL_CONFIG, MODEL_CONFIG
 
     if old.critic.path is None and new.critic.path is None:
         return []
     was, now = old.critic.path or old.model.path, new.critic.path or new.model.path
     if was is None or now is None:
         return []
+    copy = ckpt.path / (CRITIC_MODEL_CONFIG if old.critic.path else MODEL_CONFIG)
     try:
-        recorded = json.loads(((launched / was) / "config.json").read_text())
+        recorded = json.loads((copy if copy.is_file() else (launched / was) / "config.json").read_text())
         current = json.loads((Path(now) / "config.json").read_text())
     except (OSError, ValueError):  # moved since, or unreadable: nothing to compare (now's own check reports it)
         return []

@@ -19,7 +19,7 @@ from megarl.checkpoint.run_record import (
     METRICS_HISTORY,
     RUN_CONFIG,
     record_metrics,
-    record_model_config,
+    record_model_configs,
     run_metadata,
 )
 from megarl.checkpoint.trainer_state import TrainerState, capture_rng, restore_rng
@@ -259,7 +259,7 @@ class Trainer:
             # The config this checkpoint was trained with (megarl convert reads it; output_dir's
             # config.yaml is the latest launch's and may have changed since).
             (folder / RUN_CONFIG).write_text(config_to_yaml(self.cfg))
-            record_model_config(folder, self.cfg.model.path)
+            record_model_configs(folder, self.cfg)
             record_metrics(folder, self.out)  # the step's record is logged before the save
             TrainerState(
                 step=step,

@@ -150,9 +150,10 @@ def test_relative_paths_resolve_against_the_launch_directory(run, tmp_path, monk
 def test_a_model_config_changed_since_training_is_refused_before_anything_starts(run, tmp_path):
     # An edited rope_theta changes no weight shape: the export would load fine and write the new
     # config.json beside weights trained with the old one.
-    from megarl.checkpoint.run_record import MODEL_CONFIG, model_config_change, record_model_config
+    from megarl.checkpoint.run_record import MODEL_CONFIG, model_config_change, record_model_configs
     from megarl.commands.convert import convert_checkpoint
     from megarl.commands.generate import GenerateError, _run_model
+    from megarl.config.sections import MegaRLConfig
 
     launch, older = run
     model = launch / "models" / "tiny"
@@ -160,7 +161,7 @@ def test_a_model_config_changed_since_training_is_refused_before_anything_starts
     manager = CheckpointManager(launch / "outputs" / "run")
     with manager.saving(5, {"launch_dir": str(launch)}) as d:
         (d / "config.yaml").write_text((older.path / "config.yaml").read_text())
-        record_model_config(d, str(model))
+        record_model_configs(d, MegaRLConfig(model={"path": str(model)}))
     ckpt = manager.resolve_resume("auto")
     assert (ckpt.step, (ckpt.path / MODEL_CONFIG).read_text()) == (5, (model / "config.json").read_text())
     (model / "config.json").write_text(json.dumps({"model_type": "qwen2", "rope_theta": 10000.0, "transformers_version": "5"}))

@@ -363,11 +363,11 @@ def test_a_resume_refuses_a_model_config_edited_since_training(demo, tmp_path):
     import json
     import shutil
 
-    from megarl.checkpoint.run_record import MODEL_CONFIG, record_model_config
+    from megarl.checkpoint.run_record import MODEL_CONFIG, record_model_configs
 
     model, out = shutil.copytree(demo[0], tmp_path / "model"), tmp_path / "run"
     ckpt = _trained_with(out, 2, config(demo, out, f"model.path={model}"), launch_dir=tmp_path)
-    record_model_config(ckpt, str(model))  # as the trainer saves it
+    record_model_configs(ckpt, config(demo, out, f"model.path={model}"))  # as the trainer saves it
     assert [f for f in preflight(config(demo, out, f"model.path={model}")) if f.field == "model.path"] == []
     hf = json.loads((model / "config.json").read_text())
     rope = {**hf["rope_parameters"], "rope_theta": 500000.0}  # (transformers 5 keeps rope_theta there)
@@ -428,6 +428,28 @@ def test_a_resume_refuses_a_critic_model_of_another_architecture(demo, tmp_path)
     assert [f for f in preflight(config(demo, out, "algorithm.estimator=gae", f"critic.path={copy}"))
             if f.field == "critic.path"] == []  # fmt: skip
     assert [f for f in preflight(config(demo, out)) if f.level == "error"] == []  # GRPO does not load the critic
+
+
+def test_a_critic_model_edited_in_place_since_training_is_refused_by_the_checkpoints_copy(demo, tmp_path):
+    # The checkpoint keeps critic.path's config.json as trained: the same directory, edited since,
+    # no longer reads as the model the critic was trained as.
+    import json
+    import shutil
+
+    from megarl.checkpoint.run_record import CRITIC_MODEL_CONFIG, record_model_configs
+
+    out, critic = tmp_path / "run", shutil.copytree(demo[0], tmp_path / "critic")
+    trained = config(demo, out, "algorithm.estimator=gae", f"critic.path={critic}")
+    ckpt = _trained_with(out, 2, trained, launch_dir=tmp_path, roles=("policy", "critic"))
+    record_model_configs(ckpt, trained)  # as the trainer saves it
+    assert (ckpt / CRITIC_MODEL_CONFIG).read_text() == (critic / "config.json").read_text()
+    assert [f for f in preflight(trained) if f.field == "critic.path"] == []
+    hf = json.loads((critic / "config.json").read_text())
+    (critic / "config.json").write_text(json.dumps({**hf, "intermediate_size": 2 * hf["intermediate_size"]}))
+    msg = refusal(trained)
+    assert (f"  - critic.path: this launch's critic model (critic.path={critic}) differs from the one the critic of "
+            f"step_000002 was trained as (critic.path={critic}: intermediate_size: recorded {hf['intermediate_size']}, "
+            f"now {2 * hf['intermediate_size']})") in msg
 
 
 def test_a_fully_reshardable_checkpoint_resumes_in_another_tp_pp(demo, tmp_path):
