@@ -107,11 +107,24 @@ def write_verified(staging: Path, source: Path, record: dict[str, Any], save: Ca
 
 def config_differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """``field: recorded A, now B`` for every model field that differs between two HF configs
-    (a nested one, e.g. rope_scaling.factor, by its dotted key)."""
+    (a nested one, e.g. rope_scaling.factor, by its dotted key; as transformers reads them, with
+    the current file's own key where it holds the field elsewhere)."""
     show = lambda v: "absent" if v is ABSENT else json.dumps(v)  # noqa: E731
     differ = differences(_as_transformers_reads(recorded), _as_transformers_reads(current))
-    return [f"{key}: recorded {show(a)}, now {show(b)}" for key, (a, b) in sorted(differ.items())
+    return [f"{_as_written(key, current)}: recorded {show(a)}, now {show(b)}" for key, (a, b) in sorted(differ.items())
             if key.split(".")[0] not in _CONFIG_NOISE]  # fmt: skip
+
+
+def _as_written(key: str, written: dict[str, Any]) -> str:
+    """``key`` (as transformers reads the config) and, where the file ``written`` holds that
+    field under another key, that one too: a transformers 4 config.json keeps
+    rope_parameters.rope_theta as rope_theta, and the user looks for what their file says."""
+
+    def leaves(d: dict[str, Any], prefix: str = "") -> list[str]:
+        return [p for k, v in d.items() for p in (leaves(v, f"{prefix}{k}.") if isinstance(v, dict) else [f"{prefix}{k}"])]
+
+    found = [p for p in leaves(written) if p.rsplit(".", 1)[-1] == key.rsplit(".", 1)[-1]]
+    return key if key in found or len(found) != 1 else f"{key} (the file's {found[0]})"
 
 
 def _as_transformers_reads(config: dict[str, Any]) -> dict[str, Any]:

@@ -272,8 +272,10 @@ def test_config_differences_read_configs_as_transformers_does():
     assert "rope_theta" not in resaved and "layer_types" in resaved  # the installed version writes it otherwise
     assert config_differences(old_style, resaved) == []
     assert config_differences(old_style, dict(old_style, rope_theta=500000.0)) == [
-        "rope_parameters.rope_theta: recorded 1000000.0, now 500000.0"
+        "rope_parameters.rope_theta (the file's rope_theta): recorded 1000000.0, now 500000.0"  # what the file says too
     ]
+    edited = Qwen2Config.from_dict(dict(old_style, rope_theta=500000.0)).to_dict()  # a file of the installed version
+    assert config_differences(old_style, edited) == ["rope_parameters.rope_theta: recorded 1000000.0, now 500000.0"]
 
 
 def test_config_differences_leave_the_configs_compared_as_they_were():
@@ -289,4 +291,5 @@ def test_config_differences_leave_the_configs_compared_as_they_were():
     assert config_differences(recorded, copy.deepcopy(recorded)) == []
     assert recorded == before
     edited = dict(recorded, rope_theta=500000.0)  # (shares the rope_scaling dict, as a shallow copy does)
-    assert config_differences(recorded, edited) == ["rope_parameters.rope_theta: recorded 10000.0, now 500000.0"]
+    assert config_differences(recorded, edited) == ["rope_parameters.rope_theta (the file's rope_theta): recorded 10000.0, "
+                                                    "now 500000.0"]  # fmt: skip

@@ -170,7 +170,8 @@ def test_a_model_config_changed_since_training_is_refused_before_anything_starts
     (model / "config.json").write_text(json.dumps({"model_type": "qwen2", "rope_theta": 1000000.0}))
     out = tmp_path / "hf"
     with pytest.raises(OutputError, match=f"^model.path {model.resolve()}: config.json differs from the one step_000005 was "
-                                          r"trained with \(rope_parameters.rope_theta: recorded 10000.0, now 1000000.0\); restore it"):  # fmt: skip
+                                          r"trained with \(rope_parameters.rope_theta \(the file's rope_theta\): recorded 10000.0, now 1000000.0\); "
+                                          r"restore it"):  # fmt: skip
         convert_checkpoint(ckpt.path, out)
     assert not out.exists()
     # generate --model exports it the same way
