@@ -199,10 +199,11 @@ class InProcessGroup:
     """A worker group of one rank living in this process (no Ray).
 
     Sets torchrun's variables when they are missing (rank 0 of a world of 1 on a free local
-    port), so the worker initialises torch.distributed as it would under torchrun. The group
-    whose worker made the process group destroys it at shutdown (the first made is shut down
-    last: closers run newest first), or torch warns at exit that it never was; a process group
-    the caller made stays theirs.
+    port), so the worker initialises torch.distributed as it would under torchrun, and removes
+    them again at shutdown (what the process starts next, e.g. `megarl generate`'s SGLang server
+    after an in-process export, does not inherit a rank). The group whose worker made the process
+    group destroys it at shutdown (the first made is shut down last: closers run newest first),
+    or torch warns at exit that it never was; a process group the caller made stays theirs.
     """
 
     world_size = 1
@@ -210,13 +211,14 @@ class InProcessGroup:
     def __init__(self, factory: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
         defaults = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
                     "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}  # fmt: skip
-        for key, value in defaults.items():
-            os.environ.setdefault(key, value)
-        if os.environ["WORLD_SIZE"] != "1":
+        if os.environ.get("WORLD_SIZE", "1") != "1":
             raise RuntimeError(
                 f"an in-process worker group runs one rank, but WORLD_SIZE is {os.environ['WORLD_SIZE']}; "
                 "launch with one process (torchrun --nproc_per_node 1) or use Ray worker groups"
             )
+        self._set_env = [key for key in defaults if key not in os.environ]
+        for key in self._set_env:
+            os.environ[key] = defaults[key]
         self._owns_process_group = not torch.distributed.is_initialized()
         try:
             self.worker = factory(*args, **kwargs)
@@ -248,6 +250,9 @@ class InProcessGroup:
 
             self._owns_process_group = False
             destroy_parallel()
+        for key in self._set_env:
+            os.environ.pop(key, None)
+        self._set_env = []
 
 
 def _free_port() -> int:
