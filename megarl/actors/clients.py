@@ -245,7 +245,10 @@ class InProcessGroup:
         self._destroy_process_group()
 
     def _destroy_process_group(self) -> None:
-        if self._owns_process_group:
+        # No process group yet (the worker stopped before making it, e.g. a Ctrl-C while it
+        # imported Megatron): nothing to tear down, and importing Megatron again after an
+        # interrupted import would raise in place of the interruption.
+        if self._owns_process_group and torch.distributed.is_initialized():
             from megarl.parallel.groups import destroy_parallel
 
             self._owns_process_group = False

@@ -1,12 +1,17 @@
 """The in-process worker group's launcher variables: set for the worker when missing, the
 caller's kept, and the ones it set removed at shutdown (a process `megarl generate` starts after
-an in-process export must not inherit a rank)."""
+an in-process export must not inherit a rank); a worker stopped before it made a process group
+ends in the stop itself (a Ctrl-C while it imported Megatron must end in `megarl convert
+--in-process`'s "stopped by SIGINT" line, not in an error of a second, failing import of Megatron
+while the group cleans up)."""
 
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
+import torch
 
 from megarl.actors.clients import InProcessGroup
 
@@ -40,3 +45,18 @@ def test_a_world_of_several_is_refused_and_sets_nothing(monkeypatch):
     with pytest.raises(RuntimeError, match="runs one rank, but WORLD_SIZE is 2"):
         InProcessGroup(_Worker)
     assert [key for key in LAUNCHER if key in os.environ] == ["WORLD_SIZE"]
+
+
+def _stopped_while_importing() -> None:
+    raise KeyboardInterrupt  # as the signal handler raises it inside the worker's imports
+
+
+def test_a_worker_stopped_before_its_process_group_ends_in_the_stop(monkeypatch):
+    assert not torch.distributed.is_initialized()
+    for key in LAUNCHER:
+        monkeypatch.delenv(key, raising=False)
+    # Megatron half-imported by the interrupted import: importing it again fails.
+    monkeypatch.setitem(sys.modules, "megatron.core", None)
+    with pytest.raises(KeyboardInterrupt):
+        InProcessGroup(_stopped_while_importing)
+    assert not torch.distributed.is_initialized() and not any(key in os.environ for key in LAUNCHER)
