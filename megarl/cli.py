@@ -227,12 +227,23 @@ def user_error_line(exc: BaseException) -> str | None:
         return str(exc)  # raised by megarl with its own message
     if isinstance(exc, ConnectionError):
         return str(exc)
-    if isinstance(exc, ModuleNotFoundError) and (exc.name or "").partition(".")[0] == "ray":  # a box without Ray
+    if isinstance(exc, ModuleNotFoundError) and (exc.name or "").partition(".")[0] == "ray" and not _ray_installed():
         return (f"Ray is not installed for {sys.executable}: pip install 'ray[default]' (a megarl dependency), or, for "
                 "a layout of one process, add --in-process (megarl launch, sft, convert and generate then run without Ray)")
     if isinstance(exc, OSError) and exc.filename is not None:
         return _os_error_line(exc)
     return None
+
+
+def _ray_installed() -> bool:
+    """Whether the ray package is there (without importing it): a missing submodule of an
+    installed Ray (one megarl does not match) is a bug to show whole, not "Ray is not installed"."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("ray") is not None
+    except ValueError:  # a ray module without a spec: there, whatever it is
+        return True
 
 
 def _is_worker_error(exc: BaseException) -> bool:

@@ -46,6 +46,19 @@ def test_a_command_that_needs_ray_where_it_is_missing_says_so_in_one_line(tmp_pa
     assert "Traceback" not in proc.stderr and not (tmp_path / "ckpt").exists()
 
 
+def test_a_missing_submodule_of_an_installed_ray_is_not_called_ray_missing():
+    # A Ray that is installed but lacks a module megarl imports (another Ray version): a bug,
+    # shown whole (exit 1), not "Ray is not installed" with advice that does not apply.
+    import importlib.util
+
+    from megarl.cli import user_error_line
+
+    if importlib.util.find_spec("ray") is None:
+        pytest.skip("Ray is not installed here")
+    exc = ModuleNotFoundError("No module named 'ray.util.scheduling_strategies'", name="ray.util.scheduling_strategies")
+    assert user_error_line(exc) is None
+
+
 def test_an_override_type_error_names_the_override(capsys):
     assert main(["plan", str(TINY), "rollout.n=many"]) == EXIT_USER
     err = capsys.readouterr().err
