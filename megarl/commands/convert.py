@@ -95,7 +95,8 @@ def _register_to_megatron(directions: argparse._SubParsersAction) -> None:
 
 def _add_in_process(p: argparse.ArgumentParser) -> None:
     p.add_argument("--in-process", action="store_true",
-                   help="no Ray: convert with one rank in this process, on its device (a layout of one rank: TP=1, PP=1)")
+                   help="no Ray: convert with one rank in this process, on its device (a layout of one rank: TP=1, PP=1, "
+                   "which a model checkpoint of any layout exports with; a training checkpoint of a one-rank run)")
 
 
 def _register_to_hf(directions: argparse._SubParsersAction) -> None:
@@ -221,15 +222,16 @@ def export_model_checkpoint(checkpoint: str | Path, out: str | Path, tp: int | N
                             overwrite: bool = False, verify: bool = True, report: Any = None,
                             in_process: bool = False) -> Path:  # fmt: skip
     """Write a model checkpoint of hf-to-megatron as an HF directory ``out`` (with its recorded
-    layout, or ``tp`` x ``pp`` CPU processes; ``in_process``: one rank in this process, no Ray)."""
+    layout, or ``tp`` x ``pp`` CPU processes; ``in_process``: one rank in this process, no Ray,
+    TP=PP=1 unless given: a model checkpoint loads into any layout, whatever it was saved in)."""
     from megarl.checkpoint.model_checkpoint import check_model_checkpoint
 
     source = Path(checkpoint).absolute()
     record = check_model_checkpoint(source)
     target = Path(out).absolute()
     check_output_target(target, overwrite, {"the model checkpoint": source})
-    tp = int(record["tp"]) if tp is None else tp
-    pp = int(record["pp"]) if pp is None else pp
+    tp = (1 if in_process else int(record["tp"])) if tp is None else tp
+    pp = (1 if in_process else int(record["pp"])) if pp is None else pp
     actor = _layout_config(source, tp, pp)
     rank_args = (str(source), actor, record["dtype"], CONVERSION_SEED, EXPORT_BUCKET_MB, None)
     checked = _write_hf_output(target, _cpu_ranks(tp, pp, in_process), rank_args, verify, (str(source), None), report)

@@ -85,6 +85,11 @@ def test_hf_to_megatron_tp2_pp2_and_back_bit_for_bit(ray_local, tmp_path, arch, 
         assert "(TP=2, PP=2)" in done.stdout and "bit for bit" in done.stdout
     else:
         export_model_checkpoint(ckpt, out, *back)
+        # without Ray: one rank, whatever the layout the checkpoint was saved in (no --tp/--pp given,
+        # as `megarl generate --in-process` exports it)
+        said = _without_ray("convert", ckpt, tmp_path / "in_process", "--in-process")
+        assert "(TP=1, PP=1)" in said
+        _assert_same_tensors(hf, tmp_path / "in_process", getattr(torch, dtype))
     _assert_same_tensors(hf, out, getattr(torch, dtype))
     # each parameter counted once, whatever the layout (TP shards were counted per rank: 2x)
     assert json.loads((out / "megarl_export.json").read_text())["verified_parameters"] == record["verified_parameters"]
