@@ -41,18 +41,19 @@ exit codes:
        closed: the end is in logs/driver.log): the last checkpoint and the resume command are printed
 """
 
-# The project's user-facing errors, by module: only modules already imported are looked at, so
-# reporting an error never imports ray or torch.
+# The project's user-facing errors, by the module that defines each (one that re-exports it may
+# not be imported when it is raised): only modules already imported are looked at, so reporting
+# an error never imports ray or torch.
 USER_ERRORS = (
     ("megarl.config.loading", "ConfigError"),
-    ("megarl.config.planner", "PlanError"),
+    ("megarl.config.plan_issues", "PlanError"),
     ("megarl.config.architectures", "ArchError"),
     ("megarl.data.datasets", "DataError"),
     ("megarl.agents.errors", "AgentError"),
     ("megarl.evaluation", "EvaluationError"),
     ("megarl.commands.generate_partial", "GenerateError"),
     ("megarl.commands.sft", "SFTError"),
-    ("megarl.checkpoint.manager", "CheckpointError"),
+    ("megarl.checkpoint.verification", "CheckpointError"),
     ("megarl.commands.outputs", "OutputError"),
     ("megarl.checkpoint.model_checkpoint", "ModelCheckpointError"),
     ("megarl.commands.sbatch", "SbatchError"),

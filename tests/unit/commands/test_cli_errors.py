@@ -127,6 +127,16 @@ def test_missing_inputs_are_user_errors(argv, capsys):
     assert err.startswith("error: ") and "Traceback" not in err
 
 
+def test_a_missing_checkpoint_is_a_user_error_in_a_fresh_process(tmp_path):
+    # In a process of its own (the test process may have imported the modules that re-export the
+    # error class): CheckpointError is raised by megarl.checkpoint.verification, which defines it.
+    proc = subprocess.run([sys.executable, "-m", "megarl.cli", "convert", str(tmp_path / "step_000001"), str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == EXIT_USER, proc.stderr
+    assert proc.stderr == f"error: {tmp_path / 'step_000001'} does not exist; give a checkpoint directory " \
+                          "(<output_dir>/checkpoints/step_NNNNNN)\n"
+
+
 def test_an_assert_in_a_worker_is_an_internal_error(capsys):
     from megarl.actors.ray_groups.worker_group import WorkerError
     from megarl.cli import EXIT_INTERNAL, report
