@@ -58,7 +58,7 @@ USER_ERRORS = (
     ("megarl.checkpoint.model_checkpoint", "ModelCheckpointError"),
     ("megarl.commands.sbatch", "SbatchError"),
     ("megarl.rewards.scorer", "RewardError"),
-    ("megarl.actors.ray_groups.worker_group", "WorkerError"),
+    ("megarl.actors.worker_error", "WorkerError"),
     ("megarl.trainer.watchdog", "HangError"),
     ("megarl.rollout.push_progress", "WeightPushTimeout"),
     ("megarl.trainer.metric_sinks", "MetricsFileError"),
@@ -248,7 +248,7 @@ def _ray_installed() -> bool:
 
 
 def _is_worker_error(exc: BaseException) -> bool:
-    cls = getattr(sys.modules.get("megarl.actors.ray_groups.worker_group"), "WorkerError", None)
+    cls = getattr(sys.modules.get("megarl.actors.worker_error"), "WorkerError", None)
     return cls is not None and isinstance(exc, cls)
 
 

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 import torch
 
+from megarl.actors.worker_error import WorkerError
 from megarl.data.batch import Batch, TokenRows
 from megarl.rollout.engine import GenerationResult
 
@@ -222,18 +223,28 @@ class InProcessGroup:
         self._owns_process_group = not torch.distributed.is_initialized()
         try:
             self.worker = factory(*args, **kwargs)
-        except BaseException:
+        except BaseException as exc:
             self._destroy_process_group()
-            raise
+            if isinstance(exc, _STOPS):
+                raise
+            raise _rank_failure(factory, "__init__", exc) from exc
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
-        return [getattr(self.worker, method)(*args, **kwargs)]
+        return [self._run(method, *args, **kwargs)]
 
     def call_each(self, method: str, args_per_rank: Sequence[Any]) -> list[Any]:
         if len(args_per_rank) != 1:
             raise ValueError(f"call_each('{method}'): {len(args_per_rank)} argument sets for 1 rank")
         (args,) = args_per_rank
-        return [getattr(self.worker, method)(*args)]
+        return [self._run(method, *args)]
+
+    def _run(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return getattr(self.worker, method)(*args, **kwargs)
+        except _STOPS:
+            raise
+        except BaseException as exc:
+            raise _rank_failure(type(self.worker), method, exc) from exc
 
     def shutdown(self) -> None:
         # In this process nothing ends with the rank: close it, or the model (Megatron DDP's
@@ -256,6 +267,20 @@ class InProcessGroup:
         for key in self._set_env:
             os.environ.pop(key, None)
         self._set_env = []
+
+
+# What stops this process rather than fails the rank (torch's checkpoint errors are BaseExceptions too).
+_STOPS = (KeyboardInterrupt, SystemExit, GeneratorExit)
+
+
+def _rank_failure(cls: Any, method: str, exc: BaseException) -> WorkerError:
+    """What the rank in this process raised, told as a Ray group's rank's error is: one line
+    naming the call and the rank's last words (its traceback: ``exc``, the error's cause, which
+    --debug and a launch's driver.log show)."""
+    lines = str(exc).strip().splitlines()
+    said = lines[-1] if lines else "(no message)"
+    summary = f"the rank in this process raised {type(exc).__name__} in {getattr(cls, '__qualname__', cls)}.{method}: {said}"
+    return WorkerError(summary, "in-process", 0, summary, cause=exc)
 
 
 def _free_port() -> int:

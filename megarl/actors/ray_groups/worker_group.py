@@ -55,6 +55,7 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError, UnserializableException
 
 from megarl.actors.ray_groups.placement import PlacedRole, RolePlacement, place_roles
+from megarl.actors.worker_error import WorkerError
 from megarl.rollout.push_progress import RANK_LOG_ENV
 
 LOG_TAIL_LINES = 40
@@ -65,20 +66,6 @@ STACK_MARK = b"most recent call first"
 _CAUSE_RE = re.compile(r"(^|: )[\w.]*(Error|Exception|Exit|Interrupt)\b|^(Killed|Segmentation fault|Fatal Python error|terminate called)\b")
 
 log = logging.getLogger(__name__)
-
-
-class WorkerError(RuntimeError):
-    """A rank of a worker group raised or died; ``summary`` is one line naming it and the cause,
-    the message adds the last lines of its log. ``cause``: what the rank raised (None when it
-    died), so the CLI tells a user's mistake met in a worker from a bug in one."""
-
-    def __init__(self, message: str, role: str, rank: int, summary: str | None = None,
-                 cause: BaseException | None = None):
-        super().__init__(message)
-        self.role = role
-        self.rank = rank
-        self.summary = summary or message.splitlines()[0]
-        self.cause = cause
 
 
 class CallTimeout(WorkerError):

@@ -3,7 +3,8 @@ caller's kept, and the ones it set removed at shutdown (a process `megarl genera
 an in-process export must not inherit a rank); a worker stopped before it made a process group
 ends in the stop itself (a Ctrl-C while it imported Megatron must end in `megarl convert
 --in-process`'s "stopped by SIGINT" line, not in an error of a second, failing import of Megatron
-while the group cleans up)."""
+while the group cleans up); what the rank raises is a WorkerError, told in one line as a Ray
+group's rank's is (a broken invariant: a bug, shown whole)."""
 
 from __future__ import annotations
 
@@ -60,3 +61,37 @@ def test_a_worker_stopped_before_its_process_group_ends_in_the_stop(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         InProcessGroup(_stopped_while_importing)
     assert not torch.distributed.is_initialized() and not any(key in os.environ for key in LAUNCHER)
+
+
+class _Fragile:
+    def __init__(self, fail: bool = False) -> None:
+        if fail:  # as a torn checkpoint file does, deep in a load
+            raise RuntimeError("while loading the checkpoint\nunpickling failed: invalid load key")
+
+    def boom(self, key: str) -> None:
+        raise KeyError(key)
+
+    def broken(self) -> None:
+        raise AssertionError("an invariant")
+
+
+def test_what_the_rank_raises_is_one_line_and_a_broken_invariant_is_a_bug(monkeypatch):
+    from megarl.actors.worker_error import WorkerError
+    from megarl.cli import user_error_line
+
+    for key in LAUNCHER:
+        monkeypatch.delenv(key, raising=False)
+    with pytest.raises(WorkerError) as info:
+        InProcessGroup(_Fragile, fail=True)
+    assert user_error_line(info.value) == ("the rank in this process raised RuntimeError in _Fragile.__init__: unpickling "
+                                           "failed: invalid load key")  # fmt: skip
+    assert "RANK" not in os.environ  # the failed start cleaned up too
+    group = InProcessGroup(_Fragile)
+    with pytest.raises(WorkerError) as info:
+        group.call_each("boom", [("step",)])
+    assert isinstance(info.value.cause, KeyError) and info.value.__cause__ is info.value.cause  # its traceback
+    assert user_error_line(info.value) == "the rank in this process raised KeyError in _Fragile.boom: 'step'"
+    with pytest.raises(WorkerError) as info:
+        group.call("broken")
+    assert user_error_line(info.value) is None  # the CLI prints the whole story
+    group.shutdown()
