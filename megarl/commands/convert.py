@@ -218,6 +218,19 @@ def convert_checkpoint(checkpoint: str | Path, out: str | Path, config: str | Pa
     return Path(out)
 
 
+def check_in_process(checkpoint: str | Path) -> None:
+    """Refuse ``--in-process`` (OutputError) for a training checkpoint whose run's layout has
+    more than one rank, before anything is written (`megarl generate` checks it before its
+    partial folder; a model checkpoint exports with one rank whatever its layout)."""
+    from megarl.checkpoint.run_record import run_config
+    from megarl.checkpoint.verification import verify_checkpoint
+    from megarl.config.planner import make_plan
+
+    ckpt = verify_checkpoint(checkpoint)
+    cfg = run_config(ckpt)
+    _run_ranks(cfg, make_plan(cfg), ckpt.path.name, in_process=True)
+
+
 def export_model_checkpoint(checkpoint: str | Path, out: str | Path, tp: int | None = None, pp: int | None = None,
                             overwrite: bool = False, verify: bool = True, report: Any = None,
                             in_process: bool = False) -> Path:  # fmt: skip
@@ -298,7 +311,7 @@ def _run_ranks(cfg: Any, plan: Any, name: str, in_process: bool) -> ConversionRa
     """A training checkpoint's ranks: its run's policy placement (``name``: the checkpoint's)."""
     count = len(plan.roles["policy"].gpus)
     if in_process:
-        return _one_rank(count, f"{name}'s layout (the run's policy)", "run megarl convert without --in-process")
+        return _one_rank(count, f"{name}'s layout (the run's policy)", "run it without --in-process (Ray starts them)")
     from megarl.actors.ray_groups.placement import role_placements
 
     placements, _ = role_placements(cfg, plan)

@@ -108,6 +108,7 @@ def generate(config: str | Path, overrides: list[str], data: str | Path, out: st
     """Generate for every prompt of ``data`` into ``out`` (see the module docstring); ``in_process``:
     a checkpoint is exported without Ray (`megarl convert --in-process`)."""
     from megarl.checkpoint.verification import CHECKPOINTS_DIR
+    from megarl.commands.convert import check_in_process, convert_checkpoint
     from megarl.config.loading import load_config
     from megarl.data.datasets import read_prompt_file
     from megarl.models.hf_files import tokenizer_files_problem
@@ -127,6 +128,8 @@ def generate(config: str | Path, overrides: list[str], data: str | Path, out: st
     records = read_prompt_file(data, label="--data", prompt_key=cfg.data.prompt_key)  # checked before any work
     export = _model_export(Path(source))  # refused before anything is written
     run_model = _run_model(Path(source), export, cfg)
+    if in_process and export is convert_checkpoint:
+        check_in_process(source)  # a run of several ranks cannot be exported in this process
     _check_positions(cfg, source, run_model)
     _note_replaced_columns(Path(data))
     # a training checkpoint has no tokenizer files: its run's model's (what the export copies)

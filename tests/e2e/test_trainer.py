@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 import torch
-from run_helpers import REQUIRED_METRICS, train
+from run_helpers import REQUIRED_METRICS, TINY, train
 
 pytestmark = pytest.mark.slow
 
@@ -56,6 +56,7 @@ def test_convert_checkpoint_to_hf(grpo_run, demo_root, tmp_path):
 
     from megarl.checkpoint.verification import CheckpointError
     from megarl.commands.convert import convert_checkpoint
+    from megarl.commands.generate import generate
     from megarl.commands.outputs import OutputError
 
     out, cfg, _, _ = grpo_run
@@ -82,10 +83,15 @@ def test_convert_checkpoint_to_hf(grpo_run, demo_root, tmp_path):
         convert_checkpoint(ckpt, tmp_path / "hf4", config=tmp_path / "gpu.yaml")
     assert not (tmp_path / "hf4").exists()
     # without Ray (--in-process) only a layout of one rank converts: this run's has two
-    with pytest.raises(OutputError, match=r"^--in-process converts with one rank, in this process; step_000003's layout "
-                                          r"\(the run's policy\) has 2 ranks: run megarl convert without --in-process$"):  # fmt: skip
+    refused = (r"^--in-process converts with one rank, in this process; step_000003's layout \(the run's policy\) has 2 "
+               r"ranks: run it without --in-process \(Ray starts them\)$")  # fmt: skip
+    with pytest.raises(OutputError, match=refused):
         convert_checkpoint(ckpt, tmp_path / "hf5", in_process=True)
     assert not (tmp_path / "hf5").exists()
+    with pytest.raises(OutputError, match=refused):  # generate checks it before anything is written
+        generate(TINY, [f"model.path={demo_root / 'model'}"], demo_root / "data" / "val.parquet", tmp_path / "gen.parquet",
+                 model=str(ckpt), in_process=True)  # fmt: skip
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("gen")) == []
     torn = tmp_path / "step_000003"
     shutil.copytree(out / "checkpoints" / "step_000003", torn)
     (torn / "manifest.json").unlink()
