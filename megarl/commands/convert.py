@@ -347,7 +347,8 @@ def _where_it_runs(ranks: ConversionRanks, name: str) -> Iterator[None]:
 def _conversion_group(rank_cls: type, ranks: ConversionRanks, rank_args: tuple, progress: str) -> Iterator[Any]:
     """A ConversionClient over a group of ``rank_cls``, with a progress bar (``progress``: its
     label) of rank 0's tensors; a Ray group's logs are kept (and named by the error) only when
-    something failed (a rank in this process writes to this process's output)."""
+    something failed in a rank that wrote one (not when the cluster could not place the ranks;
+    a rank in this process writes to this process's output)."""
     from megarl.actors.clients import ConversionClient
 
     logs = Path(tempfile.mkdtemp(prefix="megarl-convert-logs-"))
@@ -359,7 +360,7 @@ def _conversion_group(rank_cls: type, ranks: ConversionRanks, rank_args: tuple, 
     except (KeyboardInterrupt, SystemExit):  # stopped by the user: nothing to diagnose
         raise
     except BaseException:
-        failed = not ranks.in_process  # the error names these logs
+        failed = any(p != progress_file for p in logs.iterdir())  # a rank's log: the error names it
         raise
     finally:
         if not failed:

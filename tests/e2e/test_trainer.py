@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -78,10 +80,12 @@ def test_convert_checkpoint_to_hf(grpo_run, demo_root, tmp_path):
         convert_checkpoint(ckpt, tmp_path / "hf3", config=tmp_path / "run.yaml")
     # a GPU run's checkpoint exported on a machine without GPUs: one line saying where it can run
     (tmp_path / "gpu.yaml").write_text((ckpt / "config.yaml").read_text().replace("device: cpu", "device: cuda"))
+    kept = set(Path(tempfile.gettempdir()).glob("megarl-convert-logs-*"))
     with pytest.raises(OutputError, match="^placement: 2 GPUs requested for policy, cluster has 0; step_000003 is exported "
                                           r"in the run's policy layout \(2 ranks, 1 GPU each\): run megarl convert where"):  # fmt: skip
         convert_checkpoint(ckpt, tmp_path / "hf4", config=tmp_path / "gpu.yaml")
     assert not (tmp_path / "hf4").exists()
+    assert set(Path(tempfile.gettempdir()).glob("megarl-convert-logs-*")) == kept  # no rank started: no log folder left
     # without Ray (--in-process) only a layout of one rank converts: this run's has two
     refused = (r"^--in-process converts with one rank, in this process; step_000003's layout \(the run's policy\) has 2 "
                r"ranks: run it without --in-process \(Ray starts them\)$")  # fmt: skip
