@@ -3,8 +3,9 @@ with (``config.yaml`` in the step directory: ``<output_dir>/config.yaml`` is the
 and may have changed since), model.path's config.json as it was (``model_config.json``: `megarl
 convert` writes model.path's config.json beside the trained weights, and refuses one that changed
 since; a resume too), critic.path's when the critic trains from its own model
-(``critic_model_config.json``: a resume with a critic model of another shape is refused), the run's metrics.jsonl up to the step (``metrics.jsonl``: the records of the history
-that led to it) and the directory the run was launched from (``launch_dir`` in the manifest's metadata),
+(``critic_model_config.json``: a resume with a critic model of another shape is refused), the
+run's metrics.jsonl up to the step (``metrics.jsonl``: the records of the history that led to
+it) and the directory the run was launched from (``launch_dir`` in the manifest's metadata),
 against which the config's relative paths resolve wherever the checkpoint is read later (`megarl
 convert`, the resume check before a launch)."""
 
