@@ -1,7 +1,7 @@
 """Benchmark: how far apart engine and trainer log-probs are after honest bf16 pushes.
 
 This is the noise floor that ``rollout.weight_sync.max_logprob_diff`` (the post-push check,
-megarl/rollout/logprob_check.py) must sit above, and how far above it corrupted pushes land.
+megarl/weight_sync/logprob_check.py) must sit above, and how far above it corrupted pushes land.
 
 Per configuration (model x layout), two gloo processes (one thread each) run the real stack:
 the Megatron policy (``PolicyWorker``, bf16, TP=2 or PP=2) and, on rank 0, the torch engine
@@ -193,7 +193,7 @@ def nll_loss(batch, outputs):
 
 def train_batch(rows: list[tuple[list[int], list[int]]]):
     from megarl.rollout.batching import batch_from_generations
-    from megarl.rollout.engine import GenerationResult
+    from megarl.engines.base import GenerationResult
 
     results = [GenerationResult(i, list(r), [0.0] * len(r), "stop") for i, (_, r) in enumerate(rows)]
     return batch_from_generations([p for p, _ in rows], results, 1)
@@ -204,11 +204,11 @@ def build_stack(rank: int, plan: Plan):
     from megarl.actors.policy import PolicyWorker
     from megarl.config.rollout_sections import WeightSyncConfig
     from megarl.config.sections import ActorConfig, OptimizerConfig, ParallelConfig
-    from megarl.rollout.engine import SamplingParams
-    from megarl.rollout.logprob_check import PostPushCheck
-    from megarl.rollout.torch_engine import TorchEngine
-    from megarl.rollout.transports import InProcessTransport
-    from megarl.rollout.weight_stream import MIB, WeightStream
+    from megarl.engines.base import SamplingParams
+    from megarl.weight_sync.logprob_check import PostPushCheck
+    from megarl.engines.torch_engine import TorchEngine
+    from megarl.weight_sync.transports import InProcessTransport
+    from megarl.weight_sync.stream import MIB, WeightStream
 
     cfg = ActorConfig(parallel=ParallelConfig(**LAYOUTS[plan.layout]), micro_batch_size=8,
                       optimizer=OptimizerConfig(lr=plan.lr, clip_grad=1.0))  # fmt: skip

@@ -6,7 +6,7 @@ into the hidden states and the weight (what a policy update does):
 
 - ``whole``: the head before chunking: ``logits = hidden @ W^T`` for every token, then an fp32
   ``log_softmax`` (``[N, V]`` buffers in the model dtype and in fp32, with their gradients);
-- ``chunked``: ``megarl.actors.megatron_runtime.logprobs.linear_logprobs`` with
+- ``chunked``: ``megarl.megatron_runtime.logprobs.linear_logprobs`` with
   ``chunk_tokens`` tokens at a time.
 
 Shapes are Qwen2.5-0.5B's head (hidden 896, vocabulary 151936) at TP=1, fp32. Peak memory:
@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 from machine import describe  # noqa: E402  (bench/machine.py)
 
-from megarl.actors.megatron_runtime.logprobs import linear_logprobs
+from megarl.megatron_runtime.logprobs import linear_logprobs
 
 ROOT = Path(__file__).resolve().parents[1]
 HIDDEN, VOCAB, CHUNK = 896, 151936, 256

@@ -63,7 +63,7 @@ def ragged_batch(rows: int, prompt: int, shortest: int, longest: int, vocab: int
 
 def padded_tokens(batch, budget: int) -> int:
     """Tokens the padded layout computes: rows x width of each of its micro-batches."""
-    from megarl.actors.megatron_runtime.micro_batches import MicroBatching, sequence_lengths
+    from megarl.megatron_runtime.micro_batches import MicroBatching, sequence_lengths
 
     lengths = sequence_lengths(batch).tolist()
     (groups,) = MicroBatching(None, budget, False).replica_groups(batch, 1)

@@ -40,7 +40,7 @@ def build_model(out: Path) -> Path:
 
 
 def time_engine(engine, prompts: list[list[int]], new_tokens: int, seed: int) -> tuple[float, float, int]:
-    from megarl.rollout.engine import SamplingParams
+    from megarl.engines.base import SamplingParams
 
     params = SamplingParams(temperature=1.0, top_p=1.0, top_k=-1, max_new_tokens=new_tokens, seed=seed)
     start, cpu = time.perf_counter(), time.process_time()
@@ -73,7 +73,7 @@ def main() -> None:
 
     from transformers import AutoModelForCausalLM
 
-    from megarl.rollout.torch_engine import TorchEngine
+    from megarl.engines.torch_engine import TorchEngine
 
     before = machine()
     with tempfile.TemporaryDirectory() as tmp:

@@ -25,7 +25,7 @@ model_config; vpp; cp; ep
 
 # Called by the controller's clients through Ray by method name (megarl/actors/clients.py).
 _.offload_states; _.onload_states
-import_problem  # called by the preflight's child process (megarl/config/preflight.py, code as text)
+import_problem  # called by the preflight's child process (megarl/plan/preflight.py, code as text)
 
 # Attributes and signatures Megatron, torch or transformers read or require.
 _.calculate_per_token_loss; _.variable_seq_lengths; _.finalize_model_grads_func; _.grad_scale_func; _.no_sync_func; _.grad_sync_func

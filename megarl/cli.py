@@ -46,10 +46,10 @@ exit codes:
 # an error never imports ray or torch.
 USER_ERRORS = (
     ("megarl.config.loading", "ConfigError"),
-    ("megarl.config.plan_issues", "PlanError"),
+    ("megarl.plan.issues", "PlanError"),
     ("megarl.config.architectures", "ArchError"),
     ("megarl.data.datasets", "DataError"),
-    ("megarl.agents.errors", "AgentError"),
+    ("megarl.rollout.agents.errors", "AgentError"),
     ("megarl.evaluation", "EvaluationError"),
     ("megarl.commands.generate_partial", "GenerateError"),
     ("megarl.commands.sft", "SFTError"),
@@ -60,7 +60,7 @@ USER_ERRORS = (
     ("megarl.rewards.scorer", "RewardError"),
     ("megarl.actors.worker_error", "WorkerError"),
     ("megarl.trainer.watchdog", "HangError"),
-    ("megarl.rollout.push_progress", "WeightPushTimeout"),
+    ("megarl.weight_sync.progress", "WeightPushTimeout"),
     ("megarl.trainer.metric_sinks", "MetricsFileError"),
     ("megarl.trainer.metric_sinks", "MetricsSinkError"),
     ("megarl.rollout_sglang.server", "ServerLaunchError"),

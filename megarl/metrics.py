@@ -138,7 +138,7 @@ CATALOGUE: tuple[Metric, ...] = (
     Metric("reward/errors", "sum", "scorer", "reward functions that raised (they score 0)"),
     Metric("reward/timeouts", "sum", "scorer", "reward functions that timed out (they score 0)"),
     Metric("reward/<extra>", "mean", "scorer", "an extra value a reward function returns, mean over the samples that report it"),
-    # ---- weight sync (megarl.rollout.weight_stream, megarl.rollout.logprob_check) ----------
+    # ---- weight sync (megarl.weight_sync.stream, megarl.weight_sync.logprob_check) ----------
     Metric("weight_sync/seconds", "last", "weight_sync", "wall time of the step's weight push"),
     Metric("weight_sync/bytes", "last", "weight_sync", "bytes pushed to the engines"),
     Metric("weight_sync/gbps", "last", "weight_sync", "push speed, GB/s"),

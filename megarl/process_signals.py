@@ -3,7 +3,7 @@
 A stop signal sent to the run's whole process group (`timeout`, `kill -TERM -PGID`, a Slurm
 step's signal; SIGHUP from the shell when the terminal closes or an ssh connection drops) must
 reach the driver, which finishes the step and saves, and not the helper processes that hold the
-step's work: an embedded Ray's GCS, raylet and workers (megarl/actors/ray_groups/session.py)
+step's work: an embedded Ray's GCS, raylet and workers (megarl/ray_cluster/session.py)
 and the reward workers with the forkserver and multiprocessing's resource tracker
 (megarl/rewards/scorer.py). They are started with STOP_SIGNALS blocked (a blocked signal mask
 is inherited across fork and exec, as Ray blocks SIGINT in its processes); a process that must

@@ -11,7 +11,7 @@ here once per method:
 - ``_each``: one answer per rank (layouts, generations of the engines in the ranks).
 
 The group is anything with ``world_size``, ``call`` and ``call_each``: a Ray
-:class:`~megarl.actors.ray_groups.worker_group.WorkerGroup`, or an :class:`InProcessGroup`
+:class:`~megarl.ray_cluster.worker_group.WorkerGroup`, or an :class:`InProcessGroup`
 (world size 1, no Ray: a one-GPU box under torchrun, and unit tests). This is the only module
 that names worker methods as strings.
 """
@@ -28,7 +28,7 @@ import torch
 
 from megarl.actors.worker_error import WorkerError
 from megarl.data.batch import Batch, TokenRows
-from megarl.rollout.engine import GenerationResult
+from megarl.engines.base import GenerationResult
 
 
 class Group(Protocol):
@@ -71,10 +71,10 @@ class TrainedClient:
     def load(self, path: str) -> None:
         self.group.call("load", path)
 
-    # Memory: only the hand-over (megarl/rollout/handover.py) calls offload / onload.
+    # Memory: only the hand-over (megarl/memory/handover.py) calls offload / onload.
     def offload(self, states: Sequence[str]) -> int:
         """Move residency-table states of this group's processes (``policy/optimizer``,
-        ``reference/weights``, ...: megarl/config/residency.py) off the devices; bytes freed, all ranks."""
+        ``reference/weights``, ...: megarl/memory/residency.py) off the devices; bytes freed, all ranks."""
         return sum(self.group.call("offload_states", list(states)))
 
     def onload(self, states: Sequence[str]) -> None:
@@ -125,10 +125,10 @@ class PolicyClient(TrainedClient):
         misses its deadline raises WeightPushTimeout naming the rank(s) it waited for."""
         if self.push_timeout_s is None:
             return _first(self.group.call("push_weights", version))
-        from megarl.actors.ray_groups.worker_group import (
+        from megarl.ray_cluster.worker_group import (
             CallTimeout,  # a deadline means a Ray group
         )
-        from megarl.rollout.push_progress import late_push
+        from megarl.weight_sync.progress import late_push
 
         try:
             return _first(self.group.call_within(self.push_timeout_s, "push_weights", version))  # type: ignore[attr-defined]
@@ -181,7 +181,7 @@ class SFTClient(TrainedClient):
 
 
 class ConversionClient:
-    """A conversion group of `megarl convert` (megarl.checkpoint.conversion_ranks: ExportRank or
+    """A conversion group of `megarl convert` (megarl.actors.conversion_rank: ExportRank or
     ImportRank)."""
 
     def __init__(self, group: Group) -> None:

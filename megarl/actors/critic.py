@@ -16,9 +16,9 @@ from pathlib import Path
 
 import torch
 
-from megarl.actors.megatron_runtime.micro_batches import MicroBatch, MicroBatching
-from megarl.actors.megatron_runtime.model import MegatronModel, dtype_of
-from megarl.actors.megatron_runtime.training import TrainableModel, TrainedWorker
+from megarl.megatron_runtime.micro_batches import MicroBatch, MicroBatching
+from megarl.megatron_runtime.model import MegatronModel, dtype_of
+from megarl.megatron_runtime.training import TrainableModel, TrainedWorker
 from megarl.algos.losses import LossFn, ModelOutputs
 from megarl.config.sections import CriticConfig
 from megarl.data.batch import Batch, TokenRows
@@ -27,7 +27,7 @@ from megarl.data.batch import Batch, TokenRows
 def _values(mb: MicroBatch, output: torch.Tensor) -> torch.Tensor:
     """Per-token values ``[b, R]`` (0 past each response) from the value head's output
     ``[1, n, 1]`` (the model only evaluates the head at the real response tokens, see
-    megarl/actors/megatron_runtime/model.py)."""
+    megarl/megatron_runtime/model.py)."""
     return mb.to_rows(output.reshape(-1).float())  # [n] -> [b, R]
 
 

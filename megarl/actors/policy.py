@@ -4,7 +4,7 @@ A plain class that runs in every process of the policy group, under torchrun or 
 actor (the Ray glue lives in megarl/actors/ray_*.py). Every method is collective: all ranks of
 the group call it with the same arguments.
 
-Conventions (see megarl/actors/megatron_runtime/model.py for the details):
+Conventions (see megarl/megatron_runtime/model.py for the details):
 
 - Every rank is given the WHOLE batch; each DP replica takes a token-balanced share by index;
   the replica's output rank returns the rows it computed (``TokenRows``), the others None.
@@ -25,18 +25,18 @@ from pathlib import Path
 
 import torch
 
-from megarl.actors.megatron_runtime.micro_batches import MicroBatch
-from megarl.actors.megatron_runtime.model import (
+from megarl.megatron_runtime.micro_batches import MicroBatch
+from megarl.megatron_runtime.model import (
     MegatronModel,
     dtype_of,
     response_logprobs,
     token_logprob_head,
 )
-from megarl.actors.megatron_runtime.training import TrainableModel, TrainedWorker
+from megarl.megatron_runtime.training import TrainableModel, TrainedWorker
 from megarl.algos.losses import LossFn, ModelOutputs
 from megarl.config.sections import ActorConfig
 from megarl.data.batch import Batch, TokenRows
-from megarl.models.fingerprint import ExportCheck
+from megarl.weight_sync.export_check import ExportCheck
 from megarl.parallel.stage_collection import Collect
 
 

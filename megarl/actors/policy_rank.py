@@ -13,17 +13,17 @@ from typing import Any
 
 import torch
 
-from megarl.actors.megatron_runtime.offload import ModelStates, storage_bytes
+from megarl.megatron_runtime.offload import ModelStates, storage_bytes
 from megarl.actors.policy import PolicyWorker
 from megarl.actors.reference import ReferenceWorker
 from megarl.actors.trained_rank import TrainedRank
 from megarl.algos.losses import make_policy_loss_fn
-from megarl.config.push_model import TRANSPORT_COLLECT
+from megarl.plan.push_model import TRANSPORT_COLLECT
 from megarl.config.sections import MegaRLConfig
 from megarl.data.batch import Batch, TokenRows
-from megarl.rollout.engine import GenerationResult, SamplingParams
-from megarl.rollout.push_progress import PushProgress, push_group
-from megarl.rollout.transports import build_transport
+from megarl.engines.base import GenerationResult, SamplingParams
+from megarl.weight_sync.progress import PushProgress, push_group
+from megarl.weight_sync.transports import build_transport
 
 
 class PolicyRank(TrainedRank):
@@ -43,7 +43,7 @@ class PolicyRank(TrainedRank):
         self.reference = ReferenceWorker(path, cfg.actor, dtype, seed, layer_spec=spec) if cfg.reference_enabled else None
         self.engine = None
         if cfg.rollout.engine == "torch" and self.info.is_replica_leader:
-            from megarl.rollout.torch_engine import TorchEngine
+            from megarl.engines.torch_engine import TorchEngine
 
             device = f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
             self.engine = TorchEngine(path, device=device, dtype=dtype, max_running_requests=cfg.rollout.max_running_requests)
@@ -114,7 +114,7 @@ class PolicyRank(TrainedRank):
         exports: each parameter counted once and without the vocabulary's padding rows, so the
         value depends neither on the data-parallel size nor on TP/PP (a resume may change them;
         up to fp64 rounding). A collective over the replica (expected_fingerprint)."""
-        from megarl.models.fingerprint import expected_fingerprint
+        from megarl.weight_sync.export_check import expected_fingerprint
 
         stats = expected_fingerprint(self.policy.model.bridge, self.policy.model.core, collect="all")
         return float(sum(magnitude for _, magnitude in stats.values()))

@@ -4,7 +4,7 @@ Lives in the same processes as the policy, with the same layout (Megatron's para
 process-global; building it second reuses the policy's groups and refuses a different layout).
 No DDP, no optimizer, no gradients. Its weights leave the device only when the memory hand-over
 says so (``reference.offload``: everywhere but in ``reference_forward``, see
-megarl/config/residency.py); it never moves itself. Same conventions as the policy: whole
+megarl/memory/residency.py); it never moves itself. Same conventions as the policy: whole
 batch in, each output rank's rows out.
 """
 
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from megarl.actors.megatron_runtime.model import MegatronModel, dtype_of, response_logprobs
-from megarl.actors.megatron_runtime.offload import ModelStates, model_weights
+from megarl.megatron_runtime.model import MegatronModel, dtype_of, response_logprobs
+from megarl.megatron_runtime.offload import ModelStates, model_weights
 from megarl.config.sections import ActorConfig
 from megarl.data.batch import Batch, TokenRows
 
@@ -50,5 +50,5 @@ class ReferenceWorker:
         """Like the policy's: this rank's rows (``TokenRows``) on output ranks, None elsewhere."""
         if self.states.offloaded():
             raise RuntimeError("the reference's weights are off the device; the memory hand-over brings them back "
-                               "for reference_forward (megarl/rollout/handover.py)")  # fmt: skip
+                               "for reference_forward (megarl/memory/handover.py)")  # fmt: skip
         return response_logprobs(self.model, self.cfg, batch, temperature, with_entropy)

@@ -7,7 +7,7 @@ Collective methods; the controller calls them through megarl/actors/clients.py `
 
 from __future__ import annotations
 
-from megarl.actors.megatron_runtime.offload import ModelStates
+from megarl.megatron_runtime.offload import ModelStates
 from megarl.actors.policy import PolicyWorker
 from megarl.actors.trained_rank import TrainedRank
 from megarl.algos.losses import SFTLossFn
@@ -44,7 +44,7 @@ class SFTRank(TrainedRank):
 
     def verify_model(self, checkpoint_dir: str) -> int:
         """Load the written model checkpoint into a fresh model; every parameter must equal the trained one."""
-        from megarl.checkpoint.conversion_ranks import verify_rebuilt
+        from megarl.actors.conversion_rank import verify_rebuilt
 
         return verify_rebuilt(self.worker.model, checkpoint_dir, self.cfg.actor, self.worker.dtype, self.cfg.trainer.seed)
 

@@ -1,6 +1,6 @@
 """What the policy and critic processes share: checkpoints, memory states and profiling of
 their trained model (``self.worker``, a TrainedWorker). Memory states are named as in the
-residency table (megarl/config/residency.py) and moved only when the hand-over asks."""
+residency table (megarl/memory/residency.py) and moved only when the hand-over asks."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from megarl.actors.megatron_runtime.offload import ModelStates
+from megarl.megatron_runtime.offload import ModelStates
 
 
 class TrainedRank:
@@ -29,7 +29,7 @@ class TrainedRank:
         """Let the model be freed once this rank is dropped (TrainedWorker.close)."""
         self.worker.close()
 
-    # ---- memory: what the hand-over moves (megarl/rollout/handover.py) ----------------------
+    # ---- memory: what the hand-over moves (megarl/memory/handover.py) ----------------------
     def model_states(self) -> dict[str, ModelStates]:
         """This process's movable models by owner name of the residency table (policy,
         reference, critic)."""
@@ -37,7 +37,7 @@ class TrainedRank:
 
     def offload_states(self, states: list[str]) -> int:
         """Move table states (``policy/optimizer``, ``reference/weights``, ...; see
-        megarl/config/residency.py) off the device; returns this rank's bytes freed."""
+        megarl/memory/residency.py) off the device; returns this rank's bytes freed."""
         owners = self.model_states()
         return sum(owners[o].offload(whats) for o, whats in _by_owner(states, owners).items())
 

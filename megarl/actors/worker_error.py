@@ -1,5 +1,5 @@
 """The error of a worker-group rank that raised or died, whichever group ran it (a Ray
-WorkerGroup, megarl/actors/ray_groups/worker_group.py, or the in-process group of
+WorkerGroup, megarl/ray_cluster/worker_group.py, or the in-process group of
 megarl/actors/clients.py): the CLI tells it in one line (megarl/cli.py), unless what the rank
 raised is a broken invariant (an AssertionError: a bug, shown whole)."""
 

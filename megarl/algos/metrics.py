@@ -16,7 +16,7 @@ The rows are grouped by how ranks combine them: the summed block (mean, sum) all
 SUM; the extreme block (max, and min stored negated so that it is a max too) and the ``last``
 block (values identical on every rank) with MAX. So a data-parallel reduction is two
 all-reduces, a pipeline hand-over one broadcast, and reading the values one host transfer; the
-collectives themselves are the caller's (megarl/actors/megatron_runtime/model.py).
+collectives themselves are the caller's (megarl/megatron_runtime/model.py).
 """
 
 from __future__ import annotations

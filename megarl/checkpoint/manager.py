@@ -29,7 +29,7 @@ reported, never deleted, so nothing a person might still want disappears silentl
   caller's estimate) and refuses with the numbers, naming the set-aside directories above
   (never deleted by megarl) and their size.
 `plan_resume()` makes these decisions without touching the disk, so `megarl launch` refuses
-before Ray starts (megarl/config/preflight.py).
+before Ray starts (megarl/plan/preflight.py).
 
 One trainer process manages one output_dir. Left out: what goes inside the components
 (Megatron dist-checkpoint, trainer_state.pt), remote object stores, async saving.

@@ -226,7 +226,7 @@ def save_model_weights(core: Any, directory: str | os.PathLike) -> None:
     import torch.distributed as dist
     from megatron.core import dist_checkpointing
 
-    from megarl.models.mcore_version import write_checkpoint_versions
+    from megarl.parallel.mcore_version import write_checkpoint_versions
 
     os.makedirs(directory, exist_ok=True)
     dist_checkpointing.save(_model_state(core), str(directory))
@@ -242,7 +242,7 @@ def load_model_weights(core: Any, path: str | os.PathLike) -> None:
     import torch
     from megatron.core import dist_checkpointing
 
-    from megarl.models.mcore_version import check_checkpoint_readable
+    from megarl.parallel.mcore_version import check_checkpoint_readable
 
     weights = Path(path) / WEIGHTS
     check_checkpoint_readable(weights)

@@ -10,7 +10,7 @@
   `megarl launch` starts from it when model.path names it, with any TP/PP. It is loaded back
   and compared with the HF import bit for bit.
 
-The worker processes (megarl/checkpoint/conversion_ranks.py) run under Ray: the training
+The worker processes (megarl/actors/conversion_rank.py) run under Ray: the training
 layout's placement for a training checkpoint, TP x PP CPU processes on this machine for a model
 conversion (each rank reads and holds only its slices of the weights). With --in-process, a
 layout of one rank runs in this process instead, without Ray (a one-GPU box under torchrun, or
@@ -196,7 +196,7 @@ def convert_checkpoint(checkpoint: str | Path, out: str | Path, config: str | Pa
     (``in_process``: with one rank in this process, no Ray; a run's layout of one rank only)."""
     from megarl.checkpoint.run_record import model_config_change, other_dtype_note, run_config
     from megarl.checkpoint.verification import verify_checkpoint
-    from megarl.config.planner import make_plan
+    from megarl.plan.planner import make_plan
 
     ckpt = verify_checkpoint(checkpoint)  # a torn checkpoint is refused here, naming what is wrong
     cfg = run_config(ckpt, config)
@@ -224,7 +224,7 @@ def check_in_process(checkpoint: str | Path) -> None:
     partial folder; a model checkpoint exports with one rank whatever its layout)."""
     from megarl.checkpoint.run_record import run_config
     from megarl.checkpoint.verification import verify_checkpoint
-    from megarl.config.planner import make_plan
+    from megarl.plan.planner import make_plan
 
     ckpt = verify_checkpoint(checkpoint)
     cfg = run_config(ckpt)
@@ -258,7 +258,7 @@ def convert_hf_to_megatron(hf: str | Path, out: str | Path, tp: int = 1, pp: int
     """Write the HF model ``hf`` as a model checkpoint ``out`` (Megatron dist-checkpoint saved by
     ``tp`` x ``pp`` CPU processes, or ``in_process`` by one rank in this process; with the HF config
     and tokenizer); verified bit for bit."""
-    from megarl.checkpoint.conversion_ranks import ImportRank
+    from megarl.actors.conversion_rank import ImportRank
     from megarl.checkpoint.model_checkpoint import RECORD, is_model_checkpoint, write_verified
 
     source = Path(hf).absolute()
@@ -302,7 +302,7 @@ def _cpu_ranks(tp: int, pp: int, in_process: bool) -> ConversionRanks:
     """A model conversion's ``tp`` x ``pp`` ranks: CPU processes on this machine, or this process."""
     if in_process:
         return _one_rank(tp * pp, f"--tp {tp} --pp {pp}", "use --tp 1 --pp 1, or run without --in-process")
-    from megarl.actors.ray_groups.placement import RolePlacement
+    from megarl.ray_cluster.placement import RolePlacement
 
     return ConversionRanks(tp * pp, RolePlacement("convert", 1, tp * pp, gpus_per_proc=0.0, cpus_per_proc=1.0))
 
@@ -312,7 +312,7 @@ def _run_ranks(cfg: Any, plan: Any, name: str, in_process: bool) -> ConversionRa
     count = len(plan.roles["policy"].gpus)
     if in_process:
         return _one_rank(count, f"{name}'s layout (the run's policy)", "run it without --in-process (Ray starts them)")
-    from megarl.actors.ray_groups.placement import role_placements
+    from megarl.ray_cluster.placement import role_placements
 
     placements, _ = role_placements(cfg, plan)
     return ConversionRanks(count, placements[0], cfg.cluster.ray_address)
@@ -331,7 +331,7 @@ def _where_it_runs(ranks: ConversionRanks, name: str) -> Iterator[None]:
     if ranks.in_process:
         yield
         return
-    from megarl.actors.ray_groups.placement import MissingCapacity
+    from megarl.ray_cluster.placement import MissingCapacity
 
     try:
         yield
@@ -382,8 +382,8 @@ def _rank_group(rank_cls: type, ranks: ConversionRanks, rank_args: tuple, logs: 
             finally:
                 group.shutdown()
         return
-    from megarl.actors.ray_groups.session import ray_session
-    from megarl.actors.ray_groups.worker_group import GroupOptions, WorkerGroup
+    from megarl.ray_cluster.session import ray_session
+    from megarl.ray_cluster.worker_group import GroupOptions, WorkerGroup
 
     with ray_session(ranks.address, num_cpus=None if ranks.address else ranks.count + 1):
         group = WorkerGroup(rank_cls, ranks.placement, *rank_args, group_options=GroupOptions(log_dir=logs),
@@ -451,7 +451,7 @@ def _export_hf(ranks: ConversionRanks, rank_args: tuple, staging: Path, verify: 
                report: Callable[[str], None] | None) -> int | None:  # fmt: skip
     """HF files of the ExportRank group's model in ``staging``/v0 (with the index); the parameters
     verified (None when not verified)."""
-    from megarl.checkpoint.conversion_ranks import ExportRank, write_index
+    from megarl.actors.conversion_rank import ExportRank, write_index
 
     say = report or (lambda _: None)
     where = " in this process" if ranks.in_process else ""
@@ -480,7 +480,7 @@ def _layout_config(model_dir: Path, tp: int, pp: int, check_weights: bool = Fals
     try:
         from transformers import AutoConfig
 
-        from megarl.models.mcore_version import require_megatron_core
+        from megarl.parallel.mcore_version import require_megatron_core
 
         require_megatron_core()
         from megarl.models.bridge import get_bridge

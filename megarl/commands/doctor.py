@@ -1,7 +1,7 @@
 """`megarl doctor [--json]`: what this machine and Python can run, and what each missing piece disables.
 
 One row per check: Python, torch and its CUDA build, the GPUs and the driver, NCCL,
-megatron-core (through megarl.models.mcore_version, the check `megarl launch` itself runs),
+megatron-core (through megarl.parallel.mcore_version, the check `megarl launch` itself runs),
 transformer-engine, apex, flash-attn, the C and C++ compilers torch.compile needs, SGLang in this Python (or the venv
 ``rollout.server_python`` can name), Ray and the cluster ``--address auto`` would attach to,
 and the Slurm job around us. Exit code 2 only when `megarl launch` cannot work here (no
@@ -221,11 +221,11 @@ def _nccl(torch: Any, has_gpus: bool) -> Check:
 
 
 def _megatron_core() -> Check:
-    """The check `megarl launch` runs before its first Megatron import (megarl.models.mcore_version),
+    """The check `megarl launch` runs before its first Megatron import (megarl.parallel.mcore_version),
     so doctor and launch cannot disagree; it reads metadata only, never imports megatron."""
     import warnings
 
-    from megarl.models.mcore_version import SUPPORTED, installed_version, require_megatron_core
+    from megarl.parallel.mcore_version import SUPPORTED, installed_version, require_megatron_core
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -341,7 +341,7 @@ def _ray_cluster() -> Check:
     """The cluster `megarl launch --address auto` would attach to, as Ray finds it: RAY_ADDRESS,
     else the address file the last `ray start` on this machine wrote. (Plain `megarl launch`
     ignores both: it always starts its own Ray.)"""
-    from megarl.actors.ray_groups.address import find_cluster, unanswered
+    from megarl.ray_cluster.address import find_cluster, unanswered
 
     found = find_cluster("auto")
     if found is None:

@@ -182,7 +182,7 @@ def _reward_problem(reward: Any) -> str | None:
     a file that hangs at import is refused in bounded time, a model directory the workers would
     refuse from its config.json alone (not on every sample, after each worker loaded it)."""
     if reward.custom is not None:
-        from megarl.config.preflight import reward_file_problem
+        from megarl.plan.preflight import reward_file_problem
 
         return reward_file_problem(reward.custom)
     if reward.model is not None:
@@ -196,7 +196,7 @@ def _reward_problem(reward: Any) -> str | None:
 def _check_scorable(reward: Any, records: list[Any], data: str | Path) -> None:
     """What a launch's pre-flight refuses in its files, refused here before any scoring: a
     data_source no scorer takes, a ground truth (null, blank) a built-in scorer would score 0."""
-    from megarl.config.preflight import scorer_findings
+    from megarl.plan.preflight import scorer_findings
     from megarl.data.datasets import file_label
     from megarl.evaluation import EvaluationError
 

@@ -244,7 +244,7 @@ def _check_positions(cfg: Any, source: str, run_model: str) -> None:
     """The planner's rule for RL rollouts: data.max_prompt_length (the longest prompt) plus
     max_new_tokens must fit the model's positions, else responses are cut short."""
     from megarl.config.architectures import ArchError, resolve_arch
-    from megarl.config.rollout_checks import check_positions
+    from megarl.plan.rollout_checks import check_positions
 
     # a checkpoint's HF config: beside a model checkpoint, else the run's model
     hf_dir = source if (Path(source) / "config.json").is_file() else run_model
@@ -279,7 +279,7 @@ def _check_prompts(cfg: Any, records: list[Any], tokenizer_dir: str) -> None:
         raise GenerateError("--data has no rows")
     if cfg.data.truncation != "error":
         return
-    from megarl.agents.tools import prompt_tools
+    from megarl.rollout.agents.tools import prompt_tools
     from megarl.data.prompts import PromptBuilder
 
     try:
@@ -300,7 +300,7 @@ def _check_user_code(cfg: Any) -> None:
     """The user's code the generation runs (rollout.generate_function; the agent's tool parser,
     loops, tool and interaction files), loaded before the partial directory is made: a wrong
     name is one line, not a traceback after the start."""
-    from megarl.config.extensions import import_problem, named_functions
+    from megarl.plan.extensions import import_problem, named_functions
 
     for field, name in named_functions(cfg):
         problem = import_problem(field, name) if field.startswith("rollout.") else None  # algorithm.*: training's
@@ -312,7 +312,7 @@ def _check_agent_rows(cfg: Any, data: Path, records: list[Any]) -> None:
     """The rows' agent_name and extra_info against rollout.agent, as a launch checks its data
     files: an unknown loop is one line now, not an error once the parts before its row are
     generated (which the corrected file, other contents, could not continue)."""
-    from megarl.agents.checks import row_findings
+    from megarl.rollout.agents.checks import row_findings
     from megarl.data.datasets import file_label
 
     if cfg.rollout.generate_function != "default":  # a user's function: the agent settings are not used
@@ -338,8 +338,8 @@ def _check_sglang(cfg: Any) -> None:
     """rollout.engine=sglang: the checks `megarl launch` makes of the servers (the interpreter
     has SGLang; no deterministic mode on CPU), before the partial directory is made; otherwise
     the first server's start fails seconds later with SGLang's traceback."""
-    from megarl.config.plan_issues import Issue
-    from megarl.config.rollout_checks import check_deterministic, check_server_python
+    from megarl.plan.issues import Issue
+    from megarl.plan.rollout_checks import check_deterministic, check_server_python
 
     issues: list[Issue] = []
     check_server_python(cfg, issues)
@@ -368,11 +368,11 @@ def _generate_parts(cfg: Any, model_dir: Path, data: Path, records: list[Any], p
     import pyarrow.parquet as pq
     from transformers import AutoTokenizer
 
-    from megarl.agents.rollout import make_generate
-    from megarl.agents.tools import prompt_tools
+    from megarl.rollout.agents.driver import make_generate
+    from megarl.rollout.agents.tools import prompt_tools
     from megarl.data.prompts import PromptBuilder
     from megarl.progress import counting
-    from megarl.rollout.engine import eos_token_ids
+    from megarl.engines.base import eos_token_ids
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     eos = eos_token_ids(model_dir, tokenizer)
@@ -402,8 +402,8 @@ def _prompt_batch(records: list[Any], rows: range, builder: Any) -> Any:
 
 def _sampling(cfg: Any, part: int) -> Any:
     """rollout.sampling with part ``part``'s own seed (the same part always samples the same)."""
-    from megarl.rollout.engine import SamplingParams
-    from megarl.rollout.seeds import step_seed
+    from megarl.engines.base import SamplingParams
+    from megarl.engines.seeds import step_seed
 
     s = cfg.rollout.sampling
     return SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=s.max_new_tokens,
@@ -453,7 +453,7 @@ def open_engines(cfg: Any, model_dir: Path, log_dir: Path) -> Iterator[Any]:
     """The configured engines on this node, closed on exit: one torch engine in this process,
     or one SGLang server per ``rollout.tp`` of this machine's visible GPUs (one on a CPU)."""
     if cfg.rollout.engine == "torch":
-        from megarl.rollout.torch_engine import TorchEngine
+        from megarl.engines.torch_engine import TorchEngine
 
         device = "cuda" if cfg.cluster.device == "cuda" else "cpu"
         yield TorchEngine(model_dir, device=device, dtype=cfg.model.dtype, max_running_requests=cfg.rollout.max_running_requests)

@@ -27,7 +27,7 @@ class GenerateError(ValueError):
 def job_record(cfg: Any, data: Path, model: str, batch_size: int) -> dict[str, Any]:
     """What a partial generation must match to be continued: everything that changes what is
     generated (the model's contents too: the same path can hold other weights later)."""
-    from megarl.config.extensions import AGENT_FILES
+    from megarl.plan.extensions import AGENT_FILES
 
     agent = cfg.rollout.agent if cfg.rollout.generate_function == "default" else None  # a user's function ignores it
     files = {field: getattr(agent, field.rsplit(".", 1)[1]) for field in AGENT_FILES} if agent else {}

@@ -1,7 +1,7 @@
 """`megarl launch`: check everything, then start Ray (embedded or a cluster) and train.
 
 Every check the planner can make, and every check of the files and directories the run needs
-(megarl/config/preflight.py), runs before Ray starts: a bad config costs seconds, not a cluster
+(megarl/plan/preflight.py), runs before Ray starts: a bad config costs seconds, not a cluster
 allocation. A run whose output_dir already holds its last step says so and starts nothing.
 
 While it runs, the driver logs to <output_dir>/logs/driver.log as well (with the traceback of
@@ -22,7 +22,7 @@ from pathlib import Path
 from megarl.cli import library_warnings_logged
 from megarl.commands.arguments import add_config_args
 from megarl.config.loading import load_config
-from megarl.config.planner import make_plan
+from megarl.plan.planner import make_plan
 from megarl.config.sections import MegaRLConfig
 
 log = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ def _run(args: argparse.Namespace) -> int:
 def launch(config: str | Path, overrides: list[str], address: str | None = None,
            resume_command: str | None = None, *, in_process: bool = False) -> dict[str, float]:
     """Run the config to the end; returns the last step's metrics ({} when there was nothing to do)."""
-    from megarl.config.resume_checks import finished_run
+    from megarl.plan.resume_checks import finished_run
 
     cfg = load_config(config, overrides)
     if not in_process:
@@ -79,8 +79,8 @@ def launch(config: str | Path, overrides: list[str], address: str | None = None,
 
 def check_one_machine(cfg: MegaRLConfig, address: str | None) -> None:
     """A config for several nodes with no Ray cluster to attach to is refused before Ray starts."""
-    from megarl.actors.ray_groups.address import one_machine_problem
-    from megarl.config.plan_issues import Issue, PlanError
+    from megarl.ray_cluster.address import one_machine_problem
+    from megarl.plan.issues import Issue, PlanError
 
     problem = one_machine_problem(cfg.cluster.nnodes, address or cfg.cluster.ray_address)
     if problem:
@@ -130,7 +130,7 @@ def run(cfg: MegaRLConfig, plan, address: str | None = None, resume_command: str
                 control.cleaning = True  # signals from here on wait for the shutdown
                 shutdown(trainer)
                 if cfg.trainer.profile_steps and not in_process:
-                    from megarl.actors.ray_groups.session import save_timeline
+                    from megarl.ray_cluster.session import save_timeline
 
                     save_timeline(Path(cfg.trainer.output_dir) / "profile" / "ray_timeline.json")
 
@@ -141,7 +141,7 @@ def _session(in_process: bool, address: str | None, local_cpus: int | None, cfg:
     if in_process:
         yield
         return
-    from megarl.actors.ray_groups.session import ray_session
+    from megarl.ray_cluster.session import ray_session
 
     with ray_session(address, num_cpus=local_cpus, num_gpus=None if address else _local_gpus(cfg)):
         yield

@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 def check_output_target(target: Path, overwrite: bool, protected: dict[str, Path], manifest: str = EXPORT_MANIFEST) -> None:
     """Refuse (OutputError) an OUT whose writing could destroy anything but a previous megarl
     output of the same kind (recognised by its ``manifest`` file, which lists what it wrote)."""
-    from megarl.config.preflight import writable_dir_problem
+    from megarl.plan.preflight import writable_dir_problem
 
     if target.is_symlink():  # the swap renames OUT itself: the link, not what it points to, would be replaced
         real = target.resolve()

@@ -29,8 +29,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from megarl.config.architectures import describe_archs
     from megarl.config.loading import ConfigError, load_config
-    from megarl.config.plan_report import print_plan
-    from megarl.config.planner import PlanError, make_plan
+    from megarl.plan.report import print_plan
+    from megarl.plan.planner import PlanError, make_plan
 
     if args.list_archs:
         print(describe_archs())
@@ -57,7 +57,7 @@ def _print_refusal(exc: Exception) -> int:
     from dataclasses import asdict
 
     from megarl.cli import EXIT_USER
-    from megarl.config.planner import PlanError
+    from megarl.plan.planner import PlanError
 
     if isinstance(exc, PlanError):
         out: dict = {"ok": False, "issues": [asdict(i) for i in exc.issues]}

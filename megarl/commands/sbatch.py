@@ -68,7 +68,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from megarl.config.loading import load_config
-    from megarl.config.planner import make_plan
+    from megarl.plan.planner import make_plan
 
     cfg = load_config(args.config, args.overrides)
     if cfg.trainer.resume not in ("auto", "disable"):

@@ -71,7 +71,7 @@ def run_sft(cfg: Any, address: str | None = None, *, in_process: bool = False) -
     ``in_process``: the worker lives in this process, without Ray (a world of one)."""
     from megarl.commands.launch import DRIVER_LOG, driver_log
     from megarl.commands.model_outputs import read_hf_config
-    from megarl.config.planner import sft_max_length
+    from megarl.plan.planner import sft_max_length
     from megarl.trainer.run_lock import output_dir_lock
 
     cfg, plan = _checked(cfg, address, in_process)
@@ -117,8 +117,8 @@ def _checked(cfg: Any, address: str | None, in_process: bool) -> tuple[Any, Any]
     """``cfg`` resolved by its plan, and the plan, once what needs no data is checked: the
     batch against the data-parallel size, the machine, the output folder, the loggers."""
     from megarl.commands.launch import check_one_machine
-    from megarl.config.planner import make_plan, resolved_config
-    from megarl.config.preflight import check_loggers
+    from megarl.plan.planner import make_plan, resolved_config
+    from megarl.plan.preflight import check_loggers
 
     s = cfg.sft
     if not s.train_files:
@@ -178,7 +178,7 @@ def _load_data(cfg: Any, max_length: int) -> _Data:
 
     from megarl.data.prompts import PromptBuilder
     from megarl.data.sft import read_sft_file
-    from megarl.rollout.engine import eos_token_ids
+    from megarl.engines.base import eos_token_ids
 
     s, path = cfg.sft, str(cfg.model.path)
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -197,8 +197,8 @@ def _load_data(cfg: Any, max_length: int) -> _Data:
 def _ray_start(cfg: Any, plan: Any, address: str | None) -> tuple[Any, Any]:
     """Where the policy's ranks go, and Ray's session (embedded with as many CPUs as ranks plus
     the driver, or the cluster at ``address``), not entered yet: nothing starts here."""
-    from megarl.actors.ray_groups.placement import role_placements
-    from megarl.actors.ray_groups.session import ray_session
+    from megarl.ray_cluster.placement import role_placements
+    from megarl.ray_cluster.session import ray_session
 
     local_cpus = None if (address or cfg.cluster.ray_address) else len(plan.roles["policy"].gpus) + 1
     return role_placements(cfg, plan)[0][0], ray_session(address or cfg.cluster.ray_address, num_cpus=local_cpus)
@@ -212,7 +212,7 @@ def _start_group(cfg: Any, placement: Any, steps: int, log_dir: Path) -> tuple[A
     if placement is None:
         group = InProcessGroup(SFTRank, cfg, steps)
     else:
-        from megarl.actors.ray_groups.worker_group import GroupOptions, WorkerGroup
+        from megarl.ray_cluster.worker_group import GroupOptions, WorkerGroup
 
         group = WorkerGroup(SFTRank, placement, cfg, steps, group_options=GroupOptions(log_dir=log_dir))
     return SFTClient(group), group

@@ -87,7 +87,7 @@ class ValSamplingConfig(Section):
     )
 
 
-AGENT_LOOPS = ("single_turn", "tool_agent")  # megarl.agents.loops.LOOPS holds the classes (a test keeps them equal)
+AGENT_LOOPS = ("single_turn", "tool_agent")  # megarl.rollout.agents.loops.LOOPS holds the classes (a test keeps them equal)
 LOOP_ALIASES = {"single_turn_agent": "single_turn"}  # verl's names for the same loops, as its datasets write them
 
 
@@ -95,7 +95,7 @@ def loop_name(agent_name: str | None, default: str) -> str:
     """The loop a data row runs: its agent_name (verl's names mapped to ours), else ``default``."""
     name = agent_name or default
     return LOOP_ALIASES.get(name, name)
-TOOL_PARSERS = ("hermes",)  # megarl.agents.tool_calls.PARSERS
+TOOL_PARSERS = ("hermes",)  # megarl.rollout.agents.tool_calls.PARSERS
 
 
 class AgentConfig(Section):

@@ -1,7 +1,7 @@
 """Typed configuration: one pydantic model per component (the key tree in README's Configuration).
 
 Every model forbids unknown keys and is frozen: the config is read once, checked by the planner
-(megarl/config/planner.py) before anything starts, and never mutated at run time. This module
+(megarl/plan/planner.py) before anything starts, and never mutated at run time. This module
 imports neither torch nor megatron so that `megarl plan` stays fast.
 """
 

@@ -35,7 +35,7 @@ TOKEN_FIELDS = (
 LIST_FIELDS = ("data_source", "ground_truth", "extra_info", "finish_reason", "prompt_text")
 
 # Why a sample ended: the engine stopped it (stop / length / abort), or its agent loop did
-# (megarl/agents/loops.py: max_turns, max_tool_calls, tool_error, timeout).
+# (megarl/rollout/agents/loops.py: max_turns, max_tool_calls, tool_error, timeout).
 FINISH_REASONS = ("stop", "length", "abort", "max_turns", "max_tool_calls", "tool_error", "timeout")
 
 

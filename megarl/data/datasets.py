@@ -291,7 +291,7 @@ def check_messages(messages: Any, where: str) -> list[dict[str, Any]]:
 def without_nulls(value: Any) -> Any:
     """``value`` with every null-valued key of its objects dropped (list items are kept): in a
     parquet struct column a null is a key the row did not have (messages here; a row's
-    tools_kwargs and interaction_kwargs in megarl/agents)."""
+    tools_kwargs and interaction_kwargs in megarl/rollout/agents)."""
     if isinstance(value, dict):
         return {key: without_nulls(v) for key, v in value.items() if v is not None}
     if isinstance(value, list):

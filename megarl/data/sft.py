@@ -29,7 +29,7 @@ from megarl.data.datasets import DataError, check_messages, check_prompt, file_l
 from megarl.data.prompts import PromptBuilder
 
 log = logging.getLogger(__name__)
-# Where the longest row's bound comes from (megarl/config/planner.py: sft_max_length): a row of the
+# Where the longest row's bound comes from (megarl/plan/planner.py: sft_max_length): a row of the
 # model's positions dropped under "sft.max_length" would send the user to a setting already larger.
 MAX_LENGTH_SOURCE = "sft.max_length, or the model's max_position_embeddings when fewer"
 

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from megarl.models.mcore_version import require_megatron_core
+from megarl.parallel.mcore_version import require_megatron_core
 
 require_megatron_core()  # a one-line error instead of a deep ImportError (e.g. no triton)
 from dataclasses import dataclass  # noqa: E402

@@ -232,7 +232,7 @@ class ModelBridge:
         tensor alone) are gathered with one collective (a push passes its bucket size).
         ``collect``: which ranks also receive the other pipeline stages' tensors
         (megarl/parallel/stage_collection.py); the others yield their own stage's. Packing them
-        into transfer buckets is the weight stream's job (megarl/rollout/weight_stream.py)."""
+        into transfer buckets is the weight stream's job (megarl/weight_sync/stream.py)."""
         from megatron.core import parallel_state as ps
 
         enable_cpu_compat()  # this thread may not be the one that called init_parallel

@@ -8,7 +8,7 @@ TP rank, so every rank computes the same values and gets the same gradient, as f
 
 Initialised from a fixed generator, identically on every rank, with a small std so the first
 values are near 0. Under sequence parallelism the model's position hook gathers the sequence
-before the head (megarl/actors/megatron_runtime/model.py), so the head still sees full hidden
+before the head (megarl/megatron_runtime/model.py), so the head still sees full hidden
 states and its weight is not marked ``sequence_parallel``.
 """
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from megarl.models.mcore_version import require_megatron_core
+from megarl.parallel.mcore_version import require_megatron_core
 
 require_megatron_core()  # a one-line error instead of a deep ImportError (e.g. no triton)
 from megatron.core.transformer.module import MegatronModule  # noqa: E402

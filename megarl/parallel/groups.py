@@ -17,7 +17,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from megarl.models.mcore_version import require_megatron_core
+from megarl.parallel.mcore_version import require_megatron_core
 from megarl.parallel.cpu_compat import enable_cpu_compat
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from megarl.data.batch import FINISH_REASONS, Batch
-from megarl.rollout.engine import GenerationResult
+from megarl.engines.base import GenerationResult
 
 
 def batch_from_generations(

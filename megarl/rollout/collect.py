@@ -2,7 +2,7 @@
 
 - ``WorkerEngines``: torch engines living in the policy ranks (one per DP replica); prompts are
   cut into contiguous shards, one per engine, so all n samples of a prompt go to one engine.
-  The trainer wraps its engines, torch or SGLang, in megarl/rollout/handover.py
+  The trainer wraps its engines, torch or SGLang, in megarl/memory/handover.py
   ``HandedOverEngines``, so that every generation runs in the memory hand-over's generate phase.
 - ``Scorer``: decodes responses and scores them in the reward worker pool.
 - ``Collector`` strategies: ``PlainCollector`` (one generation round) or
@@ -25,8 +25,8 @@ from megarl.data.batch import Batch
 from megarl.data.prompt_batch import PromptBatch
 from megarl.progress import PhaseTimer
 from megarl.rollout.batching import batch_from_generations, response_texts
-from megarl.rollout.engine import GenerationResult, SamplingParams
-from megarl.rollout.seeds import step_seed
+from megarl.engines.base import GenerationResult, SamplingParams
+from megarl.engines.seeds import step_seed
 
 
 class Engines(Protocol):
@@ -236,7 +236,7 @@ def rollout_metrics(batch: Batch) -> dict[str, float]:
 
 
 def _agent_metrics(batch: Batch) -> dict[str, float]:
-    """Finish reasons beyond stop / length, and the agent loops' counts (megarl/agents/rollout.py)."""
+    """Finish reasons beyond stop / length, and the agent loops' counts (megarl/rollout/agents/driver.py)."""
     out: dict[str, float] = {}
     for reason in sorted(set(batch.finish_reason) - {"stop", "length"}):
         out["response/finish_<reason>_frac".replace("<reason>", reason)] = batch.finish_reason.count(reason) / len(batch)

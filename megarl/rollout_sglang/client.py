@@ -21,11 +21,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from megarl.rollout.engine import GenerationResult, SamplingParams
+from megarl.engines.base import GenerationResult, SamplingParams
 
 # SGLang refuses a sampling_seed outside [-2**63, 2**63 - 1] (sampling_params.py) and builds
 # its per-request seed tensor as int64 (sampling_batch_info.py; 0.5.15 to 0.5.23 at least).
-# megarl's seeds are 63-bit already (megarl.rollout.seeds), so the mask only guards the range.
+# megarl's seeds are 63-bit already (megarl.engines.seeds), so the mask only guards the range.
 _SEED_MASK = (1 << 63) - 1
 FINISH_TYPES = ("stop", "length", "abort")
 
@@ -211,7 +211,7 @@ def build_generate_payload(
 
 
 def _sample_seed(base: int, index: int) -> int:
-    from megarl.rollout.seeds import sample_seed  # the torch engine's derivation: same streams
+    from megarl.engines.seeds import sample_seed  # the torch engine's derivation: same streams
 
     return sample_seed(base, index)
 

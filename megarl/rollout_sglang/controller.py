@@ -6,7 +6,7 @@ Chosen once by build.py (the RL step never asks which engine it has):
 - :class:`SGLangEngines` (the trainer's ``Engines``): prompts spread over the engines with
   ``generate_across`` (contiguous slices, global prompt indices and seeds kept).
 - :class:`SGLangMemory`: the engine side of the run's memory hand-over
-  (megarl/rollout/handover.py, the only caller of its release / resume / restart): the
+  (megarl/memory/handover.py, the only caller of its release / resume / restart): the
   residency table's ``engine/weights | kv_cache | cuda_graph`` are SGLang's memory tags, on
   every engine at once (the policy ranks' own engine clients never release or resume);
   health checks, and restarts that reconnect the policy's transports.
@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from megarl.config.residency import residency_of
-from megarl.rollout.engine import GenerationResult, SamplingParams
-from megarl.rollout.handover import Handover
+from megarl.memory.residency import residency_of
+from megarl.engines.base import GenerationResult, SamplingParams
+from megarl.memory.handover import Handover
 from megarl.rollout_sglang.engine import (
     CUDA_GRAPH,
     KV_CACHE,
@@ -37,7 +37,7 @@ from megarl.rollout_sglang.engine import (
     SGLangEngine,
     generate_across,
 )
-from megarl.rollout_sglang.transports import EngineEndpoint
+from megarl.weight_sync.sglang_transports import EngineEndpoint
 
 log = logging.getLogger(__name__)
 
@@ -72,12 +72,12 @@ class PolicyConnection:
         self.policy.connect_engines(engine_endpoints(self.engines, self.holders))
 
 
-# The residency table's engine states (megarl/config/residency.py) are SGLang's memory tags.
+# The residency table's engine states (megarl/memory/residency.py) are SGLang's memory tags.
 TAG_OF_STATE = {"engine/weights": WEIGHTS, "engine/kv_cache": KV_CACHE, "engine/cuda_graph": CUDA_GRAPH}
 
 
 class SGLangMemory:
-    """The engine side of the memory hand-over (megarl/rollout/handover.py ``EngineMemory``).
+    """The engine side of the memory hand-over (megarl/memory/handover.py ``EngineMemory``).
 
     ``reconnect`` re-runs the policy's connection after a restart (URLs and groups change).
     """
@@ -129,7 +129,7 @@ class SGLangRollout:
     def close(self) -> None:
         import ray
 
-        from megarl.actors.ray_groups.placement import release
+        from megarl.ray_cluster.placement import release
 
         # Each host kills its server's process group; killing the actor alone would leave the
         # server (its own session) holding the GPUs.
@@ -146,7 +146,7 @@ class SGLangRollout:
 def rollout_placement(plan: Any) -> Any:
     """Disaggregated pool: one placement group per engine (``tp`` one-GPU bundles, one node),
     so Ray gives those GPUs to nothing else while the servers use them."""
-    from megarl.actors.ray_groups.placement import RolePlacement
+    from megarl.ray_cluster.placement import RolePlacement
 
     rollout = plan.roles["rollout"]
     if plan.device == "cpu":  # the CPU server's processes: a CPU slot per "GPU" of the pool
@@ -159,7 +159,7 @@ def start_sglang(cfg: Any, plan: Any, models: dict[str, Any], log_dir: Path, tim
     all are healthy, connect the policy. ``models``: the trained models' clients by role."""
     import ray
 
-    from megarl.actors.ray_groups.placement import place_roles
+    from megarl.ray_cluster.placement import place_roles
     from megarl.rollout_sglang.hosts import (
         HostHandle,
         colocated_slots,

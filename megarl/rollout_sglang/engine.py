@@ -23,7 +23,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, Protocol
 
-from megarl.rollout.engine import EngineHealth, GenerationResult, SamplingParams, WeightBucket
+from megarl.engines.base import EngineHealth, GenerationResult, SamplingParams, WeightBucket
 from megarl.rollout_sglang.client import (
     SGLangClient,
     SGLangHTTPError,
@@ -138,7 +138,7 @@ class SGLangEngine:
             raise ValueError(
                 f"{self} runs with deterministic inference, which samples from sampling_seed: "
                 "without SamplingParams.seed every sample would share SGLang's one default seed; "
-                "set a seed (megarl.rollout.seeds.step_seed) or launch with deterministic=False"
+                "set a seed (megarl.engines.seeds.step_seed) or launch with deterministic=False"
             )
         params.check_budgets(len(prompts))
         concurrency = max(1, self.max_running_requests // params.n)
@@ -302,7 +302,7 @@ class SGLangEngine:
     def load_weights(self, bucket: WeightBucket) -> None:
         """One bucket over CUDA IPC (colocated), in its own update session unless the caller
         opened one. Callers normally use the tensor transport (transports.py)."""
-        from megarl.rollout_sglang.tensor_payload import build_tensor_requests
+        from megarl.weight_sync.tensor_payload import build_tensor_requests
 
         own_session = not self.update_session
         self.begin_weight_update()
@@ -364,7 +364,7 @@ class SGLangEngine:
         self.client.post_ok("/update_weights_from_disk", body, self.control_timeout)
 
     def load_weights_from_disk(self, directory: str | os.PathLike[str], version: int) -> None:
-        """What the disk transport (megarl/rollout/transports.py) calls: the update, then the
+        """What the disk transport (megarl/weight_sync/transports.py) calls: the update, then the
         version check (no pause: SGLang's disk update waits for running requests itself; the
         memory hand-over resumed the weights' memory before the push)."""
         self.update_from_disk(str(directory), version)

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 # - PYTORCH_CUDA_ALLOC_CONF: expandable segments break the memory saver's release/resume and
 #   CUDA IPC (slime and verl both drop it before starting SGLang).
 # - SGLANG_RETURN_ORIGINAL_LOGPROB: would make SGLang report log-probs before temperature,
-#   while megarl's contract is log_softmax(logits / T) (megarl/rollout/engine.py).
+#   while megarl's contract is log_softmax(logits / T) (megarl/engines/base.py).
 _DROPPED_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "SGLANG_RETURN_ORIGINAL_LOGPROB")
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")

@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from megarl.actors.clients import CriticClient, InProcessGroup, PolicyClient, TrainedClient
-from megarl.config.algorithm_checks import epochs_warmup_issue
+from megarl.plan.algorithm_checks import epochs_warmup_issue
 from megarl.config.loading import config_to_yaml
-from megarl.config.planner import Plan, PlanError, resolved_config
-from megarl.config.residency import residency_of
+from megarl.plan.planner import Plan, PlanError, resolved_config
+from megarl.memory.residency import residency_of
 from megarl.config.sections import MegaRLConfig
 from megarl.kept_files import kept_name, time_tag
 from megarl.rollout.collect import (
@@ -27,9 +27,9 @@ from megarl.rollout.collect import (
     WorkerEngines,
     generate_batch,
 )
-from megarl.rollout.engine import SamplingParams, eos_token_ids
-from megarl.rollout.handover import CheckpointedModel, HandedOverEngines, Handover
-from megarl.rollout.logprob_check import PROBE_PROMPTS, PostPushCheck
+from megarl.engines.base import SamplingParams, eos_token_ids
+from megarl.memory.handover import CheckpointedModel, HandedOverEngines, Handover
+from megarl.weight_sync.logprob_check import PROBE_PROMPTS, PostPushCheck
 from megarl.trainer.loop import Components, Trainer
 from megarl.trainer.metric_sinks import build_logger
 from megarl.trainer.phases import (
@@ -83,8 +83,8 @@ def build_trainer(cfg: MegaRLConfig, plan: Plan, *, in_process: bool = False) ->
     cfg = resolved_config(cfg, plan.resolved)
     out = write_run_config(cfg).parent
     tokenizer, eos_ids = _tokenizer(cfg.model.path)
-    from megarl.agents.rollout import make_generate
-    from megarl.agents.tools import prompt_tools
+    from megarl.rollout.agents.driver import make_generate
+    from megarl.rollout.agents.tools import prompt_tools
     from megarl.data.stream import build_train_stream, load_val_prompts
 
     generate = make_generate(cfg, tokenizer, eos_ids)  # builds the tools: a bad tool file fails before any worker
@@ -162,8 +162,8 @@ def _clients(groups: dict[str, Any], push_timeout: float | None) -> dict[str, Tr
 def _start_groups(cfg: MegaRLConfig, plan: Plan, total_steps: int, log_dir: Path, closers: list[Callable[[], None]]) -> dict[str, TrainedClient]:
     """One Ray worker group per trained role, placed as the plan says."""
     # Imported here: they import Ray, which an in-process run (a one-GPU box under torchrun) lacks.
-    from megarl.actors.ray_groups.placement import place_roles, release, role_placements
-    from megarl.actors.ray_groups.worker_group import GroupOptions, WorkerGroup
+    from megarl.ray_cluster.placement import place_roles, release, role_placements
+    from megarl.ray_cluster.worker_group import GroupOptions, WorkerGroup
 
     placements, colocate = role_placements(cfg, plan)
     placed = place_roles(placements, colocate)
@@ -201,7 +201,7 @@ def _components(cfg: MegaRLConfig, models: dict[str, Any], stream: Any, val_prom
                 total_steps: int, sglang: Any = None) -> Components:  # fmt: skip
     policy = models["policy"]
     temperature = cfg.rollout.sampling.temperature
-    # One memory hand-over per run (megarl/rollout/handover.py): every phase below enters its
+    # One memory hand-over per run (megarl/memory/handover.py): every phase below enters its
     # phase of the residency table first. torch: engines inside the policy ranks; sglang:
     # servers, whose hand-over started them (megarl/rollout_sglang/controller.py).
     handover = sglang.handover if sglang is not None else Handover(residency_of(cfg), models)

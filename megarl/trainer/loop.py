@@ -38,8 +38,8 @@ from megarl.rollout.collect import (
     Scorer,
     rollout_metrics,
 )
-from megarl.rollout.engine import SamplingParams
-from megarl.rollout.seeds import step_seed
+from megarl.engines.base import SamplingParams
+from megarl.engines.seeds import step_seed
 from megarl.trainer.metric_sinks import MetricsLogger
 from megarl.trainer.phases import (
     Advantages,
@@ -138,7 +138,7 @@ class Trainer:
         with control.handlers():
             start = self.restore()
             if start >= self.parts.total_steps and not self.cfg.trainer.val_only:
-                from megarl.config.resume_checks import finished_note
+                from megarl.plan.resume_checks import finished_note
 
                 t = self.cfg.trainer
                 epochs = t.total_epochs if t.total_steps is None else None
@@ -273,7 +273,7 @@ class Trainer:
         """The planner's estimate of a checkpoint: weights plus fp32 master weights and Adam's two
         moments per trained model (the free-space check before a save)."""
         from megarl.config.architectures import ArchError, resolve_arch
-        from megarl.config.memory import DTYPE_BYTES
+        from megarl.plan.gpu_memory import DTYPE_BYTES
 
         try:
             params = resolve_arch(self.cfg.model.path, self.cfg.model.arch).num_params

@@ -4,8 +4,8 @@ Which implementation a phase gets is decided once, when the trainer is built (e.
 -> ``Skip``), so the step itself has no feature ``if``s. The workers are reached through typed
 clients (megarl/actors/clients.py); per-token results come back already zero past each
 response's length, so no phase masks them again. Each phase first enters its phase of the
-memory hand-over (megarl/rollout/handover.py), which brings onto the devices what the phase
-works with (megarl/config/residency.py).
+memory hand-over (megarl/memory/handover.py), which brings onto the devices what the phase
+works with (megarl/memory/residency.py).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 from megarl.actors.clients import CriticClient, PolicyClient
 from megarl.algos.kl import make_kl_controller
 from megarl.algos.step import advantage_step
-from megarl.config.residency import (
+from megarl.memory.residency import (
     CRITIC_FORWARD,
     CRITIC_UPDATE,
     POLICY_FORWARD,
@@ -27,7 +27,7 @@ from megarl.config.residency import (
 )
 from megarl.config.sections import MegaRLConfig
 from megarl.data.batch import Batch
-from megarl.rollout.handover import Handover
+from megarl.memory.handover import Handover
 
 
 class Skip:
@@ -42,7 +42,7 @@ class Skip:
 
 class PolicyForward:
     """The policy's log-probs, in the policy_forward phase (the old log-probs; the post-push
-    check's trainer side, megarl/rollout/logprob_check.py)."""
+    check's trainer side, megarl/weight_sync/logprob_check.py)."""
 
     def __init__(self, policy: PolicyClient, handover: Handover):
         self.policy, self.handover = policy, handover
@@ -119,7 +119,7 @@ class WeightPush:
     """Policy -> engines after each update, in the weight_push phase (dead engines restarted,
     colocated SGLang's weights resumed, the policy's optimizer state off the GPUs), then the
     post-push log-prob check: ``check`` (or None) generates a few responses with the engines and
-    compares their log-probs with the trainer's (megarl/rollout/logprob_check.py)."""
+    compares their log-probs with the trainer's (megarl/weight_sync/logprob_check.py)."""
 
     def __init__(self, policy: PolicyClient, handover: Handover, check: Any = None):
         self.policy, self.handover, self.check = policy, handover, check

@@ -13,7 +13,7 @@ SIGHUP, which the kernel and the hung-up shell both send. After a SIGHUP the ter
 write to it fails with EIO), so stdout and stderr, where they were that terminal, go to
 /dev/null: the run ends in <output_dir>/logs/driver.log.
 While shutting down, further signals are ignored (Ray and the worker processes are cleaned up
-either way; after SIGKILL the session's reaper does it, megarl/actors/ray_groups/session.py).
+either way; after SIGKILL the session's reaper does it, megarl/ray_cluster/session.py).
 
 ``Watchdog`` is a thread that reads ``megarl.progress.PROGRESS`` (the phase the driver entered or
 left last): when nothing moved for ``trainer.hang_timeout_s``, it makes every rank write its
@@ -112,7 +112,7 @@ class RunControl:
     def enter_starting(self, stack: ExitStack, session: AbstractContextManager[Any], stopped: Callable[[], Exception]) -> None:
         """Enter ``session`` (Ray's start) on ``stack``; a Ctrl-C / SIGTERM meanwhile raises
         ``stopped()``, also when Python swallowed its interrupt but the handler recorded it (a
-        signal inside ray.init's at-fork callbacks: megarl/actors/ray_groups/session.py)."""
+        signal inside ray.init's at-fork callbacks: megarl/ray_cluster/session.py)."""
         try:
             stack.enter_context(session)
         except KeyboardInterrupt:

@@ -1,6 +1,6 @@
 """Forward-only passes over micro-batches through Megatron's pipeline schedule: the bridge
 tests' oracle for whole-model logits at PP > 1 (the workers drive the schedule themselves, in
-megarl/actors/megatron_runtime/model.py).
+megarl/megatron_runtime/model.py).
 
 :func:`forward_only` runs ``get_forward_backward_func()`` with ``forward_only=True`` (the no-pipeline
 schedule at PP=1, 1F1B otherwise) and returns, on the last pipeline stage, one collected value per

@@ -51,7 +51,7 @@ def _run(rank: int, world: int, root: str) -> dict:
     import sys
 
     from megarl.config.loading import load_config
-    from megarl.config.planner import make_plan
+    from megarl.plan.planner import make_plan
     from megarl.trainer.build import build_trainer, shutdown
 
     examples = str(ROOT / "docs" / "examples")  # the parser's module, on the path as a user's would be

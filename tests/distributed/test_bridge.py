@@ -8,7 +8,7 @@ rope scaling and no GQA, Qwen3 with head_dim 32 != hidden / heads:
   padded positions excluded, padded vocab columns dropped;
 - export(import(hf)) == the HF safetensors, bit for bit, every tensor exactly once, on every rank
   (and, collected to the leader only, on the leader; the other ranks keep their stage's);
-  the weight fingerprint computed from the shards (megarl/models/fingerprint.py) equals the
+  the weight fingerprint computed from the shards (megarl/weight_sync/export_check.py) equals the
   file's, and tells apart the file with one tensor scaled by 1.01.
 The TP=2 launch also checks the critic's value head and SdpaAttention against Megatron's own
 unfused DotProductAttention; the PP=2 launch runs the forward through the 1F1B schedule.
@@ -170,7 +170,7 @@ def _gather_shards_check(rank: int) -> dict:
 def _fingerprint_check(bridge, model, file_tensors: dict[str, torch.Tensor]) -> dict:
     """The fingerprint computed from this rank's shards (TP-summed, PP-collected) against the
     HF file's tensors; and the file with one tensor scaled by 1.01 must be told apart."""
-    from megarl.models.fingerprint import Observation, expected_fingerprint
+    from megarl.weight_sync.export_check import Observation, expected_fingerprint
 
     expected = expected_fingerprint(bridge, model)
 
@@ -407,7 +407,7 @@ def _collected_check(bridge, model, path: str, collect: str) -> dict:
     the names the fingerprint of the same collect expects here."""
     from safetensors.torch import load_file
 
-    from megarl.models.fingerprint import expected_fingerprint
+    from megarl.weight_sync.export_check import expected_fingerprint
 
     expected = load_file(f"{path}/model.safetensors")
     got = {n: t.clone() for n, t in bridge.export_hf_tensors(model, gather_bytes=GATHERS["some"], collect=collect)}

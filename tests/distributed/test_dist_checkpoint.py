@@ -24,13 +24,13 @@ import pytest
 import torch
 from spawn import run_distributed
 
-from megarl.actors.megatron_runtime.optim import adam_step_layout
-from megarl.actors.megatron_runtime.training import (
+from megarl.megatron_runtime.optim import adam_step_layout
+from megarl.megatron_runtime.training import (
     _materialise_optimizer_state,
     _restore_adam_steps,
 )
 from megarl.config.sections import ActorConfig, OptimizerConfig, ParallelConfig
-from megarl.models.mcore_version import VERSIONS_FILE
+from megarl.parallel.mcore_version import VERSIONS_FILE
 
 OPT = OptimizerConfig(lr=1e-3, min_lr=1e-4, warmup_steps=2, schedule="cosine", clip_grad=0.5, distributed=True)
 
@@ -59,8 +59,8 @@ def _optimizer_state(worker) -> dict[str, torch.Tensor]:
 def _ckpt_run(rank: int, world: int, path: str, ckpt_dir: str) -> dict:
     import multiprocessing
 
-    from megarl.actors.megatron_runtime.model import MegatronModel
-    from megarl.actors.megatron_runtime.training import load_trained_weights
+    from megarl.megatron_runtime.model import MegatronModel
+    from megarl.megatron_runtime.training import load_trained_weights
     from megarl.actors.policy import PolicyWorker
 
     # The spawn helper's ranks are daemonic processes; Megatron's checkpoint writer starts a
@@ -192,7 +192,7 @@ def test_the_step_layout_follows_the_optimizer_class():
 def test_build_refuses_an_optimizer_it_cannot_restore(monkeypatch):
     import megatron.core.optimizer as mcore_optimizer
 
-    from megarl.actors.megatron_runtime.optim import build_optimizer
+    from megarl.megatron_runtime.optim import build_optimizer
 
     sgd = _megatron_like(torch.optim.SGD(_params(), lr=0.1))
     monkeypatch.setattr(mcore_optimizer, "get_megatron_optimizer", lambda config, chunks: sgd)
@@ -272,8 +272,8 @@ def _train_and_save(rank: int, world: int, path: str, ckpt_dir: str) -> dict:
 
 
 def _export_at_tp2_in_bf16(rank: int, world: int, path: str, ckpt_dir: str) -> dict:
-    from megarl.actors.megatron_runtime.model import MegatronModel
-    from megarl.actors.megatron_runtime.training import load_trained_weights
+    from megarl.megatron_runtime.model import MegatronModel
+    from megarl.megatron_runtime.training import load_trained_weights
 
     # What `megarl convert --config` with another layout and dtype builds: TP=2, bf16, no optimizer.
     model = MegatronModel.build(path, ActorConfig(parallel=ParallelConfig(tp=2)), torch.bfloat16, seed=2)

@@ -60,7 +60,7 @@ def _run_cases(rank: int, world: int, root: str) -> dict:
     assert "ray" not in sys.modules, "something imported Ray before the in-process run"
     sys.modules["ray"] = None  # type: ignore[assignment]
     from megarl.config.loading import load_config
-    from megarl.config.planner import make_plan
+    from megarl.plan.planner import make_plan
     from megarl.trainer.build import build_trainer, shutdown
 
     # Where the extension examples live, as a user puts their own code: on PYTHONPATH, which the

@@ -19,7 +19,7 @@ measurable). Then pushes whose export carries one corrupted tensor:
   printed (``pytest -s``).
 
 The second check of every push, the export's fingerprint against the policy's parameters
-(megarl/models/fingerprint.py, run by ``PolicyRank.push_weights``), refuses both scales exactly
+(megarl/weight_sync/export_check.py, run by ``PolicyRank.push_weights``), refuses both scales exactly
 and passes the clean pushes; the q/k swap is invisible to its sums and is the probe's.
 """
 
@@ -129,7 +129,7 @@ class _Trainer:
 
 def _train(policy, steps) -> None:
     from megarl.rollout.batching import batch_from_generations
-    from megarl.rollout.engine import GenerationResult
+    from megarl.engines.base import GenerationResult
 
     for rows in steps:
         results = [GenerationResult(i, r, [0.0] * len(r), "stop") for i, (_, r) in enumerate(rows)]
@@ -138,10 +138,10 @@ def _train(policy, steps) -> None:
 
 def _push_and_check(policy, engine, export_fn, version: int, checks) -> dict:
     """Push ``export_fn``'s weights; the check's verdict at the default bound and its numbers."""
-    from megarl.models.fingerprint import WeightExportError
-    from megarl.rollout.logprob_check import LogprobMismatchError
-    from megarl.rollout.transports import InProcessTransport
-    from megarl.rollout.weight_stream import WeightStream
+    from megarl.weight_sync.export_check import WeightExportError
+    from megarl.weight_sync.logprob_check import LogprobMismatchError
+    from megarl.weight_sync.transports import InProcessTransport
+    from megarl.weight_sync.stream import WeightStream
 
     observe = partial(policy.export_check.observe, collect="leader")  # as build_transport wires in_process
     transport = InProcessTransport(WeightStream(export_fn, bucket_mb=1, observe=observe), [engine] if engine is not None else [])
@@ -167,9 +167,9 @@ def _run(rank: int, world_size: int, model_dir: str, probe: list, steps: list) -
     from megarl.actors.policy import PolicyWorker
     from megarl.config.rollout_sections import WeightSyncConfig
     from megarl.config.sections import ActorConfig, OptimizerConfig, ParallelConfig
-    from megarl.rollout.engine import SamplingParams
-    from megarl.rollout.logprob_check import PostPushCheck
-    from megarl.rollout.torch_engine import TorchEngine
+    from megarl.engines.base import SamplingParams
+    from megarl.weight_sync.logprob_check import PostPushCheck
+    from megarl.engines.torch_engine import TorchEngine
 
     cfg = ActorConfig(parallel=ParallelConfig(tp=2), micro_batch_size=8, optimizer=OptimizerConfig(lr=LR, clip_grad=1.0))
     policy = PolicyWorker(model_dir, cfg, dtype="bfloat16", seed=1)

@@ -26,7 +26,7 @@ import pytest
 import torch
 from spawn import run_distributed
 
-from megarl.actors.megatron_runtime.micro_batches import MicroBatching
+from megarl.megatron_runtime.micro_batches import MicroBatching
 from megarl.config.sections import ActorConfig, OptimizerConfig, ParallelConfig
 
 TEMPERATURE = 0.7

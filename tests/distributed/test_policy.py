@@ -159,7 +159,7 @@ def test_the_parameter_checksum_is_the_models_whatever_the_layout(model_dir, tp,
     # checksum counted TP-replicated parameters (norms) once per TP rank
     from safetensors.torch import load_file
 
-    from megarl.models.fingerprint import tensor_stats
+    from megarl.weight_sync.export_check import tensor_stats
 
     hf = load_file(f"{model_dir}/model.safetensors")
     expected = sum(float(tensor_stats(t)[1]) for t in hf.values())

@@ -56,13 +56,13 @@ def _walk(rank: int, world: int, model_dir: str) -> dict:
     from megarl.actors.critic_rank import CriticRank
     from megarl.actors.policy_rank import PolicyRank
     from megarl.config.loading import load_config
-    from megarl.config.planner import make_plan
-    from megarl.config.residency import residency_of
+    from megarl.plan.planner import make_plan
+    from megarl.memory.residency import residency_of
     from megarl.data.prompt_batch import PromptBatch
     from megarl.rollout.collect import WorkerEngines, generate_batch
-    from megarl.rollout.engine import SamplingParams
-    from megarl.rollout.handover import CheckpointedModel, HandedOverEngines, Handover
-    from megarl.rollout.logprob_check import PostPushCheck
+    from megarl.engines.base import SamplingParams
+    from megarl.memory.handover import CheckpointedModel, HandedOverEngines, Handover
+    from megarl.weight_sync.logprob_check import PostPushCheck
     from megarl.trainer.phases import (
         Advantages,
         CriticPhase,
@@ -153,7 +153,7 @@ def test_every_phase_keeps_what_the_table_predicts_within_5_percent(walks):
 
 def test_the_host_copies_are_what_the_plan_counts_within_5_percent(walks):
     # each state that left the device keeps a host buffer of its size for the next offload;
-    # gradients are freed, not copied (the plan's host memory per node, megarl/config/memory.py)
+    # gradients are freed, not copied (the plan's host memory per node, megarl/plan/gpu_memory.py)
     for rank, walk in enumerate(walks):
         host = walk["host"]
         assert [s for s, n in host.items() if s.endswith("/grads")] and not [n for s, n in host.items() if s.endswith("/grads") and n]
@@ -186,7 +186,7 @@ def _train_twice(rank: int, world: int, root: str) -> list[list[dict]]:
 
     from megarl.commands.demo import prepare_demo
     from megarl.config.loading import load_config
-    from megarl.config.planner import make_plan
+    from megarl.plan.planner import make_plan
     from megarl.trainer.build import build_trainer, shutdown
 
     model, data = prepare_demo(Path(root) / "demo")

@@ -14,7 +14,7 @@ import pytest
 from spawn import run_distributed
 
 from megarl.models.tiny import build_tiny_model
-from megarl.rollout.weight_stream import MIB
+from megarl.weight_sync.stream import MIB
 
 WORLD = 2
 BUCKET_MB = 0.02  # ~20 KiB: many buckets, several tensors larger than one bucket
@@ -64,7 +64,7 @@ def _engine_vs_trainer(policy, engine) -> float:
     from actor_cases import gathered
 
     from megarl.rollout.batching import batch_from_generations
-    from megarl.rollout.engine import SamplingParams
+    from megarl.engines.base import SamplingParams
 
     box = [None]
     if engine is not None:
@@ -79,9 +79,9 @@ def _engine_vs_trainer(policy, engine) -> float:
 def _run(rank: int, world_size: int, model_dir: str, engine_dir: str) -> None:
     from megarl.actors.policy import PolicyWorker
     from megarl.config.sections import ActorConfig, OptimizerConfig, ParallelConfig
-    from megarl.rollout.torch_engine import TorchEngine
-    from megarl.rollout.transports import InProcessTransport
-    from megarl.rollout.weight_stream import WeightStream
+    from megarl.engines.torch_engine import TorchEngine
+    from megarl.weight_sync.transports import InProcessTransport
+    from megarl.weight_sync.stream import WeightStream
 
     cfg = ActorConfig(
         parallel=ParallelConfig(tp=2), micro_batch_size=2,
@@ -121,7 +121,7 @@ def _run(rank: int, world_size: int, model_dir: str, engine_dir: str) -> None:
 
 def _fixed(prompt_index: int):
     """A fixed training sample per prompt (the same on every rank)."""
-    from megarl.rollout.engine import GenerationResult
+    from megarl.engines.base import GenerationResult
 
     return GenerationResult(prompt_index, [20 + prompt_index, 21, 22, 23], [0.0] * 4, "length")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from megarl.actors.ray_groups.session import ray_session
+from megarl.ray_cluster.session import ray_session
 
 
 @pytest.fixture(scope="module")

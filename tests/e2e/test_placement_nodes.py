@@ -11,7 +11,7 @@ pytestmark = pytest.mark.timeout(180)
 from ray.cluster_utils import Cluster  # noqa: E402
 from ray.util import placement_group_table  # noqa: E402
 
-from megarl.actors.ray_groups.placement import PlacementError, RolePlacement, place_roles, release  # noqa: E402
+from megarl.ray_cluster.placement import PlacementError, RolePlacement, place_roles, release  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,7 @@ def _hf_nll(model_dir, val_file) -> float:
 
     from megarl.data.prompts import PromptBuilder
     from megarl.data.sft import read_sft_file
-    from megarl.rollout.engine import eos_token_ids
+    from megarl.engines.base import eos_token_ids
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     examples = read_sft_file(val_file, label="val", builder=PromptBuilder(tok, max_prompt_length=64),

@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from megarl.actors.ray_groups.session import ray_session
+from megarl.ray_cluster.session import ray_session
 
 # Answers /health_generate with 200 on the port SGLangServer picked (as in test_sglang_server.py).
 STAND_IN = textwrap.dedent("""
@@ -61,7 +61,7 @@ def test_host_actor_runs_restarts_and_stops_its_server(ray_local, tmp_path):
 def test_bundle_probes_report_each_bundle_and_keep_the_reservation(ray_local):
     import ray
 
-    from megarl.actors.ray_groups.placement import RolePlacement, place_roles, release
+    from megarl.ray_cluster.placement import RolePlacement, place_roles, release
     from megarl.rollout_sglang.hosts import probe_bundles
 
     placed = place_roles([RolePlacement("rollout", 1, 2, gpus_per_proc=0.0, cpus_per_proc=0.5)])

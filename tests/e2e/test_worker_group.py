@@ -17,9 +17,9 @@ import pytest
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.timeout(180)  # a hung rendezvous must not hang CI
 
-from megarl.actors.ray_groups.placement import PlacementError, RolePlacement, place_roles, release  # noqa: E402
-from megarl.actors.ray_groups.session import ray_session, save_timeline  # noqa: E402
-from megarl.actors.ray_groups.worker_group import GroupOptions, WorkerError, WorkerGroup  # noqa: E402
+from megarl.ray_cluster.placement import PlacementError, RolePlacement, place_roles, release  # noqa: E402
+from megarl.ray_cluster.session import ray_session, save_timeline  # noqa: E402
+from megarl.ray_cluster.worker_group import GroupOptions, WorkerError, WorkerGroup  # noqa: E402
 from megarl.checkpoint.manager import CheckpointManager  # noqa: E402
 from megarl.cli import user_error_line  # noqa: E402
 

@@ -68,8 +68,8 @@ def hf_state(model_dir) -> dict[str, torch.Tensor]:
 
 def push(engine, state: dict[str, torch.Tensor], version: int) -> dict[str, float]:
     """A tensor-transport push (CUDA IPC) of ``state`` from this process to ``engine``."""
-    from megarl.rollout.weight_stream import WeightStream
-    from megarl.rollout_sglang.transports import EngineEndpoint, SGLangTensorTransport
+    from megarl.weight_sync.stream import WeightStream
+    from megarl.weight_sync.sglang_transports import EngineEndpoint, SGLangTensorTransport
 
     transport = SGLangTensorTransport(WeightStream(lambda: iter(state.items()), bucket_mb=1), make_engine=lambda _: engine)
     transport.connect([EngineEndpoint(engine.url, engine.tp)])
@@ -77,7 +77,7 @@ def push(engine, state: dict[str, torch.Tensor], version: int) -> dict[str, floa
 
 
 def test_generate_logprobs_match_hf(engine, model_dir):
-    from megarl.rollout.engine import SamplingParams
+    from megarl.engines.base import SamplingParams
 
     results = engine.generate([PROMPT], SamplingParams(max_new_tokens=8, n=2, temperature=1.0))
     assert [r.prompt_index for r in results] == [0, 0]
@@ -89,7 +89,7 @@ def test_generate_logprobs_match_hf(engine, model_dir):
 
 
 def test_push_from_tensor_changes_logprobs_and_version(engine, model_dir):
-    from megarl.rollout.engine import SamplingParams
+    from megarl.engines.base import SamplingParams
 
     new = {
         n: t * 1.5 if n.endswith("lm_head.weight") else t.clone()
@@ -106,7 +106,7 @@ def test_push_from_tensor_changes_logprobs_and_version(engine, model_dir):
 
 
 def test_release_frees_memory_and_a_push_after_resume_restores_the_weights(engine, model_dir):
-    from megarl.rollout.engine import SamplingParams
+    from megarl.engines.base import SamplingParams
 
     free_before, _ = torch.cuda.mem_get_info()
     engine.release_memory()

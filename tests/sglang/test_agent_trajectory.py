@@ -11,9 +11,9 @@ import torch
 import yaml
 from agent_doubles import FirstCallHangs, always_call, chat_prompts
 
-from megarl.agents.rollout import AgentRollout, build_env
+from megarl.rollout.agents.driver import AgentRollout, build_env
 from megarl.config.rollout_sections import AgentConfig
-from megarl.rollout.engine import SamplingParams
+from megarl.engines.base import SamplingParams
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples"
@@ -52,8 +52,8 @@ def test_a_hanging_tool_holds_up_only_its_own_trajectory(engine, tiny_model):
     other 7 run their next turn and call again while it waits for its 2 s deadline."""
     from transformers import AutoTokenizer
 
-    from megarl.agents.chat import TurnEncoder
-    from megarl.agents.loops import AgentEnv
+    from megarl.rollout.agents.chat import TurnEncoder
+    from megarl.rollout.agents.loops import AgentEnv
 
     tok = AutoTokenizer.from_pretrained(tiny_model)
     cfg = AgentConfig(default_agent="tool_agent", max_turns=3, tool_timeout_s=2.0, max_tokens_per_turn=4)

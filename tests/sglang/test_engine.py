@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from megarl.rollout.engine import SamplingParams
+from megarl.engines.base import SamplingParams
 from megarl.rollout_sglang.client import SGLangClient, build_generate_payload
 from megarl.rollout_sglang.engine import (
     ALL_TAGS,
@@ -27,8 +27,8 @@ from megarl.rollout_sglang.engine import (
     parse_version,
 )
 from megarl.rollout_sglang.server import pick_free_port
-from megarl.rollout_sglang.tensor_payload import build_tensor_requests
-from megarl.rollout_sglang.update_group import (
+from megarl.weight_sync.tensor_payload import build_tensor_requests
+from megarl.weight_sync.update_group import (
     broadcast_tensors,
     close_update_group,
     open_update_group,

@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from megarl.rollout.engine import SamplingParams
+from megarl.engines.base import SamplingParams
 from megarl.rollout_sglang.engine import SGLangEngine
-from megarl.rollout_sglang.tensor_payload import build_tensor_requests
+from megarl.weight_sync.tensor_payload import build_tensor_requests
 
 pytestmark = pytest.mark.sglang
 

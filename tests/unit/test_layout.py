@@ -53,7 +53,7 @@ def test_checkpoint_imports_nothing_from_the_trainer():
 
 def test_megatron_runtime_knows_nothing_of_ray():
     assert _offenders("actors/megatron_runtime", "ray") == []
-    assert _offenders("actors/megatron_runtime", "megarl.actors.ray_groups") == []
+    assert _offenders("actors/megatron_runtime", "megarl.ray_cluster") == []
 
 
 def test_algos_stay_pure_torch():

@@ -167,7 +167,7 @@ def _resolves(dotted: str) -> bool:
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_every_python_name_the_manual_gives_resolves(page: Path):
-    """`megarl.agents.tools.Tool`, `megarl.rewards.compute_score(...)` can be imported as written."""
+    """`megarl.rollout.agents.tools.Tool`, `megarl.rewards.compute_score(...)` can be imported as written."""
     names = set(re.findall(r"`(megarl(?:\.\w+)+)", page.read_text()))
     assert not (wrong := sorted(n for n in names if not _resolves(n))), f"{page.name} names what megarl lacks: {wrong}"
 

@@ -1,6 +1,6 @@
 """Resuming the distributed optimizer's state needs the gradient-bucket layout it was saved in."""
 
-from megarl.actors.megatron_runtime.training import GRAD_BUCKET_PARAMS, bucket_layout_error
+from megarl.megatron_runtime.training import GRAD_BUCKET_PARAMS, bucket_layout_error
 
 
 def test_a_checkpoint_loads_when_its_bucket_layout_is_todays():

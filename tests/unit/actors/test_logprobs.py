@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from megarl.actors.megatron_runtime.logprobs import linear_logprobs
+from megarl.megatron_runtime.logprobs import linear_logprobs
 
 N, H, V, REAL, T = 37, 16, 12, 10, 0.7  # columns 10, 11 are vocabulary padding
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from megarl.actors.megatron_runtime.model import WholeCounts
+from megarl.megatron_runtime.model import WholeCounts
 
 
 def test_loss_counts_are_rounded_on_the_device_and_checked_once():

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from megarl.actors.megatron_runtime.optim import LRSchedule
+from megarl.megatron_runtime.optim import LRSchedule
 from megarl.config.sections import OptimizerConfig
 
 

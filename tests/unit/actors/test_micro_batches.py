@@ -2,7 +2,7 @@
 
 import torch
 
-from megarl.actors.megatron_runtime.micro_batches import (
+from megarl.megatron_runtime.micro_batches import (
     MicroBatching,
     balanced_partition,
     equal_counts,

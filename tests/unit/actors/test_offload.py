@@ -5,7 +5,7 @@ grads come back zeroed, each state's bytes live in one exact-size host buffer.""
 import pytest
 import torch
 
-from megarl.actors.megatron_runtime.offload import (
+from megarl.megatron_runtime.offload import (
     ALIGN,
     ModelStates,
     model_grads,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from megarl.actors.ray_groups.placement import RolePlacement, missing_capacity
+from megarl.ray_cluster.placement import RolePlacement, missing_capacity
 
 
 def node(host: str, gpus: float, cpus: float = 16.0, *, alive: bool = True, node_id: str = "") -> dict:

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from megarl.actors.ray_groups.address import find_cluster, one_machine_problem, unanswered
-from megarl.actors.ray_groups.session import ray_session
+from megarl.ray_cluster.address import find_cluster, one_machine_problem, unanswered
+from megarl.ray_cluster.session import ray_session
 
 
 def _closed_port() -> int:

@@ -8,8 +8,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from megarl.agents.tool_calls import ParsedCalls, ToolCall
-from megarl.agents.tools import Tool
+from megarl.rollout.agents.tool_calls import ParsedCalls, ToolCall
+from megarl.rollout.agents.tools import Tool
 from megarl.data.prompt_batch import PromptBatch
 
 

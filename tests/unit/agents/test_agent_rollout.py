@@ -19,15 +19,15 @@ import torch
 import yaml
 from agent_doubles import FirstCallHangs, always_call, chat_ids, chat_prompts
 
-from megarl.agents.chat import TurnEncoder
-from megarl.agents.loops import AgentEnv
-from megarl.agents.rollout import AgentRollout, build_env
-from megarl.agents.tool_calls import parse_hermes
-from megarl.agents.tools import Tool
+from megarl.rollout.agents.chat import TurnEncoder
+from megarl.rollout.agents.loops import AgentEnv
+from megarl.rollout.agents.driver import AgentRollout, build_env
+from megarl.rollout.agents.tool_calls import parse_hermes
+from megarl.rollout.agents.tools import Tool
 from megarl.config.rollout_sections import AgentConfig
 from megarl.data.prompt_batch import PromptBatch
 from megarl.models.tiny import build_tokenizer
-from megarl.rollout.engine import GenerationResult, SamplingParams
+from megarl.engines.base import GenerationResult, SamplingParams
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "docs" / "examples"
 CALC = {"type": "function", "function": {"name": "calc", "description": "arithmetic",
@@ -97,7 +97,7 @@ class Sleepy(Tool):
 
 
 def _calc_env(tok, **limits):
-    from megarl.agents.builtin_tools import Calculator
+    from megarl.rollout.agents.builtin_tools import Calculator
 
     return _env(tok, {"calc": Calculator({}, CALC)}, **limits)
 
@@ -179,7 +179,7 @@ def test_a_failed_call_is_the_models_feedback_and_the_trajectory_goes_on(tok, ca
     assert "<|im_start|>tool\nError: there is no tool 'nope' (tools: calc)" in text
     assert batch.finish_reason == ["stop"] and batch.extra_info[0]["agent"]["tool_failures"] == 2
     # ... and the user's: one line per tool and rollout
-    assert [r.getMessage() for r in caplog.records if r.name == "megarl.agents.rollout"] == [
+    assert [r.getMessage() for r in caplog.records if r.name == "megarl.rollout.agents.driver"] == [
         "tool calc failed 1 of 1 calls in this rollout; the first: Error: calculator: division by zero in '1 / 0'",
         "tool nope failed 1 of 1 calls in this rollout; the first: Error: there is no tool 'nope' (tools: calc)"]
 
@@ -287,7 +287,7 @@ class RecordingUser:
 def test_nulls_of_a_parquet_struct_leave_the_tools_and_interactions_own_defaults(tok, tmp_path):
     """Parquet gives each row every key any row of the extra_info column has, null where the row
     has none: the first row's tool and interaction must still get their own defaults, not None."""
-    from megarl.agents.interactions import Interaction
+    from megarl.rollout.agents.interactions import Interaction
 
     kw = {"type": "function", "function": {"name": "kw", "description": "d", "parameters": {"type": "object", "properties": {}}}}
     rows = [{"extra_info": {"tools_kwargs": {"kw": {"create_kwargs": {"ground_truth": "72"}}},
@@ -311,8 +311,8 @@ def test_nulls_of_a_parquet_struct_leave_the_tools_and_interactions_own_defaults
 
 @pytest.mark.parametrize("method", ["start_interaction", "finalize_interaction"])
 def test_an_interaction_that_raises_stops_the_run_with_one_line_naming_it(tok, method):
-    from megarl.agents.errors import AgentError
-    from megarl.agents.interactions import Interaction
+    from megarl.rollout.agents.errors import AgentError
+    from megarl.rollout.agents.interactions import Interaction
 
     class Broken(RecordingUser):
         def finalize_interaction(self, instance_id):
@@ -364,7 +364,7 @@ def test_an_aborted_turn_ends_the_trajectory_on_its_last_generated_token(tok):
 
 
 def test_a_loop_that_yields_no_calls_again_and_again_does_not_recurse(tok):
-    from megarl.agents.loops import AgentLoop, CallTools, Generate
+    from megarl.rollout.agents.loops import AgentLoop, CallTools, Generate
 
     class Idle(AgentLoop):
         def run(self):
@@ -396,8 +396,8 @@ class Paying(Tool):
 def test_a_non_finite_tool_reward_or_turn_score_never_reaches_the_rewards(tok):
     """A tool's NaN reward is its failure (the model is told, the reward is 0); an interaction's
     NaN score stops the run with one line: with turn_rewards either would reach the loss as NaN."""
-    from megarl.agents.errors import AgentError
-    from megarl.agents.interactions import Interaction
+    from megarl.rollout.agents.errors import AgentError
+    from megarl.rollout.agents.interactions import Interaction
 
     class NanPay(Tool):
         def execute(self, instance_id, parameters, **kwargs):
@@ -453,10 +453,10 @@ def test_at_most_max_concurrent_trajectories_are_in_flight(tok):
 
 def test_the_torch_engine_regenerates_a_multi_turn_step_exactly(tmp_path, monkeypatch):
     """Rounds do not depend on timing without overlap, so the same seed gives the same trajectories."""
-    from megarl.agents.builtin_tools import Calculator
-    from megarl.agents.tool_calls import PARSERS
+    from megarl.rollout.agents.builtin_tools import Calculator
+    from megarl.rollout.agents.tool_calls import PARSERS
     from megarl.models.tiny import build_tiny_model
-    from megarl.rollout.torch_engine import TorchEngine
+    from megarl.engines.torch_engine import TorchEngine
 
     monkeypatch.syspath_prepend(str(EXAMPLES))
     digit_calls = PARSERS.get("agent_extensions:digit_calls")
@@ -479,7 +479,7 @@ def test_the_torch_engine_regenerates_a_multi_turn_step_exactly(tmp_path, monkey
 
 def test_with_the_torch_engine_a_hanging_tool_costs_the_step_its_timeout_only(tmp_path):
     from megarl.models.tiny import build_tiny_model
-    from megarl.rollout.torch_engine import TorchEngine
+    from megarl.engines.torch_engine import TorchEngine
 
     engine = TorchEngine(build_tiny_model(tmp_path / "m", task_vocab="01", max_position_embeddings=256))
     tool = FirstCallHangs({}, {"type": "function", "function": {"name": "wait"}})

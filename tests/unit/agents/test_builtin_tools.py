@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from megarl.agents.builtin_tools import Calculator, PythonTool, Retrieval
-from megarl.agents.tools import BUILTIN_TOOLS, load_tools, start_tool_call
+from megarl.rollout.agents.builtin_tools import Calculator, PythonTool, Retrieval
+from megarl.rollout.agents.tools import BUILTIN_TOOLS, load_tools, start_tool_call
 
 
 def schema(name: str, argument: str) -> dict:
@@ -225,7 +225,7 @@ def test_load_tools_verl_format_with_a_builtin(tmp_path):
 
 
 def test_a_tool_file_that_is_not_valid_yaml_is_one_line_naming_it(tmp_path):
-    from megarl.agents.errors import AgentError
+    from megarl.rollout.agents.errors import AgentError
 
     path = tmp_path / "tools.yaml"
     path.write_text("tools:\n  - class_name: calculator\n    config: {type: native\n")
@@ -242,7 +242,7 @@ def test_a_tool_file_that_is_not_valid_yaml_is_one_line_naming_it(tmp_path):
 def test_a_verl_tool_class_points_at_the_built_ins(tmp_path):
     """A verl tool file as it is names verl's classes: the fix is megarl's built-in or a port, not
     installing verl."""
-    from megarl.agents.errors import AgentError
+    from megarl.rollout.agents.errors import AgentError
 
     path = tmp_path / "tools.yaml"
     path.write_text("tools:\n  - class_name: verl.tools.gsm8k_tool.Gsm8kTool\n    config: {type: native}\n"

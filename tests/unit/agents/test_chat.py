@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from megarl.agents.chat import ChatTemplateError, TurnEncoder
+from megarl.rollout.agents.chat import ChatTemplateError, TurnEncoder
 from megarl.models.tiny import build_tokenizer
 
 # Like Qwen3's: the last assistant turn gets an (empty) think block, earlier ones do not, so the

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from megarl.agents.tool_calls import PARSERS, ToolCall, parse_hermes
+from megarl.rollout.agents.tool_calls import PARSERS, ToolCall, parse_hermes
 
 
 def test_one_call_with_json_arguments():
@@ -45,4 +45,4 @@ def test_malformed_calls_become_one_error_each_and_the_good_one_is_kept():
 
 def test_the_registry_names_the_builtin_and_loads_an_import_path():
     assert PARSERS.get("hermes") is parse_hermes
-    assert PARSERS.get("megarl.agents.tool_calls:parse_hermes") is parse_hermes
+    assert PARSERS.get("megarl.rollout.agents.tool_calls:parse_hermes") is parse_hermes

@@ -12,8 +12,8 @@ def test_registries_hold_exactly_the_config_names():
     assert set(LOSS_AGGREGATIONS.names()) == set(sections.LOSS_AGGS)
     assert set(KL_ESTIMATORS.names()) == set(sections.KL_ESTIMATORS)
     assert set(sections.GROUP_ESTIMATORS) <= set(ADVANTAGE_ESTIMATORS.names())
-    from megarl.agents.loops import LOOPS
-    from megarl.agents.tool_calls import PARSERS
+    from megarl.rollout.agents.loops import LOOPS
+    from megarl.rollout.agents.tool_calls import PARSERS
 
     assert tuple(LOOPS) == rollout_sections.AGENT_LOOPS and tuple(PARSERS.names()) == rollout_sections.TOOL_PARSERS
 

@@ -105,8 +105,8 @@ def test_record_lists_the_files_and_the_checks_refuse_by_name(demo, tmp_path):
 def test_launch_refuses_a_checkpoint_whose_config_was_changed(demo, tmp_path):
     """Before Ray: preflight names model.path and every differing field; the untouched copy passes."""
     from megarl.config.loading import load_config
-    from megarl.config.planner import PlanError, make_plan
-    from megarl.config.preflight import preflight
+    from megarl.plan.planner import PlanError, make_plan
+    from megarl.plan.preflight import preflight
 
     model, data = demo
     ckpt = fake_checkpoint(tmp_path / "ckpt", model)
@@ -190,8 +190,8 @@ def test_a_torch_engine_from_a_model_checkpoint_generates_only_after_a_push(demo
     one complete push of the HF model's tensors it samples what the HF directory's engine samples."""
     from safetensors.torch import load_file
 
-    from megarl.rollout.engine import SamplingParams, WeightBucket
-    from megarl.rollout.torch_engine import TorchEngine, WeightLoadError
+    from megarl.engines.base import SamplingParams, WeightBucket
+    from megarl.engines.torch_engine import TorchEngine, WeightLoadError
 
     model, _ = demo
     engine = TorchEngine(fake_checkpoint(tmp_path / "ckpt", model), dtype="float32")
@@ -209,7 +209,7 @@ def test_a_torch_engine_from_a_model_checkpoint_generates_only_after_a_push(demo
 def test_rank_zero_writes_its_progress_whole_and_throttled(tmp_path, monkeypatch):
     """The count the driver's progress bar follows: rank 0 only, at most every every_s seconds,
     always the last one, and never a half-written file."""
-    from megarl.checkpoint.conversion_ranks import ProgressFile
+    from megarl.actors.conversion_rank import ProgressFile
 
     path = tmp_path / "progress"
     monkeypatch.setenv("RANK", "1")
@@ -241,7 +241,7 @@ def test_an_sft_output_dir_given_as_the_model_names_the_model_checkpoint_in_it(d
     from megarl.checkpoint.verification import CheckpointError, verify_checkpoint
     from megarl.commands.generate import GenerateError, generate
     from megarl.config.loading import load_config
-    from megarl.config.preflight import preflight
+    from megarl.plan.preflight import preflight
 
     model, data = demo
     sft = tmp_path / "sft"

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from megarl.cli import main
-from megarl.models.mcore_version import SUPPORTED
+from megarl.parallel.mcore_version import SUPPORTED
 
 ROOT = Path(__file__).resolve().parents[3]
 KEYS = {"name", "ok", "version", "detail", "disables", "fatal"}

@@ -11,7 +11,7 @@ import ray
 
 from megarl.commands.launch import launch
 from megarl.config.loading import ConfigError
-from megarl.config.planner import PlanError
+from megarl.plan.planner import PlanError
 
 TINY = Path(__file__).resolve().parents[3] / "configs" / "tiny_grpo.yaml"
 

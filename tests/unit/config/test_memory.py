@@ -3,7 +3,7 @@
 import pytest
 
 from megarl.config.architectures import BUILTIN_ARCHS, ArchSpec
-from megarl.config.memory import (
+from megarl.plan.gpu_memory import (
     activation_bytes_per_token,
     largest_hf_tensor_bytes,
     phase_working_bytes,

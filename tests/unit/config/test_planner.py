@@ -8,10 +8,10 @@ import pytest
 from rich.console import Console
 
 from megarl.config.loading import load_config
-from megarl.config.memory import GIB
-from megarl.config.plan_report import print_plan
-from megarl.config.planner import PlanError, make_plan
-from megarl.config.rollout_checks import check_server_python
+from megarl.plan.gpu_memory import GIB
+from megarl.plan.report import print_plan
+from megarl.plan.planner import PlanError, make_plan
+from megarl.plan.rollout_checks import check_server_python
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 GRPO72 = CONFIGS / "qwen72b_grpo.yaml"
@@ -261,7 +261,7 @@ def test_algorithm_needs():
 
 def test_critic_offload_decides_whether_the_critic_stays_while_the_policy_trains():
     """critic.offload takes the critic's params, grads and Adam state off the GPUs in every phase
-    but its own (megarl/config/residency.py): 8-GPU PPO at tp=2, micro 8 fits with it, not without."""
+    but its own (megarl/memory/residency.py): 8-GPU PPO at tp=2, micro 8 fits with it, not without."""
     micro8 = ("actor.micro_batch_size=8", "critic.micro_batch_size=8")
     msg = refused(PPO7, *micro8, "critic.offload=false")
     assert "actor: training needs an estimated 92.7 GiB per GPU in phase policy_update" in msg
@@ -428,7 +428,7 @@ def test_a_server_python_without_sglang_is_refused_before_launch(tmp_path):
 
 def test_in_process_runs_need_a_world_of_one_and_the_torch_engine(monkeypatch):
     from megarl.config.loading import load_config
-    from megarl.config.planner import PlanError, make_plan
+    from megarl.plan.planner import PlanError, make_plan
 
     def refused_in_process(*overrides: str) -> str:
         with pytest.raises(PlanError) as err:
@@ -462,7 +462,7 @@ def test_agent_rollouts_need_the_chat_template_and_no_overlap_when_deterministic
 
 
 def test_recompute_auto_is_the_least_that_fits_and_reaches_the_run():
-    from megarl.config.planner import resolved_config
+    from megarl.plan.planner import resolved_config
 
     rows = "actor.max_tokens_per_gpu=null"  # micro-batches of micro_batch_size rows (1), not the config's 16k tokens
     fits = plan(GRPO72, "actor.recompute=auto", rows)  # micro-batch 1: fits without recompute

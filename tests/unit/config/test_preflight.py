@@ -15,9 +15,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from megarl.config.loading import load_config
-from megarl.config.planner import PlanError, make_plan
-from megarl.config.preflight import Finding, preflight, writable_dir_problem
-from megarl.config.resume_checks import finished_run
+from megarl.plan.planner import PlanError, make_plan
+from megarl.plan.preflight import Finding, preflight, writable_dir_problem
+from megarl.plan.resume_checks import finished_run
 from megarl.data.tasks import TASK_VOCAB
 
 TINY = Path(__file__).resolve().parents[3] / "configs" / "tiny_grpo.yaml"
@@ -323,7 +323,7 @@ def _trained_with(out: Path, step: int, cfg, launch_dir: Path, roles: tuple[str,
 def test_a_resume_refuses_another_model_and_names_other_changes(demo, tmp_path):
     import shutil
 
-    from megarl.config.planner import resolved_config
+    from megarl.plan.planner import resolved_config
 
     model, _ = demo
     out = tmp_path / "run"
@@ -455,7 +455,7 @@ def test_a_critic_model_edited_in_place_since_training_is_refused_by_the_checkpo
 def test_a_fully_reshardable_checkpoint_resumes_in_another_tp_pp(demo, tmp_path):
     import json
 
-    from megarl.models.mcore_version import VERSIONS_FILE
+    from megarl.parallel.mcore_version import VERSIONS_FILE
 
     out = tmp_path / "run"
     trained = config(demo, out, "algorithm.estimator=gae", "actor.optimizer.checkpoint_format=fully_reshardable")
@@ -602,7 +602,7 @@ def test_the_agent_rollouts_user_code_is_loaded_before_launch(demo, tmp_path, mo
     assert (f"rollout.agent.tools_file: tool file {tmp_path / 'bad.yaml'}, tools[0]: class_name 'agent_extensions.Missing' "
             "cannot be imported") in msg  # fmt: skip
     assert ("rollout.agent.loops.mine: agent loop 'agent_extensions:digit_calls' is not a subclass of "
-            "megarl.agents.loops.AgentLoop") in msg  # fmt: skip
+            "megarl.rollout.agents.loops.AgentLoop") in msg  # fmt: skip
 
 
 def test_agent_names_of_every_row_and_interactions_of_the_sampled_rows(demo, tmp_path):
@@ -638,7 +638,7 @@ def test_the_driver_imports_no_megatron_and_no_user_code(demo, tmp_path):
     import sys
 
     (tmp_path / "rewards.py").write_text("def score(**kwargs):\n    return 0.0\n")
-    code = ("import sys\nfrom megarl.config.loading import load_config\nfrom megarl.config.preflight import preflight\n"
+    code = ("import sys\nfrom megarl.config.loading import load_config\nfrom megarl.plan.preflight import preflight\n"
             f"cfg = load_config({str(TINY)!r}, {list(config_args(demo, tmp_path))!r})\n"
             "assert preflight(cfg) == [], preflight(cfg)\n"
             "print(sorted(m for m in sys.modules if m.startswith('megatron') or 'rewards' in m and 'megarl' not in m))\n")

@@ -6,8 +6,8 @@ import pytest
 
 from megarl.config.architectures import resolve_arch
 from megarl.config.loading import load_config
-from megarl.config.planner import make_plan
-from megarl.config.push_model import GB, push_estimate
+from megarl.plan.planner import make_plan
+from megarl.plan.push_model import GB, push_estimate
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 QWEN72B = CONFIGS / "qwen72b_grpo.yaml"

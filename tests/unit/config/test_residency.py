@@ -1,11 +1,11 @@
-"""The residency table against rows written out by hand from its rules (megarl/config/residency.py)."""
+"""The residency table against rows written out by hand from its rules (megarl/memory/residency.py)."""
 
 from pathlib import Path
 
 import pytest
 
 from megarl.config.loading import load_config
-from megarl.config.residency import (
+from megarl.memory.residency import (
     CHECKPOINT,
     CRITIC_FORWARD,
     CRITIC_UPDATE,

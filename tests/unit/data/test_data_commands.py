@@ -78,9 +78,9 @@ def test_gsm8k_and_convert_commands(tmp_path, capsys):
 
 
 def test_gsm8k_tools_writes_the_tool_agent_variant_the_shipped_config_trains_on(tmp_path, capsys):
-    from megarl.agents.tools import load_tools
+    from megarl.rollout.agents.tools import load_tools
     from megarl.config.loading import load_config
-    from megarl.config.planner import make_plan
+    from megarl.plan.planner import make_plan
     from megarl.data.datasets import read_prompt_file
 
     src = tmp_path / "g.jsonl"

@@ -52,7 +52,7 @@ def test_a_run_of_epochs_counts_the_prompts_kept_and_refuses_a_longer_critic_war
     from pathlib import Path
 
     from megarl.config.loading import load_config
-    from megarl.config.planner import PlanError
+    from megarl.plan.planner import PlanError
     from megarl.trainer.build import _total_steps
 
     path = prompt_file("mix.parquet", ["12", "1234", "34", "123456", "5"])  # 3 of 5 kept at max_prompt_length 6

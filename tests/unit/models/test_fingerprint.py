@@ -1,4 +1,4 @@
-"""Weight fingerprints (megarl/models/fingerprint.py): hand-computed sums, what a mismatch names,
+"""Weight fingerprints (megarl/weight_sync/export_check.py): hand-computed sums, what a mismatch names,
 and the weight stream taking them as the tensors pass. The sums from real Megatron shards
 against HF files: tests/distributed/test_bridge.py; a push refused: test_logprob_threshold.py."""
 
@@ -9,8 +9,8 @@ from functools import partial
 import pytest
 import torch
 
-from megarl.models.fingerprint import ExportCheck, Observation, WeightExportError, tensor_stats
-from megarl.rollout.weight_stream import WeightStream
+from megarl.weight_sync.export_check import ExportCheck, Observation, WeightExportError, tensor_stats
+from megarl.weight_sync.stream import WeightStream
 
 
 def test_stats_are_fp64_sum_and_magnitude_sum():

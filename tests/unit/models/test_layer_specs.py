@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from megarl.config.loading import load_config
-from megarl.config.planner import PlanError, make_plan
+from megarl.plan.planner import PlanError, make_plan
 from megarl.models.layer_specs import resolve_layer_spec, te_importable
 
 

@@ -45,6 +45,6 @@ def hf_task_model(task_model_dir):
 
 @pytest.fixture(scope="session")
 def task_engine(task_model_dir):
-    from megarl.rollout.torch_engine import TorchEngine
+    from megarl.engines.torch_engine import TorchEngine
 
     return TorchEngine(task_model_dir, dtype="float32", max_running_requests=64)

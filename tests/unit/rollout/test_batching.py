@@ -5,7 +5,7 @@ import torch
 
 from megarl.models.tiny import build_tokenizer
 from megarl.rollout.batching import batch_from_generations, response_texts
-from megarl.rollout.engine import GenerationResult
+from megarl.engines.base import GenerationResult
 
 
 def results_for(prompts, n, lengths):

@@ -13,14 +13,14 @@ from megarl.config.rollout_sections import WeightSyncConfig
 from megarl.data.batch import Batch
 from megarl.data.prompt_batch import PromptBatch
 from megarl.rollout.batching import batch_from_generations
-from megarl.rollout.engine import SamplingParams, WeightBucket
-from megarl.rollout.logprob_check import (
+from megarl.engines.base import SamplingParams, WeightBucket
+from megarl.weight_sync.logprob_check import (
     PROBE_MAX_NEW_TOKENS,
     LogprobMismatchError,
     PostPushCheck,
     compare_logprobs,
 )
-from megarl.rollout.torch_engine import TorchEngine
+from megarl.engines.torch_engine import TorchEngine
 
 
 class HFTrainer:

@@ -2,7 +2,7 @@
 
 import time
 
-from megarl.rollout.push_progress import (
+from megarl.weight_sync.progress import (
     PushProgress,
     RankPlace,
     push_group,

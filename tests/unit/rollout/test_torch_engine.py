@@ -8,8 +8,8 @@ import shutil
 import pytest
 import torch
 
-from megarl.rollout.engine import RolloutEngine, SamplingParams
-from megarl.rollout.torch_engine import TorchEngine, sample_tokens
+from megarl.engines.base import RolloutEngine, SamplingParams
+from megarl.engines.torch_engine import TorchEngine, sample_tokens
 
 PROMPTS = [[3, 4, 5, 6, 7], [8, 9], [10, 11, 12, 13, 14, 15, 16, 2]]
 

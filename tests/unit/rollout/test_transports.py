@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from megarl.models.tiny import build_tiny_model
-from megarl.rollout.engine import WeightBucket
-from megarl.rollout.torch_engine import TorchEngine, WeightLoadError
-from megarl.rollout.transports import DiskTransport, InProcessTransport
-from megarl.rollout.weight_stream import MIB, WeightStream
+from megarl.engines.base import WeightBucket
+from megarl.engines.torch_engine import TorchEngine, WeightLoadError
+from megarl.weight_sync.transports import DiskTransport, InProcessTransport
+from megarl.weight_sync.stream import MIB, WeightStream
 
 
 @pytest.fixture(scope="module")

@@ -12,9 +12,9 @@ import weakref
 import pytest
 import torch
 
-from megarl.models.fingerprint import ExportCheck, Observation, WeightExportError, tensor_stats
-from megarl.rollout.push_progress import PushProgress, read_place
-from megarl.rollout.weight_stream import MIB, WeightStream
+from megarl.weight_sync.export_check import ExportCheck, Observation, WeightExportError, tensor_stats
+from megarl.weight_sync.progress import PushProgress, read_place
+from megarl.weight_sync.stream import MIB, WeightStream
 
 SIZES = [64, 300, 64, 200, 64, 64, 500, 64, 64, 128, 64, 64]  # KiB of each fp32 tensor; the largest < a bucket (512)
 

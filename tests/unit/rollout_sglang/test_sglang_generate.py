@@ -10,8 +10,8 @@ import threading
 
 import pytest
 
-from megarl.rollout.engine import RolloutEngine, SamplingParams
-from megarl.rollout.seeds import sample_seed
+from megarl.engines.base import RolloutEngine, SamplingParams
+from megarl.engines.seeds import sample_seed
 from megarl.rollout_sglang.client import (
     SGLangClient,
     SGLangHTTPError,

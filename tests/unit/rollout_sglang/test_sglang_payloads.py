@@ -18,13 +18,13 @@ import torch
 
 from megarl.rollout_sglang.client import SGLangClient, SGLangUnreachable
 from megarl.rollout_sglang.engine import SGLangEngine, parse_version
-from megarl.rollout_sglang.tensor_payload import (
+from megarl.weight_sync.tensor_payload import (
     build_tensor_requests,
     group_by_dtype,
     plan_requests,
     serialize_for_http,
 )
-from megarl.rollout_sglang.update_group import engine_rank_offsets, plan_stage_group
+from megarl.weight_sync.update_group import engine_rank_offsets, plan_stage_group
 
 
 class OneDtypeBucket:

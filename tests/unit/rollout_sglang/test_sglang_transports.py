@@ -10,12 +10,12 @@ from datetime import timedelta
 import pytest
 import torch
 
-from megarl.rollout.engine import SamplingParams
-from megarl.rollout.transports import DiskTransport
-from megarl.rollout.weight_stream import WeightStream
+from megarl.engines.base import SamplingParams
+from megarl.weight_sync.transports import DiskTransport
+from megarl.weight_sync.stream import WeightStream
 from megarl.rollout_sglang.client import SGLangHTTPError
 from megarl.rollout_sglang.engine import EngineBusy, SGLangEngine, WeightVersionMismatch
-from megarl.rollout_sglang.transports import (
+from megarl.weight_sync.sglang_transports import (
     EngineEndpoint,
     PayloadGather,
     SGLangDistributedTransport,
@@ -36,7 +36,7 @@ def make_weights(prefix: str = "model.layers.0", count: int = 5) -> dict[str, to
 
 
 def stream_of(weights: dict[str, torch.Tensor], bucket_mb: float = 0.04) -> WeightStream:
-    # The shared bucket stream (megarl/rollout/weight_stream.py) over a fixed "export".
+    # The shared bucket stream (megarl/weight_sync/stream.py) over a fixed "export".
     return WeightStream(lambda: ((n, t.clone()) for n, t in weights.items()), bucket_mb)
 
 

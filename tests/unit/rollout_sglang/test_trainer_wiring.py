@@ -1,6 +1,6 @@
 """rollout.engine=sglang in the trainer, what runs without a GPU: engines mapped to nodes and
 local GPUs from real plans, the trainer's Engines over the fake SGLang servers (conftest.py),
-and the memory hand-over (megarl/rollout/handover.py) driven through the trainer's phase
+and the memory hand-over (megarl/memory/handover.py) driven through the trainer's phase
 objects: what the servers and the policy see, in order, and that no generation reads
 released weights (the fake serves NaN log-probs then, as SGLang serves garbage)."""
 
@@ -14,14 +14,14 @@ import pytest
 import torch
 
 from megarl.config.loading import load_config
-from megarl.config.planner import make_plan
-from megarl.config.residency import build_residency
+from megarl.plan.planner import make_plan
+from megarl.memory.residency import build_residency
 from megarl.data.prompt_batch import PromptBatch
 from megarl.rollout.collect import generate_batch
-from megarl.rollout.engine import SamplingParams
-from megarl.rollout.handover import CheckpointedModel, HandedOverEngines, Handover
-from megarl.rollout.logprob_check import PostPushCheck
-from megarl.rollout.weight_stream import WeightStream
+from megarl.engines.base import SamplingParams
+from megarl.memory.handover import CheckpointedModel, HandedOverEngines, Handover
+from megarl.weight_sync.logprob_check import PostPushCheck
+from megarl.weight_sync.stream import WeightStream
 from megarl.rollout_sglang.controller import (
     PolicyConnection,
     SGLangEngines,
@@ -36,7 +36,7 @@ from megarl.rollout_sglang.hosts import (
     slot_spec,
 )
 from megarl.rollout_sglang.server import build_launch_command, build_launch_env, spec_from_config
-from megarl.rollout_sglang.transports import SGLangTensorTransport
+from megarl.weight_sync.sglang_transports import SGLangTensorTransport
 from megarl.trainer.phases import PolicyForward, WeightPush
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
@@ -314,7 +314,7 @@ def test_post_push_check_generates_with_the_policy_off_and_scores_with_it_back(f
 
 @pytest.mark.parametrize("cpu_backup", [False, True])
 def test_generation_after_a_weights_release_repushes_unless_sglang_kept_a_copy(fake_server, cpu_backup):
-    """A checkpoint releases the engines' weights (rule 3 of megarl/config/residency.py): the next
+    """A checkpoint releases the engines' weights (rule 3 of megarl/memory/residency.py): the next
     generation re-pushes the last version first, unless SGLang kept a CPU copy."""
     servers, policy, handover, push, gen = colocated_setup(fake_server, **GRPO, weights_cpu_backup=cpu_backup)
     push(version=4)

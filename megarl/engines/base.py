@@ -1,0 +1,143 @@
+"""The rollout engine contract: what the trainer needs from any generator.
+
+Two implementations: the SGLang servers (megarl/rollout_sglang, production on GPUs) and the
+torch reference engine (megarl/engines/torch_engine.py, CPU or GPU, for CI, the demo and
+debugging). Both report log-probs the same way: ``log_softmax(logits / temperature)`` of the
+sampled token, taken before top-p / top-k filtering (what SGLang reports and what the trainer
+recomputes), so the train/inference mismatch metric compares like with like.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample; the same fields SGLang's ``sampling_params`` take.
+
+    ``seed`` is the step's base seed: sample ``i`` of a request uses a seed derived from
+    (seed, i), so a resumed run regenerates exactly what an uninterrupted one would have.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1 = the whole vocabulary (SGLang's convention)
+    max_new_tokens: int = 128
+    n: int = 1
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+    # One cap per prompt of the request (each <= max_new_tokens), or None: max_new_tokens for
+    # all. The agent driver batches turns of different budgets in one request; asking each
+    # for the largest would overrun the context length of a trajectory near its end.
+    prompt_max_new_tokens: tuple[int, ...] | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < 1e-6
+
+    def for_prompts(self, start: int, stop: int) -> SamplingParams:
+        """These params for the prompts [start, stop) of the request (a shard of it)."""
+        if self.prompt_max_new_tokens is None:
+            return self
+        return replace(self, prompt_max_new_tokens=self.prompt_max_new_tokens[start:stop])
+
+    def check_budgets(self, prompts: int) -> None:
+        """ValueError unless prompt_max_new_tokens has one cap in [1, max_new_tokens] per prompt."""
+        caps = self.prompt_max_new_tokens
+        if caps is not None and (len(caps) != prompts or not all(1 <= c <= self.max_new_tokens for c in caps)):
+            raise ValueError(f"SamplingParams.prompt_max_new_tokens {caps} needs one value in [1, max_new_tokens="
+                             f"{self.max_new_tokens}] per prompt ({prompts} prompts)")  # fmt: skip
+
+    def budget(self, prompt: int) -> int:
+        """max_new_tokens of prompt ``prompt`` of the request."""
+        caps = self.prompt_max_new_tokens
+        return self.max_new_tokens if caps is None else caps[prompt]
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """The output of one sample (one of the ``n`` of a prompt)."""
+
+    prompt_index: int  # which prompt of the request this sample answers
+    response_ids: list[int]
+    logprobs: list[float]  # one per response token, as in the module docstring
+    finish_reason: str  # "stop" (EOS / stop string / stop id) | "length" | "abort"
+    weight_version: int = 0
+
+
+@dataclass(frozen=True)
+class EngineHealth:
+    alive: bool
+    weight_version: int
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class WeightBucket:
+    """HF-named tensors sent together; a push is a stream of buckets.
+
+    ``last`` marks the final bucket of a push, after which the engine bumps its weight version
+    to ``version``.
+    """
+
+    tensors: list[tuple[str, torch.Tensor]]
+    version: int
+    last: bool = False
+    index: int = 1  # its place in the push, from 1 (for progress reports)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for _, t in self.tensors)
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """One generator (one SGLang server, or one torch model). Releasing and resuming its memory
+    is engine-specific and the memory hand-over's business (megarl/memory/handover.py)."""
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams
+    ) -> list[GenerationResult]:
+        """Sample ``params.n`` responses per token-id prompt.
+
+        Returns ``len(prompts) * n`` results grouped by prompt: ``[p0s0 .. p0s(n-1), p1s0, ...]``.
+        """
+        ...
+
+    def load_weights(self, bucket: WeightBucket) -> None:
+        """Load one bucket of HF-named tensors (full, unsharded tensors)."""
+        ...
+
+    def health(self) -> EngineHealth: ...
+
+    @property
+    def weight_version(self) -> int: ...
+
+
+def eos_token_ids(model_path: str | Path, tokenizer: Any = None) -> tuple[int, ...]:
+    """The token ids that end a response for the HF model at ``model_path``: those of its
+    generation_config.json, its config.json and its tokenizer, in that order, once each
+    (the engines stop on them; scoring drops a final one). ``tokenizer``: an already loaded one."""
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    try:
+        generation = GenerationConfig.from_pretrained(str(model_path)).eos_token_id
+    except OSError:  # no generation_config.json
+        generation = None
+    tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(str(model_path))
+    ids = [*_id_list(generation), *_id_list(AutoConfig.from_pretrained(str(model_path)).eos_token_id),
+           *_id_list(tokenizer.eos_token_id)]  # fmt: skip
+    return tuple(dict.fromkeys(ids))
+
+
+def _id_list(value: Any) -> list[int]:
+    if value is None:
+        return []
+    return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]

@@ -1,0 +1,384 @@
+"""A trainable Megatron model: DDP, optimizer, LR schedule, the update loop, checkpoints, offload.
+
+Shared by the policy and the critic (they differ only in their head and loss). Wraps a
+:class:`MegatronModel` in Megatron's ``DistributedDataParallel`` with a SUMMING gradient
+reduction (``calculate_per_token_loss=True`` makes DDP skip its 1/DP pre-scaling, and
+``average_in_collective=False``), so that ``finalize_model_grads`` can divide by the global
+token/sequence count once. The reduction overlaps the last micro-batch's backward
+(``overlap_grad_reduce``; Megatron's schedule holds it back for the earlier micro-batches; under
+PP only the first stage's reduction overlaps, the later stages reduce after the schedule).
+With the distributed optimizer, the all-gather of the updated weights after each optimizer step
+overlaps the next mini-batch's forward (``overlap_param_gather``: Megatron's forward pre-hooks
+finish each bucket's gather before its layers run), and an update ends with a synchronous
+gather of whatever is still pending, so everything that reads the weights after it (a weight
+push, a checkpoint, the memory hand-over's offload, a forward pass) sees them whole.
+
+``train``: for each of ``ppo_epochs`` passes, the batch is cut into consecutive mini-batches of
+``mini_batch_size`` samples (all DP ranks together; no shuffling, so runs are reproducible), and
+each mini-batch is one optimizer step: zero grads, set the step's LR, forward+backward over the
+replica's micro-batches, clip, step, advance the schedule.
+
+Checkpoints are Megatron ``dist_checkpointing`` directories (torch_dist format) holding the
+model's and the optimizer's sharded state dicts plus the schedule's step counter. The
+dist-checkpoint writer starts helper processes with "spawn": a script that saves must guard its
+entry point with ``if __name__ == "__main__":``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from megarl.megatron_runtime.micro_batches import MicroBatch, MicroBatching
+from megarl.megatron_runtime.model import MegatronModel
+from megarl.megatron_runtime.offload import (
+    ModelStates,
+    model_grads,
+    model_weights,
+    optimizer_tensors,
+)
+from megarl.megatron_runtime.optim import LRSchedule, adam_step_layout, build_optimizer
+from megarl.algos.metrics import MetricAccumulator, pair
+from megarl.config.sections import ActorConfig
+from megarl.data.batch import Batch
+from megarl.metrics import optimizer_metric_names
+from megarl.parallel.mcore_version import (
+    OPTIMIZER_FORMAT_RECORD,
+    UNRECORDED_OPTIMIZER_FORMAT,
+    check_checkpoint_readable,
+    checkpoint_optimizer_format,
+    checkpoint_record,
+    write_checkpoint_versions,
+)
+
+# How the model's and the optimizer's sharded state dicts are described. The optimizer's format
+# is actor.optimizer.checkpoint_format at save (recorded in the checkpoint) and the recorded one
+# at load; this default is what checkpoints without a record hold (megatron-core 0.16 refuses its
+# own default, flattened-range format). dp_reshardable: saved per DP buffer, fully parallel, no
+# gather, a resume keeps TP/PP; fully_reshardable: per parameter, any TP/PP.
+CHECKPOINT_METADATA = {"distrib_optim_sharding_type": UNRECORDED_OPTIMIZER_FORMAT}
+# Parameters per gradient bucket (Megatron's default at DP <= 40); recorded in every checkpoint.
+GRAD_BUCKET_PARAMS = 40_000_000
+
+LossHead = Callable[[MicroBatch, torch.Tensor], tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]]
+
+
+class TrainableModel:
+    """DDP-wrapped :class:`MegatronModel` with optimizer and schedule (see module docstring)."""
+
+    def __init__(self, model: MegatronModel, cfg: ActorConfig, dtype: torch.dtype, total_optimizer_steps: int | None,
+                 role: str) -> None:  # fmt: skip
+        """``role`` ("actor" or "critic") names the update's optimizer metrics (``<role>/lr`` ...)."""
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+        self.model = model
+        self.role = role
+        self.cfg = cfg
+        self.closed = False  # close(): the gradient hooks are gone, so no more training
+        # Each gradient bucket's reduction starts as soon as the last micro-batch's backward has
+        # filled it, while the backward goes on through earlier layers. The bucket size is fixed
+        # (not Megatron's DP-dependent default, nor one bucket without overlap): the distributed
+        # optimizer's checkpoint is laid out by bucket, and a resume may change DP.
+        ddp_cfg = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True,
+            overlap_grad_reduce=True,
+            bucket_size=GRAD_BUCKET_PARAMS,
+            use_distributed_optimizer=cfg.optimizer.distributed,
+            # Only with the distributed optimizer (megatron-core 0.19 reads it alone as its
+            # layer-wise optimizer's switch); train() finishes the gather before it returns.
+            overlap_param_gather=cfg.optimizer.distributed,
+            average_in_collective=False,  # a sum: finalize_model_grads divides by the global count
+        )
+        model.module = DistributedDataParallel(config=model.tcfg, ddp_config=ddp_cfg, module=model.module)
+        # The schedule holds the reductions back until the last micro-batch.
+        model.tcfg.no_sync_func = model.module.no_sync
+        model.tcfg.grad_sync_func = model.module.start_grad_sync
+        self.optimizer = build_optimizer(cfg.optimizer, [model.module], dtype)
+        if dtype == torch.float16:
+            model.tcfg.grad_scale_func = self.optimizer.scale_loss
+        self.schedule = LRSchedule(cfg.optimizer, total_optimizer_steps)
+        # What the memory hand-over moves (megarl/memory/residency.py); grads are freed, not copied.
+        self.states = ModelStates(model.info.device, {"weights": lambda: model_weights(self.model.module),
+                                                      "grads": lambda: model_grads(self.model.module),
+                                                      "optimizer": lambda: optimizer_tensors(self.optimizer)},
+                                  copied=("weights", "optimizer"))  # fmt: skip
+
+    def close(self) -> None:
+        """Breaks the reference cycle that keeps the model alive after the last reference to it
+        is dropped: Megatron's DDP keeps each parameter's autograd grad accumulator in
+        ``grad_accs``, whose hook closes over the DDP module; the cycle runs through autograd's
+        C++ node, which Python's collector cannot see, so without this every worker built in a
+        process (benches, tests, a GPU) stays in memory for good. The model cannot train after."""
+        if self.closed:
+            return
+        self.closed = True
+        ddp = self.model.module
+        ddp.grad_accs.clear()
+        if ddp.use_forward_hook:  # the param-gather pre-hooks (overlap_param_gather)
+            ddp.disable_forward_pre_hook(param_sync=False)
+
+    # ---- the update loop --------------------------------------------------------------------
+    def train(self, batch: Batch, loss_head: LossHead, *, mini_batch_size: int | None, ppo_epochs: int | None) -> dict[str, float]:
+        """Optimizer steps over ``batch`` (see module docstring); metrics equal on every rank.
+
+        Returns the loss function's metrics reduced over every micro-batch, mini-batch and DP
+        rank by their catalogued reductions (megarl/metrics.py), plus ``<role>/grad_norm`` (mean
+        over the steps taken), ``<role>/lr`` (last step), ``<role>/optimizer_steps`` and
+        ``<role>/skipped_steps``.
+        The metrics stay on the device until one host transfer at the end.
+        """
+        assert not self.closed, "train() after close(): the gradient hooks are gone"
+        size = mini_batch_size or self.cfg.mini_batch_size or len(batch)
+        epochs = ppo_epochs or self.cfg.ppo_epochs
+        if len(batch) % size:
+            raise ValueError(
+                f"mini_batch_size ({size}) must divide the number of samples in the step ({len(batch)}); "
+                f"pick a divisor of {len(batch)}"
+            )
+        metrics = MetricAccumulator(self.model.info.device)
+        steps: list[tuple[float, bool]] = []  # (grad norm, taken) of each optimizer step
+        lr = self.schedule.current_lr
+        for _ in range(epochs):
+            for mini in batch.split(size):
+                grad_norm, ok, lr = self._step(mini, loss_head, metrics)
+                steps.append((grad_norm, ok))
+        if self.model.module.ddp_config.overlap_param_gather:  # the last step's weights: gathered now, not in a later forward
+            self.model.module.start_param_sync(force_sync=True)
+        # The optimizer's values are the same on every rank, hence added after the DP reduction
+        # (not summed), on the last stage, which broadcasts the whole table.
+        replicated = self._optimizer_metrics(self.role, steps, lr) if self.model.info.is_last_stage else None
+        self.model.reduce_metrics(metrics, replicated)
+        return metrics.values()
+
+    def _step(self, mini: Batch, loss_head: LossHead, metrics: MetricAccumulator) -> tuple[float, bool, float]:
+        """One optimizer step on ``mini``; its loss metrics go to ``metrics``. Returns
+        ``(grad norm, step taken, lr)``: host values Megatron's optimizer already computed."""
+        self.model.module.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        lr = self.schedule.apply(self.optimizer)
+        self.model.forward_backward(mini, loss_head, metrics, MicroBatching.of(self.cfg))
+        ok, grad_norm, _ = self.optimizer.step()
+        self.schedule.advance()
+        return float(grad_norm) if grad_norm is not None else float("nan"), bool(ok), lr
+
+    @staticmethod
+    def _optimizer_metrics(role: str, steps: list[tuple[float, bool]], lr: float) -> dict[str, torch.Tensor]:
+        """The update's optimizer metrics of ``role`` as slices (``steps``: (grad norm, taken))."""
+        names = optimizer_metric_names(role)
+        taken = [norm for norm, ok in steps if ok]
+        return {
+            names["grad_norm"]: pair(sum(taken), len(taken)),  # mean over the steps taken; NaN if none
+            names["lr"]: pair(lr),
+            names["optimizer_steps"]: pair(float(len(steps))),
+            names["skipped_steps"]: pair(float(len(steps) - len(taken))),
+        }
+
+    # ---- checkpoints ------------------------------------------------------------------------
+    def _sharded_state(self, is_loading: bool, optimizer_format: str) -> dict[str, Any]:
+        model_sd = _model_sharded_state(self.model.core)
+        metadata = CHECKPOINT_METADATA | {"distrib_optim_sharding_type": optimizer_format}
+        return {
+            "model": model_sd,
+            "optimizer": self.optimizer.sharded_state_dict(model_sd, is_loading=is_loading, metadata=metadata),
+            "schedule": self.schedule.state_dict(),
+        }
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write a dist-checkpoint of model + optimizer + schedule into directory ``path`` (collective)."""
+        from megatron.core import dist_checkpointing
+
+        os.makedirs(path, exist_ok=True)
+        # A never-stepped optimizer (the policy during critic warm-up) has no state for the
+        # distributed optimizer to describe: give it the state a fresh Adam starts from (step 0).
+        _materialise_optimizer_state(self.optimizer)
+        fmt = self.cfg.optimizer.checkpoint_format
+        dist_checkpointing.save(self._sharded_state(is_loading=False, optimizer_format=fmt), str(path))
+        if torch.distributed.get_rank() == 0:  # which megatron-core can read it back, the buckets, the format
+            # (the non-distributed optimizer has no format to choose: its state is per parameter)
+            layout = {OPTIMIZER_FORMAT_RECORD: fmt} if self.cfg.optimizer.distributed else {}
+            write_checkpoint_versions(path, grad_bucket_params=GRAD_BUCKET_PARAMS, **layout)
+        torch.distributed.barrier()  # the record exists for every rank once save returns
+
+    def load(self, path: str | os.PathLike) -> None:
+        """Restore what :meth:`save` wrote (collective; same TP/PP/DP layout or a reshardable one)."""
+        from megatron.core import dist_checkpointing
+
+        _check_loadable(path)
+        fmt = checkpoint_optimizer_format(path)
+        # Only the distributed optimizer's dp_reshardable state is laid out by gradient bucket.
+        if self.cfg.optimizer.distributed and fmt == "dp_reshardable":
+            recorded = checkpoint_record(path).get("grad_bucket_params")
+            error = bucket_layout_error(path, recorded, _trained_params(self.model.core))
+            if error:
+                raise ValueError(error)
+        _materialise_optimizer_state(self.optimizer)
+        state = dist_checkpointing.load(self._sharded_state(is_loading=True, optimizer_format=fmt), str(path))
+        # no_grad: with fp32 params the optimizer's main params are views of the model's leaf
+        # params, which Megatron's loader fills in place.
+        with torch.no_grad():
+            self.model.core.load_state_dict(state["model"])
+            _load_optimizer_state(self.optimizer, state["optimizer"])
+        _restore_adam_steps(self.optimizer, state["optimizer"])
+        self.schedule.load_state_dict(state["schedule"])
+
+
+def _load_optimizer_state(optimizer: Any, loaded: Any) -> None:
+    """``optimizer.load_state_dict(loaded)``, except for fully_reshardable state under torch Adam.
+
+    megatron-core 0.16 (``load_parameter_state_from_fully_reshardable``) copies every entry of
+    a parameter's optimizer state from the checkpoint, and torch Adam's per-parameter ``step``
+    (which its own ``load_state_dict`` has just put there) is not in it: a KeyError. So the
+    parameter state loads here after the rest, with the steps held aside (and
+    :func:`_restore_adam_steps` sets them afterwards). TE/apex FusedAdam keep no such entry."""
+    chained = getattr(optimizer, "chained_optimizers", [optimizer])
+    if not isinstance(loaded, dict) or loaded.get("param_state_sharding_type") != "fully_reshardable":
+        optimizer.load_state_dict(loaded)
+        return
+    # One optimizer per model: megarl builds no expert-parallel one (parallel.ep=1), so no chain of several.
+    assert len(chained) == 1, f"{len(chained)} chained optimizers"
+    inner = chained[0]
+    param_state = loaded.pop("param_state")
+    inner.load_state_dict(loaded)  # param groups (Adam's step), grad scaler
+    held = {p: s.pop("step") for p, s in inner.optimizer.state.items() if "step" in s} if inner.optimizer else {}
+    inner.load_parameter_state_from_fully_reshardable(param_state)
+    for p, step in held.items():
+        inner.optimizer.state[p]["step"] = step
+
+
+def _model_sharded_state(core: torch.nn.Module) -> dict[str, Any]:
+    """The model's part of a training checkpoint (the ``model`` key of what :meth:`TrainableModel.save` writes)."""
+    return core.sharded_state_dict(metadata=CHECKPOINT_METADATA)
+
+
+def load_trained_weights(core: torch.nn.Module, path: str | os.PathLike) -> None:
+    """Fill ``core``'s parameters from the training checkpoint at ``path`` (what
+    :meth:`TrainableModel.save` wrote; collective), reading neither the optimizer state nor the
+    schedule: an export needs the weights alone, without training's memory for Adam's state
+    and whatever optimizer layout (distributed or not, gradient buckets) wrote them."""
+    # Not load_model_weights: a training checkpoint describes its model with CHECKPOINT_METADATA and holds every parameter.
+    from megatron.core import dist_checkpointing
+
+    _check_loadable(path)
+    state = dist_checkpointing.load({"model": _model_sharded_state(core)}, str(path))
+    with torch.no_grad():
+        core.load_state_dict(state["model"])
+
+
+def _check_loadable(path: str | os.PathLike) -> None:
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"checkpoint directory {path} does not exist")
+    check_checkpoint_readable(path)
+
+
+def _trained_params(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters() if p.requires_grad)
+
+
+def bucket_layout_error(path: str | os.PathLike, recorded: int | None, params: int) -> str | None:
+    """Why this rank cannot load the optimizer state of checkpoint ``path`` (one line), or None.
+
+    The distributed optimizer's state is laid out by gradient bucket. Checkpoints of earlier
+    megarl versions record no bucket size: they were written with one bucket per stage (no
+    overlap), which equals today's layout only when the stage's ``params`` fit one bucket."""
+    if recorded == GRAD_BUCKET_PARAMS or (recorded is None and params <= GRAD_BUCKET_PARAMS):
+        return None
+    written = "one gradient bucket (an earlier megarl)" if recorded is None else f"buckets of {recorded} parameters"
+    return (
+        f"checkpoint {path} holds optimizer state laid out in {written}; this megarl uses buckets of "
+        f"{GRAD_BUCKET_PARAMS} parameters and this rank holds {params}; resume it with the megarl that wrote it, "
+        f"or start a new run from its weights (megarl convert megatron-to-hf, then model.path)"
+    )
+
+
+def _inner_optimizers(optimizer: Any) -> list[Any]:
+    """The torch optimizers inside Megatron's (chained) optimizer; ranks without parameters
+    have none."""
+    inner = [opt.optimizer for opt in getattr(optimizer, "chained_optimizers", [optimizer])]
+    return [opt for opt in inner if opt is not None]
+
+
+def _materialise_optimizer_state(optimizer: Any, step: float = 0.0) -> None:
+    """Give a never-stepped torch Adam the state its first step would create (``step``, zero
+    moments) so that Megatron can describe it for loading or saving (without apex/TE it reads
+    ``step`` from the per-parameter state). Zero moments at step 0 are exactly the state a fresh
+    Adam starts from, and a load overwrites them. Set directly, not by a zero-LR step: a step
+    needs a gradient per parameter, memory the plan does not count (a rank's fp32 main params
+    again, at save time). TE/apex FusedAdam needs none: Megatron allocates its moments itself and
+    its ``step`` lives in the param groups, which the load restores."""
+    for inner in _inner_optimizers(optimizer):
+        if adam_step_layout(inner) != "per_param" or len(inner.state) > 0:
+            continue
+        for group in inner.param_groups:
+            # where torch.optim.Adam keeps ``step``: with the parameter for fused/capturable, else on the CPU
+            on_param = group.get("fused") or group.get("capturable")
+            moments = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq") if group.get("amsgrad") else ("exp_avg", "exp_avg_sq")
+            for p in group["params"]:
+                state = inner.state[p]
+                state["step"] = torch.tensor(step, dtype=torch.float32, device=p.device if on_param else "cpu")
+                for name in moments:
+                    state[name] = torch.zeros_like(p, memory_format=torch.preserve_format)
+
+
+def _saved_adam_step(loaded: Any) -> float | None:
+    """The one Adam step count in a loaded optimizer state tree (Megatron saves it in every
+    param group, for torch Adam and FusedAdam alike); None if it saved none."""
+    steps: set[float] = set()
+
+    def collect(node: Any) -> None:
+        if isinstance(node, dict):
+            groups = node.get("param_groups")
+            for group in groups if isinstance(groups, list) else []:
+                if isinstance(group, dict) and group.get("step") is not None:
+                    steps.add(float(group["step"]))
+            for value in node.values():
+                collect(value)
+        elif isinstance(node, (list, tuple)):
+            for value in node:
+                collect(value)
+
+    collect(loaded)
+    if len(steps) > 1:
+        raise ValueError(f"the checkpoint's optimizer param groups disagree on Adam's step: {sorted(steps)}")
+    return steps.pop() if steps else None
+
+
+def _restore_adam_steps(optimizer: Any, loaded: Any) -> None:
+    """Set every Adam step count to the checkpoint's, where this optimizer class keeps it.
+
+    torch Adam keeps a ``step`` tensor per parameter: on load (0.16) the saved value did not
+    reach an already materialised state (seen in the checkpoint test), and on a fresh state
+    Megatron assigns one tensor to all parameters, which Adam then increments in place; so each
+    parameter gets its own tensor here. TE/apex FusedAdam keep one int ``step`` per param group
+    (Megatron aligns the groups on save); groups with parameters get the saved value."""
+    step = _saved_adam_step(loaded)
+    if step is None:
+        return
+    for inner in _inner_optimizers(optimizer):
+        if adam_step_layout(inner) == "per_param":
+            for param_state in inner.state.values():
+                if "step" in param_state:
+                    param_state["step"] = torch.tensor(step, dtype=torch.float32)
+        else:
+            for group in inner.param_groups:
+                if group["params"]:
+                    group["step"] = int(step)
+
+
+class TrainedWorker:
+    """What every trained worker (policy, critic) exposes of its TrainableModel ``self.trainer``."""
+
+    trainer: TrainableModel
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Dist-checkpoint of model, optimizer and LR schedule into directory ``path`` (collective)."""
+        self.trainer.save(path)
+
+    def load(self, path: str | os.PathLike) -> None:
+        self.trainer.load(path)
+
+    def close(self) -> None:
+        """Lets the model and optimizer be freed once the worker is dropped (see TrainableModel.close)."""
+        self.trainer.close()

@@ -1,0 +1,98 @@
+"""Host memory per node that megarl's own buffers take, for the plan (a lower bound: the
+processes' own memory, Ray's object store and the data are not counted):
+
+- offloaded copies: every state the residency table moves off the GPUs in some phase (with
+  colocated SGLang, every trained model's at each launch) has a host buffer of its size, kept for
+  the next offload (megarl/megatron_runtime/offload.py); gradients are freed, not copied.
+  One per rank of its model on the node (the reference lives in the policy's ranks);
+- SGLang's host copy of released weights (rollout.weights_cpu_backup): the engine's weights per GPU;
+- a checkpoint of the distributed optimizer's fully_reshardable format: Megatron (without its
+  memory-efficient variant) gathers each rank's whole stage of fp32 master params and Adam
+  moments, 12 B x params on the stage / tp, into host memory on every data-parallel rank before
+  writing (dp_reshardable writes each rank's shard as it is); the roles save one after the other.
+
+The bytes per GPU of each state come from the planner (megarl/plan/gpu_memory.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from megarl.config.architectures import ArchSpec
+from megarl.plan.gpu_memory import GIB, stage_params
+from megarl.memory.residency import Residency, owner_of
+from megarl.config.sections import ROLE_SECTIONS, MegaRLConfig
+
+# Whose ranks hold host buffers: (owner, the role whose GPUs it lives on).
+_HOST_OWNERS = (("policy", "policy"), ("reference", "policy"), ("critic", "critic"), ("engine", "rollout"))
+
+
+@dataclass(frozen=True)
+class HostMemory:
+    """Host bytes of the busiest node that megarl's own buffers take (module docstring)."""
+
+    node: int  # which node
+    offloaded: dict[str, float]  # owner (policy, critic, reference) -> its host copies on the node
+    engine_backup: float  # SGLang's host copies of released weights on the node
+    save_gather: dict[str, float]  # role -> its fully_reshardable save's gathered state on the node (transient)
+
+    @property
+    def peak(self) -> float:
+        return sum(self.offloaded.values()) + self.engine_backup + max(self.save_gather.values(), default=0.0)
+
+
+def save_gather_host_bytes(arch: ArchSpec, *, tp: int, pp: int, value_head: bool = False) -> float:
+    """Host memory of one rank while a fully_reshardable checkpoint saves (module docstring)."""
+    return 12.0 * stage_params(arch, pp, value_head=value_head) / tp
+
+
+def host_memory(cfg: MegaRLConfig, arch: ArchSpec, roles: Mapping[str, Any], table: Residency,
+                sizes: Mapping[str, float]) -> HostMemory:  # fmt: skip
+    """The node where megarl's host buffers take most. ``roles``: the planner's RoleLayout per
+    role (gpus, tp, pp); ``sizes``: bytes per GPU of each state of ``table``."""
+    ranks = {owner: roles[role].gpus for owner, role in _HOST_OWNERS if role in roles}
+    moved = {s for p in table.phases for s in table.states() if s not in table.resident(p)}
+    per_rank = {owner: sum(sizes[s] for s in moved if owner_of(s) == owner and not s.endswith("/grads"))
+                for owner in ("policy", "reference", "critic") if owner in ranks}  # fmt: skip
+    backup = sizes["engine/weights"] if table.weights_cpu_backup and "engine/weights" in moved else 0.0
+    gather = {role: save_gather_host_bytes(arch, tp=roles[role].tp, pp=roles[role].pp, value_head=role == "critic")
+              for role in ("policy", "critic") if role in roles and _gathers(getattr(cfg, ROLE_SECTIONS[role]))}
+    nodes = []
+    for node in range(cfg.cluster.nnodes):
+        count = {owner: sum(gpu // cfg.cluster.gpus_per_node == node for gpu in gpus) for owner, gpus in ranks.items()}
+        nodes.append(HostMemory(node, {o: count[o] * b for o, b in per_rank.items() if count[o] * b},
+                                count.get("engine", 0) * backup, {r: count[r] * b for r, b in gather.items() if count[r]}))  # fmt: skip
+    return max(nodes, key=lambda h: h.peak)
+
+
+def _gathers(section: Any) -> bool:
+    return section.optimizer.distributed and section.optimizer.checkpoint_format == "fully_reshardable"
+
+
+def host_over(cfg: MegaRLConfig, host: HostMemory) -> str:
+    """Why ``host`` is refused against cluster.host_memory_gib, naming what to change."""
+    knobs = [f"set {ROLE_SECTIONS[role]}.optimizer.checkpoint_format=dp_reshardable" for role in host.save_gather]
+    if host.engine_backup:
+        knobs.append("set rollout.weights_cpu_backup=false")
+    trained = [o for o in host.offloaded if o != "reference"]
+    if trained:  # a copy per data-parallel replica: fewer replicas, fewer copies
+        knobs.append(" or ".join(f"raise {ROLE_SECTIONS[o]}.parallel.tp / pp" for o in trained))
+    return (f"({cfg.cluster.host_memory_gib:g}) is less than the {host.peak / GIB:.1f} GiB of host memory node {host.node} "
+            f"needs at least ({host_memory_text(host)}); " + ", ".join([*knobs, "raise the node count"]))
+
+
+def host_memory_text(host: HostMemory) -> str:
+    """The parts of ``host``, as the plan prints them: ``offloaded copies 20.0 (policy 14.0,
+    reference 6.0) + SGLang weight backup 2.0 + fully_reshardable save 210.1 (policy) GiB``."""
+    g = lambda b: f"{b / GIB:.1f}"  # noqa: E731
+    parts = []
+    if host.offloaded:
+        each = ", ".join(f"{owner} {g(b)}" for owner, b in host.offloaded.items())
+        parts.append(f"offloaded copies {g(sum(host.offloaded.values()))} ({each})")
+    if host.engine_backup:
+        parts.append(f"SGLang weight backup {g(host.engine_backup)}")
+    if host.save_gather:
+        role = max(host.save_gather, key=lambda r: host.save_gather[r])
+        parts.append(f"fully_reshardable save {g(host.save_gather[role])} ({role})")
+    return " + ".join(parts or ["nothing"]) + " GiB"

@@ -1,0 +1,39 @@
+"""What a check of the planner reports: an :class:`Issue` names the field path, the values and a
+fix; :class:`PlanError` carries every error issue of a refused config. Shared by the planner
+(megarl/plan/planner.py), its rollout checks (megarl/plan/rollout_checks.py) and the commands
+that run single checks of their own (`megarl generate`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Issue:
+    field: str
+    message: str
+    level: str = "error"  # error | warning
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}"
+
+
+class PlanError(ValueError):
+    """The config cannot run; ``issues`` lists every reason."""
+
+    def __init__(self, issues: list[Issue]):
+        self.issues = issues
+        super().__init__("the plan is refused:\n" + "\n".join(f"  - {i}" for i in issues))
+
+
+def divisors(n: int) -> list[int]:
+    """Every divisor of ``n``, ascending: the values a parallel size may take."""
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def choices(values: list[int]) -> str:
+    """``1, 2, 4 or 8``: the values a fix suggests ("none" when there is none)."""
+    values = list(values)
+    if len(values) <= 1:
+        return str(values[0]) if values else "none"
+    return ", ".join(str(v) for v in values[:-1]) + f" or {values[-1]}"

@@ -1,0 +1,554 @@
+"""Checks before Ray starts: everything a launch needs from the disk, read cheaply.
+
+`make_plan(cfg, check_files=True)` (what `megarl launch` and `megarl plan --check-files` run)
+calls :func:`preflight`; each problem becomes one planner Issue naming the field, the file and
+the fix, so all of them are reported at once, in seconds, before Ray or any worker starts:
+
+- data files: the parquet footer (readable, the columns, at least one row) and at most
+  ``SAMPLE_ROWS`` rows checked as training checks them (megarl/data/datasets.py);
+- the run's length: with trainer.total_epochs, the steps the footers' row counts make must
+  exceed trainer.critic_warmup_steps (a bound when overlong prompts are dropped at load;
+  megarl/trainer/build.py checks the exact count once the data is read);
+- prompts: the tokenizer has a chat template when data.apply_chat_template is on; the
+  tokenizer of model.path renders the sampled prompts: with ``data.truncation=error`` and
+  overlong prompts not filtered, none may be over max_prompt_length; filtered, a file all
+  dropped is refused and one half dropped named (a warning);
+- rewards: built-in scorer names, a scorer for every sampled data_source (and a non-null
+  ground truth, but for code), reward.custom importable and defining its function,
+  reward.model's config.json one the reward workers load (megarl/rewards/reward_model.py: a
+  sequence classifier with num_labels 1; no weights read) and its tokenizer files present;
+- agent rollouts: each sampled row's agent_name names a loop and its interaction_kwargs an
+  interaction of rollout.agent.interactions_file (megarl/rollout/agents/checks.py);
+- the user's own functions named by import path (algorithm.estimator, algorithm.policy_loss,
+  rollout.generate_function; megarl/plan/extensions.py): importable and callable;
+- model.path (and critic.path, in the critic's layout): config.json present and accepted by the
+  bridges (config values, layout, the weights' tensor names and shapes), the installed
+  megatron-core usable; a model checkpoint
+  of `megarl convert hf-to-megatron` (as model.path or critic.path): its record readable and
+  its HF config equal to the config.json beside it; critic.path's model able to read model.path's
+  token ids (megarl/models/hf_files.py: token_ids_problem);
+- trainer.output_dir writable; trainer.resume meaningful for what output_dir holds
+  (megarl.checkpoint.manager.plan_resume: no destroyed evidence, no two runs in one place) and
+  the checkpoint it resumes loadable in this launch (megarl/plan/resume_checks.py).
+
+User code never runs in the driver process: the reward import and the import-path functions
+run in one child process, started first, in parallel with the rest. The bridge check runs in the
+driver, last and only when everything else passed: it imports torch and transformers (a few
+seconds), which the driver of a launch imports anyway for the tokenizer and the controller, so
+checking here costs the run nothing (it imports no Megatron module).
+Nothing is created or changed on disk.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from megarl.plan.extensions import named_functions
+from megarl.config.sections import MegaRLConfig
+from megarl.data.answers import no_answer
+from megarl.models.hf_files import tokenizer_files_problem
+
+SAMPLE_ROWS = 1000
+CHILD_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class Finding:
+    field: str
+    message: str
+    level: str = "error"  # error | warning
+
+
+def preflight(cfg: MegaRLConfig) -> list[Finding]:
+    """Every problem found with the files and directories ``cfg`` names (empty: all good)."""
+    from megarl.plan.resume_checks import check_resume  # (it builds on this module's Finding)
+
+    findings: list[Finding] = []
+    child = ChildChecks(cfg.reward.custom, named_functions(cfg))
+    try:
+        _check_output_dir(cfg, findings)
+        check_loggers(cfg, findings)
+        check_resume(cfg, findings)
+        samples = _check_data(cfg, findings)
+        _check_run_length(cfg, findings)
+        if _check_model_dir(cfg, findings):
+            from megarl.data.summary import load_tokenizer
+
+            tokenizer = functools.cache(lambda: load_tokenizer(cfg.model.path))  # (seconds for a large one) loaded once
+            _check_critic_tokens(cfg, tokenizer, findings)
+            strict = cfg.data.truncation == "error" and not cfg.data.filter_overlong_prompts
+            if cfg.data.apply_chat_template and not _has_chat_template(Path(cfg.model.path)):
+                findings.append(Finding("data.apply_chat_template", f"is true but the tokenizer of model.path ({cfg.model.path}) "
+                                        "has no chat template; set data.apply_chat_template=false to feed raw prompt text, "
+                                        "or use a tokenizer with a template"))
+            elif (strict or cfg.data.filter_overlong_prompts) and samples:  # lengths need the tokenizer (a second or two)
+                _check_prompts(cfg, samples, tokenizer, findings)
+        _check_rewards(cfg, samples, findings)
+        if cfg.rollout.generate_function == "default":
+            from megarl.rollout.agents.checks import row_findings
+
+            findings += [Finding(*f) for f in row_findings(cfg.rollout.agent, [(s.label, s.path, s.records) for s in samples])]
+        findings += child.results("reward")
+        for field, _ in child.spec["extensions"]:
+            findings += child.results(field)
+        if not any(f.level == "error" for f in findings):  # the slow one, worth running only now
+            findings += _check_bridge(cfg)
+    finally:
+        child.stop()
+    return findings
+
+
+# ---- output_dir ----------------------------------------------------------------------------
+
+
+def _check_output_dir(cfg: MegaRLConfig, findings: list[Finding]) -> None:
+    problem = writable_dir_problem(Path(cfg.trainer.output_dir))
+    if problem:
+        findings.append(Finding("trainer.output_dir", f"{problem}; choose a writable directory"))
+
+
+LOGGER_PACKAGES = {"wandb": "wandb", "mlflow": "mlflow", "tensorboard": "tensorboard"}  # logger -> what it imports
+
+
+def check_loggers(cfg: MegaRLConfig, findings: list[Finding]) -> None:
+    """Each logger's package is installed here (the controller, which logs), and W&B has a key where it
+    cannot ask for one: not found missing after Ray started (launch, via preflight, and sft)."""
+    for name in dict.fromkeys(cfg.trainer.loggers):
+        package = LOGGER_PACKAGES.get(name)
+        if package and importlib.util.find_spec(package) is None:
+            findings.append(Finding("trainer.loggers", f"includes {name}, and {package} is not installed in this Python "
+                                    f"({sys.executable}); pip install {package}, or drop {name} from trainer.loggers"))  # fmt: skip
+        elif name == "wandb":
+            from megarl.trainer.metric_sinks import wandb_login_problem
+
+            if problem := wandb_login_problem():
+                findings.append(Finding("trainer.loggers", f"includes wandb: {problem}"))
+
+
+def writable_dir_problem(path: Path) -> str | None:
+    """Why ``path`` (an existing directory, or one that would be created) cannot be written, or
+    None. A real write (a temp file, removed at once): as root, permission bits say nothing."""
+    if path.exists() and not path.is_dir():
+        return f"{path} exists and is not a directory"
+    probe = path
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        return f"{probe} is not a directory, so {path} cannot be created"
+    try:
+        fd, name = tempfile.mkstemp(prefix=".megarl-write-test-", dir=probe)
+        os.close(fd)
+        os.unlink(name)
+    except OSError as exc:
+        return f"{path} is not writable ({exc.strerror} in {probe})"
+    return None
+
+
+# ---- data -----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Sample:
+    label: str  # data.train_files[0] (x.parquet)
+    records: list[Any]  # PromptRecord
+    path: str = ""
+
+
+def _data_files(cfg: MegaRLConfig) -> list[tuple[str, str]]:
+    from megarl.data.datasets import file_label
+
+    files = [] if cfg.trainer.val_only else [(f"data.train_files[{i}]", f.path) for i, f in enumerate(cfg.data.train_files)]
+    files += [(f"data.val_files[{i}]", path) for i, path in enumerate(cfg.data.val_files)]
+    return [(file_label(name, path), path) for name, path in files]
+
+
+def _check_data(cfg: MegaRLConfig, findings: list[Finding]) -> list[_Sample]:
+    from megarl.data.datasets import DataError, check_prompt_file
+
+    if not cfg.data.train_files and not cfg.trainer.val_only:
+        findings.append(Finding("data.train_files", "no training files; give at least one parquet file"))
+    samples = []
+    for label, path in _data_files(cfg):
+        try:
+            samples.append(_Sample(label, check_prompt_file(path, label=label, prompt_key=cfg.data.prompt_key,
+                                                            sample_rows=SAMPLE_ROWS), path))  # fmt: skip
+        except DataError as exc:
+            findings.append(_located(label, str(exc)))
+    return samples
+
+
+def _check_run_length(cfg: MegaRLConfig, findings: list[Finding]) -> None:
+    """A run of trainer.total_epochs has as many steps as the training rows make: the critic's
+    warm-up must be shorter. The parquet footers count the rows; with overlong prompts dropped
+    at load that is an upper bound (launch checks the exact count once the data is read)."""
+    from megarl.plan.algorithm_checks import epochs_warmup_issue
+    from megarl.data.sampler import epoch_steps
+
+    t = cfg.trainer
+    if t.total_steps is not None or t.total_epochs is None or not t.critic_warmup_steps or t.val_only:
+        return
+    if (rows := training_rows(cfg)) is None:
+        return
+    issue = epochs_warmup_issue(t, rows, epoch_steps(rows, cfg.data.prompts_per_step), at_most=cfg.data.filter_overlong_prompts)
+    if issue is not None:
+        findings.append(Finding(issue.field, issue.message))
+
+
+def training_rows(cfg: MegaRLConfig) -> int | None:
+    """The rows of the training files from their parquet footers (None when one cannot be read:
+    that is _check_data's finding); at most the prompts a run keeps, which may drop overlong ones."""
+    import pyarrow.parquet as pq
+
+    try:
+        return sum(pq.read_metadata(f.path).num_rows for f in cfg.data.train_files)
+    except Exception:  # noqa: BLE001 - any unreadable file
+        return None
+
+
+def _located(label: str, message: str) -> Finding:
+    """A Finding for a message that starts with the file's label (as DataError's do)."""
+    return Finding(label, message.removeprefix(f"{label}: "))
+
+
+def _has_chat_template(model: Path) -> bool:
+    """Whether the tokenizer files hold a chat template (read as JSON / file names: no transformers)."""
+    if (model / "chat_template.jinja").is_file() or (model / "chat_template.json").is_file():
+        return True
+    try:
+        return bool(json.loads((model / "tokenizer_config.json").read_text()).get("chat_template"))
+    except (OSError, ValueError, AttributeError):
+        return True  # unknown layout: the tokenizer itself decides at start-up
+
+
+def _check_prompts(cfg: MegaRLConfig, samples: list[_Sample], tokenizer: Callable[[], Any], findings: list[Finding]) -> None:
+    """The sampled prompts, rendered by the run's tokenizer, against data.max_prompt_length:
+    with data.truncation=error and no filtering they must all fit (else training fails on the
+    first such draw); with data.filter_overlong_prompts, a file it would empty is refused and
+    one it would halve is named (_dropped). ``tokenizer``: model.path's, loaded on first call."""
+    from megarl.rollout.agents.tools import prompt_tools
+    from megarl.data.datasets import DataError
+    from megarl.data.prompts import PromptBuilder
+
+    d = cfg.data
+    try:
+        builder = PromptBuilder.from_config(d, tokenizer(), prompt_tools(cfg))
+    except DataError as exc:
+        findings.append(Finding("data.apply_chat_template" if "chat template" in str(exc) else "model.path", str(exc)))
+        return
+    for sample in samples:
+        wheres = [f"{sample.label}: row {r.row}" for r in sample.records]
+        try:
+            lengths = builder.lengths([r.prompt for r in sample.records], wheres)
+        except DataError as exc:
+            findings.append(_located(sample.label, str(exc)))
+            continue
+        over = [i for i, n in enumerate(lengths) if n > d.max_prompt_length]
+        if over and d.filter_overlong_prompts:
+            findings += _dropped(sample, len(over), min(lengths), len(lengths), d.max_prompt_length)
+        elif over:
+            row, n = sample.records[over[0]].row, lengths[over[0]]
+            findings.append(Finding(sample.label, f"row {row}: the prompt has {n} tokens > data.max_prompt_length "
+                                    f"({d.max_prompt_length}), and data.truncation=error ({len(over)} of {len(lengths)} rows "
+                                    "checked are over); raise data.max_prompt_length, set data.filter_overlong_prompts=true "
+                                    "to drop such prompts, or set data.truncation=left|right"))
+
+
+def _dropped(sample: _Sample, over: int, shortest: int, checked: int, limit: int) -> list[Finding]:
+    """What data.filter_overlong_prompts would do to ``sample``'s file when it drops ``over`` of
+    the ``checked`` prompts: every one of a file checked whole is a refusal (the run would stop
+    at start-up with no prompts to draw), half or more a warning; fewer is the run's business."""
+    import pyarrow.parquet as pq
+
+    if over == checked and checked == pq.read_metadata(sample.path).num_rows:
+        return [Finding(sample.label, f"every one of its {checked} prompts is longer than data.max_prompt_length ({limit}; "
+                                      f"the shortest has {shortest} tokens), and data.filter_overlong_prompts drops them: "
+                                      "raise data.max_prompt_length, or cut them (data.truncation=left|right with "
+                                      "data.filter_overlong_prompts=false)")]  # fmt: skip
+    if 2 * over < checked:
+        return []
+    return [Finding(sample.label, f"{over} of the {checked} prompts checked are longer than data.max_prompt_length "
+                                  f"({limit}) and data.filter_overlong_prompts drops them; raise data.max_prompt_length "
+                                  "to keep them", level="warning")]  # fmt: skip
+
+
+# ---- model and rewards ----------------------------------------------------------------------------------
+
+
+def _check_model_dir(cfg: MegaRLConfig, findings: list[Finding]) -> bool:
+    from megarl.checkpoint.model_checkpoint import (
+        ModelCheckpointError,
+        check_model_checkpoint,
+        is_model_checkpoint,
+        sft_output_hint,
+    )
+
+    path = cfg.model.path
+    if path is None or not (Path(path) / "config.json").is_file():
+        hint = sft_output_hint(path)
+        findings.append(Finding("model.path", f"({path}) must be a local HF model directory (with config.json) or a "
+                                "model checkpoint of `megarl convert hf-to-megatron` to launch" + (f"; {hint}" if hint else "")))
+        return False
+    problem = tokenizer_files_problem(Path(path))
+    if problem:
+        # transformers would build a one-token tokenizer from config.json alone and fail much later
+        findings.append(Finding("model.path", f"({path}) {problem}; copy the model's tokenizer files into it"))
+        return False
+    ok = True
+    critic = cfg.critic.path if cfg.critic_enabled else None
+    if critic is not None and not (Path(critic) / "config.json").is_file():
+        # else the critic ranks fail once the cluster and the policy have started (transformers
+        # takes a missing directory for a hub repo id)
+        findings.append(Finding("critic.path", f"({critic}) must be a local HF model directory (with config.json) or a "
+                                "model checkpoint of `megarl convert hf-to-megatron`; unset, the critic starts from "
+                                "model.path"))  # fmt: skip
+    for field, value in (("model.path", path), ("critic.path", critic)):
+        if is_model_checkpoint(value):
+            try:
+                check_model_checkpoint(value)
+            except ModelCheckpointError as exc:
+                findings.append(Finding(field, str(exc)))
+                ok = False
+    return ok
+
+
+def _check_critic_tokens(cfg: MegaRLConfig, tokenizer: Callable[[], Any], findings: list[Finding]) -> None:
+    """critic.path's model reads the token ids of model.path's tokenizer (``tokenizer``, loaded on
+    first call; a critic has none of its own at run time): one of another model family runs, on
+    the wrong tokens."""
+    from megarl.config.architectures import ArchError, arch_from_hf_dir
+    from megarl.data.datasets import DataError
+    from megarl.data.summary import load_tokenizer
+    from megarl.models.hf_files import token_ids_problem
+
+    critic = Path(cfg.critic.path) if cfg.critic_enabled and cfg.critic.path is not None else None
+    if critic is None or not (critic / "config.json").is_file() or critic.resolve() == Path(cfg.model.path).resolve():
+        return  # no model of its own (or the policy's), or _check_model_dir's finding
+    try:
+        policy_tokenizer = tokenizer()
+    except DataError:
+        return  # a tokenizer that does not load stops the run at start-up, whatever the critic
+    try:
+        own = None if tokenizer_files_problem(critic) else load_tokenizer(critic)
+    except DataError:  # a tokenizer the critic itself never uses: only its embedding can be told
+        own = None
+    try:
+        rows = arch_from_hf_dir(critic).vocab_size
+    except ArchError:  # a config the bridge check names
+        rows = None
+    problem = token_ids_problem(policy_tokenizer, rows, own, "model.path's")
+    if problem:
+        findings.append(Finding("critic.path", f"({critic}) {problem}; the critic reads the policy's token ids: use a "
+                                "critic of the policy's model family, or unset critic.path to start it from model.path"))  # fmt: skip
+
+
+def _check_bridge(cfg: MegaRLConfig) -> list[Finding]:
+    """model.path's config.json accepted by its bridge (values, both parallel layouts) and, for an
+    HF directory, its weights' tensor names and shapes (a model checkpoint: _check_model_dir);
+    likewise critic.path's, in the critic's layout, when the critic has its own model."""
+    from megarl.checkpoint.model_checkpoint import is_model_checkpoint
+    from megarl.parallel.mcore_version import require_megatron_core
+
+    own_critic = cfg.critic.path if cfg.critic_enabled else None  # else a critic starts from model.path
+    shared = [cfg.critic.parallel] if cfg.critic_enabled and own_critic is None else []
+    models = [("model.path", cfg.model.path, [cfg.actor.parallel, *shared])]
+    if own_critic is not None:
+        models.append(("critic.path", own_critic, [cfg.critic.parallel]))
+    try:
+        require_megatron_core()  # the installed version only: nothing of Megatron is imported
+    except ImportError as exc:  # a missing or unusable megatron-core: no model can be trained
+        return [Finding("model.path", f"({cfg.model.path}) is not a model megarl can train: ImportError: {exc}")]
+    from megarl.models.bridge import ModelRefused, check_hf_model
+
+    for field, path, layouts in models:
+        try:
+            # a model checkpoint's weights are checked by _check_model_dir; a critic's lm_head is unused
+            check_hf_model(path, tuple(layouts), value_head=field == "critic.path", weights=not is_model_checkpoint(path))
+        except ModelRefused as exc:
+            return [Finding(field, f"({path}) is not a model megarl can train: {exc}")]
+    return []
+
+
+def _check_rewards(cfg: MegaRLConfig, samples: list[_Sample], findings: list[Finding]) -> None:
+    from megarl.rewards import registry
+
+    r = cfg.reward
+    if r.custom is not None and r.model is not None:
+        findings.append(Finding("reward", "reward.custom and reward.model are both set; set one of them "
+                                "(a custom function can call a model itself)"))
+    if r.model is not None:
+        from megarl.rewards.reward_model import model_dir_problem
+
+        problem = model_dir_problem(r.model.path)
+        if problem:
+            findings.append(Finding("reward.model.path", problem))
+    if r.custom is not None and not Path(r.custom.path).is_file():
+        findings.append(Finding("reward.custom.path", f"{r.custom.path} does not exist; give the path of a Python file"))
+    try:
+        registry.check_functions(r.functions)
+    except ValueError as exc:
+        findings.append(Finding("reward.functions", str(exc)))
+        return
+    findings += scorer_findings(r, [(sample.label, sample.records) for sample in samples])
+
+
+def scorer_findings(reward: Any, files: list[tuple[str, list[Any]]]) -> list[Finding]:
+    """What the built-in scorers of ``reward`` (a RewardConfig) cannot score in ``files`` (label,
+    PromptRecords): a data_source none takes (named once), and per file the first row whose
+    ground truth none can compare with (null, blank, NaN: every response would score 0, silently).
+    A reward.custom or reward.model takes anything."""
+    from megarl.rewards import registry
+
+    if reward.custom is not None or reward.model is not None:
+        return []
+    findings: list[Finding] = []
+    scorers: dict[str, str | None] = {}
+    for label, records in files:
+        no_truth = None
+        for record in records:
+            if record.data_source not in scorers:
+                try:
+                    scorers[record.data_source] = registry.resolve(record.data_source, reward.functions)
+                except ValueError as exc:
+                    scorers[record.data_source] = None
+                    findings.append(Finding(label, f"row {record.row}: {exc}"))
+            name = scorers[record.data_source]
+            if no_truth is None and name not in (None, "code") and (problem := _truth_problem(name, record.ground_truth)):
+                no_truth = Finding(label, f"row {record.row}: reward_model.ground_truth {problem}")
+        if no_truth is not None:
+            findings.append(no_truth)
+    return findings
+
+
+def _truth_problem(name: str, ground_truth: Any) -> str | None:
+    """Why the built-in scorer ``name`` would score every response 0 against ``ground_truth``
+    (the rest of the sentence after "reward_model.ground_truth"), or None."""
+    from megarl.data.datasets import short_repr
+    from megarl.rewards import registry
+
+    if no_answer(ground_truth):
+        return (f"is {ground_truth!r}; the built-in scorer {name!r} compares each response with it: give the answer, "
+                "or score with reward.custom")  # fmt: skip
+    if not registry.can_match(name, ground_truth):
+        return (f"{short_repr(ground_truth)} is no number; the built-in scorer {name!r} compares numbers, so every "
+                "response would score 0: write the number alone (commas and $ allowed), map the data_source to another "
+                "scorer in reward.functions, or score with reward.custom")  # fmt: skip
+    return None
+
+
+# The child process: the user's reward module and functions never load in the driver.
+_CHILD_CODE = r"""
+import json, sys, traceback
+spec = json.loads(sys.argv[1])
+
+def emit(check, error):
+    print(json.dumps({"check": check, "error": error}), flush=True)
+
+if spec.get("reward"):
+    path, name = spec["reward"]
+    try:
+        # custom.py alone (standard library only), not the megarl.rewards package (sympy, ...).
+        import importlib.util
+        loader = importlib.util.spec_from_file_location("megarl_preflight_custom", spec["custom_module"])
+        custom = importlib.util.module_from_spec(loader)
+        loader.loader.exec_module(custom)
+        custom.load_function(path, name)
+        emit("reward", None)
+    except BaseException as exc:
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == path]
+        where = f" (line {frames[-1].lineno})" if frames else ""
+        emit("reward", f"{type(exc).__name__}: {exc}{where}")
+for field, name in spec.get("extensions", []):
+    try:
+        from megarl.plan.extensions import import_problem
+        emit(field, import_problem(field, name))
+    except BaseException as exc:
+        emit(field, f"{type(exc).__name__}: {exc}")
+"""
+
+
+class ChildChecks:
+    """reward.custom's import and the import-path functions ``(field, name)``, in one child process
+    started at once; each answer awaited at most CHILD_TIMEOUT_S (user code can hang at import)."""
+
+    def __init__(self, custom: Any, extensions: list[tuple[str, str]]):
+        self.spec = {
+            "reward": [os.path.abspath(custom.path), custom.name] if custom and Path(custom.path).is_file() else None,
+            "custom_module": str(Path(__file__).resolve().parents[1] / "rewards" / "custom.py"),
+            "extensions": extensions,
+        }
+        self.custom = custom
+        self.got: dict[str, str | None] = {}
+        self._buffer = b""
+        self.proc: subprocess.Popen | None = None
+        if self.spec["reward"] or self.spec["extensions"]:
+            env = {**os.environ, "PYTHONWARNINGS": "ignore", "TRANSFORMERS_VERBOSITY": "error"}
+            self.proc = subprocess.Popen([sys.executable, "-c", _CHILD_CODE, json.dumps(self.spec)], stdout=subprocess.PIPE,
+                                         stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, env=env)
+
+    def results(self, check: str) -> list[Finding]:
+        """The child's finding for ``check`` (reward | an import-path field), waiting for it if needed."""
+        if check == "reward" and not self.spec["reward"]:
+            return []
+        if check not in self.got:
+            self.got.update(self._read({check}))
+        error = self.got.get(check, f"the check did not answer within {CHILD_TIMEOUT_S:g} s (its process died or hung)")
+        return [self._finding(check, error)] if error is not None else []
+
+    def _read(self, wanted: set[str]) -> dict[str, str | None]:
+        """Answers (one JSON line each) until every wanted one came, the child ended, or the deadline."""
+        import select
+
+        got: dict[str, str | None] = {}
+        if self.proc is None:
+            return got
+        fd = self.proc.stdout.fileno()  # type: ignore[union-attr]
+        deadline = time.monotonic() + CHILD_TIMEOUT_S
+        while wanted - set(got):
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                break
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break  # the child ended (or died) before answering everything
+            *lines, self._buffer = (self._buffer + chunk).split(b"\n")
+            for line in lines:
+                answer = json.loads(line)
+                got[answer["check"]] = answer["error"]
+        return got
+
+    def _finding(self, check: str, error: str) -> Finding:
+        if check == "reward":
+            custom = self.custom
+            return Finding("reward.custom", f"loading {custom.name!r} from {custom.path} failed: {error}; fix the file "
+                           "(or install what it imports) and check reward.custom.name")
+        return Finding(check, error)  # an import-path function: the registry's message names it and the fix
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+        if self.proc is not None:
+            self.proc.wait()
+            self.proc.stdout.close()  # type: ignore[union-attr]
+
+
+def reward_file_problem(custom: Any) -> str | None:
+    """reward.custom (a ``CustomReward`` or None) loaded in a child process, as a launch checks
+    it: why it does not load, or does not answer within CHILD_TIMEOUT_S, as one line; or None.
+    For the commands that score without a launch (`megarl evaluate`): a file that hangs at import
+    would hang the reward workers with no word."""
+    child = ChildChecks(custom, [])
+    try:
+        return next((f"{f.field}: {f.message}" for f in child.results("reward")), None)
+    finally:
+        child.stop()

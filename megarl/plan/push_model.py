@@ -1,0 +1,88 @@
+"""A model of one weight push: the bytes each GPU moves on each link, and the time they take.
+
+A push carries the policy's weights, ``W`` bytes in the model's dtype, to the engines in up to
+three parts (megarl/parallel/stage_collection.py says who receives what):
+
+1. **TP gather.** Each tensor's TP shards are all-gathered in its TP group: a rank receives
+   ``(tp - 1) / tp`` of its stage's ``W / pp``. On NVLink when TP fits in a node.
+2. **PP collect**, the other stages' tensors, to the ranks that load them:
+   - ``tensor`` (every GPU feeds one TP rank of a colocated engine, which loads whole tensors):
+     TP rank t of each stage sends the t-th slice of its tensors over its PP group, so a GPU
+     receives ``(pp - 1) / pp x W / tp`` over the PP link, then the TP group all-gathers the
+     slices: ``(pp - 1) / pp x W x (tp - 1) / tp`` over the TP link;
+   - ``in_process`` and ``disk``: only the replica's leader (the torch engine's rank, the disk
+     writer) receives the other stages' ``(pp - 1) / pp x W``, point to point; the figure is
+     the leader's (no other GPU receives any);
+   - ``distributed``: none, each stage sends its own tensors.
+   The PP link is NVLink when the whole policy fits in a node, else the network.
+3. **To the engines.** ``in_process`` and ``tensor``: nothing crosses a link (the engine reads
+   the bucket in the same process, or on the same GPU through CUDA IPC). ``distributed``: each
+   stage's sender broadcasts its ``W / pp`` to the engine GPUs on other nodes, so an engine GPU
+   receives ``W`` from the network. ``disk``: policy rank 0 copies ``W`` to host memory and
+   writes it, then every engine reads ``W`` back (host link, at the filesystem's speed at
+   best): ``W`` per GPU, twice one after the other in time.
+
+Each part takes its bytes / the link's bandwidth (``cluster.nvlink_gb_per_s``,
+``network_gb_per_s``, ``host_gb_per_s``: gigabytes, not gigabits, per second per GPU and
+direction, as an all-gather bus bandwidth measures them). The export's parts (1 and 2) run one
+after the other; the send (3) runs after them, or beside them with
+``rollout.weight_sync.overlap`` (the slower of the two then sets the time); the engines' read of
+a disk push comes last. It leaves out latency per collective and bucket, and the conversion
+work, so it is a lower bound of what a push takes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from megarl.config.architectures import ArchSpec
+from megarl.plan.gpu_memory import DTYPE_BYTES
+from megarl.config.sections import MegaRLConfig
+
+GB = 1e9
+
+# Which ranks of a policy replica receive every pipeline stage's tensors in a push, per
+# transport (megarl/parallel/stage_collection.py): the torch engine lives in the replica's
+# leader and the disk writer is rank 0 ("leader"); a colocated SGLang engine reads whole
+# tensors on every GPU it runs on ("all"); the distributed transport sends each stage's tensors
+# from that stage ("stage"). The transports are built from it and this model follows it, so
+# the plan's figures and the run move the same bytes.
+TRANSPORT_COLLECT = {"in_process": "leader", "disk": "leader", "tensor": "all", "distributed": "stage"}
+
+
+@dataclass(frozen=True)
+class PushEstimate:
+    """Bytes per GPU of one push by part, each with the link it crosses, and the time."""
+
+    transport: str
+    parts: tuple[tuple[str, float, str], ...]  # (part, bytes received per GPU, link)
+    seconds: float
+
+
+def push_estimate(cfg: MegaRLConfig, arch: ArchSpec, tp: int, pp: int, dp: int) -> PushEstimate:
+    """The push of ``cfg``'s policy (layout ``tp x pp x dp``) through its transport."""
+    transport = cfg.weight_transport
+    collect = TRANSPORT_COLLECT[transport]
+    cl = cfg.cluster
+    total = DTYPE_BYTES[cfg.model.dtype] * arch.num_params
+    tp_link = "nvlink" if tp <= cl.gpus_per_node else "network"
+    pp_link = "nvlink" if tp * pp * dp <= cl.gpus_per_node else "network"
+    others = total * (pp - 1) / pp  # the other stages' bytes
+    export = [("TP gather", total / pp * (tp - 1) / tp, tp_link)]  # the export, one part after the other
+    if collect == "all":
+        export += [("PP collect (1/tp slices)", others / tp, pp_link),
+                   ("TP gather of the PP slices", others * (tp - 1) / tp, tp_link)]  # fmt: skip
+    elif collect == "leader":
+        export.append(("PP collect to the leader", others, pp_link))
+    send = {"distributed": [("to the engines", total, "network")],
+            "disk": [("written by policy rank 0", total, "host")]}.get(transport, [])  # fmt: skip
+    after = [("read by each engine GPU", total, "host")] if transport == "disk" else []  # once every bucket is written
+    bandwidth = {"nvlink": cl.nvlink_gb_per_s, "network": cl.network_gb_per_s, "host": cl.host_gb_per_s}
+
+    def seconds(parts: list[tuple[str, float, str]]) -> float:
+        return sum(b / (bandwidth[link] * GB) for _, b, link in parts)
+
+    # With overlap the send of bucket k runs beside the export of bucket k+1: the slower side sets the pace.
+    both = (max if cfg.rollout.weight_sync.overlap else sum)((seconds(export), seconds(send)))
+    parts = tuple(p for p in export + send + after if p[1] > 0)
+    return PushEstimate(transport, parts, both + seconds(after))

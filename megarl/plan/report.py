@@ -1,0 +1,116 @@
+"""Printing a Plan for people: the placement table, the memory budget, the warnings."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from megarl.plan.host_memory import host_memory_text
+from megarl.plan.gpu_memory import GIB
+from megarl.plan.planner import Plan
+from megarl.config.sections import MegaRLConfig
+
+
+def print_plan(cfg: MegaRLConfig, plan: Plan, console: Console | None = None) -> None:
+    console = console or Console()
+    a = plan.arch
+    console.print(
+        f"[bold]model[/] {a.name} ({a.model_type}, {_count(a.num_params)} params, {a.num_layers} layers, "
+        f"{a.num_heads} heads / {a.num_kv_heads} kv, vocab {a.vocab_size})"
+    )
+    layouts = ", ".join(
+        f"{r.role}: tp{r.tp} pp{r.pp} dp{r.dp}{_model_flags(cfg, plan, r.role)}"
+        if r.role != "rollout"
+        else f"rollout: {r.dp} x {cfg.rollout.engine} engine tp{r.tp}"
+        for r in plan.roles.values()
+    )
+    console.print(f"[bold]placement[/] {plan.placement} on {cfg.cluster.nnodes} x {cfg.cluster.gpus_per_node} {plan.device}; {layouts}")
+    console.print(
+        f"[bold]step[/] {cfg.data.prompts_per_step} prompts x n={cfg.rollout.n} = {cfg.samples_per_step} samples; "
+        f"mini-batch {cfg.actor.mini_batch_size or cfg.samples_per_step}, ppo_epochs {cfg.actor.ppo_epochs}"
+    )
+    table = Table(show_lines=False, header_style="bold")
+    for col in ("node", "gpu" if plan.device == "cuda" else "proc", "roles (ranks)"):
+        table.add_column(col)
+    mem = plan.memory
+    if mem is not None and plan.device == "cuda":
+        table.add_column("train GiB", justify="right")
+        table.add_column("rollout GiB", justify="right")
+    for node, gpu, roles in plan.rows(cfg.cluster.nnodes, cfg.cluster.gpus_per_node):
+        cells = [str(node), str(gpu), roles]
+        if mem is not None and plan.device == "cuda":
+            cells += [f"{mem.train_peak / GIB:.1f}", f"{mem.rollout_peak / GIB:.1f}" if mem.rollout else "-"]
+        table.add_row(*cells)
+    console.print(table)
+    if mem is not None:
+        _print_memory(cfg, plan, console)
+    if plan.push is not None:
+        _print_push(cfg, plan, console)
+    for w in plan.warnings:
+        console.print(f"[yellow]warning[/] {w}")
+    console.print("[green]ok[/]: the plan fits")
+
+
+def _print_memory(cfg: MegaRLConfig, plan: Plan, console: Console) -> None:
+    mem = plan.memory
+    assert mem is not None
+
+    def g(x: float) -> str:
+        return f"{x / GIB:.1f}" if x >= GIB / 10 or x == 0 else f"{x / GIB:.2g}"
+
+    per = "GPU" if plan.device == "cuda" else "device"  # a CPU plan has processes, not GPUs
+    for role, m in (("policy", mem.policy), ("critic", mem.critic)):
+        if m is not None:
+            console.print(
+                f"[bold]{role} memory/{per}[/] weights {g(m.weights)} + grads {g(m.grads)} + optimizer {g(m.optimizer)} "
+                f"+ activations {g(m.activations)} + {'value head' if role == 'critic' else 'LM head'} {g(m.logits + m.head_grad)} "
+                f"= {g(m.peak)} GiB"
+            )
+    if mem.reference_weights:
+        console.print(f"[bold]reference[/] weights {g(mem.reference_weights)} GiB{' (offloaded)' if cfg.reference.offload else ''}")
+    if mem.rollout is not None:
+        r = mem.rollout
+        console.print(
+            f"[bold]rollout memory/{per}[/] {g(r.budget)} GiB (mem_fraction {cfg.rollout.mem_fraction}): weights {g(r.weights)} "
+            f"+ KV cache {g(r.kv_cache)} = {r.full_length_sequences} sequences of full length at once"
+        )
+    if plan.device == "cuda" and mem.host is not None and mem.host.peak:
+        node = f" (node {mem.host.node})" if cfg.cluster.nnodes > 1 else ""
+        console.print(f"[bold]host memory/node[/]{node} at least {g(mem.host.peak)} GiB: {host_memory_text(mem.host)} "
+                      "(megarl's buffers; the processes' own memory not counted)")  # fmt: skip
+    if plan.device == "cuda":
+        # Per phase of the residency table (docs/architecture.md, 'Memory between training and generation').
+        console.print("[bold]by phase/GPU[/] " + ", ".join(f"{p} {g(b)}" for p, b in mem.phases.items()) + " GiB")
+        console.print(f"[bold]peak/GPU[/] training {g(mem.train_peak)} GiB, generation {g(mem.rollout_peak)} GiB of {g(mem.gpu_bytes)} GiB")
+
+
+def _print_push(cfg: MegaRLConfig, plan: Plan, console: Console) -> None:
+    """One line: what a weight push moves per GPU on each link, and (on GPUs) its time at the
+    cluster's bandwidths (megarl/plan/push_model.py)."""
+    push = plan.push
+    assert push is not None
+    parts = " + ".join(f"{name} {b / 1e9:.3g} GB ({link})" for name, b, link in push.parts) or "nothing over a link"
+    line = f"[bold]weight push[/] (transport {push.transport}) received per GPU: {parts}"
+    if plan.device == "cuda":
+        cl = cfg.cluster
+        line += (f"; about {push.seconds:.2g} s at {cl.nvlink_gb_per_s:g} / {cl.network_gb_per_s:g} / {cl.host_gb_per_s:g} GB/s "
+                 "(cluster.nvlink_gb_per_s / network_gb_per_s / host_gb_per_s; a lower bound)")  # fmt: skip
+    console.print(line)
+
+
+def _count(n: int) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.2f}{unit}"
+    return str(n)
+
+
+def _model_flags(cfg: MegaRLConfig, plan: Plan, role: str) -> str:
+    """The layout's flags of the role's model: `` sp`` under sequence parallelism, ``
+    recompute X`` (`` (auto)`` when the plan chose X); the reference shares the policy's section."""
+    section = "critic" if role == "critic" else "actor"
+    conf = getattr(cfg, section)
+    flags = " sp" if conf.parallel.uses_sequence_parallel else ""
+    if f"{section}.recompute" in plan.resolved:
+        return f"{flags} recompute {plan.resolved[section + '.recompute']} (auto)"
+    return flags if conf.recompute == "none" else f"{flags} recompute {conf.recompute}"

@@ -1,0 +1,170 @@
+"""The planner's checks of the rollout side: engines and their weight transport, the SGLang
+servers' interpreter, what a run without Ray can hold, sampling, positions and agent loops. Each appends :class:`Issue` s to the
+list it is given (megarl/plan/planner.py collects them); `megarl generate` runs
+:func:`check_positions` alone. Torch-free, like the planner."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import subprocess
+import sys
+
+from megarl.config.architectures import ArchSpec
+from megarl.plan.gpu_memory import GIB, rollout_memory
+from megarl.plan.issues import Issue, choices, divisors
+from megarl.config.sections import MegaRLConfig
+
+# Which weight transports reach which engines (see megarl/weight_sync/transports.py).
+_TRANSPORTS = {("torch", "colocated"): ("in_process", "disk"), ("sglang", "colocated"): ("tensor", "disk"),
+               ("sglang", "disaggregated"): ("distributed", "disk")}  # fmt: skip
+
+
+def check_transport(cfg: MegaRLConfig, issues: list[Issue]) -> None:
+    chosen = cfg.weight_transport
+    possible = _TRANSPORTS.get((cfg.rollout.engine, cfg.cluster.placement), ())
+    if possible and chosen not in possible:
+        issues.append(Issue("rollout.weight_sync.transport", f"({chosen}) cannot reach {cfg.rollout.engine} engines placed "
+                            f"{cfg.cluster.placement}; use {' or '.join(possible)} (or auto)"))
+
+
+def check_in_process(cfg: MegaRLConfig, issues: list[Issue], *, sft: bool = False) -> None:
+    """A run without Ray: one process holds every role, so a world of one and (RL, not
+    ``sft``) the torch engine."""
+    if cfg.cluster.world_size != 1:
+        issues.append(Issue("cluster", f"--in-process runs a world of one process, the config has {cfg.cluster.world_size} "
+                            "(nnodes x gpus_per_node); set cluster.nnodes=1 cluster.gpus_per_node=1"))
+    if cfg.rollout.engine != "torch" and not sft:
+        issues.append(Issue("rollout.engine", f"({cfg.rollout.engine}) needs Ray to place its servers; --in-process runs "
+                            "the torch engine (rollout.engine=torch)"))
+    if os.environ.get("WORLD_SIZE", "1") != "1":
+        issues.append(Issue("cluster", f"--in-process runs one process, but WORLD_SIZE is {os.environ['WORLD_SIZE']} "
+                            "(a launcher started several); run it with torchrun --nproc_per_node 1, or without --in-process"))
+
+
+def check_server_python(cfg: MegaRLConfig, issues: list[Issue]) -> None:
+    """The interpreter that runs the SGLang servers exists and (this one) has SGLang."""
+    if cfg.rollout.engine != "sglang":
+        return
+    python = cfg.rollout.server_python
+    if python is not None and not os.access(python, os.X_OK):
+        issues.append(Issue("rollout.server_python", f"({python}) is not an executable Python interpreter"))
+    elif python is not None and not imports_sglang(python):
+        issues.append(Issue("rollout.server_python", f"({python}) cannot import sglang; point it at the Python of an "
+                            "SGLang environment (on a CPU machine `make sglang-cpu` builds one)"))  # fmt: skip
+    elif python is None and importlib.util.find_spec("sglang") is None:
+        fix = ("on a CPU machine `make sglang-cpu` builds one; then set rollout.server_python=<that venv>/bin/python"
+               if cfg.cluster.device == "cpu" else "pip install -e .[sglang], or point rollout.server_python at a Python that has it")
+        issues.append(Issue("rollout.server_python", f"(unset: this interpreter, {sys.executable}) cannot import sglang; {fix}"))
+
+
+def imports_sglang(python: str) -> bool:
+    """Whether ``python`` has SGLang installed (found, not imported: that would take seconds)."""
+    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('sglang') is None)"
+    try:
+        return subprocess.run([python, "-c", probe], capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def check_rollout(cfg: MegaRLConfig, arch: ArchSpec, issues: list[Issue]) -> None:
+    """The engines' tensor parallelism and weight transport."""
+    tp = cfg.rollout.tp
+    check_transport(cfg, issues)
+    if cfg.rollout.engine == "torch":
+        if tp != 1:
+            issues.append(Issue("rollout.tp", f"({tp}) must be 1 with the torch engine (it runs in one process)"))
+        return
+    check_deterministic(cfg, issues)
+    if tp > cfg.cluster.gpus_per_node or cfg.cluster.gpus_per_node % tp:
+        issues.append(Issue("rollout.tp", f"({tp}) must divide gpus_per_node ({cfg.cluster.gpus_per_node}) so that no engine "
+                            f"spans two nodes; try {choices(rollout_tp_choices(cfg, arch))}"))
+    if not _heads_split(arch, tp):
+        issues.append(Issue("rollout.tp", f"({tp}) must divide num_attention_heads ({arch.num_heads}), and divide or be a "
+                            f"multiple of num_key_value_heads ({arch.num_kv_heads}); try {choices(rollout_tp_choices(cfg, arch))}"))
+
+
+def check_deterministic(cfg: MegaRLConfig, issues: list[Issue]) -> None:
+    """SGLang's deterministic inference needs GPU attention kernels: on CPU (SGLang 0.5.23) the
+    server refuses to start ("only [...] attention backends are supported for deterministic
+    inference")."""
+    if cfg.rollout.engine == "sglang" and cfg.rollout.deterministic and cfg.cluster.device == "cpu":
+        issues.append(Issue("rollout.deterministic", "(true) needs SGLang's deterministic GPU attention kernels, and a CPU "
+                            "server refuses to start with it; set rollout.deterministic=false, or rollout.engine=torch "
+                            "(always seeded)"))  # fmt: skip
+
+
+def _heads_split(arch: ArchSpec, tp: int) -> bool:
+    """Whether SGLang splits the heads over ``tp`` ranks (KV heads are replicated past their count)."""
+    kv = arch.num_kv_heads
+    return arch.num_heads % tp == 0 and (kv % tp == 0 if tp <= kv else tp % kv == 0)
+
+
+def rollout_tp_choices(cfg: MegaRLConfig, arch: ArchSpec) -> list[int]:
+    """The rollout.tp values every rollout rule accepts: dividing the rollout pool and a node
+    (no engine spans two), splitting the heads, and holding the weights and one full-length
+    sequence in rollout.mem_fraction (the values that pass the rest when none does)."""
+    cl = cfg.cluster
+    pool = cl.rollout_gpus if cl.placement == "disaggregated" and cl.rollout_gpus > 0 else cl.world_size
+    ok = [t for t in divisors(math.gcd(pool, cl.gpus_per_node)) if _heads_split(arch, t)]
+    seq = cfg.data.max_prompt_length + cfg.rollout.sampling.max_new_tokens
+    mems = {t: rollout_memory(arch, tp=t, gpu_bytes=cl.gpu_memory_gib * GIB, mem_fraction=cfg.rollout.mem_fraction,
+                              dtype=cfg.model.dtype, seq_len=seq) for t in ok}  # fmt: skip
+    return [t for t in ok if mems[t].weights < mems[t].budget and mems[t].full_length_sequences >= 1] or ok
+
+
+def check_validation(cfg: MegaRLConfig, issues: list[Issue]) -> None:
+    """The pass threshold of validation (pass@k) against the reward's range (megarl evaluate's rule), and
+    several greedy samples per prompt (identical)."""
+    from megarl.evaluation import greedy_copies_note, threshold_problem
+
+    problem = threshold_problem(cfg.rollout.val.pass_threshold, cfg.reward)
+    if problem:
+        issues.append(Issue("rollout.val.pass_threshold", problem))
+    val = cfg.rollout.val
+    if val.greedy and val.n > 1 and cfg.data.val_files:  # (no validation files: nothing is validated)
+        issues.append(Issue("rollout.val.n", f"({val.n}): {greedy_copies_note(val.n)}; set rollout.val.greedy=false to "
+                            "sample them, or rollout.val.n=1", level="warning"))
+
+
+def check_sampling(cfg: MegaRLConfig, arch: ArchSpec, issues: list[Issue]) -> None:
+    s = cfg.rollout.sampling
+    if s.temperature <= 0:
+        issues.append(Issue("rollout.sampling.temperature", f"({s.temperature}) must be > 0 for training rollouts (log-probs "
+                            "are taken at this temperature); greedy validation is rollout.val.greedy=true"))
+    if s.top_p < 1 or s.top_k > 0:
+        issues.append(Issue("rollout.sampling", f"top_p={s.top_p}, top_k={s.top_k}: the rollout samples from a truncated "
+                            "distribution while the trainer's ratio uses the full one (off-policy); consider algorithm.tis",
+                            level="warning"))
+    positions = check_positions(cfg, arch)
+    if positions is not None:
+        issues.append(positions)
+
+
+def check_positions(cfg: MegaRLConfig, arch: ArchSpec, new_tokens: str = "rollout.sampling.max_new_tokens") -> Issue | None:
+    """The longest prompt (data.max_prompt_length) plus max_new_tokens must fit the model's
+    positions, or responses are cut short. ``new_tokens``: how the fix names max_new_tokens
+    (`megarl generate` has a shortcut for it)."""
+    prompt, new = cfg.data.max_prompt_length, cfg.rollout.sampling.max_new_tokens
+    if prompt + new <= arch.max_positions:
+        return None
+    room = arch.max_positions - prompt
+    fix = f"lower {new_tokens} to at most {room}, or data.max_prompt_length" if room > 0 else "lower data.max_prompt_length"
+    return Issue("data.max_prompt_length", f"max_prompt_length + rollout.sampling.max_new_tokens ({prompt} + {new} = "
+                 f"{prompt + new}) exceeds the model's max_position_embeddings ({arch.max_positions}); {fix}")
+
+
+def check_agent(cfg: MegaRLConfig, issues: list[Issue]) -> None:
+    """Agent loops append turns through the chat template; reproducible rounds need no overlap."""
+    agent = cfg.rollout.agent
+    if cfg.rollout.generate_function != "default":
+        return
+    if agent.overlap_tools and cfg.rollout.deterministic:
+        issues.append(Issue("rollout.agent.overlap_tools", "(true) lets tool timing decide which turns generate together, "
+                            "so rollout.deterministic (true) would not make runs reproducible; set overlap_tools=false "
+                            "or leave it unset"))
+    uses_agents = agent.default_agent != "single_turn" or agent.tools_file or agent.interactions_file
+    if uses_agents and not cfg.data.apply_chat_template:
+        issues.append(Issue("data.apply_chat_template", "(false) but rollout.agent appends tool answers and user turns "
+                            "through the chat template; set data.apply_chat_template=true"))

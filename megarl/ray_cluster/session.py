@@ -1,0 +1,273 @@
+"""Start or attach to Ray for one run, and write Ray's timeline on request.
+
+`ray_session()` starts an embedded local Ray (no dashboard) when no address is given, or
+attaches to a running cluster ("auto" or host:port); on exit it shuts down only what it
+started (an already initialised Ray, e.g. a test fixture's, is reused and left running).
+
+An embedded Ray's processes (GCS, raylet, agents, workers) and the driver's other children
+(reward workers) are children of the driver. Ray's processes block SIGTERM and SIGHUP, as they block SIGINT:
+a stop signal sent to the whole process group reaches the driver, which saves, and not the
+workers holding the run's state. When the driver is killed without a chance to
+clean up (SIGKILL, the OOM killer), a small reaper process, in its own session so that a
+process-group kill spares it, notices at once (its stdin pipe from the driver closes), freezes
+and kills every process of that run, then exits; a normal exit tells it to go quietly. Ray's
+token-authentication notice is not printed for an embedded cluster (it stays on, local).
+`save_timeline()` writes Ray's task/actor timeline (Chrome trace JSON, open it in
+chrome://tracing or Perfetto) for profiling a run. Left out: starting multi-node clusters
+(launch/ holds the Slurm / head-worker bootstrap), runtime environments beyond env vars.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from megarl.process_signals import stop_signals_blocked_in_children
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RaySession:
+    """What the session is connected to."""
+
+    address: str  # the GCS address of the cluster
+    started_here: bool  # True: embedded Ray that this session shuts down
+    resources: dict[str, float] = field(default_factory=dict)  # cluster totals at start
+
+
+@contextmanager
+def ray_session(
+    address: str | None = None,
+    *,
+    num_cpus: int | None = None,
+    num_gpus: int | None = None,
+    log_to_driver: bool = True,
+    namespace: str = "megarl",
+    env_vars: Mapping[str, str] | None = None,
+) -> Iterator[RaySession]:
+    """Ray for the duration of the `with` block.
+
+    address None starts a local Ray with num_cpus / num_gpus (None: what the machine has);
+    "auto" or "host:port" attaches to a cluster (num_cpus / num_gpus must then be None: the
+    cluster's nodes declare their resources). env_vars reach every worker process.
+    """
+    if address is not None and (num_cpus is not None or num_gpus is not None):
+        raise ValueError(
+            f"ray_session: num_cpus/num_gpus only apply to a local Ray; with address={address!r} "
+            "the cluster's nodes declare their resources (start them with `ray start --num-cpus ...`)"
+        )
+    if ray.is_initialized():
+        log.info("ray_session: reusing the Ray instance already initialised in this process")
+        yield _describe(started_here=False)
+        return
+    runtime_env = {"env_vars": dict(env_vars)} if env_vars else None
+    kwargs = dict(log_to_driver=log_to_driver, namespace=namespace, runtime_env=runtime_env)
+    reaper = None
+    if address is None:
+        # "local" always starts a new instance; plain ray.init() would join a cluster found
+        # through RAY_ADDRESS or a `ray start` on this machine (someone else's, on a shared box).
+        with _quiet_auth_notice(), stop_signals_blocked_in_children():
+            _init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, **kwargs)
+    else:
+        try:
+            _probe(address)  # ray.init would retry a dead address for minutes
+            _init(address=address, **kwargs)
+        except ConnectionError as exc:
+            raise ConnectionError(
+                f"--address / cluster.ray_address {address!r}: no Ray cluster answered ({exc}). Start one with "
+                "`ray start --head` (or the launch/ scripts), or unset cluster.ray_address to run "
+                "an embedded local Ray"
+            ) from exc
+    try:
+        if address is None:
+            reaper = start_reaper()
+        yield _describe(started_here=True)
+    finally:
+        if address is None:
+            _shutdown_embedded()
+        else:
+            ray.shutdown()
+        if reaper is not None:
+            stop_reaper(reaper)
+
+
+def _probe(address: str) -> None:
+    """ConnectionError unless the cluster ``address`` names is recorded and listening."""
+    from megarl.ray_cluster.address import find_cluster, unanswered
+
+    # Ray lets a set RAY_ADDRESS win over the address given; with nothing recorded, "auto" is left
+    # to ray.init (it also finds a local GCS process), which fails at once when there is none.
+    found = find_cluster(os.environ.get("RAY_ADDRESS") or address)
+    if found is None:
+        return
+    source, resolved = found
+    why = unanswered(resolved)
+    if why is not None:
+        raise ConnectionError(f"{resolved}{'' if source == 'given' else f' (from {source})'} does not answer: {why}")
+
+
+def _init(**kwargs: Any) -> None:
+    """ray.init, keeping a SIGTERM handler of this process's own (megarl's RunControl).
+
+    ray.init installs a handler that exits at once (``sys.exit(15)``), and a signal that lands
+    while it forks its daemons can even be swallowed (an exception in an at-fork callback is
+    ignored): the stop would be lost. So when this process has a Python handler, Ray is kept
+    from installing its own during the init, and a signal then reaches ours, which records it.
+    Whatever an interrupted init started is shut down. Without a Python handler, Ray's stays."""
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGTERM) if main else None
+    ours = callable(previous)
+    utils = ray._private.utils  # where ray.init looks its installer up, at call time
+    install = getattr(utils, "set_sigterm_handler", None)  # another Ray: the SystemExit path below
+    if ours and install is not None:
+        utils.set_sigterm_handler = lambda handler: None
+    try:
+        ray.init(**kwargs)
+    except BaseException as exc:  # a signal (SIGTERM, Ctrl-C) or an error: leave no half-started Ray
+        try:
+            if ours and isinstance(exc, SystemExit) and exc.code == signal.SIGTERM:  # Ray's handler after all
+                signal.signal(signal.SIGTERM, previous)  # type: ignore[arg-type]
+                previous(signal.SIGTERM, None)  # type: ignore[misc]  # records the stop; raises KeyboardInterrupt
+            raise
+        finally:
+            ray.shutdown()
+    finally:
+        if install is not None:
+            utils.set_sigterm_handler = install
+
+
+def _shutdown_embedded() -> None:
+    """ray.shutdown of an embedded Ray whose processes block SIGTERM and SIGHUP (megarl/process_signals.py).
+    Ray SIGTERMs each of its processes and waits a second before the SIGKILL: that second is only
+    a wait here, so it goes to the SIGKILL at once. The raylet's agents, which a SIGTERM to the
+    raylet would have stopped, are killed with the rest of the tree taken before the shutdown.
+    Another Ray (no such internals): its own shutdown."""
+    import psutil
+
+    node = getattr(ray._private.worker, "_global_node", None)
+    tree: list[psutil.Process] = []
+    for infos in getattr(node, "all_processes", {}).values():
+        for info in infos:
+            try:
+                process = psutil.Process(info.process.pid)
+                tree += [process, *process.children(recursive=True)]
+            except (AttributeError, psutil.Error):
+                continue
+    kill = getattr(node, "kill_all_processes", None)
+    if kill is not None:
+        node.kill_all_processes = lambda **kwargs: kill(**(kwargs | {"allow_graceful": False}))
+    ray.shutdown()
+    for process in tree:
+        try:
+            process.kill()  # (psutil: not a later process that reuses the pid)
+        except psutil.Error:
+            continue
+
+
+@contextmanager
+def _quiet_auth_notice() -> Iterator[None]:
+    """Ray warns on every embedded start that it turned token authentication on; it does so for
+    a local cluster only this driver uses, so the notice is noise (the setting is unchanged)."""
+    auth = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    level = auth.level
+    auth.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        auth.setLevel(level)
+
+
+# The reaper (a separate, tiny process: psutil and the standard library only). argv: the
+# driver's pid. It polls the driver's process tree while it waits; on EOF on stdin without
+# "done" (the driver died), it freezes every process it saw (and their children), then kills them.
+_REAPER_CODE = r"""
+import os, select, signal, sys, time
+import psutil
+
+driver = psutil.Process(int(sys.argv[1]))
+me = os.getpid()
+seen = {}
+
+def scan(procs):
+    for p in list(procs):
+        try:
+            for c in [p] + p.children(recursive=True):
+                if c.pid not in (me, driver.pid):
+                    seen.setdefault(c.pid, c)
+        except psutil.Error:
+            pass
+
+done = False
+while True:
+    ready = select.select([0], [], [], 0.5)[0]
+    if ready:
+        data = os.read(0, 64)
+        done = b"done" in data
+        if not data or done:
+            break
+    scan([driver])
+if done:
+    sys.exit(0)
+for _ in range(5):  # freeze first: a frozen parent starts nothing new while its tree is collected
+    alive = [p for p in seen.values() if p.is_running()]
+    if not alive:
+        break
+    for p in alive:
+        try:
+            p.send_signal(signal.SIGSTOP)
+        except psutil.Error:
+            pass
+    scan(alive)
+    for p in list(seen.values()):
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    time.sleep(0.2)
+"""
+
+
+def start_reaper() -> subprocess.Popen | None:
+    """Start the reaper of this driver's processes (see the module docstring); None if it cannot."""
+    try:
+        return subprocess.Popen([sys.executable, "-c", _REAPER_CODE, str(os.getpid())], stdin=subprocess.PIPE,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    except OSError as exc:  # no reaper is no reason not to train
+        log.warning("ray_session: cannot start the process reaper (%s); a killed driver may leave Ray processes behind", exc)
+        return None
+
+
+def stop_reaper(reaper: subprocess.Popen) -> None:
+    """The driver is exiting normally: the reaper goes without killing anything."""
+    try:
+        reaper.stdin.write(b"done\n")  # type: ignore[union-attr]
+        reaper.stdin.close()  # type: ignore[union-attr]
+        reaper.wait(timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        reaper.kill()
+
+
+def _describe(started_here: bool) -> RaySession:
+    ctx = ray.get_runtime_context()
+    address = getattr(ctx, "gcs_address", "") or ""
+    return RaySession(address=address, started_here=started_here, resources=dict(ray.cluster_resources()))
+
+
+def save_timeline(path: str | Path) -> Path:
+    """Write Ray's timeline of tasks and actor calls so far (Chrome trace JSON) to `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ray.timeline(filename=str(path))
+    return path
