@@ -192,8 +192,8 @@ def nll_loss(batch, outputs):
 
 
 def train_batch(rows: list[tuple[list[int], list[int]]]):
-    from megarl.rollout.batching import batch_from_generations
     from megarl.engines.base import GenerationResult
+    from megarl.rollout.batching import batch_from_generations
 
     results = [GenerationResult(i, list(r), [0.0] * len(r), "stop") for i, (_, r) in enumerate(rows)]
     return batch_from_generations([p for p, _ in rows], results, 1)
@@ -205,10 +205,10 @@ def build_stack(rank: int, plan: Plan):
     from megarl.config.rollout_sections import WeightSyncConfig
     from megarl.config.sections import ActorConfig, OptimizerConfig, ParallelConfig
     from megarl.engines.base import SamplingParams
-    from megarl.weight_sync.logprob_check import PostPushCheck
     from megarl.engines.torch_engine import TorchEngine
-    from megarl.weight_sync.transports import InProcessTransport
+    from megarl.weight_sync.logprob_check import PostPushCheck
     from megarl.weight_sync.stream import MIB, WeightStream
+    from megarl.weight_sync.transports import InProcessTransport
 
     cfg = ActorConfig(parallel=ParallelConfig(**LAYOUTS[plan.layout]), micro_batch_size=8,
                       optimizer=OptimizerConfig(lr=plan.lr, clip_grad=1.0))  # fmt: skip

@@ -115,13 +115,13 @@ def rank_main(rank: int, port: int, model_dir: str, layout: str, bucket_mb: floa
     torch.set_num_threads(1)
     import torch.distributed as dist
 
-    from megarl.megatron_runtime.model import MegatronModel
     from megarl.config.rollout_sections import WeightSyncConfig
     from megarl.config.sections import ActorConfig, ParallelConfig
-    from megarl.parallel.groups import destroy_parallel
     from megarl.engines.torch_engine import TorchEngine
-    from megarl.weight_sync.transports import InProcessTransport
+    from megarl.megatron_runtime.model import MegatronModel
+    from megarl.parallel.groups import destroy_parallel
     from megarl.weight_sync.stream import MIB, WeightStream
+    from megarl.weight_sync.transports import InProcessTransport
 
     model = MegatronModel.build(model_dir, ActorConfig(parallel=ParallelConfig(**LAYOUTS[layout])), torch.bfloat16, seed=1)
     engine = [TorchEngine(model_dir, dtype="bfloat16")] if rank == 0 else []

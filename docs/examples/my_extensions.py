@@ -18,7 +18,7 @@ import torch
 from megarl.algos.advantages import AdvantageInputs
 from megarl.algos.losses import PolicyLossTerms
 from megarl.config.sections import AlgorithmConfig, ClipConfig
-from megarl.rollout.collect import generate_batch
+from megarl.rollout.single_turn import generate_batch
 
 
 def centered_score(inputs: AdvantageInputs, cfg: AlgorithmConfig) -> tuple[torch.Tensor, torch.Tensor]:

@@ -126,8 +126,8 @@ class ExportRank:
         """Export into ``staging/v0`` through the disk transport (collective; rank 0 writes)."""
         import torch.distributed as dist
 
-        from megarl.weight_sync.transports import DiskTransport
         from megarl.weight_sync.stream import WeightStream
+        from megarl.weight_sync.transports import DiskTransport
 
         stream = WeightStream(self._export, self.bucket_mb)
         disk = DiskTransport(stream, staging, writer=self.rank == 0, hf_dir=self.model_path,

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import torch
 
-from megarl.megatron_runtime.micro_batches import MicroBatch, MicroBatching
-from megarl.megatron_runtime.model import MegatronModel, dtype_of
-from megarl.megatron_runtime.training import TrainableModel, TrainedWorker
 from megarl.algos.losses import LossFn, ModelOutputs
 from megarl.config.sections import CriticConfig
 from megarl.data.batch import Batch, TokenRows
+from megarl.megatron_runtime.micro_batches import MicroBatch, MicroBatching
+from megarl.megatron_runtime.model import MegatronModel, dtype_of
+from megarl.megatron_runtime.training import TrainableModel, TrainedWorker
 
 
 def _values(mb: MicroBatch, output: torch.Tensor) -> torch.Tensor:

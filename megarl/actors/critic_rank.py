@@ -6,11 +6,11 @@ Called through megarl/actors/clients.py (CriticClient), like PolicyRank.
 from __future__ import annotations
 
 from megarl.actors.critic import CriticWorker
-from megarl.megatron_runtime.offload import ModelStates
 from megarl.actors.trained_rank import TrainedRank
 from megarl.algos.losses import make_value_loss_fn
 from megarl.config.sections import MegaRLConfig
 from megarl.data.batch import Batch, TokenRows
+from megarl.megatron_runtime.offload import ModelStates
 
 
 class CriticRank(TrainedRank):

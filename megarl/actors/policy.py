@@ -25,6 +25,9 @@ from pathlib import Path
 
 import torch
 
+from megarl.algos.losses import LossFn, ModelOutputs
+from megarl.config.sections import ActorConfig
+from megarl.data.batch import Batch, TokenRows
 from megarl.megatron_runtime.micro_batches import MicroBatch
 from megarl.megatron_runtime.model import (
     MegatronModel,
@@ -33,11 +36,8 @@ from megarl.megatron_runtime.model import (
     token_logprob_head,
 )
 from megarl.megatron_runtime.training import TrainableModel, TrainedWorker
-from megarl.algos.losses import LossFn, ModelOutputs
-from megarl.config.sections import ActorConfig
-from megarl.data.batch import Batch, TokenRows
-from megarl.weight_sync.export_check import ExportCheck
 from megarl.parallel.stage_collection import Collect
+from megarl.weight_sync.export_check import ExportCheck
 
 
 class PolicyWorker(TrainedWorker):

@@ -7,12 +7,12 @@ Collective methods; the controller calls them through megarl/actors/clients.py `
 
 from __future__ import annotations
 
-from megarl.megatron_runtime.offload import ModelStates
 from megarl.actors.policy import PolicyWorker
 from megarl.actors.trained_rank import TrainedRank
 from megarl.algos.losses import SFTLossFn
 from megarl.config.sections import MegaRLConfig
 from megarl.data.batch import Batch, TokenRows
+from megarl.megatron_runtime.offload import ModelStates
 
 
 class SFTRank(TrainedRank):

@@ -196,9 +196,9 @@ def _reward_problem(reward: Any) -> str | None:
 def _check_scorable(reward: Any, records: list[Any], data: str | Path) -> None:
     """What a launch's pre-flight refuses in its files, refused here before any scoring: a
     data_source no scorer takes, a ground truth (null, blank) a built-in scorer would score 0."""
-    from megarl.plan.preflight import scorer_findings
     from megarl.data.datasets import file_label
     from megarl.evaluation import EvaluationError
+    from megarl.plan.preflight import scorer_findings
 
     findings = scorer_findings(reward, [(file_label("--data", data), records)])
     if findings:

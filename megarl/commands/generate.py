@@ -279,8 +279,8 @@ def _check_prompts(cfg: Any, records: list[Any], tokenizer_dir: str) -> None:
         raise GenerateError("--data has no rows")
     if cfg.data.truncation != "error":
         return
-    from megarl.rollout.agents.tools import prompt_tools
     from megarl.data.prompts import PromptBuilder
+    from megarl.rollout.agents.tools import prompt_tools
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
@@ -312,8 +312,8 @@ def _check_agent_rows(cfg: Any, data: Path, records: list[Any]) -> None:
     """The rows' agent_name and extra_info against rollout.agent, as a launch checks its data
     files: an unknown loop is one line now, not an error once the parts before its row are
     generated (which the corrected file, other contents, could not continue)."""
-    from megarl.rollout.agents.checks import row_findings
     from megarl.data.datasets import file_label
+    from megarl.rollout.agents.checks import row_findings
 
     if cfg.rollout.generate_function != "default":  # a user's function: the agent settings are not used
         return
@@ -368,11 +368,11 @@ def _generate_parts(cfg: Any, model_dir: Path, data: Path, records: list[Any], p
     import pyarrow.parquet as pq
     from transformers import AutoTokenizer
 
-    from megarl.rollout.agents.driver import make_generate
-    from megarl.rollout.agents.tools import prompt_tools
     from megarl.data.prompts import PromptBuilder
-    from megarl.progress import counting
     from megarl.engines.base import eos_token_ids
+    from megarl.progress import counting
+    from megarl.rollout.agents.tools import prompt_tools
+    from megarl.rollout.generate import make_generate
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     eos = eos_token_ids(model_dir, tokenizer)

@@ -22,8 +22,8 @@ from pathlib import Path
 from megarl.cli import library_warnings_logged
 from megarl.commands.arguments import add_config_args
 from megarl.config.loading import load_config
-from megarl.plan.planner import make_plan
 from megarl.config.sections import MegaRLConfig
+from megarl.plan.planner import make_plan
 
 log = logging.getLogger(__name__)
 DRIVER_LOG = "driver.log"
@@ -79,8 +79,8 @@ def launch(config: str | Path, overrides: list[str], address: str | None = None,
 
 def check_one_machine(cfg: MegaRLConfig, address: str | None) -> None:
     """A config for several nodes with no Ray cluster to attach to is refused before Ray starts."""
-    from megarl.ray_cluster.address import one_machine_problem
     from megarl.plan.issues import Issue, PlanError
+    from megarl.ray_cluster.address import one_machine_problem
 
     problem = one_machine_problem(cfg.cluster.nnodes, address or cfg.cluster.ray_address)
     if problem:

@@ -29,8 +29,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from megarl.config.architectures import describe_archs
     from megarl.config.loading import ConfigError, load_config
-    from megarl.plan.report import print_plan
     from megarl.plan.planner import PlanError, make_plan
+    from megarl.plan.report import print_plan
 
     if args.list_archs:
         print(describe_archs())

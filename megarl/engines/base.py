@@ -98,6 +98,13 @@ class WeightBucket:
 
 
 @runtime_checkable
+class Engines(Protocol):
+    """What the controller generates with: one or more engines behind one call (torch engines
+    in the policy ranks, SGLang servers), results grouped by prompt, in prompt order."""
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[GenerationResult]: ...
+
+
 class RolloutEngine(Protocol):
     """One generator (one SGLang server, or one torch model). Releasing and resuming its memory
     is engine-specific and the memory hand-over's business (megarl/memory/handover.py)."""

@@ -58,6 +58,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from megarl.algos.metrics import MetricAccumulator
+from megarl.config.sections import ActorConfig, ParallelConfig
+from megarl.data.batch import Batch, TokenRows
 from megarl.megatron_runtime.logprobs import linear_logprobs
 from megarl.megatron_runtime.micro_batches import (
     MicroBatch,
@@ -66,9 +69,6 @@ from megarl.megatron_runtime.micro_batches import (
     pack_micro_batch,
     sequence_lengths,
 )
-from megarl.algos.metrics import MetricAccumulator
-from megarl.config.sections import ActorConfig, ParallelConfig
-from megarl.data.batch import Batch, TokenRows
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -32,6 +32,9 @@ from typing import Any
 
 import torch
 
+from megarl.algos.metrics import MetricAccumulator, pair
+from megarl.config.sections import ActorConfig
+from megarl.data.batch import Batch
 from megarl.megatron_runtime.micro_batches import MicroBatch, MicroBatching
 from megarl.megatron_runtime.model import MegatronModel
 from megarl.megatron_runtime.offload import (
@@ -41,9 +44,6 @@ from megarl.megatron_runtime.offload import (
     optimizer_tensors,
 )
 from megarl.megatron_runtime.optim import LRSchedule, adam_step_layout, build_optimizer
-from megarl.algos.metrics import MetricAccumulator, pair
-from megarl.config.sections import ActorConfig
-from megarl.data.batch import Batch
 from megarl.metrics import optimizer_metric_names
 from megarl.parallel.mcore_version import (
     OPTIMIZER_FORMAT_RECORD,

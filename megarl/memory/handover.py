@@ -42,6 +42,7 @@ import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Protocol
 
+from megarl.engines.base import Engines, GenerationResult, SamplingParams
 from megarl.memory.residency import (
     CHECKPOINT,
     ENGINE,
@@ -54,8 +55,6 @@ from megarl.memory.residency import (
     owner_of,
     states_of,
 )
-from megarl.rollout.collect import Engines
-from megarl.engines.base import GenerationResult, SamplingParams
 
 log = logging.getLogger(__name__)
 ENGINE_STATES = frozenset(states_of(ENGINE))

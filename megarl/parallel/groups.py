@@ -17,8 +17,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from megarl.parallel.mcore_version import require_megatron_core
 from megarl.parallel.cpu_compat import enable_cpu_compat
+from megarl.parallel.mcore_version import require_megatron_core
 
 
 @dataclass(frozen=True)

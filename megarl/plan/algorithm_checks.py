@@ -6,8 +6,8 @@ the trainer for the epoch-derived check."""
 
 from __future__ import annotations
 
-from megarl.plan.issues import Issue
 from megarl.config.sections import GROUP_ESTIMATORS, MegaRLConfig, TrainerConfig
+from megarl.plan.issues import Issue
 
 
 def check_algorithm(cfg: MegaRLConfig, issues: list[Issue]) -> None:

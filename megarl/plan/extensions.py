@@ -18,7 +18,7 @@ from megarl.config.sections import MegaRLConfig
 REGISTRIES = {
     "algorithm.estimator": ("megarl.algos.advantages", "ADVANTAGE_ESTIMATORS"),
     "algorithm.policy_loss": ("megarl.algos.losses", "POLICY_LOSSES"),
-    "rollout.generate_function": ("megarl.rollout.collect", "GENERATE_FUNCTIONS"),
+    "rollout.generate_function": ("megarl.rollout.generate", "GENERATE_FUNCTIONS"),
     "rollout.agent.tool_parser": ("megarl.rollout.agents.tool_calls", "PARSERS"),
 }
 AGENT_FILES = ("rollout.agent.tools_file", "rollout.agent.interactions_file")
@@ -53,10 +53,10 @@ def import_problem(field: str, name: str) -> str | None:
 
 
 def _agent_problem(field: str, value: str) -> str | None:
-    from megarl.rollout.agents.interactions import InteractionFileError, load_interactions
-    from megarl.rollout.agents.driver import loop_class
-    from megarl.rollout.agents.tools import ToolFileError, load_tools
     from megarl.algos.registry import UnknownNameError
+    from megarl.rollout.agents.driver import loop_class
+    from megarl.rollout.agents.interactions import InteractionFileError, load_interactions
+    from megarl.rollout.agents.tools import ToolFileError, load_tools
 
     try:
         if field == "rollout.agent.tools_file":

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from megarl.config.architectures import ArchSpec
-from megarl.plan.gpu_memory import GIB, stage_params
-from megarl.memory.residency import Residency, owner_of
 from megarl.config.sections import ROLE_SECTIONS, MegaRLConfig
+from megarl.memory.residency import Residency, owner_of
+from megarl.plan.gpu_memory import GIB, stage_params
 
 # Whose ranks hold host buffers: (owner, the role whose GPUs it lives on).
 _HOST_OWNERS = (("policy", "policy"), ("reference", "policy"), ("critic", "critic"), ("engine", "rollout"))

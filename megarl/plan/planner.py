@@ -14,22 +14,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from functools import partial
 
-from megarl.plan.algorithm_checks import check_algorithm, check_run_length
 from megarl.config.architectures import ArchError, ArchSpec, resolve_arch
-from megarl.plan.host_memory import HostMemory, host_memory, host_over
-from megarl.plan.gpu_memory import (
-    GIB,
-    RUNTIME_OVERHEAD_GIB,
-    RolloutMemory,
-    TrainMemory,
-    largest_hf_tensor_bytes,
-    phase_working_bytes,
-    rollout_memory,
-    torch_engine_memory,
-    train_memory,
-)
-from megarl.plan.issues import Issue, PlanError, choices, divisors
-from megarl.plan.push_model import PushEstimate, push_estimate
+from megarl.config.sections import ActorConfig, MegaRLConfig
 from megarl.memory.residency import (
     CRITIC_FORWARD,
     CRITIC_UPDATE,
@@ -44,6 +30,21 @@ from megarl.memory.residency import (
     owner_of,
     residency_of,
 )
+from megarl.plan.algorithm_checks import check_algorithm, check_run_length
+from megarl.plan.gpu_memory import (
+    GIB,
+    RUNTIME_OVERHEAD_GIB,
+    RolloutMemory,
+    TrainMemory,
+    largest_hf_tensor_bytes,
+    phase_working_bytes,
+    rollout_memory,
+    torch_engine_memory,
+    train_memory,
+)
+from megarl.plan.host_memory import HostMemory, host_memory, host_over
+from megarl.plan.issues import Issue, PlanError, choices, divisors
+from megarl.plan.push_model import PushEstimate, push_estimate
 from megarl.plan.rollout_checks import (
     check_agent,
     check_in_process,
@@ -53,7 +54,6 @@ from megarl.plan.rollout_checks import (
     check_validation,
     rollout_tp_choices,
 )
-from megarl.config.sections import ActorConfig, MegaRLConfig
 
 
 @dataclass(frozen=True)

@@ -54,10 +54,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from megarl.plan.extensions import named_functions
 from megarl.config.sections import MegaRLConfig
 from megarl.data.answers import no_answer
 from megarl.models.hf_files import tokenizer_files_problem
+from megarl.plan.extensions import named_functions
 
 SAMPLE_ROWS = 1000
 CHILD_TIMEOUT_S = 120.0
@@ -192,8 +192,8 @@ def _check_run_length(cfg: MegaRLConfig, findings: list[Finding]) -> None:
     """A run of trainer.total_epochs has as many steps as the training rows make: the critic's
     warm-up must be shorter. The parquet footers count the rows; with overlong prompts dropped
     at load that is an upper bound (launch checks the exact count once the data is read)."""
-    from megarl.plan.algorithm_checks import epochs_warmup_issue
     from megarl.data.sampler import epoch_steps
+    from megarl.plan.algorithm_checks import epochs_warmup_issue
 
     t = cfg.trainer
     if t.total_steps is not None or t.total_epochs is None or not t.critic_warmup_steps or t.val_only:
@@ -236,9 +236,9 @@ def _check_prompts(cfg: MegaRLConfig, samples: list[_Sample], tokenizer: Callabl
     with data.truncation=error and no filtering they must all fit (else training fails on the
     first such draw); with data.filter_overlong_prompts, a file it would empty is refused and
     one it would halve is named (_dropped). ``tokenizer``: model.path's, loaded on first call."""
-    from megarl.rollout.agents.tools import prompt_tools
     from megarl.data.datasets import DataError
     from megarl.data.prompts import PromptBuilder
+    from megarl.rollout.agents.tools import prompt_tools
 
     d = cfg.data
     try:

@@ -36,18 +36,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from megarl.config.architectures import ArchSpec
-from megarl.plan.gpu_memory import DTYPE_BYTES
 from megarl.config.sections import MegaRLConfig
+from megarl.plan.gpu_memory import DTYPE_BYTES
+from megarl.weight_sync.transport_base import (
+    TRANSPORT_COLLECT,  # the run's transports follow it too
+)
 
 GB = 1e9
 
-# Which ranks of a policy replica receive every pipeline stage's tensors in a push, per
-# transport (megarl/parallel/stage_collection.py): the torch engine lives in the replica's
-# leader and the disk writer is rank 0 ("leader"); a colocated SGLang engine reads whole
-# tensors on every GPU it runs on ("all"); the distributed transport sends each stage's tensors
-# from that stage ("stage"). The transports are built from it and this model follows it, so
-# the plan's figures and the run move the same bytes.
-TRANSPORT_COLLECT = {"in_process": "leader", "disk": "leader", "tensor": "all", "distributed": "stage"}
 
 
 @dataclass(frozen=True)

@@ -5,10 +5,10 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from megarl.plan.host_memory import host_memory_text
-from megarl.plan.gpu_memory import GIB
-from megarl.plan.planner import Plan
 from megarl.config.sections import MegaRLConfig
+from megarl.plan.gpu_memory import GIB
+from megarl.plan.host_memory import host_memory_text
+from megarl.plan.planner import Plan
 
 
 def print_plan(cfg: MegaRLConfig, plan: Plan, console: Console | None = None) -> None:

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from megarl.config.differences import differences as dict_differences
-from megarl.plan.preflight import Finding, training_rows
 from megarl.config.sections import ROLE_SECTIONS, MegaRLConfig
 from megarl.models.weight_files import weights_fingerprint
+from megarl.plan.preflight import Finding, training_rows
 
 
 def finished_run(cfg: MegaRLConfig) -> str | None:

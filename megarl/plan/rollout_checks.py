@@ -12,9 +12,9 @@ import subprocess
 import sys
 
 from megarl.config.architectures import ArchSpec
+from megarl.config.sections import MegaRLConfig
 from megarl.plan.gpu_memory import GIB, rollout_memory
 from megarl.plan.issues import Issue, choices, divisors
-from megarl.config.sections import MegaRLConfig
 
 # Which weight transports reach which engines (see megarl/weight_sync/transports.py).
 _TRANSPORTS = {("torch", "colocated"): ("in_process", "disk"), ("sglang", "colocated"): ("tensor", "disk"),

@@ -55,3 +55,15 @@ def unanswered(address: str) -> str | None:
             return None
     except OSError as exc:
         return exc.strerror or str(exc)
+
+
+def node_address() -> str:
+    """This node's address as processes on other nodes reach it (Ray's view when Ray runs)."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return ray.util.get_node_ip_address()
+    except ImportError:
+        pass
+    return socket.gethostbyname(socket.gethostname())

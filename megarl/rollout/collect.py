@@ -13,24 +13,21 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import torch
 
 from megarl.algos.dapo import dynamic_sampling_filter, overlong_penalty, zero_var_group_frac
-from megarl.algos.registry import Registry
 from megarl.config.sections import OverlongConfig
 from megarl.data.batch import Batch
 from megarl.data.prompt_batch import PromptBatch
+from megarl.engines.base import Engines, GenerationResult, SamplingParams
+from megarl.engines.seeds import step_seed
 from megarl.progress import PhaseTimer
 from megarl.rollout.batching import batch_from_generations, response_texts
-from megarl.engines.base import GenerationResult, SamplingParams
-from megarl.engines.seeds import step_seed
-
-
-class Engines(Protocol):
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[GenerationResult]: ...
+from megarl.rollout.generate import GenerateFn
+from megarl.rollout.single_turn import generate_batch
 
 
 class WorkerEngines:
@@ -86,22 +83,6 @@ class Scorer:
 
     def texts(self, batch: Batch) -> list[str]:
         return response_texts(batch, self.tokenizer, self.eos)
-
-
-GenerateFn = Callable[[Engines, PromptBatch, SamplingParams], Batch]
-"""``generate(engines, prompts, params) -> Batch``: a step's prompts to responses (rollout.generate_function)."""
-
-GENERATE_FUNCTIONS: Registry[GenerateFn] = Registry("generate function")
-
-
-@GENERATE_FUNCTIONS.register("default")
-def generate_batch(engines: Engines, prompts: PromptBatch, params: SamplingParams) -> Batch:
-    """One single-turn response per sample: ``params.n`` samples of each prompt, grouped by prompt."""
-    results = engines.generate(prompts.prompt_ids, params)
-    return batch_from_generations(
-        prompts.prompt_ids, results, params.n, data_source=prompts.data_source,
-        ground_truth=prompts.ground_truth, extra_info=prompts.extra_info, prompt_text=prompts.prompt_text,
-    )
 
 
 class Collector(Protocol):

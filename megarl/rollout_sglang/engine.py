@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from megarl.engines.base import EngineHealth, GenerationResult, SamplingParams, WeightBucket
@@ -69,6 +69,19 @@ class ServerHandle(Protocol):
     def shutdown(self) -> None: ...
 
     def log_tail(self, max_lines: int = 40) -> str: ...
+
+
+@dataclass(frozen=True)
+class EngineEndpoint:
+    """How a policy rank reaches one engine (plain data: it travels from the controller).
+
+    ``holders`` (colocated only): the policy ranks on the engine's GPUs, in engine TP order.
+    """
+
+    url: str
+    tp: int
+    max_running_requests: int = 256
+    holders: tuple[int, ...] = ()
 
 
 class SGLangEngine:
@@ -302,7 +315,7 @@ class SGLangEngine:
     def load_weights(self, bucket: WeightBucket) -> None:
         """One bucket over CUDA IPC (colocated), in its own update session unless the caller
         opened one. Callers normally use the tensor transport (transports.py)."""
-        from megarl.weight_sync.tensor_payload import build_tensor_requests
+        from megarl.rollout_sglang.tensor_payload import build_tensor_requests
 
         own_session = not self.update_session
         self.begin_weight_update()

@@ -11,25 +11,24 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from megarl.actors.clients import CriticClient, InProcessGroup, PolicyClient, TrainedClient
-from megarl.plan.algorithm_checks import epochs_warmup_issue
 from megarl.config.loading import config_to_yaml
-from megarl.plan.planner import Plan, PlanError, resolved_config
-from megarl.memory.residency import residency_of
 from megarl.config.sections import MegaRLConfig
+from megarl.engines.base import SamplingParams, eos_token_ids
 from megarl.kept_files import kept_name, time_tag
+from megarl.memory.handover import CheckpointedModel, HandedOverEngines, Handover
+from megarl.memory.residency import residency_of
+from megarl.plan.algorithm_checks import epochs_warmup_issue
+from megarl.plan.planner import Plan, PlanError, resolved_config
 from megarl.rollout.collect import (
     DynamicSamplingCollector,
-    GenerateFn,
     GreedyBaseline,
     NoBaseline,
     PlainCollector,
     Scorer,
     WorkerEngines,
-    generate_batch,
 )
-from megarl.engines.base import SamplingParams, eos_token_ids
-from megarl.memory.handover import CheckpointedModel, HandedOverEngines, Handover
-from megarl.weight_sync.logprob_check import PROBE_PROMPTS, PostPushCheck
+from megarl.rollout.generate import GenerateFn
+from megarl.rollout.single_turn import generate_batch
 from megarl.trainer.loop import Components, Trainer
 from megarl.trainer.metric_sinks import build_logger
 from megarl.trainer.phases import (
@@ -42,6 +41,7 @@ from megarl.trainer.phases import (
     Skip,
     WeightPush,
 )
+from megarl.weight_sync.logprob_check import PROBE_PROMPTS, PostPushCheck
 
 if TYPE_CHECKING:
     from megarl.data.stream import PromptStream
@@ -83,9 +83,9 @@ def build_trainer(cfg: MegaRLConfig, plan: Plan, *, in_process: bool = False) ->
     cfg = resolved_config(cfg, plan.resolved)
     out = write_run_config(cfg).parent
     tokenizer, eos_ids = _tokenizer(cfg.model.path)
-    from megarl.rollout.agents.driver import make_generate
-    from megarl.rollout.agents.tools import prompt_tools
     from megarl.data.stream import build_train_stream, load_val_prompts
+    from megarl.rollout.agents.tools import prompt_tools
+    from megarl.rollout.generate import make_generate
 
     generate = make_generate(cfg, tokenizer, eos_ids)  # builds the tools: a bad tool file fails before any worker
     tools = prompt_tools(cfg)  # the schemas the prompts' chat template shows
@@ -95,7 +95,8 @@ def build_trainer(cfg: MegaRLConfig, plan: Plan, *, in_process: bool = False) ->
     try:
         start = _start_in_process if in_process else _start_groups
         models = start(cfg, plan, total_steps, out / "logs", closers)
-        sglang = _start_sglang(cfg, plan, models, out / "logs")
+        handover = Handover(residency_of(cfg), models)  # one memory hand-over per run (megarl/memory/)
+        sglang = _start_sglang(cfg, plan, models, out / "logs", handover)
         if sglang is not None:
             closers.append(sglang.close)  # servers first: colocated ones share the policy's GPUs
         from megarl.rewards.scorer import RewardScorer
@@ -104,7 +105,7 @@ def build_trainer(cfg: MegaRLConfig, plan: Plan, *, in_process: bool = False) ->
         closers.append(rewards.close)
         scorer = Scorer(rewards, tokenizer, eos_ids)
         val_prompts = load_val_prompts(cfg.data, tokenizer, tools)
-        parts = _components(cfg, models, stream, val_prompts, scorer, generate, total_steps, sglang)
+        parts = _components(cfg, models, stream, val_prompts, scorer, generate, total_steps, handover, sglang)
     except BaseException:
         _close_all(closers)
         raise
@@ -186,26 +187,33 @@ def _start_in_process(cfg: MegaRLConfig, plan: Plan, total_steps: int, log_dir: 
     return _clients(groups, None)  # one process cannot interrupt its own push
 
 
-def _start_sglang(cfg: MegaRLConfig, plan: Plan, models: dict[str, Any], log_dir: Path) -> Any:
-    """SGLang servers on their nodes, started through the run's memory hand-over, the policy
-    connected to them (None with the torch engine)."""
+def _start_sglang(cfg: MegaRLConfig, plan: Plan, models: dict[str, Any], log_dir: Path, handover: Handover) -> Any:
+    """SGLang servers on their nodes, started through the run's memory hand-over (colocated:
+    with nothing of the trained models on their GPUs), the policy connected to them (None with
+    the torch engine)."""
     if cfg.rollout.engine != "sglang":
         models["policy"].connect_engines(None)  # the torch engines live in the policy ranks
         return None
-    from megarl.rollout_sglang.controller import start_sglang
+    from megarl.memory.sglang_memory import SGLangMemory
+    from megarl.rollout_sglang.controller import prepare_sglang
 
-    return start_sglang(cfg, plan, models, log_dir)
+    rollout = prepare_sglang(cfg, plan, models["policy"], log_dir, weights_cpu_backup=handover.table.weights_cpu_backup)
+    try:
+        handover.launch(lambda: SGLangMemory(rollout.start(), rollout.connect, restart_timeout=rollout.timeout))
+        rollout.connect()
+    except BaseException:
+        rollout.close()
+        raise
+    return rollout
 
 
 def _components(cfg: MegaRLConfig, models: dict[str, Any], stream: Any, val_prompts: Any, scorer: Scorer, generate: GenerateFn,
-                total_steps: int, sglang: Any = None) -> Components:  # fmt: skip
+                total_steps: int, handover: Handover, sglang: Any = None) -> Components:  # fmt: skip
     policy = models["policy"]
     temperature = cfg.rollout.sampling.temperature
-    # One memory hand-over per run (megarl/memory/handover.py): every phase below enters its
-    # phase of the residency table first. torch: engines inside the policy ranks; sglang:
-    # servers, whose hand-over started them (megarl/rollout_sglang/controller.py).
-    handover = sglang.handover if sglang is not None else Handover(residency_of(cfg), models)
-    engines = HandedOverEngines(WorkerEngines(policy) if sglang is None else sglang.engines, handover)
+    # Every phase below enters its phase of the run's residency table first (the hand-over).
+    # torch: engines inside the policy ranks; sglang: servers, which the hand-over started.
+    engines = HandedOverEngines(WorkerEngines(policy) if sglang is None else sglang.generator(), handover)
     forward = PolicyForward(policy, handover)
     plain = PlainCollector(engines, scorer, generate)
     ds = cfg.algorithm.dynamic_sampling

@@ -27,19 +27,18 @@ from megarl.checkpoint.verification import step_dir_name
 from megarl.config.loading import config_to_yaml
 from megarl.config.sections import MegaRLConfig
 from megarl.data.prompt_batch import PromptBatch
+from megarl.engines.base import Engines, SamplingParams
+from megarl.engines.seeds import step_seed
 from megarl.evaluation import as_metrics, scored_responses, summarize
 from megarl.kept_files import write_keeping
 from megarl.progress import PROGRESS, PhaseTimer
 from megarl.rollout.collect import (
     Baseline,
     Collector,
-    Engines,
-    GenerateFn,
     Scorer,
     rollout_metrics,
 )
-from megarl.engines.base import SamplingParams
-from megarl.engines.seeds import step_seed
+from megarl.rollout.generate import GenerateFn
 from megarl.trainer.metric_sinks import MetricsLogger
 from megarl.trainer.phases import (
     Advantages,

@@ -17,6 +17,9 @@ import torch
 from megarl.actors.clients import CriticClient, PolicyClient
 from megarl.algos.kl import make_kl_controller
 from megarl.algos.step import advantage_step
+from megarl.config.sections import MegaRLConfig
+from megarl.data.batch import Batch
+from megarl.memory.handover import Handover
 from megarl.memory.residency import (
     CRITIC_FORWARD,
     CRITIC_UPDATE,
@@ -25,9 +28,6 @@ from megarl.memory.residency import (
     REFERENCE_FORWARD,
     WEIGHT_PUSH,
 )
-from megarl.config.sections import MegaRLConfig
-from megarl.data.batch import Batch
-from megarl.memory.handover import Handover
 
 
 class Skip:

@@ -23,8 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from megarl.kept_files import write_atomically
-
-RANK_LOG_ENV = "MEGARL_RANK_LOG"
+from megarl.ray_cluster.rank_env import RANK_LOG_ENV
 
 
 class WeightPushTimeout(RuntimeError):

@@ -5,7 +5,7 @@ tensors to the ranks that load them (megarl/parallel/stage_collection.py) and co
 Megatron names and layouts to HF ones, yielding ``(hf_name, full tensor)`` one at a time
 (``export_fn``); :class:`WeightStream` packs them into
 :class:`~megarl.engines.base.WeightBucket` s of ``bucket_mb`` MiB; a transport
-(megarl/weight_sync/transports.py, megarl/weight_sync/sglang_transports.py) sends each bucket its way.
+(one file per transport in megarl/weight_sync/) sends each bucket its way.
 
 With ``overlap`` (the default), a thread of the stream exports bucket k+1 while the transport
 sends bucket k (double buffering): the export's collectives (TP gathers, stage collection) then

@@ -24,12 +24,12 @@ import pytest
 import torch
 from spawn import run_distributed
 
+from megarl.config.sections import ActorConfig, OptimizerConfig, ParallelConfig
 from megarl.megatron_runtime.optim import adam_step_layout
 from megarl.megatron_runtime.training import (
     _materialise_optimizer_state,
     _restore_adam_steps,
 )
-from megarl.config.sections import ActorConfig, OptimizerConfig, ParallelConfig
 from megarl.parallel.mcore_version import VERSIONS_FILE
 
 OPT = OptimizerConfig(lr=1e-3, min_lr=1e-4, warmup_steps=2, schedule="cosine", clip_grad=0.5, distributed=True)
@@ -59,9 +59,9 @@ def _optimizer_state(worker) -> dict[str, torch.Tensor]:
 def _ckpt_run(rank: int, world: int, path: str, ckpt_dir: str) -> dict:
     import multiprocessing
 
+    from megarl.actors.policy import PolicyWorker
     from megarl.megatron_runtime.model import MegatronModel
     from megarl.megatron_runtime.training import load_trained_weights
-    from megarl.actors.policy import PolicyWorker
 
     # The spawn helper's ranks are daemonic processes; Megatron's checkpoint writer starts a
     # multiprocessing Manager, which daemonic processes may not. torchrun / Ray ranks are not

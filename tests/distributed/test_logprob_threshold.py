@@ -128,8 +128,8 @@ class _Trainer:
 
 
 def _train(policy, steps) -> None:
-    from megarl.rollout.batching import batch_from_generations
     from megarl.engines.base import GenerationResult
+    from megarl.rollout.batching import batch_from_generations
 
     for rows in steps:
         results = [GenerationResult(i, r, [0.0] * len(r), "stop") for i, (_, r) in enumerate(rows)]
@@ -140,8 +140,8 @@ def _push_and_check(policy, engine, export_fn, version: int, checks) -> dict:
     """Push ``export_fn``'s weights; the check's verdict at the default bound and its numbers."""
     from megarl.weight_sync.export_check import WeightExportError
     from megarl.weight_sync.logprob_check import LogprobMismatchError
-    from megarl.weight_sync.transports import InProcessTransport
     from megarl.weight_sync.stream import WeightStream
+    from megarl.weight_sync.transports import InProcessTransport
 
     observe = partial(policy.export_check.observe, collect="leader")  # as build_transport wires in_process
     transport = InProcessTransport(WeightStream(export_fn, bucket_mb=1, observe=observe), [engine] if engine is not None else [])
@@ -168,8 +168,8 @@ def _run(rank: int, world_size: int, model_dir: str, probe: list, steps: list) -
     from megarl.config.rollout_sections import WeightSyncConfig
     from megarl.config.sections import ActorConfig, OptimizerConfig, ParallelConfig
     from megarl.engines.base import SamplingParams
-    from megarl.weight_sync.logprob_check import PostPushCheck
     from megarl.engines.torch_engine import TorchEngine
+    from megarl.weight_sync.logprob_check import PostPushCheck
 
     cfg = ActorConfig(parallel=ParallelConfig(tp=2), micro_batch_size=8, optimizer=OptimizerConfig(lr=LR, clip_grad=1.0))
     policy = PolicyWorker(model_dir, cfg, dtype="bfloat16", seed=1)

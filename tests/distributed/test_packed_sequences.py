@@ -26,8 +26,8 @@ import pytest
 import torch
 from spawn import run_distributed
 
-from megarl.megatron_runtime.micro_batches import MicroBatching
 from megarl.config.sections import ActorConfig, OptimizerConfig, ParallelConfig
+from megarl.megatron_runtime.micro_batches import MicroBatching
 
 TEMPERATURE = 0.7
 BUDGET = 48  # tokens per micro-batch: several rows packed, a long one alone

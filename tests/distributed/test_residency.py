@@ -56,13 +56,13 @@ def _walk(rank: int, world: int, model_dir: str) -> dict:
     from megarl.actors.critic_rank import CriticRank
     from megarl.actors.policy_rank import PolicyRank
     from megarl.config.loading import load_config
-    from megarl.plan.planner import make_plan
-    from megarl.memory.residency import residency_of
     from megarl.data.prompt_batch import PromptBatch
-    from megarl.rollout.collect import WorkerEngines, generate_batch
     from megarl.engines.base import SamplingParams
     from megarl.memory.handover import CheckpointedModel, HandedOverEngines, Handover
-    from megarl.weight_sync.logprob_check import PostPushCheck
+    from megarl.memory.residency import residency_of
+    from megarl.plan.planner import make_plan
+    from megarl.rollout.collect import WorkerEngines
+    from megarl.rollout.single_turn import generate_batch
     from megarl.trainer.phases import (
         Advantages,
         CriticPhase,
@@ -72,6 +72,7 @@ def _walk(rank: int, world: int, model_dir: str) -> dict:
         ReferenceLogprobs,
         WeightPush,
     )
+    from megarl.weight_sync.logprob_check import PostPushCheck
 
     cfg = load_config(ROOT / "configs" / "tiny_grpo.yaml", [f"model.path={model_dir}", *OVERRIDES])
     plan = make_plan(cfg)

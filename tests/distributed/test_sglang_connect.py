@@ -43,7 +43,7 @@ def model_dir(tmp_path_factory):
 def _connect_and_push(rank: int, world: int, model_path: str, url: str, tp: int, transport: str, holders) -> dict:
     from megarl.actors.policy_rank import PolicyRank
     from megarl.config.loading import load_config
-    from megarl.weight_sync.sglang_transports import EngineEndpoint
+    from megarl.rollout_sglang.engine import EngineEndpoint
 
     cfg = load_config(ROOT / "configs" / "tiny_grpo.yaml", [
         f"model.path={model_path}", "rollout.engine=sglang", "reference.enabled=false",
@@ -89,7 +89,7 @@ def test_push_from_policy_ranks_reaches_the_engine(model_dir, transport, tp, hol
 
 def _gather_order(rank: int, world: int) -> list:
 
-    from megarl.weight_sync.sglang_transports import GlooPayloadGathers
+    from megarl.weight_sync.cuda_ipc import GlooPayloadGathers
 
     gathers = GlooPayloadGathers()
     out = []

@@ -63,8 +63,8 @@ def _engine_vs_trainer(policy, engine) -> float:
     import torch.distributed as dist
     from actor_cases import gathered
 
-    from megarl.rollout.batching import batch_from_generations
     from megarl.engines.base import SamplingParams
+    from megarl.rollout.batching import batch_from_generations
 
     box = [None]
     if engine is not None:
@@ -80,8 +80,8 @@ def _run(rank: int, world_size: int, model_dir: str, engine_dir: str) -> None:
     from megarl.actors.policy import PolicyWorker
     from megarl.config.sections import ActorConfig, OptimizerConfig, ParallelConfig
     from megarl.engines.torch_engine import TorchEngine
-    from megarl.weight_sync.transports import InProcessTransport
     from megarl.weight_sync.stream import WeightStream
+    from megarl.weight_sync.transports import InProcessTransport
 
     cfg = ActorConfig(
         parallel=ParallelConfig(tp=2), micro_batch_size=2,

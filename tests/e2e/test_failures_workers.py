@@ -13,10 +13,10 @@ import pytest
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.timeout(300)
 
+from megarl.progress import PhaseTimer  # noqa: E402
 from megarl.ray_cluster.placement import RolePlacement  # noqa: E402
 from megarl.ray_cluster.session import ray_session  # noqa: E402
 from megarl.ray_cluster.worker_group import GroupOptions, WorkerError, WorkerGroup  # noqa: E402
-from megarl.progress import PhaseTimer  # noqa: E402
 from megarl.trainer.watchdog import RunControl, Watchdog  # noqa: E402
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -29,7 +29,7 @@ CRASHING = """
     import os
     from pathlib import Path
 
-    from megarl.rollout.collect import generate_batch
+    from megarl.rollout.single_turn import generate_batch
 
     def generate(engines, prompts, params):
         # The default generation, but the process dies (as if killed) on call CRASH_AT_CALL.

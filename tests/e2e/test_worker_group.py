@@ -17,11 +17,11 @@ import pytest
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.timeout(180)  # a hung rendezvous must not hang CI
 
+from megarl.checkpoint.manager import CheckpointManager  # noqa: E402
+from megarl.cli import user_error_line  # noqa: E402
 from megarl.ray_cluster.placement import PlacementError, RolePlacement, place_roles, release  # noqa: E402
 from megarl.ray_cluster.session import ray_session, save_timeline  # noqa: E402
 from megarl.ray_cluster.worker_group import GroupOptions, WorkerError, WorkerGroup  # noqa: E402
-from megarl.checkpoint.manager import CheckpointManager  # noqa: E402
-from megarl.cli import user_error_line  # noqa: E402
 
 # Ray workers cannot import this test module by name: ship its classes by value.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])

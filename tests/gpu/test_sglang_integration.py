@@ -68,8 +68,9 @@ def hf_state(model_dir) -> dict[str, torch.Tensor]:
 
 def push(engine, state: dict[str, torch.Tensor], version: int) -> dict[str, float]:
     """A tensor-transport push (CUDA IPC) of ``state`` from this process to ``engine``."""
+    from megarl.rollout_sglang.engine import EngineEndpoint
+    from megarl.weight_sync.cuda_ipc import SGLangTensorTransport
     from megarl.weight_sync.stream import WeightStream
-    from megarl.weight_sync.sglang_transports import EngineEndpoint, SGLangTensorTransport
 
     transport = SGLangTensorTransport(WeightStream(lambda: iter(state.items()), bucket_mb=1), make_engine=lambda _: engine)
     transport.connect([EngineEndpoint(engine.url, engine.tp)])

@@ -1,7 +1,7 @@
 """Run by test_engine.py with the SGLang venv's Python: megarl's tensor payload code where
 SGLang is importable, so the bucket is SGLang's own FlattenedTensorBucket.
 
-argv: the path of megarl/weight_sync/tensor_payload.py (loaded by path: the SGLang venv
+argv: the path of megarl/rollout_sglang/tensor_payload.py (loaded by path: the SGLang venv
 has no megarl), a safetensors file. Prints the requests as JSON: [{load_format, payloads}].
 """
 

@@ -11,9 +11,9 @@ import torch
 import yaml
 from agent_doubles import FirstCallHangs, always_call, chat_prompts
 
-from megarl.rollout.agents.driver import AgentRollout, build_env
 from megarl.config.rollout_sections import AgentConfig
 from megarl.engines.base import SamplingParams
+from megarl.rollout.agents.driver import AgentRollout, build_env
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples"

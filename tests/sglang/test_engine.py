@@ -27,7 +27,7 @@ from megarl.rollout_sglang.engine import (
     parse_version,
 )
 from megarl.rollout_sglang.server import pick_free_port
-from megarl.weight_sync.tensor_payload import build_tensor_requests
+from megarl.rollout_sglang.tensor_payload import build_tensor_requests
 from megarl.weight_sync.update_group import (
     broadcast_tensors,
     close_update_group,

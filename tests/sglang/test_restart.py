@@ -12,7 +12,7 @@ import torch
 
 from megarl.engines.base import SamplingParams
 from megarl.rollout_sglang.engine import SGLangEngine
-from megarl.weight_sync.tensor_payload import build_tensor_requests
+from megarl.rollout_sglang.tensor_payload import build_tensor_requests
 
 pytestmark = pytest.mark.sglang
 

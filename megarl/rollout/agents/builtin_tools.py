@@ -27,8 +27,8 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from megarl.rollout.agents.tools import Tool, register_tool
 from megarl.rewards.code_sandbox import bwrap_available, extract_program, run_program
+from megarl.rollout.agents.tools import Tool, register_tool
 
 MAX_EXPRESSION_CHARS = 200
 MAX_EXPONENT = 64  # |exponent| of ** at most this

@@ -11,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from megarl.config.rollout_sections import AGENT_LOOPS, loop_name
 from megarl.rollout.agents.errors import AgentError
 from megarl.rollout.agents.interactions import (
     InteractionFileError,
     interaction_name,
     read_interaction_names,
 )
-from megarl.config.rollout_sections import AGENT_LOOPS, loop_name
 
 
 def row_findings(agent: Any, files: Sequence[tuple[str, str, Sequence[Any]]]) -> list[tuple[str, str, str]]:

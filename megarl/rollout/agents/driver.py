@@ -1,8 +1,9 @@
 """The agent rollout: a step's prompts -> one trajectory per sample -> a Batch, with the engines.
 
-``AgentRollout`` is the default generate function (``rollout.generate_function: default``). A
+``AgentRollout`` is the default generate function (``rollout.generate_function: default``,
+megarl/rollout/generate.py). A
 step whose samples are all ``single_turn`` takes the one-request path of
-megarl/rollout/collect.py ``generate_batch`` (what every single-turn step always did). Otherwise
+megarl/rollout/single_turn.py ``generate_batch`` (what every single-turn step always did). Otherwise
 the driver below runs every sample's loop (megarl/rollout/agents/loops.py) in rounds:
 
 1. every loop that wants the engine contributes one request; the round's requests go to the
@@ -33,6 +34,12 @@ from typing import Any
 
 import torch
 
+from megarl.algos.registry import load_import_path
+from megarl.config.rollout_sections import loop_name
+from megarl.data.batch import Batch
+from megarl.data.prompt_batch import PromptBatch
+from megarl.engines.base import Engines, GenerationResult, SamplingParams
+from megarl.engines.seeds import step_seed
 from megarl.rollout.agents.chat import TurnEncoder
 from megarl.rollout.agents.errors import AgentError
 from megarl.rollout.agents.loops import (
@@ -46,14 +53,8 @@ from megarl.rollout.agents.loops import (
 )
 from megarl.rollout.agents.tool_calls import PARSERS, ToolCall
 from megarl.rollout.agents.tools import ToolOutcome, start_tool_call, timed_out
-from megarl.algos.registry import load_import_path
-from megarl.config.rollout_sections import loop_name
-from megarl.data.batch import Batch
-from megarl.data.prompt_batch import PromptBatch
 from megarl.rollout.batching import batch_from_generations
-from megarl.rollout.collect import GENERATE_FUNCTIONS, Engines, GenerateFn, generate_batch
-from megarl.engines.base import GenerationResult, SamplingParams
-from megarl.engines.seeds import step_seed
+from megarl.rollout.single_turn import generate_batch
 
 log = logging.getLogger(__name__)
 ROUND_SEED_SALT = 0xA6E7  # round r samples with step_seed(seed ^ salt, r): never the single-turn streams
@@ -248,17 +249,6 @@ def _with_agent_counts(sample: AgentSample) -> dict[str, Any]:
     extra["agent"] = {"turns": t.turns, "tool_calls": t.tool_calls, "tool_failures": t.tool_failures,
                       "turn_scores": list(t.turn_scores), "tool_rewards": list(t.tool_rewards)}  # fmt: skip
     return extra
-
-
-def make_generate(cfg: Any, tokenizer: Any, eos_token_ids: Sequence[int]) -> GenerateFn:
-    """The run's generate function: a user's by import path, else the agent rollout."""
-    if cfg.rollout.generate_function != "default":
-        return GENERATE_FUNCTIONS.get(cfg.rollout.generate_function)
-    agent = cfg.rollout.agent
-    overlap = agent.overlap_tools
-    if overlap is None:  # rounds that wait for their tools keep a deterministic engine's runs reproducible
-        overlap = cfg.rollout.engine == "sglang" and not cfg.rollout.deterministic
-    return AgentRollout(agent, build_env(agent, tokenizer, eos_token_ids), overlap)
 
 
 def build_env(agent: Any, tokenizer: Any, eos_token_ids: Sequence[int]) -> AgentEnv | None:

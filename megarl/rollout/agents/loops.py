@@ -20,12 +20,12 @@ from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from megarl.engines.base import GenerationResult
 from megarl.rollout.agents.chat import TurnEncoder
 from megarl.rollout.agents.errors import AgentError
 from megarl.rollout.agents.interactions import Interaction, InteractionSession, open_session
 from megarl.rollout.agents.tool_calls import ParsedCalls, ToolCall, ToolCallParser
 from megarl.rollout.agents.tools import Tool, ToolOutcome
-from megarl.engines.base import GenerationResult
 
 
 @dataclass

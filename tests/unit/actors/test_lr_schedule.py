@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from megarl.megatron_runtime.optim import LRSchedule
 from megarl.config.sections import OptimizerConfig
+from megarl.megatron_runtime.optim import LRSchedule
 
 
 def test_warmup_then_cosine_and_linear():

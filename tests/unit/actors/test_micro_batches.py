@@ -2,6 +2,7 @@
 
 import torch
 
+from megarl.data.batch import Batch
 from megarl.megatron_runtime.micro_batches import (
     MicroBatching,
     balanced_partition,
@@ -9,7 +10,6 @@ from megarl.megatron_runtime.micro_batches import (
     micro_batch_indices,
     pack_micro_batch,
 )
-from megarl.data.batch import Batch
 from megarl.models.packed_sequences import PackedLayout, group_segments
 
 

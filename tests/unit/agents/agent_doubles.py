@@ -8,9 +8,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from megarl.data.prompt_batch import PromptBatch
 from megarl.rollout.agents.tool_calls import ParsedCalls, ToolCall
 from megarl.rollout.agents.tools import Tool
-from megarl.data.prompt_batch import PromptBatch
 
 
 def chat_ids(tok: Any, text: str) -> list[int]:

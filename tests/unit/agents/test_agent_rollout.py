@@ -19,15 +19,15 @@ import torch
 import yaml
 from agent_doubles import FirstCallHangs, always_call, chat_ids, chat_prompts
 
-from megarl.rollout.agents.chat import TurnEncoder
-from megarl.rollout.agents.loops import AgentEnv
-from megarl.rollout.agents.driver import AgentRollout, build_env
-from megarl.rollout.agents.tool_calls import parse_hermes
-from megarl.rollout.agents.tools import Tool
 from megarl.config.rollout_sections import AgentConfig
 from megarl.data.prompt_batch import PromptBatch
-from megarl.models.tiny import build_tokenizer
 from megarl.engines.base import GenerationResult, SamplingParams
+from megarl.models.tiny import build_tokenizer
+from megarl.rollout.agents.chat import TurnEncoder
+from megarl.rollout.agents.driver import AgentRollout, build_env
+from megarl.rollout.agents.loops import AgentEnv
+from megarl.rollout.agents.tool_calls import parse_hermes
+from megarl.rollout.agents.tools import Tool
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "docs" / "examples"
 CALC = {"type": "function", "function": {"name": "calc", "description": "arithmetic",
@@ -453,10 +453,10 @@ def test_at_most_max_concurrent_trajectories_are_in_flight(tok):
 
 def test_the_torch_engine_regenerates_a_multi_turn_step_exactly(tmp_path, monkeypatch):
     """Rounds do not depend on timing without overlap, so the same seed gives the same trajectories."""
+    from megarl.engines.torch_engine import TorchEngine
+    from megarl.models.tiny import build_tiny_model
     from megarl.rollout.agents.builtin_tools import Calculator
     from megarl.rollout.agents.tool_calls import PARSERS
-    from megarl.models.tiny import build_tiny_model
-    from megarl.engines.torch_engine import TorchEngine
 
     monkeypatch.syspath_prepend(str(EXAMPLES))
     digit_calls = PARSERS.get("agent_extensions:digit_calls")
@@ -478,8 +478,8 @@ def test_the_torch_engine_regenerates_a_multi_turn_step_exactly(tmp_path, monkey
 
 
 def test_with_the_torch_engine_a_hanging_tool_costs_the_step_its_timeout_only(tmp_path):
-    from megarl.models.tiny import build_tiny_model
     from megarl.engines.torch_engine import TorchEngine
+    from megarl.models.tiny import build_tiny_model
 
     engine = TorchEngine(build_tiny_model(tmp_path / "m", task_vocab="01", max_position_embeddings=256))
     tool = FirstCallHangs({}, {"type": "function", "function": {"name": "wait"}})

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from megarl.rollout.agents.chat import ChatTemplateError, TurnEncoder
 from megarl.models.tiny import build_tokenizer
+from megarl.rollout.agents.chat import ChatTemplateError, TurnEncoder
 
 # Like Qwen3's: the last assistant turn gets an (empty) think block, earlier ones do not, so the
 # conversation's rendering of a turn changes once messages follow it.

@@ -138,8 +138,8 @@ def test_a_missing_checkpoint_is_a_user_error_in_a_fresh_process(tmp_path):
 
 
 def test_an_assert_in_a_worker_is_an_internal_error(capsys):
-    from megarl.ray_cluster.worker_group import WorkerError
     from megarl.cli import EXIT_INTERNAL, report
+    from megarl.ray_cluster.worker_group import WorkerError
 
     said = "policy rank 1 raised RuntimeError in PolicyRank.load: size mismatch for weight (log: r1.log)"
     mistake = WorkerError(said + "\n--- last lines ---\n...", "policy", 1, cause=RuntimeError("size mismatch for weight"))

@@ -17,8 +17,8 @@ import pytest
 
 from megarl.cli import EXIT_USER, main
 from megarl.commands.evaluate import evaluate
-from megarl.config import preflight
 from megarl.evaluation import EvaluationError
+from megarl.plan import preflight
 
 # A reward function that leaves a trace: whether scoring started at all (it runs in the workers).
 TRACING_REWARD = """

@@ -9,8 +9,8 @@ from rich.console import Console
 
 from megarl.config.loading import load_config
 from megarl.plan.gpu_memory import GIB
-from megarl.plan.report import print_plan
 from megarl.plan.planner import PlanError, make_plan
+from megarl.plan.report import print_plan
 from megarl.plan.rollout_checks import check_server_python
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"

@@ -78,10 +78,10 @@ def test_gsm8k_and_convert_commands(tmp_path, capsys):
 
 
 def test_gsm8k_tools_writes_the_tool_agent_variant_the_shipped_config_trains_on(tmp_path, capsys):
-    from megarl.rollout.agents.tools import load_tools
     from megarl.config.loading import load_config
-    from megarl.plan.planner import make_plan
     from megarl.data.datasets import read_prompt_file
+    from megarl.plan.planner import make_plan
+    from megarl.rollout.agents.tools import load_tools
 
     src = tmp_path / "g.jsonl"
     src.write_text(json.dumps({"question": "What is 2+3?", "answer": "2+3=5\n#### 5"}) + "\n")

@@ -9,7 +9,12 @@ from functools import partial
 import pytest
 import torch
 
-from megarl.weight_sync.export_check import ExportCheck, Observation, WeightExportError, tensor_stats
+from megarl.weight_sync.export_check import (
+    ExportCheck,
+    Observation,
+    WeightExportError,
+    tensor_stats,
+)
 from megarl.weight_sync.stream import WeightStream
 
 

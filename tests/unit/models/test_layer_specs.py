@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from megarl.config.loading import load_config
-from megarl.plan.planner import PlanError, make_plan
 from megarl.models.layer_specs import resolve_layer_spec, te_importable
+from megarl.plan.planner import PlanError, make_plan
 
 
 def test_local_is_local_everywhere_and_auto_is_local_off_cuda():

@@ -7,7 +7,7 @@ from importlib.metadata import version
 
 import pytest
 
-from megarl.models import mcore_version as mv
+from megarl.parallel import mcore_version as mv
 
 
 @pytest.mark.parametrize(

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
+from megarl.engines.base import GenerationResult
 from megarl.models.tiny import build_tokenizer
 from megarl.rollout.batching import batch_from_generations, response_texts
-from megarl.engines.base import GenerationResult
 
 
 def results_for(prompts, n, lengths):

@@ -8,8 +8,8 @@ import torch
 from megarl.algos.dapo import overlong_penalty
 from megarl.config.sections import CustomRewardConfig, OverlongConfig, RewardConfig
 from megarl.data.batch import Batch
-from megarl.rollout.collect import GreedyBaseline, Scorer
 from megarl.engines.base import SamplingParams
+from megarl.rollout.collect import GreedyBaseline, Scorer
 
 PROMPTS = [[3, 4, 5, 6, 7], [8, 9]]
 MAX_NEW = 6

@@ -12,15 +12,15 @@ import torch
 from megarl.config.rollout_sections import WeightSyncConfig
 from megarl.data.batch import Batch
 from megarl.data.prompt_batch import PromptBatch
-from megarl.rollout.batching import batch_from_generations
 from megarl.engines.base import SamplingParams, WeightBucket
+from megarl.engines.torch_engine import TorchEngine
+from megarl.rollout.batching import batch_from_generations
 from megarl.weight_sync.logprob_check import (
     PROBE_MAX_NEW_TOKENS,
     LogprobMismatchError,
     PostPushCheck,
     compare_logprobs,
 )
-from megarl.engines.torch_engine import TorchEngine
 
 
 class HFTrainer:

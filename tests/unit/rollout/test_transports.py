@@ -8,11 +8,11 @@ import weakref
 import pytest
 import torch
 
-from megarl.models.tiny import build_tiny_model
 from megarl.engines.base import WeightBucket
 from megarl.engines.torch_engine import TorchEngine, WeightLoadError
-from megarl.weight_sync.transports import DiskTransport, InProcessTransport
+from megarl.models.tiny import build_tiny_model
 from megarl.weight_sync.stream import MIB, WeightStream
+from megarl.weight_sync.transports import DiskTransport, InProcessTransport
 
 
 @pytest.fixture(scope="module")

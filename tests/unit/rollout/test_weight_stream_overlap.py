@@ -12,7 +12,12 @@ import weakref
 import pytest
 import torch
 
-from megarl.weight_sync.export_check import ExportCheck, Observation, WeightExportError, tensor_stats
+from megarl.weight_sync.export_check import (
+    ExportCheck,
+    Observation,
+    WeightExportError,
+    tensor_stats,
+)
 from megarl.weight_sync.progress import PushProgress, read_place
 from megarl.weight_sync.stream import MIB, WeightStream
 

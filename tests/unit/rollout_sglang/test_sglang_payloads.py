@@ -18,7 +18,7 @@ import torch
 
 from megarl.rollout_sglang.client import SGLangClient, SGLangUnreachable
 from megarl.rollout_sglang.engine import SGLangEngine, parse_version
-from megarl.weight_sync.tensor_payload import (
+from megarl.rollout_sglang.tensor_payload import (
     build_tensor_requests,
     group_by_dtype,
     plan_requests,

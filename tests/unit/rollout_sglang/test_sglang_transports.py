@@ -11,17 +11,17 @@ import pytest
 import torch
 
 from megarl.engines.base import SamplingParams
-from megarl.weight_sync.transports import DiskTransport
-from megarl.weight_sync.stream import WeightStream
 from megarl.rollout_sglang.client import SGLangHTTPError
-from megarl.rollout_sglang.engine import EngineBusy, SGLangEngine, WeightVersionMismatch
-from megarl.weight_sync.sglang_transports import (
+from megarl.rollout_sglang.engine import (
+    EngineBusy,
     EngineEndpoint,
-    PayloadGather,
-    SGLangDistributedTransport,
-    SGLangTensorTransport,
-    StageRole,
+    SGLangEngine,
+    WeightVersionMismatch,
 )
+from megarl.weight_sync.cuda_ipc import PayloadGather, SGLangTensorTransport
+from megarl.weight_sync.nccl_broadcast import SGLangDistributedTransport, StageRole
+from megarl.weight_sync.stream import WeightStream
+from megarl.weight_sync.transports import DiskTransport
 
 TIMEOUT = timedelta(seconds=30)
 

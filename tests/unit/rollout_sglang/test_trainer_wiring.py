@@ -14,18 +14,16 @@ import pytest
 import torch
 
 from megarl.config.loading import load_config
-from megarl.plan.planner import make_plan
-from megarl.memory.residency import build_residency
 from megarl.data.prompt_batch import PromptBatch
-from megarl.rollout.collect import generate_batch
 from megarl.engines.base import SamplingParams
 from megarl.memory.handover import CheckpointedModel, HandedOverEngines, Handover
-from megarl.weight_sync.logprob_check import PostPushCheck
-from megarl.weight_sync.stream import WeightStream
+from megarl.memory.residency import build_residency
+from megarl.memory.sglang_memory import SGLangMemory
+from megarl.plan.planner import make_plan
+from megarl.rollout.single_turn import generate_batch
 from megarl.rollout_sglang.controller import (
     PolicyConnection,
     SGLangEngines,
-    SGLangMemory,
     rollout_placement,
 )
 from megarl.rollout_sglang.engine import SGLangEngine
@@ -36,8 +34,10 @@ from megarl.rollout_sglang.hosts import (
     slot_spec,
 )
 from megarl.rollout_sglang.server import build_launch_command, build_launch_env, spec_from_config
-from megarl.weight_sync.sglang_transports import SGLangTensorTransport
 from megarl.trainer.phases import PolicyForward, WeightPush
+from megarl.weight_sync.cuda_ipc import SGLangTensorTransport
+from megarl.weight_sync.logprob_check import PostPushCheck
+from megarl.weight_sync.stream import WeightStream
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 ALL_TAGS = {"kv_cache", "weights", "cuda_graph"}
@@ -198,7 +198,7 @@ POLICY_ALL = ("policy/grads", "policy/optimizer", "policy/weights")
 
 
 def colocated_setup(fake_server, check: bool = False, **table_flags):
-    """Servers launched through the hand-over, as start_sglang does; the trainer's phase objects."""
+    """Servers launched through the hand-over, as the trainer starts them; the trainer's phase objects."""
     servers: list = []
     table = build_residency("colocated", "sglang", **(table_flags or GRPO))
     policy = RecordingPolicy({"w0": torch.randn(8, 8), "w1": torch.randn(4)}, lambda: [s.fake for s in servers])
