@@ -26,9 +26,9 @@ from typing import Any, Protocol
 
 import torch
 
-from megarl.actors.worker_error import WorkerError
 from megarl.data.batch import Batch, TokenRows
 from megarl.engines.base import GenerationResult
+from megarl.ray_cluster.worker_error import WorkerError
 
 
 class Group(Protocol):

@@ -194,8 +194,8 @@ def _guarded(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Nam
     """Print a data error as one line and return EXIT_USER instead of a traceback."""
 
     def handler(args: argparse.Namespace) -> int:
-        from megarl.cli import EXIT_USER
         from megarl.data.datasets import DataError
+        from megarl.terminal import EXIT_USER
 
         try:
             return run(args)

@@ -76,25 +76,12 @@ def sglang_on_cpu(overrides: list[str]) -> list[str]:
         return []
     extra = list(SGLANG_ON_CPU)
     if not any(o.startswith("rollout.server_python=") for o in overrides):
+        from megarl.rollout_sglang.server import sglang_cpu_python
+
         python = sglang_cpu_python()
         if python is not None:
             extra.append(f"rollout.server_python={python}")
     return extra
-
-
-def sglang_cpu_python() -> Path | None:
-    """The interpreter of the venv `make sglang-cpu` built for this checkout, if it exists
-    (its path comes from ci/sglang-cpu/venv_path.py, the build's own definition)."""
-    import importlib.util
-
-    script = Path(__file__).resolve().parents[2] / "ci" / "sglang-cpu" / "venv_path.py"
-    if not script.is_file():  # megarl installed without its repository
-        return None
-    spec = importlib.util.spec_from_file_location("megarl_sglang_cpu_venv_path", script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    python = module.venv_path() / "bin" / "python"
-    return python if python.exists() else None
 
 
 def prepare_demo(root: str | Path = "outputs/demo", seed: int = 0) -> tuple[Path, Path]:
@@ -130,9 +117,9 @@ def _build_in_place(target: Path, build: Callable[[Path], object]) -> None:
 
 def run_demo(config: str | Path, overrides: list[str], root: str | Path = "outputs/demo") -> Path:
     """Prepare, train, plot; returns the PNG of the curves."""
-    from megarl.commands.launch import launch
-    from megarl.commands.plot import plot_run
+    from megarl.commands.curves import plot_run
     from megarl.config.loading import load_config
+    from megarl.trainer.launch import launch
 
     model, data = prepare_demo(root)
     paths = [f"model.path={model}", f"data.train_files=[{data / 'train.parquet'}]", f"data.val_files=[{data / 'val.parquet'}]",

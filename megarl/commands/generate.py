@@ -108,7 +108,7 @@ def generate(config: str | Path, overrides: list[str], data: str | Path, out: st
     """Generate for every prompt of ``data`` into ``out`` (see the module docstring); ``in_process``:
     a checkpoint is exported without Ray (`megarl convert --in-process`)."""
     from megarl.checkpoint.verification import CHECKPOINTS_DIR
-    from megarl.commands.convert import check_in_process, convert_checkpoint
+    from megarl.commands.conversion import check_in_process, convert_checkpoint
     from megarl.config.loading import load_config
     from megarl.data.datasets import read_prompt_file
     from megarl.models.hf_files import tokenizer_files_problem
@@ -176,7 +176,7 @@ def _model_export(source: Path) -> Any:
     that exports it (a model checkpoint, a training checkpoint)."""
     from megarl.checkpoint.model_checkpoint import is_model_checkpoint, sft_output_hint
     from megarl.checkpoint.verification import run_folder_problem
-    from megarl.commands.convert import convert_checkpoint, export_model_checkpoint
+    from megarl.commands.conversion import convert_checkpoint, export_model_checkpoint
     from megarl.models.hf_files import tokenizer_files_problem
     from megarl.models.weight_files import HF_WEIGHT_SUFFIXES, has_hf_weights
 
@@ -208,7 +208,7 @@ def _hf_tensors_problem(source: Path) -> str | None:
     (its load report says so among the logs); a cut file is a traceback. A config the bridge
     refuses (a quantized model, biases megarl does not train), an architecture without a bridge
     and .bin weights are left to the engine, which may load them."""
-    from megarl.models.bridge import ModelRefused, check_hf_model
+    from megarl.models.bridges import ModelRefused, check_hf_model
 
     if not any(source.glob("*.safetensors")):
         return None
@@ -228,7 +228,7 @@ def _run_model(source: Path, export: Any, cfg: Any) -> str:
     directory; else the config's model.path."""
     from megarl.checkpoint.run_record import model_config_change, run_config
     from megarl.checkpoint.verification import verify_checkpoint
-    from megarl.commands.convert import convert_checkpoint
+    from megarl.commands.conversion import convert_checkpoint
 
     if export is convert_checkpoint:
         ckpt = verify_checkpoint(source)

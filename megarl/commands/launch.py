@@ -6,28 +6,14 @@ allocation. A run whose output_dir already holds its last step says so and start
 
 While it runs, the driver logs to <output_dir>/logs/driver.log as well (with the traceback of
 whatever ended the run), Ctrl-C and SIGTERM stop it cleanly (megarl/trainer/watchdog.py), and
-the exact command that resumes it is printed when it stops.
+the exact command that resumes it is printed when it stops. The run itself: megarl/trainer/launch.py.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
-import os
-import shlex
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
-from pathlib import Path
 
-from megarl.cli import library_warnings_logged
 from megarl.commands.arguments import add_config_args
-from megarl.config.loading import load_config
-from megarl.config.sections import MegaRLConfig
-from megarl.plan.planner import make_plan
-
-log = logging.getLogger(__name__)
-DRIVER_LOG = "driver.log"
-RESUME_ENV = "MEGARL_RESUME_COMMAND"  # overrides the printed resume command (set by megarl sbatch scripts)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -51,137 +37,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from megarl.trainer.launch import launch
+
     launch(args.config, args.overrides, args.address, in_process=args.in_process)
     return 0
 
 
-def launch(config: str | Path, overrides: list[str], address: str | None = None,
-           resume_command: str | None = None, *, in_process: bool = False) -> dict[str, float]:
-    """Run the config to the end; returns the last step's metrics ({} when there was nothing to do)."""
-    from megarl.plan.resume_checks import finished_run
-
-    cfg = load_config(config, overrides)
-    if not in_process:
-        check_one_machine(cfg, address)
-    plan = make_plan(cfg, check_files=True, in_process=in_process)
-    for warning in plan.warnings:
-        log.warning("%s", warning)
-    for key, value in plan.resolved.items():
-        log.info("%s: auto -> %s (the plan's choice)", key, value)
-    finished = finished_run(cfg)
-    if finished:
-        print(finished)
-        return {}
-    # A batch script (launch/megarl.sbatch) names itself: resubmitting is how its runs resume.
-    command = resume_command or os.environ.get(RESUME_ENV) or launch_command(config, overrides, cfg, address, in_process)
-    return run(cfg, plan, address, command, in_process=in_process)
-
-
-def check_one_machine(cfg: MegaRLConfig, address: str | None) -> None:
-    """A config for several nodes with no Ray cluster to attach to is refused before Ray starts."""
-    from megarl.plan.issues import Issue, PlanError
-    from megarl.ray_cluster.address import one_machine_problem
-
-    problem = one_machine_problem(cfg.cluster.nnodes, address or cfg.cluster.ray_address)
-    if problem:
-        raise PlanError([Issue("cluster.nnodes", problem)])
-
-
-def launch_command(config: str | Path, overrides: list[str], cfg: MegaRLConfig, address: str | None = None,
-                   in_process: bool = False) -> str:  # fmt: skip
-    """The `megarl launch` command line that resumes this run (trainer.resume=auto)."""
-    args = ["megarl", "launch", str(config), *(o for o in overrides if not o.startswith("trainer.resume="))]
-    if address:
-        args += ["--address", address]
-    if in_process:
-        args.append("--in-process")
-    if cfg.trainer.resume != "auto":
-        args.append("trainer.resume=auto")
-    return shlex.join(args)
-
-
-def run(cfg: MegaRLConfig, plan, address: str | None = None, resume_command: str = "", *,
-        in_process: bool = False) -> dict[str, float]:  # fmt: skip
-    from megarl.trainer.build import build_trainer, shutdown
-    from megarl.trainer.run_lock import output_dir_lock
-    from megarl.trainer.watchdog import RunControl, RunStopped
-
-    address = address or cfg.cluster.ray_address
-    local_cpus = None if address else max(os.cpu_count() or 1, _cpus_needed(plan))
-    control = RunControl(resume_command, save_on_signal=cfg.trainer.checkpoint_on_signal)
-    trainer = None
-    with (
-        output_dir_lock(cfg.trainer.output_dir),  # one run per output_dir: a second launch there is refused
-        driver_log(Path(cfg.trainer.output_dir) / "logs" / DRIVER_LOG),
-        control.handlers(),
-    ):
-        where = "this process" if in_process else f"Ray at {address}" if address else f"an embedded Ray ({local_cpus} CPUs)"
-        log.info("starting %s, then %s", where, _roles(plan))
-        stopped = lambda: RunStopped(f"stopped by {control.signal_name} while starting; nothing was trained or saved\n"  # noqa: E731
-                                     f"start again with: {resume_command or 'the same command'}", control.exit_code)
-        with ExitStack() as session:
-            control.enter_starting(session, _session(in_process, address, local_cpus, cfg), stopped)
-            try:
-                trainer = build_trainer(cfg, plan, in_process=in_process)
-                return trainer.fit(control)  # stops in the step loop are its own (RunStopped)
-            except KeyboardInterrupt:  # Ctrl-C / SIGTERM while starting (workers, restore): nothing to save
-                raise stopped() from None
-            finally:
-                control.cleaning = True  # signals from here on wait for the shutdown
-                shutdown(trainer)
-                if cfg.trainer.profile_steps and not in_process:
-                    from megarl.ray_cluster.session import save_timeline
-
-                    save_timeline(Path(cfg.trainer.output_dir) / "profile" / "ray_timeline.json")
-
-
-@contextmanager
-def _session(in_process: bool, address: str | None, local_cpus: int | None, cfg: MegaRLConfig) -> Iterator[None]:
-    """Ray (embedded or attached), or nothing for a run in this process."""
-    if in_process:
-        yield
-        return
-    from megarl.ray_cluster.session import ray_session
-
-    with ray_session(address, num_cpus=local_cpus, num_gpus=None if address else _local_gpus(cfg)):
-        yield
-
-
-@contextmanager
-def driver_log(path: Path) -> Iterator[None]:
-    """Everything the driver logs also goes to ``path``, plus the traceback of what ends the run
-    (the terminal gets one line: megarl/cli.py)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handler = logging.FileHandler(path)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%Y-%m-%d %H:%M:%S"))
-    root, errors = logging.getLogger(), logging.getLogger("megarl.driver_errors")
-    errors.propagate = False  # tracebacks to the file only
-    root.addHandler(handler)
-    errors.addHandler(handler)
-    try:
-        with library_warnings_logged():  # installed packages' warnings (Megatron's, torch's) to the file only
-            yield
-    except BaseException as exc:
-        errors.error("the run ended with %s", type(exc).__name__, exc_info=exc)
-        try:
-            exc.megarl_log = str(path)  # type: ignore[attr-defined]
-        except AttributeError:
-            pass
-        raise
-    finally:
-        root.removeHandler(handler)
-        errors.removeHandler(handler)
-        handler.close()
-
-
-def _roles(plan) -> str:
-    return ", ".join(f"{len(r.gpus)} {r.role} rank(s)" for name, r in plan.roles.items() if name != "rollout")
-
-
-def _cpus_needed(plan) -> int:
-    """One logical CPU per process of each role (colocated roles share bundles but add CPUs)."""
-    return sum(len(r.gpus) for name, r in plan.roles.items() if name != "rollout") + 1
-
-
-def _local_gpus(cfg: MegaRLConfig) -> int | None:
-    return cfg.cluster.gpus_per_node if cfg.cluster.device == "cuda" else None

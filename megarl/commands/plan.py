@@ -56,8 +56,8 @@ def _print_refusal(exc: Exception) -> int:
     passed; the exit code stays the CLI's user error."""
     from dataclasses import asdict
 
-    from megarl.cli import EXIT_USER
     from megarl.plan.planner import PlanError
+    from megarl.terminal import EXIT_USER
 
     if isinstance(exc, PlanError):
         out: dict = {"ok": False, "issues": [asdict(i) for i in exc.issues]}

@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
 def render(cfg, args: argparse.Namespace, workdir: Path | None = None) -> str:
     """The batch script for ``cfg`` (checked) and the command-line options ``args``."""
     from megarl import __version__
-    from megarl.commands.launch import RESUME_ENV, launch_command
+    from megarl.trainer.launch import RESUME_ENV, launch_command
 
     check_options(args)
     workdir = (workdir or Path.cwd()).resolve()

@@ -69,9 +69,9 @@ def _run(args: argparse.Namespace) -> int:
 def run_sft(cfg: Any, address: str | None = None, *, in_process: bool = False) -> Path:
     """Fine-tune, then write and verify ``<sft.output_dir>/model``; returns its path.
     ``in_process``: the worker lives in this process, without Ray (a world of one)."""
-    from megarl.commands.launch import DRIVER_LOG, driver_log
     from megarl.commands.model_outputs import read_hf_config
     from megarl.plan.planner import sft_max_length
+    from megarl.trainer.launch import DRIVER_LOG, driver_log
     from megarl.trainer.run_lock import output_dir_lock
 
     cfg, plan = _checked(cfg, address, in_process)
@@ -116,9 +116,9 @@ def run_sft(cfg: Any, address: str | None = None, *, in_process: bool = False) -
 def _checked(cfg: Any, address: str | None, in_process: bool) -> tuple[Any, Any]:
     """``cfg`` resolved by its plan, and the plan, once what needs no data is checked: the
     batch against the data-parallel size, the machine, the output folder, the loggers."""
-    from megarl.commands.launch import check_one_machine
     from megarl.plan.planner import make_plan, resolved_config
     from megarl.plan.preflight import check_loggers
+    from megarl.trainer.launch import check_one_machine
 
     s = cfg.sft
     if not s.train_files:

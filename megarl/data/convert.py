@@ -30,7 +30,6 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from megarl.data.answers import number_text
 from megarl.data.datasets import (
     DataError,
     Prompt,
@@ -40,6 +39,7 @@ from megarl.data.datasets import (
     type_name,
     write_prompt_file,
 )
+from megarl.rewards.answers import number_text
 from megarl.rewards.gsm8k import reference_number  # the number the gsm8k reward compares with
 from megarl.rewards.math import last_boxed  # one definition for data conversion and scoring
 

@@ -343,3 +343,14 @@ def write_prompt_file(rows: list[dict[str, Any]], path: str | Path) -> Path:
 def short_repr(value: Any, limit: int = 60) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def training_rows(cfg: Any) -> int | None:
+    """The rows of the training files from their parquet footers (None when one cannot be read:
+    the preflight reports that); at most the prompts a run keeps, which may drop overlong ones."""
+    import pyarrow.parquet as pq
+
+    try:
+        return sum(pq.read_metadata(f.path).num_rows for f in cfg.data.train_files)
+    except Exception:  # noqa: BLE001 - any unreadable file
+        return None

@@ -97,7 +97,6 @@ class WeightBucket:
         return sum(t.numel() * t.element_size() for _, t in self.tensors)
 
 
-@runtime_checkable
 class Engines(Protocol):
     """What the controller generates with: one or more engines behind one call (torch engines
     in the policy ranks, SGLang servers), results grouped by prompt, in prompt order."""
@@ -105,6 +104,7 @@ class Engines(Protocol):
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[GenerationResult]: ...
 
 
+@runtime_checkable
 class RolloutEngine(Protocol):
     """One generator (one SGLang server, or one torch model). Releasing and resuming its memory
     is engine-specific and the memory hand-over's business (megarl/memory/handover.py)."""

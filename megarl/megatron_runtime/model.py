@@ -144,7 +144,7 @@ class MegatronModel:
 
         require_megatron_core()  # before the first megatron import: a one-line error, not a deep one
         from megarl.checkpoint.model_checkpoint import is_model_checkpoint, load_model_weights
-        from megarl.models.bridge import get_bridge
+        from megarl.models.bridges import get_bridge
         from megarl.models.layer_specs import resolve_layer_spec
 
         info = ensure_parallel(cfg.parallel, seed)

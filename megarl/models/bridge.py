@@ -15,7 +15,7 @@ stage yields its own). DP replicas work independently (no cross-DP traffic). Mem
 tensor at a time beyond the model.
 
 Left out: MoE, MLA, vision towers; registering new architectures happens in their own modules
-with :func:`register_bridge`.
+with :func:`register_bridge`; megarl/models/bridges.py finds a model's bridge.
 """
 
 from __future__ import annotations
@@ -31,70 +31,19 @@ from megarl.parallel.cpu_compat import enable_cpu_compat
 from megarl.parallel.sharding import all_gather_objects
 from megarl.parallel.stage_collection import Collect, collect_stages, dtype_name, receives_all
 
-_REGISTRY: dict[str, type[ModelBridge]] = {}
+BRIDGES: dict[str, type[ModelBridge]] = {}  # HF model_type -> bridge class (megarl/models/bridges.py looks up)
 HF_CONFIG_ATTR = "megarl_hf_config"  # set on every GPTModel built by a bridge
 
 
 def register_bridge(*model_types: str):
-    """Class decorator: make ``get_bridge(model_type)`` return an instance of the class."""
+    """Class decorator: make ``get_bridge(model_type)`` (megarl/models/bridges.py) return an instance of the class."""
 
     def wrap(cls: type[ModelBridge]) -> type[ModelBridge]:
         for t in model_types:
-            _REGISTRY[t] = cls
+            BRIDGES[t] = cls
         return cls
 
     return wrap
-
-
-def get_bridge(model_type_or_hf_config: str | Any) -> ModelBridge:
-    """The bridge of an HF ``model_type`` (a string or an HF config object)."""
-    _import_builtin_bridges()
-    model_type = model_type_or_hf_config
-    if not isinstance(model_type, str):
-        model_type = getattr(model_type_or_hf_config, "model_type", None)
-    if model_type not in _REGISTRY:
-        raise ValueError(
-            f"HF model_type {model_type!r} has no megarl bridge; supported: "
-            f"{', '.join(sorted(_REGISTRY))}"
-        )
-    return _REGISTRY[model_type]()
-
-
-class ModelRefused(ValueError):
-    """An HF model megarl's bridge does not take; ``part`` says which part: "config" (its
-    config.json, or a parallel layout for it) or "weights" (its safetensors' tensors)."""
-
-    def __init__(self, part: str, exc: BaseException):
-        self.part = part
-        # one line, whatever transformers or safetensors wrote
-        super().__init__(f"{type(exc).__name__}: {' '.join(str(exc).split())}")
-
-
-def check_hf_model(path: str, layouts: tuple[Any, ...] = (), *, value_head: bool = False, weights: bool = True) -> None:
-    """Raise :class:`ModelRefused` unless the bridge of the HF model at ``path`` takes its
-    config.json (values, and each ParallelConfig in ``layouts``) and, with ``weights``, its
-    safetensors hold exactly the tensors that config implies (headers only: transformers would
-    fill a missing tensor with random values, megarl's load refuses it at start-up).
-    ``value_head``: a critic's checkpoint, whose lm_head is unused."""
-    from transformers import AutoConfig
-
-    try:
-        hf = AutoConfig.from_pretrained(path)
-        bridge = get_bridge(hf)
-        bridge.check_hf_config(hf)
-        for layout in layouts:
-            bridge.check_parallel(hf, layout)
-    except Exception as exc:  # noqa: BLE001 - any refusal (ValueError, OSError, ...) is the config's
-        raise ModelRefused("config", exc) from exc
-    if weights:
-        try:
-            bridge.check_hf_checkpoint(hf, str(path), value_head=value_head)
-        except Exception as exc:  # noqa: BLE001 - a cut file, a missing tensor (ValueError), ...
-            raise ModelRefused("weights", exc) from exc
-
-
-def _import_builtin_bridges() -> None:
-    import megarl.models.dense  # noqa: F401  (registers llama, qwen2, qwen3)
 
 
 def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:

@@ -1,5 +1,6 @@
 """What a check of the planner reports: an :class:`Issue` names the field path, the values and a
-fix; :class:`PlanError` carries every error issue of a refused config. Shared by the planner
+fix; :class:`PlanError` carries every error issue of a refused config; a :class:`Finding` is the
+preflight's report of a file or directory. Shared by the planner
 (megarl/plan/planner.py), its rollout checks (megarl/plan/rollout_checks.py) and the commands
 that run single checks of their own (`megarl generate`)."""
 
@@ -24,6 +25,16 @@ class PlanError(ValueError):
     def __init__(self, issues: list[Issue]):
         self.issues = issues
         super().__init__("the plan is refused:\n" + "\n".join(f"  - {i}" for i in issues))
+
+
+@dataclass(frozen=True)
+class Finding:
+    """What the preflight (megarl/plan/preflight.py) finds in the files and directories a config
+    names: the field, the problem and its fix, an error or a warning."""
+
+    field: str
+    message: str
+    level: str = "error"  # error | warning
 
 
 def divisors(n: int) -> list[int]:

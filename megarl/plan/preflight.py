@@ -55,24 +55,19 @@ from pathlib import Path
 from typing import Any
 
 from megarl.config.sections import MegaRLConfig
-from megarl.data.answers import no_answer
+from megarl.data.datasets import training_rows
 from megarl.models.hf_files import tokenizer_files_problem
 from megarl.plan.extensions import named_functions
+from megarl.plan.issues import Finding
+from megarl.rewards.answers import no_answer
 
 SAMPLE_ROWS = 1000
 CHILD_TIMEOUT_S = 120.0
 
 
-@dataclass(frozen=True)
-class Finding:
-    field: str
-    message: str
-    level: str = "error"  # error | warning
-
-
 def preflight(cfg: MegaRLConfig) -> list[Finding]:
     """Every problem found with the files and directories ``cfg`` names (empty: all good)."""
-    from megarl.plan.resume_checks import check_resume  # (it builds on this module's Finding)
+    from megarl.plan.resume_checks import check_resume
 
     findings: list[Finding] = []
     child = ChildChecks(cfg.reward.custom, named_functions(cfg))
@@ -130,7 +125,7 @@ def check_loggers(cfg: MegaRLConfig, findings: list[Finding]) -> None:
             findings.append(Finding("trainer.loggers", f"includes {name}, and {package} is not installed in this Python "
                                     f"({sys.executable}); pip install {package}, or drop {name} from trainer.loggers"))  # fmt: skip
         elif name == "wandb":
-            from megarl.trainer.metric_sinks import wandb_login_problem
+            from megarl.plan.logger_checks import wandb_login_problem
 
             if problem := wandb_login_problem():
                 findings.append(Finding("trainer.loggers", f"includes wandb: {problem}"))
@@ -203,17 +198,6 @@ def _check_run_length(cfg: MegaRLConfig, findings: list[Finding]) -> None:
     issue = epochs_warmup_issue(t, rows, epoch_steps(rows, cfg.data.prompts_per_step), at_most=cfg.data.filter_overlong_prompts)
     if issue is not None:
         findings.append(Finding(issue.field, issue.message))
-
-
-def training_rows(cfg: MegaRLConfig) -> int | None:
-    """The rows of the training files from their parquet footers (None when one cannot be read:
-    that is _check_data's finding); at most the prompts a run keeps, which may drop overlong ones."""
-    import pyarrow.parquet as pq
-
-    try:
-        return sum(pq.read_metadata(f.path).num_rows for f in cfg.data.train_files)
-    except Exception:  # noqa: BLE001 - any unreadable file
-        return None
 
 
 def _located(label: str, message: str) -> Finding:
@@ -368,7 +352,7 @@ def _check_bridge(cfg: MegaRLConfig) -> list[Finding]:
         require_megatron_core()  # the installed version only: nothing of Megatron is imported
     except ImportError as exc:  # a missing or unusable megatron-core: no model can be trained
         return [Finding("model.path", f"({cfg.model.path}) is not a model megarl can train: ImportError: {exc}")]
-    from megarl.models.bridge import ModelRefused, check_hf_model
+    from megarl.models.bridges import ModelRefused, check_hf_model
 
     for field, path, layouts in models:
         try:
@@ -380,7 +364,7 @@ def _check_bridge(cfg: MegaRLConfig) -> list[Finding]:
 
 
 def _check_rewards(cfg: MegaRLConfig, samples: list[_Sample], findings: list[Finding]) -> None:
-    from megarl.rewards import registry
+    import megarl.rewards.registry as registry
 
     r = cfg.reward
     if r.custom is not None and r.model is not None:
@@ -407,7 +391,7 @@ def scorer_findings(reward: Any, files: list[tuple[str, list[Any]]]) -> list[Fin
     PromptRecords): a data_source none takes (named once), and per file the first row whose
     ground truth none can compare with (null, blank, NaN: every response would score 0, silently).
     A reward.custom or reward.model takes anything."""
-    from megarl.rewards import registry
+    import megarl.rewards.registry as registry
 
     if reward.custom is not None or reward.model is not None:
         return []
@@ -433,8 +417,8 @@ def scorer_findings(reward: Any, files: list[tuple[str, list[Any]]]) -> list[Fin
 def _truth_problem(name: str, ground_truth: Any) -> str | None:
     """Why the built-in scorer ``name`` would score every response 0 against ``ground_truth``
     (the rest of the sentence after "reward_model.ground_truth"), or None."""
+    import megarl.rewards.registry as registry
     from megarl.data.datasets import short_repr
-    from megarl.rewards import registry
 
     if no_answer(ground_truth):
         return (f"is {ground_truth!r}; the built-in scorer {name!r} compares each response with it: give the answer, "

@@ -15,8 +15,9 @@ from typing import Any
 
 from megarl.config.differences import differences as dict_differences
 from megarl.config.sections import ROLE_SECTIONS, MegaRLConfig
+from megarl.data.datasets import training_rows
 from megarl.models.weight_files import weights_fingerprint
-from megarl.plan.preflight import Finding, training_rows
+from megarl.plan.issues import Finding
 
 
 def finished_run(cfg: MegaRLConfig) -> str | None:

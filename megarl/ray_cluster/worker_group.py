@@ -54,9 +54,9 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError, UnserializableException
 
-from megarl.actors.worker_error import WorkerError
 from megarl.ray_cluster.placement import PlacedRole, RolePlacement, place_roles
 from megarl.ray_cluster.rank_env import RANK_LOG_ENV
+from megarl.ray_cluster.worker_error import WorkerError
 
 LOG_TAIL_LINES = 40
 STACK_SIGNAL = signal.SIGUSR1  # faulthandler in every rank: write all threads' stacks to the log

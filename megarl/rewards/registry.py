@@ -11,9 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from megarl.data.answers import answer_text
-from megarl.rewards import code_sandbox, gsm8k, reverse_digits
-from megarl.rewards import math as math_answer
+import megarl.rewards.code_sandbox as code_sandbox
+import megarl.rewards.gsm8k as gsm8k
+import megarl.rewards.math as math_answer
+import megarl.rewards.reverse_digits as reverse_digits
+from megarl.rewards.answers import answer_text
 
 ScoreFn = Callable[..., Any]
 
@@ -87,7 +89,7 @@ def can_match(name: str, ground_truth: Any) -> bool:
 
 def score(name: str, data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None) -> Any:
     """Built-in scorer ``name`` on one response. A number ground truth (a float or int parquet
-    column) is compared as the answer text ``megarl data convert`` writes (megarl/data/answers.py:
+    column) is compared as the answer text ``megarl data convert`` writes (megarl/rewards/answers.py:
     1e-05 as "0.00001"), so a number scores the same whichever way it came; ``reward.custom``
     functions get the value as read, as verl passes it."""
     return SCORERS[name](data_source, solution_str, answer_text(ground_truth), extra_info)

@@ -57,8 +57,9 @@ from typing import Any
 
 from pebble import ProcessExpired, ProcessPool
 
+import megarl.rewards.registry as registry
+import megarl.rewards.worker as worker
 from megarl.config.sections import RewardConfig
-from megarl.rewards import registry, worker
 from megarl.rewards.worker import Outcome
 
 log = logging.getLogger(__name__)

@@ -11,9 +11,10 @@ import signal
 import traceback
 from typing import Any
 
+import megarl.rewards.code_sandbox as code_sandbox
+import megarl.rewards.custom as custom_fn
+import megarl.rewards.registry as registry
 from megarl.process_signals import unblock_stop_signals
-from megarl.rewards import code_sandbox, registry
-from megarl.rewards import custom as custom_fn
 
 Outcome = tuple
 

@@ -93,7 +93,7 @@ def _build(path: str, tp: int, pp: int, value_head: bool = False, recompute: str
     from transformers import AutoConfig
 
     from megarl.config.sections import ParallelConfig
-    from megarl.models.bridge import get_bridge
+    from megarl.models.bridges import get_bridge
     from megarl.parallel.groups import current_parallel_info
 
     info = current_parallel_info()

@@ -60,8 +60,8 @@ def read_jsonl(path: Path) -> list[dict]:
 
 def train(demo_root: Path, out: Path, steps: int, *extra: str):
     """A short run of the demo config through Ray: ``(config, last metrics, metrics.jsonl records)``."""
-    from megarl.commands.launch import run
     from megarl.plan.planner import make_plan
+    from megarl.trainer.launch import run
 
     cfg = small_config(demo_root, out, steps, *extra)
     last = run(cfg, make_plan(cfg, check_files=True))

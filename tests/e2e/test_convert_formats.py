@@ -58,7 +58,7 @@ def _assert_same_tensors(original, converted, dtype: torch.dtype | None = None) 
 ], ids=["qwen2", "llama"])  # fmt: skip
 def test_hf_to_megatron_tp2_pp2_and_back_bit_for_bit(ray_local, tmp_path, arch, extra, back, dtype):
     from megarl.checkpoint.model_checkpoint import RECORD, check_model_checkpoint
-    from megarl.commands.convert import convert_hf_to_megatron, export_model_checkpoint
+    from megarl.commands.conversion import convert_hf_to_megatron, export_model_checkpoint
     from megarl.models.tiny import build_tiny_model
 
     hf = build_tiny_model(tmp_path / arch, arch, **SHAPE, **extra)
@@ -99,7 +99,7 @@ def test_hf_to_megatron_tp2_pp2_and_back_bit_for_bit(ray_local, tmp_path, arch, 
 
 
 def test_launch_trains_from_a_model_checkpoint(ray_local, demo_root, tmp_path):
-    from megarl.commands.convert import convert_hf_to_megatron
+    from megarl.commands.conversion import convert_hf_to_megatron
     from megarl.commands.demo import prepare_demo
 
     model, _ = prepare_demo(demo_root)
@@ -132,7 +132,7 @@ def test_in_process_conversions_and_generation_need_no_ray_and_equal_rays(ray_lo
     # as the Ray export, and generate --in-process from it equals generating from that export.
     import pyarrow.parquet as pq
 
-    from megarl.commands.convert import convert_checkpoint
+    from megarl.commands.conversion import convert_checkpoint
     from megarl.commands.demo import prepare_demo
     from megarl.commands.generate import generate
 

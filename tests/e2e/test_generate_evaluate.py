@@ -111,7 +111,7 @@ def test_a_crashed_generation_resumes_to_the_uninterrupted_result(demo, tmp_path
 
 
 def test_generate_from_a_model_checkpoint_equals_its_hf_source(demo, tmp_path):
-    from megarl.commands.convert import convert_hf_to_megatron
+    from megarl.commands.conversion import convert_hf_to_megatron
 
     model, data = demo
     ckpt = convert_hf_to_megatron(model, tmp_path / "ckpt")

@@ -10,7 +10,7 @@ import logging
 import pytest
 from run_helpers import ROOT, read_jsonl, train
 
-from megarl.commands.convert import export_model_checkpoint
+from megarl.commands.conversion import export_model_checkpoint
 from megarl.commands.demo import prepare_demo
 from megarl.commands.evaluate import evaluate
 from megarl.commands.generate import generate

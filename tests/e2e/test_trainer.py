@@ -57,7 +57,7 @@ def test_convert_checkpoint_to_hf(grpo_run, demo_root, tmp_path):
     from transformers import AutoModelForCausalLM
 
     from megarl.checkpoint.verification import CheckpointError
-    from megarl.commands.convert import convert_checkpoint
+    from megarl.commands.conversion import convert_checkpoint
     from megarl.commands.generate import generate
     from megarl.commands.outputs import OutputError
 

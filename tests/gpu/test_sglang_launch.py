@@ -28,9 +28,9 @@ pytestmark = [
 
 
 def test_launch_two_grpo_steps_with_sglang(tmp_path):
-    from megarl.commands.launch import launch
     from megarl.data.tasks import write_reverse_digits
     from megarl.models.tiny import build_tiny_model
+    from megarl.trainer.launch import launch
 
     # head_dim 64 (hidden 256 / 4 heads): what SGLang's attention kernels support everywhere.
     model = build_tiny_model(tmp_path / "model", "qwen2", task_vocab="0123456789", dtype="bfloat16", hidden_size=256,

@@ -18,7 +18,7 @@ from megarl.checkpoint.manager import CheckpointManager
 from megarl.checkpoint.model_checkpoint import RECORD, write_record
 from megarl.checkpoint.verification import MANIFEST, step_dir_name
 from megarl.cli import build_parser
-from megarl.commands.convert import _write_manifest
+from megarl.commands.conversion import _write_manifest
 from megarl.commands.model_outputs import EXPORT_MANIFEST
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from megarl.rewards.code_sandbox import bwrap_available, extract_program, run_program
-from megarl.rollout.agents.tools import Tool, register_tool
+from megarl.rollout.agents.tool_base import Tool, register_tool
 
 MAX_EXPRESSION_CHARS = 200
 MAX_EXPONENT = 64  # |exponent| of ** at most this

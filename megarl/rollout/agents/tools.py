@@ -1,4 +1,5 @@
-"""Tools an agent loop can call: the base class, the tool file, and running one call safely.
+"""Tools an agent loop can call: the tool file, and running one call safely (the base class:
+megarl/rollout/agents/tool_base.py).
 
 A tool file is verl's YAML format, so a verl user's file works unchanged::
 
@@ -26,7 +27,6 @@ import importlib
 import inspect
 import math
 import threading
-import uuid
 from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -35,34 +35,13 @@ from typing import Any
 
 import yaml
 
+import megarl.rollout.agents.builtin_tools  # noqa: F401 - registers the built-in classes
 from megarl.rollout.agents.errors import AgentError
-
-# Built-in tool classes by name (filled by megarl/rollout/agents/builtin_tools.py at import).
-BUILTIN_TOOLS: dict[str, type[Tool]] = {}
+from megarl.rollout.agents.tool_base import BUILTIN_TOOLS, Tool
 
 
 class ToolFileError(AgentError):
     """A tool file that cannot be used; the message names the file, the entry and the fix."""
-
-
-class Tool:
-    """Base of every tool: one schema, a per-call instance, plain or async methods."""
-
-    def __init__(self, config: dict[str, Any], tool_schema: dict[str, Any]):
-        self.config = dict(config or {})
-        self.tool_schema = tool_schema
-        self.name = str(tool_schema["function"]["name"])
-
-    def create(self, instance_id: str | None = None, **create_kwargs: Any) -> str:
-        """Start one instance (one call of one trajectory); returns its id."""
-        return instance_id or uuid.uuid4().hex
-
-    def execute(self, instance_id: str, parameters: dict[str, Any], **execute_kwargs: Any) -> Any:
-        """The answer to the model: text, or verl's ``(response, reward, metrics)``."""
-        raise NotImplementedError
-
-    def release(self, instance_id: str, **release_kwargs: Any) -> None:
-        """Free what ``create`` made."""
 
 
 @dataclass(frozen=True)
@@ -75,22 +54,8 @@ class ToolOutcome:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-def register_tool(name: str):
-    """Class decorator: a built-in tool under ``name`` (the ``class_name`` a tool file uses)."""
-
-    def add(cls: type[Tool]) -> type[Tool]:
-        if name in BUILTIN_TOOLS:
-            raise ValueError(f"tool {name!r} is already registered ({BUILTIN_TOOLS[name]!r})")
-        BUILTIN_TOOLS[name] = cls
-        return cls
-
-    return add
-
-
 def load_tools(path: str | Path) -> dict[str, Tool]:
     """The tools of a verl-format tool file, by function name."""
-    import megarl.rollout.agents.builtin_tools  # noqa: F401 - registers the built-in classes
-
     label = f"tool file {path}"
     entries = read_yaml_list(path, "tools", "tool file", ToolFileError)
     tools: dict[str, Tool] = {}

@@ -76,8 +76,8 @@ class _Fragile:
 
 
 def test_what_the_rank_raises_is_one_line_and_a_broken_invariant_is_a_bug(monkeypatch):
-    from megarl.actors.worker_error import WorkerError
     from megarl.cli import user_error_line
+    from megarl.ray_cluster.worker_error import WorkerError
 
     for key in LAUNCHER:
         monkeypatch.delenv(key, raising=False)

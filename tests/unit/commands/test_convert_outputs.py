@@ -151,7 +151,7 @@ def test_a_model_config_changed_since_training_is_refused_before_anything_starts
     # An edited rope_theta changes no weight shape: the export would load fine and write the new
     # config.json beside weights trained with the old one.
     from megarl.checkpoint.run_record import MODEL_CONFIG, model_config_change, record_model_configs
-    from megarl.commands.convert import convert_checkpoint
+    from megarl.commands.conversion import convert_checkpoint
     from megarl.commands.generate import GenerateError, _run_model
     from megarl.config.sections import MegaRLConfig
 
@@ -266,7 +266,7 @@ def test_a_previous_output_kept_by_a_killed_swap_is_named_not_removed(tmp_path):
 
 
 def test_an_in_process_conversion_of_several_ranks_is_refused_before_anything_is_written(tmp_path):
-    from megarl.commands.convert import convert_hf_to_megatron
+    from megarl.commands.conversion import convert_hf_to_megatron
     from megarl.models.tiny import build_tiny_model
 
     hf = build_tiny_model(tmp_path / "tiny", "qwen2", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, ffn_hidden_size=128)

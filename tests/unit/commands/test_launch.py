@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import ray
 
-from megarl.commands.launch import launch
 from megarl.config.loading import ConfigError
 from megarl.plan.planner import PlanError
+from megarl.trainer.launch import launch
 
 TINY = Path(__file__).resolve().parents[3] / "configs" / "tiny_grpo.yaml"
 
@@ -67,8 +67,8 @@ def test_the_terminal_shows_megarl_and_warnings_and_the_driver_log_has_the_libra
     import sysconfig
     import warnings
 
-    from megarl.cli import CPU_COMPAT, MEGARL_DIR, for_the_terminal
-    from megarl.commands.launch import driver_log
+    from megarl.terminal import CPU_COMPAT, MEGARL_DIR, for_the_terminal
+    from megarl.trainer.launch import driver_log
 
     def record(name: str, level: int, message: str, path: str = "/home/me/rewards.py") -> logging.LogRecord:
         return logging.LogRecord(name, level, path, 1, message, None, None)
@@ -95,7 +95,7 @@ def test_the_terminal_shows_megarl_and_warnings_and_the_driver_log_has_the_libra
 
 def test_the_cli_terminal_log_leaves_a_librarys_info_out():
     # what `megarl` sets up in a fresh process (pytest's own handlers would make it a no-op here)
-    code = ("import logging, sysconfig; from megarl.cli import setup_logging; setup_logging(); "
+    code = ("import logging, sysconfig; from megarl.terminal import setup_logging; setup_logging(); "
             "logging.getLogger('megarl.x').info('kept'); logging.getLogger('lib').handle(logging.LogRecord("
             "'lib', logging.INFO, sysconfig.get_path('purelib') + '/lib/m.py', 1, 'dropped', None, None))")
     err = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stderr

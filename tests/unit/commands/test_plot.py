@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from megarl.cli import EXIT_USER, main
-from megarl.commands.plot import plot_run
+from megarl.commands.curves import plot_run
 from megarl.trainer.metric_sinks import JsonlSink
 
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -16,8 +16,9 @@ import pytest
 
 from megarl.config.loading import load_config
 from megarl.data.tasks import TASK_VOCAB
+from megarl.plan.issues import Finding
 from megarl.plan.planner import PlanError, make_plan
-from megarl.plan.preflight import Finding, preflight, writable_dir_problem
+from megarl.plan.preflight import preflight, writable_dir_problem
 from megarl.plan.resume_checks import finished_run
 
 TINY = Path(__file__).resolve().parents[3] / "configs" / "tiny_grpo.yaml"

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from megarl.config.sections import ParallelConfig
-from megarl.models.bridge import get_bridge
+from megarl.models.bridges import get_bridge
 from megarl.models.tiny import build_tiny_model, tiny_hf_config
 
 
@@ -146,7 +146,7 @@ def test_check_hf_model_says_which_part_is_refused(tiny_dirs, tmp_path):
     import json
     import shutil
 
-    from megarl.models.bridge import ModelRefused, check_hf_model
+    from megarl.models.bridges import ModelRefused, check_hf_model
 
     src = tiny_dirs["qwen2"]
     check_hf_model(str(src), (ParallelConfig(tp=2),))  # the original passes, in a layout it divides

@@ -74,7 +74,7 @@ def test_unsupported_configs_are_refused_by_name(override, match):
 
 
 def test_the_layer_spec_uses_it_in_every_norm_slot():
-    from megarl.models.bridge import get_bridge
+    from megarl.models.bridges import get_bridge
 
     spec = get_bridge("qwen3").layer_spec()  # q/k norms too
     layer, attention = spec.submodules, spec.submodules.self_attention.submodules

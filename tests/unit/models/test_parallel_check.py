@@ -7,7 +7,7 @@ import pytest
 from transformers import Qwen2Config
 
 from megarl.config.sections import ParallelConfig
-from megarl.models.bridge import get_bridge
+from megarl.models.bridges import get_bridge
 
 
 @pytest.mark.parametrize("tp", [3, 4])

@@ -3,8 +3,8 @@ from decimal import Decimal
 
 import pytest
 
-from megarl.data.answers import answer_text
 from megarl.rewards import SCORERS, compute_score, resolve
+from megarl.rewards.answers import answer_text
 from megarl.rewards.registry import check_functions
 
 

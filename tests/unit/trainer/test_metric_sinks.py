@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from megarl.commands.plot import plot_run
+from megarl.commands.curves import plot_run
 from megarl.progress import PhaseTimer
 from megarl.trainer.metric_sinks import JsonlSink, mlflow_name, read_metrics
 

@@ -1,0 +1,360 @@
+"""The conversions behind `megarl convert` (both directions), which `megarl generate` also runs
+to export a checkpoint it generates from: where the ranks run (a run's layout under Ray, CPU
+processes for a model checkpoint, or one rank in this process), the staged and verified output,
+its manifest. What the command line accepts: megarl/commands/convert.py."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from megarl.commands.model_outputs import (
+    EXPORT_MANIFEST,
+    check_output_target,
+    finish_output,
+    read_hf_config,
+    staged_output,
+)
+from megarl.commands.outputs import OutputError
+
+# A model conversion initialises nothing at random that it keeps (every weight is loaded), so any
+# seed does; the export's bucket size bounds rank 0's extra memory while writing.
+CONVERSION_SEED, EXPORT_BUCKET_MB = 1, 512.0
+DTYPES = ("float32", "bfloat16", "float16")  # what an export may write
+
+
+def convert_checkpoint(checkpoint: str | Path, out: str | Path, config: str | Path | None = None, overwrite: bool = False,
+                       report: Any = None, verify: bool = True, in_process: bool = False) -> Path:  # fmt: skip
+    """Write the policy of ``checkpoint`` (a step_NNNNNN directory) as an HF directory ``out``
+    (``in_process``: with one rank in this process, no Ray; a run's layout of one rank only)."""
+    from megarl.checkpoint.run_record import model_config_change, other_dtype_note, run_config
+    from megarl.checkpoint.verification import verify_checkpoint
+    from megarl.plan.planner import make_plan
+
+    ckpt = verify_checkpoint(checkpoint)  # a torn checkpoint is refused here, naming what is wrong
+    cfg = run_config(ckpt, config)
+    changed = model_config_change(ckpt, cfg.model.path) if cfg.model.path else None
+    if changed:  # its config.json is what the export writes beside the weights
+        raise OutputError(changed)
+    note = other_dtype_note(ckpt, cfg.model.dtype) if config is not None else None
+    if note and report is not None:
+        report(note)
+    target = Path(out).absolute()
+    check_output_target(target, overwrite, {"the run's checkpoints directory": ckpt.path.parent,
+                                            "the model directory of model.path": Path(cfg.model.path)})
+    ranks = _run_ranks(cfg, make_plan(cfg), ckpt.path.name, in_process)
+    rank_args = (cfg.model.path, cfg.actor, cfg.model.dtype, cfg.trainer.seed, cfg.rollout.weight_sync.bucket_mb, str(ckpt.path))
+    with _where_it_runs(ranks, ckpt.path.name):
+        checked = _write_hf_output(target, ranks, rank_args, verify, (str(ckpt.path.resolve()), ckpt.step), report)
+    if report is not None:
+        report(f"wrote {out} from {ckpt.path} (step {ckpt.step}); {_verified(checked)}")
+    return Path(out)
+
+
+def check_in_process(checkpoint: str | Path) -> None:
+    """Refuse ``--in-process`` (OutputError) for a training checkpoint whose run's layout has
+    more than one rank, before anything is written (`megarl generate` checks it before its
+    partial folder; a model checkpoint exports with one rank whatever its layout)."""
+    from megarl.checkpoint.run_record import run_config
+    from megarl.checkpoint.verification import verify_checkpoint
+    from megarl.plan.planner import make_plan
+
+    ckpt = verify_checkpoint(checkpoint)
+    cfg = run_config(ckpt)
+    _run_ranks(cfg, make_plan(cfg), ckpt.path.name, in_process=True)
+
+
+def export_model_checkpoint(checkpoint: str | Path, out: str | Path, tp: int | None = None, pp: int | None = None,
+                            overwrite: bool = False, verify: bool = True, report: Any = None,
+                            in_process: bool = False) -> Path:  # fmt: skip
+    """Write a model checkpoint of hf-to-megatron as an HF directory ``out`` (with its recorded
+    layout, or ``tp`` x ``pp`` CPU processes; ``in_process``: one rank in this process, no Ray,
+    TP=PP=1 unless given: a model checkpoint loads into any layout, whatever it was saved in)."""
+    from megarl.checkpoint.model_checkpoint import check_model_checkpoint
+
+    source = Path(checkpoint).absolute()
+    record = check_model_checkpoint(source)
+    target = Path(out).absolute()
+    check_output_target(target, overwrite, {"the model checkpoint": source})
+    tp = (1 if in_process else int(record["tp"])) if tp is None else tp
+    pp = (1 if in_process else int(record["pp"])) if pp is None else pp
+    actor = _layout_config(source, tp, pp)
+    rank_args = (str(source), actor, record["dtype"], CONVERSION_SEED, EXPORT_BUCKET_MB, None)
+    checked = _write_hf_output(target, _cpu_ranks(tp, pp, in_process), rank_args, verify, (str(source), None), report)
+    if report is not None:
+        report(f"wrote {out} from {source} (TP={tp}, PP={pp}); {_verified(checked)}")
+    return Path(out)
+
+
+def convert_hf_to_megatron(hf: str | Path, out: str | Path, tp: int = 1, pp: int = 1, dtype: str | None = None,
+                           overwrite: bool = False, report: Any = None, in_process: bool = False) -> Path:  # fmt: skip
+    """Write the HF model ``hf`` as a model checkpoint ``out`` (Megatron dist-checkpoint saved by
+    ``tp`` x ``pp`` CPU processes, or ``in_process`` by one rank in this process; with the HF config
+    and tokenizer); verified bit for bit."""
+    from megarl.actors.conversion_rank import ImportRank
+    from megarl.checkpoint.model_checkpoint import RECORD, is_model_checkpoint, write_verified
+
+    source = Path(hf).absolute()
+    if is_model_checkpoint(source):
+        raise OutputError(f"--hf {hf} is already a model checkpoint; give an HF model directory (config.json + safetensors)")
+    target = Path(out).absolute()
+    check_output_target(target, overwrite, {"the HF model directory": source}, manifest=RECORD)
+    hf_config = read_hf_config(source)
+    dtype = dtype or _config_dtype(hf_config)
+    actor = _layout_config(source, tp, pp, check_weights=True)
+    ranks = _cpu_ranks(tp, pp, in_process)
+    say = report or (lambda _: None)
+    with staged_output(target, report) as staging:
+        say(f"hf-to-megatron: loading {source} into {tp * pp} rank(s) (TP={tp}, PP={pp}, {dtype}) ...")
+        with _conversion_group(ImportRank, ranks, (str(source), actor, dtype, CONVERSION_SEED),
+                               "hf-to-megatron: rank 0 loading") as client:  # fmt: skip
+            say("hf-to-megatron: saving the Megatron checkpoint, then loading it back to compare ...")
+            record = dict(source=str(source), tp=tp, pp=pp, dtype=dtype, hf_config=hf_config)
+            checked = write_verified(staging, source, record, client.write, client.verify)
+        finish_output(staging, target)
+    say(f"wrote {out} from {source} (TP={tp}, PP={pp}, {dtype}); {_verified(checked)}")
+    return Path(out)
+
+
+# ---- the conversion groups --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ConversionRanks:
+    """Where a conversion group's ``count`` ranks run: a Ray group in ``placement`` (a
+    RolePlacement; on the Ray cluster at ``address``, else an embedded Ray of count + 1 CPUs), or,
+    ``in_process``, its one rank in this process (no Ray)."""
+
+    count: int
+    placement: Any = None
+    address: str | None = None
+    in_process: bool = False
+
+
+def _cpu_ranks(tp: int, pp: int, in_process: bool) -> ConversionRanks:
+    """A model conversion's ``tp`` x ``pp`` ranks: CPU processes on this machine, or this process."""
+    if in_process:
+        return _one_rank(tp * pp, f"--tp {tp} --pp {pp}", "use --tp 1 --pp 1, or run without --in-process")
+    from megarl.ray_cluster.placement import RolePlacement
+
+    return ConversionRanks(tp * pp, RolePlacement("convert", 1, tp * pp, gpus_per_proc=0.0, cpus_per_proc=1.0))
+
+
+def _run_ranks(cfg: Any, plan: Any, name: str, in_process: bool) -> ConversionRanks:
+    """A training checkpoint's ranks: its run's policy placement (``name``: the checkpoint's)."""
+    count = len(plan.roles["policy"].gpus)
+    if in_process:
+        return _one_rank(count, f"{name}'s layout (the run's policy)", "run it without --in-process (Ray starts them)")
+    from megarl.ray_cluster.placement import role_placements
+
+    placements, _ = role_placements(cfg, plan)
+    return ConversionRanks(count, placements[0], cfg.cluster.ray_address)
+
+
+def _one_rank(count: int, layout: str, fix: str) -> ConversionRanks:
+    if count != 1:
+        raise OutputError(f"--in-process converts with one rank, in this process; {layout} has {count} ranks: {fix}")
+    return ConversionRanks(1, in_process=True)
+
+
+@contextmanager
+def _where_it_runs(ranks: ConversionRanks, name: str) -> Iterator[None]:
+    """A training checkpoint whose layout the Ray cluster cannot hold (a GPU run's checkpoint on
+    a machine without GPUs): the error says where it can be exported."""
+    if ranks.in_process:
+        yield
+        return
+    from megarl.ray_cluster.placement import MissingCapacity
+
+    try:
+        yield
+    except MissingCapacity as exc:
+        p = ranks.placement
+        alone = "; a layout of one rank: --in-process exports it in this process" if ranks.count == 1 else ""
+        raise OutputError(f"{exc}; {name} is exported in the run's policy layout ({ranks.count} ranks, "
+                          f"{f'{p.gpus_per_proc:g} GPU each' if p.gpus_per_proc else 'on CPUs'}): run megarl convert where the run "
+                          f"ran, or pass --config with the cluster.ray_address of a Ray cluster that has them{alone}") from None  # fmt: skip
+
+
+@contextmanager
+def _conversion_group(rank_cls: type, ranks: ConversionRanks, rank_args: tuple, progress: str) -> Iterator[Any]:
+    """A ConversionClient over a group of ``rank_cls``, with a progress bar (``progress``: its
+    label) of rank 0's tensors; a Ray group's logs are kept (and named by the error) only when
+    something failed in a rank that wrote one (not when the cluster could not place the ranks;
+    a rank in this process writes to this process's output)."""
+    from megarl.actors.clients import ConversionClient
+
+    logs = Path(tempfile.mkdtemp(prefix="megarl-convert-logs-"))
+    progress_file = logs / "progress"  # rank 0 on another node writes its own: no bar then
+    failed = False
+    try:
+        with _progress_bar(progress_file, progress), _rank_group(rank_cls, ranks, rank_args, logs) as group:
+            yield ConversionClient(group)
+    except (KeyboardInterrupt, SystemExit):  # stopped by the user: nothing to diagnose
+        raise
+    except BaseException:
+        failed = any(p != progress_file for p in logs.iterdir())  # a rank's log: the error names it
+        raise
+    finally:
+        if not failed:
+            shutil.rmtree(logs, ignore_errors=True)
+
+
+@contextmanager
+def _rank_group(rank_cls: type, ranks: ConversionRanks, rank_args: tuple, logs: Path) -> Iterator[Any]:
+    """The group of ``rank_cls`` where ``ranks`` says, shut down on exit."""
+    progress_file = str(logs / "progress")
+    if ranks.in_process:
+        from megarl.actors.clients import InProcessGroup
+        from megarl.terminal import library_warnings_logged
+
+        with library_warnings_logged():  # Megatron's "Apex is not installed" and the like: not on the terminal
+            group: Any = InProcessGroup(rank_cls, *rank_args, progress_file=progress_file)
+            try:
+                yield group
+            finally:
+                group.shutdown()
+        return
+    from megarl.ray_cluster.session import ray_session
+    from megarl.ray_cluster.worker_group import GroupOptions, WorkerGroup
+
+    with ray_session(ranks.address, num_cpus=None if ranks.address else ranks.count + 1):
+        group = WorkerGroup(rank_cls, ranks.placement, *rank_args, group_options=GroupOptions(log_dir=logs),
+                            progress_file=progress_file)  # fmt: skip
+        try:
+            yield group
+        finally:
+            group.shutdown()
+
+
+@contextmanager
+def _progress_bar(path: Path, label: str, poll_s: float = 0.5) -> Iterator[None]:
+    """A rich progress bar (as the trainer's console) following the ``done total`` that rank 0
+    writes to ``path``; it appears once the first count arrives, on a terminal only."""
+    import sys
+    import threading
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    stop = threading.Event()
+    bar = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TextColumn("tensors"), TimeElapsedColumn(),
+                   disable=not sys.stdout.isatty(), transient=False)  # fmt: skip
+    task = None
+
+    def follow() -> None:
+        nonlocal task
+        while not stop.wait(poll_s):
+            try:
+                done, total = map(int, path.read_text().split())
+            except (OSError, ValueError):
+                continue  # not written yet
+            if task is None:
+                task = bar.add_task(label, total=total)
+            bar.update(task, completed=done, total=total)
+
+    thread = threading.Thread(target=follow, name="megarl-convert-progress", daemon=True)
+    bar.start()
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        bar.stop()
+
+
+def _write_hf_output(target: Path, ranks: ConversionRanks, rank_args: tuple, verify: bool, source: tuple[str, int | None],
+                     report: Callable[[str], None] | None) -> int | None:  # fmt: skip
+    """Staged, verified and swapped in at ``target``: the HF files of the ExportRank group's model
+    with their manifest (``source``: the checkpoint and its step), config.json naming the dtype
+    the tensors were written in (``rank_args[2]``; the copied one names the model directory's).
+    The parameters verified (None when not verified)."""
+    from megarl.models.hf_files import set_config_dtype
+
+    with staged_output(target, report) as staging:
+        checked = _export_hf(ranks, rank_args, staging, verify, report)
+        written = staging / "v0"
+        set_config_dtype(written, rank_args[2])
+        _write_manifest(written, *source, checked)
+        finish_output(written, target)
+    return checked
+
+
+def _export_hf(ranks: ConversionRanks, rank_args: tuple, staging: Path, verify: bool,
+               report: Callable[[str], None] | None) -> int | None:  # fmt: skip
+    """HF files of the ExportRank group's model in ``staging``/v0 (with the index); the parameters
+    verified (None when not verified)."""
+    from megarl.actors.conversion_rank import ExportRank, write_index
+
+    say = report or (lambda _: None)
+    where = " in this process" if ranks.in_process else ""
+    say(f"megatron-to-hf: loading {rank_args[-1] or rank_args[0]} into {ranks.count} rank(s){where} ...")
+    with _conversion_group(ExportRank, ranks, rank_args, "megatron-to-hf: exporting") as client:
+        say("megatron-to-hf: writing HF safetensors ...")
+        client.write(str(staging))
+        written = staging / "v0"
+        write_index(written)
+        if not verify:
+            return None
+        say("megatron-to-hf: importing the written files back to compare ...")
+        return client.verify(str(written))
+
+
+def _layout_config(model_dir: Path, tp: int, pp: int, check_weights: bool = False) -> Any:
+    """The ActorConfig of a conversion layout, refused (OutputError naming --tp/--pp) when the
+    model cannot be split that way; ``check_weights``: also the HF safetensors' names and shapes
+    (headers only), so a bad --hf is refused before Ray starts."""
+    from megarl.config.sections import ActorConfig, ParallelConfig
+
+    for name, value in (("--tp", tp), ("--pp", pp)):
+        if value < 1:
+            raise OutputError(f"{name} ({value}) must be >= 1")
+    parallel = ParallelConfig(tp=tp, pp=pp)
+    try:
+        from transformers import AutoConfig
+
+        from megarl.parallel.mcore_version import require_megatron_core
+
+        require_megatron_core()
+        from megarl.models.bridges import get_bridge
+
+        hf_config = AutoConfig.from_pretrained(str(model_dir))
+        bridge = get_bridge(hf_config)
+        bridge.check_hf_config(hf_config)
+        bridge.check_parallel(hf_config, parallel)
+        if check_weights:
+            bridge.check_hf_checkpoint(hf_config, str(model_dir))
+    except FileNotFoundError as exc:
+        raise OutputError(f"--hf {model_dir}: {exc}") from None
+    except ValueError as exc:
+        raise OutputError(f"{model_dir}: {str(exc).replace('parallel.tp', '--tp').replace('parallel.pp', '--pp')}") from None
+    return ActorConfig(parallel=parallel)
+
+
+def _config_dtype(hf_config: dict[str, Any]) -> str:
+    """The HF config's dtype when it is one megarl trains in, else bfloat16."""
+    from megarl.models.hf_files import config_dtype
+
+    named = config_dtype(hf_config)
+    return named if named in DTYPES else "bfloat16"
+
+
+def _verified(checked: int | None) -> str:
+    if checked is None:
+        return "not verified (--no-verify)"
+    return f"verified: {checked} parameters loaded back from the written files equal the converted ones bit for bit"
+
+
+def _write_manifest(written: Path, source: str, step: int | None, checked: int | None) -> None:
+    import megarl
+
+    files = sorted(str(p.relative_to(written)) for p in written.rglob("*") if p.is_file())
+    manifest = {"kind": "megarl convert", "megarl_version": megarl.__version__, "checkpoint": source,
+                "step": step, "verified_parameters": checked, "files": files}
+    (written / EXPORT_MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")

@@ -1,0 +1,68 @@
+"""What the terminal shows: the command line's exit codes, and which log records and Python
+warnings reach the terminal (megarl's and your own code's INFO, the libraries' warnings; a
+library's INFO and installed packages' warnings only go to a command's log file)."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import sysconfig
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+EXIT_OK, EXIT_INTERNAL, EXIT_USER = 0, 1, 2
+EXIT_SIGINT, EXIT_SIGTERM, EXIT_BROKEN_PIPE = 130, 143, 141
+
+
+def setup_logging() -> None:
+    """The terminal's log: INFO and above of megarl and of your own code, the libraries'
+    warnings. A library's INFO (Megatron's config dumps and gradient-bucket listings, in a run's
+    own process with --in-process) goes only to the log file a command writes (a launch's or an
+    SFT's driver.log), and so do installed packages' Python warnings where the command captures
+    them (launch, sft)."""
+    terminal = logging.StreamHandler()
+    terminal.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+    terminal.addFilter(for_the_terminal)
+    logging.basicConfig(level=logging.INFO, handlers=[terminal])  # (no-op where the root logger has handlers)
+
+
+def for_the_terminal(record: logging.LogRecord) -> bool:
+    """Whether the terminal shows ``record``: not a library's INFO, nor a library's Python warning
+    (logging.captureWarnings's "FILE:LINE: Category: ...")."""
+    if record.name == "py.warnings":
+        return not _in_a_library(record.getMessage().partition(":")[0])
+    return record.levelno >= logging.WARNING or not _in_a_library(record.pathname)
+
+
+@contextmanager
+def library_warnings_logged() -> Iterator[None]:
+    """Python warnings go through logging while inside (``py.warnings``): the terminal leaves out
+    the installed packages' (for_the_terminal), a command's log file keeps them. For commands that
+    run Megatron in their own process (--in-process); a caller's capture stays on after."""
+    captured = warnings.showwarning.__module__ == "logging"
+    logging.captureWarnings(True)
+    try:
+        yield
+    finally:
+        logging.captureWarnings(captured)
+
+
+@functools.cache
+def _library_dirs() -> tuple[str, ...]:
+    import site
+
+    dirs = {*site.getsitepackages(), site.getusersitepackages(), sysconfig.get_path("purelib"), sysconfig.get_path("platlib")}
+    return tuple(os.path.join(d, "") for d in dirs if d)
+
+
+MEGARL_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "")
+# On CPU the CUDA-to-CPU mode forwards the libraries' torch calls: what torch warns about then
+# points at its forwarding line.
+CPU_COMPAT = os.path.join(MEGARL_DIR, "parallel", "cpu_compat.py")
+
+
+def _in_a_library(path: str) -> bool:
+    """Whether ``path`` is an installed package's file (megarl's own, installed or not, is not)."""
+    return path == CPU_COMPAT or (path.startswith(_library_dirs()) and not path.startswith(MEGARL_DIR))
