@@ -1,7 +1,7 @@
 """The policy (actor) worker: a Megatron model that computes log-probs and trains on a loss.
 
 A plain class that runs in every process of the policy group, under torchrun or inside a Ray
-actor (the Ray glue lives in megarl/actors/ray_*.py). Every method is collective: all ranks of
+actor (the Ray glue lives in megarl/ray_cluster/). Every method is collective: all ranks of
 the group call it with the same arguments.
 
 Conventions (see megarl/megatron_runtime/model.py for the details):
