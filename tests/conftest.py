@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-for _folder in ("e2e", os.path.join("unit", "agents")):
+for _folder in ("e2e", os.path.join("unit", "rollout", "agents")):
     _path = os.path.join(_HERE, _folder)
     if _path not in sys.path:
         sys.path.insert(0, _path)

@@ -289,11 +289,14 @@ def _write_model(cfg: Any, client: Any, target: Path, hf_config: dict[str, Any])
     """The fine-tuned weights as a model checkpoint at ``target``: staged, verified, renamed."""
     from megarl.checkpoint.model_checkpoint import SFT_SOURCE, write_verified
     from megarl.commands.model_outputs import finish_output, staged_output
+    from megarl.memory.handover import Handover
+    from megarl.memory.residency import EXPORT, sft_residency
 
     source = Path(cfg.model.path).absolute()
     p = cfg.actor.parallel
     record = dict(source=f"{SFT_SOURCE}{source}", tp=p.tp, pp=p.pp, dtype=cfg.model.dtype, hf_config=hf_config)
-    client.offload(["policy/optimizer", "policy/grads"])  # room for the second model the verify load builds
+    # Room for the second model the verify load builds: the memory hand-over's export phase.
+    Handover(sft_residency(), {"policy": client}).enter(EXPORT)
     with staged_output(target) as staging:
         try:
             checked = write_verified(staging, source, record, client.save_model, client.verify_model)

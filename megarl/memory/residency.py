@@ -17,7 +17,8 @@ States (``owner/what``):
 Phases: ``start`` (as built), ``launch`` (colocated SGLang servers starting or restarting),
 the phases of one step (``generate``, ``policy_forward``, ``reference_forward``,
 ``critic_forward``, ``critic_update``, ``policy_update``, ``weight_push``) and ``checkpoint``
-(save, load, the parameter checksum). ReMax's baseline, validation and the post-push check
+(save, load, the parameter checksum); `megarl sft` has a table of its own (``start``, then
+``export``: :func:`sft_residency`). ReMax's baseline, validation and the post-push check
 generate in ``generate``; the check's trainer side and the old log-probs are
 ``policy_forward``.
 
@@ -63,6 +64,8 @@ POLICY_FORWARD, REFERENCE_FORWARD, CRITIC_FORWARD = "policy_forward", "reference
 CRITIC_UPDATE, POLICY_UPDATE, WEIGHT_PUSH, CHECKPOINT = "critic_update", "policy_update", "weight_push", "checkpoint"
 STEP_PHASES = (GENERATE, POLICY_FORWARD, REFERENCE_FORWARD, CRITIC_FORWARD, CRITIC_UPDATE, POLICY_UPDATE, WEIGHT_PUSH)
 PHASES = (START, LAUNCH, *STEP_PHASES, CHECKPOINT)
+# `megarl sft`'s last phase: the trained model written out and loaded back beside itself to verify.
+EXPORT = "export"
 # Phases whose working memory includes the engine's (the generation-side peak).
 GENERATION_PHASES = (LAUNCH, GENERATE)
 
@@ -125,7 +128,7 @@ class Residency:
 
     @property
     def phases(self) -> tuple[str, ...]:
-        return tuple(p for p in PHASES if p in self.rows)
+        return tuple(p for p in (*PHASES, EXPORT) if p in self.rows)
 
     def resident(self, phase: str) -> frozenset[str]:
         if phase not in self.rows:
@@ -191,6 +194,14 @@ def _engine_row(phase: str, engine: str, placement: str) -> frozenset[str]:
     if placement == "disaggregated":
         return _all(ENGINE)
     return _SGLANG_COLOCATED[phase]
+
+
+def sft_residency() -> Residency:
+    """`megarl sft`'s table: the policy alone, all of it on its devices while it trains
+    (``start``), only its weights while the model is written and a second copy is loaded back to
+    verify it (``export``: the run is over, its gradients and optimizer state are not needed)."""
+    rows = {START: _all(POLICY), EXPORT: frozenset({f"{POLICY}/weights"})}
+    return Residency("colocated", "none", (POLICY,), frozenset({POLICY}), False, rows)
 
 
 def residency_of(cfg: Any) -> Residency:

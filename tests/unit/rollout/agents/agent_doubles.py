@@ -1,4 +1,4 @@
-"""Helpers of the agent-rollout tests (tests/unit/agents and tests/sglang): chat prompts as a
+"""Helpers of the agent-rollout tests (tests/unit/rollout/agents and tests/sglang): chat prompts as a
 PromptBatch, a tool whose first call hangs, and a parser that calls one tool every turn."""
 
 from __future__ import annotations

@@ -94,3 +94,30 @@ def test_residency_of_the_72b_config():
     assert lines[0].split() == ["policy/weights", "policy/grads", "policy/optimizer", "reference/weights",
                                 "engine/weights", "engine/kv_cache", "engine/cuda_graph"]  # fmt: skip
     assert lines[3].split() == ["generate", "-", "-", "-", "-", "x", "x", "x"]
+
+
+class _Client:
+    """A trained model's client that records what the hand-over moves."""
+
+    def __init__(self) -> None:
+        self.moves: list[tuple[str, list[str]]] = []
+
+    def offload(self, states):
+        self.moves.append(("offload", list(states)))
+
+    def onload(self, states):
+        self.moves.append(("onload", list(states)))
+
+
+def test_sft_export_keeps_only_the_policy_weights():
+    """`megarl sft` writes its model and loads a second copy to verify it: gradients and optimizer
+    state leave the devices first, through the hand-over like every other move."""
+    from megarl.memory.handover import Handover
+    from megarl.memory.residency import EXPORT, sft_residency
+
+    table = sft_residency()
+    assert table.phases == ("start", "export")
+    assert table.resident("export") == {"policy/weights"}
+    client = _Client()
+    Handover(table, {"policy": client}).enter(EXPORT)
+    assert client.moves == [("offload", ["policy/grads", "policy/optimizer"])]

@@ -29,7 +29,7 @@ from megarl.rollout.agents.loops import AgentEnv
 from megarl.rollout.agents.tool_calls import parse_hermes
 from megarl.rollout.agents.tools import Tool
 
-EXAMPLES = Path(__file__).resolve().parents[3] / "docs" / "examples"
+EXAMPLES = Path(__file__).resolve().parents[4] / "docs" / "examples"
 CALC = {"type": "function", "function": {"name": "calc", "description": "arithmetic",
         "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}}}}  # fmt: skip
 
