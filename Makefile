@@ -27,11 +27,14 @@ test: $(VENV)/.installed
 	@echo "== running the test suite (14 to 28 minutes on 2 cores; the 15 slowest tests are listed at the end)"
 	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(PY) -m pytest --durations=15
 
-# ruff, then the dead-code check: a function, class or attribute nothing uses fails CI
-# (ci/vulture_whitelist.py lists the names used by name: registries, pydantic, Megatron).
+# ruff; the dead-code check: a function, class or attribute nothing uses fails CI
+# (ci/vulture_whitelist.py lists the names used by name: registries, pydantic, Megatron); the
+# import contracts (the layers of docs/architecture.md, in pyproject.toml); the type check.
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check megarl tests bench docs/examples ci
 	$(VENV)/bin/vulture megarl bench docs/examples ci/vulture_whitelist.py --min-confidence 60
+	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy megarl
 
 # The real SGLang server on CPU, for tests/sglang/ (skipped without it): a separate venv built
 # from ci/sglang-cpu/requirements.lock outside the checkout (the path ci/sglang-cpu/venv_path.py
