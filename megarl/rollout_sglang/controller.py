@@ -1,5 +1,5 @@
-"""The controller's side of ``rollout.engine: sglang``: start the servers where they belong,
-generate over them, and give the memory hand-over its engine side.
+"""The controller's side of ``rollout.engine: sglang``: where the servers go, starting them
+there, and generating over them.
 
 Chosen once by build.py (the RL step never asks which engine it has):
 
