@@ -23,8 +23,6 @@ _._default_agent; _._loops; _._tool_parser; _._known_default
 _._no_bool_for_numbers; _._known_arch; _._path_or_arch; _._format_needs_distributed; _._deadline; _._strings_to_files; _._string_to_list; _._generate_function; _._estimator; _._policy_loss
 model_config; vpp; cp; ep
 
-# Called by the controller's clients through Ray by method name (megarl/actors/clients.py).
-_.offload_states; _.onload_states
 import_problem  # called by the preflight's child process (megarl/plan/preflight.py, code as text)
 
 # Attributes and signatures Megatron, torch or transformers read or require.

@@ -10,10 +10,14 @@ here once per method:
   computed (:class:`~megarl.data.batch.TokenRows`) and the client assembles ``[B, R]``.
 - ``_each``: one answer per rank (layouts, generations of the engines in the ranks).
 
-The group is anything with ``world_size``, ``call`` and ``call_each``: a Ray
+A call names the rank class's method itself (``group.call(PolicyRank.update, batch, t)``), so
+the type check (mypy) sees a renamed or mistyped method, wrong arguments or a wrong result
+type; the group sends the method's name and the rank runs its method of that name. The group
+is anything with ``world_size``, ``call`` and ``call_each``: a Ray
 :class:`~megarl.ray_cluster.worker_group.WorkerGroup`, or an :class:`InProcessGroup`
-(world size 1, no Ray: a one-GPU box under torchrun, and unit tests). This is the only module
-that names worker methods as strings.
+(world size 1, no Ray: a one-GPU box under torchrun, and unit tests); they are the only places
+a method's name is looked up. The rank classes import Megatron only inside their methods, so
+importing them here costs the controller no Megatron (tests/unit/actors/test_clients.py).
 """
 
 from __future__ import annotations
@@ -22,26 +26,39 @@ import os
 import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, TypeVarTuple, cast
 
 import torch
 
+from megarl.actors.conversion_rank import ConversionRank
+from megarl.actors.critic_rank import CriticRank
+from megarl.actors.policy_rank import PolicyRank
+from megarl.actors.sft_rank import SFTRank
+from megarl.actors.trained_rank import TrainedRank
 from megarl.data.batch import Batch, TokenRows
 from megarl.engines.base import GenerationResult
 from megarl.ray_cluster.worker_error import WorkerError
 
+W = TypeVar("W")  # a rank class
+W_co = TypeVar("W_co", covariant=True)  # a group of PolicyRank is a group of TrainedRank
+T = TypeVar("T", bound=TrainedRank)
+P = ParamSpec("P")
+Ts = TypeVarTuple("Ts")
+R = TypeVar("R")
 
-class Group(Protocol):
-    """What a client needs of a worker group (WorkerGroup and InProcessGroup have it)."""
+
+class Group(Protocol[W_co]):
+    """What a client needs of a worker group of ``W_co`` ranks (WorkerGroup and InProcessGroup
+    have it): ``method`` is a function of the rank class, ``PolicyRank.update``."""
 
     world_size: int
 
-    def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]: ...
+    def call(self, method: Callable[Concatenate[W_co, P], R], /, *args: P.args, **kwargs: P.kwargs) -> list[R]: ...
 
-    def call_each(self, method: str, args_per_rank: Sequence[Any]) -> list[Any]: ...
+    def call_each(self, method: Callable[[W_co, *Ts], R], args_per_rank: Sequence[tuple[*Ts]]) -> list[R]: ...
 
 
-def _first(results: list[Any]) -> Any:
+def _first(results: list[R]) -> R:
     return results[0]
 
 
@@ -59,144 +76,144 @@ class RankLayout:
     leader: bool  # TP rank 0 of the first pipeline stage: holds its replica's torch engine
 
 
-class TrainedClient:
+class TrainedClient(Generic[T]):
     """What the policy and critic clients share: checkpoints, memory states, profiling."""
 
-    def __init__(self, group: Group) -> None:
+    def __init__(self, group: Group[T]) -> None:
         self.group = group
 
     def save(self, path: str) -> None:
-        self.group.call("save", path)
+        self.group.call(TrainedRank.save, path)
 
     def load(self, path: str) -> None:
-        self.group.call("load", path)
+        self.group.call(TrainedRank.load, path)
 
     # Memory: only the hand-over (megarl/memory/handover.py) calls offload / onload.
     def offload(self, states: Sequence[str]) -> int:
         """Move residency-table states of this group's processes (``policy/optimizer``,
         ``reference/weights``, ...: megarl/memory/residency.py) off the devices; bytes freed, all ranks."""
-        return sum(self.group.call("offload_states", list(states)))
+        return sum(self.group.call(TrainedRank.offload_states, list(states)))
 
     def onload(self, states: Sequence[str]) -> None:
-        self.group.call("onload_states", list(states))
+        self.group.call(TrainedRank.onload_states, list(states))
 
     def device_bytes(self) -> list[dict[str, int]]:
         """Per rank: the bytes each table state keeps allocated on the device (0: off it)."""
-        return self.group.call("device_bytes")
+        return self.group.call(TrainedRank.device_bytes)
 
     def host_bytes(self) -> list[dict[str, int]]:
         """Per rank: the bytes of each table state's host copy (kept from its last offload for the next)."""
-        return self.group.call("host_bytes")
+        return self.group.call(TrainedRank.host_bytes)
 
     def start_profile(self) -> None:
-        self.group.call("start_profile")
+        self.group.call(TrainedRank.start_profile)
 
     def stop_profile(self, folder: str) -> None:
-        self.group.call("stop_profile", folder)
+        self.group.call(TrainedRank.stop_profile, folder)
 
 
-class PolicyClient(TrainedClient):
+class PolicyClient(TrainedClient[PolicyRank]):
     """The policy group (PolicyRank): policy, reference and the torch engines live there.
     ``push_timeout_s``: the deadline of one weight push (rollout.weight_sync.timeout_s), for a
     Ray WorkerGroup (``call_within``); None: no deadline (an InProcessGroup cannot interrupt its
     own call, and runs without Ray)."""
 
-    def __init__(self, group: Group, push_timeout_s: float | None = None) -> None:
+    def __init__(self, group: Group[PolicyRank], push_timeout_s: float | None = None) -> None:
         super().__init__(group)
         self.push_timeout_s = push_timeout_s
 
     def layouts(self) -> list[RankLayout]:
-        return [RankLayout(**lay) for lay in self.group.call("layout")]
+        return [RankLayout(**lay) for lay in self.group.call(PolicyRank.layout)]
 
     def compute_logprobs(self, batch: Batch, temperature: float) -> torch.Tensor:
         """``[B, R]`` log-probs of the responses under the current policy (0 past each length)."""
-        return _rows(self.group.call("compute_logprobs", batch, temperature), batch)["logprobs"]
+        return _rows(self.group.call(PolicyRank.compute_logprobs, batch, temperature), batch)["logprobs"]
 
     def compute_ref_logprobs(self, batch: Batch, temperature: float) -> torch.Tensor:
         """``[B, R]`` log-probs under the frozen reference policy."""
-        return _rows(self.group.call("compute_ref_logprobs", batch, temperature), batch)["logprobs"]
+        return _rows(self.group.call(PolicyRank.compute_ref_logprobs, batch, temperature), batch)["logprobs"]
 
     def update(self, batch: Batch, temperature: float) -> dict[str, float]:
         """One RL update on ``batch``; metrics reduced over the group (public names)."""
-        return _first(self.group.call("update", batch, temperature))
+        return _first(self.group.call(PolicyRank.update, batch, temperature))
 
     def push_weights(self, version: int) -> dict[str, float]:
         """Send the current weights to the engines through the connected transport. A push that
         misses its deadline raises WeightPushTimeout naming the rank(s) it waited for."""
         if self.push_timeout_s is None:
-            return _first(self.group.call("push_weights", version))
-        from megarl.ray_cluster.worker_group import (
-            CallTimeout,  # a deadline means a Ray group
-        )
+            return _first(self.group.call(PolicyRank.push_weights, version))
+        # A deadline means a Ray group (see the class): a WorkerGroup, which has call_within.
+        from megarl.ray_cluster.worker_group import CallTimeout, WorkerGroup
         from megarl.weight_sync.progress import late_push
 
+        ray_group = cast(WorkerGroup[PolicyRank], self.group)
         try:
-            return _first(self.group.call_within(self.push_timeout_s, "push_weights", version))  # type: ignore[attr-defined]
+            return _first(ray_group.call_within(self.push_timeout_s, PolicyRank.push_weights, version))
         except CallTimeout as late:
             raise late_push(version, self.push_timeout_s, self.group, late.waiting) from None
 
     def connect_engines(self, engines: Any) -> None:
         """(Re)connect every rank's transport to the engines (after start and each restart)."""
-        self.group.call("connect_engines", engines)
+        self.group.call(PolicyRank.connect_engines, engines)
 
     def generate(self, requests: Sequence[Any]) -> list[list[GenerationResult] | None]:
         """``requests[r]`` to rank r's torch engine (None: nothing for that rank)."""
-        return self.group.call_each("generate", [(r,) for r in requests])
+        return self.group.call_each(PolicyRank.generate, [(r,) for r in requests])
 
     def parameter_checksum(self) -> float:
-        return _first(self.group.call("parameter_checksum"))
+        return _first(self.group.call(PolicyRank.parameter_checksum))
 
 
-class CriticClient(TrainedClient):
+class CriticClient(TrainedClient[CriticRank]):
     """The critic group (CriticRank)."""
 
     def compute_values(self, batch: Batch) -> torch.Tensor:
         """``[B, R]`` values before the update (0 past each response's length)."""
-        return _rows(self.group.call("compute_values", batch), batch)["values"]
+        return _rows(self.group.call(CriticRank.compute_values, batch), batch)["values"]
 
     def update(self, batch: Batch) -> dict[str, float]:
-        return _first(self.group.call("update", batch))
+        return _first(self.group.call(CriticRank.update, batch))
 
 
-class SFTClient(TrainedClient):
+class SFTClient(TrainedClient[SFTRank]):
     """The `megarl sft` group (megarl.actors.sft_rank.SFTRank)."""
 
     def dp_size(self) -> int:
-        return int(_first(self.group.call("layout"))["dp_size"])
+        return int(_first(self.group.call(SFTRank.layout))["dp_size"])
 
     def train_step(self, batch: Batch) -> dict[str, float]:
         """One optimizer step on ``batch``; metrics reduced over the group (sft/loss, actor/lr, ...)."""
-        return _first(self.group.call("train_step", batch))
+        return _first(self.group.call(SFTRank.train_step, batch))
 
     def compute_logprobs(self, batch: Batch) -> torch.Tensor:
         """``[B, R]`` log-probs of the response tokens (0 past each length)."""
-        return _rows(self.group.call("compute_logprobs", batch), batch)["logprobs"]
+        return _rows(self.group.call(SFTRank.compute_logprobs, batch), batch)["logprobs"]
 
     def save_model(self, weights_dir: str) -> None:
-        self.group.call("save_model", weights_dir)
+        self.group.call(SFTRank.save_model, weights_dir)
 
     def verify_model(self, checkpoint_dir: str) -> int:
         """Load the written checkpoint back and compare bit for bit; parameters checked, all ranks."""
-        return sum(self.group.call("verify_model", checkpoint_dir))
+        return sum(self.group.call(SFTRank.verify_model, checkpoint_dir))
 
 
 class ConversionClient:
     """A conversion group of `megarl convert` (megarl.actors.conversion_rank: ExportRank or
     ImportRank)."""
 
-    def __init__(self, group: Group) -> None:
+    def __init__(self, group: Group[ConversionRank]) -> None:
         self.group = group
 
     def write(self, target: str) -> dict[str, float] | None:
         """The loaded weights in the other format under ``target``; rank 0's metrics, if any."""
-        return _first(self.group.call("write", target))
+        return _first(self.group.call(ConversionRank.write, target))
 
     def verify(self, written: str) -> int:
         """Load ``written`` back and compare bit for bit; the number of parameters checked."""
-        return sum(self.group.call("verify", written))
+        return sum(self.group.call(ConversionRank.verify, written))
 
 
-class InProcessGroup:
+class InProcessGroup(Generic[W]):
     """A worker group of one rank living in this process (no Ray).
 
     Sets torchrun's variables when they are missing (rank 0 of a world of 1 on a free local
@@ -209,7 +226,7 @@ class InProcessGroup:
 
     world_size = 1
 
-    def __init__(self, factory: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+    def __init__(self, factory: Callable[..., W], *args: Any, **kwargs: Any) -> None:
         defaults = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
                     "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}  # fmt: skip
         if os.environ.get("WORLD_SIZE", "1") != "1":
@@ -222,29 +239,30 @@ class InProcessGroup:
             os.environ[key] = defaults[key]
         self._owns_process_group = not torch.distributed.is_initialized()
         try:
-            self.worker = factory(*args, **kwargs)
+            self.worker: W | None = factory(*args, **kwargs)
         except BaseException as exc:
             self._destroy_process_group()
             if isinstance(exc, _STOPS):
                 raise
             raise _rank_failure(factory, "__init__", exc) from exc
 
-    def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
-        return [self._run(method, *args, **kwargs)]
+    def call(self, method: Callable[Concatenate[W, P], R], /, *args: P.args, **kwargs: P.kwargs) -> list[R]:
+        return [self._run(method.__name__, *args, **kwargs)]
 
-    def call_each(self, method: str, args_per_rank: Sequence[Any]) -> list[Any]:
+    def call_each(self, method: Callable[[W, *Ts], R], args_per_rank: Sequence[tuple[*Ts]]) -> list[R]:
         if len(args_per_rank) != 1:
-            raise ValueError(f"call_each('{method}'): {len(args_per_rank)} argument sets for 1 rank")
+            raise ValueError(f"call_each('{method.__name__}'): {len(args_per_rank)} argument sets for 1 rank")
         (args,) = args_per_rank
-        return [self._run(method, *args)]
+        return [self._run(method.__name__, *args)]
 
-    def _run(self, method: str, *args: Any, **kwargs: Any) -> Any:
+    def _run(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        # By name, as a Ray group's actor calls it: an override in the worker's class runs.
         try:
-            return getattr(self.worker, method)(*args, **kwargs)
+            return getattr(self.worker, name)(*args, **kwargs)
         except _STOPS:
             raise
         except BaseException as exc:
-            raise _rank_failure(type(self.worker), method, exc) from exc
+            raise _rank_failure(type(self.worker), name, exc) from exc
 
     def shutdown(self) -> None:
         # In this process nothing ends with the rank: close it, or the model (Megatron DDP's

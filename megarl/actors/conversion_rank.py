@@ -90,7 +90,20 @@ class ProgressFile:
         write_atomically(self.path, f"{done} {total}\n")
 
 
-class ExportRank:
+class ConversionRank:
+    """What ExportRank and ImportRank both answer (the controller calls them through
+    megarl/actors/clients.py ``ConversionClient``, by these functions)."""
+
+    def write(self, target: str) -> dict[str, float] | None:
+        """The loaded weights in the other format under ``target`` (collective)."""
+        raise NotImplementedError
+
+    def verify(self, written: str) -> int:
+        """Load ``written`` back into a fresh model; every parameter must be identical."""
+        raise NotImplementedError
+
+
+class ExportRank(ConversionRank):
     """One process of the Megatron -> HF group: the model of ``model_path`` in ``actor_cfg``'s
     layout, with the trained policy of ``checkpoint`` (a step_NNNNNN directory) loaded on top
     when given; else the weights of ``model_path`` itself (a model checkpoint)."""
@@ -142,7 +155,7 @@ class ExportRank:
         return verify_rebuilt(self.model, hf_dir, self.actor_cfg, dtype_of(self.dtype), self.seed)
 
 
-class ImportRank:
+class ImportRank(ConversionRank):
     """One process of the HF -> Megatron group: the HF model in ``actor_cfg``'s layout."""
 
     def __init__(self, hf_dir: str, actor_cfg: ActorConfig, dtype: str, seed: int, progress_file: str | None = None) -> None:

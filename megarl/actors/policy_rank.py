@@ -9,7 +9,7 @@ work is. Runs under Ray (WorkerGroup), in-process (InProcessGroup) or plain torc
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 
@@ -25,6 +25,15 @@ from megarl.ray_cluster.address import node_address
 from megarl.weight_sync.progress import PushProgress, push_group
 from megarl.weight_sync.transport_base import TRANSPORT_COLLECT
 from megarl.weight_sync.transports import build_transport
+
+
+class Layout(TypedDict):
+    """What ``PolicyRank.layout`` answers (the controller's RankLayout)."""
+
+    rank: int
+    dp_rank: int
+    dp_size: int
+    leader: bool
 
 
 class PolicyRank(TrainedRank):
@@ -59,7 +68,7 @@ class PolicyRank(TrainedRank):
         self.loss_fn = make_policy_loss_fn(cfg.algorithm, cfg.rollout.sampling.max_new_tokens)
         self._profiler: Any = None
 
-    def layout(self) -> dict[str, int]:
+    def layout(self) -> Layout:
         """This rank's coordinates (the controller maps engines to ranks with them)."""
         i = self.info
         return {"rank": i.rank, "dp_rank": i.dp_rank, "dp_size": i.dp_size, "leader": i.is_replica_leader}

@@ -28,6 +28,10 @@ the Python stacks of all its threads to its log (a rank on another node is signa
 zero-CPU Ray task pinned to that node), which the hang watchdog uses; `pending_calls()`
 says which ranks have not answered the calls in flight.
 
+A call names the worker class's method itself (``group.call(PolicyRank.update, batch, t)``),
+so the type check sees its name, arguments and result; the actor gets the method's name and
+runs its worker's method of that name (an override included).
+
 This module imports neither torch nor megatron: the driver imports it. Left out: actor
 restarts (a dead rank fails the group; the trainer resumes from a checkpoint), concurrent
 calls into one rank (each actor runs one call at a time, in submission order).
@@ -46,10 +50,10 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, TypeVarTuple
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError, UnserializableException
@@ -66,6 +70,11 @@ STACK_MARK = b"most recent call first"
 _CAUSE_RE = re.compile(r"(^|: )[\w.]*(Error|Exception|Exit|Interrupt)\b|^(Killed|Segmentation fault|Fatal Python error|terminate called)\b")
 
 log = logging.getLogger(__name__)
+
+W = TypeVar("W")  # the worker class
+P = ParamSpec("P")  # a worker method's parameters after self
+Ts = TypeVarTuple("Ts")  # the same for call_each, whose per-rank arguments are tuples
+R = TypeVar("R")  # what the method returns on one rank
 
 
 class CallTimeout(WorkerError):
@@ -161,20 +170,21 @@ def _signal_pid(pid: int, signum: int) -> bool:
 
 
 @dataclass
-class PendingCall:
-    """Object refs of one call into some ranks; `get()` waits and translates failures."""
+class PendingCall(Generic[R]):
+    """Object refs of one call into some ranks (``method``: its name); `get()` waits and
+    translates failures."""
 
-    group: WorkerGroup
+    group: WorkerGroup[Any]
     method: str
     ranks: list[int]
     refs: list[ray.ObjectRef]
 
-    def get(self, timeout_s: float | None = None) -> list[Any]:
+    def get(self, timeout_s: float | None = None) -> list[R]:
         """Results in rank order; raises WorkerError for the first rank that fails."""
         return self.group._gather(self.refs, self.ranks, self.method, timeout_s)
 
 
-class WorkerGroup:
+class WorkerGroup(Generic[W]):
     """N Ray actors, each building `cls(*init_args, **init_kwargs)` with torchrun's environment.
 
     placement: a RolePlacement (the group creates and later removes its own placement
@@ -185,7 +195,7 @@ class WorkerGroup:
 
     def __init__(
         self,
-        cls: type,
+        cls: type[W],
         placement: RolePlacement | PlacedRole,
         *init_args: Any,
         group_options: GroupOptions | None = None,
@@ -280,41 +290,46 @@ class WorkerGroup:
 
     # ---- calls ----------------------------------------------------------------------
 
-    def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
-        """Call `method(*args, **kwargs)` on every rank; results in rank order."""
+    def call(self, method: Callable[Concatenate[W, P], R], /, *args: P.args, **kwargs: P.kwargs) -> list[R]:
+        """Call `method(*args, **kwargs)` on every rank (``method``: the worker class's function);
+        results in rank order."""
         return self.call_async(method, *args, **kwargs).get()
 
-    def call_within(self, timeout_s: float | None, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+    def call_within(self, timeout_s: float | None, method: Callable[Concatenate[W, P], R], /, *args: P.args, **kwargs: P.kwargs) -> list[R]:
         """As :meth:`call`, but raise :class:`CallTimeout` when a rank has not answered within
         ``timeout_s`` seconds (None: wait as long as it takes). The ranks go on running."""
         return self.call_async(method, *args, **kwargs).get(timeout_s)
 
-    def call_each(self, method: str, args_per_rank: Sequence[tuple | list | dict | Any]) -> list[Any]:
-        """Rank r gets `args_per_rank[r]`: a tuple/list (positional) or a dict (keywords);
-        anything else is passed as the single positional argument."""
+    def call_each(self, method: Callable[[W, *Ts], R], args_per_rank: Sequence[tuple[*Ts]]) -> list[R]:
+        """Rank r gets `args_per_rank[r]`: a tuple of positional arguments, which the type check
+        matches against the method (unchecked, a list passes positional arguments too, a dict
+        keywords, anything else one positional argument)."""
         return self.call_each_async(method, args_per_rank).get()
 
-    def call_async(self, method: str, *args: Any, **kwargs: Any) -> PendingCall:
-        self._check_open(method)
+    def call_async(self, method: Callable[Concatenate[W, P], R], /, *args: P.args, **kwargs: P.kwargs) -> PendingCall[R]:
+        name = self._check_open(method)
         packed = ray.put((args, kwargs))  # serialised once, shared by all ranks
-        refs = [a.run.remote(method, packed) for a in self._actors]
-        return PendingCall(self, method, list(range(self.world_size)), refs)
+        refs = [a.run.remote(name, packed) for a in self._actors]
+        return PendingCall(self, name, list(range(self.world_size)), refs)
 
-    def call_each_async(self, method: str, args_per_rank: Sequence[Any]) -> PendingCall:
-        self._check_open(method)
+    def call_each_async(self, method: Callable[[W, *Ts], R], args_per_rank: Sequence[tuple[*Ts]]) -> PendingCall[R]:
+        name = self._check_open(method)
         if len(args_per_rank) != self.world_size:
             raise ValueError(
-                f"{self.role}.call_each('{method}'): got {len(args_per_rank)} argument sets for "
+                f"{self.role}.call_each('{name}'): got {len(args_per_rank)} argument sets for "
                 f"{self.world_size} ranks; pass exactly one per rank"
             )
-        refs = [a.run.remote(method, _as_packed(x)) for a, x in zip(self._actors, args_per_rank, strict=True)]
-        return PendingCall(self, method, list(range(self.world_size)), refs)
+        refs = [a.run.remote(name, _as_packed(x)) for a, x in zip(self._actors, args_per_rank, strict=True)]
+        return PendingCall(self, name, list(range(self.world_size)), refs)
 
-    def _check_open(self, method: str) -> None:
+    def _check_open(self, method: Callable[..., Any]) -> str:
+        """The name the rank's actor is sent: Ray carries a name, not the function."""
+        name = method.__name__
         if self._closed:
-            raise RuntimeError(f"{self.role} worker group is shut down; cannot call '{method}'")
-        if not callable(getattr(self.cls, method, None)):
-            raise AttributeError(f"{self.role}: {self.cls.__qualname__} has no method '{method}'")
+            raise RuntimeError(f"{self.role} worker group is shut down; cannot call '{name}'")
+        if not callable(getattr(self.cls, name, None)):
+            raise AttributeError(f"{self.role}: {self.cls.__qualname__} has no method '{name}'")
+        return name
 
     def _gather(self, refs: list[Any], ranks: list[int], method: str, timeout_s: float | None) -> list[Any]:
         """Wait for all refs; the first failure (in completion order) raises WorkerError."""
@@ -450,7 +465,7 @@ class WorkerGroup:
         if self.placed.owns_pool:
             self.placed.pool.remove()
 
-    def __enter__(self) -> WorkerGroup:
+    def __enter__(self) -> WorkerGroup[W]:
         return self
 
     def __exit__(self, *exc: object) -> None:

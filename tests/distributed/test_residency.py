@@ -44,11 +44,11 @@ class SpmdGroup:
         self.dist.all_gather_object(out, answer)
         return out
 
-    def call(self, method: str, *args, **kwargs):
-        return self._gather(getattr(self.worker, method)(*args, **kwargs))
+    def call(self, method, *args, **kwargs):  # by name, as the real groups: the rank's override
+        return self._gather(getattr(self.worker, method.__name__)(*args, **kwargs))
 
-    def call_each(self, method: str, args_per_rank):
-        return self._gather(getattr(self.worker, method)(*args_per_rank[self.dist.get_rank()]))
+    def call_each(self, method, args_per_rank):
+        return self._gather(getattr(self.worker, method.__name__)(*args_per_rank[self.dist.get_rank()]))
 
 
 def _walk(rank: int, world: int, model_dir: str) -> dict:

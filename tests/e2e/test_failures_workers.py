@@ -50,7 +50,7 @@ def group(tmp_path) -> WorkerGroup:
 
 def test_a_dead_rank_is_one_line_quoting_its_log(session, tmp_path):
     with group(tmp_path) as g, pytest.raises(WorkerError) as info:
-        g.call("fail_hard", 1)
+        g.call(NappingWorker.fail_hard, 1)
     summary = info.value.summary
     assert "\n" not in summary and summary.startswith("policy rank ")
     assert "died during NappingWorker.fail_hard: rank 1: RuntimeError: CUDA out of memory (pretend)" in summary
@@ -70,7 +70,7 @@ def test_every_rank_writes_its_stacks_and_pending_calls_name_the_silent_ranks(se
 
     with group(tmp_path) as g:
         results: list = []
-        pending = g.call_async("nap", 8.0, (1,))
+        pending = g.call_async(NappingWorker.nap, 8.0, (1,))
         waiter = threading.Thread(target=lambda: results.append(pending.get()), daemon=True)  # as the trainer waits
         waiter.start()
         deadline = time.monotonic() + 60
@@ -91,7 +91,7 @@ def test_the_watchdog_stops_a_hung_phase_naming_the_ranks(session, tmp_path):
         start = time.monotonic()
         with pytest.raises(KeyboardInterrupt), Watchdog(control, 2.0, {"policy": g}, tmp_path):
             with timer.phase("policy_update"):
-                g.call("nap", 60.0)
+                g.call(NappingWorker.nap, 60.0)
         assert time.monotonic() - start < 30
     message = control.hang
     assert message is not None and "no progress for" in message and "in phase 'policy_update'" in message

@@ -112,33 +112,33 @@ def test_session_and_rendezvous(session, tmp_path):
     opts = GroupOptions(log_dir=tmp_path)
     with WorkerGroup(RendezvousWorker, RolePlacement("policy", 1, 2, 0, 0.5), 3.0,
                      group_options=opts, tag="t") as group:
-        envs = group.call("env")
+        envs = group.call(RendezvousWorker.env)
         assert [e["RANK"] for e in envs] == ["0", "1"]
         assert [e["LOCAL_RANK"] for e in envs] == ["0", "1"]
         assert all(e["WORLD_SIZE"] == "2" and e["LOCAL_WORLD_SIZE"] == "2" for e in envs)
         assert all(e["OMP_NUM_THREADS"] == "1" and e["NODE_RANK"] == "0" for e in envs)
         assert envs[0]["MASTER_PORT"] == envs[1]["MASTER_PORT"] != ""
         # gloo all_reduce across the two actors: (1 + 2) * scale on both ranks
-        assert group.call_each("all_reduce", [(1.0,), {"value": 2.0}]) == [9.0, 9.0]
-        assert group.call("echo", 5, k="v") == [(0, "t", (5,), {"k": "v"}), (1, "t", (5,), {"k": "v"})]
-        assert group.call_each("echo", ["a", ("b", "c")]) == [(0, "t", ("a",), {}), (1, "t", ("b", "c"), {})]
-        pending = group.call_async("echo", 7)
+        assert group.call_each(RendezvousWorker.all_reduce, [(1.0,), {"value": 2.0}]) == [9.0, 9.0]
+        assert group.call(RendezvousWorker.echo, 5, k="v") == [(0, "t", (5,), {"k": "v"}), (1, "t", (5,), {"k": "v"})]
+        assert group.call_each(RendezvousWorker.echo, ["a", ("b", "c")]) == [(0, "t", ("a",), {}), (1, "t", ("b", "c"), {})]
+        pending = group.call_async(RendezvousWorker.echo, 7)
         assert [r[0] for r in pending.get()] == [0, 1]
         with pytest.raises(ValueError, match="got 1 argument sets for 2 ranks"):
-            group.call_each("echo", [()])
-        with pytest.raises(AttributeError, match="RendezvousWorker has no method 'ecko'"):
-            group.call("ecko")
+            group.call_each(RendezvousWorker.echo, [()])
+        with pytest.raises(AttributeError, match="RendezvousWorker has no method 'die'"):  # another class's
+            group.call(FragileWorker.die, 0)
         # A checkpoint written by the workers from their own processes, committed by the driver.
         manager = CheckpointManager(tmp_path / "run")
         with manager.saving(3) as ckpt_dir:
             (ckpt_dir / "policy").mkdir()
-            group.call("save_shard", str(ckpt_dir / "policy"))
+            group.call(RendezvousWorker.save_shard, str(ckpt_dir / "policy"))
         ckpt = manager.resolve_resume("auto")
         assert ckpt.step == 3 and (ckpt.component("policy") / "shard_1.bin").read_bytes() == b"\x01\x01"
-        group.call("close")
+        group.call(RendezvousWorker.close)
         assert (tmp_path / "policy_rank1.log").exists()
     with pytest.raises(RuntimeError, match="shut down"):
-        group.call("env")
+        group.call(RendezvousWorker.env)
     trace = save_timeline(tmp_path / "timeline.json")
     assert len(json.loads(trace.read_text())) > 0
 
@@ -169,21 +169,21 @@ def test_dead_and_raising_worker(session, tmp_path):
     with WorkerGroup(FragileWorker, RolePlacement("policy", 1, 2, 0, 0.5),
                      group_options=GroupOptions(log_dir=tmp_path)) as group:
         with pytest.raises(WorkerError, match=r"policy rank [01] .*raised KeyError in FragileWorker.boom") as info:
-            group.call("boom")
+            group.call(FragileWorker.boom)
         assert "missing-key-xyz" in str(info.value)
         assert user_error_line(info.value).startswith("policy rank")  # one line: it may come from the user's inputs
         with pytest.raises(WorkerError) as info:
-            group.call("broken_invariant")
+            group.call(FragileWorker.broken_invariant)
         assert isinstance(info.value.cause, AssertionError) and user_error_line(info.value) is None  # a bug
         assert re.search(r"raised AssertionError in FragileWorker.broken_invariant: \(no message\) at \S+"
                          r"test_worker_group.py:\d+ in broken_invariant \(log: ", info.value.summary), info.value.summary
         # Ray could not unpickle it on the driver: a traceback of Ray's UnserializableException
         with pytest.raises(WorkerError) as info:
-            group.call("unpicklable")
+            group.call(FragileWorker.unpicklable)
         assert re.search(r"policy rank [01] .*raised in FragileWorker.unpicklable \(an exception Ray could not unpickle\): "
                          r"\S*_TwoArgError: http://engine:1: unreachable \(log: ", info.value.summary), info.value.summary
         with pytest.raises(WorkerError) as info:
-            group.call("die", 1)
+            group.call(FragileWorker.die, 1)
         msg = str(info.value)
         assert info.value.rank == 1 and "policy rank 1" in msg and "died during FragileWorker.die" in msg
         assert "rank 1 about to exit hard" in msg and "old run" not in msg
@@ -199,7 +199,7 @@ def test_colocated_roles_share_gpus(session, tmp_path):
         with WorkerGroup(FragileWorker, placed["policy"], group_options=opts) as policy, \
              WorkerGroup(FragileWorker, placed["rollout"], group_options=opts) as rollout:
             for group in (policy, rollout):
-                envs = group.call("env")
+                envs = group.call(FragileWorker.env)
                 for rank, env in enumerate(envs):
                     own = group.node_infos[rank]["gpu_ids"]
                     assert len(own) == 1

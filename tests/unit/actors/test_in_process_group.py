@@ -32,7 +32,7 @@ def test_the_variables_it_sets_are_removed_at_shutdown_and_the_callers_stay(monk
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("MASTER_ADDR", "10.0.0.1")  # the caller's
     group = InProcessGroup(_Worker)
-    assert group.call("where") == ["0"]
+    assert group.call(_Worker.where) == ["0"]
     env = group.worker.env
     assert (env["WORLD_SIZE"], env["LOCAL_RANK"], env["MASTER_ADDR"]) == ("1", "0", "10.0.0.1") and int(env["MASTER_PORT"]) > 0
     group.shutdown()
@@ -88,10 +88,10 @@ def test_what_the_rank_raises_is_one_line_and_a_broken_invariant_is_a_bug(monkey
     assert "RANK" not in os.environ  # the failed start cleaned up too
     group = InProcessGroup(_Fragile)
     with pytest.raises(WorkerError) as info:
-        group.call_each("boom", [("step",)])
+        group.call_each(_Fragile.boom, [("step",)])
     assert isinstance(info.value.cause, KeyError) and info.value.__cause__ is info.value.cause  # its traceback
     assert user_error_line(info.value) == "the rank in this process raised KeyError in _Fragile.boom: 'step'"
     with pytest.raises(WorkerError) as info:
-        group.call("broken")
+        group.call(_Fragile.broken)
     assert user_error_line(info.value) is None  # the CLI prints the whole story
     group.shutdown()
