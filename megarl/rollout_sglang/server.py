@@ -249,6 +249,7 @@ class SGLangServer:
     def launch(self) -> None:
         """Start the process (does not wait for health; see :meth:`wait_healthy`)."""
         if self.alive():
+            assert self.proc is not None  # alive: a process was started
             raise RuntimeError(
                 f"SGLang server at {self.url} is already running (pid {self.proc.pid})"
             )
