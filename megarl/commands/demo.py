@@ -13,14 +13,15 @@ import shlex
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from megarl.commands.arguments import user_path
 from megarl.data.tasks import TASK_VOCAB
 from megarl.models.tiny import build_tiny_model
 
 # The demo model: the size a plain calibration probe (HF model + hand-written GRPO) learned the task with.
-DEMO_MODEL = dict(arch="qwen2", task_vocab=TASK_VOCAB, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
-                  ffn_hidden_size=128, max_position_embeddings=64)
+DEMO_MODEL: dict[str, Any] = dict(arch="qwen2", task_vocab=TASK_VOCAB, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                                  ffn_hidden_size=128, max_position_embeddings=64)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -91,8 +92,9 @@ def sglang_cpu_python() -> Path | None:
     if not script.is_file():  # megarl installed without its repository
         return None
     spec = importlib.util.spec_from_file_location("megarl_sglang_cpu_venv_path", script)
+    assert spec is not None and spec.loader is not None  # a .py file's: a source file loader
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    spec.loader.exec_module(module)
     python = module.venv_path() / "bin" / "python"
     return python if python.exists() else None
 
