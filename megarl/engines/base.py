@@ -105,6 +105,7 @@ class Engines(Protocol):
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[GenerationResult]: ...
 
 
+@runtime_checkable
 class RolloutEngine(Protocol):
     """One generator (one SGLang server, or one torch model). Releasing and resuming its memory
     is engine-specific and the memory hand-over's business (megarl/memory/handover.py)."""
