@@ -19,6 +19,7 @@ class CriticRank(TrainedRank):
     def __init__(self, cfg: MegaRLConfig, total_optimizer_steps: int) -> None:
         self.cfg = cfg
         path = cfg.critic.path or cfg.model.path
+        assert path is not None  # a run needs model.path (preflight refuses one without)
         self.worker = CriticWorker(path, cfg.critic, cfg.model.dtype, cfg.trainer.seed, total_optimizer_steps=total_optimizer_steps,
                                    layer_spec=cfg.model.layer_spec)  # fmt: skip
         self.info = self.worker.info

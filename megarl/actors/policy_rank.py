@@ -46,6 +46,7 @@ class PolicyRank(TrainedRank):
         path means nothing to a process on another node, nor to an SGLang server)."""
         self.cfg = cfg
         path, dtype, seed = cfg.model.path, cfg.model.dtype, cfg.trainer.seed
+        assert path is not None  # a run needs model.path (preflight refuses one without)
         spec = cfg.model.layer_spec
         self.worker = self.policy = PolicyWorker(path, cfg.actor, dtype, seed, total_optimizer_steps=total_optimizer_steps,
                                                  layer_spec=spec)  # fmt: skip

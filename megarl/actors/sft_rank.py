@@ -20,6 +20,7 @@ class SFTRank(TrainedRank):
 
     def __init__(self, cfg: MegaRLConfig, total_optimizer_steps: int) -> None:
         self.cfg = cfg
+        assert cfg.model.path is not None  # SFT fine-tunes model.path (read before the ranks start)
         self.worker = PolicyWorker(cfg.model.path, cfg.actor, cfg.model.dtype, cfg.trainer.seed,
                                    total_optimizer_steps=total_optimizer_steps, layer_spec=cfg.model.layer_spec)  # fmt: skip
         self.info = self.worker.info

@@ -54,6 +54,7 @@ def advantage_step(
     rewards = token_rewards_from_scores(scores, batch.response_lengths, mask, kl=kl, kl_coef=coef,
                                         turn_rewards=batch.turn_rewards)  # fmt: skip
     out = compute_advantages(batch.replace(token_rewards=rewards), cfg, baseline_scores)
+    assert out.advantages is not None and out.returns is not None  # what compute_advantages fills
     valid = (mask > 0).to(out.advantages.dtype)  # [B, R]
     metrics["advantages/mean"] = pair((out.advantages * valid).sum(), valid.sum())
     metrics["advantages/return_mean"] = pair((out.returns * valid).sum(), valid.sum())

@@ -137,7 +137,7 @@ def _as_transformers_reads(config: dict[str, Any]) -> dict[str, Any]:
     from transformers.utils import logging as hf_logging
 
     model_type = config.get("model_type")
-    if model_type not in CONFIG_MAPPING:
+    if model_type is None or model_type not in CONFIG_MAPPING:
         return _dtype_key(config)
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # its notes on legacy fields are not the user's concern here

@@ -106,9 +106,11 @@ def capture_rng() -> dict[str, Any]:
     try:
         import numpy as np
     except ImportError:  # numpy is optional for the controller
-        np = None
-    if np is not None:
-        name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+        pass
+    else:
+        legacy = np.random.get_state(legacy=True)
+        assert isinstance(legacy, tuple)  # the global RandomState is an MT19937: its state is the legacy tuple
+        name, keys, pos, has_gauss, cached = legacy
         state["numpy"] = {"name": name, "keys": torch.from_numpy(keys.astype("int64")), "pos": int(pos),
                           "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
     if torch.cuda.is_available():

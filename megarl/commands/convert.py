@@ -125,6 +125,7 @@ def expand_short_form(argv: list[str]) -> list[str]:
     rest = argv[i + 1 :]
     if any(a in DIRECTIONS for a in rest) or not rest or any(a in ("-h", "--help") for a in rest):
         return argv
+    bare: list[str]
     options, bare, k = [], [], 0
     while k < len(rest):
         a = rest[k]

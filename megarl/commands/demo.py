@@ -13,14 +13,15 @@ import shlex
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from megarl.commands.arguments import user_path
 from megarl.data.tasks import TASK_VOCAB
 from megarl.models.tiny import build_tiny_model
 
 # The demo model: the size a plain calibration probe (HF model + hand-written GRPO) learned the task with.
-DEMO_MODEL = dict(arch="qwen2", task_vocab=TASK_VOCAB, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
-                  ffn_hidden_size=128, max_position_embeddings=64)
+DEMO_MODEL: dict[str, Any] = dict(arch="qwen2", task_vocab=TASK_VOCAB, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                                  ffn_hidden_size=128, max_position_embeddings=64)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -171,6 +171,7 @@ def time_limit_s(text: str) -> float | None:
     if not m:
         return None
     days, first, *rest = (int(g) if g else None for g in m.groups())
+    assert first is not None  # its group is not optional
     fields = [first, *(x for x in rest if x is not None)]
     # Only the leading field may run over (90 minutes, 30 hours); 25:99 is a typo, not 26:39.
     if any(x > 59 for x in fields[1:]) or (days is not None and first > 23):

@@ -94,7 +94,7 @@ def run_sft(cfg: Any, address: str | None = None, *, in_process: bool = False) -
         # Logged once a signal is handled: a SIGTERM sent on seeing it stops the run cleanly.
         log.info("sft: %d training rows, %d held-out, %d steps of %d sequences (DP=%d)", len(data.train), len(data.val),
                  steps, s.batch_size, dp)  # fmt: skip
-        if not in_process:
+        if ray is not None:  # (None in process)
             control.enter_starting(session, ray, stopped)
         try:  # the workers load the model: a signal now leaves nothing to keep either
             client, group = _start_group(cfg, placement, steps, out / "logs")
@@ -206,11 +206,11 @@ def _ray_start(cfg: Any, plan: Any, address: str | None) -> tuple[Any, Any]:
 
 def _start_group(cfg: Any, placement: Any, steps: int, log_dir: Path) -> tuple[Any, Any]:
     """The SFT ranks: a Ray worker group on ``placement``, or (None) one rank in this process."""
-    from megarl.actors.clients import InProcessGroup, SFTClient
+    from megarl.actors.clients import Group, InProcessGroup, SFTClient
     from megarl.actors.sft_rank import SFTRank
 
     if placement is None:
-        group = InProcessGroup(SFTRank, cfg, steps)
+        group: Group = InProcessGroup(SFTRank, cfg, steps)
     else:
         from megarl.ray_cluster.worker_group import GroupOptions, WorkerGroup
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 
 from megarl.config.sections import MegaRLConfig
 
@@ -189,8 +190,10 @@ def yaml_error_line(path: Path, exc: yaml.YAMLError, what: str = "config file") 
     line = f"{path}:{mark.line + 1}:{mark.column + 1}: {problem}"
     context, at = getattr(exc, "context", None), getattr(exc, "context_mark", None)
     if context:
-        elsewhere = at is not None and (at.line, at.column) != (mark.line, mark.column)
-        line += f" ({context} started at {at.line + 1}:{at.column + 1})" if elsewhere else f" ({context})"
+        if at is not None and (at.line, at.column) != (mark.line, mark.column):  # started elsewhere
+            line += f" ({context} started at {at.line + 1}:{at.column + 1})"
+        else:
+            line += f" ({context})"
     fix = next((fix for text, fix in _SYNTAX_FIXES if text in line), None)
     return f"{line}; {fix}" if fix else line
 
@@ -312,7 +315,7 @@ def _unknown_key_message(path: str, name: str, valid: list[str]) -> str:
     return f"unknown key {path}; {hint + ' ' if hint else ''}valid keys here: {', '.join(valid)}"
 
 
-def _describe_error(err: dict[str, Any]) -> str:
+def _describe_error(err: ErrorDetails) -> str:
     loc = ".".join(str(p) for p in err["loc"])
     if err["type"] == "extra_forbidden":
         parent = _model_at(err["loc"][:-1])

@@ -322,6 +322,13 @@ class RewardConfig(Section):
     )
 
 
+MetricSink = Literal["console", "jsonl", "tensorboard", "wandb", "mlflow"]
+
+
+def _default_loggers() -> list[MetricSink]:  # (a lambda's list would be a list[str] to mypy)
+    return ["console", "jsonl", "tensorboard"]
+
+
 class TrainerConfig(Section):
     total_steps: int | None = Field(None, ge=1, description="RL steps to run (or set total_epochs).")
     total_epochs: int | None = Field(None, ge=1, description="Passes over the training prompts (used when total_steps is None).")
@@ -333,9 +340,7 @@ class TrainerConfig(Section):
     output_dir: UserPath = Field("outputs/run", min_length=1, description="Checkpoints, metrics.jsonl, TensorBoard logs and samples go here.")
     resume: Literal["auto", "disable"] | UserPath = Field("auto", description="auto (latest valid checkpoint in output_dir), disable, or a checkpoint path.")
     keep_last: int = Field(3, ge=1, description="Checkpoints kept on disk.")
-    loggers: list[Literal["console", "jsonl", "tensorboard", "wandb", "mlflow"]] = Field(
-        default_factory=lambda: ["console", "jsonl", "tensorboard"], description="Metric sinks."
-    )
+    loggers: list[MetricSink] = Field(default_factory=_default_loggers, description="Metric sinks.")
     project: str = Field("megarl", description="Project name for W&B / MLflow.")
     experiment: str = Field("run", description="Run name for W&B / MLflow.")
     seed: int = Field(1, description="Run seed; per-rank and per-sample seeds derive from it.")

@@ -286,10 +286,11 @@ def generic_rows(
     rows, wheres = [], []
     for i, rec in enumerate(read_raw_records(path)):
         raw, where = rec.get(prompt_field, option="--prompt-field"), f"{rec.where}: field {prompt_field!r}"
-        if isinstance(raw, str):
-            prompt: Prompt = _user_prompt(check_prompt(rec.text(prompt_field), where), suffix, system)
+        checked = check_prompt(rec.text(prompt_field) if isinstance(raw, str) else raw, where)
+        if isinstance(checked, str):
+            prompt: Prompt = _user_prompt(checked, suffix, system)
         else:  # messages (check_prompt refuses anything else)
-            prompt = _framed(check_prompt(raw, where), system, suffix, where)
+            prompt = _framed(checked, system, suffix, where)
         truth = rec.ground_truth(answer_field, option="--answer-field")
         rows.append(_row(data_source, prompt, truth, ability, {"split": split, "index": i}))
         wheres.append(where)

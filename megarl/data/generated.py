@@ -56,6 +56,7 @@ def read_generated(path: str | Path, *, label: str = "--data", prompt_key: str =
     read = (PROMPT_TEXT, RESPONSES, LENGTHS, REASONS)  # what evaluate uses
     columns = {name: table.column(name).to_pylist() if name in table.column_names else None for name in read}
     responses = columns[RESPONSES]
+    assert responses is not None  # the column is there (checked above)
     for row, answers in enumerate(responses):
         if not isinstance(answers, list) or not answers or not all(isinstance(a, str) for a in answers):
             raise DataError(f"{where}: row {row}, column '{RESPONSES}': expected a non-empty list of strings, got {short_repr(answers)}")

@@ -140,7 +140,7 @@ class TorchEngine:
 
     @torch.no_grad()
     def _decode(
-        self, prompts: list[list[int]], seeds: list[int], params: SamplingParams, budgets: list[int]
+        self, prompts: Sequence[Sequence[int]], seeds: list[int], params: SamplingParams, budgets: list[int]
     ) -> list[tuple[list[int], list[float], str]]:
         """Prefill then decode one batch of rows, row ``r`` up to ``budgets[r]`` tokens; returns
         (response ids, log-probs, finish reason)."""
@@ -314,7 +314,7 @@ def _validate_params(params: SamplingParams, tokenizer) -> None:
         raise ValueError("SamplingParams.stop contains an empty string; remove it")
 
 
-def _left_pad(seqs: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def _left_pad(seqs: Sequence[Sequence[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-pad token lists; returns (ids [B, L] long, attention mask [B, L] long)."""
     width = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)

@@ -111,7 +111,7 @@ class _LinearLogprobs(torch.autograd.Function):
     over the group's vocabulary, differentiable in ``hidden`` and ``weight``."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, temperature, vocab_start, vocab_size, group, chunk, with_entropy):  # type: ignore[override]
+    def forward(ctx, hidden, weight, targets, temperature, vocab_start, vocab_size, group, chunk, with_entropy):
         vocab = _Vocab(weight, temperature, vocab_start, vocab_size)
         lse_r, h_r, picked = _local_stats(vocab, hidden, targets, chunk, with_entropy)
         logprobs, lse, entropy = _combine(lse_r, h_r, picked, group)
@@ -125,7 +125,7 @@ class _LinearLogprobs(torch.autograd.Function):
         return logprobs, entropy
 
     @staticmethod
-    def backward(ctx, grad_lp, grad_h):  # type: ignore[override]
+    def backward(ctx, grad_lp, grad_h):
         hidden, weight, targets, lse, entropy = ctx.saved_tensors
         temperature, vocab_start, vocab_size, group, chunk, with_entropy = ctx.args
         vocab = _Vocab(weight, temperature, vocab_start, vocab_size)

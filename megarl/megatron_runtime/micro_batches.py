@@ -135,7 +135,7 @@ class MicroBatching:
     def of(cls, cfg: ActorConfig) -> MicroBatching:
         return cls(cfg.micro_batch_size, cfg.max_tokens_per_gpu, cfg.pack_sequences)
 
-    def replica_groups(self, batch: Batch, dp_size: int) -> list[list[int]]:
+    def replica_groups(self, batch: Batch, dp_size: int) -> list[list[list[int]]]:
         """Row groups (indices into ``batch``) of every DP replica: ``dp_size`` lists of groups,
         rows dealt by ``balanced_partition`` and cut by ``micro_batch_indices``."""
         if len(batch) < dp_size:

@@ -112,7 +112,7 @@ class MegatronModel:
     bridge: Any
     hf_config: Any
     tcfg: Any  # megatron TransformerConfig (calculate_per_token_loss=True)
-    module: torch.nn.Module  # GPTModel, or DDP(GPTModel) once wrapped for training
+    module: Any  # megatron GPTModel, or DDP(GPTModel) once wrapped for training
     info: Any  # megarl.parallel.groups.ParallelInfo
     vocab_size: int  # real vocabulary (padding columns past it are masked)
     positions: ResponsePositions  # the output layer's position selector (last stage)
@@ -171,8 +171,8 @@ class MegatronModel:
         return cls(bridge, hf_config, tcfg, module, info, vocab, positions, cfg.logprob_chunk_tokens, spec, flex)
 
     @property
-    def core(self) -> torch.nn.Module:
-        """The GPTModel itself (unwrapped from DDP)."""
+    def core(self) -> Any:
+        """The GPTModel itself (unwrapped from DDP; megatron's, untyped)."""
         return getattr(self.module, "module", self.module)
 
     def output_weight(self) -> torch.Tensor:

@@ -248,7 +248,7 @@ def _load_optimizer_state(optimizer: Any, loaded: Any) -> None:
         inner.optimizer.state[p]["step"] = step
 
 
-def _model_sharded_state(core: torch.nn.Module) -> dict[str, Any]:
+def _model_sharded_state(core: Any) -> dict[str, Any]:  # a megatron GPTModel (untyped)
     """The model's part of a training checkpoint (the ``model`` key of what :meth:`TrainableModel.save` writes)."""
     return core.sharded_state_dict(metadata=CHECKPOINT_METADATA)
 

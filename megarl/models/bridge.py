@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from megarl.models.layer_specs import LayerSpec
 from megarl.models.layouts import VALUE_HEAD_HF_NAME, ParamRule, ShardInfo, export_full, read_shard
 from megarl.models.safetensors_reader import SafetensorsReader
 from megarl.parallel.cpu_compat import enable_cpu_compat
@@ -46,8 +47,8 @@ def register_bridge(*model_types: str):
     return wrap
 
 
-def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
-    """The GPTModel inside DDP / Float16Module wrappers (they hold it as ``.module``)."""
+def unwrap_model(model: torch.nn.Module) -> Any:
+    """The GPTModel inside DDP / Float16Module wrappers (they hold it as ``.module``; megatron's, untyped)."""
     while hasattr(model, "module") and isinstance(model.module, torch.nn.Module):
         model = model.module
     return model
@@ -58,11 +59,19 @@ class ModelBridge:
     methods that raise NotImplementedError; the weight streaming below is shared."""
 
     # ---- architecture-specific -------------------------------------------------------------
+    def check_hf_config(self, hf_config: Any) -> None:
+        """Refuse, by name, every HF setting this bridge does not implement."""
+        raise NotImplementedError
+
+    def check_parallel(self, hf_config: Any, parallel: Any) -> None:
+        """Refuse a parallel layout (a ParallelConfig) this model cannot be split into."""
+        raise NotImplementedError
+
     def transformer_config(self, hf_config: Any, parallel: Any, dtype: torch.dtype, recompute: str = "none"):
         raise NotImplementedError
 
     def build_model(self, hf_config: Any, transformer_config: Any, *, pre_process: bool, post_process: bool,
-                    value_head: bool = False, spec: str = "local"):  # fmt: skip
+                    value_head: bool = False, spec: LayerSpec = "local"):  # fmt: skip
         raise NotImplementedError
 
     def vocab_size(self, hf_config: Any) -> int:
@@ -231,7 +240,7 @@ def has_value_head(gpt: torch.nn.Module) -> bool:
     return isinstance(getattr(gpt, "output_layer", None), ValueHead)
 
 
-def _value_head_shapes(gpt: torch.nn.Module) -> dict[str, tuple[int, ...]]:
+def _value_head_shapes(gpt: Any) -> dict[str, tuple[int, ...]]:  # a megatron GPTModel (untyped)
     if not has_value_head(gpt):
         return {}
     return {VALUE_HEAD_HF_NAME: tuple(gpt.output_layer.weight.shape)}

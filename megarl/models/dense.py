@@ -272,7 +272,7 @@ class DenseDecoderBridge(ModelBridge):
             shapes.update({f"model.layers.{i}.{k}": s for k, s in per_layer.items() if k in used})
         return shapes
 
-    def param_rule(self, hf_config: Any, model: torch.nn.Module, megatron_name: str) -> ParamRule:
+    def param_rule(self, hf_config: Any, model: Any, megatron_name: str) -> ParamRule:  # model: a megatron GPTModel (untyped)
         if megatron_name == "embedding.word_embeddings.weight":
             return ParamRule(megatron_name, ("model.embed_tokens.weight",), "vocab")
         if megatron_name == "decoder.final_layernorm.weight":
@@ -285,7 +285,7 @@ class DenseDecoderBridge(ModelBridge):
             return ParamRule(megatron_name, ("lm_head.weight",), "vocab")
         m = _LAYER_NAME.match(megatron_name)
         suffix = local_suffix(m.group(2)) if m else None  # TE's fused-norm names are the local norms' weights
-        if suffix not in self._layer_suffixes():
+        if m is None or suffix not in self._layer_suffixes():
             raise KeyError(megatron_name)
         layer = model.decoder.layers[int(m.group(1))].layer_number - 1  # global, 0-based
         hf, layout = _LAYER_RULES[suffix]

@@ -116,6 +116,7 @@ def _tokenizer_classes(name: Any, config: dict) -> tuple[list[type], str]:
 
     entry = TOKENIZER_MAPPING_NAMES.get(str(config.get("model_type")))
     typed = list(entry) if isinstance(entry, tuple) else [entry]  # transformers 4: (slow, fast)
+    names: list[str | None]  # (a None among them is skipped below)
     if isinstance(name, str) and name:
         names, named = [name, f"{name.removesuffix('Fast')}Fast"], f"{name} (tokenizer_config.json)"
         if name in GENERIC_TOKENIZERS:  # no vocabulary format of its own: the model type's files load too

@@ -108,7 +108,7 @@ def tiny_hf_config(
     if rope_scaling is not None:
         rope = {**rope_scaling, "rope_theta": rope_theta}
     if arch == "qwen2":
-        cfg = Qwen2Config(**common, use_sliding_window=False)
+        cfg: Qwen2Config | Qwen3Config | LlamaConfig = Qwen2Config(**common, use_sliding_window=False)
     elif arch == "qwen3":
         cfg = Qwen3Config(**common, head_dim=hidden_size // num_heads, use_sliding_window=False)
     else:

@@ -132,11 +132,11 @@ def _ignore_rng_state(new_state: Any = None, device: Any = -1, graph_safe: bool 
 def _patch_cuda_rng() -> None:
     import torch.cuda.random as cuda_random
 
-    for module in (torch.cuda, cuda_random):
-        module.get_rng_state = _empty_rng_state  # type: ignore[assignment]
-        module.set_rng_state = _ignore_rng_state  # type: ignore[assignment]
-        module.get_rng_state_all = lambda: []  # type: ignore[assignment]
-        module.set_rng_state_all = lambda new_states: None  # type: ignore[assignment]
+    for module in (torch.cuda, cuda_random):  # (a plain ModuleType to mypy: a monkeypatch of torch's functions)
+        module.get_rng_state = _empty_rng_state  # type: ignore[attr-defined]
+        module.set_rng_state = _ignore_rng_state  # type: ignore[attr-defined]
+        module.get_rng_state_all = lambda: []  # type: ignore[attr-defined]
+        module.set_rng_state_all = lambda new_states: None  # type: ignore[attr-defined]
     try:  # Megatron's own setter queues a lazy CUDA call per use, a slow leak without CUDA
         from megatron.core.tensor_parallel import random as mcore_random
     except ImportError:
@@ -170,7 +170,7 @@ def enable_cpu_compat() -> bool:
         if _mode is None:
             _mode = _CudaToCpuMode()
             torch.cuda.current_device = _current_device  # type: ignore[assignment]
-            torch.cuda.synchronize = _synchronize  # type: ignore[assignment]
+            torch.cuda.synchronize = _synchronize
             torch.cuda.current_stream = _current_stream  # type: ignore[assignment]
             _patch_cuda_rng()
             _patch_threads(_mode)

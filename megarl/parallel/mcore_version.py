@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import json
+import os
 import warnings
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -72,7 +73,7 @@ def require_megatron_core() -> str:
     return mcore
 
 
-def write_checkpoint_versions(path: str | Path, **layout: int | str) -> None:
+def write_checkpoint_versions(path: str | os.PathLike[str], **layout: int | str) -> None:
     """Record which megatron-core and torch wrote the dist-checkpoint in directory ``path``, and
     the ``layout`` values its state depends on (e.g. the gradient bucket size, the optimizer's format)."""
     import torch
@@ -81,7 +82,7 @@ def write_checkpoint_versions(path: str | Path, **layout: int | str) -> None:
     (Path(path) / VERSIONS_FILE).write_text(json.dumps(info, indent=1) + "\n")
 
 
-def checkpoint_record(path: str | Path) -> dict:
+def checkpoint_record(path: str | os.PathLike[str]) -> dict:
     """What :func:`write_checkpoint_versions` recorded for ``path`` ({} for an older checkpoint)."""
     record = Path(path) / VERSIONS_FILE
     return json.loads(record.read_text()) if record.is_file() else {}
@@ -94,12 +95,12 @@ OPTIMIZER_FORMAT_RECORD = "optimizer_format"
 UNRECORDED_OPTIMIZER_FORMAT = "dp_reshardable"
 
 
-def checkpoint_optimizer_format(path: str | Path) -> str:
+def checkpoint_optimizer_format(path: str | os.PathLike[str]) -> str:
     """The optimizer state's format in the training checkpoint at ``path``, as its save recorded."""
     return checkpoint_record(path).get(OPTIMIZER_FORMAT_RECORD, UNRECORDED_OPTIMIZER_FORMAT)
 
 
-def checkpoint_version_error(path: str | Path, writer: str | None, reader: str) -> str | None:
+def checkpoint_version_error(path: str | os.PathLike[str], writer: str | None, reader: str) -> str | None:
     """Why megatron-core ``reader`` cannot load what ``writer`` wrote (one line), or None.
 
     A dist-checkpoint is loadable by the same or a newer megatron-core (0.19 reads 0.16's); an
@@ -115,7 +116,7 @@ def checkpoint_version_error(path: str | Path, writer: str | None, reader: str) 
     )
 
 
-def checkpoint_writer(path: str | Path) -> str | None:
+def checkpoint_writer(path: str | os.PathLike[str]) -> str | None:
     """The megatron-core version that wrote the dist-checkpoint in ``path``, as recorded; for a
     checkpoint without the record (written before megarl kept one), ``0.17+`` when it lacks the
     ``common.pt`` that 0.16 always writes, else None (unknown)."""
@@ -125,7 +126,7 @@ def checkpoint_writer(path: str | Path) -> str | None:
     return None if (Path(path) / "common.pt").is_file() else "0.17+"
 
 
-def check_checkpoint_readable(path: str | Path) -> None:
+def check_checkpoint_readable(path: str | os.PathLike[str]) -> None:
     """Raise ValueError when the installed megatron-core is older than the checkpoint's writer."""
     error = checkpoint_version_error(path, checkpoint_writer(path), require_megatron_core())
     if error:

@@ -111,7 +111,7 @@ def _to_all(own: Iterable[tuple[str, torch.Tensor]], specs: Sequence[Sequence[Sp
                 yield name, _broadcast_sliced(None, stage, shape, getattr(torch, dtype), device)
 
 
-def _broadcast_sliced(full: torch.Tensor | None, stage: int, shape: Sequence[int], dtype: torch.dtype,
+def _broadcast_sliced(full: torch.Tensor | None, stage: int, shape: tuple[int, ...], dtype: torch.dtype,
                       device: torch.device) -> torch.Tensor:  # fmt: skip
     """Stage ``stage``'s tensor on every rank of the replica: each TP rank's PP group carries one
     slice (flattened, the last padded), the receivers' TP group all-gathers the slices."""

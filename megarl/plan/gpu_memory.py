@@ -104,7 +104,7 @@ def activation_bytes_per_token(arch: ArchSpec, tp: int, sequence_parallel: bool,
     q_dim = arch.num_heads * arch.kv_channels
     kv_dim = arch.num_kv_heads * arch.kv_channels
     sharded = (q_dim + 2 * kv_dim) + q_dim + 2 * f + f
-    replicated = 4 * h
+    replicated: float = 4 * h  # divided by tp below
     if sequence_parallel:
         replicated /= tp
     return dtype_bytes * (sharded / tp + replicated)
@@ -135,6 +135,7 @@ def train_memory(
         act += tokens_per_micro_batch * activation_bytes_per_token(arch, tp, sequence_parallel, wbytes)
     else:
         act = tokens_per_micro_batch * layers_in_flight * activation_bytes_per_token(arch, tp, sequence_parallel, wbytes)
+    logits: float
     if value_head:
         logits, head_grad = 2 * 4 * tokens_per_micro_batch, 0.0
     else:

@@ -39,6 +39,6 @@ def _has_terminal() -> bool:
 
 def _netrc_has(host: str | None) -> bool:
     try:
-        return bool(host) and netrc.netrc(os.environ.get("NETRC")).authenticators(host) is not None
+        return bool(host and netrc.netrc(os.environ.get("NETRC")).authenticators(host) is not None)
     except (OSError, netrc.NetrcParseError):  # no file, or one W&B would not read either
         return False

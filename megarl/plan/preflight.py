@@ -80,10 +80,12 @@ def preflight(cfg: MegaRLConfig) -> list[Finding]:
         if _check_model_dir(cfg, findings):
             from megarl.data.summary import load_tokenizer
 
-            tokenizer = functools.cache(lambda: load_tokenizer(cfg.model.path))  # (seconds for a large one) loaded once
+            model = cfg.model.path
+            assert model is not None  # _check_model_dir found its config.json
+            tokenizer = functools.cache(lambda: load_tokenizer(model))  # (seconds for a large one) loaded once
             _check_critic_tokens(cfg, tokenizer, findings)
             strict = cfg.data.truncation == "error" and not cfg.data.filter_overlong_prompts
-            if cfg.data.apply_chat_template and not _has_chat_template(Path(cfg.model.path)):
+            if cfg.data.apply_chat_template and not _has_chat_template(Path(model)):
                 findings.append(Finding("data.apply_chat_template", f"is true but the tokenizer of model.path ({cfg.model.path}) "
                                         "has no chat template; set data.apply_chat_template=false to feed raw prompt text, "
                                         "or use a tokenizer with a template"))
@@ -297,7 +299,7 @@ def _check_model_dir(cfg: MegaRLConfig, findings: list[Finding]) -> bool:
                                 "model checkpoint of `megarl convert hf-to-megatron`; unset, the critic starts from "
                                 "model.path"))  # fmt: skip
     for field, value in (("model.path", path), ("critic.path", critic)):
-        if is_model_checkpoint(value):
+        if value is not None and is_model_checkpoint(value):
             try:
                 check_model_checkpoint(value)
             except ModelCheckpointError as exc:
@@ -315,6 +317,7 @@ def _check_critic_tokens(cfg: MegaRLConfig, tokenizer: Callable[[], Any], findin
     from megarl.data.summary import load_tokenizer
     from megarl.models.hf_files import token_ids_problem
 
+    assert cfg.model.path is not None  # called once _check_model_dir found it
     critic = Path(cfg.critic.path) if cfg.critic_enabled and cfg.critic.path is not None else None
     if critic is None or not (critic / "config.json").is_file() or critic.resolve() == Path(cfg.model.path).resolve():
         return  # no model of its own (or the policy's), or _check_model_dir's finding
@@ -343,6 +346,7 @@ def _check_bridge(cfg: MegaRLConfig) -> list[Finding]:
     from megarl.checkpoint.model_checkpoint import is_model_checkpoint
     from megarl.parallel.mcore_version import require_megatron_core
 
+    assert cfg.model.path is not None  # run after no error, so after _check_model_dir found it
     own_critic = cfg.critic.path if cfg.critic_enabled else None  # else a critic starts from model.path
     shared = [cfg.critic.parallel] if cfg.critic_enabled and own_critic is None else []
     models = [("model.path", cfg.model.path, [cfg.actor.parallel, *shared])]
@@ -466,7 +470,7 @@ class ChildChecks:
     started at once; each answer awaited at most CHILD_TIMEOUT_S (user code can hang at import)."""
 
     def __init__(self, custom: Any, extensions: list[tuple[str, str]]):
-        self.spec = {
+        self.spec: dict[str, Any] = {  # JSON for the child
             "reward": [os.path.abspath(custom.path), custom.name] if custom and Path(custom.path).is_file() else None,
             "custom_module": str(Path(__file__).resolve().parents[1] / "rewards" / "custom.py"),
             "extensions": extensions,

@@ -60,7 +60,7 @@ def push_estimate(cfg: MegaRLConfig, arch: ArchSpec, tp: int, pp: int, dp: int) 
     transport = cfg.weight_transport
     collect = TRANSPORT_COLLECT[transport]
     cl = cfg.cluster
-    total = DTYPE_BYTES[cfg.model.dtype] * arch.num_params
+    total: float = DTYPE_BYTES[cfg.model.dtype] * arch.num_params  # bytes, as every part counts them
     tp_link = "nvlink" if tp <= cl.gpus_per_node else "network"
     pp_link = "nvlink" if tp * pp * dp <= cl.gpus_per_node else "network"
     others = total * (pp - 1) / pp  # the other stages' bytes
@@ -79,6 +79,7 @@ def push_estimate(cfg: MegaRLConfig, arch: ArchSpec, tp: int, pp: int, dp: int) 
         return sum(b / (bandwidth[link] * GB) for _, b, link in parts)
 
     # With overlap the send of bucket k runs beside the export of bucket k+1: the slower side sets the pace.
-    both = (max if cfg.rollout.weight_sync.overlap else sum)((seconds(export), seconds(send)))
+    export_s, send_s = seconds(export), seconds(send)
+    both = max(export_s, send_s) if cfg.rollout.weight_sync.overlap else export_s + send_s
     parts = tuple(p for p in export + send + after if p[1] > 0)
     return PushEstimate(transport, parts, both + seconds(after))

@@ -137,9 +137,9 @@ def _init(**kwargs: Any) -> None:
         ray.init(**kwargs)
     except BaseException as exc:  # a signal (SIGTERM, Ctrl-C) or an error: leave no half-started Ray
         try:
-            if ours and isinstance(exc, SystemExit) and exc.code == signal.SIGTERM:  # Ray's handler after all
-                signal.signal(signal.SIGTERM, previous)  # type: ignore[arg-type]
-                previous(signal.SIGTERM, None)  # type: ignore[misc]  # records the stop; raises KeyboardInterrupt
+            if callable(previous) and isinstance(exc, SystemExit) and exc.code == signal.SIGTERM:  # Ray's handler after all
+                signal.signal(signal.SIGTERM, previous)
+                previous(signal.SIGTERM, None)  # records the stop; raises KeyboardInterrupt
             raise
         finally:
             ray.shutdown()
@@ -166,7 +166,7 @@ def _shutdown_embedded() -> None:
             except (AttributeError, psutil.Error):
                 continue
     kill = getattr(node, "kill_all_processes", None)
-    if kill is not None:
+    if node is not None and kill is not None:  # (no node: no kill either)
         node.kill_all_processes = lambda **kwargs: kill(**(kwargs | {"allow_graceful": False}))
     ray.shutdown()
     for process in tree:

@@ -28,6 +28,7 @@ def number_text(value: int | float | Decimal) -> str:
     if not exact.is_finite():
         raise ValueError(f"{value} is not a finite number")
     _, digits, exponent = exact.as_tuple()  # read from the tuple: plain text of 1e-999999 is never built
+    assert isinstance(exponent, int)  # finite: 'n', 'N' and 'F' mark NaN and infinity only
     significant = "".join(map(str, digits)).rstrip("0")
     exponent += len(digits) - len(significant)  # trailing zeros are not digits after the point
     for count, side in ((len(significant) + exponent, "before"), (-exponent, "after")):

@@ -105,7 +105,7 @@ def is_equivalent(answer: str, ground_truth: str) -> bool:
     if mine is not None and theirs is not None:
         if mine == theirs:
             return True
-        if abs(mine - theirs) > CLEARLY_DIFFERENT * max(1, abs(theirs)):
+        if abs(mine - theirs) > CLEARLY_DIFFERENT * max(Fraction(1), abs(theirs)):
             return False
     from math_verify import verify
 

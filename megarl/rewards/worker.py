@@ -87,6 +87,7 @@ def score_samples(scorers: list[str | None], samples: list[tuple]) -> list[Outco
             value = registry.score(name, *sample) if name is not None else _custom()(*sample)
         except Exception as exc:  # noqa: BLE001 - a reward error scores 0 and is counted
             # The traceback from the function's own frame on (this loop's frame says nothing).
+            assert exc.__traceback__ is not None  # a caught exception carries its traceback
             user_tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__.tb_next))
             outcomes.append(("error", f"{type(exc).__name__}: {exc}", user_tb))
             continue

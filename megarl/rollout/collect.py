@@ -124,6 +124,7 @@ class DynamicSamplingCollector:
         dropped: list[Batch] = []
         metrics: dict[str, float] = {}
         rounds = 0
+        assert params.seed is not None  # the trainer seeds every step (Trainer.sampling): rounds get their own
         while rounds < self.max_rounds and sum(b.num_groups() for b in kept) < wanted:
             if rounds:
                 prompts = self.next_prompts()
@@ -131,6 +132,7 @@ class DynamicSamplingCollector:
             batch, round_metrics = self.plain.collect(prompts, params=round_params, timer=timer)
             metrics = _add_counts(metrics, round_metrics)
             batch = batch.replace(group_id=batch.group_id + rounds * wanted)  # unique across rounds
+            assert batch.scores is not None  # the plain collector scores every batch
             keep, _ = dynamic_sampling_filter(batch.scores, batch.group_id)
             kept.append(batch.select(keep))
             dropped.append(batch.select(~keep))
@@ -193,6 +195,7 @@ class GreedyBaseline:
             extra_info=heads.extra_info, prompt_text=heads.prompt_text,
         )
         scored, _ = self.scorer.score(greedy_batch)
+        assert scored.scores is not None  # what score() fills
         scores = scored.scores.to(torch.float32)  # [G]
         if self.overlong is not None:  # (length 0: no penalty)
             scores = scores + overlong_penalty(scored.response_lengths, self.max_new_tokens, self.overlong.length,

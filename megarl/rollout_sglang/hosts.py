@@ -191,7 +191,9 @@ def probe_bundles(placed: Any) -> list[dict[str, Any]]:
     import ray
 
     probe = ray.remote(_BundleProbe)
-    actors = [probe.options(**placed.scheduling(r)).remote() for r in range(placed.placement.world_size)]
+    # Handles as Any, as everywhere in megarl: Ray types one as ActorHandle | the class, whose
+    # methods have no .remote to mypy, and ray.kill takes the handle only.
+    actors: list[Any] = [probe.options(**placed.scheduling(r)).remote() for r in range(placed.placement.world_size)]
     try:
         return list(ray.get([a.info.remote() for a in actors]))
     finally:

@@ -249,6 +249,7 @@ class SGLangServer:
     def launch(self) -> None:
         """Start the process (does not wait for health; see :meth:`wait_healthy`)."""
         if self.alive():
+            assert self.proc is not None  # alive: a process was started
             raise RuntimeError(
                 f"SGLang server at {self.url} is already running (pid {self.proc.pid})"
             )
@@ -410,7 +411,8 @@ def sglang_cpu_python() -> Path | None:
     if not script.is_file():  # megarl installed without its repository
         return None
     spec = importlib.util.spec_from_file_location("megarl_sglang_cpu_venv_path", script)
+    assert spec is not None and spec.loader is not None  # a .py file's: a source file loader
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    spec.loader.exec_module(module)
     python = module.venv_path() / "bin" / "python"
     return python if python.exists() else None

@@ -253,6 +253,7 @@ def _post_push_check(cfg: MegaRLConfig, engines: Any, policy: Any, stream: Any, 
 def _tokenizer(path: str | None) -> tuple[Any, tuple[int, ...]]:
     from transformers import AutoTokenizer
 
+    assert path is not None  # a run needs model.path (preflight refuses one without)
     tokenizer = AutoTokenizer.from_pretrained(path)
     return tokenizer, eos_token_ids(path, tokenizer)
 

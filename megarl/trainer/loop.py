@@ -159,6 +159,7 @@ class Trainer:
                 raise RunStopped(self._stopped_message(control, None), control.exit_code) from None
 
     def _train(self, start: int, control: RunControl) -> dict[str, float]:
+        assert self.logger is not None  # fit() makes it before training
         t = self.cfg.trainer
         PROGRESS.mark("initial weight sync", start)
         log.info("first weight sync (trainer -> engines) ...")

@@ -39,10 +39,10 @@ from megarl.progress import PROGRESS
 
 log = logging.getLogger(__name__)
 
-EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}
+EXIT_CODES: dict[int, int] = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}  # by number: a handler gets an int
 HANDLED_SIGNALS = tuple(EXIT_CODES)  # a first one asks the run to stop after the step
 HANG_SIGNAL = signal.SIGUSR2  # the watchdog -> the main thread (ranks use SIGUSR1 for their stacks)
-_NAMES = {signal.SIGINT: "SIGINT (Ctrl-C)", signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP (terminal closed)"}
+_NAMES: dict[int, str] = {signal.SIGINT: "SIGINT (Ctrl-C)", signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP (terminal closed)"}
 REPEAT_WINDOW_S = 5.0  # a SIGTERM / SIGHUP this soon after the first is the same request, not "stop at once"
 
 

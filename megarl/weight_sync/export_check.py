@@ -164,7 +164,7 @@ class Observation:
             if missing:
                 problems.append(f"{', '.join(missing)}: never exported")
                 continue
-            got_sum, got_abs = (float(x) for x in sum(self.by_name[n].cpu() for n in names))
+            got_sum, got_abs = (float(x) for x in sum((self.by_name[n].cpu() for n in names), torch.zeros(2, dtype=torch.float64)))
             tol = REL_TOL * max(want_abs, got_abs, 1e-30)
             if abs(got_sum - want_sum) > tol or abs(got_abs - want_abs) > tol:
                 problems.append(f"{'+'.join(names)}: sum {got_sum:.9g} and sum |x| {got_abs:.9g} exported, "

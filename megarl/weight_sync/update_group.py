@@ -105,7 +105,8 @@ def open_update_group(
     )
     made = helper(
         world_size, rank, [], backend, prefixed,
-        group_name=group_name, timeout=timeout, **{option_kw: None},
+        # newer torch types group_name as c10d.GroupName, a NewType of str (a str at run time) older ones lack
+        group_name=group_name, timeout=timeout, **{option_kw: None},  # type: ignore[arg-type]
     )  # fmt: skip
     group = made[0] if isinstance(made, tuple) else made
     # Group ranks are global ranks here, so collectives that take ``src`` map 0 -> 0.

@@ -24,6 +24,7 @@ import json
 import math
 import operator
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,8 +47,8 @@ _BINARY = {
     ast.Mod: operator.mod,
     ast.Pow: operator.pow,
 }
-_UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
-_OTHER_OPERATORS = {
+_UNARY: dict[type[ast.unaryop], Callable[[Any], Any]] = {ast.UAdd: operator.pos, ast.USub: operator.neg}
+_OTHER_OPERATORS: dict[type, str] = {  # looked up by the type of any node's op (None too)
     ast.BitXor: "^ (write ** for a power)",
     ast.BitAnd: "&",
     ast.BitOr: "|",

@@ -87,7 +87,7 @@ class AgentRollout:
 
 def agent_names(prompts: PromptBatch, default: str) -> list[str]:
     """Each prompt's loop: its agent_name (verl's names mapped to ours), else ``default``."""
-    return [loop_name(name, default) for name in prompts.agent_name or [None] * len(prompts)]
+    return [loop_name(name, default) for name in prompts.agent_name or [""] * len(prompts)]  # "": no agent_name
 
 
 def _sample(prompts: PromptBatch, p: int, budget: int) -> AgentSample:
@@ -238,6 +238,7 @@ def batch_from_trajectories(prompts: PromptBatch, samples: Sequence[AgentSample]
         mask[row, : len(s.trajectory.mask)] = torch.tensor(s.trajectory.mask, dtype=mask.dtype)
         for position, value in s.trajectory.turn_rewards.items():
             rewards[row, position] = value
+    assert batch.rollout_logprobs is not None  # batch_from_generations always fills it
     return batch.replace(response_mask=mask, rollout_logprobs=batch.rollout_logprobs * mask,
                          turn_rewards=rewards if turn_rewards else None,
                          extra_info=[_with_agent_counts(s) for s in samples])  # fmt: skip

@@ -185,6 +185,7 @@ class ToolAgent(AgentLoop):
             if traj.remaining <= 0:
                 return "length"
             if not parsed.attempted:  # the simulated user answers
+                assert interaction is not None  # a turn without calls and without one returned above
                 reply = interaction.respond(messages)
                 traj.turn_scores.append(reply.score)
                 traj.reward_turn(reply.score)
@@ -218,7 +219,7 @@ class ToolAgent(AgentLoop):
             raise AgentError(f"{name} returned {type(parsed).__name__}; return megarl.rollout.agents.tool_calls.ParsedCalls(items)")
         return parsed
 
-    def _tool_answers(self, parsed: ParsedCalls) -> Steps:
+    def _tool_answers(self, parsed: ParsedCalls) -> Generator[Generate | CallTools, Any, list[ToolOutcome]]:
         """One answer per call of the turn, in the turn's order: run (at most max_parallel_calls
         of them, concurrently), malformed, or over the per-turn limit."""
         limit = self.env.limits.max_parallel_calls

@@ -5,6 +5,7 @@ and calls: megarl/rollout/agents/tools.py."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Awaitable
 from typing import Any
 
 # Built-in tool classes by name (filled by megarl/rollout/agents/builtin_tools.py at import).
@@ -28,7 +29,7 @@ class Tool:
         """The answer to the model: text, or verl's ``(response, reward, metrics)``."""
         raise NotImplementedError
 
-    def release(self, instance_id: str, **release_kwargs: Any) -> None:
+    def release(self, instance_id: str, **release_kwargs: Any) -> Awaitable[None] | None:
         """Free what ``create`` made."""
 
 

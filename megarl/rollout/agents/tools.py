@@ -27,7 +27,7 @@ import importlib
 import inspect
 import math
 import threading
-from collections.abc import Mapping
+from collections.abc import Awaitable, Collection, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,7 +100,7 @@ def _tool_class(name: str, where: str) -> type[Tool]:
     return BUILTIN_TOOLS[name] if name in BUILTIN_TOOLS else import_class(name, where, ToolFileError, BUILTIN_TOOLS)
 
 
-def import_class(name: str, where: str, error: type[ValueError], builtin: Mapping[str, Any] = ()) -> type:
+def import_class(name: str, where: str, error: type[ValueError], builtin: Collection[str] = ()) -> type:
     """The class ``package.module.Class`` (verl's spelling) or ``package.module:Class``."""
     module_name, _, attr = name.replace(":", ".").rpartition(".")
     if not module_name:
@@ -157,7 +157,13 @@ def tool_schemas(tools: Mapping[str, Tool]) -> list[dict[str, Any]]:
 
 def run_method(value: Any) -> Any:
     """The value of a plain or ``async`` method's result."""
-    return asyncio.run(value) if inspect.isawaitable(value) else value
+    return asyncio.run(_awaited(value)) if inspect.isawaitable(value) else value
+
+
+async def _awaited(value: Awaitable[Any]) -> Any:
+    """``value`` awaited: asyncio.run takes a coroutine only, not any awaitable (a Future, an
+    object with ``__await__``)."""
+    return await value
 
 
 def _outcome_of(result: Any) -> ToolOutcome:
