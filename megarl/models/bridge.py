@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from megarl.models.layer_specs import LayerSpec
 from megarl.models.layouts import VALUE_HEAD_HF_NAME, ParamRule, ShardInfo, export_full, read_shard
 from megarl.models.safetensors_reader import SafetensorsReader
 from megarl.parallel.cpu_compat import enable_cpu_compat
@@ -58,11 +59,12 @@ class ModelBridge:
     methods that raise NotImplementedError; the weight streaming below is shared."""
 
     # ---- architecture-specific -------------------------------------------------------------
-    def transformer_config(self, hf_config: Any, parallel: Any, dtype: torch.dtype, recompute: str = "none"):
+    def transformer_config(self, hf_config: Any, parallel: Any, dtype: torch.dtype, recompute: str = "none",
+                           spec: LayerSpec = "local"):  # fmt: skip
         raise NotImplementedError
 
     def build_model(self, hf_config: Any, transformer_config: Any, *, pre_process: bool, post_process: bool,
-                    value_head: bool = False, spec: str = "local"):  # fmt: skip
+                    value_head: bool = False, spec: LayerSpec = "local"):  # fmt: skip
         raise NotImplementedError
 
     def vocab_size(self, hf_config: Any) -> int:
