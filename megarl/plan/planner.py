@@ -48,6 +48,7 @@ from megarl.plan.push_model import PushEstimate, push_estimate
 from megarl.plan.rollout_checks import (
     check_agent,
     check_in_process,
+    check_nccl_versions,
     check_rollout,
     check_sampling,
     check_server_python,
@@ -153,6 +154,7 @@ def make_plan(cfg: MegaRLConfig, *, check_files: bool = False, in_process: bool 
     if check_files:
         _check_files(cfg, issues)
         check_server_python(cfg, issues)
+        check_nccl_versions(cfg, issues)  # two subprocesses import torch: seconds, so only with these checks
     memory, resolved = None, _auto_recompute(cfg, "none")
     if not any(i.level == "error" for i in issues):
         cfg, resolved = _resolve_recompute(cfg, arch, roles)

@@ -1,5 +1,5 @@
 """The planner's checks of the rollout side: engines and their weight transport, the SGLang
-servers' interpreter, what a run without Ray can hold, sampling, positions and agent loops. Each appends :class:`Issue` s to the
+servers' interpreter and its NCCL, what a run without Ray can hold, sampling, positions and agent loops. Each appends :class:`Issue` s to the
 list it is given (megarl/plan/planner.py collects them); `megarl generate` runs
 :func:`check_positions` alone. Torch-free, like the planner."""
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -66,6 +67,77 @@ def imports_sglang(python: str) -> bool:
         return subprocess.run([python, "-c", probe], capture_output=True, timeout=60).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
+
+
+# Prints this Python's torch NCCL version ("2.30.7"), or "none" where torch has no NCCL (a CPU
+# build: torch.cuda.nccl.version() raises) or does not import. Both sides run it the same way.
+NCCL_PROBE = "try:\n    import torch\n    print(*torch.cuda.nccl.version(), sep='.')\nexcept Exception:\n    print('none')"
+_NCCL_ANSWER = re.compile(r"\d+(\.\w+)+|none")
+
+
+def check_nccl_versions(cfg: MegaRLConfig, issues: list[Issue]) -> None:
+    """The trainer and the SGLang servers run one NCCL version where the weight push joins them in
+    one NCCL group: the ``distributed`` transport on GPUs (NCCL refuses a communicator whose ranks
+    differ in version, patch level included). ``tensor`` (CUDA IPC) and ``disk`` form no group
+    across the two sides, and on CPU the group is gloo. Skipped when the servers run this Python
+    (rollout.server_python unset) or theirs is not executable (check_server_python says so)."""
+    server = cfg.rollout.server_python
+    if (cfg.rollout.engine != "sglang" or cfg.weight_transport != "distributed" or cfg.cluster.device != "cuda"
+            or server is None or not os.access(server, os.X_OK)):  # fmt: skip
+        return
+    issue = nccl_mismatch(sys.executable, server)
+    if issue is not None:
+        issues.append(issue)
+
+
+def nccl_mismatch(trainer_python: str, server_python: str) -> Issue | None:
+    """An error when the two interpreters' torch load different NCCL versions; a warning when
+    either has none (or does not answer), so nothing could be compared; else None."""
+    trainer, server = probe_nccl([trainer_python, server_python])
+    versions = [a for a in (trainer, server) if _NCCL_ANSWER.fullmatch(a) and a != "none"]
+    if len(versions) == 2 and trainer == server:
+        return None
+    if len(versions) == 2:
+        return Issue("rollout.server_python", f"({server_python}) loads NCCL {server} and the trainer ({trainer_python}) "
+                     f"NCCL {trainer}: NCCL refuses a group whose ranks differ in version, so every weight push "
+                     f"(rollout.weight_sync.transport distributed) would fail; make the servers' torch load NCCL {trainer} "
+                     "(the cluster image links the trainer's libnccl into its SGLang venv: docs/docker.md; or install "
+                     "the nvidia-nccl-cu12/-cu13 wheel of that version there), or set rollout.weight_sync.transport=disk")  # fmt: skip
+
+    def said(answer: str) -> str:
+        return "no NCCL (a CPU torch, or no torch)" if answer == "none" else (
+            f"NCCL {answer}" if _NCCL_ANSWER.fullmatch(answer) else answer)  # fmt: skip
+
+    return Issue("rollout.server_python", f"NCCL versions not compared (the trainer's {trainer_python}: {said(trainer)}; "
+                 f"the servers' {server_python}: {said(server)}): the distributed weight push needs one NCCL version on "
+                 "both sides; `megarl doctor` in each environment shows its NCCL", level="warning")  # fmt: skip
+
+
+def probe_nccl(pythons: list[str], timeout: float = 120) -> list[str]:
+    """Each interpreter's answer to :data:`NCCL_PROBE` ("2.30.7" or "none"), or "unknown (why)";
+    one subprocess each, run at once (each imports torch: seconds). No torch in this process."""
+    started: list[subprocess.Popen | str] = []
+    for python in pythons:
+        try:
+            started.append(subprocess.Popen([python, "-c", NCCL_PROBE], stdout=subprocess.PIPE,
+                                            stderr=subprocess.DEVNULL, text=True))  # fmt: skip
+        except OSError as exc:
+            started.append(f"unknown ({exc.strerror or exc})")
+    answers = []
+    for proc in started:
+        if isinstance(proc, str):
+            answers.append(proc)
+            continue
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            answers.append(f"unknown (no answer in {timeout:g} s)")
+            continue
+        last = (out.strip().splitlines() or [""])[-1].strip()
+        answers.append(last if _NCCL_ANSWER.fullmatch(last) else f"unknown (exit code {proc.returncode}, printed {last!r})")
+    return answers
 
 
 def check_rollout(cfg: MegaRLConfig, arch: ArchSpec, issues: list[Issue]) -> None:
