@@ -183,7 +183,12 @@ class AgentConfig(Section):
 class RolloutConfig(Section):
     engine: Literal["sglang", "torch"] = Field("sglang", description="sglang on GPUs; torch is the reference engine (CPU, CI, debugging).")
     tp: int = Field(1, ge=1, description="Tensor parallel size of one rollout engine.")
-    mem_fraction: float = Field(0.8, gt=0, lt=1, description="Fraction of GPU memory SGLang takes for weights and KV cache.")
+    mem_fraction: float = Field(
+        0.8, gt=0, lt=1,
+        description="Fraction of the GPU memory SGLang sees free when it starts (after its own CUDA context; colocated, "
+        "beside the trainer's process) that it takes for weights and KV cache (--mem-fraction-static); its CUDA graphs "
+        "come on top.",
+    )
     max_running_requests: int = Field(256, ge=1, description="Concurrent requests per engine.")
     deterministic: bool = Field(
         False,

@@ -264,12 +264,13 @@ def test_critic_offload_decides_whether_the_critic_stays_while_the_policy_trains
     but its own (megarl/memory/residency.py): 8-GPU PPO at tp=2, micro 8 fits with it, not without."""
     micro8 = ("actor.micro_batch_size=8", "critic.micro_batch_size=8")
     msg = refused(PPO7, *micro8, "critic.offload=false")
-    assert "actor: training needs an estimated 92.7 GiB per GPU in phase policy_update" in msg
+    assert "actor: training needs an estimated 94.2 GiB per GPU in phase policy_update" in msg
     assert "actor.recompute=full" in msg and "set critic.offload=true" in msg
     assert "actor.optimizer.distributed=true" not in msg  # already set: not suggested
     mem = plan(PPO7, *micro8).memory
     critic = mem.critic.weights + mem.critic.grads + mem.critic.optimizer
-    assert mem.phases["policy_update"] == pytest.approx(mem.policy.peak + 3 * GIB)
+    # + the trainer's runtime and colocated SGLang's CUDA context (its graphs are released outside generate)
+    assert mem.phases["policy_update"] == pytest.approx(mem.policy.peak + 3 * GIB + 1.5 * GIB)
     kept = plan(PPO7, *micro8, "critic.offload=false", "cluster.gpu_memory_gib=141").memory  # H200s: it fits
     assert kept.phases["policy_update"] == pytest.approx(mem.phases["policy_update"] + critic)
 
@@ -278,8 +279,11 @@ def test_critic_offload_is_honoured_disaggregated_too():
     """Disaggregated, nothing makes room for the engines, but the critic still makes room for the policy's update."""
     pool = ("cluster.placement=disaggregated", "cluster.rollout_gpus=4")
     mem = plan(PPO7, *pool).memory
-    assert mem.phases["policy_update"] == pytest.approx(mem.policy.peak + 3 * GIB)  # no critic, no engine
-    assert mem.rollout_peak == pytest.approx(mem.rollout.budget + 3 * GIB)  # the engines' own GPUs
+    assert mem.phases["policy_update"] == pytest.approx(mem.policy.peak + 3 * GIB)  # no critic, no engine: the trainer's runtime
+    # The engines' own GPUs: mem_fraction of what SGLang sees free after its context (no trainer
+    # there), plus its context and its CUDA graphs outside mem_fraction.
+    assert mem.rollout.free_at_launch == pytest.approx(80 * GIB - 1.5 * GIB)
+    assert mem.rollout_peak == pytest.approx(mem.rollout.budget + 4 * GIB)
     assert "set critic.offload=true" in refused(PPO7, *pool, "critic.offload=false")
 
 
@@ -308,16 +312,18 @@ def test_72b_phase_sums_are_the_printed_ones_by_hand_and_fit():
     cfg = load_config(GRPO72, [])
     p = make_plan(cfg)
     mem, pol, eng = p.memory, p.memory.policy, p.memory.rollout
-    # Runtime; a push holds three buckets (the one sent, its flattened copy for CUDA IPC, the one
+    # Runtime in every phase: the trainer's (3 GiB) and SGLang's CUDA context and NCCL (1.5 GiB);
+    # SGLang's CUDA graphs and allocator cache (2.5 GiB) while it holds them (launch, generate).
+    # A push holds three buckets (the one sent, its flattened copy for CUDA IPC, the one
     # filled beside it), each up to bucket_mb (1024 MiB) or the embedding alone (the largest
     # tensor, 152064 x 8192 in bf16: 2.5 GB), and, while exporting, a TP gather group (one
     # tensor by default: the embedding) twice more: its gathered shards and the joined tensor.
     embedding = 2 * 152064 * 8192
-    overhead, push = 3 * GIB, 3 * max(1024 * 1024**2, embedding) + 2 * embedding
+    overhead, graphs, push = 4.5 * GIB, 2.5 * GIB, 3 * max(1024 * 1024**2, embedding) + 2 * embedding
     by_hand = {
         "start": pol.weights + pol.grads + pol.optimizer / 3 + pol.weights + overhead,  # + reference; no Adam moments yet
-        "launch": eng.budget + overhead,
-        "generate": eng.weights + eng.kv_cache + overhead,  # actor and reference offloaded
+        "launch": eng.budget + graphs + overhead,
+        "generate": eng.weights + eng.kv_cache + graphs + overhead,  # actor and reference offloaded
         "policy_forward": pol.weights + eng.weights + pol.logits + overhead,
         "reference_forward": pol.weights + eng.weights + pol.logits + overhead,  # the reference has the policy's shape
         "policy_update": pol.weights + pol.grads + pol.optimizer + pol.activations + pol.logits + pol.head_grad + overhead,
@@ -329,6 +335,24 @@ def test_72b_phase_sums_are_the_printed_ones_by_hand_and_fit():
     line = next(x for x in _printed(cfg).splitlines() if x.startswith("by phase/GPU"))
     printed = dict(part.split() for part in line.removeprefix("by phase/GPU ").removesuffix(" GiB").split(", "))
     assert printed == {k: f"{v / GIB:.1f}" for k, v in by_hand.items()}
+
+
+def test_72b_kv_cache_follows_from_what_sglang_sees_free_at_launch():
+    """Colocated, SGLang sizes its KV cache from the memory free when it starts: 80 GiB less the
+    trainer's runtime (3 GiB; its models are off the GPU at launch) and its own CUDA context and
+    NCCL (1.5 GiB). mem_fraction 0.7 of 75.5 GiB, less 16.9 GiB of weights: 229 sequences of
+    4096 tokens (160 MiB each), not the 250 of 0.7 x 80 GiB. The memory table names SGLang's
+    memory outside mem_fraction on a line of its own."""
+    cfg = load_config(GRPO72, [])
+    eng = make_plan(cfg).memory.rollout
+    seq = 2 * 80 * 1 * 128 * 2 * 4096  # K and V, 80 layers, one KV head per rank at tp 8, bf16, 4096 tokens
+    assert eng.free_at_launch == 75.5 * GIB and eng.budget == pytest.approx(0.7 * 75.5 * GIB)
+    assert eng.full_length_sequences == int((0.7 * 75.5 * GIB - eng.weights) // seq) == 229
+    printed = _printed(cfg)
+    assert ("rollout memory/GPU 52.8 GiB (mem_fraction 0.7 of the 75.5 GiB free at launch): weights 16.9 + KV cache 35.9 = "
+            "229 sequences of full length at once") in printed
+    assert ("runtime memory/GPU trainer 3.0 + SGLang outside mem_fraction 4.0 (CUDA context and NCCL 1.5, CUDA graphs and "
+            "allocator cache 2.5) = 7.0 GiB (estimates, not measured)") in printed
 
 
 def test_the_host_memory_of_a_node_is_each_ranks_copies_backups_and_save_gather_by_hand():
