@@ -9,6 +9,7 @@ from rich.console import Console
 
 from megarl.config.loading import load_config
 from megarl.plan.gpu_memory import GIB
+from megarl.plan.host_memory import save_staging_host_bytes
 from megarl.plan.planner import PlanError, make_plan
 from megarl.plan.report import print_plan
 from megarl.plan.rollout_checks import check_server_python
@@ -359,18 +360,22 @@ def test_the_host_memory_of_a_node_is_each_ranks_copies_backups_and_save_gather_
     # Colocated SGLang moves every trained model off the GPUs at each launch: each rank keeps a
     # host copy of its weights and optimizer state (gradients are freed), the reference's weights
     # too; SGLang's weight backup is the engine's weights per GPU; a fully_reshardable save gathers
-    # each rank's stage of fp32 params and Adam moments (12 B a parameter: 6x the bf16 weights).
+    # each rank's stage of fp32 params and Adam moments (12 B a parameter: 6x the bf16 weights),
+    # and stages what it writes in host memory: its weights and (dp 1) the stage's optimizer state.
     cfg = load_config(GRPO72, ["rollout.weights_cpu_backup=true", "actor.optimizer.checkpoint_format=fully_reshardable"])
     mem = make_plan(cfg).memory
     pol, eng, host = mem.policy, mem.rollout, mem.host
     assert host.offloaded == {"policy": pytest.approx(8 * (pol.weights + pol.optimizer)), "reference": pytest.approx(8 * pol.weights)}
     assert host.engine_backup == pytest.approx(8 * eng.weights)
     assert host.save_gather == {"policy": pytest.approx(8 * 6 * pol.weights)}
-    assert host.peak == pytest.approx(8 * (pol.weights + pol.optimizer + pol.weights + eng.weights + 6 * pol.weights))
+    assert host.save_staging == {"policy": pytest.approx(8 * (pol.weights + pol.optimizer))}
+    save = 8 * (6 * pol.weights + pol.weights + pol.optimizer)
+    assert host.peak == pytest.approx(8 * (pol.weights + pol.optimizer + pol.weights + eng.weights) + save)
     g = lambda b: f"{b / GIB:.1f}"  # noqa: E731
     assert (f"host memory/node (node 0) at least {g(host.peak)} GiB: offloaded copies {g(8 * (2 * pol.weights + pol.optimizer))} "
             f"(policy {g(8 * (pol.weights + pol.optimizer))}, reference {g(8 * pol.weights)}) + SGLang weight backup "
-            f"{g(8 * eng.weights)} + fully_reshardable save {g(48 * pol.weights)} (policy) GiB") in _printed(cfg)
+            f"{g(8 * eng.weights)} + checkpoint save {g(save)} (policy: staging {g(8 * (pol.weights + pol.optimizer))} + "
+            f"fully_reshardable gather {g(48 * pol.weights)}) GiB") in _printed(cfg)
     msg = refused(GRPO72, "rollout.weights_cpu_backup=true", "actor.optimizer.checkpoint_format=fully_reshardable",
                   "cluster.host_memory_gib=256")
     assert (f"cluster.host_memory_gib: (256) is less than the {g(host.peak)} GiB of host memory node 0 needs at least (offloaded "
@@ -384,10 +389,39 @@ def test_the_host_memory_of_a_node_is_each_ranks_copies_backups_and_save_gather_
 def test_disaggregated_models_keep_host_copies_only_with_their_offload_flag():
     base = ("cluster.placement=disaggregated", "cluster.nnodes=2", "cluster.rollout_gpus=8", "actor.offload=false", "actor.recompute=full",
             "reference.offload=false", "critic.offload=false")  # (the shipped config offloads all three)
-    assert plan(PPO7, *base).memory.host.peak == 0  # nothing leaves the GPUs: no launch moves the models
+    kept = plan(PPO7, *base).memory
+    assert kept.host.offloaded == {}  # nothing leaves the GPUs: no launch moves the models
+    # A save still stages what each rank writes (tp 2, dp 4 on the 8 training GPUs): the first DP
+    # rank of each TP pair writes the weights, every rank its dp_reshardable optimizer shard.
+    pol = kept.policy
+    assert kept.host.save_staging["policy"] == pytest.approx(2 * pol.weights + 8 * pol.optimizer)
+    assert kept.host.peak == max(kept.host.save_staging.values())  # the roles save in turn
     mem = plan(PPO7, *base, "critic.offload=true").memory  # the critic leaves while the policy trains
     crit = mem.critic
     assert mem.host.node == 0 and mem.host.offloaded == {"critic": pytest.approx(8 * (crit.weights + crit.optimizer))}
+
+
+def test_72b_host_memory_counts_the_checkpoint_staging():
+    """megatron-core's torch_dist save copies every tensor a rank writes to host memory first
+    (through torch's pinned host cache, released after the save): at 72B, tp 8, pp 4, dp 1 each
+    rank stages its weights and its whole optimizer state, 30.6 GiB, 245 GiB per node while the
+    policy saves, on top of the offload buffers (280 GiB)."""
+    cfg = load_config(GRPO72, [])
+    mem = make_plan(cfg).memory
+    pol, host = mem.policy, mem.host
+    staging = 8 * (pol.weights + pol.optimizer)
+    assert host.save_staging == {"policy": pytest.approx(staging)} and host.save_gather == {}
+    assert host.peak == pytest.approx(sum(host.offloaded.values()) + staging)
+    assert f"{host.peak / GIB:.1f}" == "525.2" and f"{staging / GIB:.1f}" == "245.1"
+    assert ("host memory/node (node 0) at least 525.2 GiB: offloaded copies 280.1 (policy 245.1, reference 35.0) + checkpoint "
+            "staging 245.1 (policy, while it saves) GiB") in _printed(cfg)
+    # dp 2 (8 nodes): each DP replica's first rank writes the weights, every rank its own optimizer shard.
+    eight = make_plan(load_config(GRPO72, ["cluster.nnodes=8"]))
+    big = eight.memory
+    each = save_staging_host_bytes(cfg.actor, eight.roles["policy"], big.states, "policy")
+    w, o = big.policy.weights, big.policy.optimizer
+    assert each[:16] == [pytest.approx(w + o)] * 8 + [pytest.approx(o)] * 8  # ranks 0-7: dp 0, ranks 8-15: dp 1 (pp 0)
+    assert big.host.save_staging == {"policy": pytest.approx(8 * (w + o))}  # node 0: the dp-0 ranks of stage 0
 
 
 def test_temperature_and_warmup_and_adaptive_kl():
