@@ -14,7 +14,7 @@ import sys
 
 from megarl.config.architectures import ArchSpec
 from megarl.config.sections import MegaRLConfig
-from megarl.plan.gpu_memory import GIB, rollout_memory
+from megarl.plan.gpu_memory import GIB, rollout_memory, sglang_free_at_launch
 from megarl.plan.issues import Issue, choices, divisors
 
 # Which weight transports reach which engines (see megarl/weight_sync/transports.py).
@@ -181,7 +181,8 @@ def rollout_tp_choices(cfg: MegaRLConfig, arch: ArchSpec) -> list[int]:
     pool = cl.rollout_gpus if cl.placement == "disaggregated" and cl.rollout_gpus > 0 else cl.world_size
     ok = [t for t in divisors(math.gcd(pool, cl.gpus_per_node)) if _heads_split(arch, t)]
     seq = cfg.data.max_prompt_length + cfg.rollout.sampling.max_new_tokens
-    mems = {t: rollout_memory(arch, tp=t, gpu_bytes=cl.gpu_memory_gib * GIB, mem_fraction=cfg.rollout.mem_fraction,
+    free = sglang_free_at_launch(cl.gpu_memory_gib * GIB, colocated=cl.placement == "colocated")
+    mems = {t: rollout_memory(arch, tp=t, free_bytes=free, mem_fraction=cfg.rollout.mem_fraction,
                               dtype=cfg.model.dtype, seq_len=seq) for t in ok}  # fmt: skip
     return [t for t in ok if mems[t].weights < mems[t].budget and mems[t].full_length_sequences >= 1] or ok
 
