@@ -24,13 +24,13 @@ import subprocess
 import sys
 import time
 import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from megarl.process_signals import unblock_stop_signals
+from megarl.rollout_sglang.client import open_url
 
 if TYPE_CHECKING:
     from megarl.config.rollout_sections import RolloutConfig
@@ -213,9 +213,10 @@ def read_log_tail(path: str | Path, max_lines: int = 40) -> str:
 
 
 def probe_health(url: str, timeout: float = 5.0, path: str = "/health_generate") -> bool:
-    """True when ``GET url+path`` answers 200 (503 while SGLang starts or is stuck)."""
+    """True when ``GET url+path`` answers 200 (503 while SGLang starts or is stuck); never
+    through a proxy (:func:`~megarl.rollout_sglang.client.open_url`)."""
     try:
-        with urllib.request.urlopen(url + path, timeout=timeout) as resp:
+        with open_url(url + path, timeout) as resp:
             return resp.status == 200
     except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
         return False
