@@ -65,8 +65,9 @@ def pick_free_port(host: str = "127.0.0.1") -> int:
 class ServerSpec:
     """How to run one SGLang server.
 
-    ``gpu_ids`` are physical GPU indices on this node; the server gets them through
-    ``CUDA_VISIBLE_DEVICES`` and therefore ``--base-gpu-id 0``. Leave ``gpu_ids`` empty to
+    ``gpu_ids`` are physical GPU ids on this node, indices or UUIDs (``GPU-...``: what Ray
+    reports when the node's CUDA_VISIBLE_DEVICES holds UUIDs), as strings; the server gets them
+    through ``CUDA_VISIBLE_DEVICES`` and therefore ``--base-gpu-id 0``. Leave ``gpu_ids`` empty to
     keep the caller's ``CUDA_VISIBLE_DEVICES`` and pass ``base_gpu_id`` instead (what a Ray
     actor that was handed its GPUs does).
     """
@@ -77,7 +78,7 @@ class ServerSpec:
     max_running_requests: int = 256
     host: str = "127.0.0.1"
     port: int = 0  # 0 = pick a free port at launch
-    gpu_ids: tuple[int, ...] = ()
+    gpu_ids: tuple[str, ...] = ()
     base_gpu_id: int = 0
     seed: int = 1
     memory_saver: bool = True  # colocated mode: release/resume need it
@@ -99,6 +100,8 @@ class ServerSpec:
     # whole core, which a small machine shares with the trainer), SGLang's default on cuda
 
     def __post_init__(self) -> None:
+        # Kept as strings end to end: CUDA_VISIBLE_DEVICES takes indices and UUIDs alike.
+        object.__setattr__(self, "gpu_ids", tuple(str(g) for g in self.gpu_ids))
         if self.tp < 1:
             raise ValueError(f"rollout.tp ({self.tp}) must be >= 1")
         if self.device not in DEVICES:
@@ -185,7 +188,7 @@ def build_launch_env(spec: ServerSpec, base: dict[str, str] | None = None) -> di
     if spec.device == "cpu":
         env["SGLANG_USE_CPU_ENGINE"] = "1"
     elif spec.gpu_ids:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in spec.gpu_ids)
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(spec.gpu_ids)
     if spec.memory_saver:
         # Without it, releasing "cuda_graph" frees nothing (SGLang's graph pools are allocated
         # outside the memory saver unless this is set; slime sets it too).
@@ -364,7 +367,7 @@ def spec_from_config(
     model_path: str,
     rollout: RolloutConfig,
     cluster: ClusterConfig,
-    gpu_ids: Sequence[int] = (),
+    gpu_ids: Sequence[str] = (),
     seed: int = 1,
     dtype: str | None = None,
     **overrides: object,

@@ -27,7 +27,7 @@ from megarl.rollout_sglang.server import (
 
 def test_command_line_for_a_colocated_engine():
     spec = ServerSpec(model_path="/models/qwen", tp=2, mem_fraction=0.7, max_running_requests=64,
-                      gpu_ids=(2, 3), seed=5, weights_cpu_backup=True, deterministic=True,
+                      gpu_ids=("2", "3"), seed=5, weights_cpu_backup=True, deterministic=True,
                       dtype="bfloat16", log_level="info", python="/py")  # fmt: skip
     assert build_launch_command(spec, port=31001) == [
         "/py", "-m", "sglang.launch_server", "--model-path", "/models/qwen", "--tp-size", "2",
@@ -49,7 +49,7 @@ def test_command_line_for_a_disaggregated_engine_keeps_given_gpus():
 
 
 def test_environment_pins_gpus_and_drops_settings_that_break_sglang():
-    spec = ServerSpec(model_path="m", tp=2, gpu_ids=(6, 7), memory_saver=False,
+    spec = ServerSpec(model_path="m", tp=2, gpu_ids=("6", "7"), memory_saver=False,
                       extra_env=(("NCCL_DEBUG", "WARN"),))  # fmt: skip
     env = build_launch_env(spec, {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
                                   "SGLANG_RETURN_ORIGINAL_LOGPROB": "1", "HOME": "/h"})  # fmt: skip
@@ -95,12 +95,12 @@ def test_cpu_server_command_and_environment():
 
 def test_spec_from_config_follows_the_placement():
     rollout = RolloutConfig(tp=2, mem_fraction=0.6, max_running_requests=32)
-    colo = spec_from_config("/m", rollout, ClusterConfig(placement="colocated"), gpu_ids=(0, 1), seed=3)
+    colo = spec_from_config("/m", rollout, ClusterConfig(placement="colocated"), gpu_ids=("0", "1"), seed=3)
     assert (colo.tp, colo.mem_fraction, colo.max_running_requests, colo.seed) == (2, 0.6, 32, 3)
     assert colo.memory_saver and not colo.weights_cpu_backup  # weights are re-pushed anyway
     assert colo.device == "cuda" and colo.python == sys.executable
     disagg = spec_from_config(
-        "/m", rollout, ClusterConfig(placement="disaggregated"), gpu_ids=(4, 5)
+        "/m", rollout, ClusterConfig(placement="disaggregated"), gpu_ids=("4", "5")
     )
     assert not disagg.memory_saver and not disagg.weights_cpu_backup
 
@@ -116,7 +116,7 @@ def test_spec_from_config_takes_the_device_and_the_server_interpreter():
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"tp": 2, "gpu_ids": (0,)}, "has 1 GPUs but rollout.tp is 2"),
+        ({"tp": 2, "gpu_ids": ("0",)}, "has 1 GPUs but rollout.tp is 2"),
         ({"mem_fraction": 1.2}, r"rollout.mem_fraction \(1.2\) must be in \(0, 1\)"),
         ({"log_level": "loud"}, "log_level 'loud' must be one of"),
         ({"memory_saver": False, "weights_cpu_backup": True}, "needs memory_saver=True"),
