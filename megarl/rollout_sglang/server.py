@@ -397,6 +397,7 @@ def spec_from_config(
         deterministic=rollout.deterministic,
         device=device,
         python=rollout.server_python or sys.executable,
+        extra_args=tuple(rollout.server_args),
         # A model checkpoint of `megarl convert hf-to-megatron` has no HF weights: the server
         # starts from its config and the trainer's initial push brings the weights.
         load_format="dummy" if is_model_checkpoint(model_path) else None,

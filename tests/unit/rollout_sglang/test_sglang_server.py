@@ -113,6 +113,12 @@ def test_spec_from_config_takes_the_device_and_the_server_interpreter():
     assert build_launch_command(cpu, 1)[0] == "/venvs/sglang/bin/python"
 
 
+def test_spec_from_config_appends_the_users_server_args():
+    rollout = RolloutConfig(server_args=["--disable-radix-cache", "--chunked-prefill-size", "4096"])
+    cmd = build_launch_command(spec_from_config("/m", rollout, ClusterConfig()), 1)
+    assert cmd[-3:] == ["--disable-radix-cache", "--chunked-prefill-size", "4096"]
+
+
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
