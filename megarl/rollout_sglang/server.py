@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from megarl.process_signals import unblock_stop_signals
+from megarl.ray_cluster.rank_env import NCCL_CUMEM_ENV, nccl_cumem_enable
 from megarl.rollout_sglang.client import open_url
 
 if TYPE_CHECKING:
@@ -98,6 +99,9 @@ class ServerSpec:
     # engine runs with --disable-overlap-schedule)
     sleep_on_idle: bool | None = None  # None: on for cpu (an idle scheduler otherwise spins a
     # whole core, which a small machine shares with the trainer), SGLang's default on cuda
+    # NCCL_CUMEM_ENABLE of the server, read where the spec is made (the controller), as the
+    # policy ranks' is: the two ends of the weight-update group must agree (rank_env.py).
+    nccl_cumem_enable: str = field(default_factory=nccl_cumem_enable)
 
     def __post_init__(self) -> None:
         # Kept as strings end to end: CUDA_VISIBLE_DEVICES takes indices and UUIDs alike.
@@ -180,11 +184,13 @@ def build_launch_command(spec: ServerSpec, port: int) -> list[str]:
 
 
 def build_launch_env(spec: ServerSpec, base: dict[str, str] | None = None) -> dict[str, str]:
-    """The server's environment: the caller's, minus :data:`_DROPPED_ENV`, plus its GPUs and
-    what its mode needs (``extra_env`` last, so it can override any of them)."""
+    """The server's environment: the caller's, minus :data:`_DROPPED_ENV`, plus its GPUs, the
+    run's NCCL_CUMEM_ENABLE and what its mode needs (``extra_env`` last, so it can override any
+    of them)."""
     env = dict(os.environ if base is None else base)
     for name in _DROPPED_ENV:
         env.pop(name, None)
+    env[NCCL_CUMEM_ENV] = spec.nccl_cumem_enable
     if spec.device == "cpu":
         env["SGLANG_USE_CPU_ENGINE"] = "1"
     elif spec.gpu_ids:

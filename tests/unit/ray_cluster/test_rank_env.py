@@ -31,3 +31,17 @@ def test_uuid_gpu_ids_become_the_nodes_cuda_visible_devices():
     envs = rank_envs(infos)
     assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == [",".join(uuids)] * 2
     assert [e["LOCAL_RANK"] for e in envs] == ["0", "1"]
+
+
+def test_every_rank_gets_the_runs_one_nccl_cumem_value(monkeypatch):
+    """SGLang's servers run with NCCL_CUMEM_ENABLE=0 unless it is set; the policy ranks get the
+    same explicit value, or the user's on both sides (the server spec reads it the same way)."""
+    from megarl.ray_cluster.rank_env import NCCL_CUMEM_ENV, nccl_cumem_enable
+
+    infos = [{"node_id": "n0", "ip": "10.0.0.1", "gpu_ids": [str(g)]} for g in range(2)]
+    monkeypatch.delenv(NCCL_CUMEM_ENV, raising=False)
+    assert [e["NCCL_CUMEM_ENABLE"] for e in rank_envs(infos)] == ["0", "0"]
+    assert nccl_cumem_enable() == "0"
+    monkeypatch.setenv(NCCL_CUMEM_ENV, "1")  # the user's, exported where megarl launch runs
+    assert [e["NCCL_CUMEM_ENABLE"] for e in rank_envs(infos)] == ["1", "1"]
+    assert nccl_cumem_enable() == "1"

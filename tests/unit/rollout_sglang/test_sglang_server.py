@@ -25,6 +25,16 @@ from megarl.rollout_sglang.server import (
 )
 
 
+@pytest.fixture(autouse=True)
+def _no_user_nccl_cumem(monkeypatch):
+    """The specs here read NCCL_CUMEM_ENABLE from this process: a value of the machine's own
+    must not change what the tests expect (0, megarl's default)."""
+    monkeypatch.delenv("NCCL_CUMEM_ENABLE", raising=False)
+
+
+NCCL = {"NCCL_CUMEM_ENABLE": "0"}  # every server gets the run's one value
+
+
 def test_command_line_for_a_colocated_engine():
     spec = ServerSpec(model_path="/models/qwen", tp=2, mem_fraction=0.7, max_running_requests=64,
                       gpu_ids=("2", "3"), seed=5, weights_cpu_backup=True, deterministic=True,
@@ -53,18 +63,31 @@ def test_environment_pins_gpus_and_drops_settings_that_break_sglang():
                       extra_env=(("NCCL_DEBUG", "WARN"),))  # fmt: skip
     env = build_launch_env(spec, {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
                                   "SGLANG_RETURN_ORIGINAL_LOGPROB": "1", "HOME": "/h"})  # fmt: skip
-    assert env == {"HOME": "/h", "CUDA_VISIBLE_DEVICES": "6,7", "NCCL_DEBUG": "WARN"}
+    assert env == {"HOME": "/h", "CUDA_VISIBLE_DEVICES": "6,7", **NCCL, "NCCL_DEBUG": "WARN"}
+
+
+def test_the_server_gets_the_nccl_cumem_value_of_the_process_that_made_its_spec(monkeypatch):
+    """One explicit NCCL_CUMEM_ENABLE for the servers and the policy ranks (SGLang sets 0 where
+    it is unset, the ranks would keep NCCL's default, and the weight-update group's P2P fails
+    between them): the user's where megarl launch runs, else 0; the value travels in the spec
+    from the controller to the node that launches the server, whose own environment may say
+    otherwise."""
+    spec = spec_from_config("/m", RolloutConfig(), ClusterConfig(placement="disaggregated"))
+    assert build_launch_env(spec, {"NCCL_CUMEM_ENABLE": "1"})["NCCL_CUMEM_ENABLE"] == "0"
+    monkeypatch.setenv("NCCL_CUMEM_ENABLE", "1")
+    spec = spec_from_config("/m", RolloutConfig(), ClusterConfig(placement="disaggregated"))
+    assert build_launch_env(spec, {})["NCCL_CUMEM_ENABLE"] == "1"
 
 
 def test_colocated_environment_makes_cuda_graphs_releasable_and_skips_the_imbalance_check():
     colocated_tp2 = build_launch_env(ServerSpec(model_path="m", tp=2), {})
-    assert colocated_tp2 == {"SGLANG_MEMORY_SAVER_CUDA_GRAPH": "true",
+    assert colocated_tp2 == {**NCCL, "SGLANG_MEMORY_SAVER_CUDA_GRAPH": "true",
                              "SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK": "false"}  # fmt: skip
     # One GPU has nothing to compare; a disaggregated engine (no memory saver) keeps the check.
     assert build_launch_env(ServerSpec(model_path="m", tp=1), {}) == {
-        "SGLANG_MEMORY_SAVER_CUDA_GRAPH": "true"
+        **NCCL, "SGLANG_MEMORY_SAVER_CUDA_GRAPH": "true"
     }
-    assert build_launch_env(ServerSpec(model_path="m", tp=2, memory_saver=False), {}) == {}
+    assert build_launch_env(ServerSpec(model_path="m", tp=2, memory_saver=False), {}) == NCCL
     # extra_env has the last word.
     spec = ServerSpec(
         model_path="m", tp=2, extra_env=(("SGLANG_MEMORY_SAVER_CUDA_GRAPH", "false"),)
@@ -82,7 +105,7 @@ def test_cpu_server_command_and_environment():
     assert "--disable-overlap-schedule" in cmd and "--enable-memory-saver" not in cmd
     assert "--sleep-on-idle" in cmd  # an idle CPU scheduler would otherwise spin a core
     env = build_launch_env(spec, {"CUDA_VISIBLE_DEVICES": "0", "HOME": "/h"})
-    assert env == {"CUDA_VISIBLE_DEVICES": "0", "HOME": "/h", "SGLANG_USE_CPU_ENGINE": "1"}
+    assert env == {**NCCL, "CUDA_VISIBLE_DEVICES": "0", "HOME": "/h", "SGLANG_USE_CPU_ENGINE": "1"}
     sized = ServerSpec(model_path="m", device="cpu", memory_saver=False, max_total_tokens=512,
                        overlap_schedule=True)  # fmt: skip
     cmd = build_launch_command(sized, port=1)
