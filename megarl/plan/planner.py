@@ -50,6 +50,7 @@ from megarl.plan.rollout_checks import (
     check_in_process,
     check_rollout,
     check_sampling,
+    check_server_args,
     check_server_python,
     check_validation,
     rollout_tp_choices,
@@ -142,6 +143,7 @@ def make_plan(cfg: MegaRLConfig, *, check_files: bool = False, in_process: bool 
                 _check_batches(section_name, section, roles[role], cfg, issues)
     if "rollout" in roles:
         check_rollout(cfg, arch, issues)
+        check_server_args(cfg, issues)
     check_sampling(cfg, arch, issues)
     check_validation(cfg, issues)
     check_agent(cfg, issues)

@@ -211,6 +211,21 @@ def test_weight_transport_must_reach_the_engines():
     plan(TINY, "rollout.weight_sync.transport=disk")  # any engine can reload from disk
 
 
+def test_server_args_that_make_sglang_force_nccl_cumem_are_refused(monkeypatch):
+    """SGLang sets NCCL_CUMEM_ENABLE=1 in its server under --enable-symm-mem even when it is set,
+    while the policy ranks keep the run's value (0): the distributed push's NCCL group fails."""
+    monkeypatch.delenv("NCCL_CUMEM_ENABLE", raising=False)
+    disaggregated = (PPO7, "cluster.placement=disaggregated", "cluster.rollout_gpus=4", "cluster.gpu_memory_gib=141")
+    error = refused(*disaggregated, "rollout.server_args=[--disable-radix-cache, --enable-symm-mem]")
+    assert ("rollout.server_args: (--enable-symm-mem) makes SGLang set NCCL_CUMEM_ENABLE=1 in its servers while the "
+            "policy ranks run with 0, and the weight push's NCCL group between them fails; drop --enable-symm-mem, or "
+            "export NCCL_CUMEM_ENABLE=1 where megarl launch runs (both sides then use 1)") in error  # fmt: skip
+    plan(*disaggregated, "rollout.server_args=[--disable-radix-cache]")
+    plan(GRPO72, "rollout.server_args=[--enable-symm-mem]")  # colocated: CUDA IPC, no NCCL group with SGLang
+    monkeypatch.setenv("NCCL_CUMEM_ENABLE", "1")  # the user's value on both sides: they agree
+    plan(*disaggregated, "rollout.server_args=[--enable-symm-mem]")
+
+
 def test_top_p_is_a_warning_not_a_refusal():
     p = plan(TINY, "rollout.sampling.top_p=0.9")
     assert any("off-policy" in str(w) for w in p.warnings)
