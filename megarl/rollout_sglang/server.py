@@ -199,6 +199,11 @@ def build_launch_env(spec: ServerSpec, base: dict[str, str] | None = None) -> di
         # Without it, releasing "cuda_graph" frees nothing (SGLang's graph pools are allocated
         # outside the memory saver unless this is set; slime sets it too).
         env["SGLANG_MEMORY_SAVER_CUDA_GRAPH"] = "true"
+        # SGLang's scheduler checks its memory pools whenever it is idle and raises on a leak it
+        # sees (SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE, true by default in 0.5.23:
+        # srt/environ.py, scheduler_components/invariant_checker.py): a crash surface while
+        # release / resume moves those pools; "false" only logs (slime sets it too).
+        env["SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE"] = "false"
         if spec.tp > 1:
             # Colocated, the trainer holds different amounts of memory on each GPU; SGLang's
             # check that all TP ranks see about the same free memory would refuse to start.

@@ -79,14 +79,16 @@ def test_the_server_gets_the_nccl_cumem_value_of_the_process_that_made_its_spec(
     assert build_launch_env(spec, {})["NCCL_CUMEM_ENABLE"] == "1"
 
 
-def test_colocated_environment_makes_cuda_graphs_releasable_and_skips_the_imbalance_check():
+# Under the memory saver: releasable CUDA graphs, and no strict idle memory check (release/resume
+# trips it; on by default in SGLang 0.5.23).
+SAVER = {"SGLANG_MEMORY_SAVER_CUDA_GRAPH": "true", "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "false"}
+
+
+def test_colocated_environment_makes_cuda_graphs_releasable_and_skips_the_strict_checks():
     colocated_tp2 = build_launch_env(ServerSpec(model_path="m", tp=2), {})
-    assert colocated_tp2 == {**NCCL, "SGLANG_MEMORY_SAVER_CUDA_GRAPH": "true",
-                             "SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK": "false"}  # fmt: skip
-    # One GPU has nothing to compare; a disaggregated engine (no memory saver) keeps the check.
-    assert build_launch_env(ServerSpec(model_path="m", tp=1), {}) == {
-        **NCCL, "SGLANG_MEMORY_SAVER_CUDA_GRAPH": "true"
-    }
+    assert colocated_tp2 == {**NCCL, **SAVER, "SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK": "false"}
+    # One GPU has nothing to compare; a disaggregated engine (no memory saver) keeps the checks.
+    assert build_launch_env(ServerSpec(model_path="m", tp=1), {}) == {**NCCL, **SAVER}
     assert build_launch_env(ServerSpec(model_path="m", tp=2, memory_saver=False), {}) == NCCL
     # extra_env has the last word.
     spec = ServerSpec(
