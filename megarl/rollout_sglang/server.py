@@ -17,6 +17,7 @@ parallel attention. One server = one engine = ``tp`` GPUs on one node.
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -213,6 +214,22 @@ def build_launch_env(spec: ServerSpec, base: dict[str, str] | None = None) -> di
     return env
 
 
+def launch_header(command: Sequence[str], env: dict[str, str], base: dict[str, str], launch: int) -> str:
+    """The lines a launch writes at the top of its part of the server's log, before the server's
+    own output: the argv shell-quoted (it can be pasted to run the server again) and what megarl
+    set or removed in the environment it was given (``base``: the launching process's)."""
+    changed = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()) if base.get(k) != v)
+    removed = " ".join(sorted(k for k in base if k not in env))
+    lines = [
+        f"# megarl: SGLang server launch {launch} at {time.strftime('%Y-%m-%d %H:%M:%S')}",
+        f"# command: {shlex.join(command)}",
+        f"# environment set by megarl: {changed or '(nothing)'}",
+    ]
+    if removed:
+        lines.append(f"# environment removed by megarl: {removed}")
+    return "\n".join(lines) + "\n"
+
+
 def read_log_tail(path: str | Path, max_lines: int = 40) -> str:
     """The last ``max_lines`` lines of a log file ('' when it does not exist)."""
     try:
@@ -281,13 +298,19 @@ class SGLangServer:
 
             fd, self.log_path = tempfile.mkstemp(prefix=f"sglang-{self.port}-", suffix=".log")
             os.close(fd)
+        Path(self.log_path).parent.mkdir(parents=True, exist_ok=True)
+        command, env = self.command(), build_launch_env(self.spec)
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it after Popen
         try:
+            # How this launch was started, above the server's own output: a user (and a test)
+            # sees the argv and the environment megarl gave it without re-deriving them.
+            log.write(launch_header(command, env, dict(os.environ), self.launches + 1).encode())
+            log.flush()
             self.proc = subprocess.Popen(
-                self.command(),
+                command,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=build_launch_env(self.spec),
+                env=env,
                 start_new_session=True,  # own process group: shutdown kills TP workers too
                 # The host actor inherits an embedded Ray's blocked SIGTERM, and a server started
                 # with it would ignore shutdown's SIGTERM (its own session: no group kill reaches it).
@@ -350,7 +373,7 @@ class SGLangServer:
     def _failure(self, what: str) -> str:
         tail = self.log_tail()
         return (
-            f"SGLang server {self.url} {what}. Command: {' '.join(self.command())}\n"
+            f"SGLang server {self.url} {what}. Command: {shlex.join(self.command())}\n"
             f"Log {self.log_path} (last lines):\n{tail or '<empty>'}"
         )
 

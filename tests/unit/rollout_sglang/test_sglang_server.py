@@ -282,3 +282,35 @@ def test_a_server_launched_where_sigterm_is_blocked_still_stops_on_sigterm(tmp_p
     proc = server.proc
     server.shutdown(grace=30)
     assert proc.returncode == -signal.SIGTERM  # not -SIGKILL after the grace
+
+
+def test_the_log_starts_with_the_command_line_and_the_environment_megarl_set(tmp_path, monkeypatch):
+    """Each launch writes, before the server's own output, its argv (shell-quoted: it can be run
+    again as it is) and what megarl set or removed in its environment."""
+    import shlex
+
+    python = tmp_path / "bin" / "python"  # a stand-in interpreter: prints its arguments, exits
+    python.parent.mkdir()
+    python.write_text('#!/bin/sh\necho "server output: $#"\nexit 1\n')
+    python.chmod(0o755)
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    spec = ServerSpec(model_path="/models/my model", tp=2, gpu_ids=("GPU-5f3e", "GPU-7a21"), python=str(python),
+                      log_path=str(tmp_path / "logs" / "sglang_engine0.log"))  # fmt: skip
+    server = SGLangServer(spec)
+    server.launch()
+    server.proc.wait(timeout=30)
+    lines = (tmp_path / "logs" / "sglang_engine0.log").read_text().splitlines()
+    command = build_launch_command(spec, server.port)
+    assert lines[0].startswith("# megarl: SGLang server launch 1 at ")
+    assert lines[1] == "# command: " + shlex.join(command)
+    assert "'/models/my model'" in lines[1] and shlex.split(lines[1].removeprefix("# command: ")) == command
+    assert lines[2] == ("# environment set by megarl: CUDA_VISIBLE_DEVICES=GPU-5f3e,GPU-7a21 NCCL_CUMEM_ENABLE=0 "
+                        "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE=false SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK=false "
+                        "SGLANG_MEMORY_SAVER_CUDA_GRAPH=true")  # fmt: skip
+    assert lines[3] == "# environment removed by megarl: PYTORCH_CUDA_ALLOC_CONF"
+    assert lines[4:] == [f"server output: {len(command) - 1}"]  # then the server's own output
+    server.launch()  # a relaunch appends its own header
+    server.proc.wait(timeout=30)
+    lines = (tmp_path / "logs" / "sglang_engine0.log").read_text().splitlines()
+    assert lines[5].startswith("# megarl: SGLang server launch 2 at ") and lines[-1].startswith("server output")
