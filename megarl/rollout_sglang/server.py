@@ -404,6 +404,8 @@ def spec_from_config(
     gpu_ids: Sequence[str] = (),
     seed: int = 1,
     dtype: str | None = None,
+    *,
+    weights_pushed: bool = False,
     **overrides: object,
 ) -> ServerSpec:
     """A ServerSpec from the validated config sections (rollout.*, cluster.*).
@@ -414,7 +416,11 @@ def spec_from_config(
     it, the memory hand-over re-pushes the weights before a generation that follows a
     release). Disaggregated engines keep their memory, and so do CPU engines (the memory saver
     is CUDA-only). ``rollout.server_python`` (None = this interpreter) runs
-    ``sglang.launch_server``.
+    ``sglang.launch_server``. ``weights_pushed``: a weight push follows every launch before any
+    generation (a training run: the trainer pushes first, the hand-over re-pushes after a
+    restart), so the server starts from random weights (``--load-format dummy``) instead of
+    reading the checkpoint for nothing (4 x 145 GB at 72B); ``megarl generate`` serves the model
+    as it is and loads it.
     """
     from megarl.checkpoint.model_checkpoint import is_model_checkpoint
 
@@ -432,9 +438,9 @@ def spec_from_config(
         device=device,
         python=rollout.server_python or sys.executable,
         extra_args=tuple(rollout.server_args),
-        # A model checkpoint of `megarl convert hf-to-megatron` has no HF weights: the server
-        # starts from its config and the trainer's initial push brings the weights.
-        load_format="dummy" if is_model_checkpoint(model_path) else None,
+        # A model checkpoint of `megarl convert hf-to-megatron` has no HF weights either: the
+        # server starts from its config and the trainer's initial push brings the weights.
+        load_format="dummy" if weights_pushed or is_model_checkpoint(model_path) else None,
     )
     fields.update(overrides)
     return ServerSpec(**fields)  # type: ignore[arg-type]

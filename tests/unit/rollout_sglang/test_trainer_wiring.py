@@ -134,6 +134,23 @@ def test_uuid_gpu_ids_reach_the_server_as_they_are():
     assert cmd[cmd.index("--base-gpu-id") + 1] == "0"
 
 
+def test_a_runs_engines_load_no_checkpoint_because_the_trainer_pushes_first(tmp_path):
+    """The trainer pushes its weights before it generates, and the hand-over re-pushes after a
+    restart: reading the HF checkpoint at every launch (4 x 145 GB at 72B) would be for nothing."""
+    from types import SimpleNamespace
+
+    from megarl.rollout_sglang.controller import prepare_sglang
+
+    cfg, plan = plan_of("qwen2.5_7b_ppo.yaml")
+    policy = SimpleNamespace(group=SimpleNamespace(node_infos=ray_infos(8, 8)))
+    rollout = prepare_sglang(cfg, plan, policy, tmp_path, weights_cpu_backup=False)
+    assert [s.load_format for s in rollout.specs] == ["dummy"] * 4
+    cmd = build_launch_command(rollout.specs[0], 30000)
+    assert cmd[cmd.index("--load-format") + 1] == "dummy"
+    # `megarl generate` serves the model as it is: no push follows, the checkpoint is loaded.
+    assert spec_from_config(cfg.model.path, cfg.rollout, cfg.cluster).load_format is None
+
+
 # ---- the trainer's Engines over fake servers --------------------------------------------------
 
 
@@ -379,6 +396,25 @@ def test_dead_engine_restarts_with_the_policy_off_and_gets_the_last_version(fake
     assert memory_bodies(fresh) == [("release", ["cuda_graph", "kv_cache"]), ("resume", ["cuda_graph", "kv_cache"])]
     assert fresh.weight_version == "3" and torch.equal(fresh.weights["w1"], policy.weights["w1"])
     assert servers[0].fake.weight_version == "3"
+
+
+def test_no_generation_before_the_first_push(fake_server):
+    """Engines start with random weights (--load-format dummy): a generation before the trainer's
+    first push is refused, before any request reaches a server; after it, generation runs."""
+    server = fake_server(load_format="dummy")
+    engine = SGLangEngine(server, flush_interval=0.01)
+    policy = RecordingPolicy({"w": torch.ones(3)}, lambda: [server.fake])
+    handover = Handover(build_residency("disaggregated", "sglang"), {"policy": policy})
+    connect = PolicyConnection(policy, [engine])
+    handover.launch(lambda: SGLangMemory([engine], connect))
+    connect()
+    gen = HandedOverEngines(SGLangEngines([engine]), handover)
+    with pytest.raises(RuntimeError, match=r"no pushed weights yet .*push first"):
+        generate(gen, n=1)
+    assert "/generate" not in server.fake.calls
+    WeightPush(policy, handover)(version=0)
+    generate(gen, n=1)
+    assert server.fake.weight_version == "0" and handover.repushes == 0
 
 
 def test_disaggregated_moves_no_engine_memory_but_honours_the_critic_offload(fake_server):
