@@ -442,8 +442,10 @@ def _plan_memory(cfg: MegaRLConfig, arch: ArchSpec, roles: dict[str, RoleLayout]
     ws, largest = cfg.rollout.weight_sync, largest_hf_tensor_bytes(arch, cfg.model.dtype)
     # A bucket holds up to bucket_mb, or one larger tensor alone; a TP gather group up to
     # gather_mb, or one larger tensor. A push holds the bucket being filled, with overlap the one
-    # being sent, and with the tensor transport its flattened copy.
-    held = (2 if ws.overlap else 1) + (cfg.weight_transport == "tensor")
+    # being sent, and with the tensor transport its flattened copy for CUDA IPC, with the
+    # distributed one its flattened copy for the broadcast (SGLang >= 0.5.6; counted whatever the
+    # server, which the planner cannot ask).
+    held = (2 if ws.overlap else 1) + (cfg.weight_transport in ("tensor", "distributed"))
     bucket, gather = (max(mb * 1024**2, largest) for mb in (ws.bucket_mb, ws.gather_mb))
     working = phase_working_bytes(mems.get("policy"), mems.get("critic"), held * bucket, gather)
     overhead = RUNTIME_OVERHEAD_GIB * GIB

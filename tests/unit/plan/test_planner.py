@@ -310,6 +310,15 @@ def test_a_gather_group_beyond_the_largest_tensor_is_counted_twice_in_the_push()
     assert grouped - base == pytest.approx(2 * (4096 * 1024**2 - embedding))
 
 
+def test_the_distributed_push_counts_its_flattened_copy_of_a_bucket():
+    """The distributed transport sends each bucket as one flattened broadcast: the sender holds a
+    copy of the bucket beside it (the disk transport writes the tensors as they are)."""
+    disaggregated = ("cluster.nnodes=5", "cluster.placement=disaggregated", "cluster.rollout_gpus=8")
+    push = {t: plan(GRPO72, *disaggregated, f"rollout.weight_sync.transport={t}").memory.phases["weight_push"]
+            for t in ("distributed", "disk")}  # fmt: skip
+    assert push["distributed"] - push["disk"] == pytest.approx(max(1024 * 1024**2, 2 * 152064 * 8192))
+
+
 def test_a_push_over_budget_names_the_gather_group_only_when_it_is_what_grew():
     msg = refused(GRPO72, "rollout.weight_sync.gather_mb=40000")  # 2 x 39 GiB groups: the push phase is over
     assert "in phase weight_push" in msg and "lower rollout.weight_sync.bucket_mb, lower rollout.weight_sync.gather_mb" in msg
