@@ -21,9 +21,10 @@ parameter checksum. One hand-over per run, built from the run's table, whatever 
 
 Engine weights released without SGLang's CPU copy come back as garbage: before a generation
 that follows such a release (or a restart), the hand-over passes through ``weight_push`` and
-re-pushes the last version. SGLang engines start with random weights (``--load-format dummy``)
-and hold nothing of the trainer's until its first push: a generation before it is refused. With the table's rules this happens after a checkpoint and after a
-restart; the post-push check, ReMax's baseline and validation generate without a re-push.
+re-pushes the last version. With the table's rules this happens after a checkpoint and after a
+restart; the post-push check, ReMax's baseline and validation generate without a re-push. SGLang
+engines start with random weights (``--load-format dummy``) and hold nothing of the trainer's
+until its first push: a generation before it is refused.
 
 A colocated SGLang step, with every offload flag on (``engine`` = every engine)::
 
