@@ -238,6 +238,11 @@ class RolloutConfig(Section):
         description="SGLang: the Python interpreter that runs `python -m sglang.launch_server` (e.g. the bin/python of a "
         "separate SGLang venv, such as the CPU one `make sglang-cpu` builds); None = the trainer's own interpreter.",
     )
+    server_args: list[str] = Field(
+        default_factory=list,
+        description="SGLang: extra command-line arguments of every server, appended to the ones megarl passes "
+        "(docs/sglang.md), e.g. [--disable-radix-cache].",
+    )
     n: int = Field(8, ge=1, description="Samples (responses) per prompt.")
     generate_function: str = Field(
         "default",

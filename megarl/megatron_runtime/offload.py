@@ -85,7 +85,6 @@ class StateMover:
         self.host = HostBuffer()
         self.moved: list[tuple[Any, int, int]] = []  # (storage, offset in the host buffer, nbytes)
         self.held: list[tuple[int, int]] | None = None  # frozen: (offset, nbytes) of each storage the host buffer holds
-        self.copied_bytes = 0  # bytes the last offload copied to the host
 
     @property
     def offloaded(self) -> bool:
@@ -102,11 +101,9 @@ class StateMover:
         # A frozen state's storages are the same ones every time; another layout (never seen) is copied anew.
         kept = self.frozen and self.held == layout and self.host.nbytes == total
         host = self.host.get(total) if self.copy and not kept else None
-        self.copied_bytes = 0
         for storage, offset in zip(storages, offsets):
             if host is not None:
                 host[offset : offset + storage.nbytes()].copy_(_bytes_view(storage), non_blocking=True)
-                self.copied_bytes += storage.nbytes()
             self.moved.append((storage, offset, storage.nbytes()))
         if self.frozen and host is not None:
             self.held = layout

@@ -245,7 +245,7 @@ def phase_working_bytes(policy: TrainMemory | None, critic: TrainMemory | None, 
     """What a phase needs besides the resident states, per GPU: an update's activations, logits
     and head gradient; a forward pass's logits (no activations are kept for a backward); a push's
     buckets (``bucket_bytes``: the one being filled, with rollout.weight_sync.overlap the one
-    being sent, and with the tensor transport its flattened copy for CUDA IPC), plus one TP
+    being sent, and with the tensor and distributed transports its flattened copy), plus one TP
     gather group twice while it is exported (``gather_bytes``: rollout.weight_sync.gather_mb of
     tensors, or one larger tensor alone; its gathered shards and the full tensors they are
     joined into). Approximate: a lone tensor split along dim 0 (the embedding) is gathered into

@@ -53,6 +53,7 @@ from megarl.plan.rollout_checks import (
     check_nccl_versions,
     check_rollout,
     check_sampling,
+    check_server_args,
     check_server_python,
     check_validation,
     rollout_tp_choices,
@@ -146,6 +147,7 @@ def make_plan(cfg: MegaRLConfig, *, check_files: bool = False, in_process: bool 
                 _check_batches(section_name, section, roles[role], cfg, issues)
     if "rollout" in roles:
         check_rollout(cfg, arch, issues)
+        check_server_args(cfg, issues)
     check_sampling(cfg, arch, issues)
     check_validation(cfg, issues)
     check_agent(cfg, issues)
@@ -442,8 +444,10 @@ def _plan_memory(cfg: MegaRLConfig, arch: ArchSpec, roles: dict[str, RoleLayout]
     ws, largest = cfg.rollout.weight_sync, largest_hf_tensor_bytes(arch, cfg.model.dtype)
     # A bucket holds up to bucket_mb, or one larger tensor alone; a TP gather group up to
     # gather_mb, or one larger tensor. A push holds the bucket being filled, with overlap the one
-    # being sent, and with the tensor transport its flattened copy.
-    held = (2 if ws.overlap else 1) + (cfg.weight_transport == "tensor")
+    # being sent, and with the tensor transport its flattened copy for CUDA IPC, with the
+    # distributed one its flattened copy for the broadcast (SGLang >= 0.5.6; counted whatever the
+    # server, which the planner cannot ask).
+    held = (2 if ws.overlap else 1) + (cfg.weight_transport in ("tensor", "distributed"))
     bucket, gather = (max(mb * 1024**2, largest) for mb in (ws.bucket_mb, ws.gather_mb))
     working = phase_working_bytes(mems.get("policy"), mems.get("critic"), held * bucket, gather)
     # SGLang's graphs are its cuda_graph state (in sizes); its context stays on its GPUs in every phase.

@@ -1,5 +1,5 @@
 """The planner's checks of the rollout side: engines and their weight transport, the SGLang
-servers' interpreter and its NCCL, what a run without Ray can hold, sampling, positions and agent loops. Each appends :class:`Issue` s to the
+servers' interpreter, its NCCL and arguments, what a run without Ray can hold, sampling, positions and agent loops. Each appends :class:`Issue` s to the
 list it is given (megarl/plan/planner.py collects them); `megarl generate` runs
 :func:`check_positions` alone. Torch-free, like the planner."""
 
@@ -11,11 +11,13 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Mapping
 
 from megarl.config.architectures import ArchSpec
 from megarl.config.sections import MegaRLConfig
 from megarl.plan.gpu_memory import GIB, rollout_memory, sglang_free_at_launch
 from megarl.plan.issues import Issue, choices, divisors
+from megarl.ray_cluster.rank_env import nccl_cumem_enable
 
 # Which weight transports reach which engines (see megarl/weight_sync/transports.py).
 _TRANSPORTS = {("torch", "colocated"): ("in_process", "disk"), ("sglang", "colocated"): ("tensor", "disk"),
@@ -165,6 +167,28 @@ def check_deterministic(cfg: MegaRLConfig, issues: list[Issue]) -> None:
         issues.append(Issue("rollout.deterministic", "(true) needs SGLang's deterministic GPU attention kernels, and a CPU "
                             "server refuses to start with it; set rollout.deterministic=false, or rollout.engine=torch "
                             "(always seeded)"))  # fmt: skip
+
+
+# Server arguments under which SGLang 0.5.23 sets NCCL_CUMEM_ENABLE=1 in its server even where the
+# variable is set (sglang/srt/entrypoints/engine.py, _set_envs_and_config: `"NCCL_CUMEM_ENABLE" not
+# in os.environ or cfg.enable_symm_mem`). Its other cases only fill the variable in where it is
+# unset (--enable-kv-cache-sharding's symmetric gather, multi-node NVLink with --nnodes > 1), and
+# megarl always sets it (megarl/ray_cluster/rank_env.py), so they keep the run's value.
+CUMEM_FORCING_SERVER_ARGS = ("--enable-symm-mem",)
+
+
+def check_server_args(cfg: MegaRLConfig, issues: list[Issue], environ: Mapping[str, str] | None = None) -> None:
+    """rollout.server_args that would make the SGLang servers' NCCL_CUMEM_ENABLE differ from the
+    policy ranks' (the run's value: the user's in ``environ``, default this process's, else 0):
+    the distributed push's NCCL group, which joins both, then fails."""
+    cumem = nccl_cumem_enable(environ)
+    if cfg.rollout.engine != "sglang" or cfg.cluster.device != "cuda" or cfg.weight_transport != "distributed" or cumem == "1":
+        return
+    for flag in dict.fromkeys(a.split("=", 1)[0] for a in cfg.rollout.server_args):
+        if flag in CUMEM_FORCING_SERVER_ARGS:
+            issues.append(Issue("rollout.server_args", f"({flag}) makes SGLang set NCCL_CUMEM_ENABLE=1 in its servers while "
+                                f"the policy ranks run with {cumem}, and the weight push's NCCL group between them fails; drop "
+                                f"{flag}, or export NCCL_CUMEM_ENABLE=1 where megarl launch runs (both sides then use 1)"))
 
 
 def _heads_split(arch: ArchSpec, tp: int) -> bool:

@@ -171,8 +171,8 @@ def _start_groups(cfg: MegaRLConfig, plan: Plan, total_steps: int, log_dir: Path
     closers.append(lambda: release(placed))
     groups: dict[str, Any] = {}
     for role, cls in _rank_classes(plan).items():
-        groups[role] = WorkerGroup(cls, placed[role], *_rank_args(cfg, role, total_steps),
-                                   group_options=GroupOptions(log_dir=log_dir))  # fmt: skip
+        options = GroupOptions(log_dir=log_dir, init_timeout_s=cfg.cluster.build_timeout_s, init_timeout_key="cluster.build_timeout_s")
+        groups[role] = WorkerGroup(cls, placed[role], *_rank_args(cfg, role, total_steps), group_options=options)
         closers.append(groups[role].shutdown)
     return _clients(groups, cfg.rollout.weight_sync.timeout_s or None)
 

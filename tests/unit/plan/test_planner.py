@@ -212,6 +212,21 @@ def test_weight_transport_must_reach_the_engines():
     plan(TINY, "rollout.weight_sync.transport=disk")  # any engine can reload from disk
 
 
+def test_server_args_that_make_sglang_force_nccl_cumem_are_refused(monkeypatch):
+    """SGLang sets NCCL_CUMEM_ENABLE=1 in its server under --enable-symm-mem even when it is set,
+    while the policy ranks keep the run's value (0): the distributed push's NCCL group fails."""
+    monkeypatch.delenv("NCCL_CUMEM_ENABLE", raising=False)
+    disaggregated = (PPO7, "cluster.placement=disaggregated", "cluster.rollout_gpus=4", "cluster.gpu_memory_gib=141")
+    error = refused(*disaggregated, "rollout.server_args=[--disable-radix-cache, --enable-symm-mem]")
+    assert ("rollout.server_args: (--enable-symm-mem) makes SGLang set NCCL_CUMEM_ENABLE=1 in its servers while the "
+            "policy ranks run with 0, and the weight push's NCCL group between them fails; drop --enable-symm-mem, or "
+            "export NCCL_CUMEM_ENABLE=1 where megarl launch runs (both sides then use 1)") in error  # fmt: skip
+    plan(*disaggregated, "rollout.server_args=[--disable-radix-cache]")
+    plan(GRPO72, "rollout.server_args=[--enable-symm-mem]")  # colocated: CUDA IPC, no NCCL group with SGLang
+    monkeypatch.setenv("NCCL_CUMEM_ENABLE", "1")  # the user's value on both sides: they agree
+    plan(*disaggregated, "rollout.server_args=[--enable-symm-mem]")
+
+
 def test_top_p_is_a_warning_not_a_refusal():
     p = plan(TINY, "rollout.sampling.top_p=0.9")
     assert any("off-policy" in str(w) for w in p.warnings)
@@ -298,6 +313,15 @@ def test_a_gather_group_beyond_the_largest_tensor_is_counted_twice_in_the_push()
     base = make_plan(load_config(GRPO72, [])).memory.phases["weight_push"]
     grouped = make_plan(load_config(GRPO72, ["rollout.weight_sync.gather_mb=4096"])).memory.phases["weight_push"]
     assert grouped - base == pytest.approx(2 * (4096 * 1024**2 - embedding))
+
+
+def test_the_distributed_push_counts_its_flattened_copy_of_a_bucket():
+    """The distributed transport sends each bucket as one flattened broadcast: the sender holds a
+    copy of the bucket beside it (the disk transport writes the tensors as they are)."""
+    disaggregated = ("cluster.nnodes=5", "cluster.placement=disaggregated", "cluster.rollout_gpus=8")
+    push = {t: plan(GRPO72, *disaggregated, f"rollout.weight_sync.transport={t}").memory.phases["weight_push"]
+            for t in ("distributed", "disk")}  # fmt: skip
+    assert push["distributed"] - push["disk"] == pytest.approx(max(1024 * 1024**2, 2 * 152064 * 8192))
 
 
 def test_a_push_over_budget_names_the_gather_group_only_when_it_is_what_grew():
