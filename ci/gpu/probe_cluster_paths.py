@@ -27,9 +27,9 @@ and nccl_group with a tiny model and CPU tensors; the rest is reported skipped, 
 
 Output (--out): probe_<section>.json (status ok / failed / skipped, the reason, results, checks,
 skipped parts, the plan constants a number feeds), probe_<section>.log (the section's output),
-probe_summary.json and probe_summary.md. Exit code 1 when a section failed. Ray and SGLang are
-never imported (the GPU machine has neither): the few lines of SGLang's receiving side are
-copied below. Where a GPU run's results go: ci/gpu/README.md.
+probe_summary.json and .md, probe_results.json (all of it in one file). Exit code 1 when a
+section failed. Ray and SGLang are never imported (the GPU machine has neither): the few lines
+of SGLang's receiving side are copied below. Where a GPU run's results go: ci/gpu/README.md.
 """
 
 from __future__ import annotations
@@ -189,8 +189,9 @@ def _last_line(log: Path) -> str:
 
 
 def write_summary(args: argparse.Namespace, records: dict[str, dict], seconds: float) -> dict:
-    """probe_summary.json (every section's status, the numbers that feed plan constants) and the
-    same as a Markdown draft for bench/results/cluster_probe_h200.md."""
+    """probe_summary.json (every section's status, the numbers that feed plan constants), the same
+    as a Markdown draft for bench/results/cluster_probe_h200.md, and probe_results.json: the
+    summary with every section's whole record (what bench/results/cluster_probe_h200.json keeps)."""
     feeds = [f | {"section": name} for name, r in records.items() for f in r.get("feeds", [])]
     summary = {
         "probe": "ci/gpu/probe_cluster_paths.py", "argv": sys.argv[1:], "budget_s": args.budget_s,
@@ -200,6 +201,8 @@ def write_summary(args: argparse.Namespace, records: dict[str, dict], seconds: f
         "feeds": feeds,
     }  # fmt: skip
     (args.out / "probe_summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    bundle = summary | {"records": records}
+    (args.out / "probe_results.json").write_text(json.dumps(bundle, indent=2, default=str) + "\n")
     md = ["| section | status | s | reason / parts skipped |", "|---|---|---:|---|"]
     for name, r in records.items():
         note = r.get("reason") or "; ".join(f"{p}: {why}" for p, why in (r.get("skipped_parts") or {}).items())
