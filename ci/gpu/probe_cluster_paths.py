@@ -163,6 +163,7 @@ def run_section(name: str, out: Path, limit_s: float) -> dict:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+            path.with_suffix(".json.tmp").unlink(missing_ok=True)  # a write the kill cut short
     record = json.loads(path.read_text()) if path.exists() else {"section": name}
     if code is None:
         part = f" (in part: {record['part']})" if record.get("part") else ""
@@ -503,6 +504,7 @@ def _build_hf_dir(out: Path, shape: dict, dtype: str, device: str = "cpu") -> Pa
                          num_heads=shape["heads"], num_kv_heads=shape["kv_heads"], ffn_hidden_size=shape["ffn"],
                          max_position_embeddings=4096)  # fmt: skip
     cfg.head_dim = shape["head_dim"]
+    cfg.initializer_range = shape.get("init_std", cfg.initializer_range)
     torch.manual_seed(0)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype))
@@ -823,9 +825,11 @@ def init_custom_process_group(backend: str, init_method: str, world_size: int, r
 # ==== (b) ipc_push =============================================================================
 
 # A ~0.15B model on a GPU (several 64 MiB buckets, the 64 MiB embedding a bucket of its own);
-# the tiny one on CPU, in buckets of 100 KiB so that a push has several.
-IPC_GPU = dict(layers=8, hidden=1024, heads=8, kv_heads=2, head_dim=128, ffn=2816, vocab=32000, bucket_mb=64.0)
-IPC_CPU = dict(layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=128, vocab=259, bucket_mb=0.1)
+# the tiny one on CPU, in buckets of 100 KiB so that a push has several. Weights at 2.5x HF's
+# init scale: log-probs far enough from uniform that wrong weights show in them, not so peaked
+# that bf16's rounding in two implementations (Megatron, HF) parts them.
+IPC_GPU = dict(layers=8, hidden=1024, heads=8, kv_heads=2, head_dim=128, ffn=2816, vocab=32000, bucket_mb=64.0, init_std=0.05)
+IPC_CPU = dict(layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=128, vocab=259, bucket_mb=0.1, init_std=0.05)
 IPC_LEAK_TOLERANCE = 64 * MIB  # the allocator's granularity; an IPC handle still open keeps a whole block
 PUSH_VARIANTS = {  # name -> (export thread, SGLang payload format, offload + onload of the weights first)
     "overlap_off": (False, "flattened_bucket", False),
@@ -922,6 +926,8 @@ def _judge_push(rep: Report, label: str, r: dict, cuda: bool) -> None:
     rep.check(f"{label}: every tensor arrived bit for bit", not r["mismatched"] and not r["missing"],
               {"mismatched": r["mismatched"][:5], "missing": r["missing"][:5]} if r["mismatched"] or r["missing"] else None)  # fmt: skip
     rep.check(f"{label}: megarl's export check passed", r["export_check"] == "ok", r["export_check"])
+    rep.check(f"{label}: the engine's log-probs differed before the push (the comparison can tell)",
+              r["logprob_diff_before"]["mean"] > r["max_logprob_diff"], r["logprob_diff_before"])  # fmt: skip
     rep.check(f"{label}: engine log-probs = trainer's (mean |diff| <= max_logprob_diff {r['max_logprob_diff']})",
               r["logprob_diff_after"]["mean"] <= r["max_logprob_diff"],
               {"before": r["logprob_diff_before"], "after": r["logprob_diff_after"]})  # fmt: skip
@@ -1013,7 +1019,12 @@ def _push_through_megarl(worker: Any, receiver: _Link, overlap: bool, load_forma
     if before is not None:
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
-    metrics = transport.push(version)
+    try:
+        metrics = transport.push(version)
+    except Exception as exc:
+        worker.export_check.verdict(version, failure=exc)  # as PolicyRank.push_weights: the next push starts clean
+        transport.close()
+        raise
     seconds = time.perf_counter() - start
     peak = torch.cuda.max_memory_allocated() if before is not None else None
     after_push = _memory()  # the transport has called ipc_collect: what the push still holds
@@ -1180,8 +1191,8 @@ def _receiver_handlers(model: Any, params: dict[str, Any], device: Any) -> dict[
 
     def reset(msg: dict) -> dict:
         with torch.no_grad():
-            for p in params.values():
-                p.normal_(0.0, 0.02)
+            for p in params.values():  # other weights than the trainer's, norms included
+                p.normal_(0.0, 0.1)
         return {}
 
     def logprobs(msg: dict) -> dict:
