@@ -1415,8 +1415,7 @@ def section_nccl_group(rep: Report) -> str | None:
     else:
         rep.skip("NCCL, world 1: open, broadcast, close, reopen", NO_CUDA)
     rep.part("gloo, 2 processes: megarl's group against SGLang's join", _gloo_join, rep, "cuda" if cuda else "cpu")
-    dist.destroy_process_group()
-    return None
+    return None  # the default group goes with the process (_exit_now): a destroy could only hang
 
 
 def _group_tensors(device: str) -> list[Any]:

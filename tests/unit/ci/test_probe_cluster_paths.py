@@ -62,6 +62,7 @@ def test_only_takes_repeated_and_comma_lists(monkeypatch):
         probe.parse_args(["--only", "cuda_init,nope"])
 
 
+@pytest.mark.slow
 def test_dry_run_runs_what_cpu_can_and_says_why_not_for_the_rest(dry_run):
     done, out, _ = dry_run
     assert done.returncode == 0, done.stdout + done.stderr
@@ -78,6 +79,7 @@ def test_dry_run_runs_what_cpu_can_and_says_why_not_for_the_rest(dry_run):
     assert json.loads((out / "probe_results.json").read_text())["records"]["offload"] == _record(out, "offload")
 
 
+@pytest.mark.slow
 def test_dry_run_checks_are_the_real_ones(dry_run):
     _, out, _ = dry_run
     checks = {c["check"] for s in SECTIONS for c in _record(out, s)["checks"]}
