@@ -106,12 +106,11 @@ def _count(n: int) -> str:
 
 
 def _model_flags(cfg: MegaRLConfig, plan: Plan, role: str) -> str:
-    """The layout's flags of the role's model: `` sp`` under sequence parallelism, `` epN``
-    under expert parallelism, `` recompute X`` (`` (auto)`` when the plan chose X); the reference shares the policy's section."""
+    """The layout's flags of the role's model: `` sp`` under sequence parallelism, ``
+    recompute X`` (`` (auto)`` when the plan chose X); the reference shares the policy's section."""
     section = "critic" if role == "critic" else "actor"
     conf = getattr(cfg, section)
     flags = " sp" if conf.parallel.uses_sequence_parallel else ""
-    flags += f" ep{conf.parallel.ep}" if conf.parallel.ep > 1 else ""
     if f"{section}.recompute" in plan.resolved:
         return f"{flags} recompute {plan.resolved[section + '.recompute']} (auto)"
     return flags if conf.recompute == "none" else f"{flags} recompute {conf.recompute}"
