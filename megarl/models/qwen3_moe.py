@@ -24,8 +24,8 @@ softmax first (``True``) it is ``norm_topk_prob=False``. Dense layers are the Qw
 The token dispatcher is Megatron's ``alltoall``, on GPUs and on the CPU alike: ``allgather``
 gathers every rank's tokens over the TP x EP group and so needs the same token count on each,
 which RL's ragged, packed micro-batches do not have when an expert-parallel group spans
-data-parallel replicas (and Megatron refuses it with ``variable_seq_lengths``, which the workers
-set); alltoall exchanges uneven splits. On the CPU it needs three shims, all in
+data-parallel replicas (Megatron's TransformerConfig does not allow it with
+``variable_seq_lengths``, which the workers use); alltoall exchanges uneven splits. On the CPU it needs three shims, all in
 megarl/parallel/cpu_compat.py; running it there also means the CPU tests cover the GPU's path.
 
 Not handled yet, and refused by name: ``output_router_logits`` (HF then adds the
