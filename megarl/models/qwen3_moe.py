@@ -130,7 +130,9 @@ class Qwen3MoeBridge(Qwen3Bridge):
     # ---- model ---------------------------------------------------------------------------
     def moe_layer_spec(self, spec: LayerSpec, num_experts: int):
         """One MoE decoder layer: SequentialMLP experts (local, with megarl's norms and attention
-        as :meth:`layer_spec`) or TEGroupedMLP ones (te)."""
+        as :meth:`layer_spec`) or TEGroupedMLP ones (te). The config's ``moe_grouped_gemm`` stays
+        False: megatron-core 0.16-0.19 read it only in spec helpers (and the flex dispatcher), and
+        the spec chosen here is what decides."""
         from megatron.core.models.gpt import gpt_layer_specs
 
         if spec == "te":
