@@ -143,7 +143,8 @@ CATALOGUE: tuple[Metric, ...] = (
     Metric("weight_sync/bytes", "last", "weight_sync", "bytes pushed to the engines"),
     Metric("weight_sync/gbps", "last", "weight_sync", "push speed, GB/s"),
     Metric("weight_sync/buckets", "last", "weight_sync", "buckets of rollout.weight_sync.bucket_mb pushed"),
-    Metric("weight_sync/logprob_diff", "mean", "weight_sync", "mean |engine - trainer| log-prob of the probe tokens after the push (above max_logprob_diff: refused)"),
+    Metric("weight_sync/logprob_diff", "mean", "weight_sync", "mean |engine - trainer| log-prob of the probe tokens after the push (above weight_sync/logprob_diff_bound: refused)"),
+    Metric("weight_sync/logprob_diff_bound", "last", "weight_sync", "the bound the push's check held logprob_diff to: logprob_diff_ceiling while the run's baseline is measured, then logprob_baseline_factor x baseline within [max_logprob_diff, logprob_diff_ceiling]"),
     Metric("weight_sync/logprob_diff_max", "max", "weight_sync", "largest |engine - trainer| log-prob of a probe token after the push"),
     # ---- timing (megarl.progress.PhaseTimer: the loop and the collectors) ----------------
     Metric("time/step_s", "sum", "trainer", "wall time of the RL step"),

@@ -8,11 +8,14 @@
 #   3. an RL run of the demo task in bf16 on this GPU, in this process (no Ray): RL_STEPS steps,
 #   4. the workflow HF model -> megarl sft -> RL from its checkpoint -> generate -> evaluate,
 #      in bf16 on this GPU, without Ray (--in-process; each command under WORKFLOW_S),
-# each under a time limit (TESTS_S, BENCH_S, RL_S seconds); STAGES (default "tests bench rl workflow")
-# picks which run, and a stage left out counts as passed. Logs, the environment and the bench's
-# results go to $1 (default: $OUT when set, else ci/gpu/out; the checkout is not written): copy
-# train_step.json (the checkout's entries plus this GPU's) over bench/results/ to keep them.
-# Exit code: the first of the four that failed, else 0.
+#   5. only when STAGES names it: ci/gpu/probe_cluster_paths.py, the cluster paths (CUDA init in
+#      the ranks, the CUDA-IPC push, offload, the weight-update group, the packed-rope step), sized
+#      for a short lease: under 5 minutes (PROBE_S, default 300, bounds it; ci/gpu/README.md),
+# each under a time limit (TESTS_S, BENCH_S, RL_S seconds); STAGES (default "tests bench rl workflow";
+# "probe" for the probe alone) picks which run, and a stage left out counts as passed. Logs, the
+# environment and the bench's and probe's results go to $1 (default: $OUT when set, else ci/gpu/out;
+# the checkout is not written): copy train_step.json (the checkout's entries plus this GPU's) over
+# bench/results/ to keep them. Exit code: the first stage that failed, else 0.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -21,8 +24,8 @@ python="${PYTHON:-python3}"
 device="${DEVICE:-cuda}"  # cpu: a dry run of the RL and workflow stages on a machine without a GPU
 for stage in ${STAGES:-}; do  # a misspelt stage would be skipped and counted as passed
   case "$stage" in
-    tests | bench | rl | workflow) ;;
-    *) echo "ci/gpu: unknown stage '$stage' in STAGES; the stages are tests bench rl workflow" >&2; exit 2 ;;
+    tests | bench | rl | workflow | probe) ;;
+    *) echo "ci/gpu: unknown stage '$stage' in STAGES; the stages are tests bench rl workflow probe" >&2; exit 2 ;;
   esac
 done
 mkdir -p "$out"
@@ -98,8 +101,15 @@ if [[ $stages == *" workflow "* ]]; then
   run_workflow 2>&1 | tee "$out/workflow.log"
   workflow=${PIPESTATUS[0]}
 fi
-echo "ci/gpu: tests exit $tests, bench exit $bench, bf16 RL run exit $rl, workflow exit $workflow; logs and results in $out" >&2
-for code in "$tests" "$bench" "$rl" "$workflow"; do
+probe=0
+if [[ $stages == *" probe "* ]]; then
+  # Each section runs under its own limit inside; the probe's budget (280 s) is below PROBE_S.
+  timeout "${PROBE_S:-300}" "$python" ci/gpu/probe_cluster_paths.py --out "$out" 2>&1 | tee "$out/probe.log"
+  probe=${PIPESTATUS[0]}
+fi
+echo "ci/gpu: tests exit $tests, bench exit $bench, bf16 RL run exit $rl, workflow exit $workflow, probe exit $probe;" \
+  "logs and results in $out" >&2
+for code in "$tests" "$bench" "$rl" "$workflow" "$probe"; do
   [ "$code" -ne 0 ] && exit "$code"
 done
 exit 0

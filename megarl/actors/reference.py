@@ -40,7 +40,9 @@ class ReferenceWorker:
         for p in self.model.module.parameters():
             p.requires_grad_(False)
         self.model.module.eval()
-        self.states = ModelStates(self.model.info.device, {"weights": lambda: model_weights(self.model.module)}, copied=("weights",))
+        # Frozen: one host copy, made at the first offload; later offloads only free the device memory.
+        self.states = ModelStates(self.model.info.device, {"weights": lambda: model_weights(self.model.module)},
+                                  copied=("weights",), frozen=("weights",))  # fmt: skip
 
     @property
     def info(self):

@@ -224,12 +224,12 @@ def _model_state(core: Any) -> dict[str, Any]:
 def save_model_weights(core: Any, directory: str | os.PathLike) -> None:
     """Write this group's model (a GPTModel, every rank calling) as a dist-checkpoint into ``directory``."""
     import torch.distributed as dist
-    from megatron.core import dist_checkpointing
 
+    from megarl.checkpoint.dist_save import save_dist_checkpoint
     from megarl.parallel.mcore_version import write_checkpoint_versions
 
     os.makedirs(directory, exist_ok=True)
-    dist_checkpointing.save(_model_state(core), str(directory))
+    save_dist_checkpoint(_model_state(core), directory)  # (its host staging released afterwards)
     if dist.get_rank() == 0:
         write_checkpoint_versions(directory)
     dist.barrier()

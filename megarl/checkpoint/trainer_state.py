@@ -44,6 +44,10 @@ class TrainerState:
     dynamic_sampling_carry: samples carried to the next step by dynamic sampling (plain
       data or megarl dataclasses such as Batch), None when there are none.
     rng: capture_rng() of the controller process.
+    logprob_check: the post-push log-prob check's baseline and the means it is measured from
+      ({"first": [...], "baseline": float | None, "version": the last push version counted});
+      {} when the run has no check, or in a
+      checkpoint written before it was kept (the baseline is then measured again).
     """
 
     step: int = 0
@@ -51,6 +55,7 @@ class TrainerState:
     kl_controller: dict[str, Any] = field(default_factory=dict)
     dynamic_sampling_carry: Any = None
     rng: dict[str, Any] = field(default_factory=dict)
+    logprob_check: dict[str, Any] = field(default_factory=dict)
 
     def save(self, directory: str | Path) -> Path:
         """Write `directory/trainer_state.pt` (fsynced); returns its path."""
@@ -62,6 +67,7 @@ class TrainerState:
             "kl_controller": to_plain(self.kl_controller, "kl_controller"),
             "dynamic_sampling_carry": to_plain(self.dynamic_sampling_carry, "dynamic_sampling_carry"),
             "rng": to_plain(self.rng, "rng"),
+            "logprob_check": to_plain(self.logprob_check, "logprob_check"),
         }
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "wb") as f:
@@ -89,6 +95,7 @@ class TrainerState:
             kl_controller=from_plain(payload["kl_controller"]),
             dynamic_sampling_carry=from_plain(payload["dynamic_sampling_carry"]),
             rng=from_plain(payload["rng"]),
+            logprob_check=from_plain(payload.get("logprob_check", {})),  # (absent from older checkpoints)
         )
 
 

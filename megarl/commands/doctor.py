@@ -1,11 +1,12 @@
 """`megarl doctor [--json]`: what this machine and Python can run, and what each missing piece disables.
 
-One row per check: Python, torch and its CUDA build, the GPUs and the driver, NCCL,
+One row per check: Python, torch and its CUDA build, the GPUs, the NVIDIA driver, NCCL,
 megatron-core (through megarl.parallel.mcore_version, the check `megarl launch` itself runs),
 transformer-engine, apex, flash-attn, the C and C++ compilers torch.compile needs, SGLang in this Python (or the venv
 ``rollout.server_python`` can name), Ray and the cluster ``--address auto`` would attach to,
 and the Slurm job around us. Exit code 2 only when `megarl launch` cannot work here (no
-torch, no usable megatron-core, no Ray, a Python older than megarl's); else 0. Where
+torch, no usable megatron-core, no Ray, a Python older than megarl's, an NVIDIA driver older
+than torch's CUDA needs); else 0. Where
 `megarl` itself does not start (a dependency of another command is missing),
 ``python -m megarl.commands.doctor`` runs the same report.
 
@@ -32,6 +33,11 @@ from pathlib import Path
 from typing import Any
 
 CPU_ONLY = "CPU only (gloo): `megarl demo` and cluster.device=cpu configs work, GPU configs (cluster.device=cuda) do not"
+# The oldest NVIDIA driver (its major version) that runs each CUDA major version of torch's build:
+# CUDA's minor-version compatibility lets every 12.x run on 525 and later, every 13.x on 580 and
+# later. The one place this is written (docs/docker.md refers to it).
+MIN_DRIVER = {12: 525, 13: 580}
+DRIVER_VERSION_FILE = "/proc/driver/nvidia/version"  # the kernel module's, where nvidia-smi is missing
 SLURM_VARS = ("SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_JOB_NODELIST", "SLURM_NNODES", "SLURM_NTASKS",
               "SLURM_GPUS_ON_NODE", "SLURM_CPUS_ON_NODE", "SLURMD_NODENAME")  # fmt: skip
 
@@ -54,7 +60,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="report what this machine can run: Python, torch, CUDA, NCCL, megatron-core, SGLang, Ray, Slurm",
         description="Check the software and devices megarl uses, in a few seconds, without starting anything: "
         "one line per piece with its version, and for each missing piece what it disables. Exits 2 when "
-        "`megarl launch` cannot work here (no torch, no supported megatron-core, no Ray, Python too old), else 0.",
+        "`megarl launch` cannot work here (no torch, no supported megatron-core, no Ray, Python too old, an NVIDIA "
+        "driver older than torch's CUDA needs), else 0.",
         epilog="examples:\n  megarl doctor            the table\n"
         "  megarl doctor --json     one JSON object: {megarl, python, launch_possible, checks: [{name, ok, "
         "version, detail, disables, fatal}], gpus}",
@@ -82,7 +89,8 @@ def collect() -> tuple[list[Check], list[dict[str, Any]]]:
     """Every check, in report order, and the GPUs torch sees ({index, name, memory_gib})."""
     torch_check, torch = _torch()
     cuda_check, gpus = _cuda(torch)
-    checks = [_python(), torch_check, cuda_check, _nccl(torch, bool(gpus)), _megatron_core(),
+    cuda = getattr(getattr(torch, "version", None), "cuda", None)
+    checks = [_python(), torch_check, cuda_check, _driver(cuda, bool(gpus)), _nccl(torch, bool(gpus)), _megatron_core(),
               _transformer_engine(), _apex(), _flash_attn(), _compiler(), _cxx_compiler(), _sglang(), _ray(), _ray_cluster(),
               _slurm()]  # fmt: skip
     return checks, gpus
@@ -191,21 +199,53 @@ def _cuda(torch: Any) -> tuple[Check, list[dict[str, Any]]]:
         key = f"{g['name']} ({g['memory_gib']} GiB)"
         kinds[key] = kinds.get(key, 0) + 1
     listed = ", ".join(f"{n} x {k}" for k, n in kinds.items())
-    return Check("CUDA", True, torch.version.cuda or torch.version.hip, f"driver {_driver()}; {listed}"), gpus
+    return Check("CUDA", True, torch.version.cuda or torch.version.hip, listed), gpus
 
 
-def _driver() -> str:
-    """The NVIDIA driver version from nvidia-smi (torch does not expose it publicly)."""
+def driver_version() -> tuple[str | None, str]:
+    """The NVIDIA driver's version (torch does not expose it publicly) and where it was read:
+    nvidia-smi, else the kernel module's version file; (None, why) where neither tells."""
     smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return "unknown (no nvidia-smi)"
+    if smi is not None:
+        try:
+            out = subprocess.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=10)  # fmt: skip
+            lines = out.stdout.split()
+            if out.returncode == 0 and lines and re.fullmatch(r"\d+\.\d+(\.\d+)?", lines[0]):
+                return lines[0], "nvidia-smi"
+        except (OSError, subprocess.TimeoutExpired):
+            pass  # the version file may still tell
     try:
-        out = subprocess.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=10)  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"unknown ({exc})"
-    lines = out.stdout.split()
-    return lines[0] if out.returncode == 0 and lines else "unknown"
+        text = Path(DRIVER_VERSION_FILE).read_text()
+    except OSError:
+        where = "nvidia-smi did not answer" if smi else "no nvidia-smi on PATH"
+        return None, f"{where}, no {DRIVER_VERSION_FILE}"
+    # "NVRM version: NVIDIA UNIX [Open ]Kernel Module [for x86_64]  580.65.06  Release Build ..."
+    found = re.search(r"Kernel Module.*?\s(\d+\.\d+(?:\.\d+)?)\s", text)
+    return (found[1], DRIVER_VERSION_FILE) if found else (None, f"no version in {DRIVER_VERSION_FILE}")
+
+
+def _driver(cuda: str | None, cuda_usable: bool) -> Check:
+    """The driver against what torch's CUDA build needs (:data:`MIN_DRIVER`). ``cuda``: torch's
+    CUDA version (None: not a CUDA build); ``cuda_usable``: torch sees GPUs, which it does below
+    the minimum only through CUDA's forward-compatibility libraries."""
+    version, source = driver_version()
+    if version is None:
+        return Check("driver", False, None, f"no NVIDIA driver found ({source}): no NVIDIA GPU here")
+    if cuda is None:
+        return Check("driver", True, version, f"from {source}; torch is not a CUDA build, so it needs none")
+    major = int(cuda.split(".")[0])
+    need = MIN_DRIVER.get(major)
+    if need is None:
+        return Check("driver", True, version, f"from {source}; no minimum known here for CUDA {cuda}")
+    if int(version.split(".")[0]) >= need:
+        return Check("driver", True, version, f"from {source}; torch's CUDA {cuda} needs {need} or newer")
+    if cuda_usable:
+        return Check("driver", True, version, f"from {source}; older than the {need} torch's CUDA {cuda} needs, but "
+                     "torch uses the GPUs: CUDA's forward-compatibility libraries stand in")  # fmt: skip
+    return Check("driver", False, version, f"from {source}; torch's CUDA {cuda} needs {need} or newer",
+                 f"GPU runs (torch cannot use the GPUs): upgrade the NVIDIA driver to {need} or newer, or install "
+                 f"CUDA {major}'s forward-compatibility package (cuda-compat; docs/docker.md)", fatal=True)  # fmt: skip
 
 
 def _nccl(torch: Any, has_gpus: bool) -> Check:

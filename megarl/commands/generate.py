@@ -484,13 +484,14 @@ def open_engines(cfg: Any, model_dir: Path, log_dir: Path) -> Iterator[Any]:
         yield SGLangEngines([SGLangEngine(s, tp=tp, max_running_requests=cfg.rollout.max_running_requests) for s in servers])
 
 
-def _visible_gpus() -> list[int]:
-    """The physical ids of the GPUs this process may use (CUDA_VISIBLE_DEVICES, else all)."""
+def _visible_gpus() -> list[str]:
+    """The physical ids of the GPUs this process may use (CUDA_VISIBLE_DEVICES, else all), as
+    strings: indices or UUIDs (``GPU-...``), which a server's CUDA_VISIBLE_DEVICES takes alike."""
     import os
-
-    import torch
 
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
-        return [int(g) for g in visible.split(",") if g.strip().isdigit()]
-    return list(range(torch.cuda.device_count()))
+        return [g.strip() for g in visible.split(",") if g.strip()]
+    import torch
+
+    return [str(i) for i in range(torch.cuda.device_count())]

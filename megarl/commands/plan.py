@@ -22,7 +22,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help='print one JSON object: the plan with "ok": true, or '
                    '{"ok": false, "issues": [{field, message, level}]} (a config that cannot be read: "error") with exit code 2')
     p.add_argument("--check-files", action="store_true", help="also run the checks launch makes before Ray starts: the data, model, reward, tool and "
-                   "output files, the checkpoints to resume, and your own functions named by import path")
+                   "output files, the checkpoints to resume, your own functions named by import path, and the SGLang servers' Python "
+                   "(sglang, and its NCCL version against the trainer's)")
     p.set_defaults(handler=run)
 
 

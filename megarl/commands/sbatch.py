@@ -21,6 +21,8 @@ from megarl.commands.arguments import add_config_args, user_path
 LAUNCH_DIR = Path(__file__).resolve().parents[2] / "launch"
 TEMPLATE, BOOTSTRAP = "megarl.sbatch", "ray-node.sh"
 # Slurm's --time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S; and no limit: 0, -1, INFINITE, UNLIMITED
+# pyxis's container name for every step of a job (expanded by the batch shell: one per job).
+CONTAINER_NAME = "megarl-${SLURM_JOB_ID}"
 DEFAULTS = {"ray_port": 6379, "join_timeout": 600, "save_grace": 600}  # options with a default value
 _TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
 _NO_LIMIT = ("-1", "infinite", "unlimited")  # sbatch reads the words in any case; a limit of 0 is none too
@@ -262,16 +264,19 @@ def _env_setup(container: str | None) -> str:
 
 
 def _container_args(args: argparse.Namespace, workdir: Path, needed: list[Path]) -> str:
-    """pyxis options: the image, and mounts for the working directory and the folders the run
-    reads or writes outside it, the job's Ray folder ($RAY_HOST_TMP), plus the user's own."""
+    """pyxis options: the image, one container name for the whole job, and mounts for the
+    working directory and the folders the run reads or writes outside it, the job's Ray folder
+    ($RAY_HOST_TMP), plus the user's own."""
     if not args.container:
         return ""
     paths = [workdir, *(p for p in needed if not p.is_relative_to(workdir))]
     mounts = [*dict.fromkeys(f"{p}:{p}" for p in paths), *([args.container_mounts] if args.container_mounts else [])]
+    # Named: pyxis unpacks the image once per node and every later step of the job reuses that
+    # filesystem (an unnamed container is unpacked again for each step: the Ray node, the wait, the driver).
     words = [f"--container-image={args.container}", f"--container-mounts={','.join(mounts)}", f"--container-workdir={workdir}"]
     quoted = ['"' + re.sub(r'(["$`\\])', r"\\\1", w) + '"' for w in words]  # double quotes: $RAY_HOST_TMP expands
     quoted[1] = quoted[1][:-1] + ',${RAY_HOST_TMP}:/tmp/ray"'
-    return " ".join(quoted)
+    return " ".join([quoted[0], f'"--container-name={CONTAINER_NAME}"', *quoted[1:]])
 
 
 def _sh(text: str) -> str:

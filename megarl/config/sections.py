@@ -66,6 +66,9 @@ class ModelConfig(Section):
         return arch
 
 
+# Default of cluster.build_timeout_s, and of the worker groups that have no config (megarl/ray_cluster/worker_group.py).
+BUILD_TIMEOUT_S = 1800.0
+
 # The config section of each model role (the reference takes the policy's layout, its own offload flag).
 ROLE_SECTIONS = {"policy": "actor", "critic": "critic", "reference": "reference"}
 
@@ -87,6 +90,12 @@ class ClusterConfig(Section):
     )
     rollout_gpus: int = Field(0, ge=0, description="GPUs given to rollout when placement is disaggregated (taken from the last nodes).")
     ray_address: str | None = Field(None, description="Ray cluster to attach to ('auto' or host:port); None starts an embedded local Ray.")
+    build_timeout_s: float = Field(
+        BUILD_TIMEOUT_S, ge=0,
+        description="Seconds the Ray ranks of `megarl launch` and `megarl sft` may take to start and build their models "
+        "(Megatron's setup, reading model.path) before the command gives up, naming the ranks not done; a 72B model "
+        "read from a slow shared filesystem can take more than the 600 s this once was. 0 = no deadline.",
+    )
     nvlink_gb_per_s: float = Field(
         360.0, gt=0,
         description="Gigabytes (not gigabits) per second per GPU and direction within a node, for the plan's weight-push estimate: an all-gather's "

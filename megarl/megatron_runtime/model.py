@@ -151,9 +151,9 @@ class MegatronModel:
         info = ensure_parallel(cfg.parallel, seed)
         hf_config = AutoConfig.from_pretrained(hf_path)
         bridge = get_bridge(hf_config)
-        tcfg = bridge.transformer_config(hf_config, cfg.parallel, dtype, cfg.recompute)
+        spec = resolve_layer_spec(layer_spec, torch.device(info.device).type)  # the config depends on it (rope fusion)
+        tcfg = bridge.transformer_config(hf_config, cfg.parallel, dtype, cfg.recompute, spec=spec)
         _configure_schedule(tcfg, dtype)
-        spec = resolve_layer_spec(layer_spec, torch.device(info.device).type)
         module = bridge.build_model(
             hf_config, tcfg, pre_process=info.is_first_stage, post_process=info.is_last_stage, value_head=value_head,
             spec=spec,

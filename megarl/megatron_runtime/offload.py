@@ -13,6 +13,10 @@ residency table (megarl/memory/residency.py); this module only moves them.
   reused by the next offload of that state.
 - Grads are stale after ``optimizer.step()`` (every update zeroes them first): they are freed
   without a copy and come back zeroed.
+- Frozen states (the reference's weights: nothing writes them) are copied to their host buffer
+  at their first offload only; later offloads free the device memory without a copy, and every
+  onload copies back from that one host copy (a 72B reference is 35 GiB per node of
+  device-to-host traffic saved at each offload).
 - On CUDA every offload ends with ``torch.cuda.empty_cache()``: freed blocks otherwise stay in
   this process's caching allocator, where another process (SGLang) cannot get them.
 
@@ -73,28 +77,36 @@ def _aligned(n: int) -> int:
 
 
 class StateMover:
-    """The storages of one state while they are off the device (``copy``: keep their bytes)."""
+    """The storages of one state while they are off the device (``copy``: keep their bytes;
+    ``frozen``: the bytes never change, so the host copy of the first offload serves every onload)."""
 
-    def __init__(self, copy: bool) -> None:
-        self.copy = copy
+    def __init__(self, copy: bool, frozen: bool = False) -> None:
+        self.copy, self.frozen = copy, frozen
         self.host = HostBuffer()
         self.moved: list[tuple[Any, int, int]] = []  # (storage, offset in the host buffer, nbytes)
+        self.held: list[tuple[int, int]] | None = None  # frozen: (offset, nbytes) of each storage the host buffer holds
 
     @property
     def offloaded(self) -> bool:
         return bool(self.moved)
 
     def offload(self, storages: Sequence[Any]) -> int:
-        """Free ``storages`` (their bytes to the host buffer when ``copy``); returns bytes freed."""
+        """Free ``storages`` (their bytes to the host buffer when ``copy``, unless a frozen state's
+        host buffer holds them already); returns bytes freed."""
         offsets, total = [], 0
         for storage in storages:
             offsets.append(total)
             total += _aligned(storage.nbytes())
-        host = self.host.get(total) if self.copy else None
+        layout = [(offset, storage.nbytes()) for storage, offset in zip(storages, offsets)]
+        # A frozen state's storages are the same ones every time; another layout (never seen) is copied anew.
+        kept = self.frozen and self.held == layout and self.host.nbytes == total
+        host = self.host.get(total) if self.copy and not kept else None
         for storage, offset in zip(storages, offsets):
             if host is not None:
                 host[offset : offset + storage.nbytes()].copy_(_bytes_view(storage), non_blocking=True)
             self.moved.append((storage, offset, storage.nbytes()))
+        if self.frozen and host is not None:
+            self.held = layout
         if storages and storages[0].device.type == "cuda":
             torch.cuda.synchronize()  # the copies are done before the memory is reused
         for storage in storages:
@@ -122,10 +134,14 @@ class ModelStates:
     that names it, so an fp32 optimizer's main params (views of the weights) are weights."""
 
     def __init__(self, device: torch.device, sources: Mapping[str, Callable[[], Iterable[torch.Tensor]]],
-                 copied: Iterable[str]) -> None:  # fmt: skip
+                 copied: Iterable[str], frozen: Iterable[str] = ()) -> None:  # fmt: skip
+        """``copied``: the states whose bytes an offload keeps (not grads); ``frozen``: those of
+        them that never change on the device, copied at their first offload only."""
         self.device, self.sources = device, dict(sources)
-        copied = set(copied)
-        self.movers = {name: StateMover(copy=name in copied) for name in self.sources}
+        copied, frozen = set(copied), set(frozen)
+        if frozen - copied:
+            raise ValueError(f"frozen states {sorted(frozen - copied)} must be copied states too")
+        self.movers = {name: StateMover(copy=name in copied, frozen=name in frozen) for name in self.sources}
 
     def storages(self) -> dict[str, list[Any]]:
         """The distinct device storages that hold bytes now, per state."""

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from megarl.algos.metrics import MetricAccumulator, pair
+from megarl.checkpoint.dist_save import save_dist_checkpoint
 from megarl.config.sections import ActorConfig
 from megarl.data.batch import Batch
 from megarl.megatron_runtime.micro_batches import MicroBatch, MicroBatching
@@ -187,15 +188,14 @@ class TrainableModel:
         }
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write a dist-checkpoint of model + optimizer + schedule into directory ``path`` (collective)."""
-        from megatron.core import dist_checkpointing
-
+        """Write a dist-checkpoint of model + optimizer + schedule into directory ``path``
+        (collective); the host memory it staged the tensors through is released afterwards."""
         os.makedirs(path, exist_ok=True)
         # A never-stepped optimizer (the policy during critic warm-up) has no state for the
         # distributed optimizer to describe: give it the state a fresh Adam starts from (step 0).
         _materialise_optimizer_state(self.optimizer)
         fmt = self.cfg.optimizer.checkpoint_format
-        dist_checkpointing.save(self._sharded_state(is_loading=False, optimizer_format=fmt), str(path))
+        save_dist_checkpoint(self._sharded_state(is_loading=False, optimizer_format=fmt), path)
         if torch.distributed.get_rank() == 0:  # which megatron-core can read it back, the buckets, the format
             # (the non-distributed optimizer has no format to choose: its state is per parameter)
             layout = {OPTIMIZER_FORMAT_RECORD: fmt} if self.cfg.optimizer.distributed else {}

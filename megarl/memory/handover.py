@@ -22,7 +22,9 @@ parameter checksum. One hand-over per run, built from the run's table, whatever 
 Engine weights released without SGLang's CPU copy come back as garbage: before a generation
 that follows such a release (or a restart), the hand-over passes through ``weight_push`` and
 re-pushes the last version. With the table's rules this happens after a checkpoint and after a
-restart; the post-push check, ReMax's baseline and validation generate without a re-push.
+restart; the post-push check, ReMax's baseline and validation generate without a re-push. SGLang
+engines start with random weights (``--load-format dummy``) and hold nothing of the trainer's
+until its first push: a generation before it is refused.
 
 A colocated SGLang step, with every offload flag on (``engine`` = every engine)::
 
@@ -90,7 +92,9 @@ class Handover:
         self.table, self.models, self.engines = table, dict(models), engines
         self.phase = START
         self.version: int | None = None  # the last version pushed to every engine
-        self.stale = False  # engine weights lost since that push (released without a CPU copy, restarted)
+        # engine weights not the trainer's: lost since that push (released without a CPU copy,
+        # restarted), or never pushed (just launched)
+        self.stale = False
         self.repushes = 0
         self.restarts = 0
 
@@ -117,6 +121,9 @@ class Handover:
             self.engines = start()  # every engine was just started: None = all of them
 
         self._relaunch(started)
+        # Launched from random weights (--load-format dummy) or the checkpoint, never the trainer's
+        # (a resumed run's): nothing generates before the first push (_repush refuses).
+        self.stale = True
 
     # ---- moves --------------------------------------------------------------------------
     def _move(self, now: frozenset[str], then: frozenset[str]) -> None:
@@ -159,8 +166,8 @@ class Handover:
         """The last version again, through the weight_push phase (the push reads the policy's
         weights and writes the engines')."""
         if self.version is None:
-            raise RuntimeError("the engines' weights were released before any weight push; push first "
-                               "(the trainer pushes before it generates)")  # fmt: skip
+            raise RuntimeError("the engines hold no pushed weights yet (they start from random weights, "
+                               "--load-format dummy); push first: the trainer pushes before it generates")  # fmt: skip
         log.info("re-pushing weight version %d: the engines' weights were released or restarted since", self.version)
         self._move(self.table.resident(self.phase), self.table.resident(WEIGHT_PUSH))
         self.phase = WEIGHT_PUSH

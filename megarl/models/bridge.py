@@ -70,7 +70,8 @@ class ModelBridge:
         """Refuse a parallel layout (a ParallelConfig) this model cannot be split into."""
         raise NotImplementedError
 
-    def transformer_config(self, hf_config: Any, parallel: Any, dtype: torch.dtype, recompute: str = "none"):
+    def transformer_config(self, hf_config: Any, parallel: Any, dtype: torch.dtype, recompute: str = "none",
+                           spec: LayerSpec = "local"):  # fmt: skip
         raise NotImplementedError
 
     def build_model(self, hf_config: Any, transformer_config: Any, *, pre_process: bool, post_process: bool,

@@ -122,7 +122,10 @@ class DenseDecoderBridge(ModelBridge):
             ok = [d for d in range(1, layers + 1) if layers % d == 0]
             raise ValueError(f"parallel.pp ({pp}) must divide num_hidden_layers ({layers}); try {', '.join(map(str, ok))}")
 
-    def transformer_config(self, hf_config: Any, parallel: Any, dtype: torch.dtype, recompute: str = "none"):
+    def transformer_config(self, hf_config: Any, parallel: Any, dtype: torch.dtype, recompute: str = "none",
+                           spec: LayerSpec = "local"):  # fmt: skip
+        """Megatron's TransformerConfig of ``hf_config``, for layers of ``spec`` (the resolved
+        ``model.layer_spec``: the TE spec asks for TE's fused rope)."""
         from megatron.core.transformer.transformer_config import TransformerConfig
 
         self.check_hf_config(hf_config)
@@ -164,7 +167,10 @@ class DenseDecoderBridge(ModelBridge):
             # Kernels that need apex / transformer-engine stay off; jit-fused ones only on GPU.
             masked_softmax_fusion=False,
             persist_layer_norm=False,
-            apply_rope_fusion=False,  # and megarl/models/packed_rope.py relies on it (the unfused THD apply)
+            # TE's fused rope takes THD with the offsets on the device; Megatron's unfused THD apply
+            # reads them on the host in every layer (a sync each time under TE, which needs them
+            # on the device). The local spec keeps it off: packed_rope.py relies on that apply.
+            apply_rope_fusion=spec == "te",
             gradient_accumulation_fusion=False,
             bias_activation_fusion=not cpu,
             bias_dropout_fusion=not cpu,

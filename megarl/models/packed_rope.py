@@ -1,7 +1,7 @@
 """Rotary embeddings of a packed (THD) micro-batch as one row of frequencies per token.
 
 For a packed micro-batch Megatron's ``RotaryEmbedding`` gives ``[longest segment, 1, 1, d]``
-(positions 0 .. longest), and its unfused THD apply (megarl keeps ``apply_rope_fusion`` off)
+(positions 0 .. longest), and its unfused THD apply (``apply_rope_fusion`` is off with the local spec)
 maps each segment onto the first rows. megatron-core 0.19 does that one segment at a time: in
 every layer, for queries and for keys, a split, a rotation and a copy per segment, each a few
 small kernels and autograd nodes, host time on a GPU (bench/results/train_step.md counts the
@@ -20,8 +20,8 @@ The layout comes from the packed-sequence parameters (``megarl.models.attention.
 that GPTModel's preprocessing hands to ``get_rotary_seq_len`` right before it calls ``forward``,
 once per model forward; ``forward`` takes it (and forgets it). Only models of the local layer
 spec get this class: TE's attention reads the padded offsets, and TE's layers keep Megatron's
-rotary embedding. TE's fused THD rope expects the short form: megarl never turns it on
-(megarl/models/dense.py).
+rotary embedding, with TE's fused THD rope (``apply_rope_fusion``, asked for with the TE spec
+alone: megarl/models/dense.py), which takes the short form and the offsets on the device.
 """
 
 from __future__ import annotations

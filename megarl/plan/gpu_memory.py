@@ -20,18 +20,25 @@ Training, per GPU of a role with layout (tp, pp, dp), for the heaviest pipeline 
   micro-batch has several and then cast to the weights' dtype (head_grad; with tied embeddings
   on one stage, autograd adds the embedding's own gradient to it: not counted).
   The critic's value head is [tokens x 1].
-- runtime: CUDA context, NCCL and allocator slack (a constant, RUNTIME_OVERHEAD_GIB)
+- runtime: the trainer process's CUDA context, NCCL buffers and allocator slack
+  (TRAINER_RUNTIME_GIB, on every GPU of a trained model)
 
-Rollout (SGLang): mem_fraction x GPU memory for weights / rollout.tp plus the KV cache; the KV
-cache size gives how many sequences of full length run at once. The torch engine: a full copy
-of the weights in each replica leader, and while it generates a KV cache of
-max_running_requests sequences of full length.
+Rollout (SGLang): mem_fraction x the memory a server sees free when it sizes its KV cache, for
+weights / rollout.tp plus the KV cache; the KV cache size gives how many sequences of full
+length run at once. SGLang measures that free memory after its own CUDA context and NCCL buffers
+exist and, colocated, beside the trainer's process (whose models are off the GPU then: the
+launch phase), so it is the GPU less SGLANG_CONTEXT_GIB and, colocated, TRAINER_RUNTIME_GIB
+(:func:`sglang_free_at_launch`). Its CUDA-graph pool and allocator cache come after the KV cache,
+outside mem_fraction (SGLANG_GRAPHS_GIB: the engine's ``cuda_graph`` state, there while it
+generates). The torch engine: a full copy of the weights in each replica leader, and while it
+generates a KV cache of max_running_requests sequences of full length; it runs in the trainer's
+process (no runtime of its own).
 
 Host memory per node: megarl/plan/host_memory.py.
 
 Which of these are on a GPU in which phase of the step is the residency table's business
 (megarl/memory/residency.py); the planner adds them up per phase, plus each phase's working
-memory (:func:`phase_working_bytes`) and the runtime overhead.
+memory (:func:`phase_working_bytes`) and the runtime memory (:class:`RuntimeMemory`).
 """
 
 from __future__ import annotations
@@ -49,8 +56,45 @@ from megarl.memory.residency import (
 )
 
 GIB = 1024**3
-RUNTIME_OVERHEAD_GIB = 3.0
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+# What the processes on a GPU hold besides the states and working memory counted here, per GPU.
+# Estimates, not measurements: the GPU probe (ci/gpu/probe_cluster_paths.py, being written) is to
+# measure them on the cluster and replace these numbers. Together 3 GiB on a GPU of trained models
+# alone and 7 GiB on a colocated one (two CUDA contexts, both sides' NCCL buffers, SGLang's graphs:
+# 6-10 GiB is expected there).
+TRAINER_RUNTIME_GIB = 3.0  # a trainer process: CUDA context, its NCCL communicators' buffers, allocator slack
+SGLANG_CONTEXT_GIB = 1.5  # an SGLang server before it sizes its KV cache: CUDA context, NCCL and custom all-reduce buffers
+SGLANG_GRAPHS_GIB = 2.5  # after its KV cache, outside mem_fraction: the CUDA-graph pool and the allocator's cache
+
+
+@dataclass(frozen=True)
+class RuntimeMemory:
+    """Bytes per GPU the processes hold besides the states and the phases' working memory (the
+    estimates above; 0 for a process the GPU does not have)."""
+
+    trainer: float  # the trainer process, in every phase
+    sglang_context: float  # the SGLang server, in every phase, from before it sizes its KV cache
+    sglang_graphs: float  # the SGLang server's CUDA graphs and allocator cache (its cuda_graph state)
+
+    @property
+    def sglang(self) -> float:
+        """SGLang's memory outside mem_fraction."""
+        return self.sglang_context + self.sglang_graphs
+
+
+def runtime_memory(*, trainer: bool, sglang: bool) -> RuntimeMemory:
+    """The runtime memory of a GPU holding a trainer process and / or an SGLang server."""
+    return RuntimeMemory(TRAINER_RUNTIME_GIB * GIB * trainer, SGLANG_CONTEXT_GIB * GIB * sglang, SGLANG_GRAPHS_GIB * GIB * sglang)
+
+
+def sglang_free_at_launch(gpu_bytes: float, *, colocated: bool) -> float:
+    """The memory an SGLang server sees free when it sizes its KV cache (SGLang's
+    profile_max_num_token: mem_fraction of the free memory it measured after its own CUDA context
+    and NCCL start, less the weights): the GPU less that context and, colocated, less the trainer's
+    process, which holds its runtime then (its models are off the GPU at launch)."""
+    runtime = runtime_memory(trainer=colocated, sglang=True)
+    return gpu_bytes - runtime.sglang_context - runtime.trainer
 
 
 @dataclass(frozen=True)
@@ -159,19 +203,22 @@ def train_memory(
 class RolloutMemory:
     """Bytes per GPU taken by one SGLang engine rank."""
 
-    budget: float  # mem_fraction x GPU memory
+    budget: float  # mem_fraction x free_at_launch
     weights: float
     kv_cache: float
     kv_bytes_per_token: float
     full_length_sequences: int  # sequences of max_prompt + max_new tokens that fit at once
+    free_at_launch: float = 0.0  # what the server sees free when it sizes its KV cache
 
 
-def rollout_memory(arch: ArchSpec, *, tp: int, gpu_bytes: float, mem_fraction: float, dtype: str, seq_len: int) -> RolloutMemory:
+def rollout_memory(arch: ArchSpec, *, tp: int, free_bytes: float, mem_fraction: float, dtype: str, seq_len: int) -> RolloutMemory:
+    """One SGLang engine rank's static memory, from ``free_bytes``, the memory it sees free at
+    launch (:func:`sglang_free_at_launch`)."""
     weights = DTYPE_BYTES[dtype] * arch.num_params / tp
     kv_per_token = kv_bytes_per_token(arch, tp, dtype)
-    budget = mem_fraction * gpu_bytes
+    budget = mem_fraction * free_bytes
     kv = max(0.0, budget - weights)
-    return RolloutMemory(budget, weights, kv, kv_per_token, int(kv // (kv_per_token * seq_len)))
+    return RolloutMemory(budget, weights, kv, kv_per_token, int(kv // (kv_per_token * seq_len)), free_bytes)
 
 
 def kv_bytes_per_token(arch: ArchSpec, tp: int, dtype: str) -> float:
@@ -198,7 +245,7 @@ def phase_working_bytes(policy: TrainMemory | None, critic: TrainMemory | None, 
     """What a phase needs besides the resident states, per GPU: an update's activations, logits
     and head gradient; a forward pass's logits (no activations are kept for a backward); a push's
     buckets (``bucket_bytes``: the one being filled, with rollout.weight_sync.overlap the one
-    being sent, and with the tensor transport its flattened copy for CUDA IPC), plus one TP
+    being sent, and with the tensor and distributed transports its flattened copy), plus one TP
     gather group twice while it is exported (``gather_bytes``: rollout.weight_sync.gather_mb of
     tensors, or one larger tensor alone; its gathered shards and the full tensors they are
     joined into). Approximate: a lone tensor split along dim 0 (the embedding) is gathered into

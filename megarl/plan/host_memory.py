@@ -9,14 +9,24 @@ processes' own memory, Ray's object store and the data are not counted):
 - a checkpoint of the distributed optimizer's fully_reshardable format: Megatron (without its
   memory-efficient variant) gathers each rank's whole stage of fp32 master params and Adam
   moments, 12 B x params on the stage / tp, into host memory on every data-parallel rank before
-  writing (dp_reshardable writes each rank's shard as it is); the roles save one after the other.
+  writing (dp_reshardable writes each rank's shard as it is); the roles save one after the other;
+- checkpoint staging: megatron-core's torch_dist writer copies every tensor a rank writes to
+  host memory before writing it (``preload_tensors`` in
+  dist_checkpointing/strategies/filesystem_async.py, 0.16 to 0.19), through torch's pinned
+  host cache, which kept the blocks after the save until megarl released them
+  (megarl/checkpoint/dist_save.py): so it is counted while a role saves. A rank writes its
+  weights if it is the first of its data-parallel group (the others hold replicas, which
+  Megatron writes once) and its optimizer state: with dp_reshardable its own shard; otherwise
+  the first data-parallel rank writes the stage's whole state (fully_reshardable: a copy of the
+  gathered state, which Megatron clones because its tensors are views). A lower bound: the
+  pinned cache rounds each tensor's block up to a power of two (up to twice the bytes).
 
 The bytes per GPU of each state come from the planner (megarl/plan/gpu_memory.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from megarl.config.architectures import ArchSpec
@@ -36,10 +46,16 @@ class HostMemory:
     offloaded: dict[str, float]  # owner (policy, critic, reference) -> its host copies on the node
     engine_backup: float  # SGLang's host copies of released weights on the node
     save_gather: dict[str, float]  # role -> its fully_reshardable save's gathered state on the node (transient)
+    save_staging: dict[str, float] = field(default_factory=dict)  # role -> its save's host copies of what it writes (transient)
+
+    @property
+    def save(self) -> dict[str, float]:
+        """Role -> host bytes on the node while it saves a checkpoint (the roles save one after the other)."""
+        return {r: self.save_gather.get(r, 0.0) + self.save_staging.get(r, 0.0) for r in {*self.save_gather, *self.save_staging}}
 
     @property
     def peak(self) -> float:
-        return sum(self.offloaded.values()) + self.engine_backup + max(self.save_gather.values(), default=0.0)
+        return sum(self.offloaded.values()) + self.engine_backup + max(self.save.values(), default=0.0)
 
 
 def save_gather_host_bytes(arch: ArchSpec, *, tp: int, pp: int, value_head: bool = False) -> float:
@@ -47,10 +63,21 @@ def save_gather_host_bytes(arch: ArchSpec, *, tp: int, pp: int, value_head: bool
     return 12.0 * stage_params(arch, pp, value_head=value_head) / tp
 
 
+def save_staging_host_bytes(section: Any, layout: Any, sizes: Mapping[str, float], role: str) -> list[float]:
+    """Host bytes each rank of ``role`` stages while it saves (module docstring), in rank order;
+    ``layout``: its RoleLayout (tp, dp, gpus), ``section``: its config section (actor, critic)."""
+    weights, optimizer = sizes[f"{role}/weights"], sizes[f"{role}/optimizer"]
+    opt = section.optimizer
+    sharded = opt.distributed and opt.checkpoint_format == "dp_reshardable"  # each rank writes its own shard
+    whole = optimizer * (layout.dp if opt.distributed else 1)  # the stage's state, written by the first DP rank
+    first = [(rank // layout.tp) % layout.dp == 0 for rank in range(len(layout.gpus))]  # Megatron's order: tp, dp, pp
+    return [(weights if f else 0.0) + (optimizer if sharded else whole if f else 0.0) for f in first]
+
+
 def host_memory(cfg: MegaRLConfig, arch: ArchSpec, roles: Mapping[str, Any], table: Residency,
                 sizes: Mapping[str, float]) -> HostMemory:  # fmt: skip
     """The node where megarl's host buffers take most. ``roles``: the planner's RoleLayout per
-    role (gpus, tp, pp); ``sizes``: bytes per GPU of each state of ``table``."""
+    role (gpus, tp, dp, pp); ``sizes``: bytes per GPU of each state of ``table``."""
     ranks = {owner: roles[role].gpus for owner, role in _HOST_OWNERS if role in roles}
     moved = {s for p in table.phases for s in table.states() if s not in table.resident(p)}
     per_rank = {owner: sum(sizes[s] for s in moved if owner_of(s) == owner and not s.endswith("/grads"))
@@ -58,11 +85,16 @@ def host_memory(cfg: MegaRLConfig, arch: ArchSpec, roles: Mapping[str, Any], tab
     backup = sizes["engine/weights"] if table.weights_cpu_backup and "engine/weights" in moved else 0.0
     gather = {role: save_gather_host_bytes(arch, tp=roles[role].tp, pp=roles[role].pp, value_head=role == "critic")
               for role in ("policy", "critic") if role in roles and _gathers(getattr(cfg, ROLE_SECTIONS[role]))}
+    staged = {role: save_staging_host_bytes(getattr(cfg, ROLE_SECTIONS[role]), roles[role], sizes, role)
+              for role in ("policy", "critic") if role in roles}  # fmt: skip
     nodes = []
     for node in range(cfg.cluster.nnodes):
-        count = {owner: sum(gpu // cfg.cluster.gpus_per_node == node for gpu in gpus) for owner, gpus in ranks.items()}
+        on = {gpu for gpu in range(node * cfg.cluster.gpus_per_node, (node + 1) * cfg.cluster.gpus_per_node)}
+        count = {owner: sum(gpu in on for gpu in gpus) for owner, gpus in ranks.items()}
+        staging = {r: sum(b for gpu, b in zip(roles[r].gpus, each) if gpu in on) for r, each in staged.items()}
         nodes.append(HostMemory(node, {o: count[o] * b for o, b in per_rank.items() if count[o] * b},
-                                count.get("engine", 0) * backup, {r: count[r] * b for r, b in gather.items() if count[r]}))  # fmt: skip
+                                count.get("engine", 0) * backup, {r: count[r] * b for r, b in gather.items() if count[r]},
+                                {r: b for r, b in staging.items() if b}))  # fmt: skip
     return max(nodes, key=lambda h: h.peak)
 
 
@@ -73,6 +105,9 @@ def _gathers(section: Any) -> bool:
 def host_over(cfg: MegaRLConfig, host: HostMemory) -> str:
     """Why ``host`` is refused against cluster.host_memory_gib, naming what to change."""
     knobs = [f"set {ROLE_SECTIONS[role]}.optimizer.checkpoint_format=dp_reshardable" for role in host.save_gather]
+    if host.save_staging:  # each rank stages its own part: more ranks, smaller parts; data parallelism shards the optimizer's
+        knobs += [f"set {ROLE_SECTIONS[role]}.optimizer.distributed=true" for role in host.save_staging
+                  if not getattr(cfg, ROLE_SECTIONS[role]).optimizer.distributed]  # fmt: skip
     if host.engine_backup:
         knobs.append("set rollout.weights_cpu_backup=false")
     trained = [o for o in host.offloaded if o != "reference"]
@@ -84,7 +119,9 @@ def host_over(cfg: MegaRLConfig, host: HostMemory) -> str:
 
 def host_memory_text(host: HostMemory) -> str:
     """The parts of ``host``, as the plan prints them: ``offloaded copies 20.0 (policy 14.0,
-    reference 6.0) + SGLang weight backup 2.0 + fully_reshardable save 210.1 (policy) GiB``."""
+    reference 6.0) + SGLang weight backup 2.0 + checkpoint staging 16.0 (policy, while it saves)
+    GiB``, or with a fully_reshardable save ``checkpoint save 30.0 (policy: staging 16.0 +
+    fully_reshardable gather 14.0)``; a save is the heaviest role's (they save in turn)."""
     g = lambda b: f"{b / GIB:.1f}"  # noqa: E731
     parts = []
     if host.offloaded:
@@ -92,7 +129,12 @@ def host_memory_text(host: HostMemory) -> str:
         parts.append(f"offloaded copies {g(sum(host.offloaded.values()))} ({each})")
     if host.engine_backup:
         parts.append(f"SGLang weight backup {g(host.engine_backup)}")
-    if host.save_gather:
-        role = max(host.save_gather, key=lambda r: host.save_gather[r])
-        parts.append(f"fully_reshardable save {g(host.save_gather[role])} ({role})")
+    if host.save:
+        role = max(host.save, key=lambda r: host.save[r])
+        staging = f"staging {g(host.save_staging.get(role, 0.0))}"
+        if role in host.save_gather:
+            parts.append(f"checkpoint save {g(host.save[role])} ({role}: {staging} + fully_reshardable gather "
+                         f"{g(host.save_gather[role])})")  # fmt: skip
+        else:
+            parts.append(f"checkpoint {staging} ({role}, while it saves)")
     return " + ".join(parts or ["nothing"]) + " GiB"

@@ -33,12 +33,14 @@ from megarl.memory.residency import (
 from megarl.plan.algorithm_checks import check_algorithm, check_run_length
 from megarl.plan.gpu_memory import (
     GIB,
-    RUNTIME_OVERHEAD_GIB,
     RolloutMemory,
+    RuntimeMemory,
     TrainMemory,
     largest_hf_tensor_bytes,
     phase_working_bytes,
     rollout_memory,
+    runtime_memory,
+    sglang_free_at_launch,
     torch_engine_memory,
     train_memory,
 )
@@ -48,8 +50,10 @@ from megarl.plan.push_model import PushEstimate, push_estimate
 from megarl.plan.rollout_checks import (
     check_agent,
     check_in_process,
+    check_nccl_versions,
     check_rollout,
     check_sampling,
+    check_server_args,
     check_server_python,
     check_validation,
     rollout_tp_choices,
@@ -85,6 +89,7 @@ class MemoryPlan:
     states: dict[str, float]  # bytes per GPU of each state of the table
     residency: dict[str, dict[str, float]]  # phase -> {resident state: bytes per GPU} (megarl/memory/residency.py)
     host: HostMemory | None = None  # the busiest node's host memory that megarl's buffers take (a lower bound)
+    runtime: RuntimeMemory | None = None  # the processes' own memory per GPU (colocated: the trainer's and SGLang's)
 
 
 @dataclass(frozen=True)
@@ -142,6 +147,7 @@ def make_plan(cfg: MegaRLConfig, *, check_files: bool = False, in_process: bool 
                 _check_batches(section_name, section, roles[role], cfg, issues)
     if "rollout" in roles:
         check_rollout(cfg, arch, issues)
+        check_server_args(cfg, issues)
     check_sampling(cfg, arch, issues)
     check_validation(cfg, issues)
     check_agent(cfg, issues)
@@ -153,6 +159,7 @@ def make_plan(cfg: MegaRLConfig, *, check_files: bool = False, in_process: bool 
     if check_files:
         _check_files(cfg, issues)
         check_server_python(cfg, issues)
+        check_nccl_versions(cfg, issues)  # two subprocesses import torch: seconds, so only with these checks
     memory, resolved = None, _auto_recompute(cfg, "none")
     if not any(i.level == "error" for i in issues):
         cfg, resolved = _resolve_recompute(cfg, arch, roles)
@@ -452,9 +459,11 @@ def _tokens_per_micro_batch(cfg: MegaRLConfig, section: ActorConfig) -> int:
 def _plan_memory(cfg: MegaRLConfig, arch: ArchSpec, roles: dict[str, RoleLayout], issues: list[Issue], *,
                  suggest: bool = True) -> MemoryPlan:  # fmt: skip
     """Bytes per GPU in every phase: the residency table's resident states (megarl/memory/residency.py)
-    plus the phase's working memory and the runtime overhead; nothing else adds to a peak.
+    plus the phase's working memory and the processes' runtime memory (the trainer's and, on its
+    GPUs, SGLang's outside mem_fraction); nothing else adds to a peak.
     ``suggest``: an over-budget error names the layouts that fit (a probe of one does not)."""
     gpu = cfg.cluster.gpu_memory_gib * GIB
+    table = residency_of(cfg)
     mems: dict[str, TrainMemory] = {}
     for role, section in (("policy", cfg.actor), ("critic", cfg.critic)):
         if role in roles:
@@ -465,21 +474,19 @@ def _plan_memory(cfg: MegaRLConfig, arch: ArchSpec, roles: dict[str, RoleLayout]
                 distributed_optimizer=section.optimizer.distributed, value_head=role == "critic",
                 logprob_chunk_tokens=section.logprob_chunk_tokens,
             )
-    rollout = None
-    if cfg.rollout.engine == "sglang":
-        seq = cfg.data.max_prompt_length + cfg.rollout.sampling.max_new_tokens
-        rollout = rollout_memory(arch, tp=cfg.rollout.tp, gpu_bytes=gpu, mem_fraction=cfg.rollout.mem_fraction, dtype=cfg.model.dtype, seq_len=seq)
-        _check_rollout_memory(cfg, rollout, issues)
-    table = residency_of(cfg)
-    sizes = _state_bytes(cfg, arch, mems, rollout)
+    runtime, rollout = _runtime_and_rollout(cfg, arch, table, issues)
+    sizes = _state_bytes(cfg, arch, mems, rollout, runtime)
     ws, largest = cfg.rollout.weight_sync, largest_hf_tensor_bytes(arch, cfg.model.dtype)
     # A bucket holds up to bucket_mb, or one larger tensor alone; a TP gather group up to
     # gather_mb, or one larger tensor. A push holds the bucket being filled, with overlap the one
-    # being sent, and with the tensor transport its flattened copy.
-    held = (2 if ws.overlap else 1) + (cfg.weight_transport == "tensor")
+    # being sent, and with the tensor transport its flattened copy for CUDA IPC, with the
+    # distributed one its flattened copy for the broadcast (SGLang >= 0.5.6; counted whatever the
+    # server, which the planner cannot ask).
+    held = (2 if ws.overlap else 1) + (cfg.weight_transport in ("tensor", "distributed"))
     bucket, gather = (max(mb * 1024**2, largest) for mb in (ws.bucket_mb, ws.gather_mb))
     working = phase_working_bytes(mems.get("policy"), mems.get("critic"), held * bucket, gather)
-    overhead = RUNTIME_OVERHEAD_GIB * GIB
+    # SGLang's graphs are its cuda_graph state (in sizes); its context stays on its GPUs in every phase.
+    overhead = runtime.trainer + (runtime.sglang_context if table.engine_shares_devices else 0.0)
     # As built, the optimizer holds its fp32 master copies only: the first step (or a checkpoint
     # load) allocates Adam's moments, in a phase that has room for them.
     at_build = sizes | {f"{role}/optimizer": m.optimizer_at_build for role, m in mems.items()}
@@ -488,7 +495,7 @@ def _plan_memory(cfg: MegaRLConfig, arch: ArchSpec, roles: dict[str, RoleLayout]
               for p in table.phases}  # fmt: skip
     generation = [p for p in GENERATION_PHASES if p in phases] if table.engine_shares_devices else []
     train_peak = max(b for p, b in phases.items() if p not in generation)
-    rollout_peak = max(phases[p] for p in generation) if generation else (rollout.budget + overhead if rollout else 0.0)
+    rollout_peak = max(phases[p] for p in generation) if generation else (rollout.budget + runtime.sglang if rollout else 0.0)
     if cfg.cluster.device == "cuda":
         push_knobs = ["lower rollout.weight_sync.bucket_mb"]
         if gather > largest:  # the gather group, not one tensor, is what the push holds twice
@@ -500,10 +507,27 @@ def _plan_memory(cfg: MegaRLConfig, arch: ArchSpec, roles: dict[str, RoleLayout]
     host = host_memory(cfg, arch, roles, table, sizes)
     if cfg.cluster.host_memory_gib is not None and host.peak > cfg.cluster.host_memory_gib * GIB:
         issues.append(Issue("cluster.host_memory_gib", host_over(cfg, host)))
-    return MemoryPlan(mems.get("policy"), mems.get("critic"), ref, rollout, train_peak, rollout_peak, gpu, phases, sizes, residency, host)
+    return MemoryPlan(mems.get("policy"), mems.get("critic"), ref, rollout, train_peak, rollout_peak, gpu, phases, sizes, residency,
+                      host, runtime)  # fmt: skip
 
 
-def _state_bytes(cfg: MegaRLConfig, arch: ArchSpec, mems: dict[str, TrainMemory], rollout: RolloutMemory | None) -> dict[str, float]:
+def _runtime_and_rollout(cfg: MegaRLConfig, arch: ArchSpec, table: Residency, issues: list[Issue]) -> tuple[RuntimeMemory, RolloutMemory | None]:
+    """The runtime memory of a training GPU (with colocated SGLang: SGLang's too; disaggregated:
+    that of the engines' own GPUs is ``sglang``), and SGLang's static memory, sized from what it
+    sees free at launch (megarl/plan/gpu_memory.py)."""
+    sglang = cfg.rollout.engine == "sglang"
+    runtime = runtime_memory(trainer=True, sglang=sglang)
+    if not sglang:
+        return runtime, None
+    seq = cfg.data.max_prompt_length + cfg.rollout.sampling.max_new_tokens
+    free = sglang_free_at_launch(cfg.cluster.gpu_memory_gib * GIB, colocated=table.engine_shares_devices)
+    rollout = rollout_memory(arch, tp=cfg.rollout.tp, free_bytes=free, mem_fraction=cfg.rollout.mem_fraction, dtype=cfg.model.dtype, seq_len=seq)
+    _check_rollout_memory(cfg, rollout, issues)
+    return runtime, rollout
+
+
+def _state_bytes(cfg: MegaRLConfig, arch: ArchSpec, mems: dict[str, TrainMemory], rollout: RolloutMemory | None,
+                 runtime: RuntimeMemory) -> dict[str, float]:  # fmt: skip
     """Bytes per GPU of every state of the residency table (on the GPU that holds most of it)."""
     sizes = {f"{role}/{what}": getattr(m, what) for role, m in mems.items() for what in TRAINED_STATES}
     if cfg.reference_enabled and "policy" in mems:
@@ -513,8 +537,8 @@ def _state_bytes(cfg: MegaRLConfig, arch: ArchSpec, mems: dict[str, TrainMemory]
     else:  # the torch engine, in each replica leader's process
         seq = cfg.data.max_prompt_length + cfg.rollout.sampling.max_new_tokens
         weights, kv = torch_engine_memory(arch, dtype=cfg.model.dtype, max_running_requests=cfg.rollout.max_running_requests, seq_len=seq)
-    # CUDA graphs live outside SGLang's mem_fraction: counted in the runtime overhead.
-    return sizes | {"engine/weights": weights, "engine/kv_cache": kv, "engine/cuda_graph": 0.0}
+    # SGLang's CUDA graphs (and allocator cache) come after its KV cache, outside mem_fraction; the torch engine has none.
+    return sizes | {"engine/weights": weights, "engine/kv_cache": kv, "engine/cuda_graph": runtime.sglang_graphs}
 
 
 def _check_rollout_memory(cfg: MegaRLConfig, mem: RolloutMemory, issues: list[Issue]) -> None:

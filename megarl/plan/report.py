@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from rich.console import Console
 from rich.table import Table
 
 from megarl.config.sections import MegaRLConfig
-from megarl.plan.gpu_memory import GIB
+from megarl.plan.gpu_memory import GIB, RuntimeMemory
 from megarl.plan.host_memory import host_memory_text
 from megarl.plan.planner import Plan
 
@@ -71,9 +73,12 @@ def _print_memory(cfg: MegaRLConfig, plan: Plan, console: Console) -> None:
     if mem.rollout is not None:
         r = mem.rollout
         console.print(
-            f"[bold]rollout memory/{per}[/] {g(r.budget)} GiB (mem_fraction {cfg.rollout.mem_fraction}): weights {g(r.weights)} "
-            f"+ KV cache {g(r.kv_cache)} = {r.full_length_sequences} sequences of full length at once"
+            f"[bold]rollout memory/{per}[/] {g(r.budget)} GiB (mem_fraction {cfg.rollout.mem_fraction} of the {g(r.free_at_launch)} "
+            f"GiB free at launch): weights {g(r.weights)} + KV cache {g(r.kv_cache)} = {r.full_length_sequences} sequences of "
+            "full length at once"
         )
+    if plan.device == "cuda" and mem.runtime is not None:
+        console.print(f"[bold]runtime memory/GPU[/] {runtime_text(cfg, mem.runtime, g)}")
     if plan.device == "cuda" and mem.host is not None and mem.host.peak:
         node = f" (node {mem.host.node})" if cfg.cluster.nnodes > 1 else ""
         console.print(f"[bold]host memory/node[/]{node} at least {g(mem.host.peak)} GiB: {host_memory_text(mem.host)} "
@@ -82,6 +87,19 @@ def _print_memory(cfg: MegaRLConfig, plan: Plan, console: Console) -> None:
         # Per phase of the residency table (docs/architecture.md, 'Memory between training and generation').
         console.print("[bold]by phase/GPU[/] " + ", ".join(f"{p} {g(b)}" for p, b in mem.phases.items()) + " GiB")
         console.print(f"[bold]peak/GPU[/] training {g(mem.train_peak)} GiB, generation {g(mem.rollout_peak)} GiB of {g(mem.gpu_bytes)} GiB")
+
+
+def runtime_text(cfg: MegaRLConfig, runtime: RuntimeMemory, g: Callable[[float], str]) -> str:
+    """The processes' own memory per GPU (megarl/plan/gpu_memory.py's estimates): the trainer's,
+    and SGLang's outside mem_fraction on its GPUs (colocated: the same GPUs)."""
+    trainer = f"trainer {g(runtime.trainer)}"
+    if not runtime.sglang:
+        return f"{trainer} GiB (an estimate, not measured)"
+    sglang = (f"SGLang outside mem_fraction {g(runtime.sglang)} (CUDA context and NCCL {g(runtime.sglang_context)}, "
+              f"CUDA graphs and allocator cache {g(runtime.sglang_graphs)})")  # fmt: skip
+    if cfg.cluster.placement == "colocated":
+        return f"{trainer} + {sglang} = {g(runtime.trainer + runtime.sglang)} GiB (estimates, not measured)"
+    return f"{trainer} GiB; on the engines' GPUs, {sglang} GiB (estimates, not measured)"
 
 
 def _print_push(cfg: MegaRLConfig, plan: Plan, console: Console) -> None:

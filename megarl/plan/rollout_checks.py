@@ -1,5 +1,5 @@
 """The planner's checks of the rollout side: engines and their weight transport, the SGLang
-servers' interpreter, what a run without Ray can hold, sampling, positions and agent loops. Each appends :class:`Issue` s to the
+servers' interpreter, its NCCL and arguments, what a run without Ray can hold, sampling, positions and agent loops. Each appends :class:`Issue` s to the
 list it is given (megarl/plan/planner.py collects them); `megarl generate` runs
 :func:`check_positions` alone. Torch-free, like the planner."""
 
@@ -8,13 +8,16 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
+import re
 import subprocess
 import sys
+from collections.abc import Mapping
 
 from megarl.config.architectures import ArchSpec
 from megarl.config.sections import MegaRLConfig
-from megarl.plan.gpu_memory import GIB, rollout_memory
+from megarl.plan.gpu_memory import GIB, rollout_memory, sglang_free_at_launch
 from megarl.plan.issues import Issue, choices, divisors
+from megarl.ray_cluster.rank_env import nccl_cumem_enable
 
 # Which weight transports reach which engines (see megarl/weight_sync/transports.py).
 _TRANSPORTS = {("torch", "colocated"): ("in_process", "disk"), ("sglang", "colocated"): ("tensor", "disk"),
@@ -68,6 +71,77 @@ def imports_sglang(python: str) -> bool:
         return False
 
 
+# Prints this Python's torch NCCL version ("2.30.7"), or "none" where torch has no NCCL (a CPU
+# build: torch.cuda.nccl.version() raises) or does not import. Both sides run it the same way.
+NCCL_PROBE = "try:\n    import torch\n    print(*torch.cuda.nccl.version(), sep='.')\nexcept Exception:\n    print('none')"
+_NCCL_ANSWER = re.compile(r"\d+(\.\w+)+|none")
+
+
+def check_nccl_versions(cfg: MegaRLConfig, issues: list[Issue]) -> None:
+    """The trainer and the SGLang servers run one NCCL version where the weight push joins them in
+    one NCCL group: the ``distributed`` transport on GPUs (NCCL refuses a communicator whose ranks
+    differ in version, patch level included). ``tensor`` (CUDA IPC) and ``disk`` form no group
+    across the two sides, and on CPU the group is gloo. Skipped when the servers run this Python
+    (rollout.server_python unset) or theirs is not executable (check_server_python says so)."""
+    server = cfg.rollout.server_python
+    if (cfg.rollout.engine != "sglang" or cfg.weight_transport != "distributed" or cfg.cluster.device != "cuda"
+            or server is None or not os.access(server, os.X_OK)):  # fmt: skip
+        return
+    issue = nccl_mismatch(sys.executable, server)
+    if issue is not None:
+        issues.append(issue)
+
+
+def nccl_mismatch(trainer_python: str, server_python: str) -> Issue | None:
+    """An error when the two interpreters' torch load different NCCL versions; a warning when
+    either has none (or does not answer), so nothing could be compared; else None."""
+    trainer, server = probe_nccl([trainer_python, server_python])
+    versions = [a for a in (trainer, server) if _NCCL_ANSWER.fullmatch(a) and a != "none"]
+    if len(versions) == 2 and trainer == server:
+        return None
+    if len(versions) == 2:
+        return Issue("rollout.server_python", f"({server_python}) loads NCCL {server} and the trainer ({trainer_python}) "
+                     f"NCCL {trainer}: NCCL refuses a group whose ranks differ in version, so every weight push "
+                     f"(rollout.weight_sync.transport distributed) would fail; make the servers' torch load NCCL {trainer} "
+                     "(the cluster image links the trainer's libnccl into its SGLang venv: docs/docker.md; or install "
+                     "the nvidia-nccl-cu12/-cu13 wheel of that version there), or set rollout.weight_sync.transport=disk")  # fmt: skip
+
+    def said(answer: str) -> str:
+        return "no NCCL (a CPU torch, or no torch)" if answer == "none" else (
+            f"NCCL {answer}" if _NCCL_ANSWER.fullmatch(answer) else answer)  # fmt: skip
+
+    return Issue("rollout.server_python", f"NCCL versions not compared (the trainer's {trainer_python}: {said(trainer)}; "
+                 f"the servers' {server_python}: {said(server)}): the distributed weight push needs one NCCL version on "
+                 "both sides; `megarl doctor` in each environment shows its NCCL", level="warning")  # fmt: skip
+
+
+def probe_nccl(pythons: list[str], timeout: float = 120) -> list[str]:
+    """Each interpreter's answer to :data:`NCCL_PROBE` ("2.30.7" or "none"), or "unknown (why)";
+    one subprocess each, run at once (each imports torch: seconds). No torch in this process."""
+    started: list[subprocess.Popen | str] = []
+    for python in pythons:
+        try:
+            started.append(subprocess.Popen([python, "-c", NCCL_PROBE], stdout=subprocess.PIPE,
+                                            stderr=subprocess.DEVNULL, text=True))  # fmt: skip
+        except OSError as exc:
+            started.append(f"unknown ({exc.strerror or exc})")
+    answers = []
+    for proc in started:
+        if isinstance(proc, str):
+            answers.append(proc)
+            continue
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            answers.append(f"unknown (no answer in {timeout:g} s)")
+            continue
+        last = (out.strip().splitlines() or [""])[-1].strip()
+        answers.append(last if _NCCL_ANSWER.fullmatch(last) else f"unknown (exit code {proc.returncode}, printed {last!r})")
+    return answers
+
+
 def check_rollout(cfg: MegaRLConfig, arch: ArchSpec, issues: list[Issue]) -> None:
     """The engines' tensor parallelism and weight transport."""
     tp = cfg.rollout.tp
@@ -95,6 +169,28 @@ def check_deterministic(cfg: MegaRLConfig, issues: list[Issue]) -> None:
                             "(always seeded)"))  # fmt: skip
 
 
+# Server arguments under which SGLang 0.5.23 sets NCCL_CUMEM_ENABLE=1 in its server even where the
+# variable is set (sglang/srt/entrypoints/engine.py, _set_envs_and_config: `"NCCL_CUMEM_ENABLE" not
+# in os.environ or cfg.enable_symm_mem`). Its other cases only fill the variable in where it is
+# unset (--enable-kv-cache-sharding's symmetric gather, multi-node NVLink with --nnodes > 1), and
+# megarl always sets it (megarl/ray_cluster/rank_env.py), so they keep the run's value.
+CUMEM_FORCING_SERVER_ARGS = ("--enable-symm-mem",)
+
+
+def check_server_args(cfg: MegaRLConfig, issues: list[Issue], environ: Mapping[str, str] | None = None) -> None:
+    """rollout.server_args that would make the SGLang servers' NCCL_CUMEM_ENABLE differ from the
+    policy ranks' (the run's value: the user's in ``environ``, default this process's, else 0):
+    the distributed push's NCCL group, which joins both, then fails."""
+    cumem = nccl_cumem_enable(environ)
+    if cfg.rollout.engine != "sglang" or cfg.cluster.device != "cuda" or cfg.weight_transport != "distributed" or cumem == "1":
+        return
+    for flag in dict.fromkeys(a.split("=", 1)[0] for a in cfg.rollout.server_args):
+        if flag in CUMEM_FORCING_SERVER_ARGS:
+            issues.append(Issue("rollout.server_args", f"({flag}) makes SGLang set NCCL_CUMEM_ENABLE=1 in its servers while "
+                                f"the policy ranks run with {cumem}, and the weight push's NCCL group between them fails; drop "
+                                f"{flag}, or export NCCL_CUMEM_ENABLE=1 where megarl launch runs (both sides then use 1)"))
+
+
 def _heads_split(arch: ArchSpec, tp: int) -> bool:
     """Whether SGLang splits the heads over ``tp`` ranks (KV heads are replicated past their count)."""
     kv = arch.num_kv_heads
@@ -109,7 +205,8 @@ def rollout_tp_choices(cfg: MegaRLConfig, arch: ArchSpec) -> list[int]:
     pool = cl.rollout_gpus if cl.placement == "disaggregated" and cl.rollout_gpus > 0 else cl.world_size
     ok = [t for t in divisors(math.gcd(pool, cl.gpus_per_node)) if _heads_split(arch, t)]
     seq = cfg.data.max_prompt_length + cfg.rollout.sampling.max_new_tokens
-    mems = {t: rollout_memory(arch, tp=t, gpu_bytes=cl.gpu_memory_gib * GIB, mem_fraction=cfg.rollout.mem_fraction,
+    free = sglang_free_at_launch(cl.gpu_memory_gib * GIB, colocated=cl.placement == "colocated")
+    mems = {t: rollout_memory(arch, tp=t, free_bytes=free, mem_fraction=cfg.rollout.mem_fraction,
                               dtype=cfg.model.dtype, seq_len=seq) for t in ok}  # fmt: skip
     return [t for t in ok if mems[t].weights < mems[t].budget and mems[t].full_length_sequences >= 1] or ok
 

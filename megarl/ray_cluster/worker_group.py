@@ -18,6 +18,9 @@ the worker, sets the environment torchrun would have set:
   visible (CUDA IPC, NCCL P2P). With several GPUs per rank, Ray's per-actor value is kept
   and the worker's devices are 0..k-1. This happens before the worker class is built; the
   host actor never imports torch, so CUDA is not initialised earlier.
+- NCCL_CUMEM_ENABLE: the value the SGLang servers get too (megarl/ray_cluster/rank_env.py:
+  the user's where the controller runs, else 0), so that the weight-update group's two ends
+  agree.
 
 Every rank's stdout and stderr (file descriptors 1 and 2, so C++ output too) go to
 `<log_dir>/<role>_rank<r>.log`. A rank that raises, or whose process dies, is reported as
@@ -58,8 +61,9 @@ from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, TypeVarTuple
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError, UnserializableException
 
+from megarl.config.sections import BUILD_TIMEOUT_S
 from megarl.ray_cluster.placement import PlacedRole, RolePlacement, place_roles
-from megarl.ray_cluster.rank_env import RANK_LOG_ENV
+from megarl.ray_cluster.rank_env import NCCL_CUMEM_ENV, RANK_LOG_ENV, nccl_cumem_enable
 from megarl.ray_cluster.worker_error import WorkerError
 
 LOG_TAIL_LINES = 40
@@ -94,14 +98,17 @@ class GroupOptions:
       shared filesystem or the driver cannot quote a dead rank's log.
     env: extra environment variables for every rank (set before the worker is built).
     omp_threads: OMP/MKL threads per rank; None = 1 on CPU, Ray's default on GPU.
-    init_timeout_s: how long building the workers may take before the group gives up.
+    init_timeout_s: how long starting the actors and building the workers may take before the
+      group gives up (0: no deadline); a run's comes from cluster.build_timeout_s.
+    init_timeout_key: the config key that set init_timeout_s, named with the fix when it passes.
     place_timeout_s: how long to wait for the placement group when the group creates it.
     """
 
     log_dir: str | Path | None = None
     env: dict[str, str] = field(default_factory=dict)
     omp_threads: int | None = None
-    init_timeout_s: float = 600.0
+    init_timeout_s: float = BUILD_TIMEOUT_S
+    init_timeout_key: str = ""
     place_timeout_s: float = 120.0
 
 
@@ -240,14 +247,17 @@ class WorkerGroup(Generic[W]):
             for r in range(self.world_size)
         ]
         ranks = list(range(self.world_size))
-        timeout = self.options.init_timeout_s
+        timeout = self.options.init_timeout_s or None  # 0: no deadline
         self.node_infos = self._gather([a.node_info.remote() for a in self._actors], ranks, "<start>", timeout)
         port = self._gather([self._actors[0].free_port.remote()], [0], "<free_port>", timeout)[0]
         envs = self.rank_envs(self.node_infos, self.node_infos[0]["ip"], port)
         log.info("%s: %d rank(s) up; building %s in each (loads the model) ...", self.role, self.world_size, self.cls.__qualname__)
         packed = ray.put((init_args, init_kwargs))  # a top-level ref: Ray resolves it per actor
         refs = [a.construct.remote(self.cls, packed, envs[r]) for r, a in enumerate(self._actors)]
-        self._gather(refs, ranks, "__init__", timeout)
+        try:
+            self._gather(refs, ranks, "__init__", timeout)
+        except CallTimeout as err:
+            raise build_timeout_error(err, self.options) from None
         log.info("%s: %d rank(s) ready in %.0f s", self.role, self.world_size, time.monotonic() - started)
 
     def rank_envs(self, infos: Sequence[dict[str, Any]], master_addr: str, master_port: int) -> list[dict[str, str]]:
@@ -264,6 +274,7 @@ class WorkerGroup(Generic[W]):
             members[node].append(rank)
         gpus = self.placed.placement.gpus_per_proc
         one_gpu_each = gpus > 0 and all(len(i["gpu_ids"]) == 1 for i in infos)
+        cumem = nccl_cumem_enable()  # the controller's: the servers' specs read the same one
         envs = []
         for rank, info in enumerate(infos):
             node = info["node_id"]
@@ -277,6 +288,7 @@ class WorkerGroup(Generic[W]):
                 "MASTER_PORT": str(master_port),
                 "MEGARL_ROLE": self.role,
                 RANK_LOG_ENV: str(self.log_paths[rank]),  # megarl/weight_sync/progress.py writes beside it
+                NCCL_CUMEM_ENV: cumem,
             }
             threads = self.options.omp_threads or (1 if gpus == 0 else None)
             if threads is not None:
@@ -470,6 +482,16 @@ class WorkerGroup(Generic[W]):
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+
+def build_timeout_error(err: CallTimeout, options: GroupOptions) -> CallTimeout:
+    """``err`` (the ranks' build passed its deadline) with the config key that sets the deadline,
+    its value and the fix, where the group was given the key."""
+    key = options.init_timeout_key
+    if not key:
+        return err
+    return CallTimeout(f"{err}; raise {key} ({options.init_timeout_s:g}) if the ranks are only slow to build their models "
+                       "(a large checkpoint on a slow filesystem), or set it to 0 for no deadline", err.role, err.waiting)
 
 
 def _raised_at(traceback_text: str) -> str:

@@ -6,6 +6,7 @@ request shape and response parsing are testable without a server. Field names fo
 0.5.15 and later); see docs/sglang.md.
 
 Standard library only (urllib): the SGLang path must not add dependencies to the trainer.
+Every request to a server goes through :func:`open_url`, which never uses a proxy.
 Deliberately left out: streaming, text prompts (megarl sends token ids), routers.
 """
 
@@ -28,6 +29,17 @@ from megarl.engines.base import GenerationResult, SamplingParams
 # megarl's seeds are 63-bit already (megarl.engines.seeds), so the mask only guards the range.
 _SEED_MASK = (1 << 63) - 1
 FINISH_TYPES = ("stop", "length", "abort")
+
+# The engines are reached directly, never through a proxy: clusters export http_proxy /
+# HTTP_PROXY into jobs, and urllib's default opener would send http://<node-ip>:<port>/... to
+# that proxy, which answers 403 / 502 or never reaches the node (a health wait that times out).
+# An empty ProxyHandler replaces the one that reads those variables.
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def open_url(request: urllib.request.Request | str, timeout: float) -> Any:
+    """``urlopen`` without any proxy: what every request to an SGLang server goes through."""
+    return _DIRECT.open(request, timeout=timeout)
 
 
 class SGLangHTTPError(RuntimeError):
@@ -87,7 +99,7 @@ class SGLangClient:
                 self.url + endpoint, data=data, method=method, headers=headers
             )
             try:
-                with urllib.request.urlopen(req, timeout=timeout or self.timeout) as resp:
+                with open_url(req, timeout or self.timeout) as resp:
                     return HTTPReply(resp.status, _parse_json(resp.read()))
             except urllib.error.HTTPError as err:  # an answer with an error status
                 return HTTPReply(err.code, _parse_json(err.read()))

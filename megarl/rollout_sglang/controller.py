@@ -147,8 +147,10 @@ def prepare_sglang(cfg: Any, plan: Any, policy: Any, log_dir: Path, *, weights_c
     from megarl.rollout_sglang.server import spec_from_config
 
     colocated = cfg.cluster.placement == "colocated"
+    # weights_pushed: the trainer pushes before it generates (and the hand-over after a restart),
+    # so the servers load no checkpoint (--load-format dummy).
     base = spec_from_config(cfg.model.path, cfg.rollout, cfg.cluster, seed=cfg.trainer.seed, dtype=cfg.model.dtype,
-                            weights_cpu_backup=weights_cpu_backup)  # fmt: skip
+                            weights_pushed=True, weights_cpu_backup=weights_cpu_backup)  # fmt: skip
     placed: dict[str, Any] | None = None
     if colocated:
         slots = colocated_slots(plan, policy.group.node_infos)  # where the policy ranks run

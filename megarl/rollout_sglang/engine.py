@@ -40,6 +40,12 @@ ALL_TAGS = (KV_CACHE, WEIGHTS, CUDA_GRAPH)
 # /update_weights_from_distributed only between POST /begin_weight_update and POST
 # /end_weight_update (400 otherwise); before it those two routes do not exist (404).
 UPDATE_SESSION_SINCE = (0, 5, 21)
+# From this release on, /update_weights_from_distributed takes load_format "flattened_bucket": the
+# bucket's tensors arrive as one broadcast of their bytes (managers/io_struct.py
+# UpdateWeightsFromDistributedReqInput.load_format, the model runner's bucketed receive; read in
+# the released wheels of 0.5.5, which has neither, and 0.5.6). Older servers receive tensor by tensor.
+FLATTENED_DISTRIBUTED_SINCE = (0, 5, 6)
+FLATTENED_BUCKET = "flattened_bucket"
 
 
 def parse_version(text: str) -> tuple[int, int, int]:
@@ -254,18 +260,28 @@ class SGLangEngine:
             self._server_version = str(version)
         return self._server_version
 
+    def _release_at_least(self, since: tuple[int, int, int], what: str) -> bool:
+        """Whether this server's release is ``since`` or later (``what`` it decides, for the
+        error when the release cannot be read)."""
+        try:
+            return parse_version(self.server_version()) >= since
+        except ValueError as err:
+            raise SGLangHTTPError(
+                self.url, "/server_info", 200,
+                f"{err}; megarl reads it to know {what} (SGLang >= {'.'.join(map(str, since))}): run a released SGLang",
+            ) from None  # fmt: skip
+
     @property
     def needs_update_session(self) -> bool:
         """Whether this server applies tensor and distributed updates only inside
         begin_weight_update / end_weight_update (SGLang >= 0.5.21)."""
-        try:
-            return parse_version(self.server_version()) >= UPDATE_SESSION_SINCE
-        except ValueError as err:
-            raise SGLangHTTPError(
-                self.url, "/server_info", 200,
-                f"{err}; megarl reads it to know whether weight updates need "
-                "begin_weight_update (SGLang >= 0.5.21): run a released SGLang",
-            ) from None  # fmt: skip
+        return self._release_at_least(UPDATE_SESSION_SINCE, "whether weight updates need begin_weight_update")
+
+    @property
+    def takes_flattened_distributed(self) -> bool:
+        """Whether ``/update_weights_from_distributed`` takes ``load_format: "flattened_bucket"``
+        (one broadcast per bucket; SGLang >= 0.5.6); older servers receive tensor by tensor."""
+        return self._release_at_least(FLATTENED_DISTRIBUTED_SINCE, "whether distributed updates take flattened buckets")
 
     def begin_weight_update(self) -> None:
         """``POST /begin_weight_update`` where the server needs it (>= 0.5.21; a no-op before).
@@ -327,18 +343,30 @@ class SGLangEngine:
 
     def update_from_distributed_async(
         self, names: list[str], dtypes: list[str], shapes: list[list[int]], group_name: str,
-        version: int | None,
+        version: int | None, load_format: str | None = None,
     ) -> Future[Any]:  # fmt: skip
         """Post ``/update_weights_from_distributed`` without waiting: the engine answers only
         after it received every tensor, which the caller broadcasts meanwhile (inside
-        begin_weight_update / end_weight_update on SGLang >= 0.5.21, checked before posting)."""
+        begin_weight_update / end_weight_update on SGLang >= 0.5.21, checked before posting).
+        ``load_format`` :data:`FLATTENED_BUCKET`: the tensors come as one broadcast of their bytes
+        in ``names`` order (:attr:`takes_flattened_distributed` servers only); None: one broadcast
+        per tensor."""
         self._check_update_session("/update_weights_from_distributed")
+        if load_format == FLATTENED_BUCKET and not self.takes_flattened_distributed:
+            # Refused here: an older server ignores the field, waits for one broadcast per tensor,
+            # and the sender's single broadcast would never match them.
+            raise RuntimeError(
+                f"{self}: SGLang {self.server_version()} receives distributed updates tensor by tensor; "
+                f"send load_format {FLATTENED_BUCKET!r} only to SGLang >= 0.5.6"
+            )
         body: dict[str, Any] = {
             "names": names, "dtypes": dtypes, "shapes": shapes, "group_name": group_name,
             "flush_cache": False,
         }  # fmt: skip
         if version is not None:
             body["weight_version"] = str(version)
+        if load_format is not None:
+            body["load_format"] = load_format
         # No retry: a re-sent request would wait for a second broadcast that never comes.
         return self._background().submit(
             self.client.post_ok, "/update_weights_from_distributed", body, self.control_timeout, 0

@@ -30,7 +30,9 @@ from megarl.rollout_sglang.server import ServerSpec, SGLangServer
 
 @dataclass(frozen=True)
 class EngineSlot:
-    """Where engine ``index`` runs: a node and the physical GPU ids (on that node) of its TP ranks.
+    """Where engine ``index`` runs: a node and the physical GPU ids (on that node) of its TP ranks,
+    as Ray reports them: indices or UUIDs (``GPU-...``, when the node's CUDA_VISIBLE_DEVICES holds
+    UUIDs), kept as strings for CUDA_VISIBLE_DEVICES.
 
     ``holders``: for each TP rank, the index of the process holding that GPU in the list the
     slot was computed from (colocated: the policy rank, in engine TP order).
@@ -39,7 +41,7 @@ class EngineSlot:
     index: int
     node_id: str
     ip: str
-    gpu_ids: tuple[int, ...]
+    gpu_ids: tuple[str, ...]
     holders: tuple[int, ...]
 
 
@@ -75,7 +77,7 @@ def engine_slots(rollout_gpus: Sequence[int], tp: int, holder_of: dict[int, int]
         if without:
             raise ValueError(f"engine {k}: processes {without} do not hold exactly one GPU "
                              f"({[infos[h]['gpu_ids'] for h in without]}); SGLang needs cluster.device=cuda")
-        local = tuple(int(infos[h]["gpu_ids"][0]) for h in holders)
+        local = tuple(str(infos[h]["gpu_ids"][0]) for h in holders)  # a UUID is no int
         slots.append(EngineSlot(k, first["node_id"], first["ip"], local, tuple(holders)))
     return slots
 

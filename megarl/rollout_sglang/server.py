@@ -17,6 +17,7 @@ parallel attention. One server = one engine = ``tp`` GPUs on one node.
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -24,13 +25,14 @@ import subprocess
 import sys
 import time
 import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from megarl.process_signals import unblock_stop_signals
+from megarl.ray_cluster.rank_env import NCCL_CUMEM_ENV, nccl_cumem_enable
+from megarl.rollout_sglang.client import open_url
 
 if TYPE_CHECKING:
     from megarl.config.rollout_sections import RolloutConfig
@@ -65,8 +67,9 @@ def pick_free_port(host: str = "127.0.0.1") -> int:
 class ServerSpec:
     """How to run one SGLang server.
 
-    ``gpu_ids`` are physical GPU indices on this node; the server gets them through
-    ``CUDA_VISIBLE_DEVICES`` and therefore ``--base-gpu-id 0``. Leave ``gpu_ids`` empty to
+    ``gpu_ids`` are physical GPU ids on this node, indices or UUIDs (``GPU-...``: what Ray
+    reports when the node's CUDA_VISIBLE_DEVICES holds UUIDs), as strings; the server gets them
+    through ``CUDA_VISIBLE_DEVICES`` and therefore ``--base-gpu-id 0``. Leave ``gpu_ids`` empty to
     keep the caller's ``CUDA_VISIBLE_DEVICES`` and pass ``base_gpu_id`` instead (what a Ray
     actor that was handed its GPUs does).
     """
@@ -77,7 +80,7 @@ class ServerSpec:
     max_running_requests: int = 256
     host: str = "127.0.0.1"
     port: int = 0  # 0 = pick a free port at launch
-    gpu_ids: tuple[int, ...] = ()
+    gpu_ids: tuple[str, ...] = ()
     base_gpu_id: int = 0
     seed: int = 1
     memory_saver: bool = True  # colocated mode: release/resume need it
@@ -97,8 +100,13 @@ class ServerSpec:
     # engine runs with --disable-overlap-schedule)
     sleep_on_idle: bool | None = None  # None: on for cpu (an idle scheduler otherwise spins a
     # whole core, which a small machine shares with the trainer), SGLang's default on cuda
+    # NCCL_CUMEM_ENABLE of the server, read where the spec is made (the controller), as the
+    # policy ranks' is: the two ends of the weight-update group must agree (rank_env.py).
+    nccl_cumem_enable: str = field(default_factory=nccl_cumem_enable)
 
     def __post_init__(self) -> None:
+        # Kept as strings end to end: CUDA_VISIBLE_DEVICES takes indices and UUIDs alike.
+        object.__setattr__(self, "gpu_ids", tuple(str(g) for g in self.gpu_ids))
         if self.tp < 1:
             raise ValueError(f"rollout.tp ({self.tp}) must be >= 1")
         if self.device not in DEVICES:
@@ -177,19 +185,26 @@ def build_launch_command(spec: ServerSpec, port: int) -> list[str]:
 
 
 def build_launch_env(spec: ServerSpec, base: dict[str, str] | None = None) -> dict[str, str]:
-    """The server's environment: the caller's, minus :data:`_DROPPED_ENV`, plus its GPUs and
-    what its mode needs (``extra_env`` last, so it can override any of them)."""
+    """The server's environment: the caller's, minus :data:`_DROPPED_ENV`, plus its GPUs, the
+    run's NCCL_CUMEM_ENABLE and what its mode needs (``extra_env`` last, so it can override any
+    of them)."""
     env = dict(os.environ if base is None else base)
     for name in _DROPPED_ENV:
         env.pop(name, None)
+    env[NCCL_CUMEM_ENV] = spec.nccl_cumem_enable
     if spec.device == "cpu":
         env["SGLANG_USE_CPU_ENGINE"] = "1"
     elif spec.gpu_ids:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in spec.gpu_ids)
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(spec.gpu_ids)
     if spec.memory_saver:
         # Without it, releasing "cuda_graph" frees nothing (SGLang's graph pools are allocated
         # outside the memory saver unless this is set; slime sets it too).
         env["SGLANG_MEMORY_SAVER_CUDA_GRAPH"] = "true"
+        # SGLang's scheduler checks its memory pools whenever it is idle and raises on a leak it
+        # sees (SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE, true by default in 0.5.23:
+        # srt/environ.py, scheduler_components/invariant_checker.py): a crash surface while
+        # release / resume moves those pools; "false" only logs (slime sets it too).
+        env["SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE"] = "false"
         if spec.tp > 1:
             # Colocated, the trainer holds different amounts of memory on each GPU; SGLang's
             # check that all TP ranks see about the same free memory would refuse to start.
@@ -197,6 +212,22 @@ def build_launch_env(spec: ServerSpec, base: dict[str, str] | None = None) -> di
             env["SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK"] = "false"
     env.update(dict(spec.extra_env))
     return env
+
+
+def launch_header(command: Sequence[str], env: dict[str, str], base: dict[str, str], launch: int) -> str:
+    """The lines a launch writes at the top of its part of the server's log, before the server's
+    own output: the argv shell-quoted (it can be pasted to run the server again) and what megarl
+    set or removed in the environment it was given (``base``: the launching process's)."""
+    changed = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()) if base.get(k) != v)
+    removed = " ".join(sorted(k for k in base if k not in env))
+    lines = [
+        f"# megarl: SGLang server launch {launch} at {time.strftime('%Y-%m-%d %H:%M:%S')}",
+        f"# command: {shlex.join(command)}",
+        f"# environment set by megarl: {changed or '(nothing)'}",
+    ]
+    if removed:
+        lines.append(f"# environment removed by megarl: {removed}")
+    return "\n".join(lines) + "\n"
 
 
 def read_log_tail(path: str | Path, max_lines: int = 40) -> str:
@@ -213,9 +244,10 @@ def read_log_tail(path: str | Path, max_lines: int = 40) -> str:
 
 
 def probe_health(url: str, timeout: float = 5.0, path: str = "/health_generate") -> bool:
-    """True when ``GET url+path`` answers 200 (503 while SGLang starts or is stuck)."""
+    """True when ``GET url+path`` answers 200 (503 while SGLang starts or is stuck); never
+    through a proxy (:func:`~megarl.rollout_sglang.client.open_url`)."""
     try:
-        with urllib.request.urlopen(url + path, timeout=timeout) as resp:
+        with open_url(url + path, timeout) as resp:
             return resp.status == 200
     except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
         return False
@@ -267,13 +299,19 @@ class SGLangServer:
 
             fd, self.log_path = tempfile.mkstemp(prefix=f"sglang-{self.port}-", suffix=".log")
             os.close(fd)
+        Path(self.log_path).parent.mkdir(parents=True, exist_ok=True)
+        command, env = self.command(), build_launch_env(self.spec)
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it after Popen
         try:
+            # How this launch was started, above the server's own output: a user (and a test)
+            # sees the argv and the environment megarl gave it without re-deriving them.
+            log.write(launch_header(command, env, dict(os.environ), self.launches + 1).encode())
+            log.flush()
             self.proc = subprocess.Popen(
-                self.command(),
+                command,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=build_launch_env(self.spec),
+                env=env,
                 start_new_session=True,  # own process group: shutdown kills TP workers too
                 # The host actor inherits an embedded Ray's blocked SIGTERM, and a server started
                 # with it would ignore shutdown's SIGTERM (its own session: no group kill reaches it).
@@ -336,7 +374,7 @@ class SGLangServer:
     def _failure(self, what: str) -> str:
         tail = self.log_tail()
         return (
-            f"SGLang server {self.url} {what}. Command: {' '.join(self.command())}\n"
+            f"SGLang server {self.url} {what}. Command: {shlex.join(self.command())}\n"
             f"Log {self.log_path} (last lines):\n{tail or '<empty>'}"
         )
 
@@ -364,9 +402,11 @@ def spec_from_config(
     model_path: str,
     rollout: RolloutConfig,
     cluster: ClusterConfig,
-    gpu_ids: Sequence[int] = (),
+    gpu_ids: Sequence[str] = (),
     seed: int = 1,
     dtype: str | None = None,
+    *,
+    weights_pushed: bool = False,
     **overrides: object,
 ) -> ServerSpec:
     """A ServerSpec from the validated config sections (rollout.*, cluster.*).
@@ -377,7 +417,11 @@ def spec_from_config(
     it, the memory hand-over re-pushes the weights before a generation that follows a
     release). Disaggregated engines keep their memory, and so do CPU engines (the memory saver
     is CUDA-only). ``rollout.server_python`` (None = this interpreter) runs
-    ``sglang.launch_server``.
+    ``sglang.launch_server``. ``weights_pushed``: a weight push follows every launch before any
+    generation (a training run: the trainer pushes first, the hand-over re-pushes after a
+    restart), so the server starts from random weights (``--load-format dummy``) instead of
+    reading the checkpoint for nothing (4 x 145 GB at 72B); ``megarl generate`` serves the model
+    as it is and loads it.
     """
     from megarl.checkpoint.model_checkpoint import is_model_checkpoint
 
@@ -394,9 +438,10 @@ def spec_from_config(
         deterministic=rollout.deterministic,
         device=device,
         python=rollout.server_python or sys.executable,
-        # A model checkpoint of `megarl convert hf-to-megatron` has no HF weights: the server
-        # starts from its config and the trainer's initial push brings the weights.
-        load_format="dummy" if is_model_checkpoint(model_path) else None,
+        extra_args=tuple(rollout.server_args),
+        # A model checkpoint of `megarl convert hf-to-megatron` has no HF weights either: the
+        # server starts from its config and the trainer's initial push brings the weights.
+        load_format="dummy" if weights_pushed or is_model_checkpoint(model_path) else None,
     )
     fields.update(overrides)
     return ServerSpec(**fields)  # type: ignore[arg-type]

@@ -41,7 +41,7 @@ from megarl.trainer.phases import (
     Skip,
     WeightPush,
 )
-from megarl.weight_sync.logprob_check import PROBE_PROMPTS, PostPushCheck
+from megarl.weight_sync.logprob_check import PROBE_PROMPTS, LogprobBound, PostPushCheck
 
 if TYPE_CHECKING:
     from megarl.data.stream import PromptStream
@@ -171,8 +171,8 @@ def _start_groups(cfg: MegaRLConfig, plan: Plan, total_steps: int, log_dir: Path
     closers.append(lambda: release(placed))
     groups: dict[str, Any] = {}
     for role, cls in _rank_classes(plan).items():
-        groups[role] = WorkerGroup(cls, placed[role], *_rank_args(cfg, role, total_steps),
-                                   group_options=GroupOptions(log_dir=log_dir))  # fmt: skip
+        options = GroupOptions(log_dir=log_dir, init_timeout_s=cfg.cluster.build_timeout_s, init_timeout_key="cluster.build_timeout_s")
+        groups[role] = WorkerGroup(cls, placed[role], *_rank_args(cfg, role, total_steps), group_options=options)
         closers.append(groups[role].shutdown)
     return _clients(groups, cfg.rollout.weight_sync.timeout_s or None)
 
@@ -247,7 +247,7 @@ def _post_push_check(cfg: MegaRLConfig, engines: Any, policy: Any, stream: Any, 
     s = cfg.rollout.sampling
     sampling = SamplingParams(temperature=s.temperature, max_new_tokens=s.max_new_tokens, stop=tuple(s.stop),
                               stop_token_ids=tuple(s.stop_token_ids), seed=cfg.trainer.seed)  # fmt: skip
-    return PostPushCheck(partial(generate_batch, engines), policy, prompts, sampling, ws.max_logprob_diff)
+    return PostPushCheck(partial(generate_batch, engines), policy, prompts, sampling, LogprobBound.of(ws))
 
 
 def _tokenizer(path: str | None) -> tuple[Any, tuple[int, ...]]:

@@ -266,6 +266,7 @@ class Trainer:
                 sampler=self.parts.data.state_dict(),
                 kl_controller=self.parts.advantages.kl_controller.state_dict(),
                 rng=capture_rng(),
+                logprob_check=self.parts.weight_push.state_dict(),
             ).save(folder)
         return self.checkpoints.root / step_dir_name(step)
 
@@ -294,6 +295,7 @@ class Trainer:
         state = TrainerState.load(ckpt.path)
         self.parts.data.load_state_dict(state.sampler)
         self.parts.advantages.kl_controller.load_state_dict(state.kl_controller)
+        self.parts.weight_push.load_state_dict(state.logprob_check)
         restore_rng(state.rng)
         if starts_new_history(self.cfg.trainer.resume, self.cfg.trainer.val_only):
             self.checkpoints.set_aside_newer(ckpt)

@@ -131,3 +131,11 @@ class WeightPush:
         if self.check is not None:
             metrics |= self.check(version)
         return metrics
+
+    def state_dict(self) -> dict[str, Any]:
+        """The post-push check's baseline (checkpointed by the trainer); {} without a check."""
+        return self.check.state_dict() if self.check is not None else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.check is not None:
+            self.check.load_state_dict(state)

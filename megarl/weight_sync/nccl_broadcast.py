@@ -3,6 +3,11 @@ disaggregated SGLang): one update group per pipeline stage, whose DP=0/TP=0 rank
 stage's tensors to every engine GPU (``/update_weights_from_distributed``; gloo for CPU tensors
 and the CPU SGLang server). The order of calls around a push: megarl/weight_sync/sglang_push.py.
 
+A bucket goes as one broadcast of its bytes (``load_format: "flattened_bucket"``) when every
+engine takes it (SGLang >= 0.5.6), else one broadcast per tensor: a collective per tensor costs
+its latency hundreds of times per stage (SGLang's PR #13824 measured an 80B model's update at
+130 s per tensor and 7 s flattened). The flattened copy is one more bucket on the sender.
+
 Deliberately left out: pushing to a subset of engines, overlapping stages (stages send one
 after another: an engine serves one update request at a time, so two stages' broadcasts in
 flight on two engines in opposite orders would deadlock).
@@ -16,7 +21,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from megarl.rollout_sglang.engine import EngineEndpoint, SGLangEngine
+from megarl.rollout_sglang.engine import FLATTENED_BUCKET, EngineEndpoint, SGLangEngine
 from megarl.rollout_sglang.server import pick_free_port
 from megarl.weight_sync.sglang_push import (
     EngineFactory,
@@ -31,6 +36,7 @@ from megarl.weight_sync.update_group import (
     StageGroup,
     broadcast_tensors,
     close_update_group,
+    flattened_bucket,
     open_update_group,
     plan_stage_group,
 )
@@ -93,10 +99,12 @@ class SGLangDistributedTransport:
         self.group_prefix, self.timeout = group_prefix, timeout
         self.engines: list[SGLangEngine] = []
         self.groups: dict[int, tuple[StageGroup, Any]] = {}
+        self._flattened: bool | None = None  # every engine takes flattened buckets (read once per connect)
 
     def connect(self, endpoints: Sequence[EngineEndpoint]) -> None:
         """(Re)build every stage group; stages join one after another (see the module docstring)."""
         self.close()
+        self._flattened = None  # restarted engines may run another release
         talks = self.role.coordinator or bool(self.role.sender_stages)
         self.engines = [self.make_engine(e) for e in endpoints] if talks else []
         tps = [e.tp for e in endpoints]
@@ -187,26 +195,37 @@ class SGLangDistributedTransport:
         sender = self.groups.get(stage)
         for bucket in self.streams[stage].buckets(version):
             if sender is not None:
-                plan, group = sender
-                named = bucket.tensors
                 tag = version if tag_last and bucket.last else None
-                pending = [
-                    e.update_from_distributed_async(
-                        [n for n, _ in named],
-                        [str(t.dtype).removeprefix("torch.") for _, t in named],
-                        [list(t.shape) for _, t in named],
-                        plan.name,
-                        tag,
-                    )
-                    for e in self.engines
-                ]
                 try:
-                    broadcast_tensors(group, [t for _, t in named])
-                    for fut in pending:
-                        fut.result()
+                    self._send(sender, bucket.tensors, tag)
                 except Exception as exc:  # name the receivers: a dead engine shows here as a reset connection
                     raise send_failed(f"pipeline stage {stage}'s weights", self.engines, exc) from exc
             del bucket
+
+    def _send(self, sender: tuple[StageGroup, Any], named: Sequence[tuple[str, Any]], tag: int | None) -> None:
+        """One bucket to every engine: the requests, then the broadcast(s) they wait for, then the
+        replies. Flattened, the bucket is packed before any engine is asked, so that a failure to
+        pack leaves no engine waiting in the group."""
+        plan, group = sender
+        flat, load_format = None, None
+        if self._takes_flattened():
+            named, flat = flattened_bucket(named)
+            load_format = FLATTENED_BUCKET
+        names = [n for n, _ in named]
+        dtypes = [str(t.dtype).removeprefix("torch.") for _, t in named]
+        shapes = [list(t.shape) for _, t in named]
+        pending = [e.update_from_distributed_async(names, dtypes, shapes, plan.name, tag, load_format)
+                   for e in self.engines]  # fmt: skip
+        broadcast_tensors(group, [t for _, t in named] if flat is None else [flat])
+        for fut in pending:
+            fut.result()
+
+    def _takes_flattened(self) -> bool:
+        """Whether every engine takes flattened buckets (one broadcast pattern for the group: all
+        receivers must expect the same)."""
+        if self._flattened is None:
+            self._flattened = bool(self.engines) and all(e.takes_flattened_distributed for e in self.engines)
+        return self._flattened
 
     def close(self) -> None:
         self._close_groups(self.engines)

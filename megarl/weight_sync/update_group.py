@@ -120,5 +120,17 @@ def broadcast_tensors(group: dist.ProcessGroup, tensors: Sequence[torch.Tensor])
         dist.broadcast(tensor.contiguous(), src=0, group=group)
 
 
+def flattened_bucket(named: Sequence[tuple[str, torch.Tensor]]) -> tuple[list[tuple[str, torch.Tensor]], torch.Tensor]:
+    """A bucket as SGLang's ``load_format: "flattened_bucket"`` receives it over a group: the
+    tensors' bytes one after another, without padding, in the order of the returned list (the
+    request's ``names``), as one uint8 tensor to broadcast once. SGLang views each tensor at its
+    byte offset and refuses (0.5.23: before it receives anything) an offset that is not a multiple
+    of the dtype's size, so the widest dtypes go first: sizes are powers of two, every offset is
+    then aligned (a 3-element bf16 tensor before an fp32 one would put it at byte 6)."""
+    ordered = sorted(named, key=lambda nt: -nt[1].element_size())
+    flat = torch.cat([t.detach().contiguous().reshape(-1).view(torch.uint8) for _, t in ordered])
+    return ordered, flat
+
+
 def close_update_group(group: dist.ProcessGroup) -> None:
     dist.destroy_process_group(group)

@@ -51,6 +51,8 @@ def test_te_spec_equals_local_spec(tmp_path):
         workers[spec] = PolicyWorker(path, cfg, "bfloat16", seed=0, layer_spec=spec)
         rows = workers[spec].compute_logprobs(batch, 1.0)
         logprobs[spec] = TokenRows.assemble([rows], len(batch), batch.response_len)["logprobs"]
+    # TE's fused rope under TE (the offsets stay on the device), Megatron's unfused one under local.
+    assert workers["te"].model.tcfg.apply_rope_fusion and not workers["local"].model.tcfg.apply_rope_fusion
     names = {name for name, _ in workers["te"].model.core.named_parameters()}
     assert any(name.endswith("linear_qkv.layer_norm_weight") for name in names), sorted(names)[:8]
     # bf16 with different kernels (fused norm + linear, TE attention): equal to bf16 rounding.

@@ -17,9 +17,10 @@ import torch
 from safetensors.torch import save_file
 
 from megarl.engines.base import SamplingParams
-from megarl.rollout_sglang.client import SGLangClient, build_generate_payload
+from megarl.rollout_sglang.client import SGLangClient, SGLangHTTPError, build_generate_payload
 from megarl.rollout_sglang.engine import (
     ALL_TAGS,
+    FLATTENED_BUCKET,
     UPDATE_SESSION_SINCE,
     EngineBusy,
     SGLangEngine,
@@ -31,6 +32,7 @@ from megarl.rollout_sglang.tensor_payload import build_tensor_requests
 from megarl.weight_sync.update_group import (
     broadcast_tensors,
     close_update_group,
+    flattened_bucket,
     open_update_group,
 )
 
@@ -169,6 +171,35 @@ def test_distributed_update_over_a_gloo_group(engine, hf, new_weights):
         assert_matches_hf(engine, hf, new_weights)
     finally:
         engine.destroy_update_group("megarl_test_g")
+        close_update_group(group)
+
+
+def test_flattened_distributed_update_is_one_broadcast_and_refuses_unaligned_tensors(engine, hf, new_weights):
+    """What SGLangDistributedTransport sends to SGLang >= 0.5.6: a bucket's bytes as one broadcast
+    (load_format flattened_bucket). A layout whose tensor starts at a byte offset that is not a
+    multiple of its dtype's size is refused at once, before any broadcast (the fake's rule)."""
+    assert engine.takes_flattened_distributed
+    port = pick_free_port()
+    pending = engine.init_update_group_async("127.0.0.1", port, 1, 2, "megarl_test_flat", "gloo")
+    group = open_update_group("127.0.0.1", port, 0, 2, "megarl_test_flat", "gloo")
+    pending.result(timeout=120)
+    try:
+        named, flat = flattened_bucket(sorted(new_weights.items()))
+        meta = ([n for n, _ in named], [str(t.dtype).removeprefix("torch.") for _, t in named],
+                [list(t.shape) for _, t in named])  # fmt: skip
+        open_push(engine)
+        reply = engine.update_from_distributed_async(*meta, "megarl_test_flat", 8, FLATTENED_BUCKET)
+        broadcast_tensors(group, [flat])
+        assert reply.result(timeout=120)["success"] is True
+        unaligned = engine.update_from_distributed_async(["a", "b"], ["bfloat16", "float32"], [[3], [2]],
+                                                         "megarl_test_flat", None, FLATTENED_BUCKET)  # fmt: skip
+        refused = unaligned.exception(timeout=120)
+        assert isinstance(refused, SGLangHTTPError) and refused.status == 400
+        assert "Unaligned received tensor b: byte offset 6, dtype torch.float32" in str(refused)
+        close_push(engine, 8)
+        assert_matches_hf(engine, hf, new_weights)
+    finally:
+        engine.destroy_update_group("megarl_test_flat")
         close_update_group(group)
 
 

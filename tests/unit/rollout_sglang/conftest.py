@@ -8,7 +8,8 @@ bodies for memory release/resume, 400 from ``/flush_cache`` while busy. It recor
 call so tests can assert the order megarl drives. Its weight receivers do what SGLang does
 with the payloads: unpickle base64 strings (one per TP rank; ``load_format`` null or
 ``flattened_bucket``), or join a standalone group per TP rank and receive broadcasts in
-``names`` order.
+``names`` order: one per tensor, or (``load_format: "flattened_bucket"``, 0.5.6 and later) one
+uint8 broadcast of every tensor's bytes, no padding.
 
 It is as strict as SGLang where megarl relies on it. Each rule says where it comes from:
 [real] = seen on a real SGLang 0.5.23 CPU server (tests/sglang/ repeats what megarl depends
@@ -27,6 +28,12 @@ show (its memory saver is CUDA-only, so a CPU release frees nothing).
   (SGLang views the uint8 buffer as that dtype and pads nothing).
 - [real] a disk update without ``load_format`` on a server launched with ``--load-format
   dummy`` is refused (400); after a load with ``"auto"`` the server's format is ``auto``.
+- [real] a distributed update with ``load_format: "flattened_bucket"`` whose tensor would start
+  at a byte offset that is not a multiple of its dtype's size is refused (400 "Failed to receive
+  weights: Unaligned received tensor ...") before anything is received: the sender's broadcast
+  would wait for a receiver that never comes. [source] before 0.5.6 the request has no
+  ``load_format`` and the server receives tensor by tensor, which a single broadcast cannot
+  match: the fake dies of it.
 - [real] ``/health_generate`` while generation is paused answers 503 (after SGLang's 20 s
   health timeout; here at once).
 - [source] any forward (``/generate``, ``/health_generate``) or weight update while
@@ -46,6 +53,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import math
 import pickle
 import threading
 import time
@@ -59,6 +67,7 @@ import torch
 import torch.distributed as dist
 
 UPDATE_SESSION_SINCE = (0, 5, 21)  # first SGLang release with begin/end_weight_update
+FLATTENED_DISTRIBUTED_SINCE = (0, 5, 6)  # first with load_format flattened_bucket on distributed updates
 NOT_FOUND = (404, {"detail": "Not Found"})
 
 
@@ -117,6 +126,21 @@ def version_tuple(text: str) -> tuple[int, ...]:
     return tuple(int(p) for p in text.split(".")[:3])
 
 
+def flat_layout(names: list[str], dtypes: list[str], shapes: list[list[int]]) -> list[tuple[int, int]] | str:
+    """(start, end) byte range of each tensor of a flattened bucket, in ``names`` order, as
+    SGLang 0.5.23's ``FlattenedTensorBucket.empty`` lays them out (no padding), or its refusal of
+    an offset that is not a multiple of the dtype's size."""
+    out, offset = [], 0
+    for name, dtype, shape in zip(names, dtypes, shapes, strict=True):
+        t = getattr(torch, dtype)
+        if offset % t.itemsize:
+            return f"Unaligned received tensor {name}: byte offset {offset}, dtype {t}"
+        size = math.prod(shape) * t.itemsize
+        out.append((offset, offset + size))
+        offset += size
+    return out
+
+
 class FakeSGLang:
     """State and behaviour of one fake server (one engine with ``tp`` ranks)."""
 
@@ -154,6 +178,7 @@ class FakeSGLang:
         self.abort_sample: int | None = None  # finish this batch item with "abort"
         self.fail_update = False
         self.groups: dict[str, list[Any]] = {}
+        self.broadcasts = 0  # broadcasts received by TP rank 0 (distributed updates)
         self.lock = threading.Lock()
 
     @property
@@ -407,15 +432,32 @@ class FakeSGLang:
         if refused:
             return refused
         groups = self.groups[body["group_name"]]
+        flat = body.get("load_format") == "flattened_bucket"
+        if flat and version_tuple(self.version) < FLATTENED_DISTRIBUTED_SINCE:
+            raise ServerDied(
+                f"SGLang {self.version} has no load_format for distributed updates: it waits for one "
+                "broadcast per tensor, and a flattened bucket's single broadcast does not match them"
+            )
+        layout = flat_layout(body["names"], body["dtypes"], body["shapes"]) if flat else None
+        if isinstance(layout, str):  # SGLang's receive fails before the broadcast
+            return 400, {"success": False, "message": f"Failed to receive weights: {layout}"}
         received: list[list[torch.Tensor]] = [[] for _ in range(self.tp)]
 
         def recv(r: int) -> None:
+            opts = dist.BroadcastOptions()
+            opts.rootRank = 0
+            if layout is not None:
+                buffer = torch.empty(layout[-1][1] if layout else 0, dtype=torch.uint8)
+                groups[r].broadcast([buffer], opts).wait()
+                received[r] = [buffer[start:end].view(getattr(torch, dtype)).reshape(shape)
+                               for (start, end), dtype, shape in zip(layout, body["dtypes"], body["shapes"], strict=True)]  # fmt: skip
+                self.broadcasts += r == 0
+                return
             for dtype, shape in zip(body["dtypes"], body["shapes"], strict=True):
                 t = torch.empty(shape, dtype=getattr(torch, dtype))
-                opts = dist.BroadcastOptions()
-                opts.rootRank = 0
                 groups[r].broadcast([t], opts).wait()
                 received[r].append(t)
+                self.broadcasts += r == 0
 
         self._on_ranks(recv)
         for r in range(1, self.tp):

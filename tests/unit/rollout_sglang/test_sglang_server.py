@@ -25,9 +25,19 @@ from megarl.rollout_sglang.server import (
 )
 
 
+@pytest.fixture(autouse=True)
+def _no_user_nccl_cumem(monkeypatch):
+    """The specs here read NCCL_CUMEM_ENABLE from this process: a value of the machine's own
+    must not change what the tests expect (0, megarl's default)."""
+    monkeypatch.delenv("NCCL_CUMEM_ENABLE", raising=False)
+
+
+NCCL = {"NCCL_CUMEM_ENABLE": "0"}  # every server gets the run's one value
+
+
 def test_command_line_for_a_colocated_engine():
     spec = ServerSpec(model_path="/models/qwen", tp=2, mem_fraction=0.7, max_running_requests=64,
-                      gpu_ids=(2, 3), seed=5, weights_cpu_backup=True, deterministic=True,
+                      gpu_ids=("2", "3"), seed=5, weights_cpu_backup=True, deterministic=True,
                       dtype="bfloat16", log_level="info", python="/py")  # fmt: skip
     assert build_launch_command(spec, port=31001) == [
         "/py", "-m", "sglang.launch_server", "--model-path", "/models/qwen", "--tp-size", "2",
@@ -49,22 +59,37 @@ def test_command_line_for_a_disaggregated_engine_keeps_given_gpus():
 
 
 def test_environment_pins_gpus_and_drops_settings_that_break_sglang():
-    spec = ServerSpec(model_path="m", tp=2, gpu_ids=(6, 7), memory_saver=False,
+    spec = ServerSpec(model_path="m", tp=2, gpu_ids=("6", "7"), memory_saver=False,
                       extra_env=(("NCCL_DEBUG", "WARN"),))  # fmt: skip
     env = build_launch_env(spec, {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
                                   "SGLANG_RETURN_ORIGINAL_LOGPROB": "1", "HOME": "/h"})  # fmt: skip
-    assert env == {"HOME": "/h", "CUDA_VISIBLE_DEVICES": "6,7", "NCCL_DEBUG": "WARN"}
+    assert env == {"HOME": "/h", "CUDA_VISIBLE_DEVICES": "6,7", **NCCL, "NCCL_DEBUG": "WARN"}
 
 
-def test_colocated_environment_makes_cuda_graphs_releasable_and_skips_the_imbalance_check():
+def test_the_server_gets_the_nccl_cumem_value_of_the_process_that_made_its_spec(monkeypatch):
+    """One explicit NCCL_CUMEM_ENABLE for the servers and the policy ranks (SGLang sets 0 where
+    it is unset, the ranks would keep NCCL's default, and the weight-update group's P2P fails
+    between them): the user's where megarl launch runs, else 0; the value travels in the spec
+    from the controller to the node that launches the server, whose own environment may say
+    otherwise."""
+    spec = spec_from_config("/m", RolloutConfig(), ClusterConfig(placement="disaggregated"))
+    assert build_launch_env(spec, {"NCCL_CUMEM_ENABLE": "1"})["NCCL_CUMEM_ENABLE"] == "0"
+    monkeypatch.setenv("NCCL_CUMEM_ENABLE", "1")
+    spec = spec_from_config("/m", RolloutConfig(), ClusterConfig(placement="disaggregated"))
+    assert build_launch_env(spec, {})["NCCL_CUMEM_ENABLE"] == "1"
+
+
+# Under the memory saver: releasable CUDA graphs, and no strict idle memory check (release/resume
+# trips it; on by default in SGLang 0.5.23).
+SAVER = {"SGLANG_MEMORY_SAVER_CUDA_GRAPH": "true", "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "false"}
+
+
+def test_colocated_environment_makes_cuda_graphs_releasable_and_skips_the_strict_checks():
     colocated_tp2 = build_launch_env(ServerSpec(model_path="m", tp=2), {})
-    assert colocated_tp2 == {"SGLANG_MEMORY_SAVER_CUDA_GRAPH": "true",
-                             "SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK": "false"}  # fmt: skip
-    # One GPU has nothing to compare; a disaggregated engine (no memory saver) keeps the check.
-    assert build_launch_env(ServerSpec(model_path="m", tp=1), {}) == {
-        "SGLANG_MEMORY_SAVER_CUDA_GRAPH": "true"
-    }
-    assert build_launch_env(ServerSpec(model_path="m", tp=2, memory_saver=False), {}) == {}
+    assert colocated_tp2 == {**NCCL, **SAVER, "SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK": "false"}
+    # One GPU has nothing to compare; a disaggregated engine (no memory saver) keeps the checks.
+    assert build_launch_env(ServerSpec(model_path="m", tp=1), {}) == {**NCCL, **SAVER}
+    assert build_launch_env(ServerSpec(model_path="m", tp=2, memory_saver=False), {}) == NCCL
     # extra_env has the last word.
     spec = ServerSpec(
         model_path="m", tp=2, extra_env=(("SGLANG_MEMORY_SAVER_CUDA_GRAPH", "false"),)
@@ -82,7 +107,7 @@ def test_cpu_server_command_and_environment():
     assert "--disable-overlap-schedule" in cmd and "--enable-memory-saver" not in cmd
     assert "--sleep-on-idle" in cmd  # an idle CPU scheduler would otherwise spin a core
     env = build_launch_env(spec, {"CUDA_VISIBLE_DEVICES": "0", "HOME": "/h"})
-    assert env == {"CUDA_VISIBLE_DEVICES": "0", "HOME": "/h", "SGLANG_USE_CPU_ENGINE": "1"}
+    assert env == {**NCCL, "CUDA_VISIBLE_DEVICES": "0", "HOME": "/h", "SGLANG_USE_CPU_ENGINE": "1"}
     sized = ServerSpec(model_path="m", device="cpu", memory_saver=False, max_total_tokens=512,
                        overlap_schedule=True)  # fmt: skip
     cmd = build_launch_command(sized, port=1)
@@ -95,12 +120,12 @@ def test_cpu_server_command_and_environment():
 
 def test_spec_from_config_follows_the_placement():
     rollout = RolloutConfig(tp=2, mem_fraction=0.6, max_running_requests=32)
-    colo = spec_from_config("/m", rollout, ClusterConfig(placement="colocated"), gpu_ids=(0, 1), seed=3)
+    colo = spec_from_config("/m", rollout, ClusterConfig(placement="colocated"), gpu_ids=("0", "1"), seed=3)
     assert (colo.tp, colo.mem_fraction, colo.max_running_requests, colo.seed) == (2, 0.6, 32, 3)
     assert colo.memory_saver and not colo.weights_cpu_backup  # weights are re-pushed anyway
     assert colo.device == "cuda" and colo.python == sys.executable
     disagg = spec_from_config(
-        "/m", rollout, ClusterConfig(placement="disaggregated"), gpu_ids=(4, 5)
+        "/m", rollout, ClusterConfig(placement="disaggregated"), gpu_ids=("4", "5")
     )
     assert not disagg.memory_saver and not disagg.weights_cpu_backup
 
@@ -113,10 +138,16 @@ def test_spec_from_config_takes_the_device_and_the_server_interpreter():
     assert build_launch_command(cpu, 1)[0] == "/venvs/sglang/bin/python"
 
 
+def test_spec_from_config_appends_the_users_server_args():
+    rollout = RolloutConfig(server_args=["--disable-radix-cache", "--chunked-prefill-size", "4096"])
+    cmd = build_launch_command(spec_from_config("/m", rollout, ClusterConfig()), 1)
+    assert cmd[-3:] == ["--disable-radix-cache", "--chunked-prefill-size", "4096"]
+
+
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"tp": 2, "gpu_ids": (0,)}, "has 1 GPUs but rollout.tp is 2"),
+        ({"tp": 2, "gpu_ids": ("0",)}, "has 1 GPUs but rollout.tp is 2"),
         ({"mem_fraction": 1.2}, r"rollout.mem_fraction \(1.2\) must be in \(0, 1\)"),
         ({"log_level": "loud"}, "log_level 'loud' must be one of"),
         ({"memory_saver": False, "weights_cpu_backup": True}, "needs memory_saver=True"),
@@ -251,3 +282,35 @@ def test_a_server_launched_where_sigterm_is_blocked_still_stops_on_sigterm(tmp_p
     proc = server.proc
     server.shutdown(grace=30)
     assert proc.returncode == -signal.SIGTERM  # not -SIGKILL after the grace
+
+
+def test_the_log_starts_with_the_command_line_and_the_environment_megarl_set(tmp_path, monkeypatch):
+    """Each launch writes, before the server's own output, its argv (shell-quoted: it can be run
+    again as it is) and what megarl set or removed in its environment."""
+    import shlex
+
+    python = tmp_path / "bin" / "python"  # a stand-in interpreter: prints its arguments, exits
+    python.parent.mkdir()
+    python.write_text('#!/bin/sh\necho "server output: $#"\nexit 1\n')
+    python.chmod(0o755)
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    spec = ServerSpec(model_path="/models/my model", tp=2, gpu_ids=("GPU-5f3e", "GPU-7a21"), python=str(python),
+                      log_path=str(tmp_path / "logs" / "sglang_engine0.log"))  # fmt: skip
+    server = SGLangServer(spec)
+    server.launch()
+    server.proc.wait(timeout=30)
+    lines = (tmp_path / "logs" / "sglang_engine0.log").read_text().splitlines()
+    command = build_launch_command(spec, server.port)
+    assert lines[0].startswith("# megarl: SGLang server launch 1 at ")
+    assert lines[1] == "# command: " + shlex.join(command)
+    assert "'/models/my model'" in lines[1] and shlex.split(lines[1].removeprefix("# command: ")) == command
+    assert lines[2] == ("# environment set by megarl: CUDA_VISIBLE_DEVICES=GPU-5f3e,GPU-7a21 NCCL_CUMEM_ENABLE=0 "
+                        "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE=false SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK=false "
+                        "SGLANG_MEMORY_SAVER_CUDA_GRAPH=true")  # fmt: skip
+    assert lines[3] == "# environment removed by megarl: PYTORCH_CUDA_ALLOC_CONF"
+    assert lines[4:] == [f"server output: {len(command) - 1}"]  # then the server's own output
+    server.launch()  # a relaunch appends its own header
+    server.proc.wait(timeout=30)
+    lines = (tmp_path / "logs" / "sglang_engine0.log").read_text().splitlines()
+    assert lines[5].startswith("# megarl: SGLang server launch 2 at ") and lines[-1].startswith("server output")

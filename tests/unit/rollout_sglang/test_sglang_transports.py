@@ -365,3 +365,78 @@ def test_a_failed_post_still_meets_the_other_gpus_and_names_the_engine(fake_serv
     assert isinstance(errors[0], RuntimeError) and isinstance(errors[0].__cause__, SGLangHTTPError)
     assert f"sending weights to engine(s) {engine.url} failed: SGLangHTTPError: " in str(errors[0])
     assert [p for p, _ in server.fake.bodies].count("/update_weights_from_tensor") == 1  # no post after the failure
+
+
+def mixed_weights() -> dict[str, torch.Tensor]:
+    """A 3-element bf16 tensor before fp32 ones: sent in this order as one flattened bucket, the
+    fp32 tensor would start at byte 6, which SGLang refuses."""
+    gen = torch.Generator().manual_seed(7)
+    return {"model.norm.bias": torch.randn(3, generator=gen).to(torch.bfloat16),
+            "model.w0": torch.randn(8, 4, generator=gen), "model.w1": torch.randn(5, generator=gen),
+            "model.step": torch.tensor(3.0)}  # fmt: skip
+
+
+def distributed(engines: list[SGLangEngine], weights: dict[str, torch.Tensor], prefix: str) -> SGLangDistributedTransport:
+    sync = SGLangDistributedTransport({0: stream_of(weights, bucket_mb=1.0)}, backend="gloo", make_engine=these(engines),
+                                      group_prefix=prefix, timeout=TIMEOUT)  # fmt: skip
+    sync.connect(endpoints(engines))
+    return sync
+
+
+def test_distributed_push_sends_one_flattened_broadcast_per_bucket(fake_server):
+    """SGLang >= 0.5.6 takes a bucket as one broadcast of its bytes: widest dtypes first, so that
+    every tensor starts aligned (the fake refuses an unaligned one, as SGLang 0.5.23 does)."""
+    servers = [fake_server(tp=1), fake_server(tp=2)]
+    engines = [SGLangEngine(servers[0], tp=1), SGLangEngine(servers[1], tp=2)]
+    weights = mixed_weights()
+    sync = distributed(engines, weights, "test_dist_flat")
+    try:
+        sync.push(4)
+        for server in servers:
+            (update,) = [b for p, b in server.fake.bodies if p == "/update_weights_from_distributed"]
+            assert update["load_format"] == "flattened_bucket" and server.fake.broadcasts == 1
+            assert update["names"][-1] == "model.norm.bias"  # the 2-byte dtype after the 4-byte ones
+            assert_same_weights(server.fake.weights, weights)
+            assert server.fake.weight_version == "4"
+    finally:
+        sync.close()
+
+
+@pytest.mark.parametrize("versions", [("0.5.5",), ("0.5.23", "0.5.5")])
+def test_distributed_push_to_a_server_before_0_5_6_goes_tensor_by_tensor(fake_server, versions):
+    """An older server receives tensor by tensor; one such engine and the whole group does (all
+    receivers of a broadcast must expect the same)."""
+    servers = [fake_server(version=v) for v in versions]
+    engines = [SGLangEngine(s) for s in servers]
+    weights = mixed_weights()
+    sync = distributed(engines, weights, "test_dist_old")
+    try:
+        sync.push(2)
+        for server in servers:
+            (update,) = [b for p, b in server.fake.bodies if p == "/update_weights_from_distributed"]
+            assert "load_format" not in update and server.fake.broadcasts == len(weights)
+            assert_same_weights(server.fake.weights, weights)
+    finally:
+        sync.close()
+
+
+def test_a_flattened_bucket_is_refused_to_an_old_server_before_it_is_posted(fake_server):
+    server = fake_server(version="0.5.5")
+    engine = SGLangEngine(server)
+    with pytest.raises(RuntimeError, match=r"SGLang 0.5.5 receives distributed updates tensor by tensor; .* SGLang >= 0.5.6"):
+        engine.update_from_distributed_async(["w"], ["float32"], [[2]], "g", None, "flattened_bucket")
+    assert "/update_weights_from_distributed" not in server.fake.calls
+
+
+def test_the_fake_refuses_an_unaligned_flattened_bucket_before_receiving(fake_server):
+    """As SGLang 0.5.23 (tests/sglang/test_engine.py shows it on the real server): a 4-byte dtype
+    at byte offset 6 is refused at once, before the broadcast it would wait for."""
+    server = fake_server()
+    server.fake.groups["g"] = [None]  # a joined group: the refusal comes before any receive on it
+    engine = SGLangEngine(server)
+    engine.begin_weight_update()
+    reply = engine.update_from_distributed_async(["a", "b"], ["bfloat16", "float32"], [[3], [2]], "g", None,
+                                                 "flattened_bucket").exception(timeout=10)  # fmt: skip
+    assert isinstance(reply, SGLangHTTPError) and reply.status == 400
+    assert "Unaligned received tensor b: byte offset 6, dtype torch.float32" in str(reply)
+    assert server.fake.broadcasts == 0

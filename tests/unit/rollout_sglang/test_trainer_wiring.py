@@ -64,14 +64,14 @@ def test_colocated_72b_one_engine_per_node_on_the_ranks_own_gpus():
     slots = colocated_slots(plan, infos)
     assert [s.node_id for s in slots] == ["node0", "node1", "node2", "node3"]
     assert [s.ip for s in slots] == [f"10.0.0.{k}" for k in range(4)]
-    assert all(s.gpu_ids == (7, 6, 5, 4, 3, 2, 1, 0) for s in slots)
+    assert all(s.gpu_ids == ("7", "6", "5", "4", "3", "2", "1", "0") for s in slots)
     assert [s.holders for s in slots] == [tuple(range(8 * k, 8 * k + 8)) for k in range(4)]
 
 
 def test_colocated_7b_tp2_engines_on_rank_pairs():
     _, plan = plan_of("qwen2.5_7b_ppo.yaml")  # 1 node x 8, rollout tp 2
     slots = colocated_slots(plan, ray_infos(8, 8))
-    assert [s.gpu_ids for s in slots] == [(0, 1), (2, 3), (4, 5), (6, 7)]
+    assert [s.gpu_ids for s in slots] == [("0", "1"), ("2", "3"), ("4", "5"), ("6", "7")]
     assert [s.holders for s in slots] == [(0, 1), (2, 3), (4, 5), (6, 7)]
     assert {s.node_id for s in slots} == {"node0"}
 
@@ -86,7 +86,7 @@ def test_disaggregated_engines_on_the_rollout_pool_bundles():
     bundles = [{"ip": "10.0.0.4", "node_id": "node4", "gpu_ids": [str(g)]} for g in (4, 5, 6, 7, 0, 1, 2, 3)]
     slots = disaggregated_slots(plan, bundles)
     assert [(s.node_id, s.gpu_ids, s.holders) for s in slots] == [
-        ("node4", (4, 5, 6, 7), (0, 1, 2, 3)), ("node4", (0, 1, 2, 3), (4, 5, 6, 7))]  # fmt: skip
+        ("node4", ("4", "5", "6", "7"), (0, 1, 2, 3)), ("node4", ("0", "1", "2", "3"), (4, 5, 6, 7))]  # fmt: skip
 
 
 def test_disaggregated_7b_rollout_gpus_after_the_training_pool():
@@ -94,7 +94,7 @@ def test_disaggregated_7b_rollout_gpus_after_the_training_pool():
                       "cluster.gpu_memory_gib=141")  # 4 training GPUs hold policy + critic on H200s
     assert plan.roles["policy"].gpus == (0, 1, 2, 3)
     bundles = ray_infos(4, 8, physical=lambda local: local + 4)  # the pool is GPUs 4..7 of node 0
-    assert [s.gpu_ids for s in disaggregated_slots(plan, bundles)] == [(4, 5), (6, 7)]
+    assert [s.gpu_ids for s in disaggregated_slots(plan, bundles)] == [("4", "5"), ("6", "7")]
 
 
 def test_engine_straddling_nodes_is_refused():
@@ -118,6 +118,37 @@ def test_slot_spec_pins_gpus_and_listens_on_the_node_address(tmp_path):
     assert cmd[cmd.index("--base-gpu-id") + 1] == "0"
     assert cmd[cmd.index("--tp-size") + 1] == "2"
     assert "--enable-memory-saver" in cmd  # colocated: release / resume around training
+
+
+def test_uuid_gpu_ids_reach_the_server_as_they_are():
+    """Ray reports GPU ids as UUIDs when CUDA_VISIBLE_DEVICES holds UUIDs; CUDA_VISIBLE_DEVICES
+    takes them back as they are (an int() of one raised ValueError)."""
+    cfg, plan = plan_of("qwen2.5_7b_ppo.yaml")
+    uuids = [f"GPU-5f3{g}a7c1-0d1e-4b2f-9c3d-{g:012d}" for g in range(8)]
+    slots = colocated_slots(plan, ray_infos(8, 8, physical=lambda local: uuids[local]))
+    assert [s.gpu_ids for s in slots] == [tuple(uuids[2 * k : 2 * k + 2]) for k in range(4)]
+    spec = slot_spec(spec_from_config(cfg.model.path, cfg.rollout, cfg.cluster), slots[1], None)
+    assert spec.gpu_ids == (uuids[2], uuids[3])
+    assert build_launch_env(spec, base={})["CUDA_VISIBLE_DEVICES"] == f"{uuids[2]},{uuids[3]}"
+    cmd = build_launch_command(spec, 30000)
+    assert cmd[cmd.index("--base-gpu-id") + 1] == "0"
+
+
+def test_a_runs_engines_load_no_checkpoint_because_the_trainer_pushes_first(tmp_path):
+    """The trainer pushes its weights before it generates, and the hand-over re-pushes after a
+    restart: reading the HF checkpoint at every launch (4 x 145 GB at 72B) would be for nothing."""
+    from types import SimpleNamespace
+
+    from megarl.rollout_sglang.controller import prepare_sglang
+
+    cfg, plan = plan_of("qwen2.5_7b_ppo.yaml")
+    policy = SimpleNamespace(group=SimpleNamespace(node_infos=ray_infos(8, 8)))
+    rollout = prepare_sglang(cfg, plan, policy, tmp_path, weights_cpu_backup=False)
+    assert [s.load_format for s in rollout.specs] == ["dummy"] * 4
+    cmd = build_launch_command(rollout.specs[0], 30000)
+    assert cmd[cmd.index("--load-format") + 1] == "dummy"
+    # `megarl generate` serves the model as it is: no push follows, the checkpoint is loaded.
+    assert spec_from_config(cfg.model.path, cfg.rollout, cfg.cluster).load_format is None
 
 
 # ---- the trainer's Engines over fake servers --------------------------------------------------
@@ -365,6 +396,25 @@ def test_dead_engine_restarts_with_the_policy_off_and_gets_the_last_version(fake
     assert memory_bodies(fresh) == [("release", ["cuda_graph", "kv_cache"]), ("resume", ["cuda_graph", "kv_cache"])]
     assert fresh.weight_version == "3" and torch.equal(fresh.weights["w1"], policy.weights["w1"])
     assert servers[0].fake.weight_version == "3"
+
+
+def test_no_generation_before_the_first_push(fake_server):
+    """Engines start with random weights (--load-format dummy): a generation before the trainer's
+    first push is refused, before any request reaches a server; after it, generation runs."""
+    server = fake_server(load_format="dummy")
+    engine = SGLangEngine(server, flush_interval=0.01)
+    policy = RecordingPolicy({"w": torch.ones(3)}, lambda: [server.fake])
+    handover = Handover(build_residency("disaggregated", "sglang"), {"policy": policy})
+    connect = PolicyConnection(policy, [engine])
+    handover.launch(lambda: SGLangMemory([engine], connect))
+    connect()
+    gen = HandedOverEngines(SGLangEngines([engine]), handover)
+    with pytest.raises(RuntimeError, match=r"no pushed weights yet .*push first"):
+        generate(gen, n=1)
+    assert "/generate" not in server.fake.calls
+    WeightPush(policy, handover)(version=0)
+    generate(gen, n=1)
+    assert server.fake.weight_version == "0" and handover.repushes == 0
 
 
 def test_disaggregated_moves_no_engine_memory_but_honours_the_critic_offload(fake_server):
