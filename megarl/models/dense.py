@@ -130,10 +130,11 @@ class DenseDecoderBridge(ModelBridge):
 
         self.check_hf_config(hf_config)
         self.check_parallel(hf_config, parallel)
-        return TransformerConfig(**self._config_kwargs(hf_config, parallel, dtype, recompute))
+        return TransformerConfig(**self._config_kwargs(hf_config, parallel, dtype, recompute, spec))
 
-    def _config_kwargs(self, hf_config: Any, parallel: Any, dtype: torch.dtype, recompute: str) -> dict[str, Any]:
-        """TransformerConfig's arguments for ``hf_config`` (checked) in ``parallel``'s layout."""
+    def _config_kwargs(self, hf_config: Any, parallel: Any, dtype: torch.dtype, recompute: str,
+                       spec: LayerSpec = "local") -> dict[str, Any]:  # fmt: skip
+        """TransformerConfig's arguments for ``hf_config`` (checked) in ``parallel``'s layout and ``spec``'s layers."""
         heads, groups, head_dim = self._dims(hf_config)
         cpu = not torch.cuda.is_available()
         kwargs: dict[str, Any] = dict(

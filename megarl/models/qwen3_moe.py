@@ -108,8 +108,9 @@ class Qwen3MoeBridge(Qwen3Bridge):
             raise ValueError(f"parallel.ep ({ep}) must divide num_experts ({experts}); try {', '.join(map(str, ok))}")
         self._check_split(hf_config, parallel)
 
-    def _config_kwargs(self, hf_config: Any, parallel: Any, dtype: torch.dtype, recompute: str) -> dict[str, Any]:
-        kwargs = super()._config_kwargs(hf_config, parallel, dtype, recompute)
+    def _config_kwargs(self, hf_config: Any, parallel: Any, dtype: torch.dtype, recompute: str,
+                       spec: LayerSpec = "local") -> dict[str, Any]:  # fmt: skip
+        kwargs = super()._config_kwargs(hf_config, parallel, dtype, recompute, spec)
         kwargs.update(
             num_moe_experts=_num_experts(hf_config),
             moe_ffn_hidden_size=hf_config.moe_intermediate_size,
