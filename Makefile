@@ -46,10 +46,11 @@ sglang-cpu:
 # checkout: ci/mcore-latest/build-venv.sh builds it once per hash of its lock file and
 # pyproject.toml under $(MEGARL_CACHE). The checkout's megarl comes from PYTHONPATH.
 MEGARL_CACHE ?= $(HOME)/.cache/megarl
-MCORE_LATEST_TESTS ?= tests/distributed \
+MCORE_LATEST_TESTS ?= tests/distributed tests/unit/parallel \
 	tests/e2e/test_trainer.py::test_grpo_three_steps \
 	tests/e2e/test_trainer.py::test_ppo_with_critic_two_steps \
-	tests/e2e/test_convert_formats.py::test_hf_to_megatron_tp2_pp2_and_back_bit_for_bit
+	tests/e2e/test_convert_formats.py::test_hf_to_megatron_tp2_pp2_and_back_bit_for_bit \
+	tests/e2e/test_convert_moe.py
 
 .PHONY: test-mcore-latest
 test-mcore-latest:

@@ -10,7 +10,7 @@ _ = object()
 gae; grpo; dr_grpo; rloo; reinforce_plus_plus; reinforce_plus_plus_baseline; remax
 ppo_loss; gspo_loss; agg_token_mean; agg_seq_mean_token_sum; agg_seq_mean_token_mean; agg_seq_mean_token_sum_norm
 kl_k1; kl_k2; kl_k3; kl_abs
-LlamaBridge; Qwen2Bridge; Qwen3Bridge  # @register_bridge, found by HF model_type
+LlamaBridge; Qwen2Bridge; Qwen3Bridge; Qwen3MoeBridge  # @register_bridge, found by HF model_type
 # The documented extension examples, named by import path in configs (docs/extending.md).
 centered_score; unclipped_ratio; generate_with_prefix
 # Agent loops, tools and parsers: registered by decorator, named by the data (agent_name) or a
@@ -30,6 +30,7 @@ _.calculate_per_token_loss; _.variable_seq_lengths; _.finalize_model_grads_func;
 _.input_layernorm; _.pre_mlp_layernorm; _.core_attention; _.q_layernorm; _.k_layernorm  # layer spec fields
 _.extra_repr; attn_mask_type; runtime_gather_output; unused  # module interfaces Megatron calls
 _.current_stream; _.wait_event; _.wait_stream; _.record_event; types; graph_safe; new_state; new_states  # cpu_compat stand-ins
+_.Stream; enable_timing; blocking; interprocess; priority  # cpu_compat: torch.cuda.Stream / Event's constructors' signatures
 _.pre_tokenizer; _.padding_side; _.truncation_side  # tokenizer settings
 _.required  # argparse: a required subcommand
 _.allow_abbrev  # argparse: no abbreviated flags (megarl/cli.py)

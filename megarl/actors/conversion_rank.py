@@ -19,7 +19,7 @@ A mismatch is a ConversionError, never a silent mis-conversion.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +36,10 @@ class ConversionError(RuntimeError):
     """The written files do not reproduce the weights they were written from."""
 
 
-def compare_parameters(expected: torch.nn.Module, got: torch.nn.Module, source: str) -> int:
-    """Every parameter of ``got`` must equal ``expected``'s bit for bit; returns how many were checked."""
+def compare_parameters(expected: torch.nn.Module, got: torch.nn.Module, source: str,
+                       counted: Callable[[torch.nn.Parameter], bool] = lambda _: True) -> int:  # fmt: skip
+    """Every parameter of ``got`` must equal ``expected``'s bit for bit; returns how many of them
+    ``counted`` (all by default) were checked."""
     want = dict(expected.named_parameters())
     checked = 0
     for name, param in got.named_parameters():
@@ -46,28 +48,32 @@ def compare_parameters(expected: torch.nn.Module, got: torch.nn.Module, source: 
             raise ConversionError(f"{source}: {name} differs from the converted weights after re-import (max |diff| {float(diff):.3g})")
         # The last stage's copy of tied embeddings (PP > 1; Megatron marks it shared) is one
         # parameter with the first stage's embedding: compared, not counted again.
-        checked += 0 if getattr(want[name], "shared", False) else 1
+        checked += 0 if getattr(want[name], "shared", False) or not counted(want[name]) else 1
     return checked  # this rank's parameters (its shards)
 
 
 def verify_rebuilt(model: Any, path: str, actor_cfg: ActorConfig, dtype: torch.dtype, seed: int) -> int:
     """Build the weights at ``path`` (an HF directory or a model checkpoint just written) into a
-    fresh model of ``model``'s layout; every parameter must equal ``model``'s (a MegatronModel)."""
+    fresh model of ``model``'s layout; every parameter must equal ``model``'s (a MegatronModel).
+    Returns how many of the model's parameters this rank is the one to count (:func:`counted_here`)."""
     from megarl.megatron_runtime.model import MegatronModel
 
     rebuilt = MegatronModel.build(path, actor_cfg, dtype, seed)
-    checked = compare_parameters(model.core, rebuilt.core, path)
-    return checked if _counts_parameters() else 0
+    return compare_parameters(model.core, rebuilt.core, path, counted_here())
 
 
-def _counts_parameters() -> bool:
-    """Whether this rank's checked parameters count in the reported total: every rank compares
-    its own, but the model's parameters are those of one data-parallel replica's first tensor-
-    parallel rank in each pipeline stage (a TP shard or a DP copy is no other parameter; megarl's
-    models are dense, so no expert is held only by another DP rank)."""
+def counted_here() -> Callable[[torch.nn.Parameter], bool]:
+    """Which of this rank's checked parameters count in the reported total: every rank compares
+    its own, but a TP shard or a DP copy is no other parameter. A dense parameter counts on the
+    first TP rank of the first data-parallel replica of its stage; an expert's (which Megatron
+    marks ``allreduce=False`` at EP > 1: its copies are over the expert-data-parallel group, and
+    other EP ranks, possibly of other DP replicas, hold the other experts) on the first
+    expert-tensor-parallel rank of the first expert-data-parallel replica."""
     from megatron.core import parallel_state as ps
 
-    return ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank(with_context_parallel=True) == 0
+    dense = ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank(with_context_parallel=True) == 0
+    expert = ps.get_expert_tensor_parallel_rank() == 0 and ps.get_expert_data_parallel_rank() == 0
+    return lambda param: expert if not getattr(param, "allreduce", True) else dense
 
 
 class ProgressFile:

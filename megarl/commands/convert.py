@@ -5,7 +5,7 @@
   run's layout) or a model checkpoint of hf-to-megatron (rebuilt with its recorded layout or
   --tp/--pp). HF safetensors + index, config (naming the dtype written), generation config and tokenizer are written,
   imported back and compared with the loaded weights bit for bit (--no-verify skips that).
-- ``megarl convert hf-to-megatron --hf HF_DIR --out CKPT --tp N --pp M``: a Megatron
+- ``megarl convert hf-to-megatron --hf HF_DIR --out CKPT --tp N --pp M [--ep E]``: a Megatron
   dist-checkpoint that records the HF config it came from (megarl/checkpoint/model_checkpoint.py);
   `megarl launch` starts from it when model.path names it, with any TP/PP. It is loaded back
   and compared with the HF import bit for bit.
@@ -66,7 +66,8 @@ def _register_to_megatron(directions: argparse._SubParsersAction) -> None:
         "hf-to-megatron",
         help="an HF model directory -> a Megatron dist-checkpoint that `megarl launch` starts from",
         description="Load an HF model (safetensors) into a Megatron model with --tp x --pp ranks (CPU processes; "
-        "each reads only its slices), save it as a Megatron dist-checkpoint in OUT with the HF config and "
+        "each reads only its slices; a mixture-of-experts model's experts split over --ep ranks, with the data-parallel "
+        "replicas that takes), save it as a Megatron dist-checkpoint in OUT with the HF config and "
         "tokenizer, load it back and compare every parameter bit for bit. Set model.path (or critic.path) to OUT "
         "to train from it with any TP/PP layout.",
     )
@@ -74,6 +75,9 @@ def _register_to_megatron(directions: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, type=user_path, metavar="CKPT_DIR", help="the checkpoint directory to write (new or empty)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks of the conversion (default 1)")
     p.add_argument("--pp", type=int, default=1, help="pipeline stages of the conversion (default 1)")
+    p.add_argument("--ep", type=int, default=1, help="expert-parallel ranks of a mixture-of-experts model (default 1; "
+                   "each holds num_experts / ep experts; the conversion adds the data-parallel replicas Megatron needs "
+                   "for ep to divide tp x dp)")
     p.add_argument("--dtype", choices=DTYPES, default=None,
                    help="parameter dtype (default: the HF config's dtype, else bfloat16)")
     p.add_argument("--overwrite", action="store_true",
@@ -104,6 +108,7 @@ def _register_to_hf(directions: argparse._SubParsersAction) -> None:
                    "saved in the checkpoint); its model.dtype is the export's (a note says when the run trained in another)")
     p.add_argument("--tp", type=int, default=None, help="model checkpoint: TP of the export (default: recorded)")
     p.add_argument("--pp", type=int, default=None, help="model checkpoint: PP of the export (default: recorded)")
+    p.add_argument("--ep", type=int, default=None, help="model checkpoint: EP of the export (default: recorded)")
     p.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
                    help="import the written files back and compare bit for bit (default: on)")
     p.add_argument("--overwrite", action="store_true",
@@ -113,7 +118,7 @@ def _register_to_hf(directions: argparse._SubParsersAction) -> None:
 
 
 # Options of megatron-to-hf that take a value (the short form's bare words are the others).
-_VALUED = {"--config", "--tp", "--pp", "--ckpt", "--out"}
+_VALUED = {"--config", "--tp", "--pp", "--ep", "--ckpt", "--out"}
 
 
 def expand_short_form(argv: list[str]) -> list[str]:
@@ -148,7 +153,7 @@ def _run_to_megatron(args: argparse.Namespace) -> int:
     from megarl.trainer.watchdog import run_stoppable
 
     run_stoppable(lambda: convert_hf_to_megatron(args.hf, args.out, args.tp, args.pp, args.dtype, args.overwrite, report=print,
-                                                 in_process=args.in_process), _STOPPED)  # fmt: skip
+                                                 in_process=args.in_process, ep=args.ep), _STOPPED)  # fmt: skip
     return 0
 
 
@@ -171,10 +176,10 @@ def _to_hf(args: argparse.Namespace) -> int:
         if args.config is not None:
             raise OutputError(f"--config is for training checkpoints; {ckpt} is a model checkpoint (it holds its own config)")
         export_model_checkpoint(ckpt, out, args.tp, args.pp, args.overwrite, args.verify, report=print,
-                                in_process=args.in_process)  # fmt: skip
+                                in_process=args.in_process, ep=args.ep)  # fmt: skip
     else:
-        if args.tp is not None or args.pp is not None:
-            raise OutputError(f"--tp/--pp are for model checkpoints; a training checkpoint ({ckpt}) is exported with "
+        if args.tp is not None or args.pp is not None or args.ep is not None:
+            raise OutputError(f"--tp/--pp/--ep are for model checkpoints; a training checkpoint ({ckpt}) is exported with "
                               "the run's layout")
         convert_checkpoint(ckpt, out, args.config, args.overwrite, report=print, verify=args.verify, in_process=args.in_process)
     return 0

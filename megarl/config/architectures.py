@@ -17,7 +17,7 @@ class ArchSpec:
     """The shape of a dense decoder-only transformer."""
 
     name: str
-    model_type: str  # HF model_type: llama | qwen2 | qwen3
+    model_type: str  # HF model_type: llama | qwen2 | qwen3 | qwen3_moe
     hidden_size: int
     num_layers: int
     num_heads: int
@@ -28,7 +28,7 @@ class ArchSpec:
     tie_embeddings: bool
     head_dim: int | None = None  # None = hidden_size // num_heads
     qkv_bias: bool = False
-    num_experts: int = 0  # MoE models are refused by the planner for now
+    num_experts: int = 0  # MoE: the planner checks expert parallelism against it; not trained yet (no expert memory model)
 
     @property
     def kv_channels(self) -> int:

@@ -156,7 +156,19 @@ class ParallelConfig(Section):
     pp: int = Field(1, ge=1, description="Pipeline parallel size.")
     vpp: int = Field(1, ge=1, description="Virtual pipeline stages per rank (not supported yet: 1).")
     cp: int = Field(1, ge=1, description="Context parallel size (not supported yet: 1).")
-    ep: int = Field(1, ge=1, description="Expert parallel size (not supported yet: 1).")
+    ep: int = Field(
+        1,
+        ge=1,
+        description="Expert parallel size: ranks that split each mixture-of-experts layer's experts (each holds "
+        "num_experts / ep). MoE models only; must divide num_experts, and ep x etp must divide tp x dp (an "
+        "expert-parallel group may span data-parallel replicas).",
+    )
+    etp: int = Field(
+        1,
+        ge=1,
+        description="Expert tensor parallel size: ranks that split each expert's weights (Megatron's "
+        "expert_tensor_parallel_size). Only 1 (whole experts) is supported yet.",
+    )
     sequence_parallel: bool | None = Field(
         None,
         description="Megatron sequence parallelism: norms, residuals and dropout hold 1/tp of the sequence, and each "

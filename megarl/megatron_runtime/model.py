@@ -45,7 +45,7 @@ its columns offsets into the packed sequence, so the heads work unchanged. In tr
 replica runs as many micro-batches as the busiest (fillers with loss weight 0,
 ``micro_batches.equal_counts``).
 
-Left out: virtual pipeline stages, context/expert parallelism.
+Left out: virtual pipeline stages, context parallelism.
 """
 
 from __future__ import annotations
@@ -84,17 +84,18 @@ def ensure_parallel(parallel: ParallelConfig, seed: int) -> Any:
 
     from megarl.parallel.groups import current_parallel_info, init_parallel
 
-    for name in ("vpp", "cp", "ep"):
+    for name in ("vpp", "cp"):
         if getattr(parallel, name) != 1:
             raise ValueError(f"parallel.{name}={getattr(parallel, name)} is not supported yet; set it to 1")
     if not parallel_state.model_parallel_is_initialized():
-        return init_parallel(parallel.tp, parallel.pp, seed)
+        return init_parallel(parallel.tp, parallel.pp, seed, ep=parallel.ep, etp=parallel.etp)
     info = current_parallel_info()
-    if (info.tp_size, info.pp_size) != (parallel.tp, parallel.pp):
+    etp = parallel_state.get_expert_tensor_parallel_world_size()
+    if (info.tp_size, info.pp_size, info.ep_size, etp) != (parallel.tp, parallel.pp, parallel.ep, parallel.etp):
         raise ValueError(
-            f"this process already runs a model with tp={info.tp_size}, pp={info.pp_size}; a second "
-            f"model here must use the same layout, got tp={parallel.tp}, pp={parallel.pp} "
-            f"(the reference shares the policy's layout: set it equal)"
+            f"this process already runs a model with tp={info.tp_size}, pp={info.pp_size}, ep={info.ep_size}, "
+            f"etp={etp}; a second model here must use the same layout, got tp={parallel.tp}, pp={parallel.pp}, "
+            f"ep={parallel.ep}, etp={parallel.etp} (the reference shares the policy's layout: set it equal)"
         )
     return info
 
@@ -235,7 +236,7 @@ class MegatronModel:
         replicas = batching.replica_groups(batch, self.info.dp_size)
         if even:
             groups, fillers = equal_counts(replicas, self.info.dp_rank, sequence_lengths(batch).tolist())
-        else:  # a forward pass has no collective over DP at all
+        else:  # a forward pass of a dense model has no collective over DP at all
             groups, fillers = replicas[self.info.dp_rank], 0
         multiple = self.info.tp_size if self.tcfg.sequence_parallel else 1
         return [
@@ -250,7 +251,9 @@ class MegatronModel:
 
         from megarl.models.attention import packed_seq_params
 
-        micro = self._micro_batches(batch, batching, even=not forward_only)
+        # Each MoE layer of each micro-batch is an all-to-all over the expert-parallel group, which
+        # may span DP replicas: with ep > 1 a forward pass keeps the replicas in step too.
+        micro = self._micro_batches(batch, batching, even=not forward_only or self.info.ep_size > 1)
 
         def forward_step(data_iterator, model):
             mb = next(data_iterator)

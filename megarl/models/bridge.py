@@ -11,11 +11,14 @@ Export (the data path of weight sync and `megarl convert`) is a collective over 
 TP and PP groups. Every rank of a DP replica calls it: TP shards are all-gathered within each
 stage, and the stages' tensors reach the ranks that load them as ``collect`` says
 (megarl/parallel/stage_collection.py: every rank, the replica's leader only, or none: each
-stage yields its own). DP replicas work independently (no cross-DP traffic). Memory: one full
-tensor at a time beyond the model.
+stage yields its own). DP replicas of a dense model work independently (no cross-DP traffic);
+a mixture-of-experts model's experts are also all-gathered over the expert-parallel group, which
+may span DP replicas (megarl/models/layouts.py): then every rank of that group exports
+together. Memory: one full tensor at a time beyond the model (one per EP rank for an expert).
 
-Left out: MoE, MLA, vision towers; registering new architectures happens in their own modules
-with :func:`register_bridge`; megarl/models/bridges.py finds a model's bridge.
+Left out: MLA, vision towers; registering new architectures happens in their own modules
+with :func:`register_bridge` (megarl/models/qwen3_moe.py: the first MoE family);
+megarl/models/bridges.py finds a model's bridge.
 """
 
 from __future__ import annotations
@@ -107,10 +110,15 @@ class ModelBridge:
             head_dim=cfg.kv_channels,
             vocab_size=self.vocab_size(hf_config),
             padded_vocab_size=self.padded_vocab_size(hf_config, tp),
+            ep_rank=ps.get_expert_model_parallel_rank(),
+            ep_size=ps.get_expert_model_parallel_world_size(),
+            etp_rank=ps.get_expert_tensor_parallel_rank(),
+            etp_size=ps.get_expert_tensor_parallel_world_size(),
         )
 
     def local_rules(self, model: torch.nn.Module) -> list[tuple[ParamRule, torch.nn.Parameter]]:
-        """(rule, parameter) for every parameter of this rank's model, in module order."""
+        """(rule, parameter) for every parameter of this rank's model, in module order; the rules
+        are checked (:meth:`check_rules`) before anything reads or writes a weight."""
         gpt = unwrap_model(model)
         hf_config = hf_config_of(gpt)
         out = []
@@ -119,7 +127,19 @@ class ModelBridge:
                 out.append((self.param_rule(hf_config, gpt, name), param))
             except KeyError as e:
                 raise ValueError(f"Megatron parameter {name!r} has no HF mapping in {type(self).__name__}") from e
+        self.check_rules(hf_config, [r for r, _ in out], self.shard_info(hf_config, gpt))
         return out
+
+    def check_rules(self, hf_config: Any, rules: list[ParamRule], info: ShardInfo) -> None:
+        """Raise ValueError unless every HF tensor is held by one exported rule of this rank at
+        most (a tied embedding's second copy is not exported). A bridge with more to check about
+        its rules (experts over the EP group: megarl/models/qwen3_moe.py) extends it."""
+        owner: dict[str, str] = {}
+        for rule in rules:
+            for name in rule.exported_names() if rule.export else ():
+                if name in owner:
+                    raise ValueError(f"HF tensor {name} is mapped twice, by Megatron parameters {owner[name]} and {rule.megatron}")
+                owner[name] = rule.megatron
 
     def load_hf_weights(self, model: torch.nn.Module, hf_path: str,
                         progress: Callable[[int, int], None] | None = None) -> None:  # fmt: skip
@@ -205,7 +225,7 @@ class ModelBridge:
             # Each stage announces (name, shape, dtype) of what it will send; receivers allocate
             # exactly that, so sender and receivers cannot disagree on a buffer's size.
             shapes = self.hf_tensor_shapes(hf_config) | _value_head_shapes(gpt)
-            specs = all_gather_objects([(n, tuple(shapes[n]), dtype_name(p.dtype)) for r, p in mine for n in r.hf])
+            specs = all_gather_objects([(n, tuple(shapes[n]), dtype_name(p.dtype)) for r, p in mine for n in r.exported_names()])
             own = collect_stages(own, specs, collect, next(gpt.parameters()).device)
         seen: set[str] = set()
         for name, full in own:

@@ -59,11 +59,20 @@ class DenseDecoderBridge(ModelBridge):
     # ---- config ------------------------------------------------------------------------
     def check_hf_config(self, hf_config: Any) -> None:
         """Refuse, by name, every HF setting this bridge does not implement."""
+        self._check_decoder_config(hf_config)
+        if getattr(hf_config, "num_experts", None) or getattr(hf_config, "num_local_experts", None):
+            self._refuse(hf_config, "num_experts", getattr(hf_config, "num_experts", None), "dense models only")
+
+    def _refuse(self, hf_config: Any, key: str, value: Any, supported: str) -> None:
+        raise ValueError(
+            f"{hf_config.model_type} config {key}={value!r} is not supported by megarl's "
+            f"{type(self).__name__}; supported: {supported}"
+        )
+
+    def _check_decoder_config(self, hf_config: Any) -> None:
+        """The attention, norms, rope and MLP activation every decoder of this family shares."""
         def refuse(key: str, value: Any, supported: str) -> None:
-            raise ValueError(
-                f"{hf_config.model_type} config {key}={value!r} is not supported by megarl's "
-                f"{type(self).__name__}; supported: {supported}"
-            )
+            self._refuse(hf_config, key, value, supported)
 
         act = getattr(hf_config, "hidden_act", "silu")
         if act != "silu":
@@ -82,8 +91,6 @@ class DenseDecoderBridge(ModelBridge):
             refuse("pretraining_tp", hf_config.pretraining_tp, "1")
         if getattr(hf_config, "quantization_config", None):
             refuse("quantization_config", "set", "none (unquantized weights)")
-        if getattr(hf_config, "num_experts", None) or getattr(hf_config, "num_local_experts", None):
-            refuse("num_experts", getattr(hf_config, "num_experts", None), "dense models only")
         read_rope(hf_config)  # raises on unsupported rope settings
 
     def _dims(self, hf_config: Any) -> tuple[int, int, int]:
@@ -93,9 +100,17 @@ class DenseDecoderBridge(ModelBridge):
         return heads, groups, head_dim
 
     def check_parallel(self, hf_config: Any, parallel: Any) -> None:
+        for key in ("ep", "etp"):
+            if getattr(parallel, key, 1) != 1:
+                raise ValueError(f"parallel.{key} ({getattr(parallel, key)}) splits the experts of a mixture-of-experts "
+                                 f"model and {hf_config.model_type} is dense; set it to 1")  # fmt: skip
+        self._check_split(hf_config, parallel)
+
+    def _check_split(self, hf_config: Any, parallel: Any) -> None:
+        """The attention heads over tp, the layers over pp; vpp and cp are not supported yet."""
         heads, groups, _ = self._dims(hf_config)
         tp, pp = parallel.tp, parallel.pp
-        for key in ("vpp", "cp", "ep"):
+        for key in ("vpp", "cp"):
             if getattr(parallel, key, 1) != 1:
                 raise ValueError(f"parallel.{key} ({getattr(parallel, key)}) is not supported yet; set it to 1")
         ok_tp = [d for d in range(1, groups + 1) if groups % d == 0 and heads % d == 0]  # both must split evenly
@@ -115,6 +130,11 @@ class DenseDecoderBridge(ModelBridge):
 
         self.check_hf_config(hf_config)
         self.check_parallel(hf_config, parallel)
+        return TransformerConfig(**self._config_kwargs(hf_config, parallel, dtype, recompute, spec))
+
+    def _config_kwargs(self, hf_config: Any, parallel: Any, dtype: torch.dtype, recompute: str,
+                       spec: LayerSpec = "local") -> dict[str, Any]:  # fmt: skip
+        """TransformerConfig's arguments for ``hf_config`` (checked) in ``parallel``'s layout and ``spec``'s layers."""
         heads, groups, head_dim = self._dims(hf_config)
         cpu = not torch.cuda.is_available()
         kwargs: dict[str, Any] = dict(
@@ -157,7 +177,7 @@ class DenseDecoderBridge(ModelBridge):
             bias_dropout_fusion=not cpu,
         )
         kwargs.update(_recompute_kwargs(recompute))
-        return TransformerConfig(**kwargs)
+        return kwargs
 
     def padded_vocab_size(self, hf_config: Any, tp: int) -> int:
         vocab = self.vocab_size(hf_config)
@@ -172,8 +192,6 @@ class DenseDecoderBridge(ModelBridge):
         ``linear_qkv`` / ``linear_fc1``, TE's attention; ``megarl.models.layer_specs``)."""
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-        from megarl.models.attention import SdpaAttention
-
         if spec == "te":
             from megatron.core.models.gpt.gpt_layer_specs import (
                 get_gpt_layer_with_transformer_engine_spec,
@@ -181,7 +199,14 @@ class DenseDecoderBridge(ModelBridge):
 
             return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=self.qk_norm)
 
-        layer = copy.deepcopy(get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=self.qk_norm))
+        return self._localized(get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=self.qk_norm))
+
+    def _localized(self, local_layer: Any) -> Any:
+        """A copy of a layer of Megatron's local spec with megarl's RMSNorm in every norm slot and
+        SDPA core attention (see :meth:`layer_spec`)."""
+        from megarl.models.attention import SdpaAttention
+
+        layer = copy.deepcopy(local_layer)
         layer.submodules.input_layernorm = RMSNorm
         layer.submodules.pre_mlp_layernorm = RMSNorm
         attention = layer.submodules.self_attention.submodules
@@ -252,8 +277,18 @@ class DenseDecoderBridge(ModelBridge):
         return [s for s in _LAYER_RULES if s not in skip]
 
     def hf_tensor_shapes(self, hf_config: Any) -> dict[str, tuple[int, ...]]:
+        h, v = hf_config.hidden_size, self.vocab_size(hf_config)
+        shapes = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,)}
+        if not getattr(hf_config, "tie_word_embeddings", False):
+            shapes["lm_head.weight"] = (v, h)
+        for i in range(hf_config.num_hidden_layers):
+            shapes.update({f"model.layers.{i}.{k}": s for k, s in self._layer_shapes(hf_config, i).items()})
+        return shapes
+
+    def _layer_shapes(self, hf_config: Any, layer: int) -> dict[str, tuple[int, ...]]:
+        """HF suffix -> shape of every tensor of decoder layer ``layer`` (0-based)."""
         heads, groups, d = self._dims(hf_config)
-        h, f, v = hf_config.hidden_size, hf_config.intermediate_size, self.vocab_size(hf_config)
+        h, f = hf_config.hidden_size, hf_config.intermediate_size
         per_layer = {
             "input_layernorm.weight": (h,),
             "self_attn.q_proj.weight": (heads * d, h),
@@ -271,12 +306,7 @@ class DenseDecoderBridge(ModelBridge):
             "mlp.down_proj.weight": (h, f),
         }
         used = {hf for s in self._layer_suffixes() for hf in _LAYER_RULES[s][0]}
-        shapes = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,)}
-        if not getattr(hf_config, "tie_word_embeddings", False):
-            shapes["lm_head.weight"] = (v, h)
-        for i in range(hf_config.num_hidden_layers):
-            shapes.update({f"model.layers.{i}.{k}": s for k, s in per_layer.items() if k in used})
-        return shapes
+        return {k: s for k, s in per_layer.items() if k in used}
 
     def param_rule(self, hf_config: Any, model: Any, megatron_name: str) -> ParamRule:  # model: a megatron GPTModel (untyped)
         if megatron_name == "embedding.word_embeddings.weight":

@@ -10,6 +10,14 @@ it holds and a layout:
   groups; HF keeps separate q/k/v (weights or biases);
 - ``fc1``: Megatron's fused ``[gate; up]``, each half split along dim 0 per TP rank.
 
+A parameter of a local expert (MoE) carries ``hf_per_ep_rank``: the HF tensors the same
+parameter holds on each rank of the expert-parallel group (local expert j of EP rank r is global
+expert ``r * experts_per_rank + j``, as Megatron places them). Its layout applies over the
+expert-tensor-parallel group instead of the TP group (each expert whole while etp is 1, the only
+size supported yet), import reads only this rank's experts, and export all-gathers the parameter
+over the EP group and yields each rank's under its HF names. An expert-parallel group may span
+data-parallel replicas: then export is a collective over them too.
+
 Import builds a rank's shard from row/column slices of the HF tensors (never the full tensor
 for split layouts); export turns the rank's shard back into HF shards and all-gathers them over
 the TP group, many tensors per collective, so every TP rank ends with the full HF tensors. The
@@ -23,13 +31,13 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
 
 from megarl.models.safetensors_reader import SafetensorsReader
-from megarl.parallel.sharding import gather_shards
+from megarl.parallel.sharding import ep_group, gather_shards
 
 # The critic's value head in HF form: the name transformers' *ForTokenClassification heads use.
 VALUE_HEAD_HF_NAME = "score.weight"
@@ -43,6 +51,20 @@ class ParamRule:
     hf: tuple[str, ...]  # qkv: (q, k, v); fc1: (gate, up); others: one name
     layout: Layout
     export: bool = True  # False for the last stage's copy of a tied embedding
+    # A local expert's parameter: ``hf`` of the same parameter on each EP rank (``hf`` is this
+    # rank's entry); None for every other parameter.
+    hf_per_ep_rank: tuple[tuple[str, ...], ...] | None = None
+
+    @property
+    def expert(self) -> bool:
+        return self.hf_per_ep_rank is not None
+
+    def exported_names(self) -> list[str]:
+        """The HF names an export yields for this parameter, in order: an expert's for every EP
+        rank (each of its tensors in turn, EP ranks in order), else ``hf``."""
+        if self.hf_per_ep_rank is None:
+            return list(self.hf)
+        return [names[k] for k in range(len(self.hf)) for names in self.hf_per_ep_rank]
 
 
 @dataclass(frozen=True)
@@ -56,6 +78,14 @@ class ShardInfo:
     head_dim: int
     vocab_size: int  # true HF vocabulary
     padded_vocab_size: int
+    ep_rank: int = 0  # expert parallelism (MoE): this rank's place in the EP group
+    ep_size: int = 1
+    etp_rank: int = 0  # expert tensor parallelism: how each expert is split (1: whole)
+    etp_size: int = 1
+
+    def for_experts(self) -> ShardInfo:
+        """This info for the experts' layouts: they split over the expert-tensor-parallel group."""
+        return replace(self, tp_rank=self.etp_rank, tp_size=self.etp_size)
 
     @property
     def heads_per_group(self) -> int:
@@ -72,7 +102,10 @@ def _rank_range(size: int, info: ShardInfo) -> tuple[int, int]:
 
 
 def read_shard(rule: ParamRule, reader: SafetensorsReader, info: ShardInfo) -> torch.Tensor:
-    """This TP rank's shard of ``rule``'s parameter, built from slices of the HF tensors."""
+    """This TP rank's shard of ``rule``'s parameter, built from slices of the HF tensors (an
+    expert's: this EP rank's expert, its ETP shard)."""
+    if rule.expert:
+        info = info.for_experts()
     name = rule.hf[0]
     if rule.layout == "replicated":
         return reader.read(name)
@@ -120,13 +153,26 @@ class ExportPart:
     shard: torch.Tensor
     dim: int | None
     rows: int | None = None
+    ep_names: tuple[str, ...] | None = None  # an expert's: gathered over EP, one name per EP rank
 
-    def full_bytes(self, tp_size: int) -> int:
-        return self.shard.numel() * self.shard.element_size() * (1 if self.dim is None else tp_size)
+    def full_bytes(self, info: ShardInfo) -> int:
+        """What this part becomes after its gather (every EP rank's experts, for an expert's)."""
+        copies = info.ep_size if self.ep_names is not None else 1 if self.dim is None else info.tp_size
+        return self.shard.numel() * self.shard.element_size() * copies
 
 
 def export_parts(rule: ParamRule, shard: torch.Tensor, info: ShardInfo) -> list[ExportPart]:
     """``rule``'s HF tensors as this rank's pieces of them (no communication)."""
+    if rule.hf_per_ep_rank is None:
+        return _layout_parts(rule, shard, info)
+    if info.etp_size != 1:  # the parts would first need a gather over the ETP group
+        raise NotImplementedError(f"export of {rule.megatron}: expert tensor parallelism (etp {info.etp_size}) is not supported yet")
+    parts = _layout_parts(rule, shard, info.for_experts())  # whole at etp 1: the layout only splits fused tensors
+    per_rank = rule.hf_per_ep_rank
+    return [ExportPart(p.name, p.shard, None, ep_names=tuple(names[k] for names in per_rank)) for k, p in enumerate(parts)]
+
+
+def _layout_parts(rule: ParamRule, shard: torch.Tensor, info: ShardInfo) -> list[ExportPart]:
     shard, name = shard.detach(), rule.hf[0]
     if rule.layout == "replicated":
         return [ExportPart(name, shard, None)]
@@ -155,7 +201,7 @@ def export_full(rules: Iterable[tuple[ParamRule, torch.Tensor]], info: ShardInfo
     size = 0
     for rule, shard in rules:
         for part in export_parts(rule, shard, info):
-            nbytes = part.full_bytes(info.tp_size)
+            nbytes = part.full_bytes(info)
             if group and size + nbytes > gather_bytes:
                 yield from _gathered(group)
                 group, size = [], 0
@@ -166,8 +212,15 @@ def export_full(rules: Iterable[tuple[ParamRule, torch.Tensor]], info: ShardInfo
 
 
 def _gathered(parts: list[ExportPart]) -> Iterator[tuple[str, torch.Tensor]]:
-    """One group's full tensors, each let go by the group once yielded."""
+    """One group's full tensors, each let go by the group once yielded: TP-split parts gathered
+    over the TP group, then experts over the EP group (every rank of both calls both, in order)."""
     full = deque(gather_shards([(p.shard, p.dim) for p in parts if p.dim is not None]))
+    experts = [p for p in parts if p.ep_names is not None]
+    # [ep, ...] per part: every EP rank's tensor, stacked in EP rank order
+    stacked = deque(gather_shards([(p.shard.unsqueeze(0), 0) for p in experts], group=ep_group()) if experts else [])
     for part in parts:
+        if part.ep_names is not None:
+            yield from zip(part.ep_names, stacked.popleft(), strict=True)
+            continue
         tensor = part.shard if part.dim is None else full.popleft()
         yield part.name, tensor if part.rows is None else tensor[: part.rows]

@@ -31,7 +31,7 @@ TASK_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>{% endif %}"
 )
-ARCHS = ("qwen2", "qwen3", "llama")
+ARCHS = ("qwen2", "qwen3", "llama", "qwen3_moe")
 
 
 def build_tokenizer(task_vocab: str | None = None, markers: Sequence[str] = ()):
@@ -84,9 +84,17 @@ def tiny_hf_config(
     rope_scaling: dict[str, Any] | None = None,
     eos_token_id: int | None = None,
     pad_token_id: int | None = None,
+    num_experts: int = 4,
+    experts_per_token: int = 2,
+    moe_ffn_hidden_size: int = 32,
+    norm_topk_prob: bool = True,
+    mlp_only_layers: Sequence[int] = (),
+    decoder_sparse_step: int = 1,
 ):
-    """The transformers config of a tiny dense model of architecture ``arch``."""
-    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+    """The transformers config of a tiny model of architecture ``arch``. The last six arguments
+    shape a ``qwen3_moe`` model's experts (its dense layers, ``mlp_only_layers`` or those
+    ``decoder_sparse_step`` skips, are ``ffn_hidden_size`` wide); other archs ignore them."""
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config, Qwen3MoeConfig
 
     if arch not in ARCHS:
         raise ValueError(f"tiny model arch {arch!r} is not one of {', '.join(ARCHS)}")
@@ -108,9 +116,15 @@ def tiny_hf_config(
     if rope_scaling is not None:
         rope = {**rope_scaling, "rope_theta": rope_theta}
     if arch == "qwen2":
-        cfg: Qwen2Config | Qwen3Config | LlamaConfig = Qwen2Config(**common, use_sliding_window=False)
+        cfg: Qwen2Config | Qwen3Config | LlamaConfig | Qwen3MoeConfig = Qwen2Config(**common, use_sliding_window=False)
     elif arch == "qwen3":
         cfg = Qwen3Config(**common, head_dim=hidden_size // num_heads, use_sliding_window=False)
+    elif arch == "qwen3_moe":
+        cfg = Qwen3MoeConfig(**common, use_sliding_window=False,  # head_dim: hidden / heads, as Qwen3MoeAttention reads it
+                             num_experts=num_experts, num_experts_per_tok=experts_per_token,
+                             moe_intermediate_size=moe_ffn_hidden_size, norm_topk_prob=norm_topk_prob,
+                             mlp_only_layers=list(mlp_only_layers), decoder_sparse_step=decoder_sparse_step,
+                             output_router_logits=False)  # fmt: skip
     else:
         cfg = LlamaConfig(**common, attention_bias=False, mlp_bias=False, head_dim=hidden_size // num_heads)
     _set_rope(cfg, rope)

@@ -16,7 +16,18 @@ megatron-core hard-codes a few CUDA calls on paths that otherwise work on CPU wi
   ``Tensor.cuda()`` / ``Tensor.to("cuda")``, to cpu (pipeline token counters, default masks);
 - ``Tensor.type()`` with no argument answers the ``torch.cuda.*Tensor`` name and
   ``Tensor.type("torch.cuda.X")`` converts to the CPU type, because Megatron's optimizers, grad
-  clipping and distributed optimizer accept parameters by comparing that string.
+  clipping and distributed optimizer accept parameters by comparing that string;
+- ``torch.cuda.Stream`` is a class of null streams, ``torch.cuda.stream(s)`` a null context and
+  ``torch.cuda.Event`` a null event: Megatron's alltoall MoE token dispatcher makes a side
+  stream when it is built and copies its split sizes to the host on it, then waits on an event
+  (megatron-core 0.16 and 0.19: "torch.cuda.Stream requires CUDA support" at model build).
+  A class, not a function: transformers annotates ``torch.cuda.Stream | None``;
+- two MoE fixes inside megatron-core (:func:`_patch_megatron_moe`): 0.16's router reads
+  ``moe_utils.te_general_gemm``, a name only bound when transformer-engine imports (a NameError
+  in every router without it), so it is bound to None; and ``maybe_move_tensor_to_cpu(x,
+  as_numpy=True)`` leaves a tensor already on the CPU a tensor, which ``all_to_all_single``
+  refuses as split sizes (a TypeError in the alltoall dispatcher at EP > 1), so a CPU tensor
+  becomes numpy as a GPU one does.
 
 Torch function modes live on a per-thread stack, so the mode is entered in the calling thread
 and in every thread started afterwards (Megatron's checkpoint writers and Ray use threads). A
@@ -25,13 +36,14 @@ thread that already existed when the redirection was enabled gets it by calling
 thread than ``init_parallel`` (pipeline forward, export) do so.
 
 Deliberately left out: anything on a machine with CUDA (the function does nothing there), and
-other CUDA streams/events/memory statistics: new streams (``torch.cuda.Stream``) belong to
-overlapped communication and offloading, which megarl leaves off on the CPU.
+CUDA memory statistics. The null streams only order nothing: CPU work is already in order, and
+overlapped communication and offloading, the other users of side streams, stay off on the CPU.
 Nothing else in megarl may rely on how this works; call :func:`enable_cpu_compat` and go.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Any
 
@@ -94,9 +106,31 @@ def _synchronize(device: Any = None) -> None:
     return None
 
 
+class _NullEvent:
+    """``torch.cuda.Event`` without CUDA: everything before it has already happened."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> None:
+        return None
+
+    def record(self, stream: Any = None) -> None:
+        return None
+
+    def wait(self, stream: Any = None) -> None:
+        return None
+
+    def synchronize(self) -> None:
+        return None
+
+    def query(self) -> bool:
+        return True
+
+
 class _NullStream:
-    """What ``torch.cuda.current_stream()`` answers without CUDA: CPU work is already in order,
-    so waiting on or recording into the stream has nothing to do."""
+    """``torch.cuda.Stream`` and what ``torch.cuda.current_stream()`` answers without CUDA: CPU
+    work is already in order, so waiting on or recording into a stream has nothing to do."""
+
+    def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any) -> None:
+        return None
 
     def wait_event(self, event: Any) -> None:
         return None
@@ -105,7 +139,7 @@ class _NullStream:
         return None
 
     def record_event(self, event: Any = None) -> Any:
-        return event
+        return _NullEvent() if event is None else event  # a caller may synchronize() what it gets
 
     def synchronize(self) -> None:
         return None
@@ -119,6 +153,17 @@ _NULL_STREAM = _NullStream()
 
 def _current_stream(device: Any = None) -> _NullStream:
     return _NULL_STREAM
+
+
+def _stream_context(stream: Any = None) -> contextlib.nullcontext:
+    return contextlib.nullcontext()
+
+
+def _patch_cuda_streams() -> None:
+    torch.cuda.current_stream = _current_stream  # type: ignore[assignment]
+    torch.cuda.Stream = _NullStream  # type: ignore[assignment,misc]
+    torch.cuda.stream = _stream_context  # type: ignore[assignment]
+    torch.cuda.Event = _NullEvent  # type: ignore[assignment,misc]
 
 
 def _empty_rng_state(device: Any = "cuda") -> torch.Tensor:
@@ -143,6 +188,30 @@ def _patch_cuda_rng() -> None:
         return
     if hasattr(mcore_random, "_set_cuda_rng_state"):
         mcore_random._set_cuda_rng_state = _ignore_rng_state
+
+
+def _patch_megatron_moe() -> None:
+    """The two MoE fixes inside megatron-core (module docstring); each only where its target
+    exists, so a megatron-core that changed them is left alone."""
+    try:
+        from megatron.core.transformer.moe import moe_utils, token_dispatcher
+    except ImportError:
+        return
+    if not hasattr(moe_utils, "te_general_gemm"):  # 0.16 without transformer-engine: never bound
+        moe_utils.te_general_gemm = None
+    original = getattr(moe_utils, "maybe_move_tensor_to_cpu", None)
+    if original is None or getattr(original, "megarl_cpu", False):
+        return
+
+    def maybe_move_tensor_to_cpu(tensor: Any, as_numpy: bool = False, record_stream: bool = False) -> Any:
+        if as_numpy and torch.is_tensor(tensor) and not tensor.is_cuda:
+            return tensor.numpy()  # what the GPU path hands all_to_all_single as split sizes
+        return original(tensor, as_numpy=as_numpy, record_stream=record_stream)
+
+    maybe_move_tensor_to_cpu.megarl_cpu = True  # type: ignore[attr-defined]
+    moe_utils.maybe_move_tensor_to_cpu = maybe_move_tensor_to_cpu
+    if hasattr(token_dispatcher, "maybe_move_tensor_to_cpu"):  # the dispatcher imported the name itself
+        token_dispatcher.maybe_move_tensor_to_cpu = maybe_move_tensor_to_cpu
 
 
 def _patch_threads(mode: _CudaToCpuMode) -> None:
@@ -171,8 +240,9 @@ def enable_cpu_compat() -> bool:
             _mode = _CudaToCpuMode()
             torch.cuda.current_device = _current_device  # type: ignore[assignment]
             torch.cuda.synchronize = _synchronize
-            torch.cuda.current_stream = _current_stream  # type: ignore[assignment]
+            _patch_cuda_streams()
             _patch_cuda_rng()
+            _patch_megatron_moe()
             _patch_threads(_mode)
     if not is_active_in_this_thread():
         _mode.__enter__()  # threads that existed before enabling (e.g. the main thread)

@@ -5,7 +5,14 @@ the standard launcher variables (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOC
 torchrun, Ray worker groups and tests/distributed/spawn.py alike), picks nccl on CUDA and gloo on
 CPU, and returns the rank layout as a small dataclass so callers need not query Megatron.
 
-Left out: context/expert/virtual-pipeline parallelism (refused by the planner for now).
+Expert parallelism (MoE models): ``ep`` ranks split each MoE layer's experts, ``etp`` ranks split
+each expert's weights (1: whole experts; Megatron's default would be ``tp``, so it is passed
+explicitly). Megatron lays the expert groups over the same world: ``etp x ep x pp`` must divide
+it, that is ``etp x ep`` must divide ``tp x dp``, and an expert-parallel group may span
+data-parallel replicas (at tp 1, ep 2: ranks 0 and 1 are two DP replicas holding half the
+experts each).
+
+Left out: context and virtual-pipeline parallelism (refused by the planner for now).
 """
 
 from __future__ import annotations
@@ -34,6 +41,8 @@ class ParallelInfo:
     dp_rank: int
     dp_size: int
     device: torch.device
+    ep_rank: int = 0  # the expert-parallel group: who holds which experts (MoE models)
+    ep_size: int = 1
 
     @property
     def is_first_stage(self) -> bool:
@@ -78,10 +87,11 @@ def _init_process_group(timeout_s: float) -> torch.device:
     return device
 
 
-def init_parallel(tp: int, pp: int, seed: int, *, timeout_s: float = 1800.0) -> ParallelInfo:
-    """Set up torch.distributed, Megatron's TP/PP/DP groups and per-rank RNG seeds.
+def init_parallel(tp: int, pp: int, seed: int, *, ep: int = 1, etp: int = 1, timeout_s: float = 1800.0) -> ParallelInfo:
+    """Set up torch.distributed, Megatron's TP/PP/DP (and expert) groups and per-rank RNG seeds.
 
-    ``tp * pp`` must divide the world size; DP is the quotient. Seeds: Megatron's
+    ``tp * pp`` must divide the world size; DP is the quotient. ``ep`` / ``etp``: expert
+    (tensor) parallelism, see the module docstring. Seeds: Megatron's
     ``model_parallel_cuda_manual_seed`` (distinct per TP/PP rank where Megatron wants it).
     """
     require_megatron_core()  # before the first megatron import: a one-line error, not a deep one
@@ -95,11 +105,18 @@ def init_parallel(tp: int, pp: int, seed: int, *, timeout_s: float = 1800.0) -> 
             f"parallel layout tp={tp} x pp={pp} must divide the world size ({world}); "
             f"choose tp and pp whose product divides {world}"
         )
+    if ep < 1 or etp < 1 or world % (etp * ep * pp) != 0:  # Megatron's expert rank generator's rule
+        raise ValueError(
+            f"expert layout etp={etp} x ep={ep} x pp={pp} must divide the world size ({world}); "
+            f"choose ep x etp dividing tp x dp = {world // pp}"
+        )
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=pp,
+        expert_model_parallel_size=ep,
+        expert_tensor_parallel_size=etp,
         distributed_timeout_minutes=max(1, int(timeout_s // 60)),
     )
     torch.manual_seed(seed)
@@ -143,6 +160,8 @@ def current_parallel_info(device: torch.device | None = None) -> ParallelInfo:
         dp_rank=ps.get_data_parallel_rank(),
         dp_size=ps.get_data_parallel_world_size(),
         device=device,
+        ep_rank=ps.get_expert_model_parallel_rank(),
+        ep_size=ps.get_expert_model_parallel_world_size(),
     )
 
 

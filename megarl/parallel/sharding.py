@@ -4,7 +4,8 @@ Pure communication helpers with no knowledge of model layouts (the bridges in me
 decide which dim is split and how names map). All functions are collectives: every rank of the
 group named in the docstring must call them in the same order.
 
-Left out: expert-parallel and context-parallel groups (not supported yet).
+The expert-parallel group (MoE models: the ranks that split the experts) gathers with the
+same helpers (``group=ep_group()``). Left out: context-parallel groups (not supported yet).
 """
 
 from __future__ import annotations
@@ -25,6 +26,14 @@ def pp_group() -> dist.ProcessGroup:
     from megatron.core import parallel_state
 
     return parallel_state.get_pipeline_model_parallel_group()
+
+
+def ep_group() -> dist.ProcessGroup:
+    """The expert-parallel group: the ranks that hold different experts of the same layers (it
+    may span data-parallel replicas; size 1 for a dense model)."""
+    from megatron.core import parallel_state
+
+    return parallel_state.get_expert_model_parallel_group()
 
 
 def all_gather_flat(out: torch.Tensor, piece: torch.Tensor, group: dist.ProcessGroup | None) -> None:

@@ -81,3 +81,36 @@ def test_current_stream_waits_and_records_as_no_ops():
     assert stream.wait_event(event) is None and stream.wait_stream(stream) is None
     assert stream.record_event(event) is event and stream.query() is True
     stream.synchronize()
+
+
+def test_side_streams_contexts_and_events_are_null():
+    """Megatron's alltoall MoE dispatcher makes a side stream at build, copies on it and waits on
+    its event; transformers annotates ``torch.cuda.Stream | None`` (so it must stay a class)."""
+    stream = torch.cuda.Stream()
+    assert isinstance(stream, torch.cuda.Stream) and torch.cuda.Stream | None
+    assert torch.cuda.current_stream() != stream  # a side stream, as on a GPU
+    with torch.cuda.stream(stream):
+        x = torch.ones(2) + 1
+    event = stream.record_event()
+    event.synchronize()
+    other = torch.cuda.Event(enable_timing=False)
+    other.record(stream)
+    assert other.query() is True and x.tolist() == [2.0, 2.0]
+
+
+def test_megatron_moe_fixes():
+    """0.16's router reads ``te_general_gemm`` (unbound without transformer-engine); the alltoall
+    dispatcher hands ``maybe_move_tensor_to_cpu(.., as_numpy=True)``'s answer to all_to_all_single
+    as split sizes, which must be numpy (as the GPU path gives) for a CPU tensor too."""
+    import numpy as np
+    from megatron.core.transformer.moe import moe_utils, token_dispatcher
+
+    assert moe_utils.te_general_gemm is None or callable(moe_utils.te_general_gemm)
+    splits = moe_utils.maybe_move_tensor_to_cpu(torch.tensor([3, 1]), as_numpy=True)
+    assert isinstance(splits, np.ndarray) and splits.tolist() == [3, 1]
+    counts = torch.tensor([2, 2])
+    assert moe_utils.maybe_move_tensor_to_cpu(counts) is counts  # without as_numpy: unchanged
+    assert token_dispatcher.maybe_move_tensor_to_cpu is moe_utils.maybe_move_tensor_to_cpu
+    inp, weight = torch.randn(5, 8), torch.randn(4, 8)  # [tokens, hidden], [experts, hidden]
+    logits = moe_utils.router_gating_linear(inp, weight, None, torch.float32)  # NameError on 0.16 unfixed
+    torch.testing.assert_close(logits, inp @ weight.t())

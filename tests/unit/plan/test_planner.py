@@ -150,10 +150,47 @@ def test_sequence_parallel_is_on_when_tp_is_above_1_and_shrinks_the_activations(
     assert on.memory.policy.states == off.memory.policy.states
 
 
-@pytest.mark.parametrize("knob", ["vpp", "cp", "ep"])
+@pytest.mark.parametrize("knob", ["vpp", "cp"])
 def test_out_of_scope_parallelism_is_refused(knob):
     assert f"actor.parallel.{knob}" in refused(GRPO72, f"actor.parallel.{knob}=2")
     assert "not supported yet" in refused(GRPO72, f"actor.parallel.{knob}=2")
+
+
+@pytest.mark.parametrize("knob", ["ep", "etp"])
+def test_a_dense_model_refuses_expert_parallelism_by_field(knob):
+    assert f"actor.parallel.{knob}: (2) splits the experts of a mixture-of-experts model and qwen2.5-72b is dense; " \
+        "set it to 1" in refused(GRPO72, f"actor.parallel.{knob}=2")
+
+
+def _moe_dir(tmp_path, experts: int = 4) -> str:
+    (tmp_path / "config.json").write_text(
+        '{"model_type": "qwen3_moe", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, '
+        f'"num_key_value_heads": 2, "intermediate_size": 96, "vocab_size": 100, "num_experts": {experts}, '
+        '"num_experts_per_tok": 2, "moe_intermediate_size": 32}'
+    )
+    return f"model.path={tmp_path}"
+
+
+def _moe_issues(*overrides: str) -> list[str]:
+    """The plan's issues, one per line, without the one every MoE model gets for now (not trained yet)."""
+    lines = [line.strip().removeprefix("- ") for line in refused(TINY, *overrides).splitlines()]
+    assert any("is a mixture-of-experts model (4 experts)" in line and "routing replay" in line for line in lines)
+    return [line for line in lines if line.startswith(("actor.", "critic."))]
+
+
+def test_expert_parallelism_of_an_moe_model_follows_megatrons_rules(tmp_path):
+    model = _moe_dir(tmp_path)
+    assert _moe_issues(model, "actor.parallel.ep=2") == []  # ep 2 over tp 1 x dp 2
+    assert _moe_issues(model, "actor.parallel.tp=2", "actor.micro_batch_size=32", "actor.parallel.ep=2") == []
+    too_many = _moe_issues(model, "actor.parallel.ep=4", "actor.parallel.tp=1")  # 4 divides the experts, not tp x dp
+    assert too_many == ["actor.parallel.ep: (4) must divide num_experts (4) and, times etp (1), tp x dp (1 x 2 = 2): the "
+                        "expert-parallel groups lie across the tensor- and data-parallel ranks; try 1 or 2"]
+    assert "actor.parallel.ep: (3) must divide num_experts (4)" in _moe_issues(model, "actor.parallel.ep=3")[0]
+    assert _moe_issues(model, "actor.parallel.etp=2") == [
+        "actor.parallel.etp: (2) is not supported yet (each expert stays whole on its rank); set it to 1"]
+    no_sp = _moe_issues(model, "actor.parallel.tp=2", "actor.micro_batch_size=32", "actor.parallel.sequence_parallel=false")
+    assert no_sp == ["actor.parallel.sequence_parallel: (false) at tp 2: Megatron's MoE layers train only with sequence "
+                     "parallelism when tp > 1; remove it (on by default) or set it true"]
 
 
 def test_flex_attention_needs_cuda_packing_and_the_local_spec():
