@@ -1349,7 +1349,7 @@ def _cycle_view(rep: Report, worker: Any, cuda: bool) -> None:
 
 def _feed_offload(rep: Report, cycle: dict) -> None:
     from megarl.config.sections import ClusterConfig
-    from megarl.plan.gpu_memory import RUNTIME_OVERHEAD_GIB
+    from megarl.plan.gpu_memory import SGLANG_CONTEXT_GIB, TRAINER_RUNTIME_GIB
 
     slack = rep.data["results"].get("update_peak", {}).get("allocator_slack", 0)
     engine_ctx = cycle["engine"]["context_bytes"]
@@ -1358,9 +1358,11 @@ def _feed_offload(rep: Report, cycle: dict) -> None:
                                     "trainer_residual_allocated": cycle["trainer_residual_allocated"],
                                     "allocator_slack_at_update_peak": slack, "engine_context": engine_ctx,
                                     "trainer_gib": _gib(trainer), "colocated_gib": _gib(trainer + engine_ctx)})  # fmt: skip
-    rep.feed("megarl/plan/gpu_memory.py:RUNTIME_OVERHEAD_GIB", RUNTIME_OVERHEAD_GIB, _gib(trainer + engine_ctx),
+    rep.feed("megarl/plan/gpu_memory.py:TRAINER_RUNTIME_GIB", TRAINER_RUNTIME_GIB, _gib(trainer),
              "offload: the trainer's memory outside its allocator (CUDA context, NCCL) + what offload leaves allocated "
-             "+ the update's allocator slack + a colocated engine process's context (world 1: NCCL's buffers grow with peers)")  # fmt: skip
+             "+ the update's allocator slack (world 1: NCCL's buffers grow with peers)")  # fmt: skip
+    rep.feed("megarl/plan/gpu_memory.py:SGLANG_CONTEXT_GIB", SGLANG_CONTEXT_GIB, _gib(engine_ctx),
+             "offload: a second (engine) process's CUDA context on the GPU, before it allocates (no NCCL, no graphs)")  # fmt: skip
     host = ClusterConfig.model_fields["host_gb_per_s"].default
     rep.feed("cluster.host_gb_per_s (megarl/config/sections.py default)", host,
              min(cycle["d2h_gb_per_s"], cycle["h2d_gb_per_s"]),

@@ -59,8 +59,8 @@ GIB = 1024**3
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 # What the processes on a GPU hold besides the states and working memory counted here, per GPU.
-# Estimates, not measurements: the GPU probe (ci/gpu/probe_cluster_paths.py, being written) is to
-# measure them on the cluster and replace these numbers. Together 3 GiB on a GPU of trained models
+# Estimates, not measurements: the GPU probe (ci/gpu/probe_cluster_paths.py, not yet run on a GPU)
+# measures them and its results are to replace these numbers. Together 3 GiB on a GPU of trained models
 # alone and 7 GiB on a colocated one (two CUDA contexts, both sides' NCCL buffers, SGLang's graphs:
 # 6-10 GiB is expected there).
 TRAINER_RUNTIME_GIB = 3.0  # a trainer process: CUDA context, its NCCL communicators' buffers, allocator slack

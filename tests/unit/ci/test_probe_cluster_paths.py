@@ -111,3 +111,28 @@ def test_a_section_past_its_limit_fails_alone_and_the_summary_is_written(tmp_pat
     record = _record(tmp_path, "ipc_push")
     assert record["status"] == "failed" and record["reason"].startswith("timed out after 1 s"), record
     assert json.loads((tmp_path / "probe_summary.json").read_text())["sections"]["ipc_push"]["status"] == "failed"
+
+
+def test_the_offload_feed_names_constants_the_plan_has(tmp_path):
+    """The GPU-only write-up of the offload section (never reached on CPU) runs on fake
+    measurements, and every constant it feeds exists where it says."""
+    spec = importlib.util.spec_from_file_location("probe_cluster_paths", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    probe = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = probe  # its dataclasses look their module up
+    try:
+        spec.loader.exec_module(probe)
+    finally:
+        del sys.modules[spec.name]
+    rep = probe.Report("offload", tmp_path, limit_s=60)
+    gib = 1 << 30
+    cycle = {"trainer_outside_allocator": gib, "trainer_residual_allocated": gib // 2, "engine": {"context_bytes": gib // 2},
+             "d2h_gb_per_s": 11.0, "h2d_gb_per_s": 13.0}  # fmt: skip
+    probe._feed_offload(rep, cycle)
+    feeds = {f["constant"]: f for f in rep.data["feeds"]}
+    for constant in feeds:
+        if constant.startswith("megarl/"):
+            path, name = constant.split(":")
+            assert name in (ROOT / path).read_text(), constant
+    assert feeds["megarl/plan/gpu_memory.py:TRAINER_RUNTIME_GIB"]["measured"] == 1.5
+    assert min(f["measured"] for f in feeds.values() if "host_gb_per_s" in f["constant"]) == 11.0
