@@ -151,18 +151,17 @@ def prepare_sglang(cfg: Any, plan: Any, policy: Any, log_dir: Path, *, weights_c
     # so the servers load no checkpoint (--load-format dummy).
     base = spec_from_config(cfg.model.path, cfg.rollout, cfg.cluster, seed=cfg.trainer.seed, dtype=cfg.model.dtype,
                             weights_pushed=True, weights_cpu_backup=weights_cpu_backup)  # fmt: skip
-    placed: dict[str, Any] | None = None
-    if colocated:
-        slots = colocated_slots(plan, policy.group.node_infos)  # where the policy ranks run
-    else:
-        placed = place_roles([rollout_placement(plan)])
-        try:
-            slots = disaggregated_slots(plan, probe_bundles(placed["rollout"]))
-        except BaseException:
-            from megarl.ray_cluster.placement import release
-
-            release(placed)
-            raise
-    specs = [slot_spec(base, s, str(Path(log_dir) / f"sglang_engine{s.index}.log")) for s in slots]
-    connect = PolicyConnection(policy, [], [list(s.holders) for s in slots] if colocated else [])
-    return SGLangRollout(list(slots), specs, connect, timeout, placed=placed)
+    rollout = SGLangRollout([], [], PolicyConnection(policy, []), timeout)
+    try:  # from the reservation on, close() undoes what is there
+        if colocated:
+            slots = colocated_slots(plan, policy.group.node_infos)  # where the policy ranks run
+        else:
+            rollout.placed = place_roles([rollout_placement(plan)])
+            slots = disaggregated_slots(plan, probe_bundles(rollout.placed["rollout"]))
+        rollout.slots = list(slots)
+        rollout.specs = [slot_spec(base, s, str(Path(log_dir) / f"sglang_engine{s.index}.log")) for s in slots]
+        rollout.connect.holders = [list(s.holders) for s in slots] if colocated else []
+    except BaseException:
+        rollout.close()
+        raise
+    return rollout

@@ -142,7 +142,9 @@ def start_hosts(slots: Sequence[EngineSlot], specs: Sequence[ServerSpec],
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    actor = ray.remote(max_restarts=0, max_task_retries=0)(SGLangHost)
+    # Two calls at once: a shutdown must not queue behind a start that waits for a server that
+    # never gets healthy (the server is in a session of its own: killing the actor leaves it).
+    actor = ray.remote(max_restarts=0, max_task_retries=0, max_concurrency=2)(SGLangHost)
     return [
         actor.options(
             num_cpus=0, num_gpus=0,

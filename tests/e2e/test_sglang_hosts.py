@@ -72,3 +72,28 @@ def test_bundle_probes_report_each_bundle_and_keep_the_reservation(ray_local):
         assert ray.available_resources().get("CPU", 0.0) <= 1.0  # the 2 x 0.5 CPU stay reserved
     finally:
         release(placed)
+
+
+def test_a_host_shuts_its_server_down_while_its_start_still_waits(ray_local, tmp_path):
+    """A failed start of the engines closes every host: a shutdown must reach a host whose start
+    waits (up to its timeout) for a server that never gets healthy, and kill that server."""
+    import ray
+
+    from megarl.rollout_sglang.hosts import EngineSlot, slot_spec, start_hosts
+    from megarl.rollout_sglang.server import ServerLaunchError, ServerSpec
+
+    node = ray.get_runtime_context().get_node_id()
+    slot = EngineSlot(0, node, "127.0.0.1", (0,), (0,))
+    spec = slot_spec(ServerSpec(model_path="m"), slot, str(tmp_path / "sglang_engine0.log"))
+    never_healthy = [sys.executable, "-c", "import time; print('stand-in up', flush=True); time.sleep(600)"]
+    (host,) = start_hosts([slot], [spec], command=never_healthy)
+    try:
+        starting = host.start.remote(300.0)
+        ready, _ = ray.wait([starting], timeout=3)
+        assert not ready  # still waiting for health
+        ray.get(host.shutdown.remote(), timeout=60)  # not queued behind the start
+        with pytest.raises(ray.exceptions.RayTaskError) as info:
+            ray.get(starting, timeout=60)  # the start sees its server gone at once
+        assert isinstance(info.value.cause, ServerLaunchError) and "exited with code" in str(info.value.cause)
+    finally:
+        ray.kill(host)
