@@ -23,6 +23,6 @@ NCCL_CUMEM_DEFAULT = "0"
 
 def nccl_cumem_enable(environ: Mapping[str, str] | None = None) -> str:
     """The run's NCCL_CUMEM_ENABLE: the user's (``environ``, default this process's environment)
-    or 0. The controller reads it once for the ranks (WorkerGroup.rank_envs) and the servers
-    (ServerSpec.nccl_cumem_enable)."""
+    or 0. The controller reads it for the policy ranks (megarl/trainer/build.py, with the
+    distributed transport) and the servers (ServerSpec.nccl_cumem_enable)."""
     return (os.environ if environ is None else environ).get(NCCL_CUMEM_ENV, NCCL_CUMEM_DEFAULT)

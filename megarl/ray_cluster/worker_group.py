@@ -18,9 +18,6 @@ the worker, sets the environment torchrun would have set:
   visible (CUDA IPC, NCCL P2P). With several GPUs per rank, Ray's per-actor value is kept
   and the worker's devices are 0..k-1. This happens before the worker class is built; the
   host actor never imports torch, so CUDA is not initialised earlier.
-- NCCL_CUMEM_ENABLE: the value the SGLang servers get too (megarl/ray_cluster/rank_env.py:
-  the user's where the controller runs, else 0), so that the weight-update group's two ends
-  agree.
 
 Every rank's stdout and stderr (file descriptors 1 and 2, so C++ output too) go to
 `<log_dir>/<role>_rank<r>.log`. A rank that raises, or whose process dies, is reported as
@@ -63,7 +60,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError, Unseria
 
 from megarl.config.sections import BUILD_TIMEOUT_S
 from megarl.ray_cluster.placement import PlacedRole, RolePlacement, place_roles
-from megarl.ray_cluster.rank_env import NCCL_CUMEM_ENV, RANK_LOG_ENV, nccl_cumem_enable
+from megarl.ray_cluster.rank_env import RANK_LOG_ENV
 from megarl.ray_cluster.worker_error import WorkerError
 
 LOG_TAIL_LINES = 40
@@ -274,7 +271,6 @@ class WorkerGroup(Generic[W]):
             members[node].append(rank)
         gpus = self.placed.placement.gpus_per_proc
         one_gpu_each = gpus > 0 and all(len(i["gpu_ids"]) == 1 for i in infos)
-        cumem = nccl_cumem_enable()  # the controller's: the servers' specs read the same one
         envs = []
         for rank, info in enumerate(infos):
             node = info["node_id"]
@@ -288,7 +284,6 @@ class WorkerGroup(Generic[W]):
                 "MASTER_PORT": str(master_port),
                 "MEGARL_ROLE": self.role,
                 RANK_LOG_ENV: str(self.log_paths[rank]),  # megarl/weight_sync/progress.py writes beside it
-                NCCL_CUMEM_ENV: cumem,
             }
             threads = self.options.omp_threads or (1 if gpus == 0 else None)
             if threads is not None:

@@ -171,10 +171,21 @@ def _start_groups(cfg: MegaRLConfig, plan: Plan, total_steps: int, log_dir: Path
     closers.append(lambda: release(placed))
     groups: dict[str, Any] = {}
     for role, cls in _rank_classes(plan).items():
-        options = GroupOptions(log_dir=log_dir, init_timeout_s=cfg.cluster.build_timeout_s, init_timeout_key="cluster.build_timeout_s")
+        options = GroupOptions(log_dir=log_dir, env=_shared_nccl_env(cfg) if role == "policy" else {},
+                               init_timeout_s=cfg.cluster.build_timeout_s, init_timeout_key="cluster.build_timeout_s")  # fmt: skip
         groups[role] = WorkerGroup(cls, placed[role], *_rank_args(cfg, role, total_steps), group_options=options)
         closers.append(groups[role].shutdown)
     return _clients(groups, cfg.rollout.weight_sync.timeout_s or None)
+
+
+def _shared_nccl_env(cfg: MegaRLConfig) -> dict[str, str]:
+    """The policy ranks' side of the NCCL settings they share with the SGLang servers, where one
+    NCCL group joins them (the distributed transport): elsewhere NCCL keeps its own defaults."""
+    if cfg.rollout.engine != "sglang" or cfg.weight_transport != "distributed":
+        return {}
+    from megarl.ray_cluster.rank_env import NCCL_CUMEM_ENV, nccl_cumem_enable
+
+    return {NCCL_CUMEM_ENV: nccl_cumem_enable()}  # the controller's: the servers' specs read the same one
 
 
 def _start_in_process(cfg: MegaRLConfig, plan: Plan, total_steps: int, log_dir: Path, closers: list[Callable[[], None]]) -> dict[str, TrainedClient]:

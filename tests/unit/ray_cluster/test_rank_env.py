@@ -33,15 +33,27 @@ def test_uuid_gpu_ids_become_the_nodes_cuda_visible_devices():
     assert [e["LOCAL_RANK"] for e in envs] == ["0", "1"]
 
 
-def test_every_rank_gets_the_runs_one_nccl_cumem_value(monkeypatch):
-    """SGLang's servers run with NCCL_CUMEM_ENABLE=0 unless it is set; the policy ranks get the
-    same explicit value, or the user's on both sides (the server spec reads it the same way)."""
-    from megarl.ray_cluster.rank_env import NCCL_CUMEM_ENV, nccl_cumem_enable
+def test_the_policy_ranks_share_the_servers_nccl_cumem_value_where_one_nccl_group_joins_them(monkeypatch):
+    """SGLang's servers run with NCCL_CUMEM_ENABLE=0 unless it is set; with the distributed
+    transport the policy ranks get the same explicit value (or the user's, on both sides); other
+    runs keep NCCL's default in every group."""
+    from megarl.config.loading import load_config
+    from megarl.ray_cluster.rank_env import NCCL_CUMEM_ENV
+    from megarl.rollout_sglang.server import ServerSpec
+    from megarl.trainer.build import _shared_nccl_env
 
+    tiny = Path(__file__).resolve().parents[3] / "configs" / "tiny_grpo.yaml"
     infos = [{"node_id": "n0", "ip": "10.0.0.1", "gpu_ids": [str(g)]} for g in range(2)]
+    distributed = load_config(tiny, ["rollout.engine=sglang", "cluster.placement=disaggregated", "cluster.gpus_per_node=3",
+                                     "cluster.rollout_gpus=1"])  # fmt: skip
+    assert distributed.weight_transport == "distributed"
     monkeypatch.delenv(NCCL_CUMEM_ENV, raising=False)
-    assert [e["NCCL_CUMEM_ENABLE"] for e in rank_envs(infos)] == ["0", "0"]
-    assert nccl_cumem_enable() == "0"
+    envs = rank_envs(infos, options=GroupOptions(env=_shared_nccl_env(distributed)))
+    assert [e[NCCL_CUMEM_ENV] for e in envs] == ["0", "0"] == [ServerSpec(model_path="m").nccl_cumem_enable] * 2
     monkeypatch.setenv(NCCL_CUMEM_ENV, "1")  # the user's, exported where megarl launch runs
-    assert [e["NCCL_CUMEM_ENABLE"] for e in rank_envs(infos)] == ["1", "1"]
-    assert nccl_cumem_enable() == "1"
+    envs = rank_envs(infos, options=GroupOptions(env=_shared_nccl_env(distributed)))
+    assert [e[NCCL_CUMEM_ENV] for e in envs] == ["1", "1"] == [ServerSpec(model_path="m").nccl_cumem_enable] * 2
+    monkeypatch.delenv(NCCL_CUMEM_ENV)
+    torch_engine = load_config(tiny, [])
+    assert _shared_nccl_env(torch_engine) == {}
+    assert all(NCCL_CUMEM_ENV not in e for e in rank_envs(infos, options=GroupOptions(env=_shared_nccl_env(torch_engine))))
