@@ -65,7 +65,7 @@ class PolicyRank(TrainedRank):
         self.push_progress = PushProgress(group=push_group(self.info.pp_rank, collects))
         self.transport = build_transport(cfg.weight_transport, self.policy, bucket_mb=ws.bucket_mb, overlap=ws.overlap,
                                          gather_mb=ws.gather_mb, local_engine=self.engine, disk_dir=weight_dir or cfg.weight_disk_dir,
-                                         hf_dir=path, progress=self.push_progress, master_address=node_address())  # fmt: skip
+                                         hf_dir=path, progress=self.push_progress, node_address=node_address)  # fmt: skip
         self.loss_fn = make_policy_loss_fn(cfg.algorithm, cfg.rollout.sampling.max_new_tokens)
         self._profiler: Any = None
 

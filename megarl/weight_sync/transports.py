@@ -42,15 +42,15 @@ from megarl.weight_sync.transport_base import TRANSPORT_COLLECT, GlooGroup, Weig
 
 def build_transport(name: str, policy: Any, *, bucket_mb: float, gather_mb: float, overlap: bool = True,
                     local_engine: Any = None, disk_dir: str | Path | None = None, hf_dir: str | None = None,
-                    progress: PushProgress | None = None, master_address: str = "127.0.0.1") -> WeightTransport:  # fmt: skip
+                    progress: PushProgress | None = None, node_address: Callable[[], str] | None = None) -> WeightTransport:  # fmt: skip
     """The transport ``name`` (``rollout.weight_sync.transport``, resolved) for one policy rank.
 
     ``policy``: the rank's PolicyWorker (``info`` and ``export_weights``); ``overlap``: the
     stream exports the next bucket while one is sent (megarl/weight_sync/stream.py); ``gather_mb``: the
     MiB of tensors one TP all-gather of the export takes (0: one tensor); ``local_engine``:
     the torch engine of this rank (replica leaders), else None; ``progress``: where the stream
-    notes each bucket (megarl/weight_sync/progress.py); ``master_address``: this node's address as
-    engines on other nodes reach it (the distributed transport's update groups).
+    notes each bucket (megarl/weight_sync/progress.py); ``node_address``: gives this node's address as
+    engines on other nodes reach it (asked only by the distributed transport, for its update groups).
     """
     info = policy.info
     collect = TRANSPORT_COLLECT.get(name)  # which ranks receive every stage's tensors
@@ -71,7 +71,9 @@ def build_transport(name: str, policy: Any, *, bucket_mb: float, gather_mb: floa
                              barrier=GlooGroup().barrier)  # fmt: skip
     if name == "tensor":
         return SGLangTensorTransport(stream, rank=info.rank)
-    return _distributed(policy, stream, master_address)
+    if node_address is None:
+        raise ValueError("the distributed transport needs node_address (this node's address for its update groups)")
+    return _distributed(policy, stream, node_address())
 
 
 def _sglang_writer_engines(writer: bool) -> Callable[[Any], Sequence[Any]]:
