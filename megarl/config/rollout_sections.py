@@ -241,7 +241,7 @@ class RolloutConfig(Section):
     server_args: list[str] = Field(
         default_factory=list,
         description="SGLang: extra command-line arguments of every server, appended to the ones megarl passes "
-        "(docs/sglang.md), e.g. [--disable-radix-cache].",
+        "(docs/sglang.md), e.g. [--disable-radix-cache]; not the ones megarl sets from the config (refused, naming the key).",
     )
     n: int = Field(8, ge=1, description="Samples (responses) per prompt.")
     generate_function: str = Field(

@@ -177,10 +177,29 @@ def check_deterministic(cfg: MegaRLConfig, issues: list[Issue]) -> None:
 CUMEM_FORCING_SERVER_ARGS = ("--enable-symm-mem",)
 
 
+# Server flags megarl sets from the config (megarl/rollout_sglang/server.py build_launch_command),
+# with the key that sets each: a later copy in rollout.server_args would win in SGLang's parser and
+# break what megarl relies on (the health probe's port, the GPU mapping, dummy-loaded weights that
+# the first push fills, the KV-cache plan).
+OWNED_SERVER_ARGS = {
+    "--model-path": "model.path", "--tp-size": "rollout.tp", "--tp": "rollout.tp",
+    "--mem-fraction-static": "rollout.mem_fraction", "--host": "(the node's address)", "--port": "(a free port)",
+    "--base-gpu-id": "(the engine's GPUs)", "--device": "cluster.device", "--load-format": "(dummy when a push follows)",
+    "--max-running-requests": "rollout.max_running_requests", "--random-seed": "trainer.seed", "--dtype": "model.dtype",
+    "--enable-memory-saver": "cluster.placement", "--enable-weights-cpu-backup": "rollout.weights_cpu_backup",
+    "--enable-deterministic-inference": "rollout.deterministic",
+}  # fmt: skip
+
+
 def check_server_args(cfg: MegaRLConfig, issues: list[Issue], environ: Mapping[str, str] | None = None) -> None:
-    """rollout.server_args that would make the SGLang servers' NCCL_CUMEM_ENABLE differ from the
-    policy ranks' (the run's value: the user's in ``environ``, default this process's, else 0):
-    the distributed push's NCCL group, which joins both, then fails."""
+    """rollout.server_args that repeat a flag megarl sets from the config, or that would make the
+    SGLang servers' NCCL_CUMEM_ENABLE differ from the policy ranks' (the run's value: the user's
+    in ``environ``, default this process's, else 0): the distributed push's NCCL group, which
+    joins both, then fails."""
+    for flag in dict.fromkeys(a.split("=", 1)[0] for a in cfg.rollout.server_args):
+        if flag in OWNED_SERVER_ARGS:
+            issues.append(Issue("rollout.server_args", f"({flag}) is set by megarl from {OWNED_SERVER_ARGS[flag]}; "
+                                f"drop it from rollout.server_args (set the config key instead)"))  # fmt: skip
     cumem = nccl_cumem_enable(environ)
     if cfg.rollout.engine != "sglang" or cfg.cluster.device != "cuda" or cfg.weight_transport != "distributed" or cumem == "1":
         return

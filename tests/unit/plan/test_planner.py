@@ -264,6 +264,15 @@ def test_server_args_that_make_sglang_force_nccl_cumem_are_refused(monkeypatch):
     plan(*disaggregated, "rollout.server_args=[--enable-symm-mem]")
 
 
+def test_server_args_may_not_repeat_a_flag_megarl_sets_from_the_config():
+    """A later --port or --load-format in the server's argv wins in SGLang's parser: the health
+    probe would miss the server, or the engines would serve the checkpoint instead of pushes."""
+    error = refused(GRPO72, "rollout.server_args=[--port=30000, --load-format, auto, --disable-radix-cache]")
+    assert "rollout.server_args: (--port) is set by megarl from (a free port); drop it from rollout.server_args" in error
+    assert "rollout.server_args: (--load-format) is set by megarl from (dummy when a push follows)" in error
+    assert "--disable-radix-cache" not in error
+
+
 def test_top_p_is_a_warning_not_a_refusal():
     p = plan(TINY, "rollout.sampling.top_p=0.9")
     assert any("off-policy" in str(w) for w in p.warnings)
