@@ -244,14 +244,14 @@ class WorkerGroup(Generic[W]):
             for r in range(self.world_size)
         ]
         ranks = list(range(self.world_size))
-        timeout = self.options.init_timeout_s or None  # 0: no deadline
-        self.node_infos = self._gather([a.node_info.remote() for a in self._actors], ranks, "<start>", timeout)
-        port = self._gather([self._actors[0].free_port.remote()], [0], "<free_port>", timeout)[0]
-        envs = self.rank_envs(self.node_infos, self.node_infos[0]["ip"], port)
-        log.info("%s: %d rank(s) up; building %s in each (loads the model) ...", self.role, self.world_size, self.cls.__qualname__)
-        packed = ray.put((init_args, init_kwargs))  # a top-level ref: Ray resolves it per actor
-        refs = [a.construct.remote(self.cls, packed, envs[r]) for r, a in enumerate(self._actors)]
+        timeout = self.options.init_timeout_s or None  # 0: no deadline (each of the three waits)
         try:
+            self.node_infos = self._gather([a.node_info.remote() for a in self._actors], ranks, "<start>", timeout)
+            port = self._gather([self._actors[0].free_port.remote()], [0], "<free_port>", timeout)[0]
+            envs = self.rank_envs(self.node_infos, self.node_infos[0]["ip"], port)
+            log.info("%s: %d rank(s) up; building %s in each (loads the model) ...", self.role, self.world_size, self.cls.__qualname__)
+            packed = ray.put((init_args, init_kwargs))  # a top-level ref: Ray resolves it per actor
+            refs = [a.construct.remote(self.cls, packed, envs[r]) for r, a in enumerate(self._actors)]
             self._gather(refs, ranks, "__init__", timeout)
         except CallTimeout as err:
             raise build_timeout_error(err, self.options) from None
@@ -485,7 +485,7 @@ def build_timeout_error(err: CallTimeout, options: GroupOptions) -> CallTimeout:
     key = options.init_timeout_key
     if not key:
         return err
-    return CallTimeout(f"{err}; raise {key} ({options.init_timeout_s:g}) if the ranks are only slow to build their models "
+    return CallTimeout(f"{err}; raise {key} ({options.init_timeout_s:g}) if the ranks are only slow to start or build their models "
                        "(a large checkpoint on a slow filesystem), or set it to 0 for no deadline", err.role, err.waiting)
 
 

@@ -67,6 +67,6 @@ def test_a_build_past_the_deadline_names_the_key_its_value_and_the_fix():
     out = build_timeout_error(err, GroupOptions(init_timeout_s=1800.0, init_timeout_key="cluster.build_timeout_s"))
     assert isinstance(out, CallTimeout) and out.waiting == [3] and out.role == "policy"
     assert str(out) == ("policy: PolicyRank.__init__ did not finish within 1800 s on rank(s) [3]; logs: /run/logs; "
-                        "raise cluster.build_timeout_s (1800) if the ranks are only slow to build their models "
+                        "raise cluster.build_timeout_s (1800) if the ranks are only slow to start or build their models "
                         "(a large checkpoint on a slow filesystem), or set it to 0 for no deadline")  # fmt: skip
     assert build_timeout_error(err, GroupOptions()) is err  # no key to name (a group of megarl convert)
