@@ -77,7 +77,7 @@ def sglang_on_cpu(overrides: list[str]) -> list[str]:
         return []
     extra = list(SGLANG_ON_CPU)
     if not any(o.startswith("rollout.server_python=") for o in overrides):
-        from megarl.rollout_sglang.server import sglang_cpu_python
+        from megarl.rollout_sglang.cpu_venv import sglang_cpu_python
 
         python = sglang_cpu_python()
         if python is not None:

@@ -355,7 +355,7 @@ def _sglang_cpu_venv() -> tuple[str, str] | None:
     """The interpreter of the `make sglang-cpu` venv and its sglang version (read from the venv's
     metadata, without running it), or None."""
     try:
-        from megarl.rollout_sglang.server import sglang_cpu_python
+        from megarl.rollout_sglang.cpu_venv import sglang_cpu_python
     except ImportError:  # a dependency is missing: doctor reports the rest
         return None
     python = sglang_cpu_python()

@@ -139,7 +139,7 @@ def test_a_stalled_rank_mid_push_ends_in_a_named_error(tmp_path):
 @pytest.mark.sglang
 def test_an_engine_killed_mid_push_is_named(tmp_path):
     from megarl.commands.demo import SGLANG_ON_CPU
-    from megarl.rollout_sglang.server import sglang_cpu_python
+    from megarl.rollout_sglang.cpu_venv import sglang_cpu_python
 
     python = sglang_cpu_python()
     if python is None:
