@@ -13,16 +13,22 @@ while a save runs (``megarl plan`` counts it there: megarl/plan/host_memory.py).
 from __future__ import annotations
 
 import gc
+import logging
 import os
 from typing import Any
 
+
+log = logging.getLogger(__name__)
 
 def save_dist_checkpoint(state: dict[str, Any], path: str | os.PathLike) -> None:
     """``dist_checkpointing.save(state, path)`` (collective), then the host staging released."""
     from megatron.core import dist_checkpointing
 
     dist_checkpointing.save(state, str(path))
-    release_pinned_staging()
+    try:
+        release_pinned_staging()
+    except Exception as err:  # noqa: BLE001 - the checkpoint is written; a kept cache only costs memory
+        log.warning("a checkpoint was saved to %s, but torch's pinned host cache was not released: %s", path, err)
 
 
 def release_pinned_staging() -> None:

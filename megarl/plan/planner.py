@@ -244,7 +244,8 @@ def _check_scope(cfg: MegaRLConfig, arch: ArchSpec, issues: list[Issue], *, sft:
         issues.append(Issue("model", f"{arch.name} is a mixture-of-experts model ({arch.num_experts} experts): megarl builds "
                             "it with expert parallelism and converts it (megarl convert), but does not train it yet: routing "
                             "replay, the load-balancing loss, the experts' memory in this plan and weight pushes of experts "
-                            "to the engines are still missing"))  # fmt: skip
+                            "to the engines are still missing; train a dense model (llama, qwen2, qwen3) for now, and convert this "
+                            "one with megarl convert --ep"))  # fmt: skip
     if arch.model_type not in BRIDGED_MODEL_TYPES:
         issues.append(Issue("model", f"model_type {arch.model_type!r} has no bridge; supported: {', '.join(BRIDGED_MODEL_TYPES)}"))
     if cfg.model.layer_spec == "te" and cfg.cluster.device == "cpu":
