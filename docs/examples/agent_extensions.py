@@ -11,7 +11,7 @@ import re
 import uuid
 
 from megarl.rollout.agents.tool_calls import ParsedCalls, ToolCall
-from megarl.rollout.agents.tools import Tool
+from megarl.rollout.agents.tool_base import Tool
 
 _CALL = re.compile(r"<tool_call>(.*?)(</tool_call>|$)", re.DOTALL)
 

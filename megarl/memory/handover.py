@@ -13,7 +13,7 @@ parameter checksum. One hand-over per run, built from the run's table, whatever 
 
 - torch engine (colocated by construction): only the trained models move (with their offload
   flags); the engine lives in the policy ranks and never moves;
-- colocated SGLang (``engines``: megarl/rollout_sglang/controller.py ``SGLangMemory``): the
+- colocated SGLang (``engines``: megarl/memory/sglang_memory.py ``SGLangMemory``): the
   engines' tags are released and resumed as the table says; servers start (and restart) with
   nothing of the trained models on the GPUs (``launch``), so SGLang sizes its KV cache from the
   memory it will have;

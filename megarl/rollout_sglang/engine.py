@@ -7,7 +7,7 @@ flight, results grouped ``[p0s0 .. p0s(n-1), p1s0, ...]``.
 Control: pause / flush / continue, memory release / resume with tags, the weight-update
 session (begin / end, SGLang >= 0.5.21 only), the three weight update endpoints, the group
 endpoints of the distributed path, weight-version checks, health and restart. The order in
-which a weight push calls them lives in transports.py (docs/sglang.md has it too).
+which a weight push calls them lives in megarl/weight_sync/sglang_push.py (docs/sglang.md has it too).
 
 Deliberately left out: routers, streaming, partial rollouts, data-parallel attention.
 """
@@ -330,7 +330,7 @@ class SGLangEngine:
 
     def load_weights(self, bucket: WeightBucket) -> None:
         """One bucket over CUDA IPC (colocated), in its own update session unless the caller
-        opened one. Callers normally use the tensor transport (transports.py)."""
+        opened one. Callers normally use the tensor transport (megarl/weight_sync/cuda_ipc.py)."""
         from megarl.rollout_sglang.tensor_payload import build_tensor_requests
 
         own_session = not self.update_session

@@ -22,7 +22,7 @@ CPU tensors (CPU tests, a CPU server) are pickled with their bytes; see
 The producer must keep the tensors alive, and must not write into them, until the server
 has answered (SGLang can reply before its copy kernels have run, so a reused buffer races:
 slime PR #929), then drop them and call ``torch.cuda.ipc_collect()`` so the IPC handles are
-released; the transports in transports.py do that (and gather per-GPU payloads from several
+released; the CUDA-IPC transport (megarl/weight_sync/cuda_ipc.py) does that (and gathers per-GPU payloads from several
 trainer processes, slime's layout). Deliberately left out here: any HTTP or process group.
 """
 

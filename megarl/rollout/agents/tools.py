@@ -87,7 +87,7 @@ def _tool_from_entry(entry: Any, where: str) -> Tool:
     schema = _schema_of(entry, where)
     cls = _tool_class(str(entry["class_name"]), where)
     if not issubclass(cls, Tool):
-        raise ToolFileError(f"{where}: class_name {entry['class_name']!r} is not a megarl.rollout.agents.tools.Tool subclass; "
+        raise ToolFileError(f"{where}: class_name {entry['class_name']!r} is not a megarl.rollout.agents.tool_base.Tool subclass; "
                             "derive it from Tool (a verl tool needs only its base class changed)")
     config = {k: v for k, v in (entry.get("config") or {}).items() if k != "type"}  # verl's type: native
     try:
