@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 import uuid
 
-from megarl.rollout.agents.tool_calls import ParsedCalls, ToolCall
 from megarl.rollout.agents.tool_base import Tool
+from megarl.rollout.agents.tool_calls import ParsedCalls, ToolCall
 
 _CALL = re.compile(r"<tool_call>(.*?)(</tool_call>|$)", re.DOTALL)
 

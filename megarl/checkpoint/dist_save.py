@@ -17,7 +17,6 @@ import logging
 import os
 from typing import Any
 
-
 log = logging.getLogger(__name__)
 
 def save_dist_checkpoint(state: dict[str, Any], path: str | os.PathLike) -> None:

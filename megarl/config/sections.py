@@ -93,8 +93,8 @@ class ClusterConfig(Section):
     build_timeout_s: float = Field(
         BUILD_TIMEOUT_S, ge=0,
         description="Seconds the Ray ranks of `megarl launch` and `megarl sft` may take to start and build their models "
-        "(Megatron's setup, reading model.path) before the command gives up, naming the ranks not done; a 72B model "
-        "read from a slow shared filesystem can take more than the 600 s this once was. 0 = no deadline.",
+        "(Megatron's setup, reading model.path) before the command gives up, naming the ranks not done; generous "
+        "because a 72B model read from a slow shared filesystem takes many minutes. 0 = no deadline.",
     )
     nvlink_gb_per_s: float = Field(
         360.0, gt=0,

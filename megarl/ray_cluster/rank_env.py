@@ -14,9 +14,10 @@ RANK_LOG_ENV = "MEGARL_RANK_LOG"
 # NCCL's cuMem-backed buffers. SGLang 0.5.23 sets NCCL_CUMEM_ENABLE=0 in its server process
 # unless it is already set (sglang/srt/entrypoints/engine.py, _set_envs_and_config), and the
 # policy ranks would keep NCCL's own default (on): the two ends of the weight-update group would
-# disagree, which breaks NCCL's P2P between them (a cluster review's finding, not yet seen here on
-# GPUs). So both sides get one explicit value: the user's, where `megarl launch` runs, else 0
-# (SGLang's).
+# disagree where one NCCL group joins them (the distributed transport): NCCL's P2P between two
+# processes needs both to use one kind of buffer (not yet seen on GPUs here). So both sides get
+# one explicit value there: the user's, where `megarl launch` runs, else 0 (SGLang's); other
+# groups and transports keep NCCL's default (NVLink SHARP needs cuMem).
 NCCL_CUMEM_ENV = "NCCL_CUMEM_ENABLE"
 NCCL_CUMEM_DEFAULT = "0"
 

@@ -18,7 +18,8 @@ from megarl.config.rollout_sections import AgentConfig
 from megarl.data.batch import Batch
 from megarl.data.prompt_batch import PromptBatch
 from megarl.engines.base import Engines, SamplingParams
-from megarl.rollout.agents.driver import AgentRollout, build_env
+from megarl.rollout.agents.driver import AgentRollout, agent_names, build_env
+from megarl.rollout.agents.errors import AgentError
 
 GenerateFn = Callable[[Engines, PromptBatch, SamplingParams], Batch]
 """``generate(engines, prompts, params) -> Batch``: a step's prompts to responses (rollout.generate_function)."""
@@ -38,6 +39,11 @@ class DefaultGenerate:
     settings and no chat template (single-turn samples only); ``for_run`` binds the run's."""
 
     def __call__(self, engines: Engines, prompts: PromptBatch, params: SamplingParams) -> Batch:
+        loops = sorted(set(agent_names(prompts, AgentConfig().default_agent)) - {"single_turn"})
+        if loops:
+            raise AgentError(f"the default generate function was called without its run's settings, and agent loop "
+                             f"{loops[0]!r} needs them (tools, chat template); get the run's function from "
+                             "megarl.rollout.generate.make_generate(cfg, tokenizer, eos_token_ids)")  # fmt: skip
         return AgentRollout(AgentConfig(), None, overlap_tools=False)(engines, prompts, params)
 
     def for_run(self, cfg: Any, tokenizer: Any, eos_token_ids: Sequence[int]) -> GenerateFn:

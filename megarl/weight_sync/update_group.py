@@ -128,7 +128,7 @@ def flattened_bucket(named: Sequence[tuple[str, torch.Tensor]]) -> tuple[list[tu
     of the dtype's size, so the widest dtypes go first: sizes are powers of two, every offset is
     then aligned (a 3-element bf16 tensor before an fp32 one would put it at byte 6)."""
     ordered = sorted(named, key=lambda nt: -nt[1].element_size())
-    flat = torch.cat([t.detach().contiguous().reshape(-1).view(torch.uint8) for _, t in ordered])
+    flat = torch.cat([t.detach().contiguous().reshape(-1).view(torch.uint8) for _, t in ordered])  # [sum of nbytes] uint8
     return ordered, flat
 
 

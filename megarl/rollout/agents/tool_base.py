@@ -12,7 +12,6 @@ from typing import Any
 BUILTIN_TOOLS: dict[str, type[Tool]] = {}
 
 
-
 class Tool:
     """Base of every tool: one schema, a per-call instance, plain or async methods."""
 
@@ -31,7 +30,6 @@ class Tool:
 
     def release(self, instance_id: str, **release_kwargs: Any) -> Awaitable[None] | None:
         """Free what ``create`` made."""
-
 
 
 def register_tool(name: str):
