@@ -144,10 +144,10 @@ def start_hosts(slots: Sequence[EngineSlot], specs: Sequence[ServerSpec],
 
     # Two calls at once: a shutdown must not queue behind a start that waits for a server that
     # never gets healthy (the server is in a session of its own: killing the actor leaves it).
-    actor = ray.remote(max_restarts=0, max_task_retries=0, max_concurrency=2)(SGLangHost)
+    actor: Any = ray.remote(SGLangHost)
     return [
         actor.options(
-            num_cpus=0, num_gpus=0,
+            max_restarts=0, max_task_retries=0, max_concurrency=2, num_cpus=0, num_gpus=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=slot.node_id, soft=False),
         ).remote(spec, command)
         for slot, spec in zip(slots, specs, strict=True)
