@@ -183,3 +183,13 @@ def test_the_te_spec_asks_megatron_for_the_fused_rope(monkeypatch):
             bridge.transformer_config(cfg, ParallelConfig(), torch.float32, spec="te")
         monkeypatch.setattr(rope_utils, "fused_apply_rotary_pos_emb_thd", lambda *a, **k: None)
     assert bridge.transformer_config(cfg, ParallelConfig(), torch.float32, spec="te").apply_rope_fusion is True
+
+
+def test_the_planner_knows_every_bridge_by_its_model_type():
+    """The planner imports no torch, so it keeps its own list of bridged model types."""
+    from megarl.models.bridge import BRIDGES
+    from megarl.models.bridges import get_bridge
+    from megarl.plan.planner import BRIDGED_MODEL_TYPES
+
+    get_bridge("qwen2")  # the built-in bridges are registered
+    assert sorted(BRIDGED_MODEL_TYPES) == sorted(BRIDGES)
