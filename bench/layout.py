@@ -39,14 +39,26 @@ def run(checkout: Path, args: list[str], timeout: float) -> float:
     return seconds
 
 
-def compare(name: str, args: list[str], against: Path, repeats: int, timeout: float) -> dict[str, object]:
-    new, old = [], []
+def compare(name: str, args: list[str], against: Path, repeats: int, timeout: float,
+            done: list[dict[str, object]] | None = None) -> dict[str, object]:  # fmt: skip
+    """``repeats`` interleaved pairs; after each pair the rows so far (``done`` and this one) are
+    written, so a long comparison stopped early keeps its pairs."""
+    new: list[float] = []
+    old: list[float] = []
+    row: dict[str, object] = {}
     for _ in range(repeats):
         new.append(run(ROOT, args, timeout))
         old.append(run(against, args, timeout))
-    ratios = [n / o for n, o in zip(new, old, strict=True)]
-    return {"case": name, "new_median_s": statistics.median(new), "old_median_s": statistics.median(old),
-            "ratio_median": statistics.median(ratios), "new_s": new, "old_s": old}  # fmt: skip
+        ratios = [n / o for n, o in zip(new, old, strict=True)]
+        row = {"case": name, "new_median_s": statistics.median(new), "old_median_s": statistics.median(old),
+               "ratio_median": statistics.median(ratios), "pairs": len(new), "new_s": new, "old_s": old}  # fmt: skip
+        write([*(done or []), row], against)
+    return row
+
+
+def write(rows: list[dict[str, object]], against: Path) -> None:
+    out = {"machine": describe(), "load_now": os.getloadavg()[0], "against": str(against), "rows": rows}
+    (ROOT / "bench" / "results" / "layout.json").write_text(json.dumps(out, indent=2) + "\n")
 
 
 def main() -> None:
@@ -55,15 +67,15 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7, help="interleaved pairs of each start-up case")
     parser.add_argument("--tests", type=int, default=0, metavar="PAIRS", help="also time the test subset, PAIRS interleaved pairs")
     args = parser.parse_args()
-    load = os.getloadavg()[0]
-    rows = [compare(name, cmd, args.against.resolve(), args.repeats, 300) for name, cmd in CASES.items()]
+    against = args.against.resolve()
+    rows: list[dict[str, object]] = []
+    for name, cmd in CASES.items():
+        rows.append(compare(name, cmd, against, args.repeats, 300, rows))
     if args.tests:
-        rows.append(compare("tests/distributed + tests/e2e/test_trainer.py", TESTS, args.against.resolve(), args.tests, 3600))
+        rows.append(compare("tests/distributed + tests/e2e/test_trainer.py", TESTS, against, args.tests, 3600, rows))
     print(f"{'case':48} {'new s':>8} {'old s':>8} {'new/old':>8}")
     for r in rows:
         print(f"{r['case']:48} {r['new_median_s']:8.2f} {r['old_median_s']:8.2f} {r['ratio_median']:8.3f}")
-    out = {"machine": describe(), "load_before": load, "load_after": os.getloadavg()[0], "against": str(args.against), "rows": rows}
-    (ROOT / "bench" / "results" / "layout.json").write_text(json.dumps(out, indent=2) + "\n")
 
 
 if __name__ == "__main__":
