@@ -214,7 +214,7 @@ def _start_group(cfg: Any, placement: Any, steps: int, log_dir: Path) -> tuple[A
     else:
         from megarl.ray_cluster.worker_group import GroupOptions, WorkerGroup
 
-        options = GroupOptions(log_dir=log_dir, init_timeout_s=cfg.cluster.build_timeout_s, init_timeout_key="cluster.build_timeout_s")
+        options = GroupOptions.of_run(cfg.cluster, log_dir)
         group = WorkerGroup(SFTRank, placement, cfg, steps, group_options=options)
     return SFTClient(group), group
 

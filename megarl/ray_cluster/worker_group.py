@@ -108,6 +108,13 @@ class GroupOptions:
     init_timeout_key: str = ""
     place_timeout_s: float = 120.0
 
+    @classmethod
+    def of_run(cls, cluster: Any, log_dir: str | Path, env: dict[str, str] | None = None) -> GroupOptions:
+        """A run's group (launch, sft): its log folder, and the start-up deadline of
+        ``cluster.build_timeout_s`` (a megarl.config.sections.ClusterConfig), named when it passes."""
+        return cls(log_dir=log_dir, env=dict(env or {}), init_timeout_s=cluster.build_timeout_s,
+                   init_timeout_key="cluster.build_timeout_s")  # fmt: skip
+
 
 class _WorkerHost:
     """The generic Ray actor: sends its output to a log file, then hosts one worker object."""

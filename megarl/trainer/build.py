@@ -171,8 +171,7 @@ def _start_groups(cfg: MegaRLConfig, plan: Plan, total_steps: int, log_dir: Path
     closers.append(lambda: release(placed))
     groups: dict[str, Any] = {}
     for role, cls in _rank_classes(plan).items():
-        options = GroupOptions(log_dir=log_dir, env=_shared_nccl_env(cfg) if role == "policy" else {},
-                               init_timeout_s=cfg.cluster.build_timeout_s, init_timeout_key="cluster.build_timeout_s")  # fmt: skip
+        options = GroupOptions.of_run(cfg.cluster, log_dir, _shared_nccl_env(cfg) if role == "policy" else None)
         groups[role] = WorkerGroup(cls, placed[role], *_rank_args(cfg, role, total_steps), group_options=options)
         closers.append(groups[role].shutdown)
     return _clients(groups, cfg.rollout.weight_sync.timeout_s or None)

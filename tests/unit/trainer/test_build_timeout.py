@@ -5,7 +5,6 @@ worker group of `megarl launch` and `megarl sft`, and named by the timeout's err
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -13,7 +12,6 @@ pytest.importorskip("ray")
 
 from megarl.config.loading import load_config  # noqa: E402
 from megarl.config.sections import BUILD_TIMEOUT_S, ClusterConfig  # noqa: E402
-from megarl.ray_cluster import worker_group  # noqa: E402
 from megarl.ray_cluster.worker_group import CallTimeout, GroupOptions, build_timeout_error  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parents[3] / "configs" / "tiny_grpo.yaml"
@@ -27,38 +25,13 @@ def test_the_default_is_documented_and_0_means_no_deadline():
         ClusterConfig(build_timeout_s=-1)
 
 
-def test_launch_gives_every_worker_group_the_configured_timeout(monkeypatch, tmp_path):
-    from megarl.trainer import build
-
-    made: list[GroupOptions] = []
-
-    class Group:
-        def __init__(self, cls, placed, *args, group_options: GroupOptions, **kwargs):
-            made.append(group_options)
-
-        def shutdown(self) -> None:
-            pass
-
-    import megarl.ray_cluster.placement as placement
-
-    monkeypatch.setattr(placement, "role_placements", lambda cfg, plan: ([], []))
-    monkeypatch.setattr(placement, "place_roles", lambda placements, colocate: {"policy": None, "critic": None})
-    monkeypatch.setattr(worker_group, "WorkerGroup", Group)
-    monkeypatch.setattr(build, "_rank_classes", lambda plan: {"policy": object, "critic": object})
-    monkeypatch.setattr(build, "_rank_args", lambda cfg, role, steps: ())
+def test_a_runs_worker_groups_take_the_configured_build_timeout(tmp_path):
+    """launch and sft build their groups' options from the run's cluster section."""
     cfg = load_config(CONFIG, ["cluster.build_timeout_s=5400"])
-    build._start_groups(cfg, SimpleNamespace(), 1, tmp_path, [])
-    assert [(o.init_timeout_s, o.init_timeout_key) for o in made] == [(5400.0, "cluster.build_timeout_s")] * 2
-
-
-def test_sft_gives_its_worker_group_the_configured_timeout(monkeypatch, tmp_path):
-    from megarl.commands import sft
-
-    made: list[GroupOptions] = []
-    monkeypatch.setattr(worker_group, "WorkerGroup", lambda *args, group_options, **kw: made.append(group_options))
-    cfg = load_config(CONFIG, ["cluster.build_timeout_s=0"])
-    sft._start_group(cfg, object(), 1, tmp_path)
-    assert [(o.init_timeout_s, o.init_timeout_key) for o in made] == [(0.0, "cluster.build_timeout_s")]
+    options = GroupOptions.of_run(cfg.cluster, tmp_path, {"X": "1"})
+    assert (options.init_timeout_s, options.init_timeout_key) == (5400.0, "cluster.build_timeout_s")
+    assert (options.log_dir, options.env) == (tmp_path, {"X": "1"})
+    assert GroupOptions.of_run(load_config(CONFIG, ["cluster.build_timeout_s=0"]).cluster, tmp_path).init_timeout_s == 0
 
 
 def test_a_build_past_the_deadline_names_the_key_its_value_and_the_fix():
