@@ -214,6 +214,38 @@ class OptimizerConfig(Section):
         return self
 
 
+class MoEConfig(Section):
+    routing_replay: Literal["none", "experts", "experts_and_weights"] = Field(
+        "none",
+        description="Route the trainer's tokens as the engine routed them, in the old-log-prob, reference and update "
+        "forwards (mixture-of-experts models). none: the trainer's router decides; experts: the engine's expert "
+        "ids per token and layer, with the trainer's own routing weights over them (its router still gets "
+        "gradients); experts_and_weights: the engine's ids and routing weights (torch engine only: SGLang "
+        "returns ids alone). Dense models ignore it.",
+    )
+    aux_loss_coef: float = Field(
+        0.0, ge=0, description="Coefficient of Megatron's auxiliary load-balancing loss (per micro-batch, as HF's "
+        "router_aux_loss_coef); 0 = none. Added to the policy loss; reported as <role>/moe_aux_loss.",
+    )  # fmt: skip
+    z_loss_coef: float = Field(
+        0.0, ge=0, description="Coefficient of the router z-loss (penalises large router logits); 0 = none.",
+    )  # fmt: skip
+    expert_bias_update_rate: float = Field(
+        0.0, ge=0, description="DeepSeek-style auxiliary-loss-free balancing: a per-expert bias added to the "
+        "router's scores for the top-k choice only, moved by this rate towards equal load after each optimizer "
+        "step (Megatron's moe_router_bias_update_rate); 0 = off.",
+    )  # fmt: skip
+    capacity_factor: float | None = Field(
+        None, gt=0, description="Tokens an expert takes per micro-batch, as a multiple of the even share; the rest "
+        "are dropped (their expert output is zero). None = dropless: every token reaches its experts, as the "
+        "engines route them (recommended for RL: a dropped token's log-prob differs from the engine's).",
+    )  # fmt: skip
+    token_drop_policy: Literal["probs", "position"] = Field(
+        "probs", description="With capacity_factor: which tokens an over-full expert drops (lowest routing "
+        "probability, or latest in the micro-batch).",
+    )  # fmt: skip
+
+
 class ActorConfig(Section):
     parallel: ParallelConfig = Field(default_factory=ParallelConfig, description="Model parallel layout.")
     micro_batch_size: int | None = Field(1, ge=1, description="Samples per micro-batch per DP rank (or use max_tokens_per_gpu).")
@@ -236,6 +268,7 @@ class ActorConfig(Section):
     logprob_chunk_tokens: int = Field(1024, ge=1, description="Tokens whose LM-head logits exist at once when log-probs and entropy are computed (the head's memory is a few chunk x vocab/tp fp32 buffers, whatever the response length); the critic ignores it.")
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig, description="Optimizer and LR schedule.")
     offload: bool = Field(False, description="Move params, grads and optimizer state to host memory while the engine generates (colocated).")
+    moe: MoEConfig = Field(default_factory=MoEConfig, description="Mixture-of-experts training: routing replay, load balance, token drops.")
 
 
 class ReferenceConfig(Section):

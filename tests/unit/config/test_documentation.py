@@ -15,8 +15,8 @@ def test_every_leaf_key_is_listed():
 
 def test_one_section_and_a_bad_one():
     assert describe("actor.optimizer").splitlines()[0].startswith("actor.optimizer.lr = ")
-    with pytest.raises(ConfigError, match=r"^unknown key actor\.nope; valid keys here: .*parallel, .*optimizer"):
-        describe("actor.nope")
+    with pytest.raises(ConfigError, match=r"^unknown key actor\.xyzzy; valid keys here: .*parallel, .*optimizer"):
+        describe("actor.xyzzy")
 
 
 def test_one_key_and_a_misspelt_one():
