@@ -152,7 +152,7 @@ class MegatronModel:
         hf_config = AutoConfig.from_pretrained(hf_path)
         bridge = get_bridge(hf_config)
         spec = resolve_layer_spec(layer_spec, torch.device(info.device).type)  # the config depends on it (rope fusion)
-        tcfg = bridge.transformer_config(hf_config, cfg.parallel, dtype, cfg.recompute, spec=spec)
+        tcfg = bridge.transformer_config(hf_config, cfg.parallel, dtype, cfg.recompute, spec=spec, moe=cfg.moe)
         _configure_schedule(tcfg, dtype)
         module = bridge.build_model(
             hf_config, tcfg, pre_process=info.is_first_stage, post_process=info.is_last_stage, value_head=value_head,

@@ -71,7 +71,9 @@ class ModelBridge:
         raise NotImplementedError
 
     def transformer_config(self, hf_config: Any, parallel: Any, dtype: torch.dtype, recompute: str = "none",
-                           spec: LayerSpec = "local"):  # fmt: skip
+                           spec: LayerSpec = "local", moe: Any = None):  # fmt: skip
+        """Megatron's TransformerConfig; ``moe``: the role's MoEConfig (None: its defaults), read by
+        mixture-of-experts bridges only."""
         raise NotImplementedError
 
     def build_model(self, hf_config: Any, transformer_config: Any, *, pre_process: bool, post_process: bool,

@@ -123,17 +123,17 @@ class DenseDecoderBridge(ModelBridge):
             raise ValueError(f"parallel.pp ({pp}) must divide num_hidden_layers ({layers}); try {', '.join(map(str, ok))}")
 
     def transformer_config(self, hf_config: Any, parallel: Any, dtype: torch.dtype, recompute: str = "none",
-                           spec: LayerSpec = "local"):  # fmt: skip
+                           spec: LayerSpec = "local", moe: Any = None):  # fmt: skip
         """Megatron's TransformerConfig of ``hf_config``, for layers of ``spec`` (the resolved
         ``model.layer_spec``: the TE spec asks for TE's fused rope)."""
         from megatron.core.transformer.transformer_config import TransformerConfig
 
         self.check_hf_config(hf_config)
         self.check_parallel(hf_config, parallel)
-        return TransformerConfig(**self._config_kwargs(hf_config, parallel, dtype, recompute, spec))
+        return TransformerConfig(**self._config_kwargs(hf_config, parallel, dtype, recompute, spec, moe))
 
     def _config_kwargs(self, hf_config: Any, parallel: Any, dtype: torch.dtype, recompute: str,
-                       spec: LayerSpec = "local") -> dict[str, Any]:  # fmt: skip
+                       spec: LayerSpec = "local", moe: Any = None) -> dict[str, Any]:  # fmt: skip
         """TransformerConfig's arguments for ``hf_config`` (checked) in ``parallel``'s layout and ``spec``'s layers."""
         heads, groups, head_dim = self._dims(hf_config)
         cpu = not torch.cuda.is_available()

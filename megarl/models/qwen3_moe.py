@@ -109,8 +109,8 @@ class Qwen3MoeBridge(Qwen3Bridge):
         self._check_split(hf_config, parallel)
 
     def _config_kwargs(self, hf_config: Any, parallel: Any, dtype: torch.dtype, recompute: str,
-                       spec: LayerSpec = "local") -> dict[str, Any]:  # fmt: skip
-        kwargs = super()._config_kwargs(hf_config, parallel, dtype, recompute, spec)
+                       spec: LayerSpec = "local", moe: Any = None) -> dict[str, Any]:  # fmt: skip
+        kwargs = super()._config_kwargs(hf_config, parallel, dtype, recompute, spec, moe)
         kwargs.update(
             num_moe_experts=_num_experts(hf_config),
             moe_ffn_hidden_size=hf_config.moe_intermediate_size,
