@@ -34,6 +34,11 @@ TOKEN_FIELDS = (
 # Per-sample python lists, length B.
 LIST_FIELDS = ("data_source", "ground_truth", "extra_info", "finish_reason", "prompt_text")
 
+# Per-token routing of mixture-of-experts models, [B, P+R, L, k]: aligned with the full token rows
+# of :meth:`Batch.sequences` (prompt and response), L the model's MoE layers in order, k the experts
+# each token goes to (actor.moe.routing_replay).
+ROUTING_FIELDS = ("routed_experts", "routing_weights")
+
 # Why a sample ended: the engine stopped it (stop / length / abort), or its agent loop did
 # (megarl/rollout/agents/loops.py: max_turns, max_tool_calls, tool_error, timeout).
 FINISH_REASONS = ("stop", "length", "abort", "max_turns", "max_tool_calls", "tool_error", "timeout")
@@ -63,6 +68,10 @@ class Batch:
     token_rewards: torch.Tensor | None = None  # [B, R] outcome on the last token, minus KL
     advantages: torch.Tensor | None = None  # [B, R]
     returns: torch.Tensor | None = None  # [B, R]
+    # The engine's experts of token t of cat(prompt_ids, response_ids) in each MoE layer, -1 where
+    # it routed none (padding; the last response token, which no forward pass of the engine saw).
+    routed_experts: torch.Tensor | None = None  # [B, P+R, L, k] int16
+    routing_weights: torch.Tensor | None = None  # [B, P+R, L, k] float32, the engine's weights of those experts
 
     def __post_init__(self) -> None:
         self.validate()
@@ -84,6 +93,11 @@ class Batch:
         for name in LIST_FIELDS:
             value = getattr(self, name)
             assert len(value) in (0, b), (name, len(value), b)
+        for name in ROUTING_FIELDS:
+            value = getattr(self, name)
+            assert value is None or (value.dim() == 4 and value.shape[:2] == (b, self.prompt_len + r)), (name, value.shape)
+        if self.routing_weights is not None:
+            assert self.routed_experts is not None and self.routing_weights.shape == self.routed_experts.shape
 
     def __len__(self) -> int:
         return self.response_ids.shape[0]
@@ -170,6 +184,9 @@ class Batch:
                 updates[f.name] = [x for v in values for x in v]
             elif f.name in ("prompt_ids", "prompt_mask"):
                 updates[f.name] = torch.cat([_pad_left(v, p) for v in values])
+            elif f.name in ROUTING_FIELDS:
+                fill = -1 if f.name == "routed_experts" else 0
+                updates[f.name] = torch.cat([_pad_routing(v, b.prompt_len, p, r, fill) for v, b in zip(values, batches)])
             elif values[0].dim() == 2:
                 updates[f.name] = torch.cat([_pad_right(v, r) for v in values])
             else:
@@ -194,6 +211,16 @@ def _pad_left(t: torch.Tensor, width: int) -> torch.Tensor:
 
 def _pad_right(t: torch.Tensor, width: int) -> torch.Tensor:
     return torch.nn.functional.pad(t, (0, width - t.shape[1]), value=0)
+
+
+def _pad_routing(t: torch.Tensor, prompt: int, p: int, r: int, fill: float) -> torch.Tensor:
+    """``t`` [B, prompt + R0, L, k] re-padded to [B, p + r, L, k]: prompt columns on the left,
+    response columns on the right, as the token rows."""
+    head, tail = t[:, :prompt], t[:, prompt:]
+    width = (0, 0, 0, 0)
+    head = torch.nn.functional.pad(head, (*width, p - prompt, 0), value=fill)
+    tail = torch.nn.functional.pad(tail, (*width, 0, r - tail.shape[1]), value=fill)
+    return torch.cat([head, tail], dim=1)
 
 
 @dataclass(frozen=True)
