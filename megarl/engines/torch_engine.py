@@ -27,6 +27,7 @@ batching, tensor parallelism, min_p / penalties. Weights arrive through :meth:`l
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
 import random
 from collections.abc import Sequence
 from pathlib import Path
@@ -101,7 +102,11 @@ class TorchEngine:
         self.eos_token_ids = eos_token_ids(model_path, self.tokenizer)
         self.pad_token_id = _pad_id(self.model, self.tokenizer, self.eos_token_ids)
         self._weight_version = 0
-        self._param_names = _canonical_param_names(self.model)  # state-dict key -> parameter name
+        self._experts = fused_expert_slices(self.model)  # a pushed per-expert name -> its place in a fused tensor
+        fused = {piece.param for piece in self._experts.values()}
+        # What a push must deliver: each parameter, except fused experts, which arrive one per expert.
+        self._param_names = {k: v for k, v in _canonical_param_names(self.model).items() if k not in fused}
+        self._param_names.update({name: name for name in self._experts})
         self._received: set[str] = set()
 
     # ------------------------------------------------------------------ generation
@@ -220,7 +225,8 @@ class TorchEngine:
                     f"(expected HF names such as {next(iter(self._param_names))!r}); "
                     "check that trainer and engine load the same architecture"
                 )
-            target = state[name]
+            piece = self._experts.get(name)
+            target = state[name] if piece is None else state[piece.param][piece.expert, piece.rows]
             if tuple(target.shape) != tuple(tensor.shape):
                 raise WeightLoadError(
                     f"weight push sent {name!r} with shape {tuple(tensor.shape)}, "
@@ -345,6 +351,36 @@ def _pad_id(model, tokenizer, eos_ids: tuple[int, ...]) -> int:
         if candidate is not None:
             return int(candidate)
     return eos_ids[0] if eos_ids else 0  # padded positions are masked out: any id works
+
+
+@dataclass(frozen=True)
+class ExpertSlice:
+    """Where one expert's HF tensor lives inside a fused experts parameter."""
+
+    param: str  # the fused parameter's state-dict key, e.g. model.layers.0.mlp.experts.gate_up_proj
+    expert: int  # its index along dim 0 ([E, ...])
+    rows: slice  # its rows along dim 1: gate or up half of gate_up_proj, all of down_proj
+
+
+def fused_expert_slices(model: torch.nn.Module) -> dict[str, ExpertSlice]:
+    """Per-expert HF name -> its slice of the fused parameter, for every experts module.
+
+    transformers 5 holds an MoE layer's experts fused in memory (``gate_up_proj`` [E, 2F, H]:
+    gate rows first, as its forward chunks them; ``down_proj`` [E, H, F]) but saves them one
+    tensor per expert (``experts.{e}.gate_proj.weight`` ...), which is what the trainer pushes.
+    Its own loader fuses whole checkpoint files; a push arrives a bucket at a time, so the engine
+    copies each expert's tensor into its slice. Dense models have no such module: empty."""
+    out: dict[str, ExpertSlice] = {}
+    for path, module in model.named_modules():
+        gate_up, down = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
+        if not (isinstance(gate_up, torch.nn.Parameter) and isinstance(down, torch.nn.Parameter) and gate_up.dim() == 3):
+            continue
+        half = gate_up.shape[1] // 2
+        for e in range(gate_up.shape[0]):
+            out[f"{path}.{e}.gate_proj.weight"] = ExpertSlice(f"{path}.gate_up_proj", e, slice(0, half))
+            out[f"{path}.{e}.up_proj.weight"] = ExpertSlice(f"{path}.gate_up_proj", e, slice(half, 2 * half))
+            out[f"{path}.{e}.down_proj.weight"] = ExpertSlice(f"{path}.down_proj", e, slice(None))
+    return out
 
 
 def _canonical_param_names(model: torch.nn.Module) -> dict[str, str]:
