@@ -232,20 +232,25 @@ def _load_optimizer_state(optimizer: Any, loaded: Any) -> None:
     a parameter's optimizer state from the checkpoint, and torch Adam's per-parameter ``step``
     (which its own ``load_state_dict`` has just put there) is not in it: a KeyError. So the
     parameter state loads here after the rest, with the steps held aside (and
-    :func:`_restore_adam_steps` sets them afterwards). TE/apex FusedAdam keep no such entry."""
+    :func:`_restore_adam_steps` sets them afterwards). TE/apex FusedAdam keep no such entry.
+
+    An MoE model trains with a chain of two (dense and expert parameters, each sharded over its
+    own data-parallel group); its state is one entry per optimizer, by index."""
     chained = getattr(optimizer, "chained_optimizers", [optimizer])
-    if not isinstance(loaded, dict) or loaded.get("param_state_sharding_type") != "fully_reshardable":
+    states = [loaded] if len(chained) == 1 else [v for _, v in sorted(loaded.items())] if isinstance(loaded, dict) else list(loaded)
+    if len(states) != len(chained):
+        raise ValueError(f"the checkpoint holds the state of {len(states)} optimizer(s), this model trains with "
+                         f"{len(chained)} (a dense model's checkpoint resumed as an MoE one, or the reverse?)")  # fmt: skip
+    if not any(isinstance(s, dict) and s.get("param_state_sharding_type") == "fully_reshardable" for s in states):
         optimizer.load_state_dict(loaded)
         return
-    # One optimizer per model: megarl builds no expert-parallel one (parallel.ep=1), so no chain of several.
-    assert len(chained) == 1, f"{len(chained)} chained optimizers"
-    inner = chained[0]
-    param_state = loaded.pop("param_state")
-    inner.load_state_dict(loaded)  # param groups (Adam's step), grad scaler
-    held = {p: s.pop("step") for p, s in inner.optimizer.state.items() if "step" in s} if inner.optimizer else {}
-    inner.load_parameter_state_from_fully_reshardable(param_state)
-    for p, step in held.items():
-        inner.optimizer.state[p]["step"] = step
+    for inner, state in zip(chained, states, strict=True):
+        param_state = state.pop("param_state")
+        inner.load_state_dict(state)  # param groups (Adam's step), grad scaler
+        held = {p: s.pop("step") for p, s in inner.optimizer.state.items() if "step" in s} if inner.optimizer else {}
+        inner.load_parameter_state_from_fully_reshardable(param_state)
+        for p, step in held.items():
+            inner.optimizer.state[p]["step"] = step
 
 
 def _model_sharded_state(core: Any) -> dict[str, Any]:  # a megatron GPTModel (untyped)

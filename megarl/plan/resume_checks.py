@@ -159,11 +159,15 @@ def _check_resumed_config(cfg: MegaRLConfig, ckpt: Any, findings: list[Finding])
 # Megatron reshards the distributed optimizer's dp_reshardable state over DP only, its
 # fully_reshardable state and the non-distributed optimizer's (per parameter, keyed like the
 # weights) over TP and PP too (<section>.optimizer.checkpoint_format at save; CHECKPOINT_METADATA
-# in megarl/megatron_runtime/training.py).
+# in megarl/megatron_runtime/training.py). Expert parallelism splits an MoE model's optimizer in
+# two (dense and expert parameters, each over its own data-parallel group) at ep > 1 but not at
+# ep 1, and the two lay their state out under different keys: ep and etp are kept in every format.
 RESUME_LAYOUT_KEYS = {
-    "policy": ("actor.parallel.tp", "actor.parallel.pp", "actor.optimizer.distributed", "model.dtype"),
-    "critic": ("critic.parallel.tp", "critic.parallel.pp", "critic.optimizer.distributed", "model.dtype"),
-}
+    "policy": ("actor.parallel.tp", "actor.parallel.pp", "actor.parallel.ep", "actor.parallel.etp",
+               "actor.optimizer.distributed", "model.dtype"),
+    "critic": ("critic.parallel.tp", "critic.parallel.pp", "critic.parallel.ep", "critic.parallel.etp",
+               "critic.optimizer.distributed", "model.dtype"),
+}  # fmt: skip
 FULLY_RESHARDABLE_KEYS = (".parallel.tp", ".parallel.pp")  # (suffixes) what fully_reshardable state may change
 
 

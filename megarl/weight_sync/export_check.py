@@ -59,7 +59,8 @@ def expected_fingerprint(bridge: Any, model: torch.nn.Module, *, collect: Collec
     gpt = unwrap_model(model)
     hf_config = hf_config_of(gpt)
     info = bridge.shard_info(hf_config, gpt)
-    mine = [(rule, param) for rule, param in bridge.local_rules(gpt) if rule.export]
+    rules = [(rule, param) for rule, param in bridge.local_rules(gpt) if rule.export]
+    mine = [(rule, param) for rule, param in rules if not rule.expert]
     device = next(gpt.parameters()).device
     stats = torch.zeros(len(mine), 2, dtype=torch.float64, device=device)  # [params, (sum, abs)]
     for i, (rule, param) in enumerate(mine):
@@ -73,6 +74,7 @@ def expected_fingerprint(bridge: Any, model: torch.nn.Module, *, collect: Collec
     if info.tp_size > 1:
         dist.all_reduce(stats, group=tp_group())
     local = {rule.hf: (float(s), float(a)) for (rule, _), (s, a) in zip(mine, stats.cpu().tolist(), strict=True)}
+    local |= _expert_fingerprint([(rule, param) for rule, param in rules if rule.expert])
     pp_size = dist.get_world_size(pp_group())
     if collect == "stage" or pp_size == 1:
         return local
@@ -82,6 +84,24 @@ def expected_fingerprint(bridge: Any, model: torch.nn.Module, *, collect: Collec
     merged: Fingerprint = {}
     for stage in stages:
         merged |= stage
+    return merged
+
+
+def _expert_fingerprint(experts: list[tuple[Any, torch.Tensor]]) -> Fingerprint:
+    """The stats of this stage's experts on every EP rank, as the export gathers them over the
+    expert-parallel group. Each expert is whole on its rank (parallel.etp = 1), so a TP rank's
+    copy is not a shard: no sum over TP. Collective over the EP group (size 1 for dense models,
+    where ``experts`` is empty)."""
+    import torch.distributed as dist
+
+    from megarl.parallel.sharding import all_gather_objects, ep_group
+
+    local = {rule.hf: tuple(tensor_stats(param).cpu().tolist()) for rule, param in experts}
+    if not experts or dist.get_world_size(ep_group()) == 1:
+        return local
+    merged: Fingerprint = {}
+    for rank in all_gather_objects(local, group=ep_group()):
+        merged |= rank
     return merged
 
 
