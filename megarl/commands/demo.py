@@ -22,6 +22,11 @@ from megarl.models.tiny import build_tiny_model
 # The demo model: the size a plain calibration probe (HF model + hand-written GRPO) learned the task with.
 DEMO_MODEL: dict[str, Any] = dict(arch="qwen2", task_vocab=TASK_VOCAB, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
                                   ffn_hidden_size=128, max_position_embeddings=64)
+# The mixture-of-experts demo's (configs/tiny_moe_grpo.yaml): the same size with 4 experts of
+# which each token takes 2, in both layers.
+DEMO_MOE_MODEL: dict[str, Any] = dict(DEMO_MODEL, arch="qwen3_moe", num_experts=4, experts_per_token=2, moe_ffn_hidden_size=64)
+# The model a demo config's model.arch asks for.
+DEMO_MODELS: dict[str, dict[str, Any]] = {"tiny-demo": DEMO_MODEL, "tiny-moe-demo": DEMO_MOE_MODEL}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -85,19 +90,35 @@ def sglang_on_cpu(overrides: list[str]) -> list[str]:
     return extra
 
 
-def prepare_demo(root: str | Path = "outputs/demo", seed: int = 0) -> tuple[Path, Path]:
+def prepare_demo(root: str | Path = "outputs/demo", seed: int = 0, arch: str = "tiny-demo") -> tuple[Path, Path]:
     """Model and data directories under ``root`` (made if missing; each is built beside its place
-    and renamed in whole, so an interrupted build never leaves half a model)."""
+    and renamed in whole, so an interrupted build never leaves half a model). ``arch``: the
+    demo model (DEMO_MODELS) the config names in model.arch."""
     from megarl.data.tasks import write_reverse_digits
 
+    if arch not in DEMO_MODELS:
+        raise ValueError(f"model.arch ({arch}) names no demo model; a demo config uses one of {', '.join(DEMO_MODELS)}")
     root = Path(root)
     model = root / "model"
+    _check_demo_model(model, arch)
     if not (model / "config.json").is_file():
-        _build_in_place(model, lambda tmp: build_tiny_model(tmp, seed=seed, **DEMO_MODEL))
+        _build_in_place(model, lambda tmp: build_tiny_model(tmp, seed=seed, **DEMO_MODELS[arch]))
     data = root / "data"
     if not (data / "train.parquet").is_file() or not (data / "val.parquet").is_file():
         _build_in_place(data, lambda tmp: write_reverse_digits(tmp, seed=seed))
     return model, data
+
+
+def _check_demo_model(model: Path, arch: str) -> None:
+    """Refuse a demo root whose model is another demo's (the dense one under the MoE config)."""
+    import json
+
+    if not (model / "config.json").is_file():
+        return
+    found, wanted = json.loads((model / "config.json").read_text()).get("model_type"), DEMO_MODELS[arch]["arch"]
+    if found != wanted:
+        raise ValueError(f"{model} holds a {found} model, and this config's model.arch ({arch}) is a {wanted} one; "
+                         f"give this demo its own --root (e.g. --root outputs/{arch.removeprefix('tiny-')})")  # fmt: skip
 
 
 def _build_in_place(target: Path, build: Callable[[Path], object]) -> None:
@@ -122,7 +143,7 @@ def run_demo(config: str | Path, overrides: list[str], root: str | Path = "outpu
     from megarl.config.loading import load_config
     from megarl.trainer.launch import launch
 
-    model, data = prepare_demo(root)
+    model, data = prepare_demo(root, arch=load_config(config, overrides).model.arch or "tiny-demo")
     paths = [f"model.path={model}", f"data.train_files=[{data / 'train.parquet'}]", f"data.val_files=[{data / 'val.parquet'}]",
              f"trainer.output_dir={Path(root) / 'run'}", *sglang_on_cpu(overrides)]
     launch(config, [*paths, *overrides], resume_command=demo_command(config, overrides, root))
