@@ -84,6 +84,7 @@ BUILTIN_ARCHS: dict[str, ArchSpec] = {
         _qwen3("qwen3-32b", 5120, 64, 64, 8, 25600, False),
         # The CPU demo's model (megarl demo builds it with megarl/models/tiny.py).
         ArchSpec("tiny-demo", "qwen2", 64, 2, 4, 2, 128, 14, 64, False, qkv_bias=True),
+        ArchSpec("tiny-moe-demo", "qwen3_moe", 64, 2, 4, 2, 128, 14, 64, False, head_dim=16, num_experts=4),
         ArchSpec("llama-3-8b", "llama", 4096, 32, 32, 8, 14336, 128256, 8192, False),
         ArchSpec("llama-3-70b", "llama", 8192, 80, 64, 8, 28672, 128256, 8192, False),
         ArchSpec("llama-3.1-8b", "llama", 4096, 32, 32, 8, 14336, 128256, 131072, False),
