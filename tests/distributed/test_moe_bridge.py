@@ -166,7 +166,30 @@ def _parity(path: str, tp: int, ep: int, dp_rank: int) -> dict:
         "export_unequal": sorted(n for n in file if n in exported and not torch.equal(exported[n], file[n])),
         "experts_here": list(model.decoder.layers[0 if "renorm" in path else 1].mlp.local_expert_indices),
         "shifted_diff": _shifted_diff(path, tp, ep, ids, ref_logits),
+        "fingerprint": _fingerprint_check(bridge, model, file),
     }
+
+
+def _fingerprint_check(bridge, model, file: dict[str, torch.Tensor]) -> dict:
+    """The push's export check (megarl/weight_sync/export_check.py) on experts: the fingerprint
+    from this rank's shards (experts gathered over EP, not summed over TP) against the HF file,
+    and against the file with two experts of layer 0 swapped (a wrong expert order)."""
+    from megarl.weight_sync.export_check import Observation, expected_fingerprint
+
+    expected = expected_fingerprint(bridge, model)
+
+    def mismatches(tensors: dict[str, torch.Tensor]) -> list[str]:
+        seen = Observation(expected, [])  # type: ignore[arg-type]  # (no ExportCheck: mismatches() alone)
+        for name, t in tensors.items():
+            seen.add(name, t)
+        return sorted(m.split(":")[0] for m in seen.mismatches())
+
+    a, b = (f"model.layers.{_first_moe_layer(file)}.mlp.experts.{e}.down_proj.weight" for e in (0, 1))
+    return {"file": mismatches(file), "swapped": mismatches({**file, a: file[b], b: file[a]})}
+
+
+def _first_moe_layer(file: dict[str, torch.Tensor]) -> int:
+    return min(int(n.split(".")[2]) for n in file if ".mlp.experts." in n)
 
 
 def _shifted_diff(path: str, tp: int, ep: int, ids: torch.Tensor, ref_logits: torch.Tensor) -> float:
@@ -229,6 +252,9 @@ def _assert_parity(results: list[dict]) -> None:
             assert got["grad_names_equal"] and got["worst_grad"][1] <= GRAD_TOL, (r["ranks"], name, got["worst_grad"])
             assert got["export_names_equal"] and got["export_unequal"] == [], (r["ranks"], name, got["export_unequal"])
             assert got["shifted_diff"] > SHIFTED_MIN, (r["ranks"], name, got["shifted_diff"])
+            assert got["fingerprint"]["file"] == [], (r["ranks"], name, got["fingerprint"])
+            layer = 0 if name == "renorm" else 1
+            assert got["fingerprint"]["swapped"] == [f"model.layers.{layer}.mlp.experts.{e}.down_proj.weight" for e in (0, 1)]
 
 
 def test_qwen3_moe_ep2(moe_dirs):
