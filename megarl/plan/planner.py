@@ -46,7 +46,7 @@ from megarl.plan.gpu_memory import (
 )
 from megarl.plan.host_memory import HostMemory, host_memory, host_over
 from megarl.plan.issues import Issue, PlanError, choices, divisors
-from megarl.plan.moe_checks import check_expert_parallel, check_moe_training
+from megarl.plan.moe_checks import check_expert_parallel, check_moe_settings
 from megarl.plan.push_model import PushEstimate, push_estimate
 from megarl.plan.rollout_checks import (
     check_agent,
@@ -234,14 +234,15 @@ BRIDGED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe")
 
 def _check_scope(cfg: MegaRLConfig, arch: ArchSpec, issues: list[Issue], *, sft: bool = False) -> None:
     later = "not supported yet (see docs/architecture.md, 'Scope'); set it to 1"
-    for section in ("actor", "critic") if cfg.critic_enabled and not sft else ("actor",):
+    sections = ("actor", "critic") if cfg.critic_enabled and not sft else ("actor",)
+    for section in sections:
         par = getattr(cfg, section).parallel
         for knob, what in (("vpp", "virtual pipeline stages"), ("cp", "context parallelism")):
             value = getattr(par, knob)
             if value != 1:
                 issues.append(Issue(f"{section}.parallel.{knob}", f"{what} ({value}) is {later}"))
         _check_packed_attention(cfg, section, issues)
-    check_moe_training(arch, issues)
+    check_moe_settings(cfg, arch, sections, issues, rollout=not sft)
     if arch.model_type not in BRIDGED_MODEL_TYPES:
         issues.append(Issue("model", f"model_type {arch.model_type!r} has no bridge; supported: {', '.join(BRIDGED_MODEL_TYPES)}"))
     if cfg.model.layer_spec == "te" and cfg.cluster.device == "cpu":

@@ -172,10 +172,12 @@ def _moe_dir(tmp_path, experts: int = 4) -> str:
 
 
 def _moe_issues(*overrides: str) -> list[str]:
-    """The plan's issues, one per line, without the one every MoE model gets for now (not trained yet)."""
-    lines = [line.strip().removeprefix("- ") for line in refused(TINY, *overrides).splitlines()]
-    assert any("is a mixture-of-experts model (4 experts)" in line and "routing replay" in line for line in lines)
-    return [line for line in lines if line.startswith(("actor.", "critic."))]
+    """The plan's issues of the trained sections, errors or (when it passes) warnings, one per line."""
+    try:
+        issues = plan(TINY, *overrides).warnings
+    except PlanError as exc:
+        issues = exc.issues
+    return [str(i) for i in issues if i.field.startswith(("actor.", "critic."))]
 
 
 def test_expert_parallelism_of_an_moe_model_follows_megatrons_rules(tmp_path):
@@ -193,6 +195,27 @@ def test_expert_parallelism_of_an_moe_model_follows_megatrons_rules(tmp_path):
                      "parallelism when tp > 1; remove it (on by default) or set it true"]
 
 
+def test_moe_settings_on_a_dense_model_are_refused_by_key():
+    assert "actor.moe.aux_loss_coef: (0.01) applies to mixture-of-experts models and qwen2.5-72b is dense; remove it" \
+        in refused(GRPO72, "actor.moe.aux_loss_coef=0.01")
+    assert "actor.moe.routing_replay: (experts) applies to mixture-of-experts models" in refused(GRPO72, "actor.moe.routing_replay=experts")
+
+
+def test_replayed_routing_weights_need_the_torch_engine():
+    msg = refused(GRPO72, "model.arch=qwen3-30b-a3b", "actor.moe.routing_replay=experts_and_weights")
+    assert "actor.moe.routing_replay: (experts_and_weights) needs the engine's routing weights and SGLang returns expert " \
+        "ids only; use experts (the trainer's own weights over the engine's experts), or rollout.engine torch" in msg
+    assert "routing_replay" not in refused(GRPO72, "model.arch=qwen3-30b-a3b", "actor.moe.routing_replay=experts")
+
+
+def test_moe_training_plans_and_a_capacity_factor_warns(tmp_path):
+    model = _moe_dir(tmp_path)
+    assert _moe_issues(model, "actor.moe.routing_replay=experts_and_weights") == []  # the torch engine reports weights
+    assert _moe_issues(model, "actor.moe.capacity_factor=1.25") == [
+        "actor.moe.capacity_factor: (1.25) drops the tokens an over-full expert cannot take, and the engine drops none: "
+        "those tokens' log-probs differ between trainer and engine (a growing mismatch); remove it to train dropless"]
+
+
 def test_flex_attention_needs_cuda_packing_and_the_local_spec():
     assert plan(PPO7, "actor.packed_attention=flex", "critic.packed_attention=flex", "model.layer_spec=local").warnings == []
     cpu = refused(TINY, "actor.packed_attention=flex")
@@ -205,12 +228,13 @@ def test_flex_attention_needs_cuda_packing_and_the_local_spec():
     assert [w.field for w in auto] == ["actor.packed_attention"] and "set model.layer_spec local" in auto[0].message
 
 
-def test_moe_model_refused(tmp_path):
+def test_experts_without_an_moe_bridge_are_refused(tmp_path):
     (tmp_path / "config.json").write_text(
         '{"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, '
         '"num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 100, "num_experts": 8}'
     )
-    assert "mixture-of-experts" in refused(TINY, f"model.path={tmp_path}")
+    assert f"model: {tmp_path} has 8 experts and megarl's qwen2 bridge is dense; mixture-of-experts bridges: " \
+        "qwen3_moe" in refused(TINY, f"model.path={tmp_path}")
 
 
 def test_local_config_json_is_used(tmp_path):
