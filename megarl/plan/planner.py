@@ -68,6 +68,8 @@ class RoleLayout:
     pp: int
     dp: int  # rollout: number of engines
     gpus: tuple[int, ...]  # global GPU (process) indices, rank order
+    ep: int = 1  # expert parallelism (a trained mixture-of-experts model)
+    etp: int = 1
 
     def coords(self, rank: int) -> str:
         """Megatron's default rank order: tp fastest, then dp, then pp."""
@@ -329,7 +331,7 @@ def _train_layout(role: str, cfg: ActorConfig, gpus: list[int]) -> RoleLayout | 
     tp, pp = cfg.parallel.tp, cfg.parallel.pp
     if len(gpus) % (tp * pp):
         return None  # _check_model_parallel reports it, with the layouts that fit
-    return RoleLayout(role, tp, pp, len(gpus) // (tp * pp), tuple(gpus))
+    return RoleLayout(role, tp, pp, len(gpus) // (tp * pp), tuple(gpus), cfg.parallel.ep, cfg.parallel.etp)
 
 
 def _parallel_pairs(arch: ArchSpec, gpus: int) -> list[tuple[int, int]]:
@@ -444,7 +446,7 @@ def _plan_memory(cfg: MegaRLConfig, arch: ArchSpec, roles: dict[str, RoleLayout]
                 arch, tp=lay.tp, pp=lay.pp, dp=lay.dp, tokens_per_micro_batch=_tokens_per_micro_batch(cfg, section),
                 dtype=cfg.model.dtype, recompute=section.recompute, sequence_parallel=section.parallel.uses_sequence_parallel,
                 distributed_optimizer=section.optimizer.distributed, value_head=role == "critic",
-                logprob_chunk_tokens=section.logprob_chunk_tokens,
+                logprob_chunk_tokens=section.logprob_chunk_tokens, ep=lay.ep, etp=lay.etp,
             )
     runtime, rollout = _runtime_and_rollout(cfg, arch, table, issues)
     sizes = _state_bytes(cfg, arch, mems, rollout, runtime)
@@ -579,6 +581,8 @@ def _fitting_layouts(cfg: MegaRLConfig, arch: ArchSpec, section: str, pairs: lis
         if role not in roles:
             continue
         if (conf.mini_batch_size or cfg.samples_per_step) % _batch_unit(conf, roles[role].dp):
+            continue
+        if (tp * roles[role].dp) % (conf.parallel.ep * conf.parallel.etp):  # the expert groups would not tile
             continue
         if {"policy", "critic"} & roles.keys() == ({"policy", "critic"} if cfg.critic_enabled else {"policy"}):
             resolved, _ = _resolve_recompute(probe_cfg, arch, roles)  # (the memory needs every trained role's layout)
