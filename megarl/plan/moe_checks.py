@@ -7,6 +7,7 @@ from __future__ import annotations
 from megarl.config.architectures import ArchSpec
 from megarl.config.sections import ActorConfig, MegaRLConfig, MoEConfig
 from megarl.plan.issues import Issue, choices, divisors
+from megarl.plan.rollout_checks import rollout_tp_choices
 
 _DEFAULT_MOE = MoEConfig().model_dump()
 # The HF model types whose bridge maps experts (megarl/models/qwen3_moe.py); the planner imports no torch.
@@ -64,3 +65,13 @@ def check_expert_parallel(section: str, cfg: ActorConfig, arch: ArchSpec, gpus: 
     if tp > 1 and par.sequence_parallel is False:
         issues.append(Issue(f"{field}.sequence_parallel", f"(false) at tp {tp}: Megatron's MoE layers train only with "
                             "sequence parallelism when tp > 1; remove it (on by default) or set it true"))  # fmt: skip
+
+
+def check_moe_serving(cfg: MegaRLConfig, arch: ArchSpec, issues: list[Issue]) -> None:
+    """SGLang serves an MoE model with each expert split over the engine's TP ranks (its fused MoE
+    divides moe_intermediate_size by tp, and refuses a remainder at load)."""
+    tp, f = cfg.rollout.tp, arch.moe_ffn_hidden_size
+    if arch.num_experts and cfg.rollout.engine == "sglang" and f % tp:
+        fits = [t for t in rollout_tp_choices(cfg, arch) if f % t == 0]
+        issues.append(Issue("rollout.tp", f"({tp}) must divide moe_intermediate_size ({f}): SGLang splits each expert "
+                            f"over the engine's TP ranks; try {choices(fits)}"))  # fmt: skip

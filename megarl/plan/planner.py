@@ -46,7 +46,7 @@ from megarl.plan.gpu_memory import (
 )
 from megarl.plan.host_memory import HostMemory, host_memory, host_over
 from megarl.plan.issues import Issue, PlanError, choices, divisors
-from megarl.plan.moe_checks import check_expert_parallel, check_moe_settings
+from megarl.plan.moe_checks import check_expert_parallel, check_moe_serving, check_moe_settings
 from megarl.plan.push_model import PushEstimate, push_estimate
 from megarl.plan.rollout_checks import (
     check_agent,
@@ -151,6 +151,7 @@ def make_plan(cfg: MegaRLConfig, *, check_files: bool = False, in_process: bool 
     if "rollout" in roles:
         check_rollout(cfg, arch, issues)
         check_server_args(cfg, issues)
+        check_moe_serving(cfg, arch, issues)
     check_sampling(cfg, arch, issues)
     check_validation(cfg, issues)
     check_agent(cfg, issues)

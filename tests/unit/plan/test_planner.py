@@ -216,6 +216,17 @@ def test_moe_training_plans_and_a_capacity_factor_warns(tmp_path):
         "those tokens' log-probs differ between trainer and engine (a growing mismatch); remove it to train dropless"]
 
 
+def test_sglang_splits_each_expert_over_its_tp(tmp_path):
+    (tmp_path / "config.json").write_text(
+        '{"model_type": "qwen3_moe", "hidden_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8, '
+        '"num_key_value_heads": 8, "head_dim": 64, "intermediate_size": 1024, "vocab_size": 1000, "num_experts": 8, '
+        '"num_experts_per_tok": 2, "moe_intermediate_size": 20}'
+    )
+    msg = refused(GRPO72, f"model.path={tmp_path}", "actor.parallel.ep=8")
+    assert "rollout.tp: (8) must divide moe_intermediate_size (20): SGLang splits each expert over the engine's TP " \
+        "ranks; try 1, 2 or 4" in msg  # (5 divides 20, not a node of 8)
+
+
 def test_flex_attention_needs_cuda_packing_and_the_local_spec():
     assert plan(PPO7, "actor.packed_attention=flex", "critic.packed_attention=flex", "model.layer_spec=local").warnings == []
     cpu = refused(TINY, "actor.packed_attention=flex")
