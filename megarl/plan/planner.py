@@ -78,6 +78,20 @@ class RoleLayout:
         tp_rank, dp_rank, pp_rank = rank % self.tp, (rank // self.tp) % self.dp, rank // (self.tp * self.dp)
         return f"tp{tp_rank} pp{pp_rank} dp{dp_rank}"
 
+    @property
+    def expert_dp(self) -> int:
+        """The expert-data-parallel size: the ranks of a stage holding the same experts."""
+        return self.tp * self.dp // (self.ep * self.etp)
+
+    def expert_rank(self, rank: int) -> int:
+        """The expert-parallel rank: Megatron orders a stage's ranks etp fastest, then ep, then expert dp."""
+        return (rank % (self.tp * self.dp)) // self.etp % self.ep
+
+    def experts_held(self, rank: int, num_experts: int) -> range:
+        """The experts (of each MoE layer of its stage) that ``rank`` holds."""
+        per = num_experts // self.ep
+        return range(self.expert_rank(rank) * per, (self.expert_rank(rank) + 1) * per)
+
 
 @dataclass(frozen=True)
 class MemoryPlan:
@@ -111,7 +125,11 @@ class Plan:
         cells: dict[int, list[str]] = {}
         for layout in self.roles.values():
             for rank, gpu in enumerate(layout.gpus):
-                cells.setdefault(gpu, []).append(f"{layout.role} {layout.coords(rank)}")
+                experts = ""
+                if self.arch.num_experts and layout.role != "rollout":
+                    held = layout.experts_held(rank, self.arch.num_experts)
+                    experts = f" ep{layout.expert_rank(rank)} experts {held[0]}-{held[-1]}"
+                cells.setdefault(gpu, []).append(f"{layout.role} {layout.coords(rank)}{experts}")
         total = nnodes * gpus_per_node
         return [(g // gpus_per_node, g % gpus_per_node, "; ".join(cells.get(g, ["idle"]))) for g in range(total)]
 
