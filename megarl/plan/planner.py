@@ -188,7 +188,7 @@ def make_plan(cfg: MegaRLConfig, *, check_files: bool = False, in_process: bool 
         memory = _plan_memory(cfg, arch, roles, issues)
     _raise_errors(issues)
     p = roles["policy"]
-    push = push_estimate(cfg, arch, p.tp, p.pp, p.dp)
+    push = push_estimate(cfg, arch, p.tp, p.pp, p.dp, p.ep)
     deadline = cfg.rollout.weight_sync.timeout_s
     if cfg.cluster.device == "cuda" and deadline and push.seconds > deadline:
         issues.append(Issue("rollout.weight_sync.timeout_s", f"({deadline:g}) is shorter than the plan's estimate of one "
