@@ -19,6 +19,8 @@ GRPO72 = CONFIGS / "qwen72b_grpo.yaml"
 PPO7 = CONFIGS / "qwen2.5_7b_ppo.yaml"
 TINY = CONFIGS / "tiny_grpo.yaml"
 AGENT = CONFIGS / "gsm8k_tool_agent.yaml"
+MOE30 = CONFIGS / "qwen3_30b_a3b_grpo.yaml"
+MOE235 = CONFIGS / "qwen3_235b_a22b_grpo.yaml"
 
 
 def _printed(cfg) -> str:
@@ -37,7 +39,7 @@ def refused(path, *overrides) -> str:
     return str(info.value)
 
 
-@pytest.mark.parametrize("path", [GRPO72, PPO7, TINY, AGENT], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [GRPO72, PPO7, TINY, AGENT, MOE30, MOE235], ids=lambda p: p.name)
 def test_shipped_configs_plan(path):
     p = plan(path)
     assert p.roles["policy"].tp * p.roles["policy"].pp * p.roles["policy"].dp == len(p.roles["policy"].gpus)
@@ -214,6 +216,34 @@ def test_moe_training_plans_and_a_capacity_factor_warns(tmp_path):
     assert _moe_issues(model, "actor.moe.capacity_factor=1.25") == [
         "actor.moe.capacity_factor: (1.25) drops the tokens an over-full expert cannot take, and the engine drops none: "
         "those tokens' log-probs differ between trainer and engine (a growing mismatch); remove it to train dropless"]
+
+
+def test_moe_configs_print_where_the_experts_live():
+    out = _printed(load_config(MOE30, []))
+    assert "policy: tp2 pp1 dp16 sp recompute full" in out
+    # Megatron's expert order: ep ranks run over consecutive ranks of a stage (tp fastest), 16 experts each
+    assert "policy tp0 pp0 dp0 ep0 experts 0-15; rollout engine 0 tp0" in out
+    assert "policy tp1 pp0 dp15 ep7 experts 112-127; rollout engine 7 tp3" in out
+    assert "experts policy: 128 per MoE layer over ep 8 x etp 1, 16 whole experts per GPU; expert-data-parallel 4" in out
+    assert "node 3: pp0 ep 0-7 (experts 0-127)" in out  # every node holds every expert once
+    assert "experts rollout: each of the 8 engines splits every expert over its tp 4 (192 of its 768" in out
+    assert "EP gather" in out and "ok: the plan fits" in out
+    big = _printed(load_config(MOE235, []))
+    # ep 32 at tp 4 x dp 16 per stage: a node holds a quarter of the experts, each twice per stage
+    assert "node 1: pp0 ep 8-15 (experts 32-63)" in big and "node 12: pp1 ep 0-7 (experts 0-31)" in big
+    assert "expert-data-parallel 2" in big
+
+
+def test_moe_memory_shards_experts_over_ep():
+    """The 30B model's experts over ep 8 hold 8 times less than over ep 1 (dp 16 either way); the
+    dense share does not move."""
+    big = "cluster.gpu_memory_gib=1000"  # room for every expert on each GPU
+    moe = plan(MOE30, big).memory.policy
+    whole = plan(MOE30, big, "actor.parallel.ep=1").memory.policy
+    arch = plan(MOE30).arch
+    expert_bytes = 2 * arch.num_moe_layers * arch.num_experts * arch.expert_params
+    assert whole.weights - moe.weights == pytest.approx(expert_bytes * (1 - 1 / 8))
+    assert moe.optimizer == pytest.approx(whole.optimizer)  # sharded over 32 ranks either way
 
 
 def test_sglang_splits_each_expert_over_its_tp(tmp_path):
