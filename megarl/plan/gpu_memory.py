@@ -145,11 +145,6 @@ def stage_param_split(arch: ArchSpec, pp: int, *, value_head: bool = False) -> l
     return out
 
 
-def stage_params(arch: ArchSpec, pp: int, *, value_head: bool = False) -> int:
-    """Parameters on the heaviest pipeline stage (before TP sharding)."""
-    return max(sum(split) for split in stage_param_split(arch, pp, value_head=value_head))
-
-
 def stage_params_per_gpu(arch: ArchSpec, *, tp: int, pp: int, ep: int = 1, etp: int = 1,
                          value_head: bool = False) -> tuple[float, float]:  # fmt: skip
     """(non-expert, expert) parameters one GPU holds on the heaviest stage: the non-expert ones

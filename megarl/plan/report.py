@@ -94,7 +94,7 @@ def _print_memory(cfg: MegaRLConfig, plan: Plan, console: Console) -> None:
 def expert_placement(cfg: MegaRLConfig, plan: Plan) -> list[str]:
     """A trained mixture-of-experts model's experts: how each role splits them, and which experts
     each node holds per pipeline stage (its GPUs' expert-parallel ranks)."""
-    experts, lines = plan.arch.num_experts, []
+    experts, lines = plan.arch.num_experts, list[str]()
     if not experts:
         return lines
     for lay in (r for r in plan.roles.values() if r.role != "rollout"):

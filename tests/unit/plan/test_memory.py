@@ -14,7 +14,7 @@ from megarl.plan.gpu_memory import (
     rollout_memory,
     runtime_memory,
     sglang_free_at_launch,
-    stage_params,
+    stage_param_split,
     torch_engine_memory,
     train_memory,
 )
@@ -35,7 +35,7 @@ def test_train_memory_by_hand():
     assert arch.layer_params == layer
     # pp=2: the heaviest stage has 2 layers + the output layer and final norm (1000*1024 + 1024)
     stage = 2 * layer + 1000 * 1024 + 1024
-    assert stage_params(arch, 2) == stage
+    assert stage_param_split(arch, 2) == [(2 * layer + 1000 * 1024, 0), (stage, 0)]  # (non-expert, expert); the embedding first
     m = train_memory(arch, tp=2, pp=2, dp=4, tokens_per_micro_batch=2048, dtype="bfloat16", recompute="none",
                      sequence_parallel=False, distributed_optimizer=True)
     assert m.weights == 2 * stage / 2
@@ -89,7 +89,7 @@ def test_fp32_weights_are_their_own_master_copy():
     the first step nothing; bf16 keeps an fp32 master copy (4 B) from the start."""
     arch = BUILTIN_ARCHS["tiny-demo"]
     kw = dict(tp=1, pp=1, dp=2, tokens_per_micro_batch=64, recompute="none", sequence_parallel=False, distributed_optimizer=True)
-    params = stage_params(arch, 1)
+    [(params, _)] = stage_param_split(arch, 1)
     fp32, bf16 = train_memory(arch, dtype="float32", **kw), train_memory(arch, dtype="bfloat16", **kw)
     assert (fp32.weights, fp32.grads, fp32.optimizer, fp32.optimizer_at_build) == (4 * params, 4 * params, 8 * params / 2, 0)
     assert (bf16.weights, bf16.grads, bf16.optimizer, bf16.optimizer_at_build) == (2 * params, 4 * params, 12 * params / 2, 4 * params / 2)
