@@ -1,8 +1,9 @@
 """Architecture numbers for planning: from a local HF config.json, or a built-in table.
 
-The planner needs only shapes (layers, hidden size, heads, vocabulary, positions), so
-`megarl plan configs/qwen72b_grpo.yaml` works on a laptop with no weights present. Reading
-config.json is plain json: no transformers import on the planning path.
+The planner needs only shapes (layers, hidden size, heads, vocabulary, positions and, for a
+mixture-of-experts model, its experts), so `megarl plan configs/qwen72b_grpo.yaml` works on a
+laptop with no weights present. Reading config.json is plain json: no transformers import on the
+planning path.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class ArchSpec:
-    """The shape of a dense decoder-only transformer."""
+    """The shape of a decoder-only transformer, dense or mixture-of-experts (Qwen3-MoE's layout:
+    routed experts with a SwiGLU each, a router, no shared expert; a layer is an MoE layer unless
+    listed in ``dense_layers`` or off the ``moe_layer_step``, as HF's Qwen3MoeDecoderLayer decides)."""
 
     name: str
     model_type: str  # HF model_type: llama | qwen2 | qwen3 | qwen3_moe
@@ -28,24 +31,56 @@ class ArchSpec:
     tie_embeddings: bool
     head_dim: int | None = None  # None = hidden_size // num_heads
     qkv_bias: bool = False
-    num_experts: int = 0  # MoE: the planner checks expert parallelism against it; not trained yet (no expert memory model)
+    num_experts: int = 0  # routed experts per MoE layer; 0 = a dense model
+    experts_per_token: int = 0  # the router's top-k (HF num_experts_per_tok)
+    moe_ffn_hidden_size: int = 0  # one expert's SwiGLU width (HF moe_intermediate_size)
+    moe_layer_step: int = 1  # HF decoder_sparse_step: layer i is MoE when (i + 1) % step == 0
+    dense_layers: tuple[int, ...] = ()  # HF mlp_only_layers: layers with a dense MLP of ffn_hidden_size
 
     @property
     def kv_channels(self) -> int:
         return self.head_dim or self.hidden_size // self.num_heads
 
     @property
-    def layer_params(self) -> int:
-        """Parameters of one transformer layer (attention, SwiGLU MLP, two RMSNorms)."""
+    def attention_params(self) -> int:
+        """One layer's attention (QKV, output projection, biases, q/k norms) and its two RMSNorms."""
         h, d = self.hidden_size, self.kv_channels
         q_dim, kv_dim = self.num_heads * d, self.num_kv_heads * d
         attn = h * (q_dim + 2 * kv_dim) + q_dim * h
         if self.qkv_bias:
             attn += q_dim + 2 * kv_dim
-        if self.model_type == "qwen3":
+        if self.model_type in ("qwen3", "qwen3_moe"):
             attn += 2 * d  # q/k norms
-        mlp = 3 * h * self.ffn_hidden_size
-        return attn + mlp + 2 * h
+        return attn + 2 * h
+
+    @property
+    def layer_params(self) -> int:
+        """Parameters of one dense transformer layer (attention, SwiGLU MLP, two RMSNorms)."""
+        return self.attention_params + 3 * self.hidden_size * self.ffn_hidden_size
+
+    @property
+    def expert_params(self) -> int:
+        """One expert's SwiGLU (gate, up, down)."""
+        return 3 * self.hidden_size * self.moe_ffn_hidden_size
+
+    @property
+    def moe_layer_params(self) -> tuple[int, int]:
+        """(non-expert, expert) parameters of one MoE layer: attention, norms and the router
+        [num_experts x hidden] (replicated), and the experts (split over EP x ETP)."""
+        return self.attention_params + self.num_experts * self.hidden_size, self.num_experts * self.expert_params
+
+    def is_moe_layer(self, i: int) -> bool:
+        return self.num_experts > 0 and i not in self.dense_layers and (i + 1) % self.moe_layer_step == 0
+
+    @property
+    def num_moe_layers(self) -> int:
+        return sum(self.is_moe_layer(i) for i in range(self.num_layers))
+
+    def layers_params(self, first: int, last: int) -> tuple[int, int]:
+        """(non-expert, expert) parameters of layers ``first`` .. ``last - 1``."""
+        moe = sum(self.is_moe_layer(i) for i in range(first, last))
+        dense, experts = self.moe_layer_params
+        return (last - first - moe) * self.layer_params + moe * dense, moe * experts
 
     @property
     def embedding_params(self) -> int:
@@ -54,7 +89,13 @@ class ArchSpec:
     @property
     def num_params(self) -> int:
         heads = 1 if self.tie_embeddings else 2
-        return self.num_layers * self.layer_params + heads * self.embedding_params + self.hidden_size
+        return sum(self.layers_params(0, self.num_layers)) + heads * self.embedding_params + self.hidden_size
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token passes through: every MoE layer's top-k experts of its num_experts."""
+        idle = self.num_experts - self.experts_per_token
+        return self.num_params - self.num_moe_layers * idle * self.expert_params
 
 
 def _qwen25(name: str, h: int, layers: int, heads: int, kv: int, ffn: int, tie: bool, vocab: int = 152064) -> ArchSpec:
@@ -63,6 +104,11 @@ def _qwen25(name: str, h: int, layers: int, heads: int, kv: int, ffn: int, tie: 
 
 def _qwen3(name: str, h: int, layers: int, heads: int, kv: int, ffn: int, tie: bool) -> ArchSpec:
     return ArchSpec(name, "qwen3", h, layers, heads, kv, ffn, 151936, 40960, tie, head_dim=128)
+
+
+def _qwen3_moe(name: str, h: int, layers: int, heads: int, ffn: int, moe_ffn: int) -> ArchSpec:
+    return ArchSpec(name, "qwen3_moe", h, layers, heads, 4, ffn, 151936, 40960, False, head_dim=128,
+                    num_experts=128, experts_per_token=8, moe_ffn_hidden_size=moe_ffn)
 
 
 # Published config.json values of each model.
@@ -82,6 +128,8 @@ BUILTIN_ARCHS: dict[str, ArchSpec] = {
         _qwen3("qwen3-8b", 4096, 36, 32, 8, 12288, False),
         _qwen3("qwen3-14b", 5120, 40, 40, 8, 17408, False),
         _qwen3("qwen3-32b", 5120, 64, 64, 8, 25600, False),
+        _qwen3_moe("qwen3-30b-a3b", 2048, 48, 32, 6144, 768),
+        _qwen3_moe("qwen3-235b-a22b", 4096, 94, 64, 12288, 1536),
         # The CPU demo's model (megarl demo builds it with megarl/models/tiny.py).
         ArchSpec("tiny-demo", "qwen2", 64, 2, 4, 2, 128, 14, 64, False, qkv_bias=True),
         ArchSpec("tiny-moe-demo", "qwen3_moe", 64, 2, 4, 2, 128, 14, 64, False, head_dim=16, num_experts=4),
@@ -94,10 +142,13 @@ BUILTIN_ARCHS: dict[str, ArchSpec] = {
 
 
 def describe_archs() -> str:
-    """The built-in table, one line per architecture (what `megarl plan --list-archs` prints)."""
-    lines = [f"{'name':<16} {'type':<6} {'params':>8} {'layers':>6} {'heads/kv':>8} {'hidden':>6} {'vocab':>7} {'positions':>9}"]
+    """The built-in table, one line per architecture (what `megarl plan --list-archs` prints);
+    a mixture-of-experts model also shows its active parameters and experts (top-k of all)."""
+    lines = [f"{'name':<16} {'type':<9} {'params':>8} {'active':>8} {'experts':>7} {'layers':>6} {'heads/kv':>8} "
+             f"{'hidden':>6} {'vocab':>7} {'positions':>9}"]  # fmt: skip
     for a in BUILTIN_ARCHS.values():
-        lines.append(f"{a.name:<16} {a.model_type:<6} {a.num_params / 1e9:>7.2f}B {a.num_layers:>6} "
+        active, experts = (f"{a.active_params / 1e9:.2f}B", f"{a.experts_per_token}/{a.num_experts}") if a.num_experts else ("-", "-")
+        lines.append(f"{a.name:<16} {a.model_type:<9} {a.num_params / 1e9:>7.2f}B {active:>8} {experts:>7} {a.num_layers:>6} "
                      f"{f'{a.num_heads}/{a.num_kv_heads}':>8} {a.hidden_size:>6} {a.vocab_size:>7} {a.max_positions:>9}")
     return "\n".join(lines)
 
@@ -141,11 +192,26 @@ def arch_from_hf_dict(cfg: dict, name: str = "config.json") -> ArchSpec:
             tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             head_dim=cfg.get("head_dim"),
             qkv_bias=cfg.get("model_type") == "qwen2" or bool(cfg.get("attention_bias", False)),
-            num_experts=int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0),
+            **_moe_fields(cfg),
         )
     except KeyError as exc:
         raise ArchError(f"{name}: config.json lacks {exc.args[0]!r}; is this a decoder-only language model?") from None
     return spec
+
+
+def _moe_fields(cfg: dict) -> dict:
+    """A mixture-of-experts config.json's expert shape (Qwen3-MoE's names; Mixtral's
+    num_local_experts too); none for a dense model."""
+    experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
+    if not experts:
+        return {}
+    return {
+        "num_experts": experts,
+        "experts_per_token": int(cfg.get("num_experts_per_tok") or 0),
+        "moe_ffn_hidden_size": int(cfg.get("moe_intermediate_size") or cfg["intermediate_size"]),
+        "moe_layer_step": int(cfg.get("decoder_sparse_step") or 1),
+        "dense_layers": tuple(int(i) for i in cfg.get("mlp_only_layers") or ()),
+    }
 
 
 def resolve_arch(path: str | None, arch: str | None) -> ArchSpec:

@@ -3,12 +3,15 @@
 An estimate, documented term by term so a user can see which knob moves which number:
 
 Training, per GPU of a role with layout (tp, pp, dp), for the heaviest pipeline stage:
-- weights: dtype bytes x params on the stage / tp
-- grads: fp32 (4 B) x params on the stage / tp (Megatron's grad buffer accumulates in fp32)
-- optimizer: fp32 master copy + Adam m and v = 12 B x params on the stage / tp, divided by dp
-  with the distributed optimizer; with fp32 weights the master copy is the weights themselves
-  (Megatron's optimizer steps the model's own params), so 8 B
-- activations: per token per layer, the tensors kept for backward (see activation_bytes_per_token);
+- weights: dtype bytes x params on the stage / tp; a mixture-of-experts model's experts / (ep x
+  etp) instead (:func:`stage_params_per_gpu`)
+- grads: fp32 (4 B) x the same params (Megatron's grad buffer accumulates in fp32)
+- optimizer: fp32 master copy + Adam m and v = 12 B x the same params, divided with the
+  distributed optimizer by dp, and the experts' by the expert-data-parallel size
+  tp x dp / (ep x etp) (the ranks holding the same experts); with fp32 weights the master copy
+  is the weights themselves (Megatron's optimizer steps the model's own params), so 8 B
+- activations: per token per layer, the tensors kept for backward (see activation_bytes_per_token;
+  an MoE layer's router and dispatcher buffers: moe_activation_bytes_per_token);
   pipeline 1F1B keeps up to pp micro-batches in flight on stage 0, so stage 0 holds
   layers_per_stage x pp = num_layers layers' worth; full recompute keeps only each layer's input.
   Attention uses SDPA (flash / memory-efficient): no [seq x seq] score matrix is kept, which is
@@ -24,7 +27,9 @@ Training, per GPU of a role with layout (tp, pp, dp), for the heaviest pipeline 
   (TRAINER_RUNTIME_GIB, on every GPU of a trained model)
 
 Rollout (SGLang): mem_fraction x the memory a server sees free when it sizes its KV cache, for
-weights / rollout.tp plus the KV cache; the KV cache size gives how many sequences of full
+weights / rollout.tp plus the KV cache (an MoE model's experts too: SGLang splits each expert
+over its TP ranks, or with its own expert parallelism, whole experts over the same ranks; the
+bytes per GPU are the same); the KV cache size gives how many sequences of full
 length run at once. SGLang measures that free memory after its own CUDA context and NCCL buffers
 exist and, colocated, beside the trainer's process (whose models are off the GPU then: the
 launch phase), so it is the GPU less SGLANG_CONTEXT_GIB and, colocated, TRAINER_RUNTIME_GIB
@@ -124,34 +129,74 @@ class TrainMemory:
         return self.activations + self.logits + self.head_grad
 
 
-def stage_params(arch: ArchSpec, pp: int, *, value_head: bool = False) -> int:
-    """Parameters on the heaviest pipeline stage (before TP sharding)."""
-    per_stage = arch.num_layers // pp
-    body = per_stage * arch.layer_params
-    embed = arch.embedding_params
-    head = arch.hidden_size if value_head else arch.embedding_params
-    if pp == 1:
-        shared = embed if (arch.tie_embeddings and not value_head) else embed + head
-        return body + shared + arch.hidden_size
-    # The first stage holds the embedding, the last the output layer (a copy when tied).
-    return body + max(embed, head + arch.hidden_size)
+def stage_param_split(arch: ArchSpec, pp: int, *, value_head: bool = False) -> list[tuple[int, int]]:
+    """(non-expert, expert) parameters of each pipeline stage, before any sharding: its layers,
+    the embedding on the first stage, the output layer (a copy when tied) and final norm on the last."""
+    per_stage, embed = arch.num_layers // pp, arch.embedding_params
+    head = arch.hidden_size if value_head else embed
+    out = []
+    for s in range(pp):
+        dense, experts = arch.layers_params(s * per_stage, (s + 1) * per_stage)
+        if s == 0:
+            dense += embed
+        if s == pp - 1:
+            dense += (0 if pp == 1 and arch.tie_embeddings and not value_head else head) + arch.hidden_size
+        out.append((dense, experts))
+    return out
+
+
+def stage_params_per_gpu(arch: ArchSpec, *, tp: int, pp: int, ep: int = 1, etp: int = 1,
+                         value_head: bool = False) -> tuple[float, float]:  # fmt: skip
+    """(non-expert, expert) parameters one GPU holds on the heaviest stage: the non-expert ones
+    split over tp (norms and the router too: replicated in fact, but a rounding error here),
+    the experts over ep x etp (each rank holds num_experts / ep of them, each split over etp)."""
+    per_gpu = [(dense / tp, experts / (ep * etp)) for dense, experts in stage_param_split(arch, pp, value_head=value_head)]
+    return max(per_gpu, key=sum)
 
 
 def activation_bytes_per_token(arch: ArchSpec, tp: int, sequence_parallel: bool, dtype_bytes: int = 2) -> float:
-    """Bytes kept for backward per token per layer.
+    """Bytes kept for backward per token per dense layer.
 
     TP-sharded: q/k/v, attention output, fc1 (gate and up) and its activation output.
     Not sharded unless sequence parallel: residual input, the two norm outputs, the
     attention-block output. Plus fp32 norm statistics (negligible, ignored).
     """
-    h, f = arch.hidden_size, arch.ffn_hidden_size
+    f = arch.ffn_hidden_size
+    return _attention_bytes_per_token(arch, tp, sequence_parallel, dtype_bytes) + dtype_bytes * 3 * f / tp
+
+
+def moe_activation_bytes_per_token(arch: ArchSpec, tp: int, sequence_parallel: bool, etp: int = 1, dtype_bytes: int = 2) -> float:
+    """Bytes kept for backward per token per MoE layer: the attention block's (as a dense layer's),
+    then, for the tokens this rank routes (1/tp of them under sequence parallelism), the router's
+    fp32 logits and probabilities [num_experts each], the dispatcher's permuted copies of the
+    token going in and coming out of its top-k experts [k x hidden each], and in each expert fc1
+    (gate and up) and its activation output [k x 3 x moe_ffn / etp]. Routing is taken as
+    balanced: an expert that draws more than its share of tokens holds more."""
+    k, f = arch.experts_per_token, arch.moe_ffn_hidden_size
+    routed = 8 * arch.num_experts + dtype_bytes * (2 * k * arch.hidden_size + 3 * k * f / etp)
+    return _attention_bytes_per_token(arch, tp, sequence_parallel, dtype_bytes) + routed / (tp if sequence_parallel else 1)
+
+
+def _attention_bytes_per_token(arch: ArchSpec, tp: int, sequence_parallel: bool, dtype_bytes: int) -> float:
+    h = arch.hidden_size
     q_dim = arch.num_heads * arch.kv_channels
     kv_dim = arch.num_kv_heads * arch.kv_channels
-    sharded = (q_dim + 2 * kv_dim) + q_dim + 2 * f + f
     replicated: float = 4 * h  # divided by tp below
     if sequence_parallel:
         replicated /= tp
-    return dtype_bytes * (sharded / tp + replicated)
+    return dtype_bytes * ((q_dim + 2 * kv_dim + q_dim) / tp + replicated)
+
+
+def _activations(arch: ArchSpec, tokens: int, *, tp: int, etp: int, sp: bool, recompute: str, wbytes: int) -> float:
+    """Activations of stage 0 under 1F1B (layers/pp x pp micro-batches = num_layers layers' worth);
+    full recompute keeps each layer's input plus one layer's own during its backward."""
+    moe = arch.num_moe_layers
+    per_layer = {"dense": activation_bytes_per_token(arch, tp, sp, wbytes)} if moe < arch.num_layers else {}
+    if moe:
+        per_layer["moe"] = moe_activation_bytes_per_token(arch, tp, sp, etp, wbytes)
+    if recompute == "full":
+        return tokens * arch.num_layers * arch.hidden_size * wbytes / (tp if sp else 1) + tokens * max(per_layer.values())
+    return tokens * ((arch.num_layers - moe) * per_layer.get("dense", 0.0) + moe * per_layer.get("moe", 0.0))
 
 
 def train_memory(
@@ -168,17 +213,18 @@ def train_memory(
     value_head: bool = False,
     trainable: bool = True,
     logprob_chunk_tokens: int = 1024,
+    ep: int = 1,
+    etp: int = 1,
 ) -> TrainMemory:
-    params = stage_params(arch, pp, value_head=value_head) / tp
+    dense, experts = stage_params_per_gpu(arch, tp=tp, pp=pp, ep=ep, etp=etp, value_head=value_head)
+    params = dense + experts
+    # The distributed optimizer shards each parameter's state over the ranks holding the same
+    # shard: the dense ones over dp, the experts over the expert-data-parallel size tp x dp / (ep x etp).
+    sharded = dense / dp + experts * ep * etp / (tp * dp) if distributed_optimizer else params
     wbytes = DTYPE_BYTES[dtype]
-    layers_in_flight = arch.num_layers  # stage 0 under 1F1B: layers/pp x pp micro-batches
-    if not trainable:
-        act = 0.0
-    elif recompute == "full":
-        act = tokens_per_micro_batch * layers_in_flight * arch.hidden_size * wbytes / (tp if sequence_parallel else 1)
-        act += tokens_per_micro_batch * activation_bytes_per_token(arch, tp, sequence_parallel, wbytes)
-    else:
-        act = tokens_per_micro_batch * layers_in_flight * activation_bytes_per_token(arch, tp, sequence_parallel, wbytes)
+    act = 0.0
+    if trainable:
+        act = _activations(arch, tokens_per_micro_batch, tp=tp, etp=etp, sp=sequence_parallel, recompute=recompute, wbytes=wbytes)
     logits: float
     if value_head:
         logits, head_grad = 2 * 4 * tokens_per_micro_batch, 0.0
@@ -191,8 +237,8 @@ def train_memory(
     return TrainMemory(
         weights=wbytes * params,
         grads=4 * params if trainable else 0.0,
-        optimizer=((master + 8) * params / (dp if distributed_optimizer else 1)) if trainable else 0.0,
-        optimizer_at_build=(master * params / (dp if distributed_optimizer else 1)) if trainable else 0.0,
+        optimizer=(master + 8) * sharded if trainable else 0.0,
+        optimizer_at_build=master * sharded if trainable else 0.0,
         activations=act,
         logits=logits,
         head_grad=head_grad,

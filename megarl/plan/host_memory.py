@@ -32,7 +32,7 @@ from typing import Any
 from megarl.config.architectures import ArchSpec
 from megarl.config.sections import ROLE_SECTIONS, MegaRLConfig
 from megarl.memory.residency import Residency, owner_of
-from megarl.plan.gpu_memory import GIB, stage_params
+from megarl.plan.gpu_memory import GIB, stage_params_per_gpu
 
 # Whose ranks hold host buffers: (owner, the role whose GPUs it lives on).
 _HOST_OWNERS = (("policy", "policy"), ("reference", "policy"), ("critic", "critic"), ("engine", "rollout"))
@@ -58,9 +58,10 @@ class HostMemory:
         return sum(self.offloaded.values()) + self.engine_backup + max(self.save.values(), default=0.0)
 
 
-def save_gather_host_bytes(arch: ArchSpec, *, tp: int, pp: int, value_head: bool = False) -> float:
-    """Host memory of one rank while a fully_reshardable checkpoint saves (module docstring)."""
-    return 12.0 * stage_params(arch, pp, value_head=value_head) / tp
+def save_gather_host_bytes(arch: ArchSpec, *, tp: int, pp: int, ep: int = 1, etp: int = 1, value_head: bool = False) -> float:
+    """Host memory of one rank while a fully_reshardable checkpoint saves (module docstring): its
+    shard's whole fp32 state (a mixture-of-experts model's experts: its ep x etp shard of them)."""
+    return 12.0 * sum(stage_params_per_gpu(arch, tp=tp, pp=pp, ep=ep, etp=etp, value_head=value_head))
 
 
 def save_staging_host_bytes(section: Any, layout: Any, sizes: Mapping[str, float], role: str) -> list[float]:
@@ -83,7 +84,8 @@ def host_memory(cfg: MegaRLConfig, arch: ArchSpec, roles: Mapping[str, Any], tab
     per_rank = {owner: sum(sizes[s] for s in moved if owner_of(s) == owner and not s.endswith("/grads"))
                 for owner in ("policy", "reference", "critic") if owner in ranks}  # fmt: skip
     backup = sizes["engine/weights"] if table.weights_cpu_backup and "engine/weights" in moved else 0.0
-    gather = {role: save_gather_host_bytes(arch, tp=roles[role].tp, pp=roles[role].pp, value_head=role == "critic")
+    gather = {role: save_gather_host_bytes(arch, tp=roles[role].tp, pp=roles[role].pp, ep=roles[role].ep, etp=roles[role].etp,
+                                           value_head=role == "critic")
               for role in ("policy", "critic") if role in roles and _gathers(getattr(cfg, ROLE_SECTIONS[role]))}
     staged = {role: save_staging_host_bytes(getattr(cfg, ROLE_SECTIONS[role]), roles[role], sizes, role)
               for role in ("policy", "critic") if role in roles}  # fmt: skip

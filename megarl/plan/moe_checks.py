@@ -1,21 +1,44 @@
 """The planner's checks of mixture-of-experts models: expert parallelism (ep, etp) against the
-model and the layout, and what MoE training still lacks (refused until it is built)."""
+model and the layout, and the ``moe`` section of each trained model (routing replay against the
+rollout engine, settings a dense model has no use for, token drops)."""
 
 from __future__ import annotations
 
 from megarl.config.architectures import ArchSpec
-from megarl.config.sections import ActorConfig
+from megarl.config.sections import ActorConfig, MegaRLConfig, MoEConfig
 from megarl.plan.issues import Issue, choices, divisors
+from megarl.plan.rollout_checks import rollout_tp_choices
+
+_DEFAULT_MOE = MoEConfig().model_dump()
+# The HF model types whose bridge maps experts (megarl/models/qwen3_moe.py); the planner imports no torch.
+MOE_MODEL_TYPES = ("qwen3_moe",)
 
 
-def check_moe_training(arch: ArchSpec, issues: list[Issue]) -> None:
-    """An MoE model builds and converts, but is not trained yet: refused, saying what is missing."""
-    if arch.num_experts:
-        issues.append(Issue("model", f"{arch.name} is a mixture-of-experts model ({arch.num_experts} experts): megarl builds "
-                            "it with expert parallelism and converts it (megarl convert), but does not train it yet: routing "
-                            "replay, the load-balancing loss, the experts' memory in this plan and weight pushes of experts "
-                            "to the engines are still missing; train a dense model (llama, qwen2, qwen3) for now, and convert this "
-                            "one with megarl convert --ep"))  # fmt: skip
+def check_moe_settings(cfg: MegaRLConfig, arch: ArchSpec, sections: tuple[str, ...], issues: list[Issue], *,
+                       rollout: bool = True) -> None:  # fmt: skip
+    """``<section>.moe`` of each trained model: on a dense model any setting off its default is a
+    mistake (it would be ignored); on an MoE model, replayed routing weights need an engine that
+    reports them (``rollout``: the run has engines; `megarl sft` has none), and a capacity factor
+    drops tokens the engine did not drop."""
+    if arch.num_experts and arch.model_type not in MOE_MODEL_TYPES:
+        issues.append(Issue("model", f"{arch.name} has {arch.num_experts} experts and megarl's {arch.model_type} bridge is "
+                            f"dense; mixture-of-experts bridges: {', '.join(MOE_MODEL_TYPES)}"))  # fmt: skip
+    for section in sections:
+        moe: MoEConfig = getattr(cfg, section).moe
+        if not arch.num_experts:
+            for key, value in moe.model_dump().items():
+                if value != _DEFAULT_MOE[key]:
+                    issues.append(Issue(f"{section}.moe.{key}", f"({value}) applies to mixture-of-experts models and "
+                                        f"{arch.name} is dense; remove it"))  # fmt: skip
+            continue
+        if rollout and moe.routing_replay == "experts_and_weights" and cfg.rollout.engine == "sglang":
+            issues.append(Issue(f"{section}.moe.routing_replay", "(experts_and_weights) needs the engine's routing weights "
+                                "and SGLang returns expert ids only; use experts (the trainer's own weights over the "
+                                "engine's experts), or rollout.engine torch"))  # fmt: skip
+        if moe.capacity_factor is not None:
+            issues.append(Issue(f"{section}.moe.capacity_factor", f"({moe.capacity_factor:g}) drops the tokens an over-full "
+                                "expert cannot take, and the engine drops none: those tokens' log-probs differ between "
+                                "trainer and engine (a growing mismatch); remove it to train dropless", level="warning"))  # fmt: skip
 
 
 def check_expert_parallel(section: str, cfg: ActorConfig, arch: ArchSpec, gpus: int, issues: list[Issue]) -> None:
@@ -42,3 +65,13 @@ def check_expert_parallel(section: str, cfg: ActorConfig, arch: ArchSpec, gpus: 
     if tp > 1 and par.sequence_parallel is False:
         issues.append(Issue(f"{field}.sequence_parallel", f"(false) at tp {tp}: Megatron's MoE layers train only with "
                             "sequence parallelism when tp > 1; remove it (on by default) or set it true"))  # fmt: skip
+
+
+def check_moe_serving(cfg: MegaRLConfig, arch: ArchSpec, issues: list[Issue]) -> None:
+    """SGLang serves an MoE model with each expert split over the engine's TP ranks (its fused MoE
+    divides moe_intermediate_size by tp, and refuses a remainder at load)."""
+    tp, f = cfg.rollout.tp, arch.moe_ffn_hidden_size
+    if arch.num_experts and cfg.rollout.engine == "sglang" and f % tp:
+        fits = [t for t in rollout_tp_choices(cfg, arch) if f % t == 0]
+        issues.append(Issue("rollout.tp", f"({tp}) must divide moe_intermediate_size ({f}): SGLang splits each expert "
+                            f"over the engine's TP ranks; try {choices(fits)}"))  # fmt: skip

@@ -46,7 +46,7 @@ from megarl.plan.gpu_memory import (
 )
 from megarl.plan.host_memory import HostMemory, host_memory, host_over
 from megarl.plan.issues import Issue, PlanError, choices, divisors
-from megarl.plan.moe_checks import check_expert_parallel, check_moe_training
+from megarl.plan.moe_checks import check_expert_parallel, check_moe_serving, check_moe_settings
 from megarl.plan.push_model import PushEstimate, push_estimate
 from megarl.plan.rollout_checks import (
     check_agent,
@@ -68,6 +68,8 @@ class RoleLayout:
     pp: int
     dp: int  # rollout: number of engines
     gpus: tuple[int, ...]  # global GPU (process) indices, rank order
+    ep: int = 1  # expert parallelism (a trained mixture-of-experts model)
+    etp: int = 1
 
     def coords(self, rank: int) -> str:
         """Megatron's default rank order: tp fastest, then dp, then pp."""
@@ -75,6 +77,20 @@ class RoleLayout:
             return f"engine {rank // self.tp} tp{rank % self.tp}"
         tp_rank, dp_rank, pp_rank = rank % self.tp, (rank // self.tp) % self.dp, rank // (self.tp * self.dp)
         return f"tp{tp_rank} pp{pp_rank} dp{dp_rank}"
+
+    @property
+    def expert_dp(self) -> int:
+        """The expert-data-parallel size: the ranks of a stage holding the same experts."""
+        return self.tp * self.dp // (self.ep * self.etp)
+
+    def expert_rank(self, rank: int) -> int:
+        """The expert-parallel rank: Megatron orders a stage's ranks etp fastest, then ep, then expert dp."""
+        return (rank % (self.tp * self.dp)) // self.etp % self.ep
+
+    def experts_held(self, rank: int, num_experts: int) -> range:
+        """The experts (of each MoE layer of its stage) that ``rank`` holds."""
+        per = num_experts // self.ep
+        return range(self.expert_rank(rank) * per, (self.expert_rank(rank) + 1) * per)
 
 
 @dataclass(frozen=True)
@@ -109,7 +125,11 @@ class Plan:
         cells: dict[int, list[str]] = {}
         for layout in self.roles.values():
             for rank, gpu in enumerate(layout.gpus):
-                cells.setdefault(gpu, []).append(f"{layout.role} {layout.coords(rank)}")
+                experts = ""
+                if self.arch.num_experts and layout.role != "rollout":
+                    held = layout.experts_held(rank, self.arch.num_experts)
+                    experts = f" ep{layout.expert_rank(rank)} experts {held[0]}-{held[-1]}"
+                cells.setdefault(gpu, []).append(f"{layout.role} {layout.coords(rank)}{experts}")
         total = nnodes * gpus_per_node
         return [(g // gpus_per_node, g % gpus_per_node, "; ".join(cells.get(g, ["idle"]))) for g in range(total)]
 
@@ -149,6 +169,7 @@ def make_plan(cfg: MegaRLConfig, *, check_files: bool = False, in_process: bool 
     if "rollout" in roles:
         check_rollout(cfg, arch, issues)
         check_server_args(cfg, issues)
+        check_moe_serving(cfg, arch, issues)
     check_sampling(cfg, arch, issues)
     check_validation(cfg, issues)
     check_agent(cfg, issues)
@@ -167,7 +188,7 @@ def make_plan(cfg: MegaRLConfig, *, check_files: bool = False, in_process: bool 
         memory = _plan_memory(cfg, arch, roles, issues)
     _raise_errors(issues)
     p = roles["policy"]
-    push = push_estimate(cfg, arch, p.tp, p.pp, p.dp)
+    push = push_estimate(cfg, arch, p.tp, p.pp, p.dp, p.ep)
     deadline = cfg.rollout.weight_sync.timeout_s
     if cfg.cluster.device == "cuda" and deadline and push.seconds > deadline:
         issues.append(Issue("rollout.weight_sync.timeout_s", f"({deadline:g}) is shorter than the plan's estimate of one "
@@ -234,14 +255,15 @@ BRIDGED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe")
 
 def _check_scope(cfg: MegaRLConfig, arch: ArchSpec, issues: list[Issue], *, sft: bool = False) -> None:
     later = "not supported yet (see docs/architecture.md, 'Scope'); set it to 1"
-    for section in ("actor", "critic") if cfg.critic_enabled and not sft else ("actor",):
+    sections = ("actor", "critic") if cfg.critic_enabled and not sft else ("actor",)
+    for section in sections:
         par = getattr(cfg, section).parallel
         for knob, what in (("vpp", "virtual pipeline stages"), ("cp", "context parallelism")):
             value = getattr(par, knob)
             if value != 1:
                 issues.append(Issue(f"{section}.parallel.{knob}", f"{what} ({value}) is {later}"))
         _check_packed_attention(cfg, section, issues)
-    check_moe_training(arch, issues)
+    check_moe_settings(cfg, arch, sections, issues, rollout=not sft)
     if arch.model_type not in BRIDGED_MODEL_TYPES:
         issues.append(Issue("model", f"model_type {arch.model_type!r} has no bridge; supported: {', '.join(BRIDGED_MODEL_TYPES)}"))
     if cfg.model.layer_spec == "te" and cfg.cluster.device == "cpu":
@@ -328,7 +350,7 @@ def _train_layout(role: str, cfg: ActorConfig, gpus: list[int]) -> RoleLayout | 
     tp, pp = cfg.parallel.tp, cfg.parallel.pp
     if len(gpus) % (tp * pp):
         return None  # _check_model_parallel reports it, with the layouts that fit
-    return RoleLayout(role, tp, pp, len(gpus) // (tp * pp), tuple(gpus))
+    return RoleLayout(role, tp, pp, len(gpus) // (tp * pp), tuple(gpus), cfg.parallel.ep, cfg.parallel.etp)
 
 
 def _parallel_pairs(arch: ArchSpec, gpus: int) -> list[tuple[int, int]]:
@@ -443,7 +465,7 @@ def _plan_memory(cfg: MegaRLConfig, arch: ArchSpec, roles: dict[str, RoleLayout]
                 arch, tp=lay.tp, pp=lay.pp, dp=lay.dp, tokens_per_micro_batch=_tokens_per_micro_batch(cfg, section),
                 dtype=cfg.model.dtype, recompute=section.recompute, sequence_parallel=section.parallel.uses_sequence_parallel,
                 distributed_optimizer=section.optimizer.distributed, value_head=role == "critic",
-                logprob_chunk_tokens=section.logprob_chunk_tokens,
+                logprob_chunk_tokens=section.logprob_chunk_tokens, ep=lay.ep, etp=lay.etp,
             )
     runtime, rollout = _runtime_and_rollout(cfg, arch, table, issues)
     sizes = _state_bytes(cfg, arch, mems, rollout, runtime)
@@ -578,6 +600,8 @@ def _fitting_layouts(cfg: MegaRLConfig, arch: ArchSpec, section: str, pairs: lis
         if role not in roles:
             continue
         if (conf.mini_batch_size or cfg.samples_per_step) % _batch_unit(conf, roles[role].dp):
+            continue
+        if (tp * roles[role].dp) % (conf.parallel.ep * conf.parallel.etp):  # the expert groups would not tile
             continue
         if {"policy", "critic"} & roles.keys() == ({"policy", "critic"} if cfg.critic_enabled else {"policy"}):
             resolved, _ = _resolve_recompute(probe_cfg, arch, roles)  # (the memory needs every trained role's layout)

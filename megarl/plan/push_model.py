@@ -4,7 +4,11 @@ A push carries the policy's weights, ``W`` bytes in the model's dtype, to the en
 three parts (megarl/parallel/stage_collection.py says who receives what):
 
 1. **TP gather.** Each tensor's TP shards are all-gathered in its TP group: a rank receives
-   ``(tp - 1) / tp`` of its stage's ``W / pp``. On NVLink when TP fits in a node.
+   ``(tp - 1) / tp`` of its stage's ``W / pp``. On NVLink when TP fits in a node. A
+   mixture-of-experts model's experts (``X`` of the ``W`` bytes) are not TP shards: the TP gather
+   moves ``(W - X) / pp``, and an **EP gather** collects the other expert-parallel ranks' experts
+   of the stage, ``(ep - 1) / ep x X / pp`` per rank, on NVLink when the EP group fits in a node
+   (Megatron places its ranks next to each other).
 2. **PP collect**, the other stages' tensors, to the ranks that load them:
    - ``tensor`` (every GPU feeds one TP rank of a colocated engine, which loads whole tensors):
      TP rank t of each stage sends the t-th slice of its tensors over its PP group, so a GPU
@@ -55,8 +59,8 @@ class PushEstimate:
     seconds: float
 
 
-def push_estimate(cfg: MegaRLConfig, arch: ArchSpec, tp: int, pp: int, dp: int) -> PushEstimate:
-    """The push of ``cfg``'s policy (layout ``tp x pp x dp``) through its transport."""
+def push_estimate(cfg: MegaRLConfig, arch: ArchSpec, tp: int, pp: int, dp: int, ep: int = 1) -> PushEstimate:
+    """The push of ``cfg``'s policy (layout ``tp x pp x dp``, experts over ``ep``) through its transport."""
     transport = cfg.weight_transport
     collect = TRANSPORT_COLLECT[transport]
     cl = cfg.cluster
@@ -64,7 +68,10 @@ def push_estimate(cfg: MegaRLConfig, arch: ArchSpec, tp: int, pp: int, dp: int) 
     tp_link = "nvlink" if tp <= cl.gpus_per_node else "network"
     pp_link = "nvlink" if tp * pp * dp <= cl.gpus_per_node else "network"
     others = total * (pp - 1) / pp  # the other stages' bytes
-    export = [("TP gather", total / pp * (tp - 1) / tp, tp_link)]  # the export, one part after the other
+    experts = DTYPE_BYTES[cfg.model.dtype] * arch.num_moe_layers * arch.num_experts * arch.expert_params
+    ep_link = "nvlink" if ep <= cl.gpus_per_node else "network"
+    export = [("TP gather", (total - experts) / pp * (tp - 1) / tp, tp_link),
+              ("EP gather", experts / pp * (ep - 1) / ep, ep_link)]  # the export, one part after the other  # fmt: skip
     if collect == "all":
         export += [("PP collect (1/tp slices)", others / tp, pp_link),
                    ("TP gather of the PP slices", others * (tp - 1) / tp, tp_link)]  # fmt: skip

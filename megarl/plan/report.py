@@ -44,6 +44,8 @@ def print_plan(cfg: MegaRLConfig, plan: Plan, console: Console | None = None) ->
             cells += [f"{mem.train_peak / GIB:.1f}", f"{mem.rollout_peak / GIB:.1f}" if mem.rollout else "-"]
         table.add_row(*cells)
     console.print(table)
+    for line in expert_placement(cfg, plan):
+        console.print(line)
     if mem is not None:
         _print_memory(cfg, plan, console)
     if plan.push is not None:
@@ -87,6 +89,48 @@ def _print_memory(cfg: MegaRLConfig, plan: Plan, console: Console) -> None:
         # Per phase of the residency table (docs/architecture.md, 'Memory between training and generation').
         console.print("[bold]by phase/GPU[/] " + ", ".join(f"{p} {g(b)}" for p, b in mem.phases.items()) + " GiB")
         console.print(f"[bold]peak/GPU[/] training {g(mem.train_peak)} GiB, generation {g(mem.rollout_peak)} GiB of {g(mem.gpu_bytes)} GiB")
+
+
+def expert_placement(cfg: MegaRLConfig, plan: Plan) -> list[str]:
+    """A trained mixture-of-experts model's experts: how each role splits them, and which experts
+    each node holds per pipeline stage (its GPUs' expert-parallel ranks)."""
+    experts, lines = plan.arch.num_experts, list[str]()
+    if not experts:
+        return lines
+    for lay in (r for r in plan.roles.values() if r.role != "rollout"):
+        lines.append(f"[bold]experts[/] {lay.role}: {experts} per MoE layer over ep {lay.ep} x etp {lay.etp}, "
+                     f"{experts // lay.ep} whole experts per GPU; expert-data-parallel {lay.expert_dp} (the copies of "
+                     "each expert, over which its optimizer state is sharded)")  # fmt: skip
+        per_node = cfg.cluster.gpus_per_node
+        for node in sorted({g // per_node for g in lay.gpus}):
+            stages: dict[int, set[int]] = {}
+            for rank, gpu in enumerate(lay.gpus):
+                if gpu // per_node == node:
+                    stages.setdefault(rank // (lay.tp * lay.dp), set()).add(lay.expert_rank(rank))
+            held = "; ".join(f"pp{pp} ep {_spans(sorted(eps))} (experts {_spans(_experts(eps, experts // lay.ep))})"
+                             for pp, eps in sorted(stages.items()))  # fmt: skip
+            lines.append(f"  node {node}: {held}")
+    engines = plan.roles.get("rollout")
+    if engines is not None and cfg.rollout.engine == "sglang":
+        f = plan.arch.moe_ffn_hidden_size
+        lines.append(f"[bold]experts[/] rollout: each of the {engines.dp} engines splits every expert over its tp "
+                     f"{engines.tp} ({f // engines.tp} of its {f} intermediate columns per GPU)")  # fmt: skip
+    return lines
+
+
+def _experts(ep_ranks: set[int], per_rank: int) -> list[int]:
+    return sorted(e for r in ep_ranks for e in range(r * per_rank, (r + 1) * per_rank))
+
+
+def _spans(values: list[int]) -> str:
+    """``0-15, 32-47``: sorted integers as runs."""
+    runs: list[list[int]] = []
+    for v in values:
+        if runs and v == runs[-1][1] + 1:
+            runs[-1][1] = v
+        else:
+            runs.append([v, v])
+    return ", ".join(f"{a}-{b}" if b > a else str(a) for a, b in runs)
 
 
 def runtime_text(cfg: MegaRLConfig, runtime: RuntimeMemory, g: Callable[[float], str]) -> str:

@@ -9,14 +9,16 @@ from megarl.plan.gpu_memory import (
     TRAINER_RUNTIME_GIB,
     activation_bytes_per_token,
     largest_hf_tensor_bytes,
+    moe_activation_bytes_per_token,
     phase_working_bytes,
     rollout_memory,
     runtime_memory,
     sglang_free_at_launch,
-    stage_params,
+    stage_param_split,
     torch_engine_memory,
     train_memory,
 )
+from megarl.plan.host_memory import save_gather_host_bytes
 
 
 # Published parameter counts (config.json shapes), to 0.5 %.
@@ -33,7 +35,7 @@ def test_train_memory_by_hand():
     assert arch.layer_params == layer
     # pp=2: the heaviest stage has 2 layers + the output layer and final norm (1000*1024 + 1024)
     stage = 2 * layer + 1000 * 1024 + 1024
-    assert stage_params(arch, 2) == stage
+    assert stage_param_split(arch, 2) == [(2 * layer + 1000 * 1024, 0), (stage, 0)]  # (non-expert, expert); the embedding first
     m = train_memory(arch, tp=2, pp=2, dp=4, tokens_per_micro_batch=2048, dtype="bfloat16", recompute="none",
                      sequence_parallel=False, distributed_optimizer=True)
     assert m.weights == 2 * stage / 2
@@ -87,7 +89,7 @@ def test_fp32_weights_are_their_own_master_copy():
     the first step nothing; bf16 keeps an fp32 master copy (4 B) from the start."""
     arch = BUILTIN_ARCHS["tiny-demo"]
     kw = dict(tp=1, pp=1, dp=2, tokens_per_micro_batch=64, recompute="none", sequence_parallel=False, distributed_optimizer=True)
-    params = stage_params(arch, 1)
+    [(params, _)] = stage_param_split(arch, 1)
     fp32, bf16 = train_memory(arch, dtype="float32", **kw), train_memory(arch, dtype="bfloat16", **kw)
     assert (fp32.weights, fp32.grads, fp32.optimizer, fp32.optimizer_at_build) == (4 * params, 4 * params, 8 * params / 2, 0)
     assert (bf16.weights, bf16.grads, bf16.optimizer, bf16.optimizer_at_build) == (2 * params, 4 * params, 12 * params / 2, 4 * params / 2)
@@ -104,3 +106,47 @@ def test_torch_engine_memory_and_phase_working_memory_by_hand():
     working = phase_working_bytes(m, None, 512 * 1024**2, largest)  # the gather group: the embedding alone
     assert working == {"weight_push": 512 * 1024**2 + 2 * largest, "policy_forward": m.logits,
                        "reference_forward": m.logits, "policy_update": m.activations + m.logits + m.head_grad}  # fmt: skip
+
+
+def _hand_moe(**kw) -> ArchSpec:
+    return ArchSpec("hand-moe", "qwen3_moe", hidden_size=1024, num_layers=4, num_heads=8, num_kv_heads=8, ffn_hidden_size=4096,
+                    vocab_size=1000, max_positions=4096, tie_embeddings=False, num_experts=8, experts_per_token=2,
+                    moe_ffn_hidden_size=512, **kw)  # fmt: skip
+
+
+def test_moe_train_memory_by_hand():
+    """Dense params split over tp, experts over ep; the distributed optimizer shards the dense
+    state over dp and the experts' over the expert-data-parallel size tp x dp / ep."""
+    arch = _hand_moe()
+    attention = 4 * 1024 * 1024 + 2 * 128 + 2 * 1024  # q, k, v, o + q/k norms + two RMSNorms = 4_196_608
+    assert arch.moe_layer_params == (attention + 8 * 1024, 8 * 3 * 1024 * 512)  # + the router; 8 experts
+    # pp=2: the last stage is the heavier (2 layers + output layer 1000 x 1024 + final norm)
+    dense, experts = 2 * (attention + 8 * 1024) + 1000 * 1024 + 1024, 2 * 8 * 3 * 1024 * 512
+    m = train_memory(arch, tp=2, pp=2, dp=4, ep=4, tokens_per_micro_batch=2048, dtype="bfloat16", recompute="none",
+                     sequence_parallel=True, distributed_optimizer=True)  # fmt: skip
+    per_gpu = dense / 2 + experts / 4  # 4_717_312 + 6_291_456
+    assert m.weights == 2 * per_gpu and m.grads == 4 * per_gpu
+    assert m.optimizer == 12 * (dense / 2 / 4 + experts / 4 / 2)  # dp 4; expert dp = 2 x 4 / 4 = 2
+    # per token per MoE layer: the attention block (sharded q, k, v, o and, under sp, 4 hidden / tp),
+    # then for the 1/tp tokens this rank routes: fp32 router logits and probs (8 experts each),
+    # the dispatcher's permuted in and out (top-2 x hidden each) and the experts' fc1 + activation (2 x 3 x 512)
+    attn = 2 * ((1024 + 2 * 1024 + 1024) / 2 + 4 * 1024 / 2)
+    routed = (4 * 8 * 2 + 2 * (2 * 2 * 1024 + 3 * 2 * 512)) / 2
+    assert moe_activation_bytes_per_token(arch, 2, True) == attn + routed == 8192 + 7200
+    assert m.activations == 2048 * 4 * (attn + routed)
+    full = train_memory(arch, tp=2, pp=2, dp=4, ep=4, tokens_per_micro_batch=2048, dtype="bfloat16", recompute="full",
+                        sequence_parallel=True, distributed_optimizer=True)  # fmt: skip
+    assert full.activations == 2048 * 4 * 1024 * 2 / 2 + 2048 * (attn + routed)
+    assert save_gather_host_bytes(arch, tp=2, pp=2, ep=4) == 12 * per_gpu  # a fully_reshardable save's fp32 state
+
+
+def test_moe_model_with_dense_layers_adds_each_kind():
+    arch = _hand_moe(dense_layers=(0,))  # layer 0 has a dense MLP of ffn_hidden_size
+    assert arch.num_moe_layers == 3
+    dense, moe = activation_bytes_per_token(arch, 1, False), moe_activation_bytes_per_token(arch, 1, False)
+    m = train_memory(arch, tp=1, pp=1, dp=8, ep=8, tokens_per_micro_batch=100, dtype="bfloat16", recompute="none",
+                     sequence_parallel=False, distributed_optimizer=False)  # fmt: skip
+    assert m.activations == 100 * (dense + 3 * moe)
+    non_expert = arch.layer_params + 3 * arch.moe_layer_params[0] + 2 * 1000 * 1024 + 1024
+    assert m.weights == 2 * (non_expert + 3 * 8 * 3 * 1024 * 512 / 8)  # one expert of each MoE layer per GPU
+    assert m.optimizer == 12 * m.weights / 2  # not distributed: the whole state on every rank

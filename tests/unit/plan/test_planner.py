@@ -19,6 +19,8 @@ GRPO72 = CONFIGS / "qwen72b_grpo.yaml"
 PPO7 = CONFIGS / "qwen2.5_7b_ppo.yaml"
 TINY = CONFIGS / "tiny_grpo.yaml"
 AGENT = CONFIGS / "gsm8k_tool_agent.yaml"
+MOE30 = CONFIGS / "qwen3_30b_a3b_grpo.yaml"
+MOE235 = CONFIGS / "qwen3_235b_a22b_grpo.yaml"
 
 
 def _printed(cfg) -> str:
@@ -37,7 +39,7 @@ def refused(path, *overrides) -> str:
     return str(info.value)
 
 
-@pytest.mark.parametrize("path", [GRPO72, PPO7, TINY, AGENT], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [GRPO72, PPO7, TINY, AGENT, MOE30, MOE235], ids=lambda p: p.name)
 def test_shipped_configs_plan(path):
     p = plan(path)
     assert p.roles["policy"].tp * p.roles["policy"].pp * p.roles["policy"].dp == len(p.roles["policy"].gpus)
@@ -172,10 +174,12 @@ def _moe_dir(tmp_path, experts: int = 4) -> str:
 
 
 def _moe_issues(*overrides: str) -> list[str]:
-    """The plan's issues, one per line, without the one every MoE model gets for now (not trained yet)."""
-    lines = [line.strip().removeprefix("- ") for line in refused(TINY, *overrides).splitlines()]
-    assert any("is a mixture-of-experts model (4 experts)" in line and "routing replay" in line for line in lines)
-    return [line for line in lines if line.startswith(("actor.", "critic."))]
+    """The plan's issues of the trained sections, errors or (when it passes) warnings, one per line."""
+    try:
+        issues = plan(TINY, *overrides).warnings
+    except PlanError as exc:
+        issues = exc.issues
+    return [str(i) for i in issues if i.field.startswith(("actor.", "critic."))]
 
 
 def test_expert_parallelism_of_an_moe_model_follows_megatrons_rules(tmp_path):
@@ -193,6 +197,66 @@ def test_expert_parallelism_of_an_moe_model_follows_megatrons_rules(tmp_path):
                      "parallelism when tp > 1; remove it (on by default) or set it true"]
 
 
+def test_moe_settings_on_a_dense_model_are_refused_by_key():
+    assert "actor.moe.aux_loss_coef: (0.01) applies to mixture-of-experts models and qwen2.5-72b is dense; remove it" \
+        in refused(GRPO72, "actor.moe.aux_loss_coef=0.01")
+    assert "actor.moe.routing_replay: (experts) applies to mixture-of-experts models" in refused(GRPO72, "actor.moe.routing_replay=experts")
+
+
+def test_replayed_routing_weights_need_the_torch_engine():
+    msg = refused(GRPO72, "model.arch=qwen3-30b-a3b", "actor.moe.routing_replay=experts_and_weights")
+    assert "actor.moe.routing_replay: (experts_and_weights) needs the engine's routing weights and SGLang returns expert " \
+        "ids only; use experts (the trainer's own weights over the engine's experts), or rollout.engine torch" in msg
+    assert "routing_replay" not in refused(GRPO72, "model.arch=qwen3-30b-a3b", "actor.moe.routing_replay=experts")
+
+
+def test_moe_training_plans_and_a_capacity_factor_warns(tmp_path):
+    model = _moe_dir(tmp_path)
+    assert _moe_issues(model, "actor.moe.routing_replay=experts_and_weights") == []  # the torch engine reports weights
+    assert _moe_issues(model, "actor.moe.capacity_factor=1.25") == [
+        "actor.moe.capacity_factor: (1.25) drops the tokens an over-full expert cannot take, and the engine drops none: "
+        "those tokens' log-probs differ between trainer and engine (a growing mismatch); remove it to train dropless"]
+
+
+def test_moe_configs_print_where_the_experts_live():
+    out = _printed(load_config(MOE30, []))
+    assert "policy: tp2 pp1 dp16 sp recompute full" in out
+    # Megatron's expert order: ep ranks run over consecutive ranks of a stage (tp fastest), 16 experts each
+    assert "policy tp0 pp0 dp0 ep0 experts 0-15; rollout engine 0 tp0" in out
+    assert "policy tp1 pp0 dp15 ep7 experts 112-127; rollout engine 7 tp3" in out
+    assert "experts policy: 128 per MoE layer over ep 8 x etp 1, 16 whole experts per GPU; expert-data-parallel 4" in out
+    assert "node 3: pp0 ep 0-7 (experts 0-127)" in out  # every node holds every expert once
+    assert "experts rollout: each of the 8 engines splits every expert over its tp 4 (192 of its 768" in out
+    assert "EP gather" in out and "ok: the plan fits" in out
+    big = _printed(load_config(MOE235, []))
+    # ep 32 at tp 4 x dp 16 per stage: a node holds a quarter of the experts, each twice per stage
+    assert "node 1: pp0 ep 8-15 (experts 32-63)" in big and "node 12: pp1 ep 0-7 (experts 0-31)" in big
+    assert "expert-data-parallel 2" in big
+
+
+def test_moe_memory_shards_experts_over_ep():
+    """The 30B model's experts over ep 8 hold 8 times less than over ep 1 (dp 16 either way); the
+    dense share does not move."""
+    big = "cluster.gpu_memory_gib=1000"  # room for every expert on each GPU
+    moe = plan(MOE30, big).memory.policy
+    whole = plan(MOE30, big, "actor.parallel.ep=1").memory.policy
+    arch = plan(MOE30).arch
+    expert_bytes = 2 * arch.num_moe_layers * arch.num_experts * arch.expert_params
+    assert whole.weights - moe.weights == pytest.approx(expert_bytes * (1 - 1 / 8))
+    assert moe.optimizer == pytest.approx(whole.optimizer)  # sharded over 32 ranks either way
+
+
+def test_sglang_splits_each_expert_over_its_tp(tmp_path):
+    (tmp_path / "config.json").write_text(
+        '{"model_type": "qwen3_moe", "hidden_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8, '
+        '"num_key_value_heads": 8, "head_dim": 64, "intermediate_size": 1024, "vocab_size": 1000, "num_experts": 8, '
+        '"num_experts_per_tok": 2, "moe_intermediate_size": 20}'
+    )
+    msg = refused(GRPO72, f"model.path={tmp_path}", "actor.parallel.ep=8")
+    assert "rollout.tp: (8) must divide moe_intermediate_size (20): SGLang splits each expert over the engine's TP " \
+        "ranks; try 1, 2 or 4" in msg  # (5 divides 20, not a node of 8)
+
+
 def test_flex_attention_needs_cuda_packing_and_the_local_spec():
     assert plan(PPO7, "actor.packed_attention=flex", "critic.packed_attention=flex", "model.layer_spec=local").warnings == []
     cpu = refused(TINY, "actor.packed_attention=flex")
@@ -205,12 +269,13 @@ def test_flex_attention_needs_cuda_packing_and_the_local_spec():
     assert [w.field for w in auto] == ["actor.packed_attention"] and "set model.layer_spec local" in auto[0].message
 
 
-def test_moe_model_refused(tmp_path):
+def test_experts_without_an_moe_bridge_are_refused(tmp_path):
     (tmp_path / "config.json").write_text(
         '{"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, '
         '"num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 100, "num_experts": 8}'
     )
-    assert "mixture-of-experts" in refused(TINY, f"model.path={tmp_path}")
+    assert f"model: {tmp_path} has 8 experts and megarl's qwen2 bridge is dense; mixture-of-experts bridges: " \
+        "qwen3_moe" in refused(TINY, f"model.path={tmp_path}")
 
 
 def test_local_config_json_is_used(tmp_path):

@@ -68,3 +68,16 @@ def test_a_deadline_below_the_estimate_is_a_warning_naming_the_key():
     (warning,) = [w for w in plan.warnings if w.field == "rollout.weight_sync.timeout_s"]
     assert "(1) is shorter than the plan's estimate of one push (3.1 s, a lower bound)" in warning.message
     assert not [w for w in make_plan(load_config(QWEN72B, slow)).warnings if w.field == "rollout.weight_sync.timeout_s"]
+
+
+def test_experts_are_gathered_over_ep_before_the_push():
+    """An MoE policy's experts are not TP shards: the TP gather moves the rest, an EP gather the
+    other expert-parallel ranks' experts, on NVLink while the EP group fits in a node."""
+    cfg = load_config(CONFIGS / "qwen3_30b_a3b_grpo.yaml")
+    arch = resolve_arch(None, "qwen3-30b-a3b")
+    w, x = 2 * arch.num_params, 2 * 48 * 128 * 3 * 2048 * 768  # bf16: all, the experts
+    push = push_estimate(cfg, arch, tp=2, pp=1, dp=16, ep=8)
+    assert push.parts == (("TP gather", (w - x) / 2, "nvlink"), ("EP gather", x * 7 / 8, "nvlink"))
+    assert push.seconds == pytest.approx(((w - x) / 2 + x * 7 / 8) / (360 * GB))
+    wide = push_estimate(cfg, arch, tp=2, pp=1, dp=16, ep=16)  # 16 ranks: two nodes
+    assert wide.parts[1] == ("EP gather", x * 15 / 16, "network")
