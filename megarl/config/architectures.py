@@ -132,7 +132,9 @@ BUILTIN_ARCHS: dict[str, ArchSpec] = {
         _qwen3_moe("qwen3-235b-a22b", 4096, 94, 64, 12288, 1536),
         # The CPU demo's model (megarl demo builds it with megarl/models/tiny.py).
         ArchSpec("tiny-demo", "qwen2", 64, 2, 4, 2, 128, 14, 64, False, qkv_bias=True),
-        ArchSpec("tiny-moe-demo", "qwen3_moe", 64, 2, 4, 2, 128, 14, 64, False, head_dim=16, num_experts=4),
+        # The MoE demo's (configs/tiny_moe_grpo.yaml; megarl/commands/demo.py DEMO_MOE_MODEL).
+        ArchSpec("tiny-moe-demo", "qwen3_moe", 64, 2, 4, 2, 128, 14, 64, False, num_experts=4, experts_per_token=2,
+                 moe_ffn_hidden_size=64),
         ArchSpec("llama-3-8b", "llama", 4096, 32, 32, 8, 14336, 128256, 8192, False),
         ArchSpec("llama-3-70b", "llama", 8192, 80, 64, 8, 28672, 128256, 8192, False),
         ArchSpec("llama-3.1-8b", "llama", 4096, 32, 32, 8, 14336, 128256, 131072, False),
