@@ -34,13 +34,14 @@ weights of a sigmoid router with an expert bias (Megatron gathers its scores afr
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from megarl.data.batch import Batch, TokenRows
 from megarl.megatron_runtime.micro_batches import MicroBatch
 
 MODES = ("none", "experts", "experts_and_weights")
@@ -112,8 +113,10 @@ class _RouterHook:
 class RoutingReplay:
     """The replay hooks of one model's routers (see the module docstring)."""
 
-    def __init__(self, hooks: list[_RouterHook], mode: str, sequence_parallel: bool, tp_rank: int, tp_size: int) -> None:
+    def __init__(self, hooks: list[_RouterHook], mode: str, sequence_parallel: bool, tp_rank: int, tp_size: int,
+                 num_layers: int = 0) -> None:  # fmt: skip
         self.hooks = hooks
+        self.num_layers = num_layers  # MoE layers of the whole model (the Batch's L), all stages
         self.mode = mode
         self.sequence_parallel = sequence_parallel
         self.tp_rank, self.tp_size = tp_rank, tp_size
@@ -140,7 +143,7 @@ class RoutingReplay:
             hook = _RouterHook(order.index(router.layer_number - 1), mode == "experts_and_weights", log_weights, scale)
             router.router_replay = hook  # this router's only: nothing process-global
             hooks.append(hook)
-        return cls(hooks, mode, bool(tcfg.sequence_parallel), tp_rank, tp_size)
+        return cls(hooks, mode, bool(tcfg.sequence_parallel), tp_rank, tp_size, len(order))
 
     # ---- per micro-batch ----------------------------------------------------------------------
     def install(self, mb: MicroBatch) -> None:
@@ -215,14 +218,56 @@ class RoutingReplay:
             for hook in self.hooks:
                 hook.observe = False
 
-    def agreement(self, num_layers: int, device: torch.device | str = "cpu", group: Any = None) -> torch.Tensor:
-        """``[num_layers, 2]`` (tokens whose top-k set matched, tokens compared) per MoE layer,
+    def agreement(self, device: torch.device | str = "cpu", group: Any = None) -> torch.Tensor:
+        """``[L, 2]`` (tokens whose top-k set matched, tokens compared) per MoE layer,
         summed over ``group`` (each token of each layer is routed on exactly one rank of the
         model's processes: its TP slice, DP replica and pipeline stage), from the last
         :meth:`observe`. Collective when ``group`` has several ranks."""
-        counts = torch.zeros(num_layers, 2, dtype=torch.float64, device=device)
+        counts = torch.zeros(self.num_layers, 2, dtype=torch.float64, device=device)
         for hook in self.hooks:
             counts[hook.layer] += hook.agree.to(device)
         if dist.is_initialized() and dist.get_world_size(group) > 1:
             dist.all_reduce(counts, group=group)
         return counts
+
+
+def replay_metrics(
+    replay: RoutingReplay,
+    batch: Batch,
+    replayed: TokenRows | None,
+    forward: Callable[[], TokenRows | None],
+    device: torch.device | str = "cpu",
+    group: Any = None,
+) -> dict[str, float]:
+    """What replay changes, from one extra forward without it (``forward``, run under
+    :meth:`RoutingReplay.observe`; collective over ``group``, the model's processes):
+
+    - ``moe/routing_agreement/layer{i}`` and their mean over layers ``moe/routing_agreement``:
+      share of the tokens the engine routed whose trainer top-k set (without replay) equals
+      the engine's;
+    - ``moe/logprob_diff_replay`` / ``moe/logprob_diff_no_replay``: mean |trainer - rollout|
+      log-prob over the loss tokens (``response_mask``), with ``replayed`` (this rank's rows of
+      the forward with replay) and without.
+
+    ``batch`` carries ``rollout_logprobs [B, R]``; the rows of each forward sit on the output
+    ranks (one per DP replica, distinct rows), so one SUM over ``group`` makes the totals."""
+    assert batch.rollout_logprobs is not None
+    with replay.observe():
+        own = forward()
+    sums = torch.zeros(4, dtype=torch.float64)  # replay |diff| sum, its count, no-replay sum, its count
+    for k, rows in enumerate((replayed, own)):
+        if rows is not None:
+            mask = batch.response_mask[rows.rows].double()  # [n, R]
+            gap = (rows.values["logprobs"].double() - batch.rollout_logprobs[rows.rows].double()).abs()
+            sums[2 * k : 2 * k + 2] = torch.stack([(gap * mask).sum(), mask.sum()])
+    sums = sums.to(device)
+    if dist.is_initialized() and dist.get_world_size(group) > 1:
+        dist.all_reduce(sums, group=group)
+    counts = replay.agreement(device, group).cpu()  # [L, 2]
+    sums = sums.cpu()
+    per_layer = (counts[:, 0] / counts[:, 1]).tolist()  # NaN for a layer no routed token reached
+    metrics = {f"moe/routing_agreement/layer{i}": a for i, a in enumerate(per_layer)}
+    metrics["moe/routing_agreement"] = sum(per_layer) / len(per_layer) if per_layer else float("nan")
+    metrics["moe/logprob_diff_replay"] = float(sums[0] / sums[1])
+    metrics["moe/logprob_diff_no_replay"] = float(sums[2] / sums[3])
+    return metrics

@@ -8,7 +8,8 @@ Megatron copy's routers are then perturbed, so that its own routing differs from
 - experts_and_weights replay of HF's routing gives HF's log-probs (fp32, 1e-5) although the
   routers differ; the same model without replay does not;
 - without replay, the routing agreement of the first MoE layer (whose input is still HF's) equals
-  a hand count: HF's gate inputs through the perturbed router weight, top-k sets compared;
+  a hand count: HF's gate inputs through the perturbed router weight, top-k sets compared; the
+  replay metrics report it, and the mean log-prob gap to HF with replay (~0) and without;
 - the reference, another MegatronModel of the same process, keeps its own routing while the
   policy's routers hold replay data, and Megatron's process-global RouterReplay list stays empty.
 - experts replay on one router: the router's gradient is non-zero and equals a hand computation
@@ -95,29 +96,31 @@ def _worker(rank: int, world: int, path: str) -> dict:
     from megarl.config.sections import ActorConfig, MoEConfig, ParallelConfig
     from megarl.megatron_runtime.micro_batches import MicroBatching, pack_micro_batch
     from megarl.megatron_runtime.model import MegatronModel, token_logprob_head
+    from megarl.megatron_runtime.routing_replay import replay_metrics
 
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     batch = batch_of_lengths(PROMPTS, RESPONSES, torch.Generator().manual_seed(5), hf.config.vocab_size)
     ids, weights, first_inputs = _hf_routing(hf, batch)
-    routed = batch.replace(routed_experts=ids, routing_weights=weights)
     ref_logprobs, _ = hf_token_logprobs(hf, batch, 1.0)
+    # The engine's log-probs are HF's: the replay metrics' log-prob gaps are then the trainer's own.
+    routed = batch.replace(routed_experts=ids, routing_weights=weights, rollout_logprobs=ref_logprobs)
     cfg = ActorConfig(parallel=ParallelConfig(tp=1, ep=2), micro_batch_size=2,
                       moe=MoEConfig(routing_replay="experts_and_weights"))  # fmt: skip
     policy = MegatronModel.build(path, cfg, torch.float32, seed=1)
     reference = MegatronModel.build(path, cfg, torch.float32, seed=1)
     perturbed = _perturb_routers(policy.core, seed=7)
 
-    def logprobs(model, b) -> torch.Tensor:
-        return gathered(model.forward_tokens(b, token_logprob_head(model, 1.0, False), MicroBatching.of(cfg)), b)["logprobs"]
+    def rows(model, b):
+        return model.forward_tokens(b, token_logprob_head(model, 1.0, False), MicroBatching.of(cfg))
 
-    replayed = logprobs(policy, routed)
     assert policy.routing is not None
-    with policy.routing.observe():
-        own = logprobs(policy, routed)
-    agreement = policy.routing.agreement(3)
+    replayed_rows, own_rows = rows(policy, routed), []
+    metrics = replay_metrics(policy.routing, routed, replayed_rows, lambda: own_rows.append(rows(policy, routed)) or own_rows[0])
+    replayed, own = gathered(replayed_rows, routed)["logprobs"], gathered(own_rows[0], routed)["logprobs"]
+    agreement = policy.routing.agreement()  # [L, 2] of the pass without replay
     # The policy's routers keep replay data installed while the reference runs (its own routing: HF's).
     policy.routing.install(pack_micro_batch(routed, [0, 1], packed=True))
-    reference_own = logprobs(reference, batch)
+    reference_own = gathered(rows(reference, batch), batch)["logprobs"]
     policy_hooks_kept = all(h.ids is not None for h in policy.routing.hooks)
     policy.routing.clear()
     diff = lambda lp: (lp - ref_logprobs).abs().max().item()  # noqa: E731
@@ -128,7 +131,7 @@ def _worker(rank: int, world: int, path: str) -> dict:
         "global_replay_instances": len(RouterReplay.global_router_replay_instances),
         "policy_hooks_kept": policy_hooks_kept,
         "reference_hooks_distinct": not set(map(id, policy.routing.hooks)) & set(map(id, reference.routing.hooks)),
-        "gradient": _router_gradient(policy),
+        "metrics": metrics, "gradient": _router_gradient(policy),
     })  # fmt: skip
 
 
@@ -205,6 +208,10 @@ def test_agreement_and_separation(results):
         assert r["tokens"] == [routed_tokens] * 3  # summed over both DP replicas, every routed token once
         assert abs(r["agreement"][0] - r["hand_agreement"]) < 1e-12, (r["agreement"], r["hand_agreement"])
         assert 0 < r["agreement"][0] < 1
+        m = r["metrics"]
+        assert [m[f"moe/routing_agreement/layer{i}"] for i in range(3)] == r["agreement"]
+        assert abs(m["moe/routing_agreement"] - sum(r["agreement"]) / 3) < 1e-12
+        assert m["moe/logprob_diff_replay"] <= LOGPROB_TOL < PERTURBED_MIN / 10 < m["moe/logprob_diff_no_replay"], m
         assert r["global_replay_instances"] == 0 and r["policy_hooks_kept"] and r["reference_hooks_distinct"]
 
 
