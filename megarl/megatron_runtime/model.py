@@ -45,6 +45,11 @@ its columns offsets into the packed sequence, so the heads work unchanged. In tr
 replica runs as many micro-batches as the busiest (fillers with loss weight 0,
 ``micro_batches.equal_counts``).
 
+Routing replay (MoE models, ``actor.moe.routing_replay`` not none): ``routing`` holds this
+model's own hooks on its routers (``megarl.megatron_runtime.routing_replay``); each micro-batch
+hands them its rows' engine routing before the model runs, in every forward and training run,
+so the policy and the reference (same process) each replay only what their own batch carries.
+
 Left out: virtual pipeline stages, context parallelism.
 """
 
