@@ -106,6 +106,10 @@ CATALOGUE: tuple[Metric, ...] = (
     Metric("actor/tis_capped_frac", "mean", "actor", "share of valid tokens whose TIS weight reached the cap"),
     Metric("rollout/logprob_mismatch", "mean", "actor", "mean |trainer - engine| log-prob of the sampled tokens (trainer: old log-probs, else current)"),
     *_optimizer_metrics("actor", "policy"),
+    Metric("moe/routing_agreement", "mean", "trainer", "MoE with routing replay: mean over MoE layers of moe/routing_agreement/layer<i>"),
+    Metric("moe/routing_agreement/layer<i>", "mean", "trainer", "share of the tokens the engine routed whose trainer top-k experts (without replay) equal the engine's, MoE layer i"),
+    Metric("moe/logprob_diff_replay", "mean", "trainer", "mean |trainer old log-prob - rollout log-prob| over loss tokens, routers replaying the engine's routing"),
+    Metric("moe/logprob_diff_no_replay", "mean", "trainer", "the same, the trainer's routers routing by themselves (one extra forward)"),
     Metric("actor/param_checksum", "last", "trainer", "on checkpoint steps: sum of |parameters| of the policy, as its exported HF tensors: the same at any TP/PP (resume checks)"),
     # ---- critic update (megarl.algos.losses.ValueLossFn) ------------------------------------
     Metric("critic/loss", "mean", "critic", "the optimised critic loss (the value loss: it has no other term)"),

@@ -45,12 +45,18 @@ its columns offsets into the packed sequence, so the heads work unchanged. In tr
 replica runs as many micro-batches as the busiest (fillers with loss weight 0,
 ``micro_batches.equal_counts``).
 
+Routing replay (MoE models, ``actor.moe.routing_replay`` not none): ``routing`` holds this
+model's own hooks on its routers (``megarl.megatron_runtime.routing_replay``); each micro-batch
+hands them its rows' engine routing before the model runs, in every forward and training run,
+so the policy and the reference (same process) each replay only what their own batch carries.
+
 Left out: virtual pipeline stages, context parallelism.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -69,6 +75,7 @@ from megarl.megatron_runtime.micro_batches import (
     pack_micro_batch,
     sequence_lengths,
 )
+from megarl.megatron_runtime.routing_replay import RoutingReplay
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -120,6 +127,7 @@ class MegatronModel:
     logprob_chunk_tokens: int  # tokens whose LM-head logits exist at once
     layer_spec: str  # "local" or "te" (megarl.models.layer_specs), as built
     flex_attention: bool  # packed micro-batches attend through FlexAttention (actor.packed_attention, local spec)
+    routing: RoutingReplay | None = None  # the routers' replay of the engine's routing (actor.moe.routing_replay)
 
     @classmethod
     def build(
@@ -169,7 +177,8 @@ class MegatronModel:
                 module.output_layer.forward = _hidden_states_through
         vocab = bridge.vocab_size(hf_config)
         flex = cfg.packed_attention == "flex" and spec == "local"  # TE's own attention takes THD under te
-        return cls(bridge, hf_config, tcfg, module, info, vocab, positions, cfg.logprob_chunk_tokens, spec, flex)
+        routing = RoutingReplay.attach(module, tcfg, cfg.moe.routing_replay, info.tp_rank, info.tp_size)
+        return cls(bridge, hf_config, tcfg, module, info, vocab, positions, cfg.logprob_chunk_tokens, spec, flex, routing)
 
     @property
     def core(self) -> Any:
@@ -258,6 +267,8 @@ class MegatronModel:
         def forward_step(data_iterator, model):
             mb = next(data_iterator)
             self.positions.rows, self.positions.columns = mb.token_rows, mb.token_columns
+            if self.routing is not None:
+                self.routing.install(mb)
             # Padded rows are left-aligned: plain causal attention (mask None) is exact; packed
             # rows are kept apart by the attention, told by the packed-sequence parameters.
             params = None if mb.layout is None else packed_seq_params(mb.layout, host_offsets=self.layer_spec == "local",
@@ -266,15 +277,16 @@ class MegatronModel:
                            packed_seq_params=params)  # fmt: skip
             return output, partial(loss_func, mb)
 
-        get_forward_backward_func()(
-            forward_step_func=forward_step,
-            data_iterator=iter(micro),
-            model=[self.module],
-            num_microbatches=len(micro),
-            seq_length=max(mb.tokens.shape[1] for mb in micro),  # only a hint: variable_seq_lengths makes PP send shapes
-            micro_batch_size=max(mb.tokens.shape[0] for mb in micro),
-            forward_only=forward_only,
-        )
+        with self.routing.run(training=not forward_only) if self.routing is not None else nullcontext():
+            get_forward_backward_func()(
+                forward_step_func=forward_step,
+                data_iterator=iter(micro),
+                model=[self.module],
+                num_microbatches=len(micro),
+                seq_length=max(mb.tokens.shape[1] for mb in micro),  # only a hint: variable_seq_lengths makes PP send shapes
+                micro_batch_size=max(mb.tokens.shape[0] for mb in micro),
+                forward_only=forward_only,
+            )
 
     def reduce_metrics(self, metrics: MetricAccumulator, replicated: dict[str, torch.Tensor] | None = None) -> None:
         """Make ``metrics`` the group's, in place on the device, identical on every rank: one
