@@ -27,9 +27,9 @@ batching, tensor parallelism, min_p / penalties. Weights arrive through :meth:`l
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
 import random
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
