@@ -69,3 +69,28 @@ def test_routing_of_a_dense_model_is_refused(tmp_path):
     engine = TorchEngine(build_tiny_model(tmp_path, arch="qwen2"), dtype="float32")
     with pytest.raises(ValueError, match="no mixture-of-experts router.*routing_replay: none"):
         engine.generate([[3, 4]], SamplingParams(max_new_tokens=2, return_routing=True))
+
+
+@pytest.mark.parametrize("mode", ["experts", "experts_and_weights"])
+def test_rollout_batch_carries_the_routers_choice_on_its_token_rows(moe_model_dir, mode):
+    from transformers import AutoModelForCausalLM
+
+    from megarl.config.rollout_sections import AgentConfig
+    from megarl.data.prompt_batch import PromptBatch
+    from megarl.rollout.agents.driver import AgentRollout
+
+    engine = TorchEngine(moe_model_dir, dtype="float32")
+    n = len(PROMPTS)
+    prompts = PromptBatch(PROMPTS, [""] * n, ["x"] * n, [""] * n, [{} for _ in PROMPTS], list(range(n)), [0] * n)
+    batch = AgentRollout(AgentConfig(), None, False, routing=mode)(engine, prompts, SamplingParams(max_new_tokens=4, seed=1))
+    hf = AutoModelForCausalLM.from_pretrained(str(moe_model_dir), dtype=torch.float32).eval()
+    tokens, mask, _ = batch.sequences()  # [B, P+R]
+    assert batch.routed_experts is not None
+    assert (batch.routing_weights is not None) == (mode == "experts_and_weights")
+    for row in range(len(batch)):
+        real = mask[row].bool()
+        ids, weights = _hf_routing(hf, tokens[row, real].tolist())  # [T, L, k]
+        assert torch.equal(batch.routed_experts[row, real][:-1].long(), ids[:-1])
+        assert (batch.routed_experts[row, ~real] == -1).all()
+        if batch.routing_weights is not None:
+            assert torch.allclose(batch.routing_weights[row, real][:-1], weights[:-1], atol=1e-6, rtol=0)
