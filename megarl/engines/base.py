@@ -10,7 +10,7 @@ recomputes), so the train/inference mismatch metric compares like with like.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -37,6 +37,9 @@ class SamplingParams:
     # all. The agent driver batches turns of different budgets in one request; asking each
     # for the largest would overrun the context length of a trajectory near its end.
     prompt_max_new_tokens: tuple[int, ...] | None = None
+    # Ask for each token's mixture-of-experts routing (GenerationResult.routed_experts); the
+    # rollout sets it when actor.moe.routing_replay is on for an MoE model (megarl/engines/routing.py).
+    return_routing: bool = False
 
     @property
     def greedy(self) -> bool:
@@ -70,6 +73,14 @@ class GenerationResult:
     logprobs: list[float]  # one per response token, as in the module docstring
     finish_reason: str  # "stop" (EOS / stop string / stop id) | "length" | "abort"
     weight_version: int = 0
+    # With SamplingParams.return_routing, for an MoE model: the experts each token of
+    # prompt + response went to in each MoE layer (L: the MoE layers in order, k: experts per
+    # token), -1 in the row of the last response token (no forward pass of the engine saw it);
+    # rows follow the tokens as the Batch's [B, P+R] rows do, without their padding.
+    routed_experts: torch.Tensor | None = field(default=None, compare=False)  # [P+R, L, k] int16
+    # The router's weights of those experts (0 where routed_experts is -1); None from engines that
+    # report ids alone (SGLang).
+    routing_weights: torch.Tensor | None = field(default=None, compare=False)  # [P+R, L, k] float32
 
 
 @dataclass(frozen=True)

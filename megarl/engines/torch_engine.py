@@ -18,6 +18,8 @@ exactly what the rest of megarl assumes:
   + position in ``[p0s0 .. p0s(n-1), p1s0 ...]``) draws its uniforms from its own CPU
   ``torch.Generator`` seeded with ``sample_seed(params.seed, i)``, so a sample's tokens do not
   depend on batch composition, chunking or device (up to the logits' own rounding).
+- routing (``SamplingParams.return_routing``, MoE models): each token's experts and weights, as
+  the HF model's routers chose them in the prefill and decode forwards (megarl/engines/routing.py).
 
 Deliberately left out: prefix sharing between the ``n`` samples of a prompt, continuous
 batching, tensor parallelism, min_p / penalties. Weights arrive through :meth:`load_weights`
@@ -43,6 +45,7 @@ from megarl.engines.base import (
     WeightBucket,
     eos_token_ids,
 )
+from megarl.engines.routing import NoRecorder, RouterRecorder
 from megarl.engines.seeds import sample_seed
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -138,22 +141,27 @@ class TorchEngine:
         for start in range(0, len(rows), self.max_running_requests):
             chunk = rows[start : start + self.max_running_requests]
             seeds = [sample_seed(base_seed, first_sample_index + start + k) for k in range(len(chunk))]
-            decoded = self._decode([prompts[p] for p, _ in chunk], seeds, params, [params.budget(p) for p, _ in chunk])
-            for (p, _), (ids, lps, reason) in zip(chunk, decoded, strict=True):
-                results.append(GenerationResult(p, ids, lps, reason, self._weight_version))
+            recorder = RouterRecorder(self.model, len(chunk)) if params.return_routing else NoRecorder()
+            with recorder:
+                decoded = self._decode([prompts[p] for p, _ in chunk], seeds, params, [params.budget(p) for p, _ in chunk],
+                                       recorder)  # fmt: skip
+            for k, ((p, _), (ids, lps, reason)) in enumerate(zip(chunk, decoded, strict=True)):
+                results.append(GenerationResult(p, ids, lps, reason, self._weight_version, *recorder.result(k)))
         return results
 
     @torch.no_grad()
     def _decode(
-        self, prompts: Sequence[Sequence[int]], seeds: list[int], params: SamplingParams, budgets: list[int]
+        self, prompts: Sequence[Sequence[int]], seeds: list[int], params: SamplingParams, budgets: list[int],
+        recorder: RouterRecorder | NoRecorder,
     ) -> list[tuple[list[int], list[float], str]]:
         """Prefill then decode one batch of rows, row ``r`` up to ``budgets[r]`` tokens; returns
-        (response ids, log-probs, finish reason)."""
+        (response ids, log-probs, finish reason). ``recorder`` is told whose tokens each forward held."""
         ids, mask = _left_pad(prompts, self.pad_token_id, self.device)  # [B, P] each
         positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [B, P]
         gens = [torch.Generator().manual_seed(s) for s in seeds]
         stop_ids = set(self.eos_token_ids) | set(params.stop_token_ids)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
+        recorder.prefill([len(p) for p in prompts])
         cache, logits = getattr(out, self._cache), out.logits[:, -1, :]  # [B, V]
         next_pos = positions[:, -1] + 1  # [B]
         running = list(range(len(prompts)))  # original row of each cache row
@@ -191,6 +199,8 @@ class TorchEngine:
                 use_cache=True,
                 **{self._cache: cache},
             )
+            # a row that finished stays in the cache until the next compaction: its token is no sample's
+            recorder.decode([r if reasons[r] is None else None for r in running])
             cache, logits = getattr(out, self._cache), out.logits[:, -1, :]
             next_pos = next_pos + 1
         return [(responses[r], logprobs[r], reasons[r] or "length") for r in range(len(prompts))]

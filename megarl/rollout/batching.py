@@ -56,6 +56,7 @@ def batch_from_generations(
         logprobs[i, :k] = torch.as_tensor(res.logprobs, dtype=torch.float32)
     lengths = torch.tensor([len(r.response_ids) for r in results], dtype=torch.long)
     valid = (torch.arange(r_len)[None, :] < lengths[:, None]).float()
+    routed_experts, routing_weights = _routing(prompts, results, p_len, r_len)
     return Batch(
         prompt_ids=prompt_ids,
         prompt_mask=prompt_mask,
@@ -69,7 +70,37 @@ def batch_from_generations(
         prompt_text=_repeat(prompt_text, rows),
         finish_reason=[r.finish_reason for r in results],
         rollout_logprobs=logprobs * valid,
+        routed_experts=routed_experts,
+        routing_weights=routing_weights,
     )
+
+
+def _routing(
+    prompts: Sequence[Sequence[int]], results: Sequence[GenerationResult], p_len: int, r_len: int
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The results' routing laid out like ``Batch.sequences()``: ids [B, P+R, L, k] (-1 on padding)
+    and weights [B, P+R, L, k] (0 on padding); None where the engines reported none."""
+    reported = [r.routed_experts is not None for r in results]
+    if not any(reported):
+        return None, None
+    if not all(reported):
+        raise ValueError(f"engine results carry expert routing for {sum(reported)} of {len(results)} samples; "
+                         "an engine that was asked for it (SamplingParams.return_routing) returned none")  # fmt: skip
+    first = results[0].routed_experts
+    assert first is not None
+    ids = torch.full((len(results), p_len + r_len, *first.shape[1:]), -1, dtype=torch.int16)
+    with_weights = all(r.routing_weights is not None for r in results)
+    weights = torch.zeros(ids.shape, dtype=torch.float32) if with_weights else None
+    for i, res in enumerate(results):
+        assert res.routed_experts is not None
+        start, tokens = p_len - len(prompts[res.prompt_index]), len(prompts[res.prompt_index]) + len(res.response_ids)
+        if res.routed_experts.shape[0] != tokens:
+            raise ValueError(f"sample {i}: routing of {res.routed_experts.shape[0]} tokens for a prompt and response "
+                             f"of {tokens}")  # fmt: skip
+        ids[i, start : start + tokens] = res.routed_experts
+        if weights is not None and res.routing_weights is not None:
+            weights[i, start : start + tokens] = res.routing_weights
+    return ids, weights
 
 
 def _repeat(values: Sequence[Any], rows: list[int]) -> list[Any]:

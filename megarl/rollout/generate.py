@@ -18,6 +18,7 @@ from megarl.config.rollout_sections import AgentConfig
 from megarl.data.batch import Batch
 from megarl.data.prompt_batch import PromptBatch
 from megarl.engines.base import Engines, SamplingParams
+from megarl.engines.routing import routing_replay
 from megarl.rollout.agents.driver import AgentRollout, agent_names, build_env
 from megarl.rollout.agents.errors import AgentError
 
@@ -51,7 +52,7 @@ class DefaultGenerate:
         overlap = agent.overlap_tools
         if overlap is None:  # rounds that wait for their tools keep a deterministic engine's runs reproducible
             overlap = cfg.rollout.engine == "sglang" and not cfg.rollout.deterministic
-        return AgentRollout(agent, build_env(agent, tokenizer, eos_token_ids), overlap)
+        return AgentRollout(agent, build_env(agent, tokenizer, eos_token_ids), overlap, routing_replay(cfg))
 
 
 GENERATE_FUNCTIONS.register("default")(DefaultGenerate())

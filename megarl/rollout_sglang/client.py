@@ -5,13 +5,14 @@ request shape and response parsing are testable without a server. Field names fo
 ``GenerateReqInput`` and ``SamplingParams`` (managers/io_struct.py, sampling/sampling_params.py,
 0.5.15 and later); see docs/sglang.md.
 
-Standard library only (urllib): the SGLang path must not add dependencies to the trainer.
+Standard library (urllib) and torch only: the SGLang path must not add dependencies to the trainer.
 Every request to a server goes through :func:`open_url`, which never uses a proxy.
 Deliberately left out: streaming, text prompts (megarl sends token ids), routers.
 """
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import socket
@@ -22,7 +23,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from megarl.engines.base import GenerationResult, SamplingParams
+from megarl.engines.routing import RoutingLayout
 
 # SGLang refuses a sampling_seed outside [-2**63, 2**63 - 1] (sampling_params.py) and builds
 # its per-request seed tensor as int64 (sampling_batch_info.py; 0.5.15 to 0.5.23 at least).
@@ -214,12 +218,15 @@ def build_generate_payload(
     for j in range(params.n):
         seed = None if params.seed is None else _sample_seed(params.seed, first_sample_index + j)
         sp.append(sampling_params_dict(params, seed))
-    return {
+    payload: dict[str, Any] = {
         "input_ids": [prompt] * params.n,
         "sampling_params": sp,
         "return_logprob": True,
         "logprob_start_len": -1,  # log-probs of the output tokens only
     }
+    if params.return_routing:  # prompt and response (routed_experts_start_len 0, SGLang's default)
+        payload["return_routed_experts"] = True
+    return payload
 
 
 def _sample_seed(base: int, index: int) -> int:
@@ -249,11 +256,35 @@ def parse_weight_version(value: Any) -> int:
         ) from None
 
 
-def parse_sample(item: dict[str, Any], prompt_index: int) -> GenerationResult:
+def parse_routed_experts(meta: dict[str, Any], tokens: int, layout: RoutingLayout) -> torch.Tensor:
+    """``meta_info.routed_experts`` of a sample of ``tokens`` prompt + response tokens -> [tokens, L, k]
+    int16 over the MoE layers of ``layout``, -1 in the last row.
+
+    SGLang 0.5.23 sends base64 of int32 [tokens - 1, num_hidden_layers, k]
+    (state_capturer/routed_experts.py; the last token never went through the model); a dense
+    layer's rows hold nothing it routed and are dropped.
+    """
+    encoded = meta.get("routed_experts")
+    if encoded is None:
+        raise SGLangHTTPError("", "/generate", 200, "reply has no meta_info.routed_experts: the server was launched "
+                              "without --enable-return-routed-experts (ServerSpec.return_routed_experts)")  # fmt: skip
+    flat = torch.frombuffer(bytearray(base64.b64decode(encoded)), dtype=torch.int32)
+    rows = tokens - 1
+    if flat.numel() != rows * layout.num_layers * layout.top_k:
+        raise SGLangHTTPError("", "/generate", 200, f"meta_info.routed_experts holds {flat.numel()} ids, expected "
+                              f"{rows} tokens x {layout.num_layers} layers x top-{layout.top_k}")  # fmt: skip
+    ids = flat.view(rows, layout.num_layers, layout.top_k)[:, list(layout.moe_layers)].to(torch.int16)
+    return torch.cat([ids, ids.new_full((1, *ids.shape[1:]), -1)])  # [tokens, L, k]
+
+
+def parse_sample(
+    item: dict[str, Any], prompt_index: int, routing: tuple[int, RoutingLayout] | None = None
+) -> GenerationResult:
     """One element of a ``/generate`` reply -> :class:`GenerationResult`.
 
     Token ids and log-probs come from ``meta_info.output_token_logprobs`` items
-    ``[logprob, token_id, text|None]``; ``output_ids`` must agree with them.
+    ``[logprob, token_id, text|None]``; ``output_ids`` must agree with them. ``routing``
+    (prompt length, the model's layout): parse the experts it routed to as well.
     """
     meta = item.get("meta_info") or {}
     pairs = meta.get("output_token_logprobs")
@@ -278,14 +309,17 @@ def parse_sample(item: dict[str, Any], prompt_index: int) -> GenerationResult:
         logprobs=logprobs,
         finish_reason=parse_finish_reason(meta),
         weight_version=parse_weight_version(meta.get("weight_version")),
+        routed_experts=None if routing is None else parse_routed_experts(meta, routing[0] + len(ids), routing[1]),
     )
 
 
-def parse_generate_reply(body: Any, prompt_index: int, n: int) -> list[GenerationResult]:
+def parse_generate_reply(
+    body: Any, prompt_index: int, n: int, routing: tuple[int, RoutingLayout] | None = None
+) -> list[GenerationResult]:
     """The reply to :func:`build_generate_payload` -> its n results, in sample order."""
     items = body if isinstance(body, list) else [body]
     if len(items) != n or not all(isinstance(i, dict) for i in items):
         raise SGLangHTTPError(
             "", "/generate", 200, f"expected a list of {n} samples, got {str(body)[:200]}"
         )
-    return [parse_sample(item, prompt_index) for item in items]
+    return [parse_sample(item, prompt_index, routing) for item in items]

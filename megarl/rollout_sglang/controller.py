@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from megarl.engines.base import GenerationResult, SamplingParams
+from megarl.engines.routing import routing_replay
 from megarl.rollout_sglang.engine import (
     EngineEndpoint,
     SGLangEngine,
@@ -150,7 +151,8 @@ def prepare_sglang(cfg: Any, plan: Any, policy: Any, log_dir: Path, *, weights_c
     # weights_pushed: the trainer pushes before it generates (and the hand-over after a restart),
     # so the servers load no checkpoint (--load-format dummy).
     base = spec_from_config(cfg.model.path, cfg.rollout, cfg.cluster, seed=cfg.trainer.seed, dtype=cfg.model.dtype,
-                            weights_pushed=True, weights_cpu_backup=weights_cpu_backup)  # fmt: skip
+                            weights_pushed=True, weights_cpu_backup=weights_cpu_backup,
+                            return_routed_experts=routing_replay(cfg) != "none")  # fmt: skip
     rollout = SGLangRollout([], [], PolicyConnection(policy, []), timeout)
     try:  # from the reservation on, close() undoes what is there
         if colocated:

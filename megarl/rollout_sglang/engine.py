@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from megarl.engines.base import EngineHealth, GenerationResult, SamplingParams, WeightBucket
+from megarl.engines.routing import RoutingLayout
 from megarl.rollout_sglang.client import (
     SGLangClient,
     SGLangHTTPError,
@@ -107,8 +108,12 @@ class SGLangEngine:
         flush_retries: int = 60,
         flush_interval: float = 1.0,
         control_timeout: float = 600.0,
+        routing_layout: RoutingLayout | None = None,
     ) -> None:
+        """``routing_layout``: the served model's MoE layers, to parse the experts a request asks for
+        (SamplingParams.return_routing); None = read from the server's model path when first needed."""
         self.server = None if isinstance(server, str) else server
+        self._routing_layout = routing_layout
         url = server if isinstance(server, str) else server.url
         self.client = SGLangClient(url, timeout=timeout, retries=retries)
         self.tp = tp
@@ -182,10 +187,21 @@ class SGLangEngine:
                 self._inflight -= 1
         if reply.status != 200:
             check_reply(self.url, "/generate", reply)
+        routing = (len(prompt), self.routing_layout()) if params.return_routing else None
         try:
-            return parse_generate_reply(reply.body, index, params.n)
+            return parse_generate_reply(reply.body, index, params.n, routing)
         except SGLangHTTPError as err:
             raise SGLangHTTPError(self.url, "/generate", reply.status, err.detail) from None
+
+    def routing_layout(self) -> RoutingLayout:
+        """The served model's MoE layers and top-k (how SGLang's routed experts are read)."""
+        if self._routing_layout is None:
+            spec = getattr(self.server, "spec", None)
+            if spec is None:
+                raise ValueError(f"{self} was asked for expert routing (SamplingParams.return_routing) and knows no "
+                                 "model to read its MoE layers from; pass SGLangEngine(..., routing_layout=RoutingLayout.of_model(path))")  # fmt: skip
+            self._routing_layout = RoutingLayout.of_model(spec.model_path)
+        return self._routing_layout
 
     # ---- control ----------------------------------------------------------------------
 

@@ -86,6 +86,9 @@ class ServerSpec:
     memory_saver: bool = True  # colocated mode: release/resume need it
     weights_cpu_backup: bool = False  # weights survive release/resume via a host copy
     deterministic: bool = False  # --enable-deterministic-inference (needed for sampling_seed)
+    # --enable-return-routed-experts: requests may ask for the experts each token went to (MoE
+    # models, actor.moe.routing_replay); SGLang keeps a host buffer of them per KV-cache slot.
+    return_routed_experts: bool = False
     dtype: str | None = None  # "bfloat16" | "float16" | "float32"; None = the model's
     load_format: str | None = None  # e.g. "dummy": random weights, real ones pushed later
     log_level: str = "warning"
@@ -167,6 +170,8 @@ def build_launch_command(spec: ServerSpec, port: int) -> list[str]:
         cmd.append("--enable-weights-cpu-backup")
     if spec.deterministic:
         cmd.append("--enable-deterministic-inference")
+    if spec.return_routed_experts:
+        cmd.append("--enable-return-routed-experts")
     if spec.dtype is not None:
         cmd += ["--dtype", spec.dtype]
     if spec.load_format is not None:

@@ -36,7 +36,7 @@ import torch
 
 from megarl.algos.registry import load_import_path
 from megarl.config.rollout_sections import loop_name
-from megarl.data.batch import Batch
+from megarl.data.batch import ROUTING_FIELDS, Batch
 from megarl.data.prompt_batch import PromptBatch
 from megarl.engines.base import Engines, GenerationResult, SamplingParams
 from megarl.engines.seeds import step_seed
@@ -63,11 +63,24 @@ ROUND_SEED_SALT = 0xA6E7  # round r samples with step_seed(seed ^ salt, r): neve
 class AgentRollout:
     """The default generate function: each sample's agent loop, chosen by its ``agent_name``."""
 
-    def __init__(self, agent_cfg: Any, env: AgentEnv | None, overlap_tools: bool):
-        self.cfg, self.env, self.overlap_tools = agent_cfg, env, overlap_tools
+    def __init__(self, agent_cfg: Any, env: AgentEnv | None, overlap_tools: bool, routing: str = "none"):
+        """``routing``: what the Batch carries of the engines' expert routing (megarl/engines/routing.py
+        ``routing_replay``): none, experts (ids) or experts_and_weights."""
+        self.cfg, self.env, self.overlap_tools, self.routing = agent_cfg, env, overlap_tools, routing
         self.loops = {**LOOPS, **{name: loop_class(path) for name, path in agent_cfg.loops.items()}}
 
     def __call__(self, engines: Engines, prompts: PromptBatch, params: SamplingParams) -> Batch:
+        if self.routing == "none":
+            return self._rollout(engines, prompts, params)
+        batch = self._rollout(engines, prompts, dataclasses.replace(params, return_routing=True))
+        if self.routing == "experts":  # the trainer's router weighs the replayed experts itself
+            return batch.replace(routing_weights=None)
+        if batch.routing_weights is None:
+            raise AgentError("actor.moe.routing_replay 'experts_and_weights' needs the engine's routing weights, and "
+                             "this engine returns expert ids alone (SGLang); set it to 'experts' or use rollout.engine: torch")  # fmt: skip
+        return batch
+
+    def _rollout(self, engines: Engines, prompts: PromptBatch, params: SamplingParams) -> Batch:
         names = agent_names(prompts, self.cfg.default_agent)
         if all(name == "single_turn" for name in names):
             return generate_batch(engines, prompts, params)
@@ -216,8 +229,10 @@ class _Driver:
 def _cut(result: GenerationResult, budget: int) -> GenerationResult:
     if len(result.response_ids) <= budget:
         return result
+    dropped = len(result.response_ids) - budget
+    routing = {name: getattr(result, name)[:-dropped] for name in ROUTING_FIELDS if getattr(result, name) is not None}
     return dataclasses.replace(result, response_ids=result.response_ids[:budget], logprobs=result.logprobs[:budget],
-                               finish_reason="length")  # fmt: skip
+                               finish_reason="length", **routing)  # fmt: skip
 
 
 def batch_from_trajectories(prompts: PromptBatch, samples: Sequence[AgentSample], finish: Sequence[str], n: int, *,
@@ -225,7 +240,7 @@ def batch_from_trajectories(prompts: PromptBatch, samples: Sequence[AgentSample]
     """One Batch row per trajectory: ids as sampled, mask 1 on generated ids, agent counts in
     extra_info; with ``turn_rewards`` each turn's reward on its last generated token."""
     results = [
-        GenerationResult(i // n, s.trajectory.ids, s.trajectory.logprobs, reason)
+        GenerationResult(i // n, s.trajectory.ids, s.trajectory.logprobs, reason, 0, *_trajectory_routing(s.trajectory))
         for i, (s, reason) in enumerate(zip(samples, finish, strict=True))
     ]
     batch = batch_from_generations(
@@ -242,6 +257,23 @@ def batch_from_trajectories(prompts: PromptBatch, samples: Sequence[AgentSample]
     return batch.replace(response_mask=mask, rollout_logprobs=batch.rollout_logprobs * mask,
                          turn_rewards=rewards if turn_rewards else None,
                          extra_info=[_with_agent_counts(s) for s in samples])  # fmt: skip
+
+
+def _trajectory_routing(t: Trajectory) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The trajectory's routing over prompt + response ([T, L, k]): the latest turn's, cut to the
+    trajectory (context it dropped) or extended with -1 / 0 rows (context no turn routed)."""
+    if t.routed_experts is None:
+        return None, None
+    tokens = len(t.prompt_ids) + len(t.ids)
+    weights = None if t.routing_weights is None else _fit_rows(t.routing_weights, tokens, 0)
+    return _fit_rows(t.routed_experts, tokens, -1), weights
+
+
+def _fit_rows(rows: torch.Tensor, count: int, fill: int) -> torch.Tensor:
+    """``rows`` [T, ...] cut or extended with ``fill`` to [count, ...]."""
+    if rows.shape[0] >= count:
+        return rows[:count]
+    return torch.cat([rows, rows.new_full((count - rows.shape[0], *rows.shape[1:]), fill)])
 
 
 def _with_agent_counts(sample: AgentSample) -> dict[str, Any]:

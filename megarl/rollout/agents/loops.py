@@ -44,6 +44,11 @@ class Trajectory:
     tool_rewards: list[float] = field(default_factory=list)  # each tool call's reward
     turn_ends: list[int] = field(default_factory=list)  # position in ids of each turn's last generated token
     turn_rewards: dict[int, float] = field(default_factory=dict)  # position -> reward earned by that turn
+    # The latest turn's routing (SamplingParams.return_routing): that request's prefill routed the
+    # whole context again, so it covers prompt_ids + ids up to that turn's end; context added
+    # since then has none (megarl/engines/routing.py).
+    routed_experts: Any = None  # [T, L, k] int16 torch tensor, T <= len(prompt_ids) + len(ids)
+    routing_weights: Any = None  # [T, L, k] float32, or None
 
     @property
     def remaining(self) -> int:
@@ -58,6 +63,8 @@ class Trajectory:
         self.mask += [1] * len(result.response_ids)
         self.logprobs += result.logprobs
         self.turns += 1
+        if result.routed_experts is not None:
+            self.routed_experts, self.routing_weights = result.routed_experts, result.routing_weights
         if result.response_ids:
             self.turn_ends.append(len(self.ids) - 1)
 
