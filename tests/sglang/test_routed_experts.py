@@ -38,12 +38,11 @@ def test_server_routing_has_its_shape_and_agrees_with_hf(sglang_python, tmp_path
     model: Path = build_tiny_model(tmp_path_factory.mktemp("tiny-moe"), "qwen3_moe", num_layers=3, mlp_only_layers=[1],
                                    num_experts=4, experts_per_token=2, seed=3)  # fmt: skip
     log = tmp_path_factory.mktemp("sglang-moe-logs") / "server.log"
-    # conftest's CPU settings, with the routing capture on (and its host buffer left unpinned: no CUDA)
-    guard = str(Path(__file__).with_name("host_register_guard"))
+    # conftest's CPU settings, with the routing capture on (its host buffer left unpinned: `make
+    # sglang-cpu` installs sgl_kernel_stub/megarl_host_register_guard.py)
     server = SGLangServer(ServerSpec(model_path=str(model), device="cpu", memory_saver=False, mem_fraction=0.05,
                                      max_running_requests=16, dtype="float32", python=sglang_python, log_level="info",
-                                     log_path=str(log), return_routed_experts=True,
-                                     extra_env=(("PYTHONPATH", guard),)))  # fmt: skip
+                                     log_path=str(log), return_routed_experts=True))  # fmt: skip
     try:
         server.start(timeout=600.0)
         engine = SGLangEngine(server, max_running_requests=16)

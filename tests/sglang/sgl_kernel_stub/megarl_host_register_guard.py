@@ -1,10 +1,11 @@
-"""Let SGLang 0.5.23's routed-experts capture start on a CPU-only torch (the routing test's server only).
+"""Let SGLang 0.5.23's routed-experts capture start on a CPU-only torch (SGLang CPU servers only).
 
 ``--enable-return-routed-experts`` keeps the experts in a host buffer that SGLang pins with
 ``cudaHostRegister`` (mem_cache/pool_host/common.py ``_cuda_host_register``), which a CPU torch
 cannot call. Without CUDA there is nothing to pin for: this makes the register / unregister
 calls no-ops there, as the module is loaded (state_capturer/base.py imports them by name), and
-changes nothing where CUDA is available. Nothing is patched on disk.
+changes nothing where CUDA is available. Nothing is patched on disk. Installed with a ``.pth``
+line by ``make sglang-cpu``, as the torchvision guard beside it.
 """
 
 from __future__ import annotations
