@@ -40,8 +40,8 @@ from megarl.megatron_runtime.training import TrainableModel, TrainedWorker
 from megarl.parallel.stage_collection import Collect
 from megarl.weight_sync.export_check import ExportCheck
 
-# The replay metrics cost one extra forward of the old-log-prob pass: measured on the first
-# pass with the engine's routing, then every this many.
+# The replay metrics cost two extra forwards: measured on the first update with the engine's
+# routing, then every this many.
 ROUTING_METRICS_EVERY = 10
 
 
@@ -68,8 +68,7 @@ class PolicyWorker(TrainedWorker):
         self.trainer = TrainableModel(self.model, actor_cfg, self.dtype, total_optimizer_steps, role="actor")
         # Each push's export against the parameters (the weight stream observes, push_weights judges).
         self.export_check = ExportCheck(self.model.bridge, self.model.core)
-        self._routed_passes = 0  # old-log-prob passes with the engine's routing (gates the replay metrics)
-        self._routing_metrics: dict[str, float] = {}  # the last measurement, until the update reports it
+        self._routed_updates = 0  # updates of batches with the engine's routing (gates the replay metrics)
 
     @property
     def info(self):
@@ -78,17 +77,22 @@ class PolicyWorker(TrainedWorker):
 
     def compute_logprobs(self, batch: Batch, temperature: float = 1.0, with_entropy: bool = False) -> TokenRows | None:
         """``logprobs`` (and ``entropy``) ``[n, R]`` float32 of this rank's rows (``TokenRows``,
-        on output ranks; None elsewhere). With routing replay, a batch carrying the engine's
-        routing and log-probs also measures replay (``moe/...``, one extra forward without it,
-        every ``ROUTING_METRICS_EVERY``-th such pass): reported with the next update's metrics."""
-        rows = response_logprobs(self.model, self.cfg, batch, temperature, with_entropy)
+        on output ranks; None elsewhere)."""
+        return response_logprobs(self.model, self.cfg, batch, temperature, with_entropy)
+
+    def _replay_metrics(self, batch: Batch, temperature: float) -> dict[str, float]:
+        """With routing replay, what it changes (``moe/...``, megarl/megatron_runtime/routing_replay.py):
+        two extra forwards, with and without replay, before the update moves the weights, on the
+        first update whose batch carries the engine's routing and every ``ROUTING_METRICS_EVERY``-th
+        after. Measured here, not in the old-log-prob pass, which an on-policy step skips."""
         routing = self.model.routing
-        if routing is not None and batch.routed_experts is not None and batch.rollout_logprobs is not None:
-            if self._routed_passes % ROUTING_METRICS_EVERY == 0:
-                forward = lambda: response_logprobs(self.model, self.cfg, batch, temperature, False)  # noqa: E731
-                self._routing_metrics = replay_metrics(routing, batch, rows, forward, self.info.device)
-            self._routed_passes += 1
-        return rows
+        if routing is None or batch.routed_experts is None or batch.rollout_logprobs is None:
+            return {}
+        self._routed_updates += 1
+        if (self._routed_updates - 1) % ROUTING_METRICS_EVERY:
+            return {}
+        forward = lambda: response_logprobs(self.model, self.cfg, batch, temperature, False)  # noqa: E731
+        return replay_metrics(routing, batch, forward(), forward, self.info.device)
 
     def update(
         self,
@@ -112,10 +116,8 @@ class PolicyWorker(TrainedWorker):
             out = head(mb, logits)
             return loss_fn(mb.batch, ModelOutputs(logprobs=out["logprobs"], entropy=out.get("entropy")))
 
-        metrics = self.trainer.train(batch, loss_head, mini_batch_size=mini_batch_size, ppo_epochs=ppo_epochs)
-        metrics |= self._routing_metrics
-        self._routing_metrics = {}
-        return metrics
+        replay = self._replay_metrics(batch, temperature)
+        return self.trainer.train(batch, loss_head, mini_batch_size=mini_batch_size, ppo_epochs=ppo_epochs) | replay
 
     def export_weights(self, *, gather_bytes: int, collect: Collect = "all") -> Iterator[tuple[str, torch.Tensor]]:
         """HF-named full tensors, one at a time (collective; see the bridge). ``gather_bytes``:
