@@ -69,7 +69,7 @@ class MoEBalance:
         for router in self.routers:
             router.register_forward_hook(self._count)
 
-    def _count(self, router: torch.nn.Module, inputs: Any, output: tuple[torch.Tensor, torch.Tensor]) -> None:
+    def _count(self, router: Any, inputs: Any, output: tuple[torch.Tensor, torch.Tensor]) -> None:
         if not (router.training and torch.is_grad_enabled()):
             return  # forward-only passes (old log-probs, reference) are not the update's routing
         routing_map = output[1]  # [T, E] bool: token -> the experts it reaches
