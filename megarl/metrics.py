@@ -32,7 +32,7 @@ ACCUMULATED: tuple[Reduction, ...] = ("mean", "sum", "max", "min", "last")  # wh
 # Who writes a metric. "actor" and "critic" are the trained roles: their update names the
 # optimizer metrics (``<role>/grad_norm``) after the role of the loss metrics it saw.
 Emitter = Literal[
-    "actor", "critic", "advantages", "rollout", "scorer", "weight_sync", "trainer", "validation", "data", "sft"
+    "actor", "critic", "advantages", "rollout", "scorer", "weight_sync", "trainer", "validation", "data", "sft", "moe"
 ]
 
 
@@ -66,6 +66,17 @@ def _optimizer_metrics(role: Emitter, what: str) -> tuple[Metric, ...]:
         Metric(f"{role}/lr", "last", role, f"{what} learning rate of the last optimizer step"),
         Metric(f"{role}/optimizer_steps", "sum", role, f"{what} optimizer steps of the update (ppo_epochs x mini-batches)"),
         Metric(f"{role}/skipped_steps", "sum", role, f"{what} optimizer steps skipped (fp16 overflow: inf/nan gradients)"),
+    )
+
+
+def _moe_metrics(role: str) -> tuple[Metric, ...]:
+    """What a trained role's update reports of a mixture-of-experts model (megarl.megatron_runtime.moe_balance),
+    computed over the whole update by the workers."""
+    return (
+        Metric(f"{role}/moe/expert_load_max_over_mean", "last", "moe", "tokens of the busiest expert / the mean over experts, per MoE layer over the update's training forwards, mean over the layers (1 = balanced)"),
+        Metric(f"{role}/moe/expert_load_max_over_mean/layer<i>", "last", "moe", "the same for MoE layer i (HF's 0-based layer index)"),
+        Metric(f"{role}/moe/aux_loss", "last", "moe", "Megatron's Switch load-balancing loss (without its coefficient), mean over micro-batches, DP ranks and MoE layers; with actor.moe.aux_loss_coef or z_loss_coef > 0"),
+        Metric(f"{role}/moe/z_loss", "last", "moe", "router z-loss (mean squared logsumexp of the router logits, without its coefficient), same mean; with aux_loss_coef or z_loss_coef > 0"),
     )
 
 
@@ -108,8 +119,9 @@ CATALOGUE: tuple[Metric, ...] = (
     *_optimizer_metrics("actor", "policy"),
     Metric("moe/routing_agreement", "mean", "trainer", "MoE with routing replay: mean over MoE layers of moe/routing_agreement/layer<i>"),
     Metric("moe/routing_agreement/layer<i>", "mean", "trainer", "share of the tokens the engine routed whose trainer top-k experts (without replay) equal the engine's, MoE layer i"),
-    Metric("moe/logprob_diff_replay", "mean", "trainer", "mean |trainer old log-prob - rollout log-prob| over loss tokens, routers replaying the engine's routing"),
+    Metric("moe/logprob_diff_replay", "mean", "trainer", "mean |trainer log-prob before the update - rollout log-prob| over loss tokens, routers replaying the engine's routing"),
     Metric("moe/logprob_diff_no_replay", "mean", "trainer", "the same, the trainer's routers routing by themselves (one extra forward)"),
+    *_moe_metrics("actor"),
     Metric("actor/param_checksum", "last", "trainer", "on checkpoint steps: sum of |parameters| of the policy, as its exported HF tensors: the same at any TP/PP (resume checks)"),
     # ---- critic update (megarl.algos.losses.ValueLossFn) ------------------------------------
     Metric("critic/loss", "mean", "critic", "the optimised critic loss (the value loss: it has no other term)"),
@@ -117,6 +129,7 @@ CATALOGUE: tuple[Metric, ...] = (
     Metric("critic/vf_clipfrac", "mean", "critic", "share of valid tokens where the clipped value error is the larger one"),
     Metric("critic/vpred_mean", "mean", "critic", "predicted value, mean over valid tokens"),
     *_optimizer_metrics("critic", "critic"),
+    *_moe_metrics("critic"),
     # ---- advantages (megarl.algos.step.advantage_step) -------------------------------------
     Metric("reward/kl", "mean", "advantages", "KL penalty in the reward: token mean per sequence, mean over sequences (what the adaptive controller sees)"),
     Metric("reward/kl_coef", "last", "advantages", "KL-in-reward coefficient used this step (before the controller's update)"),

@@ -38,6 +38,7 @@ from megarl.config.sections import ActorConfig
 from megarl.data.batch import Batch
 from megarl.megatron_runtime.micro_batches import MicroBatch, MicroBatching
 from megarl.megatron_runtime.model import MegatronModel
+from megarl.megatron_runtime.moe_balance import MoEBalance
 from megarl.megatron_runtime.offload import (
     ModelStates,
     model_grads,
@@ -101,6 +102,8 @@ class TrainableModel:
         if dtype == torch.float16:
             model.tcfg.grad_scale_func = self.optimizer.scale_loss
         self.schedule = LRSchedule(cfg.optimizer, total_optimizer_steps)
+        # MoE models: the auxiliary losses' weight and the expert-load metrics (moe_balance.py).
+        self.balance = MoEBalance(model.core, model.tcfg, role) if model.tcfg.num_moe_experts else None
         # What the memory hand-over moves (megarl/memory/residency.py); grads are freed, not copied.
         self.states = ModelStates(model.info.device, {"weights": lambda: model_weights(self.model.module),
                                                       "grads": lambda: model_grads(self.model.module),
@@ -128,7 +131,7 @@ class TrainableModel:
         Returns the loss function's metrics reduced over every micro-batch, mini-batch and DP
         rank by their catalogued reductions (megarl/metrics.py), plus ``<role>/grad_norm`` (mean
         over the steps taken), ``<role>/lr`` (last step), ``<role>/optimizer_steps`` and
-        ``<role>/skipped_steps``.
+        ``<role>/skipped_steps``; MoE models add ``<role>/moe/...`` (moe_balance.py).
         The metrics stay on the device until one host transfer at the end.
         """
         assert not self.closed, "train() after close(): the gradient hooks are gone"
@@ -142,9 +145,10 @@ class TrainableModel:
         metrics = MetricAccumulator(self.model.info.device)
         steps: list[tuple[float, bool]] = []  # (grad norm, taken) of each optimizer step
         lr = self.schedule.current_lr
+        head = self._balanced(loss_head)
         for _ in range(epochs):
             for mini in batch.split(size):
-                grad_norm, ok, lr = self._step(mini, loss_head, metrics)
+                grad_norm, ok, lr = self._step(mini, head, metrics)
                 steps.append((grad_norm, ok))
         if self.model.module.ddp_config.overlap_param_gather:  # the last step's weights: gathered now, not in a later forward
             self.model.module.start_param_sync(force_sync=True)
@@ -152,7 +156,29 @@ class TrainableModel:
         # (not summed), on the last stage, which broadcasts the whole table.
         replicated = self._optimizer_metrics(self.role, steps, lr) if self.model.info.is_last_stage else None
         self.model.reduce_metrics(metrics, replicated)
-        return metrics.values()
+        return metrics.values() | self._moe_metrics()
+
+    def _balanced(self, loss_head: LossHead) -> LossHead:
+        """``loss_head`` whose loss weighs the MoE auxiliary losses in the backward (moe_balance.py)."""
+        balance = self.balance
+        if balance is None:
+            return loss_head
+        balance.begin()
+
+        def head(mb: MicroBatch, output: torch.Tensor):
+            loss_sum, count, slice_metrics = loss_head(mb, output)
+            return balance.weigh(loss_sum, 0.0 if mb.filler else count), count, slice_metrics
+
+        return head
+
+    def _moe_metrics(self) -> dict[str, float]:
+        if self.balance is None:
+            return {}
+        from megatron.core import parallel_state as ps
+
+        info = self.model.info
+        return self.balance.metrics(ps.get_tensor_and_data_parallel_group(), ps.get_pipeline_model_parallel_group(),
+                                    info.tp_size, info.dp_size)  # fmt: skip
 
     def _step(self, mini: Batch, loss_head: LossHead, metrics: MetricAccumulator) -> tuple[float, bool, float]:
         """One optimizer step on ``mini``; its loss metrics go to ``metrics``. Returns

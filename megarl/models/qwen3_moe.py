@@ -28,10 +28,18 @@ data-parallel replicas (Megatron's TransformerConfig does not allow it with
 ``variable_seq_lengths``, which the workers use); alltoall exchanges uneven splits. On the CPU it needs three shims, all in
 megarl/parallel/cpu_compat.py; running it there also means the CPU tests cover the GPU's path.
 
-Not handled yet, and refused by name: ``output_router_logits`` (HF then adds the
-load-balancing loss ``router_aux_loss_coef`` in training; megarl adds none yet), expert tensor
-parallelism (``parallel.etp`` > 1), shared experts, top-1 with ``norm_topk_prob`` (Megatron
-refuses it: the router would get no gradient).
+Load balance comes from the role's ``moe`` section (:func:`load_balance_kwargs`), not from
+the HF config: ``output_router_logits`` and ``router_aux_loss_coef`` describe HF's own training
+loop (``load_balancing_loss_func`` pools every layer's router counts and probabilities into
+one Switch loss, E * sum_i f_i P_i with f_i summing to k) and are not read. Megatron's
+``aux_loss`` is the same Switch loss per MoE layer and micro-batch, with f_i summing to 1, and
+adds one term per layer: on a model with one MoE layer HF's value is k x Megatron's; with L
+layers HF's pools the layers (cross-layer products included) where Megatron sums L per-layer
+values (tests/distributed/test_moe_balance.py checks both by hand). The DeepSeek-style expert
+bias needs a sigmoid router; Qwen3-MoE's is a softmax, so it is refused.
+
+Not handled yet, and refused by name: expert tensor parallelism (``parallel.etp`` > 1), shared
+experts, top-1 with ``norm_topk_prob`` (Megatron refuses it: the router would get no gradient).
 """
 
 from __future__ import annotations
@@ -89,9 +97,6 @@ class Qwen3MoeBridge(Qwen3Bridge):
         if top_k == 1 and hf_config.norm_topk_prob:
             self._refuse(hf_config, "norm_topk_prob", True, "false with num_experts_per_tok=1 (every weight would be 1 "
                          "and the router would get no gradient; Megatron refuses it)")  # fmt: skip
-        if getattr(hf_config, "output_router_logits", False):
-            self._refuse(hf_config, "output_router_logits", True, "false (the load-balancing loss, router_aux_loss_coef, "
-                         "is not added by megarl yet)")  # fmt: skip
         for key in ("shared_expert_intermediate_size", "moe_shared_expert_intermediate_size", "n_shared_experts"):
             if getattr(hf_config, key, None):
                 self._refuse(hf_config, key, getattr(hf_config, key), "none (Qwen3-MoE has no shared expert)")
@@ -118,13 +123,11 @@ class Qwen3MoeBridge(Qwen3Bridge):
             moe_router_topk=int(hf_config.num_experts_per_tok),
             moe_router_score_function="softmax",
             moe_router_pre_softmax=not hf_config.norm_topk_prob,  # see the module docstring
-            # No load-balancing loss yet (output_router_logits is refused); dropless: no capacity.
-            moe_router_load_balancing_type="none",
-            moe_aux_loss_coeff=0.0,
             moe_token_dispatcher_type="alltoall",  # on CPU too: see the module docstring
             moe_permute_fusion=False,  # a transformer-engine kernel
             expert_model_parallel_size=parallel.ep,
             expert_tensor_parallel_size=parallel.etp,  # Megatron's default would be tp
+            **load_balance_kwargs(moe, parallel, sigmoid_router=False),
         )
         return kwargs
 
@@ -208,6 +211,33 @@ class Qwen3MoeBridge(Qwen3Bridge):
                 raise ValueError(f"layer {layer}'s expert parameters over the EP group do not map each HF expert "
                                  f"tensor once: unmapped {sorted(set(expected) - set(names))}, mapped twice {twice}, "
                                  f"unknown {sorted(set(names) - set(expected))}")  # fmt: skip
+
+
+def load_balance_kwargs(moe: Any, parallel: Any, *, sigmoid_router: bool) -> dict[str, Any]:
+    """Megatron's load-balancing keys of a role's MoEConfig (None: its defaults): the Switch
+    auxiliary loss per MoE layer and micro-batch (``aux_loss``: see the module docstring), the
+    router z-loss, the expert bias (sigmoid routers only) and the capacity; dropless without one."""
+    aux, z = (moe.aux_loss_coef, moe.z_loss_coef) if moe is not None else (0.0, 0.0)
+    rate = moe.expert_bias_update_rate if moe is not None else 0.0
+    if rate > 0 and not sigmoid_router:
+        raise ValueError(f"actor.moe.expert_bias_update_rate ({rate}) needs a sigmoid router and this model's is a "
+                         "softmax (Megatron refuses expert bias with it); set it to 0 (or use aux_loss_coef)")  # fmt: skip
+    if (aux > 0 or z > 0) and parallel.pp > 1:
+        # Each micro-batch's auxiliary loss is weighed by its share of the loss count, which only the
+        # last pipeline stage knows when the earlier stages run their backward.
+        raise ValueError(f"actor.moe.aux_loss_coef ({aux}) / z_loss_coef ({z}) with parallel.pp ({parallel.pp}) > 1 "
+                         "is not supported yet; set parallel.pp to 1 or both coefficients to 0")  # fmt: skip
+    capacity = moe.capacity_factor if moe is not None else None
+    return dict(
+        moe_router_load_balancing_type="aux_loss" if aux > 0 else "none",
+        moe_aux_loss_coeff=aux,
+        moe_z_loss_coeff=z or None,  # None: no z-loss computed at all
+        moe_router_enable_expert_bias=rate > 0,
+        moe_router_bias_update_rate=rate or 1e-3,  # Megatron's default when off (it reads it only when on)
+        moe_expert_capacity_factor=capacity,  # None: dropless
+        moe_token_drop_policy=moe.token_drop_policy if moe is not None else "probs",
+        moe_pad_expert_input_to_capacity=False,  # dropped slots are not padded: no compute on them
+    )
 
 
 def experts_per_ep_rank(moe_layer: Any, local: int) -> list[int]:

@@ -66,7 +66,6 @@ def test_transformer_config_reads_the_router_and_the_layer_pattern(norm_topk_pro
 
 
 @pytest.mark.parametrize("overrides, parallel, match", [
-    ({"output_router_logits": True}, {}, r"output_router_logits=True.*load-balancing loss"),
     ({"num_experts_per_tok": 1}, {}, r"norm_topk_prob=True.*num_experts_per_tok=1"),
     ({"num_experts_per_tok": 5}, {}, r"num_experts_per_tok=5.*1 to num_experts \(4\)"),
     ({"shared_expert_intermediate_size": 64}, {}, r"shared_expert_intermediate_size=64.*no shared expert"),
@@ -80,6 +79,33 @@ def test_what_the_bridge_does_not_handle_is_refused_by_name(overrides, parallel,
     cfg = _cfg(**overrides)
     with pytest.raises(ValueError, match=match):
         get_bridge(cfg).transformer_config(cfg, ParallelConfig(**parallel), torch.float32)
+
+
+def test_the_moe_section_sets_megatrons_load_balance_and_drops():
+    from megarl.config.sections import MoEConfig
+
+    cfg = _cfg(output_router_logits=True)  # HF's own training flag: accepted, not read
+    moe = MoEConfig(aux_loss_coef=0.01, z_loss_coef=0.001, capacity_factor=1.5, token_drop_policy="position")
+    tc = get_bridge(cfg).transformer_config(cfg, ParallelConfig(), torch.float32, moe=moe)
+    assert (tc.moe_router_load_balancing_type, tc.moe_aux_loss_coeff, tc.moe_z_loss_coeff) == ("aux_loss", 0.01, 0.001)
+    assert (tc.moe_expert_capacity_factor, tc.moe_token_drop_policy) == (1.5, "position")
+    assert not tc.moe_pad_expert_input_to_capacity and not tc.moe_router_enable_expert_bias
+    default = get_bridge(cfg).transformer_config(cfg, ParallelConfig(), torch.float32, moe=MoEConfig())
+    assert (default.moe_router_load_balancing_type, default.moe_aux_loss_coeff) == ("none", 0.0)
+    assert default.moe_z_loss_coeff is None and default.moe_expert_capacity_factor is None  # dropless
+
+
+@pytest.mark.parametrize("moe, parallel, match", [
+    ({"expert_bias_update_rate": 0.001}, {}, r"actor.moe.expert_bias_update_rate \(0.001\) needs a sigmoid router.*set it to 0"),
+    ({"aux_loss_coef": 0.01}, {"pp": 2}, r"aux_loss_coef \(0.01\).*parallel.pp \(2\) > 1 is not supported yet"),
+    ({"z_loss_coef": 0.01}, {"pp": 2}, r"z_loss_coef \(0.01\) with parallel.pp \(2\)"),
+])  # fmt: skip
+def test_load_balance_settings_megatron_or_megarl_cannot_run_are_refused_by_name(moe, parallel, match):
+    from megarl.config.sections import MoEConfig
+
+    cfg = _cfg()
+    with pytest.raises(ValueError, match=match):
+        get_bridge(cfg).transformer_config(cfg, ParallelConfig(**parallel), torch.float32, moe=MoEConfig(**moe))
 
 
 def test_norm_topk_prob_false_is_taken_at_top1():

@@ -1,0 +1,125 @@
+"""Mixture-of-experts load balance in the update step: the weight of Megatron's auxiliary losses
+and the expert-load metrics.
+
+The auxiliary losses (Switch load balance, router z-loss) are added inside each MoE layer by
+Megatron's ``MoEAuxLossAutoScaler``: the policy loss does not hold them. Under
+``calculate_per_token_loss`` (megarl's global normalisation) Megatron multiplies a layer's loss
+by the micro-batch's router tokens T, and ``finalize_model_grads`` divides every gradient by the
+global loss count N (response tokens, or sequences in the seq-mean modes). That weighs a
+micro-batch's auxiliary loss by T / N: a multiple of the intended coefficient whenever N does
+not count the router's tokens (prompts, padding, or sequences instead of tokens). So the
+backward of each micro-batch first rescales it by count / T, where count is the micro-batch's
+share of N: each micro-batch's auxiliary loss then weighs count / N, the weights over every
+micro-batch and data-parallel rank sum to 1, and the auxiliary gradient is exactly
+``coef x d(aux)`` on one micro-batch. The loss count exists on the last pipeline stage alone,
+so the bridge refuses auxiliary losses under pipeline parallelism for now.
+
+Metrics, per update (``<role>/moe/...``): the tokens each expert received per MoE layer
+(training forwards only, after capacity drops), as max / mean over the experts (1 = perfect
+balance; E / k = every token to the same k experts) per layer (``layer{i}``, HF's 0-based index)
+and their mean over the layers; with the losses on, their values per micro-batch, mean over
+micro-batches, data-parallel ranks and MoE layers (Megatron's per-layer tracker). Left out:
+the expert bias, which Megatron updates itself in ``finalize_model_grads`` (sigmoid routers).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+class _AuxLossShare(torch.autograd.Function):
+    """Identity on the micro-batch's loss whose backward, which runs before any layer's (the loss
+    is the root of the graph), multiplies the auxiliary losses' backward scale by ``share``."""
+
+    @staticmethod
+    def forward(ctx: Any, loss: torch.Tensor, share: torch.Tensor) -> torch.Tensor:
+        ctx.share = share
+        return loss.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
+
+        # The schedule set this micro-batch's scale (1, or the fp16 loss scale) after its forward.
+        scale = MoEAuxLossAutoScaler.main_loss_backward_scale
+        base = scale if scale is not None else torch.ones(1, device=grad.device)
+        MoEAuxLossAutoScaler.main_loss_backward_scale = base * ctx.share.to(base.dtype)
+        return grad, None
+
+
+class MoEBalance:
+    """Hooks on the routers of one model's MoE layers (this pipeline stage's); see the module
+    docstring. ``weigh`` every training micro-batch's loss, ``begin`` and ``metrics`` each update."""
+
+    def __init__(self, core: torch.nn.Module, tcfg: Any, role: str) -> None:
+        from megatron.core.transformer.moe.router import TopKRouter
+
+        self.role = role
+        self.routers = [m for m in core.modules() if isinstance(m, TopKRouter)]
+        freq = tcfg.moe_layer_freq
+        self.moe_layers = [i for i in range(tcfg.num_layers) if (freq[i] if isinstance(freq, list) else i % freq == 0)]
+        self.losses_on = bool(tcfg.moe_aux_loss_coeff) or bool(tcfg.moe_z_loss_coeff)
+        device = next(core.parameters()).device
+        self.load = torch.zeros(tcfg.num_layers, tcfg.num_moe_experts, dtype=torch.float64, device=device)  # [L, E]
+        self.tokens = 0  # router tokens of this rank's latest training micro-batch
+        self.micro_batches = 0
+        for router in self.routers:
+            router.register_forward_hook(self._count)
+
+    def _count(self, router: Any, inputs: Any, output: tuple[torch.Tensor, torch.Tensor]) -> None:
+        if not (router.training and torch.is_grad_enabled()):
+            return  # forward-only passes (old log-probs, reference) are not the update's routing
+        routing_map = output[1]  # [T, E] bool: token -> the experts it reaches
+        self.load[router.layer_number - 1] += routing_map.sum(0)
+        self.tokens = routing_map.shape[0]
+
+    def begin(self) -> None:
+        """Start an update's counts (and Megatron's loss tracker)."""
+        from megatron.core.transformer.moe.moe_utils import clear_aux_losses_tracker
+
+        self.load.zero_()
+        self.micro_batches = 0
+        clear_aux_losses_tracker()
+
+    def weigh(self, loss_sum: torch.Tensor, count: torch.Tensor | float) -> torch.Tensor:
+        """``loss_sum`` of one training micro-batch whose loss count is ``count`` (0: a filler),
+        unchanged forward; its backward weighs the auxiliary losses by ``count / tokens``."""
+        self.micro_batches += 1
+        if not self.losses_on or not self.routers:
+            return loss_sum
+        share = torch.as_tensor(count, dtype=torch.float32, device=loss_sum.device) / max(self.tokens, 1)
+        return _AuxLossShare.apply(loss_sum, share)
+
+    def metrics(self, tp_dp_group: Any, pp_group: Any, tp_size: int, dp_size: int) -> dict[str, float]:
+        """The update's MoE metrics, identical on every rank (collective over the given groups)."""
+        aux, z = self._tracked_losses()  # [L] each: sums over this rank's micro-batches
+        # One all-reduce over TP x DP: loads add up (sequence-parallel ranks see different tokens,
+        # replicas do not change max / mean), aux shares add up over TP, then PP joins the stages.
+        table = torch.cat([self.load.flatten(), aux, z])
+        dist.all_reduce(table, group=tp_dp_group)
+        if pp_group is not None and dist.get_world_size(pp_group) > 1:
+            dist.all_reduce(table, group=pp_group)
+        n = self.load.numel()
+        load, aux, z = table[:n].view_as(self.load), table[n : n + aux.numel()], table[n + aux.numel() :]
+        ratio = load.max(-1).values / load.mean(-1).clamp(min=1e-12)  # [L]
+        values = {f"{self.role}/moe/expert_load_max_over_mean/layer{i}": ratio[i] for i in self.moe_layers}
+        values[f"{self.role}/moe/expert_load_max_over_mean"] = ratio[self.moe_layers].mean()
+        if self.losses_on:
+            per_mb = max(self.micro_batches, 1) * dp_size * len(self.moe_layers)
+            values[f"{self.role}/moe/aux_loss"] = aux.sum() / per_mb
+            values[f"{self.role}/moe/z_loss"] = z.sum() / (per_mb * tp_size)  # z: a mean over tokens per TP rank
+        host = torch.stack(list(values.values())).tolist()  # one host transfer
+        return dict(zip(values, host))
+
+    def _tracked_losses(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Megatron's per-layer sums of the Switch loss and z-loss values (without coefficients)."""
+        from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
+
+        tracker = get_moe_layer_wise_logging_tracker()
+        zeros = torch.zeros(self.load.shape[0], dtype=torch.float64, device=self.load.device)
+        found = [tracker.get(name, {}).get("values") for name in ("load_balancing_loss", "z_loss")]
+        aux, z = (zeros if v is None else v.to(torch.float64) for v in found)
+        return aux, z
