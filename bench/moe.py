@@ -5,8 +5,9 @@ Qwen3-MoE, 4 experts, top-2, 2 policy processes), each case a real `megarl launc
   tokens exchanged all-to-all) against ep=1 (every process holds all four experts), the two
   interleaved (ep2, ep1, ep2, ...), the median per run over its steps after the first two,
   then the median of the per-pair ratios;
-- routing: with actor.moe.routing_replay none / experts / experts_and_weights (torch engine)
-  and none / experts (SGLang's CPU server, when `make sglang-cpu` built it), the share of
+- routing: with actor.moe.routing_replay none / experts / experts_and_weights (torch engine,
+  fp32 and bf16) and none / experts (SGLang's CPU server, fp32, when `make sglang-cpu` built
+  it), the share of
   tokens the trainer routes as the engine did and the mean |trainer - engine| log-prob of the
   response tokens with and without replay, over a short run's steps.
 
@@ -67,7 +68,9 @@ def routing(root: Path, work: Path, steps: int) -> list[dict]:
     """One short run per engine and replay mode; the means of ROUTING_KEYS over its steps."""
     from megarl.rollout_sglang.cpu_venv import sglang_cpu_python
 
-    cases = [("torch", mode, []) for mode in ("none", "experts", "experts_and_weights")]
+    # fp32 engine and trainer compute the same routing; bf16 rounds differently on the two sides.
+    cases = [("torch", mode, [f"model.dtype={dtype}"]) for dtype in ("float32", "bfloat16")
+             for mode in ("none", "experts", "experts_and_weights")]  # fmt: skip
     python = sglang_cpu_python()
     if python is not None:
         from megarl.commands.demo import SGLANG_ON_CPU
@@ -76,8 +79,9 @@ def routing(root: Path, work: Path, steps: int) -> list[dict]:
         cases += [("sglang", mode, extra) for mode in ("none", "experts")]
     rows = []
     for engine, mode, extra in cases:
-        records = launch(root, work / f"{engine}-{mode}", steps, f"actor.moe.routing_replay={mode}", *extra)
-        row: dict = {"engine": engine, "routing_replay": mode}
+        dtype = next((e.split("=")[1] for e in extra if e.startswith("model.dtype=")), "float32")
+        records = launch(root, work / f"{engine}-{dtype}-{mode}", steps, f"actor.moe.routing_replay={mode}", *extra)
+        row: dict = {"engine": engine, "dtype": dtype, "routing_replay": mode}
         for key in ROUTING_KEYS:
             values = [r[key] for r in records if key in r]
             row[key] = statistics.mean(values) if values else None
@@ -106,7 +110,7 @@ def main() -> None:
     for row in result.get("routing", []):
         shown = "  ".join(f"{k.split('/')[-1]} {row[k]:.3g}" if row[k] is not None else f"{k.split('/')[-1]} -"
                           for k in (*ROUTING_KEYS, "rollout/logprob_mismatch"))  # fmt: skip
-        print(f"{row['engine']:7} {row['routing_replay']:20} {shown}")
+        print(f"{row['engine']:7} {row['dtype']:9} {row['routing_replay']:20} {shown}")
 
 
 if __name__ == "__main__":

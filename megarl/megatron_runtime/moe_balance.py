@@ -29,6 +29,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from megarl.megatron_runtime.routing_replay import moe_layer_indices
+
 
 class _AuxLossShare(torch.autograd.Function):
     """Identity on the micro-batch's loss whose backward, which runs before any layer's (the loss
@@ -59,8 +61,7 @@ class MoEBalance:
 
         self.role = role
         self.routers = [m for m in core.modules() if isinstance(m, TopKRouter)]
-        freq = tcfg.moe_layer_freq
-        self.moe_layers = [i for i in range(tcfg.num_layers) if (freq[i] if isinstance(freq, list) else i % freq == 0)]
+        self.moe_layers = moe_layer_indices(tcfg)
         self.losses_on = bool(tcfg.moe_aux_loss_coeff) or bool(tcfg.moe_z_loss_coeff)
         device = next(core.parameters()).device
         self.load = torch.zeros(tcfg.num_layers, tcfg.num_moe_experts, dtype=torch.float64, device=device)  # [L, E]
@@ -70,11 +71,14 @@ class MoEBalance:
             router.register_forward_hook(self._count)
 
     def _count(self, router: Any, inputs: Any, output: tuple[torch.Tensor, torch.Tensor]) -> None:
-        if not (router.training and torch.is_grad_enabled()):
+        if not router.training:
             return  # forward-only passes (old log-probs, reference) are not the update's routing
         routing_map = output[1]  # [T, E] bool: token -> the experts it reaches
-        self.load[router.layer_number - 1] += routing_map.sum(0)
+        # Under full recompute a training micro-batch's first forward runs without gradients and
+        # the backward runs it again: its tokens are known from the first, its load counted once.
         self.tokens = routing_map.shape[0]
+        if torch.is_grad_enabled():
+            self.load[router.layer_number - 1] += routing_map.sum(0)
 
     def begin(self) -> None:
         """Start an update's counts (and Megatron's loss tracker)."""

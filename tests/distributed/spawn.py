@@ -20,6 +20,7 @@ import importlib
 import importlib.util
 import multiprocessing as mp
 import os
+import pickle
 import socket
 import sys
 import time
@@ -86,7 +87,10 @@ def _child(ref, rank: int, world_size: int, port: int, init_group: bool, args: t
         if init_group:
             dist.init_process_group("gloo", rank=rank, world_size=world_size)
         result = _resolve(ref)(rank, world_size, *args)
-        queue.put((rank, True, result))
+        # As bytes: tensors put on a multiprocessing queue as they are travel through shared
+        # memory that this process must outlive, and it exits right after (the parent's read
+        # then hung, now and then).
+        queue.put((rank, True, pickle.dumps(result)))
     except BaseException:  # report everything, including assertion failures, to the parent
         queue.put((rank, False, traceback.format_exc()))
     finally:
@@ -142,7 +146,7 @@ def run_distributed(fn, world_size: int, *args: Any, timeout_s: float = 300.0, i
                     _await_others(queue, results, failures, world_size, grace_s=5.0)
                     break
                 continue
-            (results if ok else failures)[rank] = value
+            (results if ok else failures)[rank] = pickle.loads(value) if ok else value
             if failures:  # others may be stuck in a collective with the failed rank
                 _await_others(queue, results, failures, world_size, grace_s=5.0)
                 break
@@ -166,4 +170,4 @@ def _await_others(queue, results: dict, failures: dict, world_size: int, grace_s
             rank, ok, value = queue.get(timeout=max(0.05, end - time.monotonic()))
         except Exception:
             return
-        (results if ok else failures)[rank] = value
+        (results if ok else failures)[rank] = pickle.loads(value) if ok else value

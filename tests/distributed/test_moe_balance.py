@@ -31,13 +31,13 @@ def moe_dir(tmp_path_factory) -> str:
     return str(build_tiny_model(tmp_path_factory.mktemp("moe") / "m", "qwen3_moe", seed=3, **SHAPE))
 
 
-def _update(rank: int, world: int, path: str):
+def _update(rank: int, world: int, path: str, recompute: str):
     from actor_cases import make_batch, pg_loss
 
     from megarl.actors.policy import PolicyWorker
     from megarl.config.sections import ActorConfig
 
-    cfg = ActorConfig(micro_batch_size=3, optimizer={"lr": 1e-9, "clip_grad": 0.0},
+    cfg = ActorConfig(micro_batch_size=3, optimizer={"lr": 1e-9, "clip_grad": 0.0}, recompute=recompute,
                       moe={"aux_loss_coef": AUX, "z_loss_coef": Z})  # fmt: skip
     worker = PolicyWorker(path, cfg, "float32", seed=1)
     import dataclasses
@@ -76,11 +76,12 @@ def _hand_losses(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tens
     return aux, z, counts
 
 
-def test_aux_and_z_losses_reach_the_router_with_their_coefficients_and_the_load_is_counted(moe_dir):
+@pytest.mark.parametrize("recompute", ["none", "full"])  # full: each micro-batch's first forward runs without gradients
+def test_aux_and_z_losses_reach_the_router_with_their_coefficients_and_the_load_is_counted(moe_dir, recompute):
     from transformers import AutoModelForCausalLM
     from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
 
-    metrics, grads, seen = run_distributed(_update, 1, moe_dir)[0]
+    metrics, grads, seen = run_distributed(_update, 1, moe_dir, recompute)[0]
     hf = AutoModelForCausalLM.from_pretrained(moe_dir, torch_dtype=torch.float32)
     k, e = hf.config.num_experts_per_tok, hf.config.num_experts
     total = sum(float(mb.response_mask.sum()) for mb in seen)  # N: the token-mean loss count

@@ -37,3 +37,23 @@ def test_demo_trains_through_the_real_server(sglang_python, tmp_path, monkeypatc
     servers = [p for p in psutil.process_iter(["cmdline"]) if "sglang.launch_server" in " ".join(p.info["cmdline"] or [])
                and str(root) in " ".join(p.info["cmdline"] or [])]  # fmt: skip
     assert servers == []  # shut down with the run
+
+
+def test_moe_demo_trains_through_the_real_server_with_routing_replay(sglang_python, tmp_path, monkeypatch):
+    """configs/tiny_moe_grpo.yaml (EP=2, routing_replay: experts): the experts reach the server
+    over the gloo group, which returns each token's experts, and the trainer replays them."""
+    from megarl.commands.demo import run_demo
+
+    monkeypatch.chdir(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    root = tmp_path / "moe-demo"
+    run_demo("configs/tiny_moe_grpo.yaml", ["rollout.engine=sglang", f"rollout.server_python={sglang_python}",
+                                            "trainer.total_steps=2", "trainer.eval_before_train=false", "trainer.eval_freq=0",
+                                            "trainer.save_freq=0", "trainer.loggers=[jsonl]"], root)  # fmt: skip
+    records = [json.loads(line) for line in (root / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2]
+    for r in records:
+        assert r["weight_sync/logprob_diff"] < 1e-5  # every expert reached the server
+        assert r["rollout/logprob_mismatch"] < 1e-5
+    first = records[0]  # the replay metrics: measured at the first update with the engine's routing
+    assert first["moe/routing_agreement"] > 0.9 and first["moe/logprob_diff_replay"] < 1e-5
+    assert "--enable-return-routed-experts" in (root / "run" / "logs" / "sglang_engine0.log").read_text()
