@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "tiny_moe_grpo.yaml"
 OUT = ROOT / "bench" / "results" / "moe.json"
 # Routing metrics of a run (their means over its steps go to the table).
-ROUTING_KEYS = ("moe/routing_agreement", "moe/logprob_diff_replay", "moe/logprob_diff_no_replay")
+ROUTING_KEYS = ("actor/moe/routing_agreement", "actor/moe/logprob_diff_replay", "actor/moe/logprob_diff_no_replay")
 
 
 def launch(root: Path, out: Path, steps: int, *extra: str) -> list[dict]:

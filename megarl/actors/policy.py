@@ -116,6 +116,11 @@ class PolicyWorker(TrainedWorker):
             out = head(mb, logits)
             return loss_fn(mb.batch, ModelOutputs(logprobs=out["logprobs"], entropy=out.get("entropy")))
 
+        if self.model.routing is not None and batch.routed_experts is None:
+            raise ValueError(f"actor.moe.routing_replay is {self.cfg.moe.routing_replay}, and the step's samples carry no "
+                             "expert routing: the generate function (rollout.generate_function) must pass the step's "
+                             "SamplingParams, whose return_routing asks the engines for it, as the default one does; or "
+                             "set actor.moe.routing_replay: none")  # fmt: skip
         replay = self._replay_metrics(batch, temperature)
         return self.trainer.train(batch, loss_head, mini_batch_size=mini_batch_size, ppo_epochs=ppo_epochs) | replay
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from megarl.config.architectures import ArchError, resolve_arch
+from megarl.config.architectures import resolve_arch
 
 
 def routing_replay(cfg: Any) -> str:
@@ -27,11 +27,7 @@ def routing_replay(cfg: Any) -> str:
     mode = str(cfg.actor.moe.routing_replay)
     if mode == "none":
         return mode
-    try:
-        experts = resolve_arch(cfg.model.path, cfg.model.arch).num_experts
-    except ArchError:  # planning without a model: nothing generates either
-        return "none"
-    return mode if experts else "none"
+    return mode if resolve_arch(cfg.model.path, cfg.model.arch).num_experts else "none"
 
 
 @dataclass(frozen=True)

@@ -114,8 +114,9 @@ class RoutingReplay:
     """The replay hooks of one model's routers (see the module docstring)."""
 
     def __init__(self, hooks: list[_RouterHook], mode: str, sequence_parallel: bool, tp_rank: int, tp_size: int,
-                 num_layers: int = 0) -> None:  # fmt: skip
+                 num_layers: int = 0, recompute: bool = False) -> None:  # fmt: skip
         self.hooks = hooks
+        self.recompute = recompute  # full activation recomputation re-runs the routers in the backward
         self.num_layers = num_layers  # MoE layers of the whole model (the Batch's L), all stages
         self.mode = mode
         self.sequence_parallel = sequence_parallel
@@ -143,7 +144,8 @@ class RoutingReplay:
             hook = _RouterHook(order.index(router.layer_number - 1), mode == "experts_and_weights", log_weights, scale)
             router.router_replay = hook  # this router's only: nothing process-global
             hooks.append(hook)
-        return cls(hooks, mode, bool(tcfg.sequence_parallel), tp_rank, tp_size, len(order))
+        recompute = getattr(tcfg, "recompute_granularity", None) == "full"
+        return cls(hooks, mode, bool(tcfg.sequence_parallel), tp_rank, tp_size, len(order), recompute)
 
     # ---- per micro-batch ----------------------------------------------------------------------
     def install(self, mb: MicroBatch) -> None:
@@ -197,10 +199,11 @@ class RoutingReplay:
 
     @contextmanager
     def run(self, *, training: bool) -> Iterator[None]:
-        """Around one schedule run: training forwards queue their ids for a recompute; nothing
-        stays installed afterwards."""
+        """Around one schedule run: training forwards queue their ids for the recompute of full
+        activation recomputation (only then: a queue nothing pops would keep every micro-batch's
+        routing until the run ends); nothing stays installed afterwards."""
         for hook in self.hooks:
-            hook.record = training
+            hook.record = training and self.recompute
         try:
             yield
         finally:
@@ -238,14 +241,15 @@ def replay_metrics(
     forward: Callable[[], TokenRows | None],
     device: torch.device | str = "cpu",
     group: Any = None,
+    role: str = "actor",
 ) -> dict[str, float]:
     """What replay changes, from one extra forward without it (``forward``, run under
     :meth:`RoutingReplay.observe`; collective over ``group``, the model's processes):
 
-    - ``moe/routing_agreement/layer{i}`` and their mean over layers ``moe/routing_agreement``:
+    - ``<role>/moe/routing_agreement/layer{i}`` and their mean over layers ``<role>/moe/routing_agreement``:
       share of the tokens the engine routed whose trainer top-k set (without replay) equals
       the engine's;
-    - ``moe/logprob_diff_replay`` / ``moe/logprob_diff_no_replay``: mean |trainer - rollout|
+    - ``<role>/moe/logprob_diff_replay`` / ``<role>/moe/logprob_diff_no_replay``: mean |trainer - rollout|
       log-prob over the loss tokens (``response_mask``), with ``replayed`` (this rank's rows of
       the forward with replay) and without.
 
@@ -266,8 +270,8 @@ def replay_metrics(
     counts = replay.agreement(device, group).cpu()  # [L, 2]
     sums = sums.cpu()
     per_layer = (counts[:, 0] / counts[:, 1]).tolist()  # NaN for a layer no routed token reached
-    metrics = {f"moe/routing_agreement/layer{i}": a for i, a in enumerate(per_layer)}
-    metrics["moe/routing_agreement"] = sum(per_layer) / len(per_layer) if per_layer else float("nan")
-    metrics["moe/logprob_diff_replay"] = float(sums[0] / sums[1])
-    metrics["moe/logprob_diff_no_replay"] = float(sums[2] / sums[3])
+    metrics = {f"{role}/moe/routing_agreement/layer{i}": a for i, a in enumerate(per_layer)}
+    metrics[f"{role}/moe/routing_agreement"] = sum(per_layer) / len(per_layer) if per_layer else float("nan")
+    metrics[f"{role}/moe/logprob_diff_replay"] = float(sums[0] / sums[1])
+    metrics[f"{role}/moe/logprob_diff_no_replay"] = float(sums[2] / sums[3])
     return metrics

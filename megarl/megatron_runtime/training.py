@@ -263,10 +263,12 @@ def _load_optimizer_state(optimizer: Any, loaded: Any) -> None:
     An MoE model trains with a chain of two (dense and expert parameters, each sharded over its
     own data-parallel group); its state is one entry per optimizer, by index."""
     chained = getattr(optimizer, "chained_optimizers", [optimizer])
-    states = [loaded] if len(chained) == 1 else [v for _, v in sorted(loaded.items())] if isinstance(loaded, dict) else list(loaded)
-    if len(states) != len(chained):
-        raise ValueError(f"the checkpoint holds the state of {len(states)} optimizer(s), this model trains with "
-                         f"{len(chained)} (a dense model's checkpoint resumed as an MoE one, or the reverse?)")  # fmt: skip
+    if len(chained) == 1:
+        states = [loaded]
+    elif isinstance(loaded, dict):  # Megatron's chain keys its members' state by index
+        states = [v for _, v in sorted(loaded.items())]
+    else:
+        states = list(loaded)
     if not any(isinstance(s, dict) and s.get("param_state_sharding_type") == "fully_reshardable" for s in states):
         optimizer.load_state_dict(loaded)
         return

@@ -35,10 +35,31 @@ def check_moe_settings(cfg: MegaRLConfig, arch: ArchSpec, sections: tuple[str, .
             issues.append(Issue(f"{section}.moe.routing_replay", "(experts_and_weights) needs the engine's routing weights "
                                 "and SGLang returns expert ids only; use experts (the trainer's own weights over the "
                                 "engine's experts), or rollout.engine torch"))  # fmt: skip
+        _check_trainer_side(cfg, section, moe, issues)
         if moe.capacity_factor is not None:
             issues.append(Issue(f"{section}.moe.capacity_factor", f"({moe.capacity_factor:g}) drops the tokens an over-full "
                                 "expert cannot take, and the engine drops none: those tokens' log-probs differ between "
                                 "trainer and engine (a growing mismatch); remove it to train dropless", level="warning"))  # fmt: skip
+
+
+def _check_trainer_side(cfg: MegaRLConfig, section: str, moe: MoEConfig, issues: list[Issue]) -> None:
+    """What the Qwen3-MoE bridge and the update cannot do yet (they would refuse it in every worker,
+    after the cluster started), and a critic replaying routing the rollout does not ask for (only
+    actor.moe.routing_replay does)."""
+    if moe.expert_bias_update_rate:
+        issues.append(Issue(f"{section}.moe.expert_bias_update_rate", f"({moe.expert_bias_update_rate:g}) needs a "
+                            "sigmoid router (Megatron's expert bias), and Qwen3-MoE's router is a softmax; remove it, "
+                            "or balance with aux_loss_coef"))  # fmt: skip
+    pp = getattr(cfg, section).parallel.pp
+    for key in ("aux_loss_coef", "z_loss_coef"):
+        if getattr(moe, key) and pp > 1:
+            issues.append(Issue(f"{section}.moe.{key}", f"({getattr(moe, key):g}) is not supported with pipeline "
+                                f"parallelism yet ({section}.parallel.pp {pp}: the weight of each micro-batch's auxiliary "
+                                "loss is known on the last stage only); set it to 0 or pp to 1"))  # fmt: skip
+    if section == "critic" and moe.routing_replay != "none" and cfg.actor.moe.routing_replay == "none":
+        issues.append(Issue("critic.moe.routing_replay", f"({moe.routing_replay}) replays the routing the rollout "
+                            "returns, and the rollout asks the engines for it only with actor.moe.routing_replay set; set "
+                            "both, or neither"))  # fmt: skip
 
 
 def check_expert_parallel(section: str, cfg: ActorConfig, arch: ArchSpec, gpus: int, issues: list[Issue]) -> None:

@@ -28,6 +28,7 @@ from megarl.config.loading import config_to_yaml
 from megarl.config.sections import MegaRLConfig
 from megarl.data.prompt_batch import PromptBatch
 from megarl.engines.base import Engines, SamplingParams
+from megarl.engines.routing import routing_replay
 from megarl.engines.seeds import step_seed
 from megarl.evaluation import as_metrics, scored_responses, summarize
 from megarl.kept_files import write_keeping
@@ -85,6 +86,8 @@ class Trainer:
         self._logger_factory = logger_factory
         self._history: Path | None = None  # the resumed checkpoint's metrics.jsonl
         self.logger: MetricsLogger | None = None
+        # Training rollouts ask the engines for their expert routing when the trainer replays it.
+        self.return_routing = routing_replay(cfg) != "none"
 
     # ---- one RL step -----------------------------------------------------------------------
     def rl_step(self, step: int) -> dict[str, float]:
@@ -124,6 +127,7 @@ class Trainer:
             stop=tuple(s.stop),
             stop_token_ids=tuple(s.stop_token_ids),
             seed=step_seed(self.cfg.trainer.seed, -step - 1 if validation else step),
+            return_routing=self.return_routing and not validation,
         )
 
     # ---- the run ---------------------------------------------------------------------------

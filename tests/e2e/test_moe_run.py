@@ -1,7 +1,8 @@
 """The mixture-of-experts demo config (configs/tiny_moe_grpo.yaml: a tiny Qwen3-MoE, experts split
 over the 2 policy processes, EP=2) through Ray with the torch engine: the experts' pushes reach
 the engine exactly, the held-out reward rises, and a resume from a checkpoint goes on where the
-run was (the optimizer is a chain of two: dense and expert parameters)."""
+run was (the optimizer is a chain of two: dense and expert parameters), and the replay metrics
+are reported."""
 
 from __future__ import annotations
 
@@ -32,17 +33,22 @@ def _run(root, out, steps: int, *extra: str) -> list[dict]:
 
 def test_moe_demo_learns_with_expert_parallelism_and_resumes_exactly(ray_local, tmp_path_factory):
     root, out = tmp_path_factory.mktemp("moe-demo"), tmp_path_factory.mktemp("moe-run")
-    records = _run(root, out, 40, "trainer.eval_freq=40", "trainer.save_freq=20")
+    # fully_reshardable: megarl loads each optimizer of the chain itself (dp_reshardable: Megatron's chain does)
+    layout = ("trainer.eval_freq=40", "trainer.save_freq=20", "actor.optimizer.checkpoint_format=fully_reshardable")
+    records = _run(root, out, 40, *layout)
     val = {r["step"]: r["val/reward/mean"] for r in records if "val/reward/mean" in r}
     assert val[40] > val[0] + 0.1, val  # measured 0.06 -> 0.40 over 40 steps
     trained = [r for r in records if "reward/mean" in r]
     assert max(r["weight_sync/logprob_diff"] for r in trained) < 1e-4  # every expert reached the engine exactly
     assert max(r["rollout/logprob_mismatch"] for r in trained) < 1e-4
+    # routing replay (the config's experts): measured at the first update and every 10th
+    assert [r["step"] for r in trained if "actor/moe/routing_agreement" in r] == [1, 11, 21, 31]
+    assert all(r["actor/moe/routing_agreement"] > 0.99 for r in trained if "actor/moe/routing_agreement" in r)
     # From a copy of step 20's checkpoint, steps 21-40 again: the same updates (the expert
     # optimizer's state included), so the same metrics.
     again = tmp_path_factory.mktemp("moe-resume")
     shutil.copytree(out / "checkpoints" / "step_000020", again / "checkpoints" / "step_000020")
-    resumed = _run(root, again, 40, "trainer.eval_freq=40", "trainer.save_freq=20", "trainer.resume=auto")
+    resumed = _run(root, again, 40, *layout, "trainer.resume=auto")
     assert [r["step"] for r in resumed if "reward/mean" in r] == list(range(21, 41))
     expected = {r["step"]: _comparable(r) for r in records if r["step"] > 20}
     assert {r["step"]: _comparable(r) for r in resumed} == expected

@@ -55,5 +55,5 @@ def test_moe_demo_trains_through_the_real_server_with_routing_replay(sglang_pyth
         assert r["weight_sync/logprob_diff"] < 1e-5  # every expert reached the server
         assert r["rollout/logprob_mismatch"] < 1e-5
     first = records[0]  # the replay metrics: measured at the first update with the engine's routing
-    assert first["moe/routing_agreement"] > 0.9 and first["moe/logprob_diff_replay"] < 1e-5
+    assert first["actor/moe/routing_agreement"] > 0.9 and first["actor/moe/logprob_diff_replay"] < 1e-5
     assert "--enable-return-routed-experts" in (root / "run" / "logs" / "sglang_engine0.log").read_text()

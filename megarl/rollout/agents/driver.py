@@ -70,9 +70,11 @@ class AgentRollout:
         self.loops = {**LOOPS, **{name: loop_class(path) for name, path in agent_cfg.loops.items()}}
 
     def __call__(self, engines: Engines, prompts: PromptBatch, params: SamplingParams) -> Batch:
-        if self.routing == "none":
-            return self._rollout(engines, prompts, params)
-        batch = self._rollout(engines, prompts, dataclasses.replace(params, return_routing=True))
+        """The rollout; with the engines' routing when ``params.return_routing`` asks for it (the
+        trainer's training steps under routing replay; not validation)."""
+        batch = self._rollout(engines, prompts, params)
+        if not params.return_routing or self.routing == "none":
+            return batch
         if self.routing == "experts":  # the trainer's router weighs the replayed experts itself
             return batch.replace(routing_weights=None)
         if batch.routing_weights is None:

@@ -218,6 +218,21 @@ def test_moe_training_plans_and_a_capacity_factor_warns(tmp_path):
         "those tokens' log-probs differ between trainer and engine (a growing mismatch); remove it to train dropless"]
 
 
+def test_what_the_moe_update_cannot_do_yet_is_refused_before_launch(tmp_path):
+    model = _moe_dir(tmp_path)
+    assert _moe_issues(model, "actor.moe.expert_bias_update_rate=0.001") == [
+        "actor.moe.expert_bias_update_rate: (0.001) needs a sigmoid router (Megatron's expert bias), and Qwen3-MoE's "
+        "router is a softmax; remove it, or balance with aux_loss_coef"]
+    assert _moe_issues(model, "actor.moe.z_loss_coef=0.01", "actor.parallel.pp=2") == [
+        "actor.moe.z_loss_coef: (0.01) is not supported with pipeline parallelism yet (actor.parallel.pp 2: the weight of "
+        "each micro-batch's auxiliary loss is known on the last stage only); set it to 0 or pp to 1"]
+    gae = ("algorithm.estimator=gae", "critic.moe.routing_replay=experts")
+    assert _moe_issues(model, *gae) == [
+        "critic.moe.routing_replay: (experts) replays the routing the rollout returns, and the rollout asks the engines "
+        "for it only with actor.moe.routing_replay set; set both, or neither"]
+    assert _moe_issues(model, *gae, "actor.moe.routing_replay=experts") == []
+
+
 def test_moe_configs_print_where_the_experts_live():
     out = _printed(load_config(MOE30, []))
     assert "policy: tp2 pp1 dp16 sp recompute full" in out

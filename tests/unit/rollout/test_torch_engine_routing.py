@@ -82,7 +82,9 @@ def test_rollout_batch_carries_the_routers_choice_on_its_token_rows(moe_model_di
     engine = TorchEngine(moe_model_dir, dtype="float32")
     n = len(PROMPTS)
     prompts = PromptBatch(PROMPTS, [""] * n, ["x"] * n, [""] * n, [{} for _ in PROMPTS], list(range(n)), [0] * n)
-    batch = AgentRollout(AgentConfig(), None, False, routing=mode)(engine, prompts, SamplingParams(max_new_tokens=4, seed=1))
+    rollout = AgentRollout(AgentConfig(), None, False, routing=mode)
+    assert rollout(engine, prompts, SamplingParams(max_new_tokens=4, seed=1)).routed_experts is None  # validation's params
+    batch = rollout(engine, prompts, SamplingParams(max_new_tokens=4, seed=1, return_routing=True))  # a training step's
     hf = AutoModelForCausalLM.from_pretrained(str(moe_model_dir), dtype=torch.float32).eval()
     tokens, mask, _ = batch.sequences()  # [B, P+R]
     assert batch.routed_experts is not None
