@@ -1,6 +1,7 @@
 """Routing replay (megarl/megatron_runtime/routing_replay.py) against HF transformers'
 Qwen3MoeForCausalLM, in 2 gloo processes (TP=1 x EP=2: the expert-parallel group spans the two
-data-parallel replicas), through MegatronModel's own forward (packed micro-batches).
+data-parallel replicas; the parity also at TP=2 with sequence parallelism, PP=2, and TP=2 x EP=2
+in 4 processes), through MegatronModel's own forward (packed micro-batches).
 
 HF plays the engine: its ``mlp.gate`` of each MoE layer gives the expert ids and weights of every
 real token of every row (the last response token left at -1, as an engine leaves it). The
@@ -12,6 +13,10 @@ Megatron copy's routers are then perturbed, so that its own routing differs from
   replay metrics report it, and the mean log-prob gap to HF with replay (~0) and without;
 - the reference, another MegatronModel of the same process, keeps its own routing while the
   policy's routers hold replay data, and Megatron's process-global RouterReplay list stays empty.
+- the same parity at TP=2 and TP=2 x EP=2 (sequence parallel: each TP rank replays its slice of
+  the sequence) and at PP=2 (stage 0 replays MoE layer 0, stage 1 layers 1-2; the log-probs come
+  from the last stage), packed and padded micro-batches; in the pass without replay each routed
+  token is counted once per layer over all ranks;
 - experts replay on one router: the router's gradient is non-zero and equals a hand computation
   (softmax over the replayed logits), also when the router is re-run by a recompute after the
   next micro-batch's ids were installed.
@@ -33,11 +38,15 @@ NORM_TOPK = {"norm_topk_prob": True, "mlp_only_layers": [1]}  # MoE layers 0, 2,
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
+def model_path(tmp_path_factory) -> str:
     from megarl.models.tiny import build_tiny_model
 
-    path = str(build_tiny_model(tmp_path_factory.mktemp("replay") / "m", "qwen3_moe", seed=3, **SHAPE, **NORM_TOPK))
-    return run_distributed(_worker, 2, path)
+    return str(build_tiny_model(tmp_path_factory.mktemp("replay") / "m", "qwen3_moe", seed=3, **SHAPE, **NORM_TOPK))
+
+
+@pytest.fixture(scope="module")
+def results(model_path):
+    return run_distributed(_worker, 2, model_path)
 
 
 def _hf_routing(hf, batch) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
@@ -89,14 +98,10 @@ def _perturb_routers(core, seed: int) -> torch.Tensor:
     return routers[0].weight.detach().clone()
 
 
-def _worker(rank: int, world: int, path: str) -> dict:
-    from megatron.core.transformer.moe.router_replay import RouterReplay
+def _engine_batch(path: str):
+    """(HF model, the test batch, the batch with HF's routing and log-probs as an engine's,
+    HF's ids [B, P+R, L, k], the first MoE layer's gate inputs, HF's log-probs [B, R])."""
     from transformers import AutoModelForCausalLM
-
-    from megarl.config.sections import ActorConfig, MoEConfig, ParallelConfig
-    from megarl.megatron_runtime.micro_batches import MicroBatching, pack_micro_batch
-    from megarl.megatron_runtime.model import MegatronModel, token_logprob_head
-    from megarl.megatron_runtime.routing_replay import replay_metrics
 
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     batch = batch_of_lengths(PROMPTS, RESPONSES, torch.Generator().manual_seed(5), hf.config.vocab_size)
@@ -104,6 +109,18 @@ def _worker(rank: int, world: int, path: str) -> dict:
     ref_logprobs, _ = hf_token_logprobs(hf, batch, 1.0)
     # The engine's log-probs are HF's: the replay metrics' log-prob gaps are then the trainer's own.
     routed = batch.replace(routed_experts=ids, routing_weights=weights, rollout_logprobs=ref_logprobs)
+    return hf, batch, routed, ids, first_inputs, ref_logprobs
+
+
+def _worker(rank: int, world: int, path: str) -> dict:
+    from megatron.core.transformer.moe.router_replay import RouterReplay
+
+    from megarl.config.sections import ActorConfig, MoEConfig, ParallelConfig
+    from megarl.megatron_runtime.micro_batches import MicroBatching, pack_micro_batch
+    from megarl.megatron_runtime.model import MegatronModel, token_logprob_head
+    from megarl.megatron_runtime.routing_replay import replay_metrics
+
+    hf, batch, routed, ids, first_inputs, ref_logprobs = _engine_batch(path)
     cfg = ActorConfig(parallel=ParallelConfig(tp=1, ep=2), micro_batch_size=2,
                       moe=MoEConfig(routing_replay="experts_and_weights"))  # fmt: skip
     policy = MegatronModel.build(path, cfg, torch.float32, seed=1)
@@ -133,6 +150,42 @@ def _worker(rank: int, world: int, path: str) -> dict:
         "reference_hooks_distinct": not set(map(id, policy.routing.hooks)) & set(map(id, reference.routing.hooks)),
         "metrics": metrics, "gradient": _router_gradient(policy),
     })  # fmt: skip
+
+
+def _parallel_worker(rank: int, world: int, path: str, parallel: dict) -> dict:
+    """experts_and_weights replay under ``parallel`` (TP=2 with sequence parallelism: each TP
+    rank routes its slice of the sequence; PP=2: each stage its own MoE layers), packed and
+    padded micro-batches: the Batch layer of each of this rank's routers, and per layout
+    :func:`_parity`."""
+    from megarl.config.sections import ActorConfig, MoEConfig, ParallelConfig
+    from megarl.megatron_runtime.micro_batches import MicroBatching
+    from megarl.megatron_runtime.model import MegatronModel
+
+    _, _, routed, _, _, ref_logprobs = _engine_batch(path)
+    cfg = ActorConfig(parallel=ParallelConfig(**parallel), micro_batch_size=2,
+                      moe=MoEConfig(routing_replay="experts_and_weights"))  # fmt: skip
+    policy = MegatronModel.build(path, cfg, torch.float32, seed=1)
+    _perturb_routers(policy.core, seed=7)
+    assert policy.routing is not None
+    return portable({
+        "layers": [h.layer for h in policy.routing.hooks], "sequence_parallel": policy.tcfg.sequence_parallel,
+        **{("packed" if packed else "padded"): _parity(policy, routed, ref_logprobs, MicroBatching(2, None, packed))
+           for packed in (True, False)},
+    })  # fmt: skip
+
+
+def _parity(policy, routed, ref_logprobs: torch.Tensor, batching) -> dict:
+    """Max |log-prob - HF's| with replay and without, the routed tokens each MoE layer counted
+    without replay (over all ranks), and the replay metrics."""
+    from megarl.megatron_runtime.model import token_logprob_head
+    from megarl.megatron_runtime.routing_replay import replay_metrics
+
+    rows = lambda: policy.forward_tokens(routed, token_logprob_head(policy, 1.0, False), batching)  # noqa: E731
+    replayed, own = rows(), []
+    metrics = replay_metrics(policy.routing, routed, replayed, lambda: own.append(rows()) or own[0])
+    diff = lambda r: (gathered(r, routed)["logprobs"] - ref_logprobs).abs().max().item()  # noqa: E731
+    return {"replayed": diff(replayed), "own": diff(own[0]), "tokens": policy.routing.agreement()[:, 1].tolist(),
+            "metrics": metrics}  # fmt: skip
 
 
 def _router_gradient(model) -> dict:
@@ -213,6 +266,27 @@ def test_agreement_and_separation(results):
         assert abs(m["actor/moe/routing_agreement"] - sum(r["agreement"]) / 3) < 1e-12
         assert m["actor/moe/logprob_diff_replay"] <= LOGPROB_TOL < PERTURBED_MIN / 10 < m["actor/moe/logprob_diff_no_replay"], m
         assert r["global_replay_instances"] == 0 and r["policy_hooks_kept"] and r["reference_hooks_distinct"]
+
+
+# case -> (parallel, the Batch's MoE layers of each rank's routers, one list per process): PP stage 0
+# holds decoder layers 0-1 (MoE layer 0), stage 1 layers 2-3 (MoE layers 1, 2)
+PARALLEL = {"tp2_sp": ({"tp": 2}, [[0, 1, 2]] * 2), "pp2": ({"pp": 2}, [[0], [1, 2]]),
+            "tp2_ep2": ({"tp": 2, "ep": 2}, [[0, 1, 2]] * 4)}
+
+
+@pytest.mark.parametrize("case", list(PARALLEL))
+def test_weights_replay_under_tp_and_pp(case, model_path):
+    parallel, layers = PARALLEL[case]
+    results = run_distributed(_parallel_worker, len(layers), model_path, parallel)
+    routed_tokens = sum(p + q - 1 for p, q in zip(PROMPTS, RESPONSES))
+    for r, want in zip(results, layers):
+        assert r["layers"] == want and r["sequence_parallel"] == ("tp" in parallel), r
+        for layout in ("packed", "padded"):
+            c = r[layout]
+            assert c["replayed"] <= LOGPROB_TOL, (layout, c)
+            assert c["own"] > PERTURBED_MIN, (layout, c)
+            assert c["tokens"] == [routed_tokens] * 3, (layout, c)  # each routed token once: SP slices, PP stages
+            assert c["metrics"]["actor/moe/logprob_diff_replay"] <= LOGPROB_TOL, (layout, c)
 
 
 def test_experts_replay_router_gradient(results):
