@@ -75,8 +75,8 @@ def _moe_metrics(role: str) -> tuple[Metric, ...]:
     return (
         Metric(f"{role}/moe/expert_load_max_over_mean", "last", "moe", "tokens of the busiest expert / the mean over experts, per MoE layer over the update's training forwards, mean over the layers (1 = balanced)"),
         Metric(f"{role}/moe/expert_load_max_over_mean/layer<i>", "last", "moe", "the same for MoE layer i (HF's 0-based layer index)"),
-        Metric(f"{role}/moe/aux_loss", "last", "moe", "Megatron's Switch load-balancing loss (without its coefficient), mean over micro-batches, DP ranks and MoE layers; with actor.moe.aux_loss_coef or z_loss_coef > 0"),
-        Metric(f"{role}/moe/z_loss", "last", "moe", "router z-loss (mean squared logsumexp of the router logits, without its coefficient), same mean; with aux_loss_coef or z_loss_coef > 0"),
+        Metric(f"{role}/moe/aux_loss", "last", "moe", "Megatron's Switch load-balancing loss (without its coefficient), mean over micro-batches, DP ranks and MoE layers; with <section>.moe.aux_loss_coef > 0"),
+        Metric(f"{role}/moe/z_loss", "last", "moe", "router z-loss (mean squared logsumexp of the router logits, without its coefficient), same mean; with <section>.moe.z_loss_coef > 0"),
     )
 
 
@@ -118,7 +118,7 @@ CATALOGUE: tuple[Metric, ...] = (
     Metric("rollout/logprob_mismatch", "mean", "actor", "mean |trainer - engine| log-prob of the sampled tokens (trainer: old log-probs, else current)"),
     *_optimizer_metrics("actor", "policy"),
     Metric("actor/moe/routing_agreement", "last", "moe", "MoE with routing replay: mean over MoE layers of actor/moe/routing_agreement/layer<i>"),
-    Metric("actor/moe/routing_agreement/layer<i>", "last", "moe", "share of the tokens the engine routed whose trainer top-k experts (without replay) equal the engine's, MoE layer i"),
+    Metric("actor/moe/routing_agreement/layer<i>", "last", "moe", "share of the tokens the engine routed whose trainer top-k experts (without replay) equal the engine's, MoE layer i (HF's 0-based decoder layer index, as expert_load_max_over_mean)"),
     Metric("actor/moe/logprob_diff_replay", "last", "moe", "mean |trainer log-prob before the update - rollout log-prob| over loss tokens, routers replaying the engine's routing"),
     Metric("actor/moe/logprob_diff_no_replay", "last", "moe", "the same, the trainer's routers routing by themselves (one extra forward)"),
     *_moe_metrics("actor"),

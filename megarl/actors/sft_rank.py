@@ -21,7 +21,9 @@ class SFTRank(TrainedRank):
     def __init__(self, cfg: MegaRLConfig, total_optimizer_steps: int) -> None:
         self.cfg = cfg
         assert cfg.model.path is not None  # SFT fine-tunes model.path (read before the ranks start)
-        self.worker = PolicyWorker(cfg.model.path, cfg.actor, cfg.model.dtype, cfg.trainer.seed,
+        # No engine routes SFT's tokens: the routers route by themselves whatever actor.moe.routing_replay says.
+        actor = cfg.actor.model_copy(update={"moe": cfg.actor.moe.model_copy(update={"routing_replay": "none"})})
+        self.worker = PolicyWorker(cfg.model.path, actor, cfg.model.dtype, cfg.trainer.seed,
                                    total_optimizer_steps=total_optimizer_steps, layer_spec=cfg.model.layer_spec)  # fmt: skip
         self.info = self.worker.info
         self.loss_fn = SFTLossFn()

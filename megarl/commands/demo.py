@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from megarl.commands.arguments import user_path
+from megarl.config.loading import ConfigError
 from megarl.data.tasks import TASK_VOCAB
 from megarl.models.tiny import build_tiny_model
 
@@ -40,13 +41,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, e.g. trainer.total_steps=50")
     p.add_argument("--config", type=user_path, default="configs/tiny_grpo.yaml",
                    help="the demo config (default: %(default)s, from this directory, else from the checkout megarl runs from)")
-    p.add_argument("--root", type=user_path, default="outputs/demo", help="where the model, data and run go (default: %(default)s)")
+    p.add_argument("--root", type=user_path, default=None,
+                   help="where the model, data and run go (default: the folder of the config's model.path: outputs/demo "
+                        "for configs/tiny_grpo.yaml, outputs/moe-demo for configs/tiny_moe_grpo.yaml)")
     p.set_defaults(handler=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
-    print(f"curves: {run_demo(_demo_config(args.config), args.overrides, args.root)}")
+    config = _demo_config(args.config)
+    print(f"curves: {run_demo(config, args.overrides, args.root or default_root(config))}")
     return 0
+
+
+def default_root(config: str | Path) -> Path:
+    """The demo's folder of ``config``: where its model.path lies (``<root>/model``)."""
+    from megarl.config.loading import load_config
+
+    path = load_config(config).model.path
+    return Path(path).parent if path else Path("outputs/demo")
 
 
 def _demo_config(config: str) -> str:
@@ -61,7 +73,7 @@ def _demo_config(config: str) -> str:
 def demo_command(config: str | Path, overrides: list[str], root: str | Path) -> str:
     """The `megarl demo` command line that resumes this demo run."""
     args = ["megarl", "demo", *(o for o in overrides if not o.startswith("trainer.resume="))]
-    args += ["--root", str(root)] if str(root) != "outputs/demo" else []
+    args += ["--root", str(root)] if Path(root) != default_root(config) else []
     args += ["--config", str(config)] if str(config) != "configs/tiny_grpo.yaml" else []
     if any(o.startswith("trainer.resume=") and o != "trainer.resume=auto" for o in overrides):
         args.append("trainer.resume=auto")
@@ -97,7 +109,7 @@ def prepare_demo(root: str | Path = "outputs/demo", seed: int = 0, arch: str = "
     from megarl.data.tasks import write_reverse_digits
 
     if arch not in DEMO_MODELS:
-        raise ValueError(f"model.arch ({arch}) names no demo model; a demo config uses one of {', '.join(DEMO_MODELS)}")
+        raise ConfigError(f"model.arch ({arch}) names no demo model; a demo config uses one of {', '.join(DEMO_MODELS)}")
     root = Path(root)
     model = root / "model"
     _check_demo_model(model, arch)
@@ -117,7 +129,7 @@ def _check_demo_model(model: Path, arch: str) -> None:
         return
     found, wanted = json.loads((model / "config.json").read_text()).get("model_type"), DEMO_MODELS[arch]["arch"]
     if found != wanted:
-        raise ValueError(f"{model} holds a {found} model, and this config's model.arch ({arch}) is a {wanted} one; "
+        raise ConfigError(f"{model} holds a {found} model, and this config's model.arch ({arch}) is a {wanted} one; "
                          f"give this demo its own --root (e.g. --root outputs/{arch.removeprefix('tiny-')})")  # fmt: skip
 
 

@@ -221,11 +221,12 @@ class MoEConfig(Section):
         "forwards (mixture-of-experts models). none: the trainer's router decides; experts: the engine's expert "
         "ids per token and layer, with the trainer's own routing weights over them (its router still gets "
         "gradients); experts_and_weights: the engine's ids and routing weights (torch engine only: SGLang "
-        "returns ids alone). Dense models ignore it.",
+        "returns ids alone). Mixture-of-experts models only (refused on a dense one); megarl sft ignores it.",
     )
     aux_loss_coef: float = Field(
-        0.0, ge=0, description="Coefficient of Megatron's auxiliary load-balancing loss (per micro-batch, as HF's "
-        "router_aux_loss_coef); 0 = none. Added to the policy loss; reported as <role>/moe_aux_loss.",
+        0.0, ge=0, description="Coefficient of Megatron's Switch load-balancing loss, per MoE layer and micro-batch "
+        "(HF's router_aux_loss_coef pools the layers and is k times larger: not read); 0 = none. Its gradient joins "
+        "the training loss's; reported as <role>/moe/aux_loss.",
     )  # fmt: skip
     z_loss_coef: float = Field(
         0.0, ge=0, description="Coefficient of the router z-loss (penalises large router logits); 0 = none.",

@@ -62,7 +62,8 @@ class MoEBalance:
         self.role = role
         self.routers = [m for m in core.modules() if isinstance(m, TopKRouter)]
         self.moe_layers = moe_layer_indices(tcfg)
-        self.losses_on = bool(tcfg.moe_aux_loss_coeff) or bool(tcfg.moe_z_loss_coeff)
+        self.aux_on, self.z_on = bool(tcfg.moe_aux_loss_coeff), bool(tcfg.moe_z_loss_coeff)
+        self.losses_on = self.aux_on or self.z_on
         device = next(core.parameters()).device
         self.load = torch.zeros(tcfg.num_layers, tcfg.num_moe_experts, dtype=torch.float64, device=device)  # [L, E]
         self.tokens = 0  # router tokens of this rank's latest training micro-batch
@@ -111,9 +112,10 @@ class MoEBalance:
         ratio = load.max(-1).values / load.mean(-1).clamp(min=1e-12)  # [L]
         values = {f"{self.role}/moe/expert_load_max_over_mean/layer{i}": ratio[i] for i in self.moe_layers}
         values[f"{self.role}/moe/expert_load_max_over_mean"] = ratio[self.moe_layers].mean()
-        if self.losses_on:
-            per_mb = max(self.micro_batches, 1) * dp_size * len(self.moe_layers)
+        per_mb = max(self.micro_batches, 1) * dp_size * len(self.moe_layers)
+        if self.aux_on:  # Megatron tracks only the losses it computes: an untracked one is not 0
             values[f"{self.role}/moe/aux_loss"] = aux.sum() / per_mb
+        if self.z_on:
             values[f"{self.role}/moe/z_loss"] = z.sum() / (per_mb * tp_size)  # z: a mean over tokens per TP rank
         host = torch.stack(list(values.values())).tolist()  # one host transfer
         return dict(zip(values, host))

@@ -34,7 +34,7 @@ weights of a sigmoid router with an expert bias (Megatron gathers its scores afr
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -114,10 +114,11 @@ class RoutingReplay:
     """The replay hooks of one model's routers (see the module docstring)."""
 
     def __init__(self, hooks: list[_RouterHook], mode: str, sequence_parallel: bool, tp_rank: int, tp_size: int,
-                 num_layers: int = 0, recompute: bool = False) -> None:  # fmt: skip
+                 layers: Sequence[int] = (), recompute: bool = False) -> None:  # fmt: skip
         self.hooks = hooks
         self.recompute = recompute  # full activation recomputation re-runs the routers in the backward
-        self.num_layers = num_layers  # MoE layers of the whole model (the Batch's L), all stages
+        self.layers = list(layers)  # the model's MoE layers (decoder indices, all stages): the Batch's L axis
+        self.num_layers = len(self.layers)
         self.mode = mode
         self.sequence_parallel = sequence_parallel
         self.tp_rank, self.tp_size = tp_rank, tp_size
@@ -145,7 +146,7 @@ class RoutingReplay:
             router.router_replay = hook  # this router's only: nothing process-global
             hooks.append(hook)
         recompute = getattr(tcfg, "recompute_granularity", None) == "full"
-        return cls(hooks, mode, bool(tcfg.sequence_parallel), tp_rank, tp_size, len(order), recompute)
+        return cls(hooks, mode, bool(tcfg.sequence_parallel), tp_rank, tp_size, order, recompute)
 
     # ---- per micro-batch ----------------------------------------------------------------------
     def install(self, mb: MicroBatch) -> None:
@@ -270,7 +271,8 @@ def replay_metrics(
     counts = replay.agreement(device, group).cpu()  # [L, 2]
     sums = sums.cpu()
     per_layer = (counts[:, 0] / counts[:, 1]).tolist()  # NaN for a layer no routed token reached
-    metrics = {f"{role}/moe/routing_agreement/layer{i}": a for i, a in enumerate(per_layer)}
+    # named by decoder layer (HF's 0-based index), as the load-balance metrics
+    metrics = {f"{role}/moe/routing_agreement/layer{layer}": a for layer, a in zip(replay.layers, per_layer, strict=True)}
     metrics[f"{role}/moe/routing_agreement"] = sum(per_layer) / len(per_layer) if per_layer else float("nan")
     metrics[f"{role}/moe/logprob_diff_replay"] = float(sums[0] / sums[1])
     metrics[f"{role}/moe/logprob_diff_no_replay"] = float(sums[2] / sums[3])
