@@ -33,6 +33,7 @@ from megarl.config.architectures import ArchSpec
 from megarl.config.sections import ROLE_SECTIONS, MegaRLConfig
 from megarl.memory.residency import Residency, owner_of
 from megarl.plan.gpu_memory import GIB, stage_params_per_gpu
+from megarl.plan.role_layout import RoleLayout
 
 # Whose ranks hold host buffers: (owner, the role whose GPUs it lives on).
 _HOST_OWNERS = (("policy", "policy"), ("reference", "policy"), ("critic", "critic"), ("engine", "rollout"))
@@ -64,9 +65,9 @@ def save_gather_host_bytes(arch: ArchSpec, *, tp: int, pp: int, ep: int = 1, etp
     return 12.0 * sum(stage_params_per_gpu(arch, tp=tp, pp=pp, ep=ep, etp=etp, value_head=value_head))
 
 
-def save_staging_host_bytes(section: Any, layout: Any, sizes: Mapping[str, float], role: str) -> list[float]:
+def save_staging_host_bytes(section: Any, layout: RoleLayout, sizes: Mapping[str, float], role: str) -> list[float]:
     """Host bytes each rank of ``role`` stages while it saves (module docstring), in rank order;
-    ``layout``: its RoleLayout (tp, dp, gpus), ``section``: its config section (actor, critic)."""
+    ``section``: its config section (actor, critic)."""
     weights, optimizer = sizes[f"{role}/weights"], sizes[f"{role}/optimizer"]
     opt = section.optimizer
     sharded = opt.distributed and opt.checkpoint_format == "dp_reshardable"  # each rank writes its own shard
@@ -75,10 +76,10 @@ def save_staging_host_bytes(section: Any, layout: Any, sizes: Mapping[str, float
     return [(weights if f else 0.0) + (optimizer if sharded else whole if f else 0.0) for f in first]
 
 
-def host_memory(cfg: MegaRLConfig, arch: ArchSpec, roles: Mapping[str, Any], table: Residency,
+def host_memory(cfg: MegaRLConfig, arch: ArchSpec, roles: Mapping[str, RoleLayout], table: Residency,
                 sizes: Mapping[str, float]) -> HostMemory:  # fmt: skip
-    """The node where megarl's host buffers take most. ``roles``: the planner's RoleLayout per
-    role (gpus, tp, dp, pp); ``sizes``: bytes per GPU of each state of ``table``."""
+    """The node where megarl's host buffers take most. ``roles``: the planner's layout per role;
+    ``sizes``: bytes per GPU of each state of ``table``."""
     ranks = {owner: roles[role].gpus for owner, role in _HOST_OWNERS if role in roles}
     moved = {s for p in table.phases for s in table.states() if s not in table.resident(p)}
     per_rank = {owner: sum(sizes[s] for s in moved if owner_of(s) == owner and not s.endswith("/grads"))

@@ -48,6 +48,7 @@ from megarl.plan.host_memory import HostMemory, host_memory, host_over
 from megarl.plan.issues import Issue, PlanError, choices, divisors
 from megarl.plan.moe_checks import check_expert_parallel, check_moe_serving, check_moe_settings
 from megarl.plan.push_model import PushEstimate, push_estimate
+from megarl.plan.role_layout import RoleLayout
 from megarl.plan.rollout_checks import (
     check_agent,
     check_in_process,
@@ -59,38 +60,6 @@ from megarl.plan.rollout_checks import (
     check_validation,
     rollout_tp_choices,
 )
-
-
-@dataclass(frozen=True)
-class RoleLayout:
-    role: str  # policy | critic | rollout
-    tp: int
-    pp: int
-    dp: int  # rollout: number of engines
-    gpus: tuple[int, ...]  # global GPU (process) indices, rank order
-    ep: int = 1  # expert parallelism (a trained mixture-of-experts model)
-    etp: int = 1
-
-    def coords(self, rank: int) -> str:
-        """Megatron's default rank order: tp fastest, then dp, then pp."""
-        if self.role == "rollout":
-            return f"engine {rank // self.tp} tp{rank % self.tp}"
-        tp_rank, dp_rank, pp_rank = rank % self.tp, (rank // self.tp) % self.dp, rank // (self.tp * self.dp)
-        return f"tp{tp_rank} pp{pp_rank} dp{dp_rank}"
-
-    @property
-    def expert_dp(self) -> int:
-        """The expert-data-parallel size: the ranks of a stage holding the same experts."""
-        return self.tp * self.dp // (self.ep * self.etp)
-
-    def expert_rank(self, rank: int) -> int:
-        """The expert-parallel rank: Megatron orders a stage's ranks etp fastest, then ep, then expert dp."""
-        return (rank % (self.tp * self.dp)) // self.etp % self.ep
-
-    def experts_held(self, rank: int, num_experts: int) -> range:
-        """The experts (of each MoE layer of its stage) that ``rank`` holds."""
-        per = num_experts // self.ep
-        return range(self.expert_rank(rank) * per, (self.expert_rank(rank) + 1) * per)
 
 
 @dataclass(frozen=True)
@@ -125,11 +94,7 @@ class Plan:
         cells: dict[int, list[str]] = {}
         for layout in self.roles.values():
             for rank, gpu in enumerate(layout.gpus):
-                experts = ""
-                if self.arch.num_experts and layout.role != "rollout":
-                    held = layout.experts_held(rank, self.arch.num_experts)
-                    experts = f" ep{layout.expert_rank(rank)} experts {held[0]}-{held[-1]}"
-                cells.setdefault(gpu, []).append(f"{layout.role} {layout.coords(rank)}{experts}")
+                cells.setdefault(gpu, []).append(f"{layout.role} {layout.coords(rank, self.arch.num_experts)}")
         total = nnodes * gpus_per_node
         return [(g // gpus_per_node, g % gpus_per_node, "; ".join(cells.get(g, ["idle"]))) for g in range(total)]
 
