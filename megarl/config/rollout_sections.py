@@ -255,6 +255,18 @@ class RolloutConfig(Section):
     agent: AgentConfig = Field(
         default_factory=AgentConfig, description="Multi-turn, tool-calling rollouts: agent loops chosen per sample by the agent_name column."
     )
+    max_staleness: int = Field(
+        0,
+        ge=0,
+        description="Asynchronous training (docs/async.md): 0 = the synchronous on-policy loop; k >= 1 = the engines keep "
+        "generating while the trainer trains, and a sample may come from a policy at most k versions older than the one it trains.",
+    )
+    partial: bool | None = Field(
+        None,
+        description="Asynchronous training: a weight push pauses the requests in flight and continues them under the new "
+        "weights (partial rollouts; each token records its policy version); false = a push waits for them to finish. "
+        "None = true when max_staleness >= 1.",
+    )
 
     @field_validator("generate_function")
     @classmethod

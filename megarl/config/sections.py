@@ -479,9 +479,19 @@ class MegaRLConfig(Section):
         chosen = self.rollout.weight_sync.transport
         if chosen != "auto":
             return chosen
-        if self.rollout.engine == "torch":
-            return "in_process"
+        if self.rollout.engine == "torch":  # asynchronous: the engine is a process of its own
+            return "disk" if self.asynchronous else "in_process"
         return "tensor" if self.cluster.placement == "colocated" else "distributed"
+
+    @property
+    def asynchronous(self) -> bool:
+        """Generation overlaps training (``rollout.max_staleness`` >= 1, docs/async.md)."""
+        return self.rollout.max_staleness >= 1
+
+    @property
+    def partial_rollouts(self) -> bool:
+        """A push pauses the requests in flight and continues them under the new weights."""
+        return self.rollout.partial if self.rollout.partial is not None else self.asynchronous
 
     @property
     def weight_disk_dir(self) -> str:

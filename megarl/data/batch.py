@@ -72,6 +72,12 @@ class Batch:
     # it routed none (padding; the last response token, which no forward pass of the engine saw).
     routed_experts: torch.Tensor | None = None  # [B, P+R, L, k] int16
     routing_weights: torch.Tensor | None = None  # [B, P+R, L, k] float32, the engine's weights of those experts
+    # Asynchronous training (rollout.max_staleness >= 1): the engine's weight version that sampled
+    # each response token (a partial rollout continues under newer weights; 0 on padding), and
+    # how many policy versions older than the trained one each sample's oldest token is (set when
+    # the trainer takes the sample).
+    token_versions: torch.Tensor | None = None  # [B, R] long
+    staleness: torch.Tensor | None = None  # [B] long
 
     def __post_init__(self) -> None:
         self.validate()
@@ -85,8 +91,10 @@ class Batch:
         assert self.response_mask.shape == (b, r), (self.response_mask.shape, (b, r))
         assert self.response_lengths.shape == (b,)
         assert self.group_id.shape == (b,)
-        if self.scores is not None:
-            assert self.scores.shape == (b,), self.scores.shape
+        for name in ("scores", "staleness"):
+            value = getattr(self, name)
+            assert value is None or value.shape == (b,), (name, value.shape)
+        assert self.token_versions is None or self.token_versions.shape == (b, r), self.token_versions.shape
         for name in TOKEN_FIELDS:
             value = getattr(self, name)
             assert value is None or value.shape == (b, r), (name, value.shape, (b, r))
