@@ -39,8 +39,9 @@ PROGRESS = Progress()
 class PhaseTimer:
     """Times the phases of a step: ``with timer.phase("generate"): ...`` -> time/generate_s."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, mark_progress: bool = True) -> None:
         self.times: dict[str, float] = {}
+        self.mark_progress = mark_progress  # False in a thread beside the loop (the watchdog follows the loop)
 
     def phase(self, name: str) -> _Phase:
         return _Phase(self, name)
@@ -54,12 +55,14 @@ class _Phase:
         self.timer, self.name = timer, name
 
     def __enter__(self) -> None:
-        PROGRESS.mark(self.name)
+        if self.timer.mark_progress:
+            PROGRESS.mark(self.name)
         self.start = time.perf_counter()
 
     def __exit__(self, *exc: object) -> None:
         self.timer.times[self.name] = self.timer.times.get(self.name, 0.0) + time.perf_counter() - self.start
-        PROGRESS.mark(f"after {self.name}")
+        if self.timer.mark_progress:
+            PROGRESS.mark(f"after {self.name}")
 
 
 @contextmanager

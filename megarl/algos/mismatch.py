@@ -52,3 +52,4 @@ def logprob_mismatch(
     mask = response_mask.to(train_logprobs.dtype)
     gap = ((train_logprobs.detach() - rollout_logprobs).abs() * mask).sum()
     return torch.stack([gap, mask.sum()])
+

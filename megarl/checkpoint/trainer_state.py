@@ -48,6 +48,9 @@ class TrainerState:
       ({"first": [...], "baseline": float | None, "version": the last push version counted});
       {} when the run has no check, or in a
       checkpoint written before it was kept (the baseline is then measured again).
+    rollouts: an asynchronous run's prompts drawn but not yet trained (re-issued first at
+      resume), its draw count and the prompts already re-issued once (megarl/rollout/producer.py);
+      {} for a synchronous run.
     """
 
     step: int = 0
@@ -56,6 +59,7 @@ class TrainerState:
     dynamic_sampling_carry: Any = None
     rng: dict[str, Any] = field(default_factory=dict)
     logprob_check: dict[str, Any] = field(default_factory=dict)
+    rollouts: dict[str, Any] = field(default_factory=dict)
 
     def save(self, directory: str | Path) -> Path:
         """Write `directory/trainer_state.pt` (fsynced); returns its path."""
@@ -68,6 +72,7 @@ class TrainerState:
             "dynamic_sampling_carry": to_plain(self.dynamic_sampling_carry, "dynamic_sampling_carry"),
             "rng": to_plain(self.rng, "rng"),
             "logprob_check": to_plain(self.logprob_check, "logprob_check"),
+            "rollouts": to_plain(self.rollouts, "rollouts"),
         }
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "wb") as f:
@@ -96,6 +101,7 @@ class TrainerState:
             dynamic_sampling_carry=from_plain(payload["dynamic_sampling_carry"]),
             rng=from_plain(payload["rng"]),
             logprob_check=from_plain(payload.get("logprob_check", {})),  # (absent from older checkpoints)
+            rollouts=from_plain(payload.get("rollouts", {})),
         )
 
 

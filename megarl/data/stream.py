@@ -89,11 +89,17 @@ class PromptStream:
         self.sets = sets
         self.builder = builder
         self.sampler = sampler
+        self._positions = {(f, r.row): i for f, s in enumerate(sets) for i, r in enumerate(s.records)}
 
     def next_batch(self) -> PromptBatch:
         """The next step's prompts (``data.prompts_per_step`` of them)."""
         step = self.sampler.step
         return encode_records(self.sets, self.sampler.next_indices(), self.builder, step)
+
+    def prompts_of(self, keys: Sequence[tuple[int, int]]) -> PromptBatch:
+        """The prompts at ``keys`` ((file index, row in the file), as PromptBatch.file_index /
+        index name them), in order: the prompts an asynchronous run re-issues."""
+        return encode_records(self.sets, [(f, self._positions[(f, row)]) for f, row in keys], self.builder, self.sampler.step)
 
     @property
     def step(self) -> int:

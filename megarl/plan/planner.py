@@ -31,6 +31,7 @@ from megarl.memory.residency import (
     residency_of,
 )
 from megarl.plan.algorithm_checks import check_algorithm, check_run_length
+from megarl.plan.async_checks import check_asynchronous
 from megarl.plan.gpu_memory import (
     GIB,
     RolloutMemory,
@@ -140,6 +141,7 @@ def make_plan(cfg: MegaRLConfig, *, check_files: bool = False, in_process: bool 
     check_agent(cfg, issues)
     check_algorithm(cfg, issues)
     check_run_length(cfg.trainer, issues)
+    check_asynchronous(cfg, issues, in_process=in_process)
     _check_offload(cfg, issues)
     if in_process:
         check_in_process(cfg, issues, sft=sft)

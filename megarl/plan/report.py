@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from megarl.config.sections import MegaRLConfig
+from megarl.plan.async_checks import async_summary
 from megarl.plan.gpu_memory import GIB, RuntimeMemory
 from megarl.plan.host_memory import host_memory_text
 from megarl.plan.planner import Plan
@@ -46,6 +47,9 @@ def print_plan(cfg: MegaRLConfig, plan: Plan, console: Console | None = None) ->
     console.print(table)
     for line in expert_placement(cfg, plan):
         console.print(line)
+    overlap = async_summary(cfg)
+    if overlap is not None:
+        console.print(overlap)
     if mem is not None:
         _print_memory(cfg, plan, console)
     if plan.push is not None:

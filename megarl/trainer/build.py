@@ -28,8 +28,9 @@ from megarl.rollout.collect import (
     WorkerEngines,
 )
 from megarl.rollout.generate import GenerateFn
+from megarl.rollout.producer import RolloutProducer
 from megarl.rollout.single_turn import generate_batch
-from megarl.trainer.loop import Components, Trainer
+from megarl.trainer.loop import Components, Trainer, sampling_params
 from megarl.trainer.metric_sinks import build_logger
 from megarl.trainer.phases import (
     Advantages,
@@ -41,6 +42,7 @@ from megarl.trainer.phases import (
     Skip,
     WeightPush,
 )
+from megarl.trainer.rollout_source import AsyncRollouts, SyncRollouts
 from megarl.weight_sync.logprob_check import PROBE_PROMPTS, LogprobBound, PostPushCheck
 
 if TYPE_CHECKING:
@@ -53,7 +55,8 @@ def is_strictly_on_policy(cfg: MegaRLConfig) -> bool:
     """One epoch, one optimizer step per RL step, no KL-in-reward: the update's own forward gives
     the old log-probs (the ratio starts at exactly 1), so no separate forward is needed."""
     one_step = (cfg.actor.mini_batch_size or cfg.samples_per_step) == cfg.samples_per_step
-    return cfg.actor.ppo_epochs == 1 and one_step and not cfg.algorithm.kl.use_in_reward
+    # Asynchronous samples come from older policies: the proximal log-probs are recomputed (docs/async.md).
+    return cfg.actor.ppo_epochs == 1 and one_step and not cfg.algorithm.kl.use_in_reward and not cfg.asynchronous
 
 
 # The first line of the config.yaml megarl writes; a file is recognised as megarl's by its stable
@@ -99,13 +102,15 @@ def build_trainer(cfg: MegaRLConfig, plan: Plan, *, in_process: bool = False) ->
         sglang = _start_sglang(cfg, plan, models, out / "logs", handover)
         if sglang is not None:
             closers.append(sglang.close)  # servers first: colocated ones share the policy's GPUs
+        standalone = _start_standalone(cfg, models, out / "logs", closers)
         from megarl.rewards.scorer import RewardScorer
 
         rewards = RewardScorer(cfg.reward)
         closers.append(rewards.close)
         scorer = Scorer(rewards, tokenizer, eos_ids)
         val_prompts = load_val_prompts(cfg.data, tokenizer, tools)
-        parts = _components(cfg, models, stream, val_prompts, scorer, generate, total_steps, handover, sglang)
+        parts = _components(cfg, models, stream, val_prompts, scorer, generate, total_steps, handover, sglang or standalone)
+        closers.append(parts.rollouts.stop)  # the producer stops before the engines it feeds on
     except BaseException:
         _close_all(closers)
         raise
@@ -202,7 +207,8 @@ def _start_sglang(cfg: MegaRLConfig, plan: Plan, models: dict[str, Any], log_dir
     with nothing of the trained models on their GPUs), the policy connected to them (None with
     the torch engine)."""
     if cfg.rollout.engine != "sglang":
-        models["policy"].connect_engines(None)  # the torch engines live in the policy ranks
+        if not cfg.asynchronous:
+            models["policy"].connect_engines(None)  # the torch engines live in the policy ranks
         return None
     from megarl.memory.sglang_memory import SGLangMemory
     from megarl.rollout_sglang.controller import prepare_sglang
@@ -217,24 +223,35 @@ def _start_sglang(cfg: MegaRLConfig, plan: Plan, models: dict[str, Any], log_dir
     return rollout
 
 
+def _start_standalone(cfg: MegaRLConfig, models: dict[str, Any], log_dir: Path, closers: list[Callable[[], None]]) -> Any:
+    """An asynchronous run's torch engine as a process of its own, the policy's disk transport
+    connected to it (None otherwise)."""
+    if not (cfg.asynchronous and cfg.rollout.engine == "torch"):
+        return None
+    from megarl.engines.engine_actor import start_standalone_engines
+
+    engines = start_standalone_engines(cfg, log_dir)
+    closers.append(engines.close)
+    models["policy"].connect_engines(engines.endpoints)
+    return engines
+
+
 def _components(cfg: MegaRLConfig, models: dict[str, Any], stream: Any, val_prompts: Any, scorer: Scorer, generate: GenerateFn,
                 total_steps: int, handover: Handover, sglang: Any = None) -> Components:  # fmt: skip
     policy = models["policy"]
     temperature = cfg.rollout.sampling.temperature
     # Every phase below enters its phase of the run's residency table first (the hand-over).
     # torch: engines inside the policy ranks; sglang: servers, which the hand-over started.
-    engines = HandedOverEngines(WorkerEngines(policy) if sglang is None else sglang.generator(), handover)
+    engines = _engines(cfg, policy, handover, sglang)
     forward = PolicyForward(policy, handover)
     plain = PlainCollector(engines, scorer, generate)
-    ds = cfg.algorithm.dynamic_sampling
-    collector = DynamicSamplingCollector(plain, stream.next_batch, ds.max_rounds) if ds.enabled else plain
     return Components(
         data=stream,
         val_prompts=val_prompts,
         engines=engines,
         generate=generate,
         scorer=scorer,
-        collector=collector,
+        rollouts=_rollouts(cfg, plain, stream),
         baseline=(GreedyBaseline(engines, scorer, cfg.algorithm.overlong, cfg.rollout.sampling.max_new_tokens)
                   if cfg.algorithm.estimator == "remax" else NoBaseline()),
         old_logprobs=Skip() if is_strictly_on_policy(cfg) else OldLogprobs(forward, temperature),
@@ -246,6 +263,27 @@ def _components(cfg: MegaRLConfig, models: dict[str, Any], stream: Any, val_prom
         models={role: CheckpointedModel(client, handover) for role, client in models.items()},
         total_steps=total_steps,
     )
+
+
+def _engines(cfg: MegaRLConfig, policy: Any, handover: Handover, outside: Any) -> Any:
+    """What the run generates with. Synchronous runs generate in the memory hand-over's generate
+    phase: torch engines in the policy ranks, or SGLang servers. An asynchronous run's engines
+    generate beside every phase, on devices of their own."""
+    if cfg.asynchronous:
+        return outside if cfg.rollout.engine == "torch" else outside.generator()
+    return HandedOverEngines(WorkerEngines(policy) if outside is None else outside.generator(), handover)
+
+
+def _rollouts(cfg: MegaRLConfig, plain: PlainCollector, stream: Any) -> SyncRollouts | AsyncRollouts:
+    """Each step's own generation (synchronous), or the producer's buffer (rollout.max_staleness >= 1)."""
+    ds = cfg.algorithm.dynamic_sampling
+    if not cfg.asynchronous:
+        collector = DynamicSamplingCollector(plain, stream.next_batch, ds.max_rounds) if ds.enabled else plain
+        return SyncRollouts(collector, stream)
+    producer = RolloutProducer(plain.collect, stream, partial(sampling_params, cfg), groups_per_step=cfg.data.prompts_per_step,
+                               max_staleness=cfg.rollout.max_staleness, dynamic_sampling=ds.enabled,
+                               timeout_s=cfg.trainer.hang_timeout_s or 3600.0)  # fmt: skip
+    return AsyncRollouts(producer, cfg.trainer.output_dir)
 
 
 def _post_push_check(cfg: MegaRLConfig, engines: Any, policy: Any, stream: Any, val_prompts: Any) -> PostPushCheck | None:

@@ -33,12 +33,7 @@ from megarl.engines.seeds import step_seed
 from megarl.evaluation import as_metrics, scored_responses, summarize
 from megarl.kept_files import write_keeping
 from megarl.progress import PROGRESS, PhaseTimer
-from megarl.rollout.collect import (
-    Baseline,
-    Collector,
-    Scorer,
-    rollout_metrics,
-)
+from megarl.rollout.collect import Baseline, Scorer, rollout_metrics
 from megarl.rollout.generate import GenerateFn
 from megarl.trainer.metric_sinks import MetricsLogger
 from megarl.trainer.phases import (
@@ -50,6 +45,7 @@ from megarl.trainer.phases import (
     Skip,
     WeightPush,
 )
+from megarl.trainer.rollout_source import AsyncRollouts, SyncRollouts
 from megarl.trainer.watchdog import HangError, RunControl, RunStopped, Watchdog
 
 log = logging.getLogger(__name__)
@@ -64,7 +60,7 @@ class Components:
     engines: Engines
     generate: GenerateFn  # rollout.generate_function: prompts -> Batch (training and validation)
     scorer: Scorer
-    collector: Collector
+    rollouts: SyncRollouts | AsyncRollouts  # generated in the step, or taken from the producer's buffer
     baseline: Baseline
     old_logprobs: OldLogprobs | Skip
     reference: ReferenceLogprobs | Skip
@@ -77,6 +73,24 @@ class Components:
     closers: list[Callable[[], None]] = field(default_factory=list)  # run in reverse order at shutdown
 
 
+def sampling_params(cfg: MegaRLConfig, step: int, *, validation: bool = False) -> SamplingParams:
+    """How step ``step`` samples (an asynchronous run: its draw ``step``), or validates."""
+    s = cfg.rollout.sampling
+    greedy = validation and cfg.rollout.val.greedy
+    return SamplingParams(
+        temperature=0.0 if greedy else s.temperature,
+        top_p=1.0 if greedy else s.top_p,
+        top_k=-1 if greedy else s.top_k,
+        max_new_tokens=s.max_new_tokens,
+        n=cfg.rollout.val.n if validation else cfg.rollout.n,
+        stop=tuple(s.stop),
+        stop_token_ids=tuple(s.stop_token_ids),
+        seed=step_seed(cfg.trainer.seed, -step - 1 if validation else step),
+        # Training rollouts ask the engines for their expert routing when the trainer replays it.
+        return_routing=routing_replay(cfg) != "none" and not validation,
+    )
+
+
 class Trainer:
     def __init__(self, cfg: MegaRLConfig, parts: Components, logger_factory: Any):
         self.cfg, self.parts = cfg, parts
@@ -86,15 +100,13 @@ class Trainer:
         self._logger_factory = logger_factory
         self._history: Path | None = None  # the resumed checkpoint's metrics.jsonl
         self.logger: MetricsLogger | None = None
-        # Training rollouts ask the engines for their expert routing when the trainer replays it.
-        self.return_routing = routing_replay(cfg) != "none"
 
     # ---- one RL step -----------------------------------------------------------------------
     def rl_step(self, step: int) -> dict[str, float]:
         p, timer = self.parts, PhaseTimer()
         start = time.perf_counter()
         params = self.sampling(step)
-        batch, metrics = p.collector.collect(p.data.next_batch(), params, timer)  # generate + reward
+        batch, metrics = p.rollouts.batch(step, params, timer)  # generate + reward, or the producer's groups
         with timer.phase("baseline"):
             baseline = p.baseline.scores(batch, params)  # remax's greedy rollout, else None
         with timer.phase("old_logprobs"):
@@ -110,25 +122,13 @@ class Trainer:
         with timer.phase("policy_update"):
             metrics |= p.policy.update(batch, step)
         with timer.phase("weight_sync"):
-            metrics |= p.weight_push(version=step)
-        metrics |= adv_metrics | rollout_metrics(batch) | timer.metrics()
+            metrics |= p.rollouts.push(p.weight_push, version=step)  # asynchronous: while the engines generate
+        metrics |= adv_metrics | rollout_metrics(batch) | p.rollouts.metrics(batch) | timer.metrics()
         metrics["time/step_s"] = time.perf_counter() - start
         return metrics
 
     def sampling(self, step: int, *, validation: bool = False) -> SamplingParams:
-        s = self.cfg.rollout.sampling
-        greedy = validation and self.cfg.rollout.val.greedy
-        return SamplingParams(
-            temperature=0.0 if greedy else s.temperature,
-            top_p=1.0 if greedy else s.top_p,
-            top_k=-1 if greedy else s.top_k,
-            max_new_tokens=s.max_new_tokens,
-            n=self.cfg.rollout.val.n if validation else self.cfg.rollout.n,
-            stop=tuple(s.stop),
-            stop_token_ids=tuple(s.stop_token_ids),
-            seed=step_seed(self.cfg.trainer.seed, -step - 1 if validation else step),
-            return_routing=self.return_routing and not validation,
-        )
+        return sampling_params(self.cfg, step, validation=validation)
 
     # ---- the run ---------------------------------------------------------------------------
     def fit(self, control: RunControl | None = None) -> dict[str, float]:
@@ -178,6 +178,7 @@ class Trainer:
             if t.val_only:
                 return self.logger.last
         log.info("training steps %d to %d", start + 1, self.parts.total_steps)
+        self.parts.rollouts.start(start, self.parts.total_steps - start)
         for step in range(start + 1, self.parts.total_steps + 1):
             self.step = step
             PROGRESS.mark("step start", step)
@@ -265,9 +266,11 @@ class Trainer:
             (folder / RUN_CONFIG).write_text(config_to_yaml(self.cfg))
             record_model_configs(folder, self.cfg)
             record_metrics(folder, self.out)  # the step's record is logged before the save
+            sampler, rollouts = self.parts.rollouts.state_dict()
             TrainerState(
                 step=step,
-                sampler=self.parts.data.state_dict(),
+                sampler=sampler,
+                rollouts=rollouts,
                 kl_controller=self.parts.advantages.kl_controller.state_dict(),
                 rng=capture_rng(),
                 logprob_check=self.parts.weight_push.state_dict(),
@@ -297,7 +300,7 @@ class Trainer:
         for role, model in self.parts.models.items():
             model.load(str(ckpt.component(role)))
         state = TrainerState.load(ckpt.path)
-        self.parts.data.load_state_dict(state.sampler)
+        self.parts.rollouts.load_state_dict(state.sampler, state.rollouts, state.step)
         self.parts.advantages.kl_controller.load_state_dict(state.kl_controller)
         self.parts.weight_push.load_state_dict(state.logprob_check)
         restore_rng(state.rng)

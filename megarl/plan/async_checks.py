@@ -1,0 +1,44 @@
+"""The planner's checks of asynchronous training (``rollout.max_staleness`` >= 1, docs/async.md):
+where it can run today, and the settings it cannot combine with. Torch-free, like the planner."""
+
+from __future__ import annotations
+
+from megarl.config.sections import MegaRLConfig
+from megarl.plan.issues import Issue
+
+
+def check_asynchronous(cfg: MegaRLConfig, issues: list[Issue], *, in_process: bool = False) -> None:
+    r = cfg.rollout
+    if not cfg.asynchronous:
+        if r.partial is not None:
+            issues.append(Issue("rollout.partial", f"({str(r.partial).lower()}) applies to asynchronous runs only; set "
+                                "rollout.max_staleness >= 1 or leave it out", level="warning"))  # fmt: skip
+        return
+    k = f"({r.max_staleness})"
+    if cfg.cluster.device == "cuda" and cfg.cluster.placement == "colocated":
+        issues.append(Issue("rollout.max_staleness", f"{k} generates while the policy trains, so the engines need GPUs "
+                            "of their own: set cluster.placement=disaggregated and cluster.rollout_gpus"))  # fmt: skip
+    elif cfg.cluster.device == "cuda" or r.engine != "torch":
+        issues.append(Issue("rollout.max_staleness", f"{k} runs with the torch engine on CPU only so far "
+                            "(cluster.device=cpu, rollout.engine=torch); the SGLang engines are not asynchronous yet: "
+                            "set rollout.max_staleness=0"))  # fmt: skip
+    if in_process:
+        issues.append(Issue("rollout.max_staleness", f"{k} runs the engine as a process of its own, which --in-process "
+                            "does not start; launch without --in-process or set rollout.max_staleness=0"))  # fmt: skip
+    if cfg.algorithm.estimator == "remax":
+        issues.append(Issue("algorithm.estimator", f"(remax) scores each prompt's greedy response under the current "
+                            f"weights, which an asynchronous sample {k} was not generated with; use grpo, or "
+                            "rollout.max_staleness=0"))  # fmt: skip
+    if r.weight_sync.transport not in ("auto", "disk"):
+        issues.append(Issue("rollout.weight_sync.transport", f"({r.weight_sync.transport}) cannot reach an engine process "
+                            "of its own; asynchronous runs push through disk (auto)"))  # fmt: skip
+
+
+def async_summary(cfg: MegaRLConfig) -> str | None:
+    """The plan report's line on asynchronous training (None when synchronous)."""
+    if not cfg.asynchronous:
+        return None
+    partial = "partial rollouts (a push pauses the requests in flight)" if cfg.partial_rollouts else "a push waits for the requests in flight"
+    return (f"[bold]asynchronous[/] max_staleness {cfg.rollout.max_staleness}: 1 torch engine process generates while the "
+            f"policy ranks train (overlap up to 2x when generation and training take as long); {partial}; "
+            "old log-probs recomputed")  # fmt: skip
