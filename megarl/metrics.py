@@ -103,8 +103,8 @@ def _validation_metrics() -> tuple[Metric, ...]:
 
 CATALOGUE: tuple[Metric, ...] = (
     # ---- policy update (megarl.algos.losses.PolicyLossFn and the Megatron runtime) --------
-    Metric("actor/loss", "mean", "actor", "the optimised policy loss: policy gradient x TIS weight - entropy bonus + KL term, per algorithm.loss_agg"),
-    Metric("actor/pg_loss", "mean", "actor", "the policy-gradient term alone (x TIS weight), same aggregation"),
+    Metric("actor/loss", "mean", "actor", "the optimised policy loss: policy gradient x TIS weight x MIS mask - entropy bonus + KL term, per algorithm.loss_agg"),
+    Metric("actor/pg_loss", "mean", "actor", "the policy-gradient term alone (x TIS weight x MIS mask), same aggregation"),
     Metric("actor/clip_frac", "mean", "actor", "share of valid tokens whose ratio the 1 -/+ clip bound holds (advantage != 0)"),
     Metric("actor/clip_frac_lower", "mean", "actor", "share of valid tokens held by the dual-clip bound c (negative advantage)"),
     Metric("actor/ppo_kl", "mean", "actor", "mean of -log(pi / pi_old) over valid tokens, with the log-ratio clamped as the loss clamps it"),
@@ -115,7 +115,9 @@ CATALOGUE: tuple[Metric, ...] = (
     Metric("actor/kl", "mean", "actor", "KL estimate (algorithm.kl.estimator) to the reference over valid tokens; null without a reference"),
     Metric("actor/tis_weight", "mean", "actor", "truncated importance weight pi_train / pi_rollout (algorithm.tis), mean over valid tokens"),
     Metric("actor/tis_capped_frac", "mean", "actor", "share of valid tokens whose TIS weight reached the cap"),
+    Metric("actor/mis_masked_frac", "mean", "actor", "share of valid tokens that masked importance sampling (algorithm.mis) drops from the policy-gradient loss"),
     Metric("rollout/logprob_mismatch", "mean", "actor", "mean |trainer - engine| log-prob of the sampled tokens (trainer: old log-probs, else current)"),
+    Metric("rollout/logprob_mismatch/staleness<s>", "last", "rollout", "asynchronous runs: mean |old - engine| log-prob over the valid tokens of the samples s policy versions older than the trained one"),
     *_optimizer_metrics("actor", "policy"),
     Metric("actor/moe/routing_agreement", "last", "moe", "MoE with routing replay: mean over MoE layers of actor/moe/routing_agreement/layer<i>"),
     Metric("actor/moe/routing_agreement/layer<i>", "last", "moe", "share of the tokens the engine routed whose trainer top-k experts (without replay) equal the engine's, MoE layer i (HF's 0-based decoder layer index, as expert_load_max_over_mean)"),

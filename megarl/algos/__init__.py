@@ -1,4 +1,4 @@
-"""RL algorithms as pure torch functions: advantages, policy/value losses, KL, TIS, DAPO, and
+"""RL algorithms as pure torch functions: advantages, policy/value losses, KL, TIS/MIS, DAPO, and
 the metric accumulator (reductions of the catalogued metrics as tensor operations).
 
 No torch.distributed, no Ray, no models: the controller calls the advantage functions on a
@@ -33,7 +33,7 @@ from megarl.algos.losses import (
     make_value_loss_fn,
 )
 from megarl.algos.metrics import MetricAccumulator, reduce_metrics
-from megarl.algos.mismatch import logprob_mismatch, tis_weights
+from megarl.algos.mismatch import logprob_mismatch, mis_mask, mismatch_by_staleness, tis_weights
 from megarl.algos.registry import Registry, UnknownNameError
 from megarl.algos.step import advantage_step
 
@@ -60,6 +60,8 @@ __all__ = [
     "make_kl_controller",
     "make_policy_loss_fn",
     "make_value_loss_fn",
+    "mis_mask",
+    "mismatch_by_staleness",
     "overlong_penalty",
     "reduce_metrics",
     "reward_kl",

@@ -15,7 +15,7 @@ from typing import Protocol
 import torch
 
 from megarl.algos.kl import kl_estimate
-from megarl.algos.mismatch import logprob_mismatch, tis_weights
+from megarl.algos.mismatch import logprob_mismatch, mis_mask, tis_weights
 from megarl.algos.registry import Registry
 from megarl.config.sections import AlgorithmConfig, ClipConfig
 from megarl.data.batch import Batch
@@ -51,9 +51,9 @@ class LossFn(Protocol):
 # A policy loss (registered under algorithm.policy_loss) maps per-token log-probs to a per-token
 # loss matrix; an aggregation (algorithm.loss_agg) turns a matrix into (loss_sum, count) for
 # Megatron's global division; ``make_policy_loss_fn`` / ``make_value_loss_fn`` compose them
-# with the entropy bonus, the KL term and the TIS weights into a LossFn. Because every
-# aggregation is linear in the token losses, adding the terms per token and aggregating once
-# equals aggregating each term (verl's way).
+# with the entropy bonus, the KL term, the TIS weights and the MIS mask into a LossFn. Because
+# every aggregation is linear in the token losses, adding the terms per token and aggregating
+# once equals aggregating each term (verl's way).
 #
 # Metrics are slices ``{public name: [2] tensor}`` (megarl.algos.metrics): the policy loss
 # emits ``actor/...`` (and ``rollout/logprob_mismatch``), the value loss ``critic/...``, names
@@ -226,7 +226,8 @@ def _require(value: torch.Tensor | None, what: str, why: str) -> torch.Tensor:
 
 
 class PolicyLossFn:
-    """The actor's LossFn: policy loss x TIS weight - entropy bonus + KL term, aggregated."""
+    """The actor's LossFn: policy loss x TIS weight x MIS mask - entropy bonus + KL term,
+    aggregated."""
 
     def __init__(
         self, cfg: AlgorithmConfig, max_response_length: int, kl_coef: float | None = None
@@ -279,19 +280,32 @@ class PolicyLossFn:
         n: torch.Tensor,
         metrics: dict[str, torch.Tensor],
     ) -> torch.Tensor:
-        """The token losses times the TIS weights (when configured), plus mismatch metrics."""
-        tis = self.cfg.tis
+        """The token losses times the TIS weights and the MIS mask (each when configured), plus
+        the mismatch metrics. Both need the engine's log-probs and compare them with ``old``
+        (old log-probs when the batch has them, in asynchronous runs the proximal policy)."""
+        tis, mis = self.cfg.tis, self.cfg.mis
         if batch.rollout_logprobs is not None:
-            metrics["rollout/logprob_mismatch"] = logprob_mismatch(old, batch.rollout_logprobs, mask)
-        if tis.level == "none":
-            return loss
-        rollout = _require(
-            batch.rollout_logprobs, "batch.rollout_logprobs", "algorithm.tis.level is set"
-        )
-        weights = tis_weights(old, rollout, mask, tis.level, tis.cap)
-        metrics["actor/tis_weight"] = _token_metric(weights, mask, n)
-        metrics["actor/tis_capped_frac"] = _token_metric((weights >= tis.cap).to(loss.dtype), mask, n)
-        return loss * weights
+            metrics["rollout/logprob_mismatch"] = logprob_mismatch(
+                old, batch.rollout_logprobs, mask
+            )
+        if tis.level != "none":
+            rollout = _require(
+                batch.rollout_logprobs, "batch.rollout_logprobs", "algorithm.tis.level is set"
+            )
+            weights = tis_weights(old, rollout, mask, tis.level, tis.cap)  # [b, R]
+            metrics["actor/tis_weight"] = _token_metric(weights, mask, n)
+            metrics["actor/tis_capped_frac"] = _token_metric(
+                (weights >= tis.cap).to(loss.dtype), mask, n
+            )
+            loss = loss * weights
+        if mis.level != "none":
+            rollout = _require(
+                batch.rollout_logprobs, "batch.rollout_logprobs", "algorithm.mis.level is set"
+            )
+            keep = mis_mask(old, rollout, mask, mis.level, mis.low, mis.high)  # [b, R] 0/1
+            metrics["actor/mis_masked_frac"] = _token_metric(1.0 - keep, mask, n)
+            loss = loss * keep  # masked tokens: 0 loss, still counted by the aggregation
+        return loss
 
     def _regularised(
         self,

@@ -308,6 +308,24 @@ class TISConfig(Section):
     cap: float = Field(2.0, gt=0, description="Cap of the importance weight.")
 
 
+class MISConfig(Section):
+    level: Literal["none", "token", "sequence", "geometric"] = Field(
+        "none",
+        description="Masked importance sampling against the engine's log-probs: drop from the policy-gradient loss each token "
+        "(token), or each whole sequence (sequence: product of its token ratios; geometric: their geometric mean), whose ratio "
+        "pi_train / pi_rollout falls outside [low, high]. Composes with tis (tis truncates, mis masks). Masked tokens add 0 "
+        "to the loss but still count in its normaliser.",
+    )
+    low: float = Field(0.5, gt=0, description="Smallest kept ratio pi_train / pi_rollout.")
+    high: float = Field(2.0, gt=0, description="Largest kept ratio pi_train / pi_rollout; must exceed low.")
+
+    @model_validator(mode="after")
+    def _low_below_high(self) -> MISConfig:
+        if self.low >= self.high:
+            raise ValueError(f"algorithm.mis.low ({self.low}) must be below algorithm.mis.high ({self.high})")
+        return self
+
+
 class DynamicSamplingConfig(Section):
     enabled: bool = Field(False, description="DAPO: drop groups whose rewards are all equal and generate more.")
     max_rounds: int = Field(3, ge=1, description="Generation rounds per step at most before training on what is there.")
@@ -335,6 +353,7 @@ class AlgorithmConfig(Section):
     entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus coefficient.")
     kl: KLConfig = Field(default_factory=KLConfig, description="KL to the reference policy.")
     tis: TISConfig = Field(default_factory=TISConfig, description="Train/inference mismatch correction.")
+    mis: MISConfig = Field(default_factory=MISConfig, description="Train/inference mismatch masking (composes with tis).")
     dynamic_sampling: DynamicSamplingConfig = Field(default_factory=DynamicSamplingConfig, description="DAPO dynamic sampling.")
     overlong: OverlongConfig = Field(default_factory=OverlongConfig, description="DAPO overlong reward shaping.")
 

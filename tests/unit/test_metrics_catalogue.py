@@ -16,6 +16,7 @@ import torch
 from megarl.algos.kl import make_kl_controller
 from megarl.algos.losses import ModelOutputs, make_policy_loss_fn, make_value_loss_fn
 from megarl.algos.metrics import reduce_metrics
+from megarl.algos.mismatch import mismatch_by_staleness
 from megarl.algos.step import advantage_step
 from megarl.config.sections import AlgorithmConfig
 from megarl.data.batch import Batch
@@ -76,12 +77,13 @@ def _emitted_by(role: str) -> set[str]:
 
 def test_every_policy_update_metric_is_catalogued_and_every_actor_entry_is_emitted():
     emitted: set[str] = set()
-    for loss, tis, entropy_coef, kl_in_loss, with_ref in itertools.product(
-        ("ppo", "gspo"), ("none", "token", "sequence"), (0.0, 0.01), (True, False), (True, False)
+    for loss, tis, mis, entropy_coef, kl_in_loss, with_ref in itertools.product(
+        ("ppo", "gspo"), ("none", "token", "sequence"), ("none", "geometric"), (0.0, 0.01), (True, False), (True, False)
     ):
         if kl_in_loss and not with_ref:
             continue
-        cfg = AlgorithmConfig(policy_loss=loss, tis={"level": tis}, entropy_coef=entropy_coef, kl={"use_in_loss": kl_in_loss})
+        cfg = AlgorithmConfig(policy_loss=loss, tis={"level": tis}, mis={"level": mis}, entropy_coef=entropy_coef,
+                              kl={"use_in_loss": kl_in_loss})  # fmt: skip
         batch = _batch(ref_logprobs=None) if not with_ref else _batch()
         logp = (batch.old_logprobs + 0.1).requires_grad_()
         _, _, metrics = make_policy_loss_fn(cfg, 3)(batch, ModelOutputs(logp, entropy=torch.rand(4, 3)))
@@ -120,7 +122,11 @@ def test_controller_side_metrics_are_catalogued():
     assert rollout["response/truncated_frac"] == 0.25 and rollout["response_length/max"] == 3.0
     scored = ScoreResult(scores=[1.0, 0.0], extra={"acc": [1.0, math.nan]}, errors=1).metrics()
     assert lookup("reward/acc").name == "reward/<extra>"
-    for name in [*rollout, *scored, "time/generate_s", "val/openai/gsm8k/reward/mean"]:
+    b = _batch(staleness=torch.tensor([0, 2, 2, 1]))
+    by_staleness = mismatch_by_staleness(b.old_logprobs, b.rollout_logprobs, b.response_mask, b.staleness)
+    assert sorted(by_staleness) == [f"rollout/logprob_mismatch/staleness{s}" for s in (0, 1, 2)]
+    assert lookup("rollout/logprob_mismatch/staleness2").reduction == "last"
+    for name in [*rollout, *scored, *by_staleness, "time/generate_s", "val/openai/gsm8k/reward/mean"]:
         assert is_catalogued(name), name
 
 
