@@ -152,6 +152,16 @@ CATALOGUE: tuple[Metric, ...] = (
     Metric("agent/with_tool_call_frac", "mean", "rollout", "share of trajectories with at least one tool call that ran"),
     Metric("dynamic_sampling/rounds", "sum", "rollout", "generation rounds of DAPO dynamic sampling this step"),
     Metric("dynamic_sampling/kept_groups", "sum", "rollout", "groups with reward variance kept by dynamic sampling"),
+    # ---- asynchronous training (megarl.rollout.producer, megarl.trainer.rollout_source) -------
+    Metric("async/staleness_mean", "last", "trainer", "policy versions between the trained one and each sample's oldest token, mean over the step's samples"),
+    Metric("async/staleness_max", "last", "trainer", "the largest staleness among the step's samples (at most rollout.max_staleness)"),
+    Metric("async/staleness<s>_frac", "last", "trainer", "share of the step's samples s policy versions stale (s = 0 .. rollout.max_staleness)"),
+    Metric("async/buffer_groups", "last", "trainer", "scored groups left in the producer's buffer once the step took its own"),
+    Metric("async/dropped_stale", "last", "trainer", "groups the step found more than rollout.max_staleness versions stale: re-issued once, then dropped"),
+    Metric("async/dropped_no_variance", "last", "trainer", "groups dropped since the last step by dynamic sampling (all samples scored the same)"),
+    Metric("async/trainer_idle_frac", "last", "trainer", "share of the step the trainer waited for rollouts"),
+    Metric("async/engine_idle_frac", "last", "trainer", "share of the time since the previous step's batch the engines were not generating"),
+    Metric("async/push_while_generating_s", "last", "trainer", "seconds of the step's weight push during which the engines were generating"),
     # ---- scoring (megarl.rewards.scorer.ScoreResult.metrics) -------------------------------
     Metric("reward/score_mean", "mean", "scorer", "score, mean over the scored samples (with dynamic sampling: the last round)"),
     Metric("reward/errors", "sum", "scorer", "reward functions that raised (they score 0)"),

@@ -172,6 +172,7 @@ class RolloutProducer:
                         key in self._reissued_once) for g, key in enumerate(keys)]  # fmt: skip
         dropped: list[tuple[PromptKey, str]] = []
         if self.dynamic_sampling:
+            assert batch.scores is not None  # the collector scores every batch
             keep, _ = dynamic_sampling_filter(batch.scores, batch.group_id)  # [B] bool
             kept_groups = set(batch.group_id[keep].tolist())
             dropped = [(g.key, "no_reward_variance") for i, g in enumerate(groups) if i not in kept_groups]
@@ -245,7 +246,8 @@ class RolloutProducer:
         batch = _renumbered([g.batch for g in picked])
         staleness = torch.tensor([step - 1 - g.version for g in picked for _ in range(len(g.batch))], dtype=torch.long)
         metrics = draws.metrics | {"async/buffer_groups": float(buffered),
-                                   "async/dropped_stale": float(len(reissued) + sum(r == "stale_twice" for _, r in dropped))}  # fmt: skip
+                                   "async/dropped_stale": float(len(reissued) + sum(r == "stale_twice" for _, r in dropped)),
+                                   "async/dropped_no_variance": float(sum(r == "no_reward_variance" for _, r in dropped))}  # fmt: skip
         return Taken(batch.replace(staleness=staleness), [g.key for g in picked], dropped, reissued, metrics)
 
     def _next_group(self, since: float) -> Group:
