@@ -58,6 +58,7 @@ USER_ERRORS = (
     ("megarl.rewards.scorer", "RewardError"),
     ("megarl.ray_cluster.worker_error", "WorkerError"),
     ("megarl.trainer.watchdog", "HangError"),
+    ("megarl.rollout.producer", "RolloutStalled"),
     ("megarl.weight_sync.progress", "WeightPushTimeout"),
     ("megarl.trainer.metric_sinks", "MetricsFileError"),
     ("megarl.trainer.metric_sinks", "MetricsSinkError"),

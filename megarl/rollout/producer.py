@@ -49,7 +49,7 @@ PromptKey = tuple[int, int]  # (file index in data.train_files, row in that file
 
 
 class RolloutStalled(RuntimeError):
-    """The trainer waited past its deadline for the producer, or the producer failed."""
+    """The trainer waited past its deadline for the producer, or the producer stopped early."""
 
 
 @dataclass
@@ -253,8 +253,8 @@ class RolloutProducer:
     def _next_group(self, since: float) -> Group:
         """The oldest buffered group; waits (condition held) with the deadline."""
         while not self._buffer:
-            if self._error is not None:
-                raise RolloutStalled(f"the rollout producer failed: {self._error!r}") from self._error
+            if self._error is not None:  # a reward function's or an engine's error, as the step would raise it
+                raise self._error
             if self._thread is None or not self._thread.is_alive():
                 raise RolloutStalled(f"the rollout producer stopped ({self._doing}) with too few groups for the step")
             waited = time.monotonic() - since
