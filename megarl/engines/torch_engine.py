@@ -172,8 +172,9 @@ class TorchEngine:
                 decoded = self._decode([prompts[p] for p, _ in chunk], seeds, params, [params.budget(p) for p, _ in chunk],
                                        recorder)  # fmt: skip
             for k, ((p, _), (ids, lps, versions, reason)) in enumerate(zip(chunk, decoded, strict=True)):
+                experts, weights = recorder.result(k)
                 results.append(GenerationResult(p, ids, lps, reason, versions[-1] if versions else self._weight_version,
-                                                *recorder.result(k), token_versions=tuple(versions)))  # fmt: skip
+                                                experts, weights, token_versions=tuple(versions)))  # fmt: skip
         return results
 
     @torch.no_grad()

@@ -53,8 +53,3 @@ class WeightGate:
             assert self._pushing, "end_push without begin_push"
             self._pushing = False
             self._cond.notify_all()
-
-    @property
-    def pushes_waiting(self) -> int:
-        """Pushes blocked in :meth:`begin_push` (what a test waits for to know a push is queued)."""
-        return self._pushes_waiting

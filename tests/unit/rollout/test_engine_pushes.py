@@ -68,7 +68,7 @@ def _push_during_forward(engine: TorchEngine, forward: int, push) -> dict:
         thread.start()
         seen["thread"] = thread
         deadline = time.monotonic() + 30
-        while engine._gate.pushes_waiting == 0 and thread.is_alive():
+        while engine._gate._pushes_waiting == 0 and thread.is_alive():  # the gate's own count of queued pushes
             assert time.monotonic() < deadline, "the push neither queued nor finished"
             time.sleep(0.001)
         seen["version_while_queued"] = engine.weight_version
