@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import inspect
 import random
+import threading
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -128,6 +129,7 @@ class TorchEngine:
         self.partial = partial
         self._gate = WeightGate()
         self._push_open = False  # a push's first bucket arrived, its last not yet
+        self._push_thread = 0  # the thread that sent that first bucket
         self._pushes = 0  # completed pushes: a decode loop that sees it change rebuilds its cache
         # Called by the decode loop between two steps, outside the gate, with the tokens sampled
         # per row so far (tests use it to push at a known point; None: nothing).
@@ -148,6 +150,9 @@ class TorchEngine:
         that splits one request across calls or engines (sample j of prompt p has index
         ``first_sample_index + p * n + j``). A result's ``weight_version`` is its last token's.
         """
+        if self._push_open and self._push_thread == threading.get_ident():  # waiting for ourselves would hang
+            raise WeightLoadError("this thread began a weight push whose last bucket never arrived (the push failed "
+                                  "midway?); the engine's weights are incomplete, push them again before generating")
         # without partial rollouts a push waits for the whole call (and the call for a pending push)
         with nullcontext() if self.partial else self._gate.use():
             return self._generate(prompts, params, first_sample_index)
@@ -273,7 +278,7 @@ class TorchEngine:
         """
         if not self._push_open:
             self._gate.begin_push()
-            self._push_open = True
+            self._push_open, self._push_thread = True, threading.get_ident()
         try:
             self._load_bucket(bucket)
         except BaseException:

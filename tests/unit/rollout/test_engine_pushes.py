@@ -144,3 +144,11 @@ def test_a_failed_push_releases_the_gate(task_model_dir):
         engine.load_weights(WeightBucket([("no.such.weight", torch.zeros(1))], NEW, last=False))
     result = engine.generate([PROMPTS[0]], SamplingParams(temperature=0.0, max_new_tokens=3))[0]
     assert result.token_versions == (0,) * len(result.response_ids)
+
+
+def test_a_push_left_open_by_this_thread_is_an_error_not_a_hang(task_model_dir):
+    engine = TorchEngine(task_model_dir, dtype="float32", max_running_requests=64, partial=False)
+    name, tensor = next(iter(engine.model.state_dict().items()))
+    engine.load_weights(WeightBucket([(name, tensor.clone())], NEW, last=False))
+    with pytest.raises(ValueError, match="last bucket never arrived"):
+        engine.generate([PROMPTS[0]], SamplingParams(temperature=0.0, max_new_tokens=3))
