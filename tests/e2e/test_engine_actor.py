@@ -4,6 +4,7 @@ generate is in flight, named when a call passes its deadline, gone after close()
 
 from __future__ import annotations
 
+import sys
 import threading
 
 import pytest
@@ -23,6 +24,9 @@ from megarl.ray_cluster.session import ray_session  # noqa: E402
 from megarl.weight_sync.transport_base import check_versions  # noqa: E402
 from megarl.weight_sync.transports import _writer_engines  # noqa: E402
 
+# Ray workers cannot import this test module by name: ship its classes by value.
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
 PROMPTS = [[3, 4, 5, 6, 7], [8, 9]]
 
 
@@ -32,6 +36,16 @@ class _CpuHolder:
 
     def ping(self) -> int:
         return 1
+
+
+@ray.remote(num_cpus=0)
+def _writer_reload(endpoints, directory, version: int) -> int:
+    """What policy rank 0 does with the endpoints connect_engines gave it (another Ray process)."""
+    clients = _writer_engines(True)(endpoints)
+    assert len(clients) == 1 and isinstance(clients[0], EngineActorClient)
+    clients[0].load_weights_from_disk(directory, version)
+    check_versions(clients, version)
+    return clients[0].weight_version
 
 
 def _pushed_version(model_dir, out, scale: float):
@@ -63,12 +77,12 @@ def test_engine_actor_generates_reloads_from_disk_and_closes(tmp_path):
             assert [r.prompt_index for r in first] == [0, 1]
             assert all(r.token_versions == (0,) * len(r.response_ids) for r in first)
 
-            # the disk transport's writer takes the actor's client as it is, reloads and checks the version
-            clients = _writer_engines(True)(engines.endpoints)
-            assert len(clients) == 1 and isinstance(clients[0], EngineActorClient)
-            clients[0].load_weights_from_disk(_pushed_version(model_dir, tmp_path / "v3", 1.1), 3)
-            check_versions(clients, 3)
+            # the disk transport's writer, in another Ray process, takes the actor's client as it is,
+            # reloads and checks the version
+            v3 = _pushed_version(model_dir, tmp_path / "v3", 1.1)
+            assert ray.get(_writer_reload.remote(engines.endpoints, v3, 3), timeout=120) == 3
             assert engines.weight_version == 3 and engines.health().weight_version == 3
+            clients = _writer_engines(True)(engines.endpoints)
 
             # a reload while a generate is in flight (a producer thread): both finish, each token's
             # version is the old or the new one, never going back
