@@ -46,3 +46,5 @@ emitter; meaning  # catalogue fields (the README's metrics table is checked agai
 resources  # what a Ray session found at start
 _.repushes; _.restarts  # the hand-over's counters of re-pushes and engine restarts
 EXIT_OK; EXIT_SIGTERM  # the documented exit codes, listed together
+
+start_standalone_engines  # wired into megarl/trainer/build.py by the asynchronous trainer

@@ -53,7 +53,8 @@ class PolicyRank(TrainedRank):
         self.info = self.policy.info
         self.reference = ReferenceWorker(path, cfg.actor, dtype, seed, layer_spec=spec) if cfg.reference_enabled else None
         self.engine = None
-        if cfg.rollout.engine == "torch" and self.info.is_replica_leader:
+        # asynchronous: the torch engine is an actor of its own (megarl/engines/engine_actor.py), reloaded from disk
+        if cfg.rollout.engine == "torch" and self.info.is_replica_leader and not cfg.asynchronous:
             from megarl.engines.torch_engine import TorchEngine
 
             device = f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"

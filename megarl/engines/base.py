@@ -81,6 +81,9 @@ class GenerationResult:
     # The router's weights of those experts (0 where routed_experts is -1); None from engines that
     # report ids alone (SGLang).
     routing_weights: torch.Tensor | None = field(default=None, compare=False)  # [P+R, L, k] float32
+    # The engine's weight version that sampled each response token (a partial rollout continues
+    # under newer weights after a push, docs/async.md); None from engines that do not say (SGLang).
+    token_versions: tuple[int, ...] | None = None  # [R]
 
 
 @dataclass(frozen=True)

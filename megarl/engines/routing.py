@@ -97,12 +97,14 @@ class RouterRecorder:
         weights = torch.stack([w.reshape(batch, -1, w.shape[-1]) for _, w in seen], dim=2)
         return ids.to(device="cpu", dtype=torch.int16), weights.to(device="cpu", dtype=torch.float32)
 
-    def prefill(self, lengths: list[int]) -> None:
-        """After the prefill forward of left-padded prompts: row b holds its last ``lengths[b]`` columns."""
-        ids, weights = self._take(len(lengths))  # [B, P, L, k]
+    def prefill(self, lengths: list[int], rows: list[int]) -> None:
+        """After a prefill forward of left-padded sequences: batch row b is sample ``rows[b]``, its
+        last ``lengths[b]`` columns real. A prefill (first, or again under new weights: a partial
+        rollout's push) routes the sample's whole context, so it replaces what was recorded."""
+        ids, weights = self._take(len(lengths))  # [B, S, L, k]
         width = ids.shape[1]
-        for b, n in enumerate(lengths):
-            self._rows[b].append((ids[b, width - n :], weights[b, width - n :]))
+        for b, (r, n) in enumerate(zip(rows, lengths, strict=True)):
+            self._rows[r] = [(ids[b, width - n :], weights[b, width - n :])]
 
     def decode(self, rows: list[int | None]) -> None:
         """After a one-token forward: cache row j held a token of sample ``rows[j]``, or (None)
@@ -129,7 +131,7 @@ class NoRecorder:
     def __exit__(self, *exc: object) -> None:
         return None
 
-    def prefill(self, lengths: list[int]) -> None:
+    def prefill(self, lengths: list[int], rows: list[int]) -> None:
         return None
 
     def decode(self, rows: list[int | None]) -> None:

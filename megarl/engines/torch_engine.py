@@ -20,6 +20,15 @@ exactly what the rest of megarl assumes:
   depend on batch composition, chunking or device (up to the logits' own rounding).
 - routing (``SamplingParams.return_routing``, MoE models): each token's experts and weights, as
   the HF model's routers chose them in the prefill and decode forwards (megarl/engines/routing.py).
+- pushes while generating (asynchronous training, docs/async.md): ``load_weights`` /
+  ``load_weights_from_disk`` may come from another thread during ``generate``
+  (megarl/engines/weight_gate.py). With ``partial=True`` (partial rollouts) a push waits only
+  for the decode step in progress; before the next token is sampled every running row's KV cache
+  is rebuilt under the new weights by a prefill of its prompt and response so far (SGLang's
+  ``retract`` pause mode, not ``in_place``: no token after the push is sampled from logits of old
+  weights). With ``partial=False`` a push waits for the ``generate`` calls in flight, and a call
+  that starts while a push waits or runs waits for it. Each response token records the weight
+  version that sampled it (``GenerationResult.token_versions``).
 
 Deliberately left out: prefix sharing between the ``n`` samples of a prompt, continuous
 batching, tensor parallelism, min_p / penalties. Weights arrive through :meth:`load_weights`
@@ -30,7 +39,9 @@ from __future__ import annotations
 
 import inspect
 import random
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +58,7 @@ from megarl.engines.base import (
 )
 from megarl.engines.routing import NoRecorder, RouterRecorder
 from megarl.engines.seeds import sample_seed
+from megarl.engines.weight_gate import WeightGate
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -78,6 +90,7 @@ class TorchEngine:
         dtype: str | torch.dtype | None = None,
         max_running_requests: int = 256,
         compact_fraction: float = 0.25,
+        partial: bool = False,
     ) -> None:
         """Load ``model_path`` (an HF directory, or a model checkpoint of `megarl convert
         hf-to-megatron`: its architecture, with the weights of the trainer's first push).
@@ -85,6 +98,8 @@ class TorchEngine:
 
         ``max_running_requests`` bounds the rows decoded together; ``compact_fraction``: drop
         finished rows from the KV cache once that fraction of the running rows has finished.
+        ``partial``: a push from another thread lands between two decode steps (partial
+        rollouts), else between ``generate`` calls (see the module docstring).
         """
         if max_running_requests < 1:
             raise ValueError(f"max_running_requests ({max_running_requests}) must be >= 1")
@@ -111,6 +126,14 @@ class TorchEngine:
         self._param_names = {k: v for k, v in _canonical_param_names(self.model).items() if k not in fused}
         self._param_names.update({name: name for name in self._experts})
         self._received: set[str] = set()
+        self.partial = partial
+        self._gate = WeightGate()
+        self._push_open = False  # a push's first bucket arrived, its last not yet
+        self._push_thread = 0  # the thread that sent that first bucket
+        self._pushes = 0  # completed pushes: a decode loop that sees it change rebuilds its cache
+        # Called by the decode loop between two steps, outside the gate, with the tokens sampled
+        # per row so far (tests use it to push at a known point; None: nothing).
+        self.step_hook: Callable[[int], None] | None = None
 
     # ------------------------------------------------------------------ generation
 
@@ -125,8 +148,16 @@ class TorchEngine:
 
         ``first_sample_index`` offsets the global sample index used for seeding, for a caller
         that splits one request across calls or engines (sample j of prompt p has index
-        ``first_sample_index + p * n + j``).
+        ``first_sample_index + p * n + j``). A result's ``weight_version`` is its last token's.
         """
+        if self._push_open and self._push_thread == threading.get_ident():  # waiting for ourselves would hang
+            raise WeightLoadError("this thread began a weight push whose last bucket never arrived (the push failed "
+                                  "midway?); the engine's weights are incomplete, push them again before generating")
+        # without partial rollouts a push waits for the whole call (and the call for a pending push)
+        with nullcontext() if self.partial else self._gate.use():
+            return self._generate(prompts, params, first_sample_index)
+
+    def _generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, first_sample_index: int) -> list[GenerationResult]:
         if self._weights_missing:
             raise WeightLoadError("this engine was built from a model checkpoint's config and has random weights "
                                   "until the first complete weight push; push the weights before generating")
@@ -145,65 +176,82 @@ class TorchEngine:
             with recorder:
                 decoded = self._decode([prompts[p] for p, _ in chunk], seeds, params, [params.budget(p) for p, _ in chunk],
                                        recorder)  # fmt: skip
-            for k, ((p, _), (ids, lps, reason)) in enumerate(zip(chunk, decoded, strict=True)):
-                results.append(GenerationResult(p, ids, lps, reason, self._weight_version, *recorder.result(k)))
+            for k, ((p, _), (ids, lps, versions, reason)) in enumerate(zip(chunk, decoded, strict=True)):
+                experts, weights = recorder.result(k)
+                results.append(GenerationResult(p, ids, lps, reason, versions[-1] if versions else self._weight_version,
+                                                experts, weights, token_versions=tuple(versions)))  # fmt: skip
         return results
 
     @torch.no_grad()
     def _decode(
         self, prompts: Sequence[Sequence[int]], seeds: list[int], params: SamplingParams, budgets: list[int],
         recorder: RouterRecorder | NoRecorder,
-    ) -> list[tuple[list[int], list[float], str]]:
+    ) -> list[tuple[list[int], list[float], list[int], str]]:
         """Prefill then decode one batch of rows, row ``r`` up to ``budgets[r]`` tokens; returns
-        (response ids, log-probs, finish reason). ``recorder`` is told whose tokens each forward held."""
-        ids, mask = _left_pad(prompts, self.pad_token_id, self.device)  # [B, P] each
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [B, P]
+        (response ids, log-probs, weight version of each token, finish reason). ``recorder`` is
+        told whose tokens each forward held."""
         gens = [torch.Generator().manual_seed(s) for s in seeds]
         stop_ids = set(self.eos_token_ids) | set(params.stop_token_ids)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
-        recorder.prefill([len(p) for p in prompts])
-        cache, logits = getattr(out, self._cache), out.logits[:, -1, :]  # [B, V]
-        next_pos = positions[:, -1] + 1  # [B]
-        running = list(range(len(prompts)))  # original row of each cache row
         responses: list[list[int]] = [[] for _ in prompts]
         logprobs: list[list[float]] = [[] for _ in prompts]
+        versions: list[list[int]] = [[] for _ in prompts]
         reasons: list[str | None] = [None] * len(prompts)
-        finished_since_compact = 0
-        for _ in range(max(budgets)):
-            tokens, lps = sample_tokens(logits.float(), params, [gens[r] for r in running])
-            for r, tok, lp in zip(running, tokens.tolist(), lps.tolist(), strict=True):
-                if reasons[r] is not None:
-                    continue
-                responses[r].append(tok)
-                logprobs[r].append(lp)
-                if tok in stop_ids or self._hits_stop_string(responses[r], params.stop):
-                    reasons[r] = "stop"
-                    finished_since_compact += 1
-                elif len(responses[r]) >= budgets[r]:
-                    reasons[r] = "length"
-                    finished_since_compact += 1
-            alive = [k for k, r in enumerate(running) if reasons[r] is None]
-            if not alive:
-                break
-            if finished_since_compact >= max(1, self.compact_fraction * len(running)):
-                keep = torch.tensor(alive, device=self.device)
-                cache.batch_select_indices(keep)
-                running = [running[k] for k in alive]
-                tokens, mask, next_pos = tokens[keep], mask[keep], next_pos[keep]
-                finished_since_compact = 0
-            mask = torch.cat([mask, mask.new_ones(len(running), 1)], dim=1)
-            out = self.model(
-                input_ids=tokens[:, None],
-                attention_mask=mask,
-                position_ids=next_pos[:, None],
-                use_cache=True,
-                **{self._cache: cache},
-            )
-            # a row that finished stays in the cache until the next compaction: its token is no sample's
-            recorder.decode([r if reasons[r] is None else None for r in running])
-            cache, logits = getattr(out, self._cache), out.logits[:, -1, :]
-            next_pos = next_pos + 1
-        return [(responses[r], logprobs[r], reasons[r] or "length") for r in range(len(prompts))]
+        run: _Running | None = None
+        for step in range(max(budgets)):
+            if step and self.step_hook is not None:
+                self.step_hook(step)
+            with self._gate.use() if self.partial else nullcontext():  # a partial rollout's push lands between steps
+                if run is None or run.pushes != self._pushes:
+                    # first step, or new weights: every running row's cache from its tokens so far, under these weights
+                    alive = [r for r in range(len(prompts)) if reasons[r] is None]
+                    run = self._prefill([[*prompts[r], *responses[r]] for r in alive], alive, recorder)
+                tokens, lps = sample_tokens(run.logits.float(), params, [gens[r] for r in run.rows])
+                version = self._weight_version
+                for r, tok, lp in zip(run.rows, tokens.tolist(), lps.tolist(), strict=True):
+                    if reasons[r] is not None:
+                        continue
+                    responses[r].append(tok)
+                    logprobs[r].append(lp)
+                    versions[r].append(version)
+                    reasons[r] = self._finish_reason(responses[r], budgets[r], stop_ids, params.stop)
+                    run.finished += reasons[r] is not None
+                if all(reason is not None for reason in reasons):
+                    break
+                self._advance(run, tokens, reasons, recorder)
+        return [(responses[r], logprobs[r], versions[r], reasons[r] or "length") for r in range(len(prompts))]
+
+    def _prefill(self, seqs: list[list[int]], rows: list[int], recorder: RouterRecorder | NoRecorder) -> _Running:
+        """One forward over ``seqs`` (row ``rows[b]``'s prompt and response so far), left-padded."""
+        ids, mask = _left_pad(seqs, self.pad_token_id, self.device)  # [B, S] each
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [B, S]
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
+        recorder.prefill([len(s) for s in seqs], rows)
+        return _Running(rows, getattr(out, self._cache), mask, positions[:, -1] + 1, out.logits[:, -1, :], self._pushes)
+
+    def _advance(self, run: _Running, tokens: torch.Tensor, reasons: list[str | None],
+                 recorder: RouterRecorder | NoRecorder) -> None:  # fmt: skip
+        """Feed each cache row its newest token (``tokens`` [B]), after dropping finished rows
+        from the cache once ``compact_fraction`` of them has finished; ``run.logits`` then predict the next."""
+        if run.finished >= max(1, self.compact_fraction * len(run.rows)):
+            alive = [k for k, r in enumerate(run.rows) if reasons[r] is None]
+            keep = torch.tensor(alive, device=self.device)
+            run.cache.batch_select_indices(keep)
+            run.rows = [run.rows[k] for k in alive]
+            tokens, run.mask, run.next_pos = tokens[keep], run.mask[keep], run.next_pos[keep]
+            run.finished = 0
+        run.mask = torch.cat([run.mask, run.mask.new_ones(len(run.rows), 1)], dim=1)
+        out = self.model(input_ids=tokens[:, None], attention_mask=run.mask, position_ids=run.next_pos[:, None],
+                         use_cache=True, **{self._cache: run.cache})  # fmt: skip
+        # a row that finished stays in the cache until the next compaction: its token is no sample's
+        recorder.decode([r if reasons[r] is None else None for r in run.rows])
+        run.cache, run.logits = getattr(out, self._cache), out.logits[:, -1, :]
+        run.next_pos = run.next_pos + 1
+
+    def _finish_reason(self, response: list[int], budget: int, stop_ids: set[int], stops: Sequence[str]) -> str | None:
+        """Why the response ends with its newest token: "stop", "length", or None (it goes on)."""
+        if response[-1] in stop_ids or self._hits_stop_string(response, stops):
+            return "stop"
+        return "length" if len(response) >= budget else None
 
     def _hits_stop_string(self, response: list[int], stops: Sequence[str]) -> bool:
         """Whether the response text now contains a stop string (a new match ends in its last token).
@@ -219,14 +267,32 @@ class TorchEngine:
 
     # ------------------------------------------------------------------ weights
 
-    @torch.no_grad()
     def load_weights(self, bucket: WeightBucket) -> None:
         """Copy HF-named full tensors into the model; at ``bucket.last`` check completeness.
 
         Strict: an unknown name or a shape mismatch raises :class:`WeightLoadError`; at the last
         bucket every parameter must have been received since the previous push ended, then the
         weight version becomes ``bucket.version``. Tied weights may arrive under either name.
+        A push's first bucket waits at the gate (no generation uses the weights until its last
+        bucket or a failure; see the module docstring).
         """
+        if not self._push_open:
+            self._gate.begin_push()
+            self._push_open, self._push_thread = True, threading.get_ident()
+        try:
+            self._load_bucket(bucket)
+        except BaseException:
+            self._end_push()
+            raise
+        if bucket.last:
+            self._end_push()
+
+    def _end_push(self) -> None:
+        self._push_open = False
+        self._gate.end_push()
+
+    @torch.no_grad()
+    def _load_bucket(self, bucket: WeightBucket) -> None:
         state = self.model.state_dict(keep_vars=True)
         for name, tensor in bucket.tensors:
             if name not in self._param_names:
@@ -254,6 +320,7 @@ class TorchEngine:
                 )
             self._weight_version = bucket.version
             self._weights_missing = False
+            self._pushes += 1
 
     def load_weights_from_disk(self, directory: str | Path, version: int) -> None:
         """Load every ``*.safetensors`` file of ``directory`` (HF names) as one push."""
@@ -262,10 +329,15 @@ class TorchEngine:
         files = sorted(Path(directory).glob("*.safetensors"))
         if not files:
             raise WeightLoadError(f"no *.safetensors files in {directory}")
-        for i, path in enumerate(files):
-            with safe_open(str(path), framework="pt") as f:
-                tensors = [(k, f.get_tensor(k)) for k in f.keys()]
-            self.load_weights(WeightBucket(tensors, version, last=i == len(files) - 1))
+        try:
+            for i, path in enumerate(files):
+                with safe_open(str(path), framework="pt") as f:
+                    tensors = [(k, f.get_tensor(k)) for k in f.keys()]
+                self.load_weights(WeightBucket(tensors, version, last=i == len(files) - 1))
+        except BaseException:
+            if self._push_open:  # a file after the first failed to read: generation may go on
+                self._end_push()
+            raise
 
     @property
     def weight_version(self) -> int:
@@ -361,6 +433,19 @@ def _pad_id(model, tokenizer, eos_ids: tuple[int, ...]) -> int:
         if candidate is not None:
             return int(candidate)
     return eos_ids[0] if eos_ids else 0  # padded positions are masked out: any id works
+
+
+@dataclass
+class _Running:
+    """The rows one decode loop runs together and their KV cache, built under one push's weights."""
+
+    rows: list[int]  # the loop's row of each cache row
+    cache: Any  # the model's KV cache (DynamicCache) of those rows
+    mask: torch.Tensor  # [B, S] long, 1 = a real token
+    next_pos: torch.Tensor  # [B] the position of each row's next token
+    logits: torch.Tensor  # [B, V] predicting each row's next token
+    pushes: int  # the engine's completed pushes when the cache was built
+    finished: int = 0  # rows finished since the cache was built or last compacted
 
 
 @dataclass(frozen=True)

@@ -72,7 +72,22 @@ def batch_from_generations(
         rollout_logprobs=logprobs * valid,
         routed_experts=routed_experts,
         routing_weights=routing_weights,
+        token_versions=_token_versions(results, r_len),
     )
+
+
+def _token_versions(results: Sequence[GenerationResult], r_len: int) -> torch.Tensor | None:
+    """Each response token's weight version [B, R] long (0 on padding), when every result says."""
+    if any(r.token_versions is None for r in results):
+        return None
+    out = torch.zeros(len(results), r_len, dtype=torch.long)
+    for i, res in enumerate(results):
+        assert res.token_versions is not None
+        if len(res.token_versions) != len(res.response_ids):
+            raise ValueError(f"sample {i}: {len(res.response_ids)} response tokens but {len(res.token_versions)} "
+                             "token versions")  # fmt: skip
+        out[i, : len(res.token_versions)] = torch.as_tensor(res.token_versions, dtype=torch.long)
+    return out
 
 
 def _routing(

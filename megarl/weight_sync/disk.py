@@ -8,13 +8,21 @@ import shutil
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from megarl.models.hf_files import copy_side_files
 from megarl.weight_sync.stream import WeightStream
 from megarl.weight_sync.transport_base import check_versions
 
 _VERSION_DIR = re.compile(r"v\d+(\.tmp)?")  # what DiskTransport writes into its directory
+
+@runtime_checkable
+class DiskReloadable(Protocol):
+    """An engine client that reloads a pushed directory itself (and has a ``weight_version``),
+    such as the torch engine actor's (megarl/engines/engine_actor.py)."""
+
+    def load_weights_from_disk(self, directory: str | Path, version: int) -> None: ...
+
 
 class DiskTransport:
     """Each push becomes an HF directory ``directory/v<version>`` (one safetensors file per
@@ -24,7 +32,7 @@ class DiskTransport:
     in the export. ``barrier``: synchronises the policy ranks so engines in other ranks load
     only a complete directory, and older directories are removed only once nobody reads them.
     ``engines_of(endpoints)`` gives the engines this rank reloads (torch engines in the replica
-    leaders; the SGLang servers on the writer). The directory must be on a filesystem every
+    leaders; the SGLang servers, or the torch engine actor of an asynchronous run, on the writer). The directory must be on a filesystem every
     engine can read.
     """
 

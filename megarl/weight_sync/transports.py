@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from megarl.weight_sync.cuda_ipc import SGLangTensorTransport
-from megarl.weight_sync.disk import DiskTransport
+from megarl.weight_sync.disk import DiskReloadable, DiskTransport
 from megarl.weight_sync.in_process import InProcessTransport
 from megarl.weight_sync.nccl_broadcast import SGLangDistributedTransport, StageRole
 from megarl.weight_sync.progress import PushProgress
@@ -65,8 +65,9 @@ def build_transport(name: str, policy: Any, *, bucket_mb: float, gather_mb: floa
     if name == "disk":
         if disk_dir is None:
             raise ValueError("the disk transport needs rollout.weight_sync.disk_dir")
-        # Torch engines reload in their own ranks; SGLang servers are told by the writer (rank 0).
-        engines_of = (lambda _: own) if local_engine is not None else _sglang_writer_engines(info.rank == 0)
+        # Torch engines reload in their own ranks; SGLang servers and a torch engine actor of its
+        # own (asynchronous runs) are told by the writer (rank 0).
+        engines_of = (lambda _: own) if local_engine is not None else _writer_engines(info.rank == 0)
         return DiskTransport(stream, disk_dir, writer=info.rank == 0, hf_dir=hf_dir, engines_of=engines_of,
                              barrier=GlooGroup().barrier)  # fmt: skip
     if name == "tensor":
@@ -76,9 +77,14 @@ def build_transport(name: str, policy: Any, *, bucket_mb: float, gather_mb: floa
     return _distributed(policy, stream, node_address())
 
 
-def _sglang_writer_engines(writer: bool) -> Callable[[Any], Sequence[Any]]:
+def _writer_engines(writer: bool) -> Callable[[Any], Sequence[Any]]:
+    """The engines the writer reloads: an SGLang endpoint becomes this rank's client of it; an
+    endpoint that reloads by itself (the torch engine actor's client) is used as it is."""
+
     def engines_of(endpoints: Any) -> Sequence[Any]:
-        return [engine_client(e) for e in endpoints] if writer else []
+        if not writer:
+            return []
+        return [e if isinstance(e, DiskReloadable) else engine_client(e) for e in endpoints]
 
     return engines_of
 

@@ -233,8 +233,9 @@ def _cut(result: GenerationResult, budget: int) -> GenerationResult:
         return result
     dropped = len(result.response_ids) - budget
     routing = {name: getattr(result, name)[:-dropped] for name in ROUTING_FIELDS if getattr(result, name) is not None}
+    versions = None if result.token_versions is None else result.token_versions[:budget]
     return dataclasses.replace(result, response_ids=result.response_ids[:budget], logprobs=result.logprobs[:budget],
-                               finish_reason="length", **routing)  # fmt: skip
+                               finish_reason="length", token_versions=versions, **routing)  # fmt: skip
 
 
 def batch_from_trajectories(prompts: PromptBatch, samples: Sequence[AgentSample], finish: Sequence[str], n: int, *,
@@ -242,7 +243,8 @@ def batch_from_trajectories(prompts: PromptBatch, samples: Sequence[AgentSample]
     """One Batch row per trajectory: ids as sampled, mask 1 on generated ids, agent counts in
     extra_info; with ``turn_rewards`` each turn's reward on its last generated token."""
     results = [
-        GenerationResult(i // n, s.trajectory.ids, s.trajectory.logprobs, reason, 0, *_trajectory_routing(s.trajectory))
+        GenerationResult(i // n, s.trajectory.ids, s.trajectory.logprobs, reason, 0, *_trajectory_routing(s.trajectory),
+                         token_versions=None if s.trajectory.versions is None else tuple(s.trajectory.versions))
         for i, (s, reason) in enumerate(zip(samples, finish, strict=True))
     ]
     batch = batch_from_generations(

@@ -1,5 +1,7 @@
 """Engine results -> Batch: grouping, padding, metadata alignment; response texts."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -54,3 +56,14 @@ def test_response_texts_drop_final_eos_keep_other_specials():
     batch = batch_from_generations(prompts, res, 2)
     assert response_texts(batch, tok, [eos]) == ["472", "4<|im_start|>72"]
     assert torch.equal(batch.response_lengths, torch.tensor([4, 4]))
+
+
+def test_token_versions_are_laid_out_per_token_when_every_result_has_them():
+    prompts = [[5, 6], [7]]
+    results = [dataclasses.replace(r, token_versions=tuple(range(3, 3 + len(r.response_ids))))
+               for r in results_for(prompts, 1, [3, 1])]  # fmt: skip
+    assert batch_from_generations(prompts, results, 1).token_versions.tolist() == [[3, 4, 5], [3, 0, 0]]
+    # an engine that does not report them (SGLang) leaves the field empty, also when some do
+    assert batch_from_generations(prompts, [results[0], results_for(prompts, 1, [3, 1])[1]], 1).token_versions is None
+    with pytest.raises(ValueError, match="3 response tokens but 2 token versions"):
+        batch_from_generations(prompts, [dataclasses.replace(results[0], token_versions=(1, 1)), results[1]], 1)

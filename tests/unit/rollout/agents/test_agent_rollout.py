@@ -9,6 +9,7 @@ Everything else is real: the tiny ChatML tokenizer and its template, the parser,
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -492,3 +493,26 @@ def test_with_the_torch_engine_a_hanging_tool_costs_the_step_its_timeout_only(tm
     assert batch.finish_reason == ["max_turns"] * 8 and len(tool.starts) == 8  # one call each, then the turn limit
     assert sum(e["agent"]["tool_failures"] for e in batch.extra_info) == 1  # the hung one timed out
     assert wall < 1.0 + 3.0  # the timeout plus two rounds of generation (well under a second each here)
+
+
+class VersionedReplayEngine(ReplayEngine):
+    """ReplayEngine whose tokens carry a weight version: the number of the generate call."""
+
+    def generate(self, prompts, params: SamplingParams) -> list[GenerationResult]:
+        out = super().generate(prompts, params)
+        return [dataclasses.replace(r, token_versions=(len(self.calls),) * len(r.response_ids)) for r in out]
+
+
+def test_a_trajectory_carries_each_tokens_weight_version_and_context_takes_its_turns(tok):
+    turn1, turn2 = _call("calc", expression="2+3"), "It is 5."
+    rollout = AgentRollout(AgentConfig(), _calc_env(tok), overlap_tools=False)
+    engine = VersionedReplayEngine(tok, {"what is 2+3?": [turn1, turn2]})
+    batch = rollout(engine, _prompts(tok, ["what is 2+3?"]), SamplingParams(max_new_tokens=200, seed=1))
+    n, mask = int(batch.response_lengths[0]), batch.response_mask[0].tolist()
+    t1, context = len(engine._ids(turn1)), mask.index(1.0, len(engine._ids(turn1))) - len(engine._ids(turn1))
+    assert batch.token_versions[0, :n].tolist() == [1] * (t1 + context) + [2] * (n - t1 - context)
+    assert batch.token_versions[0, n:].eq(0).all()
+    # an engine without versions (SGLang): none in the batch
+    plain = rollout(ReplayEngine(tok, {"what is 2+3?": [turn1, turn2]}), _prompts(tok, ["what is 2+3?"]),
+                    SamplingParams(max_new_tokens=200, seed=1))  # fmt: skip
+    assert plain.token_versions is None
