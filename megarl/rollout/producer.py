@@ -273,10 +273,6 @@ class RolloutProducer:
                 spans.append((self._since, stop))
         return sum(max(0.0, min(b, stop) - max(a, start)) for a, b in spans)
 
-    def busy_seconds(self) -> float:
-        with self._cond:
-            return self._draws.generate_s
-
     # ---- checkpoints ----------------------------------------------------------------------
     def state_dict(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """(the sampler's state, the prompts pending and re-issued): one consistent snapshot."""

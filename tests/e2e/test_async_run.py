@@ -36,7 +36,7 @@ def _epoch_data(demo_root: Path, out: Path) -> Path:
 def _command(demo_root: Path, out: Path, train: Path) -> list[str]:
     overrides = small_overrides(demo_root, out, STEPS, "trainer.total_steps=null", "trainer.total_epochs=1",
                                 f"data.train_files=[{train}]", f"data.prompts_per_step={PER_STEP}",
-                                "actor.mini_batch_size=16", "actor.micro_batch_size=16", "trainer.save_freq=1",
+                                "actor.mini_batch_size=16", "actor.micro_batch_size=8", "trainer.save_freq=1",
                                 "trainer.eval_freq=0", f"rollout.max_staleness={K}")  # fmt: skip
     return [sys.executable, "-m", "megarl.cli", "launch", str(TINY), *overrides]
 
@@ -60,6 +60,10 @@ def test_every_prompt_is_trained_once_across_two_sigkills(demo_root, tmp_path):
     cmd = _command(demo_root, out, _epoch_data(demo_root, out))
     log = tmp_path / "driver.txt"
     _kill_after_checkpoint(cmd, out, 2, log)
+    from megarl.checkpoint.trainer_state import TrainerState
+
+    pending = TrainerState.load(out / "checkpoints" / "step_000002").rollouts["pending"]
+    assert pending, "the checkpoint holds the prompts drawn ahead of training (the resume re-issues them)"
     _kill_after_checkpoint(cmd, out, 4, log)
     with log.open("a") as f:
         done = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=900, start_new_session=True)
