@@ -160,6 +160,8 @@ class RolloutProducer:
 
     def _produce_one(self) -> None:
         prompts, keys = self._draw()
+        with self._cond:
+            started = self._version  # the oldest weights any of the draw's tokens can come from
         params = self.sampling(self._draws.count)
         timer = PhaseTimer(mark_progress=False)  # the watchdog follows the trainer, not this thread
         start = time.monotonic()
@@ -167,7 +169,7 @@ class RolloutProducer:
         batch, metrics = self.collect(prompts, params, timer)
         with self._cond:
             self._draws.busy.append((start, start + timer.times.get("generate", 0.0)))
-        version = self._version_of(batch)
+        version = self._version_of(batch, started)
         groups = [Group(batch.select((batch.group_id == g).nonzero().flatten()), key, version[g],
                         key in self._reissued_once) for g, key in enumerate(keys)]  # fmt: skip
         dropped: list[tuple[PromptKey, str]] = []
@@ -201,12 +203,12 @@ class RolloutProducer:
             prompts, keys = prompts.select(range(n)), keys[:n]
         return prompts, keys
 
-    def _version_of(self, batch: Batch) -> list[int]:
-        """Per group of ``batch``: the oldest weight version among its tokens."""
+    def _version_of(self, batch: Batch, started: int) -> list[int]:
+        """Per group of ``batch``: the oldest weight version among its tokens (``started``, the
+        version when the draw began, for engines that report no token versions)."""
         groups = int(batch.group_id.max()) + 1 if len(batch) else 0
-        if batch.token_versions is None:  # an engine that does not report them: the version now
-            with self._cond:
-                return [self._version] * groups
+        if batch.token_versions is None:
+            return [started] * groups
         valid = batch.response_valid.bool()  # [B, R]
         big = torch.iinfo(torch.long).max
         per_sample = torch.where(valid, batch.token_versions, big).min(dim=1).values  # [B]
