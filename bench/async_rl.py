@@ -1,0 +1,223 @@
+"""Asynchronous RL on this machine: rollout.max_staleness 0 (synchronous) against 1 and 2, each case
+a real `megarl launch` of the CPU demo config (configs/tiny_grpo.yaml):
+
+- throughput: samples per second with one policy rank (cluster.gpus_per_node=1) and, in the
+  asynchronous runs, the torch engine in a process of its own (one thread each), on a variant of
+  the demo task where generation is about half of a synchronous step (max_new_tokens 32, at most
+  64 rows decoded together: four decode waves per step); runs interleaved (sync, k1, k2, sync,
+  ...), each run's median seconds per step after the warm-up steps, then the median over the
+  repeats; the speed-up against the limit (T_gen + T_train) / max(T_gen, T_train) from the
+  synchronous runs' own phase times, and each side's busy share;
+- learning: held-out reward (val/reward/mean, every 20 steps) of the demo config as it is (DP=2,
+  its task) with three seeds per mode, at equal steps and at equal wall time.
+
+Writes bench/results/async_rl.json and prints the tables; bench/results/async_rl.md is the summary.
+
+    .venv/bin/python bench/async_rl.py [--part throughput|learning|all] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from machine import describe  # bench/machine.py
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "configs" / "tiny_grpo.yaml"
+OUT = ROOT / "bench" / "results" / "async_rl.json"
+MODES = (0, 1, 2)  # rollout.max_staleness
+SKIP_WARMUP = 4  # the first steps pay one-off costs (allocations, the engine's first draws)
+# The throughput task: one policy rank; generation about half of a synchronous step. The demo's
+# 4 new tokens make generation ~20 % of a step, too little for overlap to matter; with 32 new
+# tokens (the untrained model runs to the cap in some row of every wave) and 64 rows decoded at
+# once (256 samples = 4 waves) generate_s ~ the rest of the step on this machine.
+THROUGHPUT = ("cluster.gpus_per_node=1", "rollout.sampling.max_new_tokens=32", "rollout.max_running_requests=64")
+SAMPLES_PER_STEP = 32 * 8  # the demo's data.prompts_per_step x rollout.n
+TARGET_SHARE = 0.8  # of the overlap limit, at k=1
+TARGET_REWARD = 0.7
+
+
+def launch(root: Path, out: Path, steps: int, *extra: str) -> tuple[list[dict], float]:
+    """One run of the demo config; its metrics.jsonl records and the launch's wall seconds."""
+    from megarl.commands.demo import prepare_demo
+
+    model, data = prepare_demo(root)
+    args = [f"model.path={model}", f"data.train_files=[{data / 'train.parquet'}]", f"data.val_files=[{data / 'val.parquet'}]",
+            f"trainer.output_dir={out}", f"trainer.total_steps={steps}", "trainer.save_freq=0", "trainer.loggers=[jsonl]",
+            "trainer.resume=disable", *extra]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "megarl.cli", "launch", str(CONFIG), *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=3600)  # fmt: skip
+    wall = time.monotonic() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"megarl launch {' '.join(extra)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()], wall
+
+
+def med(records: list[dict], key: str) -> float:
+    return statistics.median(r[key] for r in records)
+
+
+def throughput(root: Path, work: Path, steps: int, repeats: int) -> dict:
+    """Interleaved runs per mode; per run the medians over the steps after the warm-up (the last
+    step, which saves a checkpoint, left out)."""
+    runs: dict[int, list[dict]] = {k: [] for k in MODES}
+    for rep in range(repeats):
+        for k in MODES:
+            load = os.getloadavg()[0]
+            records, wall = launch(root, work / f"tp-k{k}-{rep}", steps, *THROUGHPUT, "trainer.eval_freq=0",
+                                   "trainer.eval_before_train=false", f"rollout.max_staleness={k}")  # fmt: skip
+            steady = [r for r in records if "time/step_s" in r][SKIP_WARMUP:-1]
+            run = {"step_s": med(steady, "time/step_s"), "generate_s": med(steady, "time/generate_s"),
+                   "policy_update_s": med(steady, "time/policy_update_s"), "load_1m": load, "wall_s": wall,
+                   "response_length": statistics.mean(r["response_length/mean"] for r in steady)}  # fmt: skip
+            # the rest of the step: the trainer's own work (sync: all but generation; async: all but the wait)
+            wait = "time/generate_s" if k == 0 else "time/rollout_wait_s"
+            run["train_s"] = statistics.median(r["time/step_s"] - r[wait] for r in steady)
+            for key in ("time/rollout_wait_s", "time/old_logprobs_s", "time/weight_sync_s", "time/ref_logprobs_s",
+                        "async/trainer_idle_frac", "async/engine_idle_frac", "async/staleness_mean"):  # fmt: skip
+                if key in steady[0]:
+                    run[key] = med(steady, key)
+            run["samples_per_s"] = SAMPLES_PER_STEP / run["step_s"]
+            runs[k].append(run)
+            print(f"  throughput rep {rep} k={k}: {run['step_s']:.3f} s/step, generate {run['generate_s']:.3f} s, "
+                  f"trainer's own {run['train_s']:.3f} s, load {load:.2f}", flush=True)
+    sync = runs[0]
+    t_gen = statistics.median(r["generate_s"] for r in sync)
+    t_train = statistics.median(r["train_s"] for r in sync)
+    limit = (t_gen + t_train) / max(t_gen, t_train)
+    modes = {}
+    for k in MODES:
+        speedups = [s["step_s"] / r["step_s"] for s, r in zip(sync, runs[k], strict=True)]  # per interleaved repeat
+        row = {"step_s": statistics.median(r["step_s"] for r in runs[k]),
+               "samples_per_s": statistics.median(r["samples_per_s"] for r in runs[k]),
+               "speedup": statistics.median(speedups), "speedups": speedups,
+               "train_s": statistics.median(r["train_s"] for r in runs[k]),
+               "generate_s": statistics.median(r["generate_s"] for r in runs[k])}  # fmt: skip
+        row["share_of_limit"] = row["speedup"] / limit
+        for key in ("async/trainer_idle_frac", "async/engine_idle_frac", "async/staleness_mean",
+                    "time/old_logprobs_s", "time/weight_sync_s"):  # fmt: skip
+            if key in runs[k][0]:
+                row[key] = statistics.median(r[key] for r in runs[k])
+        modes[f"k{k}"] = row
+    return {"steps": steps, "repeats": repeats, "skip_warmup": SKIP_WARMUP, "overrides": list(THROUGHPUT),
+            "samples_per_step": SAMPLES_PER_STEP, "sync_generate_s": t_gen, "sync_train_s": t_train,
+            "sync_generate_share": t_gen / (t_gen + t_train), "limit": limit, "modes": modes, "runs": runs}  # fmt: skip
+
+
+def curve(records: list[dict]) -> list[tuple[int, float, float]]:
+    """(step, seconds of training so far, val reward) at each evaluation; the seconds are the sum
+    of the steps' time/step_s and time/validate_s (the launch's start-up left out)."""
+    out, clock = [], 0.0
+    for r in records:
+        clock += r.get("time/step_s", 0.0) + r.get("time/validate_s", 0.0)
+        if "val/reward/mean" in r:
+            out.append((r["step"], clock, r["val/reward/mean"]))
+    return out
+
+
+def at_time(points: list[tuple[int, float, float]], budget: float) -> float:
+    """The val reward of the last evaluation done within ``budget`` seconds."""
+    return [p[2] for p in points if p[1] <= budget + 1e-9][-1]
+
+
+def learning(root: Path, work: Path, steps: int, seeds: tuple[int, ...]) -> dict:
+    curves: dict[int, list[list[tuple[int, float, float]]]] = {k: [] for k in MODES}
+    walls: dict[int, list[float]] = {k: [] for k in MODES}
+    for seed in seeds:
+        for k in MODES:
+            records, wall = launch(root, work / f"learn-k{k}-s{seed}", steps, "trainer.eval_freq=20",
+                                   f"trainer.seed={seed}", f"rollout.max_staleness={k}")  # fmt: skip
+            curves[k].append(curve(records))
+            walls[k].append(wall)
+            pts = curves[k][-1]
+            print(f"  learning seed {seed} k={k}: val reward {pts[-1][2]:.3f} at step {pts[-1][0]}, "
+                  f"{pts[-1][1]:.0f} s training, {wall:.0f} s launch, load {os.getloadavg()[0]:.2f}", flush=True)
+    # equal wall time: the shortest mode's mean training time; each run's reward at that budget
+    train_s = {k: statistics.mean(c[-1][1] for c in curves[k]) for k in MODES}
+    budget = min(train_s.values())
+    modes = {}
+    for k in MODES:
+        final = [c[-1][2] for c in curves[k]]
+        steps_axis = [p[0] for p in curves[k][0]]
+        mean_curve = [statistics.mean(c[i][2] for c in curves[k]) for i in range(len(steps_axis))]
+        reached = next((s for s, v in zip(steps_axis, mean_curve, strict=True) if v >= TARGET_REWARD), None)
+        modes[f"k{k}"] = {"final_reward_mean": statistics.mean(final), "final_rewards": final,
+                          "train_s_mean": train_s[k], "launch_s_mean": statistics.mean(walls[k]),
+                          "reward_at_equal_time_mean": statistics.mean(at_time(c, budget) for c in curves[k]),
+                          "first_step_mean_reward_ge_target": reached, "mean_curve": list(zip(steps_axis, mean_curve)),
+                          "curves": curves[k]}  # fmt: skip
+    return {"steps": steps, "seeds": list(seeds), "eval_freq": 20, "equal_time_budget_s": budget,
+            "target_reward": TARGET_REWARD, "modes": modes}  # fmt: skip
+
+
+def print_tables(result: dict) -> None:
+    tp = result.get("throughput")
+    if tp:
+        print(f"\nthroughput ({tp['repeats']} interleaved repeats, {tp['steps']} steps, median of steps "
+              f"{tp['skip_warmup'] + 1}..{tp['steps'] - 1}); sync split: generate {tp['sync_generate_s']:.3f} s "
+              f"({tp['sync_generate_share']:.0%}), rest {tp['sync_train_s']:.3f} s; limit {tp['limit']:.2f}x")
+        print(f"{'mode':6} {'s/step':>7} {'samples/s':>10} {'speed-up':>9} {'of limit':>9} {'trainer own s':>14} "
+              f"{'trainer busy':>13} {'engine busy':>12} {'staleness':>10}")
+        for name, row in tp["modes"].items():
+            busy = {s: f"{1 - row[f'async/{s}_idle_frac']:.0%}" if f"async/{s}_idle_frac" in row else "-" for s in ("trainer", "engine")}
+            share = "-" if name == "k0" else f"{row['share_of_limit']:.0%}"
+            stale = f"{row['async/staleness_mean']:.2f}" if "async/staleness_mean" in row else "0"
+            print(f"{name:6} {row['step_s']:7.3f} {row['samples_per_s']:10.0f} {row['speedup']:9.2f} {share:>9} "
+                  f"{row['train_s']:14.3f} {busy['trainer']:>13} {busy['engine']:>12} {stale:>10}")  # fmt: skip
+    ln = result.get("learning")
+    if ln:
+        print(f"\nlearning ({ln['steps']} steps, seeds {ln['seeds']}); equal time budget {ln['equal_time_budget_s']:.0f} s")
+        print(f"{'mode':6} {'val reward (last)':>18} {'per seed':>22} {'training s':>11} {'launch s':>9} "
+              f"{'reward @ equal time':>20} {'first step >= 0.7':>18}")
+        for name, row in ln["modes"].items():
+            seeds = " ".join(f"{v:.2f}" for v in row["final_rewards"])
+            print(f"{name:6} {row['final_reward_mean']:18.3f} {seeds:>22} {row['train_s_mean']:11.0f} {row['launch_s_mean']:9.0f} "
+                  f"{row['reward_at_equal_time_mean']:20.3f} {str(row['first_step_mean_reward_ge_target']):>18}")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--part", choices=("throughput", "learning", "all"), default="all")
+    parser.add_argument("--quick", action="store_true", help="a smoke test: fewer steps and repeats")
+    parser.add_argument("--repeats", type=int, default=None, help="throughput: interleaved repeats (default 3, quick 1)")
+    parser.add_argument("--steps", type=int, default=None, help="throughput: steps per run (default 30, quick 10)")
+    parser.add_argument("--learn-steps", type=int, default=None, help="learning: steps per run (default 300, quick 40)")
+    parser.add_argument("--seeds", type=int, default=None, help="learning: seeds per mode (default 3, quick 1)")
+    args = parser.parse_args()
+    repeats = args.repeats or (1 if args.quick else 3)
+    steps = args.steps or (10 if args.quick else 30)
+    learn_steps = args.learn_steps or (40 if args.quick else 300)
+    seeds = tuple(range(1, (args.seeds or (1 if args.quick else 3)) + 1))
+    result: dict = {"machine": describe(), "config": str(CONFIG.relative_to(ROOT)), "quick": args.quick}
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="megarl-bench-async-") as tmp:
+        work = Path(tmp)
+        if args.part in ("throughput", "all"):
+            result["throughput"] = throughput(work / "demo", work, steps, repeats)
+        if args.part in ("learning", "all"):
+            result["learning"] = learning(work / "demo", work, learn_steps, seeds)
+    result["load_after"] = round(os.getloadavg()[0], 2)
+    result["bench_wall_s"] = round(time.monotonic() - start)
+    if OUT.is_file() and args.part != "all":  # one part run alone keeps the other part's last results
+        kept = json.loads(OUT.read_text())
+        for part in ("throughput", "learning"):
+            if part not in result and part in kept:
+                result[part] = kept[part]
+                result.setdefault("kept_from_earlier_run", []).append({"part": part, "machine": kept.get("machine")})
+    OUT.write_text(json.dumps(result, indent=2) + "\n")
+    print_tables(result)
+    print(f"\nload {result['machine']['load_avg_1m']} at the start, {result['load_after']} at the end; {result['bench_wall_s']} s")
+
+
+if __name__ == "__main__":
+    main()
