@@ -1,5 +1,6 @@
 """The planner's checks of asynchronous training (``rollout.max_staleness`` >= 1, docs/async.md):
-where it can run today, and the settings it cannot combine with. Torch-free, like the planner."""
+where it can run today (the torch engine process on CPU; SGLang servers on devices of their
+own), and the settings it cannot combine with. Torch-free, like the planner."""
 
 from __future__ import annotations
 
