@@ -23,6 +23,7 @@ from megarl.engines.base import GenerationResult, SamplingParams
 from megarl.megatron_runtime.offload import ModelStates, storage_bytes
 from megarl.ray_cluster.address import node_address
 from megarl.weight_sync.progress import PushProgress, push_group
+from megarl.weight_sync.sglang_push import pause_mode
 from megarl.weight_sync.transport_base import TRANSPORT_COLLECT
 from megarl.weight_sync.transports import build_transport
 
@@ -66,7 +67,8 @@ class PolicyRank(TrainedRank):
         self.push_progress = PushProgress(group=push_group(self.info.pp_rank, collects))
         self.transport = build_transport(cfg.weight_transport, self.policy, bucket_mb=ws.bucket_mb, overlap=ws.overlap,
                                          gather_mb=ws.gather_mb, local_engine=self.engine, disk_dir=weight_dir or cfg.weight_disk_dir,
-                                         hf_dir=path, progress=self.push_progress, node_address=node_address)  # fmt: skip
+                                         hf_dir=path, progress=self.push_progress, node_address=node_address,
+                                         pause=pause_mode(cfg.asynchronous, cfg.partial_rollouts))  # fmt: skip
         self.loss_fn = make_policy_loss_fn(cfg.algorithm, cfg.rollout.sampling.max_new_tokens)
         self._profiler: Any = None
 

@@ -47,7 +47,7 @@ def print_plan(cfg: MegaRLConfig, plan: Plan, console: Console | None = None) ->
     console.print(table)
     for line in expert_placement(cfg, plan):
         console.print(line)
-    overlap = async_summary(cfg)
+    overlap = async_summary(cfg, plan.roles["rollout"].dp if "rollout" in plan.roles else 0)
     if overlap is not None:
         console.print(overlap)
     if mem is not None:

@@ -268,7 +268,10 @@ def _components(cfg: MegaRLConfig, models: dict[str, Any], stream: Any, val_prom
 def _engines(cfg: MegaRLConfig, policy: Any, handover: Handover, outside: Any) -> Any:
     """What the run generates with. Synchronous runs generate in the memory hand-over's generate
     phase: torch engines in the policy ranks, or SGLang servers. An asynchronous run's engines
-    generate beside every phase, on devices of their own."""
+    generate beside every phase, on devices of their own (the planner refuses colocated ones), so
+    the hand-over never releases what they hold. The SGLang client opens a connection per request
+    and counts its requests under a lock: the producer's thread and the post-push check (this
+    thread) generate through it at once."""
     if cfg.asynchronous:
         return outside if cfg.rollout.engine == "torch" else outside.generator()
     return HandedOverEngines(WorkerEngines(policy) if outside is None else outside.generator(), handover)

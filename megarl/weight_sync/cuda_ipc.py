@@ -16,6 +16,7 @@ from megarl.engines.base import WeightBucket
 from megarl.rollout_sglang.engine import EngineEndpoint, SGLangEngine
 from megarl.rollout_sglang.tensor_payload import build_tensor_requests, serialize_for_http
 from megarl.weight_sync.sglang_push import (
+    ABORT,
     EngineFactory,
     engine_client,
     finish_push,
@@ -59,7 +60,9 @@ class SGLangTensorTransport:
 
     def __init__(self, stream: WeightStream, *, rank: int = 0, make_engine: EngineFactory = engine_client,
                  payload_gather: Callable[[list[int]], PayloadGather] | None = None,
-                 bucket_class: type | None | str = "auto", serialize: Callable[[Any], str] = serialize_for_http) -> None:  # fmt: skip
+                 bucket_class: type | None | str = "auto", serialize: Callable[[Any], str] = serialize_for_http,
+                 pause: str = ABORT) -> None:  # fmt: skip
+        self.pause = pause  # /pause_generation's mode (megarl/weight_sync/sglang_push.py)
         self.stream, self.rank, self.make_engine = stream, rank, make_engine
         self.payload_gather = payload_gather or GlooPayloadGathers()
         self.bucket_class, self.serialize = bucket_class, serialize
@@ -82,7 +85,7 @@ class SGLangTensorTransport:
 
     def push(self, version: int) -> dict[str, float]:
         start = time.perf_counter()
-        pause_for_push(self.engines)
+        pause_for_push(self.engines, self.pause)
         self.failure = None
         for bucket in self.stream.buckets(version):
             if self.per_gpu is None:

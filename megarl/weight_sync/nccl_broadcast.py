@@ -24,6 +24,7 @@ from typing import Any
 from megarl.rollout_sglang.engine import FLATTENED_BUCKET, EngineEndpoint, SGLangEngine
 from megarl.rollout_sglang.server import pick_free_port
 from megarl.weight_sync.sglang_push import (
+    ABORT,
     EngineFactory,
     engine_client,
     finish_push,
@@ -87,7 +88,7 @@ class SGLangDistributedTransport:
                  master_address: str = "127.0.0.1", backend: str = "nccl", barrier: Callable[[], None] | None = None,
                  make_engine: EngineFactory = engine_client, master_ports: Mapping[int, int] | None = None,
                  group_prefix: str = GROUP_PREFIX, timeout: timedelta = timedelta(minutes=10),
-                 sum_over_ranks: Callable[[list[float]], list[float]] | None = None) -> None:  # fmt: skip
+                 sum_over_ranks: Callable[[list[float]], list[float]] | None = None, pause: str = ABORT) -> None:  # fmt: skip
         missing = [s for s in role.stages if s not in streams]
         if missing:
             raise ValueError(f"SGLangDistributedTransport: no stream for stages {missing} of {role}")
@@ -97,6 +98,7 @@ class SGLangDistributedTransport:
         self.sum_over_ranks = sum_over_ranks or (lambda values: values)
         self.make_engine, self.master_ports = make_engine, dict(master_ports or {})
         self.group_prefix, self.timeout = group_prefix, timeout
+        self.pause = pause  # /pause_generation's mode (megarl/weight_sync/sglang_push.py)
         self.engines: list[SGLangEngine] = []
         self.groups: dict[int, tuple[StageGroup, Any]] = {}
         self._flattened: bool | None = None  # every engine takes flattened buckets (read once per connect)
@@ -155,7 +157,7 @@ class SGLangDistributedTransport:
             raise RuntimeError("SGLangDistributedTransport.push before connect(endpoints)")
         start = time.perf_counter()
         if self.role.coordinator:
-            pause_for_push(self.engines)
+            pause_for_push(self.engines, self.pause)
         self.barrier()
         # With one stage its last bucket carries the version; with several, the coordinator
         # sets it once every stage is in (no single bucket is "the last" of the push).

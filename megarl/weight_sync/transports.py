@@ -35,14 +35,15 @@ from megarl.weight_sync.disk import DiskReloadable, DiskTransport
 from megarl.weight_sync.in_process import InProcessTransport
 from megarl.weight_sync.nccl_broadcast import SGLangDistributedTransport, StageRole
 from megarl.weight_sync.progress import PushProgress
-from megarl.weight_sync.sglang_push import engine_client
+from megarl.weight_sync.sglang_push import ABORT, RETRACT, RetractingDiskReload, engine_client
 from megarl.weight_sync.stream import MIB, WeightStream
 from megarl.weight_sync.transport_base import TRANSPORT_COLLECT, GlooGroup, WeightTransport
 
 
 def build_transport(name: str, policy: Any, *, bucket_mb: float, gather_mb: float, overlap: bool = True,
                     local_engine: Any = None, disk_dir: str | Path | None = None, hf_dir: str | None = None,
-                    progress: PushProgress | None = None, node_address: Callable[[], str] | None = None) -> WeightTransport:  # fmt: skip
+                    progress: PushProgress | None = None, node_address: Callable[[], str] | None = None,
+                    pause: str = ABORT) -> WeightTransport:  # fmt: skip
     """The transport ``name`` (``rollout.weight_sync.transport``, resolved) for one policy rank.
 
     ``policy``: the rank's PolicyWorker (``info`` and ``export_weights``); ``overlap``: the
@@ -50,7 +51,8 @@ def build_transport(name: str, policy: Any, *, bucket_mb: float, gather_mb: floa
     MiB of tensors one TP all-gather of the export takes (0: one tensor); ``local_engine``:
     the torch engine of this rank (replica leaders), else None; ``progress``: where the stream
     notes each bucket (megarl/weight_sync/progress.py); ``node_address``: gives this node's address as
-    engines on other nodes reach it (asked only by the distributed transport, for its update groups).
+    engines on other nodes reach it (asked only by the distributed transport, for its update groups);
+    ``pause``: how a push pauses SGLang servers (megarl/weight_sync/sglang_push.py ``pause_mode``).
     """
     info = policy.info
     collect = TRANSPORT_COLLECT.get(name)  # which ranks receive every stage's tensors
@@ -67,29 +69,35 @@ def build_transport(name: str, policy: Any, *, bucket_mb: float, gather_mb: floa
             raise ValueError("the disk transport needs rollout.weight_sync.disk_dir")
         # Torch engines reload in their own ranks; SGLang servers and a torch engine actor of its
         # own (asynchronous runs) are told by the writer (rank 0).
-        engines_of = (lambda _: own) if local_engine is not None else _writer_engines(info.rank == 0)
+        engines_of = (lambda _: own) if local_engine is not None else _writer_engines(info.rank == 0, pause)
         return DiskTransport(stream, disk_dir, writer=info.rank == 0, hf_dir=hf_dir, engines_of=engines_of,
                              barrier=GlooGroup().barrier)  # fmt: skip
     if name == "tensor":
-        return SGLangTensorTransport(stream, rank=info.rank)
+        return SGLangTensorTransport(stream, rank=info.rank, pause=pause)
     if node_address is None:
         raise ValueError("the distributed transport needs node_address (this node's address for its update groups)")
-    return _distributed(policy, stream, node_address())
+    return _distributed(policy, stream, node_address(), pause)
 
 
-def _writer_engines(writer: bool) -> Callable[[Any], Sequence[Any]]:
-    """The engines the writer reloads: an SGLang endpoint becomes this rank's client of it; an
-    endpoint that reloads by itself (the torch engine actor's client) is used as it is."""
+def _writer_engines(writer: bool, pause: str) -> Callable[[Any], Sequence[Any]]:
+    """The engines the writer reloads: an SGLang endpoint becomes this rank's client of it
+    (paused with ``retract`` around the reload while it generates, else SGLang's own wait for the
+    requests in flight); an endpoint that reloads by itself (the torch engine actor's client) is
+    used as it is."""
+
+    def sglang(endpoint: Any) -> Any:
+        client = engine_client(endpoint)
+        return RetractingDiskReload(client) if pause == RETRACT else client
 
     def engines_of(endpoints: Any) -> Sequence[Any]:
         if not writer:
             return []
-        return [e if isinstance(e, DiskReloadable) else engine_client(e) for e in endpoints]
+        return [e if isinstance(e, DiskReloadable) else sglang(e) for e in endpoints]
 
     return engines_of
 
 
-def _distributed(policy: Any, stream: WeightStream, master_address: str) -> WeightTransport:
+def _distributed(policy: Any, stream: WeightStream, master_address: str, pause: str) -> WeightTransport:
     """One group per pipeline stage: each stage exports only its own tensors (no cross-stage
     traffic) and its DP=0/TP=0 rank sends them; rank 0 drives pause / flush / versions."""
     import torch
@@ -101,4 +109,4 @@ def _distributed(policy: Any, stream: WeightStream, master_address: str) -> Weig
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     group = GlooGroup()
     return SGLangDistributedTransport({info.pp_rank: stream}, role, master_address=master_address, backend=backend,
-                                      barrier=group.barrier, sum_over_ranks=group.sum)  # fmt: skip
+                                      barrier=group.barrier, sum_over_ranks=group.sum, pause=pause)  # fmt: skip

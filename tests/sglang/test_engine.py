@@ -274,6 +274,34 @@ def test_pause_aborts_running_requests_and_continue_serves_again(engine, hf):
     assert_matches_hf(engine, hf, max_new_tokens=4)
 
 
+def test_retract_pause_holds_running_requests_through_a_weight_update(engine, hf, new_weights, tiny_model, tmp_path):
+    """What an asynchronous push does (megarl/weight_sync/sglang_push.py): pause with retract,
+    flush, update, continue; the requests in flight end as if never paused, on the new weights."""
+    target = tmp_path / "v3"
+    target.mkdir()
+    for f in tiny_model.iterdir():
+        if f.suffix != ".safetensors":
+            (target / f.name).write_bytes(f.read_bytes())
+    save_file(new_weights, str(target / "model.safetensors"))
+    thread, out = long_request(engine.url)
+    assert wait_until_running(engine, thread)
+    engine.pause_generation("retract")
+    assert engine.flush_cache() == 1  # accepted at once: paused, the retracted requests hold no KV
+    thread.join(1.0)
+    assert thread.is_alive()  # held in SGLang's queue, not aborted
+    engine.update_from_disk(str(target), 3)
+    engine.continue_generation()
+    thread.join(600)
+    assert "error" not in out, out
+    for item in out["reply"].body:
+        assert item["meta_info"]["finish_reason"]["type"] == "length" and len(item["output_ids"]) == 400
+        logprobs = [lp for lp, _, _ in item["meta_info"]["output_token_logprobs"]]
+        ref, _ = hf.logprobs(PROMPTS[0], item["output_ids"], new_weights)
+        # the last token comes from the new weights over the whole sequence: its KV was recomputed
+        assert logprobs[-1] == pytest.approx(float(ref[-1]), abs=ATOL)
+    engine.check_weight_version(3)
+
+
 def test_weight_version_label_and_mismatch(engine):
     engine.set_weight_version(3)
     engine.check_weight_version(3)

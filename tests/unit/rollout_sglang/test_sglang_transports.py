@@ -20,6 +20,7 @@ from megarl.rollout_sglang.engine import (
 )
 from megarl.weight_sync.cuda_ipc import PayloadGather, SGLangTensorTransport
 from megarl.weight_sync.nccl_broadcast import SGLangDistributedTransport, StageRole
+from megarl.weight_sync.sglang_push import RetractingDiskReload, pause_mode
 from megarl.weight_sync.stream import WeightStream
 from megarl.weight_sync.transports import DiskTransport
 
@@ -440,3 +441,47 @@ def test_the_fake_refuses_an_unaligned_flattened_bucket_before_receiving(fake_se
     assert isinstance(reply, SGLangHTTPError) and reply.status == 400
     assert "Unaligned received tensor b: byte offset 6, dtype torch.float32" in str(reply)
     assert server.fake.broadcasts == 0
+
+
+def test_an_asynchronous_push_retracts_the_requests_in_flight_and_a_synchronous_one_aborts():
+    assert pause_mode(asynchronous=True, partial_rollouts=True) == "retract"
+    assert pause_mode(asynchronous=True, partial_rollouts=False) == "abort"
+    assert pause_mode(asynchronous=False, partial_rollouts=False) == "abort"
+
+
+def test_distributed_push_pauses_in_the_mode_it_was_given(fake_server):
+    server = fake_server()
+    engine = SGLangEngine(server)
+    sync = SGLangDistributedTransport({0: stream_of(make_weights(count=2))}, backend="gloo", make_engine=these([engine]),
+                                      group_prefix="test_dist_c", timeout=TIMEOUT, pause="retract")  # fmt: skip
+    sync.connect(endpoints([engine]))
+    try:
+        sync.push(1)
+    finally:
+        sync.close()
+    assert [b["mode"] for p, b in server.fake.bodies if p == "/pause_generation"] == ["retract"]
+    skip = ("/server_info", "/init_weights_update_group", "/destroy_weights_update_group")  # connect, close
+    calls = [c for c in server.fake.control_calls() if c not in skip]
+    assert calls[:3] == ["/pause_generation", "/flush_cache", "/begin_weight_update"]  # flushed once, before the buckets
+    assert calls[-2:] == ["/end_weight_update", "/continue_generation"]
+    updates = [b for p, b in server.fake.bodies if p == "/update_weights_from_distributed"]
+    assert updates and all(b["flush_cache"] is False for b in updates)
+
+
+def test_tensor_push_aborts_by_default(fake_server):
+    server = fake_server()
+    tensor_sync(make_weights(count=1), SGLangEngine(server)).push(1)
+    assert [b["mode"] for p, b in server.fake.bodies if p == "/pause_generation"] == ["abort"]
+
+
+def test_an_asynchronous_disk_reload_is_paused_with_retract(fake_server, tmp_path):
+    server = fake_server()
+    engine = RetractingDiskReload(SGLangEngine(server))
+    sync = DiskTransport(stream_of(make_weights(count=2)), str(tmp_path / "push"), writer=True, hf_dir=None,
+                         engines_of=lambda _: [engine])  # fmt: skip
+    sync.connect(None)
+    sync.push(4)
+    assert [c for c in server.fake.control_calls() if c != "/server_info"] == [
+        "/pause_generation", "/flush_cache", "/update_weights_from_disk", "/continue_generation"]  # fmt: skip
+    assert [b["mode"] for p, b in server.fake.bodies if p == "/pause_generation"] == ["retract"]
+    assert server.fake.weight_version == "4" and engine.weight_version == 4 and not server.fake.paused
