@@ -78,7 +78,6 @@ class _Draws:
     """The producer's counters and the collection metrics since the last take."""
 
     count: int = 0  # draws so far over the run (seeds the sampling)
-    generate_s: float = 0.0
     busy: list[tuple[float, float]] = field(default_factory=list)  # generation intervals (monotonic)
     metrics: dict[str, float] = field(default_factory=dict)
     dropped: list[tuple[PromptKey, str]] = field(default_factory=list)
@@ -181,7 +180,6 @@ class RolloutProducer:
             groups = [g for i, g in enumerate(groups) if i in kept_groups]
         with self._cond:
             self._buffer.extend(groups)
-            self._draws.generate_s += timer.times.get("generate", 0.0)
             self._draws.metrics = _add_counts(self._draws.metrics, metrics | timer.metrics())
             self._draws.dropped += dropped
             self._cond.notify_all()
