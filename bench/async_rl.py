@@ -64,7 +64,8 @@ def launch(root: Path, out: Path, steps: int, *extra: str) -> tuple[list[dict], 
 
 
 def med(records: list[dict], key: str) -> float:
-    return statistics.median(r[key] for r in records)
+    """A step without the key counts 0 (an async step whose take found no new draw has no time/generate_s)."""
+    return statistics.median(r.get(key, 0.0) for r in records)
 
 
 def throughput(root: Path, work: Path, steps: int, repeats: int) -> dict:
@@ -82,10 +83,10 @@ def throughput(root: Path, work: Path, steps: int, repeats: int) -> dict:
                    "response_length": statistics.mean(r["response_length/mean"] for r in steady)}  # fmt: skip
             # the rest of the step: the trainer's own work (sync: all but generation; async: all but the wait)
             wait = "time/generate_s" if k == 0 else "time/rollout_wait_s"
-            run["train_s"] = statistics.median(r["time/step_s"] - r[wait] for r in steady)
+            run["train_s"] = statistics.median(r["time/step_s"] - r.get(wait, 0.0) for r in steady)
             for key in ("time/rollout_wait_s", "time/old_logprobs_s", "time/weight_sync_s", "time/ref_logprobs_s",
                         "async/trainer_idle_frac", "async/engine_idle_frac", "async/staleness_mean"):  # fmt: skip
-                if key in steady[0]:
+                if any(key in r for r in steady):
                     run[key] = med(steady, key)
             run["samples_per_s"] = SAMPLES_PER_STEP / run["step_s"]
             runs[k].append(run)

@@ -160,8 +160,8 @@ CATALOGUE: tuple[Metric, ...] = (
     Metric("async/dropped_stale", "last", "trainer", "groups the step found more than rollout.max_staleness versions stale: re-issued once, then dropped"),
     Metric("async/dropped_no_variance", "last", "trainer", "groups dropped since the last step by dynamic sampling (all samples scored the same)"),
     Metric("async/trainer_idle_frac", "last", "trainer", "share of the step the trainer waited for rollouts"),
-    Metric("async/engine_idle_frac", "last", "trainer", "share of the time since the previous step's batch the engines were not generating"),
-    Metric("async/push_while_generating_s", "last", "trainer", "seconds of the step's weight push during which the engines were generating"),
+    Metric("async/engine_idle_frac", "last", "trainer", "share of the time since the previous step's batch the producer was neither generating nor scoring"),
+    Metric("async/push_while_generating_s", "last", "trainer", "seconds of the step's weight push during which the producer was generating or scoring"),
     # ---- scoring (megarl.rewards.scorer.ScoreResult.metrics) -------------------------------
     Metric("reward/score_mean", "mean", "scorer", "score, mean over the scored samples (with dynamic sampling: the last round)"),
     Metric("reward/errors", "sum", "scorer", "reward functions that raised (they score 0)"),

@@ -155,8 +155,10 @@ def start_standalone_engines(cfg: MegaRLConfig, log_dir: str | Path, *, threads:
     handle: Any = _EngineActor.options(**_ACTOR_OPTIONS).remote(
         str(cfg.model.path), cfg.model.dtype, rollout.max_running_requests, cfg.partial_rollouts, str(log_path), threads
     )
-    engines = StandaloneEngines(handle, name, generate_timeout_s=cfg.trainer.hang_timeout_s,
-                                call_timeout_s=rollout.weight_sync.timeout_s)  # fmt: skip
+    reload_s = rollout.weight_sync.timeout_s
+    if not cfg.partial_rollouts and reload_s:  # a reload waits for the generate call in flight to end
+        reload_s = max(reload_s, cfg.trainer.hang_timeout_s) if cfg.trainer.hang_timeout_s else 0.0
+    engines = StandaloneEngines(handle, name, generate_timeout_s=cfg.trainer.hang_timeout_s, call_timeout_s=reload_s)
     try:
         _answer(handle.health.remote(), "starting (loading the model)", cfg.cluster.build_timeout_s, name)
     except BaseException:

@@ -27,6 +27,10 @@ def check_asynchronous(cfg: MegaRLConfig, issues: list[Issue], *, in_process: bo
     if in_process:
         issues.append(Issue("rollout.max_staleness", f"{k} runs the engine as a process of its own, which --in-process "
                             "does not start; launch without --in-process or set rollout.max_staleness=0"))  # fmt: skip
+    if cfg.actor.moe.routing_replay != "none":
+        issues.append(Issue("actor.moe.routing_replay", f"({cfg.actor.moe.routing_replay}) is not supported with "
+                            f"asynchronous training yet {k} (a retracted or concurrent request's routing is not recorded "
+                            "whole); set actor.moe.routing_replay=none or rollout.max_staleness=0"))  # fmt: skip
     if cfg.algorithm.estimator == "remax":
         issues.append(Issue("algorithm.estimator", f"(remax) scores each prompt's greedy response under the current "
                             f"weights, which an asynchronous sample {k} was not generated with; use grpo, or "

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -69,6 +70,9 @@ class Scorer:
 
     def __init__(self, reward_scorer: Any, tokenizer: Any, eos_token_ids: Sequence[int]):
         self.reward_scorer, self.tokenizer, self.eos = reward_scorer, tokenizer, list(eos_token_ids)
+        # One batch at a time: an asynchronous run's producer thread and the loop's validation
+        # share the reward pool, whose restarts are not thread-safe.
+        self._lock = threading.Lock()
 
     def score(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
         batch, result = self.score_result(batch)
@@ -77,7 +81,8 @@ class Scorer:
     def score_result(self, batch: Batch) -> tuple[Batch, Any]:
         """The scored batch and the whole megarl.rewards.scorer.ScoreResult (extras, preds)."""
         texts = response_texts(batch, self.tokenizer, self.eos)
-        result = self.reward_scorer.score(batch.data_source, texts, batch.ground_truth, batch.extra_info, prompts=batch.prompt_text)
+        with self._lock:
+            result = self.reward_scorer.score(batch.data_source, texts, batch.ground_truth, batch.extra_info, prompts=batch.prompt_text)
         scores = torch.tensor(result.scores, dtype=torch.float32)  # [B]
         return batch.replace(scores=scores), result
 

@@ -78,7 +78,6 @@ class _Draws:
     """The producer's counters and the collection metrics since the last take."""
 
     count: int = 0  # draws so far over the run (seeds the sampling)
-    busy: list[tuple[float, float]] = field(default_factory=list)  # generation intervals (monotonic)
     metrics: dict[str, float] = field(default_factory=dict)
     dropped: list[tuple[PromptKey, str]] = field(default_factory=list)
 
@@ -89,21 +88,29 @@ class RolloutProducer:
     ``collect(prompts, params, timer) -> (Batch, metrics)``: one generation round and its scores
     (the plain collector); ``draw()``: the next step's PromptBatch from the sampler;
     ``prompts_of(keys)``: a PromptBatch of given prompts (re-issues); ``sampling(draw)``: the
-    sampling params of draw ``draw``; ``groups_per_step``: G (data.prompts_per_step).
+    sampling params of draw ``draw``; ``groups_per_step``: G (data.prompts_per_step);
+    ``dynamic_sampling``: 0 (off), else algorithm.dynamic_sampling.max_rounds: groups without
+    reward variance are dropped, except when that many draws in a row kept none (then the draw is
+    kept whole, as the synchronous loop fills a step after its last round: such groups carry no
+    policy gradient under group estimators, and the run goes on instead of drawing forever);
+    ``timeout_s``: how long a step waits for groups (None: as long as the producer lives).
     """
 
     def __init__(self, collect: Callable[..., tuple[Batch, dict[str, float]]], stream: Any,
                  sampling: Callable[[int], SamplingParams], *, groups_per_step: int, max_staleness: int,
-                 dynamic_sampling: bool, timeout_s: float) -> None:  # fmt: skip
+                 dynamic_sampling: int, timeout_s: float | None) -> None:  # fmt: skip
         self.collect, self.stream, self.sampling = collect, stream, sampling
         self.G, self.k = groups_per_step, max_staleness
-        self.dynamic_sampling, self.timeout_s = dynamic_sampling, timeout_s
+        self.max_rounds, self.timeout_s = dynamic_sampling, timeout_s
+        self._empty_draws = 0  # draws in a row dynamic sampling kept nothing of
         self._cond = threading.Condition()
         self._buffer: deque[Group] = deque()
         self._pending: list[PromptKey] = []  # drawn, not yet trained or dropped for good, in draw order
         self._reissue: deque[PromptKey] = deque()
         self._reissued_once: set[PromptKey] = set()
         self._draws = _Draws()
+        self._busy: list[tuple[float, float]] = []  # generation and scoring spans (monotonic)
+        self._last_take = time.monotonic()
         self._version = 0
         self._consumed = self._groups_total = 0  # groups trained, and to be trained, over the run
         self._stop = threading.Event()
@@ -121,11 +128,13 @@ class RolloutProducer:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop drawing. A draw in flight is left to the engines' shutdown, which fails its
+        call: the run's end does not wait for a generation nobody will train on."""
         self._stop.set()
         with self._cond:
             self._cond.notify_all()
         if self._thread is not None:
-            self._thread.join(timeout=self.timeout_s)
+            self._thread.join(timeout=2.0)
 
     def pushed(self, version: int) -> None:
         """The engines now run ``version``: the producer may draw further ahead."""
@@ -143,17 +152,15 @@ class RolloutProducer:
                 self._cond.notify_all()
 
     def _wait_for_room(self) -> bool:
-        """Block until a draw may start; False once stopped or every step is fed."""
+        """Block until a draw may start; False once stopped. Once every step is fed it waits on:
+        a group dropped as stale later makes room for its prompt's re-issue."""
         with self._cond:
-            self._set_doing("waiting: staleness bound or full buffer")
             while not self._stop.is_set():
                 ahead = self._consumed + len(self._buffer)  # groups before a new draw's
-                if ahead >= self._groups_total:
-                    self._set_doing("done: every step is fed")
-                    return False
                 last_step = -(-(ahead + self.G) // self.G)  # the step that trains the draw's last group
-                if last_step - 1 - self._version <= self.k:
+                if ahead < self._groups_total and last_step - 1 - self._version <= self.k:
                     return True
+                self._set_doing("waiting: every step fed" if ahead >= self._groups_total else "waiting: staleness bound")
                 self._cond.wait()
             return False
 
@@ -163,26 +170,33 @@ class RolloutProducer:
             started = self._version  # the oldest weights any of the draw's tokens can come from
         params = self.sampling(self._draws.count)
         timer = PhaseTimer(mark_progress=False)  # the watchdog follows the trainer, not this thread
-        start = time.monotonic()
-        self._set_doing(f"generating {len(keys)} prompts")
+        with self._cond:
+            self._set_doing(f"generating and scoring {len(keys)} prompts")
         batch, metrics = self.collect(prompts, params, timer)
         with self._cond:
-            self._draws.busy.append((start, start + timer.times.get("generate", 0.0)))
+            self._busy.append((self._since, time.monotonic()))
         version = self._version_of(batch, started)
         groups = [Group(batch.select((batch.group_id == g).nonzero().flatten()), key, version[g],
                         key in self._reissued_once) for g, key in enumerate(keys)]  # fmt: skip
-        dropped: list[tuple[PromptKey, str]] = []
-        if self.dynamic_sampling:
-            assert batch.scores is not None  # the collector scores every batch
-            keep, _ = dynamic_sampling_filter(batch.scores, batch.group_id)  # [B] bool
-            kept_groups = set(batch.group_id[keep].tolist())
-            dropped = [(g.key, "no_reward_variance") for i, g in enumerate(groups) if i not in kept_groups]
-            groups = [g for i, g in enumerate(groups) if i in kept_groups]
+        groups, dropped = self._with_reward_variance(batch, groups)
         with self._cond:
             self._buffer.extend(groups)
             self._draws.metrics = _add_counts(self._draws.metrics, metrics | timer.metrics())
             self._draws.dropped += dropped
             self._cond.notify_all()
+
+    def _with_reward_variance(self, batch: Batch, groups: list[Group]) -> tuple[list[Group], list[tuple[PromptKey, str]]]:
+        """Dynamic sampling: the groups kept and the prompts dropped (see the class docstring)."""
+        if not self.max_rounds:
+            return groups, []
+        assert batch.scores is not None  # the collector scores every batch
+        keep, _ = dynamic_sampling_filter(batch.scores, batch.group_id)  # [B] bool
+        kept = set(batch.group_id[keep].tolist())
+        self._empty_draws = 0 if kept else self._empty_draws + 1
+        if self._empty_draws >= self.max_rounds:
+            self._empty_draws = 0
+            return groups, []
+        return [g for i, g in enumerate(groups) if i in kept], [(g.key, "no_reward_variance") for i, g in enumerate(groups) if i not in kept]
 
     def _draw(self) -> tuple[PromptBatch, list[PromptKey]]:
         """G prompts: re-issued ones first, then the sampler's; recorded as pending."""
@@ -210,7 +224,7 @@ class RolloutProducer:
         valid = batch.response_valid.bool()  # [B, R]
         big = torch.iinfo(torch.long).max
         per_sample = torch.where(valid, batch.token_versions, big).min(dim=1).values  # [B]
-        per_sample = torch.where(per_sample == big, torch.zeros_like(per_sample), per_sample)
+        per_sample = torch.where(per_sample == big, torch.full_like(per_sample, started), per_sample)  # no token
         return [int(per_sample[batch.group_id == g].min()) for g in range(groups)]
 
     def _set_doing(self, what: str) -> None:
@@ -236,11 +250,15 @@ class RolloutProducer:
                     reissued.append(group.key)
                     self._reissued_once.add(group.key)
                     self._reissue.append(group.key)
+                    self._cond.notify_all()  # room for the re-issue: the producer may be waiting, every step fed
             dropped += self._draws.dropped
             for key in [g.key for g in picked] + [k for k, _ in dropped]:
                 self._pending.remove(key)  # one occurrence: a later epoch may have drawn it again
+                self._reissued_once.discard(key)  # (a later epoch may re-issue it once again)
             draws = self._draws
             self._draws = _Draws(count=draws.count)
+            self._busy = [(a, b) for a, b in self._busy if b >= self._last_take]
+            self._last_take = time.monotonic()
             buffered = len(self._buffer)
             self._cond.notify_all()
         batch = _renumbered([g.batch for g in picked])
@@ -258,17 +276,18 @@ class RolloutProducer:
             if self._thread is None or not self._thread.is_alive():
                 raise RolloutStalled(f"the rollout producer stopped ({self._doing}) with too few groups for the step")
             waited = time.monotonic() - since
-            if waited > self.timeout_s:
+            if self.timeout_s is not None and waited > self.timeout_s:
                 raise RolloutStalled(f"no rollouts for {waited:.0f} s: the producer is {self._doing} since "
                                      f"{time.monotonic() - self._since:.0f} s (raise trainer.hang_timeout_s if the "
                                      "engines are just slow)")  # fmt: skip
-            self._cond.wait(timeout=min(5.0, self.timeout_s))
+            self._cond.wait(timeout=5.0)
         return self._buffer.popleft()
 
     def generating_overlap(self, start: float, stop: float) -> float:
-        """Seconds of [start, stop] (monotonic) during which the engines were generating."""
+        """Seconds of [start, stop] (monotonic) during which the producer generated and scored
+        (since the previous step's take: older spans are forgotten at each take)."""
         with self._cond:
-            spans = list(self._draws.busy)
+            spans = list(self._busy)
             if self._doing.startswith("generating"):
                 spans.append((self._since, stop))
         return sum(max(0.0, min(b, stop) - max(a, start)) for a, b in spans)

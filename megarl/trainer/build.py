@@ -283,9 +283,11 @@ def _rollouts(cfg: MegaRLConfig, plain: PlainCollector, stream: Any) -> SyncRoll
     if not cfg.asynchronous:
         collector = DynamicSamplingCollector(plain, stream.next_batch, ds.max_rounds) if ds.enabled else plain
         return SyncRollouts(collector, stream)
+    # The step's wait ends a little before the hang watchdog would, so the line names the producer's state.
+    hang = cfg.trainer.hang_timeout_s
     producer = RolloutProducer(plain.collect, stream, partial(sampling_params, cfg), groups_per_step=cfg.data.prompts_per_step,
-                               max_staleness=cfg.rollout.max_staleness, dynamic_sampling=ds.enabled,
-                               timeout_s=cfg.trainer.hang_timeout_s or 3600.0)  # fmt: skip
+                               max_staleness=cfg.rollout.max_staleness, dynamic_sampling=ds.max_rounds if ds.enabled else 0,
+                               timeout_s=0.9 * hang if hang else None)  # fmt: skip
     return AsyncRollouts(producer, cfg.trainer.output_dir)
 
 
@@ -323,5 +325,5 @@ def _close_all(closers: list[Callable[[], None]]) -> None:
     while closers:
         try:
             closers.pop()()
-        except Exception:  # noqa: BLE001 - cleanup must go on; the error is logged
+        except (Exception, KeyboardInterrupt):  # noqa: BLE001 - cleanup goes on (a second Ctrl-C too); logged
             log.exception("shutdown step failed")

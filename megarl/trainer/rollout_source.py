@@ -58,6 +58,9 @@ class SyncRollouts:
 
     def load_state_dict(self, sampler: dict[str, Any], state: dict[str, Any], step: int) -> None:
         self.data.load_state_dict(sampler)
+        if state.get("pending"):
+            log.warning("the checkpoint of step %d was asynchronous and %d of its prompts were drawn but not yet "
+                        "trained; a synchronous resume (rollout.max_staleness=0) skips them", step, len(state["pending"]))
 
 
 class AsyncRollouts:
@@ -77,7 +80,7 @@ class AsyncRollouts:
         self._last_take = time.monotonic()
         self._wait = timer.times["rollout_wait"]
         self._record(step, taken)
-        busy = taken.metrics.get("time/generate_s", 0.0)
+        busy = self.producer.generating_overlap(since, self._last_take)
         taken.metrics["async/engine_idle_frac"] = max(0.0, 1.0 - busy / max(self._last_take - since, 1e-9))
         return taken.batch, taken.metrics
 

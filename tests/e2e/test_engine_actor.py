@@ -41,7 +41,7 @@ class _CpuHolder:
 @ray.remote(num_cpus=0)
 def _writer_reload(endpoints, directory, version: int) -> int:
     """What policy rank 0 does with the endpoints connect_engines gave it (another Ray process)."""
-    clients = _writer_engines(True)(endpoints)
+    clients = _writer_engines(True, "abort")(endpoints)
     assert len(clients) == 1 and isinstance(clients[0], EngineActorClient)
     clients[0].load_weights_from_disk(directory, version)
     check_versions(clients, version)
@@ -82,7 +82,7 @@ def test_engine_actor_generates_reloads_from_disk_and_closes(tmp_path):
             v3 = _pushed_version(model_dir, tmp_path / "v3", 1.1)
             assert ray.get(_writer_reload.remote(engines.endpoints, v3, 3), timeout=120) == 3
             assert engines.weight_version == 3 and engines.health().weight_version == 3
-            clients = _writer_engines(True)(engines.endpoints)
+            clients = _writer_engines(True, "abort")(engines.endpoints)
 
             # a reload while a generate is in flight (a producer thread): both finish, each token's
             # version is the old or the new one, never going back

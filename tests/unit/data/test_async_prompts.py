@@ -46,7 +46,7 @@ class Engines:
 
 def _producer(stream, engines: Engines, k: int = 1, dynamic_sampling: bool = False) -> RolloutProducer:
     return RolloutProducer(engines.collect, stream, lambda draw: SamplingParams(seed=draw), groups_per_step=2,
-                           max_staleness=k, dynamic_sampling=dynamic_sampling, timeout_s=60)  # fmt: skip
+                           max_staleness=k, dynamic_sampling=3 if dynamic_sampling else 0, timeout_s=60)  # fmt: skip
 
 
 def _stream(prompt_file, digit_tokenizer, rows: int = 12):
@@ -134,3 +134,29 @@ def test_groups_without_reward_variance_are_dropped_with_their_reason(prompt_fil
     assert not set(trained) & engines.flat
     assert {k for k, _ in dropped} <= engines.flat and all(r == "no_reward_variance" for _, r in dropped)
     assert len(trained) == 8 and len(set(trained)) == 8
+
+
+def test_a_group_stale_in_the_last_draw_is_reissued_and_trained(prompt_file, digit_tokenizer):
+    """Every step is fed once the last draw is in; a stale group found then still gets its re-issue."""
+    engines = Engines()
+    engines.stale_draws = {6}
+    producer = _producer(_stream(prompt_file, digit_tokenizer), engines, k=1)
+    producer.start(0, steps_left=6)
+    taken = _train(producer, engines, range(1, 7))
+    producer.stop()
+    assert [k for t in taken for k in t.reissued] == [engines.drawn[5][0]]
+    assert sorted(k for t in taken for k in t.trained) == [(0, i) for i in range(12)]
+
+
+def test_dynamic_sampling_keeps_a_draw_after_max_rounds_without_variance(prompt_file, digit_tokenizer):
+    """All rewards equal (early training): not an endless search; every third draw is kept whole."""
+    engines = Engines()
+    engines.flat = {(0, i) for i in range(12)}
+    producer = _producer(_stream(prompt_file, digit_tokenizer, rows=12), engines, k=1, dynamic_sampling=True)
+    producer.start(0, steps_left=2)
+    taken = _train(producer, engines, range(1, 3))
+    producer.stop()
+    assert len(engines.drawn) == 6  # 2 dropped draws then a kept one, per step
+    dropped = [(k, r) for t in taken for k, r in t.dropped]  # (which step reports a drop depends on timing)
+    assert len(dropped) == 8 and all(r == "no_reward_variance" for _, r in dropped)
+    assert not {k for k, _ in dropped} & {k for t in taken for k in t.trained}
