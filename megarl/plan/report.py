@@ -24,7 +24,8 @@ def print_plan(cfg: MegaRLConfig, plan: Plan, console: Console | None = None) ->
     layouts = ", ".join(
         f"{r.role}: tp{r.tp} pp{r.pp} dp{r.dp}{_model_flags(cfg, plan, r.role)}"
         if r.role != "rollout"
-        else f"rollout: {r.dp} x {cfg.rollout.engine} engine tp{r.tp}"
+        else ("rollout: 1 torch engine process of its own" if cfg.asynchronous and cfg.rollout.engine == "torch"
+              else f"rollout: {r.dp} x {cfg.rollout.engine} engine tp{r.tp}")
         for r in plan.roles.values()
     )
     console.print(f"[bold]placement[/] {plan.placement} on {cfg.cluster.nnodes} x {cfg.cluster.gpus_per_node} {plan.device}; {layouts}")

@@ -283,6 +283,8 @@ def _rollouts(cfg: MegaRLConfig, plain: PlainCollector, stream: Any) -> SyncRoll
     if not cfg.asynchronous:
         collector = DynamicSamplingCollector(plain, stream.next_batch, ds.max_rounds) if ds.enabled else plain
         return SyncRollouts(collector, stream)
+    log.info("asynchronous rollouts: samples up to %d policy versions stale, %s", cfg.rollout.max_staleness,
+             "partial rollouts (a push pauses the requests in flight)" if cfg.partial_rollouts else "pushes wait for the requests in flight")
     # The step's wait ends a little before the hang watchdog would, so the line names the producer's state.
     hang = cfg.trainer.hang_timeout_s
     producer = RolloutProducer(plain.collect, stream, partial(sampling_params, cfg), groups_per_step=cfg.data.prompts_per_step,

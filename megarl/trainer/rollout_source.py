@@ -80,6 +80,8 @@ class AsyncRollouts:
         self._last_take = time.monotonic()
         self._wait = timer.times["rollout_wait"]
         self._record(step, taken)
+        for count in ("reward/errors", "reward/timeouts"):  # (no draw may have ended since the last step)
+            taken.metrics.setdefault(count, 0.0)
         busy = self.producer.generating_overlap(since, self._last_take)
         taken.metrics["async/engine_idle_frac"] = max(0.0, 1.0 - busy / max(self._last_take - since, 1e-9))
         return taken.batch, taken.metrics
@@ -130,13 +132,21 @@ class AsyncRollouts:
             f.write(json.dumps(line) + "\n")
 
     def _cut_ledger(self, step: int) -> None:
-        """Keep the ledger's lines up to ``step`` (a resume re-runs the later ones)."""
+        """Keep the ledger's lines up to ``step`` (a resume re-runs the later ones); the later
+        lines are kept aside, as metrics.jsonl's are."""
         if not self.ledger.is_file():
             return
-        lines = [ln for ln in self.ledger.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= step]
+        lines = [ln for ln in self.ledger.read_text().splitlines() if ln.strip()]
+        later = [ln for ln in lines if json.loads(ln)["step"] > step]
+        if not later:
+            return
+        kept = kept_name(self.ledger, f"steps{json.loads(later[0])['step']}-{json.loads(later[-1])['step']}")
+        kept.write_text("".join(ln + "\n" for ln in later))
         tmp = self.ledger.with_suffix(".tmp")
-        tmp.write_text("".join(ln + "\n" for ln in lines))
+        tmp.write_text("".join(ln + "\n" for ln in lines if json.loads(ln)["step"] <= step))
         os.replace(tmp, self.ledger)
+        log.warning("%s: the lines of steps after the checkpoint's %d are re-run by this resume; kept as %s",
+                    self.ledger.name, step, kept.name)
 
     def _new_ledger(self) -> None:
         """A run from step 0: an older ledger in output_dir is kept aside, not appended to."""

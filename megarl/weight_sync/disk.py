@@ -60,10 +60,12 @@ class DiskTransport:
         if self.writer:
             self._publish(tmp, target)
         self.barrier()  # the directory is complete before any engine reads it
-        for engine in self.engines:
-            engine.load_weights_from_disk(target, version)
-        check_versions(self.engines, version)
-        self.barrier()  # nobody reads an older version any more
+        try:
+            for engine in self.engines:
+                engine.load_weights_from_disk(target, version)
+            check_versions(self.engines, version)
+        finally:  # a failed reload (a dead engine) still meets the others, who then learn of it at once
+            self.barrier()  # nobody reads an older version any more
         if self.writer:  # older versions this transport wrote (v<N> only: the directory may hold other things)
             for old in self.directory.iterdir():
                 if old != target and _VERSION_DIR.fullmatch(old.name):

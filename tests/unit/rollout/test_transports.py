@@ -140,3 +140,31 @@ def test_bucket_mb_must_be_positive(source):
     with pytest.raises(ValueError, match="bucket_mb"):
         WeightStream(_exporter(source.model), bucket_mb=0)
     assert WeightStream(_exporter(source.model), bucket_mb=2).bucket_bytes == 2 * MIB
+
+
+def test_a_failed_disk_reload_still_meets_the_other_ranks(tmp_path, source, other_model_dir):
+    """The writer's engine refuses the weights (here: another architecture's, as a dead engine
+    fails its reload): the writer raises, and the rank beside it is not left in the barrier."""
+    import threading
+
+    wrong = TorchEngine(build_tiny_model(tmp_path / "llama", arch="llama", seed=2), dtype="float32")
+    barrier = threading.Barrier(2, timeout=60)
+    outcome: dict[str, object] = {}
+
+    def rank(writer: bool) -> None:
+        transport = DiskTransport(WeightStream(_exporter(source.model), bucket_mb=0.05), tmp_path / "w", writer=writer,
+                                  hf_dir=other_model_dir, engines_of=lambda _: [wrong] if writer else [],
+                                  barrier=barrier.wait)  # fmt: skip
+        transport.connect(None)
+        try:
+            transport.push(version=1)
+            outcome[f"writer={writer}"] = "returned"
+        except Exception as exc:  # noqa: BLE001 - the test records what each rank saw
+            outcome[f"writer={writer}"] = type(exc).__name__
+
+    threads = [threading.Thread(target=rank, args=(w,)) for w in (True, False)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert outcome == {"writer=True": "WeightLoadError", "writer=False": "returned"}
