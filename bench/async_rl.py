@@ -105,6 +105,7 @@ def throughput(root: Path, work: Path, steps: int, repeats: int) -> dict:
                "train_s": statistics.median(r["train_s"] for r in runs[k]),
                "generate_s": statistics.median(r["generate_s"] for r in runs[k])}  # fmt: skip
         row["share_of_limit"] = row["speedup"] / limit
+        row["reaches_target_share"] = row["share_of_limit"] >= TARGET_SHARE
         for key in ("async/trainer_idle_frac", "async/engine_idle_frac", "async/staleness_mean",
                     "time/old_logprobs_s", "time/weight_sync_s"):  # fmt: skip
             if key in runs[k][0]:
@@ -131,28 +132,34 @@ def at_time(points: list[tuple[int, float, float]], budget: float) -> float:
     return [p[2] for p in points if p[1] <= budget + 1e-9][-1]
 
 
-def learning(root: Path, work: Path, steps: int, seeds: tuple[int, ...]) -> dict:
-    curves: dict[int, list[list[tuple[int, float, float]]]] = {k: [] for k in MODES}
-    walls: dict[int, list[float]] = {k: [] for k in MODES}
+# The learning runs: the synchronous loop, staleness 1 and 2 as configured by the demo, and
+# staleness 1 with decoupled PPO's behaviour weight (algorithm.tis at token level, cap 2).
+LEARN_MODES = {"k0": ("rollout.max_staleness=0",), "k1": ("rollout.max_staleness=1",), "k2": ("rollout.max_staleness=2",),
+               "k1_tis": ("rollout.max_staleness=1", "algorithm.tis.level=token")}  # fmt: skip
+
+
+def learning(root: Path, work: Path, steps: int, seeds: tuple[int, ...], names: tuple[str, ...] = tuple(LEARN_MODES)) -> dict:
+    curves: dict[str, list[list[tuple[int, float, float]]]] = {k: [] for k in names}
+    walls: dict[str, list[float]] = {k: [] for k in names}
     for seed in seeds:
-        for k in MODES:
-            records, wall = launch(root, work / f"learn-k{k}-s{seed}", steps, "trainer.eval_freq=20",
-                                   f"trainer.seed={seed}", f"rollout.max_staleness={k}")  # fmt: skip
+        for k in names:
+            records, wall = launch(root, work / f"learn-{k}-s{seed}", steps, "trainer.eval_freq=20",
+                                   f"trainer.seed={seed}", *LEARN_MODES[k])  # fmt: skip
             curves[k].append(curve(records))
             walls[k].append(wall)
             pts = curves[k][-1]
-            print(f"  learning seed {seed} k={k}: val reward {pts[-1][2]:.3f} at step {pts[-1][0]}, "
+            print(f"  learning seed {seed} {k}: val reward {pts[-1][2]:.3f} at step {pts[-1][0]}, "
                   f"{pts[-1][1]:.0f} s training, {wall:.0f} s launch, load {os.getloadavg()[0]:.2f}", flush=True)
     # equal wall time: the shortest mode's mean training time; each run's reward at that budget
-    train_s = {k: statistics.mean(c[-1][1] for c in curves[k]) for k in MODES}
+    train_s = {k: statistics.mean(c[-1][1] for c in curves[k]) for k in names}
     budget = min(train_s.values())
     modes = {}
-    for k in MODES:
+    for k in names:
         final = [c[-1][2] for c in curves[k]]
         steps_axis = [p[0] for p in curves[k][0]]
         mean_curve = [statistics.mean(c[i][2] for c in curves[k]) for i in range(len(steps_axis))]
         reached = next((s for s, v in zip(steps_axis, mean_curve, strict=True) if v >= TARGET_REWARD), None)
-        modes[f"k{k}"] = {"final_reward_mean": statistics.mean(final), "final_rewards": final,
+        modes[k] = {"final_reward_mean": statistics.mean(final), "final_rewards": final,
                           "train_s_mean": train_s[k], "launch_s_mean": statistics.mean(walls[k]),
                           "reward_at_equal_time_mean": statistics.mean(at_time(c, budget) for c in curves[k]),
                           "first_step_mean_reward_ge_target": reached, "mean_curve": list(zip(steps_axis, mean_curve)),
@@ -194,6 +201,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None, help="throughput: steps per run (default 30, quick 10)")
     parser.add_argument("--learn-steps", type=int, default=None, help="learning: steps per run (default 300, quick 40)")
     parser.add_argument("--seeds", type=int, default=None, help="learning: seeds per mode (default 3, quick 1)")
+    parser.add_argument("--learn-modes", nargs="+", choices=tuple(LEARN_MODES), default=tuple(LEARN_MODES),
+                        help="learning: which runs (default all); results of others are kept from the last run")
     args = parser.parse_args()
     repeats = args.repeats or (1 if args.quick else 3)
     steps = args.steps or (10 if args.quick else 30)
@@ -206,11 +215,15 @@ def main() -> None:
         if args.part in ("throughput", "all"):
             result["throughput"] = throughput(work / "demo", work, steps, repeats)
         if args.part in ("learning", "all"):
-            result["learning"] = learning(work / "demo", work, learn_steps, seeds)
+            result["learning"] = learning(work / "demo", work, learn_steps, seeds, tuple(args.learn_modes))
     result["load_after"] = round(os.getloadavg()[0], 2)
     result["bench_wall_s"] = round(time.monotonic() - start)
     if OUT.is_file() and args.part != "all":  # one part run alone keeps the other part's last results
         kept = json.loads(OUT.read_text())
+        earlier = kept.get("learning", {}).get("modes", {})
+        if "learning" in result and set(earlier) - set(result["learning"]["modes"]):  # a subset of the runs
+            result["learning"]["modes"] = earlier | result["learning"]["modes"]
+            result["learning"]["modes_kept_from_earlier_run"] = sorted(set(earlier) - set(args.learn_modes))
         for part in ("throughput", "learning"):
             if part not in result and part in kept:
                 result[part] = kept[part]
