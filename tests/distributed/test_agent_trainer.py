@@ -60,14 +60,14 @@ def _run(rank: int, world: int, root: str) -> dict:
     cfg = load_config(ROOT / "configs" / "tiny_grpo.yaml", _write_inputs(Path(root)))
     trainer = build_trainer(cfg, make_plan(cfg, check_files=True, in_process=True), in_process=True)
     batches = []
-    collect = trainer.parts.collector.collect
+    collect = trainer.parts.rollouts.collector.collect
 
     def keep(*args, **kwargs):  # the step's scored batch, as the trainer received it
         batch, metrics = collect(*args, **kwargs)
         batches.append(batch)
         return batch, metrics
 
-    trainer.parts.collector.collect = keep
+    trainer.parts.rollouts.collector.collect = keep
     try:
         trainer.fit()
     finally:

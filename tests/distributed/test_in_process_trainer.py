@@ -75,7 +75,7 @@ def _run_cases(rank: int, world: int, root: str) -> dict:
         trainer = build_trainer(cfg, make_plan(cfg, check_files=True, in_process=True), in_process=True)
         try:
             trainer.fit()
-            phases = {p: _name(getattr(trainer.parts, p)) for p in PHASES}
+            phases = {p: _name(getattr(trainer.parts.rollouts if p == "collector" else trainer.parts, p)) for p in PHASES}
         finally:
             shutdown(trainer)
         records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
