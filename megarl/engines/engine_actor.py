@@ -20,8 +20,6 @@ several engine actors, engines on GPUs, restarting a dead actor.
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -31,6 +29,7 @@ from ray.exceptions import GetTimeoutError, RayActorError
 
 from megarl.config.sections import MegaRLConfig
 from megarl.engines.base import EngineHealth, GenerationResult, SamplingParams
+from megarl.ray_cluster.worker_group import output_to_log
 
 ACTOR_LOG = "torch_engine.log"  # in the run's log folder
 
@@ -40,13 +39,7 @@ class _EngineHost:
 
     def __init__(self, model_path: str, dtype: str | None, max_running_requests: int, partial: bool,
                  log_path: str, threads: int) -> None:  # fmt: skip
-        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        os.close(fd)
+        output_to_log(log_path)
         import torch
 
         from megarl.engines.torch_engine import TorchEngine

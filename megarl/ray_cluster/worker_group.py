@@ -116,17 +116,23 @@ class GroupOptions:
                    init_timeout_key="cluster.build_timeout_s")  # fmt: skip
 
 
+def output_to_log(log_path: str) -> None:
+    """This actor process's stdout and stderr (Python's and any C library's) appended to
+    ``log_path``: what a Ray actor of megarl does first."""
+    Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
 class _WorkerHost:
     """The generic Ray actor: sends its output to a log file, then hosts one worker object."""
 
     def __init__(self, log_path: str):
-        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        os.close(fd)
+        output_to_log(log_path)
         # `WorkerGroup.dump_stacks()`: written from the signal handler itself, so a rank stuck in C
         # code (a collective, a CUDA call) still shows where it is.
         faulthandler.register(STACK_SIGNAL, file=sys.stderr, all_threads=True, chain=False)

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 from megarl.commands.demo import prepare_demo
@@ -66,3 +70,18 @@ def train(demo_root: Path, out: Path, steps: int, *extra: str):
     cfg = small_config(demo_root, out, steps, *extra)
     last = run(cfg, make_plan(cfg, check_files=True))
     return cfg, last, read_jsonl(out / "metrics.jsonl")
+
+
+def kill_after_checkpoint(cmd: list[str], out: Path, step: int, log: Path) -> None:
+    """Start the run in a session of its own, SIGKILL its whole process group as soon as the
+    checkpoint of ``step`` is committed (its manifest written)."""
+    marker = out / "checkpoints" / f"step_{step:06d}" / "manifest.json"
+    with log.open("a") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 600
+        while not marker.exists():
+            assert proc.poll() is None, f"the run ended before checkpoint {step}:\n{log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"no checkpoint {step} within 10 minutes"
+            time.sleep(0.02)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)

@@ -5,16 +5,13 @@ each step is logged once (metrics.jsonl), and the staleness metrics stay within 
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
-from run_helpers import TINY, read_jsonl, small_overrides
+from run_helpers import TINY, kill_after_checkpoint, read_jsonl, small_overrides
 
 pytestmark = pytest.mark.slow
 PROMPTS, PER_STEP, K = 24, 4, 2
@@ -41,30 +38,17 @@ def _command(demo_root: Path, out: Path, train: Path) -> list[str]:
     return [sys.executable, "-m", "megarl.cli", "launch", str(TINY), *overrides]
 
 
-def _kill_after_checkpoint(cmd: list[str], out: Path, step: int, log: Path) -> None:
-    marker = out / "checkpoints" / f"step_{step:06d}" / "manifest.json"
-    with log.open("a") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + 600
-        while not marker.exists():
-            assert proc.poll() is None, f"the run ended before checkpoint {step}:\n{log.read_text()[-3000:]}"
-            assert time.monotonic() < deadline, f"no checkpoint {step} within 10 minutes"
-            time.sleep(0.02)
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
 def test_every_prompt_is_trained_once_across_two_sigkills(demo_root, tmp_path):
     out = tmp_path / "run"
     out.mkdir()
     cmd = _command(demo_root, out, _epoch_data(demo_root, out))
     log = tmp_path / "driver.txt"
-    _kill_after_checkpoint(cmd, out, 2, log)
+    kill_after_checkpoint(cmd, out, 2, log)
     from megarl.checkpoint.trainer_state import TrainerState
 
     pending = TrainerState.load(out / "checkpoints" / "step_000002").rollouts["pending"]
     assert pending, "the checkpoint holds the prompts drawn ahead of training (the resume re-issues them)"
-    _kill_after_checkpoint(cmd, out, 4, log)
+    kill_after_checkpoint(cmd, out, 4, log)
     with log.open("a") as f:
         done = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=900, start_new_session=True)
     assert done.returncode == 0, log.read_text()[-3000:]

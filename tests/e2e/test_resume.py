@@ -5,16 +5,13 @@ newer checkpoint directory is skipped with a warning. Each run is a real `megarl
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from run_helpers import TINY, read_jsonl, small_overrides
+from run_helpers import TINY, kill_after_checkpoint, read_jsonl, small_overrides
 
 pytestmark = pytest.mark.slow
 STEPS, SAVE_FREQ = 8, 2
@@ -31,20 +28,6 @@ def run_to_end(cmd: list[str], log: Path) -> None:
     with log.open("a") as f:
         proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=600, start_new_session=True)
     assert proc.returncode == 0, log.read_text()[-3000:]
-
-
-def run_and_kill_after_checkpoint(cmd: list[str], out: Path, log: Path) -> None:
-    """Start the run, SIGKILL its whole process group as soon as the step-2 checkpoint is committed."""
-    marker = out / "checkpoints" / f"step_{SAVE_FREQ:06d}" / "manifest.json"
-    with log.open("a") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + 600
-        while not marker.exists():
-            assert proc.poll() is None, f"the run ended before its first checkpoint:\n{log.read_text()[-3000:]}"
-            assert time.monotonic() < deadline, "no checkpoint within 10 minutes"
-            time.sleep(0.02)
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=60)
 
 
 def tear_newer_copy(out: Path) -> Path:
@@ -66,7 +49,7 @@ def test_sigkill_then_resume_is_exact(tmp_path):
     root = tmp_path / "demo"
     reference, killed = tmp_path / "reference", tmp_path / "killed"
     run_to_end(launch_cmd(root, reference), tmp_path / "reference.log")
-    run_and_kill_after_checkpoint(launch_cmd(root, killed), killed, tmp_path / "killed.log")
+    kill_after_checkpoint(launch_cmd(root, killed), killed, SAVE_FREQ, tmp_path / "killed.log")
     survivors = sorted(p.name for p in (killed / "checkpoints").glob("step_*"))
     assert survivors and f"step_{STEPS:06d}" not in survivors, f"the kill came too late: {survivors}"
     resumed_from = int(survivors[-1].split("_")[1])
