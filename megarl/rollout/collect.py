@@ -135,7 +135,7 @@ class DynamicSamplingCollector:
                 prompts = self.next_prompts()
             round_params = dataclasses.replace(params, seed=step_seed(params.seed, rounds)) if rounds else params
             batch, round_metrics = self.plain.collect(prompts, params=round_params, timer=timer)
-            metrics = _add_counts(metrics, round_metrics)
+            metrics = add_counts(metrics, round_metrics)
             batch = batch.replace(group_id=batch.group_id + rounds * wanted)  # unique across rounds
             assert batch.scores is not None  # the plain collector scores every batch
             keep, _ = dynamic_sampling_filter(batch.scores, batch.group_id)
@@ -149,11 +149,15 @@ class DynamicSamplingCollector:
         return batch, metrics
 
 
-def _add_counts(total: dict[str, float], new: dict[str, float]) -> dict[str, float]:
-    """Scorer metrics over several rounds: error / timeout counts add up, means are the last round's."""
+def add_counts(total: dict[str, float], new: dict[str, float]) -> dict[str, float]:
+    """Collection metrics over several rounds (or an asynchronous run's draws): error / timeout
+    counts and phase seconds (``time/<phase>_s``) add up, means are the last round's."""
     out = dict(new)
     for key in ("reward/errors", "reward/timeouts"):
         out[key] = total.get(key, 0.0) + new.get(key, 0.0)
+    for key, value in total.items():
+        if key.startswith("time/") and key.endswith("_s"):
+            out[key] = value + new.get(key, 0.0)
     return out
 
 

@@ -42,6 +42,7 @@ from megarl.data.batch import Batch
 from megarl.data.prompt_batch import PromptBatch
 from megarl.engines.base import SamplingParams
 from megarl.progress import PhaseTimer
+from megarl.rollout.collect import add_counts
 
 log = logging.getLogger(__name__)
 
@@ -181,7 +182,7 @@ class RolloutProducer:
         groups, dropped = self._with_reward_variance(batch, groups)
         with self._cond:
             self._buffer.extend(groups)
-            self._draws.metrics = _add_counts(self._draws.metrics, metrics | timer.metrics())
+            self._draws.metrics = add_counts(self._draws.metrics, metrics | timer.metrics())
             self._draws.dropped += dropped
             self._cond.notify_all()
 
@@ -319,11 +320,3 @@ def _concat_prompts(parts: list[PromptBatch]) -> PromptBatch:
               if isinstance(getattr(parts[0], f.name), list)}  # fmt: skip
     return PromptBatch(**fields, step=parts[-1].step)
 
-
-def _add_counts(total: dict[str, float], new: dict[str, float]) -> dict[str, float]:
-    """Collection metrics over several draws: counts and seconds add up, means are the last draw's."""
-    out = dict(new)
-    for key, value in total.items():
-        if key in ("reward/errors", "reward/timeouts") or (key.startswith("time/") and key.endswith("_s")):
-            out[key] = value + new.get(key, 0.0)
-    return out

@@ -203,13 +203,18 @@ def test_flattened_distributed_update_is_one_broadcast_and_refuses_unaligned_ten
         close_update_group(group)
 
 
-def test_disk_update_loads_a_directory(engine, hf, new_weights, tiny_model, tmp_path):
-    target = tmp_path / "v9"
+def _hf_dir(target, tiny_model, weights):
+    """An HF directory: the tiny model's config and tokenizer files, ``weights`` as its safetensors."""
     target.mkdir()
     for f in tiny_model.iterdir():
         if f.suffix != ".safetensors":
             (target / f.name).write_bytes(f.read_bytes())
-    save_file(new_weights, str(target / "model.safetensors"))
+    save_file(weights, str(target / "model.safetensors"))
+    return target
+
+
+def test_disk_update_loads_a_directory(engine, hf, new_weights, tiny_model, tmp_path):
+    target = _hf_dir(tmp_path / "v9", tiny_model, new_weights)
     engine.load_weights_from_disk(target, 9)
     assert engine.weight_version == 9 and engine.model_info()["load_format"] == "auto"
     assert_matches_hf(engine, hf, new_weights)
@@ -277,12 +282,7 @@ def test_pause_aborts_running_requests_and_continue_serves_again(engine, hf):
 def test_retract_pause_holds_running_requests_through_a_weight_update(engine, hf, new_weights, tiny_model, tmp_path):
     """What an asynchronous push does (megarl/weight_sync/sglang_push.py): pause with retract,
     flush, update, continue; the requests in flight end as if never paused, on the new weights."""
-    target = tmp_path / "v3"
-    target.mkdir()
-    for f in tiny_model.iterdir():
-        if f.suffix != ".safetensors":
-            (target / f.name).write_bytes(f.read_bytes())
-    save_file(new_weights, str(target / "model.safetensors"))
+    target = _hf_dir(tmp_path / "v3", tiny_model, new_weights)
     thread, out = long_request(engine.url)
     assert wait_until_running(engine, thread)
     engine.pause_generation("retract")
