@@ -35,6 +35,11 @@ class WeightSyncConfig(Section):
         None, description="Directory of the disk transport (on a filesystem every engine reads); None = <output_dir>/weights."
     )
     bucket_mb: int = Field(512, ge=1, description="Size of one weight-transfer bucket in MiB.")
+    lora: Literal["merged", "adapter"] = Field(
+        "merged",
+        description="With actor.lora: merged pushes base + alpha/rank * B A of every targeted weight (any transport, any "
+        "engine); adapter pushes only the adapters, which SGLang serves with its LoRA support (docs/lora.md).",
+    )
     gather_mb: int = Field(
         1, ge=0,
         description="The export's TP all-gathers, in MiB: the TP shards of up to this many MiB of tensors are gathered "

@@ -247,6 +247,45 @@ class MoEConfig(Section):
     )  # fmt: skip
 
 
+LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class LoRAConfig(Section):
+    """Low-rank adapters on the policy's linear layers (docs/lora.md): the base model is frozen."""
+
+    rank: int = Field(8, ge=1, description="The adapters' rank r (A is [r, in], B is [out, r]).")
+    alpha: float = Field(16.0, gt=0, description="Scale numerator: an adapter adds alpha / rank * B A x to its layer's output.")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on an adapter's input (training only); > 0 needs actor.parallel.tp=1.")
+    target_modules: list[str] = Field(
+        ["all-linear"], min_length=1,
+        description="HF module names that get an adapter: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, "
+        "or all-linear (every one of them the model has; the attention only in mixture-of-experts layers).",
+    )  # fmt: skip
+    init: Literal["kaiming", "gaussian"] = Field(
+        "kaiming", description="A's initialisation as peft's: kaiming (uniform, peft's default) or gaussian (std 1/rank); "
+        "B starts at zero, so the first step's policy is the base model.",
+    )  # fmt: skip
+
+    @field_validator("target_modules")
+    @classmethod
+    def _known_modules(cls, value: list[str]) -> list[str]:
+        unknown = [m for m in value if m not in (*LORA_MODULES, "all-linear")]
+        if unknown:
+            raise ValueError(f"{unknown} are not module names LoRA can target; use any of {', '.join(LORA_MODULES)} or all-linear")
+        if len(set(value)) != len(value):
+            raise ValueError(f"{value} names a module twice")
+        return value
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.rank
+
+    @property
+    def modules(self) -> tuple[str, ...]:
+        """The targeted HF module names, all-linear expanded, in LORA_MODULES order."""
+        return LORA_MODULES if "all-linear" in self.target_modules else tuple(m for m in LORA_MODULES if m in self.target_modules)
+
+
 class ActorConfig(Section):
     parallel: ParallelConfig = Field(default_factory=ParallelConfig, description="Model parallel layout.")
     micro_batch_size: int | None = Field(1, ge=1, description="Samples per micro-batch per DP rank (or use max_tokens_per_gpu).")
@@ -270,6 +309,10 @@ class ActorConfig(Section):
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig, description="Optimizer and LR schedule.")
     offload: bool = Field(False, description="Move params, grads and optimizer state to host memory while the engine generates (colocated).")
     moe: MoEConfig = Field(default_factory=MoEConfig, description="Mixture-of-experts training: routing replay, load balance, token drops.")
+    lora: LoRAConfig | None = Field(
+        None, description="Train low-rank adapters instead of the whole model (docs/lora.md); None = full fine-tuning. "
+        "Setting any of its keys (actor.lora.rank=8) turns it on with the other keys' defaults.",
+    )  # fmt: skip
 
 
 class ReferenceConfig(Section):
@@ -485,6 +528,12 @@ class MegaRLConfig(Section):
         if self.reference.enabled is not None:
             return self.reference.enabled
         return self.algorithm.kl.enabled
+
+    @property
+    def reference_model(self) -> bool:
+        """A separate frozen reference model is built: with LoRA the reference is the policy with its
+        adapters off (docs/lora.md)."""
+        return self.reference_enabled and self.actor.lora is None
 
     @property
     def critic_enabled(self) -> bool:
