@@ -68,7 +68,21 @@ class PolicyWorker(TrainedWorker):
         self.trainer = TrainableModel(self.model, actor_cfg, self.dtype, total_optimizer_steps, role="actor")
         # Each push's export against the parameters (the weight stream observes, push_weights judges).
         self.export_check = ExportCheck(self.model.bridge, self.model.core)
+        if actor_cfg.lora is not None:  # what a checkpoint of the adapters must be resumed on
+            self.trainer.base_identity = {"path": str(Path(model_path).resolve()), "fingerprint": self._base_fingerprint()}
         self._routed_updates = 0  # updates of batches with the engine's routing (gates the replay metrics)
+
+    def _base_fingerprint(self) -> list[float]:
+        """(sum, sum of |x|) over the frozen base model's HF tensors: the same at any layout up to
+        fp64 rounding (a collective over the replica)."""
+        from megarl.models.lora import lora_of
+        from megarl.weight_sync.export_check import expected_fingerprint
+
+        lora = lora_of(self.model.core)
+        assert lora is not None
+        with lora.disabled():
+            stats = expected_fingerprint(self.model.bridge, self.model.core, collect="all").values()
+        return [sum(s for s, _ in stats), sum(a for _, a in stats)]
 
     @property
     def info(self):

@@ -170,6 +170,12 @@ class MegatronModel:
             load_model_weights(module, hf_path)
         elif load_weights:
             bridge.load_hf_weights(module, hf_path, progress)
+        if cfg.lora is not None and not value_head:  # after the load: the base weights are frozen as loaded
+            from megarl.models.lora import attach_lora, inputs_need_grad
+
+            attach_lora(module, cfg.lora, seed)
+            if info.is_first_stage:
+                module.embedding.register_forward_hook(inputs_need_grad)
         positions = ResponsePositions(tcfg.sequence_parallel)
         if info.is_last_stage:
             module.output_layer.register_forward_pre_hook(positions, with_kwargs=True)

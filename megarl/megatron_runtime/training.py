@@ -26,8 +26,10 @@ entry point with ``if __name__ == "__main__":``.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -47,6 +49,7 @@ from megarl.megatron_runtime.offload import (
 )
 from megarl.megatron_runtime.optim import LRSchedule, adam_step_layout, build_optimizer
 from megarl.metrics import optimizer_metric_names
+from megarl.models.lora import lora_of
 from megarl.parallel.mcore_version import (
     OPTIMIZER_FORMAT_RECORD,
     UNRECORDED_OPTIMIZER_FORMAT,
@@ -62,6 +65,9 @@ from megarl.parallel.mcore_version import (
 # own default, flattened-range format). dp_reshardable: saved per DP buffer, fully parallel, no
 # gather, a resume keeps TP/PP; fully_reshardable: per parameter, any TP/PP.
 CHECKPOINT_METADATA = {"distrib_optim_sharding_type": UNRECORDED_OPTIMIZER_FORMAT}
+# LoRA checkpoints: the adapters' key prefix, and the file naming the base model they adapt.
+LORA_KEY = "lora."
+LORA_BASE_FILE = "lora_base.json"
 # Parameters per gradient bucket (Megatron's default at DP <= 40); recorded in every checkpoint.
 GRAD_BUCKET_PARAMS = 40_000_000
 
@@ -102,6 +108,8 @@ class TrainableModel:
         if dtype == torch.float16:
             model.tcfg.grad_scale_func = self.optimizer.scale_loss
         self.schedule = LRSchedule(cfg.optimizer, total_optimizer_steps)
+        # LoRA: the frozen base model's path and fingerprint, saved with the adapters and checked on load.
+        self.base_identity: dict[str, Any] | None = None
         # MoE models: the auxiliary losses' weight and the expert-load metrics (moe_balance.py).
         self.balance = MoEBalance(model.core, model.tcfg, role) if model.tcfg.num_moe_experts else None
         # What the memory hand-over moves (megarl/memory/residency.py); grads are freed, not copied.
@@ -205,7 +213,8 @@ class TrainableModel:
 
     # ---- checkpoints ------------------------------------------------------------------------
     def _sharded_state(self, is_loading: bool, optimizer_format: str) -> dict[str, Any]:
-        model_sd = _model_sharded_state(self.model.core)
+        lora = lora_of(self.model.core)  # LoRA: the adapters only, as the optimizer only holds them
+        model_sd = _model_sharded_state(self.model.core) if lora is None else lora.sharded_state_dict(LORA_KEY)
         metadata = CHECKPOINT_METADATA | {"distrib_optim_sharding_type": optimizer_format}
         return {
             "model": model_sd,
@@ -217,6 +226,8 @@ class TrainableModel:
         """Write a dist-checkpoint of model + optimizer + schedule into directory ``path``
         (collective); the host memory it staged the tensors through is released afterwards."""
         os.makedirs(path, exist_ok=True)
+        if self.base_identity is not None and torch.distributed.get_rank() == 0:
+            (Path(path) / LORA_BASE_FILE).write_text(json.dumps(self.base_identity, indent=1) + "\n")
         # A never-stepped optimizer (the policy during critic warm-up) has no state for the
         # distributed optimizer to describe: give it the state a fresh Adam starts from (step 0).
         _materialise_optimizer_state(self.optimizer)
@@ -233,6 +244,7 @@ class TrainableModel:
         from megatron.core import dist_checkpointing
 
         _check_loadable(path)
+        check_lora_base(path, self.base_identity)
         fmt = checkpoint_optimizer_format(path)
         # Only the distributed optimizer's dp_reshardable state is laid out by gradient bucket.
         if self.cfg.optimizer.distributed and fmt == "dp_reshardable":
@@ -245,10 +257,35 @@ class TrainableModel:
         # no_grad: with fp32 params the optimizer's main params are views of the model's leaf
         # params, which Megatron's loader fills in place.
         with torch.no_grad():
-            self.model.core.load_state_dict(state["model"])
+            lora = lora_of(self.model.core)
+            if lora is None:
+                self.model.core.load_state_dict(state["model"])
+            else:
+                lora.load_sharded(state["model"], LORA_KEY)
             _load_optimizer_state(self.optimizer, state["optimizer"])
         _restore_adam_steps(self.optimizer, state["optimizer"])
         self.schedule.load_state_dict(state["schedule"])
+
+
+def check_lora_base(path: str | os.PathLike, identity: dict[str, Any] | None) -> None:
+    """Refuse a checkpoint whose adapters were trained on another base model, and a full
+    fine-tuning checkpoint in a LoRA run or the reverse (``identity``: this run's base, None
+    without LoRA)."""
+    record = Path(path) / LORA_BASE_FILE
+    saved = json.loads(record.read_text()) if record.exists() else None
+    if identity is None and saved is not None:
+        raise ValueError(f"checkpoint {path} holds LoRA adapters (of base {saved['path']}); this run trains the whole "
+                         "model: set actor.lora as that run did, or start from a full fine-tuning checkpoint")  # fmt: skip
+    if identity is not None and saved is None:
+        raise ValueError(f"checkpoint {path} holds a whole model, not LoRA adapters; this run sets actor.lora: resume "
+                         "it without actor.lora, or start the LoRA run from scratch")  # fmt: skip
+    if identity is None or saved is None:
+        return
+    ours, theirs = identity["fingerprint"], saved["fingerprint"]
+    if any(abs(a - b) > 1e-9 * max(abs(a), abs(b), 1.0) for a, b in zip(ours, theirs, strict=True)):
+        raise ValueError(f"checkpoint {path}'s adapters were trained on the base model {saved['path']} (fingerprint "
+                         f"{theirs}); this run's model.path {identity['path']} differs (fingerprint {ours}): resume "
+                         "with the base model the adapters were trained on")  # fmt: skip
 
 
 def _load_optimizer_state(optimizer: Any, loaded: Any) -> None:

@@ -30,6 +30,7 @@ import torch
 
 from megarl.models.layer_specs import LayerSpec
 from megarl.models.layouts import VALUE_HEAD_HF_NAME, ParamRule, ShardInfo, export_full, read_shard
+from megarl.models.lora import is_adapter_name, lora_of
 from megarl.models.safetensors_reader import SafetensorsReader
 from megarl.parallel.cpu_compat import enable_cpu_compat
 from megarl.parallel.sharding import all_gather_objects
@@ -125,6 +126,8 @@ class ModelBridge:
         hf_config = hf_config_of(gpt)
         out = []
         for name, param in gpt.named_parameters():
+            if is_adapter_name(name):  # LoRA's own (megarl/models/lora.py): merged into the weights they adapt
+                continue
             try:
                 out.append((self.param_rule(hf_config, gpt, name), param))
             except KeyError as e:
@@ -222,7 +225,8 @@ class ModelBridge:
         info = self.shard_info(hf_config, gpt)
         mine = [(r, p) for r, p in self.local_rules(gpt) if r.export]
         pp_size, pp_rank = ps.get_pipeline_model_parallel_world_size(), ps.get_pipeline_model_parallel_rank()
-        own = export_full(mine, info, gather_bytes)
+        lora = lora_of(gpt)  # the weights with their adapters merged, one at a time
+        own = export_full(mine if lora is None else ((r, lora.merged(p)) for r, p in mine), info, gather_bytes)
         if collect != "stage" and pp_size > 1:
             # Each stage announces (name, shape, dtype) of what it will send; receivers allocate
             # exactly that, so sender and receivers cannot disagree on a buffer's size.

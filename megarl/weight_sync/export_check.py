@@ -53,6 +53,7 @@ def expected_fingerprint(bridge: Any, model: torch.nn.Module, *, collect: Collec
     import torch.distributed as dist
 
     from megarl.models.bridge import hf_config_of, unwrap_model
+    from megarl.models.lora import lora_of
     from megarl.parallel.sharding import all_gather_objects, pp_group, tp_group
     from megarl.parallel.stage_collection import receives_all
 
@@ -60,13 +61,14 @@ def expected_fingerprint(bridge: Any, model: torch.nn.Module, *, collect: Collec
     hf_config = hf_config_of(gpt)
     info = bridge.shard_info(hf_config, gpt)
     rules = [(rule, param) for rule, param in bridge.local_rules(gpt) if rule.export]
+    lora = lora_of(gpt)
     mine = [(rule, param) for rule, param in rules if not rule.expert]
     device = next(gpt.parameters()).device
     stats = torch.zeros(len(mine), 2, dtype=torch.float64, device=device)  # [params, (sum, abs)]
     for i, (rule, param) in enumerate(mine):
         if rule.layout == "replicated" and info.tp_rank != 0:
             continue  # every TP rank holds it: count it once
-        values = param.detach()
+        values = param.detach() if lora is None else lora.merged(param)  # what the export yields
         if rule.layout == "vocab":  # rows at and past the true vocabulary are padding, never exported
             first = info.tp_rank * values.shape[0]
             values = values[: max(0, min(values.shape[0], info.vocab_size - first))]

@@ -1,0 +1,367 @@
+"""LoRA adapters on Megatron's tensor-parallel linears, named and laid out as HF PEFT's.
+
+For every decoder layer and every targeted HF module (``q_proj`` ... ``down_proj``) the policy
+gets an adapter ``A [r, in]``, ``B [out, r]``: the linear's output becomes
+``base(x) + alpha / r * B (A dropout(x))``, as ``peft``'s ``LoraLayer`` computes it. The base
+model is frozen (``requires_grad`` off: Megatron's DDP gives it no gradient buffer and its
+optimizer no state); only the adapters train.
+
+Megatron fuses some HF modules into one linear: ``q_proj``/``k_proj``/``v_proj`` into
+``linear_qkv`` (per query group ``[q heads, k, v]``), ``gate_proj``/``up_proj`` into
+``linear_fc1`` (``[gate; up]``). Each HF module keeps its own adapter, exactly PEFT's, and the
+fused linear's output is assembled from the parts in Megatron's layout; an untargeted part adds
+nothing. How an adapter is split over tensor parallelism follows its linear:
+
+- column-parallel (q, k, v, gate, up): ``A`` replicated, ``B`` split by rows like the weight.
+  Forward ``h = A x`` (full), then ``B_local h``. Without sequence parallelism ``h`` passes
+  ``copy_to_tensor_model_parallel_region`` (its gradient is summed over TP); with it, ``x`` is
+  this rank's slice of the sequence and ``h`` is gathered along the sequence (reduce-scatter
+  backward), and ``A``'s gradient, a partial sum over this rank's tokens, is marked
+  ``sequence_parallel`` so that Megatron's ``finalize_model_grads`` sums it over TP.
+- row-parallel (o, down): ``A`` split by columns like the weight, ``B`` replicated.
+  ``h = A_local x_local`` summed over TP (all-reduce; reduce-scatter to the sequence slice under
+  SP, where ``B``'s gradient is then marked ``sequence_parallel``).
+
+Split tensors carry Megatron's ``tensor_model_parallel`` attributes, so the gradient norm counts
+a replicated adapter once. Pipeline stages hold their own layers' adapters; names use the
+global layer index.
+
+The adapters live in one module, ``gpt.lora_adapters`` (:class:`LoRAAdapters`), so DDP and the
+optimizer see them as parameters of the model; their forward runs through hooks on the linears.
+:meth:`LoRAAdapters.disabled` switches them off (the reference policy is the base model).
+:meth:`LoRAAdapters.merged` gives a linear's local weight with its adapters merged by one fixed
+formula, ``W + alpha / r * sum_k B[:, k] A[k, :]`` in fp32 with k ascending, then cast to W's
+dtype: elementwise, so the result is bit-for-bit the same whatever the TP layout (a matmul's
+reduction order depends on the shapes); a push and an HF export send those weights.
+:meth:`LoRAAdapters.peft_tensors` gathers the full adapters under PEFT's names.
+
+Left out: adapters on mixture-of-experts experts (their attention gets adapters), Transformer
+Engine's fused layer-norm linears (the local layer spec only), dropout with TP > 1 (each TP rank
+would draw its own mask for the replicated input).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+LORA_ATTR = "lora_adapters"  # the GPTModel attribute holding the adapters
+PEFT_PREFIX = "base_model.model."  # what peft puts before the model's own module names
+# HF module -> (the Megatron linear that holds it, its part of that linear, the HF parent)
+TARGETS: dict[str, tuple[str, str, str]] = {
+    "q_proj": ("self_attention.linear_qkv", "q", "self_attn"),
+    "k_proj": ("self_attention.linear_qkv", "k", "self_attn"),
+    "v_proj": ("self_attention.linear_qkv", "v", "self_attn"),
+    "o_proj": ("self_attention.linear_proj", "row", "self_attn"),
+    "gate_proj": ("mlp.linear_fc1", "gate", "mlp"),
+    "up_proj": ("mlp.linear_fc1", "up", "mlp"),
+    "down_proj": ("mlp.linear_fc2", "row", "mlp"),
+}
+_PARTS = {"self_attention.linear_qkv": ("q", "k", "v"), "mlp.linear_fc1": ("gate", "up")}
+
+
+@dataclass(frozen=True)
+class LinearShape:
+    """One linear's sizes as this TP rank holds it."""
+
+    in_full: int
+    in_local: int
+    part_rows: dict[str, int]  # column-parallel: local output rows of each part (q/k/v, gate/up, or "row": out)
+    groups: int  # query groups on this rank (the qkv interleave); 1 otherwise
+
+
+class LoRALinear(torch.nn.Module):
+    """The adapters of one Megatron linear (one per targeted HF module it holds)."""
+
+    def __init__(self, hf_names: dict[str, str], shape: LinearShape, row: bool, rank: int, scale: float,
+                 dropout: float, sequence_parallel: bool, tp: tuple[int, int]) -> None:  # fmt: skip
+        """``hf_names``: part -> HF module name (``model.layers.3.self_attn.q_proj``) of the targeted parts."""
+        super().__init__()
+        self.hf_names = hf_names
+        self.shape = shape
+        self.row = row
+        self.rank, self.scale, self.dropout = rank, scale, dropout
+        self.sequence_parallel = sequence_parallel
+        self.tp_rank, self.tp_size = tp
+        self.active = True  # False: the base linear alone (LoRAAdapters.disabled)
+        self.adapter_A = torch.nn.ParameterDict()
+        self.adapter_B = torch.nn.ParameterDict()
+
+    def add(self, part: str, a: torch.Tensor, b: torch.Tensor) -> None:
+        """Register ``part``'s local ``A`` and ``B`` with the TP attributes Megatron reads."""
+        from megatron.core.tensor_parallel import set_tensor_model_parallel_attributes
+
+        A, B = torch.nn.Parameter(a), torch.nn.Parameter(b)
+        split, whole, dim = (A, B, 1) if self.row else (B, A, 0)
+        set_tensor_model_parallel_attributes(split, True, dim, 1)
+        # Under SP the replicated adapter sees only this rank's tokens: Megatron sums its gradient over TP.
+        whole.sequence_parallel = self.sequence_parallel
+        self.adapter_A[part], self.adapter_B[part] = A, B
+
+    # ---- forward -------------------------------------------------------------------------
+    def delta(self, x: torch.Tensor) -> torch.Tensor:
+        """The adapters' addition to the linear's output for input ``x`` ``[s(/tp), b, in(/tp)]``."""
+        from megatron.core import tensor_parallel as tpm
+
+        if self.dropout and self.training:
+            x = F.dropout(x, self.dropout)
+        if self.row:
+            (part,) = self.adapter_A
+            h = F.linear(x, self.adapter_A[part])  # [s, b, r] partial over TP
+            if self.tp_size > 1:
+                h = (tpm.reduce_scatter_to_sequence_parallel_region(h) if self.sequence_parallel
+                     else tpm.reduce_from_tensor_model_parallel_region(h))  # fmt: skip
+            return F.linear(h, self.adapter_B[part]) * self.scale  # [s(/tp), b, out]
+        outs = {}
+        for part, A in self.adapter_A.items():
+            h = F.linear(x, A)  # [s(/tp), b, r]
+            if self.tp_size > 1:
+                h = (tpm.gather_from_sequence_parallel_region(h, tensor_parallel_output_grad=True)
+                     if self.sequence_parallel else tpm.copy_to_tensor_model_parallel_region(h))  # fmt: skip
+            outs[part] = F.linear(h, self.adapter_B[part]) * self.scale  # [s, b, rows of part]
+        return self._assemble(outs, dim=-1)
+
+    def _assemble(self, outs: dict[str, torch.Tensor], dim: int) -> torch.Tensor:
+        """The parts' outputs (or weights) in the fused linear's layout along ``dim`` (zeros
+        for an untargeted part): ``[gate; up]``, or per query group ``[q heads, k, v]``."""
+        rows = self.shape.part_rows
+        like = next(iter(outs.values()))
+        pieces = []
+        for part in rows:
+            t = outs.get(part)
+            if t is None:
+                size = list(like.shape)
+                size[dim] = rows[part]
+                t = like.new_zeros(size)
+            pieces.append(t)
+        if "q" not in rows:
+            return torch.cat(pieces, dim=dim)
+        g = self.shape.groups
+        d = dim % like.dim()
+        grouped = [p.unflatten(d, (g, p.shape[d] // g)) for p in pieces]  # [..., g, part rows / g, ...]
+        return torch.cat(grouped, dim=d + 1).flatten(d, d + 1)
+
+    # ---- merging -------------------------------------------------------------------------
+    def merged(self, weight: torch.Tensor) -> torch.Tensor:
+        """``weight`` (this rank's ``[out, in]`` shard) plus the adapters, by the fixed
+        elementwise formula of the module docstring."""
+        deltas = {part: _outer_sum(self.adapter_B[part], self.adapter_A[part]) for part in self.adapter_A}
+        delta = next(iter(deltas.values())) if self.row else self._assemble(deltas, dim=0)
+        return (weight.detach().float() + self.scale * delta).to(weight.dtype)
+
+
+def _outer_sum(b: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    """``B @ A`` in fp32 as ``sum_k B[:, k] A[k, :]``, k ascending: the same bits for every slice."""
+    b, a = b.detach().float(), a.detach().float()
+    out = torch.zeros(b.shape[0], a.shape[1], dtype=torch.float32, device=a.device)
+    for k in range(a.shape[0]):
+        out += b[:, k : k + 1] * a[k : k + 1, :]
+    return out
+
+
+class LoRAAdapters(torch.nn.Module):
+    """Every adapter of this rank's stage (see the module docstring); ``gpt.lora_adapters``."""
+
+    def __init__(self, cfg: Any) -> None:
+        """``cfg``: the run's LoRAConfig."""
+        super().__init__()
+        self.cfg = cfg
+        self.linears = torch.nn.ModuleDict()
+        self._by_weight: dict[int, LoRALinear] = {}  # id(base weight) -> its adapters
+
+    @contextmanager
+    def disabled(self) -> Iterator[None]:
+        """The base model: the reference policy's forward passes."""
+        linears = [lin for lin in self.linears.values() if isinstance(lin, LoRALinear)]
+        for lin in linears:
+            lin.active = False
+        try:
+            yield
+        finally:
+            for lin in linears:
+                lin.active = True
+
+    def merged(self, param: torch.Tensor) -> torch.Tensor:
+        """``param`` with its adapters merged (itself when it has none)."""
+        lin = self._by_weight.get(id(param))
+        return param if lin is None or not lin.active else lin.merged(param)
+
+    def items(self) -> Iterator[tuple[str, str, torch.nn.Parameter, int | None]]:
+        """``(HF module name, "lora_A" | "lora_B", local tensor, TP-split dim or None)`` of every adapter."""
+        for lin in self.linears.values():
+            assert isinstance(lin, LoRALinear)
+            for part, name in lin.hf_names.items():
+                yield name, "lora_A", lin.adapter_A[part], (1 if lin.row else None)
+                yield name, "lora_B", lin.adapter_B[part], (None if lin.row else 0)
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: Any = (), metadata: Any = None) -> dict[str, Any]:
+        """The adapters for Megatron's dist-checkpoint: keys by HF name (global layer), each split
+        tensor with its TP axis, so a checkpoint loads at another TP or PP."""
+        from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
+
+        tensors = {f"{name}.{ab}": t for name, ab, t, _ in self.items()}
+        axes = {f"{name}.{ab}": dim for name, ab, _, dim in self.items() if dim is not None}
+        return make_sharded_tensors_for_checkpoint(tensors, prefix, axes)
+
+    def peft_tensors(self, grads: bool = False) -> dict[str, torch.Tensor]:
+        """Every adapter of the whole model, full, on the CPU, under PEFT's names
+        (``base_model.model.<module>.lora_A.weight``); ``grads``: their gradients instead (Megatron's
+        ``main_grad``). A collective over the TP and PP groups."""
+        from megarl.parallel.sharding import all_gather_objects, gather_shards, pp_group, tp_group
+
+        items = [(name, ab, (t.main_grad if grads else t).detach(), dim) for name, ab, t, dim in self.items()]
+        split = [(t, dim) for _, _, t, dim in items if dim is not None]
+        tp = dist.get_world_size(tp_group()) if dist.is_initialized() else 1
+        gathered = iter(gather_shards(split, tp_group()) if tp > 1 else [t for t, _ in split])
+        # copies: on the CPU .cpu() would hand out the live parameter (or gradient buffer) itself
+        mine = {f"{PEFT_PREFIX}{name}.{ab}.weight": (next(gathered) if dim is not None else t).to("cpu", copy=True)
+                for name, ab, t, dim in items}  # fmt: skip
+        if not dist.is_initialized() or dist.get_world_size(pp_group()) == 1:
+            return mine
+        return {k: v for stage in all_gather_objects(mine, pp_group()) for k, v in stage.items()}
+
+    def load_peft(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Set this rank's adapters from full PEFT-named tensors (as :meth:`peft_tensors` gives
+        them, or an HF PEFT adapter's safetensors), each cut to this rank's TP slice."""
+        from megarl.parallel.sharding import tp_group
+
+        tp = dist.get_world_size(tp_group()) if dist.is_initialized() else 1
+        rank = dist.get_rank(tp_group()) if tp > 1 else 0
+        with torch.no_grad():
+            for name, ab, t, dim in self.items():
+                key = f"{PEFT_PREFIX}{name}.{ab}.weight"
+                if key not in tensors:
+                    raise ValueError(f"the adapter has no tensor {key}")
+                full = tensors[key]
+                part = full if dim is None else full.chunk(tp, dim=dim)[rank]
+                if tuple(part.shape) != tuple(t.shape):
+                    raise ValueError(f"adapter tensor {key} has shape {tuple(full.shape)}; this model's is "
+                                     f"{tuple(t.shape)} per rank (rank or target modules differ)")  # fmt: skip
+                t.copy_(part)
+
+    def load_sharded(self, state: dict[str, torch.Tensor], prefix: str) -> None:
+        """Copy a dist-checkpoint's loaded adapters (keys as :meth:`sharded_state_dict` with ``prefix``) in place."""
+        with torch.no_grad():
+            for name, ab, t, _ in self.items():
+                t.copy_(state[f"{prefix}{name}.{ab}"])
+
+    def trainable(self) -> int:
+        """Adapter parameters on this rank."""
+        return sum(t.numel() for _, _, t, _ in self.items())
+
+
+def inputs_need_grad(module: torch.nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+    """Forward hook on the frozen embedding: its output requires grad, so that a recomputed
+    (checkpointed) block still passes gradients to the adapters inside it."""
+    return output.requires_grad_(True) if torch.is_grad_enabled() else output
+
+
+def lora_of(gpt: torch.nn.Module) -> LoRAAdapters | None:
+    """The adapters attached to this GPTModel, if any."""
+    adapters = getattr(gpt, LORA_ATTR, None)
+    return adapters if isinstance(adapters, LoRAAdapters) else None
+
+
+def is_adapter_name(name: str) -> bool:
+    """Whether a GPTModel parameter name is an adapter's (not a base weight the bridge maps)."""
+    return name.startswith(f"{LORA_ATTR}.")
+
+
+def attach_lora(gpt: Any, cfg: Any, seed: int) -> LoRAAdapters:
+    """Freeze ``gpt``'s weights and give every targeted linear of its layers an adapter;
+    ``B`` starts at zero and ``A`` as peft initialises it (from a generator seeded by ``seed``
+    and the HF module name, the full tensor then this rank's slice: any layout starts alike)."""
+    for p in gpt.parameters():
+        p.requires_grad_(False)
+    adapters = LoRAAdapters(cfg)
+    for layer in gpt.decoder.layers:
+        index = layer.layer_number - 1  # global: Megatron numbers layers across stages from 1
+        for linear_path in dict.fromkeys(TARGETS[m][0] for m in cfg.modules):
+            lin = _adapt_linear(layer, index, linear_path, cfg, seed)
+            if lin is not None:
+                adapters.linears[f"{index}_{linear_path.replace('.', '_')}"] = lin
+                adapters._by_weight[id(_module(layer, linear_path).weight)] = lin
+    setattr(gpt, LORA_ATTR, adapters)
+    return adapters
+
+
+def _module(layer: Any, path: str) -> Any:
+    obj = layer
+    for part in path.split("."):
+        obj = getattr(obj, part, None)
+    return obj
+
+
+def _adapt_linear(layer: Any, index: int, path: str, cfg: Any, seed: int) -> LoRALinear | None:
+    """The adapters of one linear of ``layer`` with a forward hook on it; None for the MLP of a
+    mixture-of-experts layer under all-linear."""
+    from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+
+    linear = _module(layer, path)
+    modules = [m for m in cfg.modules if TARGETS[m][0] == path]
+    if linear is None:  # a mixture-of-experts layer has experts where a dense one has linear_fc1/fc2
+        if "all-linear" in cfg.target_modules:
+            return None
+        raise ValueError(f"actor.lora.target_modules: {', '.join(modules)} of layer {index} is a mixture-of-experts "
+                         "layer's experts, which LoRA does not support yet; target the attention")  # fmt: skip
+    row = isinstance(linear, RowParallelLinear)
+    if not (row or isinstance(linear, ColumnParallelLinear)):
+        raise ValueError(f"actor.lora needs model.layer_spec=local: layer {index}'s {path} is a {type(linear).__name__}")
+    from megatron.core import parallel_state as ps
+
+    tp = (ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size())
+    shape = _linear_shape(linear, path, layer.config, tp[1])
+    names = {TARGETS[m][1]: f"model.layers.{index}.{TARGETS[m][2]}.{m}" for m in modules}
+    lin = LoRALinear(names, shape, row, cfg.rank, cfg.scale, cfg.dropout, bool(linear.sequence_parallel), tp)
+    dtype, device = linear.weight.dtype, linear.weight.device
+    for part, name in names.items():
+        a = _init_A(cfg, shape.in_full, seed, name)
+        if row:  # this rank's columns
+            width = shape.in_local
+            a = a[:, tp[0] * width : (tp[0] + 1) * width]
+        b = torch.zeros(shape.part_rows[part] if not row else linear.weight.shape[0], cfg.rank)
+        lin.add(part, a.to(device=device, dtype=dtype), b.to(device=device, dtype=dtype))
+    linear.register_forward_hook(_hook(lin))
+    return lin
+
+
+def _linear_shape(linear: Any, path: str, config: Any, tp_size: int) -> LinearShape:
+    """The sizes of ``linear`` on this rank (its weight is ``[out/tp, in]`` or ``[out, in/tp]``)."""
+    out_local, in_local = linear.weight.shape
+    if path in ("self_attention.linear_proj", "mlp.linear_fc2"):
+        return LinearShape(in_local * tp_size, in_local, {"row": out_local}, 1)
+    if path == "mlp.linear_fc1":  # gated: [gate; up]
+        return LinearShape(in_local, in_local, {"gate": out_local // 2, "up": out_local // 2}, 1)
+    per_group, d = config.num_attention_heads // config.num_query_groups, config.kv_channels
+    groups = out_local // ((per_group + 2) * d)
+    return LinearShape(in_local, in_local, {"q": groups * per_group * d, "k": groups * d, "v": groups * d}, groups)
+
+
+def _init_A(cfg: Any, in_features: int, seed: int, name: str) -> torch.Tensor:
+    """``A [r, in]`` as peft's ``reset_lora_parameters`` draws it (kaiming-uniform with a=sqrt(5),
+    i.e. bound 1/sqrt(in); or normal with std 1/r), from a generator of its own."""
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+    a = torch.empty(cfg.rank, in_features)
+    if cfg.init == "gaussian":
+        return a.normal_(0.0, 1.0 / cfg.rank, generator=gen)
+    bound = 1.0 / in_features**0.5
+    return a.uniform_(-bound, bound, generator=gen)
+
+
+def _hook(lin: LoRALinear):
+    """The linear's forward hook: its output plus the adapters' (unless they are switched off)."""
+
+    def hook(module: torch.nn.Module, args: tuple, output: tuple) -> tuple | None:
+        if not lin.active:
+            return None
+        out, bias = output
+        return out + lin.delta(args[0]), bias
+
+    return hook
