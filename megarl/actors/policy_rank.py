@@ -21,6 +21,7 @@ from megarl.config.sections import MegaRLConfig
 from megarl.data.batch import Batch, TokenRows
 from megarl.engines.base import GenerationResult, SamplingParams
 from megarl.megatron_runtime.offload import ModelStates, storage_bytes
+from megarl.models.lora import lora_of
 from megarl.ray_cluster.address import node_address
 from megarl.weight_sync.progress import PushProgress, push_group
 from megarl.weight_sync.sglang_push import pause_mode
@@ -52,7 +53,7 @@ class PolicyRank(TrainedRank):
         self.worker = self.policy = PolicyWorker(path, cfg.actor, dtype, seed, total_optimizer_steps=total_optimizer_steps,
                                                  layer_spec=spec)  # fmt: skip
         self.info = self.policy.info
-        self.reference = ReferenceWorker(path, cfg.actor, dtype, seed, layer_spec=spec) if cfg.reference_enabled else None
+        self.reference = ReferenceWorker(path, cfg.actor, dtype, seed, layer_spec=spec) if cfg.reference_model else None
         self.engine = None
         # asynchronous: the torch engine is an actor of its own (megarl/engines/engine_actor.py), reloaded from disk
         if cfg.rollout.engine == "torch" and self.info.is_replica_leader and not cfg.asynchronous:
@@ -92,9 +93,14 @@ class PolicyRank(TrainedRank):
         return self.policy.compute_logprobs(batch, temperature)
 
     def compute_ref_logprobs(self, batch: Batch, temperature: float) -> TokenRows | None:
-        if self.reference is None:
+        """The reference model's log-probs; with LoRA, the policy's with its adapters off (the base model)."""
+        if self.reference is not None:
+            return self.reference.compute_logprobs(batch, temperature)
+        lora = lora_of(self.policy.model.core)
+        if lora is None or not self.cfg.reference_enabled:
             raise RuntimeError("the controller asked for reference log-probs, but this run has no reference")
-        return self.reference.compute_logprobs(batch, temperature)
+        with lora.disabled():
+            return self.policy.compute_logprobs(batch, temperature)
 
     def update(self, batch: Batch, temperature: float) -> dict[str, float]:
         a = self.cfg.actor
