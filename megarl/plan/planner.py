@@ -21,7 +21,6 @@ from megarl.memory.residency import (
     CRITIC_UPDATE,
     GENERATE,
     GENERATION_PHASES,
-    NEEDS,
     POLICY_UPDATE,
     START,
     TRAINED_STATES,
@@ -490,7 +489,7 @@ def _state_bytes(cfg: MegaRLConfig, arch: ArchSpec, mems: dict[str, TrainMemory]
                  runtime: RuntimeMemory) -> dict[str, float]:  # fmt: skip
     """Bytes per GPU of every state of the residency table (on the GPU that holds most of it)."""
     sizes = {f"{role}/{what}": getattr(m, what) for role, m in mems.items() for what in TRAINED_STATES}
-    if cfg.reference_enabled and "policy" in mems:
+    if cfg.reference_model and "policy" in mems:  # with LoRA the policy itself, adapters off
         sizes["reference/weights"] = mems["policy"].weights  # the policy's layout, no grads or optimizer
     if rollout is not None:
         weights, kv = rollout.weights, rollout.kv_cache
@@ -580,7 +579,7 @@ def _fitting_layouts(cfg: MegaRLConfig, arch: ArchSpec, section: str, pairs: lis
 
 def _offload_knobs(cfg: MegaRLConfig, table: Residency, phase: str) -> list[str]:
     """``set <model>.offload=true`` for each model that keeps states in ``phase`` it does not use there."""
-    resident = table.resident(phase) - NEEDS[phase]
+    resident = table.resident(phase) - table.needs(phase)
     return [f"set {flag}=true" for model, flag in _OFFLOAD_KNOBS
             if model in table.models and model not in table.offloaded and any(owner_of(s) == model for s in resident)]  # fmt: skip
 
