@@ -10,7 +10,9 @@ States (``owner/what``):
 - ``policy/weights | grads | optimizer``, ``critic/...``: a trained model's parameters, its
   fp32 gradient buffer, and its optimizer state (fp32 main params where the weights are not
   fp32, Adam's moments);
-- ``reference/weights``: the frozen reference (in the policy's processes);
+- ``reference/weights``: the frozen reference (in the policy's processes); with LoRA
+  (``actor.lora``) there is none: ``reference_forward`` is the policy's own forward with its
+  adapters off, and works with the policy's weights;
 - ``engine/weights | kv_cache | cuda_graph``: the rollout engine's (SGLang's memory tags; the
   torch engine has weights and a KV cache that lives only while it generates).
 
@@ -125,10 +127,15 @@ class Residency:
     offloaded: frozenset[str]  # the models whose offload flag is on
     weights_cpu_backup: bool  # SGLang keeps a host copy of released weights
     rows: Mapping[str, frozenset[str]]
+    policy_is_reference: bool = False  # reference_forward runs the policy with its adapters off (LoRA)
 
     @property
     def phases(self) -> tuple[str, ...]:
         return tuple(p for p in (*PHASES, EXPORT) if p in self.rows)
+
+    def needs(self, phase: str) -> frozenset[str]:
+        """What ``phase`` works with (:data:`NEEDS`; with LoRA, reference_forward is the policy's)."""
+        return _needs(phase, self.policy_is_reference)
 
     def resident(self, phase: str) -> frozenset[str]:
         if phase not in self.rows:
@@ -161,30 +168,39 @@ class Residency:
 
 def build_residency(placement: str, engine: str, *, critic: bool = False, reference: bool = False,
                     actor_offload: bool = False, critic_offload: bool = False, reference_offload: bool = False,
-                    weights_cpu_backup: bool = False) -> Residency:  # fmt: skip
-    """The table for one (placement, engine) and the run's offload flags (module docstring)."""
+                    weights_cpu_backup: bool = False, policy_reference: bool = False) -> Residency:  # fmt: skip
+    """The table for one (placement, engine) and the run's offload flags (module docstring).
+    ``policy_reference``: the reference log-probs come from the policy with its adapters off
+    (LoRA): reference_forward exists with no reference model, and needs the policy's weights."""
+    policy_reference = policy_reference and not reference
     models = (POLICY,) + ((CRITIC,) if critic else ()) + ((REFERENCE,) if reference else ())
     flags = {POLICY: actor_offload, CRITIC: critic_offload, REFERENCE: reference_offload}
     offloaded = frozenset(m for m in models if flags[m])
     colocated_sglang = engine == "sglang" and placement == "colocated"
     # launch moves something only with colocated SGLang; a model's own phases exist with the model
-    absent = ({LAUNCH} if not colocated_sglang else set()) | ({REFERENCE_FORWARD} if not reference else set())
+    absent = ({LAUNCH} if not colocated_sglang else set()) | ({REFERENCE_FORWARD} if not (reference or policy_reference) else set())
     absent |= {CRITIC_FORWARD, CRITIC_UPDATE} if not critic else set()
     phases = [p for p in PHASES if p not in absent]
     rows = {}
     for phase in phases:
-        trained = _trained_row(phase, models, offloaded)
+        trained = _trained_row(phase, models, offloaded, _needs(phase, policy_reference))
         rows[phase] = trained | _engine_row(phase, engine, placement)
-    return Residency(placement, engine, models, offloaded, weights_cpu_backup, rows)
+    return Residency(placement, engine, models, offloaded, weights_cpu_backup, rows, policy_reference)
 
 
-def _trained_row(phase: str, models: tuple[str, ...], offloaded: frozenset[str]) -> frozenset[str]:
+def _needs(phase: str, policy_reference: bool) -> frozenset[str]:
+    if policy_reference and phase == REFERENCE_FORWARD:
+        return NEEDS[POLICY_FORWARD]  # the same forward pass, adapters off
+    return NEEDS[phase]
+
+
+def _trained_row(phase: str, models: tuple[str, ...], offloaded: frozenset[str], needs: frozenset[str]) -> frozenset[str]:
     if phase == LAUNCH:
         return frozenset()  # rule 4
     row: set[str] = set()
     for model in models:
         mine = set(states_of(model))
-        row |= (mine & NEEDS[phase]) if model in offloaded else mine
+        row |= (mine & needs) if model in offloaded else mine
     return frozenset(row)
 
 
@@ -207,8 +223,9 @@ def sft_residency() -> Residency:
 def residency_of(cfg: Any) -> Residency:
     """The table of a run's config (a megarl.config.sections.MegaRLConfig)."""
     return build_residency(
-        cfg.cluster.placement, cfg.rollout.engine, critic=cfg.critic_enabled, reference=cfg.reference_enabled,
+        cfg.cluster.placement, cfg.rollout.engine, critic=cfg.critic_enabled, reference=cfg.reference_model,
         actor_offload=cfg.actor.offload, critic_offload=cfg.critic_enabled and cfg.critic.offload,
-        reference_offload=cfg.reference_enabled and cfg.reference.offload,
+        reference_offload=cfg.reference_model and cfg.reference.offload,
         weights_cpu_backup=cfg.rollout.weights_cpu_backup,
+        policy_reference=cfg.reference_enabled and not cfg.reference_model,  # LoRA: adapters off
     )  # fmt: skip

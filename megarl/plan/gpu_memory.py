@@ -25,6 +25,11 @@ Training, per GPU of a role with layout (tp, pp, dp), for the heaviest pipeline 
   The critic's value head is [tokens x 1].
 - runtime: the trainer process's CUDA context, NCCL buffers and allocator slack
   (TRAINER_RUNTIME_GIB, on every GPU of a trained model)
+- LoRA (actor.lora): the base model is frozen, so weights are the whole model in its dtype plus
+  the adapters (:func:`lora_params_per_gpu`), and grads and optimizer count the adapters only
+  (fp32 grad buffer, fp32 main copy and Adam's two moments, sharded over dp by the distributed
+  optimizer like any parameter); the output layer is frozen too: no head_grad. Activations as
+  full fine-tuning (the adapters' own, [tokens x rank] per module, are left out).
 
 Rollout (SGLang): mem_fraction x the memory a server sees free when it sizes its KV cache, for
 weights / rollout.tp plus the KV cache (an MoE model's experts too: SGLang splits each expert
@@ -154,6 +159,50 @@ def stage_params_per_gpu(arch: ArchSpec, *, tp: int, pp: int, ep: int = 1, etp: 
     return max(per_gpu, key=sum)
 
 
+# The HF linears LoRA can target (megarl.config.sections.LORA_MODULES), and whether Megatron
+# splits each column-parallel (its output over tp: q, k, v, gate, up) or row-parallel (its input: o, down).
+_COLUMN_PARALLEL = {"q_proj": True, "k_proj": True, "v_proj": True, "o_proj": False,
+                    "gate_proj": True, "up_proj": True, "down_proj": False}  # fmt: skip
+LORA_ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+def lora_module_shapes(arch: ArchSpec) -> dict[str, tuple[int, int]]:
+    """(in_features, out_features) of each HF linear LoRA can target, in one decoder layer."""
+    h, f = arch.hidden_size, arch.ffn_hidden_size
+    q, kv = arch.num_heads * arch.kv_channels, arch.num_kv_heads * arch.kv_channels
+    return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
+            "gate_proj": (h, f), "up_proj": (h, f), "down_proj": (f, h)}  # fmt: skip
+
+
+def lora_targets(arch: ArchSpec, modules: tuple[str, ...]) -> tuple[str, ...]:
+    """The targeted modules that get adapters: on a mixture-of-experts model the attention only
+    (experts take no adapters yet; the planner refuses an explicit MLP target there)."""
+    return tuple(m for m in modules if m in LORA_ATTENTION_MODULES or not arch.num_experts)
+
+
+def lora_layer_params(arch: ArchSpec, rank: int, modules: tuple[str, ...]) -> tuple[int, int]:
+    """(replicated over tp, split over tp) adapter parameters of one decoder layer: A [rank x in]
+    and B [out x rank] per targeted module. A column-parallel linear's B is split with its output
+    and A replicated; a row-parallel one's A is split with its input and B replicated."""
+    shapes, replicated, split = lora_module_shapes(arch), 0, 0
+    for m in lora_targets(arch, modules):
+        a, b = rank * shapes[m][0], rank * shapes[m][1]
+        replicated, split = (replicated + a, split + b) if _COLUMN_PARALLEL[m] else (replicated + b, split + a)
+    return replicated, split
+
+
+def lora_params(arch: ArchSpec, rank: int, modules: tuple[str, ...]) -> int:
+    """Adapter parameters of the whole model (the trainable ones under LoRA)."""
+    return arch.num_layers * sum(lora_layer_params(arch, rank, modules))
+
+
+def lora_params_per_gpu(arch: ArchSpec, rank: int, modules: tuple[str, ...], *, tp: int, pp: int) -> float:
+    """Adapter parameters one GPU holds: its stage's layers (every layer has the same adapters, so
+    every stage the same), the split ones / tp."""
+    replicated, split = lora_layer_params(arch, rank, modules)
+    return arch.num_layers // pp * (replicated + split / tp)
+
+
 def activation_bytes_per_token(arch: ArchSpec, tp: int, sequence_parallel: bool, dtype_bytes: int = 2) -> float:
     """Bytes kept for backward per token per dense layer.
 
@@ -215,12 +264,19 @@ def train_memory(
     logprob_chunk_tokens: int = 1024,
     ep: int = 1,
     etp: int = 1,
+    lora_params: float | None = None,
 ) -> TrainMemory:
+    """``lora_params``: the adapter parameters per GPU (:func:`lora_params_per_gpu`) when the
+    base model is frozen under LoRA; None = full fine-tuning."""
     dense, experts = stage_params_per_gpu(arch, tp=tp, pp=pp, ep=ep, etp=etp, value_head=value_head)
     params = dense + experts
     # The distributed optimizer shards each parameter's state over the ranks holding the same
     # shard: the dense ones over dp, the experts over the expert-data-parallel size tp x dp / (ep x etp).
     sharded = dense / dp + experts * ep * etp / (tp * dp) if distributed_optimizer else params
+    trained = params
+    if lora_params is not None:  # only the adapters have grads and optimizer state (no experts among them)
+        params, trained = params + lora_params, lora_params
+        sharded = lora_params / dp if distributed_optimizer else lora_params
     wbytes = DTYPE_BYTES[dtype]
     act = 0.0
     if trainable:
@@ -232,11 +288,12 @@ def train_memory(
         logits = 4 * 4 * min(logprob_chunk_tokens, tokens_per_micro_batch) * arch.vocab_size / tp
         # Several chunks sum in fp32, then cast: both copies exist for a moment.
         grad_bytes = 4 + (wbytes if wbytes != 4 else 0) if tokens_per_micro_batch > logprob_chunk_tokens else wbytes
-        head_grad = grad_bytes * arch.vocab_size / tp * arch.hidden_size if trainable else 0.0
+        frozen_head = lora_params is not None  # LoRA freezes the output layer: no gradient of it
+        head_grad = grad_bytes * arch.vocab_size / tp * arch.hidden_size if trainable and not frozen_head else 0.0
     master = 0 if wbytes == 4 else 4  # fp32 weights are their own master copy
     return TrainMemory(
         weights=wbytes * params,
-        grads=4 * params if trainable else 0.0,
+        grads=4 * trained if trainable else 0.0,
         optimizer=(master + 8) * sharded if trainable else 0.0,
         optimizer_at_build=master * sharded if trainable else 0.0,
         activations=act,

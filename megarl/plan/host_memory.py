@@ -33,6 +33,7 @@ from megarl.config.architectures import ArchSpec
 from megarl.config.sections import ROLE_SECTIONS, MegaRLConfig
 from megarl.memory.residency import Residency, owner_of
 from megarl.plan.gpu_memory import GIB, stage_params_per_gpu
+from megarl.plan.lora_checks import policy_lora_params
 from megarl.plan.role_layout import RoleLayout
 
 # Whose ranks hold host buffers: (owner, the role whose GPUs it lives on).
@@ -59,9 +60,13 @@ class HostMemory:
         return sum(self.offloaded.values()) + self.engine_backup + max(self.save.values(), default=0.0)
 
 
-def save_gather_host_bytes(arch: ArchSpec, *, tp: int, pp: int, ep: int = 1, etp: int = 1, value_head: bool = False) -> float:
+def save_gather_host_bytes(arch: ArchSpec, *, tp: int, pp: int, ep: int = 1, etp: int = 1, value_head: bool = False,
+                           lora_params: float | None = None) -> float:  # fmt: skip
     """Host memory of one rank while a fully_reshardable checkpoint saves (module docstring): its
-    shard's whole fp32 state (a mixture-of-experts model's experts: its ep x etp shard of them)."""
+    shard's whole fp32 state (a mixture-of-experts model's experts: its ep x etp shard of them);
+    under LoRA (``lora_params`` per GPU) the adapters' only, the base model having none."""
+    if lora_params is not None:
+        return 12.0 * lora_params
     return 12.0 * sum(stage_params_per_gpu(arch, tp=tp, pp=pp, ep=ep, etp=etp, value_head=value_head))
 
 
@@ -85,8 +90,9 @@ def host_memory(cfg: MegaRLConfig, arch: ArchSpec, roles: Mapping[str, RoleLayou
     per_rank = {owner: sum(sizes[s] for s in moved if owner_of(s) == owner and not s.endswith("/grads"))
                 for owner in ("policy", "reference", "critic") if owner in ranks}  # fmt: skip
     backup = sizes["engine/weights"] if table.weights_cpu_backup and "engine/weights" in moved else 0.0
+    adapters = {"policy": policy_lora_params(cfg, arch, roles["policy"])} if "policy" in roles else {}
     gather = {role: save_gather_host_bytes(arch, tp=roles[role].tp, pp=roles[role].pp, ep=roles[role].ep, etp=roles[role].etp,
-                                           value_head=role == "critic")
+                                           value_head=role == "critic", lora_params=adapters.get(role))
               for role in ("policy", "critic") if role in roles and _gathers(getattr(cfg, ROLE_SECTIONS[role]))}
     staged = {role: save_staging_host_bytes(getattr(cfg, ROLE_SECTIONS[role]), roles[role], sizes, role)
               for role in ("policy", "critic") if role in roles}  # fmt: skip

@@ -21,7 +21,6 @@ from megarl.memory.residency import (
     CRITIC_UPDATE,
     GENERATE,
     GENERATION_PHASES,
-    NEEDS,
     POLICY_UPDATE,
     START,
     TRAINED_STATES,
@@ -47,6 +46,7 @@ from megarl.plan.gpu_memory import (
 )
 from megarl.plan.host_memory import HostMemory, host_memory, host_over
 from megarl.plan.issues import Issue, PlanError, choices, divisors
+from megarl.plan.lora_checks import check_lora, lora_resolved, policy_lora_params
 from megarl.plan.moe_checks import check_expert_parallel, check_moe_serving, check_moe_settings
 from megarl.plan.push_model import PushEstimate, push_estimate
 from megarl.plan.role_layout import RoleLayout
@@ -120,10 +120,11 @@ def make_plan(cfg: MegaRLConfig, *, check_files: bool = False, in_process: bool 
         policy = _train_layout("policy", cfg.actor, list(range(cfg.cluster.world_size)))
         _check_model_parallel("actor", cfg.actor, arch, cfg.cluster.world_size, issues)
         _check_sft(cfg, arch, issues)
+        check_lora(cfg, arch, issues, rollout=False)
         _raise_errors(issues)
         assert policy is not None  # a layout problem is an error, raised above
         return Plan(arch, cfg.cluster.device, cfg.cluster.placement, {"policy": policy}, None,
-                    [i for i in issues if i.level == "warning"], _auto_recompute(cfg, "none"))  # no memory plan: none
+                    [i for i in issues if i.level == "warning"], _auto_recompute(cfg, "none") | lora_resolved(cfg))  # no memory plan: none
     roles = _layout_roles(cfg, arch, issues)
     for role, section_name in (("policy", "actor"), ("critic", "critic")):
         if role == "policy" or cfg.critic_enabled:
@@ -142,6 +143,7 @@ def make_plan(cfg: MegaRLConfig, *, check_files: bool = False, in_process: bool 
     check_algorithm(cfg, issues)
     check_run_length(cfg.trainer, issues)
     check_asynchronous(cfg, issues, in_process=in_process)
+    check_lora(cfg, arch, issues)
     _check_offload(cfg, issues)
     if in_process:
         check_in_process(cfg, issues, sft=sft)
@@ -154,6 +156,7 @@ def make_plan(cfg: MegaRLConfig, *, check_files: bool = False, in_process: bool 
         cfg, resolved = _resolve_recompute(cfg, arch, roles)
         memory = _plan_memory(cfg, arch, roles, issues)
     _raise_errors(issues)
+    resolved |= lora_resolved(cfg)
     p = roles["policy"]
     push = push_estimate(cfg, arch, p.tp, p.pp, p.dp, p.ep)
     deadline = cfg.rollout.weight_sync.timeout_s
@@ -433,6 +436,7 @@ def _plan_memory(cfg: MegaRLConfig, arch: ArchSpec, roles: dict[str, RoleLayout]
                 dtype=cfg.model.dtype, recompute=section.recompute, sequence_parallel=section.parallel.uses_sequence_parallel,
                 distributed_optimizer=section.optimizer.distributed, value_head=role == "critic",
                 logprob_chunk_tokens=section.logprob_chunk_tokens, ep=lay.ep, etp=lay.etp,
+                lora_params=policy_lora_params(cfg, arch, lay) if role == "policy" else None,
             )
     runtime, rollout = _runtime_and_rollout(cfg, arch, table, issues)
     sizes = _state_bytes(cfg, arch, mems, rollout, runtime)
@@ -490,7 +494,7 @@ def _state_bytes(cfg: MegaRLConfig, arch: ArchSpec, mems: dict[str, TrainMemory]
                  runtime: RuntimeMemory) -> dict[str, float]:  # fmt: skip
     """Bytes per GPU of every state of the residency table (on the GPU that holds most of it)."""
     sizes = {f"{role}/{what}": getattr(m, what) for role, m in mems.items() for what in TRAINED_STATES}
-    if cfg.reference_enabled and "policy" in mems:
+    if cfg.reference_model and "policy" in mems:  # with LoRA the policy itself, adapters off
         sizes["reference/weights"] = mems["policy"].weights  # the policy's layout, no grads or optimizer
     if rollout is not None:
         weights, kv = rollout.weights, rollout.kv_cache
@@ -580,7 +584,7 @@ def _fitting_layouts(cfg: MegaRLConfig, arch: ArchSpec, section: str, pairs: lis
 
 def _offload_knobs(cfg: MegaRLConfig, table: Residency, phase: str) -> list[str]:
     """``set <model>.offload=true`` for each model that keeps states in ``phase`` it does not use there."""
-    resident = table.resident(phase) - NEEDS[phase]
+    resident = table.resident(phase) - table.needs(phase)
     return [f"set {flag}=true" for model, flag in _OFFLOAD_KNOBS
             if model in table.models and model not in table.offloaded and any(owner_of(s) == model for s in resident)]  # fmt: skip
 

@@ -26,6 +26,11 @@ three parts (megarl/parallel/stage_collection.py says who receives what):
    writes it, then every engine reads ``W`` back (host link, at the filesystem's speed at
    best): ``W`` per GPU, twice one after the other in time.
 
+With LoRA and ``rollout.weight_sync.lora: adapter`` a push carries the adapters only: ``W`` is
+their bytes (:func:`push_bytes`), no experts, and the TP gather moves the TP-split halves of them
+(B of a column-parallel linear, A of a row-parallel one); ``merged`` pushes the whole model, as
+full fine-tuning does.
+
 Each part takes its bytes / the link's bandwidth (``cluster.nvlink_gb_per_s``,
 ``network_gb_per_s``, ``host_gb_per_s``: gigabytes, not gigabits, per second per GPU and
 direction, as an all-gather bus bandwidth measures them). The export's parts (1 and 2) run one
@@ -41,13 +46,25 @@ from dataclasses import dataclass
 
 from megarl.config.architectures import ArchSpec
 from megarl.config.sections import MegaRLConfig
-from megarl.plan.gpu_memory import DTYPE_BYTES
+from megarl.plan.gpu_memory import DTYPE_BYTES, lora_layer_params
 from megarl.weight_sync.transport_base import (
     TRANSPORT_COLLECT,  # the run's transports follow it too
 )
 
 GB = 1e9
 
+
+
+def push_bytes(cfg: MegaRLConfig, arch: ArchSpec) -> tuple[float, float, float]:
+    """(all, TP-split, expert) bytes of one push: the whole model (the experts are not TP-split),
+    or with LoRA pushed as adapters, the adapters (module docstring)."""
+    wbytes, lora = DTYPE_BYTES[cfg.model.dtype], cfg.actor.lora
+    if lora is not None and cfg.rollout.weight_sync.lora == "adapter":
+        replicated, split = lora_layer_params(arch, lora.rank, lora.modules)
+        return wbytes * arch.num_layers * (replicated + split), wbytes * arch.num_layers * split, 0.0
+    total = wbytes * arch.num_params
+    experts = wbytes * arch.num_moe_layers * arch.num_experts * arch.expert_params
+    return total, total - experts, experts
 
 
 @dataclass(frozen=True)
@@ -64,13 +81,12 @@ def push_estimate(cfg: MegaRLConfig, arch: ArchSpec, tp: int, pp: int, dp: int, 
     transport = cfg.weight_transport
     collect = TRANSPORT_COLLECT[transport]
     cl = cfg.cluster
-    total: float = DTYPE_BYTES[cfg.model.dtype] * arch.num_params  # bytes, as every part counts them
+    total, split, experts = push_bytes(cfg, arch)  # bytes, as every part counts them
     tp_link = "nvlink" if tp <= cl.gpus_per_node else "network"
     pp_link = "nvlink" if tp * pp * dp <= cl.gpus_per_node else "network"
     others = total * (pp - 1) / pp  # the other stages' bytes
-    experts = DTYPE_BYTES[cfg.model.dtype] * arch.num_moe_layers * arch.num_experts * arch.expert_params
     ep_link = "nvlink" if ep <= cl.gpus_per_node else "network"
-    export = [("TP gather", (total - experts) / pp * (tp - 1) / tp, tp_link),
+    export = [("TP gather", split / pp * (tp - 1) / tp, tp_link),
               ("EP gather", experts / pp * (ep - 1) / ep, ep_link)]  # the export, one part after the other  # fmt: skip
     if collect == "all":
         export += [("PP collect (1/tp slices)", others / tp, pp_link),

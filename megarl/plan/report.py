@@ -11,6 +11,7 @@ from megarl.config.sections import MegaRLConfig
 from megarl.plan.async_checks import async_summary
 from megarl.plan.gpu_memory import GIB, RuntimeMemory
 from megarl.plan.host_memory import host_memory_text
+from megarl.plan.lora_checks import lora_summary
 from megarl.plan.planner import Plan
 
 
@@ -51,6 +52,9 @@ def print_plan(cfg: MegaRLConfig, plan: Plan, console: Console | None = None) ->
     overlap = async_summary(cfg, plan.roles["rollout"].dp if "rollout" in plan.roles else 0)
     if overlap is not None:
         console.print(overlap)
+    lora = lora_summary(cfg, plan.arch)
+    if lora is not None:
+        console.print(lora)
     if mem is not None:
         _print_memory(cfg, plan, console)
     if plan.push is not None:

@@ -96,6 +96,20 @@ def test_residency_of_the_72b_config():
     assert lines[3].split() == ["generate", "-", "-", "-", "-", "x", "x", "x"]
 
 
+def test_with_lora_the_policy_gives_the_reference_log_probs():
+    """actor.lora: no reference model to place or offload; reference_forward stays, and is the
+    policy's forward (adapters off), so an offloaded policy keeps its weights there."""
+    cfg = load_config(CONFIGS / "qwen72b_grpo.yaml", ["actor.lora={rank: 8}"])
+    table = residency_of(cfg)
+    assert table.models == ("policy",) and table.offloaded == {"policy"}
+    assert REFERENCE_FORWARD in table.phases and table.policy_is_reference
+    assert table.resident(REFERENCE_FORWARD) == {"policy/weights", "engine/weights"}
+    assert table.needs(REFERENCE_FORWARD) == table.needs(POLICY_FORWARD)
+    # without the KL's reference there is no such phase, LoRA or not
+    plain = residency_of(load_config(CONFIGS / "qwen72b_grpo.yaml", ["actor.lora={rank: 8}", "algorithm.kl.use_in_loss=false"]))
+    assert REFERENCE_FORWARD not in plain.phases
+
+
 class _Client:
     """A trained model's client that records what the hand-over moves."""
 

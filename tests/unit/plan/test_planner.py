@@ -21,6 +21,7 @@ TINY = CONFIGS / "tiny_grpo.yaml"
 AGENT = CONFIGS / "gsm8k_tool_agent.yaml"
 MOE30 = CONFIGS / "qwen3_30b_a3b_grpo.yaml"
 MOE235 = CONFIGS / "qwen3_235b_a22b_grpo.yaml"
+LORA72 = CONFIGS / "qwen72b_grpo_lora.yaml"
 
 
 def _printed(cfg) -> str:
@@ -39,7 +40,7 @@ def refused(path, *overrides) -> str:
     return str(info.value)
 
 
-@pytest.mark.parametrize("path", [GRPO72, PPO7, TINY, AGENT, MOE30, MOE235], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [GRPO72, PPO7, TINY, AGENT, MOE30, MOE235, LORA72], ids=lambda p: p.name)
 def test_shipped_configs_plan(path):
     p = plan(path)
     assert p.roles["policy"].tp * p.roles["policy"].pp * p.roles["policy"].dp == len(p.roles["policy"].gpus)

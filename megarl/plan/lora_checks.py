@@ -1,0 +1,114 @@
+"""The planner's checks of LoRA (``actor.lora``, ``rollout.weight_sync.lora``; docs/lora.md), what
+the plan resolves for it (``model.layer_spec``), and the plan report's line on it. Torch-free,
+like the planner.
+
+What LoRA changes in the plan's numbers lives beside the numbers: the adapters' parameters and
+the policy's memory in megarl/plan/gpu_memory.py, the push in megarl/plan/push_model.py, the
+residency table without a reference model in megarl/memory/residency.py.
+"""
+
+from __future__ import annotations
+
+from megarl.config.architectures import ArchSpec
+from megarl.config.sections import MegaRLConfig
+from megarl.plan.gpu_memory import (
+    LORA_ATTENTION_MODULES,
+    lora_params,
+    lora_params_per_gpu,
+    lora_targets,
+)
+from megarl.plan.issues import Issue
+from megarl.plan.push_model import push_bytes
+from megarl.plan.role_layout import RoleLayout
+
+
+def policy_lora_params(cfg: MegaRLConfig, arch: ArchSpec, layout: RoleLayout) -> float | None:
+    """The policy's adapter parameters per GPU under actor.lora (None: full fine-tuning)."""
+    lora = cfg.actor.lora
+    return (
+        None
+        if lora is None
+        else lora_params_per_gpu(arch, lora.rank, lora.modules, tp=layout.tp, pp=layout.pp)
+    )
+
+
+def lora_resolved(cfg: MegaRLConfig) -> dict[str, str]:
+    """``model.layer_spec: auto`` is local under LoRA: the adapters wrap the local spec's separate
+    norm and linear layers, and transformer-engine's spec fuses the norm into the QKV and fc1
+    linears (so auto, which would pick te on CUDA with transformer-engine installed, cannot)."""
+    return (
+        {"model.layer_spec": "local"}
+        if cfg.actor.lora is not None and cfg.model.layer_spec == "auto"
+        else {}
+    )
+
+
+def check_lora(
+    cfg: MegaRLConfig, arch: ArchSpec, issues: list[Issue], *, rollout: bool = True
+) -> None:
+    """actor.lora against the layout, the model, the layer spec and the engine (``rollout``: the
+    run has engines; `megarl sft` has none); critic.lora is refused outright."""
+    if cfg.critic.lora is not None:
+        issues.append(
+            Issue(
+                "critic.lora",
+                "LoRA trains the policy only (the critic is trained whole); remove critic.lora",
+            )
+        )
+    lora, push = cfg.actor.lora, cfg.rollout.weight_sync.lora
+    if lora is None:
+        if rollout and push == "adapter":
+            issues.append(Issue("rollout.weight_sync.lora", "(adapter) applies with actor.lora only and this run trains "
+                                "the whole model; remove it", level="warning"))  # fmt: skip
+        return
+    tp = cfg.actor.parallel.tp
+    if lora.dropout > 0 and tp > 1:
+        # A column-parallel linear's A is replicated: each TP rank would drop its own mask of the same
+        # input, and the shards of B A x would come from different inputs.
+        issues.append(Issue("actor.lora.dropout", f"({lora.dropout:g}) needs actor.parallel.tp=1 and tp is {tp} (the "
+                            "tensor-parallel ranks would drop different inputs); set dropout to 0, or tp to 1"))  # fmt: skip
+    if rollout and push == "adapter" and cfg.rollout.engine == "torch":
+        issues.append(Issue("rollout.weight_sync.lora", "(adapter) needs SGLang's LoRA serving and rollout.engine is "
+                            "torch; use rollout.weight_sync.lora=merged (the default), or rollout.engine=sglang"))  # fmt: skip
+    mlp = [m for m in lora.target_modules if m not in (*LORA_ATTENTION_MODULES, "all-linear")]
+    if arch.num_experts and mlp:
+        issues.append(Issue("actor.lora.target_modules", f"({', '.join(mlp)}) not supported yet on expert layers and "
+                            f"{arch.name} is a mixture-of-experts model; target the attention ({', '.join(LORA_ATTENTION_MODULES)}), "
+                            "or all-linear, which on MoE models means the attention"))  # fmt: skip
+    if cfg.model.layer_spec == "te":
+        issues.append(Issue("model.layer_spec", "(te) fuses the norm into the QKV and fc1 linears, which LoRA cannot "
+                            "wrap; use model.layer_spec local (or auto, which is local with actor.lora)"))  # fmt: skip
+    if cfg.reference_enabled and cfg.reference.offload:
+        issues.append(Issue("reference.offload", "(true) moves nothing with actor.lora: there is no reference model (the "
+                            "policy with its adapters off gives the reference log-probs); remove it", level="warning"))  # fmt: skip
+
+
+def lora_summary(cfg: MegaRLConfig, arch: ArchSpec) -> str | None:
+    """The plan report's line on LoRA (None: full fine-tuning): rank, alpha, the modules that get
+    adapters, the trainable parameters, the reference and what a push carries."""
+    lora = cfg.actor.lora
+    if lora is None:
+        return None
+    trainable = lora_params(arch, lora.rank, lora.modules)
+    targets = lora_targets(arch, lora.modules)
+    moe = " (attention only: mixture-of-experts)" if len(targets) < len(lora.modules) else ""
+    reference = ("no reference model (the policy with its adapters off gives the reference log-probs)"
+                 if cfg.reference_enabled else "no reference")  # fmt: skip
+    pushed = push_bytes(cfg, arch)[0] / 1e9
+    push = (f"push adapter: the adapters only, {pushed:.3g} GB" if cfg.rollout.weight_sync.lora == "adapter" else
+            f"push merged: base + alpha/rank x B A, the whole model, {pushed:.3g} GB")  # fmt: skip
+    spec = (
+        "model.layer_spec auto -> local"
+        if lora_resolved(cfg)
+        else f"model.layer_spec {cfg.model.layer_spec}"
+    )
+    return (f"[bold]LoRA[/] rank {lora.rank}, alpha {lora.alpha:g} (scale {lora.scale:g}), modules {', '.join(targets)}{moe}; "
+            f"trainable {_count(trainable)} params ({100 * trainable / arch.num_params:.2g}% of the model's "
+            f"{_count(arch.num_params)}), base frozen; {reference}; {push}; {spec}")  # fmt: skip
+
+
+def _count(n: float) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g}{unit}"
+    return f"{n:g}"

@@ -1,0 +1,187 @@
+"""The planner under LoRA (actor.lora): adapter parameters against hand-computed counts, the
+policy's memory, the push, the checks and the report line (megarl/plan/lora_checks.py)."""
+
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from megarl.config.architectures import builtin_arch
+from megarl.config.loading import load_config
+from megarl.plan.gpu_memory import (
+    GIB,
+    lora_layer_params,
+    lora_params,
+    lora_params_per_gpu,
+    train_memory,
+)
+from megarl.plan.host_memory import save_gather_host_bytes
+from megarl.plan.planner import PlanError, make_plan
+from megarl.plan.push_model import push_estimate
+from megarl.plan.report import print_plan
+
+CONFIGS = Path(__file__).resolve().parents[3] / "configs"
+LORA72 = CONFIGS / "qwen72b_grpo_lora.yaml"
+GRPO72 = CONFIGS / "qwen72b_grpo.yaml"
+TINY = CONFIGS / "tiny_grpo.yaml"
+MOE30 = CONFIGS / "qwen3_30b_a3b_grpo.yaml"
+ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+ATTENTION = ALL[:4]
+
+# tiny-demo: hidden 64, 4 heads x 16, 2 kv heads (k, v out 32), ffn 128, 2 layers; rank 4.
+# A is [4 x in], B [out x 4]. Column-parallel (A replicated, B split over tp):
+#   q 4*64 + 64*4 = 256 + 256, k and v 256 + 32*4 = 256 + 128 each, gate and up 256 + 128*4 = 256 + 512 each;
+# row-parallel (A split, B replicated): o 4*64 + 64*4 = 256 + 256, down 4*128 + 64*4 = 512 + 256.
+REPLICATED = 256 * 5 + 256 + 256  # the column-parallel A's, the row-parallel B's: 1792
+SPLIT = 256 + 128 + 128 + 512 + 512 + 256 + 512  # 2304
+PER_LAYER = REPLICATED + SPLIT  # 4096 = 512 + 384 + 384 + 512 + 768 + 768 + 768
+
+
+def test_adapter_parameters_of_a_tiny_model_by_hand():
+    arch = builtin_arch("tiny-demo")
+    assert lora_layer_params(arch, 4, ALL) == (REPLICATED, SPLIT) == (1792, 2304)
+    assert lora_params(arch, 4, ALL) == 2 * PER_LAYER == 8192
+    assert lora_params_per_gpu(arch, 4, ALL, tp=1, pp=1) == 8192
+    assert lora_params_per_gpu(arch, 4, ALL, tp=2, pp=1) == 2 * (1792 + 2304 / 2) == 5888
+    assert lora_params_per_gpu(arch, 4, ALL, tp=2, pp=2) == 1792 + 2304 / 2  # one layer per stage
+    # attention only: q 512 + k 384 + v 384 + o 512
+    assert lora_params(arch, 4, ATTENTION) == 2 * 1792
+    assert lora_params(arch, 8, ("q_proj",)) == 2 * (8 * 64 + 64 * 8)  # linear in the rank
+
+
+def test_a_mixture_of_experts_model_gets_attention_adapters_only():
+    arch = builtin_arch("tiny-moe-demo")  # the same attention as tiny-demo
+    assert lora_params(arch, 4, ALL) == lora_params(arch, 4, ATTENTION) == 2 * 1792
+
+
+def test_lora_memory_freezes_the_base_model():
+    arch = builtin_arch("tiny-demo")
+    common = dict(tp=2, pp=1, dp=2, tokens_per_micro_batch=64, dtype="bfloat16", recompute="none",
+                  sequence_parallel=False, distributed_optimizer=True)  # fmt: skip
+    full = train_memory(arch, **common)
+    adapters = lora_params_per_gpu(arch, 4, ALL, tp=2, pp=1)
+    lora = train_memory(arch, **common, lora_params=adapters)
+    assert lora.weights == full.weights + 2 * adapters  # the whole model in bf16, plus the adapters
+    assert lora.grads == 4 * adapters  # fp32 grad buffer of the adapters only
+    assert lora.optimizer == 12 * adapters / 2  # fp32 main copy + Adam's two moments, over dp 2
+    assert lora.optimizer_at_build == 4 * adapters / 2
+    assert lora.head_grad == 0 and full.head_grad > 0  # the output layer is frozen
+    assert (lora.activations, lora.logits) == (full.activations, full.logits)
+    fp32 = train_memory(
+        arch, **common | {"dtype": "float32", "distributed_optimizer": False}, lora_params=adapters
+    )
+    assert fp32.optimizer == 8 * adapters  # fp32 weights are their own master copy; not sharded
+
+
+def test_shipped_lora_config_fits_one_node_with_no_reference_model():
+    p = make_plan(load_config(LORA72))
+    assert len(p.roles["policy"].gpus) == 8 and p.memory is not None
+    mem = p.memory
+    assert "reference/weights" not in mem.states and mem.reference_weights == 0
+    assert "reference_forward" in mem.phases  # the policy's forward, adapters off
+    pol = mem.policy
+    assert pol is not None
+    adapters = lora_params_per_gpu(p.arch, 32, ALL, tp=8, pp=1)
+    assert pol.grads == 4 * adapters and pol.optimizer == 12 * adapters
+    assert pol.weights / GIB == pytest.approx(17.3, abs=0.1) and pol.optimizer / GIB < 2.5
+    full = make_plan(load_config(GRPO72)).memory
+    assert (
+        full is not None and full.policy is not None and full.policy.optimizer > 10 * pol.optimizer
+    )  # on 4x the GPUs
+    with pytest.raises(
+        PlanError, match="actor: training needs"
+    ):  # full fine-tuning does not fit the node
+        make_plan(load_config(LORA72, ["actor.lora=null"]))
+
+
+def test_a_checkpoint_gathers_the_adapters_state_only():
+    arch = builtin_arch("qwen2.5-72b")
+    adapters = lora_params_per_gpu(arch, 32, ALL, tp=8, pp=1)
+    assert save_gather_host_bytes(arch, tp=8, pp=1, lora_params=adapters) == 12 * adapters
+    assert (
+        save_gather_host_bytes(arch, tp=8, pp=1) > 40 * 12 * adapters
+    )  # the whole stage's fp32 state
+
+
+def test_an_adapter_push_carries_the_adapters_only():
+    arch = builtin_arch("qwen2.5-72b")
+    merged = push_estimate(load_config(LORA72), arch, tp=8, pp=1, dp=1)
+    assert merged.parts == (
+        ("TP gather", 2 * arch.num_params * 7 / 8, "nvlink"),
+    )  # the whole model
+    adapter = push_estimate(
+        load_config(LORA72, ["rollout.weight_sync.lora=adapter"]), arch, tp=8, pp=1, dp=1
+    )
+    replicated, split = lora_layer_params(arch, 32, ALL)
+    assert adapter.parts == (
+        ("TP gather", 2 * 80 * split * 7 / 8, "nvlink"),
+    )  # only the split halves are gathered
+    assert 2 * 80 * (replicated + split) == 2 * lora_params(arch, 32, ALL) == 2 * 421_068_800
+    assert adapter.seconds < merged.seconds / 100
+
+
+def test_auto_layer_spec_resolves_to_local_with_lora():
+    p = make_plan(load_config(LORA72, ["model.layer_spec=auto"]))
+    assert p.resolved == {"model.layer_spec": "local"}
+    assert (
+        make_plan(load_config(GRPO72, ["model.layer_spec=auto"])).resolved == {}
+    )  # full fine-tuning: te may do
+    assert make_plan(load_config(TINY, ["actor.lora={rank: 4}", "model.layer_spec=auto"]), sft=True).resolved == {
+        "model.layer_spec": "local"}  # fmt: skip
+
+
+@pytest.mark.parametrize(("path", "overrides", "expected"), [
+    (LORA72, ["critic.lora={rank: 8}"], "critic.lora: LoRA trains the policy only"),
+    (LORA72, ["actor.lora.dropout=0.1"], "actor.lora.dropout: (0.1) needs actor.parallel.tp=1 and tp is 8"),
+    (TINY, ["actor.lora={rank: 4}", "rollout.weight_sync.lora=adapter"],
+     "rollout.weight_sync.lora: (adapter) needs SGLang's LoRA serving and rollout.engine is torch; use "
+     "rollout.weight_sync.lora=merged"),
+    (MOE30, ["actor.lora={target_modules: [q_proj, up_proj, down_proj]}"],
+     "actor.lora.target_modules: (up_proj, down_proj) not supported yet on expert layers"),
+    (LORA72, ["model.layer_spec=te"], "model.layer_spec: (te) fuses the norm into the QKV and fc1 linears"),
+])  # fmt: skip
+def test_lora_checks_refuse(path, overrides, expected):
+    with pytest.raises(PlanError) as info:
+        make_plan(load_config(path, overrides))
+    assert expected in str(info.value)
+
+
+def test_lora_checks_pass_and_warn():
+    assert (
+        make_plan(load_config(TINY, ["actor.lora={rank: 4, dropout: 0.1}"])) is not None
+    )  # dropout at tp 1
+    moe = make_plan(
+        load_config(MOE30, ["actor.lora={target_modules: [all-linear]}", "reference.offload=false"])
+    )
+    assert not moe.warnings  # all-linear on MoE: the attention
+    unused = make_plan(load_config(GRPO72, ["rollout.weight_sync.lora=adapter"]))
+    assert any(
+        str(w).startswith("rollout.weight_sync.lora: (adapter) applies with actor.lora only")
+        for w in unused.warnings
+    )
+    offloaded = make_plan(
+        load_config(GRPO72, ["actor.lora={rank: 8}"])
+    )  # it sets reference.offload
+    assert any(
+        str(w).startswith("reference.offload: (true) moves nothing with actor.lora")
+        for w in offloaded.warnings
+    )
+
+
+def test_the_report_says_lora_is_on():
+    cfg = load_config(LORA72, ["rollout.weight_sync.lora=adapter"])
+    console = Console(record=True, width=500)
+    print_plan(cfg, make_plan(cfg), console)
+    line = next(x for x in console.export_text().splitlines() if x.startswith("LoRA "))
+    assert line.startswith(
+        "LoRA rank 32, alpha 64 (scale 2), modules q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
+        "down_proj; trainable 421M params (0.58% of the model's 72.7B), base frozen; no reference model"
+    )
+    assert "push adapter: the adapters only, 0.842 GB" in line and "model.layer_spec local" in line
+    moe = load_config(MOE30, ["actor.lora={rank: 8}"])
+    console = Console(record=True, width=500)
+    print_plan(moe, make_plan(moe), console)
+    assert (
+        "modules q_proj, k_proj, v_proj, o_proj (attention only: mixture-of-experts)"
+        in console.export_text()
+    )
