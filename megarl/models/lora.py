@@ -281,9 +281,12 @@ def attach_lora(gpt: Any, cfg: Any, seed: int) -> LoRAAdapters:
     for p in gpt.parameters():
         p.requires_grad_(False)
     adapters = LoRAAdapters(cfg)
+    moe = bool(getattr(gpt.config, "num_moe_experts", None))
     for layer in gpt.decoder.layers:
         index = layer.layer_number - 1  # global: Megatron numbers layers across stages from 1
         for linear_path in dict.fromkeys(TARGETS[m][0] for m in cfg.modules):
+            if moe and "all-linear" in cfg.target_modules and linear_path.startswith("mlp."):
+                continue  # all-linear on a mixture-of-experts model: the attention of every layer
             lin = _adapt_linear(layer, index, linear_path, cfg, seed)
             if lin is not None:
                 adapters.linears[f"{index}_{linear_path.replace('.', '_')}"] = lin
