@@ -10,7 +10,7 @@
 # Stages: venv, CPU torch (the lock's torch pin, with its dependencies), the rest of the lock
 # with --no-deps (exact versions, nothing resolved), megarl's stand-ins from
 # tests/sglang/sgl_kernel_stub (copied into site-packages: the kernel package stub and the
-# torchvision import guard, the guard of SGLang's host-memory pinning; re-copied on every run, so an existing venv gets edits to them),
+# torchvision import guard, the guards of SGLang's host-memory pinning and of its LoRA layers' pinned tensors; re-copied on every run, so an existing venv gets edits to them),
 # and an import check of what `python -m sglang.launch_server` needs.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -36,6 +36,7 @@ install_stub() {  # copy the stand-ins into the venv's site-packages (never into
   cp -r "$stub/sgl_kernel" "$site/sgl_kernel"
   cp "$stub/megarl_torchvision_guard.py" "$stub/megarl_torchvision_guard.pth" "$site/"
   cp "$stub/megarl_host_register_guard.py" "$stub/megarl_host_register_guard.pth" "$site/"
+  cp "$stub/megarl_pin_memory_guard.py" "$stub/megarl_pin_memory_guard.pth" "$site/"
 }
 
 check_imports() {  # what the server imports first; a broken venv fails here, not in a test

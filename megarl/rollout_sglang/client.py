@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import http.client
 import json
+import os
 import socket
 import time
 import urllib.error
@@ -155,6 +156,40 @@ class SGLangClient:
         check_reply(self.url, endpoint, reply)
         return reply.body
 
+    def load_lora_adapter(
+        self, name: str, path: str | os.PathLike[str], timeout: float | None = None
+    ) -> None:
+        """``/load_lora_adapter``: the server reads the PEFT directory ``path``
+        (adapter_config.json + adapter_model.safetensors, on a filesystem it sees) and serves it
+        to requests whose ``lora_path`` is ``name``. SGLang refuses a name already loaded, so
+        each version needs a name of its own. Not retried: a second attempt after a cut
+        connection could only answer "already loaded"."""
+        body = {"lora_name": name, "lora_path": str(path)}
+        what = f"loading LoRA adapter {name!r} from {path}"
+        self._lora_call("/load_lora_adapter", body, what, timeout)
+
+    def unload_lora_adapter(self, name: str, timeout: float | None = None) -> None:
+        """``/unload_lora_adapter``: SGLang stops giving ``name`` to new requests and answers
+        once the requests already using it have finished. A later request naming it would make
+        SGLang load it again from its path (0.5.23 remembers every name it loaded)."""
+        what = f"unloading LoRA adapter {name!r}"
+        self._lora_call("/unload_lora_adapter", {"lora_name": name}, what, timeout)
+
+    def _lora_call(
+        self, endpoint: str, body: dict[str, Any], what: str, timeout: float | None
+    ) -> None:
+        """POST a LoRA endpoint; on failure raise with what was asked and SGLang's reason (its
+        ``error_message``: e.g. "LoRA is not enabled" from a server without --enable-lora)."""
+        reply = self.post(endpoint, body, timeout, retries=0)
+        if reply.status == 404:
+            raise SGLangHTTPError(self.url, endpoint, 404, f"{what}: this SGLang has no {endpoint}")
+        try:
+            check_reply(self.url, endpoint, reply)
+        except SGLangHTTPError as err:
+            answer = reply.body if isinstance(reply.body, dict) else {}
+            detail = answer.get("error_message") or err.detail
+            raise SGLangHTTPError(self.url, endpoint, reply.status, f"{what}: {detail}") from None
+
 
 def check_reply(url: str, endpoint: str, reply: HTTPReply) -> None:
     body = reply.body
@@ -198,7 +233,10 @@ def sampling_params_dict(params: SamplingParams, seed: int | None = None) -> dic
 
 
 def build_generate_payload(
-    prompt_ids: Sequence[int], params: SamplingParams, first_sample_index: int
+    prompt_ids: Sequence[int],
+    params: SamplingParams,
+    first_sample_index: int,
+    adapter: str | None = None,
 ) -> dict[str, Any]:
     """One ``/generate`` request for all ``n`` samples of one prompt.
 
@@ -208,6 +246,8 @@ def build_generate_payload(
     samples. Sample ``i`` of the step (``first_sample_index + j``) gets
     ``sample_seed(params.seed, i)``. The batch still goes to one server as one request, so
     the copies share the prompt's prefix cache, and the reply list is in sample order.
+    ``adapter``: the name of a loaded LoRA adapter every copy is generated with (None = the
+    base model).
     """
     prompt = [int(t) for t in prompt_ids]
     if not prompt:
@@ -224,6 +264,8 @@ def build_generate_payload(
         "return_logprob": True,
         "logprob_start_len": -1,  # log-probs of the output tokens only
     }
+    if adapter is not None:
+        payload["lora_path"] = [adapter] * params.n  # SGLang's field: an adapter's name, not a path
     if params.return_routing:  # prompt and response (routed_experts_start_len 0, SGLang's default)
         payload["return_routed_experts"] = True
     return payload

@@ -151,7 +151,7 @@ def prepare_sglang(cfg: Any, plan: Any, policy: Any, log_dir: Path, *, weights_c
     # weights_pushed: the trainer pushes before it generates (and the hand-over after a restart),
     # so the servers load no checkpoint (--load-format dummy).
     base = spec_from_config(cfg.model.path, cfg.rollout, cfg.cluster, seed=cfg.trainer.seed, dtype=cfg.model.dtype,
-                            weights_pushed=True, weights_cpu_backup=weights_cpu_backup,
+                            weights_pushed=True, weights_cpu_backup=weights_cpu_backup, lora=cfg.actor.lora,
                             return_routed_experts=routing_replay(cfg) != "none")  # fmt: skip
     rollout = SGLangRollout([], [], PolicyConnection(policy, []), timeout)
     try:  # from the reservation on, close() undoes what is there

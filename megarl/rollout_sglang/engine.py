@@ -130,6 +130,9 @@ class SGLangEngine:
         self._version = 0
         self._server_version: str | None = None  # SGLang's release, read once per launch
         self.update_session = False  # between begin_weight_update and end_weight_update
+        # The LoRA adapter (its name on the server) every generation uses; None = the base model.
+        # Set by whoever loads one (client.load_lora_adapter); a relaunched server has none.
+        self.active_adapter: str | None = None
         self._inflight = 0
         self._lock = threading.Lock()
         # One thread for HTTP calls that must not block the caller (group init, distributed
@@ -165,19 +168,21 @@ class SGLangEngine:
                 "set a seed (megarl.engines.seeds.step_seed) or launch with deterministic=False"
             )
         params.check_budgets(len(prompts))
+        adapter = self.active_adapter  # one adapter for the whole call, even if a push switches it
         concurrency = max(1, self.max_running_requests // params.n)
         with ThreadPoolExecutor(max_workers=min(concurrency, max(1, len(prompts)))) as pool:
             futures = [
                 pool.submit(self._generate_one, p, replace(params, max_new_tokens=params.budget(i), prompt_max_new_tokens=None),
-                            i, first_sample_index + i * params.n)
+                            i, first_sample_index + i * params.n, adapter)
                 for i, p in enumerate(prompts)
             ]
             return [r for f in futures for r in f.result()]
 
     def _generate_one(
-        self, prompt: Sequence[int], params: SamplingParams, index: int, first_sample: int
-    ) -> list[GenerationResult]:
-        payload = build_generate_payload(prompt, params, first_sample)
+        self, prompt: Sequence[int], params: SamplingParams, index: int, first_sample: int,
+        adapter: str | None = None,
+    ) -> list[GenerationResult]:  # fmt: skip
+        payload = build_generate_payload(prompt, params, first_sample, adapter)
         with self._lock:
             self._inflight += 1
         try:
@@ -488,6 +493,7 @@ class SGLangEngine:
         self.update_session = False
         self._server_version = None  # the relaunched process may be another install
         self._version = 0
+        self.active_adapter = None  # a new process serves no adapter until one is loaded again
 
     def _background(self) -> ThreadPoolExecutor:
         """The thread for HTTP calls that must not block the caller (made when first needed)."""

@@ -36,7 +36,7 @@ from megarl.rollout_sglang.client import open_url
 
 if TYPE_CHECKING:
     from megarl.config.rollout_sections import RolloutConfig
-    from megarl.config.sections import ClusterConfig
+    from megarl.config.sections import ClusterConfig, LoRAConfig
 
 # Environment variables the launcher removes from the server's environment, and why:
 # - PYTORCH_CUDA_ALLOC_CONF: expandable segments break the memory saver's release/resume and
@@ -50,6 +50,14 @@ DEVICES = ("cuda", "cpu")
 # KV cache size (tokens) of a CPU server when the spec gives none: SGLang would otherwise size
 # it from mem_fraction of the host's RAM.
 CPU_MAX_TOTAL_TOKENS = 4096
+# SGLang's LoRA kernels per device (0.5.23, srt/lora/backend/lora_registry.py): its default,
+# csgmv, is Triton (CUDA only); on CPU only torch_native runs.
+LORA_BACKENDS = {"cuda": "csgmv", "cpu": "torch_native"}
+# Adapter slots of one batch (--max-loras-per-batch, SGLang's default 8): the previous version
+# (requests in flight during a push), the new one, and the base model, which takes a slot of its
+# own (a request without lora_path, e.g. /health_generate). Each slot holds max-rank buffers of
+# every targeted layer, so slots cost memory.
+LORA_SLOTS = 3
 
 
 class ServerLaunchError(RuntimeError):
@@ -106,10 +114,18 @@ class ServerSpec:
     # NCCL_CUMEM_ENABLE of the server, read where the spec is made (the controller), as the
     # policy ranks' is: the two ends of the weight-update group must agree (rank_env.py).
     nccl_cumem_enable: str = field(default_factory=nccl_cumem_enable)
+    # Serve LoRA adapters pushed by the trainer (rollout.weight_sync.lora "adapter"): their rank
+    # and HF target modules (lora_server_args); None = no adapters.
+    lora_rank: int | None = None
+    lora_modules: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # Kept as strings end to end: CUDA_VISIBLE_DEVICES takes indices and UUIDs alike.
         object.__setattr__(self, "gpu_ids", tuple(str(g) for g in self.gpu_ids))
+        object.__setattr__(self, "lora_modules", tuple(self.lora_modules))
+        if self.lora_rank is not None:
+            # raises on a bad rank or no modules
+            lora_server_args(self.lora_rank, self.lora_modules, self.device)
         if self.tp < 1:
             raise ValueError(f"rollout.tp ({self.tp}) must be >= 1")
         if self.device not in DEVICES:
@@ -139,6 +155,21 @@ class ServerSpec:
                 "ServerSpec.weights_cpu_backup needs memory_saver=True (the CPU backup only "
                 "exists for release/resume); set memory_saver=True or drop weights_cpu_backup"
             )
+
+
+def lora_server_args(
+    rank: int, modules: Sequence[str], device: str = "cuda", slots: int = LORA_SLOTS
+) -> list[str]:
+    """The flags that make SGLang serve adapters of rank <= ``rank`` on ``modules`` (HF names,
+    e.g. q_proj). Both must be given up front: with no adapter at launch SGLang sizes its adapter
+    buffers from them, and refuses to start without them."""
+    if rank < 1 or not modules:
+        raise ValueError(
+            f"LoRA serving needs a rank >= 1 and target modules; got rank {rank}, "
+            f"modules {list(modules)}"
+        )
+    return ["--enable-lora", "--max-lora-rank", str(rank), "--lora-target-modules", *modules,
+            "--max-loras-per-batch", str(slots), "--lora-backend", LORA_BACKENDS[device]]  # fmt: skip
 
 
 def build_launch_command(spec: ServerSpec, port: int) -> list[str]:
@@ -186,6 +217,8 @@ def build_launch_command(spec: ServerSpec, port: int) -> list[str]:
         cmd.append("--disable-overlap-schedule")
     if spec.sleep_on_idle if spec.sleep_on_idle is not None else spec.device == "cpu":
         cmd.append("--sleep-on-idle")
+    if spec.lora_rank is not None:
+        cmd += lora_server_args(spec.lora_rank, spec.lora_modules, spec.device)
     return cmd + list(spec.extra_args)
 
 
@@ -412,6 +445,7 @@ def spec_from_config(
     dtype: str | None = None,
     *,
     weights_pushed: bool = False,
+    lora: LoRAConfig | None = None,
     **overrides: object,
 ) -> ServerSpec:
     """A ServerSpec from the validated config sections (rollout.*, cluster.*).
@@ -426,7 +460,8 @@ def spec_from_config(
     generation (a training run: the trainer pushes first, the hand-over re-pushes after a
     restart), so the server starts from random weights (``--load-format dummy``) instead of
     reading the checkpoint for nothing (4 x 145 GB at 72B); ``megarl generate`` serves the model
-    as it is and loads it.
+    as it is and loads it. ``lora`` (actor.lora): with ``rollout.weight_sync.lora`` "adapter" the
+    server is launched to serve the trainer's adapters (their rank and target modules).
     """
     from megarl.checkpoint.model_checkpoint import is_model_checkpoint
 
@@ -448,5 +483,7 @@ def spec_from_config(
         # server starts from its config and the trainer's initial push brings the weights.
         load_format="dummy" if weights_pushed or is_model_checkpoint(model_path) else None,
     )
+    if lora is not None and rollout.weight_sync.lora == "adapter":
+        fields.update(lora_rank=lora.rank, lora_modules=lora.modules)
     fields.update(overrides)
     return ServerSpec(**fields)  # type: ignore[arg-type]

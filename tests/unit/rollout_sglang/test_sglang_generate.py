@@ -346,3 +346,10 @@ def test_weights_resumed_without_a_cpu_backup_are_garbage_until_a_push(
     (result,) = engine.generate([[1, 2, 3]], SamplingParams(max_new_tokens=2))
     lost = [math.isnan(x) for x in result.logprobs]
     assert lost == [not cpu_backup] * 2
+
+
+def test_payload_names_the_active_adapter_for_every_copy():
+    params = SamplingParams(max_new_tokens=2, n=3)
+    assert "lora_path" not in build_generate_payload([1, 2], params, 0)
+    payload = build_generate_payload([1, 2], params, 0, adapter="policy_v4")
+    assert payload["lora_path"] == ["policy_v4"] * 3

@@ -12,8 +12,8 @@ import textwrap
 
 import pytest
 
-from megarl.config.rollout_sections import RolloutConfig
-from megarl.config.sections import ClusterConfig
+from megarl.config.rollout_sections import RolloutConfig, WeightSyncConfig
+from megarl.config.sections import ClusterConfig, LoRAConfig
 from megarl.rollout_sglang.engine import SGLangEngine
 from megarl.rollout_sglang.server import (
     ServerLaunchError,
@@ -142,6 +142,25 @@ def test_spec_from_config_appends_the_users_server_args():
     rollout = RolloutConfig(server_args=["--disable-radix-cache", "--chunked-prefill-size", "4096"])
     cmd = build_launch_command(spec_from_config("/m", rollout, ClusterConfig()), 1)
     assert cmd[-3:] == ["--disable-radix-cache", "--chunked-prefill-size", "4096"]
+
+
+def test_adapter_mode_launches_the_server_to_serve_the_policys_adapters():
+    lora = LoRAConfig(rank=16, target_modules=["v_proj", "q_proj"])
+    adapter = RolloutConfig(weight_sync=WeightSyncConfig(lora="adapter"))
+    cpu = spec_from_config("/m", adapter, ClusterConfig(device="cpu"), lora=lora)
+    cmd = build_launch_command(cpu, 1)
+    start = cmd.index("--enable-lora")
+    assert cmd[start:] == ["--enable-lora", "--max-lora-rank", "16", "--lora-target-modules", "q_proj", "v_proj",
+                           "--max-loras-per-batch", "3", "--lora-backend", "torch_native"]  # fmt: skip
+    cuda = spec_from_config("/m", adapter, ClusterConfig(), lora=lora)
+    assert build_launch_command(cuda, 1)[-1] == "csgmv"  # SGLang's default kernels (Triton)
+    # merged pushes (the default) and full fine-tuning serve plain weights
+    merged = spec_from_config("/m", RolloutConfig(), ClusterConfig(), lora=lora)
+    assert "--enable-lora" not in build_launch_command(merged, 1)
+    full = spec_from_config("/m", adapter, ClusterConfig())  # no actor.lora: full fine-tuning
+    assert "--enable-lora" not in build_launch_command(full, 1)
+    with pytest.raises(ValueError, match="needs a rank >= 1 and target modules"):
+        ServerSpec(model_path="m", lora_rank=8)
 
 
 @pytest.mark.parametrize(
