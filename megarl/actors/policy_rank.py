@@ -69,9 +69,16 @@ class PolicyRank(TrainedRank):
         self.transport = build_transport(cfg.weight_transport, self.policy, bucket_mb=ws.bucket_mb, overlap=ws.overlap,
                                          gather_mb=ws.gather_mb, local_engine=self.engine, disk_dir=weight_dir or cfg.weight_disk_dir,
                                          hf_dir=path, progress=self.push_progress, node_address=node_address,
-                                         pause=pause_mode(cfg.asynchronous, cfg.partial_rollouts))  # fmt: skip
+                                         pause=pause_mode(cfg.asynchronous, cfg.partial_rollouts),
+                                         lora_adapters=self._pushed_adapters(cfg))  # fmt: skip
         self.loss_fn = make_policy_loss_fn(cfg.algorithm, cfg.rollout.sampling.max_new_tokens)
         self._profiler: Any = None
+
+    def _pushed_adapters(self, cfg: MegaRLConfig) -> Any:
+        """The policy's adapters when pushes carry only them (``rollout.weight_sync.lora: adapter``), else None."""
+        if cfg.actor.lora is None or cfg.rollout.weight_sync.lora != "adapter":
+            return None
+        return lora_of(self.policy.model.core)
 
     def layout(self) -> Layout:
         """This rank's coordinates (the controller maps engines to ranks with them)."""

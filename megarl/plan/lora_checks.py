@@ -70,6 +70,11 @@ def check_lora(
     if rollout and push == "adapter" and cfg.rollout.engine == "torch":
         issues.append(Issue("rollout.weight_sync.lora", "(adapter) needs SGLang's LoRA serving and rollout.engine is "
                             "torch; use rollout.weight_sync.lora=merged (the default), or rollout.engine=sglang"))  # fmt: skip
+    if rollout and push == "adapter" and cfg.asynchronous:
+        # A request in flight keeps the adapter it started with across a push, so its tokens after
+        # the push would be labelled with a version that did not generate them.
+        issues.append(Issue("rollout.weight_sync.lora", "(adapter) is not supported yet with asynchronous training "
+                            f"(rollout.max_staleness={cfg.rollout.max_staleness}); use rollout.weight_sync.lora=merged"))  # fmt: skip
     mlp = [m for m in lora.target_modules if m not in (*LORA_ATTENTION_MODULES, "all-linear")]
     if arch.num_experts and mlp:
         issues.append(Issue("actor.lora.target_modules", f"({', '.join(mlp)}) not supported yet on expert layers and "

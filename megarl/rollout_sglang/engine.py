@@ -493,7 +493,8 @@ class SGLangEngine:
         self.update_session = False
         self._server_version = None  # the relaunched process may be another install
         self._version = 0
-        self.active_adapter = None  # a new process serves no adapter until one is loaded again
+        # active_adapter is kept: the hand-over re-pushes the same version (and so loads the same
+        # name) before anything generates on a restarted server (megarl/memory/handover.py).
 
     def _background(self) -> ThreadPoolExecutor:
         """The thread for HTTP calls that must not block the caller (made when first needed)."""

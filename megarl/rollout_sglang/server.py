@@ -461,11 +461,13 @@ def spec_from_config(
     restart), so the server starts from random weights (``--load-format dummy``) instead of
     reading the checkpoint for nothing (4 x 145 GB at 72B); ``megarl generate`` serves the model
     as it is and loads it. ``lora`` (actor.lora): with ``rollout.weight_sync.lora`` "adapter" the
-    server is launched to serve the trainer's adapters (their rank and target modules).
+    server is launched to serve the trainer's adapters (their rank and target modules), from the
+    base model's own weights.
     """
     from megarl.checkpoint.model_checkpoint import is_model_checkpoint
 
     placement, device = cluster.placement, cluster.device
+    adapters = lora is not None and rollout.weight_sync.lora == "adapter"
     fields: dict[str, object] = dict(
         model_path=model_path,
         tp=rollout.tp,
@@ -481,9 +483,11 @@ def spec_from_config(
         extra_args=tuple(rollout.server_args),
         # A model checkpoint of `megarl convert hf-to-megatron` has no HF weights either: the
         # server starts from its config and the trainer's initial push brings the weights.
-        load_format="dummy" if weights_pushed or is_model_checkpoint(model_path) else None,
+        # Serving adapters, the server loads the real base: SGLang's LoRA loader reads an adapter with
+        # the server's own load format, and a dummy one refuses it (0.5.23).
+        load_format="dummy" if (weights_pushed and not adapters) or is_model_checkpoint(model_path) else None,
     )
-    if lora is not None and rollout.weight_sync.lora == "adapter":
+    if adapters and lora is not None:
         fields.update(lora_rank=lora.rank, lora_modules=lora.modules)
     fields.update(overrides)
     return ServerSpec(**fields)  # type: ignore[arg-type]

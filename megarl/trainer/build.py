@@ -44,6 +44,7 @@ from megarl.trainer.phases import (
 )
 from megarl.trainer.rollout_source import AsyncRollouts, SyncRollouts
 from megarl.weight_sync.logprob_check import PROBE_PROMPTS, LogprobBound, PostPushCheck
+from megarl.weight_sync.lora_adapter import adapter_name
 
 if TYPE_CHECKING:
     from megarl.data.stream import PromptStream
@@ -259,7 +260,8 @@ def _components(cfg: MegaRLConfig, models: dict[str, Any], stream: Any, val_prom
         critic=CriticPhase(models["critic"], handover) if "critic" in models else Skip(),
         advantages=Advantages(cfg),
         policy=PolicyUpdate(policy, temperature, cfg.trainer.critic_warmup_steps, handover),
-        weight_push=WeightPush(policy, handover, _post_push_check(cfg, engines, forward, stream, val_prompts)),
+        weight_push=WeightPush(policy, handover, _post_push_check(cfg, engines, forward, stream, val_prompts),
+                               pushed=_adapter_selection(cfg, sglang)),
         models={role: CheckpointedModel(client, handover) for role, client in models.items()},
         total_steps=total_steps,
     )
@@ -291,6 +293,19 @@ def _rollouts(cfg: MegaRLConfig, plain: PlainCollector, stream: Any) -> SyncRoll
                                max_staleness=cfg.rollout.max_staleness, dynamic_sampling=ds.max_rounds if ds.enabled else 0,
                                timeout_s=0.9 * hang if hang else None)  # fmt: skip
     return AsyncRollouts(producer, cfg.trainer.output_dir)
+
+
+def _adapter_selection(cfg: MegaRLConfig, sglang: Any) -> Callable[[int], None]:
+    """After a push in adapter mode, the SGLang engines send the pushed version's adapter with
+    every request; otherwise nothing to do."""
+    if cfg.actor.lora is None or cfg.rollout.weight_sync.lora != "adapter" or sglang is None:
+        return lambda version: None
+
+    def select(version: int) -> None:
+        for engine in sglang.engines:
+            engine.active_adapter = adapter_name(version)
+
+    return select
 
 
 def _post_push_check(cfg: MegaRLConfig, engines: Any, policy: Any, stream: Any, val_prompts: Any) -> PostPushCheck | None:

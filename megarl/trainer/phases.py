@@ -10,6 +10,7 @@ works with (megarl/memory/residency.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -121,13 +122,17 @@ class WeightPush:
     post-push log-prob check: ``check`` (or None) generates a few responses with the engines and
     compares their log-probs with the trainer's (megarl/weight_sync/logprob_check.py)."""
 
-    def __init__(self, policy: PolicyClient, handover: Handover, check: Any = None):
-        self.policy, self.handover, self.check = policy, handover, check
+    def __init__(self, policy: PolicyClient, handover: Handover, check: Any = None,
+                 pushed: Callable[[int], None] = lambda version: None):  # fmt: skip
+        """``pushed(version)``: what the controller's side learns of a push (the engines' LoRA
+        adapter name in adapter mode, megarl/weight_sync/lora_adapter.py)."""
+        self.policy, self.handover, self.check, self.pushed = policy, handover, check, pushed
 
     def __call__(self, version: int) -> dict[str, float]:
         self.handover.enter(WEIGHT_PUSH)
         metrics = self.policy.push_weights(version)
         self.handover.pushed(version)
+        self.pushed(version)
         if self.check is not None:
             metrics |= self.check(version)
         return metrics

@@ -33,6 +33,7 @@ from typing import Any
 from megarl.weight_sync.cuda_ipc import SGLangTensorTransport
 from megarl.weight_sync.disk import DiskReloadable, DiskTransport
 from megarl.weight_sync.in_process import InProcessTransport
+from megarl.weight_sync.lora_adapter import AdapterTransport
 from megarl.weight_sync.nccl_broadcast import SGLangDistributedTransport, StageRole
 from megarl.weight_sync.progress import PushProgress
 from megarl.weight_sync.sglang_push import ABORT, RETRACT, RetractingDiskReload, engine_client
@@ -43,7 +44,7 @@ from megarl.weight_sync.transport_base import TRANSPORT_COLLECT, GlooGroup, Weig
 def build_transport(name: str, policy: Any, *, bucket_mb: float, gather_mb: float, overlap: bool = True,
                     local_engine: Any = None, disk_dir: str | Path | None = None, hf_dir: str | None = None,
                     progress: PushProgress | None = None, node_address: Callable[[], str] | None = None,
-                    pause: str = ABORT) -> WeightTransport:  # fmt: skip
+                    pause: str = ABORT, lora_adapters: Any = None) -> WeightTransport:  # fmt: skip
     """The transport ``name`` (``rollout.weight_sync.transport``, resolved) for one policy rank.
 
     ``policy``: the rank's PolicyWorker (``info`` and ``export_weights``); ``overlap``: the
@@ -52,8 +53,27 @@ def build_transport(name: str, policy: Any, *, bucket_mb: float, gather_mb: floa
     the torch engine of this rank (replica leaders), else None; ``progress``: where the stream
     notes each bucket (megarl/weight_sync/progress.py); ``node_address``: gives this node's address as
     engines on other nodes reach it (asked only by the distributed transport, for its update groups);
-    ``pause``: how a push pauses SGLang servers (megarl/weight_sync/sglang_push.py ``pause_mode``).
+    ``pause``: how a push pauses SGLang servers (megarl/weight_sync/sglang_push.py ``pause_mode``);
+    ``lora_adapters``: the policy's LoRAAdapters in adapter mode (``rollout.weight_sync.lora``), whose
+    pushes then carry the adapters only (megarl/weight_sync/lora_adapter.py), else None.
     """
+    base = _base_transport(name, policy, bucket_mb=bucket_mb, gather_mb=gather_mb, overlap=overlap,
+                           local_engine=local_engine, disk_dir=disk_dir, hf_dir=hf_dir, progress=progress,
+                           node_address=node_address, pause=pause)  # fmt: skip
+    if lora_adapters is None:
+        return base
+    if disk_dir is None or hf_dir is None:
+        raise ValueError("adapter-mode LoRA pushes need rollout.weight_sync.disk_dir and the base model's path")
+    writer = policy.info.rank == 0
+    return AdapterTransport(base, lora_adapters, disk_dir, writer=writer, base_model=str(Path(hf_dir).resolve()),
+                            engines_of=lambda endpoints: [engine_client(e) for e in endpoints] if writer else [],
+                            barrier=GlooGroup().barrier)  # fmt: skip
+
+
+def _base_transport(name: str, policy: Any, *, bucket_mb: float, gather_mb: float, overlap: bool, local_engine: Any,
+                    disk_dir: str | Path | None, hf_dir: str | None, progress: PushProgress | None,
+                    node_address: Callable[[], str] | None, pause: str) -> WeightTransport:  # fmt: skip
+    """The transport of the whole model (see :func:`build_transport`)."""
     info = policy.info
     collect = TRANSPORT_COLLECT.get(name)  # which ranks receive every stage's tensors
     if collect is None:

@@ -57,3 +57,27 @@ def test_moe_demo_trains_through_the_real_server_with_routing_replay(sglang_pyth
     first = records[0]  # the replay metrics: measured at the first update with the engine's routing
     assert first["actor/moe/routing_agreement"] > 0.9 and first["actor/moe/logprob_diff_replay"] < 1e-5
     assert "--enable-return-routed-experts" in (root / "run" / "logs" / "sglang_engine0.log").read_text()
+
+
+def test_lora_demo_pushes_adapters_to_the_real_server(sglang_python, tmp_path, monkeypatch):
+    """actor.lora with rollout.weight_sync.lora=adapter: the base model reaches the server once,
+    then each push loads only the adapters (a PEFT directory) and the server generates with them;
+    the post-push check and the mismatch compare its log-probs with the trainer's adapted policy."""
+    from megarl.commands.demo import run_demo
+
+    monkeypatch.chdir(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    root = tmp_path / "lora-demo"
+    run_demo("configs/tiny_grpo.yaml", ["rollout.engine=sglang", f"rollout.server_python={sglang_python}",
+                                        "actor.lora.rank=8", "rollout.weight_sync.lora=adapter", "trainer.total_steps=3",
+                                        "trainer.eval_before_train=false", "trainer.eval_freq=0", "trainer.save_freq=0",
+                                        "trainer.loggers=[jsonl]"], root)  # fmt: skip
+    records = [json.loads(line) for line in (root / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3]
+    for r in records:
+        assert r["weight_sync/logprob_diff"] < 1e-5  # the server generates with the trainer's adapters
+        assert r["rollout/logprob_mismatch"] < 1e-5
+    assert records[-1]["actor/kl"] > 0  # the adapters moved the policy away from the base
+    model_bytes = sum(f.stat().st_size for f in (root / "model").glob("*.safetensors"))
+    assert all(r["weight_sync/bytes"] < model_bytes / 2 for r in records)  # adapters only after the first push
+    assert sorted(p.name for p in (root / "run" / "weights").iterdir() if p.name.startswith("lora_v")) == ["lora_v2", "lora_v3"]
+    assert "--enable-lora" in (root / "run" / "logs" / "sglang_engine0.log").read_text()

@@ -1,0 +1,108 @@
+"""Adapter-mode pushes (``rollout.weight_sync.lora: adapter``, docs/lora.md): after the base model
+reached the SGLang servers once, each push moves only the LoRA adapters.
+
+A push writes the adapters of the whole model (gathered over TP and PP, megarl/models/lora.py)
+as an HF PEFT directory ``<disk_dir>/lora_v<version>`` (a filesystem every server reads), and the
+writer (policy rank 0) has every server load it under the name :func:`adapter_name` and label
+its weights with the version; the controller's engines then send that name with every request
+(the trainer sets it after the push). The base model goes through the run's own transport with
+the adapters switched off, on the first push of a connection (a launched or restarted server
+holds no weights of the trainer's) and on a re-push of the same version (the hand-over re-pushes
+when an engine's weights were lost: released without a copy, or restarted). The previous version
+stays loaded, since requests of an asynchronous run may still use it; older ones are unloaded
+(SGLang's unload waits for their last requests) and their directories removed.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from megarl.weight_sync.transport_base import WeightTransport
+
+
+def adapter_name(version: int) -> str:
+    """The name the engines serve the adapters of ``version`` under (SGLang's ``lora_path``)."""
+    return f"policy_v{version}"
+
+
+class AdapterTransport:
+    """Adapters through a PEFT directory, the base model through ``base`` (see module docstring)."""
+
+    def __init__(self, base: WeightTransport, adapters: Any, directory: str | Path, *, writer: bool, base_model: str,
+                 engines_of: Callable[[Any], Sequence[Any]], barrier: Callable[[], None]) -> None:  # fmt: skip
+        """``adapters``: the policy's LoRAAdapters; ``base_model``: the HF base's path (in the PEFT config)."""
+        self.base, self.adapters = base, adapters
+        self.directory = Path(directory)
+        self.writer, self.base_model, self.engines_of, self.barrier = writer, base_model, engines_of, barrier
+        self.engines: list[Any] = []
+        self.loaded: list[int] = []  # versions the engines hold, oldest first
+        self.last: int | None = None  # the version pushed on this connection
+
+    def connect(self, endpoints: Any) -> None:
+        self.base.connect(endpoints)
+        self.engines = list(self.engines_of(endpoints))
+        self.last, self.loaded = None, []  # new or restarted servers: the base goes again
+
+    def push(self, version: int) -> dict[str, float]:
+        start = time.perf_counter()
+        metrics: dict[str, float] = {}
+        if self.last is None or version == self.last:  # the engines' base weights are not the trainer's
+            with self.adapters.disabled():
+                metrics = self.base.push(version)
+            self.loaded = []  # a re-pushed server may have lost its adapters with its weights
+        tensors = self.adapters.peft_tensors()  # collective: every rank
+        target = self.directory / f"lora_v{version}"
+        if self.writer:
+            write_peft_adapter(target, tensors, self.adapters.cfg, self.base_model)
+        self.barrier()  # the directory is complete before a server reads it
+        try:
+            if self.writer:
+                self._load(version, target)
+        finally:  # a failed load still meets the others
+            self.barrier()
+        self.last = version
+        size = metrics.get("weight_sync/bytes", 0.0) + sum(t.numel() * t.element_size() for t in tensors.values())
+        seconds = time.perf_counter() - start
+        return metrics | {"weight_sync/seconds": seconds, "weight_sync/bytes": size, "weight_sync/gbps": size / max(seconds, 1e-9) / 1e9}
+
+    def _load(self, version: int, target: Path) -> None:
+        """Every server loads ``version`` (after unloading a same-named one a re-push left), is
+        labelled with it, and drops the versions before the previous one."""
+        for engine in self.engines:
+            if version in self.loaded:
+                engine.client.unload_lora_adapter(adapter_name(version))
+            engine.client.load_lora_adapter(adapter_name(version), target)
+            engine.set_weight_version(version)
+            engine.check_weight_version(version)  # the server's own label, as the other transports check
+        self.loaded = [v for v in self.loaded if v != version] + [version]
+        while len(self.loaded) > 2:
+            old = self.loaded.pop(0)
+            for engine in self.engines:
+                engine.client.unload_lora_adapter(adapter_name(old))
+            shutil.rmtree(self.directory / f"lora_v{old}", ignore_errors=True)
+
+    def close(self) -> None:
+        self.base.close()
+        self.engines = []
+
+
+def write_peft_adapter(directory: Path, tensors: dict[str, Any], cfg: Any, base_model: str) -> None:
+    """An HF PEFT adapter directory (``adapter_config.json`` from peft's own ``LoraConfig``,
+    ``adapter_model.safetensors``), written beside and renamed into place whole."""
+    from peft import LoraConfig
+    from safetensors.torch import save_file
+
+    modules = sorted({name.split(".")[-3] for name in tensors})  # ...<module>.lora_A.weight
+    config = LoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=modules,
+                        base_model_name_or_path=base_model, task_type="CAUSAL_LM")  # fmt: skip
+    tmp = directory.with_name(directory.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    config.save_pretrained(str(tmp))  # adapter_config.json, as peft writes it
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "adapter_model.safetensors"), metadata={"format": "pt"})
+    shutil.rmtree(directory, ignore_errors=True)
+    tmp.rename(directory)
