@@ -8,8 +8,8 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from run_helpers import train
 from megatron.core.dist_checkpointing import load_tensors_metadata
+from run_helpers import train
 from safetensors.torch import load_file, save_file
 
 pytestmark = pytest.mark.slow
