@@ -102,7 +102,7 @@ class LoRALinear(torch.nn.Module):
         split, whole, dim = (A, B, 1) if self.row else (B, A, 0)
         set_tensor_model_parallel_attributes(split, True, dim, 1)
         # Under SP the replicated adapter sees only this rank's tokens: Megatron sums its gradient over TP.
-        whole.sequence_parallel = self.sequence_parallel
+        whole.sequence_parallel = self.sequence_parallel  # type: ignore[attr-defined]
         self.adapter_A[part], self.adapter_B[part] = A, B
 
     # ---- forward -------------------------------------------------------------------------
@@ -216,7 +216,7 @@ class LoRAAdapters(torch.nn.Module):
         ``main_grad``). A collective over the TP and PP groups."""
         from megarl.parallel.sharding import all_gather_objects, gather_shards, pp_group, tp_group
 
-        items = [(name, ab, (t.main_grad if grads else t).detach(), dim) for name, ab, t, dim in self.items()]
+        items = [(name, ab, (t.main_grad if grads else t).detach(), dim) for name, ab, t, dim in self.items()]  # type: ignore[attr-defined]
         split = [(t, dim) for _, _, t, dim in items if dim is not None]
         tp = dist.get_world_size(tp_group()) if dist.is_initialized() else 1
         gathered = iter(gather_shards(split, tp_group()) if tp > 1 else [t for t, _ in split])
