@@ -212,6 +212,10 @@ class ConversionClient:
         """Load ``written`` back and compare bit for bit; the number of parameters checked."""
         return sum(self.group.call(ConversionRank.verify, written))
 
+    def write_adapter(self, directory: str, base: str) -> None:
+        """A LoRA checkpoint's adapters as an HF PEFT adapter directory of the HF model ``base``."""
+        self.group.call(ConversionRank.write_adapter, directory, base)
+
 
 class InProcessGroup(Generic[W]):
     """A worker group of one rank living in this process (no Ray).
