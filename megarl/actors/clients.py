@@ -196,6 +196,10 @@ class SFTClient(TrainedClient[SFTRank]):
         """Load the written checkpoint back and compare bit for bit; parameters checked, all ranks."""
         return sum(self.group.call(SFTRank.verify_model, checkpoint_dir))
 
+    def save_adapter(self, directory: str, base: str) -> None:
+        """LoRA: the trained adapters as an HF PEFT adapter directory of the HF model ``base``."""
+        self.group.call(SFTRank.save_adapter, directory, base)
+
 
 class ConversionClient:
     """A conversion group of `megarl convert` (megarl.actors.conversion_rank: ExportRank or
