@@ -196,6 +196,10 @@ class SFTClient(TrainedClient[SFTRank]):
         """Load the written checkpoint back and compare bit for bit; parameters checked, all ranks."""
         return sum(self.group.call(SFTRank.verify_model, checkpoint_dir))
 
+    def save_adapter(self, directory: str, base: str) -> None:
+        """LoRA: the trained adapters as an HF PEFT adapter directory of the HF model ``base``."""
+        self.group.call(SFTRank.save_adapter, directory, base)
+
 
 class ConversionClient:
     """A conversion group of `megarl convert` (megarl.actors.conversion_rank: ExportRank or
@@ -211,6 +215,10 @@ class ConversionClient:
     def verify(self, written: str) -> int:
         """Load ``written`` back and compare bit for bit; the number of parameters checked."""
         return sum(self.group.call(ConversionRank.verify, written))
+
+    def write_adapter(self, directory: str, base: str) -> None:
+        """A LoRA checkpoint's adapters as an HF PEFT adapter directory of the HF model ``base``."""
+        self.group.call(ConversionRank.write_adapter, directory, base)
 
 
 class InProcessGroup(Generic[W]):

@@ -54,11 +54,13 @@ def compare_parameters(expected: torch.nn.Module, got: torch.nn.Module, source: 
 
 def verify_rebuilt(model: Any, path: str, actor_cfg: ActorConfig, dtype: torch.dtype, seed: int) -> int:
     """Build the weights at ``path`` (an HF directory or a model checkpoint just written) into a
-    fresh model of ``model``'s layout; every parameter must equal ``model``'s (a MegatronModel).
+    fresh model of ``model``'s layout; every parameter must equal ``model``'s (a MegatronModel;
+    with LoRA, its adapters merged into its weights first: ``merge_into_base``).
     Returns how many of the model's parameters this rank is the one to count (:func:`counted_here`)."""
     from megarl.megatron_runtime.model import MegatronModel
 
-    rebuilt = MegatronModel.build(path, actor_cfg, dtype, seed)
+    # Without adapters: the files hold a plain model (a LoRA model's merged into its weights, merge_into_base).
+    rebuilt = MegatronModel.build(path, actor_cfg.model_copy(update={"lora": None}), dtype, seed)
     return compare_parameters(model.core, rebuilt.core, path, counted_here())
 
 
@@ -108,6 +110,10 @@ class ConversionRank:
         """Load ``written`` back into a fresh model; every parameter must be identical."""
         raise NotImplementedError
 
+    def write_adapter(self, directory: str, base: str) -> None:
+        """The LoRA adapters as an HF PEFT adapter directory (ExportRank of a LoRA checkpoint only)."""
+        raise NotImplementedError
+
 
 class ExportRank(ConversionRank):
     """One process of the Megatron -> HF group: the model of ``model_path`` in ``actor_cfg``'s
@@ -116,16 +122,26 @@ class ExportRank(ConversionRank):
 
     def __init__(self, model_path: str, actor_cfg: ActorConfig, dtype: str, seed: int, bucket_mb: float,
                  checkpoint: str | None = None, progress_file: str | None = None) -> None:  # fmt: skip
+        from megarl.actors.policy import lora_base_identity
         from megarl.megatron_runtime.model import MegatronModel, dtype_of
-        from megarl.megatron_runtime.training import load_trained_weights
+        from megarl.megatron_runtime.training import check_lora_base, load_trained_weights
+        from megarl.models.lora import lora_of
 
         self.actor_cfg, self.dtype, self.seed, self.bucket_mb = actor_cfg, dtype, seed, bucket_mb
         self.model_path = model_path
         # A training checkpoint's weights replace model_path's, which are not read at all; its
         # optimizer state is neither built nor read. model_path still gives config and tokenizer.
-        self.model = MegatronModel.build(model_path, actor_cfg, dtype_of(dtype), seed, load_weights=checkpoint is None)
+        # A LoRA checkpoint holds adapters only: model_path is their base, loaded and checked.
+        lora = checkpoint is not None and actor_cfg.lora is not None
+        self.model = MegatronModel.build(model_path, actor_cfg, dtype_of(dtype), seed, load_weights=checkpoint is None or lora)
         if checkpoint is not None:
+            if lora:
+                check_lora_base(Path(checkpoint) / "policy", lora_base_identity(self.model, model_path))
             load_trained_weights(self.model.core, Path(checkpoint) / "policy")
+        adapters = lora_of(self.model.core)
+        if adapters is not None:  # the export and its check: the merged model as plain weights
+            self.adapters = adapters.peft_tensors()
+            adapters.merge_into_base()
         self.rank = self.model.info.rank
         self.progress = ProgressFile(progress_file)
 
@@ -159,6 +175,15 @@ class ExportRank(ConversionRank):
         from megarl.megatron_runtime.model import dtype_of
 
         return verify_rebuilt(self.model, hf_dir, self.actor_cfg, dtype_of(self.dtype), self.seed)
+
+    def write_adapter(self, directory: str, base: str) -> None:
+        """A LoRA checkpoint's adapters as an HF PEFT adapter directory of the HF model ``base``
+        (rank 0 writes; every rank holds the full adapters, gathered when the model was loaded)."""
+        from megarl.models.lora import write_peft_adapter
+
+        assert self.actor_cfg.lora is not None
+        if self.rank == 0:
+            write_peft_adapter(directory, self.adapters, self.actor_cfg.lora, base)
 
 
 class ImportRank(ConversionRank):

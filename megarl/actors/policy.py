@@ -45,6 +45,20 @@ from megarl.weight_sync.export_check import ExportCheck
 ROUTING_METRICS_EVERY = 10
 
 
+def lora_base_identity(model: MegatronModel, model_path: str | Path) -> dict[str, object]:
+    """What a LoRA checkpoint records of its base model (``lora_base.json``) and a resume or an
+    export checks: its path and (sum, sum of |x|) over the base's HF tensors with the adapters
+    off, the same at any layout up to fp64 rounding (a collective over the replica)."""
+    from megarl.models.lora import lora_of
+    from megarl.weight_sync.export_check import expected_fingerprint
+
+    lora = lora_of(model.core)
+    assert lora is not None
+    with lora.disabled():
+        stats = expected_fingerprint(model.bridge, model.core, collect="all").values()
+    return {"path": str(Path(model_path).resolve()), "fingerprint": [sum(s for s, _ in stats), sum(a for _, a in stats)]}
+
+
 class PolicyWorker(TrainedWorker):
     """Megatron policy: ``compute_logprobs``, ``update``, ``export_weights``, ``save``/``load``,
     ``offload``/``onload``."""
@@ -69,20 +83,8 @@ class PolicyWorker(TrainedWorker):
         # Each push's export against the parameters (the weight stream observes, push_weights judges).
         self.export_check = ExportCheck(self.model.bridge, self.model.core)
         if actor_cfg.lora is not None:  # what a checkpoint of the adapters must be resumed on
-            self.trainer.base_identity = {"path": str(Path(model_path).resolve()), "fingerprint": self._base_fingerprint()}
+            self.trainer.base_identity = lora_base_identity(self.model, model_path)
         self._routed_updates = 0  # updates of batches with the engine's routing (gates the replay metrics)
-
-    def _base_fingerprint(self) -> list[float]:
-        """(sum, sum of |x|) over the frozen base model's HF tensors: the same at any layout up to
-        fp64 rounding (a collective over the replica)."""
-        from megarl.models.lora import lora_of
-        from megarl.weight_sync.export_check import expected_fingerprint
-
-        lora = lora_of(self.model.core)
-        assert lora is not None
-        with lora.disabled():
-            stats = expected_fingerprint(self.model.bridge, self.model.core, collect="all").values()
-        return [sum(s for s, _ in stats), sum(a for _, a in stats)]
 
     @property
     def info(self):

@@ -1,6 +1,7 @@
 """One process of the `megarl sft` group: the policy (the same PolicyWorker, layout and
 optimizer RL trains) with the supervised loss, and the fine-tuned model written as a model
-checkpoint (megarl/checkpoint/model_checkpoint.py) that RL starts from with model.path.
+checkpoint (megarl/checkpoint/model_checkpoint.py) that RL starts from with model.path; with
+LoRA (actor.lora), the merged model, and the adapters as an HF PEFT adapter directory too.
 
 Collective methods; the controller calls them through megarl/actors/clients.py ``SFTClient``.
 """
@@ -40,10 +41,26 @@ class SFTRank(TrainedRank):
         return self.worker.compute_logprobs(batch, 1.0)
 
     def save_model(self, weights_dir: str) -> None:
-        """The current weights as a dist-checkpoint in ``weights_dir``."""
+        """The current weights as a dist-checkpoint in ``weights_dir``; with LoRA the merged
+        model (the adapters merged into the weights first), a plain model RL starts from."""
         from megarl.checkpoint.model_checkpoint import save_model_weights
+        from megarl.models.lora import lora_of
 
+        lora = lora_of(self.worker.model.core)
+        if lora is not None and not lora.merged_in:
+            lora.merge_into_base()
         save_model_weights(self.worker.model.core, weights_dir)
+
+    def save_adapter(self, directory: str, base: str) -> None:
+        """LoRA: the adapters as an HF PEFT adapter directory of the HF model ``base`` (gathered
+        over TP and PP; rank 0 writes)."""
+        from megarl.models.lora import lora_of, write_peft_adapter
+
+        lora = lora_of(self.worker.model.core)
+        assert lora is not None and self.cfg.actor.lora is not None
+        tensors = lora.peft_tensors()
+        if self.info.rank == 0:
+            write_peft_adapter(directory, tensors, self.cfg.actor.lora, base)
 
     def verify_model(self, checkpoint_dir: str) -> int:
         """Load the written model checkpoint into a fresh model; every parameter must equal the trained one."""

@@ -214,8 +214,11 @@ def _check_weight_files(path: Path, record: dict[str, Any]) -> None:
 
 def _model_state(core: Any) -> dict[str, Any]:
     """The model's sharded state dict without a critic's value head (not in a policy's checkpoint:
-    it keeps its initialisation, as in an HF import)."""
-    state = core.sharded_state_dict()
+    it keeps its initialisation, as in an HF import) and without LoRA adapters: a model checkpoint
+    is a plain model (`megarl sft` with LoRA merges them into the weights before it saves)."""
+    from megarl.models.lora import is_adapter_name
+
+    state = {k: v for k, v in core.sharded_state_dict().items() if not is_adapter_name(k)}
     if getattr(getattr(core, "output_layer", None), "is_value_head", False):
         state = {k: v for k, v in state.items() if not k.startswith("output_layer.")}
     return {"model": state}

@@ -31,15 +31,19 @@ DTYPES = ("float32", "bfloat16", "float16")  # what an export may write
 
 
 def convert_checkpoint(checkpoint: str | Path, out: str | Path, config: str | Path | None = None, overwrite: bool = False,
-                       report: Any = None, verify: bool = True, in_process: bool = False) -> Path:  # fmt: skip
+                       report: Any = None, verify: bool = True, in_process: bool = False,
+                       adapter: bool | None = False) -> Path:  # fmt: skip
     """Write the policy of ``checkpoint`` (a step_NNNNNN directory) as an HF directory ``out``
-    (``in_process``: with one rank in this process, no Ray; a run's layout of one rank only)."""
-    from megarl.checkpoint.run_record import model_config_change, other_dtype_note, run_config
+    (``in_process``: with one rank in this process, no Ray; a run's layout of one rank only).
+    A LoRA checkpoint's is the merged model; ``adapter``: also its adapters as an HF PEFT adapter
+    directory ``out/lora_adapter`` (None: when it is a LoRA checkpoint; True: refused otherwise)."""
+    from megarl.checkpoint.run_record import model_config_change, other_dtype_note
     from megarl.checkpoint.verification import verify_checkpoint
     from megarl.plan.planner import make_plan
 
     ckpt = verify_checkpoint(checkpoint)  # a torn checkpoint is refused here, naming what is wrong
-    cfg = run_config(ckpt, config)
+    cfg = _run_config(ckpt, config)
+    adapter_base = _lora_base(ckpt.path, cfg, adapter)
     changed = model_config_change(ckpt, cfg.model.path) if cfg.model.path else None
     if changed:  # its config.json is what the export writes beside the weights
         raise OutputError(changed)
@@ -52,10 +56,64 @@ def convert_checkpoint(checkpoint: str | Path, out: str | Path, config: str | Pa
     ranks = _run_ranks(cfg, make_plan(cfg), ckpt.path.name, in_process)
     rank_args = (cfg.model.path, cfg.actor, cfg.model.dtype, cfg.trainer.seed, cfg.rollout.weight_sync.bucket_mb, str(ckpt.path))
     with _where_it_runs(ranks, ckpt.path.name):
-        checked = _write_hf_output(target, ranks, rank_args, verify, (str(ckpt.path.resolve()), ckpt.step), report)
+        checked = _write_hf_output(target, ranks, rank_args, verify, (str(ckpt.path.resolve()), ckpt.step), report,
+                                   adapter_base)  # fmt: skip
     if report is not None:
-        report(f"wrote {out} from {ckpt.path} (step {ckpt.step}); {_verified(checked)}")
+        merged = " (the base model with the LoRA adapters merged)" if cfg.actor.lora is not None else ""
+        report(f"wrote {out}{merged} from {ckpt.path} (step {ckpt.step}); {_verified(checked)}")
+        if adapter_base is not None:
+            from megarl.models.lora import PEFT_ADAPTER_DIR
+
+            report(f"wrote {Path(out) / PEFT_ADAPTER_DIR}: the adapters as an HF PEFT adapter of {adapter_base}")
     return Path(out)
+
+
+def _run_config(ckpt: Any, config: str | Path | None) -> Any:
+    """The checkpoint's run config (megarl/checkpoint/run_record.py); a LoRA checkpoint whose base
+    model is not where the config says is refused by the base's recorded path: its adapters alone
+    are in the checkpoint, the export loads the rest from there."""
+    import json
+
+    from megarl.checkpoint.run_record import run_config
+    from megarl.config.loading import ConfigError
+    from megarl.megatron_runtime.training import LORA_BASE_FILE
+
+    try:
+        return run_config(ckpt, config)
+    except ConfigError:
+        record = ckpt.path / "policy" / LORA_BASE_FILE
+        if not record.is_file():
+            raise
+        base = json.loads(record.read_text())["path"]
+        raise OutputError(f"{ckpt.path} holds LoRA adapters only, and their base model {base} (policy/{LORA_BASE_FILE}) "
+                          "is not there: put the base model back there, or pass --config with a model.path naming where it "
+                          "is now") from None  # fmt: skip
+
+
+def _lora_base(ckpt: Path, cfg: Any, adapter: bool | None) -> str | None:
+    """A LoRA checkpoint's base model when its PEFT adapter is written (``adapter``, see
+    :func:`convert_checkpoint`): the run's model.path (absolute; :func:`_run_config` found it), which
+    must be an HF directory. Checked before anything starts (OutputError naming the fix)."""
+    from megarl.checkpoint.model_checkpoint import is_model_checkpoint
+    from megarl.megatron_runtime.training import LORA_BASE_FILE
+
+    record = ckpt / "policy" / LORA_BASE_FILE
+    if not record.is_file():
+        if adapter:
+            raise OutputError(f"{ckpt} holds a whole model, not LoRA adapters (no policy/{LORA_BASE_FILE}): convert it "
+                              "without --adapter")  # fmt: skip
+        return None
+    if cfg.actor.lora is None:
+        raise OutputError(f"{ckpt} holds LoRA adapters (policy/{LORA_BASE_FILE}) and the config has no actor.lora: "
+                          "pass --config with the run's actor.lora, or leave --config out")  # fmt: skip
+    base = Path(cfg.model.path or "").absolute()
+    if adapter is False:
+        return None
+    if is_model_checkpoint(base):
+        raise OutputError(f"{ckpt}'s base model {base} is a megarl model checkpoint, which a PEFT adapter cannot name "
+                          f"as its base: pass --no-adapter for the merged model alone, or convert the base to HF "
+                          f"(megarl convert {base} BASE_HF) and train the adapters on that")  # fmt: skip
+    return str(base)
 
 
 def check_in_process(checkpoint: str | Path) -> None:
@@ -283,15 +341,16 @@ def _progress_bar(path: Path, label: str, poll_s: float = 0.5) -> Iterator[None]
 
 
 def _write_hf_output(target: Path, ranks: ConversionRanks, rank_args: tuple, verify: bool, source: tuple[str, int | None],
-                     report: Callable[[str], None] | None) -> int | None:  # fmt: skip
+                     report: Callable[[str], None] | None, adapter_base: str | None = None) -> int | None:  # fmt: skip
     """Staged, verified and swapped in at ``target``: the HF files of the ExportRank group's model
     with their manifest (``source``: the checkpoint and its step), config.json naming the dtype
-    the tensors were written in (``rank_args[2]``; the copied one names the model directory's).
+    the tensors were written in (``rank_args[2]``; the copied one names the model directory's),
+    and with ``adapter_base`` a LoRA checkpoint's PEFT adapter of that base in ``lora_adapter/``.
     The parameters verified (None when not verified)."""
     from megarl.models.hf_files import set_config_dtype
 
     with staged_output(target, report) as staging:
-        checked = _export_hf(ranks, rank_args, staging, verify, report)
+        checked = _export_hf(ranks, rank_args, staging, verify, report, adapter_base)
         written = staging / "v0"
         set_config_dtype(written, rank_args[2])
         _write_manifest(written, *source, checked)
@@ -300,9 +359,9 @@ def _write_hf_output(target: Path, ranks: ConversionRanks, rank_args: tuple, ver
 
 
 def _export_hf(ranks: ConversionRanks, rank_args: tuple, staging: Path, verify: bool,
-               report: Callable[[str], None] | None) -> int | None:  # fmt: skip
-    """HF files of the ExportRank group's model in ``staging``/v0 (with the index); the parameters
-    verified (None when not verified)."""
+               report: Callable[[str], None] | None, adapter_base: str | None = None) -> int | None:  # fmt: skip
+    """HF files of the ExportRank group's model in ``staging``/v0 (with the index, and the PEFT
+    adapter of ``adapter_base`` when given); the parameters verified (None when not verified)."""
     from megarl.actors.conversion_rank import ExportRank, write_index
 
     say = report or (lambda _: None)
@@ -313,6 +372,11 @@ def _export_hf(ranks: ConversionRanks, rank_args: tuple, staging: Path, verify: 
         client.write(str(staging))
         written = staging / "v0"
         write_index(written)
+        if adapter_base is not None:  # (the files are read back and compared as they are written)
+            from megarl.models.lora import PEFT_ADAPTER_DIR
+
+            say(f"megatron-to-hf: writing the PEFT adapter in {PEFT_ADAPTER_DIR}/ ...")
+            client.write_adapter(str(written / PEFT_ADAPTER_DIR), adapter_base)
         if not verify:
             return None
         say("megatron-to-hf: importing the written files back to compare ...")

@@ -5,6 +5,9 @@
   run's layout) or a model checkpoint of hf-to-megatron (rebuilt with its recorded layout or
   --tp/--pp). HF safetensors + index, config (naming the dtype written), generation config and tokenizer are written,
   imported back and compared with the loaded weights bit for bit (--no-verify skips that).
+  A LoRA run's checkpoint (policy/lora_base.json; adapters only) is loaded onto its base model
+  (the run's model.path, checked against the recorded fingerprint): HF_DIR is the merged model,
+  and HF_DIR/lora_adapter the adapters as an HF PEFT adapter of that base (--no-adapter: not).
 - ``megarl convert hf-to-megatron --hf HF_DIR --out CKPT --tp N --pp M [--ep E]``: a Megatron
   dist-checkpoint that records the HF config it came from (megarl/checkpoint/model_checkpoint.py);
   `megarl launch` starts from it when model.path names it, with any TP/PP. It is loaded back
@@ -50,6 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "CHECKPOINT --out OUT`.",
         epilog="examples:\n"
         "  megarl convert outputs/run/checkpoints/step_000200 hf_model\n"
+        "  (a LoRA run's checkpoint: hf_model is the merged model, hf_model/lora_adapter the PEFT adapter)\n"
         "  megarl convert hf-to-megatron --hf Qwen2.5-7B --out qwen7b_tp2pp2 --tp 2 --pp 2\n"
         "  megarl launch configs/qwen2.5_7b_ppo.yaml model.path=qwen7b_tp2pp2\n"
         "  megarl convert megatron-to-hf --ckpt qwen7b_tp2pp2 --out qwen7b_hf",
@@ -111,6 +115,12 @@ def _register_to_hf(directions: argparse._SubParsersAction) -> None:
     p.add_argument("--ep", type=int, default=None, help="model checkpoint: EP of the export (default: recorded)")
     p.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
                    help="import the written files back and compare bit for bit (default: on)")
+    p.add_argument("--adapter", action=argparse.BooleanOptionalAction, default=None,
+                   help="LoRA training checkpoint (actor.lora): OUT is always the merged model (base + alpha/rank * B A); "
+                   "also write the adapters as an HF PEFT adapter directory OUT/lora_adapter (adapter_config.json + "
+                   "adapter_model.safetensors, base_model_name_or_path = the run's HF model.path), which "
+                   "PeftModel.from_pretrained(base, OUT/lora_adapter) loads (default: on for a LoRA checkpoint; "
+                   "--no-adapter: the merged model alone)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace OUT when it holds a previous megatron-to-hf output (and nothing else)")
     _add_in_process(p)
@@ -173,15 +183,17 @@ def _to_hf(args: argparse.Namespace) -> int:
         raise OutputError(f"{ckpt} is a Hugging Face model directory, not a checkpoint; to make a Megatron "
                           f"checkpoint of it: megarl convert hf-to-megatron --hf {ckpt} --out CKPT_DIR")
     if is_model_checkpoint(ckpt):
-        if args.config is not None:
-            raise OutputError(f"--config is for training checkpoints; {ckpt} is a model checkpoint (it holds its own config)")
+        if args.config is not None or args.adapter:
+            raise OutputError(f"--{'config' if args.config is not None else 'adapter'} is for training checkpoints; {ckpt} is a "
+                              "model checkpoint (a plain model, with its own config)")  # fmt: skip
         export_model_checkpoint(ckpt, out, args.tp, args.pp, args.overwrite, args.verify, report=print,
                                 in_process=args.in_process, ep=args.ep)  # fmt: skip
     else:
         if args.tp is not None or args.pp is not None or args.ep is not None:
             raise OutputError(f"--tp/--pp/--ep are for model checkpoints; a training checkpoint ({ckpt}) is exported with "
                               "the run's layout")
-        convert_checkpoint(ckpt, out, args.config, args.overwrite, report=print, verify=args.verify, in_process=args.in_process)
+        convert_checkpoint(ckpt, out, args.config, args.overwrite, report=print, verify=args.verify, in_process=args.in_process,
+                           adapter=args.adapter)  # fmt: skip
     return 0
 
 

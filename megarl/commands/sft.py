@@ -10,7 +10,10 @@ TensorBoard, W&B as trainer.loggers says).
 
 The result is ``<sft.output_dir>/model``: a model checkpoint (the format of `megarl convert
 hf-to-megatron`, recording the HF config), written beside itself, loaded back and compared bit
-for bit, then renamed into place. ``model.path=<sft.output_dir>/model`` starts RL from it (the
+for bit, then renamed into place. With LoRA (``actor.lora``) only the adapters train; ``model`` is
+the merged model (base + alpha/rank * B A, a plain model without adapters) and
+``<sft.output_dir>/lora_adapter`` the adapters as an HF PEFT adapter of model.path (none when
+model.path is a model checkpoint, which PEFT cannot name as a base). ``model.path=<sft.output_dir>/model`` starts RL from it (the
 reference too) with any layout, and `megarl convert megatron-to-hf` exports it. An existing
 ``model`` directory is never replaced: the run is refused before it starts.
 
@@ -46,7 +49,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Trains the config's model on sft.train_files with the RL run's policy worker, layout and "
         "optimizer; the loss covers response tokens (prompt + response rows) or assistant turns (chat "
         "conversations) only. Writes <sft.output_dir>/model, a model checkpoint verified bit for bit: "
-        "`megarl launch CONFIG model.path=<sft.output_dir>/model` starts RL from it and `megarl convert` exports it.",
+        "`megarl launch CONFIG model.path=<sft.output_dir>/model` starts RL from it and `megarl convert` exports it. "
+        "With actor.lora (e.g. actor.lora.rank=8) only the adapters train: model is the merged model, and "
+        "<sft.output_dir>/lora_adapter the adapters as an HF PEFT adapter directory of model.path.",
     )
     add_config_args(p)
     where = p.add_mutually_exclusive_group()
@@ -63,6 +68,11 @@ def _run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
     run_sft(cfg, args.address, in_process=args.in_process)
     print(f"wrote {Path(cfg.sft.output_dir) / MODEL_DIR}: start RL from it with model.path={Path(cfg.sft.output_dir) / MODEL_DIR}")
+    from megarl.models.lora import PEFT_ADAPTER_DIR
+
+    adapter = Path(cfg.sft.output_dir) / PEFT_ADAPTER_DIR
+    if cfg.actor.lora is not None and adapter.is_dir():
+        print(f"wrote {adapter}: the LoRA adapters as an HF PEFT adapter of {cfg.model.path}")
     return 0
 
 
@@ -144,6 +154,7 @@ def _check_target(target: Path, cfg: Any) -> None:
     from megarl.checkpoint.model_checkpoint import RECORD
     from megarl.commands.model_outputs import check_output_target
     from megarl.commands.outputs import OutputError, same_file
+    from megarl.models.lora import PEFT_ADAPTER_DIR
 
     if target.parent.exists() and not target.parent.is_dir():  # else "move the old model away"
         raise SFTError(f"sft.output_dir ({cfg.sft.output_dir}) is a file; give a folder (megarl sft writes "
@@ -158,6 +169,10 @@ def _check_target(target: Path, cfg: Any) -> None:
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise SFTError(f"{target} exists (an earlier megarl sft wrote it?) and is never replaced; give another "
                        "sft.output_dir, or move it away")  # fmt: skip
+    adapter = target.with_name(PEFT_ADAPTER_DIR)
+    if cfg.actor.lora is not None and (adapter.exists() or adapter.with_name(f".{PEFT_ADAPTER_DIR}.writing").exists()):
+        raise SFTError(f"{adapter} (or .{PEFT_ADAPTER_DIR}.writing) exists (an earlier megarl sft with actor.lora wrote it?) "
+                       "and is never replaced; give another sft.output_dir, or move it away")  # fmt: skip
     try:
         check_output_target(target, False, {"the model directory of model.path": Path(cfg.model.path or "")}, manifest=RECORD)
     except OutputError as exc:
@@ -309,3 +324,23 @@ def _write_model(cfg: Any, client: Any, target: Path, hf_config: dict[str, Any])
                            f"kept in {kept} (unverified)") from exc  # fmt: skip
         finish_output(staging, target)
     log.info("sft: verified: %d parameters loaded back from %s equal the trained ones bit for bit", checked, target)
+    if cfg.actor.lora is not None:
+        _write_adapter(client, target.parent, source)
+
+
+def _write_adapter(client: Any, out: Path, base: Path) -> None:
+    """LoRA: the trained adapters as an HF PEFT adapter directory ``<sft.output_dir>/lora_adapter``
+    of the HF model ``base`` (model.path), written beside itself and renamed into place; none
+    when ``base`` is a model checkpoint, which PEFT cannot name as a base (the merged model is
+    the output then)."""
+    from megarl.checkpoint.model_checkpoint import is_model_checkpoint
+    from megarl.models.lora import PEFT_ADAPTER_DIR
+
+    if is_model_checkpoint(base):
+        log.warning("sft: no PEFT adapter written: model.path %s is a megarl model checkpoint, which a PEFT adapter "
+                    "cannot name as its base; the merged model is %s", base, out / MODEL_DIR)  # fmt: skip
+        return
+    staging = out / f".{PEFT_ADAPTER_DIR}.writing"
+    client.save_adapter(str(staging), str(base))
+    staging.rename(out / PEFT_ADAPTER_DIR)
+    log.info("sft: wrote %s: the adapters as an HF PEFT adapter of %s", out / PEFT_ADAPTER_DIR, base)

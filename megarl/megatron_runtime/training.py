@@ -327,14 +327,22 @@ def load_trained_weights(core: torch.nn.Module, path: str | os.PathLike) -> None
     """Fill ``core``'s parameters from the training checkpoint at ``path`` (what
     :meth:`TrainableModel.save` wrote; collective), reading neither the optimizer state nor the
     schedule: an export needs the weights alone, without training's memory for Adam's state
-    and whatever optimizer layout (distributed or not, gradient buckets) wrote them."""
+    and whatever optimizer layout (distributed or not, gradient buckets) wrote them. With LoRA
+    (adapters attached to ``core``), the adapters only: the caller built ``core`` from the base
+    and checks it against the checkpoint's (:func:`check_lora_base`)."""
     # Not load_model_weights: a training checkpoint describes its model with CHECKPOINT_METADATA and holds every parameter.
+    # A LoRA checkpoint holds the adapters alone: ``core`` has its base model loaded and the adapters attached.
     from megatron.core import dist_checkpointing
 
     _check_loadable(path)
-    state = dist_checkpointing.load({"model": _model_sharded_state(core)}, str(path))
+    lora = lora_of(core)
+    state = dist_checkpointing.load({"model": _model_sharded_state(core) if lora is None else lora.sharded_state_dict(LORA_KEY)},
+                                    str(path))  # fmt: skip
     with torch.no_grad():
-        core.load_state_dict(state["model"])
+        if lora is None:
+            core.load_state_dict(state["model"])
+        else:
+            lora.load_sharded(state["model"], LORA_KEY)
 
 
 def _check_loadable(path: str | os.PathLike) -> None:

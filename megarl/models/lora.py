@@ -46,6 +46,7 @@ import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -54,6 +55,8 @@ import torch.nn.functional as F
 
 LORA_ATTR = "lora_adapters"  # the GPTModel attribute holding the adapters
 PEFT_PREFIX = "base_model.model."  # what peft puts before the model's own module names
+PEFT_WEIGHTS = "adapter_model.safetensors"  # the adapter files of peft's save_pretrained
+PEFT_ADAPTER_DIR = "lora_adapter"  # where `megarl convert` and `megarl sft` write one (as verl's model merger)
 # HF module -> (the Megatron linear that holds it, its part of that linear, the HF parent)
 TARGETS: dict[str, tuple[str, str, str]] = {
     "q_proj": ("self_attention.linear_qkv", "q", "self_attn"),
@@ -102,7 +105,7 @@ class LoRALinear(torch.nn.Module):
         split, whole, dim = (A, B, 1) if self.row else (B, A, 0)
         set_tensor_model_parallel_attributes(split, True, dim, 1)
         # Under SP the replicated adapter sees only this rank's tokens: Megatron sums its gradient over TP.
-        setattr(whole, "sequence_parallel", self.sequence_parallel)  # noqa: B010 (Megatron reads it)
+        whole.sequence_parallel = self.sequence_parallel  # type: ignore[attr-defined]
         self.adapter_A[part], self.adapter_B[part] = A, B
 
     # ---- forward -------------------------------------------------------------------------
@@ -175,10 +178,13 @@ class LoRAAdapters(torch.nn.Module):
         self.cfg = cfg
         self.linears = torch.nn.ModuleDict()
         self._by_weight: dict[int, LoRALinear] = {}  # id(base weight) -> its adapters
+        self._bases: list[tuple[torch.nn.Parameter, LoRALinear]] = []  # (base weight, its adapters); not registered
+        self.merged_in = False  # merge_into_base ran: the base weights are the merged model
 
     @contextmanager
     def disabled(self) -> Iterator[None]:
         """The base model: the reference policy's forward passes."""
+        assert not self.merged_in, "the adapters are merged into the base weights: there is no base model left"
         linears = [lin for lin in self.linears.values() if isinstance(lin, LoRALinear)]
         for lin in linears:
             lin.active = False
@@ -192,6 +198,17 @@ class LoRAAdapters(torch.nn.Module):
         """``param`` with its adapters merged (itself when it has none)."""
         lin = self._by_weight.get(id(param))
         return param if lin is None or not lin.active else lin.merged(param)
+
+    def merge_into_base(self) -> None:
+        """Write every adapted weight as :meth:`merged` gives it into the base weight itself and
+        switch the adapters off: the model is then the merged model as plain weights, which a
+        model checkpoint (no adapter keys) and a bit-for-bit check against an HF export need.
+        The adapters keep their values (:meth:`peft_tensors`); the base is gone. Not undone."""
+        with torch.no_grad():
+            for weight, lin in self._bases:
+                weight.copy_(lin.merged(weight))
+                lin.active = False
+        self.merged_in = True
 
     def items(self) -> Iterator[tuple[str, str, torch.nn.Parameter, int | None]]:
         """``(HF module name, "lora_A" | "lora_B", local tensor, TP-split dim or None)`` of every adapter."""
@@ -257,6 +274,35 @@ class LoRAAdapters(torch.nn.Module):
         return sum(t.numel() for _, _, t, _ in self.items())
 
 
+def peft_modules(tensors: dict[str, torch.Tensor]) -> list[str]:
+    """The HF module names (``q_proj`` ...) that PEFT-named ``tensors`` adapt, in TARGETS order:
+    peft's ``target_modules`` (on a mixture-of-experts model all-linear adapts the attention only)."""
+    names = {key.split(".lora_")[0].rsplit(".", 1)[-1] for key in tensors}
+    return [m for m in TARGETS if m in names]
+
+
+def write_peft_adapter(directory: str | Path, tensors: dict[str, torch.Tensor], cfg: Any, base: str) -> None:
+    """An HF PEFT adapter directory as ``PeftModel.save_pretrained`` writes it, which
+    ``PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), directory)`` loads:
+    ``adapter_config.json`` from peft's own LoraConfig (``cfg``: the run's LoRAConfig, the target
+    modules those ``tensors`` adapt; ``base``: the HF base model's directory) and ``adapter_model.safetensors``
+    of ``tensors`` (:meth:`LoRAAdapters.peft_tensors`, already peft's names); then read back and
+    compared bit for bit (ValueError if they differ)."""
+    from peft import LoraConfig
+    from safetensors.torch import load_file, save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    alpha = int(cfg.alpha) if float(cfg.alpha).is_integer() else cfg.alpha  # peft types lora_alpha as int
+    LoraConfig(r=cfg.rank, lora_alpha=alpha, lora_dropout=cfg.dropout, target_modules=peft_modules(tensors),
+               base_model_name_or_path=str(base), task_type="CAUSAL_LM", inference_mode=True).save_pretrained(str(directory))  # fmt: skip
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(directory / PEFT_WEIGHTS), metadata={"format": "pt"})
+    back = load_file(str(directory / PEFT_WEIGHTS))
+    wrong = [k for k, v in tensors.items() if k not in back or not torch.equal(back[k], v)]
+    if wrong or len(back) != len(tensors):
+        raise ValueError(f"{directory / PEFT_WEIGHTS} does not hold the adapters written (e.g. {(wrong or list(back))[0]})")
+
+
 def inputs_need_grad(module: torch.nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
     """Forward hook on the frozen embedding: its output requires grad, so that a recomputed
     (checkpointed) block still passes gradients to the adapters inside it."""
@@ -290,7 +336,9 @@ def attach_lora(gpt: Any, cfg: Any, seed: int) -> LoRAAdapters:
             lin = _adapt_linear(layer, index, linear_path, cfg, seed)
             if lin is not None:
                 adapters.linears[f"{index}_{linear_path.replace('.', '_')}"] = lin
-                adapters._by_weight[id(_module(layer, linear_path).weight)] = lin
+                weight = _module(layer, linear_path).weight
+                adapters._by_weight[id(weight)] = lin
+                adapters._bases.append((weight, lin))
     setattr(gpt, LORA_ATTR, adapters)
     return adapters
 

@@ -85,3 +85,36 @@ def kill_after_checkpoint(cmd: list[str], out: Path, step: int, log: Path) -> No
             time.sleep(0.02)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=60)
+
+
+def hf_tensors(directory: Path) -> dict:
+    """Every tensor of the safetensors files in ``directory`` (an HF model or PEFT adapter)."""
+    from safetensors.torch import load_file
+
+    out: dict = {}
+    for path in sorted(Path(directory).glob("*.safetensors")):
+        out.update(load_file(str(path)))
+    return out
+
+
+def lora_merged_reference(base_dir: Path, adapter_dir: Path) -> dict:
+    """The merged model megarl must write for the HF base ``base_dir`` and the PEFT adapter
+    ``adapter_dir``, computed here independently: every adapted ``W`` is
+    ``(W.float() + alpha / r * sum_k B[:, k] A[k, :]).to(W.dtype)`` in fp32 with k ascending (the
+    one elementwise formula of megarl/models/lora.py), every other tensor the base's."""
+    import torch
+
+    config = json.loads((Path(adapter_dir) / "adapter_config.json").read_text())
+    scale = config["lora_alpha"] / config["r"]
+    base, adapters = hf_tensors(base_dir), hf_tensors(adapter_dir)
+    merged = dict(base)
+    for key, a in adapters.items():
+        if ".lora_A." not in key:
+            continue
+        b = adapters[key.replace(".lora_A.", ".lora_B.")].float()
+        name = key.removeprefix("base_model.model.").replace(".lora_A.weight", ".weight")
+        delta = torch.zeros(b.shape[0], a.shape[1])
+        for k in range(a.shape[0]):
+            delta += b[:, k : k + 1] * a.float()[k : k + 1, :]
+        merged[name] = (base[name].float() + scale * delta).to(base[name].dtype)
+    return merged

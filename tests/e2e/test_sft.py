@@ -170,3 +170,47 @@ def test_sigterm_while_starting_and_after_a_step(tmp_path):
     text = log.read_text()
     assert "stopped by SIGTERM after step" in text and "of 1000" in text, text[-3000:]
     assert read_record(out / "model")["verified_parameters"] > 0
+
+
+def test_sft_with_lora_writes_the_merged_model_and_a_peft_adapter(tmp_path):
+    # actor.lora.rank=8: only the adapters train; <output_dir>/model is the merged model as a
+    # plain model checkpoint (no adapter keys: RL loads it as any model) and lora_adapter/ the
+    # adapters, which peft loads onto model.path. In process (one rank), 3 steps.
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import torch
+    from peft import PeftModel
+    from run_helpers import hf_tensors, lora_merged_reference
+    from torch.distributed.checkpoint import FileSystemReader
+    from transformers import AutoModelForCausalLM
+
+    model, data = prepare_demo(tmp_path / "demo")
+    out = tmp_path / "sft"
+    env, said = {**os.environ, "OMP_NUM_THREADS": "1"}, []
+    for args in (["sft", str(CONFIG), f"model.path={model}", f"sft.train_files=[{data / 'train.parquet'}]", "sft.val_files=[]",
+                  f"sft.output_dir={out}", "sft.total_steps=3", "actor.lora.rank=8", "actor.optimizer.lr=0.01",
+                  "cluster.gpus_per_node=1", "trainer.loggers=[jsonl]", "--in-process"],
+                 ["convert", str(out / "model"), str(tmp_path / "hf"), "--in-process"]):  # fmt: skip
+        done = subprocess.run([sys.executable, "-m", "megarl.cli", *args], capture_output=True, text=True, timeout=600, env=env)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        said.append(done.stdout)
+    assert f"wrote {out / 'lora_adapter'}: the LoRA adapters as an HF PEFT adapter of {model}" in said[0]
+    keys = FileSystemReader(str(out / "model" / "megatron")).read_metadata().state_dict_metadata
+    assert keys and not [k for k in keys if "lora" in k]
+    config = json.loads((out / "lora_adapter" / "adapter_config.json").read_text())
+    assert (config["r"], config["lora_alpha"], config["base_model_name_or_path"]) == (8, 16, str(model.absolute()))
+
+    expected, merged = lora_merged_reference(model, out / "lora_adapter"), hf_tensors(tmp_path / "hf")
+    assert merged.keys() == expected.keys()
+    for name, tensor in expected.items():  # adapted weights merged bit for bit, every other the base's (frozen)
+        assert torch.equal(merged[name], tensor), name
+    assert sum(not torch.equal(t, merged[n]) for n, t in hf_tensors(model).items()) == 2 * 7  # the adapters trained
+
+    ids = torch.tensor([[1, 5, 7, 9, 3, 2, 4]])
+    peft_model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32), out / "lora_adapter")
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)
+    with torch.no_grad():
+        torch.testing.assert_close(peft_model(ids).logits, hf(ids).logits, atol=1e-5, rtol=0)
