@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from megarl.models.lora import write_peft_adapter
 from megarl.weight_sync.transport_base import WeightTransport
 
 
@@ -56,8 +57,12 @@ class AdapterTransport:
             self.loaded = []  # a re-pushed server may have lost its adapters with its weights
         tensors = self.adapters.peft_tensors()  # collective: every rank
         target = self.directory / f"lora_v{version}"
-        if self.writer:
-            write_peft_adapter(target, tensors, self.adapters.cfg, self.base_model)
+        if self.writer:  # written beside, renamed into place whole: a server never reads half a version
+            tmp = target.with_name(target.name + ".tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            write_peft_adapter(tmp, tensors, self.adapters.cfg, self.base_model)
+            shutil.rmtree(target, ignore_errors=True)
+            tmp.rename(target)
         self.barrier()  # the directory is complete before a server reads it
         try:
             if self.writer:
@@ -88,21 +93,3 @@ class AdapterTransport:
     def close(self) -> None:
         self.base.close()
         self.engines = []
-
-
-def write_peft_adapter(directory: Path, tensors: dict[str, Any], cfg: Any, base_model: str) -> None:
-    """An HF PEFT adapter directory (``adapter_config.json`` from peft's own ``LoraConfig``,
-    ``adapter_model.safetensors``), written beside and renamed into place whole."""
-    from peft import LoraConfig
-    from safetensors.torch import save_file
-
-    modules = sorted({name.split(".")[-3] for name in tensors})  # ...<module>.lora_A.weight
-    config = LoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=modules,
-                        base_model_name_or_path=base_model, task_type="CAUSAL_LM")  # fmt: skip
-    tmp = directory.with_name(directory.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    config.save_pretrained(str(tmp))  # adapter_config.json, as peft writes it
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "adapter_model.safetensors"), metadata={"format": "pt"})
-    shutil.rmtree(directory, ignore_errors=True)
-    tmp.rename(directory)
