@@ -19,6 +19,19 @@ class SamplingConfig(Section):
     max_new_tokens: int = Field(1024, ge=1, description="Maximum response length; a response cut here is marked truncated.")
     stop: list[str] = Field(default_factory=list, description="Stop strings (the matched string stays in the response).")
     stop_token_ids: list[int] = Field(default_factory=list, description="Extra stop token ids besides the tokenizer's EOS.")
+    ignore_eos: bool = Field(
+        False,
+        description="Generate past EOS (and stop_token_ids) up to max_new_tokens, in training rollouts, validation "
+        "and megarl generate (SGLang's and vLLM's ignore_eos; stop strings still end a response). For throughput "
+        "and length experiments: responses run on after the answer.",
+    )
+
+    @model_validator(mode="after")
+    def _ignored_stop_ids(self) -> SamplingConfig:
+        if self.ignore_eos and self.stop_token_ids:
+            raise ValueError(f"rollout.sampling.stop_token_ids {self.stop_token_ids} are ignored with ignore_eos=true "
+                             "(SGLang ignores them too); drop them or set rollout.sampling.ignore_eos=false")  # fmt: skip
+        return self
 
 
 WEIGHT_TRANSPORTS = ("auto", "in_process", "tensor", "distributed", "disk")

@@ -85,6 +85,7 @@ def sampling_params(cfg: MegaRLConfig, step: int, *, validation: bool = False) -
         n=cfg.rollout.val.n if validation else cfg.rollout.n,
         stop=tuple(s.stop),
         stop_token_ids=tuple(s.stop_token_ids),
+        ignore_eos=s.ignore_eos,
         seed=step_seed(cfg.trainer.seed, -step - 1 if validation else step),
         # Training rollouts ask the engines for their expert routing when the trainer replays it.
         return_routing=routing_replay(cfg) != "none" and not validation,
