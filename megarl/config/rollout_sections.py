@@ -128,13 +128,31 @@ class WeightSyncConfig(Section):
 
 
 class ValSamplingConfig(Section):
-    greedy: bool = Field(True, description="Validate with greedy decoding (else sample at the training temperature).")
+    greedy: bool = Field(
+        True, description="Validate with greedy decoding; false = sample at temperature, top_p and top_k below (verl's val_kwargs.do_sample=true)."
+    )
+    temperature: float | None = Field(
+        None, ge=0, description="Validation sampling temperature (with greedy=false); None = rollout.sampling.temperature."
+    )
+    top_p: float | None = Field(None, gt=0, le=1, description="Validation nucleus sampling (with greedy=false); None = rollout.sampling.top_p.")
+    top_k: int | None = Field(None, ge=-1, description="Validation top-k (with greedy=false; -1 = the whole vocabulary); None = rollout.sampling.top_k.")
     n: int = Field(1, ge=1, description="Samples per validation prompt (pass@k, best@k and maj@k are reported for k = 1, 2, 4, ..., n).")
     pass_threshold: float = Field(
         1.0,
         description="A validation response passes (pass@k) when its score is at least this; for a reward function "
         "that returns an 'acc' value, that decides instead.",
     )
+
+    @model_validator(mode="after")
+    def _sampling_needs_sampling(self) -> ValSamplingConfig:
+        given = {k: v for k, v in (("temperature", self.temperature), ("top_p", self.top_p), ("top_k", self.top_k)) if v is not None}
+        if self.greedy and given:
+            key, value = next(iter(given.items()))
+            raise ValueError(f"rollout.val.{key}={value} has no effect while rollout.val.greedy=true; set "
+                             "rollout.val.greedy=false to sample validation responses")  # fmt: skip
+        if self.top_k == 0:
+            raise ValueError("rollout.val.top_k=0 samples nothing; use -1 (the whole vocabulary) or >= 1")
+        return self
 
 
 AGENT_LOOPS = ("single_turn", "tool_agent")  # megarl.rollout.agents.loops.LOOPS holds the classes (a test keeps them equal)

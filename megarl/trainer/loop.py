@@ -76,11 +76,11 @@ class Components:
 def sampling_params(cfg: MegaRLConfig, step: int, *, validation: bool = False) -> SamplingParams:
     """How step ``step`` samples (an asynchronous run: its draw ``step``), or validates."""
     s = cfg.rollout.sampling
-    greedy = validation and cfg.rollout.val.greedy
+    temperature, top_p, top_k = _validation_sampling(cfg) if validation else (s.temperature, s.top_p, s.top_k)
     return SamplingParams(
-        temperature=0.0 if greedy else s.temperature,
-        top_p=1.0 if greedy else s.top_p,
-        top_k=-1 if greedy else s.top_k,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
         max_new_tokens=s.max_new_tokens,
         n=cfg.rollout.val.n if validation else cfg.rollout.n,
         stop=tuple(s.stop),
@@ -90,6 +90,16 @@ def sampling_params(cfg: MegaRLConfig, step: int, *, validation: bool = False) -
         # Training rollouts ask the engines for their expert routing when the trainer replays it.
         return_routing=routing_replay(cfg) != "none" and not validation,
     )
+
+
+def _validation_sampling(cfg: MegaRLConfig) -> tuple[float, float, int]:
+    """(temperature, top_p, top_k) of validation: greedy, or rollout.val's own where set (verl's
+    val_kwargs), else the training rollouts'."""
+    v, s = cfg.rollout.val, cfg.rollout.sampling
+    if v.greedy:
+        return 0.0, 1.0, -1
+    return (s.temperature if v.temperature is None else v.temperature, s.top_p if v.top_p is None else v.top_p,
+            s.top_k if v.top_k is None else v.top_k)  # fmt: skip
 
 
 class Trainer:

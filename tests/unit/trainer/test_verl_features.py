@@ -23,3 +23,9 @@ def test_ignore_eos_reaches_training_and_validation_params():
 def test_ignore_eos_with_stop_token_ids_is_refused_naming_both():
     with pytest.raises(pydantic.ValidationError, match="stop_token_ids .* ignore_eos=true"):
         _cfg(sampling={"ignore_eos": True, "stop_token_ids": [7]})
+
+
+def test_validation_sampling_keys_without_greedy_false_are_refused():
+    with pytest.raises(pydantic.ValidationError, match=r"rollout.val.temperature=0.7 has no effect .* rollout.val.greedy=false"):
+        _cfg(val={"temperature": 0.7})
+    assert _cfg(val={"greedy": False, "temperature": 0.7}).rollout.val.temperature == 0.7
