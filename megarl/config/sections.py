@@ -300,6 +300,11 @@ class ActorConfig(Section):
     )
     mini_batch_size: int | None = Field(None, ge=1, description="Samples per optimizer step over all DP ranks; None = the whole step's samples.")
     ppo_epochs: int = Field(1, ge=1, description="Passes over the step's samples.")
+    shuffle: bool = Field(
+        False,
+        description="Shuffle the step's samples before cutting mini-batches, each epoch its own permutation, seeded "
+        "by trainer.seed and the step (a resumed run shuffles as an uninterrupted one); false = generation order.",
+    )
     recompute: Literal["none", "selective", "full", "auto"] = Field(
         "none",
         description="Activation recomputation. auto: the least the plan's memory check fits (none, else full), "
