@@ -468,6 +468,12 @@ class TrainerConfig(Section):
     seed: int = Field(1, description="Run seed; per-rank and per-sample seeds derive from it.")
     profile_steps: list[int] = Field(default_factory=list, description="Steps to trace with the torch profiler.")
     val_samples_logged: int = Field(4, ge=0, description="Validation generations written to output_dir/samples per eval.")
+    rollout_data_dir: UserPath | None = Field(
+        None,
+        description="Write every training step's samples to <dir>/<step>.jsonl, one line per sample: input, output, "
+        "gts, score, step, data_source, advantage (the mean over the response's tokens), response_length, "
+        "finish_reason (verl's dump); written beside the run, in a thread of its own. None = not written.",
+    )
     checkpoint_on_signal: bool = Field(
         True, description="On Ctrl-C / SIGTERM (Slurm preemption), finish the step and save a checkpoint before stopping.",
     )

@@ -6,7 +6,6 @@ ReMax or DAPO was decided when the components were built (megarl/trainer/build.p
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -31,7 +30,6 @@ from megarl.engines.base import Engines, SamplingParams
 from megarl.engines.routing import routing_replay
 from megarl.engines.seeds import step_seed
 from megarl.evaluation import as_metrics, scored_responses, summarize
-from megarl.kept_files import write_keeping
 from megarl.progress import PROGRESS, PhaseTimer
 from megarl.rollout.collect import Baseline, Scorer, rollout_metrics
 from megarl.rollout.generate import GenerateFn
@@ -46,6 +44,7 @@ from megarl.trainer.phases import (
     WeightPush,
 )
 from megarl.trainer.rollout_source import AsyncRollouts, SyncRollouts
+from megarl.trainer.sample_files import RolloutDump, write_sample_rows
 from megarl.trainer.watchdog import HangError, RunControl, RunStopped, Watchdog
 
 log = logging.getLogger(__name__)
@@ -70,6 +69,7 @@ class Components:
     weight_push: WeightPush
     models: dict[str, Any]  # role -> client of a trained model (megarl.actors.clients: checkpoints, profiling)
     total_steps: int
+    rollout_dump: RolloutDump | Skip = field(default_factory=Skip)  # trainer.rollout_data_dir: the step's samples as JSONL
     closers: list[Callable[[], None]] = field(default_factory=list)  # run in reverse order at shutdown
 
 
@@ -128,6 +128,7 @@ class Trainer:
             batch = p.critic(batch)
         with timer.phase("advantages"):
             batch, adv_metrics = p.advantages(batch, baseline)
+        batch = p.rollout_dump(batch, step)  # written in a thread of its own while the step goes on
         with timer.phase("critic_update"):
             metrics |= p.critic.update(batch, step)
         with timer.phase("policy_update"):
@@ -257,12 +258,7 @@ class Trainer:
         texts = self.parts.scorer.texts(batch)
         rows = [{"prompt": batch.prompt_text[i], "response": texts[i], "ground_truth": batch.ground_truth[i],
                  "score": float(batch.scores[i]), "finish_reason": batch.finish_reason[i]} for i in range(min(k, len(batch)))]
-        path = self.out / "samples" / f"step_{step:06d}.jsonl"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        kept = write_keeping(path, "".join(json.dumps(row, default=str) + "\n" for row in rows))
-        if kept:
-            log.warning("samples: %s held other samples of step %d (from before the resume); kept as %s",
-                        path.name, step, kept.name)
+        write_sample_rows(self.out / "samples" / f"step_{step:06d}.jsonl", rows, step, "samples")
 
     # ---- checkpoints -----------------------------------------------------------------------
     def save(self, step: int) -> Path:
