@@ -192,3 +192,37 @@ def test_sft_runs_in_process_without_ray(tmp_path):
     assert [r["step"] for r in records] == list(range(1, 21))
     assert records[-1]["sft/loss"] < 0.7 * records[0]["sft/loss"]  # it trains
     assert Path(result["target"]) == tmp_path / "sft" / "model" and "config.json" in result["files"]
+
+
+def _shuffled_resume(rank: int, world: int, root: str) -> dict:
+    """Steps 3-4 of a run with actor.shuffle, uninterrupted and resumed from its step-2 checkpoint."""
+    import sys
+
+    sys.modules["ray"] = None  # type: ignore[assignment]  # as on a box without Ray
+    from megarl.config.loading import load_config
+    from megarl.plan.planner import make_plan
+    from megarl.trainer.build import build_trainer, shutdown
+
+    def run(out: Path, steps: int) -> None:
+        extra = ("actor.shuffle=true", "actor.ppo_epochs=2", "actor.mini_batch_size=16", f"trainer.total_steps={steps}",
+                 "trainer.save_freq=2", "trainer.eval_freq=0")  # fmt: skip
+        cfg = load_config(ROOT / "configs" / "tiny_grpo.yaml", _overrides(Path(root) / "demo", out, extra))
+        trainer = build_trainer(cfg, make_plan(cfg, check_files=True, in_process=True), in_process=True)
+        try:
+            trainer.fit()
+        finally:
+            shutdown(trainer)
+
+    run(Path(root) / "whole", 4)
+    run(Path(root) / "resumed", 2)
+    run(Path(root) / "resumed", 4)  # trainer.resume=auto: from step 2
+    return {name: [json.loads(line) for line in (Path(root) / name / "metrics.jsonl").read_text().splitlines()]
+            for name in ("whole", "resumed")}  # fmt: skip
+
+
+def test_a_resumed_shuffled_run_logs_what_the_uninterrupted_one_does(tmp_path):
+    runs = run_distributed(_shuffled_resume, 1, str(tmp_path), timeout_s=600, daemon=False)[0]
+    timing = ("time/", "weight_sync/seconds", "weight_sync/gbps")  # wall-clock, different by nature
+    whole, resumed = ([{k: v for k, v in r.items() if not k.startswith(timing)} for r in runs[n]] for n in ("whole", "resumed"))
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4]
+    assert resumed[2:] == whole[2:]
