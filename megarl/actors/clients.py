@@ -133,9 +133,9 @@ class PolicyClient(TrainedClient[PolicyRank]):
         """``[B, R]`` log-probs under the frozen reference policy."""
         return _rows(self.group.call(PolicyRank.compute_ref_logprobs, batch, temperature), batch)["logprobs"]
 
-    def update(self, batch: Batch, temperature: float) -> dict[str, float]:
-        """One RL update on ``batch``; metrics reduced over the group (public names)."""
-        return _first(self.group.call(PolicyRank.update, batch, temperature))
+    def update(self, batch: Batch, temperature: float, step: int = 0) -> dict[str, float]:
+        """One RL update on ``batch`` in step ``step``; metrics reduced over the group (public names)."""
+        return _first(self.group.call(PolicyRank.update, batch, temperature, step))
 
     def push_weights(self, version: int) -> dict[str, float]:
         """Send the current weights to the engines through the connected transport. A push that
@@ -171,8 +171,8 @@ class CriticClient(TrainedClient[CriticRank]):
         """``[B, R]`` values before the update (0 past each response's length)."""
         return _rows(self.group.call(CriticRank.compute_values, batch), batch)["values"]
 
-    def update(self, batch: Batch) -> dict[str, float]:
-        return _first(self.group.call(CriticRank.update, batch))
+    def update(self, batch: Batch, step: int = 0) -> dict[str, float]:
+        return _first(self.group.call(CriticRank.update, batch, step))
 
 
 class SFTClient(TrainedClient[SFTRank]):

@@ -60,7 +60,8 @@ class CriticWorker(TrainedWorker):
         return self.model.forward_tokens(batch, lambda mb, output: {"values": _values(mb, output)}, MicroBatching.of(self.cfg))
 
     def update(
-        self, batch: Batch, value_loss_fn: LossFn, *, mini_batch_size: int | None = None, ppo_epochs: int | None = None
+        self, batch: Batch, value_loss_fn: LossFn, *, mini_batch_size: int | None = None, ppo_epochs: int | None = None,
+        shuffle_seed: int | None = None,
     ) -> dict[str, float]:
         """Train the value model; ``value_loss_fn`` gets ``ModelOutputs(logprobs=None, values)``."""
 
@@ -68,5 +69,6 @@ class CriticWorker(TrainedWorker):
             outputs = ModelOutputs(logprobs=None, values=_values(mb, output))  # type: ignore[arg-type]
             return value_loss_fn(mb.batch, outputs)
 
-        return self.trainer.train(batch, loss_head, mini_batch_size=mini_batch_size, ppo_epochs=ppo_epochs)
+        return self.trainer.train(batch, loss_head, mini_batch_size=mini_batch_size, ppo_epochs=ppo_epochs,
+                                  shuffle_seed=shuffle_seed)  # fmt: skip
 

@@ -10,6 +10,7 @@ from megarl.actors.trained_rank import TrainedRank
 from megarl.algos.losses import make_value_loss_fn
 from megarl.config.sections import MegaRLConfig
 from megarl.data.batch import Batch, TokenRows
+from megarl.engines.seeds import shuffle_seed
 from megarl.megatron_runtime.offload import ModelStates
 
 
@@ -28,9 +29,12 @@ class CriticRank(TrainedRank):
     def compute_values(self, batch: Batch) -> TokenRows | None:
         return self.worker.compute_values(batch)
 
-    def update(self, batch: Batch) -> dict[str, float]:
+    def update(self, batch: Batch, step: int = 0) -> dict[str, float]:
+        """The value update of step ``step`` (its mini-batch shuffles' seed with critic.shuffle)."""
         c = self.cfg.critic
-        return self.worker.update(batch, self.loss_fn, mini_batch_size=c.mini_batch_size, ppo_epochs=c.ppo_epochs)
+        seed = shuffle_seed(self.cfg.trainer.seed, step) if c.shuffle else None
+        return self.worker.update(batch, self.loss_fn, mini_batch_size=c.mini_batch_size, ppo_epochs=c.ppo_epochs,
+                                  shuffle_seed=seed)  # fmt: skip
 
     def profile_name(self) -> str:
         return f"critic_rank{self.info.rank}"

@@ -119,11 +119,12 @@ class PolicyWorker(TrainedWorker):
         ppo_epochs: int | None = None,
         temperature: float = 1.0,
         with_entropy: bool = True,
+        shuffle_seed: int | None = None,
     ) -> dict[str, float]:
         """Train on ``batch`` with ``loss_fn`` (mini-batch / epoch defaults from the config).
 
         ``loss_fn`` sees each micro-batch's rows and ``ModelOutputs(logprobs, entropy)`` at
-        ``temperature``. Returns metrics equal on every rank: the loss function's metrics and
+        ``temperature``; ``shuffle_seed`` permutes the rows each epoch (None: in order). Returns metrics equal on every rank: the loss function's metrics and
         ``loss`` as global sum/count, ``grad_norm``, ``lr``, ``optimizer_steps``, ``skipped_steps``.
         """
         head = token_logprob_head(self.model, temperature, with_entropy)
@@ -138,7 +139,8 @@ class PolicyWorker(TrainedWorker):
                              "SamplingParams, whose return_routing asks the engines for it, as the default one does; or "
                              "set actor.moe.routing_replay: none")  # fmt: skip
         replay = self._replay_metrics(batch, temperature)
-        return self.trainer.train(batch, loss_head, mini_batch_size=mini_batch_size, ppo_epochs=ppo_epochs) | replay
+        return self.trainer.train(batch, loss_head, mini_batch_size=mini_batch_size, ppo_epochs=ppo_epochs,
+                                  shuffle_seed=shuffle_seed) | replay  # fmt: skip
 
     def export_weights(self, *, gather_bytes: int, collect: Collect = "all") -> Iterator[tuple[str, torch.Tensor]]:
         """HF-named full tensors, one at a time (collective; see the bridge). ``gather_bytes``:

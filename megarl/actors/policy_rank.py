@@ -20,6 +20,7 @@ from megarl.algos.losses import make_policy_loss_fn
 from megarl.config.sections import MegaRLConfig
 from megarl.data.batch import Batch, TokenRows
 from megarl.engines.base import GenerationResult, SamplingParams
+from megarl.engines.seeds import shuffle_seed
 from megarl.megatron_runtime.offload import ModelStates, storage_bytes
 from megarl.models.lora import lora_of
 from megarl.ray_cluster.address import node_address
@@ -109,10 +110,12 @@ class PolicyRank(TrainedRank):
         with lora.disabled():
             return self.policy.compute_logprobs(batch, temperature)
 
-    def update(self, batch: Batch, temperature: float) -> dict[str, float]:
+    def update(self, batch: Batch, temperature: float, step: int = 0) -> dict[str, float]:
+        """The RL update of step ``step`` (its mini-batch shuffles' seed with actor.shuffle)."""
         a = self.cfg.actor
+        seed = shuffle_seed(self.cfg.trainer.seed, step) if a.shuffle else None
         return self.policy.update(batch, self.loss_fn, mini_batch_size=a.mini_batch_size, ppo_epochs=a.ppo_epochs,
-                                  temperature=temperature)  # fmt: skip
+                                  temperature=temperature, shuffle_seed=seed)  # fmt: skip
 
     # ---- weight sync (collective) -----------------------------------------------------------
     def connect_engines(self, endpoints: Any) -> None:

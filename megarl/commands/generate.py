@@ -408,7 +408,7 @@ def _sampling(cfg: Any, part: int) -> Any:
     s = cfg.rollout.sampling
     return SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=s.max_new_tokens,
                           n=cfg.rollout.n, stop=tuple(s.stop), stop_token_ids=tuple(s.stop_token_ids),
-                          seed=step_seed(cfg.trainer.seed, part))  # fmt: skip
+                          ignore_eos=s.ignore_eos, seed=step_seed(cfg.trainer.seed, part))  # fmt: skip
 
 
 def _write_part(path: Path, rows: Any, batch: Any, tokenizer: Any, eos: tuple[int, ...]) -> None:

@@ -19,6 +19,19 @@ class SamplingConfig(Section):
     max_new_tokens: int = Field(1024, ge=1, description="Maximum response length; a response cut here is marked truncated.")
     stop: list[str] = Field(default_factory=list, description="Stop strings (the matched string stays in the response).")
     stop_token_ids: list[int] = Field(default_factory=list, description="Extra stop token ids besides the tokenizer's EOS.")
+    ignore_eos: bool = Field(
+        False,
+        description="Generate past EOS (and stop_token_ids) up to max_new_tokens, in training rollouts, validation "
+        "and megarl generate (SGLang's and vLLM's ignore_eos; stop strings still end a response). For throughput "
+        "and length experiments: responses run on after the answer.",
+    )
+
+    @model_validator(mode="after")
+    def _ignored_stop_ids(self) -> SamplingConfig:
+        if self.ignore_eos and self.stop_token_ids:
+            raise ValueError(f"rollout.sampling.stop_token_ids {self.stop_token_ids} are ignored with ignore_eos=true "
+                             "(SGLang ignores them too); drop them or set rollout.sampling.ignore_eos=false")  # fmt: skip
+        return self
 
 
 WEIGHT_TRANSPORTS = ("auto", "in_process", "tensor", "distributed", "disk")
@@ -115,13 +128,31 @@ class WeightSyncConfig(Section):
 
 
 class ValSamplingConfig(Section):
-    greedy: bool = Field(True, description="Validate with greedy decoding (else sample at the training temperature).")
+    greedy: bool = Field(
+        True, description="Validate with greedy decoding; false = sample at temperature, top_p and top_k below (verl's val_kwargs.do_sample=true)."
+    )
+    temperature: float | None = Field(
+        None, ge=0, description="Validation sampling temperature (with greedy=false); None = rollout.sampling.temperature."
+    )
+    top_p: float | None = Field(None, gt=0, le=1, description="Validation nucleus sampling (with greedy=false); None = rollout.sampling.top_p.")
+    top_k: int | None = Field(None, ge=-1, description="Validation top-k (with greedy=false; -1 = the whole vocabulary); None = rollout.sampling.top_k.")
     n: int = Field(1, ge=1, description="Samples per validation prompt (pass@k, best@k and maj@k are reported for k = 1, 2, 4, ..., n).")
     pass_threshold: float = Field(
         1.0,
         description="A validation response passes (pass@k) when its score is at least this; for a reward function "
         "that returns an 'acc' value, that decides instead.",
     )
+
+    @model_validator(mode="after")
+    def _sampling_needs_sampling(self) -> ValSamplingConfig:
+        given = {k: v for k, v in (("temperature", self.temperature), ("top_p", self.top_p), ("top_k", self.top_k)) if v is not None}
+        if self.greedy and given:
+            key, value = next(iter(given.items()))
+            raise ValueError(f"rollout.val.{key}={value} has no effect while rollout.val.greedy=true; set "
+                             "rollout.val.greedy=false to sample validation responses")  # fmt: skip
+        if self.top_k == 0:
+            raise ValueError("rollout.val.top_k=0 samples nothing; use -1 (the whole vocabulary) or >= 1")
+        return self
 
 
 AGENT_LOOPS = ("single_turn", "tool_agent")  # megarl.rollout.agents.loops.LOOPS holds the classes (a test keeps them equal)

@@ -300,6 +300,11 @@ class ActorConfig(Section):
     )
     mini_batch_size: int | None = Field(None, ge=1, description="Samples per optimizer step over all DP ranks; None = the whole step's samples.")
     ppo_epochs: int = Field(1, ge=1, description="Passes over the step's samples.")
+    shuffle: bool = Field(
+        False,
+        description="Shuffle the step's samples before cutting mini-batches, each epoch its own permutation, seeded "
+        "by trainer.seed and the step (a resumed run shuffles as an uninterrupted one); false = generation order.",
+    )
     recompute: Literal["none", "selective", "full", "auto"] = Field(
         "none",
         description="Activation recomputation. auto: the least the plan's memory check fits (none, else full), "
@@ -463,6 +468,12 @@ class TrainerConfig(Section):
     seed: int = Field(1, description="Run seed; per-rank and per-sample seeds derive from it.")
     profile_steps: list[int] = Field(default_factory=list, description="Steps to trace with the torch profiler.")
     val_samples_logged: int = Field(4, ge=0, description="Validation generations written to output_dir/samples per eval.")
+    rollout_data_dir: UserPath | None = Field(
+        None,
+        description="Write every training step's samples to <dir>/<step>.jsonl, one line per sample: input, output, "
+        "gts, score, step, data_source, advantage (the mean over the response's tokens), response_length, "
+        "finish_reason (verl's dump); written beside the run, in a thread of its own. None = not written.",
+    )
     checkpoint_on_signal: bool = Field(
         True, description="On Ctrl-C / SIGTERM (Slurm preemption), finish the step and save a checkpoint before stopping.",
     )

@@ -32,6 +32,9 @@ class SamplingParams:
     n: int = 1
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
+    # Generate past EOS and stop_token_ids to the token budget (SGLang's and vLLM's ignore_eos:
+    # stop strings still end a response); for throughput runs and length studies.
+    ignore_eos: bool = False
     seed: int | None = None
     # One cap per prompt of the request (each <= max_new_tokens), or None: max_new_tokens for
     # all. The agent driver batches turns of different budgets in one request; asking each

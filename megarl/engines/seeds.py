@@ -29,6 +29,13 @@ def step_seed(run_seed: int, step: int) -> int:
     return _mix(run_seed, step)
 
 
+def shuffle_seed(run_seed: int, step: int) -> int:
+    """The seed of step ``step``'s mini-batch shuffles (actor.shuffle): a function of the run seed
+    and the step alone, so a resumed run shuffles as the uninterrupted one with no RNG state
+    checkpointed, and apart from the step's sampling seed."""
+    return _mix(run_seed ^ 0x5AFF1E, step)
+
+
 def sample_seed(base_seed: int, sample_index: int) -> int:
     """The seed of sample ``sample_index`` (global index within the step's request)."""
     return _mix(base_seed ^ 0x5EED, sample_index)

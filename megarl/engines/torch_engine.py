@@ -14,6 +14,8 @@ exactly what the rest of megarl assumes:
   ``stop`` strings matched on the decoded response text (the matched token stays in the
   response, like SGLang with ``no_stop_trim``); EOS / stop ids stay in the response too and
   have a log-prob. ``finish_reason`` is "stop", or "length" when ``max_new_tokens`` cut it.
+  ``ignore_eos`` drops EOS and ``stop_token_ids`` from the stops (SGLang's rule; stop strings
+  still apply).
 - reproducible sampling: sample ``i`` (global index within the request, ``first_sample_index``
   + position in ``[p0s0 .. p0s(n-1), p1s0 ...]``) draws its uniforms from its own CPU
   ``torch.Generator`` seeded with ``sample_seed(params.seed, i)``, so a sample's tokens do not
@@ -191,7 +193,7 @@ class TorchEngine:
         (response ids, log-probs, weight version of each token, finish reason). ``recorder`` is
         told whose tokens each forward held."""
         gens = [torch.Generator().manual_seed(s) for s in seeds]
-        stop_ids = set(self.eos_token_ids) | set(params.stop_token_ids)
+        stop_ids = set() if params.ignore_eos else set(self.eos_token_ids) | set(params.stop_token_ids)
         responses: list[list[int]] = [[] for _ in prompts]
         logprobs: list[list[float]] = [[] for _ in prompts]
         versions: list[list[int]] = [[] for _ in prompts]

@@ -38,6 +38,7 @@ expert all-to-all) assume equal counts and would hang without. Forward passes sk
 from __future__ import annotations
 
 import heapq
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -71,6 +72,19 @@ def balanced_partition(weights: list[int], parts: int) -> list[list[int]]:
         for item in full:
             heapq.heappush(heap, item)
     return [sorted(b) for b in bins]
+
+
+def mini_batches(batch: Batch, size: int, epochs: int, shuffle_seed: int | None = None) -> Iterator[Batch]:
+    """The optimizer steps' mini-batches: ``epochs`` passes over ``batch`` in chunks of ``size``.
+
+    ``shuffle_seed`` None: consecutive chunks in the batch's order. Else each pass first permutes
+    the rows, passes drawing successive permutations from one generator seeded with it, so every
+    rank (each holds the whole batch and takes its share of a mini-batch by index) cuts the same
+    mini-batches, and the same seed always cuts them the same way."""
+    generator = None if shuffle_seed is None else torch.Generator().manual_seed(shuffle_seed)
+    for _ in range(epochs):
+        rows = batch if generator is None else batch.select(torch.randperm(len(batch), generator=generator))
+        yield from rows.split(size)
 
 
 def micro_batch_indices(

@@ -14,7 +14,8 @@ gather of whatever is still pending, so everything that reads the weights after 
 push, a checkpoint, the memory hand-over's offload, a forward pass) sees them whole.
 
 ``train``: for each of ``ppo_epochs`` passes, the batch is cut into consecutive mini-batches of
-``mini_batch_size`` samples (all DP ranks together; no shuffling, so runs are reproducible), and
+``mini_batch_size`` samples (all DP ranks together; in the batch's order, or with ``actor.shuffle``
+permuted per epoch by a seed of the run's seed and the step, so runs stay reproducible), and
 each mini-batch is one optimizer step: zero grads, set the step's LR, forward+backward over the
 replica's micro-batches, clip, step, advance the schedule.
 
@@ -38,7 +39,7 @@ from megarl.algos.metrics import MetricAccumulator, pair
 from megarl.checkpoint.dist_save import save_dist_checkpoint
 from megarl.config.sections import ActorConfig
 from megarl.data.batch import Batch
-from megarl.megatron_runtime.micro_batches import MicroBatch, MicroBatching
+from megarl.megatron_runtime.micro_batches import MicroBatch, MicroBatching, mini_batches
 from megarl.megatron_runtime.model import MegatronModel
 from megarl.megatron_runtime.moe_balance import MoEBalance
 from megarl.megatron_runtime.offload import (
@@ -133,8 +134,10 @@ class TrainableModel:
             ddp.disable_forward_pre_hook(param_sync=False)
 
     # ---- the update loop --------------------------------------------------------------------
-    def train(self, batch: Batch, loss_head: LossHead, *, mini_batch_size: int | None, ppo_epochs: int | None) -> dict[str, float]:
+    def train(self, batch: Batch, loss_head: LossHead, *, mini_batch_size: int | None, ppo_epochs: int | None,
+              shuffle_seed: int | None = None) -> dict[str, float]:  # fmt: skip
         """Optimizer steps over ``batch`` (see module docstring); metrics equal on every rank.
+        ``shuffle_seed``: permute the rows each epoch (micro_batches.mini_batches); None = in order.
 
         Returns the loss function's metrics reduced over every micro-batch, mini-batch and DP
         rank by their catalogued reductions (megarl/metrics.py), plus ``<role>/grad_norm`` (mean
@@ -154,10 +157,9 @@ class TrainableModel:
         steps: list[tuple[float, bool]] = []  # (grad norm, taken) of each optimizer step
         lr = self.schedule.current_lr
         head = self._balanced(loss_head)
-        for _ in range(epochs):
-            for mini in batch.split(size):
-                grad_norm, ok, lr = self._step(mini, head, metrics)
-                steps.append((grad_norm, ok))
+        for mini in mini_batches(batch, size, epochs, shuffle_seed):
+            grad_norm, ok, lr = self._step(mini, head, metrics)
+            steps.append((grad_norm, ok))
         if self.model.module.ddp_config.overlap_param_gather:  # the last step's weights: gathered now, not in a later forward
             self.model.module.start_param_sync(force_sync=True)
         # The optimizer's values are the same on every rank, hence added after the DP reduction

@@ -239,8 +239,9 @@ def check_validation(cfg: MegaRLConfig, issues: list[Issue]) -> None:
     if problem:
         issues.append(Issue("rollout.val.pass_threshold", problem))
     val = cfg.rollout.val
-    if val.greedy and val.n > 1 and cfg.data.val_files:  # (no validation files: nothing is validated)
-        issues.append(Issue("rollout.val.n", f"({val.n}): {greedy_copies_note(val.n)}; set rollout.val.greedy=false to "
+    if (val.greedy or val.temperature == 0) and val.n > 1 and cfg.data.val_files:  # (no validation files: nothing is validated)
+        fix = "rollout.val.greedy=false" if val.greedy else "rollout.val.temperature > 0"
+        issues.append(Issue("rollout.val.n", f"({val.n}): {greedy_copies_note(val.n)}; set {fix} to "
                             "sample them, or rollout.val.n=1", level="warning"))
 
 

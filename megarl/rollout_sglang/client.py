@@ -227,6 +227,8 @@ def sampling_params_dict(params: SamplingParams, seed: int | None = None) -> dic
         out["stop"] = list(params.stop)
     if params.stop_token_ids:
         out["stop_token_ids"] = list(params.stop_token_ids)
+    if params.ignore_eos:  # SGLang then ignores stop_token_ids too, as the torch engine does
+        out["ignore_eos"] = True
     if seed is not None:
         out["sampling_seed"] = seed & _SEED_MASK
     return out

@@ -43,6 +43,7 @@ from megarl.trainer.phases import (
     WeightPush,
 )
 from megarl.trainer.rollout_source import AsyncRollouts, SyncRollouts
+from megarl.trainer.sample_files import RolloutDump
 from megarl.weight_sync.logprob_check import PROBE_PROMPTS, LogprobBound, PostPushCheck
 from megarl.weight_sync.lora_adapter import adapter_name
 
@@ -112,6 +113,8 @@ def build_trainer(cfg: MegaRLConfig, plan: Plan, *, in_process: bool = False) ->
         val_prompts = load_val_prompts(cfg.data, tokenizer, tools)
         parts = _components(cfg, models, stream, val_prompts, scorer, generate, total_steps, handover, sglang or standalone)
         closers.append(parts.rollouts.stop)  # the producer stops before the engines it feeds on
+        if isinstance(parts.rollout_dump, RolloutDump):
+            closers.append(parts.rollout_dump.close)  # first at shutdown: the last step's file is finished
     except BaseException:
         _close_all(closers)
         raise
@@ -264,6 +267,7 @@ def _components(cfg: MegaRLConfig, models: dict[str, Any], stream: Any, val_prom
                                pushed=_adapter_selection(cfg, sglang)),
         models={role: CheckpointedModel(client, handover) for role, client in models.items()},
         total_steps=total_steps,
+        rollout_dump=RolloutDump(cfg.trainer.rollout_data_dir, scorer.texts) if cfg.trainer.rollout_data_dir else Skip(),
     )
 
 

@@ -6,7 +6,6 @@ ReMax or DAPO was decided when the components were built (megarl/trainer/build.p
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -31,7 +30,6 @@ from megarl.engines.base import Engines, SamplingParams
 from megarl.engines.routing import routing_replay
 from megarl.engines.seeds import step_seed
 from megarl.evaluation import as_metrics, scored_responses, summarize
-from megarl.kept_files import write_keeping
 from megarl.progress import PROGRESS, PhaseTimer
 from megarl.rollout.collect import Baseline, Scorer, rollout_metrics
 from megarl.rollout.generate import GenerateFn
@@ -46,6 +44,7 @@ from megarl.trainer.phases import (
     WeightPush,
 )
 from megarl.trainer.rollout_source import AsyncRollouts, SyncRollouts
+from megarl.trainer.sample_files import RolloutDump, write_sample_rows
 from megarl.trainer.watchdog import HangError, RunControl, RunStopped, Watchdog
 
 log = logging.getLogger(__name__)
@@ -70,25 +69,37 @@ class Components:
     weight_push: WeightPush
     models: dict[str, Any]  # role -> client of a trained model (megarl.actors.clients: checkpoints, profiling)
     total_steps: int
+    rollout_dump: RolloutDump | Skip = field(default_factory=Skip)  # trainer.rollout_data_dir: the step's samples as JSONL
     closers: list[Callable[[], None]] = field(default_factory=list)  # run in reverse order at shutdown
 
 
 def sampling_params(cfg: MegaRLConfig, step: int, *, validation: bool = False) -> SamplingParams:
     """How step ``step`` samples (an asynchronous run: its draw ``step``), or validates."""
     s = cfg.rollout.sampling
-    greedy = validation and cfg.rollout.val.greedy
+    temperature, top_p, top_k = _validation_sampling(cfg) if validation else (s.temperature, s.top_p, s.top_k)
     return SamplingParams(
-        temperature=0.0 if greedy else s.temperature,
-        top_p=1.0 if greedy else s.top_p,
-        top_k=-1 if greedy else s.top_k,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
         max_new_tokens=s.max_new_tokens,
         n=cfg.rollout.val.n if validation else cfg.rollout.n,
         stop=tuple(s.stop),
         stop_token_ids=tuple(s.stop_token_ids),
+        ignore_eos=s.ignore_eos,
         seed=step_seed(cfg.trainer.seed, -step - 1 if validation else step),
         # Training rollouts ask the engines for their expert routing when the trainer replays it.
         return_routing=routing_replay(cfg) != "none" and not validation,
     )
+
+
+def _validation_sampling(cfg: MegaRLConfig) -> tuple[float, float, int]:
+    """(temperature, top_p, top_k) of validation: greedy, or rollout.val's own where set (verl's
+    val_kwargs), else the training rollouts'."""
+    v, s = cfg.rollout.val, cfg.rollout.sampling
+    if v.greedy:
+        return 0.0, 1.0, -1
+    return (s.temperature if v.temperature is None else v.temperature, s.top_p if v.top_p is None else v.top_p,
+            s.top_k if v.top_k is None else v.top_k)  # fmt: skip
 
 
 class Trainer:
@@ -117,6 +128,7 @@ class Trainer:
             batch = p.critic(batch)
         with timer.phase("advantages"):
             batch, adv_metrics = p.advantages(batch, baseline)
+        batch = p.rollout_dump(batch, step)  # written in a thread of its own while the step goes on
         with timer.phase("critic_update"):
             metrics |= p.critic.update(batch, step)
         with timer.phase("policy_update"):
@@ -246,12 +258,7 @@ class Trainer:
         texts = self.parts.scorer.texts(batch)
         rows = [{"prompt": batch.prompt_text[i], "response": texts[i], "ground_truth": batch.ground_truth[i],
                  "score": float(batch.scores[i]), "finish_reason": batch.finish_reason[i]} for i in range(min(k, len(batch)))]
-        path = self.out / "samples" / f"step_{step:06d}.jsonl"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        kept = write_keeping(path, "".join(json.dumps(row, default=str) + "\n" for row in rows))
-        if kept:
-            log.warning("samples: %s held other samples of step %d (from before the resume); kept as %s",
-                        path.name, step, kept.name)
+        write_sample_rows(self.out / "samples" / f"step_{step:06d}.jsonl", rows, step, "samples")
 
     # ---- checkpoints -----------------------------------------------------------------------
     def save(self, step: int) -> Path:

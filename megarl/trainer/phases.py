@@ -84,7 +84,7 @@ class CriticPhase:
 
     def update(self, batch: Batch, step: int) -> dict[str, float]:
         self.handover.enter(CRITIC_UPDATE)
-        return self.critic.update(batch)  # public names (megarl/metrics.py), as the worker emits them
+        return self.critic.update(batch, step)  # public names (megarl/metrics.py), as the worker emits them
 
 
 class PolicyUpdate:
@@ -98,7 +98,7 @@ class PolicyUpdate:
         if step <= self.warmup_steps:
             return {}
         self.handover.enter(POLICY_UPDATE)
-        return self.policy.update(batch, self.temperature)  # public names, as the worker emits them
+        return self.policy.update(batch, self.temperature, step)  # public names, as the worker emits them
 
 
 class Advantages:

@@ -32,6 +32,10 @@ CASES = {
     "dapo": ("algorithm.dynamic_sampling.enabled=true", "algorithm.dynamic_sampling.max_rounds=2"),
     "adaptive_kl": ("algorithm.kl.use_in_reward=true", "algorithm.kl.controller=adaptive", "algorithm.kl.coef=0.05"),
     # The documented extension examples (docs/examples/my_extensions.py), named by import path.
+    # verl's features: shuffled mini-batches over two epochs, no EOS, sampled validation, the rollout dump.
+    "verl": ("actor.shuffle=true", "actor.ppo_epochs=2", "actor.mini_batch_size=16", "rollout.sampling.ignore_eos=true",
+             "rollout.val.greedy=false", "rollout.val.temperature=1.0", "rollout.val.n=2",
+             "trainer.rollout_data_dir={out}/rollouts"),
     "extensions": ("algorithm.estimator=my_extensions:centered_score", "algorithm.policy_loss=my_extensions:unclipped_ratio",
                    "rollout.generate_function=my_extensions:generate_with_prefix"),
 }  # fmt: skip
@@ -71,6 +75,7 @@ def _run_cases(rank: int, world: int, root: str) -> dict:
     results = {}
     for name, extra in CASES.items():
         out = Path(root) / name
+        extra = tuple(e.replace("{out}", str(out)) for e in extra)
         cfg = load_config(ROOT / "configs" / "tiny_grpo.yaml", _overrides(Path(root) / "demo", out, extra))
         trainer = build_trainer(cfg, make_plan(cfg, check_files=True, in_process=True), in_process=True)
         try:
@@ -80,7 +85,9 @@ def _run_cases(rank: int, world: int, root: str) -> dict:
             shutdown(trainer)
         records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
         saved = yaml.safe_load((out / "config.yaml").read_text())
-        results[name] = {"phases": phases, "records": records, "recompute": [saved[s]["recompute"] for s in ("actor", "critic")]}
+        dumped = {f.name: [json.loads(line) for line in f.read_text().splitlines()] for f in (out / "rollouts").glob("*")}
+        results[name] = {"phases": phases, "records": records, "recompute": [saved[s]["recompute"] for s in ("actor", "critic")],
+                         "rollouts": dumped}  # fmt: skip
     return results
 
 
@@ -139,6 +146,19 @@ def test_adaptive_kl_moves_its_coefficient(runs):
     assert first["reward/kl_coef"] > 0 and second["reward/kl_coef"] != first["reward/kl_coef"]
 
 
+def test_verls_features_train_and_dump_each_steps_rollouts(runs):
+    verl = runs["verl"]
+    assert [r["step"] for r in verl["records"]] == [1, 2]
+    for record in verl["records"]:
+        assert record["actor/optimizer_steps"] == 4  # two epochs of two shuffled mini-batches
+        assert record["response/truncated_frac"] == 1.0  # ignore_eos: every response runs to max_new_tokens
+    assert "val/reward/mean" in verl["records"][-1]
+    assert sorted(verl["rollouts"]) == ["1.jsonl", "2.jsonl"]
+    rows = verl["rollouts"]["2.jsonl"]
+    assert len(rows) == 32 and {r["step"] for r in rows} == {2}  # 8 prompts x 4 samples
+    assert {"input", "output", "gts", "score", "data_source", "advantage"} <= set(rows[0])
+
+
 def test_user_functions_named_by_import_path_train(runs):
     assert runs["extensions"]["phases"]["generate"] == "my_extensions.generate_with_prefix"
     records = runs["extensions"]["records"]
@@ -172,3 +192,37 @@ def test_sft_runs_in_process_without_ray(tmp_path):
     assert [r["step"] for r in records] == list(range(1, 21))
     assert records[-1]["sft/loss"] < 0.7 * records[0]["sft/loss"]  # it trains
     assert Path(result["target"]) == tmp_path / "sft" / "model" and "config.json" in result["files"]
+
+
+def _shuffled_resume(rank: int, world: int, root: str) -> dict:
+    """Steps 3-4 of a run with actor.shuffle, uninterrupted and resumed from its step-2 checkpoint."""
+    import sys
+
+    sys.modules["ray"] = None  # type: ignore[assignment]  # as on a box without Ray
+    from megarl.config.loading import load_config
+    from megarl.plan.planner import make_plan
+    from megarl.trainer.build import build_trainer, shutdown
+
+    def run(out: Path, steps: int) -> None:
+        extra = ("actor.shuffle=true", "actor.ppo_epochs=2", "actor.mini_batch_size=16", f"trainer.total_steps={steps}",
+                 "trainer.save_freq=2", "trainer.eval_freq=0")  # fmt: skip
+        cfg = load_config(ROOT / "configs" / "tiny_grpo.yaml", _overrides(Path(root) / "demo", out, extra))
+        trainer = build_trainer(cfg, make_plan(cfg, check_files=True, in_process=True), in_process=True)
+        try:
+            trainer.fit()
+        finally:
+            shutdown(trainer)
+
+    run(Path(root) / "whole", 4)
+    run(Path(root) / "resumed", 2)
+    run(Path(root) / "resumed", 4)  # trainer.resume=auto: from step 2
+    return {name: [json.loads(line) for line in (Path(root) / name / "metrics.jsonl").read_text().splitlines()]
+            for name in ("whole", "resumed")}  # fmt: skip
+
+
+def test_a_resumed_shuffled_run_logs_what_the_uninterrupted_one_does(tmp_path):
+    runs = run_distributed(_shuffled_resume, 1, str(tmp_path), timeout_s=600, daemon=False)[0]
+    timing = ("time/", "weight_sync/seconds", "weight_sync/gbps")  # wall-clock, different by nature
+    whole, resumed = ([{k: v for k, v in r.items() if not k.startswith(timing)} for r in runs[n]] for n in ("whole", "resumed"))
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4]
+    assert resumed[2:] == whole[2:]

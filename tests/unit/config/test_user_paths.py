@@ -17,6 +17,7 @@ PATH_KEYS = [
     "model.path", "critic.path", "data.train_files", "data.val_files", "reward.custom.path", "reward.model.path",
     "trainer.output_dir", "trainer.resume", "sft.train_files", "sft.val_files", "sft.output_dir",
     "rollout.server_python", "rollout.weight_sync.disk_dir", "rollout.agent.tools_file", "rollout.agent.interactions_file",
+    "trainer.rollout_data_dir",
 ]  # fmt: skip
 
 

@@ -106,6 +106,16 @@ def test_tokenizer_eos_stops_and_stays_in_response(task_engine):
     assert len(got.logprobs) == len(got.response_ids)
 
 
+def test_ignore_eos_generates_past_eos_to_the_budget(task_engine):
+    stopped = _greedy(task_engine, PROMPTS[1])
+    assert stopped.finish_reason == "stop" and len(stopped.response_ids) < 16
+    got = _greedy(task_engine, PROMPTS[1], ignore_eos=True)
+    assert got.finish_reason == "length" and len(got.response_ids) == 16
+    assert got.response_ids[: len(stopped.response_ids)] == stopped.response_ids  # the EOS, then on
+    # stop token ids are ignored too (SGLang's rule), stop strings are not
+    assert len(_greedy(task_engine, PROMPTS[1], ignore_eos=True, stop_token_ids=(got.response_ids[0],)).response_ids) == 16
+
+
 def test_generation_config_eos_ids_stop(task_model_dir, tmp_path, task_engine):
     first = _greedy(task_engine, PROMPTS[2]).response_ids[0]
     model_dir = tmp_path / "eos_model"

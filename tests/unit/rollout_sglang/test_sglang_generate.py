@@ -64,6 +64,12 @@ def test_payload_without_seed_or_stops_sends_no_such_fields():
     assert "sampling_seed" not in sp and "stop" not in sp and "stop_token_ids" not in sp
 
 
+def test_ignore_eos_goes_to_sglang_as_its_own_field():
+    assert "ignore_eos" not in sampling_params_dict(SamplingParams())  # the default request is unchanged
+    sp = build_generate_payload([5], SamplingParams(n=2, ignore_eos=True), 0)["sampling_params"]
+    assert [p["ignore_eos"] for p in sp] == [True, True]
+
+
 def test_parse_reply_reads_logprob_items_and_finish_reasons():
     body = [
         {"output_ids": [4, 5], "meta_info": {"finish_reason": {"type": "stop", "matched": 5},
