@@ -37,6 +37,8 @@ _.allow_abbrev  # argparse: no abbreviated flags (megarl/cli.py)
 exc_info  # __exit__ signature
 _.cu_seqlens_q_padded; _.cu_seqlens_kv_padded  # read by Megatron's rope (megarl/models/packed_rope.py)
 _.get_replay_topk; _.router_replay  # megarl's per-router routing replay, called by Megatron's top-k (megarl/megatron_runtime/routing_replay.py)
+sharded_offsets  # the sharded_state_dict signature Megatron calls (megarl/models/lora.py's LoRAAdapters)
+_.load_peft  # LoRAAdapters: sets adapters from HF PEFT tensors (the LoRA tests; an HF adapter's safetensors)
 _.__class__  # a Megatron module given megarl's subclass of its own class (megarl/models/packed_rope.py; the bench undoes it)
 
 # Kept references and records that are read, not called.

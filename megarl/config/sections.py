@@ -259,7 +259,8 @@ class LoRAConfig(Section):
     target_modules: list[str] = Field(
         ["all-linear"], min_length=1,
         description="HF module names that get an adapter: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, "
-        "or all-linear (every one of them the model has; the attention only in mixture-of-experts layers).",
+        "or all-linear (every one of them). In a mixture-of-experts layer gate_proj, up_proj and down_proj adapt each "
+        "expert (its own adapters; pushes then must be rollout.weight_sync.lora=merged).",
     )  # fmt: skip
     init: Literal["kaiming", "gaussian"] = Field(
         "kaiming", description="A's initialisation as peft's: kaiming (uniform, peft's default) or gaussian (std 1/rank); "

@@ -35,8 +35,17 @@ dtype: elementwise, so the result is bit-for-bit the same whatever the TP layout
 reduction order depends on the shapes); a push and an HF export send those weights.
 :meth:`LoRAAdapters.peft_tensors` gathers the full adapters under PEFT's names.
 
-Left out: adapters on mixture-of-experts experts (their attention gets adapters), Transformer
-Engine's fused layer-norm linears (the local layer spec only), dropout with TP > 1 (each TP rank
+Mixture-of-experts layers (SequentialMLP, the local spec) give every local expert its own
+adapters on its ``linear_fc1`` (gate, up) and ``linear_fc2`` (down), named by the global expert
+(``model.layers.{i}.mlp.experts.{e}.gate_proj``). Expert tensor parallelism is 1, so an expert's
+adapters are whole on its EP rank and their forward has no collective: the dispatcher brings the
+tokens, ``[tokens, hidden]`` in full, whatever TP and SP. They carry the attributes Megatron's
+expert weights carry (``allreduce`` False under EP: DDP reduces their gradients over the
+expert-data-parallel group, and the expert optimizer of the chain steps them); checkpoints save
+each expert once (replica id over the expert-data-parallel group, a key per global expert, so
+they load at another EP), and :meth:`LoRAAdapters.peft_tensors` gathers them over EP.
+
+Left out: Transformer Engine's fused layer-norm linears (the local layer spec only), dropout with TP > 1 (each TP rank
 would draw its own mask for the replicated input).
 """
 
@@ -84,10 +93,12 @@ class LoRALinear(torch.nn.Module):
     """The adapters of one Megatron linear (one per targeted HF module it holds)."""
 
     def __init__(self, hf_names: dict[str, str], shape: LinearShape, row: bool, rank: int, scale: float,
-                 dropout: float, sequence_parallel: bool, tp: tuple[int, int]) -> None:  # fmt: skip
-        """``hf_names``: part -> HF module name (``model.layers.3.self_attn.q_proj``) of the targeted parts."""
+                 dropout: float, sequence_parallel: bool, tp: tuple[int, int], expert: bool = False) -> None:  # fmt: skip
+        """``hf_names``: part -> HF module name (``model.layers.3.self_attn.q_proj``) of the targeted parts;
+        ``expert``: a mixture-of-experts expert's linear (whole on its rank: ``tp`` is ``(0, 1)``)."""
         super().__init__()
         self.hf_names = hf_names
+        self.expert = expert
         self.shape = shape
         self.row = row
         self.rank, self.scale, self.dropout = rank, scale, dropout
@@ -102,11 +113,27 @@ class LoRALinear(torch.nn.Module):
         from megatron.core.tensor_parallel import set_tensor_model_parallel_attributes
 
         A, B = torch.nn.Parameter(a), torch.nn.Parameter(b)
+        self.adapter_A[part], self.adapter_B[part] = A, B
+        if self.expert:
+            # As Megatron marks the expert weights: tensor-parallel (each is this rank's own, counted
+            # once in the gradient norm), and no dense all-reduce under EP.
+            set_tensor_model_parallel_attributes(A, True, 1, 1)
+            set_tensor_model_parallel_attributes(B, True, 0, 1)
+            for t in (A, B):
+                setattr(t, "allreduce", self.expert_allreduce)  # noqa: B010 (Megatron reads it)
+            return
         split, whole, dim = (A, B, 1) if self.row else (B, A, 0)
         set_tensor_model_parallel_attributes(split, True, dim, 1)
         # Under SP the replicated adapter sees only this rank's tokens: Megatron sums its gradient over TP.
-        whole.sequence_parallel = self.sequence_parallel  # type: ignore[attr-defined]
-        self.adapter_A[part], self.adapter_B[part] = A, B
+        setattr(whole, "sequence_parallel", self.sequence_parallel)  # noqa: B010 (Megatron reads it)
+
+    expert_allreduce = True  # an expert's: its base weight's ``allreduce`` (False under EP), set by attach_lora
+
+    def split_dim(self, ab: str) -> int | None:
+        """The TP-split dim of this linear's ``lora_A`` / ``lora_B`` (None: whole on every rank)."""
+        if self.expert:
+            return None
+        return (1 if self.row else None) if ab == "lora_A" else (None if self.row else 0)
 
     # ---- forward -------------------------------------------------------------------------
     def delta(self, x: torch.Tensor) -> torch.Tensor:
@@ -210,36 +237,65 @@ class LoRAAdapters(torch.nn.Module):
                 lin.active = False
         self.merged_in = True
 
-    def items(self) -> Iterator[tuple[str, str, torch.nn.Parameter, int | None]]:
-        """``(HF module name, "lora_A" | "lora_B", local tensor, TP-split dim or None)`` of every adapter."""
+    def items(self, experts: bool | None = None) -> Iterator[tuple[str, str, torch.nn.Parameter, int | None]]:
+        """``(HF module name, "lora_A" | "lora_B", local tensor, TP-split dim or None)`` of every
+        adapter; ``experts``: only the experts' (True) or only the others' (False)."""
         for lin in self.linears.values():
             assert isinstance(lin, LoRALinear)
+            if experts is not None and lin.expert != experts:
+                continue
             for part, name in lin.hf_names.items():
-                yield name, "lora_A", lin.adapter_A[part], (1 if lin.row else None)
-                yield name, "lora_B", lin.adapter_B[part], (None if lin.row else 0)
+                yield name, "lora_A", lin.adapter_A[part], lin.split_dim("lora_A")
+                yield name, "lora_B", lin.adapter_B[part], lin.split_dim("lora_B")
+
+    def has_experts(self) -> bool:
+        """Whether this rank holds adapters on mixture-of-experts experts (every EP rank alike)."""
+        return any(isinstance(lin, LoRALinear) and lin.expert for lin in self.linears.values())
 
     def sharded_state_dict(self, prefix: str = "", sharded_offsets: Any = (), metadata: Any = None) -> dict[str, Any]:
-        """The adapters for Megatron's dist-checkpoint: keys by HF name (global layer), each split
-        tensor with its TP axis, so a checkpoint loads at another TP or PP."""
+        """The adapters for Megatron's dist-checkpoint: keys by HF name (global layer, global
+        expert), each split tensor with its TP axis, so a checkpoint loads at another TP, PP or EP.
+        An expert's adapters are whole and replicated over the expert-data-parallel group only
+        (as SequentialMLP's weights): the replica id comes from that group, so each is saved once."""
+        from megatron.core import parallel_state as ps
         from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
 
-        tensors = {f"{name}.{ab}": t for name, ab, t, _ in self.items()}
-        axes = {f"{name}.{ab}": dim for name, ab, _, dim in self.items() if dim is not None}
-        return make_sharded_tensors_for_checkpoint(tensors, prefix, axes)
+        tensors = {f"{name}.{ab}": t for name, ab, t, _ in self.items(experts=False)}
+        axes = {f"{name}.{ab}": dim for name, ab, _, dim in self.items(experts=False) if dim is not None}
+        out = make_sharded_tensors_for_checkpoint(tensors, prefix, axes)
+        experts = {f"{name}.{ab}": t for name, ab, t, _ in self.items(experts=True)}
+        if experts:
+            out |= make_sharded_tensors_for_checkpoint(experts, prefix, {}, tp_group=ps.get_expert_tensor_parallel_group(),
+                                                       dp_cp_group=ps.get_expert_data_parallel_group())  # fmt: skip
+        return out
 
-    def peft_tensors(self, grads: bool = False) -> dict[str, torch.Tensor]:
+    def peft_tensors(self, grads: bool = False, experts: bool = True) -> dict[str, torch.Tensor]:
         """Every adapter of the whole model, full, on the CPU, under PEFT's names
-        (``base_model.model.<module>.lora_A.weight``); ``grads``: their gradients instead (Megatron's
-        ``main_grad``). A collective over the TP and PP groups."""
-        from megarl.parallel.sharding import all_gather_objects, gather_shards, pp_group, tp_group
+        (``base_model.model.<module>.lora_A.weight``, experts by global index); ``grads``: their
+        gradients instead (Megatron's ``main_grad``); ``experts``: False leaves the experts' out
+        (an HF PEFT directory cannot hold them: docs/lora.md). A collective over the TP, EP and PP groups."""
+        from megarl.parallel.sharding import (
+            all_gather_objects,
+            ep_group,
+            gather_shards,
+            pp_group,
+            tp_group,
+        )
 
-        items = [(name, ab, (t.main_grad if grads else t).detach(), dim) for name, ab, t, dim in self.items()]  # type: ignore[attr-defined]  # main_grad: set by Megatron's DDP
+        def value(t: torch.nn.Parameter) -> torch.Tensor:
+            return (t.main_grad if grads else t).detach()  # type: ignore[attr-defined]  # main_grad: set by Megatron's DDP
+
+        items = [(name, ab, value(t), dim) for name, ab, t, dim in self.items(experts=False)]
         split = [(t, dim) for _, _, t, dim in items if dim is not None]
         tp = dist.get_world_size(tp_group()) if dist.is_initialized() else 1
         gathered = iter(gather_shards(split, tp_group()) if tp > 1 else [t for t, _ in split])
         # copies: on the CPU .cpu() would hand out the live parameter (or gradient buffer) itself
         mine = {f"{PEFT_PREFIX}{name}.{ab}.weight": (next(gathered) if dim is not None else t).to("cpu", copy=True)
                 for name, ab, t, dim in items}  # fmt: skip
+        if experts:  # whole on their EP rank: every EP rank gets every expert
+            held = {f"{PEFT_PREFIX}{name}.{ab}.weight": value(t).to("cpu", copy=True) for name, ab, t, _ in self.items(experts=True)}
+            ep = dist.get_world_size(ep_group()) if dist.is_initialized() else 1
+            mine |= held if ep == 1 else {k: v for rank in all_gather_objects(held, ep_group()) for k, v in rank.items()}
         if not dist.is_initialized() or dist.get_world_size(pp_group()) == 1:
             return mine
         return {k: v for stage in all_gather_objects(mine, pp_group()) for k, v in stage.items()}
@@ -291,6 +347,10 @@ def write_peft_adapter(directory: str | Path, tensors: dict[str, torch.Tensor], 
     from peft import LoraConfig
     from safetensors.torch import load_file, save_file
 
+    experts = sorted(name for name in tensors if ".mlp.experts." in name)
+    if experts:  # transformers holds a layer's experts as fused parameters, not modules an adapter can name
+        raise ValueError(f"an HF PEFT adapter cannot hold mixture-of-experts expert adapters ({experts[0]} and "
+                         f"{len(experts) - 1} more): export the merged model (megarl convert --no-adapter)")  # fmt: skip
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     alpha = int(cfg.alpha) if float(cfg.alpha).is_integer() else cfg.alpha  # peft types lora_alpha as int
@@ -323,24 +383,41 @@ def is_adapter_name(name: str) -> bool:
 def attach_lora(gpt: Any, cfg: Any, seed: int) -> LoRAAdapters:
     """Freeze ``gpt``'s weights and give every targeted linear of its layers an adapter;
     ``B`` starts at zero and ``A`` as peft initialises it (from a generator seeded by ``seed``
-    and the HF module name, the full tensor then this rank's slice: any layout starts alike)."""
+    and the HF module name, the full tensor then this rank's slice: any layout starts alike).
+    In a mixture-of-experts layer the MLP targets adapt each local expert."""
     for p in gpt.parameters():
         p.requires_grad_(False)
     adapters = LoRAAdapters(cfg)
-    moe = bool(getattr(gpt.config, "num_moe_experts", None))
     for layer in gpt.decoder.layers:
         index = layer.layer_number - 1  # global: Megatron numbers layers across stages from 1
-        for linear_path in dict.fromkeys(TARGETS[m][0] for m in cfg.modules):
-            if moe and "all-linear" in cfg.target_modules and linear_path.startswith("mlp."):
-                continue  # all-linear on a mixture-of-experts model: the attention of every layer
-            lin = _adapt_linear(layer, index, linear_path, cfg, seed)
-            if lin is not None:
-                adapters.linears[f"{index}_{linear_path.replace('.', '_')}"] = lin
-                weight = _module(layer, linear_path).weight
-                adapters._by_weight[id(weight)] = lin
-                adapters._bases.append((weight, lin))
+        for key, path, linear, names in _targets(layer, index, cfg.modules):
+            lin = _adapt_linear(layer, index, path, linear, names, cfg, seed)
+            adapters.linears[key] = lin
+            adapters._by_weight[id(linear.weight)] = lin
+            adapters._bases.append((linear.weight, lin))
     setattr(gpt, LORA_ATTR, adapters)
     return adapters
+
+
+def _targets(layer: Any, index: int, modules: tuple[str, ...]) -> Iterator[tuple[str, str, Any, dict[str, str]]]:
+    """``(adapter key, linear path as in TARGETS, the linear, part -> HF name)`` of every linear of
+    ``layer`` that ``modules`` target: one per local expert in a mixture-of-experts layer, named by
+    its global expert (Megatron's ``local_expert_indices``)."""
+    experts = getattr(getattr(layer, "mlp", None), "experts", None)
+    for path in dict.fromkeys(TARGETS[m][0] for m in modules):
+        parts = {TARGETS[m][1]: m for m in modules if TARGETS[m][0] == path}
+        if experts is None or not path.startswith("mlp."):
+            names = {part: f"model.layers.{index}.{TARGETS[m][2]}.{m}" for part, m in parts.items()}
+            yield f"{index}_{path.replace('.', '_')}", path, _module(layer, path), names
+            continue
+        local = getattr(experts, "local_experts", None)
+        if local is None:
+            raise ValueError(f"actor.lora needs model.layer_spec=local: layer {index}'s experts are a "
+                             f"{type(experts).__name__}, not SequentialMLP")  # fmt: skip
+        for j, expert in enumerate(local):
+            e = int(layer.mlp.local_expert_indices[j])
+            names = {part: f"model.layers.{index}.mlp.experts.{e}.{m}" for part, m in parts.items()}
+            yield f"{index}_mlp_experts_{e}_{path.split('.')[-1]}", path, _module(expert, path[len("mlp.") :]), names
 
 
 def _module(layer: Any, path: str) -> Any:
@@ -350,27 +427,24 @@ def _module(layer: Any, path: str) -> Any:
     return obj
 
 
-def _adapt_linear(layer: Any, index: int, path: str, cfg: Any, seed: int) -> LoRALinear | None:
-    """The adapters of one linear of ``layer`` with a forward hook on it; None for the MLP of a
-    mixture-of-experts layer under all-linear."""
+def _adapt_linear(layer: Any, index: int, path: str, linear: Any, names: dict[str, str], cfg: Any, seed: int) -> LoRALinear:
+    """The adapters (``names``: part -> HF module) of one linear of ``layer`` with a forward hook
+    on it. An expert's linear is whole on its rank (expert TP 1): no TP split, no collective."""
+    from megatron.core import parallel_state as ps
     from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 
-    linear = _module(layer, path)
-    modules = [m for m in cfg.modules if TARGETS[m][0] == path]
-    if linear is None:  # a mixture-of-experts layer has experts where a dense one has linear_fc1/fc2
-        if "all-linear" in cfg.target_modules:
-            return None
-        raise ValueError(f"actor.lora.target_modules: {', '.join(modules)} of layer {index} is a mixture-of-experts "
-                         "layer's experts, which LoRA does not support yet; target the attention")  # fmt: skip
     row = isinstance(linear, RowParallelLinear)
     if not (row or isinstance(linear, ColumnParallelLinear)):
         raise ValueError(f"actor.lora needs model.layer_spec=local: layer {index}'s {path} is a {type(linear).__name__}")
-    from megatron.core import parallel_state as ps
-
-    tp = (ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size())
+    expert = bool(getattr(linear, "is_expert", False))
+    if expert and ps.get_expert_tensor_parallel_world_size() != 1:
+        raise ValueError(f"actor.lora on experts needs parallel.etp=1 (layer {index}'s experts are split over "
+                         f"{ps.get_expert_tensor_parallel_world_size()} ranks); set parallel.etp to 1")  # fmt: skip
+    tp = (0, 1) if expert else (ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size())
     shape = _linear_shape(linear, path, layer.config, tp[1])
-    names = {TARGETS[m][1]: f"model.layers.{index}.{TARGETS[m][2]}.{m}" for m in modules}
-    lin = LoRALinear(names, shape, row, cfg.rank, cfg.scale, cfg.dropout, bool(linear.sequence_parallel), tp)
+    sp = bool(linear.sequence_parallel) and not expert
+    lin = LoRALinear(names, shape, row, cfg.rank, cfg.scale, cfg.dropout, sp, tp, expert=expert)
+    lin.expert_allreduce = bool(getattr(linear.weight, "allreduce", True))
     dtype, device = linear.weight.dtype, linear.weight.device
     for part, name in names.items():
         a = _init_A(cfg, shape.in_full, seed, name)

@@ -28,7 +28,8 @@ Training, per GPU of a role with layout (tp, pp, dp), for the heaviest pipeline 
 - LoRA (actor.lora): the base model is frozen, so weights are the whole model in its dtype plus
   the adapters (:func:`lora_params_per_gpu`), and grads and optimizer count the adapters only
   (fp32 grad buffer, fp32 main copy and Adam's two moments, sharded over dp by the distributed
-  optimizer like any parameter); the output layer is frozen too: no head_grad. Activations as
+  optimizer like any parameter, the experts' adapters over the expert-data-parallel group like
+  the experts); the output layer is frozen too: no head_grad. Activations as
   full fine-tuning (the adapters' own, [tokens x rank] per module, are left out).
 
 Rollout (SGLang): mem_fraction x the memory a server sees free when it sizes its KV cache, for
@@ -164,6 +165,7 @@ def stage_params_per_gpu(arch: ArchSpec, *, tp: int, pp: int, ep: int = 1, etp: 
 _COLUMN_PARALLEL = {"q_proj": True, "k_proj": True, "v_proj": True, "o_proj": False,
                     "gate_proj": True, "up_proj": True, "down_proj": False}  # fmt: skip
 LORA_ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
+LORA_MLP_MODULES = ("gate_proj", "up_proj", "down_proj")  # on an MoE layer: each expert's
 
 
 def lora_module_shapes(arch: ArchSpec) -> dict[str, tuple[int, int]]:
@@ -174,33 +176,62 @@ def lora_module_shapes(arch: ArchSpec) -> dict[str, tuple[int, int]]:
             "gate_proj": (h, f), "up_proj": (h, f), "down_proj": (f, h)}  # fmt: skip
 
 
-def lora_targets(arch: ArchSpec, modules: tuple[str, ...]) -> tuple[str, ...]:
-    """The targeted modules that get adapters: on a mixture-of-experts model the attention only
-    (experts take no adapters yet; the planner refuses an explicit MLP target there)."""
-    return tuple(m for m in modules if m in LORA_ATTENTION_MODULES or not arch.num_experts)
+def lora_expert_params(arch: ArchSpec, rank: int, modules: tuple[str, ...]) -> int:
+    """Adapter parameters of one mixture-of-experts expert: A [rank x in] and B [out x rank] of each
+    targeted gate/up/down at the expert's width, whole on its EP rank (parallel.etp is 1)."""
+    width = rank * (arch.hidden_size + arch.moe_ffn_hidden_size)  # gate and up: in h, out f; down: in f, out h
+    return width * sum(m in LORA_MLP_MODULES for m in modules)
+
+
+def lora_stage_params(arch: ArchSpec, rank: int, modules: tuple[str, ...], first: int, last: int) -> tuple[int, int, int]:
+    """(replicated over tp, split over tp, on experts) adapter parameters of layers ``first`` ..
+    ``last - 1``: a dense layer's targeted modules (:func:`lora_layer_params`); an MoE layer's
+    attention ones, and each of its experts' gate/up/down (:func:`lora_expert_params`)."""
+    attention = tuple(m for m in modules if m in LORA_ATTENTION_MODULES)
+    replicated = split = experts = 0
+    for i in range(first, last):
+        moe = arch.is_moe_layer(i)
+        r, s = lora_layer_params(arch, rank, attention if moe else modules)
+        replicated, split = replicated + r, split + s
+        experts += arch.num_experts * lora_expert_params(arch, rank, modules) if moe else 0
+    return replicated, split, experts
 
 
 def lora_layer_params(arch: ArchSpec, rank: int, modules: tuple[str, ...]) -> tuple[int, int]:
-    """(replicated over tp, split over tp) adapter parameters of one decoder layer: A [rank x in]
+    """(replicated over tp, split over tp) adapter parameters of one dense decoder layer: A [rank x in]
     and B [out x rank] per targeted module. A column-parallel linear's B is split with its output
     and A replicated; a row-parallel one's A is split with its input and B replicated."""
     shapes, replicated, split = lora_module_shapes(arch), 0, 0
-    for m in lora_targets(arch, modules):
+    for m in modules:
         a, b = rank * shapes[m][0], rank * shapes[m][1]
         replicated, split = (replicated + a, split + b) if _COLUMN_PARALLEL[m] else (replicated + b, split + a)
     return replicated, split
 
 
 def lora_params(arch: ArchSpec, rank: int, modules: tuple[str, ...]) -> int:
-    """Adapter parameters of the whole model (the trainable ones under LoRA)."""
-    return arch.num_layers * sum(lora_layer_params(arch, rank, modules))
+    """Adapter parameters of the whole model (the trainable ones under LoRA), the experts' included."""
+    return sum(lora_stage_params(arch, rank, modules, 0, arch.num_layers))
 
 
-def lora_params_per_gpu(arch: ArchSpec, rank: int, modules: tuple[str, ...], *, tp: int, pp: int) -> float:
-    """Adapter parameters one GPU holds: its stage's layers (every layer has the same adapters, so
-    every stage the same), the split ones / tp."""
-    replicated, split = lora_layer_params(arch, rank, modules)
-    return arch.num_layers // pp * (replicated + split / tp)
+def lora_params_per_gpu(arch: ArchSpec, rank: int, modules: tuple[str, ...], *, tp: int, pp: int, ep: int = 1) -> float:
+    """Adapter parameters one GPU holds on the heaviest stage: its layers' replicated ones, the
+    split ones / tp, and its experts' / ep (each EP rank holds num_experts / ep experts, whole)."""
+    return sum(_lora_stage_per_gpu(arch, rank, modules, tp=tp, pp=pp, ep=ep))
+
+
+def lora_expert_params_per_gpu(arch: ArchSpec, rank: int, modules: tuple[str, ...], *, tp: int, pp: int, ep: int = 1) -> float:
+    """The experts' share of :func:`lora_params_per_gpu` (the distributed optimizer shards it over
+    the expert-data-parallel group, not over dp)."""
+    return _lora_stage_per_gpu(arch, rank, modules, tp=tp, pp=pp, ep=ep)[1]
+
+
+def _lora_stage_per_gpu(arch: ArchSpec, rank: int, modules: tuple[str, ...], *, tp: int, pp: int, ep: int) -> tuple[float, float]:
+    """(non-expert, expert) adapter parameters per GPU of the heaviest stage (as stage_param_split cuts layers)."""
+    per_stage, stages = arch.num_layers // pp, []
+    for s in range(pp):
+        replicated, split, experts = lora_stage_params(arch, rank, modules, s * per_stage, (s + 1) * per_stage)
+        stages.append((replicated + split / tp, experts / ep))
+    return max(stages, key=sum)
 
 
 def activation_bytes_per_token(arch: ArchSpec, tp: int, sequence_parallel: bool, dtype_bytes: int = 2) -> float:
@@ -265,18 +296,21 @@ def train_memory(
     ep: int = 1,
     etp: int = 1,
     lora_params: float | None = None,
+    lora_expert_params: float = 0.0,
 ) -> TrainMemory:
     """``lora_params``: the adapter parameters per GPU (:func:`lora_params_per_gpu`) when the
-    base model is frozen under LoRA; None = full fine-tuning."""
+    base model is frozen under LoRA; None = full fine-tuning. ``lora_expert_params``: the experts'
+    share of them (:func:`lora_expert_params_per_gpu`)."""
     dense, experts = stage_params_per_gpu(arch, tp=tp, pp=pp, ep=ep, etp=etp, value_head=value_head)
     params = dense + experts
     # The distributed optimizer shards each parameter's state over the ranks holding the same
     # shard: the dense ones over dp, the experts over the expert-data-parallel size tp x dp / (ep x etp).
     sharded = dense / dp + experts * ep * etp / (tp * dp) if distributed_optimizer else params
     trained = params
-    if lora_params is not None:  # only the adapters have grads and optimizer state (no experts among them)
+    if lora_params is not None:  # only the adapters have grads and optimizer state
         params, trained = params + lora_params, lora_params
-        sharded = lora_params / dp if distributed_optimizer else lora_params
+        adapters = lora_params - lora_expert_params
+        sharded = adapters / dp + lora_expert_params * ep * etp / (tp * dp) if distributed_optimizer else lora_params
     wbytes = DTYPE_BYTES[dtype]
     act = 0.0
     if trainable:

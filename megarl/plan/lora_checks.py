@@ -12,24 +12,32 @@ from __future__ import annotations
 from megarl.config.architectures import ArchSpec
 from megarl.config.sections import MegaRLConfig
 from megarl.plan.gpu_memory import (
-    LORA_ATTENTION_MODULES,
+    LORA_MLP_MODULES,
+    lora_expert_params_per_gpu,
     lora_params,
     lora_params_per_gpu,
-    lora_targets,
 )
 from megarl.plan.issues import Issue
 from megarl.plan.push_model import push_bytes
 from megarl.plan.role_layout import RoleLayout
 
 
-def policy_lora_params(cfg: MegaRLConfig, arch: ArchSpec, layout: RoleLayout) -> float | None:
-    """The policy's adapter parameters per GPU under actor.lora (None: full fine-tuning)."""
+def policy_lora_params(cfg: MegaRLConfig, arch: ArchSpec, layout: RoleLayout, *, experts: bool = False) -> float | None:
+    """The policy's adapter parameters per GPU under actor.lora (None: full fine-tuning);
+    ``experts``: the experts' adapters among them only."""
     lora = cfg.actor.lora
-    return (
-        None
-        if lora is None
-        else lora_params_per_gpu(arch, lora.rank, lora.modules, tp=layout.tp, pp=layout.pp)
-    )
+    if lora is None:
+        return None
+    count = lora_expert_params_per_gpu if experts else lora_params_per_gpu
+    return count(arch, lora.rank, lora.modules, tp=layout.tp, pp=layout.pp, ep=layout.ep)
+
+
+def expert_modules(cfg: MegaRLConfig, arch: ArchSpec) -> tuple[str, ...]:
+    """The targeted modules that adapt each expert of the model's MoE layers (none on a dense model)."""
+    lora = cfg.actor.lora
+    if lora is None or not arch.num_moe_layers:
+        return ()
+    return tuple(m for m in lora.modules if m in LORA_MLP_MODULES)
 
 
 def lora_resolved(cfg: MegaRLConfig) -> dict[str, str]:
@@ -75,11 +83,12 @@ def check_lora(
         # the push would be labelled with a version that did not generate them.
         issues.append(Issue("rollout.weight_sync.lora", "(adapter) is not supported yet with asynchronous training "
                             f"(rollout.max_staleness={cfg.rollout.max_staleness}); use rollout.weight_sync.lora=merged"))  # fmt: skip
-    mlp = [m for m in lora.target_modules if m not in (*LORA_ATTENTION_MODULES, "all-linear")]
-    if arch.num_experts and mlp:
-        issues.append(Issue("actor.lora.target_modules", f"({', '.join(mlp)}) not supported yet on expert layers and "
-                            f"{arch.name} is a mixture-of-experts model; target the attention ({', '.join(LORA_ATTENTION_MODULES)}), "
-                            "or all-linear, which on MoE models means the attention"))  # fmt: skip
+    experts = expert_modules(cfg, arch)
+    if rollout and push == "adapter" and experts:
+        # transformers holds Qwen3-MoE experts as fused parameters: an HF PEFT adapter cannot name them.
+        issues.append(Issue("rollout.weight_sync.lora", f"(adapter) cannot carry the adapters on {arch.name}'s experts "
+                            f"({', '.join(experts)}: an HF PEFT adapter cannot hold them); use rollout.weight_sync.lora="
+                            "merged, or target the attention only"))  # fmt: skip
     if cfg.model.layer_spec == "te":
         issues.append(Issue("model.layer_spec", "(te) fuses the norm into the QKV and fc1 linears, which LoRA cannot "
                             "wrap; use model.layer_spec local (or auto, which is local with actor.lora)"))  # fmt: skip
@@ -95,8 +104,8 @@ def lora_summary(cfg: MegaRLConfig, arch: ArchSpec) -> str | None:
     if lora is None:
         return None
     trainable = lora_params(arch, lora.rank, lora.modules)
-    targets = lora_targets(arch, lora.modules)
-    moe = " (attention only: mixture-of-experts)" if len(targets) < len(lora.modules) else ""
+    experts = expert_modules(cfg, arch)
+    moe = f" ({', '.join(experts)} on each of the {arch.num_experts} experts of the MoE layers)" if experts else ""
     reference = ("no reference model (the policy with its adapters off gives the reference log-probs)"
                  if cfg.reference_enabled else "no reference")  # fmt: skip
     pushed = push_bytes(cfg, arch)[0] / 1e9
@@ -107,7 +116,7 @@ def lora_summary(cfg: MegaRLConfig, arch: ArchSpec) -> str | None:
         if lora_resolved(cfg)
         else f"model.layer_spec {cfg.model.layer_spec}"
     )
-    return (f"[bold]LoRA[/] rank {lora.rank}, alpha {lora.alpha:g} (scale {lora.scale:g}), modules {', '.join(targets)}{moe}; "
+    return (f"[bold]LoRA[/] rank {lora.rank}, alpha {lora.alpha:g} (scale {lora.scale:g}), modules {', '.join(lora.modules)}{moe}; "
             f"trainable {_count(trainable)} params ({100 * trainable / arch.num_params:.2g}% of the model's "
             f"{_count(arch.num_params)}), base frozen; {reference}; {push}; {spec}")  # fmt: skip
 

@@ -437,6 +437,7 @@ def _plan_memory(cfg: MegaRLConfig, arch: ArchSpec, roles: dict[str, RoleLayout]
                 distributed_optimizer=section.optimizer.distributed, value_head=role == "critic",
                 logprob_chunk_tokens=section.logprob_chunk_tokens, ep=lay.ep, etp=lay.etp,
                 lora_params=policy_lora_params(cfg, arch, lay) if role == "policy" else None,
+                lora_expert_params=(policy_lora_params(cfg, arch, lay, experts=True) or 0.0) if role == "policy" else 0.0,
             )
     runtime, rollout = _runtime_and_rollout(cfg, arch, table, issues)
     sizes = _state_bytes(cfg, arch, mems, rollout, runtime)

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 from megarl.config.architectures import ArchSpec
 from megarl.config.sections import MegaRLConfig
-from megarl.plan.gpu_memory import DTYPE_BYTES, lora_layer_params
+from megarl.plan.gpu_memory import DTYPE_BYTES, lora_stage_params
 from megarl.weight_sync.transport_base import (
     TRANSPORT_COLLECT,  # the run's transports follow it too
 )
@@ -60,8 +60,8 @@ def push_bytes(cfg: MegaRLConfig, arch: ArchSpec) -> tuple[float, float, float]:
     or with LoRA pushed as adapters, the adapters (module docstring)."""
     wbytes, lora = DTYPE_BYTES[cfg.model.dtype], cfg.actor.lora
     if lora is not None and cfg.rollout.weight_sync.lora == "adapter":
-        replicated, split = lora_layer_params(arch, lora.rank, lora.modules)
-        return wbytes * arch.num_layers * (replicated + split), wbytes * arch.num_layers * split, 0.0
+        replicated, split, experts = lora_stage_params(arch, lora.rank, lora.modules, 0, arch.num_layers)
+        return wbytes * (replicated + split + experts), wbytes * split, wbytes * experts
     total = wbytes * arch.num_params
     experts = wbytes * arch.num_moe_layers * arch.num_experts * arch.expert_params
     return total, total - experts, experts

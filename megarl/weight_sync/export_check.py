@@ -76,7 +76,7 @@ def expected_fingerprint(bridge: Any, model: torch.nn.Module, *, collect: Collec
     if info.tp_size > 1:
         dist.all_reduce(stats, group=tp_group())
     local = {rule.hf: (float(s), float(a)) for (rule, _), (s, a) in zip(mine, stats.cpu().tolist(), strict=True)}
-    local |= _expert_fingerprint([(rule, param) for rule, param in rules if rule.expert])
+    local |= _expert_fingerprint([(rule, param if lora is None else lora.merged(param)) for rule, param in rules if rule.expert])
     pp_size = dist.get_world_size(pp_group())
     if collect == "stage" or pp_size == 1:
         return local
@@ -90,8 +90,8 @@ def expected_fingerprint(bridge: Any, model: torch.nn.Module, *, collect: Collec
 
 
 def _expert_fingerprint(experts: list[tuple[Any, torch.Tensor]]) -> Fingerprint:
-    """The stats of this stage's experts on every EP rank, as the export gathers them over the
-    expert-parallel group. Each expert is whole on its rank (parallel.etp = 1), so a TP rank's
+    """The stats of this stage's experts (as exported: with their LoRA adapters merged) on every
+    EP rank, as the export gathers them over the expert-parallel group. Each expert is whole on its rank (parallel.etp = 1), so a TP rank's
     copy is not a shard: no sum over TP. Collective over the EP group (size 1 for dense models,
     where ``experts`` is empty)."""
     import torch.distributed as dist

@@ -11,6 +11,13 @@ holds no weights of the trainer's) and on a re-push of the same version (the han
 when an engine's weights were lost: released without a copy, or restarted). The previous version
 stays loaded, since requests of an asynchronous run may still use it; older ones are unloaded
 (SGLang's unload waits for their last requests) and their directories removed.
+
+Adapters on mixture-of-experts experts cannot go this way: transformers 5 holds a Qwen3-MoE
+layer's experts as fused parameters (``gate_up_proj [E, 2f, h]``, ``down_proj [E, h, f]``), not
+per-expert Linear modules, so a PEFT adapter naming ``mlp.experts.{e}.gate_proj`` does not load;
+peft's ``target_parameters`` form adapts a fused parameter with one adapter for gate and up
+together, not megarl's separate ones. Such runs push merged weights (the planner refuses adapter
+mode with expert adapters; :func:`write_peft_adapter` refuses expert tensors).
 """
 
 from __future__ import annotations
@@ -24,6 +31,9 @@ from typing import Any
 from megarl.models.lora import write_peft_adapter
 from megarl.weight_sync.transport_base import WeightTransport
 
+EXPERTS_REFUSED = ("rollout.weight_sync.lora (adapter) cannot carry adapters on mixture-of-experts experts (an HF "
+                   "PEFT adapter cannot hold them for transformers' fused experts); use rollout.weight_sync.lora=merged")
+
 
 def adapter_name(version: int) -> str:
     """The name the engines serve the adapters of ``version`` under (SGLang's ``lora_path``)."""
@@ -36,6 +46,8 @@ class AdapterTransport:
     def __init__(self, base: WeightTransport, adapters: Any, directory: str | Path, *, writer: bool, base_model: str,
                  engines_of: Callable[[Any], Sequence[Any]], barrier: Callable[[], None]) -> None:  # fmt: skip
         """``adapters``: the policy's LoRAAdapters; ``base_model``: the HF base's path (in the PEFT config)."""
+        if adapters.has_experts():
+            raise ValueError(EXPERTS_REFUSED)
         self.base, self.adapters = base, adapters
         self.directory = Path(directory)
         self.writer, self.base_model, self.engines_of, self.barrier = writer, base_model, engines_of, barrier

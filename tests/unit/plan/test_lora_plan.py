@@ -1,6 +1,7 @@
 """The planner under LoRA (actor.lora): adapter parameters against hand-computed counts, the
 policy's memory, the push, the checks and the report line (megarl/plan/lora_checks.py)."""
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ from megarl.config.architectures import builtin_arch
 from megarl.config.loading import load_config
 from megarl.plan.gpu_memory import (
     GIB,
+    lora_expert_params_per_gpu,
     lora_layer_params,
     lora_params,
     lora_params_per_gpu,
@@ -49,9 +51,37 @@ def test_adapter_parameters_of_a_tiny_model_by_hand():
     assert lora_params(arch, 8, ("q_proj",)) == 2 * (8 * 64 + 64 * 8)  # linear in the rank
 
 
-def test_a_mixture_of_experts_model_gets_attention_adapters_only():
-    arch = builtin_arch("tiny-moe-demo")  # the same attention as tiny-demo
-    assert lora_params(arch, 4, ALL) == lora_params(arch, 4, ATTENTION) == 2 * 1792
+# tiny-moe-demo: tiny-demo's attention (1792 per layer at rank 4: 1024 replicated, 768 split over tp),
+# 2 MoE layers of 4 experts of width 64. One expert at rank 4: gate and up A 4*64 + B 64*4, down
+# A 4*64 + B 64*4: 3 * 512 = 1536; a layer's 4 experts 6144.
+EXPERT = 3 * (4 * 64 + 64 * 4)
+
+
+def test_a_mixture_of_experts_model_gets_expert_adapters_by_hand():
+    arch = builtin_arch("tiny-moe-demo")
+    assert EXPERT == 1536
+    assert lora_params(arch, 4, ALL) == 2 * (1792 + 4 * EXPERT) == 15872
+    assert lora_params(arch, 4, ATTENTION) == 2 * 1792  # no expert adapters without gate/up/down
+    assert lora_params(arch, 4, ("down_proj",)) == 2 * 4 * 512
+    # tp 2, ep 2: every layer's replicated 1024, split 768 / 2, and 2 of its 4 experts
+    assert lora_params_per_gpu(arch, 4, ALL, tp=2, pp=1, ep=2) == 2 * (1024 + 384 + 2 * EXPERT) == 8960
+    assert lora_expert_params_per_gpu(arch, 4, ALL, tp=2, pp=1, ep=2) == 2 * 2 * EXPERT
+    assert lora_params_per_gpu(arch, 4, ALL, tp=1, pp=2, ep=4) == 1792 + EXPERT  # one layer, one expert
+    # a dense layer (HF mlp_only_layers) keeps the dense MLP's adapters: gate, up, down 768 each (ffn 128)
+    mixed = dataclasses.replace(arch, dense_layers=(1,))
+    assert lora_params(mixed, 4, ALL) == (1792 + 4 * EXPERT) + (1792 + 3 * 768) == 12032
+
+
+def test_expert_adapters_optimizer_state_is_sharded_like_the_experts():
+    arch = builtin_arch("tiny-moe-demo")
+    adapters = lora_params_per_gpu(arch, 4, ALL, tp=2, pp=1, ep=2)
+    experts = lora_expert_params_per_gpu(arch, 4, ALL, tp=2, pp=1, ep=2)
+    mem = train_memory(arch, tp=2, pp=1, dp=2, ep=2, tokens_per_micro_batch=64, dtype="bfloat16", recompute="none",
+                       sequence_parallel=True, distributed_optimizer=True, lora_params=adapters,
+                       lora_expert_params=experts)  # fmt: skip
+    # the non-expert adapters over dp 2; the experts' over the expert-data-parallel group, tp x dp / ep = 2
+    assert mem.optimizer == 12 * ((8960 - 6144) / 2 + 6144 / 2) == 12 * 4480
+    assert mem.grads == 4 * 8960
 
 
 def test_lora_memory_freezes_the_base_model():
@@ -136,8 +166,9 @@ def test_auto_layer_spec_resolves_to_local_with_lora():
     (TINY, ["actor.lora={rank: 4}", "rollout.weight_sync.lora=adapter"],
      "rollout.weight_sync.lora: (adapter) needs SGLang's LoRA serving and rollout.engine is torch; use "
      "rollout.weight_sync.lora=merged"),
-    (MOE30, ["actor.lora={target_modules: [q_proj, up_proj, down_proj]}"],
-     "actor.lora.target_modules: (up_proj, down_proj) not supported yet on expert layers"),
+    (MOE30, ["actor.lora={rank: 8}", "rollout.weight_sync.lora=adapter"],
+     "rollout.weight_sync.lora: (adapter) cannot carry the adapters on qwen3-30b-a3b's experts (gate_proj, up_proj, "
+     "down_proj: an HF PEFT adapter cannot hold them); use rollout.weight_sync.lora=merged"),
     (LORA72, ["model.layer_spec=te"], "model.layer_spec: (te) fuses the norm into the QKV and fc1 linears"),
 ])  # fmt: skip
 def test_lora_checks_refuse(path, overrides, expected):
@@ -153,7 +184,10 @@ def test_lora_checks_pass_and_warn():
     moe = make_plan(
         load_config(MOE30, ["actor.lora={target_modules: [all-linear]}", "reference.offload=false"])
     )
-    assert not moe.warnings  # all-linear on MoE: the attention
+    assert not moe.warnings  # all-linear on MoE: the attention and every expert
+    explicit = make_plan(load_config(MOE30, ["actor.lora={target_modules: [q_proj, up_proj, down_proj]}",
+                                             "reference.offload=false"]))  # fmt: skip
+    assert not explicit.warnings
     unused = make_plan(load_config(GRPO72, ["rollout.weight_sync.lora=adapter"]))
     assert any(
         str(w).startswith("rollout.weight_sync.lora: (adapter) applies with actor.lora only")
@@ -182,6 +216,6 @@ def test_the_report_says_lora_is_on():
     console = Console(record=True, width=500)
     print_plan(moe, make_plan(moe), console)
     assert (
-        "modules q_proj, k_proj, v_proj, o_proj (attention only: mixture-of-experts)"
-        in console.export_text()
-    )
+        "modules q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj (gate_proj, up_proj, down_proj on "
+        "each of the 128 experts of the MoE layers)" in console.export_text()
+    )  # fmt: skip

@@ -1,0 +1,166 @@
+"""Per-expert LoRA adapters on a Qwen3-MoE model (megarl/models/lora.py) at EP=2 against one rank.
+
+A tiny Qwen3-MoE (2 layers: layer 0 with 4 experts, top-2; layer 1 dense through
+``mlp_only_layers``) gets the same random adapters (B non-zero) on every linear: attention,
+every expert's gate/up/down (global expert index) and the dense layer's MLP, set through
+``load_peft`` from full tensors. At EP=2 (2 processes: the expert-parallel group spans the two
+data-parallel replicas, each EP rank holds 2 experts) the log-probs, the adapters' gradients of
+one backward (Megatron's ``main_grad``: the experts' reduced over the expert-data-parallel group,
+gathered over EP) and the merged export must equal the single rank's; the merged export bit for
+bit. The router decides in both (routing_replay none): the same hidden states give the same top-k.
+An adapter-only checkpoint written at EP=2 after one update loads back exactly at EP=2 (adapters
+and optimizer state), and its adapters alone load exactly at EP=1 (Megatron's optimizer state is
+a chain of a dense and an expert optimizer at EP > 1 and one optimizer at EP=1).
+"""
+
+from __future__ import annotations
+
+import actor_cases as ac
+import pytest
+import torch
+from spawn import run_distributed
+
+from megarl.config.sections import ActorConfig, LoRAConfig, OptimizerConfig, ParallelConfig
+
+TEMPERATURE = 0.7
+LORA = LoRAConfig(rank=4, alpha=8.0)  # all-linear: attention, experts, the dense MLP
+SHAPE = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, ffn_hidden_size=96, num_experts=4,
+             experts_per_token=2, moe_ffn_hidden_size=32, mlp_only_layers=[1])  # fmt: skip
+LOGPROB_TOL = 1e-5  # fp32, absolute
+GRAD_ATOL, GRAD_RTOL = 1e-6, 1e-4
+
+
+def _cfg(ep: int = 1) -> ActorConfig:
+    opt = OptimizerConfig(lr=1e-3, distributed=False)
+    return ActorConfig(parallel=ParallelConfig(ep=ep), optimizer=opt, lora=LORA)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    from megarl.models.tiny import build_tiny_model
+
+    return str(build_tiny_model(tmp_path_factory.mktemp("lora_moe") / "m", "qwen3_moe", seed=2, **SHAPE))
+
+
+def _shapes() -> dict[str, tuple[int, int]]:
+    """HF module (under model.layers.{i}.) -> (out, in) of everything LoRA adapts."""
+    h, f, fe = SHAPE["hidden_size"], SHAPE["ffn_hidden_size"], SHAPE["moe_ffn_hidden_size"]
+    out = {f"{i}.self_attn.{m}": s for i in range(2)
+           for m, s in {"q_proj": (h, h), "k_proj": (h // 2, h), "v_proj": (h // 2, h), "o_proj": (h, h)}.items()}  # fmt: skip
+    out |= {"1.mlp.gate_proj": (f, h), "1.mlp.up_proj": (f, h), "1.mlp.down_proj": (h, f)}
+    for e in range(SHAPE["num_experts"]):
+        out |= {f"0.mlp.experts.{e}.gate_proj": (fe, h), f"0.mlp.experts.{e}.up_proj": (fe, h), f"0.mlp.experts.{e}.down_proj": (h, fe)}
+    return out
+
+
+@pytest.fixture(scope="module")
+def adapters() -> dict[str, torch.Tensor]:
+    """Full PEFT-named adapters: A small uniform, B random (non-zero)."""
+    from megarl.models.lora import PEFT_PREFIX
+
+    out, g = {}, torch.Generator().manual_seed(7)
+    for module, (rows, cols) in _shapes().items():
+        name = f"{PEFT_PREFIX}model.layers.{module}"
+        out[f"{name}.lora_A.weight"] = (torch.rand(4, cols, generator=g) - 0.5) / cols**0.5
+        out[f"{name}.lora_B.weight"] = torch.randn(rows, 4, generator=g) * 0.1
+    return out
+
+
+def _run(rank: int, world: int, path: str, ep: int, adapters: dict, save_dir: str | None, load_dir: str | None) -> dict:
+    """Log-probs (with and without adapters), merged export, adapter gradients; with ``save_dir``
+    one update, a checkpoint and its load here; with ``load_dir``, the adapters a fresh policy
+    loads from that checkpoint."""
+    from test_lora import _loss_head
+
+    from megarl.actors.policy import PolicyWorker
+    from megarl.algos.metrics import MetricAccumulator
+    from megarl.megatron_runtime.micro_batches import MicroBatching
+    from megarl.models.lora import lora_of
+
+    batch, cfg = ac.make_batch(0), _cfg(ep)
+    policy = PolicyWorker(path, cfg, "float32", seed=1)
+    lora = lora_of(policy.model.core)
+    lora.load_peft(adapters)
+    out = {"logprobs": ac.gathered(policy.compute_logprobs(batch, TEMPERATURE), batch)["logprobs"]}
+    with lora.disabled():
+        out["base"] = ac.gathered(policy.compute_logprobs(batch, TEMPERATURE), batch)["logprobs"]
+    out["merged"] = dict(policy.export_weights(gather_bytes=1 << 20))
+    out["expert_allreduce"] = sorted({getattr(t, "allreduce", True) for _, _, t, _ in lora.items(experts=True)})
+    optimized = sum(p.numel() for g in policy.trainer.optimizer.param_groups for p in g["params"])
+    out["optimized_ok"] = optimized == lora.trainable()
+    policy.trainer.model.module.zero_grad_buffer()
+    head = _loss_head(policy)
+    policy.trainer.model.forward_backward(batch, head, MetricAccumulator(policy.info.device), MicroBatching.of(cfg))
+    out["grads"] = lora.peft_tensors(grads=True)
+    out["no_experts"] = sorted(lora.peft_tensors(experts=False))
+    if save_dir is not None:
+        policy.update(batch, ac.pg_loss)
+        trained = lora.peft_tensors()
+        policy.save(save_dir)
+        out["trained"], out["resumed"] = trained, _loaded(path, cfg, save_dir)
+    policy.close()
+    if load_dir is not None:
+        out["loaded"] = _adapters_loaded(path, cfg, load_dir)
+    return ac.portable(out)
+
+
+def _loaded(path: str, cfg: ActorConfig, checkpoint: str) -> dict[str, torch.Tensor]:
+    """The adapters of a fresh policy under ``cfg`` that loaded ``checkpoint``."""
+    from megarl.actors.policy import PolicyWorker
+    from megarl.models.lora import lora_of
+
+    again = PolicyWorker(path, cfg, "float32", seed=1)
+    again.load(checkpoint)
+    loaded = lora_of(again.model.core).peft_tensors()
+    again.close()
+    return loaded
+
+
+def _adapters_loaded(path: str, cfg: ActorConfig, checkpoint: str) -> dict[str, torch.Tensor]:
+    """The adapters of a fresh policy under ``cfg`` that read the checkpoint's adapters alone
+    (the optimizer state is Megatron's chain of a dense and an expert optimizer at EP > 1, one
+    optimizer at EP=1: it does not load across that change)."""
+    from megatron.core import dist_checkpointing
+
+    from megarl.actors.policy import PolicyWorker
+    from megarl.megatron_runtime.training import LORA_KEY
+    from megarl.models.lora import lora_of
+
+    again = PolicyWorker(path, cfg, "float32", seed=1)
+    lora = lora_of(again.model.core)
+    lora.load_sharded(dist_checkpointing.load({"model": lora.sharded_state_dict(LORA_KEY)}, checkpoint)["model"], LORA_KEY)
+    loaded = lora.peft_tensors()
+    again.close()
+    return loaded
+
+
+def _assert_equal(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
+    assert got.keys() == want.keys()
+    for name, t in want.items():
+        assert torch.equal(got[name], t), name
+
+
+def test_ep2_equals_one_rank(model_dir, adapters, tmp_path):
+    ckpt = str(tmp_path / "ckpt")
+    # daemon=False: the dist-checkpoint writer starts processes of its own
+    results = [ac.tensors(r) for r in run_distributed(_run, 2, model_dir, 2, adapters, ckpt, None, daemon=False)]
+    single = ac.tensors(run_distributed(_run, 1, model_dir, 1, adapters, None, ckpt)[0])
+    assert single["grads"].keys() == {k for k in adapters}  # every adapter, experts by global index
+    assert all(k.count(".mlp.experts.") == 0 for k in single["no_experts"]) and single["no_experts"]
+    assert (single["logprobs"] - single["base"]).abs().max() > 1e-2  # the adapters change the model
+    for out in results:
+        torch.testing.assert_close(out["logprobs"], single["logprobs"], atol=LOGPROB_TOL, rtol=0)
+        torch.testing.assert_close(out["base"], single["base"], atol=LOGPROB_TOL, rtol=0)
+        assert out["grads"].keys() == single["grads"].keys()
+        for name, grad in single["grads"].items():
+            assert grad.abs().max() > 0, name
+            torch.testing.assert_close(out["grads"][name], grad, atol=GRAD_ATOL, rtol=GRAD_RTOL, msg=lambda m, n=name: f"{n}: {m}")
+        assert out["merged"].keys() == single["merged"].keys()
+        for name, weight in single["merged"].items():
+            assert torch.equal(out["merged"][name], weight), name
+        assert out["expert_allreduce"] == [False]  # Megatron's expert gradient path under EP
+        assert out["optimized_ok"]
+        _assert_equal(out["resumed"], results[0]["trained"])  # saved at EP=2, loaded at EP=2
+        _assert_equal(out["trained"], results[0]["trained"])  # every EP rank gathered every expert
+    _assert_equal(single["loaded"], results[0]["trained"])  # and at EP=1
+    assert single["expert_allreduce"] == [True]
