@@ -670,7 +670,8 @@ def _verl_rules() -> list[Rule]:
         Rule(f"{ROLLOUT}.calculate_log_probs", reason="megarl always records the engines' log-probs"),
         Rule(f"{ROLLOUT}.log_prob_*", reason="megarl's forwards use actor.micro_batch_size / max_tokens_per_gpu"),
         Rule(f"{ROLLOUT}.dtype", reason="the engines take model.dtype"),
-        Rule(f"{ROLLOUT}.expert_parallel_size", convert=_ep_rollout),
+        Rule(f"{ROLLOUT}.expert_parallel_size", convert=_ep_rollout, reason="megarl's SGLang engines split experts by "
+             "rollout.tp; SGLang's --ep-size goes in rollout.server_args", group=NOT_YET),
         Rule(f"{ROLLOUT}.data_parallel_size", reason="megarl runs one engine per rollout.tp GPUs"),
         Rule(f"{ROLLOUT}.pipeline_model_parallel_size", reason="megarl's engines split by rollout.tp only", group=NOT_YET),
         Rule(f"{ROLLOUT}.engine_kwargs.sglang*", reason="give SGLang's flags in rollout.server_args", group=NOT_YET),
@@ -746,7 +747,7 @@ def _verl_rules() -> list[Rule]:
         Rule("algorithm.lam", ("algorithm.lam",)),
         Rule("algorithm.norm_adv_by_std_in_grpo", ("algorithm.norm_by_std",)),
         Rule("algorithm.use_kl_in_reward", ("algorithm.kl.use_in_reward",), _is_true),
-        Rule("algorithm.kl_penalty", ("algorithm.kl.estimator",), _kl_estimator("algorithm.use_kl_in_reward"),
+        Rule("algorithm.kl_penalty", ("algorithm.kl.estimator",), _kl_estimator("algorithm.use_kl_in_reward"), default="kl",
              reason="kl = k1, low_var_kl = k3, mse = k2"),
         Rule("algorithm.kl_ctrl.kl_coef", ("algorithm.kl.coef",), _needs("algorithm.use_kl_in_reward", "the KL reward penalty")),
         Rule("algorithm.kl_ctrl.type", ("algorithm.kl.controller",), _needs("algorithm.use_kl_in_reward", "the KL reward penalty")),

@@ -44,7 +44,7 @@ class VerlRun:
 
 # The module lines that start a verl trainer (verl's main_ppo and the recipes' main_*).
 _ENTRY = re.compile(r"^(verl\.trainer\.main_\w+|recipe\.[\w.]*main_\w+|verl\.[\w.]*main\w*)$")
-_VAR = re.compile(r"\$(?:\{(?P<braced>[A-Za-z_]\w*)(?:(?P<op>:?[-=+?])(?P<word>[^}]*))?\}|(?P<plain>[A-Za-z_]\w*)|(?P<special>[@*#?$!0-9]))")
+_VAR = re.compile(r"\$(?:(?P<plain>[A-Za-z_]\w*)|(?P<special>[@*#?$!0-9]))")
 
 
 def read_verl(path: str | Path, overrides: list[str] | tuple[str, ...] = (), env: Mapping[str, str] | None = None) -> VerlRun:
@@ -255,22 +255,57 @@ def _expand(text: str, variables: dict[str, str], env: dict[str, str], notes: li
                 break
         notes.append(f"{text[:end]}: command substitution is not run; give the value as an override after the script")
         return text[:end], end
+    if text.startswith("${"):
+        return _expand_braced(text, variables, env, notes)
     m = _VAR.match(text)
     if m is None:
         return "$", 1
     if m["special"]:
         return "", m.end()
-    name = m["braced"] or m["plain"]
+    return _lookup(m["plain"], m.group(0), variables, env, notes), m.end()
+
+
+def _lookup(name: str, written: str, variables: dict[str, str], env: dict[str, str], notes: list[str]) -> str:
     value = variables.get(name, env.get(name))
-    op, word = m["op"], m["word"] or ""
-    if op in (":-", ":=") and not value or op in ("-", "=") and value is None:
-        if op.endswith("="):
-            variables[name] = word
-        return word, m.end()
-    if op in (":+", "+"):
-        return (word if value else ""), m.end()
     if value is None:
-        notes.append(f"${name} is not set in the script or the environment: kept as {m.group(0)}; set it, or give the "
+        notes.append(f"${name} is not set in the script or the environment: kept as {written}; set it, or give the "
                      "key it feeds as an override after the script")  # fmt: skip
-        return m.group(0), m.end()
-    return value, m.end()
+        return written
+    return value
+
+
+def _expand_braced(text: str, variables: dict[str, str], env: dict[str, str], notes: list[str]) -> tuple[str, int]:
+    """``${NAME}``, ``${NAME:-word}`` (``-``, ``=``, ``+`` too), the word itself expanded and
+    unquoted (``${MODEL_PATH:-"${HOME}/models/x"}``)."""
+    depth, end = 0, len(text)
+    for j, c in enumerate(text):
+        depth += c == "{"
+        depth -= c == "}"
+        if depth == 0 and c == "}":
+            end = j + 1
+            break
+    inner = text[2 : end - 1]
+    m = re.match(r"([A-Za-z_]\w*|[@*#?$!0-9])(:?[-=+?])?(.*)$", inner, flags=re.S)
+    if m is None:
+        return text[:end], end
+    name, op, word = m.groups()
+    if not re.match(r"[A-Za-z_]", name):
+        return "", end
+    if op is None:
+        return _lookup(name, text[:end], variables, env, notes), end
+    value = variables.get(name, env.get(name))
+    unset = value is None or (op.startswith(":") and not value)
+    if op.endswith("+"):
+        return (_word(word, variables, env, notes) if not unset else ""), end
+    if unset and op.endswith(("-", "=")):
+        expanded = _word(word, variables, env, notes)
+        if op.endswith("="):
+            variables[name] = expanded
+        return expanded, end
+    return (value or ""), end
+
+
+def _word(word: str, variables: dict[str, str], env: dict[str, str], notes: list[str]) -> str:
+    """A default word of ``${NAME:-word}`` as the shell reads it: quotes removed, $VAR expanded."""
+    commands = _commands(word, variables, env, notes)
+    return " ".join(w for command in commands for _, w in command)

@@ -27,7 +27,8 @@ class Row:
     verl: str
     sets: dict[str, Any] = field(default_factory=dict)
     note: str = ""  # a note on the conversion, or why there is no equivalent
-    group: str = ""  # for a key without equivalent: FSDP-only, vLLM-only, not supported yet, no equivalent
+    group: str = ""  # for a key without equivalent: FSDP-only, vLLM-only, not supported yet, no equivalent; "" for a
+    # key given again later or deleted
 
 
 @dataclass
@@ -67,9 +68,9 @@ def translate(run: VerlRun) -> Translation:
     last = {g.key: i for i, g in enumerate(run.given)}
     for i, item in enumerate(run.given):
         if item.deleted:
-            out.given.append(Row(item.text, note=f"Hydra's delete: verl's default applies to {item.key}", group=NONE))
+            out.given.append(Row(item.text, note=f"Hydra's delete: verl's default applies to {item.key}"))
         elif last[item.key] != i:
-            out.given.append(Row(item.text, note="given again later: the later value wins", group=NONE))
+            out.given.append(Row(item.text, note="given again later: the later value wins"))
         else:
             out.given.append(_row(item.text, item.key, given[item.key], verl, out))
     for rule in RULES:
@@ -195,4 +196,4 @@ def _outcome(row: Row) -> str:
     if row.sets:
         sets = ", ".join(f"{k}: {_show(v)}" for k, v in row.sets.items())
         return f"-> {sets}" + (f"  ({row.note})" if row.note else "")
-    return f"-- {row.group}: {row.note}" if row.group != NONE else f"-- no equivalent: {row.note}"
+    return f"-- {row.group}: {row.note}" if row.group else f"-- {row.note}"
