@@ -560,10 +560,9 @@ def _model_rules(model: str, section: str) -> list[Rule]:
     ]
 
 
-def _verl_rules() -> list[Rule]:
-    """Every rule, the most specific first (patterns after the keys they would also match)."""
+def _data_rules() -> list[Rule]:
+    """verl's keys of data."""
     return [
-        # --- data
         Rule("data.train_files", ("data.train_files",), _target_modules, default="~/data/rlhf/gsm8k/train.parquet"),
         Rule("data.val_files", ("data.val_files",), _target_modules, default="~/data/rlhf/gsm8k/test.parquet"),
         Rule("data.prompt_key", ("data.prompt_key",)),
@@ -597,7 +596,11 @@ def _verl_rules() -> list[Rule]:
         Rule("data.custom_cls.*", reason="megarl reads verl-schema parquet files (`megarl data convert` writes them)", group=NOT_YET),
         Rule("data.sampler.*", reason="megarl samples with its own seeded, weighted sampler (data.train_files weights)", group=NOT_YET),
         Rule("data.datagen.*", reason="megarl's prompts are fixed files", group=NOT_YET),
-        # --- the policy model
+    ]
+
+def _policy_model_rules() -> list[Rule]:
+    """verl's keys of the policy model."""
+    return [
         Rule(f"{MODEL}.path", ("model.path", "model.arch"), lambda x, v: (_model_path(x, v), _model_arch(x, v)),
              default=PLACEHOLDER_MODEL, show_default=True,
              reason="a hub id or a directory named after a built-in architecture also sets model.arch, so megarl plan "
@@ -610,7 +613,11 @@ def _verl_rules() -> list[Rule]:
         Rule(f"{MODEL}.use_dora", reason="DoRA", group=NOT_YET),
         Rule(f"{MODEL}.custom_chat_template", reason="megarl renders the tokenizer's own chat template", group=NOT_YET),
         *_model_rules(MODEL, "actor"),
-        # --- the actor
+    ]
+
+def _actor_rules() -> list[Rule]:
+    """verl's keys of the actor."""
+    return [
         *_batch_rules(ACTOR, "actor"),
         *_optim_rules(ACTOR, "actor"),
         Rule(f"{ACTOR}.strategy", reason="megarl trains with Megatron-core whatever verl's strategy"),
@@ -641,14 +648,49 @@ def _verl_rules() -> list[Rule]:
             reason="megarl offloads params, grads and optimizer state while the engines generate")
           for actor, section, wrap in ((ACTOR, "actor", _same_wrap), ("critic.model", "critic", _critic), ("critic", "critic", _critic))
           for k in ("param_offload", "optimizer_offload")],  # fmt: skip
-        # --- the reference
+    ]
+
+def _reference_rules() -> list[Rule]:
+    """verl's keys of the reference."""
+    return [
         Rule(f"{REF}.fsdp_config.param_offload", ("reference.offload",)),
         Rule(f"{REF}.megatron.param_offload", ("reference.offload",)),
         Rule(f"{REF}.megatron.*", reason="the reference takes the policy's layout (actor.parallel)"),
         Rule(f"{REF}.log_prob_*", reason="megarl's forwards use actor.micro_batch_size / max_tokens_per_gpu"),
         Rule(f"{REF}.ulysses_sequence_parallel_size", reason="Ulysses sequence parallelism", group=FSDP_ONLY),
         Rule(f"{REF}.*", reason="the reference is the policy's model, frozen (reference.enabled, reference.offload)"),
-        # --- the rollout
+    ]
+
+def _agent_rules() -> list[Rule]:
+    """verl's multi-turn and agent-loop keys (docs/agents.md shows them)."""
+    return [
+        Rule(f"{ROLLOUT}.multi_turn.enable", reason="megarl picks each sample's agent loop by its agent_name column "
+             "(else rollout.agent.default_agent)"),  # fmt: skip
+        Rule(f"{ROLLOUT}.multi_turn.max_assistant_turns", ("rollout.agent.max_turns",), lambda x, v: int(x) if x else 8,
+             reason="model turns; null (no limit) = megarl's 8"),
+        Rule(f"{ROLLOUT}.multi_turn.max_user_turns", reason="rollout.agent.max_turns bounds the conversation"),
+        Rule(f"{ROLLOUT}.multi_turn.max_parallel_calls", ("rollout.agent.max_parallel_calls",),
+             reason="verl's 1, megarl's 4 when not given; calls past it are answered with an error, not dropped"),
+        Rule(f"{ROLLOUT}.multi_turn.max_tool_response_length", ("rollout.agent.max_tool_response_length",),
+             lambda x, v: max(16, int(x)), reason="characters in both (verl's 256, megarl's 4096 when not given); the end is cut"),
+        Rule(f"{ROLLOUT}.multi_turn.tool_response_truncate_side", reason="megarl cuts a long tool answer's end"),
+        Rule(f"{ROLLOUT}.multi_turn.tool_config_path", ("rollout.agent.tools_file",)),
+        Rule(f"{ROLLOUT}.multi_turn.interaction_config_path", ("rollout.agent.interactions_file",)),
+        Rule(f"{ROLLOUT}.multi_turn.format", ("rollout.agent.tool_parser",), reason="hermes, or your function (package.module:function)"),
+        Rule(f"{ROLLOUT}.multi_turn.use_inference_chat_template", reason="megarl never re-tokenizes a trajectory"),
+        Rule(f"{ROLLOUT}.multi_turn.tokenization_sanity_check_mode", reason="megarl never re-tokenizes a trajectory"),
+        Rule(f"{ROLLOUT}.multi_turn.num_repeat_rollouts", reason="rollout.n samples per prompt"),
+        Rule(f"{ROLLOUT}.agent.default_agent_loop", ("rollout.agent.default_agent",), _agent_loop,
+             reason="verl's single_turn_agent is megarl's single_turn"),
+        Rule(f"{ROLLOUT}.agent.num_workers", reason="rollout.agent.max_concurrent bounds trajectories in flight"),
+        Rule(f"{ROLLOUT}.agent.agent_loop_config_path", reason="name your loops in rollout.agent.loops", group=NOT_YET),
+        Rule(f"{ROLLOUT}.agent.*", reason="megarl's agent keys are those of `megarl config rollout.agent`", group=NOT_YET),
+    ]
+
+
+def _rollout_rules() -> list[Rule]:
+    """verl's keys of the rollout."""
+    return [
         Rule(f"{ROLLOUT}.name", ("rollout.engine",), _engine, reason="megarl generates with SGLang (vLLM is not supported)"),
         Rule(f"{ROLLOUT}.n", ("rollout.n",), default=1),
         Rule(f"{ROLLOUT}.temperature", ("rollout.sampling.temperature",)),
@@ -680,27 +722,6 @@ def _verl_rules() -> list[Rule]:
             "enforce_eager", "free_cache_engine", "max_num_batched_tokens", "enable_chunked_prefill", "enable_prefix_caching",
             "max_model_len", "disable_log_stats", "load_format", "layered_summon", "cudagraph_capture_sizes", "ignore_eos",
             "swap_space", "use_fire_sampling")],  # fmt: skip
-        Rule(f"{ROLLOUT}.multi_turn.enable", reason="megarl picks each sample's agent loop by its agent_name column "
-             "(else rollout.agent.default_agent)"),  # fmt: skip
-        Rule(f"{ROLLOUT}.multi_turn.max_assistant_turns", ("rollout.agent.max_turns",), lambda x, v: int(x) if x else 8,
-             reason="model turns; null (no limit) = megarl's 8"),
-        Rule(f"{ROLLOUT}.multi_turn.max_user_turns", reason="rollout.agent.max_turns bounds the conversation"),
-        Rule(f"{ROLLOUT}.multi_turn.max_parallel_calls", ("rollout.agent.max_parallel_calls",),
-             reason="verl's 1, megarl's 4 when not given; calls past it are answered with an error, not dropped"),
-        Rule(f"{ROLLOUT}.multi_turn.max_tool_response_length", ("rollout.agent.max_tool_response_length",),
-             lambda x, v: max(16, int(x)), reason="characters in both (verl's 256, megarl's 4096 when not given); the end is cut"),
-        Rule(f"{ROLLOUT}.multi_turn.tool_response_truncate_side", reason="megarl cuts a long tool answer's end"),
-        Rule(f"{ROLLOUT}.multi_turn.tool_config_path", ("rollout.agent.tools_file",)),
-        Rule(f"{ROLLOUT}.multi_turn.interaction_config_path", ("rollout.agent.interactions_file",)),
-        Rule(f"{ROLLOUT}.multi_turn.format", ("rollout.agent.tool_parser",), reason="hermes, or your function (package.module:function)"),
-        Rule(f"{ROLLOUT}.multi_turn.use_inference_chat_template", reason="megarl never re-tokenizes a trajectory"),
-        Rule(f"{ROLLOUT}.multi_turn.tokenization_sanity_check_mode", reason="megarl never re-tokenizes a trajectory"),
-        Rule(f"{ROLLOUT}.multi_turn.num_repeat_rollouts", reason="rollout.n samples per prompt"),
-        Rule(f"{ROLLOUT}.agent.default_agent_loop", ("rollout.agent.default_agent",), _agent_loop,
-             reason="verl's single_turn_agent is megarl's single_turn"),
-        Rule(f"{ROLLOUT}.agent.num_workers", reason="rollout.agent.max_concurrent bounds trajectories in flight"),
-        Rule(f"{ROLLOUT}.agent.agent_loop_config_path", reason="name your loops in rollout.agent.loops", group=NOT_YET),
-        Rule(f"{ROLLOUT}.agent.*", reason="megarl's agent keys are those of `megarl config rollout.agent`", group=NOT_YET),
         Rule(f"{ROLLOUT}.trace.*", reason="megarl writes samples to trainer.output_dir", group=NOT_YET),
         Rule(f"{ROLLOUT}.skip_*", reason="megarl always generates"),
         Rule(f"{ROLLOUT}.over_sample_rate", reason="megarl's dynamic sampling generates further rounds instead", group=NOT_YET),
@@ -710,7 +731,11 @@ def _verl_rules() -> list[Rule]:
         Rule(f"{ROLLOUT}.*", reason="a rollout setting megarl's config does not have (`megarl config rollout`)", group=NOT_YET),
         Rule("actor_rollout_ref.hybrid_engine", reason="colocated training and rollout: cluster.placement=colocated (the default)"),
         Rule("actor_rollout_ref.nccl_timeout", reason="megarl's deadlines: rollout.weight_sync.timeout_s, trainer.hang_timeout_s"),
-        # --- the critic
+    ]
+
+def _critic_rules() -> list[Rule]:
+    """verl's keys of the critic."""
+    return [
         Rule("critic.enable", ("critic.enabled",)),
         Rule("critic.model.path", ("critic.path",), _critic_path, default=PLACEHOLDER_MODEL, show_default=True),
         *_model_rules("critic.model", "critic"),
@@ -724,7 +749,11 @@ def _verl_rules() -> list[Rule]:
         Rule("critic.rollout_n", reason="verl derives it from rollout.n"),
         Rule("critic.checkpoint.*", reason="megarl's checkpoints always hold the model, optimizer and loop state"),
         *_parallel_rules("critic.megatron", "critic"),
-        # --- the reward
+    ]
+
+def _reward_rules() -> list[Rule]:
+    """verl's keys of the reward."""
+    return [
         Rule("reward_model.enable", ("reward.model.path",), _reward_model_enable,
              reason="with reward_model.model.path"),
         Rule("reward_model.model.path", ("reward.model.path",), _reward_model()),
@@ -744,7 +773,11 @@ def _verl_rules() -> list[Rule]:
         Rule("custom_reward_function.path", ("reward.custom.path",), _custom_path),
         Rule("custom_reward_function.name", ("reward.custom.name",), _reward_custom, default="compute_score"),
         Rule("custom_reward_function.reward_kwargs*", reason="megarl calls your function with verl's arguments only", group=NOT_YET),
-        # --- the algorithm
+    ]
+
+def _algorithm_rules() -> list[Rule]:
+    """verl's keys of the algorithm."""
+    return [
         Rule("algorithm.adv_estimator", ("algorithm.estimator",), _estimator, default="gae"),
         Rule("algorithm.gamma", ("algorithm.gamma",)),
         Rule("algorithm.lam", ("algorithm.lam",)),
@@ -763,7 +796,11 @@ def _verl_rules() -> list[Rule]:
         Rule("algorithm.pf_ppo.*", reason="preference-feedback PPO", group=NOT_YET),
         Rule("algorithm.rollout_correction.*", reason="megarl's corrections are algorithm.tis and algorithm.mis", group=NOT_YET),
         Rule("algorithm.*", reason="an algorithm setting megarl's config does not have (`megarl config algorithm`)", group=NOT_YET),
-        # --- the trainer
+    ]
+
+def _trainer_rules() -> list[Rule]:
+    """verl's keys of the trainer."""
+    return [
         Rule("trainer.total_epochs", ("trainer.total_epochs",), _total_epochs, default=30),
         Rule("trainer.total_training_steps", ("trainer.total_steps",)),
         Rule("trainer.project_name", ("trainer.project",), default="verl_examples"),
@@ -793,7 +830,11 @@ def _verl_rules() -> list[Rule]:
         Rule("trainer.ray_wait_register_center_timeout", reason="megarl's start-up deadline is cluster.build_timeout_s"),
         Rule("trainer.use_legacy_worker_impl", reason="verl's worker implementations"),
         Rule("trainer.*", reason="a trainer setting megarl's config does not have (`megarl config trainer`)", group=NOT_YET),
-        # --- profiling, Ray, FSDP and verl's own bookkeeping
+    ]
+
+def _other_rules() -> list[Rule]:
+    """verl's keys of profiling, Ray, FSDP and verl's own bookkeeping."""
+    return [
         Rule("*.fsdp_config.*", reason="FSDP's sharding and offload", group=FSDP_ONLY),
         Rule("*.profiler.*", reason="megarl profiles trainer.profile_steps with the torch profiler", group=NOT_YET),
         Rule("global_profiler.*", reason="megarl profiles trainer.profile_steps with the torch profiler", group=NOT_YET),
@@ -808,6 +849,12 @@ def _verl_rules() -> list[Rule]:
         Rule("*._target_", reason="verl's dataclass name"),
         Rule("*.strategy", reason="megarl trains with Megatron-core whatever verl's strategy"),
     ]
+
+def _verl_rules() -> list[Rule]:
+    """Every rule, the most specific first (patterns after the keys they would also match)."""
+    return [*_data_rules(), *_policy_model_rules(), *_actor_rules(), *_reference_rules(), *_agent_rules(),
+            *_rollout_rules(), *_critic_rules(), *_reward_rules(), *_algorithm_rules(), *_trainer_rules(),
+            *_other_rules()]  # fmt: skip
 
 
 def _custom_path(value: Any, v: Verl) -> Any:
