@@ -305,12 +305,36 @@ def _lora_rank(value: Any, v: Verl) -> int:
     return int(value)
 
 
-def _lora(convert: Convert) -> Convert:
+def _lora(convert: Convert, rank: str = f"{MODEL}.lora_rank") -> Convert:
     def wrapped(value: Any, v: Verl) -> Any:
-        if not v.get(f"{MODEL}.lora_rank"):
-            raise Unused(f"verl reads it only with {MODEL}.lora_rank > 0")
+        if not v.get(rank):
+            raise Unused(f"verl reads it only with {rank} > 0")
         return convert(value, v)
     return wrapped
+
+
+# Megatron's module names in verl's Megatron LoRA (model.lora.target_modules) -> HF's.
+_MCORE_MODULES = {"linear_qkv": ("q_proj", "k_proj", "v_proj"), "linear_proj": ("o_proj",),
+                  "linear_fc1": ("gate_proj", "up_proj"), "linear_fc2": ("down_proj",)}  # fmt: skip
+
+
+def _mcore_modules(value: Any, v: Verl) -> list[str]:
+    names = [value] if isinstance(value, str) else list(value)
+    if set(names) >= set(_MCORE_MODULES) or "all-linear" in names:
+        return ["all-linear"]
+    unknown = [n for n in names if n not in _MCORE_MODULES]
+    if unknown:
+        raise Unused(f"megarl's LoRA targets linear_qkv, linear_proj, linear_fc1, linear_fc2 (HF's names); not {unknown}", NOT_YET)
+    return [hf for n in names for hf in _MCORE_MODULES[n]]
+
+
+def _router_replay(value: Any, v: Verl) -> str:
+    """verl's R3 replays the engine's routing in training (megarl's experts); R2 is not megarl's."""
+    if value in ("disabled", None):
+        raise Unused("disabled: the trainer's router decides (megarl's default)")
+    if value != "R3":
+        raise Unused(f"{value}: megarl replays the engine's routing only (verl's R3)", NOT_YET)
+    return "experts"
 
 
 def _target_modules(value: Any, v: Verl) -> list[str]:
@@ -612,6 +636,14 @@ def _policy_model_rules() -> list[Rule]:
         Rule(f"{MODEL}.lora_adapter_path", reason="megarl's LoRA starts from fresh adapters", group=NOT_YET),
         Rule(f"{MODEL}.use_dora", reason="DoRA", group=NOT_YET),
         Rule(f"{MODEL}.custom_chat_template", reason="megarl renders the tokenizer's own chat template", group=NOT_YET),
+        Rule(f"{MODEL}.lora.rank", ("actor.lora.rank",), _lora_rank, reason="verl's Megatron LoRA"),
+        Rule(f"{MODEL}.lora.alpha", ("actor.lora.alpha",), _lora(lambda x, v: float(x), f"{MODEL}.lora.rank")),
+        Rule(f"{MODEL}.lora.dropout", ("actor.lora.dropout",), _lora(lambda x, v: float(x), f"{MODEL}.lora.rank")),
+        Rule(f"{MODEL}.lora.target_modules", ("actor.lora.target_modules",), _lora(_mcore_modules, f"{MODEL}.lora.rank"),
+             reason="Megatron's module names as HF's: linear_qkv = q_proj, k_proj, v_proj; linear_fc1 = gate_proj, up_proj"),
+        Rule(f"{MODEL}.lora.*", reason="megarl's LoRA keys are those of `megarl config actor.lora`", group=NOT_YET),
+        Rule(f"{MODEL}.hf_config_path", reason="megarl reads config.json from model.path"),
+        Rule(f"{MODEL}.mtp.*", reason="multi-token prediction", group=NOT_YET),
         *_model_rules(MODEL, "actor"),
     ]
 
@@ -642,6 +674,16 @@ def _actor_rules() -> list[Rule]:
         Rule(f"{ACTOR}.data_loader_seed", reason="megarl's sampler takes data.seed"),
         Rule(f"{ACTOR}.load_weight", reason="megarl always loads model.path"),
         Rule(f"{ACTOR}.freeze_vision_tower", reason="multimodal models", group=NOT_YET),
+        Rule(f"{ACTOR}.use_remove_padding", ("actor.pack_sequences",)),
+        Rule(f"{ACTOR}.router_replay.mode", ("actor.moe.routing_replay",), _router_replay),
+        Rule(f"{ACTOR}.router_replay.*", reason="megarl replays the routing of the samples it trains, kept in memory"),
+        Rule(f"{ACTOR}.rollout_n", reason="verl derives it from rollout.n"),
+        Rule(f"{ACTOR}.calculate_entropy", reason="megarl always computes the entropy (actor/entropy, algorithm.entropy_coef)"),
+        Rule(f"{ACTOR}.tau_pos", reason="parameters of verl's SAPO loss", group=NOT_YET),
+        Rule(f"{ACTOR}.tau_neg", reason="parameters of verl's SAPO loss", group=NOT_YET),
+        Rule(f"{ACTOR}.loss_scale_factor", reason="megarl's loss scale is algorithm.loss_agg's", group=NOT_YET),
+        Rule(f"{ACTOR}.use_prefix_grouper", reason="shared-prefix grouping", group=NOT_YET),
+        Rule(f"{ACTOR}.*sum_pi_squared*", reason="verl's sum of pi squared statistics", group=NOT_YET),
         *_parallel_rules(f"{ACTOR}.megatron", "actor"),
         *[Rule(f"{actor}.fsdp_config.{k}", (f"{section}.offload",), wrap(_offload(tuple(
             f"{actor}.fsdp_config.{o}" for o in ("param_offload", "optimizer_offload")))),
@@ -748,6 +790,10 @@ def _critic_rules() -> list[Rule]:
         Rule("critic.strategy", reason="megarl trains with Megatron-core whatever verl's strategy"),
         Rule("critic.rollout_n", reason="verl derives it from rollout.n"),
         Rule("critic.checkpoint.*", reason="megarl's checkpoints always hold the model, optimizer and loop state"),
+        Rule("critic.model.lora.*", reason="megarl's LoRA is the policy's (actor.lora)", group=NOT_YET),
+        Rule("critic.data_loader_seed", reason="megarl's sampler takes data.seed"),
+        Rule("critic.load_weight", reason="megarl always loads the critic's model"),
+        Rule("critic.nccl_timeout", reason="megarl's deadlines: rollout.weight_sync.timeout_s, trainer.hang_timeout_s"),
         *_parallel_rules("critic.megatron", "critic"),
     ]
 
@@ -840,6 +886,9 @@ def _other_rules() -> list[Rule]:
         Rule("global_profiler.*", reason="megarl profiles trainer.profile_steps with the torch profiler", group=NOT_YET),
         Rule("ray_kwargs.*", reason="megarl starts Ray itself (cluster.ray_address to attach)"),
         Rule("ray_init.*", reason="megarl starts Ray itself (cluster.ray_address to attach)"),
+        Rule("reward_manager.*", reason="megarl scores with its reward workers (reward.workers, reward.custom)"),
+        Rule("transfer_queue.*", reason="megarl moves batches through Ray's object store"),
+        Rule("*.tiled_mlp.*", reason="tiled MLP for FSDP models", group=FSDP_ONLY),
         Rule("*.megatron.use_dist_checkpointing", reason="model.path takes an HF directory or a `megarl convert "
              "hf-to-megatron` checkpoint"),  # fmt: skip
         Rule("*.megatron.dist_checkpointing_*", reason="model.path takes an HF directory or a `megarl convert hf-to-megatron` checkpoint"),

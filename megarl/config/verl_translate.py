@@ -15,9 +15,10 @@ from typing import Any
 
 import yaml
 
+from megarl.config.loading import ConfigError
 from megarl.config.sections import MegaRLConfig
-from megarl.config.verl_keys import NONE, RULES, Rule, Unused, Verl, rule_for
-from megarl.config.verl_script import Given, VerlRun, flatten
+from megarl.config.verl_keys import NONE, RULES, Rule, Unused, Verl, exact_rule, rule_for
+from megarl.config.verl_script import Given, VerlRun, flatten, parse_hydra
 
 
 @dataclass
@@ -92,19 +93,31 @@ def _resolved(items: list[Given]) -> dict[str, Any]:
             given[item.key] = item.value
     for key, value in given.items():
         if isinstance(value, str) and "${" in value:
-            given[key] = _interpolate(value, given)
+            given[key] = _interpolate(key, value, given)
     return given
 
 
 _REF = re.compile(r"\$\{(?:oc\.select:)?([\w.]+)(?:,([^}]*))?\}")
 
 
-def _interpolate(text: str, given: dict[str, Any]) -> Any:
+def _interpolate(key: str, text: str, given: dict[str, Any]) -> Any:
+    """``${a.b}``, ``${oc.select:a.b,default}`` and the relative ``${.sibling}`` (a dump of verl's
+    config has them): the key given, else verl's default of it, else the default written."""
+
+    def value(ref: str, default: str | None) -> Any:
+        if ref.startswith("."):
+            ref = f"{key.rsplit('.', 1)[0]}{ref}" if "." in key else ref[1:]
+        if ref in given and not (isinstance(given[ref], str) and "${" in given[ref]):
+            return given[ref]
+        rule = exact_rule(ref)
+        if rule is not None and rule.default is not None and not callable(rule.default):
+            return rule.default
+        return parse_hydra(default) if default is not None else None
+
     whole = _REF.fullmatch(text)
     if whole:
-        key, default = whole.groups()
-        return given.get(key, default)
-    return _REF.sub(lambda m: str(given.get(m[1], m[2] if m[2] is not None else m[0])), text)
+        return value(*whole.groups())
+    return _REF.sub(lambda m: str(value(m[1], m[2])), text)
 
 
 def _row(text: str, key: str, value: Any, verl: Verl, out: Translation) -> Row:
@@ -123,6 +136,13 @@ def _row(text: str, key: str, value: Any, verl: Verl, out: Translation) -> Row:
         values = _converted(rule, value, verl)
     except Unused as exc:
         return Row(text, note=exc.reason, group=exc.group)
+    except (TypeError, ValueError) as exc:
+        if value is None:
+            return Row(text, note="null: unset in verl; megarl's default applies", group=NONE)
+        raise ConfigError(f"verl key {text}: {value!r} is not a value verl takes there ({exc}); fix it in the verl run "
+                          "or override it after the run") from None  # fmt: skip
+    if value is None and any(v is None for v in values.values()):
+        return Row(text, note="null: unset in verl; megarl's default applies", group=NONE)
     for megarl_key, megarl_value in values.items():
         out.values[megarl_key] = megarl_value
         out.origins[megarl_key] = text

@@ -411,3 +411,34 @@ def test_written_config_is_plain_yaml(tmp_path: Path, capsys):
     assert yaml.safe_load(out.read_text())["cluster"]["gpus_per_node"] == 4
     assert main(["config", "--from-verl", str(script)]) == 2
     assert "needs --out FILE" in capsys.readouterr().err
+
+
+def test_a_dump_of_verls_config_nulls_interpolations_and_megatron_lora(tmp_path: Path):
+    """A saved verl config holds nulls, ${oc.select:...} and relative ${.key} interpolations, and
+    the Megatron LoRA group with Megatron's module names."""
+    path = _write(tmp_path, "dump.yaml", """
+        actor_rollout_ref:
+          model:
+            path: /m/Qwen3-8B
+            lora: {rank: 16, alpha: 32, target_modules: [linear_qkv, linear_proj], type: lora}
+          actor:
+            ppo_mini_batch_size: 8
+            ppo_micro_batch_size: null
+            use_remove_padding: ${oc.select:actor_rollout_ref.model.use_remove_padding,false}
+            router_replay: {mode: R3, record_file: null}
+            megatron: {virtual_pipeline_model_parallel_size: null, tensor_model_parallel_size: 2}
+          rollout: {name: sglang, n: 4}
+        critic:
+          ppo_micro_batch_size: null
+          ppo_micro_batch_size_per_gpu: ${oc.select:.ppo_micro_batch_size,null}
+        transfer_queue: {enable: false}
+        """)  # fmt: skip
+    t = translate(read_verl(path, env={}))
+    v = t.values
+    assert (v["actor.lora.rank"], v["actor.lora.alpha"]) == (16, 32.0)
+    assert v["actor.lora.target_modules"] == ["q_proj", "k_proj", "v_proj", "o_proj"]
+    assert v["actor.pack_sequences"] is False and v["actor.moe.routing_replay"] == "experts"
+    assert (v["actor.parallel.vpp"], v["actor.parallel.tp"]) == (1, 2)
+    assert "actor.micro_batch_size" not in v and "critic.micro_batch_size" not in v  # nulls: megarl's defaults
+    assert _row(t, "actor_rollout_ref.actor.ppo_micro_batch_size: null").startswith("no equivalent: null")
+    assert not [r.verl for r in t.given if "map knows" in r.note]
