@@ -115,6 +115,8 @@ def _qwen3_moe(name: str, h: int, layers: int, heads: int, ffn: int, moe_ffn: in
 BUILTIN_ARCHS: dict[str, ArchSpec] = {
     a.name: a
     for a in (
+        # Qwen2's 7B (verl's GRPO examples' Qwen/Qwen2-7B-Instruct): Qwen2.5-7B's shape.
+        _qwen25("qwen2-7b", 3584, 28, 28, 4, 18944, False),
         _qwen25("qwen2.5-0.5b", 896, 24, 14, 2, 4864, True, vocab=151936),
         _qwen25("qwen2.5-1.5b", 1536, 28, 12, 2, 8960, True, vocab=151936),
         _qwen25("qwen2.5-3b", 2048, 36, 16, 2, 11008, True, vocab=151936),
@@ -135,6 +137,8 @@ BUILTIN_ARCHS: dict[str, ArchSpec] = {
         # The MoE demo's (configs/tiny_moe_grpo.yaml; megarl/commands/demo.py DEMO_MOE_MODEL).
         ArchSpec("tiny-moe-demo", "qwen3_moe", 64, 2, 4, 2, 128, 14, 64, False, num_experts=4, experts_per_token=2,
                  moe_ffn_hidden_size=64),
+        # deepseek-ai/deepseek-llm-7b-chat (verl's default model path): a Llama without GQA.
+        ArchSpec("deepseek-llm-7b", "llama", 4096, 30, 32, 32, 11008, 102400, 4096, False),
         ArchSpec("llama-3-8b", "llama", 4096, 32, 32, 8, 14336, 128256, 8192, False),
         ArchSpec("llama-3-70b", "llama", 8192, 80, 64, 8, 28672, 128256, 8192, False),
         ArchSpec("llama-3.1-8b", "llama", 4096, 32, 32, 8, 14336, 128256, 131072, False),
@@ -153,6 +157,19 @@ def describe_archs() -> str:
         lines.append(f"{a.name:<16} {a.model_type:<9} {a.num_params / 1e9:>7.2f}B {active:>8} {experts:>7} {a.num_layers:>6} "
                      f"{f'{a.num_heads}/{a.num_kv_heads}':>8} {a.hidden_size:>6} {a.vocab_size:>7} {a.max_positions:>9}")
     return "\n".join(lines)
+
+
+# What a Hugging Face repo name may end with beyond its architecture's built-in name.
+_NAME_SUFFIXES = ("-instruct", "-chat", "-base", "-it")
+
+
+def arch_for_model_name(path: str) -> str | None:
+    """The built-in architecture a model's hub id or directory names (``Qwen/Qwen2.5-7B-Instruct``
+    -> qwen2.5-7b), else None: so a config translated from another framework plans without weights."""
+    name = path.rstrip("/").rsplit("/", 1)[-1].lower().removeprefix("meta-")
+    for suffix in _NAME_SUFFIXES:
+        name = name.removesuffix(suffix)
+    return name if name in BUILTIN_ARCHS else None
 
 
 class ArchError(ValueError):

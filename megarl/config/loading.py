@@ -21,6 +21,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 from megarl.config.sections import MegaRLConfig
+from megarl.config.verl_keys import exact_rule, is_verl_key, megarl_name, no_equivalent_reason
 
 
 class ConfigError(ValueError):
@@ -272,22 +273,44 @@ def _check_key_path(key: str) -> bool:
             return False  # one entry of the mapping, merged into the file's
         fields = model.model_fields
         if part not in fields:
-            raise ConfigError(unknown_key_message(model, walked, part))
+            raise ConfigError(unknown_key_message(model, walked, part, full=key))
         walked.append(part)
         annotation = fields[part].annotation
         model = _section_type(annotation)
     return model is not None
 
 
-def unknown_key_message(model: type[BaseModel], walked: list[str], name: str) -> str:
+def unknown_key_message(model: type[BaseModel], walked: list[str], name: str, full: str | None = None) -> str:
     """What to say of a key ``name`` that the section ``model`` (at dotted path ``walked``) lacks:
-    the key one section down when it lives there (rollout.temperature: verl's flat names), else
-    the closest name and the keys there are. For overrides, YAML files and `megarl config`."""
+    verl's name for a megarl key (``full``: the whole key given) with megarl's, the key one
+    section down when it lives there (rollout.temperature: verl's flat names), else the closest
+    name and the keys there are. For overrides, YAML files and `megarl config`."""
     path = ".".join([*walked, name])
+    verl = verl_hint(full or path)
+    if verl is not None:
+        return verl
     deeper = _nested_key(model, name)
     if deeper:
         return f"unknown key {path}; did you mean {'.'.join([*walked, deeper])}?"
     return _unknown_key_message(path, name, list(model.model_fields))
+
+
+def verl_hint(key: str) -> str | None:
+    """``actor_rollout_ref.actor.optim.lr is verl's name; megarl's is actor.optimizer.lr`` for a
+    key of verl's (its own rule; a pattern only below a group megarl lacks, so that a misspelt
+    megarl key is not taken for verl's), else None."""
+    rule = exact_rule(key)
+    top = key.split(".")[0]
+    if rule is None and (top in MegaRLConfig.model_fields or not is_verl_key(key)):
+        return None
+    translate = "`megarl config --from-verl RUN --out FILE` translates a whole verl run"
+    megarl = megarl_name(key)
+    if megarl is not None:
+        return f"{key} is verl's name; megarl's is {megarl} ({translate}, units included)"
+    reason = no_equivalent_reason(key)
+    if reason is not None:
+        return f"{key} is verl's name; megarl has no equivalent ({reason})"
+    return f"{key} is a group of verl's config; {translate}"
 
 
 def _nested_key(model: type[BaseModel], name: str) -> str | None:

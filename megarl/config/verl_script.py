@@ -1,0 +1,311 @@
+"""Reading a verl run as users keep it: a run script (verl's examples/*.sh), a Hydra YAML, or both.
+
+`megarl config --from-verl run.sh` needs the verl keys the run sets, each with its value and the
+text it was given as (the table shows it so). A verl script is shell: `set -x`, `export` lines,
+variables set in it or left to the environment (``${VAR:-default}`` too), other commands before
+the ``python3 -m verl.trainer.main_ppo`` line, quoted Hydra lists, and a trailing ``$@``. This
+module reads that much shell (quotes, escapes, line continuations, ``$VAR`` expansion) without
+running anything; Hydra values are read as Hydra reads them (``1e-6`` is a number, ``[a,b]`` a list).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from megarl.config.loading import ConfigError, not_text_reason, yaml_error_line
+
+
+@dataclass(frozen=True)
+class Given:
+    """One verl key the run sets: ``text`` as the user wrote it (for the table), ``value`` as Hydra reads it."""
+
+    key: str
+    value: Any
+    text: str
+    deleted: bool = False  # Hydra's ~key
+
+
+@dataclass
+class VerlRun:
+    """What a verl run sets: its keys in order, the config it starts from, and what could not be read."""
+
+    given: list[Given] = field(default_factory=list)
+    config_name: str = "ppo_trainer"
+    config_path: str | None = None  # --config-path: a directory that may hold the user's own config-name YAML
+    notes: list[str] = field(default_factory=list)  # unset variables, skipped words: printed above the table
+
+
+# The module lines that start a verl trainer (verl's main_ppo and the recipes' main_*).
+_ENTRY = re.compile(r"^(verl\.trainer\.main_\w+|recipe\.[\w.]*main_\w+|verl\.[\w.]*main\w*)$")
+_VAR = re.compile(r"\$(?:(?P<plain>[A-Za-z_]\w*)|(?P<special>[@*#?$!0-9]))")
+
+
+def read_verl(path: str | Path, overrides: list[str] | tuple[str, ...] = (), env: Mapping[str, str] | None = None) -> VerlRun:
+    """The keys of a verl script or YAML at ``path``, then ``overrides`` (key=value words as the
+    script's command line would take them; they win). ``env``: the variables a script reads that it
+    does not set (the caller's environment by default), as the shell would see them."""
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"verl run {file} does not exist (or is not a file); give a verl run script (.sh) or a verl YAML config")
+    try:
+        text = file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"verl run {file} is not a text file ({not_text_reason(exc)}); give a .sh script or a YAML config") from None
+    run = VerlRun()
+    if file.suffix in (".yaml", ".yml"):
+        _read_yaml_into(run, file, text)
+    else:
+        _read_script_into(run, file, text, dict(os.environ if env is None else env))
+    for word in overrides:
+        _add_word(run, word, word, f"override {word!r}")
+    return run
+
+
+def _read_yaml_into(run: VerlRun, file: Path, text: str) -> None:
+    """A verl YAML: a Hydra config (its ``defaults`` list names the config it extends) or a dump."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(yaml_error_line(file, exc, what="verl config")) from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"verl config {file}: the top level must be a mapping of verl's groups (data, actor_rollout_ref, ...)")
+    for item in data.pop("defaults", None) or []:
+        name = item if isinstance(item, str) else next(iter(item.values()), "") if isinstance(item, dict) else ""
+        if isinstance(name, str) and "megatron" in name:
+            run.config_name = "ppo_megatron_trainer"
+    for key, value in flatten(data).items():
+        run.given.append(Given(key, _hydra_value(value), f"{key}: {_show(value)}"))
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``; an empty mapping stays a value (``engine_kwargs.vllm: {}``)."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, Mapping) and value:
+            out |= flatten(value, f"{prefix}{key}.")
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _show(value: Any) -> str:
+    return yaml.safe_dump(value, default_flow_style=True, width=10**9).strip().removesuffix("...").strip()
+
+
+def _read_script_into(run: VerlRun, file: Path, text: str, env: dict[str, str]) -> None:
+    """Walk the script's commands: assignments set variables, the verl command gives the keys."""
+    variables: dict[str, str] = {}
+    found = False
+    for line in _logical_lines(text):
+        for command in _commands(line, variables, env, run.notes):
+            found |= _command_into(run, file, command, variables)
+    if not found:
+        raise ConfigError(f"verl run {file}: no `python3 -m verl.trainer.main_ppo` (or recipe main_*) command found; "
+                          "give the script that starts verl, or a verl YAML config")  # fmt: skip
+    own = Path(file.parent, run.config_path or "", f"{run.config_name}.yaml") if run.config_path else None
+    if own is not None and own.is_file():  # the user's config: its keys come before the command line's
+        words, run.given = run.given, []
+        _read_yaml_into(run, own, own.read_text(encoding="utf-8"))
+        run.given += words
+        run.notes.append(f"read {own} (--config-path, --config-name) before the command line's keys")
+
+
+def _command_into(run: VerlRun, file: Path, command: list[tuple[str, str]], variables: dict[str, str]) -> bool:
+    """One command's words (raw, expanded): an assignment, `export`, or the verl command."""
+    words = [w for _, w in command]
+    if not words:
+        return False
+    if words[0] in ("export", "declare", "local", "readonly"):
+        command, words = command[1:], words[1:]
+    entry = next((i for i, w in enumerate(words[:-1]) if w == "-m" and _ENTRY.match(words[i + 1])), None)
+    if entry is None:
+        for word in words:  # VAR=value lines (and `export VAR=value`)
+            name, eq, value = word.partition("=")
+            if eq and re.fullmatch(r"[A-Za-z_]\w*", name):
+                variables[name] = value
+            else:
+                break
+        return False
+    rest = command[entry + 2 :]
+    i = 0
+    while i < len(rest):
+        raw, word = rest[i]
+        if word in ("--config-path", "--config-name", "-cp", "-cn") and i + 1 < len(rest):
+            _hydra_flag(run, file, word, rest[i + 1][1])
+            i += 2
+            continue
+        if word.startswith(("--config-path=", "--config-name=", "-cp=", "-cn=")):
+            flag, _, value = word.partition("=")
+            _hydra_flag(run, file, flag, value)
+        elif word:
+            _add_word(run, word, raw, f"{file}: word {raw!r}")
+        i += 1
+    return True
+
+
+def _hydra_flag(run: VerlRun, file: Path, flag: str, value: str) -> None:
+    """--config-name picks verl's config (ppo_megatron_trainer: the Megatron defaults); a
+    config-path's own YAML of that name is read when it is there."""
+    if flag in ("--config-name", "-cn"):
+        name = value.removesuffix(".yaml")
+        run.config_name = "ppo_megatron_trainer" if "megatron" in name else name
+        run.notes.append(f"--config-name={value}: verl's {run.config_name} defaults")
+        return
+    run.config_path = value
+
+
+def _add_word(run: VerlRun, word: str, raw: str, where: str) -> None:
+    """A Hydra override word: key=value, +key=value, ++key=value, or ~key (a delete)."""
+    if word.startswith("~"):
+        run.given.append(Given(word[1:].partition("=")[0], None, raw, deleted=True))
+        return
+    key, eq, value = word.lstrip("+").partition("=")
+    if not eq or not re.fullmatch(r"[A-Za-z_][\w.]*", key):
+        raise ConfigError(f"{where}: not a verl override key=value (e.g. data.train_batch_size=256); remove it or fix its quoting")
+    run.given.append(Given(key, parse_hydra(value), raw))
+
+
+def parse_hydra(text: str) -> Any:
+    """A Hydra override's value: numbers as Hydra reads them (``1e-6``), lists and dicts in its
+    flow syntax (``['a.parquet', 'b.parquet']``, ``[console,wandb]``), null, true/True, else text."""
+    stripped = text.strip()
+    if re.fullmatch(r"[-+]?\d+", stripped):
+        return int(stripped)
+    if re.fullmatch(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|[-+]?(inf|nan)", stripped, flags=re.I):
+        return float(stripped)
+    if stripped.lower() in ("true", "false"):
+        return stripped.lower() == "true"
+    if stripped.lower() in ("null", "none", "~"):
+        return None
+    if stripped.startswith(("[", "{")):
+        try:
+            return _hydra_value(yaml.safe_load(stripped))
+        except yaml.YAMLError:
+            return stripped
+    return stripped[1:-1] if len(stripped) > 1 and stripped[0] == stripped[-1] and stripped[0] in "'\"" else stripped
+
+
+def _hydra_value(value: Any) -> Any:
+    """Items of a YAML-read list or dict read as Hydra would (``'1e-6'`` is a number)."""
+    if isinstance(value, list):
+        return [_hydra_value(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _hydra_value(v) for k, v in value.items()}
+    return parse_hydra(value) if isinstance(value, str) and not value.startswith(("[", "{")) else value
+
+
+def _logical_lines(text: str) -> list[str]:
+    """The script's lines with backslash-newline continuations joined (outside single quotes)."""
+    return re.sub(r"\\\r?\n", " ", text).splitlines()
+
+
+def _commands(line: str, variables: dict[str, str], env: dict[str, str], notes: list[str]) -> list[list[tuple[str, str]]]:
+    """The commands of one line (split at ; & |), each as its words (raw text, expanded), as the
+    shell reads them: quotes removed, $VAR expanded except in single quotes, # comments dropped."""
+    commands: list[list[tuple[str, str]]] = [[]]
+    raw, word, quote, started = "", "", "", False
+    i = 0
+    while i < len(line):
+        c = line[i]
+        if quote == "'":
+            quote, raw, word = ("" if c == "'" else quote), raw + c, word + ("" if c == "'" else c)
+        elif c == "\\" and i + 1 < len(line) and (not quote or line[i + 1] in '"$`\\'):
+            raw, word, i = raw + line[i : i + 2], word + line[i + 1], i + 1
+        elif c == "$":
+            value, length = _expand(line[i:], variables, env, notes)
+            raw, word, started, i = raw + line[i : i + length], word + value, True, i + length - 1
+        elif c in "'\"" and (not quote or c == quote):
+            quote, raw, started = ("" if quote else c), raw + c, True
+        elif quote:
+            raw, word = raw + c, word + c
+        elif c == "#" and not started:
+            break
+        elif c.isspace() or c in ";&|":
+            if started:
+                commands[-1].append((raw, word))
+            raw, word, started = "", "", False
+            if c in ";&|" and commands[-1]:
+                commands.append([])
+        else:
+            raw, word, started = raw + c, word + c, True
+        i += 1
+    if started:
+        commands[-1].append((raw, word))
+    return [c for c in commands if c]
+
+
+def _expand(text: str, variables: dict[str, str], env: dict[str, str], notes: list[str]) -> tuple[str, int]:
+    """The value of the ``$...`` at the start of ``text`` and the characters it spans. ``$@``
+    (the script's own arguments) is empty: give them as overrides after the script. A variable set
+    nowhere stays as written, with a note naming it."""
+    if text.startswith("$("):
+        depth, end = 0, len(text)
+        for j, c in enumerate(text):
+            depth += c == "("
+            depth -= c == ")"
+            if depth == 0 and c == ")":
+                end = j + 1
+                break
+        notes.append(f"{text[:end]}: command substitution is not run; give the value as an override after the script")
+        return text[:end], end
+    if text.startswith("${"):
+        return _expand_braced(text, variables, env, notes)
+    m = _VAR.match(text)
+    if m is None:
+        return "$", 1
+    if m["special"]:
+        return "", m.end()
+    return _lookup(m["plain"], m.group(0), variables, env, notes), m.end()
+
+
+def _lookup(name: str, written: str, variables: dict[str, str], env: dict[str, str], notes: list[str]) -> str:
+    value = variables.get(name, env.get(name))
+    if value is None:
+        notes.append(f"${name} is not set in the script or the environment: kept as {written}; set it, or give the "
+                     "key it feeds as an override after the script")  # fmt: skip
+        return written
+    return value
+
+
+def _expand_braced(text: str, variables: dict[str, str], env: dict[str, str], notes: list[str]) -> tuple[str, int]:
+    """``${NAME}``, ``${NAME:-word}`` (``-``, ``=``, ``+`` too), the word itself expanded and
+    unquoted (``${MODEL_PATH:-"${HOME}/models/x"}``)."""
+    depth, end = 0, len(text)
+    for j, c in enumerate(text):
+        depth += c == "{"
+        depth -= c == "}"
+        if depth == 0 and c == "}":
+            end = j + 1
+            break
+    inner = text[2 : end - 1]
+    m = re.match(r"([A-Za-z_]\w*|[@*#?$!0-9])(:?[-=+?])?(.*)$", inner, flags=re.S)
+    if m is None:
+        return text[:end], end
+    name, op, word = m.groups()
+    if not re.match(r"[A-Za-z_]", name):
+        return "", end
+    if op is None:
+        return _lookup(name, text[:end], variables, env, notes), end
+    value = variables.get(name, env.get(name))
+    unset = value is None or (op.startswith(":") and not value)
+    if op.endswith("+"):
+        return (_word(word, variables, env, notes) if not unset else ""), end
+    if unset and op.endswith(("-", "=")):
+        expanded = _word(word, variables, env, notes)
+        if op.endswith("="):
+            variables[name] = expanded
+        return expanded, end
+    return (value or ""), end
+
+
+def _word(word: str, variables: dict[str, str], env: dict[str, str], notes: list[str]) -> str:
+    """A default word of ``${NAME:-word}`` as the shell reads it: quotes removed, $VAR expanded."""
+    commands = _commands(word, variables, env, notes)
+    return " ".join(w for command in commands for _, w in command)

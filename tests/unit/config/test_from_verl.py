@@ -1,0 +1,444 @@
+"""`megarl config --from-verl`: verl runs written here in verl's documented forms (examples/*.sh
+scripts, recipe scripts, Hydra YAML) become megarl configs key by key, the table accounts for
+every key given, and the result passes `megarl plan`."""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from megarl.cli import main
+from megarl.config.loading import ConfigError, load_config
+from megarl.config.verl_keys import RULES, is_verl_key
+from megarl.config.verl_script import parse_hydra, read_verl
+from megarl.config.verl_translate import Translation, translate
+
+# verl's examples/grpo_trainer/run_qwen2-7b.sh as its docs show it (GRPO on gsm8k).
+GRPO_GSM8K = r"""set -x
+
+python3 -m verl.trainer.main_ppo \
+    algorithm.adv_estimator=grpo \
+    data.train_files=$HOME/data/gsm8k/train.parquet \
+    data.val_files=$HOME/data/gsm8k/test.parquet \
+    data.train_batch_size=1024 \
+    data.max_prompt_length=512 \
+    data.max_response_length=1024 \
+    data.filter_overlong_prompts=True \
+    data.truncation='error' \
+    actor_rollout_ref.model.path=Qwen/Qwen2-7B-Instruct \
+    actor_rollout_ref.actor.optim.lr=1e-6 \
+    actor_rollout_ref.model.use_remove_padding=True \
+    actor_rollout_ref.actor.ppo_mini_batch_size=256 \
+    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=40 \
+    actor_rollout_ref.actor.use_kl_loss=True \
+    actor_rollout_ref.actor.kl_loss_coef=0.001 \
+    actor_rollout_ref.actor.kl_loss_type=low_var_kl \
+    actor_rollout_ref.actor.entropy_coeff=0 \
+    actor_rollout_ref.model.enable_gradient_checkpointing=True \
+    actor_rollout_ref.actor.fsdp_config.param_offload=False \
+    actor_rollout_ref.actor.fsdp_config.optimizer_offload=False \
+    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=40 \
+    actor_rollout_ref.rollout.tensor_model_parallel_size=2 \
+    actor_rollout_ref.rollout.name=vllm \
+    actor_rollout_ref.rollout.gpu_memory_utilization=0.6 \
+    actor_rollout_ref.rollout.n=5 \
+    actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=40 \
+    actor_rollout_ref.ref.fsdp_config.param_offload=True \
+    algorithm.use_kl_in_reward=False \
+    trainer.critic_warmup=0 \
+    trainer.logger='["console","wandb"]' \
+    trainer.project_name='verl_grpo_example_gsm8k' \
+    trainer.experiment_name='qwen2_7b_function_rm' \
+    trainer.n_gpus_per_node=8 \
+    trainer.nnodes=1 \
+    trainer.save_freq=20 \
+    trainer.test_freq=5 \
+    trainer.total_epochs=15 $@
+"""
+
+
+def _write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def _translate(tmp_path: Path, name: str, text: str, *overrides: str, env: dict[str, str] | None = None) -> Translation:
+    return translate(read_verl(_write(tmp_path, name, text), list(overrides), env={"HOME": "/home/u"} if env is None else env))
+
+
+def _row(t: Translation, verl_text: str) -> str:
+    """The outcome of the row whose verl key is ``verl_text``: its megarl keys, or its reason."""
+    rows = [r for r in t.given + t.defaults + t.choices if r.verl == verl_text]
+    assert len(rows) == 1, [r.verl for r in t.given + t.defaults]
+    row = rows[0]
+    return ", ".join(f"{k}={v}" for k, v in row.sets.items()) if row.sets else f"{row.group}: {row.note}"
+
+
+def test_grpo_gsm8k_script_key_by_key(tmp_path: Path):
+    t = _translate(tmp_path, "run_qwen2-7b.sh", GRPO_GSM8K)
+    v = t.values
+    assert v["algorithm.estimator"] == "grpo"
+    assert v["data.train_files"] == ["/home/u/data/gsm8k/train.parquet"]  # $HOME from the environment
+    assert v["data.val_files"] == ["/home/u/data/gsm8k/test.parquet"]
+    assert v["data.prompts_per_step"] == 1024  # prompts per step in both
+    assert v["data.max_prompt_length"] == 512
+    assert v["rollout.sampling.max_new_tokens"] == 1024
+    assert v["data.filter_overlong_prompts"] is True and v["data.truncation"] == "error"
+    assert (v["model.path"], v["model.arch"]) == ("Qwen/Qwen2-7B-Instruct", "qwen2-7b")
+    assert v["actor.optimizer.lr"] == 1e-6 and isinstance(v["actor.optimizer.lr"], float)
+    assert v["actor.mini_batch_size"] == 256 * 5  # prompts x n
+    assert v["actor.micro_batch_size"] == 40
+    assert (v["algorithm.kl.use_in_loss"], v["algorithm.kl.coef"], v["algorithm.kl.estimator"]) == (True, 0.001, "k3")
+    assert v["algorithm.kl.use_in_reward"] is False
+    assert v["actor.recompute"] == "full" and v["actor.pack_sequences"] is True
+    assert v["actor.offload"] is False and v["reference.offload"] is True
+    assert (v["rollout.engine"], v["rollout.tp"], v["rollout.mem_fraction"], v["rollout.n"]) == ("sglang", 2, 0.6, 5)
+    assert v["trainer.loggers"] == ["console", "wandb"]
+    assert (v["trainer.project"], v["trainer.experiment"]) == ("verl_grpo_example_gsm8k", "qwen2_7b_function_rm")
+    assert (v["cluster.gpus_per_node"], v["cluster.nnodes"]) == (8, 1)
+    assert (v["trainer.save_freq"], v["trainer.eval_freq"], v["trainer.total_epochs"]) == (20, 5, 15)
+    # verl's defaults the run relies on
+    assert v["actor.optimizer.weight_decay"] == 0.01
+    assert v["trainer.eval_before_train"] is True
+    assert v["trainer.output_dir"] == "checkpoints/verl_grpo_example_gsm8k/qwen2_7b_function_rm"
+    assert "critic.optimizer.lr" not in v  # GRPO: no critic, none of its defaults
+    assert _row(t, "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=40").startswith("no equivalent")
+    assert _row(t, "actor_rollout_ref.rollout.name=vllm") == "rollout.engine=sglang"
+
+
+def test_grpo_gsm8k_command_writes_what_plan_accepts_and_a_table_of_every_key(tmp_path: Path, capsys, monkeypatch):
+    monkeypatch.setenv("HOME", "/home/u")
+    monkeypatch.setenv("COLUMNS", "40")  # a narrow terminal (or a pipe) wraps nothing
+    script = _write(tmp_path, "run_qwen2-7b.sh", GRPO_GSM8K)
+    out = tmp_path / "megarl.yaml"
+    assert main(["config", "--from-verl", str(script), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    words = re.findall(r"^\s+(\S+=.*?) \\?$", GRPO_GSM8K, flags=re.M)
+    words[-1] = words[-1].removesuffix(" $@")
+    assert len(words) == 36
+    lines = printed.splitlines()
+    for word in words:  # one line per key, in full as given
+        assert sum(line.split() [:1] == [word] for line in lines) == 1, word
+    assert "(FSDP: no model-parallel layout given)" in printed  # megarl's choice of layout, shown
+    cfg = load_config(out)
+    assert cfg.actor.parallel.tp >= 1 and cfg.rollout.n == 5 and cfg.actor.mini_batch_size == 1280
+    capsys.readouterr()
+    assert main(["plan", str(out)]) == 0
+
+
+def test_ppo_with_critic_takes_verls_defaults(tmp_path: Path):
+    """No adv_estimator: GAE with a critic; the critic's placeholder path is the actor's model."""
+    t = _translate(tmp_path, "ppo.sh", r"""
+        export VLLM_ATTENTION_BACKEND=XFORMERS
+        MODEL=Qwen/Qwen2.5-3B-Instruct
+        python3 -m verl.trainer.main_ppo \
+            data.train_files="['/d/gsm8k/train.parquet', '/d/math/train.parquet']" \
+            data.train_batch_size=256 \
+            actor_rollout_ref.model.path=$MODEL \
+            actor_rollout_ref.actor.ppo_mini_batch_size=64 \
+            actor_rollout_ref.actor.ppo_micro_batch_size=64 \
+            actor_rollout_ref.rollout.name=sglang \
+            critic.optim.lr=2e-5 \
+            critic.model.enable_gradient_checkpointing=False \
+            critic.ppo_micro_batch_size_per_gpu=4 \
+            algorithm.use_kl_in_reward=True \
+            algorithm.kl_ctrl.kl_coef=0.002 \
+            trainer.critic_warmup=3 \
+            trainer.n_gpus_per_node=4
+        """)  # fmt: skip
+    v = t.values
+    assert v["data.train_files"] == ["/d/gsm8k/train.parquet", "/d/math/train.parquet"]
+    assert v["algorithm.estimator"] == "gae"  # verl's default
+    assert (v["model.path"], v["model.arch"]) == ("Qwen/Qwen2.5-3B-Instruct", "qwen2.5-3b")
+    assert v["rollout.n"] == 1  # verl's default, not megarl's 8
+    assert v["actor.mini_batch_size"] == 64
+    assert v["actor.micro_batch_size"] == 16  # verl's global micro-batch over 4 GPUs
+    assert v["critic.optimizer.lr"] == 2e-5
+    assert v["critic.recompute"] == "none"
+    assert v["critic.micro_batch_size"] == 4
+    assert v["critic.mini_batch_size"] == 64  # the actor's, verl's interpolation
+    assert v["algorithm.clip.value"] == 0.5  # verl's cliprange_value default
+    assert v["critic.optimizer.weight_decay"] == 0.01
+    assert (v["algorithm.kl.use_in_reward"], v["algorithm.kl.coef"], v["algorithm.kl.estimator"]) == (True, 0.002, "k1")
+    assert v["trainer.critic_warmup_steps"] == 2  # verl's N trains the actor from step N
+    assert "critic.path" not in v
+    assert "actor's model" in _row(t, f"critic.model.path: {'~/models/deepseek-llm-7b-chat'}")
+    assert _row(t, "algorithm.adv_estimator: gae") == "algorithm.estimator=gae"
+    assert (v["data.max_prompt_length"], v["rollout.sampling.max_new_tokens"], v["data.prompts_per_step"]) == (512, 512, 256)
+
+
+def test_dapo_recipe_script(tmp_path: Path):
+    """A recipe script: variables with defaults, a ray job submit line, + keys, overlong and filter groups."""
+    t = _translate(tmp_path, "test_dapo_7b.sh", r"""
+        #!/usr/bin/env bash
+        set -euxo pipefail
+        project_name='DAPO'
+        exp_name='DAPO-Qwen2.5-7B'
+        clip_ratio_low=0.2
+        clip_ratio_high=0.28
+        max_response_length=$((1024 * 2))
+        enable_overlong_buffer=True
+        overlong_buffer_len=512
+        overlong_penalty_factor=1.0
+        n_resp_per_prompt=16
+        MODEL_PATH=${MODEL_PATH:-"${RAY_DATA_HOME}/models/Qwen2.5-7B"}
+        NNODES=${NNODES:-1}
+        ray job submit --runtime-env="${RUNTIME_ENV}" -- python3 -m recipe.dapo.main_dapo \
+            data.train_files="/data/dapo-math-17k.parquet" \
+            data.prompt_key=prompt \
+            data.truncation='left' \
+            data.max_response_length=2048 \
+            data.gen_batch_size=1536 \
+            data.train_batch_size=512 \
+            actor_rollout_ref.rollout.n=${n_resp_per_prompt} \
+            algorithm.adv_estimator=grpo \
+            actor_rollout_ref.actor.clip_ratio_low=${clip_ratio_low} \
+            actor_rollout_ref.actor.clip_ratio_high=${clip_ratio_high} \
+            actor_rollout_ref.actor.clip_ratio_c=10.0 \
+            actor_rollout_ref.actor.loss_agg_mode=token-mean \
+            algorithm.filter_groups.enable=True \
+            algorithm.filter_groups.metric=acc \
+            algorithm.filter_groups.max_num_gen_batches=10 \
+            actor_rollout_ref.model.path="${MODEL_PATH}" \
+            actor_rollout_ref.actor.ppo_mini_batch_size=32 \
+            actor_rollout_ref.actor.optim.lr_warmup_steps=10 \
+            actor_rollout_ref.actor.optim.weight_decay=0.1 \
+            actor_rollout_ref.rollout.temperature=1.0 \
+            actor_rollout_ref.rollout.val_kwargs.do_sample=True \
+            actor_rollout_ref.rollout.val_kwargs.n=1 \
+            reward_model.reward_manager=dapo \
+            +reward_model.reward_kwargs.overlong_buffer_cfg.enable=${enable_overlong_buffer} \
+            +reward_model.reward_kwargs.overlong_buffer_cfg.len=${overlong_buffer_len} \
+            +reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor=${overlong_penalty_factor} \
+            trainer.project_name="${project_name}" \
+            trainer.experiment_name="${exp_name}" \
+            trainer.nnodes="${NNODES}" \
+            trainer.total_training_steps=100
+        """, env={"RAY_DATA_HOME": "/ray"})  # fmt: skip
+    v = t.values
+    assert v["model.path"] == "/ray/models/Qwen2.5-7B" and v["model.arch"] == "qwen2.5-7b"
+    assert (v["algorithm.clip.low"], v["algorithm.clip.high"], v["algorithm.clip.dual_c"]) == (0.2, 0.28, 10.0)
+    assert v["algorithm.dynamic_sampling.enabled"] is True and v["algorithm.dynamic_sampling.max_rounds"] == 10
+    assert (v["algorithm.overlong.length"], v["algorithm.overlong.penalty"]) == (512, 1.0)
+    assert v["rollout.n"] == 16 and v["actor.mini_batch_size"] == 32 * 16
+    assert v["data.truncation"] == "left" and v["rollout.sampling.max_new_tokens"] == 2048
+    assert v["actor.optimizer.warmup_steps"] == 10 * (512 // 32)  # RL steps -> optimizer steps
+    assert v["rollout.val.greedy"] is False and v["rollout.val.n"] == 1
+    assert v["trainer.total_steps"] == 100 and "trainer.total_epochs" not in v
+    assert (v["trainer.project"], v["trainer.experiment"], v["cluster.nnodes"]) == ("DAPO", "DAPO-Qwen2.5-7B", 1)
+    assert _row(t, "data.gen_batch_size=1536").startswith("no equivalent")
+    assert "overlong" in _row(t, "reward_model.reward_manager=dapo")
+    assert _row(t, "+reward_model.reward_kwargs.overlong_buffer_cfg.len=${overlong_buffer_len}") == "algorithm.overlong.length=512"
+    assert any("$((1024 * 2))" in n or "RUNTIME_ENV" in n for n in t.notes)  # what could not be read is said
+
+
+def test_multi_turn_with_tools(tmp_path: Path):
+    t = _translate(tmp_path, "run_gsm8k_multiturn.sh", r"""
+        PROJECT_DIR="$(pwd)"
+        CONFIG_PATH="$PROJECT_DIR/examples/sglang_multiturn/config"
+        python3 -m verl.trainer.main_ppo \
+            --config-path="$CONFIG_PATH" \
+            --config-name='gsm8k_multiturn_grpo' \
+            algorithm.adv_estimator=grpo \
+            data.return_raw_chat=True \
+            actor_rollout_ref.model.path=Qwen/Qwen2.5-3B-Instruct \
+            actor_rollout_ref.rollout.name=sglang \
+            actor_rollout_ref.rollout.multi_turn.enable=True \
+            actor_rollout_ref.rollout.multi_turn.max_assistant_turns=5 \
+            actor_rollout_ref.rollout.multi_turn.max_parallel_calls=2 \
+            actor_rollout_ref.rollout.multi_turn.format=hermes \
+            actor_rollout_ref.rollout.multi_turn.tool_config_path=/cfg/tool_config/gsm8k_tool_config.yaml \
+            actor_rollout_ref.rollout.multi_turn.interaction_config_path=/cfg/interaction.yaml \
+            actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent \
+            actor_rollout_ref.rollout.n=16 "$@"
+        """)  # fmt: skip
+    v = t.values
+    assert v["rollout.agent.max_turns"] == 5 and v["rollout.agent.max_parallel_calls"] == 2
+    assert v["rollout.agent.tool_parser"] == "hermes"
+    assert v["rollout.agent.tools_file"] == "/cfg/tool_config/gsm8k_tool_config.yaml"
+    assert v["rollout.agent.interactions_file"] == "/cfg/interaction.yaml"
+    assert v["rollout.agent.default_agent"] == "tool_agent"
+    assert _row(t, "actor_rollout_ref.rollout.multi_turn.enable=True").startswith("no equivalent: megarl picks")
+    assert _row(t, "data.return_raw_chat=True").startswith("no equivalent")
+    assert not t.megatron
+
+
+def test_megatron_backend_moe_and_lora(tmp_path: Path):
+    t = _translate(tmp_path, "run_qwen3moe_megatron.sh", r"""
+        python3 -m verl.trainer.main_ppo --config-path=config \
+            --config-name='ppo_megatron_trainer.yaml' \
+            algorithm.adv_estimator=grpo \
+            actor_rollout_ref.model.path=Qwen/Qwen3-30B-A3B \
+            actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4 \
+            actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2 \
+            actor_rollout_ref.actor.megatron.expert_model_parallel_size=4 \
+            actor_rollout_ref.actor.megatron.sequence_parallel=True \
+            actor_rollout_ref.actor.megatron.param_offload=True \
+            actor_rollout_ref.actor.megatron.use_dist_checkpointing=True \
+            actor_rollout_ref.actor.optim.clip_grad=0.5 \
+            actor_rollout_ref.actor.optim.lr_decay_style=cosine \
+            actor_rollout_ref.actor.optim.min_lr=1e-7 \
+            actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity=selective \
+            actor_rollout_ref.ref.megatron.tensor_model_parallel_size=4 \
+            actor_rollout_ref.ref.megatron.param_offload=True \
+            actor_rollout_ref.model.lora_rank=32 \
+            actor_rollout_ref.model.lora_alpha=64 \
+            actor_rollout_ref.model.target_modules='[q_proj,v_proj]' \
+            actor_rollout_ref.rollout.n=8 \
+            trainer.n_gpus_per_node=8 trainer.nnodes=2
+        """)  # fmt: skip
+    v = t.values
+    assert t.megatron
+    assert (v["actor.parallel.tp"], v["actor.parallel.pp"], v["actor.parallel.ep"]) == (4, 2, 4)
+    assert v["actor.parallel.sequence_parallel"] is None  # verl's true: on when tp > 1
+    assert v["actor.offload"] is True and v["reference.offload"] is True
+    assert (v["actor.optimizer.clip_grad"], v["actor.optimizer.schedule"], v["actor.optimizer.min_lr"]) == (0.5, "cosine", 1e-7)
+    assert v["actor.recompute"] == "selective"
+    assert (v["actor.lora.rank"], v["actor.lora.alpha"], v["actor.lora.target_modules"]) == (32, 64.0, ["q_proj", "v_proj"])
+    assert v["model.arch"] == "qwen3-30b-a3b"
+    assert "reference takes the policy's layout" in _row(t, "actor_rollout_ref.ref.megatron.tensor_model_parallel_size=4")
+    assert _row(t, "actor_rollout_ref.actor.megatron.use_dist_checkpointing=True").startswith("no equivalent")
+    assert not t.choices  # a Megatron run keeps its own layout
+
+
+def test_yaml_config_and_overrides_after_it(tmp_path: Path):
+    path = _write(tmp_path, "ppo.yaml", """
+        defaults:
+          - ppo_megatron_trainer
+          - _self_
+        data:
+          train_files: /d/train.parquet
+          train_batch_size: 64
+        actor_rollout_ref:
+          model: {path: /models/Qwen3-8B}
+          actor:
+            ppo_mini_batch_size: 16
+            fsdp_config: {param_offload: true}
+          rollout: {name: sglang, n: 4}
+        algorithm: {adv_estimator: rloo}
+        """)  # fmt: skip
+    t = translate(read_verl(path, ["data.train_batch_size=128", "+trainer.val_before_train=False"], env={}))
+    v = t.values
+    assert t.megatron and v["model.arch"] == "qwen3-8b" and v["model.path"] == "/models/Qwen3-8B"
+    assert v["data.prompts_per_step"] == 128  # the override wins
+    assert _row(t, "data.train_batch_size: 64").startswith(": given again later")
+    assert v["actor.mini_batch_size"] == 64 and v["algorithm.estimator"] == "rloo"
+    assert "trainer.eval_before_train" not in v or v["trainer.eval_before_train"] is False
+
+
+def test_script_reading_details(tmp_path: Path):
+    """Comments, exports, other commands, unset variables, command substitution, $@ and ~deletes."""
+    path = _write(tmp_path, "run.sh", r"""
+        set -x
+        export CUDA_DEVICE_MAX_CONNECTIONS=1  # a comment
+        pip install -e . && echo ready
+        gsm8k_train=/d/gsm8k/train.parquet
+        train_files="['$gsm8k_train', '/d/math/train.parquet']"
+        python3 -m verl.trainer.main_ppo \
+            data.train_files="$train_files" \
+            data.val_files=$VAL_FILES \
+            'trainer.logger=[console]' \
+            ~trainer.default_hdfs_dir \
+            trainer.n_gpus_per_node=$(nvidia-smi -L | wc -l) $@
+        """)  # fmt: skip
+    run = read_verl(path, env={})
+    given = {g.key: g.value for g in run.given}
+    assert given["data.train_files"] == ["/d/gsm8k/train.parquet", "/d/math/train.parquet"]
+    assert given["data.val_files"] == "$VAL_FILES"
+    assert given["trainer.logger"] == ["console"]
+    assert any("$VAL_FILES" in n for n in run.notes) and any("nvidia-smi" in n for n in run.notes)
+    assert [g.deleted for g in run.given if g.key == "trainer.default_hdfs_dir"] == [True]
+
+
+def test_hydra_values():
+    assert parse_hydra("1e-6") == 1e-6 and parse_hydra("True") is True and parse_hydra("null") is None
+    assert parse_hydra("['a.parquet', 'b.parquet']") == ["a.parquet", "b.parquet"]
+    assert parse_hydra("[console,wandb]") == ["console", "wandb"] and parse_hydra("256") == 256
+
+
+def test_unreadable_runs_are_one_line_errors(tmp_path: Path):
+    with pytest.raises(ConfigError, match="no `python3 -m verl.trainer.main_ppo`"):
+        read_verl(_write(tmp_path, "a.sh", "echo hello\n"))
+    with pytest.raises(ConfigError, match="does not exist"):
+        read_verl(tmp_path / "missing.sh")
+    with pytest.raises(ConfigError, match=r"not a verl override key=value"):
+        read_verl(_write(tmp_path, "b.sh", "python3 -m verl.trainer.main_ppo data.train_files\n"))
+
+
+@pytest.mark.parametrize("override, megarl", [
+    ("actor_rollout_ref.actor.optim.lr=1e-6", "actor_rollout_ref.actor.optim.lr is verl's name; megarl's is actor.optimizer.lr"),
+    ("data.train_batch_size=256", "data.train_batch_size is verl's name; megarl's is data.prompts_per_step"),
+    ("actor_rollout_ref.rollout.enforce_eager=True", "megarl has no equivalent (vLLM-only"),
+])  # fmt: skip
+def test_a_verl_key_given_to_megarl_is_refused_with_megarls_name(override: str, megarl: str, capsys):
+    root = Path(__file__).resolve().parents[3]
+    for command in (["plan", str(root / "configs/tiny_grpo.yaml")], ["launch", str(root / "configs/tiny_grpo.yaml")]):
+        assert main([*command, override]) == 2
+        err = capsys.readouterr().err.strip()
+        assert megarl in err and len(err.splitlines()) == 1
+
+
+def test_a_misspelt_megarl_key_is_not_taken_for_verls():
+    with pytest.raises(ConfigError, match="did you mean trainer.total_steps"):
+        load_config(None, ["model.arch=tiny-demo", "trainer.totl_steps=3"])
+
+
+def test_every_rule_names_real_megarl_keys():
+    from megarl.config.documentation import describe
+
+    for rule in RULES:
+        for key in rule.megarl:
+            describe(key)  # raises for a key megarl lacks
+        assert rule.megarl or rule.reason, rule.verl
+    assert is_verl_key("actor_rollout_ref") and not is_verl_key("model")
+
+
+def test_written_config_is_plain_yaml(tmp_path: Path, capsys):
+    script = _write(tmp_path, "run.sh", GRPO_GSM8K)
+    out = tmp_path / "m.yaml"
+    assert main(["config", "--from-verl", str(script), "trainer.nnodes=2", "--out", str(out)]) == 0
+    data = yaml.safe_load(out.read_text())
+    assert list(data)[:2] == ["model", "cluster"] and data["cluster"]["nnodes"] == 2
+    capsys.readouterr()
+    # 4 GPUs are too few for Qwen2-7B without offload: the config is written, the plan's refusal said
+    assert main(["config", "--from-verl", str(script), "trainer.n_gpus_per_node=4", "--out", str(out)]) == 2
+    assert "megarl plan refuses it" in capsys.readouterr().err
+    assert yaml.safe_load(out.read_text())["cluster"]["gpus_per_node"] == 4
+    assert main(["config", "--from-verl", str(script)]) == 2
+    assert "needs --out FILE" in capsys.readouterr().err
+
+
+def test_a_dump_of_verls_config_nulls_interpolations_and_megatron_lora(tmp_path: Path):
+    """A saved verl config holds nulls, ${oc.select:...} and relative ${.key} interpolations, and
+    the Megatron LoRA group with Megatron's module names."""
+    path = _write(tmp_path, "dump.yaml", """
+        actor_rollout_ref:
+          model:
+            path: /m/Qwen3-8B
+            lora: {rank: 16, alpha: 32, target_modules: [linear_qkv, linear_proj], type: lora}
+          actor:
+            ppo_mini_batch_size: 8
+            ppo_micro_batch_size: null
+            use_remove_padding: ${oc.select:actor_rollout_ref.model.use_remove_padding,false}
+            router_replay: {mode: R3, record_file: null}
+            megatron: {virtual_pipeline_model_parallel_size: null, tensor_model_parallel_size: 2}
+          rollout: {name: sglang, n: 4}
+        critic:
+          ppo_micro_batch_size: null
+          ppo_micro_batch_size_per_gpu: ${oc.select:.ppo_micro_batch_size,null}
+        transfer_queue: {enable: false}
+        """)  # fmt: skip
+    t = translate(read_verl(path, env={}))
+    v = t.values
+    assert (v["actor.lora.rank"], v["actor.lora.alpha"]) == (16, 32.0)
+    assert v["actor.lora.target_modules"] == ["q_proj", "k_proj", "v_proj", "o_proj"]
+    assert v["actor.pack_sequences"] is False and v["actor.moe.routing_replay"] == "experts"
+    assert (v["actor.parallel.vpp"], v["actor.parallel.tp"]) == (1, 2)
+    assert "actor.micro_batch_size" not in v and "critic.micro_batch_size" not in v  # nulls: megarl's defaults
+    assert _row(t, "actor_rollout_ref.actor.ppo_micro_batch_size: null").startswith("no equivalent: null")
+    assert not [r.verl for r in t.given if "map knows" in r.note]
