@@ -59,12 +59,17 @@ def convert_checkpoint(checkpoint: str | Path, out: str | Path, config: str | Pa
         checked = _write_hf_output(target, ranks, rank_args, verify, (str(ckpt.path.resolve()), ckpt.step), report,
                                    adapter_base)  # fmt: skip
     if report is not None:
+        from megarl.models.lora import adapts_experts
+
         merged = " (the base model with the LoRA adapters merged)" if cfg.actor.lora is not None else ""
         report(f"wrote {out}{merged} from {ckpt.path} (step {ckpt.step}); {_verified(checked)}")
         if adapter_base is not None:
             from megarl.models.lora import PEFT_ADAPTER_DIR
 
             report(f"wrote {Path(out) / PEFT_ADAPTER_DIR}: the adapters as an HF PEFT adapter of {adapter_base}")
+        elif adapter is None and merged and adapts_experts(Path(cfg.model.path or "").absolute(), cfg.actor.lora):
+            report("no HF PEFT adapter: the run adapted mixture-of-experts experts, which PEFT cannot name in "
+                   "transformers' fused experts; the merged model above is the export")  # fmt: skip
     return Path(out)
 
 
@@ -96,6 +101,7 @@ def _lora_base(ckpt: Path, cfg: Any, adapter: bool | None) -> str | None:
     must be an HF directory. Checked before anything starts (OutputError naming the fix)."""
     from megarl.checkpoint.model_checkpoint import is_model_checkpoint
     from megarl.megatron_runtime.training import LORA_BASE_FILE
+    from megarl.models.lora import adapts_experts
 
     record = ckpt / "policy" / LORA_BASE_FILE
     if not record.is_file():
@@ -109,6 +115,11 @@ def _lora_base(ckpt: Path, cfg: Any, adapter: bool | None) -> str | None:
     base = Path(cfg.model.path or "").absolute()
     if adapter is False:
         return None
+    if adapts_experts(base, cfg.actor.lora):
+        if adapter:
+            raise OutputError(f"{ckpt} has LoRA adapters on mixture-of-experts experts, which an HF PEFT adapter cannot "
+                              "hold (transformers fuses a layer's experts): pass --no-adapter for the merged model")  # fmt: skip
+        return None  # the merged model is the export (convert_checkpoint says so)
     if is_model_checkpoint(base):
         raise OutputError(f"{ckpt}'s base model {base} is a megarl model checkpoint, which a PEFT adapter cannot name "
                           f"as its base: pass --no-adapter for the merged model alone, or convert the base to HF "

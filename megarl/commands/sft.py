@@ -325,20 +325,24 @@ def _write_model(cfg: Any, client: Any, target: Path, hf_config: dict[str, Any])
         finish_output(staging, target)
     log.info("sft: verified: %d parameters loaded back from %s equal the trained ones bit for bit", checked, target)
     if cfg.actor.lora is not None:
-        _write_adapter(client, target.parent, source)
+        _write_adapter(client, target.parent, source, cfg.actor.lora)
 
 
-def _write_adapter(client: Any, out: Path, base: Path) -> None:
+def _write_adapter(client: Any, out: Path, base: Path, lora: Any) -> None:
     """LoRA: the trained adapters as an HF PEFT adapter directory ``<sft.output_dir>/lora_adapter``
     of the HF model ``base`` (model.path), written beside itself and renamed into place; none
     when ``base`` is a model checkpoint, which PEFT cannot name as a base (the merged model is
     the output then)."""
     from megarl.checkpoint.model_checkpoint import is_model_checkpoint
-    from megarl.models.lora import PEFT_ADAPTER_DIR
+    from megarl.models.lora import PEFT_ADAPTER_DIR, adapts_experts
 
     if is_model_checkpoint(base):
         log.warning("sft: no PEFT adapter written: model.path %s is a megarl model checkpoint, which a PEFT adapter "
                     "cannot name as its base; the merged model is %s", base, out / MODEL_DIR)  # fmt: skip
+        return
+    if adapts_experts(base, lora):
+        log.warning("sft: no PEFT adapter written: the run adapted mixture-of-experts experts, which PEFT cannot name "
+                    "in transformers' fused experts; the merged model is %s", out / MODEL_DIR)  # fmt: skip
         return
     staging = out / f".{PEFT_ADAPTER_DIR}.writing"
     client.save_adapter(str(staging), str(base))

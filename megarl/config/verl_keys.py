@@ -267,11 +267,15 @@ def _val_greedy(value: Any, v: Verl) -> bool:
     return not value
 
 
-def _val_temperature(value: Any, v: Verl) -> bool:
-    """megarl validates greedily or at the training temperature: a 0 temperature is greedy."""
-    if value and v.get(f"{ROLLOUT}.val_kwargs.do_sample"):
-        raise Unused("megarl samples validation at the training temperature (rollout.val.greedy=false)")
-    return not value or not v.get(f"{ROLLOUT}.val_kwargs.do_sample")
+def _val_sampling(kind: type) -> Convert:
+    """A val_kwargs sampling value: verl reads it only with val_kwargs.do_sample=true (and megarl
+    refuses rollout.val.temperature, top_p and top_k while rollout.val.greedy is true)."""
+    def convert(value: Any, v: Verl) -> Any:
+        if not v.get(f"{ROLLOUT}.val_kwargs.do_sample"):
+            raise Unused(f"unused: verl's {ROLLOUT}.val_kwargs.do_sample is false, so verl (and megarl, "
+                         "rollout.val.greedy=true) validates greedily")  # fmt: skip
+        return kind(value)
+    return convert
 
 
 def _agent_loop(value: Any, v: Verl) -> str:
@@ -398,6 +402,11 @@ def _default_output_dir(v: Verl) -> str:
 def _default_critic_mini(v: Verl) -> Any:
     """actor's ppo_mini_batch_size"""
     return v.get(f"{ACTOR}.ppo_mini_batch_size")
+
+
+def _default_critic_shuffle(v: Verl) -> Any:
+    """actor's shuffle"""
+    return v.get(f"{ACTOR}.shuffle")
 
 
 def _default_response(v: Verl) -> Any:
@@ -558,7 +567,9 @@ def _batch_rules(actor: str, section: str) -> list[Rule]:
         Rule(f"{actor}.ppo_max_token_len_per_gpu", (f"{section}.max_tokens_per_gpu",),
              wrap(lambda x, v: _dynamic(x, v, flag))),
         Rule(f"{actor}.ppo_epochs", (f"{section}.ppo_epochs",), wrap(_same), default=1),
-        Rule(f"{actor}.shuffle", reason="megarl keeps the step's sample order within a mini-batch"),
+        Rule(f"{actor}.shuffle", (f"{section}.shuffle",), wrap(_is_true),
+             default=_default_critic_shuffle if section == "critic" else False,
+             reason="the step's samples shuffled before mini-batches are cut, seeded by trainer.seed and the step"),
         Rule(f"{actor}.forward_micro_batch_size*", reason="megarl's forwards use micro_batch_size / max_tokens_per_gpu"),
         Rule(f"{actor}.forward_max_token_len_per_gpu", reason="megarl's forwards use max_tokens_per_gpu"),
         Rule(f"{actor}.ulysses_sequence_parallel_size", reason="Ulysses sequence parallelism (megarl's context "
@@ -746,10 +757,19 @@ def _rollout_rules() -> list[Rule]:
              reason="SGLang's --mem-fraction-static"),
         Rule(f"{ROLLOUT}.max_num_seqs", ("rollout.max_running_requests",)),
         Rule(f"{ROLLOUT}.update_weights_bucket_megabytes", ("rollout.weight_sync.bucket_mb",)),
-        Rule(f"{ROLLOUT}.val_kwargs.do_sample", ("rollout.val.greedy",), _val_greedy),
-        Rule(f"{ROLLOUT}.val_kwargs.temperature", ("rollout.val.greedy",), _val_temperature),
-        Rule(f"{ROLLOUT}.val_kwargs.n", ("rollout.val.n",)),
-        Rule(f"{ROLLOUT}.val_kwargs.*", reason="megarl validates greedily or with the training sampling"),
+        Rule(f"{ROLLOUT}.val_kwargs.do_sample", ("rollout.val.greedy",), _val_greedy, default=False,
+             reason="greedy = not do_sample"),
+        Rule(f"{ROLLOUT}.val_kwargs.temperature", ("rollout.val.temperature",), _val_sampling(float), default=0,
+             reason="with do_sample=true only (verl ignores it otherwise)"),
+        Rule(f"{ROLLOUT}.val_kwargs.top_p", ("rollout.val.top_p",), _val_sampling(float), default=1.0,
+             reason="with do_sample=true only (verl ignores it otherwise)"),
+        Rule(f"{ROLLOUT}.val_kwargs.top_k", ("rollout.val.top_k",), _val_sampling(int), default=-1,
+             reason="with do_sample=true only (verl ignores it otherwise); -1 = the whole vocabulary in both"),
+        Rule(f"{ROLLOUT}.val_kwargs.n", ("rollout.val.n",), default=1),
+        Rule(f"{ROLLOUT}.val_kwargs.*", reason="a validation sampling setting megarl's config does not have "
+             "(`megarl config rollout.val`)", group=NOT_YET),
+        Rule(f"{ROLLOUT}.ignore_eos", ("rollout.sampling.ignore_eos",),
+             reason="megarl refuses it with rollout.sampling.stop_token_ids"),
         Rule(f"{ROLLOUT}.mode", reason="megarl's engines are servers (sync and async verl modes alike)"),
         Rule(f"{ROLLOUT}.calculate_log_probs", reason="megarl always records the engines' log-probs"),
         Rule(f"{ROLLOUT}.log_prob_*", reason="megarl's forwards use actor.micro_batch_size / max_tokens_per_gpu"),
@@ -762,7 +782,7 @@ def _rollout_rules() -> list[Rule]:
         Rule(f"{ROLLOUT}.engine_kwargs.vllm*", reason="vLLM's engine arguments", group=VLLM_ONLY),
         *[Rule(f"{ROLLOUT}.{k}", reason="a vLLM engine setting", group=VLLM_ONLY) for k in (
             "enforce_eager", "free_cache_engine", "max_num_batched_tokens", "enable_chunked_prefill", "enable_prefix_caching",
-            "max_model_len", "disable_log_stats", "load_format", "layered_summon", "cudagraph_capture_sizes", "ignore_eos",
+            "max_model_len", "disable_log_stats", "load_format", "layered_summon", "cudagraph_capture_sizes",
             "swap_space", "use_fire_sampling")],  # fmt: skip
         Rule(f"{ROLLOUT}.trace.*", reason="megarl writes samples to trainer.output_dir", group=NOT_YET),
         Rule(f"{ROLLOUT}.skip_*", reason="megarl always generates"),
@@ -870,7 +890,8 @@ def _trainer_rules() -> list[Rule]:
         Rule("trainer.balance_batch", reason="megarl balances tokens over DP ranks with its packing (actor.pack_sequences)"),
         Rule("trainer.default_hdfs_dir", reason="HDFS copies of checkpoints", group=NOT_YET),
         Rule("trainer.del_local_ckpt_after_load", reason="megarl keeps trainer.keep_last checkpoints"),
-        Rule("trainer.rollout_data_dir", reason="megarl writes samples to trainer.output_dir/samples"),
+        Rule("trainer.rollout_data_dir", ("trainer.rollout_data_dir",),
+             reason="<dir>/<step>.jsonl per training step, with verl's fields"),
         Rule("trainer.validation_data_dir", reason="megarl writes validation samples to trainer.output_dir/samples"),
         Rule("trainer.esi_redundant_time", reason="megarl saves on SIGTERM (trainer.checkpoint_on_signal)"),
         Rule("trainer.ray_wait_register_center_timeout", reason="megarl's start-up deadline is cluster.build_timeout_s"),

@@ -363,6 +363,17 @@ def write_peft_adapter(directory: str | Path, tensors: dict[str, torch.Tensor], 
         raise ValueError(f"{directory / PEFT_WEIGHTS} does not hold the adapters written (e.g. {(wrong or list(back))[0]})")
 
 
+def adapts_experts(model_dir: str | Path, cfg: Any) -> bool:
+    """Whether LoRA ``cfg`` adapts mixture-of-experts experts of the HF model in ``model_dir`` (its
+    MLP modules on a model with experts), which no HF PEFT adapter can hold."""
+    import json
+
+    config = Path(model_dir) / "config.json"
+    hf = json.loads(config.read_text()) if config.is_file() else {}
+    experts = hf.get("num_experts") or hf.get("num_local_experts") or 0
+    return bool(experts) and any(m in cfg.modules for m in ("gate_proj", "up_proj", "down_proj"))
+
+
 def inputs_need_grad(module: torch.nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
     """Forward hook on the frozen embedding: its output requires grad, so that a recomputed
     (checkpointed) block still passes gradients to the adapters inside it."""
