@@ -891,7 +891,7 @@ def _trainer_rules() -> list[Rule]:
         Rule("trainer.default_hdfs_dir", reason="HDFS copies of checkpoints", group=NOT_YET),
         Rule("trainer.del_local_ckpt_after_load", reason="megarl keeps trainer.keep_last checkpoints"),
         Rule("trainer.rollout_data_dir", ("trainer.rollout_data_dir",),
-             reason="<dir>/<step>.jsonl per training step, with verl's fields"),
+             reason="`<dir>/<step>.jsonl` per training step, with verl's fields"),
         Rule("trainer.validation_data_dir", reason="megarl writes validation samples to trainer.output_dir/samples"),
         Rule("trainer.esi_redundant_time", reason="megarl saves on SIGTERM (trainer.checkpoint_on_signal)"),
         Rule("trainer.ray_wait_register_center_timeout", reason="megarl's start-up deadline is cluster.build_timeout_s"),

@@ -1,0 +1,22 @@
+"""Which LoRA runs adapted mixture-of-experts experts (no HF PEFT form: convert and sft write the
+merged model alone, megarl/models/lora.py ``adapts_experts``)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from megarl.config.sections import LoRAConfig
+from megarl.models.lora import adapts_experts
+
+
+@pytest.mark.parametrize(("hf", "targets", "expected"), [
+    ({"model_type": "qwen3_moe", "num_experts": 4}, ["all-linear"], True),
+    ({"model_type": "qwen3_moe", "num_experts": 4}, ["down_proj"], True),
+    ({"model_type": "qwen3_moe", "num_experts": 4}, ["q_proj", "v_proj"], False),
+    ({"model_type": "qwen2"}, ["all-linear"], False),
+])  # fmt: skip
+def test_expert_adapters_are_the_mlp_modules_of_a_model_with_experts(tmp_path, hf, targets, expected):
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    assert adapts_experts(tmp_path, LoRAConfig(target_modules=targets)) is expected
