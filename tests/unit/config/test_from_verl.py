@@ -442,3 +442,66 @@ def test_a_dump_of_verls_config_nulls_interpolations_and_megatron_lora(tmp_path:
     assert "actor.micro_batch_size" not in v and "critic.micro_batch_size" not in v  # nulls: megarl's defaults
     assert _row(t, "actor_rollout_ref.actor.ppo_micro_batch_size: null").startswith("no equivalent: null")
     assert not [r.verl for r in t.given if "map knows" in r.note]
+
+
+_MINIMAL = r"""
+    python3 -m verl.trainer.main_ppo \
+        algorithm.adv_estimator=grpo \
+        actor_rollout_ref.model.path=Qwen/Qwen2.5-3B-Instruct \
+        actor_rollout_ref.rollout.name=sglang
+    """
+
+
+def test_actor_and_critic_shuffle(tmp_path: Path):
+    t = _translate(tmp_path, "grpo.sh", _MINIMAL, "actor_rollout_ref.actor.shuffle=True", "critic.shuffle=True")
+    assert t.values["actor.shuffle"] is True
+    assert _row(t, "actor_rollout_ref.actor.shuffle=True") == "actor.shuffle=True"
+    assert "critic.shuffle" not in t.values  # GRPO: no critic
+    t = _translate(tmp_path, "ppo.sh", _MINIMAL.replace("grpo", "gae"), "actor_rollout_ref.actor.shuffle=True")
+    assert t.values["actor.shuffle"] is True and t.values["critic.shuffle"] is True  # verl's ${actor_rollout_ref.actor.shuffle}
+    assert _row(t, "critic.shuffle: true") == "critic.shuffle=True"
+    t = _translate(tmp_path, "ppo.sh", _MINIMAL.replace("grpo", "gae"), "critic.shuffle=True")
+    assert t.values["critic.shuffle"] is True and "actor.shuffle" not in t.values  # verl's false is megarl's
+
+
+def test_val_kwargs_greedy_emits_no_sampling_values(tmp_path: Path):
+    t = _translate(tmp_path, "grpo.sh", _MINIMAL, "actor_rollout_ref.rollout.val_kwargs.do_sample=False",
+                   "actor_rollout_ref.rollout.val_kwargs.temperature=0.7", "actor_rollout_ref.rollout.val_kwargs.top_k=20",
+                   "actor_rollout_ref.rollout.val_kwargs.n=4")  # fmt: skip
+    v = t.values
+    assert v["rollout.val.greedy"] is True and v["rollout.val.n"] == 4
+    assert not {"rollout.val.temperature", "rollout.val.top_p", "rollout.val.top_k"} & set(v)
+    assert "do_sample is false" in _row(t, "actor_rollout_ref.rollout.val_kwargs.temperature=0.7")
+    assert "do_sample is false" in _row(t, "actor_rollout_ref.rollout.val_kwargs.top_k=20")
+    cfg = load_config(None, ["model.arch=tiny-demo", *(f"{k}={v[k]}" for k in v if k.startswith("rollout.val."))])
+    assert (cfg.rollout.val.greedy, cfg.rollout.val.n) == (True, 4)  # megarl accepts what was emitted
+    t = _translate(tmp_path, "grpo.sh", _MINIMAL)  # verl's defaults: greedy validation, nothing to emit
+    assert not [k for k in t.values if k.startswith("rollout.val.")]
+
+
+def test_val_kwargs_sampling(tmp_path: Path):
+    t = _translate(tmp_path, "grpo.sh", _MINIMAL, "actor_rollout_ref.rollout.val_kwargs.do_sample=True",
+                   "actor_rollout_ref.rollout.val_kwargs.temperature=0.6", "actor_rollout_ref.rollout.val_kwargs.top_p=0.95",
+                   "actor_rollout_ref.rollout.val_kwargs.n=8")  # fmt: skip
+    v = t.values
+    assert v["rollout.val.greedy"] is False and v["rollout.val.n"] == 8
+    assert (v["rollout.val.temperature"], v["rollout.val.top_p"]) == (0.6, 0.95)
+    assert v["rollout.val.top_k"] == -1  # verl's default, the whole vocabulary in both
+    assert _row(t, "actor_rollout_ref.rollout.val_kwargs.top_p=0.95") == "rollout.val.top_p=0.95"
+    assert _row(t, "actor_rollout_ref.rollout.val_kwargs.top_k: -1") == "rollout.val.top_k=-1"
+    cfg = load_config(None, ["model.arch=tiny-demo", *(f"{k}={v[k]}" for k in v if k.startswith("rollout.val."))])
+    assert (cfg.rollout.val.greedy, cfg.rollout.val.temperature, cfg.rollout.val.top_p) == (False, 0.6, 0.95)
+    # do_sample alone: verl samples at its val_kwargs defaults (temperature 0), not the training ones
+    t = _translate(tmp_path, "grpo.sh", _MINIMAL, "actor_rollout_ref.rollout.val_kwargs.do_sample=True")
+    assert (t.values["rollout.val.temperature"], t.values["rollout.val.top_p"], t.values["rollout.val.top_k"]) == (0.0, 1.0, -1)
+
+
+def test_ignore_eos_and_rollout_data_dir(tmp_path: Path):
+    t = _translate(tmp_path, "grpo.sh", _MINIMAL, "actor_rollout_ref.rollout.ignore_eos=True",
+                   "trainer.rollout_data_dir=/data/rollouts")  # fmt: skip
+    assert t.values["rollout.sampling.ignore_eos"] is True
+    assert _row(t, "actor_rollout_ref.rollout.ignore_eos=True") == "rollout.sampling.ignore_eos=True"
+    assert t.values["trainer.rollout_data_dir"] == "/data/rollouts"
+    assert _row(t, "trainer.rollout_data_dir=/data/rollouts") == "trainer.rollout_data_dir=/data/rollouts"
+    t = _translate(tmp_path, "grpo.sh", _MINIMAL, "trainer.rollout_data_dir=null")
+    assert "trainer.rollout_data_dir" not in t.values
