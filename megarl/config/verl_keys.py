@@ -272,8 +272,8 @@ def _val_sampling(kind: type) -> Convert:
     refuses rollout.val.temperature, top_p and top_k while rollout.val.greedy is true)."""
     def convert(value: Any, v: Verl) -> Any:
         if not v.get(f"{ROLLOUT}.val_kwargs.do_sample"):
-            raise Unused(f"unused: verl's {ROLLOUT}.val_kwargs.do_sample is false, so verl (and megarl, "
-                         "rollout.val.greedy=true) validates greedily")  # fmt: skip
+            raise Unused("unused: verl's val_kwargs.do_sample is false and verl reads it only when true "
+                         "(megarl validates greedily, rollout.val.greedy=true)")  # fmt: skip
         return kind(value)
     return convert
 
@@ -760,11 +760,11 @@ def _rollout_rules() -> list[Rule]:
         Rule(f"{ROLLOUT}.val_kwargs.do_sample", ("rollout.val.greedy",), _val_greedy, default=False,
              reason="greedy = not do_sample"),
         Rule(f"{ROLLOUT}.val_kwargs.temperature", ("rollout.val.temperature",), _val_sampling(float), default=0,
-             reason="with do_sample=true only (verl ignores it otherwise)"),
+             reason="used with do_sample=true only; verl ignores it otherwise"),
         Rule(f"{ROLLOUT}.val_kwargs.top_p", ("rollout.val.top_p",), _val_sampling(float), default=1.0,
-             reason="with do_sample=true only (verl ignores it otherwise)"),
+             reason="used with do_sample=true only; verl ignores it otherwise"),
         Rule(f"{ROLLOUT}.val_kwargs.top_k", ("rollout.val.top_k",), _val_sampling(int), default=-1,
-             reason="with do_sample=true only (verl ignores it otherwise); -1 = the whole vocabulary in both"),
+             reason="used with do_sample=true only; verl ignores it otherwise; -1 = the whole vocabulary in both"),
         Rule(f"{ROLLOUT}.val_kwargs.n", ("rollout.val.n",), default=1),
         Rule(f"{ROLLOUT}.val_kwargs.*", reason="a validation sampling setting megarl's config does not have "
              "(`megarl config rollout.val`)", group=NOT_YET),
