@@ -173,3 +173,34 @@ def tensors(obj):
     if isinstance(obj, (list, tuple)):
         return type(obj)(tensors(v) for v in obj)
     return obj
+
+
+def lora_policy(path: str, cfg, adapters: dict, batch: Batch, temperature: float):
+    """A LoRA policy (``cfg.lora``) with the full PEFT-named ``adapters`` loaded, and what it gives:
+    ``(policy, its adapters, {logprobs, base: with the adapters off, merged: the export,
+    optimized_ok: the optimizer holds the adapters alone, grads: of one backward of pg_loss})``."""
+    from megarl.actors.policy import PolicyWorker
+    from megarl.algos.losses import ModelOutputs
+    from megarl.algos.metrics import MetricAccumulator
+    from megarl.megatron_runtime.micro_batches import MicroBatching
+    from megarl.megatron_runtime.model import token_logprob_head
+    from megarl.models.lora import lora_of
+
+    policy = PolicyWorker(path, cfg, "float32", seed=1)
+    lora = lora_of(policy.model.core)
+    lora.load_peft(adapters)
+    out = {"logprobs": gathered(policy.compute_logprobs(batch, temperature), batch)["logprobs"]}
+    with lora.disabled():
+        out["base"] = gathered(policy.compute_logprobs(batch, temperature), batch)["logprobs"]
+    out["merged"] = dict(policy.export_weights(gather_bytes=1 << 20))
+    optimized = sum(p.numel() for g in policy.trainer.optimizer.param_groups for p in g["params"])
+    out["optimized_ok"] = optimized == lora.trainable()
+    head = token_logprob_head(policy.model, temperature, False)
+
+    def loss_head(mb, hidden):
+        return pg_loss(mb.batch, ModelOutputs(logprobs=head(mb, hidden)["logprobs"], entropy=None))
+
+    policy.trainer.model.module.zero_grad_buffer()
+    policy.trainer.model.forward_backward(batch, loss_head, MetricAccumulator(policy.info.device), MicroBatching.of(cfg))
+    out["grads"] = lora.peft_tensors(grads=True)
+    return policy, lora, out

@@ -52,27 +52,12 @@ def adapters(model_dir):
 
 def _lora_run(rank: int, world: int, path: str, cfgs: list[ActorConfig], adapters: dict, save_dir: str | None) -> list[dict]:
     from megarl.actors.policy import PolicyWorker
-    from megarl.algos.metrics import MetricAccumulator
-    from megarl.megatron_runtime.micro_batches import MicroBatching
     from megarl.models.lora import lora_of
 
     batch, results = ac.make_batch(0), []
     for cfg in cfgs:
-        policy = PolicyWorker(path, cfg, "float32", seed=1)
-        lora = lora_of(policy.model.core)
-        lora.load_peft(adapters)
-        out = {"logprobs": ac.gathered(policy.compute_logprobs(batch, TEMPERATURE), batch)["logprobs"]}
-        with lora.disabled():
-            out["base"] = ac.gathered(policy.compute_logprobs(batch, TEMPERATURE), batch)["logprobs"]
-        out["merged"] = dict(policy.export_weights(gather_bytes=1 << 20))
-        frozen = [n for n, p in policy.model.core.named_parameters() if p.requires_grad and "lora" not in n]
-        optimized = sum(p.numel() for g in policy.trainer.optimizer.param_groups for p in g["params"])
-        out["frozen_ok"] = not frozen and optimized == lora.trainable()
-        trainer = policy.trainer
-        trainer.model.module.zero_grad_buffer()
-        head = _loss_head(policy)
-        trainer.model.forward_backward(batch, head, MetricAccumulator(policy.info.device), MicroBatching.of(cfg))
-        out["grads"] = lora.peft_tensors(grads=True)
+        policy, lora, out = ac.lora_policy(path, cfg, adapters, batch, TEMPERATURE)
+        out["frozen_ok"] = not [n for n, p in policy.model.core.named_parameters() if p.requires_grad and "lora" not in n]
         if save_dir is not None:
             policy.update(batch, ac.pg_loss)
             trained = lora.peft_tensors()
@@ -85,18 +70,6 @@ def _lora_run(rank: int, world: int, path: str, cfgs: list[ActorConfig], adapter
         policy.close()
         results.append(out)
     return results
-
-
-def _loss_head(policy):
-    from megarl.algos.losses import ModelOutputs
-    from megarl.megatron_runtime.model import token_logprob_head
-
-    head = token_logprob_head(policy.model, TEMPERATURE, False)
-
-    def loss_head(mb, hidden):
-        return ac.pg_loss(mb.batch, ModelOutputs(logprobs=head(mb, hidden)["logprobs"], entropy=None))
-
-    return loss_head
 
 
 def _output(results: list, world: int) -> list[dict]:
@@ -123,7 +96,7 @@ def test_one_rank_equals_hf_with_peft(model_dir, adapters, single):
     torch.testing.assert_close(single["logprobs"], lora_logprobs, atol=2e-5, rtol=0)
     torch.testing.assert_close(single["base"], base_logprobs, atol=2e-5, rtol=0)
     assert (single["logprobs"] - single["base"]).abs().max() > 1e-2  # the adapters change the model
-    assert single["frozen_ok"]
+    assert single["frozen_ok"] and single["optimized_ok"]
 
 
 @pytest.mark.parametrize("layout", ["tp2", "pp2"])
@@ -140,6 +113,6 @@ def test_layouts_equal_one_rank(model_dir, adapters, single, layout, tmp_path):
         assert out["merged"].keys() == single["merged"].keys()
         for name, weight in single["merged"].items():  # one formula, elementwise: the same bits at any layout
             assert torch.equal(out["merged"][name], weight), name
-        assert out["frozen_ok"]
+        assert out["frozen_ok"] and out["optimized_ok"]
         if "resumed_equal" in out:
             assert out["resumed_equal"]

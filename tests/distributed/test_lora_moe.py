@@ -70,28 +70,9 @@ def _run(rank: int, world: int, path: str, ep: int, adapters: dict, save_dir: st
     """Log-probs (with and without adapters), merged export, adapter gradients; with ``save_dir``
     one update, a checkpoint and its load here; with ``load_dir``, the adapters a fresh policy
     loads from that checkpoint."""
-    from test_lora import _loss_head
-
-    from megarl.actors.policy import PolicyWorker
-    from megarl.algos.metrics import MetricAccumulator
-    from megarl.megatron_runtime.micro_batches import MicroBatching
-    from megarl.models.lora import lora_of
-
     batch, cfg = ac.make_batch(0), _cfg(ep)
-    policy = PolicyWorker(path, cfg, "float32", seed=1)
-    lora = lora_of(policy.model.core)
-    lora.load_peft(adapters)
-    out = {"logprobs": ac.gathered(policy.compute_logprobs(batch, TEMPERATURE), batch)["logprobs"]}
-    with lora.disabled():
-        out["base"] = ac.gathered(policy.compute_logprobs(batch, TEMPERATURE), batch)["logprobs"]
-    out["merged"] = dict(policy.export_weights(gather_bytes=1 << 20))
+    policy, lora, out = ac.lora_policy(path, cfg, adapters, batch, TEMPERATURE)
     out["expert_allreduce"] = sorted({getattr(t, "allreduce", True) for _, _, t, _ in lora.items(experts=True)})
-    optimized = sum(p.numel() for g in policy.trainer.optimizer.param_groups for p in g["params"])
-    out["optimized_ok"] = optimized == lora.trainable()
-    policy.trainer.model.module.zero_grad_buffer()
-    head = _loss_head(policy)
-    policy.trainer.model.forward_backward(batch, head, MetricAccumulator(policy.info.device), MicroBatching.of(cfg))
-    out["grads"] = lora.peft_tensors(grads=True)
     out["no_experts"] = sorted(lora.peft_tensors(experts=False))
     if save_dir is not None:
         policy.update(batch, ac.pg_loss)
