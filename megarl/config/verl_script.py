@@ -246,13 +246,7 @@ def _expand(text: str, variables: dict[str, str], env: dict[str, str], notes: li
     (the script's own arguments) is empty: give them as overrides after the script. A variable set
     nowhere stays as written, with a note naming it."""
     if text.startswith("$("):
-        depth, end = 0, len(text)
-        for j, c in enumerate(text):
-            depth += c == "("
-            depth -= c == ")"
-            if depth == 0 and c == ")":
-                end = j + 1
-                break
+        end = _closing(text, "(", ")")
         notes.append(f"{text[:end]}: command substitution is not run; give the value as an override after the script")
         return text[:end], end
     if text.startswith("${"):
@@ -263,6 +257,18 @@ def _expand(text: str, variables: dict[str, str], env: dict[str, str], notes: li
     if m["special"]:
         return "", m.end()
     return _lookup(m["plain"], m.group(0), variables, env, notes), m.end()
+
+
+def _closing(text: str, opening: str, closing: str) -> int:
+    """The end of the bracketed run ``text`` starts with (past its matching ``closing``; the
+    whole text when it is not closed)."""
+    depth = 0
+    for j, c in enumerate(text):
+        depth += c == opening
+        depth -= c == closing
+        if depth == 0 and c == closing:
+            return j + 1
+    return len(text)
 
 
 def _lookup(name: str, written: str, variables: dict[str, str], env: dict[str, str], notes: list[str]) -> str:
@@ -277,13 +283,7 @@ def _lookup(name: str, written: str, variables: dict[str, str], env: dict[str, s
 def _expand_braced(text: str, variables: dict[str, str], env: dict[str, str], notes: list[str]) -> tuple[str, int]:
     """``${NAME}``, ``${NAME:-word}`` (``-``, ``=``, ``+`` too), the word itself expanded and
     unquoted (``${MODEL_PATH:-"${HOME}/models/x"}``)."""
-    depth, end = 0, len(text)
-    for j, c in enumerate(text):
-        depth += c == "{"
-        depth -= c == "}"
-        if depth == 0 and c == "}":
-            end = j + 1
-            break
+    end = _closing(text, "{", "}")
     inner = text[2 : end - 1]
     m = re.match(r"([A-Za-z_]\w*|[@*#?$!0-9])(:?[-=+?])?(.*)$", inner, flags=re.S)
     if m is None:
