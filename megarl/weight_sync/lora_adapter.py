@@ -8,9 +8,10 @@ its weights with the version; the controller's engines then send that name with 
 (the trainer sets it after the push). The base model goes through the run's own transport with
 the adapters switched off, on the first push of a connection (a launched or restarted server
 holds no weights of the trainer's) and on a re-push of the same version (the hand-over re-pushes
-when an engine's weights were lost: released without a copy, or restarted). The previous version
-stays loaded, since requests of an asynchronous run may still use it; older ones are unloaded
-(SGLang's unload waits for their last requests) and their directories removed.
+when an engine's weights were lost: released without a copy, or restarted); a re-push unloads the
+version's name first where a server still holds it. The previous version stays loaded (SGLang's
+unload waits for the last requests that use it); older ones are unloaded and their directories
+removed.
 
 Adapters on mixture-of-experts experts cannot go this way: transformers 5 holds a Qwen3-MoE
 layer's experts as fused parameters (``gate_up_proj [E, 2f, h]``, ``down_proj [E, h, f]``), not
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from megarl.models.lora import write_peft_adapter
+from megarl.rollout_sglang.client import SGLangHTTPError
 from megarl.weight_sync.transport_base import WeightTransport
 
 EXPERTS_REFUSED = ("rollout.weight_sync.lora (adapter) cannot carry adapters on mixture-of-experts experts (an HF "
@@ -58,40 +60,51 @@ class AdapterTransport:
     def connect(self, endpoints: Any) -> None:
         self.base.connect(endpoints)
         self.engines = list(self.engines_of(endpoints))
-        self.last, self.loaded = None, []  # new or restarted servers: the base goes again
+        self.last = None  # new or restarted servers: the base goes again (self.loaded: what the others may hold)
 
     def push(self, version: int) -> dict[str, float]:
         start = time.perf_counter()
         metrics: dict[str, float] = {}
-        if self.last is None or version == self.last:  # the engines' base weights are not the trainer's
+        repush = self.last is None or version == self.last  # the engines' base weights are not the trainer's
+        if repush:
             with self.adapters.disabled():
                 metrics = self.base.push(version)
-            self.loaded = []  # a re-pushed server may have lost its adapters with its weights
         tensors = self.adapters.peft_tensors()  # collective: every rank
         target = self.directory / f"lora_v{version}"
-        if self.writer:  # written beside, renamed into place whole: a server never reads half a version
-            tmp = target.with_name(target.name + ".tmp")
-            shutil.rmtree(tmp, ignore_errors=True)
-            write_peft_adapter(tmp, tensors, self.adapters.cfg, self.base_model)
-            shutil.rmtree(target, ignore_errors=True)
-            tmp.rename(target)
-        self.barrier()  # the directory is complete before a server reads it
+        failure = self._write(target, tensors) if self.writer else None
+        self.barrier()  # the directory is complete (or failed) before a server reads it
         try:
-            if self.writer:
-                self._load(version, target)
-        finally:  # a failed load still meets the others
+            if self.writer and failure is None:
+                self._load(version, target, repush)
+        finally:  # every rank meets here, a failed write or load included
             self.barrier()
+        if failure is not None:
+            raise failure
         self.last = version
         size = metrics.get("weight_sync/bytes", 0.0) + sum(t.numel() * t.element_size() for t in tensors.values())
         seconds = time.perf_counter() - start
         return metrics | {"weight_sync/seconds": seconds, "weight_sync/bytes": size, "weight_sync/gbps": size / max(seconds, 1e-9) / 1e9}
 
-    def _load(self, version: int, target: Path) -> None:
-        """Every server loads ``version`` (after unloading a same-named one a re-push left), is
-        labelled with it, and drops the versions before the previous one."""
+    def _write(self, target: Path, tensors: dict[str, Any]) -> Exception | None:
+        """The PEFT directory, written beside and renamed into place whole (a server never reads half
+        a version); the error, if writing failed, for the caller to raise once every rank met."""
+        try:
+            tmp = target.with_name(target.name + ".tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            write_peft_adapter(tmp, tensors, self.adapters.cfg, self.base_model)
+            shutil.rmtree(target, ignore_errors=True)
+            tmp.rename(target)
+        except Exception as exc:  # noqa: BLE001 (raised after the barriers)
+            return exc
+        return None
+
+    def _load(self, version: int, target: Path, repush: bool) -> None:
+        """Every server loads ``version`` and is labelled with it; the versions before the previous
+        one are unloaded. A re-push first unloads the name on the servers that still hold it (SGLang
+        refuses to load a name it holds; a restarted server holds none)."""
         for engine in self.engines:
-            if version in self.loaded:
-                engine.client.unload_lora_adapter(adapter_name(version))
+            if repush or version in self.loaded:
+                unload_if_held(engine, version)
             engine.client.load_lora_adapter(adapter_name(version), target)
             engine.set_weight_version(version)
             engine.check_weight_version(version)  # the server's own label, as the other transports check
@@ -99,9 +112,18 @@ class AdapterTransport:
         while len(self.loaded) > 2:
             old = self.loaded.pop(0)
             for engine in self.engines:
-                engine.client.unload_lora_adapter(adapter_name(old))
+                unload_if_held(engine, old)
             shutil.rmtree(self.directory / f"lora_v{old}", ignore_errors=True)
 
     def close(self) -> None:
         self.base.close()
         self.engines = []
+
+
+def unload_if_held(engine: Any, version: int) -> None:
+    """Unload ``version``'s adapter from ``engine``; one it does not hold (a restarted server) is no error."""
+    try:
+        engine.client.unload_lora_adapter(adapter_name(version))
+    except SGLangHTTPError as exc:
+        if exc.status != 400 or "does not exist" not in exc.detail:  # 0.5.23: 400 "LoRA with name X does not exist"
+            raise

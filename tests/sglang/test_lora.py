@@ -129,8 +129,23 @@ def test_refusals_name_the_server_and_the_adapter(engine, adapters):
         engine.client.load_lora_adapter("r1", adapters["v2"])
     with pytest.raises(
         SGLangHTTPError, match=r"unloading LoRA adapter 'gone': LoRA with name gone does not exist"
-    ):
+    ) as unknown:
         engine.client.unload_lora_adapter("gone")
+    assert unknown.value.status == 400  # what a re-push's unload of a name the server lost tolerates
     engine.active_adapter = "never_loaded"
     with pytest.raises(SGLangHTTPError, match="has never been loaded: never_loaded"):
         engine.generate(PROMPTS[:1], GREEDY)
+
+
+def test_a_re_push_loads_a_version_the_server_still_holds(engine, adapters):
+    """What an adapter-mode re-push of the same version does (megarl/weight_sync/lora_adapter.py):
+    the name is unloaded where a server still holds it (the others, restarted, hold nothing: no
+    error), then loaded again."""
+    from megarl.weight_sync.lora_adapter import unload_if_held, adapter_name
+
+    engine.client.load_lora_adapter(adapter_name(7), adapters["v1"])
+    unload_if_held(engine, 7)
+    engine.client.load_lora_adapter(adapter_name(7), adapters["v2"])  # refused had the name stayed loaded
+    unload_if_held(engine, 8)  # a name this server never held
+    served = {m["id"] for m in engine.client.get("/v1/models").body["data"]}
+    assert adapter_name(7) in served and adapter_name(8) not in served
