@@ -505,3 +505,18 @@ def test_ignore_eos_and_rollout_data_dir(tmp_path: Path):
     assert _row(t, "trainer.rollout_data_dir=/data/rollouts") == "trainer.rollout_data_dir=/data/rollouts"
     t = _translate(tmp_path, "grpo.sh", _MINIMAL, "trainer.rollout_data_dir=null")
     assert "trainer.rollout_data_dir" not in t.values
+
+
+def test_megatron_lora_takes_verls_alpha_default(tmp_path: Path):
+    """verl's Megatron LoRA (model.lora.rank) defaults alpha to 32, megarl's to 16: the scale must
+    stay verl's; a run without LoRA shows no LoRA row."""
+    lora = _translate(tmp_path, "lora.sh", r"""
+        python3 -m verl.trainer.main_ppo --config-name=ppo_megatron_trainer.yaml algorithm.adv_estimator=grpo \
+            actor_rollout_ref.model.path=Qwen/Qwen2.5-3B-Instruct actor_rollout_ref.model.lora.rank=16
+        """)  # fmt: skip
+    assert lora.values["actor.lora.rank"] == 16 and lora.values["actor.lora.alpha"] == 32.0
+    plain = _translate(tmp_path, "plain.sh", r"""
+        python3 -m verl.trainer.main_ppo --config-name=ppo_megatron_trainer.yaml algorithm.adv_estimator=grpo \
+            actor_rollout_ref.model.path=Qwen/Qwen2.5-3B-Instruct
+        """)  # fmt: skip
+    assert not any(k.startswith("actor.lora") for k in plain.values)
