@@ -125,8 +125,14 @@ def _prompts_to_samples(value: Any, v: Verl) -> int:
 
 
 def _global_micro(value: Any, v: Verl) -> int:
-    """verl's (deprecated) global micro-batch is split over every GPU; megarl's is per DP rank."""
-    return max(1, int(value) // v.gpus)
+    """verl's (deprecated) global micro-batch is split over its data-parallel ranks (every GPU under
+    FSDP, GPUs / (TP x PP) under Megatron); megarl's is per DP rank."""
+    dp = v.gpus
+    if v.megatron:
+        model_parallel = int(v.get(f"{ACTOR}.megatron.tensor_model_parallel_size") or 1)
+        model_parallel *= int(v.get(f"{ACTOR}.megatron.pipeline_model_parallel_size") or 1)
+        dp = max(1, dp // model_parallel)
+    return max(1, int(value) // dp)
 
 
 def _dynamic(value: Any, v: Verl, flag: str = f"{ACTOR}.use_dynamic_bsz") -> Any:
@@ -562,7 +568,7 @@ def _batch_rules(actor: str, section: str) -> list[Rule]:
         Rule(f"{actor}.ppo_micro_batch_size_per_gpu", (f"{section}.micro_batch_size",), wrap(_same),
              reason="per GPU in verl, per DP rank (tp x pp GPUs) in megarl"),
         Rule(f"{actor}.ppo_micro_batch_size", (f"{section}.micro_batch_size",), wrap(_global_micro),
-             reason="verl's global micro-batch / its GPUs"),
+             reason="verl's global micro-batch / its data-parallel ranks"),
         Rule(flag, (f"{section}.max_tokens_per_gpu",), wrap(_dynamic_flag)),
         Rule(f"{actor}.ppo_max_token_len_per_gpu", (f"{section}.max_tokens_per_gpu",),
              wrap(lambda x, v: _dynamic(x, v, flag))),

@@ -520,3 +520,15 @@ def test_megatron_lora_takes_verls_alpha_default(tmp_path: Path):
             actor_rollout_ref.model.path=Qwen/Qwen2.5-3B-Instruct
         """)  # fmt: skip
     assert not any(k.startswith("actor.lora") for k in plain.values)
+
+
+def test_a_global_micro_batch_is_split_over_verls_data_parallel_ranks(tmp_path: Path):
+    """verl's deprecated ppo_micro_batch_size is global: FSDP splits it over every GPU, Megatron over
+    GPUs / (TP x PP) (its data-parallel ranks); megarl's micro_batch_size is per DP rank."""
+    head = "python3 -m verl.trainer.main_ppo {} algorithm.adv_estimator=grpo trainer.n_gpus_per_node=8 " \
+           "actor_rollout_ref.model.path=Qwen/Qwen2.5-3B-Instruct actor_rollout_ref.actor.ppo_micro_batch_size=16 {}"
+    fsdp = _translate(tmp_path, "fsdp.sh", head.format("", ""))
+    megatron = _translate(tmp_path, "mcore.sh", head.format("--config-name=ppo_megatron_trainer.yaml",
+        "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 "
+        "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2"))  # fmt: skip
+    assert fsdp.values["actor.micro_batch_size"] == 2 and megatron.values["actor.micro_batch_size"] == 8
