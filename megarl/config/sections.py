@@ -31,6 +31,10 @@ GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline")
 POLICY_LOSSES = ("ppo", "gspo")
 LOSS_AGGS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KL_ESTIMATORS = ("k1", "k2", "k3", "abs")
+# verl's names (algorithm.kl_penalty, actor.kl_loss_type) for the same estimators; "full" (the
+# whole-vocabulary KL) is refused by KLConfig with its reason.
+KL_ESTIMATOR_ALIASES = {"kl": "k1", "mse": "k2", "low_var_kl": "k3"}
+KLEstimatorName = Literal["k1", "k2", "k3", "abs"]
 class ModelConfig(Section):
     path: UserPath | None = Field(None, description="Hugging Face model directory (config.json, safetensors, tokenizer), or a "
                              "model checkpoint of `megarl convert hf-to-megatron` (any TP/PP layout).")
@@ -339,17 +343,57 @@ class ClipConfig(Section):
 
 
 class KLConfig(Section):
-    use_in_reward: bool = Field(False, description="Subtract coef x KL from the token rewards.")
-    use_in_loss: bool = Field(False, description="Add coef x KL to the policy loss.")
-    estimator: Literal["k1", "k2", "k3", "abs"] = Field("k3", description="KL estimator (k3 = low-variance KL).")
-    coef: float = Field(0.001, ge=0, description="KL coefficient (initial value for the adaptive controller).")
-    controller: Literal["fixed", "adaptive"] = Field("fixed", description="Keep coef fixed or adapt it towards target.")
+    use_in_reward: bool = Field(False, description="Subtract the reward coefficient x KL from the token rewards (verl's use_kl_in_reward).")
+    use_in_loss: bool = Field(False, description="Add the loss coefficient x KL to the policy loss (verl's use_kl_loss).")
+    estimator: KLEstimatorName = Field(
+        "k3",
+        description="KL estimator of both uses unless reward_estimator / loss_estimator say otherwise: k1, k2, k3 "
+        "(low-variance KL), abs; verl's kl, mse, low_var_kl are read as k1, k2, k3.",
+    )
+    coef: float = Field(0.001, ge=0, description="KL coefficient of both uses unless reward_coef / loss_coef say otherwise (the reward's is the adaptive controller's initial value).")
+    reward_estimator: KLEstimatorName | None = Field(None, description="Estimator of the KL penalty in the reward (verl's algorithm.kl_penalty); None = estimator.")
+    reward_coef: float | None = Field(None, ge=0, description="Coefficient of the KL penalty in the reward, the adaptive controller's initial value (verl's algorithm.kl_ctrl.kl_coef); None = coef.")
+    loss_estimator: KLEstimatorName | None = Field(None, description="Estimator of the KL term in the policy loss (verl's actor.kl_loss_type); None = estimator.")
+    loss_coef: float | None = Field(None, ge=0, description="Coefficient of the KL term in the policy loss (verl's actor.kl_loss_coef); None = coef.")
+    controller: Literal["fixed", "adaptive"] = Field("fixed", description="Keep the reward's coefficient fixed or adapt it towards target.")
     target: float = Field(0.01, gt=0, description="Target KL of the adaptive controller.")
     horizon: int = Field(10000, ge=1, description="Horizon of the adaptive controller.")
+
+    @field_validator("estimator", "reward_estimator", "loss_estimator", mode="before")
+    @classmethod
+    def _verl_estimator_names(cls, value: object) -> object:
+        """verl's names for the same estimators; its ``full`` is refused with the reason."""
+        if value == "full":
+            raise ValueError(
+                "full (the whole-vocabulary KL) needs both models' distributions over the vocabulary at every "
+                "token, and megarl's log-prob pass keeps only the sampled token's log-prob (verl does not "
+                "implement it either); use k3 (low_var_kl), k1 (kl), k2 (mse) or abs"
+            )
+        return KL_ESTIMATOR_ALIASES.get(value, value) if isinstance(value, str) else value
 
     @property
     def enabled(self) -> bool:
         return self.use_in_reward or self.use_in_loss
+
+    @property
+    def reward_kl_estimator(self) -> str:
+        """The estimator of the KL penalty in the reward."""
+        return self.reward_estimator or self.estimator
+
+    @property
+    def reward_kl_coef(self) -> float:
+        """The (initial) coefficient of the KL penalty in the reward."""
+        return self.coef if self.reward_coef is None else self.reward_coef
+
+    @property
+    def loss_kl_estimator(self) -> str:
+        """The estimator of the KL term in the policy loss (and of the actor/kl metric)."""
+        return self.loss_estimator or self.estimator
+
+    @property
+    def loss_kl_coef(self) -> float:
+        """The coefficient of the KL term in the policy loss."""
+        return self.coef if self.loss_coef is None else self.loss_coef
 
 
 class TISConfig(Section):
