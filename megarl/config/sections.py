@@ -303,6 +303,14 @@ class ActorConfig(Section):
         "longest (exact; a long sample alone); flex: FlexAttention "
         "with a document mask (compiled; CUDA only, as torch has no FlexAttention backward on CPU).",
     )
+    logprob_micro_batch_size: int | None = Field(
+        None, ge=1, description="Samples per micro-batch per DP rank of the forward-only passes (old and reference log-probs, the "
+        "weight push's log-prob check; the critic's values); None = as the update (micro_batch_size / max_tokens_per_gpu).",
+    )
+    logprob_max_tokens_per_gpu: int | None = Field(
+        None, ge=1, description="Token budget of a forward-only pass's micro-batch per DP rank (as max_tokens_per_gpu); "
+        "overrides logprob_micro_batch_size; None = as the update.",
+    )
     mini_batch_size: int | None = Field(None, ge=1, description="Samples per optimizer step over all DP ranks; None = the whole step's samples.")
     ppo_epochs: int = Field(1, ge=1, description="Passes over the step's samples.")
     shuffle: bool = Field(

@@ -595,6 +595,14 @@ def test_temperature_and_warmup_and_adaptive_kl():
     assert any("algorithm.dynamic_sampling" in str(w) for w in warned.warnings)
 
 
+def test_logprob_micro_batches_size_the_forward_phases():
+    base = plan(TINY, "actor.micro_batch_size=1").memory.phases
+    more = plan(TINY, "actor.micro_batch_size=1", "actor.logprob_micro_batch_size=64").memory.phases
+    assert more["policy_forward"] > base["policy_forward"] and more["policy_update"] == base["policy_update"]
+    assert "actor.logprob_max_tokens_per_gpu: (8) must hold one full sequence" in refused(
+        TINY, "actor.logprob_max_tokens_per_gpu=8")
+
+
 def test_total_steps_beside_total_epochs_is_a_warning_naming_the_value_used():
     warned = [str(w) for w in plan(GRPO72, "trainer.total_steps=20").warnings]
     assert "trainer.total_epochs: (2) is ignored: trainer.total_steps (20) sets the run's length; drop one of them" in warned
