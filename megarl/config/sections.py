@@ -189,8 +189,22 @@ class ParallelConfig(Section):
 class OptimizerConfig(Section):
     lr: float = Field(1e-6, gt=0, description="Peak learning rate.")
     min_lr: float = Field(0.0, ge=0, description="Final learning rate of the decay schedule.")
+    min_lr_ratio: float | None = Field(None, ge=0, le=1, description="The final learning rate as a fraction of lr (verl's min_lr_ratio); "
+                                       "instead of a min_lr above 0.")  # fmt: skip
     warmup_steps: int = Field(0, ge=0, description="Linear warm-up, in optimizer steps.")
-    schedule: Literal["constant", "cosine", "linear"] = Field("constant", description="Decay after warm-up.")
+    warmup_ratio: float | None = Field(
+        None, ge=0, le=1, description="Linear warm-up as a fraction of the run's optimizer steps, int(ratio x steps) "
+        "(verl's lr_warmup_steps_ratio); instead of a warmup_steps above 0.",
+    )
+    schedule: Literal["constant", "cosine", "linear", "wsd"] = Field(
+        "constant",
+        description="After warm-up: constant lr; cosine / linear decay to min_lr over the remaining steps; wsd "
+        "(warmup-stable-decay) lr, then a cosine decay to min_lr over the last wsd_decay_ratio of the remaining steps.",
+    )
+    wsd_decay_ratio: float = Field(
+        0.1, gt=0, le=1, description="schedule wsd: the fraction of the steps after warm-up that decay (verl's wsd "
+        "keeps int(0.9 x them) at lr: stable_ratio 0.9 = 1 - this).",
+    )
     weight_decay: float = Field(0.0, ge=0, description="Decoupled weight decay.")
     betas: tuple[float, float] = Field((0.9, 0.999), description="Adam betas.")
     eps: float = Field(1e-8, gt=0, description="Adam epsilon.")
@@ -207,6 +221,28 @@ class OptimizerConfig(Section):
         "data-parallel rank reads its stage's whole state at load: slower, more host memory. Applies to the "
         "checkpoints this run writes; a resume loads whichever format its checkpoint holds. Needs distributed.",
     )
+
+    @model_validator(mode="after")
+    def _ratio_or_absolute(self) -> OptimizerConfig:
+        for ratio, absolute, what in (("warmup_ratio", "warmup_steps", "the warm-up"), ("min_lr_ratio", "min_lr", "the final lr")):
+            if getattr(self, ratio) is not None and getattr(self, absolute):
+                raise ValueError(f"{ratio} ({getattr(self, ratio)}) and {absolute} ({getattr(self, absolute)}) both set {what}; "
+                                 f"keep one: {absolute}=0 or {ratio}=null")  # fmt: skip
+        return self
+
+    @property
+    def final_lr(self) -> float:
+        """The decay's end: min_lr_ratio x lr, else min_lr."""
+        return self.min_lr if self.min_lr_ratio is None else self.min_lr_ratio * self.lr
+
+    def warmup_steps_of(self, total_steps: int | None) -> int:
+        """The warm-up's optimizer steps: int(warmup_ratio x total_steps) (as verl rounds), else warmup_steps."""
+        if self.warmup_ratio is None:
+            return self.warmup_steps
+        if total_steps is None:
+            raise ValueError(f"actor.optimizer.warmup_ratio={self.warmup_ratio} needs the run's optimizer steps; "
+                             "pass total_optimizer_steps to the worker or set warmup_steps")  # fmt: skip
+        return int(self.warmup_ratio * total_steps)
 
     @model_validator(mode="after")
     def _format_needs_distributed(self) -> OptimizerConfig:
