@@ -112,7 +112,7 @@ CATALOGUE: tuple[Metric, ...] = (
     Metric("actor/ratio_max", "max", "actor", "largest importance ratio over valid tokens"),
     Metric("actor/ratio_min", "min", "actor", "smallest importance ratio over valid tokens"),
     Metric("actor/entropy", "mean", "actor", "policy entropy at the sampling temperature, mean over valid tokens"),
-    Metric("actor/kl", "mean", "actor", "KL estimate (algorithm.kl.estimator) to the reference over valid tokens; null without a reference"),
+    Metric("actor/kl", "mean", "actor", "KL estimate (algorithm.kl.loss_estimator, else estimator) to the reference over valid tokens; null without a reference"),
     Metric("actor/tis_weight", "mean", "actor", "truncated importance weight pi_train / pi_rollout (algorithm.tis), mean over valid tokens"),
     Metric("actor/tis_capped_frac", "mean", "actor", "share of valid tokens whose TIS weight reached the cap"),
     Metric("actor/mis_masked_frac", "mean", "actor", "share of valid tokens that masked importance sampling (algorithm.mis) drops from the policy-gradient loss"),

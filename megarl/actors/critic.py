@@ -57,7 +57,7 @@ class CriticWorker(TrainedWorker):
     def compute_values(self, batch: Batch) -> TokenRows | None:
         """``values [n, R]`` float32 of this rank's rows (``TokenRows``, on output ranks; None
         elsewhere; alignment: module docstring)."""
-        return self.model.forward_tokens(batch, lambda mb, output: {"values": _values(mb, output)}, MicroBatching.of(self.cfg))
+        return self.model.forward_tokens(batch, lambda mb, output: {"values": _values(mb, output)}, MicroBatching.forward_only(self.cfg))
 
     def update(
         self, batch: Batch, value_loss_fn: LossFn, *, mini_batch_size: int | None = None, ppo_epochs: int | None = None,

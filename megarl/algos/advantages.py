@@ -315,7 +315,7 @@ def reward_kl(batch: Batch, cfg: KLConfig) -> tuple[torch.Tensor, torch.Tensor]:
             "algorithm.kl.use_in_reward needs old_logprobs and ref_logprobs in the batch"
         )
     mask = batch.response_mask
-    kl = kl_estimate(batch.old_logprobs, batch.ref_logprobs, cfg.estimator) * mask
+    kl = kl_estimate(batch.old_logprobs, batch.ref_logprobs, cfg.reward_kl_estimator) * mask
     per_row = kl.sum(-1) / mask.sum(-1).clamp(min=1)
     return kl, per_row.mean()
 

@@ -3,14 +3,16 @@
 Estimators take per-token log-probs and return a per-token estimate of KL(pi || pi_ref)
 (http://joschu.net/blog/kl-approx.html):
 
-    k1   log pi - log pi_ref                      unbiased, high variance, can be negative
+    k1   log pi - log pi_ref                      ("kl"); unbiased, high variance, can be negative
     k2   0.5 * (log pi - log pi_ref)^2            ("mse"); its gradient is the KL gradient
     k3   exp(d) - d - 1, d = log pi_ref - log pi  ("low_var_kl"); d clamped to [-20, 20] and
                                                   the result to [-10, 10] for stability
     abs  |log pi - log pi_ref|
 
-The same estimate serves as a reward penalty (``advantages.token_rewards_from_scores``) or as a
-loss term (``losses.make_policy_loss_fn``). Controllers hold the coefficient: fixed, or the
+(the quoted names are verl's ``kl_penalty`` names, read as aliases by ``KLConfig``.) An estimate
+serves as a reward penalty (``advantages.token_rewards_from_scores``, with
+``KLConfig.reward_kl_estimator`` / ``reward_kl_coef``) or as a loss term
+(``losses.make_policy_loss_fn``, with ``loss_kl_estimator`` / ``loss_kl_coef``). Controllers hold the coefficient: fixed, or the
 adaptive PPO rule (Ziegler et al. 2019) with a state_dict so the trainer can checkpoint it.
 Masking is the caller's job: estimators are elementwise and never look at padding.
 """
@@ -102,7 +104,7 @@ class FixedKLController:
 
     def load_state_dict(self, state: dict[str, float]) -> None:
         """Nothing to restore: a fixed coefficient is config, not state, so a resume with an
-        edited ``algorithm.kl.coef`` (or from an adaptive run) uses the config's value."""
+        edited ``algorithm.kl.coef`` / ``reward_coef`` (or from an adaptive run) uses the config's value."""
 
 
 class AdaptiveKLController:
@@ -141,7 +143,8 @@ class AdaptiveKLController:
 
 
 def make_kl_controller(cfg: KLConfig) -> FixedKLController | AdaptiveKLController:
-    """The controller selected by ``algorithm.kl.controller``."""
+    """The controller of the reward's KL coefficient selected by ``algorithm.kl.controller``,
+    starting from ``reward_coef`` (``coef`` when unset)."""
     if cfg.controller == "adaptive":
-        return AdaptiveKLController(cfg.coef, cfg.target, cfg.horizon)
-    return FixedKLController(cfg.coef)
+        return AdaptiveKLController(cfg.reward_kl_coef, cfg.target, cfg.horizon)
+    return FixedKLController(cfg.reward_kl_coef)

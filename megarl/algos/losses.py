@@ -236,7 +236,7 @@ class PolicyLossFn:
             raise ValueError(f"max_response_length must be positive, got {max_response_length}")
         self.cfg = cfg
         self.max_response_length = max_response_length
-        self.kl_coef = cfg.kl.coef if kl_coef is None else kl_coef
+        self.kl_coef = cfg.kl.loss_kl_coef if kl_coef is None else kl_coef
         self.policy_loss = POLICY_LOSSES.get(cfg.policy_loss)
         self.aggregation = LOSS_AGGREGATIONS.get(cfg.loss_agg)
 
@@ -330,7 +330,7 @@ class PolicyLossFn:
                 _require(None, "batch.ref_logprobs", "algorithm.kl.use_in_loss is true")
             metrics["actor/kl"] = torch.zeros(2, dtype=n.dtype, device=n.device)  # nothing counted
             return loss
-        kl = kl_estimate(logp, batch.ref_logprobs, cfg.kl.estimator)  # [b, R]
+        kl = kl_estimate(logp, batch.ref_logprobs, cfg.kl.loss_kl_estimator)  # [b, R]
         metrics["actor/kl"] = _token_metric(kl, mask, n)
         return loss + self.kl_coef * kl if cfg.kl.use_in_loss else loss
 
@@ -398,7 +398,7 @@ def make_policy_loss_fn(
     cfg: AlgorithmConfig, max_response_length: int, kl_coef: float | None = None
 ) -> LossFn:
     """The actor's LossFn. ``max_response_length`` (rollout.sampling.max_new_tokens) is the
-    constant of seq-mean-token-sum-norm; ``kl_coef`` overrides ``cfg.kl.coef`` for the loss term."""
+    constant of seq-mean-token-sum-norm; ``kl_coef`` overrides ``cfg.kl.loss_kl_coef`` for the loss term."""
     return PolicyLossFn(cfg, max_response_length, kl_coef)
 
 

@@ -31,6 +31,10 @@ GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline")
 POLICY_LOSSES = ("ppo", "gspo")
 LOSS_AGGS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KL_ESTIMATORS = ("k1", "k2", "k3", "abs")
+# verl's names (algorithm.kl_penalty, actor.kl_loss_type) for the same estimators; "full" (the
+# whole-vocabulary KL) is refused by KLConfig with its reason.
+KL_ESTIMATOR_ALIASES = {"kl": "k1", "mse": "k2", "low_var_kl": "k3"}
+KLEstimatorName = Literal["k1", "k2", "k3", "abs"]
 class ModelConfig(Section):
     path: UserPath | None = Field(None, description="Hugging Face model directory (config.json, safetensors, tokenizer), or a "
                              "model checkpoint of `megarl convert hf-to-megatron` (any TP/PP layout).")
@@ -185,8 +189,22 @@ class ParallelConfig(Section):
 class OptimizerConfig(Section):
     lr: float = Field(1e-6, gt=0, description="Peak learning rate.")
     min_lr: float = Field(0.0, ge=0, description="Final learning rate of the decay schedule.")
+    min_lr_ratio: float | None = Field(None, ge=0, le=1, description="The final learning rate as a fraction of lr (verl's min_lr_ratio); "
+                                       "instead of a min_lr above 0.")  # fmt: skip
     warmup_steps: int = Field(0, ge=0, description="Linear warm-up, in optimizer steps.")
-    schedule: Literal["constant", "cosine", "linear"] = Field("constant", description="Decay after warm-up.")
+    warmup_ratio: float | None = Field(
+        None, ge=0, le=1, description="Linear warm-up as a fraction of the run's optimizer steps, int(ratio x steps) "
+        "(verl's lr_warmup_steps_ratio); instead of a warmup_steps above 0.",
+    )
+    schedule: Literal["constant", "cosine", "linear", "wsd"] = Field(
+        "constant",
+        description="After warm-up: constant lr; cosine / linear decay to min_lr over the remaining steps; wsd "
+        "(warmup-stable-decay) lr, then a cosine decay to min_lr over the last wsd_decay_ratio of the remaining steps.",
+    )
+    wsd_decay_ratio: float = Field(
+        0.1, gt=0, le=1, description="schedule wsd: the fraction of the steps after warm-up that decay (verl's wsd "
+        "keeps int(0.9 x them) at lr: stable_ratio 0.9 = 1 - this).",
+    )
     weight_decay: float = Field(0.0, ge=0, description="Decoupled weight decay.")
     betas: tuple[float, float] = Field((0.9, 0.999), description="Adam betas.")
     eps: float = Field(1e-8, gt=0, description="Adam epsilon.")
@@ -203,6 +221,28 @@ class OptimizerConfig(Section):
         "data-parallel rank reads its stage's whole state at load: slower, more host memory. Applies to the "
         "checkpoints this run writes; a resume loads whichever format its checkpoint holds. Needs distributed.",
     )
+
+    @model_validator(mode="after")
+    def _ratio_or_absolute(self) -> OptimizerConfig:
+        for ratio, absolute, what in (("warmup_ratio", "warmup_steps", "the warm-up"), ("min_lr_ratio", "min_lr", "the final lr")):
+            if getattr(self, ratio) is not None and getattr(self, absolute):
+                raise ValueError(f"{ratio} ({getattr(self, ratio)}) and {absolute} ({getattr(self, absolute)}) both set {what}; "
+                                 f"keep one: {absolute}=0 or {ratio}=null")  # fmt: skip
+        return self
+
+    @property
+    def final_lr(self) -> float:
+        """The decay's end: min_lr_ratio x lr, else min_lr."""
+        return self.min_lr if self.min_lr_ratio is None else self.min_lr_ratio * self.lr
+
+    def warmup_steps_of(self, total_steps: int | None) -> int:
+        """The warm-up's optimizer steps: int(warmup_ratio x total_steps) (as verl rounds), else warmup_steps."""
+        if self.warmup_ratio is None:
+            return self.warmup_steps
+        if total_steps is None:
+            raise ValueError(f"actor.optimizer.warmup_ratio={self.warmup_ratio} needs the run's optimizer steps; "
+                             "pass total_optimizer_steps to the worker or set warmup_steps")  # fmt: skip
+        return int(self.warmup_ratio * total_steps)
 
     @model_validator(mode="after")
     def _format_needs_distributed(self) -> OptimizerConfig:
@@ -299,6 +339,14 @@ class ActorConfig(Section):
         "longest (exact; a long sample alone); flex: FlexAttention "
         "with a document mask (compiled; CUDA only, as torch has no FlexAttention backward on CPU).",
     )
+    logprob_micro_batch_size: int | None = Field(
+        None, ge=1, description="Samples per micro-batch per DP rank of the forward-only passes (old and reference log-probs, the "
+        "weight push's log-prob check; the critic's values); None = as the update (micro_batch_size / max_tokens_per_gpu).",
+    )
+    logprob_max_tokens_per_gpu: int | None = Field(
+        None, ge=1, description="Token budget of a forward-only pass's micro-batch per DP rank (as max_tokens_per_gpu); "
+        "overrides logprob_micro_batch_size; None = as the update.",
+    )
     mini_batch_size: int | None = Field(None, ge=1, description="Samples per optimizer step over all DP ranks; None = the whole step's samples.")
     ppo_epochs: int = Field(1, ge=1, description="Passes over the step's samples.")
     shuffle: bool = Field(
@@ -339,17 +387,57 @@ class ClipConfig(Section):
 
 
 class KLConfig(Section):
-    use_in_reward: bool = Field(False, description="Subtract coef x KL from the token rewards.")
-    use_in_loss: bool = Field(False, description="Add coef x KL to the policy loss.")
-    estimator: Literal["k1", "k2", "k3", "abs"] = Field("k3", description="KL estimator (k3 = low-variance KL).")
-    coef: float = Field(0.001, ge=0, description="KL coefficient (initial value for the adaptive controller).")
-    controller: Literal["fixed", "adaptive"] = Field("fixed", description="Keep coef fixed or adapt it towards target.")
+    use_in_reward: bool = Field(False, description="Subtract the reward coefficient x KL from the token rewards (verl's use_kl_in_reward).")
+    use_in_loss: bool = Field(False, description="Add the loss coefficient x KL to the policy loss (verl's use_kl_loss).")
+    estimator: KLEstimatorName = Field(
+        "k3",
+        description="KL estimator of both uses unless reward_estimator / loss_estimator say otherwise: k1, k2, k3 "
+        "(low-variance KL), abs; verl's kl, mse, low_var_kl are read as k1, k2, k3.",
+    )
+    coef: float = Field(0.001, ge=0, description="KL coefficient of both uses unless reward_coef / loss_coef say otherwise (the reward's is the adaptive controller's initial value).")
+    reward_estimator: KLEstimatorName | None = Field(None, description="Estimator of the KL penalty in the reward (verl's algorithm.kl_penalty); None = estimator.")
+    reward_coef: float | None = Field(None, ge=0, description="Coefficient of the KL penalty in the reward, the adaptive controller's initial value (verl's algorithm.kl_ctrl.kl_coef); None = coef.")
+    loss_estimator: KLEstimatorName | None = Field(None, description="Estimator of the KL term in the policy loss (verl's actor.kl_loss_type); None = estimator.")
+    loss_coef: float | None = Field(None, ge=0, description="Coefficient of the KL term in the policy loss (verl's actor.kl_loss_coef); None = coef.")
+    controller: Literal["fixed", "adaptive"] = Field("fixed", description="Keep the reward's coefficient fixed or adapt it towards target.")
     target: float = Field(0.01, gt=0, description="Target KL of the adaptive controller.")
     horizon: int = Field(10000, ge=1, description="Horizon of the adaptive controller.")
+
+    @field_validator("estimator", "reward_estimator", "loss_estimator", mode="before")
+    @classmethod
+    def _verl_estimator_names(cls, value: object) -> object:
+        """verl's names for the same estimators; its ``full`` is refused with the reason."""
+        if value == "full":
+            raise ValueError(
+                "full (the whole-vocabulary KL) needs both models' distributions over the vocabulary at every "
+                "token, and megarl's log-prob pass keeps only the sampled token's log-prob (verl does not "
+                "implement it either); use k3 (low_var_kl), k1 (kl), k2 (mse) or abs"
+            )
+        return KL_ESTIMATOR_ALIASES.get(value, value) if isinstance(value, str) else value
 
     @property
     def enabled(self) -> bool:
         return self.use_in_reward or self.use_in_loss
+
+    @property
+    def reward_kl_estimator(self) -> str:
+        """The estimator of the KL penalty in the reward."""
+        return self.reward_estimator or self.estimator
+
+    @property
+    def reward_kl_coef(self) -> float:
+        """The (initial) coefficient of the KL penalty in the reward."""
+        return self.coef if self.reward_coef is None else self.reward_coef
+
+    @property
+    def loss_kl_estimator(self) -> str:
+        """The estimator of the KL term in the policy loss (and of the actor/kl metric)."""
+        return self.loss_estimator or self.estimator
+
+    @property
+    def loss_kl_coef(self) -> float:
+        """The coefficient of the KL term in the policy loss."""
+        return self.coef if self.loss_coef is None else self.loss_coef
 
 
 class TISConfig(Section):

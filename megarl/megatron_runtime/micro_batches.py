@@ -147,7 +147,18 @@ class MicroBatching:
 
     @classmethod
     def of(cls, cfg: ActorConfig) -> MicroBatching:
+        """The update's micro-batches."""
         return cls(cfg.micro_batch_size, cfg.max_tokens_per_gpu, cfg.pack_sequences)
+
+    @classmethod
+    def forward_only(cls, cfg: ActorConfig) -> MicroBatching:
+        """The forward-only passes' micro-batches (log-probs, values): ``logprob_max_tokens_per_gpu``,
+        else ``logprob_micro_batch_size``, else the update's (:meth:`of`)."""
+        if cfg.logprob_max_tokens_per_gpu is not None:
+            return cls(None, cfg.logprob_max_tokens_per_gpu, cfg.pack_sequences)
+        if cfg.logprob_micro_batch_size is not None:
+            return cls(cfg.logprob_micro_batch_size, None, cfg.pack_sequences)
+        return cls.of(cfg)
 
     def replica_groups(self, batch: Batch, dp_size: int) -> list[list[list[int]]]:
         """Row groups (indices into ``batch``) of every DP replica: ``dp_size`` lists of groups,

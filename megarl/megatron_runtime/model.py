@@ -386,10 +386,10 @@ def response_logprobs(
     model: MegatronModel, cfg: ActorConfig, batch: Batch, temperature: float, with_entropy: bool
 ) -> TokenRows | None:
     """``logprobs`` (and ``entropy``) ``[n, R]`` of the response rows this rank computed (see
-    ``forward_tokens``), micro-batched as ``cfg`` says (the forward the policy and the
-    reference share)."""
+    ``forward_tokens``), micro-batched as ``cfg``'s forward-only passes are
+    (``MicroBatching.forward_only``: the forward the policy and the reference share)."""
     head = token_logprob_head(model, temperature, with_entropy)
-    return model.forward_tokens(batch, head, MicroBatching.of(cfg))
+    return model.forward_tokens(batch, head, MicroBatching.forward_only(cfg))
 
 
 def token_logprob_head(

@@ -10,9 +10,17 @@ The schedule is ours, because Megatron's ``OptimizerParamScheduler`` warms up fr
 LR at step 0 (a wasted step at ``init_lr = 0``) and wants its decay horizon up front. Here:
 
 - warm-up: the ``k``-th optimizer step (``k = 0, 1, ...``) uses ``lr * (k + 1) / warmup_steps``
-  while ``k < warmup_steps``;
-- then ``constant`` stays at ``lr``; ``linear`` / ``cosine`` go from ``lr`` to ``min_lr`` over
-  the remaining ``total_steps - warmup_steps`` steps and stay at ``min_lr`` afterwards.
+  while ``k < warmup_steps`` (``warmup_steps`` = ``int(warmup_ratio * total_steps)`` when the
+  ratio is set);
+- then ``constant`` stays at ``lr``; ``linear`` / ``cosine`` go from ``lr`` to ``min_lr``
+  (``min_lr_ratio * lr`` when set) over the remaining ``total_steps - warmup_steps`` steps and
+  stay at ``min_lr`` afterwards;
+- ``wsd`` (verl's ``get_wsd_schedule_with_warmup``): of the ``remaining`` steps after warm-up,
+  ``int(remaining * (1 - wsd_decay_ratio))`` stay at ``lr``, the others decay as ``cosine`` does
+  (over their own count), then ``min_lr``.
+
+The LR is a function of the step count alone, so a resume that restores ``step_count`` (and
+has the same total steps) continues the schedule exactly.
 
 ``LRSchedule.apply`` writes the LR (times each group's ``lr_mult``) and weight decay (times
 ``wd_mult``) into the optimizer's param groups, honouring Megatron's per-group multipliers, and
@@ -31,36 +39,43 @@ from megarl.config.sections import OptimizerConfig
 
 
 class LRSchedule:
-    """Warm-up then constant / linear / cosine decay to ``min_lr`` (see module docstring)."""
+    """Warm-up then constant / linear / cosine / warmup-stable-decay to ``min_lr`` (see module docstring)."""
 
     def __init__(self, cfg: OptimizerConfig, total_steps: int | None = None) -> None:
-        if cfg.schedule != "constant" and (total_steps is None or total_steps <= cfg.warmup_steps):
+        self.warmup_steps = cfg.warmup_steps_of(total_steps)
+        if cfg.schedule != "constant" and (total_steps is None or total_steps <= self.warmup_steps):
             raise ValueError(
                 f"actor.optimizer.schedule={cfg.schedule!r} needs the total number of optimizer "
-                f"steps (> warmup_steps={cfg.warmup_steps}) to decay over, got {total_steps}; "
+                f"steps (> warmup_steps={self.warmup_steps}) to decay over, got {total_steps}; "
                 f"pass total_optimizer_steps to the worker or use schedule='constant'"
             )
         if cfg.min_lr > cfg.lr:
             raise ValueError(f"actor.optimizer.min_lr ({cfg.min_lr}) must not exceed lr ({cfg.lr})")
         self.cfg = cfg
+        self.min_lr = cfg.final_lr
         self.total_steps = total_steps
+        # wsd: steps at lr after the warm-up, before the decay (verl's int(remaining x stable_ratio))
+        remaining = (total_steps or 0) - self.warmup_steps
+        self.stable_steps = int(remaining * (1.0 - cfg.wsd_decay_ratio)) if cfg.schedule == "wsd" else 0
         self.step_count = 0  # optimizer steps taken so far
 
     def lr_at(self, step: int) -> float:
         """The LR of the ``step``-th optimizer step (0-based)."""
-        cfg = self.cfg
-        if step < cfg.warmup_steps:
-            return cfg.lr * (step + 1) / cfg.warmup_steps
+        cfg, warmup = self.cfg, self.warmup_steps
+        if step < warmup:
+            return cfg.lr * (step + 1) / warmup
         if cfg.schedule == "constant":
             return cfg.lr
         assert self.total_steps is not None
-        span = self.total_steps - cfg.warmup_steps
-        frac = min(1.0, (step - cfg.warmup_steps) / span)
+        start = warmup + self.stable_steps  # where the decay starts (wsd: after its stable phase)
+        if step < start:
+            return cfg.lr
+        frac = min(1.0, (step - start) / (self.total_steps - start))
         if cfg.schedule == "linear":
             scale = 1.0 - frac
-        else:  # cosine
+        else:  # cosine, wsd
             scale = 0.5 * (1.0 + math.cos(math.pi * frac))
-        return cfg.min_lr + (cfg.lr - cfg.min_lr) * scale
+        return self.min_lr + (cfg.lr - self.min_lr) * scale
 
     @property
     def current_lr(self) -> float:
@@ -98,7 +113,7 @@ def megatron_optimizer_config(cfg: OptimizerConfig, *, bf16: bool, fp16: bool) -
     return MegatronOptimizerConfig(
         optimizer="adam",
         lr=cfg.lr,
-        min_lr=cfg.min_lr,
+        min_lr=cfg.final_lr,
         weight_decay=cfg.weight_decay,
         adam_beta1=cfg.betas[0],
         adam_beta2=cfg.betas[1],

@@ -26,9 +26,15 @@ def check_algorithm(cfg: MegaRLConfig, issues: list[Issue]) -> None:
     if alg.kl.controller == "adaptive" and not alg.kl.use_in_reward:
         issues.append(Issue("algorithm.kl.controller", "adaptive adjusts the KL penalty in the reward; with use_in_reward=false "
                             "it would be ignored: set algorithm.kl.use_in_reward=true or controller=fixed"))
-    if alg.kl.controller == "adaptive" and alg.kl.use_in_reward and alg.kl.coef == 0:
-        issues.append(Issue("algorithm.kl.coef", "(0) is the adaptive controller's starting value, and its rule multiplies it: "
-                            "it would stay 0 and the reward carry no KL penalty; set a positive coef (e.g. 0.001)"))
+    if alg.kl.controller == "adaptive" and alg.kl.use_in_reward and alg.kl.reward_kl_coef == 0:
+        key = "algorithm.kl.coef" if alg.kl.reward_coef is None else "algorithm.kl.reward_coef"
+        issues.append(Issue(key, "(0) is the adaptive controller's starting value, and its rule multiplies it: "
+                            "it would stay 0 and the reward carry no KL penalty; set a positive value (e.g. 0.001)"))
+    for use, on, switch in (("reward", alg.kl.use_in_reward, "use_in_reward"), ("loss", alg.kl.use_in_loss, "use_in_loss")):
+        for knob in (f"{use}_coef", f"{use}_estimator"):
+            if getattr(alg.kl, knob) is not None and not on:
+                issues.append(Issue(f"algorithm.kl.{knob}", f"({getattr(alg.kl, knob)}) is ignored: there is no KL in the {use} "
+                                    f"(algorithm.kl.{switch}=false); set {switch}=true or drop it", level="warning"))
     if alg.dynamic_sampling.enabled and (alg.estimator not in GROUP_ESTIMATORS or cfg.rollout.n < 2):
         issues.append(Issue("algorithm.dynamic_sampling", f"filters groups by reward variance, which only group estimators "
                             f"with n >= 2 learn from (estimator {alg.estimator}, n {cfg.rollout.n})", level="warning"))

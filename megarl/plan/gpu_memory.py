@@ -118,6 +118,7 @@ class TrainMemory:
     activations: float
     logits: float
     head_grad: float = 0.0  # an update's fp32 accumulator of the output layer's gradient
+    forward_logits: float | None = None  # a forward-only pass's head (its own micro-batches); None = logits
     optimizer_at_build: float = 0.0  # before the first step: fp32 master copies only (Adam's moments come with it)
 
     @property
@@ -128,6 +129,11 @@ class TrainMemory:
     @property
     def peak(self) -> float:
         return self.states + self.update_working
+
+    @property
+    def forward_working(self) -> float:
+        """A forward-only pass's working memory besides the states (its LM or value head)."""
+        return self.logits if self.forward_logits is None else self.forward_logits
 
     @property
     def update_working(self) -> float:
@@ -297,10 +303,12 @@ def train_memory(
     etp: int = 1,
     lora_params: float | None = None,
     lora_expert_params: float = 0.0,
+    forward_tokens_per_micro_batch: int | None = None,
 ) -> TrainMemory:
     """``lora_params``: the adapter parameters per GPU (:func:`lora_params_per_gpu`) when the
     base model is frozen under LoRA; None = full fine-tuning. ``lora_expert_params``: the experts'
-    share of them (:func:`lora_expert_params_per_gpu`)."""
+    share of them (:func:`lora_expert_params_per_gpu`). ``forward_tokens_per_micro_batch``: the
+    forward-only passes' micro-batches (actor.logprob_*) when not the update's."""
     dense, experts = stage_params_per_gpu(arch, tp=tp, pp=pp, ep=ep, etp=etp, value_head=value_head)
     params = dense + experts
     # The distributed optimizer shards each parameter's state over the ranks holding the same
@@ -315,11 +323,14 @@ def train_memory(
     act = 0.0
     if trainable:
         act = _activations(arch, tokens_per_micro_batch, tp=tp, etp=etp, sp=sequence_parallel, recompute=recompute, wbytes=wbytes)
-    logits: float
+    def head(tokens: int) -> float:
+        """The LM head's fp32 chunk buffers (the value head's outputs) of a micro-batch of ``tokens``."""
+        return 2 * 4 * tokens if value_head else 4 * 4 * min(logprob_chunk_tokens, tokens) * arch.vocab_size / tp
+
+    logits = head(tokens_per_micro_batch)
     if value_head:
-        logits, head_grad = 2 * 4 * tokens_per_micro_batch, 0.0
+        head_grad = 0.0
     else:
-        logits = 4 * 4 * min(logprob_chunk_tokens, tokens_per_micro_batch) * arch.vocab_size / tp
         # Several chunks sum in fp32, then cast: both copies exist for a moment.
         grad_bytes = 4 + (wbytes if wbytes != 4 else 0) if tokens_per_micro_batch > logprob_chunk_tokens else wbytes
         frozen_head = lora_params is not None  # LoRA freezes the output layer: no gradient of it
@@ -333,6 +344,7 @@ def train_memory(
         activations=act,
         logits=logits,
         head_grad=head_grad,
+        forward_logits=None if forward_tokens_per_micro_batch is None else head(forward_tokens_per_micro_batch),
     )
 
 
@@ -390,7 +402,8 @@ def phase_working_bytes(policy: TrainMemory | None, critic: TrainMemory | None, 
     1/tp of the group)."""
     out = {WEIGHT_PUSH: bucket_bytes + 2.0 * gather_bytes}
     if policy is not None:
-        out |= {POLICY_FORWARD: policy.logits, REFERENCE_FORWARD: policy.logits, POLICY_UPDATE: policy.update_working}
+        out |= {POLICY_FORWARD: policy.forward_working, REFERENCE_FORWARD: policy.forward_working,
+                POLICY_UPDATE: policy.update_working}
     if critic is not None:
-        out |= {CRITIC_FORWARD: critic.logits, CRITIC_UPDATE: critic.update_working}
+        out |= {CRITIC_FORWARD: critic.forward_working, CRITIC_UPDATE: critic.update_working}
     return out

@@ -206,10 +206,11 @@ def _check_sft(cfg: MegaRLConfig, arch: ArchSpec, issues: list[Issue]) -> None:
     if not _micro_batching_set("actor", a, issues):
         return
     longest = sft_max_length(cfg, arch)
-    if a.max_tokens_per_gpu is not None and a.max_tokens_per_gpu < longest:
-        issues.append(Issue("actor.max_tokens_per_gpu", f"({a.max_tokens_per_gpu}) must hold one full row of "
-                            f"{longest} tokens (sft.max_length, at most the model's positions); raise it or lower "
-                            "sft.max_length"))  # fmt: skip
+    for key in ("max_tokens_per_gpu", "logprob_max_tokens_per_gpu"):
+        budget = getattr(a, key)
+        if budget is not None and budget < longest:
+            issues.append(Issue(f"actor.{key}", f"({budget}) must hold one full row of {longest} tokens (sft.max_length, "
+                                "at most the model's positions); raise it or lower sft.max_length"))  # fmt: skip
 
 
 def _raise_errors(issues: list[Issue]) -> None:
@@ -376,10 +377,12 @@ def _check_batches(section: str, cfg: ActorConfig, layout: RoleLayout, full: Meg
         issues.append(Issue(f"{section}.mini_batch_size", f"({mini}) must be divisible by {what} = {unit}; "
                             + _mini_batch_fix(section, cfg, layout, mini, samples, fitting)))
     seq = full.data.max_prompt_length + full.rollout.sampling.max_new_tokens
-    if cfg.max_tokens_per_gpu is not None and cfg.max_tokens_per_gpu < seq:
-        issues.append(Issue(f"{section}.max_tokens_per_gpu", f"({cfg.max_tokens_per_gpu}) must hold one full sequence "
-                            f"(max_prompt_length + max_new_tokens = {seq}); raise it to at least {seq}, or lower "
-                            "data.max_prompt_length / rollout.sampling.max_new_tokens"))
+    for key in ("max_tokens_per_gpu", "logprob_max_tokens_per_gpu"):
+        budget = getattr(cfg, key)
+        if budget is not None and budget < seq:
+            issues.append(Issue(f"{section}.{key}", f"({budget}) must hold one full sequence "
+                                f"(max_prompt_length + max_new_tokens = {seq}); raise it to at least {seq}, or lower "
+                                "data.max_prompt_length / rollout.sampling.max_new_tokens"))
 
 
 def _batch_unit(cfg: ActorConfig, dp: int) -> int:
@@ -419,6 +422,16 @@ def _tokens_per_micro_batch(cfg: MegaRLConfig, section: ActorConfig) -> int:
     return (section.micro_batch_size or 1) * seq
 
 
+def _forward_tokens_per_micro_batch(cfg: MegaRLConfig, section: ActorConfig) -> int | None:
+    """The forward-only passes' tokens per micro-batch when set apart from the update's
+    (MicroBatching.forward_only), else None."""
+    if section.logprob_max_tokens_per_gpu is not None:
+        return section.logprob_max_tokens_per_gpu
+    if section.logprob_micro_batch_size is not None:
+        return section.logprob_micro_batch_size * (cfg.data.max_prompt_length + cfg.rollout.sampling.max_new_tokens)
+    return None
+
+
 def _plan_memory(cfg: MegaRLConfig, arch: ArchSpec, roles: dict[str, RoleLayout], issues: list[Issue], *,
                  suggest: bool = True) -> MemoryPlan:  # fmt: skip
     """Bytes per GPU in every phase: the residency table's resident states (megarl/memory/residency.py)
@@ -433,6 +446,7 @@ def _plan_memory(cfg: MegaRLConfig, arch: ArchSpec, roles: dict[str, RoleLayout]
             lay = roles[role]
             mems[role] = train_memory(
                 arch, tp=lay.tp, pp=lay.pp, dp=lay.dp, tokens_per_micro_batch=_tokens_per_micro_batch(cfg, section),
+                forward_tokens_per_micro_batch=_forward_tokens_per_micro_batch(cfg, section),
                 dtype=cfg.model.dtype, recompute=section.recompute, sequence_parallel=section.parallel.uses_sequence_parallel,
                 distributed_optimizer=section.optimizer.distributed, value_head=role == "critic",
                 logprob_chunk_tokens=section.logprob_chunk_tokens, ep=lay.ep, etp=lay.etp,

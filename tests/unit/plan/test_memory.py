@@ -106,6 +106,12 @@ def test_torch_engine_memory_and_phase_working_memory_by_hand():
     working = phase_working_bytes(m, None, 512 * 1024**2, largest)  # the gather group: the embedding alone
     assert working == {"weight_push": 512 * 1024**2 + 2 * largest, "policy_forward": m.logits,
                        "reference_forward": m.logits, "policy_update": m.activations + m.logits + m.head_grad}  # fmt: skip
+    # actor.logprob_*: the forward passes' head holds its own micro-batch (a chunk at most), the update's is unchanged
+    small = train_memory(arch, tp=2, pp=1, dp=4, tokens_per_micro_batch=512, dtype="bfloat16", recompute="full",
+                         sequence_parallel=False, distributed_optimizer=True, forward_tokens_per_micro_batch=256)  # fmt: skip
+    assert small.forward_working == 4 * 4 * 256 * arch.vocab_size / 2 == small.logits / 2
+    assert phase_working_bytes(small, None, 0, 0)["policy_forward"] == small.forward_working
+    assert small.update_working == small.activations + small.logits + small.head_grad
 
 
 def _hand_moe(**kw) -> ArchSpec:

@@ -585,8 +585,22 @@ def test_temperature_and_warmup_and_adaptive_kl():
     assert ("algorithm.kl.coef: (0) is the adaptive controller's starting value, and its rule multiplies it: it would "
             "stay 0") in refused(TINY, *adaptive, "algorithm.kl.coef=0")
     assert plan(TINY, *adaptive, "algorithm.kl.coef=0.001")
+    assert "algorithm.kl.reward_coef: (0) is the adaptive controller's starting value" in refused(
+        TINY, *adaptive, "algorithm.kl.reward_coef=0")
+    assert plan(TINY, *adaptive, "algorithm.kl.coef=0", "algorithm.kl.reward_coef=0.01")  # the loss's 0 is no matter
+    ignored = [str(w) for w in plan(TINY, "algorithm.kl.use_in_loss=true", "algorithm.kl.reward_coef=0.1").warnings]
+    assert ("algorithm.kl.reward_coef: (0.1) is ignored: there is no KL in the reward (algorithm.kl.use_in_reward=false); "
+            "set use_in_reward=true or drop it") in ignored
     warned = plan(TINY, "algorithm.dynamic_sampling.enabled=true", "algorithm.estimator=reinforce_plus_plus")
     assert any("algorithm.dynamic_sampling" in str(w) for w in warned.warnings)
+
+
+def test_logprob_micro_batches_size_the_forward_phases():
+    base = plan(TINY, "actor.micro_batch_size=1").memory.phases
+    more = plan(TINY, "actor.micro_batch_size=1", "actor.logprob_micro_batch_size=64").memory.phases
+    assert more["policy_forward"] > base["policy_forward"] and more["policy_update"] == base["policy_update"]
+    assert "actor.logprob_max_tokens_per_gpu: (8) must hold one full sequence" in refused(
+        TINY, "actor.logprob_max_tokens_per_gpu=8")
 
 
 def test_total_steps_beside_total_epochs_is_a_warning_naming_the_value_used():
