@@ -104,6 +104,9 @@ def _lora_base(ckpt: Path, cfg: Any, adapter: bool | None) -> str | None:
     from megarl.models.lora import adapts_experts
 
     record = ckpt / "policy" / LORA_BASE_FILE
+    if not record.is_file() and cfg.actor.lora is not None:
+        raise OutputError(f"{ckpt} holds a whole model, not LoRA adapters (no policy/{LORA_BASE_FILE}), and the config "
+                          "sets actor.lora: drop actor.lora from --config")  # fmt: skip
     if not record.is_file():
         if adapter:
             raise OutputError(f"{ckpt} holds a whole model, not LoRA adapters (no policy/{LORA_BASE_FILE}): convert it "

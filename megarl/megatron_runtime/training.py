@@ -283,8 +283,10 @@ def check_lora_base(path: str | os.PathLike, identity: dict[str, Any] | None) ->
                          "it without actor.lora, or start the LoRA run from scratch")  # fmt: skip
     if identity is None or saved is None:
         return
-    ours, theirs = identity["fingerprint"], saved["fingerprint"]
-    if any(abs(a - b) > 1e-9 * max(abs(a), abs(b), 1.0) for a, b in zip(ours, theirs, strict=True)):
+    ours, theirs = identity["fingerprint"], saved["fingerprint"]  # (sum, sum of |x|)
+    # Both sums' rounding across layouts scales with the sum of magnitudes (the signed sum may cancel).
+    tolerance = 1e-9 * max(abs(ours[1]), abs(theirs[1]), 1.0)
+    if any(abs(a - b) > tolerance for a, b in zip(ours, theirs, strict=True)):
         raise ValueError(f"checkpoint {path}'s adapters were trained on the base model {saved['path']} (fingerprint "
                          f"{theirs}); this run's model.path {identity['path']} differs (fingerprint {ours}): resume "
                          "with the base model the adapters were trained on")  # fmt: skip

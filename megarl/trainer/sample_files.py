@@ -63,11 +63,13 @@ class RolloutDump:
 
     def __call__(self, batch: Batch, step: int) -> Batch:
         self._wait()
-        self._pending = self._pool.submit(self._write, batch, step)
+        # Decoded here: the tokenizer is the controller's, and an HF fast tokenizer used from two
+        # threads at once can refuse ("Already borrowed"); only the rows' writing goes to the thread.
+        rows = rollout_rows(batch, self._texts(batch), step)
+        self._pending = self._pool.submit(self._write, rows, step)
         return batch
 
-    def _write(self, batch: Batch, step: int) -> None:
-        rows = rollout_rows(batch, self._texts(batch), step)
+    def _write(self, rows: list[dict[str, Any]], step: int) -> None:
         write_sample_rows(self.directory / f"{step}.jsonl", rows, step, "trainer.rollout_data_dir")
 
     def _wait(self) -> None:

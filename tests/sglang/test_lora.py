@@ -141,7 +141,7 @@ def test_a_re_push_loads_a_version_the_server_still_holds(engine, adapters):
     """What an adapter-mode re-push of the same version does (megarl/weight_sync/lora_adapter.py):
     the name is unloaded where a server still holds it (the others, restarted, hold nothing: no
     error), then loaded again."""
-    from megarl.weight_sync.lora_adapter import unload_if_held, adapter_name
+    from megarl.weight_sync.lora_adapter import adapter_name, unload_if_held
 
     engine.client.load_lora_adapter(adapter_name(7), adapters["v1"])
     unload_if_held(engine, 7)

@@ -52,21 +52,28 @@ def test_each_step_is_one_file_of_one_line_per_sample_with_verls_fields(tmp_path
     assert {r["advantage"] for r in _lines(tmp_path / "rollouts" / "4.jsonl")} == {None}
 
 
-def test_the_write_runs_beside_the_step(tmp_path):
-    """The step does not wait for its own file: the decode runs in the dump's thread."""
-    release, threads = threading.Event(), []
+def test_the_decode_runs_in_the_step_and_the_write_in_the_dumps_thread(tmp_path, monkeypatch):
+    """The controller's tokenizer decodes on the step's thread (an HF fast tokenizer used from two
+    threads at once can refuse); the file is written by the dump's thread, and close waits for it."""
+    import megarl.trainer.sample_files as sample_files
 
-    def slow_texts(batch: Batch) -> list[str]:
-        threads.append(threading.current_thread().name)
-        release.wait(10)
+    decoders, writers = [], []
+    write = sample_files.write_sample_rows
+
+    def texts(batch: Batch) -> list[str]:
+        decoders.append(threading.current_thread().name)
         return _texts(batch)
 
-    dump = RolloutDump(tmp_path, slow_texts)
-    dump(_batch(), 1)  # returns while its file is still being made
-    assert not (tmp_path / "1.jsonl").exists()
-    release.set()
+    def recorded_write(*args, **kwargs):
+        writers.append(threading.current_thread().name)
+        return write(*args, **kwargs)
+
+    monkeypatch.setattr(sample_files, "write_sample_rows", recorded_write)
+    dump = RolloutDump(tmp_path, texts)
+    dump(_batch(), 1)
     dump.close()
-    assert (tmp_path / "1.jsonl").exists() and threads[0].startswith("rollout-dump")
+    assert decoders == [threading.current_thread().name] and writers[0].startswith("rollout-dump")
+    assert (tmp_path / "1.jsonl").exists()
 
 
 def test_a_failed_write_stops_the_run_naming_the_key(tmp_path):
