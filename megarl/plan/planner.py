@@ -159,13 +159,23 @@ def make_plan(cfg: MegaRLConfig, *, check_files: bool = False, in_process: bool 
     resolved |= lora_resolved(cfg)
     p = roles["policy"]
     push = push_estimate(cfg, arch, p.tp, p.pp, p.dp, p.ep)
-    deadline = cfg.rollout.weight_sync.timeout_s
-    if cfg.cluster.device == "cuda" and deadline and push.seconds > deadline:
+    deadline, largest = cfg.rollout.weight_sync.timeout_s, _largest_push_seconds(cfg, arch, push, (p.tp, p.pp, p.dp, p.ep))
+    if cfg.cluster.device == "cuda" and deadline and largest > deadline:
         issues.append(Issue("rollout.weight_sync.timeout_s", f"({deadline:g}) is shorter than the plan's estimate of one "
-                            f"push ({push.seconds:.2g} s, a lower bound): every push would stop the run; raise it",
+                            f"push ({largest:.2g} s, a lower bound): every push would stop the run; raise it",
                             level="warning"))  # fmt: skip
     warnings = [i for i in issues if i.level == "warning"]
     return Plan(arch, cfg.cluster.device, cfg.cluster.placement, roles, memory, warnings, resolved, push)
+
+
+def _largest_push_seconds(cfg: MegaRLConfig, arch: ArchSpec, push: PushEstimate, layout: tuple[int, int, int, int]) -> float:
+    """The longest push of the run: with LoRA adapter pushes, a connection's first push (and a
+    re-push) also sends the whole base model (megarl/weight_sync/lora_adapter.py)."""
+    ws = cfg.rollout.weight_sync
+    if cfg.actor.lora is None or ws.lora != "adapter":
+        return push.seconds
+    whole = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"weight_sync": ws.model_copy(update={"lora": "merged"})})})
+    return max(push.seconds, push_estimate(whole, arch, *layout).seconds)
 
 
 def resolved_config(cfg: MegaRLConfig, resolved: dict[str, str]) -> MegaRLConfig:
