@@ -23,6 +23,8 @@ from megarl.terminal import (
     EXIT_INTERNAL,
     EXIT_SIGINT,
     EXIT_USER,
+    LOG_LEVEL_ENV,
+    LOG_LEVELS,
     setup_logging,
 )
 
@@ -78,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"megarl {__version__}")
     parser.add_argument("--debug", action="store_true", help="print the full traceback of an error; also after the command (or MEGARL_DEBUG=1)")
+    parser.add_argument("--log-level", choices=LOG_LEVELS, default=None, metavar="LEVEL",
+                        help="debug, info (the default), warning or error: megarl's log level in the driver and every "
+                        "worker (or MEGARL_LOG_LEVEL)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     from megarl.commands import (
@@ -109,6 +114,8 @@ def _set_up_subcommands(sub: argparse._SubParsersAction) -> None:
         command.allow_abbrev = False
         if "--debug" not in command._option_string_actions:
             command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        if "--log-level" not in command._option_string_actions:
+            command.add_argument("--log-level", choices=LOG_LEVELS, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
         for action in command._actions:
             if isinstance(action, argparse._SubParsersAction):
                 _set_up_subcommands(action)
@@ -128,7 +135,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if extra:
         args.overrides = [*args.overrides, *extra]
-    setup_logging()
+    level = args.log_level or os.environ.get(LOG_LEVEL_ENV, "").lower() or "info"
+    if level not in LOG_LEVELS:
+        parser.error(f"{LOG_LEVEL_ENV}={level!r} is not a log level; use one of {', '.join(LOG_LEVELS)}")
+    if level == "info":
+        os.environ.pop(LOG_LEVEL_ENV, None)
+    else:
+        os.environ[LOG_LEVEL_ENV] = level  # the worker processes' (megarl/terminal.py worker_logging)
+    setup_logging(level)
     debug = args.debug or os.environ.get("MEGARL_DEBUG", "") not in ("", "0")
     try:
         return args.handler(args)

@@ -15,17 +15,47 @@ from contextlib import contextmanager
 EXIT_OK, EXIT_INTERNAL, EXIT_USER = 0, 1, 2
 EXIT_SIGINT, EXIT_SIGTERM, EXIT_BROKEN_PIPE = 130, 143, 141
 
+# `megarl --log-level` (megarl/cli.py): megarl's loggers' level, in the driver and, through this
+# variable (set in the driver, passed to Ray's workers by megarl/ray_cluster/session.py), in every
+# worker process (worker_logging). Unset = info, the output as it always was.
+LOG_LEVEL_ENV = "MEGARL_LOG_LEVEL"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
-def setup_logging() -> None:
+
+def setup_logging(level: str = "info") -> None:
     """The terminal's log: INFO and above of megarl and of your own code, the libraries'
     warnings. A library's INFO (Megatron's config dumps and gradient-bucket listings, in a run's
     own process with --in-process) goes only to the log file a command writes (a launch's or an
     SFT's driver.log), and so do installed packages' Python warnings where the command captures
-    them (launch, sft)."""
+    them (launch, sft). ``level`` (--log-level) debug adds megarl's DEBUG records (not the
+    libraries'); warning and error leave out the INFO (and WARNING) of megarl and of your code."""
     terminal = logging.StreamHandler()
-    terminal.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+    terminal.setFormatter(logging.Formatter(LOG_FORMAT, "%H:%M:%S"))
     terminal.addFilter(for_the_terminal)
     logging.basicConfig(level=logging.INFO, handlers=[terminal])  # (no-op where the root logger has handlers)
+    if level != "info":
+        logging.getLogger("megarl").setLevel(level.upper())
+        if level != "debug":
+            logging.getLogger().setLevel(level.upper())
+
+
+def worker_logging() -> None:
+    """In a worker process (a Ray actor of megarl, its output already in its log file): megarl's
+    loggers at the driver's --log-level (MEGARL_LOG_LEVEL). Unset or info: nothing changes (such
+    a process shows megarl's warnings, as ever); debug also writes megarl's DEBUG and INFO records
+    to the process's stderr, its log file."""
+    level = os.environ.get(LOG_LEVEL_ENV, "").lower()
+    if level not in LOG_LEVELS or level == "info":
+        return
+    megarl = logging.getLogger("megarl")
+    megarl.setLevel(level.upper())
+    if level == "debug" and not any(getattr(h, "megarl_worker", False) for h in megarl.handlers):
+        handler = logging.StreamHandler()  # sys.stderr when it logs: the log file output_to_log made
+        handler.setFormatter(logging.Formatter(LOG_FORMAT, "%Y-%m-%d %H:%M:%S"))
+        handler.megarl_worker = True  # type: ignore[attr-defined]
+        megarl.addHandler(handler)
+        megarl.propagate = False  # (once, not again through a handler Ray may give the root logger)
 
 
 def for_the_terminal(record: logging.LogRecord) -> bool:

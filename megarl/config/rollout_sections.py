@@ -5,11 +5,14 @@ Part of the key tree of megarl/config/sections.py (MegaRLConfig.rollout); torch-
 
 from __future__ import annotations
 
-from typing import Literal
+import difflib
+import json
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from megarl.config.section_base import IMPORT_PATH, Section, UserPath, builtin_or_import_path
+from megarl.config.sglang_server_args import SERVER_ARGS, SGLANG_VERSION
 
 
 class SamplingConfig(Section):
@@ -248,6 +251,81 @@ class AgentConfig(Section):
         return self
 
 
+# SGLang server arguments (ServerArgs field names) that megarl sets itself (megarl/rollout_sglang/server.py
+# build_launch_command), with the key that owns each: rollout.engine_kwargs refuses them. Those megarl
+# sets only in some modes and a user may override (log_level, max_total_tokens on CPU,
+# disable_overlap_schedule, sleep_on_idle) are not here. The flags among these that
+# megarl/plan/rollout_checks.py OWNED_SERVER_ARGS refuses in rollout.server_args are a subset (a test).
+OWNED_ENGINE_KWARGS = {
+    "model_path": "model.path", "tp_size": "rollout.tp", "mem_fraction_static": "rollout.mem_fraction",
+    "host": "(the node's address)", "port": "(a free port)", "base_gpu_id": "(the engine's GPUs)",
+    "device": "cluster.device", "load_format": "(dummy when a push follows)",
+    "max_running_requests": "rollout.max_running_requests", "random_seed": "trainer.seed", "dtype": "model.dtype",
+    "enable_memory_saver": "cluster.placement", "enable_weights_cpu_backup": "rollout.weights_cpu_backup",
+    "enable_deterministic_inference": "rollout.deterministic", "skip_server_warmup": "(megarl's health probe)",
+    "enable_return_routed_experts": "actor.moe.routing_replay",
+    **dict.fromkeys(("enable_lora", "max_lora_rank", "lora_target_modules", "max_loras_per_batch", "lora_backend",
+                     "lora_paths"), "actor.lora with rollout.weight_sync.lora=adapter"),
+}  # fmt: skip
+
+EngineKwarg = bool | int | float | str | list[bool | int | float | str] | dict[str, Any] | None
+
+
+def _engine_kwarg_problem(name: str, value: Any) -> str | None:
+    """Why SGLang's server would not take ``name: value`` from rollout.engine_kwargs, or None."""
+    shown = f"{name} ({value!r})"
+    if name in OWNED_ENGINE_KWARGS:
+        return f"{shown} is set by megarl from {OWNED_ENGINE_KWARGS[name]}; drop it (set that key instead)"
+    if name not in SERVER_ARGS:
+        field = name.lstrip("-").replace("-", "_")
+        close = [field] if field in SERVER_ARGS else difflib.get_close_matches(field, SERVER_ARGS, n=3, cutoff=0.7)
+        hint = f"did you mean {' or '.join(close)}? " if close else ""
+        return (f"{shown} is not a server argument of SGLang {SGLANG_VERSION} (ServerArgs field names, as "
+                f"verl's engine_kwargs.sglang); {hint}a flag of another SGLang version goes in rollout.server_args")
+    if value is None:  # left out
+        return None
+    flag, kind, kind_type, choices = SERVER_ARGS[name]
+    if kind in ("switch", "bool"):
+        return None if isinstance(value, bool) else f"{shown} is an on/off switch ({flag}); give true or false"
+    values = value if kind == "list" and isinstance(value, list) else [value]
+    for one in values:
+        if kind_type == "json" and isinstance(one, (dict, list)) or kind_type in ("str", "any") and isinstance(one, dict):
+            continue
+        if isinstance(one, (dict, list)) or isinstance(one, bool) and kind_type != "str":
+            return f"{shown} takes {'values' if kind == 'list' else 'one value'} of type {kind_type} ({flag})"
+        if kind_type == "int" and not isinstance(one, int) or kind_type == "float" and not isinstance(one, (int, float)):
+            return f"{shown} takes {'values' if kind == 'list' else 'one value'} of type {kind_type} ({flag})"
+        if choices and str(one) not in choices:
+            return f"{shown} is not one of SGLang's choices for {flag}: {', '.join(choices)}"
+    return None
+
+
+def _flag_value(value: Any) -> str:
+    if isinstance(value, (dict, list)):
+        return json.dumps(value)
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def engine_kwargs_args(engine_kwargs: dict[str, Any]) -> list[str]:
+    """rollout.engine_kwargs (checked) as the server's command-line flags: a value as ``--flag
+    value``, a list as ``--flag v1 v2`` (a dict or a list of a JSON argument as JSON), a switch as
+    ``--flag`` when true, a --x / --no-x argument as either; None leaves the argument out."""
+    args: list[str] = []
+    for name, value in engine_kwargs.items():
+        if value is None:
+            continue
+        flag, kind, kind_type, _ = SERVER_ARGS[name]
+        if kind == "switch":
+            args += [flag] if value else []
+        elif kind == "bool":
+            args.append(flag if value else "--no-" + flag.removeprefix("--"))
+        elif kind == "list" and isinstance(value, list) and kind_type != "json":
+            args += [flag, *(_flag_value(v) for v in value)]
+        else:
+            args += [flag, _flag_value(value)]
+    return args
+
+
 class RolloutConfig(Section):
     engine: Literal["sglang", "torch"] = Field("sglang", description="sglang on GPUs; torch is the reference engine (CPU, CI, debugging).")
     tp: int = Field(1, ge=1, description="Tensor parallel size of one rollout engine.")
@@ -277,7 +355,15 @@ class RolloutConfig(Section):
     server_args: list[str] = Field(
         default_factory=list,
         description="SGLang: extra command-line arguments of every server, appended to the ones megarl passes "
-        "(docs/sglang.md), e.g. [--disable-radix-cache]; not the ones megarl sets from the config (refused, naming the key).",
+        "(docs/sglang.md), e.g. [--disable-radix-cache]; not the ones megarl sets from the config (refused, naming the key). "
+        "Unchecked: prefer engine_kwargs, checked before launch.",
+    )
+    engine_kwargs: dict[str, EngineKwarg] = Field(
+        default_factory=dict,
+        description="SGLang: server arguments by their ServerArgs field names (verl's engine_kwargs.sglang), e.g. "
+        "{chunked_prefill_size: 4096, attention_backend: flashinfer}: checked before launch against the arguments of "
+        f"SGLang {SGLANG_VERSION} (names, types, choices) and passed as flags before server_args; true turns a switch "
+        "on, null leaves an argument out. Not the ones megarl sets from the config (refused, naming the key).",
     )
     n: int = Field(8, ge=1, description="Samples (responses) per prompt.")
     generate_function: str = Field(
@@ -308,3 +394,20 @@ class RolloutConfig(Section):
     @classmethod
     def _generate_function(cls, value: str) -> str:
         return builtin_or_import_path(value, ("default",), "rollout.generate_function")
+
+    @field_validator("engine_kwargs")
+    @classmethod
+    def _engine_kwargs(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for name, one in value.items():
+            if problem := _engine_kwarg_problem(name, one):
+                raise ValueError(problem)
+        return value
+
+    @model_validator(mode="after")
+    def _engine_kwargs_once(self) -> RolloutConfig:
+        given = {a.split("=", 1)[0] for a in self.server_args if a.startswith("--")}
+        for name in self.engine_kwargs:
+            flag = SERVER_ARGS[name][0]
+            if flag in given or "--no-" + flag.removeprefix("--") in given:
+                raise ValueError(f"rollout.engine_kwargs.{name} and rollout.server_args both give {flag}; keep one")
+        return self

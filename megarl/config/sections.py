@@ -533,7 +533,7 @@ class RewardConfig(Section):
     )
 
 
-MetricSink = Literal["console", "jsonl", "tensorboard", "wandb", "mlflow"]
+MetricSink = Literal["console", "jsonl", "tensorboard", "wandb", "mlflow", "swanlab"]
 
 
 def _default_loggers() -> list[MetricSink]:  # (a lambda's list would be a list[str] to mypy)
@@ -551,9 +551,13 @@ class TrainerConfig(Section):
     output_dir: UserPath = Field("outputs/run", min_length=1, description="Checkpoints, metrics.jsonl, TensorBoard logs and samples go here.")
     resume: Literal["auto", "disable"] | UserPath = Field("auto", description="auto (latest valid checkpoint in output_dir), disable, or a checkpoint path.")
     keep_last: int = Field(3, ge=1, description="Checkpoints kept on disk.")
-    loggers: list[MetricSink] = Field(default_factory=_default_loggers, description="Metric sinks.")
-    project: str = Field("megarl", description="Project name for W&B / MLflow.")
-    experiment: str = Field("run", description="Run name for W&B / MLflow.")
+    loggers: list[MetricSink] = Field(
+        default_factory=_default_loggers,
+        description="Metric sinks: console, jsonl, tensorboard, wandb, mlflow, swanlab (pip install swanlab; its mode, e.g. "
+        "SWANLAB_MODE=offline, is SwanLab's own setting).",
+    )
+    project: str = Field("megarl", description="Project name for W&B / MLflow / SwanLab.")
+    experiment: str = Field("run", description="Run name for W&B / MLflow / SwanLab.")
     seed: int = Field(1, description="Run seed; per-rank and per-sample seeds derive from it.")
     profile_steps: list[int] = Field(default_factory=list, description="Steps to trace with the torch profiler.")
     val_samples_logged: int = Field(4, ge=0, description="Validation generations written to output_dir/samples per eval.")

@@ -115,7 +115,7 @@ def _check_output_dir(cfg: MegaRLConfig, findings: list[Finding]) -> None:
         findings.append(Finding("trainer.output_dir", f"{problem}; choose a writable directory"))
 
 
-LOGGER_PACKAGES = {"wandb": "wandb", "mlflow": "mlflow", "tensorboard": "tensorboard"}  # logger -> what it imports
+LOGGER_PACKAGES = {"wandb": "wandb", "mlflow": "mlflow", "tensorboard": "tensorboard", "swanlab": "swanlab"}  # logger -> what it imports
 
 
 def check_loggers(cfg: MegaRLConfig, findings: list[Finding]) -> None:

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Mapping
 
 from megarl.config.architectures import ArchSpec
+from megarl.config.rollout_sections import engine_kwargs_args
 from megarl.config.sections import MegaRLConfig
 from megarl.plan.gpu_memory import GIB, rollout_memory, sglang_free_at_launch
 from megarl.plan.issues import Issue, choices, divisors
@@ -203,7 +204,7 @@ def check_server_args(cfg: MegaRLConfig, issues: list[Issue], environ: Mapping[s
     cumem = nccl_cumem_enable(environ)
     if cfg.rollout.engine != "sglang" or cfg.cluster.device != "cuda" or cfg.weight_transport != "distributed" or cumem == "1":
         return
-    for flag in dict.fromkeys(a.split("=", 1)[0] for a in cfg.rollout.server_args):
+    for flag in dict.fromkeys(a.split("=", 1)[0] for a in (*engine_kwargs_args(cfg.rollout.engine_kwargs), *cfg.rollout.server_args)):
         if flag in CUMEM_FORCING_SERVER_ARGS:
             issues.append(Issue("rollout.server_args", f"({flag}) makes SGLang set NCCL_CUMEM_ENABLE=1 in its servers while "
                                 f"the policy ranks run with {cumem}, and the weight push's NCCL group between them fails; drop "

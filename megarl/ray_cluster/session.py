@@ -34,6 +34,7 @@ from typing import Any
 import ray
 
 from megarl.process_signals import stop_signals_blocked_in_children
+from megarl.terminal import LOG_LEVEL_ENV
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,8 @@ def ray_session(
         log.info("ray_session: reusing the Ray instance already initialised in this process")
         yield _describe(started_here=False)
         return
+    if LOG_LEVEL_ENV in os.environ:  # megarl --log-level: the workers' too (megarl/terminal.py)
+        env_vars = {LOG_LEVEL_ENV: os.environ[LOG_LEVEL_ENV], **(env_vars or {})}
     runtime_env = {"env_vars": dict(env_vars)} if env_vars else None
     kwargs = dict(log_to_driver=log_to_driver, namespace=namespace, runtime_env=runtime_env)
     reaper = None

@@ -62,6 +62,7 @@ from megarl.config.sections import BUILD_TIMEOUT_S
 from megarl.ray_cluster.placement import PlacedRole, RolePlacement, place_roles
 from megarl.ray_cluster.rank_env import RANK_LOG_ENV
 from megarl.ray_cluster.worker_error import WorkerError
+from megarl.terminal import worker_logging
 
 LOG_TAIL_LINES = 40
 STACK_SIGNAL = signal.SIGUSR1  # faulthandler in every rank: write all threads' stacks to the log
@@ -126,6 +127,7 @@ def output_to_log(log_path: str) -> None:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
+    worker_logging()  # megarl's loggers at the driver's --log-level
 
 
 class _WorkerHost:

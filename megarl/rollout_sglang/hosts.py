@@ -111,6 +111,9 @@ class SGLangHost:
     """Runs one SGLang server on this node; the controller calls it through Ray."""
 
     def __init__(self, spec: ServerSpec, command: Sequence[str] | None = None) -> None:
+        from megarl.terminal import worker_logging
+
+        worker_logging()  # megarl's loggers at the driver's --log-level
         if spec.log_path:  # the run's log folder may not exist on this node yet
             Path(spec.log_path).parent.mkdir(parents=True, exist_ok=True)
         self.server = SGLangServer(spec, command)  # command: a stand-in process (CPU tests)

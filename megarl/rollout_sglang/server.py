@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from megarl.config.rollout_sections import engine_kwargs_args
 from megarl.process_signals import unblock_stop_signals
 from megarl.ray_cluster.rank_env import NCCL_CUMEM_ENV, nccl_cumem_enable
 from megarl.rollout_sglang.client import open_url
@@ -480,7 +481,8 @@ def spec_from_config(
         deterministic=rollout.deterministic,
         device=device,
         python=rollout.server_python or sys.executable,
-        extra_args=tuple(rollout.server_args),
+        # rollout.engine_kwargs (checked against SGLang's arguments) as flags, then the unchecked server_args
+        extra_args=(*engine_kwargs_args(rollout.engine_kwargs), *rollout.server_args),
         # A model checkpoint of `megarl convert hf-to-megatron` has no HF weights either: the
         # server starts from its config and the trainer's initial push brings the weights.
         # Serving adapters, the server loads the real base: SGLang's LoRA loader reads an adapter with

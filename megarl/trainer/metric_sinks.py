@@ -1,4 +1,4 @@
-"""Where step metrics go: console progress, metrics.jsonl, TensorBoard, W&B, MLflow.
+"""Where step metrics go: console progress, metrics.jsonl, TensorBoard, W&B, MLflow, SwanLab.
 
 One ``MetricsLogger`` fans a step's flat ``{name: float}`` dict out to the sinks chosen by
 ``trainer.loggers``. On resume, metrics.jsonl is cut back to the resumed step (steps after
@@ -9,7 +9,7 @@ kept aside whole and the checkpoint's copy of its records takes its place); a ru
 metrics.<time>.jsonl; TensorBoard is told to hide what metrics.jsonl cuts or keeps aside;
 a resumed run continues the same W&B run (its id is kept in
 <output_dir>/wandb_run_id; the steps trained again keep their first values there), and the same
-MLflow run (<output_dir>/mlflow_run_id).
+MLflow run (<output_dir>/mlflow_run_id), and the same SwanLab run (<output_dir>/swanlab_run_id).
 The step's phases are timed by megarl/progress.py.
 """
 
@@ -178,6 +178,39 @@ class MlflowSink:
         self._mlflow.end_run()
 
 
+SWANLAB_FIX = "run `swanlab login` or set SWANLAB_API_KEY, or set SWANLAB_MODE=offline (`swanlab sync` later) or local"
+
+
+class SwanlabSink:
+    """SwanLab (verl's swanlab logger), its files in ``<log_dir>/swanlog``; the mode (cloud, offline,
+    local) is SwanLab's own setting (SWANLAB_MODE). A resumed run (``resume_step`` > 0) continues the
+    run whose id is in ``<log_dir>/swanlab_run_id``."""
+
+    ID_FILE = "swanlab_run_id"
+
+    def __init__(self, project: str, name: str, config: dict[str, Any], log_dir: Path, resume_step: int = 0):
+        try:
+            import swanlab
+        except ImportError:
+            raise ImportError("trainer.loggers includes swanlab but swanlab is not installed: pip install swanlab") from None
+        id_file = Path(log_dir) / self.ID_FILE
+        run_id = id_file.read_text().strip() if resume_step and id_file.is_file() else None
+        try:
+            self._run = swanlab.init(project=project, name=name, config=config, log_dir=str(Path(log_dir) / "swanlog"),
+                                     id=run_id, resume="allow" if run_id else None)  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - e.g. no API key where SwanLab cannot ask for one
+            reason = " ".join(str(exc).split()) or type(exc).__name__
+            raise MetricsSinkError(f"trainer.loggers includes swanlab, and SwanLab did not start a run ({reason}); "
+                                   f"{SWANLAB_FIX}") from exc
+        id_file.write_text(f"{self._run.id}\n")
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self._run.log(metrics, step=step)
+
+    def close(self) -> None:
+        self._run.finish()
+
+
 def mlflow_name(metric: str) -> str:
     """``metric`` (or a config key) as MLflow takes it: it refuses (and the run would stop at that step) any
     character but letters, digits, ``_ - . /``, space (and ``:`` off Windows); ``pass@8`` and
@@ -256,6 +289,8 @@ def build_logger(cfg: TrainerConfig, config_dict: dict[str, Any], total_steps: i
             sinks.append(WandbSink(cfg.project, cfg.experiment, config_dict, out, resume_step))
         elif name == "mlflow":
             sinks.append(MlflowSink(cfg.project, cfg.experiment, config_dict, out, resume_step))
+        elif name == "swanlab":
+            sinks.append(SwanlabSink(cfg.project, cfg.experiment, config_dict, out, resume_step))
     return MetricsLogger(sinks)
 
 
