@@ -125,7 +125,7 @@ def generate(config: str | Path, overrides: list[str], data: str | Path, out: st
         remove_partial(partial)
         return target
     _check_target(target, Path(data), overwrite, batch_size, Path(cfg.trainer.output_dir) / CHECKPOINTS_DIR)
-    records = read_prompt_file(data, label="--data", prompt_key=cfg.data.prompt_key)  # checked before any work
+    records = read_prompt_file(data, label="--data", prompt_key=cfg.data.prompt_key, source_key=cfg.data.reward_fn_key)  # checked before any work
     export = _model_export(Path(source))  # refused before anything is written
     run_model = _run_model(Path(source), export, cfg)
     if in_process and export is convert_checkpoint:

@@ -39,7 +39,8 @@ def job_record(cfg: Any, data: Path, model: str, batch_size: int) -> dict[str, A
         "dtype": cfg.model.dtype,
         "n": cfg.rollout.n,
         "sampling": cfg.rollout.sampling.model_dump(mode="json"),
-        "data": cfg.data.model_dump(mode="json", include={"prompt_key", "max_prompt_length", "truncation", "apply_chat_template"}),
+        "data": cfg.data.model_dump(mode="json", include={"prompt_key", "max_prompt_length", "truncation", "apply_chat_template"}
+                                    | ({"apply_chat_template_kwargs"} if cfg.data.apply_chat_template_kwargs else set())),
         "generate_function": cfg.rollout.generate_function,
         "agent": agent.model_dump(mode="json") if agent else None,
         "agent_files_sha256": {field: _sha256(Path(path)) for field, path in files.items() if path},

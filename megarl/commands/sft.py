@@ -198,7 +198,8 @@ def _load_data(cfg: Any, max_length: int) -> _Data:
     s, path = cfg.sft, str(cfg.model.path)
     tokenizer = AutoTokenizer.from_pretrained(path)
     eos = eos_token_ids(path, tokenizer)
-    builder = PromptBuilder(tokenizer, max_prompt_length=max_length, apply_chat_template=cfg.data.apply_chat_template)
+    builder = PromptBuilder(tokenizer, max_prompt_length=max_length, apply_chat_template=cfg.data.apply_chat_template,
+                            chat_template_kwargs=cfg.data.apply_chat_template_kwargs)
 
     def read(files: list[str], field: str) -> list[Any]:
         return [e for i, f in enumerate(files) for e in read_sft_file(

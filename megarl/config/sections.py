@@ -8,7 +8,7 @@ imports neither torch nor megatron so that `megarl plan` stays fast.
 from __future__ import annotations
 
 import difflib
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -126,10 +126,36 @@ class DataFile(Section):
     weight: float = Field(1.0, gt=0, description="Relative sampling weight when several train files are mixed.")
 
 
+class CustomDatasetConfig(Section):
+    path: UserPath = Field(description="Python file defining the dataset class.")
+    name: str = Field(description="Class name in that file.")
+
+
+# apply_chat_template's own arguments, which megarl sets: not data.apply_chat_template_kwargs.
+TEMPLATE_ARGUMENTS = ("conversation", "tools", "add_generation_prompt", "tokenize", "return_tensors", "return_dict",
+                      "return_assistant_tokens_mask")
+
+
 class DataConfig(Section):
     train_files: list[DataFile] = Field(default_factory=list, description="Training parquet files (strings or {path, weight}).")
     val_files: list[UserPath] = Field(default_factory=list, description="Validation parquet files.")
     prompt_key: str = Field("prompt", description="Column holding the prompt (a string or a list of chat messages).")
+    reward_fn_key: str = Field(
+        "data_source",
+        description="Column read as each row's data source: it picks the row's reward scorer (reward.functions) "
+        "and names the source in metrics and sample files (verl's data.reward_fn_key).",
+    )
+    custom_cls: CustomDatasetConfig | None = Field(
+        None,
+        description="Your own dataset class instead of verl-schema parquet files (verl's data.custom_cls): built as "
+        "cls(data_files=..., tokenizer=..., config=...) for train_files and for val_files; its __len__ and "
+        "__getitem__ (a row dict in the verl schema) are read (docs/rewards.md#your-own-dataset-class-datacustom_cls).",
+    )
+    apply_chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Keyword arguments of the tokenizer's apply_chat_template for every prompt (training, validation, "
+        "megarl generate and evaluate, agent turns), e.g. {enable_thinking: false} for Qwen3.",
+    )
     prompts_per_step: int = Field(32, ge=1, description="Prompts drawn per RL step; the step generates prompts_per_step x rollout.n samples.")
     max_prompt_length: int = Field(1024, ge=1, description="Maximum prompt length in tokens after templating.")
     truncation: Literal["error", "left", "right"] = Field(
@@ -153,6 +179,22 @@ class DataConfig(Section):
     @classmethod
     def _string_to_list(cls, value: object) -> object:
         return [value] if isinstance(value, str) else value
+
+    @field_validator("apply_chat_template_kwargs")
+    @classmethod
+    def _own_arguments(cls, value: dict[str, Any]) -> dict[str, Any]:
+        taken = [k for k in value if k in TEMPLATE_ARGUMENTS]
+        if taken:
+            raise ValueError(f"{taken[0]!r} is an argument megarl sets itself ({', '.join(TEMPLATE_ARGUMENTS)}); "
+                             "give only the template's own variables, e.g. {enable_thinking: false}")
+        return value
+
+    @model_validator(mode="after")
+    def _kwargs_need_template(self) -> DataConfig:
+        if self.apply_chat_template_kwargs and not self.apply_chat_template:
+            raise ValueError("data.apply_chat_template_kwargs is set but data.apply_chat_template is false (no template "
+                             "is rendered); set data.apply_chat_template=true, or drop data.apply_chat_template_kwargs")
+        return self
 
 
 class ParallelConfig(Section):
@@ -520,8 +562,17 @@ class RewardModelConfig(Section):
 
 
 class RewardConfig(Section):
-    functions: dict[str, str] = Field(default_factory=dict, description="data_source -> built-in scorer name (gsm8k, math, code, ...); an unlisted source uses its "
+    functions: dict[str, str] = Field(default_factory=dict, description="data_source -> built-in scorer name (gsm8k, math, code, qa_em, ...) or "
+                                     "your own function as path/to/file.py:function (verl's signature); an unlisted source uses its "
                                      "known dataset's scorer (openai/gsm8k -> gsm8k, docs/rewards.md), else its own name.")
+    format_score: float = Field(
+        0.0, description="What a formatted but wrong answer scores with the scorers that check a format: gsm8k and "
+        "gsm8k_flexible (an answer was extracted), qa_em (an <answer> tag); verl's format_score.",
+    )
+    num_examine: int = Field(
+        0, ge=0, description="Log this many scored samples (prompt, response, ground truth, score) of each data source "
+        "per scoring call (a training step, a validation pass) to the driver's log (verl's num_examine); 0 = none.",
+    )
     custom: CustomRewardConfig | None = Field(None, description="A user reward function (verl signature) used for every sample.")
     model: RewardModelConfig | None = Field(None, description="An HF reward model instead of rule-based scoring.")
     timeout_s: float = Field(10.0, gt=0, description="Per-sample scoring timeout; a timeout scores 0 and is counted.")

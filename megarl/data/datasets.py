@@ -9,6 +9,8 @@ The schema (one row per prompt), as verl and most RL recipes write it:
                                                         chat template)
     ability       str (optional)                        e.g. "math"
     reward_model  {ground_truth: any, style: str}       what the reward function checks against
+                                                        (other fields reach it as
+                                                        extra_info["reward_model"])
     extra_info    dict (optional)                       free per-row metadata, passed to rewards
     agent_name    str (optional)                        the row's agent loop (docs/agents.md)
 
@@ -33,7 +35,6 @@ Prompt = str | list[dict[str, Any]]
 # it does not know (Qwen2.5's does), so any other role is refused rather than trained without.
 ROLES = ("system", "user", "assistant", "tool")
 
-REQUIRED_COLUMNS = ("data_source", "reward_model")
 SCHEMA_HELP = (
     "expected the verl schema: data_source (str), prompt (str or list of {role, content}), "
     "ability (str, optional), reward_model ({ground_truth, style}), extra_info (dict, optional), "
@@ -65,11 +66,13 @@ def file_label(field_name: str, path: str | Path) -> str:
     return f"{field_name} ({Path(path).name})" if field_name else str(path)
 
 
-def read_prompt_file(path: str | Path, *, label: str = "", prompt_key: str = "prompt") -> list[PromptRecord]:
+def read_prompt_file(path: str | Path, *, label: str = "", prompt_key: str = "prompt",
+                     source_key: str = "data_source") -> list[PromptRecord]:
     """Read and check every row of a verl-schema parquet file.
 
     ``label`` names the file in errors (e.g. ``data.train_files[0] (gsm8k.parquet)``);
-    ``prompt_key`` is the column holding the prompt (``data.prompt_key``).
+    ``prompt_key`` is the column holding the prompt (``data.prompt_key``), ``source_key`` the one
+    read as each row's data_source (``data.reward_fn_key``).
     """
     import pyarrow.parquet as pq
 
@@ -79,15 +82,15 @@ def read_prompt_file(path: str | Path, *, label: str = "", prompt_key: str = "pr
         table = pq.read_table(path)
     except Exception as exc:  # pyarrow raises several types for a corrupt / non-parquet file
         raise _unreadable(label, path, exc) from exc
-    _check_columns(label, table.column_names, prompt_key)
-    return _check_table(label, table, prompt_key, range(table.num_rows))
+    _check_columns(label, table.column_names, prompt_key, source_key)
+    return _check_table(label, table, prompt_key, range(table.num_rows), source_key)
 
 
 SAMPLE_ROWS = 1000
 
 
 def check_prompt_file(path: str | Path, *, label: str = "", prompt_key: str = "prompt",
-                      sample_rows: int = SAMPLE_ROWS) -> list[PromptRecord]:
+                      sample_rows: int = SAMPLE_ROWS, source_key: str = "data_source") -> list[PromptRecord]:
     """The pre-launch check of a prompt file, cheap on any size: the parquet footer (readable,
     columns, at least one row), then at most ``sample_rows`` rows checked as training checks them.
 
@@ -104,11 +107,11 @@ def check_prompt_file(path: str | Path, *, label: str = "", prompt_key: str = "p
         names = parquet.schema_arrow.names
     except Exception as exc:  # not a parquet file, truncated footer, ...
         raise _unreadable(label, path, exc) from exc
-    _check_columns(label, names, prompt_key)
+    _check_columns(label, names, prompt_key, source_key)
     meta = parquet.metadata
     if meta.num_rows == 0:
         raise DataError(f"{label}: {path} has no rows; training needs at least one prompt")
-    columns = [c for c in ("data_source", prompt_key, "ability", "reward_model", "extra_info", "agent_name") if c in names]
+    columns = [c for c in dict.fromkeys((source_key, prompt_key, "ability", "reward_model", "extra_info", "agent_name")) if c in names]
     groups = _spread(meta.num_row_groups, sample_rows)
     per_group = max(1, sample_rows // len(groups))
     starts = [0]
@@ -119,7 +122,7 @@ def check_prompt_file(path: str | Path, *, label: str = "", prompt_key: str = "p
         for g in groups:
             batch = next(parquet.iter_batches(batch_size=per_group, row_groups=[g], columns=columns), None)
             if batch is not None:
-                records += _check_table(label, batch, prompt_key, range(starts[g], starts[g] + batch.num_rows))
+                records += _check_table(label, batch, prompt_key, range(starts[g], starts[g] + batch.num_rows), source_key)
     except DataError:
         raise
     except Exception as exc:  # a damaged page
@@ -159,36 +162,37 @@ def _repeated_columns(path: str | Path) -> list[str]:
     return sorted({n for n in names if names.count(n) > 1})
 
 
-def _check_columns(label: str, columns: list[str], prompt_key: str) -> None:
-    for name in (*REQUIRED_COLUMNS, prompt_key):
+def _check_columns(label: str, columns: list[str], prompt_key: str, source_key: str = "data_source") -> None:
+    for name in (source_key, "reward_model", prompt_key):
         if name not in columns:
-            hint = f" (data.prompt_key is {prompt_key!r})" if name == prompt_key else ""
+            hint = (f" (data.prompt_key is {prompt_key!r})" if name == prompt_key
+                    else f" (data.reward_fn_key is {source_key!r})" if name == source_key != "data_source" else "")
             raise DataError(f"{label}: missing column {name!r}{hint}; the file has columns {columns}; {SCHEMA_HELP}")
 
 
-def _check_table(label: str, table: Any, prompt_key: str, rows: range) -> list[PromptRecord]:
+def _check_table(label: str, table: Any, prompt_key: str, rows: range, source_key: str = "data_source") -> list[PromptRecord]:
     """Check the rows of an arrow table or record batch; ``rows`` are their numbers in the file."""
     names = table.schema.names
-    data = {name: table.column(name).to_pylist() for name in (*REQUIRED_COLUMNS, prompt_key)}
+    data = {name: table.column(name).to_pylist() for name in (source_key, "reward_model", prompt_key)}
     ability = table.column("ability").to_pylist() if "ability" in names else [None] * table.num_rows
     extra = table.column("extra_info").to_pylist() if "extra_info" in names else [None] * table.num_rows
     agents = table.column("agent_name").to_pylist() if "agent_name" in names else [None] * table.num_rows
     return [
-        _check_row(label, row, data["data_source"][i], data[prompt_key][i], prompt_key, ability[i], data["reward_model"][i],
-                   extra[i], agents[i])  # fmt: skip
+        _check_row(label, row, data[source_key][i], data[prompt_key][i], prompt_key, ability[i], data["reward_model"][i],
+                   extra[i], agents[i], source_key)  # fmt: skip
         for i, row in enumerate(rows)
     ]
 
 
 def _check_row(
     label: str, i: int, data_source: Any, prompt: Any, prompt_key: str, ability: Any, reward_model: Any, extra_info: Any,
-    agent_name: Any = None,
+    agent_name: Any = None, source_key: str = "data_source",
 ) -> PromptRecord:
     def bad(column: str, expected: str, value: Any) -> DataError:
         return DataError(f"{label}: row {i}, column {column!r}: expected {expected}, got {type_name(value)} ({short_repr(value)})")
 
     if not isinstance(data_source, str) or not data_source:
-        raise bad("data_source", "a non-empty string", data_source)
+        raise bad(source_key, "a non-empty string", data_source)
     checked = check_prompt(prompt, f"{label}: row {i}, column {prompt_key!r}")
     if ability is not None and not isinstance(ability, str):
         raise bad("ability", "a string", ability)
@@ -201,6 +205,10 @@ def _check_row(
         raise bad("extra_info", "a struct (dict) or null", extra_info)
     if agent_name is not None and not isinstance(agent_name, str):
         raise bad("agent_name", "a string or null", agent_name)
+    extra = dict(extra_info or {})
+    others = {k: without_nulls(v) for k, v in reward_model.items() if k != "ground_truth" and v is not None}
+    if set(others) - {"style"}:  # the struct's own fields reach the scorer (verl passes extra_info only)
+        extra.setdefault("reward_model", others)
     return PromptRecord(
         data_source=data_source,
         prompt=checked,
@@ -208,9 +216,38 @@ def _check_row(
         row=i,
         ability=ability or "",
         style=style or "rule",
-        extra_info=dict(extra_info or {}),
+        extra_info=extra,
         agent_name=agent_name or "",
     )
+
+
+def record_of_row(label: str, i: int, row: Any, *, prompt_key: str = "prompt", source_key: str = "data_source") -> PromptRecord:
+    """A row dict of a user's dataset class (data.custom_cls) checked as a parquet row is: the
+    data source (``source_key``), the prompt (``prompt_key``, else verl's ``raw_prompt``),
+    reward_model, and the optional extra_info, ability and agent_name; numpy values as lists."""
+    if not isinstance(row, dict):
+        raise DataError(f"{label}: row {i} is {type_name(row)} ({short_repr(row)}); __getitem__ must return a dict in the "
+                        f"verl schema ({source_key}, {prompt_key}, reward_model, extra_info)")
+    key = prompt_key if prompt_key in row else "raw_prompt" if "raw_prompt" in row else None
+    for name, present in ((source_key, source_key in row), (prompt_key, key is not None), ("reward_model", "reward_model" in row)):
+        if not present:
+            hint = " or 'raw_prompt'" if name == prompt_key else ""
+            raise DataError(f"{label}: row {i} has no key {name!r}{hint} (it has {sorted(map(str, row))}); {SCHEMA_HELP}")
+    assert key is not None  # the loop refused a row without a prompt
+    plain = {k: _plain(v) for k, v in row.items()}
+    return _check_row(label, i, plain[source_key], plain[key], key, plain.get("ability"), plain["reward_model"],
+                      plain.get("extra_info"), plain.get("agent_name"), source_key)
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with numpy arrays and scalars (what pandas rows hold) as Python lists and numbers."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if not isinstance(value, (str, bytes)) and callable(getattr(value, "tolist", None)):
+        return _plain(value.tolist())
+    return value
 
 
 def check_prompt(prompt: Any, where: str) -> Prompt:
@@ -350,6 +387,8 @@ def training_rows(cfg: Any) -> int | None:
     the preflight reports that); at most the prompts a run keeps, which may drop overlong ones."""
     import pyarrow.parquet as pq
 
+    if cfg.data.custom_cls is not None:  # the user's class reads the files: no footer counts its rows
+        return None
     try:
         return sum(pq.read_metadata(f.path).num_rows for f in cfg.data.train_files)
     except Exception:  # noqa: BLE001 - any unreadable file

@@ -39,6 +39,7 @@ class PromptBuilder:
         truncation: Truncation = "error",
         apply_chat_template: bool = True,
         tools: Sequence[dict[str, Any]] = (),
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> None:
         if truncation not in TRUNCATIONS:
             raise DataError(f"data.truncation is {truncation!r}; use one of {', '.join(TRUNCATIONS)}")
@@ -55,6 +56,7 @@ class PromptBuilder:
         self.truncation: Truncation = truncation
         self.apply_chat_template = apply_chat_template
         self.tools = list(tools) or None  # tool schemas the chat template shows (rollout.agent.tools_file)
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})  # data.apply_chat_template_kwargs
 
     @classmethod
     def from_config(cls, cfg: DataConfig, tokenizer: Any, tools: Sequence[dict[str, Any]] = ()) -> PromptBuilder:
@@ -64,6 +66,7 @@ class PromptBuilder:
             truncation=cfg.truncation,
             apply_chat_template=cfg.apply_chat_template,
             tools=tools,
+            chat_template_kwargs=cfg.apply_chat_template_kwargs,
         )
 
     def render(self, prompt: Prompt, where: str = "prompt") -> str:
@@ -71,9 +74,11 @@ class PromptBuilder:
         if self.apply_chat_template:
             messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
             try:
-                return self.tokenizer.apply_chat_template(messages, tools=self.tools, add_generation_prompt=True, tokenize=False)
+                return self.tokenizer.apply_chat_template(messages, tools=self.tools, add_generation_prompt=True, tokenize=False,
+                                                          **self.chat_template_kwargs)
             except Exception as exc:  # jinja raises for e.g. a role the template refuses
-                raise DataError(f"{where}: the tokenizer's chat template failed on this prompt ({exc})") from exc
+                given = f" with data.apply_chat_template_kwargs {self.chat_template_kwargs}" if self.chat_template_kwargs else ""
+                raise DataError(f"{where}: the tokenizer's chat template failed on this prompt{given} ({exc})") from exc
         if isinstance(prompt, str):
             return prompt
         if len(prompt) != 1:

@@ -126,7 +126,8 @@ def conversation_example(messages: Any, builder: PromptBuilder, where: str, mess
 
     def ids(upto: int, generation_prompt: bool) -> list[int]:
         try:
-            text = tok.apply_chat_template(messages[:upto], tokenize=False, add_generation_prompt=generation_prompt)
+            text = tok.apply_chat_template(messages[:upto], tokenize=False, add_generation_prompt=generation_prompt,
+                                           **builder.chat_template_kwargs)
         except Exception as exc:  # jinja raises for e.g. roles that do not alternate, or a system turn it refuses
             raise DataError(f"{where}, column {messages_key!r}: the tokenizer's chat template failed on messages 0 to "
                             f"{upto - 1} ({type(exc).__name__}: {exc}); give conversations it accepts, or prompt + "

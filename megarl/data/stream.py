@@ -43,10 +43,15 @@ class PromptSet:
 
 
 def load_prompt_set(
-    path: str, *, label: str, builder: PromptBuilder, prompt_key: str = "prompt", filter_overlong: bool = True
+    path: str, *, label: str, builder: PromptBuilder, prompt_key: str = "prompt", filter_overlong: bool = True,
+    source_key: str = "data_source",
 ) -> PromptSet:
     """Read ``path``, check every row, and drop overlong prompts if ``filter_overlong``."""
-    records = read_prompt_file(path, label=label, prompt_key=prompt_key)
+    records = read_prompt_file(path, label=label, prompt_key=prompt_key, source_key=source_key)
+    return _filtered(records, path, label, builder, filter_overlong)
+
+
+def _filtered(records: list[PromptRecord], path: str, label: str, builder: PromptBuilder, filter_overlong: bool) -> PromptSet:
     kept = records
     if filter_overlong and records:
         wheres = [f"{label}: row {r.row}" for r in records]
@@ -138,25 +143,50 @@ class PromptStream:
         self.sampler.load_state_dict(state["sampler"])
 
 
+def custom_prompt_set(cfg: DataConfig, files: list[str], field: str, tokenizer: Any, builder: PromptBuilder) -> PromptSet:
+    """The rows of ``data.custom_cls`` built on ``files`` (data.train_files or data.val_files, named
+    by ``field``), checked as parquet rows are and filtered as a file is (megarl/data/custom_dataset.py)."""
+    from megarl.data.custom_dataset import build_dataset, load_class
+    from megarl.data.datasets import record_of_row
+
+    spec = cfg.custom_cls
+    assert spec is not None
+    try:
+        cls = load_class(spec.path, spec.name)
+    except ValueError as exc:
+        raise DataError(str(exc)) from exc
+    label = f"data.custom_cls ({spec.name} on {field})"
+    try:
+        dataset = build_dataset(cls, files, tokenizer, cfg.model_dump(mode="json"))
+        rows = [dataset[i] for i in range(len(dataset))]
+    except Exception as exc:  # the user's own code: one line with its error, the traceback chained
+        raise DataError(f"{label}: building it or reading its rows failed: {type(exc).__name__}: {exc}") from exc
+    records = [record_of_row(label, i, row, prompt_key=cfg.prompt_key, source_key=cfg.reward_fn_key) for i, row in enumerate(rows)]
+    return _filtered(records, f"{spec.path}:{spec.name}", label, builder, cfg.filter_overlong_prompts)
+
+
+def _prompt_sets(cfg: DataConfig, field: str, paths: list[str], tokenizer: Any, builder: PromptBuilder) -> list[PromptSet]:
+    """The checked, filtered prompt sets of ``paths`` (``field``: data.train_files | data.val_files):
+    one per file, or one of data.custom_cls built on them all."""
+    if cfg.custom_cls is not None:
+        return [custom_prompt_set(cfg, paths, field, tokenizer, builder)]
+    return [
+        load_prompt_set(path, label=file_label(f"{field}[{i}]", path), builder=builder, prompt_key=cfg.prompt_key,
+                        filter_overlong=cfg.filter_overlong_prompts, source_key=cfg.reward_fn_key)
+        for i, path in enumerate(paths)
+    ]  # fmt: skip
+
+
 def build_train_stream(cfg: DataConfig, tokenizer: Any, tools: Sequence[dict[str, Any]] = ()) -> PromptStream:
     """Load ``cfg.train_files`` (checked, filtered) and build the seeded, weighted sampler;
     ``tools``: the schemas the chat template shows."""
     builder = PromptBuilder.from_config(cfg, tokenizer, tools)
-    if not cfg.train_files:
+    if not cfg.train_files and cfg.custom_cls is None:
         raise DataError("data.train_files is empty; give at least one parquet file in the verl schema")
-    sets = [
-        load_prompt_set(
-            f.path,
-            label=file_label(f"data.train_files[{i}]", f.path),
-            builder=builder,
-            prompt_key=cfg.prompt_key,
-            filter_overlong=cfg.filter_overlong_prompts,
-        )
-        for i, f in enumerate(cfg.train_files)
-    ]
+    sets = _prompt_sets(cfg, "data.train_files", [f.path for f in cfg.train_files], tokenizer, builder)
     sampler = MixtureSampler(
         [len(s.records) for s in sets],
-        [f.weight for f in cfg.train_files],
+        [f.weight for f in cfg.train_files] if cfg.custom_cls is None else [1.0],
         batch_size=cfg.prompts_per_step,
         seed=cfg.seed,
         shuffle=cfg.shuffle,
@@ -172,15 +202,6 @@ def load_val_prompts(cfg: DataConfig, tokenizer: Any, tools: Sequence[dict[str, 
     if not cfg.val_files:
         return None
     builder = PromptBuilder.from_config(cfg, tokenizer, tools)
-    sets = [
-        load_prompt_set(
-            path,
-            label=file_label(f"data.val_files[{i}]", path),
-            builder=builder,
-            prompt_key=cfg.prompt_key,
-            filter_overlong=cfg.filter_overlong_prompts,
-        )
-        for i, path in enumerate(cfg.val_files)
-    ]
+    sets = _prompt_sets(cfg, "data.val_files", list(cfg.val_files), tokenizer, builder)
     picks = [(f, i) for f, s in enumerate(sets) for i in range(len(s.records))]
     return encode_records(sets, picks, builder, step=-1)

@@ -70,7 +70,7 @@ def preflight(cfg: MegaRLConfig) -> list[Finding]:
     from megarl.plan.resume_checks import check_resume
 
     findings: list[Finding] = []
-    child = ChildChecks(cfg.reward.custom, named_functions(cfg))
+    child = ChildChecks(cfg.reward.custom, named_functions(cfg), cfg.data.custom_cls, cfg.reward.functions)
     try:
         _check_output_dir(cfg, findings)
         check_loggers(cfg, findings)
@@ -97,6 +97,9 @@ def preflight(cfg: MegaRLConfig) -> list[Finding]:
 
             findings += [Finding(*f) for f in row_findings(cfg.rollout.agent, [(s.label, s.path, s.records) for s in samples])]
         findings += child.results("reward")
+        findings += child.results("data.custom_cls")
+        for source in child.spec["reward_functions"]:
+            findings += child.results(f"reward.functions[{source!r}]")
         for field, _ in child.spec["extensions"]:
             findings += child.results(field)
         if not any(f.level == "error" for f in findings):  # the slow one, worth running only now
@@ -173,13 +176,16 @@ def _data_files(cfg: MegaRLConfig) -> list[tuple[str, str]]:
 def _check_data(cfg: MegaRLConfig, findings: list[Finding]) -> list[_Sample]:
     from megarl.data.datasets import DataError, check_prompt_file
 
+    if cfg.data.custom_cls is not None:
+        return []  # the user's class reads the files, in its own format (its import and fit: the child's check)
     if not cfg.data.train_files and not cfg.trainer.val_only:
         findings.append(Finding("data.train_files", "no training files; give at least one parquet file"))
     samples = []
     for label, path in _data_files(cfg):
         try:
             samples.append(_Sample(label, check_prompt_file(path, label=label, prompt_key=cfg.data.prompt_key,
-                                                            sample_rows=SAMPLE_ROWS), path))  # fmt: skip
+                                                            sample_rows=SAMPLE_ROWS, source_key=cfg.data.reward_fn_key),
+                                   path))  # fmt: skip
         except DataError as exc:
             findings.append(_located(label, str(exc)))
     return samples
@@ -456,6 +462,25 @@ if spec.get("reward"):
         frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == path]
         where = f" (line {frames[-1].lineno})" if frames else ""
         emit("reward", f"{type(exc).__name__}: {exc}{where}")
+if spec.get("dataset"):
+    try:
+        from megarl.data.custom_dataset import class_problem
+        emit("data.custom_cls", class_problem(*spec["dataset"]))
+    except BaseException as exc:
+        emit("data.custom_cls", f"importing {spec['dataset'][0]} failed: {type(exc).__name__}: {exc}")
+for source, (path, name) in spec.get("reward_functions", {}).items():
+    check = f"reward.functions[{source!r}]"
+    try:
+        import importlib.util
+        loader = importlib.util.spec_from_file_location("megarl_preflight_custom", spec["custom_module"])
+        custom = importlib.util.module_from_spec(loader)
+        loader.loader.exec_module(custom)
+        custom.load_function(path, name, field=check)
+        emit(check, None)
+    except (FileNotFoundError, AttributeError) as exc:
+        emit(check, str(exc).removeprefix(check + ": "))
+    except BaseException as exc:
+        emit(check, f"importing {path} failed: {type(exc).__name__}: {exc}")
 for field, name in spec.get("extensions", []):
     try:
         from megarl.plan.extensions import import_problem
@@ -469,24 +494,32 @@ class ChildChecks:
     """reward.custom's import and the import-path functions ``(field, name)``, in one child process
     started at once; each answer awaited at most CHILD_TIMEOUT_S (user code can hang at import)."""
 
-    def __init__(self, custom: Any, extensions: list[tuple[str, str]]):
+    def __init__(self, custom: Any, extensions: list[tuple[str, str]], dataset: Any = None,
+                 functions: dict[str, str] | None = None):
+        from megarl.rewards.registry import user_function
+
+        users = {source: user_function(name) for source, name in (functions or {}).items()}
         self.spec: dict[str, Any] = {  # JSON for the child
             "reward": [os.path.abspath(custom.path), custom.name] if custom and Path(custom.path).is_file() else None,
             "custom_module": str(Path(__file__).resolve().parents[1] / "rewards" / "custom.py"),
             "extensions": extensions,
+            "dataset": [os.path.abspath(dataset.path), dataset.name] if dataset is not None else None,
+            # reward.functions' user functions whose file exists (a missing one: check_functions' finding)
+            "reward_functions": {source: [os.path.abspath(user[0]), user[1]] for source, user in users.items()
+                                 if user is not None and Path(user[0]).is_file()},
         }
         self.custom = custom
         self.got: dict[str, str | None] = {}
         self._buffer = b""
         self.proc: subprocess.Popen | None = None
-        if self.spec["reward"] or self.spec["extensions"]:
+        if any(self.spec[k] for k in ("reward", "extensions", "dataset", "reward_functions")):
             env = {**os.environ, "PYTHONWARNINGS": "ignore", "TRANSFORMERS_VERBOSITY": "error"}
             self.proc = subprocess.Popen([sys.executable, "-c", _CHILD_CODE, json.dumps(self.spec)], stdout=subprocess.PIPE,
                                          stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, env=env)
 
     def results(self, check: str) -> list[Finding]:
         """The child's finding for ``check`` (reward | an import-path field), waiting for it if needed."""
-        if check == "reward" and not self.spec["reward"]:
+        if (check == "reward" and not self.spec["reward"]) or (check == "data.custom_cls" and not self.spec["dataset"]):
             return []
         if check not in self.got:
             self.got.update(self._read({check}))
@@ -520,6 +553,9 @@ class ChildChecks:
             custom = self.custom
             return Finding("reward.custom", f"loading {custom.name!r} from {custom.path} failed: {error}; fix the file "
                            "(or install what it imports) and check reward.custom.name")
+        if check == "data.custom_cls" and error.startswith("data.custom_cls"):  # class_problem's line names its key
+            field, _, rest = error.partition(": ")
+            return Finding(field, rest)
         return Finding(check, error)  # an import-path function: the registry's message names it and the fix
 
     def stop(self) -> None:

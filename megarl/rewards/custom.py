@@ -28,12 +28,14 @@ from typing import Any
 Scored = tuple[float, dict[str, Any]]  # (score, extra metrics of this sample; "pred" as a string)
 
 
-def load_function(path: str, name: str) -> Callable[..., Any]:
-    """Import ``path`` as a module and return its callable ``name``; errors name the field and fix."""
+def load_function(path: str, name: str, field: str = "reward.custom") -> Callable[..., Any]:
+    """Import ``path`` as a module and return its callable ``name``; errors name the field
+    (``reward.custom``, or the ``reward.functions[...]`` entry) and the fix."""
+    path_field, name_field = (f"{field}.path", f"{field}.name") if field == "reward.custom" else (field, field)
     file = Path(path).expanduser()
     if not file.is_file():
         raise FileNotFoundError(
-            f"reward.custom.path: {path!r} is not a file; give the path of a Python file"
+            f"{path_field}: {path!r} is not a file; give the path of a Python file"
         )
     module_name = "megarl_reward_" + hashlib.sha1(str(file.resolve()).encode()).hexdigest()[:12]
     if module_name not in sys.modules:
@@ -49,7 +51,7 @@ def load_function(path: str, name: str) -> Callable[..., Any]:
             k for k, v in vars(module).items() if callable(v) and not k.startswith("_")
         )
         raise AttributeError(
-            f"reward.custom.name: {name!r} is not a function in {path}; functions defined there: "
+            f"{name_field}: {name!r} is not a function in {path}; functions defined there: "
             f"{', '.join(defined) or 'none'}"
         )
     return fn

@@ -6,8 +6,9 @@ Two extraction modes:
 - flexible: the last number anywhere in the response.
 
 Thousands separators and dollar signs are stripped; numbers compare by value ("42.0" == "42").
-Left out: partial or format credit (a wrong answer in the right format scores 0, as in verl's
-default), units, and word numbers ("forty-two").
+A wrong answer in the right format (an answer was extracted, strict: after ``#### ``) scores
+``format_score`` (``reward.format_score``; 0.0 by default, as verl's). Left out: units, and word
+numbers ("forty-two").
 """
 
 from __future__ import annotations
@@ -48,18 +49,20 @@ def reference_number(ground_truth: Any) -> Decimal | None:
     return value if value is not None and value.is_finite() else None
 
 
-def compute_score(solution_str: str, ground_truth: str, method: str = "strict") -> float:
-    """1.0 when the extracted answer equals ``ground_truth`` (a number, "#### n" accepted), else 0.0."""
+def compute_score(solution_str: str, ground_truth: str, method: str = "strict", format_score: float = 0.0) -> float:
+    """1.0 when the extracted answer equals ``ground_truth`` (a number, "#### n" accepted);
+    ``format_score`` when an answer was extracted but differs (verl's); 0.0 without an answer."""
     answer = extract_answer(solution_str, method)
     if answer is None:
         return 0.0
     reference = reference_number(ground_truth)
-    return 1.0 if reference is not None and Decimal(answer) == reference else 0.0  # the regex makes answer a number
+    # the regex makes answer a number
+    return 1.0 if reference is not None and Decimal(answer) == reference else float(format_score)
 
 
-def compute_score_strict(data_source, solution_str, ground_truth, extra_info=None) -> float:
-    return compute_score(solution_str, ground_truth, "strict")
+def compute_score_strict(data_source, solution_str, ground_truth, extra_info=None, format_score: float = 0.0) -> float:
+    return compute_score(solution_str, ground_truth, "strict", format_score)
 
 
-def compute_score_flexible(data_source, solution_str, ground_truth, extra_info=None) -> float:
-    return compute_score(solution_str, ground_truth, "flexible")
+def compute_score_flexible(data_source, solution_str, ground_truth, extra_info=None, format_score: float = 0.0) -> float:
+    return compute_score(solution_str, ground_truth, "flexible", format_score)

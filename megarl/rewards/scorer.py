@@ -77,6 +77,12 @@ POOL_CHECK_S = 0.5
 
 
 
+def _absolute(name: str) -> str:
+    """A reward.functions value with a user function's file made absolute; a scorer name as is."""
+    user = registry.user_function(name)
+    return f"{os.path.abspath(os.path.expanduser(user[0]))}:{user[1]}" if user is not None else name
+
+
 class RewardError(RuntimeError):
     """Reward functions failed on too many of a step's samples (reward.max_failed_fraction), or
     the reward workers stopped taking samples (one died or hung while loading)."""
@@ -196,9 +202,12 @@ class RewardScorer:
         registry.check_functions(cfg.functions)
         self.cfg = cfg
         self.stops = stops  # what failing on too many samples means, said in the RewardError
+        # reward.functions with each user function's file made absolute (the workers' directory may differ)
+        self._functions = {source: _absolute(name) for source, name in cfg.functions.items()}
         custom = (os.path.abspath(cfg.custom.path), cfg.custom.name) if cfg.custom else None
         model = (cfg.model.path, cfg.model.device) if cfg.model else None
-        self._spec = {"custom": custom, "model": model, "preload_math": custom is None and model is None}
+        self._spec = {"custom": custom, "model": model, "preload_math": custom is None and model is None,
+                      "format_score": cfg.format_score}
         self._context = multiprocessing.get_context(start_method)
         self._loaded: Any = None  # the current pool's count of workers past their initializer
         if start_method == "forkserver":  # workers replaced after a timeout start in milliseconds
@@ -209,6 +218,10 @@ class RewardScorer:
         self._closed = False
         if custom is not None:
             self._check_custom(custom)
+        if custom is None and model is None:
+            for source, name in self._functions.items():
+                if registry.user_function(name) is not None:
+                    self._check_function(source, name)
 
     def _new_pool(self) -> ProcessPool:
         from megarl.process_signals import (
@@ -254,6 +267,18 @@ class RewardScorer:
                 f"reward.custom: loading {custom[1]!r} from {custom[0]} failed in a reward worker: {type(exc).__name__}: {exc}"
             ) from exc
 
+    def _check_function(self, source: str, spec: str) -> None:
+        """A reward.functions user function loads in a worker: RewardError (one line) otherwise."""
+        future = self._pool.schedule(worker.check_function, args=(spec,), timeout=WORKER_START_TIMEOUT_S)
+        try:
+            self._result_within(future, WORKER_START_TIMEOUT_S)
+        except Exception as exc:
+            self.close()
+            why = (f"importing it did not finish in {WORKER_START_TIMEOUT_S:g} s" if isinstance(exc, FutureTimeout)
+                   else f"{type(exc).__name__}: {exc}")
+            raise RewardError(f"reward.functions[{source!r}] = {self.cfg.functions[source]!r} failed to load in a reward "
+                              f"worker: {why}; fix the file or the function name") from exc
+
     def _result_within(self, future: Future, limit_s: float) -> Any:
         """``future.result(timeout=limit_s)``, or BrokenProcessPool as soon as the pool broke."""
         deadline = time.monotonic() + limit_s
@@ -297,7 +322,23 @@ class RewardScorer:
         else:
             jobs = self._sample_jobs(samples)
         outcomes = self._collect(jobs, samples)
-        return self._result(outcomes, samples)
+        result = self._result(outcomes, samples)
+        self._examine(samples, result, prompts)
+        return result
+
+    def _examine(self, samples: list[tuple], result: ScoreResult, prompts: Sequence[str] | None) -> None:
+        """Log the first ``reward.num_examine`` scored samples of each data source (verl's
+        num_examine): prompt, response, ground truth and score."""
+        if not self.cfg.num_examine:
+            return
+        shown: dict[str, int] = {}
+        for i, (source, solution, truth, _) in enumerate(samples):
+            if shown.get(source, 0) >= self.cfg.num_examine:
+                continue
+            shown[source] = shown.get(source, 0) + 1
+            prompt = f"[prompt] {prompts[i]}\n" if prompts is not None else ""
+            log.info("reward: data_source=%r sample %d\n%s[response] %s\n[ground_truth] %r\n[score] %g", source, i,
+                     prompt, solution, truth, result.scores[i])
 
     def _batched_jobs(self, samples: list[tuple]) -> list[_Job]:
         if not samples:
@@ -309,7 +350,7 @@ class RewardScorer:
         if self.cfg.custom is not None:
             names: list[str | None] = [None] * len(samples)
         else:  # resolving first: an unknown data_source is a config error, raised before any work
-            names = [registry.resolve(s[0], self.cfg.functions) for s in samples]
+            names = [registry.resolve(s[0], self._functions) for s in samples]
         cheap = [i for i, name in enumerate(names) if name in registry.CHEAP_SCORERS]
         chunk = max(1, min(CHUNK_SIZE, math.ceil(len(cheap) / (4 * self.cfg.workers))))
         groups = [cheap[k : k + chunk] for k in range(0, len(cheap), chunk)]

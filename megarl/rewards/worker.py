@@ -78,13 +78,37 @@ def check_custom() -> str:
     return getattr(fn, "__qualname__", repr(fn))
 
 
+def check_function(spec: str) -> str:
+    """Run in a worker at start: the user function of a reward.functions entry loads (raises otherwise)."""
+    fn = _user_function(spec)
+    return getattr(fn, "__qualname__", repr(fn))
+
+
+def _user_function(spec: str) -> Any:
+    """The user function ``path.py:function`` of reward.functions, imported once per worker."""
+    loaded = _WORKER.setdefault("functions", {})
+    if spec not in loaded:
+        path, name = registry.user_function(spec)  # type: ignore[misc]  # the scorer sends user functions only
+        loaded[spec] = custom_fn.load_function(path, name, field=f"reward.functions ({spec})")
+    return loaded[spec]
+
+
+def _call(name: str | None, sample: tuple) -> Any:
+    if name is None:
+        return _custom()(*sample)
+    if registry.user_function(name) is not None:
+        return _user_function(name)(*sample)  # verl's arguments, the ground truth as read
+    source, solution, truth, extra = sample
+    return registry.score(name, source, solution, truth, extra, format_score=_WORKER.get("spec", {}).get("format_score", 0.0))
+
+
 def score_samples(scorers: list[str | None], samples: list[tuple]) -> list[Outcome]:
     """Score each (data_source, solution, ground_truth, extra_info); None scorer = the custom one."""
     outcomes: list[Outcome] = []
     for name, sample in zip(scorers, samples, strict=True):
         where = f"reward scorer {name}" if name is not None else "reward.custom function"
         try:
-            value = registry.score(name, *sample) if name is not None else _custom()(*sample)
+            value = _call(name, sample)
         except Exception as exc:  # noqa: BLE001 - a reward error scores 0 and is counted
             # The traceback from the function's own frame on (this loop's frame says nothing).
             assert exc.__traceback__ is not None  # a caught exception carries its traceback

@@ -52,7 +52,7 @@ class DefaultGenerate:
         overlap = agent.overlap_tools
         if overlap is None:  # rounds that wait for their tools keep a deterministic engine's runs reproducible
             overlap = cfg.rollout.engine == "sglang" and not cfg.rollout.deterministic
-        return AgentRollout(agent, build_env(agent, tokenizer, eos_token_ids), overlap, routing_replay(cfg))
+        return AgentRollout(agent, build_env(agent, tokenizer, eos_token_ids, cfg.data.apply_chat_template_kwargs), overlap, routing_replay(cfg))
 
 
 GENERATE_FUNCTIONS.register("default")(DefaultGenerate())

@@ -30,8 +30,10 @@ class ChatTemplateError(AgentError):
 class TurnEncoder:
     """Renders and tokenizes the messages that follow a model turn."""
 
-    def __init__(self, tokenizer: Any, eos_token_ids: Sequence[int], tools: Sequence[dict] = ()):
+    def __init__(self, tokenizer: Any, eos_token_ids: Sequence[int], tools: Sequence[dict] = (),
+                 chat_template_kwargs: dict[str, Any] | None = None):
         self.tokenizer = tokenizer
+        self.kwargs = dict(chat_template_kwargs or {})  # data.apply_chat_template_kwargs, as the prompts had
         self.eos = {int(t) for t in eos_token_ids}
         self.tools = list(tools) or None
         self._base = [{"role": "user", "content": _USER}, {"role": "assistant", "content": _ASSISTANT}]
@@ -40,7 +42,7 @@ class TurnEncoder:
 
     def _render(self, messages: list[dict[str, str]], *, add_generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(
-            messages, tools=self.tools, add_generation_prompt=add_generation_prompt, tokenize=False
+            messages, tools=self.tools, add_generation_prompt=add_generation_prompt, tokenize=False, **self.kwargs
         )
 
     def after_turn(self, turn_ids: Sequence[int], messages: list[dict[str, str]]) -> list[int]:

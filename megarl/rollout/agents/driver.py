@@ -288,9 +288,10 @@ def _with_agent_counts(sample: AgentSample) -> dict[str, Any]:
     return extra
 
 
-def build_env(agent: Any, tokenizer: Any, eos_token_ids: Sequence[int]) -> AgentEnv | None:
+def build_env(agent: Any, tokenizer: Any, eos_token_ids: Sequence[int],
+              chat_template_kwargs: dict[str, Any] | None = None) -> AgentEnv | None:
     """Tools, interactions, parser and template of ``rollout.agent`` (None for a tokenizer without a
-    chat template: single-turn rollouts only)."""
+    chat template: single-turn rollouts only); ``chat_template_kwargs``: data.apply_chat_template_kwargs."""
     from megarl.rollout.agents.interactions import load_interactions
     from megarl.rollout.agents.tools import load_tools, tool_schemas
 
@@ -298,7 +299,7 @@ def build_env(agent: Any, tokenizer: Any, eos_token_ids: Sequence[int]) -> Agent
         return None
     tools = load_tools(agent.tools_file) if agent.tools_file else {}
     interactions = load_interactions(agent.interactions_file) if agent.interactions_file else {}
-    encoder = TurnEncoder(tokenizer, eos_token_ids, tool_schemas(tools))
+    encoder = TurnEncoder(tokenizer, eos_token_ids, tool_schemas(tools), chat_template_kwargs)
     if tools:  # a template that cannot show a tool's answer fails now, not in the middle of a step
         encoder.after_turn([], [{"role": "tool", "content": "0"}])
     return AgentEnv(tools, PARSERS.get(agent.tool_parser), encoder, agent, interactions)

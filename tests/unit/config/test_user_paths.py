@@ -17,7 +17,7 @@ PATH_KEYS = [
     "model.path", "critic.path", "data.train_files", "data.val_files", "reward.custom.path", "reward.model.path",
     "trainer.output_dir", "trainer.resume", "sft.train_files", "sft.val_files", "sft.output_dir",
     "rollout.server_python", "rollout.weight_sync.disk_dir", "rollout.agent.tools_file", "rollout.agent.interactions_file",
-    "trainer.rollout_data_dir",
+    "trainer.rollout_data_dir", "data.custom_cls.path",
 ]  # fmt: skip
 
 
@@ -39,7 +39,8 @@ def _value(cfg: MegaRLConfig, key: str) -> str:
 @pytest.mark.parametrize("key", PATH_KEYS)
 def test_an_override_expands_tilde(home, key):
     value = "[~/p]" if key.endswith("_files") else "~/p"
-    assert _value(load_config(None, [*BASE, f"{key}={value}"]), key) == f"{home}/p"
+    required = ["data.custom_cls.name=D"] if key == "data.custom_cls.path" else []  # its section's other required key
+    assert _value(load_config(None, [*BASE, *required, f"{key}={value}"]), key) == f"{home}/p"
 
 
 def test_a_quoted_override_expands_tilde(home):

@@ -1,0 +1,155 @@
+"""verl's data options: data.reward_fn_key, data.apply_chat_template_kwargs, data.custom_cls, and
+the reward_model fields besides ground_truth reaching the scorer (extra_info["reward_model"])."""
+
+from __future__ import annotations
+
+import copy
+import textwrap
+
+import pytest
+from pydantic import ValidationError
+
+from megarl.config.sections import CustomDatasetConfig, DataConfig, RewardConfig
+from megarl.data.datasets import DataError, read_prompt_file, write_prompt_file
+from megarl.data.prompts import PromptBuilder
+from megarl.data.stream import build_train_stream, load_val_prompts
+from megarl.plan.preflight import ChildChecks
+
+
+def test_reward_fn_key_names_the_column_read_as_the_data_source(tmp_path):
+    rows = [{"task": "gsm8k", "prompt": "1+1?", "reward_model": {"ground_truth": "2", "style": "rule"}}]
+    path = write_prompt_file(rows, tmp_path / "t.parquet")
+    (record,) = read_prompt_file(path, source_key="task")
+    assert record.data_source == "gsm8k"
+    with pytest.raises(DataError, match=r"missing column 'data_source'"):
+        read_prompt_file(path)  # the default column
+    with pytest.raises(DataError, match=r"missing column 'kind' \(data.reward_fn_key is 'kind'\)"):
+        read_prompt_file(path, source_key="kind")
+    assert DataConfig().reward_fn_key == "data_source"
+
+
+def test_reward_model_fields_besides_ground_truth_reach_the_scorer(tmp_path):
+    rows = [{"data_source": "s", "prompt": "q", "reward_model": {"ground_truth": "2", "style": "rule", "min_len": 3},
+             "extra_info": {"index": 0}},
+            {"data_source": "s", "prompt": "q", "reward_model": {"ground_truth": "2", "style": "rule"}}]  # fmt: skip
+    first, second = read_prompt_file(write_prompt_file(rows, tmp_path / "t.parquet"))
+    assert first.extra_info == {"index": 0, "reward_model": {"style": "rule", "min_len": 3}}
+    assert second.extra_info == {}  # parquet's null min_len is no field of that row: nothing beyond style
+
+
+THINKING = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+            "{% if strict is defined and strict %}{{ raise_exception('strict is not supported') }}{% endif %}"
+            "{% if enable_thinking is defined and not enable_thinking %}<no-think>{% endif %}<assistant>")  # fmt: skip
+
+
+@pytest.fixture
+def thinking_tokenizer(byte_tokenizer):
+    tok = copy.deepcopy(byte_tokenizer)
+    tok.chat_template = THINKING
+    return tok
+
+
+def test_apply_chat_template_kwargs_reach_every_prompt(thinking_tokenizer, prompt_file):
+    plain = PromptBuilder(thinking_tokenizer, max_prompt_length=100)
+    assert plain.render("hi") == "<user>hi<assistant>"
+    cfg = DataConfig(train_files=[str(prompt_file("t.parquet", ["hi", "yo"]))], val_files=[str(prompt_file("v.parquet", ["hey"]))],
+                     apply_chat_template_kwargs={"enable_thinking": False}, max_prompt_length=100, prompts_per_step=2)
+    batch = build_train_stream(cfg, thinking_tokenizer).next_batch()
+    assert sorted(batch.prompt_text) == ["<user>hi<no-think><assistant>", "<user>yo<no-think><assistant>"]
+    val = load_val_prompts(cfg, thinking_tokenizer)
+    assert val is not None and val.prompt_text == ["<user>hey<no-think><assistant>"]
+
+
+def test_an_argument_the_template_rejects_is_one_line_naming_the_key(thinking_tokenizer):
+    builder = PromptBuilder(thinking_tokenizer, max_prompt_length=100, chat_template_kwargs={"strict": True})
+    with pytest.raises(DataError) as info:
+        builder.render("hi", "data.train_files[0] (t.parquet): row 0")
+    message = str(info.value)
+    assert "data.apply_chat_template_kwargs {'strict': True}" in message and "strict is not supported" in message
+    assert "\n" not in message
+
+
+def test_apply_chat_template_kwargs_config_errors():
+    with pytest.raises(ValidationError, match="'tokenize' is an argument megarl sets itself"):
+        DataConfig(apply_chat_template_kwargs={"tokenize": True})
+    with pytest.raises(ValidationError, match="set data.apply_chat_template=true, or drop data.apply_chat_template_kwargs"):
+        DataConfig(apply_chat_template=False, apply_chat_template_kwargs={"enable_thinking": False})
+
+
+DATASET = textwrap.dedent(
+    """
+    import json
+
+    class JsonlPrompts:  # verl's signature; rows in the verl schema, the prompt as verl's raw_prompt
+        def __init__(self, data_files, tokenizer, config, processor=None):
+            self.rows = [json.loads(line) for f in data_files for line in open(f)]
+            self.limit = config.max_prompt_length, config.get("prompt_key")
+        def __len__(self):
+            return len(self.rows)
+        def __getitem__(self, i):
+            r = self.rows[i]
+            return {"data_source": "gsm8k", "raw_prompt": [{"role": "user", "content": r["q"]}],
+                    "reward_model": {"ground_truth": r["a"]}, "extra_info": {"i": i}, "input_ids": [1, 2]}
+
+    class NoRows:
+        def __init__(self, data_files, tokenizer, config): pass
+        def __len__(self): return 0
+
+    class OtherArguments:
+        def __init__(self, path): pass
+        def __len__(self): return 0
+        def __getitem__(self, i): return {}
+
+    class BadRow(JsonlPrompts):
+        def __getitem__(self, i):
+            return {"data_source": "gsm8k", "prompt": "q"}
+    """
+)
+
+
+@pytest.fixture
+def dataset_file(tmp_path):
+    path = tmp_path / "my_dataset.py"
+    path.write_text(DATASET)
+    (tmp_path / "train.jsonl").write_text('{"q": "1+1?", "a": "2"}\n{"q": "2+2?", "a": "4"}\n')
+    return path
+
+
+def _custom(dataset_file, name, **kw):
+    return DataConfig(train_files=[str(dataset_file.with_name("train.jsonl"))], custom_cls=CustomDatasetConfig(path=str(dataset_file), name=name),
+                      prompts_per_step=2, max_prompt_length=200, **kw)  # fmt: skip
+
+
+def test_custom_cls_gives_the_training_prompts(dataset_file, byte_tokenizer):
+    stream = build_train_stream(_custom(dataset_file, "JsonlPrompts"), byte_tokenizer)
+    batch = stream.next_batch()
+    assert sorted(batch.ground_truth) == ["2", "4"] and batch.data_source == ["gsm8k", "gsm8k"]
+    assert all("<|im_start|>user\n" in t for t in batch.prompt_text) and {e["i"] for e in batch.extra_info} == {0, 1}
+
+
+@pytest.mark.parametrize("name, error", [
+    ("Missing", r"data.custom_cls.name: 'Missing' is not defined in .*my_dataset.py; classes there: BadRow, JsonlPrompts"),
+    ("NoRows", r"data.custom_cls: NoRows \(.*\) has no __getitem__"),
+    ("OtherArguments", r"data.custom_cls: OtherArguments \(.*\) cannot be built as OtherArguments\(data_files=..., "),
+    ("BadRow", r"data.custom_cls \(BadRow on data.train_files\): row 0 has no key 'reward_model'"),
+])  # fmt: skip
+def test_a_class_that_does_not_fit_is_one_line(dataset_file, byte_tokenizer, name, error):
+    with pytest.raises(DataError, match=error) as info:
+        build_train_stream(_custom(dataset_file, name), byte_tokenizer)
+    assert "\n" not in str(info.value)
+
+
+def test_custom_cls_is_checked_before_launch(dataset_file, tmp_path):
+    missing = CustomDatasetConfig(path=str(tmp_path / "nope.py"), name="X")
+    checks = {"fits": CustomDatasetConfig(path=str(dataset_file), name="JsonlPrompts"), "missing file": missing,
+              "no class": CustomDatasetConfig(path=str(dataset_file), name="OtherArguments")}
+    found = {}
+    for what, spec in checks.items():
+        child = ChildChecks(None, [], spec, RewardConfig().functions)
+        try:
+            found[what] = [(f.field, f.message) for f in child.results("data.custom_cls")]
+        finally:
+            child.stop()
+    assert found["fits"] == []
+    assert found["missing file"][0][0] == "data.custom_cls.path" and "is not a file" in found["missing file"][0][1]
+    assert found["no class"][0][0] == "data.custom_cls" and "verl's arguments" in found["no class"][0][1]
