@@ -73,6 +73,14 @@ Convert = Callable[[Any, Verl], Any]  # the megarl value (a tuple for several ke
 
 
 @dataclass(frozen=True)
+class Noted:
+    """A converter's value with a note of its own for this row (instead of the rule's reason)."""
+
+    value: Any
+    note: str
+
+
+@dataclass(frozen=True)
 class Rule:
     verl: str  # a dotted verl key, or a pattern (fnmatch: * spans dots)
     megarl: tuple[str, ...] = ()  # the megarl keys it sets; () = none (``reason`` says why)
@@ -81,6 +89,12 @@ class Rule:
     reason: str = ""  # no equivalent: why; else a note on the conversion
     group: str = NONE  # FSDP_ONLY, VLLM_ONLY, NOT_YET or NONE (for a key without equivalent)
     show_default: bool = False  # the default's row is shown even when megarl's default means the same
+
+    def megarl_keys(self, key: str) -> tuple[str, ...]:
+        """The megarl keys ``key`` sets: a megarl key ending in ``*`` takes what the verl pattern's
+        trailing ``*`` matched (``engine_kwargs.sglang.*`` -> ``rollout.engine_kwargs.*``)."""
+        star = key[len(self.verl) - 1:] if self.verl.endswith("*") else ""
+        return tuple(k[:-1] + star if k.endswith("*") else k for k in self.megarl)
 
     @property
     def doc_default(self) -> str:
@@ -141,10 +155,15 @@ def _dynamic(value: Any, v: Verl, flag: str = f"{ACTOR}.use_dynamic_bsz") -> Any
     return int(value)
 
 
-def _dynamic_flag(value: Any, v: Verl) -> Any:
-    if not value:
-        raise Unused("false: micro-batches by count (actor.micro_batch_size)")
-    return int(v.get(f"{ACTOR}.ppo_max_token_len_per_gpu"))
+def _dynamic_flag(actor: str, section: str) -> Convert:
+    """use_dynamic_bsz=true: the token budget of the same group (verl's default when not given:
+    16384 for the actor, 32768 for the critic)."""
+    def convert(value: Any, v: Verl) -> Any:
+        if not value:
+            raise Unused(f"false: micro-batches by count ({section}.micro_batch_size)")
+        budget = v.get(f"{actor}.ppo_max_token_len_per_gpu")
+        return int(budget) if budget is not None else _VERL_MAX_TOKENS * (2 if section == "critic" else 1)
+    return convert
 
 
 _ESTIMATORS = {"gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax"}
@@ -163,6 +182,13 @@ def _kl_estimator(flag: str) -> Convert:
     def convert(value: Any, v: Verl) -> str:
         if not v.get(flag):
             raise Unused(f"verl reads it only with {flag}=true")
+        if value == "full":
+            raise Unused("full (the whole-vocabulary KL) needs both models' distributions over the vocabulary at every "
+                         "token; megarl's log-prob pass keeps only the sampled token's log-prob (verl does not "
+                         "implement it either): k3 (low_var_kl), k1 (kl), k2 (mse) or abs")  # fmt: skip
+        if isinstance(value, str) and value.endswith("+") and value[:-1] in _KL:
+            raise Unused(f"{value}: verl's straight-through variant ({value[:-1]}'s value, k2's gradient); megarl's KL "
+                         f"term takes its estimator's own gradient: {value[:-1]} without + is {_KL[value[:-1]]}", NOT_YET)  # fmt: skip
         if value not in _KL:
             raise Unused(f"megarl has no {value} KL estimator (k1, k2, k3, abs)", NOT_YET)
         return _KL[value]
@@ -204,30 +230,34 @@ def _optimizer_steps_per_step(v: Verl, actor: str) -> int:
 
 
 def _warmup_ratio(actor: str) -> Convert:
-    def convert(value: Any, v: Verl) -> int:
+    """verl's ratio of its RL steps is megarl's of its optimizer steps (both scale by the optimizer
+    steps per RL step); verl reads it only when lr_warmup_steps is null or <= 0."""
+    def convert(value: Any, v: Verl) -> float:
         if not value:
             raise Unused("0: no warm-up (megarl's default)")
-        if int(v.get(f"{actor}.optim.lr_warmup_steps") or -1) >= 0:
+        if int(v.get(f"{actor}.optim.lr_warmup_steps") or -1) > 0:
             raise Unused(f"{actor}.optim.lr_warmup_steps is set and wins")
-        total = v.get("trainer.total_training_steps")
-        if total is None:
-            raise Unused("megarl counts warm-up in optimizer steps; with trainer.total_epochs the step count is "
-                         "the data's: set actor.optimizer.warmup_steps")  # fmt: skip
-        return int(float(value) * int(total)) * _optimizer_steps_per_step(v, actor)
+        return float(value)
     return convert
 
 
 def _schedule(value: Any, v: Verl) -> str:
-    if value not in ("constant", "cosine", "linear"):
-        raise Unused(f"megarl's schedules are constant, cosine and linear; {value} is not one", NOT_YET)
+    if value not in ("constant", "cosine", "linear", "wsd"):
+        raise Unused(f"megarl's schedules are constant, cosine, linear and wsd; {value} is not one", NOT_YET)
     return str(value)
 
 
-def _min_lr_ratio(actor: str) -> Convert:
+def _min_lr_ratio(value: Any, v: Verl) -> float:
+    if not value:
+        raise Unused("0 or null: decay to 0 (megarl's min_lr default)")
+    return float(value)
+
+
+def _min_lr(actor: str) -> Convert:
     def convert(value: Any, v: Verl) -> float:
-        if not value:
-            raise Unused("0 or null: decay to 0 (megarl's min_lr default)")
-        return float(value) * float(v.get(f"{actor}.optim.lr"))
+        if value and v.get(f"{actor}.optim.min_lr_ratio"):
+            raise Unused(f"beside {actor}.optim.min_lr_ratio: megarl takes one of them, the ratio (min_lr_ratio x lr)")
+        return float(value)
     return convert
 
 
@@ -367,7 +397,7 @@ def _critic_warmup(value: Any, v: Verl) -> int:
     return max(0, int(value) - 1)
 
 
-_SINKS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
+_SINKS = ("console", "jsonl", "tensorboard", "wandb", "mlflow", "swanlab")
 
 
 def _loggers(value: Any, v: Verl) -> list[str]:
@@ -539,13 +569,16 @@ def _optim_rules(actor: str, section: str) -> list[Rule]:
         Rule(f"{actor}.optim.lr_warmup_steps", (f"{opt}.warmup_steps",),
              wrap(lambda x, v: _warmup_steps(x, v, actor)), default=-1,
              reason="verl's scheduler steps once per RL step, megarl's once per optimizer step: x mini-batches x ppo_epochs"),
-        Rule(f"{actor}.optim.lr_warmup_steps_ratio", (f"{opt}.warmup_steps",), wrap(_warmup_ratio(actor)), default=0.0,
-             reason="x trainer.total_training_steps x optimizer steps per RL step"),
-        Rule(f"{actor}.optim.warmup_style", (f"{opt}.schedule",), wrap(_schedule)),
-        Rule(f"{actor}.optim.lr_scheduler_type", (f"{opt}.schedule",), wrap(_schedule)),
+        Rule(f"{actor}.optim.lr_warmup_steps_ratio", (f"{opt}.warmup_ratio",), wrap(_warmup_ratio(actor)), default=0.0,
+             reason="of the run's steps in both (verl's RL steps, megarl's optimizer steps: the same fraction); used "
+             "when lr_warmup_steps is null or <= 0"),
+        Rule(f"{actor}.optim.warmup_style", (f"{opt}.schedule",), wrap(_schedule),
+             reason="wsd: megarl's wsd_decay_ratio 0.1 is verl's stable ratio 0.9"),
+        Rule(f"{actor}.optim.lr_scheduler_type", (f"{opt}.schedule",), wrap(_schedule),
+             reason="wsd: megarl's wsd_decay_ratio 0.1 is verl's stable ratio 0.9"),
         Rule(f"{actor}.optim.lr_decay_style", (f"{opt}.schedule",), wrap(_schedule)),
-        Rule(f"{actor}.optim.min_lr_ratio", (f"{opt}.min_lr",), wrap(_min_lr_ratio(actor)), reason="x optim.lr"),
-        Rule(f"{actor}.optim.min_lr", (f"{opt}.min_lr",), wrap(_same)),
+        Rule(f"{actor}.optim.min_lr_ratio", (f"{opt}.min_lr_ratio",), wrap(_min_lr_ratio), reason="x optim.lr in both"),
+        Rule(f"{actor}.optim.min_lr", (f"{opt}.min_lr",), wrap(_min_lr(actor))),
         Rule(f"{actor}.optim.betas", (f"{opt}.betas",), wrap(lambda x, v: tuple(x))),
         Rule(f"{actor}.optim.clip_grad", (f"{opt}.clip_grad",), wrap(_same)),
         Rule(f"{actor}.grad_clip", (f"{opt}.clip_grad",), wrap(_same)),
@@ -569,15 +602,21 @@ def _batch_rules(actor: str, section: str) -> list[Rule]:
              reason="per GPU in verl, per DP rank (tp x pp GPUs) in megarl"),
         Rule(f"{actor}.ppo_micro_batch_size", (f"{section}.micro_batch_size",), wrap(_global_micro),
              reason="verl's global micro-batch / its data-parallel ranks"),
-        Rule(flag, (f"{section}.max_tokens_per_gpu",), wrap(_dynamic_flag)),
+        Rule(flag, (f"{section}.max_tokens_per_gpu",), wrap(_dynamic_flag(actor, section))),
         Rule(f"{actor}.ppo_max_token_len_per_gpu", (f"{section}.max_tokens_per_gpu",),
              wrap(lambda x, v: _dynamic(x, v, flag))),
         Rule(f"{actor}.ppo_epochs", (f"{section}.ppo_epochs",), wrap(_same), default=1),
         Rule(f"{actor}.shuffle", (f"{section}.shuffle",), wrap(_is_true),
              default=_default_critic_shuffle if section == "critic" else False,
              reason="the step's samples shuffled before mini-batches are cut, seeded by trainer.seed and the step"),
-        Rule(f"{actor}.forward_micro_batch_size*", reason="megarl's forwards use micro_batch_size / max_tokens_per_gpu"),
-        Rule(f"{actor}.forward_max_token_len_per_gpu", reason="megarl's forwards use max_tokens_per_gpu"),
+        *([Rule(f"{actor}.forward_micro_batch_size_per_gpu", (f"{section}.logprob_micro_batch_size",), wrap(_same),
+                reason="the values pass; per GPU in verl, per DP rank (tp x pp GPUs) in megarl"),
+           Rule(f"{actor}.forward_micro_batch_size", (f"{section}.logprob_micro_batch_size",), wrap(_global_micro),
+                reason="the values pass; verl's global micro-batch / its data-parallel ranks"),
+           Rule(f"{actor}.forward_max_token_len_per_gpu", (f"{section}.logprob_max_tokens_per_gpu",),
+                wrap(lambda x, v: _dynamic(x, v, flag)), reason="the values pass")] if section == "critic" else [
+           Rule(f"{actor}.forward_micro_batch_size*", reason="megarl's log-prob passes take actor.logprob_micro_batch_size"),
+           Rule(f"{actor}.forward_max_token_len_per_gpu", reason="megarl's log-prob passes take actor.logprob_max_tokens_per_gpu")]),
         Rule(f"{actor}.ulysses_sequence_parallel_size", reason="Ulysses sequence parallelism (megarl's context "
              "parallelism, actor.parallel.cp, is not supported yet)", group=FSDP_ONLY),  # fmt: skip
     ]
@@ -601,6 +640,126 @@ def _model_rules(model: str, section: str) -> list[Rule]:
     ]
 
 
+def _dict_entries(value: Any, v: Verl) -> dict[str, Any]:
+    """A mapping given whole (a Hydra override's ``{a: 1}``): its entries, nulls left out as verl does."""
+    if not isinstance(value, dict):
+        raise TypeError("a mapping of names to values")
+    return {str(k): x for k, x in value.items() if x is not None}
+
+
+def _engine_arg(value: Any, v: Verl) -> Any:
+    if value is None:
+        raise Unused("null: left out, as verl does")
+    return value
+
+
+def _custom_cls(value: Any, v: Verl) -> dict[str, str]:
+    """data.custom_cls given whole ({path, name})."""
+    if not isinstance(value, dict) or not value.get("path"):
+        raise Unused("no path: verl's own dataset class (megarl's reads verl-schema parquet files)")
+    if not value.get("name"):
+        raise Unused("a path without a name: verl needs both")
+    return {"path": str(value["path"]), "name": str(value["name"])}
+
+
+def _custom_cls_path(value: Any, v: Verl) -> str:
+    if not value:
+        raise Unused("null: verl's own dataset class (megarl's reads verl-schema parquet files)")
+    if not v.get("data.custom_cls.name"):
+        raise Unused("without data.custom_cls.name: verl needs both")
+    return str(value)
+
+
+def _custom_cls_name(value: Any, v: Verl) -> str:
+    if not v.get("data.custom_cls.path"):
+        raise Unused("verl reads it only with data.custom_cls.path")
+    return str(value)
+
+
+_VERL_MAX_TOKENS = 16384  # verl's default ppo_max_token_len_per_gpu, which the log-prob token budgets default to
+
+
+def _has_reference(v: Verl) -> bool:
+    """verl computes reference log-probs only for a KL loss or a KL reward penalty."""
+    return bool(v.get(f"{ACTOR}.use_kl_loss")) or bool(v.get("algorithm.use_kl_in_reward"))
+
+
+def _logprob_dynamic(v: Verl, prefix: str) -> bool:
+    """A log-prob pass's log_prob_use_dynamic_bsz: as given, else verl's default, the actor's use_dynamic_bsz."""
+    flag = f"{prefix}.log_prob_use_dynamic_bsz"
+    return bool(v.given[flag]) if flag in v.given else bool(v.get(f"{ACTOR}.use_dynamic_bsz"))
+
+
+def _logprob_micro_of(v: Verl, prefix: str) -> int | None:
+    """A log-prob pass's micro-batch per GPU: the per-GPU key, else the deprecated global one split like
+    ppo_micro_batch_size; None when neither is given."""
+    per_gpu = v.given.get(f"{prefix}.log_prob_micro_batch_size_per_gpu")
+    if per_gpu is not None:
+        return int(per_gpu)
+    total = v.given.get(f"{prefix}.log_prob_micro_batch_size")
+    return None if total is None else _global_micro(total, v)
+
+
+def _logprob_tokens_of(v: Verl, prefix: str) -> int | None:
+    """A log-prob pass's token budget per GPU: None unless the pass batches dynamically; verl's
+    default is the actor's ppo_max_token_len_per_gpu."""
+    if not _logprob_dynamic(v, prefix):
+        return None
+    value = v.given.get(f"{prefix}.log_prob_max_token_len_per_gpu")
+    if value is None:
+        value = v.get(f"{ACTOR}.ppo_max_token_len_per_gpu") or _VERL_MAX_TOKENS
+    return int(value)
+
+
+_PASS_NAMES = {ROLLOUT: "rollout's", REF: "ref's"}
+
+
+def _logprob_size(prefix: str, tokens: bool) -> Convert:
+    """verl's old-log-prob (rollout) and reference (ref) passes each have a micro-batch size and a token
+    budget; megarl has one setting for both forward passes: the smaller when they differ."""
+    size_of = _logprob_tokens_of if tokens else _logprob_micro_of
+
+    def convert(value: Any, v: Verl) -> Any:
+        if value is None:
+            return None
+        if prefix == REF and not _has_reference(v):
+            raise Unused(f"no reference in this run: verl computes reference log-probs only with {ACTOR}.use_kl_loss "
+                         "or algorithm.use_kl_in_reward")  # fmt: skip
+        if tokens and not _logprob_dynamic(v, prefix):
+            raise Unused(f"verl reads it only with {prefix}.log_prob_use_dynamic_bsz=true (default: {ACTOR}.use_dynamic_bsz)")
+        passes = (ROLLOUT, REF) if _has_reference(v) else (ROLLOUT,)
+        sizes = {p: s for p in passes if (s := size_of(v, p)) is not None}
+        smallest = min(sizes.values())
+        if len(set(sizes.values())) > 1:
+            shown = " and ".join(f"{_PASS_NAMES[p]} {s}" for p, s in sizes.items())
+            return Noted(smallest, f"megarl has one setting for both log-prob passes: the smaller of {shown}")
+        return smallest
+    return convert
+
+
+def _logprob_dynamic_flag(prefix: str) -> Convert:
+    def convert(value: Any, v: Verl) -> Any:
+        if not value:
+            raise Unused("false: log-prob micro-batches by count (actor.logprob_micro_batch_size)")
+        return _logprob_size(prefix, tokens=True)(v.given.get(f"{prefix}.log_prob_max_token_len_per_gpu",
+                                                              _logprob_tokens_of(v, prefix)), v)  # fmt: skip
+    return convert
+
+
+def _logprob_rules(prefix: str) -> list[Rule]:
+    """The log-prob micro-batching of verl's rollout (old log-probs) or ref (reference log-probs) pass."""
+    per_gpu = "per GPU in verl, per DP rank (tp x pp GPUs) in megarl; one setting for both log-prob passes"
+    return [
+        Rule(f"{prefix}.log_prob_micro_batch_size_per_gpu", ("actor.logprob_micro_batch_size",),
+             _logprob_size(prefix, tokens=False), reason=per_gpu),
+        Rule(f"{prefix}.log_prob_micro_batch_size", ("actor.logprob_micro_batch_size",), _logprob_size(prefix, tokens=False),
+             reason="verl's global micro-batch / its data-parallel ranks; one setting for both log-prob passes"),
+        Rule(f"{prefix}.log_prob_use_dynamic_bsz", ("actor.logprob_max_tokens_per_gpu",), _logprob_dynamic_flag(prefix)),
+        Rule(f"{prefix}.log_prob_max_token_len_per_gpu", ("actor.logprob_max_tokens_per_gpu",),
+             _logprob_size(prefix, tokens=True), reason=per_gpu),
+    ]
+
+
 def _data_rules() -> list[Rule]:
     """verl's keys of data."""
     return [
@@ -621,20 +780,26 @@ def _data_rules() -> list[Rule]:
         Rule("data.return_full_prompt", reason="megarl keeps each prompt's messages"),
         Rule("data.tokenizer", reason="megarl reads the model's tokenizer (model.path)"),
         Rule("data.use_shm", reason="megarl reads the data files where they are"),
-        Rule("data.reward_fn_key", reason="megarl picks the reward function by the data_source column"),
+        Rule("data.reward_fn_key", ("data.reward_fn_key",), reason="the column that picks each row's reward function"),
         Rule("data.dataloader_num_workers", reason="megarl's prompt stream reads the files itself"),
         Rule("data.filter_overlong_prompts_workers", reason="megarl's prompt stream reads the files itself"),
         Rule("data.validation_shuffle", reason="megarl validates in file order"),
         Rule("data.train_max_samples", reason="megarl reads every row (`megarl data` makes a subset)", group=NOT_YET),
         Rule("data.val_max_samples", reason="megarl reads every row (`megarl data` makes a subset)", group=NOT_YET),
-        Rule("data.apply_chat_template_kwargs*", reason="megarl renders the tokenizer's template as it is", group=NOT_YET),
+        Rule("data.apply_chat_template_kwargs", ("data.apply_chat_template_kwargs",),
+             reason="apply_chat_template's keyword arguments for every prompt, e.g. {enable_thinking: false}"),
+        Rule("data.apply_chat_template_kwargs.*", ("data.apply_chat_template_kwargs.*",),
+             reason="an apply_chat_template keyword argument for every prompt"),
         Rule("data.trust_remote_code", reason="megarl reads the tokenizer without remote code"),
         Rule("data.tool_config_path", reason="megarl's tool file is rollout.agent.tools_file (from multi_turn.tool_config_path)"),
         Rule("data.image_key", reason="multimodal data", group=NOT_YET),
         Rule("data.video_key", reason="multimodal data", group=NOT_YET),
         Rule("data.image_patch_size", reason="multimodal data", group=NOT_YET),
         Rule("data.return_multi_modal_inputs", reason="multimodal data", group=NOT_YET),
-        Rule("data.custom_cls.*", reason="megarl reads verl-schema parquet files (`megarl data convert` writes them)", group=NOT_YET),
+        Rule("data.custom_cls", ("data.custom_cls",), _custom_cls, reason="your dataset class, built as verl builds it"),
+        Rule("data.custom_cls.path", ("data.custom_cls.path",), _custom_cls_path,
+             reason="the file of your dataset class, built as verl builds it"),
+        Rule("data.custom_cls.name", ("data.custom_cls.name",), _custom_cls_name, reason="your dataset class's name"),
         Rule("data.sampler.*", reason="megarl samples with its own seeded, weighted sampler (data.train_files weights)", group=NOT_YET),
         Rule("data.datagen.*", reason="megarl's prompts are fixed files", group=NOT_YET),
     ]
@@ -679,8 +844,8 @@ def _actor_rules() -> list[Rule]:
         Rule(f"{ACTOR}.loss_agg_mode", ("algorithm.loss_agg",), _loss_agg),
         Rule(f"{ACTOR}.entropy_coeff", ("algorithm.entropy_coef",)),
         Rule(f"{ACTOR}.use_kl_loss", ("algorithm.kl.use_in_loss",), _is_true),
-        Rule(f"{ACTOR}.kl_loss_coef", ("algorithm.kl.coef",), _needs(f"{ACTOR}.use_kl_loss", "the KL loss")),
-        Rule(f"{ACTOR}.kl_loss_type", ("algorithm.kl.estimator",), _kl_estimator(f"{ACTOR}.use_kl_loss"),
+        Rule(f"{ACTOR}.kl_loss_coef", ("algorithm.kl.loss_coef",), _needs(f"{ACTOR}.use_kl_loss", "the KL loss")),
+        Rule(f"{ACTOR}.kl_loss_type", ("algorithm.kl.loss_estimator",), _kl_estimator(f"{ACTOR}.use_kl_loss"),
              reason="low_var_kl = k3, kl = k1, mse = k2"),
         Rule(f"{ACTOR}.policy_loss.loss_mode", ("algorithm.policy_loss",), _loss_mode),
         Rule(f"{ACTOR}.policy_loss.*", reason="parameters of verl's clip_cov / kl_cov losses", group=NOT_YET),
@@ -716,7 +881,8 @@ def _reference_rules() -> list[Rule]:
         Rule(f"{REF}.fsdp_config.param_offload", ("reference.offload",)),
         Rule(f"{REF}.megatron.param_offload", ("reference.offload",)),
         Rule(f"{REF}.megatron.*", reason="the reference takes the policy's layout (actor.parallel)"),
-        Rule(f"{REF}.log_prob_*", reason="megarl's forwards use actor.micro_batch_size / max_tokens_per_gpu"),
+        *_logprob_rules(REF),
+        Rule(f"{REF}.log_prob_*", reason="megarl's log-prob passes take actor.logprob_micro_batch_size / logprob_max_tokens_per_gpu"),
         Rule(f"{REF}.ulysses_sequence_parallel_size", reason="Ulysses sequence parallelism", group=FSDP_ONLY),
         Rule(f"{REF}.*", reason="the reference is the policy's model, frozen (reference.enabled, reference.offload)"),
     ]
@@ -779,13 +945,17 @@ def _rollout_rules() -> list[Rule]:
              reason="megarl refuses it with rollout.sampling.stop_token_ids"),
         Rule(f"{ROLLOUT}.mode", reason="megarl's engines are servers (sync and async verl modes alike)"),
         Rule(f"{ROLLOUT}.calculate_log_probs", reason="megarl always records the engines' log-probs"),
-        Rule(f"{ROLLOUT}.log_prob_*", reason="megarl's forwards use actor.micro_batch_size / max_tokens_per_gpu"),
+        *_logprob_rules(ROLLOUT),
+        Rule(f"{ROLLOUT}.log_prob_*", reason="megarl's log-prob passes take actor.logprob_micro_batch_size / logprob_max_tokens_per_gpu"),
         Rule(f"{ROLLOUT}.dtype", reason="the engines take model.dtype"),
         Rule(f"{ROLLOUT}.expert_parallel_size", convert=_ep_rollout, reason="megarl's SGLang engines split experts by "
              "rollout.tp; SGLang's --ep-size goes in rollout.server_args", group=NOT_YET),
         Rule(f"{ROLLOUT}.data_parallel_size", reason="megarl runs one engine per rollout.tp GPUs"),
         Rule(f"{ROLLOUT}.pipeline_model_parallel_size", reason="megarl's engines split by rollout.tp only", group=NOT_YET),
-        Rule(f"{ROLLOUT}.engine_kwargs.sglang*", reason="give SGLang's flags in rollout.server_args", group=NOT_YET),
+        Rule(f"{ROLLOUT}.engine_kwargs.sglang", ("rollout.engine_kwargs",), _dict_entries,
+             reason="SGLang's ServerArgs by field name, checked against megarl's table; nulls left out as verl does"),
+        Rule(f"{ROLLOUT}.engine_kwargs.sglang.*", ("rollout.engine_kwargs.*",), _engine_arg,
+             reason="SGLang's ServerArgs field, checked against megarl's table"),
         Rule(f"{ROLLOUT}.engine_kwargs.vllm*", reason="vLLM's engine arguments", group=VLLM_ONLY),
         *[Rule(f"{ROLLOUT}.{k}", reason="a vLLM engine setting", group=VLLM_ONLY) for k in (
             "enforce_eager", "free_cache_engine", "max_num_batched_tokens", "enable_chunked_prefill", "enable_prefix_caching",
@@ -856,9 +1026,9 @@ def _algorithm_rules() -> list[Rule]:
         Rule("algorithm.lam", ("algorithm.lam",)),
         Rule("algorithm.norm_adv_by_std_in_grpo", ("algorithm.norm_by_std",)),
         Rule("algorithm.use_kl_in_reward", ("algorithm.kl.use_in_reward",), _is_true),
-        Rule("algorithm.kl_penalty", ("algorithm.kl.estimator",), _kl_estimator("algorithm.use_kl_in_reward"), default="kl",
-             reason="kl = k1, low_var_kl = k3, mse = k2"),
-        Rule("algorithm.kl_ctrl.kl_coef", ("algorithm.kl.coef",), _needs("algorithm.use_kl_in_reward", "the KL reward penalty")),
+        Rule("algorithm.kl_penalty", ("algorithm.kl.reward_estimator",), _kl_estimator("algorithm.use_kl_in_reward"),
+             default="kl", reason="kl = k1, low_var_kl = k3, mse = k2"),
+        Rule("algorithm.kl_ctrl.kl_coef", ("algorithm.kl.reward_coef",), _needs("algorithm.use_kl_in_reward", "the KL reward penalty")),
         Rule("algorithm.kl_ctrl.type", ("algorithm.kl.controller",), _needs("algorithm.use_kl_in_reward", "the KL reward penalty")),
         Rule("algorithm.kl_ctrl.horizon", ("algorithm.kl.horizon",), _needs("algorithm.use_kl_in_reward", "the KL reward penalty")),
         Rule("algorithm.kl_ctrl.target_kl", ("algorithm.kl.target",), _needs("algorithm.use_kl_in_reward", "the KL reward penalty")),
@@ -967,7 +1137,7 @@ def is_verl_key(key: str) -> bool:
 def megarl_name(key: str) -> str | None:
     """The megarl key a verl key becomes, for the refusal of a verl key given to megarl."""
     rule = rule_for(key)
-    return ", ".join(rule.megarl) if rule is not None and rule.megarl else None
+    return ", ".join(rule.megarl_keys(key)) if rule is not None and rule.megarl else None
 
 
 def no_equivalent_reason(key: str) -> str | None:

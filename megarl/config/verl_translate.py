@@ -17,7 +17,7 @@ import yaml
 
 from megarl.config.loading import ConfigError
 from megarl.config.sections import MegaRLConfig
-from megarl.config.verl_keys import NONE, RULES, Rule, Unused, Verl, exact_rule, rule_for
+from megarl.config.verl_keys import NONE, RULES, Noted, Rule, Unused, Verl, exact_rule, rule_for
 from megarl.config.verl_script import Given, VerlRun, flatten, parse_hydra
 
 
@@ -55,6 +55,8 @@ def nest(values: dict[str, Any]) -> dict[str, Any]:
         *parents, last = key.split(".")
         for part in parents:
             node = node.setdefault(part, {})
+        if isinstance(value, dict) and isinstance(node.get(last), dict):  # a mapping given whole and by entries
+            value = {**node[last], **value}
         node[last] = value
     return out
 
@@ -133,7 +135,7 @@ def _row(text: str, key: str, value: Any, verl: Verl, out: Translation) -> Row:
             return Row(text, note=exc.reason, group=exc.group)
         return Row(text, note=rule.reason, group=rule.group)
     try:
-        values = _converted(rule, value, verl)
+        values, note = _converted(rule, value, verl, key)
     except Unused as exc:
         return Row(text, note=exc.reason, group=exc.group)
     except (TypeError, ValueError) as exc:
@@ -146,13 +148,17 @@ def _row(text: str, key: str, value: Any, verl: Verl, out: Translation) -> Row:
     for megarl_key, megarl_value in values.items():
         out.values[megarl_key] = megarl_value
         out.origins[megarl_key] = text
-    return Row(text, values, note=rule.reason)
+    return Row(text, values, note=note)
 
 
-def _converted(rule: Rule, value: Any, verl: Verl) -> dict[str, Any]:
+def _converted(rule: Rule, value: Any, verl: Verl, key: str) -> tuple[dict[str, Any], str]:
+    """The megarl values ``key`` sets and the row's note (the rule's reason unless the converter gave one)."""
     result = rule.convert(value, verl) if rule.convert is not None else value
+    note = rule.reason
+    if isinstance(result, Noted):
+        result, note = result.value, result.note
     results = result if len(rule.megarl) > 1 else (result,)
-    return {k: _plain(v) for k, v in zip(rule.megarl, results, strict=True)}
+    return {k: _plain(v) for k, v in zip(rule.megarl_keys(key), results, strict=True)}, note
 
 
 def _plain(value: Any) -> Any:
@@ -166,7 +172,7 @@ def _default_row(rule: Rule, verl: Verl, out: Translation) -> Row | None:
     value = verl.get(rule.verl)
     text = f"{rule.verl}: {_show(value)}"
     try:
-        values = _converted(rule, value, verl)
+        values, note = _converted(rule, value, verl, rule.verl)
     except Unused as exc:
         return None if exc.quiet or not rule.show_default else Row(text, note=exc.reason, group=exc.group)
     values = {k: v for k, v in values.items() if k not in out.values}
@@ -176,7 +182,7 @@ def _default_row(rule: Rule, verl: Verl, out: Translation) -> Row | None:
     for megarl_key, megarl_value in values.items():
         out.values[megarl_key] = megarl_value
         out.origins[megarl_key] = f"{text} (verl's default)"
-    return Row(text, values, note=rule.reason)
+    return Row(text, values, note=note)
 
 
 _MISSING = object()

@@ -93,7 +93,8 @@ def test_grpo_gsm8k_script_key_by_key(tmp_path: Path):
     assert v["actor.optimizer.lr"] == 1e-6 and isinstance(v["actor.optimizer.lr"], float)
     assert v["actor.mini_batch_size"] == 256 * 5  # prompts x n
     assert v["actor.micro_batch_size"] == 40
-    assert (v["algorithm.kl.use_in_loss"], v["algorithm.kl.coef"], v["algorithm.kl.estimator"]) == (True, 0.001, "k3")
+    assert (v["algorithm.kl.use_in_loss"], v["algorithm.kl.loss_coef"], v["algorithm.kl.loss_estimator"]) == (True, 0.001, "k3")
+    assert "algorithm.kl.coef" not in v and "algorithm.kl.estimator" not in v  # the shared settings stay megarl's
     assert v["algorithm.kl.use_in_reward"] is False
     assert v["actor.recompute"] == "full" and v["actor.pack_sequences"] is True
     assert v["actor.offload"] is False and v["reference.offload"] is True
@@ -107,7 +108,9 @@ def test_grpo_gsm8k_script_key_by_key(tmp_path: Path):
     assert v["trainer.eval_before_train"] is True
     assert v["trainer.output_dir"] == "checkpoints/verl_grpo_example_gsm8k/qwen2_7b_function_rm"
     assert "critic.optimizer.lr" not in v  # GRPO: no critic, none of its defaults
-    assert _row(t, "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=40").startswith("no equivalent")
+    assert _row(t, "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=40") == "actor.logprob_micro_batch_size=40"
+    assert _row(t, "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=40") == "actor.logprob_micro_batch_size=40"
+    assert v["actor.logprob_micro_batch_size"] == 40
     assert _row(t, "actor_rollout_ref.rollout.name=vllm") == "rollout.engine=sglang"
 
 
@@ -164,7 +167,7 @@ def test_ppo_with_critic_takes_verls_defaults(tmp_path: Path):
     assert v["critic.mini_batch_size"] == 64  # the actor's, verl's interpolation
     assert v["algorithm.clip.value"] == 0.5  # verl's cliprange_value default
     assert v["critic.optimizer.weight_decay"] == 0.01
-    assert (v["algorithm.kl.use_in_reward"], v["algorithm.kl.coef"], v["algorithm.kl.estimator"]) == (True, 0.002, "k1")
+    assert (v["algorithm.kl.use_in_reward"], v["algorithm.kl.reward_coef"], v["algorithm.kl.reward_estimator"]) == (True, 0.002, "k1")
     assert v["trainer.critic_warmup_steps"] == 2  # verl's N trains the actor from step N
     assert "critic.path" not in v
     assert "actor's model" in _row(t, f"critic.model.path: {'~/models/deepseek-llm-7b-chat'}")
@@ -393,7 +396,7 @@ def test_every_rule_names_real_megarl_keys():
 
     for rule in RULES:
         for key in rule.megarl:
-            describe(key)  # raises for a key megarl lacks
+            describe(key.removesuffix(".*"))  # raises for a key megarl lacks
         assert rule.megarl or rule.reason, rule.verl
     assert is_verl_key("actor_rollout_ref") and not is_verl_key("model")
 
@@ -532,3 +535,205 @@ def test_a_global_micro_batch_is_split_over_verls_data_parallel_ranks(tmp_path: 
         "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 "
         "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2"))  # fmt: skip
     assert fsdp.values["actor.micro_batch_size"] == 2 and megatron.values["actor.micro_batch_size"] == 8
+
+
+def _loads(t: Translation, tmp_path: Path):
+    """megarl's loader takes the translation as the command writes it."""
+    out = tmp_path / "written.yaml"
+    out.write_text(yaml.safe_dump({"model": {"arch": "tiny-demo"}} | {k: v for k, v in t.nested().items() if k != "model"}))
+    return load_config(out)
+
+
+def test_kl_splits_into_the_reward_and_loss_settings(tmp_path: Path):
+    """verl's KL penalty in the reward and KL loss each keep their coefficient and estimator:
+    megarl's reward_coef / reward_estimator and loss_coef / loss_estimator, the shared coef and
+    estimator left as megarl's."""
+    t = _translate(tmp_path, "grpo.sh", _MINIMAL, "algorithm.use_kl_in_reward=True", "algorithm.kl_ctrl.kl_coef=0.005",
+                   "algorithm.kl_penalty=mse", "actor_rollout_ref.actor.use_kl_loss=True",
+                   "actor_rollout_ref.actor.kl_loss_coef=0.02", "actor_rollout_ref.actor.kl_loss_type=kl",
+                   "algorithm.kl_ctrl.type=adaptive", "algorithm.kl_ctrl.target_kl=0.1", "algorithm.kl_ctrl.horizon=500")  # fmt: skip
+    v = t.values
+    assert _row(t, "algorithm.kl_ctrl.kl_coef=0.005") == "algorithm.kl.reward_coef=0.005"
+    assert _row(t, "algorithm.kl_penalty=mse") == "algorithm.kl.reward_estimator=k2"
+    assert _row(t, "actor_rollout_ref.actor.kl_loss_coef=0.02") == "algorithm.kl.loss_coef=0.02"
+    assert _row(t, "actor_rollout_ref.actor.kl_loss_type=kl") == "algorithm.kl.loss_estimator=k1"
+    assert (v["algorithm.kl.use_in_reward"], v["algorithm.kl.use_in_loss"]) == (True, True)
+    assert (v["algorithm.kl.controller"], v["algorithm.kl.target"], v["algorithm.kl.horizon"]) == ("adaptive", 0.1, 500)
+    assert "algorithm.kl.coef" not in v and "algorithm.kl.estimator" not in v
+    kl = _loads(t, tmp_path).algorithm.kl
+    assert (kl.reward_kl_coef, kl.reward_kl_estimator, kl.loss_kl_coef, kl.loss_kl_estimator) == (0.005, "k2", 0.02, "k1")
+    # verl's default kl_penalty (kl) with the reward penalty on: k1 for the reward, megarl's k3 left to the loss
+    t = _translate(tmp_path, "grpo.sh", _MINIMAL, "algorithm.use_kl_in_reward=True", "actor_rollout_ref.actor.use_kl_loss=True")
+    assert _row(t, "algorithm.kl_penalty: kl") == "algorithm.kl.reward_estimator=k1"
+    assert _loads(t, tmp_path).algorithm.kl.loss_kl_estimator == "k3"
+    # without the flags verl reads neither
+    t = _translate(tmp_path, "grpo.sh", _MINIMAL, "algorithm.kl_ctrl.kl_coef=0.005", "actor_rollout_ref.actor.kl_loss_coef=0.02")
+    assert "use_kl_in_reward=true" in _row(t, "algorithm.kl_ctrl.kl_coef=0.005")
+    assert "use_kl_loss=true" in _row(t, "actor_rollout_ref.actor.kl_loss_coef=0.02")
+    assert not [k for k in t.values if k.startswith("algorithm.kl.")]
+
+
+def test_kl_estimators_megarl_refuses_are_rows_without_equivalent(tmp_path: Path):
+    t = _translate(tmp_path, "grpo.sh", _MINIMAL, "algorithm.use_kl_in_reward=True", "algorithm.kl_penalty=full",
+                   "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_type=low_var_kl+")  # fmt: skip
+    assert _row(t, "algorithm.kl_penalty=full").startswith("no equivalent: full (the whole-vocabulary KL)")
+    plus = _row(t, "actor_rollout_ref.actor.kl_loss_type=low_var_kl+")
+    assert plus.startswith("not supported yet: low_var_kl+: verl's straight-through") and "is k3" in plus
+    assert "algorithm.kl.reward_estimator" not in t.values and "algorithm.kl.loss_estimator" not in t.values
+    t = _translate(tmp_path, "grpo.sh", _MINIMAL, "actor_rollout_ref.actor.use_kl_loss=True",
+                   "actor_rollout_ref.actor.kl_loss_type=abs")  # fmt: skip
+    assert _row(t, "actor_rollout_ref.actor.kl_loss_type=abs") == "algorithm.kl.loss_estimator=abs"
+
+
+_KL_LOSS = ("actor_rollout_ref.actor.use_kl_loss=True",)
+
+
+def test_log_prob_micro_batches_of_both_passes_are_one_setting(tmp_path: Path):
+    t = _translate(tmp_path, "grpo.sh", _MINIMAL, *_KL_LOSS, "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=20",
+                   "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4")  # fmt: skip
+    assert t.values["actor.logprob_micro_batch_size"] == 4  # the smaller, said in both rows
+    for key in ("rollout.log_prob_micro_batch_size_per_gpu=20", "ref.log_prob_micro_batch_size_per_gpu=4"):
+        row = [r for r in t.given if r.verl == f"actor_rollout_ref.{key}"][0]
+        assert row.sets == {"actor.logprob_micro_batch_size": 4}
+        assert row.note == "megarl has one setting for both log-prob passes: the smaller of rollout's 20 and ref's 4"
+    # no reference (no KL): verl never runs the ref's pass, its size is not read
+    t = _translate(tmp_path, "grpo.sh", _MINIMAL, "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=20",
+                   "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4")  # fmt: skip
+    assert t.values["actor.logprob_micro_batch_size"] == 20
+    assert _row(t, "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4").startswith("no equivalent: no reference")
+    # verl's deprecated global size, split over its data-parallel ranks (8 GPUs under FSDP)
+    t = _translate(tmp_path, "grpo.sh", _MINIMAL, "actor_rollout_ref.rollout.log_prob_micro_batch_size=64")
+    assert _row(t, "actor_rollout_ref.rollout.log_prob_micro_batch_size=64") == "actor.logprob_micro_batch_size=8"
+    assert _loads(t, tmp_path).actor.logprob_micro_batch_size == 8
+
+
+def test_log_prob_token_budgets_only_with_dynamic_batches(tmp_path: Path):
+    given = ("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=32768", "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=24000")
+    t = _translate(tmp_path, "grpo.sh", _MINIMAL, *_KL_LOSS, *given)
+    assert "log_prob_use_dynamic_bsz=true" in _row(t, f"actor_rollout_ref.{given[0].split('.', 1)[1]}")
+    assert "actor.logprob_max_tokens_per_gpu" not in t.values
+    t = _translate(tmp_path, "grpo.sh", _MINIMAL, *_KL_LOSS, *given, "actor_rollout_ref.actor.use_dynamic_bsz=True",
+                   "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16000")  # fmt: skip
+    assert t.values["actor.logprob_max_tokens_per_gpu"] == 24000 and t.values["actor.max_tokens_per_gpu"] == 16000
+    assert "the smaller of rollout's 32768 and ref's 24000" in [r for r in t.given if r.verl == given[0]][0].note
+    # the pass's own switch: the rollout's alone, at verl's default budget (the actor's ppo_max_token_len_per_gpu)
+    t = _translate(tmp_path, "grpo.sh", _MINIMAL, "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True",
+                   "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=12000")  # fmt: skip
+    assert _row(t, "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True") == "actor.logprob_max_tokens_per_gpu=12000"
+    assert _loads(t, tmp_path).actor.logprob_max_tokens_per_gpu == 12000
+
+
+def test_critic_forward_micro_batches(tmp_path: Path):
+    keys = ("critic.forward_micro_batch_size_per_gpu=16", "critic.forward_max_token_len_per_gpu=30000")
+    t = _translate(tmp_path, "ppo.sh", _MINIMAL.replace("grpo", "gae"), *keys, "critic.use_dynamic_bsz=True")
+    assert _row(t, keys[0]) == "critic.logprob_micro_batch_size=16"
+    assert _row(t, keys[1]) == "critic.logprob_max_tokens_per_gpu=30000"
+    assert t.values["critic.max_tokens_per_gpu"] == 32768  # verl's critic default budget, not the actor's
+    critic = _loads(t, tmp_path).critic
+    assert (critic.logprob_micro_batch_size, critic.logprob_max_tokens_per_gpu) == (16, 30000)
+    t = _translate(tmp_path, "ppo.sh", _MINIMAL.replace("grpo", "gae"), *keys)
+    assert "use_dynamic_bsz=true" in _row(t, keys[1]) and "critic.logprob_max_tokens_per_gpu" not in t.values
+    t = _translate(tmp_path, "ppo.sh", _MINIMAL.replace("grpo", "gae"), "critic.forward_micro_batch_size=64")
+    assert _row(t, "critic.forward_micro_batch_size=64") == "critic.logprob_micro_batch_size=8"  # global / 8 GPUs
+    t = _translate(tmp_path, "grpo.sh", _MINIMAL, *keys)  # GRPO: no critic
+    assert not [k for k in t.values if k.startswith("critic.")]
+    assert _row(t, keys[0]).startswith("no equivalent: no critic")
+
+
+def test_warmup_ratio_min_lr_ratio_and_wsd(tmp_path: Path):
+    t = _translate(tmp_path, "grpo.sh", _MINIMAL, "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.05",
+                   "actor_rollout_ref.actor.optim.min_lr_ratio=0.1", "actor_rollout_ref.actor.optim.warmup_style=wsd",
+                   "actor_rollout_ref.actor.optim.lr=2e-6")  # fmt: skip
+    assert _row(t, "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.05") == "actor.optimizer.warmup_ratio=0.05"
+    assert _row(t, "actor_rollout_ref.actor.optim.min_lr_ratio=0.1") == "actor.optimizer.min_lr_ratio=0.1"
+    assert _row(t, "actor_rollout_ref.actor.optim.warmup_style=wsd") == "actor.optimizer.schedule=wsd"
+    optimizer = _loads(t, tmp_path).actor.optimizer
+    assert (optimizer.warmup_ratio, optimizer.schedule, optimizer.wsd_decay_ratio) == (0.05, "wsd", 0.1)
+    assert optimizer.final_lr == pytest.approx(2e-7) and optimizer.warmup_steps_of(200) == 10
+    # lr_warmup_steps > 0 wins in verl; a min_lr beside min_lr_ratio: megarl takes the ratio
+    t = _translate(tmp_path, "grpo.sh", _MINIMAL, "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.05",
+                   "actor_rollout_ref.actor.optim.lr_warmup_steps=3", "actor_rollout_ref.actor.optim.min_lr_ratio=0.1",
+                   "actor_rollout_ref.actor.optim.min_lr=1e-7", "actor_rollout_ref.actor.optim.lr_scheduler_type=wsd")  # fmt: skip
+    assert "lr_warmup_steps is set and wins" in _row(t, "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.05")
+    assert "megarl takes one of them, the ratio" in _row(t, "actor_rollout_ref.actor.optim.min_lr=1e-7")
+    assert t.values["actor.optimizer.schedule"] == "wsd"
+    optimizer = _loads(t, tmp_path).actor.optimizer
+    assert (optimizer.warmup_ratio, optimizer.min_lr, optimizer.min_lr_ratio) == (None, 0.0, 0.1)
+    # lr_warmup_steps 0 (or verl's -1) leaves the ratio to verl
+    t = _translate(tmp_path, "grpo.sh", _MINIMAL, "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.1",
+                   "actor_rollout_ref.actor.optim.lr_warmup_steps=0")  # fmt: skip
+    assert _loads(t, tmp_path).actor.optimizer.warmup_ratio == 0.1
+    # the critic's optim the same
+    t = _translate(tmp_path, "ppo.sh", _MINIMAL.replace("grpo", "gae"), "critic.optim.lr_warmup_steps_ratio=0.02",
+                   "critic.optim.min_lr_ratio=0.5", "critic.optim.warmup_style=wsd")  # fmt: skip
+    critic = _loads(t, tmp_path).critic.optimizer
+    assert (critic.warmup_ratio, critic.min_lr_ratio, critic.schedule) == (0.02, 0.5, "wsd")
+
+
+def test_a_config_with_the_kl_split_and_ratios_is_written_and_accepted(tmp_path: Path, capsys, monkeypatch):
+    monkeypatch.setenv("HOME", "/home/u")
+    script = _write(tmp_path, "run.sh", GRPO_GSM8K)
+    out = tmp_path / "megarl.yaml"
+    assert main(["config", "--from-verl", str(script), "algorithm.use_kl_in_reward=True", "algorithm.kl_ctrl.kl_coef=0.01",
+                 "algorithm.kl_penalty=kl", "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.1",
+                 "actor_rollout_ref.actor.optim.min_lr_ratio=0.1", "actor_rollout_ref.actor.optim.warmup_style=cosine",
+                 "--out", str(out)]) == 0  # fmt: skip
+    assert "megarl plan accepts it" in capsys.readouterr().out
+    cfg = load_config(out)
+    kl = cfg.algorithm.kl
+    assert (kl.reward_kl_coef, kl.reward_kl_estimator, kl.loss_kl_coef, kl.loss_kl_estimator) == (0.01, "k1", 0.001, "k3")
+    assert (cfg.actor.optimizer.warmup_ratio, cfg.actor.optimizer.min_lr_ratio) == (0.1, 0.1)
+    assert cfg.actor.logprob_micro_batch_size == 40
+
+
+def test_sglang_engine_kwargs_become_rollout_engine_kwargs(tmp_path: Path):
+    t = _translate(tmp_path, "grpo.sh", _MINIMAL, "+actor_rollout_ref.rollout.engine_kwargs.sglang.attention_backend=triton",
+                   "+actor_rollout_ref.rollout.engine_kwargs.sglang.chunked_prefill_size=4096",
+                   "+actor_rollout_ref.rollout.engine_kwargs.sglang.disable_radix_cache=null")  # fmt: skip
+    assert _row(t, "+actor_rollout_ref.rollout.engine_kwargs.sglang.attention_backend=triton") == "rollout.engine_kwargs.attention_backend=triton"
+    assert _row(t, "+actor_rollout_ref.rollout.engine_kwargs.sglang.disable_radix_cache=null").startswith("no equivalent: null")
+    assert t.nested()["rollout"]["engine_kwargs"] == {"attention_backend": "triton", "chunked_prefill_size": 4096}
+    assert _loads(t, tmp_path).rollout.engine_kwargs == {"attention_backend": "triton", "chunked_prefill_size": 4096}
+    # the dict given whole (nulls left out), and a YAML config's entries
+    t = _translate(tmp_path, "grpo.sh", _MINIMAL,
+                   "actor_rollout_ref.rollout.engine_kwargs.sglang={attention_backend: triton, max_prefill_tokens: null}")  # fmt: skip
+    assert t.values["rollout.engine_kwargs"] == {"attention_backend": "triton"}
+    path = _write(tmp_path, "dump.yaml", """
+        actor_rollout_ref:
+          model: {path: /m/Qwen3-8B}
+          rollout: {name: sglang, engine_kwargs: {sglang: {chunked_prefill_size: 8192}, vllm: {}}}
+        """)  # fmt: skip
+    t = translate(read_verl(path, env={}))
+    assert t.nested()["rollout"]["engine_kwargs"] == {"chunked_prefill_size": 8192}
+    assert _row(t, "actor_rollout_ref.rollout.engine_kwargs.vllm: {}").startswith("vLLM-only")
+    assert is_verl_key("actor_rollout_ref.rollout.engine_kwargs.sglang.attention_backend")
+
+
+def test_swanlab_logger(tmp_path: Path):
+    t = _translate(tmp_path, "grpo.sh", _MINIMAL, "trainer.logger=[console,swanlab]")
+    assert _row(t, "trainer.logger=[console,swanlab]") == "trainer.loggers=['console', 'swanlab']"
+    assert _loads(t, tmp_path).trainer.loggers == ["console", "swanlab"]
+
+
+def test_data_custom_cls_chat_template_kwargs_and_reward_fn_key(tmp_path: Path):
+    t = _translate(tmp_path, "grpo.sh", _MINIMAL, "data.custom_cls.path=/code/my_dataset.py", "data.custom_cls.name=JsonlPrompts",
+                   "+data.apply_chat_template_kwargs.enable_thinking=False", "data.reward_fn_key=source")  # fmt: skip
+    assert _row(t, "data.custom_cls.path=/code/my_dataset.py") == "data.custom_cls.path=/code/my_dataset.py"
+    assert _row(t, "data.custom_cls.name=JsonlPrompts") == "data.custom_cls.name=JsonlPrompts"
+    assert _row(t, "+data.apply_chat_template_kwargs.enable_thinking=False") == "data.apply_chat_template_kwargs.enable_thinking=False"
+    assert _row(t, "data.reward_fn_key=source") == "data.reward_fn_key=source"
+    data = _loads(t, tmp_path).data
+    assert (str(data.custom_cls.path), data.custom_cls.name) == ("/code/my_dataset.py", "JsonlPrompts")
+    assert data.apply_chat_template_kwargs == {"enable_thinking": False} and data.reward_fn_key == "source"
+    # a dump's nulls: verl's own dataset, nothing set
+    path = _write(tmp_path, "dump.yaml", """
+        actor_rollout_ref: {model: {path: /m/Qwen3-8B}, rollout: {name: sglang}}
+        data: {custom_cls: {path: null, name: null}, apply_chat_template_kwargs: {}, reward_fn_key: data_source}
+        """)  # fmt: skip
+    t = translate(read_verl(path, env={}))
+    assert "data.custom_cls.path" not in t.values and "data.custom_cls.name" not in t.values
+    assert "custom_cls.path" in _row(t, "data.custom_cls.name: null")
+    t = _translate(tmp_path, "grpo.sh", _MINIMAL, "data.custom_cls={path: /code/d.py, name: D}",
+                   "data.apply_chat_template_kwargs={enable_thinking: false}")  # fmt: skip
+    assert t.values["data.custom_cls"] == {"path": "/code/d.py", "name": "D"}
+    assert _loads(t, tmp_path).data.apply_chat_template_kwargs == {"enable_thinking": False}
