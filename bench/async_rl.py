@@ -1,5 +1,6 @@
-"""Asynchronous RL on this machine: rollout.max_staleness 0 (synchronous) against 1 and 2, each case
-a real `megarl launch` of the CPU demo config (configs/tiny_grpo.yaml):
+"""Asynchronous RL on this machine: rollout.max_staleness 0 (synchronous) against 1 and 2 (and 1 with
+algorithm.old_logprobs=engine), each case a real `megarl launch` of the CPU demo config
+(configs/tiny_grpo.yaml):
 
 - throughput: samples per second with one policy rank (cluster.gpus_per_node=1) and, in the
   asynchronous runs, the torch engine in a process of its own (one thread each), on a variant of
@@ -13,7 +14,9 @@ a real `megarl launch` of the CPU demo config (configs/tiny_grpo.yaml):
 
 Writes bench/results/async_rl.json and prints the tables; bench/results/async_rl.md is the summary.
 
-    .venv/bin/python bench/async_rl.py [--part throughput|learning|all] [--quick]
+    .venv/bin/python bench/async_rl.py [--part throughput|learning|all] [--modes k0 k1 ...] [--quick]
+
+A throughput part run again moves the file's earlier throughput results to its "earlier" list.
 """
 
 from __future__ import annotations
@@ -33,7 +36,10 @@ from machine import describe  # bench/machine.py
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "tiny_grpo.yaml"
 OUT = ROOT / "bench" / "results" / "async_rl.json"
-MODES = (0, 1, 2)  # rollout.max_staleness
+# Throughput modes: rollout.max_staleness 0, 1, 2, and 1 with the engine's log-probs as the old
+# ones (algorithm.old_logprobs=engine: no old-log-prob forward on the trainer).
+MODES = {"k0": ("rollout.max_staleness=0",), "k1": ("rollout.max_staleness=1",), "k2": ("rollout.max_staleness=2",),
+         "k1_engine": ("rollout.max_staleness=1", "algorithm.old_logprobs=engine")}  # fmt: skip
 SKIP_WARMUP = 4  # the first steps pay one-off costs (allocations, the engine's first draws)
 # The throughput task: one policy rank; generation about half of a synchronous step. The demo's
 # 4 new tokens make generation ~20 % of a step, too little for overlap to matter; with 32 new
@@ -68,21 +74,22 @@ def med(records: list[dict], key: str) -> float:
     return statistics.median(r.get(key, 0.0) for r in records)
 
 
-def throughput(root: Path, work: Path, steps: int, repeats: int) -> dict:
-    """Interleaved runs per mode; per run the medians over the steps after the warm-up (the last
-    step, which saves a checkpoint, left out)."""
-    runs: dict[int, list[dict]] = {k: [] for k in MODES}
+def throughput(root: Path, work: Path, steps: int, repeats: int, names: tuple[str, ...] = tuple(MODES)) -> dict:
+    """Interleaved runs per mode (``names``, k0 first: the speed-ups are against it); per run the
+    medians over the steps after the warm-up (the last step, which saves a checkpoint, left out)."""
+    names = ("k0", *(k for k in names if k != "k0"))
+    runs: dict[str, list[dict]] = {k: [] for k in names}
     for rep in range(repeats):
-        for k in MODES:
+        for k in names:
             load = os.getloadavg()[0]
-            records, wall = launch(root, work / f"tp-k{k}-{rep}", steps, *THROUGHPUT, "trainer.eval_freq=0",
-                                   "trainer.eval_before_train=false", f"rollout.max_staleness={k}")  # fmt: skip
+            records, wall = launch(root, work / f"tp-{k}-{rep}", steps, *THROUGHPUT, "trainer.eval_freq=0",
+                                   "trainer.eval_before_train=false", *MODES[k])  # fmt: skip
             steady = [r for r in records if "time/step_s" in r][SKIP_WARMUP:-1]
             run = {"step_s": med(steady, "time/step_s"), "generate_s": med(steady, "time/generate_s"),
                    "policy_update_s": med(steady, "time/policy_update_s"), "load_1m": load, "wall_s": wall,
                    "response_length": statistics.mean(r["response_length/mean"] for r in steady)}  # fmt: skip
             # the rest of the step: the trainer's own work (sync: all but generation; async: all but the wait)
-            wait = "time/generate_s" if k == 0 else "time/rollout_wait_s"
+            wait = "time/generate_s" if k == "k0" else "time/rollout_wait_s"
             run["train_s"] = statistics.median(r["time/step_s"] - r.get(wait, 0.0) for r in steady)
             for key in ("time/rollout_wait_s", "time/old_logprobs_s", "time/weight_sync_s", "time/ref_logprobs_s",
                         "async/trainer_idle_frac", "async/engine_idle_frac", "async/staleness_mean"):  # fmt: skip
@@ -90,14 +97,14 @@ def throughput(root: Path, work: Path, steps: int, repeats: int) -> dict:
                     run[key] = med(steady, key)
             run["samples_per_s"] = SAMPLES_PER_STEP / run["step_s"]
             runs[k].append(run)
-            print(f"  throughput rep {rep} k={k}: {run['step_s']:.3f} s/step, generate {run['generate_s']:.3f} s, "
+            print(f"  throughput rep {rep} {k}: {run['step_s']:.3f} s/step, generate {run['generate_s']:.3f} s, "
                   f"trainer's own {run['train_s']:.3f} s, load {load:.2f}", flush=True)
-    sync = runs[0]
+    sync = runs["k0"]
     t_gen = statistics.median(r["generate_s"] for r in sync)
     t_train = statistics.median(r["train_s"] for r in sync)
     limit = (t_gen + t_train) / max(t_gen, t_train)
     modes = {}
-    for k in MODES:
+    for k in names:
         speedups = [s["step_s"] / r["step_s"] for s, r in zip(sync, runs[k], strict=True)]  # per interleaved repeat
         row = {"step_s": statistics.median(r["step_s"] for r in runs[k]),
                "samples_per_s": statistics.median(r["samples_per_s"] for r in runs[k]),
@@ -110,7 +117,7 @@ def throughput(root: Path, work: Path, steps: int, repeats: int) -> dict:
                     "time/old_logprobs_s", "time/weight_sync_s"):  # fmt: skip
             if key in runs[k][0]:
                 row[key] = statistics.median(r[key] for r in runs[k])
-        modes[f"k{k}"] = row
+        modes[k] = row
     return {"steps": steps, "repeats": repeats, "skip_warmup": SKIP_WARMUP, "overrides": list(THROUGHPUT),
             "samples_per_step": SAMPLES_PER_STEP, "sync_generate_s": t_gen, "sync_train_s": t_train,
             "sync_generate_share": t_gen / (t_gen + t_train), "limit": limit, "modes": modes, "runs": runs}  # fmt: skip
@@ -135,7 +142,8 @@ def at_time(points: list[tuple[int, float, float]], budget: float) -> float:
 # The learning runs: the synchronous loop, staleness 1 and 2 as configured by the demo, and
 # staleness 1 with decoupled PPO's behaviour weight (algorithm.tis at token level, cap 2).
 LEARN_MODES = {"k0": ("rollout.max_staleness=0",), "k1": ("rollout.max_staleness=1",), "k2": ("rollout.max_staleness=2",),
-               "k1_tis": ("rollout.max_staleness=1", "algorithm.tis.level=token")}  # fmt: skip
+               "k1_tis": ("rollout.max_staleness=1", "algorithm.tis.level=token"),
+               "k1_engine": ("rollout.max_staleness=1", "algorithm.old_logprobs=engine")}  # fmt: skip
 
 
 def learning(root: Path, work: Path, steps: int, seeds: tuple[int, ...], names: tuple[str, ...] = tuple(LEARN_MODES)) -> dict:
@@ -174,28 +182,31 @@ def print_tables(result: dict) -> None:
         print(f"\nthroughput ({tp['repeats']} interleaved repeats, {tp['steps']} steps, median of steps "
               f"{tp['skip_warmup'] + 1}..{tp['steps'] - 1}); sync split: generate {tp['sync_generate_s']:.3f} s "
               f"({tp['sync_generate_share']:.0%}), rest {tp['sync_train_s']:.3f} s; limit {tp['limit']:.2f}x")
-        print(f"{'mode':6} {'s/step':>7} {'samples/s':>10} {'speed-up':>9} {'of limit':>9} {'trainer own s':>14} "
-              f"{'trainer busy':>13} {'engine busy':>12} {'staleness':>10}")
+        print(f"{'mode':10} {'s/step':>7} {'samples/s':>10} {'speed-up':>9} {'of limit':>9} {'trainer own s':>14} "
+              f"{'old lp s':>9} {'trainer busy':>13} {'engine busy':>12} {'staleness':>10}")
         for name, row in tp["modes"].items():
             busy = {s: f"{1 - row[f'async/{s}_idle_frac']:.0%}" if f"async/{s}_idle_frac" in row else "-" for s in ("trainer", "engine")}
             share = "-" if name == "k0" else f"{row['share_of_limit']:.0%}"
             stale = f"{row['async/staleness_mean']:.2f}" if "async/staleness_mean" in row else "0"
-            print(f"{name:6} {row['step_s']:7.3f} {row['samples_per_s']:10.0f} {row['speedup']:9.2f} {share:>9} "
-                  f"{row['train_s']:14.3f} {busy['trainer']:>13} {busy['engine']:>12} {stale:>10}")  # fmt: skip
+            print(f"{name:10} {row['step_s']:7.3f} {row['samples_per_s']:10.0f} {row['speedup']:9.2f} {share:>9} "
+                  f"{row['train_s']:14.3f} {row.get('time/old_logprobs_s', 0.0):9.3f} {busy['trainer']:>13} "
+                  f"{busy['engine']:>12} {stale:>10}")  # fmt: skip
     ln = result.get("learning")
     if ln:
         print(f"\nlearning ({ln['steps']} steps, seeds {ln['seeds']}); equal time budget {ln['equal_time_budget_s']:.0f} s")
-        print(f"{'mode':6} {'val reward (last)':>18} {'per seed':>22} {'training s':>11} {'launch s':>9} "
+        print(f"{'mode':10} {'val reward (last)':>18} {'per seed':>22} {'training s':>11} {'launch s':>9} "
               f"{'reward @ equal time':>20} {'first step >= 0.7':>18}")
         for name, row in ln["modes"].items():
             seeds = " ".join(f"{v:.2f}" for v in row["final_rewards"])
-            print(f"{name:6} {row['final_reward_mean']:18.3f} {seeds:>22} {row['train_s_mean']:11.0f} {row['launch_s_mean']:9.0f} "
+            print(f"{name:10} {row['final_reward_mean']:18.3f} {seeds:>22} {row['train_s_mean']:11.0f} {row['launch_s_mean']:9.0f} "
                   f"{row['reward_at_equal_time_mean']:20.3f} {str(row['first_step_mean_reward_ge_target']):>18}")  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--part", choices=("throughput", "learning", "all"), default="all")
+    parser.add_argument("--modes", nargs="+", choices=tuple(MODES), default=("k0", "k1", "k2"),
+                        help="throughput: which modes (default k0 k1 k2; k0 always runs, the speed-ups are against it)")
     parser.add_argument("--quick", action="store_true", help="a smoke test: fewer steps and repeats")
     parser.add_argument("--repeats", type=int, default=None, help="throughput: interleaved repeats (default 3, quick 1)")
     parser.add_argument("--steps", type=int, default=None, help="throughput: steps per run (default 30, quick 10)")
@@ -213,24 +224,43 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="megarl-bench-async-") as tmp:
         work = Path(tmp)
         if args.part in ("throughput", "all"):
-            result["throughput"] = throughput(work / "demo", work, steps, repeats)
+            result["throughput"] = throughput(work / "demo", work, steps, repeats, tuple(args.modes))
         if args.part in ("learning", "all"):
             result["learning"] = learning(work / "demo", work, learn_steps, seeds, tuple(args.learn_modes))
     result["load_after"] = round(os.getloadavg()[0], 2)
     result["bench_wall_s"] = round(time.monotonic() - start)
-    if OUT.is_file() and args.part != "all":  # one part run alone keeps the other part's last results
-        kept = json.loads(OUT.read_text())
-        earlier = kept.get("learning", {}).get("modes", {})
-        if "learning" in result and set(earlier) - set(result["learning"]["modes"]):  # a subset of the runs
-            result["learning"]["modes"] = earlier | result["learning"]["modes"]
-            result["learning"]["modes_kept_from_earlier_run"] = sorted(set(earlier) - set(args.learn_modes))
-        for part in ("throughput", "learning"):
-            if part not in result and part in kept:
-                result[part] = kept[part]
-                result.setdefault("kept_from_earlier_run", []).append({"part": part, "machine": kept.get("machine")})
+    if OUT.is_file():
+        keep_earlier(result, json.loads(OUT.read_text()), args.part)
     OUT.write_text(json.dumps(result, indent=2) + "\n")
     print_tables(result)
     print(f"\nload {result['machine']['load_avg_1m']} at the start, {result['load_after']} at the end; {result['bench_wall_s']} s")
+
+
+def keep_earlier(result: dict, kept: dict, part: str) -> None:
+    """What the file held before this run: earlier throughput results go to its "earlier" list
+    (throughput is only compared within one interleaved run); one part run alone keeps the other
+    part's last results, and learning runs of some modes keep the others' (then the equal-time
+    reward is recomputed over all of them)."""
+    result["earlier"] = kept.get("earlier", [])
+    machines = {e["part"]: e["machine"] for e in kept.get("kept_from_earlier_run", [])}
+    if "throughput" in result and "throughput" in kept:
+        result["earlier"].append({"machine": machines.get("throughput", kept.get("machine")), "throughput": kept["throughput"]})
+    earlier = kept.get("learning", {}).get("modes", {})
+    replaced = {k: v for k, v in earlier.items() if k in result.get("learning", {}).get("modes", {})}
+    if replaced:
+        result["earlier"].append({"machine": machines.get("learning", kept.get("machine")), "learning_modes": replaced})
+    if "learning" in result and set(earlier) - set(result["learning"]["modes"]):  # a subset of the runs
+        ln = result["learning"]
+        ln["modes_kept_from_earlier_run"] = sorted(set(earlier) - set(ln["modes"]))
+        ln["modes"] = earlier | ln["modes"]
+        ln["equal_time_budget_s"] = budget = min(m["train_s_mean"] for m in ln["modes"].values())
+        for mode in ln["modes"].values():
+            mode["reward_at_equal_time_mean"] = statistics.mean(at_time(c, budget) for c in mode["curves"])
+    if part != "all":  # one part run alone keeps the other part's last results
+        for other in ("throughput", "learning"):
+            if other not in result and other in kept:
+                result[other] = kept[other]
+                result.setdefault("kept_from_earlier_run", []).append({"part": other, "machine": machines.get(other, kept.get("machine"))})
 
 
 if __name__ == "__main__":

@@ -116,7 +116,8 @@ CATALOGUE: tuple[Metric, ...] = (
     Metric("actor/tis_weight", "mean", "actor", "truncated importance weight pi_train / pi_rollout (algorithm.tis), mean over valid tokens"),
     Metric("actor/tis_capped_frac", "mean", "actor", "share of valid tokens whose TIS weight reached the cap"),
     Metric("actor/mis_masked_frac", "mean", "actor", "share of valid tokens that masked importance sampling (algorithm.mis) drops from the policy-gradient loss"),
-    Metric("rollout/logprob_mismatch", "mean", "actor", "mean |trainer - engine| log-prob of the sampled tokens (trainer: old log-probs, else current)"),
+    Metric("rollout/logprob_mismatch", "mean", "actor", "mean |trainer - engine| log-prob of the sampled tokens (trainer: old log-probs, else current; "
+           "current with algorithm.old_logprobs=engine)"),
     Metric("rollout/logprob_mismatch/staleness<s>", "last", "rollout", "asynchronous runs: mean |old - engine| log-prob over the valid tokens of the samples s policy versions older than the trained one"),
     *_optimizer_metrics("actor", "policy"),
     Metric("actor/moe/routing_agreement", "last", "moe", "MoE with routing replay: mean over MoE layers of actor/moe/routing_agreement/layer<i>"),

@@ -260,7 +260,7 @@ class PolicyLossFn:
             "actor/ratio_mean": _token_metric(terms.ratio, mask, n),
         }
         metrics["actor/ratio_max"], metrics["actor/ratio_min"] = _positive_extremes(terms.ratio, mask, n)
-        token_loss = self._importance_weighted(terms.loss, old, batch, mask, n, metrics)
+        token_loss = self._importance_weighted(terms.loss, old, logp.detach(), batch, mask, n, metrics)
         total = self._regularised(token_loss, logp, batch, outputs, mask, n, metrics)
         loss_sum, count = self.aggregation(total, mask, self.max_response_length)
         metrics["actor/loss"] = torch.stack([loss_sum.detach(), count.detach()])
@@ -275,6 +275,7 @@ class PolicyLossFn:
         self,
         loss: torch.Tensor,
         old: torch.Tensor,
+        current: torch.Tensor,
         batch: Batch,
         mask: torch.Tensor,
         n: torch.Tensor,
@@ -282,11 +283,17 @@ class PolicyLossFn:
     ) -> torch.Tensor:
         """The token losses times the TIS weights and the MIS mask (each when configured), plus
         the mismatch metrics. Both need the engine's log-probs and compare them with ``old``
-        (old log-probs when the batch has them, in asynchronous runs the proximal policy)."""
+        (old log-probs when the batch has them, in asynchronous runs the proximal policy; TIS and
+        MIS are refused with the engine's as old, where their weight would be 1); ``current``: this
+        forward's log-probs, detached."""
         tis, mis = self.cfg.tis, self.cfg.mis
         if batch.rollout_logprobs is not None:
+            # old_logprobs=engine: ``old`` is the engine's own, so the gap is taken to the policy
+            # being trained (at a step's first mini-batch the trainer's view of the weights that
+            # sampled, plus the staleness in asynchronous runs)
+            trainer = old if self.cfg.old_logprobs == "recompute" else current
             metrics["rollout/logprob_mismatch"] = logprob_mismatch(
-                old, batch.rollout_logprobs, mask
+                trainer, batch.rollout_logprobs, mask
             )
         if tis.level != "none":
             rollout = _require(

@@ -533,6 +533,12 @@ class AlgorithmConfig(Section):
     kl: KLConfig = Field(default_factory=KLConfig, description="KL to the reference policy.")
     tis: TISConfig = Field(default_factory=TISConfig, description="Train/inference mismatch correction.")
     mis: MISConfig = Field(default_factory=MISConfig, description="Train/inference mismatch masking (composes with tis).")
+    old_logprobs: Literal["recompute", "engine"] = Field(
+        "recompute",
+        description="The PPO ratio's old log-probs: recompute (the trainer's forward before the update; skipped when a "
+        "synchronous step is strictly on-policy) or engine (the rollout engine's own log-probs of the sampled tokens, "
+        "no forward: the ratio is pi_theta / pi_behaviour, docs/async.md).",
+    )
     dynamic_sampling: DynamicSamplingConfig = Field(default_factory=DynamicSamplingConfig, description="DAPO dynamic sampling.")
     overlong: OverlongConfig = Field(default_factory=OverlongConfig, description="DAPO overlong reward shaping.")
 

@@ -38,9 +38,22 @@ def check_algorithm(cfg: MegaRLConfig, issues: list[Issue]) -> None:
     if alg.dynamic_sampling.enabled and (alg.estimator not in GROUP_ESTIMATORS or cfg.rollout.n < 2):
         issues.append(Issue("algorithm.dynamic_sampling", f"filters groups by reward variance, which only group estimators "
                             f"with n >= 2 learn from (estimator {alg.estimator}, n {cfg.rollout.n})", level="warning"))
+    _check_engine_old_logprobs(cfg, issues)
     if alg.overlong.length >= cfg.rollout.sampling.max_new_tokens:
         issues.append(Issue("algorithm.overlong.length", f"({alg.overlong.length}) must be below rollout.sampling.max_new_tokens "
                             f"({cfg.rollout.sampling.max_new_tokens})"))
+
+
+def _check_engine_old_logprobs(cfg: MegaRLConfig, issues: list[Issue]) -> None:
+    """With the engine's log-probs as the old ones, the behaviour correction (old / engine) is 1
+    for every token: TIS and MIS would do nothing while the user believes they correct."""
+    if cfg.algorithm.old_logprobs != "engine":
+        return
+    for knob in ("tis", "mis"):
+        if getattr(cfg.algorithm, knob).level != "none":
+            issues.append(Issue(f"algorithm.{knob}.level", f"({getattr(cfg.algorithm, knob).level}) weighs by old / engine "
+                                "log-probs, which is 1 with algorithm.old_logprobs=engine (the ratio is already taken to "
+                                f"the engine's policy); set algorithm.{knob}.level=none or algorithm.old_logprobs=recompute"))  # fmt: skip
 
 
 def check_run_length(t: TrainerConfig, issues: list[Issue]) -> None:

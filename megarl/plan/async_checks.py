@@ -57,7 +57,8 @@ def async_summary(cfg: MegaRLConfig, servers: int) -> str | None:
         return None
     engines = "1 torch engine process generates" if cfg.rollout.engine == "torch" else \
         f"{servers} SGLang server{'s' if servers != 1 else ''} generate{'s' if servers == 1 else ''}"
+    old = "old log-probs recomputed" if cfg.algorithm.old_logprobs == "recompute" else "the engines' log-probs are the old ones"
     partial = "partial rollouts (a push pauses the requests in flight)" if cfg.partial_rollouts else "a push waits for the requests in flight"
     return (f"[bold]asynchronous[/] max_staleness {cfg.rollout.max_staleness}: {engines} while the "
             f"policy ranks train (overlap up to 2x when generation and training take as long); {partial}; "
-            "old log-probs recomputed")  # fmt: skip
+            f"{old}")  # fmt: skip

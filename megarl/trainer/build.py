@@ -35,6 +35,7 @@ from megarl.trainer.metric_sinks import build_logger
 from megarl.trainer.phases import (
     Advantages,
     CriticPhase,
+    EngineOldLogprobs,
     OldLogprobs,
     PolicyForward,
     PolicyUpdate,
@@ -57,8 +58,17 @@ def is_strictly_on_policy(cfg: MegaRLConfig) -> bool:
     """One epoch, one optimizer step per RL step, no KL-in-reward: the update's own forward gives
     the old log-probs (the ratio starts at exactly 1), so no separate forward is needed."""
     one_step = (cfg.actor.mini_batch_size or cfg.samples_per_step) == cfg.samples_per_step
-    # Asynchronous samples come from older policies: the proximal log-probs are recomputed (docs/async.md).
+    # Asynchronous samples come from older policies: the proximal log-probs are recomputed, unless
+    # algorithm.old_logprobs=engine takes the behaviour policy's (docs/async.md).
     return cfg.actor.ppo_epochs == 1 and one_step and not cfg.algorithm.kl.use_in_reward and not cfg.asynchronous
+
+
+def old_logprobs_phase(cfg: MegaRLConfig, forward: PolicyForward) -> OldLogprobs | EngineOldLogprobs | Skip:
+    """Where the PPO ratio's old log-probs come from: the engine's (algorithm.old_logprobs=engine,
+    no forward), none (strictly on-policy: the update's own forward), or the trainer's forward."""
+    if cfg.algorithm.old_logprobs == "engine":
+        return EngineOldLogprobs()
+    return Skip() if is_strictly_on_policy(cfg) else OldLogprobs(forward, cfg.rollout.sampling.temperature)
 
 
 # The first line of the config.yaml megarl writes; a file is recognised as megarl's by its stable
@@ -258,7 +268,7 @@ def _components(cfg: MegaRLConfig, models: dict[str, Any], stream: Any, val_prom
         rollouts=_rollouts(cfg, plain, stream),
         baseline=(GreedyBaseline(engines, scorer, cfg.algorithm.overlong, cfg.rollout.sampling.max_new_tokens)
                   if cfg.algorithm.estimator == "remax" else NoBaseline()),
-        old_logprobs=Skip() if is_strictly_on_policy(cfg) else OldLogprobs(forward, temperature),
+        old_logprobs=old_logprobs_phase(cfg, forward),
         reference=ReferenceLogprobs(policy, temperature, handover) if cfg.reference_enabled else Skip(),
         critic=CriticPhase(models["critic"], handover) if "critic" in models else Skip(),
         advantages=Advantages(cfg),

@@ -37,6 +37,7 @@ from megarl.trainer.metric_sinks import MetricsLogger
 from megarl.trainer.phases import (
     Advantages,
     CriticPhase,
+    EngineOldLogprobs,
     OldLogprobs,
     PolicyUpdate,
     ReferenceLogprobs,
@@ -61,7 +62,7 @@ class Components:
     scorer: Scorer
     rollouts: SyncRollouts | AsyncRollouts  # generated in the step, or taken from the producer's buffer
     baseline: Baseline
-    old_logprobs: OldLogprobs | Skip
+    old_logprobs: OldLogprobs | EngineOldLogprobs | Skip
     reference: ReferenceLogprobs | Skip
     critic: CriticPhase | Skip
     advantages: Advantages
@@ -121,7 +122,7 @@ class Trainer:
         with timer.phase("baseline"):
             baseline = p.baseline.scores(batch, params)  # remax's greedy rollout, else None
         with timer.phase("old_logprobs"):
-            batch = p.old_logprobs(batch)  # skipped when strictly on-policy
+            batch = p.old_logprobs(batch)  # skipped when strictly on-policy; the engine's with old_logprobs=engine
         with timer.phase("ref_logprobs"):
             batch = p.reference(batch)
         with timer.phase("values"):

@@ -63,6 +63,25 @@ class OldLogprobs:
         return batch.replace(old_logprobs=self.policy.compute_logprobs(batch, self.temperature))
 
 
+class EngineOldLogprobs:
+    """The engine's log-probs as the old log-probs (``algorithm.old_logprobs: engine``): no forward.
+
+    The ratio becomes pi_theta / pi_behaviour, the clip bounds the step from the policy that
+    sampled (up to ``rollout.max_staleness`` versions old). Refused, in one line, when the engines
+    reported no finite log-prob for a response token: a NaN there would poison the whole loss."""
+
+    def __call__(self, batch: Batch) -> Batch:
+        engine = batch.rollout_logprobs  # [B, R], 0 on padding
+        if engine is None:
+            raise ValueError("algorithm.old_logprobs=engine needs the engines' log-probs, and this batch has none; "
+                             "set algorithm.old_logprobs=recompute")  # fmt: skip
+        missing = int((~torch.isfinite(engine) & (batch.response_mask > 0)).sum())
+        if missing:
+            raise ValueError(f"algorithm.old_logprobs=engine: the engines reported no log-prob for {missing} response "
+                             "tokens; set algorithm.old_logprobs=recompute")  # fmt: skip
+        return batch.replace(old_logprobs=engine)
+
+
 class ReferenceLogprobs:
     def __init__(self, policy: PolicyClient, temperature: float, handover: Handover):
         self.policy, self.temperature, self.handover = policy, temperature, handover

@@ -102,7 +102,8 @@ class AsyncRollouts:
                "async/trainer_idle_frac": self._wait / max(time.monotonic() - self._last_take + self._wait, 1e-9)}  # fmt: skip
         for s in range(self.producer.k + 1):
             out[f"async/staleness{s}_frac"] = float((batch.staleness == s).float().mean())
-        if batch.old_logprobs is not None and batch.rollout_logprobs is not None:
+        # With algorithm.old_logprobs=engine the old log-probs are the engine's (the same tensor): no gap to report.
+        if batch.old_logprobs is not None and batch.rollout_logprobs is not None and batch.old_logprobs is not batch.rollout_logprobs:
             out |= mismatch_by_staleness(batch.old_logprobs, batch.rollout_logprobs, batch.response_mask, batch.staleness)
         return out
 

@@ -29,6 +29,8 @@ CASES = {
     "warmup": ("algorithm.estimator=gae", "algorithm.kl.use_in_loss=false", "critic.mini_batch_size=32",
                "critic.micro_batch_size=16", "trainer.critic_warmup_steps=1"),
     "remax": ("algorithm.estimator=remax",),
+    # The engines' log-probs as the old ones, over two epochs: no old-log-prob forward.
+    "engine_old": ("algorithm.old_logprobs=engine", "actor.ppo_epochs=2", "algorithm.kl.use_in_reward=true"),
     "dapo": ("algorithm.dynamic_sampling.enabled=true", "algorithm.dynamic_sampling.max_rounds=2"),
     "adaptive_kl": ("algorithm.kl.use_in_reward=true", "algorithm.kl.controller=adaptive", "algorithm.kl.coef=0.05"),
     # The documented extension examples (docs/examples/my_extensions.py), named by import path.
@@ -122,6 +124,15 @@ def test_ppo_runs_the_critic_and_the_old_logprob_forward(runs):
     for record in ppo["records"]:
         assert math.isfinite(record["critic/loss"]) and "reward/kl" in record
         assert record["actor/optimizer_steps"] == 2  # two epochs over one mini-batch
+
+
+def test_engine_old_logprobs_train_two_epochs_without_the_old_logprob_forward(runs):
+    run = runs["engine_old"]
+    assert run["phases"]["old_logprobs"] == "EngineOldLogprobs"
+    for record in run["records"]:
+        assert record["actor/optimizer_steps"] == 2 and math.isfinite(record["actor/loss"]) and "reward/kl" in record
+        assert record["time/old_logprobs_s"] < 0.01  # no forward: the engine's tensor is taken as it is
+        assert record["rollout/logprob_mismatch"] > 0  # current vs engine: the second epoch has moved
 
 
 def test_critic_warmup_skips_the_policy_update(runs):

@@ -71,3 +71,18 @@ def test_sglang_engines_take_their_own_transports_asynchronously():
     make_plan(load_config(PPO7, [*SGLANG_GPU, "rollout.max_staleness=1", "rollout.weight_sync.transport=distributed"]))
     err = refused(TINY, "rollout.max_staleness=1", "rollout.weight_sync.transport=in_process")
     assert "cannot reach an engine process of its own" in err  # the torch engine's process
+
+
+@pytest.mark.parametrize("knob", ["tis", "mis"])
+@pytest.mark.parametrize("staleness", ["0", "1"])
+def test_tis_or_mis_with_the_engines_log_probs_as_old_is_refused(knob, staleness):
+    # their weight is old / engine, 1 for every token when the old log-probs are the engine's
+    err = refused(TINY, "algorithm.old_logprobs=engine", f"algorithm.{knob}.level=token", f"rollout.max_staleness={staleness}")
+    assert f"algorithm.{knob}.level: (token) weighs by old / engine log-probs, which is 1 with algorithm.old_logprobs=engine" in err
+    assert f"set algorithm.{knob}.level=none or algorithm.old_logprobs=recompute" in err
+
+
+def test_the_plan_report_says_where_the_old_log_probs_come_from():
+    assert "old log-probs recomputed" in _report(TINY, "rollout.max_staleness=1")
+    text = _report(TINY, "rollout.max_staleness=1", "algorithm.old_logprobs=engine")
+    assert "the engines' log-probs are the old ones" in text and "recomputed" not in text
