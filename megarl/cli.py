@@ -66,6 +66,7 @@ USER_ERRORS = (
     ("megarl.trainer.metric_sinks", "MetricsSinkError"),
     ("megarl.rollout_sglang.server", "ServerLaunchError"),
     ("megarl.trainer.run_lock", "OutputDirInUse"),
+    ("megarl.trainer.sample_files", "RolloutDumpError"),
 )
 
 

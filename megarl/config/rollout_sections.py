@@ -18,7 +18,7 @@ from megarl.config.sglang_server_args import SERVER_ARGS, SGLANG_VERSION
 class SamplingConfig(Section):
     temperature: float = Field(1.0, ge=0, description="Sampling temperature; the trainer computes log-probs at the same temperature.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling; < 1 makes the rollout differ from the trained distribution.")
-    top_k: int = Field(-1, ge=-1, description="Top-k sampling; -1 = the whole vocabulary.")
+    top_k: int = Field(-1, ge=-1, description="Top-k sampling; -1 = the whole vocabulary, else >= 1.")
     max_new_tokens: int = Field(1024, ge=1, description="Maximum response length; a response cut here is marked truncated.")
     stop: list[str] = Field(default_factory=list, description="Stop strings (the matched string stays in the response).")
     stop_token_ids: list[int] = Field(default_factory=list, description="Extra stop token ids besides the tokenizer's EOS.")
@@ -28,6 +28,15 @@ class SamplingConfig(Section):
         "and megarl generate (SGLang's and vLLM's ignore_eos; stop strings still end a response). For throughput "
         "and length experiments: responses run on after the answer.",
     )
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k_samples_something(cls, value: int) -> int:
+        """0 passed the config and failed at the first generation, after Ray started (the engines'
+        SamplingParams refuse it); refused here, as rollout.val.top_k=0 is."""
+        if value == 0:
+            raise ValueError("0 samples nothing; use -1 (the whole vocabulary) or >= 1")
+        return value
 
     @model_validator(mode="after")
     def _ignored_stop_ids(self) -> SamplingConfig:

@@ -622,7 +622,8 @@ class TrainerConfig(Section):
         None,
         description="Write every training step's samples to <dir>/<step>.jsonl, one line per sample: input, output, "
         "gts, score, step, data_source, advantage (the mean over the response's tokens), response_length, "
-        "finish_reason (verl's dump); written beside the run, in a thread of its own. None = not written.",
+        "finish_reason (verl's dump); written beside the run, in a thread of its own. A relative path is relative to the "
+        "directory megarl is launched from, as trainer.output_dir is. None (or '', as for other optional paths) = not written.",
     )
     checkpoint_on_signal: bool = Field(
         True, description="On Ctrl-C / SIGTERM (Slurm preemption), finish the step and save a checkpoint before stopping.",
@@ -632,6 +633,13 @@ class TrainerConfig(Section):
         description="Stop the run when no phase of a step makes progress for this long, after every rank wrote its "
         "Python stacks to its log; 0 disables the watchdog.",
     )
+
+    @field_validator("rollout_data_dir", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: Any) -> Any:
+        """'' (an empty ``trainer.rollout_data_dir=``, a YAML ''), read as unset the way every optional path key's
+        is, is None here, so the resolved config and `megarl config` say the samples are not written."""
+        return None if value == "" else value
 
 
 class SFTConfig(Section):

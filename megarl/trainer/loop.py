@@ -199,6 +199,8 @@ class Trainer:
             self._profile(step, start=True)
             metrics = once | self.rl_step(step)
             once = {}
+            if step == self.parts.total_steps and isinstance(self.parts.rollout_dump, RolloutDump):
+                self.parts.rollout_dump.close()  # the last step's file written, or the run fails, before its save
             self._profile(step, start=False)
             if t.eval_freq and (step % t.eval_freq == 0 or step == self.parts.total_steps):
                 metrics |= self.validate(step)

@@ -48,16 +48,24 @@ def rollout_rows(batch: Batch, texts: list[str], step: int) -> list[dict[str, An
             for i in range(n)]  # fmt: skip
 
 
+class RolloutDumpError(RuntimeError):
+    """A step's rollouts could not be written to trainer.rollout_data_dir (a user-facing, one-line
+    error: megarl/cli.py USER_ERRORS, exit code 2)."""
+
+
 class RolloutDump:
     """trainer.rollout_data_dir: each training step's samples as ``<dir>/<step>.jsonl``.
 
     Decoding and writing run in a thread of their own while the run goes on; a step first waits
     for the previous step's file (written long before, one step's work ago), so a failed write
-    stops the run at the next step, and at most two steps' samples are held. ``close`` (at
-    shutdown, a clean stop's too) waits for the last file."""
+    stops the run at the next step, and at most two steps' samples are held. ``close`` waits for
+    the last file: the trainer calls it after the last step (before that step's checkpoint, so a
+    failed write ends the run as an error, never as a finished run), shutdown again after any
+    other ending (a clean stop's too), where it is a no-op once called."""
 
     def __init__(self, directory: str | Path, texts: Callable[[Batch], list[str]]):
-        self.directory, self._texts = Path(directory), texts
+        # absolute: relative to the directory the run was launched from, as trainer.output_dir
+        self.directory, self._texts = Path(directory).absolute(), texts
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-dump")
         self._pending: Future[None] | None = None
 
@@ -78,8 +86,8 @@ class RolloutDump:
             try:
                 pending.result()
             except OSError as e:
-                raise RuntimeError(f"trainer.rollout_data_dir={self.directory}: writing a step's rollouts failed "
-                                   f"({e}); free space or pick another directory, or unset it") from e  # fmt: skip
+                raise RolloutDumpError(f"trainer.rollout_data_dir={self.directory}: writing a step's rollouts failed "
+                                       f"({e}); free space or pick another directory, or unset it") from e  # fmt: skip
 
     def close(self) -> None:
         """Finish the last step's file (raises if it failed), then end the thread."""

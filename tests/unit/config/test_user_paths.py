@@ -96,3 +96,16 @@ def test_megarl_config_shows_path_keys_as_paths():
     assert describe("trainer.experiment").startswith("trainer.experiment = 'run'  (str)  ")
     # a word or a path: both shown (it was shown as a path alone)
     assert describe("trainer.resume").startswith("trainer.resume = 'auto'  (auto | disable | path)  ")
+
+
+def test_an_empty_rollout_data_dir_is_unset_and_shown_so(tmp_path):
+    """``trainer.rollout_data_dir=`` wrote nothing while the resolved config showed '' (a directory
+    that looked set): '' is read as unset, as every optional path key's is, and shown as null."""
+    assert load_config(None, [*BASE, "trainer.rollout_data_dir="]).trainer.rollout_data_dir is None
+    assert load_config(None, [*BASE, "trainer.rollout_data_dir=''"]).trainer.rollout_data_dir is None
+    path = tmp_path / "c.yaml"
+    path.write_text("model: {arch: qwen2.5-7b}\ntrainer: {total_steps: 1, rollout_data_dir: ''}\n")
+    assert load_config(path).trainer.rollout_data_dir is None
+    assert load_config(None, [*BASE, "trainer.rollout_data_dir=d"]).trainer.rollout_data_dir == "d"  # kept as written
+    text = " ".join(describe("trainer.rollout_data_dir").split())  # (wrapped to the terminal)
+    assert "relative to the directory megarl is launched from" in text and "None (or '', as for other optional paths) = not written" in text

@@ -223,6 +223,24 @@ def test_output_dir_that_cannot_be_written(demo, tmp_path, read_only_dir):
     assert "exists and is not a directory" in refusal(config(demo, tmp_path / "file"))
 
 
+def test_rollout_data_dir_that_cannot_be_written_is_refused_before_launch(demo, tmp_path, read_only_dir):
+    """trainer.rollout_data_dir gets trainer.output_dir's check: a file, a place under a file, /proc
+    or a read-only directory was found only by the first step's write, after Ray started."""
+    out = tmp_path / "run"
+    (tmp_path / "file").write_text("x")
+    cases = {tmp_path / "file": "exists and is not a directory", tmp_path / "file" / "rd": "is not a directory, so",
+             Path("/proc/rd"): "is not writable"}  # fmt: skip
+    for where, problem in cases.items():
+        msg = refusal(config(demo, out, f"trainer.rollout_data_dir={where}"))
+        line = next(line for line in msg.splitlines() if "trainer.rollout_data_dir: " in line)
+        assert str(where) in line and problem in line and line.endswith("or unset it"), msg
+        assert "trainer.output_dir" not in msg
+    with read_only_dir(tmp_path / "ro") as ro:
+        msg = refusal(config(demo, out, f"trainer.rollout_data_dir={ro / 'rd'}"))
+        assert f"trainer.rollout_data_dir: {ro / 'rd'} is not writable" in msg
+    make_plan(config(demo, out, f"trainer.rollout_data_dir={tmp_path / 'new' / 'rd'}"), check_files=True)  # to be made
+
+
 def _checkpoint(out: Path, step: int) -> Path:
     from megarl.checkpoint.manager import CheckpointManager
 

@@ -101,3 +101,15 @@ def test_the_step_hands_its_advantaged_batch_to_the_dump(tmp_path):
     dump.close()
     rows = _lines(tmp_path / "dump" / "2.jsonl")
     assert len(rows) == 4 and {r["step"] for r in rows} == {2} and {r["advantage"] for r in rows} == {0.25}
+
+
+def test_a_relative_directory_is_the_launch_directorys(tmp_path, monkeypatch):
+    """Relative to the directory the run was launched from (as trainer.output_dir), fixed when the
+    dump is made: a later change of the working directory does not move the files."""
+    monkeypatch.chdir(tmp_path)
+    dump = RolloutDump("rollouts", _texts)
+    assert dump.directory == tmp_path / "rollouts"
+    monkeypatch.chdir(tmp_path.parent)
+    dump(_batch(), 1)
+    dump.close()
+    assert (tmp_path / "rollouts" / "1.jsonl").is_file()
