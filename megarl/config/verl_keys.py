@@ -15,6 +15,7 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from megarl.config.architectures import arch_for_model_name
@@ -29,6 +30,9 @@ FSDP_ONLY = "FSDP-only"
 VLLM_ONLY = "vLLM-only"
 NOT_YET = "not supported yet"
 NONE = "no equivalent"
+
+
+OMIT = object()  # a converter's value for a megarl key it leaves unset (megarl's default applies)
 
 
 class Unused(Exception):
@@ -319,15 +323,18 @@ def _agent_loop(value: Any, v: Verl) -> str:
 
 
 def _model_path(value: Any, v: Verl) -> Any:
-    return str(value)
-
-
-def _model_arch(value: Any, v: Verl) -> str:
-    arch = arch_for_model_name(str(value))
-    if arch is None:
-        raise Unused("not a built-in architecture's name: megarl plan reads config.json from model.path "
-                     "(or set model.arch, `megarl plan --list-archs`)")  # fmt: skip
-    return arch
+    """model.path always; model.arch too when the path names a built-in architecture. A local
+    directory with a config.json needs no model.arch (megarl plan reads its config); any other path
+    keeps model.path alone, and plan reads config.json there (or give model.arch after the run)."""
+    path = str(value)
+    arch = arch_for_model_name(path)
+    if arch is not None:
+        return path, arch
+    if (Path(path).expanduser() / "config.json").is_file():
+        return Noted((path, OMIT), "a local model directory: megarl plan reads its config.json (no model.arch needed)")
+    return Noted((path, OMIT), "not a built-in architecture's name and no config.json here: megarl plan reads config.json "
+                 "from model.path where it runs; to plan without the weights, add model.arch=NAME after the run "
+                 "(`megarl plan --list-archs`)")  # fmt: skip
 
 
 def _critic_path(value: Any, v: Verl) -> Any:
@@ -807,10 +814,10 @@ def _data_rules() -> list[Rule]:
 def _policy_model_rules() -> list[Rule]:
     """verl's keys of the policy model."""
     return [
-        Rule(f"{MODEL}.path", ("model.path", "model.arch"), lambda x, v: (_model_path(x, v), _model_arch(x, v)),
+        Rule(f"{MODEL}.path", ("model.path", "model.arch"), _model_path,
              default=PLACEHOLDER_MODEL, show_default=True,
              reason="a hub id or a directory named after a built-in architecture also sets model.arch, so megarl plan "
-             "runs without the weights; launch needs the weights in a local directory"),
+             "runs without the weights; any other path sets model.path alone; launch needs the weights in a local directory"),
         Rule(f"{MODEL}.lora_rank", ("actor.lora.rank",), _lora_rank),
         Rule(f"{MODEL}.lora_alpha", ("actor.lora.alpha",), _lora(lambda x, v: float(x))),
         Rule(f"{MODEL}.target_modules", ("actor.lora.target_modules",), _lora(_target_modules)),

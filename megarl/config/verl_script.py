@@ -30,6 +30,7 @@ class Given:
     value: Any
     text: str
     deleted: bool = False  # Hydra's ~key
+    override: bool = False  # given after the run on megarl's command line (there a megarl key is taken too)
 
 
 @dataclass
@@ -64,7 +65,7 @@ def read_verl(path: str | Path, overrides: list[str] | tuple[str, ...] = (), env
     else:
         _read_script_into(run, file, text, dict(os.environ if env is None else env))
     for word in overrides:
-        _add_word(run, word, word, f"override {word!r}")
+        _add_word(run, word, word, f"override {word!r}", override=True)
     return run
 
 
@@ -161,7 +162,7 @@ def _hydra_flag(run: VerlRun, file: Path, flag: str, value: str) -> None:
     run.config_path = value
 
 
-def _add_word(run: VerlRun, word: str, raw: str, where: str) -> None:
+def _add_word(run: VerlRun, word: str, raw: str, where: str, override: bool = False) -> None:
     """A Hydra override word: key=value, +key=value, ++key=value, or ~key (a delete)."""
     if word.startswith("~"):
         run.given.append(Given(word[1:].partition("=")[0], None, raw, deleted=True))
@@ -169,7 +170,7 @@ def _add_word(run: VerlRun, word: str, raw: str, where: str) -> None:
     key, eq, value = word.lstrip("+").partition("=")
     if not eq or not re.fullmatch(r"[A-Za-z_][\w.]*", key):
         raise ConfigError(f"{where}: not a verl override key=value (e.g. data.train_batch_size=256); remove it or fix its quoting")
-    run.given.append(Given(key, parse_hydra(value), raw))
+    run.given.append(Given(key, parse_hydra(value), raw, override=override))
 
 
 def parse_hydra(text: str) -> Any:

@@ -17,7 +17,17 @@ import yaml
 
 from megarl.config.loading import ConfigError
 from megarl.config.sections import MegaRLConfig
-from megarl.config.verl_keys import NONE, RULES, Noted, Rule, Unused, Verl, exact_rule, rule_for
+from megarl.config.verl_keys import (
+    NONE,
+    OMIT,
+    RULES,
+    Noted,
+    Rule,
+    Unused,
+    Verl,
+    exact_rule,
+    rule_for,
+)
 from megarl.config.verl_script import Given, VerlRun, flatten, parse_hydra
 
 
@@ -75,7 +85,7 @@ def translate(run: VerlRun) -> Translation:
         elif last[item.key] != i:
             out.given.append(Row(item.text, note="given again later: the later value wins"))
         else:
-            out.given.append(_row(item.text, item.key, given[item.key], verl, out))
+            out.given.append(_row(item.text, item.key, given[item.key], verl, out, item.override))
     for rule in RULES:
         if rule.default is not None and "*" not in rule.verl and rule.verl not in given:
             row = _default_row(rule, verl, out)
@@ -122,8 +132,11 @@ def _interpolate(key: str, text: str, given: dict[str, Any]) -> Any:
     return _REF.sub(lambda m: str(value(m[1], m[2])), text)
 
 
-def _row(text: str, key: str, value: Any, verl: Verl, out: Translation) -> Row:
+def _row(text: str, key: str, value: Any, verl: Verl, out: Translation, override: bool = False) -> Row:
     rule = rule_for(key)
+    if rule is None and override and key in _megarl_defaults():  # model.arch=qwen2.5-7b after the run
+        out.values[key], out.origins[key] = value, text
+        return Row(text, {key: value}, note="a megarl key given after the run: taken as it is")
     if rule is None:
         return Row(text, note="not a verl key megarl's map knows: translate it by hand (`megarl config` lists megarl's keys)",
                    group=NONE)  # fmt: skip
@@ -158,7 +171,8 @@ def _converted(rule: Rule, value: Any, verl: Verl, key: str) -> tuple[dict[str, 
     if isinstance(result, Noted):
         result, note = result.value, result.note
     results = result if len(rule.megarl) > 1 else (result,)
-    return {k: _plain(v) for k, v in zip(rule.megarl_keys(key), results, strict=True)}, note
+    pairs = zip(rule.megarl_keys(key), results, strict=True)
+    return {k: _plain(v) for k, v in pairs if v is not OMIT}, note
 
 
 def _plain(value: Any) -> Any:

@@ -4,6 +4,7 @@ every key given, and the result passes `megarl plan`."""
 
 from __future__ import annotations
 
+import json
 import re
 import textwrap
 from pathlib import Path
@@ -737,3 +738,35 @@ def test_data_custom_cls_chat_template_kwargs_and_reward_fn_key(tmp_path: Path):
                    "data.apply_chat_template_kwargs={enable_thinking: false}")  # fmt: skip
     assert t.values["data.custom_cls"] == {"path": "/code/d.py", "name": "D"}
     assert _loads(t, tmp_path).data.apply_chat_template_kwargs == {"enable_thinking": False}
+
+
+def _note(t: Translation, verl_text: str) -> str:
+    """The note of the row whose verl key is ``verl_text``."""
+    (row,) = [r for r in t.given + t.defaults + t.choices if r.verl == verl_text]
+    return row.note
+
+
+def _own_model_run(path: str) -> str:
+    return GRPO_GSM8K.replace("actor_rollout_ref.model.path=Qwen/Qwen2-7B-Instruct", f"actor_rollout_ref.model.path={path}")
+
+
+def test_a_model_path_without_a_built_in_name_keeps_model_path(tmp_path: Path, capsys):
+    t = _translate(tmp_path, "run.sh", _own_model_run("$HOME/models/my-finetune"))
+    assert t.values["model.path"] == "/home/u/models/my-finetune" and "model.arch" not in t.values
+    assert "add model.arch=NAME after the run" in _note(t, "actor_rollout_ref.model.path=$HOME/models/my-finetune")
+    # a megarl key after the run is taken as it is (model.arch: plan without the weights)
+    t = _translate(tmp_path, "run.sh", _own_model_run("/models/my-finetune"), "model.arch=qwen2-7b")
+    assert (t.values["model.path"], t.values["model.arch"]) == ("/models/my-finetune", "qwen2-7b")
+    assert _row(t, "model.arch=qwen2-7b") == "model.arch=qwen2-7b"
+    # a local directory with a config.json: the plan reads it, no model.arch needed
+    model = tmp_path / "b1" / "model"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+                                                   "num_attention_heads": 4, "num_key_value_heads": 2,
+                                                   "intermediate_size": 128, "vocab_size": 256}))  # fmt: skip
+    script = _write(tmp_path, "run1.sh", _own_model_run(str(model)))
+    out = tmp_path / "megarl.yaml"
+    assert main(["config", "--from-verl", str(script), "--out", str(out)]) == 0
+    assert "a local model directory: megarl plan reads its config.json" in capsys.readouterr().out
+    cfg = load_config(out)
+    assert cfg.model.path == str(model) and cfg.model.arch is None
