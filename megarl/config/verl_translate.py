@@ -73,11 +73,13 @@ def nest(values: dict[str, Any]) -> dict[str, Any]:
 
 def translate(run: VerlRun) -> Translation:
     """The megarl values of ``run`` and a row for each verl key given, then for verl's defaults."""
-    given = _resolved(run.given)
+    given = _last_values(run.given)
     megatron = "megatron" in run.config_name or given.get("actor_rollout_ref.actor.strategy") == "megatron" or any(
         ".megatron." in k for k in given)  # fmt: skip
     verl = Verl(given, megatron)
     out = Translation([], [], [], {}, {}, megatron, list(run.notes))
+    for key, value in given.items():
+        given[key] = _interpolated(key, value, verl, out.notes)
     last = {g.key: i for i, g in enumerate(run.given)}
     for i, item in enumerate(run.given):
         if item.deleted:
@@ -94,42 +96,64 @@ def translate(run: VerlRun) -> Translation:
     return out
 
 
-def _resolved(items: list[Given]) -> dict[str, Any]:
-    """The keys given (the last value of each; a delete removes it), Hydra's ``${a.b}`` and
-    ``${oc.select:a.b,default}`` resolved against the other keys given."""
+def _last_values(items: list[Given]) -> dict[str, Any]:
+    """The keys given: the last value of each; a delete removes it."""
     given: dict[str, Any] = {}
     for item in items:
         if item.deleted:
             given.pop(item.key, None)
         else:
             given[item.key] = item.value
-    for key, value in given.items():
-        if isinstance(value, str) and "${" in value:
-            given[key] = _interpolate(key, value, given)
     return given
 
 
-_REF = re.compile(r"\$\{(?:oc\.select:)?([\w.]+)(?:,([^}]*))?\}")
+_INTERPOLATION = re.compile(r"\$\{([^${}]*)\}")
+_REF = re.compile(r"(oc\.select:)?(\.*[A-Za-z_][\w.]*)(?:,(.*))?", flags=re.S)
 
 
-def _interpolate(key: str, text: str, given: dict[str, Any]) -> Any:
-    """``${a.b}``, ``${oc.select:a.b,default}`` and the relative ``${.sibling}`` (a dump of verl's
-    config has them): the key given, else verl's default of it, else the default written."""
+def _interpolated(key: str, value: Any, verl: Verl, notes: list[str]) -> Any:
+    """Hydra's ``${a.b}``, ``${oc.select:a.b,default}`` and the relative ``${.sibling}`` (a dump of
+    verl's config has them) in the value of ``key``, resolved against the keys given, else verl's
+    default of the key (the mapping knows it), else the default written (``oc.select``'s null).
+    Any other ``${...}`` (a key the mapping does not know, another resolver) stays as written, with
+    a note: never a silent guess."""
+    if isinstance(value, list):
+        return [_interpolated(key, v, verl, notes) for v in value]
+    if isinstance(value, dict):
+        return {k: _interpolated(key, v, verl, notes) for k, v in value.items()}
+    if not isinstance(value, str) or "${" not in value:
+        return value
 
-    def value(ref: str, default: str | None) -> Any:
-        if ref.startswith("."):
-            ref = f"{key.rsplit('.', 1)[0]}{ref}" if "." in key else ref[1:]
-        if ref in given and not (isinstance(given[ref], str) and "${" in given[ref]):
-            return given[ref]
-        rule = exact_rule(ref)
-        if rule is not None and rule.default is not None and not callable(rule.default):
-            return rule.default
-        return parse_hydra(default) if default is not None else None
+    def resolve(m: re.Match[str]) -> Any:
+        ref = _REF.fullmatch(m[1])
+        if ref is None:
+            return _kept(m[0], key, f"{m[1].partition(':')[0]} is not a resolver megarl reads", notes)
+        select, name, default = ref.groups()
+        if name.startswith("."):  # relative: .sibling, ..uncle
+            parent = key.split(".")[:-1]
+            dots = len(name) - len(name.lstrip("."))
+            name = ".".join(parent[: len(parent) - dots + 1] + [name.lstrip(".")])
+        if name in verl.given and not (isinstance(verl.given[name], str) and "${" in verl.given[name]):
+            return verl.given[name]
+        if (rule := exact_rule(name)) is not None and rule.default is not None:
+            return verl.get(name)
+        if default is not None:
+            return parse_hydra(default)
+        if select:
+            return None  # oc.select of a key set nowhere: null
+        return _kept(m[0], key, f"{name} is not a key this run gives or whose verl default megarl's map knows", notes)
 
-    whole = _REF.fullmatch(text)
+    whole = _INTERPOLATION.fullmatch(value)
     if whole:
-        return value(*whole.groups())
-    return _REF.sub(lambda m: str(value(m[1], m[2])), text)
+        return resolve(whole)
+    return _INTERPOLATION.sub(lambda m: str(resolve(m)), value)
+
+
+def _kept(written: str, key: str, why: str, notes: list[str]) -> str:
+    """An interpolation left as written, with a note (one: a shell variable kept so has its own)."""
+    if not any(f"kept as {written}" in note for note in notes):
+        notes.append(f"{written} in {key} is not resolved ({why}): kept as {written}; give {key} as an override after the run")
+    return written
 
 
 def _row(text: str, key: str, value: Any, verl: Verl, out: Translation, override: bool = False) -> Row:

@@ -770,3 +770,33 @@ def test_a_model_path_without_a_built_in_name_keeps_model_path(tmp_path: Path, c
     assert "a local model directory: megarl plan reads its config.json" in capsys.readouterr().out
     cfg = load_config(out)
     assert cfg.model.path == str(model) and cfg.model.arch is None
+
+
+def test_a_variable_set_nowhere_stays_as_written_through_assignments(tmp_path: Path):
+    run = 'DATA_DIR=${DATA_DIR}\nTRAIN="${DATA_DIR}/train.parquet"\n' + GRPO_GSM8K.replace(
+        "data.train_files=$HOME/data/gsm8k/train.parquet", 'data.train_files="${DATA_DIR}/train.parquet"').replace(
+        "data.val_files=$HOME/data/gsm8k/test.parquet", "data.val_files=$TRAIN")
+    t = _translate(tmp_path, "run1.sh", run)
+    assert t.values["data.train_files"] == ["${DATA_DIR}/train.parquet"]
+    assert t.values["data.val_files"] == ["${DATA_DIR}/train.parquet"]
+    assert [n for n in t.notes if "DATA_DIR" in n] == [
+        "$DATA_DIR is not set in the script or the environment: kept as ${DATA_DIR}; set it, or give the key it feeds "
+        "as an override after the script"]  # fmt: skip
+
+
+def test_key_interpolations_resolve_where_the_map_knows_the_key_else_stay_with_a_note(tmp_path: Path):
+    path = _write(tmp_path, "run.yaml", """
+        actor_rollout_ref: {model: {path: Qwen/Qwen2.5-3B-Instruct}, rollout: {name: sglang, n: 4}}
+        algorithm: {adv_estimator: grpo}
+        trainer:
+          experiment_name: ${trainer.project_name}_${.project_name}
+          default_local_dir: /ckpt/${oc.select:trainer.experiment_name,x}/${my_group.dir}
+        data: {train_files: ['${oc.decode:"a"}']}
+        """)  # fmt: skip
+    t = translate(read_verl(path, env={}))
+    assert t.values["trainer.experiment"] == "verl_examples_verl_examples"  # verl's default project_name
+    assert t.values["trainer.output_dir"] == "/ckpt/verl_examples_verl_examples/${my_group.dir}"
+    assert t.values["data.train_files"] == ['${oc.decode:"a"}']
+    assert [n.partition(" (")[0] for n in t.notes] == ["${my_group.dir} in trainer.default_local_dir is not resolved",
+                                                      '${oc.decode:"a"} in data.train_files is not resolved']  # fmt: skip
+
