@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ class VerlRun:
     config_name: str = "ppo_trainer"
     config_path: str | None = None  # --config-path: a directory that may hold the user's own config-name YAML
     notes: list[str] = field(default_factory=list)  # unset variables, skipped words: printed above the table
+    exported: dict[str, str] = field(default_factory=dict)  # the script's `export`ed variables: verl's environment
 
 
 # The module lines that start a verl trainer (verl's main_ppo and the recipes' main_*).
@@ -66,7 +67,41 @@ def read_verl(path: str | Path, overrides: list[str] | tuple[str, ...] = (), env
         _read_script_into(run, file, text, dict(os.environ if env is None else env))
     for word in overrides:
         _add_word(run, word, word, f"override {word!r}", override=True)
+    seen = dict(os.environ if env is None else env)
+    if file.suffix not in (".yaml", ".yml"):
+        seen |= run.exported
+    run.given = [replace(g, value=_oc_env(g.value, g.key, seen, run.notes)) for g in run.given]
+    run.notes = list(dict.fromkeys(run.notes))  # a variable used twice: one note
     return run
+
+
+_OC_ENV = re.compile(r"\$\{oc\.env:([A-Za-z_]\w*)(?:,([^}]*))?\}")
+
+
+def _oc_env(value: Any, key: str, env: Mapping[str, str], notes: list[str]) -> Any:
+    """OmegaConf's ``${oc.env:NAME}`` (``${oc.env:NAME,default}``) read from the environment verl
+    would run in, as the shell's ``$NAME`` is; set nowhere (and no default), it stays as written,
+    with a note."""
+    if isinstance(value, list):
+        return [_oc_env(v, key, env, notes) for v in value]
+    if isinstance(value, dict):
+        return {k: _oc_env(v, key, env, notes) for k, v in value.items()}
+    if not isinstance(value, str) or "${oc.env:" not in value:
+        return value
+
+    def one(m: re.Match[str]) -> str:
+        if m[1] in env:
+            return env[m[1]]
+        if m[2] is not None:
+            return str(parse_hydra(m[2]))
+        notes.append(f"{m[0]} in {key}: ${m[1]} is not set in the environment: kept as {m[0]}; set it, or give {key} "
+                     "as an override after the run")  # fmt: skip
+        return m[0]
+
+    whole = _OC_ENV.fullmatch(value)
+    if whole and (whole[1] in env or whole[2] is not None):
+        return parse_hydra(env.get(whole[1], whole[2]))
+    return _OC_ENV.sub(one, value)
 
 
 def _read_yaml_into(run: VerlRun, file: Path, text: str) -> None:
@@ -123,6 +158,7 @@ def _command_into(run: VerlRun, file: Path, command: list[tuple[str, str]], vari
     words = [w for _, w in command]
     if not words:
         return False
+    exported = words[0] == "export"
     if words[0] in ("export", "declare", "local", "readonly"):
         command, words = command[1:], words[1:]
     entry = next((i for i, w in enumerate(words[:-1]) if w == "-m" and _ENTRY.match(words[i + 1])), None)
@@ -131,6 +167,8 @@ def _command_into(run: VerlRun, file: Path, command: list[tuple[str, str]], vari
             name, eq, value = word.partition("=")
             if eq and re.fullmatch(r"[A-Za-z_]\w*", name):
                 variables[name] = value
+                if exported:
+                    run.exported[name] = value
             else:
                 break
         return False
@@ -290,6 +328,8 @@ def _expand_braced(text: str, variables: dict[str, str], env: dict[str, str], no
     if m is None:
         return text[:end], end
     name, op, word = m.groups()
+    if op is None and word:  # not the shell's: Hydra's ${a.b}, ${oc.env:NAME} (resolved with the keys)
+        return text[:end], end
     if not re.match(r"[A-Za-z_]", name):
         return "", end
     if op is None:

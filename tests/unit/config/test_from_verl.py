@@ -800,3 +800,14 @@ def test_key_interpolations_resolve_where_the_map_knows_the_key_else_stay_with_a
     assert [n.partition(" (")[0] for n in t.notes] == ["${my_group.dir} in trainer.default_local_dir is not resolved",
                                                       '${oc.decode:"a"} in data.train_files is not resolved']  # fmt: skip
 
+
+def test_oc_env_reads_the_environment_like_a_shell_variable(tmp_path: Path):
+    run = "export RUN_TAG=t1\n" + _MINIMAL.replace("rollout.name=sglang", "rollout.name=sglang \\\n"
+        "trainer.default_local_dir='checkpoints/x/${oc.env:USER}_exp' trainer.project_name=${oc.env:RUN_TAG} \\\n"
+        "trainer.experiment_name='${oc.env:NOPE,e1}' data.train_files='/d/${oc.env:NOPE}.parquet'")  # fmt: skip
+    t = _translate(tmp_path, "run.sh", run, env={"USER": "alice"})
+    assert t.values["trainer.output_dir"] == "checkpoints/x/alice_exp"
+    assert (t.values["trainer.project"], t.values["trainer.experiment"]) == ("t1", "e1")
+    assert t.values["data.train_files"] == ["/d/${oc.env:NOPE}.parquet"]
+    assert t.notes == ["${oc.env:NOPE} in data.train_files: $NOPE is not set in the environment: kept as ${oc.env:NOPE}; "
+                       "set it, or give data.train_files as an override after the run"]  # fmt: skip
