@@ -811,3 +811,23 @@ def test_oc_env_reads_the_environment_like_a_shell_variable(tmp_path: Path):
     assert t.values["data.train_files"] == ["/d/${oc.env:NOPE}.parquet"]
     assert t.notes == ["${oc.env:NOPE} in data.train_files: $NOPE is not set in the environment: kept as ${oc.env:NOPE}; "
                        "set it, or give data.train_files as an override after the run"]  # fmt: skip
+
+
+@pytest.mark.parametrize("tail", [" $@ 2>&1 | tee log.txt", " $@ 2>&1 | tee -a logs/run.log", " > log 2>&1", " &> log",
+                                  " $@ >> out.log 2> err.log && echo done", " 2>&1 |& tee log.txt"])  # fmt: skip
+def test_redirections_and_a_pipeline_after_the_verl_command_are_left_out_with_a_note(tmp_path: Path, tail: str):
+    t = _translate(tmp_path, "run.sh", GRPO_GSM8K.replace(" $@\n", tail + "\n"))
+    assert t.values == _translate(tmp_path, "plain.sh", GRPO_GSM8K).values
+    assert any("shell redirections, not verl keys: left out" in n or "piped to" in n for n in t.notes), t.notes
+    if "tee" in tail:
+        assert any(f"piped to `tee{tail.split('tee')[-1]}`: left out" in n for n in t.notes), t.notes
+
+
+@pytest.mark.parametrize("broken", ["trainer.test_freq=5 \\  \n", "trainer.test_freq=5 \\\n    # test every 5 steps\n"])
+def test_keys_after_a_broken_continuation_are_named_in_a_note(tmp_path: Path, broken: str):
+    t = _translate(tmp_path, "run.sh", GRPO_GSM8K.replace("trainer.test_freq=5 \\\n", broken))
+    assert "trainer.total_epochs" not in {k for r in t.given for k in r.sets}  # dropped, as bash drops them
+    (note,) = [n for n in t.notes if "after the verl command ended" in n]
+    assert note.startswith("line 41: 1 key=value word(s) after the verl command ended (line 40)" if "#" in broken else
+                           "line 40: 1 key=value word(s) after the verl command ended (line 39)"), note  # fmt: skip
+    assert "(trainer.total_epochs=15, ...)" in note
