@@ -297,6 +297,13 @@ def _engine(value: Any, v: Verl) -> str:
     return "sglang"
 
 
+def _top_k(value: Any, v: Verl) -> Any:
+    """verl's 0 ("0 for hf rollout") and -1 both mean no top-k: megarl's -1, the whole vocabulary."""
+    if int(value) <= 0:
+        return Noted(-1, f"verl's {value}: no top-k, the whole vocabulary (megarl's -1)")
+    return int(value)
+
+
 def _do_sample(value: Any, v: Verl) -> float:
     if value:
         raise Unused("true: sampling at rollout.sampling.temperature (megarl always samples)")
@@ -307,14 +314,14 @@ def _val_greedy(value: Any, v: Verl) -> bool:
     return not value
 
 
-def _val_sampling(kind: type) -> Convert:
+def _val_sampling(kind: Convert) -> Convert:
     """A val_kwargs sampling value: verl reads it only with val_kwargs.do_sample=true (and megarl
     refuses rollout.val.temperature, top_p and top_k while rollout.val.greedy is true)."""
     def convert(value: Any, v: Verl) -> Any:
         if not v.get(f"{ROLLOUT}.val_kwargs.do_sample"):
             raise Unused("unused: verl's val_kwargs.do_sample is false and verl reads it only when true "
                          "(megarl validates greedily, rollout.val.greedy=true)")  # fmt: skip
-        return kind(value)
+        return kind(value, v)
     return convert
 
 
@@ -928,7 +935,7 @@ def _rollout_rules() -> list[Rule]:
         Rule(f"{ROLLOUT}.n", ("rollout.n",), default=1),
         Rule(f"{ROLLOUT}.temperature", ("rollout.sampling.temperature",)),
         Rule(f"{ROLLOUT}.top_p", ("rollout.sampling.top_p",)),
-        Rule(f"{ROLLOUT}.top_k", ("rollout.sampling.top_k",)),
+        Rule(f"{ROLLOUT}.top_k", ("rollout.sampling.top_k",), _top_k),
         Rule(f"{ROLLOUT}.do_sample", ("rollout.sampling.temperature",), _do_sample),
         Rule(f"{ROLLOUT}.response_length", ("rollout.sampling.max_new_tokens",), default=_default_response),
         Rule(f"{ROLLOUT}.prompt_length", ("data.max_prompt_length",), default=_default_prompt),
@@ -939,12 +946,12 @@ def _rollout_rules() -> list[Rule]:
         Rule(f"{ROLLOUT}.update_weights_bucket_megabytes", ("rollout.weight_sync.bucket_mb",)),
         Rule(f"{ROLLOUT}.val_kwargs.do_sample", ("rollout.val.greedy",), _val_greedy, default=False,
              reason="greedy = not do_sample"),
-        Rule(f"{ROLLOUT}.val_kwargs.temperature", ("rollout.val.temperature",), _val_sampling(float), default=0,
+        Rule(f"{ROLLOUT}.val_kwargs.temperature", ("rollout.val.temperature",), _val_sampling(lambda x, v: float(x)), default=0,
              reason="used with do_sample=true only; verl ignores it otherwise"),
-        Rule(f"{ROLLOUT}.val_kwargs.top_p", ("rollout.val.top_p",), _val_sampling(float), default=1.0,
+        Rule(f"{ROLLOUT}.val_kwargs.top_p", ("rollout.val.top_p",), _val_sampling(lambda x, v: float(x)), default=1.0,
              reason="used with do_sample=true only; verl ignores it otherwise"),
-        Rule(f"{ROLLOUT}.val_kwargs.top_k", ("rollout.val.top_k",), _val_sampling(int), default=-1,
-             reason="used with do_sample=true only; verl ignores it otherwise; -1 = the whole vocabulary in both"),
+        Rule(f"{ROLLOUT}.val_kwargs.top_k", ("rollout.val.top_k",), _val_sampling(_top_k), default=-1,
+             reason="used with do_sample=true only; verl ignores it otherwise; verl's 0 and -1 = the whole vocabulary = megarl's -1"),
         Rule(f"{ROLLOUT}.val_kwargs.n", ("rollout.val.n",), default=1),
         Rule(f"{ROLLOUT}.val_kwargs.*", reason="a validation sampling setting megarl's config does not have "
              "(`megarl config rollout.val`)", group=NOT_YET),

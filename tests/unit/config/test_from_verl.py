@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from megarl.cli import main
-from megarl.config.loading import ConfigError, load_config
+from megarl.config.loading import ConfigError, load_config, validate_config
 from megarl.config.verl_keys import RULES, is_verl_key
 from megarl.config.verl_script import parse_hydra, read_verl
 from megarl.config.verl_translate import Translation, translate
@@ -831,3 +831,12 @@ def test_keys_after_a_broken_continuation_are_named_in_a_note(tmp_path: Path, br
     assert note.startswith("line 41: 1 key=value word(s) after the verl command ended (line 40)" if "#" in broken else
                            "line 40: 1 key=value word(s) after the verl command ended (line 39)"), note  # fmt: skip
     assert "(trainer.total_epochs=15, ...)" in note
+
+
+@pytest.mark.parametrize("top_k", [0, -1])
+def test_verls_no_top_k_is_megarls_whole_vocabulary(tmp_path: Path, top_k: int):
+    t = _translate(tmp_path, "run.sh", _MINIMAL, f"actor_rollout_ref.rollout.top_k={top_k}",
+                   "actor_rollout_ref.rollout.val_kwargs.do_sample=True", f"actor_rollout_ref.rollout.val_kwargs.top_k={top_k}")
+    assert (t.values["rollout.sampling.top_k"], t.values["rollout.val.top_k"]) == (-1, -1)
+    assert _note(t, f"actor_rollout_ref.rollout.top_k={top_k}") == f"verl's {top_k}: no top-k, the whole vocabulary (megarl's -1)"
+    assert validate_config(t.nested()).rollout.val.top_k == -1  # megarl accepts them (not "samples nothing")
