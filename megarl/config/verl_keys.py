@@ -291,10 +291,23 @@ def _sequence_parallel(value: Any, v: Verl) -> bool | None:
     return None if value else False
 
 
-def _engine(value: Any, v: Verl) -> str:
-    if value not in ("sglang", "vllm", "hf"):
-        raise Unused(f"{value} is not an engine megarl knows (it generates with SGLang)")
-    return "sglang"
+def _engine(value: Any, v: Verl) -> Any:
+    """verl's HF rollout generates with transformers inside its training workers (small and debug
+    runs): megarl's torch engine, its engine in the policy's own processes, is the same design."""
+    if value == "hf":
+        return Noted("torch", "verl's HF rollout (transformers' generate in the training workers, for small and debug "
+                     "runs) is megarl's torch engine, which generates in the policy's processes too; for a real run "
+                     "set rollout.engine=sglang")  # fmt: skip
+    if value not in ("sglang", "vllm"):
+        raise Unused(f"{value} is not an engine megarl knows (it generates with SGLang, or its torch engine)")
+    return Noted("sglang", "megarl generates with SGLang (vLLM is not supported)" if value == "vllm" else "")
+
+
+def _rollout_tp(value: Any, v: Verl) -> int:
+    if v.get(f"{ROLLOUT}.name") == "hf":
+        raise Unused("verl's HF rollout generates with the training workers' model; megarl's torch engine runs in one "
+                     "process (rollout.tp 1)", quiet=True)  # fmt: skip
+    return int(value)
 
 
 def _top_k(value: Any, v: Verl) -> Any:
@@ -931,7 +944,8 @@ def _agent_rules() -> list[Rule]:
 def _rollout_rules() -> list[Rule]:
     """verl's keys of the rollout."""
     return [
-        Rule(f"{ROLLOUT}.name", ("rollout.engine",), _engine, reason="megarl generates with SGLang (vLLM is not supported)"),
+        Rule(f"{ROLLOUT}.name", ("rollout.engine",), _engine, reason="sglang and vllm: SGLang; hf (verl's HF rollout): "
+             "the torch engine, megarl's engine in the policy's processes"),
         Rule(f"{ROLLOUT}.n", ("rollout.n",), default=1),
         Rule(f"{ROLLOUT}.temperature", ("rollout.sampling.temperature",)),
         Rule(f"{ROLLOUT}.top_p", ("rollout.sampling.top_p",)),
@@ -939,7 +953,7 @@ def _rollout_rules() -> list[Rule]:
         Rule(f"{ROLLOUT}.do_sample", ("rollout.sampling.temperature",), _do_sample),
         Rule(f"{ROLLOUT}.response_length", ("rollout.sampling.max_new_tokens",), default=_default_response),
         Rule(f"{ROLLOUT}.prompt_length", ("data.max_prompt_length",), default=_default_prompt),
-        Rule(f"{ROLLOUT}.tensor_model_parallel_size", ("rollout.tp",), default=2),
+        Rule(f"{ROLLOUT}.tensor_model_parallel_size", ("rollout.tp",), _rollout_tp, default=2),
         Rule(f"{ROLLOUT}.gpu_memory_utilization", ("rollout.mem_fraction",), default=0.5,
              reason="SGLang's --mem-fraction-static"),
         Rule(f"{ROLLOUT}.max_num_seqs", ("rollout.max_running_requests",)),

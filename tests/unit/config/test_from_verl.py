@@ -840,3 +840,14 @@ def test_verls_no_top_k_is_megarls_whole_vocabulary(tmp_path: Path, top_k: int):
     assert (t.values["rollout.sampling.top_k"], t.values["rollout.val.top_k"]) == (-1, -1)
     assert _note(t, f"actor_rollout_ref.rollout.top_k={top_k}") == f"verl's {top_k}: no top-k, the whole vocabulary (megarl's -1)"
     assert validate_config(t.nested()).rollout.val.top_k == -1  # megarl accepts them (not "samples nothing")
+
+
+def test_verls_hf_rollout_is_megarls_torch_engine(tmp_path: Path, capsys):
+    script = _write(tmp_path, "run.sh", GRPO_GSM8K.replace("rollout.name=vllm", "rollout.name=hf"))
+    t = translate(read_verl(script, env={"HOME": "/home/u"}))
+    assert t.values["rollout.engine"] == "torch" and "rollout.tp" not in t.values
+    assert "verl's HF rollout" in _note(t, "actor_rollout_ref.rollout.name=hf")
+    assert "vLLM" not in _note(t, "actor_rollout_ref.rollout.name=hf")
+    assert _row(t, "actor_rollout_ref.rollout.tensor_model_parallel_size=2").startswith("no equivalent: verl's HF rollout")
+    assert main(["config", "--from-verl", str(script), "--out", str(tmp_path / "m.yaml")]) == 0
+    assert load_config(tmp_path / "m.yaml").rollout.engine == "torch"
