@@ -40,9 +40,9 @@ class Unused(Exception):
     equivalent for this value: the table says why instead of a megarl key. ``quiet``: a default of
     a part the run does not have (the critic's without a critic) is not shown at all."""
 
-    def __init__(self, reason: str, group: str = NONE, quiet: bool = False):
+    def __init__(self, reason: str, group: str = NONE, quiet: bool = False, differs: bool = False):
         super().__init__(reason)
-        self.reason, self.group, self.quiet = reason, group, quiet
+        self.reason, self.group, self.quiet, self.differs = reason, group, quiet, differs
 
 
 class Verl:
@@ -370,6 +370,16 @@ def _lora_rank(value: Any, v: Verl) -> int:
     if not value:
         raise Unused("0: no LoRA (megarl's actor.lora None)")
     return int(value)
+
+
+def _differs(reason: str) -> Convert:
+    """A key megarl has no equivalent for whose value changes what verl would train (set: the
+    translation stops unless told to accept it); unset (null, 0, false): nothing to carry."""
+    def convert(value: Any, v: Verl) -> Any:
+        if not value:
+            raise Unused(f"{value}: nothing to carry")
+        raise Unused(f"{reason}: the megarl run would differ from verl's", NOT_YET, differs=True)
+    return convert
 
 
 def _lora(convert: Convert, rank: str = f"{MODEL}.lora_rank") -> Convert:
@@ -842,8 +852,9 @@ def _policy_model_rules() -> list[Rule]:
         Rule(f"{MODEL}.lora_alpha", ("actor.lora.alpha",), _lora(lambda x, v: float(x))),
         Rule(f"{MODEL}.target_modules", ("actor.lora.target_modules",), _lora(_target_modules)),
         Rule(f"{MODEL}.exclude_modules", reason="megarl's LoRA targets modules by name (actor.lora.target_modules)", group=NOT_YET),
-        Rule(f"{MODEL}.lora_adapter_path", reason="megarl's LoRA starts from fresh adapters", group=NOT_YET),
-        Rule(f"{MODEL}.use_dora", reason="DoRA", group=NOT_YET),
+        Rule(f"{MODEL}.lora_adapter_path", convert=_differs("megarl's LoRA starts from fresh adapters, not this adapter"),
+             reason="megarl's LoRA starts from fresh adapters", group=NOT_YET),
+        Rule(f"{MODEL}.use_dora", convert=_differs("megarl's LoRA is plain LoRA, not DoRA"), reason="DoRA", group=NOT_YET),
         Rule(f"{MODEL}.custom_chat_template", reason="megarl renders the tokenizer's own chat template", group=NOT_YET),
         Rule(f"{MODEL}.lora.rank", ("actor.lora.rank",), _lora_rank, reason="verl's Megatron LoRA"),
         Rule(f"{MODEL}.lora.alpha", ("actor.lora.alpha",), _lora(lambda x, v: float(x), f"{MODEL}.lora.rank"),
@@ -1006,6 +1017,8 @@ def _critic_rules() -> list[Rule]:
         Rule("critic.enable", ("critic.enabled",)),
         Rule("critic.model.path", ("critic.path",), _critic_path, default=PLACEHOLDER_MODEL, show_default=True),
         *_model_rules("critic.model", "critic"),
+        Rule("critic.model.lora_rank", convert=_critic(_differs("megarl trains the whole critic (its LoRA is the policy's)")),
+             reason="megarl's LoRA is the policy's (actor.lora)", group=NOT_YET),
         Rule("critic.model.lora_*", reason="megarl's LoRA is the policy's (actor.lora)", group=NOT_YET),
         Rule("critic.model.target_modules", reason="megarl's LoRA is the policy's (actor.lora)", group=NOT_YET),
         *_batch_rules("critic", "critic"),
@@ -1015,6 +1028,8 @@ def _critic_rules() -> list[Rule]:
         Rule("critic.strategy", reason="megarl trains with Megatron-core whatever verl's strategy"),
         Rule("critic.rollout_n", reason="verl derives it from rollout.n"),
         Rule("critic.checkpoint.*", reason="megarl's checkpoints always hold the model, optimizer and loop state"),
+        Rule("critic.model.lora.rank", convert=_critic(_differs("megarl trains the whole critic (its LoRA is the policy's)")),
+             reason="megarl's LoRA is the policy's (actor.lora)", group=NOT_YET),
         Rule("critic.model.lora.*", reason="megarl's LoRA is the policy's (actor.lora)", group=NOT_YET),
         Rule("critic.data_loader_seed", reason="megarl's sampler takes data.seed"),
         Rule("critic.load_weight", reason="megarl always loads the critic's model"),

@@ -38,6 +38,7 @@ class Row:
     verl: str
     sets: dict[str, Any] = field(default_factory=dict)
     note: str = ""  # a note on the conversion, or why there is no equivalent
+    differs: bool = False  # no equivalent, and the run would train differently from verl's (a stop unless accepted)
     group: str = ""  # for a key without equivalent: FSDP-only, vLLM-only, not supported yet, no equivalent; "" for a
     # key given again later or deleted
 
@@ -51,6 +52,11 @@ class Translation:
     origins: dict[str, str]  # dotted megarl key -> the verl text that set it, for errors
     megatron: bool
     notes: list[str]
+
+    @property
+    def differences(self) -> list[Row]:
+        """The rows of keys without equivalent whose absence changes what would be trained."""
+        return [r for r in self.given if r.differs]
 
     def nested(self) -> dict[str, Any]:
         """The values as a megarl config tree."""
@@ -169,7 +175,7 @@ def _row(text: str, key: str, value: Any, verl: Verl, out: Translation, override
             if rule.convert is not None:
                 rule.convert(value, verl)
         except Unused as exc:
-            return Row(text, note=exc.reason, group=exc.group)
+            return Row(text, note=exc.reason, group=exc.group, differs=exc.differs)
         return Row(text, note=rule.reason, group=rule.group)
     try:
         values, note = _converted(rule, value, verl, key)

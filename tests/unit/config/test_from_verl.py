@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from megarl.cli import main
+from megarl.commands.from_verl import from_verl
 from megarl.config.loading import ConfigError, load_config, validate_config
 from megarl.config.verl_keys import RULES, is_verl_key
 from megarl.config.verl_script import parse_hydra, read_verl
@@ -851,3 +852,16 @@ def test_verls_hf_rollout_is_megarls_torch_engine(tmp_path: Path, capsys):
     assert _row(t, "actor_rollout_ref.rollout.tensor_model_parallel_size=2").startswith("no equivalent: verl's HF rollout")
     assert main(["config", "--from-verl", str(script), "--out", str(tmp_path / "m.yaml")]) == 0
     assert load_config(tmp_path / "m.yaml").rollout.engine == "torch"
+
+
+@pytest.mark.parametrize("key", ["actor_rollout_ref.model.lora_adapter_path=/ckpt/adapter", "critic.model.lora_rank=8"])
+def test_a_key_that_would_make_the_run_differ_stops_the_translation_unless_accepted(tmp_path: Path, capsys, key: str):
+    script = _write(tmp_path, "run.sh", GRPO_GSM8K.replace("algorithm.adv_estimator=grpo", "algorithm.adv_estimator=gae"))
+    out = tmp_path / "m.yaml"
+    with pytest.raises(ConfigError, match=rf"would train differently from verl \({re.escape(key)}: .*--accept-differences"):
+        from_verl(str(script), [key, "actor_rollout_ref.model.lora_rank=8"], str(out))
+    assert not out.exists()
+    main(["config", "--from-verl", str(script), key, "--out", str(out), "--accept-differences"])  # (a critic's 7B: plan refuses)
+    assert out.exists() and "the megarl run would differ from verl's" in capsys.readouterr().out
+    t = _translate(tmp_path, "run.sh", GRPO_GSM8K, "actor_rollout_ref.model.lora_adapter_path=null", "critic.model.lora_rank=0")
+    assert not t.differences  # unset: nothing to carry
