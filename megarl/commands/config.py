@@ -30,6 +30,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--from-verl", type=user_path, default=None, metavar="RUN",
                    help="a verl run script (.sh) or verl YAML config to translate into a megarl config")
     p.add_argument("--out", type=user_path, default=None, metavar="FILE", help="with --from-verl: the megarl config to write")
+    p.add_argument("--accept-differences", action="store_true",
+                   help="with --from-verl: write the config even when a verl key megarl cannot carry (a LoRA adapter to "
+                   "continue from, a critic's LoRA) makes the megarl run train differently")  # fmt: skip
     p.set_defaults(handler=run)
 
 
@@ -40,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     if args.from_verl is not None:
         from megarl.commands.from_verl import from_verl
 
-        return from_verl(args.from_verl, words, args.out)
+        return from_verl(args.from_verl, words, args.out, accept_differences=args.accept_differences)
     if args.out is not None or len(words) > 1:
         raise ConfigError(f"megarl config takes one SECTION or KEY (got {' '.join(words) or '--out'}); --out and verl "
                           "overrides go with --from-verl RUN")  # fmt: skip

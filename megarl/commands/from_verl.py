@@ -20,11 +20,16 @@ from megarl.config.verl_translate import Row, Translation, nest, table, translat
 from megarl.plan.issues import PlanError
 
 
-def from_verl(run_path: str, overrides: list[str], out: str | None) -> int:
-    """Translate, write ``out``, print the table and the plan's verdict; returns the exit code."""
+def from_verl(run_path: str, overrides: list[str], out: str | None, accept_differences: bool = False) -> int:
+    """Translate, write ``out``, print the table and the plan's verdict; returns the exit code. A
+    verl key whose absence would make the megarl run train differently stops it, unless accepted."""
     if not out:
         raise ConfigError("megarl config --from-verl needs --out FILE: where to write the megarl config (e.g. --out megarl.yaml)")
     translation = translate(read_verl(run_path, overrides))
+    if translation.differences and not accept_differences:
+        why = "; ".join(f"{r.verl}: {r.note}" for r in translation.differences)
+        raise ConfigError(f"the translation of {run_path} would train differently from verl ({why}); remove the key "
+                          "from the verl run, or give --accept-differences to write the config anyway")  # fmt: skip
     cfg = validate_config(translation.nested(), source=f"the translation of {run_path}", overrides=translation.origins)
     cfg, refusal = _choose_layout(cfg, translation)
     Path(out).write_text(_header(run_path, overrides) + yaml.safe_dump(_ordered(translation.nested()), sort_keys=False))

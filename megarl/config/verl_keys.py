@@ -15,6 +15,7 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from megarl.config.architectures import arch_for_model_name
@@ -31,14 +32,17 @@ NOT_YET = "not supported yet"
 NONE = "no equivalent"
 
 
+OMIT = object()  # a converter's value for a megarl key it leaves unset (megarl's default applies)
+
+
 class Unused(Exception):
     """A verl key that has no effect in this run (``kl_loss_coef`` without ``use_kl_loss``), or no
     equivalent for this value: the table says why instead of a megarl key. ``quiet``: a default of
     a part the run does not have (the critic's without a critic) is not shown at all."""
 
-    def __init__(self, reason: str, group: str = NONE, quiet: bool = False):
+    def __init__(self, reason: str, group: str = NONE, quiet: bool = False, differs: bool = False):
         super().__init__(reason)
-        self.reason, self.group, self.quiet = reason, group, quiet
+        self.reason, self.group, self.quiet, self.differs = reason, group, quiet, differs
 
 
 class Verl:
@@ -287,10 +291,30 @@ def _sequence_parallel(value: Any, v: Verl) -> bool | None:
     return None if value else False
 
 
-def _engine(value: Any, v: Verl) -> str:
-    if value not in ("sglang", "vllm", "hf"):
-        raise Unused(f"{value} is not an engine megarl knows (it generates with SGLang)")
-    return "sglang"
+def _engine(value: Any, v: Verl) -> Any:
+    """verl's HF rollout generates with transformers inside its training workers (small and debug
+    runs): megarl's torch engine, its engine in the policy's own processes, is the same design."""
+    if value == "hf":
+        return Noted("torch", "verl's HF rollout (transformers' generate in the training workers, for small and debug "
+                     "runs) is megarl's torch engine, which generates in the policy's processes too; for a real run "
+                     "set rollout.engine=sglang")  # fmt: skip
+    if value not in ("sglang", "vllm"):
+        raise Unused(f"{value} is not an engine megarl knows (it generates with SGLang, or its torch engine)")
+    return Noted("sglang", "megarl generates with SGLang (vLLM is not supported)" if value == "vllm" else "")
+
+
+def _rollout_tp(value: Any, v: Verl) -> int:
+    if v.get(f"{ROLLOUT}.name") == "hf":
+        raise Unused("verl's HF rollout generates with the training workers' model; megarl's torch engine runs in one "
+                     "process (rollout.tp 1)", quiet=True)  # fmt: skip
+    return int(value)
+
+
+def _top_k(value: Any, v: Verl) -> Any:
+    """verl's 0 ("0 for hf rollout") and -1 both mean no top-k: megarl's -1, the whole vocabulary."""
+    if int(value) <= 0:
+        return Noted(-1, f"verl's {value}: no top-k, the whole vocabulary (megarl's -1)")
+    return int(value)
 
 
 def _do_sample(value: Any, v: Verl) -> float:
@@ -303,14 +327,14 @@ def _val_greedy(value: Any, v: Verl) -> bool:
     return not value
 
 
-def _val_sampling(kind: type) -> Convert:
+def _val_sampling(kind: Convert) -> Convert:
     """A val_kwargs sampling value: verl reads it only with val_kwargs.do_sample=true (and megarl
     refuses rollout.val.temperature, top_p and top_k while rollout.val.greedy is true)."""
     def convert(value: Any, v: Verl) -> Any:
         if not v.get(f"{ROLLOUT}.val_kwargs.do_sample"):
             raise Unused("unused: verl's val_kwargs.do_sample is false and verl reads it only when true "
                          "(megarl validates greedily, rollout.val.greedy=true)")  # fmt: skip
-        return kind(value)
+        return kind(value, v)
     return convert
 
 
@@ -319,15 +343,18 @@ def _agent_loop(value: Any, v: Verl) -> str:
 
 
 def _model_path(value: Any, v: Verl) -> Any:
-    return str(value)
-
-
-def _model_arch(value: Any, v: Verl) -> str:
-    arch = arch_for_model_name(str(value))
-    if arch is None:
-        raise Unused("not a built-in architecture's name: megarl plan reads config.json from model.path "
-                     "(or set model.arch, `megarl plan --list-archs`)")  # fmt: skip
-    return arch
+    """model.path always; model.arch too when the path names a built-in architecture. A local
+    directory with a config.json needs no model.arch (megarl plan reads its config); any other path
+    keeps model.path alone, and plan reads config.json there (or give model.arch after the run)."""
+    path = str(value)
+    arch = arch_for_model_name(path)
+    if arch is not None:
+        return path, arch
+    if (Path(path).expanduser() / "config.json").is_file():
+        return Noted((path, OMIT), "a local model directory: megarl plan reads its config.json (no model.arch needed)")
+    return Noted((path, OMIT), "not a built-in architecture's name and no config.json here: megarl plan reads config.json "
+                 "from model.path where it runs; to plan without the weights, add model.arch=NAME after the run "
+                 "(`megarl plan --list-archs`)")  # fmt: skip
 
 
 def _critic_path(value: Any, v: Verl) -> Any:
@@ -343,6 +370,16 @@ def _lora_rank(value: Any, v: Verl) -> int:
     if not value:
         raise Unused("0: no LoRA (megarl's actor.lora None)")
     return int(value)
+
+
+def _differs(reason: str) -> Convert:
+    """A key megarl has no equivalent for whose value changes what verl would train (set: the
+    translation stops unless told to accept it); unset (null, 0, false): nothing to carry."""
+    def convert(value: Any, v: Verl) -> Any:
+        if not value:
+            raise Unused(f"{value}: nothing to carry")
+        raise Unused(f"{reason}: the megarl run would differ from verl's", NOT_YET, differs=True)
+    return convert
 
 
 def _lora(convert: Convert, rank: str = f"{MODEL}.lora_rank") -> Convert:
@@ -807,16 +844,17 @@ def _data_rules() -> list[Rule]:
 def _policy_model_rules() -> list[Rule]:
     """verl's keys of the policy model."""
     return [
-        Rule(f"{MODEL}.path", ("model.path", "model.arch"), lambda x, v: (_model_path(x, v), _model_arch(x, v)),
+        Rule(f"{MODEL}.path", ("model.path", "model.arch"), _model_path,
              default=PLACEHOLDER_MODEL, show_default=True,
              reason="a hub id or a directory named after a built-in architecture also sets model.arch, so megarl plan "
-             "runs without the weights; launch needs the weights in a local directory"),
+             "runs without the weights; any other path sets model.path alone; launch needs the weights in a local directory"),
         Rule(f"{MODEL}.lora_rank", ("actor.lora.rank",), _lora_rank),
         Rule(f"{MODEL}.lora_alpha", ("actor.lora.alpha",), _lora(lambda x, v: float(x))),
         Rule(f"{MODEL}.target_modules", ("actor.lora.target_modules",), _lora(_target_modules)),
         Rule(f"{MODEL}.exclude_modules", reason="megarl's LoRA targets modules by name (actor.lora.target_modules)", group=NOT_YET),
-        Rule(f"{MODEL}.lora_adapter_path", reason="megarl's LoRA starts from fresh adapters", group=NOT_YET),
-        Rule(f"{MODEL}.use_dora", reason="DoRA", group=NOT_YET),
+        Rule(f"{MODEL}.lora_adapter_path", convert=_differs("megarl's LoRA starts from fresh adapters, not this adapter"),
+             reason="megarl's LoRA starts from fresh adapters", group=NOT_YET),
+        Rule(f"{MODEL}.use_dora", convert=_differs("megarl's LoRA is plain LoRA, not DoRA"), reason="DoRA", group=NOT_YET),
         Rule(f"{MODEL}.custom_chat_template", reason="megarl renders the tokenizer's own chat template", group=NOT_YET),
         Rule(f"{MODEL}.lora.rank", ("actor.lora.rank",), _lora_rank, reason="verl's Megatron LoRA"),
         Rule(f"{MODEL}.lora.alpha", ("actor.lora.alpha",), _lora(lambda x, v: float(x), f"{MODEL}.lora.rank"),
@@ -917,27 +955,28 @@ def _agent_rules() -> list[Rule]:
 def _rollout_rules() -> list[Rule]:
     """verl's keys of the rollout."""
     return [
-        Rule(f"{ROLLOUT}.name", ("rollout.engine",), _engine, reason="megarl generates with SGLang (vLLM is not supported)"),
+        Rule(f"{ROLLOUT}.name", ("rollout.engine",), _engine, reason="sglang and vllm: SGLang; hf (verl's HF rollout): "
+             "the torch engine, megarl's engine in the policy's processes"),
         Rule(f"{ROLLOUT}.n", ("rollout.n",), default=1),
         Rule(f"{ROLLOUT}.temperature", ("rollout.sampling.temperature",)),
         Rule(f"{ROLLOUT}.top_p", ("rollout.sampling.top_p",)),
-        Rule(f"{ROLLOUT}.top_k", ("rollout.sampling.top_k",)),
+        Rule(f"{ROLLOUT}.top_k", ("rollout.sampling.top_k",), _top_k),
         Rule(f"{ROLLOUT}.do_sample", ("rollout.sampling.temperature",), _do_sample),
         Rule(f"{ROLLOUT}.response_length", ("rollout.sampling.max_new_tokens",), default=_default_response),
         Rule(f"{ROLLOUT}.prompt_length", ("data.max_prompt_length",), default=_default_prompt),
-        Rule(f"{ROLLOUT}.tensor_model_parallel_size", ("rollout.tp",), default=2),
+        Rule(f"{ROLLOUT}.tensor_model_parallel_size", ("rollout.tp",), _rollout_tp, default=2),
         Rule(f"{ROLLOUT}.gpu_memory_utilization", ("rollout.mem_fraction",), default=0.5,
              reason="SGLang's --mem-fraction-static"),
         Rule(f"{ROLLOUT}.max_num_seqs", ("rollout.max_running_requests",)),
         Rule(f"{ROLLOUT}.update_weights_bucket_megabytes", ("rollout.weight_sync.bucket_mb",)),
         Rule(f"{ROLLOUT}.val_kwargs.do_sample", ("rollout.val.greedy",), _val_greedy, default=False,
              reason="greedy = not do_sample"),
-        Rule(f"{ROLLOUT}.val_kwargs.temperature", ("rollout.val.temperature",), _val_sampling(float), default=0,
+        Rule(f"{ROLLOUT}.val_kwargs.temperature", ("rollout.val.temperature",), _val_sampling(lambda x, v: float(x)), default=0,
              reason="used with do_sample=true only; verl ignores it otherwise"),
-        Rule(f"{ROLLOUT}.val_kwargs.top_p", ("rollout.val.top_p",), _val_sampling(float), default=1.0,
+        Rule(f"{ROLLOUT}.val_kwargs.top_p", ("rollout.val.top_p",), _val_sampling(lambda x, v: float(x)), default=1.0,
              reason="used with do_sample=true only; verl ignores it otherwise"),
-        Rule(f"{ROLLOUT}.val_kwargs.top_k", ("rollout.val.top_k",), _val_sampling(int), default=-1,
-             reason="used with do_sample=true only; verl ignores it otherwise; -1 = the whole vocabulary in both"),
+        Rule(f"{ROLLOUT}.val_kwargs.top_k", ("rollout.val.top_k",), _val_sampling(_top_k), default=-1,
+             reason="used with do_sample=true only; verl ignores it otherwise; verl's 0 and -1 = the whole vocabulary = megarl's -1"),
         Rule(f"{ROLLOUT}.val_kwargs.n", ("rollout.val.n",), default=1),
         Rule(f"{ROLLOUT}.val_kwargs.*", reason="a validation sampling setting megarl's config does not have "
              "(`megarl config rollout.val`)", group=NOT_YET),
@@ -978,6 +1017,8 @@ def _critic_rules() -> list[Rule]:
         Rule("critic.enable", ("critic.enabled",)),
         Rule("critic.model.path", ("critic.path",), _critic_path, default=PLACEHOLDER_MODEL, show_default=True),
         *_model_rules("critic.model", "critic"),
+        Rule("critic.model.lora_rank", convert=_critic(_differs("megarl trains the whole critic (its LoRA is the policy's)")),
+             reason="megarl's LoRA is the policy's (actor.lora)", group=NOT_YET),
         Rule("critic.model.lora_*", reason="megarl's LoRA is the policy's (actor.lora)", group=NOT_YET),
         Rule("critic.model.target_modules", reason="megarl's LoRA is the policy's (actor.lora)", group=NOT_YET),
         *_batch_rules("critic", "critic"),
@@ -987,6 +1028,8 @@ def _critic_rules() -> list[Rule]:
         Rule("critic.strategy", reason="megarl trains with Megatron-core whatever verl's strategy"),
         Rule("critic.rollout_n", reason="verl derives it from rollout.n"),
         Rule("critic.checkpoint.*", reason="megarl's checkpoints always hold the model, optimizer and loop state"),
+        Rule("critic.model.lora.rank", convert=_critic(_differs("megarl trains the whole critic (its LoRA is the policy's)")),
+             reason="megarl's LoRA is the policy's (actor.lora)", group=NOT_YET),
         Rule("critic.model.lora.*", reason="megarl's LoRA is the policy's (actor.lora)", group=NOT_YET),
         Rule("critic.data_loader_seed", reason="megarl's sampler takes data.seed"),
         Rule("critic.load_weight", reason="megarl always loads the critic's model"),

@@ -3,17 +3,18 @@
 `megarl config --from-verl run.sh` needs the verl keys the run sets, each with its value and the
 text it was given as (the table shows it so). A verl script is shell: `set -x`, `export` lines,
 variables set in it or left to the environment (``${VAR:-default}`` too), other commands before
-the ``python3 -m verl.trainer.main_ppo`` line, quoted Hydra lists, and a trailing ``$@``. This
-module reads that much shell (quotes, escapes, line continuations, ``$VAR`` expansion) without
-running anything; Hydra values are read as Hydra reads them (``1e-6`` is a number, ``[a,b]`` a list).
+the ``python3 -m verl.trainer.main_ppo`` line, quoted Hydra lists, a trailing ``$@``, and
+redirections or a pipeline after it (``2>&1 | tee log.txt``: left out, with a note). This module
+reads that much shell (quotes, escapes, line continuations, ``$VAR`` expansion) without running
+anything; Hydra values are read as Hydra reads them (``1e-6`` is a number, ``[a,b]`` a list).
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ class Given:
     value: Any
     text: str
     deleted: bool = False  # Hydra's ~key
+    override: bool = False  # given after the run on megarl's command line (there a megarl key is taken too)
 
 
 @dataclass
@@ -40,6 +42,7 @@ class VerlRun:
     config_name: str = "ppo_trainer"
     config_path: str | None = None  # --config-path: a directory that may hold the user's own config-name YAML
     notes: list[str] = field(default_factory=list)  # unset variables, skipped words: printed above the table
+    exported: dict[str, str] = field(default_factory=dict)  # the script's `export`ed variables: verl's environment
 
 
 # The module lines that start a verl trainer (verl's main_ppo and the recipes' main_*).
@@ -64,8 +67,42 @@ def read_verl(path: str | Path, overrides: list[str] | tuple[str, ...] = (), env
     else:
         _read_script_into(run, file, text, dict(os.environ if env is None else env))
     for word in overrides:
-        _add_word(run, word, word, f"override {word!r}")
+        _add_word(run, word, word, f"override {word!r}", override=True)
+    seen = dict(os.environ if env is None else env)
+    if file.suffix not in (".yaml", ".yml"):
+        seen |= run.exported
+    run.given = [replace(g, value=_oc_env(g.value, g.key, seen, run.notes)) for g in run.given]
+    run.notes = list(dict.fromkeys(run.notes))  # a variable used twice: one note
     return run
+
+
+_OC_ENV = re.compile(r"\$\{oc\.env:([A-Za-z_]\w*)(?:,([^}]*))?\}")
+
+
+def _oc_env(value: Any, key: str, env: Mapping[str, str], notes: list[str]) -> Any:
+    """OmegaConf's ``${oc.env:NAME}`` (``${oc.env:NAME,default}``) read from the environment verl
+    would run in, as the shell's ``$NAME`` is; set nowhere (and no default), it stays as written,
+    with a note."""
+    if isinstance(value, list):
+        return [_oc_env(v, key, env, notes) for v in value]
+    if isinstance(value, dict):
+        return {k: _oc_env(v, key, env, notes) for k, v in value.items()}
+    if not isinstance(value, str) or "${oc.env:" not in value:
+        return value
+
+    def one(m: re.Match[str]) -> str:
+        if m[1] in env:
+            return env[m[1]]
+        if m[2] is not None:
+            return str(parse_hydra(m[2]))
+        notes.append(f"{m[0]} in {key}: ${m[1]} is not set in the environment: kept as {m[0]}; set it, or give {key} "
+                     "as an override after the run")  # fmt: skip
+        return m[0]
+
+    whole = _OC_ENV.fullmatch(value)
+    if whole and (whole[1] in env or whole[2] is not None):
+        return parse_hydra(env.get(whole[1], whole[2]))
+    return _OC_ENV.sub(one, value)
 
 
 def _read_yaml_into(run: VerlRun, file: Path, text: str) -> None:
@@ -102,11 +139,21 @@ def _show(value: Any) -> str:
 def _read_script_into(run: VerlRun, file: Path, text: str, env: dict[str, str]) -> None:
     """Walk the script's commands: assignments set variables, the verl command gives the keys."""
     variables: dict[str, str] = {}
-    found = False
-    for line in _logical_lines(text):
-        for command in _commands(line, variables, env, run.notes):
-            found |= _command_into(run, file, command, variables)
-    if not found:
+    found: _Command | None = None
+    previous: _Command | None = None
+    for command in _commands(text, variables, env, run.notes):
+        if _command_into(run, file, command, variables):
+            found = command
+            if command.redirections:
+                run.notes.append(f"line {command.last_line}: {' '.join(command.redirections)} after the verl command: "
+                                 "shell redirections, not verl keys: left out")  # fmt: skip
+        elif previous is not None and previous is found and found.end in ("|", "|&"):
+            piped = " ".join(raw for raw, _ in command.words)
+            run.notes.append(f"line {command.first_line}: the verl command's output piped to `{piped}`: left out")
+        elif found is not None:
+            _dropped_keys(run, found, command)
+        previous = command
+    if found is None:
         raise ConfigError(f"verl run {file}: no `python3 -m verl.trainer.main_ppo` (or recipe main_*) command found; "
                           "give the script that starts verl, or a verl YAML config")  # fmt: skip
     own = Path(file.parent, run.config_path or "", f"{run.config_name}.yaml") if run.config_path else None
@@ -117,23 +164,42 @@ def _read_script_into(run: VerlRun, file: Path, text: str, env: dict[str, str]) 
         run.notes.append(f"read {own} (--config-path, --config-name) before the command line's keys")
 
 
-def _command_into(run: VerlRun, file: Path, command: list[tuple[str, str]], variables: dict[str, str]) -> bool:
+_KEY_WORD = re.compile(r"[+~]{0,2}[A-Za-z_]\w*\.[\w.]+=")  # a Hydra override of a dotted key
+
+
+def _dropped_keys(run: VerlRun, found: _Command, command: _Command) -> None:
+    """A command after the verl command that is made of verl overrides: the verl command ended
+    before them (a ``\\`` followed by spaces, or a comment line inside the continuation, ends it; bash
+    too, and verl never sees them). Named in a note: they are not translated."""
+    keys = [raw for raw, word in command.words if _KEY_WORD.match(word)]
+    if keys:
+        run.notes.append(f"line {command.first_line}: {len(keys)} key=value word(s) after the verl command ended (line "
+                         f"{found.last_line}) are not part of it and were left out ({keys[0]}, ...): a `\\` followed by "
+                         "spaces, or a comment line inside the continuation, ends the command (in bash too); join "
+                         "them to it, or give them after the run")  # fmt: skip
+
+
+def _command_into(run: VerlRun, file: Path, command: _Command, variables: dict[str, str]) -> bool:
     """One command's words (raw, expanded): an assignment, `export`, or the verl command."""
-    words = [w for _, w in command]
+    words = [w for _, w in command.words]
+    pairs = command.words
     if not words:
         return False
+    exported = words[0] == "export"
     if words[0] in ("export", "declare", "local", "readonly"):
-        command, words = command[1:], words[1:]
+        pairs, words = pairs[1:], words[1:]
     entry = next((i for i, w in enumerate(words[:-1]) if w == "-m" and _ENTRY.match(words[i + 1])), None)
     if entry is None:
         for word in words:  # VAR=value lines (and `export VAR=value`)
             name, eq, value = word.partition("=")
             if eq and re.fullmatch(r"[A-Za-z_]\w*", name):
                 variables[name] = value
+                if exported:
+                    run.exported[name] = value
             else:
                 break
         return False
-    rest = command[entry + 2 :]
+    rest = pairs[entry + 2 :]
     i = 0
     while i < len(rest):
         raw, word = rest[i]
@@ -161,7 +227,7 @@ def _hydra_flag(run: VerlRun, file: Path, flag: str, value: str) -> None:
     run.config_path = value
 
 
-def _add_word(run: VerlRun, word: str, raw: str, where: str) -> None:
+def _add_word(run: VerlRun, word: str, raw: str, where: str, override: bool = False) -> None:
     """A Hydra override word: key=value, +key=value, ++key=value, or ~key (a delete)."""
     if word.startswith("~"):
         run.given.append(Given(word[1:].partition("=")[0], None, raw, deleted=True))
@@ -169,7 +235,7 @@ def _add_word(run: VerlRun, word: str, raw: str, where: str) -> None:
     key, eq, value = word.lstrip("+").partition("=")
     if not eq or not re.fullmatch(r"[A-Za-z_][\w.]*", key):
         raise ConfigError(f"{where}: not a verl override key=value (e.g. data.train_batch_size=256); remove it or fix its quoting")
-    run.given.append(Given(key, parse_hydra(value), raw))
+    run.given.append(Given(key, parse_hydra(value), raw, override=override))
 
 
 def parse_hydra(text: str) -> Any:
@@ -201,44 +267,88 @@ def _hydra_value(value: Any) -> Any:
     return parse_hydra(value) if isinstance(value, str) and not value.startswith(("[", "{")) else value
 
 
-def _logical_lines(text: str) -> list[str]:
-    """The script's lines with backslash-newline continuations joined (outside single quotes)."""
-    return re.sub(r"\\\r?\n", " ", text).splitlines()
+@dataclass
+class _Command:
+    """One shell command: its words (raw text, expanded), the redirections left out, the operator
+    that ended it (``|``, ``&&``, ``;``, a newline; "" at the end) and the lines it spans."""
+
+    words: list[tuple[str, str]] = field(default_factory=list)
+    redirections: list[str] = field(default_factory=list)
+    end: str = ""
+    first_line: int = 1
+    last_line: int = 1
 
 
-def _commands(line: str, variables: dict[str, str], env: dict[str, str], notes: list[str]) -> list[list[tuple[str, str]]]:
-    """The commands of one line (split at ; & |), each as its words (raw text, expanded), as the
-    shell reads them: quotes removed, $VAR expanded except in single quotes, # comments dropped."""
-    commands: list[list[tuple[str, str]]] = [[]]
-    raw, word, quote, started = "", "", "", False
+_OPERATORS = ("&&", "||", "|&", ";;", "|", "&", ";")
+_REDIRECTION = re.compile(r"&>>?|[<>]&|>>|>\||<<<?|<>|[<>]")
+
+
+def _commands(text: str, variables: dict[str, str], env: dict[str, str], notes: list[str]) -> Iterator[_Command]:
+    """The commands of ``text`` one at a time (so that each sees the variables the ones before it
+    set), as the shell reads them: quotes removed, $VAR expanded except in single quotes, backslash-
+    newline continuations joined (not in a comment: a comment ends at its line), # comments dropped,
+    redirections (``2>&1``, ``> log``, ``&> log``) left out and recorded."""
+    command, raw, word, quote, started, line = _Command(), "", "", "", False, 1
     i = 0
-    while i < len(line):
-        c = line[i]
+
+    def finish_word() -> None:
+        nonlocal raw, word, started
+        if started:
+            command.words.append((raw, word))
+        raw, word, started = "", "", False
+
+    while i < len(text):
+        c = text[i]
+        if c == "\\" and text[i + 1 : i + 2] == "\n" and quote != "'":  # a continuation
+            i, line = i + 2, line + 1
+            continue
+        if c == "\n":
+            line += 1
         if quote == "'":
             quote, raw, word = ("" if c == "'" else quote), raw + c, word + ("" if c == "'" else c)
-        elif c == "\\" and i + 1 < len(line) and (not quote or line[i + 1] in '"$`\\'):
-            raw, word, i = raw + line[i : i + 2], word + line[i + 1], i + 1
+        elif c == "\\" and i + 1 < len(text) and (not quote or text[i + 1] in '"$`\\'):
+            raw, word, i = raw + text[i : i + 2], word + text[i + 1], i + 1
         elif c == "$":
-            value, length = _expand(line[i:], variables, env, notes)
-            raw, word, started, i = raw + line[i : i + length], word + value, True, i + length - 1
+            value, length = _expand(text[i:], variables, env, notes)
+            raw, word, started, i = raw + text[i : i + length], word + value, True, i + length - 1
         elif c in "'\"" and (not quote or c == quote):
             quote, raw, started = ("" if quote else c), raw + c, True
         elif quote:
             raw, word = raw + c, word + c
         elif c == "#" and not started:
-            break
-        elif c.isspace() or c in ";&|":
-            if started:
-                commands[-1].append((raw, word))
+            while i + 1 < len(text) and text[i + 1] != "\n":
+                i += 1
+        elif (m := _REDIRECTION.match(text, i)) is not None:
+            fd = raw if started and raw.isdigit() else ""
+            if not fd:
+                finish_word()
             raw, word, started = "", "", False
-            if c in ";&|" and commands[-1]:
-                commands.append([])
+            j = m.end()
+            while j < len(text) and text[j] in " \t":
+                j += 1
+            k = j
+            while k < len(text) and not text[k].isspace() and text[k] not in ";&|<>":
+                k += 1
+            command.redirections.append(f"{fd}{m[0]}{text[j:k]}")
+            i = k
+            continue
+        elif c.isspace() or c in ";&|":
+            finish_word()
+            if c == "\n" or c in ";&|":
+                op = next(o for o in _OPERATORS if text.startswith(o, i)) if c != "\n" else "\n"
+                i += len(op) if c != "\n" else 1
+                if command.words or command.redirections:
+                    command.end, command.last_line = op, line - (c == "\n")
+                    yield command
+                command = _Command(first_line=line)
+                continue
         else:
             raw, word, started = raw + c, word + c, True
         i += 1
-    if started:
-        commands[-1].append((raw, word))
-    return [c for c in commands if c]
+    finish_word()
+    if command.words or command.redirections:
+        command.last_line = line
+        yield command
 
 
 def _expand(text: str, variables: dict[str, str], env: dict[str, str], notes: list[str]) -> tuple[str, int]:
@@ -289,6 +399,8 @@ def _expand_braced(text: str, variables: dict[str, str], env: dict[str, str], no
     if m is None:
         return text[:end], end
     name, op, word = m.groups()
+    if op is None and word:  # not the shell's: Hydra's ${a.b}, ${oc.env:NAME} (resolved with the keys)
+        return text[:end], end
     if not re.match(r"[A-Za-z_]", name):
         return "", end
     if op is None:
@@ -307,5 +419,4 @@ def _expand_braced(text: str, variables: dict[str, str], env: dict[str, str], no
 
 def _word(word: str, variables: dict[str, str], env: dict[str, str], notes: list[str]) -> str:
     """A default word of ``${NAME:-word}`` as the shell reads it: quotes removed, $VAR expanded."""
-    commands = _commands(word, variables, env, notes)
-    return " ".join(w for command in commands for _, w in command)
+    return " ".join(w for command in _commands(word, variables, env, notes) for _, w in command.words)

@@ -17,7 +17,17 @@ import yaml
 
 from megarl.config.loading import ConfigError
 from megarl.config.sections import MegaRLConfig
-from megarl.config.verl_keys import NONE, RULES, Noted, Rule, Unused, Verl, exact_rule, rule_for
+from megarl.config.verl_keys import (
+    NONE,
+    OMIT,
+    RULES,
+    Noted,
+    Rule,
+    Unused,
+    Verl,
+    exact_rule,
+    rule_for,
+)
 from megarl.config.verl_script import Given, VerlRun, flatten, parse_hydra
 
 
@@ -28,6 +38,7 @@ class Row:
     verl: str
     sets: dict[str, Any] = field(default_factory=dict)
     note: str = ""  # a note on the conversion, or why there is no equivalent
+    differs: bool = False  # no equivalent, and the run would train differently from verl's (a stop unless accepted)
     group: str = ""  # for a key without equivalent: FSDP-only, vLLM-only, not supported yet, no equivalent; "" for a
     # key given again later or deleted
 
@@ -41,6 +52,11 @@ class Translation:
     origins: dict[str, str]  # dotted megarl key -> the verl text that set it, for errors
     megatron: bool
     notes: list[str]
+
+    @property
+    def differences(self) -> list[Row]:
+        """The rows of keys without equivalent whose absence changes what would be trained."""
+        return [r for r in self.given if r.differs]
 
     def nested(self) -> dict[str, Any]:
         """The values as a megarl config tree."""
@@ -63,11 +79,13 @@ def nest(values: dict[str, Any]) -> dict[str, Any]:
 
 def translate(run: VerlRun) -> Translation:
     """The megarl values of ``run`` and a row for each verl key given, then for verl's defaults."""
-    given = _resolved(run.given)
+    given = _last_values(run.given)
     megatron = "megatron" in run.config_name or given.get("actor_rollout_ref.actor.strategy") == "megatron" or any(
         ".megatron." in k for k in given)  # fmt: skip
     verl = Verl(given, megatron)
     out = Translation([], [], [], {}, {}, megatron, list(run.notes))
+    for key, value in given.items():
+        given[key] = _interpolated(key, value, verl, out.notes)
     last = {g.key: i for i, g in enumerate(run.given)}
     for i, item in enumerate(run.given):
         if item.deleted:
@@ -75,7 +93,7 @@ def translate(run: VerlRun) -> Translation:
         elif last[item.key] != i:
             out.given.append(Row(item.text, note="given again later: the later value wins"))
         else:
-            out.given.append(_row(item.text, item.key, given[item.key], verl, out))
+            out.given.append(_row(item.text, item.key, given[item.key], verl, out, item.override))
     for rule in RULES:
         if rule.default is not None and "*" not in rule.verl and rule.verl not in given:
             row = _default_row(rule, verl, out)
@@ -84,46 +102,71 @@ def translate(run: VerlRun) -> Translation:
     return out
 
 
-def _resolved(items: list[Given]) -> dict[str, Any]:
-    """The keys given (the last value of each; a delete removes it), Hydra's ``${a.b}`` and
-    ``${oc.select:a.b,default}`` resolved against the other keys given."""
+def _last_values(items: list[Given]) -> dict[str, Any]:
+    """The keys given: the last value of each; a delete removes it."""
     given: dict[str, Any] = {}
     for item in items:
         if item.deleted:
             given.pop(item.key, None)
         else:
             given[item.key] = item.value
-    for key, value in given.items():
-        if isinstance(value, str) and "${" in value:
-            given[key] = _interpolate(key, value, given)
     return given
 
 
-_REF = re.compile(r"\$\{(?:oc\.select:)?([\w.]+)(?:,([^}]*))?\}")
+_INTERPOLATION = re.compile(r"\$\{([^${}]*)\}")
+_REF = re.compile(r"(oc\.select:)?(\.*[A-Za-z_][\w.]*)(?:,(.*))?", flags=re.S)
 
 
-def _interpolate(key: str, text: str, given: dict[str, Any]) -> Any:
-    """``${a.b}``, ``${oc.select:a.b,default}`` and the relative ``${.sibling}`` (a dump of verl's
-    config has them): the key given, else verl's default of it, else the default written."""
+def _interpolated(key: str, value: Any, verl: Verl, notes: list[str]) -> Any:
+    """Hydra's ``${a.b}``, ``${oc.select:a.b,default}`` and the relative ``${.sibling}`` (a dump of
+    verl's config has them) in the value of ``key``, resolved against the keys given, else verl's
+    default of the key (the mapping knows it), else the default written (``oc.select``'s null).
+    Any other ``${...}`` (a key the mapping does not know, another resolver) stays as written, with
+    a note: never a silent guess."""
+    if isinstance(value, list):
+        return [_interpolated(key, v, verl, notes) for v in value]
+    if isinstance(value, dict):
+        return {k: _interpolated(key, v, verl, notes) for k, v in value.items()}
+    if not isinstance(value, str) or "${" not in value:
+        return value
 
-    def value(ref: str, default: str | None) -> Any:
-        if ref.startswith("."):
-            ref = f"{key.rsplit('.', 1)[0]}{ref}" if "." in key else ref[1:]
-        if ref in given and not (isinstance(given[ref], str) and "${" in given[ref]):
-            return given[ref]
-        rule = exact_rule(ref)
-        if rule is not None and rule.default is not None and not callable(rule.default):
-            return rule.default
-        return parse_hydra(default) if default is not None else None
+    def resolve(m: re.Match[str]) -> Any:
+        ref = _REF.fullmatch(m[1])
+        if ref is None:
+            return _kept(m[0], key, f"{m[1].partition(':')[0]} is not a resolver megarl reads", notes)
+        select, name, default = ref.groups()
+        if name.startswith("."):  # relative: .sibling, ..uncle
+            parent = key.split(".")[:-1]
+            dots = len(name) - len(name.lstrip("."))
+            name = ".".join(parent[: len(parent) - dots + 1] + [name.lstrip(".")])
+        if name in verl.given and not (isinstance(verl.given[name], str) and "${" in verl.given[name]):
+            return verl.given[name]
+        if (rule := exact_rule(name)) is not None and rule.default is not None:
+            return verl.get(name)
+        if default is not None:
+            return parse_hydra(default)
+        if select:
+            return None  # oc.select of a key set nowhere: null
+        return _kept(m[0], key, f"{name} is not a key this run gives or whose verl default megarl's map knows", notes)
 
-    whole = _REF.fullmatch(text)
+    whole = _INTERPOLATION.fullmatch(value)
     if whole:
-        return value(*whole.groups())
-    return _REF.sub(lambda m: str(value(m[1], m[2])), text)
+        return resolve(whole)
+    return _INTERPOLATION.sub(lambda m: str(resolve(m)), value)
 
 
-def _row(text: str, key: str, value: Any, verl: Verl, out: Translation) -> Row:
+def _kept(written: str, key: str, why: str, notes: list[str]) -> str:
+    """An interpolation left as written, with a note (one: a shell variable kept so has its own)."""
+    if not any(f"kept as {written}" in note for note in notes):
+        notes.append(f"{written} in {key} is not resolved ({why}): kept as {written}; give {key} as an override after the run")
+    return written
+
+
+def _row(text: str, key: str, value: Any, verl: Verl, out: Translation, override: bool = False) -> Row:
     rule = rule_for(key)
+    if rule is None and override and key in _megarl_defaults():  # model.arch=qwen2.5-7b after the run
+        out.values[key], out.origins[key] = value, text
+        return Row(text, {key: value}, note="a megarl key given after the run: taken as it is")
     if rule is None:
         return Row(text, note="not a verl key megarl's map knows: translate it by hand (`megarl config` lists megarl's keys)",
                    group=NONE)  # fmt: skip
@@ -132,7 +175,7 @@ def _row(text: str, key: str, value: Any, verl: Verl, out: Translation) -> Row:
             if rule.convert is not None:
                 rule.convert(value, verl)
         except Unused as exc:
-            return Row(text, note=exc.reason, group=exc.group)
+            return Row(text, note=exc.reason, group=exc.group, differs=exc.differs)
         return Row(text, note=rule.reason, group=rule.group)
     try:
         values, note = _converted(rule, value, verl, key)
@@ -158,7 +201,8 @@ def _converted(rule: Rule, value: Any, verl: Verl, key: str) -> tuple[dict[str, 
     if isinstance(result, Noted):
         result, note = result.value, result.note
     results = result if len(rule.megarl) > 1 else (result,)
-    return {k: _plain(v) for k, v in zip(rule.megarl_keys(key), results, strict=True)}, note
+    pairs = zip(rule.megarl_keys(key), results, strict=True)
+    return {k: _plain(v) for k, v in pairs if v is not OMIT}, note
 
 
 def _plain(value: Any) -> Any:

@@ -4,6 +4,7 @@ every key given, and the result passes `megarl plan`."""
 
 from __future__ import annotations
 
+import json
 import re
 import textwrap
 from pathlib import Path
@@ -12,7 +13,8 @@ import pytest
 import yaml
 
 from megarl.cli import main
-from megarl.config.loading import ConfigError, load_config
+from megarl.commands.from_verl import from_verl
+from megarl.config.loading import ConfigError, load_config, validate_config
 from megarl.config.verl_keys import RULES, is_verl_key
 from megarl.config.verl_script import parse_hydra, read_verl
 from megarl.config.verl_translate import Translation, translate
@@ -737,3 +739,129 @@ def test_data_custom_cls_chat_template_kwargs_and_reward_fn_key(tmp_path: Path):
                    "data.apply_chat_template_kwargs={enable_thinking: false}")  # fmt: skip
     assert t.values["data.custom_cls"] == {"path": "/code/d.py", "name": "D"}
     assert _loads(t, tmp_path).data.apply_chat_template_kwargs == {"enable_thinking": False}
+
+
+def _note(t: Translation, verl_text: str) -> str:
+    """The note of the row whose verl key is ``verl_text``."""
+    (row,) = [r for r in t.given + t.defaults + t.choices if r.verl == verl_text]
+    return row.note
+
+
+def _own_model_run(path: str) -> str:
+    return GRPO_GSM8K.replace("actor_rollout_ref.model.path=Qwen/Qwen2-7B-Instruct", f"actor_rollout_ref.model.path={path}")
+
+
+def test_a_model_path_without_a_built_in_name_keeps_model_path(tmp_path: Path, capsys):
+    t = _translate(tmp_path, "run.sh", _own_model_run("$HOME/models/my-finetune"))
+    assert t.values["model.path"] == "/home/u/models/my-finetune" and "model.arch" not in t.values
+    assert "add model.arch=NAME after the run" in _note(t, "actor_rollout_ref.model.path=$HOME/models/my-finetune")
+    # a megarl key after the run is taken as it is (model.arch: plan without the weights)
+    t = _translate(tmp_path, "run.sh", _own_model_run("/models/my-finetune"), "model.arch=qwen2-7b")
+    assert (t.values["model.path"], t.values["model.arch"]) == ("/models/my-finetune", "qwen2-7b")
+    assert _row(t, "model.arch=qwen2-7b") == "model.arch=qwen2-7b"
+    # a local directory with a config.json: the plan reads it, no model.arch needed
+    model = tmp_path / "b1" / "model"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+                                                   "num_attention_heads": 4, "num_key_value_heads": 2,
+                                                   "intermediate_size": 128, "vocab_size": 256}))  # fmt: skip
+    script = _write(tmp_path, "run1.sh", _own_model_run(str(model)))
+    out = tmp_path / "megarl.yaml"
+    assert main(["config", "--from-verl", str(script), "--out", str(out)]) == 0
+    assert "a local model directory: megarl plan reads its config.json" in capsys.readouterr().out
+    cfg = load_config(out)
+    assert cfg.model.path == str(model) and cfg.model.arch is None
+
+
+def test_a_variable_set_nowhere_stays_as_written_through_assignments(tmp_path: Path):
+    run = 'DATA_DIR=${DATA_DIR}\nTRAIN="${DATA_DIR}/train.parquet"\n' + GRPO_GSM8K.replace(
+        "data.train_files=$HOME/data/gsm8k/train.parquet", 'data.train_files="${DATA_DIR}/train.parquet"').replace(
+        "data.val_files=$HOME/data/gsm8k/test.parquet", "data.val_files=$TRAIN")
+    t = _translate(tmp_path, "run1.sh", run)
+    assert t.values["data.train_files"] == ["${DATA_DIR}/train.parquet"]
+    assert t.values["data.val_files"] == ["${DATA_DIR}/train.parquet"]
+    assert [n for n in t.notes if "DATA_DIR" in n] == [
+        "$DATA_DIR is not set in the script or the environment: kept as ${DATA_DIR}; set it, or give the key it feeds "
+        "as an override after the script"]  # fmt: skip
+
+
+def test_key_interpolations_resolve_where_the_map_knows_the_key_else_stay_with_a_note(tmp_path: Path):
+    path = _write(tmp_path, "run.yaml", """
+        actor_rollout_ref: {model: {path: Qwen/Qwen2.5-3B-Instruct}, rollout: {name: sglang, n: 4}}
+        algorithm: {adv_estimator: grpo}
+        trainer:
+          experiment_name: ${trainer.project_name}_${.project_name}
+          default_local_dir: /ckpt/${oc.select:trainer.experiment_name,x}/${my_group.dir}
+        data: {train_files: ['${oc.decode:"a"}']}
+        """)  # fmt: skip
+    t = translate(read_verl(path, env={}))
+    assert t.values["trainer.experiment"] == "verl_examples_verl_examples"  # verl's default project_name
+    assert t.values["trainer.output_dir"] == "/ckpt/verl_examples_verl_examples/${my_group.dir}"
+    assert t.values["data.train_files"] == ['${oc.decode:"a"}']
+    assert [n.partition(" (")[0] for n in t.notes] == ["${my_group.dir} in trainer.default_local_dir is not resolved",
+                                                      '${oc.decode:"a"} in data.train_files is not resolved']  # fmt: skip
+
+
+def test_oc_env_reads_the_environment_like_a_shell_variable(tmp_path: Path):
+    run = "export RUN_TAG=t1\n" + _MINIMAL.replace("rollout.name=sglang", "rollout.name=sglang \\\n"
+        "trainer.default_local_dir='checkpoints/x/${oc.env:USER}_exp' trainer.project_name=${oc.env:RUN_TAG} \\\n"
+        "trainer.experiment_name='${oc.env:NOPE,e1}' data.train_files='/d/${oc.env:NOPE}.parquet'")  # fmt: skip
+    t = _translate(tmp_path, "run.sh", run, env={"USER": "alice"})
+    assert t.values["trainer.output_dir"] == "checkpoints/x/alice_exp"
+    assert (t.values["trainer.project"], t.values["trainer.experiment"]) == ("t1", "e1")
+    assert t.values["data.train_files"] == ["/d/${oc.env:NOPE}.parquet"]
+    assert t.notes == ["${oc.env:NOPE} in data.train_files: $NOPE is not set in the environment: kept as ${oc.env:NOPE}; "
+                       "set it, or give data.train_files as an override after the run"]  # fmt: skip
+
+
+@pytest.mark.parametrize("tail", [" $@ 2>&1 | tee log.txt", " $@ 2>&1 | tee -a logs/run.log", " > log 2>&1", " &> log",
+                                  " $@ >> out.log 2> err.log && echo done", " 2>&1 |& tee log.txt"])  # fmt: skip
+def test_redirections_and_a_pipeline_after_the_verl_command_are_left_out_with_a_note(tmp_path: Path, tail: str):
+    t = _translate(tmp_path, "run.sh", GRPO_GSM8K.replace(" $@\n", tail + "\n"))
+    assert t.values == _translate(tmp_path, "plain.sh", GRPO_GSM8K).values
+    assert any("shell redirections, not verl keys: left out" in n or "piped to" in n for n in t.notes), t.notes
+    if "tee" in tail:
+        assert any(f"piped to `tee{tail.split('tee')[-1]}`: left out" in n for n in t.notes), t.notes
+
+
+@pytest.mark.parametrize("broken", ["trainer.test_freq=5 \\  \n", "trainer.test_freq=5 \\\n    # test every 5 steps\n"])
+def test_keys_after_a_broken_continuation_are_named_in_a_note(tmp_path: Path, broken: str):
+    t = _translate(tmp_path, "run.sh", GRPO_GSM8K.replace("trainer.test_freq=5 \\\n", broken))
+    assert "trainer.total_epochs" not in {k for r in t.given for k in r.sets}  # dropped, as bash drops them
+    (note,) = [n for n in t.notes if "after the verl command ended" in n]
+    assert note.startswith("line 41: 1 key=value word(s) after the verl command ended (line 40)" if "#" in broken else
+                           "line 40: 1 key=value word(s) after the verl command ended (line 39)"), note  # fmt: skip
+    assert "(trainer.total_epochs=15, ...)" in note
+
+
+@pytest.mark.parametrize("top_k", [0, -1])
+def test_verls_no_top_k_is_megarls_whole_vocabulary(tmp_path: Path, top_k: int):
+    t = _translate(tmp_path, "run.sh", _MINIMAL, f"actor_rollout_ref.rollout.top_k={top_k}",
+                   "actor_rollout_ref.rollout.val_kwargs.do_sample=True", f"actor_rollout_ref.rollout.val_kwargs.top_k={top_k}")
+    assert (t.values["rollout.sampling.top_k"], t.values["rollout.val.top_k"]) == (-1, -1)
+    assert _note(t, f"actor_rollout_ref.rollout.top_k={top_k}") == f"verl's {top_k}: no top-k, the whole vocabulary (megarl's -1)"
+    assert validate_config(t.nested()).rollout.val.top_k == -1  # megarl accepts them (not "samples nothing")
+
+
+def test_verls_hf_rollout_is_megarls_torch_engine(tmp_path: Path, capsys):
+    script = _write(tmp_path, "run.sh", GRPO_GSM8K.replace("rollout.name=vllm", "rollout.name=hf"))
+    t = translate(read_verl(script, env={"HOME": "/home/u"}))
+    assert t.values["rollout.engine"] == "torch" and "rollout.tp" not in t.values
+    assert "verl's HF rollout" in _note(t, "actor_rollout_ref.rollout.name=hf")
+    assert "vLLM" not in _note(t, "actor_rollout_ref.rollout.name=hf")
+    assert _row(t, "actor_rollout_ref.rollout.tensor_model_parallel_size=2").startswith("no equivalent: verl's HF rollout")
+    assert main(["config", "--from-verl", str(script), "--out", str(tmp_path / "m.yaml")]) == 0
+    assert load_config(tmp_path / "m.yaml").rollout.engine == "torch"
+
+
+@pytest.mark.parametrize("key", ["actor_rollout_ref.model.lora_adapter_path=/ckpt/adapter", "critic.model.lora_rank=8"])
+def test_a_key_that_would_make_the_run_differ_stops_the_translation_unless_accepted(tmp_path: Path, capsys, key: str):
+    script = _write(tmp_path, "run.sh", GRPO_GSM8K.replace("algorithm.adv_estimator=grpo", "algorithm.adv_estimator=gae"))
+    out = tmp_path / "m.yaml"
+    with pytest.raises(ConfigError, match=rf"would train differently from verl \({re.escape(key)}: .*--accept-differences"):
+        from_verl(str(script), [key, "actor_rollout_ref.model.lora_rank=8"], str(out))
+    assert not out.exists()
+    main(["config", "--from-verl", str(script), key, "--out", str(out), "--accept-differences"])  # (a critic's 7B: plan refuses)
+    assert out.exists() and "the megarl run would differ from verl's" in capsys.readouterr().out
+    t = _translate(tmp_path, "run.sh", GRPO_GSM8K, "actor_rollout_ref.model.lora_adapter_path=null", "critic.model.lora_rank=0")
+    assert not t.differences  # unset: nothing to carry
