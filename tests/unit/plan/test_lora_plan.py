@@ -219,3 +219,18 @@ def test_the_report_says_lora_is_on():
         "modules q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj (gate_proj, up_proj, down_proj on "
         "each of the 128 experts of the MoE layers)" in console.export_text()
     )  # fmt: skip
+
+
+def test_a_rank_past_the_modules_width_is_warned():
+    # rank 512 on the tiny model (hidden 64; k and v out 2 kv heads x 16 = 32) ran with no word, the
+    # report saying the adapters were 3.4e+02 % of the model
+    def rank_warnings(*overrides):
+        return [str(w) for w in make_plan(load_config(TINY, list(overrides))).warnings if str(w).startswith("actor.lora.rank")]
+
+    (warning,) = rank_warnings("actor.lora.rank=512")
+    assert warning.startswith("actor.lora.rank: (512) exceeds the 32 features of k_proj on tiny-demo (hidden size 64): "
+                              "an adapter's update B A has rank at most min(in, out)")
+    assert warning.endswith("set actor.lora.rank to 32 or less")
+    assert rank_warnings("actor.lora.rank=32") == []
+    assert rank_warnings("actor.lora={rank: 64, target_modules: q_proj}") == []  # q: 64 in, 64 out
+    assert "exceeds the 64 features of q_proj" in rank_warnings("actor.lora={rank: 65, target_modules: q_proj}")[0]
