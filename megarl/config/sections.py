@@ -413,7 +413,7 @@ class ActorConfig(Section):
     moe: MoEConfig = Field(default_factory=MoEConfig, description="Mixture-of-experts training: routing replay, load balance, token drops.")
     lora: LoRAConfig | None = Field(
         None, description="Train low-rank adapters instead of the whole model (docs/lora.md); None = full fine-tuning. "
-        "Setting any of its keys (actor.lora.rank=8) turns it on with the other keys' defaults.",
+        "Setting any of its keys (actor.lora.rank=8) turns it on with the other keys' defaults; actor.lora={} turns it on with every default.",
     )  # fmt: skip
 
 

@@ -63,3 +63,14 @@ def test_lora_target_modules_takes_a_plain_string_as_peft_does():
     assert load_config(tiny, ["actor.lora={target_modules: v_proj}"]).actor.lora.modules == ("v_proj",)
     with pytest.raises(Exception, match="not module names LoRA can target"):
         load_config(tiny, ["actor.lora.target_modules=qkv"])
+
+
+def test_an_empty_lora_section_turns_lora_on_with_its_defaults():
+    from pathlib import Path
+
+    from megarl.config.loading import load_config
+
+    tiny = Path(__file__).resolve().parents[3] / "configs" / "tiny_grpo.yaml"
+    lora = load_config(tiny, ["actor.lora={}"]).actor.lora
+    assert lora is not None and (lora.rank, lora.alpha, lora.target_modules) == (8, 16.0, ["all-linear"])
+    assert load_config(tiny, ["actor.lora={}", "actor.lora=null"]).actor.lora is None
