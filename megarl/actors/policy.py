@@ -48,15 +48,20 @@ ROUTING_METRICS_EVERY = 10
 def lora_base_identity(model: MegatronModel, model_path: str | Path) -> dict[str, object]:
     """What a LoRA checkpoint records of its base model (``lora_base.json``) and a resume or an
     export checks: its path and (sum, sum of |x|) over the base's HF tensors with the adapters
-    off, the same at any layout up to fp64 rounding (a collective over the replica)."""
+    off, the same at any layout up to fp64 rounding (a collective over the replica), and its
+    weight files' fingerprint, which the plan checks before a resume starts anything."""
     from megarl.models.lora import lora_of
+    from megarl.models.weight_files import weights_fingerprint
     from megarl.weight_sync.export_check import expected_fingerprint
 
     lora = lora_of(model.core)
     assert lora is not None
     with lora.disabled():
         stats = expected_fingerprint(model.bridge, model.core, collect="all").values()
-    return {"path": str(Path(model_path).resolve()), "fingerprint": [sum(s for s, _ in stats), sum(a for _, a in stats)]}
+    # files: what `megarl plan` compares before Ray starts (the base's weight files' names, sizes
+    # and first and last MiB: a few MiB read; megarl/plan/resume_checks.py)
+    return {"path": str(Path(model_path).resolve()), "fingerprint": [sum(s for s, _ in stats), sum(a for _, a in stats)],
+            "files": [list(f) for f in weights_fingerprint(Path(model_path))]}  # fmt: skip
 
 
 class PolicyWorker(TrainedWorker):

@@ -341,13 +341,19 @@ class LoRAConfig(Section):
     target_modules: list[str] = Field(
         ["all-linear"], min_length=1,
         description="HF module names that get an adapter: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, "
-        "or all-linear (every one of them). In a mixture-of-experts layer gate_proj, up_proj and down_proj adapt each "
+        "or all-linear (every one of them); a plain string is a list of one. In a mixture-of-experts layer gate_proj, up_proj and down_proj adapt each "
         "expert (its own adapters; pushes then must be rollout.weight_sync.lora=merged).",
     )  # fmt: skip
     init: Literal["kaiming", "gaussian"] = Field(
         "kaiming", description="A's initialisation as peft's: kaiming (uniform, peft's default) or gaussian (std 1/rank); "
         "B starts at zero, so the first step's policy is the base model.",
     )  # fmt: skip
+
+    @field_validator("target_modules", mode="before")
+    @classmethod
+    def _one_module(cls, value: Any) -> Any:
+        """A plain string (``q_proj``, ``all-linear``), as peft's and verl's configs take it, is a one-element list."""
+        return [value] if isinstance(value, str) else value
 
     @field_validator("target_modules")
     @classmethod
@@ -407,7 +413,7 @@ class ActorConfig(Section):
     moe: MoEConfig = Field(default_factory=MoEConfig, description="Mixture-of-experts training: routing replay, load balance, token drops.")
     lora: LoRAConfig | None = Field(
         None, description="Train low-rank adapters instead of the whole model (docs/lora.md); None = full fine-tuning. "
-        "Setting any of its keys (actor.lora.rank=8) turns it on with the other keys' defaults.",
+        "Setting any of its keys (actor.lora.rank=8) turns it on with the other keys' defaults; actor.lora={} turns it on with every default.",
     )  # fmt: skip
 
 

@@ -68,7 +68,7 @@ from megarl.parallel.mcore_version import (
 CHECKPOINT_METADATA = {"distrib_optim_sharding_type": UNRECORDED_OPTIMIZER_FORMAT}
 # LoRA checkpoints: the adapters' key prefix, and the file naming the base model they adapt.
 LORA_KEY = "lora."
-LORA_BASE_FILE = "lora_base.json"
+LORA_BASE_FILE = "lora_base.json"  # (megarl/plan/resume_checks.py reads it before Ray starts: the same name)
 # Parameters per gradient bucket (Megatron's default at DP <= 40); recorded in every checkpoint.
 GRAD_BUCKET_PARAMS = 40_000_000
 

@@ -20,6 +20,13 @@ processes' own memory, Ray's object store and the data are not counted):
   the first data-parallel rank writes the stage's whole state (fully_reshardable: a copy of the
   gathered state, which Megatron clones because its tensors are views). A lower bound: the
   pinned cache rounds each tensor's block up to a power of two (up to twice the bytes).
+  A LoRA checkpoint (actor.lora) writes the adapters (in model.dtype) and their optimizer state,
+  not the frozen base: that is what it stages. (It counts the adapters replicated over TP on
+  every TP rank, which Megatron writes once: at most their bf16 bytes too many.)
+
+Offloaded copies under LoRA are the residency table's as for any policy: the frozen base's
+weights move to the host where the table moves the policy's weights (with colocated SGLang at
+each launch, actor.offload or not; with actor.offload in the phases that do not use them).
 
 The bytes per GPU of each state come from the planner (megarl/plan/gpu_memory.py)."""
 
@@ -32,7 +39,7 @@ from typing import Any
 from megarl.config.architectures import ArchSpec
 from megarl.config.sections import ROLE_SECTIONS, MegaRLConfig
 from megarl.memory.residency import Residency, owner_of
-from megarl.plan.gpu_memory import GIB, stage_params_per_gpu
+from megarl.plan.gpu_memory import DTYPE_BYTES, GIB, stage_params_per_gpu
 from megarl.plan.lora_checks import policy_lora_params
 from megarl.plan.role_layout import RoleLayout
 
@@ -70,10 +77,14 @@ def save_gather_host_bytes(arch: ArchSpec, *, tp: int, pp: int, ep: int = 1, etp
     return 12.0 * sum(stage_params_per_gpu(arch, tp=tp, pp=pp, ep=ep, etp=etp, value_head=value_head))
 
 
-def save_staging_host_bytes(section: Any, layout: RoleLayout, sizes: Mapping[str, float], role: str) -> list[float]:
+def save_staging_host_bytes(section: Any, layout: RoleLayout, sizes: Mapping[str, float], role: str,
+                            written_weights: float | None = None) -> list[float]:  # fmt: skip
     """Host bytes each rank of ``role`` stages while it saves (module docstring), in rank order;
-    ``section``: its config section (actor, critic)."""
-    weights, optimizer = sizes[f"{role}/weights"], sizes[f"{role}/optimizer"]
+    ``section``: its config section (actor, critic); ``written_weights``: the bytes per GPU of
+    the weights a checkpoint holds when not all of ``sizes``' (LoRA: the adapters alone, the
+    frozen base is not saved)."""
+    weights = sizes[f"{role}/weights"] if written_weights is None else written_weights
+    optimizer = sizes[f"{role}/optimizer"]
     opt = section.optimizer
     sharded = opt.distributed and opt.checkpoint_format == "dp_reshardable"  # each rank writes its own shard
     whole = optimizer * (layout.dp if opt.distributed else 1)  # the stage's state, written by the first DP rank
@@ -94,7 +105,9 @@ def host_memory(cfg: MegaRLConfig, arch: ArchSpec, roles: Mapping[str, RoleLayou
     gather = {role: save_gather_host_bytes(arch, tp=roles[role].tp, pp=roles[role].pp, ep=roles[role].ep, etp=roles[role].etp,
                                            value_head=role == "critic", lora_params=adapters.get(role))
               for role in ("policy", "critic") if role in roles and _gathers(getattr(cfg, ROLE_SECTIONS[role]))}
-    staged = {role: save_staging_host_bytes(getattr(cfg, ROLE_SECTIONS[role]), roles[role], sizes, role)
+    # a LoRA checkpoint writes the adapters (in model.dtype) and their optimizer state, not the base
+    written = {role: n * DTYPE_BYTES[cfg.model.dtype] for role, n in adapters.items() if n is not None}
+    staged = {role: save_staging_host_bytes(getattr(cfg, ROLE_SECTIONS[role]), roles[role], sizes, role, written.get(role))
               for role in ("policy", "critic") if role in roles}  # fmt: skip
     nodes = []
     for node in range(cfg.cluster.nnodes):

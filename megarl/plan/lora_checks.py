@@ -14,6 +14,7 @@ from megarl.config.sections import MegaRLConfig
 from megarl.plan.gpu_memory import (
     LORA_MLP_MODULES,
     lora_expert_params_per_gpu,
+    lora_module_shapes,
     lora_params,
     lora_params_per_gpu,
 )
@@ -89,12 +90,35 @@ def check_lora(
         issues.append(Issue("rollout.weight_sync.lora", f"(adapter) cannot carry the adapters on {arch.name}'s experts "
                             f"({', '.join(experts)}: an HF PEFT adapter cannot hold them); use rollout.weight_sync.lora="
                             "merged, or target the attention only"))  # fmt: skip
+    narrowest = _narrowest_module(arch, lora.modules)
+    if narrowest is not None and lora.rank > narrowest[1]:
+        # B A (out x in) has rank at most min(in, out): the rank past that adds parameters, and
+        # their gradients and Adam state, and nothing the adapter can express.
+        module, width = narrowest
+        issues.append(Issue("actor.lora.rank", f"({lora.rank}) exceeds the {width} features of {module} on "
+                            f"{arch.name} (hidden size {arch.hidden_size}): an adapter's update B A has rank at most "
+                            "min(in, out), so the rank past it adds adapter parameters, their gradients and Adam "
+                            f"state (GPU memory) and nothing the adapters can learn; set actor.lora.rank to {width} "
+                            "or less", level="warning"))  # fmt: skip
     if cfg.model.layer_spec == "te":
         issues.append(Issue("model.layer_spec", "(te) fuses the norm into the QKV and fc1 linears, which LoRA cannot "
                             "wrap; use model.layer_spec local (or auto, which is local with actor.lora)"))  # fmt: skip
     if cfg.reference_enabled and cfg.reference.offload:
         issues.append(Issue("reference.offload", "(true) moves nothing with actor.lora: there is no reference model (the "
                             "policy with its adapters off gives the reference log-probs); remove it", level="warning"))  # fmt: skip
+
+
+def _narrowest_module(arch: ArchSpec, modules: tuple[str, ...]) -> tuple[str, int] | None:
+    """The targeted module with the fewest input or output features, and that number (an
+    expert's gate/up/down at the experts' width on an MoE model)."""
+    shapes = lora_module_shapes(arch)
+    widths = {m: min(shapes[m]) for m in modules}
+    if arch.num_moe_layers:
+        for m in (m for m in modules if m in LORA_MLP_MODULES):
+            widths[f"the experts' {m}"] = min(arch.hidden_size, arch.moe_ffn_hidden_size)
+            if arch.num_moe_layers == arch.num_layers:  # no dense MLP to adapt
+                widths.pop(m)
+    return min(widths.items(), key=lambda kv: kv[1]) if widths else None
 
 
 def lora_summary(cfg: MegaRLConfig, arch: ArchSpec) -> str | None:

@@ -1,7 +1,8 @@
 """Checks before Ray starts of what a launch resumes (megarl/plan/preflight.py runs them):
 the checkpoint trainer.resume names must be readable by this megatron-core, trained from the
 same model (and a critic it holds from a model of the same architecture), and loadable in this
-launch's layout (the optimizer state's format, a critic it holds) and data settings (the sampler's rule); other config changes are named in one warning,
+launch's layout (the optimizer state's format, a critic it holds), LoRA settings (actor.lora on
+or off, its rank, modules and alpha; a LoRA base's replaced weight files) and data settings (the sampler's rule); other config changes are named in one warning,
 going back to an older checkpoint says what is set aside, and a finished run says so
 (finished_run, before Ray starts; finished_note, also the trainer's when it finds out later).
 Nothing is created or changed on disk.
@@ -122,6 +123,7 @@ def _check_resumed_config(cfg: MegaRLConfig, ckpt: Any, findings: list[Finding])
     try:
         old = load_config(ckpt.path / RUN_CONFIG)
     except ConfigError:  # none, or written by a megarl whose config differs: nothing to compare
+        findings += _lora_changes(cfg, None, ckpt)  # (what the checkpoint's own files tell)
         return
     # where the run was launched, as `megarl convert` finds it: its relative paths start there
     launched = next(iter(launch_dirs(ckpt, old.trainer.output_dir)), Path.cwd())
@@ -131,6 +133,8 @@ def _check_resumed_config(cfg: MegaRLConfig, ckpt: Any, findings: list[Finding])
                                 f"{ckpt.path.name} was trained from: its policy would go on from the checkpoint while the "
                                 "reference loads the new one; resume with the run's model, or start from the new one in "
                                 "a new trainer.output_dir"))  # fmt: skip
+    elif (replaced := _replaced_base(cfg, ckpt)) is not None:
+        findings.append(Finding("model.path", replaced))
     elif cfg.model.path is not None:
         differ = model_config_differences(ckpt, cfg.model.path)
         if differ:  # rope_theta / rope_scaling change no shape: the run would go on under another model config
@@ -145,6 +149,7 @@ def _check_resumed_config(cfg: MegaRLConfig, ckpt: Any, findings: list[Finding])
                for field, why in resume_conflicts(resume_settings(old.data), resume_settings(cfg.data))]
     differences = dict_differences(old.model_dump(), cfg.model_dump())
     refused += _layout_changes(differences, ckpt, old, cfg.critic_enabled)
+    refused += _lora_changes(cfg, old, ckpt)
     findings += refused
     changed = [f"{k}: {a!r} -> {b!r}" for k, (a, b) in differences.items()
                if k not in (*RESUME_FREE_KEYS, "model.path", "model.arch", *(f.field for f in refused)) and b != "auto"]  # fmt: skip
@@ -208,6 +213,92 @@ def _layout_changes(differences: dict[str, tuple[Any, Any]], ckpt: Any, old: Meg
             found.append(Finding(key, f"this launch trains a critic and {ckpt.path.name} holds none (trained with {key}={was}): "
                                       f"a resume cannot add one; resume with {key}={was}, or {new_run}"))  # fmt: skip
     return found
+
+
+LORA_BASE_FILE = "lora_base.json"  # beside a LoRA checkpoint's policy state (megarl/megatron_runtime/training.py)
+
+
+def lora_base_record(ckpt: Any) -> dict[str, Any] | None:
+    """What ``ckpt``'s policy records of the base model its adapters were trained on
+    (``policy/lora_base.json``: path, fingerprint, and since it was written by a megarl that
+    records them, ``files``: :func:`weights_fingerprint` of the base); None for a whole-model
+    checkpoint (or one without a policy)."""
+    import json
+
+    if "policy" not in ckpt.components:
+        return None
+    record = ckpt.path / "policy" / LORA_BASE_FILE
+    try:
+        return dict(json.loads(record.read_text())) if record.is_file() else None
+    except (OSError, ValueError):  # unreadable: the policy ranks' check_lora_base reports it
+        return {}
+
+
+def _lora_changes(cfg: MegaRLConfig, old: MegaRLConfig | None, ckpt: Any) -> list[Finding]:
+    """A refusal for a resume the policy's LoRA state cannot load in, found before Ray starts
+    (the policy ranks' check_lora_base stays the backstop, after the model's load): a LoRA
+    checkpoint without actor.lora or a whole-model one with it, and a change of the adapters'
+    shapes (actor.lora.rank, actor.lora.target_modules: Megatron's load would fail with a shape
+    or key mismatch) or of their scale (actor.lora.alpha: the same adapters at another alpha /
+    rank change the policy's output at the resume, as a changed rope_theta in model.path's
+    config.json would, which is refused too). ``old``: the config ``ckpt`` was trained with
+    (None: unreadable, so only the checkpoint's own files tell)."""
+    record = lora_base_record(ckpt)
+    if "policy" not in ckpt.components or (record is None and old is None):
+        return []
+    name, new_run = ckpt.path.name, "or start a new run in a new trainer.output_dir"
+    lora, was = cfg.actor.lora, old.actor.lora if old is not None else None
+    if record is not None and lora is None:
+        trained = "" if was is None else f": actor.lora={{rank: {was.rank}, alpha: {was.alpha:g}, target_modules: {was.target_modules}}}"
+        return [Finding("actor.lora", f"(unset) {name} holds LoRA adapters (policy/{LORA_BASE_FILE}{trained}), not the "
+                                      f"whole model's weights, and this launch trains the whole model; resume with "
+                                      f"actor.lora as that run set it, {new_run}")]  # fmt: skip
+    if record is None and lora is not None:
+        return [Finding("actor.lora", f"{name} holds the whole model's weights (no policy/{LORA_BASE_FILE}), not LoRA "
+                                      "adapters, and this launch sets actor.lora; resume without actor.lora (actor.lora="
+                                      f"null), {new_run} (to adapt the trained model: `megarl convert` {name}, then "
+                                      "model.path)")]  # fmt: skip
+    if lora is None or was is None:
+        return []
+    found = []
+    if was.rank != lora.rank:
+        found.append(Finding("actor.lora.rank", f"{name}'s adapters were trained with actor.lora.rank={was.rank} "
+                             f"(A [rank, in], B [out, rank]) and load only at that rank, not {lora.rank}; resume with "
+                             f"actor.lora.rank={was.rank}, {new_run}"))  # fmt: skip
+    if was.modules != lora.modules:
+        found.append(Finding("actor.lora.target_modules", f"{name} holds adapters of {', '.join(was.modules)} (actor."
+                             f"lora.target_modules={was.target_modules}), and this launch's are {', '.join(lora.modules)}: "
+                             f"a resume loads exactly the adapters it holds; resume with actor.lora.target_modules="
+                             f"{was.target_modules}, {new_run}"))  # fmt: skip
+    if was.alpha != lora.alpha and was.rank == lora.rank:
+        found.append(Finding("actor.lora.alpha", f"{name}'s adapters were trained at actor.lora.alpha={was.alpha:g} "
+                             f"(scale alpha / rank = {was.scale:g}); at {lora.alpha:g} the same adapters would add "
+                             f"{lora.alpha / was.alpha:.3g}x their update to every adapted layer and the policy's output "
+                             f"would jump at the resume; resume with actor.lora.alpha={was.alpha:g}, {new_run}"))  # fmt: skip
+    return found
+
+
+def _replaced_base(cfg: MegaRLConfig, ckpt: Any) -> str | None:
+    """Why model.path no longer holds the base a LoRA checkpoint's adapters were trained on, when
+    the path is the same but its weights were replaced (None when they are the same, or when it
+    cannot be told: a whole-model checkpoint, one saved before lora_base.json recorded the base's
+    files, a model.path that does not exist). Compares :func:`weights_fingerprint`: each weight
+    file's name, size and a hash of its first and last MiB (a few MiB per file, a second at 72B),
+    which the save recorded (the policy ranks compare the weights' sums after the load, too)."""
+    record = lora_base_record(ckpt)
+    files = (record or {}).get("files")
+    if files is None or cfg.model.path is None or not Path(cfg.model.path).is_dir():
+        return None
+    now = [list(f) for f in weights_fingerprint(Path(cfg.model.path))]
+    if now == [list(f) for f in files]:
+        return None
+    recorded, current = {f[0]: f[1:] for f in files}, {f[0]: f[1:] for f in now}
+    changed = sorted(n for n in {*recorded, *current} if recorded.get(n) != current.get(n))
+    shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+    return (f"({cfg.model.path}) holds other weights than the base {ckpt.path.name}'s adapters were trained on "
+            f"({record.get('path') if record else cfg.model.path}; weight files that differ: {shown}): the adapters "
+            "would go on from another base; restore that base at model.path, or start a new run in a new "
+            "trainer.output_dir")  # fmt: skip
 
 
 def _another_critic(old: MegaRLConfig, new: MegaRLConfig, ckpt: Any, launched: Path) -> list[Finding]:

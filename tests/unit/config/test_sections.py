@@ -48,3 +48,29 @@ def test_a_checkpoint_format_needs_the_distributed_optimizer():
     assert OptimizerConfig(checkpoint_format="fully_reshardable").distributed  # the default optimizer takes it
     with pytest.raises(pydantic.ValidationError, match="checkpoint_format=fully_reshardable lays out the distributed"):
         OptimizerConfig(distributed=False, checkpoint_format="fully_reshardable")
+
+
+def test_lora_target_modules_takes_a_plain_string_as_peft_does():
+    # `actor.lora.target_modules=q_proj` was refused with pydantic's "Input should be a valid list"
+    from pathlib import Path
+
+    from megarl.config.loading import load_config
+
+    tiny = Path(__file__).resolve().parents[3] / "configs" / "tiny_grpo.yaml"
+    assert load_config(tiny, ["actor.lora.target_modules=q_proj"]).actor.lora.target_modules == ["q_proj"]
+    lora = load_config(tiny, ["actor.lora.target_modules=all-linear"]).actor.lora
+    assert lora.target_modules == ["all-linear"] and len(lora.modules) == 7
+    assert load_config(tiny, ["actor.lora={target_modules: v_proj}"]).actor.lora.modules == ("v_proj",)
+    with pytest.raises(Exception, match="not module names LoRA can target"):
+        load_config(tiny, ["actor.lora.target_modules=qkv"])
+
+
+def test_an_empty_lora_section_turns_lora_on_with_its_defaults():
+    from pathlib import Path
+
+    from megarl.config.loading import load_config
+
+    tiny = Path(__file__).resolve().parents[3] / "configs" / "tiny_grpo.yaml"
+    lora = load_config(tiny, ["actor.lora={}"]).actor.lora
+    assert lora is not None and (lora.rank, lora.alpha, lora.target_modules) == (8, 16.0, ["all-linear"])
+    assert load_config(tiny, ["actor.lora={}", "actor.lora=null"]).actor.lora is None

@@ -42,3 +42,9 @@ def test_full_and_lora_checkpoints_do_not_mix(tmp_path):
         check_lora_base(_checkpoint(lora, BASE), None)
     with pytest.raises(ValueError, match="holds a whole model, not LoRA adapters"):
         check_lora_base(_checkpoint(full), BASE)
+
+
+def test_the_plan_reads_the_file_the_policy_ranks_write():
+    from megarl.plan import resume_checks
+
+    assert resume_checks.LORA_BASE_FILE == LORA_BASE_FILE

@@ -219,3 +219,37 @@ def test_the_report_says_lora_is_on():
         "modules q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj (gate_proj, up_proj, down_proj on "
         "each of the 128 experts of the MoE layers)" in console.export_text()
     )  # fmt: skip
+
+
+def test_a_rank_past_the_modules_width_is_warned():
+    # rank 512 on the tiny model (hidden 64; k and v out 2 kv heads x 16 = 32) ran with no word, the
+    # report saying the adapters were 3.4e+02 % of the model
+    def rank_warnings(*overrides):
+        return [str(w) for w in make_plan(load_config(TINY, list(overrides))).warnings if str(w).startswith("actor.lora.rank")]
+
+    (warning,) = rank_warnings("actor.lora.rank=512")
+    assert warning.startswith("actor.lora.rank: (512) exceeds the 32 features of k_proj on tiny-demo (hidden size 64): "
+                              "an adapter's update B A has rank at most min(in, out)")
+    assert warning.endswith("set actor.lora.rank to 32 or less")
+    assert rank_warnings("actor.lora.rank=32") == []
+    assert rank_warnings("actor.lora={rank: 64, target_modules: q_proj}") == []  # q: 64 in, 64 out
+    assert "exceeds the 64 features of q_proj" in rank_warnings("actor.lora={rank: 65, target_modules: q_proj}")[0]
+
+
+def test_a_lora_checkpoint_stages_the_adapters_and_their_optimizer_state_only():
+    # The staging counted the whole policy (154 GiB on the 72B node), refusing the config at 200 GiB.
+    p = make_plan(load_config(LORA72, ["cluster.host_memory_gib=200"]))
+    assert p.memory is not None and p.memory.host is not None
+    host, states = p.memory.host, p.memory.states
+    adapters = lora_params_per_gpu(p.arch, 32, ALL, tp=8, pp=1)  # 181M per GPU (tp 8, dp 1)
+    # each of the node's 8 ranks is the first of its (size-1) data-parallel group: it writes its
+    # adapters in bf16 and its shard of the dp_reshardable optimizer state (fp32 main copy + 2 moments)
+    assert host.save_staging == {"policy": pytest.approx(8 * (2 * adapters + 12 * adapters))}
+    assert host.save_staging["policy"] / GIB == pytest.approx(18.9, abs=0.1)
+    # the offloaded copies are what the residency table moves: colocated SGLang's launch moves the
+    # whole policy off the GPUs (base weights + the adapters' optimizer state), actor.offload or not
+    assert host.offloaded == {"policy": pytest.approx(8 * (states["policy/weights"] + states["policy/optimizer"]))}
+    assert host.peak / GIB == pytest.approx(154.3 + 18.9, abs=0.2) and host.peak < 200 * GIB
+    full = make_plan(load_config(GRPO72)).memory
+    assert full is not None and full.host is not None
+    assert full.host.save_staging["policy"] > 10 * host.save_staging["policy"]  # the whole model's shard is written there

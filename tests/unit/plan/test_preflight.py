@@ -691,3 +691,73 @@ def test_wandb_without_a_key_where_it_cannot_ask_is_refused_before_launch(demo, 
     (tmp_path / "home" / ".netrc").write_text(f"machine api.wandb.ai\n  login user\n  password {'a' * 40}\n")
     (tmp_path / "home" / ".netrc").chmod(0o600)
     assert not [f for f in preflight(cfg) if f.field == "trainer.loggers"]
+
+
+def _lora_checkpoint(out: Path, cfg, launch_dir: Path, model: Path | None = None) -> Path:
+    """A LoRA run's checkpoint: its policy holds lora_base.json (with the base's weight files, when
+    ``model`` is given, as the policy ranks record them)."""
+    import json
+
+    from megarl.models.weight_files import weights_fingerprint
+
+    ckpt = _trained_with(out, 2, cfg, launch_dir=launch_dir, roles=("policy",))
+    record = {"path": str(model or "/models/base"), "fingerprint": [1.0, 2.0]}
+    if model is not None:
+        record["files"] = [list(f) for f in weights_fingerprint(model)]
+    (ckpt / "policy" / "lora_base.json").write_text(json.dumps(record))
+    return ckpt
+
+
+def test_a_resume_refuses_lora_changes_before_ray_starts(demo, tmp_path):
+    # found after Ray and the model's load (minutes at 72B), or as Megatron's "Global shape mismatch"
+    out = tmp_path / "run"
+    lora = "actor.lora={rank: 4, alpha: 8, target_modules: [q_proj, v_proj]}"
+    _lora_checkpoint(out, config(demo, out, lora), tmp_path)
+    assert [f for f in preflight(config(demo, out, lora)) if f.level == "error"] == []
+    msg = refusal(config(demo, out))  # the whole model
+    assert ("  - actor.lora: (unset) step_000002 holds LoRA adapters (policy/lora_base.json: actor.lora={rank: 4, alpha: 8, "
+            "target_modules: ['q_proj', 'v_proj']}), not the whole model's weights, and this launch trains the whole "
+            "model; resume with actor.lora as that run set it, or start a new run in a new trainer.output_dir") in msg
+    msg = refusal(config(demo, out, lora, "actor.lora.rank=8"))
+    assert ("  - actor.lora.rank: step_000002's adapters were trained with actor.lora.rank=4 (A [rank, in], B [out, rank]) "
+            "and load only at that rank, not 8; resume with actor.lora.rank=4, or start a new run") in msg
+    assert "actor.lora.alpha" not in msg  # (the rank's refusal covers the scale)
+    msg = refusal(config(demo, out, lora, "actor.lora.target_modules=all-linear"))
+    assert ("  - actor.lora.target_modules: step_000002 holds adapters of q_proj, v_proj (actor.lora.target_modules="
+            "['q_proj', 'v_proj']), and this launch's are q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj") in msg
+    msg = refusal(config(demo, out, lora, "actor.lora.alpha=16"))
+    assert ("  - actor.lora.alpha: step_000002's adapters were trained at actor.lora.alpha=8 (scale alpha / rank = 2); at "
+            "16 the same adapters would add 2x their update to every adapted layer and the policy's output would jump at "
+            "the resume; resume with actor.lora.alpha=8, or start a new run") in msg
+    # a listing of the same modules, and a training-only setting, are not refused
+    findings = preflight(config(demo, out, "actor.lora={rank: 4, alpha: 8, target_modules: [v_proj, q_proj], dropout: 0.1}"))
+    assert [f for f in findings if f.level == "error"] == []
+
+
+def test_a_resume_of_a_whole_model_checkpoint_with_lora_is_refused(demo, tmp_path):
+    # the launch said "the run goes on with this one: actor.lora: None -> {...}" and failed 30 s later
+    out = tmp_path / "run"
+    _trained_with(out, 2, config(demo, out), launch_dir=tmp_path, roles=("policy",))
+    findings = preflight(config(demo, out, "actor.lora.rank=8"))
+    assert [(f.field, f.level) for f in findings] == [("actor.lora", "error")]
+    assert findings[0].message.startswith("step_000002 holds the whole model's weights (no policy/lora_base.json), not "
+                                          "LoRA adapters, and this launch sets actor.lora; resume without actor.lora")
+    assert preflight(config(demo, out)) == []
+
+
+def test_a_lora_resume_refuses_replaced_base_weights_at_the_same_path(demo, tmp_path):
+    # only a changed path string was refused before Ray; replaced weights met the fingerprint after the load
+    import shutil
+
+    model, out = shutil.copytree(demo[0], tmp_path / "model"), tmp_path / "run"
+    lora = "actor.lora={rank: 4}"
+    _lora_checkpoint(out, config(demo, out, lora, f"model.path={model}"), tmp_path, model=model)
+    assert [f for f in preflight(config(demo, out, lora, f"model.path={model}")) if f.level == "error"] == []
+    weights = model / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-8:] = bytes(8)  # the same names and sizes, other weights (a fine-tuned model copied over the base)
+    weights.write_bytes(bytes(data))
+    msg = refusal(config(demo, out, lora, f"model.path={model}"))
+    assert (f"  - model.path: ({model}) holds other weights than the base step_000002's adapters were trained on ({model}; "
+            "weight files that differ: model.safetensors): the adapters would go on from another base; restore that "
+            "base at model.path, or start a new run in a new trainer.output_dir") in msg
