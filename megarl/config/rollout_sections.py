@@ -15,6 +15,13 @@ from megarl.config.section_base import IMPORT_PATH, Section, UserPath, builtin_o
 from megarl.config.sglang_server_args import SERVER_ARGS, SGLANG_VERSION
 
 
+def top_k_samples(value: int) -> int:
+    """A top-k the engines accept (their SamplingParams refuse 0): checked with the config, before Ray."""
+    if value == 0:
+        raise ValueError("0 samples nothing; use -1 (the whole vocabulary) or >= 1")
+    return value
+
+
 class SamplingConfig(Section):
     temperature: float = Field(1.0, ge=0, description="Sampling temperature; the trainer computes log-probs at the same temperature.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling; < 1 makes the rollout differ from the trained distribution.")
@@ -32,11 +39,7 @@ class SamplingConfig(Section):
     @field_validator("top_k")
     @classmethod
     def _top_k_samples_something(cls, value: int) -> int:
-        """0 passed the config and failed at the first generation, after Ray started (the engines'
-        SamplingParams refuse it); refused here, as rollout.val.top_k=0 is."""
-        if value == 0:
-            raise ValueError("0 samples nothing; use -1 (the whole vocabulary) or >= 1")
-        return value
+        return top_k_samples(value)
 
     @model_validator(mode="after")
     def _ignored_stop_ids(self) -> SamplingConfig:
@@ -162,9 +165,12 @@ class ValSamplingConfig(Section):
             key, value = next(iter(given.items()))
             raise ValueError(f"rollout.val.{key}={value} has no effect while rollout.val.greedy=true; set "
                              "rollout.val.greedy=false to sample validation responses")  # fmt: skip
-        if self.top_k == 0:
-            raise ValueError("rollout.val.top_k=0 samples nothing; use -1 (the whole vocabulary) or >= 1")
         return self
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k_samples_something(cls, value: int | None) -> int | None:
+        return value if value is None else top_k_samples(value)
 
 
 AGENT_LOOPS = ("single_turn", "tool_agent")  # megarl.rollout.agents.loops.LOOPS holds the classes (a test keeps them equal)

@@ -41,7 +41,7 @@ def test_a_top_k_of_0_is_refused_at_config_time_in_training_as_in_validation():
         load_config(None, [*base, "rollout.sampling.top_k=0"])
     problems = [line for line in str(info.value).splitlines() if line.startswith("  - ")]
     assert problems == ["  - rollout.sampling.top_k: 0 samples nothing; use -1 (the whole vocabulary) or >= 1 (got 0)"]
-    with pytest.raises(ConfigError, match=r"rollout.val.top_k=0 samples nothing; use -1"):
+    with pytest.raises(ConfigError, match=r"rollout.val.top_k: 0 samples nothing; use -1"):
         load_config(None, [*base, "rollout.val.greedy=false", "rollout.val.top_k=0"])
     for top_k in (-1, 1, 40):  # -1: the whole vocabulary
         assert sampling_params(_cfg(sampling={"top_k": top_k}), 1).top_k == top_k
