@@ -3,7 +3,6 @@ SGLang servers) reload; the directory must be on a filesystem every engine can r
 
 from __future__ import annotations
 
-import re
 import shutil
 import time
 from collections.abc import Callable, Sequence
@@ -12,9 +11,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from megarl.models.hf_files import copy_side_files
 from megarl.weight_sync.stream import WeightStream
-from megarl.weight_sync.transport_base import check_versions
+from megarl.weight_sync.transport_base import check_versions, remove_versions
 
-_VERSION_DIR = re.compile(r"v\d+(\.tmp)?")  # what DiskTransport writes into its directory
 
 @runtime_checkable
 class DiskReloadable(Protocol):
@@ -66,10 +64,8 @@ class DiskTransport:
             check_versions(self.engines, version)
         finally:  # a failed reload (a dead engine) still meets the others, who then learn of it at once
             self.barrier()  # nobody reads an older version any more
-        if self.writer:  # older versions this transport wrote (v<N> only: the directory may hold other things)
-            for old in self.directory.iterdir():
-                if old != target and _VERSION_DIR.fullmatch(old.name):
-                    shutil.rmtree(old, ignore_errors=True)
+        if self.writer:  # older versions this transport wrote
+            remove_versions(self.directory, "v", keep=[version])
         return self.stream.metrics(time.perf_counter() - start)
 
     def _publish(self, tmp: Path, target: Path) -> None:

@@ -11,8 +11,8 @@ holds no weights of the trainer's) and on a re-push of the same version (the han
 when an engine's weights were lost: released without a copy, or restarted); a re-push unloads the
 version's name first where a server still holds it. The previous version stays loaded (SGLang's
 unload waits for the last requests that use it); older ones are unloaded and their directories
-removed. A connection's first push also removes the ``lora_v<N>`` directories of versions the
-servers do not hold (what a resumed run's earlier launch left).
+removed: each push removes the ``lora_v<N>`` directories of versions the servers do not hold,
+what a resumed run's earlier launch left included (``transport_base.remove_versions``).
 
 Adapters on mixture-of-experts experts cannot go this way: transformers 5 holds a Qwen3-MoE
 layer's experts as fused parameters (``gate_up_proj [E, 2f, h]``, ``down_proj [E, h, f]``), not
@@ -24,7 +24,6 @@ mode with expert adapters; :func:`write_peft_adapter` refuses expert tensors).
 
 from __future__ import annotations
 
-import re
 import shutil
 import time
 from collections.abc import Callable, Sequence
@@ -33,13 +32,12 @@ from typing import Any
 
 from megarl.models.lora import write_peft_adapter
 from megarl.rollout_sglang.client import SGLangHTTPError
-from megarl.weight_sync.transport_base import WeightTransport
+from megarl.weight_sync.transport_base import WeightTransport, remove_versions
 
 EXPERTS_REFUSED = ("rollout.weight_sync.lora (adapter) cannot carry adapters on mixture-of-experts experts (an HF "
                    "PEFT adapter cannot hold them for transformers' fused experts); use rollout.weight_sync.lora=merged")
 
 
-_ADAPTER_DIR = re.compile(r"lora_v(\d+)(\.tmp)?")  # what AdapterTransport writes into its directory
 
 
 def adapter_name(version: int) -> str:
@@ -85,8 +83,6 @@ class AdapterTransport:
             self.barrier()
         if failure is not None:
             raise failure
-        if self.writer and self.last is None:  # a connection's first push: what an earlier run or connection left
-            self._remove_stale()
         self.last = version
         size = metrics.get("weight_sync/bytes", 0.0) + sum(t.numel() * t.element_size() for t in tensors.values())
         seconds = time.perf_counter() - start
@@ -120,17 +116,8 @@ class AdapterTransport:
             old = self.loaded.pop(0)
             for engine in self.engines:
                 unload_if_held(engine, old)
-            shutil.rmtree(self.directory / f"lora_v{old}", ignore_errors=True)
-
-    def _remove_stale(self) -> None:
-        """Remove the ``lora_v<N>`` (and ``lora_v<N>.tmp``) directories of versions the engines do
-        not hold: a resumed run's transport starts with none loaded, so the directories its earlier
-        launch wrote would stay forever. Only names of that pattern: the directory may hold other
-        things (the disk transport's ``v<N>``, a user's files)."""
-        for old in self.directory.iterdir():
-            match = _ADAPTER_DIR.fullmatch(old.name)
-            if match and (match.group(2) is not None or int(match.group(1)) not in self.loaded):
-                shutil.rmtree(old, ignore_errors=True)
+        # every directory but the held versions': older ones, and what an earlier launch of the run wrote
+        remove_versions(self.directory, "lora_v", keep=self.loaded)
 
     def close(self) -> None:
         self.base.close()

@@ -7,7 +7,10 @@ one place a transport is chosen: megarl/weight_sync/transports.py.
 
 from __future__ import annotations
 
+import re
+import shutil
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 # Which policy ranks receive every pipeline stage's tensors when a push exports them
@@ -41,6 +44,16 @@ def check_versions(engines: Iterable[VersionedEngine], version: int) -> None:
                 f"engine {i} reports weight_version {engine.weight_version} after push {version}; "
                 "the push did not complete (see the engine's log)"
             )
+
+
+def remove_versions(directory: str | Path, prefix: str, keep: Iterable[int]) -> None:
+    """Remove the ``<prefix><N>`` and ``<prefix><N>.tmp`` directories a transport wrote into
+    ``directory``, but for the versions ``keep``; nothing else (the directory may hold other things)."""
+    pattern, kept = re.compile(rf"{re.escape(prefix)}(\d+)(\.tmp)?"), set(keep)
+    for old in Path(directory).iterdir():
+        match = pattern.fullmatch(old.name)
+        if match and (match.group(2) is not None or int(match.group(1)) not in kept):
+            shutil.rmtree(old, ignore_errors=True)
 
 
 class GlooGroup:
