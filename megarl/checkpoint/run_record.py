@@ -23,6 +23,10 @@ CRITIC_MODEL_CONFIG = "critic_model_config.json"
 METRICS_HISTORY = "metrics.jsonl"  # <output_dir>/metrics.jsonl as it was at the save
 LAUNCH_DIR = "launch_dir"
 
+# A LoRA run's policy checkpoint names the base model its adapters adapt in this file (its path and
+# fingerprints: megarl/megatron_runtime/training.py writes it, the planner reads it before Ray starts).
+LORA_BASE_FILE = "lora_base.json"
+
 
 def run_metadata() -> dict[str, str]:
     """The manifest metadata a save records: where this run was launched."""

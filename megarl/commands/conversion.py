@@ -79,9 +79,8 @@ def _run_config(ckpt: Any, config: str | Path | None) -> Any:
     are in the checkpoint, the export loads the rest from there."""
     import json
 
-    from megarl.checkpoint.run_record import run_config
+    from megarl.checkpoint.run_record import LORA_BASE_FILE, run_config
     from megarl.config.loading import ConfigError
-    from megarl.megatron_runtime.training import LORA_BASE_FILE
 
     try:
         return run_config(ckpt, config)
@@ -100,7 +99,7 @@ def _lora_base(ckpt: Path, cfg: Any, adapter: bool | None) -> str | None:
     :func:`convert_checkpoint`): the run's model.path (absolute; :func:`_run_config` found it), which
     must be an HF directory. Checked before anything starts (OutputError naming the fix)."""
     from megarl.checkpoint.model_checkpoint import is_model_checkpoint
-    from megarl.megatron_runtime.training import LORA_BASE_FILE
+    from megarl.checkpoint.run_record import LORA_BASE_FILE
     from megarl.models.lora import adapts_experts
 
     record = ckpt / "policy" / LORA_BASE_FILE

@@ -37,6 +37,7 @@ import torch
 
 from megarl.algos.metrics import MetricAccumulator, pair
 from megarl.checkpoint.dist_save import save_dist_checkpoint
+from megarl.checkpoint.run_record import LORA_BASE_FILE
 from megarl.config.sections import ActorConfig
 from megarl.data.batch import Batch
 from megarl.megatron_runtime.micro_batches import MicroBatch, MicroBatching, mini_batches
@@ -66,9 +67,8 @@ from megarl.parallel.mcore_version import (
 # own default, flattened-range format). dp_reshardable: saved per DP buffer, fully parallel, no
 # gather, a resume keeps TP/PP; fully_reshardable: per parameter, any TP/PP.
 CHECKPOINT_METADATA = {"distrib_optim_sharding_type": UNRECORDED_OPTIMIZER_FORMAT}
-# LoRA checkpoints: the adapters' key prefix, and the file naming the base model they adapt.
+# LoRA checkpoints: the adapters' key prefix (the file naming their base model: LORA_BASE_FILE).
 LORA_KEY = "lora."
-LORA_BASE_FILE = "lora_base.json"  # (megarl/plan/resume_checks.py reads it before Ray starts: the same name)
 # Parameters per gradient bucket (Megatron's default at DP <= 40); recorded in every checkpoint.
 GRAD_BUCKET_PARAMS = 40_000_000
 

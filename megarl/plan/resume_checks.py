@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from megarl.checkpoint.run_record import LORA_BASE_FILE
 from megarl.config.differences import differences as dict_differences
 from megarl.config.sections import ROLE_SECTIONS, MegaRLConfig
 from megarl.data.datasets import training_rows
@@ -215,7 +216,6 @@ def _layout_changes(differences: dict[str, tuple[Any, Any]], ckpt: Any, old: Meg
     return found
 
 
-LORA_BASE_FILE = "lora_base.json"  # beside a LoRA checkpoint's policy state (megarl/megatron_runtime/training.py)
 
 
 def lora_base_record(ckpt: Any) -> dict[str, Any] | None:

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from megarl.megatron_runtime.training import LORA_BASE_FILE, check_lora_base
+from megarl.checkpoint.run_record import LORA_BASE_FILE
+from megarl.megatron_runtime.training import check_lora_base
 
 BASE = {"path": "/models/base", "fingerprint": [12.5, 4096.25]}
 
@@ -43,8 +44,3 @@ def test_full_and_lora_checkpoints_do_not_mix(tmp_path):
     with pytest.raises(ValueError, match="holds a whole model, not LoRA adapters"):
         check_lora_base(_checkpoint(full), BASE)
 
-
-def test_the_plan_reads_the_file_the_policy_ranks_write():
-    from megarl.plan import resume_checks
-
-    assert resume_checks.LORA_BASE_FILE == LORA_BASE_FILE
