@@ -365,12 +365,13 @@ def write_peft_adapter(directory: str | Path, tensors: dict[str, torch.Tensor], 
 
 def adapts_experts(model_dir: str | Path, cfg: Any) -> bool:
     """Whether LoRA ``cfg`` adapts mixture-of-experts experts of the HF model in ``model_dir`` (its
-    MLP modules on a model with experts), which no HF PEFT adapter can hold."""
-    import json
+    MLP modules on a model with experts), which no HF PEFT adapter can hold; False without a
+    config.json."""
+    from megarl.config.architectures import arch_from_hf_dir
 
-    config = Path(model_dir) / "config.json"
-    hf = json.loads(config.read_text()) if config.is_file() else {}
-    experts = hf.get("num_experts") or hf.get("num_local_experts") or 0
+    if not (Path(model_dir) / "config.json").is_file():
+        return False
+    experts = arch_from_hf_dir(model_dir).num_experts
     return bool(experts) and any(m in cfg.modules for m in ("gate_proj", "up_proj", "down_proj"))
 
 

@@ -18,5 +18,10 @@ from megarl.models.lora import adapts_experts
     ({"model_type": "qwen2"}, ["all-linear"], False),
 ])  # fmt: skip
 def test_expert_adapters_are_the_mlp_modules_of_a_model_with_experts(tmp_path, hf, targets, expected):
-    (tmp_path / "config.json").write_text(json.dumps(hf))
+    shape = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 259}
+    (tmp_path / "config.json").write_text(json.dumps(shape | hf))
     assert adapts_experts(tmp_path, LoRAConfig(target_modules=targets)) is expected
+
+
+def test_a_directory_without_config_json_has_no_experts(tmp_path):
+    assert adapts_experts(tmp_path, LoRAConfig()) is False
