@@ -20,6 +20,7 @@ several engine actors, engines on GPUs, restarting a dead actor.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -127,10 +128,27 @@ class StandaloneEngines:
         return _answer(self.handle.health.remote(), "health", self.call_timeout_s, self.name)
 
     def close(self) -> None:
-        """Kill the actor (a generate in flight fails in its caller); closing twice is harmless."""
+        """Kill the actor and wait until Ray reports it dead (a generate in flight fails in its
+        caller); closing twice is harmless."""
         if self.handle is not None:
             ray.kill(self.handle, no_restart=True)
+            _wait_dead(self.handle, _CLOSE_WAIT_S)
             self.handle = None
+
+
+_CLOSE_WAIT_S = 60.0
+
+
+def _wait_dead(handle: Any, timeout_s: float) -> None:
+    """``ray.kill`` only asks for the kill: a call sent just after it may still be answered. Probe
+    until the actor's death reaches its callers, so nothing runs in it once ``close`` returns."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get(handle.weight_version.remote(), timeout=max(0.1, deadline - time.monotonic()))
+        except (RayActorError, GetTimeoutError):
+            return
+        time.sleep(0.2)
 
 
 def start_standalone_engines(cfg: MegaRLConfig, log_dir: str | Path, *, threads: int = 1) -> StandaloneEngines:
