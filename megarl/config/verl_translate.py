@@ -17,18 +17,9 @@ import yaml
 
 from megarl.config.loading import ConfigError
 from megarl.config.sections import MegaRLConfig
-from megarl.config.verl_keys import (
-    NONE,
-    OMIT,
-    RULES,
-    Noted,
-    Rule,
-    Unused,
-    Verl,
-    exact_rule,
-    rule_for,
-)
+from megarl.config.verl_keys import RULES, VERL_DEFAULTS, Rule, exact_rule, rule_for
 from megarl.config.verl_script import Given, VerlRun, flatten, parse_hydra
+from megarl.config.verl_values import NONE, OMIT, Noted, Unused, Verl
 
 
 @dataclass
@@ -82,7 +73,7 @@ def translate(run: VerlRun) -> Translation:
     given = _last_values(run.given)
     megatron = "megatron" in run.config_name or given.get("actor_rollout_ref.actor.strategy") == "megatron" or any(
         ".megatron." in k for k in given)  # fmt: skip
-    verl = Verl(given, megatron)
+    verl = Verl(given, megatron, VERL_DEFAULTS)
     out = Translation([], [], [], {}, {}, megatron, list(run.notes))
     for key, value in given.items():
         given[key] = _interpolated(key, value, verl, out.notes)
