@@ -24,19 +24,11 @@ ACTOR, ROLLOUT, REF, MODEL = "actor_rollout_ref.actor", "actor_rollout_ref.rollo
 
 PLACEHOLDER_MODEL = "~/models/deepseek-llm-7b-chat"  # verl's default model.path, a placeholder
 
-
 # Why a key has no equivalent: the groups the table names.
 FSDP_ONLY = "FSDP-only"
-
-
 VLLM_ONLY = "vLLM-only"
-
-
 NOT_YET = "not supported yet"
-
-
 NONE = "no equivalent"
-
 
 OMIT = object()  # a converter's value for a megarl key it leaves unset (megarl's default applies)
 
