@@ -11,7 +11,7 @@ there with the key, the value and the values accepted. Torch-free, like every co
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +41,25 @@ class Unused(Exception):
     def __init__(self, reason: str, group: str = NONE, quiet: bool = False, differs: bool = False):
         super().__init__(reason)
         self.reason, self.group, self.quiet, self.differs = reason, group, quiet, differs
+
+
+class Refused(Exception):
+    """A value megarl cannot take where the verl run depends on it (an advantage estimator, a
+    policy loss, a KL estimator megarl lacks, or one verl does not know): leaving the key out would
+    train something else under megarl's default, so the translation stops with one line naming the
+    key, the value and the values accepted (verl_translate.py writes it)."""
+
+    def __init__(self, value: Any, accepted: Iterable[str], why: str = ""):
+        shown = ", ".join(accepted)
+        super().__init__(f"{why or f'megarl has no {value}'}; the values megarl takes here are {shown}")
+        self.reason = str(self)
+
+
+def choice(value: Any, names: Mapping[str, Any], why: str = "") -> Any:
+    """verl's ``value`` among ``names`` (verl's name -> megarl's value), else Refused naming them."""
+    if not isinstance(value, str) or value not in names:
+        raise Refused(value, names, why)
+    return names[value]
 
 
 class Verl:
@@ -146,45 +165,40 @@ def dynamic_flag(actor: str, section: str) -> Convert:
     return convert
 
 
-_ESTIMATORS = {"gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax"}
+# verl's advantage estimators megarl has under the same name (megarl's dr_grpo is verl's grpo with
+# norm_adv_by_std_in_grpo=false and seq-mean-token-sum-norm, translated key by key).
+_ESTIMATORS = {n: n for n in ("gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax")}
 
 
 def estimator(value: Any, v: Verl) -> str:
-    if value not in _ESTIMATORS:
-        raise Unused(f"megarl has no {value} estimator (it has {', '.join(sorted(_ESTIMATORS))}, dr_grpo)", NOT_YET)
-    return str(value)
+    return str(choice(value, _ESTIMATORS, f"megarl has no {value} advantage estimator"))
 
 
+# verl's KL estimator names -> megarl's; "+": the straight-through variants (value of the named
+# estimator, k2's gradient), k2+ / mse+ being k2 itself.
 _KL = {"kl": "k1", "k1": "k1", "abs": "abs", "mse": "k2", "k2": "k2", "low_var_kl": "k3", "k3": "k3"}
+_KL |= {f"{name}+": f"{ours}+" if ours != "k2" else "k2" for name, ours in _KL.items()}
 
 
 def kl_estimator(flag: str) -> Convert:
     def convert(value: Any, v: Verl) -> str:
         if not v.get(flag):
             raise Unused(f"verl reads it only with {flag}=true")
+        why = f"megarl has no {value} KL estimator"
         if value == "full":
-            raise Unused("full (the whole-vocabulary KL) needs both models' distributions over the vocabulary at every "
-                         "token; megarl's log-prob pass keeps only the sampled token's log-prob (verl does not "
-                         "implement it either): k3 (low_var_kl), k1 (kl), k2 (mse) or abs")  # fmt: skip
-        if isinstance(value, str) and value.endswith("+") and value[:-1] in _KL:
-            raise Unused(f"{value}: verl's straight-through variant ({value[:-1]}'s value, k2's gradient); megarl's KL "
-                         f"term takes its estimator's own gradient: {value[:-1]} without + is {_KL[value[:-1]]}", NOT_YET)  # fmt: skip
-        if value not in _KL:
-            raise Unused(f"megarl has no {value} KL estimator (k1, k2, k3, abs)", NOT_YET)
-        return _KL[value]
+            why = ("full (the whole-vocabulary KL) needs both models' distributions over the vocabulary at every token; "
+                   "megarl's log-prob pass keeps only the sampled token's log-prob (verl does not implement it either)")  # fmt: skip
+        return str(choice(value, _KL, why))
     return convert
 
 
 def loss_mode(value: Any, v: Verl) -> str:
-    if value not in ("vanilla", "gspo"):
-        raise Unused(f"megarl's policy losses are ppo (verl's vanilla) and gspo; {value} is not one", NOT_YET)
-    return "ppo" if value == "vanilla" else "gspo"
+    """verl's vanilla is megarl's ppo; gspo is gspo."""
+    return str(choice(value, {"vanilla": "ppo", "gspo": "gspo"}, f"megarl has no {value} policy loss"))
 
 
 def loss_agg(value: Any, v: Verl) -> str:
-    if value not in LOSS_AGGS:
-        raise Unused(f"megarl's loss_agg modes are {', '.join(LOSS_AGGS)}", NOT_YET)
-    return str(value)
+    return str(choice(value, {m: m for m in LOSS_AGGS}, f"megarl has no {value} loss aggregation"))
 
 
 def clip(side: str) -> Convert:
@@ -222,9 +236,8 @@ def warmup_ratio(actor: str) -> Convert:
 
 
 def schedule(value: Any, v: Verl) -> str:
-    if value not in ("constant", "cosine", "linear", "wsd"):
-        raise Unused(f"megarl's schedules are constant, cosine, linear and wsd; {value} is not one", NOT_YET)
-    return str(value)
+    names = ("constant", "cosine", "linear", "wsd")
+    return str(choice(value, {n: n for n in names}, f"megarl has no {value} learning-rate schedule"))
 
 
 def min_lr_ratio(value: Any, v: Verl) -> float:
@@ -274,8 +287,8 @@ def engine(value: Any, v: Verl) -> Any:
         return Noted("torch", "verl's HF rollout (transformers' generate in the training workers, for small and debug "
                      "runs) is megarl's torch engine, which generates in the policy's processes too; for a real run "
                      "set rollout.engine=sglang")  # fmt: skip
-    if value not in ("sglang", "vllm"):
-        raise Unused(f"{value} is not an engine megarl knows (it generates with SGLang, or its torch engine)")
+    choice(value, {"sglang": "sglang", "vllm": "sglang", "hf": "torch"},
+           f"{value} is not a rollout engine megarl knows (it generates with SGLang, or its torch engine)")  # fmt: skip
     return Noted("sglang", "megarl generates with SGLang (vLLM is not supported)" if value == "vllm" else "")
 
 
@@ -377,7 +390,7 @@ def mcore_modules(value: Any, v: Verl) -> list[str]:
         return ["all-linear"]
     unknown = [n for n in names if n not in _MCORE_MODULES]
     if unknown:
-        raise Unused(f"megarl's LoRA targets linear_qkv, linear_proj, linear_fc1, linear_fc2 (HF's names); not {unknown}", NOT_YET)
+        raise Refused(unknown[0], [*_MCORE_MODULES, "all-linear"], f"{unknown[0]} is not a Megatron linear megarl's LoRA targets")
     return [hf for n in names for hf in _MCORE_MODULES[n]]
 
 
@@ -385,9 +398,8 @@ def router_replay(value: Any, v: Verl) -> str:
     """verl's R3 replays the engine's routing in training (megarl's experts); R2 is not megarl's."""
     if value in ("disabled", None):
         raise Unused("disabled: the trainer's router decides (megarl's default)")
-    if value != "R3":
-        raise Unused(f"{value}: megarl replays the engine's routing only (verl's R3)", NOT_YET)
-    return "experts"
+    return str(choice(value, {"R3": "experts", "disabled": None}, f"{value}: megarl replays the engine's routing "
+                          "only (verl's R3), or none"))  # fmt: skip
 
 
 def target_modules(value: Any, v: Verl) -> list[str]:
@@ -428,9 +440,7 @@ def resume(value: Any, v: Verl) -> str:
         if not path:
             raise Unused("resume_path without trainer.resume_from_path")
         return str(path)
-    if value not in ("auto", "disable"):
-        raise Unused(f"{value} is not a resume mode megarl knows (auto, disable, a path)")
-    return str(value)
+    return str(choice(value, {"auto": "auto", "disable": "disable", "resume_path": None}, f"{value} is not a resume mode"))
 
 
 def resume_path(value: Any, v: Verl) -> str:
@@ -527,15 +537,11 @@ def filter_rounds(value: Any, v: Verl) -> int:
 
 
 def truncation(value: Any, v: Verl) -> str:
-    if value not in ("error", "left", "right"):
-        raise Unused(f"megarl truncates error, left or right; not {value}", NOT_YET)
-    return str(value)
+    return str(choice(value, {n: n for n in ("error", "left", "right")}, f"megarl has no {value} truncation"))
 
 
 def device(value: Any, v: Verl) -> str:
-    if value not in ("cuda", "cpu"):
-        raise Unused(f"megarl runs on cuda (or cpu), not {value}", NOT_YET)
-    return str(value)
+    return str(choice(value, {"cuda": "cuda", "cpu": "cpu"}, f"megarl runs on cuda (or cpu), not {value}"))
 
 
 def keep(value: Any, v: Verl) -> int:
