@@ -29,7 +29,9 @@ from megarl.config.verl_values import (
     VLLM_ONLY,
     Convert,
     agent_loop,
+    bypass_mode,
     clip,
+    correction_loss_type,
     critic,
     critic_path,
     critic_warmup,
@@ -84,6 +86,11 @@ from megarl.config.verl_values import (
     reward_manager,
     reward_model,
     reward_model_enable,
+    rollout_is,
+    rollout_is_batch_normalize,
+    rollout_is_threshold,
+    rollout_rs,
+    rollout_rs_threshold,
     rollout_tp,
     router_replay,
     same,
@@ -532,8 +539,32 @@ def _algorithm_rules() -> list[Rule]:
         Rule("algorithm.filter_groups.metric", reason="megarl drops the groups whose rewards are all equal"),
         Rule("algorithm.use_pf_ppo", reason="preference-feedback PPO", group=NOT_YET),
         Rule("algorithm.pf_ppo.*", reason="preference-feedback PPO", group=NOT_YET),
-        Rule("algorithm.rollout_correction.*", reason="megarl's corrections are algorithm.tis and algorithm.mis", group=NOT_YET),
+        *_rollout_correction_rules(),
         Rule("algorithm.*", reason="an algorithm setting megarl's config does not have (`megarl config algorithm`)", group=NOT_YET),
+    ]
+
+
+def _rollout_correction_rules() -> list[Rule]:
+    """verl's algorithm.rollout_correction: bypass mode, truncated importance sampling, rejection."""
+    rc = "algorithm.rollout_correction"
+    return [
+        Rule(f"{rc}.bypass_mode", ("algorithm.old_logprobs",), bypass_mode, default=False,
+             reason="true: the engine's log-probs are PPO's old ones (no recomputation)"),
+        Rule(f"{rc}.loss_type", convert=correction_loss_type, default="ppo_clip",
+             reason="bypass mode's loss: ppo_clip is megarl's policy loss with algorithm.old_logprobs=engine"),
+        Rule(f"{rc}.rollout_is", ("algorithm.tis.level",), rollout_is,
+             reason="truncated importance weights pi_old / pi_rollout, per token or per sequence"),
+        Rule(f"{rc}.rollout_is_threshold", ("algorithm.tis.cap",), rollout_is_threshold, default=2.0,
+             reason="the weights' cap"),
+        Rule(f"{rc}.rollout_is_batch_normalize", convert=rollout_is_batch_normalize,
+             reason="the weights normalised to a batch mean of 1", group=NOT_YET),
+        Rule(f"{rc}.rollout_rs", ("algorithm.mis.level", "algorithm.mis.low", "algorithm.mis.high"), rollout_rs,
+             reason="token_k1 = token, seq_sum_k1 = sequence, seq_mean_k1 = geometric, bounds from rollout_rs_threshold; "
+             "megarl's mis drops rejected tokens from the policy-gradient term only (verl also from the normaliser, the "
+             "KL and entropy terms and the critic)"),
+        Rule(f"{rc}.rollout_rs_threshold", convert=rollout_rs_threshold,
+             reason="the bounds of rollout_rs (its row gives algorithm.mis.low / high)"),
+        Rule(f"{rc}.*", reason="megarl's corrections are algorithm.tis, algorithm.mis and algorithm.old_logprobs", group=NOT_YET),
     ]
 
 
