@@ -1031,3 +1031,23 @@ def test_rollout_corrections_megarl_lacks_would_make_the_run_differ(tmp_path: Pa
 def test_rollout_correction_values_megarl_cannot_take_stop_the_translation(tmp_path: Path, overrides, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         _translate(tmp_path, "grpo.sh", _MINIMAL, *overrides)
+
+
+def test_unquoted_hydra_lists_with_shell_variables_and_interpolations(tmp_path: Path):
+    """``[$HOME/a.parquet,$HOME/b.parquet]`` as verl users write it unquoted: each item expanded as
+    the shell does; a ``${VAR}`` left unset or a Hydra ``${oc.env:...}`` inside the list keeps it a list."""
+    t = _translate(tmp_path, "run.sh", r"""
+        DATA=/data
+        python3 -m verl.trainer.main_ppo \
+            algorithm.adv_estimator=grpo \
+            actor_rollout_ref.model.path=Qwen/Qwen2.5-3B-Instruct \
+            data.train_files=[$HOME/a.parquet,$HOME/b.parquet,${DATA}/c.parquet,${MORE:-/x}/d.parquet] \
+            data.val_files=[${UNSET}/v.parquet,$HOME/w.parquet] \
+            trainer.logger='[${oc.env:LOGGER},console]'
+        """, env={"HOME": "/home/u", "LOGGER": "jsonl"})  # fmt: skip
+    v = t.values
+    assert v["data.train_files"] == ["/home/u/a.parquet", "/home/u/b.parquet", "/data/c.parquet", "/x/d.parquet"]
+    assert v["data.val_files"] == ["${UNSET}/v.parquet", "/home/u/w.parquet"]  # kept as written, with a note
+    assert any(n.startswith("$UNSET is not set") for n in t.notes)
+    assert v["trainer.loggers"] == ["jsonl", "console"]
+    assert parse_hydra("[${oc.select:a.b,${c}}/x, {k: ${d}}]") == ["${oc.select:a.b,${c}}/x", {"k": "${d}"}]
