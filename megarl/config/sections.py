@@ -30,11 +30,12 @@ ESTIMATORS = (
 GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline")
 POLICY_LOSSES = ("ppo", "gspo")
 LOSS_AGGS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-KL_ESTIMATORS = ("k1", "k2", "k3", "abs")
+# "+": verl's straight-through variants, the estimator's value with k2's gradient (megarl/algos/kl.py).
+KL_ESTIMATORS = ("k1", "k2", "k3", "abs", "k1+", "k3+", "abs+")
 # verl's names (algorithm.kl_penalty, actor.kl_loss_type) for the same estimators; "full" (the
-# whole-vocabulary KL) is refused by KLConfig with its reason.
-KL_ESTIMATOR_ALIASES = {"kl": "k1", "mse": "k2", "low_var_kl": "k3"}
-KLEstimatorName = Literal["k1", "k2", "k3", "abs"]
+# whole-vocabulary KL) is refused by KLConfig with its reason. k2+ is k2 (its own gradient).
+KL_ESTIMATOR_ALIASES = {"kl": "k1", "mse": "k2", "low_var_kl": "k3", "kl+": "k1+", "mse+": "k2", "k2+": "k2", "low_var_kl+": "k3+"}
+KLEstimatorName = Literal["k1", "k2", "k3", "abs", "k1+", "k3+", "abs+"]
 class ModelConfig(Section):
     path: UserPath | None = Field(None, description="Hugging Face model directory (config.json, safetensors, tokenizer), or a "
                              "model checkpoint of `megarl convert hf-to-megatron` (any TP/PP layout).")
@@ -440,7 +441,8 @@ class KLConfig(Section):
     estimator: KLEstimatorName = Field(
         "k3",
         description="KL estimator of both uses unless reward_estimator / loss_estimator say otherwise: k1, k2, k3 "
-        "(low-variance KL), abs; verl's kl, mse, low_var_kl are read as k1, k2, k3.",
+        "(low-variance KL), abs; verl's kl, mse, low_var_kl are read as k1, k2, k3. A trailing + (k1+, k3+, abs+; "
+        "verl's kl+, low_var_kl+) is verl's straight-through variant: the estimator's value, k2's gradient.",
     )
     coef: float = Field(0.001, ge=0, description="KL coefficient of both uses unless reward_coef / loss_coef say otherwise (the reward's is the adaptive controller's initial value).")
     reward_estimator: KLEstimatorName | None = Field(None, description="Estimator of the KL penalty in the reward (verl's algorithm.kl_penalty); None = estimator.")
