@@ -296,8 +296,11 @@ class RewardScorer:
         ground_truths: Sequence[Any],
         extra_infos: Sequence[dict | None] | None = None,
         prompts: Sequence[str] | None = None,
+        scorers: Sequence[str | None] | None = None,
     ) -> ScoreResult:
-        """Score every sample; errors and timeouts score 0 and are counted, never raised."""
+        """Score every sample; errors and timeouts score 0 and are counted, never raised.
+        ``scorers``: a built-in scorer's name per sample (reward.combine's rule components), None
+        where the sample's own scorer is found as without it (reward.custom, reward.functions)."""
         n = len(solution_strs)
         infos = list(extra_infos) if extra_infos is not None else [None] * n
         lengths = {
@@ -320,7 +323,7 @@ class RewardScorer:
         elif self.cfg.custom is not None and self.cfg.custom.batched:
             jobs = self._batched_jobs(samples)
         else:
-            jobs = self._sample_jobs(samples)
+            jobs = self._sample_jobs(samples, scorers)
         outcomes = self._collect(jobs, samples)
         result = self._result(outcomes, samples)
         self._examine(samples, result, prompts)
@@ -346,11 +349,14 @@ class RewardScorer:
         columns = tuple([s[k] for s in samples] for k in range(4))
         return [self._job((worker.score_batched, (columns,)), list(range(len(samples))), False, self._custom_label())]
 
-    def _sample_jobs(self, samples: list[tuple]) -> list[_Job]:
+    def _sample_jobs(self, samples: list[tuple], scorers: Sequence[str | None] | None = None) -> list[_Job]:
         if self.cfg.custom is not None:
             names: list[str | None] = [None] * len(samples)
         else:  # resolving first: an unknown data_source is a config error, raised before any work
-            names = [registry.resolve(s[0], self._functions) for s in samples]
+            names = [registry.resolve(s[0], self._functions) if scorers is None or scorers[i] is None else None
+                     for i, s in enumerate(samples)]  # fmt: skip
+        if scorers is not None:
+            names = [given if given is not None else name for given, name in zip(scorers, names, strict=True)]
         cheap = [i for i, name in enumerate(names) if name in registry.CHEAP_SCORERS]
         chunk = max(1, min(CHUNK_SIZE, math.ceil(len(cheap) / (4 * self.cfg.workers))))
         groups = [cheap[k : k + chunk] for k in range(0, len(cheap), chunk)]
