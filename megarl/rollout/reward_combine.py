@@ -58,6 +58,8 @@ def _pools(cfg: RewardConfig) -> dict[str, RewardConfig]:
 class CombinedScorer:
     """The reward pools and the judge of a reward.combine config; use as a context manager."""
 
+    reads_raw_prompts = True  # the rollout's Scorer passes raw_prompts=
+
     def __init__(self, cfg: RewardConfig, judge: Judge | None = None, *, start_method: str = "forkserver") -> None:
         self.cfg, self.judge = cfg, judge
         self.pools: dict[str, RewardScorer] = {}
