@@ -83,13 +83,9 @@ class Scorer:
         texts = response_texts(batch, self.tokenizer, self.eos)
         with self._lock:
             result = self.reward_scorer.score(batch.data_source, texts, batch.ground_truth, batch.extra_info, prompts=batch.prompt_text,
-                                              **self._raw_prompts(batch))  # fmt: skip
+                                              raw_prompts=batch.raw_prompt)  # fmt: skip
         scores = torch.tensor(result.scores, dtype=torch.float32)  # [B]
         return batch.replace(scores=scores), result
-
-    def _raw_prompts(self, batch: Batch) -> dict[str, Any]:
-        """The prompts as the data holds them, for reward.combine's judge and reward model (its own chat template)."""
-        return {"raw_prompts": batch.raw_prompt} if getattr(self.reward_scorer, "reads_raw_prompts", False) else {}
 
     def texts(self, batch: Batch) -> list[str]:
         return response_texts(batch, self.tokenizer, self.eos)

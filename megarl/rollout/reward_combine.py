@@ -58,8 +58,6 @@ def _pools(cfg: RewardConfig) -> dict[str, RewardConfig]:
 class CombinedScorer:
     """The reward pools and the judge of a reward.combine config; use as a context manager."""
 
-    reads_raw_prompts = True  # the rollout's Scorer passes raw_prompts=
-
     def __init__(self, cfg: RewardConfig, judge: Judge | None = None, *, start_method: str = "forkserver") -> None:
         self.cfg, self.judge = cfg, judge
         self.pools: dict[str, RewardScorer] = {}
@@ -88,6 +86,7 @@ class CombinedScorer:
                 [data_sources[i] for i in rows], [solution_strs[i] for i in rows], [ground_truths[i] for i in rows],
                 [infos[i] for i in rows], prompts=[prompts[i] for i in rows] if prompts is not None else None,
                 scorers=scorers if pool == "rules" else None,
+                raw_prompts=[raw_prompts[i] for i in rows] if raw_prompts else None,
             )  # fmt: skip
             self._merge(result, components, part, picked, n)
         judged = [i for i, parts in enumerate(weights) if JUDGE_COMPONENT in parts]
