@@ -29,6 +29,7 @@ from megarl.memory.residency import (
     owner_of,
     residency_of,
 )
+from megarl.rewards.combine import component_problems
 from megarl.plan.algorithm_checks import check_algorithm, check_run_length
 from megarl.plan.async_checks import check_asynchronous
 from megarl.plan.gpu_memory import (
@@ -126,6 +127,7 @@ def make_plan(cfg: MegaRLConfig, *, check_files: bool = False, in_process: bool 
         return Plan(arch, cfg.cluster.device, cfg.cluster.placement, {"policy": policy}, None,
                     [i for i in issues if i.level == "warning"], _auto_recompute(cfg, "none") | lora_resolved(cfg))  # no memory plan: none
     roles = _layout_roles(cfg, arch, issues)
+    issues += [Issue("reward.combine", problem) for problem in component_problems(cfg.reward)]
     for role, section_name in (("policy", "actor"), ("critic", "critic")):
         if role == "policy" or cfg.critic_enabled:
             section = getattr(cfg, section_name)
