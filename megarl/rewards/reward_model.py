@@ -110,7 +110,7 @@ def model_text(tokenizer: Any, raw_prompt: Any, prompt_text: str, response: str,
 def score_samples(path: str, device: str, samples: list[tuple], chat_template: bool, max_length: int | None) -> list[float]:
     """The reward of each (raw prompt or None, prompt text, response), rendered by :func:`model_text`."""
     _, tokenizer = load_reward_model(path, device)
-    return score_texts(path, device, [model_text(tokenizer, *s, chat_template) for s in samples], max_length)
+    return score_texts(path, device, [model_text(tokenizer, raw, text, response, chat_template) for raw, text, response in samples], max_length)
 
 
 def score_texts(path: str, device: str, texts: list[str], max_length: int | None = None) -> list[float]:

@@ -43,7 +43,7 @@ class CombinedResult(ScoreResult):
 def _pools(cfg: RewardConfig) -> dict[str, RewardConfig]:
     """The reward pools a combined config needs, each with the one config its RewardScorer takes:
     rule scorers (no custom function, no model), reward.custom, reward.model."""
-    bare = {"model": None, "judge": None, "combine": {}}
+    bare: dict[str, Any] = {"model": None, "judge": None, "combine": {}}
     named_rules = any(n not in (CUSTOM_COMPONENT, MODEL_COMPONENT, JUDGE_COMPONENT) for p in cfg.combine.values() for n in p)
     pools = {}
     if cfg.custom is None or named_rules:
