@@ -22,8 +22,8 @@ class JudgeOutputError(ValueError):
 
 
 def template_text(value: str) -> str:
-    """reward.judge.prompt_template's text: the file it names, or the value itself."""
-    path = Path(value)
+    """reward.judge.prompt_template's text: the file it names (``~`` expanded), or the value itself."""
+    path = Path(value).expanduser()
     if "\n" not in value and len(value) < 4096 and path.is_file():
         return path.read_text()
     return value
