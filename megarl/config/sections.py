@@ -13,7 +13,12 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from megarl.config.architectures import BUILTIN_ARCHS
-from megarl.config.reward_sections import RewardJudgeConfig, RewardModelConfig, combine_problem, combine_weights
+from megarl.config.reward_sections import (
+    RewardJudgeConfig,
+    RewardModelConfig,
+    combine_problem,
+    combine_weights,
+)
 from megarl.config.rollout_sections import RolloutConfig
 from megarl.config.section_base import Section, UserPath, builtin_or_import_path
 

@@ -29,7 +29,6 @@ from megarl.memory.residency import (
     owner_of,
     residency_of,
 )
-from megarl.rewards.combine import component_problems
 from megarl.plan.algorithm_checks import check_algorithm, check_run_length
 from megarl.plan.async_checks import check_asynchronous
 from megarl.plan.gpu_memory import (
@@ -62,6 +61,7 @@ from megarl.plan.rollout_checks import (
     check_validation,
     rollout_tp_choices,
 )
+from megarl.rewards.combine import component_problems
 
 
 @dataclass(frozen=True)
