@@ -13,6 +13,12 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from megarl.config.architectures import BUILTIN_ARCHS
+from megarl.config.reward_sections import (
+    RewardJudgeConfig,
+    RewardModelConfig,
+    combine_problem,
+    combine_weights,
+)
 from megarl.config.rollout_sections import RolloutConfig
 from megarl.config.section_base import Section, UserPath, builtin_or_import_path
 
@@ -567,14 +573,6 @@ class CustomRewardConfig(Section):
     batched: bool = Field(False, description="The function takes lists and returns a list (verl's batch reward).")
 
 
-class RewardModelConfig(Section):
-    path: UserPath = Field(
-        description="HF sequence-classification model directory (num_labels 1); its config.json and tokenizer files are checked before launch."
-    )
-    batch_size: int = Field(8, ge=1, description="Samples per forward.")
-    device: str = Field("cpu", description="Device of the reward model in the reward workers.")
-
-
 class RewardConfig(Section):
     functions: dict[str, str] = Field(default_factory=dict, description="data_source -> built-in scorer name (gsm8k, math, code, qa_em, ...) or "
                                      "your own function as path/to/file.py:function (verl's signature); an unlisted source uses its "
@@ -588,7 +586,14 @@ class RewardConfig(Section):
         "per scoring call (a training step, a validation pass) to the driver's log (verl's num_examine); 0 = none.",
     )
     custom: CustomRewardConfig | None = Field(None, description="A user reward function (verl signature) used for every sample.")
-    model: RewardModelConfig | None = Field(None, description="An HF reward model instead of rule-based scoring.")
+    model: RewardModelConfig | None = Field(
+        None, description="An HF reward model: every sample's score, or with reward.combine the component 'model'.")
+    judge: RewardJudgeConfig | None = Field(None, description="An LLM judge: the component 'judge' of reward.combine (docs/reward-models.md).")
+    combine: dict[str, dict[str, float]] = Field(
+        default_factory=dict, description="data_source -> {component: weight}: the score is the weighted sum of the "
+        "components, each a built-in rule scorer's name, 'custom' (reward.custom), 'model' (reward.model) or 'judge' "
+        "(reward.judge); each is logged as reward/<component>. An unlisted data source is scored as without it.",
+    )
     timeout_s: float = Field(10.0, gt=0, description="Per-sample scoring timeout; a timeout scores 0 and is counted.")
     workers: int = Field(2, ge=1, description="Reward worker processes.")
     max_failed_fraction: float = Field(
@@ -596,6 +601,18 @@ class RewardConfig(Section):
         description="Stop the run (with the first failure's traceback) when reward functions raise or time out on at "
         "least this fraction of a step's samples; 1.0 = only when every sample failed.",
     )
+
+    @field_validator("combine")
+    @classmethod
+    def _combine(cls, value: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+        return combine_weights(value)
+
+    @model_validator(mode="after")
+    def _combined_components(self) -> RewardConfig:
+        problem = combine_problem(self.combine, self.model is not None, self.judge is not None)
+        if problem:
+            raise ValueError(problem)
+        return self
 
 
 MetricSink = Literal["console", "jsonl", "tensorboard", "wandb", "mlflow", "swanlab"]
