@@ -136,6 +136,8 @@ def _init(**kwargs: Any) -> None:
     install = getattr(utils, "set_sigterm_handler", None)  # another Ray: the SystemExit path below
     if ours and install is not None:
         utils.set_sigterm_handler = lambda handler: None
+    embedded = kwargs.get("address") == "local"
+    before = _descendants() if embedded else set()
     try:
         ray.init(**kwargs)
     except BaseException as exc:  # a signal (SIGTERM, Ctrl-C) or an error: leave no half-started Ray
@@ -145,10 +147,34 @@ def _init(**kwargs: Any) -> None:
                 previous(signal.SIGTERM, None)  # records the stop; raises KeyboardInterrupt
             raise
         finally:
-            ray.shutdown()
+            if embedded:
+                _shutdown_embedded()
+                _kill_started_since(before)
+            else:
+                ray.shutdown()
     finally:
         if install is not None:
             utils.set_sigterm_handler = install
+
+
+def _descendants() -> set[int]:
+    import psutil
+
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def _kill_started_since(before: set[int]) -> None:
+    """Kill the Ray processes this driver started since ``before`` (its descendants then): an init
+    interrupted before Ray recorded its node leaves no node to shut down, and the raylet's agents,
+    which block SIGTERM (megarl/process_signals.py), would outlive the driver."""
+    import psutil
+
+    for process in psutil.Process().children(recursive=True):
+        try:
+            if process.pid not in before and "ray" in " ".join(process.cmdline()):
+                process.kill()
+        except psutil.Error:
+            continue
 
 
 def _shutdown_embedded() -> None:
