@@ -33,8 +33,8 @@ the fix, so all of them are reported at once, in seconds, before Ray or any work
 
 User code never runs in the driver process: the reward import and the import-path functions
 run in one child process, started first, in parallel with the rest. The bridge check runs in the
-driver, last and only when everything else passed: it imports torch and transformers (a few
-seconds), which the driver of a launch imports anyway for the tokenizer and the controller, so
+driver, last, whenever model.path (and critic.path) were found, whatever else failed, so that every
+problem is named at once: it imports torch and transformers (a few seconds), which the driver of a launch imports anyway for the tokenizer and the controller, so
 checking here costs the run nothing (it imports no Megatron module).
 Nothing is created or changed on disk.
 """
@@ -65,8 +65,10 @@ SAMPLE_ROWS = 1000
 CHILD_TIMEOUT_S = 120.0
 
 
-def preflight(cfg: MegaRLConfig) -> list[Finding]:
-    """Every problem found with the files and directories ``cfg`` names (empty: all good)."""
+def preflight(cfg: MegaRLConfig, *, bridge: bool = True) -> list[Finding]:
+    """Every problem found with the files and directories ``cfg`` names (empty: all good), all of
+    them at once. ``bridge``: also judge model.path by its bridge in the config's layouts (the
+    planner passes False when the layouts themselves are refused)."""
     from megarl.plan.resume_checks import check_resume
 
     findings: list[Finding] = []
@@ -77,7 +79,9 @@ def preflight(cfg: MegaRLConfig) -> list[Finding]:
         check_resume(cfg, findings)
         samples = _check_data(cfg, findings)
         _check_run_length(cfg, findings)
-        if _check_model_dir(cfg, findings):
+        _check_prompts_per_step(cfg, findings)
+        model_ok = _check_model_dir(cfg, findings)
+        if model_ok:
             from megarl.data.summary import load_tokenizer
 
             model = cfg.model.path
@@ -102,7 +106,10 @@ def preflight(cfg: MegaRLConfig) -> list[Finding]:
             findings += child.results(f"reward.functions[{source!r}]")
         for field, _ in child.spec["extensions"]:
             findings += child.results(field)
-        if not any(f.level == "error" for f in findings):  # the slow one, worth running only now
+        # The slow one (seconds: torch and transformers), whatever the other files' problems, so
+        # that a model the bridges refuse is named with them, not after they are fixed.
+        models_found = not any(f.level == "error" and f.field in ("model.path", "critic.path") for f in findings)
+        if bridge and model_ok and models_found:
             findings += _check_bridge(cfg)
     finally:
         child.stop()
@@ -210,6 +217,18 @@ def _check_run_length(cfg: MegaRLConfig, findings: list[Finding]) -> None:
     issue = epochs_warmup_issue(t, rows, epoch_steps(rows, cfg.data.prompts_per_step), at_most=cfg.data.filter_overlong_prompts)
     if issue is not None:
         findings.append(Finding(issue.field, issue.message))
+
+
+def _check_prompts_per_step(cfg: MegaRLConfig, findings: list[Finding]) -> None:
+    """More prompts a step than training rows: the sampler wraps around within the step, so some
+    prompts are drawn twice in one batch (their groups count twice in the step's mean). A
+    warning: valid, and what a tiny data set wants, but rarely what a user means."""
+    d = cfg.data
+    if cfg.trainer.val_only or (rows := training_rows(cfg)) is None or rows >= d.prompts_per_step:
+        return
+    findings.append(Finding("data.prompts_per_step", f"({d.prompts_per_step}) is more than the {rows} training rows of "
+                            "data.train_files: every step draws some prompts more than once; lower it to at most "
+                            f"{rows} (and raise rollout.n for more samples a prompt), or give more data", level="warning"))  # fmt: skip
 
 
 def _located(label: str, message: str) -> Finding:
