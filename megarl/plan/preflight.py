@@ -13,6 +13,8 @@ the fix, so all of them are reported at once, in seconds, before Ray or any work
   tokenizer of model.path renders the sampled prompts: with ``data.truncation=error`` and
   overlong prompts not filtered, none may be over max_prompt_length; filtered, a file all
   dropped is refused and one half dropped named (a warning);
+- what the model must write: a tool call in rollout.agent.tool_parser's format and each file's
+  answers in its scorer's format survive model.path's tokenizer (megarl/plan/token_checks.py);
 - rewards: built-in scorer names, a scorer for every sampled data_source (and a non-null
   ground truth, but for code), reward.custom importable and defining its function,
   reward.model's config.json one the reward workers load (megarl/rewards/reward_model.py: a
@@ -95,6 +97,7 @@ def preflight(cfg: MegaRLConfig, *, bridge: bool = True) -> list[Finding]:
                                         "or use a tokenizer with a template"))
             elif (strict or cfg.data.filter_overlong_prompts) and samples:  # lengths need the tokenizer (a second or two)
                 _check_prompts(cfg, samples, tokenizer, findings)
+            _check_writable(cfg, samples, tokenizer, findings)
         _check_rewards(cfg, samples, findings)
         if cfg.rollout.generate_function == "default":
             from megarl.rollout.agents.checks import row_findings
@@ -277,6 +280,20 @@ def _check_prompts(cfg: MegaRLConfig, samples: list[_Sample], tokenizer: Callabl
                                     f"({d.max_prompt_length}), and data.truncation=error ({len(over)} of {len(lengths)} rows "
                                     "checked are over); raise data.max_prompt_length, set data.filter_overlong_prompts=true "
                                     "to drop such prompts, or set data.truncation=left|right"))
+
+
+def _check_writable(cfg: MegaRLConfig, samples: list[_Sample], tokenizer: Callable[[], Any], findings: list[Finding]) -> None:
+    """The tool calls and answers the run needs, writable by the model (megarl/plan/token_checks.py).
+    A tokenizer that does not load stops the run at start-up: no verdict here."""
+    from megarl.data.datasets import DataError
+    from megarl.plan.token_checks import check_answers, check_tool_calls
+
+    try:
+        tokenizer()
+    except DataError:
+        return
+    check_tool_calls(cfg, tokenizer, findings)
+    check_answers(cfg, [(sample.label, sample.records) for sample in samples], tokenizer, findings)
 
 
 def _dropped(sample: _Sample, over: int, shortest: int, checked: int, limit: int) -> list[Finding]:
