@@ -62,6 +62,7 @@ from megarl.plan.rollout_checks import (
     rollout_tp_choices,
 )
 from megarl.plan.trainer_checks import check_validation_files, check_watchdog
+from megarl.rewards.combine import component_problems
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,7 @@ def make_plan(cfg: MegaRLConfig, *, check_files: bool = False, in_process: bool 
         return Plan(arch, cfg.cluster.device, cfg.cluster.placement, {"policy": policy}, None,
                     [i for i in issues if i.level == "warning"], _auto_recompute(cfg, "none") | lora_resolved(cfg))  # no memory plan: none
     roles = _layout_roles(cfg, arch, issues)
+    issues += [Issue("reward.combine", problem) for problem in component_problems(cfg.reward)]
     for role, section_name in (("policy", "actor"), ("critic", "critic")):
         if role == "policy" or cfg.critic_enabled:
             section = getattr(cfg, section_name)

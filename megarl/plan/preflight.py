@@ -415,6 +415,7 @@ def _check_bridge(cfg: MegaRLConfig) -> list[Finding]:
 
 def _check_rewards(cfg: MegaRLConfig, samples: list[_Sample], findings: list[Finding]) -> None:
     import megarl.rewards.registry as registry
+    from megarl.plan.reward_checks import combine_findings
 
     r = cfg.reward
     if r.custom is not None and r.model is not None:
@@ -433,7 +434,9 @@ def _check_rewards(cfg: MegaRLConfig, samples: list[_Sample], findings: list[Fin
     except ValueError as exc:
         findings.append(Finding("reward.functions", str(exc)))
         return
-    findings += scorer_findings(r, [(sample.label, sample.records) for sample in samples])
+    files = [(sample.label, sample.records) for sample in samples]
+    findings += scorer_findings(r, files)
+    findings += combine_findings(cfg, files)
 
 
 def scorer_findings(reward: Any, files: list[tuple[str, list[Any]]]) -> list[Finding]:
@@ -450,6 +453,8 @@ def scorer_findings(reward: Any, files: list[tuple[str, list[Any]]]) -> list[Fin
     for label, records in files:
         no_truth = None
         for record in records:
+            if record.data_source in reward.combine:  # its named components score it (megarl/plan/reward_checks.py)
+                continue
             if record.data_source not in scorers:
                 try:
                     scorers[record.data_source] = registry.resolve(record.data_source, reward.functions)

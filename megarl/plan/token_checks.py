@@ -5,7 +5,7 @@ launch (megarl/plan/preflight.py calls it once model.path's tokenizer loads):
   ``<tool_call>{json}</tool_call>``), when rollout.agent.tools_file offers tools;
 - per data file, the answer its first row's built-in scorer reads (``#### 42`` for gsm8k,
   ``\\boxed{42}`` for math, ...: megarl/rewards/registry.py, model_answer), made from the row's
-  ground truth.
+  ground truth (a data source of reward.combine is left to its components' checks).
 
 Each is encoded and decoded by the tokenizer, as a response the model samples is: a text that
 does not come back as it must (the parser finds no call, the scorer scores less) is text the
@@ -60,6 +60,8 @@ def check_answers(cfg: MegaRLConfig, files: list[tuple[str, list[Any]]], tokeniz
         return
     for label, records in files:
         for record in records[:ROWS_TRIED]:
+            if record.data_source in r.combine:  # scored by its components (megarl/plan/reward_checks.py)
+                continue
             try:
                 name = registry.resolve(record.data_source, r.functions)
             except ValueError:
