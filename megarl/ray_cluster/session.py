@@ -108,17 +108,11 @@ def ray_session(
 
 def _probe(address: str) -> None:
     """ConnectionError unless the cluster ``address`` names is recorded and listening."""
-    from megarl.ray_cluster.address import find_cluster, unanswered
+    from megarl.ray_cluster.address import address_problem
 
-    # Ray lets a set RAY_ADDRESS win over the address given; with nothing recorded, "auto" is left
-    # to ray.init (it also finds a local GCS process), which fails at once when there is none.
-    found = find_cluster(os.environ.get("RAY_ADDRESS") or address)
-    if found is None:
-        return
-    source, resolved = found
-    why = unanswered(resolved)
-    if why is not None:
-        raise ConnectionError(f"{resolved}{'' if source == 'given' else f' (from {source})'} does not answer: {why}")
+    problem = address_problem(address)
+    if problem is not None:
+        raise ConnectionError(problem)
 
 
 def _init(**kwargs: Any) -> None:
