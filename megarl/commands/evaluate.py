@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -58,14 +59,19 @@ def _run(args: argparse.Namespace) -> int:
     ks = _parse_ks(args.k)
     out = Path(args.out) if args.out else _default_out(Path(args.data))
     _check_outputs(Path(args.data), out, Path(args.scored) if args.scored else None, args.overwrite)
+    from megarl.trainer.run_lock import output_lock
     from megarl.trainer.watchdog import run_stoppable
 
-    # nothing written yet: --scored is renamed into place only when whole
-    summary = run_stoppable(lambda: evaluate(args.data, config, overrides, ks=ks, pass_threshold=args.pass_threshold,
-                                             scored=args.scored),
-                            "while scoring; nothing was written; run the same command again")  # fmt: skip
-    make_folder(out)
-    write_atomically(out, json.dumps(summary, indent=2) + "\n")  # a kill leaves the old summary or the new
+    with ExitStack() as held:  # one evaluate writes each output: a second one is refused, naming this one
+        for flag, path in (("--out", out), ("--scored", args.scored)):
+            if path is not None:
+                held.enter_context(output_lock(path, flag))
+        # nothing written yet: --scored is renamed into place only when whole
+        summary = run_stoppable(lambda: evaluate(args.data, config, overrides, ks=ks, pass_threshold=args.pass_threshold,
+                                                 scored=args.scored),
+                                "while scoring; nothing was written; run the same command again")  # fmt: skip
+        make_folder(out)
+        write_atomically(out, json.dumps(summary, indent=2) + "\n")  # a kill leaves the old summary or the new
     print(format_table(summary))
     print(f"wrote {out}" + (f" and {args.scored}" if args.scored else ""))
     return 0
