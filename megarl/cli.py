@@ -62,7 +62,7 @@ USER_ERRORS = (
     ("megarl.trainer.watchdog", "HangError"),
     ("megarl.rollout.producer", "RolloutStalled"),
     ("megarl.weight_sync.progress", "WeightPushTimeout"),
-    ("megarl.trainer.metric_sinks", "MetricsFileError"),
+    ("megarl.checkpoint.metrics_history", "MetricsFileError"),
     ("megarl.trainer.metric_sinks", "MetricsSinkError"),
     ("megarl.rollout_sglang.server", "ServerLaunchError"),
     ("megarl.trainer.run_lock", "OutputDirInUse"),
