@@ -79,6 +79,7 @@ def check_resume(cfg: MegaRLConfig, findings: list[Finding]) -> None:
     if ckpt is not None:
         _check_resumed_config(cfg, ckpt, findings)
         _check_metrics_file(cfg, ckpt, findings)
+        _check_going_back(cfg, ckpt, findings)
 
 
 def _check_metrics_file(cfg: MegaRLConfig, ckpt: Any, findings: list[Finding]) -> None:
@@ -95,7 +96,6 @@ def _check_metrics_file(cfg: MegaRLConfig, ckpt: Any, findings: list[Finding]) -
     problem = unrepairable(Path(t.output_dir) / METRICS_FILE, ckpt.path / METRICS_HISTORY)
     if problem:
         findings.append(Finding("trainer.output_dir", problem))
-        _check_going_back(cfg, ckpt, findings)
 
 
 def _check_going_back(cfg: MegaRLConfig, ckpt: Any, findings: list[Finding]) -> None:
