@@ -67,6 +67,7 @@ USER_ERRORS = (
     ("megarl.rollout_sglang.server", "ServerLaunchError"),
     ("megarl.trainer.run_lock", "OutputDirInUse"),
     ("megarl.trainer.sample_files", "RolloutDumpError"),
+    ("megarl.disk_full", "DiskFullError"),
 )
 
 
@@ -195,7 +196,18 @@ def user_error_line(exc: BaseException) -> str | None:
                 "a layout of one process, add --in-process (megarl launch, sft, convert and generate then run without Ray)")
     if isinstance(exc, OSError) and exc.filename is not None:
         return _os_error_line(exc)
-    return None
+    return _disk_full_line(exc)
+
+
+def _disk_full_line(exc: BaseException) -> str | None:
+    """A full disk that no writer named (a library's write, a worker's): one line all the same."""
+    from megarl.disk_full import DiskFullError, disk_full_cause, reason_of
+
+    full = disk_full_cause(exc)
+    if full is None:
+        return None
+    where = full.filename if isinstance(full.filename, str) and full.filename else "a file"
+    return str(DiskFullError(where, "the command's output", reason_of(full)))
 
 
 def _ray_installed() -> bool:

@@ -39,6 +39,7 @@ from megarl.commands.conversion import (
     export_model_checkpoint,
 )
 from megarl.commands.outputs import OutputError
+from megarl.disk_full import writing
 
 DIRECTIONS = ("hf-to-megatron", "megatron-to-hf")
 
@@ -157,13 +158,14 @@ def expand_short_form(argv: list[str]) -> list[str]:
 
 
 _STOPPED = "while converting; OUT is as it was (the staging folder is removed); run the same command again"
+_KEPT = "OUT as it was (the staging folder is removed)"
 
 
 def _run_to_megatron(args: argparse.Namespace) -> int:
     from megarl.trainer.run_lock import output_lock
     from megarl.trainer.watchdog import run_stoppable
 
-    with output_lock(args.out):  # one convert writes OUT: a second one's swap would replace this one's output
+    with output_lock(args.out), writing(args.out, "the converted checkpoint", kept=_KEPT):  # one convert writes OUT
         run_stoppable(lambda: convert_hf_to_megatron(args.hf, args.out, args.tp, args.pp, args.dtype, args.overwrite, report=print,
                                                      in_process=args.in_process, ep=args.ep), _STOPPED)  # fmt: skip
     return 0
@@ -175,7 +177,7 @@ def _run_to_hf(args: argparse.Namespace) -> int:
 
     if args.ckpt is None or args.out is None:
         raise OutputError("megatron-to-hf needs --ckpt CHECKPOINT and --out HF_DIR (or: megarl convert CHECKPOINT HF_DIR)")
-    with output_lock(args.out):  # one convert writes OUT
+    with output_lock(args.out), writing(args.out, "the converted model", kept=_KEPT):  # one convert writes OUT
         return run_stoppable(lambda: _to_hf(args), _STOPPED)
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from megarl.commands.arguments import add_config_args, user_path
 from megarl.commands.outputs import make_folder
+from megarl.disk_full import writing
 from megarl.kept_files import write_atomically
 
 SCORE_CHUNK = 1024  # responses per scoring call: the progress display's step
@@ -71,7 +72,8 @@ def _run(args: argparse.Namespace) -> int:
                                                  scored=args.scored),
                                 "while scoring; nothing was written; run the same command again")  # fmt: skip
         make_folder(out)
-        write_atomically(out, json.dumps(summary, indent=2) + "\n")  # a kill leaves the old summary or the new
+        with writing(out, "the summary (--out)", kept=f"{args.scored or 'no scored rows'}; an earlier summary is as it was"):
+            write_atomically(out, json.dumps(summary, indent=2) + "\n")  # a kill leaves the old summary or the new
     print(format_table(summary))
     print(f"wrote {out}" + (f" and {args.scored}" if args.scored else ""))
     return 0
@@ -257,8 +259,13 @@ def _write_scored(data: str | Path, out: str | Path, responses: list[list[str]],
         table = table.append_column(SCORES, column)
     tmp = Path(out).with_name(Path(out).name + ".tmp")
     make_folder(Path(out), flag="--scored")
-    pq.write_table(table, tmp)
-    tmp.replace(out)
+    try:
+        with writing(out, "the scored rows (--scored)", kept="nothing of this evaluation; the files you had are as they were"):
+            pq.write_table(table, tmp)
+            tmp.replace(out)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # no half-written file left beside OUT
+        raise
 
 
 def _finite(values: dict[str, float]) -> dict[str, float | None]:

@@ -61,6 +61,7 @@ from megarl.commands.outputs import (
     check_outside_checkpoints,
     same_file,
 )
+from megarl.disk_full import writing
 from megarl.trainer.watchdog import RunControl, RunStopped
 
 log = logging.getLogger(__name__)
@@ -153,8 +154,9 @@ def _generate(cfg: Any, data: Path, target: Path, source: str, *, batch_size: in
     check_parts(partial, parts)
     todo = [i for i in range(len(parts)) if not part_path(partial, i).is_file()]
     control = RunControl()  # Ctrl-C / SIGTERM: the servers are shut down, the written parts stay
+    full = {"kept": f"the finished parts in {partial}", "fix": "free space on that disk, then run the same command: it goes on from them"}
     try:
-        with control.handlers():
+        with control.handlers(), writing(partial, "the generation's parts (and the staged model)", **full):
             if todo:
                 model_dir = _hf_model(Path(source), export, partial / MODEL_DIR, in_process)
                 control.reclaim()  # an export ran under Ray, which installs its own SIGTERM handler
@@ -163,7 +165,8 @@ def _generate(cfg: Any, data: Path, target: Path, source: str, *, batch_size: in
         done = sum(1 for i in range(len(parts)) if part_path(partial, i).is_file())
         raise RunStopped(f"stopped by {control.signal_name}: {done} of {len(parts)} parts are in {partial}; run the "
                          "same command to go on", control.exit_code) from None  # fmt: skip
-    merge_parts(partial, len(parts), target)
+    with writing(target, "the merged output", **full):
+        merge_parts(partial, len(parts), target)
     remove_partial(partial)
     return target
 
@@ -453,8 +456,12 @@ def _write_part(path: Path, rows: Any, batch: Any, tokenizer: Any, eos: tuple[in
         kind = pa.list_(pa.string()) if name in (RESPONSES, REASONS) else pa.list_(pa.int64())
         rows = rows.append_column(name, pa.array([p[name] for p in per_prompt], type=kind))
     tmp = path.with_name(path.name + ".tmp")
-    pq.write_table(rows, tmp)
-    tmp.replace(path)
+    try:
+        pq.write_table(rows, tmp)
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # (a full disk cut it)
+        raise
 
 
 @contextmanager

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from megarl.checkpoint.metrics_history import MetricsFileError, owns_history, records
 from megarl.config.sections import TrainerConfig
+from megarl.disk_full import writing
 from megarl.kept_files import kept_name, time_tag, write_atomically
 from megarl.plan.logger_checks import WANDB_LOGIN_FIX
 
@@ -57,15 +58,28 @@ class JsonlSink:
             kept_as = kept_name(path, time_tag(path.stat().st_mtime))
             os.replace(path, kept_as)
             log.warning("metrics: %s of an earlier run kept as %s", path, kept_as.name)
-        self._file = path.open("a")
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         record = {"step": step, **{k: _jsonable(v) for k, v in sorted(metrics.items())}}
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
+        with writing(self.path, f"the metrics of step {step}"):
+            append_whole(self._fd, (json.dumps(record) + "\n").encode())
 
     def close(self) -> None:
-        self._file.close()
+        os.close(self._fd)
+
+
+def append_whole(fd: int, data: bytes) -> None:
+    """Append ``data`` to the file ``fd`` whole or not at all: a write the disk cuts short (full)
+    is taken back, so the file never ends in half a record."""
+    size = os.fstat(fd).st_size
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    except BaseException:
+        os.ftruncate(fd, size)  # shrinking needs no space
+        raise
 
 
 class TensorBoardSink:
@@ -265,8 +279,13 @@ class MetricsLogger:
             sink.log(step, metrics)
 
     def close(self) -> None:
+        """Close every sink; one that cannot flush (a full disk) does not stop the others, and is
+        logged, not raised: the run's own ending says what happened."""
         for sink in self.sinks:
-            sink.close()
+            try:
+                sink.close()
+            except OSError as exc:
+                log.warning("metrics: closing %s failed (%s)", type(sink).__name__, exc)
 
 
 def build_logger(cfg: TrainerConfig, config_dict: dict[str, Any], total_steps: int, resume_step: int = 0,
