@@ -206,7 +206,8 @@ def _disk_full_line(exc: BaseException) -> str | None:
     full = disk_full_cause(exc)
     if full is None:
         return None
-    where = full.filename if isinstance(full.filename, str) and full.filename else "a file"
+    filename = getattr(full, "filename", None)
+    where = filename if isinstance(filename, str) and filename else "a file"
     return str(DiskFullError(where, "the command's output", reason_of(full)))
 
 

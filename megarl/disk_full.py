@@ -5,7 +5,7 @@ a worker rank too: its error comes back with the OSError as its ``cause``), a me
 step's rollouts, an output file. :func:`writing` turns that into a :class:`DiskFullError` naming
 the path and the thing written; the command (or the trainer, which adds the last complete
 checkpoint and the resume command) says what is kept; megarl/cli.py prints it as one ``error:``
-line. :func:`disk_full_cause` finds the OSError in an exception's chain, for the failures no
+line. :func:`disk_full_cause` finds the full disk in an exception's chain, for the failures no
 writer wrapped. Left out: making room (megarl never deletes what the user owns to free space)."""
 
 from __future__ import annotations
@@ -36,21 +36,22 @@ class DiskFullError(OSError):
         return DiskFullError(self.path, self.what, self.reason, kept, fix or self.fix)
 
 
-def disk_full_cause(exc: BaseException | None) -> OSError | None:
-    """The full-disk OSError in ``exc``'s chain (its causes, contexts and a worker error's
-    ``cause``), or None."""
+def disk_full_cause(exc: BaseException | None) -> BaseException | None:
+    """The full-disk error in ``exc``'s chain (its causes, contexts and a worker error's ``cause``),
+    or None: an OSError with ENOSPC or EDQUOT, or any error that says so (pyarrow's IO errors,
+    torch's distributed-checkpoint errors, which gather the ranks' failures as text)."""
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        if isinstance(exc, OSError) and (exc.errno in FULL or any(text in str(exc) for text in FULL_TEXT)):
+        if getattr(exc, "errno", None) in FULL or any(text in str(exc) for text in FULL_TEXT):
             return exc
         exc = getattr(exc, "cause", None) or exc.__cause__ or exc.__context__
     return None
 
 
-def reason_of(exc: OSError) -> str:
+def reason_of(exc: BaseException) -> str:
     """The system's words for the full disk ``exc`` met."""
-    if exc.errno in FULL and exc.strerror:
+    if isinstance(exc, OSError) and exc.errno in FULL and exc.strerror:
         return exc.strerror
     return FULL_TEXT[1] if "quota" in str(exc).lower() else FULL_TEXT[0]
 

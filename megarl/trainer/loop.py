@@ -162,7 +162,8 @@ class Trainer:
                 epochs = t.total_epochs if t.total_steps is None else None
                 log.info("%s", finished_note(self.out, step_dir_name(start), start, self.parts.total_steps, epochs=epochs))
                 return {}
-            self.logger = self._logger_factory(start, history=self._history)
+            with self._disk_full_ending(control):  # (it restores or cuts back metrics.jsonl)
+                self.logger = self._logger_factory(start, history=self._history)
             self.step = self._start = start
             timeout = self.cfg.trainer.hang_timeout_s
             groups = {role: m.group for role, m in self.parts.models.items() if hasattr(m.group, "dump_stacks")}
@@ -233,9 +234,9 @@ class Trainer:
             cause = disk_full_cause(exc)
             if cause is None:
                 raise
+            filename = getattr(cause, "filename", None)
             full = cause if isinstance(cause, DiskFullError) else DiskFullError(
-                cause.filename if isinstance(cause.filename, str) else self.out, f"the run's files at step {self.step}",
-                reason_of(cause))  # fmt: skip
+                filename if isinstance(filename, str) else self.out, f"the run's files at step {self.step}", reason_of(cause))  # fmt: skip
             latest = self.checkpoints.latest_valid(quiet=True)
             kept = f"the last complete checkpoint, step {latest.step} ({latest.path})" if latest else "no checkpoint yet"
             command = control.resume_command or "the same command (trainer.resume=auto)"
