@@ -11,6 +11,7 @@ writer wrapped. Left out: making room (megarl never deletes what the user owns t
 from __future__ import annotations
 
 import errno
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -69,3 +70,20 @@ def writing(path: str | Path, what: str, *, kept: str = "", fix: str = "") -> It
         if full is None:
             raise
         raise DiskFullError(path, what, reason_of(full), kept, fix) from exc  # the path the user knows, not a temporary file's
+
+
+@contextmanager
+def quiet_threads() -> Iterator[None]:
+    """Inside, a thread that dies of a full disk (TensorBoard's event writer) prints no traceback:
+    its owner raises the error again on its next call, which ends the run in one line."""
+    before = threading.excepthook
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        if disk_full_cause(args.exc_value) is None:
+            before(args)
+
+    threading.excepthook = hook
+    try:
+        yield
+    finally:
+        threading.excepthook = before

@@ -27,7 +27,7 @@ from megarl.checkpoint.verification import step_dir_name
 from megarl.config.loading import config_to_yaml
 from megarl.config.sections import MegaRLConfig
 from megarl.data.prompt_batch import PromptBatch
-from megarl.disk_full import DiskFullError, disk_full_cause, reason_of, writing
+from megarl.disk_full import DiskFullError, disk_full_cause, quiet_threads, reason_of, writing
 from megarl.engines.base import Engines, SamplingParams
 from megarl.engines.routing import routing_replay
 from megarl.engines.seeds import step_seed
@@ -229,7 +229,8 @@ class Trainer:
         write) ends it as one DiskFullError naming what was written, the last complete checkpoint
         (a save that failed left nothing: megarl/checkpoint/manager.py) and the resume command."""
         try:
-            yield
+            with quiet_threads():
+                yield
         except Exception as exc:
             cause = disk_full_cause(exc)
             if cause is None:

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from megarl.checkpoint.metrics_history import MetricsFileError, owns_history, records
 from megarl.config.sections import TrainerConfig
-from megarl.disk_full import writing
+from megarl.disk_full import disk_full_cause, writing
 from megarl.kept_files import kept_name, time_tag, write_atomically
 from megarl.plan.logger_checks import WANDB_LOGIN_FIX
 
@@ -95,9 +95,10 @@ class TensorBoardSink:
         self._writer = SummaryWriter(log_dir=str(log_dir), purge_step=purge_step)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        for name, value in metrics.items():
-            self._writer.add_scalar(name, value, step)
-        self._writer.flush()
+        with writing(self._writer.log_dir, f"the TensorBoard events of step {step}"):
+            for name, value in metrics.items():
+                self._writer.add_scalar(name, value, step)
+            self._writer.flush()
 
     def close(self) -> None:
         self._writer.close()
@@ -284,8 +285,8 @@ class MetricsLogger:
         for sink in self.sinks:
             try:
                 sink.close()
-            except OSError as exc:
-                log.warning("metrics: closing %s failed (%s)", type(sink).__name__, exc)
+            except OSError as exc:  # (a full disk: the run's ending says it already)
+                (log.debug if disk_full_cause(exc) else log.warning)("metrics: closing %s failed (%s)", type(sink).__name__, exc)
 
 
 def build_logger(cfg: TrainerConfig, config_dict: dict[str, Any], total_steps: int, resume_step: int = 0,
