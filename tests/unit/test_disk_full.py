@@ -178,3 +178,20 @@ def test_the_plan_refuses_a_disk_too_small_for_a_checkpoint_with_the_numbers(sma
         f"{(size * 1.05 + 64):.3g} MiB free (it, 5% more and 64 MiB kept for the run's logs and metrics), but ")  # fmt: skip
     assert finding.message.endswith("MiB are free; free some space there, or point trainer.output_dir at a larger disk")
     assert not (small_disk / "run").exists()  # the check creates nothing
+
+
+def test_the_checkpoint_estimate_counts_what_each_trained_model_saves():
+    """Weights plus 12 B of optimizer state per trained parameter; a critic doubles it; under
+    LoRA the policy saves its adapters only (the whole model's size would refuse a disk that holds it)."""
+    from megarl.config.architectures import resolve_arch
+    from megarl.config.loading import load_config
+    from megarl.plan.disk_space import checkpoint_bytes
+    from megarl.plan.gpu_memory import DTYPE_BYTES, lora_params
+
+    cfg = load_config(CONFIG, [])
+    arch = resolve_arch(cfg.model.path, cfg.model.arch)
+    per_param = DTYPE_BYTES[cfg.model.dtype] + 12
+    assert checkpoint_bytes(cfg) == arch.num_params * per_param
+    assert checkpoint_bytes(load_config(CONFIG, ["algorithm.estimator=gae"])) == 2 * arch.num_params * per_param
+    lora = load_config(CONFIG, ["actor.lora={rank: 4}"])
+    assert checkpoint_bytes(lora) == lora_params(arch, 4, lora.actor.lora.modules) * per_param < checkpoint_bytes(cfg) / 4
