@@ -146,7 +146,7 @@ def make_plan(cfg: MegaRLConfig, *, check_files: bool = False, in_process: bool 
     check_algorithm(cfg, issues)
     check_run_length(cfg.trainer, issues)
     check_validation_files(cfg, issues)
-    check_watchdog(cfg, arch, issues)
+    check_watchdog(cfg, issues)
     check_asynchronous(cfg, issues, in_process=in_process)
     check_lora(cfg, arch, issues)
     _check_offload(cfg, issues)

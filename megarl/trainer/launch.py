@@ -17,7 +17,7 @@ from pathlib import Path
 from megarl.config.loading import load_config
 from megarl.config.sections import MegaRLConfig
 from megarl.plan.planner import Plan, make_plan
-from megarl.terminal import library_warnings_logged
+from megarl.terminal import LogFileHandler, library_warnings_logged
 
 log = logging.getLogger(__name__)
 DRIVER_LOG = "driver.log"
@@ -126,7 +126,7 @@ def driver_log(path: Path) -> Iterator[None]:
     """Everything the driver logs also goes to ``path``, plus the traceback of what ends the run
     (the terminal gets one line: megarl/cli.py)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    handler = logging.FileHandler(path)
+    handler = LogFileHandler(path)  # a full disk silences it: no "--- Logging error ---" per record
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%Y-%m-%d %H:%M:%S"))
     root, errors = logging.getLogger(), logging.getLogger("megarl.driver_errors")
     errors.propagate = False  # tracebacks to the file only
@@ -138,7 +138,8 @@ def driver_log(path: Path) -> Iterator[None]:
     except BaseException as exc:
         errors.error("the run ended with %s", type(exc).__name__, exc_info=exc)
         try:
-            exc.megarl_log = str(path)  # type: ignore[attr-defined]
+            if handler.failed is None:  # else the traceback is not there to point at
+                exc.megarl_log = str(path)  # type: ignore[attr-defined]
         except AttributeError:
             pass
         raise
