@@ -32,7 +32,13 @@ from ray.exceptions import GetTimeoutError, RayActorError
 
 from megarl.config.sections import RewardConfig
 from megarl.ray_cluster.worker_group import output_to_log
-from megarl.rewards.scorer import LOGGED_ERRORS_PER_CALL, MODEL_LOAD_TIMEOUT_S, TRAINING_STOPS, RewardError, ScoreResult
+from megarl.rewards.scorer import (
+    LOGGED_ERRORS_PER_CALL,
+    MODEL_LOAD_TIMEOUT_S,
+    TRAINING_STOPS,
+    RewardError,
+    ScoreResult,
+)
 
 log = logging.getLogger(__name__)
 
