@@ -150,12 +150,18 @@ def driver_log(path: Path) -> Iterator[None]:
 
 
 def _roles(plan) -> str:
-    return ", ".join(f"{len(r.gpus)} {r.role} rank(s)" for name, r in plan.roles.items() if name != "rollout")
+    return ", ".join(f"{len(r.gpus)} {r.role} rank(s)" for r in _ray_roles(plan))
 
 
 def _cpus_needed(plan) -> int:
-    """One logical CPU per process of each role (colocated roles share bundles but add CPUs)."""
-    return sum(len(r.gpus) for name, r in plan.roles.items() if name != "rollout") + 1
+    """One logical CPU per process of each role (colocated roles share bundles but add CPUs),
+    the reward model's actors included."""
+    return sum(len(r.gpus) for r in _ray_roles(plan)) + 1
+
+
+def _ray_roles(plan) -> list:
+    """The roles whose processes ask Ray for a CPU each: the trained models' ranks and the reward model's actors."""
+    return [r for name, r in plan.roles.items() if name != "rollout"] + ([plan.reward_model] if plan.reward_model else [])
 
 
 def _local_gpus(cfg: MegaRLConfig) -> int | None:
