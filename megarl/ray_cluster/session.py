@@ -141,11 +141,9 @@ def _init(**kwargs: Any) -> None:
                 previous(signal.SIGTERM, None)  # records the stop; raises KeyboardInterrupt
             raise
         finally:
+            ray.shutdown()
             if embedded:
-                _shutdown_embedded()
                 _kill_started_since(before)
-            else:
-                ray.shutdown()
     finally:
         if install is not None:
             utils.set_sigterm_handler = install
@@ -163,9 +161,11 @@ def _kill_started_since(before: set[int]) -> None:
     which block SIGTERM (megarl/process_signals.py), would outlive the driver."""
     import psutil
 
+    ray_dir = os.path.dirname(ray.__file__)  # the raylet, the GCS and Ray's python scripts live here
     for process in psutil.Process().children(recursive=True):
         try:
-            if process.pid not in before and "ray" in " ".join(process.cmdline()):
+            ours = any(arg.startswith(("ray::", ray_dir)) for arg in process.cmdline())  # ray::<name>: Ray's workers and agents
+            if process.pid not in before and ours:
                 process.kill()
         except psutil.Error:
             continue
