@@ -115,9 +115,9 @@ def build_trainer(cfg: MegaRLConfig, plan: Plan, *, in_process: bool = False) ->
         if sglang is not None:
             closers.append(sglang.close)  # servers first: colocated ones share the policy's GPUs
         standalone = _start_standalone(cfg, models, out / "logs", closers)
-        from megarl.rewards.scorer import RewardScorer
+        from megarl.rewards.scorer import REWARD_WORKERS_LOG, RewardScorer
 
-        rewards = RewardScorer(cfg.reward)
+        rewards = RewardScorer(cfg.reward, log_path=out / "logs" / REWARD_WORKERS_LOG)  # user code's prints: not the terminal
         closers.append(rewards.close)
         scorer = Scorer(rewards, tokenizer, eos_ids)
         val_prompts = load_val_prompts(cfg.data, tokenizer, tools)
