@@ -67,6 +67,7 @@ USER_ERRORS = (
     ("megarl.rollout_sglang.server", "ServerLaunchError"),
     ("megarl.trainer.run_lock", "OutputDirInUse"),
     ("megarl.trainer.sample_files", "RolloutDumpError"),
+    ("megarl.user_code", "UserCodeError"),
 )
 
 
