@@ -348,9 +348,14 @@ class RewardScorer:
     def _result_within(self, future: Future, limit_s: float) -> Any:
         """``future.result(timeout=limit_s)``, or BrokenProcessPool as soon as the pool broke."""
         start = said = time.monotonic()
+        pids: set[int] = set()
         while not wait([future], timeout=POOL_CHECK_S).done:
             if not self._pool.active:
                 raise BrokenProcessPool("the pool broke before it took the task")
+            pids |= self._worker_pids()
+            if not self._loaded.value and len(pids) >= self.cfg.workers + DEATHS_IN_A_ROW:
+                # workers replaced without a word and none loaded: each exited with code 0 while loading
+                raise BrokenProcessPool(f"{len(pids)} workers started and exited with code 0 while loading")
             now = time.monotonic()
             if now - start >= limit_s:
                 raise FutureTimeout()
@@ -519,6 +524,11 @@ class RewardScorer:
                 quiet_since = time.monotonic()
             elif time.monotonic() - quiet_since >= self._start_limit_s:
                 raise self._stopped(_start_problem(self.cfg, True, self._start_limit_s))
+
+    def _worker_pids(self) -> set[int]:
+        """The pool's live workers (pebble's internals; another pebble: none known)."""
+        workers = getattr(getattr(getattr(self._pool, "_pool_manager", None), "worker_manager", None), "workers", None)
+        return set(workers) if isinstance(workers, dict) else set()
 
     def _look_for_vanished(self, pending: dict[Future, _Job]) -> None:
         """Running tasks of ``pending`` whose worker is gone and of which pebble said nothing, seen so at

@@ -171,3 +171,28 @@ def test_a_long_call_logs_its_progress(tmp_path, caplog, monkeypatch):
     assert lines and all(
         line.startswith("reward: ") and "/12 samples scored (" in line for line in lines
     ), lines
+
+
+@pytest.mark.parametrize(
+    ("ending", "said"),
+    [
+        (
+            "sys.exit(3)",
+            "reward.custom 'f' (at_import.py) called sys.exit(3) while it was imported",
+        ),
+        # pebble replaces a worker that exits with code 0 without a word: not a 60 s "did not finish"
+        (
+            "os._exit(0)",
+            "reward.custom: a reward worker died while importing 'at_import.py' before it took a sample",
+        ),
+    ],
+)
+def test_a_reward_file_that_ends_its_worker_at_import_is_named(tmp_path, ending, said):
+    path = tmp_path / "at_import.py"
+    path.write_text(
+        f"import os, sys\n{ending}\n\ndef f(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n"
+    )
+    cfg = RewardConfig(custom=CustomRewardConfig(path=str(path), name="f"), workers=2)
+    with pytest.raises(RewardError) as info:
+        RewardScorer(cfg, log_path=tmp_path / "reward_workers.log")
+    assert str(info.value).startswith(said), info.value
