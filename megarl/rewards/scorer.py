@@ -128,6 +128,15 @@ class ScoreResult:
         return out
 
 
+def _snapshot(d: dict) -> dict:
+    """A copy of a dict pebble's threads change meanwhile (copying may meet a change: try again)."""
+    while True:
+        try:
+            return dict(d)
+        except RuntimeError:
+            continue
+
+
 def _sample_text(sample: tuple) -> str:
     return f"data_source={sample[0]!r} response={str(sample[1])[:80]!r}"
 
@@ -472,6 +481,8 @@ class RewardScorer:
         unscored: Outcome = ("error", "not scored", "")
         outcomes: list[Outcome] = [unscored] * len(samples)
         self._progress = _CallProgress(outcomes, unscored)
+        self._vanished.clear()  # an earlier call's, given up with their jobs
+        self._missing.clear()
         pending = {job.future: job for job in jobs}
         watch = _HangWatch(self.cfg.workers, self.cfg.timeout_s)
         # One restart per call before the new pool finishes a task: an earlier call's new pool
@@ -528,7 +539,7 @@ class RewardScorer:
     def _worker_pids(self) -> set[int]:
         """The pool's live workers (pebble's internals; another pebble: none known)."""
         workers = getattr(getattr(getattr(self._pool, "_pool_manager", None), "worker_manager", None), "workers", None)
-        return set(workers) if isinstance(workers, dict) else set()
+        return set(_snapshot(workers)) if isinstance(workers, dict) else set()
 
     def _look_for_vanished(self, pending: dict[Future, _Job]) -> None:
         """Running tasks of ``pending`` whose worker is gone and of which pebble said nothing, seen so at
@@ -539,8 +550,8 @@ class RewardScorer:
         workers = getattr(getattr(manager, "worker_manager", None), "workers", None)
         if not isinstance(tasks, dict) or not isinstance(workers, dict):
             return
-        now, missing = time.time(), set()
-        for task in list(tasks.values()):
+        now, missing, workers = time.time(), set(), set(_snapshot(workers))
+        for task in _snapshot(tasks).values():
             future, pid = getattr(task, "future", None), getattr(task, "worker_id", 0)
             started, timeout = getattr(task, "timestamp", 0.0), getattr(task, "timeout", None) or math.inf
             if future in pending and pid and pid not in workers and not future.done() and now - started < timeout:
