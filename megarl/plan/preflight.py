@@ -36,7 +36,8 @@ run in one child process, started first, in parallel with the rest. The bridge c
 driver, last and only when everything else passed: it imports torch and transformers (a few
 seconds), which the driver of a launch imports anyway for the tokenizer and the controller, so
 checking here costs the run nothing (it imports no Megatron module).
-Nothing is created or changed on disk.
+Nothing is created or changed on disk, but for the child's output: a temporary log file, removed
+unless a check failed (the finding then names it).
 """
 
 from __future__ import annotations
