@@ -168,6 +168,9 @@ CATALOGUE: tuple[Metric, ...] = (
     Metric("reward/errors", "sum", "scorer", "reward functions that raised (they score 0)"),
     Metric("reward/timeouts", "sum", "scorer", "reward functions that timed out (they score 0)"),
     Metric("reward/<extra>", "mean", "scorer", "an extra value a reward function returns, mean over the samples that report it"),
+    Metric("reward/<component>", "mean", "scorer", "a reward.combine component's score (a rule scorer, custom, model, judge), mean over the samples whose data source uses it"),
+    Metric("reward/judge_errors", "sum", "scorer", "samples whose judge output did not parse or whose judge call failed (they score 0 on the judge)"),
+    Metric("reward/judge_timeouts", "sum", "scorer", "samples whose judge call passed reward.judge.timeout_s (they score 0 on the judge)"),
     # ---- weight sync (megarl.weight_sync.stream, megarl.weight_sync.logprob_check) ----------
     Metric("weight_sync/seconds", "last", "weight_sync", "wall time of the step's weight push"),
     Metric("weight_sync/bytes", "last", "weight_sync", "bytes pushed to the engines"),

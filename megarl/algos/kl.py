@@ -9,7 +9,11 @@ Estimators take per-token log-probs and return a per-token estimate of KL(pi || 
                                                   the result to [-10, 10] for stability
     abs  |log pi - log pi_ref|
 
-(the quoted names are verl's ``kl_penalty`` names, read as aliases by ``KLConfig``.) An estimate
+(the quoted names are verl's ``kl_penalty`` names, read as aliases by ``KLConfig``.) A trailing
+``+`` (``k1+``, ``k3+``, ``abs+``; verl's ``kl+``, ``low_var_kl+``) is verl's straight-through
+variant: the named estimator's value forward, k2's gradient backward (k2's gradient is the KL's,
+in expectation; k1's and k3's are not), so the loss term reads like k1 / k3 and trains like k2.
+``k2+`` is k2 itself. An estimate
 serves as a reward penalty (``advantages.token_rewards_from_scores``, with
 ``KLConfig.reward_kl_estimator`` / ``reward_kl_coef``) or as a loss term
 (``losses.make_policy_loss_fn``, with ``loss_kl_estimator`` / ``loss_kl_coef``). Controllers hold the coefficient: fixed, or the
@@ -66,6 +70,25 @@ def kl_abs(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     """[B, R] |log pi - log pi_ref|."""
     diff = logprobs - ref_logprobs
     return diff.abs_() if _in_place_ok(logprobs, ref_logprobs) else diff.abs()
+
+
+def _straight_through(estimator: KLEstimator) -> KLEstimator:
+    """``estimator``'s value with k2's gradient: k2 - k2.detach() + value.detach() (verl's
+    core_algos.kl_penalty for a name ending in ``+``); the value alone where no graph is built."""
+
+    def plus(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+        value = estimator(logprobs, ref_logprobs)  # [B, R]
+        if _in_place_ok(logprobs, ref_logprobs):
+            return value
+        k2 = 0.5 * (logprobs - ref_logprobs).square()  # [B, R]
+        return k2 - k2.detach() + value.detach()
+
+    plus.__doc__ = f"[B, R] {estimator.__name__}'s value, k2's gradient (straight-through)."
+    return plus
+
+
+for _name, _estimator in (("k1", kl_k1), ("k3", kl_k3), ("abs", kl_abs)):
+    KL_ESTIMATORS.register(f"{_name}+")(_straight_through(_estimator))
 
 
 def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str) -> torch.Tensor:

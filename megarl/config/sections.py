@@ -13,6 +13,12 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from megarl.config.architectures import BUILTIN_ARCHS
+from megarl.config.reward_sections import (
+    RewardJudgeConfig,
+    RewardModelConfig,
+    combine_problem,
+    combine_weights,
+)
 from megarl.config.rollout_sections import RolloutConfig
 from megarl.config.section_base import Section, UserPath, builtin_or_import_path
 
@@ -30,11 +36,12 @@ ESTIMATORS = (
 GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline")
 POLICY_LOSSES = ("ppo", "gspo")
 LOSS_AGGS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-KL_ESTIMATORS = ("k1", "k2", "k3", "abs")
+# "+": verl's straight-through variants, the estimator's value with k2's gradient (megarl/algos/kl.py).
+KL_ESTIMATORS = ("k1", "k2", "k3", "abs", "k1+", "k3+", "abs+")
 # verl's names (algorithm.kl_penalty, actor.kl_loss_type) for the same estimators; "full" (the
-# whole-vocabulary KL) is refused by KLConfig with its reason.
-KL_ESTIMATOR_ALIASES = {"kl": "k1", "mse": "k2", "low_var_kl": "k3"}
-KLEstimatorName = Literal["k1", "k2", "k3", "abs"]
+# whole-vocabulary KL) is refused by KLConfig with its reason. k2+ is k2 (its own gradient).
+KL_ESTIMATOR_ALIASES = {"kl": "k1", "mse": "k2", "low_var_kl": "k3", "kl+": "k1+", "mse+": "k2", "k2+": "k2", "low_var_kl+": "k3+"}
+KLEstimatorName = Literal["k1", "k2", "k3", "abs", "k1+", "k3+", "abs+"]
 class ModelConfig(Section):
     path: UserPath | None = Field(None, description="Hugging Face model directory (config.json, safetensors, tokenizer), or a "
                              "model checkpoint of `megarl convert hf-to-megatron` (any TP/PP layout).")
@@ -440,7 +447,8 @@ class KLConfig(Section):
     estimator: KLEstimatorName = Field(
         "k3",
         description="KL estimator of both uses unless reward_estimator / loss_estimator say otherwise: k1, k2, k3 "
-        "(low-variance KL), abs; verl's kl, mse, low_var_kl are read as k1, k2, k3.",
+        "(low-variance KL), abs; verl's kl, mse, low_var_kl are read as k1, k2, k3. A trailing + (k1+, k3+, abs+; "
+        "verl's kl+, low_var_kl+) is verl's straight-through variant: the estimator's value, k2's gradient.",
     )
     coef: float = Field(0.001, ge=0, description="KL coefficient of both uses unless reward_coef / loss_coef say otherwise (the reward's is the adaptive controller's initial value).")
     reward_estimator: KLEstimatorName | None = Field(None, description="Estimator of the KL penalty in the reward (verl's algorithm.kl_penalty); None = estimator.")
@@ -565,14 +573,6 @@ class CustomRewardConfig(Section):
     batched: bool = Field(False, description="The function takes lists and returns a list (verl's batch reward).")
 
 
-class RewardModelConfig(Section):
-    path: UserPath = Field(
-        description="HF sequence-classification model directory (num_labels 1); its config.json and tokenizer files are checked before launch."
-    )
-    batch_size: int = Field(8, ge=1, description="Samples per forward.")
-    device: str = Field("cpu", description="Device of the reward model in the reward workers.")
-
-
 class RewardConfig(Section):
     functions: dict[str, str] = Field(default_factory=dict, description="data_source -> built-in scorer name (gsm8k, math, code, qa_em, ...) or "
                                      "your own function as path/to/file.py:function (verl's signature); an unlisted source uses its "
@@ -586,7 +586,14 @@ class RewardConfig(Section):
         "per scoring call (a training step, a validation pass) to the driver's log (verl's num_examine); 0 = none.",
     )
     custom: CustomRewardConfig | None = Field(None, description="A user reward function (verl signature) used for every sample.")
-    model: RewardModelConfig | None = Field(None, description="An HF reward model instead of rule-based scoring.")
+    model: RewardModelConfig | None = Field(
+        None, description="An HF reward model: every sample's score, or with reward.combine the component 'model'.")
+    judge: RewardJudgeConfig | None = Field(None, description="An LLM judge: the component 'judge' of reward.combine (docs/reward-models.md).")
+    combine: dict[str, dict[str, float]] = Field(
+        default_factory=dict, description="data_source -> {component: weight}: the score is the weighted sum of the "
+        "components, each a built-in rule scorer's name, 'custom' (reward.custom), 'model' (reward.model) or 'judge' "
+        "(reward.judge); each is logged as reward/<component>. An unlisted data source is scored as without it.",
+    )
     timeout_s: float = Field(10.0, gt=0, description="Per-sample scoring timeout; a timeout scores 0 and is counted.")
     workers: int = Field(2, ge=1, description="Reward worker processes.")
     max_failed_fraction: float = Field(
@@ -594,6 +601,18 @@ class RewardConfig(Section):
         description="Stop the run (with the first failure's traceback) when reward functions raise or time out on at "
         "least this fraction of a step's samples; 1.0 = only when every sample failed.",
     )
+
+    @field_validator("combine")
+    @classmethod
+    def _combine(cls, value: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+        return combine_weights(value)
+
+    @model_validator(mode="after")
+    def _combined_components(self) -> RewardConfig:
+        problem = combine_problem(self.combine, self.model is not None, self.judge is not None)
+        if problem:
+            raise ValueError(problem)
+        return self
 
 
 MetricSink = Literal["console", "jsonl", "tensorboard", "wandb", "mlflow", "swanlab"]

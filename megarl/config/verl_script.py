@@ -251,11 +251,48 @@ def parse_hydra(text: str) -> Any:
     if stripped.lower() in ("null", "none", "~"):
         return None
     if stripped.startswith(("[", "{")):
+        masked, held = _held_interpolations(stripped)
         try:
-            return _hydra_value(yaml.safe_load(stripped))
+            return _restored(_hydra_value(yaml.safe_load(masked)), held)
         except yaml.YAMLError:
             return stripped
     return stripped[1:-1] if len(stripped) > 1 and stripped[0] == stripped[-1] and stripped[0] in "'\"" else stripped
+
+
+_HELD = "MEGARL_HELD_{}_"  # a plain YAML word standing for one ``${...}`` while a flow list or dict is read
+
+
+def _held_interpolations(text: str) -> tuple[str, list[str]]:
+    """``text`` with each ``${...}`` (braces balanced: ``${oc.select:a,${b}}``) replaced by a plain
+    word: YAML's flow syntax would read its braces as a mapping (``[${DATA}/a.parquet,${DATA}/b.parquet]``,
+    a variable left unset, or ``[${oc.env:HOME}/a.parquet]``). Returns the text and the interpolations."""
+    held: list[str] = []
+    out, i = [], 0
+    while (start := text.find("${", i)) >= 0:
+        depth, end = 0, start + 1
+        while end < len(text):
+            depth += {"{": 1, "}": -1}.get(text[end], 0)
+            if depth == 0:
+                break
+            end += 1
+        if depth:  # unbalanced: left to YAML as it is
+            break
+        out.append(text[i:start] + _HELD.format(len(held)))
+        held.append(text[start : end + 1])
+        i = end + 1
+    return "".join(out) + text[i:], held
+
+
+def _restored(value: Any, held: list[str]) -> Any:
+    """The interpolations ``_held_interpolations`` took out, back in every string of ``value``."""
+    if isinstance(value, list):
+        return [_restored(v, held) for v in value]
+    if isinstance(value, dict):
+        return {_restored(k, held): _restored(v, held) for k, v in value.items()}
+    if isinstance(value, str) and "MEGARL_HELD_" in value:
+        for n in reversed(range(len(held))):  # 10 before 1
+            value = value.replace(_HELD.format(n), held[n])
+    return value
 
 
 def _hydra_value(value: Any) -> Any:

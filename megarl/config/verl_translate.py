@@ -17,18 +17,9 @@ import yaml
 
 from megarl.config.loading import ConfigError
 from megarl.config.sections import MegaRLConfig
-from megarl.config.verl_keys import (
-    NONE,
-    OMIT,
-    RULES,
-    Noted,
-    Rule,
-    Unused,
-    Verl,
-    exact_rule,
-    rule_for,
-)
+from megarl.config.verl_keys import RULES, VERL_DEFAULTS, Rule, exact_rule, rule_for
 from megarl.config.verl_script import Given, VerlRun, flatten, parse_hydra
+from megarl.config.verl_values import NONE, OMIT, Noted, Refused, Unused, Verl
 
 
 @dataclass
@@ -82,7 +73,7 @@ def translate(run: VerlRun) -> Translation:
     given = _last_values(run.given)
     megatron = "megatron" in run.config_name or given.get("actor_rollout_ref.actor.strategy") == "megatron" or any(
         ".megatron." in k for k in given)  # fmt: skip
-    verl = Verl(given, megatron)
+    verl = Verl(given, megatron, VERL_DEFAULTS)
     out = Translation([], [], [], {}, {}, megatron, list(run.notes))
     for key, value in given.items():
         given[key] = _interpolated(key, value, verl, out.notes)
@@ -93,7 +84,11 @@ def translate(run: VerlRun) -> Translation:
         elif last[item.key] != i:
             out.given.append(Row(item.text, note="given again later: the later value wins"))
         else:
-            out.given.append(_row(item.text, item.key, given[item.key], verl, out, item.override))
+            try:
+                out.given.append(_row(item.text, item.key, given[item.key], verl, out, item.override))
+            except Refused as exc:
+                raise ConfigError(f"verl key {item.text}: {exc.reason}; change it in the verl run, or give "
+                                  f"{item.key}=VALUE after the run") from None  # fmt: skip
     for rule in RULES:
         if rule.default is not None and "*" not in rule.verl and rule.verl not in given:
             row = _default_row(rule, verl, out)
@@ -180,7 +175,7 @@ def _row(text: str, key: str, value: Any, verl: Verl, out: Translation, override
     try:
         values, note = _converted(rule, value, verl, key)
     except Unused as exc:
-        return Row(text, note=exc.reason, group=exc.group)
+        return Row(text, note=exc.reason, group=exc.group, differs=exc.differs)
     except (TypeError, ValueError) as exc:
         if value is None:
             return Row(text, note="null: unset in verl; megarl's default applies", group=NONE)

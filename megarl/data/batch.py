@@ -32,7 +32,7 @@ TOKEN_FIELDS = (
     "returns",
 )
 # Per-sample python lists, length B.
-LIST_FIELDS = ("data_source", "ground_truth", "extra_info", "finish_reason", "prompt_text")
+LIST_FIELDS = ("data_source", "ground_truth", "extra_info", "finish_reason", "prompt_text", "raw_prompt")
 
 # Per-token routing of mixture-of-experts models, [B, P+R, L, k]: aligned with the full token rows
 # of :meth:`Batch.sequences` (prompt and response), L the model's MoE layers in order, k the experts
@@ -59,6 +59,7 @@ class Batch:
     extra_info: list[dict] = field(default_factory=list)
     finish_reason: list[str] = field(default_factory=list)  # one of FINISH_REASONS
     prompt_text: list[str] = field(default_factory=list)
+    raw_prompt: list[Any] = field(default_factory=list)  # the prompt as the data holds it (text or chat messages)
     scores: torch.Tensor | None = None  # [B] float, outcome reward of each sample
     rollout_logprobs: torch.Tensor | None = None  # [B, R] engine log-probs at the rollout T
     turn_rewards: torch.Tensor | None = None  # [B, R] per-turn rewards of agent loops, on each turn's last generated token

@@ -79,7 +79,9 @@ def _answer(ref: Any, what: str, timeout_s: float, name: str) -> Any:
     except GetTimeoutError:
         raise TimeoutError(f"{name}: {what} did not answer within {timeout_s:.0f} s") from None
     except RayActorError as exc:
-        cause = (str(exc).strip().splitlines() or [""])[0][:200]
+        from megarl.ray_cluster.ray_failures import ray_failure
+
+        cause = ray_failure(exc) or (str(exc).strip().splitlines() or [""])[0][:200]  # its node's death, else Ray's line
         raise RuntimeError(f"{name} died during {what}: {cause}") from exc
 
 
@@ -161,17 +163,29 @@ def start_standalone_engines(cfg: MegaRLConfig, log_dir: str | Path, *, threads:
     if cfg.rollout.engine != "torch":
         raise ValueError(f"start_standalone_engines starts the torch engine, and rollout.engine is {cfg.rollout.engine!r}")
     log_path = Path(log_dir) / ACTOR_LOG
-    name = f"the torch engine actor (log: {log_path})"
     rollout = cfg.rollout
-    handle: Any = _EngineActor.options(**_ACTOR_OPTIONS).remote(
-        str(cfg.model.path), cfg.model.dtype, rollout.max_running_requests, cfg.partial_rollouts, str(log_path), threads
-    )
     reload_s = rollout.weight_sync.timeout_s
     if not cfg.partial_rollouts and reload_s:  # a reload waits for the generate call in flight to end
         reload_s = max(reload_s, cfg.trainer.hang_timeout_s) if cfg.trainer.hang_timeout_s else 0.0
-    engines = StandaloneEngines(handle, name, generate_timeout_s=cfg.trainer.hang_timeout_s, call_timeout_s=reload_s)
+    return start_engine_actor(str(cfg.model.path), cfg.model.dtype, log_path, "the torch engine actor",
+                              max_running_requests=rollout.max_running_requests, partial=cfg.partial_rollouts,
+                              start_timeout_s=cfg.cluster.build_timeout_s, generate_timeout_s=cfg.trainer.hang_timeout_s,
+                              call_timeout_s=reload_s, threads=threads)  # fmt: skip
+
+
+def start_engine_actor(model_path: str, dtype: str | None, log_path: Path, what: str, *, max_running_requests: int,
+                       partial: bool, start_timeout_s: float, generate_timeout_s: float, call_timeout_s: float,
+                       threads: int = 1) -> StandaloneEngines:  # fmt: skip
+    """A torch engine actor on CPU for ``model_path`` (Ray must be up), once its model is loaded:
+    the run's own (start_standalone_engines) or another model's (the LLM judge). ``what`` names it
+    in errors, with its log."""
+    name = f"{what} (log: {log_path})"
+    handle: Any = _EngineActor.options(**_ACTOR_OPTIONS).remote(
+        model_path, dtype, max_running_requests, partial, str(log_path), threads
+    )
+    engines = StandaloneEngines(handle, name, generate_timeout_s=generate_timeout_s, call_timeout_s=call_timeout_s)
     try:
-        _answer(handle.health.remote(), "starting (loading the model)", cfg.cluster.build_timeout_s, name)
+        _answer(handle.health.remote(), "starting (loading the model)", start_timeout_s, name)
     except BaseException:
         engines.close()
         raise

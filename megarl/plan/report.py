@@ -13,6 +13,7 @@ from megarl.plan.gpu_memory import GIB, RuntimeMemory
 from megarl.plan.host_memory import host_memory_text
 from megarl.plan.lora_checks import lora_summary
 from megarl.plan.planner import Plan
+from megarl.plan.reward_checks import reward_roles
 
 
 def print_plan(cfg: MegaRLConfig, plan: Plan, console: Console | None = None) -> None:
@@ -55,6 +56,9 @@ def print_plan(cfg: MegaRLConfig, plan: Plan, console: Console | None = None) ->
     lora = lora_summary(cfg, plan.arch)
     if lora is not None:
         console.print(lora)
+    for role in reward_roles(cfg, cfg.samples_per_step):
+        gib = "size unknown (no readable config.json)" if role["memory_gib"] is None else f"~{role['memory_gib']:.2f} GiB host memory"
+        console.print(f"[bold]{role['role']}[/] {role['where']}; {gib} ({role['what']})")
     if mem is not None:
         _print_memory(cfg, plan, console)
     if plan.push is not None:

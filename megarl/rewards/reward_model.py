@@ -11,8 +11,11 @@ tokenizer loaded; the transformers import is most of its cost): the launch's pre
 `megarl evaluate` call it in the driver, and the loader first, so a directory the workers would
 refuse is refused before anything starts.
 
-Left out: pairwise / multi-head reward models, chat-template re-rendering (pass the prompt as
-the engine saw it, template included), dtype options (the model's saved dtype is used).
+With ``reward.model.chat_template`` (the default) a sample is re-rendered in the reward model's own
+chat template from the prompt as the data file holds it (:func:`model_text`); ``reward.model.max_length``
+bounds the tokens read, cut from the left.
+
+Left out: pairwise / multi-head reward models, dtype options (the model's saved dtype is used).
 """
 
 from __future__ import annotations
@@ -93,12 +96,30 @@ def model_dir_problem(path: str) -> str | None:
     return None
 
 
-def score_texts(path: str, device: str, texts: list[str]) -> list[float]:
-    """One forward over ``texts`` (one batch); returns the scalar reward of each."""
+def model_text(tokenizer: Any, raw_prompt: Any, prompt_text: str, response: str, chat_template: bool) -> str:
+    """What the reward model reads of one sample: with ``chat_template`` and a tokenizer that has one,
+    the prompt as the data holds it (text: one user turn; chat messages as they are) and the response
+    as the assistant's turn, in the reward model's own template (verl's input_tokenizer); else the
+    prompt as the policy's engine saw it, then the response."""
+    if chat_template and raw_prompt is not None and getattr(tokenizer, "chat_template", None):
+        messages = [{"role": "user", "content": raw_prompt}] if isinstance(raw_prompt, str) else [dict(m) for m in raw_prompt]
+        return str(tokenizer.apply_chat_template([*messages, {"role": "assistant", "content": response}], tokenize=False))
+    return str(prompt_text) + response
+
+
+def score_samples(path: str, device: str, samples: list[tuple], chat_template: bool, max_length: int | None) -> list[float]:
+    """The reward of each (raw prompt or None, prompt text, response), rendered by :func:`model_text`."""
+    _, tokenizer = load_reward_model(path, device)
+    return score_texts(path, device, [model_text(tokenizer, raw, text, response, chat_template) for raw, text, response in samples], max_length)
+
+
+def score_texts(path: str, device: str, texts: list[str], max_length: int | None = None) -> list[float]:
+    """One forward over ``texts`` (one batch); returns the scalar reward of each. A text longer than
+    ``max_length`` tokens (None: the model's context) loses its start: the response's end is read."""
     import torch
 
     model, tokenizer = load_reward_model(path, device)
-    max_len = getattr(model.config, "max_position_embeddings", None) or tokenizer.model_max_length
+    max_len = max_length or getattr(model.config, "max_position_embeddings", None) or tokenizer.model_max_length
     enc = tokenizer(
         texts,
         padding=True,

@@ -275,7 +275,8 @@ class RewardScorer:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             self.log_path.touch()
         self._spec = {"custom": custom, "model": model, "preload_math": custom is None and model is None,
-                      "format_score": cfg.format_score, "log": str(self.log_path) if self.log_path else None}
+                      "format_score": cfg.format_score, "log": str(self.log_path) if self.log_path else None,
+                      "model_input": (cfg.model.chat_template, cfg.model.max_length) if cfg.model else None}
         self._vanished: dict[Future, int] = {}  # running tasks whose worker exited with code 0 -> its pid
         self._missing: set[Future] = set()  # seen once without their worker (confirmed at the next look)
         self._progress: _CallProgress | None = None
@@ -383,8 +384,13 @@ class RewardScorer:
         ground_truths: Sequence[Any],
         extra_infos: Sequence[dict | None] | None = None,
         prompts: Sequence[str] | None = None,
+        scorers: Sequence[str | None] | None = None,
+        raw_prompts: Sequence[Any] | None = None,
     ) -> ScoreResult:
-        """Score every sample; errors and timeouts score 0 and are counted, never raised."""
+        """Score every sample; errors and timeouts score 0 and are counted, never raised.
+        ``scorers``: a built-in scorer's name per sample (reward.combine's rule components), None
+        where the sample's own scorer is found as without it (reward.custom, reward.functions).
+        ``raw_prompts``: the prompts as the data holds them, which reward.model re-renders in its own template."""
         n = len(solution_strs)
         infos = list(extra_infos) if extra_infos is not None else [None] * n
         lengths = {
@@ -403,11 +409,11 @@ class RewardScorer:
             (data_sources[i], solution_strs[i], ground_truths[i], infos[i]) for i in range(n)
         ]
         if self.cfg.model is not None:
-            jobs = self._model_jobs(samples, prompts)
+            jobs = self._model_jobs(samples, prompts, raw_prompts)
         elif self.cfg.custom is not None and self.cfg.custom.batched:
             jobs = self._batched_jobs(samples)
         else:
-            jobs = self._sample_jobs(samples)
+            jobs = self._sample_jobs(samples, scorers)
         outcomes = self._collect(jobs, samples)
         result = self._result(outcomes, samples)
         self._examine(samples, result, prompts)
@@ -433,11 +439,14 @@ class RewardScorer:
         columns = tuple([s[k] for s in samples] for k in range(4))
         return [self._job((worker.score_batched, (columns,)), list(range(len(samples))), False, self._custom_label())]
 
-    def _sample_jobs(self, samples: list[tuple]) -> list[_Job]:
+    def _sample_jobs(self, samples: list[tuple], scorers: Sequence[str | None] | None = None) -> list[_Job]:
         if self.cfg.custom is not None:
             names: list[str | None] = [None] * len(samples)
         else:  # resolving first: an unknown data_source is a config error, raised before any work
-            names = [registry.resolve(s[0], self._functions) for s in samples]
+            names = [registry.resolve(s[0], self._functions) if scorers is None or scorers[i] is None else None
+                     for i, s in enumerate(samples)]  # fmt: skip
+        if scorers is not None:
+            names = [given if given is not None else name for given, name in zip(scorers, names, strict=True)]
         cheap = [i for i, name in enumerate(names) if name in registry.CHEAP_SCORERS]
         chunk = max(1, min(CHUNK_SIZE, math.ceil(len(cheap) / (4 * self.cfg.workers))))
         groups = [cheap[k : k + chunk] for k in range(0, len(cheap), chunk)]
@@ -453,13 +462,14 @@ class RewardScorer:
         """``call`` = (function, args) scheduled on the pool, as a _Job of ``indices``."""
         return _Job(indices, self._submit(*call), split_on_failure, scorers or [], function, call, self._pools)
 
-    def _model_jobs(self, samples: list[tuple], prompts: Sequence[str] | None) -> list[_Job]:
+    def _model_jobs(self, samples: list[tuple], prompts: Sequence[str] | None, raw_prompts: Sequence[Any] | None = None) -> list[_Job]:
         if prompts is None:
             raise ValueError(
                 "reward.model scores prompt + response: pass prompts=[...] to RewardScorer.score"
             )
         size = self.cfg.model.batch_size  # type: ignore[union-attr]
-        texts = [str(p) + s[1] for p, s in zip(prompts, samples, strict=True)]
+        raws = list(raw_prompts) if raw_prompts else [None] * len(samples)
+        texts = [(raw, str(p), s[1]) for raw, p, s in zip(raws, prompts, samples, strict=True)]  # worker.score_model's samples
         jobs = []
         for k in range(0, len(texts), size):
             jobs.append(self._job((worker.score_model, (texts[k : k + size],)), list(range(k, min(k + size, len(texts)))), False,

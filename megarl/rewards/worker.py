@@ -223,10 +223,12 @@ def score_batched(columns: tuple[list, list, list, list]) -> list[Outcome]:
     return [_scored(v, "batched reward.custom function") for v in values]
 
 
-def score_model(texts: list[str]) -> list[Outcome]:
-    from megarl.rewards.reward_model import score_texts
+def score_model(samples: list[tuple]) -> list[Outcome]:
+    """reward.model on (raw prompt or None, prompt text, response) samples."""
+    from megarl.rewards.reward_model import score_samples
 
     if "load_error" in _WORKER:
         raise _WORKER["load_error"]
     path, device = _WORKER["spec"]["model"]
-    return [("ok", s, {}) for s in score_texts(path, device, texts)]
+    chat_template, max_length = _WORKER["spec"].get("model_input", (False, None))
+    return [("ok", s, {}) for s in score_samples(path, device, samples, chat_template, max_length)]

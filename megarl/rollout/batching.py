@@ -29,6 +29,7 @@ def batch_from_generations(
     ground_truth: Sequence[Any] = (),
     extra_info: Sequence[dict] = (),
     prompt_text: Sequence[str] = (),
+    raw_prompt: Sequence[Any] = (),
 ) -> Batch:
     """One row per result; per-prompt metadata lists (length ``len(prompts)``) are repeated n times."""
     if len(results) != len(prompts) * n:
@@ -68,6 +69,7 @@ def batch_from_generations(
         ground_truth=_repeat(ground_truth, rows),
         extra_info=[copy.deepcopy(extra_info[p]) for p in rows] if len(extra_info) else [],  # each sample owns its dict
         prompt_text=_repeat(prompt_text, rows),
+        raw_prompt=_repeat(raw_prompt, rows),
         finish_reason=[r.finish_reason for r in results],
         rollout_logprobs=logprobs * valid,
         routed_experts=routed_experts,

@@ -82,7 +82,8 @@ class Scorer:
         """The scored batch and the whole megarl.rewards.scorer.ScoreResult (extras, preds)."""
         texts = response_texts(batch, self.tokenizer, self.eos)
         with self._lock:
-            result = self.reward_scorer.score(batch.data_source, texts, batch.ground_truth, batch.extra_info, prompts=batch.prompt_text)
+            result = self.reward_scorer.score(batch.data_source, texts, batch.ground_truth, batch.extra_info, prompts=batch.prompt_text,
+                                              raw_prompts=batch.raw_prompt)  # fmt: skip
         scores = torch.tensor(result.scores, dtype=torch.float32)  # [B]
         return batch.replace(scores=scores), result
 
@@ -155,6 +156,9 @@ def add_counts(total: dict[str, float], new: dict[str, float]) -> dict[str, floa
     out = dict(new)
     for key in ("reward/errors", "reward/timeouts"):
         out[key] = total.get(key, 0.0) + new.get(key, 0.0)
+    for key in ("reward/judge_errors", "reward/judge_timeouts"):  # with reward.judge only
+        if key in total or key in new:
+            out[key] = total.get(key, 0.0) + new.get(key, 0.0)
     for key, value in total.items():
         if key.startswith("time/") and key.endswith("_s"):
             out[key] = value + new.get(key, 0.0)

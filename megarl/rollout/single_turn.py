@@ -16,4 +16,5 @@ def generate_batch(engines: Engines, prompts: PromptBatch, params: SamplingParam
     return batch_from_generations(
         prompts.prompt_ids, results, params.n, data_source=prompts.data_source,
         ground_truth=prompts.ground_truth, extra_info=prompts.extra_info, prompt_text=prompts.prompt_text,
+        raw_prompt=prompts.raw_prompt,
     )

@@ -115,9 +115,7 @@ def build_trainer(cfg: MegaRLConfig, plan: Plan, *, in_process: bool = False) ->
         if sglang is not None:
             closers.append(sglang.close)  # servers first: colocated ones share the policy's GPUs
         standalone = _start_standalone(cfg, models, out / "logs", closers)
-        from megarl.rewards.scorer import REWARD_WORKERS_LOG, RewardScorer
-
-        rewards = RewardScorer(cfg.reward, log_path=out / "logs" / REWARD_WORKERS_LOG)  # user code's prints: not the terminal
+        rewards = _start_rewards(cfg, in_process, out / "logs")
         closers.append(rewards.close)
         scorer = Scorer(rewards, tokenizer, eos_ids)
         val_prompts = load_val_prompts(cfg.data, tokenizer, tools)
@@ -235,6 +233,28 @@ def _start_sglang(cfg: MegaRLConfig, plan: Plan, models: dict[str, Any], log_dir
         rollout.close()
         raise
     return rollout
+
+
+def _start_rewards(cfg: MegaRLConfig, in_process: bool, log_dir: Path) -> Any:
+    """The reward pool, or with reward.combine / reward.judge the pools and the judge that score its components."""
+    from megarl.rewards.scorer import REWARD_WORKERS_LOG, RewardScorer
+
+    workers_log = log_dir / REWARD_WORKERS_LOG  # the user's reward functions' prints: not the terminal
+    if not cfg.reward.combine:
+        return RewardScorer(cfg.reward, log_path=workers_log)
+    from megarl.rollout.judge import start_judge
+    from megarl.rollout.reward_combine import CombinedScorer
+
+    judge_cfg = cfg.reward.judge
+    judge = None if judge_cfg is None else start_judge(
+        judge_cfg, in_process=in_process, log_dir=log_dir, start_timeout_s=cfg.cluster.build_timeout_s,
+        max_failed_fraction=cfg.reward.max_failed_fraction)  # fmt: skip
+    try:
+        return CombinedScorer(cfg.reward, judge, log_path=workers_log)
+    except BaseException:
+        if judge is not None:
+            judge.close()
+        raise
 
 
 def _start_standalone(cfg: MegaRLConfig, models: dict[str, Any], log_dir: Path, closers: list[Callable[[], None]]) -> Any:

@@ -38,6 +38,11 @@ CASES = {
     "verl": ("actor.shuffle=true", "actor.ppo_epochs=2", "actor.mini_batch_size=16", "rollout.sampling.ignore_eos=true",
              "rollout.val.greedy=false", "rollout.val.temperature=1.0", "rollout.val.n=2",
              "trainer.rollout_data_dir={out}/rollouts"),
+    # reward.combine: the rule, a tiny classifier reward model and the demo's model as an LLM judge
+    # (in this process: its outputs are digits, which the number parser reads).
+    "combine": ("reward.combine={reverse_digits: {reverse_digits: 1.0, model: 0.1, judge: 0.01}}",
+                "reward.model.path={rm}", "reward.judge.model={demo}/model", "reward.judge.prompt_template={judge_template}",
+                "reward.judge.parser=number", "reward.judge.max_new_tokens=3"),
     "extensions": ("algorithm.estimator=my_extensions:centered_score", "algorithm.policy_loss=my_extensions:unclipped_ratio",
                    "rollout.generate_function=my_extensions:generate_with_prefix"),
 }  # fmt: skip
@@ -75,9 +80,11 @@ def _run_cases(rank: int, world: int, root: str) -> dict:
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (examples, os.environ.get("PYTHONPATH")) if p)
     sys.path.insert(0, examples)
     results = {}
+    places = _reward_roles(Path(root))
     for name, extra in CASES.items():
         out = Path(root) / name
-        extra = tuple(e.replace("{out}", str(out)) for e in extra)
+        for key, value in {**places, "out": str(out)}.items():
+            extra = tuple(e.replace("{" + key + "}", value) for e in extra)
         cfg = load_config(ROOT / "configs" / "tiny_grpo.yaml", _overrides(Path(root) / "demo", out, extra))
         trainer = build_trainer(cfg, make_plan(cfg, check_files=True, in_process=True), in_process=True)
         try:
@@ -91,6 +98,25 @@ def _run_cases(rank: int, world: int, root: str) -> dict:
         results[name] = {"phases": phases, "records": records, "recompute": [saved[s]["recompute"] for s in ("actor", "critic")],
                          "rollouts": dumped}  # fmt: skip
     return results
+
+
+def _reward_roles(root: Path) -> dict[str, str]:
+    """The combine case's reward model (a tiny random classifier with the demo's tokenizer) and judge template."""
+    import torch
+    from transformers import AutoTokenizer, Qwen2ForSequenceClassification
+
+    from megarl.commands.demo import prepare_demo
+    from megarl.models.tiny import tiny_hf_config
+
+    model, _ = prepare_demo(root / "demo")
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    cfg = tiny_hf_config("qwen2", vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, max_position_embeddings=64)
+    cfg.num_labels = 1
+    torch.manual_seed(0)
+    Qwen2ForSequenceClassification(cfg).save_pretrained(root / "rm")
+    tokenizer.save_pretrained(root / "rm")
+    (root / "judge.txt").write_text("{prompt}{response}")
+    return {"rm": str(root / "rm"), "demo": str(root / "demo"), "judge_template": str(root / "judge.txt")}
 
 
 def _name(part: object) -> str:
@@ -168,6 +194,18 @@ def test_verls_features_train_and_dump_each_steps_rollouts(runs):
     rows = verl["rollouts"]["2.jsonl"]
     assert len(rows) == 32 and {r["step"] for r in rows} == {2}  # 8 prompts x 4 samples
     assert {"input", "output", "gts", "score", "data_source", "advantage"} <= set(rows[0])
+
+
+def test_combined_rewards_log_each_component(runs):
+    """reward.combine: the rule, the reward model and the judge each logged as reward/<component>; the
+    judge's failures counted (its garbage outputs included), never silent."""
+    records = runs["combine"]["records"]
+    assert [r["step"] for r in records] == [1, 2]
+    for record in records:
+        for key in ("reward/reverse_digits", "reward/model", "reward/judge", "reward/judge_errors", "reward/judge_timeouts"):
+            assert math.isfinite(record[key]), key
+        assert 0.0 <= record["reward/reverse_digits"] <= 1.0 and record["reward/judge_timeouts"] == 0
+        assert math.isfinite(record["reward/mean"]) and math.isfinite(record["actor/loss"])
 
 
 def test_user_functions_named_by_import_path_train(runs):

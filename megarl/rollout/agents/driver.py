@@ -249,7 +249,7 @@ def batch_from_trajectories(prompts: PromptBatch, samples: Sequence[AgentSample]
     ]
     batch = batch_from_generations(
         prompts.prompt_ids, results, n, data_source=prompts.data_source, ground_truth=prompts.ground_truth,
-        prompt_text=prompts.prompt_text,
+        prompt_text=prompts.prompt_text, raw_prompt=prompts.raw_prompt,
     )  # fmt: skip
     mask = torch.zeros_like(batch.response_mask)  # [B, R]
     rewards = torch.zeros_like(batch.response_mask)  # [B, R]

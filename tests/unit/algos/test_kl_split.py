@@ -93,3 +93,45 @@ def test_loss_coef_and_estimator_reach_the_loss():
     n = mask.sum()
     assert ((with_kl - without) / count).item() == pytest.approx((0.7 * kl.sum() / n).item(), rel=1e-5)
     assert reduce_metrics([metrics])["actor/kl"] == pytest.approx((kl.sum() / n).item(), rel=1e-5)
+
+
+def verl_kl_penalty_plus(logprob: torch.Tensor, ref_logprob: torch.Tensor, name: str) -> torch.Tensor:
+    """verl's core_algos.kl_penalty for a name ending in "+" (its docs: the named estimator's value,
+    k2's gradient by straight-through), written out from its definition."""
+    forward = verl_kl_penalty(logprob, ref_logprob, name.removesuffix("+"))
+    backward = 0.5 * (logprob - ref_logprob).square()
+    return backward - backward.detach() + forward.detach()
+
+
+@pytest.mark.parametrize("verl_name,ours", [("kl+", "k1+"), ("k1+", "k1+"), ("low_var_kl+", "k3+"), ("k3+", "k3+"),
+                                            ("abs+", "abs+"), ("mse+", "k2"), ("k2+", "k2")])  # fmt: skip
+def test_straight_through_estimators_take_the_value_of_theirs_and_the_gradient_of_k2(verl_name, ours):
+    assert KLConfig(loss_estimator=verl_name).loss_kl_estimator == ours
+    logp = torch.tensor([-1.0, -2.0, -0.3, -4.0], requires_grad=True)
+    ref = torch.tensor([-1.5, -1.0, -0.3, -1.0])
+    ours_kl = kl_estimate(logp, ref, ours)
+    (grad,) = torch.autograd.grad(ours_kl.sum(), logp)
+    verl_logp = logp.detach().clone().requires_grad_(True)
+    verl_kl = verl_kl_penalty_plus(verl_logp, ref, verl_name)
+    (verl_grad,) = torch.autograd.grad(verl_kl.sum(), verl_logp)
+    torch.testing.assert_close(ours_kl.detach(), verl_kl.detach())
+    torch.testing.assert_close(grad, verl_grad)
+    # by hand: the value is the named estimator's, the gradient d/dlogp 0.5 (logp - ref)^2 = logp - ref
+    base = ours.removesuffix("+")
+    torch.testing.assert_close(ours_kl.detach(), kl_estimate(logp.detach(), ref, base))
+    torch.testing.assert_close(grad, torch.tensor([0.5, -1.0, 0.0, -3.0]))
+    with torch.no_grad():  # the reward penalty: the value alone
+        torch.testing.assert_close(kl_estimate(logp, ref, ours), ours_kl.detach())
+
+
+def test_a_straight_through_loss_term_reads_like_k3_and_trains_like_k2():
+    batch = make_batch(4, 6, 3)
+    logp = new_logprobs(batch, 3, scale=0.2).requires_grad_(True)
+    grads, values = {}, {}
+    for estimator in ("k3", "k2", "k3+"):
+        cfg = AlgorithmConfig(kl={"use_in_loss": True, "loss_coef": 0.5, "loss_estimator": estimator})
+        loss, _, metrics = make_policy_loss_fn(cfg, MAX_LEN)(batch, ModelOutputs(logp))
+        (grads[estimator],) = torch.autograd.grad(loss, logp)
+        values[estimator] = reduce_metrics([metrics])["actor/kl"]
+    torch.testing.assert_close(grads["k3+"], grads["k2"])
+    assert values["k3+"] == pytest.approx(values["k3"]) and values["k3+"] != pytest.approx(values["k2"])

@@ -65,3 +65,22 @@ def test_reward_model_scores_prompt_plus_response(reward_model_dir):
     )
     assert result.scores == pytest.approx(expected, abs=1e-4)
     assert len(set(result.scores)) == 3  # a random model still tells the texts apart
+
+
+def test_reward_model_reads_the_sample_in_its_own_chat_template_cut_from_the_left(reward_model_dir):
+    """The raw prompt and the response re-rendered in the reward model's template (not the policy's
+    text); max_length keeps the text's end, where the response is."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(reward_model_dir)
+    raw = [[{"role": "user", "content": "hi"}], "what is 2+2?"]
+    responses = ["hello there", "4"]
+    chats = [tokenizer.apply_chat_template([*([{"role": "user", "content": r}] if isinstance(r, str) else r),
+                                            {"role": "assistant", "content": a}], tokenize=False)
+             for r, a in zip(raw, responses, strict=True)]  # fmt: skip
+    cut = [tokenizer.decode(tokenizer(c, add_special_tokens=False)["input_ids"][-12:]) for c in chats]
+    cfg = RewardConfig(model=RewardModelConfig(path=reward_model_dir, max_length=12), timeout_s=60.0, workers=1)
+    with RewardScorer(cfg) as scorer:
+        result = scorer.score(["any"] * 2, responses, [None] * 2, prompts=["<policy template>"] * 2, raw_prompts=raw)
+    assert (result.errors, result.timeouts) == (0, 0)
+    assert result.scores == pytest.approx(_reference(reward_model_dir, cut), abs=1e-4)

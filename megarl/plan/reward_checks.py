@@ -1,0 +1,102 @@
+"""Pre-launch checks of reward.combine and reward.judge, and their roles in the printed plan.
+
+- reward.combine: every component names a built-in scorer or a configured section; every data
+  source it lists is one some row of the data files has (the preflight reads them all).
+- reward.judge: its model directory has a config.json and tokenizer files; its prompt template has
+  only known placeholders and renders on a data row of a data source that uses it.
+- the roles: where the reward model and the judge run and what their weights (and the judge's KV
+  cache for one step's batch) take, from their config.json (:func:`reward_roles`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from megarl.config.reward_sections import JUDGE_COMPONENT
+from megarl.config.sections import MegaRLConfig
+from megarl.models.hf_files import tokenizer_files_problem
+from megarl.plan.issues import Finding
+from megarl.rewards.combine import component_problems
+from megarl.rewards.judge_prompt import render, template_problem, template_text
+
+_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def combine_findings(cfg: MegaRLConfig, files: list[tuple[str, list[Any]]]) -> list[Finding]:
+    """reward.combine and reward.judge against the config and the data files' rows (label, PromptRecords)."""
+    findings = [Finding("reward.combine", p) for p in component_problems(cfg.reward)]
+    seen = {r.data_source for _, records in files for r in records}
+    if files:  # (none read: data.custom_cls reads its own files)
+        for source in sorted(set(cfg.reward.combine) - seen):
+            findings.append(Finding("reward.combine", f"[{source!r}] is a data_source no row of the data files has "
+                                    f"(they have {', '.join(sorted(seen)) or 'none'}); fix the key"))  # fmt: skip
+    judge = cfg.reward.judge
+    if judge is None:
+        return findings
+    problem = model_problem(judge.model)
+    if problem:
+        findings.append(Finding("reward.judge.model", problem))
+    template = template_text(judge.prompt_template)
+    problem = template_problem(template)
+    if problem:
+        return [*findings, Finding("reward.judge.prompt_template", problem)]
+    judged = {s for s, parts in cfg.reward.combine.items() if JUDGE_COMPONENT in parts}
+    row = next((r for _, records in files for r in records if r.data_source in judged), None)
+    if row is not None:
+        try:
+            render(template, row.prompt, "<response>", row.ground_truth)
+        except Exception as exc:  # noqa: BLE001 - whatever str.format finds in a real row
+            findings.append(Finding("reward.judge.prompt_template", f"does not render on row {row.row} "
+                                    f"(data_source {row.data_source!r}): {type(exc).__name__}: {exc}; fix the template"))  # fmt: skip
+    return findings
+
+
+def model_problem(path: str) -> str | None:
+    """Why ``path`` is no HF model directory an engine can load (config.json, tokenizer files), or None."""
+    directory = Path(path)
+    fix = "give an HF causal-LM directory (config.json, weights, tokenizer)"
+    if not directory.is_dir():
+        return f"({path}) is not a directory; {fix}"
+    if not (directory / "config.json").is_file():
+        return f"({path}) has no config.json; {fix}"
+    tokenizer = tokenizer_files_problem(directory)
+    return f"({path}) {tokenizer}; {fix}" if tokenizer else None
+
+
+def _model_bytes(path: str) -> tuple[int, dict[str, Any]] | None:
+    """(parameter bytes, config.json) of an HF directory, from its config alone; None when unreadable."""
+    try:
+        config = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    h, layers = int(config.get("hidden_size", 0)), int(config.get("num_hidden_layers", 0))
+    ffn, vocab = int(config.get("intermediate_size", 4 * h)), int(config.get("vocab_size", 0))
+    params = layers * (4 * h * h + 3 * h * ffn) + vocab * h * (1 if config.get("tie_word_embeddings") else 2)
+    dtype = str(config.get("torch_dtype") or config.get("dtype") or "float32")
+    return params * _DTYPE_BYTES.get(dtype, 4), config
+
+
+def reward_roles(cfg: MegaRLConfig, samples_per_step: int) -> list[dict[str, Any]]:
+    """The reward model's and the judge's roles: name, where they run, their memory estimate (GiB)."""
+    roles = []
+    r = cfg.reward
+    if r.model is not None:
+        sized = _model_bytes(r.model.path)
+        gib = sized[0] * r.workers / 2**30 if sized else None
+        roles.append({"role": "reward model", "where": f"{r.workers} reward worker processes on {r.model.device}",
+                      "memory_gib": gib, "what": f"{r.workers} copies of the weights"})  # fmt: skip
+    if r.judge is not None:
+        sized = _model_bytes(r.judge.model)
+        gib = None
+        if sized:
+            weights, config = sized
+            h, layers = int(config.get("hidden_size", 0)), int(config.get("num_hidden_layers", 0))
+            kv_dim = h * int(config.get("num_key_value_heads", 1) or 1) // max(1, int(config.get("num_attention_heads", 1) or 1))
+            context = int(config.get("max_position_embeddings", 4096))
+            kv = 2 * layers * kv_dim * 4 * context * min(samples_per_step, r.judge.max_running_requests)  # fp32 cache
+            gib = (weights + kv) / 2**30
+        roles.append({"role": "LLM judge", "where": "torch engine on the controller's CPU (a Ray actor; in-process runs: "
+                      "the controller)", "memory_gib": gib, "what": "weights + KV cache of one step's batch at its full context"})  # fmt: skip
+    return roles

@@ -1,0 +1,176 @@
+"""The LLM judge (reward.judge): a causal LM that reads each sample and says its score.
+
+One generate call per scoring call holds every sample that uses the judge (batched across the
+step): each instruction is ``reward.judge.prompt_template`` rendered with the sample's prompt,
+response and ground truth (megarl/rewards/judge_prompt.py), then put in the judge model's own
+chat template as a user turn, cut from the left to fit its context. The judge's engine is the torch
+engine: in this process for an in-process run (a call past its deadline keeps running in a
+background thread, and the next call waits for it), else a Ray actor of its own
+(megarl/engines/engine_actor.py).
+
+Failures are counted as the reward workers count theirs (megarl/rewards/scorer.py): an output the
+parser cannot read is an error, a call past ``timeout_s`` a timeout of each of its samples, an
+engine error an error of each; each scores 0, is retried up to ``retries`` times, and counted in
+``reward/judge_errors`` / ``reward/judge_timeouts`` (the first few logged with the sample). When
+they reach ``reward.max_failed_fraction`` of the call's samples, :class:`RewardError` stops the run.
+
+Left out: an SGLang judge server, several judge engines, judging multi-turn transcripts turn by turn.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from megarl.config.reward_sections import RewardJudgeConfig
+from megarl.engines.base import Engines, GenerationResult, SamplingParams
+from megarl.rewards.judge_prompt import JudgeOutputError, parse_score, render, template_text
+from megarl.rewards.scorer import LOGGED_ERRORS_PER_CALL, TRAINING_STOPS, RewardError
+
+log = logging.getLogger(__name__)
+
+JUDGE_LOG = "judge_engine.log"  # in the run's log folder, for the judge's engine actor
+_SEED = 0  # the judge samples reproducibly (temperature > 0); each retry with its own seed
+
+
+@dataclass
+class JudgeScores:
+    """One judge call's scores (0 where it failed), aligned with its samples, and the failure counts."""
+
+    scores: list[float]
+    errors: int = 0
+    timeouts: int = 0
+
+
+class _InProcessEngine:
+    """A TorchEngine in this process behind the ``Engines`` protocol, each call within a deadline."""
+
+    def __init__(self, engine: Any, timeout_s: float) -> None:
+        self.engine, self.timeout_s = engine, timeout_s
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="judge")
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[GenerationResult]:
+        future = self._thread.submit(self.engine.generate, prompts, params)
+        try:
+            return future.result(timeout=self.timeout_s)
+        except FutureTimeout:
+            raise TimeoutError(f"the judge's engine did not answer within {self.timeout_s:g} s (reward.judge.timeout_s)") from None
+
+    def close(self) -> None:
+        self._thread.shutdown(wait=False, cancel_futures=True)
+
+
+class Judge:
+    """Scores samples with an LLM judge; ``engines`` generates (a torch engine, in this process or an actor)."""
+
+    def __init__(self, cfg: RewardJudgeConfig, engines: Engines, tokenizer: Any, context_len: int, *,
+                 max_failed_fraction: float = 1.0, stops: str = TRAINING_STOPS, close: Callable[[], None] | None = None) -> None:  # fmt: skip
+        self.cfg, self.engines, self.tokenizer = cfg, engines, tokenizer
+        self.template = template_text(cfg.prompt_template)
+        self.max_prompt_tokens = max(1, context_len - cfg.max_new_tokens)
+        self.max_failed_fraction, self.stops = max_failed_fraction, stops
+        self._close = close
+
+    def instruction_ids(self, prompt: Any, response: str, ground_truth: Any) -> list[int]:
+        """One sample's judge prompt as token ids: the template rendered, in the judge's chat template,
+        cut from the left to leave room for the judge's output."""
+        text = render(self.template, prompt, response, ground_truth)
+        if getattr(self.tokenizer, "chat_template", None):
+            text = self.tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                                      add_generation_prompt=True)  # fmt: skip
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return list(ids[-self.max_prompt_tokens :])
+
+    def score(self, prompts: Sequence[Any], responses: Sequence[str], ground_truths: Sequence[Any],
+              data_sources: Sequence[str]) -> JudgeScores:  # fmt: skip
+        """Every sample's judge score; failures score 0 and are counted (RewardError past reward.max_failed_fraction)."""
+        ids = [self.instruction_ids(p, r, t) for p, r, t in zip(prompts, responses, ground_truths, strict=True)]
+        outcomes: list[tuple] = [("error", "not judged")] * len(ids)
+        pending = list(range(len(ids)))
+        for attempt in range(self.cfg.retries + 1):
+            if not pending:
+                break
+            self._call([ids[i] for i in pending], pending, outcomes, attempt)
+            pending = [i for i in pending if outcomes[i][0] != "ok"]
+        result = JudgeScores([o[1] if o[0] == "ok" else 0.0 for o in outcomes])
+        result.errors = sum(o[0] == "error" for o in outcomes)
+        result.timeouts = sum(o[0] == "timeout" for o in outcomes)
+        self._report(outcomes, responses, data_sources, result)
+        return result
+
+    def _call(self, ids: list[list[int]], indices: list[int], outcomes: list[tuple], attempt: int) -> None:
+        """One generate call for the samples ``indices``; their outcomes set in place."""
+        params = SamplingParams(temperature=self.cfg.temperature, max_new_tokens=self.cfg.max_new_tokens, n=1,
+                                seed=_SEED + attempt)  # fmt: skip
+        try:
+            results = self.engines.generate(ids, params)
+        except TimeoutError as exc:
+            for i in indices:
+                outcomes[i] = ("timeout", str(exc))
+            return
+        except Exception as exc:  # noqa: BLE001 - an engine error scores the call's samples 0, counted
+            for i in indices:
+                outcomes[i] = ("error", f"the judge's engine failed: {type(exc).__name__}: {exc}")
+            return
+        for i, res in zip(indices, results, strict=True):
+            text = self.tokenizer.decode(res.response_ids, skip_special_tokens=True)
+            try:
+                outcomes[i] = ("ok", parse_score(text, self.cfg.parser, self.cfg.verdicts))
+            except JudgeOutputError as exc:
+                outcomes[i] = ("error", f"{exc} (reward.judge.parser {self.cfg.parser}): {text[:200]!r}")
+
+    def _report(self, outcomes: list[tuple], responses: Sequence[str], data_sources: Sequence[str], result: JudgeScores) -> None:
+        n, failed = len(outcomes), [i for i, o in enumerate(outcomes) if o[0] != "ok"]
+        if n and len(failed) >= self.max_failed_fraction * n:
+            first = failed[0]
+            fix = ("raise reward.judge.timeout_s" if outcomes[first][0] == "timeout"
+                   else "check reward.judge.prompt_template and reward.judge.parser against the judge's outputs")
+            raise RewardError(
+                f"reward.judge failed on {len(failed)} of {n} samples ({result.errors} errors, {result.timeouts} timeouts), "
+                f"at least reward.max_failed_fraction ({self.max_failed_fraction:g}) of them; {self.stops}. First failure "
+                f"(data_source={data_sources[first]!r}): {outcomes[first][1]}; {fix}"
+            )
+        for i in failed[:LOGGED_ERRORS_PER_CALL]:
+            log.warning("reward.judge %s (scored 0): %s | data_source=%r response=%r", outcomes[i][0], outcomes[i][1],
+                        data_sources[i], str(responses[i])[:300])  # fmt: skip
+
+    def close(self) -> None:
+        if self._close is not None:
+            self._close()
+            self._close = None
+
+
+def judge_context(model_dir: str) -> int:
+    """The judge model's context length (config.json's max_position_embeddings; 4096 when it has none)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_dir)
+    return int(getattr(config, "max_position_embeddings", None) or 4096)
+
+
+def start_judge(cfg: RewardJudgeConfig, *, in_process: bool, log_dir: str | Path, start_timeout_s: float,
+                max_failed_fraction: float, stops: str = TRAINING_STOPS) -> Judge:  # fmt: skip
+    """The judge with its engine started: in this process (``in_process``: no Ray), else a Ray actor."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model)
+    engines: Any
+    if in_process:
+        from megarl.engines.torch_engine import TorchEngine
+
+        engines = _InProcessEngine(TorchEngine(cfg.model, device="cpu", max_running_requests=cfg.max_running_requests),
+                                   cfg.timeout_s)  # fmt: skip
+    else:
+        from megarl.engines.engine_actor import start_engine_actor
+
+        engines = start_engine_actor(str(cfg.model), None, Path(log_dir) / JUDGE_LOG, "the judge's engine actor",
+                                     max_running_requests=cfg.max_running_requests, partial=False,
+                                     start_timeout_s=start_timeout_s, generate_timeout_s=cfg.timeout_s,
+                                     call_timeout_s=cfg.timeout_s)  # fmt: skip
+    return Judge(cfg, engines, tokenizer, judge_context(cfg.model), max_failed_fraction=max_failed_fraction,
+                 stops=stops, close=engines.close)  # fmt: skip

@@ -1,0 +1,143 @@
+"""Scoring with reward.combine (or reward.judge): each component scored where it runs, then summed.
+
+:class:`CombinedScorer` has the reward pool's ``score(...) -> ScoreResult``, so the rollout's
+``Scorer`` uses either. Per call: the built-in rule scorers named in reward.combine run in one reward
+pool (one task list, each sample once per rule component), reward.custom in a pool of its own,
+reward.model in the reward model's pool, the judge in one generate call of its engine
+(megarl/rollout/judge.py). A sample's score is the weighted sum of its data source's components
+(megarl/rewards/combine.py); each component's mean over the samples that use it is logged as
+``reward/<component>``, the judge's failures as ``reward/judge_errors`` and ``reward/judge_timeouts``.
+Every pool keeps its own failure counting and reward.max_failed_fraction, over its own samples.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from megarl.config.reward_sections import CUSTOM_COMPONENT, JUDGE_COMPONENT, MODEL_COMPONENT
+from megarl.config.sections import RewardConfig
+from megarl.rewards.combine import OWN, weighted_sum, weights_of
+from megarl.rewards.scorer import RewardScorer, ScoreResult
+from megarl.rollout.judge import Judge
+
+
+@dataclass
+class CombinedResult(ScoreResult):
+    """A ScoreResult with the judge's failure counts (logged when a judge is configured)."""
+
+    judge_errors: int = 0
+    judge_timeouts: int = 0
+    judged: bool = False
+
+    def metrics(self, prefix: str = "reward/") -> dict[str, float]:
+        out = super().metrics(prefix)
+        if self.judged:
+            out[f"{prefix}judge_errors"] = float(self.judge_errors)
+            out[f"{prefix}judge_timeouts"] = float(self.judge_timeouts)
+        return out
+
+
+def _pools(cfg: RewardConfig) -> dict[str, RewardConfig]:
+    """The reward pools a combined config needs, each with the one config its RewardScorer takes:
+    rule scorers (no custom function, no model), reward.custom, reward.model."""
+    bare: dict[str, Any] = {"model": None, "judge": None, "combine": {}}
+    named_rules = any(n not in (CUSTOM_COMPONENT, MODEL_COMPONENT, JUDGE_COMPONENT) for p in cfg.combine.values() for n in p)
+    pools = {}
+    if cfg.custom is None or named_rules:
+        pools["rules"] = cfg.model_copy(update={**bare, "custom": None})
+    if cfg.custom is not None:
+        pools[CUSTOM_COMPONENT] = cfg.model_copy(update=bare)
+    if cfg.model is not None:
+        pools[MODEL_COMPONENT] = cfg.model_copy(update={**bare, "custom": None, "model": cfg.model})
+    return pools
+
+
+class CombinedScorer:
+    """The reward pools and the judge of a reward.combine config; use as a context manager."""
+
+    def __init__(self, cfg: RewardConfig, judge: Judge | None = None, *, start_method: str = "forkserver",
+                 log_path: str | Path | None = None) -> None:  # fmt: skip
+        self.cfg, self.judge = cfg, judge
+        self.pools: dict[str, RewardScorer] = {}
+        try:
+            for name, pool_cfg in _pools(cfg).items():  # (their workers share the log file: each line appended)
+                self.pools[name] = RewardScorer(pool_cfg, start_method=start_method, log_path=log_path)
+        except BaseException:
+            self.close()
+            raise
+
+    def score(self, data_sources: Sequence[str], solution_strs: Sequence[str], ground_truths: Sequence[Any],
+              extra_infos: Sequence[dict | None] | None = None, prompts: Sequence[str] | None = None,
+              raw_prompts: Sequence[Any] | None = None) -> CombinedResult:  # fmt: skip
+        """RewardScorer.score's contract; ``raw_prompts`` (the prompts as the data holds them) is what
+        the judge and a reward model's own chat template read, else ``prompts``."""
+        n = len(solution_strs)
+        infos = list(extra_infos) if extra_infos is not None else [None] * n
+        weights = [weights_of(self.cfg, s) for s in data_sources]
+        result = CombinedResult(scores=[0.0] * n, preds=[None] * n, judged=self.judge is not None)
+        components: dict[str, list[float]] = {}
+        entries = [(i, name) for i, parts in enumerate(weights) for name in parts]  # each sample once per component
+        for pool, picked in self._by_pool(entries).items():
+            rows = [i for i, _ in picked]
+            scorers = [None if name in (OWN, CUSTOM_COMPONENT, MODEL_COMPONENT) else name for _, name in picked]
+            part = self.pools[pool].score(
+                [data_sources[i] for i in rows], [solution_strs[i] for i in rows], [ground_truths[i] for i in rows],
+                [infos[i] for i in rows], prompts=[prompts[i] for i in rows] if prompts is not None else None,
+                scorers=scorers if pool == "rules" else None,
+                raw_prompts=[raw_prompts[i] for i in rows] if raw_prompts else None,
+            )  # fmt: skip
+            self._merge(result, components, part, picked, n)
+        judged = [i for i, parts in enumerate(weights) if JUDGE_COMPONENT in parts]
+        if judged and self.judge is not None:
+            said = raw_prompts if raw_prompts else prompts if prompts is not None else [""] * n
+            verdict = self.judge.score([said[i] for i in judged], [solution_strs[i] for i in judged],
+                                       [ground_truths[i] for i in judged], [data_sources[i] for i in judged])  # fmt: skip
+            values = components.setdefault(JUDGE_COMPONENT, [math.nan] * n)
+            for i, score in zip(judged, verdict.scores, strict=True):
+                values[i] = score
+            result.judge_errors, result.judge_timeouts = verdict.errors, verdict.timeouts
+        result.scores = weighted_sum(weights, components)
+        for name, values in components.items():
+            if name != OWN:
+                result.extra[name] = values
+        return result
+
+    def _by_pool(self, entries: list[tuple[int, str]]) -> dict[str, list[tuple[int, str]]]:
+        out: dict[str, list[tuple[int, str]]] = {}
+        for i, name in entries:
+            if name == JUDGE_COMPONENT:
+                continue
+            own_pool = CUSTOM_COMPONENT if self.cfg.custom is not None else "rules"
+            pool = own_pool if name == OWN else name if name in (CUSTOM_COMPONENT, MODEL_COMPONENT) else "rules"
+            out.setdefault(pool, []).append((i, name))
+        return out
+
+    @staticmethod
+    def _merge(result: CombinedResult, components: dict[str, list[float]], part: ScoreResult,
+               picked: list[tuple[int, str]], n: int) -> None:  # fmt: skip
+        """One pool's scores into the components, its extras and counts into ``result``."""
+        result.errors += part.errors
+        result.timeouts += part.timeouts
+        for k, (i, name) in enumerate(picked):
+            components.setdefault(name, [math.nan] * n)[i] = part.scores[k]
+            if part.preds and part.preds[k] is not None:
+                result.preds[i] = part.preds[k]
+            for key, values in part.extra.items():
+                if not math.isnan(values[k]):
+                    result.extra.setdefault(key, [math.nan] * n)[i] = values[k]
+
+    def close(self) -> None:
+        for pool in self.pools.values():
+            pool.close()
+        if self.judge is not None:
+            self.judge.close()
+
+    def __enter__(self) -> CombinedScorer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
