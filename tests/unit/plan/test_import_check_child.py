@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -31,6 +32,12 @@ SCORE = "\ndef compute_score(data_source, solution_str, ground_truth, extra_info
 HANGS = ("import pathlib, time\npathlib.Path(__file__).with_name('importing').write_text('yes')\n"
          "time.sleep(10000)\n" + SCORE)  # fmt: skip
 REPO = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(autouse=True)
+def _temporary_files_here(tmp_path, monkeypatch):
+    """The check's log files (kept when a check fails) in the test's folder, not the machine's /tmp."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
 
 
 def _problem(tmp_path: Path, source: str) -> str | None:
@@ -59,15 +66,19 @@ def test_sys_exit_at_import_is_said_as_such(tmp_path):
 
 
 def test_printing_at_import_is_no_problem_and_leaves_no_log(tmp_path):
-    before = set(Path(os.environ.get("TMPDIR", "/tmp")).glob("megarl-import-check-*"))
+    source = "print('hello from the import')\nimport sys\nprint('x', file=sys.stderr)\n" + SCORE
+    assert _problem(tmp_path, source) is None
+    assert not list(tmp_path.glob("megarl-import-check-*"))
+
+
+def test_a_failed_check_keeps_its_log_and_names_it(tmp_path):
+    problem = _problem(tmp_path, "print('why it fails')\nraise ValueError('no')\n" + SCORE)
+    logs = list(tmp_path.glob("megarl-import-check-*.log"))
     assert (
-        _problem(
-            tmp_path,
-            "print('hello from the import')\nimport sys\nprint('x', file=sys.stderr)\n" + SCORE,
-        )
-        is None
+        problem is not None
+        and len(logs) == 1
+        and f"(its output, in {logs[0]}: 'why it fails')" in problem
     )
-    assert set(Path(os.environ.get("TMPDIR", "/tmp")).glob("megarl-import-check-*")) == before
 
 
 def test_a_slow_import_says_what_it_imports_every_few_seconds(tmp_path, monkeypatch, caplog):
