@@ -62,11 +62,12 @@ USER_ERRORS = (
     ("megarl.trainer.watchdog", "HangError"),
     ("megarl.rollout.producer", "RolloutStalled"),
     ("megarl.weight_sync.progress", "WeightPushTimeout"),
-    ("megarl.trainer.metric_sinks", "MetricsFileError"),
+    ("megarl.checkpoint.metrics_history", "MetricsFileError"),
     ("megarl.trainer.metric_sinks", "MetricsSinkError"),
     ("megarl.rollout_sglang.server", "ServerLaunchError"),
     ("megarl.trainer.run_lock", "OutputDirInUse"),
     ("megarl.trainer.sample_files", "RolloutDumpError"),
+    ("megarl.disk_full", "DiskFullError"),
     ("megarl.user_code", "UserCodeError"),
 )
 
@@ -201,7 +202,19 @@ def user_error_line(exc: BaseException) -> str | None:
                 "a layout of one process, add --in-process (megarl launch, sft, convert and generate then run without Ray)")
     if isinstance(exc, OSError) and exc.filename is not None:
         return _os_error_line(exc)
-    return None
+    return _disk_full_line(exc)
+
+
+def _disk_full_line(exc: BaseException) -> str | None:
+    """A full disk that no writer named (a library's write, a worker's): one line all the same."""
+    from megarl.disk_full import DiskFullError, disk_full_cause, reason_of
+
+    full = disk_full_cause(exc)
+    if full is None:
+        return None
+    filename = getattr(full, "filename", None)
+    where = filename if isinstance(filename, str) and filename else "a file"
+    return str(DiskFullError(where, "the command's output", reason_of(full)))
 
 
 def _ray_installed() -> bool:

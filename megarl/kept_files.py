@@ -1,7 +1,8 @@
 """Names for the files megarl keeps aside instead of replacing them (an earlier run's metrics, a
 user's own config.yaml, the metric records a resume cuts): ``<stem>.<tag><suffix>`` beside the
 file, never one that exists (two files kept in one second must not replace one another); and
-the one way a small text file is replaced whole (``write_atomically``)."""
+the one way a small text file is replaced whole (``write_atomically``: a failed write, a full
+disk's, leaves the old file and no temporary one)."""
 
 from __future__ import annotations
 
@@ -49,7 +50,11 @@ def write_atomically(path: Path | str, text: str, mode: int | None = None) -> No
     new file's permissions (an executable script's 0o755), set before it takes the name."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    if mode is not None:
-        tmp.chmod(mode)
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text)
+        if mode is not None:
+            tmp.chmod(mode)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk cut it: no half-written file left beside
+        raise

@@ -40,6 +40,30 @@ def setup_logging(level: str = "info") -> None:
             logging.getLogger().setLevel(level.upper())
 
 
+class LogFileHandler(logging.FileHandler):
+    """A command's log file (a launch's or an SFT's driver.log) that a failed write (a full disk)
+    silences instead of printing a "--- Logging error ---" traceback per record to the terminal;
+    ``failed``: the first such error (the command's ending then points at no traceback there).
+    Any other error (a record that does not format) is shown as logging shows it."""
+
+    failed: OSError | None = None
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
+        import sys
+
+        error = sys.exc_info()[1]
+        if isinstance(error, OSError):
+            self.failed = self.failed or error
+            return
+        super().handleError(record)
+
+    def close(self) -> None:
+        try:
+            super().close()  # flushes what is buffered: on a full disk, that fails too
+        except OSError as error:
+            self.failed = self.failed or error
+
+
 def worker_logging() -> None:
     """In a worker process (a Ray actor of megarl, its output already in its log file): megarl's
     loggers at the driver's --log-level (MEGARL_LOG_LEVEL). Unset or info: nothing changes (such

@@ -26,8 +26,9 @@ reported, never deleted, so nothing a person might still want disappears silentl
   directories as `step_NNNNNN.abandoned`: its saves do not replace them and `resume=auto` does
   not pick them afterwards;
 - a save first checks that the disk has room for it (the previous checkpoint's size, or the
-  caller's estimate) and refuses with the numbers, naming the set-aside directories above
-  (never deleted by megarl) and their size.
+  caller's estimate, plus a margin: space_for_a_save) and refuses with the numbers, naming the
+  set-aside directories above (never deleted by megarl) and their size; `megarl launch` makes
+  the same check before Ray starts (megarl/plan/disk_space.py).
 `plan_resume()` makes these decisions without touching the disk, so `megarl launch` refuses
 before Ray starts (megarl/plan/preflight.py).
 
@@ -74,8 +75,8 @@ _TRASH_PREFIX = ".trash_"
 UNVERIFIED = "unverified"  # one that failed verification when its step was saved again
 ABANDONED = "abandoned"  # a step after the one an explicit trainer.resume went back to
 PRUNED = "pruned"  # what a removed checkpoint directory held besides its own files
-FREE_SPACE_MARGIN = 1.05  # a save needs its size plus this share, plus SPACE_SLACK_BYTES
-SPACE_SLACK_BYTES = 64 * 1024 * 1024
+FREE_SPACE_MARGIN = 1.05  # a save needs its size plus this share (an estimate's error; a checkpoint a little larger than the last)
+SPACE_SLACK_BYTES = 64 * 1024 * 1024  # and this much more, left for what the run writes beside it (metrics, logs, TensorBoard)
 DEFAULT_CHECKSUM_MAX_BYTES = 16 * 1024 * 1024  # sha256 for files up to this size
 
 
@@ -126,14 +127,12 @@ class CheckpointManager:
     def check_free_space(self, step: int, expected_bytes: int | None = None) -> None:
         """Refuse (CheckpointError with the numbers) when the disk cannot hold another checkpoint."""
         need = max(expected_bytes or 0, self._last_size())
-        if not need:
-            return
-        free = shutil.disk_usage(self.root).free
-        if free < need * FREE_SPACE_MARGIN + SPACE_SLACK_BYTES:
+        short = space_shortfall(need, shutil.disk_usage(self.root).free) if need else None
+        if short:
             raise CheckpointError(
-                f"not enough disk space to save step {step} in {self.root}: a checkpoint takes about "
-                f"{_gib(need)} GiB and {_gib(free)} GiB are free; free some space (a lower trainer.keep_last "
-                f"keeps fewer checkpoints{self._set_aside_hint()}) or point trainer.output_dir at a larger disk, then resume"
+                f"not enough disk space to save step {step} in {self.root}: {short}; free some space (a lower "
+                f"trainer.keep_last keeps fewer checkpoints{self._set_aside_hint()}) or point trainer.output_dir at a "
+                "larger disk, then resume"
             )
 
     def _set_aside_hint(self) -> str:
@@ -145,7 +144,7 @@ class CheckpointManager:
             return ""
         size = sum(os.lstat(os.path.join(self.root, p.name, f)).st_size for p in kept for f in _list_files(p))
         names = ", ".join(p.name for p in kept[:3]) + (f" and {len(kept) - 3} more" if len(kept) > 3 else "")
-        return f"; {names} ({_gib(size)} GiB) are kept aside, never deleted by megarl: remove them if not needed"
+        return f"; {names} ({_sizes(size)[0]}) are kept aside, never deleted by megarl: remove them if not needed"
 
     def _commit(self, step: int, temp: Path, final: Path, metadata: dict[str, Any]) -> None:
         files = _list_files(temp)
@@ -189,12 +188,7 @@ class CheckpointManager:
         log.info("checkpoint: saved step %d to %s (%d files)", step, final, len(entries))
 
     def _last_size(self) -> int:
-        """Bytes of the newest checkpoint whose manifest reads (no hashing: this runs every save)."""
-        for _, path in reversed(self.step_dirs()):
-            size = manifest_bytes(path)
-            if size is not None:
-                return size
-        return 0
+        return newest_checkpoint_bytes(self.root.parent)
 
     # ---- finding and verifying ------------------------------------------------------
 
@@ -298,6 +292,40 @@ def scan_step_dirs(output_dir: str | Path) -> list[tuple[int, Path, str | None]]
         if m and p.is_dir():
             found.append((int(m.group(1)), p, why_invalid(p)))
     return sorted(found)
+
+
+def newest_checkpoint_bytes(output_dir: str | Path) -> int:
+    """Bytes of ``output_dir``'s newest checkpoint whose manifest reads (0: none); no hashing (this
+    runs every save), nothing created."""
+    root = Path(output_dir) / CHECKPOINTS_DIR
+    dirs = sorted((int(m.group(1)), p) for p in (root.iterdir() if root.is_dir() else ()) if (m := STEP_RE.match(p.name)) and p.is_dir())
+    for _, path in reversed(dirs):
+        size = manifest_bytes(path)
+        if size is not None:
+            return size
+    return 0
+
+
+def space_for_a_save(checkpoint_bytes: int) -> int:
+    """The free bytes a save of a checkpoint of ``checkpoint_bytes`` needs (the margins above)."""
+    return int(checkpoint_bytes * FREE_SPACE_MARGIN) + SPACE_SLACK_BYTES
+
+
+def space_shortfall(checkpoint_bytes: int, free: int) -> str | None:
+    """Why ``free`` bytes cannot hold a save of a checkpoint of ``checkpoint_bytes`` (every number
+    in one unit, the margins stated), or None."""
+    need = space_for_a_save(checkpoint_bytes)
+    if free >= need:
+        return None
+    size, needed, left = _sizes(checkpoint_bytes, need, free)
+    return (f"a checkpoint takes about {size} and a save needs {needed} free (it, 5% more and {SPACE_SLACK_BYTES >> 20} MiB "
+            f"kept for the run's logs and metrics), but {left} are free")
+
+
+def _sizes(*counts: int) -> list[str]:
+    """``counts`` of bytes in one unit: GiB when the largest is at least one, else MiB."""
+    unit, name = (2**30, "GiB") if max(counts) >= 2**30 else (2**20, "MiB")
+    return [f"{n / unit:.3g} {name}" for n in counts]
 
 
 def manifest_bytes(path: Path) -> int | None:
@@ -431,10 +459,6 @@ def _quietly(action: Any, *args: Any, **kwargs: Any) -> bool:
         if exc.errno != errno.ENOTEMPTY:  # (a folder still holding kept files: said once, below)
             log.warning("checkpoint: could not remove %s (%s)", exc.filename or (args[0] if args else ""), exc.strerror or exc)
         return False
-
-
-def _gib(n: float) -> str:
-    return f"{n / 2**30:.1f}" if n >= 2**30 / 10 else f"{n / 2**30:.2g}"
 
 
 def _list_files(root: Path) -> list[str]:

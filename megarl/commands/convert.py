@@ -39,6 +39,7 @@ from megarl.commands.conversion import (
     export_model_checkpoint,
 )
 from megarl.commands.outputs import OutputError
+from megarl.disk_full import writing
 
 DIRECTIONS = ("hf-to-megatron", "megatron-to-hf")
 
@@ -157,26 +158,31 @@ def expand_short_form(argv: list[str]) -> list[str]:
 
 
 _STOPPED = "while converting; OUT is as it was (the staging folder is removed); run the same command again"
+_KEPT = "OUT as it was (the staging folder is removed)"
 
 
 def _run_to_megatron(args: argparse.Namespace) -> int:
+    from megarl.trainer.run_lock import output_lock
     from megarl.trainer.watchdog import run_stoppable
 
-    run_stoppable(lambda: convert_hf_to_megatron(args.hf, args.out, args.tp, args.pp, args.dtype, args.overwrite, report=print,
-                                                 in_process=args.in_process, ep=args.ep), _STOPPED)  # fmt: skip
+    with output_lock(args.out), writing(args.out, "the converted checkpoint", kept=_KEPT):  # one convert writes OUT
+        run_stoppable(lambda: convert_hf_to_megatron(args.hf, args.out, args.tp, args.pp, args.dtype, args.overwrite, report=print,
+                                                     in_process=args.in_process, ep=args.ep), _STOPPED)  # fmt: skip
     return 0
 
 
 def _run_to_hf(args: argparse.Namespace) -> int:
+    from megarl.trainer.run_lock import output_lock
     from megarl.trainer.watchdog import run_stoppable
 
-    return run_stoppable(lambda: _to_hf(args), _STOPPED)
+    if args.ckpt is None or args.out is None:
+        raise OutputError("megatron-to-hf needs --ckpt CHECKPOINT and --out HF_DIR (or: megarl convert CHECKPOINT HF_DIR)")
+    with output_lock(args.out), writing(args.out, "the converted model", kept=_KEPT):  # one convert writes OUT
+        return run_stoppable(lambda: _to_hf(args), _STOPPED)
 
 
 def _to_hf(args: argparse.Namespace) -> int:
     ckpt, out = args.ckpt, args.out
-    if ckpt is None or out is None:
-        raise OutputError("megatron-to-hf needs --ckpt CHECKPOINT and --out HF_DIR (or: megarl convert CHECKPOINT HF_DIR)")
     from megarl.checkpoint.model_checkpoint import is_model_checkpoint
 
     if (Path(ckpt) / "config.json").is_file() and not (Path(ckpt) / "manifest.json").is_file() and not is_model_checkpoint(ckpt):

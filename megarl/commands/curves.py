@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from megarl.trainer.metric_sinks import MetricsFileError, read_metrics
+from megarl.checkpoint.metrics_history import MetricsFileError, read_metrics
 
 METRICS = "metrics.jsonl"
 CURVES = (

@@ -14,11 +14,13 @@ import argparse
 import json
 import logging
 import math
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 from megarl.commands.arguments import add_config_args, user_path
 from megarl.commands.outputs import make_folder
+from megarl.disk_full import writing
 from megarl.kept_files import write_atomically
 
 log = logging.getLogger(__name__)
@@ -60,14 +62,20 @@ def _run(args: argparse.Namespace) -> int:
     ks = _parse_ks(args.k)
     out = Path(args.out) if args.out else _default_out(Path(args.data))
     _check_outputs(Path(args.data), out, Path(args.scored) if args.scored else None, args.overwrite)
+    from megarl.trainer.run_lock import output_lock
     from megarl.trainer.watchdog import run_stoppable
 
-    # nothing written yet: --scored is renamed into place only when whole
-    summary = run_stoppable(lambda: evaluate(args.data, config, overrides, ks=ks, pass_threshold=args.pass_threshold,
-                                             scored=args.scored, reward_log=reward_log(out)),
-                            "while scoring; nothing was written; run the same command again")  # fmt: skip
-    make_folder(out)
-    write_atomically(out, json.dumps(summary, indent=2) + "\n")  # a kill leaves the old summary or the new
+    with ExitStack() as held:  # one evaluate writes each output: a second one is refused, naming this one
+        for flag, path in (("--out", out), ("--scored", args.scored)):
+            if path is not None:
+                held.enter_context(output_lock(path, flag))
+        # nothing written yet: --scored is renamed into place only when whole
+        summary = run_stoppable(lambda: evaluate(args.data, config, overrides, ks=ks, pass_threshold=args.pass_threshold,
+                                                 scored=args.scored, reward_log=reward_log(out)),
+                                "while scoring; nothing was written; run the same command again")  # fmt: skip
+        make_folder(out)
+        with writing(out, "the summary (--out)", kept=f"{args.scored or 'no scored rows'}; an earlier summary is as it was"):
+            write_atomically(out, json.dumps(summary, indent=2) + "\n")  # a kill leaves the old summary or the new
     print(format_table(summary))
     print(f"wrote {out}" + (f" and {args.scored}" if args.scored else ""))
     return 0
@@ -263,8 +271,13 @@ def _write_scored(data: str | Path, out: str | Path, responses: list[list[str]],
         table = table.append_column(SCORES, column)
     tmp = Path(out).with_name(Path(out).name + ".tmp")
     make_folder(Path(out), flag="--scored")
-    pq.write_table(table, tmp)
-    tmp.replace(out)
+    try:
+        with writing(out, "the scored rows (--scored)", kept="nothing of this evaluation; the files you had are as they were"):
+            pq.write_table(table, tmp)
+            tmp.replace(out)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # no half-written file left beside OUT
+        raise
 
 
 def _finite(values: dict[str, float]) -> dict[str, float | None]:

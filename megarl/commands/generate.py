@@ -56,11 +56,12 @@ from megarl.commands.generate_partial import (
     remove_partial,
 )
 from megarl.commands.outputs import (
+    check_folder,
     check_new_file,
     check_outside_checkpoints,
-    make_folder,
     same_file,
 )
+from megarl.disk_full import writing
 from megarl.trainer.watchdog import RunControl, RunStopped
 
 log = logging.getLogger(__name__)
@@ -108,23 +109,32 @@ def generate(config: str | Path, overrides: list[str], data: str | Path, out: st
     """Generate for every prompt of ``data`` into ``out`` (see the module docstring); ``in_process``:
     a checkpoint is exported without Ray (`megarl convert --in-process`)."""
     from megarl.checkpoint.verification import CHECKPOINTS_DIR
-    from megarl.commands.conversion import check_in_process, convert_checkpoint
     from megarl.config.loading import load_config
-    from megarl.data.datasets import read_prompt_file
-    from megarl.models.hf_files import tokenizer_files_problem
+    from megarl.trainer.run_lock import output_lock
 
     cfg = load_config(config, overrides)
     if not model and not cfg.model.path:
         raise GenerateError("no model: set model.path in the config or give --model")
     target = Path(out).absolute()
-    source = str(Path(model or cfg.model.path or "").absolute())
+    _check_target(target, Path(data), batch_size, Path(cfg.trainer.output_dir) / CHECKPOINTS_DIR)
+    with output_lock(target):  # a second generate into OUT is refused: it would continue this one's partial folder
+        return _generate(cfg, Path(data), target, str(Path(model or cfg.model.path or "").absolute()), batch_size=batch_size,
+                         overwrite=overwrite, in_process=in_process)  # fmt: skip
+
+
+def _generate(cfg: Any, data: Path, target: Path, source: str, *, batch_size: int, overwrite: bool, in_process: bool) -> Path:
+    """generate()'s work, while it holds OUT."""
+    from megarl.commands.conversion import check_in_process, convert_checkpoint
+    from megarl.data.datasets import read_prompt_file
+    from megarl.models.hf_files import tokenizer_files_problem
+
     partial = target.with_name(target.name + PARTIAL_SUFFIX)
     job = job_record(cfg, Path(data), source, batch_size)
     if target.exists() and not overwrite and merged_before(partial, job):
         log.info("%s was merged by an earlier run that stopped before removing %s; removing it now", target, partial)
         remove_partial(partial)
         return target
-    _check_target(target, Path(data), overwrite, batch_size, Path(cfg.trainer.output_dir) / CHECKPOINTS_DIR)
+    check_new_file(target, overwrite)
     records = read_prompt_file(data, label="--data", prompt_key=cfg.data.prompt_key, source_key=cfg.data.reward_fn_key)  # checked before any work
     export = _model_export(Path(source))  # refused before anything is written
     run_model = _run_model(Path(source), export, cfg)
@@ -144,8 +154,9 @@ def generate(config: str | Path, overrides: list[str], data: str | Path, out: st
     check_parts(partial, parts)
     todo = [i for i in range(len(parts)) if not part_path(partial, i).is_file()]
     control = RunControl()  # Ctrl-C / SIGTERM: the servers are shut down, the written parts stay
+    full = {"kept": f"the finished parts in {partial}", "fix": "free space on that disk, then run the same command: it goes on from them"}
     try:
-        with control.handlers():
+        with control.handlers(), writing(partial, "the generation's parts (and the staged model)", **full):
             if todo:
                 model_dir = _hf_model(Path(source), export, partial / MODEL_DIR, in_process)
                 control.reclaim()  # an export ran under Ray, which installs its own SIGTERM handler
@@ -154,12 +165,14 @@ def generate(config: str | Path, overrides: list[str], data: str | Path, out: st
         done = sum(1 for i in range(len(parts)) if part_path(partial, i).is_file())
         raise RunStopped(f"stopped by {control.signal_name}: {done} of {len(parts)} parts are in {partial}; run the "
                          "same command to go on", control.exit_code) from None  # fmt: skip
-    merge_parts(partial, len(parts), target)
+    with writing(target, "the merged output", **full):
+        merge_parts(partial, len(parts), target)
     remove_partial(partial)
     return target
 
 
-def _check_target(target: Path, data: Path, overwrite: bool, batch_size: int, checkpoints: Path) -> None:
+def _check_target(target: Path, data: Path, batch_size: int, checkpoints: Path) -> None:
+    """--out and --batch-size, checked before OUT is held (whether OUT exists: once held)."""
     if batch_size < 1:
         raise GenerateError(f"--batch-size ({batch_size}) must be >= 1")
     if target.suffix != ".parquet":
@@ -167,8 +180,7 @@ def _check_target(target: Path, data: Path, overwrite: bool, batch_size: int, ch
     if same_file(target, data):  # replacing it would replace the input, however --out spells it
         raise GenerateError(f"--out {target} is the input file; give another path")
     check_outside_checkpoints(target, runs=[checkpoints])  # OUT.parquet.partial goes beside it
-    check_new_file(target, overwrite)
-    make_folder(target)
+    check_folder(target)
 
 
 def _model_export(source: Path) -> Any:
@@ -444,8 +456,12 @@ def _write_part(path: Path, rows: Any, batch: Any, tokenizer: Any, eos: tuple[in
         kind = pa.list_(pa.string()) if name in (RESPONSES, REASONS) else pa.list_(pa.int64())
         rows = rows.append_column(name, pa.array([p[name] for p in per_prompt], type=kind))
     tmp = path.with_name(path.name + ".tmp")
-    pq.write_table(rows, tmp)
-    tmp.replace(path)
+    try:
+        pq.write_table(rows, tmp)
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # (a full disk cut it)
+        raise
 
 
 @contextmanager

@@ -17,14 +17,23 @@ from megarl.config.section_base import Section, UserPath
 # The components of reward.combine that are not rule scorers.
 MODEL_COMPONENT, JUDGE_COMPONENT, CUSTOM_COMPONENT = "model", "judge", "custom"
 JudgeParser = Literal["number", "verdict", "boxed"]
+RewardModelPlacement = Literal["workers", "disaggregated", "colocated"]
 
 
 class RewardModelConfig(Section):
     path: UserPath = Field(
         description="HF sequence-classification model directory (num_labels 1); its config.json and tokenizer files are checked before launch."
     )
-    batch_size: int = Field(8, ge=1, description="Samples per forward.")
-    device: str = Field("cpu", description="Device of the reward model in the reward workers.")
+    batch_size: int = Field(8, ge=1, description="Samples per forward (padded to the longest, at most max_length tokens each).")
+    device: str = Field("cpu", description="Device of the reward model in the reward workers (placement workers only).")
+    placement: RewardModelPlacement = Field(
+        "workers", description="Where the model is held: workers = a copy in each reward worker process on "
+        "reward.model.device, outside the plan; disaggregated = a role on reward.model.gpus devices of its own taken "
+        "out of the cluster, one Ray actor per device holding the model once, counted in the plan's placement and "
+        "memory; colocated (on the policy's GPUs, offloaded between steps) is not built yet and refused.",
+    )
+    gpus: int = Field(1, ge=1, description="placement disaggregated: devices the reward model takes out of the cluster "
+                      "(the last ones; on cpu, processes), one Ray actor each; a step's batches are shared among them.")
     chat_template: bool = Field(
         True, description="Re-render each sample in the reward model's own chat template (the prompt as the data file "
         "holds it, then the response as the assistant's turn; verl's input_tokenizer); false, or a tokenizer without "

@@ -11,7 +11,7 @@ Deliberately torch-free: `megarl plan` must answer in well under two seconds.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 
 from megarl.config.architectures import ArchError, ArchSpec, resolve_arch
@@ -49,6 +49,14 @@ from megarl.plan.issues import Issue, PlanError, choices, divisors
 from megarl.plan.lora_checks import check_lora, lora_resolved, policy_lora_params
 from megarl.plan.moe_checks import check_expert_parallel, check_moe_serving, check_moe_settings
 from megarl.plan.push_model import PushEstimate, push_estimate
+from megarl.plan.reward_model_plan import (
+    RewardModelMemory,
+    check_reward_model,
+    check_reward_model_memory,
+    reward_model_gpus,
+    reward_model_layout,
+    reward_model_memory,
+)
 from megarl.plan.role_layout import RoleLayout
 from megarl.plan.rollout_checks import (
     check_agent,
@@ -79,6 +87,7 @@ class MemoryPlan:
     residency: dict[str, dict[str, float]]  # phase -> {resident state: bytes per GPU} (megarl/memory/residency.py)
     host: HostMemory | None = None  # the busiest node's host memory that megarl's buffers take (a lower bound)
     runtime: RuntimeMemory | None = None  # the processes' own memory per GPU (colocated: the trainer's and SGLang's)
+    reward_model: RewardModelMemory | None = None  # per device of the reward model's role (megarl/plan/reward_model_plan.py)
 
 
 @dataclass(frozen=True)
@@ -91,11 +100,12 @@ class Plan:
     warnings: list[Issue] = field(default_factory=list)
     resolved: dict[str, str] = field(default_factory=dict)  # "actor.recompute" -> what "auto" became
     push: PushEstimate | None = None  # one weight push: bytes per GPU per link and time (megarl/plan/push_model.py)
+    reward_model: RoleLayout | None = None  # the reward model's role on devices of its own (reward.model.placement)
 
     def rows(self, nnodes: int, gpus_per_node: int) -> list[tuple[int, int, str]]:
         """(node, local gpu, roles text) for every GPU of the cluster."""
         cells: dict[int, list[str]] = {}
-        for layout in self.roles.values():
+        for layout in (*self.roles.values(), *([self.reward_model] if self.reward_model else [])):
             for rank, gpu in enumerate(layout.gpus):
                 cells.setdefault(gpu, []).append(f"{layout.role} {layout.coords(rank, self.arch.num_experts)}")
         total = nnodes * gpus_per_node
@@ -127,6 +137,7 @@ def make_plan(cfg: MegaRLConfig, *, check_files: bool = False, in_process: bool 
         assert policy is not None  # a layout problem is an error, raised above
         return Plan(arch, cfg.cluster.device, cfg.cluster.placement, {"policy": policy}, None,
                     [i for i in issues if i.level == "warning"], _auto_recompute(cfg, "none") | lora_resolved(cfg))  # no memory plan: none
+    check_reward_model(cfg, issues, in_process=in_process)  # first: the pools below are cut from what it leaves
     roles = _layout_roles(cfg, arch, issues)
     issues += [Issue("reward.combine", problem) for problem in component_problems(cfg.reward)]
     for role, section_name in (("policy", "actor"), ("critic", "critic")):
@@ -146,7 +157,7 @@ def make_plan(cfg: MegaRLConfig, *, check_files: bool = False, in_process: bool 
     check_algorithm(cfg, issues)
     check_run_length(cfg.trainer, issues)
     check_validation_files(cfg, issues)
-    check_watchdog(cfg, arch, issues)
+    check_watchdog(cfg, issues)
     check_asynchronous(cfg, issues, in_process=in_process)
     check_lora(cfg, arch, issues)
     _check_offload(cfg, issues)
@@ -157,6 +168,10 @@ def make_plan(cfg: MegaRLConfig, *, check_files: bool = False, in_process: bool 
     if layout_ok:  # the memory model needs a config the checks above accept; the files do not matter to it
         cfg, resolved = _resolve_recompute(cfg, arch, roles)
         memory = _plan_memory(cfg, arch, roles, issues)
+        if reward_model_gpus(cfg):
+            rm_memory = reward_model_memory(cfg)
+            check_reward_model_memory(cfg, rm_memory, issues)
+            memory = replace(memory, reward_model=rm_memory)
     if check_files:  # reported with the config's problems, not after they are fixed
         _check_files(cfg, issues, bridge=layout_ok)
         check_server_python(cfg, issues)
@@ -171,7 +186,7 @@ def make_plan(cfg: MegaRLConfig, *, check_files: bool = False, in_process: bool 
                             f"push ({largest:.2g} s, a lower bound): every push would stop the run; raise it",
                             level="warning"))  # fmt: skip
     warnings = [i for i in issues if i.level == "warning"]
-    return Plan(arch, cfg.cluster.device, cfg.cluster.placement, roles, memory, warnings, resolved, push)
+    return Plan(arch, cfg.cluster.device, cfg.cluster.placement, roles, memory, warnings, resolved, push, reward_model_layout(cfg))
 
 
 def _largest_push_seconds(cfg: MegaRLConfig, arch: ArchSpec, push: PushEstimate, layout: tuple[int, int, int, int]) -> float:
@@ -282,24 +297,33 @@ def _check_packed_attention(cfg: MegaRLConfig, section: str, issues: list[Issue]
 
 
 def _train_pool_size(cfg: MegaRLConfig) -> int:
-    """GPUs of the training pool: the cluster, less the rollout pool's when disaggregated (and valid)."""
+    """GPUs of the training pool: the cluster, less the reward model's role's (when it has devices
+    of its own and leaves some) and the rollout pool's when disaggregated (and valid)."""
     cl = cfg.cluster
-    if cl.placement == "disaggregated" and 0 < cl.rollout_gpus < cl.world_size:
-        return cl.world_size - cl.rollout_gpus
-    return cl.world_size
+    world = _shared_world(cfg)
+    if cl.placement == "disaggregated" and 0 < cl.rollout_gpus < world:
+        return world - cl.rollout_gpus
+    return world
+
+
+def _shared_world(cfg: MegaRLConfig) -> int:
+    """The GPUs the training and rollout pools share out: the cluster less the reward model's role's."""
+    world, reward = cfg.cluster.world_size, reward_model_gpus(cfg)
+    return world - reward if reward < world else world  # (too many: check_reward_model says so)
 
 
 def _layout_roles(cfg: MegaRLConfig, arch: ArchSpec, issues: list[Issue]) -> dict[str, RoleLayout]:
     """Split the cluster into the training pool and the rollout pool, derive DP sizes (a layout
     that does not divide its pool is left out: _check_model_parallel and check_rollout say why)."""
     cl = cfg.cluster
-    world = cl.world_size
+    world = _shared_world(cfg)  # the reward model's role, if placed, has the last devices
     train_gpus = list(range(world))
     rollout_gpus = list(range(world))
     if cl.placement == "disaggregated":
         if cl.rollout_gpus <= 0 or cl.rollout_gpus >= world:
+            left = "" if world == cl.world_size else f", less reward.model.gpus = {cl.world_size - world}"
             issues.append(Issue("cluster.rollout_gpus", f"({cl.rollout_gpus}) must be between 1 and {world - 1} "
-                                f"(nnodes x gpus_per_node = {world}) with placement=disaggregated"))
+                                f"(nnodes x gpus_per_node = {cl.world_size}{left}) with placement=disaggregated"))
             return {}
         if cfg.rollout.engine == "torch":
             issues.append(Issue("cluster.placement", "the torch engine lives inside the policy ranks: use placement=colocated"))

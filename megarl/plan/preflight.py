@@ -29,7 +29,8 @@ the fix, so all of them are reported at once, in seconds, before Ray or any work
   of `megarl convert hf-to-megatron` (as model.path or critic.path): its record readable and
   its HF config equal to the config.json beside it; critic.path's model able to read model.path's
   token ids (megarl/models/hf_files.py: token_ids_problem);
-- trainer.output_dir and trainer.rollout_data_dir writable; trainer.resume meaningful for what output_dir holds
+- trainer.output_dir and trainer.rollout_data_dir writable, output_dir's disk with room for a
+  checkpoint (megarl/plan/disk_space.py); trainer.resume meaningful for what output_dir holds
   (megarl.checkpoint.manager.plan_resume: no destroyed evidence, no two runs in one place) and
   the checkpoint it resumes loadable in this launch (megarl/plan/resume_checks.py).
 
@@ -127,9 +128,13 @@ def preflight(cfg: MegaRLConfig, *, bridge: bool = True) -> list[Finding]:
 
 
 def _check_output_dir(cfg: MegaRLConfig, findings: list[Finding]) -> None:
+    from megarl.plan.disk_space import check_disk_space
+
     problem = writable_dir_problem(Path(cfg.trainer.output_dir))
     if problem:
         findings.append(Finding("trainer.output_dir", f"{problem}; choose a writable directory"))
+    else:
+        check_disk_space(cfg, findings)
     dump = cfg.trainer.rollout_data_dir
     problem = writable_dir_problem(Path(dump)) if dump else None
     if problem:

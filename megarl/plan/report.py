@@ -29,7 +29,7 @@ def print_plan(cfg: MegaRLConfig, plan: Plan, console: Console | None = None) ->
         else ("rollout: 1 torch engine process of its own" if cfg.asynchronous and cfg.rollout.engine == "torch"
               else f"rollout: {r.dp} x {cfg.rollout.engine} engine tp{r.tp}")
         for r in plan.roles.values()
-    )
+    ) + (f", reward model: {plan.reward_model.dp} actor(s) of its own" if plan.reward_model else "")
     console.print(f"[bold]placement[/] {plan.placement} on {cfg.cluster.nnodes} x {cfg.cluster.gpus_per_node} {plan.device}; {layouts}")
     console.print(
         f"[bold]step[/] {cfg.data.prompts_per_step} prompts x n={cfg.rollout.n} = {cfg.samples_per_step} samples; "
@@ -42,9 +42,13 @@ def print_plan(cfg: MegaRLConfig, plan: Plan, console: Console | None = None) ->
     if mem is not None and plan.device == "cuda":
         table.add_column("train GiB", justify="right")
         table.add_column("rollout GiB", justify="right")
+    reward_gpus = set(plan.reward_model.gpus) if plan.reward_model else set()
     for node, gpu, roles in plan.rows(cfg.cluster.nnodes, cfg.cluster.gpus_per_node):
         cells = [str(node), str(gpu), roles]
-        if mem is not None and plan.device == "cuda":
+        if mem is not None and plan.device == "cuda" and node * cfg.cluster.gpus_per_node + gpu in reward_gpus:
+            held = f"{mem.reward_model.total / GIB:.1f}" if mem.reward_model else "?"
+            cells += [held, held]  # the reward model holds the same in every phase
+        elif mem is not None and plan.device == "cuda":
             cells += [f"{mem.train_peak / GIB:.1f}", f"{mem.rollout_peak / GIB:.1f}" if mem.rollout else "-"]
         table.add_row(*cells)
     console.print(table)
@@ -57,7 +61,7 @@ def print_plan(cfg: MegaRLConfig, plan: Plan, console: Console | None = None) ->
     if lora is not None:
         console.print(lora)
     for role in reward_roles(cfg, cfg.samples_per_step):
-        gib = "size unknown (no readable config.json)" if role["memory_gib"] is None else f"~{role['memory_gib']:.2f} GiB host memory"
+        gib = "size unknown (no readable config.json)" if role["memory_gib"] is None else f"~{role['memory_gib']:.2f} GiB {role['per']}"
         console.print(f"[bold]{role['role']}[/] {role['where']}; {gib} ({role['what']})")
     if mem is not None:
         _print_memory(cfg, plan, console)
@@ -83,6 +87,11 @@ def _print_memory(cfg: MegaRLConfig, plan: Plan, console: Console) -> None:
                 f"+ activations {g(m.activations)} + {'value head' if role == 'critic' else 'LM head'} {g(m.logits + m.head_grad)} "
                 f"= {g(m.peak)} GiB"
             )
+    if mem.reward_model is not None:
+        rm = mem.reward_model
+        console.print(f"[bold]reward model memory/{per}[/] weights {g(rm.weights)} ({rm.dtype}) + activations {g(rm.activations)} "
+                      f"(one batch of {rm.tokens[0]} x {rm.tokens[1]} tokens) + runtime {g(rm.runtime)} = {g(rm.total)} GiB, "
+                      "on its own devices in every phase (it scores after generate)")  # fmt: skip
     if mem.reference_weights:
         console.print(f"[bold]reference[/] weights {g(mem.reference_weights)} GiB{' (offloaded)' if cfg.reference.offload else ''}")
     if mem.rollout is not None:

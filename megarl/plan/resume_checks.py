@@ -78,7 +78,24 @@ def check_resume(cfg: MegaRLConfig, findings: list[Finding]) -> None:
             findings.append(Finding("trainer.resume", str(exc)))
     if ckpt is not None:
         _check_resumed_config(cfg, ckpt, findings)
+        _check_metrics_file(cfg, ckpt, findings)
         _check_going_back(cfg, ckpt, findings)
+
+
+def _check_metrics_file(cfg: MegaRLConfig, ckpt: Any, findings: list[Finding]) -> None:
+    """A metrics.jsonl the resume cannot mend (a line that is no JSON record, and no copy in the
+    checkpoint to take its place) is refused now, not once the model is up; what it can mend
+    (a missing file, a bad line, records changed since the save) it does with a warning then
+    (megarl/trainer/metric_sinks.py)."""
+    from megarl.checkpoint.metrics_history import METRICS_FILE, unrepairable
+    from megarl.checkpoint.run_record import METRICS_HISTORY
+
+    t = cfg.trainer
+    if "jsonl" not in t.loggers or t.val_only:  # a validation-only run appends: it reads nothing
+        return
+    problem = unrepairable(Path(t.output_dir) / METRICS_FILE, ckpt.path / METRICS_HISTORY)
+    if problem:
+        findings.append(Finding("trainer.output_dir", problem))
 
 
 def _check_going_back(cfg: MegaRLConfig, ckpt: Any, findings: list[Finding]) -> None:

@@ -5,7 +5,8 @@
 - reward.judge: its model directory has a config.json and tokenizer files; its prompt template has
   only known placeholders and renders on a data row of a data source that uses it.
 - the roles: where the reward model and the judge run and what their weights (and the judge's KV
-  cache for one step's batch) take, from their config.json (:func:`reward_roles`).
+  cache for one step's batch) take, from their config.json (:func:`reward_roles`); the reward
+  model placed as a role of its own: megarl/plan/reward_model_plan.py.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from megarl.config.reward_sections import JUDGE_COMPONENT
 from megarl.config.sections import MegaRLConfig
 from megarl.models.hf_files import tokenizer_files_problem
 from megarl.plan.issues import Finding
+from megarl.plan.reward_model_plan import reward_model_layout, reward_model_memory
 from megarl.rewards.combine import component_problems
 from megarl.rewards.judge_prompt import render, template_problem, template_text
 
@@ -82,11 +84,19 @@ def reward_roles(cfg: MegaRLConfig, samples_per_step: int) -> list[dict[str, Any
     """The reward model's and the judge's roles: name, where they run, their memory estimate (GiB)."""
     roles = []
     r = cfg.reward
-    if r.model is not None:
+    layout = reward_model_layout(cfg)
+    if r.model is not None and layout is not None:
+        mem = reward_model_memory(cfg)
+        unit, units = ("GPU", "GPUs") if cfg.cluster.device == "cuda" else ("process", "processes")
+        roles.append({"role": "reward model", "where": f"{layout.dp} Ray actor(s) of its own, one per {unit} "
+                      f"(global {units} {', '.join(map(str, layout.gpus))})", "per": f"per {unit}",
+                      "memory_gib": mem.total / 2**30 if mem else None,
+                      "what": "weights + one batch's activations" + (" + runtime" if mem and mem.runtime else "")})  # fmt: skip
+    elif r.model is not None:
         sized = _model_bytes(r.model.path)
         gib = sized[0] * r.workers / 2**30 if sized else None
         roles.append({"role": "reward model", "where": f"{r.workers} reward worker processes on {r.model.device}",
-                      "memory_gib": gib, "what": f"{r.workers} copies of the weights"})  # fmt: skip
+                      "per": "host memory", "memory_gib": gib, "what": f"{r.workers} copies of the weights"})  # fmt: skip
     if r.judge is not None:
         sized = _model_bytes(r.judge.model)
         gib = None
@@ -98,5 +108,5 @@ def reward_roles(cfg: MegaRLConfig, samples_per_step: int) -> list[dict[str, Any
             kv = 2 * layers * kv_dim * 4 * context * min(samples_per_step, r.judge.max_running_requests)  # fp32 cache
             gib = (weights + kv) / 2**30
         roles.append({"role": "LLM judge", "where": "torch engine on the controller's CPU (a Ray actor; in-process runs: "
-                      "the controller)", "memory_gib": gib, "what": "weights + KV cache of one step's batch at its full context"})  # fmt: skip
+                      "the controller)", "per": "host memory", "memory_gib": gib, "what": "weights + KV cache of one step's batch at its full context"})  # fmt: skip
     return roles

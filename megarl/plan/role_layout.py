@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class RoleLayout:
-    role: str  # policy | critic | rollout
+    role: str  # policy | critic | rollout | reward_model
     tp: int
     pp: int
     dp: int  # rollout: number of engines
@@ -21,6 +21,8 @@ class RoleLayout:
         (``num_experts``), also the rank's ep rank and the experts it holds."""
         if self.role == "rollout":
             return f"engine {rank // self.tp} tp{rank % self.tp}"
+        if self.role == "reward_model":  # one actor per device, each holding the whole model
+            return f"actor {rank}"
         tp_rank, dp_rank, pp_rank = rank % self.tp, (rank // self.tp) % self.dp, rank // (self.tp * self.dp)
         if not num_experts:
             return f"tp{tp_rank} pp{pp_rank} dp{dp_rank}"

@@ -18,6 +18,7 @@ from megarl.config.rollout_sections import engine_kwargs_args
 from megarl.config.sections import MegaRLConfig
 from megarl.plan.gpu_memory import GIB, rollout_memory, sglang_free_at_launch
 from megarl.plan.issues import Issue, choices, divisors
+from megarl.plan.reward_model_plan import reward_model_gpus
 from megarl.ray_cluster.rank_env import nccl_cumem_enable
 
 # Which weight transports reach which engines (see megarl/weight_sync/transports.py).
@@ -222,7 +223,7 @@ def rollout_tp_choices(cfg: MegaRLConfig, arch: ArchSpec) -> list[int]:
     (no engine spans two), splitting the heads, and holding the weights and one full-length
     sequence in rollout.mem_fraction (the values that pass the rest when none does)."""
     cl = cfg.cluster
-    pool = cl.rollout_gpus if cl.placement == "disaggregated" and cl.rollout_gpus > 0 else cl.world_size
+    pool = cl.rollout_gpus if cl.placement == "disaggregated" and cl.rollout_gpus > 0 else cl.world_size - reward_model_gpus(cfg)
     ok = [t for t in divisors(math.gcd(pool, cl.gpus_per_node)) if _heads_split(arch, t)]
     seq = cfg.data.max_prompt_length + cfg.rollout.sampling.max_new_tokens
     free = sglang_free_at_launch(cl.gpu_memory_gib * GIB, colocated=cl.placement == "colocated")

@@ -13,40 +13,30 @@ prompts repeated within a step) are the preflight's (megarl/plan/preflight.py).
 
 from __future__ import annotations
 
-from megarl.config.architectures import ArchSpec
 from megarl.config.sections import MegaRLConfig
-from megarl.plan.gpu_memory import DTYPE_BYTES
+from megarl.plan.disk_space import checkpoint_bytes
 from megarl.plan.issues import Issue
 
 # What a checkpoint save takes whatever its size: a tiny model's save on a 2-core CPU box takes
 # about 2.5 s (the ranks agree on the files, write the manifest, fsync); a GPU node is no slower.
 SAVE_OVERHEAD_S = 2.0
-# fp32 master weights (4) and Adam's two moments (8) per parameter, beside the weights themselves.
-OPTIMIZER_BYTES_PER_PARAM = 12
 
 
-def checkpoint_bytes(cfg: MegaRLConfig, arch: ArchSpec) -> int:
-    """The plan's estimate of one checkpoint: weights plus fp32 master weights and Adam's two
-    moments per trained model (the policy, and the critic when there is one)."""
-    models = 2 if cfg.critic_enabled else 1
-    return int(arch.num_params * (DTYPE_BYTES[cfg.model.dtype] + OPTIMIZER_BYTES_PER_PARAM) * models)
-
-
-def save_seconds(cfg: MegaRLConfig, arch: ArchSpec) -> tuple[float, float]:
+def save_seconds(cfg: MegaRLConfig) -> tuple[float, float]:
     """(the bytes' share, the whole estimate) of one checkpoint save, in seconds: every training
     GPU writes its part of :func:`checkpoint_bytes` at cluster.host_gb_per_s."""
     writers = cfg.cluster.world_size - (cfg.cluster.rollout_gpus if cfg.cluster.placement == "disaggregated" else 0)
-    share = checkpoint_bytes(cfg, arch) / max(1, writers) / (cfg.cluster.host_gb_per_s * 1e9)
+    share = checkpoint_bytes(cfg) / max(1, writers) / (cfg.cluster.host_gb_per_s * 1e9)
     return share, share + SAVE_OVERHEAD_S
 
 
-def check_watchdog(cfg: MegaRLConfig, arch: ArchSpec, issues: list[Issue]) -> None:
+def check_watchdog(cfg: MegaRLConfig, issues: list[Issue]) -> None:
     """trainer.hang_timeout_s against the plan's estimate of a save (module docstring)."""
     timeout = cfg.trainer.hang_timeout_s
     if not timeout:
         return
-    share, whole = save_seconds(cfg, arch)
-    gib = checkpoint_bytes(cfg, arch) / 1024**3
+    share, whole = save_seconds(cfg)
+    gib = checkpoint_bytes(cfg) / 1024**3
     what = (f"({timeout:g} s) is shorter than a checkpoint save is expected to take ({whole:.1f} s for {gib:.3g} GiB at "
             f"cluster.host_gb_per_s={cfg.cluster.host_gb_per_s:g}), and the watchdog sees no progress while one runs")
     if timeout < share:

@@ -3,7 +3,7 @@
 :class:`CombinedScorer` has the reward pool's ``score(...) -> ScoreResult``, so the rollout's
 ``Scorer`` uses either. Per call: the built-in rule scorers named in reward.combine run in one reward
 pool (one task list, each sample once per rule component), reward.custom in a pool of its own,
-reward.model in the reward model's pool, the judge in one generate call of its engine
+reward.model in the reward model's pool (or its role, reward.model.placement disaggregated), the judge in one generate call of its engine
 (megarl/rollout/judge.py). A sample's score is the weighted sum of its data source's components
 (megarl/rewards/combine.py); each component's mean over the samples that use it is logged as
 ``reward/<component>``, the judge's failures as ``reward/judge_errors`` and ``reward/judge_timeouts``.
@@ -41,9 +41,10 @@ class CombinedResult(ScoreResult):
         return out
 
 
-def _pools(cfg: RewardConfig) -> dict[str, RewardConfig]:
+def _pools(cfg: RewardConfig, model_role: bool = False) -> dict[str, RewardConfig]:
     """The reward pools a combined config needs, each with the one config its RewardScorer takes:
-    rule scorers (no custom function, no model), reward.custom, reward.model."""
+    rule scorers (no custom function, no model), reward.custom, reward.model (not with
+    ``model_role``: the reward model's role scores it)."""
     bare: dict[str, Any] = {"model": None, "judge": None, "combine": {}}
     named_rules = any(n not in (CUSTOM_COMPONENT, MODEL_COMPONENT, JUDGE_COMPONENT) for p in cfg.combine.values() for n in p)
     pools = {}
@@ -51,20 +52,22 @@ def _pools(cfg: RewardConfig) -> dict[str, RewardConfig]:
         pools["rules"] = cfg.model_copy(update={**bare, "custom": None})
     if cfg.custom is not None:
         pools[CUSTOM_COMPONENT] = cfg.model_copy(update=bare)
-    if cfg.model is not None:
+    if cfg.model is not None and not model_role:
         pools[MODEL_COMPONENT] = cfg.model_copy(update={**bare, "custom": None, "model": cfg.model})
     return pools
 
 
 class CombinedScorer:
-    """The reward pools and the judge of a reward.combine config; use as a context manager."""
+    """The reward pools and the judge of a reward.combine config; use as a context manager.
+    ``model``: the reward model's role (megarl/rollout/reward_model_role.py), which then scores the
+    ``model`` component in place of a reward pool; closed with the rest."""
 
     def __init__(self, cfg: RewardConfig, judge: Judge | None = None, *, start_method: str = "forkserver",
-                 log_path: str | Path | None = None) -> None:  # fmt: skip
+                 model: Any = None, log_path: str | Path | None = None) -> None:  # fmt: skip
         self.cfg, self.judge = cfg, judge
-        self.pools: dict[str, RewardScorer] = {}
+        self.pools: dict[str, Any] = {} if model is None else {MODEL_COMPONENT: model}  # RewardScorer, or the role
         try:
-            for name, pool_cfg in _pools(cfg).items():  # (their workers share the log file: each line appended)
+            for name, pool_cfg in _pools(cfg, model_role=model is not None).items():  # (one log file: lines appended)
                 self.pools[name] = RewardScorer(pool_cfg, start_method=start_method, log_path=log_path)
         except BaseException:
             self.close()

@@ -236,25 +236,37 @@ def _start_sglang(cfg: MegaRLConfig, plan: Plan, models: dict[str, Any], log_dir
 
 
 def _start_rewards(cfg: MegaRLConfig, in_process: bool, log_dir: Path) -> Any:
-    """The reward pool, or with reward.combine / reward.judge the pools and the judge that score its components."""
+    """The reward pool, or with reward.combine / reward.judge the pools and the judge that score its
+    components; the reward model's role (reward.model.placement disaggregated) in place of its pool."""
     from megarl.rewards.scorer import REWARD_WORKERS_LOG, RewardScorer
 
     workers_log = log_dir / REWARD_WORKERS_LOG  # the user's reward functions' prints: not the terminal
+    model = _start_reward_model(cfg, log_dir)
     if not cfg.reward.combine:
-        return RewardScorer(cfg.reward, log_path=workers_log)
+        return model or RewardScorer(cfg.reward, log_path=workers_log)
     from megarl.rollout.judge import start_judge
     from megarl.rollout.reward_combine import CombinedScorer
 
-    judge_cfg = cfg.reward.judge
-    judge = None if judge_cfg is None else start_judge(
-        judge_cfg, in_process=in_process, log_dir=log_dir, start_timeout_s=cfg.cluster.build_timeout_s,
-        max_failed_fraction=cfg.reward.max_failed_fraction)  # fmt: skip
+    judge_cfg, judge = cfg.reward.judge, None
     try:
-        return CombinedScorer(cfg.reward, judge, log_path=workers_log)
+        judge = None if judge_cfg is None else start_judge(
+            judge_cfg, in_process=in_process, log_dir=log_dir, start_timeout_s=cfg.cluster.build_timeout_s,
+            max_failed_fraction=cfg.reward.max_failed_fraction)  # fmt: skip
+        return CombinedScorer(cfg.reward, judge, model=model, log_path=workers_log)
     except BaseException:
-        if judge is not None:
-            judge.close()
+        for part in (judge, model):
+            if part is not None:
+                part.close()
         raise
+
+
+def _start_reward_model(cfg: MegaRLConfig, log_dir: Path) -> Any:
+    """The reward model's role when it is placed as one (the plan refused it for in-process runs), else None."""
+    if cfg.reward.model is None or cfg.reward.model.placement != "disaggregated":
+        return None
+    from megarl.rollout.reward_model_role import RewardModelRole
+
+    return RewardModelRole(cfg.reward, cfg.cluster.device, log_dir)
 
 
 def _start_standalone(cfg: MegaRLConfig, models: dict[str, Any], log_dir: Path, closers: list[Callable[[], None]]) -> Any:

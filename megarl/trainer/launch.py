@@ -17,7 +17,7 @@ from pathlib import Path
 from megarl.config.loading import load_config
 from megarl.config.sections import MegaRLConfig
 from megarl.plan.planner import Plan, make_plan
-from megarl.terminal import library_warnings_logged
+from megarl.terminal import LogFileHandler, library_warnings_logged
 
 log = logging.getLogger(__name__)
 DRIVER_LOG = "driver.log"
@@ -130,7 +130,7 @@ def driver_log(path: Path) -> Iterator[None]:
     """Everything the driver logs also goes to ``path``, plus the traceback of what ends the run
     (the terminal gets one line: megarl/cli.py)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    handler = logging.FileHandler(path)
+    handler = LogFileHandler(path)  # a full disk silences it: no "--- Logging error ---" per record
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%Y-%m-%d %H:%M:%S"))
     root, errors = logging.getLogger(), logging.getLogger("megarl.driver_errors")
     errors.propagate = False  # tracebacks to the file only
@@ -142,7 +142,8 @@ def driver_log(path: Path) -> Iterator[None]:
     except BaseException as exc:
         errors.error("the run ended with %s", type(exc).__name__, exc_info=exc)
         try:
-            exc.megarl_log = str(path)  # type: ignore[attr-defined]
+            if handler.failed is None:  # else the traceback is not there to point at
+                exc.megarl_log = str(path)  # type: ignore[attr-defined]
         except AttributeError:
             pass
         raise
@@ -153,12 +154,18 @@ def driver_log(path: Path) -> Iterator[None]:
 
 
 def _roles(plan) -> str:
-    return ", ".join(f"{len(r.gpus)} {r.role} rank(s)" for name, r in plan.roles.items() if name != "rollout")
+    return ", ".join(f"{len(r.gpus)} {r.role} rank(s)" for r in _ray_roles(plan))
 
 
 def _cpus_needed(plan) -> int:
-    """One logical CPU per process of each role (colocated roles share bundles but add CPUs)."""
-    return sum(len(r.gpus) for name, r in plan.roles.items() if name != "rollout") + 1
+    """One logical CPU per process of each role (colocated roles share bundles but add CPUs),
+    the reward model's actors included."""
+    return sum(len(r.gpus) for r in _ray_roles(plan)) + 1
+
+
+def _ray_roles(plan) -> list:
+    """The roles whose processes ask Ray for a CPU each: the trained models' ranks and the reward model's actors."""
+    return [r for name, r in plan.roles.items() if name != "rollout"] + ([plan.reward_model] if plan.reward_model else [])
 
 
 def _local_gpus(cfg: MegaRLConfig) -> int | None:

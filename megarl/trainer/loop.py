@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from megarl.checkpoint.verification import step_dir_name
 from megarl.config.loading import config_to_yaml
 from megarl.config.sections import MegaRLConfig
 from megarl.data.prompt_batch import PromptBatch
+from megarl.disk_full import DiskFullError, disk_full_cause, quiet_threads, reason_of, writing
 from megarl.engines.base import Engines, SamplingParams
 from megarl.engines.routing import routing_replay
 from megarl.engines.seeds import step_seed
@@ -160,15 +162,17 @@ class Trainer:
                 epochs = t.total_epochs if t.total_steps is None else None
                 log.info("%s", finished_note(self.out, step_dir_name(start), start, self.parts.total_steps, epochs=epochs))
                 return {}
-            self.logger = self._logger_factory(start, history=self._history)
+            with self._disk_full_ending(control):  # (it restores or cuts back metrics.jsonl)
+                self.logger = self._logger_factory(start, history=self._history)
             self.step = self._start = start
             timeout = self.cfg.trainer.hang_timeout_s
             groups = {role: m.group for role, m in self.parts.models.items() if hasattr(m.group, "dump_stacks")}
             try:
-                if not timeout:
-                    return self._train(start, control)
-                with Watchdog(control, timeout, groups, self.out / "logs"):
-                    return self._train(start, control)
+                with self._disk_full_ending(control):
+                    if not timeout:
+                        return self._train(start, control)
+                    with Watchdog(control, timeout, groups, self.out / "logs"):
+                        return self._train(start, control)
             except KeyboardInterrupt:  # a second signal, or the watchdog: the step is abandoned
                 control.cleaning = True
                 if control.hang:
@@ -219,6 +223,27 @@ class Trainer:
                 raise RunStopped(self._stopped_message(control, step, saved=bool(saving)), control.exit_code)
         return self.logger.last
 
+    @contextmanager
+    def _disk_full_ending(self, control: RunControl) -> Iterator[None]:
+        """A full disk met anywhere in the run (a save, metrics, rollouts, samples, a library's
+        write) ends it as one DiskFullError naming what was written, the last complete checkpoint
+        (a save that failed left nothing: megarl/checkpoint/manager.py) and the resume command."""
+        try:
+            with quiet_threads():
+                yield
+        except Exception as exc:
+            cause = disk_full_cause(exc)
+            if cause is None:
+                raise
+            filename = getattr(cause, "filename", None)
+            full = cause if isinstance(cause, DiskFullError) else DiskFullError(
+                filename if isinstance(filename, str) else self.out, f"the run's files at step {self.step}", reason_of(cause))  # fmt: skip
+            latest = self.checkpoints.latest_valid(quiet=True)
+            kept = f"the last complete checkpoint, step {latest.step} ({latest.path})" if latest else "no checkpoint yet"
+            command = control.resume_command or "the same command (trainer.resume=auto)"
+            raise full.with_kept(kept, f"free space on that disk (megarl deletes nothing of yours to make room), then resume "
+                                       f"with: {command}") from exc  # fmt: skip
+
     def _stopped_message(self, control: RunControl, step: int | None, saved: bool = False) -> str:
         """What a stop on a signal leaves behind (``step``: the last completed one, None when the
         step in progress was abandoned), and the command that goes on from there."""
@@ -261,14 +286,17 @@ class Trainer:
         texts = self.parts.scorer.texts(batch)
         rows = [{"prompt": batch.prompt_text[i], "response": texts[i], "ground_truth": batch.ground_truth[i],
                  "score": float(batch.scores[i]), "finish_reason": batch.finish_reason[i]} for i in range(min(k, len(batch)))]
-        write_sample_rows(self.out / "samples" / f"step_{step:06d}.jsonl", rows, step, "samples")
+        path = self.out / "samples" / f"step_{step:06d}.jsonl"
+        with writing(path, f"the validation samples of step {step}"):
+            write_sample_rows(path, rows, step, "samples")
 
     # ---- checkpoints -----------------------------------------------------------------------
     def save(self, step: int) -> Path:
         PROGRESS.mark("save", step)
         # The launch directory: relative paths in the saved config (model.path, data files) are
         # relative to it, wherever `megarl convert` later runs.
-        with self.checkpoints.saving(step, run_metadata(), expected_bytes=self._checkpoint_bytes()) as folder:
+        with writing(self.checkpoints.root / step_dir_name(step), f"checkpoint step {step} (nothing of it is left)"), \
+                self.checkpoints.saving(step, run_metadata(), expected_bytes=self._checkpoint_bytes()) as folder:  # fmt: skip
             for role, model in self.parts.models.items():
                 model.save(str(folder / role))
             # The config this checkpoint was trained with (megarl convert reads it; output_dir's
@@ -288,15 +316,10 @@ class Trainer:
         return self.checkpoints.root / step_dir_name(step)
 
     def _checkpoint_bytes(self) -> int:
-        """The planner's estimate of a checkpoint (megarl/plan/trainer_checks.py: the one the
-        watchdog's plan-time check uses too), for the free-space check before a save."""
-        from megarl.config.architectures import ArchError, resolve_arch
-        from megarl.plan.trainer_checks import checkpoint_bytes
+        """The planner's estimate of a checkpoint (the free-space check before a save)."""
+        from megarl.plan.disk_space import checkpoint_bytes
 
-        try:
-            return checkpoint_bytes(self.cfg, resolve_arch(self.cfg.model.path, self.cfg.model.arch))
-        except ArchError:
-            return 0
+        return checkpoint_bytes(self.cfg)
 
     def restore(self) -> int:
         """Load the checkpoint trainer.resume points at; returns the step to continue after."""

@@ -23,15 +23,13 @@ import re
 from pathlib import Path
 from typing import Any, Protocol
 
+from megarl.checkpoint.metrics_history import MetricsFileError, owns_history, records
 from megarl.config.sections import TrainerConfig
+from megarl.disk_full import disk_full_cause, writing
 from megarl.kept_files import kept_name, time_tag, write_atomically
 from megarl.plan.logger_checks import WANDB_LOGIN_FIX
 
 log = logging.getLogger(__name__)
-
-
-class MetricsFileError(ValueError):
-    """A metrics.jsonl that cannot be read (a user-facing, one-line error)."""
 
 
 class MetricsSinkError(ValueError):
@@ -60,15 +58,28 @@ class JsonlSink:
             kept_as = kept_name(path, time_tag(path.stat().st_mtime))
             os.replace(path, kept_as)
             log.warning("metrics: %s of an earlier run kept as %s", path, kept_as.name)
-        self._file = path.open("a")
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         record = {"step": step, **{k: _jsonable(v) for k, v in sorted(metrics.items())}}
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
+        with writing(self.path, f"the metrics of step {step}"):
+            append_whole(self._fd, (json.dumps(record) + "\n").encode())
 
     def close(self) -> None:
-        self._file.close()
+        os.close(self._fd)
+
+
+def append_whole(fd: int, data: bytes) -> None:
+    """Append ``data`` to the file ``fd`` whole or not at all: a write the disk cuts short (full)
+    is taken back, so the file never ends in half a record."""
+    size = os.fstat(fd).st_size
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    except BaseException:
+        os.ftruncate(fd, size)  # shrinking needs no space
+        raise
 
 
 class TensorBoardSink:
@@ -84,9 +95,10 @@ class TensorBoardSink:
         self._writer = SummaryWriter(log_dir=str(log_dir), purge_step=purge_step)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        for name, value in metrics.items():
-            self._writer.add_scalar(name, value, step)
-        self._writer.flush()
+        with writing(self._writer.log_dir, f"the TensorBoard events of step {step}"):
+            for name, value in metrics.items():
+                self._writer.add_scalar(name, value, step)
+            self._writer.flush()
 
     def close(self) -> None:
         self._writer.close()
@@ -268,8 +280,13 @@ class MetricsLogger:
             sink.log(step, metrics)
 
     def close(self) -> None:
+        """Close every sink; one that cannot flush (a full disk) does not stop the others, and is
+        logged, not raised: the run's own ending says what happened."""
         for sink in self.sinks:
-            sink.close()
+            try:
+                sink.close()
+            except OSError as exc:  # (a full disk: the run's ending says it already)
+                (log.debug if disk_full_cause(exc) else log.warning)("metrics: closing %s failed (%s)", type(sink).__name__, exc)
 
 
 def build_logger(cfg: TrainerConfig, config_dict: dict[str, Any], total_steps: int, resume_step: int = 0,
@@ -295,21 +312,34 @@ def build_logger(cfg: TrainerConfig, config_dict: dict[str, Any], total_steps: i
 
 
 def _take_history(path: Path, resume_step: int, history: Path) -> None:
-    """Where ``path`` does not hold the records the resumed checkpoint was saved with (its copy
-    ``history``), it has gone on with another history since: a resume from a checkpoint set aside
-    as step_N.abandoned meets the records of the history that set it aside, and cutting them back
-    would mix the two. The file is kept aside whole and the checkpoint's records take its place.
-    Records added to the checkpoint's (a validation-only run's) are no other history; a resume
-    into a new output_dir (no file) starts its metrics."""
-    theirs = [line for line, record in _records(history) if record.get("step", 0) <= resume_step]
-    if not path.exists() or _in_order(theirs, [line for line, _ in _records(path)]):
+    """Make ``path`` hold the records the resumed checkpoint was saved with (its copy ``history``).
+    Missing or empty (deleted since): restored from the copy, when the checkpoint is this
+    output_dir's (a resume from another run's checkpoint into a new output_dir starts its own
+    metrics). Not holding them (lines removed or changed since, or another history: a resume
+    from a checkpoint set aside as step_N.abandoned meets the records of the history that set it
+    aside, and cutting them back would mix the two) or holding a line that is no JSON record:
+    the file is kept aside whole, as it is, and the checkpoint's records take its place, so
+    nothing is lost and the run goes on (a bad line with no copy to take its place is refused
+    before Ray starts: megarl/plan/resume_checks.py). Records added to the checkpoint's (a
+    validation-only run's) are no other history."""
+    theirs = "".join(line + "\n" for line, record in records(history) if record.get("step", 0) <= resume_step)
+    if not path.exists() or not path.stat().st_size:
+        if theirs and owns_history(path, history):
+            write_atomically(path, theirs)
+            log.warning("metrics: %s was missing; its records up to step %d are restored from the copy %s keeps",
+                        path, resume_step, history.parent.name)  # fmt: skip
         return
+    try:
+        if _in_order(theirs.splitlines(), [line for line, _ in records(path)]):
+            return
+        why = f"does not hold the records {history.parent.name} was saved with (lines removed or changed, or another history since set aside)"
+    except MetricsFileError as exc:
+        why = exc.problem.removeprefix(str(path)).removeprefix(":").join(("has a bad line (line ", ")"))
     kept_as = kept_name(path, time_tag(path.stat().st_mtime))
     write_atomically(kept_as, path.read_text())
-    write_atomically(path, "".join(line + "\n" for line in theirs))
-    log.warning("metrics: %s does not hold the records %s was saved with (it went on with another history, since "
-                "set aside); kept as %s, and the checkpoint's records up to step %d take its place", path.name,
-                history.parent.name, kept_as.name, resume_step)  # fmt: skip
+    write_atomically(path, theirs)
+    log.warning("metrics: %s %s; kept as %s, and the checkpoint's records up to step %d take its place", path.name, why,
+                kept_as.name, resume_step)  # fmt: skip
 
 
 def _in_order(lines: list[str], within: list[str]) -> bool:
@@ -323,9 +353,9 @@ def _cut_back(path: Path, resume_step: int) -> None:
     last line goes). The records cut are kept beside it as metrics.steps<A>-<B>.<time>.jsonl: the
     steps a crashed run got through after its checkpoint, or the history a resume from an older
     checkpoint leaves, are evidence someone may want."""
-    records = _records(path)  # (a resume into a new output_dir has none)
-    kept = "".join(line + "\n" for line, record in records if record.get("step", 0) <= resume_step)
-    cut = [(line, record) for line, record in records if record.get("step", 0) > resume_step]
+    found = records(path)  # (a resume into a new output_dir has none)
+    kept = "".join(line + "\n" for line, record in found if record.get("step", 0) <= resume_step)
+    cut = [(line, record) for line, record in found if record.get("step", 0) > resume_step]
     if cut:
         steps = [int(record["step"]) for _, record in cut]
         aside = kept_name(path, f"steps{min(steps)}-{max(steps)}.{time_tag()}")
@@ -334,33 +364,6 @@ def _cut_back(path: Path, resume_step: int) -> None:
                     "records are kept in %s", min(steps), max(steps), path.name, resume_step, aside.name)
     if kept != (path.read_text() if path.exists() else ""):
         write_atomically(path, kept)
-
-
-def read_metrics(path: Path) -> list[dict[str, float]]:
-    """The records of a metrics.jsonl (none when it does not exist); see :func:`_records`."""
-    return [record for _, record in _records(path)]
-
-
-def _records(path: Path) -> list[tuple[str, dict[str, Any]]]:
-    """Each line of a metrics.jsonl with its record. A cut-off last line (a run killed while
-    writing it) is left out with a warning: resuming re-runs that step. A bad line elsewhere is
-    not something a kill leaves, so it is an error naming the line."""
-    if not path.exists():
-        return []
-    text = path.read_text()
-    lines = text.splitlines()
-    out = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            out.append((line, json.loads(line)))
-        except json.JSONDecodeError:
-            if number == len(lines) and not text.endswith("\n"):
-                log.warning("%s: its last line is cut off (a run killed while writing it); it is left out", path)
-                continue
-            raise MetricsFileError(f"{path}:{number} is not a JSON record ({line[:40]!r}...); mend or delete that line") from None
-    return out
 
 
 def _jsonable(value: Any) -> Any:

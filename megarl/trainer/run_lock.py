@@ -1,6 +1,8 @@
-"""One run per output directory: a second `megarl launch` (a Slurm requeue while the old job is
+"""One writer per output: a second `megarl launch` (a Slurm requeue while the old job is
 still alive, a command started twice) on the same ``trainer.output_dir`` would resume from the
-first one's checkpoints while it trains, save over its steps and cut its metrics.jsonl.
+first one's checkpoints while it trains, save over its steps and cut its metrics.jsonl; a second
+`megarl generate` into the same --out would continue the first one's partial folder while it
+writes there, and two converts or evaluates would swap their outputs over each other.
 
 The lock is a POSIX record lock (``lockf``) on ``<output_dir>/.megarl.lock``, held by the driver
 for the whole run: the kernel releases it when the process ends however it ends (no stale lock
@@ -11,17 +13,25 @@ hold in one process is refused here (a registry of held paths), and nothing else
 The file names its holder for the refusal; it stays in place (removing it while another process
 opens it would let two runs lock two different files). Where the filesystem has no record locks
 (some Lustre and NFS mounts), the run goes on unlocked, with a warning.
+
+A command's --out (output_lock: `megarl generate`, `convert`, `evaluate`) is a file or folder
+that is replaced whole, so its lock is a file of its own beside it, ``.<name>.megarl.lock``,
+removed when the command ends (a killed command's stays, harmless: the next one takes it). A
+process that opened that file just before its holder removed it sees, once it holds the lock,
+that the path names another file (or none) and starts again, so two processes never hold two
+files of one output.
 """
 
 from __future__ import annotations
 
 import errno
 import fcntl
+import functools
 import logging
 import os
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -30,7 +40,7 @@ log = logging.getLogger(__name__)
 
 
 class OutputDirInUse(RuntimeError):
-    """Another live process runs in this output directory."""
+    """Another live process runs in this output directory, or writes this output."""
 
 
 _HELD: set[Path] = set()  # the lock files this process holds
@@ -43,23 +53,50 @@ def output_dir_lock(output_dir: str | Path, field: str = "trainer.output_dir") -
     another process, or this one, holds it. ``field`` names the config key in the message."""
     path = Path(output_dir)
     path.mkdir(parents=True, exist_ok=True)
-    lock = (path / LOCK_FILE).resolve()
-    if lock in _HELD:
-        raise _in_use(field, output_dir, "this process")
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)  # umask decides: a group-writable output_dir stays shared
+    with _held((path / LOCK_FILE).resolve(), field, output_dir, "run", remove=False):
+        yield
+
+
+@contextmanager
+def output_lock(output: str | Path, flag: str = "--out") -> Iterator[None]:
+    """Hold the file or folder ``output`` that a command writes (its lock file beside it, removed
+    at the end); refuse (OutputDirInUse naming the holder's pid) when another process, or this
+    one, writes it. Folders made for the lock file are removed at the end when still empty (a
+    command refused later leaves none)."""
+    path = Path(output).absolute()
+    made = [p for p in [path.parent, *path.parent.parents] if not os.path.lexists(p)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = path.parent.resolve() / f".{path.name}.megarl.lock"
     try:
+        with _held(lock, flag, output, "command", remove=True):
+            yield
+    finally:
+        for folder in made:  # deepest first
+            try:
+                folder.rmdir()
+            except OSError:  # the output (or anything else) is in it
+                break
+
+
+@contextmanager
+def _held(lock: Path, field: str, output: str | Path, what: str, *, remove: bool) -> Iterator[None]:
+    """Hold the record lock on the file ``lock`` for ``field``'s ``output`` (a ``what``: run or
+    command, in the messages); ``remove``: the file goes when the hold ends."""
+    refusal = functools.partial(_in_use, field, output, what=what)
+    if lock in _HELD:
+        raise refusal("this process")
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)  # umask decides: a group-writable folder stays shared
         try:
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno in _NO_LOCKS:
-                log.warning("%s %s: the filesystem has no file locks (%s); nothing stops a second run there",
-                            field, output_dir, exc.strerror)  # fmt: skip
-            elif exc.errno in (errno.EACCES, errno.EAGAIN):
-                holder = os.read(fd, 512).decode(errors="replace").strip() or "another process"
-                raise _in_use(field, output_dir, holder) from None
-            else:
-                raise
-        else:
+            locked = _lock(fd, refusal, f"{field} {output}: the filesystem has no file locks (%s); nothing stops a second {what} there")
+        except BaseException:
+            os.close(fd)
+            raise
+        if not remove or not locked or _names(lock, fd):
+            break
+        os.close(fd)  # its holder removed it as we opened it: lock the file the path names now
+    try:
+        if locked:
             os.ftruncate(fd, 0)
             since = time.strftime("%Y-%m-%d %H:%M:%S")
             os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} (since {since})".encode(), 0)
@@ -68,10 +105,36 @@ def output_dir_lock(output_dir: str | Path, field: str = "trainer.output_dir") -
             yield
         finally:
             _HELD.discard(lock)
+            if remove and locked:
+                lock.unlink(missing_ok=True)  # while still held: a process waiting on it starts again
     finally:
         os.close(fd)  # releases the lock
 
 
-def _in_use(field: str, output_dir: str | Path, holder: str) -> OutputDirInUse:
-    return OutputDirInUse(f"{field} {output_dir} is in use by {holder}; wait for that run to end or stop it (a node that "
+def _lock(fd: int, refusal: Callable[[str], OutputDirInUse], unlocked: str) -> bool:
+    """Lock ``fd``: True when held, False on a filesystem without record locks (the warning
+    ``unlocked``); a lock held elsewhere is refused (``refusal``, given the holder)."""
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in _NO_LOCKS:
+            log.warning(unlocked, exc.strerror)
+            return False
+        if exc.errno in (errno.EACCES, errno.EAGAIN):
+            holder = os.read(fd, 512).decode(errors="replace").strip() or "another process"
+            raise refusal(holder) from None
+        raise
+    return True
+
+
+def _names(lock: Path, fd: int) -> bool:
+    """Whether the path ``lock`` still names the open file ``fd``."""
+    try:
+        return os.stat(lock).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        return False
+
+
+def _in_use(field: str, output: str | Path, holder: str, *, what: str) -> OutputDirInUse:
+    return OutputDirInUse(f"{field} {output} is in use by {holder}; wait for that {what} to end or stop it (a node that "
                           f"crashed holding it keeps it on some NFS mounts until it restarts), or give another {field}")

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from megarl.data.batch import Batch
+from megarl.disk_full import DiskFullError, writing
 from megarl.kept_files import write_keeping
 
 log = logging.getLogger(__name__)
@@ -78,13 +79,17 @@ class RolloutDump:
         return batch
 
     def _write(self, rows: list[dict[str, Any]], step: int) -> None:
-        write_sample_rows(self.directory / f"{step}.jsonl", rows, step, "trainer.rollout_data_dir")
+        path = self.directory / f"{step}.jsonl"
+        with writing(path, f"the rollouts of step {step} (trainer.rollout_data_dir)"):
+            write_sample_rows(path, rows, step, "trainer.rollout_data_dir")
 
     def _wait(self) -> None:
         pending, self._pending = self._pending, None
         if pending is not None:
             try:
                 pending.result()
+            except DiskFullError:  # said as every full disk is (megarl/disk_full.py)
+                raise
             except OSError as e:
                 raise RolloutDumpError(f"trainer.rollout_data_dir={self.directory}: writing a step's rollouts failed "
                                        f"({e}); free space or pick another directory, or unset it") from e  # fmt: skip

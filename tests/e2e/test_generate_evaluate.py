@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -38,6 +39,22 @@ CRASHING = """
         calls.write_text(str(count))
         if count == int(os.environ.get("CRASH_AT_CALL", "0")):
             os._exit(9)
+        return generate_batch(engines, prompts, params)
+"""
+
+# The default generation, held at its first call until RELEASE_FILE appears (STARTED_FILE says it is there).
+HELD = """
+    import os
+    import time
+    from pathlib import Path
+
+    from megarl.rollout.single_turn import generate_batch
+
+    def generate(engines, prompts, params):
+        Path(os.environ["STARTED_FILE"]).touch()
+        deadline = time.monotonic() + 240
+        while not Path(os.environ["RELEASE_FILE"]).exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
         return generate_batch(engines, prompts, params)
 """
 
@@ -108,6 +125,36 @@ def test_a_crashed_generation_resumes_to_the_uninterrupted_result(demo, tmp_path
     assert [p.name for p in partial.iterdir()] == ["notes.txt"]
     whole = generate(CONFIG, _overrides(model, "rollout.n=2"), data / "val.parquet", tmp_path / "whole.parquet", batch_size=50)
     assert pq.read_table(tmp_path / "gen.parquet").equals(pq.read_table(whole))  # seeded per part: the same samples
+
+
+def test_a_second_generate_into_the_same_out_is_refused_naming_the_first(demo, tmp_path):
+    """Two processes: the second starts while the first generates (its partial folder half
+    written) and is refused in one line naming the first's pid; the first finishes untouched."""
+    model, data = demo
+    (tmp_path / "held.py").write_text(textwrap.dedent(HELD))
+    started, release = tmp_path / "started", tmp_path / "release"
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}", "STARTED_FILE": str(started),
+           "RELEASE_FILE": str(release), "OMP_NUM_THREADS": "1"}  # fmt: skip
+    args = ["generate", str(CONFIG), *_overrides(model, "rollout.generate_function=held:generate"),
+            "--data", str(data / "val.parquet"), "--out", "gen.parquet", "--n", "1", "--batch-size", "100"]  # fmt: skip
+    first = subprocess.Popen([sys.executable, "-m", "megarl.cli", *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        while not started.exists() and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert started.exists(), first.communicate()[1]
+        second = _cli(args, env, tmp_path)
+        assert second.returncode == 2, second.stderr
+        assert re.fullmatch(rf"error: --out {tmp_path / 'gen.parquet'} is in use by pid {first.pid} on \S+ \(since [^)]*\); wait for that "
+                            r"command to end or stop it .*, or give another --out\n", second.stderr.splitlines(keepends=True)[-1])
+        assert "continuing the generation" not in second.stderr
+    finally:
+        release.touch()
+        _, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err
+    assert pq.read_metadata(tmp_path / "gen.parquet").num_rows == 200
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".gen")) == []  # the lock file went with it
 
 
 def test_generate_from_a_model_checkpoint_equals_its_hf_source(demo, tmp_path):

@@ -358,12 +358,27 @@ def test_save_keeps_an_unverified_step_dir_aside(tmp_path, caplog):
     assert (manager.root / "step_000002.unverified-1").is_dir()  # never overwritten either
 
 
+def test_the_free_space_message_states_what_a_save_needs_in_one_unit():
+    """Once said "a checkpoint takes about 0.0011 GiB and 0.0038 GiB are free": the margin that
+    made 0.0038 too little was hidden. Now the need is stated with it, every number in one unit."""
+    from megarl.checkpoint.manager import space_for_a_save, space_shortfall
+
+    mib = 2**20
+    assert space_shortfall(int(1.1 * mib), int(3.9 * mib)) == (
+        "a checkpoint takes about 1.1 MiB and a save needs 65.2 MiB free (it, 5% more and 64 MiB kept for the run's "
+        "logs and metrics), but 3.9 MiB are free")  # fmt: skip
+    assert space_shortfall(int(1.1 * mib), space_for_a_save(int(1.1 * mib))) is None  # exactly enough
+    assert "takes about 20 GiB and a save needs 21.1 GiB free" in space_shortfall(20 * 2**30, 2**30)
+
+
 def test_save_refuses_without_disk_space_and_writes_nothing(tmp_path):
     import shutil
 
     manager = CheckpointManager(tmp_path)
     free = shutil.disk_usage(tmp_path).free
-    with pytest.raises(CheckpointError, match=r"not enough disk space to save step 7 .* GiB and .* GiB are free; free some space"):
+    with pytest.raises(CheckpointError, match=r"not enough disk space to save step 7 in \S+: a checkpoint takes about .* GiB and "
+                       r"a save needs .* GiB free \(it, 5% more and 64 MiB kept for the run's logs and metrics\), but .* GiB "
+                       r"are free; free some space"):  # fmt: skip
         with manager.saving(7, expected_bytes=10 * free) as d:
             (d / "x").write_bytes(b"never")
     assert _names(manager) == []
@@ -372,5 +387,5 @@ def test_save_refuses_without_disk_space_and_writes_nothing(tmp_path):
     (manager.root / "step_000003.abandoned" / "policy" / "w").write_bytes(b"x" * 2**20)
     (manager.root / "step_000002.unverified-1").mkdir()
     with pytest.raises(CheckpointError, match=r"keeps fewer checkpoints; step_000002\.unverified-1, step_000003\.abandoned "
-                       r"\(0\.00098 GiB\) are kept aside, never deleted by megarl: remove them if not needed\) or point"):
+                       r"\(1 MiB\) are kept aside, never deleted by megarl: remove them if not needed\) or point"):
         manager.check_free_space(7, expected_bytes=10 * free)

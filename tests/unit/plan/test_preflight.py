@@ -383,6 +383,33 @@ def test_a_resume_refuses_another_model_and_names_other_changes(demo, tmp_path):
     assert "data.seed = 1" in refusal(config(demo, out, "actor.recompute=auto", "data.seed=2", "trainer.val_only=true"))  # it loads the sampler too
 
 
+def test_a_resume_refuses_a_bad_metrics_line_it_cannot_mend_before_ray_starts(demo, tmp_path):
+    """A line of metrics.jsonl that is no JSON record: refused by the plan when the checkpoint
+    keeps no copy of the file (a checkpoint of an older megarl); with a copy, the resume mends it
+    (the trainer's sink keeps the file aside and takes the copy's records), so the plan passes."""
+    out = tmp_path / "run"
+    cfg = config(demo, out)
+    ckpt = _trained_with(out, 2, cfg, launch_dir=tmp_path)
+    metrics = out / "metrics.jsonl"
+    metrics.write_text('{"step": 1}\n{"step": 2, "reward/mean": 0.\n{"step": 3}\n')  # (a hand edit gone wrong)
+    msg = refusal(cfg)
+    assert (f"  - trainer.output_dir: {metrics}:2 is not a JSON record ('{{\"step\": 2, \"reward/mean\": 0.'...), and the "
+            "resumed checkpoint keeps no copy of the file to take its place; mend or delete that line") in msg
+    assert metrics.read_text().count("\n") == 3  # read, not changed
+    assert not [f for f in preflight(config(demo, out, "trainer.loggers=[console]")) if f.field == "trainer.output_dir"]
+    import shutil
+
+    shutil.rmtree(ckpt)
+    from megarl.checkpoint.manager import CheckpointManager
+    from megarl.config.loading import config_to_yaml
+
+    with CheckpointManager(out).saving(2, {"launch_dir": str(tmp_path)}) as d:  # as the trainer saves it: with the copy
+        (d / "trainer_state.pt").write_bytes(b"state")
+        (d / "config.yaml").write_text(config_to_yaml(cfg))
+        (d / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2, "reward/mean": 0.5}\n')
+    assert [f for f in preflight(cfg) if f.field == "trainer.output_dir"] == []
+
+
 def test_a_resume_refuses_a_model_config_edited_since_training(demo, tmp_path):
     # rope_theta or rope_scaling change no weight shape: the run went on under another model config
     import json

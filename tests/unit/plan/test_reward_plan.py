@@ -43,3 +43,72 @@ def test_preflight_checks_the_judge_and_the_combined_sources(tmp_path):
     assert combine_findings(good, rows) == []
     (role,) = reward_roles(good, good.samples_per_step)
     assert role["role"] == "LLM judge" and 0 < role["memory_gib"] < 0.1
+
+
+def _rm_config(path: Path, **values) -> str:
+    """A reward model's config.json alone (the plan reads nothing else of it)."""
+    import json
+
+    path.mkdir(parents=True, exist_ok=True)
+    config = {"model_type": "qwen2", "architectures": ["Qwen2ForSequenceClassification"], "hidden_size": 3584,
+              "num_hidden_layers": 28, "intermediate_size": 18944, "num_attention_heads": 28, "num_key_value_heads": 4,
+              "vocab_size": 152064, "max_position_embeddings": 32768, "torch_dtype": "bfloat16", "num_labels": 1}  # fmt: skip
+    (path / "config.json").write_text(json.dumps(config | values))
+    return str(path)
+
+
+PPO7 = ROOT / "configs" / "qwen2.5_7b_ppo.yaml"
+ROLE = ("reward.model.placement=disaggregated",)
+
+
+def test_the_reward_model_role_takes_the_last_gpus_and_its_memory_is_planned(tmp_path):
+    from rich.console import Console
+
+    from megarl.plan.report import print_plan
+
+    rm = _rm_config(tmp_path / "rm")
+    cfg = load_config(PPO7, [f"reward.model.path={rm}", *ROLE, "reward.model.gpus=4", "reward.model.max_length=4096"])
+    plan = make_plan(cfg)
+    assert plan.roles["policy"].gpus == (0, 1, 2, 3) and plan.roles["rollout"].gpus == (0, 1, 2, 3)
+    assert plan.reward_model is not None and plan.reward_model.gpus == (4, 5, 6, 7)
+    mem = plan.memory.reward_model
+    # Qwen2.5-7B's 7.07B parameters without the LM head (7.62B with it), in bf16
+    assert 7.06e9 < mem.weights / 2 < 7.08e9 and mem.tokens == (8, 4096)
+    console = Console(record=True, width=300)
+    print_plan(cfg, plan, console)
+    text = console.export_text()
+    assert "reward_model actor 3" in text and "reward model: 4 actor(s) of its own" in text
+    assert f"reward model memory/GPU weights 13.2 (bfloat16) + activations {mem.activations / 2**30:.1f}" in text
+    # disaggregated rollout: training pool, then the rollout pool, then the reward model's devices
+    split = make_plan(load_config(PPO7, [f"reward.model.path={rm}", *ROLE, "reward.model.gpus=8", "cluster.nnodes=3",
+                                         "cluster.placement=disaggregated", "cluster.rollout_gpus=8"]))  # fmt: skip
+    assert (split.roles["policy"].gpus, split.roles["rollout"].gpus) == (tuple(range(8)), tuple(range(8, 16)))
+    assert split.reward_model.gpus == tuple(range(16, 24))
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (("reward.model.gpus=4", "reward.model.batch_size=64"),
+     "reward.model.batch_size: the reward model needs an estimated 360.2 GiB per GPU (weights 13.2 + activations of one batch "
+     "of 64 x 32768 tokens 346.0 + runtime 1.0), 280.2 GiB over cluster.gpu_memory_gib (80); lower reward.model.batch_size "
+     "or reward.model.max_length"),
+    (("reward.model.gpus=8",), "reward.model.gpus: (8) leaves no device for training: the cluster has 8"),
+    (("reward.model.gpus=2", "cluster.nnodes=2"), "must leave whole nodes to the training pool on a multi-node cluster"),
+    (("reward.model.gpus=4", "reward.model.device=cuda"), "reward.model.device: (cuda) is for placement workers"),
+    (("reward.model.placement=colocated",), "reward.model.placement: (colocated) is not built yet"),
+])  # fmt: skip
+def test_the_plan_refuses_a_reward_model_role_that_cannot_run(tmp_path, overrides, message):
+    rm = _rm_config(tmp_path / "rm")
+    with pytest.raises(PlanError) as info:
+        make_plan(load_config(PPO7, [f"reward.model.path={rm}", *ROLE, *overrides]))
+    assert message in str(info.value)
+
+
+def test_an_in_process_run_refuses_the_role_and_a_cpu_plan_counts_processes(tmp_path):
+    rm = _rm_config(tmp_path / "rm", hidden_size=32, num_hidden_layers=1, intermediate_size=64, num_attention_heads=2,
+                    num_key_value_heads=1, vocab_size=100, max_position_embeddings=64, torch_dtype="float32")  # fmt: skip
+    with pytest.raises(PlanError, match="is a Ray actor and --in-process runs without Ray"):
+        make_plan(_cfg(f"reward.model.path={rm}", *ROLE, "cluster.gpus_per_node=1"), in_process=True)
+    plan = make_plan(_cfg(f"reward.model.path={rm}", *ROLE, "actor.mini_batch_size=256"))
+    assert plan.roles["policy"].gpus == (0,) and plan.reward_model.gpus == (1,)
+    (role,) = reward_roles(_cfg(f"reward.model.path={rm}", *ROLE), 256)
+    assert role["where"] == "1 Ray actor(s) of its own, one per process (global processes 1)" and role["per"] == "per process"

@@ -6,9 +6,10 @@ import time
 
 import pytest
 
+from megarl.checkpoint.metrics_history import read_metrics
 from megarl.commands.curves import plot_run
 from megarl.progress import PhaseTimer
-from megarl.trainer.metric_sinks import JsonlSink, mlflow_name, read_metrics
+from megarl.trainer.metric_sinks import JsonlSink, mlflow_name
 
 
 def test_jsonl_resume_cuts_later_steps(tmp_path):

@@ -11,17 +11,16 @@ import types
 
 import pytest
 
+from megarl.checkpoint.metrics_history import MetricsFileError, read_metrics
 from megarl.cli import user_error_line
 from megarl.config.sections import TrainerConfig
 from megarl.trainer.metric_sinks import (
     ConsoleSink,
     JsonlSink,
-    MetricsFileError,
     MetricsSinkError,
     MlflowSink,
     WandbSink,
     build_logger,
-    read_metrics,
 )
 
 
@@ -111,6 +110,41 @@ def test_records_the_checkpoint_holds_within_the_file_are_its_history(tmp_path):
     fresh = tmp_path / "new" / "metrics.jsonl"  # a resume into a new output_dir starts its metrics
     JsonlSink(fresh, resume_step=2, history=history).close()
     assert fresh.read_text() == ""
+
+
+def _checkpoint_copy(out, step: int, text: str):
+    """The copy of metrics.jsonl a checkpoint of the run in ``out`` keeps (run_record.record_metrics)."""
+    history = out / "checkpoints" / f"step_{step:06d}" / "metrics.jsonl"
+    history.parent.mkdir(parents=True)
+    history.write_text(text)
+    return history
+
+
+def test_a_deleted_metrics_file_is_restored_from_the_checkpoint_with_a_warning(tmp_path, caplog):
+    path = tmp_path / "metrics.jsonl"
+    history = _checkpoint_copy(tmp_path, 2, _lines((1, 0.1), (2, 0.2)))
+    sink = JsonlSink(path, resume_step=2, history=history)  # the file was deleted after the save
+    sink.log(3, {"loss": 0.3})
+    sink.close()
+    assert path.read_text() == _lines((1, 0.1), (2, 0.2), (3, 0.3))  # one uninterrupted history
+    assert f"metrics: {path} was missing; its records up to step 2 are restored from the copy step_000002 keeps" in caplog.text
+
+
+def test_a_file_missing_records_or_with_a_bad_line_is_kept_aside_whole_and_the_copy_takes_its_place(tmp_path, caplog):
+    """Lines removed since the save, or a line that is no JSON record (not what a kill leaves):
+    the file is kept as it is beside (nothing lost) and the run goes on from the copy's records,
+    rather than stopping once the model is up; the steps after the checkpoint are trained again."""
+    path = tmp_path / "metrics.jsonl"
+    history = _checkpoint_copy(tmp_path, 2, _lines((1, 0.1), (2, 0.2)))
+    for damaged, why in ((_lines((2, 0.2), (3, 0.3)), "does not hold the records step_000002 was saved with (lines removed or changed, or another history since set aside)"),
+                         (_lines((1, 0.1)) + "{oops\n" + _lines((3, 0.3)), "has a bad line (line 2 is not a JSON record ('{oops'...))")):  # fmt: skip
+        path.write_text(damaged)
+        caplog.clear()
+        JsonlSink(path, resume_step=2, history=history).close()
+        assert path.read_text() == _lines((1, 0.1), (2, 0.2))
+        kept = [p for p in tmp_path.glob("metrics.2*.jsonl") if p.read_text() == damaged]
+        assert len(kept) == 1 and f"metrics: metrics.jsonl {why}; kept as {kept[0].name}, and the checkpoint's records " \
+                                  "up to step 2 take its place" in caplog.text  # fmt: skip
 
 
 def _real_signatures() -> dict[str, inspect.Signature]:

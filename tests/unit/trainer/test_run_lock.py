@@ -65,3 +65,38 @@ def test_a_filesystem_without_locks_runs_unlocked_with_a_warning(tmp_path, monke
     with output_dir_lock(tmp_path):
         pass
     assert "the filesystem has no file locks (No locks available); nothing stops a second run there" in caplog.text
+
+
+HOLD_OUTPUT = """import sys, time
+from megarl.trainer.run_lock import output_lock
+with output_lock(sys.argv[1], "--scored"):
+    print('held', flush=True)
+    time.sleep(60)
+"""
+
+
+def test_a_commands_output_is_held_by_a_lock_file_beside_it_that_goes_with_the_command(tmp_path):
+    """generate, convert and evaluate: a second writer of one --out is refused naming the first's
+    pid; the lock file is removed at the end, and so are the folders made only for it."""
+    from megarl.trainer.run_lock import output_lock
+
+    out = tmp_path / "new" / "deeper" / "scored.parquet"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_OUTPUT, str(out)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(OutputDirInUse, match=rf"^--scored {out} is in use by pid {holder.pid} on .*; wait for that "
+                                                 r"command to end or stop it .*, or give another --scored$"):  # fmt: skip
+            with output_lock(out, "--scored"):
+                pass
+    finally:
+        holder.kill()
+        holder.wait()
+    with output_lock(out):
+        assert [p.name for p in out.parent.iterdir()] == [".scored.parquet.megarl.lock"]
+        with pytest.raises(OutputDirInUse, match="is in use by this process"):
+            with output_lock(out.parent / ".." / "deeper" / "scored.parquet"):
+                pass
+    assert list(out.parent.iterdir()) == []  # the lock file goes (the killed holder's too, taken over)
+    with output_lock(tmp_path / "made" / "for" / "it.json"):
+        assert (tmp_path / "made" / "for").is_dir()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new"]  # folders made only for the lock are removed

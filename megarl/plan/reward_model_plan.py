@@ -1,0 +1,142 @@
+"""The reward model's role in the plan (``reward.model.placement: disaggregated``): its devices,
+its memory per device, and what the planner refuses about it.
+
+Devices: the last ``reward.model.gpus`` of the cluster (on cpu: processes), taken out before the
+rollout pool (disaggregated) and the training pool are cut from the rest; one actor each, each
+holding the whole model.
+
+Memory per device (:func:`reward_model_memory`, from the model's config.json, in the dtype it was
+saved in, which is what the loader keeps):
+- weights: parameters x dtype bytes (embedding, decoder layers, the score head; no LM head);
+- activations of one forward of ``batch_size`` samples of ``max_length`` tokens (the model's
+  positions when unset), no gradients: the working tensors of one decoder layer at a time (the
+  residual stream in and out, q, k, v and the attention output, the MLP's gate, up and their
+  product) and the boolean attention mask [batch x length x length]; with SDPA no score matrix;
+- runtime: the actor's CUDA context and allocator slack (REWARD_MODEL_RUNTIME_GIB, an estimate).
+The role holds all of it in every phase of the step (it scores after ``generate``), so it is
+checked against ``cluster.gpu_memory_gib`` once, not per phase.
+
+Refused: ``placement: colocated`` (not built: the residency table and the hand-over have no
+reward-model state to offload), the role with ``--in-process`` (it is a Ray actor), more devices
+than the cluster leaves to the other pools, a multi-node split that leaves the training pool part
+of a node, ``reward.model.device`` set for a role (the role runs on ``cluster.device``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from megarl.config.sections import MegaRLConfig
+from megarl.plan.gpu_memory import DTYPE_BYTES, GIB
+from megarl.plan.issues import Issue
+from megarl.plan.role_layout import RoleLayout
+
+REWARD_MODEL_ROLE = "reward_model"
+REWARD_MODEL_RUNTIME_GIB = 1.0  # an actor's CUDA context and allocator slack (no NCCL): an estimate, not measured
+
+
+def reward_model_gpus(cfg: MegaRLConfig) -> int:
+    """The devices the reward model's role takes out of the cluster (0: none, it runs in the reward workers)."""
+    model = cfg.reward.model
+    return model.gpus if model is not None and model.placement == "disaggregated" else 0
+
+
+def reward_model_layout(cfg: MegaRLConfig) -> RoleLayout | None:
+    """The role's devices: the last reward.model.gpus of the cluster, one actor (replica) each."""
+    n, world = reward_model_gpus(cfg), cfg.cluster.world_size
+    if not n or n >= world:
+        return None
+    return RoleLayout(REWARD_MODEL_ROLE, 1, 1, n, tuple(range(world - n, world)))
+
+
+def check_reward_model(cfg: MegaRLConfig, issues: list[Issue], *, in_process: bool) -> None:
+    """What the planner refuses about reward.model.placement (module docstring)."""
+    model, cl = cfg.reward.model, cfg.cluster
+    if model is None:
+        return
+    if model.placement == "colocated":
+        issues.append(Issue("reward.model.placement", "(colocated) is not built yet: the memory hand-over has no reward-model "
+                            "state to offload between steps; use disaggregated (devices of its own) or workers"))  # fmt: skip
+        return
+    if model.placement == "workers":
+        if "gpus" in model.model_fields_set:
+            issues.append(Issue("reward.model.gpus", "is used only with reward.model.placement=disaggregated; remove it or set the placement"))
+        return
+    if "device" in model.model_fields_set:
+        issues.append(Issue("reward.model.device", f"({model.device}) is for placement workers; the role runs on "
+                            f"cluster.device ({cl.device}); remove it"))  # fmt: skip
+    if in_process:
+        issues.append(Issue("reward.model.placement", "(disaggregated) is a Ray actor and --in-process runs without Ray; "
+                            "use reward.model.placement=workers"))  # fmt: skip
+        return
+    others = cl.rollout_gpus if cl.placement == "disaggregated" else 0
+    if model.gpus + others + 1 > cl.world_size:
+        issues.append(Issue("reward.model.gpus", f"({model.gpus}) leaves no device for training: the cluster has "
+                            f"{cl.world_size} (nnodes x gpus_per_node){f' and the rollout pool takes {others}' if others else ''}; "
+                            "lower it or add devices"))  # fmt: skip
+    elif cl.nnodes > 1 and (model.gpus + others) % cl.gpus_per_node:
+        issues.append(Issue("reward.model.gpus", f"({model.gpus}) must leave whole nodes to the training pool on a multi-node "
+                            f"cluster: reward.model.gpus{' + cluster.rollout_gpus' if others else ''} = {model.gpus + others}, "
+                            f"a multiple of gpus_per_node = {cl.gpus_per_node}"))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class RewardModelMemory:
+    """Bytes per device of one reward-model actor (module docstring)."""
+
+    weights: float
+    activations: float
+    runtime: float
+    tokens: tuple[int, int]  # (batch_size, max_length) of the batch the activations are counted for
+    dtype: str
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.activations + self.runtime
+
+
+def _config(path: str) -> dict[str, Any] | None:
+    try:
+        config = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return config if isinstance(config, dict) else None
+
+
+def reward_model_memory(cfg: MegaRLConfig) -> RewardModelMemory | None:
+    """The role's memory per device from its config.json; None when unreadable (the preflight names it)."""
+    model = cfg.reward.model
+    config = _config(model.path) if model is not None else None
+    if model is None or config is None:
+        return None
+    h, layers = int(config.get("hidden_size", 0)), int(config.get("num_hidden_layers", 0))
+    ffn, vocab = int(config.get("intermediate_size", 4 * h)), int(config.get("vocab_size", 0))
+    heads = max(1, int(config.get("num_attention_heads", 1) or 1))
+    head_dim = int(config.get("head_dim", 0) or h // heads)
+    q, kv = heads * head_dim, int(config.get("num_key_value_heads", heads) or heads) * head_dim
+    bias = q + 2 * kv if config.get("model_type") == "qwen2" or config.get("attention_bias") else 0  # q, k, v biases
+    params = vocab * h + layers * (2 * h * q + 2 * h * kv + bias + 3 * h * ffn + 2 * h) + 2 * h  # + final norm, score head
+    dtype = str(config.get("torch_dtype") or config.get("dtype") or "float32")
+    wbytes = DTYPE_BYTES.get(dtype, 4)
+    length = model.max_length or int(config.get("max_position_embeddings", 0) or 0) or 2048
+    tokens = model.batch_size * length
+    activations = tokens * wbytes * (2 * h + 2 * q + 2 * kv + 3 * ffn) + model.batch_size * length * length
+    runtime = REWARD_MODEL_RUNTIME_GIB * GIB if cfg.cluster.device == "cuda" else 0.0
+    return RewardModelMemory(params * wbytes, activations, runtime, (model.batch_size, length), dtype)
+
+
+def check_reward_model_memory(cfg: MegaRLConfig, mem: RewardModelMemory | None, issues: list[Issue]) -> None:
+    """On cuda, one actor's memory fits cluster.gpu_memory_gib; the fix names the knobs that move it."""
+    gpu = cfg.cluster.gpu_memory_gib * GIB
+    if mem is None or cfg.cluster.device != "cuda" or mem.total <= gpu:
+        return
+    b, length = mem.tokens
+    fix = ("its weights alone do not fit one GPU and the role has no tensor parallelism; use a smaller reward model"
+           if mem.weights + mem.runtime > gpu else "lower reward.model.batch_size or reward.model.max_length")
+    issues.append(Issue("reward.model.batch_size", f"the reward model needs an estimated {mem.total / GIB:.1f} GiB per GPU "
+                        f"(weights {mem.weights / GIB:.1f} + activations of one batch of {b} x {length} tokens "
+                        f"{mem.activations / GIB:.1f} + runtime {mem.runtime / GIB:.1f}), {(mem.total - gpu) / GIB:.1f} GiB over "
+                        f"cluster.gpu_memory_gib ({cfg.cluster.gpu_memory_gib:g}); {fix}"))  # fmt: skip

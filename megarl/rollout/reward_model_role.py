@@ -1,0 +1,191 @@
+"""The reward model as a role of its own (``reward.model.placement: disaggregated``).
+
+One Ray actor per device of ``reward.model.gpus`` holds the model once (on cuda: a GPU Ray gives
+it, outside the trained models' placement groups; on cpu: a process and one CPU, the config's
+virtual device). A scoring call cuts its samples into batches of ``reward.model.batch_size``, deals
+them round-robin to the actors (one call per actor holding its batches), and each batch is one
+padded forward in the reward model's own template, as the reward workers do it
+(megarl/rewards/reward_model.py: the same functions, so the same scores).
+
+Deadlines and failures, as the reward workers count theirs (megarl/rewards/scorer.py): an actor's
+call may take ``reward.timeout_s`` per batch it holds; past that its samples are timeouts, one that
+raised gives its samples an error each, one whose actor died too. Either way they score 0, are
+counted in ``reward/errors`` / ``reward/timeouts``, and an actor that timed out or died is killed
+and started again (the model reloaded) before the next call. When failures reach
+``reward.max_failed_fraction`` of a call's samples, RewardError stops the run.
+
+Left out: colocation with the policy (offloaded between steps), a Megatron reward model, tensor
+parallelism inside the role (each actor holds the whole model), `megarl evaluate` (it scores in the
+reward workers whatever the placement).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError
+
+from megarl.config.sections import RewardConfig
+from megarl.ray_cluster.worker_group import output_to_log
+from megarl.rewards.scorer import (
+    LOGGED_ERRORS_PER_CALL,
+    MODEL_LOAD_TIMEOUT_S,
+    TRAINING_STOPS,
+    RewardError,
+    ScoreResult,
+)
+
+log = logging.getLogger(__name__)
+
+ROLE_LOG = "reward_model_{index}.log"  # in the run's log folder, one per actor
+
+
+class _RewardModelHost:
+    """The actor's body: the reward model loaded once, scoring batches of samples."""
+
+    def __init__(self, path: str, device: str, chat_template: bool, max_length: int | None, log_path: str) -> None:
+        output_to_log(log_path)
+        from megarl.rewards.reward_model import load_reward_model
+
+        self.path, self.device, self.chat_template, self.max_length = path, device, chat_template, max_length
+        load_reward_model(path, device)
+
+    def ready(self) -> bool:
+        return True
+
+    def score(self, batches: list[list[tuple]]) -> list[list[float]]:
+        """Each batch of (raw prompt or None, prompt text, response) in one forward; its scores."""
+        from megarl.rewards.reward_model import score_samples
+
+        return [score_samples(self.path, self.device, batch, self.chat_template, self.max_length) for batch in batches]
+
+
+_RewardModelActor = ray.remote(_RewardModelHost)
+
+
+class RewardModelRole:
+    """The reward model's actors behind RewardScorer's ``score(...) -> ScoreResult``; use as a
+    context manager. ``device``: cluster.device (cuda: one GPU per actor)."""
+
+    def __init__(self, cfg: RewardConfig, device: str, log_dir: str | Path, *, start_timeout_s: float = MODEL_LOAD_TIMEOUT_S,
+                 stops: str = TRAINING_STOPS) -> None:  # fmt: skip
+        if cfg.model is None:
+            raise ValueError("RewardModelRole needs reward.model")
+        self.cfg, self.model, self.device, self.stops = cfg, cfg.model, device, stops
+        self.log_dir, self.start_timeout_s = Path(log_dir), start_timeout_s
+        self._actors: list[Any] = [None] * self.model.gpus
+        try:
+            self._start_missing()
+        except BaseException:
+            self.close()
+            raise
+
+    def _start_missing(self) -> None:
+        """Start every actor that is not running (at first, and after a timeout or a death), each
+        loading the model within the start deadline."""
+        gpus = 1 if self.device == "cuda" else 0
+        started = {}
+        for i, actor in enumerate(self._actors):
+            if actor is None:
+                options = {"num_cpus": 1, "num_gpus": gpus, "max_restarts": 0, "max_task_retries": 0}
+                self._actors[i] = _RewardModelActor.options(**options).remote(
+                    self.model.path, self.device, self.model.chat_template, self.model.max_length, str(self._log(i)))
+                started[i] = self._actors[i].ready.remote()
+        for i, ref in started.items():
+            try:
+                ray.get(ref, timeout=self.start_timeout_s)
+            except GetTimeoutError:
+                raise RewardError(f"reward.model: actor {i} did not load {self.model.path} within {self.start_timeout_s:g} s "
+                                  f"(a Ray cluster without a free {'GPU' if self.device == 'cuda' else 'CPU'} for it, or a slow "
+                                  f"disk); see {self._log(i)}; {self.stops}") from None  # fmt: skip
+            except Exception as exc:  # noqa: BLE001 - the load's own error, on one line
+                cause = (str(exc).strip().splitlines() or [""])[-1][:300]
+                raise RewardError(f"reward.model: actor {i} failed to load {self.model.path}: {cause}; see {self._log(i)}; "
+                                  f"{self.stops}") from exc  # fmt: skip
+
+    def _log(self, index: int) -> Path:
+        return self.log_dir / ROLE_LOG.format(index=index)
+
+    def score(self, data_sources: Sequence[str], solution_strs: Sequence[str], ground_truths: Sequence[Any],
+              extra_infos: Sequence[dict | None] | None = None, prompts: Sequence[str] | None = None,
+              scorers: Sequence[str | None] | None = None, raw_prompts: Sequence[Any] | None = None) -> ScoreResult:  # fmt: skip
+        """RewardScorer.score's contract (``scorers`` and ``extra_infos`` unused: the model reads the
+        prompt and the response); failures score 0 and are counted, RewardError past the limit."""
+        if prompts is None:
+            raise ValueError("reward.model scores prompt + response: pass prompts=[...] to RewardModelRole.score")
+        n = len(solution_strs)
+        raws = list(raw_prompts) if raw_prompts else [None] * n
+        samples = [(raw, str(p), s) for raw, p, s in zip(raws, prompts, solution_strs, strict=True)]
+        self._start_missing()
+        size, count = self.model.batch_size, len(self._actors)
+        batches = [list(range(k, min(k + size, n))) for k in range(0, n, size)]
+        shares = [batches[i::count] for i in range(count)]  # round-robin: actor i gets batches i, i + count, ...
+        calls = {i: self._actors[i].score.remote([[samples[j] for j in b] for b in share]) for i, share in enumerate(shares) if share}
+        outcomes: list[tuple] = [("error", "not scored")] * n
+        start = time.monotonic()
+        for i, ref in calls.items():
+            self._collect(i, ref, shares[i], outcomes, start + self.cfg.timeout_s * len(shares[i]))
+        return self._result(outcomes, list(data_sources), list(solution_strs))
+
+    def _collect(self, index: int, ref: Any, share: list[list[int]], outcomes: list[tuple], deadline: float) -> None:
+        """Actor ``index``'s scores into ``outcomes``, or its failure for each of its samples."""
+        rows = [j for batch in share for j in batch]
+        try:
+            scores = ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
+        except GetTimeoutError:
+            self._drop(index)  # it may still be busy with this call: the next one gets a fresh actor
+            failure: tuple = ("timeout", f"timed out after {self.cfg.timeout_s:g} s per batch of {self.model.batch_size} "
+                              "(reward.timeout_s)")  # fmt: skip
+        except RayActorError as exc:
+            self._drop(index)
+            failure = ("error", f"reward.model actor {index} died: {(str(exc).strip().splitlines() or [''])[0][:200]}; "
+                       f"see {self._log(index)}")  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - the forward raised in the actor: its samples score 0, counted
+            failure = ("error", (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:300])
+        else:
+            for j, value in zip(rows, (v for batch in scores for v in batch), strict=True):
+                outcomes[j] = ("ok", value)
+            return
+        for j in rows:
+            outcomes[j] = failure
+
+    def _drop(self, index: int) -> None:
+        actor, self._actors[index] = self._actors[index], None
+        if actor is not None:
+            ray.kill(actor, no_restart=True)
+
+    def _result(self, outcomes: list[tuple], data_sources: list[str], responses: list[str]) -> ScoreResult:
+        n = len(outcomes)
+        result = ScoreResult(scores=[o[1] if o[0] == "ok" else 0.0 for o in outcomes], preds=[None] * n)
+        failed = [j for j, o in enumerate(outcomes) if o[0] != "ok"]
+        result.errors = sum(outcomes[j][0] == "error" for j in failed)
+        result.timeouts = sum(outcomes[j][0] == "timeout" for j in failed)
+        limit = self.cfg.max_failed_fraction
+        if n and failed and len(failed) >= limit * n:
+            first = failed[0]
+            fix = "raise reward.timeout_s or lower reward.model.batch_size" if outcomes[first][0] == "timeout" else "see the actor's log"
+            raise RewardError(
+                f"reward.model failed on {len(failed)} of {n} samples ({result.errors} errors, {result.timeouts} timeouts), at "
+                f"least reward.max_failed_fraction ({limit:g}) of them; {self.stops}. First failure "
+                f"(data_source={data_sources[first]!r}): {outcomes[first][1]}; {fix}"
+            )
+        for j in failed[:LOGGED_ERRORS_PER_CALL]:
+            log.warning("reward.model %s (scored 0): %s | data_source=%r response=%r", outcomes[j][0], outcomes[j][1],
+                        data_sources[j], str(responses[j])[:300])  # fmt: skip
+        return result
+
+    def close(self) -> None:
+        """Kill the actors (a call in flight is abandoned); closing twice is harmless."""
+        for i in range(len(self._actors)):
+            self._drop(i)
+
+    def __enter__(self) -> RewardModelRole:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

@@ -1,0 +1,83 @@
+"""reward.model.placement: disaggregated: the reward model's role (two Ray actors on CPU) scores a
+step's samples as the reward workers do, alone and as reward.combine's ``model`` component; an
+actor that dies costs its samples (counted errors) and is started again; a call past its deadline
+counts timeouts and stops the run once they reach reward.max_failed_fraction."""
+
+from __future__ import annotations
+
+import pytest
+
+ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.timeout(300)
+
+from megarl.config.sections import RewardConfig, RewardModelConfig  # noqa: E402
+from megarl.rewards.scorer import RewardError, RewardScorer  # noqa: E402
+from megarl.rollout.reward_combine import CombinedScorer  # noqa: E402
+from megarl.rollout.reward_model_role import RewardModelRole  # noqa: E402
+
+# A step's samples as the demo makes them: reverse_digits prompts (as the data holds them and as the
+# policy's engine saw them), responses of different lengths so that a batch is padded.
+RAW = ["Reverse 123.", [{"role": "user", "content": "Reverse 4567."}], "Reverse 89.", "Reverse 1000.", "Reverse 42.",
+       [{"role": "user", "content": "Reverse 31."}], "Reverse 777."]  # fmt: skip
+PROMPTS = [f"<|im_start|>user\n{r if isinstance(r, str) else r[0]['content']}<|im_end|>\n<|im_start|>assistant\n" for r in RAW]
+RESPONSES = ["321", "7654 and then some more words", "98", "0001", "24 24 24", "13", "777"]
+TRUTHS = ["321", "7654", "98", "0001", "24", "13", "777"]
+
+
+@pytest.fixture(scope="module")
+def reward_model_dir(tmp_path_factory):
+    import torch
+    from transformers import Qwen2ForSequenceClassification
+
+    from megarl.models.tiny import build_tokenizer, tiny_hf_config
+
+    tokenizer = build_tokenizer()
+    cfg = tiny_hf_config("qwen2", vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id)
+    cfg.num_labels = 1
+    torch.manual_seed(0)
+    out = tmp_path_factory.mktemp("tiny_rm")
+    Qwen2ForSequenceClassification(cfg).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return str(out)
+
+
+def _reward(path: str, **model) -> RewardConfig:
+    return RewardConfig(model=RewardModelConfig(path=path, batch_size=3, **model), timeout_s=60.0, workers=1)
+
+
+def _score(scorer, **kwargs):
+    n = len(RESPONSES)
+    return scorer.score(["reverse_digits"] * n, RESPONSES, TRUTHS, prompts=PROMPTS, raw_prompts=RAW, **kwargs)
+
+
+def test_the_role_scores_as_the_reward_workers_and_restarts_a_dead_actor(ray_local, reward_model_dir, tmp_path):
+    with RewardScorer(_reward(reward_model_dir)) as workers:
+        expected = _score(workers).scores
+    assert len(set(expected)) == len(expected)  # a random model still tells the samples apart
+    cfg = _reward(reward_model_dir, placement="disaggregated", gpus=2)
+    with RewardModelRole(cfg, "cpu", tmp_path) as role:
+        alone = _score(role)
+        assert (alone.errors, alone.timeouts) == (0, 0)
+        assert alone.scores == pytest.approx(expected, abs=1e-5)
+        combined_cfg = cfg.model_copy(update={"combine": {"reverse_digits": {"reverse_digits": 1.0, "model": 0.5}}})
+        combined = CombinedScorer(combined_cfg, model=role)  # closes the role with it, as the trainer's does
+        result = _score(combined)
+        assert result.extra["model"] == pytest.approx(expected, abs=1e-5)
+        rule = result.extra["reverse_digits"]
+        assert rule[0] == 1.0 and result.scores == pytest.approx([r + 0.5 * s for r, s in zip(rule, expected, strict=True)], abs=1e-5)
+        # Actor 0 holds batches 0 and 2 (samples 0-2 and 6): they fail, counted; the others are scored.
+        ray.kill(role._actors[0], no_restart=True)
+        hurt = _score(role)
+        assert (hurt.errors, hurt.timeouts) == (4, 0)
+        assert hurt.scores == pytest.approx([0, 0, 0, *expected[3:6], 0], abs=1e-5)
+        assert _score(role).scores == pytest.approx(expected, abs=1e-5)  # a new actor 0, loaded again
+        combined.close()
+        assert role._actors == [None, None]
+
+
+def test_a_call_past_its_deadline_counts_timeouts_and_stops_the_run(ray_local, reward_model_dir, tmp_path):
+    cfg = _reward(reward_model_dir, placement="disaggregated").model_copy(update={"timeout_s": 1e-3})
+    with RewardModelRole(cfg, "cpu", tmp_path) as role, pytest.raises(RewardError) as info:
+        _score(role)
+    assert "reward.model failed on 7 of 7 samples (0 errors, 7 timeouts)" in str(info.value)
+    assert "raise reward.timeout_s or lower reward.model.batch_size" in str(info.value)
