@@ -68,6 +68,7 @@ USER_ERRORS = (
     ("megarl.trainer.run_lock", "OutputDirInUse"),
     ("megarl.trainer.sample_files", "RolloutDumpError"),
     ("megarl.disk_full", "DiskFullError"),
+    ("megarl.user_code", "UserCodeError"),
 )
 
 

@@ -71,7 +71,7 @@ def _run(args: argparse.Namespace) -> int:
                 held.enter_context(output_lock(path, flag))
         # nothing written yet: --scored is renamed into place only when whole
         summary = run_stoppable(lambda: evaluate(args.data, config, overrides, ks=ks, pass_threshold=args.pass_threshold,
-                                                 scored=args.scored),
+                                                 scored=args.scored, reward_log=reward_log(out)),
                                 "while scoring; nothing was written; run the same command again")  # fmt: skip
         make_folder(out)
         with writing(out, "the summary (--out)", kept=f"{args.scored or 'no scored rows'}; an earlier summary is as it was"):
@@ -131,9 +131,16 @@ def _default_out(data: Path) -> Path:
     return data.with_name(data.name.removesuffix(".parquet") + SUMMARY_SUFFIX)
 
 
+def reward_log(summary: Path) -> Path:
+    """Where the reward functions' stdout and stderr go: beside the --out summary (removed when empty)."""
+    return summary.with_name(summary.name.removesuffix(".json") + ".reward_workers.log")
+
+
 def evaluate(data: str | Path, config: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (), *,
-             ks: list[int] | None = None, pass_threshold: float | None = None, scored: str | Path | None = None) -> dict[str, Any]:  # fmt: skip
-    """Score ``data`` and summarise it (the JSON ``megarl evaluate`` writes)."""
+             ks: list[int] | None = None, pass_threshold: float | None = None, scored: str | Path | None = None,
+             reward_log: str | Path | None = None) -> dict[str, Any]:  # fmt: skip
+    """Score ``data`` and summarise it (the JSON ``megarl evaluate`` writes); the reward functions'
+    output goes to ``reward_log`` (None: this process's stdout and stderr)."""
     from megarl.config.loading import load_config, load_section
     from megarl.data.generated import read_generated
     from megarl.evaluation import (
@@ -167,7 +174,7 @@ def evaluate(data: str | Path, config: str | Path | None = None, overrides: list
         raise EvaluationError(problem)
     _check_scorable(reward, rows.records, data)
     try:
-        result = _score(reward, rows, flat)
+        result = _score(reward, rows, flat, reward_log)
     except ValueError as exc:  # reward.custom that does not load, a data_source without a scorer
         raise EvaluationError(str(exc)) from exc
     lengths = [rows.lengths[r][j] for r, j in flat] if rows.lengths is not None else [-1] * len(flat)
@@ -218,14 +225,14 @@ def _check_scorable(reward: Any, records: list[Any], data: str | Path) -> None:
         raise EvaluationError(f"{findings[0].field}: {findings[0].message}")
 
 
-def _score(reward: Any, rows: Any, flat: list[tuple[int, int]]) -> Any:
+def _score(reward: Any, rows: Any, flat: list[tuple[int, int]], log_path: str | Path | None) -> Any:
     """Every response scored in the reward pool, in chunks (one progress tick each)."""
     from megarl.progress import counting
     from megarl.rewards.scorer import RewardScorer, ScoreResult
 
     total = ScoreResult(scores=[], preds=[])
     extras: dict[str, list[float]] = {}
-    scorer = RewardScorer(reward, stops="evaluate stops rather than report them as scores of 0")
+    scorer = RewardScorer(reward, stops="evaluate stops rather than report them as scores of 0", log_path=log_path)
     try:
         with counting(len(flat), "scoring", "responses") as advance:
             for start in range(0, len(flat), SCORE_CHUNK):

@@ -39,7 +39,8 @@ run in one child process, started first, in parallel with the rest. The bridge c
 driver, last, whenever model.path (and critic.path) were found, whatever else failed, so that every
 problem is named at once: it imports torch and transformers (a few seconds), which the driver of a launch imports anyway for the tokenizer and the controller, so
 checking here costs the run nothing (it imports no Megatron module).
-Nothing is created or changed on disk.
+Nothing is created or changed on disk, but for the child's output: a temporary log file, removed
+unless a check failed (the finding then names it).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -66,6 +68,8 @@ from megarl.rewards.answers import no_answer
 
 SAMPLE_ROWS = 1000
 CHILD_TIMEOUT_S = 120.0
+PROGRESS_EVERY_S = 5.0  # a slow import in the check: "importing reward.custom from FILE ... (N s)" this often
+log = logging.getLogger(__name__)
 
 
 def preflight(cfg: MegaRLConfig, *, bridge: bool = True) -> list[Finding]:
@@ -492,14 +496,37 @@ def _truth_problem(name: str, ground_truth: Any) -> str | None:
 
 # The child process: the user's reward module and functions never load in the driver.
 _CHILD_CODE = r"""
-import json, sys, traceback
+import json, os, signal, sys, traceback
 spec = json.loads(sys.argv[1])
+try:  # killed with the driver, whatever ends it (SIGKILL included: it cannot be handled there)
+    import ctypes
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (Linux)
+except (OSError, AttributeError):
+    pass
+if os.getppid() != spec["parent"]:  # the driver died before the line above
+    os._exit(1)
+# answers on a copy of stdout; the user's code prints (fds 1 and 2) to the log file
+answers = os.fdopen(os.dup(1), "w")
+log = os.open(spec["log"], os.O_WRONLY | os.O_APPEND)
+os.dup2(log, 1)
+os.dup2(log, 2)
 
 def emit(check, error):
-    print(json.dumps({"check": check, "error": error}), flush=True)
+    answers.write(json.dumps({"check": check, "error": error}) + "\n")
+    answers.flush()
+
+def starting(check, what):
+    answers.write(json.dumps({"starting": check, "what": what}) + "\n")
+    answers.flush()
+
+def ended(exc):  # user code that tried to end the process (sys.exit, Ctrl-C's exception)
+    if isinstance(exc, SystemExit):
+        return f"it called sys.exit({exc.code!r}) at import"
+    return f"{type(exc).__name__}: {exc}"
 
 if spec.get("reward"):
     path, name = spec["reward"]
+    starting("reward", f"importing reward.custom from {path}")
     try:
         # custom.py alone (standard library only), not the megarl.rewards package (sympy, ...).
         import importlib.util
@@ -511,15 +538,17 @@ if spec.get("reward"):
     except BaseException as exc:
         frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == path]
         where = f" (line {frames[-1].lineno})" if frames else ""
-        emit("reward", f"{type(exc).__name__}: {exc}{where}")
+        emit("reward", f"{ended(exc)}{where}")
 if spec.get("dataset"):
+    starting("data.custom_cls", f"importing data.custom_cls from {spec['dataset'][0]}")
     try:
         from megarl.data.custom_dataset import class_problem
         emit("data.custom_cls", class_problem(*spec["dataset"]))
     except BaseException as exc:
-        emit("data.custom_cls", f"importing {spec['dataset'][0]} failed: {type(exc).__name__}: {exc}")
+        emit("data.custom_cls", f"importing {spec['dataset'][0]} failed: {ended(exc)}")
 for source, (path, name) in spec.get("reward_functions", {}).items():
     check = f"reward.functions[{source!r}]"
+    starting(check, f"importing {check} from {path}")
     try:
         import importlib.util
         loader = importlib.util.spec_from_file_location("megarl_preflight_custom", spec["custom_module"])
@@ -530,19 +559,23 @@ for source, (path, name) in spec.get("reward_functions", {}).items():
     except (FileNotFoundError, AttributeError) as exc:
         emit(check, str(exc).removeprefix(check + ": "))
     except BaseException as exc:
-        emit(check, f"importing {path} failed: {type(exc).__name__}: {exc}")
+        emit(check, f"importing {path} failed: {ended(exc)}")
 for field, name in spec.get("extensions", []):
+    starting(field, f"importing {field} ({name})")
     try:
         from megarl.plan.extensions import import_problem
         emit(field, import_problem(field, name))
     except BaseException as exc:
-        emit(field, f"{type(exc).__name__}: {exc}")
+        emit(field, ended(exc))
 """
 
 
 class ChildChecks:
     """reward.custom's import and the import-path functions ``(field, name)``, in one child process
-    started at once; each answer awaited at most CHILD_TIMEOUT_S (user code can hang at import)."""
+    started at once; each answer awaited at most CHILD_TIMEOUT_S (user code can hang at import), with
+    a log line every PROGRESS_EVERY_S while one is awaited. The child dies with the driver (Linux's
+    parent-death signal), its prints go to a log file (a temporary one, kept and named in a finding
+    when a check failed), and one that ends before answering is named with its exit code."""
 
     def __init__(self, custom: Any, extensions: list[tuple[str, str]], dataset: Any = None,
                  functions: dict[str, str] | None = None):
@@ -557,15 +590,25 @@ class ChildChecks:
             # reward.functions' user functions whose file exists (a missing one: check_functions' finding)
             "reward_functions": {source: [os.path.abspath(user[0]), user[1]] for source, user in users.items()
                                  if user is not None and Path(user[0]).is_file()},
+            "parent": os.getpid(),
         }
         self.custom = custom
         self.got: dict[str, str | None] = {}
         self._buffer = b""
+        self._doing = ("", time.monotonic())  # what the child said it is importing, since when
+        self._log: Path | None = None
+        self._quoted = False  # a finding named the log: it is kept
         self.proc: subprocess.Popen | None = None
         if any(self.spec[k] for k in ("reward", "extensions", "dataset", "reward_functions")):
+            fd, log = tempfile.mkstemp(prefix="megarl-import-check-", suffix=".log")
+            self._log = Path(log)
+            self.spec["log"] = log
             env = {**os.environ, "PYTHONWARNINGS": "ignore", "TRANSFORMERS_VERBOSITY": "error"}
-            self.proc = subprocess.Popen([sys.executable, "-c", _CHILD_CODE, json.dumps(self.spec)], stdout=subprocess.PIPE,
-                                         stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, env=env)
+            try:
+                self.proc = subprocess.Popen([sys.executable, "-c", _CHILD_CODE, json.dumps(self.spec)], stdout=subprocess.PIPE,
+                                             stderr=fd, stdin=subprocess.DEVNULL, env=env)
+            finally:
+                os.close(fd)
 
     def results(self, check: str) -> list[Finding]:
         """The child's finding for ``check`` (reward | an import-path field), waiting for it if needed."""
@@ -573,8 +616,30 @@ class ChildChecks:
             return []
         if check not in self.got:
             self.got.update(self._read({check}))
-        error = self.got.get(check, f"the check did not answer within {CHILD_TIMEOUT_S:g} s (its process died or hung)")
-        return [self._finding(check, error)] if error is not None else []
+        error = self.got[check] if check in self.got else self._no_answer()
+        return [self._finding(check, error + self._output())] if error is not None else []
+
+    def _no_answer(self) -> str:
+        """Why an answer never came: the child ended (its exit code) or did not answer in time."""
+        doing = self._doing[0] or "starting"
+        code = self.proc.poll() if self.proc is not None else None
+        if code is None:
+            return f"{doing} did not finish within {CHILD_TIMEOUT_S:g} s: check it for work done at import (network, locks, long loops)"
+        how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+        return f"the check's process ended ({how}) while {doing}, before it answered: os._exit or a crash in C code at import"
+
+    def _output(self) -> str:
+        """The head of what the child printed, for a finding (the log is then kept)."""
+        from megarl.rewards.scorer import quoted_output
+
+        try:
+            text = self._log.read_text(errors="replace")[:2000] if self._log is not None else ""
+        except OSError:
+            return ""
+        if not text.strip():
+            return ""
+        self._quoted = True
+        return f" (its output, in {self._log}: {quoted_output(text)})"
 
     def _read(self, wanted: set[str]) -> dict[str, str | None]:
         """Answers (one JSON line each) until every wanted one came, the child ended, or the deadline."""
@@ -587,16 +652,28 @@ class ChildChecks:
         deadline = time.monotonic() + CHILD_TIMEOUT_S
         while wanted - set(got):
             left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
+            if left <= 0:
                 break
+            if not select.select([fd], [], [], min(left, PROGRESS_EVERY_S))[0]:
+                self._say_waiting()
+                continue
             chunk = os.read(fd, 65536)
             if not chunk:
-                break  # the child ended (or died) before answering everything
+                self.proc.wait()  # the child ended (or died) before answering everything: its exit code
+                break
             *lines, self._buffer = (self._buffer + chunk).split(b"\n")
             for line in lines:
                 answer = json.loads(line)
-                got[answer["check"]] = answer["error"]
+                if "starting" in answer:
+                    self._doing = (answer["what"], time.monotonic())
+                else:
+                    got[answer["check"]] = answer["error"]
         return got
+
+    def _say_waiting(self) -> None:
+        """A slow import is no silent launch: a line every PROGRESS_EVERY_S, on a terminal or a pipe."""
+        what, since = self._doing
+        log.info("%s ... (%.0f s)", what or "starting the import check", time.monotonic() - since)
 
     def _finding(self, check: str, error: str) -> Finding:
         if check == "reward":
@@ -614,6 +691,8 @@ class ChildChecks:
         if self.proc is not None:
             self.proc.wait()
             self.proc.stdout.close()  # type: ignore[union-attr]
+        if self._log is not None and not self._quoted:
+            self._log.unlink(missing_ok=True)
 
 
 def reward_file_problem(custom: Any) -> str | None:

@@ -38,11 +38,21 @@ What runs where (the workers' side, initializer and tasks, is megarl/rewards/wor
   timeout applies to the whole call).
 - reward.model: one task per ``batch_size`` samples; the model is loaded once per worker.
 
+User code that ends its worker: a function that calls ``sys.exit`` (or raises KeyboardInterrupt,
+SystemExit, GeneratorExit) stops the call at once with a RewardError naming it (worker.UserExit); one
+that kills its process (os._exit, a segfault) scores 0 and is named with the exit code, and
+DEATHS_IN_A_ROW of them with no return in between stop the call (a worker respawned per sample
+costs seconds each, and says nothing new). pebble reports no worker that exits with code 0 (a
+worker it retires itself does), so a wait also looks for running tasks whose worker is gone.
+The workers' stdout and stderr go to the scorer's ``log_path`` (logs/reward_workers.log in a run),
+quoted in these errors. A long call logs its progress every PROGRESS_EVERY_S.
+
 Left out: rewards that need the GPU of the trainer, async scoring overlapped with generation.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import multiprocessing
@@ -53,6 +63,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from pebble import ProcessExpired, ProcessPool
@@ -60,7 +71,7 @@ from pebble import ProcessExpired, ProcessPool
 import megarl.rewards.registry as registry
 import megarl.rewards.worker as worker
 from megarl.config.sections import RewardConfig
-from megarl.rewards.worker import Outcome
+from megarl.rewards.worker import Outcome, UserExit
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +85,14 @@ TRAINING_STOPS = "the run stops rather than train on zero rewards"
 # How often a wait looks at the pool itself: when it breaks, pebble fails the tasks it registered,
 # but one scheduled a moment before (not yet taken by its scheduler thread) is never finished.
 POOL_CHECK_S = 0.5
-
+# Three: one death can be the OOM killer, and two can be the workers' two samples in flight dying
+# of one outside cause together; three in a row with no return between them is the function itself
+# (each costs a worker respawn, a second or more with reward.custom's imports).
+DEATHS_IN_A_ROW = 3
+PROGRESS_EVERY_S = 10.0  # a long scoring call: "reward: 512/1024 samples scored" this often
+IMPORT_PROGRESS_EVERY_S = 5.0  # the workers' start: "reward workers: importing reward.custom from FILE ... (N s)"
+LOG_QUOTE_CHARS = 300  # what of the workers' log an error line quotes
+REWARD_WORKERS_LOG = "reward_workers.log"  # a run's, in <output_dir>/logs beside driver.log
 
 
 def _absolute(name: str) -> str:
@@ -110,6 +128,41 @@ class ScoreResult:
         return out
 
 
+def _snapshot(d: dict) -> dict:
+    """A copy of a dict pebble's threads change meanwhile (copying may meet a change: try again)."""
+    while True:
+        try:
+            return dict(d)
+        except RuntimeError:
+            continue
+
+
+def _sample_text(sample: tuple) -> str:
+    return f"data_source={sample[0]!r} response={str(sample[1])[:80]!r}"
+
+
+def quoted_output(text: str) -> str:
+    """A head of printed output as one line of an error (empty text: nothing)."""
+    text = text.strip()
+    return repr(text[:LOG_QUOTE_CHARS] + ("..." if len(text) > LOG_QUOTE_CHARS else "")) if text else ""
+
+
+class _CallProgress:
+    """A long scoring call's progress: one log line every PROGRESS_EVERY_S (terminal and pipe alike)."""
+
+    def __init__(self, outcomes: list[Outcome], unscored: Outcome):
+        self.outcomes, self.unscored = outcomes, unscored
+        self.start = self.last = time.monotonic()
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        if now - self.last < PROGRESS_EVERY_S:
+            return
+        self.last = now
+        scored = sum(o is not self.unscored for o in self.outcomes)
+        log.info("reward: %d/%d samples scored (%.0f s)", scored, len(self.outcomes), now - self.start)
+
+
 class _HangWatch:
     """Per function, in one scoring call: timeouts so far and whether it ever returned."""
 
@@ -117,6 +170,7 @@ class _HangWatch:
         self.workers, self.timeout_s = workers, timeout_s
         self.timeouts: dict[str, int] = {}
         self.answered: set[str] = set()
+        self.deaths: dict[str, int] = {}  # tasks that killed their worker since the function last returned
 
     def timed_out(self, function: str, sample: tuple) -> None:
         self.timeouts[function] = self.timeouts.get(function, 0) + 1
@@ -126,6 +180,13 @@ class _HangWatch:
 
     def returned(self, function: str) -> None:
         self.answered.add(function)
+        self.deaths[function] = 0
+
+    def died(self, function: str) -> int:
+        """A task of ``function`` killed its worker: it ended, it did not hang; the deaths in a row."""
+        self.answered.add(function)
+        self.deaths[function] = self.deaths.get(function, 0) + 1
+        return self.deaths[function]
 
     def hopeless(self, function: str) -> bool:
         """One round of the pool timed out on this function, and it never returned a score."""
@@ -194,7 +255,8 @@ class RewardScorer:
     lists of equal length, one entry per sample; ``prompts`` is needed by ``reward.model``.
     """
 
-    def __init__(self, cfg: RewardConfig, *, start_method: str = "forkserver", stops: str = TRAINING_STOPS) -> None:
+    def __init__(self, cfg: RewardConfig, *, start_method: str = "forkserver", stops: str = TRAINING_STOPS,
+                 log_path: str | Path | None = None) -> None:  # fmt: skip
         if cfg.custom is not None and cfg.model is not None:
             raise ValueError(
                 "reward.custom and reward.model are both set; set one of them (a custom function can call a model itself)"
@@ -206,9 +268,18 @@ class RewardScorer:
         self._functions = {source: _absolute(name) for source, name in cfg.functions.items()}
         custom = (os.path.abspath(cfg.custom.path), cfg.custom.name) if cfg.custom else None
         model = (cfg.model.path, cfg.model.device) if cfg.model else None
+        # the workers' stdout and stderr: this file (None: this process's own, as for any library)
+        self.log_path = Path(log_path).absolute() if log_path is not None else None
+        self._log_made = self.log_path is not None and not self.log_path.exists()  # removed at close when empty
+        if self.log_path is not None:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            self.log_path.touch()
         self._spec = {"custom": custom, "model": model, "preload_math": custom is None and model is None,
-                      "format_score": cfg.format_score,
+                      "format_score": cfg.format_score, "log": str(self.log_path) if self.log_path else None,
                       "model_input": (cfg.model.chat_template, cfg.model.max_length) if cfg.model else None}
+        self._vanished: dict[Future, int] = {}  # running tasks whose worker exited with code 0 -> its pid
+        self._missing: set[Future] = set()  # seen once without their worker (confirmed at the next look)
+        self._progress: _CallProgress | None = None
         self._context = multiprocessing.get_context(start_method)
         self._loaded: Any = None  # the current pool's count of workers past their initializer
         if start_method == "forkserver":  # workers replaced after a timeout start in milliseconds
@@ -263,6 +334,9 @@ class RewardScorer:
                 raise RewardError(_start_problem(self.cfg, True, WORKER_START_TIMEOUT_S)) from exc
             if isinstance(exc, BrokenProcessPool):
                 raise RewardError(_break_problem(self.cfg, self._loaded.value, [], WORKER_START_TIMEOUT_S)) from exc
+            if isinstance(exc, UserExit):
+                raise RewardError(f"{self._custom_label()} {exc.what}{self._output_note(exc.output)}; a reward file must "
+                                  "not end its process at import: remove that call") from None
             # worker.init_worker's load error (the user's own exception, kept), or the name is no function
             raise RewardError(
                 f"reward.custom: loading {custom[1]!r} from {custom[0]} failed in a reward worker: {type(exc).__name__}: {exc}"
@@ -276,18 +350,31 @@ class RewardScorer:
         except Exception as exc:
             self.close()
             why = (f"importing it did not finish in {WORKER_START_TIMEOUT_S:g} s" if isinstance(exc, FutureTimeout)
+                   else f"it {exc}{self._output_note(exc.output)}" if isinstance(exc, UserExit)
                    else f"{type(exc).__name__}: {exc}")
             raise RewardError(f"reward.functions[{source!r}] = {self.cfg.functions[source]!r} failed to load in a reward "
                               f"worker: {why}; fix the file or the function name") from exc
 
     def _result_within(self, future: Future, limit_s: float) -> Any:
         """``future.result(timeout=limit_s)``, or BrokenProcessPool as soon as the pool broke."""
-        deadline = time.monotonic() + limit_s
+        start = said = time.monotonic()
+        pids: set[int] = set()
         while not wait([future], timeout=POOL_CHECK_S).done:
             if not self._pool.active:
                 raise BrokenProcessPool("the pool broke before it took the task")
-            if time.monotonic() >= deadline:
+            pids |= self._worker_pids()
+            if not self._loaded.value and len(pids) >= self.cfg.workers + DEATHS_IN_A_ROW:
+                # workers replaced without a word and none loaded: each exited with code 0 while loading
+                raise BrokenProcessPool(f"{len(pids)} workers started and exited with code 0 while loading")
+            now = time.monotonic()
+            if now - start >= limit_s:
                 raise FutureTimeout()
+            if now - said >= IMPORT_PROGRESS_EVERY_S:  # a slow import is no silent start
+                said = now
+                log.info("reward workers: %s ... (%.0f s)", self._loading(), now - start)
+        error = future.exception()  # a task's SystemExit returned, not raised here (see _finished)
+        if error is not None and not isinstance(error, Exception):
+            raise UserExit(f"raised {type(error).__name__}")
         return future.result()
 
     def score(
@@ -389,6 +476,11 @@ class RewardScorer:
                                   "reward.model"))
         return jobs
 
+    def _loading(self) -> str:
+        custom, model = self.cfg.custom, self.cfg.model
+        return (f"importing reward.custom from {custom.path}" if custom else f"loading reward.model {model.path}" if model
+                else "importing reward.functions' files")
+
     def _custom_label(self) -> str:
         custom = self.cfg.custom
         return f"reward.custom {custom.name!r} ({os.path.basename(custom.path)})" if custom else "reward.custom"
@@ -396,7 +488,11 @@ class RewardScorer:
     def _collect(self, jobs: list[_Job], samples: list[tuple]) -> list[Outcome]:
         """Wait for the jobs as they finish; re-run failed chunks one sample per task; give up on
         a function that hangs on everything (see the module docstring)."""
-        outcomes: list[Outcome] = [("error", "not scored", "")] * len(samples)
+        unscored: Outcome = ("error", "not scored", "")
+        outcomes: list[Outcome] = [unscored] * len(samples)
+        self._progress = _CallProgress(outcomes, unscored)
+        self._vanished.clear()  # an earlier call's, given up with their jobs
+        self._missing.clear()
         pending = {job.future: job for job in jobs}
         watch = _HangWatch(self.cfg.workers, self.cfg.timeout_s)
         # One restart per call before the new pool finishes a task: an earlier call's new pool
@@ -435,8 +531,13 @@ class RewardScorer:
         quiet_since = time.monotonic()
         while True:
             done, _ = wait(list(pending), timeout=POOL_CHECK_S, return_when=FIRST_COMPLETED)
+            if self._progress is not None:
+                self._progress.tick()
             if done:
                 return done
+            self._look_for_vanished(pending)
+            if self._vanished.keys() & pending.keys():
+                return set(self._vanished.keys() & pending.keys())
             if not self._pool.active:
                 self._restart(pending, BrokenProcessPool("the pool broke before it took every task"), samples)
                 quiet_since = time.monotonic()
@@ -445,25 +546,105 @@ class RewardScorer:
             elif time.monotonic() - quiet_since >= self._start_limit_s:
                 raise self._stopped(_start_problem(self.cfg, True, self._start_limit_s))
 
+    def _worker_pids(self) -> set[int]:
+        """The pool's live workers (pebble's internals; another pebble: none known)."""
+        workers = getattr(getattr(getattr(self._pool, "_pool_manager", None), "worker_manager", None), "workers", None)
+        return set(_snapshot(workers)) if isinstance(workers, dict) else set()
+
+    def _look_for_vanished(self, pending: dict[Future, _Job]) -> None:
+        """Running tasks of ``pending`` whose worker is gone and of which pebble said nothing, seen so at
+        two looks POOL_CHECK_S apart: their worker exited with code 0 (pebble reports a worker's death
+        only for other codes), into ``_vanished``. A task past its timeout is pebble's to stop."""
+        manager = getattr(self._pool, "_pool_manager", None)  # pebble's internals; another pebble: the timeout covers it
+        tasks = getattr(getattr(manager, "task_manager", None), "tasks", None)
+        workers = getattr(getattr(manager, "worker_manager", None), "workers", None)
+        if not isinstance(tasks, dict) or not isinstance(workers, dict):
+            return
+        now, missing, workers = time.time(), set(), set(_snapshot(workers))
+        for task in _snapshot(tasks).values():
+            future, pid = getattr(task, "future", None), getattr(task, "worker_id", 0)
+            started, timeout = getattr(task, "timestamp", 0.0), getattr(task, "timeout", None) or math.inf
+            if future in pending and pid and pid not in workers and not future.done() and now - started < timeout:
+                missing.add(future)
+        for future in missing & self._missing:
+            self._vanished[future] = 0
+        self._missing = missing - self._vanished.keys()
+
     def _finished(self, job: _Job, outcomes: list[Outcome], watch: _HangWatch, samples: list[tuple]) -> Outcome | None:
         """Store a finished job's outcomes; returns the failure when the whole task failed."""
-        try:
-            results = job.future.result()
-        except FutureTimeout:
+        if job.future in self._vanished:
+            return self._died(job, self._vanished.pop(job.future), watch, samples)
+        # exception(), not result(): a SystemExit or KeyboardInterrupt a task ended with is returned, not
+        # raised in the driver (where it would pass for the user's Ctrl-C); the future is done: no wait
+        error = job.future.exception()
+        if isinstance(error, FutureTimeout):
             watch.timed_out(job.function, samples[job.indices[0]])
             return ("timeout", f"timed out after {self.cfg.timeout_s:g} s (reward.timeout_s)")
-        except BrokenProcessPool:  # before Exception: the pool runs nothing any more (_collect restarts it)
-            raise
-        except ProcessExpired as exc:
-            watch.returned(job.function)  # it ended, it did not hang
-            return ("error", f"reward worker died (exit code {exc.exitcode})", "")
-        except Exception as exc:  # noqa: BLE001 - a batched / model call that raised
+        if isinstance(error, BrokenProcessPool):  # the pool runs nothing any more (_collect restarts it)
+            raise error
+        if isinstance(error, ProcessExpired):
+            return self._died(job, error.exitcode, watch, samples)
+        if isinstance(error, UserExit) or (error is not None and not isinstance(error, Exception)):
+            raise self._exited(job, error, samples)
+        if error is not None:  # a batched / model call that raised
             watch.returned(job.function)
-            return ("error", f"{type(exc).__name__}: {exc}", getattr(exc, "traceback", "") or "")
+            return ("error", f"{type(error).__name__}: {error}", getattr(error, "traceback", "") or "")
         watch.returned(job.function)
-        for i, outcome in zip(job.indices, results, strict=True):
+        for i, outcome in zip(job.indices, job.future.result(), strict=True):
             outcomes[i] = outcome
         return None
+
+    def _died(self, job: _Job, code: int, watch: _HangWatch, samples: list[tuple]) -> Outcome:
+        """A task killed its worker (os._exit, a crash in C): that sample's failure, or, the
+        DEATHS_IN_A_ROW-th time in a row, a RewardError that stops the call."""
+        sample = samples[job.indices[0]]
+        died = f"the worker process died (exit code {code}{', a segfault' if code == -11 else ''}) while scoring"
+        if watch.died(job.function) >= DEATHS_IN_A_ROW:
+            raise self._stopped_by_user_code(
+                f"{job.function}: {died} {_sample_text(sample)}; {DEATHS_IN_A_ROW} samples in a row ended their worker "
+                f"with no score returned between them{self._output_note(self._log_tail())}; a reward function must return a "
+                "score (or raise), not end its process: look for os._exit, or a crash in C code (exit code -11)")
+        if watch.deaths[job.function] == 1:  # at once, not when the batch ends
+            log.warning("reward: %s: %s %s (scored 0)", job.function, died, _sample_text(sample))
+        return ("error", f"{died} it", "")
+
+    def _exited(self, job: _Job, error: BaseException, samples: list[tuple]) -> RewardError:
+        """A task whose user code tried to end its process the Python way (worker.UserExit)."""
+        if isinstance(error, UserExit):
+            what, position, output, trace = error.what, error.position, error.output, error.trace
+        else:  # megarl's own code in the worker: said as is
+            what, position, output, trace = f"raised {type(error).__name__}", 0, "", getattr(error, "traceback", "")
+        if trace:  # (the workers wrote it to the log file too)
+            log.debug("reward: %s %s:\n%s", job.function, what, trace.rstrip())
+        sample = samples[job.indices[min(position, len(job.indices) - 1)]]
+        return self._stopped_by_user_code(
+            f"{job.function} {what} while scoring {_sample_text(sample)}{self._output_note(output)}; a reward function "
+            "must return a score (return 0.0, or raise an exception, for a sample it cannot score), never end the process")
+
+    def _stopped_by_user_code(self, message: str) -> RewardError:
+        self.close()
+        return RewardError(message)
+
+    def _output_note(self, output: str) -> str:
+        """Where the workers' output is (when they wrote any), and ``output``'s head."""
+        try:
+            written = self.log_path is not None and self.log_path.stat().st_size > 0
+        except OSError:
+            written = False
+        if not written:
+            return ""
+        quoted = quoted_output(output)
+        return f" (the workers' output: {self.log_path}" + (f", there: {quoted})" if quoted else ")")
+
+    def _log_tail(self) -> str:
+        if self.log_path is None:
+            return ""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(max(0, self.log_path.stat().st_size - LOG_QUOTE_CHARS))
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
 
     def _restart(self, pending: dict[Future, _Job], exc: BrokenProcessPool, samples: list[tuple]) -> None:
         """A new pool in place of the broken one, and every job the break dropped (all of ``pending``
@@ -559,6 +740,10 @@ class RewardScorer:
         self._closed = True
         self._pool.stop()
         self._pool.join()
+        if self._log_made and self.log_path is not None:  # a log no worker wrote to is no news
+            with contextlib.suppress(OSError):
+                if self.log_path.stat().st_size == 0:
+                    self.log_path.unlink()
 
     def __enter__(self) -> RewardScorer:
         return self

@@ -1,13 +1,20 @@
 """What runs in a reward worker process (megarl/rewards/scorer.py owns the pool): the
 initializer that loads reward.custom / reward.model once, and the tasks that score samples.
 A task returns, per sample, an outcome: ("ok", score, extras) or ("error", message,
-traceback); the driver adds ("timeout", message)."""
+traceback); the driver adds ("timeout", message).
+
+User code runs here isolated from the driver: its stdout and stderr (Python's and C's, file
+descriptors 1 and 2) go to the scorer's log file, and a function that tries to end the process
+the Python way (``sys.exit``, ``raise KeyboardInterrupt`` / ``SystemExit`` / ``GeneratorExit``)
+fails its task with :class:`UserExit`, which the driver reports at once (no sample is scored 0
+for it: a function that exits is a bug to fix, not a score)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import signal
+import sys
 import traceback
 from typing import Any
 
@@ -15,10 +22,64 @@ import megarl.rewards.code_sandbox as code_sandbox
 import megarl.rewards.custom as custom_fn
 import megarl.rewards.registry as registry
 from megarl.process_signals import unblock_stop_signals
+from megarl.user_code import EXITS, exit_description
 
 Outcome = tuple
 
 _WORKER: dict[str, Any] = {}
+
+
+class UserExit(Exception):
+    """User code tried to end its process (sys.exit, KeyboardInterrupt, SystemExit, GeneratorExit):
+    ``what`` says how ("called sys.exit(3)"); ``position`` is the sample's place in its task;
+    ``output`` the head of what the worker printed during the call; ``trace`` its traceback."""
+
+    def __init__(self, what: str, position: int = 0, output: str = "", trace: str = ""):
+        super().__init__(what, position, output, trace)
+        self.what, self.position, self.output, self.trace = what, position, output, trace
+
+    def __str__(self) -> str:
+        return self.what
+
+
+OUTPUT_HEAD_CHARS = 300  # what of a failing call's output the error line quotes
+
+
+def _redirect_output(path: str | None) -> None:
+    """The worker's fds 1 and 2 (print, C extensions, warnings) appended to ``path``: a reward
+    function that prints on every sample must not flood the terminal (issue: 100 MB in 2 steps)."""
+    if not path:
+        return
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    for target in (1, 2):
+        os.dup2(fd, target)
+    os.close(fd)
+    for stream in (sys.stdout, sys.stderr):  # lines reach the file before an os._exit can drop them
+        with contextlib.suppress(AttributeError, ValueError):
+            stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+
+
+def _output_since(offset: int) -> str:
+    """The head of what was appended to the worker's log since ``offset`` (other workers' lines
+    may be interleaved: they share the file)."""
+    log = _WORKER.get("spec", {}).get("log")
+    if not log:
+        return ""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    with contextlib.suppress(OSError), open(log, "rb") as f:
+        f.seek(offset)
+        return f.read(OUTPUT_HEAD_CHARS).decode(errors="replace")
+    return ""
+
+
+def _log_size() -> int:
+    log = _WORKER.get("spec", {}).get("log")
+    try:
+        return os.path.getsize(log) if log else 0
+    except OSError:
+        return 0
 
 
 def init_worker(spec: dict[str, Any], loaded: Any) -> None:
@@ -27,6 +88,7 @@ def init_worker(spec: dict[str, Any], loaded: Any) -> None:
     raises (pebble would respawn a failing worker forever); a load error is re-raised by each task."""
     _WORKER.clear()
     _WORKER["spec"] = spec
+    _redirect_output(spec.get("log"))
     _chain_sigterm()
     # Ctrl-C reaches the whole foreground process group: the driver decides when to stop, a
     # worker must not die mid-sample (the step in progress is finished or abandoned as a whole).
@@ -45,8 +107,10 @@ def init_worker(spec: dict[str, Any], loaded: Any) -> None:
             load_reward_model(*spec["model"])
         if spec.get("preload_math"):
             import math_verify  # noqa: F401  (the first math task should not pay the sympy import)
-    except BaseException as exc:  # noqa: BLE001 - reported by every task of this worker
+    except Exception as exc:  # noqa: BLE001 - reported by every task of this worker
         _WORKER["load_error"] = exc
+    except BaseException as exc:  # noqa: BLE001 - sys.exit at import: must not end a task as SystemExit
+        _WORKER["load_error"] = _user_exit(exc, 0, 0, " while it was imported")
     with loaded.get_lock():
         loaded.value += 1
 
@@ -89,7 +153,11 @@ def _user_function(spec: str) -> Any:
     loaded = _WORKER.setdefault("functions", {})
     if spec not in loaded:
         path, name = registry.user_function(spec)  # type: ignore[misc]  # the scorer sends user functions only
-        loaded[spec] = custom_fn.load_function(path, name, field=f"reward.functions ({spec})")
+        offset = _log_size()
+        try:
+            loaded[spec] = custom_fn.load_function(path, name, field=f"reward.functions ({spec})")
+        except EXITS as exc:
+            raise _user_exit(exc, 0, offset, " while it was imported") from None
     return loaded[spec]
 
 
@@ -105,10 +173,13 @@ def _call(name: str | None, sample: tuple) -> Any:
 def score_samples(scorers: list[str | None], samples: list[tuple]) -> list[Outcome]:
     """Score each (data_source, solution, ground_truth, extra_info); None scorer = the custom one."""
     outcomes: list[Outcome] = []
-    for name, sample in zip(scorers, samples, strict=True):
+    for position, (name, sample) in enumerate(zip(scorers, samples, strict=True)):
         where = f"reward scorer {name}" if name is not None else "reward.custom function"
+        offset = _log_size()
         try:
             value = _call(name, sample)
+        except EXITS as exc:
+            raise _user_exit(exc, position, offset) from None  # the task fails: the driver stops the call
         except Exception as exc:  # noqa: BLE001 - a reward error scores 0 and is counted
             # The traceback from the function's own frame on (this loop's frame says nothing).
             assert exc.__traceback__ is not None  # a caught exception carries its traceback
@@ -128,8 +199,22 @@ def _scored(value: Any, where: str) -> Outcome:
         return ("error", f"{type(exc).__name__}: {exc}", "")
 
 
+def _user_exit(exc: BaseException, position: int, offset: int, when: str = "") -> UserExit:
+    assert exc.__traceback__ is not None  # a caught exception carries its traceback
+    trace = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__.tb_next))
+    output = _output_since(offset)
+    what = exit_description(exc) + when
+    if _WORKER.get("spec", {}).get("log"):  # the traceback beside the output, in the log the error names
+        print(f"megarl: the reward function {what}, which stops the run:\n{trace}", file=sys.stderr, flush=True)
+    return UserExit(what, position, output, trace)
+
+
 def score_batched(columns: tuple[list, list, list, list]) -> list[Outcome]:
-    values = _custom()(*columns)
+    offset = _log_size()
+    try:
+        values = _custom()(*columns)
+    except EXITS as exc:
+        raise _user_exit(exc, 0, offset) from None
     if not isinstance(values, (list, tuple)) or len(values) != len(columns[0]):
         got = len(values) if isinstance(values, (list, tuple)) else type(values).__name__
         raise ValueError(

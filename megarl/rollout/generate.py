@@ -15,6 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from megarl.algos.registry import Registry
 from megarl.config.rollout_sections import AgentConfig
+from megarl.config.section_base import IMPORT_PATH
 from megarl.data.batch import Batch
 from megarl.data.prompt_batch import PromptBatch
 from megarl.engines.base import Engines, SamplingParams
@@ -60,5 +61,11 @@ GENERATE_FUNCTIONS.register("default")(DefaultGenerate())
 
 def make_generate(cfg: Any, tokenizer: Any, eos_token_ids: Sequence[int]) -> GenerateFn:
     """The run's generate function (``rollout.generate_function``), bound to the run if it asks."""
-    fn = GENERATE_FUNCTIONS.get(cfg.rollout.generate_function)
-    return fn.for_run(cfg, tokenizer, eos_token_ids) if isinstance(fn, RunBound) else fn
+    name = cfg.rollout.generate_function
+    fn = GENERATE_FUNCTIONS.get(name)
+    fn = fn.for_run(cfg, tokenizer, eos_token_ids) if isinstance(fn, RunBound) else fn
+    if IMPORT_PATH.match(name):  # the user's own: its exits and exceptions named as the user's code
+        from megarl.user_code import named_generate_function
+
+        return named_generate_function(fn, name)
+    return fn

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from megarl.config.reward_sections import CUSTOM_COMPONENT, JUDGE_COMPONENT, MODEL_COMPONENT
@@ -62,12 +63,12 @@ class CombinedScorer:
     ``model`` component in place of a reward pool; closed with the rest."""
 
     def __init__(self, cfg: RewardConfig, judge: Judge | None = None, *, start_method: str = "forkserver",
-                 model: Any = None) -> None:  # fmt: skip
+                 model: Any = None, log_path: str | Path | None = None) -> None:  # fmt: skip
         self.cfg, self.judge = cfg, judge
         self.pools: dict[str, Any] = {} if model is None else {MODEL_COMPONENT: model}  # RewardScorer, or the role
         try:
-            for name, pool_cfg in _pools(cfg, model_role=model is not None).items():
-                self.pools[name] = RewardScorer(pool_cfg, start_method=start_method)
+            for name, pool_cfg in _pools(cfg, model_role=model is not None).items():  # (one log file: lines appended)
+                self.pools[name] = RewardScorer(pool_cfg, start_method=start_method, log_path=log_path)
         except BaseException:
             self.close()
             raise

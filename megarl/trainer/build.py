@@ -238,11 +238,12 @@ def _start_sglang(cfg: MegaRLConfig, plan: Plan, models: dict[str, Any], log_dir
 def _start_rewards(cfg: MegaRLConfig, in_process: bool, log_dir: Path) -> Any:
     """The reward pool, or with reward.combine / reward.judge the pools and the judge that score its
     components; the reward model's role (reward.model.placement disaggregated) in place of its pool."""
-    from megarl.rewards.scorer import RewardScorer
+    from megarl.rewards.scorer import REWARD_WORKERS_LOG, RewardScorer
 
+    workers_log = log_dir / REWARD_WORKERS_LOG  # the user's reward functions' prints: not the terminal
     model = _start_reward_model(cfg, log_dir)
     if not cfg.reward.combine:
-        return model or RewardScorer(cfg.reward)
+        return model or RewardScorer(cfg.reward, log_path=workers_log)
     from megarl.rollout.judge import start_judge
     from megarl.rollout.reward_combine import CombinedScorer
 
@@ -251,7 +252,7 @@ def _start_rewards(cfg: MegaRLConfig, in_process: bool, log_dir: Path) -> Any:
         judge = None if judge_cfg is None else start_judge(
             judge_cfg, in_process=in_process, log_dir=log_dir, start_timeout_s=cfg.cluster.build_timeout_s,
             max_failed_fraction=cfg.reward.max_failed_fraction)  # fmt: skip
-        return CombinedScorer(cfg.reward, judge, model=model)
+        return CombinedScorer(cfg.reward, judge, model=model, log_path=workers_log)
     except BaseException:
         for part in (judge, model):
             if part is not None:

@@ -30,7 +30,11 @@ def launch(config: str | Path, overrides: list[str], address: str | None = None,
     from megarl.plan.resume_checks import finished_run
 
     cfg = load_config(config, overrides)
-    plan = launch_plan(cfg, address, in_process=in_process)
+    from megarl.trainer.watchdog import run_stoppable
+
+    # a Ctrl-C, SIGTERM or SIGHUP while the checks import user code: one line, the check's child killed
+    plan = run_stoppable(lambda: launch_plan(cfg, address, in_process=in_process),
+                         "while checking the config and its files; nothing was started")
     for warning in plan.warnings:
         log.warning("%s", warning)
     for key, value in plan.resolved.items():

@@ -25,6 +25,7 @@ from typing import Any
 
 from megarl.rollout.agents.errors import AgentError
 from megarl.rollout.agents.tools import import_class, read_yaml_list, run_method
+from megarl.user_code import EXITS, exit_description, raised_by_code, source_file
 
 
 class InteractionFileError(AgentError):
@@ -46,11 +47,16 @@ class Interaction:
     def call(self, method: str, invoke: Callable[[], Any]) -> Any:
         """The value of ``invoke()``, a call of the user's ``method`` (plain or async); AgentError
         naming the method when it raises."""
+        where = f"interaction {self.name!r} ({type(self.impl).__name__}.{method} in {source_file(self.impl)})"
         try:
             return run_method(invoke())
         except Exception as exc:  # the user's code: name it (the run stops; a simulated user has no fallback)
-            raise AgentError(f"interaction {self.name!r} ({type(self.impl).__name__}.{method}) raised "
-                             f"{type(exc).__name__}: {exc}; fix it") from exc  # fmt: skip
+            raise AgentError(f"{where} raised {type(exc).__name__}: {exc}; fix it") from exc
+        except EXITS as exc:
+            if not raised_by_code(exc):  # the user's own Ctrl-C
+                raise
+            raise AgentError(f"{where} {exit_description(exc)}; an interaction must return its answer or raise, never "
+                             "end the process") from exc
 
 
 @dataclass(frozen=True)

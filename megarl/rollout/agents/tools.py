@@ -38,6 +38,7 @@ import yaml
 import megarl.rollout.agents.builtin_tools  # noqa: F401 - registers the built-in classes
 from megarl.rollout.agents.errors import AgentError
 from megarl.rollout.agents.tool_base import BUILTIN_TOOLS, Tool
+from megarl.user_code import EXITS, exit_description, source_file
 
 
 class ToolFileError(AgentError):
@@ -199,7 +200,8 @@ def _call(tool: Tool, arguments: dict[str, Any], kwargs: Mapping[str, Any]) -> T
 
 
 def start_tool_call(tool: Tool, arguments: dict[str, Any], kwargs: Mapping[str, Any]) -> Future[ToolOutcome]:
-    """Run one call in a daemon thread; the future holds its ToolOutcome (never an exception)."""
+    """Run one call in a daemon thread; the future holds its ToolOutcome, or an AgentError when the
+    tool tried to end the process (sys.exit: a bug the run stops on, not the model's feedback)."""
     future: Future[ToolOutcome] = Future()
 
     def work() -> None:
@@ -209,6 +211,12 @@ def start_tool_call(tool: Tool, arguments: dict[str, Any], kwargs: Mapping[str, 
             # A ValueError is the tool refusing its input: its message is for the model as it is.
             text = f"Error: {exc}" if isinstance(exc, ValueError) else f"Error: {type(exc).__name__}: {exc}"
             outcome = ToolOutcome(text, error="error")
+        except EXITS as exc:  # (this thread gets no signal: the tool's own doing) said at once, not as a timeout
+            if not future.done():
+                future.set_exception(AgentError(
+                    f"tool {tool.name!r} ({type(tool).__name__} in {source_file(tool)}) {exit_description(exc)}; a tool "
+                    "must return text (an 'Error: ...' for the model) or raise, never end the process"))
+            return
         if not future.done():
             future.set_result(outcome)
 

@@ -160,8 +160,8 @@ def test_a_reward_file_that_hangs_at_import_is_refused_in_bounded_time(tmp_path,
     hangs.write_text("import time\ntime.sleep(10000)\n\ndef compute_score(**kwargs):\n    return 1.0\n")
     monkeypatch.setattr(preflight, "CHILD_TIMEOUT_S", 2.0)  # launch's bound, shortened for the test
     start = time.monotonic()
-    with pytest.raises(EvaluationError, match=rf"^reward.custom: loading 'compute_score' from {hangs} failed: the check "
-                                              r"did not answer within 2 s \(its process died or hung\); fix the file"):  # fmt: skip
+    with pytest.raises(EvaluationError, match=rf"^reward.custom: loading 'compute_score' from {hangs} failed: importing "
+                                              rf"reward.custom from {hangs} did not finish within 2 s: check it"):  # fmt: skip
         evaluate(data, overrides=[f"reward.custom.path={hangs}"])
     assert time.monotonic() - start < 30
     hangs.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
@@ -247,3 +247,17 @@ def test_rows_with_different_numbers_of_responses_keep_pass_at_the_largest_k_and
     assert summary["pass@4"] == pytest.approx(1.0) and summary["pass@1"] == pytest.approx((0.25 + 1.0) / 2)
     warning = [r for r in caplog.records if "2 to 4 responses" in r.getMessage()]
     assert len(warning) == 1 and "(k=4: 1 of the 2 rows)" in warning[0].getMessage() and warning[0].levelname == "WARNING"
+
+
+def test_a_reward_function_that_calls_sys_exit_is_one_error_line_not_its_exit_code(generated, tmp_path, capsys):
+    """It used to end evaluate with the function's exit code and no output at all."""
+    (tmp_path / "reward.py").write_text("import sys\n\ndef compute_score(data_source, solution_str, ground_truth, "
+                                        "extra_info=None):\n    print('leaving now')\n    sys.exit(3)\n")  # fmt: skip
+    out = tmp_path / "e.json"
+    assert main(["evaluate", "--data", str(generated), f"reward.custom.path={tmp_path / 'reward.py'}", "--out", str(out)]) == EXIT_USER
+    err = capsys.readouterr().err
+    assert err.startswith("error: reward.custom 'compute_score' (reward.py) called sys.exit(3) while scoring "
+                          "data_source='reverse_digits'") and err.count("\n") == 1, err
+    log = tmp_path / "e.reward_workers.log"  # the function's output: beside the summary, quoted in the line
+    assert "leaving now" in log.read_text() and f"(the workers' output: {log}, there: 'leaving now" in err
+    assert not out.exists()

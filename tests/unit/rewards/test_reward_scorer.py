@@ -102,7 +102,7 @@ def test_worker_crash_is_an_error_and_the_pool_survives(custom_scorer, crash, ca
         result = _score(custom_scorer, ["a", crash, "a"])
     assert result.scores == [1.0, 0.0, 1.0]
     assert (result.errors, result.timeouts) == (1, 0)
-    assert "worker died" in caplog.text
+    assert "the worker process died (exit code " in caplog.text
     assert _score(custom_scorer, ["a", "a", "b"]).scores == [1.0, 1.0, 0.0]
 
 

@@ -327,7 +327,7 @@ def test_an_interaction_that_raises_stops_the_run_with_one_line_naming_it(tok, m
     env = _calc_env(tok)
     env.interactions = {"u": Interaction("u", impl)}
     engine = ReplayEngine(tok, {"q": ["hello", "bye"]})
-    with pytest.raises(AgentError, match=rf"interaction 'u' \(Broken.{method}\) raised RuntimeError: boom; fix it"):
+    with pytest.raises(AgentError, match=rf"interaction 'u' \(Broken.{method} in .*test_agent_rollout.py\) raised RuntimeError: boom; fix it"):
         AgentRollout(AgentConfig(), env, overlap_tools=False)(
             engine, _prompts(tok, ["q"], extra=[{"interaction_kwargs": {"name": "u"}}]), SamplingParams(max_new_tokens=100))
 

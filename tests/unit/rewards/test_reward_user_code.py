@@ -1,0 +1,198 @@
+"""Reward functions that try to end their process, kill their worker or print: real functions in a
+real worker pool. Each is named as the user's code in one RewardError (never passed on as the
+function's own exit code or as the user's Ctrl-C), within a few samples, and its output goes to
+the scorer's log file, quoted in the error, not to the terminal."""
+
+from __future__ import annotations
+
+import logging
+import textwrap
+
+import pytest
+
+from megarl.config.sections import CustomRewardConfig, RewardConfig
+from megarl.rewards import RewardScorer
+from megarl.rewards import scorer as scorer_module
+from megarl.rewards.scorer import DEATHS_IN_A_ROW, RewardError
+
+pytestmark = pytest.mark.timeout(
+    300
+)  # the hang guard; the tests assert outcomes, not elapsed times
+
+TIMEOUT_S = (
+    120.0  # far beyond the tests' own length: a death reported as a timeout would hold them there
+)
+REWARDS = textwrap.dedent(
+    """
+    import os, sys, time
+
+    def exits(data_source, solution_str, ground_truth, extra_info=None):
+        print("about to exit on", solution_str)
+        sys.exit(3)
+
+    def interrupts(data_source, solution_str, ground_truth, extra_info=None):
+        raise KeyboardInterrupt
+
+    def generator_exit(data_source, solution_str, ground_truth, extra_info=None):
+        raise GeneratorExit
+
+    def exits_quietly(data_source, solution_str, ground_truth, extra_info=None):
+        if solution_str.startswith("ok"):
+            return 1.0
+        print("leaving", solution_str, flush=True)
+        os._exit(0)
+
+    def exits_one(data_source, solution_str, ground_truth, extra_info=None):
+        os._exit(1)
+
+    def prints(data_source, solution_str, ground_truth, extra_info=None):
+        print("PRINTED", solution_str)
+        print("WARNED", solution_str, file=sys.stderr)
+        return 1.0
+
+    def slow(data_source, solution_str, ground_truth, extra_info=None):
+        time.sleep(0.3)
+        return 1.0
+
+    def batch_exits(data_sources, solution_strs, ground_truths, extra_infos):
+        sys.exit(4)
+    """
+)
+
+
+def _scorer(tmp_path, name: str, *, batched: bool = False) -> RewardScorer:
+    path = tmp_path / "user_reward.py"
+    path.write_text(REWARDS)
+    cfg = RewardConfig(
+        custom=CustomRewardConfig(path=str(path), name=name, batched=batched),
+        timeout_s=TIMEOUT_S,
+        workers=2,
+    )
+    return RewardScorer(cfg, log_path=tmp_path / "logs" / "reward_workers.log")
+
+
+def _score(scorer: RewardScorer, solutions: list[str]):
+    n = len(solutions)
+    return scorer.score(["task"] * n, solutions, ["x"] * n, [None] * n)
+
+
+@pytest.mark.parametrize(
+    ("name", "did"),
+    [
+        ("exits", "called sys.exit(3)"),
+        ("interrupts", "raised KeyboardInterrupt"),
+        ("generator_exit", "raised GeneratorExit"),
+    ],
+)
+def test_a_function_that_ends_its_process_stops_the_call_in_one_line(tmp_path, name, did):
+    with _scorer(tmp_path, name) as s, pytest.raises(RewardError) as info:
+        _score(s, [f"r{i}" for i in range(6)])
+    message = str(info.value)
+    assert message.startswith(
+        f"reward.custom {name!r} (user_reward.py) {did} while scoring data_source='task'"
+    ), message
+    assert "never end the process" in message and "\n" not in message
+    log = (tmp_path / "logs" / "reward_workers.log").read_text()
+    assert (
+        did.removeprefix("raised ").removeprefix("called ") in log
+    )  # its traceback, for the line's reader
+    if name == "exits":  # what it printed: in the log, quoted in the error
+        assert "about to exit on r" in log and "there: 'about to exit on r" in message
+
+
+def test_a_batched_function_that_calls_sys_exit_is_named(tmp_path):
+    with (
+        _scorer(tmp_path, "batch_exits", batched=True) as s,
+        pytest.raises(RewardError, match=r"called sys.exit\(4\)"),
+    ):
+        _score(s, ["a", "b"])
+
+
+def test_a_worker_that_exits_with_code_0_is_a_death_not_a_timeout(tmp_path, caplog):
+    """pebble says nothing of a worker that exits with code 0: the scorer sees its task's worker
+    gone, well before reward.timeout_s; one such sample scores 0, the others are scored."""
+    with (
+        _scorer(tmp_path, "exits_quietly") as s,
+        caplog.at_level(logging.WARNING, logger="megarl.rewards.scorer"),
+    ):
+        result = _score(s, ["ok 0", "die", "ok 1", "ok 2"])
+        assert result.scores == [1.0, 0.0, 1.0, 1.0]
+        assert (result.errors, result.timeouts) == (1, 0)
+        assert (
+            "the worker process died (exit code 0) while scoring data_source='task' response='die'"
+            in caplog.text
+        )
+        assert _score(s, ["ok 3"]).scores == [1.0]  # the pool goes on
+
+
+@pytest.mark.parametrize(("name", "code"), [("exits_quietly", 0), ("exits_one", 1)])
+def test_a_function_that_kills_every_worker_stops_after_a_few_samples(
+    tmp_path, name, code, monkeypatch
+):
+    """Not one respawn per sample: DEATHS_IN_A_ROW samples that end their worker stop the call."""
+    with _scorer(tmp_path, name) as s, pytest.raises(RewardError) as info:
+        _score(s, [f"die {i}" for i in range(40)])
+    message = str(info.value)
+    assert message.startswith(
+        f"reward.custom {name!r} (user_reward.py): the worker process died (exit code {code}) "
+        "while scoring data_source='task'"
+    ), message
+    assert (
+        f"{DEATHS_IN_A_ROW} samples in a row ended their worker" in message
+        and "os._exit" in message
+    )
+    if code == 0:  # its last words, quoted from the log
+        assert "there: '" in message and "leaving die" in message
+
+
+def test_printed_output_goes_to_the_log_file_not_the_terminal(tmp_path, capfd):
+    with _scorer(tmp_path, "prints") as s:
+        assert _score(s, ["a", "b"]).scores == [1.0, 1.0]
+    out, err = capfd.readouterr()
+    assert "PRINTED" not in out + err and "WARNED" not in out + err
+    log = (tmp_path / "logs" / "reward_workers.log").read_text()
+    assert "PRINTED a" in log and "WARNED b" in log
+
+
+def test_a_log_no_worker_wrote_to_is_removed(tmp_path):
+    with _scorer(tmp_path, "slow") as s:
+        _score(s, ["a"])
+    assert not (tmp_path / "logs" / "reward_workers.log").exists()
+
+
+def test_a_long_call_logs_its_progress(tmp_path, caplog, monkeypatch):
+    monkeypatch.setattr(scorer_module, "PROGRESS_EVERY_S", 0.5)
+    with (
+        _scorer(tmp_path, "slow") as s,
+        caplog.at_level(logging.INFO, logger="megarl.rewards.scorer"),
+    ):
+        _score(s, [f"r{i}" for i in range(12)])
+    lines = [r.getMessage() for r in caplog.records if "samples scored" in r.getMessage()]
+    assert lines and all(
+        line.startswith("reward: ") and "/12 samples scored (" in line for line in lines
+    ), lines
+
+
+@pytest.mark.parametrize(
+    ("ending", "said"),
+    [
+        (
+            "sys.exit(3)",
+            "reward.custom 'f' (at_import.py) called sys.exit(3) while it was imported",
+        ),
+        # pebble replaces a worker that exits with code 0 without a word: not a 60 s "did not finish"
+        (
+            "os._exit(0)",
+            "reward.custom: a reward worker died while importing 'at_import.py' before it took a sample",
+        ),
+    ],
+)
+def test_a_reward_file_that_ends_its_worker_at_import_is_named(tmp_path, ending, said):
+    path = tmp_path / "at_import.py"
+    path.write_text(
+        f"import os, sys\n{ending}\n\ndef f(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n"
+    )
+    cfg = RewardConfig(custom=CustomRewardConfig(path=str(path), name="f"), workers=2)
+    with pytest.raises(RewardError) as info:
+        RewardScorer(cfg, log_path=tmp_path / "reward_workers.log")
+    assert str(info.value).startswith(said), info.value

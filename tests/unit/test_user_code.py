@@ -1,0 +1,108 @@
+"""The user's code run in the driver (a tool, an interaction, a generate function) that tries to
+end the process: one `error:` line naming it, its file and what it did, exit code 2; never the
+function's own exit code, never "stopped by Ctrl-C" (a real SIGINT stays the user's)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import pytest
+
+from megarl.cli import report
+from megarl.rollout.agents.errors import AgentError
+from megarl.rollout.agents.interactions import Interaction
+from megarl.rollout.agents.tools import Tool, start_tool_call
+from megarl.terminal import EXIT_USER
+from megarl.user_code import UserCodeError, named_generate_function, raised_by_code
+
+pytestmark = pytest.mark.timeout(120)
+
+SCHEMA = {
+    "type": "function",
+    "function": {
+        "name": "quits",
+        "description": "d",
+        "parameters": {"type": "object", "properties": {}},
+    },
+}
+
+
+class QuittingTool(Tool):
+    def execute(self, instance_id, parameters, **kwargs):
+        sys.exit(7)
+
+
+class InterruptingUser:
+    def __init__(self, config):
+        pass
+
+    def start_interaction(self, instance_id, **kwargs):
+        raise KeyboardInterrupt
+
+
+def test_a_tool_that_calls_sys_exit_stops_the_rollout_at_once_in_one_line(capsys):
+    future = start_tool_call(QuittingTool({}, SCHEMA), {}, {})
+    with pytest.raises(AgentError) as info:
+        future.result(timeout=60)  # said at once: not left to the tool timeout
+    message = str(info.value)
+    assert message.startswith(
+        f"tool 'quits' (QuittingTool in {__file__}) called sys.exit(7); a tool must return text"
+    )
+    assert report(info.value) == EXIT_USER and capsys.readouterr().err.startswith(
+        "error: tool 'quits'"
+    )
+
+
+def test_an_interaction_that_raises_keyboard_interrupt_is_not_the_users_ctrl_c():
+    with pytest.raises(
+        AgentError,
+        match=r"^interaction 'u' \(InterruptingUser.start_interaction in .*test_user_code.py\) "
+        r"raised KeyboardInterrupt; an interaction must return its answer or raise",
+    ):
+        Interaction("u", InterruptingUser({})).session({})
+
+
+def _generate(engines, prompts, params):
+    if prompts == "exit":
+        sys.exit(9)
+    raise RuntimeError("my bug")
+
+
+@pytest.mark.parametrize(
+    ("prompts", "did"), [("exit", "called sys.exit(9)"), ("raise", "raised RuntimeError: my bug")]
+)
+def test_a_generate_function_is_named_with_its_file(prompts, did, capsys):
+    generate = named_generate_function(_generate, "my_pkg.rollouts:generate")
+    with pytest.raises(UserCodeError) as info:
+        generate(None, prompts, None)
+    assert str(info.value).startswith(
+        f"rollout.generate_function my_pkg.rollouts:generate ({__file__}) {did}"
+    )
+    assert report(info.value) == EXIT_USER and capsys.readouterr().err.startswith(
+        "error: rollout.generate_function"
+    )
+
+
+def test_a_ctrl_c_while_user_code_runs_stays_the_users():
+    """A KeyboardInterrupt that the SIGINT handler raised (wherever the main thread was) is the
+    user's own Ctrl-C: passed on as it is, not blamed on the code."""
+
+    def busy_user_code():
+        os.kill(os.getpid(), signal.SIGINT)  # the user's Ctrl-C, arriving while this code runs
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            pass
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt) as info:
+            busy_user_code()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert not raised_by_code(info.value)
+    with pytest.raises(KeyboardInterrupt) as raised:
+        raise KeyboardInterrupt
+    assert raised_by_code(raised.value)
