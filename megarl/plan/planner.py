@@ -49,6 +49,7 @@ from megarl.plan.issues import Issue, PlanError, choices, divisors
 from megarl.plan.lora_checks import check_lora, lora_resolved, policy_lora_params
 from megarl.plan.moe_checks import check_expert_parallel, check_moe_serving, check_moe_settings
 from megarl.plan.push_model import PushEstimate, push_estimate
+from megarl.plan.reward_checks import check_judge_engine
 from megarl.plan.role_layout import RoleLayout
 from megarl.plan.rollout_checks import (
     check_agent,
@@ -128,6 +129,7 @@ def make_plan(cfg: MegaRLConfig, *, check_files: bool = False, in_process: bool 
                     [i for i in issues if i.level == "warning"], _auto_recompute(cfg, "none") | lora_resolved(cfg))  # no memory plan: none
     roles = _layout_roles(cfg, arch, issues)
     issues += [Issue("reward.combine", problem) for problem in component_problems(cfg.reward)]
+    check_judge_engine(cfg, issues)
     for role, section_name in (("policy", "actor"), ("critic", "critic")):
         if role == "policy" or cfg.critic_enabled:
             section = getattr(cfg, section_name)

@@ -247,7 +247,7 @@ def _start_rewards(cfg: MegaRLConfig, in_process: bool, log_dir: Path) -> Any:
     judge_cfg = cfg.reward.judge
     judge = None if judge_cfg is None else start_judge(
         judge_cfg, in_process=in_process, log_dir=log_dir, start_timeout_s=cfg.cluster.build_timeout_s,
-        max_failed_fraction=cfg.reward.max_failed_fraction)  # fmt: skip
+        max_failed_fraction=cfg.reward.max_failed_fraction, server_python=cfg.rollout.server_python)  # fmt: skip
     try:
         return CombinedScorer(cfg.reward, judge)
     except BaseException:
