@@ -20,7 +20,7 @@ from typing import Any
 from megarl.config.reward_sections import CUSTOM_COMPONENT, JUDGE_COMPONENT, MODEL_COMPONENT
 from megarl.config.sections import RewardConfig
 from megarl.rewards.combine import OWN, weighted_sum, weights_of
-from megarl.rewards.scorer import RewardScorer, ScoreResult
+from megarl.rewards.scorer import TRAINING_STOPS, RewardScorer, ScoreResult
 from megarl.rollout.judge import Judge
 
 
@@ -58,12 +58,14 @@ def _pools(cfg: RewardConfig) -> dict[str, RewardConfig]:
 class CombinedScorer:
     """The reward pools and the judge of a reward.combine config; use as a context manager."""
 
-    def __init__(self, cfg: RewardConfig, judge: Judge | None = None, *, start_method: str = "forkserver") -> None:
+    def __init__(self, cfg: RewardConfig, judge: Judge | None = None, *, start_method: str = "forkserver",
+                 stops: str = TRAINING_STOPS) -> None:  # fmt: skip
+        """``stops``: what a pool's RewardError says stops (RewardScorer's)."""
         self.cfg, self.judge = cfg, judge
         self.pools: dict[str, RewardScorer] = {}
         try:
             for name, pool_cfg in _pools(cfg).items():
-                self.pools[name] = RewardScorer(pool_cfg, start_method=start_method)
+                self.pools[name] = RewardScorer(pool_cfg, start_method=start_method, stops=stops)
         except BaseException:
             self.close()
             raise

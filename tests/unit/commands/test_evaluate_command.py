@@ -233,3 +233,23 @@ def test_a_sigterm_while_scoring_stops_with_one_line_and_143(generated, tmp_path
     assert proc.returncode == 143, err[-3000:]
     assert err.strip().splitlines()[-1] == "stopped by SIGTERM while scoring; nothing was written; run the same command again"
     assert not list(tmp_path.glob("sc.parquet*")) and not list(tmp_path.glob("*.eval.json"))
+
+
+def test_reward_combine_scores_the_weighted_sum_and_reports_each_component(generated, tmp_path):
+    """Two rule components of one data source: the score is their weighted sum, each is reported as
+    training logs it (reward/<component>, the mean over the responses that use it)."""
+    summary = evaluate(generated, None, ["reward.workers=1", "reward.combine={reverse_digits: {reverse_digits: 1.0, gsm8k_flexible: 0.5}}"],
+                       pass_threshold=1.0, scored=tmp_path / "scored.parquet")  # fmt: skip
+    for source in ("all", "reverse_digits"):
+        values = summary["per_data_source"][source]
+        assert values["reward/gsm8k_flexible"] == 0.75  # 3 of the 4 responses hold the answer
+        assert values["reward/reverse_digits"] < 1.0  # '999' is not '321'
+        assert values["reward/mean"] == pytest.approx(values["reward/reverse_digits"] + 0.5 * values["reward/gsm8k_flexible"])
+    scores = pq.read_table(tmp_path / "scored.parquet").column("scores").to_pylist()
+    assert scores[1] == [1.5, 1.5]  # both components full: 1.0 + 0.5
+    assert summary["reward"] == {"errors": 0, "timeouts": 0}  # no judge: no judge counts
+
+
+def test_reward_combine_naming_no_scorer_is_refused_before_scoring(generated, tmp_path):
+    with pytest.raises(EvaluationError, match=r"reward.combine\['reverse_digits'\] names the component 'gsm9k'.*use one of"):
+        evaluate(generated, None, ["reward.combine={reverse_digits: {gsm9k: 1.0}}"])
