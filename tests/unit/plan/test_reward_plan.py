@@ -43,3 +43,14 @@ def test_preflight_checks_the_judge_and_the_combined_sources(tmp_path):
     assert combine_findings(good, rows) == []
     (role,) = reward_roles(good, good.samples_per_step)
     assert role["role"] == "LLM judge" and 0 < role["memory_gib"] < 0.1
+
+
+def test_an_sglang_judge_is_planned_on_cpu_and_refused_on_cuda_in_one_line(tmp_path):
+    judge = ["reward.combine={reverse_digits: {judge: 1.0}}", f"reward.judge.model={tmp_path}",
+             "reward.judge.prompt_template=judge {prompt} {response}", "reward.judge.engine=sglang"]  # fmt: skip
+    make_plan(_cfg(*judge))  # cluster.device cpu: its server runs beside the controller
+    (role,) = reward_roles(_cfg(*judge), 8)
+    assert role["where"].startswith("SGLang server of its own")
+    with pytest.raises(PlanError, match=r"reward.judge.engine: \(sglang\) runs its server on CPU only for now \(cluster.device "
+                       r"is cuda\): GPUs of its own are not placed yet; use reward.judge.engine=torch"):  # fmt: skip
+        make_plan(_cfg(*judge, "cluster.device=cuda"))
