@@ -131,11 +131,13 @@ def evaluate(data: str | Path, config: str | Path | None = None, overrides: list
     from megarl.data.generated import read_generated
     from megarl.evaluation import (
         EvaluationError,
+        add_components,
         check_ks,
         scored_responses,
         summarize,
         threshold_problem,
     )
+    from megarl.rewards.combine import component_scores
 
     if config is not None:
         cfg = load_config(config, overrides)
@@ -168,7 +170,7 @@ def evaluate(data: str | Path, config: str | Path | None = None, overrides: list
                                  lengths, reasons, pass_threshold=pass_threshold, acc=result.extra.get("acc"),
                                  preds=result.preds)  # fmt: skip
     summary = summarize(responses, ks)
-    _add_components(summary, reward, [rows.records[r].data_source for r, _ in flat], result.extra)
+    add_components(summary, [rows.records[r].data_source for r, _ in flat], component_scores(reward, result.extra))
     if rows.lengths is None or rows.finish_reasons is None:  # not known: not reported
         for values in summary.values():
             for name in [n for n in values if n.startswith("response_length/") or n == "truncated_frac"]:
@@ -294,19 +296,6 @@ def _add_part(total: Scored, part: Any, n: int) -> None:
     if getattr(part, "judged", False):
         total.judge_counts["judge_errors"] = total.judge_counts.get("judge_errors", 0) + part.judge_errors
         total.judge_counts["judge_timeouts"] = total.judge_counts.get("judge_timeouts", 0) + part.judge_timeouts
-
-
-def _add_components(summary: dict[str, dict[str, float]], reward: Any, sources: list[str], extra: dict[str, list[float]]) -> None:
-    """reward.combine's components into the summary, as training logs them: ``reward/<component>``,
-    the mean of the component over the responses (of the data source, and ``all``) that use it."""
-    from megarl.evaluation import ALL
-
-    names = sorted({name for parts in reward.combine.values() for name in parts} & set(extra))
-    for source, values in summary.items():
-        for name in names:
-            used = [v for s, v in zip(sources, extra[name], strict=True) if (source == ALL or s == source) and not math.isnan(v)]
-            if used:
-                values[f"reward/{name}"] = sum(used) / len(used)
 
 
 def _write_scored(data: str | Path, out: str | Path, responses: list[list[str]], scores: list[float]) -> None:
