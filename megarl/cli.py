@@ -190,6 +190,11 @@ def user_error_line(exc: BaseException) -> str | None:
         return str(exc)  # raised by megarl with its own message
     if isinstance(exc, ConnectionError):
         return str(exc)
+    if type(exc).__module__.startswith("ray."):  # Ray's own failure met in the driver (a full object store, ...)
+        from megarl.ray_cluster.ray_failures import ray_failure  # (imports no Ray)
+
+        if line := ray_failure(exc):
+            return f"a Ray call of the driver failed: {line}"
     if isinstance(exc, ModuleNotFoundError) and (exc.name or "").partition(".")[0] == "ray" and not _ray_installed():
         return (f"Ray is not installed for {sys.executable}: pip install 'ray[default]' (a megarl dependency), or, for "
                 "a layout of one process, add --in-process (megarl launch, sft, convert and generate then run without Ray)")

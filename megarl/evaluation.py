@@ -22,6 +22,8 @@ Each prompt has ``n`` scored responses. Per data source, averaged over its promp
   the responses that use it (over responses, not prompts: as training logs ``reward/<component>``).
 
 ``all`` holds the same over every prompt (a data source named ``all`` would share its row).
+Prompts with different numbers of responses: a number at k is over the prompts with at least k
+(`megarl evaluate` says which k left rows out: :func:`ragged_note`).
 Torch-free: the CLI imports it without torch.
 """
 
@@ -136,22 +138,39 @@ def threshold_problem(value: float, reward: object) -> str | None:
 
 
 def check_ks(ks: Sequence[int], n: int, where: str = "k") -> None:
-    """Every k must be in 1..n (n: the fewest responses any prompt has)."""
+    """Every k must be in 1..n (n: the most responses any prompt has)."""
     bad = [k for k in ks if not 1 <= k <= n]
     if bad:
-        raise EvaluationError(f"{where} {bad[0]} is not in 1..{n}: the prompt with the fewest responses has {n}; "
+        raise EvaluationError(f"{where} {bad[0]} is not in 1..{n}: the prompt with the most responses has {n}; "
                               f"use k <= {n}, or generate more responses (--n)")  # fmt: skip
+
+
+def ragged_note(counts: Sequence[int], ks: Sequence[int] | None = None) -> str | None:
+    """What a summary of prompts with ``counts`` responses each (different numbers) leaves out:
+    each k is taken over the prompts with at least k responses only. None when every prompt has
+    as many (or no k leaves one out)."""
+    if not counts or min(counts) == max(counts):
+        return None
+    ks = default_ks(max(counts)) if ks is None else sorted(set(ks))
+    partial = [(k, sum(c >= k for c in counts)) for k in ks if k > min(counts)]
+    if not partial:
+        return None
+    over = ", ".join(f"k={k}: {rows}" for k, rows in partial)
+    return (f"the rows have {min(counts)} to {max(counts)} responses each: a k above {min(counts)} is taken over the rows "
+            f"with at least k responses only ({over} of the {len(counts)} rows); generate the same number for every row "
+            "(megarl generate --n) to compare every k over all of them")  # fmt: skip
 
 
 def summarize(responses: Sequence[ScoredResponse], ks: Sequence[int] | None = None) -> dict[str, dict[str, float]]:
     """Per data source (and ``all``): the numbers of the module docstring. ``ks`` None: 1, 2,
-    4, ... up to the fewest responses any prompt has."""
+    4, ... up to the most responses any prompt has; a number at k is the mean over the prompts
+    with at least k responses (all of them when every prompt has as many: :func:`ragged_note`)."""
     if not responses:
         raise EvaluationError("no responses to evaluate")
     groups: dict[tuple[str, int], list[ScoredResponse]] = defaultdict(list)
     for r in responses:
         groups[(r.data_source, r.prompt)].append(r)
-    n = min(len(g) for g in groups.values())
+    n = max(len(g) for g in groups.values())
     ks = default_ks(n) if ks is None else sorted(set(ks))
     check_ks(ks, n)
     voting = {r.data_source for r in responses if r.pred is not None}  # the sources whose function gives preds
@@ -168,6 +187,7 @@ def summarize(responses: Sequence[ScoredResponse], ks: Sequence[int] | None = No
 def _prompt_values(group: list[ScoredResponse], ks: Sequence[int], with_preds: bool, prompt: int) -> dict[str, float]:
     scores = [r.score for r in group]
     out = {"reward/mean": _mean(scores)}
+    ks = [k for k in ks if k <= len(group)]  # a prompt with fewer responses has no number at k
     for k in ks:
         out[f"pass@{k}"] = pass_at_k(len(group), sum(r.passed for r in group), k)
     drawn = [k for k in ks if k > 1]  # of one response, best, worst and majority are its mean score
@@ -185,14 +205,24 @@ def _prompt_values(group: list[ScoredResponse], ks: Sequence[int], with_preds: b
 def _summary(prompts: list[list[ScoredResponse]], values: list[dict[str, float]]) -> dict[str, float]:
     flat = [r for group in prompts for r in group]
     out: dict[str, float] = {"prompts": len(prompts), "responses": len(flat)}
-    # a number of every prompt only: maj@k of all when some source has no preds would be of a part
-    out |= {name: _mean(v[name] for v in values) for name in values[0] if all(name in v for v in values)}
+    # A number at k of every prompt with k responses or more only: maj@k of all when some source
+    # has no preds would be of a part. Names in the order of the prompt with the most responses.
+    fullest = max(range(len(prompts)), key=lambda i: len(prompts[i]))
+    for name in values[fullest]:
+        counted = [v for group, v in zip(prompts, values, strict=True) if len(group) >= _k_of(name)]
+        if all(name in v for v in counted):
+            out[name] = _mean(v[name] for v in counted)
     lengths = [r.length for r in flat]
     out["response_length/mean"] = _mean(lengths)
     out["response_length/min"] = float(min(lengths))
     out["response_length/max"] = float(max(lengths))
     out["truncated_frac"] = _mean(float(r.finish_reason == "length") for r in flat)
     return out
+
+
+def _k_of(name: str) -> int:
+    """The k of ``pass@k`` (best@k, ...); 1 for a number of every response (reward/mean)."""
+    return int(name.rsplit("@", 1)[1]) if "@" in name else 1
 
 
 def _mean(values: object) -> float:

@@ -149,13 +149,34 @@ def _build_in_place(target: Path, build: Callable[[Path], object]) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
+# Seconds a demo step takes on a 2-core CPU, by engine: the torch engine's 500 steps take 1.5 to
+# 3.5 minutes (README); through the SGLang CPU server a step takes about 4 s.
+DEMO_STEP_S = {"torch": 0.4, "sglang": 4.0}
+LONG_DEMO_S = 300.0  # a demo expected to run longer than this says so before it starts
+
+
+def long_demo_note(cfg: Any) -> str | None:
+    """The line a demo expected to run for long (``cfg``: its config, overrides applied) prints
+    before it starts: how long, and how to shorten it; None for a short one."""
+    steps, engine = cfg.trainer.total_steps, cfg.rollout.engine
+    seconds = steps * DEMO_STEP_S[engine] if steps is not None and engine in DEMO_STEP_S else 0.0
+    if seconds < LONG_DEMO_S:
+        return None
+    return (f"megarl demo: {steps} steps (trainer.total_steps) of about {DEMO_STEP_S[engine]:g} s each with "
+            f"rollout.engine={engine} take about {seconds / 60:.0f} minutes on a 2-core CPU; add trainer.total_steps=4 "
+            "for a short run (Ctrl-C stops it after a step, saved: the same command resumes)")  # fmt: skip
+
+
 def run_demo(config: str | Path, overrides: list[str], root: str | Path = "outputs/demo") -> Path:
     """Prepare, train, plot; returns the PNG of the curves."""
     from megarl.commands.curves import plot_run
     from megarl.config.loading import load_config
     from megarl.trainer.launch import launch
 
-    model, data = prepare_demo(root, arch=load_config(config, overrides).model.arch or "tiny-demo")
+    asked = load_config(config, overrides)
+    if note := long_demo_note(asked):
+        print(note, flush=True)
+    model, data = prepare_demo(root, arch=asked.model.arch or "tiny-demo")
     paths = [f"model.path={model}", f"data.train_files=[{data / 'train.parquet'}]", f"data.val_files=[{data / 'val.parquet'}]",
              f"trainer.output_dir={Path(root) / 'run'}", *sglang_on_cpu(overrides)]
     launch(config, [*paths, *overrides], resume_command=demo_command(config, overrides, root))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import tempfile
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from megarl.commands.outputs import make_folder
 from megarl.config.sections import BUILD_TIMEOUT_S
 from megarl.kept_files import write_atomically
 
+log = logging.getLogger(__name__)
 SCORE_CHUNK = 1024  # responses per scoring call: the progress display's step
 SUMMARY_SUFFIX = ".eval.json"
 
@@ -133,6 +135,7 @@ def evaluate(data: str | Path, config: str | Path | None = None, overrides: list
         EvaluationError,
         add_components,
         check_ks,
+        ragged_note,
         scored_responses,
         summarize,
         threshold_problem,
@@ -155,7 +158,9 @@ def evaluate(data: str | Path, config: str | Path | None = None, overrides: list
     flat = [(r, j) for r, answers in enumerate(rows.responses) for j in range(len(answers))]
     counts = [len(answers) for answers in rows.responses if answers]
     if ks is not None and counts:  # before the scoring, which can take long: summarize checks the same
-        check_ks(ks, min(counts))
+        check_ks(ks, max(counts))
+    if note := ragged_note(counts, ks):  # said before the scoring, which can take long
+        log.warning("--data %s: %s", data, note)
     problem = _reward_problem(reward)
     if problem:
         raise EvaluationError(problem)

@@ -126,21 +126,19 @@ def run_sft(cfg: Any, address: str | None = None, *, in_process: bool = False) -
 def _checked(cfg: Any, address: str | None, in_process: bool) -> tuple[Any, Any]:
     """``cfg`` resolved by its plan, and the plan, once what needs no data is checked: the
     batch against the data-parallel size, the machine, the output folder, the loggers."""
-    from megarl.plan.planner import make_plan, resolved_config
+    from megarl.plan.planner import resolved_config
     from megarl.plan.preflight import check_loggers
-    from megarl.trainer.launch import check_one_machine
+    from megarl.trainer.launch import launch_plan
 
     s = cfg.sft
     if not s.train_files:
         raise SFTError("sft.train_files is empty; give parquet files with prompt + response columns or chat messages")
-    plan = make_plan(cfg, sft=True, in_process=in_process)
+    plan = launch_plan(cfg, address, sft=True, in_process=in_process)  # the machine's problems with the config's
     cfg = resolved_config(cfg, plan.resolved)  # recompute: auto is none here (no memory plan)
     dp = plan.roles["policy"].dp
     if s.batch_size % dp:
         raise SFTError(f"sft.batch_size ({s.batch_size}) must be a multiple of the data-parallel size ({dp}); "
                        f"try {max(dp, s.batch_size // dp * dp)}")  # fmt: skip
-    if not in_process:  # a world of one: checked by the plan
-        check_one_machine(cfg, address)
     _check_target(Path(s.output_dir).absolute() / MODEL_DIR, cfg)
     problems: list[Any] = []
     check_loggers(cfg, problems)

@@ -79,7 +79,9 @@ def _answer(ref: Any, what: str, timeout_s: float, name: str) -> Any:
     except GetTimeoutError:
         raise TimeoutError(f"{name}: {what} did not answer within {timeout_s:.0f} s") from None
     except RayActorError as exc:
-        cause = (str(exc).strip().splitlines() or [""])[0][:200]
+        from megarl.ray_cluster.ray_failures import ray_failure
+
+        cause = ray_failure(exc) or (str(exc).strip().splitlines() or [""])[0][:200]  # its node's death, else Ray's line
         raise RuntimeError(f"{name} died during {what}: {cause}") from exc
 
 

@@ -62,6 +62,7 @@ from megarl.plan.rollout_checks import (
     check_validation,
     rollout_tp_choices,
 )
+from megarl.plan.trainer_checks import check_validation_files, check_watchdog
 from megarl.rewards.combine import component_problems
 
 
@@ -146,19 +147,22 @@ def make_plan(cfg: MegaRLConfig, *, check_files: bool = False, in_process: bool 
     check_agent(cfg, issues)
     check_algorithm(cfg, issues)
     check_run_length(cfg.trainer, issues)
+    check_validation_files(cfg, issues)
+    check_watchdog(cfg, arch, issues)
     check_asynchronous(cfg, issues, in_process=in_process)
     check_lora(cfg, arch, issues)
     _check_offload(cfg, issues)
     if in_process:
         check_in_process(cfg, issues, sft=sft)
-    if check_files:
-        _check_files(cfg, issues)
-        check_server_python(cfg, issues)
-        check_nccl_versions(cfg, issues)  # two subprocesses import torch: seconds, so only with these checks
     memory, resolved = None, _auto_recompute(cfg, "none")
-    if not any(i.level == "error" for i in issues):
+    layout_ok = not any(i.level == "error" for i in issues)
+    if layout_ok:  # the memory model needs a config the checks above accept; the files do not matter to it
         cfg, resolved = _resolve_recompute(cfg, arch, roles)
         memory = _plan_memory(cfg, arch, roles, issues)
+    if check_files:  # reported with the config's problems, not after they are fixed
+        _check_files(cfg, issues, bridge=layout_ok)
+        check_server_python(cfg, issues)
+        check_nccl_versions(cfg, issues)  # two subprocesses import torch: seconds, so only with these checks
     _raise_errors(issues)
     resolved |= lora_resolved(cfg)
     p = roles["policy"]
@@ -422,11 +426,12 @@ def _micro_batching_set(section: str, cfg: ActorConfig, issues: list[Issue]) -> 
     return True
 
 
-def _check_files(cfg: MegaRLConfig, issues: list[Issue]) -> None:
-    """What launch needs from the disk (megarl/plan/preflight.py), still before Ray starts."""
+def _check_files(cfg: MegaRLConfig, issues: list[Issue], *, bridge: bool) -> None:
+    """What launch needs from the disk (megarl/plan/preflight.py), still before Ray starts.
+    ``bridge``: the config's layouts passed, so model.path's bridge check can judge them too."""
     from megarl.plan.preflight import preflight
 
-    issues += [Issue(f.field, f.message, f.level) for f in preflight(cfg)]
+    issues += [Issue(f.field, f.message, f.level) for f in preflight(cfg, bridge=bridge)]
 
 
 def _tokens_per_micro_batch(cfg: MegaRLConfig, section: ActorConfig) -> int:

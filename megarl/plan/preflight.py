@@ -13,6 +13,8 @@ the fix, so all of them are reported at once, in seconds, before Ray or any work
   tokenizer of model.path renders the sampled prompts: with ``data.truncation=error`` and
   overlong prompts not filtered, none may be over max_prompt_length; filtered, a file all
   dropped is refused and one half dropped named (a warning);
+- what the model must write: a tool call in rollout.agent.tool_parser's format and each file's
+  answers in its scorer's format survive model.path's tokenizer (megarl/plan/token_checks.py);
 - rewards: built-in scorer names, a scorer for every sampled data_source (and a non-null
   ground truth, but for code), reward.custom importable and defining its function,
   reward.model's config.json one the reward workers load (megarl/rewards/reward_model.py: a
@@ -33,8 +35,8 @@ the fix, so all of them are reported at once, in seconds, before Ray or any work
 
 User code never runs in the driver process: the reward import and the import-path functions
 run in one child process, started first, in parallel with the rest. The bridge check runs in the
-driver, last and only when everything else passed: it imports torch and transformers (a few
-seconds), which the driver of a launch imports anyway for the tokenizer and the controller, so
+driver, last, whenever model.path (and critic.path) were found, whatever else failed, so that every
+problem is named at once: it imports torch and transformers (a few seconds), which the driver of a launch imports anyway for the tokenizer and the controller, so
 checking here costs the run nothing (it imports no Megatron module).
 Nothing is created or changed on disk.
 """
@@ -65,8 +67,10 @@ SAMPLE_ROWS = 1000
 CHILD_TIMEOUT_S = 120.0
 
 
-def preflight(cfg: MegaRLConfig) -> list[Finding]:
-    """Every problem found with the files and directories ``cfg`` names (empty: all good)."""
+def preflight(cfg: MegaRLConfig, *, bridge: bool = True) -> list[Finding]:
+    """Every problem found with the files and directories ``cfg`` names (empty: all good), all of
+    them at once. ``bridge``: also judge model.path by its bridge in the config's layouts (the
+    planner passes False when the layouts themselves are refused)."""
     from megarl.plan.resume_checks import check_resume
 
     findings: list[Finding] = []
@@ -77,7 +81,9 @@ def preflight(cfg: MegaRLConfig) -> list[Finding]:
         check_resume(cfg, findings)
         samples = _check_data(cfg, findings)
         _check_run_length(cfg, findings)
-        if _check_model_dir(cfg, findings):
+        _check_prompts_per_step(cfg, findings)
+        model_ok = _check_model_dir(cfg, findings)
+        if model_ok:
             from megarl.data.summary import load_tokenizer
 
             model = cfg.model.path
@@ -91,6 +97,7 @@ def preflight(cfg: MegaRLConfig) -> list[Finding]:
                                         "or use a tokenizer with a template"))
             elif (strict or cfg.data.filter_overlong_prompts) and samples:  # lengths need the tokenizer (a second or two)
                 _check_prompts(cfg, samples, tokenizer, findings)
+            _check_writable(cfg, samples, tokenizer, findings)
         _check_rewards(cfg, samples, findings)
         if cfg.rollout.generate_function == "default":
             from megarl.rollout.agents.checks import row_findings
@@ -102,7 +109,10 @@ def preflight(cfg: MegaRLConfig) -> list[Finding]:
             findings += child.results(f"reward.functions[{source!r}]")
         for field, _ in child.spec["extensions"]:
             findings += child.results(field)
-        if not any(f.level == "error" for f in findings):  # the slow one, worth running only now
+        # The slow one (seconds: torch and transformers), whatever the other files' problems, so
+        # that a model the bridges refuse is named with them, not after they are fixed.
+        models_found = not any(f.level == "error" and f.field in ("model.path", "critic.path") for f in findings)
+        if bridge and model_ok and models_found:
             findings += _check_bridge(cfg)
     finally:
         child.stop()
@@ -212,6 +222,18 @@ def _check_run_length(cfg: MegaRLConfig, findings: list[Finding]) -> None:
         findings.append(Finding(issue.field, issue.message))
 
 
+def _check_prompts_per_step(cfg: MegaRLConfig, findings: list[Finding]) -> None:
+    """More prompts a step than training rows: the sampler wraps around within the step, so some
+    prompts are drawn twice in one batch (their groups count twice in the step's mean). A
+    warning: valid, and what a tiny data set wants, but rarely what a user means."""
+    d = cfg.data
+    if cfg.trainer.val_only or (rows := training_rows(cfg)) is None or rows >= d.prompts_per_step:
+        return
+    findings.append(Finding("data.prompts_per_step", f"({d.prompts_per_step}) is more than the {rows} training rows of "
+                            "data.train_files: every step draws some prompts more than once; lower it to at most "
+                            f"{rows} (and raise rollout.n for more samples a prompt), or give more data", level="warning"))  # fmt: skip
+
+
 def _located(label: str, message: str) -> Finding:
     """A Finding for a message that starts with the file's label (as DataError's do)."""
     return Finding(label, message.removeprefix(f"{label}: "))
@@ -258,6 +280,20 @@ def _check_prompts(cfg: MegaRLConfig, samples: list[_Sample], tokenizer: Callabl
                                     f"({d.max_prompt_length}), and data.truncation=error ({len(over)} of {len(lengths)} rows "
                                     "checked are over); raise data.max_prompt_length, set data.filter_overlong_prompts=true "
                                     "to drop such prompts, or set data.truncation=left|right"))
+
+
+def _check_writable(cfg: MegaRLConfig, samples: list[_Sample], tokenizer: Callable[[], Any], findings: list[Finding]) -> None:
+    """The tool calls and answers the run needs, writable by the model (megarl/plan/token_checks.py).
+    A tokenizer that does not load stops the run at start-up: no verdict here."""
+    from megarl.data.datasets import DataError
+    from megarl.plan.token_checks import check_answers, check_tool_calls
+
+    try:
+        tokenizer()
+    except DataError:
+        return
+    check_tool_calls(cfg, tokenizer, findings)
+    check_answers(cfg, [(sample.label, sample.records) for sample in samples], tokenizer, findings)
 
 
 def _dropped(sample: _Sample, over: int, shortest: int, checked: int, limit: int) -> list[Finding]:

@@ -31,6 +31,20 @@ def find_cluster(address: str) -> tuple[str, str] | None:
         return None
 
 
+def address_problem(address: str) -> str | None:
+    """Why the cluster ``address`` names does not answer (one line), or None. Ray lets a set
+    RAY_ADDRESS win over the address given; with nothing recorded, "auto" is left to ray.init
+    (it also finds a local GCS process), which fails at once when there is none."""
+    found = find_cluster(os.environ.get("RAY_ADDRESS") or address)
+    if found is None:
+        return None
+    source, resolved = found
+    why = unanswered(resolved)
+    if why is None:
+        return None
+    return f"{resolved}{'' if source == 'given' else f' (from {source})'} does not answer: {why}"
+
+
 def one_machine_problem(nnodes: int, address: str | None) -> str | None:
     """Why a config for ``nnodes`` nodes cannot run on the Ray that ``address`` gives, or None.
     No address (or ``local``) starts Ray on this machine alone, where the placement of several

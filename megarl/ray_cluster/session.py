@@ -108,17 +108,11 @@ def ray_session(
 
 def _probe(address: str) -> None:
     """ConnectionError unless the cluster ``address`` names is recorded and listening."""
-    from megarl.ray_cluster.address import find_cluster, unanswered
+    from megarl.ray_cluster.address import address_problem
 
-    # Ray lets a set RAY_ADDRESS win over the address given; with nothing recorded, "auto" is left
-    # to ray.init (it also finds a local GCS process), which fails at once when there is none.
-    found = find_cluster(os.environ.get("RAY_ADDRESS") or address)
-    if found is None:
-        return
-    source, resolved = found
-    why = unanswered(resolved)
-    if why is not None:
-        raise ConnectionError(f"{resolved}{'' if source == 'given' else f' (from {source})'} does not answer: {why}")
+    problem = address_problem(address)
+    if problem is not None:
+        raise ConnectionError(problem)
 
 
 def _init(**kwargs: Any) -> None:
@@ -136,6 +130,8 @@ def _init(**kwargs: Any) -> None:
     install = getattr(utils, "set_sigterm_handler", None)  # another Ray: the SystemExit path below
     if ours and install is not None:
         utils.set_sigterm_handler = lambda handler: None
+    embedded = kwargs.get("address") == "local"
+    before = _descendants() if embedded else set()
     try:
         ray.init(**kwargs)
     except BaseException as exc:  # a signal (SIGTERM, Ctrl-C) or an error: leave no half-started Ray
@@ -145,10 +141,34 @@ def _init(**kwargs: Any) -> None:
                 previous(signal.SIGTERM, None)  # records the stop; raises KeyboardInterrupt
             raise
         finally:
-            ray.shutdown()
+            if embedded:
+                _shutdown_embedded()
+                _kill_started_since(before)
+            else:
+                ray.shutdown()
     finally:
         if install is not None:
             utils.set_sigterm_handler = install
+
+
+def _descendants() -> set[int]:
+    import psutil
+
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def _kill_started_since(before: set[int]) -> None:
+    """Kill the Ray processes this driver started since ``before`` (its descendants then): an init
+    interrupted before Ray recorded its node leaves no node to shut down, and the raylet's agents,
+    which block SIGTERM (megarl/process_signals.py), would outlive the driver."""
+    import psutil
+
+    for process in psutil.Process().children(recursive=True):
+        try:
+            if process.pid not in before and "ray" in " ".join(process.cmdline()):
+                process.kill()
+        except psutil.Error:
+            continue
 
 
 def _shutdown_embedded() -> None:

@@ -61,6 +61,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError, Unseria
 from megarl.config.sections import BUILD_TIMEOUT_S
 from megarl.ray_cluster.placement import PlacedRole, RolePlacement, place_roles
 from megarl.ray_cluster.rank_env import RANK_LOG_ENV
+from megarl.ray_cluster.ray_failures import node_view, ray_failure
 from megarl.ray_cluster.worker_error import WorkerError
 from megarl.terminal import worker_logging
 
@@ -435,10 +436,14 @@ class WorkerGroup(Generic[W]):
 
     def _failure(self, rank: int, method: str, exc: BaseException) -> WorkerError:
         tail = self.log_tail(rank) if rank < len(self.log_paths) else ""
+        where = self.node_infos[rank] if rank < len(self.node_infos) else {}
         if isinstance(exc, RayActorError):
             time.sleep(0.2)  # let the dying process's last writes reach the log
             tail = self.log_tail(rank)
-            cause = _cause(tail) or _cause(str(exc)) or "no error in its log: killed by a signal (the OOM killer?)"
+            # Ray's own failure (its node died, the memory monitor) first: the log then holds at
+            # most the symptom ("Socket closed"), not the cause.
+            node = ray_failure(exc, where.get("node_id"), where.get("ip"), node_view(where.get("node_id")))
+            cause = node or _cause(tail) or _cause(str(exc)) or "no error in its log: killed by a signal (the OOM killer?)"
             how = f"died during {self._what(method)}: {cause}"
         else:
             err = getattr(exc, "cause", None) or exc
@@ -448,7 +453,8 @@ class WorkerGroup(Generic[W]):
                 how = f"raised in {self._what(method)} (an exception Ray could not unpickle): {said}"
             else:
                 how = f"raised {type(err).__name__} in {self._what(method)}: {said}"
-        where = self.node_infos[rank] if rank < len(self.node_infos) else {}
+            if node := ray_failure(err):  # a call whose result Ray could not keep (a full object store)
+                how = f"failed in {self._what(method)}: {node}"
         host = f" on {where.get('hostname')} ({where.get('ip')}), pid {where.get('pid')}" if where else ""
         summary = f"{self.role} rank {rank}{host} {how} (log: {self.log_paths[rank]})"
         message = f"{summary}\n--- last lines of {self.log_paths[rank]} ---\n{tail}"

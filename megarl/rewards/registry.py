@@ -109,6 +109,25 @@ def can_match(name: str, ground_truth: Any) -> bool:
     return True
 
 
+# A right response in the format each built-in scorer reads, from the answer text (the pre-launch
+# check that the model's tokenizer can write it: megarl/plan/token_checks.py); code has none.
+_MODEL_ANSWERS: dict[str, Callable[[str], str]] = {
+    "gsm8k": lambda truth: f"#### {truth}",
+    "gsm8k_flexible": lambda truth: f"The answer is {truth}",
+    "math": lambda truth: f"\\boxed{{{truth}}}",
+    "reverse_digits": lambda truth: truth,
+    "qa_em": lambda truth: f"<answer>{truth}</answer>",
+}
+
+
+def model_answer(name: str, ground_truth: Any) -> str | None:
+    """A response the built-in scorer ``name`` should score full on ``ground_truth`` (None for
+    code, or a ground truth with no answer text): the format the scorer reads, around the answer."""
+    make = _MODEL_ANSWERS.get(name)
+    truth = answer_text(ground_truth)
+    return make(truth) if make is not None and isinstance(truth, str) and truth.strip() else None
+
+
 def score(name: str, data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None,
           format_score: float = 0.0) -> Any:
     """Built-in scorer ``name`` on one response. A number ground truth (a float or int parquet

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from megarl.config.loading import load_config
 from megarl.config.sections import MegaRLConfig
-from megarl.plan.planner import make_plan
+from megarl.plan.planner import Plan, make_plan
 from megarl.terminal import library_warnings_logged
 
 log = logging.getLogger(__name__)
@@ -30,9 +30,7 @@ def launch(config: str | Path, overrides: list[str], address: str | None = None,
     from megarl.plan.resume_checks import finished_run
 
     cfg = load_config(config, overrides)
-    if not in_process:
-        check_one_machine(cfg, address)
-    plan = make_plan(cfg, check_files=True, in_process=in_process)
+    plan = launch_plan(cfg, address, in_process=in_process)
     for warning in plan.warnings:
         log.warning("%s", warning)
     for key, value in plan.resolved.items():
@@ -46,14 +44,21 @@ def launch(config: str | Path, overrides: list[str], address: str | None = None,
     return run(cfg, plan, address, command, in_process=in_process)
 
 
-def check_one_machine(cfg: MegaRLConfig, address: str | None) -> None:
-    """A config for several nodes with no Ray cluster to attach to is refused before Ray starts."""
-    from megarl.plan.issues import Issue, PlanError
-    from megarl.ray_cluster.address import one_machine_problem
+def launch_plan(cfg: MegaRLConfig, address: str | None, *, in_process: bool = False, sft: bool = False) -> Plan:
+    """The plan of a launch: the planner's checks (with the files', but for `megarl sft`, which
+    checks its own) and the machine's (megarl/plan/machine_checks.py), every problem in one
+    PlanError. ``in_process``: no Ray, so no machine check (the plan checks a world of one)."""
+    from megarl.plan.issues import PlanError
+    from megarl.plan.machine_checks import machine_issues
 
-    problem = one_machine_problem(cfg.cluster.nnodes, address or cfg.cluster.ray_address)
-    if problem:
-        raise PlanError([Issue("cluster.nnodes", problem)])
+    machine = [] if in_process else machine_issues(cfg, address)
+    try:
+        plan = make_plan(cfg, check_files=not sft, in_process=in_process, sft=sft)
+    except PlanError as exc:
+        raise PlanError(machine + exc.issues) from None
+    if machine:
+        raise PlanError(machine)
+    return plan
 
 
 def launch_command(config: str | Path, overrides: list[str], cfg: MegaRLConfig, address: str | None = None,

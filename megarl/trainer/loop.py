@@ -291,16 +291,15 @@ class Trainer:
         return self.checkpoints.root / step_dir_name(step)
 
     def _checkpoint_bytes(self) -> int:
-        """The planner's estimate of a checkpoint: weights plus fp32 master weights and Adam's two
-        moments per trained model (the free-space check before a save)."""
+        """The planner's estimate of a checkpoint (megarl/plan/trainer_checks.py: the one the
+        watchdog's plan-time check uses too), for the free-space check before a save."""
         from megarl.config.architectures import ArchError, resolve_arch
-        from megarl.plan.gpu_memory import DTYPE_BYTES
+        from megarl.plan.trainer_checks import checkpoint_bytes
 
         try:
-            params = resolve_arch(self.cfg.model.path, self.cfg.model.arch).num_params
+            return checkpoint_bytes(self.cfg, resolve_arch(self.cfg.model.path, self.cfg.model.arch))
         except ArchError:
             return 0
-        return int(params * (DTYPE_BYTES[self.cfg.model.dtype] + 12) * (2 if self.cfg.critic_enabled else 1))
 
     def restore(self) -> int:
         """Load the checkpoint trainer.resume points at; returns the step to continue after."""

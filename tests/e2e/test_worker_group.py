@@ -187,6 +187,7 @@ def test_dead_and_raising_worker(session, tmp_path):
         msg = str(info.value)
         assert info.value.rank == 1 and "policy rank 1" in msg and "died during FragileWorker.die" in msg
         assert "rank 1 about to exit hard" in msg and "old run" not in msg
+        assert "died (" not in info.value.summary  # its node is alive and its raylet answers: no node's death
 
 
 def test_colocated_roles_share_gpus(session, tmp_path):

@@ -15,6 +15,7 @@ from megarl.evaluation import (
     expected_best,
     expected_worst,
     pass_at_k,
+    ragged_note,
     scored_responses,
     summarize,
 )
@@ -115,8 +116,22 @@ def test_acc_decides_passing_where_a_reward_gives_it():
 
 def test_k_beyond_the_responses_per_prompt_is_refused():
     rows = scored_responses(["d"] * 4, [0, 0, 1, 1], [1.0] * 4, [1] * 4, ["stop"] * 4, pass_threshold=1.0)
-    with pytest.raises(EvaluationError, match=r"k 4 is not in 1..2: the prompt with the fewest responses has 2; use k <= 2"):
+    with pytest.raises(EvaluationError, match=r"k 4 is not in 1..2: the prompt with the most responses has 2; use k <= 2"):
         summarize(rows, ks=[1, 4])
     assert default_ks(1) == [1] and default_ks(8) == [1, 2, 4, 8] and default_ks(6) == [1, 2, 4, 6]
     with pytest.raises(EvaluationError, match="no responses"):
         summarize([])
+
+
+def test_ragged_prompts_keep_every_k_over_the_prompts_that_have_it():
+    """One prompt with 4 responses (1 passing), one with 2 (both passing): pass@4 is the first's
+    alone, pass@1 and pass@2 the mean of both, and the note says k 4 left a row out."""
+    rows = scored_responses(["d"] * 6, [0, 0, 0, 0, 1, 1], [1.0, 0, 0, 0, 1.0, 1.0], [1] * 6, ["stop"] * 6,
+                            pass_threshold=1.0)  # fmt: skip
+    summary = summarize(rows)["d"]
+    assert summary["pass@4"] == pytest.approx(1.0) and summary["best@4"] == pytest.approx(expected_best([1.0, 0, 0, 0], 4))
+    assert summary["pass@1"] == pytest.approx((0.25 + 1.0) / 2) and summary["pass@2"] == pytest.approx((0.5 + 1.0) / 2)
+    assert list(summary).index("pass@4") < list(summary).index("best@2")  # the fullest prompt's order of names
+    note = ragged_note([4, 2])
+    assert note is not None and "2 to 4 responses" in note and "(k=4: 1 of the 2 rows)" in note and "k=2" not in note
+    assert ragged_note([4, 4]) is None and ragged_note([4, 2], ks=[1, 2]) is None

@@ -66,6 +66,15 @@ def parse_hermes(text: str) -> ParsedCalls:
     return ParsedCalls(items)
 
 
+def sample_call(parser: str, tool: str) -> tuple[str, ToolCallParser] | None:
+    """A call of ``tool`` (no arguments) as the built-in ``parser`` reads it, and that parser;
+    None for a parser of the user's, whose format is not known here (the pre-launch check that
+    the model's tokenizer can write a call: megarl/plan/token_checks.py)."""
+    if parser != "hermes":
+        return None
+    return f"{HERMES_OPEN}\n{json.dumps({'name': tool, 'arguments': {}})}\n{HERMES_CLOSE}", parse_hermes
+
+
 def _call_from_json(body: str) -> ToolCall | str:
     """A ToolCall from ``{"name": str, "arguments": dict | JSON string}``, else an error message."""
     try:

@@ -4,6 +4,7 @@ before any response is scored (the scoring itself runs in tests/e2e/test_generat
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -66,7 +67,7 @@ def test_a_k_above_the_responses_is_refused_before_scoring(generated, tmp_path, 
     for k in ("1,4", "0"):
         assert main(["evaluate", "--data", str(generated), *custom, "--k", k, "--out", str(tmp_path / "k.json")]) == EXIT_USER
         err = capsys.readouterr().err
-        assert err.startswith(f"error: k {k[-1]} is not in 1..2: the prompt with the fewest responses has 2") and err.count("\n") == 1
+        assert err.startswith(f"error: k {k[-1]} is not in 1..2: the prompt with the most responses has 2") and err.count("\n") == 1
     assert not (tmp_path / "scored.flag").exists() and not (tmp_path / "k.json").exists()  # nothing scored
 
 
@@ -202,6 +203,7 @@ def test_a_ground_truth_no_built_in_scorer_can_compare_is_refused_before_scoring
 
 
 SLOW_REWARD = """
+import json
 import os
 import signal
 import subprocess
@@ -233,6 +235,18 @@ def test_a_sigterm_while_scoring_stops_with_one_line_and_143(generated, tmp_path
     assert proc.returncode == 143, err[-3000:]
     assert err.strip().splitlines()[-1] == "stopped by SIGTERM while scoring; nothing was written; run the same command again"
     assert not list(tmp_path.glob("sc.parquet*")) and not list(tmp_path.glob("*.eval.json"))
+
+
+def test_rows_with_different_numbers_of_responses_keep_pass_at_the_largest_k_and_say_so(tmp_path, caplog):
+    rows = {"data_source": ["reverse_digits"] * 2, "prompt": ["123", "456"],
+            "reward_model": [{"ground_truth": "321", "style": "rule"}, {"ground_truth": "654", "style": "rule"}],
+            "responses": [["321", "999", "999", "999"], ["654", "654"]]}  # fmt: skip
+    pq.write_table(pa.table(rows), tmp_path / "ragged.parquet")
+    assert main(["evaluate", "--data", str(tmp_path / "ragged.parquet"), "--out", str(tmp_path / "r.json")]) == 0
+    summary = json.loads((tmp_path / "r.json").read_text())["per_data_source"]["all"]
+    assert summary["pass@4"] == pytest.approx(1.0) and summary["pass@1"] == pytest.approx((0.25 + 1.0) / 2)
+    warning = [r for r in caplog.records if "2 to 4 responses" in r.getMessage()]
+    assert len(warning) == 1 and "(k=4: 1 of the 2 rows)" in warning[0].getMessage() and warning[0].levelname == "WARNING"
 
 
 def test_reward_combine_scores_the_weighted_sum_and_reports_each_component(generated, tmp_path):

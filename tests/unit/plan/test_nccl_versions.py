@@ -63,7 +63,7 @@ def no_files(monkeypatch):
     """make_plan(check_files=True) without the data and model files (their own tests check them)."""
     from megarl.plan import planner
 
-    monkeypatch.setattr(planner, "_check_files", lambda cfg, issues: None)
+    monkeypatch.setattr(planner, "_check_files", lambda cfg, issues, bridge: None)
 
 
 def test_the_plan_compares_before_launch_only_where_an_nccl_group_joins_the_sides(tmp_path, no_files):
