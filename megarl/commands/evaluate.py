@@ -4,7 +4,8 @@ reward, pass@k, best@k / worst@k, maj@k, response lengths and the truncated shar
 
 The numbers come from megarl/evaluation.py, the code RL validation logs ``val/*`` with; the
 scores from the reward worker pool training uses (data_source routing, reward.custom, reward
-models, timeouts and failure counting: megarl/rewards/scorer.py). Reward settings come from the
+models, timeouts and failure counting: megarl/rewards/scorer.py), or with reward.combine from its
+components and the LLM judge as training combines them (megarl/rollout/reward_combine.py). Reward settings come from the
 config's ``reward`` section, or without a config from ``reward.*`` overrides on the defaults.
 """
 
@@ -258,7 +259,7 @@ def _scorer(reward: Any, judge_runs: JudgeRuns, stops: str) -> Any:
     from megarl.rollout.reward_combine import CombinedScorer
 
     judge = None if reward.judge is None else start_judge(
-        reward.judge, in_process=True, log_dir=tempfile.mkdtemp(prefix="megarl-evaluate-judge-"),
+        reward.judge, in_process=True, log_dir=tempfile.mkdtemp(prefix="megarl-evaluate-judge-") if reward.judge.engine == "sglang" else ".",
         start_timeout_s=judge_runs.start_timeout_s, max_failed_fraction=reward.max_failed_fraction, stops=stops,
         server_python=judge_runs.server_python)  # fmt: skip
     try:
