@@ -17,7 +17,9 @@ Each prompt has ``n`` scored responses. Per data source, averaged over its promp
   first drawn), and its first drawn response's score counts. A response without a ``pred`` (an
   answer the function could not extract) votes for "no answer", as in verl; ``all`` has maj@k
   when every data source has it;
-- ``response_length/mean|min|max`` (tokens) and ``truncated_frac`` (finish reason ``length``).
+- ``response_length/mean|min|max`` (tokens) and ``truncated_frac`` (finish reason ``length``);
+- with reward.combine (:func:`add_components`), ``reward/<component>``: each component's mean over
+  the responses that use it (over responses, not prompts: as training logs ``reward/<component>``).
 
 ``all`` holds the same over every prompt (a data source named ``all`` would share its row).
 Prompts with different numbers of responses: a number at k is over the prompts with at least k
@@ -29,7 +31,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -226,6 +228,18 @@ def _k_of(name: str) -> int:
 def _mean(values: object) -> float:
     items = list(values)  # type: ignore[call-overload]
     return float(sum(items) / len(items)) if items else math.nan
+
+
+def add_components(summary: dict[str, dict[str, float]], data_sources: Sequence[str],
+                   components: Mapping[str, Sequence[float]]) -> None:  # fmt: skip
+    """reward.combine's components into ``summary`` (of :func:`summarize`), as training logs them:
+    ``reward/<component>``, per data source and ``all``, the mean over the responses that use the
+    component (``components``: name -> one value per response, NaN where a response does not)."""
+    for source, values in summary.items():
+        for name, scores in components.items():
+            used = [v for s, v in zip(data_sources, scores, strict=True) if (source == ALL or s == source) and not math.isnan(v)]
+            if used:
+                values[f"reward/{name}"] = _mean(used)
 
 
 def as_metrics(summary: dict[str, dict[str, float]], prefix: str = "val/") -> dict[str, float]:

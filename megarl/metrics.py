@@ -91,6 +91,7 @@ _VALIDATION: tuple[tuple[str, Reduction, str], ...] = (
     ("response_length/min", "min", "shortest validation response in tokens"),
     ("response_length/max", "max", "longest validation response in tokens"),
     ("truncated_frac", "mean", "share of validation responses cut by max_new_tokens"),
+    ("reward/<component>", "mean", "a reward.combine component's score, mean over the responses whose data source uses it"),
 )
 
 

@@ -4,7 +4,8 @@ reward, pass@k, best@k / worst@k, maj@k, response lengths and the truncated shar
 
 The numbers come from megarl/evaluation.py, the code RL validation logs ``val/*`` with; the
 scores from the reward worker pool training uses (data_source routing, reward.custom, reward
-models, timeouts and failure counting: megarl/rewards/scorer.py). Reward settings come from the
+models, timeouts and failure counting: megarl/rewards/scorer.py), or with reward.combine from its
+components and the LLM judge as training combines them (megarl/rollout/reward_combine.py). Reward settings come from the
 config's ``reward`` section, or without a config from ``reward.*`` overrides on the defaults.
 """
 
@@ -14,12 +15,15 @@ import argparse
 import json
 import logging
 import math
+import tempfile
 from contextlib import ExitStack
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from megarl.commands.arguments import add_config_args, user_path
 from megarl.commands.outputs import make_folder
+from megarl.config.sections import BUILD_TIMEOUT_S
 from megarl.disk_full import writing
 from megarl.kept_files import write_atomically
 
@@ -145,18 +149,22 @@ def evaluate(data: str | Path, config: str | Path | None = None, overrides: list
     from megarl.data.generated import read_generated
     from megarl.evaluation import (
         EvaluationError,
+        add_components,
         check_ks,
         ragged_note,
         scored_responses,
         summarize,
         threshold_problem,
     )
+    from megarl.rewards.combine import component_scores
 
     if config is not None:
         cfg = load_config(config, overrides)
         reward, prompt_key, threshold = cfg.reward, cfg.data.prompt_key, cfg.rollout.val.pass_threshold
+        judge_runs = JudgeRuns(cfg.rollout.server_python, cfg.cluster.build_timeout_s)
     else:
         reward, prompt_key, threshold = load_section(overrides, "reward"), "prompt", 1.0
+        judge_runs = JudgeRuns()
     name = "rollout.val.pass_threshold" if pass_threshold is None else "--pass-threshold"
     pass_threshold = threshold if pass_threshold is None else pass_threshold
     problem = threshold_problem(pass_threshold, reward)
@@ -174,7 +182,7 @@ def evaluate(data: str | Path, config: str | Path | None = None, overrides: list
         raise EvaluationError(problem)
     _check_scorable(reward, rows.records, data)
     try:
-        result = _score(reward, rows, flat, reward_log)
+        result = _score(reward, rows, flat, judge_runs, reward_log)
     except ValueError as exc:  # reward.custom that does not load, a data_source without a scorer
         raise EvaluationError(str(exc)) from exc
     lengths = [rows.lengths[r][j] for r, j in flat] if rows.lengths is not None else [-1] * len(flat)
@@ -183,6 +191,7 @@ def evaluate(data: str | Path, config: str | Path | None = None, overrides: list
                                  lengths, reasons, pass_threshold=pass_threshold, acc=result.extra.get("acc"),
                                  preds=result.preds)  # fmt: skip
     summary = summarize(responses, ks)
+    add_components(summary, [rows.records[r].data_source for r, _ in flat], component_scores(reward, result.extra))
     if rows.lengths is None or rows.finish_reasons is None:  # not known: not reported
         for values in summary.values():
             for name in [n for n in values if n.startswith("response_length/") or n == "truncated_frac"]:
@@ -192,15 +201,23 @@ def evaluate(data: str | Path, config: str | Path | None = None, overrides: list
     return {
         "data": str(data),
         "pass_threshold": pass_threshold,
-        "reward": {"errors": result.errors, "timeouts": result.timeouts},
+        "reward": {"errors": result.errors, "timeouts": result.timeouts, **result.judge_counts},
         "per_data_source": {source: _finite(values) for source, values in summary.items()},
     }
 
 
 def _reward_problem(reward: Any) -> str | None:
-    """reward.custom and reward.model checked as a launch checks them, before the workers start:
-    a file that hangs at import is refused in bounded time, a model directory the workers would
-    refuse from its config.json alone (not on every sample, after each worker loaded it)."""
+    """reward.custom, reward.model, reward.combine and reward.judge checked as a launch checks them,
+    before the workers start: a file that hangs at import is refused in bounded time, a model
+    directory the workers would refuse from its config.json alone (not on every sample, after each
+    worker loaded it), a component that names nothing, a judge's directory or template."""
+    from megarl.plan.reward_checks import judge_problem
+    from megarl.rewards.combine import component_problems
+
+    problems: list[str | None] = list(component_problems(reward))  # (each names reward.combine[...])
+    problems += [judge_problem(reward.judge)] if reward.judge is not None else []
+    if any(problems):
+        return next(p for p in problems if p)
     if reward.custom is not None:
         from megarl.plan.preflight import reward_file_problem
 
@@ -225,14 +242,56 @@ def _check_scorable(reward: Any, records: list[Any], data: str | Path) -> None:
         raise EvaluationError(f"{findings[0].field}: {findings[0].message}")
 
 
-def _score(reward: Any, rows: Any, flat: list[tuple[int, int]], log_path: str | Path | None) -> Any:
-    """Every response scored in the reward pool, in chunks (one progress tick each)."""
-    from megarl.progress import counting
-    from megarl.rewards.scorer import RewardScorer, ScoreResult
+@dataclass(frozen=True)
+class JudgeRuns:
+    """How reward.judge's engine starts here (a config's rollout.server_python and
+    cluster.build_timeout_s; without a config, this interpreter and the default deadline)."""
 
-    total = ScoreResult(scores=[], preds=[])
-    extras: dict[str, list[float]] = {}
-    scorer = RewardScorer(reward, stops="evaluate stops rather than report them as scores of 0", log_path=log_path)
+    server_python: str | None = None
+    start_timeout_s: float = BUILD_TIMEOUT_S
+
+
+@dataclass
+class Scored:
+    """Every response's score, pred and extras (reward.combine's components among them), the failures."""
+
+    scores: list[float] = field(default_factory=list)
+    preds: list[Any] = field(default_factory=list)
+    extra: dict[str, list[float]] = field(default_factory=dict)
+    errors: int = 0
+    timeouts: int = 0
+    judge_counts: dict[str, int] = field(default_factory=dict)  # judge_errors, judge_timeouts: with reward.judge
+
+
+def _scorer(reward: Any, judge_runs: JudgeRuns, stops: str, log_path: str | Path | None) -> Any:
+    """The reward pool, or with reward.combine the pools and the judge that score its components
+    (the judge's engine in this process, or its SGLang server a child of it); the reward functions'
+    output goes to ``log_path``."""
+    from megarl.rewards.scorer import RewardScorer
+
+    if not reward.combine:
+        return RewardScorer(reward, stops=stops, log_path=log_path)
+    from megarl.rollout.judge import start_judge
+    from megarl.rollout.reward_combine import CombinedScorer
+
+    judge = None if reward.judge is None else start_judge(
+        reward.judge, in_process=True, log_dir=tempfile.mkdtemp(prefix="megarl-evaluate-judge-") if reward.judge.engine == "sglang" else ".",
+        start_timeout_s=judge_runs.start_timeout_s, max_failed_fraction=reward.max_failed_fraction, stops=stops,
+        server_python=judge_runs.server_python)  # fmt: skip
+    try:
+        return CombinedScorer(reward, judge, stops=stops, log_path=log_path)
+    except BaseException:
+        if judge is not None:
+            judge.close()
+        raise
+
+
+def _score(reward: Any, rows: Any, flat: list[tuple[int, int]], judge_runs: JudgeRuns, log_path: str | Path | None) -> Scored:
+    """Every response scored in the reward pool (and reward.combine's judge), in chunks (one progress tick each)."""
+    from megarl.progress import counting
+
+    total = Scored()
+    scorer = _scorer(reward, judge_runs, "evaluate stops rather than report them as scores of 0", log_path)
     try:
         with counting(len(flat), "scoring", "responses") as advance:
             for start in range(0, len(flat), SCORE_CHUNK):
@@ -240,17 +299,25 @@ def _score(reward: Any, rows: Any, flat: list[tuple[int, int]], log_path: str | 
                 records = [rows.records[r] for r, _ in chunk]
                 prompts = [rows.prompt_text[r] if rows.prompt_text else str(rows.records[r].prompt) for r, _ in chunk]
                 part = scorer.score([x.data_source for x in records], [rows.responses[r][j] for r, j in chunk],
-                                    [x.ground_truth for x in records], [x.extra_info for x in records], prompts=prompts)  # fmt: skip
-                for key in set(extras) | set(part.extra):  # NaN where a chunk had no such value
-                    extras.setdefault(key, [math.nan] * len(total.scores)).extend(part.extra.get(key, [math.nan] * len(chunk)))
-                total.scores += part.scores
-                total.preds += part.preds
-                total.errors, total.timeouts = total.errors + part.errors, total.timeouts + part.timeouts
+                                    [x.ground_truth for x in records], [x.extra_info for x in records], prompts=prompts,
+                                    raw_prompts=[x.prompt for x in records])  # fmt: skip
+                _add_part(total, part, len(chunk))
                 advance(len(chunk))
     finally:
         scorer.close()
-    total.extra = extras
     return total
+
+
+def _add_part(total: Scored, part: Any, n: int) -> None:
+    """One chunk's ScoreResult (a CombinedResult with reward.combine) appended to ``total``."""
+    for key in set(total.extra) | set(part.extra):  # NaN where a chunk had no such value
+        total.extra.setdefault(key, [math.nan] * len(total.scores)).extend(part.extra.get(key, [math.nan] * n))
+    total.scores += part.scores
+    total.preds += part.preds
+    total.errors, total.timeouts = total.errors + part.errors, total.timeouts + part.timeouts
+    if getattr(part, "judged", False):
+        total.judge_counts["judge_errors"] = total.judge_counts.get("judge_errors", 0) + part.judge_errors
+        total.judge_counts["judge_timeouts"] = total.judge_counts.get("judge_timeouts", 0) + part.judge_timeouts
 
 
 def _write_scored(data: str | Path, out: str | Path, responses: list[list[str]], scores: list[float]) -> None:

@@ -47,9 +47,11 @@ class RewardModelConfig(Section):
 
 class RewardJudgeConfig(Section):
     model: UserPath = Field(description="HF causal-LM directory of the judge (config.json, weights, tokenizer); checked before launch.")
-    engine: Literal["torch"] = Field(
+    engine: Literal["torch", "sglang"] = Field(
         "torch", description="What generates the verdicts: torch = the torch engine on CPU (in the controller's "
-        "process for an in-process run, else a Ray actor of its own, log judge_engine.log).",
+        "process for an in-process run, else a Ray actor of its own, log judge_engine.log); sglang = an SGLang server "
+        "of its own, a child process of the controller on its node (rollout.server_python runs it; log "
+        "judge_sglang.log). sglang runs on cluster.device cpu only for now: its GPUs are not placed yet.",
     )
     prompt_template: str = Field(
         description="The judge's instruction: a file path, or the text itself, with the placeholders {prompt}, "
@@ -68,7 +70,16 @@ class RewardJudgeConfig(Section):
     temperature: float = Field(0.0, ge=0, description="The judge's sampling temperature (0 = greedy).")
     timeout_s: float = Field(300.0, gt=0, description="Deadline of one judge call (all of a step's samples in one batch); a call past it counts every sample it held as a timeout.")
     retries: int = Field(1, ge=0, description="Calls again for the samples whose call failed (an engine error, a timeout) or whose output did not parse.")
-    max_running_requests: int = Field(64, ge=1, description="Samples the judge's engine decodes at once.")
+    max_running_requests: int = Field(64, ge=1, description="Samples the judge's engine decodes at once (sglang: "
+                                      "also the requests in flight at once).")
+    context_length: int | None = Field(
+        None, ge=2, description="Tokens of the judge's context, its prompt and output together (sglang: "
+        "--context-length); None = the judge model's max_position_embeddings.",
+    )
+    mem_fraction: float = Field(
+        0.05, gt=0, lt=1, description="sglang: --mem-fraction-static of the judge's server (on CPU a share of the "
+        "host's memory; its KV cache holds the larger of 4096 tokens and one full context).",
+    )
 
     @field_validator("verdicts")
     @classmethod

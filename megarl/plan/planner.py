@@ -49,6 +49,7 @@ from megarl.plan.issues import Issue, PlanError, choices, divisors
 from megarl.plan.lora_checks import check_lora, lora_resolved, policy_lora_params
 from megarl.plan.moe_checks import check_expert_parallel, check_moe_serving, check_moe_settings
 from megarl.plan.push_model import PushEstimate, push_estimate
+from megarl.plan.reward_checks import check_judge_engine
 from megarl.plan.reward_model_plan import (
     RewardModelMemory,
     check_reward_model,
@@ -140,6 +141,7 @@ def make_plan(cfg: MegaRLConfig, *, check_files: bool = False, in_process: bool 
     check_reward_model(cfg, issues, in_process=in_process)  # first: the pools below are cut from what it leaves
     roles = _layout_roles(cfg, arch, issues)
     issues += [Issue("reward.combine", problem) for problem in component_problems(cfg.reward)]
+    check_judge_engine(cfg, issues)
     for role, section_name in (("policy", "actor"), ("critic", "critic")):
         if role == "policy" or cfg.critic_enabled:
             section = getattr(cfg, section_name)

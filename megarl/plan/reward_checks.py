@@ -4,6 +4,7 @@
   source it lists is one some row of the data files has (the preflight reads them all).
 - reward.judge: its model directory has a config.json and tokenizer files; its prompt template has
   only known placeholders and renders on a data row of a data source that uses it.
+- reward.judge.engine sglang: on cluster.device cpu only (:func:`judge_engine_problem`).
 - the roles: where the reward model and the judge run and what their weights (and the judge's KV
   cache for one step's batch) take, from their config.json (:func:`reward_roles`); the reward
   model placed as a role of its own: megarl/plan/reward_model_plan.py.
@@ -15,10 +16,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from megarl.config.reward_sections import JUDGE_COMPONENT
+from megarl.config.reward_sections import JUDGE_COMPONENT, RewardJudgeConfig
 from megarl.config.sections import MegaRLConfig
 from megarl.models.hf_files import tokenizer_files_problem
-from megarl.plan.issues import Finding
+from megarl.plan.issues import Finding, Issue
 from megarl.plan.reward_model_plan import reward_model_layout, reward_model_memory
 from megarl.rewards.combine import component_problems
 from megarl.rewards.judge_prompt import render, template_problem, template_text
@@ -53,6 +54,16 @@ def combine_findings(cfg: MegaRLConfig, files: list[tuple[str, list[Any]]]) -> l
             findings.append(Finding("reward.judge.prompt_template", f"does not render on row {row.row} "
                                     f"(data_source {row.data_source!r}): {type(exc).__name__}: {exc}; fix the template"))  # fmt: skip
     return findings
+
+
+def judge_problem(judge: RewardJudgeConfig) -> str | None:
+    """reward.judge's model directory and template, as one line naming the key (``megarl evaluate``,
+    which has no data rows to render on), or None."""
+    problem = model_problem(judge.model)
+    if problem:
+        return f"reward.judge.model: {problem}"
+    problem = template_problem(template_text(judge.prompt_template))
+    return f"reward.judge.prompt_template: {problem}" if problem else None
 
 
 def model_problem(path: str) -> str | None:
@@ -107,6 +118,17 @@ def reward_roles(cfg: MegaRLConfig, samples_per_step: int) -> list[dict[str, Any
             context = int(config.get("max_position_embeddings", 4096))
             kv = 2 * layers * kv_dim * 4 * context * min(samples_per_step, r.judge.max_running_requests)  # fp32 cache
             gib = (weights + kv) / 2**30
-        roles.append({"role": "LLM judge", "where": "torch engine on the controller's CPU (a Ray actor; in-process runs: "
-                      "the controller)", "per": "host memory", "memory_gib": gib, "what": "weights + KV cache of one step's batch at its full context"})  # fmt: skip
+        where = ("SGLang server of its own on the controller's node (CPU)" if r.judge.engine == "sglang" else
+                 "torch engine on the controller's CPU (a Ray actor; in-process runs: the controller)")  # fmt: skip
+        roles.append({"role": "LLM judge", "where": where, "per": "host memory", "memory_gib": gib,
+                      "what": "weights + KV cache of one step's batch at its full context"})  # fmt: skip
     return roles
+
+
+def check_judge_engine(cfg: MegaRLConfig, issues: list[Issue]) -> None:
+    """reward.judge.engine sglang runs its server on CPU only: on GPUs it would need GPUs of its
+    own, which the planner does not place (nor count in the memory table) yet."""
+    judge = cfg.reward.judge
+    if judge is not None and judge.engine == "sglang" and cfg.cluster.device != "cpu":
+        issues.append(Issue("reward.judge.engine", f"(sglang) runs its server on CPU only for now (cluster.device is "
+                            f"{cfg.cluster.device}): GPUs of its own are not placed yet; use reward.judge.engine=torch"))  # fmt: skip

@@ -49,8 +49,9 @@ def check_in_process(cfg: MegaRLConfig, issues: list[Issue], *, sft: bool = Fals
 
 
 def check_server_python(cfg: MegaRLConfig, issues: list[Issue]) -> None:
-    """The interpreter that runs the SGLang servers exists and (this one) has SGLang."""
-    if cfg.rollout.engine != "sglang":
+    """The interpreter that runs the SGLang servers (the rollout's, the judge's) exists and (this one) has SGLang."""
+    judge = cfg.reward.judge
+    if cfg.rollout.engine != "sglang" and (judge is None or judge.engine != "sglang"):
         return
     python = cfg.rollout.server_python
     if python is not None and not os.access(python, os.X_OK):

@@ -58,3 +58,10 @@ def weighted_sum(weights: Sequence[Mapping[str, float]], components: Mapping[str
             total += weight * value
         out.append(total)
     return out
+
+
+def component_scores(cfg: RewardConfig, extra: Mapping[str, Sequence[float]]) -> dict[str, Sequence[float]]:
+    """The reward.combine components among a score result's extras (name -> one value per sample,
+    NaN where a sample does not use it), by name."""
+    names = {name for parts in cfg.combine.values() for name in parts} - {OWN}
+    return {name: extra[name] for name in sorted(names) if name in extra}

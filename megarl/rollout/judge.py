@@ -3,10 +3,12 @@
 One generate call per scoring call holds every sample that uses the judge (batched across the
 step): each instruction is ``reward.judge.prompt_template`` rendered with the sample's prompt,
 response and ground truth (megarl/rewards/judge_prompt.py), then put in the judge model's own
-chat template as a user turn, cut from the left to fit its context. The judge's engine is the torch
-engine: in this process for an in-process run (a call past its deadline keeps running in a
-background thread, and the next call waits for it), else a Ray actor of its own
-(megarl/engines/engine_actor.py).
+chat template as a user turn, cut from the left to fit its context. The judge's engine
+(reward.judge.engine) is the torch engine, in this process for an in-process run (a call past its
+deadline keeps running in a background thread, and the next call waits for it), else a Ray actor of
+its own (megarl/engines/engine_actor.py); or an SGLang server of its own, a child process of this
+one (megarl/rollout/judge_server.py: a call is one round of concurrent requests, and one past its
+deadline is aborted on the server).
 
 Failures are counted as the reward workers count theirs (megarl/rewards/scorer.py): an output the
 parser cannot read is an error, a call past ``timeout_s`` a timeout of each of its samples, an
@@ -14,7 +16,7 @@ engine error an error of each; each scores 0, is retried up to ``retries`` times
 ``reward/judge_errors`` / ``reward/judge_timeouts`` (the first few logged with the sample). When
 they reach ``reward.max_failed_fraction`` of the call's samples, :class:`RewardError` stops the run.
 
-Left out: an SGLang judge server, several judge engines, judging multi-turn transcripts turn by turn.
+Left out: an SGLang judge server on GPUs, several judge engines, judging multi-turn transcripts turn by turn.
 """
 
 from __future__ import annotations
@@ -47,11 +49,12 @@ class JudgeScores:
     timeouts: int = 0
 
 
-class _InProcessEngine:
-    """A TorchEngine in this process behind the ``Engines`` protocol, each call within a deadline."""
+class _WithDeadline:
+    """An engine behind the ``Engines`` protocol, each call within a deadline (run in a thread of its
+    own; ``on_timeout`` stops what a late call left running, when the engine can)."""
 
-    def __init__(self, engine: Any, timeout_s: float) -> None:
-        self.engine, self.timeout_s = engine, timeout_s
+    def __init__(self, engine: Any, timeout_s: float, on_timeout: Callable[[], None] | None = None) -> None:
+        self.engine, self.timeout_s, self.on_timeout = engine, timeout_s, on_timeout
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="judge")
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[GenerationResult]:
@@ -59,10 +62,15 @@ class _InProcessEngine:
         try:
             return future.result(timeout=self.timeout_s)
         except FutureTimeout:
+            if self.on_timeout is not None:
+                self.on_timeout()
             raise TimeoutError(f"the judge's engine did not answer within {self.timeout_s:g} s (reward.judge.timeout_s)") from None
 
     def close(self) -> None:
         self._thread.shutdown(wait=False, cancel_futures=True)
+        close = getattr(self.engine, "close", None)
+        if close is not None:
+            close()
 
 
 class Judge:
@@ -145,26 +153,37 @@ class Judge:
             self._close = None
 
 
-def judge_context(model_dir: str) -> int:
-    """The judge model's context length (config.json's max_position_embeddings; 4096 when it has none)."""
+def judge_context(cfg: RewardJudgeConfig) -> int:
+    """The judge's context length: reward.judge.context_length, else the model's config.json
+    max_position_embeddings (4096 when it has none)."""
+    if cfg.context_length is not None:
+        return cfg.context_length
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(model_dir)
+    config = AutoConfig.from_pretrained(cfg.model)
     return int(getattr(config, "max_position_embeddings", None) or 4096)
 
 
 def start_judge(cfg: RewardJudgeConfig, *, in_process: bool, log_dir: str | Path, start_timeout_s: float,
-                max_failed_fraction: float, stops: str = TRAINING_STOPS) -> Judge:  # fmt: skip
-    """The judge with its engine started: in this process (``in_process``: no Ray), else a Ray actor."""
+                max_failed_fraction: float, stops: str = TRAINING_STOPS, server_python: str | None = None) -> Judge:  # fmt: skip
+    """The judge with its engine started: reward.judge.engine sglang, its server (run by
+    ``server_python``, None = this interpreter); torch, in this process (``in_process``: no Ray),
+    else a Ray actor."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
+    context = judge_context(cfg)
     engines: Any
-    if in_process:
+    if cfg.engine == "sglang":
+        from megarl.rollout.judge_server import JUDGE_SERVER_LOG, start_judge_server
+
+        server = start_judge_server(cfg, context, Path(log_dir) / JUDGE_SERVER_LOG, server_python, start_timeout_s)
+        engines = _WithDeadline(server, cfg.timeout_s, on_timeout=server.abort)
+    elif in_process:
         from megarl.engines.torch_engine import TorchEngine
 
-        engines = _InProcessEngine(TorchEngine(cfg.model, device="cpu", max_running_requests=cfg.max_running_requests),
-                                   cfg.timeout_s)  # fmt: skip
+        engines = _WithDeadline(TorchEngine(cfg.model, device="cpu", max_running_requests=cfg.max_running_requests),
+                                cfg.timeout_s)  # fmt: skip
     else:
         from megarl.engines.engine_actor import start_engine_actor
 
@@ -172,5 +191,5 @@ def start_judge(cfg: RewardJudgeConfig, *, in_process: bool, log_dir: str | Path
                                      max_running_requests=cfg.max_running_requests, partial=False,
                                      start_timeout_s=start_timeout_s, generate_timeout_s=cfg.timeout_s,
                                      call_timeout_s=cfg.timeout_s)  # fmt: skip
-    return Judge(cfg, engines, tokenizer, judge_context(cfg.model), max_failed_fraction=max_failed_fraction,
-                 stops=stops, close=engines.close)  # fmt: skip
+    return Judge(cfg, engines, tokenizer, context, max_failed_fraction=max_failed_fraction, stops=stops,
+                 close=engines.close)  # fmt: skip

@@ -21,7 +21,7 @@ from typing import Any
 from megarl.config.reward_sections import CUSTOM_COMPONENT, JUDGE_COMPONENT, MODEL_COMPONENT
 from megarl.config.sections import RewardConfig
 from megarl.rewards.combine import OWN, weighted_sum, weights_of
-from megarl.rewards.scorer import RewardScorer, ScoreResult
+from megarl.rewards.scorer import TRAINING_STOPS, RewardScorer, ScoreResult
 from megarl.rollout.judge import Judge
 
 
@@ -63,12 +63,14 @@ class CombinedScorer:
     ``model`` component in place of a reward pool; closed with the rest."""
 
     def __init__(self, cfg: RewardConfig, judge: Judge | None = None, *, start_method: str = "forkserver",
-                 model: Any = None, log_path: str | Path | None = None) -> None:  # fmt: skip
+                 model: Any = None, log_path: str | Path | None = None, stops: str = TRAINING_STOPS) -> None:  # fmt: skip
+        """``stops``: what a pool's RewardError says stops (RewardScorer's); ``log_path``: the reward
+        functions' output (RewardScorer's)."""
         self.cfg, self.judge = cfg, judge
         self.pools: dict[str, Any] = {} if model is None else {MODEL_COMPONENT: model}  # RewardScorer, or the role
         try:
             for name, pool_cfg in _pools(cfg, model_role=model is not None).items():  # (one log file: lines appended)
-                self.pools[name] = RewardScorer(pool_cfg, start_method=start_method, log_path=log_path)
+                self.pools[name] = RewardScorer(pool_cfg, start_method=start_method, stops=stops, log_path=log_path)
         except BaseException:
             self.close()
             raise

@@ -27,6 +27,7 @@ import time
 import urllib.error
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -119,6 +120,10 @@ class ServerSpec:
     # and HF target modules (lora_server_args); None = no adapters.
     lora_rank: int | None = None
     lora_modules: tuple[str, ...] = ()
+    # SIGKILL the server when the thread that launched it ends (PR_SET_PDEATHSIG; SGLang's own
+    # children die with it the same way): a server the launching process owns, such as the LLM
+    # judge's, is never left behind by a controller that was killed before its shutdown ran.
+    die_with_parent: bool = False
 
     def __post_init__(self) -> None:
         # Kept as strings end to end: CUDA_VISIBLE_DEVICES takes indices and UUIDs alike.
@@ -354,7 +359,7 @@ class SGLangServer:
                 start_new_session=True,  # own process group: shutdown kills TP workers too
                 # The host actor inherits an embedded Ray's blocked SIGTERM, and a server started
                 # with it would ignore shutdown's SIGTERM (its own session: no group kill reaches it).
-                preexec_fn=unblock_stop_signals,
+                preexec_fn=partial(_dies_with_parent, os.getpid()) if self.spec.die_with_parent else unblock_stop_signals,
             )
         finally:
             log.close()
@@ -416,6 +421,17 @@ class SGLangServer:
             f"SGLang server {self.url} {what}. Command: {shlex.join(self.command())}\n"
             f"Log {self.log_path} (last lines):\n{tail or '<empty>'}"
         )
+
+
+def _dies_with_parent(parent: int) -> None:
+    """In the child before exec: stop signals unblocked, and SIGKILL when its parent thread ends
+    (``parent``: the launcher's pid, which already ending before the prctl would leave unseen)."""
+    import ctypes
+
+    unblock_stop_signals()
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:

@@ -251,7 +251,7 @@ def _start_rewards(cfg: MegaRLConfig, in_process: bool, log_dir: Path) -> Any:
     try:
         judge = None if judge_cfg is None else start_judge(
             judge_cfg, in_process=in_process, log_dir=log_dir, start_timeout_s=cfg.cluster.build_timeout_s,
-            max_failed_fraction=cfg.reward.max_failed_fraction)  # fmt: skip
+            max_failed_fraction=cfg.reward.max_failed_fraction, server_python=cfg.rollout.server_python)  # fmt: skip
         return CombinedScorer(cfg.reward, judge, model=model, log_path=workers_log)
     except BaseException:
         for part in (judge, model):

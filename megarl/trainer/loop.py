@@ -31,8 +31,9 @@ from megarl.disk_full import DiskFullError, disk_full_cause, quiet_threads, reas
 from megarl.engines.base import Engines, SamplingParams
 from megarl.engines.routing import routing_replay
 from megarl.engines.seeds import step_seed
-from megarl.evaluation import as_metrics, scored_responses, summarize
+from megarl.evaluation import add_components, as_metrics, scored_responses, summarize
 from megarl.progress import PROGRESS, PhaseTimer
+from megarl.rewards.combine import component_scores
 from megarl.rollout.collect import Baseline, Scorer, rollout_metrics
 from megarl.rollout.generate import GenerateFn
 from megarl.trainer.metric_sinks import MetricsLogger
@@ -274,7 +275,9 @@ class Trainer:
                                      batch.response_lengths.tolist(), batch.finish_reason,
                                      pass_threshold=self.cfg.rollout.val.pass_threshold,
                                      acc=result.extra.get("acc"), preds=result.preds)  # fmt: skip
-        metrics = as_metrics(summarize(responses))
+        summary = summarize(responses)
+        add_components(summary, batch.data_source, component_scores(self.cfg.reward, result.extra))  # reward.combine's
+        metrics = as_metrics(summary)
         self._write_samples(step, batch)
         metrics["time/validate_s"] = time.perf_counter() - start
         return metrics

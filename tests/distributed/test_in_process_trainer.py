@@ -206,6 +206,8 @@ def test_combined_rewards_log_each_component(runs):
             assert math.isfinite(record[key]), key
         assert 0.0 <= record["reward/reverse_digits"] <= 1.0 and record["reward/judge_timeouts"] == 0
         assert math.isfinite(record["reward/mean"]) and math.isfinite(record["actor/loss"])
+    for key in ("val/reward/reverse_digits", "val/reward/model", "val/reward/judge", "val/reverse_digits/reward/judge"):
+        assert math.isfinite(records[-1][key]), key  # validation reports the components as evaluate does
 
 
 def test_user_functions_named_by_import_path_train(runs):

@@ -261,3 +261,21 @@ def test_a_reward_function_that_calls_sys_exit_is_one_error_line_not_its_exit_co
     log = tmp_path / "e.reward_workers.log"  # the function's output: beside the summary, quoted in the line
     assert "leaving now" in log.read_text() and f"(the workers' output: {log}, there: 'leaving now" in err
     assert not out.exists()
+def test_reward_combine_scores_the_weighted_sum_and_reports_each_component(generated, tmp_path):
+    """Two rule components of one data source: the score is their weighted sum, each is reported as
+    training logs it (reward/<component>, the mean over the responses that use it)."""
+    summary = evaluate(generated, None, ["reward.workers=1", "reward.combine={reverse_digits: {reverse_digits: 1.0, gsm8k_flexible: 0.5}}"],
+                       pass_threshold=1.0, scored=tmp_path / "scored.parquet")  # fmt: skip
+    for source in ("all", "reverse_digits"):
+        values = summary["per_data_source"][source]
+        assert values["reward/gsm8k_flexible"] == 0.75  # 3 of the 4 responses hold the answer
+        assert values["reward/reverse_digits"] < 1.0  # '999' is not '321'
+        assert values["reward/mean"] == pytest.approx(values["reward/reverse_digits"] + 0.5 * values["reward/gsm8k_flexible"])
+    scores = pq.read_table(tmp_path / "scored.parquet").column("scores").to_pylist()
+    assert scores[1] == [1.5, 1.5]  # both components full: 1.0 + 0.5
+    assert summary["reward"] == {"errors": 0, "timeouts": 0}  # no judge: no judge counts
+
+
+def test_reward_combine_naming_no_scorer_is_refused_before_scoring(generated, tmp_path):
+    with pytest.raises(EvaluationError, match=r"reward.combine\['reverse_digits'\] names the component 'gsm9k'.*use one of"):
+        evaluate(generated, None, ["reward.combine={reverse_digits: {gsm9k: 1.0}}"])

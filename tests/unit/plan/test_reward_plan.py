@@ -112,3 +112,12 @@ def test_an_in_process_run_refuses_the_role_and_a_cpu_plan_counts_processes(tmp_
     assert plan.roles["policy"].gpus == (0,) and plan.reward_model.gpus == (1,)
     (role,) = reward_roles(_cfg(f"reward.model.path={rm}", *ROLE), 256)
     assert role["where"] == "1 Ray actor(s) of its own, one per process (global processes 1)" and role["per"] == "per process"
+def test_an_sglang_judge_is_planned_on_cpu_and_refused_on_cuda_in_one_line(tmp_path):
+    judge = ["reward.combine={reverse_digits: {judge: 1.0}}", f"reward.judge.model={tmp_path}",
+             "reward.judge.prompt_template=judge {prompt} {response}", "reward.judge.engine=sglang"]  # fmt: skip
+    make_plan(_cfg(*judge))  # cluster.device cpu: its server runs beside the controller
+    (role,) = reward_roles(_cfg(*judge), 8)
+    assert role["where"].startswith("SGLang server of its own")
+    with pytest.raises(PlanError, match=r"reward.judge.engine: \(sglang\) runs its server on CPU only for now \(cluster.device "
+                       r"is cuda\): GPUs of its own are not placed yet; use reward.judge.engine=torch"):  # fmt: skip
+        make_plan(_cfg(*judge, "cluster.device=cuda"))

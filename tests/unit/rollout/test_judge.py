@@ -86,3 +86,18 @@ def test_combined_scores_sum_the_rule_and_the_judge(demo_model):
     metrics = result.metrics()
     assert metrics["reward/reverse_digits"] == pytest.approx((rule[0] + rule[1]) / 2) and "reward/judge" in metrics
     assert metrics["reward/judge_errors"] + metrics["reward/judge_timeouts"] == result.judge_errors + result.judge_timeouts
+
+
+def test_the_sglang_judges_server_gets_the_judges_own_arguments(tmp_path):
+    from megarl.rollout.judge_server import judge_server_spec
+    from megarl.rollout_sglang.server import build_launch_command
+
+    cfg = RewardJudgeConfig(model=str(tmp_path), prompt_template="{response}", engine="sglang", mem_fraction=0.1,
+                            max_running_requests=4)  # fmt: skip
+    spec = judge_server_spec(cfg, 8192, tmp_path / "judge_sglang.log", "/venv/bin/python")
+    command = " ".join(build_launch_command(spec, 1234))
+    assert command.startswith(f"/venv/bin/python -m sglang.launch_server --model-path {tmp_path} ")
+    for flag in ("--mem-fraction-static 0.1", "--device cpu", "--max-running-requests 4", "--max-total-tokens 8192",
+                 "--context-length 8192"):  # fmt: skip
+        assert flag in command
+    assert spec.die_with_parent and spec.log_path == str(tmp_path / "judge_sglang.log")

@@ -333,3 +333,39 @@ def test_the_log_starts_with_the_command_line_and_the_environment_megarl_set(tmp
     server.proc.wait(timeout=30)
     lines = (tmp_path / "logs" / "sglang_engine0.log").read_text().splitlines()
     assert lines[5].startswith("# megarl: SGLang server launch 2 at ") and lines[-1].startswith("server output")
+
+
+def test_a_server_that_dies_with_its_parent_is_not_left_behind_by_a_killed_launcher(tmp_path):
+    """die_with_parent (the LLM judge's server): a launcher killed with SIGKILL, its shutdown never
+    run, takes its server with it (PR_SET_PDEATHSIG)."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    launcher = textwrap.dedent(f"""
+        import sys, time
+        from megarl.rollout_sglang.server import ServerSpec, SGLangServer
+        spec = ServerSpec(model_path="m", log_path={str(tmp_path / "server.log")!r}, die_with_parent=True, memory_saver=False)
+        server = SGLangServer(spec, command=[sys.executable, "-c", "import time; time.sleep(120)"])
+        server.launch()
+        print(server.proc.pid, flush=True)
+        time.sleep(120)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", launcher], stdout=subprocess.PIPE, text=True)
+    server_pid = int(proc.stdout.readline())
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    deadline = time.monotonic() + 60  # generous: the kernel delivers the signal at the parent's exit
+    while time.monotonic() < deadline and _running(server_pid):
+        time.sleep(0.05)
+    assert not _running(server_pid)
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, reaped by no one yet, has ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
