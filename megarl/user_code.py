@@ -15,6 +15,7 @@ ends the run as the process's own exit, which only a separate process could surv
 
 from __future__ import annotations
 
+import functools
 import inspect
 import threading
 import traceback
@@ -69,6 +70,7 @@ def named_generate_function(fn: Any, name: str) -> Any:
     """``fn`` (the user's rollout.generate_function ``name``) called so that an exit or an exception
     of the user's own is one UserCodeError naming it and its file (megarl's own errors pass as they are)."""
 
+    @functools.wraps(fn)  # logs and the run's phases name the user's function, not this wrapper
     def generate(*args: Any, **kwargs: Any) -> Any:
         what = f"rollout.generate_function {name} ({source_file(fn)})"
         try:

@@ -130,3 +130,39 @@ def mismatch_by_staleness(
         if n > 0:
             out[f"rollout/logprob_mismatch/staleness{s}"] = gap[rows].sum().item() / n
     return out
+
+
+def corrections_by_staleness(
+    old_logprobs: torch.Tensor,
+    rollout_logprobs: torch.Tensor,
+    response_mask: torch.Tensor,
+    staleness: torch.Tensor,
+    tis: tuple[str, float],
+    mis: tuple[str, float, float],
+) -> dict[str, float]:
+    """The off-policy corrections per staleness: ``rollout/tis_weight/staleness<s>`` and
+    ``rollout/tis_capped_frac/staleness<s>`` (``tis`` = (level, cap), when its level is not
+    "none"), ``rollout/mis_masked_frac/staleness<s>`` (``mis`` = (level, low, high)), each over
+    the valid tokens of the samples ``s`` versions old (``staleness``: [B] long).
+
+    Controller side, once per step: the weights and masks depend only on the old (proximal) and
+    the engine's log-probs, both fixed for the step, so these are the values every mini-batch's
+    loss uses. A staleness whose samples have no valid token is left out.
+    """
+    mask = response_mask.to(old_logprobs.dtype)  # [B, R]
+    per_token: dict[str, torch.Tensor] = {}  # metric name (a template of s) -> [B, R]
+    if tis[0] != "none":
+        weights = tis_weights(old_logprobs, rollout_logprobs, response_mask, tis[0], tis[1])
+        per_token["rollout/tis_weight/staleness{s}"] = weights
+        per_token["rollout/tis_capped_frac/staleness{s}"] = (weights >= tis[1]).to(mask.dtype)
+    if mis[0] != "none":
+        per_token["rollout/mis_masked_frac/staleness{s}"] = 1.0 - mis_mask(old_logprobs, rollout_logprobs, response_mask, *mis)
+    tokens = mask.sum(-1)  # [B]
+    out: dict[str, float] = {}
+    for s in torch.unique(staleness).tolist():
+        rows = staleness == s  # [B]
+        n = tokens[rows].sum().item()
+        for name, values in per_token.items():
+            if n > 0:
+                out[name.format(s=s)] = (values[rows] * mask[rows]).sum().item() / n
+    return out
