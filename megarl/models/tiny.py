@@ -179,6 +179,25 @@ def build_tiny_model(
     return out
 
 
+def build_tiny_reward_model(out_dir: str | Path, tokenizer_dir: str | Path | None = None, *, seed: int = 0,
+                            **config_kwargs: Any) -> Path:  # fmt: skip
+    """Write a random-init HF sequence classifier with one label (a reward model: its score is
+    the logit) and its tokenizer to ``out_dir``; the tokenizer is ``tokenizer_dir``'s (e.g. the
+    demo model's) or a fresh :func:`build_tokenizer`. ``config_kwargs`` go to :func:`tiny_hf_config`."""
+    import torch
+    from transformers import AutoTokenizer, Qwen2ForSequenceClassification
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer() if tokenizer_dir is None else AutoTokenizer.from_pretrained(tokenizer_dir)
+    config = tiny_hf_config("qwen2", vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, **config_kwargs)
+    config.num_labels = 1
+    torch.manual_seed(seed)
+    _save_quietly(Qwen2ForSequenceClassification(config), out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
 def _save_quietly(model: Any, out: Path) -> None:
     """``save_pretrained`` without transformers' "Writing model shards" bar (one shard of a tiny
     model: noise in the demo's output); the bar's setting is left as it was."""

@@ -31,8 +31,9 @@ from typing import Any
 
 from megarl.config.reward_sections import RewardJudgeConfig
 from megarl.engines.base import Engines, GenerationResult, SamplingParams
+from megarl.rewards.failures import check_failed_fraction, log_failures
 from megarl.rewards.judge_prompt import JudgeOutputError, parse_score, render, template_text
-from megarl.rewards.scorer import LOGGED_ERRORS_PER_CALL, TRAINING_STOPS, RewardError
+from megarl.rewards.scorer import TRAINING_STOPS
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +109,7 @@ class Judge:
         result = JudgeScores([o[1] if o[0] == "ok" else 0.0 for o in outcomes])
         result.errors = sum(o[0] == "error" for o in outcomes)
         result.timeouts = sum(o[0] == "timeout" for o in outcomes)
-        self._report(outcomes, responses, data_sources, result)
+        self._report(outcomes, responses, data_sources)
         return result
 
     def _call(self, ids: list[list[int]], indices: list[int], outcomes: list[tuple], attempt: int) -> None:
@@ -132,20 +133,11 @@ class Judge:
             except JudgeOutputError as exc:
                 outcomes[i] = ("error", f"{exc} (reward.judge.parser {self.cfg.parser}): {text[:200]!r}")
 
-    def _report(self, outcomes: list[tuple], responses: Sequence[str], data_sources: Sequence[str], result: JudgeScores) -> None:
-        n, failed = len(outcomes), [i for i, o in enumerate(outcomes) if o[0] != "ok"]
-        if n and len(failed) >= self.max_failed_fraction * n:
-            first = failed[0]
-            fix = ("raise reward.judge.timeout_s" if outcomes[first][0] == "timeout"
-                   else "check reward.judge.prompt_template and reward.judge.parser against the judge's outputs")
-            raise RewardError(
-                f"reward.judge failed on {len(failed)} of {n} samples ({result.errors} errors, {result.timeouts} timeouts), "
-                f"at least reward.max_failed_fraction ({self.max_failed_fraction:g}) of them; {self.stops}. First failure "
-                f"(data_source={data_sources[first]!r}): {outcomes[first][1]}; {fix}"
-            )
-        for i in failed[:LOGGED_ERRORS_PER_CALL]:
-            log.warning("reward.judge %s (scored 0): %s | data_source=%r response=%r", outcomes[i][0], outcomes[i][1],
-                        data_sources[i], str(responses[i])[:300])  # fmt: skip
+    def _report(self, outcomes: list[tuple], responses: Sequence[str], data_sources: Sequence[str]) -> None:
+        check_failed_fraction("reward.judge", outcomes, data_sources, limit=self.max_failed_fraction, stops=self.stops,
+                              fix=lambda kind: "raise reward.judge.timeout_s" if kind == "timeout" else
+                              "check reward.judge.prompt_template and reward.judge.parser against the judge's outputs")  # fmt: skip
+        log_failures("reward.judge", outcomes, data_sources, responses)
 
     def close(self) -> None:
         if self._close is not None:
