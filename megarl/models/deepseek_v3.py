@@ -12,9 +12,13 @@ What maps where (Megatron local spec, per decoder layer ``i``; HF ``model.layers
   kv_a. The rope dimensions need no permutation: with ``rope_interleave`` (DeepSeek's default)
   HF rotates the pairs (x0, x1), (x2, x3) ... of the rope part, and Megatron's MLA rope
   de-interleaves the same pairs (``multi_latent_attention`` in its rope apply) before a
-  half-rotation: the same rotation (tests/distributed/test_deepseek_v3_bridge.py). Megatron's
-  local spec makes both down projections column-parallel (TP-split rows, then all-gathered):
-  ``q_lora_rank`` and ``kv_lora_rank + qk_rope_head_dim`` must split over TP.
+  half-rotation: the same rotation (tests/distributed/test_deepseek_v3_bridge.py). The two down
+  projections are replicated over TP (each rank its sequence slice, as transformer-engine's MLA
+  spec has them), not column-parallel as in megatron-core 0.16.1's local MLA spec: there the
+  rope part of ``kv_a_proj_with_mqa`` (k_pe, shared by every head) gets the gradient of this TP
+  rank's heads only (measured at TP 2: 0.6% off HF's); replicated under sequence parallelism,
+  k_pe is gathered over the sequence and its gradient reduce-scattered, summing every head's.
+  So TP > 1 needs ``sequence_parallel`` (refused without).
 - the first ``first_k_dense_replace`` layers: ``mlp.linear_fc1`` = cat(``mlp.gate_proj``,
   ``mlp.up_proj``), ``mlp.linear_fc2`` = ``mlp.down_proj`` (``intermediate_size`` wide);
 - MoE layers: ``mlp.router.weight`` = ``mlp.gate.weight``; the router's ``expert_bias`` buffer
@@ -64,10 +68,10 @@ from megarl.models.rope import read_rope
 # Megatron local suffix (MLA) -> (HF suffix, layout) inside one decoder layer.
 _MLA_RULES: dict[str, tuple[str, str]] = {
     "self_attention.linear_q_proj.weight": ("self_attn.q_proj.weight", "column"),
-    "self_attention.linear_q_down_proj.weight": ("self_attn.q_a_proj.weight", "column"),
+    "self_attention.linear_q_down_proj.weight": ("self_attn.q_a_proj.weight", "replicated"),
     "self_attention.q_layernorm.weight": ("self_attn.q_a_layernorm.weight", "replicated"),
     "self_attention.linear_q_up_proj.weight": ("self_attn.q_b_proj.weight", "column"),
-    "self_attention.linear_kv_down_proj.weight": ("self_attn.kv_a_proj_with_mqa.weight", "column"),
+    "self_attention.linear_kv_down_proj.weight": ("self_attn.kv_a_proj_with_mqa.weight", "replicated"),
     "self_attention.kv_layernorm.weight": ("self_attn.kv_a_layernorm.weight", "replicated"),
     "self_attention.linear_kv_up_proj.weight": ("self_attn.kv_b_proj.weight", "column"),
     "mlp.router.expert_bias": ("mlp.gate.e_score_correction_bias", "replicated"),
@@ -143,12 +147,10 @@ class DeepseekV3Bridge(Qwen3MoeBridge):
 
     def check_parallel(self, hf_config: Any, parallel: Any) -> None:
         super().check_parallel(hf_config, parallel)
-        tp = parallel.tp
-        for what, n in (("q_lora_rank", hf_config.q_lora_rank),
-                        ("kv_lora_rank + qk_rope_head_dim", hf_config.kv_lora_rank + hf_config.qk_rope_head_dim)):  # fmt: skip
-            if n is not None and n % tp:
-                raise ValueError(f"parallel.tp ({tp}) must divide the {what} ({n}) of this deepseek_v3 model "
-                                 "(Megatron's local MLA splits its down projections over TP); choose a divisor")  # fmt: skip
+        if parallel.tp > 1 and not parallel.uses_sequence_parallel:
+            raise ValueError(f"parallel.sequence_parallel (false) with parallel.tp ({parallel.tp}) is not supported for "
+                             "deepseek_v3 (MLA's shared rope key would miss the other TP ranks' gradients); "
+                             "set parallel.sequence_parallel to true")  # fmt: skip
 
     def transformer_config(self, hf_config: Any, parallel: Any, dtype: torch.dtype, recompute: str = "none",
                            spec: LayerSpec = "local", moe: Any = None):  # fmt: skip
@@ -200,15 +202,18 @@ class DeepseekV3Bridge(Qwen3MoeBridge):
 
     def _mla_layer(self, num_experts: int | None):
         """A decoder layer of Megatron's local spec with MLA, megarl's RMSNorm in every norm slot
-        (q_a / kv_a norms included) and SDPA core attention."""
+        (q_a / kv_a norms included), SDPA core attention and replicated down projections."""
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
         layer = self._localized(get_gpt_layer_local_spec(
             num_experts=num_experts, moe_grouped_gemm=False, normalization="RMSNorm", qk_layernorm=True,
             multi_latent_attention=True,
         ))  # fmt: skip
+        from megatron.core.post_training.modelopt.layers import Linear  # replicated, marked sequence_parallel
+
         attention = layer.submodules.self_attention.submodules
         attention.q_layernorm = attention.kv_layernorm = RMSNorm
+        attention.linear_q_down_proj = attention.linear_kv_down_proj = Linear  # see the module docstring
         return layer
 
     def build_model(self, hf_config: Any, transformer_config: Any, *, pre_process: bool, post_process: bool,
