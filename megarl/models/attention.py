@@ -107,6 +107,7 @@ class SdpaAttention(DotProductAttention):
         multi-latent attention passes (q/k heads of another size than v heads; Megatron's local
         attention takes neither): the output is sized by the v heads, q/k by the tensors."""
         super().__init__(*args, **kwargs)
+        del k_channels  # the q/k head size is the tensors' own
         if v_channels is not None:
             self.hidden_size_per_partition = self.num_attention_heads_per_partition * v_channels
 

@@ -209,7 +209,9 @@ class DeepseekV3Bridge(Qwen3MoeBridge):
             num_experts=num_experts, moe_grouped_gemm=False, normalization="RMSNorm", qk_layernorm=True,
             multi_latent_attention=True,
         ))  # fmt: skip
-        from megatron.core.post_training.modelopt.layers import Linear  # replicated, marked sequence_parallel
+        from megatron.core.post_training.modelopt.layers import (
+            Linear,  # replicated, marked sequence_parallel
+        )
 
         attention = layer.submodules.self_attention.submodules
         attention.q_layernorm = attention.kv_layernorm = RMSNorm

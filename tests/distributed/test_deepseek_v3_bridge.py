@@ -19,7 +19,15 @@ import time
 import pytest
 import torch
 from spawn import run_distributed
-from test_moe_bridge import _batch, _build, _ep_replicas, _exported_grads, _finish_sequence_parallel_grads, _hf_run, _megatron_loss
+from test_moe_bridge import (
+    _batch,
+    _build,
+    _ep_replicas,
+    _exported_grads,
+    _finish_sequence_parallel_grads,
+    _hf_run,
+    _megatron_loss,
+)
 
 MODELS = {"q_lora": {"num_nextn_predict_layers": 1}, "q_full": {"q_lora_rank": None}}
 SHAPE = dict(hidden_size=64, num_layers=3, num_heads=4, ffn_hidden_size=96)

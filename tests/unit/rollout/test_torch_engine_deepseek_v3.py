@@ -25,7 +25,11 @@ def test_torch_engine_routing_of_deepseek_v3(tmp_path):
     for r in results:
         tokens = PROMPTS[r.prompt_index] + r.response_ids
         seen: list = []
-        handles = [g.register_forward_hook(lambda m, a, out: seen.append((out[2], out[1]))) for g in gates]
+
+        def record(module, args, out, seen=seen) -> None:
+            seen.append((out[2], out[1]))  # (ids, weights) [T, k]
+
+        handles = [g.register_forward_hook(record) for g in gates]
         with torch.no_grad():
             hf(input_ids=torch.tensor([tokens]))
         for h in handles:
