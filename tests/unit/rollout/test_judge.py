@@ -105,3 +105,25 @@ def test_the_sglang_judges_server_gets_the_judges_own_arguments(tmp_path):
                  "--context-length 8192"):  # fmt: skip
         assert flag in command
     assert spec.die_with_parent and spec.log_path == str(tmp_path / "judge_sglang.log")
+
+
+def test_the_judges_server_stops_even_when_its_clients_close_fails(tmp_path):
+    import subprocess
+    import sys
+
+    from megarl.rollout.judge_server import JudgeServer, judge_server_spec
+    from megarl.rollout_sglang.server import SGLangServer
+
+    cfg = RewardJudgeConfig(model=str(tmp_path), prompt_template="{response}", engine="sglang")
+    server = SGLangServer(judge_server_spec(cfg, 4096, tmp_path / "judge_sglang.log", None))
+    # A stand-in process for the server (no SGLang here): what close must stop.
+    server.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    judge_server = JudgeServer(server, cfg)
+    judge_server.engine._background_pool = object()  # its close now raises AttributeError
+    try:
+        with pytest.raises(AttributeError):
+            judge_server.close()
+        assert server.proc.poll() is not None
+    finally:
+        if server.proc.poll() is None:
+            server.proc.kill()
