@@ -157,10 +157,11 @@ def judge_context(cfg: RewardJudgeConfig) -> int:
 
 
 def start_judge(cfg: RewardJudgeConfig, *, in_process: bool, log_dir: str | Path, start_timeout_s: float,
-                max_failed_fraction: float, stops: str = TRAINING_STOPS, server_python: str | None = None) -> Judge:  # fmt: skip
+                max_failed_fraction: float, stops: str = TRAINING_STOPS, server_python: str | None = None,
+                server_log: str | Path | None = None) -> Judge:  # fmt: skip
     """The judge with its engine started: reward.judge.engine sglang, its server (run by
-    ``server_python``, None = this interpreter); torch, in this process (``in_process``: no Ray),
-    else a Ray actor."""
+    ``server_python``, None = this interpreter; its log ``server_log``, None = JUDGE_SERVER_LOG in
+    ``log_dir``); torch, in this process (``in_process``: no Ray), else a Ray actor."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
@@ -169,7 +170,8 @@ def start_judge(cfg: RewardJudgeConfig, *, in_process: bool, log_dir: str | Path
     if cfg.engine == "sglang":
         from megarl.rollout.judge_server import JUDGE_SERVER_LOG, start_judge_server
 
-        server = start_judge_server(cfg, context, Path(log_dir) / JUDGE_SERVER_LOG, server_python, start_timeout_s)
+        server_log = Path(log_dir) / JUDGE_SERVER_LOG if server_log is None else server_log
+        server = start_judge_server(cfg, context, server_log, server_python, start_timeout_s)
         engines = _WithDeadline(server, cfg.timeout_s, on_timeout=server.abort)
     elif in_process:
         from megarl.engines.torch_engine import TorchEngine
