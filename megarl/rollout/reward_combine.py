@@ -21,7 +21,7 @@ from typing import Any
 from megarl.config.reward_sections import CUSTOM_COMPONENT, JUDGE_COMPONENT, MODEL_COMPONENT
 from megarl.config.sections import RewardConfig
 from megarl.rewards.combine import OWN, weighted_sum, weights_of
-from megarl.rewards.scorer import TRAINING_STOPS, RewardScorer, ScoreResult
+from megarl.rewards.scorer import TRAINING_STOPS, RewardScorer, ScoreResult, remove_if_empty
 from megarl.rollout.judge import Judge
 
 
@@ -65,12 +65,16 @@ class CombinedScorer:
     def __init__(self, cfg: RewardConfig, judge: Judge | None = None, *, start_method: str = "forkserver",
                  model: Any = None, log_path: str | Path | None = None, stops: str = TRAINING_STOPS) -> None:  # fmt: skip
         """``stops``: what a pool's RewardError says stops (RewardScorer's); ``log_path``: the reward
-        functions' output (RewardScorer's)."""
+        functions' output (RewardScorer's), one file for every pool: this scorer owns it and removes
+        it when empty after the last pool closed (a pool closing first would remove it under the others)."""
         self.cfg, self.judge = cfg, judge
+        self.log_path = Path(log_path).absolute() if log_path is not None else None
+        self._log_made = self.log_path is not None and not self.log_path.exists()
         self.pools: dict[str, Any] = {} if model is None else {MODEL_COMPONENT: model}  # RewardScorer, or the role
         try:
             for name, pool_cfg in _pools(cfg, model_role=model is not None).items():  # (one log file: lines appended)
-                self.pools[name] = RewardScorer(pool_cfg, start_method=start_method, stops=stops, log_path=log_path)
+                self.pools[name] = RewardScorer(pool_cfg, start_method=start_method, stops=stops, log_path=log_path,
+                                                owns_log=False)  # fmt: skip
         except BaseException:
             self.close()
             raise
@@ -136,10 +140,15 @@ class CombinedScorer:
                     result.extra.setdefault(key, [math.nan] * n)[i] = values[k]
 
     def close(self) -> None:
-        for pool in self.pools.values():
-            pool.close()
-        if self.judge is not None:
-            self.judge.close()
+        try:
+            for pool in self.pools.values():
+                pool.close()
+            if self.judge is not None:
+                self.judge.close()
+        finally:
+            if self._log_made and self.log_path is not None:
+                remove_if_empty(self.log_path)
+                self._log_made = False
 
     def __enter__(self) -> CombinedScorer:
         return self

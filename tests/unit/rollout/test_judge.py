@@ -127,3 +127,24 @@ def test_the_judges_server_stops_even_when_its_clients_close_fails(tmp_path):
     finally:
         if server.proc.poll() is None:
             server.proc.kill()
+
+
+def test_the_shared_workers_log_outlives_every_pool_of_a_combined_scorer(tmp_path):
+    """Every pool of reward.combine writes to one log: closing the first pool must not remove it
+    under the others; the combined scorer removes it, empty, once all are closed."""
+    from megarl.config.sections import CustomRewardConfig
+    from megarl.rollout.reward_combine import CombinedScorer
+
+    reward = tmp_path / "reward.py"
+    reward.write_text("def score(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n")
+    cfg = RewardConfig(workers=1, custom=CustomRewardConfig(path=str(reward), name="score"),
+                       combine={"reverse_digits": {"reverse_digits": 1.0, "custom": 1.0}})  # fmt: skip
+    log_path = tmp_path / "reward_workers.log"
+    scorer = CombinedScorer(cfg, log_path=log_path)
+    try:
+        assert set(scorer.pools) == {"rules", "custom"}
+        scorer.pools["rules"].close()  # the pool that made the log closes first
+        assert log_path.exists()  # the custom pool's workers still write to it
+    finally:
+        scorer.close()
+    assert not log_path.exists()  # no worker wrote to it: removed by its owner
