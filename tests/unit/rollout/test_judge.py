@@ -148,3 +148,26 @@ def test_the_shared_workers_log_outlives_every_pool_of_a_combined_scorer(tmp_pat
     finally:
         scorer.close()
     assert not log_path.exists()  # no worker wrote to it: removed by its owner
+
+
+def test_a_sample_scored_by_several_components_reports_one_components_pred_and_extras(tmp_path):
+    """Two components of one data source: pred and extras (acc: val/acc) come from its reporter, the
+    data source's own rule scorer when listed, else its first-listed component; never from whichever
+    pool merged last."""
+    from megarl.config.sections import CustomRewardConfig
+    from megarl.rollout.reward_combine import CombinedScorer, reporter
+
+    rules = RewardConfig(combine={"gsm8k": {"math": 0.5, "gsm8k": 1.0}, "mine": {"math": 1.0, "gsm8k": 1.0}})
+    assert reporter(rules, "gsm8k", rules.combine["gsm8k"]) == "gsm8k"  # its own scorer, though listed second
+    assert reporter(rules, "mine", rules.combine["mine"]) == "math"  # no scorer of its own: the first listed
+    assert reporter(rules, "mine", {"judge": 1.0}) is None
+    reward = tmp_path / "reward.py"
+    reward.write_text("def score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                      "    return {'score': 1.0, 'acc': 0.25, 'pred': 'custom'}\n")  # fmt: skip
+    custom = CustomRewardConfig(path=str(reward), name="score")
+    for parts, pred in (({"reverse_digits": 1.0, "custom": 1.0}, None), ({"custom": 1.0, "gsm8k_flexible": 1.0}, "custom")):
+        cfg = RewardConfig(workers=1, custom=custom, combine={"reverse_digits": parts})
+        with CombinedScorer(cfg) as scorer:
+            result = scorer.score(["reverse_digits"], ["321"], ["321"])
+        assert result.preds == [pred], parts
+        assert ("acc" in result.extra) == (pred is not None), parts
