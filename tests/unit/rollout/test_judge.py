@@ -171,3 +171,67 @@ def test_a_sample_scored_by_several_components_reports_one_components_pred_and_e
             result = scorer.score(["reverse_digits"], ["321"], ["321"])
         assert result.preds == [pred], parts
         assert ("acc" in result.extra) == (pred is not None), parts
+
+
+def test_a_timeout_is_not_retried_on_an_engine_that_cannot_stop_the_late_call(demo_model):
+    """An engine that cannot stop a late call (the torch engine's actor: retries_timeouts False)
+    would queue a retry behind it, so its timed-out samples are counted at once, in one call."""
+    from megarl.rollout.judge import Judge
+
+    judge = _judge(demo_model, parser="number", timeout_s=1e-4, retries=2)
+    engine = judge.engines.engine
+    calls = []
+    real_generate = engine.generate
+
+    def counted(prompts, params):  # the real engine's generate, counted
+        calls.append(len(prompts))
+        return real_generate(prompts, params)
+
+    engine.generate = counted
+    try:
+        assert judge.retries_timeouts  # in this process: stopped at its next step, so retried
+        unstoppable = Judge(judge.cfg, judge.engines, judge.tokenizer, 64, retries_timeouts=False)
+        with pytest.raises(RewardError, match=r"2 timeouts\)"):
+            unstoppable.score(["123", "456"], ["321", "654"], ["321"] * 2, ["reverse_digits"] * 2)
+        assert calls == [2]
+    finally:
+        judge.close()
+
+
+# Times out on a generate far longer than the exit, which records (in a file) when it ends whole.
+_LATE_CALL_AT_EXIT = """
+import sys
+from pathlib import Path
+from megarl.engines.base import SamplingParams
+from megarl.engines.torch_engine import TorchEngine
+from megarl.rollout.judge import _WithDeadline
+
+engine = TorchEngine(sys.argv[1], device="cpu")
+real_generate = engine.generate
+
+def generate(prompts, params):
+    out = real_generate(prompts, params)
+    Path(sys.argv[2]).write_text("the late call ended")
+    return out
+
+engine.generate = generate
+timed = _WithDeadline(engine, 0.05)
+engine.step_hook = timed.stop_if_late  # as start_judge sets it
+try:
+    timed.generate([[1, 2, 3]] * 8, SamplingParams(max_new_tokens=4000, ignore_eos=True))
+except TimeoutError:
+    timed.close()
+    print("timed out")
+"""
+
+
+def test_a_late_torch_judge_call_does_not_hold_up_the_interpreters_exit(demo_model, tmp_path):
+    import subprocess
+    import sys
+
+    script, marker = tmp_path / "late.py", tmp_path / "ended"
+    script.write_text(_LATE_CALL_AT_EXIT)
+    done = subprocess.run([sys.executable, str(script), demo_model, str(marker)], capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    assert done.returncode == 0 and "timed out" in done.stdout, done.stderr[-2000:]
+    assert not marker.exists()  # the late generate was stopped, not waited for to its end
