@@ -119,7 +119,8 @@ def reward_roles(cfg: MegaRLConfig, samples_per_step: int) -> list[dict[str, Any
             kv = 2 * layers * kv_dim * 4 * context * min(samples_per_step, r.judge.max_running_requests)  # fp32 cache
             gib = (weights + kv) / 2**30
         where = ("SGLang server of its own on the controller's node (CPU)" if r.judge.engine == "sglang" else
-                 "torch engine on the controller's CPU (a Ray actor; in-process runs: the controller)")  # fmt: skip
+                 "torch engine on CPU, a Ray actor of its own on any node Ray picks (it asks for no CPU); "
+                 "in-process runs: the controller's process")  # fmt: skip
         roles.append({"role": "LLM judge", "where": where, "per": "host memory", "memory_gib": gib,
                       "what": "weights + KV cache of one step's batch at its full context"})  # fmt: skip
     return roles

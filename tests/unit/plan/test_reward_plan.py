@@ -43,6 +43,7 @@ def test_preflight_checks_the_judge_and_the_combined_sources(tmp_path):
     assert combine_findings(good, rows) == []
     (role,) = reward_roles(good, good.samples_per_step)
     assert role["role"] == "LLM judge" and 0 < role["memory_gib"] < 0.1
+    assert "a Ray actor of its own on any node Ray picks" in role["where"]  # not pinned to the controller's
 
 
 def _rm_config(path: Path, **values) -> str:
