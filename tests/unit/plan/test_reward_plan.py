@@ -122,3 +122,27 @@ def test_an_sglang_judge_is_planned_on_cpu_and_refused_on_cuda_in_one_line(tmp_p
     with pytest.raises(PlanError, match=r"reward.judge.engine: \(sglang\) runs its server on CPU only for now \(cluster.device "
                        r"is cuda\): GPUs of its own are not placed yet; use reward.judge.engine=torch"):  # fmt: skip
         make_plan(_cfg(*judge, "cluster.device=cuda"))
+
+
+def test_the_reward_rows_size_a_model_as_the_planner_does_at_the_judges_own_context(tmp_path):
+    """The judge's and the reward model's rows count a model from resolve_arch, as the planner
+    counts the policy (here its experts, GQA with head_dim and q/k norms); the judge's KV cache at
+    reward.judge.context_length, not the model's positions."""
+    from megarl.config.architectures import resolve_arch
+
+    moe = _rm_config(tmp_path / "moe", model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLM"], hidden_size=256,
+                     num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2, head_dim=64, intermediate_size=512,
+                     num_experts=8, num_experts_per_tok=2, moe_intermediate_size=128, vocab_size=1000,
+                     max_position_embeddings=32768, torch_dtype="bfloat16")  # fmt: skip
+    arch = resolve_arch(moe, None)
+    judge = ["reward.combine={reverse_digits: {judge: 1.0}}", f"reward.judge.model={moe}",
+             "reward.judge.prompt_template=judge {prompt} {response}", "reward.judge.context_length=512",
+             "reward.judge.max_running_requests=4"]  # fmt: skip
+    (role,) = reward_roles(_cfg(*judge), 8)
+    kv = arch.num_layers * 2 * arch.num_kv_heads * 64 * 4 * 512 * 4  # k and v, fp32, 512 tokens x 4 sequences
+    assert role["memory_gib"] * 2**30 == pytest.approx(arch.num_params * 2 + kv)
+    (role,) = reward_roles(_cfg(*judge, "reward.judge.engine=sglang"), 8)  # its server's token pool: 4096 tokens
+    assert role["memory_gib"] * 2**30 == pytest.approx(arch.num_params * 2 + kv * 4096 // (512 * 4))
+    (role,) = reward_roles(_cfg(f"reward.model.path={moe}", "reward.workers=2"), 8)
+    classifier = arch.num_params - arch.embedding_params + arch.hidden_size  # no LM head; a score head of 1 label
+    assert role["memory_gib"] * 2**30 == pytest.approx(2 * classifier * 2)
