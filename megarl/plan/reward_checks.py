@@ -85,8 +85,8 @@ def reward_roles(cfg: MegaRLConfig, samples_per_step: int) -> list[dict[str, Any
     if r.model is not None and layout is not None:
         mem = reward_model_memory(cfg)
         unit, units = ("GPU", "GPUs") if cfg.cluster.device == "cuda" else ("process", "processes")
-        roles.append({"role": "reward model", "where": f"{layout.dp} Ray actor(s) of its own, one per {unit} "
-                      f"(global {units} {', '.join(map(str, layout.gpus))})", "per": f"per {unit}",
+        roles.append({"role": "reward model", "where": f"{layout.dp} Ray actor(s) of its own, one per {unit}, on {layout.dp} "
+                      f"{units} kept out of the training and rollout pools (Ray picks which)", "per": f"per {unit}",
                       "memory_gib": mem.total / 2**30 if mem else None,
                       "what": "weights + one batch's activations" + (" + runtime" if mem and mem.runtime else "")})  # fmt: skip
     elif r.model is not None:

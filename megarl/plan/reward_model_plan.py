@@ -1,9 +1,11 @@
 """The reward model's role in the plan (``reward.model.placement: disaggregated``): its devices,
 its memory per device, and what the planner refuses about it.
 
-Devices: the last ``reward.model.gpus`` of the cluster (on cpu: processes), taken out before the
-rollout pool (disaggregated) and the training pool are cut from the rest; one actor each, each
-holding the whole model.
+Devices: ``reward.model.gpus`` of the cluster (on cpu: processes) kept out of the rollout pool
+(disaggregated) and the training pool, which are cut from the rest; one actor each, each holding
+the whole model. The plan counts them as the last devices, but the actors are not pinned there:
+they ask Ray for one GPU each (megarl/rollout/reward_model_role.py) after the pools' placement
+groups hold theirs, so Ray gives them GPUs the pools left free, on whichever nodes have them.
 
 Memory per device (:func:`reward_model_memory`, from the model's config.json through the planner's
 shapes (megarl/plan/model_size.py), in the dtype it was saved in, which is what the loader keeps):
@@ -43,7 +45,8 @@ def reward_model_gpus(cfg: MegaRLConfig) -> int:
 
 
 def reward_model_layout(cfg: MegaRLConfig) -> RoleLayout | None:
-    """The role's devices: the last reward.model.gpus of the cluster, one actor (replica) each."""
+    """The role's devices, counted as the last reward.model.gpus of the cluster (not pinned: module
+    docstring), one actor (replica) each."""
     n, world = reward_model_gpus(cfg), cfg.cluster.world_size
     if not n or n >= world:
         return None
