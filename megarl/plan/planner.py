@@ -106,9 +106,14 @@ class Plan:
     def rows(self, nnodes: int, gpus_per_node: int) -> list[tuple[int, int, str]]:
         """(node, local gpu, roles text) for every GPU of the cluster."""
         cells: dict[int, list[str]] = {}
-        for layout in (*self.roles.values(), *([self.reward_model] if self.reward_model else [])):
+        for layout in self.roles.values():
             for rank, gpu in enumerate(layout.gpus):
                 cells.setdefault(gpu, []).append(f"{layout.role} {layout.coords(rank, self.arch.num_experts)}")
+        # The reward model's actors are not pinned (megarl/plan/reward_model_plan.py): its rows are
+        # the devices the pools leave, not which actor gets which.
+        if self.reward_model is not None:
+            for gpu in self.reward_model.gpus:
+                cells.setdefault(gpu, []).append(f"{self.reward_model.role} (kept out of the pools; Ray picks its GPU)")
         total = nnodes * gpus_per_node
         return [(g // gpus_per_node, g % gpus_per_node, "; ".join(cells.get(g, ["idle"]))) for g in range(total)]
 

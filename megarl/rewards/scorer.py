@@ -247,6 +247,13 @@ class _Job:
     pool: int = 0  # the pool it runs on (RewardScorer._pools when scheduled)
 
 
+def remove_if_empty(log_path: Path) -> None:
+    """Remove a workers' log no worker wrote to (it is no news); called by the log's owner only."""
+    with contextlib.suppress(OSError):
+        if log_path.stat().st_size == 0:
+            log_path.unlink()
+
+
 class RewardScorer:
     """Scores batches of responses in ``cfg.workers`` warm processes; use as a context manager.
 
@@ -255,7 +262,9 @@ class RewardScorer:
     """
 
     def __init__(self, cfg: RewardConfig, *, start_method: str = "forkserver", stops: str = TRAINING_STOPS,
-                 log_path: str | Path | None = None) -> None:  # fmt: skip
+                 log_path: str | Path | None = None, owns_log: bool = True) -> None:  # fmt: skip
+        """``owns_log`` False: ``log_path`` is shared with other pools (reward.combine), whose owner
+        decides whether to remove it; this pool never does (the others may still write to it)."""
         if cfg.custom is not None and cfg.model is not None:
             raise ValueError(
                 "reward.custom and reward.model are both set; set one of them (a custom function can call a model itself)"
@@ -269,7 +278,7 @@ class RewardScorer:
         model = (cfg.model.path, cfg.model.device) if cfg.model else None
         # the workers' stdout and stderr: this file (None: this process's own, as for any library)
         self.log_path = Path(log_path).absolute() if log_path is not None else None
-        self._log_made = self.log_path is not None and not self.log_path.exists()  # removed at close when empty
+        self._log_made = owns_log and self.log_path is not None and not self.log_path.exists()  # removed at close when empty
         if self.log_path is not None:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             self.log_path.touch()
@@ -731,10 +740,8 @@ class RewardScorer:
         self._closed = True
         self._pool.stop()
         self._pool.join()
-        if self._log_made and self.log_path is not None:  # a log no worker wrote to is no news
-            with contextlib.suppress(OSError):
-                if self.log_path.stat().st_size == 0:
-                    self.log_path.unlink()
+        if self._log_made and self.log_path is not None:
+            remove_if_empty(self.log_path)
 
     def __enter__(self) -> RewardScorer:
         return self
