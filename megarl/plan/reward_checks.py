@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +75,17 @@ def model_problem(path: str) -> str | None:
     if not (directory / "config.json").is_file():
         return f"({path}) has no config.json; {fix}"
     tokenizer = tokenizer_files_problem(directory)
-    return f"({path}) {tokenizer}; {fix}" if tokenizer else None
+    if tokenizer:
+        return f"({path}) {tokenizer}; {fix}"
+    try:
+        architectures = json.loads((directory / "config.json").read_text()).get("architectures") or []
+    except (OSError, ValueError, AttributeError):
+        return f"({path}) has a config.json that is no JSON object; {fix}"
+    # a sequence classifier (a reward model) would load as a causal LM with a random LM head and
+    # "judge" in noise that parses as scores
+    if architectures and not any(str(a).endswith("ForCausalLM") for a in architectures):
+        return f"({path}) holds a {', '.join(map(str, architectures))}, not a causal LM (*ForCausalLM); {fix}"
+    return None
 
 
 def reward_roles(cfg: MegaRLConfig, samples_per_step: int) -> list[dict[str, Any]]:

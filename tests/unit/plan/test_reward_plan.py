@@ -41,6 +41,14 @@ def test_preflight_checks_the_judge_and_the_combined_sources(tmp_path):
     good = _cfg("reward.combine={reverse_digits: {judge: 1.0}}", f"reward.judge.model={judge}",
                 f"reward.judge.prompt_template={tmp_path / 'template.txt'}")  # fmt: skip
     assert combine_findings(good, rows) == []
+    # a reward model (a sequence classifier) given as the judge would judge with a random LM head
+    from megarl.models.tiny import build_tiny_reward_model
+
+    classifier = build_tiny_reward_model(tmp_path / "rm")
+    wrong = _cfg("reward.combine={reverse_digits: {judge: 1.0}}", f"reward.judge.model={classifier}",
+                 f"reward.judge.prompt_template={tmp_path / 'template.txt'}")  # fmt: skip
+    ((field, message),) = {(f.field, f.message) for f in combine_findings(wrong, rows)}
+    assert field == "reward.judge.model" and "holds a Qwen2ForSequenceClassification, not a causal LM" in message
     (role,) = reward_roles(good, good.samples_per_step)
     assert role["role"] == "LLM judge" and 0 < role["memory_gib"] < 0.1
     assert "a Ray actor of its own on any node Ray picks" in role["where"]  # not pinned to the controller's
