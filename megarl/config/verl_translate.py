@@ -162,9 +162,9 @@ def _row(text: str, key: str, value: Any, verl: Verl, out: Translation, override
     if rule is None and override and key in _megarl_defaults():  # model.arch=qwen2.5-7b after the run
         out.values[key], out.origins[key] = value, text
         return Row(text, {key: value}, note="a megarl key given after the run: taken as it is")
-    if rule is None:
-        return Row(text, note="not a verl key megarl's map knows: translate it by hand (`megarl config` lists megarl's keys)",
-                   group=NONE)  # fmt: skip
+    if rule is None:  # a typo, most often (verl's Hydra refuses a key it does not know): it would be lost
+        return Row(text, note="not a verl key megarl's map knows: check its spelling, or translate it by hand "
+                   "(`megarl config` lists megarl's keys)", group=NONE, differs=True)  # fmt: skip
     if not rule.megarl:
         try:  # a rule without megarl keys may still explain a value (rollout.expert_parallel_size)
             if rule.convert is not None:

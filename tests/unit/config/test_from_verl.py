@@ -854,7 +854,8 @@ def test_verls_hf_rollout_is_megarls_torch_engine(tmp_path: Path, capsys):
     assert load_config(tmp_path / "m.yaml").rollout.engine == "torch"
 
 
-@pytest.mark.parametrize("key", ["actor_rollout_ref.model.lora_adapter_path=/ckpt/adapter", "critic.model.lora_rank=8"])
+@pytest.mark.parametrize("key", ["actor_rollout_ref.model.lora_adapter_path=/ckpt/adapter", "critic.model.lora_rank=8",
+                                 "actor_rollout_ref.actor.ppo_mini_bach_size=64"])  # a typo: the user's value would be lost
 def test_a_key_that_would_make_the_run_differ_stops_the_translation_unless_accepted(tmp_path: Path, capsys, key: str):
     script = _write(tmp_path, "run.sh", GRPO_GSM8K.replace("algorithm.adv_estimator=grpo", "algorithm.adv_estimator=gae"))
     out = tmp_path / "m.yaml"
@@ -862,7 +863,8 @@ def test_a_key_that_would_make_the_run_differ_stops_the_translation_unless_accep
         from_verl(str(script), [key, "actor_rollout_ref.model.lora_rank=8"], str(out))
     assert not out.exists()
     main(["config", "--from-verl", str(script), key, "--out", str(out), "--accept-differences"])  # (a critic's 7B: plan refuses)
-    assert out.exists() and "the megarl run would differ from verl's" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert out.exists() and ("check its spelling" if "bach" in key else "the megarl run would differ from verl's") in said
     t = _translate(tmp_path, "run.sh", GRPO_GSM8K, "actor_rollout_ref.model.lora_adapter_path=null", "critic.model.lora_rank=0")
     assert not t.differences  # unset: nothing to carry
 
