@@ -82,7 +82,7 @@ class WaitNotes:
         self.what, self.every_s, self.clock = what, every_s, clock
         self.say = say or (lambda line: _log.info("%s", line))
         self._lock = threading.Lock()
-        self.start = clock()
+        self.start = self.last = clock()  # last: when a line was said (by either)
         self.next = self.start + first_s
         self.said = 0
 
@@ -95,13 +95,19 @@ class WaitNotes:
             now = self.clock()
             if now < self.next:
                 return
-            self.next, self.said = now + self.every_s, self.said + 1
+            self.next, self.last, self.said = now + self.every_s, now, self.said + 1
         self.say(f"{self.text()} ... ({now - self.start:.0f} s)")
 
     def said_now(self) -> None:
         """Its owner printed a line of its own (a count that advanced): the next is due every_s later."""
         with self._lock:
-            self.next = self.clock() + self.every_s
+            self.last = self.clock()
+            self.next = self.last + self.every_s
+
+    def quiet_for(self) -> float:
+        """Seconds since the last line (or the start)."""
+        with self._lock:
+            return self.clock() - self.last
 
     def end(self) -> None:
         if self.said:
@@ -136,8 +142,9 @@ def still_waiting(what: str | Callable[[], str], *, first_s: float = NOTE_FIRST_
 @contextmanager
 def counting(total: int, label: str, unit: str, done: int = 0) -> Iterator[Callable[[int], None]]:
     """Progress of long offline work (`megarl generate`, `megarl evaluate`): yields ``advance(n)``.
-    A rich bar on a terminal; otherwise a log line per advance, and between two advances one every
-    NOTE_EVERY_S (a long batch is no silent pipe; logs and CI stay readable)."""
+    A rich bar on a terminal; otherwise a log line per advance at most every NOTE_FIRST_S (and the
+    last), and between two slow advances one every NOTE_EVERY_S: a long batch is no silent pipe, and
+    many quick ones no flood."""
     import sys
 
     if not sys.stdout.isatty():
@@ -147,8 +154,9 @@ def counting(total: int, label: str, unit: str, done: int = 0) -> Iterator[Calla
 
             def log_line(n: int) -> None:
                 state["done"] += n
-                _log.info("%s", line())
-                notes.said_now()
+                if state["done"] >= total or notes.quiet_for() >= NOTE_FIRST_S:
+                    _log.info("%s", line())
+                    notes.said_now()
 
             yield log_line
         return

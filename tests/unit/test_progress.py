@@ -90,8 +90,9 @@ def test_a_failed_wait_leaves_its_ending_to_the_error(caplog):
     assert not any("done in" in r.getMessage() for r in caplog.records)
 
 
-def test_counting_on_a_pipe_logs_each_advance_and_a_line_between_slow_ones(caplog, monkeypatch):
+def test_counting_on_a_pipe_logs_slow_advances_and_a_line_between_them(caplog, monkeypatch):
     monkeypatch.setattr(progress, "NOTE_EVERY_S", 0.05)  # pytest's stdout is no terminal: the pipe's form
+    monkeypatch.setattr(progress, "NOTE_FIRST_S", 0.0)  # every advance is "slow"
     with caplog.at_level(logging.INFO, logger="megarl.progress"):
         with counting(30, "generating", "prompts", done=10) as advance:
             advance(10)
@@ -102,3 +103,12 @@ def test_counting_on_a_pipe_logs_each_advance_and_a_line_between_slow_ones(caplo
             advance(10)
     lines = [r.getMessage() for r in caplog.records]
     assert [line for line in lines if " ... (" not in line] == ["generating: 20/30 prompts", "generating: 30/30 prompts"]
+
+
+def test_counting_on_a_pipe_is_no_flood_of_quick_advances(caplog):
+    """25 chunks scored in a blink (a built-in scorer): the last count, not 25 lines."""
+    with caplog.at_level(logging.INFO, logger="megarl.progress"):
+        with counting(25 * 1024, "scoring", "responses") as advance:
+            for _ in range(25):
+                advance(1024)
+    assert [r.getMessage() for r in caplog.records] == ["scoring: 25600/25600 responses"]
