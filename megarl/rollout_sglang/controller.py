@@ -94,9 +94,9 @@ class SGLangRollout:
 
         from megarl.rollout_sglang.hosts import HostHandle, start_hosts
 
-        self.hosts.extend(start_hosts(self.slots, self.specs))
         logs = sorted({str(Path(s.log_path).parent) for s in self.specs if s.log_path})
-        with still_waiting(f"starting {len(self.hosts)} SGLang server(s) (logs: {', '.join(logs) or 'none'})"):
+        with still_waiting(f"starting {len(self.specs)} SGLang server(s) (logs: {', '.join(logs) or 'none'})"):
+            self.hosts.extend(start_hosts(self.slots, self.specs))
             urls = ray.get([h.start.remote(self.timeout) for h in self.hosts])
         self.connect.engines = [SGLangEngine(HostHandle(h, u, s), tp=s.tp, max_running_requests=s.max_running_requests)
                                 for h, u, s in zip(self.hosts, urls, self.specs, strict=True)]  # fmt: skip
