@@ -47,10 +47,7 @@ class StderrNowHandler(logging.StreamHandler):
     sys.stderr on a terminal with a proxy that prints a line above the bar; written to the
     terminal directly, the line would land on the bar itself."""
 
-    def __init__(self) -> None:
-        super().__init__()
-
-    @property  # type: ignore[override]
+    @property
     def stream(self) -> Any:
         import sys
 
