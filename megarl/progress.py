@@ -74,8 +74,8 @@ class _Phase:
 class WaitNotes:
     """The lines of one wait: ``<what> ... (N s)`` once it has lasted ``first_s``, then every
     ``every_s``; ``<what>: done in N s`` at its end (:meth:`end`), only when it said anything (a
-    short wait stays silent). ``what``: text, or a function giving it (a count that moves);
-    ``clock``: the seconds' source (a test's own)."""
+    short wait stays silent). ``what``: text, or a function giving it (a count that moves; ""
+    when there is nothing to say yet: no line then); ``clock``: the seconds' source (a test's own)."""
 
     def __init__(self, what: str | Callable[[], str], *, first_s: float = NOTE_FIRST_S, every_s: float = NOTE_EVERY_S,
                  clock: Callable[[], float] = time.monotonic, say: Callable[[str], None] | None = None) -> None:  # fmt: skip
@@ -93,10 +93,11 @@ class WaitNotes:
         """Say where the wait is if a line is due."""
         with self._lock:
             now = self.clock()
-            if now < self.next:
+            text = self.text() if now >= self.next else ""
+            if not text:
                 return
             self.next, self.last, self.said = now + self.every_s, now, self.said + 1
-        self.say(f"{self.text()} ... ({now - self.start:.0f} s)")
+        self.say(f"{text} ... ({now - self.start:.0f} s)")
 
     def said_now(self) -> None:
         """Its owner printed a line of its own (a count that advanced): the next is due every_s later."""

@@ -112,3 +112,15 @@ def test_counting_on_a_pipe_is_no_flood_of_quick_advances(caplog):
             for _ in range(25):
                 advance(1024)
     assert [r.getMessage() for r in caplog.records] == ["scoring: 25600/25600 responses"]
+
+
+def test_nothing_to_say_yet_is_no_line():
+    """A count not written yet (a conversion's tensors before rank 0's first count): no line."""
+    count: dict[str, str] = {"text": ""}
+    notes, clock, said = _notes(lambda: count["text"])
+    clock.now += 30
+    notes.tick()
+    assert said == [] and notes.said == 0
+    count["text"] = "megatron-to-hf: exporting: 12/290 tensors"
+    notes.tick()
+    assert said == ["megatron-to-hf: exporting: 12/290 tensors ... (30 s)"]
