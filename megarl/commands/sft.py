@@ -254,9 +254,11 @@ def _start_group(cfg: Any, placement: Any, steps: int, log_dir: Path) -> tuple[A
     """The SFT ranks: a Ray worker group on ``placement``, or (None) one rank in this process."""
     from megarl.actors.clients import Group, InProcessGroup, SFTClient
     from megarl.actors.sft_rank import SFTRank
+    from megarl.progress import still_waiting
 
     if placement is None:
-        group: Group = InProcessGroup(SFTRank, cfg, steps)
+        with still_waiting("sft: building SFTRank in this process (loads the model)"):
+            group: Group = InProcessGroup(SFTRank, cfg, steps)
     else:
         from megarl.ray_cluster.worker_group import GroupOptions, WorkerGroup
 
@@ -338,6 +340,7 @@ def _write_model(cfg: Any, client: Any, target: Path, hf_config: dict[str, Any])
     from megarl.commands.model_outputs import finish_output, staged_output
     from megarl.memory.handover import Handover
     from megarl.memory.residency import EXPORT, sft_residency
+    from megarl.progress import still_waiting
 
     source = Path(cfg.model.path).absolute()
     p = cfg.actor.parallel
@@ -346,7 +349,8 @@ def _write_model(cfg: Any, client: Any, target: Path, hf_config: dict[str, Any])
     Handover(sft_residency(), {"policy": client}).enter(EXPORT)
     with staged_output(target) as staging:
         try:
-            checked = write_verified(staging, source, record, client.save_model, client.verify_model)
+            with still_waiting(f"sft: writing the model to {target} and loading it back to verify it", done_line=False):
+                checked = write_verified(staging, source, record, client.save_model, client.verify_model)
         except Exception as exc:  # the trained weights die with the group: keep what was written
             kept = target.with_name(f"{target.name}.unverified")
             kept = kept if not kept.exists() else kept.with_name(f"{kept.name}.{os.getpid()}")
