@@ -10,11 +10,17 @@ algorithm.old_logprobs=engine), each case a real `megarl launch` of the CPU demo
   repeats; the speed-up against the limit (T_gen + T_train) / max(T_gen, T_train) from the
   synchronous runs' own phase times, and each side's busy share;
 - learning: held-out reward (val/reward/mean, every 20 steps) of the demo config as it is (DP=2,
-  its task) with three seeds per mode, at equal steps and at equal wall time.
+  its task) with three seeds per mode, at equal steps and at equal wall time;
+- sglang: the demo through the real SGLang CPU server (`megarl demo rollout.engine=sglang`'s
+  placement), synchronous against staleness 1 (recomputed old log-probs, and the engine's), one
+  seed and fewer steps (the CPU server is slow): the run trains to the end; held-out reward,
+  log-prob mismatch by staleness, aborted samples and push seconds.
 
 Writes bench/results/async_rl.json and prints the tables; bench/results/async_rl.md is the summary.
 
-    .venv/bin/python bench/async_rl.py [--part throughput|learning|all] [--modes k0 k1 ...] [--quick]
+    .venv/bin/python bench/async_rl.py [--part throughput|learning|sglang|all] [--modes k0 k1 ...] [--quick]
+
+`--part all` runs throughput and learning; `sglang` runs only when asked (it needs `make sglang-cpu`).
 
 A throughput part run again moves the file's earlier throughput results to its "earlier" list.
 """
@@ -176,6 +182,38 @@ def learning(root: Path, work: Path, steps: int, seeds: tuple[int, ...], names: 
             "target_reward": TARGET_REWARD, "modes": modes}  # fmt: skip
 
 
+SGLANG_MODES = {"k0": ("rollout.max_staleness=0",), "k1": ("rollout.max_staleness=1",),
+                "k1_engine": ("rollout.max_staleness=1", "algorithm.old_logprobs=engine")}  # fmt: skip
+# Keys of each step's record reported per run (the last value over the run, or the mean where said).
+SGLANG_MEANS = ("rollout/logprob_mismatch", "rollout/logprob_mismatch/staleness0", "rollout/logprob_mismatch/staleness1",
+                "async/staleness_mean", "async/staleness1_frac", "time/weight_sync_s", "time/step_s")  # fmt: skip
+
+
+def sglang_runs(root: Path, work: Path, steps: int) -> dict:
+    """The demo through the real SGLang server on this CPU, k=0 then k=1 (engine log-probs)."""
+    from megarl.commands.demo import sglang_on_cpu
+
+    placement = sglang_on_cpu(["rollout.engine=sglang"])
+    if not any(o.startswith("rollout.server_python=") for o in placement):
+        raise SystemExit("--part sglang needs the SGLang CPU venv: run `make sglang-cpu` first")
+    modes = {}
+    for k, extra in SGLANG_MODES.items():
+        records, wall = launch(root, work / f"sglang-{k}", steps, "rollout.engine=sglang", *placement,
+                               "trainer.eval_freq=10", *extra)  # fmt: skip
+        pts = curve(records)
+        row: dict = {"wall_s": wall, "steps_logged": sorted(r["step"] for r in records if r["step"] > 0) == list(range(1, steps + 1)),
+                     "val_curve": pts, "aborted_frac_max": max(r.get("response/finish_abort_frac", 0.0) for r in records),
+                     "staleness_max": max(r.get("async/staleness_max", 0) for r in records)}  # fmt: skip
+        for key in SGLANG_MEANS:
+            values = [r[key] for r in records[SKIP_WARMUP:] if key in r]
+            if values:
+                row[key] = statistics.mean(values)
+        modes[k] = row
+        print(f"  sglang {k}: val reward {pts[-1][2]:.3f} at step {pts[-1][0]}, {wall:.0f} s launch, "
+              f"load {os.getloadavg()[0]:.2f}", flush=True)
+    return {"steps": steps, "eval_freq": 10, "placement": placement[:4], "modes": modes}
+
+
 def print_tables(result: dict) -> None:
     tp = result.get("throughput")
     if tp:
@@ -202,9 +240,20 @@ def print_tables(result: dict) -> None:
                   f"{row['reward_at_equal_time_mean']:20.3f} {str(row['first_step_mean_reward_ge_target']):>18}")  # fmt: skip
 
 
+def print_sglang(sg: dict) -> None:
+    print(f"\nsglang ({sg['steps']} steps, val every {sg['eval_freq']}; means over steps {SKIP_WARMUP + 1}..)")
+    print(f"{'mode':10} {'val first':>9} {'val last':>9} {'mismatch':>9} {'mm stale0':>10} {'mm stale1':>10} "
+          f"{'stale1 frac':>12} {'push s':>7} {'s/step':>7} {'aborted':>8} {'all steps':>10}")
+    for name, row in sg["modes"].items():
+        cells = [f"{row[k]:.4f}" if k in row else "-" for k in SGLANG_MEANS[:3]]
+        print(f"{name:10} {row['val_curve'][0][2]:9.3f} {row['val_curve'][-1][2]:9.3f} {cells[0]:>9} {cells[1]:>10} "
+              f"{cells[2]:>10} {row.get('async/staleness1_frac', 0.0):12.2f} {row.get('time/weight_sync_s', 0.0):7.3f} "
+              f"{row.get('time/step_s', 0.0):7.2f} {row['aborted_frac_max']:8.2f} {str(row['steps_logged']):>10}")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--part", choices=("throughput", "learning", "all"), default="all")
+    parser.add_argument("--part", choices=("throughput", "learning", "sglang", "all"), default="all")
     parser.add_argument("--modes", nargs="+", choices=tuple(MODES), default=("k0", "k1", "k2"),
                         help="throughput: which modes (default k0 k1 k2; k0 always runs, the speed-ups are against it)")
     parser.add_argument("--quick", action="store_true", help="a smoke test: fewer steps and repeats")
@@ -212,6 +261,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None, help="throughput: steps per run (default 30, quick 10)")
     parser.add_argument("--learn-steps", type=int, default=None, help="learning: steps per run (default 300, quick 40)")
     parser.add_argument("--seeds", type=int, default=None, help="learning: seeds per mode (default 3, quick 1)")
+    parser.add_argument("--sglang-steps", type=int, default=None, help="sglang: steps per run (default 40, quick 6)")
     parser.add_argument("--learn-modes", nargs="+", choices=tuple(LEARN_MODES), default=tuple(LEARN_MODES),
                         help="learning: which runs (default all); results of others are kept from the last run")
     args = parser.parse_args()
@@ -227,12 +277,16 @@ def main() -> None:
             result["throughput"] = throughput(work / "demo", work, steps, repeats, tuple(args.modes))
         if args.part in ("learning", "all"):
             result["learning"] = learning(work / "demo", work, learn_steps, seeds, tuple(args.learn_modes))
+        if args.part == "sglang":
+            result["sglang"] = sglang_runs(work / "demo", work, args.sglang_steps or (6 if args.quick else 40))
     result["load_after"] = round(os.getloadavg()[0], 2)
     result["bench_wall_s"] = round(time.monotonic() - start)
     if OUT.is_file():
         keep_earlier(result, json.loads(OUT.read_text()), args.part)
     OUT.write_text(json.dumps(result, indent=2) + "\n")
     print_tables(result)
+    if "sglang" in result:
+        print_sglang(result["sglang"])
     print(f"\nload {result['machine']['load_avg_1m']} at the start, {result['load_after']} at the end; {result['bench_wall_s']} s")
 
 
@@ -257,7 +311,7 @@ def keep_earlier(result: dict, kept: dict, part: str) -> None:
         for mode in ln["modes"].values():
             mode["reward_at_equal_time_mean"] = statistics.mean(at_time(c, budget) for c in mode["curves"])
     if part != "all":  # one part run alone keeps the other part's last results
-        for other in ("throughput", "learning"):
+        for other in ("throughput", "learning", "sglang"):
             if other not in result and other in kept:
                 result[other] = kept[other]
                 result.setdefault("kept_from_earlier_run", []).append({"part": other, "machine": machines.get(other, kept.get("machine"))})

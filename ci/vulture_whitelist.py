@@ -34,6 +34,8 @@ class_problem  # data.custom_cls's check in the preflight's child process (likew
 # Attributes and signatures Megatron, torch or transformers read or require.
 _.calculate_per_token_loss; _.variable_seq_lengths; _.finalize_model_grads_func; _.grad_scale_func; _.no_sync_func; _.grad_sync_func
 _.input_layernorm; _.pre_mlp_layernorm; _.core_attention; _.q_layernorm; _.k_layernorm  # layer spec fields
+_.kv_layernorm; _.linear_q_down_proj; _.linear_kv_down_proj  # MLA layer spec fields (megarl/models/deepseek_v3.py)
+DeepseekV3Bridge  # registered by @register_bridge("deepseek_v3")
 _.extra_repr; attn_mask_type; runtime_gather_output; unused  # module interfaces Megatron calls
 _.current_stream; _.wait_event; _.wait_stream; _.record_event; types; graph_safe; new_state; new_states  # cpu_compat stand-ins
 _.Stream; enable_timing; blocking; interprocess; priority  # cpu_compat: torch.cuda.Stream / Event's constructors' signatures
@@ -59,3 +61,4 @@ start_standalone_engines  # wired into megarl/trainer/build.py by the asynchrono
 sharded_offsets  # LoRAAdapters.sharded_state_dict's signature: Megatron passes it by keyword (megarl/models/lora.py)
 _.load_peft  # LoRAAdapters: sets adapters from PEFT-named tensors, the inverse of peft_tensors (tests/distributed/test_lora.py)
 generated  # the generated part of a docs page (megarl/config/verl_doc.py), read by tests/unit/config/test_verl_doc.py
+build_tiny_reward_model  # the tests' tiny reward model (tests/unit/rewards/test_reward_model.py, tests/e2e/test_reward_model_role.py)

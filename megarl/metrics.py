@@ -77,6 +77,8 @@ def _moe_metrics(role: str) -> tuple[Metric, ...]:
         Metric(f"{role}/moe/expert_load_max_over_mean/layer<i>", "last", "moe", "the same for MoE layer i (HF's 0-based layer index)"),
         Metric(f"{role}/moe/aux_loss", "last", "moe", "Megatron's Switch load-balancing loss (without its coefficient), mean over micro-batches, DP ranks and MoE layers; with <section>.moe.aux_loss_coef > 0"),
         Metric(f"{role}/moe/z_loss", "last", "moe", "router z-loss (mean squared logsumexp of the router logits, without its coefficient), same mean; with <section>.moe.z_loss_coef > 0"),
+        Metric(f"{role}/moe/expert_bias_abs_max", "last", "moe", "largest |correction bias| of the router (aux-loss-free balancing) after the update, max over the MoE layers; with <section>.moe.expert_bias_update_rate > 0"),
+        Metric(f"{role}/moe/expert_bias_abs_max/layer<i>", "last", "moe", "the same for MoE layer i (HF's 0-based layer index); it grows by at most the rate per optimizer step"),
     )
 
 
@@ -120,6 +122,9 @@ CATALOGUE: tuple[Metric, ...] = (
     Metric("rollout/logprob_mismatch", "mean", "actor", "mean |trainer - engine| log-prob of the sampled tokens (trainer: old log-probs, else current; "
            "current with algorithm.old_logprobs=engine)"),
     Metric("rollout/logprob_mismatch/staleness<s>", "last", "rollout", "asynchronous runs: mean |old - engine| log-prob over the valid tokens of the samples s policy versions older than the trained one"),
+    Metric("rollout/tis_weight/staleness<s>", "last", "rollout", "asynchronous runs with algorithm.tis: mean TIS weight over the valid tokens of the samples s policy versions stale"),
+    Metric("rollout/tis_capped_frac/staleness<s>", "last", "rollout", "asynchronous runs with algorithm.tis: share of those tokens whose weight reached the cap"),
+    Metric("rollout/mis_masked_frac/staleness<s>", "last", "rollout", "asynchronous runs with algorithm.mis: share of the valid tokens of the samples s versions stale that MIS masks"),
     *_optimizer_metrics("actor", "policy"),
     Metric("actor/moe/routing_agreement", "last", "moe", "MoE with routing replay: mean over MoE layers of actor/moe/routing_agreement/layer<i>"),
     Metric("actor/moe/routing_agreement/layer<i>", "last", "moe", "share of the tokens the engine routed whose trainer top-k experts (without replay) equal the engine's, MoE layer i (HF's 0-based decoder layer index, as expert_load_max_over_mean)"),

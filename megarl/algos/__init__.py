@@ -33,7 +33,13 @@ from megarl.algos.losses import (
     make_value_loss_fn,
 )
 from megarl.algos.metrics import MetricAccumulator, reduce_metrics
-from megarl.algos.mismatch import logprob_mismatch, mis_mask, mismatch_by_staleness, tis_weights
+from megarl.algos.mismatch import (
+    corrections_by_staleness,
+    logprob_mismatch,
+    mis_mask,
+    mismatch_by_staleness,
+    tis_weights,
+)
 from megarl.algos.registry import Registry, UnknownNameError
 from megarl.algos.step import advantage_step
 
@@ -66,6 +72,7 @@ __all__ = [
     "reduce_metrics",
     "reward_kl",
     "tis_weights",
+    "corrections_by_staleness",
     "token_rewards_from_scores",
     "zero_var_group_frac",
 ]

@@ -33,6 +33,19 @@ import torch
 LOG_FLOOR = -20.0  # weights below exp(-20) are 0 for every practical purpose
 
 
+def _tis_log_weights(
+    train_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, response_mask: torch.Tensor, level: str
+) -> torch.Tensor:
+    """[B, R] log(pi_train / pi_rollout) per token, or the sequence's sum spread over its row; 0 on padding."""
+    mask = response_mask.to(train_logprobs.dtype)
+    log_ratio = (train_logprobs.detach() - rollout_logprobs) * mask  # [B, R]
+    if level == "token":
+        return log_ratio
+    if level == "sequence":
+        return log_ratio.sum(-1, keepdim=True).expand_as(log_ratio)  # [B, R]
+    raise ValueError(f"algorithm.tis.level must be none, token or sequence, got {level!r}")
+
+
 def tis_weights(
     train_logprobs: torch.Tensor,
     rollout_logprobs: torch.Tensor,
@@ -46,16 +59,25 @@ def tis_weights(
     """
     if level == "none":
         return torch.ones_like(train_logprobs)
-    mask = response_mask.to(train_logprobs.dtype)
-    log_ratio = (train_logprobs.detach() - rollout_logprobs) * mask  # [B, R]
-    if level == "token":
-        log_w = log_ratio
-    elif level == "sequence":
-        log_w = log_ratio.sum(-1, keepdim=True).expand_as(log_ratio)  # [B, R]
-    else:
-        raise ValueError(f"algorithm.tis.level must be none, token or sequence, got {level!r}")
+    log_w = _tis_log_weights(train_logprobs, rollout_logprobs, response_mask, level)
     weights = torch.exp(log_w.clamp(LOG_FLOOR, math.log(cap)))
-    return torch.where(mask > 0, weights, torch.ones_like(weights))
+    return torch.where(response_mask.to(weights.dtype) > 0, weights, torch.ones_like(weights))
+
+
+def tis_capped(
+    train_logprobs: torch.Tensor,
+    rollout_logprobs: torch.Tensor,
+    response_mask: torch.Tensor,
+    level: str,
+    cap: float,
+) -> torch.Tensor:
+    """[B, R] 0/1 (the log-probs' dtype): the tokens whose TIS weight is the cap. Compared in log
+    space: exp(log(cap)) rounds below cap for many caps (3.5 in fp32), so ``weights >= cap`` would
+    miss them."""
+    if level == "none":
+        return torch.zeros_like(train_logprobs)
+    log_w = _tis_log_weights(train_logprobs, rollout_logprobs, response_mask, level)
+    return ((log_w >= math.log(cap)) & (response_mask.to(log_w.dtype) > 0)).to(train_logprobs.dtype)
 
 
 def logprob_mismatch(
@@ -129,4 +151,39 @@ def mismatch_by_staleness(
         n = tokens[rows].sum().item()
         if n > 0:
             out[f"rollout/logprob_mismatch/staleness{s}"] = gap[rows].sum().item() / n
+    return out
+
+
+def corrections_by_staleness(
+    old_logprobs: torch.Tensor,
+    rollout_logprobs: torch.Tensor,
+    response_mask: torch.Tensor,
+    staleness: torch.Tensor,
+    tis: tuple[str, float],
+    mis: tuple[str, float, float],
+) -> dict[str, float]:
+    """The off-policy corrections per staleness: ``rollout/tis_weight/staleness<s>`` and
+    ``rollout/tis_capped_frac/staleness<s>`` (``tis`` = (level, cap), when its level is not
+    "none"), ``rollout/mis_masked_frac/staleness<s>`` (``mis`` = (level, low, high)), each over
+    the valid tokens of the samples ``s`` versions old (``staleness``: [B] long).
+
+    Controller side, once per step: the weights and masks depend only on the old (proximal) and
+    the engine's log-probs, both fixed for the step, so these are the values every mini-batch's
+    loss uses. A staleness whose samples have no valid token is left out.
+    """
+    mask = response_mask.to(old_logprobs.dtype)  # [B, R]
+    per_token: dict[str, torch.Tensor] = {}  # metric name (a template of s) -> [B, R]
+    if tis[0] != "none":
+        per_token["rollout/tis_weight/staleness{s}"] = tis_weights(old_logprobs, rollout_logprobs, response_mask, *tis)
+        per_token["rollout/tis_capped_frac/staleness{s}"] = tis_capped(old_logprobs, rollout_logprobs, response_mask, *tis)
+    if mis[0] != "none":
+        per_token["rollout/mis_masked_frac/staleness{s}"] = 1.0 - mis_mask(old_logprobs, rollout_logprobs, response_mask, *mis)
+    tokens = mask.sum(-1)  # [B]
+    out: dict[str, float] = {}
+    for s in torch.unique(staleness).tolist():
+        rows = staleness == s  # [B]
+        n = tokens[rows].sum().item()
+        for name, values in per_token.items():
+            if n > 0:
+                out[name.format(s=s)] = (values[rows] * mask[rows]).sum().item() / n
     return out

@@ -176,6 +176,7 @@ def convert_hf_to_megatron(hf: str | Path, out: str | Path, tp: int = 1, pp: int
     config and tokenizer); verified bit for bit."""
     from megarl.actors.conversion_rank import ImportRank
     from megarl.checkpoint.model_checkpoint import RECORD, is_model_checkpoint, write_verified
+    from megarl.models.carried_tensors import save_carried
 
     source = Path(hf).absolute()
     if is_model_checkpoint(source):
@@ -194,6 +195,7 @@ def convert_hf_to_megatron(hf: str | Path, out: str | Path, tp: int = 1, pp: int
             say("hf-to-megatron: saving the Megatron checkpoint, then loading it back to compare ...")
             record = dict(source=str(source), tp=tp, pp=pp, ep=ep, dtype=dtype, hf_config=hf_config)
             checked = write_verified(staging, source, record, client.write, client.verify)
+        save_carried(source, staging)  # e.g. DeepSeek-V3's MTP layers: no Megatron parameter holds them
         finish_output(staging, target)
     say(f"wrote {out} from {source} ({_layout_text(tp, pp, ep)}, {dtype}); {_verified(checked)}")
     return Path(out)
@@ -392,6 +394,7 @@ def _export_hf(ranks: ConversionRanks, rank_args: tuple, staging: Path, verify: 
     """HF files of the ExportRank group's model in ``staging``/v0 (with the index, and the PEFT
     adapter of ``adapter_base`` when given); the parameters verified (None when not verified)."""
     from megarl.actors.conversion_rank import ExportRank, write_index
+    from megarl.models.carried_tensors import write_carried
 
     say = report or (lambda _: None)
     where = " in this process" if ranks.in_process else ""
@@ -400,6 +403,7 @@ def _export_hf(ranks: ConversionRanks, rank_args: tuple, staging: Path, verify: 
         say("megatron-to-hf: writing HF safetensors ...")
         client.write(str(staging))
         written = staging / "v0"
+        write_carried(Path(rank_args[0]), written)  # the tensors hf-to-megatron carried (MTP layers), bit for bit
         write_index(written)
         if adapter_base is not None:  # (the files are read back and compared as they are written)
             from megarl.models.lora import PEFT_ADAPTER_DIR

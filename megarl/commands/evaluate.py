@@ -17,7 +17,7 @@ import logging
 import math
 import tempfile
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +75,8 @@ def _run(args: argparse.Namespace) -> int:
                 held.enter_context(output_lock(path, flag))
         # nothing written yet: --scored is renamed into place only when whole
         summary = run_stoppable(lambda: evaluate(args.data, config, overrides, ks=ks, pass_threshold=args.pass_threshold,
-                                                 scored=args.scored, reward_log=reward_log(out)),
+                                                 scored=args.scored, reward_log=reward_log(out),
+                                                 judge_log=judge_log(out)),
                                 "while scoring; nothing was written; run the same command again")  # fmt: skip
         make_folder(out)
         with writing(out, "the summary (--out)", kept=f"{args.scored or 'no scored rows'}; an earlier summary is as it was"):
@@ -140,11 +141,17 @@ def reward_log(summary: Path) -> Path:
     return summary.with_name(summary.name.removesuffix(".json") + ".reward_workers.log")
 
 
+def judge_log(summary: Path) -> Path:
+    """Where reward.judge's SGLang server writes its log: beside the --out summary."""
+    return summary.with_name(summary.name.removesuffix(".json") + ".judge_sglang.log")
+
+
 def evaluate(data: str | Path, config: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (), *,
              ks: list[int] | None = None, pass_threshold: float | None = None, scored: str | Path | None = None,
-             reward_log: str | Path | None = None) -> dict[str, Any]:  # fmt: skip
+             reward_log: str | Path | None = None, judge_log: str | Path | None = None) -> dict[str, Any]:  # fmt: skip
     """Score ``data`` and summarise it (the JSON ``megarl evaluate`` writes); the reward functions'
-    output goes to ``reward_log`` (None: this process's stdout and stderr)."""
+    output goes to ``reward_log`` (None: this process's stdout and stderr), reward.judge's SGLang
+    server's to ``judge_log`` (None: a temporary folder, removed when the scoring ends)."""
     from megarl.config.loading import load_config, load_section
     from megarl.data.generated import read_generated
     from megarl.evaluation import (
@@ -161,10 +168,10 @@ def evaluate(data: str | Path, config: str | Path | None = None, overrides: list
     if config is not None:
         cfg = load_config(config, overrides)
         reward, prompt_key, threshold = cfg.reward, cfg.data.prompt_key, cfg.rollout.val.pass_threshold
-        judge_runs = JudgeRuns(cfg.rollout.server_python, cfg.cluster.build_timeout_s)
+        judge_runs = JudgeRuns(cfg.rollout.server_python, cfg.cluster.build_timeout_s, judge_log)
     else:
         reward, prompt_key, threshold = load_section(overrides, "reward"), "prompt", 1.0
-        judge_runs = JudgeRuns()
+        judge_runs = JudgeRuns(log_path=judge_log)
     name = "rollout.val.pass_threshold" if pass_threshold is None else "--pass-threshold"
     pass_threshold = threshold if pass_threshold is None else pass_threshold
     problem = threshold_problem(pass_threshold, reward)
@@ -249,6 +256,7 @@ class JudgeRuns:
 
     server_python: str | None = None
     start_timeout_s: float = BUILD_TIMEOUT_S
+    log_path: str | Path | None = None  # the SGLang server's log (None: in a temporary folder)
 
 
 @dataclass
@@ -275,9 +283,9 @@ def _scorer(reward: Any, judge_runs: JudgeRuns, stops: str, log_path: str | Path
     from megarl.rollout.reward_combine import CombinedScorer
 
     judge = None if reward.judge is None else start_judge(
-        reward.judge, in_process=True, log_dir=tempfile.mkdtemp(prefix="megarl-evaluate-judge-") if reward.judge.engine == "sglang" else ".",
-        start_timeout_s=judge_runs.start_timeout_s, max_failed_fraction=reward.max_failed_fraction, stops=stops,
-        server_python=judge_runs.server_python)  # fmt: skip
+        reward.judge, in_process=True, log_dir=".", start_timeout_s=judge_runs.start_timeout_s,
+        max_failed_fraction=reward.max_failed_fraction, stops=stops, server_python=judge_runs.server_python,
+        server_log=judge_runs.log_path)  # fmt: skip
     try:
         return CombinedScorer(reward, judge, stops=stops, log_path=log_path)
     except BaseException:
@@ -291,7 +299,16 @@ def _score(reward: Any, rows: Any, flat: list[tuple[int, int]], judge_runs: Judg
     from megarl.progress import counting
 
     total = Scored()
-    scorer = _scorer(reward, judge_runs, "evaluate stops rather than report them as scores of 0", log_path)
+    scratch = None
+    if judge_runs.log_path is None:  # an API call that names no judge log: one that does not outlive the scoring
+        scratch = tempfile.TemporaryDirectory(prefix="megarl-evaluate-judge-")
+        judge_runs = replace(judge_runs, log_path=Path(scratch.name) / "judge_sglang.log")
+    try:
+        scorer = _scorer(reward, judge_runs, "evaluate stops rather than report them as scores of 0", log_path)
+    except BaseException:
+        if scratch is not None:
+            scratch.cleanup()
+        raise
     try:
         with counting(len(flat), "scoring", "responses") as advance:
             for start in range(0, len(flat), SCORE_CHUNK):
@@ -305,6 +322,8 @@ def _score(reward: Any, rows: Any, flat: list[tuple[int, int]], judge_runs: Judg
                 advance(len(chunk))
     finally:
         scorer.close()
+        if scratch is not None:
+            scratch.cleanup()
     return total
 
 

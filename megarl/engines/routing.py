@@ -43,9 +43,10 @@ class RoutingLayout:
         """The layout of the HF model at ``model_path`` (its config.json)."""
         from transformers import AutoConfig
 
-        from megarl.models.qwen3_moe import moe_layers
+        from megarl.models import deepseek_v3, qwen3_moe
 
         hf = AutoConfig.from_pretrained(str(model_path))
+        moe_layers = deepseek_v3.moe_layers if hf.model_type == "deepseek_v3" else qwen3_moe.moe_layers
         top_k = getattr(hf, "num_experts_per_tok", None)
         if not top_k:
             raise ValueError(f"model {model_path} ({hf.model_type}) has no num_experts_per_tok: it is not a "

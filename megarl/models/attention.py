@@ -102,6 +102,15 @@ def _block_mask_builder(compiled: bool):
 class SdpaAttention(DotProductAttention):
     """Drop-in replacement of Megatron's ``DotProductAttention`` (see module docstring)."""
 
+    def __init__(self, *args: Any, k_channels: int | None = None, v_channels: int | None = None, **kwargs: Any) -> None:
+        """Megatron's constructor, plus transformer-engine's ``k_channels`` / ``v_channels``, which
+        multi-latent attention passes (q/k heads of another size than v heads; Megatron's local
+        attention takes neither): the output is sized by the v heads, q/k by the tensors."""
+        super().__init__(*args, **kwargs)
+        del k_channels  # the q/k head size is the tensors' own
+        if v_channels is not None:
+            self.hidden_size_per_partition = self.num_attention_heads_per_partition * v_channels
+
     def forward(
         self,
         query: torch.Tensor,  # [sq, b, np, hn]

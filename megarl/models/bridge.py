@@ -16,8 +16,9 @@ a mixture-of-experts model's experts are also all-gathered over the expert-paral
 may span DP replicas (megarl/models/layouts.py): then every rank of that group exports
 together. Memory: one full tensor at a time beyond the model (one per EP rank for an expert).
 
-Left out: MLA, vision towers; registering new architectures happens in their own modules
-with :func:`register_bridge` (megarl/models/qwen3_moe.py: the first MoE family);
+Left out: vision towers; registering new architectures happens in their own modules
+with :func:`register_bridge` (megarl/models/qwen3_moe.py: the first MoE family;
+megarl/models/deepseek_v3.py: multi-latent attention);
 megarl/models/bridges.py finds a model's bridge.
 """
 
@@ -97,6 +98,16 @@ class ModelBridge:
         raise NotImplementedError
 
     # ---- shared ------------------------------------------------------------------------------
+    def mapped_buffers(self, gpt: Any) -> list[tuple[str, torch.Tensor]]:
+        """Buffers (not parameters) that hold HF tensors too, by name: mapped by :meth:`param_rule`
+        like parameters (DeepSeek-V3's router correction bias); none by default."""
+        return []
+
+    def carried_names(self, hf_config: Any, names: set[str]) -> set[str]:
+        """Tensors among a checkpoint's ``names`` that no Megatron parameter holds and conversion
+        carries through untouched (DeepSeek-V3's multi-token-prediction layers); none by default."""
+        return set()
+
     def hf_param_names(self, hf_config: Any) -> set[str]:
         return set(self.hf_tensor_shapes(hf_config))
 
@@ -125,7 +136,7 @@ class ModelBridge:
         gpt = unwrap_model(model)
         hf_config = hf_config_of(gpt)
         out = []
-        for name, param in gpt.named_parameters():
+        for name, param in [*gpt.named_parameters(), *self.mapped_buffers(gpt)]:
             if is_adapter_name(name):  # LoRA's own (megarl/models/lora.py): merged into the weights they adapt
                 continue
             try:
@@ -188,7 +199,7 @@ class ModelBridge:
         # duplicate lm_head some tied checkpoints store, old rotary inv_freq buffers.
         tied = bool(getattr(hf_config, "tie_word_embeddings", False))
         unused_ok = {"lm_head.weight"} if value_head or tied else set()
-        unused_ok |= {n for n in present if n.endswith("rotary_emb.inv_freq")}
+        unused_ok |= {n for n in present if n.endswith("rotary_emb.inv_freq")} | self.carried_names(hf_config, present)
         unknown = sorted(present - set(expected) - unused_ok)
         missing = sorted(set(expected) - present - unused_ok)
         if unknown or missing:

@@ -1,12 +1,13 @@
 """Which bridge an HF model has (by ``model_type``), and whether that bridge takes a given model
 directory: the lookup over the built-in bridges (megarl/models/dense.py registers llama, qwen2
-and qwen3, megarl/models/qwen3_moe.py qwen3_moe) and any registered with
+and qwen3, megarl/models/qwen3_moe.py qwen3_moe, megarl/models/deepseek_v3.py deepseek_v3) and any registered with
 :func:`megarl.models.bridge.register_bridge`."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import megarl.models.deepseek_v3  # noqa: F401  (registers deepseek_v3)
 import megarl.models.dense  # noqa: F401  (registers llama, qwen2, qwen3)
 import megarl.models.qwen3_moe  # noqa: F401  (registers qwen3_moe)
 from megarl.models.bridge import BRIDGES, ModelBridge

@@ -31,7 +31,7 @@ TASK_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>{% endif %}"
 )
-ARCHS = ("qwen2", "qwen3", "llama", "qwen3_moe")
+ARCHS = ("qwen2", "qwen3", "llama", "qwen3_moe", "deepseek_v3")
 
 
 def build_tokenizer(task_vocab: str | None = None, markers: Sequence[str] = ()):
@@ -90,10 +90,13 @@ def tiny_hf_config(
     norm_topk_prob: bool = True,
     mlp_only_layers: Sequence[int] = (),
     decoder_sparse_step: int = 1,
+    deepseek: dict[str, Any] | None = None,
 ):
-    """The transformers config of a tiny model of architecture ``arch``. The last six arguments
-    shape a ``qwen3_moe`` model's experts (its dense layers, ``mlp_only_layers`` or those
-    ``decoder_sparse_step`` skips, are ``ffn_hidden_size`` wide); other archs ignore them."""
+    """The transformers config of a tiny model of architecture ``arch``. ``num_experts`` to
+    ``decoder_sparse_step`` shape a ``qwen3_moe`` model's experts (its dense layers,
+    ``mlp_only_layers`` or those ``decoder_sparse_step`` skips, are ``ffn_hidden_size`` wide);
+    ``deepseek``: a ``deepseek_v3`` model's settings over the tiny ones
+    (megarl/models/tiny_deepseek_v3.py). Other archs ignore them."""
     from transformers import LlamaConfig, Qwen2Config, Qwen3Config, Qwen3MoeConfig
 
     if arch not in ARCHS:
@@ -116,7 +119,7 @@ def tiny_hf_config(
     if rope_scaling is not None:
         rope = {**rope_scaling, "rope_theta": rope_theta}
     if arch == "qwen2":
-        cfg: Qwen2Config | Qwen3Config | LlamaConfig | Qwen3MoeConfig = Qwen2Config(**common, use_sliding_window=False)
+        cfg: Any = Qwen2Config(**common, use_sliding_window=False)
     elif arch == "qwen3":
         cfg = Qwen3Config(**common, head_dim=hidden_size // num_heads, use_sliding_window=False)
     elif arch == "qwen3_moe":
@@ -125,6 +128,10 @@ def tiny_hf_config(
                              moe_intermediate_size=moe_ffn_hidden_size, norm_topk_prob=norm_topk_prob,
                              mlp_only_layers=list(mlp_only_layers), decoder_sparse_step=decoder_sparse_step,
                              output_router_logits=False)  # fmt: skip
+    elif arch == "deepseek_v3":
+        from megarl.models.tiny_deepseek_v3 import deepseek_v3_config
+
+        cfg = deepseek_v3_config(common, **(deepseek or {}))
     else:
         cfg = LlamaConfig(**common, attention_bias=False, mlp_bias=False, head_dim=hidden_size // num_heads)
     _set_rope(cfg, rope)
@@ -174,7 +181,34 @@ def build_tiny_model(
     model.generation_config = GenerationConfig(
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
     )
+    if arch == "deepseek_v3":
+        from megarl.models.tiny_deepseek_v3 import spread_routing
+
+        spread_routing(model, seed)
     _save_quietly(model, out)
+    if arch == "deepseek_v3":
+        from megarl.models.tiny_deepseek_v3 import append_mtp_layers
+
+        append_mtp_layers(out, config, seed)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def build_tiny_reward_model(out_dir: str | Path, tokenizer_dir: str | Path | None = None, *, seed: int = 0,
+                            **config_kwargs: Any) -> Path:  # fmt: skip
+    """Write a random-init HF sequence classifier with one label (a reward model: its score is
+    the logit) and its tokenizer to ``out_dir``; the tokenizer is ``tokenizer_dir``'s (e.g. the
+    demo model's) or a fresh :func:`build_tokenizer`. ``config_kwargs`` go to :func:`tiny_hf_config`."""
+    import torch
+    from transformers import AutoTokenizer, Qwen2ForSequenceClassification
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer() if tokenizer_dir is None else AutoTokenizer.from_pretrained(tokenizer_dir)
+    config = tiny_hf_config("qwen2", vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, **config_kwargs)
+    config.num_labels = 1
+    torch.manual_seed(seed)
+    _save_quietly(Qwen2ForSequenceClassification(config), out)
     tokenizer.save_pretrained(out)
     return out
 

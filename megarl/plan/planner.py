@@ -106,9 +106,14 @@ class Plan:
     def rows(self, nnodes: int, gpus_per_node: int) -> list[tuple[int, int, str]]:
         """(node, local gpu, roles text) for every GPU of the cluster."""
         cells: dict[int, list[str]] = {}
-        for layout in (*self.roles.values(), *([self.reward_model] if self.reward_model else [])):
+        for layout in self.roles.values():
             for rank, gpu in enumerate(layout.gpus):
                 cells.setdefault(gpu, []).append(f"{layout.role} {layout.coords(rank, self.arch.num_experts)}")
+        # The reward model's actors are not pinned (megarl/plan/reward_model_plan.py): its rows are
+        # the devices the pools leave, not which actor gets which.
+        if self.reward_model is not None:
+            for gpu in self.reward_model.gpus:
+                cells.setdefault(gpu, []).append(f"{self.reward_model.role} (kept out of the pools; Ray picks its GPU)")
         total = nnodes * gpus_per_node
         return [(g // gpus_per_node, g % gpus_per_node, "; ".join(cells.get(g, ["idle"]))) for g in range(total)]
 
@@ -252,9 +257,9 @@ def _raise_errors(issues: list[Issue]) -> None:
         raise PlanError(errors)
 
 
-# The HF model types megarl has a bridge for (megarl/models: dense.py, qwen3_moe.py); the planner
-# imports no torch, so it keeps its own list.
-BRIDGED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe")
+# The HF model types megarl has a bridge for (megarl/models: dense.py, qwen3_moe.py, deepseek_v3.py);
+# the planner imports no torch, so it keeps its own list.
+BRIDGED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "deepseek_v3")
 
 
 def _check_scope(cfg: MegaRLConfig, arch: ArchSpec, issues: list[Issue], *, sft: bool = False) -> None:

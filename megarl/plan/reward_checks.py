@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +19,11 @@ from megarl.config.reward_sections import JUDGE_COMPONENT, RewardJudgeConfig
 from megarl.config.sections import MegaRLConfig
 from megarl.models.hf_files import tokenizer_files_problem
 from megarl.plan.issues import Finding, Issue
+from megarl.plan.model_size import model_size
 from megarl.plan.reward_model_plan import reward_model_layout, reward_model_memory
 from megarl.rewards.combine import component_problems
 from megarl.rewards.judge_prompt import render, template_problem, template_text
-
-_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+from megarl.rollout_sglang.server import CPU_MAX_TOTAL_TOKENS
 
 
 def combine_findings(cfg: MegaRLConfig, files: list[tuple[str, list[Any]]]) -> list[Finding]:
@@ -78,19 +77,6 @@ def model_problem(path: str) -> str | None:
     return f"({path}) {tokenizer}; {fix}" if tokenizer else None
 
 
-def _model_bytes(path: str) -> tuple[int, dict[str, Any]] | None:
-    """(parameter bytes, config.json) of an HF directory, from its config alone; None when unreadable."""
-    try:
-        config = json.loads((Path(path) / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    h, layers = int(config.get("hidden_size", 0)), int(config.get("num_hidden_layers", 0))
-    ffn, vocab = int(config.get("intermediate_size", 4 * h)), int(config.get("vocab_size", 0))
-    params = layers * (4 * h * h + 3 * h * ffn) + vocab * h * (1 if config.get("tie_word_embeddings") else 2)
-    dtype = str(config.get("torch_dtype") or config.get("dtype") or "float32")
-    return params * _DTYPE_BYTES.get(dtype, 4), config
-
-
 def reward_roles(cfg: MegaRLConfig, samples_per_step: int) -> list[dict[str, Any]]:
     """The reward model's and the judge's roles: name, where they run, their memory estimate (GiB)."""
     roles = []
@@ -99,30 +85,43 @@ def reward_roles(cfg: MegaRLConfig, samples_per_step: int) -> list[dict[str, Any
     if r.model is not None and layout is not None:
         mem = reward_model_memory(cfg)
         unit, units = ("GPU", "GPUs") if cfg.cluster.device == "cuda" else ("process", "processes")
-        roles.append({"role": "reward model", "where": f"{layout.dp} Ray actor(s) of its own, one per {unit} "
-                      f"(global {units} {', '.join(map(str, layout.gpus))})", "per": f"per {unit}",
+        roles.append({"role": "reward model", "where": f"{layout.dp} Ray actor(s) of its own, one per {unit}, on {layout.dp} "
+                      f"{units} kept out of the training and rollout pools (Ray picks which)", "per": f"per {unit}",
                       "memory_gib": mem.total / 2**30 if mem else None,
                       "what": "weights + one batch's activations" + (" + runtime" if mem and mem.runtime else "")})  # fmt: skip
     elif r.model is not None:
-        sized = _model_bytes(r.model.path)
-        gib = sized[0] * r.workers / 2**30 if sized else None
+        size = model_size(r.model.path)
+        gib = size.classifier_params * size.dtype_bytes * r.workers / 2**30 if size else None
         roles.append({"role": "reward model", "where": f"{r.workers} reward worker processes on {r.model.device}",
                       "per": "host memory", "memory_gib": gib, "what": f"{r.workers} copies of the weights"})  # fmt: skip
     if r.judge is not None:
-        sized = _model_bytes(r.judge.model)
-        gib = None
-        if sized:
-            weights, config = sized
-            h, layers = int(config.get("hidden_size", 0)), int(config.get("num_hidden_layers", 0))
-            kv_dim = h * int(config.get("num_key_value_heads", 1) or 1) // max(1, int(config.get("num_attention_heads", 1) or 1))
-            context = int(config.get("max_position_embeddings", 4096))
-            kv = 2 * layers * kv_dim * 4 * context * min(samples_per_step, r.judge.max_running_requests)  # fp32 cache
-            gib = (weights + kv) / 2**30
+        gib = _judge_bytes(r.judge, samples_per_step)
+        gib = gib / 2**30 if gib is not None else None
         where = ("SGLang server of its own on the controller's node (CPU)" if r.judge.engine == "sglang" else
-                 "torch engine on the controller's CPU (a Ray actor; in-process runs: the controller)")  # fmt: skip
+                 "torch engine on CPU, a Ray actor of its own on any node Ray picks (it asks for no CPU); "
+                 "in-process runs: the controller's process")  # fmt: skip
         roles.append({"role": "LLM judge", "where": where, "per": "host memory", "memory_gib": gib,
-                      "what": "weights + KV cache of one step's batch at its full context"})  # fmt: skip
+                      "what": "weights + KV cache (torch: its context x the samples it decodes at once; "
+                      "sglang: the server's token pool)"})  # fmt: skip
     return roles
+
+
+def _judge_bytes(judge: RewardJudgeConfig, samples_per_step: int) -> float | None:
+    """The judge's weights and KV cache (fp32 on CPU) at the context it runs with: reward.judge.context_length,
+    else config.json's max_position_embeddings (megarl/rollout/judge.py judge_context, read here without
+    transformers). The torch engine caches up to max_running_requests sequences of that context; the
+    SGLang server a token pool of max_total_tokens (megarl/rollout/judge_server.py)."""
+    size = model_size(judge.model)
+    if size is None:
+        return None
+    a = size.arch
+    context = judge.context_length or a.max_positions
+    if judge.engine == "sglang":
+        tokens = max(CPU_MAX_TOTAL_TOKENS, context)
+    else:
+        tokens = context * min(samples_per_step, judge.max_running_requests)
+    kv_per_token = a.num_layers * a.num_kv_heads * (a.qk_head_dim + a.v_dim) * 4
+    return size.causal_lm_params * size.dtype_bytes + kv_per_token * tokens
 
 
 def check_judge_engine(cfg: MegaRLConfig, issues: list[Issue]) -> None:

@@ -1,12 +1,14 @@
 """The reward model's role in the plan (``reward.model.placement: disaggregated``): its devices,
 its memory per device, and what the planner refuses about it.
 
-Devices: the last ``reward.model.gpus`` of the cluster (on cpu: processes), taken out before the
-rollout pool (disaggregated) and the training pool are cut from the rest; one actor each, each
-holding the whole model.
+Devices: ``reward.model.gpus`` of the cluster (on cpu: processes) kept out of the rollout pool
+(disaggregated) and the training pool, which are cut from the rest; one actor each, each holding
+the whole model. The plan counts them as the last devices, but the actors are not pinned there:
+they ask Ray for one GPU each (megarl/rollout/reward_model_role.py) after the pools' placement
+groups hold theirs, so Ray gives them GPUs the pools left free, on whichever nodes have them.
 
-Memory per device (:func:`reward_model_memory`, from the model's config.json, in the dtype it was
-saved in, which is what the loader keeps):
+Memory per device (:func:`reward_model_memory`, from the model's config.json through the planner's
+shapes (megarl/plan/model_size.py), in the dtype it was saved in, which is what the loader keeps):
 - weights: parameters x dtype bytes (embedding, decoder layers, the score head; no LM head);
 - activations of one forward of ``batch_size`` samples of ``max_length`` tokens (the model's
   positions when unset), no gradients: the working tensors of one decoder layer at a time (the
@@ -24,14 +26,12 @@ of a node, ``reward.model.device`` set for a role (the role runs on ``cluster.de
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 from megarl.config.sections import MegaRLConfig
-from megarl.plan.gpu_memory import DTYPE_BYTES, GIB
+from megarl.plan.gpu_memory import GIB
 from megarl.plan.issues import Issue
+from megarl.plan.model_size import model_size
 from megarl.plan.role_layout import RoleLayout
 
 REWARD_MODEL_ROLE = "reward_model"
@@ -45,7 +45,8 @@ def reward_model_gpus(cfg: MegaRLConfig) -> int:
 
 
 def reward_model_layout(cfg: MegaRLConfig) -> RoleLayout | None:
-    """The role's devices: the last reward.model.gpus of the cluster, one actor (replica) each."""
+    """The role's devices, counted as the last reward.model.gpus of the cluster (not pinned: module
+    docstring), one actor (replica) each."""
     n, world = reward_model_gpus(cfg), cfg.cluster.world_size
     if not n or n >= world:
         return None
@@ -98,34 +99,19 @@ class RewardModelMemory:
         return self.weights + self.activations + self.runtime
 
 
-def _config(path: str) -> dict[str, Any] | None:
-    try:
-        config = json.loads((Path(path) / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return config if isinstance(config, dict) else None
-
-
 def reward_model_memory(cfg: MegaRLConfig) -> RewardModelMemory | None:
     """The role's memory per device from its config.json; None when unreadable (the preflight names it)."""
     model = cfg.reward.model
-    config = _config(model.path) if model is not None else None
-    if model is None or config is None:
+    size = model_size(model.path) if model is not None else None
+    if model is None or size is None:
         return None
-    h, layers = int(config.get("hidden_size", 0)), int(config.get("num_hidden_layers", 0))
-    ffn, vocab = int(config.get("intermediate_size", 4 * h)), int(config.get("vocab_size", 0))
-    heads = max(1, int(config.get("num_attention_heads", 1) or 1))
-    head_dim = int(config.get("head_dim", 0) or h // heads)
-    q, kv = heads * head_dim, int(config.get("num_key_value_heads", heads) or heads) * head_dim
-    bias = q + 2 * kv if config.get("model_type") == "qwen2" or config.get("attention_bias") else 0  # q, k, v biases
-    params = vocab * h + layers * (2 * h * q + 2 * h * kv + bias + 3 * h * ffn + 2 * h) + 2 * h  # + final norm, score head
-    dtype = str(config.get("torch_dtype") or config.get("dtype") or "float32")
-    wbytes = DTYPE_BYTES.get(dtype, 4)
-    length = model.max_length or int(config.get("max_position_embeddings", 0) or 0) or 2048
+    a, wbytes = size.arch, size.dtype_bytes
+    h, q, kv = a.hidden_size, a.num_heads * a.qk_head_dim, a.num_kv_heads * a.qk_head_dim
+    length = model.max_length or a.max_positions or 2048
     tokens = model.batch_size * length
-    activations = tokens * wbytes * (2 * h + 2 * q + 2 * kv + 3 * ffn) + model.batch_size * length * length
+    activations = tokens * wbytes * (2 * h + 2 * q + 2 * kv + 3 * a.ffn_hidden_size) + model.batch_size * length * length
     runtime = REWARD_MODEL_RUNTIME_GIB * GIB if cfg.cluster.device == "cuda" else 0.0
-    return RewardModelMemory(params * wbytes, activations, runtime, (model.batch_size, length), dtype)
+    return RewardModelMemory(size.classifier_params * wbytes, activations, runtime, (model.batch_size, length), size.dtype)
 
 
 def check_reward_model_memory(cfg: MegaRLConfig, mem: RewardModelMemory | None, issues: list[Issue]) -> None:

@@ -71,12 +71,16 @@ from pebble import ProcessExpired, ProcessPool
 import megarl.rewards.registry as registry
 import megarl.rewards.worker as worker
 from megarl.config.sections import RewardConfig
+from megarl.rewards.failures import (
+    RewardError,
+    check_failed_fraction,
+    log_failures,
+)
 from megarl.rewards.worker import Outcome, UserExit
 
 log = logging.getLogger(__name__)
 
 CHUNK_SIZE = 32  # samples per task for cheap scorers
-LOGGED_ERRORS_PER_CALL = 3
 # pebble starts a task's timeout when a worker takes it, after the worker's initializer: user
 # code that hangs at import would never start one. The driver bounds that wait itself.
 WORKER_START_TIMEOUT_S = 60.0  # reward.custom's import, math_verify's
@@ -99,11 +103,6 @@ def _absolute(name: str) -> str:
     """A reward.functions value with a user function's file made absolute; a scorer name as is."""
     user = registry.user_function(name)
     return f"{os.path.abspath(os.path.expanduser(user[0]))}:{user[1]}" if user is not None else name
-
-
-class RewardError(RuntimeError):
-    """Reward functions failed on too many of a step's samples (reward.max_failed_fraction), or
-    the reward workers stopped taking samples (one died or hung while loading)."""
 
 
 @dataclass
@@ -248,6 +247,13 @@ class _Job:
     pool: int = 0  # the pool it runs on (RewardScorer._pools when scheduled)
 
 
+def remove_if_empty(log_path: Path) -> None:
+    """Remove a workers' log no worker wrote to (it is no news); called by the log's owner only."""
+    with contextlib.suppress(OSError):
+        if log_path.stat().st_size == 0:
+            log_path.unlink()
+
+
 class RewardScorer:
     """Scores batches of responses in ``cfg.workers`` warm processes; use as a context manager.
 
@@ -256,7 +262,9 @@ class RewardScorer:
     """
 
     def __init__(self, cfg: RewardConfig, *, start_method: str = "forkserver", stops: str = TRAINING_STOPS,
-                 log_path: str | Path | None = None) -> None:  # fmt: skip
+                 log_path: str | Path | None = None, owns_log: bool = True) -> None:  # fmt: skip
+        """``owns_log`` False: ``log_path`` is shared with other pools (reward.combine), whose owner
+        decides whether to remove it; this pool never does (the others may still write to it)."""
         if cfg.custom is not None and cfg.model is not None:
             raise ValueError(
                 "reward.custom and reward.model are both set; set one of them (a custom function can call a model itself)"
@@ -270,7 +278,7 @@ class RewardScorer:
         model = (cfg.model.path, cfg.model.device) if cfg.model else None
         # the workers' stdout and stderr: this file (None: this process's own, as for any library)
         self.log_path = Path(log_path).absolute() if log_path is not None else None
-        self._log_made = self.log_path is not None and not self.log_path.exists()  # removed at close when empty
+        self._log_made = owns_log and self.log_path is not None and not self.log_path.exists()  # removed at close when empty
         if self.log_path is not None:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             self.log_path.touch()
@@ -696,29 +704,21 @@ class RewardScorer:
                     result.extra.setdefault(key, [math.nan] * n)[i] = value
         result.timeouts = sum(outcomes[i][0] == "timeout" for i in failed)
         result.errors = sum(outcomes[i][0] == "error" for i in failed)
-        self._check_failed_fraction(result, outcomes, samples)  # first: its one line says it all, no warnings before it
-        for i in failed[:LOGGED_ERRORS_PER_CALL]:
-            source, solution, truth, _ = samples[i]
-            log.warning("reward %s (scored 0): %s | data_source=%r ground_truth=%r response=%r", outcomes[i][0],
-                        outcomes[i][1], source, str(truth)[:200], str(solution)[:300])  # fmt: skip
+        self._check_failed_fraction(outcomes, samples)  # first: its one line says it all, no warnings before it
+        log_failures("reward", outcomes, [x[0] for x in samples], [x[1] for x in samples], [x[2] for x in samples])
         return result
 
-    def _check_failed_fraction(self, result: ScoreResult, outcomes: list[Outcome], samples: list[tuple]) -> None:
-        n, failed = len(outcomes), result.errors + result.timeouts
-        limit = self.cfg.max_failed_fraction
-        if not n or failed < limit * n:
-            return
-        first = next(i for i, o in enumerate(outcomes) if o[0] != "ok")
-        kind, message = outcomes[first][0], outcomes[first][1]
-        trace = outcomes[first][2] if kind == "error" and len(outcomes[first]) > 2 else ""
+    def _check_failed_fraction(self, outcomes: list[Outcome], samples: list[tuple]) -> None:
+        first = next((o for o in outcomes if o[0] != "ok"), None)
+        trace = first[2] if first is not None and first[0] == "error" and len(first) > 2 else ""
         what = self._custom_label() if self.cfg.custom else "reward.model" if self.cfg.model else "the reward scorers"
-        fix = ("raise reward.timeout_s or make the function return sooner" if kind == "timeout"
-               else "fix the function" + (" (its traceback follows)" if trace else ""))
-        raise RewardError(
-            f"{what} failed on {failed} of {n} samples ({result.errors} errors, {result.timeouts} timeouts), at least "
-            f"reward.max_failed_fraction ({limit:g}) of them; {self.stops}. "
-            f"First failure (data_source={samples[first][0]!r}): {message}; {fix}" + (f"\n{trace.rstrip()}" if trace else "")
-        )
+
+        def fix(kind: str) -> str:
+            return ("raise reward.timeout_s or make the function return sooner" if kind == "timeout"
+                    else "fix the function" + (" (its traceback follows)" if trace else ""))  # fmt: skip
+
+        check_failed_fraction(what, outcomes, [x[0] for x in samples], limit=self.cfg.max_failed_fraction,
+                              stops=self.stops, fix=fix, trace=trace)  # fmt: skip
 
     def _submit(self, fn: Any, args: tuple) -> Future:
         try:
@@ -740,10 +740,8 @@ class RewardScorer:
         self._closed = True
         self._pool.stop()
         self._pool.join()
-        if self._log_made and self.log_path is not None:  # a log no worker wrote to is no news
-            with contextlib.suppress(OSError):
-                if self.log_path.stat().st_size == 0:
-                    self.log_path.unlink()
+        if self._log_made and self.log_path is not None:
+            remove_if_empty(self.log_path)
 
     def __enter__(self) -> RewardScorer:
         return self

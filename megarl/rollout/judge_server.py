@@ -65,8 +65,11 @@ class JudgeServer:
             log.warning("aborting the judge's late requests on %s failed: %s", self.engine.url, exc)
 
     def close(self) -> None:
-        self.engine.close()
-        self.server.shutdown()
+        # The server process is what must not outlive the run: stop it even when the client's close fails.
+        try:
+            self.engine.close()
+        finally:
+            self.server.shutdown()
 
 
 def start_judge_server(cfg: RewardJudgeConfig, context: int, log_path: str | Path, python: str | None,

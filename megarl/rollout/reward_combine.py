@@ -8,20 +8,24 @@ reward.model in the reward model's pool (or its role, reward.model.placement dis
 (megarl/rewards/combine.py); each component's mean over the samples that use it is logged as
 ``reward/<component>``, the judge's failures as ``reward/judge_errors`` and ``reward/judge_timeouts``.
 Every pool keeps its own failure counting and reward.max_failed_fraction, over its own samples.
+A sample's ``pred`` and extras (``acc``: val/acc) come from one component, its reporter
+(:func:`reporter`): the data source's own rule scorer when listed, else its first-listed component
+other than the judge; the other components give only their scores.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from megarl.config.reward_sections import CUSTOM_COMPONENT, JUDGE_COMPONENT, MODEL_COMPONENT
 from megarl.config.sections import RewardConfig
+from megarl.rewards import registry
 from megarl.rewards.combine import OWN, weighted_sum, weights_of
-from megarl.rewards.scorer import TRAINING_STOPS, RewardScorer, ScoreResult
+from megarl.rewards.scorer import TRAINING_STOPS, RewardScorer, ScoreResult, remove_if_empty
 from megarl.rollout.judge import Judge
 
 
@@ -65,12 +69,16 @@ class CombinedScorer:
     def __init__(self, cfg: RewardConfig, judge: Judge | None = None, *, start_method: str = "forkserver",
                  model: Any = None, log_path: str | Path | None = None, stops: str = TRAINING_STOPS) -> None:  # fmt: skip
         """``stops``: what a pool's RewardError says stops (RewardScorer's); ``log_path``: the reward
-        functions' output (RewardScorer's)."""
+        functions' output (RewardScorer's), one file for every pool: this scorer owns it and removes
+        it when empty after the last pool closed (a pool closing first would remove it under the others)."""
         self.cfg, self.judge = cfg, judge
+        self.log_path = Path(log_path).absolute() if log_path is not None else None
+        self._log_made = self.log_path is not None and not self.log_path.exists()
         self.pools: dict[str, Any] = {} if model is None else {MODEL_COMPONENT: model}  # RewardScorer, or the role
         try:
             for name, pool_cfg in _pools(cfg, model_role=model is not None).items():  # (one log file: lines appended)
-                self.pools[name] = RewardScorer(pool_cfg, start_method=start_method, stops=stops, log_path=log_path)
+                self.pools[name] = RewardScorer(pool_cfg, start_method=start_method, stops=stops, log_path=log_path,
+                                                owns_log=False)  # fmt: skip
         except BaseException:
             self.close()
             raise
@@ -86,6 +94,7 @@ class CombinedScorer:
         result = CombinedResult(scores=[0.0] * n, preds=[None] * n, judged=self.judge is not None)
         components: dict[str, list[float]] = {}
         entries = [(i, name) for i, parts in enumerate(weights) for name in parts]  # each sample once per component
+        reporters = [reporter(self.cfg, source, parts) for source, parts in zip(data_sources, weights, strict=True)]
         for pool, picked in self._by_pool(entries).items():
             rows = [i for i, _ in picked]
             scorers = [None if name in (OWN, CUSTOM_COMPONENT, MODEL_COMPONENT) else name for _, name in picked]
@@ -95,7 +104,7 @@ class CombinedScorer:
                 scorers=scorers if pool == "rules" else None,
                 raw_prompts=[raw_prompts[i] for i in rows] if raw_prompts else None,
             )  # fmt: skip
-            self._merge(result, components, part, picked, n)
+            self._merge(result, components, part, picked, reporters)
         judged = [i for i, parts in enumerate(weights) if JUDGE_COMPONENT in parts]
         if judged and self.judge is not None:
             said = raw_prompts if raw_prompts else prompts if prompts is not None else [""] * n
@@ -123,12 +132,17 @@ class CombinedScorer:
 
     @staticmethod
     def _merge(result: CombinedResult, components: dict[str, list[float]], part: ScoreResult,
-               picked: list[tuple[int, str]], n: int) -> None:  # fmt: skip
-        """One pool's scores into the components, its extras and counts into ``result``."""
+               picked: list[tuple[int, str]], reporters: list[str | None]) -> None:  # fmt: skip
+        """One pool's scores into the components, its counts into ``result``, and its pred and extras
+        for the samples whose reporter it is (a sample scored by two components would else keep
+        whichever came last)."""
+        n = len(reporters)
         result.errors += part.errors
         result.timeouts += part.timeouts
         for k, (i, name) in enumerate(picked):
             components.setdefault(name, [math.nan] * n)[i] = part.scores[k]
+            if name != reporters[i]:
+                continue
             if part.preds and part.preds[k] is not None:
                 result.preds[i] = part.preds[k]
             for key, values in part.extra.items():
@@ -136,13 +150,29 @@ class CombinedScorer:
                     result.extra.setdefault(key, [math.nan] * n)[i] = values[k]
 
     def close(self) -> None:
-        for pool in self.pools.values():
-            pool.close()
-        if self.judge is not None:
-            self.judge.close()
+        try:
+            for pool in self.pools.values():
+                pool.close()
+            if self.judge is not None:
+                self.judge.close()
+        finally:
+            if self._log_made and self.log_path is not None:
+                remove_if_empty(self.log_path)
+                self._log_made = False
 
     def __enter__(self) -> CombinedScorer:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def reporter(cfg: RewardConfig, data_source: str, parts: Iterable[str]) -> str | None:
+    """The component whose pred and extras a sample of ``data_source`` reports: its own rule scorer
+    when ``parts`` lists it, else the first-listed one other than the judge (None: only the judge)."""
+    names = [name for name in parts if name != JUDGE_COMPONENT]
+    try:
+        own: str | None = registry.resolve(data_source, cfg.functions)
+    except ValueError:  # a data source with no scorer of its own: reward.combine names them all
+        own = None
+    return own if own in names else (names[0] if names else None)

@@ -32,11 +32,10 @@ from ray.exceptions import GetTimeoutError, RayActorError
 
 from megarl.config.sections import RewardConfig
 from megarl.ray_cluster.worker_group import output_to_log
+from megarl.rewards.failures import RewardError, check_failed_fraction, log_failures
 from megarl.rewards.scorer import (
-    LOGGED_ERRORS_PER_CALL,
     MODEL_LOAD_TIMEOUT_S,
     TRAINING_STOPS,
-    RewardError,
     ScoreResult,
 )
 
@@ -165,18 +164,10 @@ class RewardModelRole:
         failed = [j for j, o in enumerate(outcomes) if o[0] != "ok"]
         result.errors = sum(outcomes[j][0] == "error" for j in failed)
         result.timeouts = sum(outcomes[j][0] == "timeout" for j in failed)
-        limit = self.cfg.max_failed_fraction
-        if n and failed and len(failed) >= limit * n:
-            first = failed[0]
-            fix = "raise reward.timeout_s or lower reward.model.batch_size" if outcomes[first][0] == "timeout" else "see the actor's log"
-            raise RewardError(
-                f"reward.model failed on {len(failed)} of {n} samples ({result.errors} errors, {result.timeouts} timeouts), at "
-                f"least reward.max_failed_fraction ({limit:g}) of them; {self.stops}. First failure "
-                f"(data_source={data_sources[first]!r}): {outcomes[first][1]}; {fix}"
-            )
-        for j in failed[:LOGGED_ERRORS_PER_CALL]:
-            log.warning("reward.model %s (scored 0): %s | data_source=%r response=%r", outcomes[j][0], outcomes[j][1],
-                        data_sources[j], str(responses[j])[:300])  # fmt: skip
+        check_failed_fraction("reward.model", outcomes, data_sources, limit=self.cfg.max_failed_fraction, stops=self.stops,
+                              fix=lambda kind: "raise reward.timeout_s or lower reward.model.batch_size" if kind == "timeout"
+                              else "see the actor's log")  # fmt: skip
+        log_failures("reward.model", outcomes, data_sources, responses)
         return result
 
     def close(self) -> None:

@@ -340,7 +340,7 @@ def _rollouts(cfg: MegaRLConfig, plain: PlainCollector, stream: Any) -> SyncRoll
     producer = RolloutProducer(plain.collect, stream, partial(sampling_params, cfg), groups_per_step=cfg.data.prompts_per_step,
                                max_staleness=cfg.rollout.max_staleness, dynamic_sampling=ds.max_rounds if ds.enabled else 0,
                                timeout_s=0.9 * hang if hang else None)  # fmt: skip
-    return AsyncRollouts(producer, cfg.trainer.output_dir)
+    return AsyncRollouts(producer, cfg.trainer.output_dir, cfg.algorithm)
 
 
 def _adapter_selection(cfg: MegaRLConfig, sglang: Any) -> Callable[[int], None]:

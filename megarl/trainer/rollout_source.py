@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from megarl.algos.mismatch import mismatch_by_staleness
+from megarl.algos.mismatch import corrections_by_staleness, mismatch_by_staleness
 from megarl.data.batch import Batch
 from megarl.engines.base import SamplingParams
 from megarl.kept_files import kept_name, time_tag
@@ -66,8 +66,9 @@ class SyncRollouts:
 class AsyncRollouts:
     """The producer's buffer as the step's source; staleness and overlap metrics; the ledger."""
 
-    def __init__(self, producer: RolloutProducer, output_dir: str | Path) -> None:
-        self.producer = producer
+    def __init__(self, producer: RolloutProducer, output_dir: str | Path, corrections: Any = None) -> None:
+        """``corrections``: the run's algorithm section (its tis and mis, reported per staleness)."""
+        self.producer, self.corrections = producer, corrections
         self.ledger = Path(output_dir) / PROMPT_LEDGER
         self._last_take = time.monotonic()
         self._wait = 0.0
@@ -95,7 +96,7 @@ class AsyncRollouts:
         return metrics
 
     def metrics(self, batch: Batch) -> dict[str, float]:
-        """Staleness (mean, max, share per value), the mismatch per staleness, trainer idle share."""
+        """Staleness (mean, max, share per value), the mismatch and the corrections per staleness, trainer idle share."""
         assert batch.staleness is not None  # the producer's take sets it
         stale = batch.staleness.float()  # [B]
         out = {"async/staleness_mean": float(stale.mean()), "async/staleness_max": float(stale.max()),
@@ -105,6 +106,10 @@ class AsyncRollouts:
         # With algorithm.old_logprobs=engine the old log-probs are the engine's (the same tensor): no gap to report.
         if batch.old_logprobs is not None and batch.rollout_logprobs is not None and batch.old_logprobs is not batch.rollout_logprobs:
             out |= mismatch_by_staleness(batch.old_logprobs, batch.rollout_logprobs, batch.response_mask, batch.staleness)
+            if self.corrections is not None:
+                tis, mis = self.corrections.tis, self.corrections.mis
+                out |= corrections_by_staleness(batch.old_logprobs, batch.rollout_logprobs, batch.response_mask,
+                                                batch.staleness, (tis.level, tis.cap), (mis.level, mis.low, mis.high))  # fmt: skip
         return out
 
     def start(self, version: int, steps_left: int) -> None:

@@ -102,19 +102,11 @@ def _run_cases(rank: int, world: int, root: str) -> dict:
 
 def _reward_roles(root: Path) -> dict[str, str]:
     """The combine case's reward model (a tiny random classifier with the demo's tokenizer) and judge template."""
-    import torch
-    from transformers import AutoTokenizer, Qwen2ForSequenceClassification
-
     from megarl.commands.demo import prepare_demo
-    from megarl.models.tiny import tiny_hf_config
+    from megarl.models.tiny import build_tiny_reward_model
 
     model, _ = prepare_demo(root / "demo")
-    tokenizer = AutoTokenizer.from_pretrained(model)
-    cfg = tiny_hf_config("qwen2", vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, max_position_embeddings=64)
-    cfg.num_labels = 1
-    torch.manual_seed(0)
-    Qwen2ForSequenceClassification(cfg).save_pretrained(root / "rm")
-    tokenizer.save_pretrained(root / "rm")
+    build_tiny_reward_model(root / "rm", model, max_position_embeddings=64)
     (root / "judge.txt").write_text("{prompt}{response}")
     return {"rm": str(root / "rm"), "demo": str(root / "demo"), "judge_template": str(root / "judge.txt")}
 

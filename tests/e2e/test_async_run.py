@@ -1,7 +1,8 @@
 """Asynchronous training end to end (docs/async.md): the demo's tiny model with
 ``rollout.max_staleness=2``, the torch engine as a process of its own, SIGKILLed twice after a
 checkpoint and resumed: every prompt of the epoch is trained exactly once (the prompt ledger),
-each step is logged once (metrics.jsonl), and the staleness metrics stay within the bound."""
+each step is logged once (metrics.jsonl), and the staleness metrics stay within the bound (with
+token-level TIS, reported per staleness)."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def _command(demo_root: Path, out: Path, train: Path) -> list[str]:
     overrides = small_overrides(demo_root, out, STEPS, "trainer.total_steps=null", "trainer.total_epochs=1",
                                 f"data.train_files=[{train}]", f"data.prompts_per_step={PER_STEP}",
                                 "actor.mini_batch_size=16", "actor.micro_batch_size=8", "trainer.save_freq=1",
-                                "trainer.eval_freq=0", f"rollout.max_staleness={K}")  # fmt: skip
+                                "trainer.eval_freq=0", f"rollout.max_staleness={K}", "algorithm.tis.level=token")  # fmt: skip
     return [sys.executable, "-m", "megarl.cli", "launch", str(TINY), *overrides]
 
 
@@ -65,4 +66,7 @@ def test_every_prompt_is_trained_once_across_two_sigkills(demo_root, tmp_path):
         assert 0 <= r["async/staleness_max"] <= K
         assert abs(sum(r[f"async/staleness{s}_frac"] for s in range(K + 1)) - 1) < 1e-6
         assert r["rollout/logprob_mismatch"] >= 0 and 0 <= r["async/trainer_idle_frac"] <= 1
+        for s in range(K + 1):  # the TIS weights reported for each staleness the step trained
+            if r[f"async/staleness{s}_frac"] > 0:
+                assert r[f"rollout/tis_weight/staleness{s}"] > 0 and 0 <= r[f"rollout/tis_capped_frac/staleness{s}"] <= 1
     assert any(r["async/staleness_max"] >= 1 for r in records), "generation never ran ahead of training"

@@ -12,7 +12,7 @@ import torch
 from pydantic import ValidationError
 
 from megarl.algos import ModelOutputs, make_policy_loss_fn, reduce_metrics
-from megarl.algos.mismatch import mis_mask, mismatch_by_staleness
+from megarl.algos.mismatch import corrections_by_staleness, mis_mask, mismatch_by_staleness
 from megarl.config.sections import AlgorithmConfig, MISConfig
 from megarl.data.batch import Batch
 
@@ -191,6 +191,27 @@ def test_mismatch_by_staleness_by_hand():
     }
     assert out["rollout/logprob_mismatch/staleness0"] == pytest.approx(0.2, rel=1e-5)
     assert out["rollout/logprob_mismatch/staleness1"] == pytest.approx(2 / 3, rel=1e-5)
+
+
+def test_corrections_by_staleness_by_hand():
+    rollout = torch.tensor([[-1.0, -2.0, -0.5]] * 4)
+    diff = torch.tensor([[0.1, -0.3, 5.0], [0.5, 0.5, -1.0], [0.2, 9.0, 9.0], [7.0, 7.0, 7.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    staleness = torch.tensor([0, 1, 0, 2])
+    out = corrections_by_staleness(rollout + diff, rollout, mask, staleness, ("token", 1.5), ("token", 0.5, 1.5))
+    # staleness 0: ratios e^0.1, e^-0.3, e^0.2, all inside [0.5, 1.5] and below the cap;
+    # staleness 1: e^0.5 (twice, capped at 1.5, outside the band) and e^-1 (outside the band);
+    # staleness 2: no valid token, no values
+    assert set(out) == {f"rollout/{m}/staleness{s}" for m in ("tis_weight", "tis_capped_frac", "mis_masked_frac") for s in (0, 1)}
+    assert out["rollout/tis_weight/staleness0"] == pytest.approx((math.exp(0.1) + math.exp(-0.3) + math.exp(0.2)) / 3, rel=1e-5)
+    assert out["rollout/tis_capped_frac/staleness0"] == 0.0 and out["rollout/mis_masked_frac/staleness0"] == 0.0
+    assert out["rollout/tis_weight/staleness1"] == pytest.approx((1.5 + 1.5 + math.exp(-1.0)) / 3, rel=1e-5)
+    assert out["rollout/tis_capped_frac/staleness1"] == pytest.approx(2 / 3)
+    assert out["rollout/mis_masked_frac/staleness1"] == 1.0
+    # unset corrections report nothing; sequence-level TIS weighs each row by its product
+    assert corrections_by_staleness(rollout + diff, rollout, mask, staleness, ("none", 2.0), ("none", 0.5, 2.0)) == {}
+    seq = corrections_by_staleness(rollout + diff, rollout, mask, staleness, ("sequence", 10.0), ("none", 0.5, 2.0))
+    assert seq["rollout/tis_weight/staleness0"] == pytest.approx((2 * math.exp(-0.2) + math.exp(0.2)) / 3, rel=1e-5)
 
 
 # ---- (d) the mis config ----------------------------------------------------------------------

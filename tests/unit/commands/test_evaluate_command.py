@@ -279,3 +279,21 @@ def test_reward_combine_scores_the_weighted_sum_and_reports_each_component(gener
 def test_reward_combine_naming_no_scorer_is_refused_before_scoring(generated, tmp_path):
     with pytest.raises(EvaluationError, match=r"reward.combine\['reverse_digits'\] names the component 'gsm9k'.*use one of"):
         evaluate(generated, None, ["reward.combine={reverse_digits: {gsm9k: 1.0}}"])
+
+
+def test_the_sglang_judges_server_log_lies_beside_out_and_no_temporary_folder_is_left(generated, tmp_path, capsys):
+    """The judge's server log goes beside --out (as the reward workers' log does), not into a
+    temporary folder that nothing removes. No SGLang here: the server fails to start, and its log says why."""
+    import tempfile
+
+    from megarl.commands.demo import prepare_demo
+
+    model, _ = prepare_demo(tmp_path / "demo")
+    before = set(Path(tempfile.gettempdir()).glob("megarl-evaluate-judge-*"))
+    out = tmp_path / "out" / "summary.json"
+    code = main(["evaluate", "--data", str(generated), "--out", str(out), "reward.workers=1",
+                 "reward.combine={reverse_digits: {reverse_digits: 1.0, judge: 0.5}}",
+                 f"reward.judge={{model: {model}, prompt_template: '{{response}}', engine: sglang}}"])  # fmt: skip
+    assert code != 0, capsys.readouterr()
+    assert (tmp_path / "out" / "summary.judge_sglang.log").is_file()
+    assert set(Path(tempfile.gettempdir()).glob("megarl-evaluate-judge-*")) == before

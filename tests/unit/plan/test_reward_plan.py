@@ -43,6 +43,7 @@ def test_preflight_checks_the_judge_and_the_combined_sources(tmp_path):
     assert combine_findings(good, rows) == []
     (role,) = reward_roles(good, good.samples_per_step)
     assert role["role"] == "LLM judge" and 0 < role["memory_gib"] < 0.1
+    assert "a Ray actor of its own on any node Ray picks" in role["where"]  # not pinned to the controller's
 
 
 def _rm_config(path: Path, **values) -> str:
@@ -77,7 +78,8 @@ def test_the_reward_model_role_takes_the_last_gpus_and_its_memory_is_planned(tmp
     console = Console(record=True, width=300)
     print_plan(cfg, plan, console)
     text = console.export_text()
-    assert "reward_model actor 3" in text and "reward model: 4 actor(s) of its own" in text
+    assert "reward model: 4 actor(s) of its own" in text
+    assert text.count("reward_model (kept out of the pools; Ray picks its GPU)") == 4  # not pinned: no actor per GPU
     assert f"reward model memory/GPU weights 13.2 (bfloat16) + activations {mem.activations / 2**30:.1f}" in text
     # disaggregated rollout: training pool, then the rollout pool, then the reward model's devices
     split = make_plan(load_config(PPO7, [f"reward.model.path={rm}", *ROLE, "reward.model.gpus=8", "cluster.nnodes=3",
@@ -111,7 +113,8 @@ def test_an_in_process_run_refuses_the_role_and_a_cpu_plan_counts_processes(tmp_
     plan = make_plan(_cfg(f"reward.model.path={rm}", *ROLE, "actor.mini_batch_size=256"))
     assert plan.roles["policy"].gpus == (0,) and plan.reward_model.gpus == (1,)
     (role,) = reward_roles(_cfg(f"reward.model.path={rm}", *ROLE), 256)
-    assert role["where"] == "1 Ray actor(s) of its own, one per process (global processes 1)" and role["per"] == "per process"
+    assert role["where"] == ("1 Ray actor(s) of its own, one per process, on 1 processes kept out of the training and "
+                             "rollout pools (Ray picks which)") and role["per"] == "per process"
 def test_an_sglang_judge_is_planned_on_cpu_and_refused_on_cuda_in_one_line(tmp_path):
     judge = ["reward.combine={reverse_digits: {judge: 1.0}}", f"reward.judge.model={tmp_path}",
              "reward.judge.prompt_template=judge {prompt} {response}", "reward.judge.engine=sglang"]  # fmt: skip
@@ -121,3 +124,27 @@ def test_an_sglang_judge_is_planned_on_cpu_and_refused_on_cuda_in_one_line(tmp_p
     with pytest.raises(PlanError, match=r"reward.judge.engine: \(sglang\) runs its server on CPU only for now \(cluster.device "
                        r"is cuda\): GPUs of its own are not placed yet; use reward.judge.engine=torch"):  # fmt: skip
         make_plan(_cfg(*judge, "cluster.device=cuda"))
+
+
+def test_the_reward_rows_size_a_model_as_the_planner_does_at_the_judges_own_context(tmp_path):
+    """The judge's and the reward model's rows count a model from resolve_arch, as the planner
+    counts the policy (here its experts, GQA with head_dim and q/k norms); the judge's KV cache at
+    reward.judge.context_length, not the model's positions."""
+    from megarl.config.architectures import resolve_arch
+
+    moe = _rm_config(tmp_path / "moe", model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLM"], hidden_size=256,
+                     num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2, head_dim=64, intermediate_size=512,
+                     num_experts=8, num_experts_per_tok=2, moe_intermediate_size=128, vocab_size=1000,
+                     max_position_embeddings=32768, torch_dtype="bfloat16")  # fmt: skip
+    arch = resolve_arch(moe, None)
+    judge = ["reward.combine={reverse_digits: {judge: 1.0}}", f"reward.judge.model={moe}",
+             "reward.judge.prompt_template=judge {prompt} {response}", "reward.judge.context_length=512",
+             "reward.judge.max_running_requests=4"]  # fmt: skip
+    (role,) = reward_roles(_cfg(*judge), 8)
+    kv = arch.num_layers * 2 * arch.num_kv_heads * 64 * 4 * 512 * 4  # k and v, fp32, 512 tokens x 4 sequences
+    assert role["memory_gib"] * 2**30 == pytest.approx(arch.num_params * 2 + kv)
+    (role,) = reward_roles(_cfg(*judge, "reward.judge.engine=sglang"), 8)  # its server's token pool: 4096 tokens
+    assert role["memory_gib"] * 2**30 == pytest.approx(arch.num_params * 2 + kv * 4096 // (512 * 4))
+    (role,) = reward_roles(_cfg(f"reward.model.path={moe}", "reward.workers=2"), 8)
+    classifier = arch.num_params - arch.embedding_params + arch.hidden_size  # no LM head; a score head of 1 label
+    assert role["memory_gib"] * 2**30 == pytest.approx(2 * classifier * 2)

@@ -11,20 +11,9 @@ pytestmark = pytest.mark.slow  # the workers import torch + transformers
 
 @pytest.fixture(scope="module")
 def reward_model_dir(tmp_path_factory):
-    import torch
-    from transformers import Qwen2ForSequenceClassification
+    from megarl.models.tiny import build_tiny_reward_model
 
-    from megarl.models.tiny import build_tokenizer, tiny_hf_config
-
-    tokenizer = build_tokenizer()
-    cfg = tiny_hf_config("qwen2", vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id)
-    cfg.num_labels = 1
-    torch.manual_seed(0)
-    model = Qwen2ForSequenceClassification(cfg)
-    out = tmp_path_factory.mktemp("tiny_rm")
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return str(out)
+    return str(build_tiny_reward_model(tmp_path_factory.mktemp("tiny_rm")))
 
 
 def _reference(path: str, texts: list[str]) -> list[float]:

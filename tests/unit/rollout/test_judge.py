@@ -24,6 +24,10 @@ def test_parsers_read_the_last_score_and_refuse_outputs_without_one():
     for text, parser in (("none here", "number"), (r"\boxed{seven}", "boxed"), ("incorrectly so", "verdict")):
         with pytest.raises(JudgeOutputError):
             parse_score(text, parser, VERDICTS)
+    # a score that is not finite is no score: it would poison every advantage of the step
+    for text, parser in (("rating 1e400", "number"), (r"\boxed{inf}", "boxed"), (r"\boxed{nan}", "boxed")):
+        with pytest.raises(JudgeOutputError, match="not a finite number"):
+            parse_score(text, parser, VERDICTS)
 
 
 def test_template_placeholders_are_checked_and_rendered():
@@ -101,3 +105,133 @@ def test_the_sglang_judges_server_gets_the_judges_own_arguments(tmp_path):
                  "--context-length 8192"):  # fmt: skip
         assert flag in command
     assert spec.die_with_parent and spec.log_path == str(tmp_path / "judge_sglang.log")
+
+
+def test_the_judges_server_stops_even_when_its_clients_close_fails(tmp_path):
+    import subprocess
+    import sys
+
+    from megarl.rollout.judge_server import JudgeServer, judge_server_spec
+    from megarl.rollout_sglang.server import SGLangServer
+
+    cfg = RewardJudgeConfig(model=str(tmp_path), prompt_template="{response}", engine="sglang")
+    server = SGLangServer(judge_server_spec(cfg, 4096, tmp_path / "judge_sglang.log", None))
+    # A stand-in process for the server (no SGLang here): what close must stop.
+    server.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    judge_server = JudgeServer(server, cfg)
+    judge_server.engine._background_pool = object()  # its close now raises AttributeError
+    try:
+        with pytest.raises(AttributeError):
+            judge_server.close()
+        assert server.proc.poll() is not None
+    finally:
+        if server.proc.poll() is None:
+            server.proc.kill()
+
+
+def test_the_shared_workers_log_outlives_every_pool_of_a_combined_scorer(tmp_path):
+    """Every pool of reward.combine writes to one log: closing the first pool must not remove it
+    under the others; the combined scorer removes it, empty, once all are closed."""
+    from megarl.config.sections import CustomRewardConfig
+    from megarl.rollout.reward_combine import CombinedScorer
+
+    reward = tmp_path / "reward.py"
+    reward.write_text("def score(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n")
+    cfg = RewardConfig(workers=1, custom=CustomRewardConfig(path=str(reward), name="score"),
+                       combine={"reverse_digits": {"reverse_digits": 1.0, "custom": 1.0}})  # fmt: skip
+    log_path = tmp_path / "reward_workers.log"
+    scorer = CombinedScorer(cfg, log_path=log_path)
+    try:
+        assert set(scorer.pools) == {"rules", "custom"}
+        scorer.pools["rules"].close()  # the pool that made the log closes first
+        assert log_path.exists()  # the custom pool's workers still write to it
+    finally:
+        scorer.close()
+    assert not log_path.exists()  # no worker wrote to it: removed by its owner
+
+
+def test_a_sample_scored_by_several_components_reports_one_components_pred_and_extras(tmp_path):
+    """Two components of one data source: pred and extras (acc: val/acc) come from its reporter, the
+    data source's own rule scorer when listed, else its first-listed component; never from whichever
+    pool merged last."""
+    from megarl.config.sections import CustomRewardConfig
+    from megarl.rollout.reward_combine import CombinedScorer, reporter
+
+    rules = RewardConfig(combine={"gsm8k": {"math": 0.5, "gsm8k": 1.0}, "mine": {"math": 1.0, "gsm8k": 1.0}})
+    assert reporter(rules, "gsm8k", rules.combine["gsm8k"]) == "gsm8k"  # its own scorer, though listed second
+    assert reporter(rules, "mine", rules.combine["mine"]) == "math"  # no scorer of its own: the first listed
+    assert reporter(rules, "mine", {"judge": 1.0}) is None
+    reward = tmp_path / "reward.py"
+    reward.write_text("def score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                      "    return {'score': 1.0, 'acc': 0.25, 'pred': 'custom'}\n")  # fmt: skip
+    custom = CustomRewardConfig(path=str(reward), name="score")
+    for parts, pred in (({"reverse_digits": 1.0, "custom": 1.0}, None), ({"custom": 1.0, "gsm8k_flexible": 1.0}, "custom")):
+        cfg = RewardConfig(workers=1, custom=custom, combine={"reverse_digits": parts})
+        with CombinedScorer(cfg) as scorer:
+            result = scorer.score(["reverse_digits"], ["321"], ["321"])
+        assert result.preds == [pred], parts
+        assert ("acc" in result.extra) == (pred is not None), parts
+
+
+def test_a_timeout_is_not_retried_on_an_engine_that_cannot_stop_the_late_call(demo_model):
+    """An engine that cannot stop a late call (the torch engine's actor: retries_timeouts False)
+    would queue a retry behind it, so its timed-out samples are counted at once, in one call."""
+    from megarl.rollout.judge import Judge
+
+    judge = _judge(demo_model, parser="number", timeout_s=1e-4, retries=2)
+    engine = judge.engines.engine
+    calls = []
+    real_generate = engine.generate
+
+    def counted(prompts, params):  # the real engine's generate, counted
+        calls.append(len(prompts))
+        return real_generate(prompts, params)
+
+    engine.generate = counted
+    try:
+        assert judge.retries_timeouts  # in this process: stopped at its next step, so retried
+        unstoppable = Judge(judge.cfg, judge.engines, judge.tokenizer, 64, retries_timeouts=False)
+        with pytest.raises(RewardError, match=r"2 timeouts\)"):
+            unstoppable.score(["123", "456"], ["321", "654"], ["321"] * 2, ["reverse_digits"] * 2)
+        assert calls == [2]
+    finally:
+        judge.close()
+
+
+# Times out on a generate far longer than the exit, which records (in a file) when it ends whole.
+_LATE_CALL_AT_EXIT = """
+import sys
+from pathlib import Path
+from megarl.engines.base import SamplingParams
+from megarl.engines.torch_engine import TorchEngine
+from megarl.rollout.judge import _WithDeadline
+
+engine = TorchEngine(sys.argv[1], device="cpu")
+real_generate = engine.generate
+
+def generate(prompts, params):
+    out = real_generate(prompts, params)
+    Path(sys.argv[2]).write_text("the late call ended")
+    return out
+
+engine.generate = generate
+timed = _WithDeadline(engine, 0.05)
+engine.step_hook = timed.stop_if_late  # as start_judge sets it
+try:
+    timed.generate([[1, 2, 3]] * 8, SamplingParams(max_new_tokens=4000, ignore_eos=True))
+except TimeoutError:
+    timed.close()
+    print("timed out")
+"""
+
+
+def test_a_late_torch_judge_call_does_not_hold_up_the_interpreters_exit(demo_model, tmp_path):
+    import subprocess
+    import sys
+
+    script, marker = tmp_path / "late.py", tmp_path / "ended"
+    script.write_text(_LATE_CALL_AT_EXIT)
+    done = subprocess.run([sys.executable, str(script), demo_model, str(marker)], capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    assert done.returncode == 0 and "timed out" in done.stdout, done.stderr[-2000:]
+    assert not marker.exists()  # the late generate was stopped, not waited for to its end
