@@ -1,7 +1,11 @@
 """Where the driver is in a step: the phase timer (``time/<phase>_s``) and the progress marker
 the hang watchdog reads (megarl/trainer/watchdog.py). Plain Python, no torch: the rollout's
-collectors and the trainer's loop both time their phases with it. Also the progress display of
-long offline commands (:func:`counting`)."""
+collectors and the trainer's loop both time their phases with it. Also what a user sees while
+waiting: the progress display of long offline commands (:func:`counting`) and the lines of any
+other long wait (:func:`still_waiting`: Ray's start, the ranks' build, an engine's start, a
+checkpoint's save or load, a weight push), the same on a terminal and a pipe: one log line once
+the wait has lasted NOTE_FIRST_S, then one every NOTE_EVERY_S (a pipe's log stays readable; on a
+terminal the lines print above the training bar)."""
 
 from __future__ import annotations
 
@@ -12,6 +16,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 _log = logging.getLogger(__name__)
+NOTE_FIRST_S = 5.0  # a wait this long says what it waits for: "saving checkpoint step 20 ... (5 s)"
+NOTE_EVERY_S = 10.0  # then a line this often, never more (a log, not a flood)
 
 
 class Progress:
@@ -65,20 +71,95 @@ class _Phase:
             PROGRESS.mark(f"after {self.name}")
 
 
+class WaitNotes:
+    """The lines of one wait: ``<what> ... (N s)`` once it has lasted ``first_s``, then every
+    ``every_s``; ``<what>: done in N s`` at its end (:meth:`end`), only when it said anything (a
+    short wait stays silent). ``what``: text, or a function giving it (a count that moves; ""
+    when there is nothing to say yet: no line then); ``clock``: the seconds' source (a test's own)."""
+
+    def __init__(self, what: str | Callable[[], str], *, first_s: float = NOTE_FIRST_S, every_s: float = NOTE_EVERY_S,
+                 clock: Callable[[], float] = time.monotonic, say: Callable[[str], None] | None = None) -> None:  # fmt: skip
+        self.what, self.every_s, self.clock = what, every_s, clock
+        self.say = say or (lambda line: _log.info("%s", line))
+        self._lock = threading.Lock()
+        self.start = self.last = clock()  # last: when a line was said (by either)
+        self.next = self.start + first_s
+        self.said = 0
+
+    def text(self) -> str:
+        return self.what() if callable(self.what) else self.what
+
+    def tick(self) -> None:
+        """Say where the wait is if a line is due."""
+        with self._lock:
+            now = self.clock()
+            text = self.text() if now >= self.next else ""
+            if not text:
+                return
+            self.next, self.last, self.said = now + self.every_s, now, self.said + 1
+        self.say(f"{text} ... ({now - self.start:.0f} s)")
+
+    def said_now(self) -> None:
+        """Its owner printed a line of its own (a count that advanced): the next is due every_s later."""
+        with self._lock:
+            self.last = self.clock()
+            self.next = self.last + self.every_s
+
+    def quiet_for(self) -> float:
+        """Seconds since the last line (or the start)."""
+        with self._lock:
+            return self.clock() - self.last
+
+    def end(self) -> None:
+        if self.said:
+            self.say(f"{self.text()}: done in {self.clock() - self.start:.0f} s")
+
+
+@contextmanager
+def still_waiting(what: str | Callable[[], str], *, first_s: float = NOTE_FIRST_S, every_s: float = NOTE_EVERY_S,
+                  done_line: bool = True) -> Iterator[WaitNotes]:  # fmt: skip
+    """A wait the user sees: a thread ticks :class:`WaitNotes` while the body runs. ``done_line``:
+    a line at the end of a wait that said anything (not when the body raised: its error says)."""
+    notes = WaitNotes(what, first_s=first_s, every_s=every_s)
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(min(1.0, first_s, every_s)):
+            notes.tick()
+
+    thread = threading.Thread(target=watch, name="megarl-wait-notes", daemon=True)
+    thread.start()
+    finished = False
+    try:
+        yield notes
+        finished = True
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        if finished and done_line:
+            notes.end()
+
+
 @contextmanager
 def counting(total: int, label: str, unit: str, done: int = 0) -> Iterator[Callable[[int], None]]:
     """Progress of long offline work (`megarl generate`, `megarl evaluate`): yields ``advance(n)``.
-    A rich bar on a terminal; otherwise one log line per advance (logs and CI stay readable)."""
+    A rich bar on a terminal; otherwise a log line per advance at most every NOTE_FIRST_S (and the
+    last), and between two slow advances one every NOTE_EVERY_S: a long batch is no silent pipe, and
+    many quick ones no flood."""
     import sys
 
     if not sys.stdout.isatty():
         state = {"done": done}
+        line = lambda: f"{label}: {state['done']}/{total} {unit}"  # noqa: E731
+        with still_waiting(line, first_s=NOTE_EVERY_S, every_s=NOTE_EVERY_S, done_line=False) as notes:
 
-        def log_line(n: int) -> None:
-            state["done"] += n
-            _log.info("%s: %d/%d %s", label, state["done"], total, unit)
+            def log_line(n: int) -> None:
+                state["done"] += n
+                if state["done"] >= total or notes.quiet_for() >= NOTE_FIRST_S:
+                    _log.info("%s", line())
+                    notes.said_now()
 
-        yield log_line
+            yield log_line
         return
     from rich.progress import (
         BarColumn,

@@ -11,6 +11,7 @@ import sysconfig
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 EXIT_OK, EXIT_INTERNAL, EXIT_USER = 0, 1, 2
 EXIT_SIGINT, EXIT_SIGTERM, EXIT_BROKEN_PIPE = 130, 143, 141
@@ -30,7 +31,7 @@ def setup_logging(level: str = "info") -> None:
     SFT's driver.log), and so do installed packages' Python warnings where the command captures
     them (launch, sft). ``level`` (--log-level) debug adds megarl's DEBUG records (not the
     libraries'); warning and error leave out the INFO (and WARNING) of megarl and of your code."""
-    terminal = logging.StreamHandler()
+    terminal = StderrNowHandler()
     terminal.setFormatter(logging.Formatter(LOG_FORMAT, "%H:%M:%S"))
     terminal.addFilter(for_the_terminal)
     logging.basicConfig(level=logging.INFO, handlers=[terminal])  # (no-op where the root logger has handlers)
@@ -38,6 +39,23 @@ def setup_logging(level: str = "info") -> None:
         logging.getLogger("megarl").setLevel(level.upper())
         if level != "debug":
             logging.getLogger().setLevel(level.upper())
+
+
+class StderrNowHandler(logging.StreamHandler):
+    """The terminal's log handler: it writes to ``sys.stderr`` as it is when a record comes, not
+    as it was when logging was set up. A live progress bar (the training bar, rich) replaces
+    sys.stderr on a terminal with a proxy that prints a line above the bar; written to the
+    terminal directly, the line would land on the bar itself."""
+
+    @property
+    def stream(self) -> Any:
+        import sys
+
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass  # (StreamHandler's __init__ and setStream: always the stderr of the moment)
 
 
 class LogFileHandler(logging.FileHandler):

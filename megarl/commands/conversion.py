@@ -23,6 +23,7 @@ from megarl.commands.model_outputs import (
     staged_output,
 )
 from megarl.commands.outputs import OutputError
+from megarl.progress import NOTE_EVERY_S, still_waiting
 
 # A model conversion initialises nothing at random that it keeps (every weight is loaded), so any
 # seed does; the export's bucket size bounds rank 0's extra memory while writing.
@@ -322,11 +323,17 @@ def _rank_group(rank_cls: type, ranks: ConversionRanks, rank_args: tuple, logs: 
 @contextmanager
 def _progress_bar(path: Path, label: str, poll_s: float = 0.5) -> Iterator[None]:
     """A rich progress bar (as the trainer's console) following the ``done total`` that rank 0
-    writes to ``path``; it appears once the first count arrives, on a terminal only."""
+    writes to ``path``; it appears once the first count arrives. On a pipe, a line every
+    NOTE_EVERY_S with the count instead (a big model's minutes are no silent log)."""
     import sys
     import threading
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    if not sys.stdout.isatty():
+        with still_waiting(lambda: _tensor_count(path, label), first_s=NOTE_EVERY_S, done_line=False):
+            yield
+        return
 
     stop = threading.Event()
     bar = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TextColumn("tensors"), TimeElapsedColumn(),
@@ -353,6 +360,15 @@ def _progress_bar(path: Path, label: str, poll_s: float = 0.5) -> Iterator[None]
         stop.set()
         thread.join()
         bar.stop()
+
+
+def _tensor_count(path: Path, label: str) -> str:
+    """``<label>: done/total tensors`` from rank 0's count ("" before it wrote one)."""
+    try:
+        done, total = map(int, path.read_text().split())
+    except (OSError, ValueError):
+        return ""
+    return f"{label}: {done}/{total} tensors"
 
 
 def _write_hf_output(target: Path, ranks: ConversionRanks, rank_args: tuple, verify: bool, source: tuple[str, int | None],

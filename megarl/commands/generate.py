@@ -468,11 +468,15 @@ def _write_part(path: Path, rows: Any, batch: Any, tokenizer: Any, eos: tuple[in
 def open_engines(cfg: Any, model_dir: Path, log_dir: Path) -> Iterator[Any]:
     """The configured engines on this node, closed on exit: one torch engine in this process,
     or one SGLang server per ``rollout.tp`` of this machine's visible GPUs (one on a CPU)."""
+    from megarl.progress import still_waiting
+
     if cfg.rollout.engine == "torch":
         from megarl.engines.torch_engine import TorchEngine
 
         device = "cuda" if cfg.cluster.device == "cuda" else "cpu"
-        yield TorchEngine(model_dir, device=device, dtype=cfg.model.dtype, max_running_requests=cfg.rollout.max_running_requests)
+        with still_waiting(f"loading {model_dir} into the torch engine"):
+            engine = TorchEngine(model_dir, device=device, dtype=cfg.model.dtype, max_running_requests=cfg.rollout.max_running_requests)
+        yield engine
         return
     from megarl.rollout_sglang.controller import SGLangEngines
     from megarl.rollout_sglang.engine import SGLangEngine
@@ -495,8 +499,9 @@ def open_engines(cfg: Any, model_dir: Path, log_dir: Path) -> Iterator[Any]:
             stack.callback(server.shutdown)
             server.launch()
             servers.append(server)
-        for server in servers:
-            server.wait_healthy()
+        with still_waiting(f"starting {count} SGLang server(s) (logs: {log_dir})"):  # minutes on a big model
+            for server in servers:
+                server.wait_healthy()
         yield SGLangEngines([SGLangEngine(s, tp=tp, max_running_requests=cfg.rollout.max_running_requests) for s in servers])
 
 

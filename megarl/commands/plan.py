@@ -32,6 +32,8 @@ def run(args: argparse.Namespace) -> int:
     from megarl.config.loading import ConfigError, load_config
     from megarl.plan.planner import PlanError, make_plan
     from megarl.plan.report import print_plan
+    from megarl.progress import still_waiting
+    from megarl.trainer.watchdog import run_stoppable
 
     if args.list_archs:
         print(describe_archs())
@@ -40,7 +42,10 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("megarl plan needs a CONFIG file (or --list-archs)")
     try:
         cfg = load_config(args.config, args.overrides)
-        plan = make_plan(cfg, check_files=args.check_files)
+        # a Ctrl-C, SIGTERM or SIGHUP while --check-files imports user code: one line, the check's child killed
+        with still_waiting("checking the config and its files"):
+            plan = run_stoppable(lambda: make_plan(cfg, check_files=args.check_files),
+                                 "while checking the config and its files; nothing was started")
     except (ConfigError, PlanError) as exc:
         if not args.json:
             raise

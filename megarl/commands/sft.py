@@ -79,20 +79,18 @@ def _run(args: argparse.Namespace) -> int:
 def run_sft(cfg: Any, address: str | None = None, *, in_process: bool = False) -> Path:
     """Fine-tune, then write and verify ``<sft.output_dir>/model``; returns its path.
     ``in_process``: the worker lives in this process, without Ray (a world of one)."""
-    from megarl.commands.model_outputs import read_hf_config
-    from megarl.plan.planner import sft_max_length
+    from megarl.progress import still_waiting
     from megarl.trainer.launch import DRIVER_LOG, driver_log
     from megarl.trainer.run_lock import output_dir_lock
+    from megarl.trainer.watchdog import run_stoppable
 
-    cfg, plan = _checked(cfg, address, in_process)
+    # a Ctrl-C, SIGTERM or SIGHUP during the checks or the tokenizing: one line, nothing left running
+    with still_waiting("checking the config and reading the data"):
+        cfg, plan, hf_config, data = run_stoppable(lambda: _checked_with_data(cfg, address, in_process),
+                                                   "while checking the config and reading the data; nothing was started")
     s, dp = cfg.sft, plan.roles["policy"].dp
     out = Path(s.output_dir).absolute()
     target = out / MODEL_DIR
-    # Read now: the model record written after training needs it, and a config.json gone by then
-    # must not cost the trained weights.
-    hf_config = read_hf_config(Path(cfg.model.path).absolute(), "model.path")
-    data = _load_data(cfg, sft_max_length(cfg, plan.arch))
-    _check_batch_fits(len(data.train), s.batch_size, dp)
     steps = s.total_steps or -(-s.epochs * len(data.train) // s.batch_size)  # ceil: every row seen in each pass
     # Imports happen here, before the signal handlers: a SIGTERM during the seconds Ray's take
     # must find the run starting (nothing written), not half-way through an import.
@@ -123,27 +121,61 @@ def run_sft(cfg: Any, address: str | None = None, *, in_process: bool = False) -
     return target
 
 
+def _checked_with_data(cfg: Any, address: str | None, in_process: bool) -> tuple[Any, Any, dict[str, Any], _Data]:
+    """The checks (:func:`_checked`), then the model's config.json, read now (the model record
+    written after training needs it, and a config.json gone by then must not cost the trained
+    weights), and the tokenized rows, checked against the batch."""
+    from megarl.commands.model_outputs import read_hf_config
+    from megarl.plan.planner import sft_max_length
+
+    cfg, plan = _checked(cfg, address, in_process)
+    hf_config = read_hf_config(Path(cfg.model.path).absolute(), "model.path")
+    data = _load_data(cfg, sft_max_length(cfg, plan.arch))
+    _check_batch_fits(len(data.train), cfg.sft.batch_size, plan.roles["policy"].dp)
+    return cfg, plan, hf_config, data
+
+
 def _checked(cfg: Any, address: str | None, in_process: bool) -> tuple[Any, Any]:
     """``cfg`` resolved by its plan, and the plan, once what needs no data is checked: the
-    batch against the data-parallel size, the machine, the output folder, the loggers."""
+    batch against the data-parallel size, the machine, the output folder, the loggers. Every
+    problem found is reported at once: one alone as it reads (an SFTError, or the plan's
+    PlanError), several in one SFTError, a line each."""
+    from megarl.plan.issues import PlanError
     from megarl.plan.planner import resolved_config
     from megarl.plan.preflight import check_loggers
     from megarl.trainer.launch import launch_plan
 
     s = cfg.sft
+    problems: list[str] = []
     if not s.train_files:
-        raise SFTError("sft.train_files is empty; give parquet files with prompt + response columns or chat messages")
-    plan = launch_plan(cfg, address, sft=True, in_process=in_process)  # the machine's problems with the config's
-    cfg = resolved_config(cfg, plan.resolved)  # recompute: auto is none here (no memory plan)
-    dp = plan.roles["policy"].dp
-    if s.batch_size % dp:
-        raise SFTError(f"sft.batch_size ({s.batch_size}) must be a multiple of the data-parallel size ({dp}); "
-                       f"try {max(dp, s.batch_size // dp * dp)}")  # fmt: skip
-    _check_target(Path(s.output_dir).absolute() / MODEL_DIR, cfg)
-    problems: list[Any] = []
-    check_loggers(cfg, problems)
+        problems.append("sft.train_files is empty; give parquet files with prompt + response columns or chat messages")
+    plan, refused = None, None
+    try:
+        plan = launch_plan(cfg, address, sft=True, in_process=in_process)  # the machine's problems with the config's
+    except PlanError as exc:
+        refused = exc
+    if plan is not None:
+        cfg = resolved_config(cfg, plan.resolved)  # recompute: auto is none here (no memory plan)
+        dp = plan.roles["policy"].dp
+        if s.batch_size % dp:
+            problems.append(f"sft.batch_size ({s.batch_size}) must be a multiple of the data-parallel size ({dp}); "
+                            f"try {max(dp, s.batch_size // dp * dp)}")  # fmt: skip
+    try:
+        _check_target(Path(s.output_dir).absolute() / MODEL_DIR, cfg)
+    except SFTError as exc:
+        problems.append(str(exc))
+    findings: list[Any] = []
+    check_loggers(cfg, findings)
+    problems += [f"{f.field}: {f.message}" for f in findings]
+    if refused is not None and not problems:
+        raise refused
+    if refused is not None or len(problems) > 1:
+        every = [str(i) for i in refused.issues] if refused is not None else []
+        raise SFTError(f"megarl sft cannot start ({len(every) + len(problems)} problems):\n"
+                       + "\n".join(f"  - {p}" for p in every + problems))
     if problems:
-        raise SFTError(f"{problems[0].field}: {problems[0].message}")
+        raise SFTError(problems[0])
+    assert plan is not None
     return cfg, plan
 
 
@@ -222,9 +254,11 @@ def _start_group(cfg: Any, placement: Any, steps: int, log_dir: Path) -> tuple[A
     """The SFT ranks: a Ray worker group on ``placement``, or (None) one rank in this process."""
     from megarl.actors.clients import Group, InProcessGroup, SFTClient
     from megarl.actors.sft_rank import SFTRank
+    from megarl.progress import still_waiting
 
     if placement is None:
-        group: Group = InProcessGroup(SFTRank, cfg, steps)
+        with still_waiting("sft: building SFTRank in this process (loads the model)"):
+            group: Group = InProcessGroup(SFTRank, cfg, steps)
     else:
         from megarl.ray_cluster.worker_group import GroupOptions, WorkerGroup
 
@@ -306,6 +340,7 @@ def _write_model(cfg: Any, client: Any, target: Path, hf_config: dict[str, Any])
     from megarl.commands.model_outputs import finish_output, staged_output
     from megarl.memory.handover import Handover
     from megarl.memory.residency import EXPORT, sft_residency
+    from megarl.progress import still_waiting
 
     source = Path(cfg.model.path).absolute()
     p = cfg.actor.parallel
@@ -314,7 +349,8 @@ def _write_model(cfg: Any, client: Any, target: Path, hf_config: dict[str, Any])
     Handover(sft_residency(), {"policy": client}).enter(EXPORT)
     with staged_output(target) as staging:
         try:
-            checked = write_verified(staging, source, record, client.save_model, client.verify_model)
+            with still_waiting(f"sft: writing the model to {target} and loading it back to verify it", done_line=False):
+                checked = write_verified(staging, source, record, client.save_model, client.verify_model)
         except Exception as exc:  # the trained weights die with the group: keep what was written
             kept = target.with_name(f"{target.name}.unverified")
             kept = kept if not kept.exists() else kept.with_name(f"{kept.name}.{os.getpid()}")

@@ -30,6 +30,7 @@ from ray.exceptions import GetTimeoutError, RayActorError
 
 from megarl.config.sections import MegaRLConfig
 from megarl.engines.base import EngineHealth, GenerationResult, SamplingParams
+from megarl.progress import still_waiting
 from megarl.ray_cluster.worker_group import output_to_log
 
 ACTOR_LOG = "torch_engine.log"  # in the run's log folder
@@ -185,7 +186,8 @@ def start_engine_actor(model_path: str, dtype: str | None, log_path: Path, what:
     )
     engines = StandaloneEngines(handle, name, generate_timeout_s=generate_timeout_s, call_timeout_s=call_timeout_s)
     try:
-        _answer(handle.health.remote(), "starting (loading the model)", start_timeout_s, name)
+        with still_waiting(f"starting {name}: loading the model"):
+            _answer(handle.health.remote(), "starting (loading the model)", start_timeout_s, name)
     except BaseException:
         engines.close()
         raise

@@ -34,6 +34,7 @@ from typing import Any
 import ray
 
 from megarl.process_signals import stop_signals_blocked_in_children
+from megarl.progress import still_waiting
 from megarl.terminal import LOG_LEVEL_ENV
 
 log = logging.getLogger(__name__)
@@ -133,7 +134,8 @@ def _init(**kwargs: Any) -> None:
     embedded = kwargs.get("address") == "local"
     before = _descendants() if embedded else set()
     try:
-        ray.init(**kwargs)
+        with still_waiting("starting Ray" if embedded else f"connecting to Ray at {kwargs.get('address')}"):
+            ray.init(**kwargs)
     except BaseException as exc:  # a signal (SIGTERM, Ctrl-C) or an error: leave no half-started Ray
         try:
             if callable(previous) and isinstance(exc, SystemExit) and exc.code == signal.SIGTERM:  # Ray's handler after all

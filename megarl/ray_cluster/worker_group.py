@@ -59,6 +59,7 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError, UnserializableException
 
 from megarl.config.sections import BUILD_TIMEOUT_S
+from megarl.progress import still_waiting
 from megarl.ray_cluster.placement import PlacedRole, RolePlacement, place_roles
 from megarl.ray_cluster.rank_env import RANK_LOG_ENV
 from megarl.ray_cluster.ray_failures import node_view, ray_failure
@@ -268,7 +269,8 @@ class WorkerGroup(Generic[W]):
             log.info("%s: %d rank(s) up; building %s in each (loads the model) ...", self.role, self.world_size, self.cls.__qualname__)
             packed = ray.put((init_args, init_kwargs))  # a top-level ref: Ray resolves it per actor
             refs = [a.construct.remote(self.cls, packed, envs[r]) for r, a in enumerate(self._actors)]
-            self._gather(refs, ranks, "__init__", timeout)
+            with still_waiting(f"{self.role}: building {self.cls.__qualname__} in {self.world_size} rank(s)"):
+                self._gather(refs, ranks, "__init__", timeout)
         except CallTimeout as err:
             raise build_timeout_error(err, self.options) from None
         log.info("%s: %d rank(s) ready in %.0f s", self.role, self.world_size, time.monotonic() - started)

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from megarl.config.reward_sections import RewardJudgeConfig
 from megarl.engines.base import GenerationResult, SamplingParams
+from megarl.progress import still_waiting
 from megarl.rollout_sglang.engine import SGLangEngine
 from megarl.rollout_sglang.server import CPU_MAX_TOTAL_TOKENS, ServerSpec, SGLangServer
 
@@ -76,6 +77,7 @@ def start_judge_server(cfg: RewardJudgeConfig, context: int, log_path: str | Pat
     """Launch the judge's server and wait until it answers (ServerLaunchError with its log's tail
     otherwise, the process killed)."""
     server = SGLangServer(judge_server_spec(cfg, context, log_path, python))
-    server.start(timeout=start_timeout_s)
+    with still_waiting(f"reward.judge: starting its SGLang server (log {log_path})"):
+        server.start(timeout=start_timeout_s)
     log.info("reward.judge: SGLang server %s up (log %s)", server.url, log_path)
     return JudgeServer(server, cfg)

@@ -28,6 +28,7 @@ from typing import Any
 
 from megarl.engines.base import GenerationResult, SamplingParams
 from megarl.engines.routing import routing_replay
+from megarl.progress import still_waiting
 from megarl.rollout_sglang.engine import (
     EngineEndpoint,
     SGLangEngine,
@@ -93,8 +94,10 @@ class SGLangRollout:
 
         from megarl.rollout_sglang.hosts import HostHandle, start_hosts
 
-        self.hosts.extend(start_hosts(self.slots, self.specs))
-        urls = ray.get([h.start.remote(self.timeout) for h in self.hosts])
+        logs = sorted({str(Path(s.log_path).parent) for s in self.specs if s.log_path})
+        with still_waiting(f"starting {len(self.specs)} SGLang server(s) (logs: {', '.join(logs) or 'none'})"):
+            self.hosts.extend(start_hosts(self.slots, self.specs))
+            urls = ray.get([h.start.remote(self.timeout) for h in self.hosts])
         self.connect.engines = [SGLangEngine(HostHandle(h, u, s), tp=s.tp, max_running_requests=s.max_running_requests)
                                 for h, u, s in zip(self.hosts, urls, self.specs, strict=True)]  # fmt: skip
         where = [f"{e.url} ({f'GPUs {s.gpu_ids}' if s.gpu_ids else 'CPU'} on {s.ip})"

@@ -19,6 +19,7 @@ from megarl.memory.handover import CheckpointedModel, HandedOverEngines, Handove
 from megarl.memory.residency import residency_of
 from megarl.plan.algorithm_checks import epochs_warmup_issue
 from megarl.plan.planner import Plan, PlanError, resolved_config
+from megarl.progress import still_waiting
 from megarl.rollout.collect import (
     DynamicSamplingCollector,
     GreedyBaseline,
@@ -209,7 +210,8 @@ def _start_in_process(cfg: MegaRLConfig, plan: Plan, total_steps: int, log_dir: 
     groups: dict[str, Any] = {}
     for role, cls in _rank_classes(plan).items():
         assert len(plan.roles[role].gpus) == 1, "make_plan(in_process=True) refuses larger worlds"
-        groups[role] = InProcessGroup(cls, *_rank_args(cfg, role, total_steps))
+        with still_waiting(f"{role}: building {cls.__qualname__} in this process (loads the model)"):
+            groups[role] = InProcessGroup(cls, *_rank_args(cfg, role, total_steps))
         closers.append(groups[role].shutdown)
     return _clients(groups, None)  # one process cannot interrupt its own push
 

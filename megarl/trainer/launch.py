@@ -17,6 +17,7 @@ from pathlib import Path
 from megarl.config.loading import load_config
 from megarl.config.sections import MegaRLConfig
 from megarl.plan.planner import Plan, make_plan
+from megarl.progress import still_waiting
 from megarl.terminal import LogFileHandler, library_warnings_logged
 
 log = logging.getLogger(__name__)
@@ -33,8 +34,9 @@ def launch(config: str | Path, overrides: list[str], address: str | None = None,
     from megarl.trainer.watchdog import run_stoppable
 
     # a Ctrl-C, SIGTERM or SIGHUP while the checks import user code: one line, the check's child killed
-    plan = run_stoppable(lambda: launch_plan(cfg, address, in_process=in_process),
-                         "while checking the config and its files; nothing was started")
+    with still_waiting("checking the config and its files"):  # imports, the files' and the machine's checks
+        plan = run_stoppable(lambda: launch_plan(cfg, address, in_process=in_process),
+                             "while checking the config and its files; nothing was started")
     for warning in plan.warnings:
         log.warning("%s", warning)
     for key, value in plan.resolved.items():

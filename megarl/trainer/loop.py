@@ -32,7 +32,7 @@ from megarl.engines.base import Engines, SamplingParams
 from megarl.engines.routing import routing_replay
 from megarl.engines.seeds import step_seed
 from megarl.evaluation import add_components, as_metrics, scored_responses, summarize
-from megarl.progress import PROGRESS, PhaseTimer
+from megarl.progress import PROGRESS, PhaseTimer, still_waiting
 from megarl.rewards.combine import component_scores
 from megarl.rollout.collect import Baseline, Scorer, rollout_metrics
 from megarl.rollout.generate import GenerateFn
@@ -298,7 +298,8 @@ class Trainer:
         PROGRESS.mark("save", step)
         # The launch directory: relative paths in the saved config (model.path, data files) are
         # relative to it, wherever `megarl convert` later runs.
-        with writing(self.checkpoints.root / step_dir_name(step), f"checkpoint step {step} (nothing of it is left)"), \
+        with still_waiting(f"saving checkpoint step {step}", done_line=False), \
+                writing(self.checkpoints.root / step_dir_name(step), f"checkpoint step {step} (nothing of it is left)"), \
                 self.checkpoints.saving(step, run_metadata(), expected_bytes=self._checkpoint_bytes()) as folder:  # fmt: skip
             for role, model in self.parts.models.items():
                 model.save(str(folder / role))
@@ -332,8 +333,9 @@ class Trainer:
             return 0
         history = ckpt.path / METRICS_HISTORY  # (a checkpoint of an older megarl has none)
         self._history = history if history.is_file() else None
-        for role, model in self.parts.models.items():
-            model.load(str(ckpt.component(role)))
+        with still_waiting(f"loading checkpoint {ckpt.path}"):
+            for role, model in self.parts.models.items():
+                model.load(str(ckpt.component(role)))
         state = TrainerState.load(ckpt.path)
         self.parts.rollouts.load_state_dict(state.sampler, state.rollouts, state.step)
         self.parts.advantages.kl_controller.load_state_dict(state.kl_controller)

@@ -29,6 +29,7 @@ from megarl.memory.residency import (
     REFERENCE_FORWARD,
     WEIGHT_PUSH,
 )
+from megarl.progress import still_waiting
 
 
 class Skip:
@@ -149,7 +150,8 @@ class WeightPush:
 
     def __call__(self, version: int) -> dict[str, float]:
         self.handover.enter(WEIGHT_PUSH)
-        metrics = self.policy.push_weights(version)
+        with still_waiting(f"weight push {version} (policy -> engines)"):  # minutes on a big model
+            metrics = self.policy.push_weights(version)
         self.handover.pushed(version)
         self.pushed(version)
         if self.check is not None:

@@ -164,6 +164,13 @@ def run_stoppable(work: Callable[[], Any], stopped: str) -> Any:
             return work()
     except KeyboardInterrupt:
         raise RunStopped(f"stopped by {control.signal_name} {stopped}", control.exit_code) from None
+    except Exception:
+        if control.signal is None:
+            raise
+        # The stop's interrupt was swallowed inside a library (a signal in ray.init's at-fork
+        # callbacks), which then failed of the stop (its GCS, sent the Ctrl-C too, was gone):
+        # the stop is what the user asked for, not an error of the command.
+        raise RunStopped(f"stopped by {control.signal_name} {stopped}", control.exit_code) from None
 
 
 def _leave_hung_up_terminal() -> None:

@@ -3,6 +3,12 @@ itself runs in tests/e2e/test_sft.py)."""
 
 from __future__ import annotations
 
+import errno
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -10,6 +16,7 @@ import pytest
 from megarl.commands.demo import prepare_demo
 from megarl.commands.sft import SFTError, run_sft
 from megarl.config.loading import load_config
+from megarl.terminal import EXIT_SIGTERM
 
 CONFIG = Path(__file__).resolve().parents[3] / "configs" / "tiny_grpo.yaml"
 
@@ -35,3 +42,58 @@ def test_an_output_dir_that_is_a_file_is_named_so(tmp_path):
                                        r"and logs/ in it\)$"):  # fmt: skip
         run_sft(cfg, in_process=True)
     assert afile.read_text() == "mine"
+
+
+def test_every_problem_of_the_checks_is_named_at_once(tmp_path):
+    """The batch, the output folder and the plan's own problems in one refusal, not one per try."""
+    model, _ = prepare_demo(tmp_path / "demo")
+    afile = tmp_path / "notes.txt"
+    afile.write_text("mine")
+    odd = load_config(CONFIG, [f"model.path={model}", f"sft.output_dir={afile}", "sft.batch_size=63"])
+    with pytest.raises(SFTError, match=r"^megarl sft cannot start \(2 problems\):\n") as refused:
+        run_sft(odd)  # DP=2 (cluster.gpus_per_node=2): refused before Ray starts
+    assert "\n  - sft.batch_size (63) must be a multiple of the data-parallel size (2); try 62\n" in str(refused.value)
+    assert str(refused.value).endswith(f"\n  - sft.output_dir ({afile}) is a file; give a folder (megarl sft writes model/ "
+                                       "and logs/ in it)")  # fmt: skip
+    unplanned = load_config(CONFIG, [f"model.path={model}", f"sft.output_dir={afile}", "actor.parallel.tp=3"])
+    with pytest.raises(SFTError, match=r"^megarl sft cannot start \(\d+ problems\):\n") as refused:
+        run_sft(unplanned)
+    assert "\n  - actor.parallel.tp: (3) must divide num_attention_heads" in str(refused.value)
+    assert f"\n  - sft.output_dir ({afile}) is a file" in str(refused.value)
+    assert afile.read_text() == "mine"
+
+
+def test_sigterm_during_the_checks_ends_in_one_line(tmp_path):
+    """A SIGTERM while `megarl sft` checks and reads (here: stuck reading the model's config.json,
+    a FIFO the test holds open) ends in the stop line and SIGTERM's exit code, not in Python's
+    default death (-15, no word)."""
+    model, data = prepare_demo(tmp_path / "demo")
+    (model / "config.json").unlink()
+    os.mkfifo(model / "config.json")
+    parent = subprocess.Popen([sys.executable, "-m", "megarl.cli", "sft", str(CONFIG), f"model.path={model}",
+                               f"sft.train_files=[{data / 'train.parquet'}]", "sft.val_files=[]",
+                               f"sft.output_dir={tmp_path / 'sft'}"], cwd=tmp_path,
+                              env={**os.environ, "PYTHONPATH": str(CONFIG.parents[1])}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)  # fmt: skip
+    writer = None
+    try:
+        deadline = time.monotonic() + 120
+        while writer is None:  # a FIFO opens for writing (without blocking) once a reader waits in it
+            assert parent.poll() is None, parent.communicate()
+            assert time.monotonic() < deadline, "megarl sft never read the model's config.json"
+            try:
+                writer = os.open(model / "config.json", os.O_WRONLY | os.O_NONBLOCK)
+            except OSError as exc:
+                assert exc.errno == errno.ENXIO, exc
+                time.sleep(0.05)
+        parent.send_signal(signal.SIGTERM)
+        _, err = parent.communicate(timeout=120)
+    finally:
+        if writer is not None:
+            os.close(writer)
+        if parent.poll() is None:
+            parent.kill()
+    assert parent.returncode == EXIT_SIGTERM, err
+    assert err.strip().splitlines()[-1] == ("stopped by SIGTERM while checking the config and reading the data; nothing "
+                                            "was started"), err  # fmt: skip
+    assert not (tmp_path / "sft").exists()

@@ -131,16 +131,18 @@ def test_the_check_dies_with_a_killed_parent(tmp_path):
     assert _gone(child), "the import check outlived its killed parent"
 
 
-@pytest.mark.parametrize("command", ["launch", "evaluate"])
+@pytest.mark.parametrize("command", ["launch", "evaluate", "plan"])
 def test_sigterm_during_the_check_ends_in_one_line_and_no_orphan(tmp_path, command):
-    """`launch` (which used to die of the signal, silently, leaving the child) and `evaluate`."""
+    """`launch` and `plan --check-files` (which used to die of the signal, silently, leaving the
+    child) and `evaluate`."""
     reward = tmp_path / "reward.py"
     reward.write_text(HANGS)
     data = tmp_path / "gen.parquet"
     pq.write_table(pa.table({"prompt": ["2+2?"], "data_source": ["mine"], "reward_model": [{"ground_truth": "4"}],
                              "responses": [["4", "5"]]}), data)  # fmt: skip
-    args = (["launch", str(REPO / "configs" / "tiny_grpo.yaml"), f"trainer.output_dir={tmp_path / 'run'}"]
-            if command == "launch" else ["evaluate", "--data", str(data)])  # fmt: skip
+    config = [str(REPO / "configs" / "tiny_grpo.yaml"), f"trainer.output_dir={tmp_path / 'run'}"]
+    args = {"launch": ["launch", *config], "plan": ["plan", "--check-files", *config],
+            "evaluate": ["evaluate", "--data", str(data)]}[command]  # fmt: skip
     parent = subprocess.Popen([sys.executable, "-m", "megarl.cli", *args, f"reward.custom.path={reward}"], cwd=tmp_path,
                               env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True)  # fmt: skip

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from megarl.progress import PROGRESS
-from megarl.trainer.watchdog import RunControl, Watchdog
+from megarl.trainer.watchdog import RunControl, RunStopped, Watchdog, run_stoppable
 
 
 def deliver(signum: int) -> None:
@@ -27,6 +27,27 @@ def test_outside_a_step_a_signal_stops_at_once():
             deliver(signal.SIGTERM)
     assert control.signal == signal.SIGTERM and control.exit_code == 143 and control.signal_name == "SIGTERM"
     assert signal.getsignal(signal.SIGTERM) is previous  # put back
+
+
+def test_a_stop_whose_interrupt_a_library_swallowed_ends_as_a_stop_not_as_its_failure():
+    """A Ctrl-C inside ray.init's at-fork callbacks is swallowed, and the init then fails of it
+    ("Failed to connect to GCS"): the command ends in the stop line and 130, not in exit 1."""
+
+    def work() -> None:
+        try:
+            deliver(signal.SIGINT)
+        except KeyboardInterrupt:
+            pass  # (what an at-fork callback does with it)
+        raise ConnectionError("Failed to connect to GCS")
+
+    with pytest.raises(RunStopped, match="^stopped by SIGINT \\(Ctrl-C\\) while converting$") as stopped:
+        run_stoppable(work, "while converting")
+    assert stopped.value.exit_code == 130
+    def fails() -> None:
+        raise ConnectionError("Failed to connect to GCS")
+
+    with pytest.raises(ConnectionError):  # with no stop asked, the failure is the failure
+        run_stoppable(fails, "while converting")
 
 
 def test_inside_a_step_the_first_signal_waits_and_the_second_abandons(capsys):

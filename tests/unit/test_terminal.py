@@ -1,0 +1,29 @@
+"""The terminal's log handler writes to the stderr of the moment: under a live progress bar
+(rich, as the training bar) its lines go through the bar's console, above the bar, not onto it."""
+
+from __future__ import annotations
+
+import io
+import logging
+import sys
+
+from rich.console import Console
+from rich.progress import Progress
+
+from megarl.terminal import StderrNowHandler
+
+
+def test_a_log_line_under_a_live_bar_goes_through_the_bar_s_console(monkeypatch):
+    terminal = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", terminal)  # the terminal logging was set up with
+    handler = StderrNowHandler()
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    record = logging.LogRecord("megarl.progress", logging.INFO, __file__, 1, "saving checkpoint step 20 ... (5 s)", None, None)
+    screen = io.StringIO()
+    with Progress(console=Console(file=screen, force_terminal=True, width=80)) as bar:
+        bar.add_task("step", total=4)
+        handler.emit(record)  # rich's proxy of sys.stderr while the bar is live
+    assert terminal.getvalue() == ""  # not written past the bar
+    assert "saving checkpoint step 20 ... (5 s)" in screen.getvalue()
+    handler.emit(record)  # the bar is gone: the terminal itself again
+    assert terminal.getvalue() == "saving checkpoint step 20 ... (5 s)\n"
