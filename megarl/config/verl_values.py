@@ -721,12 +721,15 @@ def rollout_is_batch_normalize(value: Any, v: Verl) -> Any:
 
 def _ratio_bounds(spec: Any) -> tuple[float, float]:
     """verl's k1 threshold as (lower, upper) bounds of pi_rollout / pi_train: "lower_upper", or one
-    upper bound u with lower 1/u (verl's _parse_rollout_rs_thresholds)."""
+    upper bound u with lower 1/u (verl's _parse_rollout_rs_thresholds); Refused naming the
+    threshold key when it is neither."""
     text = str(spec).strip()
     lower, sep, upper = text.partition("_")
-    if not sep:
-        return 1.0 / float(text), float(text)
-    return float(lower), float(upper)
+    try:
+        return (1.0 / float(text), float(text)) if not sep else (float(lower), float(upper))
+    except (ValueError, ZeroDivisionError):
+        raise Refused(spec, ["LOWER_UPPER (e.g. 0.5_2.0)", "UPPER (e.g. 2.0)"],
+                      f"{_CORRECTION}.rollout_rs_threshold={spec} is not verl's threshold") from None  # fmt: skip
 
 
 def rollout_rs(value: Any, v: Verl) -> Any:
@@ -758,4 +761,5 @@ def rollout_rs(value: Any, v: Verl) -> Any:
 def rollout_rs_threshold(value: Any, v: Verl) -> Any:
     if v.get(f"{_CORRECTION}.rollout_rs") is None:
         raise Unused(f"verl reads it only with {_CORRECTION}.rollout_rs set")
+    _ratio_bounds(value)  # a threshold verl cannot read is refused on its own row too
     raise Unused(f"the bounds of {_CORRECTION}.rollout_rs (its row gives algorithm.mis.low / high)")

@@ -1029,6 +1029,8 @@ def test_rollout_corrections_megarl_lacks_would_make_the_run_differ(tmp_path: Pa
     ((f"{_RC}.rollout_rs=token_k9", f"{_RC}.rollout_rs_threshold=2.0"),
      f"verl key {_RC}.rollout_rs=token_k9: token_k9 is not a rejection option verl knows"),
     ((f"{_RC}.rollout_rs=token_k1",), f"verl needs {_RC}.rollout_rs_threshold with rollout_rs=token_k1"),
+    ((f"{_RC}.rollout_rs=token_k1", f"{_RC}.rollout_rs_threshold=abc"), f"{_RC}.rollout_rs_threshold=abc is not verl's threshold"),
+    ((f"{_RC}.rollout_rs_threshold=0", f"{_RC}.rollout_rs=token_k1"), f"{_RC}.rollout_rs_threshold=0 is not verl's threshold"),
 ])  # fmt: skip
 def test_rollout_correction_values_megarl_cannot_take_stop_the_translation(tmp_path: Path, overrides, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
