@@ -77,6 +77,8 @@ def _moe_metrics(role: str) -> tuple[Metric, ...]:
         Metric(f"{role}/moe/expert_load_max_over_mean/layer<i>", "last", "moe", "the same for MoE layer i (HF's 0-based layer index)"),
         Metric(f"{role}/moe/aux_loss", "last", "moe", "Megatron's Switch load-balancing loss (without its coefficient), mean over micro-batches, DP ranks and MoE layers; with <section>.moe.aux_loss_coef > 0"),
         Metric(f"{role}/moe/z_loss", "last", "moe", "router z-loss (mean squared logsumexp of the router logits, without its coefficient), same mean; with <section>.moe.z_loss_coef > 0"),
+        Metric(f"{role}/moe/expert_bias_abs_max", "last", "moe", "largest |correction bias| of the router (aux-loss-free balancing) after the update, max over the MoE layers; with <section>.moe.expert_bias_update_rate > 0"),
+        Metric(f"{role}/moe/expert_bias_abs_max/layer<i>", "last", "moe", "the same for MoE layer i (HF's 0-based layer index); it grows by at most the rate per optimizer step"),
     )
 
 

@@ -15,12 +15,15 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class ArchSpec:
-    """The shape of a decoder-only transformer, dense or mixture-of-experts (Qwen3-MoE's layout:
-    routed experts with a SwiGLU each, a router, no shared expert; a layer is an MoE layer unless
-    listed in ``dense_layers`` or off the ``moe_layer_step``, as HF's Qwen3MoeDecoderLayer decides)."""
+    """The shape of a decoder-only transformer, dense or mixture-of-experts (routed experts with a
+    SwiGLU each and a router; a layer is an MoE layer unless listed in ``dense_layers`` or off the
+    ``moe_layer_step``, as HF's Qwen3MoeDecoderLayer decides). DeepSeek-V3's layout adds shared
+    experts (SwiGLUs every token passes through, beside the routed ones), multi-latent attention
+    (the ``*_lora_rank`` / ``*_head_dim`` fields; None = standard attention) and a sigmoid router
+    whose top-k choice adds a correction bias (``router_bias``)."""
 
     name: str
-    model_type: str  # HF model_type: llama | qwen2 | qwen3 | qwen3_moe
+    model_type: str  # HF model_type: llama | qwen2 | qwen3 | qwen3_moe | deepseek_v3
     hidden_size: int
     num_layers: int
     num_heads: int
@@ -36,14 +39,51 @@ class ArchSpec:
     moe_ffn_hidden_size: int = 0  # one expert's SwiGLU width (HF moe_intermediate_size)
     moe_layer_step: int = 1  # HF decoder_sparse_step: layer i is MoE when (i + 1) % step == 0
     dense_layers: tuple[int, ...] = ()  # HF mlp_only_layers: layers with a dense MLP of ffn_hidden_size
+    num_shared_experts: int = 0  # HF n_shared_experts: one SwiGLU of num_shared_experts x moe_ffn_hidden_size per MoE layer
+    router_bias: bool = False  # HF e_score_correction_bias (DeepSeek-V3's noaux_tc): [num_experts] per MoE layer
+    # Multi-latent attention (DeepSeek-V2/V3): q = up(norm(down(x))), k/v from a compressed latent.
+    q_lora_rank: int | None = None  # None with MLA: q projected directly (DeepSeek-V2-Lite)
+    kv_lora_rank: int | None = None  # the cached latent's width; None = standard attention
+    qk_nope_head_dim: int | None = None
+    qk_rope_head_dim: int | None = None  # the rotary part of q/k, one shared key per token in the cache
+    v_head_dim: int | None = None
+    # HF num_nextn_predict_layers: multi-token-prediction layers in the checkpoint, not part of the
+    # trained model (num_params leaves them out, as the published totals do).
+    num_mtp_layers: int = 0
 
     @property
     def kv_channels(self) -> int:
         return self.head_dim or self.hidden_size // self.num_heads
 
     @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank is not None
+
+    @property
+    def qk_head_dim(self) -> int:
+        """One head's query/key width (MLA: its no-rope and rope parts)."""
+        return (self.qk_nope_head_dim or 0) + (self.qk_rope_head_dim or 0) if self.is_mla else self.kv_channels
+
+    @property
+    def v_dim(self) -> int:
+        """One head's value width."""
+        return self.v_head_dim or self.kv_channels if self.is_mla else self.kv_channels
+
+    @property
+    def mla_params(self) -> int:
+        """Multi-latent attention's projections and latent norms (HF DeepseekV3Attention): q down
+        [h, q_lora], its norm, q up [q_lora, heads x qk]; kv down [h, kv_lora + rope], its norm,
+        kv up [kv_lora, heads x (nope + v)]; output [heads x v, h]."""
+        h, heads, q_lora, kv_lora = self.hidden_size, self.num_heads, self.q_lora_rank, self.kv_lora_rank or 0
+        q = h * heads * self.qk_head_dim if q_lora is None else h * q_lora + q_lora + q_lora * heads * self.qk_head_dim
+        kv = h * (kv_lora + (self.qk_rope_head_dim or 0)) + kv_lora + kv_lora * heads * ((self.qk_nope_head_dim or 0) + self.v_dim)
+        return q + kv + heads * self.v_dim * h
+
+    @property
     def attention_params(self) -> int:
         """One layer's attention (QKV, output projection, biases, q/k norms) and its two RMSNorms."""
+        if self.is_mla:
+            return self.mla_params + 2 * self.hidden_size
         h, d = self.hidden_size, self.kv_channels
         q_dim, kv_dim = self.num_heads * d, self.num_kv_heads * d
         attn = h * (q_dim + 2 * kv_dim) + q_dim * h
@@ -65,9 +105,12 @@ class ArchSpec:
 
     @property
     def moe_layer_params(self) -> tuple[int, int]:
-        """(non-expert, expert) parameters of one MoE layer: attention, norms and the router
-        [num_experts x hidden] (replicated), and the experts (split over EP x ETP)."""
-        return self.attention_params + self.num_experts * self.hidden_size, self.num_experts * self.expert_params
+        """(non-expert, expert) parameters of one MoE layer: attention, norms, the router
+        [num_experts x hidden] and its correction bias (replicated), the shared experts (split over
+        TP as a dense MLP); and the routed experts (split over EP x ETP)."""
+        router = self.num_experts * (self.hidden_size + int(self.router_bias))
+        dense = self.attention_params + router + self.num_shared_experts * self.expert_params
+        return dense, self.num_experts * self.expert_params
 
     def is_moe_layer(self, i: int) -> bool:
         return self.num_experts > 0 and i not in self.dense_layers and (i + 1) % self.moe_layer_step == 0
@@ -111,6 +154,16 @@ def _qwen3_moe(name: str, h: int, layers: int, heads: int, ffn: int, moe_ffn: in
                     num_experts=128, experts_per_token=8, moe_ffn_hidden_size=moe_ffn)
 
 
+def _deepseek_v3(name: str, layers_dense: int, experts: int, heads: int, vocab: int, positions: int, mtp: int) -> ArchSpec:
+    """DeepSeek-V3's shape (deepseek-ai/DeepSeek-V3 config.json: hidden 7168, 61 layers,
+    intermediate 18432, moe_intermediate 2048, top-8, 1 shared expert, q_lora 1536, kv_lora 512,
+    qk_nope 128, qk_rope 64, v_head 128, noaux_tc routing, untied), with what its derivatives change."""
+    return ArchSpec(name, "deepseek_v3", 7168, 61, heads, heads, 18432, vocab, positions, False, num_experts=experts,
+                    experts_per_token=8, moe_ffn_hidden_size=2048, dense_layers=tuple(range(layers_dense)),
+                    num_shared_experts=1, router_bias=True, q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128,
+                    qk_rope_head_dim=64, v_head_dim=128, num_mtp_layers=mtp)  # fmt: skip
+
+
 # Published config.json values of each model.
 BUILTIN_ARCHS: dict[str, ArchSpec] = {
     a.name: a
@@ -132,6 +185,14 @@ BUILTIN_ARCHS: dict[str, ArchSpec] = {
         _qwen3("qwen3-32b", 5120, 64, 64, 8, 25600, False),
         _qwen3_moe("qwen3-30b-a3b", 2048, 48, 32, 6144, 768),
         _qwen3_moe("qwen3-235b-a22b", 4096, 94, 64, 12288, 1536),
+        # deepseek-ai/DeepSeek-V3 (and R1, same config.json): first_k_dense_replace 3, n_routed_experts 256,
+        # 128 heads (num_key_value_heads 128), vocab 129280, max_position_embeddings 163840,
+        # num_nextn_predict_layers 1. Model card: 671B total (685B with the MTP module), 37B activated.
+        _deepseek_v3("deepseek-v3", 3, 256, 128, 129280, 163840, 1),
+        # moonshotai/Kimi-K2-Instruct config.json: first_k_dense_replace 1, n_routed_experts 384, 64 heads,
+        # vocab 163840, max_position_embeddings 131072, num_nextn_predict_layers 0 (the rest as DeepSeek-V3).
+        # Model card: 1T total, 32B activated (counted here: 1.026T, 32.9B).
+        _deepseek_v3("kimi-k2", 1, 384, 64, 163840, 131072, 0),
         # The CPU demo's model (megarl demo builds it with megarl/models/tiny.py).
         ArchSpec("tiny-demo", "qwen2", 64, 2, 4, 2, 128, 14, 64, False, qkv_bias=True),
         # The MoE demo's (configs/tiny_moe_grpo.yaml; megarl/commands/demo.py DEMO_MOE_MODEL).
@@ -212,6 +273,7 @@ def arch_from_hf_dict(cfg: dict, name: str = "config.json") -> ArchSpec:
             head_dim=cfg.get("head_dim"),
             qkv_bias=cfg.get("model_type") == "qwen2" or bool(cfg.get("attention_bias", False)),
             **_moe_fields(cfg),
+            **_mla_fields(cfg),
         )
     except KeyError as exc:
         raise ArchError(f"{name}: config.json lacks {exc.args[0]!r}; is this a decoder-only language model?") from None
@@ -220,17 +282,33 @@ def arch_from_hf_dict(cfg: dict, name: str = "config.json") -> ArchSpec:
 
 def _moe_fields(cfg: dict) -> dict:
     """A mixture-of-experts config.json's expert shape (Qwen3-MoE's names; Mixtral's
-    num_local_experts too); none for a dense model."""
-    experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
+    num_local_experts and DeepSeek-V3's n_routed_experts too); none for a dense model."""
+    experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or cfg.get("n_routed_experts") or 0)
     if not experts:
         return {}
-    return {
+    fields = {
         "num_experts": experts,
         "experts_per_token": int(cfg.get("num_experts_per_tok") or 0),
         "moe_ffn_hidden_size": int(cfg.get("moe_intermediate_size") or cfg["intermediate_size"]),
         "moe_layer_step": int(cfg.get("decoder_sparse_step") or 1),
         "dense_layers": tuple(int(i) for i in cfg.get("mlp_only_layers") or ()),
     }
+    if "first_k_dense_replace" in cfg or "n_shared_experts" in cfg:  # DeepSeek-V3's names (HF DeepseekV3DecoderLayer)
+        first, freq = int(cfg.get("first_k_dense_replace") or 0), int(cfg.get("moe_layer_freq") or 1)
+        fields["dense_layers"] = tuple(i for i in range(cfg["num_hidden_layers"]) if i < first or i % freq)
+        fields["num_shared_experts"] = int(cfg.get("n_shared_experts") or 0)
+        fields["router_bias"] = cfg.get("topk_method", "noaux_tc") == "noaux_tc"  # the e_score_correction_bias
+    return fields
+
+
+def _mla_fields(cfg: dict) -> dict:
+    """Multi-latent attention's widths (DeepSeek-V2/V3 config.json), and its MTP layers; none
+    for standard attention."""
+    if cfg.get("kv_lora_rank") is None:
+        return {}
+    keys = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+    fields: dict = {k: None if cfg.get(k) is None else int(cfg[k]) for k in keys}
+    return fields | {"num_mtp_layers": int(cfg.get("num_nextn_predict_layers") or 0)}
 
 
 def resolve_arch(path: str | None, arch: str | None) -> ArchSpec:

@@ -18,8 +18,19 @@ Metrics, per update (``<role>/moe/...``): the tokens each expert received per Mo
 (training forwards only, after capacity drops), as max / mean over the experts (1 = perfect
 balance; E / k = every token to the same k experts) per layer (``layer{i}``, HF's 0-based index)
 and their mean over the layers; with the losses on, their values per micro-batch, mean over
-micro-batches, data-parallel ranks and MoE layers (Megatron's per-layer tracker). Left out:
-the expert bias, which Megatron updates itself in ``finalize_model_grads`` (sigmoid routers).
+micro-batches, data-parallel ranks and MoE layers (Megatron's per-layer tracker); with the
+expert bias on, its largest magnitude per layer after the update and over the layers.
+
+The expert bias (DeepSeek-V3's aux-loss-free balancing, ``moe.expert_bias_update_rate``) is not
+moved here: Megatron moves it in ``finalize_model_grads``, which the schedule calls once per
+optimizer step after the last micro-batch's backward (megatron_runtime/model.py sets it). Each
+router adds the experts its tokens reached to ``local_tokens_per_expert`` only while gradients
+are on, so forward-only passes (old log-probs, reference, the replay metrics' extra forward) and
+the gradient-free first forward of full recomputation add nothing; finalize sums the counts over
+the tensor x data-parallel group (every rank of a stage), moves each layer's bias by
+``rate x sign(mean load - load)`` and zeroes the counts. The bias is a float32 buffer: no
+gradient, not in the optimizer, saved in the model's dist-checkpoint. It moves even when the
+optimizer then skips the step (a non-finite gradient), as Megatron's does.
 """
 
 from __future__ import annotations
@@ -64,6 +75,7 @@ class MoEBalance:
         self.moe_layers = moe_layer_indices(tcfg)
         self.aux_on, self.z_on = bool(tcfg.moe_aux_loss_coeff), bool(tcfg.moe_z_loss_coeff)
         self.losses_on = self.aux_on or self.z_on
+        self.bias_on = bool(getattr(tcfg, "moe_router_enable_expert_bias", False))  # on every stage alike
         device = next(core.parameters()).device
         self.load = torch.zeros(tcfg.num_layers, tcfg.num_moe_experts, dtype=torch.float64, device=device)  # [L, E]
         self.tokens = 0  # router tokens of this rank's latest training micro-batch
@@ -117,8 +129,24 @@ class MoEBalance:
             values[f"{self.role}/moe/aux_loss"] = aux.sum() / per_mb
         if self.z_on:
             values[f"{self.role}/moe/z_loss"] = z.sum() / (per_mb * tp_size)  # z: a mean over tokens per TP rank
+        values |= self._bias_metrics(pp_group)
         host = torch.stack(list(values.values())).tolist()  # one host transfer
         return dict(zip(values, host))
+
+    def _bias_metrics(self, pp_group: Any) -> dict[str, torch.Tensor]:
+        """The routers' largest |expert bias| per MoE layer and over them; none without the bias.
+        Every rank of a stage holds the same bias after finalize's all-reduce: only the stages'
+        layers are joined (a MAX over PP; collective when the model has the bias)."""
+        if not self.bias_on:
+            return {}
+        table = torch.zeros(self.load.shape[0], dtype=torch.float64, device=self.load.device)  # [L]
+        for router in self.routers:
+            table[router.layer_number - 1] = router.expert_bias.detach().abs().max()
+        if pp_group is not None and dist.get_world_size(pp_group) > 1:
+            dist.all_reduce(table, op=dist.ReduceOp.MAX, group=pp_group)
+        values = {f"{self.role}/moe/expert_bias_abs_max/layer{i}": table[i] for i in self.moe_layers}
+        values[f"{self.role}/moe/expert_bias_abs_max"] = table[self.moe_layers].max()
+        return values
 
     def _tracked_losses(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Megatron's per-layer sums of the Switch loss and z-loss values (without coefficients)."""

@@ -28,8 +28,13 @@ as the 1F1B schedule runs the backwards), like Megatron's ``REPLAY_BACKWARD``.
 Also here: :meth:`RoutingReplay.observe`, a pass without replay that counts, per layer, the
 real tokens whose trainer top-k set equals the engine's (the routing-agreement metric).
 
-Left out: group-limited routing (``moe_router_num_groups``), sinkhorn, fused (TE) routing; the
-weights of a sigmoid router with an expert bias (Megatron gathers its scores afresh there).
+DeepSeek-V3's router (sigmoid scores, an expert bias, group-limited top-k, a scaling factor)
+replays too: the engine's ids win over the bias and the group limit; in ``experts`` mode the
+weights are the trainer's sigmoid scores at those ids (the bias picks experts, it does not weigh
+them), normalised and scaled, as Megatron computes them; an unrouted token gets the router's
+own group-limited choice of score + bias. Left out: sinkhorn, fused (TE) routing; the engine's
+weights on a router with an expert bias (Megatron gathers its sigmoid scores afresh after the
+top-k, so ``experts_and_weights`` is refused there; without the bias they replay).
 """
 
 from __future__ import annotations

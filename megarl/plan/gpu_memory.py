@@ -260,17 +260,24 @@ def moe_activation_bytes_per_token(arch: ArchSpec, tp: int, sequence_parallel: b
     balanced: an expert that draws more than its share of tokens holds more."""
     k, f = arch.experts_per_token, arch.moe_ffn_hidden_size
     routed = 8 * arch.num_experts + dtype_bytes * (2 * k * arch.hidden_size + 3 * k * f / etp)
-    return _attention_bytes_per_token(arch, tp, sequence_parallel, dtype_bytes) + routed / (tp if sequence_parallel else 1)
+    shared = dtype_bytes * 3 * arch.num_shared_experts * f / tp  # every token's shared experts: a TP-split SwiGLU
+    return _attention_bytes_per_token(arch, tp, sequence_parallel, dtype_bytes) + routed / (tp if sequence_parallel else 1) + shared
 
 
 def _attention_bytes_per_token(arch: ArchSpec, tp: int, sequence_parallel: bool, dtype_bytes: int) -> float:
+    """q, k, v and the attention output (TP-split), the residual, two norm outputs and the block's
+    output (split only under sequence parallelism); multi-latent attention's keys are per head
+    (up-projected from the latent) and its q and kv latents are kept whole."""
     h = arch.hidden_size
-    q_dim = arch.num_heads * arch.kv_channels
-    kv_dim = arch.num_kv_heads * arch.kv_channels
+    q_dim = arch.num_heads * arch.qk_head_dim
+    k_dim, v_dim = (arch.num_heads * arch.qk_head_dim, arch.num_heads * arch.v_dim) if arch.is_mla else (
+        arch.num_kv_heads * arch.kv_channels, arch.num_kv_heads * arch.kv_channels)  # fmt: skip
+    out_dim = arch.num_heads * arch.v_dim
     replicated: float = 4 * h  # divided by tp below
     if sequence_parallel:
         replicated /= tp
-    return dtype_bytes * ((q_dim + 2 * kv_dim + q_dim) / tp + replicated)
+    latents = (arch.q_lora_rank or 0) + (arch.kv_lora_rank or 0) + (arch.qk_rope_head_dim or 0) if arch.is_mla else 0
+    return dtype_bytes * ((q_dim + k_dim + v_dim + out_dim) / tp + replicated + latents)
 
 
 def _activations(arch: ArchSpec, tokens: int, *, tp: int, etp: int, sp: bool, recompute: str, wbytes: int) -> float:
@@ -371,7 +378,11 @@ def rollout_memory(arch: ArchSpec, *, tp: int, free_bytes: float, mem_fraction: 
 
 
 def kv_bytes_per_token(arch: ArchSpec, tp: int, dtype: str) -> float:
-    """K and V of every layer for one token on one engine rank."""
+    """K and V of every layer for one token on one engine rank. Multi-latent attention caches the
+    compressed latent and the shared rope key instead (SGLang's MLA pool: kv_lora_rank +
+    qk_rope_head_dim per layer), whole on every TP rank."""
+    if arch.is_mla:
+        return arch.num_layers * ((arch.kv_lora_rank or 0) + (arch.qk_rope_head_dim or 0)) * DTYPE_BYTES[dtype]
     kv_heads_per_rank = max(1, arch.num_kv_heads // tp)  # SGLang replicates KV heads when tp > kv heads
     return 2 * arch.num_layers * kv_heads_per_rank * arch.kv_channels * DTYPE_BYTES[dtype]
 
@@ -386,7 +397,11 @@ def largest_hf_tensor_bytes(arch: ArchSpec, dtype: str) -> float:
     """The largest full tensor a weight export holds at once: the embedding (or LM head), or an
     MLP or attention projection when those are bigger."""
     h, heads, kv, d = arch.hidden_size, arch.num_heads, arch.num_kv_heads, arch.kv_channels
-    return DTYPE_BYTES[dtype] * max(arch.vocab_size * h, arch.ffn_hidden_size * h, heads * d * h, 2 * kv * d * h)
+    attention = [heads * d * h, 2 * kv * d * h]
+    if arch.is_mla:  # q up (or q), kv up, output projections
+        attention = [(arch.q_lora_rank or h) * heads * arch.qk_head_dim,
+                     (arch.kv_lora_rank or 0) * heads * ((arch.qk_nope_head_dim or 0) + arch.v_dim), heads * arch.v_dim * h]  # fmt: skip
+    return DTYPE_BYTES[dtype] * max(arch.vocab_size * h, arch.ffn_hidden_size * h, *attention)
 
 
 def phase_working_bytes(policy: TrainMemory | None, critic: TrainMemory | None, bucket_bytes: float,

@@ -10,8 +10,9 @@ from megarl.plan.issues import Issue, choices, divisors
 from megarl.plan.rollout_checks import rollout_tp_choices
 
 _DEFAULT_MOE = MoEConfig().model_dump()
-# The HF model types whose bridge maps experts (megarl/models/qwen3_moe.py); the planner imports no torch.
-MOE_MODEL_TYPES = ("qwen3_moe",)
+# The HF model types whose bridge maps experts (megarl/models/qwen3_moe.py, deepseek_v3.py); the
+# planner imports no torch.
+MOE_MODEL_TYPES = ("qwen3_moe", "deepseek_v3")
 
 
 def check_moe_settings(cfg: MegaRLConfig, arch: ArchSpec, sections: tuple[str, ...], issues: list[Issue], *,
@@ -35,21 +36,25 @@ def check_moe_settings(cfg: MegaRLConfig, arch: ArchSpec, sections: tuple[str, .
             issues.append(Issue(f"{section}.moe.routing_replay", "(experts_and_weights) needs the engine's routing weights "
                                 "and SGLang returns expert ids only; use experts (the trainer's own weights over the "
                                 "engine's experts), or rollout.engine torch"))  # fmt: skip
-        _check_trainer_side(cfg, section, moe, issues)
+        _check_trainer_side(cfg, section, moe, arch, issues)
         if moe.capacity_factor is not None:
             issues.append(Issue(f"{section}.moe.capacity_factor", f"({moe.capacity_factor:g}) drops the tokens an over-full "
                                 "expert cannot take, and the engine drops none: those tokens' log-probs differ between "
                                 "trainer and engine (a growing mismatch); remove it to train dropless", level="warning"))  # fmt: skip
 
 
-def _check_trainer_side(cfg: MegaRLConfig, section: str, moe: MoEConfig, issues: list[Issue]) -> None:
-    """What the Qwen3-MoE bridge and the update cannot do yet (they would refuse it in every worker,
-    after the cluster started), and a critic replaying routing the rollout does not ask for (only
+def _check_trainer_side(cfg: MegaRLConfig, section: str, moe: MoEConfig, arch: ArchSpec, issues: list[Issue]) -> None:
+    """What the MoE bridges and the update cannot do (they would refuse it in every worker, after
+    the cluster started), and a critic replaying routing the rollout does not ask for (only
     actor.moe.routing_replay does)."""
-    if moe.expert_bias_update_rate:
-        issues.append(Issue(f"{section}.moe.expert_bias_update_rate", f"({moe.expert_bias_update_rate:g}) needs a "
-                            "sigmoid router (Megatron's expert bias), and Qwen3-MoE's router is a softmax; remove it, "
-                            "or balance with aux_loss_coef"))  # fmt: skip
+    if moe.expert_bias_update_rate and not arch.router_bias:
+        issues.append(Issue(f"{section}.moe.expert_bias_update_rate", f"({moe.expert_bias_update_rate:g}) moves a router's "
+                            f"correction bias (DeepSeek-V3's e_score_correction_bias) and {arch.name}'s router has none; "
+                            "remove it, or balance with aux_loss_coef"))  # fmt: skip
+    if moe.routing_replay == "experts_and_weights" and arch.router_bias:
+        issues.append(Issue(f"{section}.moe.routing_replay", f"(experts_and_weights) cannot replay the weights of "
+                            f"{arch.name}'s router (its correction bias picks the experts and Megatron weighs them "
+                            "afresh); use experts"))  # fmt: skip
     pp = getattr(cfg, section).parallel.pp
     for key in ("aux_loss_coef", "z_loss_coef"):
         if getattr(moe, key) and pp > 1:

@@ -252,9 +252,9 @@ def _raise_errors(issues: list[Issue]) -> None:
         raise PlanError(errors)
 
 
-# The HF model types megarl has a bridge for (megarl/models: dense.py, qwen3_moe.py); the planner
-# imports no torch, so it keeps its own list.
-BRIDGED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe")
+# The HF model types megarl has a bridge for (megarl/models: dense.py, qwen3_moe.py, deepseek_v3.py);
+# the planner imports no torch, so it keeps its own list.
+BRIDGED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "deepseek_v3")
 
 
 def _check_scope(cfg: MegaRLConfig, arch: ArchSpec, issues: list[Issue], *, sft: bool = False) -> None:

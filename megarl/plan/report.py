@@ -22,6 +22,7 @@ def print_plan(cfg: MegaRLConfig, plan: Plan, console: Console | None = None) ->
     console.print(
         f"[bold]model[/] {a.name} ({a.model_type}, {_count(a.num_params)} params, {a.num_layers} layers, "
         f"{a.num_heads} heads / {a.num_kv_heads} kv, vocab {a.vocab_size})"
+        + (f"; its {a.num_mtp_layers} multi-token-prediction layer(s) not counted, not trained" if a.num_mtp_layers else "")
     )
     layouts = ", ".join(
         f"{r.role}: tp{r.tp} pp{r.pp} dp{r.dp}{_model_flags(cfg, plan, r.role)}"

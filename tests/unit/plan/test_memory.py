@@ -8,6 +8,7 @@ from megarl.plan.gpu_memory import (
     SGLANG_GRAPHS_GIB,
     TRAINER_RUNTIME_GIB,
     activation_bytes_per_token,
+    kv_bytes_per_token,
     largest_hf_tensor_bytes,
     moe_activation_bytes_per_token,
     phase_working_bytes,
@@ -156,3 +157,37 @@ def test_moe_model_with_dense_layers_adds_each_kind():
     non_expert = arch.layer_params + 3 * arch.moe_layer_params[0] + 2 * 1000 * 1024 + 1024
     assert m.weights == 2 * (non_expert + 3 * 8 * 3 * 1024 * 512 / 8)  # one expert of each MoE layer per GPU
     assert m.optimizer == 12 * m.weights / 2  # not distributed: the whole state on every rank
+
+
+def test_mla_kv_cache_is_the_latent_and_rope_key_per_layer_whole_on_every_tp_rank():
+    arch = BUILTIN_ARCHS["deepseek-v3"]
+    for tp in (1, 8):  # SGLang's MLA pool is not split over TP
+        assert kv_bytes_per_token(arch, tp, "bfloat16") == 61 * (512 + 64) * 2 == 70_272
+    r = rollout_memory(arch, tp=8, free_bytes=260 * 2**30, mem_fraction=0.8, dtype="bfloat16", seq_len=9216)
+    assert r.weights == 2 * arch.num_params / 8
+    assert r.full_length_sequences == int((0.8 * 260 * 2**30 - r.weights) // (70_272 * 9216))
+    # the largest tensor a push holds: the LM head [129280, 7168] (q up is [24576, 1536], output [7168, 16384])
+    assert largest_hf_tensor_bytes(arch, "bfloat16") == 2 * 129280 * 7168
+
+
+def test_shared_experts_follow_tp_and_dense_first_layers_their_own_width():
+    """DeepSeek-V3's shape in small: layer 0 dense (ffn 1024), layers 1-3 MoE with 8 routed experts
+    (ep-split) and 2 shared (a TP-split SwiGLU of 2 x 512), MLA attention."""
+    arch = ArchSpec("hand-dsv3", "deepseek_v3", 256, 4, 4, 4, 1024, 1000, 4096, False, num_experts=8,
+                    experts_per_token=2, moe_ffn_hidden_size=512, dense_layers=(0,), num_shared_experts=2,
+                    router_bias=True, q_lora_rank=64, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8,
+                    v_head_dim=16)  # fmt: skip
+    mla = 256 * 64 + 64 + 64 * 4 * 24 + 256 * (32 + 8) + 32 + 32 * 4 * (16 + 16) + 4 * 16 * 256
+    assert arch.attention_params == mla + 2 * 256
+    expert = 3 * 256 * 512
+    dense_part = mla + 2 * 256 + 8 * 257 + 2 * expert  # router, bias, shared experts
+    assert arch.moe_layer_params == (dense_part, 8 * expert)
+    m = train_memory(arch, tp=2, pp=1, dp=4, ep=8, tokens_per_micro_batch=100, dtype="bfloat16", recompute="none",
+                     sequence_parallel=True, distributed_optimizer=False)  # fmt: skip
+    non_expert = (mla + 2 * 256 + 3 * 256 * 1024) + 3 * dense_part + 2 * 1000 * 256 + 256
+    assert m.weights == 2 * (non_expert / 2 + 3 * 8 * expert / 8)
+    # per token: MLA's q, k (per head), v, output over tp, its latents whole; the shared experts' fc1 + act over tp
+    attn = 2 * ((4 * 24 + 4 * 24 + 4 * 16 + 4 * 16) / 2 + 4 * 256 / 2 + 64 + 32 + 8)
+    routed = (8 * 8 + 2 * (2 * 2 * 256 + 3 * 2 * 512)) / 2
+    assert moe_activation_bytes_per_token(arch, 2, True) == attn + routed + 2 * 3 * 2 * 512 / 2
+    assert m.activations == 100 * (activation_bytes_per_token(arch, 2, True) + 3 * moe_activation_bytes_per_token(arch, 2, True))

@@ -21,6 +21,7 @@ TINY = CONFIGS / "tiny_grpo.yaml"
 AGENT = CONFIGS / "gsm8k_tool_agent.yaml"
 MOE30 = CONFIGS / "qwen3_30b_a3b_grpo.yaml"
 MOE235 = CONFIGS / "qwen3_235b_a22b_grpo.yaml"
+DSV3 = CONFIGS / "deepseek_v3_grpo.yaml"
 LORA72 = CONFIGS / "qwen72b_grpo_lora.yaml"
 
 
@@ -40,7 +41,7 @@ def refused(path, *overrides) -> str:
     return str(info.value)
 
 
-@pytest.mark.parametrize("path", [GRPO72, PPO7, TINY, AGENT, MOE30, MOE235, LORA72], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [GRPO72, PPO7, TINY, AGENT, MOE30, MOE235, DSV3, LORA72], ids=lambda p: p.name)
 def test_shipped_configs_plan(path):
     p = plan(path)
     assert p.roles["policy"].tp * p.roles["policy"].pp * p.roles["policy"].dp == len(p.roles["policy"].gpus)
@@ -222,8 +223,8 @@ def test_moe_training_plans_and_a_capacity_factor_warns(tmp_path):
 def test_what_the_moe_update_cannot_do_yet_is_refused_before_launch(tmp_path):
     model = _moe_dir(tmp_path)
     assert _moe_issues(model, "actor.moe.expert_bias_update_rate=0.001") == [
-        "actor.moe.expert_bias_update_rate: (0.001) needs a sigmoid router (Megatron's expert bias), and Qwen3-MoE's "
-        "router is a softmax; remove it, or balance with aux_loss_coef"]
+        f"actor.moe.expert_bias_update_rate: (0.001) moves a router's correction bias (DeepSeek-V3's "
+        f"e_score_correction_bias) and {tmp_path}'s router has none; remove it, or balance with aux_loss_coef"]
     assert _moe_issues(model, "actor.moe.z_loss_coef=0.01", "actor.parallel.pp=2") == [
         "actor.moe.z_loss_coef: (0.01) is not supported with pipeline parallelism yet (actor.parallel.pp 2: the weight of "
         "each micro-batch's auxiliary loss is known on the last stage only); set it to 0 or pp to 1"]
@@ -248,6 +249,25 @@ def test_moe_configs_print_where_the_experts_live():
     # ep 32 at tp 4 x dp 16 per stage: a node holds a quarter of the experts, each twice per stage
     assert "node 1: pp0 ep 8-15 (experts 32-63)" in big and "node 12: pp1 ep 0-7 (experts 0-31)" in big
     assert "expert-data-parallel 2" in big
+
+
+def test_deepseek_v3_config_prints_its_experts_and_mla_memory():
+    out = _printed(load_config(DSV3, []))
+    assert "policy tp0 pp0 dp0 ep0 experts 0-3; rollout engine 0 tp0" in out
+    assert "experts policy: 256 per MoE layer over ep 64 x etp 1, 4 whole experts per GPU; expert-data-parallel 4" in out
+    assert "node 8: pp0 ep 0-7 (experts 0-31)" in out  # 8 nodes hold every expert once
+    assert "experts rollout: each of the 32 engines splits every expert over its tp 8 (256 of its 2048" in out
+    assert "weights 156.2 + KV cache" in out and "ok: the plan fits" in out
+    assert "model deepseek-v3 (deepseek_v3, 671.03B params, 61 layers, 128 heads / 128 kv, vocab 129280); its 1 " \
+        "multi-token-prediction layer(s) not counted, not trained" in out
+    p = plan(DSV3)
+    # the rollout's KV per token is MLA's latent: 61 x 576 x 2 bytes, on every GPU of an engine
+    assert p.memory.rollout.kv_bytes_per_token == 70_272
+    # a 140 GiB H200 cannot hold a one-node engine's bf16 weights
+    assert "less than the engine's weights (156.2 GiB at rollout.tp=8)" in refused(DSV3, "cluster.gpu_memory_gib=140")
+    assert plan(DSV3, "actor.moe.expert_bias_update_rate=0.001").warnings == p.warnings  # the router has the bias
+    assert "(experts_and_weights) cannot replay the weights of deepseek-v3's router" in refused(
+        DSV3, "actor.moe.routing_replay=experts_and_weights", "rollout.engine=torch", "rollout.tp=1")
 
 
 def test_moe_memory_shards_experts_over_ep():
