@@ -17,11 +17,17 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 import threading
 import traceback
 from typing import Any
 
 EXITS = (SystemExit, KeyboardInterrupt, GeneratorExit)  # user code trying to end its process
+
+
+class SignalInterrupt(KeyboardInterrupt):  # noqa: N818 - a KeyboardInterrupt, named as its kind is
+    """The KeyboardInterrupt megarl's own signal and hang handlers raise (megarl/trainer/watchdog.py):
+    the user's Ctrl-C or a stop request, never the code that happened to be running."""
 
 
 class UserCodeError(RuntimeError):
@@ -39,10 +45,12 @@ def exit_description(exc: BaseException) -> str:
 
 
 def raised_by_code(exc: BaseException) -> bool:
-    """Whether ``exc`` came from the code (``raise``, ``sys.exit``) rather than a signal: off the
-    main thread always (signals reach the main thread only); on it, a KeyboardInterrupt counts as
-    the code's only when its innermost frame is a ``raise`` statement (a signal's handler raises it
-    wherever the main thread happened to be)."""
+    """Whether ``exc`` came from the code (``raise``, ``sys.exit``) rather than a signal: never a
+    SignalInterrupt (megarl's handlers); off the main thread always (signals reach the main thread
+    only); on it, a plain KeyboardInterrupt counts as the code's only when its innermost frame is a
+    ``raise`` statement (Python's own SIGINT handler raises it wherever the main thread was)."""
+    if isinstance(exc, SignalInterrupt):
+        return False
     if (
         not isinstance(exc, KeyboardInterrupt)
         or threading.current_thread() is not threading.main_thread()
@@ -82,8 +90,11 @@ def named_generate_function(fn: Any, name: str) -> Any:
                 what, exc, "a generate function must return a Batch or raise, never end the process"
             ) from exc
         except Exception as exc:
-            # megarl's own (an engine's, a user error it names) passes as it is
-            if type(exc).__module__.startswith("megarl."):
+            # megarl's own (an engine's, a user error it names) passes as it is, and so does
+            # anything raised inside a megarl call the function made (an engine actor's death, a
+            # Ray or HTTP error, an out-of-memory there): not the function's fault
+            if type(exc).__module__.startswith("megarl.") or _raised_in_megarl(exc):
+                exc.add_note(f"(raised while {what} ran)")
                 raise
             raise UserCodeError(
                 f"{what} raised {type(exc).__name__}: {exc}; fix the function (the traceback is in "
@@ -91,3 +102,13 @@ def named_generate_function(fn: Any, name: str) -> Any:
             ) from exc
 
     return generate
+
+
+_MEGARL_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _raised_in_megarl(exc: BaseException) -> bool:
+    """Whether ``exc`` passed through megarl's own code below the user's function (the traceback's
+    first frame is the wrapper, the next the user's)."""
+    frames = list(traceback.walk_tb(exc.__traceback__))[2:]
+    return any(os.path.abspath(frame.f_code.co_filename).startswith(_MEGARL_DIR + os.sep) for frame, _ in frames)

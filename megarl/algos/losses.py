@@ -15,7 +15,7 @@ from typing import Protocol
 import torch
 
 from megarl.algos.kl import kl_estimate
-from megarl.algos.mismatch import logprob_mismatch, mis_mask, tis_weights
+from megarl.algos.mismatch import logprob_mismatch, mis_mask, tis_capped, tis_weights
 from megarl.algos.registry import Registry
 from megarl.config.sections import AlgorithmConfig, ClipConfig
 from megarl.data.batch import Batch
@@ -302,7 +302,7 @@ class PolicyLossFn:
             weights = tis_weights(old, rollout, mask, tis.level, tis.cap)  # [b, R]
             metrics["actor/tis_weight"] = _token_metric(weights, mask, n)
             metrics["actor/tis_capped_frac"] = _token_metric(
-                (weights >= tis.cap).to(loss.dtype), mask, n
+                tis_capped(old, rollout, mask, tis.level, tis.cap).to(loss.dtype), mask, n
             )
             loss = loss * weights
         if mis.level != "none":

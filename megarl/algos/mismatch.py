@@ -33,6 +33,19 @@ import torch
 LOG_FLOOR = -20.0  # weights below exp(-20) are 0 for every practical purpose
 
 
+def _tis_log_weights(
+    train_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, response_mask: torch.Tensor, level: str
+) -> torch.Tensor:
+    """[B, R] log(pi_train / pi_rollout) per token, or the sequence's sum spread over its row; 0 on padding."""
+    mask = response_mask.to(train_logprobs.dtype)
+    log_ratio = (train_logprobs.detach() - rollout_logprobs) * mask  # [B, R]
+    if level == "token":
+        return log_ratio
+    if level == "sequence":
+        return log_ratio.sum(-1, keepdim=True).expand_as(log_ratio)  # [B, R]
+    raise ValueError(f"algorithm.tis.level must be none, token or sequence, got {level!r}")
+
+
 def tis_weights(
     train_logprobs: torch.Tensor,
     rollout_logprobs: torch.Tensor,
@@ -46,16 +59,25 @@ def tis_weights(
     """
     if level == "none":
         return torch.ones_like(train_logprobs)
-    mask = response_mask.to(train_logprobs.dtype)
-    log_ratio = (train_logprobs.detach() - rollout_logprobs) * mask  # [B, R]
-    if level == "token":
-        log_w = log_ratio
-    elif level == "sequence":
-        log_w = log_ratio.sum(-1, keepdim=True).expand_as(log_ratio)  # [B, R]
-    else:
-        raise ValueError(f"algorithm.tis.level must be none, token or sequence, got {level!r}")
+    log_w = _tis_log_weights(train_logprobs, rollout_logprobs, response_mask, level)
     weights = torch.exp(log_w.clamp(LOG_FLOOR, math.log(cap)))
-    return torch.where(mask > 0, weights, torch.ones_like(weights))
+    return torch.where(response_mask.to(weights.dtype) > 0, weights, torch.ones_like(weights))
+
+
+def tis_capped(
+    train_logprobs: torch.Tensor,
+    rollout_logprobs: torch.Tensor,
+    response_mask: torch.Tensor,
+    level: str,
+    cap: float,
+) -> torch.Tensor:
+    """[B, R] 0/1 (the log-probs' dtype): the tokens whose TIS weight is the cap. Compared in log
+    space: exp(log(cap)) rounds below cap for many caps (3.5 in fp32), so ``weights >= cap`` would
+    miss them."""
+    if level == "none":
+        return torch.zeros_like(train_logprobs)
+    log_w = _tis_log_weights(train_logprobs, rollout_logprobs, response_mask, level)
+    return ((log_w >= math.log(cap)) & (response_mask.to(log_w.dtype) > 0)).to(train_logprobs.dtype)
 
 
 def logprob_mismatch(
@@ -152,9 +174,8 @@ def corrections_by_staleness(
     mask = response_mask.to(old_logprobs.dtype)  # [B, R]
     per_token: dict[str, torch.Tensor] = {}  # metric name (a template of s) -> [B, R]
     if tis[0] != "none":
-        weights = tis_weights(old_logprobs, rollout_logprobs, response_mask, tis[0], tis[1])
-        per_token["rollout/tis_weight/staleness{s}"] = weights
-        per_token["rollout/tis_capped_frac/staleness{s}"] = (weights >= tis[1]).to(mask.dtype)
+        per_token["rollout/tis_weight/staleness{s}"] = tis_weights(old_logprobs, rollout_logprobs, response_mask, *tis)
+        per_token["rollout/tis_capped_frac/staleness{s}"] = tis_capped(old_logprobs, rollout_logprobs, response_mask, *tis)
     if mis[0] != "none":
         per_token["rollout/mis_masked_frac/staleness{s}"] = 1.0 - mis_mask(old_logprobs, rollout_logprobs, response_mask, *mis)
     tokens = mask.sum(-1)  # [B]

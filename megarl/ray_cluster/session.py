@@ -141,9 +141,9 @@ def _init(**kwargs: Any) -> None:
                 previous(signal.SIGTERM, None)  # records the stop; raises KeyboardInterrupt
             raise
         finally:
+            started = _ray_processes_since(before) if embedded else []  # before the shutdown re-parents them
             ray.shutdown()
-            if embedded:
-                _kill_started_since(before)
+            _kill(started)
     finally:
         if install is not None:
             utils.set_sigterm_handler = install
@@ -155,18 +155,32 @@ def _descendants() -> set[int]:
     return {p.pid for p in psutil.Process().children(recursive=True)}
 
 
-def _kill_started_since(before: set[int]) -> None:
-    """Kill the Ray processes this driver started since ``before`` (its descendants then): an init
-    interrupted before Ray recorded its node leaves no node to shut down, and the raylet's agents,
-    which block SIGTERM (megarl/process_signals.py), would outlive the driver."""
+def _ray_processes_since(before: set[int]) -> list[Any]:
+    """The Ray processes this driver started since ``before`` (its descendants then), as psutil
+    processes: an init interrupted before Ray recorded its node leaves no node to shut down, and
+    the raylet's agents, which block SIGTERM (megarl/process_signals.py), would outlive the driver.
+    Taken before the shutdown: once it kills the raylet, its agents are no longer our descendants."""
     import psutil
 
     ray_dir = os.path.dirname(ray.__file__)  # the raylet, the GCS and Ray's python scripts live here
+    found = []
     for process in psutil.Process().children(recursive=True):
         try:
             ours = any(arg.startswith(("ray::", ray_dir)) for arg in process.cmdline())  # ray::<name>: Ray's workers and agents
-            if process.pid not in before and ours:
-                process.kill()
+        except psutil.Error:
+            continue
+        if process.pid not in before and ours:
+            found.append(process)
+    return found
+
+
+def _kill(processes: list[Any]) -> None:
+    """SIGKILL each of ``processes`` still running (psutil: never a later process that took its pid)."""
+    import psutil
+
+    for process in processes:
+        try:
+            process.kill()
         except psutil.Error:
             continue
 

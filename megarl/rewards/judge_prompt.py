@@ -7,6 +7,7 @@ The judge's engine, its chat template and the counting of failures are megarl/ro
 
 from __future__ import annotations
 
+import math
 import re
 import string
 from pathlib import Path
@@ -64,20 +65,22 @@ def render(template: str, prompt: Any, response: str, ground_truth: Any) -> str:
 
 
 def parse_score(text: str, parser: str, verdicts: dict[str, float]) -> float:
-    """The score in a judge's output; JudgeOutputError (with what was looked for) when there is none."""
+    """The score in a judge's output; JudgeOutputError (with what was looked for) when there is
+    none, or when it is not finite (1e400, inf, nan: a reward that would poison the advantages)."""
     if parser == "number":
         numbers = re.findall(_NUMBER, text)
         if not numbers:
             raise JudgeOutputError("no number in the judge's output")
-        return float(numbers[-1])
+        return _finite(float(numbers[-1]), numbers[-1])
     if parser == "boxed":
         boxed = _BOXED.findall(text)
         if not boxed:
             raise JudgeOutputError("no \\boxed{...} in the judge's output")
         try:
-            return float(boxed[-1].strip())
+            value = float(boxed[-1].strip())
         except ValueError:
             raise JudgeOutputError(f"\\boxed{{{boxed[-1]}}} holds no number") from None
+        return _finite(value, boxed[-1].strip())
     if parser == "verdict":
         words = {w.lower(): s for w, s in verdicts.items()}
         pattern = r"\b(" + "|".join(re.escape(w) for w in sorted(words, key=len, reverse=True)) + r")\b"
@@ -86,3 +89,9 @@ def parse_score(text: str, parser: str, verdicts: dict[str, float]) -> float:
             raise JudgeOutputError(f"none of the verdicts ({', '.join(verdicts)}) in the judge's output")
         return words[found[-1].lower()]
     raise ValueError(f"reward.judge.parser {parser!r} is none of number, verdict, boxed")
+
+
+def _finite(value: float, said: str) -> float:
+    if not math.isfinite(value):
+        raise JudgeOutputError(f"the judge's score {said!r} is not a finite number")
+    return value

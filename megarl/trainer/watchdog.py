@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from megarl.progress import PROGRESS
+from megarl.user_code import SignalInterrupt
 
 log = logging.getLogger(__name__)
 
@@ -138,11 +139,11 @@ class RunControl:
             print(f"\nmegarl: {_NAMES.get(signum, signum)} received: stopping after this step{save}; "
                   "send it again to stop at once (a SIGTERM or SIGHUP: after 5 s)", file=sys.stderr, flush=True)
             return
-        raise KeyboardInterrupt  # abandon what runs now (Ray's waits turn it into KeyboardInterrupt too)
+        raise SignalInterrupt  # abandon what runs now (Ray's waits turn it into KeyboardInterrupt too)
 
     def _on_hang(self, signum: int, frame: Any) -> None:
         if not self.cleaning:
-            raise KeyboardInterrupt
+            raise SignalInterrupt
 
     def interrupt_for_hang(self, message: str) -> None:
         """From the watchdog thread: the main thread raises (and the run ends in HangError)."""

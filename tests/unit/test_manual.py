@@ -30,7 +30,7 @@ SECTIONS = tuple(MegaRLConfig.model_fields)
 # Dotted words in the manual that look like config keys but are not meant as ones: misspelt keys
 # shown with their error, a directory name and a transformers method.
 NOT_KEYS = {"rollout.smapling", "rollout.smapling.temperature", "rollout.temperature", "actor.lr", "reward.KEY",
-            "model.unverified", "model.generate"}  # fmt: skip
+            "model.unverified", "model.generate", "model.layers"}  # fmt: skip (model.layers: HF tensor names)
 
 
 def _anchors(page: Path) -> set[str]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
 
 import pytest
@@ -86,6 +87,20 @@ def test_a_generate_function_is_named_with_its_file(prompts, did, capsys):
     )
 
 
+def test_an_error_raised_inside_megarl_code_the_function_called_is_not_blamed_on_it(tmp_path):
+    """The function's own bug is its own; an error from inside a megarl call it made (here a write
+    into a folder that is gone; in a run, an engine actor's death) passes as it is, noting the function."""
+    from megarl.kept_files import write_atomically
+
+    def calls_megarl(engines, prompts, params):
+        write_atomically(tmp_path / "gone" / "rows.txt", "x")
+
+    generate = named_generate_function(calls_megarl, "my_pkg.rollouts:generate")
+    with pytest.raises(FileNotFoundError) as info:
+        generate(None, [], None)
+    assert any("rollout.generate_function my_pkg.rollouts:generate" in note for note in info.value.__notes__)
+
+
 def test_a_ctrl_c_while_user_code_runs_stays_the_users():
     """A KeyboardInterrupt that the SIGINT handler raised (wherever the main thread was) is the
     user's own Ctrl-C: passed on as it is, not blamed on the code."""
@@ -106,3 +121,25 @@ def test_a_ctrl_c_while_user_code_runs_stays_the_users():
     with pytest.raises(KeyboardInterrupt) as raised:
         raise KeyboardInterrupt
     assert raised_by_code(raised.value)
+
+
+def test_megarls_own_signal_handler_is_never_blamed_on_the_generate_function():
+    """Under a run's RunControl, Ctrl-C while the user's generate function runs reaches the trainer
+    as the user's stop (a KeyboardInterrupt), not as the function ending the process; the same for
+    the watchdog's hang interrupt."""
+    from megarl.trainer.watchdog import HANG_SIGNAL, RunControl
+
+    def user_gen():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            pass
+
+    for signum in (signal.SIGINT, HANG_SIGNAL):
+        wrapped = named_generate_function(user_gen, "mymod:user_gen")
+        with RunControl().handlers():
+            timer = threading.Timer(0.3, os.kill, (os.getpid(), signum))
+            timer.start()
+            with pytest.raises(KeyboardInterrupt) as info:
+                wrapped()
+            timer.join()
+        assert not isinstance(info.value, UserCodeError) and not raised_by_code(info.value)

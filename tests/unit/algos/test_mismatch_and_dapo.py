@@ -10,6 +10,7 @@ from megarl.algos import (
     tis_weights,
     zero_var_group_frac,
 )
+from megarl.algos.mismatch import corrections_by_staleness, tis_capped
 
 
 def test_token_tis_weights_are_capped_ratios():
@@ -59,3 +60,15 @@ def test_overlong_penalty_is_linear_over_the_window():
     assert (overlong_penalty(lengths, 80, 0, 1.0) == 0).all()
     with pytest.raises(ValueError, match="overlong.length"):
         overlong_penalty(lengths, 10, 20, 1.0)
+
+
+@pytest.mark.parametrize("cap", [2.0, 3.5, 7.0, 10.3])
+def test_tokens_at_the_cap_are_counted_as_capped_whatever_the_cap(cap):
+    # exp(log(cap)) rounds below cap for 3.5, 7.0 and 10.3 in fp32: a weight >= cap test misses them
+    train = torch.tensor([[0.0, 5.0, math.log(cap) - 0.5]])
+    rollout = torch.zeros(1, 3)
+    mask = torch.ones(1, 3)
+    assert tis_capped(train, rollout, mask, "token", cap).tolist() == [[0.0, 1.0, 0.0]]
+    assert tis_weights(train, rollout, mask, "token", cap)[0, 1].item() == pytest.approx(cap)
+    staleness = corrections_by_staleness(train, rollout, mask, torch.tensor([0]), ("token", cap), ("none", 0.5, 2.0))
+    assert staleness["rollout/tis_capped_frac/staleness0"] == pytest.approx(1 / 3)

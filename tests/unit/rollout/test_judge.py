@@ -24,6 +24,10 @@ def test_parsers_read_the_last_score_and_refuse_outputs_without_one():
     for text, parser in (("none here", "number"), (r"\boxed{seven}", "boxed"), ("incorrectly so", "verdict")):
         with pytest.raises(JudgeOutputError):
             parse_score(text, parser, VERDICTS)
+    # a score that is not finite is no score: it would poison every advantage of the step
+    for text, parser in (("rating 1e400", "number"), (r"\boxed{inf}", "boxed"), (r"\boxed{nan}", "boxed")):
+        with pytest.raises(JudgeOutputError, match="not a finite number"):
+            parse_score(text, parser, VERDICTS)
 
 
 def test_template_placeholders_are_checked_and_rendered():
