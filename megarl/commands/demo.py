@@ -26,8 +26,14 @@ DEMO_MODEL: dict[str, Any] = dict(arch="qwen2", task_vocab=TASK_VOCAB, hidden_si
 # The mixture-of-experts demo's (configs/tiny_moe_grpo.yaml): the same size with 4 experts of
 # which each token takes 2, in both layers.
 DEMO_MOE_MODEL: dict[str, Any] = dict(DEMO_MODEL, arch="qwen3_moe", num_experts=4, experts_per_token=2, moe_ffn_hidden_size=64)
+# The DeepSeek-V3 demo's (configs/tiny_dsv3_grpo.yaml): the same width in 3 layers, the first
+# dense; multi-latent attention with a low-rank query, 4 routed experts (top-2 of 2 groups, 1 group
+# per token) beside 1 shared expert, a sigmoid router with a correction bias, a scaling factor of
+# 2.5 (megarl/models/tiny_deepseek_v3.py's defaults).
+DEMO_DSV3_MODEL: dict[str, Any] = dict(DEMO_MODEL, arch="deepseek_v3", num_layers=3, deepseek={"moe_intermediate_size": 64})
 # The model a demo config's model.arch asks for.
-DEMO_MODELS: dict[str, dict[str, Any]] = {"tiny-demo": DEMO_MODEL, "tiny-moe-demo": DEMO_MOE_MODEL}
+DEMO_MODELS: dict[str, dict[str, Any]] = {"tiny-demo": DEMO_MODEL, "tiny-moe-demo": DEMO_MOE_MODEL,
+                                          "tiny-dsv3-demo": DEMO_DSV3_MODEL}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -43,7 +49,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the demo config (default: %(default)s, from this directory, else from the checkout megarl runs from)")
     p.add_argument("--root", type=user_path, default=None,
                    help="where the model, data and run go (default: the folder of the config's model.path: outputs/demo "
-                        "for configs/tiny_grpo.yaml, outputs/moe-demo for configs/tiny_moe_grpo.yaml)")
+                        "for configs/tiny_grpo.yaml, outputs/moe-demo for configs/tiny_moe_grpo.yaml, outputs/dsv3-demo for "
+                        "configs/tiny_dsv3_grpo.yaml)")
     p.set_defaults(handler=_run)
 
 

@@ -198,6 +198,10 @@ BUILTIN_ARCHS: dict[str, ArchSpec] = {
         # The MoE demo's (configs/tiny_moe_grpo.yaml; megarl/commands/demo.py DEMO_MOE_MODEL).
         ArchSpec("tiny-moe-demo", "qwen3_moe", 64, 2, 4, 2, 128, 14, 64, False, num_experts=4, experts_per_token=2,
                  moe_ffn_hidden_size=64),
+        # The DeepSeek-V3 demo's (configs/tiny_dsv3_grpo.yaml; megarl/commands/demo.py DEMO_DSV3_MODEL).
+        ArchSpec("tiny-dsv3-demo", "deepseek_v3", 64, 3, 4, 4, 128, 14, 64, False, head_dim=8, num_experts=4,
+                 experts_per_token=2, moe_ffn_hidden_size=64, dense_layers=(0,), num_shared_experts=1, router_bias=True,
+                 q_lora_rank=32, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16),
         # deepseek-ai/deepseek-llm-7b-chat (verl's default model path): a Llama without GQA.
         ArchSpec("deepseek-llm-7b", "llama", 4096, 30, 32, 32, 11008, 102400, 4096, False),
         ArchSpec("llama-3-8b", "llama", 4096, 32, 32, 8, 14336, 128256, 8192, False),

@@ -481,9 +481,11 @@ def fused_expert_slices(model: torch.nn.Module) -> dict[str, ExpertSlice]:
 
 
 def _canonical_param_names(model: torch.nn.Module) -> dict[str, str]:
-    """Every state-dict key that is a parameter -> the name of that parameter (tied ones share one)."""
+    """Every state-dict key -> the name of that parameter (tied ones share one); a persistent
+    buffer, such as DeepSeek-V3's router ``e_score_correction_bias`` (in the checkpoint, pushed,
+    moved by load outside the optimizer), is its own name."""
     by_id = {id(p): name for name, p in model.named_parameters()}
-    return {key: by_id[id(t)] for key, t in model.state_dict(keep_vars=True).items() if id(t) in by_id}
+    return {key: by_id.get(id(t), key) for key, t in model.state_dict(keep_vars=True).items()}
 
 
 def _cache_argument(model: torch.nn.Module) -> str:

@@ -32,9 +32,10 @@ DeepSeek-V3's router (sigmoid scores, an expert bias, group-limited top-k, a sca
 replays too: the engine's ids win over the bias and the group limit; in ``experts`` mode the
 weights are the trainer's sigmoid scores at those ids (the bias picks experts, it does not weigh
 them), normalised and scaled, as Megatron computes them; an unrouted token gets the router's
-own group-limited choice of score + bias. Left out: sinkhorn, fused (TE) routing; the engine's
-weights on a router with an expert bias (Megatron gathers its sigmoid scores afresh after the
-top-k, so ``experts_and_weights`` is refused there; without the bias they replay).
+own group-limited choice of score + bias. In ``experts_and_weights`` mode Megatron ignores the
+values top-k returns on a router with the bias (it gathers its sigmoid scores afresh at the
+chosen ids): there a forward hook on the router puts the engine's weights in its output instead
+(:meth:`_RouterHook.weigh`). Left out: sinkhorn, fused (TE) routing.
 """
 
 from __future__ import annotations
@@ -62,9 +63,13 @@ def moe_layer_indices(tcfg: Any) -> list[int]:
 class _RouterHook:
     """One router's replay (duck-typed as Megatron's ``RouterReplay``: ``get_replay_topk``)."""
 
-    def __init__(self, layer: int, with_weights: bool, log_weights: bool, scale: float) -> None:
+    def __init__(self, layer: int, with_weights: bool, log_weights: bool, scale: float, regather: bool = False) -> None:
         self.layer = layer  # index into the Batch's L axis
         self.with_weights = with_weights
+        # Megatron weighs the chosen experts afresh after the top-k (a router with an expert bias):
+        # the engine's weights go in through :meth:`weigh`, a forward hook on the router, instead.
+        self.regather = regather
+        self.pending: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # (ids, weights, routed) for weigh
         self.log_weights = log_weights  # the router softmaxes what top-k returns: hand it log(w)
         self.scale = scale  # Megatron multiplies the probabilities by its scaling factor afterwards
         self.ids: torch.Tensor | None = None  # [N, k] long, -1 = the trainer routes this token itself
@@ -91,11 +96,24 @@ class _RouterHook:
             return values, own
         ids = torch.where(routed, ids.to(scores.device), own)  # [N, k]
         replayed = scores.gather(1, ids)  # the trainer's own scores at the engine's experts: differentiable
-        if weights is not None:
+        if weights is not None and self.regather:
+            self.pending = (ids, weights.to(scores.device), routed)
+        elif weights is not None:
             w = weights.to(device=scores.device, dtype=torch.float32) / self.scale
             w = w.clamp(min=1e-30).log() if self.log_weights else w
             replayed = torch.where(routed, w.to(scores.dtype), replayed)  # constants where replayed
         return replayed, ids
+
+    def weigh(self, module: Any, args: Any, output: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward hook of a ``regather`` router: its ``(probs [N, E], routing_map [N, E])`` with the
+        engine's weights (normalised and scaled, as the router's own) at the replayed tokens' experts."""
+        pending, self.pending = self.pending, None
+        if pending is None:
+            return output
+        probs, routing_map = output
+        ids, weights, routed = pending
+        engine = torch.zeros_like(probs).scatter(1, ids, weights.to(probs.dtype))  # [N, E]
+        return torch.where(routed & routing_map, engine, probs), routing_map  # constants where replayed
 
     def _targets(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The current forward's ids (a recompute inside the backward takes the oldest queued)."""
@@ -139,16 +157,17 @@ class RoutingReplay:
         routers = [m for m in core.modules() if isinstance(m, TopKRouter)]
         if mode == "none" or not routers:
             return None
-        if mode == "experts_and_weights" and getattr(tcfg, "moe_router_enable_expert_bias", False):
-            raise ValueError("actor.moe.routing_replay=experts_and_weights cannot replay the weights of a router with "
-                             "an expert bias (Megatron recomputes them); use routing_replay=experts")  # fmt: skip
         order = moe_layer_indices(tcfg)
         log_weights = tcfg.moe_router_score_function == "softmax" and not tcfg.moe_router_pre_softmax
         scale = float(tcfg.moe_router_topk_scaling_factor or 1.0)
+        regather = mode == "experts_and_weights" and bool(getattr(tcfg, "moe_router_enable_expert_bias", False))
         hooks = []
         for router in routers:
-            hook = _RouterHook(order.index(router.layer_number - 1), mode == "experts_and_weights", log_weights, scale)
+            hook = _RouterHook(order.index(router.layer_number - 1), mode == "experts_and_weights", log_weights, scale,
+                               regather)  # fmt: skip
             router.router_replay = hook  # this router's only: nothing process-global
+            if regather:
+                router.register_forward_hook(hook.weigh)
             hooks.append(hook)
         recompute = getattr(tcfg, "recompute_granularity", None) == "full"
         return cls(hooks, mode, bool(tcfg.sequence_parallel), tp_rank, tp_size, order, recompute)
@@ -200,7 +219,7 @@ class RoutingReplay:
 
     def clear(self) -> None:
         for hook in self.hooks:
-            hook.ids = hook.weights = None
+            hook.ids = hook.weights = hook.pending = None
             hook.queue.clear()
 
     @contextmanager

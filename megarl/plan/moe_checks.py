@@ -51,10 +51,6 @@ def _check_trainer_side(cfg: MegaRLConfig, section: str, moe: MoEConfig, arch: A
         issues.append(Issue(f"{section}.moe.expert_bias_update_rate", f"({moe.expert_bias_update_rate:g}) moves a router's "
                             f"correction bias (DeepSeek-V3's e_score_correction_bias) and {arch.name}'s router has none; "
                             "remove it, or balance with aux_loss_coef"))  # fmt: skip
-    if moe.routing_replay == "experts_and_weights" and arch.router_bias:
-        issues.append(Issue(f"{section}.moe.routing_replay", f"(experts_and_weights) cannot replay the weights of "
-                            f"{arch.name}'s router (its correction bias picks the experts and Megatron weighs them "
-                            "afresh); use experts"))  # fmt: skip
     pp = getattr(cfg, section).parallel.pp
     for key in ("aux_loss_coef", "z_loss_coef"):
         if getattr(moe, key) and pp > 1:

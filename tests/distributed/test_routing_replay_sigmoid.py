@@ -6,8 +6,10 @@ built directly (8 experts in 4 groups, 2 groups per token, top-2, scale 2.5), in
   sigmoid scores at those ids, normalised, times the scale (the bias left out), with gradient;
   a token the engine did not route gets the group-limited top-k of score + bias, by hand; the
   router's gradient equals autograd's through that hand formula.
-- experts_and_weights: the engine's weights come out exactly on a router without the bias, and
-  a router with the bias is refused (Megatron gathers its weights afresh), in one line.
+- experts_and_weights: the engine's weights come out exactly, on a router without the bias (through
+  the values top-k returns) and on one with it (Megatron gathers its weights afresh there: megarl's
+  forward hook puts them in); a token the engine did not route keeps the router's own weights, and
+  only it gives the router a gradient.
 """
 
 from __future__ import annotations
@@ -74,10 +76,6 @@ def _replay(rank: int, world: int) -> dict:
     out = {"map": torch.equal(routing_map, expected > 0), "probs_err": (probs - expected).abs().max().item(),
            "grad_norm": router.weight.grad.norm().item(), "grad_err": (router.weight.grad - w.grad).abs().max().item(),
            "own_changed_by_bias": not torch.equal(_own_choice(sig[-1]).sort().values, chosen[-1].sort().values)}  # fmt: skip
-    try:
-        RoutingReplay.attach(router, tcfg, "experts_and_weights")
-    except ValueError as e:
-        out["refused"] = str(e)
     plain, tcfg = _router(bias=False)
     replay = RoutingReplay.attach(plain, tcfg, "experts_and_weights")
     assert replay is not None
@@ -96,8 +94,43 @@ def test_replay_on_a_sigmoid_router_with_bias_groups_and_scale():
     assert r["own_changed_by_bias"], r  # the unrouted token's own choice really depends on the bias
     assert r["grad_norm"] > 1e-3 and r["grad_err"] <= 1e-5 * r["grad_norm"], r  # experts mode: the router learns
     assert r["weights_map"] and r["weights_err"] <= 1e-6, r
-    assert "experts_and_weights cannot replay the weights of a router with an expert bias" in r["refused"]
-    assert "use routing_replay=experts" in r["refused"]
+
+
+def _weights_with_bias(rank: int, world: int) -> dict:
+    from megarl.config.sections import ParallelConfig
+    from megarl.megatron_runtime.model import ensure_parallel
+    from megarl.megatron_runtime.routing_replay import RoutingReplay
+
+    ensure_parallel(ParallelConfig(), seed=1)
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(N, 1, H, generator=g)  # [S, b, h]
+    router, tcfg = _router(bias=True)
+    replay = RoutingReplay.attach(router, tcfg, "experts_and_weights")
+    assert replay is not None
+    ids = torch.tensor([[0, 1], [6, 7], [0, 7], [2, 5], [3, 4], [-1, -1]])  # [N, K]: token 5 not routed
+    weights = torch.rand(N, K, generator=g) + 0.1
+    weights = SCALE * weights / weights.sum(-1, keepdim=True)  # as the engine reports them: normalised, scaled
+    replay.hooks[0].ids, replay.hooks[0].weights = ids, weights
+    probs, routing_map = router(x)  # [N, E] each
+    w = router.weight.detach().clone().requires_grad_()
+    sig = torch.sigmoid(x[-1, 0] @ w.t())  # [E] the unrouted token's scores
+    own = _own_choice(sig.detach() + router.expert_bias)
+    picked = sig[own]
+    expected = torch.zeros(N, E).scatter(1, ids.clamp(min=0), weights)  # constants where replayed
+    expected[-1] = torch.zeros(E).scatter(0, own, SCALE * picked / picked.sum())
+    (probs * torch.arange(E)).sum().backward()
+    (expected * torch.arange(E)).sum().backward()
+    return {"map": torch.equal(routing_map, expected > 0), "probs_err": (probs - expected).abs().max().item(),
+            "grad_norm": router.weight.grad.norm().item(), "grad_err": (router.weight.grad - w.grad).abs().max().item(),
+            "rows_with_grad": (router.weight.grad.abs().sum(-1) > 0).sum().item(), "pending": replay.hooks[0].pending}  # fmt: skip
+
+
+def test_weights_replay_on_a_router_with_bias():
+    r = run_distributed(_weights_with_bias, 1)[0]
+    assert r["map"] and r["probs_err"] <= 1e-6, r  # the engine's weights, not the router's sigmoid scores
+    assert r["grad_norm"] > 1e-3 and r["grad_err"] <= 1e-5 * r["grad_norm"], r  # from the unrouted token alone
+    assert r["rows_with_grad"] == K, r  # the unrouted token's two experts: replayed tokens give no gradient
+    assert r["pending"] is None, r  # the hook used what the top-k left it
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,13 +1,15 @@
 """The torch engine serves a tiny DeepSeek-V3 (MLA, one dense first layer, grouped sigmoid routing
 with a correction bias) and records its routing: the HF routers' experts and weights (the routed
-scaling factor included) on prompt and response tokens, the dense layer skipped."""
+scaling factor included) on prompt and response tokens, the dense layer skipped; a push carries the
+routers' correction bias (a buffer, not a parameter) into the engine, and one without it is refused."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from megarl.engines.base import SamplingParams
-from megarl.engines.torch_engine import TorchEngine
+from megarl.engines.base import SamplingParams, WeightBucket
+from megarl.engines.torch_engine import TorchEngine, WeightLoadError
 from megarl.models.tiny import build_tiny_model
 
 PROMPTS = [[3, 4, 5, 6, 7], [8, 9]]
@@ -40,3 +42,18 @@ def test_torch_engine_routing_of_deepseek_v3(tmp_path):
         assert torch.equal(r.routed_experts[:-1].long(), ids[:-1])
         assert torch.allclose(r.routing_weights[:-1], weights[:-1], atol=1e-6, rtol=0)
         assert r.routing_weights[:-1].sum(-1).allclose(torch.tensor(2.5))  # normalised, times routed_scaling_factor
+
+
+def test_a_push_carries_the_correction_bias(tmp_path):
+    from safetensors.torch import load_file
+
+    path = build_tiny_model(tmp_path / "ds", "deepseek_v3", hidden_size=64, num_layers=2, num_heads=4, ffn_hidden_size=96)
+    engine = TorchEngine(path, dtype="float32")
+    pushed = load_file(str(path / "model.safetensors"))
+    bias = "model.layers.1.mlp.gate.e_score_correction_bias"
+    pushed[bias] = pushed[bias] + 0.5  # as the trainer's load balancing moved it
+    engine.load_weights(WeightBucket(sorted(pushed.items()), 2, last=True))
+    assert torch.equal(engine.model.model.layers[1].mlp.gate.e_score_correction_bias, pushed[bias])
+    assert engine.weight_version == 2
+    with pytest.raises(WeightLoadError, match=r"weight push 3 ended without 1 parameter\(s\): " + bias.replace(".", r"\.")):
+        engine.load_weights(WeightBucket([(n, t) for n, t in pushed.items() if n != bias], 3, last=True))
