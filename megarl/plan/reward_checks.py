@@ -22,14 +22,14 @@ from megarl.models.hf_files import tokenizer_files_problem
 from megarl.plan.issues import Finding, Issue
 from megarl.plan.model_size import model_size
 from megarl.plan.reward_model_plan import reward_model_layout, reward_model_memory
-from megarl.rewards.combine import component_problems
 from megarl.rewards.judge_prompt import render, template_problem, template_text
 from megarl.rollout_sglang.server import CPU_MAX_TOTAL_TOKENS
 
 
 def combine_findings(cfg: MegaRLConfig, files: list[tuple[str, list[Any]]]) -> list[Finding]:
-    """reward.combine and reward.judge against the config and the data files' rows (label, PromptRecords)."""
-    findings = [Finding("reward.combine", p) for p in component_problems(cfg.reward)]
+    """reward.combine and reward.judge against the data files' rows (label, PromptRecords) and the
+    judge's files (the components' names are the planner's own check: make_plan)."""
+    findings: list[Finding] = []
     seen = {r.data_source for _, records in files for r in records}
     if files:  # (none read: data.custom_cls reads its own files)
         for source in sorted(set(cfg.reward.combine) - seen):
