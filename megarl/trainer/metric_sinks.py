@@ -330,7 +330,7 @@ def _take_history(path: Path, resume_step: int, history: Path) -> None:
                         path, resume_step, history.parent.name)  # fmt: skip
         return
     try:
-        if _in_order(theirs.splitlines(), [line for line, _ in records(path)]):
+        if _in_order(theirs.splitlines(), [line for line, _ in records(path, quiet=True)]):  # (_cut_back warns of a cut line)
             return
         why = f"does not hold the records {history.parent.name} was saved with (lines removed or changed, or another history since set aside)"
     except MetricsFileError as exc:
