@@ -215,11 +215,12 @@ BUILTIN_ARCHS: dict[str, ArchSpec] = {
 def describe_archs() -> str:
     """The built-in table, one line per architecture (what `megarl plan --list-archs` prints);
     a mixture-of-experts model also shows its active parameters and experts (top-k of all)."""
-    lines = [f"{'name':<16} {'type':<9} {'params':>8} {'active':>8} {'experts':>7} {'layers':>6} {'heads/kv':>8} "
+    kinds = max(len(a.model_type) for a in BUILTIN_ARCHS.values())  # the widest type sets the column
+    lines = [f"{'name':<16} {'type':<{kinds}} {'params':>9} {'active':>8} {'experts':>7} {'layers':>6} {'heads/kv':>8} "
              f"{'hidden':>6} {'vocab':>7} {'positions':>9}"]  # fmt: skip
     for a in BUILTIN_ARCHS.values():
         active, experts = (f"{a.active_params / 1e9:.2f}B", f"{a.experts_per_token}/{a.num_experts}") if a.num_experts else ("-", "-")
-        lines.append(f"{a.name:<16} {a.model_type:<9} {a.num_params / 1e9:>7.2f}B {active:>8} {experts:>7} {a.num_layers:>6} "
+        lines.append(f"{a.name:<16} {a.model_type:<{kinds}} {a.num_params / 1e9:>8.2f}B {active:>8} {experts:>7} {a.num_layers:>6} "
                      f"{f'{a.num_heads}/{a.num_kv_heads}':>8} {a.hidden_size:>6} {a.vocab_size:>7} {a.max_positions:>9}")
     return "\n".join(lines)
 
