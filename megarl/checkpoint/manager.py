@@ -69,6 +69,12 @@ from megarl.kept_files import kept_name, kept_tag
 
 log = logging.getLogger(__name__)
 
+
+class NoSpaceForCheckpoint(CheckpointError):
+    """A save refused before it wrote anything: its disk cannot hold the checkpoint (the trainer
+    adds what is kept and the resume command)."""
+
+
 _TEMP_PREFIX = ".tmp_"
 _TRASH_PREFIX = ".trash_"
 # Names of step directories set aside (kept_files.kept_name: step_NNNNNN.<tag>, -1, -2, ... when taken):
@@ -129,7 +135,7 @@ class CheckpointManager:
         need = max(expected_bytes or 0, self._last_size())
         short = space_shortfall(need, shutil.disk_usage(self.root).free) if need else None
         if short:
-            raise CheckpointError(
+            raise NoSpaceForCheckpoint(
                 f"not enough disk space to save step {step} in {self.root}: {short}; free some space (a lower "
                 f"trainer.keep_last keeps fewer checkpoints{self._set_aside_hint()}) or point trainer.output_dir at a "
                 "larger disk, then resume"

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from megarl.checkpoint.manager import CheckpointManager, starts_new_history
+from megarl.checkpoint.manager import CheckpointManager, NoSpaceForCheckpoint, starts_new_history
 from megarl.checkpoint.run_record import (
     METRICS_HISTORY,
     RUN_CONFIG,
@@ -232,6 +232,9 @@ class Trainer:
         try:
             with quiet_threads():
                 yield
+        except NoSpaceForCheckpoint as exc:  # refused before writing: the same ending, in its own words
+            kept, command = self._kept_and_resume(control)
+            raise NoSpaceForCheckpoint(f"{exc}; kept: {kept}; resume with: {command}") from None
         except Exception as exc:
             cause = disk_full_cause(exc)
             if cause is None:
@@ -239,11 +242,15 @@ class Trainer:
             filename = getattr(cause, "filename", None)
             full = cause if isinstance(cause, DiskFullError) else DiskFullError(
                 filename if isinstance(filename, str) else self.out, f"the run's files at step {self.step}", reason_of(cause))  # fmt: skip
-            latest = self.checkpoints.latest_valid(quiet=True)
-            kept = f"the last complete checkpoint, step {latest.step} ({latest.path})" if latest else "no checkpoint yet"
-            command = control.resume_command or "the same command (trainer.resume=auto)"
+            kept, command = self._kept_and_resume(control)
             raise full.with_kept(kept, f"free space on that disk (megarl deletes nothing of yours to make room), then resume "
                                        f"with: {command}") from exc  # fmt: skip
+
+    def _kept_and_resume(self, control: RunControl) -> tuple[str, str]:
+        """What a run that cannot go on leaves (its last complete checkpoint) and the command that resumes it."""
+        latest = self.checkpoints.latest_valid(quiet=True)
+        kept = f"the last complete checkpoint, step {latest.step} ({latest.path})" if latest else "no checkpoint yet"
+        return kept, control.resume_command or "the same command (trainer.resume=auto)"
 
     def _stopped_message(self, control: RunControl, step: int | None, saved: bool = False) -> str:
         """What a stop on a signal leaves behind (``step``: the last completed one, None when the

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from megarl.checkpoint.manager import CheckpointManager
+from megarl.checkpoint.manager import CheckpointManager, NoSpaceForCheckpoint
 from megarl.checkpoint.verification import verify_checkpoint
 from megarl.cli import report
 from megarl.disk_full import DiskFullError, writing
@@ -102,6 +102,13 @@ def test_the_run_names_the_last_complete_checkpoint_and_the_resume_command(tmp_p
     with pytest.raises(DiskFullError, match=r"writing the run's files at step 5 to \S+ failed .*kept: the last complete"):
         with trainer._disk_full_ending(RunControl()):
             raise RuntimeError("a library's write failed") from FULL  # a write no megarl writer wrapped
+    # a save refused before it writes (the disk cannot hold it) ends the same way: kept, and how to resume
+    with pytest.raises(NoSpaceForCheckpoint) as refused:
+        with trainer._disk_full_ending(RunControl("megarl launch run.yaml")):
+            trainer.checkpoints.check_free_space(6, expected_bytes=10 * shutil.disk_usage(tmp_path).free)
+    assert str(refused.value).startswith(f"not enough disk space to save step 6 in {tmp_path}/checkpoints: ")
+    assert str(refused.value).endswith(f"; kept: the last complete checkpoint, step 3 ({tmp_path}/checkpoints/step_000003); "
+                                       "resume with: megarl launch run.yaml")  # fmt: skip
 
 
 def test_a_log_file_on_a_full_disk_prints_no_logging_errors(capfd):
