@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import inspect
 import os
+import re
 import threading
 import traceback
 from typing import Any
@@ -57,7 +58,7 @@ def raised_by_code(exc: BaseException) -> bool:
     ):
         return True
     frames = traceback.extract_tb(exc.__traceback__)
-    return bool(frames) and (frames[-1].line or "").lstrip().startswith("raise")
+    return bool(frames) and re.search(r"\braise\b", frames[-1].line or "") is not None  # (one-liners too: `def f(): raise X`)
 
 
 def source_file(obj: Any) -> str:

@@ -122,6 +122,13 @@ def test_a_ctrl_c_while_user_code_runs_stays_the_users():
         raise KeyboardInterrupt
     assert raised_by_code(raised.value)
 
+    class OneLiner:  # a dataset class's `def __len__(self): raise KeyboardInterrupt`
+        def __len__(self): raise KeyboardInterrupt  # noqa: E704  # fmt: skip
+
+    with pytest.raises(KeyboardInterrupt) as one_liner:
+        len(OneLiner())
+    assert raised_by_code(one_liner.value)
+
 
 def test_megarls_own_signal_handler_is_never_blamed_on_the_generate_function():
     """Under a run's RunControl, Ctrl-C while the user's generate function runs reaches the trainer

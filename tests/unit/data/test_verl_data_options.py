@@ -108,6 +108,9 @@ DATASET = textwrap.dedent(
         def __getitem__(self, i):
             import sys
             sys.exit(5)
+
+    class Interrupts(JsonlPrompts):
+        def __len__(self): raise KeyboardInterrupt
     """
 )
 
@@ -133,12 +136,14 @@ def test_custom_cls_gives_the_training_prompts(dataset_file, byte_tokenizer):
 
 
 @pytest.mark.parametrize("name, error", [
-    ("Missing", r"data.custom_cls.name: 'Missing' is not defined in .*my_dataset.py; classes there: BadRow, Exits, JsonlPrompts"),
+    ("Missing", r"data.custom_cls.name: 'Missing' is not defined in .*my_dataset.py; classes there: BadRow, Exits, Interrupts, JsonlPrompts"),
     ("NoRows", r"data.custom_cls: NoRows \(.*\) has no __getitem__"),
     ("OtherArguments", r"data.custom_cls: OtherArguments \(.*\) cannot be built as OtherArguments\(data_files=..., "),
     ("BadRow", r"data.custom_cls \(BadRow on data.train_files\): row 0 has no key 'reward_model'"),
     ("Exits", r"data.custom_cls \(Exits on data.train_files\) \(.*my_dataset.py\) called sys.exit\(5\) while it was built "
               r"or its rows read; a dataset class must raise an exception"),  # not the function's exit code
+    ("Interrupts", r"data.custom_cls \(Interrupts on data.train_files\) \(.*my_dataset.py\) raised KeyboardInterrupt while "
+                   r"it was built"),  # not the user's Ctrl-C
 ])  # fmt: skip
 def test_a_class_that_does_not_fit_is_one_line(dataset_file, byte_tokenizer, name, error):
     with pytest.raises(DataError, match=error) as info:
