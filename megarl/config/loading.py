@@ -98,12 +98,26 @@ def parse_override(item: str) -> tuple[str, Any]:
         value = yaml.safe_load(text) if text.strip() else ""
     except yaml.YAMLError as exc:
         raise ConfigError(f"override {item!r}: value {text!r} is not valid YAML ({exc.problem})") from None
+    comment = _dropped_comment(text)
+    if comment is not None:  # `run #1` would become `run`: another run's folder, silently
+        raise ConfigError(f"override {item!r}: YAML reads {comment!r} as a comment and the value as {value!r}; quote the "
+                          f"value to keep it whole: {key}=\"'{text}'\" (the outer quotes for the shell)")  # fmt: skip
     glued = _glued_entry(value)
     if glued is not None:
         fixed = re.sub(r"(?<=[{,\s])([^\s{},:]+):(?=\S)", r"\1: ", text)
         raise ConfigError(f"override {item!r}: YAML reads {glued!r} as one key with no value (a mapping needs a space "
                           f"after each colon); write it as '{key}={fixed}', quoted for the shell")  # fmt: skip
     return key, value
+
+
+def _dropped_comment(text: str) -> str | None:
+    """The `` #...`` comment YAML drops after an override's value, or None."""
+    try:
+        node = yaml.compose(text)
+    except yaml.YAMLError:
+        return None
+    rest = text[node.end_mark.index :].strip() if node is not None else text.strip()
+    return rest if rest.startswith("#") else None
 
 
 def _glued_entry(value: Any) -> str | None:

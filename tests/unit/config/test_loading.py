@@ -19,6 +19,15 @@ def test_override_values_are_yaml_scalars():
     assert cfg.cluster.ray_address is None
 
 
+def test_a_comment_yaml_would_drop_from_an_override_is_refused():
+    # `run #1` read as YAML is `run`: the run would land in (and resume) another folder, silently
+    with pytest.raises(ConfigError, match=re.escape("YAML reads '#1' as a comment and the value as '/runs/exp'; quote the value "
+                                                    "to keep it whole: trainer.output_dir=\"'/runs/exp #1'\"")):  # fmt: skip
+        parse_override("trainer.output_dir=/runs/exp #1")
+    assert parse_override("trainer.output_dir='/runs/exp #1'") == ("trainer.output_dir", "/runs/exp #1")
+    assert parse_override("data.prompt_key=q#1") == ("data.prompt_key", "q#1")  # no space before it: no comment
+
+
 def test_override_wins_over_file(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("model: {arch: qwen2.5-7b}\nrollout: {n: 16, tp: 2}\n")
