@@ -174,6 +174,13 @@ def long_demo_note(cfg: Any) -> str | None:
             "for a short run (Ctrl-C stops it after a step, saved: the same command resumes)")  # fmt: skip
 
 
+def demo_run_dir(root: str | Path, overrides: list[str]) -> Path:
+    """The demo's run folder under ``root``: ``run``, or ``run-sglang`` for the SGLang variant, so
+    that it trains from step 0 beside an earlier torch-engine run instead of resuming it (a
+    finished `make demo` would leave it nothing to train)."""
+    return Path(root) / ("run-sglang" if "rollout.engine=sglang" in overrides else "run")
+
+
 def run_demo(config: str | Path, overrides: list[str], root: str | Path = "outputs/demo") -> Path:
     """Prepare, train, plot; returns the PNG of the curves."""
     from megarl.commands.curves import plot_run
@@ -185,7 +192,7 @@ def run_demo(config: str | Path, overrides: list[str], root: str | Path = "outpu
         print(note, flush=True)
     model, data = prepare_demo(root, arch=asked.model.arch or "tiny-demo")
     paths = [f"model.path={model}", f"data.train_files=[{data / 'train.parquet'}]", f"data.val_files=[{data / 'val.parquet'}]",
-             f"trainer.output_dir={Path(root) / 'run'}", *sglang_on_cpu(overrides)]
+             f"trainer.output_dir={demo_run_dir(root, overrides)}", *sglang_on_cpu(overrides)]
     launch(config, [*paths, *overrides], resume_command=demo_command(config, overrides, root))
     cfg = load_config(config, [*paths, *overrides])
     return plot_run(cfg.trainer.output_dir)

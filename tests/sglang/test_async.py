@@ -31,7 +31,7 @@ def test_async_demo_trains_through_the_real_server(sglang_python, tmp_path, monk
                                         "actor.micro_batch_size=8", "rollout.sampling.max_new_tokens=16",
                                         "trainer.eval_freq=0", "trainer.eval_before_train=false",
                                         "trainer.save_freq=0", "trainer.loggers=[jsonl]"], root)  # fmt: skip
-    run = root / "run"
+    run = root / "run-sglang"
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))  # every step logged once
     for r in records:

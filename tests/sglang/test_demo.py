@@ -25,7 +25,7 @@ def test_demo_trains_through_the_real_server(sglang_python, tmp_path, monkeypatc
     run_demo("configs/tiny_grpo.yaml", ["rollout.engine=sglang", f"rollout.server_python={sglang_python}",
                                         "trainer.total_steps=2", "trainer.eval_freq=2", "trainer.save_freq=0",
                                         "trainer.loggers=[jsonl]"], root)  # fmt: skip
-    records = [json.loads(line) for line in (root / "run" / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (root / "run-sglang" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if r["step"] > 0]
     assert [r["step"] for r in steps] == [1, 2]
     for r in steps:
@@ -33,7 +33,7 @@ def test_demo_trains_through_the_real_server(sglang_python, tmp_path, monkeypatc
         assert r["rollout/logprob_mismatch"] < 1e-5  # and the server samples with them
         assert 0 <= r["reward/mean"] <= 1
     assert "val/reward/mean" in records[-1]
-    assert (root / "run" / "logs" / "sglang_engine0.log").stat().st_size > 0
+    assert (root / "run-sglang" / "logs" / "sglang_engine0.log").stat().st_size > 0
     servers = [p for p in psutil.process_iter(["cmdline"]) if "sglang.launch_server" in " ".join(p.info["cmdline"] or [])
                and str(root) in " ".join(p.info["cmdline"] or [])]  # fmt: skip
     assert servers == []  # shut down with the run
@@ -49,14 +49,14 @@ def test_moe_demo_trains_through_the_real_server_with_routing_replay(sglang_pyth
     run_demo("configs/tiny_moe_grpo.yaml", ["rollout.engine=sglang", f"rollout.server_python={sglang_python}",
                                             "trainer.total_steps=2", "trainer.eval_before_train=false", "trainer.eval_freq=0",
                                             "trainer.save_freq=0", "trainer.loggers=[jsonl]"], root)  # fmt: skip
-    records = [json.loads(line) for line in (root / "run" / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (root / "run-sglang" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2]
     for r in records:
         assert r["weight_sync/logprob_diff"] < 1e-5  # every expert reached the server
         assert r["rollout/logprob_mismatch"] < 1e-5
     first = records[0]  # the replay metrics: measured at the first update with the engine's routing
     assert first["actor/moe/routing_agreement"] > 0.9 and first["actor/moe/logprob_diff_replay"] < 1e-5
-    assert "--enable-return-routed-experts" in (root / "run" / "logs" / "sglang_engine0.log").read_text()
+    assert "--enable-return-routed-experts" in (root / "run-sglang" / "logs" / "sglang_engine0.log").read_text()
 
 
 def test_lora_demo_pushes_adapters_to_the_real_server(sglang_python, tmp_path, monkeypatch):
@@ -71,7 +71,7 @@ def test_lora_demo_pushes_adapters_to_the_real_server(sglang_python, tmp_path, m
                                         "actor.lora.rank=8", "rollout.weight_sync.lora=adapter", "trainer.total_steps=3",
                                         "trainer.eval_before_train=false", "trainer.eval_freq=0", "trainer.save_freq=0",
                                         "trainer.loggers=[jsonl]"], root)  # fmt: skip
-    records = [json.loads(line) for line in (root / "run" / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (root / "run-sglang" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3]
     for r in records:
         assert r["weight_sync/logprob_diff"] < 1e-5  # the server generates with the trainer's adapters
@@ -79,5 +79,5 @@ def test_lora_demo_pushes_adapters_to_the_real_server(sglang_python, tmp_path, m
     assert records[-1]["actor/kl"] > 0  # the adapters moved the policy away from the base
     model_bytes = sum(f.stat().st_size for f in (root / "model").glob("*.safetensors"))
     assert all(r["weight_sync/bytes"] < model_bytes / 2 for r in records)  # adapters only after the first push
-    assert sorted(p.name for p in (root / "run" / "weights").iterdir() if p.name.startswith("lora_v")) == ["lora_v2", "lora_v3"]
-    assert "--enable-lora" in (root / "run" / "logs" / "sglang_engine0.log").read_text()
+    assert sorted(p.name for p in (root / "run-sglang" / "weights").iterdir() if p.name.startswith("lora_v")) == ["lora_v2", "lora_v3"]
+    assert "--enable-lora" in (root / "run-sglang" / "logs" / "sglang_engine0.log").read_text()
