@@ -59,5 +59,5 @@ def check_validation_files(cfg: MegaRLConfig, issues: list[Issue]) -> None:
         return
     asked = [f"trainer.eval_freq={t.eval_freq}"] * bool(t.eval_freq) + ["trainer.eval_before_train=true"] * t.eval_before_train
     if asked:
-        issues.append(Issue(asked[0].split("=")[0], f"{' and '.join(asked)} ask for validation, and data.val_files is empty: "
+        issues.append(Issue(asked[0].split("=")[0], f"{' and '.join(asked)} {'ask' if len(asked) > 1 else 'asks'} for validation, and data.val_files is empty: "
                             "no validation runs; give data.val_files, or set trainer.eval_freq=0", level="warning"))  # fmt: skip
