@@ -92,6 +92,12 @@ def check_expert_parallel(section: str, cfg: ActorConfig, arch: ArchSpec, gpus: 
 def check_moe_serving(cfg: MegaRLConfig, arch: ArchSpec, issues: list[Issue]) -> None:
     """SGLang serves an MoE model with each expert split over the engine's TP ranks (its fused MoE
     divides moe_intermediate_size by tp, and refuses a remainder at load)."""
+    if arch.model_type == "deepseek_v3" and cfg.rollout.engine == "sglang" and cfg.cluster.device == "cpu":
+        # SGLang 0.5.23's CPU rope for multi-latent attention asserts rope_scaling is set (the yarn of
+        # DeepSeek's checkpoints, which megarl's bridge does not take yet): its server dies loading the model
+        issues.append(Issue("rollout.engine", "(sglang) cannot serve deepseek_v3 on CPU: SGLang's CPU rope for multi-latent "
+                            "attention needs rope_scaling (yarn), which megarl's DeepSeek-V3 bridge refuses; use "
+                            "rollout.engine=torch on CPU"))  # fmt: skip
     tp, f = cfg.rollout.tp, arch.moe_ffn_hidden_size
     if arch.num_experts and cfg.rollout.engine == "sglang" and f % tp:
         fits = [t for t in rollout_tp_choices(cfg, arch) if f % t == 0]

@@ -270,6 +270,9 @@ def test_deepseek_v3_config_prints_its_experts_and_mla_memory():
     # the engine's weights replay on its router too (the torch engine's: SGLang returns expert ids only)
     weights = plan(TINY_DSV3, "actor.moe.routing_replay=experts_and_weights")
     assert weights.arch.router_bias and not [i for i in weights.warnings if "routing_replay" in i.field]
+    # SGLang 0.5.23's CPU server dies loading it (its MLA rope on CPU asserts rope_scaling): refused before launch
+    sglang_cpu = ("rollout.engine=sglang", "cluster.placement=disaggregated", "cluster.gpus_per_node=3", "cluster.rollout_gpus=1")
+    assert "rollout.engine: (sglang) cannot serve deepseek_v3 on CPU" in refused(TINY_DSV3, *sglang_cpu)
 
 
 def test_moe_memory_shards_experts_over_ep():
