@@ -109,10 +109,18 @@ def copied(monkeypatch) -> list[int]:
     """The bytes of every ``copy_`` (an offload's into its host buffer, an onload's back)."""
     sizes: list[int] = []
     real_copy = torch.Tensor.copy_
+    depth = [0]
 
     def counting(self, src, *args, **kwargs):
-        sizes.append(self.numel() * self.element_size())
-        return real_copy(self, src, *args, **kwargs)
+        # once per copy: a torch function mode left on by an earlier test in this process (the CPU
+        # compatibility mode of megarl/parallel/cpu_compat.py) calls the patched method again
+        if not depth[0]:
+            sizes.append(self.numel() * self.element_size())
+        depth[0] += 1
+        try:
+            return real_copy(self, src, *args, **kwargs)
+        finally:
+            depth[0] -= 1
 
     monkeypatch.setattr(torch.Tensor, "copy_", counting)
     return sizes
