@@ -156,6 +156,7 @@ class DeepseekV3Bridge(Qwen3MoeBridge):
                            spec: LayerSpec = "local", moe: Any = None):  # fmt: skip
         from megatron.core.transformer.transformer_config import MLATransformerConfig
 
+        check_megatron_version()
         self.check_hf_config(hf_config)
         self.check_parallel(hf_config, parallel)
         if spec != "local":
@@ -270,6 +271,21 @@ class DeepseekV3Bridge(Qwen3MoeBridge):
         layer, suffix = model.decoder.layers[int(m.group(1))].layer_number - 1, m.group(2)  # global, 0-based
         hf, layout = _SHARED_RULES[suffix] if suffix in _SHARED_RULES else ((_MLA_RULES[suffix][0],), _MLA_RULES[suffix][1])
         return ParamRule(megatron_name, tuple(f"model.layers.{layer}.{s}" for s in hf), layout)  # type: ignore[arg-type]
+
+
+SUPPORTED_MEGATRON = "0.16."  # the version whose local multi-latent attention this bridge is verified on
+
+
+def check_megatron_version() -> None:
+    """megatron-core 0.16 only: later versions' MLA refuses the replicated down projections this
+    bridge builds (the fix of 0.16's column-split gradient at TP > 1)."""
+    from importlib.metadata import version
+
+    installed = version("megatron-core")
+    if not installed.startswith(SUPPORTED_MEGATRON):
+        raise ValueError(f"deepseek_v3 runs on megatron-core 0.16 here and this is {installed}: its multi-latent attention "
+                         "takes no replicated down projection (megarl's fix of 0.16's TP gradient); install "
+                         "megatron-core 0.16.x for DeepSeek-V3")  # fmt: skip
 
 
 def _mla_without_te() -> None:

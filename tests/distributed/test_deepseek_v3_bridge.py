@@ -15,6 +15,7 @@ and the correction bias matters (zeroed, the logits move).
 from __future__ import annotations
 
 import time
+from importlib.metadata import version
 
 import pytest
 import torch
@@ -28,6 +29,10 @@ from test_moe_bridge import (
     _hf_run,
     _megatron_loss,
 )
+
+# megarl's DeepSeek-V3 bridge is verified on megatron-core 0.16 and refuses other versions in one line
+pytestmark = pytest.mark.skipif(not version("megatron-core").startswith("0.16."),
+                                reason="the deepseek_v3 bridge runs on megatron-core 0.16 only")  # fmt: skip
 
 MODELS = {"q_lora": {"num_nextn_predict_layers": 1}, "q_full": {"q_lora_rank": None}}
 SHAPE = dict(hidden_size=64, num_layers=3, num_heads=4, ffn_hidden_size=96)
