@@ -36,14 +36,13 @@ LOG_FLOOR = -20.0  # weights below exp(-20) are 0 for every practical purpose
 def _tis_log_weights(
     train_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, response_mask: torch.Tensor, level: str
 ) -> torch.Tensor:
-    """[B, R] log(pi_train / pi_rollout) per token, or the sequence's sum spread over its row; 0 on padding."""
+    """[B, R] log(pi_train / pi_rollout) per token, or the sequence's sum spread over its row (MIS's
+    :func:`_sequence_log_ratio`); 0 on padding."""
+    if level not in ("token", "sequence"):
+        raise ValueError(f"algorithm.tis.level must be none, token or sequence, got {level!r}")
     mask = response_mask.to(train_logprobs.dtype)
-    log_ratio = (train_logprobs.detach() - rollout_logprobs) * mask  # [B, R]
-    if level == "token":
-        return log_ratio
-    if level == "sequence":
-        return log_ratio.sum(-1, keepdim=True).expand_as(log_ratio)  # [B, R]
-    raise ValueError(f"algorithm.tis.level must be none, token or sequence, got {level!r}")
+    log_ratio = torch.where(mask > 0, train_logprobs.detach() - rollout_logprobs, 0.0)  # [B, R]
+    return _sequence_log_ratio(log_ratio, mask, level)
 
 
 def tis_weights(
