@@ -62,6 +62,7 @@ ENGINE_TAGS = ("weights", "kv_cache", "cuda_graph")  # SGLang's memory tags
 POLICY, CRITIC, REFERENCE, ENGINE = "policy", "critic", "reference", "engine"
 
 START, LAUNCH, GENERATE = "start", "launch", "generate"
+REWARD = "reward"  # the step's scoring, after generate (in the table only when it moves something)
 POLICY_FORWARD, REFERENCE_FORWARD, CRITIC_FORWARD = "policy_forward", "reference_forward", "critic_forward"
 CRITIC_UPDATE, POLICY_UPDATE, WEIGHT_PUSH, CHECKPOINT = "critic_update", "policy_update", "weight_push", "checkpoint"
 STEP_PHASES = (GENERATE, POLICY_FORWARD, REFERENCE_FORWARD, CRITIC_FORWARD, CRITIC_UPDATE, POLICY_UPDATE, WEIGHT_PUSH)

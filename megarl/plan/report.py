@@ -14,6 +14,7 @@ from megarl.plan.host_memory import host_memory_text
 from megarl.plan.lora_checks import lora_summary
 from megarl.plan.planner import Plan
 from megarl.plan.reward_checks import reward_roles
+from megarl.plan.step_timeline import timeline_text
 
 
 def print_plan(cfg: MegaRLConfig, plan: Plan, console: Console | None = None) -> None:
@@ -36,6 +37,7 @@ def print_plan(cfg: MegaRLConfig, plan: Plan, console: Console | None = None) ->
         f"[bold]step[/] {cfg.data.prompts_per_step} prompts x n={cfg.rollout.n} = {cfg.samples_per_step} samples; "
         f"mini-batch {cfg.actor.mini_batch_size or cfg.samples_per_step}, ppo_epochs {cfg.actor.ppo_epochs}"
     )
+    console.print(f"[bold]step timeline[/] {timeline_text(cfg)}")
     table = Table(show_lines=False, header_style="bold")
     for col in ("node", "gpu" if plan.device == "cuda" else "proc", "roles (ranks)"):
         table.add_column(col)

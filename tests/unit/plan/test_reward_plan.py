@@ -74,6 +74,7 @@ def test_the_reward_model_role_takes_the_last_gpus_and_its_memory_is_planned(tmp
     from rich.console import Console
 
     from megarl.plan.report import print_plan
+    from megarl.plan.step_timeline import timeline_text
 
     rm = _rm_config(tmp_path / "rm")
     cfg = load_config(PPO7, [f"reward.model.path={rm}", *ROLE, "reward.model.gpus=4", "reward.model.max_length=4096"])
@@ -87,6 +88,7 @@ def test_the_reward_model_role_takes_the_last_gpus_and_its_memory_is_planned(tmp
     print_plan(cfg, plan, console)
     text = console.export_text()
     assert "reward model: 4 actor(s) of its own" in text
+    assert f"step timeline {timeline_text(cfg)}" in " ".join(text.split())  # (the console wraps it)
     assert text.count("reward_model (kept out of the pools; Ray picks its GPU)") == 4  # not pinned: no actor per GPU
     assert f"reward model memory/GPU weights 13.2 (bfloat16) + activations {mem.activations / 2**30:.1f}" in text
     # disaggregated rollout: training pool, then the rollout pool, then the reward model's devices
@@ -156,3 +158,29 @@ def test_the_reward_rows_size_a_model_as_the_planner_does_at_the_judges_own_cont
     (role,) = reward_roles(_cfg(f"reward.model.path={moe}", "reward.workers=2"), 8)
     classifier = arch.num_params - arch.embedding_params + arch.hidden_size  # no LM head; a score head of 1 label
     assert role["memory_gib"] * 2**30 == pytest.approx(2 * classifier * 2)
+
+
+def test_the_plan_shows_where_the_reward_roles_act_in_the_step(tmp_path):
+    """The step timeline: generate, then reward (the rule workers, the reward model, the judge), then
+    the training phases; a role on devices of its own holds them in every phase; asynchronous runs
+    score in the producer, concurrently with training."""
+    from megarl.plan.step_timeline import step_phases, timeline_text
+
+    rm = _rm_config(tmp_path / "rm")
+    judge = ["reward.combine={reverse_digits: {reverse_digits: 1.0, model: 0.5, judge: 1.0}}", f"reward.judge.model={rm}",
+             "reward.judge.prompt_template=judge {prompt} {response}"]  # fmt: skip
+    cfg = load_config(PPO7, [f"reward.model.path={rm}", *ROLE, "reward.model.gpus=4", *judge])
+    phases = step_phases(cfg)
+    assert [p for p, _ in phases] == ["generate", "reward", "policy_forward", "reference_forward", "critic_forward",
+                                      "critic_update", "policy_update", "weight_push"]  # fmt: skip
+    assert dict(phases)["reward"] == ("rule rewards in 2 reward workers, reward model 4 actors on 4 GPUs of its own, "
+                                      "LLM judge in its torch engine")  # fmt: skip
+    text = timeline_text(cfg)
+    assert text.startswith("generate (SGLang engines on the training GPUs) -> reward (rule rewards")
+    assert text.endswith("the reward model holds its 4 GPU(s) in every phase and works in reward only; the LLM judge's "
+                         "torch engine keeps its weights in host memory in every phase and works in reward only")  # fmt: skip
+    workers = timeline_text(_cfg(f"reward.model.path={rm}"))  # placement workers: the model is in the reward workers
+    assert "reward (reward model in the 2 reward workers on cpu) -> policy_forward" in workers and "every phase" not in workers
+    producer = timeline_text(_cfg("rollout.max_staleness=1"))
+    assert producer.startswith("producer: generate (torch engine process of its own) -> reward (rule rewards in 2 reward "
+                               "workers); concurrently, trainer: policy_forward")  # fmt: skip
