@@ -41,7 +41,7 @@ def reward_workers(cfg: MegaRLConfig) -> list[str]:
     if r.model is not None:
         where = {"workers": f"in the {r.workers} reward workers on {r.model.device}",
                  "disaggregated": f"{r.model.gpus} actors on {r.model.gpus} {unit}s of its own",
-                 "colocated": f"{r.model.gpus} actors on the training {unit}s, loaded for this phase only"}[r.model.placement]  # fmt: skip
+                 "colocated": f"one actor on each training {unit}, loaded onto it for this phase only"}[r.model.placement]  # fmt: skip
         out.append(f"reward model {where}")
     if r.judge is not None:
         out.append(f"LLM judge in its {r.judge.engine} engine")

@@ -106,7 +106,13 @@ def test_the_reward_model_role_takes_the_last_gpus_and_its_memory_is_planned(tmp
     (("reward.model.gpus=8",), "reward.model.gpus: (8) leaves no device for training: the cluster has 8"),
     (("reward.model.gpus=2", "cluster.nnodes=2"), "must leave whole nodes to the training pool on a multi-node cluster"),
     (("reward.model.gpus=4", "reward.model.device=cuda"), "reward.model.device: (cuda) is for placement workers"),
-    (("reward.model.placement=colocated",), "reward.model.placement: (colocated) is not built yet"),
+    (("reward.model.placement=colocated", "reward.model.gpus=2"),
+     "reward.model.gpus: (2) is not used with reward.model.placement=colocated (one actor on each training device"),
+    (("reward.model.placement=colocated", "rollout.max_staleness=1"),
+     "reward.model.placement: (colocated) loads the reward model onto the training devices to score, which an asynchronous run"),
+    (("reward.model.placement=colocated", "reward.model.batch_size=64"),
+     # the reward model's 360.2 (as above) + SGLang's weights 7.1 + the trainer's and SGLang's runtime 4.5
+     "reward.model: the training devices need an estimated 371.8 GiB per GPU in phase reward"),
 ])  # fmt: skip
 def test_the_plan_refuses_a_reward_model_role_that_cannot_run(tmp_path, overrides, message):
     rm = _rm_config(tmp_path / "rm")
@@ -184,3 +190,41 @@ def test_the_plan_shows_where_the_reward_roles_act_in_the_step(tmp_path):
     producer = timeline_text(_cfg("rollout.max_staleness=1"))
     assert producer.startswith("producer: generate (torch engine process of its own) -> reward (rule rewards in 2 reward "
                                "workers); concurrently, trainer: policy_forward")  # fmt: skip
+
+
+def test_a_colocated_reward_model_is_on_every_training_gpu_and_counted_in_its_phase(tmp_path):
+    """reward.model.placement colocated: one actor per policy GPU; its weights and one batch's
+    activations in phase reward only, its runtime in every phase, its host copy in host memory."""
+    from megarl.plan.gpu_memory import GIB
+
+    rm = _rm_config(tmp_path / "rm")
+    base = load_config(PPO7, [f"reward.model.path={rm}"])
+    cfg = load_config(PPO7, [f"reward.model.path={rm}", "reward.model.placement=colocated", "reward.model.max_length=4096"])
+    plan, without = make_plan(cfg), make_plan(base)
+    assert plan.reward_model is not None and plan.reward_model.gpus == plan.roles["policy"].gpus == tuple(range(8))
+    rm_mem, mem = plan.memory.reward_model, plan.memory
+    assert rm_mem.runtime == 1.0 * GIB and rm_mem.tokens == (8, 4096)
+    # every other phase: as without the reward model, plus its actor's runtime
+    assert {p: b - rm_mem.runtime for p, b in mem.phases.items() if p != "reward"} == pytest.approx(without.memory.phases)
+    # reward: the states a forward phase keeps (here: SGLang's weights; the models are offloaded) + the reward model
+    resident = sum(b for s, b in mem.residency["reward"].items())
+    assert set(mem.residency["reward"]) == {"reward_model/weights", "engine/weights"}
+    overhead = without.memory.phases["policy_forward"] - sum(without.memory.residency["policy_forward"].values()) - mem.policy.logits
+    assert mem.phases["reward"] == pytest.approx(resident + rm_mem.activations + overhead + rm_mem.runtime)
+    assert mem.residency["reward"]["reward_model/weights"] == rm_mem.weights
+    assert mem.host.offloaded["reward_model"] == pytest.approx(8 * rm_mem.weights)  # one host copy per actor on the node
+    text = " ".join(_printed_plan(cfg, plan).split())
+    assert "reward model: 8 actor(s) on the training devices" in text
+    assert text.count("(on the device in phase reward only)") == 8
+    assert "reward (reward model one actor on each training GPU, loaded onto it for this phase only) -> policy_forward" in text
+    assert f"reward {mem.phases['reward'] / GIB:.1f}, policy_forward" in text
+
+
+def _printed_plan(cfg, plan) -> str:
+    from rich.console import Console
+
+    from megarl.plan.report import print_plan
+
+    console = Console(record=True, width=300)
+    print_plan(cfg, plan, console)
+    return console.export_text()
