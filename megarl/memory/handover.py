@@ -51,6 +51,7 @@ from megarl.memory.residency import (
     GENERATE,
     LAUNCH,
     POLICY,
+    REWARD,
     START,
     WEIGHT_PUSH,
     Residency,
@@ -215,6 +216,21 @@ class HandedOverEngines:
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[GenerationResult]:
         self.handover.enter(GENERATE)
         return self.engines.generate(prompts, params)
+
+
+class HandedOverScorer:
+    """A reward scorer whose every call runs in the ``reward`` phase: a colocated reward model comes
+    to the devices first (and leaves them at the next phase); ``scorer``: RewardScorer's ``score``."""
+
+    def __init__(self, scorer: Any, handover: Handover) -> None:
+        self.scorer, self.handover = scorer, handover
+
+    def score(self, *args: Any, **kwargs: Any) -> Any:
+        self.handover.enter(REWARD)
+        return self.scorer.score(*args, **kwargs)
+
+    def close(self) -> None:
+        self.scorer.close()
 
 
 class CheckpointedModel:

@@ -347,13 +347,16 @@ def _resources_text(res: Mapping[str, float]) -> str:
 
 def role_placements(cfg: Any, plan: Any) -> tuple[list[RolePlacement], list[tuple[str, ...]]]:
     """Ray placements of the Megatron roles of a checked config (``MegaRLConfig``, ``Plan``) and the
-    roles that share devices. SGLang servers are placed by megarl.rollout_sglang."""
+    roles that share devices; a colocated reward model (``reward_model``, one actor per policy rank)
+    shares their bundles. SGLang servers are placed by megarl.rollout_sglang."""
     cl = cfg.cluster
     gpus = 1.0 if cl.device == "cuda" else 0.0
+    model = cfg.reward.model
+    colocated_rm = model is not None and model.placement == "colocated" and "policy" in plan.roles
     placements = []
-    for role in ("policy", "critic"):
-        if role in plan.roles:
-            n = len(plan.roles[role].gpus)
+    for role in ("policy", "critic", "reward_model"):
+        if role in plan.roles or (role == "reward_model" and colocated_rm):
+            n = len(plan.roles["policy" if role == "reward_model" else role].gpus)
             nnodes = max(1, n // cl.gpus_per_node)
             placements.append(RolePlacement(role, nnodes, n // nnodes, gpus_per_proc=gpus, cpus_per_proc=1.0))
-    return placements, [("policy", "critic")]
+    return placements, [("policy", "critic", "reward_model")]

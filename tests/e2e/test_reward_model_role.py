@@ -71,3 +71,40 @@ def test_a_call_past_its_deadline_counts_timeouts_and_stops_the_run(ray_local, r
         _score(role)
     assert "reward.model failed on 7 of 7 samples (0 errors, 7 timeouts)" in str(info.value)
     assert "raise reward.timeout_s or lower reward.model.batch_size" in str(info.value)
+
+
+def test_a_colocated_role_shares_the_policy_bundles_and_moves_with_the_handover(ray_local, reward_model_dir, tmp_path):
+    """reward.model.placement colocated: one actor on each policy bundle, the model loaded on the
+    host; the memory hand-over brings it to the device for phase reward (a scorer call through
+    HandedOverScorer) and back at the next phase; it scores as the reward workers do, and an actor
+    that died while the model was away comes back on the device where the others are."""
+    from megarl.memory.handover import HandedOverScorer, Handover
+    from megarl.memory.residency import POLICY_FORWARD, REWARD, build_residency
+    from megarl.ray_cluster.placement import RolePlacement, place_roles, release
+
+    with RewardScorer(_reward(reward_model_dir)) as workers:
+        expected = _score(workers).scores
+    shape = {"nnodes": 1, "procs_per_node": 2, "gpus_per_proc": 0.0, "cpus_per_proc": 1.0}
+    placed = place_roles([RolePlacement("policy", **shape), RolePlacement("reward_model", **shape)],
+                         [("policy", "critic", "reward_model")])  # fmt: skip
+    try:
+        assert placed["reward_model"].pool is placed["policy"].pool  # the same bundles: actor i beside policy rank i
+        cfg = _reward(reward_model_dir, placement="colocated")
+        with RewardModelRole(cfg, "cpu", tmp_path, placed=placed["reward_model"]) as role:
+            where = lambda: ray.get([a.where.remote() for a in role._actors])  # noqa: E731
+            assert where() == [(False, "cpu")] * 2  # loaded on the host
+            handover = Handover(build_residency("colocated", "torch", reward_model=True), {"reward_model": role})
+            scored = _score(HandedOverScorer(role, handover))
+            assert handover.phase == REWARD and where() == [(True, "cpu")] * 2
+            assert scored.scores == pytest.approx(expected, abs=1e-5) and (scored.errors, scored.timeouts) == (0, 0)
+            handover.enter(POLICY_FORWARD)
+            assert where() == [(False, "cpu")] * 2
+            ray.kill(role._actors[1], no_restart=True)
+            with pytest.raises(ray.exceptions.RayActorError):  # (ray.kill returns before the actor is gone)
+                ray.get(role._actors[1].ready.remote())
+            handover.enter(REWARD)  # actor 1 is dropped, not waited for
+            assert role._actors[1] is None
+            again = _score(HandedOverScorer(role, handover))  # actor 1 started again, loaded on the device
+            assert again.scores == pytest.approx(expected, abs=1e-5) and where() == [(True, "cpu")] * 2
+    finally:
+        release(placed)
