@@ -111,13 +111,13 @@ class Plan:
         for layout in self.roles.values():
             for rank, gpu in enumerate(layout.gpus):
                 cells.setdefault(gpu, []).append(f"{layout.role} {layout.coords(rank, self.arch.num_experts)}")
-        # A disaggregated reward model's actors are not pinned (megarl/plan/reward_model_plan.py): its
-        # rows are the devices the pools leave; colocated, actor i shares the policy rank i's bundle.
+        # The reward model's actor i is on bundle i of its pool (disaggregated: its own placement
+        # groups; colocated: the policy's, beside policy rank i).
         if self.reward_model is not None:
             colocated = "policy" in self.roles and self.reward_model.gpus == self.roles["policy"].gpus
             for rank, gpu in enumerate(self.reward_model.gpus):
-                text = f"actor {rank} (on the device in phase reward only)" if colocated else "(kept out of the pools; Ray picks its GPU)"
-                cells.setdefault(gpu, []).append(f"{self.reward_model.role} {text}")
+                text = "(on the device in phase reward only)" if colocated else "(a placement group of its own)"
+                cells.setdefault(gpu, []).append(f"{self.reward_model.role} actor {rank} {text}")
         total = nnodes * gpus_per_node
         return [(g // gpus_per_node, g % gpus_per_node, "; ".join(cells.get(g, ["idle"]))) for g in range(total)]
 

@@ -100,7 +100,7 @@ def reward_roles(cfg: MegaRLConfig, samples_per_step: int, training: RoleLayout 
         where = (f"{layout.dp} Ray actor(s) on the training {units}, one per {unit} beside its policy rank, on the {unit} in "
                  "phase reward only (offloaded to host memory otherwise)" if r.model.placement == "colocated" else
                  f"{layout.dp} Ray actor(s) of its own, one per {unit}, on {layout.dp} {units} kept out of the training and "
-                 "rollout pools (Ray picks which)")  # fmt: skip
+                 "rollout pools (a placement group bundle each)")  # fmt: skip
         roles.append({"role": "reward model", "where": where, "per": f"per {unit}",
                       "memory_gib": mem.total / 2**30 if mem else None,
                       "what": "weights + one batch's activations" + (" + runtime" if mem and mem.runtime else "")})  # fmt: skip

@@ -9,9 +9,9 @@ memory; its process's runtime (a CUDA context) stays on the device in every phas
 
 Devices: ``reward.model.gpus`` of the cluster (on cpu: processes) kept out of the rollout pool
 (disaggregated) and the training pool, which are cut from the rest; one actor each, each holding
-the whole model. The plan counts them as the last devices, but the actors are not pinned there:
-they ask Ray for one GPU each (megarl/rollout/reward_model_role.py) after the pools' placement
-groups hold theirs, so Ray gives them GPUs the pools left free, on whichever nodes have them.
+the whole model. The plan counts them as the last devices, and the role reserves them as the pools
+do theirs: placement groups of its own, one bundle (one GPU) per actor (megarl/ray_cluster/placement.py
+role_placements); like the pools' node-groups, which node a group lands on is Ray's choice.
 
 Memory per device (:func:`reward_model_memory`, from the model's config.json through the planner's
 shapes (megarl/plan/model_size.py), in the dtype it was saved in, which is what the loader keeps):
@@ -54,7 +54,7 @@ def reward_model_gpus(cfg: MegaRLConfig) -> int:
 
 def reward_model_layout(cfg: MegaRLConfig, training: RoleLayout | None = None) -> RoleLayout | None:
     """The role's devices, one actor (replica) each: disaggregated, the last reward.model.gpus of the
-    cluster (not pinned: module docstring); colocated, those of ``training`` (the policy's layout)."""
+    cluster; colocated, those of ``training`` (the policy's layout)."""
     if colocated_reward_model(cfg):
         return RoleLayout(REWARD_MODEL_ROLE, 1, 1, len(training.gpus), training.gpus) if training is not None else None
     n, world = reward_model_gpus(cfg), cfg.cluster.world_size

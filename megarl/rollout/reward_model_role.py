@@ -1,10 +1,10 @@
 """The reward model as a role (``reward.model.placement: disaggregated`` or ``colocated``).
 
-Disaggregated: one Ray actor per device of ``reward.model.gpus`` holds the model once (on cuda: a
-GPU Ray gives it, outside the trained models' placement groups; on cpu: a process and one CPU, the
-config's virtual device). Colocated (``placed``: the role's share of the policy's placement-group
-bundles, megarl/ray_cluster/placement.py): one actor on each policy rank's bundle, so on its device;
-it loads the model on the host, and the memory hand-over moves it to the device for the step's
+Disaggregated: one Ray actor per device of ``reward.model.gpus`` holds the model once, each on a
+bundle of the role's own placement groups (``placed``, megarl/ray_cluster/placement.py
+role_placements: one GPU and one CPU per bundle; on cpu a process and one CPU, the config's
+virtual device). Colocated (``placed``: the role's share of the policy's placement-group
+bundles): one actor on each policy rank's bundle, so on its device; it loads the model on the host, and the memory hand-over moves it to the device for the step's
 ``reward`` phase and back after (:meth:`RewardModelRole.onload` / :meth:`offload`: the residency
 table's ``reward_model/weights``, megarl/memory/residency.py). A scoring call cuts its samples into batches of ``reward.model.batch_size``, deals
 them round-robin to the actors (one call per actor holding its batches), and each batch is one
@@ -94,9 +94,9 @@ _RewardModelActor = ray.remote(_RewardModelHost)
 
 class RewardModelRole:
     """The reward model's actors behind RewardScorer's ``score(...) -> ScoreResult``; use as a
-    context manager. ``device``: cluster.device (cuda: one GPU per actor); ``placed``: colocated,
-    the role's PlacedRole in the policy's bundles (one actor per bundle, the model on the host until
-    :meth:`onload`)."""
+    context manager. ``device``: cluster.device (cuda: one GPU per actor); ``placed``: the role's
+    PlacedRole, one actor per bundle (colocated: in the policy's bundles, the model on the host until
+    :meth:`onload`); None: reward.model.gpus actors wherever Ray has a GPU (on cpu a CPU) for each."""
 
     def __init__(self, cfg: RewardConfig, device: str, log_dir: str | Path, *, placed: Any = None,
                  start_timeout_s: float = MODEL_LOAD_TIMEOUT_S, stops: str = TRAINING_STOPS) -> None:  # fmt: skip
@@ -105,7 +105,7 @@ class RewardModelRole:
         self.cfg, self.model, self.device, self.stops, self.placed = cfg, cfg.model, device, stops, placed
         self.log_dir, self.start_timeout_s = Path(log_dir), start_timeout_s
         self._actors: list[Any] = [None] * (placed.placement.world_size if placed is not None else self.model.gpus)
-        self.on_device = placed is None  # colocated: where the hand-over last put the model
+        self.on_device = self.model.placement != "colocated"  # colocated: where the hand-over last put the model
         try:
             self._start_missing()
         except BaseException:
@@ -135,8 +135,8 @@ class RewardModelRole:
                                   f"{self.stops}") from exc  # fmt: skip
 
     def _options(self, index: int) -> dict[str, Any]:
-        """Ray options of actor ``index``: colocated, pinned to its policy rank's bundle; else one GPU
-        (on cpu, one CPU) wherever Ray has it."""
+        """Ray options of actor ``index``: pinned to its bundle when placed; else one GPU (on cpu, one
+        CPU) wherever Ray has it."""
         retries = {"max_restarts": 0, "max_task_retries": 0}
         if self.placed is not None:
             return self.placed.scheduling(index) | retries

@@ -115,7 +115,8 @@ def build_trainer(cfg: MegaRLConfig, plan: Plan, *, in_process: bool = False) ->
         reward_model = _start_reward_model(cfg, out / "logs", pools.get("reward_model"))
         if reward_model is not None:
             closers.append(reward_model.close)
-        colocated = {"reward_model": reward_model} if "reward_model" in pools else {}  # moved by the hand-over
+        placement = cfg.reward.model.placement if cfg.reward.model is not None else None
+        colocated = {"reward_model": reward_model} if placement == "colocated" else {}  # moved by the hand-over
         handover = Handover(residency_of(cfg), models | colocated)  # one memory hand-over per run (megarl/memory/)
         sglang = _start_sglang(cfg, plan, models, out / "logs", handover)
         if sglang is not None:
@@ -273,7 +274,7 @@ def _start_rewards(cfg: MegaRLConfig, in_process: bool, log_dir: Path, model: An
 
 def _start_reward_model(cfg: MegaRLConfig, log_dir: Path, placed: Any) -> Any:
     """The reward model's role when it is placed as one (the plan refused it for in-process runs), else
-    None; ``placed``: colocated, its share of the policy's placement-group bundles."""
+    None; ``placed``: its placement (colocated: its share of the policy's bundles; else its own)."""
     if cfg.reward.model is None or cfg.reward.model.placement == "workers":
         return None
     from megarl.rollout.reward_model_role import RewardModelRole

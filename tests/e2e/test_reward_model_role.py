@@ -1,4 +1,4 @@
-"""reward.model.placement: disaggregated: the reward model's role (two Ray actors on CPU) scores a
+"""reward.model.placement: disaggregated: the reward model's role (two Ray actors on CPU, a placement group of their own) scores a
 step's samples as the reward workers do, alone and as reward.combine's ``model`` component; an
 actor that dies costs its samples (counted errors) and is started again; a call past its deadline
 counts timeouts and stops the run once they reach reward.max_failed_fraction."""
@@ -44,25 +44,31 @@ def test_the_role_scores_as_the_reward_workers_and_restarts_a_dead_actor(ray_loc
     with RewardScorer(_reward(reward_model_dir)) as workers:
         expected = _score(workers).scores
     assert len(set(expected)) == len(expected)  # a random model still tells the samples apart
+    from megarl.ray_cluster.placement import RolePlacement, place_roles, release
+
     cfg = _reward(reward_model_dir, placement="disaggregated", gpus=2)
-    with RewardModelRole(cfg, "cpu", tmp_path) as role:
-        alone = _score(role)
-        assert (alone.errors, alone.timeouts) == (0, 0)
-        assert alone.scores == pytest.approx(expected, abs=1e-5)
-        combined_cfg = cfg.model_copy(update={"combine": {"reverse_digits": {"reverse_digits": 1.0, "model": 0.5}}})
-        combined = CombinedScorer(combined_cfg, model=role)  # closes the role with it, as the trainer's does
-        result = _score(combined)
-        assert result.extra["model"] == pytest.approx(expected, abs=1e-5)
-        rule = result.extra["reverse_digits"]
-        assert rule[0] == 1.0 and result.scores == pytest.approx([r + 0.5 * s for r, s in zip(rule, expected, strict=True)], abs=1e-5)
-        # Actor 0 holds batches 0 and 2 (samples 0-2 and 6): they fail, counted; the others are scored.
-        ray.kill(role._actors[0], no_restart=True)
-        hurt = _score(role)
-        assert (hurt.errors, hurt.timeouts) == (4, 0)
-        assert hurt.scores == pytest.approx([0, 0, 0, *expected[3:6], 0], abs=1e-5)
-        assert _score(role).scores == pytest.approx(expected, abs=1e-5)  # a new actor 0, loaded again
-        combined.close()
-        assert role._actors == [None, None]
+    placed = place_roles([RolePlacement("reward_model", 1, 2, gpus_per_proc=0.0, cpus_per_proc=1.0)])  # a pool of its own
+    try:
+        with RewardModelRole(cfg, "cpu", tmp_path, placed=placed["reward_model"]) as role:
+            alone = _score(role)
+            assert (alone.errors, alone.timeouts) == (0, 0)
+            assert alone.scores == pytest.approx(expected, abs=1e-5)
+            combined_cfg = cfg.model_copy(update={"combine": {"reverse_digits": {"reverse_digits": 1.0, "model": 0.5}}})
+            combined = CombinedScorer(combined_cfg, model=role)  # closes the role with it, as the trainer's does
+            result = _score(combined)
+            assert result.extra["model"] == pytest.approx(expected, abs=1e-5)
+            rule = result.extra["reverse_digits"]
+            assert rule[0] == 1.0 and result.scores == pytest.approx([r + 0.5 * s for r, s in zip(rule, expected, strict=True)], abs=1e-5)
+            # Actor 0 holds batches 0 and 2 (samples 0-2 and 6): they fail, counted; the others are scored.
+            ray.kill(role._actors[0], no_restart=True)
+            hurt = _score(role)
+            assert (hurt.errors, hurt.timeouts) == (4, 0)
+            assert hurt.scores == pytest.approx([0, 0, 0, *expected[3:6], 0], abs=1e-5)
+            assert _score(role).scores == pytest.approx(expected, abs=1e-5)  # a new actor 0, loaded again
+            combined.close()
+            assert role._actors == [None, None]
+    finally:
+        release(placed)
 
 
 def test_a_call_past_its_deadline_counts_timeouts_and_stops_the_run(ray_local, reward_model_dir, tmp_path):

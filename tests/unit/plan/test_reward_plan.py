@@ -89,7 +89,7 @@ def test_the_reward_model_role_takes_the_last_gpus_and_its_memory_is_planned(tmp
     text = console.export_text()
     assert "reward model: 4 actor(s) of its own" in text
     assert f"step timeline {timeline_text(cfg)}" in " ".join(text.split())  # (the console wraps it)
-    assert text.count("reward_model (kept out of the pools; Ray picks its GPU)") == 4  # not pinned: no actor per GPU
+    assert [f"reward_model actor {i} (a placement group of its own)" in text for i in range(4)] == [True] * 4
     assert f"reward model memory/GPU weights 13.2 (bfloat16) + activations {mem.activations / 2**30:.1f}" in text
     # disaggregated rollout: training pool, then the rollout pool, then the reward model's devices
     split = make_plan(load_config(PPO7, [f"reward.model.path={rm}", *ROLE, "reward.model.gpus=8", "cluster.nnodes=3",
@@ -130,7 +130,7 @@ def test_an_in_process_run_refuses_the_role_and_a_cpu_plan_counts_processes(tmp_
     assert plan.roles["policy"].gpus == (0,) and plan.reward_model.gpus == (1,)
     (role,) = reward_roles(_cfg(f"reward.model.path={rm}", *ROLE), 256)
     assert role["where"] == ("1 Ray actor(s) of its own, one per process, on 1 processes kept out of the training and "
-                             "rollout pools (Ray picks which)") and role["per"] == "per process"
+                             "rollout pools (a placement group bundle each)") and role["per"] == "per process"
 def test_an_sglang_judge_is_planned_on_cpu_and_refused_on_cuda_in_one_line(tmp_path):
     judge = ["reward.combine={reverse_digits: {judge: 1.0}}", f"reward.judge.model={tmp_path}",
              "reward.judge.prompt_template=judge {prompt} {response}", "reward.judge.engine=sglang"]  # fmt: skip
