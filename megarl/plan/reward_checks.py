@@ -24,6 +24,7 @@ from megarl.plan.model_size import model_size
 from megarl.plan.reward_model_plan import reward_model_layout, reward_model_memory
 from megarl.plan.role_layout import RoleLayout
 from megarl.rewards.judge_prompt import render, template_problem, template_text
+from megarl.rollout_sglang.server_sizes import CPU_MAX_TOTAL_TOKENS
 
 
 def combine_findings(cfg: MegaRLConfig, files: list[tuple[str, list[Any]]]) -> list[Finding]:
@@ -132,9 +133,6 @@ def _judge_bytes(judge: RewardJudgeConfig, samples_per_step: int) -> float | Non
     a = size.arch
     context = judge.context_length or a.max_positions
     if judge.engine == "sglang":
-        # (imports torch: only for an SGLang judge)
-        from megarl.rollout_sglang.server import CPU_MAX_TOTAL_TOKENS
-
         tokens = max(CPU_MAX_TOTAL_TOKENS, context)
     else:
         tokens = context * min(samples_per_step, judge.max_running_requests)
