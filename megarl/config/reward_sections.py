@@ -30,7 +30,8 @@ class RewardModelConfig(Section):
         "workers", description="Where the model is held: workers = a copy in each reward worker process on "
         "reward.model.device, outside the plan; disaggregated = a role on reward.model.gpus devices of its own taken "
         "out of the cluster, one Ray actor per device holding the model once, counted in the plan's placement and "
-        "memory; colocated (on the policy's GPUs, offloaded between steps) is not built yet and refused.",
+        "memory; colocated = one Ray actor on each training device (beside its policy rank), the model in host memory "
+        "and on the device only for the step's reward phase, counted in the plan's memory per phase.",
     )
     gpus: int = Field(1, ge=1, description="placement disaggregated: devices the reward model takes out of the cluster "
                       "(the last ones; on cpu, processes), one Ray actor each; a step's batches are shared among them.")

@@ -8,8 +8,9 @@ resume; the workers move only what they are told.
 
 Who enters which phase: the step's phase objects (megarl/trainer/phases.py) before they call
 the workers, :class:`HandedOverEngines` before every generation (the step's, ReMax's baseline,
-validation, the post-push check's), :class:`CheckpointedModel` before save / load / the
-parameter checksum. One hand-over per run, built from the run's table, whatever the engine:
+validation, the post-push check's), :class:`HandedOverScorer` before every scoring (with a
+colocated reward model, the only run whose table has a ``reward`` phase), :class:`CheckpointedModel`
+before save / load / the parameter checksum. One hand-over per run, built from the run's table, whatever the engine:
 
 - torch engine (colocated by construction): only the trained models move (with their offload
   flags); the engine lives in the policy ranks and never moves;
@@ -17,7 +18,9 @@ parameter checksum. One hand-over per run, built from the run's table, whatever 
   engines' tags are released and resumed as the table says; servers start (and restart) with
   nothing of the trained models on the GPUs (``launch``), so SGLang sizes its KV cache from the
   memory it will have;
-- disaggregated SGLang: nothing of the engines moves; only restarts.
+- disaggregated SGLang: nothing of the engines moves; only restarts;
+- a colocated reward model (``models["reward_model"]``: megarl/rollout/reward_model_role.py) is
+  onloaded for ``reward`` and offloaded after, as a trained model's states are.
 
 Engine weights released without SGLang's CPU copy come back as garbage: before a generation
 that follows such a release (or a restart), the hand-over passes through ``weight_push`` and
@@ -51,6 +54,7 @@ from megarl.memory.residency import (
     GENERATE,
     LAUNCH,
     POLICY,
+    REWARD,
     START,
     WEIGHT_PUSH,
     Residency,
@@ -215,6 +219,21 @@ class HandedOverEngines:
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[GenerationResult]:
         self.handover.enter(GENERATE)
         return self.engines.generate(prompts, params)
+
+
+class HandedOverScorer:
+    """A reward scorer whose every call runs in the ``reward`` phase: a colocated reward model comes
+    to the devices first (and leaves them at the next phase); ``scorer``: RewardScorer's ``score``."""
+
+    def __init__(self, scorer: Any, handover: Handover) -> None:
+        self.scorer, self.handover = scorer, handover
+
+    def score(self, *args: Any, **kwargs: Any) -> Any:
+        self.handover.enter(REWARD)
+        return self.scorer.score(*args, **kwargs)
+
+    def close(self) -> None:
+        self.scorer.close()
 
 
 class CheckpointedModel:

@@ -14,10 +14,12 @@ States (``owner/what``):
   (``actor.lora``) there is none: ``reference_forward`` is the policy's own forward with its
   adapters off, and works with the policy's weights;
 - ``engine/weights | kv_cache | cuda_graph``: the rollout engine's (SGLang's memory tags; the
-  torch engine has weights and a KV cache that lives only while it generates).
+  torch engine has weights and a KV cache that lives only while it generates);
+- ``reward_model/weights``: a colocated reward model's (``reward.model.placement: colocated``:
+  its actors share the training devices, megarl/rollout/reward_model_role.py).
 
 Phases: ``start`` (as built), ``launch`` (colocated SGLang servers starting or restarting),
-the phases of one step (``generate``, ``policy_forward``, ``reference_forward``,
+the phases of one step (``generate``, ``reward`` (with a colocated reward model only), ``policy_forward``, ``reference_forward``,
 ``critic_forward``, ``critic_update``, ``policy_update``, ``weight_push``) and ``checkpoint``
 (save, load, the parameter checksum); `megarl sft` has a table of its own (``start``, then
 ``export``: :func:`sft_residency`). ReMax's baseline, validation and the post-push check
@@ -41,7 +43,11 @@ The rules:
 4. ``launch`` (colocated SGLang only; elsewhere a launch moves nothing): nothing of the trained models is on the GPUs, whatever the
    flags, because SGLang sizes its KV cache from the free memory it sees when it starts;
    right after, the servers release everything and the trained models come back.
-5. The torch engine keeps its weights in the policy's replica leaders all the time; its KV
+5. A colocated reward model is on the devices in ``reward`` only (the step's scoring, after
+   ``generate``): it is loaded on the host and comes to the devices to score. In ``reward`` the
+   other states are kept as in a forward phase: offloaded models keep nothing, colocated SGLang
+   its weights.
+6. The torch engine keeps its weights in the policy's replica leaders all the time; its KV
    cache exists while it generates. Disaggregated SGLang engines keep everything on their
    own GPUs: nothing of theirs moves, and they share no device with the trained models.
 
@@ -60,11 +66,13 @@ from typing import Any
 TRAINED_STATES = ("weights", "grads", "optimizer")
 ENGINE_TAGS = ("weights", "kv_cache", "cuda_graph")  # SGLang's memory tags
 POLICY, CRITIC, REFERENCE, ENGINE = "policy", "critic", "reference", "engine"
+REWARD_MODEL = "reward_model"  # a colocated reward model (rule 5)
 
 START, LAUNCH, GENERATE = "start", "launch", "generate"
+REWARD = "reward"  # the step's scoring, after generate (in the table only when it moves something)
 POLICY_FORWARD, REFERENCE_FORWARD, CRITIC_FORWARD = "policy_forward", "reference_forward", "critic_forward"
 CRITIC_UPDATE, POLICY_UPDATE, WEIGHT_PUSH, CHECKPOINT = "critic_update", "policy_update", "weight_push", "checkpoint"
-STEP_PHASES = (GENERATE, POLICY_FORWARD, REFERENCE_FORWARD, CRITIC_FORWARD, CRITIC_UPDATE, POLICY_UPDATE, WEIGHT_PUSH)
+STEP_PHASES = (GENERATE, REWARD, POLICY_FORWARD, REFERENCE_FORWARD, CRITIC_FORWARD, CRITIC_UPDATE, POLICY_UPDATE, WEIGHT_PUSH)
 PHASES = (START, LAUNCH, *STEP_PHASES, CHECKPOINT)
 # `megarl sft`'s last phase: the trained model written out and loaded back beside itself to verify.
 EXPORT = "export"
@@ -74,8 +82,8 @@ GENERATION_PHASES = (LAUNCH, GENERATE)
 
 def states_of(owner: str) -> tuple[str, ...]:
     """The table's states of one owner (policy, critic, reference, engine)."""
-    if owner == REFERENCE:
-        return (f"{REFERENCE}/weights",)
+    if owner in (REFERENCE, REWARD_MODEL):
+        return (f"{owner}/weights",)
     whats = ENGINE_TAGS if owner == ENGINE else TRAINED_STATES
     return tuple(f"{owner}/{w}" for w in whats)
 
@@ -93,6 +101,7 @@ NEEDS: Mapping[str, frozenset[str]] = {
     START: _all(POLICY, CRITIC, REFERENCE),  # everything is built on the device
     LAUNCH: frozenset(),
     GENERATE: frozenset(),
+    REWARD: frozenset({f"{REWARD_MODEL}/weights"}),
     POLICY_FORWARD: frozenset({f"{POLICY}/weights"}),
     REFERENCE_FORWARD: frozenset({f"{REFERENCE}/weights"}),
     CRITIC_FORWARD: frozenset({f"{CRITIC}/weights"}),
@@ -107,6 +116,7 @@ _SGLANG_COLOCATED: Mapping[str, frozenset[str]] = {
     START: frozenset(),  # the servers released everything after their launch
     LAUNCH: _all(ENGINE),
     GENERATE: _all(ENGINE),
+    REWARD: frozenset({f"{ENGINE}/weights"}),
     POLICY_FORWARD: frozenset({f"{ENGINE}/weights"}),
     REFERENCE_FORWARD: frozenset({f"{ENGINE}/weights"}),
     CRITIC_FORWARD: frozenset({f"{ENGINE}/weights"}),
@@ -123,7 +133,7 @@ class Residency:
 
     placement: str  # colocated | disaggregated
     engine: str  # sglang | torch
-    models: tuple[str, ...]  # the trained / frozen models of the run: policy [, critic] [, reference]
+    models: tuple[str, ...]  # the trained / frozen models of the run: policy [, critic] [, reference] [, reward_model]
     offloaded: frozenset[str]  # the models whose offload flag is on
     weights_cpu_backup: bool  # SGLang keeps a host copy of released weights
     rows: Mapping[str, frozenset[str]]
@@ -168,18 +178,21 @@ class Residency:
 
 def build_residency(placement: str, engine: str, *, critic: bool = False, reference: bool = False,
                     actor_offload: bool = False, critic_offload: bool = False, reference_offload: bool = False,
-                    weights_cpu_backup: bool = False, policy_reference: bool = False) -> Residency:  # fmt: skip
+                    weights_cpu_backup: bool = False, policy_reference: bool = False,
+                    reward_model: bool = False) -> Residency:  # fmt: skip
     """The table for one (placement, engine) and the run's offload flags (module docstring).
     ``policy_reference``: the reference log-probs come from the policy with its adapters off
-    (LoRA): reference_forward exists with no reference model, and needs the policy's weights."""
+    (LoRA): reference_forward exists with no reference model, and needs the policy's weights.
+    ``reward_model``: a colocated reward model (rule 5), always offloaded outside ``reward``."""
     policy_reference = policy_reference and not reference
-    models = (POLICY,) + ((CRITIC,) if critic else ()) + ((REFERENCE,) if reference else ())
-    flags = {POLICY: actor_offload, CRITIC: critic_offload, REFERENCE: reference_offload}
+    models = (POLICY,) + ((CRITIC,) if critic else ()) + ((REFERENCE,) if reference else ()) + ((REWARD_MODEL,) if reward_model else ())
+    flags = {POLICY: actor_offload, CRITIC: critic_offload, REFERENCE: reference_offload, REWARD_MODEL: True}
     offloaded = frozenset(m for m in models if flags[m])
     colocated_sglang = engine == "sglang" and placement == "colocated"
     # launch moves something only with colocated SGLang; a model's own phases exist with the model
     absent = ({LAUNCH} if not colocated_sglang else set()) | ({REFERENCE_FORWARD} if not (reference or policy_reference) else set())
     absent |= {CRITIC_FORWARD, CRITIC_UPDATE} if not critic else set()
+    absent |= {REWARD} if not reward_model else set()  # scoring moves nothing without a colocated reward model
     phases = [p for p in PHASES if p not in absent]
     rows = {}
     for phase in phases:
@@ -228,4 +241,5 @@ def residency_of(cfg: Any) -> Residency:
         reference_offload=cfg.reference_model and cfg.reference.offload,
         weights_cpu_backup=cfg.rollout.weights_cpu_backup,
         policy_reference=cfg.reference_enabled and not cfg.reference_model,  # LoRA: adapters off
+        reward_model=cfg.reward.model is not None and cfg.reward.model.placement == "colocated",
     )  # fmt: skip

@@ -44,7 +44,8 @@ from megarl.plan.lora_checks import policy_lora_params
 from megarl.plan.role_layout import RoleLayout
 
 # Whose ranks hold host buffers: (owner, the role whose GPUs it lives on).
-_HOST_OWNERS = (("policy", "policy"), ("reference", "policy"), ("critic", "critic"), ("engine", "rollout"))
+_HOST_OWNERS = (("policy", "policy"), ("reference", "policy"), ("critic", "critic"), ("engine", "rollout"),
+                ("reward_model", "policy"))  # a colocated reward model: an actor on each policy rank's device
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,7 @@ def host_memory(cfg: MegaRLConfig, arch: ArchSpec, roles: Mapping[str, RoleLayou
     ranks = {owner: roles[role].gpus for owner, role in _HOST_OWNERS if role in roles}
     moved = {s for p in table.phases for s in table.states() if s not in table.resident(p)}
     per_rank = {owner: sum(sizes[s] for s in moved if owner_of(s) == owner and not s.endswith("/grads"))
-                for owner in ("policy", "reference", "critic") if owner in ranks}  # fmt: skip
+                for owner in ("policy", "reference", "critic", "reward_model") if owner in ranks}  # fmt: skip
     backup = sizes["engine/weights"] if table.weights_cpu_backup and "engine/weights" in moved else 0.0
     adapters = {"policy": policy_lora_params(cfg, arch, roles["policy"])} if "policy" in roles else {}
     gather = {role: save_gather_host_bytes(arch, tp=roles[role].tp, pp=roles[role].pp, ep=roles[role].ep, etp=roles[role].etp,

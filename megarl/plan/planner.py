@@ -22,6 +22,7 @@ from megarl.memory.residency import (
     GENERATE,
     GENERATION_PHASES,
     POLICY_UPDATE,
+    REWARD,
     START,
     TRAINED_STATES,
     WEIGHT_PUSH,
@@ -54,6 +55,7 @@ from megarl.plan.reward_model_plan import (
     RewardModelMemory,
     check_reward_model,
     check_reward_model_memory,
+    colocated_reward_model,
     reward_model_gpus,
     reward_model_layout,
     reward_model_memory,
@@ -101,7 +103,7 @@ class Plan:
     warnings: list[Issue] = field(default_factory=list)
     resolved: dict[str, str] = field(default_factory=dict)  # "actor.recompute" -> what "auto" became
     push: PushEstimate | None = None  # one weight push: bytes per GPU per link and time (megarl/plan/push_model.py)
-    reward_model: RoleLayout | None = None  # the reward model's role on devices of its own (reward.model.placement)
+    reward_model: RoleLayout | None = None  # the reward model's role (reward.model.placement disaggregated or colocated)
 
     def rows(self, nnodes: int, gpus_per_node: int) -> list[tuple[int, int, str]]:
         """(node, local gpu, roles text) for every GPU of the cluster."""
@@ -109,11 +111,13 @@ class Plan:
         for layout in self.roles.values():
             for rank, gpu in enumerate(layout.gpus):
                 cells.setdefault(gpu, []).append(f"{layout.role} {layout.coords(rank, self.arch.num_experts)}")
-        # The reward model's actors are not pinned (megarl/plan/reward_model_plan.py): its rows are
-        # the devices the pools leave, not which actor gets which.
+        # The reward model's actor i is on bundle i of its pool (disaggregated: its own placement
+        # groups; colocated: the policy's, beside policy rank i).
         if self.reward_model is not None:
-            for gpu in self.reward_model.gpus:
-                cells.setdefault(gpu, []).append(f"{self.reward_model.role} (kept out of the pools; Ray picks its GPU)")
+            colocated = "policy" in self.roles and self.reward_model.gpus == self.roles["policy"].gpus
+            for rank, gpu in enumerate(self.reward_model.gpus):
+                text = "(on the device in phase reward only)" if colocated else "(a placement group of its own)"
+                cells.setdefault(gpu, []).append(f"{self.reward_model.role} actor {rank} {text}")
         total = nnodes * gpus_per_node
         return [(g // gpus_per_node, g % gpus_per_node, "; ".join(cells.get(g, ["idle"]))) for g in range(total)]
 
@@ -174,11 +178,11 @@ def make_plan(cfg: MegaRLConfig, *, check_files: bool = False, in_process: bool 
     layout_ok = not any(i.level == "error" for i in issues)
     if layout_ok:  # the memory model needs a config the checks above accept; the files do not matter to it
         cfg, resolved = _resolve_recompute(cfg, arch, roles)
-        memory = _plan_memory(cfg, arch, roles, issues)
+        rm_memory = reward_model_memory(cfg) if reward_model_gpus(cfg) or colocated_reward_model(cfg) else None
+        memory = _plan_memory(cfg, arch, roles, issues, reward_model=rm_memory)
         if reward_model_gpus(cfg):
-            rm_memory = reward_model_memory(cfg)
             check_reward_model_memory(cfg, rm_memory, issues)
-            memory = replace(memory, reward_model=rm_memory)
+        memory = replace(memory, reward_model=rm_memory)
     if check_files:  # reported with the config's problems, not after they are fixed
         _check_files(cfg, issues, bridge=layout_ok)
         check_server_python(cfg, issues)
@@ -193,7 +197,8 @@ def make_plan(cfg: MegaRLConfig, *, check_files: bool = False, in_process: bool 
                             f"push ({largest:.2g} s, a lower bound): every push would stop the run; raise it",
                             level="warning"))  # fmt: skip
     warnings = [i for i in issues if i.level == "warning"]
-    return Plan(arch, cfg.cluster.device, cfg.cluster.placement, roles, memory, warnings, resolved, push, reward_model_layout(cfg))
+    return Plan(arch, cfg.cluster.device, cfg.cluster.placement, roles, memory, warnings, resolved, push,
+                reward_model_layout(cfg, roles.get("policy")))
 
 
 def _largest_push_seconds(cfg: MegaRLConfig, arch: ArchSpec, push: PushEstimate, layout: tuple[int, int, int, int]) -> float:
@@ -481,11 +486,13 @@ def _forward_tokens_per_micro_batch(cfg: MegaRLConfig, section: ActorConfig) -> 
 
 
 def _plan_memory(cfg: MegaRLConfig, arch: ArchSpec, roles: dict[str, RoleLayout], issues: list[Issue], *,
-                 suggest: bool = True) -> MemoryPlan:  # fmt: skip
+                 suggest: bool = True, reward_model: RewardModelMemory | None = None) -> MemoryPlan:  # fmt: skip
     """Bytes per GPU in every phase: the residency table's resident states (megarl/memory/residency.py)
     plus the phase's working memory and the processes' runtime memory (the trainer's and, on its
     GPUs, SGLang's outside mem_fraction); nothing else adds to a peak.
-    ``suggest``: an over-budget error names the layouts that fit (a probe of one does not)."""
+    ``suggest``: an over-budget error names the layouts that fit (a probe of one does not).
+    ``reward_model``: a colocated reward model's memory (its weights are a state of the table, its
+    activations the ``reward`` phase's working memory, its actor's runtime on the devices throughout)."""
     gpu = cfg.cluster.gpu_memory_gib * GIB
     table = residency_of(cfg)
     mems: dict[str, TrainMemory] = {}
@@ -514,6 +521,10 @@ def _plan_memory(cfg: MegaRLConfig, arch: ArchSpec, roles: dict[str, RoleLayout]
     working = phase_working_bytes(mems.get("policy"), mems.get("critic"), held * bucket, gather)
     # SGLang's graphs are its cuda_graph state (in sizes); its context stays on its GPUs in every phase.
     overhead = runtime.trainer + (runtime.sglang_context if table.engine_shares_devices else 0.0)
+    if REWARD in table.rows:  # a colocated reward model (unreadable config.json: the preflight names it, 0 here)
+        rm = reward_model or RewardModelMemory(0.0, 0.0, 0.0, (0, 0), "?")
+        sizes["reward_model/weights"], working[REWARD] = rm.weights, rm.activations
+        overhead += rm.runtime
     # As built, the optimizer holds its fp32 master copies only: the first step (or a checkpoint
     # load) allocates Adam's moments, in a phase that has room for them.
     at_build = sizes | {f"{role}/optimizer": m.optimizer_at_build for role, m in mems.items()}
@@ -588,7 +599,12 @@ def _check_fits(cfg: MegaRLConfig, table: Residency, training: dict[str, float],
     (``push_knobs``: those that shrink a weight push; ``layouts``: the section's tp x pp that fit)."""
     over = f"over cluster.gpu_memory_gib ({cfg.cluster.gpu_memory_gib:g})"
     phase = max(training, key=training.get)  # type: ignore[arg-type]
-    if training[phase] > gpu:
+    if training[phase] > gpu and phase == REWARD:
+        knobs = [*_offload_knobs(cfg, table, phase), "lower reward.model.batch_size or reward.model.max_length"]
+        issues.append(Issue("reward.model", f"the training devices need an estimated {training[phase] / GIB:.1f} GiB per GPU in "
+                            f"phase reward (the colocated reward model's weights and one batch's activations), "
+                            f"{(training[phase] - gpu) / GIB:.1f} GiB {over}; " + ", ".join(knobs)))  # fmt: skip
+    elif training[phase] > gpu:
         section = _PHASE_SECTION.get(phase, "actor")
         knobs = _offload_knobs(cfg, table, phase)
         par = getattr(cfg, section).parallel

@@ -14,6 +14,8 @@ from megarl.plan.host_memory import host_memory_text
 from megarl.plan.lora_checks import lora_summary
 from megarl.plan.planner import Plan
 from megarl.plan.reward_checks import reward_roles
+from megarl.plan.reward_model_plan import colocated_reward_model
+from megarl.plan.step_timeline import timeline_text
 
 
 def print_plan(cfg: MegaRLConfig, plan: Plan, console: Console | None = None) -> None:
@@ -30,12 +32,14 @@ def print_plan(cfg: MegaRLConfig, plan: Plan, console: Console | None = None) ->
         else ("rollout: 1 torch engine process of its own" if cfg.asynchronous and cfg.rollout.engine == "torch"
               else f"rollout: {r.dp} x {cfg.rollout.engine} engine tp{r.tp}")
         for r in plan.roles.values()
-    ) + (f", reward model: {plan.reward_model.dp} actor(s) of its own" if plan.reward_model else "")
+    ) + (f", reward model: {plan.reward_model.dp} actor(s) "
+         f"{'on the training devices' if colocated_reward_model(cfg) else 'of its own'}" if plan.reward_model else "")
     console.print(f"[bold]placement[/] {plan.placement} on {cfg.cluster.nnodes} x {cfg.cluster.gpus_per_node} {plan.device}; {layouts}")
     console.print(
         f"[bold]step[/] {cfg.data.prompts_per_step} prompts x n={cfg.rollout.n} = {cfg.samples_per_step} samples; "
         f"mini-batch {cfg.actor.mini_batch_size or cfg.samples_per_step}, ppo_epochs {cfg.actor.ppo_epochs}"
     )
+    console.print(f"[bold]step timeline[/] {timeline_text(cfg)}")
     table = Table(show_lines=False, header_style="bold")
     for col in ("node", "gpu" if plan.device == "cuda" else "proc", "roles (ranks)"):
         table.add_column(col)
@@ -43,7 +47,7 @@ def print_plan(cfg: MegaRLConfig, plan: Plan, console: Console | None = None) ->
     if mem is not None and plan.device == "cuda":
         table.add_column("train GiB", justify="right")
         table.add_column("rollout GiB", justify="right")
-    reward_gpus = set(plan.reward_model.gpus) if plan.reward_model else set()
+    reward_gpus = set(plan.reward_model.gpus) if plan.reward_model and not colocated_reward_model(cfg) else set()
     for node, gpu, roles in plan.rows(cfg.cluster.nnodes, cfg.cluster.gpus_per_node):
         cells = [str(node), str(gpu), roles]
         if mem is not None and plan.device == "cuda" and node * cfg.cluster.gpus_per_node + gpu in reward_gpus:
@@ -61,7 +65,7 @@ def print_plan(cfg: MegaRLConfig, plan: Plan, console: Console | None = None) ->
     lora = lora_summary(cfg, plan.arch)
     if lora is not None:
         console.print(lora)
-    for role in reward_roles(cfg, cfg.samples_per_step):
+    for role in reward_roles(cfg, cfg.samples_per_step, plan.roles.get("policy")):
         gib = "size unknown (no readable config.json)" if role["memory_gib"] is None else f"~{role['memory_gib']:.2f} GiB {role['per']}"
         console.print(f"[bold]{role['role']}[/] {role['where']}; {gib} ({role['what']})")
     if mem is not None:
@@ -90,9 +94,11 @@ def _print_memory(cfg: MegaRLConfig, plan: Plan, console: Console) -> None:
             )
     if mem.reward_model is not None:
         rm = mem.reward_model
+        where = ("on the training devices in phase reward only (offloaded to host memory otherwise; its runtime in every phase)"
+                 if colocated_reward_model(cfg) else "on its own devices in every phase (it scores after generate)")
         console.print(f"[bold]reward model memory/{per}[/] weights {g(rm.weights)} ({rm.dtype}) + activations {g(rm.activations)} "
                       f"(one batch of {rm.tokens[0]} x {rm.tokens[1]} tokens) + runtime {g(rm.runtime)} = {g(rm.total)} GiB, "
-                      "on its own devices in every phase (it scores after generate)")  # fmt: skip
+                      f"{where}")  # fmt: skip
     if mem.reference_weights:
         console.print(f"[bold]reference[/] weights {g(mem.reference_weights)} GiB{' (offloaded)' if cfg.reference.offload else ''}")
     if mem.rollout is not None:

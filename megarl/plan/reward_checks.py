@@ -22,7 +22,9 @@ from megarl.models.hf_files import tokenizer_files_problem
 from megarl.plan.issues import Finding, Issue
 from megarl.plan.model_size import model_size
 from megarl.plan.reward_model_plan import reward_model_layout, reward_model_memory
+from megarl.plan.role_layout import RoleLayout
 from megarl.rewards.judge_prompt import render, template_problem, template_text
+from megarl.rollout_sglang.server_sizes import CPU_MAX_TOTAL_TOKENS
 
 
 def combine_findings(cfg: MegaRLConfig, files: list[tuple[str, list[Any]]]) -> list[Finding]:
@@ -87,16 +89,20 @@ def model_problem(path: str) -> str | None:
     return None
 
 
-def reward_roles(cfg: MegaRLConfig, samples_per_step: int) -> list[dict[str, Any]]:
-    """The reward model's and the judge's roles: name, where they run, their memory estimate (GiB)."""
+def reward_roles(cfg: MegaRLConfig, samples_per_step: int, training: RoleLayout | None = None) -> list[dict[str, Any]]:
+    """The reward model's and the judge's roles: name, where they run, their memory estimate (GiB);
+    ``training``: the policy's layout (a colocated reward model has an actor on each of its devices)."""
     roles = []
     r = cfg.reward
-    layout = reward_model_layout(cfg)
+    layout = reward_model_layout(cfg, training)
     if r.model is not None and layout is not None:
         mem = reward_model_memory(cfg)
         unit, units = ("GPU", "GPUs") if cfg.cluster.device == "cuda" else ("process", "processes")
-        roles.append({"role": "reward model", "where": f"{layout.dp} Ray actor(s) of its own, one per {unit}, on {layout.dp} "
-                      f"{units} kept out of the training and rollout pools (Ray picks which)", "per": f"per {unit}",
+        where = (f"{layout.dp} Ray actor(s) on the training {units}, one per {unit} beside its policy rank, on the {unit} in "
+                 "phase reward only (offloaded to host memory otherwise)" if r.model.placement == "colocated" else
+                 f"{layout.dp} Ray actor(s) of its own, one per {unit}, on {layout.dp} {units} kept out of the training and "
+                 "rollout pools (a placement group bundle each)")  # fmt: skip
+        roles.append({"role": "reward model", "where": where, "per": f"per {unit}",
                       "memory_gib": mem.total / 2**30 if mem else None,
                       "what": "weights + one batch's activations" + (" + runtime" if mem and mem.runtime else "")})  # fmt: skip
     elif r.model is not None:
@@ -127,9 +133,6 @@ def _judge_bytes(judge: RewardJudgeConfig, samples_per_step: int) -> float | Non
     a = size.arch
     context = judge.context_length or a.max_positions
     if judge.engine == "sglang":
-        # (imports torch: only for an SGLang judge)
-        from megarl.rollout_sglang.server import CPU_MAX_TOTAL_TOKENS
-
         tokens = max(CPU_MAX_TOTAL_TOKENS, context)
     else:
         tokens = context * min(samples_per_step, judge.max_running_requests)

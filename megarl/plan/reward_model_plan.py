@@ -1,11 +1,17 @@
-"""The reward model's role in the plan (``reward.model.placement: disaggregated``): its devices,
-its memory per device, and what the planner refuses about it.
+"""The reward model's role in the plan (``reward.model.placement: disaggregated`` or ``colocated``):
+its devices, its memory per device, and what the planner refuses about it.
+
+Colocated: one actor per device of the training pool (the policy's), sharing the policy ranks'
+placement-group bundles, so actor i is on the policy rank i's device. The model is loaded on the
+host and is on the device only in the step's ``reward`` phase (megarl/memory/residency.py rule 5):
+the planner counts its weights there, and the activations of one batch as that phase's working
+memory; its process's runtime (a CUDA context) stays on the device in every phase.
 
 Devices: ``reward.model.gpus`` of the cluster (on cpu: processes) kept out of the rollout pool
 (disaggregated) and the training pool, which are cut from the rest; one actor each, each holding
-the whole model. The plan counts them as the last devices, but the actors are not pinned there:
-they ask Ray for one GPU each (megarl/rollout/reward_model_role.py) after the pools' placement
-groups hold theirs, so Ray gives them GPUs the pools left free, on whichever nodes have them.
+the whole model. The plan counts them as the last devices, and the role reserves them as the pools
+do theirs: placement groups of its own, one bundle (one GPU) per actor (megarl/ray_cluster/placement.py
+role_placements); like the pools' node-groups, which node a group lands on is Ray's choice.
 
 Memory per device (:func:`reward_model_memory`, from the model's config.json through the planner's
 shapes (megarl/plan/model_size.py), in the dtype it was saved in, which is what the loader keeps):
@@ -15,11 +21,13 @@ shapes (megarl/plan/model_size.py), in the dtype it was saved in, which is what 
   residual stream in and out, q, k, v and the attention output, the MLP's gate, up and their
   product) and the boolean attention mask [batch x length x length]; with SDPA no score matrix;
 - runtime: the actor's CUDA context and allocator slack (REWARD_MODEL_RUNTIME_GIB, an estimate).
-The role holds all of it in every phase of the step (it scores after ``generate``), so it is
-checked against ``cluster.gpu_memory_gib`` once, not per phase.
+Disaggregated, the role holds all of it in every phase of the step (it scores after ``generate``),
+so it is checked against ``cluster.gpu_memory_gib`` once, not per phase; colocated, its weights and
+activations count in the ``reward`` phase of the training devices and its runtime in every phase.
 
-Refused: ``placement: colocated`` (not built: the residency table and the hand-over have no
-reward-model state to offload), the role with ``--in-process`` (it is a Ray actor), more devices
+Refused: the role with ``--in-process`` (its actors are Ray actors), colocated with an
+asynchronous run (its producer scores while the training phases hold the devices), ``reward.model.gpus``
+with colocated (one actor per training device), more devices
 than the cluster leaves to the other pools, a multi-node split that leaves the training pool part
 of a node, ``reward.model.device`` set for a role (the role runs on ``cluster.device``).
 """
@@ -44,13 +52,20 @@ def reward_model_gpus(cfg: MegaRLConfig) -> int:
     return model.gpus if model is not None and model.placement == "disaggregated" else 0
 
 
-def reward_model_layout(cfg: MegaRLConfig) -> RoleLayout | None:
-    """The role's devices, counted as the last reward.model.gpus of the cluster (not pinned: module
-    docstring), one actor (replica) each."""
+def reward_model_layout(cfg: MegaRLConfig, training: RoleLayout | None = None) -> RoleLayout | None:
+    """The role's devices, one actor (replica) each: disaggregated, the last reward.model.gpus of the
+    cluster; colocated, those of ``training`` (the policy's layout)."""
+    if colocated_reward_model(cfg):
+        return RoleLayout(REWARD_MODEL_ROLE, 1, 1, len(training.gpus), training.gpus) if training is not None else None
     n, world = reward_model_gpus(cfg), cfg.cluster.world_size
     if not n or n >= world:
         return None
     return RoleLayout(REWARD_MODEL_ROLE, 1, 1, n, tuple(range(world - n, world)))
+
+
+def colocated_reward_model(cfg: MegaRLConfig) -> bool:
+    """Whether the reward model shares the training devices (reward.model.placement colocated)."""
+    return cfg.reward.model is not None and cfg.reward.model.placement == "colocated"
 
 
 def check_reward_model(cfg: MegaRLConfig, issues: list[Issue], *, in_process: bool) -> None:
@@ -59,8 +74,7 @@ def check_reward_model(cfg: MegaRLConfig, issues: list[Issue], *, in_process: bo
     if model is None:
         return
     if model.placement == "colocated":
-        issues.append(Issue("reward.model.placement", "(colocated) is not built yet: the memory hand-over has no reward-model "
-                            "state to offload between steps; use disaggregated (devices of its own) or workers"))  # fmt: skip
+        _check_colocated(cfg, issues, in_process=in_process)
         return
     if model.placement == "workers":
         if "gpus" in model.model_fields_set:
@@ -82,6 +96,22 @@ def check_reward_model(cfg: MegaRLConfig, issues: list[Issue], *, in_process: bo
         issues.append(Issue("reward.model.gpus", f"({model.gpus}) must leave whole nodes to the training pool on a multi-node "
                             f"cluster: reward.model.gpus{' + cluster.rollout_gpus' if others else ''} = {model.gpus + others}, "
                             f"a multiple of gpus_per_node = {cl.gpus_per_node}"))  # fmt: skip
+
+
+def _check_colocated(cfg: MegaRLConfig, issues: list[Issue], *, in_process: bool) -> None:
+    model = cfg.reward.model
+    assert model is not None
+    for key, value in (("gpus", model.gpus), ("device", model.device)):
+        if key in model.model_fields_set:
+            issues.append(Issue(f"reward.model.{key}", f"({value}) is not used with reward.model.placement=colocated (one actor "
+                                "on each training device, on cluster.device); remove it"))  # fmt: skip
+    if in_process:
+        issues.append(Issue("reward.model.placement", "(colocated) runs Ray actors and --in-process runs without Ray; "
+                            "use reward.model.placement=workers"))  # fmt: skip
+    if cfg.asynchronous:
+        issues.append(Issue("reward.model.placement", f"(colocated) loads the reward model onto the training devices to "
+                            f"score, which an asynchronous run (rollout.max_staleness {cfg.rollout.max_staleness}) does while "
+                            "they train; use reward.model.placement=disaggregated"))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -115,7 +145,8 @@ def reward_model_memory(cfg: MegaRLConfig) -> RewardModelMemory | None:
 
 
 def check_reward_model_memory(cfg: MegaRLConfig, mem: RewardModelMemory | None, issues: list[Issue]) -> None:
-    """On cuda, one actor's memory fits cluster.gpu_memory_gib; the fix names the knobs that move it."""
+    """On cuda, one actor's memory fits cluster.gpu_memory_gib (disaggregated; colocated, its phase is
+    checked with the others'); the fix names the knobs that move it."""
     gpu = cfg.cluster.gpu_memory_gib * GIB
     if mem is None or cfg.cluster.device != "cuda" or mem.total <= gpu:
         return

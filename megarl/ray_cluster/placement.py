@@ -347,13 +347,18 @@ def _resources_text(res: Mapping[str, float]) -> str:
 
 def role_placements(cfg: Any, plan: Any) -> tuple[list[RolePlacement], list[tuple[str, ...]]]:
     """Ray placements of the Megatron roles of a checked config (``MegaRLConfig``, ``Plan``) and the
-    roles that share devices. SGLang servers are placed by megarl.rollout_sglang."""
+    roles that share devices. The reward model's role (``plan.reward_model``, one actor per device)
+    shares the policy's bundles when colocated, else has a pool of its own: one bundle per device
+    it keeps out of the other pools, node-groups of whole nodes as the training pool's (the planner
+    gives it whole nodes on a multi-node cluster). SGLang servers are placed by megarl.rollout_sglang."""
     cl = cfg.cluster
     gpus = 1.0 if cl.device == "cuda" else 0.0
     placements = []
-    for role in ("policy", "critic"):
-        if role in plan.roles:
-            n = len(plan.roles[role].gpus)
+    for role in ("policy", "critic", "reward_model"):
+        layout = plan.reward_model if role == "reward_model" else plan.roles.get(role)
+        if layout is not None:
+            n = len(layout.gpus)
             nnodes = max(1, n // cl.gpus_per_node)
             placements.append(RolePlacement(role, nnodes, n // nnodes, gpus_per_proc=gpus, cpus_per_proc=1.0))
-    return placements, [("policy", "critic")]
+    colocated = cfg.reward.model is not None and cfg.reward.model.placement == "colocated"
+    return placements, [("policy", "critic", "reward_model") if colocated else ("policy", "critic")]

@@ -58,6 +58,19 @@ def load_reward_model(path: str, device: str = "cpu") -> tuple[Any, Any]:
     return _LOADED[key]
 
 
+def move_reward_model(path: str, source: str, target: str) -> None:
+    """Move the model loaded on ``source`` to ``target`` (a colocated role's offload and onload): its
+    parameters and buffers move, the tokenizer stays; a device's freed blocks go back to it."""
+    if source == target:
+        return
+    model, tokenizer = _LOADED.pop((path, source))
+    _LOADED[(path, target)] = (model.to(target), tokenizer)
+    if source.startswith("cuda"):
+        import torch
+
+        torch.cuda.empty_cache()  # else the allocator keeps the blocks from the policy that needs them next
+
+
 def model_dir_problem(path: str) -> str | None:
     """Why ``path`` cannot be loaded as :func:`load_reward_model` loads it, from config.json and the
     names of its tokenizer files: one line that starts with ``(path)`` and ends with the fix (the

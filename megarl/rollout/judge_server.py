@@ -27,7 +27,8 @@ from megarl.config.reward_sections import RewardJudgeConfig
 from megarl.engines.base import GenerationResult, SamplingParams
 from megarl.progress import still_waiting
 from megarl.rollout_sglang.engine import SGLangEngine
-from megarl.rollout_sglang.server import CPU_MAX_TOTAL_TOKENS, ServerSpec, SGLangServer
+from megarl.rollout_sglang.server import ServerSpec, SGLangServer
+from megarl.rollout_sglang.server_sizes import CPU_MAX_TOTAL_TOKENS
 
 log = logging.getLogger(__name__)
 

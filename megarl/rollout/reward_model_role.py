@@ -1,8 +1,12 @@
-"""The reward model as a role of its own (``reward.model.placement: disaggregated``).
+"""The reward model as a role (``reward.model.placement: disaggregated`` or ``colocated``).
 
-One Ray actor per device of ``reward.model.gpus`` holds the model once (on cuda: a GPU Ray gives
-it, outside the trained models' placement groups; on cpu: a process and one CPU, the config's
-virtual device). A scoring call cuts its samples into batches of ``reward.model.batch_size``, deals
+Disaggregated: one Ray actor per device of ``reward.model.gpus`` holds the model once, each on a
+bundle of the role's own placement groups (``placed``, megarl/ray_cluster/placement.py
+role_placements: one GPU and one CPU per bundle; on cpu a process and one CPU, the config's
+virtual device). Colocated (``placed``: the role's share of the policy's placement-group
+bundles): one actor on each policy rank's bundle, so on its device; it loads the model on the host, and the memory hand-over moves it to the device for the step's
+``reward`` phase and back after (:meth:`RewardModelRole.onload` / :meth:`offload`: the residency
+table's ``reward_model/weights``, megarl/memory/residency.py). A scoring call cuts its samples into batches of ``reward.model.batch_size``, deals
 them round-robin to the actors (one call per actor holding its batches), and each batch is one
 padded forward in the reward model's own template, as the reward workers do it
 (megarl/rewards/reward_model.py: the same functions, so the same scores).
@@ -14,7 +18,7 @@ counted in ``reward/errors`` / ``reward/timeouts``, and an actor that timed out 
 and started again (the model reloaded) before the next call. When failures reach
 ``reward.max_failed_fraction`` of a call's samples, RewardError stops the run.
 
-Left out: colocation with the policy (offloaded between steps), a Megatron reward model, tensor
+Left out: a Megatron reward model, tensor
 parallelism inside the role (each actor holds the whole model), `megarl evaluate` (it scores in the
 reward workers whatever the placement).
 """
@@ -47,18 +51,39 @@ ROLE_LOG = "reward_model_{index}.log"  # in the run's log folder, one per actor
 class _RewardModelHost:
     """The actor's body: the reward model loaded once, scoring batches of samples."""
 
-    def __init__(self, path: str, device: str, chat_template: bool, max_length: int | None, log_path: str) -> None:
+    def __init__(self, path: str, device: str, chat_template: bool, max_length: int | None, log_path: str,
+                 on_host: bool = False) -> None:  # fmt: skip
+        """``on_host``: load on the host (colocated: :meth:`place` brings it to ``device``)."""
         output_to_log(log_path)
         from megarl.rewards.reward_model import load_reward_model
 
-        self.path, self.device, self.chat_template, self.max_length = path, device, chat_template, max_length
-        load_reward_model(path, device)
+        self.path, self.chat_template, self.max_length = path, chat_template, max_length
+        self.target, self.device = device, "cpu" if on_host else device  # where it goes to score; where it is
+        self.on_device = not on_host
+        load_reward_model(path, self.device)
 
     def ready(self) -> bool:
         return True
 
+    def place(self, on_device: bool) -> bool:
+        """Move the model to the device (True) or the host; returns where it is now (True: the device)."""
+        from megarl.rewards.reward_model import move_reward_model
+
+        device = self.target if on_device else "cpu"
+        move_reward_model(self.path, self.device, device)
+        self.device, self.on_device = device, on_device
+        return self.on_device
+
+    def where(self) -> tuple[bool, str]:
+        """Whether the model was last moved to the device, and the device its parameters are on (the
+        tests ask; on cpu the device and the host are one)."""
+        from megarl.rewards.reward_model import load_reward_model
+
+        model, _ = load_reward_model(self.path, self.device)
+        return self.on_device, str(next(model.parameters()).device)
+
     def score(self, batches: list[list[tuple]]) -> list[list[float]]:
-        """Each batch of (raw prompt or None, prompt text, response) in one forward; its scores."""
+        """Each batch of (raw prompt or None, prompt text, response) in one forward, where the model is; its scores."""
         from megarl.rewards.reward_model import score_samples
 
         return [score_samples(self.path, self.device, batch, self.chat_template, self.max_length) for batch in batches]
@@ -69,15 +94,18 @@ _RewardModelActor = ray.remote(_RewardModelHost)
 
 class RewardModelRole:
     """The reward model's actors behind RewardScorer's ``score(...) -> ScoreResult``; use as a
-    context manager. ``device``: cluster.device (cuda: one GPU per actor)."""
+    context manager. ``device``: cluster.device (cuda: one GPU per actor); ``placed``: the role's
+    PlacedRole, one actor per bundle (colocated: in the policy's bundles, the model on the host until
+    :meth:`onload`); None: reward.model.gpus actors wherever Ray has a GPU (on cpu a CPU) for each."""
 
-    def __init__(self, cfg: RewardConfig, device: str, log_dir: str | Path, *, start_timeout_s: float = MODEL_LOAD_TIMEOUT_S,
-                 stops: str = TRAINING_STOPS) -> None:  # fmt: skip
+    def __init__(self, cfg: RewardConfig, device: str, log_dir: str | Path, *, placed: Any = None,
+                 start_timeout_s: float = MODEL_LOAD_TIMEOUT_S, stops: str = TRAINING_STOPS) -> None:  # fmt: skip
         if cfg.model is None:
             raise ValueError("RewardModelRole needs reward.model")
-        self.cfg, self.model, self.device, self.stops = cfg, cfg.model, device, stops
+        self.cfg, self.model, self.device, self.stops, self.placed = cfg, cfg.model, device, stops, placed
         self.log_dir, self.start_timeout_s = Path(log_dir), start_timeout_s
-        self._actors: list[Any] = [None] * self.model.gpus
+        self._actors: list[Any] = [None] * (placed.placement.world_size if placed is not None else self.model.gpus)
+        self.on_device = self.model.placement != "colocated"  # colocated: where the hand-over last put the model
         try:
             self._start_missing()
         except BaseException:
@@ -87,13 +115,12 @@ class RewardModelRole:
     def _start_missing(self) -> None:
         """Start every actor that is not running (at first, and after a timeout or a death), each
         loading the model within the start deadline."""
-        gpus = 1 if self.device == "cuda" else 0
         started = {}
         for i, actor in enumerate(self._actors):
             if actor is None:
-                options = {"num_cpus": 1, "num_gpus": gpus, "max_restarts": 0, "max_task_retries": 0}
-                self._actors[i] = _RewardModelActor.options(**options).remote(
-                    self.model.path, self.device, self.model.chat_template, self.model.max_length, str(self._log(i)))
+                self._actors[i] = _RewardModelActor.options(**self._options(i)).remote(
+                    self.model.path, self.device, self.model.chat_template, self.model.max_length, str(self._log(i)),
+                    not self.on_device)  # fmt: skip
                 started[i] = self._actors[i].ready.remote()
         for i, ref in started.items():
             try:
@@ -106,6 +133,34 @@ class RewardModelRole:
                 cause = (str(exc).strip().splitlines() or [""])[-1][:300]
                 raise RewardError(f"reward.model: actor {i} failed to load {self.model.path}: {cause}; see {self._log(i)}; "
                                   f"{self.stops}") from exc  # fmt: skip
+
+    def _options(self, index: int) -> dict[str, Any]:
+        """Ray options of actor ``index``: pinned to its bundle when placed; else one GPU (on cpu, one
+        CPU) wherever Ray has it."""
+        retries = {"max_restarts": 0, "max_task_retries": 0}
+        if self.placed is not None:
+            return self.placed.scheduling(index) | retries
+        return {"num_cpus": 1, "num_gpus": 1 if self.device == "cuda" else 0} | retries
+
+    # ---- the memory hand-over's side (colocated: the residency table's reward_model/weights) -----
+    def onload(self, states: Sequence[str]) -> None:
+        self._place(True)
+
+    def offload(self, states: Sequence[str]) -> None:
+        self._place(False)
+
+    def _place(self, on_device: bool) -> None:
+        """Every actor's model to the device or the host; an actor that died is dropped (the next
+        score starts it again, where the last move put the others)."""
+        self.on_device = on_device
+        calls = {i: a.place.remote(on_device) for i, a in enumerate(self._actors) if a is not None}
+        for i, ref in calls.items():
+            try:
+                ray.get(ref, timeout=self.start_timeout_s)
+            except (RayActorError, GetTimeoutError):
+                log.warning("reward.model actor %d did not move its model (%s); it is started again before the next "
+                            "score; see %s", i, "to the device" if on_device else "to the host", self._log(i))  # fmt: skip
+                self._drop(i)
 
     def _log(self, index: int) -> Path:
         return self.log_dir / ROLE_LOG.format(index=index)

@@ -35,6 +35,7 @@ from megarl.config.rollout_sections import engine_kwargs_args
 from megarl.process_signals import unblock_stop_signals
 from megarl.ray_cluster.rank_env import NCCL_CUMEM_ENV, nccl_cumem_enable
 from megarl.rollout_sglang.client import open_url
+from megarl.rollout_sglang.server_sizes import CPU_MAX_TOTAL_TOKENS
 
 if TYPE_CHECKING:
     from megarl.config.rollout_sections import RolloutConfig
@@ -49,9 +50,6 @@ _DROPPED_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "SGLANG_RETURN_ORIGINAL_LOGPROB")
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 DEVICES = ("cuda", "cpu")
-# KV cache size (tokens) of a CPU server when the spec gives none: SGLang would otherwise size
-# it from mem_fraction of the host's RAM.
-CPU_MAX_TOTAL_TOKENS = 4096
 # SGLang's LoRA kernels per device (0.5.23, srt/lora/backend/lora_registry.py): its default,
 # csgmv, is Triton (CUDA only); on CPU only torch_native runs.
 LORA_BACKENDS = {"cuda": "csgmv", "cpu": "torch_native"}

@@ -15,7 +15,7 @@ from megarl.config.loading import config_to_yaml
 from megarl.config.sections import MegaRLConfig
 from megarl.engines.base import SamplingParams, eos_token_ids
 from megarl.kept_files import kept_name, time_tag
-from megarl.memory.handover import CheckpointedModel, HandedOverEngines, Handover
+from megarl.memory.handover import CheckpointedModel, HandedOverEngines, HandedOverScorer, Handover
 from megarl.memory.residency import residency_of
 from megarl.plan.algorithm_checks import epochs_warmup_issue
 from megarl.plan.planner import Plan, PlanError, resolved_config
@@ -110,15 +110,21 @@ def build_trainer(cfg: MegaRLConfig, plan: Plan, *, in_process: bool = False) ->
     closers: list[Callable[[], None]] = []  # what was started, undone in reverse on failure or at shutdown
     try:
         start = _start_in_process if in_process else _start_groups
-        models = start(cfg, plan, total_steps, out / "logs", closers)
-        handover = Handover(residency_of(cfg), models)  # one memory hand-over per run (megarl/memory/)
+        pools: dict[str, Any] = {}  # role -> its Ray placement (a colocated reward model's actors share the policy's)
+        models = start(cfg, plan, total_steps, out / "logs", closers, pools)
+        reward_model = _start_reward_model(cfg, out / "logs", pools.get("reward_model"))
+        if reward_model is not None:
+            closers.append(reward_model.close)
+        placement = cfg.reward.model.placement if cfg.reward.model is not None else None
+        colocated = {"reward_model": reward_model} if placement == "colocated" else {}  # moved by the hand-over
+        handover = Handover(residency_of(cfg), models | colocated)  # one memory hand-over per run (megarl/memory/)
         sglang = _start_sglang(cfg, plan, models, out / "logs", handover)
         if sglang is not None:
             closers.append(sglang.close)  # servers first: colocated ones share the policy's GPUs
         standalone = _start_standalone(cfg, models, out / "logs", closers)
-        rewards = _start_rewards(cfg, in_process, out / "logs")
+        rewards = _start_rewards(cfg, in_process, out / "logs", reward_model)
         closers.append(rewards.close)
-        scorer = Scorer(rewards, tokenizer, eos_ids)
+        scorer = Scorer(HandedOverScorer(rewards, handover) if colocated else rewards, tokenizer, eos_ids)
         val_prompts = load_val_prompts(cfg.data, tokenizer, tools)
         parts = _components(cfg, models, stream, val_prompts, scorer, generate, total_steps, handover, sglang or standalone)
         closers.append(parts.rollouts.stop)  # the producer stops before the engines it feeds on
@@ -178,8 +184,10 @@ def _clients(groups: dict[str, Any], push_timeout: float | None) -> dict[str, Tr
             for role, group in groups.items()}  # fmt: skip
 
 
-def _start_groups(cfg: MegaRLConfig, plan: Plan, total_steps: int, log_dir: Path, closers: list[Callable[[], None]]) -> dict[str, TrainedClient]:
-    """One Ray worker group per trained role, placed as the plan says."""
+def _start_groups(cfg: MegaRLConfig, plan: Plan, total_steps: int, log_dir: Path, closers: list[Callable[[], None]],
+                  pools: dict[str, Any]) -> dict[str, TrainedClient]:  # fmt: skip
+    """One Ray worker group per trained role, placed as the plan says; ``pools`` gets every role's
+    placement (a colocated reward model's too)."""
     # Imported here: they import Ray, which an in-process run (a one-GPU box under torchrun) lacks.
     from megarl.ray_cluster.placement import place_roles, release, role_placements
     from megarl.ray_cluster.worker_group import GroupOptions, WorkerGroup
@@ -187,6 +195,7 @@ def _start_groups(cfg: MegaRLConfig, plan: Plan, total_steps: int, log_dir: Path
     placements, colocate = role_placements(cfg, plan)
     placed = place_roles(placements, colocate)
     closers.append(lambda: release(placed))
+    pools.update(placed)
     groups: dict[str, Any] = {}
     for role, cls in _rank_classes(plan).items():
         options = GroupOptions.of_run(cfg.cluster, log_dir, _shared_nccl_env(cfg) if role == "policy" else None)
@@ -205,8 +214,9 @@ def _shared_nccl_env(cfg: MegaRLConfig) -> dict[str, str]:
     return {NCCL_CUMEM_ENV: nccl_cumem_enable()}  # the controller's: the servers' specs read the same one
 
 
-def _start_in_process(cfg: MegaRLConfig, plan: Plan, total_steps: int, log_dir: Path, closers: list[Callable[[], None]]) -> dict[str, TrainedClient]:
-    """Every trained role in this process (a world of one: a one-GPU box without Ray)."""
+def _start_in_process(cfg: MegaRLConfig, plan: Plan, total_steps: int, log_dir: Path, closers: list[Callable[[], None]],
+                      pools: dict[str, Any]) -> dict[str, TrainedClient]:  # fmt: skip
+    """Every trained role in this process (a world of one: a one-GPU box without Ray; ``pools`` stays empty)."""
     groups: dict[str, Any] = {}
     for role, cls in _rank_classes(plan).items():
         assert len(plan.roles[role].gpus) == 1, "make_plan(in_process=True) refuses larger worlds"
@@ -237,13 +247,13 @@ def _start_sglang(cfg: MegaRLConfig, plan: Plan, models: dict[str, Any], log_dir
     return rollout
 
 
-def _start_rewards(cfg: MegaRLConfig, in_process: bool, log_dir: Path) -> Any:
+def _start_rewards(cfg: MegaRLConfig, in_process: bool, log_dir: Path, model: Any) -> Any:
     """The reward pool, or with reward.combine / reward.judge the pools and the judge that score its
-    components; the reward model's role (reward.model.placement disaggregated) in place of its pool."""
+    components; ``model``, the reward model's role (reward.model.placement disaggregated or
+    colocated), in place of its pool."""
     from megarl.rewards.scorer import REWARD_WORKERS_LOG, RewardScorer
 
     workers_log = log_dir / REWARD_WORKERS_LOG  # the user's reward functions' prints: not the terminal
-    model = _start_reward_model(cfg, log_dir)
     if not cfg.reward.combine:
         return model or RewardScorer(cfg.reward, log_path=workers_log)
     from megarl.rollout.judge import start_judge
@@ -262,13 +272,14 @@ def _start_rewards(cfg: MegaRLConfig, in_process: bool, log_dir: Path) -> Any:
         raise
 
 
-def _start_reward_model(cfg: MegaRLConfig, log_dir: Path) -> Any:
-    """The reward model's role when it is placed as one (the plan refused it for in-process runs), else None."""
-    if cfg.reward.model is None or cfg.reward.model.placement != "disaggregated":
+def _start_reward_model(cfg: MegaRLConfig, log_dir: Path, placed: Any) -> Any:
+    """The reward model's role when it is placed as one (the plan refused it for in-process runs), else
+    None; ``placed``: its placement (colocated: its share of the policy's bundles; else its own)."""
+    if cfg.reward.model is None or cfg.reward.model.placement == "workers":
         return None
     from megarl.rollout.reward_model_role import RewardModelRole
 
-    return RewardModelRole(cfg.reward, cfg.cluster.device, log_dir)
+    return RewardModelRole(cfg.reward, cfg.cluster.device, log_dir, placed=placed)
 
 
 def _start_standalone(cfg: MegaRLConfig, models: dict[str, Any], log_dir: Path, closers: list[Callable[[], None]]) -> Any:

@@ -25,11 +25,22 @@ def test_help_lists_the_exit_codes():
     assert "exit codes:" in out and "2    user error" in out and "130  stopped by Ctrl-C" in out
 
 
-def test_help_and_plan_import_neither_torch_nor_ray():
-    code = ("import sys; from megarl.cli import main; main(['plan', sys.argv[1]]); "
+def test_help_and_plan_import_neither_torch_nor_ray(tmp_path):
+    code = ("import sys; from megarl.cli import main; assert main(['plan', *sys.argv[1:]]) == 0; "
             "assert not {'torch', 'ray'} & set(sys.modules), sorted({'torch', 'ray'} & set(sys.modules))")
     proc = subprocess.run([sys.executable, "-c", code, str(TINY)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
+    # an SGLang judge's memory is sized from its server's token pool, without the server's module
+    judge = tmp_path / "judge"
+    judge.mkdir()
+    (judge / "config.json").write_text('{"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_size": 32, '
+                                       '"num_hidden_layers": 1, "intermediate_size": 64, "num_attention_heads": 2, '
+                                       '"num_key_value_heads": 1, "vocab_size": 100, "max_position_embeddings": 64}')  # fmt: skip
+    overrides = ["reward.combine={reverse_digits: {reverse_digits: 1.0, judge: 1.0}}", f"reward.judge.model={judge}",
+                 "reward.judge.prompt_template=judge {prompt} {response}", "reward.judge.engine=sglang"]  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", code, str(TINY), *overrides], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "LLM judge SGLang server of its own" in " ".join(proc.stdout.split())
 
 
 def test_a_command_that_needs_ray_where_it_is_missing_says_so_in_one_line(tmp_path):

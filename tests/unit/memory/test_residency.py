@@ -15,6 +15,7 @@ from megarl.memory.residency import (
     POLICY_FORWARD,
     POLICY_UPDATE,
     REFERENCE_FORWARD,
+    REWARD,
     START,
     WEIGHT_PUSH,
     build_residency,
@@ -43,7 +44,7 @@ def test_colocated_sglang_every_model_offloaded():
         WEIGHT_PUSH: {"policy/weights", "engine/weights"},
         CHECKPOINT: {"policy/weights", "policy/optimizer", "critic/weights", "critic/optimizer"},
     }
-    assert table.phases == PHASES
+    assert table.phases == tuple(p for p in PHASES if p != REWARD)  # (no colocated reward model)
     assert {p: set(table.resident(p)) for p in table.phases} == expected
     assert "engine/weights" not in table.resident(POLICY_UPDATE)  # released: the hand-over re-pushes (no CPU copy)
 
@@ -135,3 +136,17 @@ def test_sft_export_keeps_only_the_policy_weights():
     client = _Client()
     Handover(table, {"policy": client}).enter(EXPORT)
     assert client.moves == [("offload", ["policy/grads", "policy/optimizer"])]
+
+
+def test_a_colocated_reward_model_is_on_the_devices_for_its_scoring_phase_only():
+    table = build_residency("colocated", "sglang", reference=True, actor_offload=True, reward_model=True)
+    assert table.phases[:5] == (START, LAUNCH, GENERATE, REWARD, POLICY_FORWARD)
+    assert {p for p in table.phases if "reward_model/weights" in table.resident(p)} == {REWARD}
+    # the offloaded policy keeps nothing while it scores, the reference (not offloaded) everything,
+    # SGLang its weights as in a forward phase
+    assert table.resident(REWARD) == {"reward_model/weights", "engine/weights"} | REF
+    assert table.on_training_devices("reward_model/weights")
+    torch = build_residency("colocated", "torch", reward_model=True)
+    assert torch.resident(REWARD) == POLICY | {"reward_model/weights", "engine/weights"}
+    cfg = load_config(CONFIGS / "tiny_grpo.yaml", ["reward.model.path=/rm", "reward.model.placement=colocated"])
+    assert REWARD in residency_of(cfg).phases and REWARD not in residency_of(load_config(CONFIGS / "tiny_grpo.yaml")).phases

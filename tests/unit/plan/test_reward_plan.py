@@ -74,6 +74,7 @@ def test_the_reward_model_role_takes_the_last_gpus_and_its_memory_is_planned(tmp
     from rich.console import Console
 
     from megarl.plan.report import print_plan
+    from megarl.plan.step_timeline import timeline_text
 
     rm = _rm_config(tmp_path / "rm")
     cfg = load_config(PPO7, [f"reward.model.path={rm}", *ROLE, "reward.model.gpus=4", "reward.model.max_length=4096"])
@@ -87,7 +88,8 @@ def test_the_reward_model_role_takes_the_last_gpus_and_its_memory_is_planned(tmp
     print_plan(cfg, plan, console)
     text = console.export_text()
     assert "reward model: 4 actor(s) of its own" in text
-    assert text.count("reward_model (kept out of the pools; Ray picks its GPU)") == 4  # not pinned: no actor per GPU
+    assert f"step timeline {timeline_text(cfg)}" in " ".join(text.split())  # (the console wraps it)
+    assert [f"reward_model actor {i} (a placement group of its own)" in text for i in range(4)] == [True] * 4
     assert f"reward model memory/GPU weights 13.2 (bfloat16) + activations {mem.activations / 2**30:.1f}" in text
     # disaggregated rollout: training pool, then the rollout pool, then the reward model's devices
     split = make_plan(load_config(PPO7, [f"reward.model.path={rm}", *ROLE, "reward.model.gpus=8", "cluster.nnodes=3",
@@ -104,7 +106,13 @@ def test_the_reward_model_role_takes_the_last_gpus_and_its_memory_is_planned(tmp
     (("reward.model.gpus=8",), "reward.model.gpus: (8) leaves no device for training: the cluster has 8"),
     (("reward.model.gpus=2", "cluster.nnodes=2"), "must leave whole nodes to the training pool on a multi-node cluster"),
     (("reward.model.gpus=4", "reward.model.device=cuda"), "reward.model.device: (cuda) is for placement workers"),
-    (("reward.model.placement=colocated",), "reward.model.placement: (colocated) is not built yet"),
+    (("reward.model.placement=colocated", "reward.model.gpus=2"),
+     "reward.model.gpus: (2) is not used with reward.model.placement=colocated (one actor on each training device"),
+    (("reward.model.placement=colocated", "rollout.max_staleness=1"),
+     "reward.model.placement: (colocated) loads the reward model onto the training devices to score, which an asynchronous run"),
+    (("reward.model.placement=colocated", "reward.model.batch_size=64"),
+     # the reward model's 360.2 (as above) + SGLang's weights 7.1 + the trainer's and SGLang's runtime 4.5
+     "reward.model: the training devices need an estimated 371.8 GiB per GPU in phase reward"),
 ])  # fmt: skip
 def test_the_plan_refuses_a_reward_model_role_that_cannot_run(tmp_path, overrides, message):
     rm = _rm_config(tmp_path / "rm")
@@ -122,7 +130,7 @@ def test_an_in_process_run_refuses_the_role_and_a_cpu_plan_counts_processes(tmp_
     assert plan.roles["policy"].gpus == (0,) and plan.reward_model.gpus == (1,)
     (role,) = reward_roles(_cfg(f"reward.model.path={rm}", *ROLE), 256)
     assert role["where"] == ("1 Ray actor(s) of its own, one per process, on 1 processes kept out of the training and "
-                             "rollout pools (Ray picks which)") and role["per"] == "per process"
+                             "rollout pools (a placement group bundle each)") and role["per"] == "per process"
 def test_an_sglang_judge_is_planned_on_cpu_and_refused_on_cuda_in_one_line(tmp_path):
     judge = ["reward.combine={reverse_digits: {judge: 1.0}}", f"reward.judge.model={tmp_path}",
              "reward.judge.prompt_template=judge {prompt} {response}", "reward.judge.engine=sglang"]  # fmt: skip
@@ -156,3 +164,67 @@ def test_the_reward_rows_size_a_model_as_the_planner_does_at_the_judges_own_cont
     (role,) = reward_roles(_cfg(f"reward.model.path={moe}", "reward.workers=2"), 8)
     classifier = arch.num_params - arch.embedding_params + arch.hidden_size  # no LM head; a score head of 1 label
     assert role["memory_gib"] * 2**30 == pytest.approx(2 * classifier * 2)
+
+
+def test_the_plan_shows_where_the_reward_roles_act_in_the_step(tmp_path):
+    """The step timeline: generate, then reward (the rule workers, the reward model, the judge), then
+    the training phases; a role on devices of its own holds them in every phase; asynchronous runs
+    score in the producer, concurrently with training."""
+    from megarl.plan.step_timeline import step_phases, timeline_text
+
+    rm = _rm_config(tmp_path / "rm")
+    judge = ["reward.combine={reverse_digits: {reverse_digits: 1.0, model: 0.5, judge: 1.0}}", f"reward.judge.model={rm}",
+             "reward.judge.prompt_template=judge {prompt} {response}"]  # fmt: skip
+    cfg = load_config(PPO7, [f"reward.model.path={rm}", *ROLE, "reward.model.gpus=4", *judge])
+    phases = step_phases(cfg)
+    assert [p for p, _ in phases] == ["generate", "reward", "policy_forward", "reference_forward", "critic_forward",
+                                      "critic_update", "policy_update", "weight_push"]  # fmt: skip
+    assert dict(phases)["reward"] == ("rule rewards in 2 reward workers, reward model 4 actors on 4 GPUs of its own, "
+                                      "LLM judge in its torch engine")  # fmt: skip
+    text = timeline_text(cfg)
+    assert text.startswith("generate (SGLang engines on the training GPUs) -> reward (rule rewards")
+    assert text.endswith("the reward model holds its 4 GPU(s) in every phase and works in reward only; the LLM judge's "
+                         "torch engine keeps its weights in host memory in every phase and works in reward only")  # fmt: skip
+    workers = timeline_text(_cfg(f"reward.model.path={rm}"))  # placement workers: the model is in the reward workers
+    assert "reward (reward model in the 2 reward workers on cpu) -> policy_forward" in workers and "every phase" not in workers
+    producer = timeline_text(_cfg("rollout.max_staleness=1"))
+    assert producer.startswith("producer: generate (torch engine process of its own) -> reward (rule rewards in 2 reward "
+                               "workers); concurrently, trainer: policy_forward")  # fmt: skip
+
+
+def test_a_colocated_reward_model_is_on_every_training_gpu_and_counted_in_its_phase(tmp_path):
+    """reward.model.placement colocated: one actor per policy GPU; its weights and one batch's
+    activations in phase reward only, its runtime in every phase, its host copy in host memory."""
+    from megarl.plan.gpu_memory import GIB
+
+    rm = _rm_config(tmp_path / "rm")
+    base = load_config(PPO7, [f"reward.model.path={rm}"])
+    cfg = load_config(PPO7, [f"reward.model.path={rm}", "reward.model.placement=colocated", "reward.model.max_length=4096"])
+    plan, without = make_plan(cfg), make_plan(base)
+    assert plan.reward_model is not None and plan.reward_model.gpus == plan.roles["policy"].gpus == tuple(range(8))
+    rm_mem, mem = plan.memory.reward_model, plan.memory
+    assert rm_mem.runtime == 1.0 * GIB and rm_mem.tokens == (8, 4096)
+    # every other phase: as without the reward model, plus its actor's runtime
+    assert {p: b - rm_mem.runtime for p, b in mem.phases.items() if p != "reward"} == pytest.approx(without.memory.phases)
+    # reward: the states a forward phase keeps (here: SGLang's weights; the models are offloaded) + the reward model
+    resident = sum(b for s, b in mem.residency["reward"].items())
+    assert set(mem.residency["reward"]) == {"reward_model/weights", "engine/weights"}
+    overhead = without.memory.phases["policy_forward"] - sum(without.memory.residency["policy_forward"].values()) - mem.policy.logits
+    assert mem.phases["reward"] == pytest.approx(resident + rm_mem.activations + overhead + rm_mem.runtime)
+    assert mem.residency["reward"]["reward_model/weights"] == rm_mem.weights
+    assert mem.host.offloaded["reward_model"] == pytest.approx(8 * rm_mem.weights)  # one host copy per actor on the node
+    text = " ".join(_printed_plan(cfg, plan).split())
+    assert "reward model: 8 actor(s) on the training devices" in text
+    assert text.count("(on the device in phase reward only)") == 8
+    assert "reward (reward model one actor on each training GPU, loaded onto it for this phase only) -> policy_forward" in text
+    assert f"reward {mem.phases['reward'] / GIB:.1f}, policy_forward" in text
+
+
+def _printed_plan(cfg, plan) -> str:
+    from rich.console import Console
+
+    from megarl.plan.report import print_plan
+
+    console = Console(record=True, width=300)
+    print_plan(cfg, plan, console)
+    return console.export_text()
