@@ -30,6 +30,7 @@ _._ratio_or_absolute; _._verl_estimator_names  # the optimizer's ratios, verl's 
 
 import_problem  # called by the preflight's child process (megarl/plan/preflight.py, code as text)
 class_problem  # data.custom_cls's check in the preflight's child process (likewise)
+first_rows_problem  # data.custom_cls built and its first rows read there (likewise)
 
 # Attributes and signatures Megatron, torch or transformers read or require.
 _.calculate_per_token_loss; _.variable_seq_lengths; _.finalize_model_grads_func; _.grad_scale_func; _.no_sync_func; _.grad_sync_func
