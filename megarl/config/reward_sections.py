@@ -25,7 +25,8 @@ class RewardModelConfig(Section):
         description="HF sequence-classification model directory (num_labels 1); its config.json and tokenizer files are checked before launch."
     )
     batch_size: int = Field(8, ge=1, description="Samples per forward (padded to the longest, at most max_length tokens each).")
-    device: str = Field("cpu", description="Device of the reward model in the reward workers (placement workers only).")
+    device: str | None = Field("cpu", description="Device of the reward model in the reward workers (placement workers "
+                               "only; null: cpu there, and unset for a role, which runs on cluster.device).")
     placement: RewardModelPlacement = Field(
         "workers", description="Where the model is held: workers = a copy in each reward worker process on "
         "reward.model.device, outside the plan; disaggregated = a role on reward.model.gpus devices of its own taken "

@@ -301,7 +301,7 @@ class RewardScorer:
         # reward.functions with each user function's file made absolute (the workers' directory may differ)
         self._functions = {source: _absolute(name) for source, name in cfg.functions.items()}
         custom = (os.path.abspath(cfg.custom.path), cfg.custom.name) if cfg.custom else None
-        model = (cfg.model.path, cfg.model.device) if cfg.model else None
+        model = (cfg.model.path, cfg.model.device or "cpu") if cfg.model else None
         # the workers' stdout and stderr: this file (None: this process's own, as for any library)
         self.log_path = Path(log_path).absolute() if log_path is not None else None
         self._log_made = owns_log and self.log_path is not None and not self.log_path.exists()  # removed at close when empty

@@ -105,6 +105,8 @@ def test_the_reward_model_role_takes_the_last_gpus_and_its_memory_is_planned(tmp
     (("reward.model.gpus=2", "cluster.nnodes=2"), "must leave whole nodes to the training pool on a multi-node cluster"),
     (("reward.model.gpus=4", "reward.model.device=cuda"), "reward.model.device: (cuda) is for placement workers"),
     (("reward.model.placement=colocated",), "reward.model.placement: (colocated) is not built yet"),
+    (("reward.model.gpus=4", "reward.model.max_length=40000"), "reward.model.max_length: (40000) is above the reward "
+     "model's max_position_embeddings (32768, "),
 ])  # fmt: skip
 def test_the_plan_refuses_a_reward_model_role_that_cannot_run(tmp_path, overrides, message):
     rm = _rm_config(tmp_path / "rm")
@@ -156,3 +158,13 @@ def test_the_reward_rows_size_a_model_as_the_planner_does_at_the_judges_own_cont
     (role,) = reward_roles(_cfg(f"reward.model.path={moe}", "reward.workers=2"), 8)
     classifier = arch.num_params - arch.embedding_params + arch.hidden_size  # no LM head; a score head of 1 label
     assert role["memory_gib"] * 2**30 == pytest.approx(2 * classifier * 2)
+
+
+def test_reward_model_device_can_be_unset_from_the_command_line(tmp_path):
+    """A config file's reward.model.device, unset for a role (which runs on cluster.device) with
+    `reward.model.device=null`; in the workers null is cpu."""
+    rm = _rm_config(tmp_path / "rm")
+    make_plan(load_config(PPO7, [f"reward.model.path={rm}", *ROLE, "reward.model.gpus=4", "reward.model.device=null"]))
+    cfg = _cfg(f"reward.model.path={rm}", "reward.model.device=null")
+    (role,) = reward_roles(cfg, 8)
+    assert role["where"].endswith("reward worker processes on cpu")
