@@ -8,7 +8,7 @@ which knows the rule scorers' names.
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
@@ -89,6 +89,19 @@ class RewardJudgeConfig(Section):
         if not value or bad:
             raise ValueError(f"give one or more single words with their scores, e.g. {{correct: 1.0, incorrect: 0.0}} (got {bad or value})")
         return {w.strip(): s for w, s in value.items()}
+
+
+def combine_numbers(value: Any) -> Any:
+    """reward.combine's weights as the YAML gave them: numbers, not text that reads as one ("0.5",
+    which pydantic would turn into 0.5, hiding a quoting mistake) nor booleans."""
+    if not isinstance(value, dict):
+        return value  # pydantic's own message names the type
+    for source, parts in value.items():
+        for name, weight in (parts.items() if isinstance(parts, dict) else ()):
+            if isinstance(weight, bool) or not isinstance(weight, (int, float)):
+                raise ValueError(f"reward.combine[{source!r}][{name!r}] = {weight!r} is {type(weight).__name__}, not a "
+                                 "number; write the weight unquoted (0.5; 1.0e-3, as YAML reads 1e-3 as text)")
+    return value
 
 
 def combine_weights(value: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
