@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from megarl.config.section_base import Section, UserPath
 
@@ -67,6 +67,11 @@ class RewardJudgeConfig(Section):
         default_factory=lambda: {"correct": 1.0, "incorrect": 0.0},
         description="parser verdict: each word and the score it gives.",
     )
+    score_range: tuple[float, float] | None = Field(
+        None, description="parser number or boxed: [low, high], the scores the instruction asks for (e.g. [0, 10]); "
+        "a number outside counts as an output without a score (called again, then counted as a failure). None = any "
+        "finite number is a score.",
+    )
     max_new_tokens: int = Field(64, ge=1, description="Longest judge output; the prompt is cut from the left to fit the judge's context.")
     temperature: float = Field(0.0, ge=0, description="The judge's sampling temperature (0 = greedy).")
     timeout_s: float = Field(300.0, gt=0, description="Deadline of one judge call (all of a step's samples in one batch); a call past it counts every sample it held as a timeout.")
@@ -81,6 +86,18 @@ class RewardJudgeConfig(Section):
         0.05, gt=0, lt=1, description="sglang: --mem-fraction-static of the judge's server (on CPU a share of the "
         "host's memory; its KV cache holds the larger of 4096 tokens and one full context).",
     )
+
+    @model_validator(mode="after")
+    def _range(self) -> RewardJudgeConfig:
+        if self.score_range is None:
+            return self
+        low, high = self.score_range
+        if self.parser == "verdict":
+            raise ValueError(f"reward.judge.score_range {list(self.score_range)} is for parser number or boxed (the "
+                             "verdicts' scores are reward.judge.verdicts); remove it or set the parser")
+        if not (math.isfinite(low) and math.isfinite(high) and low < high):
+            raise ValueError(f"reward.judge.score_range {list(self.score_range)}: give [low, high], finite, low < high")
+        return self
 
     @field_validator("verdicts")
     @classmethod
