@@ -593,6 +593,31 @@ for field, name in spec.get("extensions", []):
 """
 
 
+CHECK_LOG_PREFIX = "megarl-import-check-"  # then the driver's pid: whose log it is
+
+
+def remove_orphaned_logs() -> None:
+    """Empty check logs of drivers that are gone: a driver killed with SIGKILL (or its machine
+    reset) ran no cleanup. A log that holds output is kept: a finding may have named it."""
+    for path in Path(tempfile.gettempdir()).glob(f"{CHECK_LOG_PREFIX}*.log"):
+        pid = path.name.removeprefix(CHECK_LOG_PREFIX).split("-")[0]
+        try:
+            if pid.isdigit() and not _alive(int(pid)) and path.stat().st_size == 0:
+                path.unlink()
+        except OSError:  # another user's, or removed meanwhile
+            continue
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 class ChildChecks:
     """reward.custom's import and the import-path functions ``(field, name)``, in one child process
     started at once; each answer awaited at most CHILD_TIMEOUT_S (user code can hang at import), with
@@ -624,7 +649,8 @@ class ChildChecks:
         self._quoted = False  # a finding named the log: it is kept
         self.proc: subprocess.Popen | None = None
         if any(self.spec[k] for k in ("reward", "extensions", "dataset", "reward_functions")):
-            fd, log = tempfile.mkstemp(prefix="megarl-import-check-", suffix=".log")
+            remove_orphaned_logs()
+            fd, log = tempfile.mkstemp(prefix=f"{CHECK_LOG_PREFIX}{os.getpid()}-", suffix=".log")
             self._log = Path(log)
             self.spec["log"] = log
             env = {**os.environ, "PYTHONWARNINGS": "ignore", "TRANSFORMERS_VERBOSITY": "error"}

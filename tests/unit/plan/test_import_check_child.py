@@ -170,3 +170,19 @@ def test_a_tool_whose_init_calls_sys_exit_is_named_by_its_class(tmp_path, monkey
         child.stop()
     assert "Quits({}) called sys.exit(3) while it was built; a tool must raise an exception" in finding.message
     assert "at import" not in finding.message
+
+
+def test_empty_logs_of_killed_drivers_are_removed_by_the_next_check(tmp_path):
+    """A driver killed with SIGKILL leaves its check's log (no cleanup runs): the next check removes
+    it when it is empty and its driver is gone; a log with output, or a live driver's, stays."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    orphan = tmp_path / f"megarl-import-check-{gone.pid}-abc.log"
+    orphan.touch()
+    told = tmp_path / f"megarl-import-check-{gone.pid}-def.log"
+    told.write_text("the output a finding quoted\n")
+    live = tmp_path / f"megarl-import-check-{os.getpid()}-ghi.log"
+    live.touch()
+    assert _problem(tmp_path, SCORE) is None
+    assert not orphan.exists() and told.exists() and live.exists()
+    assert sorted(p.name for p in tmp_path.glob("megarl-import-check-*")) == sorted([told.name, live.name])  # its own removed too
