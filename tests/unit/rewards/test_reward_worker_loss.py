@@ -171,3 +171,23 @@ def test_a_worker_dying_before_its_initializer_prints_to_the_log_not_the_termina
     assert proc.stdout.strip() == "1"  # the worker failed as the torn-down one does
     assert "Traceback" not in proc.stderr and "FileNotFoundError" not in proc.stderr, proc.stderr
     assert "FileNotFoundError" in log_file.read_text()  # kept: it holds an error
+
+
+LEAKS = r"""
+import sys
+from multiprocessing import resource_tracker
+from megarl.config.sections import RewardConfig
+from megarl.rewards.scorer import RewardScorer
+
+with RewardScorer(RewardConfig(workers=1), log_path=sys.argv[1]):
+    resource_tracker.register("/megarl-test-leaked", "semaphore")  # as a lock of a pool killed mid-teardown
+"""
+
+
+def test_the_resource_tracker_s_leak_notes_at_exit_stay_off_the_terminal(tmp_path):
+    """multiprocessing's resource tracker, started by the scorer, warns of leaked semaphores as the
+    command exits (after its last line): to the workers' log, not the terminal."""
+    proc = subprocess.run([sys.executable, "-c", LEAKS, str(tmp_path / "reward_workers.log")], capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "leaked semaphore" not in proc.stderr and "resource_tracker" not in proc.stderr, proc.stderr
