@@ -13,7 +13,8 @@ Signals: a terminal's Ctrl-C reaches the whole foreground process group, the dri
 so the supervisor only notes it (forwarding it would make a second Ctrl-C, which stops at
 once). SIGTERM and SIGHUP are forwarded (a process group's copy and the forwarded one arrive
 together, which the driver counts once: megarl/trainer/watchdog.py). The driver dies with the
-supervisor (PR_SET_PDEATHSIG, with SIGTERM: it still stops after the step and saves).
+supervisor (PR_SET_PDEATHSIG, SIGKILL: a `kill -9` of `megarl launch` ends the run at once, as it
+did when that process was the driver; the embedded Ray's reaper then ends the rest).
 """
 
 from __future__ import annotations
@@ -29,21 +30,28 @@ from typing import Any
 SUPERVISOR_FD_ENV = "MEGARL_SUPERVISOR_FD"  # the driver's end of the pipe (set for the child only)
 FORWARDED = (signal.SIGTERM, signal.SIGHUP)
 _report_fd: int | None = None
+_supervisor_pid: int | None = None
 
 
 def take_report_pipe() -> None:
     """At the start of a command: a supervisor's pipe, if any, becomes this process's (the
     environment variable is forgotten, so processes this one starts do not write on it)."""
-    global _report_fd
+    global _report_fd, _supervisor_pid
     fd = os.environ.pop(SUPERVISOR_FD_ENV, None)
     if fd is not None and fd.isdigit():
-        _report_fd = int(fd)
+        _report_fd, _supervisor_pid = int(fd), os.getppid()
         os.set_inheritable(_report_fd, False)
 
 
 def supervised() -> bool:
     """Whether this process is a driver under a supervisor."""
     return _report_fd is not None
+
+
+def command_pid() -> int:
+    """The pid of the command the user started (the supervisor's, for a supervised driver): the
+    one to name in messages (a lock's holder), which a SIGTERM stops cleanly."""
+    return _supervisor_pid or os.getpid()
 
 
 def report(**fields: Any) -> None:
@@ -106,7 +114,7 @@ def supervise(command: Sequence[str]) -> int:
 def _die_with_parent() -> None:
     import ctypes
 
-    ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: a clean stop when the supervisor dies
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: the driver dies with the supervisor
 
 
 def _read_reports(fd: int) -> dict[str, Any]:

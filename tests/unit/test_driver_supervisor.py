@@ -99,7 +99,7 @@ def test_driver_dies_with_its_supervisor(tmp_path):
     driver = int(pid_file.read_text())
     proc.kill()
     proc.wait(timeout=60)
-    for _ in range(600):  # PR_SET_PDEATHSIG: SIGTERM, whose default ends it
+    for _ in range(600):  # PR_SET_PDEATHSIG: SIGKILL
         try:
             if Path(f"/proc/{driver}/stat").read_text().split(") ")[1].startswith("Z"):  # dead, not yet reaped
                 break
@@ -109,3 +109,11 @@ def test_driver_dies_with_its_supervisor(tmp_path):
     else:
         os.kill(driver, signal.SIGKILL)
         raise AssertionError("the driver outlived its supervisor")
+
+
+def test_a_supervised_driver_names_the_command_s_pid(tmp_path):
+    """What a lock's refusal names (and a user would kill) is the `megarl launch` process's pid."""
+    out = tmp_path / "pids"
+    supervise(_driver(f"open({str(out)!r}, 'w').write(f'{{os.getppid()}} {{s.command_pid()}}')\ns.report(end=0)"))
+    parent, named = out.read_text().split()
+    assert parent == named == str(os.getpid())
