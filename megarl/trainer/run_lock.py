@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from megarl.driver_supervisor import command_pid  # the pid the user started (megarl launch's, not its driver's)
+from megarl.driver_supervisor import command_pid
 
 LOCK_FILE = ".megarl.lock"
 log = logging.getLogger(__name__)
@@ -101,6 +101,7 @@ def _held(lock: Path, field: str, output: str | Path, what: str, *, remove: bool
         if locked:
             os.ftruncate(fd, 0)
             since = time.strftime("%Y-%m-%d %H:%M:%S")
+            # the pid the user started (megarl launch's, not its driver's): the one to stop
             os.pwrite(fd, f"pid {command_pid()} on {socket.gethostname()} (since {since})".encode(), 0)
         _HELD.add(lock)
         try:
