@@ -42,7 +42,9 @@ REWARD_MODEL_RUNTIME_GIB = 1.0  # an actor's CUDA context and allocator slack (n
 def _check_max_length(model: RewardModelConfig, issues: list[Issue]) -> None:
     """reward.model.max_length within the model's positions (config.json's max_position_embeddings):
     past them the position embeddings run out (an index error, or scores of garbage)."""
-    size = model_size(model.path) if model.max_length is not None else None
+    if model.max_length is None:
+        return
+    size = model_size(model.path)
     positions = size.arch.max_positions if size is not None else None
     if positions and model.max_length > positions:
         issues.append(Issue("reward.model.max_length", f"({model.max_length}) is above the reward model's "
