@@ -42,6 +42,9 @@ def _run(args: argparse.Namespace) -> int:
     from megarl.driver_supervisor import supervise, supervised
 
     if not args.in_process and not supervised():  # Ray may end the driver in C: watch it from outside
+        from megarl.config.loading import load_config
+
+        load_config(args.config, args.overrides)  # a config mistake: its line from here, no driver started
         return supervise([sys.executable, "-m", "megarl.cli", *args.argv])
     from megarl.trainer.launch import launch
 
