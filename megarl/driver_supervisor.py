@@ -86,19 +86,26 @@ def supervise(command: Sequence[str]) -> int:
     read_end, write_end = os.pipe()
     os.set_blocking(read_end, False)
     interrupted: list[int] = []
+    pending: list[int] = []  # a stop that came before the driver was there: passed on once it is
+    passed_on: set[int] = set()
     child: subprocess.Popen[bytes] | None = None
 
     def on_signal(signum: int, frame: Any) -> None:
         if signum == signal.SIGINT:
             interrupted.append(signum)  # the driver has its own copy (the terminal's process group)
-        elif child is not None and child.poll() is None:
+        elif child is None:
+            pending.append(signum)
+        elif child.poll() is None:
             child.send_signal(signum)
+        passed_on.add(signum)
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, *FORWARDED)}
     try:
         child = subprocess.Popen(list(command), env={**os.environ, SUPERVISOR_FD_ENV: str(write_end)},
                                  pass_fds=(write_end,), preexec_fn=_die_with_parent)  # fmt: skip
         os.close(write_end)
+        for signum in pending:
+            child.send_signal(signum)
         code = child.wait()
     finally:
         for s, handler in previous.items():
@@ -107,6 +114,9 @@ def supervise(command: Sequence[str]) -> int:
     os.close(read_end)
     if "end" in reports:
         return code if code >= 0 else 128 - code
+    if code < 0 and (-code in passed_on or (-code == signal.SIGINT and interrupted)):  # before its handlers were up
+        _say(f"stopped by {signal.Signals(-code).name} while starting; nothing was trained or saved")
+        return 128 - code
     _say(silent_end_line(code, reports, child.pid))
     return 130 if interrupted else 2
 

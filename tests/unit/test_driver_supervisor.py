@@ -117,3 +117,12 @@ def test_a_supervised_driver_names_the_command_s_pid(tmp_path):
     supervise(_driver(f"open({str(out)!r}, 'w').write(f'{{os.getppid()}} {{s.command_pid()}}')\ns.report(end=0)"))
     parent, named = out.read_text().split()
     assert parent == named == str(os.getpid())
+
+
+def test_a_stop_before_the_driver_s_handlers_is_a_stop_not_an_error(tmp_path):
+    """SIGTERM to `megarl launch` while its driver is still importing (default handlers): the
+    driver dies of it; that is the user's stop (143), not a silent death."""
+    proc, _ = _supervisor(tmp_path, "")  # the driver keeps Python's default SIGTERM
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 143
+    assert proc.stderr.read().strip() == "stopped by SIGTERM while starting; nothing was trained or saved"
