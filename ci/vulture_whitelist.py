@@ -21,6 +21,7 @@ create_kwargs; execute_kwargs; release_kwargs  # the Tool base class's signature
 # pydantic: validators, the model config, fields read by name (getattr) in the planner.
 _._default_agent; _._loops; _._tool_parser; _._known_default; _._engine_kwargs; _._engine_kwargs_once
 _._verdict_words; _._combined_components  # reward.judge / reward.combine (megarl/config/reward_sections.py)
+_._range; _._combine_numbers  # reward.judge.score_range's and reward.combine's validators (pydantic calls them)
 _._no_bool_for_numbers; _._known_arch; _._known_modules; _._path_or_arch; _._format_needs_distributed; _._deadline; _._strings_to_files; _._string_to_list; _._generate_function; _._estimator; _._policy_loss; _._ceiling_above_floor; _._low_below_high; _._ignored_stop_ids; _._sampling_needs_sampling
 _._default_agent; _._loops; _._tool_parser; _._known_default
 _._no_bool_for_numbers; _._known_arch; _._known_modules; _._path_or_arch; _._format_needs_distributed; _._deadline; _._strings_to_files; _._string_to_list; _._generate_function; _._estimator; _._policy_loss; _._ceiling_above_floor; _._low_below_high; _._ignored_stop_ids; _._sampling_needs_sampling; _._own_arguments; _._kwargs_need_template; _._top_k_samples_something; _._empty_is_unset
@@ -30,6 +31,7 @@ _._ratio_or_absolute; _._verl_estimator_names  # the optimizer's ratios, verl's 
 
 import_problem  # called by the preflight's child process (megarl/plan/preflight.py, code as text)
 class_problem  # data.custom_cls's check in the preflight's child process (likewise)
+first_rows_problem  # data.custom_cls built and its first rows read there (likewise)
 
 # Attributes and signatures Megatron, torch or transformers read or require.
 _.calculate_per_token_loss; _.variable_seq_lengths; _.finalize_model_grads_func; _.grad_scale_func; _.no_sync_func; _.grad_sync_func

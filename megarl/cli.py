@@ -125,6 +125,22 @@ def _set_up_subcommands(sub: argparse._SubParsersAction) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from megarl.driver_supervisor import report as report_to_supervisor
+    from megarl.driver_supervisor import take_report_pipe
+
+    take_report_pipe()  # `megarl launch`'s driver, started by its supervisor (megarl/driver_supervisor.py)
+    code: object = None
+    try:
+        code = _main(argv)
+        return code
+    except SystemExit as exc:
+        code = exc.code
+        raise
+    finally:  # the driver ended on its own (a quick exit of Ray's in C never gets here)
+        report_to_supervisor(end=code)
+
+
+def _main(argv: list[str] | None) -> int:
     from megarl.commands.convert import expand_short_form
 
     parser = build_parser()
@@ -138,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if extra:
         args.overrides = [*args.overrides, *extra]
+    args.argv = argv  # for a command that runs itself again in a child (launch: megarl/driver_supervisor.py)
     level = args.log_level or os.environ.get(LOG_LEVEL_ENV, "").lower() or "info"
     if level not in LOG_LEVELS:
         parser.error(f"{LOG_LEVEL_ENV}={level!r} is not a log level; use one of {', '.join(LOG_LEVELS)}")

@@ -109,6 +109,22 @@ def for_the_terminal(record: logging.LogRecord) -> bool:
 
 
 @contextmanager
+def hf_progress_bars_off() -> Iterator[None]:
+    """transformers' progress bars ("Loading weights", "Writing model shards") off meanwhile: a bar
+    per model load in every process that loads one (each reward worker, the engine's actor) is
+    noise on the terminal and in logs; the setting is restored after."""
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
+
+
+@contextmanager
 def library_warnings_logged() -> Iterator[None]:
     """Python warnings go through logging while inside (``py.warnings``): the terminal leaves out
     the installed packages' (for_the_terminal), a command's log file keeps them. For commands that

@@ -286,7 +286,8 @@ def _conversion_group(rank_cls: type, ranks: ConversionRanks, rank_args: tuple, 
     except (KeyboardInterrupt, SystemExit):  # stopped by the user: nothing to diagnose
         raise
     except BaseException:
-        failed = any(p != progress_file for p in logs.iterdir())  # a rank's log: the error names it
+        # a rank's log that holds something: the error names it (empty ones say nothing: removed)
+        failed = any(p != progress_file and p.is_file() and p.stat().st_size > 0 for p in logs.iterdir())
         raise
     finally:
         if not failed:

@@ -95,6 +95,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    _check_flags(args)
     shortcuts = {"rollout.n": args.n, "rollout.sampling.temperature": args.temperature,
                  "rollout.sampling.top_p": args.top_p, "rollout.sampling.max_new_tokens": args.max_new_tokens}  # fmt: skip
     overrides = [*args.overrides, *(f"{key}={value}" for key, value in shortcuts.items() if value is not None)]
@@ -102,6 +103,20 @@ def _run(args: argparse.Namespace) -> int:
              overwrite=args.overwrite, in_process=args.in_process)  # fmt: skip
     print(f"wrote {args.out}")
     return 0
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    """The shortcut flags' bounds, named by the flag (the config's check would name the override
+    it becomes, rollout.n=0, which the user never wrote)."""
+    bad = [f"{flag} {value}: {need}" for flag, value, ok, need in (
+        ("--n", args.n, lambda v: v >= 1, "give the number of responses per prompt, 1 or more"),
+        ("--max-new-tokens", args.max_new_tokens, lambda v: v >= 1, "give 1 or more"),
+        ("--temperature", args.temperature, lambda v: v >= 0, "give 0 (greedy) or more"),
+        ("--top-p", args.top_p, lambda v: 0 < v <= 1, "give a number in (0, 1]"),
+        ("--batch-size", args.batch_size, lambda v: v >= 1, "give the prompts per part, 1 or more"),
+    ) if value is not None and not ok(value)]  # fmt: skip
+    if bad:
+        raise GenerateError("; ".join(bad))
 
 
 def generate(config: str | Path, overrides: list[str], data: str | Path, out: str | Path, *, model: str | None = None,

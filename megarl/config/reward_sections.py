@@ -8,9 +8,9 @@ which knows the rule scorers' names.
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from megarl.config.section_base import Section, UserPath
 
@@ -25,7 +25,8 @@ class RewardModelConfig(Section):
         description="HF sequence-classification model directory (num_labels 1); its config.json and tokenizer files are checked before launch."
     )
     batch_size: int = Field(8, ge=1, description="Samples per forward (padded to the longest, at most max_length tokens each).")
-    device: str = Field("cpu", description="Device of the reward model in the reward workers (placement workers only).")
+    device: str | None = Field("cpu", description="Device of the reward model in the reward workers (placement workers "
+                               "only; null: cpu there, and unset for a role, which runs on cluster.device).")
     placement: RewardModelPlacement = Field(
         "workers", description="Where the model is held: workers = a copy in each reward worker process on "
         "reward.model.device, outside the plan; disaggregated = a role on reward.model.gpus devices of its own taken "
@@ -67,6 +68,11 @@ class RewardJudgeConfig(Section):
         default_factory=lambda: {"correct": 1.0, "incorrect": 0.0},
         description="parser verdict: each word and the score it gives.",
     )
+    score_range: tuple[float, float] | None = Field(
+        None, description="parser number or boxed: [low, high], the scores the instruction asks for (e.g. [0, 10]); "
+        "a number outside counts as an output without a score (called again, then counted as a failure). None = any "
+        "finite number is a score.",
+    )
     max_new_tokens: int = Field(64, ge=1, description="Longest judge output; the prompt is cut from the left to fit the judge's context.")
     temperature: float = Field(0.0, ge=0, description="The judge's sampling temperature (0 = greedy).")
     timeout_s: float = Field(300.0, gt=0, description="Deadline of one judge call (all of a step's samples in one batch); a call past it counts every sample it held as a timeout.")
@@ -82,6 +88,18 @@ class RewardJudgeConfig(Section):
         "host's memory; its KV cache holds the larger of 4096 tokens and one full context).",
     )
 
+    @model_validator(mode="after")
+    def _range(self) -> RewardJudgeConfig:
+        if self.score_range is None:
+            return self
+        low, high = self.score_range
+        if self.parser == "verdict":
+            raise ValueError(f"reward.judge.score_range {list(self.score_range)} is for parser number or boxed (the "
+                             "verdicts' scores are reward.judge.verdicts); remove it or set the parser")
+        if not (math.isfinite(low) and math.isfinite(high) and low < high):
+            raise ValueError(f"reward.judge.score_range {list(self.score_range)}: give [low, high], finite, low < high")
+        return self
+
     @field_validator("verdicts")
     @classmethod
     def _verdict_words(cls, value: dict[str, float]) -> dict[str, float]:
@@ -89,6 +107,19 @@ class RewardJudgeConfig(Section):
         if not value or bad:
             raise ValueError(f"give one or more single words with their scores, e.g. {{correct: 1.0, incorrect: 0.0}} (got {bad or value})")
         return {w.strip(): s for w, s in value.items()}
+
+
+def combine_numbers(value: Any) -> Any:
+    """reward.combine's weights as the YAML gave them: numbers, not text that reads as one ("0.5",
+    which pydantic would turn into 0.5, hiding a quoting mistake) nor booleans."""
+    if not isinstance(value, dict):
+        return value  # pydantic's own message names the type
+    for source, parts in value.items():
+        for name, weight in (parts.items() if isinstance(parts, dict) else ()):
+            if isinstance(weight, bool) or not isinstance(weight, (int, float)):
+                raise ValueError(f"reward.combine[{source!r}][{name!r}] = {weight!r} is {type(weight).__name__}, not a "
+                                 "number; write the weight unquoted (0.5; 1.0e-3, as YAML reads 1e-3 as text)")
+    return value
 
 
 def combine_weights(value: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:

@@ -16,6 +16,7 @@ from megarl.config.architectures import BUILTIN_ARCHS
 from megarl.config.reward_sections import (
     RewardJudgeConfig,
     RewardModelConfig,
+    combine_numbers,
     combine_problem,
     combine_weights,
 )
@@ -601,6 +602,11 @@ class RewardConfig(Section):
         description="Stop the run (with the first failure's traceback) when reward functions raise or time out on at "
         "least this fraction of a step's samples; 1.0 = only when every sample failed.",
     )
+
+    @field_validator("combine", mode="before")
+    @classmethod
+    def _combine_numbers(cls, value: Any) -> Any:
+        return combine_numbers(value)
 
     @field_validator("combine")
     @classmethod

@@ -20,9 +20,11 @@ The class is verl's custom dataset contract, as megarl reads it::
   and tokenizes the prompt itself (data.apply_chat_template, data.max_prompt_length).
 
 Every row is read once when the run starts and checked as a parquet row is; a bad row is a
-DataError naming the class and the row. The class is checked before launch without building
-it (:func:`class_problem`: the file imports in a child process, the name is a class with
-``__len__`` and ``__getitem__`` whose ``__init__`` takes those arguments).
+DataError naming the class and the row. The class is checked before launch in a child process
+(:func:`class_problem`: the file imports, the name is a class with ``__len__`` and
+``__getitem__`` whose ``__init__`` takes those arguments; then :func:`first_rows_problem`: it is
+built on data.train_files and its first rows read and checked), so an error in the user's
+building or reading code is one line before Ray starts.
 """
 
 from __future__ import annotations
@@ -94,6 +96,37 @@ def class_problem(path: str, name: str) -> str | None:
     """:func:`load_class` as the pre-launch check runs it: why the class does not load or fit, or None."""
     try:
         load_class(path, name)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+ROWS_CHECKED = 2  # read before launch: enough to meet an error of the reading code, cheap for any dataset
+
+
+def first_rows_problem(path: str, name: str, build: dict[str, Any]) -> str | None:
+    """The class built as a run builds it and its first ROWS_CHECKED rows read and checked, as the
+    pre-launch check runs it (in its child process): why that fails, as one line, or None. ``build``:
+    ``files`` and their ``field`` (data.train_files), the tokenizer's ``model`` directory, the data
+    section as ``config``. A model directory without a tokenizer is the model check's finding: no build."""
+    from megarl.data.datasets import record_of_row
+    from megarl.data.summary import load_tokenizer
+
+    try:
+        tokenizer = load_tokenizer(build["model"]) if build.get("model") else None
+    except ValueError:
+        return None
+    label = f"data.custom_cls: {name} ({path}) on {build['field']}"
+    try:
+        dataset = build_dataset(load_class(path, name), build["files"], tokenizer, build["config"])
+        rows = [dataset[i] for i in range(min(len(dataset), ROWS_CHECKED))]
+    except Exception as exc:  # the user's own code: the same words as the run's (megarl/data/stream.py)
+        return f"{label}: building it or reading its first rows failed: {type(exc).__name__}: {exc}"
+    if not rows:
+        return None  # the run's own check names an empty dataset with the rest of the data
+    try:
+        for i, row in enumerate(rows):
+            record_of_row(label, i, row, prompt_key=build["config"]["prompt_key"], source_key=build["config"]["reward_fn_key"])
     except ValueError as exc:
         return str(exc)
     return None

@@ -78,7 +78,10 @@ def _load_model(model_path: str | Path, dtype: torch.dtype | None, device: torch
         config = AutoConfig.from_pretrained(str(model_path))
         with torch.device(device):  # initialised where it runs: no CPU copy of a large model first
             return AutoModelForCausalLM.from_config(config, dtype=dtype or getattr(config, "dtype", None) or torch.float32)
-    return AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype or "auto")
+    from megarl.terminal import hf_progress_bars_off
+
+    with hf_progress_bars_off():
+        return AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype or "auto")
 
 
 class TorchEngine:

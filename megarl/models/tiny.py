@@ -216,12 +216,7 @@ def build_tiny_reward_model(out_dir: str | Path, tokenizer_dir: str | Path | Non
 def _save_quietly(model: Any, out: Path) -> None:
     """``save_pretrained`` without transformers' "Writing model shards" bar (one shard of a tiny
     model: noise in the demo's output); the bar's setting is left as it was."""
-    from transformers.utils import logging as hf_logging
+    from megarl.terminal import hf_progress_bars_off
 
-    shown = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
+    with hf_progress_bars_off():
         model.save_pretrained(out, safe_serialization=True)
-    finally:
-        if shown:
-            hf_logging.enable_progress_bar()

@@ -79,7 +79,8 @@ def preflight(cfg: MegaRLConfig, *, bridge: bool = True) -> list[Finding]:
     from megarl.plan.resume_checks import check_resume
 
     findings: list[Finding] = []
-    child = ChildChecks(cfg.reward.custom, named_functions(cfg), cfg.data.custom_cls, cfg.reward.functions)
+    child = ChildChecks(cfg.reward.custom, named_functions(cfg), cfg.data.custom_cls, cfg.reward.functions,
+                        _dataset_build(cfg))
     try:
         _check_output_dir(cfg, findings)
         check_loggers(cfg, findings)
@@ -122,6 +123,16 @@ def preflight(cfg: MegaRLConfig, *, bridge: bool = True) -> list[Finding]:
     finally:
         child.stop()
     return findings
+
+
+def _dataset_build(cfg: MegaRLConfig) -> dict[str, Any] | None:
+    """What the check's child builds data.custom_cls with, as the run does: data.train_files, model.path's
+    tokenizer (when the directory is there: else the model check names it) and the data section."""
+    if cfg.data.custom_cls is None:
+        return None
+    model = cfg.model.path if cfg.model.path and Path(cfg.model.path, "config.json").is_file() else None
+    return {"files": [str(f.path) for f in cfg.data.train_files], "field": "data.train_files", "model": model,
+            "config": cfg.data.model_dump(mode="json")}
 
 
 # ---- output_dir ----------------------------------------------------------------------------
@@ -541,11 +552,23 @@ if spec.get("reward"):
         emit("reward", f"{ended(exc)}{where}")
 if spec.get("dataset"):
     starting("data.custom_cls", f"importing data.custom_cls from {spec['dataset'][0]}")
+    building = False
     try:
-        from megarl.data.custom_dataset import class_problem
-        emit("data.custom_cls", class_problem(*spec["dataset"]))
+        from megarl.data.custom_dataset import class_problem, first_rows_problem
+        problem = class_problem(*spec["dataset"])
+        if problem is None and spec.get("dataset_build"):
+            building = True
+            starting("data.custom_cls", f"building data.custom_cls {spec['dataset'][1]} and reading its first rows")
+            problem = first_rows_problem(*spec["dataset"], spec["dataset_build"])
+        emit("data.custom_cls", problem)
     except BaseException as exc:
-        emit("data.custom_cls", f"importing {spec['dataset'][0]} failed: {ended(exc)}")
+        if not building:
+            emit("data.custom_cls", f"importing {spec['dataset'][0]} failed: {ended(exc)}")
+        else:  # sys.exit, KeyboardInterrupt: the user's code ending the process, never the user's Ctrl-C
+            from megarl.user_code import exit_description
+            how = exit_description(exc) if not isinstance(exc, Exception) else f"raised {type(exc).__name__}: {exc}"
+            emit("data.custom_cls", f"data.custom_cls: {spec['dataset'][1]} ({spec['dataset'][0]}) {how} while it was built "
+                 "or its first rows read; a dataset class must raise an exception for data it cannot read, never end the process")
 for source, (path, name) in spec.get("reward_functions", {}).items():
     check = f"reward.functions[{source!r}]"
     starting(check, f"importing {check} from {path}")
@@ -570,6 +593,31 @@ for field, name in spec.get("extensions", []):
 """
 
 
+CHECK_LOG_PREFIX = "megarl-import-check-"  # then the driver's pid: whose log it is
+
+
+def remove_orphaned_logs() -> None:
+    """Empty check logs of drivers that are gone: a driver killed with SIGKILL (or its machine
+    reset) ran no cleanup. A log that holds output is kept: a finding may have named it."""
+    for path in Path(tempfile.gettempdir()).glob(f"{CHECK_LOG_PREFIX}*.log"):
+        pid = path.name.removeprefix(CHECK_LOG_PREFIX).split("-")[0]
+        try:
+            if pid.isdigit() and not _alive(int(pid)) and path.stat().st_size == 0:
+                path.unlink()
+        except OSError:  # another user's, or removed meanwhile
+            continue
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 class ChildChecks:
     """reward.custom's import and the import-path functions ``(field, name)``, in one child process
     started at once; each answer awaited at most CHILD_TIMEOUT_S (user code can hang at import), with
@@ -578,7 +626,7 @@ class ChildChecks:
     when a check failed), and one that ends before answering is named with its exit code."""
 
     def __init__(self, custom: Any, extensions: list[tuple[str, str]], dataset: Any = None,
-                 functions: dict[str, str] | None = None):
+                 functions: dict[str, str] | None = None, dataset_build: dict[str, Any] | None = None):
         from megarl.rewards.registry import user_function
 
         users = {source: user_function(name) for source, name in (functions or {}).items()}
@@ -587,6 +635,7 @@ class ChildChecks:
             "custom_module": str(Path(__file__).resolve().parents[1] / "rewards" / "custom.py"),
             "extensions": extensions,
             "dataset": [os.path.abspath(dataset.path), dataset.name] if dataset is not None else None,
+            "dataset_build": dataset_build,  # built and its first rows read (custom_dataset.first_rows_problem)
             # reward.functions' user functions whose file exists (a missing one: check_functions' finding)
             "reward_functions": {source: [os.path.abspath(user[0]), user[1]] for source, user in users.items()
                                  if user is not None and Path(user[0]).is_file()},
@@ -600,7 +649,8 @@ class ChildChecks:
         self._quoted = False  # a finding named the log: it is kept
         self.proc: subprocess.Popen | None = None
         if any(self.spec[k] for k in ("reward", "extensions", "dataset", "reward_functions")):
-            fd, log = tempfile.mkstemp(prefix="megarl-import-check-", suffix=".log")
+            remove_orphaned_logs()
+            fd, log = tempfile.mkstemp(prefix=f"{CHECK_LOG_PREFIX}{os.getpid()}-", suffix=".log")
             self._log = Path(log)
             self.spec["log"] = log
             env = {**os.environ, "PYTHONWARNINGS": "ignore", "TRANSFORMERS_VERBOSITY": "error"}

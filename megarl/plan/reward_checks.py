@@ -108,7 +108,7 @@ def reward_roles(cfg: MegaRLConfig, samples_per_step: int, training: RoleLayout 
     elif r.model is not None:
         size = model_size(r.model.path)
         gib = size.classifier_params * size.dtype_bytes * r.workers / 2**30 if size else None
-        roles.append({"role": "reward model", "where": f"{r.workers} reward worker processes on {r.model.device}",
+        roles.append({"role": "reward model", "where": f"{r.workers} reward worker processes on {r.model.device or 'cpu'}",
                       "per": "host memory", "memory_gib": gib, "what": f"{r.workers} copies of the weights"})  # fmt: skip
     if r.judge is not None:
         gib = _judge_bytes(r.judge, samples_per_step)

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from megarl.config.reward_sections import RewardModelConfig
 from megarl.config.sections import MegaRLConfig
 from megarl.plan.gpu_memory import GIB
 from megarl.plan.issues import Issue
@@ -44,6 +45,19 @@ from megarl.plan.role_layout import RoleLayout
 
 REWARD_MODEL_ROLE = "reward_model"
 REWARD_MODEL_RUNTIME_GIB = 1.0  # an actor's CUDA context and allocator slack (no NCCL): an estimate, not measured
+
+
+def _check_max_length(model: RewardModelConfig, issues: list[Issue]) -> None:
+    """reward.model.max_length within the model's positions (config.json's max_position_embeddings):
+    past them the position embeddings run out (an index error, or scores of garbage)."""
+    if model.max_length is None:
+        return
+    size = model_size(model.path)
+    positions = size.arch.max_positions if size is not None else None
+    if positions and model.max_length > positions:
+        issues.append(Issue("reward.model.max_length", f"({model.max_length}) is above the reward model's "
+                            f"max_position_embeddings ({positions}, {model.path}/config.json); lower it to {positions} or "
+                            "leave it null (the model's own)"))  # fmt: skip
 
 
 def reward_model_gpus(cfg: MegaRLConfig) -> int:
@@ -73,6 +87,7 @@ def check_reward_model(cfg: MegaRLConfig, issues: list[Issue], *, in_process: bo
     model, cl = cfg.reward.model, cfg.cluster
     if model is None:
         return
+    _check_max_length(model, issues)
     if model.placement == "colocated":
         _check_colocated(cfg, issues, in_process=in_process)
         return
@@ -80,7 +95,7 @@ def check_reward_model(cfg: MegaRLConfig, issues: list[Issue], *, in_process: bo
         if "gpus" in model.model_fields_set:
             issues.append(Issue("reward.model.gpus", "is used only with reward.model.placement=disaggregated; remove it or set the placement"))
         return
-    if "device" in model.model_fields_set:
+    if "device" in model.model_fields_set and model.device is not None:  # null: unset from the command line
         issues.append(Issue("reward.model.device", f"({model.device}) is for placement workers; the role runs on "
                             f"cluster.device ({cl.device}); remove it"))  # fmt: skip
     if in_process:

@@ -94,6 +94,9 @@ def ray_session(
                 "`ray start --head` (or the launch/ scripts), or unset cluster.ray_address to run "
                 "an embedded local Ray"
             ) from exc
+    from megarl.driver_supervisor import report_ray_node
+
+    report_ray_node()  # where the supervisor of `megarl launch` finds the raylet's logs
     try:
         if address is None:
             reaper = start_reaper()

@@ -64,14 +64,15 @@ def render(template: str, prompt: Any, response: str, ground_truth: Any) -> str:
     return template.format(prompt=prompt_as_text(prompt), response=response, ground_truth=truth)
 
 
-def parse_score(text: str, parser: str, verdicts: dict[str, float]) -> float:
+def parse_score(text: str, parser: str, verdicts: dict[str, float], score_range: tuple[float, float] | None = None) -> float:
     """The score in a judge's output; JudgeOutputError (with what was looked for) when there is
-    none, or when it is not finite (1e400, inf, nan: a reward that would poison the advantages)."""
+    none, when it is not finite (1e400, inf, nan: a reward that would poison the advantages), or
+    when it is outside ``score_range`` (reward.judge.score_range, for number and boxed)."""
     if parser == "number":
         numbers = re.findall(_NUMBER, text)
         if not numbers:
             raise JudgeOutputError("no number in the judge's output")
-        return _finite(float(numbers[-1]), numbers[-1])
+        return _in_range(_finite(float(numbers[-1]), numbers[-1]), numbers[-1], score_range)
     if parser == "boxed":
         boxed = _BOXED.findall(text)
         if not boxed:
@@ -80,7 +81,7 @@ def parse_score(text: str, parser: str, verdicts: dict[str, float]) -> float:
             value = float(boxed[-1].strip())
         except ValueError:
             raise JudgeOutputError(f"\\boxed{{{boxed[-1]}}} holds no number") from None
-        return _finite(value, boxed[-1].strip())
+        return _in_range(_finite(value, boxed[-1].strip()), boxed[-1].strip(), score_range)
     if parser == "verdict":
         words = {w.lower(): s for w, s in verdicts.items()}
         pattern = r"\b(" + "|".join(re.escape(w) for w in sorted(words, key=len, reverse=True)) + r")\b"
@@ -89,6 +90,13 @@ def parse_score(text: str, parser: str, verdicts: dict[str, float]) -> float:
             raise JudgeOutputError(f"none of the verdicts ({', '.join(verdicts)}) in the judge's output")
         return words[found[-1].lower()]
     raise ValueError(f"reward.judge.parser {parser!r} is none of number, verdict, boxed")
+
+
+def _in_range(value: float, said: str, score_range: tuple[float, float] | None) -> float:
+    if score_range is not None and not score_range[0] <= value <= score_range[1]:
+        raise JudgeOutputError(f"the judge's score {said!r} is outside reward.judge.score_range "
+                               f"[{score_range[0]:g}, {score_range[1]:g}]")
+    return value
 
 
 def _finite(value: float, said: str) -> float:

@@ -40,7 +40,10 @@ def load_reward_model(path: str, device: str = "cpu") -> tuple[Any, Any]:
         if problem:
             raise ValueError(f"reward.model.path: {problem}")
         tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForSequenceClassification.from_pretrained(path).to(device).eval()
+        from megarl.terminal import hf_progress_bars_off
+
+        with hf_progress_bars_off():
+            model = AutoModelForSequenceClassification.from_pretrained(path).to(device).eval()
         if model.config.pad_token_id is None:
             pad = (
                 tokenizer.pad_token_id

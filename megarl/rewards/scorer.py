@@ -57,8 +57,9 @@ import logging
 import math
 import multiprocessing
 import os
+import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
@@ -254,6 +255,31 @@ def remove_if_empty(log_path: Path) -> None:
             log_path.unlink()
 
 
+@contextlib.contextmanager
+def helpers_output_to(log_path: Path | None) -> Iterator[None]:
+    """multiprocessing's helpers started meanwhile (the forkserver, the resource tracker; each
+    starts once per process) write to ``log_path`` instead of the terminal: what a worker prints
+    before its initializer sends its output to the log is the forkserver's stderr, e.g. the
+    traceback of a worker started while the pool is torn down (its locks already unlinked:
+    SemLock's FileNotFoundError); and the tracker's leaked-semaphore notes at exit."""
+    if log_path is None:
+        yield
+        return
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    saved = [os.dup(1), os.dup(2)]
+    target = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.dup2(target, 1)
+        os.dup2(target, 2)
+        yield
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, target):
+            os.close(fd)
+
+
 class RewardScorer:
     """Scores batches of responses in ``cfg.workers`` warm processes; use as a context manager.
 
@@ -275,7 +301,7 @@ class RewardScorer:
         # reward.functions with each user function's file made absolute (the workers' directory may differ)
         self._functions = {source: _absolute(name) for source, name in cfg.functions.items()}
         custom = (os.path.abspath(cfg.custom.path), cfg.custom.name) if cfg.custom else None
-        model = (cfg.model.path, cfg.model.device) if cfg.model else None
+        model = (cfg.model.path, cfg.model.device or "cpu") if cfg.model else None
         # the workers' stdout and stderr: this file (None: this process's own, as for any library)
         self.log_path = Path(log_path).absolute() if log_path is not None else None
         self._log_made = owns_log and self.log_path is not None and not self.log_path.exists()  # removed at close when empty
@@ -316,8 +342,14 @@ class RewardScorer:
         # (`timeout`, `kill -TERM -PGID`, the shell) does not kill the samples being scored, as
         # Ctrl-C does not; each worker then leaves the group and takes SIGTERM again, which pebble
         # stops a timed-out one with (worker.init_worker).
-        with hangup_blocked_in_children():  # multiprocessing's resource tracker, started for the Value
-            self._loaded = self._context.Value("i", 0)
+        with helpers_output_to(self.log_path):
+            with hangup_blocked_in_children():  # multiprocessing's resource tracker, started for the Value
+                self._loaded = self._context.Value("i", 0)
+            if self._context.get_start_method() == "forkserver":
+                from multiprocessing import forkserver
+
+                with stop_signals_blocked_in_children():
+                    forkserver.ensure_running()
         with stop_signals_blocked_in_children():
             pool = ProcessPool(max_workers=self.cfg.workers, initializer=worker.init_worker,
                                initargs=(self._spec, self._loaded), context=self._context)

@@ -169,7 +169,7 @@ class Judge:
         for i, res in zip(indices, results, strict=True):
             text = self.tokenizer.decode(res.response_ids, skip_special_tokens=True)
             try:
-                outcomes[i] = ("ok", parse_score(text, self.cfg.parser, self.cfg.verdicts))
+                outcomes[i] = ("ok", parse_score(text, self.cfg.parser, self.cfg.verdicts, self.cfg.score_range))
             except JudgeOutputError as exc:
                 outcomes[i] = ("error", f"{exc} (reward.judge.parser {self.cfg.parser}): {text[:200]!r}")
 

@@ -47,6 +47,9 @@ def launch(config: str | Path, overrides: list[str], address: str | None = None,
         return {}
     # A batch script (launch/megarl.sbatch) names itself: resubmitting is how its runs resume.
     command = resume_command or os.environ.get(RESUME_ENV) or launch_command(config, overrides, cfg, address, in_process)
+    from megarl.driver_supervisor import report
+
+    report(resume=command)  # for the supervisor's line should Ray end this process in C
     return run(cfg, plan, address, command, in_process=in_process)
 
 

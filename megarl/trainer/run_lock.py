@@ -35,6 +35,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from megarl.driver_supervisor import command_pid
+
 LOCK_FILE = ".megarl.lock"
 log = logging.getLogger(__name__)
 
@@ -99,7 +101,8 @@ def _held(lock: Path, field: str, output: str | Path, what: str, *, remove: bool
         if locked:
             os.ftruncate(fd, 0)
             since = time.strftime("%Y-%m-%d %H:%M:%S")
-            os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} (since {since})".encode(), 0)
+            # the pid the user started (megarl launch's, not its driver's): the one to stop
+            os.pwrite(fd, f"pid {command_pid()} on {socket.gethostname()} (since {since})".encode(), 0)
         _HELD.add(lock)
         try:
             yield

@@ -372,3 +372,31 @@ def test_a_closed_terminal_saves_and_exits_129(launch_dir, tmp_path):
     # the reward workers and multiprocessing's resource tracker lived
     assert "pool broke" not in driver_log and "died unexpectedly" not in driver_log, driver_log[-3000:]
     assert survivors(_run_processes(mark), within=10) == []
+
+
+def test_a_raylet_killed_under_the_run_is_one_line_naming_the_node(launch_dir, tmp_path):
+    """Ray's core worker ends a driver whose raylet died, in C (no Python handler runs: exit 1 and
+    Ray's state dump); `megarl launch` watches its driver from outside and says it in one line:
+    the node, the raylet's log, the resume command. Which comes first is a race: the quick exit, or
+    a rank's failed call that the driver reports itself (naming the node's death as well). Either
+    way: one `error:` line naming the dead node, exit code 2, no process of the run left."""
+    log = tmp_path / "raylet.log"
+    args = [*MEGARL, "launch", str(TINY), *overrides(1000, "trainer.output_dir=raylet")]
+    mark = f"{os.getpid()}-{time.time_ns()}"
+    proc = start(launch_dir, args, log, env={**os.environ, RUN_MARK: mark})
+    try:
+        wait_for_step(proc, launch_dir / "raylet", 1, log)
+        (raylet,) = [p for p in _run_processes(mark) if p.name() == "raylet"]
+        raylet.kill()
+        output = finish(proc, log, timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 2, output[-3000:]
+    errors = [ln for ln in output.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1, output[-3000:]
+    if errors[0].startswith("error: the Ray node under the run died: node "):  # the supervisor's line
+        assert "/raylet.out and raylet.err" in errors[0] and "resume with: megarl launch" in errors[0], errors[0]
+    else:  # the driver's own
+        assert re.search(r"its node \S+ \(id \w+\) died \(its raylet does not answer|Ray marked it dead", errors[0]), errors[0]
+    assert survivors(_run_processes(mark), within=10) == []

@@ -27,3 +27,23 @@ def test_a_log_line_under_a_live_bar_goes_through_the_bar_s_console(monkeypatch)
     assert "saving checkpoint step 20 ... (5 s)" in screen.getvalue()
     handler.emit(record)  # the bar is gone: the terminal itself again
     assert terminal.getvalue() == "saving checkpoint step 20 ... (5 s)\n"
+
+
+def test_loading_hf_models_shows_no_progress_bar(tmp_path, capfd):
+    """transformers' "Loading weights" bar, once per reward worker and engine: not on the terminal;
+    the bar's setting is restored after."""
+    from transformers.utils import logging as hf_logging
+
+    from megarl.engines.torch_engine import _load_model
+    from megarl.models.tiny import build_tiny_model, build_tiny_reward_model
+    from megarl.rewards.reward_model import load_reward_model
+
+    policy = build_tiny_model(tmp_path / "policy")
+    reward = build_tiny_reward_model(tmp_path / "rm", policy)
+    capfd.readouterr()
+    hf_logging.enable_progress_bar()
+    _load_model(policy, None, "cpu")
+    load_reward_model(str(reward))
+    out, err = capfd.readouterr()
+    assert "Loading weights" not in out + err and "%|" not in out + err, err
+    assert hf_logging.is_progress_bar_enabled()

@@ -148,4 +148,9 @@ def load_interactions(path: str | Path) -> dict[str, Interaction]:
             out[name] = Interaction(name, cls(config=config))
         except Exception as exc:  # noqa: BLE001 - the user's class: name it and its error
             raise InteractionFileError(f"{where}: {entry['class_name']}(config={config}) failed: {type(exc).__name__}: {exc}") from exc
+        except EXITS as exc:  # sys.exit in __init__: the class named (the user's Ctrl-C passes)
+            if not raised_by_code(exc):
+                raise
+            raise InteractionFileError(f"{where}: {entry['class_name']}(config={config}) {exit_description(exc)} while it was "
+                                       "built; an interaction must raise an exception, never end the process") from exc
     return out

@@ -38,7 +38,7 @@ import yaml
 import megarl.rollout.agents.builtin_tools  # noqa: F401 - registers the built-in classes
 from megarl.rollout.agents.errors import AgentError
 from megarl.rollout.agents.tool_base import BUILTIN_TOOLS, Tool
-from megarl.user_code import EXITS, exit_description, source_file
+from megarl.user_code import EXITS, exit_description, raised_by_code, source_file
 
 
 class ToolFileError(AgentError):
@@ -95,6 +95,11 @@ def _tool_from_entry(entry: Any, where: str) -> Tool:
         return cls(config, schema)
     except Exception as exc:  # noqa: BLE001 - the user's class: name it and its error
         raise ToolFileError(f"{where}: {entry['class_name']}({config}) failed: {type(exc).__name__}: {exc}") from exc
+    except EXITS as exc:  # sys.exit in __init__: the class named, not "at import" (the user's Ctrl-C passes)
+        if not raised_by_code(exc):
+            raise
+        raise ToolFileError(f"{where}: {entry['class_name']}({config}) {exit_description(exc)} while it was built; a tool "
+                            "must raise an exception for what it cannot do, never end the process") from exc
 
 
 def _tool_class(name: str, where: str) -> type[Tool]:

@@ -202,3 +202,11 @@ def test_convert_to_a_quoted_tilde_writes_nothing_under_a_literal_tilde(monkeypa
     assert main(["convert", "hf-to-megatron", "--hf", "~/nohf", "--out", "~/x", "--tp", "2"]) == EXIT_USER
     assert capsys.readouterr().err == f"error: --hf {home / 'nohf'} has no config.json; give a Hugging Face model directory\n"
     assert not (work / "~").exists()
+
+
+def test_a_generate_flag_out_of_range_is_named_by_the_flag(capsys):
+    """Not as the override it becomes (rollout.n=0), which the user never wrote; all of them at once."""
+    argv = ["generate", str(TINY), "--data", "in.parquet", "--out", "o.parquet", "--n", "0", "--top-p", "1.5"]
+    assert main(argv) == EXIT_USER
+    assert capsys.readouterr().err == ("error: --n 0: give the number of responses per prompt, 1 or more; "
+                                       "--top-p 1.5: give a number in (0, 1]\n")  # fmt: skip

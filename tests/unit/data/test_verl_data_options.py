@@ -4,6 +4,7 @@ the reward_model fields besides ground_truth reaching the scorer (extra_info["re
 from __future__ import annotations
 
 import copy
+import re
 import textwrap
 
 import pytest
@@ -111,6 +112,14 @@ DATASET = textwrap.dedent(
 
     class Interrupts(JsonlPrompts):
         def __len__(self): raise KeyboardInterrupt
+
+    class FailsToBuild(JsonlPrompts):
+        def __init__(self, data_files, tokenizer, config):
+            raise ValueError("column 'question' not found")
+
+    class FailsToRead(JsonlPrompts):
+        def __getitem__(self, i):
+            return self.rows[i]["question"]
     """
 )
 
@@ -136,7 +145,7 @@ def test_custom_cls_gives_the_training_prompts(dataset_file, byte_tokenizer):
 
 
 @pytest.mark.parametrize("name, error", [
-    ("Missing", r"data.custom_cls.name: 'Missing' is not defined in .*my_dataset.py; classes there: BadRow, Exits, Interrupts, JsonlPrompts"),
+    ("Missing", r"data.custom_cls.name: 'Missing' is not defined in .*my_dataset.py; classes there: BadRow, Exits, FailsToBuild, FailsToRead, Interrupts, JsonlPrompts"),
     ("NoRows", r"data.custom_cls: NoRows \(.*\) has no __getitem__"),
     ("OtherArguments", r"data.custom_cls: OtherArguments \(.*\) cannot be built as OtherArguments\(data_files=..., "),
     ("BadRow", r"data.custom_cls \(BadRow on data.train_files\): row 0 has no key 'reward_model'"),
@@ -165,3 +174,27 @@ def test_custom_cls_is_checked_before_launch(dataset_file, tmp_path):
     assert found["fits"] == []
     assert found["missing file"][0][0] == "data.custom_cls.path" and "is not a file" in found["missing file"][0][1]
     assert found["no class"][0][0] == "data.custom_cls" and "verl's arguments" in found["no class"][0][1]
+
+
+@pytest.mark.parametrize("name, error", [
+    ("FailsToBuild", r"^FailsToBuild \(.*my_dataset.py\) on data.train_files: building it or reading its first rows failed: "
+                     r"ValueError: column 'question' not found$"),
+    ("FailsToRead", r"^FailsToRead \(.*\) on data.train_files: building it or reading its first rows failed: KeyError: 'question'$"),
+    ("BadRow", r"^BadRow \(.*\) on data.train_files: row 0 has no key 'reward_model'"),
+    ("Exits", r"^Exits \(.*my_dataset.py\) called sys.exit\(5\) while it was built or its first rows read; a dataset class "
+              r"must raise an exception"),
+    ("Interrupts", r"^Interrupts \(.*\) raised KeyboardInterrupt while it was built"),
+])  # fmt: skip
+def test_custom_cls_is_built_and_read_before_launch(dataset_file, byte_tokenizer_dir, name, error):
+    """Errors of the class's own building and reading code, found in the check's child (before Ray
+    starts) with the run's words, where only its import was checked."""
+    cfg = _custom(dataset_file, name)
+    build = {"files": [f.path for f in cfg.train_files], "field": "data.train_files", "model": str(byte_tokenizer_dir),
+             "config": cfg.model_dump(mode="json")}  # fmt: skip
+    child = ChildChecks(None, [], cfg.custom_cls, RewardConfig().functions, build)
+    try:
+        (finding,) = child.results("data.custom_cls")
+    finally:
+        child.stop()
+    assert finding.field == "data.custom_cls"
+    assert re.search(error, finding.message), finding.message

@@ -152,3 +152,37 @@ def test_sigterm_during_the_check_ends_in_one_line_and_no_orphan(tmp_path, comma
     assert parent.returncode == EXIT_SIGTERM, err
     assert err.strip().splitlines()[-1].startswith("stopped by SIGTERM"), err
     assert _gone(child), "the import check outlived its stopped parent"
+
+
+def test_a_tool_whose_init_calls_sys_exit_is_named_by_its_class(tmp_path, monkeypatch):
+    """Not "at import": the file imports, the class's __init__ ends the process."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    (tmp_path / "quitting_tool.py").write_text(
+        "import sys\nfrom megarl.rollout.agents.tool_base import Tool\n\n"
+        "class Quits(Tool):\n    def __init__(self, config, tool_schema):\n        sys.exit(3)\n")  # fmt: skip
+    tools = tmp_path / "tools.yaml"
+    tools.write_text("tools:\n  - class_name: quitting_tool.Quits\n"
+                     "    tool_schema: {type: function, function: {name: quits, parameters: {type: object}}}\n")  # fmt: skip
+    child = preflight.ChildChecks(None, [("rollout.agent.tools_file", str(tools))])
+    try:
+        (finding,) = child.results("rollout.agent.tools_file")
+    finally:
+        child.stop()
+    assert "Quits({}) called sys.exit(3) while it was built; a tool must raise an exception" in finding.message
+    assert "at import" not in finding.message
+
+
+def test_empty_logs_of_killed_drivers_are_removed_by_the_next_check(tmp_path):
+    """A driver killed with SIGKILL leaves its check's log (no cleanup runs): the next check removes
+    it when it is empty and its driver is gone; a log with output, or a live driver's, stays."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    orphan = tmp_path / f"megarl-import-check-{gone.pid}-abc.log"
+    orphan.touch()
+    told = tmp_path / f"megarl-import-check-{gone.pid}-def.log"
+    told.write_text("the output a finding quoted\n")
+    live = tmp_path / f"megarl-import-check-{os.getpid()}-ghi.log"
+    live.touch()
+    assert _problem(tmp_path, SCORE) is None
+    assert not orphan.exists() and told.exists() and live.exists()
+    assert sorted(p.name for p in tmp_path.glob("megarl-import-check-*")) == sorted([told.name, live.name])  # its own removed too

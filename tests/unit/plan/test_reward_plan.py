@@ -113,6 +113,8 @@ def test_the_reward_model_role_takes_the_last_gpus_and_its_memory_is_planned(tmp
     (("reward.model.placement=colocated", "reward.model.batch_size=64"),
      # the reward model's 360.2 (as above) + SGLang's weights 7.1 + the trainer's and SGLang's runtime 4.5
      "reward.model: the training devices need an estimated 371.8 GiB per GPU in phase reward"),
+    (("reward.model.gpus=4", "reward.model.max_length=40000"), "reward.model.max_length: (40000) is above the reward "
+     "model's max_position_embeddings (32768, "),
 ])  # fmt: skip
 def test_the_plan_refuses_a_reward_model_role_that_cannot_run(tmp_path, overrides, message):
     rm = _rm_config(tmp_path / "rm")
@@ -228,3 +230,13 @@ def _printed_plan(cfg, plan) -> str:
     console = Console(record=True, width=300)
     print_plan(cfg, plan, console)
     return console.export_text()
+
+
+def test_reward_model_device_can_be_unset_from_the_command_line(tmp_path):
+    """A config file's reward.model.device, unset for a role (which runs on cluster.device) with
+    `reward.model.device=null`; in the workers null is cpu."""
+    rm = _rm_config(tmp_path / "rm")
+    make_plan(load_config(PPO7, [f"reward.model.path={rm}", *ROLE, "reward.model.gpus=4", "reward.model.device=null"]))
+    cfg = _cfg(f"reward.model.path={rm}", "reward.model.device=null")
+    (role,) = reward_roles(cfg, 8)
+    assert role["where"].endswith("reward worker processes on cpu")

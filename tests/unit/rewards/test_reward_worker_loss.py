@@ -7,6 +7,8 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import psutil
@@ -139,3 +141,53 @@ def test_a_sigterm_to_the_drivers_process_group_leaves_the_samples_being_scored(
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["got"] and set(result["got"]) == {signal.SIGTERM}  # the driver was signalled
     assert (result["scores"], result["errors"]) == ([1.0] * 4, 0), done.stderr[-3000:]
+
+
+TORN_DOWN = r"""
+import sys
+from megarl.config.sections import RewardConfig
+from megarl.rewards.scorer import RewardScorer
+
+class Unlinked:  # rebuilt in the new worker as a lock whose semaphore the teardown already unlinked
+    def __reduce__(self):
+        return (open, ("/dev/shm/megarl-test-no-such-semaphore",))
+
+scorer = RewardScorer(RewardConfig(workers=1), log_path=sys.argv[1])
+worker = scorer._context.Process(target=print, args=(Unlinked(),))
+worker.start()
+worker.join()
+scorer.close()
+print(worker.exitcode)
+"""
+
+
+def test_a_worker_dying_before_its_initializer_prints_to_the_log_not_the_terminal(tmp_path):
+    """A worker started while the pool is torn down fails in multiprocessing's own unpickling
+    (SemLock's FileNotFoundError), before the worker's initializer moves its output to the log:
+    its traceback was the forkserver's, on the terminal."""
+    log_file = tmp_path / "reward_workers.log"
+    proc = subprocess.run([sys.executable, "-c", TORN_DOWN, str(log_file)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "1"  # the worker failed as the torn-down one does
+    assert "Traceback" not in proc.stderr and "FileNotFoundError" not in proc.stderr, proc.stderr
+    assert "FileNotFoundError" in log_file.read_text()  # kept: it holds an error
+
+
+LEAKS = r"""
+import sys
+from multiprocessing import resource_tracker
+from megarl.config.sections import RewardConfig
+from megarl.rewards.scorer import RewardScorer
+
+with RewardScorer(RewardConfig(workers=1), log_path=sys.argv[1]):
+    resource_tracker.register("/megarl-test-leaked", "semaphore")  # as a lock of a pool killed mid-teardown
+"""
+
+
+def test_the_resource_tracker_s_leak_notes_at_exit_stay_off_the_terminal(tmp_path):
+    """multiprocessing's resource tracker, started by the scorer, warns of leaked semaphores as the
+    command exits (after its last line): to the workers' log, not the terminal."""
+    proc = subprocess.run([sys.executable, "-c", LEAKS, str(tmp_path / "reward_workers.log")], capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "leaked semaphore" not in proc.stderr and "resource_tracker" not in proc.stderr, proc.stderr

@@ -235,3 +235,32 @@ def test_a_late_torch_judge_call_does_not_hold_up_the_interpreters_exit(demo_mod
                           timeout=600)  # fmt: skip
     assert done.returncode == 0 and "timed out" in done.stdout, done.stderr[-2000:]
     assert not marker.exists()  # the late generate was stopped, not waited for to its end
+
+
+def test_combine_weights_are_numbers_not_text_that_reads_as_one():
+    """"0.5" (quoted) was turned into 0.5; 1e-3 is text to YAML 1.1 (the message says how to write it)."""
+    from pathlib import Path
+
+    from megarl.config.loading import ConfigError, load_config
+
+    tiny = Path(__file__).resolve().parents[3] / "configs" / "tiny_grpo.yaml"
+    for weight in ('"0.5"', "1e-3", "true"):
+        with pytest.raises(ConfigError, match=r"reward.combine\['gsm8k'\]\['gsm8k'\] = .* is (str|bool), not a number; "
+                                              r"write the weight unquoted"):  # fmt: skip
+            load_config(tiny, [f"reward.combine={{gsm8k: {{gsm8k: {weight}}}}}"])
+    assert RewardConfig(combine={"gsm8k": {"gsm8k": 1, "math": 0.5}}).combine == {"gsm8k": {"gsm8k": 1.0, "math": 0.5}}
+
+
+def test_a_score_outside_the_range_counts_as_no_score():
+    """A judge asked for 0-10 that answers "42" (or a year from the response) scores like garbage:
+    the output is retried, then counted as a failure, not used as a reward 4x the scale."""
+    assert parse_score("score: 7", "number", VERDICTS, (0.0, 10.0)) == 7.0
+    assert parse_score(r"\boxed{10}", "boxed", VERDICTS, (0.0, 10.0)) == 10.0  # the ends count
+    for text, parser in (("I'd say 42", "number"), (r"\boxed{-1}", "boxed")):
+        with pytest.raises(JudgeOutputError, match=r"is outside reward.judge.score_range \[0, 10\]"):
+            parse_score(text, parser, VERDICTS, (0.0, 10.0))
+    assert parse_score("I'd say 42", "number", VERDICTS) == 42.0  # without a range: any finite number
+    with pytest.raises(ValueError, match="is for parser number or boxed"):
+        RewardJudgeConfig(model="m", prompt_template="{response}", score_range=(0, 1))
+    with pytest.raises(ValueError, match=r"give \[low, high\], finite, low < high"):
+        RewardJudgeConfig(model="m", prompt_template="{response}", parser="number", score_range=(10, 0))

@@ -1,0 +1,182 @@
+"""`megarl launch` watched from outside: the driver runs as a child of the command's process.
+
+Ray's core worker ends a driver whose raylet is gone at the C level (a quick exit: no Python
+handler, no ``finally``, only Ray's state dump on stderr), and Ray has no setting that keeps the
+driver alive instead. So the process the user started only supervises: it starts the driver
+(the same command line) as its child, with a pipe on which the driver reports what it knows
+(the resume command, its Ray node and that node's log folder) and, last, that it ended on its
+own. A child that ends without that last report was ended from outside Python, and the
+supervisor prints the one ``error:`` line the driver could not: the node, where its raylet's
+logs are and the command that resumes.
+
+Signals: a terminal's Ctrl-C reaches the whole foreground process group, the driver included,
+so the supervisor only notes it (forwarding it would make a second Ctrl-C, which stops at
+once). SIGTERM and SIGHUP are forwarded (a process group's copy and the forwarded one arrive
+together, which the driver counts once: megarl/trainer/watchdog.py). The driver dies with the
+supervisor (PR_SET_PDEATHSIG, SIGKILL: a `kill -9` of `megarl launch` ends the run at once, as it
+did when that process was the driver; the embedded Ray's reaper then ends the rest).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+SUPERVISOR_FD_ENV = "MEGARL_SUPERVISOR_FD"  # the driver's end of the pipe (set for the child only)
+FORWARDED = (signal.SIGTERM, signal.SIGHUP)
+_report_fd: int | None = None
+_supervisor_pid: int | None = None
+
+
+def take_report_pipe() -> None:
+    """At the start of a command: a supervisor's pipe, if any, becomes this process's (the
+    environment variable is forgotten, so processes this one starts do not write on it)."""
+    global _report_fd, _supervisor_pid
+    fd = os.environ.pop(SUPERVISOR_FD_ENV, None)
+    if fd is not None and fd.isdigit():
+        _report_fd, _supervisor_pid = int(fd), os.getppid()
+        os.set_inheritable(_report_fd, False)
+
+
+def supervised() -> bool:
+    """Whether this process is a driver under a supervisor."""
+    return _report_fd is not None
+
+
+def command_pid() -> int:
+    """The pid of the command the user started (the supervisor's, for a supervised driver): the
+    one to name in messages (a lock's holder), which a SIGTERM stops cleanly."""
+    return _supervisor_pid or os.getpid()
+
+
+def report(**fields: Any) -> None:
+    """Tell the supervisor something (one JSON line; nothing without a supervisor). ``end=code``
+    is the driver's own ending."""
+    if _report_fd is None:
+        return
+    try:
+        os.write(_report_fd, (json.dumps(fields) + "\n").encode())
+    except OSError:  # a supervisor that is gone: nobody to tell
+        pass
+
+
+def report_ray_node() -> None:
+    """The Ray node this driver runs on and its log folder, for the supervisor's line when the
+    node's raylet takes the driver down with it."""
+    if _report_fd is None:
+        return
+    try:
+        import ray
+
+        node = ray._private.worker.global_worker.node
+        report(ray={"ip": node.node_ip_address, "node_id": ray.get_runtime_context().get_node_id(),
+                    "logs": node.get_logs_dir_path(), "raylet": f"{node.node_ip_address}:{node.node_manager_port}"})
+    except Exception:  # noqa: BLE001 - another Ray's internals: the supervisor then says less
+        pass
+
+
+def supervise(command: Sequence[str]) -> int:
+    """Run ``command`` (a driver) as a child; its exit code, or, when it ended without reporting
+    its end, one ``error:`` line and exit code 2 (130 after a Ctrl-C)."""
+    read_end, write_end = os.pipe()
+    os.set_blocking(read_end, False)
+    interrupted: list[int] = []
+    pending: list[int] = []  # a stop that came before the driver was there: passed on once it is
+    passed_on: set[int] = set()
+    child: subprocess.Popen[bytes] | None = None
+
+    def on_signal(signum: int, frame: Any) -> None:
+        if signum == signal.SIGINT:
+            interrupted.append(signum)  # the driver has its own copy (the terminal's process group)
+        elif child is None:
+            pending.append(signum)
+        elif child.poll() is None:
+            child.send_signal(signum)
+        passed_on.add(signum)
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, *FORWARDED)}
+    try:
+        child = subprocess.Popen(list(command), env={**os.environ, SUPERVISOR_FD_ENV: str(write_end)},
+                                 pass_fds=(write_end,), preexec_fn=_die_with_parent)  # fmt: skip
+        os.close(write_end)
+        for signum in pending:
+            child.send_signal(signum)
+        code = child.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    reports = _read_reports(read_end)
+    os.close(read_end)
+    if "end" in reports:
+        return code if code >= 0 else 128 - code
+    if code < 0 and (-code in passed_on or (-code == signal.SIGINT and interrupted)):  # before its handlers were up
+        _say(f"stopped by {signal.Signals(-code).name} while starting; nothing was trained or saved")
+        return 128 - code
+    _say(silent_end_line(code, reports, child.pid))
+    return 130 if interrupted else 2
+
+
+def _die_with_parent() -> None:
+    import ctypes
+
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: the driver dies with the supervisor
+
+
+def _read_reports(fd: int) -> dict[str, Any]:
+    """What the child wrote (the pipe holds it all: a few short lines), later reports winning."""
+    data = b""
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:  # a process the driver started still holds the pipe
+            break
+        if not chunk:
+            break
+        data += chunk
+    reports: dict[str, Any] = {}
+    for line in data.decode(errors="replace").splitlines():
+        try:
+            reports.update(json.loads(line))
+        except (ValueError, TypeError):
+            continue
+    return reports
+
+
+def silent_end_line(code: int, reports: dict[str, Any], pid: int) -> str:
+    """The ``error:`` line of a driver that ended without a word of its own."""
+    how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+    resume = f"; resume with: {reports['resume']}" if reports.get("resume") else ""
+    ray = reports.get("ray")
+    if not ray:
+        return (f"error: the driver process (pid {pid}) {how} without a word, before Ray started: check the machine's "
+                f"memory (dmesg: the OOM killer) and the run's logs/driver.log{resume}")  # fmt: skip
+    silent = _unanswered(ray["raylet"]) if ray.get("raylet") else None
+    raylet = f"its raylet does not answer ({silent})" if silent else "Ray ends a driver whose raylet is gone"
+    logs = ray.get("logs") or "the Ray session's logs folder"
+    return (f"error: the Ray node under the run died: node {ray.get('ip', '?')} (id {str(ray.get('node_id', '?'))[:12]}); "
+            f"the driver process (pid {pid}) {how} ({raylet}); check that machine (killed processes, memory: dmesg) "
+            f"and the raylet's logs {os.path.join(logs, 'raylet.out')} and raylet.err{resume}")  # fmt: skip
+
+
+def _unanswered(address: str) -> str | None:
+    """Why nothing listens at host:port (one TCP connect), or None when something does."""
+    import socket
+
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0):
+            return None
+    except (OSError, ValueError) as exc:
+        return getattr(exc, "strerror", None) or str(exc)
+
+
+def _say(line: str) -> None:
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:  # a terminal that hung up
+        pass

@@ -1,0 +1,128 @@
+"""`megarl launch`'s supervisor (megarl/driver_supervisor.py) with real child processes, no Ray:
+a driver that ends without reporting its end (as Ray's quick exit ends one whose raylet died)
+gets one `error:` line from the supervisor; one that reports passes its exit code through;
+SIGTERM to the supervisor reaches the driver, a Ctrl-C to the process group is not doubled, and
+the driver dies with the supervisor."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from megarl.driver_supervisor import supervise
+
+TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny_grpo.yaml"
+RESUME = "megarl launch run.yaml trainer.resume=auto"
+
+
+def _driver(body: str) -> list[str]:
+    """A child that takes the supervisor's pipe as megarl's CLI does, then runs ``body``."""
+    head = "import os, signal, sys, time\nfrom megarl import driver_supervisor as s\ns.take_report_pipe()\n"
+    return [sys.executable, "-c", head + body]
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_quick_exit_after_ray_started_names_the_node_its_logs_and_the_resume(capsys, tmp_path):
+    ray = {"ip": "127.0.0.1", "node_id": "ab12cd34ef56aa", "logs": str(tmp_path / "logs"), "raylet": f"127.0.0.1:{_closed_port()}"}
+    code = supervise(_driver(f"s.report(resume={RESUME!r})\ns.report(ray={ray!r})\nos._exit(1)"))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and err[0].startswith("error: the Ray node under the run died: node 127.0.0.1 (id ab12cd34ef56)")
+    assert "exited with code 1" in err[0] and "its raylet does not answer" in err[0]
+    assert str(tmp_path / "logs" / "raylet.out") in err[0] and err[0].endswith(f"resume with: {RESUME}")
+
+
+def test_sigkill_before_ray_is_named(capsys):
+    code = supervise(_driver("os.kill(os.getpid(), signal.SIGKILL)"))
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert err.startswith("error: the driver process") and "was killed by SIGKILL" in err and "before Ray started" in err
+
+
+def test_reported_end_passes_the_exit_code_through(capsys):
+    assert supervise(_driver("s.report(end=3)\nsys.exit(3)")) == 3
+    assert capsys.readouterr().err == ""
+
+
+def test_real_cli_driver_reports_its_own_error():
+    """The CLI's own ending (a plan error) is reported: the driver's line alone, exit code 2."""
+    proc = subprocess.run([sys.executable, "-c", "import sys; from megarl.driver_supervisor import supervise; "
+                           f"sys.exit(supervise([sys.executable, '-m', 'megarl.cli', 'plan', {str(TINY)!r}, 'actor.parallel.pp=3']))"],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: ") and "the driver process" not in proc.stderr
+
+
+def _supervisor(tmp_path: Path, body: str) -> tuple[subprocess.Popen, Path]:
+    """A supervisor process (its own process group) over a driver running ``body``; waits until the
+    driver wrote its pid to <tmp_path>/pid."""
+    pid_file = tmp_path / "pid"
+    driver = _driver(f"{body}\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(120)")
+    proc = subprocess.Popen([sys.executable, "-c", f"import sys; from megarl.driver_supervisor import supervise; sys.exit(supervise({driver!r}))"],
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    for _ in range(600):
+        if pid_file.exists() and pid_file.read_text():
+            break
+        time.sleep(0.1)
+    return proc, pid_file
+
+
+ENDS_ON_SIGNAL = "def end(signum, frame):\n    s.report(end=128 + signum)\n    os._exit(128 + signum)\nsignal.signal(signal.SIGTERM, end)\nsignal.signal(signal.SIGINT, end)"
+
+
+def test_sigterm_to_the_supervisor_reaches_the_driver(tmp_path):
+    proc, _ = _supervisor(tmp_path, ENDS_ON_SIGNAL)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 143
+    assert proc.stderr.read() == ""
+
+
+def test_ctrl_c_to_the_group_reaches_the_driver_once(tmp_path):
+    """A second SIGINT would kill this driver (its handler is gone after the first)."""
+    once = ENDS_ON_SIGNAL.replace("def end(signum, frame):\n", "def end(signum, frame):\n    signal.signal(signal.SIGINT, signal.SIG_DFL)\n    time.sleep(1)\n")
+    proc, _ = _supervisor(tmp_path, once)
+    os.killpg(proc.pid, signal.SIGINT)
+    assert proc.wait(timeout=60) == 130
+    assert proc.stderr.read() == ""
+
+
+def test_driver_dies_with_its_supervisor(tmp_path):
+    proc, pid_file = _supervisor(tmp_path, "")
+    driver = int(pid_file.read_text())
+    proc.kill()
+    proc.wait(timeout=60)
+    for _ in range(600):  # PR_SET_PDEATHSIG: SIGKILL
+        try:
+            if Path(f"/proc/{driver}/stat").read_text().split(") ")[1].startswith("Z"):  # dead, not yet reaped
+                break
+        except (FileNotFoundError, ProcessLookupError):
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(driver, signal.SIGKILL)
+        raise AssertionError("the driver outlived its supervisor")
+
+
+def test_a_supervised_driver_names_the_command_s_pid(tmp_path):
+    """What a lock's refusal names (and a user would kill) is the `megarl launch` process's pid."""
+    out = tmp_path / "pids"
+    supervise(_driver(f"open({str(out)!r}, 'w').write(f'{{os.getppid()}} {{s.command_pid()}}')\ns.report(end=0)"))
+    parent, named = out.read_text().split()
+    assert parent == named == str(os.getpid())
+
+
+def test_a_stop_before_the_driver_s_handlers_is_a_stop_not_an_error(tmp_path):
+    """SIGTERM to `megarl launch` while its driver is still importing (default handlers): the
+    driver dies of it; that is the user's stop (143), not a silent death."""
+    proc, _ = _supervisor(tmp_path, "")  # the driver keeps Python's default SIGTERM
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 143
+    assert proc.stderr.read().strip() == "stopped by SIGTERM while starting; nothing was trained or saved"
