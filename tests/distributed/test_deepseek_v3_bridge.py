@@ -1,6 +1,7 @@
 """The DeepSeek-V3 bridge against HF transformers' DeepseekV3ForCausalLM, in gloo processes: TP=1
-(one process) and TP=2 x EP=2 (4 processes: sequence parallel, MLA's column-split down
-projections, each TP group holding every expert once), with the Qwen3-MoE parity harness
+(one process) and TP=2 x EP=2 (4 processes: sequence parallel, MLA's replicated down
+projections, each TP group holding every expert once), on megatron-core 0.16 and 0.19 (where
+``q_full`` is refused), with the Qwen3-MoE parity harness
 (tests/distributed/test_moe_bridge.py).
 
 Two tiny models (hidden 64, 3 layers: layer 0 dense, then MoE with 4 routed experts top-2 in 2
@@ -15,7 +16,6 @@ and the correction bias matters (zeroed, the logits move).
 from __future__ import annotations
 
 import time
-from importlib.metadata import version
 
 import pytest
 import torch
@@ -29,10 +29,6 @@ from test_moe_bridge import (
     _hf_run,
     _megatron_loss,
 )
-
-# megarl's DeepSeek-V3 bridge is verified on megatron-core 0.16 and refuses other versions in one line
-pytestmark = pytest.mark.skipif(not version("megatron-core").startswith("0.16."),
-                                reason="the deepseek_v3 bridge runs on megatron-core 0.16 only")  # fmt: skip
 
 MODELS = {"q_lora": {"num_nextn_predict_layers": 1}, "q_full": {"q_lora_rank": None}}
 SHAPE = dict(hidden_size=64, num_layers=3, num_heads=4, ffn_hidden_size=96)
@@ -126,7 +122,26 @@ def test_deepseek_v3_tp1(deepseek_dirs):
 
 
 def test_deepseek_v3_tp2_ep2(deepseek_dirs):
-    results = run_distributed(_worker, 4, deepseek_dirs, 2, 2, timeout_s=400)
+    from megarl.models.deepseek_v3 import mla_norms_q_proj
+
+    # megatron-core 0.19 refuses q_full (test_q_full_refused_where_megatron_norms_q_proj)
+    dirs = {n: d for n, d in deepseek_dirs.items() if n == "q_lora" or not mla_norms_q_proj()}
+    results = run_distributed(_worker, 4, dirs, 2, 2, timeout_s=400)
     assert [r["ranks"] for r in results] == [(0, 0, 0), (1, 1, 0), (0, 0, 1), (1, 1, 1)]
-    _assert_parity(results, deepseek_dirs)
+    _assert_parity(results, dirs)
     print({k: (v["max_diff"], v["worst_grad"], v["seconds"]) for k, v in results[0].items() if k != "ranks"})
+
+
+def test_q_full_refused_where_megatron_norms_q_proj(deepseek_dirs):
+    """megatron-core 0.19's MLA would put a norm before q_proj without q_lora_rank: refused by name."""
+    from transformers import AutoConfig
+
+    from megarl.models.bridges import get_bridge
+    from megarl.models.deepseek_v3 import mla_norms_q_proj
+
+    hf_config = AutoConfig.from_pretrained(deepseek_dirs["q_full"])
+    if not mla_norms_q_proj():
+        get_bridge(hf_config).check_hf_config(hf_config)  # 0.16: accepted (and checked by the TP2 x EP2 test)
+        return
+    with pytest.raises(ValueError, match=r"q_lora_rank=None .*megatron-core 0\.16"):
+        get_bridge(hf_config).check_hf_config(hf_config)
