@@ -40,8 +40,11 @@ after the ``L`` decoder layers) are not trained: :meth:`DeepseekV3Bridge.carried
 them, the checkpoint checks accept them, and `megarl convert` carries them through a side file
 bit for bit (megarl/models/carried_tensors.py).
 
-What does not run, or is refused by name: rope scaling (yarn: DeepSeek-V3's own; Megatron's MLA
-yarn is not checked against HF's yet), ``rope_interleave`` false (would need the rope rows
+Rope scaling: yarn (DeepSeek-V3's and Kimi-K2's own) maps onto MLA's yarn settings
+(:func:`rope_kwargs`; megarl/models/rope.py says how HF's mscale keys become Megatron's, and
+refuses the combinations Megatron cannot reproduce); other scaling types are refused.
+
+What does not run, or is refused by name: ``rope_interleave`` false (would need the rope rows
 permuted), ``norm_topk_prob`` false (Megatron always normalises sigmoid top-k weights),
 ``scoring_func`` other than sigmoid, ``topk_method`` other than noaux_tc, a
 ``num_key_value_heads`` other than the head count, the transformer-engine layer spec (its MLA
@@ -63,7 +66,7 @@ from megarl.models.layer_specs import LayerSpec
 from megarl.models.layouts import ParamRule
 from megarl.models.norm import RMSNorm
 from megarl.models.qwen3_moe import Qwen3MoeBridge, load_balance_kwargs
-from megarl.models.rope import read_rope
+from megarl.models.rope import RopeSettings, read_rope
 from megarl.parallel.mcore_version import installed_version
 
 # Megatron local suffix (MLA) -> (HF suffix, layout) inside one decoder layer.
@@ -101,6 +104,7 @@ def mtp_layers(hf_config: Any) -> int:
 @register_bridge("deepseek_v3")
 class DeepseekV3Bridge(Qwen3MoeBridge):
     qk_norm = False  # MLA's q/kv norms are mapped by _MLA_RULES, not the dense q/k norm rules
+    rope_types = ("default", "yarn")  # Megatron's MLA has yarn (rope_kwargs)
 
     # ---- config ------------------------------------------------------------------------
     def check_hf_config(self, hf_config: Any) -> None:
@@ -124,8 +128,6 @@ class DeepseekV3Bridge(Qwen3MoeBridge):
             self._refuse(hf_config, "num_key_value_heads", hf_config.num_key_value_heads, f"num_attention_heads ({heads})")
         if not getattr(hf_config, "rope_interleave", True):
             self._refuse(hf_config, "rope_interleave", False, "true (DeepSeek's interleaved rope dimensions)")
-        if read_rope(hf_config).rope_type != "default":
-            self._refuse(hf_config, "rope_type", read_rope(hf_config).rope_type, "'default' (no rope scaling yet)")
         if hf_config.q_lora_rank is None and mla_norms_q_proj():
             self._refuse(hf_config, "q_lora_rank", None, f"set, on megatron-core {installed_version()} (its MLA puts a norm "
                          "before q_proj when q_lora_rank is null, HF none); or use megatron-core 0.16")  # fmt: skip
@@ -176,7 +178,7 @@ class DeepseekV3Bridge(Qwen3MoeBridge):
             multi_latent_attention=True, q_lora_rank=hf_config.q_lora_rank, kv_lora_rank=hf_config.kv_lora_rank,
             qk_head_dim=hf_config.qk_nope_head_dim, qk_pos_emb_head_dim=hf_config.qk_rope_head_dim,
             v_head_dim=hf_config.v_head_dim, qk_layernorm=True,  # MLA: the q_a / kv_a norms
-            rope_type="rope", rotary_base=read_rope(hf_config).theta, rotary_percent=1.0,
+            **rope_kwargs(read_rope(hf_config, self.rope_types)), rotary_percent=1.0,
             apply_rope_fusion=False,  # MLA's fused rope is yarn-only and a Triton kernel
             num_moe_experts=int(hf_config.n_routed_experts),
             moe_ffn_hidden_size=hf_config.moe_intermediate_size,
@@ -274,6 +276,17 @@ class DeepseekV3Bridge(Qwen3MoeBridge):
         layer, suffix = model.decoder.layers[int(m.group(1))].layer_number - 1, m.group(2)  # global, 0-based
         hf, layout = _SHARED_RULES[suffix] if suffix in _SHARED_RULES else ((_MLA_RULES[suffix][0],), _MLA_RULES[suffix][1])
         return ParamRule(megatron_name, tuple(f"model.layers.{layer}.{s}" for s in hf), layout)  # type: ignore[arg-type]
+
+
+def rope_kwargs(rope: RopeSettings) -> dict[str, Any]:
+    """MLATransformerConfig's rope settings: plain rope, or yarn with HF's values as read_rope maps
+    them (the cos/sin factor and the softmax scale's mscale included: megarl/models/rope.py)."""
+    if rope.rope_type == "default":
+        return {"rope_type": "rope", "rotary_base": rope.theta}
+    return {"rope_type": "yarn", "rotary_base": rope.theta, "rotary_scaling_factor": rope.factor,
+            "original_max_position_embeddings": rope.original_max_position_embeddings,
+            "beta_fast": rope.beta_fast, "beta_slow": rope.beta_slow, "mscale": rope.mscale,
+            "mscale_all_dim": rope.mscale_all_dim}  # fmt: skip
 
 
 def mla_norms_q_proj() -> bool:

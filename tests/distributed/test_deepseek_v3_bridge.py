@@ -30,7 +30,14 @@ from test_moe_bridge import (
     _megatron_loss,
 )
 
-MODELS = {"q_lora": {"num_nextn_predict_layers": 1}, "q_full": {"q_lora_rank": None}}
+# DeepSeek-V3's yarn shape (its checkpoint: factor 40, 4096 positions, betas 32 / 1, mscale 1 / 1)
+# scaled to the tiny model: 8 original positions (the batches reach 12), betas that put the ramp
+# inside the 4 rope frequencies, and mscale != mscale_all_dim so that both the cos/sin factor
+# (1.025) and the softmax scale (x 1.23) differ from plain rope's.
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8, "beta_fast": 1.0,
+        "beta_slow": 0.01, "mscale": 1.0, "mscale_all_dim": 0.8}  # fmt: skip
+MODELS = {"q_lora": {"deepseek": {"num_nextn_predict_layers": 1}}, "q_full": {"deepseek": {"q_lora_rank": None}},
+          "yarn": {"rope_scaling": YARN, "max_position_embeddings": 32}}  # fmt: skip
 SHAPE = dict(hidden_size=64, num_layers=3, num_heads=4, ffn_hidden_size=96)
 LOGIT_TOL = 1e-5
 GRAD_TOL = 1e-5  # relative to each tensor's largest gradient entry
@@ -43,7 +50,7 @@ def deepseek_dirs(tmp_path_factory) -> dict[str, str]:
     from megarl.models.tiny import build_tiny_model
 
     root = tmp_path_factory.mktemp("deepseek_v3")
-    return {name: str(build_tiny_model(root / name, "deepseek_v3", seed=i, deepseek=kw, **SHAPE))
+    return {name: str(build_tiny_model(root / name, "deepseek_v3", seed=i, **kw, **SHAPE))
             for i, (name, kw) in enumerate(MODELS.items())}  # fmt: skip
 
 
@@ -69,7 +76,15 @@ def _parity(path: str, tp: int, ep: int, dp_rank: int) -> dict:
         "not_exported": sorted(set(file) - set(exported)),
         "export_unequal": sorted(n for n in exported if not torch.equal(exported[n], file[n])),
         "bias_diff": _without_bias(model, ids, ref_logits, vocab),
+        "softmax_scale": (model.decoder.layers[0].self_attention.softmax_scale, _hf_softmax_scale(hf_config)),
     }
+
+
+def _hf_softmax_scale(hf_config) -> float:
+    """HF DeepseekV3Attention's ``scaling`` (yarn's mscale_all_dim squared included)."""
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import yarn_apply_mscale
+
+    return yarn_apply_mscale(hf_config.rope_parameters, hf_config.qk_head_dim**-0.5)
 
 
 def _without_bias(model, ids: torch.Tensor, ref_logits: torch.Tensor, vocab: int) -> float:
@@ -112,10 +127,12 @@ def _assert_parity(results: list[dict], dirs: dict[str, str]) -> None:
             assert got["not_exported"] and all(n.startswith("model.layers.3.") for n in got["not_exported"]) if mtp \
                 else got["not_exported"] == [], got["not_exported"]  # fmt: skip
             assert got["bias_diff"] > BIAS_MIN, (r["ranks"], name, got["bias_diff"])
+            ours, hf = got["softmax_scale"]
+            assert ours == pytest.approx(hf, rel=1e-6) and (ours != pytest.approx(24**-0.5)) == (name == "yarn"), (name, ours, hf)
 
 
 def test_deepseek_v3_tp1(deepseek_dirs):
-    dirs = {"q_lora": deepseek_dirs["q_lora"]}
+    dirs = {"q_lora": deepseek_dirs["q_lora"], "yarn": deepseek_dirs["yarn"]}
     results = run_distributed(_worker, 1, dirs, 1, 1)
     _assert_parity(results, dirs)
     print({k: (v["max_diff"], v["worst_grad"], v["seconds"]) for k, v in results[0].items() if k != "ranks"})
@@ -125,7 +142,7 @@ def test_deepseek_v3_tp2_ep2(deepseek_dirs):
     from megarl.models.deepseek_v3 import mla_norms_q_proj
 
     # megatron-core 0.19 refuses q_full (test_q_full_refused_where_megatron_norms_q_proj)
-    dirs = {n: d for n, d in deepseek_dirs.items() if n == "q_lora" or not mla_norms_q_proj()}
+    dirs = {n: d for n, d in deepseek_dirs.items() if n == "q_lora" or (n == "q_full" and not mla_norms_q_proj())}
     results = run_distributed(_worker, 4, dirs, 2, 2, timeout_s=400)
     assert [r["ranks"] for r in results] == [(0, 0, 0), (1, 1, 0), (0, 0, 1), (1, 1, 1)]
     _assert_parity(results, dirs)
