@@ -96,7 +96,7 @@ def check_moe_serving(cfg: MegaRLConfig, arch: ArchSpec, issues: list[Issue]) ->
         # SGLang 0.5.23 on CPU (docs/moe.md): without rope_scaling its MLA rope asserts at load; with yarn
         # it loads a model whose config.json carries DeepSeek's moe_layer_freq / topk_method / scoring_func
         # and generates, but greedy tokens and log-probs differ from HF's from the first token (yarn factor
-        # 1 as well: not the rope), so its outputs are not HF's model
+        # 1 and all-dense layers as well: its CPU MLA, not the rope or routing), so its outputs are not HF's
         issues.append(Issue("rollout.engine", "(sglang) cannot serve deepseek_v3 on CPU: SGLang 0.5.23's CPU path needs "
                             "rope_scaling (yarn) and, given it, generates other tokens than HF's model; use "
                             "rollout.engine=torch on CPU"))  # fmt: skip
