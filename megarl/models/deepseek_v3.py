@@ -14,9 +14,9 @@ What maps where (Megatron local spec, per decoder layer ``i``; HF ``model.layers
   de-interleaves the same pairs (``multi_latent_attention`` in its rope apply) before a
   half-rotation: the same rotation (tests/distributed/test_deepseek_v3_bridge.py). The two down
   projections are replicated over TP (each rank its sequence slice, as transformer-engine's MLA
-  spec has them), not column-parallel as in megatron-core 0.16.1's local MLA spec: there the
+  spec has them), not column-parallel as in megatron-core's local MLA spec (0.16.1, 0.19.2): there the
   rope part of ``kv_a_proj_with_mqa`` (k_pe, shared by every head) gets the gradient of this TP
-  rank's heads only (measured at TP 2: 0.6% off HF's); replicated under sequence parallelism,
+  rank's heads only (measured at TP 2, on both: 0.6% off HF's); replicated under sequence parallelism,
   k_pe is gathered over the sequence and its gradient reduce-scattered, summing every head's.
   So TP > 1 needs ``sequence_parallel`` (refused without).
 - the first ``first_k_dense_replace`` layers: ``mlp.linear_fc1`` = cat(``mlp.gate_proj``,
@@ -40,8 +40,11 @@ after the ``L`` decoder layers) are not trained: :meth:`DeepseekV3Bridge.carried
 them, the checkpoint checks accept them, and `megarl convert` carries them through a side file
 bit for bit (megarl/models/carried_tensors.py).
 
-What does not run, or is refused by name: rope scaling (yarn: DeepSeek-V3's own; Megatron's MLA
-yarn is not checked against HF's yet), ``rope_interleave`` false (would need the rope rows
+Rope scaling: yarn (DeepSeek-V3's and Kimi-K2's own) maps onto MLA's yarn settings
+(:func:`rope_kwargs`; megarl/models/rope.py says how HF's mscale keys become Megatron's, and
+refuses the combinations Megatron cannot reproduce); other scaling types are refused.
+
+What does not run, or is refused by name: ``rope_interleave`` false (would need the rope rows
 permuted), ``norm_topk_prob`` false (Megatron always normalises sigmoid top-k weights),
 ``scoring_func`` other than sigmoid, ``topk_method`` other than noaux_tc, a
 ``num_key_value_heads`` other than the head count, the transformer-engine layer spec (its MLA
@@ -63,7 +66,8 @@ from megarl.models.layer_specs import LayerSpec
 from megarl.models.layouts import ParamRule
 from megarl.models.norm import RMSNorm
 from megarl.models.qwen3_moe import Qwen3MoeBridge, load_balance_kwargs
-from megarl.models.rope import read_rope
+from megarl.models.rope import RopeSettings, read_rope
+from megarl.parallel.mcore_version import installed_version
 
 # Megatron local suffix (MLA) -> (HF suffix, layout) inside one decoder layer.
 _MLA_RULES: dict[str, tuple[str, str]] = {
@@ -100,6 +104,7 @@ def mtp_layers(hf_config: Any) -> int:
 @register_bridge("deepseek_v3")
 class DeepseekV3Bridge(Qwen3MoeBridge):
     qk_norm = False  # MLA's q/kv norms are mapped by _MLA_RULES, not the dense q/k norm rules
+    rope_types = ("default", "yarn")  # Megatron's MLA has yarn (rope_kwargs)
 
     # ---- config ------------------------------------------------------------------------
     def check_hf_config(self, hf_config: Any) -> None:
@@ -123,8 +128,9 @@ class DeepseekV3Bridge(Qwen3MoeBridge):
             self._refuse(hf_config, "num_key_value_heads", hf_config.num_key_value_heads, f"num_attention_heads ({heads})")
         if not getattr(hf_config, "rope_interleave", True):
             self._refuse(hf_config, "rope_interleave", False, "true (DeepSeek's interleaved rope dimensions)")
-        if read_rope(hf_config).rope_type != "default":
-            self._refuse(hf_config, "rope_type", read_rope(hf_config).rope_type, "'default' (no rope scaling yet)")
+        if hf_config.q_lora_rank is None and mla_norms_q_proj():
+            self._refuse(hf_config, "q_lora_rank", None, f"set, on megatron-core {installed_version()} (its MLA puts a norm "
+                         "before q_proj when q_lora_rank is null, HF none); or use megatron-core 0.16")  # fmt: skip
         for key in ("qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "kv_lora_rank"):
             if int(getattr(hf_config, key) or 0) < 1:
                 self._refuse(hf_config, key, getattr(hf_config, key), ">= 1")
@@ -156,7 +162,6 @@ class DeepseekV3Bridge(Qwen3MoeBridge):
                            spec: LayerSpec = "local", moe: Any = None):  # fmt: skip
         from megatron.core.transformer.transformer_config import MLATransformerConfig
 
-        check_megatron_version()
         self.check_hf_config(hf_config)
         self.check_parallel(hf_config, parallel)
         if spec != "local":
@@ -173,7 +178,7 @@ class DeepseekV3Bridge(Qwen3MoeBridge):
             multi_latent_attention=True, q_lora_rank=hf_config.q_lora_rank, kv_lora_rank=hf_config.kv_lora_rank,
             qk_head_dim=hf_config.qk_nope_head_dim, qk_pos_emb_head_dim=hf_config.qk_rope_head_dim,
             v_head_dim=hf_config.v_head_dim, qk_layernorm=True,  # MLA: the q_a / kv_a norms
-            rope_type="rope", rotary_base=read_rope(hf_config).theta, rotary_percent=1.0,
+            **rope_kwargs(read_rope(hf_config, self.rope_types)), rotary_percent=1.0,
             apply_rope_fusion=False,  # MLA's fused rope is yarn-only and a Triton kernel
             num_moe_experts=int(hf_config.n_routed_experts),
             moe_ffn_hidden_size=hf_config.moe_intermediate_size,
@@ -273,28 +278,43 @@ class DeepseekV3Bridge(Qwen3MoeBridge):
         return ParamRule(megatron_name, tuple(f"model.layers.{layer}.{s}" for s in hf), layout)  # type: ignore[arg-type]
 
 
-SUPPORTED_MEGATRON = "0.16."  # the version whose local multi-latent attention this bridge is verified on
+def rope_kwargs(rope: RopeSettings) -> dict[str, Any]:
+    """MLATransformerConfig's rope settings: plain rope, or yarn with HF's values as read_rope maps
+    them (the cos/sin factor and the softmax scale's mscale included: megarl/models/rope.py)."""
+    if rope.rope_type == "default":
+        return {"rope_type": "rope", "rotary_base": rope.theta}
+    return {"rope_type": "yarn", "rotary_base": rope.theta, "rotary_scaling_factor": rope.factor,
+            "original_max_position_embeddings": rope.original_max_position_embeddings,
+            "beta_fast": rope.beta_fast, "beta_slow": rope.beta_slow, "mscale": rope.mscale,
+            "mscale_all_dim": rope.mscale_all_dim}  # fmt: skip
 
 
-def check_megatron_version() -> None:
-    """megatron-core 0.16 only: later versions' MLA refuses the replicated down projections this
-    bridge builds (the fix of 0.16's column-split gradient at TP > 1)."""
-    from importlib.metadata import version
-
-    installed = version("megatron-core")
-    if not installed.startswith(SUPPORTED_MEGATRON):
-        raise ValueError(f"deepseek_v3 runs on megatron-core 0.16 here and this is {installed}: its multi-latent attention "
-                         "takes no replicated down projection (megarl's fix of 0.16's TP gradient); install "
-                         "megatron-core 0.16.x for DeepSeek-V3")  # fmt: skip
+def mla_norms_q_proj() -> bool:
+    """Whether the installed megatron-core's MLA builds ``q_proj`` as a fused norm + linear when
+    ``q_lora_rank`` is None and ``qk_layernorm`` is on (0.19's ``mla_qk_norm_config``; 0.16 builds a
+    plain linear): HF's DeepSeek-V3 has no norm there, and MLA needs ``qk_layernorm`` for the kv_a
+    norm. Read from the version (no Megatron import: the planner asks too)."""
+    mcore = installed_version()
+    return mcore is not None and not mcore.startswith("0.16.")
 
 
 def _mla_without_te() -> None:
-    """megatron-core 0.16.1's MLA checks ``isinstance(linear_proj, TELinear)`` whenever importing
-    its transformer-engine extension worked, and without transformer-engine that extension still
-    imports, with placeholders (MagicMock) for TE's classes: the check then raises TypeError.
-    Tell the MLA module what the extension knows (TE is absent)."""
+    """Make megatron-core's MLA accept the replicated down projections without transformer-engine.
+
+    - 0.16.1 checks ``isinstance(linear_proj, TELinear)`` whenever importing its transformer-engine
+      extension worked, and without transformer-engine that extension still imports, with
+      placeholders (MagicMock) for TE's classes: the check then raises TypeError. Tell the MLA
+      module what the extension knows (TE is absent).
+    - 0.19 imports the replicated ``Linear`` (modelopt's, a plain torch linear that needs no TE)
+      only when TE is present and otherwise accepts no replicated down projection at all
+      ("Unsupported linear_q_down_proj"), leaving the column-split one, whose shared rope key
+      misses the other TP ranks' gradients (module docstring). Give it the class it imports with
+      TE: the same layout as on a cluster, where TE is installed."""
     from megatron.core.extensions import transformer_engine as te_extension
+    from megatron.core.post_training.modelopt.layers import Linear
     from megatron.core.transformer import multi_latent_attention
 
     if not te_extension.HAVE_TE:
         multi_latent_attention.HAVE_TE = False
+    if getattr(multi_latent_attention, "Linear", Linear) is None:
+        multi_latent_attention.Linear = Linear

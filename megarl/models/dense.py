@@ -30,7 +30,7 @@ from megarl.models.layer_specs import LayerSpec, local_suffix
 from megarl.models.layouts import VALUE_HEAD_HF_NAME, ParamRule
 from megarl.models.norm import RMSNorm, current_device
 from megarl.models.placement import check_placement
-from megarl.models.rope import llama3_inv_freq, read_rope
+from megarl.models.rope import SUPPORTED_ROPE_TYPES, llama3_inv_freq, read_rope
 
 LARGE_VOCAB = 32768
 LARGE_VOCAB_DIVISOR = 128
@@ -55,6 +55,7 @@ _LAYER_NAME = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
 class DenseDecoderBridge(ModelBridge):
     qkv_bias: bool = False
     qk_norm: bool = False
+    rope_types: tuple[str, ...] = SUPPORTED_ROPE_TYPES  # the HF rope types this bridge implements
 
     # ---- config ------------------------------------------------------------------------
     def check_hf_config(self, hf_config: Any) -> None:
@@ -91,7 +92,7 @@ class DenseDecoderBridge(ModelBridge):
             refuse("pretraining_tp", hf_config.pretraining_tp, "1")
         if getattr(hf_config, "quantization_config", None):
             refuse("quantization_config", "set", "none (unquantized weights)")
-        read_rope(hf_config)  # raises on unsupported rope settings
+        read_rope(hf_config, self.rope_types)  # raises on unsupported rope settings
 
     def _dims(self, hf_config: Any) -> tuple[int, int, int]:
         heads = hf_config.num_attention_heads
@@ -234,7 +235,7 @@ class DenseDecoderBridge(ModelBridge):
         layers of ``spec`` (``megarl.models.layer_specs.resolve_layer_spec``)."""
         from megatron.core.models.gpt import GPTModel
 
-        rope = read_rope(hf_config)
+        rope = read_rope(hf_config, self.rope_types)
         tied = bool(getattr(hf_config, "tie_word_embeddings", False)) and not value_head
         model = GPTModel(
             config=transformer_config,

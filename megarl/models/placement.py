@@ -24,6 +24,18 @@ DTYPE_EXCEPTIONS: dict[str, tuple[torch.dtype, str]] = {
         "cos/sin tables are cast to the activation dtype, in Megatron as in HF transformers; a "
         "bf16 inv_freq would shift the angles of long positions by whole radians",
     ),
+    # yarn (multi-latent attention): its two frequency sets, blended per call, as inv_freq
+    "rotary_pos_emb.inv_freq_extra": (torch.float32, "yarn's unscaled inv_freq: float32 as inv_freq"),
+    "rotary_pos_emb.inv_freq_inter": (torch.float32, "yarn's inv_freq / factor: float32 as inv_freq"),
+    # Megatron's yarn fills these at build in torch's default dtype for its fused rope kernel only
+    # (off in megarl: MLA's unfused rope computes cos/sin per call); the fused path re-caches them
+    # in the activation dtype before use
+    "rotary_pos_emb.cos_cached": (torch.float32, "yarn's fused-rope cache, unused by the unfused rope"),
+    "rotary_pos_emb.sin_cached": (torch.float32, "yarn's fused-rope cache, unused by the unfused rope"),
+    # the sigmoid router with a correction bias (DeepSeek-V3): Megatron makes both float32, as HF
+    # keeps e_score_correction_bias; a bf16 bias would move expert choices, a bf16 count saturates
+    "router.expert_bias": (torch.float32, "the correction bias takes part in top-k in float32, as in HF"),
+    "router.local_tokens_per_expert": (torch.float32, "the load count the bias update reads"),
 }
 
 

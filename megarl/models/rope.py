@@ -5,10 +5,11 @@ scaling keys); transformers 4 in ``config.rope_theta`` + ``config.rope_scaling``
 reads either into one :class:`RopeSettings`.
 
 Supported rope types: ``default``; ``linear`` (positions divided by ``factor``: Megatron's
-``seq_len_interpolation_factor``); ``llama3``. Megatron's built-in llama3 scaling hard-codes
+``seq_len_interpolation_factor``); ``llama3``; ``yarn`` only where a bridge asks for it (the
+DeepSeek-V3 bridge: Megatron's multi-latent attention has yarn, its plain attention not). Megatron's built-in llama3 scaling hard-codes
 low/high frequency factors 1/4 and 8192 original positions, so for llama3 the bridge replaces
 the rotary embedding's ``inv_freq`` with :func:`llama3_inv_freq` computed from the config's own
-values. Everything else (yarn, dynamic, longrope, partial rotary) is refused by name.
+values. Everything else (dynamic, longrope, partial rotary) is refused by name.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ import torch
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 _LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+_YARN_REQUIRED = ("factor", "original_max_position_embeddings")
+# attention_factor and truncate are only checked: Megatron takes neither (it always truncates).
+_YARN_KEYS = (*_YARN_REQUIRED, "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor", "truncate")
 # Keys a rope dict may carry that change nothing for the supported types.
 _IGNORED_KEYS = {"rope_type", "type", "rope_theta"}
 
@@ -33,6 +37,11 @@ class RopeSettings:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    # yarn, as Megatron's YarnRotaryEmbedding takes them (read_rope maps HF's values)
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float = 1.0
+    mscale_all_dim: float = 0.0
 
 
 def _rope_dict(hf_config: Any) -> dict[str, Any]:
@@ -47,14 +56,15 @@ def _rope_dict(hf_config: Any) -> dict[str, Any]:
     return rope
 
 
-def read_rope(hf_config: Any) -> RopeSettings:
-    """Rope settings of ``hf_config``; raises ValueError naming any unsupported key or value."""
+def read_rope(hf_config: Any, supported: tuple[str, ...] = SUPPORTED_ROPE_TYPES) -> RopeSettings:
+    """Rope settings of ``hf_config``; raises ValueError naming any unsupported key or value.
+    ``supported``: the rope types the caller implements (``yarn`` is not in the default)."""
     rope = _rope_dict(hf_config)
     rope_type = rope.get("rope_type", rope.get("type", "default")) or "default"
-    if rope_type not in SUPPORTED_ROPE_TYPES:
+    if rope_type not in supported:
         raise ValueError(
             f"HF config rope_type={rope_type!r} is not supported; supported: "
-            f"{', '.join(SUPPORTED_ROPE_TYPES)}"
+            f"{', '.join(supported)}"
         )
     partial = rope.get("partial_rotary_factor", getattr(hf_config, "partial_rotary_factor", 1.0))
     if partial not in (None, 1.0, 1):
@@ -67,6 +77,8 @@ def read_rope(hf_config: Any) -> RopeSettings:
         missing = [k for k in _LLAMA3_KEYS if k not in rope]
         if missing:
             raise ValueError(f"HF config llama3 rope scaling lacks {', '.join(missing)}")
+    elif rope_type == "yarn":
+        allowed |= set(_YARN_KEYS)
     unknown = sorted(k for k, v in rope.items() if k not in allowed and v is not None)
     if unknown:
         raise ValueError(
@@ -76,7 +88,42 @@ def read_rope(hf_config: Any) -> RopeSettings:
     kwargs = {k: rope[k] for k in _LLAMA3_KEYS if k in rope}
     if rope_type == "linear":
         kwargs = {"factor": rope.get("factor", 1.0)}
+    elif rope_type == "yarn":
+        kwargs = _yarn_settings(rope)
     return RopeSettings(theta=float(rope["rope_theta"]), rope_type=rope_type, **kwargs)
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's magnitude correction ``0.1 * mscale * ln(factor) + 1`` (1 when ``factor`` <= 1), as
+    HF's ``get_mscale`` and Megatron's ``_yarn_get_mscale`` compute it."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def _yarn_settings(rope: dict[str, Any]) -> dict[str, Any]:
+    """HF's yarn values as Megatron's MLA takes them. cos/sin: HF scales them by
+    ``attention_factor``, by default ``mscale(f, mscale) / mscale(f, mscale_all_dim)`` when both are
+    set and ``mscale(f)`` otherwise; Megatron always by ``mscale(f, mscale) / mscale(f,
+    mscale_all_dim)``: so ``mscale`` goes over only when HF uses it (else 1), and a config whose
+    factor Megatron cannot reproduce is refused. The softmax scale (``mscale(f, mscale_all_dim)``
+    squared, 0 meaning none) is the same formula in both."""
+    missing = [k for k in _YARN_REQUIRED if rope.get(k) is None]
+    if missing:
+        raise ValueError(f"HF config yarn rope scaling lacks {', '.join(missing)}")
+    if rope.get("truncate", True) is False:
+        raise ValueError("HF config yarn rope scaling truncate=False is not supported; supported: true (Megatron rounds the range)")
+    factor, mscale, all_dim = float(rope["factor"]), rope.get("mscale"), float(rope.get("mscale_all_dim") or 0.0)
+    hf = rope.get("attention_factor") or (yarn_mscale(factor, mscale) / yarn_mscale(factor, all_dim) if mscale and all_dim
+                                          else yarn_mscale(factor))  # fmt: skip
+    megatron_mscale = float(mscale) if mscale and all_dim else 1.0
+    megatron = yarn_mscale(factor, megatron_mscale) / yarn_mscale(factor, all_dim)
+    if not math.isclose(hf, megatron, rel_tol=1e-12):
+        raise ValueError(f"HF config yarn rope scaling (attention_factor={rope.get('attention_factor')}, mscale={mscale}, "
+                         f"mscale_all_dim={rope.get('mscale_all_dim')}) scales cos/sin by {hf:.6g}, which Megatron's yarn "
+                         f"cannot ({megatron:.6g}); supported: attention_factor unset with mscale set whenever "
+                         "mscale_all_dim is")  # fmt: skip
+    return {"factor": factor, "original_max_position_embeddings": int(rope["original_max_position_embeddings"]),
+            "beta_fast": float(rope.get("beta_fast") or 32), "beta_slow": float(rope.get("beta_slow") or 1),
+            "mscale": megatron_mscale, "mscale_all_dim": all_dim}  # fmt: skip
 
 
 def default_inv_freq(dim: int, theta: float) -> torch.Tensor:

@@ -93,10 +93,12 @@ def check_moe_serving(cfg: MegaRLConfig, arch: ArchSpec, issues: list[Issue]) ->
     """SGLang serves an MoE model with each expert split over the engine's TP ranks (its fused MoE
     divides moe_intermediate_size by tp, and refuses a remainder at load)."""
     if arch.model_type == "deepseek_v3" and cfg.rollout.engine == "sglang" and cfg.cluster.device == "cpu":
-        # SGLang 0.5.23's CPU rope for multi-latent attention asserts rope_scaling is set (the yarn of
-        # DeepSeek's checkpoints, which megarl's bridge does not take yet): its server dies loading the model
-        issues.append(Issue("rollout.engine", "(sglang) cannot serve deepseek_v3 on CPU: SGLang's CPU rope for multi-latent "
-                            "attention needs rope_scaling (yarn), which megarl's DeepSeek-V3 bridge refuses; use "
+        # SGLang 0.5.23 on CPU (docs/moe.md): without rope_scaling its MLA rope asserts at load; with yarn
+        # it loads a model whose config.json carries DeepSeek's moe_layer_freq / topk_method / scoring_func
+        # and generates, but greedy tokens and log-probs differ from HF's from the first token (yarn factor
+        # 1 and all-dense layers as well: its CPU MLA, not the rope or routing), so its outputs are not HF's
+        issues.append(Issue("rollout.engine", "(sglang) cannot serve deepseek_v3 on CPU: SGLang 0.5.23's CPU path needs "
+                            "rope_scaling (yarn) and, given it, generates other tokens than HF's model; use "
                             "rollout.engine=torch on CPU"))  # fmt: skip
     tp, f = cfg.rollout.tp, arch.moe_ffn_hidden_size
     if arch.num_experts and cfg.rollout.engine == "sglang" and f % tp:
