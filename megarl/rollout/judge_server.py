@@ -40,7 +40,7 @@ _HTTP_GRACE_S = 60.0
 def judge_server_spec(cfg: RewardJudgeConfig, context: int, log_path: str | Path, python: str | None) -> ServerSpec:
     """How the judge's server runs (on CPU: its KV cache holds at least one full context)."""
     return ServerSpec(
-        model_path=str(cfg.model), mem_fraction=cfg.mem_fraction, max_running_requests=cfg.max_running_requests,
+        model_path=str(cfg.model), mem_fraction=cfg.server_mem_fraction("cpu"), max_running_requests=cfg.max_running_requests,
         device="cpu", memory_saver=False, python=python or sys.executable, log_path=str(log_path),
         max_total_tokens=max(CPU_MAX_TOTAL_TOKENS, context), extra_args=("--context-length", str(context)),
         die_with_parent=True,
