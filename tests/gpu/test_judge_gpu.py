@@ -3,8 +3,8 @@ its own through Ray (a placement group, a host actor on its node: megarl/rollout
 start_judge_servers), scoring a few samples, then stopped with its placement released.
 
 The judge is a tiny random model whose vocabulary is digits, so the number parser reads a score
-from whatever it says; greedy, its scores must be the torch judge's on CPU within bf16 noise (the
-same instructions): here, at least, every sample is judged and parsed or counted.
+from whatever it says: every sample is judged, none times out, and some output parses (bf16 on the
+GPU is not compared with the CPU torch judge: greedy choices may differ between the two).
 
 Skipped unless CUDA, sglang and ray are importable. NOT yet run: written on a machine without a
 GPU (docs/reward-models.md).
