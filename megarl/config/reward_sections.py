@@ -18,6 +18,9 @@ from megarl.config.section_base import Section, UserPath
 MODEL_COMPONENT, JUDGE_COMPONENT, CUSTOM_COMPONENT = "model", "judge", "custom"
 JudgeParser = Literal["number", "verdict", "boxed"]
 RewardModelPlacement = Literal["workers", "disaggregated", "colocated"]
+# reward.judge.mem_fraction when unset: on its own GPUs most of the memory (as rollout.mem_fraction); on
+# cpu a share of the host's memory, where its KV cache is sized in tokens anyway.
+JUDGE_MEM_FRACTION = {"cuda": 0.8, "cpu": 0.05}
 
 
 class RewardModelConfig(Section):
@@ -51,10 +54,16 @@ class RewardJudgeConfig(Section):
     model: UserPath = Field(description="HF causal-LM directory of the judge (config.json, weights, tokenizer); checked before launch.")
     engine: Literal["torch", "sglang"] = Field(
         "torch", description="What generates the verdicts: torch = the torch engine on CPU (in the controller's "
-        "process for an in-process run, else a Ray actor of its own, log judge_engine.log); sglang = an SGLang server "
-        "of its own, a child process of the controller on its node (rollout.server_python runs it; log "
-        "judge_sglang.log). sglang runs on cluster.device cpu only for now: its GPUs are not placed yet.",
+        "process for an in-process run, else a Ray actor of its own, log judge_engine.log); sglang = SGLang servers "
+        "of its own, run by rollout.server_python: on cluster.device cuda reward.judge.gpus / reward.judge.tp of them "
+        "on devices taken out of the cluster (logs judge_sglang<k>.log), on cpu one, a child process of the controller "
+        "on its node (log judge_sglang.log).",
     )
+    gpus: int = Field(1, ge=1, description="engine sglang on cluster.device cuda: devices the judge takes out of the "
+                      "cluster (the last ones, after the reward model's role's), one SGLang server per reward.judge.tp "
+                      "of them, held in every phase of the step; a call's samples are shared among the servers.")
+    tp: int = Field(1, ge=1, description="engine sglang on cluster.device cuda: tensor-parallel size of one judge "
+                    "server (its devices on one node); it divides reward.judge.gpus.")
     prompt_template: str = Field(
         description="The judge's instruction: a file path, or the text itself, with the placeholders {prompt}, "
         "{response} and {ground_truth} (literal braces doubled, as in Python's str.format); rendered in the judge "
@@ -83,9 +92,10 @@ class RewardJudgeConfig(Section):
         None, ge=2, description="Tokens of the judge's context, its prompt and output together (sglang: "
         "--context-length); None = the judge model's max_position_embeddings.",
     )
-    mem_fraction: float = Field(
-        0.05, gt=0, lt=1, description="sglang: --mem-fraction-static of the judge's server (on CPU a share of the "
-        "host's memory; its KV cache holds the larger of 4096 tokens and one full context).",
+    mem_fraction: float | None = Field(
+        None, gt=0, lt=1, description="sglang: --mem-fraction-static of each judge server: on cuda the share of the "
+        "GPU memory it sees free at launch that it takes for weights and KV cache (None = 0.8); on cpu a share of the "
+        "host's memory, its KV cache the larger of 4096 tokens and one full context (None = 0.05).",
     )
 
     @model_validator(mode="after")
@@ -99,6 +109,12 @@ class RewardJudgeConfig(Section):
         if not (math.isfinite(low) and math.isfinite(high) and low < high):
             raise ValueError(f"reward.judge.score_range {list(self.score_range)}: give [low, high], finite, low < high")
         return self
+
+    def server_mem_fraction(self, device: str) -> float:
+        """mem_fraction as the server on ``device`` (cluster.device) takes it: the default when unset."""
+        if self.mem_fraction is not None:
+            return self.mem_fraction
+        return JUDGE_MEM_FRACTION[device]
 
     @field_validator("verdicts")
     @classmethod

@@ -47,10 +47,17 @@ from megarl.plan.gpu_memory import (
 )
 from megarl.plan.host_memory import HostMemory, host_memory, host_over
 from megarl.plan.issues import Issue, PlanError, choices, divisors
+from megarl.plan.judge_plan import (
+    JudgeMemory,
+    check_judge,
+    check_judge_memory,
+    judge_layout,
+    judge_memory,
+)
 from megarl.plan.lora_checks import check_lora, lora_resolved, policy_lora_params
 from megarl.plan.moe_checks import check_expert_parallel, check_moe_serving, check_moe_settings
+from megarl.plan.own_devices import check_own_devices, own_devices
 from megarl.plan.push_model import PushEstimate, push_estimate
-from megarl.plan.reward_checks import check_judge_engine
 from megarl.plan.reward_model_plan import (
     RewardModelMemory,
     check_reward_model,
@@ -91,6 +98,7 @@ class MemoryPlan:
     host: HostMemory | None = None  # the busiest node's host memory that megarl's buffers take (a lower bound)
     runtime: RuntimeMemory | None = None  # the processes' own memory per GPU (colocated: the trainer's and SGLang's)
     reward_model: RewardModelMemory | None = None  # per device of the reward model's role (megarl/plan/reward_model_plan.py)
+    judge: JudgeMemory | None = None  # per device of the judge's SGLang servers on devices of their own (megarl/plan/judge_plan.py)
 
 
 @dataclass(frozen=True)
@@ -104,6 +112,7 @@ class Plan:
     resolved: dict[str, str] = field(default_factory=dict)  # "actor.recompute" -> what "auto" became
     push: PushEstimate | None = None  # one weight push: bytes per GPU per link and time (megarl/plan/push_model.py)
     reward_model: RoleLayout | None = None  # the reward model's role (reward.model.placement disaggregated or colocated)
+    judge: RoleLayout | None = None  # the judge's SGLang servers on devices of their own (engine sglang on cuda)
 
     def rows(self, nnodes: int, gpus_per_node: int) -> list[tuple[int, int, str]]:
         """(node, local gpu, roles text) for every GPU of the cluster."""
@@ -118,6 +127,9 @@ class Plan:
             for rank, gpu in enumerate(self.reward_model.gpus):
                 text = "(on the device in phase reward only)" if colocated else "(a placement group of its own)"
                 cells.setdefault(gpu, []).append(f"{self.reward_model.role} actor {rank} {text}")
+        if self.judge is not None:  # server k on its own placement group's tp bundles
+            for rank, gpu in enumerate(self.judge.gpus):
+                cells.setdefault(gpu, []).append(f"judge {self.judge.coords(rank)} (SGLang, a placement group of its own)")
         total = nnodes * gpus_per_node
         return [(g // gpus_per_node, g % gpus_per_node, "; ".join(cells.get(g, ["idle"]))) for g in range(total)]
 
@@ -147,10 +159,13 @@ def make_plan(cfg: MegaRLConfig, *, check_files: bool = False, in_process: bool 
         assert policy is not None  # a layout problem is an error, raised above
         return Plan(arch, cfg.cluster.device, cfg.cluster.placement, {"policy": policy}, None,
                     [i for i in issues if i.level == "warning"], _auto_recompute(cfg, "none") | lora_resolved(cfg))  # no memory plan: none
-    check_reward_model(cfg, issues, in_process=in_process)  # first: the pools below are cut from what it leaves
+    # first: the pools below are cut from what the reward roles leave
+    check_reward_model(cfg, issues, in_process=in_process)
+    check_judge(cfg, issues, in_process=in_process)
+    if not in_process:  # (an in-process run refuses the roles above)
+        check_own_devices(cfg, issues)
     roles = _layout_roles(cfg, arch, issues)
     issues += [Issue("reward.combine", problem) for problem in component_problems(cfg.reward)]
-    check_judge_engine(cfg, issues)
     for role, section_name in (("policy", "actor"), ("critic", "critic")):
         if role == "policy" or cfg.critic_enabled:
             section = getattr(cfg, section_name)
@@ -182,7 +197,9 @@ def make_plan(cfg: MegaRLConfig, *, check_files: bool = False, in_process: bool 
         memory = _plan_memory(cfg, arch, roles, issues, reward_model=rm_memory)
         if reward_model_gpus(cfg):
             check_reward_model_memory(cfg, rm_memory, issues)
-        memory = replace(memory, reward_model=rm_memory)
+        judge_mem = judge_memory(cfg)
+        check_judge_memory(cfg, judge_mem, issues)
+        memory = replace(memory, reward_model=rm_memory, judge=judge_mem)
     if check_files:  # reported with the config's problems, not after they are fixed
         _check_files(cfg, issues, bridge=layout_ok)
         check_server_python(cfg, issues)
@@ -198,7 +215,7 @@ def make_plan(cfg: MegaRLConfig, *, check_files: bool = False, in_process: bool 
                             level="warning"))  # fmt: skip
     warnings = [i for i in issues if i.level == "warning"]
     return Plan(arch, cfg.cluster.device, cfg.cluster.placement, roles, memory, warnings, resolved, push,
-                reward_model_layout(cfg, roles.get("policy")))
+                reward_model_layout(cfg, roles.get("policy")), judge_layout(cfg))
 
 
 def _largest_push_seconds(cfg: MegaRLConfig, arch: ArchSpec, push: PushEstimate, layout: tuple[int, int, int, int]) -> float:
@@ -319,21 +336,22 @@ def _train_pool_size(cfg: MegaRLConfig) -> int:
 
 
 def _shared_world(cfg: MegaRLConfig) -> int:
-    """The GPUs the training and rollout pools share out: the cluster less the reward model's role's."""
-    world, reward = cfg.cluster.world_size, reward_model_gpus(cfg)
-    return world - reward if reward < world else world  # (too many: check_reward_model says so)
+    """The GPUs the training and rollout pools share out: the cluster less the reward roles' own
+    (the reward model's, the judge's: megarl/plan/own_devices.py)."""
+    world, taken = cfg.cluster.world_size, own_devices(cfg)
+    return world - taken if taken < world else world  # (too many: check_own_devices says so)
 
 
 def _layout_roles(cfg: MegaRLConfig, arch: ArchSpec, issues: list[Issue]) -> dict[str, RoleLayout]:
     """Split the cluster into the training pool and the rollout pool, derive DP sizes (a layout
     that does not divide its pool is left out: _check_model_parallel and check_rollout say why)."""
     cl = cfg.cluster
-    world = _shared_world(cfg)  # the reward model's role, if placed, has the last devices
+    world = _shared_world(cfg)  # the reward roles with devices of their own have the last ones
     train_gpus = list(range(world))
     rollout_gpus = list(range(world))
     if cl.placement == "disaggregated":
         if cl.rollout_gpus <= 0 or cl.rollout_gpus >= world:
-            left = "" if world == cl.world_size else f", less reward.model.gpus = {cl.world_size - world}"
+            left = "" if world == cl.world_size else f", less the reward roles' devices = {cl.world_size - world}"
             issues.append(Issue("cluster.rollout_gpus", f"({cl.rollout_gpus}) must be between 1 and {world - 1} "
                                 f"(nnodes x gpus_per_node = {cl.world_size}{left}) with placement=disaggregated"))
             return {}

@@ -33,7 +33,8 @@ def print_plan(cfg: MegaRLConfig, plan: Plan, console: Console | None = None) ->
               else f"rollout: {r.dp} x {cfg.rollout.engine} engine tp{r.tp}")
         for r in plan.roles.values()
     ) + (f", reward model: {plan.reward_model.dp} actor(s) "
-         f"{'on the training devices' if colocated_reward_model(cfg) else 'of its own'}" if plan.reward_model else "")
+         f"{'on the training devices' if colocated_reward_model(cfg) else 'of its own'}" if plan.reward_model else "") + (
+        f", LLM judge: {plan.judge.dp} x sglang server tp{plan.judge.tp} of its own" if plan.judge else "")
     console.print(f"[bold]placement[/] {plan.placement} on {cfg.cluster.nnodes} x {cfg.cluster.gpus_per_node} {plan.device}; {layouts}")
     console.print(
         f"[bold]step[/] {cfg.data.prompts_per_step} prompts x n={cfg.rollout.n} = {cfg.samples_per_step} samples; "
@@ -47,12 +48,12 @@ def print_plan(cfg: MegaRLConfig, plan: Plan, console: Console | None = None) ->
     if mem is not None and plan.device == "cuda":
         table.add_column("train GiB", justify="right")
         table.add_column("rollout GiB", justify="right")
-    reward_gpus = set(plan.reward_model.gpus) if plan.reward_model and not colocated_reward_model(cfg) else set()
+    held = _held_by_own_roles(cfg, plan)
     for node, gpu, roles in plan.rows(cfg.cluster.nnodes, cfg.cluster.gpus_per_node):
         cells = [str(node), str(gpu), roles]
-        if mem is not None and plan.device == "cuda" and node * cfg.cluster.gpus_per_node + gpu in reward_gpus:
-            held = f"{mem.reward_model.total / GIB:.1f}" if mem.reward_model else "?"
-            cells += [held, held]  # the reward model holds the same in every phase
+        if mem is not None and plan.device == "cuda" and node * cfg.cluster.gpus_per_node + gpu in held:
+            text = held[node * cfg.cluster.gpus_per_node + gpu]
+            cells += [text, text]  # a reward role on devices of its own holds the same in every phase
         elif mem is not None and plan.device == "cuda":
             cells += [f"{mem.train_peak / GIB:.1f}", f"{mem.rollout_peak / GIB:.1f}" if mem.rollout else "-"]
         table.add_row(*cells)
@@ -77,6 +78,19 @@ def print_plan(cfg: MegaRLConfig, plan: Plan, console: Console | None = None) ->
     console.print("[green]ok[/]: the plan fits")
 
 
+def _held_by_own_roles(cfg: MegaRLConfig, plan: Plan) -> dict[int, str]:
+    """GiB per device of the reward roles on devices of their own (the reward model's actors, the
+    judge's servers), by global device ("?": a size unknown)."""
+    mem, held = plan.memory, dict[int, str]()
+    if plan.reward_model and not colocated_reward_model(cfg):
+        rm = mem.reward_model if mem is not None else None
+        held |= dict.fromkeys(plan.reward_model.gpus, f"{rm.total / GIB:.1f}" if rm else "?")
+    if plan.judge:
+        judge = mem.judge if mem is not None else None
+        held |= dict.fromkeys(plan.judge.gpus, f"{judge.total / GIB:.1f}" if judge else "?")
+    return held
+
+
 def _print_memory(cfg: MegaRLConfig, plan: Plan, console: Console) -> None:
     mem = plan.memory
     assert mem is not None
@@ -99,6 +113,13 @@ def _print_memory(cfg: MegaRLConfig, plan: Plan, console: Console) -> None:
         console.print(f"[bold]reward model memory/{per}[/] weights {g(rm.weights)} ({rm.dtype}) + activations {g(rm.activations)} "
                       f"(one batch of {rm.tokens[0]} x {rm.tokens[1]} tokens) + runtime {g(rm.runtime)} = {g(rm.total)} GiB, "
                       f"{where}")  # fmt: skip
+    if mem.judge is not None:
+        j, fraction = mem.judge, cfg.reward.judge.server_mem_fraction("cuda")  # type: ignore[union-attr]
+        console.print(f"[bold]judge memory/GPU[/] {g(j.server.budget)} GiB (reward.judge.mem_fraction {fraction:g} of the "
+                      f"{g(j.server.free_at_launch)} GiB free at launch): weights {g(j.server.weights)} ({j.dtype}) + KV cache "
+                      f"{g(j.server.kv_cache)} = {j.server.full_length_sequences} sequences of its context ({j.context} "
+                      f"tokens) at once, for max_running_requests {j.max_running_requests}; + SGLang outside mem_fraction "
+                      f"{g(j.outside)} = {g(j.total)} GiB, on its own devices in every phase")  # fmt: skip
     if mem.reference_weights:
         console.print(f"[bold]reference[/] weights {g(mem.reference_weights)} GiB{' (offloaded)' if cfg.reference.offload else ''}")
     if mem.rollout is not None:

@@ -4,10 +4,10 @@
   source it lists is one some row of the data files has (the preflight reads them all).
 - reward.judge: its model directory has a config.json and tokenizer files; its prompt template has
   only known placeholders and renders on a data row of a data source that uses it.
-- reward.judge.engine sglang: on cluster.device cpu only (:func:`judge_engine_problem`).
 - the roles: where the reward model and the judge run and what their weights (and the judge's KV
   cache for one step's batch) take, from their config.json (:func:`reward_roles`); the reward
-  model placed as a role of its own: megarl/plan/reward_model_plan.py.
+  model placed as a role of its own: megarl/plan/reward_model_plan.py; the judge's SGLang servers
+  on devices of their own (cluster.device cuda): megarl/plan/judge_plan.py.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from typing import Any
 from megarl.config.reward_sections import JUDGE_COMPONENT, RewardJudgeConfig
 from megarl.config.sections import MegaRLConfig
 from megarl.models.hf_files import tokenizer_files_problem
-from megarl.plan.issues import Finding, Issue
+from megarl.plan.issues import Finding
+from megarl.plan.judge_plan import judge_layout, judge_memory
 from megarl.plan.model_size import model_size
 from megarl.plan.reward_model_plan import reward_model_layout, reward_model_memory
 from megarl.plan.role_layout import RoleLayout
@@ -110,7 +111,14 @@ def reward_roles(cfg: MegaRLConfig, samples_per_step: int, training: RoleLayout 
         gib = size.classifier_params * size.dtype_bytes * r.workers / 2**30 if size else None
         roles.append({"role": "reward model", "where": f"{r.workers} reward worker processes on {r.model.device or 'cpu'}",
                       "per": "host memory", "memory_gib": gib, "what": f"{r.workers} copies of the weights"})  # fmt: skip
-    if r.judge is not None:
+    judge = judge_layout(cfg)
+    if r.judge is not None and judge is not None:
+        held = judge_memory(cfg)
+        roles.append({"role": "LLM judge", "where": f"{judge.dp} SGLang server(s) of its own, tp {judge.tp}, on {len(judge.gpus)} "
+                      "GPUs kept out of the other pools (a placement group each), its log judge_sglang<k>.log",
+                      "per": "per GPU", "memory_gib": held.total / 2**30 if held else None,
+                      "what": "mem_fraction of the GPU for weights + KV cache, + SGLang's own outside it"})  # fmt: skip
+    elif r.judge is not None:
         gib = _judge_bytes(r.judge, samples_per_step)
         gib = gib / 2**30 if gib is not None else None
         where = ("SGLang server of its own on the controller's node (CPU)" if r.judge.engine == "sglang" else
@@ -138,12 +146,3 @@ def _judge_bytes(judge: RewardJudgeConfig, samples_per_step: int) -> float | Non
         tokens = context * min(samples_per_step, judge.max_running_requests)
     kv_per_token = a.num_layers * a.num_kv_heads * (a.qk_head_dim + a.v_dim) * 4
     return size.causal_lm_params * size.dtype_bytes + kv_per_token * tokens
-
-
-def check_judge_engine(cfg: MegaRLConfig, issues: list[Issue]) -> None:
-    """reward.judge.engine sglang runs its server on CPU only: on GPUs it would need GPUs of its
-    own, which the planner does not place (nor count in the memory table) yet."""
-    judge = cfg.reward.judge
-    if judge is not None and judge.engine == "sglang" and cfg.cluster.device != "cpu":
-        issues.append(Issue("reward.judge.engine", f"(sglang) runs its server on CPU only for now (cluster.device is "
-                            f"{cfg.cluster.device}): GPUs of its own are not placed yet; use reward.judge.engine=torch"))  # fmt: skip

@@ -9,7 +9,8 @@ memory; its process's runtime (a CUDA context) stays on the device in every phas
 
 Devices: ``reward.model.gpus`` of the cluster (on cpu: processes) kept out of the rollout pool
 (disaggregated) and the training pool, which are cut from the rest; one actor each, each holding
-the whole model. The plan counts them as the last devices, and the role reserves them as the pools
+the whole model. The plan counts them among the last devices (megarl/plan/own_devices.py, which
+also refuses too many of them, with the judge's), and the role reserves them as the pools
 do theirs: placement groups of its own, one bundle (one GPU) per actor (megarl/ray_cluster/placement.py
 role_placements); like the pools' node-groups, which node a group lands on is Ray's choice.
 
@@ -27,9 +28,7 @@ activations count in the ``reward`` phase of the training devices and its runtim
 
 Refused: the role with ``--in-process`` (its actors are Ray actors), colocated with an
 asynchronous run (its producer scores while the training phases hold the devices), ``reward.model.gpus``
-with colocated (one actor per training device), more devices
-than the cluster leaves to the other pools, a multi-node split that leaves the training pool part
-of a node, ``reward.model.device`` set for a role (the role runs on ``cluster.device``).
+with colocated (one actor per training device), ``reward.model.device`` set for a role (the role runs on ``cluster.device``).
 """
 
 from __future__ import annotations
@@ -41,9 +40,9 @@ from megarl.config.sections import MegaRLConfig
 from megarl.plan.gpu_memory import GIB
 from megarl.plan.issues import Issue
 from megarl.plan.model_size import model_size
+from megarl.plan.own_devices import REWARD_MODEL_ROLE, own_device_counts, own_gpus
 from megarl.plan.role_layout import RoleLayout
 
-REWARD_MODEL_ROLE = "reward_model"
 REWARD_MODEL_RUNTIME_GIB = 1.0  # an actor's CUDA context and allocator slack (no NCCL): an estimate, not measured
 
 
@@ -62,19 +61,17 @@ def _check_max_length(model: RewardModelConfig, issues: list[Issue]) -> None:
 
 def reward_model_gpus(cfg: MegaRLConfig) -> int:
     """The devices the reward model's role takes out of the cluster (0: none, it runs in the reward workers)."""
-    model = cfg.reward.model
-    return model.gpus if model is not None and model.placement == "disaggregated" else 0
+    return own_device_counts(cfg).get(REWARD_MODEL_ROLE, 0)
 
 
 def reward_model_layout(cfg: MegaRLConfig, training: RoleLayout | None = None) -> RoleLayout | None:
-    """The role's devices, one actor (replica) each: disaggregated, the last reward.model.gpus of the
-    cluster; colocated, those of ``training`` (the policy's layout)."""
+    """The role's devices, one actor (replica) each: disaggregated, reward.model.gpus of the cluster's
+    last (megarl/plan/own_devices.py: before the judge's, if it has any); colocated, those of
+    ``training`` (the policy's layout)."""
     if colocated_reward_model(cfg):
         return RoleLayout(REWARD_MODEL_ROLE, 1, 1, len(training.gpus), training.gpus) if training is not None else None
-    n, world = reward_model_gpus(cfg), cfg.cluster.world_size
-    if not n or n >= world:
-        return None
-    return RoleLayout(REWARD_MODEL_ROLE, 1, 1, n, tuple(range(world - n, world)))
+    gpus = own_gpus(cfg, REWARD_MODEL_ROLE)
+    return RoleLayout(REWARD_MODEL_ROLE, 1, 1, len(gpus), gpus) if gpus else None
 
 
 def colocated_reward_model(cfg: MegaRLConfig) -> bool:
@@ -102,15 +99,6 @@ def check_reward_model(cfg: MegaRLConfig, issues: list[Issue], *, in_process: bo
         issues.append(Issue("reward.model.placement", "(disaggregated) is a Ray actor and --in-process runs without Ray; "
                             "use reward.model.placement=workers"))  # fmt: skip
         return
-    others = cl.rollout_gpus if cl.placement == "disaggregated" else 0
-    if model.gpus + others + 1 > cl.world_size:
-        issues.append(Issue("reward.model.gpus", f"({model.gpus}) leaves no device for training: the cluster has "
-                            f"{cl.world_size} (nnodes x gpus_per_node){f' and the rollout pool takes {others}' if others else ''}; "
-                            "lower it or add devices"))  # fmt: skip
-    elif cl.nnodes > 1 and (model.gpus + others) % cl.gpus_per_node:
-        issues.append(Issue("reward.model.gpus", f"({model.gpus}) must leave whole nodes to the training pool on a multi-node "
-                            f"cluster: reward.model.gpus{' + cluster.rollout_gpus' if others else ''} = {model.gpus + others}, "
-                            f"a multiple of gpus_per_node = {cl.gpus_per_node}"))  # fmt: skip
 
 
 def _check_colocated(cfg: MegaRLConfig, issues: list[Issue], *, in_process: bool) -> None:

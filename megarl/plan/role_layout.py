@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class RoleLayout:
-    role: str  # policy | critic | rollout | reward_model
+    role: str  # policy | critic | rollout | reward_model | judge
     tp: int
     pp: int
-    dp: int  # rollout: number of engines
+    dp: int  # rollout: number of engines; judge: number of servers
     gpus: tuple[int, ...]  # global GPU (process) indices, rank order
     ep: int = 1  # expert parallelism (a trained mixture-of-experts model)
     etp: int = 1
@@ -21,6 +21,8 @@ class RoleLayout:
         (``num_experts``), also the rank's ep rank and the experts it holds."""
         if self.role == "rollout":
             return f"engine {rank // self.tp} tp{rank % self.tp}"
+        if self.role == "judge":  # the LLM judge's SGLang servers (dp of them)
+            return f"server {rank // self.tp} tp{rank % self.tp}"
         if self.role == "reward_model":  # one actor per device, each holding the whole model
             return f"actor {rank}"
         tp_rank, dp_rank, pp_rank = rank % self.tp, (rank // self.tp) % self.dp, rank // (self.tp * self.dp)

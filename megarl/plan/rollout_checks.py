@@ -18,7 +18,7 @@ from megarl.config.rollout_sections import engine_kwargs_args
 from megarl.config.sections import MegaRLConfig
 from megarl.plan.gpu_memory import GIB, rollout_memory, sglang_free_at_launch
 from megarl.plan.issues import Issue, choices, divisors
-from megarl.plan.reward_model_plan import reward_model_gpus
+from megarl.plan.own_devices import own_devices
 from megarl.ray_cluster.rank_env import nccl_cumem_enable
 
 # Which weight transports reach which engines (see megarl/weight_sync/transports.py).
@@ -157,7 +157,7 @@ def check_rollout(cfg: MegaRLConfig, arch: ArchSpec, issues: list[Issue]) -> Non
     if tp > cfg.cluster.gpus_per_node or cfg.cluster.gpus_per_node % tp:
         issues.append(Issue("rollout.tp", f"({tp}) must divide gpus_per_node ({cfg.cluster.gpus_per_node}) so that no engine "
                             f"spans two nodes; try {choices(rollout_tp_choices(cfg, arch))}"))
-    if not _heads_split(arch, tp):
+    if not heads_split(arch, tp):
         issues.append(Issue("rollout.tp", f"({tp}) must divide num_attention_heads ({arch.num_heads}), and divide or be a "
                             f"multiple of num_key_value_heads ({arch.num_kv_heads}); try {choices(rollout_tp_choices(cfg, arch))}"))
 
@@ -213,7 +213,7 @@ def check_server_args(cfg: MegaRLConfig, issues: list[Issue], environ: Mapping[s
                                 f"{flag}, or export NCCL_CUMEM_ENABLE=1 where megarl launch runs (both sides then use 1)"))
 
 
-def _heads_split(arch: ArchSpec, tp: int) -> bool:
+def heads_split(arch: ArchSpec, tp: int) -> bool:
     """Whether SGLang splits the heads over ``tp`` ranks (KV heads are replicated past their count)."""
     kv = arch.num_kv_heads
     return arch.num_heads % tp == 0 and (kv % tp == 0 if tp <= kv else tp % kv == 0)
@@ -224,8 +224,8 @@ def rollout_tp_choices(cfg: MegaRLConfig, arch: ArchSpec) -> list[int]:
     (no engine spans two), splitting the heads, and holding the weights and one full-length
     sequence in rollout.mem_fraction (the values that pass the rest when none does)."""
     cl = cfg.cluster
-    pool = cl.rollout_gpus if cl.placement == "disaggregated" and cl.rollout_gpus > 0 else cl.world_size - reward_model_gpus(cfg)
-    ok = [t for t in divisors(math.gcd(pool, cl.gpus_per_node)) if _heads_split(arch, t)]
+    pool = cl.rollout_gpus if cl.placement == "disaggregated" and cl.rollout_gpus > 0 else cl.world_size - own_devices(cfg)
+    ok = [t for t in divisors(math.gcd(pool, cl.gpus_per_node)) if heads_split(arch, t)]
     seq = cfg.data.max_prompt_length + cfg.rollout.sampling.max_new_tokens
     free = sglang_free_at_launch(cl.gpu_memory_gib * GIB, colocated=cl.placement == "colocated")
     mems = {t: rollout_memory(arch, tp=t, free_bytes=free, mem_fraction=cfg.rollout.mem_fraction,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from megarl.config.sections import MegaRLConfig
 from megarl.memory.residency import GENERATE, REWARD, STEP_PHASES, residency_of
+from megarl.plan.own_devices import judge_on_devices
 from megarl.plan.reward_model_plan import reward_model_gpus
 
 # What works in each training phase (the roles of the residency table's phases).
@@ -43,7 +44,9 @@ def reward_workers(cfg: MegaRLConfig) -> list[str]:
                  "disaggregated": f"{r.model.gpus} actors on {r.model.gpus} {unit}s of its own",
                  "colocated": f"one actor on each training {unit}, loaded onto it for this phase only"}[r.model.placement]  # fmt: skip
         out.append(f"reward model {where}")
-    if r.judge is not None:
+    if r.judge is not None and judge_on_devices(cfg):
+        out.append(f"LLM judge in {r.judge.gpus // r.judge.tp} SGLang server(s) on {r.judge.gpus} GPUs of its own")
+    elif r.judge is not None:
         out.append(f"LLM judge in its {r.judge.engine} engine")
     return out
 
@@ -54,7 +57,9 @@ def held_throughout(cfg: MegaRLConfig) -> list[str]:
     held = []
     if reward_model_gpus(cfg):
         held.append(f"the reward model holds its {r.model.gpus} {unit}(s) in every phase and works in reward only")  # type: ignore[union-attr]
-    if r.judge is not None:
+    if r.judge is not None and judge_on_devices(cfg):
+        held.append(f"the LLM judge holds its {r.judge.gpus} GPU(s) in every phase and works in reward only")
+    elif r.judge is not None:
         held.append(f"the LLM judge's {r.judge.engine} engine keeps its weights in host memory in every phase and works in reward only")
     return held
 

@@ -5,9 +5,10 @@ step): each instruction is ``reward.judge.prompt_template`` rendered with the sa
 response and ground truth (megarl/rewards/judge_prompt.py), then put in the judge model's own
 chat template as a user turn, cut from the left to fit its context. The judge's engine
 (reward.judge.engine) is the torch engine, in this process for an in-process run, else a Ray actor of
-its own (megarl/engines/engine_actor.py); or an SGLang server of its own, a child process of this
-one (megarl/rollout/judge_server.py: a call is one round of concurrent requests, and one past its
-deadline is aborted on the server). A torch engine in this process stops a call past its deadline
+its own (megarl/engines/engine_actor.py); or SGLang servers of its own (megarl/rollout/judge_server.py:
+on cpu one, a child process of this one; on cuda one per reward.judge.tp of the devices the plan
+gives it, started through Ray; a call is one round of concurrent requests split over them, and one
+past its deadline is aborted on every server). A torch engine in this process stops a call past its deadline
 at its next decode step (a call made meanwhile waits for that within its own deadline); its Ray
 actor cannot: the late call keeps running there, beside the next calls (the actor takes a few at
 once), which share the CPU with it and may time out in turn.
@@ -20,7 +21,7 @@ likely time out in turn, so a timeout there is final), and counted in
 ``reward/judge_errors`` / ``reward/judge_timeouts`` (the first few logged with the sample). When
 they reach ``reward.max_failed_fraction`` of the call's samples, :class:`RewardError` stops the run.
 
-Left out: an SGLang judge server on GPUs, several judge engines, judging multi-turn transcripts turn by turn.
+Left out: several torch engines, judging multi-turn transcripts turn by turn.
 """
 
 from __future__ import annotations
@@ -198,16 +199,23 @@ def judge_context(cfg: RewardJudgeConfig) -> int:
 
 def start_judge(cfg: RewardJudgeConfig, *, in_process: bool, log_dir: str | Path, start_timeout_s: float,
                 max_failed_fraction: float, stops: str = TRAINING_STOPS, server_python: str | None = None,
-                server_log: str | Path | None = None) -> Judge:  # fmt: skip
-    """The judge with its engine started: reward.judge.engine sglang, its server (run by
-    ``server_python``, None = this interpreter; its log ``server_log``, None = JUDGE_SERVER_LOG in
-    ``log_dir``); torch, in this process (``in_process``: no Ray), else a Ray actor."""
+                server_log: str | Path | None = None, gpus: Sequence[int] = ()) -> Judge:  # fmt: skip
+    """The judge with its engine started: reward.judge.engine sglang, its servers (run by
+    ``server_python``, None = this interpreter) on ``gpus``, the plan's devices of the judge (a GPU
+    cluster, through Ray; logs in ``log_dir``), or with none one server on CPU, a child of this
+    process (its log ``server_log``, None = JUDGE_SERVER_LOG in ``log_dir``); torch, in this
+    process (``in_process``: no Ray), else a Ray actor."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
     context = judge_context(cfg)
     engines: Any
-    if cfg.engine == "sglang":
+    if cfg.engine == "sglang" and gpus:
+        from megarl.rollout.judge_server import start_judge_servers
+
+        servers = start_judge_servers(cfg, gpus, context, log_dir, server_python, start_timeout_s)
+        engines = _WithDeadline(servers, cfg.timeout_s, on_timeout=servers.abort)
+    elif cfg.engine == "sglang":
         from megarl.rollout.judge_server import JUDGE_SERVER_LOG, start_judge_server
 
         server_log = Path(log_dir) / JUDGE_SERVER_LOG if server_log is None else server_log

@@ -90,14 +90,11 @@ class SGLangRollout:
 
     def start(self) -> list[SGLangEngine]:
         """Launch one server per slot on its node and wait until every one is healthy."""
-        import ray
-
-        from megarl.rollout_sglang.hosts import HostHandle, start_hosts
+        from megarl.rollout_sglang.hosts import HostHandle, start_servers
 
         logs = sorted({str(Path(s.log_path).parent) for s in self.specs if s.log_path})
         with still_waiting(f"starting {len(self.specs)} SGLang server(s) (logs: {', '.join(logs) or 'none'})"):
-            self.hosts.extend(start_hosts(self.slots, self.specs))
-            urls = ray.get([h.start.remote(self.timeout) for h in self.hosts])
+            urls = start_servers(self.slots, self.specs, self.timeout, self.hosts)
         self.connect.engines = [SGLangEngine(HostHandle(h, u, s), tp=s.tp, max_running_requests=s.max_running_requests)
                                 for h, u, s in zip(self.hosts, urls, self.specs, strict=True)]  # fmt: skip
         where = [f"{e.url} ({f'GPUs {s.gpu_ids}' if s.gpu_ids else 'CPU'} on {s.ip})"
@@ -106,33 +103,21 @@ class SGLangRollout:
         return self.engines
 
     def close(self) -> None:
-        import ray
-
         from megarl.ray_cluster.placement import release
+        from megarl.rollout_sglang.hosts import stop_servers
 
-        # Each host kills its server's process group; killing the actor alone would leave the
-        # server (its own session) holding the GPUs.
-        for host in self.hosts:
-            try:
-                ray.get(host.shutdown.remote(), timeout=120)
-            except Exception as err:  # noqa: BLE001 - keep closing the others
-                log.warning("shutting down an SGLang host failed: %s", err)
-            ray.kill(host)
-        self.hosts = []
+        stop_servers(self.hosts)
         if self.placed:
             release(self.placed)
             self.placed = None
 
 
 def rollout_placement(plan: Any) -> Any:
-    """Disaggregated pool: one placement group per engine (``tp`` one-GPU bundles, one node),
-    so Ray gives those GPUs to nothing else while the servers use them."""
-    from megarl.ray_cluster.placement import RolePlacement
+    """Disaggregated pool: one placement group per engine (megarl/rollout_sglang/hosts.py pool_placement)."""
+    from megarl.rollout_sglang.hosts import pool_placement
 
     rollout = plan.roles["rollout"]
-    if plan.device == "cpu":  # the CPU server's processes: a CPU slot per "GPU" of the pool
-        return RolePlacement("rollout", nnodes=rollout.dp, procs_per_node=rollout.tp, gpus_per_proc=0.0, cpus_per_proc=1.0)
-    return RolePlacement("rollout", nnodes=rollout.dp, procs_per_node=rollout.tp, gpus_per_proc=1.0, cpus_per_proc=0.0)
+    return pool_placement("rollout", len(rollout.gpus), rollout.tp, plan.device)
 
 
 def prepare_sglang(cfg: Any, plan: Any, policy: Any, log_dir: Path, *, weights_cpu_backup: bool,

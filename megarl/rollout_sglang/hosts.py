@@ -20,12 +20,15 @@ node), routers, killing a server whose host actor was SIGKILLed (``shutdown`` mu
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from megarl.rollout_sglang.server import ServerSpec, SGLangServer
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -46,16 +49,17 @@ class EngineSlot:
 
 
 def engine_slots(rollout_gpus: Sequence[int], tp: int, holder_of: dict[int, int],
-                 infos: Sequence[dict[str, Any]], device: str = "cuda") -> list[EngineSlot]:  # fmt: skip
+                 infos: Sequence[dict[str, Any]], device: str = "cuda", key: str = "rollout.tp") -> list[EngineSlot]:  # fmt: skip
     """One slot per engine: ``rollout_gpus`` cut into contiguous ``tp``-sized slices.
 
     ``holder_of[g]`` is the index into ``infos`` of the process on global GPU ``g``;
     ``infos[i]`` has ``node_id``, ``ip`` and ``gpu_ids`` (physical ids, one per process; on
-    ``device`` cpu the "GPUs" are process slots and hold no GPU id).
+    ``device`` cpu the "GPUs" are process slots and hold no GPU id). ``key``: the config key of
+    ``tp`` the errors name (the LLM judge's servers: reward.judge.tp).
     Raises ValueError when an engine's GPUs are on two nodes or a GPU has no holder.
     """
     if tp < 1 or len(rollout_gpus) % tp:
-        raise ValueError(f"rollout.tp ({tp}) must divide the {len(rollout_gpus)} GPUs of the rollout pool")
+        raise ValueError(f"{key} ({tp}) must divide the {len(rollout_gpus)} GPUs of its pool")
     slots = []
     for k in range(len(rollout_gpus) // tp):
         gpus = list(rollout_gpus[k * tp : (k + 1) * tp])
@@ -66,7 +70,7 @@ def engine_slots(rollout_gpus: Sequence[int], tp: int, holder_of: dict[int, int]
         nodes = {infos[h]["node_id"] for h in holders}
         if len(nodes) != 1:
             raise ValueError(
-                f"engine {k} (global GPUs {gpus}) would span {len(nodes)} nodes; rollout.tp ({tp}) must "
+                f"engine {k} (global GPUs {gpus}) would span {len(nodes)} nodes; {key} ({tp}) must "
                 "fit in one node and engines must not straddle nodes (check cluster.gpus_per_node)"
             )
         first = infos[holders[0]]
@@ -94,8 +98,25 @@ def disaggregated_slots(plan: Any, bundle_infos: Sequence[dict[str, Any]]) -> li
     """Engines on the rollout pool: bundle b (rank order of the rollout placement) holds
     ``plan.roles["rollout"].gpus[b]``."""
     rollout = plan.roles["rollout"]
-    holder_of = {g: b for b, g in enumerate(rollout.gpus)}
-    return engine_slots(rollout.gpus, rollout.tp, holder_of, bundle_infos, plan.device)
+    return pool_slots(rollout.gpus, rollout.tp, bundle_infos, plan.device)
+
+
+def pool_slots(gpus: Sequence[int], tp: int, bundle_infos: Sequence[dict[str, Any]], device: str,
+               key: str = "rollout.tp") -> list[EngineSlot]:  # fmt: skip
+    """Servers on a pool of devices of their own, reserved as :func:`pool_placement` lays them out:
+    bundle b (rank order) holds ``gpus[b]`` (the disaggregated rollout pool, the LLM judge's)."""
+    holder_of = {g: b for b, g in enumerate(gpus)}
+    return engine_slots(gpus, tp, holder_of, bundle_infos, device, key)
+
+
+def pool_placement(role: str, gpus: int, tp: int, device: str) -> Any:
+    """A pool of servers of ``tp`` devices each: one placement group per server (``tp`` one-GPU
+    bundles, STRICT_PACK: one node), so Ray gives those GPUs to nothing else while the servers
+    use them; on cpu a CPU slot per "GPU" (the CPU server's processes)."""
+    from megarl.ray_cluster.placement import RolePlacement
+
+    on_gpu = device != "cpu"
+    return RolePlacement(role, nnodes=gpus // tp, procs_per_node=tp, gpus_per_proc=float(on_gpu), cpus_per_proc=float(not on_gpu))
 
 
 def slot_spec(spec: ServerSpec, slot: EngineSlot, log_path: str | None) -> ServerSpec:
@@ -137,6 +158,31 @@ class SGLangHost:
 
     def log_tail(self, max_lines: int = 40) -> str:
         return self.server.log_tail(max_lines)
+
+
+def start_servers(slots: Sequence[EngineSlot], specs: Sequence[ServerSpec], timeout: float,
+                  hosts: list[Any]) -> list[str]:  # fmt: skip
+    """Launch one server per slot on its node through an SGLangHost actor each (appended to
+    ``hosts`` as they start, so a caller's close stops them even when a launch fails) and wait
+    until every one is healthy; their URLs."""
+    import ray
+
+    hosts.extend(start_hosts(slots, specs))
+    return list(ray.get([h.start.remote(timeout) for h in hosts]))
+
+
+def stop_servers(hosts: list[Any]) -> None:
+    """Stop each host's server (its process group: killing the actor alone would leave the server,
+    in a session of its own, holding the GPUs), then the actor; empties ``hosts``."""
+    import ray
+
+    for host in hosts:
+        try:
+            ray.get(host.shutdown.remote(), timeout=120)
+        except Exception as err:  # noqa: BLE001 - keep closing the others
+            log.warning("shutting down an SGLang host failed: %s", err)
+        ray.kill(host)
+    hosts.clear()
 
 
 def start_hosts(slots: Sequence[EngineSlot], specs: Sequence[ServerSpec],

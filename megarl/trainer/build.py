@@ -122,7 +122,7 @@ def build_trainer(cfg: MegaRLConfig, plan: Plan, *, in_process: bool = False) ->
         if sglang is not None:
             closers.append(sglang.close)  # servers first: colocated ones share the policy's GPUs
         standalone = _start_standalone(cfg, models, out / "logs", closers)
-        rewards = _start_rewards(cfg, in_process, out / "logs", reward_model)
+        rewards = _start_rewards(cfg, in_process, out / "logs", reward_model, plan.judge.gpus if plan.judge else ())
         closers.append(rewards.close)
         scorer = Scorer(HandedOverScorer(rewards, handover) if colocated else rewards, tokenizer, eos_ids)
         val_prompts = load_val_prompts(cfg.data, tokenizer, tools)
@@ -247,10 +247,11 @@ def _start_sglang(cfg: MegaRLConfig, plan: Plan, models: dict[str, Any], log_dir
     return rollout
 
 
-def _start_rewards(cfg: MegaRLConfig, in_process: bool, log_dir: Path, model: Any) -> Any:
+def _start_rewards(cfg: MegaRLConfig, in_process: bool, log_dir: Path, model: Any, judge_gpus: tuple[int, ...] = ()) -> Any:
     """The reward pool, or with reward.combine / reward.judge the pools and the judge that score its
     components; ``model``, the reward model's role (reward.model.placement disaggregated or
-    colocated), in place of its pool."""
+    colocated), in place of its pool; ``judge_gpus``: the plan's devices of the judge's SGLang
+    servers (cluster.device cuda; none: its one server on CPU, or the torch engine)."""
     from megarl.rewards.scorer import REWARD_WORKERS_LOG, RewardScorer
 
     workers_log = log_dir / REWARD_WORKERS_LOG  # the user's reward functions' prints: not the terminal
@@ -263,7 +264,8 @@ def _start_rewards(cfg: MegaRLConfig, in_process: bool, log_dir: Path, model: An
     try:
         judge = None if judge_cfg is None else start_judge(
             judge_cfg, in_process=in_process, log_dir=log_dir, start_timeout_s=cfg.cluster.build_timeout_s,
-            max_failed_fraction=cfg.reward.max_failed_fraction, server_python=cfg.rollout.server_python)  # fmt: skip
+            max_failed_fraction=cfg.reward.max_failed_fraction, server_python=cfg.rollout.server_python,
+            gpus=judge_gpus)  # fmt: skip
         return CombinedScorer(cfg.reward, judge, model=model, log_path=workers_log)
     except BaseException:
         for part in (judge, model):

@@ -33,7 +33,7 @@ def test_the_judge_scores_through_its_own_sglang_server_as_the_torch_judge_does(
     finally:
         reference.close()
     judge = start_judge(cfg, **args, server_python=sglang_python)
-    server = judge.engines.engine.server
+    server = judge.engines.engine.engines[0].server  # its one server on CPU, a child of this process
     try:
         scored = judge.score(PROMPTS, RESPONSES, RESPONSES, ["reverse_digits"] * 4)
         assert (scored.scores, scored.errors, scored.timeouts) == (expected.scores, expected.errors, expected.timeouts)

@@ -41,6 +41,11 @@ def test_help_and_plan_import_neither_torch_nor_ray(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code, str(TINY), *overrides], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "LLM judge SGLang server of its own" in " ".join(proc.stdout.split())
+    # on cuda its servers' devices and GPU memory, from the planner's SGLang memory model
+    cuda = [*overrides, "cluster.device=cuda", "cluster.gpus_per_node=2", "reward.judge.gpus=1"]
+    proc = subprocess.run([sys.executable, "-c", code, str(TINY), *cuda], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "LLM judge: 1 x sglang server tp1 of its own" in proc.stdout and "judge memory/GPU" in proc.stdout
 
 
 def test_a_command_that_needs_ray_where_it_is_missing_says_so_in_one_line(tmp_path):

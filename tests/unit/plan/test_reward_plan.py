@@ -133,15 +133,83 @@ def test_an_in_process_run_refuses_the_role_and_a_cpu_plan_counts_processes(tmp_
     (role,) = reward_roles(_cfg(f"reward.model.path={rm}", *ROLE), 256)
     assert role["where"] == ("1 Ray actor(s) of its own, one per process, on 1 processes kept out of the training and "
                              "rollout pools (a placement group bundle each)") and role["per"] == "per process"
-def test_an_sglang_judge_is_planned_on_cpu_and_refused_on_cuda_in_one_line(tmp_path):
-    judge = ["reward.combine={reverse_digits: {judge: 1.0}}", f"reward.judge.model={tmp_path}",
-             "reward.judge.prompt_template=judge {prompt} {response}", "reward.judge.engine=sglang"]  # fmt: skip
-    make_plan(_cfg(*judge))  # cluster.device cpu: its server runs beside the controller
-    (role,) = reward_roles(_cfg(*judge), 8)
-    assert role["where"].startswith("SGLang server of its own")
-    with pytest.raises(PlanError, match=r"reward.judge.engine: \(sglang\) runs its server on CPU only for now \(cluster.device "
-                       r"is cuda\): GPUs of its own are not placed yet; use reward.judge.engine=torch"):  # fmt: skip
-        make_plan(_cfg(*judge, "cluster.device=cuda"))
+def _judge(path: Path, *extra: str) -> list[str]:
+    """reward.judge on SGLang with a 7B causal LM's config.json (the plan reads nothing else of it)."""
+    model = _rm_config(path, architectures=["Qwen2ForCausalLM"])
+    return ["reward.combine={gsm8k: {gsm8k: 1.0, judge: 1.0}}", f"reward.judge.model={model}",
+            "reward.judge.prompt_template=judge {prompt} {response}", "reward.judge.engine=sglang", *extra]  # fmt: skip
+
+
+def test_an_sglang_judge_on_cuda_takes_the_last_gpus_and_its_memory_is_planned(tmp_path):
+    """cluster.device cuda: reward.judge.gpus / tp servers on the cluster's last devices (after the
+    reward model's), held in every phase; each rank's memory the planner's SGLang model: mem_fraction
+    (0.8 unset) of the GPU less SGLang's context, the weights over tp, the KV cache the rest."""
+    from megarl.plan.gpu_memory import GIB
+    from megarl.plan.step_timeline import timeline_text
+
+    cfg = load_config(PPO7, _judge(tmp_path / "judge", "reward.judge.gpus=4", "reward.judge.tp=2"))
+    plan = make_plan(cfg)
+    assert plan.roles["policy"].gpus == (0, 1, 2, 3) and plan.roles["rollout"].gpus == (0, 1, 2, 3)
+    assert plan.judge is not None and (plan.judge.gpus, plan.judge.tp, plan.judge.dp) == ((4, 5, 6, 7), 2, 2)
+    mem, arch = plan.memory.judge, plan.arch  # the judge's config.json is Qwen2.5-7B's shapes, as the policy's
+    budget = 0.8 * (80 - 1.5) * GIB  # SGLang's CUDA context is out of what it sees free
+    weights = arch.num_params * 2 / 2  # bf16, over tp 2
+    kv_token = 2 * 28 * (4 // 2) * 128 * 2  # k and v, 28 layers, 2 of the 4 KV heads per rank, bf16
+    assert (mem.server.budget, mem.server.weights) == pytest.approx((budget, weights))
+    assert mem.server.full_length_sequences == int((budget - weights) // (kv_token * 32768)) and mem.context == 32768
+    assert mem.total == pytest.approx(budget + 4.0 * GIB)  # + SGLang's context, graphs and allocator cache
+    text = " ".join(_printed_plan(cfg, plan).split())
+    assert "LLM judge: 2 x sglang server tp2 of its own" in text
+    for k, gpu in enumerate((4, 5, 6, 7)):
+        assert f"{gpu} │ judge server {k // 2} tp{k % 2} (SGLang, a placement group of its own) │ {mem.total / GIB:.1f}" in text
+    assert f"judge memory/GPU {budget / GIB:.1f} GiB (reward.judge.mem_fraction 0.8 of the 78.5 GiB free at launch)" in text
+    assert timeline_text(cfg).endswith("the LLM judge holds its 4 GPU(s) in every phase and works in reward only")
+    assert "LLM judge in 2 SGLang server(s) on 4 GPUs of its own" in timeline_text(cfg)
+    # with a reward model's role too: its devices first, then the judge's
+    both = make_plan(load_config(PPO7, [*_judge(tmp_path / "judge", "reward.judge.gpus=2"), f"reward.model.path={_rm_config(tmp_path / 'rm')}",
+                                        *ROLE, "reward.model.gpus=2", "reward.combine={gsm8k: {model: 1.0, judge: 1.0}}"]))  # fmt: skip
+    assert (both.roles["policy"].gpus, both.reward_model.gpus, both.judge.gpus) == ((0, 1, 2, 3), (4, 5), (6, 7))
+    # on cpu its one server stays beside the controller: no devices of its own
+    cpu = _cfg(*_judge(tmp_path / "judge"))
+    assert make_plan(cpu).judge is None and reward_roles(cpu, 8)[0]["where"].startswith("SGLang server of its own")
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (("reward.judge.gpus=3", "reward.judge.tp=2"), "reward.judge.gpus: (3) must be a multiple of reward.judge.tp (2): one "
+     "server per tp devices; set gpus to a multiple of 2, or tp to one of [1]"),
+    (("reward.judge.gpus=8",), "reward.judge.gpus: (8) leaves no device for training: the cluster has 8 (nnodes x "
+     "gpus_per_node); lower it or add devices"),
+    (("reward.judge.gpus=2", "reward.model.placement=disaggregated", "reward.model.gpus=6"),
+     "reward.judge.gpus: (2) leaves no device for training: the cluster has 8 (nnodes x gpus_per_node) and "
+     "reward.model.gpus takes 6; lower it or add devices"),
+    (("reward.judge.gpus=4", "cluster.nnodes=2", "cluster.placement=disaggregated", "cluster.rollout_gpus=8"),
+     "reward.judge.gpus: (4) must leave whole nodes to the training pool on a multi-node cluster: reward.judge.gpus + "
+     "cluster.rollout_gpus = 12, a multiple of gpus_per_node = 8"),
+    (("reward.judge.gpus=3", "reward.judge.tp=3"), "reward.judge.tp: (3) must divide cluster.gpus_per_node (8): a server's "
+     "devices are on one node"),
+    (("reward.judge.gpus=4", "reward.judge.mem_fraction=0.1"), "reward.judge.mem_fraction: (0.1) leaves 7.9 GiB per GPU, "
+     "less than the judge's weights (14.2 GiB at reward.judge.tp=1); raise reward.judge.tp or mem_fraction"),
+    (("reward.judge.gpus=4", "reward.judge.mem_fraction=0.99"), "reward.judge.mem_fraction: (0.99): a judge server needs an "
+     "estimated 81.7 GiB per GPU (mem_fraction's 77.7 + SGLang's own 4.0 outside it), over cluster.gpu_memory_gib (80)"),
+    (("reward.judge.gpus=4", "reward.judge.engine=torch"), "reward.judge.gpus: (4) is used with reward.judge.engine=sglang "
+     "only (the torch engine runs on CPU); remove it or set the engine"),
+])  # fmt: skip
+def test_the_plan_refuses_an_sglang_judge_on_cuda_that_cannot_run(tmp_path, overrides, message):
+    extra = [f"reward.model.path={_rm_config(tmp_path / 'rm')}"] if any("reward.model" in o for o in overrides) else []
+    with pytest.raises(PlanError) as info:
+        make_plan(load_config(PPO7, [*_judge(tmp_path / "judge"), *extra, *overrides]))
+    assert message in str(info.value)
+
+
+def test_the_judges_devices_are_refused_where_they_mean_nothing(tmp_path):
+    """--in-process (no Ray to place its servers), and cluster.device cpu (its one server is the controller's child)."""
+    cuda = load_config(PPO7, [*_judge(tmp_path / "judge", "reward.judge.gpus=1"), "cluster.gpus_per_node=1"])
+    with pytest.raises(PlanError, match=r"reward.judge.engine: \(sglang\) on cluster.device cuda runs its servers on devices "
+                       r"of their own, placed through Ray, and --in-process runs without Ray; use reward.judge.engine=torch"):  # fmt: skip
+        make_plan(cuda, in_process=True)
+    with pytest.raises(PlanError, match=r"reward.judge.tp: \(2\) is used on cluster.device cuda only \(on cpu the judge's "
+                       r"one SGLang server is a child process of the controller\); remove it"):  # fmt: skip
+        make_plan(_cfg(*_judge(tmp_path / "judge", "reward.judge.tp=2")))
 
 
 def test_the_reward_rows_size_a_model_as_the_planner_does_at_the_judges_own_context(tmp_path):

@@ -107,19 +107,51 @@ def test_the_sglang_judges_server_gets_the_judges_own_arguments(tmp_path):
     assert spec.die_with_parent and spec.log_path == str(tmp_path / "judge_sglang.log")
 
 
+def test_the_judges_gpu_servers_get_their_bundles_gpus_and_the_judges_arguments(tmp_path):
+    """cluster.device cuda: server k on the plan's devices k * tp ..., held by the judge placement's
+    bundles (Ray's probes list them out of order here), its GPUs as CUDA_VISIBLE_DEVICES, listening
+    on its node's address, the judge's tp, mem fraction (0.8 when unset on cuda), context length."""
+    from megarl.rollout.judge_server import judge_server_specs
+    from megarl.rollout_sglang.server import build_launch_command, build_launch_env
+
+    cfg = RewardJudgeConfig(model=str(tmp_path), prompt_template="{response}", engine="sglang", gpus=4, tp=2,
+                            max_running_requests=32)  # fmt: skip
+    bundles = [{"ip": "10.0.0.3", "node_id": "node3", "gpu_ids": [str(g)]} for g in (6, 7, 4, 5)]
+    slots, specs = judge_server_specs(cfg, (4, 5, 6, 7), bundles, 2048, tmp_path / "logs", "/venv/bin/python")
+    assert [(s.index, s.node_id, s.gpu_ids, s.holders) for s in slots] == [(0, "node3", ("6", "7"), (0, 1)),
+                                                                           (1, "node3", ("4", "5"), (2, 3))]  # fmt: skip
+    for k, spec in enumerate(specs):
+        command = build_launch_command(spec, 30000 + k)
+        flags = " ".join(command)
+        for flag in ("--tp-size 2", "--mem-fraction-static 0.8", "--max-running-requests 32", "--context-length 2048",
+                     f"--host 10.0.0.3 --port {30000 + k}", "--base-gpu-id 0"):  # fmt: skip
+            assert flag in flags
+        assert command[:3] == ["/venv/bin/python", "-m", "sglang.launch_server"] and "--device" not in command
+        # its devices for the whole run: no memory saver, no CPU-sized token pool, SGLang sizes its KV from mem_fraction
+        assert "--enable-memory-saver" not in command and "--max-total-tokens" not in command
+        assert build_launch_env(spec, {})["CUDA_VISIBLE_DEVICES"] == ",".join(slots[k].gpu_ids)
+        assert spec.log_path == str(tmp_path / "logs" / f"judge_sglang{k}.log") and spec.port == 0  # a free port at launch
+    # a server whose bundles Ray put on two nodes is refused, naming the judge's key
+    split = [{"ip": f"10.0.0.{n}", "node_id": f"node{n}", "gpu_ids": ["0"]} for n in (1, 2, 1, 2)]
+    with pytest.raises(ValueError, match=r"engine 0 .* would span 2 nodes; reward.judge.tp \(2\) must fit in one node"):
+        judge_server_specs(cfg, (4, 5, 6, 7), split, 2048, tmp_path, None)
+
+
 def test_the_judges_server_stops_even_when_its_clients_close_fails(tmp_path):
     import subprocess
     import sys
 
-    from megarl.rollout.judge_server import JudgeServer, judge_server_spec
+    from megarl.rollout.judge_server import JudgeServers, judge_server_spec
+    from megarl.rollout_sglang.engine import SGLangEngine
     from megarl.rollout_sglang.server import SGLangServer
 
     cfg = RewardJudgeConfig(model=str(tmp_path), prompt_template="{response}", engine="sglang")
     server = SGLangServer(judge_server_spec(cfg, 4096, tmp_path / "judge_sglang.log", None))
     # A stand-in process for the server (no SGLang here): what close must stop.
     server.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
-    judge_server = JudgeServer(server, cfg)
-    judge_server.engine._background_pool = object()  # its close now raises AttributeError
+    engine = SGLangEngine(server)
+    judge_server = JudgeServers([engine], server.shutdown)
+    engine._background_pool = object()  # its close now raises AttributeError
     try:
         with pytest.raises(AttributeError):
             judge_server.close()

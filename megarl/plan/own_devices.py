@@ -1,0 +1,77 @@
+"""The devices the reward roles take out of the cluster: the reward model's
+(``reward.model.placement: disaggregated``, ``reward.model.gpus``) and the LLM judge's SGLang
+servers (``reward.judge.engine: sglang`` on ``cluster.device: cuda``, ``reward.judge.gpus``).
+
+They are the cluster's last devices, the reward model's first, then the judge's; the training pool
+and the rollout pool are cut from what is left (megarl/plan/planner.py). What is refused here
+concerns their count: no device left for training, and on a multi-node cluster a split that leaves
+the training pool part of a node (every pool is placed node by node). Each role's own checks are
+its module's (megarl/plan/reward_model_plan.py, megarl/plan/judge_plan.py). Torch-free.
+"""
+
+from __future__ import annotations
+
+from megarl.config.sections import MegaRLConfig
+from megarl.plan.issues import Issue
+
+REWARD_MODEL_ROLE = "reward_model"
+JUDGE_ROLE = "judge"
+_KEYS = {REWARD_MODEL_ROLE: "reward.model.gpus", JUDGE_ROLE: "reward.judge.gpus"}
+
+
+def judge_on_devices(cfg: MegaRLConfig) -> bool:
+    """Whether the judge's servers take devices of their own (engine sglang on cluster.device cuda;
+    on cpu its one server is a child process of the controller)."""
+    judge = cfg.reward.judge
+    return judge is not None and judge.engine == "sglang" and cfg.cluster.device == "cuda"
+
+
+def own_device_counts(cfg: MegaRLConfig) -> dict[str, int]:
+    """Role -> the devices it takes out of the cluster, in the order they sit at its end."""
+    counts = {}
+    model = cfg.reward.model
+    if model is not None and model.placement == "disaggregated":
+        counts[REWARD_MODEL_ROLE] = model.gpus
+    if judge_on_devices(cfg):
+        assert cfg.reward.judge is not None  # (judge_on_devices)
+        counts[JUDGE_ROLE] = cfg.reward.judge.gpus
+    return counts
+
+
+def own_devices(cfg: MegaRLConfig) -> int:
+    """The devices the reward roles take out of the cluster together (0: none)."""
+    return sum(own_device_counts(cfg).values())
+
+
+def own_gpus(cfg: MegaRLConfig, role: str) -> tuple[int, ...]:
+    """The global device indices of ``role`` (empty: it has none, or the roles ask for the whole
+    cluster, which :func:`check_own_devices` refuses)."""
+    counts, world = own_device_counts(cfg), cfg.cluster.world_size
+    start = world - sum(counts.values())
+    if role not in counts or start < 1:
+        return ()
+    for name, n in counts.items():
+        if name == role:
+            return tuple(range(start, start + n))
+        start += n
+    return ()  # (unreachable: role is in counts)
+
+
+def check_own_devices(cfg: MegaRLConfig, issues: list[Issue]) -> None:
+    """The roles' devices leave some to the training pool (and whole nodes of a multi-node cluster);
+    the message names the last role's key and what the others take."""
+    counts, cl = own_device_counts(cfg), cfg.cluster
+    if not counts:
+        return
+    role = list(counts)[-1]
+    key, n = _KEYS[role], counts[role]
+    others = cl.rollout_gpus if cl.placement == "disaggregated" else 0
+    taken = [f"{_KEYS[r]} takes {c}" for r, c in counts.items() if r != role] + ([f"the rollout pool takes {others}"] if others else [])
+    if sum(counts.values()) + others + 1 > cl.world_size:
+        issues.append(Issue(key, f"({n}) leaves no device for training: the cluster has {cl.world_size} (nnodes x "
+                            f"gpus_per_node){' and ' + ', '.join(taken) if taken else ''}; lower it or add devices"))  # fmt: skip
+    elif cl.nnodes > 1 and (sum(counts.values()) + others) % cl.gpus_per_node:
+        names = [_KEYS[r] for r in counts] + (["cluster.rollout_gpus"] if others else [])
+        issues.append(Issue(key, f"({n}) must leave whole nodes to the training pool on a multi-node cluster: "
+                            f"{' + '.join(names)} = {sum(counts.values()) + others}, a multiple of gpus_per_node = "
+                            f"{cl.gpus_per_node}"))  # fmt: skip
