@@ -73,6 +73,9 @@ LORA_KEY = "lora."
 GRAD_BUCKET_PARAMS = 40_000_000
 
 LossHead = Callable[[MicroBatch, torch.Tensor], tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]]
+# A micro-batch's loss count (what its LossHead returns as count) from its rows alone: every
+# pipeline stage weighs the MoE auxiliary losses by it (moe_balance.py).
+LossCount = Callable[[MicroBatch], torch.Tensor]
 
 
 class TrainableModel:
@@ -135,9 +138,10 @@ class TrainableModel:
 
     # ---- the update loop --------------------------------------------------------------------
     def train(self, batch: Batch, loss_head: LossHead, *, mini_batch_size: int | None, ppo_epochs: int | None,
-              shuffle_seed: int | None = None) -> dict[str, float]:  # fmt: skip
+              shuffle_seed: int | None = None, loss_count: LossCount | None = None) -> dict[str, float]:  # fmt: skip
         """Optimizer steps over ``batch`` (see module docstring); metrics equal on every rank.
         ``shuffle_seed``: permute the rows each epoch (micro_batches.mini_batches); None = in order.
+        ``loss_count``: needed by an MoE model with auxiliary losses (moe_balance.py).
 
         Returns the loss function's metrics reduced over every micro-batch, mini-batch and DP
         rank by their catalogued reductions (megarl/metrics.py), plus ``<role>/grad_norm`` (mean
@@ -156,9 +160,9 @@ class TrainableModel:
         metrics = MetricAccumulator(self.model.info.device)
         steps: list[tuple[float, bool]] = []  # (grad norm, taken) of each optimizer step
         lr = self.schedule.current_lr
-        head = self._balanced(loss_head)
+        stage_output = self._balanced(loss_count)
         for mini in mini_batches(batch, size, epochs, shuffle_seed):
-            grad_norm, ok, lr = self._step(mini, head, metrics)
+            grad_norm, ok, lr = self._step(mini, loss_head, metrics, stage_output)
             steps.append((grad_norm, ok))
         if self.model.module.ddp_config.overlap_param_gather:  # the last step's weights: gathered now, not in a later forward
             self.model.module.start_param_sync(force_sync=True)
@@ -168,18 +172,25 @@ class TrainableModel:
         self.model.reduce_metrics(metrics, replicated)
         return metrics.values() | self._moe_metrics()
 
-    def _balanced(self, loss_head: LossHead) -> LossHead:
-        """``loss_head`` whose loss weighs the MoE auxiliary losses in the backward (moe_balance.py)."""
-        balance = self.balance
+    def _balanced(self, loss_count: LossCount | None) -> Callable[[MicroBatch, torch.Tensor], None] | None:
+        """What each training micro-batch's stage output goes through so that its backward weighs
+        the MoE auxiliary losses (moe_balance.py); None for a dense model."""
+        balance, model = self.balance, self.model
         if balance is None:
-            return loss_head
+            return None
+        if balance.losses_on and loss_count is None:
+            raise ValueError(f"{self.role}.moe aux_loss_coef / z_loss_coef need the update's loss count per micro-batch "
+                             "(loss_count), to weigh the auxiliary losses on every pipeline stage")  # fmt: skip
         balance.begin()
+        # The router's tokens on this rank: sequence parallelism gives each TP rank a slice.
+        split = model.info.tp_size if model.tcfg.sequence_parallel else 1
 
-        def head(mb: MicroBatch, output: torch.Tensor):
-            loss_sum, count, slice_metrics = loss_head(mb, output)
-            return balance.weigh(loss_sum, 0.0 if mb.filler else count), count, slice_metrics
+        def stage_output(mb: MicroBatch, output: torch.Tensor) -> None:
+            # Only the losses need the count (a filler's is 0: it must not weigh).
+            count = loss_count(mb) if balance.losses_on and loss_count is not None and not mb.filler else 0.0
+            balance.weigh(output, mb.tokens.numel() // split, count)
 
-        return head
+        return stage_output
 
     def _moe_metrics(self) -> dict[str, float]:
         if self.balance is None:
@@ -190,13 +201,14 @@ class TrainableModel:
         return self.balance.metrics(ps.get_tensor_and_data_parallel_group(), ps.get_pipeline_model_parallel_group(),
                                     info.tp_size, info.dp_size)  # fmt: skip
 
-    def _step(self, mini: Batch, loss_head: LossHead, metrics: MetricAccumulator) -> tuple[float, bool, float]:
+    def _step(self, mini: Batch, loss_head: LossHead, metrics: MetricAccumulator,
+              stage_output: Callable[[MicroBatch, torch.Tensor], None] | None) -> tuple[float, bool, float]:  # fmt: skip
         """One optimizer step on ``mini``; its loss metrics go to ``metrics``. Returns
         ``(grad norm, step taken, lr)``: host values Megatron's optimizer already computed."""
         self.model.module.zero_grad_buffer()
         self.optimizer.zero_grad()
         lr = self.schedule.apply(self.optimizer)
-        self.model.forward_backward(mini, loss_head, metrics, MicroBatching.of(self.cfg))
+        self.model.forward_backward(mini, loss_head, metrics, MicroBatching.of(self.cfg), stage_output)
         ok, grad_norm, _ = self.optimizer.step()
         self.schedule.advance()
         return float(grad_norm) if grad_norm is not None else float("nan"), bool(ok), lr

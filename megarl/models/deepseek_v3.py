@@ -172,7 +172,7 @@ class DeepseekV3Bridge(Qwen3MoeBridge):
     def _config_kwargs(self, hf_config: Any, parallel: Any, dtype: torch.dtype, recompute: str,
                        spec: LayerSpec = "local", moe: Any = None) -> dict[str, Any]:  # fmt: skip
         kwargs = DenseDecoderBridge._config_kwargs(self, hf_config, parallel, dtype, recompute, spec, moe)
-        groups, balance = int(hf_config.n_group or 1), load_balance_kwargs(moe, parallel, sigmoid_router=True)
+        groups, balance = int(hf_config.n_group or 1), load_balance_kwargs(moe, sigmoid_router=True)
         shared = int(hf_config.n_shared_experts or 0) * hf_config.moe_intermediate_size
         kwargs.update(
             multi_latent_attention=True, q_lora_rank=hf_config.q_lora_rank, kv_lora_rank=hf_config.kv_lora_rank,

@@ -127,7 +127,7 @@ class Qwen3MoeBridge(Qwen3Bridge):
             moe_permute_fusion=False,  # a transformer-engine kernel
             expert_model_parallel_size=parallel.ep,
             expert_tensor_parallel_size=parallel.etp,  # Megatron's default would be tp
-            **load_balance_kwargs(moe, parallel, sigmoid_router=False),
+            **load_balance_kwargs(moe, sigmoid_router=False),
         )
         return kwargs
 
@@ -213,7 +213,7 @@ class Qwen3MoeBridge(Qwen3Bridge):
                                  f"unknown {sorted(set(names) - set(expected))}")  # fmt: skip
 
 
-def load_balance_kwargs(moe: Any, parallel: Any, *, sigmoid_router: bool) -> dict[str, Any]:
+def load_balance_kwargs(moe: Any, *, sigmoid_router: bool) -> dict[str, Any]:
     """Megatron's load-balancing keys of a role's MoEConfig (None: its defaults): the Switch
     auxiliary loss per MoE layer and micro-batch (``aux_loss``: see the module docstring), the
     router z-loss, the expert bias (sigmoid routers only) and the capacity; dropless without one."""
@@ -222,11 +222,6 @@ def load_balance_kwargs(moe: Any, parallel: Any, *, sigmoid_router: bool) -> dic
     if rate > 0 and not sigmoid_router:
         raise ValueError(f"actor.moe.expert_bias_update_rate ({rate}) needs a sigmoid router and this model's is a "
                          "softmax (Megatron refuses expert bias with it); set it to 0 (or use aux_loss_coef)")  # fmt: skip
-    if (aux > 0 or z > 0) and parallel.pp > 1:
-        # Each micro-batch's auxiliary loss is weighed by its share of the loss count, which only the
-        # last pipeline stage knows when the earlier stages run their backward.
-        raise ValueError(f"actor.moe.aux_loss_coef ({aux}) / z_loss_coef ({z}) with parallel.pp ({parallel.pp}) > 1 "
-                         "is not supported yet; set parallel.pp to 1 or both coefficients to 0")  # fmt: skip
     capacity = moe.capacity_factor if moe is not None else None
     return dict(
         moe_router_load_balancing_type="aux_loss" if aux > 0 else "none",

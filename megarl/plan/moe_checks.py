@@ -51,12 +51,6 @@ def _check_trainer_side(cfg: MegaRLConfig, section: str, moe: MoEConfig, arch: A
         issues.append(Issue(f"{section}.moe.expert_bias_update_rate", f"({moe.expert_bias_update_rate:g}) moves a router's "
                             f"correction bias (DeepSeek-V3's e_score_correction_bias) and {arch.name}'s router has none; "
                             "remove it, or balance with aux_loss_coef"))  # fmt: skip
-    pp = getattr(cfg, section).parallel.pp
-    for key in ("aux_loss_coef", "z_loss_coef"):
-        if getattr(moe, key) and pp > 1:
-            issues.append(Issue(f"{section}.moe.{key}", f"({getattr(moe, key):g}) is not supported with pipeline "
-                                f"parallelism yet ({section}.parallel.pp {pp}: the weight of each micro-batch's auxiliary "
-                                "loss is known on the last stage only); set it to 0 or pp to 1"))  # fmt: skip
     if section == "critic" and moe.routing_replay != "none" and cfg.actor.moe.routing_replay == "none":
         issues.append(Issue("critic.moe.routing_replay", f"({moe.routing_replay}) replays the routing the rollout "
                             "returns, and the rollout asks the engines for it only with actor.moe.routing_replay set; set "

@@ -226,9 +226,7 @@ def test_what_the_moe_update_cannot_do_yet_is_refused_before_launch(tmp_path):
     assert _moe_issues(model, "actor.moe.expert_bias_update_rate=0.001") == [
         f"actor.moe.expert_bias_update_rate: (0.001) moves a router's correction bias (DeepSeek-V3's "
         f"e_score_correction_bias) and {tmp_path}'s router has none; remove it, or balance with aux_loss_coef"]
-    assert _moe_issues(model, "actor.moe.z_loss_coef=0.01", "actor.parallel.pp=2") == [
-        "actor.moe.z_loss_coef: (0.01) is not supported with pipeline parallelism yet (actor.parallel.pp 2: the weight of "
-        "each micro-batch's auxiliary loss is known on the last stage only); set it to 0 or pp to 1"]
+    assert _moe_issues(model, "actor.moe.z_loss_coef=0.01", "actor.moe.aux_loss_coef=0.01", "actor.parallel.pp=2") == []
     gae = ("algorithm.estimator=gae", "critic.moe.routing_replay=experts")
     assert _moe_issues(model, *gae) == [
         "critic.moe.routing_replay: (experts) replays the routing the rollout returns, and the rollout asks the engines "
