@@ -38,8 +38,10 @@ layers HF's pools the layers (cross-layer products included) where Megatron sums
 values (tests/distributed/test_moe_balance.py checks both by hand). The DeepSeek-style expert
 bias needs a sigmoid router; Qwen3-MoE's is a softmax, so it is refused.
 
-Not handled yet, and refused by name: expert tensor parallelism (``parallel.etp`` > 1), shared
-experts, top-1 with ``norm_topk_prob`` (Megatron refuses it: the router would get no gradient).
+Expert tensor parallelism (``parallel.etp`` > 1) splits each expert's fc1 (gate and up rows) and fc2
+(columns) over the expert-tensor-parallel group; ``etp`` must divide ``moe_intermediate_size``.
+
+Not handled yet, and refused by name: shared experts, top-1 with ``norm_topk_prob`` (Megatron refuses it: the router would get no gradient).
 """
 
 from __future__ import annotations
@@ -104,10 +106,10 @@ class Qwen3MoeBridge(Qwen3Bridge):
             self._refuse(hf_config, "decoder_sparse_step", hf_config.decoder_sparse_step, ">= 1")
 
     def check_parallel(self, hf_config: Any, parallel: Any) -> None:
-        experts, ep = _num_experts(hf_config), parallel.ep
-        if getattr(parallel, "etp", 1) != 1:
-            raise ValueError(f"parallel.etp ({parallel.etp}) is not supported yet (each expert stays whole on its rank); "
-                             "set it to 1")  # fmt: skip
+        experts, ep, etp, f = _num_experts(hf_config), parallel.ep, parallel.etp, hf_config.moe_intermediate_size
+        if f % etp:  # expert tensor parallelism splits each expert's gate/up rows and down columns
+            ok = [d for d in range(1, f + 1) if f % d == 0]
+            raise ValueError(f"parallel.etp ({etp}) must divide moe_intermediate_size ({f}); try {', '.join(map(str, ok))}")
         if experts % ep:
             ok = [d for d in range(1, experts + 1) if experts % d == 0]
             raise ValueError(f"parallel.ep ({ep}) must divide num_experts ({experts}); try {', '.join(map(str, ok))}")

@@ -69,8 +69,13 @@ def check_expert_parallel(section: str, cfg: ActorConfig, arch: ArchSpec, gpus: 
                                     f"model and {arch.name} is dense; set it to 1"))  # fmt: skip
         return
     experts, ep, etp, tp, pp = arch.num_experts, par.ep, par.etp, par.tp, par.pp
-    if etp != 1:
-        issues.append(Issue(f"{field}.etp", f"({etp}) is not supported yet (each expert stays whole on its rank); set it to 1"))
+    f = arch.moe_ffn_hidden_size
+    if etp != 1 and arch.model_type == "deepseek_v3":
+        issues.append(Issue(f"{field}.etp", f"({etp}) is not supported for deepseek_v3 yet (each expert stays whole on its "
+                            "rank); set it to 1"))  # fmt: skip
+    elif f and f % etp:
+        issues.append(Issue(f"{field}.etp", f"({etp}) must divide moe_intermediate_size ({f}): expert tensor parallelism "
+                            f"splits each expert's gate/up rows and down columns; try {choices(divisors(f))}"))  # fmt: skip
     if gpus % (tp * pp) == 0:
         dp = gpus // (tp * pp)
         fits = [d for d in divisors(experts) if (tp * dp) % (d * etp) == 0]

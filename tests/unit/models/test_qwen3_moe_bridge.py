@@ -71,7 +71,7 @@ def test_transformer_config_reads_the_router_and_the_layer_pattern(norm_topk_pro
     ({"shared_expert_intermediate_size": 64}, {}, r"shared_expert_intermediate_size=64.*no shared expert"),
     ({"hidden_act": "gelu"}, {}, r"hidden_act='gelu'"),
     ({}, {"ep": 3}, r"parallel.ep \(3\) must divide num_experts \(4\); try 1, 2, 4"),
-    ({}, {"etp": 2}, r"parallel.etp \(2\) is not supported yet"),
+    ({}, {"etp": 3}, r"parallel.etp \(3\) must divide moe_intermediate_size \(32\); try 1, 2, 4, 8, 16, 32"),
     ({}, {"vpp": 2}, r"parallel.vpp \(2\) is not supported yet"),
     ({}, {"tp": 4}, r"parallel.tp \(4\) must divide num_key_value_heads \(2\)"),
 ])  # fmt: skip

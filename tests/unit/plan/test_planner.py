@@ -193,8 +193,13 @@ def test_expert_parallelism_of_an_moe_model_follows_megatrons_rules(tmp_path):
     assert too_many == ["actor.parallel.ep: (4) must divide num_experts (4) and, times etp (1), tp x dp (1 x 2 = 2): the "
                         "expert-parallel groups lie across the tensor- and data-parallel ranks; try 1 or 2"]
     assert "actor.parallel.ep: (3) must divide num_experts (4)" in _moe_issues(model, "actor.parallel.ep=3")[0]
-    assert _moe_issues(model, "actor.parallel.etp=2") == [
-        "actor.parallel.etp: (2) is not supported yet (each expert stays whole on its rank); set it to 1"]
+    assert _moe_issues(model, "actor.parallel.etp=2") == []  # etp 2 over tp 1 x dp 2: each expert split in two
+    assert _moe_issues(model, "actor.parallel.etp=2", "actor.parallel.ep=2") == [
+        "actor.parallel.ep: (2) must divide num_experts (4) and, times etp (2), tp x dp (1 x 2 = 2): the expert-parallel "
+        "groups lie across the tensor- and data-parallel ranks; try 1"]
+    assert [i for i in _moe_issues(model, "actor.parallel.etp=3", "cluster.gpus_per_node=3") if ".etp" in i] == [
+        "actor.parallel.etp: (3) must divide moe_intermediate_size (32): expert tensor parallelism splits each expert's "
+        "gate/up rows and down columns; try 1, 2, 4, 8, 16 or 32"]
     no_sp = _moe_issues(model, "actor.parallel.tp=2", "actor.micro_batch_size=32", "actor.parallel.sequence_parallel=false")
     assert no_sp == ["actor.parallel.sequence_parallel: (false) at tp 2: Megatron's MoE layers train only with sequence "
                      "parallelism when tp > 1; remove it (on by default) or set it true"]
