@@ -54,9 +54,11 @@ from megarl.metrics import optimizer_metric_names
 from megarl.models.lora import lora_of
 from megarl.parallel.mcore_version import (
     OPTIMIZER_FORMAT_RECORD,
+    UNPREFIXED_OPTIMIZER_RECORD,
     UNRECORDED_OPTIMIZER_FORMAT,
     check_checkpoint_readable,
     checkpoint_optimizer_format,
+    checkpoint_optimizer_unprefixed,
     checkpoint_record,
     write_checkpoint_versions,
 )
@@ -69,6 +71,9 @@ from megarl.parallel.mcore_version import (
 CHECKPOINT_METADATA = {"distrib_optim_sharding_type": UNRECORDED_OPTIMIZER_FORMAT}
 # LoRA checkpoints: the adapters' key prefix (the file naming their base model: LORA_BASE_FILE).
 LORA_KEY = "lora."
+# The record's key of the number of optimizers in Megatron's chain at save (an MoE model's dense and
+# expert optimizers at ep > 1).
+CHAIN_RECORD = "optimizer_chain"
 # Parameters per gradient bucket (Megatron's default at DP <= 40); recorded in every checkpoint.
 GRAD_BUCKET_PARAMS = 40_000_000
 
@@ -226,10 +231,14 @@ class TrainableModel:
         }
 
     # ---- checkpoints ------------------------------------------------------------------------
-    def _sharded_state(self, is_loading: bool, optimizer_format: str) -> dict[str, Any]:
+    def _sharded_state(self, is_loading: bool, optimizer_format: str, unprefixed: bool) -> dict[str, Any]:
+        """``unprefixed``: the optimizer state keyed per parameter alone, not under its member of
+        Megatron's chain (fully_reshardable only): then a load may have another chain, as an MoE
+        model's has at another ep (dense + expert optimizers at ep > 1, one at ep 1)."""
         lora = lora_of(self.model.core)  # LoRA: the adapters only, as the optimizer only holds them
         model_sd = _model_sharded_state(self.model.core) if lora is None else lora.sharded_state_dict(LORA_KEY)
-        metadata = CHECKPOINT_METADATA | {"distrib_optim_sharding_type": optimizer_format}
+        metadata = CHECKPOINT_METADATA | {"distrib_optim_sharding_type": optimizer_format,
+                                          "chained_optim_avoid_prefix": unprefixed}  # fmt: skip
         return {
             "model": model_sd,
             "optimizer": self.optimizer.sharded_state_dict(model_sd, is_loading=is_loading, metadata=metadata),
@@ -246,10 +255,12 @@ class TrainableModel:
         # distributed optimizer to describe: give it the state a fresh Adam starts from (step 0).
         _materialise_optimizer_state(self.optimizer)
         fmt = self.cfg.optimizer.checkpoint_format
-        save_dist_checkpoint(self._sharded_state(is_loading=False, optimizer_format=fmt), path)
+        unprefixed = self.cfg.optimizer.distributed and fmt == "fully_reshardable"
+        save_dist_checkpoint(self._sharded_state(is_loading=False, optimizer_format=fmt, unprefixed=unprefixed), path)
         if torch.distributed.get_rank() == 0:  # which megatron-core can read it back, the buckets, the format
             # (the non-distributed optimizer has no format to choose: its state is per parameter)
-            layout = {OPTIMIZER_FORMAT_RECORD: fmt} if self.cfg.optimizer.distributed else {}
+            layout: dict[str, Any] = {OPTIMIZER_FORMAT_RECORD: fmt, UNPREFIXED_OPTIMIZER_RECORD: unprefixed,
+                                      CHAIN_RECORD: _chain_length(self.optimizer)} if self.cfg.optimizer.distributed else {}
             write_checkpoint_versions(path, grad_bucket_params=GRAD_BUCKET_PARAMS, **layout)
         torch.distributed.barrier()  # the record exists for every rank once save returns
 
@@ -267,7 +278,12 @@ class TrainableModel:
             if error:
                 raise ValueError(error)
         _materialise_optimizer_state(self.optimizer)
-        state = dist_checkpointing.load(self._sharded_state(is_loading=True, optimizer_format=fmt), str(path))
+        unprefixed = checkpoint_optimizer_unprefixed(path)
+        state = dist_checkpointing.load(self._sharded_state(is_loading=True, optimizer_format=fmt, unprefixed=unprefixed),
+                                        str(path))  # fmt: skip
+        # Another chain of optimizers than the save's (an MoE model at another ep): the state per
+        # parameter loads; the chain's common state (param groups) is the save's, not this chain's.
+        rechained = unprefixed and checkpoint_record(path).get(CHAIN_RECORD) != _chain_length(self.optimizer)
         # no_grad: with fp32 params the optimizer's main params are views of the model's leaf
         # params, which Megatron's loader fills in place.
         with torch.no_grad():
@@ -276,7 +292,7 @@ class TrainableModel:
                 self.model.core.load_state_dict(state["model"])
             else:
                 lora.load_sharded(state["model"], LORA_KEY)
-            _load_optimizer_state(self.optimizer, state["optimizer"])
+            _load_optimizer_state(self.optimizer, state["optimizer"], rechained)
         _restore_adam_steps(self.optimizer, state["optimizer"])
         self.schedule.load_state_dict(state["schedule"])
 
@@ -304,7 +320,12 @@ def check_lora_base(path: str | os.PathLike, identity: dict[str, Any] | None) ->
                          "with the base model the adapters were trained on")  # fmt: skip
 
 
-def _load_optimizer_state(optimizer: Any, loaded: Any) -> None:
+def _chain_length(optimizer: Any) -> int:
+    """The members of Megatron's chain of optimizers (1: a plain optimizer)."""
+    return len(getattr(optimizer, "chained_optimizers", [optimizer]))
+
+
+def _load_optimizer_state(optimizer: Any, loaded: Any, rechained: bool = False) -> None:
     """``optimizer.load_state_dict(loaded)``, except for fully_reshardable state under torch Adam.
 
     megatron-core 0.16 (``load_parameter_state_from_fully_reshardable``) copies every entry of
@@ -314,8 +335,16 @@ def _load_optimizer_state(optimizer: Any, loaded: Any) -> None:
     :func:`_restore_adam_steps` sets them afterwards). TE/apex FusedAdam keep no such entry.
 
     An MoE model trains with a chain of two (dense and expert parameters, each sharded over its
-    own data-parallel group); its state is one entry per optimizer, by index."""
+    own data-parallel group); its state is one entry per optimizer, by index. ``rechained``: the
+    checkpoint was saved by another chain (fully_reshardable state without the members' prefix):
+    each member takes its parameters' state, and keeps its own param groups (their hyperparameters
+    come from the config and the schedule; Adam's step is restored by :func:`_restore_adam_steps`)."""
     chained = getattr(optimizer, "chained_optimizers", [optimizer])
+    if rechained:
+        members = [loaded] if len(chained) == 1 else [loaded[i] for i in range(len(chained))]
+        for inner, state in zip(chained, members, strict=True):
+            _load_parameter_state(inner, state["param_state"])
+        return
     if len(chained) == 1:
         states = [loaded]
     elif isinstance(loaded, dict):  # Megatron's chain keys its members' state by index
@@ -328,10 +357,16 @@ def _load_optimizer_state(optimizer: Any, loaded: Any) -> None:
     for inner, state in zip(chained, states, strict=True):
         param_state = state.pop("param_state")
         inner.load_state_dict(state)  # param groups (Adam's step), grad scaler
-        held = {p: s.pop("step") for p, s in inner.optimizer.state.items() if "step" in s} if inner.optimizer else {}
-        inner.load_parameter_state_from_fully_reshardable(param_state)
-        for p, step in held.items():
-            inner.optimizer.state[p]["step"] = step
+        _load_parameter_state(inner, param_state)
+
+
+def _load_parameter_state(inner: Any, param_state: Any) -> None:
+    """One member's fully_reshardable parameter state, torch Adam's per-parameter steps held
+    aside (see :func:`_load_optimizer_state`)."""
+    held = {p: s.pop("step") for p, s in inner.optimizer.state.items() if "step" in s} if inner.optimizer else {}
+    inner.load_parameter_state_from_fully_reshardable(param_state)
+    for p, step in held.items():
+        inner.optimizer.state[p]["step"] = step
 
 
 def _model_sharded_state(core: Any) -> dict[str, Any]:  # a megatron GPTModel (untyped)
