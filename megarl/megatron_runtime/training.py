@@ -94,6 +94,7 @@ class TrainableModel:
         self.model = model
         self.role = role
         self.cfg = cfg
+        check_expert_gradients(model.tcfg)
         self.closed = False  # close(): the gradient hooks are gone, so no more training
         # Each gradient bucket's reduction starts as soon as the last micro-batch's backward has
         # filled it, while the backward goes on through earlier layers. The bucket size is fixed
@@ -295,6 +296,17 @@ class TrainableModel:
             _load_optimizer_state(self.optimizer, state["optimizer"], rechained)
         _restore_adam_steps(self.optimizer, state["optimizer"])
         self.schedule.load_state_dict(state["schedule"])
+
+
+def check_expert_gradients(tcfg: Any) -> None:
+    """Refuse expert tensor parallelism that Megatron's gradient reduction gets wrong: at ep 1 it
+    marks expert parameters as dense ones (``allreduce``: megatron/core/tensor_parallel/layers.py)
+    and reduces their gradients over the data-parallel group, whose ranks hold the same expert
+    slice only when etp equals tp (the planner refuses the rest before launch)."""
+    ep, etp, tp = tcfg.expert_model_parallel_size, tcfg.expert_tensor_parallel_size or 1, tcfg.tensor_model_parallel_size
+    if tcfg.num_moe_experts and etp > 1 and ep == 1 and etp != tp:
+        raise ValueError(f"parallel.etp ({etp}) with parallel.ep 1 must equal parallel.tp ({tp}) to train: Megatron reduces "
+                         "the experts' gradients over the data-parallel group at ep 1; set etp to 1 or to tp, or ep above 1")  # fmt: skip
 
 
 def check_lora_base(path: str | os.PathLike, identity: dict[str, Any] | None) -> None:

@@ -76,6 +76,11 @@ def check_expert_parallel(section: str, cfg: ActorConfig, arch: ArchSpec, gpus: 
     elif f and f % etp:
         issues.append(Issue(f"{field}.etp", f"({etp}) must divide moe_intermediate_size ({f}): expert tensor parallelism "
                             f"splits each expert's gate/up rows and down columns; try {choices(divisors(f))}"))  # fmt: skip
+    elif ep == 1 and etp != tp:
+        # Megatron marks expert parameters as its own only at ep > 1 (their "allreduce" attribute)
+        issues.append(Issue(f"{field}.etp", f"({etp}) with ep 1 must equal tp ({tp}): at ep 1 Megatron trains the experts as "
+                            "dense parameters and reduces their gradients over the data-parallel group only, which is right "
+                            f"only when the experts split as the tensor-parallel layers do; set etp to {tp}, or ep above 1"))  # fmt: skip
     if gpus % (tp * pp) == 0:
         dp = gpus // (tp * pp)
         fits = [d for d in divisors(experts) if (tp * dp) % (d * etp) == 0]

@@ -149,3 +149,40 @@ def test_aux_losses_weigh_the_same_on_every_pipeline_stage(moe_dir):
             assert err < TOL, (name, float(err))
     assert covered == set(single)
     assert {n for n in single if n.startswith("layer1.")} and {n for n in single if n.startswith("layer2.")}
+
+
+def _hf_grads(rank: int, world: int, path: str, parallel: dict):
+    """One update (the auxiliary losses on) in ``parallel``: its gradients after Megatron's
+    reductions, under HF names, whole (read through the bridge's export: TP, ETP and EP gathered).
+    Every row has an even length: sequence parallelism at TP 2 then adds no padding segment to a
+    packed micro-batch, whose tokens the router would route and the auxiliary losses count."""
+    from actor_cases import batch_of_lengths, pg_loss
+
+    from megarl.actors.policy import PolicyWorker
+    from megarl.config.sections import ActorConfig
+
+    cfg = ActorConfig(micro_batch_size=2, parallel=parallel, optimizer={"lr": 1e-9, "clip_grad": 0.0},
+                      moe={"aux_loss_coef": AUX, "z_loss_coef": Z})  # fmt: skip
+    worker = PolicyWorker(path, cfg, "float32", seed=1)
+    worker.update(batch_of_lengths([4, 3, 5, 2, 6, 3], [6, 5, 7, 4, 8, 9], torch.Generator().manual_seed(0)), pg_loss)
+    core = worker.model.core
+    saved = [(p, p.data) for p in core.parameters()]
+    for p, _ in saved:
+        p.data = p.main_grad.view_as(p.data)
+    grads = {n: t.clone() for n, t in worker.export_weights(gather_bytes=1 << 20)}
+    for p, data in saved:
+        p.data = data
+    worker.close()
+    return grads
+
+
+def test_expert_tensor_parallel_training_reduces_gradients_as_one_rank(moe_dir):
+    """TP=2 x ETP=2 (each expert's slices on the TP ranks, sequence parallel) against one rank: every
+    gradient after DDP's and finalize's reductions, experts and router included, the auxiliary
+    losses' shares under sequence parallelism too."""
+    single = run_distributed(_hf_grads, 1, moe_dir, {})[0]
+    for grads in run_distributed(_hf_grads, 2, moe_dir, {"tp": 2, "etp": 2}):
+        assert set(grads) == set(single) and any(".experts.3." in n for n in grads)
+        for name, ref in single.items():
+            err = (grads[name] - ref).abs().max() / ref.abs().max().clamp(min=1e-12)
+            assert err < TOL, (name, float(err))

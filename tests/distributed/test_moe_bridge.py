@@ -286,8 +286,10 @@ def test_qwen3_moe_tp2_ep2(moe_dirs):
 @pytest.mark.parametrize("tp", [1, 2])
 def test_qwen3_moe_etp2(moe_dirs, tp):
     """Each expert split over 2 ranks (expert tensor parallelism): at tp 1 the ETP group spans the
-    two DP replicas (their tokens, of different counts, gathered for each expert's slices), at
-    tp 2 it is the TP group (sequence parallel)."""
+    two DP replicas (their tokens, of different counts, gathered for each expert's slices: the
+    CPU shim's uneven gathers; a layout conversion takes, and training refuses, since Megatron
+    would reduce the expert slices' gradients over DP), at tp 2 it is the TP group (sequence
+    parallel)."""
     t0 = time.perf_counter()
     results = run_distributed(_worker, 2, moe_dirs, tp, 1, 2)
     assert [r["etp_rank"] for r in results] == [0, 1]

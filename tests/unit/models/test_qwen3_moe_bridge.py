@@ -200,3 +200,14 @@ def test_expert_weights_through_both_layouts_on_a_synthetic_state_dict(moe_dir, 
         for part in export_parts(rule, tensor, info):
             assert part.ep_names is not None and part.ep_names[1] == part.name, name  # this rank's entry
             assert torch.equal(part.shard, hf[part.name]), part.name
+
+
+def test_training_refuses_expert_slices_that_megatrons_gradient_reduction_would_mix():
+    from megarl.megatron_runtime.training import check_expert_gradients
+
+    cfg = _cfg()
+    for parallel in ({"etp": 2, "tp": 2}, {"etp": 2, "ep": 2}, {}):  # etp = tp, or experts reduced over their own group
+        check_expert_gradients(get_bridge(cfg).transformer_config(cfg, ParallelConfig(**parallel), torch.float32))
+    mixed = get_bridge(cfg).transformer_config(cfg, ParallelConfig(etp=2), torch.float32)  # converts, cannot train
+    with pytest.raises(ValueError, match=r"parallel.etp \(2\) with parallel.ep 1 must equal parallel.tp \(1\) to train"):
+        check_expert_gradients(mixed)
