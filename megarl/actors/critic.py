@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from megarl.algos.losses import LossFn, ModelOutputs
+from megarl.algos.losses import LossFn, ModelOutputs, loss_count
 from megarl.config.sections import CriticConfig
 from megarl.data.batch import Batch, TokenRows
 from megarl.megatron_runtime.micro_batches import MicroBatch, MicroBatching
@@ -69,6 +69,7 @@ class CriticWorker(TrainedWorker):
             outputs = ModelOutputs(logprobs=None, values=_values(mb, output))  # type: ignore[arg-type]
             return value_loss_fn(mb.batch, outputs)
 
+        count = lambda mb: loss_count(value_loss_fn, mb.batch, values=True)  # noqa: E731
         return self.trainer.train(batch, loss_head, mini_batch_size=mini_batch_size, ppo_epochs=ppo_epochs,
-                                  shuffle_seed=shuffle_seed)  # fmt: skip
+                                  shuffle_seed=shuffle_seed, loss_count=count)  # fmt: skip
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from megarl.algos.losses import LossFn, ModelOutputs
+from megarl.algos.losses import LossFn, ModelOutputs, loss_count
 from megarl.config.sections import ActorConfig
 from megarl.data.batch import Batch, TokenRows
 from megarl.megatron_runtime.micro_batches import MicroBatch
@@ -144,8 +144,9 @@ class PolicyWorker(TrainedWorker):
                              "SamplingParams, whose return_routing asks the engines for it, as the default one does; or "
                              "set actor.moe.routing_replay: none")  # fmt: skip
         replay = self._replay_metrics(batch, temperature)
+        count = lambda mb: loss_count(loss_fn, mb.batch, entropy=with_entropy)  # noqa: E731
         return self.trainer.train(batch, loss_head, mini_batch_size=mini_batch_size, ppo_epochs=ppo_epochs,
-                                  shuffle_seed=shuffle_seed) | replay  # fmt: skip
+                                  shuffle_seed=shuffle_seed, loss_count=count) | replay  # fmt: skip
 
     def export_weights(self, *, gather_bytes: int, collect: Collect = "all") -> Iterator[tuple[str, torch.Tensor]]:
         """HF-named full tensors, one at a time (collective; see the bridge). ``gather_bytes``:

@@ -37,12 +37,23 @@ class LossFn(Protocol):
         """Return ``(loss_sum, normaliser_count, metrics)``.
 
         ``loss_sum``: scalar tensor with grad; ``normaliser_count``: scalar tensor (tokens for
-        token-mean, sequences for seq-mean modes); ``metrics``: catalogued public name
+        token-mean, sequences for seq-mean modes), a function of the batch's rows alone, never of
+        the outputs (:func:`loss_count` relies on it); ``metrics``: catalogued public name
         (megarl/metrics.py) -> a detached ``[2]`` tensor over the slice; the worker combines
         them over micro-batches, mini-batches and DP ranks by each name's reduction
         (megarl.algos.metrics).
         """
         ...
+
+
+def loss_count(loss_fn: LossFn, batch: Batch, *, entropy: bool = False, values: bool = False) -> torch.Tensor:
+    """The ``normaliser_count`` that ``loss_fn`` gives ``batch`` (float32), without a model: the
+    count depends on the rows alone (LossFn contract), so zero outputs of the right shapes give
+    it. Pipeline stages without the loss need it (the MoE auxiliary losses' weight).
+    ``entropy`` / ``values``: which optional outputs ``loss_fn`` reads."""
+    zeros = torch.zeros(batch.response_mask.shape, dtype=torch.float32, device=batch.response_mask.device)  # [b, R]
+    outputs = ModelOutputs(logprobs=zeros, entropy=zeros if entropy else None, values=zeros if values else None)
+    return loss_fn(batch, outputs)[1].detach().float()
 
 
 # =========================================================================================

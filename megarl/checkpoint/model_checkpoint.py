@@ -74,14 +74,14 @@ def read_record(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def write_record(directory: str | os.PathLike, *, source: str, tp: int, pp: int, dtype: str, hf_config: dict[str, Any],
-                 verified_parameters: int | None, ep: int = 1) -> None:  # fmt: skip
+                 verified_parameters: int | None, ep: int = 1, etp: int = 1) -> None:  # fmt: skip
     """Write the record of the model checkpoint in ``directory``, listing every file already there."""
     import megarl
 
     directory = Path(directory)
     files = sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file() and p.name != RECORD)
     record = {"kind": KIND, "megarl_version": megarl.__version__, "time": time.time(), "source": source, "tp": tp,
-              "pp": pp, "ep": ep, "dtype": dtype, "hf_config": hf_config, "verified_parameters": verified_parameters,
+              "pp": pp, "ep": ep, "etp": etp, "dtype": dtype, "hf_config": hf_config, "verified_parameters": verified_parameters,
               "files": files, "sizes": {f: (directory / f).stat().st_size for f in files if f.startswith(f"{WEIGHTS}/")}}  # fmt: skip
     (directory / RECORD).write_text(json.dumps(record, indent=1) + "\n")
 

@@ -145,9 +145,9 @@ def check_in_process(checkpoint: str | Path) -> None:
 
 def export_model_checkpoint(checkpoint: str | Path, out: str | Path, tp: int | None = None, pp: int | None = None,
                             overwrite: bool = False, verify: bool = True, report: Any = None,
-                            in_process: bool = False, ep: int | None = None) -> Path:  # fmt: skip
+                            in_process: bool = False, ep: int | None = None, etp: int | None = None) -> Path:  # fmt: skip
     """Write a model checkpoint of hf-to-megatron as an HF directory ``out`` (with its recorded
-    layout, or ``tp`` x ``pp`` (x ``ep``: experts) CPU processes; ``in_process``: one rank in this
+    layout, or ``tp`` x ``pp`` (x ``ep`` x ``etp``: experts) CPU processes; ``in_process``: one rank in this
     process, no Ray, TP=PP=EP=1 unless given: a model checkpoint loads into any layout, whatever it
     was saved in)."""
     from megarl.checkpoint.model_checkpoint import check_model_checkpoint
@@ -159,20 +159,21 @@ def export_model_checkpoint(checkpoint: str | Path, out: str | Path, tp: int | N
     tp = (1 if in_process else int(record["tp"])) if tp is None else tp
     pp = (1 if in_process else int(record["pp"])) if pp is None else pp
     ep = (1 if in_process else int(record.get("ep", 1))) if ep is None else ep  # records before MoE have none
-    actor = _layout_config(source, tp, pp, ep)
+    etp = (1 if in_process else int(record.get("etp", 1))) if etp is None else etp
+    actor = _layout_config(source, tp, pp, ep, etp)
     rank_args = (str(source), actor, record["dtype"], CONVERSION_SEED, EXPORT_BUCKET_MB, None)
-    checked = _write_hf_output(target, _cpu_ranks(tp, pp, in_process, ep), rank_args, verify, (str(source), None), report)
+    checked = _write_hf_output(target, _cpu_ranks(tp, pp, in_process, ep, etp), rank_args, verify, (str(source), None), report)
     if report is not None:
-        report(f"wrote {out} from {source} ({_layout_text(tp, pp, ep)}); {_verified(checked)}")
+        report(f"wrote {out} from {source} ({_layout_text(tp, pp, ep, etp)}); {_verified(checked)}")
     return Path(out)
 
 
 def convert_hf_to_megatron(hf: str | Path, out: str | Path, tp: int = 1, pp: int = 1, dtype: str | None = None,
                            overwrite: bool = False, report: Any = None, in_process: bool = False,
-                           ep: int = 1) -> Path:  # fmt: skip
+                           ep: int = 1, etp: int = 1) -> Path:  # fmt: skip
     """Write the HF model ``hf`` as a model checkpoint ``out`` (Megatron dist-checkpoint saved by
-    ``tp`` x ``pp`` CPU processes, times the data-parallel replicas ``ep`` needs (an MoE model's
-    experts split over ``ep`` ranks), or ``in_process`` by one rank in this process; with the HF
+    ``tp`` x ``pp`` CPU processes, times the data-parallel replicas ``ep`` x ``etp`` need (an MoE
+    model's experts split over ``ep`` ranks, each expert over ``etp``), or ``in_process`` by one rank in this process; with the HF
     config and tokenizer); verified bit for bit."""
     from megarl.actors.conversion_rank import ImportRank
     from megarl.checkpoint.model_checkpoint import RECORD, is_model_checkpoint, write_verified
@@ -185,24 +186,24 @@ def convert_hf_to_megatron(hf: str | Path, out: str | Path, tp: int = 1, pp: int
     check_output_target(target, overwrite, {"the HF model directory": source}, manifest=RECORD)
     hf_config = read_hf_config(source)
     dtype = dtype or _config_dtype(hf_config)
-    actor = _layout_config(source, tp, pp, ep, check_weights=True)
-    ranks = _cpu_ranks(tp, pp, in_process, ep)
+    actor = _layout_config(source, tp, pp, ep, etp, check_weights=True)
+    ranks = _cpu_ranks(tp, pp, in_process, ep, etp)
     say = report or (lambda _: None)
     with staged_output(target, report) as staging:
-        say(f"hf-to-megatron: loading {source} into {ranks.count} rank(s) ({_layout_text(tp, pp, ep)}, {dtype}) ...")
+        say(f"hf-to-megatron: loading {source} into {ranks.count} rank(s) ({_layout_text(tp, pp, ep, etp)}, {dtype}) ...")
         with _conversion_group(ImportRank, ranks, (str(source), actor, dtype, CONVERSION_SEED),
                                "hf-to-megatron: rank 0 loading") as client:  # fmt: skip
             say("hf-to-megatron: saving the Megatron checkpoint, then loading it back to compare ...")
-            record = dict(source=str(source), tp=tp, pp=pp, ep=ep, dtype=dtype, hf_config=hf_config)
+            record = dict(source=str(source), tp=tp, pp=pp, ep=ep, etp=etp, dtype=dtype, hf_config=hf_config)
             checked = write_verified(staging, source, record, client.write, client.verify)
         save_carried(source, staging)  # e.g. DeepSeek-V3's MTP layers: no Megatron parameter holds them
         finish_output(staging, target)
-    say(f"wrote {out} from {source} ({_layout_text(tp, pp, ep)}, {dtype}); {_verified(checked)}")
+    say(f"wrote {out} from {source} ({_layout_text(tp, pp, ep, etp)}, {dtype}); {_verified(checked)}")
     return Path(out)
 
 
-def _layout_text(tp: int, pp: int, ep: int) -> str:
-    return f"TP={tp}, PP={pp}" + (f", EP={ep}" if ep > 1 else "")
+def _layout_text(tp: int, pp: int, ep: int, etp: int = 1) -> str:
+    return f"TP={tp}, PP={pp}" + (f", EP={ep}" if ep > 1 else "") + (f", ETP={etp}" if etp > 1 else "")
 
 
 # ---- the conversion groups --------------------------------------------------------------------------------
@@ -220,13 +221,14 @@ class ConversionRanks:
     in_process: bool = False
 
 
-def _cpu_ranks(tp: int, pp: int, in_process: bool, ep: int = 1) -> ConversionRanks:
+def _cpu_ranks(tp: int, pp: int, in_process: bool, ep: int = 1, etp: int = 1) -> ConversionRanks:
     """A model conversion's ranks: ``tp`` x ``pp`` x the fewest data-parallel replicas over which
-    Megatron can lay ``ep`` expert-parallel ranks (ep must divide tp x dp); CPU processes on this
-    machine, or this process."""
-    count = tp * pp * (ep // math.gcd(ep, tp))
+    Megatron can lay ``ep`` x ``etp`` expert ranks (ep x etp must divide tp x dp); CPU processes on
+    this machine, or this process."""
+    count = tp * pp * (ep * etp // math.gcd(ep * etp, tp))
     if in_process:
-        given, one = (f" --ep {ep}", " --ep 1") if ep > 1 else ("", "")
+        given = (f" --ep {ep}" if ep > 1 else "") + (f" --etp {etp}" if etp > 1 else "")
+        one = (" --ep 1" if ep > 1 else "") + (" --etp 1" if etp > 1 else "")
         return _one_rank(count, f"--tp {tp} --pp {pp}{given}", f"use --tp 1 --pp 1{one}, or run without --in-process")
     from megarl.ray_cluster.placement import RolePlacement
 
@@ -417,16 +419,16 @@ def _export_hf(ranks: ConversionRanks, rank_args: tuple, staging: Path, verify: 
         return client.verify(str(written))
 
 
-def _layout_config(model_dir: Path, tp: int, pp: int, ep: int = 1, check_weights: bool = False) -> Any:
-    """The ActorConfig of a conversion layout, refused (OutputError naming --tp/--pp/--ep) when the
+def _layout_config(model_dir: Path, tp: int, pp: int, ep: int = 1, etp: int = 1, check_weights: bool = False) -> Any:
+    """The ActorConfig of a conversion layout, refused (OutputError naming --tp/--pp/--ep/--etp) when the
     model cannot be split that way; ``check_weights``: also the HF safetensors' names and shapes
     (headers only), so a bad --hf is refused before Ray starts."""
     from megarl.config.sections import ActorConfig, ParallelConfig
 
-    for name, value in (("--tp", tp), ("--pp", pp), ("--ep", ep)):
+    for name, value in (("--tp", tp), ("--pp", pp), ("--ep", ep), ("--etp", etp)):
         if value < 1:
             raise OutputError(f"{name} ({value}) must be >= 1")
-    parallel = ParallelConfig(tp=tp, pp=pp, ep=ep)
+    parallel = ParallelConfig(tp=tp, pp=pp, ep=ep, etp=etp)
     try:
         from transformers import AutoConfig
 
@@ -445,7 +447,7 @@ def _layout_config(model_dir: Path, tp: int, pp: int, ep: int = 1, check_weights
         raise OutputError(f"--hf {model_dir}: {exc}") from None
     except ValueError as exc:
         message = str(exc)
-        for knob in ("tp", "pp", "ep"):
+        for knob in ("etp", "tp", "pp", "ep"):  # etp first: "parallel.tp" is no part of "parallel.etp"
             message = message.replace(f"parallel.{knob}", f"--{knob}")
         raise OutputError(f"{model_dir}: {message}") from None
     return ActorConfig(parallel=parallel)

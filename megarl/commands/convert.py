@@ -8,7 +8,7 @@
   A LoRA run's checkpoint (policy/lora_base.json; adapters only) is loaded onto its base model
   (the run's model.path, checked against the recorded fingerprint): HF_DIR is the merged model,
   and HF_DIR/lora_adapter the adapters as an HF PEFT adapter of that base (--no-adapter: not).
-- ``megarl convert hf-to-megatron --hf HF_DIR --out CKPT --tp N --pp M [--ep E]``: a Megatron
+- ``megarl convert hf-to-megatron --hf HF_DIR --out CKPT --tp N --pp M [--ep E] [--etp T]``: a Megatron
   dist-checkpoint that records the HF config it came from (megarl/checkpoint/model_checkpoint.py);
   `megarl launch` starts from it when model.path names it, with any TP/PP. It is loaded back
   and compared with the HF import bit for bit.
@@ -83,6 +83,9 @@ def _register_to_megatron(directions: argparse._SubParsersAction) -> None:
     p.add_argument("--ep", type=int, default=1, help="expert-parallel ranks of a mixture-of-experts model (default 1; "
                    "each holds num_experts / ep experts; the conversion adds the data-parallel replicas Megatron needs "
                    "for ep to divide tp x dp)")
+    p.add_argument("--etp", type=int, default=1, help="expert-tensor-parallel ranks of a mixture-of-experts model "
+                   "(default 1; each expert's gate/up rows and down columns split over etp ranks; ep x etp must divide "
+                   "tp x dp)")
     p.add_argument("--dtype", choices=DTYPES, default=None,
                    help="parameter dtype (default: the HF config's dtype, else bfloat16)")
     p.add_argument("--overwrite", action="store_true",
@@ -114,6 +117,7 @@ def _register_to_hf(directions: argparse._SubParsersAction) -> None:
     p.add_argument("--tp", type=int, default=None, help="model checkpoint: TP of the export (default: recorded)")
     p.add_argument("--pp", type=int, default=None, help="model checkpoint: PP of the export (default: recorded)")
     p.add_argument("--ep", type=int, default=None, help="model checkpoint: EP of the export (default: recorded)")
+    p.add_argument("--etp", type=int, default=None, help="model checkpoint: ETP of the export (default: recorded)")
     p.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
                    help="import the written files back and compare bit for bit (default: on)")
     p.add_argument("--adapter", action=argparse.BooleanOptionalAction, default=None,
@@ -129,7 +133,7 @@ def _register_to_hf(directions: argparse._SubParsersAction) -> None:
 
 
 # Options of megatron-to-hf that take a value (the short form's bare words are the others).
-_VALUED = {"--config", "--tp", "--pp", "--ep", "--ckpt", "--out"}
+_VALUED = {"--config", "--tp", "--pp", "--ep", "--etp", "--ckpt", "--out"}
 
 
 def expand_short_form(argv: list[str]) -> list[str]:
@@ -167,7 +171,7 @@ def _run_to_megatron(args: argparse.Namespace) -> int:
 
     with output_lock(args.out), writing(args.out, "the converted checkpoint", kept=_KEPT):  # one convert writes OUT
         run_stoppable(lambda: convert_hf_to_megatron(args.hf, args.out, args.tp, args.pp, args.dtype, args.overwrite, report=print,
-                                                     in_process=args.in_process, ep=args.ep), _STOPPED)  # fmt: skip
+                                                     in_process=args.in_process, ep=args.ep, etp=args.etp), _STOPPED)  # fmt: skip
     return 0
 
 
@@ -193,10 +197,10 @@ def _to_hf(args: argparse.Namespace) -> int:
             raise OutputError(f"--{'config' if args.config is not None else 'adapter'} is for training checkpoints; {ckpt} is a "
                               "model checkpoint (a plain model, with its own config)")  # fmt: skip
         export_model_checkpoint(ckpt, out, args.tp, args.pp, args.overwrite, args.verify, report=print,
-                                in_process=args.in_process, ep=args.ep)  # fmt: skip
+                                in_process=args.in_process, ep=args.ep, etp=args.etp)  # fmt: skip
     else:
-        if args.tp is not None or args.pp is not None or args.ep is not None:
-            raise OutputError(f"--tp/--pp/--ep are for model checkpoints; a training checkpoint ({ckpt}) is exported with "
+        if any(v is not None for v in (args.tp, args.pp, args.ep, args.etp)):
+            raise OutputError(f"--tp/--pp/--ep/--etp are for model checkpoints; a training checkpoint ({ckpt}) is exported with "
                               "the run's layout")
         convert_checkpoint(ckpt, out, args.config, args.overwrite, report=print, verify=args.verify, in_process=args.in_process,
                            adapter=args.adapter)  # fmt: skip

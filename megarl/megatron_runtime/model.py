@@ -226,11 +226,13 @@ class MegatronModel:
         loss_head: Callable[[MicroBatch, torch.Tensor], tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]],
         metrics: MetricAccumulator,
         batching: MicroBatching,
+        stage_output: Callable[[MicroBatch, torch.Tensor], None] | None = None,
     ) -> None:
         """Forward + backward of this replica's share of ``mini_batch``; grads are left in the
         DDP buffers, normalised by the global count. Each micro-batch's loss metrics are added
         to ``metrics`` on the device (this rank's share, last pipeline stage only; no host sync):
-        :meth:`reduce_metrics` makes them the group's."""
+        :meth:`reduce_metrics` makes them the group's. ``stage_output`` sees each micro-batch's
+        output of this pipeline stage (on every stage) before it leaves the forward step."""
         counts = WholeCounts(self.info.device)
 
         def loss_func(mb: MicroBatch, output: torch.Tensor):
@@ -241,7 +243,7 @@ class MegatronModel:
             return loss_sum, counts.as_int(count), {}
 
         self.module.train()
-        self._run(mini_batch, batching, loss_func, forward_only=False)
+        self._run(mini_batch, batching, loss_func, forward_only=False, stage_output=stage_output)
         counts.check()
 
     # ---- internals ------------------------------------------------------------------------
@@ -260,7 +262,8 @@ class MegatronModel:
             for k, rows in enumerate(groups)
         ]
 
-    def _run(self, batch: Batch, batching: MicroBatching, loss_func: Callable, *, forward_only: bool) -> None:
+    def _run(self, batch: Batch, batching: MicroBatching, loss_func: Callable, *, forward_only: bool,
+             stage_output: Callable[[MicroBatch, torch.Tensor], None] | None = None) -> None:  # fmt: skip
         """Drive Megatron's schedule (1F1B under PP) over this replica's micro-batches of ``batch``."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -281,6 +284,8 @@ class MegatronModel:
                                                                        flex=self.flex_attention)  # fmt: skip
             output = model(input_ids=mb.tokens, position_ids=mb.position_ids, attention_mask=None,
                            packed_seq_params=params)  # fmt: skip
+            if stage_output is not None:
+                stage_output(mb, output)
             return output, partial(loss_func, mb)
 
         with self.routing.run(training=not forward_only) if self.routing is not None else nullcontext():

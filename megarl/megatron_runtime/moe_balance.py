@@ -7,12 +7,21 @@ Megatron's ``MoEAuxLossAutoScaler``: the policy loss does not hold them. Under
 by the micro-batch's router tokens T, and ``finalize_model_grads`` divides every gradient by the
 global loss count N (response tokens, or sequences in the seq-mean modes). That weighs a
 micro-batch's auxiliary loss by T / N: a multiple of the intended coefficient whenever N does
-not count the router's tokens (prompts, padding, or sequences instead of tokens). So the
-backward of each micro-batch first rescales it by count / T, where count is the micro-batch's
-share of N: each micro-batch's auxiliary loss then weighs count / N, the weights over every
-micro-batch and data-parallel rank sum to 1, and the auxiliary gradient is exactly
-``coef x d(aux)`` on one micro-batch. The loss count exists on the last pipeline stage alone,
-so the bridge refuses auxiliary losses under pipeline parallelism for now.
+not count the router's tokens (prompts, padding, or sequences instead of tokens). So each
+micro-batch's backward first sets the auxiliary losses' backward scale to count / T, where count
+is the micro-batch's share of N: each micro-batch's auxiliary loss then weighs count / N, the
+weights over every micro-batch and data-parallel rank sum to 1, and the auxiliary gradient is
+exactly ``coef x d(aux)`` on one micro-batch.
+
+Every pipeline stage needs that weight, and the loss (which gives the count) exists on the last
+stage alone. So the count comes from the micro-batch's rows before the schedule runs (the loss
+function's normaliser depends on the rows' masks, not on the model's outputs: the caller's
+``loss_count``), and T from the micro-batch's width (the router sees this rank's sequence-parallel
+slice). The scale is set by a gradient hook on the stage's output of that micro-batch: the root
+of the micro-batch's backward on every stage, so it runs before any of the stage's MoE layers'
+backward, whatever the order of micro-batches in the pipeline schedule (1F1B runs several
+backwards in a row on the earlier stages). Megatron's schedule sets its own scale after each
+forward; the hook's, set later, wins.
 
 Metrics, per update (``<role>/moe/...``): the tokens each expert received per MoE layer
 (training forwards only, after capacity drops), as max / mean over the experts (1 = perfect
@@ -35,6 +44,7 @@ optimizer then skips the step (a non-finite gradient), as Megatron's does.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -43,24 +53,16 @@ import torch.distributed as dist
 from megarl.megatron_runtime.routing_replay import moe_layer_indices
 
 
-class _AuxLossShare(torch.autograd.Function):
-    """Identity on the micro-batch's loss whose backward, which runs before any layer's (the loss
-    is the root of the graph), multiplies the auxiliary losses' backward scale by ``share``."""
+def _scale_hook(scale: torch.Tensor) -> Callable[[torch.Tensor], None]:
+    """A gradient hook that sets the auxiliary losses' backward scale to ``scale``."""
 
-    @staticmethod
-    def forward(ctx: Any, loss: torch.Tensor, share: torch.Tensor) -> torch.Tensor:
-        ctx.share = share
-        return loss.clone()
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+    def hook(grad: torch.Tensor) -> None:
         from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
 
-        # The schedule set this micro-batch's scale (1, or the fp16 loss scale) after its forward.
-        scale = MoEAuxLossAutoScaler.main_loss_backward_scale
-        base = scale if scale is not None else torch.ones(1, device=grad.device)
-        MoEAuxLossAutoScaler.main_loss_backward_scale = base * ctx.share.to(base.dtype)
-        return grad, None
+        # Copied into the scale Megatron holds (its schedule's forwards set it the same way).
+        MoEAuxLossAutoScaler.set_loss_scale(scale)
+
+    return hook
 
 
 class MoEBalance:
@@ -78,7 +80,7 @@ class MoEBalance:
         self.bias_on = bool(getattr(tcfg, "moe_router_enable_expert_bias", False))  # on every stage alike
         device = next(core.parameters()).device
         self.load = torch.zeros(tcfg.num_layers, tcfg.num_moe_experts, dtype=torch.float64, device=device)  # [L, E]
-        self.tokens = 0  # router tokens of this rank's latest training micro-batch
+        self.tcfg = tcfg  # its grad_scale_func: the fp16 loss scale, set once the optimizer exists
         self.micro_batches = 0
         for router in self.routers:
             router.register_forward_hook(self._count)
@@ -88,8 +90,7 @@ class MoEBalance:
             return  # forward-only passes (old log-probs, reference) are not the update's routing
         routing_map = output[1]  # [T, E] bool: token -> the experts it reaches
         # Under full recompute a training micro-batch's first forward runs without gradients and
-        # the backward runs it again: its tokens are known from the first, its load counted once.
-        self.tokens = routing_map.shape[0]
+        # the backward runs it again: its load is counted once.
         if torch.is_grad_enabled():
             self.load[router.layer_number - 1] += routing_map.sum(0)
 
@@ -101,14 +102,18 @@ class MoEBalance:
         self.micro_batches = 0
         clear_aux_losses_tracker()
 
-    def weigh(self, loss_sum: torch.Tensor, count: torch.Tensor | float) -> torch.Tensor:
-        """``loss_sum`` of one training micro-batch whose loss count is ``count`` (0: a filler),
-        unchanged forward; its backward weighs the auxiliary losses by ``count / tokens``."""
+    def weigh(self, output: torch.Tensor, tokens: int, count: torch.Tensor | float) -> None:
+        """One training micro-batch's ``output`` of this stage, whose router tokens on this rank
+        are ``tokens`` and whose loss count is ``count`` (0: a filler): its backward weighs the
+        auxiliary losses by ``count / tokens``."""
         self.micro_batches += 1
-        if not self.losses_on or not self.routers:
-            return loss_sum
-        share = torch.as_tensor(count, dtype=torch.float32, device=loss_sum.device) / max(self.tokens, 1)
-        return _AuxLossShare.apply(loss_sum, share)
+        if not self.losses_on or not self.routers or not output.requires_grad:
+            return
+        ones = torch.ones(1, device=output.device)
+        scale_func = self.tcfg.grad_scale_func  # as Megatron's schedule sets its scale after each forward
+        base = scale_func(ones) if scale_func is not None else ones
+        share = torch.as_tensor(count, dtype=torch.float32, device=output.device) / max(tokens, 1)
+        output.register_hook(_scale_hook(base * share.to(base.dtype)))
 
     def metrics(self, tp_dp_group: Any, pp_group: Any, tp_size: int, dp_size: int) -> dict[str, float]:
         """The update's MoE metrics, identical on every rank (collective over the given groups)."""

@@ -54,9 +54,11 @@ from megarl.metrics import optimizer_metric_names
 from megarl.models.lora import lora_of
 from megarl.parallel.mcore_version import (
     OPTIMIZER_FORMAT_RECORD,
+    UNPREFIXED_OPTIMIZER_RECORD,
     UNRECORDED_OPTIMIZER_FORMAT,
     check_checkpoint_readable,
     checkpoint_optimizer_format,
+    checkpoint_optimizer_unprefixed,
     checkpoint_record,
     write_checkpoint_versions,
 )
@@ -69,10 +71,16 @@ from megarl.parallel.mcore_version import (
 CHECKPOINT_METADATA = {"distrib_optim_sharding_type": UNRECORDED_OPTIMIZER_FORMAT}
 # LoRA checkpoints: the adapters' key prefix (the file naming their base model: LORA_BASE_FILE).
 LORA_KEY = "lora."
+# The record's key of the number of optimizers in Megatron's chain at save (an MoE model's dense and
+# expert optimizers at ep > 1).
+CHAIN_RECORD = "optimizer_chain"
 # Parameters per gradient bucket (Megatron's default at DP <= 40); recorded in every checkpoint.
 GRAD_BUCKET_PARAMS = 40_000_000
 
 LossHead = Callable[[MicroBatch, torch.Tensor], tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]]
+# A micro-batch's loss count (what its LossHead returns as count) from its rows alone: every
+# pipeline stage weighs the MoE auxiliary losses by it (moe_balance.py).
+LossCount = Callable[[MicroBatch], torch.Tensor]
 
 
 class TrainableModel:
@@ -86,6 +94,7 @@ class TrainableModel:
         self.model = model
         self.role = role
         self.cfg = cfg
+        check_expert_gradients(model.tcfg)
         self.closed = False  # close(): the gradient hooks are gone, so no more training
         # Each gradient bucket's reduction starts as soon as the last micro-batch's backward has
         # filled it, while the backward goes on through earlier layers. The bucket size is fixed
@@ -135,9 +144,10 @@ class TrainableModel:
 
     # ---- the update loop --------------------------------------------------------------------
     def train(self, batch: Batch, loss_head: LossHead, *, mini_batch_size: int | None, ppo_epochs: int | None,
-              shuffle_seed: int | None = None) -> dict[str, float]:  # fmt: skip
+              shuffle_seed: int | None = None, loss_count: LossCount | None = None) -> dict[str, float]:  # fmt: skip
         """Optimizer steps over ``batch`` (see module docstring); metrics equal on every rank.
         ``shuffle_seed``: permute the rows each epoch (micro_batches.mini_batches); None = in order.
+        ``loss_count``: needed by an MoE model with auxiliary losses (moe_balance.py).
 
         Returns the loss function's metrics reduced over every micro-batch, mini-batch and DP
         rank by their catalogued reductions (megarl/metrics.py), plus ``<role>/grad_norm`` (mean
@@ -156,9 +166,9 @@ class TrainableModel:
         metrics = MetricAccumulator(self.model.info.device)
         steps: list[tuple[float, bool]] = []  # (grad norm, taken) of each optimizer step
         lr = self.schedule.current_lr
-        head = self._balanced(loss_head)
+        stage_output = self._balanced(loss_count)
         for mini in mini_batches(batch, size, epochs, shuffle_seed):
-            grad_norm, ok, lr = self._step(mini, head, metrics)
+            grad_norm, ok, lr = self._step(mini, loss_head, metrics, stage_output)
             steps.append((grad_norm, ok))
         if self.model.module.ddp_config.overlap_param_gather:  # the last step's weights: gathered now, not in a later forward
             self.model.module.start_param_sync(force_sync=True)
@@ -168,18 +178,25 @@ class TrainableModel:
         self.model.reduce_metrics(metrics, replicated)
         return metrics.values() | self._moe_metrics()
 
-    def _balanced(self, loss_head: LossHead) -> LossHead:
-        """``loss_head`` whose loss weighs the MoE auxiliary losses in the backward (moe_balance.py)."""
-        balance = self.balance
+    def _balanced(self, loss_count: LossCount | None) -> Callable[[MicroBatch, torch.Tensor], None] | None:
+        """What each training micro-batch's stage output goes through so that its backward weighs
+        the MoE auxiliary losses (moe_balance.py); None for a dense model."""
+        balance, model = self.balance, self.model
         if balance is None:
-            return loss_head
+            return None
+        if balance.losses_on and loss_count is None:
+            raise ValueError(f"{self.role}.moe aux_loss_coef / z_loss_coef need the update's loss count per micro-batch "
+                             "(loss_count), to weigh the auxiliary losses on every pipeline stage")  # fmt: skip
         balance.begin()
+        # The router's tokens on this rank: sequence parallelism gives each TP rank a slice.
+        split = model.info.tp_size if model.tcfg.sequence_parallel else 1
 
-        def head(mb: MicroBatch, output: torch.Tensor):
-            loss_sum, count, slice_metrics = loss_head(mb, output)
-            return balance.weigh(loss_sum, 0.0 if mb.filler else count), count, slice_metrics
+        def stage_output(mb: MicroBatch, output: torch.Tensor) -> None:
+            # Only the losses need the count (a filler's is 0: it must not weigh).
+            count = loss_count(mb) if balance.losses_on and loss_count is not None and not mb.filler else 0.0
+            balance.weigh(output, mb.tokens.numel() // split, count)
 
-        return head
+        return stage_output
 
     def _moe_metrics(self) -> dict[str, float]:
         if self.balance is None:
@@ -190,13 +207,14 @@ class TrainableModel:
         return self.balance.metrics(ps.get_tensor_and_data_parallel_group(), ps.get_pipeline_model_parallel_group(),
                                     info.tp_size, info.dp_size)  # fmt: skip
 
-    def _step(self, mini: Batch, loss_head: LossHead, metrics: MetricAccumulator) -> tuple[float, bool, float]:
+    def _step(self, mini: Batch, loss_head: LossHead, metrics: MetricAccumulator,
+              stage_output: Callable[[MicroBatch, torch.Tensor], None] | None) -> tuple[float, bool, float]:  # fmt: skip
         """One optimizer step on ``mini``; its loss metrics go to ``metrics``. Returns
         ``(grad norm, step taken, lr)``: host values Megatron's optimizer already computed."""
         self.model.module.zero_grad_buffer()
         self.optimizer.zero_grad()
         lr = self.schedule.apply(self.optimizer)
-        self.model.forward_backward(mini, loss_head, metrics, MicroBatching.of(self.cfg))
+        self.model.forward_backward(mini, loss_head, metrics, MicroBatching.of(self.cfg), stage_output)
         ok, grad_norm, _ = self.optimizer.step()
         self.schedule.advance()
         return float(grad_norm) if grad_norm is not None else float("nan"), bool(ok), lr
@@ -214,10 +232,14 @@ class TrainableModel:
         }
 
     # ---- checkpoints ------------------------------------------------------------------------
-    def _sharded_state(self, is_loading: bool, optimizer_format: str) -> dict[str, Any]:
+    def _sharded_state(self, is_loading: bool, optimizer_format: str, unprefixed: bool) -> dict[str, Any]:
+        """``unprefixed``: the optimizer state keyed per parameter alone, not under its member of
+        Megatron's chain (fully_reshardable only): then a load may have another chain, as an MoE
+        model's has at another ep (dense + expert optimizers at ep > 1, one at ep 1)."""
         lora = lora_of(self.model.core)  # LoRA: the adapters only, as the optimizer only holds them
         model_sd = _model_sharded_state(self.model.core) if lora is None else lora.sharded_state_dict(LORA_KEY)
-        metadata = CHECKPOINT_METADATA | {"distrib_optim_sharding_type": optimizer_format}
+        metadata = CHECKPOINT_METADATA | {"distrib_optim_sharding_type": optimizer_format,
+                                          "chained_optim_avoid_prefix": unprefixed}  # fmt: skip
         return {
             "model": model_sd,
             "optimizer": self.optimizer.sharded_state_dict(model_sd, is_loading=is_loading, metadata=metadata),
@@ -234,10 +256,12 @@ class TrainableModel:
         # distributed optimizer to describe: give it the state a fresh Adam starts from (step 0).
         _materialise_optimizer_state(self.optimizer)
         fmt = self.cfg.optimizer.checkpoint_format
-        save_dist_checkpoint(self._sharded_state(is_loading=False, optimizer_format=fmt), path)
+        unprefixed = self.cfg.optimizer.distributed and fmt == "fully_reshardable"
+        save_dist_checkpoint(self._sharded_state(is_loading=False, optimizer_format=fmt, unprefixed=unprefixed), path)
         if torch.distributed.get_rank() == 0:  # which megatron-core can read it back, the buckets, the format
             # (the non-distributed optimizer has no format to choose: its state is per parameter)
-            layout = {OPTIMIZER_FORMAT_RECORD: fmt} if self.cfg.optimizer.distributed else {}
+            layout: dict[str, Any] = {OPTIMIZER_FORMAT_RECORD: fmt, UNPREFIXED_OPTIMIZER_RECORD: unprefixed,
+                                      CHAIN_RECORD: _chain_length(self.optimizer)} if self.cfg.optimizer.distributed else {}
             write_checkpoint_versions(path, grad_bucket_params=GRAD_BUCKET_PARAMS, **layout)
         torch.distributed.barrier()  # the record exists for every rank once save returns
 
@@ -255,7 +279,12 @@ class TrainableModel:
             if error:
                 raise ValueError(error)
         _materialise_optimizer_state(self.optimizer)
-        state = dist_checkpointing.load(self._sharded_state(is_loading=True, optimizer_format=fmt), str(path))
+        unprefixed = checkpoint_optimizer_unprefixed(path)
+        state = dist_checkpointing.load(self._sharded_state(is_loading=True, optimizer_format=fmt, unprefixed=unprefixed),
+                                        str(path))  # fmt: skip
+        # Another chain of optimizers than the save's (an MoE model at another ep): the state per
+        # parameter loads; the chain's common state (param groups) is the save's, not this chain's.
+        rechained = unprefixed and checkpoint_record(path).get(CHAIN_RECORD) != _chain_length(self.optimizer)
         # no_grad: with fp32 params the optimizer's main params are views of the model's leaf
         # params, which Megatron's loader fills in place.
         with torch.no_grad():
@@ -264,9 +293,20 @@ class TrainableModel:
                 self.model.core.load_state_dict(state["model"])
             else:
                 lora.load_sharded(state["model"], LORA_KEY)
-            _load_optimizer_state(self.optimizer, state["optimizer"])
+            _load_optimizer_state(self.optimizer, state["optimizer"], rechained)
         _restore_adam_steps(self.optimizer, state["optimizer"])
         self.schedule.load_state_dict(state["schedule"])
+
+
+def check_expert_gradients(tcfg: Any) -> None:
+    """Refuse expert tensor parallelism that Megatron's gradient reduction gets wrong: at ep 1 it
+    marks expert parameters as dense ones (``allreduce``: megatron/core/tensor_parallel/layers.py)
+    and reduces their gradients over the data-parallel group, whose ranks hold the same expert
+    slice only when etp equals tp (the planner refuses the rest before launch)."""
+    ep, etp, tp = tcfg.expert_model_parallel_size, tcfg.expert_tensor_parallel_size or 1, tcfg.tensor_model_parallel_size
+    if tcfg.num_moe_experts and etp > 1 and ep == 1 and etp != tp:
+        raise ValueError(f"parallel.etp ({etp}) with parallel.ep 1 must equal parallel.tp ({tp}) to train: Megatron reduces "
+                         "the experts' gradients over the data-parallel group at ep 1; set etp to 1 or to tp, or ep above 1")  # fmt: skip
 
 
 def check_lora_base(path: str | os.PathLike, identity: dict[str, Any] | None) -> None:
@@ -292,7 +332,12 @@ def check_lora_base(path: str | os.PathLike, identity: dict[str, Any] | None) ->
                          "with the base model the adapters were trained on")  # fmt: skip
 
 
-def _load_optimizer_state(optimizer: Any, loaded: Any) -> None:
+def _chain_length(optimizer: Any) -> int:
+    """The members of Megatron's chain of optimizers (1: a plain optimizer)."""
+    return len(getattr(optimizer, "chained_optimizers", [optimizer]))
+
+
+def _load_optimizer_state(optimizer: Any, loaded: Any, rechained: bool = False) -> None:
     """``optimizer.load_state_dict(loaded)``, except for fully_reshardable state under torch Adam.
 
     megatron-core 0.16 (``load_parameter_state_from_fully_reshardable``) copies every entry of
@@ -302,8 +347,16 @@ def _load_optimizer_state(optimizer: Any, loaded: Any) -> None:
     :func:`_restore_adam_steps` sets them afterwards). TE/apex FusedAdam keep no such entry.
 
     An MoE model trains with a chain of two (dense and expert parameters, each sharded over its
-    own data-parallel group); its state is one entry per optimizer, by index."""
+    own data-parallel group); its state is one entry per optimizer, by index. ``rechained``: the
+    checkpoint was saved by another chain (fully_reshardable state without the members' prefix):
+    each member takes its parameters' state, and keeps its own param groups (their hyperparameters
+    come from the config and the schedule; Adam's step is restored by :func:`_restore_adam_steps`)."""
     chained = getattr(optimizer, "chained_optimizers", [optimizer])
+    if rechained:
+        members = [loaded] if len(chained) == 1 else [loaded[i] for i in range(len(chained))]
+        for inner, state in zip(chained, members, strict=True):
+            _load_parameter_state(inner, state["param_state"])
+        return
     if len(chained) == 1:
         states = [loaded]
     elif isinstance(loaded, dict):  # Megatron's chain keys its members' state by index
@@ -316,10 +369,16 @@ def _load_optimizer_state(optimizer: Any, loaded: Any) -> None:
     for inner, state in zip(chained, states, strict=True):
         param_state = state.pop("param_state")
         inner.load_state_dict(state)  # param groups (Adam's step), grad scaler
-        held = {p: s.pop("step") for p, s in inner.optimizer.state.items() if "step" in s} if inner.optimizer else {}
-        inner.load_parameter_state_from_fully_reshardable(param_state)
-        for p, step in held.items():
-            inner.optimizer.state[p]["step"] = step
+        _load_parameter_state(inner, param_state)
+
+
+def _load_parameter_state(inner: Any, param_state: Any) -> None:
+    """One member's fully_reshardable parameter state, torch Adam's per-parameter steps held
+    aside (see :func:`_load_optimizer_state`)."""
+    held = {p: s.pop("step") for p, s in inner.optimizer.state.items() if "step" in s} if inner.optimizer else {}
+    inner.load_parameter_state_from_fully_reshardable(param_state)
+    for p, step in held.items():
+        inner.optimizer.state[p]["step"] = step
 
 
 def _model_sharded_state(core: Any) -> dict[str, Any]:  # a megatron GPTModel (untyped)

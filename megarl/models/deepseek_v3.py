@@ -153,6 +153,9 @@ class DeepseekV3Bridge(Qwen3MoeBridge):
 
     def check_parallel(self, hf_config: Any, parallel: Any) -> None:
         super().check_parallel(hf_config, parallel)
+        if parallel.etp != 1:  # the Qwen3-MoE experts' split is checked against HF; this model's is not yet
+            raise ValueError(f"parallel.etp ({parallel.etp}) is not supported for deepseek_v3 yet (each expert stays "
+                             "whole on its rank); set it to 1")  # fmt: skip
         if parallel.tp > 1 and not parallel.uses_sequence_parallel:
             raise ValueError(f"parallel.sequence_parallel (false) with parallel.tp ({parallel.tp}) is not supported for "
                              "deepseek_v3 (MLA's shared rope key would miss the other TP ranks' gradients); "
@@ -172,7 +175,7 @@ class DeepseekV3Bridge(Qwen3MoeBridge):
     def _config_kwargs(self, hf_config: Any, parallel: Any, dtype: torch.dtype, recompute: str,
                        spec: LayerSpec = "local", moe: Any = None) -> dict[str, Any]:  # fmt: skip
         kwargs = DenseDecoderBridge._config_kwargs(self, hf_config, parallel, dtype, recompute, spec, moe)
-        groups, balance = int(hf_config.n_group or 1), load_balance_kwargs(moe, parallel, sigmoid_router=True)
+        groups, balance = int(hf_config.n_group or 1), load_balance_kwargs(moe, sigmoid_router=True)
         shared = int(hf_config.n_shared_experts or 0) * hf_config.moe_intermediate_size
         kwargs.update(
             multi_latent_attention=True, q_lora_rank=hf_config.q_lora_rank, kv_lora_rank=hf_config.kv_lora_rank,

@@ -13,9 +13,11 @@ it holds and a layout:
 A parameter of a local expert (MoE) carries ``hf_per_ep_rank``: the HF tensors the same
 parameter holds on each rank of the expert-parallel group (local expert j of EP rank r is global
 expert ``r * experts_per_rank + j``, as Megatron places them). Its layout applies over the
-expert-tensor-parallel group instead of the TP group (each expert whole while etp is 1, the only
-size supported yet), import reads only this rank's experts, and export all-gathers the parameter
-over the EP group and yields each rank's under its HF names. An expert-parallel group may span
+expert-tensor-parallel group instead of the TP group (each expert whole while etp is 1; at etp > 1
+fc1's gate and up halves split along dim 0 and fc2 along dim 1, as Megatron's expert linears
+expect), import reads only this rank's experts and their ETP slices, and export all-gathers the
+parameter over the ETP group (the expert whole again), then over the EP group, and yields each
+rank's under its HF names. An expert-parallel group may span
 data-parallel replicas: then export is a collective over them too.
 
 Import builds a rank's shard from row/column slices of the HF tensors (never the full tensor
@@ -37,7 +39,7 @@ from typing import Literal
 import torch
 
 from megarl.models.safetensors_reader import SafetensorsReader
-from megarl.parallel.sharding import ep_group, gather_shards
+from megarl.parallel.sharding import ep_group, etp_group, gather_shards
 
 # The critic's value head in HF form: the name transformers' *ForTokenClassification heads use.
 VALUE_HEAD_HF_NAME = "score.weight"
@@ -153,11 +155,13 @@ class ExportPart:
     shard: torch.Tensor
     dim: int | None
     rows: int | None = None
-    ep_names: tuple[str, ...] | None = None  # an expert's: gathered over EP, one name per EP rank
+    # An expert's: gathered over EP, one name per EP rank (``dim``: its split over the ETP group).
+    ep_names: tuple[str, ...] | None = None
 
     def full_bytes(self, info: ShardInfo) -> int:
         """What this part becomes after its gather (every EP rank's experts, for an expert's)."""
-        copies = info.ep_size if self.ep_names is not None else 1 if self.dim is None else info.tp_size
+        split = info.etp_size if self.ep_names is not None else info.tp_size
+        copies = (1 if self.dim is None else split) * (info.ep_size if self.ep_names is not None else 1)
         return self.shard.numel() * self.shard.element_size() * copies
 
 
@@ -165,11 +169,10 @@ def export_parts(rule: ParamRule, shard: torch.Tensor, info: ShardInfo) -> list[
     """``rule``'s HF tensors as this rank's pieces of them (no communication)."""
     if rule.hf_per_ep_rank is None:
         return _layout_parts(rule, shard, info)
-    if info.etp_size != 1:  # the parts would first need a gather over the ETP group
-        raise NotImplementedError(f"export of {rule.megatron}: expert tensor parallelism (etp {info.etp_size}) is not supported yet")
-    parts = _layout_parts(rule, shard, info.for_experts())  # whole at etp 1: the layout only splits fused tensors
+    parts = _layout_parts(rule, shard, info.for_experts())  # at etp 1 whole: the layout only splits fused tensors
     per_rank = rule.hf_per_ep_rank
-    return [ExportPart(p.name, p.shard, None, ep_names=tuple(names[k] for names in per_rank)) for k, p in enumerate(parts)]
+    return [ExportPart(p.name, p.shard, p.dim if info.etp_size > 1 else None, ep_names=tuple(names[k] for names in per_rank))
+            for k, p in enumerate(parts)]  # fmt: skip
 
 
 def _layout_parts(rule: ParamRule, shard: torch.Tensor, info: ShardInfo) -> list[ExportPart]:
@@ -213,11 +216,15 @@ def export_full(rules: Iterable[tuple[ParamRule, torch.Tensor]], info: ShardInfo
 
 def _gathered(parts: list[ExportPart]) -> Iterator[tuple[str, torch.Tensor]]:
     """One group's full tensors, each let go by the group once yielded: TP-split parts gathered
-    over the TP group, then experts over the EP group (every rank of both calls both, in order)."""
-    full = deque(gather_shards([(p.shard, p.dim) for p in parts if p.dim is not None]))
+    over the TP group, then experts over the ETP group (whole again) and the EP group (every rank
+    of these groups calls each gather, in order)."""
+    full = deque(gather_shards([(p.shard, p.dim) for p in parts if p.dim is not None and p.ep_names is None]))
     experts = [p for p in parts if p.ep_names is not None]
+    split = [p for p in experts if p.dim is not None]
+    joined = deque(gather_shards([(p.shard, p.dim) for p in split], group=etp_group()) if split else [])  # type: ignore[misc]
+    whole = [joined.popleft() if p.dim is not None else p.shard for p in experts]
     # [ep, ...] per part: every EP rank's tensor, stacked in EP rank order
-    stacked = deque(gather_shards([(p.shard.unsqueeze(0), 0) for p in experts], group=ep_group()) if experts else [])
+    stacked = deque(gather_shards([(t.unsqueeze(0), 0) for t in whole], group=ep_group()) if experts else [])
     for part in parts:
         if part.ep_names is not None:
             yield from zip(part.ep_names, stacked.popleft(), strict=True)

@@ -38,8 +38,10 @@ layers HF's pools the layers (cross-layer products included) where Megatron sums
 values (tests/distributed/test_moe_balance.py checks both by hand). The DeepSeek-style expert
 bias needs a sigmoid router; Qwen3-MoE's is a softmax, so it is refused.
 
-Not handled yet, and refused by name: expert tensor parallelism (``parallel.etp`` > 1), shared
-experts, top-1 with ``norm_topk_prob`` (Megatron refuses it: the router would get no gradient).
+Expert tensor parallelism (``parallel.etp`` > 1) splits each expert's fc1 (gate and up rows) and fc2
+(columns) over the expert-tensor-parallel group; ``etp`` must divide ``moe_intermediate_size``.
+
+Not handled yet, and refused by name: shared experts, top-1 with ``norm_topk_prob`` (Megatron refuses it: the router would get no gradient).
 """
 
 from __future__ import annotations
@@ -104,10 +106,10 @@ class Qwen3MoeBridge(Qwen3Bridge):
             self._refuse(hf_config, "decoder_sparse_step", hf_config.decoder_sparse_step, ">= 1")
 
     def check_parallel(self, hf_config: Any, parallel: Any) -> None:
-        experts, ep = _num_experts(hf_config), parallel.ep
-        if getattr(parallel, "etp", 1) != 1:
-            raise ValueError(f"parallel.etp ({parallel.etp}) is not supported yet (each expert stays whole on its rank); "
-                             "set it to 1")  # fmt: skip
+        experts, ep, etp, f = _num_experts(hf_config), parallel.ep, parallel.etp, hf_config.moe_intermediate_size
+        if f % etp:  # expert tensor parallelism splits each expert's gate/up rows and down columns
+            ok = [d for d in range(1, f + 1) if f % d == 0]
+            raise ValueError(f"parallel.etp ({etp}) must divide moe_intermediate_size ({f}); try {', '.join(map(str, ok))}")
         if experts % ep:
             ok = [d for d in range(1, experts + 1) if experts % d == 0]
             raise ValueError(f"parallel.ep ({ep}) must divide num_experts ({experts}); try {', '.join(map(str, ok))}")
@@ -127,7 +129,7 @@ class Qwen3MoeBridge(Qwen3Bridge):
             moe_permute_fusion=False,  # a transformer-engine kernel
             expert_model_parallel_size=parallel.ep,
             expert_tensor_parallel_size=parallel.etp,  # Megatron's default would be tp
-            **load_balance_kwargs(moe, parallel, sigmoid_router=False),
+            **load_balance_kwargs(moe, sigmoid_router=False),
         )
         return kwargs
 
@@ -213,7 +215,7 @@ class Qwen3MoeBridge(Qwen3Bridge):
                                  f"unknown {sorted(set(names) - set(expected))}")  # fmt: skip
 
 
-def load_balance_kwargs(moe: Any, parallel: Any, *, sigmoid_router: bool) -> dict[str, Any]:
+def load_balance_kwargs(moe: Any, *, sigmoid_router: bool) -> dict[str, Any]:
     """Megatron's load-balancing keys of a role's MoEConfig (None: its defaults): the Switch
     auxiliary loss per MoE layer and micro-batch (``aux_loss``: see the module docstring), the
     router z-loss, the expert bias (sigmoid routers only) and the capacity; dropless without one."""
@@ -222,11 +224,6 @@ def load_balance_kwargs(moe: Any, parallel: Any, *, sigmoid_router: bool) -> dic
     if rate > 0 and not sigmoid_router:
         raise ValueError(f"actor.moe.expert_bias_update_rate ({rate}) needs a sigmoid router and this model's is a "
                          "softmax (Megatron refuses expert bias with it); set it to 0 (or use aux_loss_coef)")  # fmt: skip
-    if (aux > 0 or z > 0) and parallel.pp > 1:
-        # Each micro-batch's auxiliary loss is weighed by its share of the loss count, which only the
-        # last pipeline stage knows when the earlier stages run their backward.
-        raise ValueError(f"actor.moe.aux_loss_coef ({aux}) / z_loss_coef ({z}) with parallel.pp ({parallel.pp}) > 1 "
-                         "is not supported yet; set parallel.pp to 1 or both coefficients to 0")  # fmt: skip
     capacity = moe.capacity_factor if moe is not None else None
     return dict(
         moe_router_load_balancing_type="aux_loss" if aux > 0 else "none",

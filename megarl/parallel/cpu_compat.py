@@ -27,7 +27,13 @@ megatron-core hard-codes a few CUDA calls on paths that otherwise work on CPU wi
   in every router without it), so it is bound to None; and ``maybe_move_tensor_to_cpu(x,
   as_numpy=True)`` leaves a tensor already on the CPU a tensor, which ``all_to_all_single``
   refuses as split sizes (a TypeError in the alltoall dispatcher at EP > 1), so a CPU tensor
-  becomes numpy as a GPU one does.
+  becomes numpy as a GPU one does;
+- uneven gathers over a group (:func:`_patch_uneven_gathers`): with expert tensor parallelism
+  (etp > 1) the alltoall dispatcher all-gathers each rank's routed tokens over the
+  expert-tensor-parallel group and reduce-scatters them back, in pieces of different lengths,
+  and gloo's ``all_gather`` / ``reduce_scatter`` take equal pieces only ("ProcessGroupGloo::
+  allgather: invalid tensor size"). On the CPU the gather pads every piece to the longest and
+  the reduce-scatter all-reduces the whole tensor and keeps this rank's piece: the same values.
 
 Torch function modes live on a per-thread stack, so the mode is entered in the calling thread
 and in every thread started afterwards (Megatron's checkpoint writers and Ray use threads). A
@@ -214,6 +220,44 @@ def _patch_megatron_moe() -> None:
         token_dispatcher.maybe_move_tensor_to_cpu = maybe_move_tensor_to_cpu
 
 
+def _patch_uneven_gathers() -> None:
+    """Megatron's uneven first-dimension gather and reduce-scatter in equal-sized gloo collectives
+    (module docstring); the even ones are left to Megatron."""
+    try:
+        from megatron.core.tensor_parallel import mappings
+    except ImportError:
+        return
+    gather, scatter = mappings._gather_along_first_dim, mappings._reduce_scatter_along_first_dim
+    if getattr(gather, "megarl_cpu", False):
+        return
+
+    def gather_along_first_dim(input_: torch.Tensor, group: Any, output_split_sizes: Any = None,
+                               use_global_buffer: bool = False) -> torch.Tensor:  # fmt: skip
+        if output_split_sizes is None or group.size() == 1:
+            return gather(input_, group, output_split_sizes, use_global_buffer)
+        sizes = [int(n) for n in output_split_sizes]
+        width = max(sizes)
+        padded = input_.new_zeros(width, *input_.shape[1:])  # [longest, ...]
+        padded[: input_.shape[0]] = input_
+        out = input_.new_empty(width * len(sizes), *input_.shape[1:])
+        torch.distributed.all_gather_into_tensor(out, padded, group=group)
+        return torch.cat([out[r * width : r * width + n] for r, n in enumerate(sizes)])
+
+    def reduce_scatter_along_first_dim(input_: torch.Tensor, group: Any, input_split_sizes: Any = None,
+                                       use_global_buffer: bool = False) -> torch.Tensor:  # fmt: skip
+        if input_split_sizes is None or group.size() == 1:
+            return scatter(input_, group, input_split_sizes, use_global_buffer)
+        sizes = [int(n) for n in input_split_sizes]
+        total = input_.contiguous().clone()
+        torch.distributed.all_reduce(total, group=group)
+        start = sum(sizes[: group.rank()])
+        return total[start : start + sizes[group.rank()]].clone()
+
+    gather_along_first_dim.megarl_cpu = True  # type: ignore[attr-defined]
+    mappings._gather_along_first_dim = gather_along_first_dim
+    mappings._reduce_scatter_along_first_dim = reduce_scatter_along_first_dim
+
+
 def _patch_threads(mode: _CudaToCpuMode) -> None:
     """Enter the mode in every thread started from now on (the mode stack is per thread)."""
     bootstrap = getattr(threading.Thread, "_bootstrap_inner", None)
@@ -243,6 +287,7 @@ def enable_cpu_compat() -> bool:
             _patch_cuda_streams()
             _patch_cuda_rng()
             _patch_megatron_moe()
+            _patch_uneven_gathers()
             _patch_threads(_mode)
     if not is_active_in_this_thread():
         _mode.__enter__()  # threads that existed before enabling (e.g. the main thread)

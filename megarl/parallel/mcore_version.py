@@ -95,6 +95,19 @@ OPTIMIZER_FORMAT_RECORD = "optimizer_format"
 UNRECORDED_OPTIMIZER_FORMAT = "dp_reshardable"
 
 
+# The record's key of whether the optimizer's state is keyed per parameter alone (True), not under
+# the prefix of its member in Megatron's chain of optimizers (chained_0., chained_1.: an MoE model's
+# dense and expert optimizers at ep > 1, one optimizer at ep 1). Only fully_reshardable state drops
+# the prefix; a checkpoint without the record has it whenever it has a chain.
+UNPREFIXED_OPTIMIZER_RECORD = "optimizer_state_unprefixed"
+
+
+def checkpoint_optimizer_unprefixed(path: str | os.PathLike[str]) -> bool:
+    """Whether the training checkpoint at ``path`` keys its optimizer state per parameter alone
+    (see UNPREFIXED_OPTIMIZER_RECORD): then the chain of optimizers may differ at its load."""
+    return bool(checkpoint_record(path).get(UNPREFIXED_OPTIMIZER_RECORD, False))
+
+
 def checkpoint_optimizer_format(path: str | os.PathLike[str]) -> str:
     """The optimizer state's format in the training checkpoint at ``path``, as its save recorded."""
     return checkpoint_record(path).get(OPTIMIZER_FORMAT_RECORD, UNRECORDED_OPTIMIZER_FORMAT)

@@ -4,8 +4,9 @@ Pure communication helpers with no knowledge of model layouts (the bridges in me
 decide which dim is split and how names map). All functions are collectives: every rank of the
 group named in the docstring must call them in the same order.
 
-The expert-parallel group (MoE models: the ranks that split the experts) gathers with the
-same helpers (``group=ep_group()``). Left out: context-parallel groups (not supported yet).
+The expert-parallel group (MoE models: the ranks that split the experts) and the
+expert-tensor-parallel group (the ranks that split each expert) gather with the same helpers
+(``group=ep_group()`` / ``etp_group()``). Left out: context-parallel groups (not supported yet).
 """
 
 from __future__ import annotations
@@ -34,6 +35,14 @@ def ep_group() -> dist.ProcessGroup:
     from megatron.core import parallel_state
 
     return parallel_state.get_expert_model_parallel_group()
+
+
+def etp_group() -> dist.ProcessGroup:
+    """The expert-tensor-parallel group: the ranks that split each of the same experts (size 1
+    while every expert is whole on its rank)."""
+    from megatron.core import parallel_state
+
+    return parallel_state.get_expert_tensor_parallel_group()
 
 
 def all_gather_flat(out: torch.Tensor, piece: torch.Tensor, group: dist.ProcessGroup | None) -> None:

@@ -85,6 +85,10 @@ def check_lora(
         issues.append(Issue("rollout.weight_sync.lora", "(adapter) is not supported yet with asynchronous training "
                             f"(rollout.max_staleness={cfg.rollout.max_staleness}); use rollout.weight_sync.lora=merged"))  # fmt: skip
     experts = expert_modules(cfg, arch)
+    if experts and cfg.actor.parallel.etp > 1:  # the adapters sit whole beside each expert (megarl/models/lora.py)
+        issues.append(Issue("actor.parallel.etp", f"({cfg.actor.parallel.etp}) splits each expert, and actor.lora adapts "
+                            f"the experts ({', '.join(experts)}), whose adapters need them whole; set etp to 1, or target "
+                            "the attention only"))  # fmt: skip
     if rollout and push == "adapter" and experts:
         # transformers holds Qwen3-MoE experts as fused parameters: an HF PEFT adapter cannot name them.
         issues.append(Issue("rollout.weight_sync.lora", f"(adapter) cannot carry the adapters on {arch.name}'s experts "

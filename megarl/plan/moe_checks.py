@@ -51,12 +51,6 @@ def _check_trainer_side(cfg: MegaRLConfig, section: str, moe: MoEConfig, arch: A
         issues.append(Issue(f"{section}.moe.expert_bias_update_rate", f"({moe.expert_bias_update_rate:g}) moves a router's "
                             f"correction bias (DeepSeek-V3's e_score_correction_bias) and {arch.name}'s router has none; "
                             "remove it, or balance with aux_loss_coef"))  # fmt: skip
-    pp = getattr(cfg, section).parallel.pp
-    for key in ("aux_loss_coef", "z_loss_coef"):
-        if getattr(moe, key) and pp > 1:
-            issues.append(Issue(f"{section}.moe.{key}", f"({getattr(moe, key):g}) is not supported with pipeline "
-                                f"parallelism yet ({section}.parallel.pp {pp}: the weight of each micro-batch's auxiliary "
-                                "loss is known on the last stage only); set it to 0 or pp to 1"))  # fmt: skip
     if section == "critic" and moe.routing_replay != "none" and cfg.actor.moe.routing_replay == "none":
         issues.append(Issue("critic.moe.routing_replay", f"({moe.routing_replay}) replays the routing the rollout "
                             "returns, and the rollout asks the engines for it only with actor.moe.routing_replay set; set "
@@ -75,8 +69,18 @@ def check_expert_parallel(section: str, cfg: ActorConfig, arch: ArchSpec, gpus: 
                                     f"model and {arch.name} is dense; set it to 1"))  # fmt: skip
         return
     experts, ep, etp, tp, pp = arch.num_experts, par.ep, par.etp, par.tp, par.pp
-    if etp != 1:
-        issues.append(Issue(f"{field}.etp", f"({etp}) is not supported yet (each expert stays whole on its rank); set it to 1"))
+    f = arch.moe_ffn_hidden_size
+    if etp != 1 and arch.model_type == "deepseek_v3":
+        issues.append(Issue(f"{field}.etp", f"({etp}) is not supported for deepseek_v3 yet (each expert stays whole on its "
+                            "rank); set it to 1"))  # fmt: skip
+    elif f and f % etp:
+        issues.append(Issue(f"{field}.etp", f"({etp}) must divide moe_intermediate_size ({f}): expert tensor parallelism "
+                            f"splits each expert's gate/up rows and down columns; try {choices(divisors(f))}"))  # fmt: skip
+    elif ep == 1 and etp != tp:
+        # Megatron marks expert parameters as its own only at ep > 1 (their "allreduce" attribute)
+        issues.append(Issue(f"{field}.etp", f"({etp}) with ep 1 must equal tp ({tp}): at ep 1 Megatron trains the experts as "
+                            "dense parameters and reduces their gradients over the data-parallel group only, which is right "
+                            f"only when the experts split as the tensor-parallel layers do; set etp to {tp}, or ep above 1"))  # fmt: skip
     if gpus % (tp * pp) == 0:
         dp = gpus // (tp * pp)
         fits = [d for d in divisors(experts) if (tp * dp) % (d * etp) == 0]

@@ -184,7 +184,9 @@ def _check_resumed_config(cfg: MegaRLConfig, ckpt: Any, findings: list[Finding])
 # weights) over TP and PP too (<section>.optimizer.checkpoint_format at save; CHECKPOINT_METADATA
 # in megarl/megatron_runtime/training.py). Expert parallelism splits an MoE model's optimizer in
 # two (dense and expert parameters, each over its own data-parallel group) at ep > 1 but not at
-# ep 1, and the two lay their state out under different keys: ep and etp are kept in every format.
+# ep 1: ep may change only where the save keyed the state per parameter alone, not under the chain
+# member's prefix (fully_reshardable state written by a megarl that records it:
+# UNPREFIXED_OPTIMIZER_RECORD); etp is kept in every format (not tried yet).
 RESUME_LAYOUT_KEYS = {
     "policy": ("actor.parallel.tp", "actor.parallel.pp", "actor.parallel.ep", "actor.parallel.etp",
                "actor.optimizer.distributed", "model.dtype"),
@@ -192,6 +194,7 @@ RESUME_LAYOUT_KEYS = {
                "critic.optimizer.distributed", "model.dtype"),
 }  # fmt: skip
 FULLY_RESHARDABLE_KEYS = (".parallel.tp", ".parallel.pp")  # (suffixes) what fully_reshardable state may change
+UNPREFIXED_KEYS = (".parallel.ep",)  # (suffixes) what unprefixed fully_reshardable state may change too
 
 
 def _layout_changes(differences: dict[str, tuple[Any, Any]], ckpt: Any, old: MegaRLConfig, critic: bool) -> list[Finding]:
@@ -201,7 +204,10 @@ def _layout_changes(differences: dict[str, tuple[Any, Any]], ckpt: Any, old: Meg
     (``critic``: the launch trains one). Either would fail once every worker has started:
     inside Megatron's load with a KeyError, or for want of the critic. ``old``: the config
     ``ckpt`` was trained with."""
-    from megarl.parallel.mcore_version import checkpoint_optimizer_format
+    from megarl.parallel.mcore_version import (
+        checkpoint_optimizer_format,
+        checkpoint_optimizer_unprefixed,
+    )
 
     new_run = "start a new run from its weights (`megarl convert` it, then model.path) in a new trainer.output_dir"
     keys: dict[str, str] = {}  # each key the roles' state keeps, with (one of) its role(s)
@@ -209,8 +215,10 @@ def _layout_changes(differences: dict[str, tuple[Any, Any]], ckpt: Any, old: Meg
     for role in (r for r in ckpt.components if r in RESUME_LAYOUT_KEYS and r in trained):
         distributed = getattr(old, ROLE_SECTIONS[role]).optimizer.distributed
         reshardable = not distributed or checkpoint_optimizer_format(ckpt.path / role) == "fully_reshardable"
+        unprefixed = distributed and checkpoint_optimizer_unprefixed(ckpt.path / role)
         for key in RESUME_LAYOUT_KEYS[role]:
-            if not (reshardable and key.endswith(FULLY_RESHARDABLE_KEYS)):
+            free = (reshardable and key.endswith(FULLY_RESHARDABLE_KEYS)) or (unprefixed and key.endswith(UNPREFIXED_KEYS))
+            if not free:
                 keys.setdefault(key, role)
     found = []
     for key, role in keys.items():
@@ -219,7 +227,7 @@ def _layout_changes(differences: dict[str, tuple[Any, Any]], ckpt: Any, old: Meg
         a, b = differences[key]
         later = ""  # how the run's later checkpoints could change it (the distributed optimizer's only)
         section = ROLE_SECTIONS[role]
-        if key.endswith(FULLY_RESHARDABLE_KEYS) and getattr(old, section).optimizer.distributed:
+        if key.endswith(FULLY_RESHARDABLE_KEYS + UNPREFIXED_KEYS) and getattr(old, section).optimizer.distributed:
             later = (f"; to change it at a later resume, resume once with {key}={a} and "
                      f"{section}.optimizer.checkpoint_format=fully_reshardable: the checkpoints it saves may change it")
         found.append(Finding(key, f"{ckpt.path.name} was trained with {key}={a}, and its optimizer state loads only with the "

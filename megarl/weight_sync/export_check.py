@@ -91,15 +91,21 @@ def expected_fingerprint(bridge: Any, model: torch.nn.Module, *, collect: Collec
 
 def _expert_fingerprint(experts: list[tuple[Any, torch.Tensor]]) -> Fingerprint:
     """The stats of this stage's experts (as exported: with their LoRA adapters merged) on every
-    EP rank, as the export gathers them over the expert-parallel group. Each expert is whole on its rank (parallel.etp = 1), so a TP rank's
-    copy is not a shard: no sum over TP. Collective over the EP group (size 1 for dense models,
-    where ``experts`` is empty)."""
+    EP rank, as the export gathers them over the expert-parallel group. A TP rank's copy of an
+    expert is not a TP shard (no sum over TP); at etp > 1 it is an expert-tensor-parallel shard,
+    summed over that group. Collective over the ETP and EP groups (size 1 for dense models, where
+    ``experts`` is empty)."""
     import torch.distributed as dist
 
-    from megarl.parallel.sharding import all_gather_objects, ep_group
+    from megarl.parallel.sharding import all_gather_objects, ep_group, etp_group
 
-    local = {rule.hf: tuple(tensor_stats(param).cpu().tolist()) for rule, param in experts}
-    if not experts or dist.get_world_size(ep_group()) == 1:
+    if not experts:
+        return {}
+    stats = torch.stack([tensor_stats(param) for _, param in experts])  # [experts, (sum, abs)]
+    if dist.get_world_size(etp_group()) > 1:
+        dist.all_reduce(stats, group=etp_group())
+    local = {rule.hf: (float(s), float(a)) for (rule, _), (s, a) in zip(experts, stats.cpu().tolist(), strict=True)}
+    if dist.get_world_size(ep_group()) == 1:
         return local
     merged: Fingerprint = {}
     for rank in all_gather_objects(local, group=ep_group()):

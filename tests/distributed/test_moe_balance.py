@@ -47,7 +47,8 @@ def _update(rank: int, world: int, path: str, recompute: str):
     seen = []
 
     def loss_fn(mb, outputs):
-        seen.append(mb)
+        if outputs.logprobs.requires_grad:  # not the loss count's probe (algos.losses.loss_count)
+            seen.append(mb)
         return pg_loss(mb, outputs)
 
     metrics = worker.update(batch, loss_fn)
@@ -106,3 +107,82 @@ def test_aux_and_z_losses_reach_the_router_with_their_coefficients_and_the_load_
     assert metrics["actor/moe/expert_load_max_over_mean"] == pytest.approx(sum(ratios) / 2)
     assert metrics["actor/moe/aux_loss"] == pytest.approx(aux_sum / (2 * len(seen)), rel=1e-4)
     assert metrics["actor/moe/z_loss"] == pytest.approx(z_sum / (2 * len(seen)), rel=1e-4)
+
+
+def _staged_update(rank: int, world: int, path: str, pp: int):
+    """One update with the auxiliary losses and a non-zero policy loss over 3 micro-batches (1F1B
+    at pp 2 runs stage 0's last two backwards in a row): each parameter's gradient by its global
+    name (decoder layers by their global number), and the MoE metrics."""
+    from actor_cases import make_batch, pg_loss
+
+    from megarl.actors.policy import PolicyWorker
+    from megarl.config.sections import ActorConfig
+
+    cfg = ActorConfig(micro_batch_size=2, parallel={"pp": pp}, optimizer={"lr": 1e-9, "clip_grad": 0.0},
+                      moe={"aux_loss_coef": AUX, "z_loss_coef": Z})  # fmt: skip
+    worker = PolicyWorker(path, cfg, "float32", seed=1)
+    metrics = worker.update(make_batch(0, rows=6), pg_loss)
+    core = worker.model.core
+    grads = {}
+    for name, p in core.named_parameters():
+        if not name.startswith("decoder.layers."):
+            grads[name] = p.main_grad.clone()
+    for layer in core.decoder.layers:
+        for name, p in layer.named_parameters():
+            grads[f"layer{layer.layer_number}.{name}"] = p.main_grad.clone()
+    worker.close()
+    return {k: v for k, v in metrics.items() if k.startswith("actor/moe/")}, grads
+
+
+def test_aux_losses_weigh_the_same_on_every_pipeline_stage(moe_dir):
+    """PP=2 (one MoE layer per stage) against one rank on the same batch: every gradient (the
+    policy loss's and the auxiliary losses') and the reported MoE metrics agree."""
+    single_metrics, single = run_distributed(_staged_update, 1, moe_dir, 1)[0]
+    staged = run_distributed(_staged_update, 2, moe_dir, 2)
+    assert single_metrics["actor/moe/aux_loss"] > 0 and single_metrics["actor/moe/z_loss"] > 0
+    covered = set()
+    for metrics, grads in staged:
+        assert metrics == pytest.approx(single_metrics, rel=1e-5), (metrics, single_metrics)
+        for name, grad in grads.items():
+            covered.add(name)
+            err = (grad - single[name]).abs().max() / single[name].abs().max().clamp(min=1e-12)
+            assert err < TOL, (name, float(err))
+    assert covered == set(single)
+    assert {n for n in single if n.startswith("layer1.")} and {n for n in single if n.startswith("layer2.")}
+
+
+def _hf_grads(rank: int, world: int, path: str, parallel: dict):
+    """One update (the auxiliary losses on) in ``parallel``: its gradients after Megatron's
+    reductions, under HF names, whole (read through the bridge's export: TP, ETP and EP gathered).
+    Every row has an even length: sequence parallelism at TP 2 then adds no padding segment to a
+    packed micro-batch, whose tokens the router would route and the auxiliary losses count."""
+    from actor_cases import batch_of_lengths, pg_loss
+
+    from megarl.actors.policy import PolicyWorker
+    from megarl.config.sections import ActorConfig
+
+    cfg = ActorConfig(micro_batch_size=2, parallel=parallel, optimizer={"lr": 1e-9, "clip_grad": 0.0},
+                      moe={"aux_loss_coef": AUX, "z_loss_coef": Z})  # fmt: skip
+    worker = PolicyWorker(path, cfg, "float32", seed=1)
+    worker.update(batch_of_lengths([4, 3, 5, 2, 6, 3], [6, 5, 7, 4, 8, 9], torch.Generator().manual_seed(0)), pg_loss)
+    core = worker.model.core
+    saved = [(p, p.data) for p in core.parameters()]
+    for p, _ in saved:
+        p.data = p.main_grad.view_as(p.data)
+    grads = {n: t.clone() for n, t in worker.export_weights(gather_bytes=1 << 20)}
+    for p, data in saved:
+        p.data = data
+    worker.close()
+    return grads
+
+
+def test_expert_tensor_parallel_training_reduces_gradients_as_one_rank(moe_dir):
+    """TP=2 x ETP=2 (each expert's slices on the TP ranks, sequence parallel) against one rank: every
+    gradient after DDP's and finalize's reductions, experts and router included, the auxiliary
+    losses' shares under sequence parallelism too."""
+    single = run_distributed(_hf_grads, 1, moe_dir, {})[0]
+    for grads in run_distributed(_hf_grads, 2, moe_dir, {"tp": 2, "etp": 2}):
+        assert set(grads) == set(single) and any(".experts.3." in n for n in grads)
+        for name, ref in single.items():
+            err = (grads[name] - ref).abs().max() / ref.abs().max().clamp(min=1e-12)
+            assert err < TOL, (name, float(err))

@@ -53,7 +53,7 @@ def _batch(dp_rank: int, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randint(0, vocab, (b, s), generator=gen), torch.randint(0, vocab, (b, s), generator=gen)
 
 
-def _build(path: str, tp: int, ep: int, dtype=torch.float32):
+def _build(path: str, tp: int, ep: int, dtype=torch.float32, etp: int = 1):
     from transformers import AutoConfig
 
     from megarl.config.sections import ParallelConfig
@@ -61,7 +61,7 @@ def _build(path: str, tp: int, ep: int, dtype=torch.float32):
 
     hf_config = AutoConfig.from_pretrained(path)
     bridge = get_bridge(hf_config)
-    tcfg = bridge.transformer_config(hf_config, ParallelConfig(tp=tp, ep=ep), dtype)
+    tcfg = bridge.transformer_config(hf_config, ParallelConfig(tp=tp, ep=ep, etp=etp), dtype)
     model = bridge.build_model(hf_config, tcfg, pre_process=True, post_process=True)
     bridge.load_hf_weights(model, path)
     return bridge, hf_config, model
@@ -133,18 +133,22 @@ def _disk_names(grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def _ep_replicas(dp_rank: int) -> list[int]:
     """The DP replicas whose tokens this rank's experts see: those of its expert-parallel group
-    (the all-to-all sends each token to its expert's rank), this rank's own first."""
-    from megarl.parallel.sharding import all_gather_objects, ep_group
+    (the all-to-all sends each token to its expert's rank) and its expert-tensor-parallel group
+    (which gathers every token for its experts' slices), this rank's own first."""
+    from megatron.core import parallel_state as ps
 
-    others = [r for r in dict.fromkeys(all_gather_objects(dp_rank, group=ep_group())) if r != dp_rank]
+    from megarl.parallel.sharding import all_gather_objects
+
+    group = ps.get_expert_tensor_and_model_parallel_group()
+    others = [r for r in dict.fromkeys(all_gather_objects(dp_rank, group=group)) if r != dp_rank]
     return [dp_rank, *others]
 
 
-def _parity(path: str, tp: int, ep: int, dp_rank: int) -> dict:
+def _parity(path: str, tp: int, ep: int, dp_rank: int, etp: int = 1) -> dict:
     """Logits, gradients and export of one model against HF on this DP replica's batch."""
     from safetensors.torch import load_file
 
-    bridge, hf_config, model = _build(path, tp, ep)
+    bridge, hf_config, model = _build(path, tp, ep, etp=etp)
     vocab = bridge.vocab_size(hf_config)
     ids, labels = _batch(dp_rank, vocab)
     logits, loss = _megatron_loss(model, ids, labels, vocab)
@@ -165,7 +169,7 @@ def _parity(path: str, tp: int, ep: int, dp_rank: int) -> dict:
         "export_names_equal": set(exported) == set(file),
         "export_unequal": sorted(n for n in file if n in exported and not torch.equal(exported[n], file[n])),
         "experts_here": list(model.decoder.layers[0 if "renorm" in path else 1].mlp.local_expert_indices),
-        "shifted_diff": _shifted_diff(path, tp, ep, ids, ref_logits),
+        "shifted_diff": _shifted_diff(path, tp, ep, ids, ref_logits, etp),
         "fingerprint": _fingerprint_check(bridge, model, file),
     }
 
@@ -192,7 +196,7 @@ def _first_moe_layer(file: dict[str, torch.Tensor]) -> int:
     return min(int(n.split(".")[2]) for n in file if ".mlp.experts." in n)
 
 
-def _shifted_diff(path: str, tp: int, ep: int, ids: torch.Tensor, ref_logits: torch.Tensor) -> float:
+def _shifted_diff(path: str, tp: int, ep: int, ids: torch.Tensor, ref_logits: torch.Tensor, etp: int) -> float:
     """Max |logit - HF| with each local expert loaded from the next global expert (mod E), the
     mapping's checks bypassed (they refuse it: tests/unit/models/test_qwen3_moe_bridge.py)."""
     from pipeline_oracle import gpt_inputs
@@ -208,7 +212,7 @@ def _shifted_diff(path: str, tp: int, ep: int, ids: torch.Tensor, ref_logits: to
 
     with mock.patch.object(qwen3_moe, "experts_per_ep_rank", shifted), \
          mock.patch.object(qwen3_moe.Qwen3MoeBridge, "check_rules", ModelBridge.check_rules):  # fmt: skip
-        bridge, hf_config, model = _build(path, tp, ep)
+        bridge, hf_config, model = _build(path, tp, ep, etp=etp)
     model.eval()
     with torch.no_grad():
         (logits,) = gather_shards([(model(*gpt_inputs(ids, torch.ones_like(ids))), -1)])
@@ -230,16 +234,18 @@ def _bf16(path: str, dp_rank: int) -> dict:
     return {"mean": diff.mean().item(), "max": diff.max().item(), "ref_max": ref.abs().max().item()}
 
 
-def _worker(rank: int, world: int, dirs: dict[str, str], tp: int, ep: int) -> dict:
+def _worker(rank: int, world: int, dirs: dict[str, str], tp: int, ep: int, etp: int = 1) -> dict:
+    from megatron.core import parallel_state as ps
+
     from megarl.parallel.groups import init_parallel
 
-    info = init_parallel(tp=tp, pp=1, seed=0, ep=ep)
-    out: dict = {"ranks": (info.tp_rank, info.ep_rank, info.dp_rank)}
+    info = init_parallel(tp=tp, pp=1, seed=0, ep=ep, etp=etp)
+    out: dict = {"ranks": (info.tp_rank, info.ep_rank, info.dp_rank), "etp_rank": ps.get_expert_tensor_parallel_rank()}
     for name, path in dirs.items():
         t0 = time.perf_counter()
-        out[name] = _parity(path, tp, ep, info.dp_rank)
+        out[name] = _parity(path, tp, ep, info.dp_rank, etp)
         out[name]["seconds"] = time.perf_counter() - t0
-    if tp == 1:
+    if tp == 1 and etp == 1:
         out["bf16"] = _bf16(dirs["renorm"], info.dp_rank)
     return out
 
@@ -275,6 +281,21 @@ def test_qwen3_moe_tp2_ep2(moe_dirs):
     assert [r["ranks"] for r in results] == [(0, 0, 0), (1, 1, 0), (0, 0, 1), (1, 1, 1)]
     _assert_parity(results)
     print(f"tp2 x ep2 launch {time.perf_counter() - t0:.1f}s", _summary(results))
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_qwen3_moe_etp2(moe_dirs, tp):
+    """Each expert split over 2 ranks (expert tensor parallelism): at tp 1 the ETP group spans the
+    two DP replicas (their tokens, of different counts, gathered for each expert's slices: the
+    CPU shim's uneven gathers; a layout conversion takes, and training refuses, since Megatron
+    would reduce the expert slices' gradients over DP), at tp 2 it is the TP group (sequence
+    parallel)."""
+    t0 = time.perf_counter()
+    results = run_distributed(_worker, 2, moe_dirs, tp, 1, 2)
+    assert [r["etp_rank"] for r in results] == [0, 1]
+    assert [r["ranks"] for r in results] == ([(0, 0, 0), (0, 0, 1)] if tp == 1 else [(0, 0, 0), (1, 0, 0)])
+    _assert_parity(results)
+    print(f"tp{tp} x etp2 launch {time.perf_counter() - t0:.1f}s", _summary(results))
 
 
 def _summary(results: list[dict]) -> dict:

@@ -62,3 +62,20 @@ def test_moe_hf_to_megatron_tp2_ep2_and_back_bit_for_bit(ray_local, tmp_path):
     pp2 = export_model_checkpoint(ckpt, tmp_path / "hf_pp2", tp=1, pp=2, ep=2)
     _assert_same_tensors(hf, pp2)
     assert json.loads((pp2 / "megarl_export.json").read_text())["verified_parameters"] == PARAMETERS
+
+
+def test_moe_hf_to_megatron_etp2_and_back_bit_for_bit(ray_local, tmp_path):
+    """Each expert split over 2 ranks (--etp 2, the two data-parallel replicas of TP=1), saved and
+    exported with the recorded layout, then by one rank in this process (each expert whole again)."""
+    from megarl.checkpoint.model_checkpoint import check_model_checkpoint
+    from megarl.commands.conversion import convert_hf_to_megatron, export_model_checkpoint
+    from megarl.models.tiny import build_tiny_model
+
+    hf = build_tiny_model(tmp_path / "moe", "qwen3_moe", **SHAPE)
+    said: list[str] = []
+    ckpt = convert_hf_to_megatron(hf, tmp_path / "ckpt", etp=2, report=said.append)
+    assert any("into 2 rank(s) (TP=1, PP=1, ETP=2" in line for line in said), said
+    record = check_model_checkpoint(ckpt)
+    assert (record["tp"], record["ep"], record["etp"]) == (1, 1, 2) and record["verified_parameters"] == PARAMETERS
+    _assert_same_tensors(hf, export_model_checkpoint(ckpt, tmp_path / "hf_again"))
+    _assert_same_tensors(hf, export_model_checkpoint(ckpt, tmp_path / "hf_whole", in_process=True))

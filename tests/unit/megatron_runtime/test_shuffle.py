@@ -92,7 +92,7 @@ def test_the_update_loop_takes_its_mini_batches_shuffled():
                             reduce_metrics=lambda metrics, replicated: None)  # fmt: skip
     trainer.__dict__.update(closed=False, cfg=cfg, model=model, balance=None, role="actor",
                             schedule=SimpleNamespace(current_lr=0.0))  # fmt: skip
-    trainer._step = lambda mini, head, metrics: (seen.append(mini), (0.0, True, 0.0))[1]  # type: ignore[method-assign]
+    trainer._step = lambda mini, head, metrics, stage_output: (seen.append(mini), (0.0, True, 0.0))[1]  # type: ignore[method-assign]
     seed = shuffle_seed(1, 2)
     trainer.train(_batch(), lambda *a: None, mini_batch_size=MINI, ppo_epochs=EPOCHS, shuffle_seed=seed)
     assert _rows(seen) == _rows(mini_batches(_batch(), MINI, EPOCHS, seed)) != _rows(_batch().split(MINI)) * EPOCHS

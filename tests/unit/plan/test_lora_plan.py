@@ -170,6 +170,9 @@ def test_auto_layer_spec_resolves_to_local_with_lora():
     (MOE30, ["actor.lora={rank: 8}", "rollout.weight_sync.lora=adapter"],
      "rollout.weight_sync.lora: (adapter) cannot carry the adapters on qwen3-30b-a3b's experts (gate_proj, up_proj, "
      "down_proj: an HF PEFT adapter cannot hold them); use rollout.weight_sync.lora=merged"),
+    (MOE30, ["actor.lora={rank: 8}", "actor.parallel.etp=2"],
+     "actor.parallel.etp: (2) splits each expert, and actor.lora adapts the experts (gate_proj, up_proj, down_proj), "
+     "whose adapters need them whole; set etp to 1"),
     (LORA72, ["model.layer_spec=te"], "model.layer_spec: (te) fuses the norm into the QKV and fc1 linears"),
 ])  # fmt: skip
 def test_lora_checks_refuse(path, overrides, expected):

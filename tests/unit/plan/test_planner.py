@@ -193,9 +193,22 @@ def test_expert_parallelism_of_an_moe_model_follows_megatrons_rules(tmp_path):
     assert too_many == ["actor.parallel.ep: (4) must divide num_experts (4) and, times etp (1), tp x dp (1 x 2 = 2): the "
                         "expert-parallel groups lie across the tensor- and data-parallel ranks; try 1 or 2"]
     assert "actor.parallel.ep: (3) must divide num_experts (4)" in _moe_issues(model, "actor.parallel.ep=3")[0]
-    assert _moe_issues(model, "actor.parallel.etp=2") == [
-        "actor.parallel.etp: (2) is not supported yet (each expert stays whole on its rank); set it to 1"]
-    no_sp = _moe_issues(model, "actor.parallel.tp=2", "actor.micro_batch_size=32", "actor.parallel.sequence_parallel=false")
+    assert _moe_issues(model, "actor.parallel.etp=2", "actor.parallel.tp=2", "actor.micro_batch_size=32") == []  # etp = tp
+    wrong = "at ep 1 Megatron trains the experts as dense parameters and reduces their gradients over the data-parallel " \
+        "group only, which is right only when the experts split as the tensor-parallel layers do"
+    assert _moe_issues(model, "actor.parallel.etp=2") == [  # etp 2 over dp 2 at tp 1: wrong gradients, silently
+        f"actor.parallel.etp: (2) with ep 1 must equal tp (1): {wrong}; set etp to 1, or ep above 1"]
+    assert _moe_issues(model, "actor.parallel.tp=2", "actor.micro_batch_size=32") == [  # each TP rank's experts apart
+        f"actor.parallel.etp: (1) with ep 1 must equal tp (2): {wrong}; set etp to 2, or ep above 1"]
+    assert _moe_issues(model, "actor.parallel.etp=2", "actor.parallel.ep=2", "actor.parallel.tp=2",
+                       "actor.micro_batch_size=32") == [
+        "actor.parallel.ep: (2) must divide num_experts (4) and, times etp (2), tp x dp (2 x 1 = 2): the expert-parallel "
+        "groups lie across the tensor- and data-parallel ranks; try 1"]
+    assert [i for i in _moe_issues(model, "actor.parallel.etp=3", "cluster.gpus_per_node=3") if ".etp" in i] == [
+        "actor.parallel.etp: (3) must divide moe_intermediate_size (32): expert tensor parallelism splits each expert's "
+        "gate/up rows and down columns; try 1, 2, 4, 8, 16 or 32"]
+    no_sp = _moe_issues(model, "actor.parallel.tp=2", "actor.micro_batch_size=32", "actor.parallel.sequence_parallel=false",
+                        "actor.parallel.etp=2")
     assert no_sp == ["actor.parallel.sequence_parallel: (false) at tp 2: Megatron's MoE layers train only with sequence "
                      "parallelism when tp > 1; remove it (on by default) or set it true"]
 
@@ -226,9 +239,7 @@ def test_what_the_moe_update_cannot_do_yet_is_refused_before_launch(tmp_path):
     assert _moe_issues(model, "actor.moe.expert_bias_update_rate=0.001") == [
         f"actor.moe.expert_bias_update_rate: (0.001) moves a router's correction bias (DeepSeek-V3's "
         f"e_score_correction_bias) and {tmp_path}'s router has none; remove it, or balance with aux_loss_coef"]
-    assert _moe_issues(model, "actor.moe.z_loss_coef=0.01", "actor.parallel.pp=2") == [
-        "actor.moe.z_loss_coef: (0.01) is not supported with pipeline parallelism yet (actor.parallel.pp 2: the weight of "
-        "each micro-batch's auxiliary loss is known on the last stage only); set it to 0 or pp to 1"]
+    assert _moe_issues(model, "actor.moe.z_loss_coef=0.01", "actor.moe.aux_loss_coef=0.01", "actor.parallel.pp=2") == []
     gae = ("algorithm.estimator=gae", "critic.moe.routing_replay=experts")
     assert _moe_issues(model, *gae) == [
         "critic.moe.routing_replay: (experts) replays the routing the rollout returns, and the rollout asks the engines "
@@ -276,14 +287,14 @@ def test_deepseek_v3_config_prints_its_experts_and_mla_memory():
 
 
 def test_moe_memory_shards_experts_over_ep():
-    """The 30B model's experts over ep 8 hold 8 times less than over ep 1 (dp 16 either way); the
-    dense share does not move."""
+    """The 30B model's experts over ep 8 (etp 1) hold 4 times less than over ep 1 and etp 2 (at ep 1
+    etp must equal tp; dp 16 either way); the dense share does not move."""
     big = "cluster.gpu_memory_gib=1000"  # room for every expert on each GPU
     moe = plan(MOE30, big).memory.policy
-    whole = plan(MOE30, big, "actor.parallel.ep=1").memory.policy
+    whole = plan(MOE30, big, "actor.parallel.ep=1", "actor.parallel.etp=2").memory.policy
     arch = plan(MOE30).arch
     expert_bytes = 2 * arch.num_moe_layers * arch.num_experts * arch.expert_params
-    assert whole.weights - moe.weights == pytest.approx(expert_bytes * (1 - 1 / 8))
+    assert whole.weights - moe.weights == pytest.approx(expert_bytes * (1 / 2 - 1 / 8))
     assert moe.optimizer == pytest.approx(whole.optimizer)  # sharded over 32 ranks either way
 
 

@@ -796,3 +796,28 @@ def test_a_lora_resume_refuses_replaced_base_weights_at_the_same_path(demo, tmp_
     assert (f"  - model.path: ({model}) holds other weights than the base step_000002's adapters were trained on ({model}; "
             "weight files that differ: model.safetensors): the adapters would go on from another base; restore that "
             "base at model.path, or start a new run in a new trainer.output_dir") in msg
+
+
+def test_an_moe_resume_changes_ep_where_the_optimizer_state_is_keyed_per_parameter(demo, tmp_path):
+    import json
+
+    from megarl.models.tiny import build_tiny_model
+    from megarl.parallel.mcore_version import VERSIONS_FILE
+
+    _, data = demo
+    moe = build_tiny_model(tmp_path / "moe", "qwen3_moe", hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1,
+                           ffn_hidden_size=32, num_experts=4, experts_per_token=2, moe_ffn_hidden_size=16)  # fmt: skip
+    demo = (moe, data)
+    fmt = "actor.optimizer.checkpoint_format=fully_reshardable"
+    for unprefixed, refused in ((True, False), (False, True)):  # False: a save by a megarl that did not record it
+        out = tmp_path / f"run_{unprefixed}"
+        ckpt = _trained_with(out, 2, config(demo, out, fmt, "actor.parallel.ep=2"), launch_dir=tmp_path, roles=("policy",))
+        record = {"optimizer_format": "fully_reshardable", "optimizer_state_unprefixed": unprefixed}
+        (ckpt / "policy" / VERSIONS_FILE).write_text(json.dumps(record))
+        errors = [f for f in preflight(config(demo, out, fmt, "actor.parallel.ep=1"))
+                  if f.level == "error" and f.field.startswith("actor.")]  # (the demo's prompts suit another tokenizer)
+        assert [f.field for f in errors] == (["actor.parallel.ep"] if refused else []), errors
+    assert ("step_000002 was trained with actor.parallel.ep=2, and its optimizer state loads only with the same value "
+            "(the data-parallel size may change), not 1; resume with actor.parallel.ep=2, or start a new run from its "
+            "weights (`megarl convert` it, then model.path) in a new trainer.output_dir; to change it at a later resume, "
+            "resume once with actor.parallel.ep=2 and actor.optimizer.checkpoint_format=fully_reshardable") in errors[0].message
