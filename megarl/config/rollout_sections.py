@@ -80,7 +80,7 @@ class WeightSyncConfig(Section):
         True,
         description="Export (TP gather, pipeline-stage collection, HF conversion) the next bucket while the current "
         "one is sent: a push then holds up to two buckets plus one tensor instead of one. false: export and send "
-        "alternate.",
+        "alternate. The in_process transport always alternates: its send is the engine's copy in the same thread.",
     )
     timeout_s: float = Field(
         600.0, ge=0,
