@@ -125,12 +125,12 @@ class TreeMemory:
         return tree
 
 
-def run_measured(cmd: list[str], log: Path, env: dict | None = None) -> dict:
-    """Run ``cmd`` to its end; wall time and the process tree's peak memory."""
+def run_measured(cmd: list[str], log: Path, env: dict | None = None, cwd: Path = ROOT) -> dict:
+    """Run ``cmd`` (in ``cwd``) to its end; wall time and the process tree's peak memory."""
     start = time.perf_counter()
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=cwd, env=env)
         memory = TreeMemory(proc.pid)
         rc = proc.wait()
         memory.stop()
@@ -144,9 +144,10 @@ def run_megarl(work: Path, run: Path, seed: int, args: argparse.Namespace, extra
     overrides = [f"trainer.total_steps={args.steps}", f"trainer.seed={seed}", f"data.seed={seed}",
                  f"trainer.eval_freq={args.eval_every}", "trainer.eval_before_train=true", "trainer.save_freq=0",
                  "trainer.loggers=[jsonl]", "trainer.resume=disable", f"trainer.output_dir={run}", *extra]  # fmt: skip
-    # This interpreter's megarl (the checkout on PYTHONPATH, else the installed one)
+    # The checkout's megarl: `python -c` puts the working directory first on sys.path, so the
+    # command runs there (PYTHONPATH alone would lose to this checkout as the working directory).
     cmd = [sys.executable, "-c", "import sys; from megarl.cli import main; sys.exit(main())", "demo", *overrides, "--root", str(work)]
-    measured = run_measured(cmd, run.with_suffix(".log"), env=os.environ | {"PYTHONPATH": str(checkout)})
+    measured = run_measured(cmd, run.with_suffix(".log"), env=os.environ | {"PYTHONPATH": str(checkout)}, cwd=checkout)
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if "time/step_s" in r and r.get("step", 0) >= 1]
     evals = {r["step"]: r["val/reward/mean"] for r in records if "val/reward/mean" in r}
