@@ -42,6 +42,12 @@ lint: $(VENV)/.installed
 sglang-cpu:
 	bash ci/sglang-cpu/build-venv.sh
 
+# Hugging Face TRL (its GRPOTrainer) for bench/vs_trl.py, in a venv of its own outside the checkout,
+# named by the hash of ci/trl/requirements.lock; bench/vs_trl.py builds it too when missing.
+.PHONY: trl-venv
+trl-venv:
+	bash ci/trl/build-venv.sh
+
 # megatron-core 0.19 (what Python 3.12 clusters install) in a venv of its own, outside the
 # checkout: ci/mcore-latest/build-venv.sh builds it once per hash of its lock file and
 # pyproject.toml under $(MEGARL_CACHE). The checkout's megarl comes from PYTHONPATH.

@@ -64,3 +64,5 @@ sharded_offsets  # LoRAAdapters.sharded_state_dict's signature: Megatron passes 
 _.load_peft  # LoRAAdapters: sets adapters from PEFT-named tensors, the inverse of peft_tensors (tests/distributed/test_lora.py)
 generated  # the generated part of a docs page (megarl/config/verl_doc.py), read by tests/unit/config/test_verl_doc.py
 build_tiny_reward_model  # the tests' tiny reward model (tests/unit/rewards/test_reward_model.py, tests/e2e/test_reward_model_role.py)
+# bench/vs_trl_side.py: transformers' TrainerCallback hooks, called by TRL's trainer by name.
+_.on_train_begin; _.on_step_begin; _.on_step_end

@@ -80,7 +80,7 @@ class WeightSyncConfig(Section):
         True,
         description="Export (TP gather, pipeline-stage collection, HF conversion) the next bucket while the current "
         "one is sent: a push then holds up to two buckets plus one tensor instead of one. false: export and send "
-        "alternate.",
+        "alternate. The in_process transport always alternates: its send is the engine's copy in the same thread.",
     )
     timeout_s: float = Field(
         600.0, ge=0,
@@ -97,8 +97,18 @@ class WeightSyncConfig(Section):
         return value
     check_logprobs: bool = Field(
         True,
-        description="After each push, the engines generate short responses to a few of the run's prompts and the "
-        "trainer's log-probs of the same tokens must agree (within max_logprob_diff).",
+        description="After a push (the first of each process, then every check_logprobs_every-th), the engines "
+        "generate short responses to a few of the run's prompts and the trainer's log-probs of the same tokens must "
+        "agree (within max_logprob_diff).",
+    )
+    check_logprobs_every: int = Field(
+        10,
+        ge=1,
+        description="The post-push check runs on the first push of each process (a start or a resume: where a "
+        "conversion or transport mistake shows) and on every this-many-th push after it (pushes 1, N+1, 2N+1, ...): "
+        "the pushes between move the same tensors by the same code, so a check there finds what the last one would "
+        "have (every push still passes the exact export check). 1 = every push. On the CPU demo a check takes longer "
+        "than the push it checks (bench/results/vs_trl.md).",
     )
     max_logprob_diff: float = Field(
         0.04,

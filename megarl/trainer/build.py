@@ -370,7 +370,8 @@ def _adapter_selection(cfg: MegaRLConfig, sglang: Any) -> Callable[[int], None]:
 
 
 def _post_push_check(cfg: MegaRLConfig, engines: Any, policy: Any, stream: Any, val_prompts: Any) -> PostPushCheck | None:
-    """The engines' and the trainer's log-probs of a few generated responses, after every push."""
+    """The engines' and the trainer's log-probs of a few generated responses, after the first push and every
+    rollout.weight_sync.check_logprobs_every-th."""
     ws = cfg.rollout.weight_sync
     if not ws.check_logprobs:
         return None
@@ -378,7 +379,8 @@ def _post_push_check(cfg: MegaRLConfig, engines: Any, policy: Any, stream: Any, 
     s = cfg.rollout.sampling
     sampling = SamplingParams(temperature=s.temperature, max_new_tokens=s.max_new_tokens, stop=tuple(s.stop),
                               stop_token_ids=tuple(s.stop_token_ids), seed=cfg.trainer.seed)  # fmt: skip
-    return PostPushCheck(partial(generate_batch, engines), policy, prompts, sampling, LogprobBound.of(ws))
+    return PostPushCheck(partial(generate_batch, engines), policy, prompts, sampling, LogprobBound.of(ws),
+                         every=ws.check_logprobs_every)
 
 
 def _tokenizer(path: str | None) -> tuple[Any, tuple[int, ...]]:

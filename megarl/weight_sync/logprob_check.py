@@ -1,4 +1,8 @@
-"""The post-push check: after every weight push, engine and trainer must agree on log-probs.
+"""The post-push check: after a weight push, engine and trainer must agree on log-probs.
+
+It runs on the first push of a process and every ``check_logprobs_every``-th push after it: the
+pushes between move the same tensors through the same code, so on a tiny model, where the check
+costs as much as the push, checking each one doubles the push's cost for nothing new.
 
 The engines generate short responses to a few real prompts of the run (natural text, the kind
 of sequence training sees; random token ids would probe tail tokens where bf16 rounding
@@ -155,11 +159,15 @@ class PostPushCheck:
     prompts when there are some); ``generate(prompts, params) -> Batch`` is the controller's
     generation (engines plus memory hand-over); ``policy`` computes the trainer's side;
     ``max_diff``: a fixed bound, or a :class:`LogprobBound` (relative to the run's baseline).
+    ``every``: check the first push this object sees and every ``every``-th after it
+    (rollout.weight_sync.check_logprobs_every); the others return no metrics.
     """
 
     def __init__(self, generate: Any, policy: TrainerLogprobs, prompts: Any, sampling: SamplingParams,
-                 max_diff: float | LogprobBound) -> None:  # fmt: skip
+                 max_diff: float | LogprobBound, every: int = 1) -> None:  # fmt: skip
         self.generate, self.policy, self.prompts = generate, policy, prompts
+        # Counted per process, not from the version: a resumed run's first push is checked.
+        self.every, self.pushes = every, 0
         self.bound = max_diff if isinstance(max_diff, LogprobBound) else LogprobBound(floor=max_diff)
         # The full distribution (log-probs are pre-filter anyway), one sample per prompt, short.
         self.sampling = dataclasses.replace(
@@ -167,6 +175,9 @@ class PostPushCheck:
         )
 
     def __call__(self, version: int) -> dict[str, float]:
+        self.pushes += 1
+        if (self.pushes - 1) % self.every:
+            return {}
         params = dataclasses.replace(self.sampling, seed=step_seed(self.sampling.seed or 0, version))
         batch = self.generate(self.prompts, params)
         trainer = self.policy.compute_logprobs(batch, params.temperature)

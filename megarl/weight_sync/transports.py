@@ -79,6 +79,9 @@ def _base_transport(name: str, policy: Any, *, bucket_mb: float, gather_mb: floa
     if collect is None:
         raise ValueError(f"rollout.weight_sync.transport {name!r} is not one of {', '.join(TRANSPORT_COLLECT)}")
     export = partial(policy.export_weights, gather_bytes=int(gather_mb * MIB), collect=collect)
+    # In process, "sending" a bucket is the engine's copy in this very thread: there is nothing
+    # to overlap the export with, and the prefetch thread's hand-overs only add to the push.
+    overlap = overlap and name != "in_process"
     stream = WeightStream(export, bucket_mb, progress=progress, overlap=overlap,
                           observe=partial(policy.export_check.observe, collect=collect))  # fmt: skip
     own = [local_engine] if local_engine is not None else []

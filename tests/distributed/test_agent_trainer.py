@@ -41,7 +41,7 @@ def _write_inputs(root: Path) -> list[str]:
         f"trainer.output_dir={root / 'run'}", "trainer.total_steps=2", "trainer.eval_before_train=false", "trainer.eval_freq=0",
         "trainer.save_freq=0", "trainer.loggers=[jsonl]", "cluster.gpus_per_node=1", "data.prompts_per_step=8",
         "rollout.n=4", "actor.mini_batch_size=32", "actor.micro_batch_size=16", "reward.workers=1",
-        "rollout.sampling.max_new_tokens=24", f"rollout.agent.tools_file={root / 'tools.yaml'}",
+        "rollout.weight_sync.check_logprobs_every=1", "rollout.sampling.max_new_tokens=24", f"rollout.agent.tools_file={root / 'tools.yaml'}",
         "rollout.agent.tool_parser=agent_extensions:digit_calls", "rollout.agent.max_turns=4",
     ]  # fmt: skip
 

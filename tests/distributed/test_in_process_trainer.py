@@ -56,7 +56,8 @@ def _overrides(root: Path, out: Path, extra: tuple[str, ...]) -> list[str]:
         f"model.path={model}", f"data.train_files=[{data / 'train.parquet'}]", f"data.val_files=[{data / 'val.parquet'}]",
         f"trainer.output_dir={out}", "trainer.total_steps=2", "trainer.eval_before_train=false", "trainer.eval_freq=2",
         "trainer.save_freq=0", "trainer.loggers=[jsonl]", "cluster.gpus_per_node=1", "data.prompts_per_step=8",
-        "rollout.n=4", "actor.mini_batch_size=32", "actor.micro_batch_size=16", "reward.workers=1", *extra,
+        "rollout.n=4", "actor.mini_batch_size=32", "actor.micro_batch_size=16", "reward.workers=1",
+        "rollout.weight_sync.check_logprobs_every=1", *extra,
     ]  # fmt: skip
 
 

@@ -41,6 +41,7 @@ def small_overrides(root: Path, out: Path, steps: int, *extra: str) -> list[str]
         "rollout.n=4",
         "actor.mini_batch_size=32",
         "actor.micro_batch_size=16",
+        "rollout.weight_sync.check_logprobs_every=1",  # the tests check every push, not the default's every 10th
         *extra,
     ]
 

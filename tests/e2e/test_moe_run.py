@@ -30,7 +30,8 @@ def _run(root, out, steps: int, *extra: str, config=MOE) -> list[dict]:
     model, data = prepare_demo(root, arch=load_config(config).model.arch)
     cfg = load_config(config, [f"model.path={model}", f"data.train_files=[{data / 'train.parquet'}]",
                             f"data.val_files=[{data / 'val.parquet'}]", f"trainer.output_dir={out}",
-                            f"trainer.total_steps={steps}", "trainer.loggers=[jsonl]", *extra])  # fmt: skip
+                            f"trainer.total_steps={steps}", "trainer.loggers=[jsonl]",
+                            "rollout.weight_sync.check_logprobs_every=1", *extra])  # fmt: skip
     run(cfg, make_plan(cfg, check_files=True))
     return read_jsonl(out / "metrics.jsonl")
 

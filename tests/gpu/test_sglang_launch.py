@@ -44,6 +44,7 @@ def test_launch_two_grpo_steps_with_sglang(tmp_path):
         "cluster.device=cuda", "cluster.gpus_per_node=1", "cluster.placement=colocated",
         "rollout.engine=sglang", "rollout.tp=1", "rollout.mem_fraction=0.3", "rollout.max_running_requests=64",
         "rollout.weight_sync.check_logprobs=true", "rollout.weight_sync.max_logprob_diff=0.05",
+        "rollout.weight_sync.check_logprobs_every=1",
         "actor.offload=true", "data.prompts_per_step=8", "rollout.n=4",
         "actor.mini_batch_size=32", "actor.micro_batch_size=16",
         f"trainer.output_dir={out}", "trainer.total_steps=2", "trainer.eval_before_train=false",

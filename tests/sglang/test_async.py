@@ -27,6 +27,7 @@ def test_async_demo_trains_through_the_real_server(sglang_python, tmp_path, monk
     # Responses of 16 tokens, so that pushes meet requests in flight.
     run_demo("configs/tiny_grpo.yaml", ["rollout.engine=sglang", f"rollout.server_python={sglang_python}",
                                         "rollout.max_staleness=1", f"trainer.total_steps={STEPS}",
+                                        "rollout.weight_sync.check_logprobs_every=1",
                                         f"data.prompts_per_step={PER_STEP}", "actor.mini_batch_size=16",
                                         "actor.micro_batch_size=8", "rollout.sampling.max_new_tokens=16",
                                         "trainer.eval_freq=0", "trainer.eval_before_train=false",

@@ -24,7 +24,7 @@ def test_demo_trains_through_the_real_server(sglang_python, tmp_path, monkeypatc
     root = tmp_path / "demo"
     run_demo("configs/tiny_grpo.yaml", ["rollout.engine=sglang", f"rollout.server_python={sglang_python}",
                                         "trainer.total_steps=2", "trainer.eval_freq=2", "trainer.save_freq=0",
-                                        "trainer.loggers=[jsonl]"], root)  # fmt: skip
+                                        "trainer.loggers=[jsonl]", "rollout.weight_sync.check_logprobs_every=1"], root)  # fmt: skip
     records = [json.loads(line) for line in (root / "run-sglang" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if r["step"] > 0]
     assert [r["step"] for r in steps] == [1, 2]
@@ -48,7 +48,8 @@ def test_moe_demo_trains_through_the_real_server_with_routing_replay(sglang_pyth
     root = tmp_path / "moe-demo"
     run_demo("configs/tiny_moe_grpo.yaml", ["rollout.engine=sglang", f"rollout.server_python={sglang_python}",
                                             "trainer.total_steps=2", "trainer.eval_before_train=false", "trainer.eval_freq=0",
-                                            "trainer.save_freq=0", "trainer.loggers=[jsonl]"], root)  # fmt: skip
+                                            "trainer.save_freq=0", "trainer.loggers=[jsonl]",
+                                            "rollout.weight_sync.check_logprobs_every=1"], root)  # fmt: skip
     records = [json.loads(line) for line in (root / "run-sglang" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2]
     for r in records:
@@ -70,7 +71,7 @@ def test_lora_demo_pushes_adapters_to_the_real_server(sglang_python, tmp_path, m
     run_demo("configs/tiny_grpo.yaml", ["rollout.engine=sglang", f"rollout.server_python={sglang_python}",
                                         "actor.lora.rank=8", "rollout.weight_sync.lora=adapter", "trainer.total_steps=3",
                                         "trainer.eval_before_train=false", "trainer.eval_freq=0", "trainer.save_freq=0",
-                                        "trainer.loggers=[jsonl]"], root)  # fmt: skip
+                                        "trainer.loggers=[jsonl]", "rollout.weight_sync.check_logprobs_every=1"], root)  # fmt: skip
     records = [json.loads(line) for line in (root / "run-sglang" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3]
     for r in records:

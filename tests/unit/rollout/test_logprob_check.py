@@ -204,3 +204,20 @@ def test_a_resumes_re_push_does_not_count_twice_toward_the_baseline():
     resumed(4)
     assert resumed.bound.first == pytest.approx([0.01, 0.02, 0.03, 0.04, 0.05], abs=1e-6)  # versions 0 to 4, once each
     assert resumed.bound.baseline == pytest.approx(0.03, abs=1e-6)
+
+
+def test_the_check_runs_on_the_first_push_and_every_nth_after_it():
+    """check_logprobs_every=3: pushes 1, 4 and 7 are checked (the engines generate, the trainer
+    scores), 2, 3, 5 and 6 only counted; a resumed run (a new check object) checks its first push."""
+    script = Scripted([0.01] * 10)
+    check = PostPushCheck(script.generate, script, prompts_of([[1]]), SamplingParams(), LogprobBound.of(WeightSyncConfig()), every=3)
+    metrics = [check(version) for version in range(7)]
+    assert [bool(m) for m in metrics] == [True, False, False, True, False, False, True]
+    assert script.k == 2  # three probes generated
+    assert check.bound.first == [pytest.approx(0.01, abs=1e-6)] * 3
+    resumed = PostPushCheck(script.generate, script, prompts_of([[1]]), SamplingParams(), LogprobBound.of(WeightSyncConfig()), every=3)
+    resumed.load_state_dict(check.state_dict())
+    assert resumed(7)["weight_sync/logprob_diff"] == pytest.approx(0.01, abs=1e-6) and script.k == 3
+    assert WeightSyncConfig().check_logprobs_every == 10
+    with pytest.raises(ValueError, match="check_logprobs_every"):
+        WeightSyncConfig(check_logprobs_every=0)

@@ -1,0 +1,48 @@
+"""bench/vs_trl.py for 2 steps of each side (megarl's demo and TRL's GRPOTrainer on the same
+job): both run to the end and report step and phase times, memory and held-out rewards.
+Skipped without the TRL venv (`make trl-venv`; CI does not build it)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _trl_venv() -> Path:
+    spec = importlib.util.spec_from_file_location("trl_venv_path", ROOT / "ci" / "trl" / "venv_path.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.venv_path()
+
+
+@pytest.mark.skipif(not (_trl_venv() / "bin" / "python").exists(), reason="no TRL venv (make trl-venv)")
+def test_both_sides_run_the_same_two_steps(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "vs_trl.py"), "--steps", "2", "--seeds", "1", "--eval-every", "1",
+                           "--work", str(tmp_path / "work"), "--results", str(tmp_path / "results")],
+                          capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = json.loads((tmp_path / "results" / "vs_trl.json").read_text())
+    assert set(out["sides"]) == {"megarl", "trl"} and out["machine"]["cores"] >= 1
+    for side in ("megarl", "trl"):
+        (run,) = [r for r in out["runs"] if r["side"] == side]
+        assert run["steps"] == 2 and run["step_s"] > 0 and run["peak_pss_gib"] > 0, run
+        assert {int(s) for s in run["held_out"]} == {0, 1, 2}
+        assert all(0.0 <= v <= 1.0 for v in run["held_out"].values())
+    megarl, trl = out["sides"]["megarl"], out["sides"]["trl"]
+    assert {"generate", "reward", "ref_logprobs", "policy_update", "weight_sync"} <= set(megarl["phases_s"])
+    assert {"generate", "reward", "ref_logprobs", "update"} <= set(trl["phases_s"])
+    assert megarl["processes"] > trl["processes"] >= 1  # Ray, 2 ranks, reward workers against one process
+    # The same prompts in the same order: the TRL job's rows are megarl's sampler's for the seed.
+    job = json.loads((tmp_path / "work" / "runs" / "trl-seed1" / "job.json").read_text())
+    assert len(job["train_rows"]) == 2 * out["settings"]["prompts_per_step"] and len(job["val_rows"]) == 200
+    assert "Settings TRL does not match" in (tmp_path / "results" / "vs_trl.md").read_text()
