@@ -13,6 +13,7 @@ unblocks them itself.
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from collections.abc import Iterator
@@ -50,3 +51,14 @@ def _blocked(signals: set[signal.Signals]) -> Iterator[None]:
 def unblock_stop_signals() -> None:
     """In a process started under stop_signals_blocked_in_children that must stop on SIGTERM."""
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (another user's counts as alive: it may not be signalled)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

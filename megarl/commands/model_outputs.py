@@ -34,6 +34,7 @@ from megarl.checkpoint.model_checkpoint import (
 )
 from megarl.checkpoint.model_checkpoint import trained_by_sft
 from megarl.commands.outputs import OutputError, OutputExistsError, check_outside_checkpoints
+from megarl.process_signals import pid_alive
 
 EXPORT_MANIFEST = "megarl_export.json"  # the record of a megatron-to-hf output
 log = logging.getLogger(__name__)
@@ -140,7 +141,7 @@ def _clear_dead_staging(target: Path, say: Callable[[str], None]) -> None:
             say(f"note: {path} is left as it is: it may be the staging directory of a convert or sft on another machine "
                 f"(or of an older megarl); remove it once no convert or sft writes {target.name}")
             continue
-        if _pid_alive(int(pid)):
+        if pid_alive(int(pid)):
             continue  # a convert to the same OUT is running now: its rename will tell
         shutil.rmtree(path)
         say(f"removed {path}: the staging directory of an interrupted convert or sft (pid {pid}, no longer running)")
@@ -160,15 +161,6 @@ def _mention_kept_outputs(target: Path, say: Callable[[str], None]) -> None:
         say(f"warning: {path} is the previous output of an interrupted convert or sft, kept; delete it when you no "
             f"longer need it{back}")
 
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 def finish_output(written: Path, target: Path) -> None:

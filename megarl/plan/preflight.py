@@ -64,6 +64,7 @@ from megarl.data.datasets import training_rows
 from megarl.models.hf_files import tokenizer_files_problem
 from megarl.plan.extensions import named_functions
 from megarl.plan.issues import Finding
+from megarl.process_signals import pid_alive
 from megarl.rewards.answers import no_answer
 
 SAMPLE_ROWS = 1000
@@ -602,20 +603,11 @@ def remove_orphaned_logs() -> None:
     for path in Path(tempfile.gettempdir()).glob(f"{CHECK_LOG_PREFIX}*.log"):
         pid = path.name.removeprefix(CHECK_LOG_PREFIX).split("-")[0]
         try:
-            if pid.isdigit() and not _alive(int(pid)) and path.stat().st_size == 0:
+            if pid.isdigit() and not pid_alive(int(pid)) and path.stat().st_size == 0:
                 path.unlink()
         except OSError:  # another user's, or removed meanwhile
             continue
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 class ChildChecks:
