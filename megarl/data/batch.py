@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from megarl.data.routing_ids import unrouted_id
+
 # Per-token float tensors filled in as the step progresses, all [B, R].
 TOKEN_FIELDS = (
     "rollout_logprobs",
@@ -71,8 +73,8 @@ class Batch:
     returns: torch.Tensor | None = None  # [B, R]
     # The engine's experts of token t of cat(prompt_ids, response_ids) in each MoE layer, -1 where
     # it routed none (padding; the last response token, which no forward pass of the engine saw).
-    routed_experts: torch.Tensor | None = None  # [B, P+R, L, k] int16
-    routing_weights: torch.Tensor | None = None  # [B, P+R, L, k] float32, the engine's weights of those experts
+    routed_experts: torch.Tensor | None = None  # [B, P+R, L, k] uint8 / int16 (megarl/data/routing_ids.py)
+    routing_weights: torch.Tensor | None = None  # [B, P+R, L, k] the engine's weights of those experts, its dtype
     # Asynchronous training (rollout.max_staleness >= 1): the engine's weight version that sampled
     # each response token (a partial rollout continues under newer weights; 0 on padding), and
     # how many policy versions older than the trained one each sample's oldest token is (set when
@@ -194,7 +196,7 @@ class Batch:
             elif f.name in ("prompt_ids", "prompt_mask"):
                 updates[f.name] = torch.cat([_pad_left(v, p) for v in values])
             elif f.name in ROUTING_FIELDS:
-                fill = -1 if f.name == "routed_experts" else 0
+                fill = unrouted_id(values[0].dtype) if f.name == "routed_experts" else 0
                 updates[f.name] = torch.cat([_pad_routing(v, b.prompt_len, p, r, fill) for v, b in zip(values, batches)])
             elif values[0].dim() == 2:
                 updates[f.name] = torch.cat([_pad_right(v, r) for v in values])

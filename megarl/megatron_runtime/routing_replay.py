@@ -48,6 +48,7 @@ import torch
 import torch.distributed as dist
 
 from megarl.data.batch import Batch, TokenRows
+from megarl.data.routing_ids import unpack_expert_ids
 from megarl.megatron_runtime.micro_batches import MicroBatch
 
 MODES = ("none", "experts", "experts_and_weights")
@@ -192,7 +193,7 @@ class RoutingReplay:
         batch = mb.batch
         if batch.routed_experts is None:
             return None
-        fields = [batch.routed_experts.long()]
+        fields = [unpack_expert_ids(batch.routed_experts)]
         if self.mode == "experts_and_weights":
             if batch.routing_weights is None:
                 raise ValueError("actor.moe.routing_replay=experts_and_weights needs the engine's routing weights; "
