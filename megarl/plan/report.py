@@ -15,6 +15,7 @@ from megarl.plan.lora_checks import lora_summary
 from megarl.plan.planner import Plan
 from megarl.plan.reward_checks import reward_roles
 from megarl.plan.reward_model_plan import colocated_reward_model
+from megarl.plan.routing_bytes import routing_bytes, routing_text
 from megarl.plan.step_timeline import timeline_text
 
 
@@ -131,6 +132,9 @@ def _print_memory(cfg: MegaRLConfig, plan: Plan, console: Console) -> None:
         )
     if plan.device == "cuda" and mem.runtime is not None:
         console.print(f"[bold]runtime memory/GPU[/] {runtime_text(cfg, mem.runtime, g)}")
+    routing = routing_bytes(cfg, plan.arch)
+    if routing is not None:
+        console.print(f"[bold]routing replay[/] {routing_text(routing)}")
     if plan.device == "cuda" and mem.host is not None and mem.host.peak:
         node = f" (node {mem.host.node})" if cfg.cluster.nnodes > 1 else ""
         console.print(f"[bold]host memory/node[/]{node} at least {g(mem.host.peak)} GiB: {host_memory_text(mem.host)} "
