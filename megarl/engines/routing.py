@@ -102,7 +102,7 @@ class RouterRecorder:
         assert len(seen) == len(self.routers), (len(seen), len(self.routers))
         ids = torch.stack([i.reshape(batch, -1, i.shape[-1]) for i, _ in seen], dim=2)
         weights = torch.stack([w.reshape(batch, -1, w.shape[-1]) for _, w in seen], dim=2)
-        experts = int(self.routers[0].weight.shape[0])
+        experts = int(self.routers[0].weight.shape[0])  # type: ignore[index]
         return pack_expert_ids(ids.to("cpu"), experts), weights.to("cpu")
 
     def prefill(self, lengths: list[int], rows: list[int]) -> None:
