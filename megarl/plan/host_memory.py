@@ -116,7 +116,8 @@ def host_memory(cfg: MegaRLConfig, arch: ArchSpec, roles: Mapping[str, RoleLayou
     written = {role: n * DTYPE_BYTES[cfg.model.dtype] for role, n in adapters.items() if n is not None}
     staged = {role: save_staging_host_bytes(getattr(cfg, ROLE_SECTIONS[role]), roles[role], sizes, role, written.get(role))
               for role in ("policy", "critic") if role in roles}  # fmt: skip
-    routing, nodes = routing_bytes(cfg, arch), []
+    routing = routing_bytes(cfg, arch, roles["policy"].dp) if "policy" in roles else None
+    nodes = []
     for node in range(cfg.cluster.nnodes):
         on = {gpu for gpu in range(node * cfg.cluster.gpus_per_node, (node + 1) * cfg.cluster.gpus_per_node)}
         count = {owner: sum(gpu in on for gpu in gpus) for owner, gpus in ranks.items()}

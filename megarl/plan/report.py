@@ -132,7 +132,7 @@ def _print_memory(cfg: MegaRLConfig, plan: Plan, console: Console) -> None:
         )
     if plan.device == "cuda" and mem.runtime is not None:
         console.print(f"[bold]runtime memory/GPU[/] {runtime_text(cfg, mem.runtime, g)}")
-    routing = routing_bytes(cfg, plan.arch)
+    routing = routing_bytes(cfg, plan.arch, plan.roles["policy"].dp) if "policy" in plan.roles else None
     if routing is not None:
         console.print(f"[bold]routing replay[/] {routing_text(routing)}")
     if plan.device == "cuda" and mem.host is not None and mem.host.peak:
