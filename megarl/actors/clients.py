@@ -33,8 +33,10 @@ import torch
 from megarl.actors.conversion_rank import ConversionRank
 from megarl.actors.critic_rank import CriticRank
 from megarl.actors.policy_rank import PolicyRank
+from megarl.actors.routing_split import policy_replica_rows
 from megarl.actors.sft_rank import SFTRank
 from megarl.actors.trained_rank import TrainedRank
+from megarl.config.sections import MegaRLConfig
 from megarl.data.batch import Batch, TokenRows
 from megarl.engines.base import GenerationResult
 from megarl.ray_cluster.worker_error import WorkerError
@@ -56,6 +58,8 @@ class Group(Protocol[W_co]):
     def call(self, method: Callable[Concatenate[W_co, P], R], /, *args: P.args, **kwargs: P.kwargs) -> list[R]: ...
 
     def call_each(self, method: Callable[[W_co, *Ts], R], args_per_rank: Sequence[tuple[*Ts]]) -> list[R]: ...
+
+    def call_split(self, method: Callable[..., R], shared: tuple, each: Sequence[Any]) -> list[R]: ...
 
 
 def _first(results: list[R]) -> R:
@@ -118,24 +122,39 @@ class PolicyClient(TrainedClient[PolicyRank]):
     Ray WorkerGroup (``call_within``); None: no deadline (an InProcessGroup cannot interrupt its
     own call, and runs without Ray)."""
 
-    def __init__(self, group: Group[PolicyRank], push_timeout_s: float | None = None) -> None:
+    def __init__(self, group: Group[PolicyRank], push_timeout_s: float | None = None, cfg: MegaRLConfig | None = None) -> None:
         super().__init__(group)
         self.push_timeout_s = push_timeout_s
+        self.cfg = cfg  # with it, each rank is sent its replica's routing only (routing_split.py)
+        self._layouts: list[RankLayout] | None = None
 
     def layouts(self) -> list[RankLayout]:
-        return [RankLayout(**lay) for lay in self.group.call(PolicyRank.layout)]
+        if self._layouts is None:
+            self._layouts = [RankLayout(**lay) for lay in self.group.call(PolicyRank.layout)]
+        return self._layouts
+
+    def _call_routed(self, method: Callable[..., R], batch: Batch, *args: Any, step: int | None = None) -> list[R]:
+        """``method(batch, *args)`` on every rank; a batch with routing goes without it, and each
+        rank gets its data-parallel replica's share as the last argument (routing_split.py)."""
+        lays = self.layouts() if self.cfg is not None and batch.routed_experts is not None else []
+        if not lays or lays[0].dp_size == 1:
+            return self.group.call(method, batch, *args)
+        rows = policy_replica_rows(self.cfg, batch, lays[0].dp_size, step)  # type: ignore[arg-type]
+        shares = [batch.routing_share(r) for r in rows]
+        bare = batch.replace(routed_experts=None, routing_weights=None)
+        return self.group.call_split(method, (bare, *args), [shares[lay.dp_rank] for lay in lays])
 
     def compute_logprobs(self, batch: Batch, temperature: float) -> torch.Tensor:
         """``[B, R]`` log-probs of the responses under the current policy (0 past each length)."""
-        return _rows(self.group.call(PolicyRank.compute_logprobs, batch, temperature), batch)["logprobs"]
+        return _rows(self._call_routed(PolicyRank.compute_logprobs, batch, temperature), batch)["logprobs"]
 
     def compute_ref_logprobs(self, batch: Batch, temperature: float) -> torch.Tensor:
         """``[B, R]`` log-probs under the frozen reference policy."""
-        return _rows(self.group.call(PolicyRank.compute_ref_logprobs, batch, temperature), batch)["logprobs"]
+        return _rows(self._call_routed(PolicyRank.compute_ref_logprobs, batch, temperature), batch)["logprobs"]
 
     def update(self, batch: Batch, temperature: float, step: int = 0) -> dict[str, float]:
         """One RL update on ``batch`` in step ``step``; metrics reduced over the group (public names)."""
-        return _first(self.group.call(PolicyRank.update, batch, temperature, step))
+        return _first(self._call_routed(PolicyRank.update, batch, temperature, step, step=step))
 
     def push_weights(self, version: int) -> dict[str, float]:
         """Send the current weights to the engines through the connected transport. A push that
@@ -256,6 +275,10 @@ class InProcessGroup(Generic[W]):
 
     def call(self, method: Callable[Concatenate[W, P], R], /, *args: P.args, **kwargs: P.kwargs) -> list[R]:
         return [self._run(method.__name__, *args, **kwargs)]
+
+    def call_split(self, method: Callable[..., R], shared: tuple, each: Sequence[Any]) -> list[R]:
+        (mine,) = each
+        return [self._run(method.__name__, *shared, mine)]
 
     def call_each(self, method: Callable[[W, *Ts], R], args_per_rank: Sequence[tuple[*Ts]]) -> list[R]:
         if len(args_per_rank) != 1:

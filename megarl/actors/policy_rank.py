@@ -18,7 +18,7 @@ from megarl.actors.reference import ReferenceWorker
 from megarl.actors.trained_rank import TrainedRank
 from megarl.algos.losses import make_policy_loss_fn
 from megarl.config.sections import MegaRLConfig
-from megarl.data.batch import Batch, TokenRows
+from megarl.data.batch import Batch, RoutingShare, TokenRows
 from megarl.engines.base import GenerationResult, SamplingParams
 from megarl.engines.seeds import shuffle_seed
 from megarl.megatron_runtime.offload import ModelStates, storage_bytes
@@ -97,11 +97,13 @@ class PolicyRank(TrainedRank):
         return self.engine.generate(prompts, params, first_sample_index=first)
 
     # ---- forward passes and the update (collective) ----------------------------------------
-    def compute_logprobs(self, batch: Batch, temperature: float) -> TokenRows | None:
-        return self.policy.compute_logprobs(batch, temperature)
+    def compute_logprobs(self, batch: Batch, temperature: float, routing: RoutingShare | None = None) -> TokenRows | None:
+        """``routing``: this replica's rows of the step's routing, sent apart from ``batch`` (PolicyClient)."""
+        return self.policy.compute_logprobs(batch.with_routing_share(routing), temperature)
 
-    def compute_ref_logprobs(self, batch: Batch, temperature: float) -> TokenRows | None:
+    def compute_ref_logprobs(self, batch: Batch, temperature: float, routing: RoutingShare | None = None) -> TokenRows | None:
         """The reference model's log-probs; with LoRA, the policy's with its adapters off (the base model)."""
+        batch = batch.with_routing_share(routing)
         if self.reference is not None:
             return self.reference.compute_logprobs(batch, temperature)
         lora = lora_of(self.policy.model.core)
@@ -110,8 +112,10 @@ class PolicyRank(TrainedRank):
         with lora.disabled():
             return self.policy.compute_logprobs(batch, temperature)
 
-    def update(self, batch: Batch, temperature: float, step: int = 0) -> dict[str, float]:
-        """The RL update of step ``step`` (its mini-batch shuffles' seed with actor.shuffle)."""
+    def update(self, batch: Batch, temperature: float, step: int = 0, routing: RoutingShare | None = None) -> dict[str, float]:
+        """The RL update of step ``step`` (its mini-batch shuffles' seed with actor.shuffle);
+        ``routing`` as for :meth:`compute_logprobs` (the rows routing_split.py says)."""
+        batch = batch.with_routing_share(routing)
         a = self.cfg.actor
         seed = shuffle_seed(self.cfg.trainer.seed, step) if a.shuffle else None
         return self.policy.update(batch, self.loss_fn, mini_batch_size=a.mini_batch_size, ppo_epochs=a.ppo_epochs,

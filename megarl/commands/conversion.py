@@ -63,7 +63,8 @@ def convert_checkpoint(checkpoint: str | Path, out: str | Path, config: str | Pa
         from megarl.models.lora import adapts_experts
 
         merged = " (the base model with the LoRA adapters merged)" if cfg.actor.lora is not None else ""
-        report(f"wrote {out}{merged} from {ckpt.path} (step {ckpt.step}); {_verified(checked)}")
+        report(f"wrote {out}{merged} from {ckpt.path} (step {ckpt.step}, {_parallel_text(cfg.actor.parallel)}); "
+               f"{_verified(checked)}")  # fmt: skip
         if adapter_base is not None:
             from megarl.models.lora import PEFT_ADAPTER_DIR
 
@@ -204,6 +205,11 @@ def convert_hf_to_megatron(hf: str | Path, out: str | Path, tp: int = 1, pp: int
 
 def _layout_text(tp: int, pp: int, ep: int, etp: int = 1) -> str:
     return f"TP={tp}, PP={pp}" + (f", EP={ep}" if ep > 1 else "") + (f", ETP={etp}" if etp > 1 else "")
+
+
+def _parallel_text(parallel: Any) -> str:
+    """A training checkpoint's layout as the summary names it: the policy's TP, PP, EP and ETP."""
+    return _layout_text(parallel.tp, parallel.pp, parallel.ep, parallel.etp)
 
 
 # ---- the conversion groups --------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 - ``megarl convert megatron-to-hf --ckpt CKPT --out HF_DIR`` (short form: ``megarl convert CKPT
   HF_DIR``): CKPT is a training checkpoint (a step_NNNNNN directory: its policy, rebuilt with the
   run's layout) or a model checkpoint of hf-to-megatron (rebuilt with its recorded layout or
-  --tp/--pp). HF safetensors + index, config (naming the dtype written), generation config and tokenizer are written,
+  --tp/--pp/--ep/--etp). HF safetensors + index, config (naming the dtype written), generation config and tokenizer are written,
   imported back and compared with the loaded weights bit for bit (--no-verify skips that).
   A LoRA run's checkpoint (policy/lora_base.json; adapters only) is loaded onto its base model
   (the run's model.path, checked against the recorded fingerprint): HF_DIR is the merged model,

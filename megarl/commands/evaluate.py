@@ -164,9 +164,10 @@ def evaluate(data: str | Path, config: str | Path | None = None, overrides: list
         threshold_problem,
     )
     from megarl.rewards.combine import component_scores
+    from megarl.rollout_sglang.cpu_venv import with_cpu_server_python
 
     if config is not None:
-        cfg = load_config(config, overrides)
+        cfg = with_cpu_server_python(load_config(config, overrides))  # a judge's SGLang on CPU: as `megarl demo` finds it
         reward, prompt_key, threshold = cfg.reward, cfg.data.prompt_key, cfg.rollout.val.pass_threshold
         judge_runs = JudgeRuns(cfg.rollout.server_python, cfg.cluster.build_timeout_s, judge_log)
     else:

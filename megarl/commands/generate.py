@@ -125,9 +125,10 @@ def generate(config: str | Path, overrides: list[str], data: str | Path, out: st
     a checkpoint is exported without Ray (`megarl convert --in-process`)."""
     from megarl.checkpoint.verification import CHECKPOINTS_DIR
     from megarl.config.loading import load_config
+    from megarl.rollout_sglang.cpu_venv import with_cpu_server_python
     from megarl.trainer.run_lock import output_lock
 
-    cfg = load_config(config, overrides)
+    cfg = with_cpu_server_python(load_config(config, overrides))  # SGLang on CPU: as `megarl demo` finds it
     if not model and not cfg.model.path:
         raise GenerateError("no model: set model.path in the config or give --model")
     target = Path(out).absolute()

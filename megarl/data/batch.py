@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from megarl.data.routing_ids import unrouted_id
+
 # Per-token float tensors filled in as the step progresses, all [B, R].
 TOKEN_FIELDS = (
     "rollout_logprobs",
@@ -71,8 +73,12 @@ class Batch:
     returns: torch.Tensor | None = None  # [B, R]
     # The engine's experts of token t of cat(prompt_ids, response_ids) in each MoE layer, -1 where
     # it routed none (padding; the last response token, which no forward pass of the engine saw).
-    routed_experts: torch.Tensor | None = None  # [B, P+R, L, k] int16
-    routing_weights: torch.Tensor | None = None  # [B, P+R, L, k] float32, the engine's weights of those experts
+    routed_experts: torch.Tensor | None = None  # [B, P+R, L, k] uint8 / int16 (megarl/data/routing_ids.py)
+    routing_weights: torch.Tensor | None = None  # [B, P+R, L, k] the engine's weights of those experts, its dtype
+    # A policy rank's share of the routing (:meth:`with_routing_share`): row b's routing is row
+    # routing_rows[b] of the two fields above, then [n, P+R, L, k] with n the rows it was sent;
+    # -1 = a row of another data-parallel replica, whose routing this rank was not sent.
+    routing_rows: torch.Tensor | None = None  # [B] long
     # Asynchronous training (rollout.max_staleness >= 1): the engine's weight version that sampled
     # each response token (a partial rollout continues under newer weights; 0 on padding), and
     # how many policy versions older than the trained one each sample's oldest token is (set when
@@ -102,9 +108,12 @@ class Batch:
         for name in LIST_FIELDS:
             value = getattr(self, name)
             assert len(value) in (0, b), (name, len(value), b)
+        rows = b if self.routing_rows is None else None  # a share holds any number of rows
+        assert self.routing_rows is None or (self.routing_rows.shape == (b,) and self.routed_experts is not None)
         for name in ROUTING_FIELDS:
             value = getattr(self, name)
-            assert value is None or (value.dim() == 4 and value.shape[:2] == (b, self.prompt_len + r)), (name, value.shape)
+            assert value is None or (value.dim() == 4 and value.shape[1] == self.prompt_len + r
+                                     and value.shape[0] == (rows if rows is not None else value.shape[0])), (name, value.shape)  # fmt: skip
         if self.routing_weights is not None:
             assert self.routed_experts is not None and self.routing_weights.shape == self.routed_experts.shape
 
@@ -157,11 +166,30 @@ class Batch:
         updates: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
+            if f.name in (*ROUTING_FIELDS, "routing_rows") and self.routing_rows is not None:
+                continue  # a share's: below
             if isinstance(value, torch.Tensor):
                 updates[f.name] = value[idx.to(value.device)]
             elif isinstance(value, list):
                 updates[f.name] = [value[i] for i in rows] if value else []
+        if self.routing_rows is not None:
+            updates |= self._select_share(idx)
         return dataclasses.replace(self, **updates)
+
+    def _select_share(self, idx: torch.Tensor) -> dict[str, Any]:
+        """A share's routing of rows ``idx``: the held ones' rows only; a plain [b, P+R, L, k]
+        batch when all are held (a micro-batch of this rank's replica)."""
+        assert self.routing_rows is not None and self.routed_experts is not None
+        where = self.routing_rows[idx]
+        held = where >= 0
+        weights = self.routing_weights
+        out: dict[str, Any] = {"routed_experts": self.routed_experts[where[held]],
+                               "routing_weights": None if weights is None else weights[where[held]]}  # fmt: skip
+        if bool(held.all()):
+            return out | {"routing_rows": None}
+        rows = torch.full_like(where, -1)
+        rows[held] = torch.arange(int(held.sum()))
+        return out | {"routing_rows": rows}
 
     def split(self, size: int) -> list[Batch]:
         """Consecutive chunks of ``size`` rows (the last may be smaller)."""
@@ -180,6 +208,8 @@ class Batch:
         """Rows of all ``batches`` in order; prompts and responses re-padded to the widest."""
         if not batches:
             raise ValueError("concat needs at least one batch")
+        if any(b.routing_rows is not None for b in batches):
+            raise ValueError("concat: a policy rank's share of the routing (routing_rows) cannot be concatenated")
         p = max(b.prompt_len for b in batches)
         r = max(b.response_len for b in batches)
         updates: dict[str, Any] = {}
@@ -194,13 +224,41 @@ class Batch:
             elif f.name in ("prompt_ids", "prompt_mask"):
                 updates[f.name] = torch.cat([_pad_left(v, p) for v in values])
             elif f.name in ROUTING_FIELDS:
-                fill = -1 if f.name == "routed_experts" else 0
+                fill = unrouted_id(values[0].dtype) if f.name == "routed_experts" else 0
                 updates[f.name] = torch.cat([_pad_routing(v, b.prompt_len, p, r, fill) for v, b in zip(values, batches)])
             elif values[0].dim() == 2:
                 updates[f.name] = torch.cat([_pad_right(v, r) for v in values])
             else:
                 updates[f.name] = torch.cat(values)
         return Batch(**updates)
+
+    # ---- routing shares: each policy rank is sent its data-parallel replica's rows only ----
+    def routing_share(self, rows: Sequence[int]) -> RoutingShare:
+        """The routing of ``rows`` (indices into this batch), to send to the ranks that run them."""
+        assert self.routed_experts is not None and self.routing_rows is None
+        idx = torch.as_tensor(list(rows), dtype=torch.long)
+        weights = None if self.routing_weights is None else self.routing_weights[idx]
+        return RoutingShare(idx, self.routed_experts[idx], weights)
+
+    def with_routing_share(self, share: RoutingShare | None) -> Batch:
+        """This batch (sent without routing) holding ``share``: what a policy rank trains on."""
+        if share is None:
+            return self
+        where = torch.full((len(self),), -1, dtype=torch.long)
+        where[share.rows] = torch.arange(len(share.rows))
+        return self.replace(routed_experts=share.routed_experts, routing_weights=share.routing_weights, routing_rows=where)
+
+    def dense_routing(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """``(routed_experts, routing_weights)`` [B, P+R, L, k] of these rows; a share's rows must
+        all be held (the micro-batches of this rank's replica are)."""
+        if self.routing_rows is None or self.routed_experts is None:
+            return self.routed_experts, self.routing_weights
+        where = self.routing_rows.to(self.routed_experts.device)
+        if (where < 0).any():
+            raise RuntimeError(f"rows {(where < 0).nonzero().flatten().tolist()} of this micro-batch belong to another "
+                               "data-parallel replica: the controller's split (replica_rows) and the rank's disagree")  # fmt: skip
+        weights = None if self.routing_weights is None else self.routing_weights[where]
+        return self.routed_experts[where], weights
 
     def to(self, device: torch.device | str) -> Batch:
         updates = {
@@ -212,6 +270,16 @@ class Batch:
 
     def num_groups(self) -> int:
         return int(torch.unique(self.group_id).numel())
+
+
+@dataclass(frozen=True)
+class RoutingShare:
+    """The routing of some rows of a batch (:meth:`Batch.routing_share`): ``rows`` [n] long,
+    ``routed_experts`` / ``routing_weights`` [n, P+R, L, k]."""
+
+    rows: torch.Tensor
+    routed_experts: torch.Tensor
+    routing_weights: torch.Tensor | None
 
 
 def _pad_left(t: torch.Tensor, width: int) -> torch.Tensor:

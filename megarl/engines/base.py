@@ -80,10 +80,10 @@ class GenerationResult:
     # prompt + response went to in each MoE layer (L: the MoE layers in order, k: experts per
     # token), -1 in the row of the last response token (no forward pass of the engine saw it);
     # rows follow the tokens as the Batch's [B, P+R] rows do, without their padding.
-    routed_experts: torch.Tensor | None = field(default=None, compare=False)  # [P+R, L, k] int16
-    # The router's weights of those experts (0 where routed_experts is -1); None from engines that
+    routed_experts: torch.Tensor | None = field(default=None, compare=False)  # [P+R, L, k] uint8 / int16 (megarl/data/routing_ids.py)
+    # The router's weights of those experts (0 where routed_experts says "not routed"); None from engines that
     # report ids alone (SGLang).
-    routing_weights: torch.Tensor | None = field(default=None, compare=False)  # [P+R, L, k] float32
+    routing_weights: torch.Tensor | None = field(default=None, compare=False)  # [P+R, L, k] in the engine's dtype
     # The engine's weight version that sampled each response token (a partial rollout continues
     # under newer weights after a push, docs/async.md); None from engines that do not say (SGLang).
     token_versions: tuple[int, ...] | None = None  # [R]

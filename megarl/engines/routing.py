@@ -1,9 +1,10 @@
 """Mixture-of-experts routing as the engines report it, for routing replay (actor.moe.routing_replay).
 
-Per sample, ``routed_experts [P+R, L, k]`` int16: the experts token t of prompt + response went
-to in MoE layer l (the model's MoE layers in order, dense layers left out), -1 in the row of
-the last response token, which no forward pass of the engine saw; ``routing_weights`` the
-router's weights of those experts. Here: which runs ask for it (:func:`routing_replay`), which
+Per sample, ``routed_experts [P+R, L, k]``: the experts token t of prompt + response went
+to in MoE layer l (the model's MoE layers in order, dense layers left out), packed as
+megarl/data/routing_ids.py says (uint8 up to 255 experts), "not routed" in the row of the last
+response token, which no forward pass of the engine saw; ``routing_weights`` the router's
+weights of those experts, in the dtype the router computed them in (exact: the engine's dtype). Here: which runs ask for it (:func:`routing_replay`), which
 layers an HF config routes (:class:`RoutingLayout`), and how the torch engine records it from
 the HF model's routers (:class:`RouterRecorder`). SGLang's answer is parsed in
 megarl/rollout_sglang/client.py. Deliberately left out: shared experts (always on, nothing to
@@ -19,6 +20,7 @@ from typing import Any
 import torch
 
 from megarl.config.architectures import resolve_arch
+from megarl.data.routing_ids import pack_expert_ids, unrouted_id
 
 
 def routing_replay(cfg: Any) -> str:
@@ -32,11 +34,13 @@ def routing_replay(cfg: Any) -> str:
 
 @dataclass(frozen=True)
 class RoutingLayout:
-    """Which of a model's layers route (``moe_layers``, 0-based, in order) and ``top_k``."""
+    """Which of a model's layers route (``moe_layers``, 0-based, in order), ``top_k``, and how
+    many routed experts there are (which sets the ids' dtype)."""
 
     num_layers: int
     moe_layers: tuple[int, ...]
     top_k: int
+    num_experts: int
 
     @staticmethod
     def of_model(model_path: str | Path) -> RoutingLayout:
@@ -52,7 +56,8 @@ class RoutingLayout:
             raise ValueError(f"model {model_path} ({hf.model_type}) has no num_experts_per_tok: it is not a "
                              "mixture-of-experts model; set actor.moe.routing_replay: none")  # fmt: skip
         layers = tuple(i for i, moe in enumerate(moe_layers(hf)) if moe)
-        return RoutingLayout(int(hf.num_hidden_layers), layers, int(top_k))
+        experts = getattr(hf, "num_experts", None) or getattr(hf, "n_routed_experts", None) or hf.num_local_experts
+        return RoutingLayout(int(hf.num_hidden_layers), layers, int(top_k), int(experts))
 
 
 def router_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -91,12 +96,14 @@ class RouterRecorder:
         self._seen.append((ids, weights))
 
     def _take(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The last forward's routing: ids [B, S, L, k] int16, weights [B, S, L, k] float32."""
+        """The last forward's routing: ids [B, S, L, k] packed, weights [B, S, L, k] as the routers
+        computed them (the engine's dtype: kept, not widened, as it is exact and half of float32)."""
         seen, self._seen = self._seen, []
         assert len(seen) == len(self.routers), (len(seen), len(self.routers))
         ids = torch.stack([i.reshape(batch, -1, i.shape[-1]) for i, _ in seen], dim=2)
         weights = torch.stack([w.reshape(batch, -1, w.shape[-1]) for _, w in seen], dim=2)
-        return ids.to(device="cpu", dtype=torch.int16), weights.to(device="cpu", dtype=torch.float32)
+        experts = int(self.routers[0].weight.shape[0])  # type: ignore[index]
+        return pack_expert_ids(ids.to("cpu"), experts), weights.to("cpu")
 
     def prefill(self, lengths: list[int], rows: list[int]) -> None:
         """After a prefill forward of left-padded sequences: batch row b is sample ``rows[b]``, its
@@ -116,11 +123,11 @@ class RouterRecorder:
                 self._rows[r].append((ids[j], weights[j]))
 
     def result(self, row: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Sample ``row``'s routing, ids [P+R, L, k] int16 and weights [P+R, L, k] float32, with
-        the -1 / 0 row of its last response token appended."""
+        """Sample ``row``'s routing, ids [P+R, L, k] packed and weights [P+R, L, k], with the
+        "not routed" / 0 row of its last response token appended."""
         ids = torch.cat([i for i, _ in self._rows[row]])  # [P+R-1, L, k]
         weights = torch.cat([w for _, w in self._rows[row]])
-        return torch.cat([ids, ids.new_full((1, *ids.shape[1:]), -1)]), torch.cat([weights, weights.new_zeros((1, *weights.shape[1:]))])
+        return torch.cat([ids, ids.new_full((1, *ids.shape[1:]), unrouted_id(ids.dtype))]), torch.cat([weights, weights.new_zeros((1, *weights.shape[1:]))])
 
 
 class NoRecorder:

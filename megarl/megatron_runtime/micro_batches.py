@@ -38,7 +38,7 @@ expert all-to-all) assume equal counts and would hang without. Forward passes sk
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -81,10 +81,31 @@ def mini_batches(batch: Batch, size: int, epochs: int, shuffle_seed: int | None 
     the rows, passes drawing successive permutations from one generator seeded with it, so every
     rank (each holds the whole batch and takes its share of a mini-batch by index) cuts the same
     mini-batches, and the same seed always cuts them the same way."""
+    for rows in mini_batch_rows(len(batch), size, epochs, shuffle_seed):
+        yield batch.select(rows)
+
+
+def mini_batch_rows(count: int, size: int, epochs: int, shuffle_seed: int | None = None) -> Iterator[list[int]]:
+    """The rows (indices into a batch of ``count``) of each of :func:`mini_batches`' mini-batches."""
     generator = None if shuffle_seed is None else torch.Generator().manual_seed(shuffle_seed)
     for _ in range(epochs):
-        rows = batch if generator is None else batch.select(torch.randperm(len(batch), generator=generator))
-        yield from rows.split(size)
+        order = list(range(count)) if generator is None else torch.randperm(count, generator=generator).tolist()
+        yield from (order[i : i + size] for i in range(0, count, size))
+
+
+def replica_rows(batch: Batch, dp_size: int, mini_batches_rows: Sequence[list[int]] = ()) -> list[list[int]]:
+    """The rows of ``batch`` each data-parallel replica runs, as the ranks split them: its
+    ``balanced_partition`` share of the whole batch (a forward: log-probs, the replay metrics'
+    passes) and of each mini-batch in ``mini_batches_rows`` (an update; :func:`mini_batch_rows`).
+    The controller sends each replica the routing of these rows only (Batch.routing_share)."""
+    lengths = sequence_lengths(batch).tolist()
+    held: list[set[int]] = [set() for _ in range(dp_size)]
+    for rows in [list(range(len(batch))), *mini_batches_rows]:
+        if len(rows) < dp_size:  # the rank refuses it (replica_groups), with the reason
+            return [list(range(len(batch)))] * dp_size
+        for d, share in enumerate(balanced_partition([lengths[r] for r in rows], dp_size)):
+            held[d].update(rows[i] for i in share)
+    return [sorted(h) for h in held]
 
 
 def micro_batch_indices(

@@ -48,6 +48,7 @@ import torch
 import torch.distributed as dist
 
 from megarl.data.batch import Batch, TokenRows
+from megarl.data.routing_ids import unpack_expert_ids
 from megarl.megatron_runtime.micro_batches import MicroBatch
 
 MODES = ("none", "experts", "experts_and_weights")
@@ -189,15 +190,15 @@ class RoutingReplay:
         """``(ids [N, L, k] long, weights [N, L, k] | None)`` in the order this rank's routers see
         the tokens (``N = S x b``, sequence-major; this TP rank's sequence slice under sequence
         parallelism); None when the batch carries no routing."""
-        batch = mb.batch
-        if batch.routed_experts is None:
+        ids, weights = mb.batch.dense_routing()  # a rank's share: its replica's rows, which its micro-batches hold
+        if ids is None:
             return None
-        fields = [batch.routed_experts.long()]
+        fields = [unpack_expert_ids(ids)]
         if self.mode == "experts_and_weights":
-            if batch.routing_weights is None:
+            if weights is None:
                 raise ValueError("actor.moe.routing_replay=experts_and_weights needs the engine's routing weights; "
                                  "this batch carries expert ids only (SGLang): use routing_replay=experts")  # fmt: skip
-            fields.append(batch.routing_weights.float())
+            fields.append(weights.float())
         laid = [self._lay_out(mb, f, fill) for f, fill in zip(fields, (-1, 0.0))]
         return laid[0], laid[1] if len(laid) > 1 else None
 

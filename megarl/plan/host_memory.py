@@ -28,6 +28,10 @@ Offloaded copies under LoRA are the residency table's as for any policy: the fro
 weights move to the host where the table moves the policy's weights (with colocated SGLang at
 each launch, actor.offload or not; with actor.offload in the phases that do not use them).
 
+- routing replay (actor.moe.routing_replay): the step's engine routing, on the controller (node 0)
+  and in every policy rank (megarl/plan/routing_bytes.py), counted on top of the rest: the
+  controller keeps the step's Batch through the update and the checkpoint after it.
+
 The bytes per GPU of each state come from the planner (megarl/plan/gpu_memory.py)."""
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from megarl.memory.residency import Residency, owner_of
 from megarl.plan.gpu_memory import DTYPE_BYTES, GIB, stage_params_per_gpu
 from megarl.plan.lora_checks import policy_lora_params
 from megarl.plan.role_layout import RoleLayout
+from megarl.plan.routing_bytes import routing_bytes
 
 # Whose ranks hold host buffers: (owner, the role whose GPUs it lives on).
 _HOST_OWNERS = (("policy", "policy"), ("reference", "policy"), ("critic", "critic"), ("engine", "rollout"),
@@ -57,6 +62,7 @@ class HostMemory:
     engine_backup: float  # SGLang's host copies of released weights on the node
     save_gather: dict[str, float]  # role -> its fully_reshardable save's gathered state on the node (transient)
     save_staging: dict[str, float] = field(default_factory=dict)  # role -> its save's host copies of what it writes (transient)
+    routing: float = 0.0  # the step's routing replay on the node: the controller's (node 0) and its policy ranks'
 
     @property
     def save(self) -> dict[str, float]:
@@ -65,7 +71,7 @@ class HostMemory:
 
     @property
     def peak(self) -> float:
-        return sum(self.offloaded.values()) + self.engine_backup + max(self.save.values(), default=0.0)
+        return sum(self.offloaded.values()) + self.engine_backup + max(self.save.values(), default=0.0) + self.routing
 
 
 def save_gather_host_bytes(arch: ArchSpec, *, tp: int, pp: int, ep: int = 1, etp: int = 1, value_head: bool = False,
@@ -110,6 +116,7 @@ def host_memory(cfg: MegaRLConfig, arch: ArchSpec, roles: Mapping[str, RoleLayou
     written = {role: n * DTYPE_BYTES[cfg.model.dtype] for role, n in adapters.items() if n is not None}
     staged = {role: save_staging_host_bytes(getattr(cfg, ROLE_SECTIONS[role]), roles[role], sizes, role, written.get(role))
               for role in ("policy", "critic") if role in roles}  # fmt: skip
+    routing = routing_bytes(cfg, arch, roles["policy"].dp) if "policy" in roles else None
     nodes = []
     for node in range(cfg.cluster.nnodes):
         on = {gpu for gpu in range(node * cfg.cluster.gpus_per_node, (node + 1) * cfg.cluster.gpus_per_node)}
@@ -117,7 +124,9 @@ def host_memory(cfg: MegaRLConfig, arch: ArchSpec, roles: Mapping[str, RoleLayou
         staging = {r: sum(b for gpu, b in zip(roles[r].gpus, each) if gpu in on) for r, each in staged.items()}
         nodes.append(HostMemory(node, {o: count[o] * b for o, b in per_rank.items() if count[o] * b},
                                 count.get("engine", 0) * backup, {r: count[r] * b for r, b in gather.items() if count[r]},
-                                {r: b for r, b in staging.items() if b}))  # fmt: skip
+                                {r: b for r, b in staging.items() if b},
+                                0.0 if routing is None else count.get("policy", 0) * routing.per_policy_rank
+                                + (node == 0) * routing.controller))  # fmt: skip
     return max(nodes, key=lambda h: h.peak)
 
 
@@ -133,6 +142,9 @@ def host_over(cfg: MegaRLConfig, host: HostMemory) -> str:
                   if not getattr(cfg, ROLE_SECTIONS[role]).optimizer.distributed]  # fmt: skip
     if host.engine_backup:
         knobs.append("set rollout.weights_cpu_backup=false")
+    if host.routing:
+        knobs.append("lower data.max_prompt_length / rollout.sampling.max_new_tokens / prompts_per_step (routing replay's "
+                     "bytes grow with them), or set actor.moe.routing_replay=none")  # fmt: skip
     trained = [o for o in host.offloaded if o != "reference"]
     if trained:  # a copy per data-parallel replica: fewer replicas, fewer copies
         knobs.append(" or ".join(f"raise {ROLE_SECTIONS[o]}.parallel.tp / pp" for o in trained))
@@ -152,6 +164,8 @@ def host_memory_text(host: HostMemory) -> str:
         parts.append(f"offloaded copies {g(sum(host.offloaded.values()))} ({each})")
     if host.engine_backup:
         parts.append(f"SGLang weight backup {g(host.engine_backup)}")
+    if host.routing:
+        parts.append(f"routing replay {g(host.routing)}")
     if host.save:
         role = max(host.save, key=lambda r: host.save[r])
         staging = f"staging {g(host.save_staging.get(role, 0.0))}"

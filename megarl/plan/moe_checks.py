@@ -93,6 +93,18 @@ def check_expert_parallel(section: str, cfg: ActorConfig, arch: ArchSpec, gpus: 
                             "sequence parallelism when tp > 1; remove it (on by default) or set it true"))  # fmt: skip
 
 
+def ep_raise_knob(section: str, cfg: ActorConfig, arch: ArchSpec, gpus: int) -> str | None:
+    """For an over-memory error: the larger ``<section>.parallel.ep`` values that follow the rules of
+    :func:`check_expert_parallel` on ``gpus`` (each GPU then holds 1/ep of every layer's experts),
+    None for a dense model or when none does."""
+    par = cfg.parallel
+    if not arch.num_experts or gpus % (par.tp * par.pp):
+        return None
+    tp_dp = gpus // par.pp
+    more = [d for d in divisors(arch.num_experts) if d > par.ep and tp_dp % (d * par.etp) == 0]
+    return f"raise {section}.parallel.ep to {choices(more)}" if more else None
+
+
 def check_moe_serving(cfg: MegaRLConfig, arch: ArchSpec, issues: list[Issue]) -> None:
     """SGLang serves an MoE model with each expert split over the engine's TP ranks (its fused MoE
     divides moe_intermediate_size by tp, and refuses a remainder at load)."""

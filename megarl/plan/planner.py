@@ -55,7 +55,12 @@ from megarl.plan.judge_plan import (
     judge_memory,
 )
 from megarl.plan.lora_checks import check_lora, lora_resolved, policy_lora_params
-from megarl.plan.moe_checks import check_expert_parallel, check_moe_serving, check_moe_settings
+from megarl.plan.moe_checks import (
+    check_expert_parallel,
+    check_moe_serving,
+    check_moe_settings,
+    ep_raise_knob,
+)
 from megarl.plan.own_devices import check_own_devices, own_devices
 from megarl.plan.push_model import PushEstimate, push_estimate
 from megarl.plan.reward_model_plan import (
@@ -558,7 +563,7 @@ def _plan_memory(cfg: MegaRLConfig, arch: ArchSpec, roles: dict[str, RoleLayout]
             push_knobs.append("lower rollout.weight_sync.gather_mb")
         layouts = partial(_fitting_layouts, cfg, arch) if suggest else None
         _check_fits(cfg, table, {p: b for p, b in phases.items() if p not in generation}, rollout_peak, gpu, issues,
-                    push_knobs, layouts)  # fmt: skip
+                    push_knobs, layouts, residency, arch)  # fmt: skip
     ref = sizes.get("reference/weights", 0.0)
     host = host_memory(cfg, arch, roles, table, sizes)
     if cfg.cluster.host_memory_gib is not None and host.peak > cfg.cluster.host_memory_gib * GIB:
@@ -608,13 +613,23 @@ def _check_rollout_memory(cfg: MegaRLConfig, mem: RolloutMemory, issues: list[Is
 
 # The section an over-budget phase names (its knobs are that model's).
 _PHASE_SECTION = {CRITIC_FORWARD: "critic", CRITIC_UPDATE: "critic"}
+
+
+def _heaviest_section(cfg: MegaRLConfig, resident: dict[str, float], trainer: str) -> str:
+    """The section of the trained model whose states take most of a phase (``trainer``'s on a tie)."""
+    held = {sec: sum(b for s, b in resident.items() if owner_of(s) == role) for role, sec in (("policy", "actor"), ("critic", "critic"))}
+    return max(held, key=lambda sec: (held[sec], sec == trainer)) if cfg.critic_enabled else trainer
 _OFFLOAD_KNOBS = (("policy", "actor.offload"), ("critic", "critic.offload"), ("reference", "reference.offload"))
 
 
 def _check_fits(cfg: MegaRLConfig, table: Residency, training: dict[str, float], rollout_peak: float, gpu: float,
-                issues: list[Issue], push_knobs: list[str], layouts: _Layouts | None = None) -> None:  # fmt: skip
+                issues: list[Issue], push_knobs: list[str], layouts: _Layouts | None = None,
+                resident: dict[str, dict[str, float]] | None = None, arch: ArchSpec | None = None) -> None:  # fmt: skip
     """The heaviest training phase and the generation must fit ``gpu``; an error names the knobs
-    (``push_knobs``: those that shrink a weight push; ``layouts``: the section's tp x pp that fit)."""
+    (``push_knobs``: those that shrink a weight push; ``layouts``: the section's tp x pp that fit).
+    ``resident``: each phase's resident states' bytes, so that the error names the trained model
+    that holds most in the phase (a critic resident in the policy's update is the critic's to
+    shrink); ``arch``: an MoE model's error suggests a larger ep first."""
     over = f"over cluster.gpu_memory_gib ({cfg.cluster.gpu_memory_gib:g})"
     phase = max(training, key=training.get)  # type: ignore[arg-type]
     if training[phase] > gpu and phase == REWARD:
@@ -623,19 +638,24 @@ def _check_fits(cfg: MegaRLConfig, table: Residency, training: dict[str, float],
                             f"phase reward (the colocated reward model's weights and one batch's activations), "
                             f"{(training[phase] - gpu) / GIB:.1f} GiB {over}; " + ", ".join(knobs)))  # fmt: skip
     elif training[phase] > gpu:
-        section = _PHASE_SECTION.get(phase, "actor")
+        trainer = _PHASE_SECTION.get(phase, "actor")  # whose forward or update the phase runs
+        section = _heaviest_section(cfg, resident[phase], trainer) if resident else trainer
         knobs = _offload_knobs(cfg, table, phase)
         par = getattr(cfg, section).parallel
         fits = [lay for lay in layouts(section, None) if lay != (par.tp, par.pp)][:3] if layouts else []
         if phase in (POLICY_UPDATE, CRITIC_UPDATE):
-            recompute = [] if getattr(cfg, section).recompute == "full" else [f"{section}.recompute=full"]
+            recompute = [] if getattr(cfg, trainer).recompute == "full" else [f"{trainer}.recompute=full"]
             knobs = [f"raise {section}.parallel.tp / pp", *recompute,
-                     f"lower {section}.micro_batch_size / max_tokens_per_gpu"] + knobs  # fmt: skip
+                     f"lower {trainer}.micro_batch_size / max_tokens_per_gpu"] + knobs  # fmt: skip
             if not getattr(cfg, section).optimizer.distributed:
                 knobs.insert(1, f"set {section}.optimizer.distributed=true")
+        elif section != trainer:
+            knobs.insert(0, f"raise {section}.parallel.tp / pp")
         if fits:  # the layouts that fit as they are, in place of a vague "raise tp / pp"
             knobs = [k for k in knobs if not k.startswith(f"raise {section}.parallel")]
             knobs.insert(0, f"set {section}.parallel tp x pp to " + " or ".join(f"{t} x {p}" for t, p in fits))
+        if arch is not None and (more_ep := ep_raise_knob(section, getattr(cfg, section), arch, _train_pool_size(cfg))):
+            knobs.insert(0, more_ep)  # an MoE model's experts shard over ep: the cheapest memory
         if phase == WEIGHT_PUSH:
             knobs += push_knobs
         issues.append(Issue(section, f"training needs an estimated {training[phase] / GIB:.1f} GiB per GPU in phase {phase}, "

@@ -15,6 +15,7 @@ from megarl.plan.lora_checks import lora_summary
 from megarl.plan.planner import Plan
 from megarl.plan.reward_checks import reward_roles
 from megarl.plan.reward_model_plan import colocated_reward_model
+from megarl.plan.routing_bytes import routing_bytes, routing_text
 from megarl.plan.step_timeline import timeline_text
 
 
@@ -131,6 +132,9 @@ def _print_memory(cfg: MegaRLConfig, plan: Plan, console: Console) -> None:
         )
     if plan.device == "cuda" and mem.runtime is not None:
         console.print(f"[bold]runtime memory/GPU[/] {runtime_text(cfg, mem.runtime, g)}")
+    routing = routing_bytes(cfg, plan.arch, plan.roles["policy"].dp) if "policy" in plan.roles else None
+    if routing is not None:
+        console.print(f"[bold]routing replay[/] {routing_text(routing)}")
     if plan.device == "cuda" and mem.host is not None and mem.host.peak:
         node = f" (node {mem.host.node})" if cfg.cluster.nnodes > 1 else ""
         console.print(f"[bold]host memory/node[/]{node} at least {g(mem.host.peak)} GiB: {host_memory_text(mem.host)} "
@@ -196,13 +200,19 @@ def runtime_text(cfg: MegaRLConfig, runtime: RuntimeMemory, g: Callable[[float],
     return f"{trainer} GiB; on the engines' GPUs, {sglang} GiB (estimates, not measured)"
 
 
+_CPU_LINKS = {"nvlink": "gloo within the node", "network": "gloo across nodes", "host": "host memory"}
+
+
 def _print_push(cfg: MegaRLConfig, plan: Plan, console: Console) -> None:
     """One line: what a weight push moves per GPU on each link, and (on GPUs) its time at the
     cluster's bandwidths (megarl/plan/push_model.py)."""
     push = plan.push
     assert push is not None
-    parts = " + ".join(f"{name} {b / 1e9:.3g} GB ({link})" for name, b, link in push.parts) or "nothing over a link"
-    line = f"[bold]weight push[/] (transport {push.transport}) received per GPU: {parts}"
+    # On CPU the processes of a node exchange through gloo over loopback TCP, not NVLink
+    names = _CPU_LINKS if plan.device == "cpu" else {}
+    parts = " + ".join(f"{name} {b / 1e9:.3g} GB ({names.get(link, link)})" for name, b, link in push.parts) or "nothing over a link"
+    per = "GPU" if plan.device == "cuda" else "process"
+    line = f"[bold]weight push[/] (transport {push.transport}) received per {per}: {parts}"
     if plan.device == "cuda":
         cl = cfg.cluster
         line += (f"; about {push.seconds:.2g} s at {cl.nvlink_gb_per_s:g} / {cl.network_gb_per_s:g} / {cl.host_gb_per_s:g} GB/s "

@@ -167,6 +167,9 @@ class _WorkerHost:
         args, kwargs = packed
         return self._guarded(getattr(self._worker, method), args, kwargs)
 
+    def run_split(self, method: str, shared: tuple, mine: Any) -> Any:
+        return self._guarded(getattr(self._worker, method), (*shared, mine), {})
+
     def _guarded(self, fn: Any, args: tuple, kwargs: dict) -> Any:
         try:
             return fn(*args, **kwargs)
@@ -336,6 +339,18 @@ class WorkerGroup(Generic[W]):
         packed = ray.put((args, kwargs))  # serialised once, shared by all ranks
         refs = [a.run.remote(name, packed) for a in self._actors]
         return PendingCall(self, name, list(range(self.world_size)), refs)
+
+    def call_split(self, method: Callable[..., R], shared: tuple, each: Sequence[Any]) -> list[R]:
+        """Rank r runs ``method(*shared, each[r])``: ``shared`` is stored once for all ranks and each
+        distinct object of ``each`` once for the ranks it goes to (a data-parallel replica's share)."""
+        name = self._check_open(method)
+        if len(each) != self.world_size:
+            raise ValueError(f"{self.role}.call_split('{name}'): {len(each)} parts for {self.world_size} ranks")
+        packed, stored = ray.put(shared), dict[int, Any]()
+        for x in each:
+            stored.setdefault(id(x), ray.put(x))
+        refs = [a.run_split.remote(name, packed, stored[id(x)]) for a, x in zip(self._actors, each, strict=True)]
+        return PendingCall(self, name, list(range(self.world_size)), refs).get()
 
     def call_each_async(self, method: Callable[[W, *Ts], R], args_per_rank: Sequence[tuple[*Ts]]) -> PendingCall[R]:
         name = self._check_open(method)

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from megarl.data.batch import FINISH_REASONS, Batch
+from megarl.data.routing_ids import unrouted_id
 from megarl.engines.base import GenerationResult
 
 
@@ -95,8 +96,9 @@ def _token_versions(results: Sequence[GenerationResult], r_len: int) -> torch.Te
 def _routing(
     prompts: Sequence[Sequence[int]], results: Sequence[GenerationResult], p_len: int, r_len: int
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """The results' routing laid out like ``Batch.sequences()``: ids [B, P+R, L, k] (-1 on padding)
-    and weights [B, P+R, L, k] (0 on padding); None where the engines reported none."""
+    """The results' routing laid out like ``Batch.sequences()``: ids [B, P+R, L, k] ("not routed" on
+    padding) and weights [B, P+R, L, k] (0 on padding), in the engine's dtypes; None where the
+    engines reported none."""
     reported = [r.routed_experts is not None for r in results]
     if not any(reported):
         return None, None
@@ -105,9 +107,9 @@ def _routing(
                          "an engine that was asked for it (SamplingParams.return_routing) returned none")  # fmt: skip
     first = results[0].routed_experts
     assert first is not None
-    ids = torch.full((len(results), p_len + r_len, *first.shape[1:]), -1, dtype=torch.int16)
+    ids = torch.full((len(results), p_len + r_len, *first.shape[1:]), unrouted_id(first.dtype), dtype=first.dtype)
     with_weights = all(r.routing_weights is not None for r in results)
-    weights = torch.zeros(ids.shape, dtype=torch.float32) if with_weights else None
+    weights = torch.zeros(ids.shape, dtype=results[0].routing_weights.dtype) if with_weights else None  # type: ignore[union-attr]
     for i, res in enumerate(results):
         assert res.routed_experts is not None
         start, tokens = p_len - len(prompts[res.prompt_index]), len(prompts[res.prompt_index]) + len(res.response_ids)

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from megarl.data.routing_ids import pack_expert_ids, unrouted_id
 from megarl.engines.base import GenerationResult, SamplingParams
 from megarl.engines.routing import RoutingLayout
 
@@ -302,7 +303,7 @@ def parse_weight_version(value: Any) -> int:
 
 def parse_routed_experts(meta: dict[str, Any], tokens: int, layout: RoutingLayout) -> torch.Tensor:
     """``meta_info.routed_experts`` of a sample of ``tokens`` prompt + response tokens -> [tokens, L, k]
-    int16 over the MoE layers of ``layout``, -1 in the last row.
+    packed (megarl/data/routing_ids.py) over the MoE layers of ``layout``, "not routed" in the last row.
 
     SGLang 0.5.23 sends base64 of int32 [tokens - 1, num_hidden_layers, k]
     (state_capturer/routed_experts.py; the last token never went through the model); a dense
@@ -317,8 +318,8 @@ def parse_routed_experts(meta: dict[str, Any], tokens: int, layout: RoutingLayou
     if flat.numel() != rows * layout.num_layers * layout.top_k:
         raise SGLangHTTPError("", "/generate", 200, f"meta_info.routed_experts holds {flat.numel()} ids, expected "
                               f"{rows} tokens x {layout.num_layers} layers x top-{layout.top_k}")  # fmt: skip
-    ids = flat.view(rows, layout.num_layers, layout.top_k)[:, list(layout.moe_layers)].to(torch.int16)
-    return torch.cat([ids, ids.new_full((1, *ids.shape[1:]), -1)])  # [tokens, L, k]
+    ids = pack_expert_ids(flat.view(rows, layout.num_layers, layout.top_k)[:, list(layout.moe_layers)], layout.num_experts)
+    return torch.cat([ids, ids.new_full((1, *ids.shape[1:]), unrouted_id(ids.dtype))])  # [tokens, L, k]
 
 
 def parse_sample(

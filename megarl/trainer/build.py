@@ -178,9 +178,9 @@ def _rank_classes(plan: Plan) -> dict[str, type]:
     return {role: cls for role, cls in (("policy", PolicyRank), ("critic", CriticRank)) if role in plan.roles}
 
 
-def _clients(groups: dict[str, Any], push_timeout: float | None) -> dict[str, TrainedClient]:
+def _clients(cfg: MegaRLConfig, groups: dict[str, Any], push_timeout: float | None) -> dict[str, TrainedClient]:
     """The clients of the started groups; ``push_timeout``: the weight push's deadline (Ray groups only)."""
-    return {role: PolicyClient(group, push_timeout) if role == "policy" else CriticClient(group)
+    return {role: PolicyClient(group, push_timeout, cfg) if role == "policy" else CriticClient(group)
             for role, group in groups.items()}  # fmt: skip
 
 
@@ -201,7 +201,7 @@ def _start_groups(cfg: MegaRLConfig, plan: Plan, total_steps: int, log_dir: Path
         options = GroupOptions.of_run(cfg.cluster, log_dir, _shared_nccl_env(cfg) if role == "policy" else None)
         groups[role] = WorkerGroup(cls, placed[role], *_rank_args(cfg, role, total_steps), group_options=options)
         closers.append(groups[role].shutdown)
-    return _clients(groups, cfg.rollout.weight_sync.timeout_s or None)
+    return _clients(cfg, groups, cfg.rollout.weight_sync.timeout_s or None)
 
 
 def _shared_nccl_env(cfg: MegaRLConfig) -> dict[str, str]:
@@ -223,7 +223,7 @@ def _start_in_process(cfg: MegaRLConfig, plan: Plan, total_steps: int, log_dir: 
         with still_waiting(f"{role}: building {cls.__qualname__} in this process (loads the model)"):
             groups[role] = InProcessGroup(cls, *_rank_args(cfg, role, total_steps))
         closers.append(groups[role].shutdown)
-    return _clients(groups, None)  # one process cannot interrupt its own push
+    return _clients(cfg, groups, None)  # one process cannot interrupt its own push
 
 
 def _start_sglang(cfg: MegaRLConfig, plan: Plan, models: dict[str, Any], log_dir: Path, handover: Handover) -> Any:

@@ -116,7 +116,7 @@ def _worker(rank: int, world: int, path: str) -> dict:
     from megatron.core.transformer.moe.router_replay import RouterReplay
 
     from megarl.config.sections import ActorConfig, MoEConfig, ParallelConfig
-    from megarl.megatron_runtime.micro_batches import MicroBatching, pack_micro_batch
+    from megarl.megatron_runtime.micro_batches import MicroBatching, pack_micro_batch, replica_rows
     from megarl.megatron_runtime.model import MegatronModel, token_logprob_head
     from megarl.megatron_runtime.routing_replay import replay_metrics
 
@@ -132,6 +132,11 @@ def _worker(rank: int, world: int, path: str) -> dict:
 
     assert policy.routing is not None
     replayed_rows, own_rows = rows(policy, routed), []
+    # As PolicyClient sends it: the batch without routing, and this replica's rows of the routing
+    # alone (the forward's split, routing_split.py); the rank's micro-batches find all they need.
+    mine = replica_rows(routed, world)[policy.info.dp_rank]
+    share = routed.replace(routed_experts=None, routing_weights=None).with_routing_share(routed.routing_share(mine))
+    share_equal = torch.equal(gathered(rows(policy, share), routed)["logprobs"], gathered(replayed_rows, routed)["logprobs"])
     metrics = replay_metrics(policy.routing, routed, replayed_rows, lambda: own_rows.append(rows(policy, routed)) or own_rows[0])
     replayed, own = gathered(replayed_rows, routed)["logprobs"], gathered(own_rows[0], routed)["logprobs"]
     agreement = policy.routing.agreement()  # [L, 2] of the pass without replay
@@ -149,6 +154,7 @@ def _worker(rank: int, world: int, path: str) -> dict:
         "policy_hooks_kept": policy_hooks_kept,
         "reference_hooks_distinct": not set(map(id, policy.routing.hooks)) & set(map(id, reference.routing.hooks)),
         "metrics": metrics, "gradient": _router_gradient(policy),
+        "share_rows": share.routed_experts.shape[0], "share_equal": share_equal,
     })  # fmt: skip
 
 
@@ -253,6 +259,13 @@ def test_weights_replay_gives_hf_logprobs(results):
         assert r["replayed"] <= LOGPROB_TOL, r["replayed"]
         assert r["own"] > PERTURBED_MIN, r["own"]  # the perturbation changed the routing
         assert r["reference_own"] <= LOGPROB_TOL, r["reference_own"]
+
+
+def test_a_rank_sent_its_replicas_routing_alone_replays_the_same(results):
+    """Each DP replica receives the routing of half the rows, and its log-probs are those of the
+    whole batch's routing (a row of the other replica would raise in the micro-batch)."""
+    assert [r["share_rows"] for r in results] == [len(PROMPTS) // 2] * 2
+    assert all(r["share_equal"] for r in results)
 
 
 def test_agreement_and_separation(results):

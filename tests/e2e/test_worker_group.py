@@ -122,6 +122,11 @@ def test_session_and_rendezvous(session, tmp_path):
         assert group.call_each(RendezvousWorker.all_reduce, [(1.0,), {"value": 2.0}]) == [9.0, 9.0]
         assert group.call(RendezvousWorker.echo, 5, k="v") == [(0, "t", (5,), {"k": "v"}), (1, "t", (5,), {"k": "v"})]
         assert group.call_each(RendezvousWorker.echo, ["a", ("b", "c")]) == [(0, "t", ("a",), {}), (1, "t", ("b", "c"), {})]
+        # shared arguments stored once, then each rank's own part last (a replica's routing share)
+        assert group.call_split(RendezvousWorker.echo, (1, "x"), ["r0", "r1"]) == [(0, "t", (1, "x", "r0"), {}),
+                                                                                   (1, "t", (1, "x", "r1"), {})]  # fmt: skip
+        with pytest.raises(ValueError, match="1 parts for 2 ranks"):
+            group.call_split(RendezvousWorker.echo, (), ["only"])
         pending = group.call_async(RendezvousWorker.echo, 7)
         assert [r[0] for r in pending.get()] == [0, 1]
         with pytest.raises(ValueError, match="got 1 argument sets for 2 ranks"):

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from megarl.data.routing_ids import unpack_expert_ids
 from megarl.engines.base import SamplingParams
 from megarl.rollout_sglang.engine import SGLangEngine
 from megarl.rollout_sglang.server import ServerSpec, SGLangServer
@@ -56,8 +57,9 @@ def test_server_routing_has_its_shape_and_agrees_with_hf(sglang_python, tmp_path
     agree = total = 0
     for r in results:
         tokens = PROMPTS[r.prompt_index] + r.response_ids
-        ids = r.routed_experts
-        assert ids is not None and ids.shape == (len(tokens), len(MOE_LAYERS), 2) and r.routing_weights is None
+        assert r.routed_experts is not None and r.routed_experts.dtype == torch.uint8  # 4 experts: a byte each
+        ids = unpack_expert_ids(r.routed_experts)
+        assert ids.shape == (len(tokens), len(MOE_LAYERS), 2) and r.routing_weights is None
         assert ((ids[:-1] >= 0) & (ids[:-1] < 4)).all() and (ids[-1] == -1).all()
         reference = _hf_routing(hf, tokens)  # [T, L, k]
         prompt = len(PROMPTS[r.prompt_index])

@@ -38,6 +38,7 @@ from megarl.algos.registry import load_import_path
 from megarl.config.rollout_sections import loop_name
 from megarl.data.batch import ROUTING_FIELDS, Batch
 from megarl.data.prompt_batch import PromptBatch
+from megarl.data.routing_ids import unrouted_id
 from megarl.engines.base import Engines, GenerationResult, SamplingParams
 from megarl.engines.seeds import step_seed
 from megarl.rollout.agents.chat import TurnEncoder
@@ -270,7 +271,7 @@ def _trajectory_routing(t: Trajectory) -> tuple[torch.Tensor | None, torch.Tenso
         return None, None
     tokens = len(t.prompt_ids) + len(t.ids)
     weights = None if t.routing_weights is None else _fit_rows(t.routing_weights, tokens, 0)
-    return _fit_rows(t.routed_experts, tokens, -1), weights
+    return _fit_rows(t.routed_experts, tokens, unrouted_id(t.routed_experts.dtype)), weights
 
 
 def _fit_rows(rows: torch.Tensor, count: int, fill: int) -> torch.Tensor:

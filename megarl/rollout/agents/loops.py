@@ -51,8 +51,8 @@ class Trajectory:
     # The latest turn's routing (SamplingParams.return_routing): that request's prefill routed the
     # whole context again, so it covers prompt_ids + ids up to that turn's end; context added
     # since then has none (megarl/engines/routing.py).
-    routed_experts: Any = None  # [T, L, k] int16 torch tensor, T <= len(prompt_ids) + len(ids)
-    routing_weights: Any = None  # [T, L, k] float32, or None
+    routed_experts: Any = None  # [T, L, k] packed ids (megarl/data/routing_ids.py), T <= len(prompt_ids) + len(ids)
+    routing_weights: Any = None  # [T, L, k] in the engine's dtype, or None
 
     @property
     def remaining(self) -> int:

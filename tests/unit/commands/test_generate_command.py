@@ -186,6 +186,31 @@ def test_sglang_deterministic_inference_on_cpu_is_one_line_before_anything_is_wr
     _check_sglang(load_config(CONFIG, ["rollout.deterministic=true"]))  # the torch engine
 
 
+def test_generate_with_sglang_on_cpu_finds_the_venv_make_sglang_cpu_built(tmp_path):
+    """As `megarl demo` does: rollout.server_python unset on a CPU cluster, SGLang not in this
+    interpreter, and generate's server check passes on the venv (only the deterministic refusal,
+    kept as the one problem, stops it before anything is written)."""
+    from megarl.commands.demo import prepare_demo
+    from megarl.commands.generate import GenerateError
+    from megarl.config.loading import load_config
+    from megarl.rollout_sglang.cpu_venv import sglang_cpu_python, with_cpu_server_python
+
+    python = sglang_cpu_python()
+    if python is None:
+        pytest.skip("`make sglang-cpu` has not built the SGLang CPU venv on this machine")
+    model, data = prepare_demo(tmp_path / "demo")
+    out = tmp_path / "gen.parquet"
+    with pytest.raises(GenerateError) as info:
+        generate(CONFIG, [f"model.path={model}", "rollout.engine=sglang", "rollout.deterministic=true"], data / "val.parquet", out)
+    assert str(info.value).startswith("rollout.deterministic:") and "server_python" not in str(info.value)
+    assert not out.exists() and not (tmp_path / "gen.parquet.partial").exists()
+    assert with_cpu_server_python(load_config(CONFIG, ["rollout.engine=sglang"])).rollout.server_python == str(python)
+    for kept in (["rollout.engine=sglang", "rollout.server_python=/usr/bin/python3"], ["rollout.engine=torch"],
+                 ["rollout.engine=sglang", "cluster.device=cuda"]):  # fmt: skip
+        cfg = load_config(CONFIG, kept)
+        assert with_cpu_server_python(cfg) is cfg
+
+
 @pytest.mark.parametrize("spelling", ["dotdot", "symlink", "hardlink"])
 def test_an_output_that_is_the_input_under_another_name_is_refused(tmp_path, spelling):
     from megarl.commands.generate_partial import GenerateError

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from megarl.data.routing_ids import unpack_expert_ids
 from megarl.engines.base import SamplingParams, WeightBucket
 from megarl.engines.torch_engine import TorchEngine, WeightLoadError
 from megarl.models.tiny import build_tiny_model
@@ -39,7 +40,7 @@ def test_torch_engine_routing_of_deepseek_v3(tmp_path):
         ids, weights = torch.stack([i for i, _ in seen], dim=1), torch.stack([w for _, w in seen], dim=1)  # [T, 2, k]
         assert r.routed_experts is not None and r.routing_weights is not None
         assert r.routed_experts.shape == (len(tokens), 2, 2)
-        assert torch.equal(r.routed_experts[:-1].long(), ids[:-1])
+        assert torch.equal(unpack_expert_ids(r.routed_experts)[:-1], ids[:-1])
         assert torch.allclose(r.routing_weights[:-1], weights[:-1], atol=1e-6, rtol=0)
         assert r.routing_weights[:-1].sum(-1).allclose(torch.tensor(2.5))  # normalised, times routed_scaling_factor
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from megarl.data.routing_ids import unpack_expert_ids
 from megarl.engines.base import SamplingParams
 from megarl.engines.torch_engine import TorchEngine
 from megarl.models.tiny import build_tiny_model
@@ -48,11 +49,11 @@ def test_routing_equals_hf_routers_over_prompt_and_response(moe_model_dir, compa
     for r in results:
         tokens = PROMPTS[r.prompt_index] + r.response_ids
         assert r.routed_experts is not None and r.routing_weights is not None
-        assert r.routed_experts.dtype == torch.int16 and r.routed_experts.shape == (len(tokens), len(MOE_LAYERS), 2)
+        assert r.routed_experts.dtype == torch.uint8 and r.routed_experts.shape == (len(tokens), len(MOE_LAYERS), 2)
         ids, weights = _hf_routing(hf, tokens)  # [T, L, k]
-        assert torch.equal(r.routed_experts[:-1].long(), ids[:-1])  # same experts, same order
+        assert torch.equal(unpack_expert_ids(r.routed_experts)[:-1], ids[:-1])  # same experts, same order
         assert torch.allclose(r.routing_weights[:-1], weights[:-1], atol=1e-6, rtol=0)
-        assert (r.routed_experts[-1] == -1).all() and (r.routing_weights[-1] == 0).all()  # no forward saw it
+        assert (unpack_expert_ids(r.routed_experts)[-1] == -1).all() and (r.routing_weights[-1] == 0).all()  # no forward saw it
 
 
 def test_no_routing_unless_asked_and_same_samples(moe_model_dir):
@@ -92,7 +93,7 @@ def test_rollout_batch_carries_the_routers_choice_on_its_token_rows(moe_model_di
     for row in range(len(batch)):
         real = mask[row].bool()
         ids, weights = _hf_routing(hf, tokens[row, real].tolist())  # [T, L, k]
-        assert torch.equal(batch.routed_experts[row, real][:-1].long(), ids[:-1])
-        assert (batch.routed_experts[row, ~real] == -1).all()
+        assert torch.equal(unpack_expert_ids(batch.routed_experts[row, real])[:-1], ids[:-1])
+        assert (unpack_expert_ids(batch.routed_experts[row, ~real]) == -1).all()
         if batch.routing_weights is not None:
             assert torch.allclose(batch.routing_weights[row, real][:-1], weights[:-1], atol=1e-6, rtol=0)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from megarl.data.routing_ids import unpack_expert_ids
 from megarl.engines.base import SamplingParams
 from megarl.engines.routing import RoutingLayout
 from megarl.rollout_sglang.client import (
@@ -18,7 +19,7 @@ from megarl.rollout_sglang.client import (
 )
 from megarl.rollout_sglang.server import ServerSpec, build_launch_command
 
-LAYOUT = RoutingLayout(num_layers=3, moe_layers=(0, 2), top_k=2)
+LAYOUT = RoutingLayout(num_layers=3, moe_layers=(0, 2), top_k=2, num_experts=32)
 
 
 def _item(routed: np.ndarray | None, response: list[int]) -> dict:
@@ -41,10 +42,11 @@ def test_routed_experts_parse_into_moe_layer_rows():
     prompt, response = 3, [7, 8]
     routed = np.arange((prompt + 2 - 1) * 3 * 2).reshape(4, 3, 2)  # [tokens - 1, all layers, k]
     (result,) = parse_generate_reply([_item(routed, response)], 0, 1, (prompt, LAYOUT))
-    assert result.routed_experts is not None and result.routed_experts.dtype == torch.int16
+    assert result.routed_experts is not None and result.routed_experts.dtype == torch.uint8  # 32 experts: a byte
     assert result.routed_experts.shape == (5, 2, 2)
-    assert torch.equal(result.routed_experts[:4], torch.from_numpy(routed[:, [0, 2]]).to(torch.int16))  # layer 1 dense
-    assert (result.routed_experts[4] == -1).all() and result.routing_weights is None
+    ids = unpack_expert_ids(result.routed_experts)
+    assert torch.equal(ids[:4], torch.from_numpy(routed[:, [0, 2]]).long())  # layer 1 dense
+    assert (ids[4] == -1).all() and result.routing_weights is None
 
 
 def test_missing_or_misshapen_routing_is_a_clear_error():
