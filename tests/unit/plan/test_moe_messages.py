@@ -27,7 +27,8 @@ def _issues(path, *overrides, check_files=False) -> list:
 
 def test_a_wrong_ep_is_one_line_with_the_choices_that_tile_tp_x_dp(tmp_path):
     model = build_tiny_model(tmp_path / "m", "qwen3_moe")  # 4 experts; 2 CPU processes at tp 1: tp x dp = 2
-    issues = _issues(TINY_MOE, f"model.path={model}", "actor.parallel.ep=4", check_files=True)
+    issues = _issues(TINY_MOE, f"model.path={model}", "actor.parallel.ep=4", f"trainer.output_dir={tmp_path / 'run'}",
+                     check_files=True)  # fmt: skip
     about_ep = [i for i in issues if i.field in ("actor.parallel.ep", "model.path")]
     assert [i.field for i in about_ep] == ["actor.parallel.ep"]  # the bridge's own check adds no second line
     assert about_ep[0].message.endswith("try 1 or 2")  # 4 divides the experts, not tp x dp
