@@ -1,8 +1,9 @@
 """The DeepSeek-V3 bridge against HF transformers' DeepseekV3ForCausalLM, in gloo processes: TP=1
-(one process) and TP=2 x EP=2 (4 processes: sequence parallel, MLA's replicated down
-projections, each TP group holding every expert once), on megatron-core 0.16 and 0.19 (where
+(one process), TP=2 x EP=2 (4 processes: sequence parallel, MLA's replicated down
+projections, each TP group holding every expert once) and PP=2 (2 processes, a 4-layer model:
+the dense layer and an MoE layer on stage 0), on megatron-core 0.16 and 0.19 (where
 ``q_full`` is refused), with the Qwen3-MoE parity harness
-(tests/distributed/test_moe_bridge.py).
+(tests/distributed/test_moe_bridge.py's tensor_parity).
 
 Three tiny models (hidden 64, 3 layers: layer 0 dense, then MoE with 4 routed experts top-2 in 2
 groups of which 1 is kept, one shared expert, routed scaling 2.5, a non-zero correction bias;
