@@ -98,9 +98,9 @@ def test_multi_latent_attention_adapters_by_hand():
 def test_lora_on_multi_latent_attention_refuses_q_k_v(modules):
     with pytest.raises(PlanError) as info:
         make_plan(load_config(TINY_DSV3, [f"actor.lora={{rank: 4, target_modules: {modules}}}"]))
-    absent = "q_proj" if modules == "[q_proj, o_proj]" else "all-linear, which includes q_proj, k_proj, v_proj"
+    absent = "(q_proj, o_proj) names q_proj" if modules == "[q_proj, o_proj]" else "(all-linear) includes q_proj, k_proj, v_proj"
     line = next(x for x in str(info.value).splitlines() if "actor.lora.target_modules" in x)
-    assert f"names {absent}, which tiny-dsv3-demo (deepseek_v3" in line, line
+    assert f"actor.lora.target_modules: {absent}, which LoRA cannot adapt on tiny-dsv3-demo (deepseek_v3" in line, line
     assert line.endswith("target any of o_proj, gate_proj, up_proj, down_proj"), line
 
 
