@@ -420,7 +420,12 @@ def _targets(layer: Any, index: int, modules: tuple[str, ...]) -> Iterator[tuple
         parts = {TARGETS[m][1]: m for m in modules if TARGETS[m][0] == path}
         if experts is None or not path.startswith("mlp."):
             names = {part: f"model.layers.{index}.{TARGETS[m][2]}.{m}" for part, m in parts.items()}
-            yield f"{index}_{path.replace('.', '_')}", path, _module(layer, path), names
+            linear = _module(layer, path)
+            if linear is None:  # multi-latent attention has no linear_qkv (the planner refuses q/k/v there too)
+                raise ValueError(f"actor.lora.target_modules: layer {index} has no {path} for {', '.join(parts.values())} "
+                                 "(multi-latent attention: low-rank q and kv projections, not adapted yet); target "
+                                 "o_proj, gate_proj, up_proj or down_proj")  # fmt: skip
+            yield f"{index}_{path.replace('.', '_')}", path, linear, names
             continue
         local = getattr(experts, "local_experts", None)
         if local is None:

@@ -175,11 +175,16 @@ LORA_MLP_MODULES = ("gate_proj", "up_proj", "down_proj")  # on an MoE layer: eac
 
 
 def lora_module_shapes(arch: ArchSpec) -> dict[str, tuple[int, int]]:
-    """(in_features, out_features) of each HF linear LoRA can target, in one decoder layer."""
+    """(in_features, out_features) of each HF linear LoRA can target, in one decoder layer. A
+    multi-latent attention model (DeepSeek-V3) has no q_proj/k_proj/v_proj that megarl adapts (its
+    q and kv projections are low-rank pairs: megarl/models/lora.py wraps none of them), and its
+    o_proj reads every head's value, ``heads x v_head_dim`` wide."""
     h, f = arch.hidden_size, arch.ffn_hidden_size
+    mlp = {"gate_proj": (h, f), "up_proj": (h, f), "down_proj": (f, h)}
+    if arch.is_mla:
+        return {"o_proj": (arch.num_heads * arch.v_dim, h), **mlp}
     q, kv = arch.num_heads * arch.kv_channels, arch.num_kv_heads * arch.kv_channels
-    return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
-            "gate_proj": (h, f), "up_proj": (h, f), "down_proj": (f, h)}  # fmt: skip
+    return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h), **mlp}
 
 
 def lora_expert_params(arch: ArchSpec, rank: int, modules: tuple[str, ...]) -> int:
@@ -208,7 +213,7 @@ def lora_layer_params(arch: ArchSpec, rank: int, modules: tuple[str, ...]) -> tu
     and B [out x rank] per targeted module. A column-parallel linear's B is split with its output
     and A replicated; a row-parallel one's A is split with its input and B replicated."""
     shapes, replicated, split = lora_module_shapes(arch), 0, 0
-    for m in modules:
+    for m in (m for m in modules if m in shapes):  # a module the model lacks is refused (lora_checks.py)
         a, b = rank * shapes[m][0], rank * shapes[m][1]
         replicated, split = (replicated + a, split + b) if _COLUMN_PARALLEL[m] else (replicated + b, split + a)
     return replicated, split

@@ -84,6 +84,7 @@ def check_lora(
         # the push would be labelled with a version that did not generate them.
         issues.append(Issue("rollout.weight_sync.lora", "(adapter) is not supported yet with asynchronous training "
                             f"(rollout.max_staleness={cfg.rollout.max_staleness}); use rollout.weight_sync.lora=merged"))  # fmt: skip
+    _check_modules_adaptable(cfg, arch, issues)
     experts = expert_modules(cfg, arch)
     if experts and cfg.actor.parallel.etp > 1:  # the adapters sit whole beside each expert (megarl/models/lora.py)
         issues.append(Issue("actor.parallel.etp", f"({cfg.actor.parallel.etp}) splits each expert, and actor.lora adapts "
@@ -112,11 +113,27 @@ def check_lora(
                             "policy with its adapters off gives the reference log-probs); remove it", level="warning"))  # fmt: skip
 
 
+def _check_modules_adaptable(cfg: MegaRLConfig, arch: ArchSpec, issues: list[Issue]) -> None:
+    """Refuse target modules megarl cannot adapt on the model: multi-latent attention (DeepSeek-V3)
+    has no k_proj/v_proj but low-rank q and kv pairs (q_proj when q_lora_rank is null), which
+    megarl's adapters do not wrap (megarl/models/lora.py); all-linear includes them."""
+    valid = tuple(lora_module_shapes(arch))
+    lora = cfg.actor.lora
+    assert lora is not None
+    absent = [m for m in lora.modules if m not in valid]
+    if absent:
+        verb = "includes" if "all-linear" in lora.target_modules else "names"
+        issues.append(Issue("actor.lora.target_modules", f"({', '.join(lora.target_modules)}) {verb} "
+                            f"{', '.join(absent)}, which LoRA cannot adapt on {arch.name} ({arch.model_type}: multi-latent "
+                            "attention, whose q and kv projections take no adapters yet); target any of "
+                            f"{', '.join(valid)}"))  # fmt: skip
+
+
 def _narrowest_module(arch: ArchSpec, modules: tuple[str, ...]) -> tuple[str, int] | None:
     """The targeted module with the fewest input or output features, and that number (an
     expert's gate/up/down at the experts' width on an MoE model)."""
     shapes = lora_module_shapes(arch)
-    widths = {m: min(shapes[m]) for m in modules}
+    widths = {m: min(shapes[m]) for m in modules if m in shapes}
     if arch.num_moe_layers:
         for m in (m for m in modules if m in LORA_MLP_MODULES):
             widths[f"the experts' {m}"] = min(arch.hidden_size, arch.moe_ffn_hidden_size)

@@ -8,8 +8,12 @@ micro-batch (e.g. per-token log-probs); other stages get None. :func:`broadcast_
 hands those values to every stage when the caller needs them everywhere.
 
 All micro-batches of one call must have the same sequence length and size (pad them; Megatron's
-p2p communication uses fixed shapes here, see the dense bridge). Left out: training (the workers
-call the schedule with their loss function themselves), virtual pipeline stages.
+p2p communication uses fixed shapes here, see the dense bridge).
+
+:func:`forward_backward` runs one micro-batch forward and backward through the same schedule
+(gradients left in each parameter's ``.grad``; no DDP, no optimizer): the bridge tests' oracle
+for whole-model gradients at PP > 1. Left out: many training micro-batches (the workers call the
+schedule with their loss function themselves), virtual pipeline stages.
 """
 
 from __future__ import annotations
@@ -72,6 +76,45 @@ def forward_only(
     finally:
         model.train(was_training)
     return list(out) if parallel_state.is_pipeline_last_stage() else None
+
+
+def forward_backward(
+    model: torch.nn.Module,
+    micro_batch: MicroBatch,
+    step: Callable[[torch.nn.Module, MicroBatch], torch.Tensor],
+    loss: Callable[[torch.Tensor, MicroBatch], tuple[torch.Tensor, Any]],
+    *,
+    seq_length: int,
+    micro_batch_size: int,
+) -> Any:
+    """Forward ``step(model, micro_batch)`` through the pipeline, then backward from the scalar of
+    ``loss(output, micro_batch) -> (scalar, kept)`` on the last stage; return ``kept`` there (e.g.
+    the logits), None elsewhere. One micro-batch: Megatron divides the loss by the micro-batch
+    count, here 1, so every ``.grad`` is d(scalar)."""
+    from megatron.core import parallel_state
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    from megarl.parallel.cpu_compat import enable_cpu_compat
+
+    enable_cpu_compat()
+    kept: list[Any] = []
+
+    def forward_step(data_iterator, model_chunk):
+        mb = next(data_iterator)
+
+        def loss_func(output_tensor):
+            value, keep = loss(output_tensor, mb)
+            kept.append(keep)
+            return value, {}
+
+        return step(model_chunk, mb), loss_func
+
+    model.train()
+    get_forward_backward_func()(
+        forward_step_func=forward_step, data_iterator=iter([micro_batch]), model=[model], num_microbatches=1,
+        seq_length=seq_length, micro_batch_size=micro_batch_size, forward_only=False,
+    )  # fmt: skip
+    return kept[0] if parallel_state.is_pipeline_last_stage() else None
 
 
 def broadcast_from_last_stage(obj: Any) -> Any:

@@ -1,8 +1,9 @@
 """The DeepSeek-V3 bridge against HF transformers' DeepseekV3ForCausalLM, in gloo processes: TP=1
-(one process) and TP=2 x EP=2 (4 processes: sequence parallel, MLA's replicated down
-projections, each TP group holding every expert once), on megatron-core 0.16 and 0.19 (where
+(one process), TP=2 x EP=2 (4 processes: sequence parallel, MLA's replicated down
+projections, each TP group holding every expert once) and PP=2 (2 processes, a 4-layer model:
+the dense layer and an MoE layer on stage 0), on megatron-core 0.16 and 0.19 (where
 ``q_full`` is refused), with the Qwen3-MoE parity harness
-(tests/distributed/test_moe_bridge.py).
+(tests/distributed/test_moe_bridge.py's tensor_parity).
 
 Three tiny models (hidden 64, 3 layers: layer 0 dense, then MoE with 4 routed experts top-2 in 2
 groups of which 1 is kept, one shared expert, routed scaling 2.5, a non-zero correction bias;
@@ -21,15 +22,7 @@ import time
 import pytest
 import torch
 from spawn import run_distributed
-from test_moe_bridge import (
-    _batch,
-    _build,
-    _ep_replicas,
-    _exported_grads,
-    _finish_sequence_parallel_grads,
-    _hf_run,
-    _megatron_loss,
-)
+from test_moe_bridge import _batch, _build, _hf_run, tensor_parity
 
 # DeepSeek-V3's yarn shape (its checkpoint: factor 40, 4096 positions, betas 32 / 1, mscale 1 / 1)
 # scaled to the tiny model: 8 original positions (the batches reach 12), betas that put the ramp
@@ -58,29 +51,20 @@ def deepseek_dirs(tmp_path_factory) -> dict[str, str]:
             for i, (name, kw) in enumerate(MODELS.items())}  # fmt: skip
 
 
-def _parity(path: str, tp: int, ep: int, dp_rank: int) -> dict:
-    from safetensors.torch import load_file
-
-    bridge, hf_config, model = _build(path, tp, ep)
-    vocab = bridge.vocab_size(hf_config)
-    ids, labels = _batch(dp_rank, vocab)
-    logits, loss = _megatron_loss(model, ids, labels, vocab)
-    loss.backward()
-    _finish_sequence_parallel_grads(model)
-    ref_logits, own, summed = _hf_run(path, [_batch(r, vocab) for r in _ep_replicas(dp_rank)])
-    ref_grads = {n: summed[n] if ".mlp.experts." in n else g for n, g in own.items()}
-    got = _exported_grads(bridge, model)  # (the correction bias, a buffer, comes out as itself)
-    grad_err = {n: ((got[n] - g).abs().max() / g.abs().max().clamp(min=1e-30)).item() for n, g in ref_grads.items()}
-    file = load_file(f"{path}/model.safetensors")
-    exported = {n: t.clone() for n, t in bridge.export_hf_tensors(model, gather_bytes=48 << 10)}
-    return {
-        "max_diff": (logits.detach() - ref_logits).abs().max().item(),
-        "grad_extra": sorted(set(got) - set(ref_grads)),
-        "worst_grad": max(grad_err.items(), key=lambda kv: kv[1]),
-        "not_exported": sorted(set(file) - set(exported)),
-        "export_unequal": sorted(n for n in exported if not torch.equal(exported[n], file[n])),
-        "bias_diff": _without_bias(model, ids, ref_logits, vocab),
-        "softmax_scale": (model.decoder.layers[0].self_attention.softmax_scale, _hf_softmax_scale(hf_config)),
+def _parity(path: str, tp: int, ep: int, dp_rank: int, pp: int = 1) -> dict:
+    p = tensor_parity(path, tp, ep, dp_rank, pp=pp)
+    out = {
+        "max_diff": p.max_diff,
+        "grad_extra": sorted(set(p.grads) - set(p.ref_grads)),
+        "worst_grad": p.worst_grad,
+        "not_exported": sorted(set(p.file) - set(p.exported)),
+        "export_unequal": p.export_unequal,
+    }
+    if pp > 1:  # the checks below run the model in one piece
+        return out | {"layers": [(layer.layer_number - 1, type(layer.mlp).__name__) for layer in p.model.decoder.layers]}
+    return out | {
+        "bias_diff": _without_bias(p.model, p.ids, p.ref_logits, p.bridge.vocab_size(p.hf_config)),
+        "softmax_scale": (p.model.decoder.layers[0].self_attention.softmax_scale, _hf_softmax_scale(p.hf_config)),
     }
 
 
@@ -122,16 +106,16 @@ def _bf16(path: str) -> dict:
     return {"mean": diff.mean().item(), "max": diff.max().item(), "ref_max": ref.abs().max().item()}
 
 
-def _worker(rank: int, world: int, dirs: dict[str, str], tp: int, ep: int) -> dict:
+def _worker(rank: int, world: int, dirs: dict[str, str], tp: int, ep: int, pp: int = 1) -> dict:
     from megarl.parallel.groups import init_parallel
 
-    info = init_parallel(tp=tp, pp=1, seed=0, ep=ep)
-    out: dict = {"ranks": (info.tp_rank, info.ep_rank, info.dp_rank)}
+    info = init_parallel(tp=tp, pp=pp, seed=0, ep=ep)
+    out: dict = {"ranks": (info.tp_rank, info.ep_rank, info.dp_rank) + ((info.pp_rank,) if pp > 1 else ())}
     for name, path in dirs.items():
         t0 = time.perf_counter()
-        out[name] = _parity(path, tp, ep, info.dp_rank)
+        out[name] = _parity(path, tp, ep, info.dp_rank, pp)
         out[name]["seconds"] = time.perf_counter() - t0
-    if tp == 1:
+    if tp == 1 and pp == 1:
         out["bf16"] = _bf16(dirs["yarn"])
     return out
 
@@ -169,6 +153,27 @@ def test_deepseek_v3_tp2_ep2(deepseek_dirs):
     results = run_distributed(_worker, 4, dirs, 2, 2, timeout_s=400)
     assert [r["ranks"] for r in results] == [(0, 0, 0), (1, 1, 0), (0, 0, 1), (1, 1, 1)]
     _assert_parity(results, dirs)
+    print({k: (v["max_diff"], v["worst_grad"], v["seconds"]) for k, v in results[0].items() if k != "ranks"})
+
+
+def test_deepseek_v3_pp2(tmp_path):
+    """PP=2 on 2 processes, a 4-layer model (one MTP layer in the file): stage 0 holds the dense
+    layer 0 and the MoE layer 1, stage 1 the MoE layers 2 and 3 (HF's first_k_dense_replace rule
+    per global layer); logits through 1F1B, gradients by its backward, the export gathered from
+    both stages bit for bit (HF -> Megatron at PP=2 -> HF), the MTP layer left to conversion."""
+    from megarl.models.tiny import build_tiny_model
+
+    path = str(build_tiny_model(tmp_path / "pp2", "deepseek_v3", **MODELS["q_lora"], **(SHAPE | {"num_layers": 4})))
+    results = run_distributed(_worker, 2, {"q_lora": path}, 1, 1, 2)
+    assert [r["ranks"] for r in results] == [(0, 0, 0, 0), (0, 0, 0, 1)]
+    assert [r["q_lora"]["layers"] for r in results] == [[(0, "MLP"), (1, "MoELayer")], [(2, "MoELayer"), (3, "MoELayer")]]
+    for r in results:
+        got = r["q_lora"]
+        assert got["max_diff"] <= LOGIT_TOL, (r["ranks"], got["max_diff"])
+        assert got["grad_extra"] == [f"model.layers.{i}.mlp.gate.e_score_correction_bias" for i in (1, 2, 3)], got["grad_extra"]
+        assert got["worst_grad"][1] <= GRAD_TOL, (r["ranks"], got["worst_grad"])
+        assert got["export_unequal"] == [], (r["ranks"], got["export_unequal"])
+        assert got["not_exported"] and all(n.startswith("model.layers.4.") for n in got["not_exported"]), got["not_exported"]
     print({k: (v["max_diff"], v["worst_grad"], v["seconds"]) for k, v in results[0].items() if k != "ranks"})
 
 

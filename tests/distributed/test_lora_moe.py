@@ -145,3 +145,40 @@ def test_ep2_equals_one_rank(model_dir, adapters, tmp_path):
         _assert_equal(out["trained"], results[0]["trained"])  # every EP rank gathered every expert
     _assert_equal(single["loaded"], results[0]["trained"])  # and at EP=1
     assert single["expert_allreduce"] == [True]
+
+
+def _deepseek_adapters(rank: int, world: int, path: str) -> dict:
+    """Attach adapters to the DeepSeek-V3 demo model in one rank: their parameter count for the
+    modules MLA has; the error for q_proj (MLA has no linear_qkv)."""
+    from test_moe_bridge import _build
+
+    from megarl.models.lora import attach_lora
+    from megarl.parallel.groups import init_parallel
+
+    init_parallel(tp=1, pp=1, seed=0)
+    out: dict = {}
+    for key, modules in (("mla", ["o_proj", "gate_proj", "up_proj", "down_proj"]), ("q", ["q_proj", "o_proj"])):
+        _, _, model = _build(path, 1, 1)
+        try:
+            lora = attach_lora(model, LoRAConfig(rank=4, target_modules=modules), seed=0)
+            out[key] = (sum(p.numel() for p in lora.parameters()), sorted({k.split("_", 1)[1] for k in lora.linears}))
+        except ValueError as e:
+            out[key] = str(e)
+    return out
+
+
+def test_deepseek_v3_adapters_are_what_the_planner_counts(tmp_path):
+    """On multi-latent attention LoRA adapts o_proj, the dense MLP and each routed expert (the
+    shared expert not), as many parameters as the planner counts (tests/unit/plan/test_lora_plan.py
+    by hand); q_proj is refused by name."""
+    from megarl.commands.demo import DEMO_DSV3_MODEL
+    from megarl.config.architectures import builtin_arch
+    from megarl.models.tiny import build_tiny_model
+    from megarl.plan.gpu_memory import lora_params
+
+    path = str(build_tiny_model(tmp_path / "dsv3", **DEMO_DSV3_MODEL))
+    out = run_distributed(_deepseek_adapters, 1, path)[0]
+    count, linears = out["mla"]
+    assert count == lora_params(builtin_arch("tiny-dsv3-demo"), 4, ("o_proj", "gate_proj", "up_proj", "down_proj"))
+    assert not any("shared" in k for k in linears) and "mlp_linear_fc1" in linears, linears
+    assert out["q"].startswith("actor.lora.target_modules: layer 0 has no self_attention.linear_qkv for q_proj"), out["q"]

@@ -18,6 +18,8 @@ uneven across the EP group). Checked on every rank:
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
+from typing import Any
 from unittest import mock
 
 import pytest
@@ -53,27 +55,36 @@ def _batch(dp_rank: int, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randint(0, vocab, (b, s), generator=gen), torch.randint(0, vocab, (b, s), generator=gen)
 
 
-def _build(path: str, tp: int, ep: int, dtype=torch.float32, etp: int = 1):
+def _build(path: str, tp: int, ep: int, dtype=torch.float32, etp: int = 1, pp: int = 1):
     from transformers import AutoConfig
 
     from megarl.config.sections import ParallelConfig
     from megarl.models.bridges import get_bridge
+    from megarl.parallel.groups import current_parallel_info
 
+    info = current_parallel_info()
     hf_config = AutoConfig.from_pretrained(path)
     bridge = get_bridge(hf_config)
-    tcfg = bridge.transformer_config(hf_config, ParallelConfig(tp=tp, ep=ep, etp=etp), dtype)
-    model = bridge.build_model(hf_config, tcfg, pre_process=True, post_process=True)
+    tcfg = bridge.transformer_config(hf_config, ParallelConfig(tp=tp, pp=pp, ep=ep, etp=etp), dtype)
+    model = bridge.build_model(hf_config, tcfg, pre_process=info.is_first_stage, post_process=info.is_last_stage)
     bridge.load_hf_weights(model, path)
     return bridge, hf_config, model
 
 
-def _megatron_loss(model, ids: torch.Tensor, labels: torch.Tensor, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logits [b, s, V], summed cross-entropy); the vocab-parallel logits gathered with autograd."""
+def _megatron_loss(model, ids: torch.Tensor, labels: torch.Tensor, vocab: int) -> torch.Tensor:
+    """The logits [b, s, V] on every pipeline stage, after a backward of the summed cross-entropy
+    through Megatron's schedule (one micro-batch; 1F1B at PP > 1); the vocab-parallel logits
+    gathered with autograd."""
     from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
-    from pipeline_oracle import gpt_inputs
+    from pipeline_oracle import broadcast_from_last_stage, forward_backward, gpt_inputs
 
-    logits = gather_from_tensor_model_parallel_region(model(*gpt_inputs(ids, torch.ones_like(ids))))[..., :vocab]
-    return logits, F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="sum")
+    def loss(output: torch.Tensor, mb) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = gather_from_tensor_model_parallel_region(output)[..., :vocab]
+        return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="sum"), logits.detach()
+
+    logits = forward_backward(model, ids, lambda m, mb: m(*gpt_inputs(mb, torch.ones_like(mb))), loss,
+                              seq_length=ids.shape[1], micro_batch_size=ids.shape[0])  # fmt: skip
+    return broadcast_from_last_stage(logits)
 
 
 def _finish_sequence_parallel_grads(model) -> None:
@@ -144,33 +155,63 @@ def _ep_replicas(dp_rank: int) -> list[int]:
     return [dp_rank, *others]
 
 
-def _parity(path: str, tp: int, ep: int, dp_rank: int, etp: int = 1) -> dict:
-    """Logits, gradients and export of one model against HF on this DP replica's batch."""
+@dataclass
+class TensorParity:
+    """One model against HF on one DP replica's batch (:func:`tensor_parity`)."""
+
+    bridge: Any
+    hf_config: Any
+    model: Any
+    ids: torch.Tensor  # this replica's batch
+    ref_logits: torch.Tensor  # HF's on it
+    max_diff: float  # max |Megatron logit - HF's|
+    grads: dict[str, torch.Tensor]  # Megatron's gradients under HF names (through the export)
+    ref_grads: dict[str, torch.Tensor]  # HF's, for the tokens each tensor saw
+    worst_grad: tuple[str, float]  # the tensor whose gradient is furthest from HF's, relative to its largest entry
+    file: dict[str, torch.Tensor]  # the HF checkpoint
+    exported: dict[str, torch.Tensor]  # what the bridge exports of the loaded model
+
+    @property
+    def export_unequal(self) -> list[str]:
+        return sorted(n for n in self.exported if n in self.file and not torch.equal(self.exported[n], self.file[n]))
+
+
+def tensor_parity(path: str, tp: int, ep: int, dp_rank: int, etp: int = 1, pp: int = 1) -> TensorParity:
+    """Logits, gradients and export of one model against HF on this DP replica's batch, at any
+    layout (the pipeline's logits handed to every stage, the export gathered from every stage)."""
     from safetensors.torch import load_file
 
-    bridge, hf_config, model = _build(path, tp, ep, etp=etp)
+    bridge, hf_config, model = _build(path, tp, ep, etp=etp, pp=pp)
     vocab = bridge.vocab_size(hf_config)
     ids, labels = _batch(dp_rank, vocab)
-    logits, loss = _megatron_loss(model, ids, labels, vocab)
-    loss.backward()
+    logits = _megatron_loss(model, ids, labels, vocab)
     _finish_sequence_parallel_grads(model)
     # Before DDP's reductions a dense parameter's gradient is this replica's; an expert's covers the
     # tokens of every replica of its EP group (the same expert everywhere: the export gathers over EP).
     ref_logits, own, summed = _hf_run(path, [_batch(r, vocab) for r in _ep_replicas(dp_rank)])
     ref_grads = {n: summed[n] if ".mlp.experts." in n else g for n, g in own.items()}
-    got = _exported_grads(bridge, model)
+    got = _exported_grads(bridge, model)  # (a buffer, e.g. DeepSeek-V3's correction bias, comes out as itself)
     grad_err = {n: ((got[n] - g).abs().max() / g.abs().max().clamp(min=1e-30)).item() for n, g in ref_grads.items()}
-    file = load_file(f"{path}/model.safetensors")
-    exported = {n: t.clone() for n, t in bridge.export_hf_tensors(model, gather_bytes=48 << 10)}
+    return TensorParity(
+        bridge, hf_config, model, ids, ref_logits, max_diff=(logits - ref_logits).abs().max().item(), grads=got,
+        ref_grads=ref_grads, worst_grad=max(grad_err.items(), key=lambda kv: kv[1]),
+        file=load_file(f"{path}/model.safetensors"),
+        exported={n: t.clone() for n, t in bridge.export_hf_tensors(model, gather_bytes=48 << 10)},
+    )  # fmt: skip
+
+
+def _parity(path: str, tp: int, ep: int, dp_rank: int, etp: int = 1) -> dict:
+    """:func:`tensor_parity`, a wrong expert order and the push's export check on experts."""
+    p = tensor_parity(path, tp, ep, dp_rank, etp)
     return {
-        "max_diff": (logits.detach() - ref_logits).abs().max().item(),
-        "grad_names_equal": set(got) == set(ref_grads),
-        "worst_grad": max(grad_err.items(), key=lambda kv: kv[1]),
-        "export_names_equal": set(exported) == set(file),
-        "export_unequal": sorted(n for n in file if n in exported and not torch.equal(exported[n], file[n])),
-        "experts_here": list(model.decoder.layers[0 if "renorm" in path else 1].mlp.local_expert_indices),
-        "shifted_diff": _shifted_diff(path, tp, ep, ids, ref_logits, etp),
-        "fingerprint": _fingerprint_check(bridge, model, file),
+        "max_diff": p.max_diff,
+        "grad_names_equal": set(p.grads) == set(p.ref_grads),
+        "worst_grad": p.worst_grad,
+        "export_names_equal": set(p.exported) == set(p.file),
+        "export_unequal": p.export_unequal,
+        "experts_here": list(p.model.decoder.layers[0 if "renorm" in path else 1].mlp.local_expert_indices),
+        "shifted_diff": _shifted_diff(path, tp, ep, p.ids, p.ref_logits, etp),
+        "fingerprint": _fingerprint_check(p.bridge, p.model, p.file),
     }
 
 

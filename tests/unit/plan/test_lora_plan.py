@@ -28,6 +28,8 @@ LORA72 = CONFIGS / "qwen72b_grpo_lora.yaml"
 GRPO72 = CONFIGS / "qwen72b_grpo.yaml"
 TINY = CONFIGS / "tiny_grpo.yaml"
 MOE30 = CONFIGS / "qwen3_30b_a3b_grpo.yaml"
+DSV3 = CONFIGS / "deepseek_v3_grpo.yaml"
+TINY_DSV3 = CONFIGS / "tiny_dsv3_grpo.yaml"
 ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 ATTENTION = ALL[:4]
 
@@ -71,6 +73,42 @@ def test_a_mixture_of_experts_model_gets_expert_adapters_by_hand():
     # a dense layer (HF mlp_only_layers) keeps the dense MLP's adapters: gate, up, down 768 each (ffn 128)
     mixed = dataclasses.replace(arch, dense_layers=(1,))
     assert lora_params(mixed, 4, ALL) == (1792 + 4 * EXPERT) + (1792 + 3 * 768) == 12032
+
+
+# tiny-dsv3-demo: hidden 64, 3 layers (layer 0 dense, ffn 128; layers 1-2 MoE, 4 experts of width 64,
+# one shared expert), multi-latent attention with 4 heads of v_head_dim 16 (head_dim 8, which o_proj
+# does not read). Rank 4: o_proj in 4 * 16 = 64, out 64: A 256 (split over tp) + B 256 (replicated);
+# layer 0's gate and up A 256 + B 128*4 = 512, down A 4*128 = 512 + B 256; an expert 1536 (EXPERT);
+# the shared expert gets none (megarl/models/lora.py adapts the routed experts only).
+DSV3_O, DSV3_DENSE_MLP = 256 + 256, 3 * 768
+MLA_MODULES = ("o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def test_multi_latent_attention_adapters_by_hand():
+    arch = builtin_arch("tiny-dsv3-demo")
+    assert lora_params(arch, 4, MLA_MODULES) == 3 * DSV3_O + DSV3_DENSE_MLP + 2 * 4 * EXPERT == 16128
+    assert lora_params(arch, 4, ("o_proj",)) == 3 * DSV3_O  # heads x v_head_dim in, not heads x head_dim (32)
+    # tp 2, ep 2: o_proj's A / 2, layer 0's MLP B's (gate, up) and down's A / 2, 2 of each MoE layer's 4 experts
+    assert lora_params_per_gpu(arch, 4, MLA_MODULES, tp=2, pp=1, ep=2) == \
+        3 * (256 + 128) + (256 + 256 + 256) + (512 + 512 + 512) / 2 + 2 * 2 * EXPERT == 8832  # fmt: skip
+    assert lora_expert_params_per_gpu(arch, 4, MLA_MODULES, tp=2, pp=1, ep=2) == 2 * 2 * EXPERT
+
+
+@pytest.mark.parametrize("modules", ["[q_proj, o_proj]", "[all-linear]"])
+def test_lora_on_multi_latent_attention_refuses_q_k_v(modules):
+    with pytest.raises(PlanError) as info:
+        make_plan(load_config(TINY_DSV3, [f"actor.lora={{rank: 4, target_modules: {modules}}}"]))
+    absent = "(q_proj, o_proj) names q_proj" if modules == "[q_proj, o_proj]" else "(all-linear) includes q_proj, k_proj, v_proj"
+    line = next(x for x in str(info.value).splitlines() if "actor.lora.target_modules" in x)
+    assert f"actor.lora.target_modules: {absent}, which LoRA cannot adapt on tiny-dsv3-demo (deepseek_v3" in line, line
+    assert line.endswith("target any of o_proj, gate_proj, up_proj, down_proj"), line
+
+
+def test_lora_on_deepseek_v3_plans_the_modules_it_has():
+    p = make_plan(load_config(TINY_DSV3, ["actor.lora={rank: 4, target_modules: [o_proj, gate_proj, up_proj, down_proj]}"]))
+    assert p is not None
+    big = make_plan(load_config(DSV3, ["actor.lora={rank: 8, target_modules: [o_proj]}", "reference.offload=false"]))
+    assert big.memory is not None
 
 
 def test_expert_adapters_optimizer_state_is_sharded_like_the_experts():
