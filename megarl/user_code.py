@@ -12,8 +12,8 @@ What such code prints goes to a log file, not the terminal: :func:`user_output_t
 :class:`RoutedStream` in place of sys.stdout and sys.stderr, which sends a write made while
 :func:`running` marks user code (a contextvar: it follows the call, its asyncio tasks and the
 threads megarl starts for it) to ``logs/user_code.log`` and any other write (megarl's own lines,
-its progress bars) to the terminal as before; an error about the code quotes the head of what it
-printed (:func:`printed_head`). :func:`call_with_deadline` bounds a call of user code in time.
+its progress bars) to the terminal as before (log records skip it: megarl/terminal.py); an error
+about the code quotes the head of what it printed (:func:`printed_head`). :func:`call_with_deadline` bounds a call of user code in time.
 
 Left out: reward functions, which run in worker processes (megarl/rewards/worker.py reports
 them the same way), and code that ends its process at the C level (os._exit): in the driver that

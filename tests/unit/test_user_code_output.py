@@ -54,7 +54,12 @@ def test_a_tools_prints_go_to_the_log_and_megarls_lines_to_the_terminal(tmp_path
     assert sys.stdout is not None and type(sys.stdout).__name__ != "RoutedStream"  # put back after the run
 
 
-def test_megarls_log_records_still_reach_the_terminal(tmp_path, capsys):
+def _calls_megarl(engines, prompts, params):
+    print("generate prints")
+    logging.getLogger("megarl.engines").warning("engine 0 is slow")  # megarl's own, in a call the function made
+
+
+def test_megarls_log_records_still_reach_the_terminal_even_from_inside_user_code(tmp_path, capsys):
     root = logging.getLogger()
     handlers = root.handlers[:]
     root.handlers.clear()
@@ -63,10 +68,12 @@ def test_megarls_log_records_still_reach_the_terminal(tmp_path, capsys):
         with user_output_to(tmp_path / "user_code.log"):
             start_tool_call(ChattyTool({}, SCHEMA), {}, {}).result(timeout=60)
             logging.getLogger("megarl.trainer").warning("step 1 took long")
+            named_generate_function(_calls_megarl, "my_pkg:generate")(None, None, None)
     finally:
         root.handlers[:] = handlers
     err = capsys.readouterr().err
-    assert "step 1 took long" in err and "tool" not in err
+    assert "step 1 took long" in err and "engine 0 is slow" in err and "tool" not in err and "prints" not in err
+    assert (tmp_path / "user_code.log").read_text().endswith("generate prints\n")
 
 
 def _chatty_generate(engines, prompts, params):
