@@ -148,19 +148,25 @@ class _UserOutput:
 
     def write(self, who: str, text: str) -> None:
         with self.lock:
-            if self.file is None:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                self.file = open(self.path, "a", encoding="utf-8", errors="replace")  # noqa: SIM115 - closed by close()
-            self.file.write(text)
-            self.file.flush()  # (a run that dies keeps what was printed)
             head = self.heads.get(who, "")
             if len(head) < HEAD_CHARS:
                 self.heads[who] = head + text[: HEAD_CHARS - len(head)]
+            try:
+                if self.file is None:
+                    self.path.parent.mkdir(parents=True, exist_ok=True)
+                    self.file = open(self.path, "a", encoding="utf-8", errors="replace")  # noqa: SIM115 - closed by close()
+                self.file.write(text)
+                self.file.flush()  # (a run that dies keeps what was printed)
+            except OSError:  # a full disk: the print is dropped, never the user's code failing on it
+                pass
 
     def close(self) -> None:
         with self.lock:
-            if self.file is not None:
-                self.file.close()
+            try:
+                if self.file is not None:
+                    self.file.close()
+            except OSError:
+                pass
 
 
 _OUTPUT: _UserOutput | None = None

@@ -140,3 +140,11 @@ def test_an_interaction_that_never_returns_is_one_line_naming_it_at_its_deadline
     assert message.startswith(f"interaction 'u' (HangingUser.generate_response in {__file__}) did not return within 0.5 s; ")
     assert "rollout.agent.interaction_timeout_s" in message and "it printed: 'thinking...\\n'" in message
     assert report(info.value) == EXIT_USER and capsys.readouterr().err.startswith("error: interaction 'u'")
+
+
+def test_a_log_that_cannot_be_written_drops_the_prints_not_the_tool(tmp_path, capsys):
+    """A full disk (here: the log's folder is a file) must not turn the tool's print into its failure."""
+    (tmp_path / "logs").write_text("not a folder")
+    with user_output_to(tmp_path / "logs" / "user_code.log"):
+        outcome = start_tool_call(ChattyTool({}, SCHEMA), {}, {}).result(timeout=60)
+    assert outcome.text == "ok" and outcome.error is None and capsys.readouterr().out == ""
