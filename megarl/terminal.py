@@ -45,13 +45,15 @@ class StderrNowHandler(logging.StreamHandler):
     """The terminal's log handler: it writes to ``sys.stderr`` as it is when a record comes, not
     as it was when logging was set up. A live progress bar (the training bar, rich) replaces
     sys.stderr on a terminal with a proxy that prints a line above the bar; written to the
-    terminal directly, the line would land on the bar itself."""
+    terminal directly, the line would land on the bar itself. A log record skips the routing of
+    user code's prints to their log (megarl/user_code.py ``RoutedStream.original``): megarl's
+    warnings from a call a generate function made still reach the terminal."""
 
     @property
     def stream(self) -> Any:
         import sys
 
-        return sys.stderr
+        return getattr(sys.stderr, "original", sys.stderr)
 
     @stream.setter
     def stream(self, value: Any) -> None:

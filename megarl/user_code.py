@@ -8,20 +8,36 @@ own ending: the function's exit code, or "stopped by SIGINT (Ctrl-C)" blaming th
 with exit code 2 naming the function, its file, what it did and the fix. A KeyboardInterrupt that
 a signal raised (the user's own Ctrl-C) is left alone: see :func:`raised_by_code`.
 
+What such code prints goes to a log file, not the terminal: :func:`user_output_to` puts a
+:class:`RoutedStream` in place of sys.stdout and sys.stderr, which sends a write made while
+:func:`running` marks user code (a contextvar: it follows the call, its asyncio tasks and the
+threads megarl starts for it) to ``logs/user_code.log`` and any other write (megarl's own lines,
+its progress bars) to the terminal as before (log records skip it: megarl/terminal.py); an error
+about the code quotes the head of what it printed (:func:`printed_head`). :func:`call_with_deadline` bounds a call of user code in time.
+
 Left out: reward functions, which run in worker processes (megarl/rewards/worker.py reports
 them the same way), and code that ends its process at the C level (os._exit): in the driver that
-ends the run as the process's own exit, which only a separate process could survive.
+ends the run as the process's own exit, which only a separate process could survive. Threads the
+user's code starts itself, and writes to the file descriptors (os.write(1, ...), a C library's
+printf), are not marked: they reach the terminal.
 """
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import inspect
 import os
 import re
+import sys
 import threading
 import traceback
-from typing import Any
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from concurrent.futures import wait as wait_futures
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TextIO
 
 EXITS = (SystemExit, KeyboardInterrupt, GeneratorExit)  # user code trying to end its process
 
@@ -83,12 +99,13 @@ def named_generate_function(fn: Any, name: str) -> Any:
     def generate(*args: Any, **kwargs: Any) -> Any:
         what = f"rollout.generate_function {name} ({source_file(fn)})"
         try:
-            return fn(*args, **kwargs)
+            with running(what):
+                return fn(*args, **kwargs)
         except EXITS as exc:
             if not raised_by_code(exc):  # the user's own Ctrl-C
                 raise
             raise user_exit_error(
-                what, exc, "a generate function must return a Batch or raise, never end the process"
+                what, exc, "a generate function must return a Batch or raise, never end the process" + printed_head(what)
             ) from exc
         except Exception as exc:
             # megarl's own (an engine's, a user error it names) passes as it is, and so does
@@ -99,7 +116,7 @@ def named_generate_function(fn: Any, name: str) -> Any:
                 raise
             raise UserCodeError(
                 f"{what} raised {type(exc).__name__}: {exc}; fix the function (the traceback is in "
-                "the run's log)"
+                f"the run's log){printed_head(what)}"
             ) from exc
 
     return generate
@@ -113,3 +130,123 @@ def _raised_in_megarl(exc: BaseException) -> bool:
     first frame is the wrapper, the next the user's)."""
     frames = list(traceback.walk_tb(exc.__traceback__))[2:]
     return any(os.path.abspath(frame.f_code.co_filename).startswith(_MEGARL_DIR + os.sep) for frame, _ in frames)
+
+
+_RUNNING: contextvars.ContextVar[str | None] = contextvars.ContextVar("megarl_user_code", default=None)
+HEAD_CHARS = 300  # of what a piece of user code printed, quoted in an error about it
+
+
+class _UserOutput:
+    """The log file user code's output goes to (opened at its first write), and the head of what
+    each piece of code printed."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.file: TextIO | None = None
+        self.heads: dict[str, str] = {}
+        self.lock = threading.Lock()  # tools run in threads
+
+    def write(self, who: str, text: str) -> None:
+        with self.lock:
+            head = self.heads.get(who, "")
+            if len(head) < HEAD_CHARS:
+                self.heads[who] = head + text[: HEAD_CHARS - len(head)]
+            try:
+                if self.file is None:
+                    self.path.parent.mkdir(parents=True, exist_ok=True)
+                    self.file = open(self.path, "a", encoding="utf-8", errors="replace")  # noqa: SIM115 - closed by close()
+                self.file.write(text)
+                self.file.flush()  # (a run that dies keeps what was printed)
+            except OSError:  # a full disk: the print is dropped, never the user's code failing on it
+                pass
+
+    def close(self) -> None:
+        with self.lock:
+            try:
+                if self.file is not None:
+                    self.file.close()
+            except OSError:
+                pass
+
+
+_OUTPUT: _UserOutput | None = None
+
+
+class RoutedStream:
+    """sys.stdout / sys.stderr while :func:`user_output_to` is active: a write of user code
+    (:func:`running`) goes to the user-code log, any other to ``original`` (the terminal)."""
+
+    def __init__(self, original: TextIO):
+        self.original = original
+
+    def write(self, text: str) -> int:
+        who, output = _RUNNING.get(), _OUTPUT
+        if who is None or output is None:
+            return self.original.write(text)
+        output.write(who, str(text))
+        return len(text)
+
+    def flush(self) -> None:
+        self.original.flush()
+
+    def __getattr__(self, name: str) -> Any:  # isatty, encoding, fileno, ...: the terminal's
+        return getattr(self.original, name)
+
+
+@contextmanager
+def user_output_to(path: str | Path) -> Iterator[None]:
+    """Meanwhile, what user code prints in this process goes to ``path``, not the terminal."""
+    global _OUTPUT
+    previous, _OUTPUT = _OUTPUT, _UserOutput(Path(path))
+    streams = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = (s if isinstance(s, RoutedStream) else RoutedStream(s) for s in streams)
+    try:
+        yield
+    finally:
+        output, _OUTPUT = _OUTPUT, previous
+        sys.stdout, sys.stderr = streams
+        output.close()
+
+
+@contextmanager
+def running(who: str) -> Iterator[None]:
+    """Meanwhile this context (and the asyncio tasks it starts) runs user code ``who``: its prints
+    go to the user-code log."""
+    token = _RUNNING.set(who)
+    try:
+        yield
+    finally:
+        _RUNNING.reset(token)
+
+
+def printed_head(who: str) -> str:
+    """For an error about ``who``: "; it printed: '<head>' (all of it in <log>)", or "" when it printed nothing."""
+    output = _OUTPUT
+    head = output.heads.get(who, "") if output is not None else ""
+    if not head:
+        return ""
+    return f"; it printed: {head[:HEAD_CHARS]!r}{'...' if len(head) >= HEAD_CHARS else ''} (all of it in {output.path})"  # type: ignore[union-attr]
+
+
+class DeadlinePassed(Exception):  # noqa: N818 - said as what happened
+    """A call of user code did not return within its deadline (:func:`call_with_deadline`)."""
+
+
+def call_with_deadline(invoke: Callable[[], Any], seconds: float, who: str) -> Any:
+    """``invoke()`` in a daemon thread, marked as ``who`` (its prints go to the user-code log):
+    its value, or what it raised (SystemExit too); DeadlinePassed after ``seconds``. The thread is
+    then abandoned (Python cannot kill a thread): the caller stops or goes on without it."""
+    future: Future[Any] = Future()
+
+    def work() -> None:
+        with running(who):
+            try:
+                future.set_result(invoke())
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller as it is
+                future.set_exception(exc)
+
+    threading.Thread(target=work, name=f"user-code {who[:40]}", daemon=True).start()
+    wait_futures([future], timeout=seconds)
+    if not future.done():
+        raise DeadlinePassed(f"{who} did not return within {seconds:g} s")
+    return future.result()

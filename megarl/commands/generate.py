@@ -143,6 +143,7 @@ def _generate(cfg: Any, data: Path, target: Path, source: str, *, batch_size: in
     from megarl.commands.conversion import check_in_process, convert_checkpoint
     from megarl.data.datasets import read_prompt_file
     from megarl.models.hf_files import tokenizer_files_problem
+    from megarl.user_code import user_output_to
 
     partial = target.with_name(target.name + PARTIAL_SUFFIX)
     job = job_record(cfg, Path(data), source, batch_size)
@@ -176,7 +177,8 @@ def _generate(cfg: Any, data: Path, target: Path, source: str, *, batch_size: in
             if todo:
                 model_dir = _hf_model(Path(source), export, partial / MODEL_DIR, in_process)
                 control.reclaim()  # an export ran under Ray, which installs its own SIGTERM handler
-                _generate_parts(cfg, model_dir, Path(data), records, parts, todo, partial)
+                with user_output_to(user_code_log(target)):  # what a generate function or a tool prints
+                    _generate_parts(cfg, model_dir, Path(data), records, parts, todo, partial)
     except KeyboardInterrupt:
         done = sum(1 for i in range(len(parts)) if part_path(partial, i).is_file())
         raise RunStopped(f"stopped by {control.signal_name}: {done} of {len(parts)} parts are in {partial}; run the "
@@ -185,6 +187,11 @@ def _generate(cfg: Any, data: Path, target: Path, source: str, *, batch_size: in
         merge_parts(partial, len(parts), target)
     remove_partial(partial)
     return target
+
+
+def user_code_log(target: Path) -> Path:
+    """Where the user's code's prints go: ``<OUT>.user_code.log`` beside OUT (written only if it printed)."""
+    return target.with_name(target.name + ".user_code.log")
 
 
 def _check_target(target: Path, data: Path, batch_size: int, checkpoints: Path) -> None:

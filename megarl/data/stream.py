@@ -148,7 +148,7 @@ def custom_prompt_set(cfg: DataConfig, files: list[str], field: str, tokenizer: 
     by ``field``), checked as parquet rows are and filtered as a file is (megarl/data/custom_dataset.py)."""
     from megarl.data.custom_dataset import build_dataset, load_class
     from megarl.data.datasets import record_of_row
-    from megarl.user_code import EXITS, raised_by_code
+    from megarl.user_code import EXITS, printed_head, raised_by_code, running
 
     spec = cfg.custom_cls
     assert spec is not None
@@ -162,24 +162,27 @@ def custom_prompt_set(cfg: DataConfig, files: list[str], field: str, tokenizer: 
             raise
         raise _ended(exc, f"{label} ({spec.path})", "while it was imported") from exc
     try:
-        dataset = build_dataset(cls, files, tokenizer, cfg.model_dump(mode="json"))
-        rows = [dataset[i] for i in range(len(dataset))]
+        with running(label):  # what the class prints goes to the user-code log, not the terminal
+            dataset = build_dataset(cls, files, tokenizer, cfg.model_dump(mode="json"))
+            rows = [dataset[i] for i in range(len(dataset))]
     except Exception as exc:  # the user's own code: one line with its error, the traceback chained
-        raise DataError(f"{label}: building it or reading its rows failed: {type(exc).__name__}: {exc}") from exc
+        raise DataError(f"{label}: building it or reading its rows failed: {type(exc).__name__}: {exc}"
+                        f"{printed_head(label)}") from exc  # fmt: skip
     except EXITS as exc:
         if not raised_by_code(exc):
             raise
-        raise _ended(exc, f"{label} ({spec.path})", "while it was built or its rows read") from exc
+        raise _ended(exc, f"{label} ({spec.path})", "while it was built or its rows read", printed_head(label)) from exc
     records = [record_of_row(label, i, row, prompt_key=cfg.prompt_key, source_key=cfg.reward_fn_key) for i, row in enumerate(rows)]
     return _filtered(records, f"{spec.path}:{spec.name}", label, builder, cfg.filter_overlong_prompts)
 
 
-def _ended(exc: BaseException, what: str, when: str) -> DataError:
-    """A dataset class that tried to end the process (user_code.EXITS), said as a DataError."""
+def _ended(exc: BaseException, what: str, when: str, printed: str = "") -> DataError:
+    """A dataset class that tried to end the process (user_code.EXITS), said as a DataError;
+    ``printed``: user_code.printed_head of the class."""
     from megarl.user_code import exit_description
 
     return DataError(f"{what} {exit_description(exc)} {when}; a dataset class must raise an exception for data it cannot "
-                     "read, never end the process")
+                     f"read, never end the process{printed}")
 
 
 def _prompt_sets(cfg: DataConfig, field: str, paths: list[str], tokenizer: Any, builder: PromptBuilder) -> list[PromptSet]:

@@ -19,9 +19,11 @@ from megarl.config.sections import MegaRLConfig
 from megarl.plan.planner import Plan, make_plan
 from megarl.progress import still_waiting
 from megarl.terminal import LogFileHandler, library_warnings_logged
+from megarl.user_code import user_output_to
 
 log = logging.getLogger(__name__)
 DRIVER_LOG = "driver.log"
+USER_CODE_LOG = "user_code.log"  # what your tools, interactions, dataset class, generate function print
 RESUME_ENV = "MEGARL_RESUME_COMMAND"  # overrides the printed resume command (set by megarl sbatch scripts)
 
 
@@ -96,6 +98,7 @@ def run(cfg: MegaRLConfig, plan, address: str | None = None, resume_command: str
     with (
         output_dir_lock(cfg.trainer.output_dir),  # one run per output_dir: a second launch there is refused
         driver_log(Path(cfg.trainer.output_dir) / "logs" / DRIVER_LOG),
+        user_output_to(Path(cfg.trainer.output_dir) / "logs" / USER_CODE_LOG),  # tools', interactions', ... prints
         control.handlers(),
     ):
         where = "this process" if in_process else f"Ray at {address}" if address else f"an embedded Ray ({local_cpus} CPUs)"

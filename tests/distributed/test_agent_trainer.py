@@ -109,3 +109,65 @@ def test_masks_cover_exactly_the_generated_tokens(run):
             assert 0 < generated < n  # tool answers are context: no loss on them
         else:
             assert generated == n
+
+
+HANGING_USER = '''
+import threading
+
+class HangingUser:
+    """A simulated user whose answer never comes."""
+    def __init__(self, config):
+        self.never = threading.Event()
+    def start_interaction(self, instance_id, **kwargs):
+        return instance_id
+    def generate_response(self, instance_id, messages, **kwargs):
+        print("let me think about", len(messages), "messages")
+        self.never.wait()
+'''
+
+
+def _run_hanging_interaction(rank: int, world: int, root: str) -> dict:
+    import os
+    import sys
+
+    import yaml
+
+    from megarl.cli import report
+    from megarl.config.loading import load_config
+    from megarl.data.datasets import write_prompt_file
+    from megarl.plan.planner import make_plan
+    from megarl.trainer.build import build_trainer, shutdown
+    from megarl.user_code import user_output_to
+
+    folders = [str(ROOT / "docs" / "examples"), root]  # the parser's module and the user's interaction, as a user's would be
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (*folders, os.environ.get("PYTHONPATH")) if p)
+    sys.path[:0] = folders
+    (Path(root) / "hanging_user.py").write_text(HANGING_USER)
+    (Path(root) / "interactions.yaml").write_text(yaml.safe_dump({"interaction": [{"name": "hang", "class_name": "hanging_user.HangingUser"}]}))
+    overrides = _write_inputs(Path(root))
+    rows = [{"data_source": "reverse_digits", "prompt": [{"role": "user", "content": format(k, "04b")}], "agent_name": "tool_agent",
+             "reward_model": {"ground_truth": "0", "style": "rule"}, "extra_info": {"index": k, "interaction_kwargs": {"name": "hang"}}}
+            for k in range(16)]  # fmt: skip
+    data = write_prompt_file(rows, Path(root) / "talk.parquet")
+    cfg = load_config(ROOT / "configs" / "tiny_grpo.yaml", [*overrides, f"data.train_files=[{data}]", "trainer.total_steps=1",
+                      f"rollout.agent.interactions_file={Path(root) / 'interactions.yaml'}", "rollout.agent.interaction_timeout_s=2"])  # fmt: skip
+    log = Path(root) / "run" / "logs" / "user_code.log"
+    trainer = build_trainer(cfg, make_plan(cfg, check_files=True, in_process=True), in_process=True)
+    try:
+        with user_output_to(log):
+            trainer.fit()
+    except Exception as exc:  # noqa: BLE001 - what ends the run is the result
+        return {"type": type(exc).__name__, "message": str(exc), "exit": report(exc), "log": log.read_text()}
+    finally:
+        shutdown(trainer)
+    return {"type": None}
+
+
+def test_an_interaction_that_never_answers_ends_the_run_at_its_deadline_naming_it(tmp_path):
+    """Below Ray: the trainer's own rollout, a hanging simulated user on the tiny tool model."""
+    ended = run_distributed(_run_hanging_interaction, 1, str(tmp_path), timeout_s=600, daemon=False)[0]
+    assert ended["type"] == "InteractionTimeout" and ended["exit"] == 2
+    assert ended["message"].startswith("interaction 'hang' (HangingUser.generate_response in ")
+    assert "hanging_user.py) did not return within 2 s; " in ended["message"]
+    assert "rollout.agent.interaction_timeout_s" in ended["message"] and "it printed: 'let me think about" in ended["message"]
+    assert ended["log"].startswith("let me think about")

@@ -64,6 +64,15 @@ def generate(engines, prompts, params):
     raise RuntimeError("the engine failed at start-up")
 """
 
+# The default generation, printing a lot on the way.
+CHATTY = """
+from megarl.rollout.single_turn import generate_batch
+
+def generate(engines, prompts, params):
+    print("generating", len(prompts), "prompts " + "x" * 200_000)
+    return generate_batch(engines, prompts, params)
+"""
+
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
@@ -295,3 +304,15 @@ def test_generating_from_a_scored_file_replaces_its_generated_columns(demo, tmp_
     assert again.column_names == pq.read_table(first).column_names
     assert {len(r) for r in again.column("responses").to_pylist()} == {2}
     assert again.select(pq.read_table(data / "val.parquet").column_names).equals(pq.read_table(data / "val.parquet"))
+
+
+def test_what_a_generate_function_prints_goes_beside_out_not_to_the_terminal(demo, tmp_path, monkeypatch, capsys):
+    model, data = demo
+    (tmp_path / "chatty.py").write_text(CHATTY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = generate(CONFIG, _overrides(model, "rollout.generate_function=chatty:generate"), data / "val.parquet",
+                   tmp_path / "gen.parquet", batch_size=64)  # fmt: skip
+    terminal = capsys.readouterr()
+    assert "x" * 100 not in terminal.out + terminal.err and pq.read_table(out).num_rows > 0
+    log = (tmp_path / "gen.parquet.user_code.log").read_text().splitlines()
+    assert log and all(line.startswith("generating ") and line.endswith("x" * 200_000) for line in log)

@@ -299,7 +299,7 @@ def build_env(agent: Any, tokenizer: Any, eos_token_ids: Sequence[int],
     if not getattr(tokenizer, "chat_template", None):
         return None
     tools = load_tools(agent.tools_file) if agent.tools_file else {}
-    interactions = load_interactions(agent.interactions_file) if agent.interactions_file else {}
+    interactions = load_interactions(agent.interactions_file, agent.interaction_timeout_s) if agent.interactions_file else {}
     encoder = TurnEncoder(tokenizer, eos_token_ids, tool_schemas(tools), chat_template_kwargs)
     if tools:  # a template that cannot show a tool's answer fails now, not in the middle of a step
         encoder.after_turn([], [{"role": "tool", "content": "0"}])

@@ -25,18 +25,31 @@ from typing import Any
 
 from megarl.rollout.agents.errors import AgentError
 from megarl.rollout.agents.tools import import_class, read_yaml_list, run_method
-from megarl.user_code import EXITS, exit_description, raised_by_code, source_file
+from megarl.user_code import (
+    EXITS,
+    DeadlinePassed,
+    call_with_deadline,
+    exit_description,
+    printed_head,
+    raised_by_code,
+    source_file,
+)
 
 
 class InteractionFileError(AgentError):
     """An interaction file that cannot be used; the message names the file, the entry and the fix."""
 
 
+class InteractionTimeout(AgentError):
+    """A method of an interaction did not return within rollout.agent.interaction_timeout_s."""
+
+
 class Interaction:
     """A user's interaction object, called the same way whether its methods are async or not."""
 
-    def __init__(self, name: str, impl: Any):
-        self.name, self.impl = name, impl
+    def __init__(self, name: str, impl: Any, timeout_s: float = 60.0):
+        """``timeout_s``: rollout.agent.interaction_timeout_s, the time one call of a method may take."""
+        self.name, self.impl, self.timeout_s = name, impl, timeout_s
 
     def session(self, kwargs: Mapping[str, Any]) -> InteractionSession:
         """One trajectory's conversation (verl's start_interaction)."""
@@ -49,14 +62,19 @@ class Interaction:
         naming the method when it raises."""
         where = f"interaction {self.name!r} ({type(self.impl).__name__}.{method} in {source_file(self.impl)})"
         try:
-            return run_method(invoke())
+            # in a thread with a deadline, as a tool call: a method that never returns would hang the run
+            return call_with_deadline(lambda: run_method(invoke()), self.timeout_s, where)
+        except DeadlinePassed:
+            raise InteractionTimeout(f"{where} did not return within {self.timeout_s:g} s; make it return sooner (it "
+                                     "runs between the model's turns: a rule check, not a long call) or raise "
+                                     f"rollout.agent.interaction_timeout_s{printed_head(where)}") from None
         except Exception as exc:  # the user's code: name it (the run stops; a simulated user has no fallback)
-            raise AgentError(f"{where} raised {type(exc).__name__}: {exc}; fix it") from exc
+            raise AgentError(f"{where} raised {type(exc).__name__}: {exc}; fix it{printed_head(where)}") from exc
         except EXITS as exc:
             if not raised_by_code(exc):  # the user's own Ctrl-C
                 raise
             raise AgentError(f"{where} {exit_description(exc)}; an interaction must return its answer or raise, never "
-                             "end the process") from exc
+                             f"end the process{printed_head(where)}") from exc
 
 
 @dataclass(frozen=True)
@@ -71,11 +89,16 @@ class InteractionSession:
 
     def __init__(self, interaction: Interaction, instance_id: str, kwargs: dict[str, Any]):
         self.interaction, self.instance_id, self.kwargs = interaction, instance_id, kwargs
+        self.hung = False  # generate_response passed its deadline
 
     def respond(self, messages: list[dict[str, str]]) -> Reply:
         impl = self.interaction.impl
         where = f"interaction {self.interaction.name!r} ({type(impl).__name__}.generate_response)"
-        answer = self.interaction.call("generate_response", lambda: impl.generate_response(self.instance_id, messages, **self.kwargs))
+        try:
+            answer = self.interaction.call("generate_response", lambda: impl.generate_response(self.instance_id, messages, **self.kwargs))
+        except InteractionTimeout:
+            self.hung = True  # its finalize_interaction would wait on the hung call's state: the run stops now
+            raise
         try:
             done, text, score, *_ = answer
             reply = Reply(bool(done), str(text), float(score or 0.0))
@@ -89,7 +112,7 @@ class InteractionSession:
     def finish(self) -> None:
         """verl's finalize_interaction, when the class has one."""
         impl = self.interaction.impl
-        if getattr(impl, "finalize_interaction", None) is not None:
+        if not self.hung and getattr(impl, "finalize_interaction", None) is not None:
             self.interaction.call("finalize_interaction", lambda: impl.finalize_interaction(self.instance_id))
 
 
@@ -133,8 +156,8 @@ def _without_name(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     return without_nulls({k: v for k, v in kwargs.items() if k != "name"})
 
 
-def load_interactions(path: str | Path) -> dict[str, Interaction]:
-    """The interactions of a verl-format interaction file, by name."""
+def load_interactions(path: str | Path, timeout_s: float = 60.0) -> dict[str, Interaction]:
+    """The interactions of a verl-format interaction file, by name; ``timeout_s``: rollout.agent.interaction_timeout_s."""
     label = f"interaction file {path}"
     out: dict[str, Interaction] = {}
     for i, entry in enumerate(read_yaml_list(path, "interaction", "interaction file", InteractionFileError)):
@@ -145,7 +168,7 @@ def load_interactions(path: str | Path) -> dict[str, Interaction]:
             raise InteractionFileError(f"{where}: a second interaction named {name!r}; names must be unique")
         config = {**dict(entry.get("config") or {}), "name": name}
         try:
-            out[name] = Interaction(name, cls(config=config))
+            out[name] = Interaction(name, cls(config=config), timeout_s)
         except Exception as exc:  # noqa: BLE001 - the user's class: name it and its error
             raise InteractionFileError(f"{where}: {entry['class_name']}(config={config}) failed: {type(exc).__name__}: {exc}") from exc
         except EXITS as exc:  # sys.exit in __init__: the class named (the user's Ctrl-C passes)

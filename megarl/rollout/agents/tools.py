@@ -38,7 +38,14 @@ import yaml
 import megarl.rollout.agents.builtin_tools  # noqa: F401 - registers the built-in classes
 from megarl.rollout.agents.errors import AgentError
 from megarl.rollout.agents.tool_base import BUILTIN_TOOLS, Tool
-from megarl.user_code import EXITS, exit_description, raised_by_code, source_file
+from megarl.user_code import (
+    EXITS,
+    exit_description,
+    printed_head,
+    raised_by_code,
+    running,
+    source_file,
+)
 
 
 class ToolFileError(AgentError):
@@ -209,9 +216,12 @@ def start_tool_call(tool: Tool, arguments: dict[str, Any], kwargs: Mapping[str, 
     tool tried to end the process (sys.exit: a bug the run stops on, not the model's feedback)."""
     future: Future[ToolOutcome] = Future()
 
+    who = f"tool {tool.name!r} ({type(tool).__name__} in {source_file(tool)})"
+
     def work() -> None:
         try:
-            outcome = _call(tool, arguments, kwargs)
+            with running(who):  # what it prints goes to the user-code log, not the terminal
+                outcome = _call(tool, arguments, kwargs)
         except Exception as exc:  # noqa: BLE001 - any failure of the tool is the model's feedback
             # A ValueError is the tool refusing its input: its message is for the model as it is.
             text = f"Error: {exc}" if isinstance(exc, ValueError) else f"Error: {type(exc).__name__}: {exc}"
@@ -219,8 +229,8 @@ def start_tool_call(tool: Tool, arguments: dict[str, Any], kwargs: Mapping[str, 
         except EXITS as exc:  # (this thread gets no signal: the tool's own doing) said at once, not as a timeout
             if not future.done():
                 future.set_exception(AgentError(
-                    f"tool {tool.name!r} ({type(tool).__name__} in {source_file(tool)}) {exit_description(exc)}; a tool "
-                    "must return text (an 'Error: ...' for the model) or raise, never end the process"))
+                    f"{who} {exit_description(exc)}; a tool must return text (an 'Error: ...' for the model) or raise, "
+                    f"never end the process{printed_head(who)}"))
             return
         if not future.done():
             future.set_result(outcome)
