@@ -22,6 +22,9 @@ EXIT_SIGINT, EXIT_SIGTERM, EXIT_BROKEN_PIPE = 130, 143, 141
 LOG_LEVEL_ENV = "MEGARL_LOG_LEVEL"
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+# A record logged with ``extra=FILE_ONLY`` goes to the command's log file, never the terminal
+# (a library's report that megarl's own line already says in one, e.g. a raylet's death).
+FILE_ONLY = {"megarl_file_only": True}
 
 
 def setup_logging(level: str = "info") -> None:
@@ -104,7 +107,9 @@ def worker_logging() -> None:
 
 def for_the_terminal(record: logging.LogRecord) -> bool:
     """Whether the terminal shows ``record``: not a library's INFO, nor a library's Python warning
-    (logging.captureWarnings's "FILE:LINE: Category: ...")."""
+    (logging.captureWarnings's "FILE:LINE: Category: ..."), nor a record logged with FILE_ONLY."""
+    if getattr(record, "megarl_file_only", False):
+        return False
     if record.name == "py.warnings":
         return not _in_a_library(record.getMessage().partition(":")[0])
     return record.levelno >= logging.WARNING or not _in_a_library(record.pathname)

@@ -80,14 +80,26 @@ def run_sft(cfg: Any, address: str | None = None, *, in_process: bool = False) -
     """Fine-tune, then write and verify ``<sft.output_dir>/model``; returns its path.
     ``in_process``: the worker lives in this process, without Ray (a world of one)."""
     from megarl.progress import still_waiting
-    from megarl.trainer.launch import DRIVER_LOG, driver_log
     from megarl.trainer.run_lock import output_dir_lock
     from megarl.trainer.watchdog import run_stoppable
 
     # a Ctrl-C, SIGTERM or SIGHUP during the checks or the tokenizing: one line, nothing left running
-    with still_waiting("checking the config and reading the data"):
-        cfg, plan, hf_config, data = run_stoppable(lambda: _checked_with_data(cfg, address, in_process),
-                                                   "while checking the config and reading the data; nothing was started")
+    with still_waiting("checking the config"):
+        cfg, plan, hf_config = run_stoppable(lambda: _checked_with_model(cfg, address, in_process),
+                                             "while checking the config; nothing was started")
+    # Held from before the data is read (seconds of tokenizing): a second sft into this folder is
+    # refused at once, as a second launch is, not once it has read everything.
+    with output_dir_lock(Path(cfg.sft.output_dir).absolute(), "sft.output_dir"):
+        with still_waiting("reading the data"):
+            data = run_stoppable(lambda: _checked_data(cfg, plan), "while reading the data; nothing was started")
+        return _fine_tune(cfg, plan, hf_config, data, address, in_process)
+
+
+def _fine_tune(cfg: Any, plan: Any, hf_config: dict[str, Any], data: _Data, address: str | None, in_process: bool) -> Path:
+    """The run once checked, its output folder held and its data read: Ray, the workers, the
+    steps, then the model written and verified."""
+    from megarl.trainer.launch import DRIVER_LOG, driver_log
+
     s, dp = cfg.sft, plan.roles["policy"].dp
     out = Path(s.output_dir).absolute()
     target = out / MODEL_DIR
@@ -98,7 +110,7 @@ def run_sft(cfg: Any, address: str | None = None, *, in_process: bool = False) -
     control = RunControl(saves="the model")  # a stop writes and verifies the model; SFT keeps no checkpoint
     stopped = lambda: RunStopped(f"stopped by {control.signal_name} while starting; nothing was trained or "  # noqa: E731
                                  "written", control.exit_code)
-    with output_dir_lock(out, "sft.output_dir"), driver_log(out / "logs" / DRIVER_LOG), control.handlers(), ExitStack() as session:
+    with driver_log(out / "logs" / DRIVER_LOG), control.handlers(), ExitStack() as session:
         # Logged once a signal is handled: a SIGTERM sent on seeing it stops the run cleanly.
         log.info("sft: %d training rows, %d held-out, %d steps of %d sequences (DP=%d)", len(data.train), len(data.val),
                  steps, s.batch_size, dp)  # fmt: skip
@@ -121,18 +133,23 @@ def run_sft(cfg: Any, address: str | None = None, *, in_process: bool = False) -
     return target
 
 
-def _checked_with_data(cfg: Any, address: str | None, in_process: bool) -> tuple[Any, Any, dict[str, Any], _Data]:
+def _checked_with_model(cfg: Any, address: str | None, in_process: bool) -> tuple[Any, Any, dict[str, Any]]:
     """The checks (:func:`_checked`), then the model's config.json, read now (the model record
     written after training needs it, and a config.json gone by then must not cost the trained
-    weights), and the tokenized rows, checked against the batch."""
+    weights)."""
     from megarl.commands.model_outputs import read_hf_config
-    from megarl.plan.planner import sft_max_length
 
     cfg, plan = _checked(cfg, address, in_process)
-    hf_config = read_hf_config(Path(cfg.model.path).absolute(), "model.path")
+    return cfg, plan, read_hf_config(Path(cfg.model.path).absolute(), "model.path")
+
+
+def _checked_data(cfg: Any, plan: Any) -> _Data:
+    """The tokenized rows, checked against the batch."""
+    from megarl.plan.planner import sft_max_length
+
     data = _load_data(cfg, sft_max_length(cfg, plan.arch))
     _check_batch_fits(len(data.train), cfg.sft.batch_size, plan.roles["policy"].dp)
-    return cfg, plan, hf_config, data
+    return data
 
 
 def _checked(cfg: Any, address: str | None, in_process: bool) -> tuple[Any, Any]:

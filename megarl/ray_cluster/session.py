@@ -35,6 +35,7 @@ import ray
 
 from megarl.process_signals import stop_signals_blocked_in_children
 from megarl.progress import still_waiting
+from megarl.ray_cluster.raylet_report import raylet_reports_to_log
 from megarl.terminal import LOG_LEVEL_ENV
 
 log = logging.getLogger(__name__)
@@ -100,7 +101,8 @@ def ray_session(
     try:
         if address is None:
             reaper = start_reaper()
-        yield _describe(started_here=True)
+        with raylet_reports_to_log():  # megarl's own line says a node died: Ray's 45 lines go to the log
+            yield _describe(started_here=True)
     finally:
         if address is None:
             _shutdown_embedded()

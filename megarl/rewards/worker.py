@@ -210,17 +210,30 @@ def _user_exit(exc: BaseException, position: int, offset: int, when: str = "") -
 
 
 def score_batched(columns: tuple[list, list, list, list]) -> list[Outcome]:
-    offset = _log_size()
+    """The batched custom function on the call's columns; a raise or a return of the wrong length
+    fails every sample (as outcomes, not a raise: pebble would add its own and this module's
+    frames to the traceback the run stops with)."""
+    offset, n = _log_size(), len(columns[0])
     try:
         values = _custom()(*columns)
     except EXITS as exc:
         raise _user_exit(exc, 0, offset) from None
-    if not isinstance(values, (list, tuple)) or len(values) != len(columns[0]):
-        got = len(values) if isinstance(values, (list, tuple)) else type(values).__name__
-        raise ValueError(
-            f"batched reward.custom function returned {got} for {len(columns[0])} samples; return a list, one per sample"
-        )
+    except Exception as exc:  # noqa: BLE001 - every sample fails; the traceback from the function's frame on
+        assert exc.__traceback__ is not None  # a caught exception carries its traceback
+        user_tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__.tb_next))
+        return [("error", f"{type(exc).__name__}: {exc}", user_tb)] * n
+    if not isinstance(values, (list, tuple)) or len(values) != n:
+        # megarl's own check: no traceback (its only frame would be this one), what came back instead
+        got = f"a {type(values).__name__} of {len(values)}" if isinstance(values, (list, tuple)) else f"a {type(values).__name__}"
+        message = (f"ValueError: the batched reward.custom function returned {got} ({_head(values)}) for {n} samples; "
+                   "return a list, one score per sample")
+        return [("error", message, "")] * n
     return [_scored(v, "batched reward.custom function") for v in values]
+
+
+def _head(value: Any, chars: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= chars else text[:chars] + "..."
 
 
 def score_model(samples: list[tuple]) -> list[Outcome]:

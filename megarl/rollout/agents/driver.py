@@ -289,17 +289,33 @@ def _with_agent_counts(sample: AgentSample) -> dict[str, Any]:
     return extra
 
 
+def _user_classes(agent: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The tools and interactions of rollout.agent's files, built. Their modules are imported
+    here again (the pre-launch check imported them in a process of its own): one that takes long
+    at import says so, as the check did, rather than leave the run silent."""
+    from megarl.progress import still_waiting
+    from megarl.rollout.agents.interactions import load_interactions
+    from megarl.rollout.agents.tools import load_tools
+
+    files = [f"rollout.agent.{key} ({path})" for key, path in
+             (("tools_file", agent.tools_file), ("interactions_file", agent.interactions_file)) if path]  # fmt: skip
+    if not files:
+        return {}, {}
+    with still_waiting(f"importing and building the classes of {' and '.join(files)}"):
+        tools = load_tools(agent.tools_file) if agent.tools_file else {}
+        interactions = load_interactions(agent.interactions_file, agent.interaction_timeout_s) if agent.interactions_file else {}
+    return tools, interactions
+
+
 def build_env(agent: Any, tokenizer: Any, eos_token_ids: Sequence[int],
               chat_template_kwargs: dict[str, Any] | None = None) -> AgentEnv | None:
     """Tools, interactions, parser and template of ``rollout.agent`` (None for a tokenizer without a
     chat template: single-turn rollouts only); ``chat_template_kwargs``: data.apply_chat_template_kwargs."""
-    from megarl.rollout.agents.interactions import load_interactions
-    from megarl.rollout.agents.tools import load_tools, tool_schemas
+    from megarl.rollout.agents.tools import tool_schemas
 
     if not getattr(tokenizer, "chat_template", None):
         return None
-    tools = load_tools(agent.tools_file) if agent.tools_file else {}
-    interactions = load_interactions(agent.interactions_file, agent.interaction_timeout_s) if agent.interactions_file else {}
+    tools, interactions = _user_classes(agent)
     encoder = TurnEncoder(tokenizer, eos_token_ids, tool_schemas(tools), chat_template_kwargs)
     if tools:  # a template that cannot show a tool's answer fails now, not in the middle of a step
         encoder.after_turn([], [{"role": "tool", "content": "0"}])

@@ -17,6 +17,7 @@ from megarl.commands.demo import prepare_demo
 from megarl.commands.sft import SFTError, run_sft
 from megarl.config.loading import load_config
 from megarl.terminal import EXIT_SIGTERM
+from megarl.trainer.run_lock import OutputDirInUse
 
 CONFIG = Path(__file__).resolve().parents[3] / "configs" / "tiny_grpo.yaml"
 
@@ -94,6 +95,30 @@ def test_sigterm_during_the_checks_ends_in_one_line(tmp_path):
         if parent.poll() is None:
             parent.kill()
     assert parent.returncode == EXIT_SIGTERM, err
-    assert err.strip().splitlines()[-1] == ("stopped by SIGTERM while checking the config and reading the data; nothing "
-                                            "was started"), err  # fmt: skip
+    assert err.strip().splitlines()[-1] == "stopped by SIGTERM while checking the config; nothing was started", err
     assert not (tmp_path / "sft").exists()
+
+
+HOLD = """import sys
+from megarl.trainer.run_lock import output_dir_lock
+with output_dir_lock(sys.argv[1], "sft.output_dir"):
+    print("held", flush=True)
+    sys.stdin.read()
+"""
+
+
+def test_a_second_sft_into_one_output_dir_is_refused_before_reading_the_data(tmp_path):
+    """The output folder is taken before the data is read (seconds of tokenizing): here the data is
+    missing, which the reading would report; the refusal, naming the holder, comes first."""
+    model, _ = prepare_demo(tmp_path / "demo")
+    out = tmp_path / "sft"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(out)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True, env={**os.environ, "PYTHONPATH": str(CONFIG.parents[1])})  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        cfg = load_config(CONFIG, [f"model.path={model}", f"sft.train_files=[{tmp_path / 'missing.parquet'}]",
+                                   "sft.val_files=[]", f"sft.output_dir={out}", "cluster.gpus_per_node=1"])  # fmt: skip
+        with pytest.raises(OutputDirInUse, match=rf"^sft.output_dir {out} is in use by pid {holder.pid} "):
+            run_sft(cfg, in_process=True)
+    finally:
+        holder.communicate(input="", timeout=60)  # its stdin closed: it lets go and ends

@@ -516,3 +516,25 @@ def test_a_trajectory_carries_each_tokens_weight_version_and_context_takes_its_t
     plain = rollout(ReplayEngine(tok, {"what is 2+3?": [turn1, turn2]}), _prompts(tok, ["what is 2+3?"]),
                     SamplingParams(max_new_tokens=200, seed=1))  # fmt: skip
     assert plain.token_versions is None
+
+
+def test_a_tool_module_slow_to_import_says_so_while_the_run_builds_it(tmp_path, monkeypatch, tok, caplog):
+    """The run imports the tool file's modules again after the pre-launch check (which did so in a
+    process of its own): a module that takes seconds at import shows progress lines, not silence."""
+    from megarl.progress import NOTE_FIRST_S
+
+    (tmp_path / "slow_tools_44.py").write_text(
+        "import time\nfrom megarl.rollout.agents.tool_base import Tool\n"
+        f"time.sleep({NOTE_FIRST_S + 1.5})  # past the first progress line\n"
+        "class Calc(Tool):\n    pass\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    tools_file = tmp_path / "tools.yaml"
+    tools_file.write_text(yaml.safe_dump({"tools": [{"class_name": "slow_tools_44.Calc", "tool_schema": CALC}]}))
+    with caplog.at_level("INFO", logger="megarl.progress"):
+        env = build_env(AgentConfig(tools_file=str(tools_file)), tok, [_eos(tok)])
+    assert list(env.tools) == ["calc"]
+    what = f"importing and building the classes of rollout.agent.tools_file ({tools_file})"
+    lines = [r.getMessage() for r in caplog.records if r.name == "megarl.progress"]
+    assert any(line.startswith(f"{what} ... (") for line in lines), lines
+    assert lines[-1].startswith(f"{what}: done in "), lines

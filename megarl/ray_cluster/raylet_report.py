@@ -1,0 +1,63 @@
+"""Ray's report of a raylet that died, kept off the terminal.
+
+When a raylet dies unexpectedly (SIGKILL, the OOM killer, a crash), each of its agent processes
+(the dashboard agent, the runtime-env agent) publishes the same error to the driver: a line
+naming the possible causes, then the raylet log's last 20 lines, mostly ``[state-dump]``
+statistics. The driver's error-listener thread (``ray._private.worker.listen_error_messages``,
+started by every ray.init; no Ray setting or variable turns it off: RAY_BACKEND_LOG_LEVEL and
+log_to_driver govern other output) prints each to stdout as ``(raylet) ...``: some 45 lines
+before megarl's own ``error:`` line about the node. :func:`raylet_reports_to_log` sends that
+report to the command's log file instead (a warning the terminal's handler skips,
+megarl/terminal.py); every other message of the listener is printed as Ray prints it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from megarl.terminal import FILE_ONLY
+
+log = logging.getLogger(__name__)
+RAYLET_DIED = "Raylet is terminated."  # how Ray's report begins (ray/_private/process_watcher.py)
+
+
+@contextmanager
+def raylet_reports_to_log() -> Iterator[None]:
+    """Within the block, a raylet's death report goes to the log file only. The listener looks
+    ``print_to_stdstream`` up on each message, so it takes the wrapper; log_to_driver's printer
+    was bound at ray.init and is left as it is. Another Ray (no such function): nothing changes."""
+    import ray
+
+    module = ray._private.worker
+    original = getattr(module, "print_to_stdstream", None)
+    if original is None:
+        yield
+        return
+    routed = _routed(original)
+    module.print_to_stdstream = routed
+    try:
+        yield
+    finally:
+        if module.print_to_stdstream is routed:
+            module.print_to_stdstream = original
+
+
+def _routed(original: Callable[..., Any]) -> Callable[..., Any]:
+    def print_to_stdstream(data: dict[str, Any], ignore_prefix: bool) -> None:
+        if not logged_instead(data):
+            original(data, ignore_prefix)
+
+    return print_to_stdstream
+
+
+def logged_instead(data: dict[str, Any]) -> bool:
+    """Log ``data`` (the listener's message: ``lines``, ``pid``) to the log file only when it is
+    a raylet's death report; False (not handled) otherwise."""
+    lines = data.get("lines") or []
+    if data.get("pid") != "raylet" or not lines or not str(lines[0]).startswith(RAYLET_DIED):
+        return False
+    log.warning("Ray reported (raylet): %s", "\n".join(str(line).rstrip("\n") for line in lines), extra=FILE_ONLY)
+    return True
