@@ -400,3 +400,52 @@ def test_a_raylet_killed_under_the_run_is_one_line_naming_the_node(launch_dir, t
     else:  # the driver's own
         assert re.search(r"its node \S+ \(id \w+\) died \(its raylet does not answer|Ray marked it dead", errors[0]), errors[0]
     assert survivors(_run_processes(mark), within=10) == []
+
+
+IN_PROCESS = ("--in-process", "cluster.nnodes=1", "cluster.gpus_per_node=1", "rollout.engine=torch")
+
+
+def test_an_in_process_driver_that_calls_os_exit_is_one_line_and_exit_2(launch_dir, tmp_path):
+    """A generate function's os._exit(0) under --in-process: no success (0) and no silence, but
+    the supervisor's one line naming the driver's own death, with its log and the resume command."""
+    (tmp_path / "gfx.py").write_text("import os\n\ndef g_oexit(engines, prompts, params):\n    os._exit(0)\n")
+    log = tmp_path / "oexit.log"
+    args = [*MEGARL, "launch", str(TINY), *IN_PROCESS,
+            *overrides(2, "trainer.output_dir=oexit", "rollout.generate_function=gfx:g_oexit")]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    proc = start(launch_dir, args, log, env=env)
+    try:
+        output = finish(proc, log, timeout=600)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 2, output[-3000:]
+    errors = [ln for ln in output.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and "exited with code 0 without reporting an error: user code in the driver" in errors[0], output[-3000:]
+    assert "oexit/logs/driver.log" in errors[0] and "resume with: megarl launch" in errors[0], errors[0]
+
+
+def test_sigkill_of_an_in_process_launch_after_a_save_leaves_no_process(launch_dir, tmp_path):
+    """kill -9 of `megarl launch --in-process` once a checkpoint is written: the driver child dies
+    with it, and so do megatron's save's manager process and multiprocessing's resource tracker."""
+    log = tmp_path / "saved.log"
+    mark = f"{os.getpid()}-{time.time_ns()}"
+    args = [*MEGARL, "launch", str(TINY), *IN_PROCESS, *overrides(1000, "trainer.output_dir=saved", "trainer.save_freq=1")]
+    proc = start(launch_dir, args, log, env={**os.environ, RUN_MARK: mark})
+    try:
+        deadline = time.monotonic() + 600
+        while not (launch_dir / "saved" / "checkpoints" / "step_000001").is_dir():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        time.sleep(2)  # the save's processes are up
+        family = _run_processes(mark)
+        assert any("multiprocessing" in " ".join(p.cmdline()) for p in family), [p.cmdline() for p in family]
+        proc.kill()
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    left = survivors(_run_processes(mark), within=10)
+    for p in _run_processes(mark):  # no orphan outlives a failure here (a resource tracker ignores SIGTERM)
+        p.kill()
+    assert left == []
