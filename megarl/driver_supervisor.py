@@ -10,8 +10,9 @@ that it ended on its own. A child that ends without that last report was ended f
 Python, and the supervisor prints the one ``error:`` line the driver could not. Which one
 depends on what died first: the supervisor watches the raylet while the driver runs, since an
 embedded raylet dies with its driver (Ray's fate sharing) and a dead raylet found afterwards
-says nothing. A raylet seen dead while the driver lived: the node's line (where its raylet's
-logs are); else the driver's own death (its exit code or signal, the likely causes, its log).
+says nothing. A raylet seen dead while the driver lived, or Ray's log of the driver ending in
+its raylet's loss (Ray often ends the driver within a moment): the node's line (where its
+raylet's logs are); else the driver's own death (its exit code or signal, the likely causes, its log).
 Both end with the command that resumes.
 
 Signals: a terminal's Ctrl-C reaches the whole foreground process group, the driver included,
@@ -121,6 +122,7 @@ def supervise(command: Sequence[str], *, ray: bool = True) -> int:
             signal.signal(s, handler)
     reports = _parse_reports(data + _drain(read_end))
     os.close(read_end)
+    raylet_first = raylet_first or _ray_saw_its_raylet_die(reports.get("ray"), child.pid)
     if "end" in reports:
         return code if code >= 0 else 128 - code
     if code < 0 and (-code in passed_on or (-code == signal.SIGINT and interrupted)):  # before its handlers were up
@@ -147,6 +149,31 @@ def _watch(child: subprocess.Popen[bytes], fd: int) -> tuple[int, bytes, bool]:
             raylet_pid = _parse_reports(data).get("ray", {}).get("raylet_pid")
         if raylet_pid is not None and not _alive(raylet_pid) and child.poll() is None:  # raylet first, driver after
             return child.wait(), data, True
+
+
+# What the driver's core worker logs just before it ends the process for a dead raylet (Ray 2.x):
+# it often notices within a moment, before the supervisor's next look at the raylet.
+RAYLET_LOST = ("The connection to the plasma store is failed", "the local Raylet is dead",
+               "Terminating the worker due to local raylet death")  # fmt: skip
+
+
+def _ray_saw_its_raylet_die(node: dict[str, Any] | None, pid: int) -> bool:
+    """Whether Ray's own log of the driver (<logs>/python-core-driver-*_<pid>.log) ends in its
+    raylet's loss."""
+    import glob
+
+    if not node or not node.get("logs"):
+        return False
+    for path in glob.glob(os.path.join(glob.escape(node["logs"]), f"python-core-driver-*_{pid}.log")):
+        try:
+            with open(path, "rb") as f:
+                f.seek(max(0, os.fstat(f.fileno()).st_size - 65536))
+                tail = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        if any(line in tail for line in RAYLET_LOST):
+            return True
+    return False
 
 
 def _alive(pid: int) -> bool:

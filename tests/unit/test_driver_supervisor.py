@@ -181,3 +181,16 @@ def test_an_in_process_driver_s_silent_exit_0_is_an_error(capsys):
     assert code == 2
     assert len(err) == 1 and "exited with code 0 without reporting an error: user code" in err[0], err
     assert "Ray" not in err[0]
+
+
+def test_ray_s_own_log_of_the_raylet_s_loss_names_the_node(capsys, tmp_path):
+    """Ray's core worker often ends the driver within a moment of its raylet's death, before the
+    supervisor looks again; what it logged last (its real line) says the raylet went first."""
+    lost = ("[2026-11-29 14:13:45,428 W 1 1] connection.cc:216: The connection to the plasma store is failed. "
+            "Terminate the process. Status: IOError: Connection reset by peer\\n")  # fmt: skip
+    log = f"open(os.path.join({str(tmp_path)!r}, f'python-core-driver-01000000ff_{{os.getpid()}}.log'), 'w').write({lost!r})\n"
+    code = supervise(_driver(RAYLET + _node(tmp_path) + log + "os._exit(1)"))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and err[0].startswith("error: the Ray node under the run died: node 127.0.0.1"), err
+    assert "exited with code 1 (its raylet died first)" in err[0]
