@@ -449,3 +449,24 @@ def test_sigkill_of_an_in_process_launch_after_a_save_leaves_no_process(launch_d
     for p in _run_processes(mark):  # no orphan outlives a failure here (a resource tracker ignores SIGTERM)
         p.kill()
     assert left == []
+
+
+def test_a_driver_that_calls_os_exit_under_ray_is_blamed_not_its_node(launch_dir, tmp_path):
+    """A generate function's os._exit(0) in a driver with an embedded Ray: the raylet dies with the
+    driver, but the supervisor saw it alive while the driver ran: the driver's own death is named."""
+    (tmp_path / "gfx.py").write_text("import os\n\ndef g_oexit(engines, prompts, params):\n    os._exit(0)\n")
+    log = tmp_path / "ray_oexit.log"
+    mark = f"{os.getpid()}-{time.time_ns()}"
+    args = [*MEGARL, "launch", str(TINY), *overrides(2, "trainer.output_dir=ray_oexit", "rollout.generate_function=gfx:g_oexit")]
+    env = {**os.environ, RUN_MARK: mark, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    proc = start(launch_dir, args, log, env=env)
+    try:
+        output = finish(proc, log, timeout=600)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 2, output[-3000:]
+    errors = [ln for ln in output.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith("error: the driver process (pid "), output[-3000:]
+    assert "exited with code 0 without reporting an error" in errors[0] and "Ray node" not in errors[0], errors[0]
+    assert survivors(_run_processes(mark), within=10) == []
