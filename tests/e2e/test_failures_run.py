@@ -470,3 +470,29 @@ def test_a_driver_that_calls_os_exit_under_ray_is_blamed_not_its_node(launch_dir
     assert len(errors) == 1 and errors[0].startswith("error: the driver process (pid "), output[-3000:]
     assert "exited with code 0 without reporting an error" in errors[0] and "Ray node" not in errors[0], errors[0]
     assert survivors(_run_processes(mark), within=10) == []
+
+
+@pytest.mark.parametrize(("signum", "code", "said"), [(signal.SIGTERM, 143, "SIGTERM"), (signal.SIGINT, 130, "SIGINT (Ctrl-C)"),
+                                                     (signal.SIGHUP, 129, "SIGHUP (terminal closed)")])
+def test_an_in_process_launch_stops_on_signals_as_before(launch_dir, tmp_path, signum, code, said):
+    """--in-process under the supervisor: a SIGTERM or SIGHUP to the `megarl launch` process (passed on) or
+    a Ctrl-C to the group (not doubled) stops after the step, saves, and exits 143 / 130 / 129."""
+    out = f"in_process_{signum}"
+    log = tmp_path / "stop.log"
+    mark = f"{os.getpid()}-{time.time_ns()}"
+    proc = start(launch_dir, [*MEGARL, "launch", str(TINY), *IN_PROCESS, *overrides(1000, f"trainer.output_dir={out}")],
+                 log, env={**os.environ, RUN_MARK: mark})  # fmt: skip
+    try:
+        wait_for_step(proc, launch_dir / out, 1, log)
+        if signum == signal.SIGINT:
+            os.killpg(proc.pid, signum)  # what a terminal does
+        else:
+            proc.send_signal(signum)
+        output = finish(proc, log, timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == code, output[-3000:]
+    assert re.search(rf"stopped by {re.escape(said)} after step \d+; saved checkpoint", output), output[-3000:]
+    assert "error:" not in output and "Traceback" not in output, output[-3000:]
+    assert survivors(_run_processes(mark), within=10) == []
