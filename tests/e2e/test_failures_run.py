@@ -10,7 +10,11 @@ directory with relative paths (as the demo's config has).
   bit-exact check passed, writes ordinary file modes; `convert CKPT . --overwrite` and a failed
   export destroy nothing and leave no staging folder;
 - a reward function that raises on every sample stops the run at step 1 with its traceback; one
-  that hangs is stopped by the watchdog, which names the phase and dumps every stack.
+  that hangs is stopped by the watchdog, which names the phase and dumps every stack;
+- a driver that dies without a word is one `error:` line, exit 2, naming what died first: its
+  raylet (killed) or the driver itself (a generate function's os._exit, with Ray or --in-process);
+- --in-process runs stop on SIGTERM, Ctrl-C and SIGHUP as before, and a kill -9 after a save
+  leaves no process (megatron's save's manager, multiprocessing's resource tracker).
 """
 
 from __future__ import annotations
