@@ -2,12 +2,18 @@
 
 Ray's core worker ends a driver whose raylet is gone at the C level (a quick exit: no Python
 handler, no ``finally``, only Ray's state dump on stderr), and Ray has no setting that keeps the
-driver alive instead. So the process the user started only supervises: it starts the driver
-(the same command line) as its child, with a pipe on which the driver reports what it knows
-(the resume command, its Ray node and that node's log folder) and, last, that it ended on its
-own. A child that ends without that last report was ended from outside Python, and the
-supervisor prints the one ``error:`` line the driver could not: the node, where its raylet's
-logs are and the command that resumes.
+driver alive instead; user code in the driver (a generate function, tool or dataset class) may
+call ``os._exit`` as well, under ``--in-process`` too. So the process the user started only
+supervises: it starts the driver (the same command line) as its child, with a pipe on which the
+driver reports what it knows (the resume command, its log, its Ray node and raylet) and, last,
+that it ended on its own. A child that ends without that last report was ended from outside
+Python, and the supervisor prints the one ``error:`` line the driver could not. Which one
+depends on what died first: the supervisor watches the raylet while the driver runs, since an
+embedded raylet dies with its driver (Ray's fate sharing) and a dead raylet found afterwards
+says nothing. A raylet seen dead while the driver lived, or Ray's log of the driver ending in
+its raylet's loss (Ray often ends the driver within a moment): the node's line (where its
+raylet's logs are); else the driver's own death (its exit code or signal, the likely causes, its log).
+Both end with the command that resumes.
 
 Signals: a terminal's Ctrl-C reaches the whole foreground process group, the driver included,
 so the supervisor only notes it (forwarding it would make a second Ctrl-C, which stops at
@@ -29,6 +35,7 @@ from typing import Any
 
 SUPERVISOR_FD_ENV = "MEGARL_SUPERVISOR_FD"  # the driver's end of the pipe (set for the child only)
 FORWARDED = (signal.SIGTERM, signal.SIGHUP)
+WATCH_INTERVAL_S = 0.2  # how often the supervisor looks at the raylet (one /proc read): to see it die before its driver
 _report_fd: int | None = None
 _supervisor_pid: int | None = None
 
@@ -74,15 +81,18 @@ def report_ray_node() -> None:
         import ray
 
         node = ray._private.worker.global_worker.node
+        raylets = node.all_processes.get(ray._private.ray_constants.PROCESS_TYPE_RAYLET) or []  # an embedded Ray's
         report(ray={"ip": node.node_ip_address, "node_id": ray.get_runtime_context().get_node_id(),
-                    "logs": node.get_logs_dir_path(), "raylet": f"{node.node_ip_address}:{node.node_manager_port}"})
+                    "logs": node.get_logs_dir_path(), "raylet": f"{node.node_ip_address}:{node.node_manager_port}",
+                    "raylet_pid": raylets[0].process.pid if raylets else None})
     except Exception:  # noqa: BLE001 - another Ray's internals: the supervisor then says less
         pass
 
 
-def supervise(command: Sequence[str]) -> int:
+def supervise(command: Sequence[str], *, ray: bool = True) -> int:
     """Run ``command`` (a driver) as a child; its exit code, or, when it ended without reporting
-    its end, one ``error:`` line and exit code 2 (130 after a Ctrl-C)."""
+    its end, one ``error:`` line and exit code 2 (130 after a Ctrl-C). ``ray``: whether the
+    driver starts Ray (not for ``--in-process``), for that line."""
     read_end, write_end = os.pipe()
     os.set_blocking(read_end, False)
     interrupted: list[int] = []
@@ -106,19 +116,73 @@ def supervise(command: Sequence[str]) -> int:
         os.close(write_end)
         for signum in pending:
             child.send_signal(signum)
-        code = child.wait()
+        code, data, raylet_first = _watch(child, read_end)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-    reports = _read_reports(read_end)
+    reports = _parse_reports(data + _drain(read_end))
     os.close(read_end)
+    raylet_first = raylet_first or _ray_saw_its_raylet_die(reports.get("ray"), child.pid)
     if "end" in reports:
         return code if code >= 0 else 128 - code
     if code < 0 and (-code in passed_on or (-code == signal.SIGINT and interrupted)):  # before its handlers were up
         _say(f"stopped by {signal.Signals(-code).name} while starting; nothing was trained or saved")
         return 128 - code
-    _say(silent_end_line(code, reports, child.pid))
+    _say(silent_end_line(code, reports, child.pid, raylet_first=raylet_first, ray=ray))
     return 130 if interrupted else 2
+
+
+def _watch(child: subprocess.Popen[bytes], fd: int) -> tuple[int, bytes, bool]:
+    """Wait for the driver, watching the raylet it reported (a local pid): its exit code, what it
+    wrote, and whether the raylet was seen dead while the driver still lived. The order is the
+    cause: an embedded raylet dies with its driver (Ray's fate sharing), so a raylet found dead
+    after the driver says nothing, and Ray ends a driver only after its raylet is gone."""
+    data = b""
+    raylet_pid: int | None = None
+    while True:
+        try:
+            return child.wait(timeout=WATCH_INTERVAL_S), data, False
+        except subprocess.TimeoutExpired:
+            pass
+        data += _drain(fd)
+        if raylet_pid is None:
+            raylet_pid = _parse_reports(data).get("ray", {}).get("raylet_pid")
+        if raylet_pid is not None and not _alive(raylet_pid) and child.poll() is None:  # raylet first, driver after
+            return child.wait(), data, True
+
+
+# What the driver's core worker logs just before it ends the process for a dead raylet (Ray 2.x):
+# it often notices within a moment, before the supervisor's next look at the raylet.
+RAYLET_LOST = ("The connection to the plasma store is failed", "the local Raylet is dead",
+               "Terminating the worker due to local raylet death")  # fmt: skip
+
+
+def _ray_saw_its_raylet_die(node: dict[str, Any] | None, pid: int) -> bool:
+    """Whether Ray's own log of the driver (<logs>/python-core-driver-*_<pid>.log) ends in its
+    raylet's loss."""
+    import glob
+
+    if not node or not node.get("logs"):
+        return False
+    for path in glob.glob(os.path.join(glob.escape(node["logs"]), f"python-core-driver-*_{pid}.log")):
+        try:
+            with open(path, "rb") as f:
+                f.seek(max(0, os.fstat(f.fileno()).st_size - 65536))
+                tail = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        if any(line in tail for line in RAYLET_LOST):
+            return True
+    return False
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, dead but not yet reaped by its parent, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
 
 
 def _die_with_parent() -> None:
@@ -127,17 +191,22 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: the driver dies with the supervisor
 
 
-def _read_reports(fd: int) -> dict[str, Any]:
-    """What the child wrote (the pipe holds it all: a few short lines), later reports winning."""
+def _drain(fd: int) -> bytes:
+    """What the child wrote since the last read (the pipe is non-blocking)."""
     data = b""
     while True:
         try:
             chunk = os.read(fd, 65536)
-        except BlockingIOError:  # a process the driver started still holds the pipe
+        except BlockingIOError:  # nothing more for now (or a process the driver started holds the pipe)
             break
         if not chunk:
             break
         data += chunk
+    return data
+
+
+def _parse_reports(data: bytes) -> dict[str, Any]:
+    """The child's JSON lines, later reports winning (a partial last line is skipped)."""
     reports: dict[str, Any] = {}
     for line in data.decode(errors="replace").splitlines():
         try:
@@ -147,20 +216,27 @@ def _read_reports(fd: int) -> dict[str, Any]:
     return reports
 
 
-def silent_end_line(code: int, reports: dict[str, Any], pid: int) -> str:
-    """The ``error:`` line of a driver that ended without a word of its own."""
+def silent_end_line(code: int, reports: dict[str, Any], pid: int, *, raylet_first: bool = False, ray: bool = True) -> str:
+    """The ``error:`` line of a driver that ended without a word of its own: the Ray node's death
+    when its raylet went first (seen dead while the driver lived, or, for a raylet the supervisor
+    could not watch, one that no longer answers), else the driver's own death."""
     how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
     resume = f"; resume with: {reports['resume']}" if reports.get("resume") else ""
-    ray = reports.get("ray")
-    if not ray:
-        return (f"error: the driver process (pid {pid}) {how} without a word, before Ray started: check the machine's "
-                f"memory (dmesg: the OOM killer) and the run's logs/driver.log{resume}")  # fmt: skip
-    silent = _unanswered(ray["raylet"]) if ray.get("raylet") else None
-    raylet = f"its raylet does not answer ({silent})" if silent else "Ray ends a driver whose raylet is gone"
-    logs = ray.get("logs") or "the Ray session's logs folder"
-    return (f"error: the Ray node under the run died: node {ray.get('ip', '?')} (id {str(ray.get('node_id', '?'))[:12]}); "
-            f"the driver process (pid {pid}) {how} ({raylet}); check that machine (killed processes, memory: dmesg) "
-            f"and the raylet's logs {os.path.join(logs, 'raylet.out')} and raylet.err{resume}")  # fmt: skip
+    node = reports.get("ray")
+    silent = None
+    if node and not raylet_first and not node.get("raylet_pid") and node.get("raylet"):
+        silent = _unanswered(node["raylet"])  # a cluster's raylet: not this driver's child, it outlives it
+    if node and (raylet_first or silent):
+        logs = node.get("logs") or "the Ray session's logs folder"
+        raylet = f"its raylet does not answer ({silent})" if silent else "its raylet died first"
+        return (f"error: the Ray node under the run died: node {node.get('ip', '?')} (id {str(node.get('node_id', '?'))[:12]}); "
+                f"the driver process (pid {pid}) {how} ({raylet}); check that machine (killed processes, memory: dmesg) "
+                f"and the raylet's logs {os.path.join(logs, 'raylet.out')} and raylet.err{resume}")  # fmt: skip
+    when = " before Ray started" if ray and not node else ""
+    log = reports.get("log") or "the run's logs/driver.log"
+    return (f"error: the driver process (pid {pid}) {how} without reporting an error{when}: user code in the driver "
+            "(a generate function, tool, interaction or dataset class) calling os._exit, a kill from outside, or the "
+            f"OOM killer (check dmesg); the driver's log: {log}{resume}")  # fmt: skip
 
 
 def _unanswered(address: str) -> str | None:

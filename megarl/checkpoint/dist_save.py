@@ -23,6 +23,9 @@ def save_dist_checkpoint(state: dict[str, Any], path: str | os.PathLike) -> None
     """``dist_checkpointing.save(state, path)`` (collective), then the host staging released."""
     from megatron.core import dist_checkpointing
 
+    from megarl.checkpoint.results_queue import install_results_queue
+
+    install_results_queue()  # megatron's own manager process would outlive a killed driver
     dist_checkpointing.save(state, str(path))
     try:
         release_pinned_staging()

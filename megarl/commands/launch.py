@@ -41,11 +41,11 @@ def _run(args: argparse.Namespace) -> int:
 
     from megarl.driver_supervisor import supervise, supervised
 
-    if not args.in_process and not supervised():  # Ray may end the driver in C: watch it from outside
+    if not supervised():  # Ray, or user code (os._exit), may end the driver without a word: watch it from outside
         from megarl.config.loading import load_config
 
         load_config(args.config, args.overrides)  # a config mistake: its line from here, no driver started
-        return supervise([sys.executable, "-m", "megarl.cli", *args.argv])
+        return supervise([sys.executable, "-m", "megarl.cli", *args.argv], ray=not args.in_process)
     from megarl.trainer.launch import launch
 
     launch(args.config, args.overrides, args.address, in_process=args.in_process)

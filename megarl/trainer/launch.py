@@ -51,7 +51,7 @@ def launch(config: str | Path, overrides: list[str], address: str | None = None,
     command = resume_command or os.environ.get(RESUME_ENV) or launch_command(config, overrides, cfg, address, in_process)
     from megarl.driver_supervisor import report
 
-    report(resume=command)  # for the supervisor's line should Ray end this process in C
+    report(resume=command, log=str(Path(cfg.trainer.output_dir) / "logs" / DRIVER_LOG))  # for the supervisor's line should this process end without a word
     return run(cfg, plan, address, command, in_process=in_process)
 
 

@@ -10,7 +10,11 @@ directory with relative paths (as the demo's config has).
   bit-exact check passed, writes ordinary file modes; `convert CKPT . --overwrite` and a failed
   export destroy nothing and leave no staging folder;
 - a reward function that raises on every sample stops the run at step 1 with its traceback; one
-  that hangs is stopped by the watchdog, which names the phase and dumps every stack.
+  that hangs is stopped by the watchdog, which names the phase and dumps every stack;
+- a driver that dies without a word is one `error:` line, exit 2, naming what died first: its
+  raylet (killed) or the driver itself (a generate function's os._exit, with Ray or --in-process);
+- --in-process runs stop on SIGTERM, Ctrl-C and SIGHUP as before, and a kill -9 after a save
+  leaves no process (megatron's save's manager, multiprocessing's resource tracker).
 """
 
 from __future__ import annotations
@@ -399,4 +403,100 @@ def test_a_raylet_killed_under_the_run_is_one_line_naming_the_node(launch_dir, t
         assert "/raylet.out and raylet.err" in errors[0] and "resume with: megarl launch" in errors[0], errors[0]
     else:  # the driver's own
         assert re.search(r"its node \S+ \(id \w+\) died \(its raylet does not answer|Ray marked it dead", errors[0]), errors[0]
+    assert survivors(_run_processes(mark), within=10) == []
+
+
+IN_PROCESS = ("--in-process", "cluster.nnodes=1", "cluster.gpus_per_node=1", "rollout.engine=torch")
+
+
+def test_an_in_process_driver_that_calls_os_exit_is_one_line_and_exit_2(launch_dir, tmp_path):
+    """A generate function's os._exit(0) under --in-process: no success (0) and no silence, but
+    the supervisor's one line naming the driver's own death, with its log and the resume command."""
+    (tmp_path / "gfx.py").write_text("import os\n\ndef g_oexit(engines, prompts, params):\n    os._exit(0)\n")
+    log = tmp_path / "oexit.log"
+    args = [*MEGARL, "launch", str(TINY), *IN_PROCESS,
+            *overrides(2, "trainer.output_dir=oexit", "rollout.generate_function=gfx:g_oexit")]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    proc = start(launch_dir, args, log, env=env)
+    try:
+        output = finish(proc, log, timeout=600)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 2, output[-3000:]
+    errors = [ln for ln in output.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and "exited with code 0 without reporting an error: user code in the driver" in errors[0], output[-3000:]
+    assert "oexit/logs/driver.log" in errors[0] and "resume with: megarl launch" in errors[0], errors[0]
+
+
+def test_sigkill_of_an_in_process_launch_after_a_save_leaves_no_process(launch_dir, tmp_path):
+    """kill -9 of `megarl launch --in-process` once a checkpoint is written: the driver child dies
+    with it, and so do megatron's save's manager process and multiprocessing's resource tracker."""
+    log = tmp_path / "saved.log"
+    mark = f"{os.getpid()}-{time.time_ns()}"
+    args = [*MEGARL, "launch", str(TINY), *IN_PROCESS, *overrides(1000, "trainer.output_dir=saved", "trainer.save_freq=1")]
+    proc = start(launch_dir, args, log, env={**os.environ, RUN_MARK: mark})
+    try:
+        deadline = time.monotonic() + 600
+        while not (launch_dir / "saved" / "checkpoints" / "step_000001").is_dir():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        time.sleep(2)  # the save's processes are up
+        family = _run_processes(mark)
+        assert any("multiprocessing" in " ".join(p.cmdline()) for p in family), [p.cmdline() for p in family]
+        proc.kill()
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    left = survivors(_run_processes(mark), within=10)
+    for p in _run_processes(mark):  # no orphan outlives a failure here (a resource tracker ignores SIGTERM)
+        p.kill()
+    assert left == []
+
+
+def test_a_driver_that_calls_os_exit_under_ray_is_blamed_not_its_node(launch_dir, tmp_path):
+    """A generate function's os._exit(0) in a driver with an embedded Ray: the raylet dies with the
+    driver, but the supervisor saw it alive while the driver ran: the driver's own death is named."""
+    (tmp_path / "gfx.py").write_text("import os\n\ndef g_oexit(engines, prompts, params):\n    os._exit(0)\n")
+    log = tmp_path / "ray_oexit.log"
+    mark = f"{os.getpid()}-{time.time_ns()}"
+    args = [*MEGARL, "launch", str(TINY), *overrides(2, "trainer.output_dir=ray_oexit", "rollout.generate_function=gfx:g_oexit")]
+    env = {**os.environ, RUN_MARK: mark, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    proc = start(launch_dir, args, log, env=env)
+    try:
+        output = finish(proc, log, timeout=600)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 2, output[-3000:]
+    errors = [ln for ln in output.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith("error: the driver process (pid "), output[-3000:]
+    assert "exited with code 0 without reporting an error" in errors[0] and "Ray node" not in errors[0], errors[0]
+    assert survivors(_run_processes(mark), within=10) == []
+
+
+@pytest.mark.parametrize(("signum", "code", "said"), [(signal.SIGTERM, 143, "SIGTERM"), (signal.SIGINT, 130, "SIGINT (Ctrl-C)"),
+                                                     (signal.SIGHUP, 129, "SIGHUP (terminal closed)")])
+def test_an_in_process_launch_stops_on_signals_as_before(launch_dir, tmp_path, signum, code, said):
+    """--in-process under the supervisor: a SIGTERM or SIGHUP to the `megarl launch` process (passed on) or
+    a Ctrl-C to the group (not doubled) stops after the step, saves, and exits 143 / 130 / 129."""
+    out = f"in_process_{signum}"
+    log = tmp_path / "stop.log"
+    mark = f"{os.getpid()}-{time.time_ns()}"
+    proc = start(launch_dir, [*MEGARL, "launch", str(TINY), *IN_PROCESS, *overrides(1000, f"trainer.output_dir={out}")],
+                 log, env={**os.environ, RUN_MARK: mark})  # fmt: skip
+    try:
+        wait_for_step(proc, launch_dir / out, 1, log)
+        if signum == signal.SIGINT:
+            os.killpg(proc.pid, signum)  # what a terminal does
+        else:
+            proc.send_signal(signum)
+        output = finish(proc, log, timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == code, output[-3000:]
+    assert re.search(rf"stopped by {re.escape(said)} after step \d+; saved checkpoint", output), output[-3000:]
+    assert "error:" not in output and "Traceback" not in output, output[-3000:]
     assert survivors(_run_processes(mark), within=10) == []

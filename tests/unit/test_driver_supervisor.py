@@ -126,3 +126,71 @@ def test_a_stop_before_the_driver_s_handlers_is_a_stop_not_an_error(tmp_path):
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 143
     assert proc.stderr.read().strip() == "stopped by SIGTERM while starting; nothing was trained or saved"
+
+
+# A stand-in for an embedded raylet: the driver's child, killed with it (Ray's fate sharing).
+RAYLET = ("import subprocess, ctypes\n"
+          "raylet = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], "
+          "preexec_fn=lambda: ctypes.CDLL(None).prctl(1, signal.SIGKILL))\n")  # fmt: skip
+
+
+def _node(tmp_path: Path) -> str:
+    """The driver's report of its node: the raylet stand-in's pid, at an address nothing answers."""
+    return (f"s.report(resume={RESUME!r}, log={str(tmp_path / 'driver.log')!r})\n"
+            f"s.report(ray=dict(ip='127.0.0.1', node_id='ab12cd34ef56aa', logs={str(tmp_path)!r}, "
+            f"raylet='127.0.0.1:{_closed_port()}', raylet_pid=raylet.pid))\ntime.sleep(1)\n")  # fmt: skip
+
+
+def test_a_driver_that_exits_on_its_own_is_blamed_not_its_embedded_raylet(capsys, tmp_path):
+    """User code's os._exit(0) in the driver: its raylet dies with it (and answers no more), but
+    was alive while the driver ran, so the line names the driver's own death."""
+    code = supervise(_driver(RAYLET + _node(tmp_path) + "os._exit(0)"))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and err[0].startswith("error: the driver process (pid "), err
+    assert "exited with code 0 without reporting an error: user code in the driver" in err[0] and "os._exit" in err[0]
+    assert "Ray node" not in err[0] and "before Ray started" not in err[0]
+    assert f"the driver's log: {tmp_path / 'driver.log'}" in err[0] and err[0].endswith(f"resume with: {RESUME}")
+
+
+def test_a_raylet_that_died_before_its_driver_is_the_node_s_death(capsys, tmp_path):
+    """The raylet dies first (here killed; the driver keeps it unreaped, a zombie, as Ray does),
+    then the driver ends without a word, as Ray's quick exit ends it a moment later."""
+    body = RAYLET + _node(tmp_path) + "os.kill(raylet.pid, signal.SIGKILL)\ntime.sleep(2)\nos._exit(1)"
+    code = supervise(_driver(body))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and err[0].startswith("error: the Ray node under the run died: node 127.0.0.1 (id ab12cd34ef56)"), err
+    assert "exited with code 1 (its raylet died first)" in err[0] and err[0].endswith(f"resume with: {RESUME}")
+
+
+def test_a_driver_killed_from_outside_is_named_with_its_signal(tmp_path):
+    """kill -9 of the driver child during a run: its own death by SIGKILL, not its raylet's."""
+    proc, pid_file = _supervisor(tmp_path, RAYLET + _node(tmp_path))
+    os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    assert proc.wait(timeout=60) == 2
+    err = proc.stderr.read().strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: the driver process (pid "), err
+    assert "was killed by SIGKILL without reporting an error" in err[0] and "Ray node" not in err[0]
+
+
+def test_an_in_process_driver_s_silent_exit_0_is_an_error(capsys):
+    """--in-process (no Ray): os._exit(0) in user code is exit code 2 and one line, not success."""
+    code = supervise(_driver("os._exit(0)"), ray=False)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and "exited with code 0 without reporting an error: user code" in err[0], err
+    assert "Ray" not in err[0]
+
+
+def test_ray_s_own_log_of_the_raylet_s_loss_names_the_node(capsys, tmp_path):
+    """Ray's core worker often ends the driver within a moment of its raylet's death, before the
+    supervisor looks again; what it logged last (its real line) says the raylet went first."""
+    lost = ("[2026-11-29 14:13:45,428 W 1 1] connection.cc:216: The connection to the plasma store is failed. "
+            "Terminate the process. Status: IOError: Connection reset by peer\\n")  # fmt: skip
+    log = f"open(os.path.join({str(tmp_path)!r}, f'python-core-driver-01000000ff_{{os.getpid()}}.log'), 'w').write({lost!r})\n"
+    code = supervise(_driver(RAYLET + _node(tmp_path) + log + "os._exit(1)"))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and err[0].startswith("error: the Ray node under the run died: node 127.0.0.1"), err
+    assert "exited with code 1 (its raylet died first)" in err[0]

@@ -1,0 +1,58 @@
+"""The queue megatron-core's torch_dist save collects its write results on, from a manager
+process that dies with the one that started it.
+
+megatron-core (``dist_checkpointing/strategies/filesystem_async.py``, 0.16 to 0.19) makes that
+queue at the first save from a spawn-context ``multiprocessing.Manager()``: a server process
+that only a clean exit of its starter shuts down. After a ``kill -9`` of the driver (an
+``--in-process`` run saves there) it was left running, re-parented to pid 1, and so was
+multiprocessing's resource tracker, whose pipe the server still held. The same queue from a
+manager whose server has PR_SET_PDEATHSIG dies with its starter, and the resource tracker then
+reads the end of its pipe and exits.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+from multiprocessing.managers import SyncManager
+from typing import Any
+
+_manager: SyncManager | None = None  # kept for the process's life: the queue is megatron's global
+
+
+def install_results_queue() -> None:
+    """Give megatron-core's save its results queue from a manager that dies with this process
+    (before the first save; nothing when megatron made one already, has no such global, or this
+    is not the main thread)."""
+    import threading
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if threading.current_thread() is not threading.main_thread():  # PDEATHSIG would fire when this thread ends
+        return
+    if getattr(filesystem_async, "_results_queue", False) is None:
+        filesystem_async._results_queue = results_queue()
+
+
+def results_queue() -> Any:
+    """A queue served by a spawn-context manager process that dies with this process."""
+    global _manager
+    if _manager is None:
+        manager = SyncManager(ctx=multiprocessing.get_context("spawn"))
+        manager.start(initializer=die_with_parent, initargs=(os.getpid(),))
+        _manager = manager
+    return _manager.Queue()
+
+
+def die_with_parent(parent: int) -> None:
+    """In the manager's server, first: SIGKILL when the thread that started it ends (PR_SET_PDEATHSIG;
+    a process whose parent ended before that call exits at once)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: no such call
+        return
+    if os.getppid() != parent:
+        os._exit(1)
