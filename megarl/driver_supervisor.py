@@ -15,10 +15,11 @@ its raylet's loss (Ray often ends the driver within a moment): the node's line (
 raylet's logs are); else the driver's own death (its exit code or signal, the likely causes, its log).
 Both end with the command that resumes.
 
-Signals: a terminal's Ctrl-C reaches the whole foreground process group, the driver included,
-so the supervisor only notes it (forwarding it would make a second Ctrl-C, which stops at
-once). SIGTERM and SIGHUP are forwarded (a process group's copy and the forwarded one arrive
-together, which the driver counts once: megarl/trainer/watchdog.py). The driver dies with the
+Signals: the driver runs in a process group of its own, so every stop signal reaches it once,
+from the supervisor, however it was sent: a terminal's Ctrl-C (which reaches the foreground
+group: the supervisor's), `kill -INT <pid of megarl launch>` from a script or an orchestrator, a
+signal to the command's process group. SIGINT, SIGTERM and SIGHUP are forwarded; a second
+Ctrl-C stays a second one (it stops at once). The driver dies with the
 supervisor (PR_SET_PDEATHSIG, SIGKILL: a `kill -9` of `megarl launch` ends the run at once, as it
 did when that process was the driver; the embedded Ray's reaper then ends the rest).
 """
@@ -34,7 +35,7 @@ from collections.abc import Sequence
 from typing import Any
 
 SUPERVISOR_FD_ENV = "MEGARL_SUPERVISOR_FD"  # the driver's end of the pipe (set for the child only)
-FORWARDED = (signal.SIGTERM, signal.SIGHUP)
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 WATCH_INTERVAL_S = 0.2  # how often the supervisor looks at the raylet (one /proc read): to see it die before its driver
 _report_fd: int | None = None
 _supervisor_pid: int | None = None
@@ -102,17 +103,17 @@ def supervise(command: Sequence[str], *, ray: bool = True) -> int:
 
     def on_signal(signum: int, frame: Any) -> None:
         if signum == signal.SIGINT:
-            interrupted.append(signum)  # the driver has its own copy (the terminal's process group)
-        elif child is None:
+            interrupted.append(signum)
+        if child is None:
             pending.append(signum)
         elif child.poll() is None:
             child.send_signal(signum)
         passed_on.add(signum)
 
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, *FORWARDED)}
+    previous = {s: signal.signal(s, on_signal) for s in FORWARDED}
     try:
         child = subprocess.Popen(list(command), env={**os.environ, SUPERVISOR_FD_ENV: str(write_end)},
-                                 pass_fds=(write_end,), preexec_fn=_die_with_parent)  # fmt: skip
+                                 pass_fds=(write_end,), preexec_fn=_die_with_parent, process_group=0)  # fmt: skip
         os.close(write_end)
         for signum in pending:
             child.send_signal(signum)

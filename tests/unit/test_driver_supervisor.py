@@ -94,6 +94,14 @@ def test_ctrl_c_to_the_group_reaches_the_driver_once(tmp_path):
     assert proc.stderr.read() == ""
 
 
+def test_sigint_to_the_supervisor_alone_reaches_the_driver(tmp_path):
+    """`kill -INT <pid of megarl launch>` (a script, an orchestrator): no process group carries it."""
+    proc, _ = _supervisor(tmp_path, ENDS_ON_SIGNAL)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 130
+    assert proc.stderr.read() == ""
+
+
 def test_driver_dies_with_its_supervisor(tmp_path):
     proc, pid_file = _supervisor(tmp_path, "")
     driver = int(pid_file.read_text())
