@@ -239,8 +239,9 @@ class AgentConfig(Section):
     )
     tool_timeout_s: float = Field(30.0, gt=0, description="Seconds one tool call may take; then the model is told it timed out.")
     interaction_timeout_s: float = Field(
-        60.0, gt=0, description="Seconds one call of an interaction's method (generate_response, start_interaction, "
-        "finalize_interaction) may take; then the run stops with an error naming the interaction."
+        600.0, gt=0, description="Seconds one call of an interaction's method (generate_response, start_interaction, "
+        "finalize_interaction) may take; then the run stops with an error naming the interaction. Generous by default: "
+        "a simulated user may be a remote LLM that sometimes answers slowly; lower it to stop a stuck one sooner."
     )
     max_concurrent: int = Field(1024, ge=1, description="Trajectories in flight at once (each engine batches its share of them).")
     overlap_tools: bool | None = Field(
