@@ -208,6 +208,19 @@ def user_output_to(path: str | Path) -> Iterator[None]:
         output.close()
 
 
+def routed_again() -> None:
+    """A RoutedStream on top of sys.stdout / sys.stderr again, after something replaced them while
+    :func:`user_output_to` is active: a live rich bar's proxies print through the bar's console
+    into the RoutedStream below them, so user code's prints would reach its log with the bar's
+    cursor codes and the bar itself. (The bar restores what it replaced when it stops.)"""
+    if _OUTPUT is None:
+        return
+    if not isinstance(sys.stdout, RoutedStream):
+        sys.stdout = RoutedStream(sys.stdout)
+    if not isinstance(sys.stderr, RoutedStream):
+        sys.stderr = RoutedStream(sys.stderr)
+
+
 @contextmanager
 def running(who: str) -> Iterator[None]:
     """Meanwhile this context (and the asyncio tasks it starts) runs user code ``who``: its prints
