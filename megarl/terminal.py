@@ -48,15 +48,21 @@ class StderrNowHandler(logging.StreamHandler):
     """The terminal's log handler: it writes to ``sys.stderr`` as it is when a record comes, not
     as it was when logging was set up. A live progress bar (the training bar, rich) replaces
     sys.stderr on a terminal with a proxy that prints a line above the bar; written to the
-    terminal directly, the line would land on the bar itself. A log record skips the routing of
-    user code's prints to their log (megarl/user_code.py ``RoutedStream.original``): megarl's
+    terminal directly, the line would land on the bar itself. A log record is written outside
+    user code (in an empty context: megarl/user_code.py's marker unset), so the routing of user
+    code's prints to their log, under the proxy or over it, sends it to the terminal: megarl's
     warnings from a call a generate function made still reach the terminal."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        import contextvars
+
+        contextvars.Context().run(super().emit, record)
 
     @property
     def stream(self) -> Any:
         import sys
 
-        return getattr(sys.stderr, "original", sys.stderr)
+        return sys.stderr
 
     @stream.setter
     def stream(self, value: Any) -> None:

@@ -208,6 +208,19 @@ def user_output_to(path: str | Path) -> Iterator[None]:
         output.close()
 
 
+def routed_again() -> None:
+    """A RoutedStream on top of sys.stdout / sys.stderr again, after something replaced them while
+    :func:`user_output_to` is active: a live rich bar's proxies print through the bar's console
+    into the RoutedStream below them, so user code's prints would reach its log with the bar's
+    cursor codes and the bar itself. (The bar restores what it replaced when it stops.)"""
+    if _OUTPUT is None:
+        return
+    if not isinstance(sys.stdout, RoutedStream):
+        sys.stdout = RoutedStream(sys.stdout)
+    if not isinstance(sys.stderr, RoutedStream):
+        sys.stderr = RoutedStream(sys.stderr)
+
+
 @contextmanager
 def running(who: str) -> Iterator[None]:
     """Meanwhile this context (and the asyncio tasks it starts) runs user code ``who``: its prints
@@ -232,20 +245,32 @@ class DeadlinePassed(Exception):  # noqa: N818 - said as what happened
     """A call of user code did not return within its deadline (:func:`call_with_deadline`)."""
 
 
-def call_with_deadline(invoke: Callable[[], Any], seconds: float, who: str) -> Any:
-    """``invoke()`` in a daemon thread, marked as ``who`` (its prints go to the user-code log):
-    its value, or what it raised (SystemExit too); DeadlinePassed after ``seconds``. The thread is
-    then abandoned (Python cannot kill a thread): the caller stops or goes on without it."""
+def start_user_call(invoke: Callable[[], Any], who: str) -> Future[Any]:
+    """``invoke()`` in a daemon thread, marked as ``who`` (its prints go to the user-code log): a
+    future of its value, or of what it raised (SystemExit too). A thread cannot be killed: a
+    caller that stops waiting abandons it."""
     future: Future[Any] = Future()
 
     def work() -> None:
         with running(who):
             try:
-                future.set_result(invoke())
+                value = invoke()
             except BaseException as exc:  # noqa: BLE001 - handed to the caller as it is
-                future.set_exception(exc)
+                if not future.done():  # (a caller may have given up on it)
+                    future.set_exception(exc)
+                return
+            if not future.done():
+                future.set_result(value)
 
     threading.Thread(target=work, name=f"user-code {who[:40]}", daemon=True).start()
+    return future
+
+
+def call_with_deadline(invoke: Callable[[], Any], seconds: float, who: str) -> Any:
+    """``invoke()`` in a daemon thread (:func:`start_user_call`): its value, or what it raised
+    (SystemExit too); DeadlinePassed after ``seconds``. The thread is then abandoned: the caller
+    stops or goes on without it."""
+    future = start_user_call(invoke, who)
     wait_futures([future], timeout=seconds)
     if not future.done():
         raise DeadlinePassed(f"{who} did not return within {seconds:g} s")

@@ -97,15 +97,18 @@ class WeightSyncConfig(Section):
         return value
     check_logprobs: bool = Field(
         True,
-        description="After a push (the first of each process, then every check_logprobs_every-th), the engines "
+        description="After a push (every one until the baseline is set, the first of each process, then every "
+        "check_logprobs_every-th), the engines "
         "generate short responses to a few of the run's prompts and the trainer's log-probs of the same tokens must "
         "agree (within max_logprob_diff).",
     )
     check_logprobs_every: int = Field(
         10,
         ge=1,
-        description="The post-push check runs on the first push of each process (a start or a resume: where a "
-        "conversion or transport mistake shows) and on every this-many-th push after it (pushes 1, N+1, 2N+1, ...): "
+        description="The post-push check runs on every push until the run's baseline is set (its first "
+        "logprob_baseline_checks checks, guarded only by logprob_diff_ceiling), on the first push of each process (a "
+        "start or a resume: where a conversion or transport mistake shows) and on every this-many-th push after it "
+        "(pushes 1, N+1, 2N+1, ...): "
         "the pushes between move the same tensors by the same code, so a check there finds what the last one would "
         "have (every push still passes the exact export check). 1 = every push. On the CPU demo a check takes longer "
         "than the push it checks (bench/results/vs_trl.md).",
@@ -239,8 +242,9 @@ class AgentConfig(Section):
     )
     tool_timeout_s: float = Field(30.0, gt=0, description="Seconds one tool call may take; then the model is told it timed out.")
     interaction_timeout_s: float = Field(
-        60.0, gt=0, description="Seconds one call of an interaction's method (generate_response, start_interaction, "
-        "finalize_interaction) may take; then the run stops with an error naming the interaction."
+        600.0, gt=0, description="Seconds one call of an interaction's method (generate_response, start_interaction, "
+        "finalize_interaction) may take; then the run stops with an error naming the interaction. Generous by default: "
+        "a simulated user may be a remote LLM that sometimes answers slowly; lower it to stop a stuck one sooner."
     )
     max_concurrent: int = Field(1024, ge=1, description="Trajectories in flight at once (each engine batches its share of them).")
     overlap_tools: bool | None = Field(

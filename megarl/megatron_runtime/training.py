@@ -350,7 +350,10 @@ def _load_optimizer_state(optimizer: Any, loaded: Any, rechained: bool = False) 
     own data-parallel group); its state is one entry per optimizer, by index. ``rechained``: the
     checkpoint was saved by another chain (fully_reshardable state without the members' prefix):
     each member takes its parameters' state, and keeps its own param groups (their hyperparameters
-    come from the config and the schedule; Adam's step is restored by :func:`_restore_adam_steps`)."""
+    come from the config and the schedule; Adam's step is restored by :func:`_restore_adam_steps`).
+    That path skips each member's ``load_state_dict``, and with it the fp16 grad scaler's state:
+    the loss scale starts afresh from Megatron's initial dynamic scale (docs/moe.md); bf16 and fp32
+    have no scaler."""
     chained = getattr(optimizer, "chained_optimizers", [optimizer])
     if rechained:
         members = [loaded] if len(chained) == 1 else [loaded[i] for i in range(len(chained))]

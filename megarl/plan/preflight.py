@@ -551,25 +551,6 @@ if spec.get("reward"):
         frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == path]
         where = f" (line {frames[-1].lineno})" if frames else ""
         emit("reward", f"{ended(exc)}{where}")
-if spec.get("dataset"):
-    starting("data.custom_cls", f"importing data.custom_cls from {spec['dataset'][0]}")
-    building = False
-    try:
-        from megarl.data.custom_dataset import class_problem, first_rows_problem
-        problem = class_problem(*spec["dataset"])
-        if problem is None and spec.get("dataset_build"):
-            building = True
-            starting("data.custom_cls", f"building data.custom_cls {spec['dataset'][1]} and reading its first rows")
-            problem = first_rows_problem(*spec["dataset"], spec["dataset_build"])
-        emit("data.custom_cls", problem)
-    except BaseException as exc:
-        if not building:
-            emit("data.custom_cls", f"importing {spec['dataset'][0]} failed: {ended(exc)}")
-        else:  # sys.exit, KeyboardInterrupt: the user's code ending the process, never the user's Ctrl-C
-            from megarl.user_code import exit_description
-            how = exit_description(exc) if not isinstance(exc, Exception) else f"raised {type(exc).__name__}: {exc}"
-            emit("data.custom_cls", f"data.custom_cls: {spec['dataset'][1]} ({spec['dataset'][0]}) {how} while it was built "
-                 "or its first rows read; a dataset class must raise an exception for data it cannot read, never end the process")
 for source, (path, name) in spec.get("reward_functions", {}).items():
     check = f"reward.functions[{source!r}]"
     starting(check, f"importing {check} from {path}")
@@ -591,6 +572,27 @@ for field, name in spec.get("extensions", []):
         emit(field, import_problem(field, name))
     except BaseException as exc:
         emit(field, ended(exc))
+# Last: building a dataset class can outlast the deadline (a warning, not a refusal), and the
+# checks after it would then go unanswered.
+if spec.get("dataset"):
+    starting("data.custom_cls", f"importing data.custom_cls from {spec['dataset'][0]}")
+    building = False
+    try:
+        from megarl.data.custom_dataset import class_problem, first_rows_problem
+        problem = class_problem(*spec["dataset"])
+        if problem is None and spec.get("dataset_build"):
+            building = True
+            starting("data.custom_cls", f"building data.custom_cls {spec['dataset'][1]} and reading its first rows")
+            problem = first_rows_problem(*spec["dataset"], spec["dataset_build"])
+        emit("data.custom_cls", problem)
+    except BaseException as exc:
+        if not building:
+            emit("data.custom_cls", f"importing {spec['dataset'][0]} failed: {ended(exc)}")
+        else:  # sys.exit, KeyboardInterrupt: the user's code ending the process, never the user's Ctrl-C
+            from megarl.user_code import exit_description
+            how = exit_description(exc) if not isinstance(exc, Exception) else f"raised {type(exc).__name__}: {exc}"
+            emit("data.custom_cls", f"data.custom_cls: {spec['dataset'][1]} ({spec['dataset'][0]}) {how} while it was built "
+                 "or its first rows read; a dataset class must raise an exception for data it cannot read, never end the process")
 """
 
 
@@ -658,8 +660,17 @@ class ChildChecks:
             return []
         if check not in self.got:
             self.got.update(self._read({check}))
+        if check not in self.got and self._building_too_long(check):
+            return [Finding("data.custom_cls", f"{self.spec['dataset'][1]}: building it took over {CHILD_TIMEOUT_S:g} s, "
+                            "not checked before launch; the run builds it", level="warning")]
         error = self.got[check] if check in self.got else self._no_answer()
         return [self._finding(check, error + self._output())] if error is not None else []
+
+    def _building_too_long(self, check: str) -> bool:
+        """The dataset class imported but its build (all of data.train_files; a class may tokenize
+        every row in __init__) is still running at the deadline: slow, not wrong."""
+        running = self.proc is not None and self.proc.poll() is None
+        return check == "data.custom_cls" and running and self._doing[0].startswith("building data.custom_cls")
 
     def _no_answer(self) -> str:
         """Why an answer never came: the child ended (its exit code) or did not answer in time."""

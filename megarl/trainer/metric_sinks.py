@@ -248,6 +248,9 @@ class ConsoleSink:
         )
         self._task = self._progress.add_task("train", total=total_steps, completed=start_step, info="")
         self._progress.start()
+        from megarl.user_code import routed_again
+
+        routed_again()  # user code's prints to their log as they are, not through the bar's console
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         parts = [f"reward {metrics['reward/mean']:.3f}" if "reward/mean" in metrics else ""]

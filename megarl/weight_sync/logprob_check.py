@@ -100,6 +100,11 @@ class LogprobBound:
     baseline: float | None = None
     version: int | None = None
 
+    @property
+    def measuring(self) -> bool:
+        """The baseline is still being measured (every push is then checked)."""
+        return self.baseline_checks > 0 and self.baseline is None
+
     def limit(self) -> tuple[float, str]:
         """The bound now, and where it comes from (for a refusal's message)."""
         floor = (self.floor, f"{_KEYS}max_logprob_diff ({self.floor})")
@@ -159,8 +164,9 @@ class PostPushCheck:
     prompts when there are some); ``generate(prompts, params) -> Batch`` is the controller's
     generation (engines plus memory hand-over); ``policy`` computes the trainer's side;
     ``max_diff``: a fixed bound, or a :class:`LogprobBound` (relative to the run's baseline).
-    ``every``: check the first push this object sees and every ``every``-th after it
-    (rollout.weight_sync.check_logprobs_every); the others return no metrics.
+    ``every``: check every push until the bound's baseline is set (its first checks), then the
+    first push this object sees and every ``every``-th after it (rollout.weight_sync.check_logprobs_every);
+    the others return no metrics.
     """
 
     def __init__(self, generate: Any, policy: TrainerLogprobs, prompts: Any, sampling: SamplingParams,
@@ -176,7 +182,8 @@ class PostPushCheck:
 
     def __call__(self, version: int) -> dict[str, float]:
         self.pushes += 1
-        if (self.pushes - 1) % self.every:
+        # While the baseline is measured only the ceiling guards a push: measure it on consecutive pushes.
+        if (self.pushes - 1) % self.every and not self.bound.measuring:
             return {}
         params = dataclasses.replace(self.sampling, seed=step_seed(self.sampling.seed or 0, version))
         batch = self.generate(self.prompts, params)

@@ -22,7 +22,7 @@ import time
 import pytest
 import torch
 from spawn import run_distributed
-from test_moe_bridge import _batch, _build, _hf_run, tensor_parity
+from test_moe_bridge import bf16_against_fp32, tensor_parity
 
 # DeepSeek-V3's yarn shape (its checkpoint: factor 40, 4096 positions, betas 32 / 1, mscale 1 / 1)
 # scaled to the tiny model: 8 original positions (the batches reach 12), betas that put the ramp
@@ -91,21 +91,6 @@ def _without_bias(model, ids: torch.Tensor, ref_logits: torch.Tensor, vocab: int
     return (logits - ref_logits).abs().max().item()
 
 
-def _bf16(path: str) -> dict:
-    """Megatron in bf16 at TP=1 against HF in fp32 (the reference; HF's bf16 rounds elsewhere)."""
-    from pipeline_oracle import gpt_inputs
-
-    bridge, hf_config, model = _build(path, 1, 1, dtype=torch.bfloat16)
-    vocab = bridge.vocab_size(hf_config)
-    ids, labels = _batch(0, vocab)
-    ref, _, _ = _hf_run(path, [(ids, labels)])
-    model.eval()
-    with torch.no_grad():
-        logits = model(*gpt_inputs(ids, torch.ones_like(ids)))[..., :vocab].float()
-    diff = (logits - ref).abs()
-    return {"mean": diff.mean().item(), "max": diff.max().item(), "ref_max": ref.abs().max().item()}
-
-
 def _worker(rank: int, world: int, dirs: dict[str, str], tp: int, ep: int, pp: int = 1) -> dict:
     from megarl.parallel.groups import init_parallel
 
@@ -116,7 +101,7 @@ def _worker(rank: int, world: int, dirs: dict[str, str], tp: int, ep: int, pp: i
         out[name] = _parity(path, tp, ep, info.dp_rank, pp)
         out[name]["seconds"] = time.perf_counter() - t0
     if tp == 1 and pp == 1:
-        out["bf16"] = _bf16(dirs["yarn"])
+        out["bf16"] = bf16_against_fp32(dirs["yarn"], 1)
     return out
 
 

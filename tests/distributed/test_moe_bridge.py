@@ -260,11 +260,12 @@ def _shifted_diff(path: str, tp: int, ep: int, ids: torch.Tensor, ref_logits: to
     return (logits[..., : bridge.vocab_size(hf_config)] - ref_logits).abs().max().item()
 
 
-def _bf16(path: str, dp_rank: int) -> dict:
-    """Megatron in bf16 against HF in fp32 (HF's bf16 rounds elsewhere; fp32 is the reference)."""
+def bf16_against_fp32(path: str, ep: int, dp_rank: int = 0) -> dict:
+    """Megatron in bf16 at TP=1 against HF in fp32 (the reference; HF's bf16 rounds elsewhere):
+    the logits' mean and max gap, and the reference's largest logit. Shared with the DeepSeek-V3 test."""
     from pipeline_oracle import gpt_inputs
 
-    bridge, hf_config, model = _build(path, 1, 2, dtype=torch.bfloat16)
+    bridge, hf_config, model = _build(path, 1, ep, dtype=torch.bfloat16)
     vocab = bridge.vocab_size(hf_config)
     ids, labels = _batch(dp_rank, vocab)
     ref, _, _ = _hf_run(path, [(ids, labels)])
@@ -287,7 +288,7 @@ def _worker(rank: int, world: int, dirs: dict[str, str], tp: int, ep: int, etp: 
         out[name] = _parity(path, tp, ep, info.dp_rank, etp)
         out[name]["seconds"] = time.perf_counter() - t0
     if tp == 1 and etp == 1:
-        out["bf16"] = _bf16(dirs["renorm"], info.dp_rank)
+        out["bf16"] = bf16_against_fp32(dirs["renorm"], 2, info.dp_rank)
     return out
 
 

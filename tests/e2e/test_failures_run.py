@@ -283,10 +283,7 @@ def test_a_hanging_phase_is_stopped_by_the_watchdog(launch_dir, tmp_path):
 def test_sigterm_while_ray_starts_exits_143_with_nothing_left(launch_dir, tmp_path):
     """SIGTERM (Slurm's stop) to the driver while the embedded Ray starts: ray.init's own handler
     would exit 15 at once; megarl's takes it: exit 143, "while starting", no process left behind."""
-    log = tmp_path / "starting.log"
-    args = [*MEGARL, "launch", str(TINY), *overrides(3, "trainer.output_dir=starting")]
-    mark = f"{os.getpid()}-{time.time_ns()}"  # inherited by every process the run starts (Ray's too), by no other
-    proc = start(launch_dir, args, log, env={**os.environ, RUN_MARK: mark})
+    proc, log, _, mark = _launch_marked(launch_dir, tmp_path, "starting", steps=3)
     deadline = time.monotonic() + 120
     while "starting an embedded Ray" not in log.read_text() or not [p for p in _run_processes(mark) if p.pid != proc.pid]:
         assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]  # (Ray's first process seen)
@@ -305,10 +302,7 @@ def test_a_second_launch_into_a_running_runs_output_dir_is_refused(launch_dir, t
     a SIGTERM to the first one's whole process group (what `timeout` and `kill -TERM -PGID`
     send) reaches the driver, not the embedded Ray's processes or the reward workers, which hold
     the run's state: it saves as on Ctrl-C, and no process is left."""
-    log = tmp_path / "busy.log"
-    args = [*MEGARL, "launch", str(TINY), *overrides(1000, "trainer.output_dir=busy")]
-    mark = f"{os.getpid()}-{time.time_ns()}"
-    proc = start(launch_dir, args, log, env={**os.environ, RUN_MARK: mark})
+    proc, log, args, mark = _launch_marked(launch_dir, tmp_path, "busy")
     try:
         wait_for_step(proc, launch_dir / "busy", 1, log)
         second = subprocess.run(args, cwd=launch_dir, capture_output=True, text=True, timeout=120)
@@ -324,6 +318,16 @@ def test_a_second_launch_into_a_running_runs_output_dir_is_refused(launch_dir, t
     assert steps == list(range(1, max(steps) + 1))  # one run's lines, none cut by the refused launch
     assert verify_checkpoint(launch_dir / "busy" / "checkpoints" / f"step_{max(steps):06d}").step == max(steps)
     assert survivors(_run_processes(mark), within=10) == []
+
+
+def _launch_marked(launch_dir: Path, tmp_path: Path, name: str, steps: int = 1000) -> tuple[subprocess.Popen, Path, list[str], str]:
+    """`megarl launch` of TINY into output_dir ``name`` (its output in tmp_path/NAME.log), every
+    process it starts (Ray's too, by no other) marked for :func:`_run_processes`: the process, the
+    log, the command and the mark."""
+    log = tmp_path / f"{name}.log"
+    args = [*MEGARL, "launch", str(TINY), *overrides(steps, f"trainer.output_dir={name}")]
+    mark = f"{os.getpid()}-{time.time_ns()}"
+    return start(launch_dir, args, log, env={**os.environ, RUN_MARK: mark}), log, args, mark
 
 
 def _run_processes(mark: str) -> list[psutil.Process]:
@@ -384,10 +388,7 @@ def test_a_raylet_killed_under_the_run_is_one_line_naming_the_node(launch_dir, t
     the node, the raylet's log, the resume command. Which comes first is a race: the quick exit, or
     a rank's failed call that the driver reports itself (naming the node's death as well). Either
     way: one `error:` line naming the dead node, exit code 2, no process of the run left."""
-    log = tmp_path / "raylet.log"
-    args = [*MEGARL, "launch", str(TINY), *overrides(1000, "trainer.output_dir=raylet")]
-    mark = f"{os.getpid()}-{time.time_ns()}"
-    proc = start(launch_dir, args, log, env={**os.environ, RUN_MARK: mark})
+    proc, log, _, mark = _launch_marked(launch_dir, tmp_path, "raylet")
     try:
         wait_for_step(proc, launch_dir / "raylet", 1, log)
         (raylet,) = [p for p in _run_processes(mark) if p.name() == "raylet"]

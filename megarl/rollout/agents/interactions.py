@@ -47,7 +47,7 @@ class InteractionTimeout(AgentError):
 class Interaction:
     """A user's interaction object, called the same way whether its methods are async or not."""
 
-    def __init__(self, name: str, impl: Any, timeout_s: float = 60.0):
+    def __init__(self, name: str, impl: Any, timeout_s: float = 600.0):
         """``timeout_s``: rollout.agent.interaction_timeout_s, the time one call of a method may take."""
         self.name, self.impl, self.timeout_s = name, impl, timeout_s
 
@@ -156,7 +156,7 @@ def _without_name(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     return without_nulls({k: v for k, v in kwargs.items() if k != "name"})
 
 
-def load_interactions(path: str | Path, timeout_s: float = 60.0) -> dict[str, Interaction]:
+def load_interactions(path: str | Path, timeout_s: float = 600.0) -> dict[str, Interaction]:
     """The interactions of a verl-format interaction file, by name; ``timeout_s``: rollout.agent.interaction_timeout_s."""
     label = f"interaction file {path}"
     out: dict[str, Interaction] = {}

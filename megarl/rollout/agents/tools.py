@@ -26,7 +26,6 @@ import asyncio
 import importlib
 import inspect
 import math
-import threading
 from collections.abc import Awaitable, Collection, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -43,8 +42,8 @@ from megarl.user_code import (
     exit_description,
     printed_head,
     raised_by_code,
-    running,
     source_file,
+    start_user_call,
 )
 
 
@@ -214,29 +213,21 @@ def _call(tool: Tool, arguments: dict[str, Any], kwargs: Mapping[str, Any]) -> T
 def start_tool_call(tool: Tool, arguments: dict[str, Any], kwargs: Mapping[str, Any]) -> Future[ToolOutcome]:
     """Run one call in a daemon thread; the future holds its ToolOutcome, or an AgentError when the
     tool tried to end the process (sys.exit: a bug the run stops on, not the model's feedback)."""
-    future: Future[ToolOutcome] = Future()
-
     who = f"tool {tool.name!r} ({type(tool).__name__} in {source_file(tool)})"
 
-    def work() -> None:
+    def call() -> ToolOutcome:
         try:
-            with running(who):  # what it prints goes to the user-code log, not the terminal
-                outcome = _call(tool, arguments, kwargs)
+            return _call(tool, arguments, kwargs)
         except Exception as exc:  # noqa: BLE001 - any failure of the tool is the model's feedback
             # A ValueError is the tool refusing its input: its message is for the model as it is.
             text = f"Error: {exc}" if isinstance(exc, ValueError) else f"Error: {type(exc).__name__}: {exc}"
-            outcome = ToolOutcome(text, error="error")
+            return ToolOutcome(text, error="error")
         except EXITS as exc:  # (this thread gets no signal: the tool's own doing) said at once, not as a timeout
-            if not future.done():
-                future.set_exception(AgentError(
-                    f"{who} {exit_description(exc)}; a tool must return text (an 'Error: ...' for the model) or raise, "
-                    f"never end the process{printed_head(who)}"))
-            return
-        if not future.done():
-            future.set_result(outcome)
+            raise AgentError(f"{who} {exit_description(exc)}; a tool must return text (an 'Error: ...' for the model) "
+                             f"or raise, never end the process{printed_head(who)}") from exc
 
-    threading.Thread(target=work, name=f"tool-{tool.name}", daemon=True).start()
-    return future
+    # its prints go to the user-code log, not the terminal
+    return start_user_call(call, who)
 
 
 def timed_out(tool_name: str, seconds: float) -> ToolOutcome:

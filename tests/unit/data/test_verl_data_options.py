@@ -198,3 +198,28 @@ def test_custom_cls_is_built_and_read_before_launch(dataset_file, byte_tokenizer
         child.stop()
     assert finding.field == "data.custom_cls"
     assert re.search(error, finding.message), finding.message
+
+
+def test_a_build_past_the_deadline_is_a_warning_not_a_refusal(dataset_file, byte_tokenizer_dir, tmp_path, monkeypatch):
+    """A class that tokenizes every row in __init__ can outlast the check on real data: the run is
+    not refused for it (the import succeeded); a class that raises still is (the test above)."""
+    from megarl.plan import preflight
+
+    slow = tmp_path / "slow_dataset.py"
+    slow.write_text(dataset_file.read_text() + "\nimport time\n\nclass Slow(JsonlPrompts):\n"
+                    "    def __init__(self, *a, **kw):\n        time.sleep(30)\n        super().__init__(*a, **kw)\n")
+    monkeypatch.setattr(preflight, "CHILD_TIMEOUT_S", 3.0)  # launch's bound, shortened for the test
+    cfg = DataConfig(train_files=[str(dataset_file.with_name("train.jsonl"))], custom_cls=CustomDatasetConfig(path=str(slow), name="Slow"),
+                     prompts_per_step=2, max_prompt_length=200)  # fmt: skip
+    build = {"files": [f.path for f in cfg.train_files], "field": "data.train_files", "model": str(byte_tokenizer_dir),
+             "config": cfg.model_dump(mode="json")}  # fmt: skip
+    child = ChildChecks(None, [("rollout.generate_function", "nowhere_megarl.at_all:gen")], cfg.custom_cls,
+                        RewardConfig().functions, build)  # fmt: skip
+    try:
+        (finding,) = child.results("data.custom_cls")
+        others = child.results("rollout.generate_function")
+    finally:
+        child.stop()
+    assert (finding.field, finding.level) == ("data.custom_cls", "warning")
+    assert finding.message == "Slow: building it took over 3 s, not checked before launch; the run builds it"
+    assert "nowhere_megarl" in others[0].message  # the checks after it in the child still answered, not timed out

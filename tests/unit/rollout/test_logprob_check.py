@@ -207,17 +207,22 @@ def test_a_resumes_re_push_does_not_count_twice_toward_the_baseline():
 
 
 def test_the_check_runs_on_the_first_push_and_every_nth_after_it():
-    """check_logprobs_every=3: pushes 1, 4 and 7 are checked (the engines generate, the trainer
-    scores), 2, 3, 5 and 6 only counted; a resumed run (a new check object) checks its first push."""
-    script = Scripted([0.01] * 10)
+    """check_logprobs_every=3: every push while the baseline is measured (its 5 checks: pushes 1-5,
+    the engines generate, the trainer scores), then 7 and 10 (1, 4, 7, ... anchored at the first),
+    6, 8 and 9 only counted; a resumed run (a new check object) checks its first push; a fixed bound
+    (no baseline) gives pushes 1, 4 and 7."""
+    script = Scripted([0.01] * 20)
     check = PostPushCheck(script.generate, script, prompts_of([[1]]), SamplingParams(), LogprobBound.of(WeightSyncConfig()), every=3)
-    metrics = [check(version) for version in range(7)]
-    assert [bool(m) for m in metrics] == [True, False, False, True, False, False, True]
-    assert script.k == 2  # three probes generated
-    assert check.bound.first == [pytest.approx(0.01, abs=1e-6)] * 3
+    metrics = [check(version) for version in range(10)]
+    assert [bool(m) for m in metrics] == [True] * 5 + [False, True, False, False, True]
+    assert script.k == 6  # seven probes generated
+    assert check.bound.first == [pytest.approx(0.01, abs=1e-6)] * 5 and check.bound.baseline is not None
     resumed = PostPushCheck(script.generate, script, prompts_of([[1]]), SamplingParams(), LogprobBound.of(WeightSyncConfig()), every=3)
     resumed.load_state_dict(check.state_dict())
-    assert resumed(7)["weight_sync/logprob_diff"] == pytest.approx(0.01, abs=1e-6) and script.k == 3
+    assert resumed(10)["weight_sync/logprob_diff"] == pytest.approx(0.01, abs=1e-6) and script.k == 7
+    assert resumed(11) == {} and script.k == 7  # the baseline came with the checkpoint: the cadence at once
+    fixed = PostPushCheck(script.generate, script, prompts_of([[1]]), SamplingParams(), LogprobBound(floor=0.04), every=3)
+    assert [bool(fixed(version)) for version in range(7)] == [True, False, False, True, False, False, True]
     assert WeightSyncConfig().check_logprobs_every == 10
     with pytest.raises(ValueError, match="check_logprobs_every"):
         WeightSyncConfig(check_logprobs_every=0)
