@@ -410,20 +410,27 @@ def test_a_raylet_killed_under_the_run_is_one_line_naming_the_node(launch_dir, t
 IN_PROCESS = ("--in-process", "cluster.nnodes=1", "cluster.gpus_per_node=1", "rollout.engine=torch")
 
 
-def test_an_in_process_driver_that_calls_os_exit_is_one_line_and_exit_2(launch_dir, tmp_path):
-    """A generate function's os._exit(0) under --in-process: no success (0) and no silence, but
-    the supervisor's one line naming the driver's own death, with its log and the resume command."""
+def _oexit_launch(launch_dir: Path, tmp_path: Path, name: str, *extra: str) -> tuple[subprocess.Popen, str, str]:
+    """`megarl launch` of the tiny run whose generate function calls os._exit(0): the process, its
+    output and the run's mark (for its processes)."""
     (tmp_path / "gfx.py").write_text("import os\n\ndef g_oexit(engines, prompts, params):\n    os._exit(0)\n")
-    log = tmp_path / "oexit.log"
-    args = [*MEGARL, "launch", str(TINY), *IN_PROCESS,
-            *overrides(2, "trainer.output_dir=oexit", "rollout.generate_function=gfx:g_oexit")]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    mark = f"{os.getpid()}-{time.time_ns()}"
+    args = [*MEGARL, "launch", str(TINY), *extra, *overrides(2, f"trainer.output_dir={name}", "rollout.generate_function=gfx:g_oexit")]
+    env = {**os.environ, RUN_MARK: mark, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    log = tmp_path / f"{name}.log"
     proc = start(launch_dir, args, log, env=env)
     try:
         output = finish(proc, log, timeout=600)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+    return proc, output, mark
+
+
+def test_an_in_process_driver_that_calls_os_exit_is_one_line_and_exit_2(launch_dir, tmp_path):
+    """A generate function's os._exit(0) under --in-process: no success (0) and no silence, but
+    the supervisor's one line naming the driver's own death, with its log and the resume command."""
+    proc, output, _ = _oexit_launch(launch_dir, tmp_path, "oexit", *IN_PROCESS)
     assert proc.returncode == 2, output[-3000:]
     errors = [ln for ln in output.splitlines() if ln.startswith("error:")]
     assert len(errors) == 1 and "exited with code 0 without reporting an error: user code in the driver" in errors[0], output[-3000:]
@@ -459,17 +466,7 @@ def test_sigkill_of_an_in_process_launch_after_a_save_leaves_no_process(launch_d
 def test_a_driver_that_calls_os_exit_under_ray_is_blamed_not_its_node(launch_dir, tmp_path):
     """A generate function's os._exit(0) in a driver with an embedded Ray: the raylet dies with the
     driver, but the supervisor saw it alive while the driver ran: the driver's own death is named."""
-    (tmp_path / "gfx.py").write_text("import os\n\ndef g_oexit(engines, prompts, params):\n    os._exit(0)\n")
-    log = tmp_path / "ray_oexit.log"
-    mark = f"{os.getpid()}-{time.time_ns()}"
-    args = [*MEGARL, "launch", str(TINY), *overrides(2, "trainer.output_dir=ray_oexit", "rollout.generate_function=gfx:g_oexit")]
-    env = {**os.environ, RUN_MARK: mark, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
-    proc = start(launch_dir, args, log, env=env)
-    try:
-        output = finish(proc, log, timeout=600)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    proc, output, mark = _oexit_launch(launch_dir, tmp_path, "ray_oexit")
     assert proc.returncode == 2, output[-3000:]
     errors = [ln for ln in output.splitlines() if ln.startswith("error:")]
     assert len(errors) == 1 and errors[0].startswith("error: the driver process (pid "), output[-3000:]

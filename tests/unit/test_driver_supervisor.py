@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from megarl.driver_supervisor import supervise
 
 TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny_grpo.yaml"
@@ -78,10 +80,12 @@ def _supervisor(tmp_path: Path, body: str) -> tuple[subprocess.Popen, Path]:
 ENDS_ON_SIGNAL = "def end(signum, frame):\n    s.report(end=128 + signum)\n    os._exit(128 + signum)\nsignal.signal(signal.SIGTERM, end)\nsignal.signal(signal.SIGINT, end)"
 
 
-def test_sigterm_to_the_supervisor_reaches_the_driver(tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_the_supervisor_alone_reaches_the_driver(tmp_path, signum):
+    """`kill -TERM|-INT <pid of megarl launch>` (a script, an orchestrator): no process group carries it."""
     proc, _ = _supervisor(tmp_path, ENDS_ON_SIGNAL)
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) == 143
+    proc.send_signal(signum)
+    assert proc.wait(timeout=60) == 128 + signum
     assert proc.stderr.read() == ""
 
 
@@ -90,14 +94,6 @@ def test_ctrl_c_to_the_group_reaches_the_driver_once(tmp_path):
     once = ENDS_ON_SIGNAL.replace("def end(signum, frame):\n", "def end(signum, frame):\n    signal.signal(signal.SIGINT, signal.SIG_DFL)\n    time.sleep(1)\n")
     proc, _ = _supervisor(tmp_path, once)
     os.killpg(proc.pid, signal.SIGINT)
-    assert proc.wait(timeout=60) == 130
-    assert proc.stderr.read() == ""
-
-
-def test_sigint_to_the_supervisor_alone_reaches_the_driver(tmp_path):
-    """`kill -INT <pid of megarl launch>` (a script, an orchestrator): no process group carries it."""
-    proc, _ = _supervisor(tmp_path, ENDS_ON_SIGNAL)
-    proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=60) == 130
     assert proc.stderr.read() == ""
 
