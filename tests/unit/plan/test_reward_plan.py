@@ -212,6 +212,17 @@ def test_the_judges_devices_are_refused_where_they_mean_nothing(tmp_path):
         make_plan(_cfg(*_judge(tmp_path / "judge", "reward.judge.tp=2")))
 
 
+@pytest.mark.parametrize("engine", ["sglang", "torch"])
+def test_a_judge_context_length_above_the_models_positions_is_refused_on_cpu(tmp_path, engine):
+    """SGLang refuses it at launch ("greater than the derived context_length"): the plan says so first."""
+    judge = [*_judge(tmp_path / "judge"), f"reward.judge.engine={engine}"]
+    with pytest.raises(PlanError) as info:
+        make_plan(_cfg(*judge, "reward.judge.context_length=40000"))
+    assert (f"reward.judge.context_length: (40000) is above the judge model's max_position_embeddings (32768, "
+            f"{tmp_path / 'judge'}/config.json); lower it to 32768 or leave it null (the model's own)") in str(info.value)
+    make_plan(_cfg(*judge, "reward.judge.context_length=32768"))
+
+
 def test_the_reward_rows_size_a_model_as_the_planner_does_at_the_judges_own_context(tmp_path):
     """The judge's and the reward model's rows count a model from resolve_arch, as the planner
     counts the policy (here its experts, GQA with head_dim and q/k norms); the judge's KV cache at
