@@ -43,6 +43,18 @@ def own_devices(cfg: MegaRLConfig) -> int:
     return sum(own_device_counts(cfg).values())
 
 
+def taken_note(cfg: MegaRLConfig, *, rollout_pool: bool = False) -> str:
+    """' (left after reward.judge.gpus (1))': who took the devices a pool's count leaves out, for the
+    messages that count a pool (empty: the reward roles take none, or the pool is the disaggregated
+    rollout pool, cluster.rollout_gpus itself). The judge's default gpus=1 is easy to miss."""
+    takers = [f"{_KEYS[role]} ({n})" for role, n in own_device_counts(cfg).items()]
+    if not takers or (rollout_pool and cfg.cluster.placement == "disaggregated"):
+        return ""
+    if cfg.cluster.placement == "disaggregated":
+        takers.append(f"cluster.rollout_gpus ({cfg.cluster.rollout_gpus})")
+    return f" (left after {' and '.join(takers)})"
+
+
 def own_gpus(cfg: MegaRLConfig, role: str) -> tuple[int, ...]:
     """The global device indices of ``role`` (empty: it has none, or the roles ask for the whole
     cluster, which :func:`check_own_devices` refuses)."""

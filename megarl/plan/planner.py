@@ -61,7 +61,7 @@ from megarl.plan.moe_checks import (
     check_moe_settings,
     ep_raise_knob,
 )
-from megarl.plan.own_devices import check_own_devices, own_devices
+from megarl.plan.own_devices import check_own_devices, own_devices, taken_note
 from megarl.plan.push_model import PushEstimate, push_estimate
 from megarl.plan.reward_model_plan import (
     RewardModelMemory,
@@ -175,7 +175,7 @@ def make_plan(cfg: MegaRLConfig, *, check_files: bool = False, in_process: bool 
         if role == "policy" or cfg.critic_enabled:
             section = getattr(cfg, section_name)
             fit = partial(_fitting_layouts, cfg, arch, section_name)  # narrows a suggestion to the layouts that fit
-            _check_model_parallel(section_name, section, arch, _train_pool_size(cfg), issues, fit)
+            _check_model_parallel(section_name, section, arch, _train_pool_size(cfg), issues, fit, taken_note(cfg))
             if role in roles:
                 _check_batches(section_name, section, roles[role], cfg, issues)
     if "rollout" in roles:
@@ -383,7 +383,8 @@ def _layout_roles(cfg: MegaRLConfig, arch: ArchSpec, issues: list[Issue]) -> dic
         if len(rollout_gpus) % tp == 0:
             roles["rollout"] = RoleLayout("rollout", tp, 1, len(rollout_gpus) // tp, tuple(rollout_gpus))
         else:
-            issues.append(Issue("rollout.tp", f"({tp}) must divide the {len(rollout_gpus)} GPUs of the rollout pool; "
+            issues.append(Issue("rollout.tp", f"({tp}) must divide the {len(rollout_gpus)} GPUs of the rollout pool"
+                                f"{taken_note(cfg, rollout_pool=True)}; "
                                 f"try {choices(rollout_tp_choices(cfg, arch))}"))
     elif policy:
         # One torch engine in the first rank of each policy data-parallel replica.
@@ -407,10 +408,12 @@ def _parallel_pairs(arch: ArchSpec, gpus: int) -> list[tuple[int, int]]:
 
 
 def _check_model_parallel(section: str, cfg: ActorConfig, arch: ArchSpec, gpus: int, issues: list[Issue],
-                          fit: Callable[[list[tuple[int, int]]], list[tuple[int, int]]] | None = None) -> None:  # fmt: skip
+                          fit: Callable[[list[tuple[int, int]]], list[tuple[int, int]]] | None = None,
+                          taken: str = "") -> None:  # fmt: skip
     """tp, pp and their product on the ``gpus`` of the training pool; each fix keeps the other
     knob when a layout with it exists (else any layout's values), so it satisfies every rule.
-    ``fit``: the layouts whose batches and memory pass too (none of them: the rules alone)."""
+    ``fit``: the layouts whose batches and memory pass too (none of them: the rules alone); ``taken``:
+    who took the devices the pool lacks (megarl/plan/own_devices.py taken_note)."""
     tp, pp = cfg.parallel.tp, cfg.parallel.pp
     pairs = _parallel_pairs(arch, gpus)
     if fit is not None and (gpus % (tp * pp) or (tp, pp) not in pairs):  # a fix will be suggested
@@ -420,7 +423,7 @@ def _check_model_parallel(section: str, cfg: ActorConfig, arch: ArchSpec, gpus: 
     if gpus % (tp * pp):
         keep = ([f"pp {choices(pp_at_tp)} (at tp {tp})"] if pp_at_tp else []) + ([f"tp {choices(tp_at_pp)} (at pp {pp})"] if tp_at_pp else [])
         issues.append(Issue(f"{section}.parallel", f"tp x pp ({tp} x {pp} = {tp * pp}) must divide the {gpus} GPUs "
-                            f"of the training pool; try {', or '.join(keep) or 'tp x pp ' + some}"))  # fmt: skip
+                            f"of the training pool{taken}; try {', or '.join(keep) or 'tp x pp ' + some}"))  # fmt: skip
     if arch.num_heads % tp or arch.num_kv_heads % tp:
         fix = choices(tp_at_pp) if tp_at_pp else f"tp x pp {some} (no tp fits at pp {pp})"
         issues.append(Issue(f"{section}.parallel.tp", f"({tp}) must divide num_attention_heads ({arch.num_heads}) and "

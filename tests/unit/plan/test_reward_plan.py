@@ -191,6 +191,10 @@ def test_an_sglang_judge_on_cuda_takes_the_last_gpus_and_its_memory_is_planned(t
      "less than the judge's weights (14.2 GiB at reward.judge.tp=1); raise reward.judge.tp or mem_fraction"),
     (("reward.judge.gpus=4", "reward.judge.mem_fraction=0.99"), "reward.judge.mem_fraction: (0.99): a judge server needs an "
      "estimated 81.7 GiB per GPU (mem_fraction's 77.7 + SGLang's own 4.0 outside it), over cluster.gpu_memory_gib (80)"),
+    ((), "rollout.tp: (2) must divide the 7 GPUs of the rollout pool (left after reward.judge.gpus (1)); try 1"),
+    (("reward.judge.gpus=2", "reward.model.placement=disaggregated", "cluster.placement=disaggregated",
+      "cluster.rollout_gpus=2"), "actor.parallel: tp x pp (2 x 1 = 2) must divide the 3 GPUs of the training pool (left after "
+     "reward.model.gpus (1) and reward.judge.gpus (2) and cluster.rollout_gpus (2))"),
     (("reward.judge.gpus=4", "reward.judge.engine=torch"), "reward.judge.gpus: (4) is used with reward.judge.engine=sglang "
      "only (the torch engine runs on CPU); remove it or set the engine"),
 ])  # fmt: skip
