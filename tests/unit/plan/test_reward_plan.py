@@ -104,7 +104,10 @@ def test_the_reward_model_role_takes_the_last_gpus_and_its_memory_is_planned(tmp
      "of 64 x 32768 tokens 346.0 + runtime 1.0), 280.2 GiB over cluster.gpu_memory_gib (80); lower reward.model.batch_size "
      "or reward.model.max_length"),
     (("reward.model.gpus=8",), "reward.model.gpus: (8) leaves no device for training: the cluster has 8"),
-    (("reward.model.gpus=2", "cluster.nnodes=2"), "must leave whole nodes to the training pool on a multi-node cluster"),
+    (("reward.model.gpus=2", "cluster.nnodes=2"), "reward.model.gpus: (2) is not a multiple of cluster.gpus_per_node (8): "
+     "on a multi-node cluster the role must take whole nodes; use 8"),
+    (("reward.model.gpus=2", "cluster.nnodes=3"), "reward.model.gpus: (2) is not a multiple of cluster.gpus_per_node (8): "
+     "on a multi-node cluster the role must take whole nodes; use 8 or 16"),
     (("reward.model.gpus=4", "reward.model.device=cuda"), "reward.model.device: (cuda) is for placement workers"),
     (("reward.model.placement=colocated", "reward.model.gpus=2"),
      "reward.model.gpus: (2) is not used with reward.model.placement=colocated (one actor on each training device"),
@@ -131,7 +134,7 @@ def test_an_in_process_run_refuses_the_role_and_a_cpu_plan_counts_processes(tmp_
     plan = make_plan(_cfg(f"reward.model.path={rm}", *ROLE, "actor.mini_batch_size=256"))
     assert plan.roles["policy"].gpus == (0,) and plan.reward_model.gpus == (1,)
     (role,) = reward_roles(_cfg(f"reward.model.path={rm}", *ROLE), 256)
-    assert role["where"] == ("1 Ray actor(s) of its own, one per process, on 1 processes kept out of the training and "
+    assert role["where"] == ("1 Ray actor(s) of its own, one per process, on 1 process kept out of the training and "
                              "rollout pools (a placement group bundle each)") and role["per"] == "per process"
 def _judge(path: Path, *extra: str) -> list[str]:
     """reward.judge on SGLang with a 7B causal LM's config.json (the plan reads nothing else of it)."""
@@ -183,8 +186,11 @@ def test_an_sglang_judge_on_cuda_takes_the_last_gpus_and_its_memory_is_planned(t
      "reward.judge.gpus: (2) leaves no device for training: the cluster has 8 (nnodes x gpus_per_node) and "
      "reward.model.gpus takes 6; lower it or add devices"),
     (("reward.judge.gpus=4", "cluster.nnodes=2", "cluster.placement=disaggregated", "cluster.rollout_gpus=8"),
-     "reward.judge.gpus: (4) must leave whole nodes to the training pool on a multi-node cluster: reward.judge.gpus + "
-     "cluster.rollout_gpus = 12, a multiple of gpus_per_node = 8"),
+     "reward.judge.gpus: (4): reward.judge.gpus + cluster.rollout_gpus = 12 is not a multiple of cluster.gpus_per_node (8): "
+     "on a multi-node cluster the devices out of the training pool must be whole nodes; lower the others or add nodes"),
+    (("reward.judge.gpus=4", "cluster.nnodes=3", "cluster.placement=disaggregated", "cluster.rollout_gpus=8"),
+     "reward.judge.gpus: (4): reward.judge.gpus + cluster.rollout_gpus = 12 is not a multiple of cluster.gpus_per_node (8): "
+     "on a multi-node cluster the devices out of the training pool must be whole nodes; use 8"),
     (("reward.judge.gpus=3", "reward.judge.tp=3"), "reward.judge.tp: (3) must divide cluster.gpus_per_node (8): a server's "
      "devices are on one node"),
     (("reward.judge.gpus=4", "reward.judge.mem_fraction=0.1"), "reward.judge.mem_fraction: (0.1) leaves 7.9 GiB per GPU, "
