@@ -197,16 +197,20 @@ def test_expert_parallelism_of_an_moe_model_follows_megatrons_rules(tmp_path):
     wrong = "at ep 1 Megatron trains the experts as dense parameters and reduces their gradients over the data-parallel " \
         "group only, which is right only when the experts split as the tensor-parallel layers do"
     assert _moe_issues(model, "actor.parallel.etp=2") == [  # etp 2 over dp 2 at tp 1: wrong gradients, silently
-        f"actor.parallel.etp: (2) with ep 1 must equal tp (1): {wrong}; set etp to 1, or ep above 1"]
+        f"actor.parallel.etp: (2) with ep 1 must equal tp (1): {wrong}; set etp to 1, or tp to 2"]  # no ep x 2 tiles 2
     assert _moe_issues(model, "actor.parallel.tp=2", "actor.micro_batch_size=32") == [  # each TP rank's experts apart
-        f"actor.parallel.etp: (1) with ep 1 must equal tp (2): {wrong}; set etp to 2, or ep above 1"]
+        f"actor.parallel.etp: (1) with ep 1 must equal tp (2): {wrong}; set etp to 2, or tp to 1, or ep to 2"]
+    # ep 1 would tile tp x dp at etp 2, but not at tp 1: the fix names whole experts, or tp = etp at ep 1
+    assert _moe_issues(model, "actor.parallel.etp=2", "actor.parallel.ep=2") == [
+        "actor.parallel.ep: (2) must divide num_experts (4) and, times etp (2), tp x dp (1 x 2 = 2): the expert-parallel "
+        "groups lie across the tensor- and data-parallel ranks; try etp 1 (at ep 2), or tp 2 with ep 1"]
     assert _moe_issues(model, "actor.parallel.etp=2", "actor.parallel.ep=2", "actor.parallel.tp=2",
                        "actor.micro_batch_size=32") == [
         "actor.parallel.ep: (2) must divide num_experts (4) and, times etp (2), tp x dp (2 x 1 = 2): the expert-parallel "
         "groups lie across the tensor- and data-parallel ranks; try 1"]
     assert [i for i in _moe_issues(model, "actor.parallel.etp=3", "cluster.gpus_per_node=3") if ".etp" in i] == [
         "actor.parallel.etp: (3) must divide moe_intermediate_size (32): expert tensor parallelism splits each expert's "
-        "gate/up rows and down columns; try 1, 2, 4, 8, 16 or 32"]
+        "gate/up rows and down columns; try 1 (at ep 1)"]  # the divisors of 32 that also suit ep 1 at tp 1
     no_sp = _moe_issues(model, "actor.parallel.tp=2", "actor.micro_batch_size=32", "actor.parallel.sequence_parallel=false",
                         "actor.parallel.etp=2")
     assert no_sp == ["actor.parallel.sequence_parallel: (false) at tp 2: Megatron's MoE layers train only with sequence "
