@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
+from pathlib import Path
 
 from megarl.config.architectures import ArchError, ArchSpec, resolve_arch
 from megarl.config.sections import ActorConfig, MegaRLConfig
@@ -302,12 +303,35 @@ def _check_scope(cfg: MegaRLConfig, arch: ArchSpec, issues: list[Issue], *, sft:
     check_moe_settings(cfg, arch, sections, issues, rollout=not sft)
     if arch.model_type not in BRIDGED_MODEL_TYPES:
         issues.append(Issue("model", f"model_type {arch.model_type!r} has no bridge; supported: {', '.join(BRIDGED_MODEL_TYPES)}"))
+    else:
+        _check_rope(cfg.model.path, arch, issues)
     if cfg.model.layer_spec == "te" and cfg.cluster.device == "cpu":
         issues.append(Issue("model.layer_spec", "(te) needs CUDA and cluster.device is cpu: transformer-engine "
                             "does not run on CPU; use auto or local"))
     if not sft and cfg.rollout.engine == "sglang" and cfg.cluster.device == "cpu" and cfg.cluster.placement != "disaggregated":
         issues.append(Issue("cluster.placement", "SGLang on cpu runs as a server of its own (its CPU engine cannot release "
                             "memory): set cluster.placement=disaggregated and cluster.rollout_gpus, or rollout.engine=torch"))
+
+
+def _check_rope(path: str | None, arch: ArchSpec, issues: list[Issue]) -> None:
+    """model.path's rope settings as its bridge reads them (megarl/models/rope.py, torch-free): a
+    setting the bridge refuses is named here, before the tokenizer (whose transformers may refuse
+    the same config.json in words of its own) and before any worker starts."""
+    import json
+    from types import SimpleNamespace
+
+    from megarl.models.rope import bridge_rope_types, read_rope
+
+    config = Path(path, "config.json") if path is not None else None
+    if config is None or not config.is_file():
+        return  # planned from model.arch
+    try:
+        # transformers gives a config.json without rope_theta its model's default; only the check matters here
+        values = {"rope_theta": 10000.0} | json.loads(config.read_text())
+        read_rope(SimpleNamespace(**values), bridge_rope_types(arch.model_type))
+    except (ValueError, TypeError) as exc:  # (a config.json that is no JSON object: resolve_arch named it)
+        issues.append(Issue("model.path", f"({path}) is not a model megarl can train: {exc}; fix the rope settings "
+                            f"in {config}"))  # fmt: skip
 
 
 def _check_packed_attention(cfg: MegaRLConfig, section: str, issues: list[Issue]) -> None:

@@ -290,6 +290,40 @@ def test_deepseek_v3_config_prints_its_experts_and_mla_memory():
     assert "rollout.engine: (sglang) cannot serve deepseek_v3 on CPU" in refused(TINY_DSV3, *sglang_cpu)
 
 
+def _dsv3_config(path, rope_scaling: dict) -> str:
+    """A tiny DeepSeek-V3 config.json alone (the plan reads nothing else of it)."""
+    import json
+
+    path.mkdir(parents=True, exist_ok=True)
+    config = {"model_type": "deepseek_v3", "architectures": ["DeepseekV3ForCausalLM"], "hidden_size": 32,
+              "num_hidden_layers": 3, "num_attention_heads": 2, "num_key_value_heads": 2, "intermediate_size": 64,
+              "moe_intermediate_size": 16, "n_routed_experts": 4, "num_experts_per_tok": 2, "first_k_dense_replace": 1,
+              "n_shared_experts": 1, "vocab_size": 1000, "q_lora_rank": None, "kv_lora_rank": 16, "qk_nope_head_dim": 8,
+              "qk_rope_head_dim": 8, "v_head_dim": 8, "max_position_embeddings": 256, "rope_theta": 10000.0,
+              "rope_scaling": rope_scaling}  # fmt: skip
+    (path / "config.json").write_text(json.dumps(config))
+    return str(path)
+
+
+def test_a_rope_scaling_the_bridge_refuses_is_refused_by_the_plan_by_name(tmp_path):
+    """yarn without its factor: the bridge's own words, before the tokenizer's (transformers refuses
+    the same config.json in words of its own) and without torch (megarl/models/rope.py)."""
+    import json
+
+    yarn = {"type": "yarn", "original_max_position_embeddings": 64}
+    model = _dsv3_config(tmp_path / "no_factor", yarn)
+    assert (f"model.path: ({model}) is not a model megarl can train: HF config yarn rope scaling lacks factor; fix the "
+            f"rope settings in {model}/config.json") in refused(TINY_DSV3, f"model.path={model}", "model.arch=null")
+    plan(TINY_DSV3, f"model.path={_dsv3_config(tmp_path / 'factor', yarn | {'factor': 4.0})}", "model.arch=null")
+    # a dense model's bridge takes no yarn (Megatron's plain attention has none)
+    dense = tmp_path / "dense"
+    dense.mkdir()
+    (dense / "config.json").write_text(json.dumps({"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2,
+                                                   "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 96,
+                                                   "vocab_size": 100, "rope_scaling": yarn | {"factor": 4.0}}))  # fmt: skip
+    assert "HF config rope_type='yarn' is not supported; supported: default, linear, llama3" in refused(TINY, f"model.path={dense}")
+
+
 def test_moe_memory_shards_experts_over_ep():
     """The 30B model's experts over ep 8 (etp 1) hold 4 times less than over ep 1 and etp 2 (at ep 1
     etp must equal tp; dp 16 either way); the dense share does not move."""
