@@ -47,7 +47,7 @@ def reward_workers(cfg: MegaRLConfig) -> list[str]:
                  "colocated": f"one actor on each training {unit}, loaded onto it for this phase only"}[r.model.placement]  # fmt: skip
         out.append(f"reward model {where}")
     if r.judge is not None and judge_on_devices(cfg):
-        out.append(f"LLM judge in {r.judge.gpus // r.judge.tp} SGLang server(s) on {r.judge.gpus} GPUs of its own")
+        out.append(f"LLM judge in {r.judge.gpus // r.judge.tp} SGLang server(s) on {counted(r.judge.gpus, 'GPU')} of its own")
     elif r.judge is not None:
         out.append(f"LLM judge in its {r.judge.engine} engine")
     return out

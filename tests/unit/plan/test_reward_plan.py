@@ -276,6 +276,8 @@ def test_the_plan_shows_where_the_reward_roles_act_in_the_step(tmp_path):
     assert text.startswith("generate (SGLang engines on the training GPUs) -> reward (rule rewards")
     assert text.endswith("the reward model holds its 4 GPU(s) in every phase and works in reward only; the LLM judge's "
                          "torch engine keeps its weights in host memory in every phase and works in reward only")  # fmt: skip
+    one = dict(step_phases(_cfg(f"reward.model.path={rm}", *ROLE)))["reward"]  # one process on cpu: singular
+    assert "reward model 1 actor on 1 process of its own" in one
     workers = timeline_text(_cfg(f"reward.model.path={rm}"))  # placement workers: the model is in the reward workers
     assert "reward (reward model in the 2 reward workers on cpu) -> policy_forward" in workers and "every phase" not in workers
     producer = timeline_text(_cfg("rollout.max_staleness=1"))
