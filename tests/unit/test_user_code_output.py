@@ -82,7 +82,9 @@ def _chatty_generate(engines, prompts, params):
 
 
 def test_a_generate_functions_prints_go_to_the_log_and_its_error_quotes_their_head(tmp_path, capsys):
-    log = tmp_path / "user_code.log"
+    from megarl.commands.generate import user_code_log
+
+    log = user_code_log(tmp_path / "out.jsonl")  # `megarl generate`'s: it has no run log for the traceback
     generate = named_generate_function(_chatty_generate, "my_pkg.rollouts:generate")
     with user_output_to(log), pytest.raises(UserCodeError) as info:
         generate(None, None, None)
