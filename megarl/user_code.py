@@ -116,7 +116,7 @@ def named_generate_function(fn: Any, name: str) -> Any:
                 raise
             raise UserCodeError(
                 f"{what} raised {type(exc).__name__}: {exc}; fix the function (the traceback is in "
-                f"the run's log){printed_head(what)}"
+                f"{traceback_to_log(what, exc)}){printed_head(what)}"
             ) from exc
 
     return generate
@@ -146,10 +146,11 @@ class _UserOutput:
         self.heads: dict[str, str] = {}
         self.lock = threading.Lock()  # tools run in threads
 
-    def write(self, who: str, text: str) -> None:
+    def write(self, who: str | None, text: str) -> None:
+        """``text`` into the log; ``who``'s head too (None: megarl's own note, no print of the code's)."""
         with self.lock:
-            head = self.heads.get(who, "")
-            if len(head) < HEAD_CHARS:
+            head = self.heads.get(who, "") if who is not None else ""
+            if who is not None and len(head) < HEAD_CHARS:
                 self.heads[who] = head + text[: HEAD_CHARS - len(head)]
             try:
                 if self.file is None:
@@ -230,6 +231,18 @@ def running(who: str) -> Iterator[None]:
         yield
     finally:
         _RUNNING.reset(token)
+
+
+def traceback_to_log(who: str, exc: BaseException) -> str:
+    """Where the traceback of ``exc`` (raised by ``who``) is: written into the user-code log when
+    one is active (`megarl generate` has no other log: its <OUT>.user_code.log), and the run's log
+    otherwise (the driver logs a user error's traceback)."""
+    output = _OUTPUT
+    if output is None:
+        return "the run's log"
+    lines = "".join(traceback.format_exception(exc))
+    output.write(None, f"[megarl] {who} raised:\n{lines}")
+    return str(output.path)
 
 
 def printed_head(who: str) -> str:

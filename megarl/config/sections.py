@@ -221,7 +221,8 @@ class ParallelConfig(Section):
         1,
         ge=1,
         description="Expert tensor parallel size: ranks that split each expert's weights (Megatron's "
-        "expert_tensor_parallel_size). Only 1 (whole experts) is supported yet.",
+        "expert_tensor_parallel_size): each expert's gate/up rows and down columns over etp ranks; 1 = whole experts. "
+        "Must divide moe_intermediate_size, and at ep = 1 must equal tp. Trains for Qwen3-MoE; DeepSeek-V3 takes 1 only.",
     )
     sequence_parallel: bool | None = Field(
         None,

@@ -66,7 +66,7 @@ from megarl.models.layer_specs import LayerSpec
 from megarl.models.layouts import ParamRule
 from megarl.models.norm import RMSNorm
 from megarl.models.qwen3_moe import Qwen3MoeBridge, load_balance_kwargs
-from megarl.models.rope import RopeSettings, read_rope
+from megarl.models.rope import MLA_ROPE_TYPES, RopeSettings, read_rope
 from megarl.parallel.mcore_version import installed_version
 
 # Megatron local suffix (MLA) -> (HF suffix, layout) inside one decoder layer.
@@ -104,7 +104,7 @@ def mtp_layers(hf_config: Any) -> int:
 @register_bridge("deepseek_v3")
 class DeepseekV3Bridge(Qwen3MoeBridge):
     qk_norm = False  # MLA's q/kv norms are mapped by _MLA_RULES, not the dense q/k norm rules
-    rope_types = ("default", "yarn")  # Megatron's MLA has yarn (rope_kwargs)
+    rope_types = MLA_ROPE_TYPES  # Megatron's MLA has yarn (rope_kwargs)
 
     # ---- config ------------------------------------------------------------------------
     def check_hf_config(self, hf_config: Any) -> None:

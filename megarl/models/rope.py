@@ -16,11 +16,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # torch is imported where frequencies are computed: the planner reads rope settings without it
+    import torch
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+MLA_ROPE_TYPES = ("default", "yarn")  # Megatron's multi-latent attention has yarn (the DeepSeek-V3 bridge)
+
+
+def bridge_rope_types(model_type: str) -> tuple[str, ...]:
+    """The rope types the bridge of ``model_type`` implements (megarl/models/bridges.py's rope_types)."""
+    return MLA_ROPE_TYPES if model_type == "deepseek_v3" else SUPPORTED_ROPE_TYPES
 _LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 _YARN_REQUIRED = ("factor", "original_max_position_embeddings")
 # attention_factor and truncate are only checked: Megatron takes neither (it always truncates).
@@ -128,12 +135,16 @@ def _yarn_settings(rope: dict[str, Any]) -> dict[str, Any]:
 
 def default_inv_freq(dim: int, theta: float) -> torch.Tensor:
     """``1 / theta^(2i/dim)`` for i < dim/2, in float32 (as HF and Megatron compute it)."""
+    import torch
+
     return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float32) / dim))
 
 
 def llama3_inv_freq(dim: int, rope: RopeSettings) -> torch.Tensor:
     """Llama 3.x inverse frequencies: low frequencies divided by ``factor``, high ones kept,
     a smooth interpolation between the two wavelength bands. ``[dim / 2]`` float32."""
+    import torch
+
     inv_freq = default_inv_freq(dim, rope.theta)
     old_len = rope.original_max_position_embeddings
     low_freq_wavelen = old_len / rope.low_freq_factor

@@ -48,3 +48,9 @@ def choices(values: list[int]) -> str:
     if len(values) <= 1:
         return str(values[0]) if values else "none"
     return ", ".join(str(v) for v in values[:-1]) + f" or {values[-1]}"
+
+
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """``1 process``, ``2 processes``: a count with its noun in the right number (``plural``: when
+    it is not the noun + s)."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"

@@ -17,7 +17,8 @@ cache, a KV cache that holds no full context (``context_length``, else the model
 server over ``cluster.gpu_memory_gib``; a warning when it holds fewer full contexts than
 ``max_running_requests`` (the rest of a call's requests queue).
 
-Also refused: ``gpus`` / ``tp`` set where they mean nothing (the torch engine; cluster.device cpu,
+Also refused: a ``context_length`` above the model's max_position_embeddings (any engine or device),
+``gpus`` / ``tp`` set where they mean nothing (the torch engine; cluster.device cpu,
 where the one server is a child of the controller), --in-process runs (the servers are placed
 through Ray), ``gpus`` not a multiple of ``tp``, a ``tp`` that does not divide a node's devices or
 split the judge's attention heads. Torch-free.
@@ -66,6 +67,7 @@ def check_judge(cfg: MegaRLConfig, issues: list[Issue], *, in_process: bool) -> 
         elif cl.device == "cpu":
             issues.append(Issue(f"reward.judge.{key}", f"({getattr(judge, key)}) is used on cluster.device cuda only (on cpu "
                                 "the judge's one SGLang server is a child process of the controller); remove it"))  # fmt: skip
+    _check_context_length(judge.model, judge.context_length, issues)
     if not judge_on_devices(cfg):
         return
     if in_process:
@@ -84,6 +86,18 @@ def check_judge(cfg: MegaRLConfig, issues: list[Issue], *, in_process: bool) -> 
         a = size.arch
         issues.append(Issue("reward.judge.tp", f"({judge.tp}) must divide the judge's num_attention_heads ({a.num_heads}), "
                             f"and divide or be a multiple of its num_key_value_heads ({a.num_kv_heads})"))  # fmt: skip
+
+
+def _check_context_length(model: str, context_length: int | None, issues: list[Issue]) -> None:
+    """reward.judge.context_length within the judge's positions (config.json's max_position_embeddings):
+    SGLang refuses a longer --context-length at launch, on cpu and cuda alike, and the torch engine
+    would run past the positions the model was trained on."""
+    size = model_size(model) if context_length is not None else None
+    positions = size.arch.max_positions if size is not None else None
+    if context_length is not None and positions and context_length > positions:
+        issues.append(Issue("reward.judge.context_length", f"({context_length}) is above the judge model's "
+                            f"max_position_embeddings ({positions}, {model}/config.json); lower it to {positions} or "
+                            "leave it null (the model's own)"))  # fmt: skip
 
 
 @dataclass(frozen=True)

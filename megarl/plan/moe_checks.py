@@ -60,7 +60,8 @@ def _check_trainer_side(cfg: MegaRLConfig, section: str, moe: MoEConfig, arch: A
 def check_expert_parallel(section: str, cfg: ActorConfig, arch: ArchSpec, gpus: int, issues: list[Issue]) -> None:
     """ep and etp: dense models take neither; an MoE model's ep divides its experts and, with etp,
     tp x dp (Megatron's parallel_state builds the expert groups over the same ranks: etp x ep x
-    pp must divide the world); at tp > 1 its MoE layers train only with sequence parallelism."""
+    pp must divide the world); at tp > 1 its MoE layers train only with sequence parallelism.
+    Each fix names a layout the rules take (never "try none")."""
     par, field = cfg.parallel, f"{section}.parallel"
     if not arch.num_experts:
         for knob in ("ep", "etp"):
@@ -69,28 +70,66 @@ def check_expert_parallel(section: str, cfg: ActorConfig, arch: ArchSpec, gpus: 
                                     f"model and {arch.name} is dense; set it to 1"))  # fmt: skip
         return
     experts, ep, etp, tp, pp = arch.num_experts, par.ep, par.etp, par.tp, par.pp
+    tp_dp = gpus // pp if gpus % (tp * pp) == 0 else None  # None: the layout's own check refuses tp x pp
+    _check_etp(field, cfg, arch, gpus, tp_dp, issues)
+    if tp_dp is not None and (experts % ep or tp_dp % (ep * etp)):
+        issues.append(Issue(f"{field}.ep", f"({ep}) must divide num_experts ({experts}) and, times etp ({etp}), tp x dp "
+                            f"({tp} x {tp_dp // tp} = {tp_dp}): the expert-parallel groups lie across the tensor- and "
+                            f"data-parallel ranks; {_ep_fix(cfg, arch, gpus, tp_dp)}"))  # fmt: skip
+    if tp > 1 and par.sequence_parallel is False:
+        issues.append(Issue(f"{field}.sequence_parallel", f"(false) at tp {tp}: Megatron's MoE layers train only with "
+                            "sequence parallelism when tp > 1; remove it (on by default) or set it true"))  # fmt: skip
+
+
+def _check_etp(field: str, cfg: ActorConfig, arch: ArchSpec, gpus: int, tp_dp: int | None, issues: list[Issue]) -> None:
+    """etp on its own: 1 for DeepSeek-V3, a divisor of the experts' intermediate size, and tp at ep 1."""
+    ep, etp, tp = cfg.parallel.ep, cfg.parallel.etp, cfg.parallel.tp
     f = arch.moe_ffn_hidden_size
     if etp != 1 and arch.model_type == "deepseek_v3":
         issues.append(Issue(f"{field}.etp", f"({etp}) is not supported for deepseek_v3 yet (each expert stays whole on its "
                             "rank); set it to 1"))  # fmt: skip
     elif f and f % etp:
+        fits = [e for e in divisors(f) if tp_dp is not None and _expert_layout_ok(ep, e, tp, tp_dp)]
         issues.append(Issue(f"{field}.etp", f"({etp}) must divide moe_intermediate_size ({f}): expert tensor parallelism "
-                            f"splits each expert's gate/up rows and down columns; try {choices(divisors(f))}"))  # fmt: skip
+                            f"splits each expert's gate/up rows and down columns; try "
+                            f"{choices(fits) + f' (at ep {ep})' if fits else choices(divisors(f))}"))  # fmt: skip
     elif ep == 1 and etp != tp:
         # Megatron marks expert parameters as its own only at ep > 1 (their "allreduce" attribute)
+        ways = [f"set etp to {tp}"] + ([f"tp to {etp}"] if _tp_fits(cfg, arch, gpus, etp) else [])
+        more = [d for d in divisors(arch.num_experts) if d > 1 and tp_dp is not None and tp_dp % (d * etp) == 0]
+        ways += [f"ep to {choices(more)}"] if more else []
         issues.append(Issue(f"{field}.etp", f"({etp}) with ep 1 must equal tp ({tp}): at ep 1 Megatron trains the experts as "
                             "dense parameters and reduces their gradients over the data-parallel group only, which is right "
-                            f"only when the experts split as the tensor-parallel layers do; set etp to {tp}, or ep above 1"))  # fmt: skip
-    if gpus % (tp * pp) == 0:
-        dp = gpus // (tp * pp)
-        fits = [d for d in divisors(experts) if (tp * dp) % (d * etp) == 0]
-        if experts % ep or (tp * dp) % (ep * etp):
-            issues.append(Issue(f"{field}.ep", f"({ep}) must divide num_experts ({experts}) and, times etp ({etp}), tp x dp "
-                                f"({tp} x {dp} = {tp * dp}): the expert-parallel groups lie across the tensor- and "
-                                f"data-parallel ranks; try {choices(fits)}"))  # fmt: skip
-    if tp > 1 and par.sequence_parallel is False:
-        issues.append(Issue(f"{field}.sequence_parallel", f"(false) at tp {tp}: Megatron's MoE layers train only with "
-                            "sequence parallelism when tp > 1; remove it (on by default) or set it true"))  # fmt: skip
+                            f"only when the experts split as the tensor-parallel layers do; {', or '.join(ways)}"))  # fmt: skip
+
+
+def _expert_layout_ok(ep: int, etp: int, tp: int, tp_dp: int) -> bool:
+    """ep x etp tiles tp x dp, and at ep 1 etp equals tp (the rules of check_expert_parallel)."""
+    return tp_dp % (ep * etp) == 0 and (ep > 1 or etp == tp)
+
+
+def _tp_fits(cfg: ActorConfig, arch: ArchSpec, gpus: int, tp: int) -> bool:
+    """Whether ``tp`` (at the section's pp) splits the attention and tiles the GPUs."""
+    pp = cfg.parallel.pp
+    return arch.num_heads % tp == 0 and arch.num_kv_heads % tp == 0 and gpus % (tp * pp) == 0
+
+
+def _ep_fix(cfg: ActorConfig, arch: ArchSpec, gpus: int, tp_dp: int) -> str:
+    """A layout that takes the experts: another ep at this etp, else another etp at this ep, else
+    tp = etp at ep 1, else whole experts (etp 1) and an ep that fits."""
+    experts, ep, etp, tp = arch.num_experts, cfg.parallel.ep, cfg.parallel.etp, cfg.parallel.tp
+    eps = [d for d in divisors(experts) if _expert_layout_ok(d, etp, tp, tp_dp)]
+    if eps:
+        return f"try {choices(eps)}"
+    f = arch.moe_ffn_hidden_size or 1
+    etps = [e for e in divisors(f) if _expert_layout_ok(ep, e, tp, tp_dp)] if experts % ep == 0 else []
+    ways = [f"etp {choices(etps)} (at ep {ep})"] if etps else []
+    if etp > 1 and _tp_fits(cfg, arch, gpus, etp):
+        ways.append(f"tp {etp} with ep 1")
+    if not ways:
+        whole = [d for d in divisors(experts) if _expert_layout_ok(d, 1, tp, tp_dp)]
+        ways = [f"etp 1 with ep {choices(whole)}"] if whole else [f"an ep x etp that divides tp x dp ({tp_dp})"]
+    return "try " + ", or ".join(ways)
 
 
 def ep_raise_knob(section: str, cfg: ActorConfig, arch: ArchSpec, gpus: int) -> str | None:

@@ -43,6 +43,18 @@ def own_devices(cfg: MegaRLConfig) -> int:
     return sum(own_device_counts(cfg).values())
 
 
+def taken_note(cfg: MegaRLConfig, *, rollout_pool: bool = False) -> str:
+    """' (left after reward.judge.gpus (1))': who took the devices a pool's count leaves out, for the
+    messages that count a pool (empty: the reward roles take none, or the pool is the disaggregated
+    rollout pool, cluster.rollout_gpus itself). The judge's default gpus=1 is easy to miss."""
+    takers = [f"{_KEYS[role]} ({n})" for role, n in own_device_counts(cfg).items()]
+    if not takers or (rollout_pool and cfg.cluster.placement == "disaggregated"):
+        return ""
+    if cfg.cluster.placement == "disaggregated":
+        takers.append(f"cluster.rollout_gpus ({cfg.cluster.rollout_gpus})")
+    return f" (left after {' and '.join(takers)})"
+
+
 def own_gpus(cfg: MegaRLConfig, role: str) -> tuple[int, ...]:
     """The global device indices of ``role`` (empty: it has none, or the roles ask for the whole
     cluster, which :func:`check_own_devices` refuses)."""
@@ -71,7 +83,20 @@ def check_own_devices(cfg: MegaRLConfig, issues: list[Issue]) -> None:
         issues.append(Issue(key, f"({n}) leaves no device for training: the cluster has {cl.world_size} (nnodes x "
                             f"gpus_per_node){' and ' + ', '.join(taken) if taken else ''}; lower it or add devices"))  # fmt: skip
     elif cl.nnodes > 1 and (sum(counts.values()) + others) % cl.gpus_per_node:
-        names = [_KEYS[r] for r in counts] + (["cluster.rollout_gpus"] if others else [])
-        issues.append(Issue(key, f"({n}) must leave whole nodes to the training pool on a multi-node cluster: "
-                            f"{' + '.join(names)} = {sum(counts.values()) + others}, a multiple of gpus_per_node = "
-                            f"{cl.gpus_per_node}"))  # fmt: skip
+        issues.append(Issue(key, _whole_nodes_message(cfg, counts, others)))
+
+
+def _whole_nodes_message(cfg: MegaRLConfig, counts: dict[str, int], others: int) -> str:
+    """The last role's count (with the other roles' and the rollout pool's) is not whole nodes: the
+    counts that would be, and still leave the training pool a node."""
+    cl, role = cfg.cluster, list(counts)[-1]
+    n, total = counts[role], sum(counts.values()) + others
+    rest = total - n
+    fits = [v for v in range(1, cl.world_size) if (rest + v) % cl.gpus_per_node == 0 and rest + v < cl.world_size][:2]
+    use = f"use {' or '.join(map(str, fits))}" if fits else "lower the others or add nodes"
+    if not rest:
+        return (f"({n}) is not a multiple of cluster.gpus_per_node ({cl.gpus_per_node}): on a multi-node cluster the "
+                f"role must take whole nodes; {use}")  # fmt: skip
+    names = [_KEYS[r] for r in counts] + (["cluster.rollout_gpus"] if others else [])
+    return (f"({n}): {' + '.join(names)} = {total} is not a multiple of cluster.gpus_per_node ({cl.gpus_per_node}): on a "
+            f"multi-node cluster the devices out of the training pool must be whole nodes; {use}")  # fmt: skip

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
+from pathlib import Path
 
 from megarl.config.architectures import ArchError, ArchSpec, resolve_arch
 from megarl.config.sections import ActorConfig, MegaRLConfig
@@ -61,7 +62,7 @@ from megarl.plan.moe_checks import (
     check_moe_settings,
     ep_raise_knob,
 )
-from megarl.plan.own_devices import check_own_devices, own_devices
+from megarl.plan.own_devices import check_own_devices, own_devices, taken_note
 from megarl.plan.push_model import PushEstimate, push_estimate
 from megarl.plan.reward_model_plan import (
     RewardModelMemory,
@@ -175,7 +176,7 @@ def make_plan(cfg: MegaRLConfig, *, check_files: bool = False, in_process: bool 
         if role == "policy" or cfg.critic_enabled:
             section = getattr(cfg, section_name)
             fit = partial(_fitting_layouts, cfg, arch, section_name)  # narrows a suggestion to the layouts that fit
-            _check_model_parallel(section_name, section, arch, _train_pool_size(cfg), issues, fit)
+            _check_model_parallel(section_name, section, arch, _train_pool_size(cfg), issues, fit, taken_note(cfg))
             if role in roles:
                 _check_batches(section_name, section, roles[role], cfg, issues)
     if "rollout" in roles:
@@ -302,12 +303,35 @@ def _check_scope(cfg: MegaRLConfig, arch: ArchSpec, issues: list[Issue], *, sft:
     check_moe_settings(cfg, arch, sections, issues, rollout=not sft)
     if arch.model_type not in BRIDGED_MODEL_TYPES:
         issues.append(Issue("model", f"model_type {arch.model_type!r} has no bridge; supported: {', '.join(BRIDGED_MODEL_TYPES)}"))
+    else:
+        _check_rope(cfg.model.path, arch, issues)
     if cfg.model.layer_spec == "te" and cfg.cluster.device == "cpu":
         issues.append(Issue("model.layer_spec", "(te) needs CUDA and cluster.device is cpu: transformer-engine "
                             "does not run on CPU; use auto or local"))
     if not sft and cfg.rollout.engine == "sglang" and cfg.cluster.device == "cpu" and cfg.cluster.placement != "disaggregated":
         issues.append(Issue("cluster.placement", "SGLang on cpu runs as a server of its own (its CPU engine cannot release "
                             "memory): set cluster.placement=disaggregated and cluster.rollout_gpus, or rollout.engine=torch"))
+
+
+def _check_rope(path: str | None, arch: ArchSpec, issues: list[Issue]) -> None:
+    """model.path's rope settings as its bridge reads them (megarl/models/rope.py, torch-free): a
+    setting the bridge refuses is named here, before the tokenizer (whose transformers may refuse
+    the same config.json in words of its own) and before any worker starts."""
+    import json
+    from types import SimpleNamespace
+
+    from megarl.models.rope import bridge_rope_types, read_rope
+
+    config = Path(path, "config.json") if path is not None else None
+    if config is None or not config.is_file():
+        return  # planned from model.arch
+    try:
+        # transformers gives a config.json without rope_theta its model's default; only the check matters here
+        values = {"rope_theta": 10000.0} | json.loads(config.read_text())
+        read_rope(SimpleNamespace(**values), bridge_rope_types(arch.model_type))
+    except (ValueError, TypeError) as exc:  # (a config.json that is no JSON object: resolve_arch named it)
+        issues.append(Issue("model.path", f"({path}) is not a model megarl can train: {exc}; fix the rope settings "
+                            f"in {config}"))  # fmt: skip
 
 
 def _check_packed_attention(cfg: MegaRLConfig, section: str, issues: list[Issue]) -> None:
@@ -383,7 +407,8 @@ def _layout_roles(cfg: MegaRLConfig, arch: ArchSpec, issues: list[Issue]) -> dic
         if len(rollout_gpus) % tp == 0:
             roles["rollout"] = RoleLayout("rollout", tp, 1, len(rollout_gpus) // tp, tuple(rollout_gpus))
         else:
-            issues.append(Issue("rollout.tp", f"({tp}) must divide the {len(rollout_gpus)} GPUs of the rollout pool; "
+            issues.append(Issue("rollout.tp", f"({tp}) must divide the {len(rollout_gpus)} GPUs of the rollout pool"
+                                f"{taken_note(cfg, rollout_pool=True)}; "
                                 f"try {choices(rollout_tp_choices(cfg, arch))}"))
     elif policy:
         # One torch engine in the first rank of each policy data-parallel replica.
@@ -407,10 +432,12 @@ def _parallel_pairs(arch: ArchSpec, gpus: int) -> list[tuple[int, int]]:
 
 
 def _check_model_parallel(section: str, cfg: ActorConfig, arch: ArchSpec, gpus: int, issues: list[Issue],
-                          fit: Callable[[list[tuple[int, int]]], list[tuple[int, int]]] | None = None) -> None:  # fmt: skip
+                          fit: Callable[[list[tuple[int, int]]], list[tuple[int, int]]] | None = None,
+                          taken: str = "") -> None:  # fmt: skip
     """tp, pp and their product on the ``gpus`` of the training pool; each fix keeps the other
     knob when a layout with it exists (else any layout's values), so it satisfies every rule.
-    ``fit``: the layouts whose batches and memory pass too (none of them: the rules alone)."""
+    ``fit``: the layouts whose batches and memory pass too (none of them: the rules alone); ``taken``:
+    who took the devices the pool lacks (megarl/plan/own_devices.py taken_note)."""
     tp, pp = cfg.parallel.tp, cfg.parallel.pp
     pairs = _parallel_pairs(arch, gpus)
     if fit is not None and (gpus % (tp * pp) or (tp, pp) not in pairs):  # a fix will be suggested
@@ -420,7 +447,7 @@ def _check_model_parallel(section: str, cfg: ActorConfig, arch: ArchSpec, gpus: 
     if gpus % (tp * pp):
         keep = ([f"pp {choices(pp_at_tp)} (at tp {tp})"] if pp_at_tp else []) + ([f"tp {choices(tp_at_pp)} (at pp {pp})"] if tp_at_pp else [])
         issues.append(Issue(f"{section}.parallel", f"tp x pp ({tp} x {pp} = {tp * pp}) must divide the {gpus} GPUs "
-                            f"of the training pool; try {', or '.join(keep) or 'tp x pp ' + some}"))  # fmt: skip
+                            f"of the training pool{taken}; try {', or '.join(keep) or 'tp x pp ' + some}"))  # fmt: skip
     if arch.num_heads % tp or arch.num_kv_heads % tp:
         fix = choices(tp_at_pp) if tp_at_pp else f"tp x pp {some} (no tp fits at pp {pp})"
         issues.append(Issue(f"{section}.parallel.tp", f"({tp}) must divide num_attention_heads ({arch.num_heads}) and "

@@ -230,6 +230,10 @@ def _layout_changes(differences: dict[str, tuple[Any, Any]], ckpt: Any, old: Meg
         if key.endswith(FULLY_RESHARDABLE_KEYS + UNPREFIXED_KEYS) and getattr(old, section).optimizer.distributed:
             later = (f"; to change it at a later resume, resume once with {key}={a} and "
                      f"{section}.optimizer.checkpoint_format=fully_reshardable: the checkpoints it saves may change it")
+        elif key.endswith(UNPREFIXED_KEYS):  # the non-distributed optimizer: its own key is kept at a resume too
+            later = (f"; the non-distributed optimizer's checkpoints never change it, and {section}.optimizer.distributed "
+                     f"is kept at a resume too: start that new run with {section}.optimizer.distributed=true and "
+                     f"{section}.optimizer.checkpoint_format=fully_reshardable, whose checkpoints may change it")
         found.append(Finding(key, f"{ckpt.path.name} was trained with {key}={a}, and its optimizer state loads only with the "
                                   f"same value (the data-parallel size may change), not {b}; resume with {key}={a}, or "
                                   f"{new_run}{later}"))  # fmt: skip

@@ -19,7 +19,7 @@ from typing import Any
 from megarl.config.reward_sections import JUDGE_COMPONENT, RewardJudgeConfig
 from megarl.config.sections import MegaRLConfig
 from megarl.models.hf_files import tokenizer_files_problem
-from megarl.plan.issues import Finding
+from megarl.plan.issues import Finding, counted
 from megarl.plan.judge_plan import judge_layout, judge_memory
 from megarl.plan.model_size import model_size
 from megarl.plan.reward_model_plan import reward_model_layout, reward_model_memory
@@ -101,7 +101,7 @@ def reward_roles(cfg: MegaRLConfig, samples_per_step: int, training: RoleLayout 
         unit, units = ("GPU", "GPUs") if cfg.cluster.device == "cuda" else ("process", "processes")
         where = (f"{layout.dp} Ray actor(s) on the training {units}, one per {unit} beside its policy rank, on the {unit} in "
                  "phase reward only (offloaded to host memory otherwise)" if r.model.placement == "colocated" else
-                 f"{layout.dp} Ray actor(s) of its own, one per {unit}, on {layout.dp} {units} kept out of the training and "
+                 f"{layout.dp} Ray actor(s) of its own, one per {unit}, on {counted(layout.dp, unit, units)} kept out of the training and "
                  "rollout pools (a placement group bundle each)")  # fmt: skip
         roles.append({"role": "reward model", "where": where, "per": f"per {unit}",
                       "memory_gib": mem.total / 2**30 if mem else None,

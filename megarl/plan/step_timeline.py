@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from megarl.config.sections import MegaRLConfig
 from megarl.memory.residency import GENERATE, REWARD, STEP_PHASES, residency_of
+from megarl.plan.issues import counted
 from megarl.plan.own_devices import judge_on_devices
 from megarl.plan.reward_model_plan import reward_model_gpus
 
@@ -36,16 +37,17 @@ def step_phases(cfg: MegaRLConfig) -> list[tuple[str, str]]:
 
 def reward_workers(cfg: MegaRLConfig) -> list[str]:
     """Who scores in the ``reward`` phase: the rule functions' workers, the reward model, the judge."""
-    r, unit = cfg.reward, "GPU" if cfg.cluster.device == "cuda" else "process"
+    r = cfg.reward
+    unit, units = ("GPU", "GPUs") if cfg.cluster.device == "cuda" else ("process", "processes")
     rules = not r.combine or any(n not in ("model", "judge") for parts in r.combine.values() for n in parts)
     out = [f"rule rewards in {r.workers} reward workers"] if (rules and (r.model is None or r.combine)) else []
     if r.model is not None:
         where = {"workers": f"in the {r.workers} reward workers on {r.model.device}",
-                 "disaggregated": f"{r.model.gpus} actors on {r.model.gpus} {unit}s of its own",
+                 "disaggregated": f"{counted(r.model.gpus, 'actor')} on {counted(r.model.gpus, unit, units)} of its own",
                  "colocated": f"one actor on each training {unit}, loaded onto it for this phase only"}[r.model.placement]  # fmt: skip
         out.append(f"reward model {where}")
     if r.judge is not None and judge_on_devices(cfg):
-        out.append(f"LLM judge in {r.judge.gpus // r.judge.tp} SGLang server(s) on {r.judge.gpus} GPUs of its own")
+        out.append(f"LLM judge in {r.judge.gpus // r.judge.tp} SGLang server(s) on {counted(r.judge.gpus, 'GPU')} of its own")
     elif r.judge is not None:
         out.append(f"LLM judge in its {r.judge.engine} engine")
     return out
@@ -53,7 +55,8 @@ def reward_workers(cfg: MegaRLConfig) -> list[str]:
 
 def held_throughout(cfg: MegaRLConfig) -> list[str]:
     """The reward roles that keep their memory in every phase while they work only in ``reward``."""
-    r, unit = cfg.reward, "GPU" if cfg.cluster.device == "cuda" else "process"
+    r = cfg.reward
+    unit, units = ("GPU", "GPUs") if cfg.cluster.device == "cuda" else ("process", "processes")
     held = []
     if reward_model_gpus(cfg):
         held.append(f"the reward model holds its {r.model.gpus} {unit}(s) in every phase and works in reward only")  # type: ignore[union-attr]

@@ -82,13 +82,19 @@ def _chatty_generate(engines, prompts, params):
 
 
 def test_a_generate_functions_prints_go_to_the_log_and_its_error_quotes_their_head(tmp_path, capsys):
-    log = tmp_path / "user_code.log"
+    from megarl.commands.generate import user_code_log
+
+    log = user_code_log(tmp_path / "out.jsonl")  # `megarl generate`'s: it has no run log for the traceback
     generate = named_generate_function(_chatty_generate, "my_pkg.rollouts:generate")
     with user_output_to(log), pytest.raises(UserCodeError) as info:
         generate(None, None, None)
     assert capsys.readouterr().out == ""
-    assert log.read_text() == f"generate says {BIG}\n"
+    printed, traceback = log.read_text().split("\n", 1)  # its print, then the traceback the error names
+    assert printed == f"generate says {BIG}"
+    assert traceback.startswith("[megarl] rollout.generate_function my_pkg.rollouts:generate (") and traceback.endswith(
+        "RuntimeError: my bug\n") and "_chatty_generate" in traceback
     message = str(info.value)
+    assert f"fix the function (the traceback is in {log}); it printed" in message
     assert "raised RuntimeError: my bug" in message and f"it printed: 'generate says {'x' * 100}" in message
     assert message.endswith(f"... (all of it in {log})") and len(message) < 1000  # the head, not 200,000 characters
     assert report(info.value) == EXIT_USER

@@ -34,6 +34,16 @@ def test_a_wrong_ep_is_one_line_with_the_choices_that_tile_tp_x_dp(tmp_path):
     assert about_ep[0].message.endswith("try 1 or 2")  # 4 divides the experts, not tp x dp
 
 
+def test_an_etp_that_fits_no_ep_names_the_etps_that_do():
+    """etp 5 at ep 4 on tp x dp = 32: no ep tiles 32 at etp 5 (no "try none"): the etps that do at ep 4."""
+    issues = [str(i) for i in _issues(MOE30, "actor.parallel.etp=5", "actor.parallel.ep=4") if i.field.startswith("actor.parallel")]
+    assert issues == [
+        "actor.parallel.etp: (5) must divide moe_intermediate_size (768): expert tensor parallelism splits each expert's "
+        "gate/up rows and down columns; try 1, 2, 4 or 8 (at ep 4)",
+        "actor.parallel.ep: (4) must divide num_experts (128) and, times etp (5), tp x dp (2 x 16 = 32): the expert-parallel "
+        "groups lie across the tensor- and data-parallel ranks; try etp 1, 2, 4 or 8 (at ep 4)"]
+
+
 def test_an_over_memory_critic_is_named_with_its_ep_to_raise():
     issues = _issues(MOE30, "algorithm.estimator=gae", "critic.parallel.tp=2", "critic.parallel.etp=2")
     (over,) = [i for i in issues if "training needs an estimated" in i.message]

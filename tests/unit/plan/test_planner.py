@@ -197,16 +197,20 @@ def test_expert_parallelism_of_an_moe_model_follows_megatrons_rules(tmp_path):
     wrong = "at ep 1 Megatron trains the experts as dense parameters and reduces their gradients over the data-parallel " \
         "group only, which is right only when the experts split as the tensor-parallel layers do"
     assert _moe_issues(model, "actor.parallel.etp=2") == [  # etp 2 over dp 2 at tp 1: wrong gradients, silently
-        f"actor.parallel.etp: (2) with ep 1 must equal tp (1): {wrong}; set etp to 1, or ep above 1"]
+        f"actor.parallel.etp: (2) with ep 1 must equal tp (1): {wrong}; set etp to 1, or tp to 2"]  # no ep x 2 tiles 2
     assert _moe_issues(model, "actor.parallel.tp=2", "actor.micro_batch_size=32") == [  # each TP rank's experts apart
-        f"actor.parallel.etp: (1) with ep 1 must equal tp (2): {wrong}; set etp to 2, or ep above 1"]
+        f"actor.parallel.etp: (1) with ep 1 must equal tp (2): {wrong}; set etp to 2, or tp to 1, or ep to 2"]
+    # ep 1 would tile tp x dp at etp 2, but not at tp 1: the fix names whole experts, or tp = etp at ep 1
+    assert _moe_issues(model, "actor.parallel.etp=2", "actor.parallel.ep=2") == [
+        "actor.parallel.ep: (2) must divide num_experts (4) and, times etp (2), tp x dp (1 x 2 = 2): the expert-parallel "
+        "groups lie across the tensor- and data-parallel ranks; try etp 1 (at ep 2), or tp 2 with ep 1"]
     assert _moe_issues(model, "actor.parallel.etp=2", "actor.parallel.ep=2", "actor.parallel.tp=2",
                        "actor.micro_batch_size=32") == [
         "actor.parallel.ep: (2) must divide num_experts (4) and, times etp (2), tp x dp (2 x 1 = 2): the expert-parallel "
         "groups lie across the tensor- and data-parallel ranks; try 1"]
     assert [i for i in _moe_issues(model, "actor.parallel.etp=3", "cluster.gpus_per_node=3") if ".etp" in i] == [
         "actor.parallel.etp: (3) must divide moe_intermediate_size (32): expert tensor parallelism splits each expert's "
-        "gate/up rows and down columns; try 1, 2, 4, 8, 16 or 32"]
+        "gate/up rows and down columns; try 1 (at ep 1)"]  # the divisors of 32 that also suit ep 1 at tp 1
     no_sp = _moe_issues(model, "actor.parallel.tp=2", "actor.micro_batch_size=32", "actor.parallel.sequence_parallel=false",
                         "actor.parallel.etp=2")
     assert no_sp == ["actor.parallel.sequence_parallel: (false) at tp 2: Megatron's MoE layers train only with sequence "
@@ -284,6 +288,40 @@ def test_deepseek_v3_config_prints_its_experts_and_mla_memory():
     # SGLang 0.5.23's CPU server dies loading it (its MLA rope on CPU asserts rope_scaling): refused before launch
     sglang_cpu = ("rollout.engine=sglang", "cluster.placement=disaggregated", "cluster.gpus_per_node=3", "cluster.rollout_gpus=1")
     assert "rollout.engine: (sglang) cannot serve deepseek_v3 on CPU" in refused(TINY_DSV3, *sglang_cpu)
+
+
+def _dsv3_config(path, rope_scaling: dict) -> str:
+    """A tiny DeepSeek-V3 config.json alone (the plan reads nothing else of it)."""
+    import json
+
+    path.mkdir(parents=True, exist_ok=True)
+    config = {"model_type": "deepseek_v3", "architectures": ["DeepseekV3ForCausalLM"], "hidden_size": 32,
+              "num_hidden_layers": 3, "num_attention_heads": 2, "num_key_value_heads": 2, "intermediate_size": 64,
+              "moe_intermediate_size": 16, "n_routed_experts": 4, "num_experts_per_tok": 2, "first_k_dense_replace": 1,
+              "n_shared_experts": 1, "vocab_size": 1000, "q_lora_rank": None, "kv_lora_rank": 16, "qk_nope_head_dim": 8,
+              "qk_rope_head_dim": 8, "v_head_dim": 8, "max_position_embeddings": 256, "rope_theta": 10000.0,
+              "rope_scaling": rope_scaling}  # fmt: skip
+    (path / "config.json").write_text(json.dumps(config))
+    return str(path)
+
+
+def test_a_rope_scaling_the_bridge_refuses_is_refused_by_the_plan_by_name(tmp_path):
+    """yarn without its factor: the bridge's own words, before the tokenizer's (transformers refuses
+    the same config.json in words of its own) and without torch (megarl/models/rope.py)."""
+    import json
+
+    yarn = {"type": "yarn", "original_max_position_embeddings": 64}
+    model = _dsv3_config(tmp_path / "no_factor", yarn)
+    assert (f"model.path: ({model}) is not a model megarl can train: HF config yarn rope scaling lacks factor; fix the "
+            f"rope settings in {model}/config.json") in refused(TINY_DSV3, f"model.path={model}", "model.arch=null")
+    plan(TINY_DSV3, f"model.path={_dsv3_config(tmp_path / 'factor', yarn | {'factor': 4.0})}", "model.arch=null")
+    # a dense model's bridge takes no yarn (Megatron's plain attention has none)
+    dense = tmp_path / "dense"
+    dense.mkdir()
+    (dense / "config.json").write_text(json.dumps({"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2,
+                                                   "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 96,
+                                                   "vocab_size": 100, "rope_scaling": yarn | {"factor": 4.0}}))  # fmt: skip
+    assert "HF config rope_type='yarn' is not supported; supported: default, linear, llama3" in refused(TINY, f"model.path={dense}")
 
 
 def test_moe_memory_shards_experts_over_ep():

@@ -821,3 +821,12 @@ def test_an_moe_resume_changes_ep_where_the_optimizer_state_is_keyed_per_paramet
             "(the data-parallel size may change), not 1; resume with actor.parallel.ep=2, or start a new run from its "
             "weights (`megarl convert` it, then model.path) in a new trainer.output_dir; to change it at a later resume, "
             "resume once with actor.parallel.ep=2 and actor.optimizer.checkpoint_format=fully_reshardable") in errors[0].message
+    # the non-distributed optimizer: no resume of this run may change ep, only a new run with the distributed one
+    out, plain = tmp_path / "run_plain", "actor.optimizer.distributed=false"
+    _trained_with(out, 2, config(demo, out, plain, "actor.parallel.ep=2"), launch_dir=tmp_path, roles=("policy",))
+    errors = [f for f in preflight(config(demo, out, plain, "actor.parallel.ep=1")) if f.level == "error" and f.field.startswith("actor.")]
+    assert [f.field for f in errors] == ["actor.parallel.ep"], errors
+    assert errors[0].message.endswith(
+        "in a new trainer.output_dir; the non-distributed optimizer's checkpoints never change it, and "
+        "actor.optimizer.distributed is kept at a resume too: start that new run with actor.optimizer.distributed=true "
+        "and actor.optimizer.checkpoint_format=fully_reshardable, whose checkpoints may change it")

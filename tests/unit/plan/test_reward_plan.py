@@ -104,7 +104,10 @@ def test_the_reward_model_role_takes_the_last_gpus_and_its_memory_is_planned(tmp
      "of 64 x 32768 tokens 346.0 + runtime 1.0), 280.2 GiB over cluster.gpu_memory_gib (80); lower reward.model.batch_size "
      "or reward.model.max_length"),
     (("reward.model.gpus=8",), "reward.model.gpus: (8) leaves no device for training: the cluster has 8"),
-    (("reward.model.gpus=2", "cluster.nnodes=2"), "must leave whole nodes to the training pool on a multi-node cluster"),
+    (("reward.model.gpus=2", "cluster.nnodes=2"), "reward.model.gpus: (2) is not a multiple of cluster.gpus_per_node (8): "
+     "on a multi-node cluster the role must take whole nodes; use 8"),
+    (("reward.model.gpus=2", "cluster.nnodes=3"), "reward.model.gpus: (2) is not a multiple of cluster.gpus_per_node (8): "
+     "on a multi-node cluster the role must take whole nodes; use 8 or 16"),
     (("reward.model.gpus=4", "reward.model.device=cuda"), "reward.model.device: (cuda) is for placement workers"),
     (("reward.model.placement=colocated", "reward.model.gpus=2"),
      "reward.model.gpus: (2) is not used with reward.model.placement=colocated (one actor on each training device"),
@@ -131,7 +134,7 @@ def test_an_in_process_run_refuses_the_role_and_a_cpu_plan_counts_processes(tmp_
     plan = make_plan(_cfg(f"reward.model.path={rm}", *ROLE, "actor.mini_batch_size=256"))
     assert plan.roles["policy"].gpus == (0,) and plan.reward_model.gpus == (1,)
     (role,) = reward_roles(_cfg(f"reward.model.path={rm}", *ROLE), 256)
-    assert role["where"] == ("1 Ray actor(s) of its own, one per process, on 1 processes kept out of the training and "
+    assert role["where"] == ("1 Ray actor(s) of its own, one per process, on 1 process kept out of the training and "
                              "rollout pools (a placement group bundle each)") and role["per"] == "per process"
 def _judge(path: Path, *extra: str) -> list[str]:
     """reward.judge on SGLang with a 7B causal LM's config.json (the plan reads nothing else of it)."""
@@ -183,14 +186,21 @@ def test_an_sglang_judge_on_cuda_takes_the_last_gpus_and_its_memory_is_planned(t
      "reward.judge.gpus: (2) leaves no device for training: the cluster has 8 (nnodes x gpus_per_node) and "
      "reward.model.gpus takes 6; lower it or add devices"),
     (("reward.judge.gpus=4", "cluster.nnodes=2", "cluster.placement=disaggregated", "cluster.rollout_gpus=8"),
-     "reward.judge.gpus: (4) must leave whole nodes to the training pool on a multi-node cluster: reward.judge.gpus + "
-     "cluster.rollout_gpus = 12, a multiple of gpus_per_node = 8"),
+     "reward.judge.gpus: (4): reward.judge.gpus + cluster.rollout_gpus = 12 is not a multiple of cluster.gpus_per_node (8): "
+     "on a multi-node cluster the devices out of the training pool must be whole nodes; lower the others or add nodes"),
+    (("reward.judge.gpus=4", "cluster.nnodes=3", "cluster.placement=disaggregated", "cluster.rollout_gpus=8"),
+     "reward.judge.gpus: (4): reward.judge.gpus + cluster.rollout_gpus = 12 is not a multiple of cluster.gpus_per_node (8): "
+     "on a multi-node cluster the devices out of the training pool must be whole nodes; use 8"),
     (("reward.judge.gpus=3", "reward.judge.tp=3"), "reward.judge.tp: (3) must divide cluster.gpus_per_node (8): a server's "
      "devices are on one node"),
     (("reward.judge.gpus=4", "reward.judge.mem_fraction=0.1"), "reward.judge.mem_fraction: (0.1) leaves 7.9 GiB per GPU, "
      "less than the judge's weights (14.2 GiB at reward.judge.tp=1); raise reward.judge.tp or mem_fraction"),
     (("reward.judge.gpus=4", "reward.judge.mem_fraction=0.99"), "reward.judge.mem_fraction: (0.99): a judge server needs an "
      "estimated 81.7 GiB per GPU (mem_fraction's 77.7 + SGLang's own 4.0 outside it), over cluster.gpu_memory_gib (80)"),
+    ((), "rollout.tp: (2) must divide the 7 GPUs of the rollout pool (left after reward.judge.gpus (1)); try 1"),
+    (("reward.judge.gpus=2", "reward.model.placement=disaggregated", "cluster.placement=disaggregated",
+      "cluster.rollout_gpus=2"), "actor.parallel: tp x pp (2 x 1 = 2) must divide the 3 GPUs of the training pool (left after "
+     "reward.model.gpus (1) and reward.judge.gpus (2) and cluster.rollout_gpus (2))"),
     (("reward.judge.gpus=4", "reward.judge.engine=torch"), "reward.judge.gpus: (4) is used with reward.judge.engine=sglang "
      "only (the torch engine runs on CPU); remove it or set the engine"),
 ])  # fmt: skip
@@ -210,6 +220,17 @@ def test_the_judges_devices_are_refused_where_they_mean_nothing(tmp_path):
     with pytest.raises(PlanError, match=r"reward.judge.tp: \(2\) is used on cluster.device cuda only \(on cpu the judge's "
                        r"one SGLang server is a child process of the controller\); remove it"):  # fmt: skip
         make_plan(_cfg(*_judge(tmp_path / "judge", "reward.judge.tp=2")))
+
+
+@pytest.mark.parametrize("engine", ["sglang", "torch"])
+def test_a_judge_context_length_above_the_models_positions_is_refused_on_cpu(tmp_path, engine):
+    """SGLang refuses it at launch ("greater than the derived context_length"): the plan says so first."""
+    judge = [*_judge(tmp_path / "judge"), f"reward.judge.engine={engine}"]
+    with pytest.raises(PlanError) as info:
+        make_plan(_cfg(*judge, "reward.judge.context_length=40000"))
+    assert (f"reward.judge.context_length: (40000) is above the judge model's max_position_embeddings (32768, "
+            f"{tmp_path / 'judge'}/config.json); lower it to 32768 or leave it null (the model's own)") in str(info.value)
+    make_plan(_cfg(*judge, "reward.judge.context_length=32768"))
 
 
 def test_the_reward_rows_size_a_model_as_the_planner_does_at_the_judges_own_context(tmp_path):
@@ -255,6 +276,8 @@ def test_the_plan_shows_where_the_reward_roles_act_in_the_step(tmp_path):
     assert text.startswith("generate (SGLang engines on the training GPUs) -> reward (rule rewards")
     assert text.endswith("the reward model holds its 4 GPU(s) in every phase and works in reward only; the LLM judge's "
                          "torch engine keeps its weights in host memory in every phase and works in reward only")  # fmt: skip
+    one = dict(step_phases(_cfg(f"reward.model.path={rm}", *ROLE)))["reward"]  # one process on cpu: singular
+    assert "reward model 1 actor on 1 process of its own" in one
     workers = timeline_text(_cfg(f"reward.model.path={rm}"))  # placement workers: the model is in the reward workers
     assert "reward (reward model in the 2 reward workers on cpu) -> policy_forward" in workers and "every phase" not in workers
     producer = timeline_text(_cfg("rollout.max_staleness=1"))
