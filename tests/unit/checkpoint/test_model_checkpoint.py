@@ -176,7 +176,7 @@ def test_cli_refusals_are_one_line_before_ray(demo, tmp_path):
         ([*cli, "megatron-to-hf", "--out", str(tmp_path / "o")], "megatron-to-hf needs --ckpt"),
         ([*cli, "hf-to-megatron", "--hf", str(model), "--out", str(tmp_path / "o"), "--ep", "2"],
          "--ep (2) splits the experts of a mixture-of-experts model and qwen2 is dense; set it to 1"),
-        ([*cli, str(tmp_path), str(tmp_path / "o"), "--tp", "2"], "--tp/--pp/--ep are for model checkpoints"),
+        ([*cli, str(tmp_path), str(tmp_path / "o"), "--tp", "2"], "--tp/--pp/--ep/--etp are for model checkpoints"),
         ([*cli, "--overwrite", str(model), str(tmp_path / "o")], f"error: {model} is a Hugging Face model directory, not a checkpoint"),
     ]
     for argv, expected in cases:
