@@ -14,6 +14,8 @@ router logits (output_router_logits) turned into Megatron's per-layer losses by 
 
 from __future__ import annotations
 
+from importlib.metadata import version
+
 import pytest
 import torch
 from spawn import run_distributed
@@ -176,6 +178,8 @@ def _hf_grads(rank: int, world: int, path: str, parallel: dict):
     return grads
 
 
+@pytest.mark.skipif(not version("megatron-core").startswith("0.16."), reason="the auxiliary losses at tp > 1 give gradients "
+                    "off one rank's on megatron-core 0.19 (the planner refuses them there: megarl/plan/moe_checks.py)")  # fmt: skip
 def test_expert_tensor_parallel_training_reduces_gradients_as_one_rank(moe_dir):
     """TP=2 x ETP=2 (each expert's slices on the TP ranks, sequence parallel) against one rank: every
     gradient after DDP's and finalize's reductions, experts and router included, the auxiliary
