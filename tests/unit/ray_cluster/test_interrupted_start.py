@@ -34,6 +34,18 @@ def _gone(process: psutil.Process, timeout_s: float = 30.0) -> bool:
     return False
 
 
+def _wait_for_exec(process: psutil.Process, arg: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if arg in process.cmdline():
+                return
+        except psutil.Error:
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"{process.pid} never ran with {arg}")
+
+
 def test_the_agents_found_before_the_shutdown_are_killed_after_it_and_nothing_else():
     older = subprocess.Popen([sys.executable, "-c", AGENT, "ray::OlderAgent"])  # there before the start: not ours
     before = _descendants()
@@ -42,6 +54,7 @@ def test_the_agents_found_before_the_shutdown_are_killed_after_it_and_nothing_el
     try:
         assert raylet.stdout is not None
         agent = psutil.Process(int(raylet.stdout.readline()))
+        _wait_for_exec(agent, "ray::DashboardAgent")  # its pid is printed while it may still be in fork/exec
         started = _ray_processes_since(before)
         assert {p.pid for p in started} == {raylet.pid, agent.pid}
         raylet.kill()  # what the shutdown does: the agent is re-parented, no longer our descendant
