@@ -53,10 +53,28 @@ _NO_LOCKS = (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL)  # a fi
 def output_dir_lock(output_dir: str | Path, field: str = "trainer.output_dir") -> Iterator[None]:
     """Hold ``output_dir`` for this process; refuse (OutputDirInUse naming the holder) when
     another process, or this one, holds it. ``field`` names the config key in the message."""
-    path = Path(output_dir)
+    path = Path(output_dir).absolute()
+    made = [p for p in [path, *path.parents] if not os.path.lexists(p)]
     path.mkdir(parents=True, exist_ok=True)
-    with _held((path / LOCK_FILE).resolve(), field, output_dir, "run", remove=False):
-        yield
+    try:
+        with _held((path / LOCK_FILE).resolve(), field, output_dir, "run", remove=False):
+            yield
+    except BaseException:
+        _remove_if_only_the_lock(path, made)  # a run refused before it wrote anything leaves no folder
+        raise
+
+
+def _remove_if_only_the_lock(path: Path, made: list[Path]) -> None:
+    """The folders this process made for the lock (deepest first), when nothing but the lock file
+    was put in them: nobody else knew of them, so no other holder can be waiting on that file."""
+    try:
+        if not made or set(os.listdir(path)) != {LOCK_FILE}:
+            return
+        (path / LOCK_FILE).unlink()
+        for folder in made:
+            folder.rmdir()
+    except OSError:  # something else is in one of them: kept
+        return
 
 
 @contextmanager

@@ -100,3 +100,13 @@ def test_a_commands_output_is_held_by_a_lock_file_beside_it_that_goes_with_the_c
     with output_lock(tmp_path / "made" / "for" / "it.json"):
         assert (tmp_path / "made" / "for").is_dir()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["new"]  # folders made only for the lock are removed
+
+
+def test_a_run_refused_inside_the_lock_leaves_no_folder_it_made(tmp_path):
+    new, kept = tmp_path / "a" / "run", tmp_path / "kept"
+    kept.mkdir()
+    for folder in (new, kept):
+        with pytest.raises(ValueError), output_dir_lock(folder):
+            raise ValueError("refused before anything was written")
+    assert not (tmp_path / "a").exists()  # both folders it made are gone
+    assert (kept / LOCK_FILE).is_file()  # a folder that was there is left as a held one is
