@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import signal
 from multiprocessing.managers import SyncManager
 from typing import Any
+
+from megarl.process_signals import die_with_parent
 
 _manager: SyncManager | None = None  # kept for the process's life: the queue is megatron's global
 
@@ -43,16 +44,3 @@ def results_queue() -> Any:
         manager.start(initializer=die_with_parent, initargs=(os.getpid(),))
         _manager = manager
     return _manager.Queue()
-
-
-def die_with_parent(parent: int) -> None:
-    """In the manager's server, first: SIGKILL when the thread that started it ends (PR_SET_PDEATHSIG;
-    a process whose parent ended before that call exits at once)."""
-    import ctypes
-
-    try:
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)
-    except (OSError, AttributeError):  # not Linux: no such call
-        return
-    if os.getppid() != parent:
-        os._exit(1)

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from megarl.config.rollout_sections import engine_kwargs_args
-from megarl.process_signals import unblock_stop_signals
+from megarl.process_signals import die_with_parent, unblock_stop_signals
 from megarl.ray_cluster.rank_env import NCCL_CUMEM_ENV, nccl_cumem_enable
 from megarl.rollout_sglang.client import open_url
 from megarl.rollout_sglang.server_sizes import CPU_MAX_TOTAL_TOKENS
@@ -424,12 +424,8 @@ class SGLangServer:
 def _dies_with_parent(parent: int) -> None:
     """In the child before exec: stop signals unblocked, and SIGKILL when its parent thread ends
     (``parent``: the launcher's pid, which already ending before the prctl would leave unseen)."""
-    import ctypes
-
     unblock_stop_signals()
-    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:
-        os._exit(1)
+    die_with_parent(parent)
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:
