@@ -77,6 +77,7 @@ from megarl.rewards.failures import (
     check_failed_fraction,
     log_failures,
 )
+from megarl.rewards.pool_problems import HangWatch, break_problem, start_problem
 from megarl.rewards.worker import Outcome, UserExit
 
 log = logging.getLogger(__name__)
@@ -163,78 +164,7 @@ class _CallProgress:
         log.info("reward: %d/%d samples scored (%.0f s)", scored, len(self.outcomes), now - self.start)
 
 
-class _HangWatch:
-    """Per function, in one scoring call: timeouts so far and whether it ever returned."""
-
-    def __init__(self, workers: int, timeout_s: float):
-        self.workers, self.timeout_s = workers, timeout_s
-        self.timeouts: dict[str, int] = {}
-        self.answered: set[str] = set()
-        self.deaths: dict[str, int] = {}  # tasks that killed their worker since the function last returned
-
-    def timed_out(self, function: str, sample: tuple) -> None:
-        self.timeouts[function] = self.timeouts.get(function, 0) + 1
-        if sum(self.timeouts.values()) == 1:  # at once, not when the batch ends
-            log.warning("reward: %s timed out after %g s (reward.timeout_s) | data_source=%r response=%r",
-                        function, self.timeout_s, sample[0], str(sample[1])[:200])
-
-    def returned(self, function: str) -> None:
-        self.answered.add(function)
-        self.deaths[function] = 0
-
-    def died(self, function: str) -> int:
-        """A task of ``function`` killed its worker: it ended, it did not hang; the deaths in a row."""
-        self.answered.add(function)
-        self.deaths[function] = self.deaths.get(function, 0) + 1
-        return self.deaths[function]
-
-    def hopeless(self, function: str) -> bool:
-        """One round of the pool timed out on this function, and it never returned a score."""
-        return function not in self.answered and self.timeouts.get(function, 0) >= self.workers
-
-
-
 # ----------------------------------------------------------------------------- trainer side
-
-
-def _start_problem(cfg: RewardConfig, hung: bool, limit_s: float) -> str:
-    """A worker hung or died in its initializer (no task runs there, so pebble says nothing useful):
-    what it was loading and the fix, as one line."""
-    if cfg.custom is not None:
-        what, doing = "reward.custom", f"importing {os.path.basename(cfg.custom.path)!r}"
-        fix = ("check it for work done at import (network, locks, long loops)" if hung
-               else f"import it on its own to see why: {_import_command(os.path.abspath(cfg.custom.path))}")
-    elif cfg.model is not None:
-        what, doing = "reward.model", f"loading {cfg.model.path}"
-        fix = ("check that it loads in a plain Python process" if hung
-               else "check the memory that reward.workers copies of it need (a worker killed for memory dies so)")
-    else:
-        what, doing, fix = "reward scorers", "importing math_verify", "check the Python environment (megarl doctor)"
-    if hung:
-        return f"{what}: {doing} did not finish in {limit_s:g} s in a reward worker; {fix}"
-    # a crash in C, os._exit or the OOM killer: no traceback to pass on
-    return f"{what}: a reward worker died while {doing} before it took a sample; {fix}"
-
-
-def _break_problem(cfg: RewardConfig, loaded: int, unscored: list[tuple], limit_s: float) -> str:
-    """The pool broke (a worker died with no task pebble saw start) at the start check, or again in
-    a call's new pool: what is known, as one line. No worker of the pool finished loading: one died
-    loading. Otherwise a loaded worker died between samples: killed from outside, or by a sample that
-    ends its process before pebble read the worker's acknowledgement of it (which one is unknown)."""
-    if not loaded:
-        return _start_problem(cfg, False, limit_s)
-    what = "reward.custom" if cfg.custom else "reward.model" if cfg.model else "reward scorers"
-    cause, fix = "killed from outside (the OOM killer; see dmesg)", "check dmesg"
-    if unscored:
-        cause += (f" or by a sample that ends its process at once (os._exit, a crash in C), maybe one of the call's "
-                  f"{len(unscored)} unscored samples (the first: data_source={unscored[0][0]!r} "
-                  f"response={str(unscored[0][1])[:80]!r})")
-        fix += ", then score those samples in a plain Python process"
-    return f"{what}: a reward worker died after it loaded, before pebble saw it take a sample: {cause}; {fix}"
-
-
-def _import_command(path: str) -> str:
-    return f'python -c "import runpy; runpy.run_path({path!r})"'
 
 
 @dataclass
@@ -371,9 +301,9 @@ class RewardScorer:
         except Exception as exc:
             self.close()  # workers stuck in the import are killed, not left behind
             if isinstance(exc, FutureTimeout):
-                raise RewardError(_start_problem(self.cfg, True, WORKER_START_TIMEOUT_S)) from exc
+                raise RewardError(start_problem(self.cfg, True, WORKER_START_TIMEOUT_S)) from exc
             if isinstance(exc, BrokenProcessPool):
-                raise RewardError(_break_problem(self.cfg, self._loaded.value, [], WORKER_START_TIMEOUT_S)) from exc
+                raise RewardError(break_problem(self.cfg, self._loaded.value, [], WORKER_START_TIMEOUT_S)) from exc
             if isinstance(exc, UserExit):
                 raise RewardError(f"{self._custom_label()} {exc.what}{self._output_note(exc.output)}; a reward file must "
                                   "not end its process at import: remove that call") from None
@@ -534,7 +464,7 @@ class RewardScorer:
         self._vanished.clear()  # an earlier call's, given up with their jobs
         self._missing.clear()
         pending = {job.future: job for job in jobs}
-        watch = _HangWatch(self.cfg.workers, self.cfg.timeout_s)
+        watch = HangWatch(self.cfg.workers, self.cfg.timeout_s)
         # One restart per call before the new pool finishes a task: an earlier call's new pool
         # whose jobs were all given up (none finished) is no break of this call.
         self._fresh = False
@@ -584,7 +514,7 @@ class RewardScorer:
             elif any(f.running() for f in pending):
                 quiet_since = time.monotonic()
             elif time.monotonic() - quiet_since >= self._start_limit_s:
-                raise self._stopped(_start_problem(self.cfg, True, self._start_limit_s))
+                raise self._stopped(start_problem(self.cfg, True, self._start_limit_s))
 
     def _worker_pids(self) -> set[int]:
         """The pool's live workers (pebble's internals; another pebble: none known)."""
@@ -610,7 +540,7 @@ class RewardScorer:
             self._vanished[future] = 0
         self._missing = missing - self._vanished.keys()
 
-    def _finished(self, job: _Job, outcomes: list[Outcome], watch: _HangWatch, samples: list[tuple]) -> Outcome | None:
+    def _finished(self, job: _Job, outcomes: list[Outcome], watch: HangWatch, samples: list[tuple]) -> Outcome | None:
         """Store a finished job's outcomes; returns the failure when the whole task failed."""
         if job.future in self._vanished:
             return self._died(job, self._vanished.pop(job.future), watch, samples)
@@ -634,7 +564,7 @@ class RewardScorer:
             outcomes[i] = outcome
         return None
 
-    def _died(self, job: _Job, code: int, watch: _HangWatch, samples: list[tuple]) -> Outcome:
+    def _died(self, job: _Job, code: int, watch: HangWatch, samples: list[tuple]) -> Outcome:
         """A task killed its worker (os._exit, a crash in C): that sample's failure, or, the
         DEATHS_IN_A_ROW-th time in a row, a RewardError that stops the call."""
         sample = samples[job.indices[0]]
@@ -689,10 +619,10 @@ class RewardScorer:
     def _restart(self, pending: dict[Future, _Job], exc: BrokenProcessPool, samples: list[tuple]) -> None:
         """A new pool in place of the broken one, and every job the break dropped (all of ``pending``
         but those that finished before it) scheduled on it. A second break before the new pool
-        finished a task is a RewardError saying what is known (_break_problem)."""
+        finished a task is a RewardError saying what is known (break_problem)."""
         if self._fresh:
             unscored = sorted({i for job in pending.values() for i in job.indices})
-            why = _break_problem(self.cfg, self._loaded.value, [samples[i] for i in unscored], self._start_limit_s)
+            why = break_problem(self.cfg, self._loaded.value, [samples[i] for i in unscored], self._start_limit_s)
             raise self._stopped(why) from exc
         dropped = [f for f in pending if not f.done() or isinstance(f.exception(), BrokenProcessPool)]
         log.warning("reward: the reward workers' pool broke (a worker died while no sample ran on it: killed from "
@@ -708,7 +638,7 @@ class RewardScorer:
             retry = replace(job, future=self._submit(*job.call), pool=self._pools)
             pending[retry.future] = retry
 
-    def _give_up(self, function: str, pending: dict[Future, _Job], outcomes: list[Outcome], watch: _HangWatch) -> None:
+    def _give_up(self, function: str, pending: dict[Future, _Job], outcomes: list[Outcome], watch: HangWatch) -> None:
         skipped = [job for job in pending.values() if job.function == function]
         for job in skipped:
             job.future.cancel()  # a running one: pebble stops its worker
