@@ -42,6 +42,12 @@ def installed_version() -> str | None:
         return None
 
 
+def installed_minor() -> tuple[int, int] | None:
+    """(major, minor) of the installed megatron-core, read without importing it; None when absent."""
+    mcore = installed_version()
+    return None if mcore is None else _minor(mcore)
+
+
 def usability_error(mcore: str | None, has_triton: bool) -> str | None:
     """Why megarl cannot import this megatron-core (one line), or None when it can."""
     if mcore is None:

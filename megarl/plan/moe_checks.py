@@ -63,11 +63,11 @@ def _check_aux_losses_at_tp(section: str, moe: MoEConfig, tp: int, issues: list[
     gradients at TP 2 (sequence parallel, EP 2 or ETP 2) differ from one rank's by 0.5% (aux 0.01)
     to 60% (a large coefficient), in every layer, and agree with the losses off; the cause is not
     found yet (tests/distributed/test_moe_balance.py shows it), so such runs are refused there."""
-    from megarl.parallel.mcore_version import _minor, installed_version
+    from megarl.parallel.mcore_version import installed_minor, installed_version
 
-    mcore = installed_version()
-    if tp == 1 or mcore is None or _minor(mcore) == (0, 16):
+    if tp == 1 or installed_minor() in (None, (0, 16)):
         return
+    mcore = installed_version()
     for key in ("aux_loss_coef", "z_loss_coef"):
         if getattr(moe, key):
             issues.append(Issue(f"{section}.moe.{key}", f"({getattr(moe, key):g}) at {section}.parallel.tp {tp} trains wrong "

@@ -72,7 +72,7 @@ def test_aux_losses_at_tp_above_1_are_refused_where_they_are_not_verified(monkey
     """On megatron-core 0.19 the auxiliary losses at TP 2 train gradients off one rank's."""
     import megarl.parallel.mcore_version as mcore_version
 
-    monkeypatch.setattr(mcore_version, "installed_version", lambda: mcore)
+    monkeypatch.setattr(mcore_version, "installed_version", lambda: mcore)  # installed_minor reads it too
     cfg = load_config(MOE30, ["actor.moe.aux_loss_coef=0.001"])  # tp 2
     issues = [i for i in _plan_issues(cfg) if i.field == "actor.moe.aux_loss_coef"]
     assert bool(issues) == refused
