@@ -81,6 +81,12 @@ def timeline_text(cfg: MegaRLConfig) -> str:
     return text + (f"; {'; '.join(held)}" if held else "")
 
 
+def timeline_dict(cfg: MegaRLConfig) -> dict:
+    """`megarl plan --json`'s ``step``: the same phases, overlap and held roles as the report's line."""
+    return {"phases": [{"phase": p, "workers": who} for p, who in step_phases(cfg)],
+            "asynchronous": cfg.asynchronous, "held_throughout": held_throughout(cfg)}  # fmt: skip
+
+
 def _generators(cfg: MegaRLConfig) -> str:
     if cfg.rollout.engine == "torch":
         return "torch engine" + (" process of its own" if cfg.asynchronous else "s in the policy ranks")

@@ -98,6 +98,8 @@ def test_plan_json_is_json_when_refused_too(capsys):
     assert main(["plan", str(TINY), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["ok"] is True and out["roles"]["policy"]["pp"] == 1
+    phases = [p["phase"] for p in out["step"]["phases"]]  # the report's step timeline, in order
+    assert phases[:2] == ["generate", "reward"] and phases[-1] == "weight_push" and out["step"]["asynchronous"] is False
 
 
 def test_user_error_traceback_only_with_debug(capsys):
