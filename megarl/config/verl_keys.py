@@ -17,6 +17,15 @@ import fnmatch
 from dataclasses import dataclass
 from typing import Any
 
+from megarl.config.verl_correction import (
+    bypass_mode,
+    correction_loss_type,
+    rollout_is,
+    rollout_is_batch_normalize,
+    rollout_is_threshold,
+    rollout_rs,
+    rollout_rs_threshold,
+)
 from megarl.config.verl_values import (
     ACTOR,
     FSDP_ONLY,
@@ -29,9 +38,7 @@ from megarl.config.verl_values import (
     VLLM_ONLY,
     Convert,
     agent_loop,
-    bypass_mode,
     clip,
-    correction_loss_type,
     critic,
     critic_path,
     critic_warmup,
@@ -86,11 +93,6 @@ from megarl.config.verl_values import (
     reward_manager,
     reward_model,
     reward_model_enable,
-    rollout_is,
-    rollout_is_batch_normalize,
-    rollout_is_threshold,
-    rollout_rs,
-    rollout_rs_threshold,
     rollout_tp,
     router_replay,
     same,
