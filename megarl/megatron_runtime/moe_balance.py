@@ -11,7 +11,10 @@ not count the router's tokens (prompts, padding, or sequences instead of tokens)
 micro-batch's backward first sets the auxiliary losses' backward scale to count / T, where count
 is the micro-batch's share of N: each micro-batch's auxiliary loss then weighs count / N, the
 weights over every micro-batch and data-parallel rank sum to 1, and the auxiliary gradient is
-exactly ``coef x d(aux)`` on one micro-batch.
+exactly ``coef x d(aux)`` on one micro-batch. From megatron-core 0.19 on, Megatron multiplies by
+T x the size of the router's tensor x context-parallel group (T is that rank's sequence-parallel
+slice: the product counts the micro-batch's tokens over the group), so the scale is count / (T x
+that size) there (:func:`premultiplied_ranks`).
 
 Every pipeline stage needs that weight, and the loss (which gives the count) exists on the last
 stage alone. So the count comes from the micro-batch's rows before the schedule runs (the loss
@@ -51,6 +54,24 @@ import torch
 import torch.distributed as dist
 
 from megarl.megatron_runtime.routing_replay import moe_layer_indices
+from megarl.parallel.mcore_version import installed_minor
+
+# The first megatron-core whose routers multiply the auxiliary losses by the TP x CP group's size
+# (NVIDIA/Megatron-LM #5047, "Fix MoE aux_loss / z_loss gradient scaling with TP > 1", first
+# tagged core_v0.19.0; 0.16 to 0.18 multiply by the router's tokens alone).
+_PREMULTIPLIES_TP_CP = (0, 19)
+
+
+def premultiplied_ranks(routers: list[Any], mcore: tuple[int, int] | None) -> int:
+    """The multiple beside the router's tokens T that megatron-core ``mcore`` (major, minor) gives
+    each auxiliary loss under ``calculate_per_token_loss`` before the autoscaler's scale: the
+    routers' tensor x context-parallel group size from 0.19 on (``TopKRouter``'s
+    ``attach_and_log_load_balancing_loss`` and ``apply_z_loss`` use ``T x tp_cp_group.size()``),
+    else 1. The hook's scale divides by it: without that, at TP 2 the auxiliary gradient is twice
+    the intended one on 0.19."""
+    if not routers or mcore is None or mcore < _PREMULTIPLIES_TP_CP:
+        return 1
+    return int(routers[0].tp_cp_group.size())  # one group for every router of the model
 
 
 def _scale_hook(scale: torch.Tensor) -> Callable[[torch.Tensor], None]:
@@ -77,6 +98,7 @@ class MoEBalance:
         self.moe_layers = moe_layer_indices(tcfg)
         self.aux_on, self.z_on = bool(tcfg.moe_aux_loss_coeff), bool(tcfg.moe_z_loss_coeff)
         self.losses_on = self.aux_on or self.z_on
+        self.ranks = premultiplied_ranks(self.routers, installed_minor())
         self.bias_on = bool(getattr(tcfg, "moe_router_enable_expert_bias", False))  # on every stage alike
         device = next(core.parameters()).device
         self.load = torch.zeros(tcfg.num_layers, tcfg.num_moe_experts, dtype=torch.float64, device=device)  # [L, E]
@@ -105,14 +127,14 @@ class MoEBalance:
     def weigh(self, output: torch.Tensor, tokens: int, count: torch.Tensor | float) -> None:
         """One training micro-batch's ``output`` of this stage, whose router tokens on this rank
         are ``tokens`` and whose loss count is ``count`` (0: a filler): its backward weighs the
-        auxiliary losses by ``count / tokens``."""
+        auxiliary losses by ``count / tokens`` (over the TP x CP group's tokens on 0.19)."""
         self.micro_batches += 1
         if not self.losses_on or not self.routers or not output.requires_grad:
             return
         ones = torch.ones(1, device=output.device)
         scale_func = self.tcfg.grad_scale_func  # as Megatron's schedule sets its scale after each forward
         base = scale_func(ones) if scale_func is not None else ones
-        share = torch.as_tensor(count, dtype=torch.float32, device=output.device) / max(tokens, 1)
+        share = torch.as_tensor(count, dtype=torch.float32, device=output.device) / (max(tokens, 1) * self.ranks)
         output.register_hook(_scale_hook(base * share.to(base.dtype)))
 
     def metrics(self, tp_dp_group: Any, pp_group: Any, tp_size: int, dp_size: int) -> dict[str, float]:

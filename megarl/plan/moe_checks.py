@@ -51,28 +51,10 @@ def _check_trainer_side(cfg: MegaRLConfig, section: str, moe: MoEConfig, arch: A
         issues.append(Issue(f"{section}.moe.expert_bias_update_rate", f"({moe.expert_bias_update_rate:g}) moves a router's "
                             f"correction bias (DeepSeek-V3's e_score_correction_bias) and {arch.name}'s router has none; "
                             "remove it, or balance with aux_loss_coef"))  # fmt: skip
-    _check_aux_losses_at_tp(section, moe, getattr(cfg, section).parallel.tp, issues)
     if section == "critic" and moe.routing_replay != "none" and cfg.actor.moe.routing_replay == "none":
         issues.append(Issue("critic.moe.routing_replay", f"({moe.routing_replay}) replays the routing the rollout "
                             "returns, and the rollout asks the engines for it only with actor.moe.routing_replay set; set "
                             "both, or neither"))  # fmt: skip
-
-
-def _check_aux_losses_at_tp(section: str, moe: MoEConfig, tp: int, issues: list[Issue]) -> None:
-    """The auxiliary losses at tp > 1 are verified on megatron-core 0.16 only: on 0.19 one update's
-    gradients at TP 2 (sequence parallel, EP 2 or ETP 2) differ from one rank's by 0.5% (aux 0.01)
-    to 60% (a large coefficient), in every layer, and agree with the losses off; the cause is not
-    found yet (tests/distributed/test_moe_balance.py shows it), so such runs are refused there."""
-    from megarl.parallel.mcore_version import installed_minor, installed_version
-
-    if tp == 1 or installed_minor() in (None, (0, 16)):
-        return
-    mcore = installed_version()
-    for key in ("aux_loss_coef", "z_loss_coef"):
-        if getattr(moe, key):
-            issues.append(Issue(f"{section}.moe.{key}", f"({getattr(moe, key):g}) at {section}.parallel.tp {tp} trains wrong "
-                                f"gradients on megatron-core {mcore} (verified on 0.16 only; on 0.19 they differ from one "
-                                "rank's); set it to 0, tp to 1, or install megatron-core 0.16"))  # fmt: skip
 
 
 def check_expert_parallel(section: str, cfg: ActorConfig, arch: ArchSpec, gpus: int, issues: list[Issue]) -> None:

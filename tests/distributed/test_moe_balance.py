@@ -14,8 +14,6 @@ router logits (output_router_logits) turned into Megatron's per-layer losses by 
 
 from __future__ import annotations
 
-from importlib.metadata import version
-
 import pytest
 import torch
 from spawn import run_distributed
@@ -154,8 +152,8 @@ def test_aux_losses_weigh_the_same_on_every_pipeline_stage(moe_dir):
 
 
 def _hf_grads(rank: int, world: int, path: str, parallel: dict):
-    """One update (the auxiliary losses on) in ``parallel``: its gradients after Megatron's
-    reductions, under HF names, whole (read through the bridge's export: TP, ETP and EP gathered).
+    """One update (the auxiliary losses on) in ``parallel``: its MoE metrics, and its gradients after
+    Megatron's reductions, under HF names, whole (read through the bridge's export: TP, ETP and EP gathered).
     Every row has an even length: sequence parallelism at TP 2 then adds no padding segment to a
     packed micro-batch, whose tokens the router would route and the auxiliary losses count."""
     from actor_cases import batch_of_lengths, pg_loss
@@ -166,7 +164,7 @@ def _hf_grads(rank: int, world: int, path: str, parallel: dict):
     cfg = ActorConfig(micro_batch_size=2, parallel=parallel, optimizer={"lr": 1e-9, "clip_grad": 0.0},
                       moe={"aux_loss_coef": AUX, "z_loss_coef": Z})  # fmt: skip
     worker = PolicyWorker(path, cfg, "float32", seed=1)
-    worker.update(batch_of_lengths([4, 3, 5, 2, 6, 3], [6, 5, 7, 4, 8, 9], torch.Generator().manual_seed(0)), pg_loss)
+    metrics = worker.update(batch_of_lengths([4, 3, 5, 2, 6, 3], [6, 5, 7, 4, 8, 9], torch.Generator().manual_seed(0)), pg_loss)
     core = worker.model.core
     saved = [(p, p.data) for p in core.parameters()]
     for p, _ in saved:
@@ -175,17 +173,20 @@ def _hf_grads(rank: int, world: int, path: str, parallel: dict):
     for p, data in saved:
         p.data = data
     worker.close()
-    return grads
+    return {k: v for k, v in metrics.items() if k.startswith("actor/moe/")}, grads
 
 
-@pytest.mark.skipif(not version("megatron-core").startswith("0.16."), reason="the auxiliary losses at tp > 1 give gradients "
-                    "off one rank's on megatron-core 0.19 (the planner refuses them there: megarl/plan/moe_checks.py)")  # fmt: skip
-def test_expert_tensor_parallel_training_reduces_gradients_as_one_rank(moe_dir):
-    """TP=2 x ETP=2 (each expert's slices on the TP ranks, sequence parallel) against one rank: every
-    gradient after DDP's and finalize's reductions, experts and router included, the auxiliary
-    losses' shares under sequence parallelism too."""
-    single = run_distributed(_hf_grads, 1, moe_dir, {})[0]
-    for grads in run_distributed(_hf_grads, 2, moe_dir, {"tp": 2, "etp": 2}):
+# etp 2: each expert's slices on the TP ranks; ep 2: two whole experts on each.
+@pytest.mark.parametrize("experts", [{"etp": 2}, {"ep": 2}], ids=["etp2", "ep2"])
+def test_expert_tensor_parallel_training_reduces_gradients_as_one_rank(moe_dir, experts):
+    """TP=2 (sequence parallel) with the experts split against one rank: every gradient after DDP's
+    and finalize's reductions, experts and router included, the auxiliary losses' shares under
+    sequence parallelism too (megatron-core 0.19 multiplies them by the TP group's size, 0.16 does
+    not: moe_balance.premultiplied_ranks), and the reported MoE metrics."""
+    single_metrics, single = run_distributed(_hf_grads, 1, moe_dir, {})[0]
+    assert single_metrics["actor/moe/aux_loss"] > 0 and single_metrics["actor/moe/z_loss"] > 0
+    for metrics, grads in run_distributed(_hf_grads, 2, moe_dir, {"tp": 2} | experts):
+        assert metrics == pytest.approx(single_metrics, rel=1e-5), (metrics, single_metrics)
         assert set(grads) == set(single) and any(".experts.3." in n for n in grads)
         for name, ref in single.items():
             err = (grads[name] - ref).abs().max() / ref.abs().max().clamp(min=1e-12)
