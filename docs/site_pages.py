@@ -23,6 +23,7 @@ from mkdocs.structure.files import File, Files
 ROOT = Path(__file__).resolve().parents[1]
 LINK = re.compile(r"(!?)\[([^\]]*)\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^(```|~~~)")
+LIST_ITEM = re.compile(r"^(?:[-*+]|\d+\.) ")
 
 
 def on_files(files: Files, config) -> Files:
@@ -56,11 +57,20 @@ def _generated() -> dict[str, Callable[[], str]]:
 
 def site_links(markdown: str, base: str, page_uri: str) -> str:
     """``markdown`` of a repository page in folder ``base`` (``""``: the root), its relative links
-    pointed at the site's pages as seen from ``page_uri`` (a path in the site)."""
-    out, fenced = [], False
+    pointed at the site's pages as seen from ``page_uri`` (a path in the site), and a blank line
+    put before a list that follows a paragraph line (GitHub starts the list there; Python-Markdown
+    would read the items as the paragraph's text)."""
+    out: list[str] = []
+    fenced = False
     for line in markdown.splitlines(keepends=True):
         fenced ^= bool(FENCE.match(line.lstrip()))
-        out.append(line if fenced else LINK.sub(lambda m: _site_link(m, base, page_uri), line))
+        if fenced:
+            out.append(line)
+            continue
+        previous = out[-1] if out else "\n"
+        if LIST_ITEM.match(line) and previous.strip() and not LIST_ITEM.match(previous) and not previous[0].isspace():
+            out.append("\n")
+        out.append(LINK.sub(lambda m: _site_link(m, base, page_uri), line))
     return "".join(out)
 
 

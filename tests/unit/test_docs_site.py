@@ -1,6 +1,7 @@
 """The documentation site builds in strict mode (mkdocs.yml, docs/), its generated reference pages
 hold what the code declares (every config key with its default, every catalogued metric with its
-reduction), its links to repository files outside docs/ point at the site's pages, and the built
+reduction), its links to repository files outside docs/ point at the site's pages, its lists are
+lists as on GitHub, and the built
 home page renders in a real browser (headless Chromium) with the navigation and the generated
 configuration page there."""
 
@@ -65,6 +66,7 @@ def test_links_outside_docs_point_at_the_sites_pages(site: Path):
     assert 'id="moe"' in (site / "reference" / "benchmarks.html").read_text()
     home = (site / "index.html").read_text()  # README.md: docs/x.md -> x.md, a config -> its path in code
     assert 'href="failures.html"' in home and 'src="demo_curves.png"' in home
+    assert "<li>embedded Ray;</li>" in home  # a list right after a paragraph line is a list, as on GitHub
     assert not [h for h in re.findall(r'(?:href|src)="([^"]+)"', home) if h.startswith(("docs/", "bench/", "configs/"))]
 
 
