@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LINK = re.compile(r"(!?)\[([^\]]*)\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^(```|~~~)")
 LIST_ITEM = re.compile(r"^(?:[-*+]|\d+\.) ")
+NESTED_ITEM = re.compile(r"^  (?:[-*+]|\d+\.) ")
 
 
 def on_files(files: Files, config) -> Files:
@@ -57,9 +58,9 @@ def _generated() -> dict[str, Callable[[], str]]:
 
 def site_links(markdown: str, base: str, page_uri: str) -> str:
     """``markdown`` of a repository page in folder ``base`` (``""``: the root), its relative links
-    pointed at the site's pages as seen from ``page_uri`` (a path in the site), and a blank line
-    put before a list that follows a paragraph line (GitHub starts the list there; Python-Markdown
-    would read the items as the paragraph's text)."""
+    pointed at the site's pages as seen from ``page_uri`` (a path in the site), and its lists made
+    what GitHub shows: a blank line before a list that follows a paragraph line, and an item nested
+    by 2 spaces nested by 4 (Python-Markdown would read either as the text above it)."""
     out: list[str] = []
     fenced = False
     for line in markdown.splitlines(keepends=True):
@@ -70,6 +71,7 @@ def site_links(markdown: str, base: str, page_uri: str) -> str:
         previous = out[-1] if out else "\n"
         if LIST_ITEM.match(line) and previous.strip() and not LIST_ITEM.match(previous) and not previous[0].isspace():
             out.append("\n")
+        line = "  " + line if NESTED_ITEM.match(line) else line
         out.append(LINK.sub(lambda m: _site_link(m, base, page_uri), line))
     return "".join(out)
 
