@@ -25,6 +25,8 @@ LINK = re.compile(r"(!?)\[([^\]]*)\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^(```|~~~)")
 LIST_ITEM = re.compile(r"^(?:[-*+]|\d+\.) ")
 NESTED_ITEM = re.compile(r"^  (?:[-*+]|\d+\.) ")
+# tests/unit/test_doc_commands.py's marks of a command block, shown on the site as a note above it
+MARK = re.compile(r"^(\s*)<!-- (?:illustrative: (.+)|run by (tests/\S+)) -->\s*$")
 
 
 def on_files(files: Files, config) -> Files:
@@ -72,6 +74,10 @@ def site_links(markdown: str, base: str, page_uri: str) -> str:
         if LIST_ITEM.match(line) and previous.strip() and not LIST_ITEM.match(previous) and not previous[0].isspace():
             out.append("\n")
         line = "  " + line if NESTED_ITEM.match(line) else line
+        if mark := MARK.match(line):
+            indent, why, test = mark.groups()
+            note = f"Illustrative, not run by the tests: {why}." if why else f"Run by `{test}`, which checks this output."
+            line = f"{indent}*{note}*\n\n"
         out.append(LINK.sub(lambda m: _site_link(m, base, page_uri), line))
     return "".join(out)
 

@@ -67,7 +67,9 @@ def test_links_outside_docs_point_at_the_sites_pages(site: Path):
     home = (site / "index.html").read_text()  # README.md: docs/x.md -> x.md, a config -> its path in code
     assert 'href="failures.html"' in home and 'src="demo_curves.png"' in home
     assert "<li>embedded Ray;</li>" in home  # a list right after a paragraph line is a list, as on GitHub
-    assert "<strong>Memory per GPU, phase by phase:</strong><ul>" in (site / "planning.html").read_text()  # nested by 2 spaces
+    planning = (site / "planning.html").read_text()
+    assert "<strong>Memory per GPU, phase by phase:</strong><ul>" in planning  # nested by 2 spaces
+    assert "<em>Run by <code>tests/unit/test_doc_commands.py</code>" in planning  # a command block's mark, as a note
     assert not [h for h in re.findall(r'(?:href|src)="([^"]+)"', home) if h.startswith(("docs/", "bench/", "configs/"))]
 
 
