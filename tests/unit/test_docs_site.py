@@ -8,6 +8,7 @@ configuration page there."""
 from __future__ import annotations
 
 import html
+import os
 import re
 import shutil
 import subprocess
@@ -30,7 +31,7 @@ def site(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("site")
     build = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(ROOT / "mkdocs.yml"),
                             "--site-dir", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                           env={"PATH": "/usr/bin:/bin", "NO_MKDOCS_2_WARNING": "1", "PYTHONPATH": str(ROOT)})  # fmt: skip
+                           env={**os.environ, "NO_MKDOCS_2_WARNING": "1", "PYTHONPATH": str(ROOT)})  # fmt: skip
     assert build.returncode == 0, build.stdout + build.stderr
     return out
 
