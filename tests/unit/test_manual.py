@@ -26,9 +26,10 @@ from megarl.config.verl_keys import is_verl_key
 from megarl.metrics import CATALOGUE, UnknownMetricError, lookup
 
 ROOT = Path(__file__).resolve().parents[2]
-# The pages the documentation site generates when it is built (docs/site_pages.py): a link to one
-# resolves on the site, not in the checkout.
-GENERATED = {"reference/configuration.md", "reference/commands.md", "reference/metrics.md", "reference/benchmarks.md"}
+# The reference pages the documentation site generates when it is built (docs/site_pages.py): in
+# mkdocs.yml's nav, not in the checkout. A link to one resolves on the site (its strict build checks it).
+GENERATED = {page for page in re.findall(r":\s+(reference/[\w/.-]+\.md)\s*$", (ROOT / "mkdocs.yml").read_text(), flags=re.M)
+             if not (ROOT / "docs" / page).exists()}  # fmt: skip
 PAGES = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md"))]
 SECTIONS = tuple(MegaRLConfig.model_fields)
 
