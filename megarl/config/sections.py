@@ -1,4 +1,4 @@
-"""Typed configuration: one pydantic model per component (the key tree in README's Configuration).
+"""Typed configuration: one pydantic model per component (the key tree in docs/configuration.md).
 
 Every model forbids unknown keys and is frozen: the config is read once, checked by the planner
 (megarl/plan/planner.py) before anything starts, and never mutated at run time. This module
