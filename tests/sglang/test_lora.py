@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from megarl.config.sections import LORA_MODULES
+from megarl.config.train_sections import LORA_MODULES
 from megarl.engines.base import GenerationResult, SamplingParams
 from megarl.rollout_sglang.client import SGLangHTTPError
 from megarl.rollout_sglang.engine import SGLangEngine

@@ -18,7 +18,7 @@ from megarl.algos.losses import ModelOutputs, make_policy_loss_fn, make_value_lo
 from megarl.algos.metrics import reduce_metrics
 from megarl.algos.mismatch import mismatch_by_staleness
 from megarl.algos.step import advantage_step
-from megarl.config.sections import AlgorithmConfig
+from megarl.config.algorithm_sections import AlgorithmConfig
 from megarl.data.batch import Batch
 from megarl.metrics import (
     CATALOGUE,
