@@ -12,8 +12,11 @@ optimizer, whose buffer each rank holds reduced only in its own slice), the adap
 optimizer step and the merged export must equal the single rank's; the merged export bit for bit.
 The router decides in both (routing_replay none): the same hidden states give the same top-k.
 An adapter-only checkpoint written at EP=2 after one update loads back exactly at EP=2 (adapters
-and optimizer state), and its adapters alone load exactly at EP=1 (Megatron's optimizer state is
-a chain of a dense and an expert optimizer at EP > 1 and one optimizer at EP=1).
+and optimizer state). With the non-distributed optimizer its adapters alone load at EP=1
+(Megatron's optimizer is a chain of a dense and an expert optimizer at EP > 1 and one optimizer
+at EP=1, and that state is keyed by chain member; the planner refuses such a resume). The
+distributed optimizer's fully_reshardable state is keyed per parameter alone: a resume at EP=1
+loads it, and its next step equals EP=2's second step.
 """
 
 from __future__ import annotations
@@ -34,7 +37,9 @@ GRAD_ATOL, GRAD_RTOL = 1e-6, 1e-4
 
 
 def _cfg(ep: int = 1, tp: int = 1, pp: int = 1, distributed: bool = False) -> ActorConfig:
-    opt = OptimizerConfig(lr=1e-3, distributed=distributed)
+    # fully_reshardable: the distributed optimizer's state per parameter, which loads at another EP
+    fmt = "fully_reshardable" if distributed else "dp_reshardable"
+    opt = OptimizerConfig(lr=1e-3, distributed=distributed, checkpoint_format=fmt)
     return ActorConfig(parallel=ParallelConfig(tp=tp, pp=pp, ep=ep), optimizer=opt, lora=LORA)
 
 
@@ -44,7 +49,7 @@ LAYOUTS = {
     "ep2": (2, _cfg(ep=2), True),
     "tp2_ep2_sp": (4, _cfg(ep=2, tp=2), False),
     "pp2": (2, _cfg(pp=2), False),
-    "ep2_distributed_optimizer": (2, _cfg(ep=2, distributed=True), False),
+    "ep2_distributed_optimizer": (2, _cfg(ep=2, distributed=True), True),
 }
 
 
@@ -91,13 +96,30 @@ def _run(rank: int, world: int, path: str, cfg: ActorConfig, adapters: dict, sav
     if save_dir is not None:
         policy.save(save_dir)
         out["resumed"] = _loaded(path, cfg, save_dir)
+        if cfg.optimizer.distributed:
+            policy.update(batch, ac.pg_loss)  # the second step: Adam's moments and step count at work
+            out["second"] = lora.peft_tensors()
     policy.close()
     return ac.portable(out)
 
 
-def _load_only(rank: int, world: int, path: str, load_dir: str) -> dict:
-    """The adapters a fresh one-rank policy reads from ``load_dir``'s adapters alone."""
-    return ac.portable(_adapters_loaded(path, _cfg(), load_dir))
+def _load_only(rank: int, world: int, path: str, load_dir: str, distributed: bool) -> dict:
+    """At EP=1 in one rank, from ``load_dir``: the non-distributed optimizer's state does not load
+    across EP=1 and EP>1, so the adapters alone; the distributed optimizer's fully_reshardable
+    state does, so a resume and its next step."""
+    if not distributed:
+        return ac.portable({"loaded": _adapters_loaded(path, _cfg(), load_dir)})
+    from megarl.actors.policy import PolicyWorker
+    from megarl.models.lora import lora_of
+
+    policy = PolicyWorker(path, _cfg(distributed=True), "float32", seed=1)
+    policy.load(load_dir)
+    lora = lora_of(policy.model.core)
+    out = {"loaded": lora.peft_tensors()}
+    policy.update(ac.make_batch(0), ac.pg_loss)
+    out["second"] = lora.peft_tensors()
+    policy.close()
+    return ac.portable(out)
 
 
 def _loaded(path: str, cfg: ActorConfig, checkpoint: str) -> dict[str, torch.Tensor]:
@@ -168,7 +190,11 @@ def test_layouts_equal_one_rank(model_dir, adapters, single, layout, tmp_path):
     if saves:
         for out in results:
             _assert_equal(out["resumed"], results[0]["trained"])  # saved at EP=2, loaded at EP=2
-        _assert_equal(ac.tensors(run_distributed(_load_only, 1, model_dir, ckpt)[0]), results[0]["trained"])  # and at EP=1
+        at_ep1 = ac.tensors(run_distributed(_load_only, 1, model_dir, ckpt, cfg.optimizer.distributed)[0])
+        _assert_equal(at_ep1["loaded"], results[0]["trained"])  # and at EP=1
+        if cfg.optimizer.distributed:  # the optimizer state too: the next step equals EP=2's
+            _assert_close_adapters(at_ep1["second"], results[0]["second"])
+            assert any(not torch.equal(at_ep1["second"][k], t) for k, t in at_ep1["loaded"].items())
 
 
 def _assert_close_adapters(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], nonzero: bool = False) -> None:
