@@ -11,14 +11,16 @@ SGLang >= 0.5.23), so no filesystem needs to be shared. Why not the request alwa
 one base64 copy of the adapters per engine TP rank (4/3 of their bytes each: about 8 GiB per
 server and push for the 72B config at rank 32 and TP 8), while a server on the same host reads
 the same filesystem for certain. Why not the directory always: a server on another node reads it
-only from a shared filesystem, which a cluster need not have; the controller's engines then send that name with every request
-(the trainer sets it after the push). The base model goes through the run's own transport with
-the adapters switched off, on the first push of a connection (a launched or restarted server
-holds no weights of the trainer's) and on a re-push of the same version (the hand-over re-pushes
-when an engine's weights were lost: released without a copy, or restarted); a re-push unloads the
-version's name first where a server still holds it. The previous version stays loaded (SGLang's
-unload waits for the last requests that use it); older ones are unloaded and their directories
-removed: each push removes the ``lora_v<N>`` directories of versions the servers do not hold,
+only from a shared filesystem, which a cluster need not have. The controller's engines then send
+that name with every request (the trainer sets it after the push).
+
+The base model goes through the run's own transport with the adapters switched off, on the
+first push of a connection (a launched or restarted server holds no weights of the trainer's)
+and on a re-push of the same version (the hand-over re-pushes when an engine's weights were
+lost: released without a copy, or restarted); a re-push unloads the version's name first where
+a server still holds it. The previous version stays loaded (SGLang's unload waits for the last
+requests that use it); older ones are unloaded and their directories removed: each push removes
+the ``lora_v<N>`` directories of versions the servers do not hold,
 what a resumed run's earlier launch left included (``transport_base.remove_versions``).
 
 Adapters on mixture-of-experts experts cannot go this way: transformers 5 holds a Qwen3-MoE
@@ -36,6 +38,7 @@ import shutil
 import socket
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -70,15 +73,29 @@ def on_this_host(url: str) -> bool:
     return address.is_loopback or str(address) in mine
 
 
-def load_adapter(engine: Any, name: str, tensors: dict[str, Any], config: dict[str, Any], directory: Path | None) -> None:
-    """``engine`` loads the adapter ``name``: from ``directory`` (an HF PEFT directory it reads), or
-    with None, from ``tensors`` (PEFT-named, on the CPU) and ``config`` (adapter_config.json as a
-    dict) sent in the request, one payload per engine TP rank as SGLang reads them."""
-    if directory is not None:
-        engine.client.load_lora_adapter(name, directory)
-        return
-    payload = serialize_for_http(dict(tensors))  # CPU tensors: pickled with their bytes
-    engine.client.load_lora_adapter_from_tensors(name, config, [payload] * engine.tp)
+@dataclass(frozen=True)
+class AdapterRequest:
+    """An adapter as ``/load_lora_adapter_from_tensors`` takes it: its adapter_config.json as a
+    dict, and its PEFT-named tensors as one base64 payload (sent once per engine TP rank)."""
+
+    config: dict[str, Any]
+    payload: str
+
+
+def adapter_request(tensors: dict[str, Any], cfg: Any, base_model: str) -> AdapterRequest:
+    """The request of ``tensors`` (:meth:`LoRAAdapters.peft_tensors`, on the CPU) under ``cfg`` (the
+    run's LoRAConfig) on ``base_model``: the same config :func:`write_peft_adapter` writes."""
+    # CPU tensors: pickled with their bytes (no shared memory handle a remote server could not open)
+    return AdapterRequest(peft_config_dict(tensors, cfg, base_model), serialize_for_http(dict(tensors)))
+
+
+def load_adapter(engine: Any, name: str, source: Path | AdapterRequest) -> None:
+    """``engine`` loads the adapter ``name`` from ``source``: an HF PEFT directory it reads, or the
+    adapter in the request."""
+    if isinstance(source, AdapterRequest):
+        engine.client.load_lora_adapter_from_tensors(name, source.config, [source.payload] * engine.tp)
+    else:
+        engine.client.load_lora_adapter(name, source)
 
 
 
@@ -121,7 +138,8 @@ class AdapterTransport:
         self.barrier()  # the directory is complete (or failed) before a server reads it
         try:
             if self.writer and failure is None:
-                self._load(version, [target if here else None for here in local], tensors, repush)
+                request = adapter_request(tensors, self.adapters.cfg, self.base_model) if not all(local) else None
+                self._load(version, [target if here else request for here in local], repush)
         finally:  # every rank meets here, a failed write or load included
             self.barrier()
         if failure is not None:
@@ -144,16 +162,15 @@ class AdapterTransport:
             return exc
         return None
 
-    def _load(self, version: int, sources: list[Path | None], tensors: dict[str, Any], repush: bool) -> None:
-        """Every server loads ``version`` (from its entry of ``sources``: the directory, or None: the
-        tensors in the request) and is labelled with it; the versions before the previous one are
-        unloaded. A re-push first unloads the name on the servers that still hold it (SGLang
-        refuses to load a name it holds; a restarted server holds none)."""
-        config = peft_config_dict(tensors, self.adapters.cfg, self.base_model) if None in sources else {}
+    def _load(self, version: int, sources: list[Any], repush: bool) -> None:
+        """Every server loads ``version`` from its entry of ``sources`` (:func:`load_adapter`) and
+        is labelled with it; the versions before the previous one are unloaded. A re-push first
+        unloads the name on the servers that still hold it (SGLang refuses to load a name it holds;
+        a restarted server holds none)."""
         for engine, source in zip(self.engines, sources, strict=True):
             if repush or version in self.loaded:
                 unload_if_held(engine, version)
-            load_adapter(engine, adapter_name(version), tensors, config, source)
+            load_adapter(engine, adapter_name(version), source)
             engine.set_weight_version(version)
             engine.check_weight_version(version)  # the server's own label, as the other transports check
         self.loaded = [v for v in self.loaded if v != version] + [version]

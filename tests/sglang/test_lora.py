@@ -158,11 +158,10 @@ def test_an_adapter_sent_in_the_request_generates_as_peft(engine, adapters, tiny
     from safetensors.torch import load_file
 
     from megarl.config.sections import LoRAConfig
-    from megarl.models.lora import PEFT_WEIGHTS, peft_config_dict
-    from megarl.weight_sync.lora_adapter import load_adapter
+    from megarl.models.lora import PEFT_WEIGHTS
+    from megarl.weight_sync.lora_adapter import adapter_request, load_adapter
 
     tensors = load_file(str(adapters["v2"] / PEFT_WEIGHTS))  # peft's names, as LoRAAdapters.peft_tensors gives them
-    config = peft_config_dict(tensors, LoRAConfig(rank=RANK, alpha=ALPHA), str(tiny_model))
-    load_adapter(engine, "sent_v2", tensors, config, None)
+    load_adapter(engine, "sent_v2", adapter_request(tensors, LoRAConfig(rank=RANK, alpha=ALPHA), str(tiny_model)))
     engine.active_adapter = "sent_v2"
     assert_matches(reference(tiny_model, adapters["v2"]), engine.generate(PROMPTS, GREEDY))
