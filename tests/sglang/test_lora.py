@@ -157,7 +157,7 @@ def test_an_adapter_sent_in_the_request_generates_as_peft(engine, adapters, tiny
     the server reads no directory."""
     from safetensors.torch import load_file
 
-    from megarl.config.sections import LoRAConfig
+    from megarl.config.train_sections import LoRAConfig
     from megarl.models.lora import PEFT_WEIGHTS
     from megarl.weight_sync.lora_adapter import adapter_request, load_adapter
 

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import torch
 
-from megarl.config.sections import LoRAConfig
+from megarl.config.train_sections import LoRAConfig
 from megarl.weight_sync import lora_adapter
 from megarl.weight_sync.lora_adapter import AdapterTransport, on_this_host
 
