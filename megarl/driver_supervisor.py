@@ -123,7 +123,8 @@ def supervise(command: Sequence[str], *, ray: bool = True) -> int:
             signal.signal(s, handler)
     reports = _parse_reports(data + _drain(read_end))
     os.close(read_end)
-    raylet_first = raylet_first or _ray_saw_its_raylet_die(reports.get("ray"), child.pid)
+    if not _killed_from_outside(code):  # a driver killed from outside is the kill's, whatever Ray logged
+        raylet_first = raylet_first or _ray_saw_its_raylet_die(reports.get("ray"), child.pid)
     if "end" in reports:
         return code if code >= 0 else 128 - code
     if code < 0 and (-code in passed_on or (-code == signal.SIGINT and interrupted)):  # before its handlers were up
@@ -148,8 +149,20 @@ def _watch(child: subprocess.Popen[bytes], fd: int) -> tuple[int, bytes, bool]:
         data += _drain(fd)
         if raylet_pid is None:
             raylet_pid = _parse_reports(data).get("ray", {}).get("raylet_pid")
-        if raylet_pid is not None and not _alive(raylet_pid) and child.poll() is None:  # raylet first, driver after
-            return child.wait(), data, True
+        if raylet_pid is not None and not _alive(raylet_pid):
+            # The driver's death first: a killed driver's raylet can be seen dead before the
+            # driver is reapable (its children get their parent-death signal before it becomes a
+            # zombie), and Ray ends a driver for its raylet with an exit, never a kill from outside
+            if child.poll() is not None:
+                return child.returncode, data, False
+            code = child.wait()
+            return code, data, not _killed_from_outside(code)
+
+
+def _killed_from_outside(code: int) -> bool:
+    """Whether exit code ``code`` is a signal that Ray never ends its driver with (Ray's quick exit
+    for a lost raylet is an exit; a failed check in its C code an abort): a kill from outside."""
+    return code < 0 and -code not in (signal.SIGABRT, signal.SIGSEGV)
 
 
 # What the driver's core worker logs just before it ends the process for a dead raylet (Ray 2.x):

@@ -198,3 +198,16 @@ def test_ray_s_own_log_of_the_raylet_s_loss_names_the_node(capsys, tmp_path):
     assert code == 2
     assert len(err) == 1 and err[0].startswith("error: the Ray node under the run died: node 127.0.0.1"), err
     assert "exited with code 1 (its raylet died first)" in err[0]
+
+
+def test_a_driver_killed_after_its_raylet_died_is_named_by_its_own_death(capsys, tmp_path):
+    """kill -9 of the driver: its raylet can be seen dead before the driver is reapable (its
+    children get their parent-death signal before it becomes a zombie). Here the raylet is seen
+    dead first for sure, then the driver is killed: the driver's death by SIGKILL is the line, as
+    Ray ends a driver for its raylet with an exit, never with a kill."""
+    body = RAYLET + _node(tmp_path) + "os.kill(raylet.pid, signal.SIGKILL)\ntime.sleep(1)\nos.kill(os.getpid(), signal.SIGKILL)"
+    code = supervise(_driver(body))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and err[0].startswith("error: the driver process (pid "), err
+    assert "was killed by SIGKILL without reporting an error" in err[0] and "Ray node" not in err[0]
