@@ -12,7 +12,10 @@ depends on what died first: the supervisor watches the raylet while the driver r
 embedded raylet dies with its driver (Ray's fate sharing) and a dead raylet found afterwards
 says nothing. A raylet seen dead while the driver lived, or Ray's log of the driver ending in
 its raylet's loss (Ray often ends the driver within a moment): the node's line (where its
-raylet's logs are); else the driver's own death (its exit code or signal, the likely causes, its log).
+raylet's logs are); else, and always for a driver killed by a signal from outside (a ``kill -9``:
+Ray ends a driver for its raylet with an exit, and a killed driver's raylet may be seen dead
+before the driver can be reaped), the driver's own death (its exit code or signal, the likely
+causes, its log).
 Both end with the command that resumes.
 
 Signals: the driver runs in a process group of its own, so every stop signal reaches it once,
