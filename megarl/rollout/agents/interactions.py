@@ -156,8 +156,10 @@ def _without_name(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     return without_nulls({k: v for k, v in kwargs.items() if k != "name"})
 
 
-def load_interactions(path: str | Path, timeout_s: float = 600.0) -> dict[str, Interaction]:
-    """The interactions of a verl-format interaction file, by name; ``timeout_s``: rollout.agent.interaction_timeout_s."""
+def load_interactions(path: str | Path, timeout_s: float = 600.0,
+                      building: Callable[[str], None] | None = None) -> dict[str, Interaction]:
+    """The interactions of a verl-format interaction file, by name; ``timeout_s``: rollout.agent.interaction_timeout_s;
+    ``building``: told what is built next, once its class is imported (as load_tools's)."""
     label = f"interaction file {path}"
     out: dict[str, Interaction] = {}
     for i, entry in enumerate(read_yaml_list(path, "interaction", "interaction file", InteractionFileError)):
@@ -167,6 +169,8 @@ def load_interactions(path: str | Path, timeout_s: float = 600.0) -> dict[str, I
         if name in out:
             raise InteractionFileError(f"{where}: a second interaction named {name!r}; names must be unique")
         config = {**dict(entry.get("config") or {}), "name": name}
+        if building is not None:
+            building(f"building {entry['class_name']} ({where})")
         try:
             out[name] = Interaction(name, cls(config=config), timeout_s)
         except Exception as exc:  # noqa: BLE001 - the user's class: name it and its error
