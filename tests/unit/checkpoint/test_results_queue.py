@@ -87,3 +87,38 @@ def test_a_killed_in_process_driver_leaves_no_descendant(tmp_path):
         for pid in left:
             os.kill(pid, signal.SIGKILL)
         raise AssertionError(f"these outlived the killed driver: {[names[pid] for pid in left]}")
+
+
+# A driver at a save, with its run's signal handling (a step in progress: a stop waits for its
+# end), and a writer forked as megatron-core forks one. The writer carries the driver's command
+# line (`pgrep -f` finds it too); it inherited the driver's handler, announced the stop and did nothing.
+DRIVER_WITH_WRITER = """
+import multiprocessing, time
+from megarl.process_signals import forks_die_with_this_process
+from megarl.trainer.watchdog import RunControl
+
+def write():
+    time.sleep(300)
+
+control = RunControl()
+with control.handlers():
+    control.deferred = True
+    forks_die_with_this_process(pass_stops_on=True)
+    writer = multiprocessing.get_context("fork").Process(target=write)
+    writer.start()
+    print(writer.pid, flush=True)
+    deadline = time.monotonic() + 120
+    while not control.stop_requested and time.monotonic() < deadline:
+        time.sleep(0.05)
+    print(control.signal, writer.is_alive(), flush=True)
+    writer.kill()
+"""
+
+
+def test_a_sigterm_to_a_writer_forked_by_the_driver_stops_the_run():
+    child = subprocess.Popen([sys.executable, "-c", DRIVER_WITH_WRITER], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    writer = int(child.stdout.readline())
+    os.kill(writer, signal.SIGTERM)
+    out, err = child.communicate(timeout=120)
+    assert out.split() == [str(int(signal.SIGTERM)), "True"], (out, err)  # the driver's stop; the writer finishes its part
+    assert err.count("SIGTERM received: stopping after this step") == 1, err
