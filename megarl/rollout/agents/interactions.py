@@ -44,6 +44,9 @@ class InteractionTimeout(AgentError):
     """A method of an interaction did not return within rollout.agent.interaction_timeout_s."""
 
 
+_WHEN = {"start_interaction": "as each conversation starts", "finalize_interaction": "as each conversation ends"}
+
+
 class Interaction:
     """A user's interaction object, called the same way whether its methods are async or not."""
 
@@ -65,8 +68,9 @@ class Interaction:
             # in a thread with a deadline, as a tool call: a method that never returns would hang the run
             return call_with_deadline(lambda: run_method(invoke()), self.timeout_s, where)
         except DeadlinePassed:
+            when = _WHEN.get(method, "between the model's turns")
             raise InteractionTimeout(f"{where} did not return within {self.timeout_s:g} s; make it return sooner (it "
-                                     "runs between the model's turns: a rule check, not a long call) or raise "
+                                     f"runs {when}: a rule check, not a long call) or raise "
                                      f"rollout.agent.interaction_timeout_s{printed_head(where)}") from None
         except Exception as exc:  # the user's code: name it (the run stops; a simulated user has no fallback)
             raise AgentError(f"{where} raised {type(exc).__name__}: {exc}; fix it{printed_head(where)}") from exc
