@@ -20,7 +20,6 @@ import os
 from multiprocessing.managers import SyncManager
 from typing import Any
 
-from megarl.driver_supervisor import supervised
 from megarl.process_signals import die_with_parent, forks_die_with_this_process
 
 _manager: SyncManager | None = None  # kept for the process's life: the queue is megatron's global
@@ -36,7 +35,7 @@ def install_results_queue() -> None:
 
     if threading.current_thread() is not threading.main_thread():  # PDEATHSIG would fire when this thread ends
         return
-    forks_die_with_this_process(pass_stops_on=supervised())  # the writers a save forks outlived a kill -9 of the driver
+    forks_die_with_this_process()  # the writers a save forks outlived a kill -9 of the driver
     if getattr(filesystem_async, "_results_queue", False) is None:
         filesystem_async._results_queue = results_queue()
 

@@ -94,7 +94,7 @@ def test_a_killed_in_process_driver_leaves_no_descendant(tmp_path):
 # line (`pgrep -f` finds it too); it inherited the driver's handler, announced the stop and did nothing.
 DRIVER_WITH_WRITER = """
 import multiprocessing, time
-from megarl.process_signals import forks_die_with_this_process
+from megarl.process_signals import forks_die_with_this_process, forks_pass_stops_on
 from megarl.trainer.watchdog import RunControl
 
 def write():
@@ -103,7 +103,8 @@ def write():
 control = RunControl()
 with control.handlers():
     control.deferred = True
-    forks_die_with_this_process(pass_stops_on=True)
+    forks_pass_stops_on()  # as megarl's CLI does in a supervised driver
+    forks_die_with_this_process()
     writer = multiprocessing.get_context("fork").Process(target=write)
     writer.start()
     print(writer.pid, flush=True)
