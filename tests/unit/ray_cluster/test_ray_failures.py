@@ -100,3 +100,22 @@ def test_a_node_of_an_embedded_ray_points_at_its_raylet_log_not_ray_status(monke
     assert "ray status" not in line and "ray logs" not in line and f"{tmp_path}/raylet.out" in line
     node.all_processes = {}  # attached to a cluster: its raylets are not this process's
     assert "`ray status`" in (ray_failure(died(f"The actor died because its node has died. Node Id: {NODE}")) or "")
+
+
+def test_an_embedded_raylet_dead_as_ray_starts_is_refused_as_the_node_s_death(tmp_path):
+    """The raylet killed right after Ray started: the driver says so before it imports user code
+    (whose later death it would otherwise seem to be). A real child process stands for the raylet."""
+    import signal
+    import subprocess
+
+    from megarl.ray_cluster.session import raylet_end_problem
+
+    raylet = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        assert raylet_end_problem(raylet, str(tmp_path)) is None  # running: nothing to say
+    finally:
+        raylet.send_signal(signal.SIGKILL)
+        raylet.wait(timeout=60)
+    line = raylet_end_problem(raylet, str(tmp_path)) or ""
+    assert line.startswith(f"the Ray node under the run died as Ray started: its raylet (pid {raylet.pid}) was killed by SIGKILL")
+    assert f"{tmp_path}/raylet.out" in line and "dmesg" in line and "\n" not in line
