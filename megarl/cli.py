@@ -126,9 +126,12 @@ def _set_up_subcommands(sub: argparse._SubParsersAction) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     from megarl.driver_supervisor import report as report_to_supervisor
-    from megarl.driver_supervisor import take_report_pipe
+    from megarl.driver_supervisor import supervised, take_report_pipe
+    from megarl.process_signals import forks_pass_stops_on
 
     take_report_pipe()  # `megarl launch`'s driver, started by its supervisor (megarl/driver_supervisor.py)
+    if supervised():  # a stop sent to a process it forks (it carries this command line) is the driver's
+        forks_pass_stops_on()
     code: object = None
     try:
         code = _main(argv)
