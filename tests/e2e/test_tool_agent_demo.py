@@ -11,10 +11,10 @@ loss, while every token the model wrote does.
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import pytest
+from spawn import run_distributed
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "tiny_tool_agent.yaml"
@@ -56,9 +56,6 @@ def _run(rank: int, world: int, root: str) -> dict:
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> dict:
-    sys.path.insert(0, str(ROOT / "tests" / "distributed"))
-    from spawn import run_distributed
-
     return run_distributed(_run, 1, str(tmp_path_factory.mktemp("tool-demo")), timeout_s=600, daemon=False)[0]
 
 
