@@ -68,3 +68,4 @@ generated  # the generated part of a docs page (megarl/config/verl_doc.py), read
 build_tiny_reward_model  # the tests' tiny reward model (tests/unit/rewards/test_reward_model.py, tests/e2e/test_reward_model_role.py)
 # bench/vs_trl_side.py: transformers' TrainerCallback hooks, called by TRL's trainer by name.
 _.on_train_begin; _.on_step_begin; _.on_step_end
+calculator_calls  # the tool-use demo's parser, named by import path in configs/tiny_tool_agent.yaml
