@@ -50,28 +50,14 @@ def _run(rank: int, world: int, root: str) -> dict:
     import os
     import sys
 
+    from run_helpers import fit_in_process_keeping_batches
+
     from megarl.config.loading import load_config
-    from megarl.plan.planner import make_plan
-    from megarl.trainer.build import build_trainer, shutdown
 
     examples = str(ROOT / "docs" / "examples")  # the parser's module, on the path as a user's would be
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (examples, os.environ.get("PYTHONPATH")) if p)
     sys.path.insert(0, examples)
-    cfg = load_config(ROOT / "configs" / "tiny_grpo.yaml", _write_inputs(Path(root)))
-    trainer = build_trainer(cfg, make_plan(cfg, check_files=True, in_process=True), in_process=True)
-    batches = []
-    collect = trainer.parts.rollouts.collector.collect
-
-    def keep(*args, **kwargs):  # the step's scored batch, as the trainer received it
-        batch, metrics = collect(*args, **kwargs)
-        batches.append(batch)
-        return batch, metrics
-
-    trainer.parts.rollouts.collector.collect = keep
-    try:
-        trainer.fit()
-    finally:
-        shutdown(trainer)
+    batches = fit_in_process_keeping_batches(load_config(ROOT / "configs" / "tiny_grpo.yaml", _write_inputs(Path(root))))
     records = [json.loads(line) for line in (Path(root) / "run" / "metrics.jsonl").read_text().splitlines()]
     first = batches[0]
     return {"records": records, "finish": first.finish_reason, "agent": [e["agent"] for e in first.extra_info],

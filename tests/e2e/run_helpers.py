@@ -73,6 +73,29 @@ def train(demo_root: Path, out: Path, steps: int, *extra: str):
     return cfg, last, read_jsonl(out / "metrics.jsonl")
 
 
+def fit_in_process_keeping_batches(cfg) -> list:
+    """Train ``cfg`` in this process (`--in-process`'s trainer) and return each step's scored
+    Batch as the trainer received it from its collector."""
+    from megarl.plan.planner import make_plan
+    from megarl.trainer.build import build_trainer, shutdown
+
+    trainer = build_trainer(cfg, make_plan(cfg, check_files=True, in_process=True), in_process=True)
+    batches = []
+    collect = trainer.parts.rollouts.collector.collect
+
+    def keep(*args, **kwargs):
+        batch, metrics = collect(*args, **kwargs)
+        batches.append(batch)
+        return batch, metrics
+
+    trainer.parts.rollouts.collector.collect = keep
+    try:
+        trainer.fit()
+    finally:
+        shutdown(trainer)
+    return batches
+
+
 def kill_after_checkpoint(cmd: list[str], out: Path, step: int, log: Path) -> None:
     """Start the run in a session of its own, SIGKILL its whole process group as soon as the
     checkpoint of ``step`` is committed (its manifest written)."""

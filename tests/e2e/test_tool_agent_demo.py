@@ -22,10 +22,10 @@ _SUM = re.compile(r"(0|[1-9][0-9]*)(\+(0|[1-9][0-9]*))*")  # what Python's gramm
 
 
 def _run(rank: int, world: int, root: str) -> dict:
+    from run_helpers import fit_in_process_keeping_batches
+
     from megarl.commands.demo import prepare_demo
     from megarl.config.loading import load_config
-    from megarl.plan.planner import make_plan
-    from megarl.trainer.build import build_trainer, shutdown
 
     model, data = prepare_demo(Path(root) / "demo", arch="tiny-tool-demo")
     cfg = load_config(CONFIG, [
@@ -35,20 +35,7 @@ def _run(rank: int, world: int, root: str) -> dict:
         "data.prompts_per_step=16", "actor.mini_batch_size=128", "reward.workers=1",
         f"rollout.agent.tools_file={ROOT / 'configs' / 'tools' / 'calculator.yaml'}",
     ])  # fmt: skip
-    trainer = build_trainer(cfg, make_plan(cfg, check_files=True, in_process=True), in_process=True)
-    batches = []
-    collect = trainer.parts.rollouts.collector.collect
-
-    def keep(*args, **kwargs):  # the step's scored batch, as the trainer received it
-        batch, metrics = collect(*args, **kwargs)
-        batches.append(batch)
-        return batch, metrics
-
-    trainer.parts.rollouts.collector.collect = keep
-    try:
-        trainer.fit()
-    finally:
-        shutdown(trainer)
+    batches = fit_in_process_keeping_batches(cfg)
     rows = [(ids[:n], mask[:n], info["agent"]) for b in batches for ids, mask, n, info in
             zip(b.response_ids.tolist(), b.response_mask.tolist(), b.response_lengths.tolist(), b.extra_info)]  # fmt: skip
     return {"model": str(model), "rows": rows, "steps": len(batches), "turn_cap": cfg.rollout.agent.max_tokens_per_turn}
