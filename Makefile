@@ -4,7 +4,7 @@ PY    := $(VENV)/bin/python
 # A CPU build that installs fast; on a GPU box create the venv yourself with a CUDA torch.
 TORCH ?= torch==2.13.0
 
-.PHONY: demo test lint venv sglang-cpu
+.PHONY: demo test lint docs venv sglang-cpu
 
 venv: $(VENV)/.installed
 
@@ -29,12 +29,20 @@ test: $(VENV)/.installed
 
 # ruff; the dead-code check: a function, class or attribute nothing uses fails CI
 # (ci/vulture_whitelist.py lists the names used by name: registries, pydantic, Megatron); the
-# import contracts (the layers of docs/architecture.md, in pyproject.toml); the type check.
+# import contracts (the layers of docs/architecture.md, in pyproject.toml); the type check; the
+# documentation site built strictly (a broken link or anchor, or a page outside mkdocs.yml's nav, fails).
 lint: $(VENV)/.installed
-	$(VENV)/bin/ruff check megarl tests bench docs/examples ci
-	$(VENV)/bin/vulture megarl bench docs/examples ci/vulture_whitelist.py --min-confidence 60
+	$(VENV)/bin/ruff check megarl tests bench docs ci
+	$(VENV)/bin/vulture megarl bench docs/examples docs/site_pages.py ci/vulture_whitelist.py --min-confidence 60
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy megarl
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
+# The documentation site (docs/, mkdocs.yml) into site/: open site/index.html. The reference pages
+# (configuration, commands, metrics, benchmark results) are generated from the code as it builds.
+docs: $(VENV)/.installed
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+	@echo "site/index.html"
 
 # The real SGLang server on CPU, for tests/sglang/ (skipped without it): a separate venv built
 # from ci/sglang-cpu/requirements.lock outside the checkout (the path ci/sglang-cpu/venv_path.py

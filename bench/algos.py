@@ -45,7 +45,7 @@ from megarl.algos import (
     token_rewards_from_scores,
 )
 from megarl.algos.losses import POLICY_LOSSES, make_policy_loss_fn
-from megarl.config.sections import AlgorithmConfig, ClipConfig
+from megarl.config.algorithm_sections import AlgorithmConfig, ClipConfig
 from megarl.data.batch import Batch
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -113,7 +113,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     from megarl.actors.policy import PolicyWorker
-    from megarl.config.sections import ActorConfig
+    from megarl.config.train_sections import ActorConfig
     from megarl.data.batch import TokenRows
 
     info = machine()

@@ -203,7 +203,7 @@ def build_stack(rank: int, plan: Plan):
     """(policy, engine or None, transport, check) as a run builds them, at bf16."""
     from megarl.actors.policy import PolicyWorker
     from megarl.config.rollout_sections import WeightSyncConfig
-    from megarl.config.sections import ActorConfig, OptimizerConfig, ParallelConfig
+    from megarl.config.train_sections import ActorConfig, OptimizerConfig, ParallelConfig
     from megarl.engines.base import SamplingParams
     from megarl.engines.torch_engine import TorchEngine
     from megarl.weight_sync.logprob_check import PostPushCheck

@@ -87,7 +87,7 @@ def parse() -> argparse.Namespace:
 def build_workers(path: Path, args: argparse.Namespace) -> dict[str, Any]:
     """The two sides, alive together so that their steps interleave."""
     from megarl.actors.policy import PolicyWorker
-    from megarl.config.sections import ActorConfig, LoRAConfig, OptimizerConfig
+    from megarl.config.train_sections import ActorConfig, LoRAConfig, OptimizerConfig
 
     lora = LoRAConfig(rank=args.rank, alpha=2.0 * args.rank, target_modules=["all-linear"])
     workers = {}

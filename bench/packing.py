@@ -115,7 +115,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     from megarl.actors.policy import PolicyWorker
-    from megarl.config.sections import ActorConfig, OptimizerConfig
+    from megarl.config.train_sections import ActorConfig, OptimizerConfig
     from megarl.data.batch import TokenRows
 
     info = machine()

@@ -145,7 +145,7 @@ def profiled_step(worker, batch, label: str, device: str) -> dict:
 def measure(path: Path, shape: dict, attention: str, seq: int, args: argparse.Namespace, device: str) -> dict:
     """One row of the table: a fresh worker with ``attention``, its step time and FLOPs."""
     from megarl.actors.policy import PolicyWorker
-    from megarl.config.sections import ActorConfig, OptimizerConfig
+    from megarl.config.train_sections import ActorConfig, OptimizerConfig
 
     cfg = ActorConfig(micro_batch_size=args.micro, recompute="none", pack_sequences=attention != "padded",
                       packed_attention="flex" if attention == "flex" else "auto", optimizer=OptimizerConfig(lr=1e-6))  # fmt: skip

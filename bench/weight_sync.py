@@ -116,7 +116,7 @@ def rank_main(rank: int, port: int, model_dir: str, layout: str, bucket_mb: floa
     import torch.distributed as dist
 
     from megarl.config.rollout_sections import WeightSyncConfig
-    from megarl.config.sections import ActorConfig, ParallelConfig
+    from megarl.config.train_sections import ActorConfig, ParallelConfig
     from megarl.engines.torch_engine import TorchEngine
     from megarl.megatron_runtime.model import MegatronModel
     from megarl.parallel.groups import destroy_parallel

@@ -1,4 +1,4 @@
-"""Names the dead-code check (`make lint`: vulture over megarl/, bench/, docs/examples/) must not
+"""Names the dead-code check (`make lint`: vulture over megarl/, bench/, docs/examples/, docs/site_pages.py) must not
 report, each with why it is used although no Python call names it. A name that becomes really
 unused must be deleted, not added here."""
 
@@ -11,6 +11,8 @@ gae; grpo; dr_grpo; rloo; reinforce_plus_plus; reinforce_plus_plus_baseline; rem
 ppo_loss; gspo_loss; agg_token_mean; agg_seq_mean_token_sum; agg_seq_mean_token_mean; agg_seq_mean_token_sum_norm
 kl_k1; kl_k2; kl_k3; kl_abs
 LlamaBridge; Qwen2Bridge; Qwen3Bridge; Qwen3MoeBridge  # @register_bridge, found by HF model_type
+# mkdocs calls its hooks by name (mkdocs.yml's `hooks:`, docs/site_pages.py).
+on_files; on_page_markdown
 # The documented extension examples, named by import path in configs (docs/extending.md).
 centered_score; unclipped_ratio; generate_with_prefix
 # Agent loops, tools and parsers: registered by decorator, named by the data (agent_name) or a
@@ -54,7 +56,7 @@ _.__class__  # a Megatron module given megarl's subclass of its own class (megar
 # Kept references and records that are read, not called.
 keepalive  # tensors an IPC payload points into stay alive until the engine answered
 kept_groups; dropped_groups; kept_samples; dropped_samples  # dynamic sampling's statistics (tests, logs)
-emitter; meaning  # catalogue fields (the README's metrics table is checked against them)
+emitter; meaning  # catalogue fields (docs/metrics.md's table is checked against them)
 resources  # what a Ray session found at start
 _.repushes; _.restarts  # the hand-over's counters of re-pushes and engine restarts
 EXIT_OK; EXIT_SIGTERM  # the documented exit codes, listed together
@@ -66,3 +68,4 @@ generated  # the generated part of a docs page (megarl/config/verl_doc.py), read
 build_tiny_reward_model  # the tests' tiny reward model (tests/unit/rewards/test_reward_model.py, tests/e2e/test_reward_model_role.py)
 # bench/vs_trl_side.py: transformers' TrainerCallback hooks, called by TRL's trainer by name.
 _.on_train_begin; _.on_step_begin; _.on_step_end
+calculator_calls  # the tool-use demo's parser, named by import path in configs/tiny_tool_agent.yaml

@@ -126,9 +126,12 @@ def _set_up_subcommands(sub: argparse._SubParsersAction) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     from megarl.driver_supervisor import report as report_to_supervisor
-    from megarl.driver_supervisor import take_report_pipe
+    from megarl.driver_supervisor import supervised, take_report_pipe
+    from megarl.process_signals import forks_pass_stops_on
 
     take_report_pipe()  # `megarl launch`'s driver, started by its supervisor (megarl/driver_supervisor.py)
+    if supervised():  # a stop sent to a process it forks (it carries this command line) is the driver's
+        forks_pass_stops_on()
     code: object = None
     try:
         code = _main(argv)
@@ -289,3 +292,34 @@ def _quiet_broken_pipe() -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def commands_markdown(width: int = 100) -> str:
+    """The commands page of the documentation site: `megarl --help` and every (sub)command's
+    --help as argparse prints them at ``width`` columns, built in this process (no subprocess;
+    building the parser imports no torch, so the site builds in seconds)."""
+    previous = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = str(width)  # argparse's HelpFormatter reads the width from here
+    try:
+        parser = build_parser()
+        out = ["# Commands", "",
+               "Generated from megarl's argument parser when the site is built: each block is that command's "
+               "`--help`, exactly as the terminal prints it.", "", "## `megarl`", "", "```text",
+               parser.format_help().rstrip(), "```", ""]  # fmt: skip
+        out += _subcommands_markdown(parser, level=2)
+    finally:
+        if previous is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = previous
+    return "\n".join(out)
+
+
+def _subcommands_markdown(parser: argparse.ArgumentParser, level: int) -> list[str]:
+    out: list[str] = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for command in action.choices.values():
+                out += [f"{'#' * level} `{command.prog}`", "", "```text", command.format_help().rstrip(), "```", ""]
+                out += _subcommands_markdown(command, min(level + 1, 6))
+    return out

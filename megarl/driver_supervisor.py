@@ -13,7 +13,10 @@ depends on what died first: the supervisor watches the raylet while the driver r
 embedded raylet dies with its driver (Ray's fate sharing) and a dead raylet found afterwards
 says nothing. A raylet seen dead while the driver lived, or Ray's log of the driver ending in
 its raylet's loss (Ray often ends the driver within a moment): the node's line (where its
-raylet's logs are); else the driver's own death (its exit code or signal, the likely causes, its log).
+raylet's logs are); else, and always for a driver killed by a signal from outside (a ``kill -9``:
+Ray ends a driver for its raylet with an exit, and a killed driver's raylet may be seen dead
+before the driver can be reaped), the driver's own death (its exit code or signal, the likely
+causes, its log).
 Both end with the command that resumes.
 
 Signals: the driver runs in a process group of its own, so every stop signal reaches it once,
@@ -119,13 +122,16 @@ def supervise(command: Sequence[str], *, ray: bool = True, kept: str | None = No
         os.close(write_end)
         for signum in pending:
             child.send_signal(signum)
-        code, data, raylet_first = _watch(child, read_end)
+        code, data, raylet_first, found = _watch(child, read_end, ray=ray)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
     reports = _parse_reports(data + _drain(read_end))
     os.close(read_end)
-    raylet_first = raylet_first or _ray_saw_its_raylet_die(reports.get("ray"), child.pid)
+    if found and "ray" not in reports:  # the raylet died as Ray started, before the driver could say where
+        reports["ray"] = found
+    if not _killed_from_outside(code):  # a driver killed from outside is the kill's, whatever Ray logged
+        raylet_first = raylet_first or _ray_saw_its_raylet_die(reports.get("ray"), child.pid)
     if "end" in reports:
         return code if code >= 0 else 128 - code
     if code < 0 and (-code in passed_on or (-code == signal.SIGINT and interrupted)):  # before its handlers were up
@@ -135,23 +141,70 @@ def supervise(command: Sequence[str], *, ray: bool = True, kept: str | None = No
     return 130 if interrupted else 2
 
 
-def _watch(child: subprocess.Popen[bytes], fd: int) -> tuple[int, bytes, bool]:
-    """Wait for the driver, watching the raylet it reported (a local pid): its exit code, what it
-    wrote, and whether the raylet was seen dead while the driver still lived. The order is the
-    cause: an embedded raylet dies with its driver (Ray's fate sharing), so a raylet found dead
-    after the driver says nothing, and Ray ends a driver only after its raylet is gone."""
+def _watch(child: subprocess.Popen[bytes], fd: int, *, ray: bool = True) -> tuple[int, bytes, bool, dict[str, Any] | None]:
+    """Wait for the driver, watching the raylet it reported (a local pid), or, with ``ray``, the
+    one found among its children before it could report (Ray starts an embedded raylet as the
+    driver's child): its exit code, what it wrote, whether the raylet was seen dead while the
+    driver still lived, and the raylet found so. The order is the cause: an embedded raylet dies
+    with its driver (Ray's fate sharing), so a raylet found dead after the driver says nothing,
+    and Ray ends a driver only after its raylet is gone."""
     data = b""
     raylet_pid: int | None = None
+    found: dict[str, Any] | None = None
     while True:
         try:
-            return child.wait(timeout=WATCH_INTERVAL_S), data, False
+            return child.wait(timeout=WATCH_INTERVAL_S), data, False, found
         except subprocess.TimeoutExpired:
             pass
         data += _drain(fd)
         if raylet_pid is None:
             raylet_pid = _parse_reports(data).get("ray", {}).get("raylet_pid")
-        if raylet_pid is not None and not _alive(raylet_pid) and child.poll() is None:  # raylet first, driver after
-            return child.wait(), data, True
+        if raylet_pid is None and ray and found is None:
+            found = raylet_child(child.pid)
+            raylet_pid = found["raylet_pid"] if found else None
+        if raylet_pid is not None and not _alive(raylet_pid):
+            # The driver's death first: a killed driver's raylet can be seen dead before the
+            # driver is reapable (its children get their parent-death signal before it becomes a
+            # zombie), and Ray ends a driver for its raylet with an exit, never a kill from outside
+            if child.poll() is not None:
+                return child.returncode, data, False, found
+            code = child.wait()
+            return code, data, not _killed_from_outside(code), found
+
+
+def raylet_child(pid: int) -> dict[str, Any] | None:
+    """An embedded raylet among process ``pid``'s children (/proc: its name, and what its command
+    line says of its node: address, id, session folder), as the driver reports its node; None
+    when there is none (not started yet, a cluster's, not Linux)."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                children = f.read().split()
+        except OSError:
+            continue
+        for child in children:
+            try:
+                with open(f"/proc/{child}/comm") as f:
+                    if f.read().strip() != "raylet":
+                        continue
+                with open(f"/proc/{child}/cmdline", "rb") as f:
+                    args = dict(a.partition("=")[::2] for a in f.read().decode(errors="replace").split("\0") if a.startswith("--"))
+            except OSError:
+                continue
+            session = os.path.dirname(os.path.dirname(args.get("--raylet_socket_name", "")))  # <session>/sockets/raylet
+            return {"ip": args.get("--node_ip_address", "?"), "node_id": args.get("--node_id", "?"),
+                    "logs": os.path.join(session, "logs") if session else None, "raylet_pid": int(child)}  # fmt: skip
+    return None
+
+
+def _killed_from_outside(code: int) -> bool:
+    """Whether exit code ``code`` is a signal that Ray never ends its driver with (Ray's quick exit
+    for a lost raylet is an exit; a failed check in its C code an abort): a kill from outside."""
+    return code < 0 and -code not in (signal.SIGABRT, signal.SIGSEGV)
 
 
 # What the driver's core worker logs just before it ends the process for a dead raylet (Ray 2.x):

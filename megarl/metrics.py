@@ -232,7 +232,7 @@ def lookup(name: str) -> Metric:
     hint = f"; did you mean {', '.join(close)}?" if close else ""
     raise UnknownMetricError(
         f"metric {name!r} is not in the catalogue (megarl/metrics.py){hint} A new metric is "
-        "declared there once, with its reduction and meaning, and listed in the README's table"
+        "declared there once, with its reduction and meaning, and listed in docs/metrics.md's table"
     )
 
 
@@ -251,3 +251,21 @@ def accumulated(name: str) -> Metric:
 def optimizer_metric_names(role: str) -> dict[str, str]:
     """``{grad_norm, lr, optimizer_steps, skipped_steps} -> public name`` of ``role``."""
     return {key: lookup(f"{role}/{key}").name for key in ("grad_norm", "lr", "optimizer_steps", "skipped_steps")}
+
+
+def catalogue_markdown() -> str:
+    """The metrics catalogue page of the documentation site: every entry, family by family, in
+    the catalogue's order (generated when the site is built, so it cannot drift from the code)."""
+    out = ["# Metrics catalogue", "",
+           "Generated from `megarl/metrics.py` when the site is built: every metric megarl reports, its reduction "
+           "(how the pieces of a step combine), who writes it and what it means. A `<part>` is filled in at run time. "
+           "[Metrics](../metrics.md) says where they go and how the reductions work.", ""]  # fmt: skip
+    families = list(dict.fromkeys(m.family for m in CATALOGUE))
+    for family in families:
+        out += [f"## `{family}/`", "", "| name | reduction | written by | meaning |", "|---|---|---|---|"]
+        for m in CATALOGUE:
+            if m.family == family:
+                meaning = m.meaning.replace("|", "\\|").replace("<", "&lt;")
+                out.append(f"| `{m.name}` | {m.reduction} | {m.emitter} | {meaning} |")
+        out.append("")
+    return "\n".join(out)

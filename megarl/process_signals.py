@@ -76,3 +76,51 @@ def die_with_parent(parent: int) -> None:
     if os.getppid() != parent:
         os._exit(1)
 
+
+_fork_hook: list[bool] = []  # registered once per process; [True] in a child forked by the main thread
+_pass_stops_on: list[bool] = []  # [True]: this process is a driver (forks_pass_stops_on)
+
+
+def forks_pass_stops_on() -> None:
+    """In a driver: the children forks_die_with_this_process covers pass SIGTERM and SIGHUP on to it."""
+    _pass_stops_on[:] = [True]
+
+
+def forks_die_with_this_process() -> None:
+    """From now on, a child this process forks from its main thread (``os.fork``: multiprocessing's
+    fork context, megatron-core's checkpoint writers) gets PR_SET_PDEATHSIG: it is killed with this
+    process, whatever ends it. A writer forked during a save outlived a ``kill -9`` of the driver,
+    and held the pipes that tell the reward pool's forkserver, its workers and multiprocessing's
+    resource tracker that the driver is gone, so they stayed too. Forks from other threads are
+    left alone (the signal fires when the forking thread ends, not the process). Idempotent.
+
+    In a driver (forks_pass_stops_on), such a child passes SIGTERM and SIGHUP on to this process. It
+    carries the driver's command line, so ``pgrep -f`` finds it as well, and with the driver's
+    handler (inherited) it announced a stop and did nothing. Repeats of those two within seconds
+    count as one stop (megarl/trainer/watchdog.py), so a signal that reached both is not doubled."""
+    import ctypes
+
+    if _fork_hook:
+        return
+    try:
+        prctl = ctypes.CDLL(None).prctl  # looked up here: a forked child of a threaded process loads nothing
+    except (OSError, AttributeError):  # not Linux: no such call
+        return
+    _fork_hook.append(False)
+
+    def before() -> None:
+        _fork_hook[0] = threading.current_thread() is threading.main_thread()
+
+    def after_in_child() -> None:
+        if not _fork_hook[0]:
+            return
+        parent = os.getppid()
+        prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if parent == 1:  # the parent was gone before the call: nothing would kill this child
+            os._exit(1)
+        if _pass_stops_on:
+            for signum in STOP_SIGNALS:
+                signal.signal(signum, lambda s, frame: os.kill(parent, s))
+
+    os.register_at_fork(before=before, after_in_child=after_in_child)
+

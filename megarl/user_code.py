@@ -91,16 +91,17 @@ def user_exit_error(what: str, exc: BaseException, fix: str) -> UserCodeError:
     return UserCodeError(f"{what} {exit_description(exc)}; {fix}")
 
 
-def named_generate_function(fn: Any, name: str) -> Any:
+def named_generate_function(fn: Any, name: str, returns: type) -> Any:
     """``fn`` (the user's rollout.generate_function ``name``) called so that an exit or an exception
-    of the user's own is one UserCodeError naming it and its file (megarl's own errors pass as they are)."""
+    of the user's own is one UserCodeError naming it and its file (megarl's own errors pass as they
+    are), and so is a result that is no ``returns`` (megarl's Batch: this layer cannot import it)."""
 
     @functools.wraps(fn)  # logs and the run's phases name the user's function, not this wrapper
     def generate(*args: Any, **kwargs: Any) -> Any:
         what = f"rollout.generate_function {name} ({source_file(fn)})"
         try:
             with running(what):
-                return fn(*args, **kwargs)
+                result = fn(*args, **kwargs)
         except EXITS as exc:
             if not raised_by_code(exc):  # the user's own Ctrl-C
                 raise
@@ -118,8 +119,22 @@ def named_generate_function(fn: Any, name: str) -> Any:
                 f"{what} raised {type(exc).__name__}: {exc}; fix the function (the traceback is in "
                 f"{traceback_to_log(what, exc)}){printed_head(what)}"
             ) from exc
+        if not isinstance(result, returns):  # else the first use of it fails deep in megarl, in a traceback
+            raise UserCodeError(
+                f"{what} returned {_short(result)}, not a {returns.__module__}.{returns.__qualname__}; a generate "
+                f"function must return a {returns.__qualname__} of the responses (one row per response, "
+                f"as megarl.rollout.single_turn.generate_batch builds it) or raise{printed_head(what)}"
+            )
+        return result
 
     return generate
+
+
+def _short(value: Any) -> str:
+    """``value`` for a message: its type and the head of its repr."""
+    text = repr(value)
+    text = text if len(text) <= 80 else text[:77] + "..."
+    return text if value is None else f"a {type(value).__name__} ({text})"
 
 
 _MEGARL_DIR = os.path.dirname(os.path.abspath(__file__))

@@ -1,6 +1,6 @@
-"""Test folders whose helper modules (run_helpers.py, agent_doubles.py; tests/distributed has its
-own) are imported by plain name: put them on sys.path (``--import-mode=importlib`` does not).
-Fixtures every folder may use."""
+"""Test folders whose helper modules (run_helpers.py, agent_doubles.py, and tests/distributed's
+spawn.py for the end-to-end tests that run a trainer in a process of its own) are imported by
+plain name: put them on sys.path (``--import-mode=importlib`` does not). Fixtures every folder may use."""
 
 import contextlib
 import os
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-for _folder in ("e2e", os.path.join("unit", "rollout", "agents")):
+for _folder in ("e2e", "distributed", os.path.join("unit", "rollout", "agents")):
     _path = os.path.join(_HERE, _folder)
     if _path not in sys.path:
         sys.path.insert(0, _path)

@@ -515,7 +515,7 @@ def _build_hf_dir(out: Path, shape: dict, dtype: str, device: str = "cpu") -> Pa
 def _policy(path: Path, dtype: str, micro: int, distributed: bool) -> Any:
     """megarl's policy worker (Megatron, TP=1, DDP + optimizer) on this process's device."""
     from megarl.actors.policy import PolicyWorker
-    from megarl.config.sections import ActorConfig, OptimizerConfig
+    from megarl.config.train_sections import ActorConfig, OptimizerConfig
 
     _set_rank_env()
     cfg = ActorConfig(micro_batch_size=micro, recompute="none", optimizer=OptimizerConfig(lr=1e-6, distributed=distributed))

@@ -17,7 +17,7 @@ import torch
 
 from megarl.algos.advantages import AdvantageInputs
 from megarl.algos.losses import PolicyLossTerms
-from megarl.config.sections import AlgorithmConfig, ClipConfig
+from megarl.config.algorithm_sections import AlgorithmConfig, ClipConfig
 from megarl.rollout.single_turn import generate_batch
 
 

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from megarl.config.rollout_sections import WeightSyncConfig
-from megarl.config.sections import ActorConfig
+from megarl.config.train_sections import ActorConfig
 from megarl.kept_files import write_atomically
 
 INDEX = "model.safetensors.index.json"

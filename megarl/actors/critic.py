@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from megarl.algos.losses import LossFn, ModelOutputs, loss_count
-from megarl.config.sections import CriticConfig
+from megarl.config.train_sections import CriticConfig
 from megarl.data.batch import Batch, TokenRows
 from megarl.megatron_runtime.micro_batches import MicroBatch, MicroBatching
 from megarl.megatron_runtime.model import MegatronModel, dtype_of

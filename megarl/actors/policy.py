@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from megarl.algos.losses import LossFn, ModelOutputs, loss_count
-from megarl.config.sections import ActorConfig
+from megarl.config.train_sections import ActorConfig
 from megarl.data.batch import Batch, TokenRows
 from megarl.megatron_runtime.micro_batches import MicroBatch
 from megarl.megatron_runtime.model import (

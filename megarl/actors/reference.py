@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from megarl.config.sections import ActorConfig
+from megarl.config.train_sections import ActorConfig
 from megarl.data.batch import Batch, TokenRows
 from megarl.megatron_runtime.model import MegatronModel, dtype_of, response_logprobs
 from megarl.megatron_runtime.offload import ModelStates, model_weights

@@ -4,7 +4,7 @@ the metric accumulator (reductions of the catalogued metrics as tensor operation
 No torch.distributed, no Ray, no models: the controller calls the advantage functions on a
 whole Batch, the Megatron workers call the LossFns on micro-batch slices. Names selectable
 in the config live in registries (``ADVANTAGE_ESTIMATORS``, ``POLICY_LOSSES``,
-``LOSS_AGGREGATIONS``, ``KL_ESTIMATORS``) that mirror megarl/config/sections.py.
+``LOSS_AGGREGATIONS``, ``KL_ESTIMATORS``) that mirror megarl/config/algorithm_sections.py.
 """
 
 from megarl.algos.advantages import (

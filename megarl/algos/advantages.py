@@ -37,7 +37,7 @@ import torch
 
 from megarl.algos.kl import kl_estimate
 from megarl.algos.registry import Registry
-from megarl.config.sections import AlgorithmConfig, KLConfig
+from megarl.config.algorithm_sections import AlgorithmConfig, KLConfig
 from megarl.data.batch import Batch
 
 GRPO_EPS = 1e-6  # added to the group std (verl's epsilon)

@@ -29,7 +29,7 @@ from typing import Protocol
 import torch
 
 from megarl.algos.registry import Registry
-from megarl.config.sections import KLConfig
+from megarl.config.algorithm_sections import KLConfig
 
 KLEstimator = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 KL_ESTIMATORS: Registry[KLEstimator] = Registry("KL estimator")

@@ -17,7 +17,7 @@ import torch
 from megarl.algos.kl import kl_estimate
 from megarl.algos.mismatch import logprob_mismatch, mis_mask, tis_capped, tis_weights
 from megarl.algos.registry import Registry
-from megarl.config.sections import AlgorithmConfig, ClipConfig
+from megarl.config.algorithm_sections import AlgorithmConfig, ClipConfig
 from megarl.data.batch import Batch
 
 

@@ -17,7 +17,7 @@ from megarl.algos.advantages import compute_advantages, reward_kl, token_rewards
 from megarl.algos.dapo import overlong_penalty
 from megarl.algos.kl import KLController
 from megarl.algos.metrics import pair, reduce_metrics
-from megarl.config.sections import AlgorithmConfig
+from megarl.config.algorithm_sections import AlgorithmConfig
 from megarl.data.batch import Batch
 
 

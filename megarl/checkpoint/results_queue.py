@@ -7,7 +7,10 @@ that only a clean exit of its starter shuts down. After a ``kill -9`` of the dri
 ``--in-process`` run saves there) it was left running, re-parented to pid 1, and so was
 multiprocessing's resource tracker, whose pipe the server still held. The same queue from a
 manager whose server has PR_SET_PDEATHSIG dies with its starter, and the resource tracker then
-reads the end of its pipe and exits.
+reads the end of its pipe and exits. The writers the save forks (fork context, from the main
+thread) die with their starter as well (process_signals.forks_die_with_this_process): one caught
+mid-save outlived the driver and kept the reward pool's forkserver, its workers and the resource
+tracker alive through the pipes it held.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import os
 from multiprocessing.managers import SyncManager
 from typing import Any
 
-from megarl.process_signals import die_with_parent
+from megarl.process_signals import die_with_parent, forks_die_with_this_process
 
 _manager: SyncManager | None = None  # kept for the process's life: the queue is megatron's global
 
@@ -32,6 +35,7 @@ def install_results_queue() -> None:
 
     if threading.current_thread() is not threading.main_thread():  # PDEATHSIG would fire when this thread ends
         return
+    forks_die_with_this_process()  # the writers a save forks outlived a kill -9 of the driver
     if getattr(filesystem_async, "_results_queue", False) is None:
         filesystem_async._results_queue = results_queue()
 

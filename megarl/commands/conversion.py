@@ -437,7 +437,7 @@ def _layout_config(model_dir: Path, tp: int, pp: int, ep: int = 1, etp: int = 1,
     """The ActorConfig of a conversion layout, refused (OutputError naming --tp/--pp/--ep/--etp) when the
     model cannot be split that way; ``check_weights``: also the HF safetensors' names and shapes
     (headers only), so a bad --hf is refused before Ray starts."""
-    from megarl.config.sections import ActorConfig, ParallelConfig
+    from megarl.config.train_sections import ActorConfig, ParallelConfig
 
     for name, value in (("--tp", tp), ("--pp", pp), ("--ep", ep), ("--etp", etp)):
         if value < 1:

@@ -18,7 +18,8 @@ from typing import Any
 from megarl.commands.arguments import user_path
 from megarl.commands.supervision import Supervision, supervised_command
 from megarl.config.loading import ConfigError
-from megarl.data.tasks import TASK_VOCAB
+from megarl.data.tasks import TASK_VOCAB, write_reverse_digits
+from megarl.data.tool_sums import CALL_MARKERS, TOOL_SUM_VOCAB, write_tool_sums
 from megarl.models.tiny import build_tiny_model
 
 # The demo model: the size a plain calibration probe (HF model + hand-written GRPO) learned the task with.
@@ -32,9 +33,14 @@ DEMO_MOE_MODEL: dict[str, Any] = dict(DEMO_MODEL, arch="qwen3_moe", num_experts=
 # per token) beside 1 shared expert, a sigmoid router with a correction bias, a scaling factor of
 # 2.5 (megarl/models/tiny_deepseek_v3.py's defaults).
 DEMO_DSV3_MODEL: dict[str, Any] = dict(DEMO_MODEL, arch="deepseek_v3", num_layers=3, deepseek={"moe_intermediate_size": 64})
+# The tool-use demo's (configs/tiny_tool_agent.yaml): the same size, with the digits, '+' and the
+# two tool-call markers (one token each) as its vocabulary.
+DEMO_TOOL_MODEL: dict[str, Any] = dict(DEMO_MODEL, task_vocab=TOOL_SUM_VOCAB, markers=CALL_MARKERS)
 # The model a demo config's model.arch asks for.
 DEMO_MODELS: dict[str, dict[str, Any]] = {"tiny-demo": DEMO_MODEL, "tiny-moe-demo": DEMO_MOE_MODEL,
-                                          "tiny-dsv3-demo": DEMO_DSV3_MODEL}
+                                          "tiny-dsv3-demo": DEMO_DSV3_MODEL, "tiny-tool-demo": DEMO_TOOL_MODEL}
+# The task data a demo model trains on: the reversal, unless named here.
+DEMO_DATA: dict[str, Callable[..., object]] = {"tiny-tool-demo": write_tool_sums}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -51,7 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--root", type=user_path, default=None,
                    help="where the model, data and run go (default: the folder of the config's model.path: outputs/demo "
                         "for configs/tiny_grpo.yaml, outputs/moe-demo for configs/tiny_moe_grpo.yaml, outputs/dsv3-demo for "
-                        "configs/tiny_dsv3_grpo.yaml)")
+                        "configs/tiny_dsv3_grpo.yaml, outputs/tool-demo for configs/tiny_tool_agent.yaml)")
     p.set_defaults(handler=supervised_command(_run, _prepare))
 
 
@@ -123,8 +129,6 @@ def prepare_demo(root: str | Path = "outputs/demo", seed: int = 0, arch: str = "
     """Model and data directories under ``root`` (made if missing; each is built beside its place
     and renamed in whole, so an interrupted build never leaves half a model). ``arch``: the
     demo model (DEMO_MODELS) the config names in model.arch."""
-    from megarl.data.tasks import write_reverse_digits
-
     if arch not in DEMO_MODELS:
         raise ConfigError(f"model.arch ({arch}) names no demo model; a demo config uses one of {', '.join(DEMO_MODELS)}")
     root = Path(root)
@@ -134,7 +138,8 @@ def prepare_demo(root: str | Path = "outputs/demo", seed: int = 0, arch: str = "
         _build_in_place(model, lambda tmp: build_tiny_model(tmp, seed=seed, **DEMO_MODELS[arch]))
     data = root / "data"
     if not (data / "train.parquet").is_file() or not (data / "val.parquet").is_file():
-        _build_in_place(data, lambda tmp: write_reverse_digits(tmp, seed=seed))
+        write = DEMO_DATA.get(arch, write_reverse_digits)
+        _build_in_place(data, lambda tmp: write(tmp, seed=seed))
     return model, data
 
 

@@ -195,6 +195,8 @@ BUILTIN_ARCHS: dict[str, ArchSpec] = {
         _deepseek_v3("kimi-k2", 1, 384, 64, 163840, 131072, 0),
         # The CPU demo's model (megarl demo builds it with megarl/models/tiny.py).
         ArchSpec("tiny-demo", "qwen2", 64, 2, 4, 2, 128, 14, 64, False, qkv_bias=True),
+        # The tool-use demo's (configs/tiny_tool_agent.yaml): tiny-demo with '+' and two call markers.
+        ArchSpec("tiny-tool-demo", "qwen2", 64, 2, 4, 2, 128, 17, 64, False, qkv_bias=True),
         # The MoE demo's (configs/tiny_moe_grpo.yaml; megarl/commands/demo.py DEMO_MOE_MODEL).
         ArchSpec("tiny-moe-demo", "qwen3_moe", 64, 2, 4, 2, 128, 14, 64, False, num_experts=4, experts_per_token=2,
                  moe_ffn_hidden_size=64),

@@ -69,10 +69,50 @@ def _type(annotation: Any) -> str:
     if typing.get_origin(annotation) is typing.Literal:
         return " | ".join(str(a) for a in typing.get_args(annotation))
     if annotation == UserPath:
-        return "path"  # a str whose ~ is expanded (README's Configuration)
+        return "path"  # a str whose ~ is expanded (docs/configuration.md)
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
         return " | ".join("None" if a is type(None) else _type(a) for a in typing.get_args(annotation))
     if typing.get_origin(annotation) is list and typing.get_args(annotation) == (UserPath,):
         return "list[path]"
     text = str(annotation) if typing.get_origin(annotation) else getattr(annotation, "__name__", str(annotation))
     return re.sub(r"\bmegarl\.config\.\w+\.", "", text.replace("typing.", ""))  # list[DataFile], not its module path
+
+
+def reference_markdown() -> str:
+    """The configuration reference page of the documentation site (docs/ builds it with mkdocs):
+    one table per section and subsection, every key with its type, default and description."""
+    out = ["# Configuration reference", "",
+           "Generated from the config models (`megarl/config/`) when the site is built, so it is the code's own list: "
+           "every key, its type, its default and its meaning. `megarl config KEY` prints the same for one key; "
+           "[Configuration](../configuration.md) explains how files and overrides combine.", ""]  # fmt: skip
+    for name, field in MegaRLConfig.model_fields.items():
+        out += _section_markdown(name, field, level=2)
+    return "\n".join(out) + "\n"
+
+
+def _section_markdown(key: str, field: Any, level: int) -> list[str]:
+    model = _section_type(field.annotation)
+    assert model is not None, key
+    optional = " Optional: absent (`None`) unless given." if field.default is None else ""
+    out = [f"{'#' * level} `{key}`", "", f"{field.description}{optional}", ""]
+    rows = [(name, f) for name, f in model.model_fields.items() if _section_type(f.annotation) is None]
+    if rows:
+        out += ["| key | type | default | meaning |", "|---|---|---|---|"]
+        for name, f in rows:
+            kind = "path" if EXPAND_USER in f.metadata else _type(f.annotation)
+            cells = (f"`{key}.{name}`", _cell(kind), _code(_default(f)), _cell(f.description or ""))
+            out.append("| " + " | ".join(cells) + " |")
+        out.append("")
+    for name, f in model.model_fields.items():
+        if _section_type(f.annotation) is not None:
+            out += _section_markdown(f"{key}.{name}", f, min(level + 1, 6))
+    return out
+
+
+def _code(text: str) -> str:
+    return f"`{text}`" if "|" not in text and "`" not in text else _cell(text)
+
+
+def _cell(text: str) -> str:
+    """A table cell: pipes escaped, `<required>` and other angle brackets kept as text, not HTML."""
+    return text.replace("|", "\\|").replace("<", "&lt;").replace("\n", " ")

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from megarl.config.algorithm_sections import LOSS_AGGS
 from megarl.config.architectures import arch_for_model_name
 from megarl.config.rollout_sections import LOOP_ALIASES
-from megarl.config.sections import LOSS_AGGS
 
 ACTOR, ROLLOUT, REF, MODEL = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.ref", "actor_rollout_ref.model"
 

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 import torch
 
-from megarl.config.sections import ActorConfig
+from megarl.config.train_sections import ActorConfig
 from megarl.data.batch import Batch
 from megarl.models.packed_sequences import PackedLayout
 

@@ -65,7 +65,7 @@ import torch
 import torch.distributed as dist
 
 from megarl.algos.metrics import MetricAccumulator
-from megarl.config.sections import ActorConfig, ParallelConfig
+from megarl.config.train_sections import ActorConfig, ParallelConfig
 from megarl.data.batch import Batch, TokenRows
 from megarl.megatron_runtime.logprobs import linear_logprobs
 from megarl.megatron_runtime.micro_batches import (

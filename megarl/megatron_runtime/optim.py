@@ -35,7 +35,7 @@ from typing import Any, Literal
 
 import torch
 
-from megarl.config.sections import OptimizerConfig
+from megarl.config.train_sections import OptimizerConfig
 
 
 class LRSchedule:

@@ -38,7 +38,7 @@ import torch
 from megarl.algos.metrics import MetricAccumulator, pair
 from megarl.checkpoint.dist_save import save_dist_checkpoint
 from megarl.checkpoint.run_record import LORA_BASE_FILE
-from megarl.config.sections import ActorConfig
+from megarl.config.train_sections import ActorConfig
 from megarl.data.batch import Batch
 from megarl.megatron_runtime.micro_batches import MicroBatch, MicroBatching, mini_batches
 from megarl.megatron_runtime.model import MegatronModel

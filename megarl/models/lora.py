@@ -337,25 +337,41 @@ def peft_modules(tensors: dict[str, torch.Tensor]) -> list[str]:
     return [m for m in TARGETS if m in names]
 
 
+def peft_config(tensors: dict[str, torch.Tensor], cfg: Any, base: str) -> Any:
+    """peft's own ``LoraConfig`` of an adapter: ``cfg`` (the run's LoRAConfig) on the modules
+    ``tensors`` adapt, ``base`` its ``base_model_name_or_path``. Refuses expert tensors (ValueError):
+    transformers holds a layer's experts as fused parameters, not modules an adapter can name."""
+    from peft import LoraConfig
+
+    experts = sorted(name for name in tensors if ".mlp.experts." in name)
+    if experts:
+        raise ValueError(f"an HF PEFT adapter cannot hold mixture-of-experts expert adapters ({experts[0]} and "
+                         f"{len(experts) - 1} more): export the merged model (megarl convert --no-adapter)")  # fmt: skip
+    alpha = int(cfg.alpha) if float(cfg.alpha).is_integer() else cfg.alpha  # peft types lora_alpha as int
+    return LoraConfig(r=cfg.rank, lora_alpha=alpha, lora_dropout=cfg.dropout, target_modules=peft_modules(tensors),
+                      base_model_name_or_path=str(base), task_type="CAUSAL_LM", inference_mode=True)  # fmt: skip
+
+
+def peft_config_dict(tensors: dict[str, torch.Tensor], cfg: Any, base: str) -> dict[str, Any]:
+    """What :func:`write_peft_adapter` writes as ``adapter_config.json``, as a JSON-ready dict
+    (peft's ``save_pretrained`` turns its sets into lists the same way)."""
+    import json
+
+    return json.loads(json.dumps(peft_config(tensors, cfg, base).to_dict(), default=sorted))  # enums: str subclasses
+
+
 def write_peft_adapter(directory: str | Path, tensors: dict[str, torch.Tensor], cfg: Any, base: str) -> None:
     """An HF PEFT adapter directory as ``PeftModel.save_pretrained`` writes it, which
     ``PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), directory)`` loads:
-    ``adapter_config.json`` from peft's own LoraConfig (``cfg``: the run's LoRAConfig, the target
-    modules those ``tensors`` adapt; ``base``: the HF base model's directory) and ``adapter_model.safetensors``
-    of ``tensors`` (:meth:`LoRAAdapters.peft_tensors`, already peft's names); then read back and
-    compared bit for bit (ValueError if they differ)."""
-    from peft import LoraConfig
+    ``adapter_config.json`` from :func:`peft_config` and ``adapter_model.safetensors`` of ``tensors``
+    (:meth:`LoRAAdapters.peft_tensors`, already peft's names); then read back and compared bit for
+    bit (ValueError if they differ)."""
     from safetensors.torch import load_file, save_file
 
-    experts = sorted(name for name in tensors if ".mlp.experts." in name)
-    if experts:  # transformers holds a layer's experts as fused parameters, not modules an adapter can name
-        raise ValueError(f"an HF PEFT adapter cannot hold mixture-of-experts expert adapters ({experts[0]} and "
-                         f"{len(experts) - 1} more): export the merged model (megarl convert --no-adapter)")  # fmt: skip
+    config = peft_config(tensors, cfg, base)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    alpha = int(cfg.alpha) if float(cfg.alpha).is_integer() else cfg.alpha  # peft types lora_alpha as int
-    LoraConfig(r=cfg.rank, lora_alpha=alpha, lora_dropout=cfg.dropout, target_modules=peft_modules(tensors),
-               base_model_name_or_path=str(base), task_type="CAUSAL_LM", inference_mode=True).save_pretrained(str(directory))  # fmt: skip
+    config.save_pretrained(str(directory))
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(directory / PEFT_WEIGHTS), metadata={"format": "pt"})
     back = load_file(str(directory / PEFT_WEIGHTS))
     wrong = [k for k, v in tensors.items() if k not in back or not torch.equal(back[k], v)]

@@ -6,7 +6,8 @@ the trainer for the epoch-derived check."""
 
 from __future__ import annotations
 
-from megarl.config.sections import GROUP_ESTIMATORS, MegaRLConfig, TrainerConfig
+from megarl.config.algorithm_sections import GROUP_ESTIMATORS
+from megarl.config.sections import MegaRLConfig, TrainerConfig
 from megarl.plan.issues import Issue
 
 

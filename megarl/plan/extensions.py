@@ -10,6 +10,7 @@ other code (megarl/plan/preflight.py), never in the driver.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 
 from megarl.config.section_base import IMPORT_PATH
 from megarl.config.sections import MegaRLConfig
@@ -37,13 +38,14 @@ def named_functions(cfg: MegaRLConfig) -> list[tuple[str, str]]:
     return [(field, name) for field, name in values.items() if IMPORT_PATH.match(name) or (field in AGENT_FILES and name)]
 
 
-def import_problem(field: str, name: str) -> str | None:
+def import_problem(field: str, name: str, building: Callable[[str], None] | None = None) -> str | None:
     """Why ``name`` cannot serve as ``field`` (cannot be imported, is missing or not callable; a
-    tool or interaction file that does not load), or None."""
+    tool or interaction file that does not load), or None. ``building``: told which class of a
+    tool or interaction file is built next."""
     from megarl.algos.registry import UnknownNameError
 
     if field in AGENT_FILES or field.startswith("rollout.agent.loops."):
-        return _agent_problem(field, name)
+        return _agent_problem(field, name, building)
     module, attr = REGISTRIES[field]
     try:
         getattr(importlib.import_module(module), attr).get(name)
@@ -52,7 +54,7 @@ def import_problem(field: str, name: str) -> str | None:
     return None
 
 
-def _agent_problem(field: str, value: str) -> str | None:
+def _agent_problem(field: str, value: str, building: Callable[[str], None] | None) -> str | None:
     from megarl.algos.registry import UnknownNameError
     from megarl.rollout.agents.driver import loop_class
     from megarl.rollout.agents.interactions import InteractionFileError, load_interactions
@@ -60,9 +62,9 @@ def _agent_problem(field: str, value: str) -> str | None:
 
     try:
         if field == "rollout.agent.tools_file":
-            load_tools(value)
+            load_tools(value, building)
         elif field == "rollout.agent.interactions_file":
-            load_interactions(value)
+            load_interactions(value, building=building)
         else:
             loop_class(value)
     except (ToolFileError, InteractionFileError, UnknownNameError, TypeError) as err:

@@ -166,7 +166,7 @@ def stage_params_per_gpu(arch: ArchSpec, *, tp: int, pp: int, ep: int = 1, etp: 
     return max(per_gpu, key=sum)
 
 
-# The HF linears LoRA can target (megarl.config.sections.LORA_MODULES), and whether Megatron
+# The HF linears LoRA can target (megarl.config.train_sections.LORA_MODULES), and whether Megatron
 # splits each column-parallel (its output over tp: q, k, v, gate, up) or row-parallel (its input: o, down).
 _COLUMN_PARALLEL = {"q_proj": True, "k_proj": True, "v_proj": True, "o_proj": False,
                     "gate_proj": True, "up_proj": True, "down_proj": False}  # fmt: skip

@@ -5,7 +5,8 @@ rollout engine, settings a dense model has no use for, token drops)."""
 from __future__ import annotations
 
 from megarl.config.architectures import ArchSpec
-from megarl.config.sections import ActorConfig, MegaRLConfig, MoEConfig
+from megarl.config.sections import MegaRLConfig
+from megarl.config.train_sections import ActorConfig, MoEConfig
 from megarl.plan.issues import Issue, choices, divisors
 from megarl.plan.rollout_checks import rollout_tp_choices
 

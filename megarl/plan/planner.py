@@ -16,7 +16,8 @@ from functools import partial
 from pathlib import Path
 
 from megarl.config.architectures import ArchError, ArchSpec, resolve_arch
-from megarl.config.sections import ActorConfig, MegaRLConfig
+from megarl.config.sections import MegaRLConfig
+from megarl.config.train_sections import ActorConfig
 from megarl.memory.residency import (
     CRITIC_FORWARD,
     CRITIC_UPDATE,

@@ -569,7 +569,7 @@ for field, name in spec.get("extensions", []):
     starting(field, f"importing {field} ({name})")
     try:
         from megarl.plan.extensions import import_problem
-        emit(field, import_problem(field, name))
+        emit(field, import_problem(field, name, lambda what, field=field: starting(field, what)))
     except BaseException as exc:
         emit(field, ended(exc))
 # Last: building a dataset class can outlast the deadline (a warning, not a refusal), and the
@@ -679,7 +679,8 @@ class ChildChecks:
         if code is None:
             return f"{doing} did not finish within {CHILD_TIMEOUT_S:g} s: check it for work done at import (network, locks, long loops)"
         how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
-        return f"the check's process ended ({how}) while {doing}, before it answered: os._exit or a crash in C code at import"
+        at = "while it was built (in its __init__)" if doing.startswith("building ") else "at import"
+        return f"the check's process ended ({how}) while {doing}, before it answered: os._exit or a crash in C code {at}"
 
     def _output(self) -> str:
         """The head of what the child printed, for a finding (the log is then kept)."""

@@ -70,8 +70,27 @@ def ray_failure(exc: BaseException | str, node_id: str | None = None, ip: str | 
         why = f"its raylet does not answer ({view.raylet_silent})"
     else:
         why = "Ray reports it dead"
+    logs = embedded_logs()
+    if logs is not None:  # Ray embedded in the run: no cluster is left to ask with `ray status`
+        return (f"its {where} died ({why}): check this machine (killed processes, out of memory: dmesg) and the raylet's "
+                f"log {logs}/raylet.out (and raylet.err)")
     return (f"its {where} died ({why}): check that machine (shut down, preempted, out of memory: dmesg), `ray status`, "
             f"and its raylet log (`ray logs raylet.out --ip {ip or '<node ip>'}`)")
+
+
+def embedded_logs() -> str | None:
+    """The logs folder of the Ray this process started itself (an embedded one, whose raylet is
+    its child), or None: Ray not running here, attached to a cluster, or another Ray's internals."""
+    ray = sys.modules.get("ray")
+    try:
+        if ray is None or not ray.is_initialized():
+            return None
+        node = ray._private.worker.global_worker.node
+        if not node.all_processes.get(ray._private.ray_constants.PROCESS_TYPE_RAYLET):
+            return None
+        return str(node.get_logs_dir_path())
+    except Exception:  # noqa: BLE001 - another Ray's internals: the cluster's hints then
+        return None
 
 
 def node_view(node_id: str | None) -> NodeView | None:

@@ -101,6 +101,7 @@ def ray_session(
     try:
         if address is None:
             reaper = start_reaper()
+            _refuse_a_dead_raylet()  # before the run imports any user code: a dead node is not that code's fault
         with raylet_reports_to_log():  # megarl's own line says a node died: Ray's 45 lines go to the log
             yield _describe(started_here=True)
     finally:
@@ -110,6 +111,32 @@ def ray_session(
             ray.shutdown()
         if reaper is not None:
             stop_reaper(reaper)
+
+
+def _refuse_a_dead_raylet() -> None:
+    """ConnectionError naming the node when the embedded raylet already ended (killed right after
+    Ray started: the driver would go on importing user code, and its later death read as that code's)."""
+    try:
+        node = ray._private.worker.global_worker.node
+        raylets = node.all_processes.get(ray._private.ray_constants.PROCESS_TYPE_RAYLET) or []
+        process, logs = (raylets[0].process, node.get_logs_dir_path()) if raylets else (None, None)
+    except Exception:  # noqa: BLE001 - another Ray's internals: nothing to check
+        return
+    problem = raylet_end_problem(process, logs) if process is not None else None
+    if problem is not None:
+        raise ConnectionError(problem)
+
+
+def raylet_end_problem(process: subprocess.Popen[Any], logs: str | None) -> str | None:
+    """Why an embedded raylet (``process``, this process's child) is no more, as the driver's one
+    line, or None while it runs."""
+    code = process.poll()
+    if code is None:
+        return None
+    how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+    return (f"the Ray node under the run died as Ray started: its raylet (pid {process.pid}) {how}; check this machine "
+            f"(killed processes, memory: dmesg) and the raylet's logs {os.path.join(logs or 'the Ray session', 'raylet.out')} "
+            "and raylet.err, then start the run again")  # fmt: skip
 
 
 def _probe(address: str) -> None:
@@ -142,7 +169,10 @@ def _init(**kwargs: Any) -> None:
         with still_waiting("starting Ray" if embedded else f"connecting to Ray at {kwargs.get('address')}"):
             ray.init(**kwargs)
     except BaseException as exc:  # a signal (SIGTERM, Ctrl-C) or an error: leave no half-started Ray
+        dead = _dead_raylet(before) if embedded and isinstance(exc, Exception) else None
         try:
+            if dead is not None:  # Ray says only that the node "timed out during startup"
+                raise ConnectionError(dead) from exc
             if callable(previous) and isinstance(exc, SystemExit) and exc.code == signal.SIGTERM:  # Ray's handler after all
                 signal.signal(signal.SIGTERM, previous)
                 previous(signal.SIGTERM, None)  # records the stop; raises KeyboardInterrupt
@@ -154,6 +184,22 @@ def _init(**kwargs: Any) -> None:
     finally:
         if install is not None:
             utils.set_sigterm_handler = install
+
+
+def _dead_raylet(before: set[int]) -> str | None:
+    """The line for a raylet this driver started since ``before`` that is already dead (killed
+    while Ray started), or None."""
+    import psutil
+
+    for process in psutil.Process().children(recursive=True):
+        try:
+            if process.pid not in before and process.name() == "raylet" and process.status() == psutil.STATUS_ZOMBIE:
+                return (f"the Ray node under the run died as Ray started: its raylet (pid {process.pid}) ended; check "
+                        "this machine (killed processes, memory: dmesg) and the raylet's logs in the Ray session's "
+                        "folder (/tmp/ray/session_latest/logs by default: raylet.out, raylet.err), then start the run again")
+        except psutil.Error:  # gone meanwhile
+            continue
+    return None
 
 
 def _descendants() -> set[int]:

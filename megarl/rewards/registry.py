@@ -17,6 +17,7 @@ import megarl.rewards.gsm8k as gsm8k
 import megarl.rewards.math as math_answer
 import megarl.rewards.qa_em as qa_em
 import megarl.rewards.reverse_digits as reverse_digits
+import megarl.rewards.tool_sum as tool_sum
 from megarl.rewards.answers import answer_text
 
 ScoreFn = Callable[..., Any]
@@ -27,10 +28,11 @@ SCORERS: dict[str, ScoreFn] = {
     "math": math_answer.compute_score,
     "code": code_sandbox.compute_score,
     "reverse_digits": reverse_digits.compute_score,
+    "tool_sum": tool_sum.compute_score,
     "qa_em": qa_em.compute_score,
 }
 # Scorers that take milliseconds: the pool sends them in chunks (see scorer.py).
-CHEAP_SCORERS = frozenset({"gsm8k", "gsm8k_flexible", "math", "reverse_digits", "qa_em"})
+CHEAP_SCORERS = frozenset({"gsm8k", "gsm8k_flexible", "math", "reverse_digits", "tool_sum", "qa_em"})
 # Scorers that give reward.format_score to a formatted but wrong answer (verl's format_score).
 FORMAT_SCORERS = frozenset({"gsm8k", "gsm8k_flexible", "qa_em"})
 
@@ -116,6 +118,7 @@ _MODEL_ANSWERS: dict[str, Callable[[str], str]] = {
     "gsm8k_flexible": lambda truth: f"The answer is {truth}",
     "math": lambda truth: f"\\boxed{{{truth}}}",
     "reverse_digits": lambda truth: truth,
+    "tool_sum": lambda truth: truth,
     "qa_em": lambda truth: f"<answer>{truth}</answer>",
 }
 

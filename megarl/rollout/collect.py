@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import torch
 
 from megarl.algos.dapo import dynamic_sampling_filter, overlong_penalty, zero_var_group_frac
-from megarl.config.sections import OverlongConfig
+from megarl.config.algorithm_sections import OverlongConfig
 from megarl.data.batch import Batch
 from megarl.data.prompt_batch import PromptBatch
 from megarl.engines.base import Engines, GenerationResult, SamplingParams

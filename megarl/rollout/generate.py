@@ -67,5 +67,5 @@ def make_generate(cfg: Any, tokenizer: Any, eos_token_ids: Sequence[int]) -> Gen
     if IMPORT_PATH.match(name):  # the user's own: its exits and exceptions named as the user's code
         from megarl.user_code import named_generate_function
 
-        return named_generate_function(fn, name)
+        return named_generate_function(fn, name, returns=Batch)
     return fn

@@ -169,6 +169,16 @@ class SGLangClient:
         what = f"loading LoRA adapter {name!r} from {path}"
         self._lora_call("/load_lora_adapter", body, what, timeout)
 
+    def load_lora_adapter_from_tensors(
+        self, name: str, config: dict[str, Any], payloads: list[str], timeout: float | None = None
+    ) -> None:
+        """``/load_lora_adapter_from_tensors`` (SGLang >= 0.5.23): the adapter's PEFT-named tensors
+        in the request itself, no filesystem shared with the server. ``config``: its
+        adapter_config.json as a dict; ``payloads``: one base64 payload of the tensors per engine
+        TP rank (megarl/rollout_sglang/tensor_payload.py). Not retried, as :meth:`load_lora_adapter`."""
+        body = {"lora_name": name, "config_dict": config, "serialized_named_tensors": payloads}
+        self._lora_call("/load_lora_adapter_from_tensors", body, f"loading LoRA adapter {name!r} from tensors", timeout)
+
     def unload_lora_adapter(self, name: str, timeout: float | None = None) -> None:
         """``/unload_lora_adapter``: SGLang stops giving ``name`` to new requests and answers
         once the requests already using it have finished. A later request naming it would make

@@ -39,7 +39,8 @@ from megarl.rollout_sglang.server_sizes import CPU_MAX_TOTAL_TOKENS
 
 if TYPE_CHECKING:
     from megarl.config.rollout_sections import RolloutConfig
-    from megarl.config.sections import ClusterConfig, LoRAConfig
+    from megarl.config.sections import ClusterConfig
+    from megarl.config.train_sections import LoRAConfig
 
 # Environment variables the launcher removes from the server's environment, and why:
 # - PYTORCH_CUDA_ALLOC_CONF: expandable segments break the memory saver's release/resume and

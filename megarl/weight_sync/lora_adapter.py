@@ -1,17 +1,26 @@
 """Adapter-mode pushes (``rollout.weight_sync.lora: adapter``, docs/lora.md): after the base model
 reached the SGLang servers once, each push moves only the LoRA adapters.
 
-A push writes the adapters of the whole model (gathered over TP and PP, megarl/models/lora.py)
-as an HF PEFT directory ``<disk_dir>/lora_v<version>`` (a filesystem every server reads), and the
-writer (policy rank 0) has every server load it under the name :func:`adapter_name` and label
-its weights with the version; the controller's engines then send that name with every request
-(the trainer sets it after the push). The base model goes through the run's own transport with
-the adapters switched off, on the first push of a connection (a launched or restarted server
-holds no weights of the trainer's) and on a re-push of the same version (the hand-over re-pushes
-when an engine's weights were lost: released without a copy, or restarted); a re-push unloads the
-version's name first where a server still holds it. The previous version stays loaded (SGLang's
-unload waits for the last requests that use it); older ones are unloaded and their directories
-removed: each push removes the ``lora_v<N>`` directories of versions the servers do not hold,
+A push gathers the adapters of the whole model (over TP, EP and PP, megarl/models/lora.py), and
+the writer (policy rank 0) has every server load them under the name :func:`adapter_name` and label
+its weights with the version. How a server gets them depends on where it runs
+(:func:`on_this_host`): a server on the writer's host reads an HF PEFT directory
+``<disk_dir>/lora_v<version>`` (``/load_lora_adapter``); a server on another host gets the
+tensors and adapter_config.json in the request itself (``/load_lora_adapter_from_tensors``,
+SGLang >= 0.5.23), so no filesystem needs to be shared. Why not the request always: it carries
+one base64 copy of the adapters per engine TP rank (4/3 of their bytes each: about 8 GiB per
+server and push for the 72B config at rank 32 and TP 8), while a server on the same host reads
+the same filesystem for certain. Why not the directory always: a server on another node reads it
+only from a shared filesystem, which a cluster need not have. The controller's engines then send
+that name with every request (the trainer sets it after the push).
+
+The base model goes through the run's own transport with the adapters switched off, on the
+first push of a connection (a launched or restarted server holds no weights of the trainer's)
+and on a re-push of the same version (the hand-over re-pushes when an engine's weights were
+lost: released without a copy, or restarted); a re-push unloads the version's name first where
+a server still holds it. The previous version stays loaded (SGLang's unload waits for the last
+requests that use it); older ones are unloaded and their directories removed: each push removes
+the ``lora_v<N>`` directories of versions the servers do not hold,
 what a resumed run's earlier launch left included (``transport_base.remove_versions``).
 
 Adapters on mixture-of-experts experts cannot go this way: transformers 5 holds a Qwen3-MoE
@@ -24,19 +33,69 @@ mode with expert adapters; :func:`write_peft_adapter` refuses expert tensors).
 
 from __future__ import annotations
 
+import ipaddress
 import shutil
+import socket
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
-from megarl.models.lora import write_peft_adapter
+from megarl.models.lora import peft_config_dict, write_peft_adapter
 from megarl.rollout_sglang.client import SGLangHTTPError
+from megarl.rollout_sglang.tensor_payload import serialize_for_http
 from megarl.weight_sync.transport_base import WeightTransport, remove_versions
 
 EXPERTS_REFUSED = ("rollout.weight_sync.lora (adapter) cannot carry adapters on mixture-of-experts experts (an HF "
                    "PEFT adapter cannot hold them for transformers' fused experts); use rollout.weight_sync.lora=merged")
 
+
+def on_this_host(url: str) -> bool:
+    """Whether the server at ``url`` runs on this host: a loopback address, this host's name, or
+    an address this host's name resolves to. An unresolvable name counts as another host (the
+    request, which needs no shared filesystem, is the safe side)."""
+    host = urlsplit(url).hostname or ""
+    if host in ("localhost", socket.gethostname(), socket.getfqdn()):
+        return True
+    try:
+        address = ipaddress.ip_address(host)  # a literal (IPv6 too)
+    except ValueError:
+        try:
+            address = ipaddress.ip_address(socket.gethostbyname(host))
+        except OSError:
+            return False
+    try:
+        mine = {socket.gethostbyname(socket.gethostname())}
+    except OSError:
+        mine = set()
+    return address.is_loopback or str(address) in mine
+
+
+@dataclass(frozen=True)
+class AdapterRequest:
+    """An adapter as ``/load_lora_adapter_from_tensors`` takes it: its adapter_config.json as a
+    dict, and its PEFT-named tensors as one base64 payload (sent once per engine TP rank)."""
+
+    config: dict[str, Any]
+    payload: str
+
+
+def adapter_request(tensors: dict[str, Any], cfg: Any, base_model: str) -> AdapterRequest:
+    """The request of ``tensors`` (:meth:`LoRAAdapters.peft_tensors`, on the CPU) under ``cfg`` (the
+    run's LoRAConfig) on ``base_model``: the same config :func:`write_peft_adapter` writes."""
+    # CPU tensors: pickled with their bytes (no shared memory handle a remote server could not open)
+    return AdapterRequest(peft_config_dict(tensors, cfg, base_model), serialize_for_http(dict(tensors)))
+
+
+def load_adapter(engine: Any, name: str, source: Path | AdapterRequest) -> None:
+    """``engine`` loads the adapter ``name`` from ``source``: an HF PEFT directory it reads, or the
+    adapter in the request."""
+    if isinstance(source, AdapterRequest):
+        engine.client.load_lora_adapter_from_tensors(name, source.config, [source.payload] * engine.tp)
+    else:
+        engine.client.load_lora_adapter(name, source)
 
 
 
@@ -74,11 +133,13 @@ class AdapterTransport:
                 metrics = self.base.push(version)
         tensors = self.adapters.peft_tensors()  # collective: every rank
         target = self.directory / f"lora_v{version}"
-        failure = self._write(target, tensors) if self.writer else None
+        local = [on_this_host(engine.url) for engine in self.engines]  # the writer's engines; none elsewhere
+        failure = self._write(target, tensors) if any(local) else None
         self.barrier()  # the directory is complete (or failed) before a server reads it
         try:
             if self.writer and failure is None:
-                self._load(version, target, repush)
+                request = adapter_request(tensors, self.adapters.cfg, self.base_model) if not all(local) else None
+                self._load(version, [target if here else request for here in local], repush)
         finally:  # every rank meets here, a failed write or load included
             self.barrier()
         if failure is not None:
@@ -101,14 +162,15 @@ class AdapterTransport:
             return exc
         return None
 
-    def _load(self, version: int, target: Path, repush: bool) -> None:
-        """Every server loads ``version`` and is labelled with it; the versions before the previous
-        one are unloaded. A re-push first unloads the name on the servers that still hold it (SGLang
-        refuses to load a name it holds; a restarted server holds none)."""
-        for engine in self.engines:
+    def _load(self, version: int, sources: list[Any], repush: bool) -> None:
+        """Every server loads ``version`` from its entry of ``sources`` (:func:`load_adapter`) and
+        is labelled with it; the versions before the previous one are unloaded. A re-push first
+        unloads the name on the servers that still hold it (SGLang refuses to load a name it holds;
+        a restarted server holds none)."""
+        for engine, source in zip(self.engines, sources, strict=True):
             if repush or version in self.loaded:
                 unload_if_held(engine, version)
-            engine.client.load_lora_adapter(adapter_name(version), target)
+            load_adapter(engine, adapter_name(version), source)
             engine.set_weight_version(version)
             engine.check_weight_version(version)  # the server's own label, as the other transports check
         self.loaded = [v for v in self.loaded if v != version] + [version]

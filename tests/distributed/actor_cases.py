@@ -175,6 +175,19 @@ def tensors(obj):
     return obj
 
 
+def optimized_params(optimizer) -> int:
+    """How many of the model's parameters ``optimizer`` (Megatron's, chained or not) steps; the
+    distributed optimizer's param_groups hold only the shards of this rank's slice of its gradient
+    buffers, which hold every parameter it steps."""
+    total = 0
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        if hasattr(opt, "model_param_gbuf_map"):
+            total += sum(p.numel() for buffer in opt.buffers for p in buffer.params)
+        else:
+            total += sum(p.numel() for g in opt.param_groups for p in g["params"])
+    return total
+
+
 def lora_policy(path: str, cfg, adapters: dict, batch: Batch, temperature: float):
     """A LoRA policy (``cfg.lora``) with the full PEFT-named ``adapters`` loaded, and what it gives:
     ``(policy, its adapters, {logprobs, base: with the adapters off, merged: the export,
@@ -193,8 +206,7 @@ def lora_policy(path: str, cfg, adapters: dict, batch: Batch, temperature: float
     with lora.disabled():
         out["base"] = gathered(policy.compute_logprobs(batch, temperature), batch)["logprobs"]
     out["merged"] = dict(policy.export_weights(gather_bytes=1 << 20))
-    optimized = sum(p.numel() for g in policy.trainer.optimizer.param_groups for p in g["params"])
-    out["optimized_ok"] = optimized == lora.trainable()
+    out["optimized_ok"] = optimized_params(policy.trainer.optimizer) == lora.trainable()
     head = token_logprob_head(policy.model, temperature, False)
 
     def loss_head(mb, hidden):

@@ -92,7 +92,7 @@ def _build(path: str, tp: int, pp: int, value_head: bool = False, recompute: str
            sequence_parallel: bool | None = None):  # fmt: skip
     from transformers import AutoConfig
 
-    from megarl.config.sections import ParallelConfig
+    from megarl.config.train_sections import ParallelConfig
     from megarl.models.bridges import get_bridge
     from megarl.parallel.groups import current_parallel_info
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from spawn import run_distributed
 
-from megarl.config.sections import CriticConfig, OptimizerConfig, ParallelConfig
+from megarl.config.train_sections import CriticConfig, OptimizerConfig, ParallelConfig
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +32,7 @@ def _wider_prompts(batch, extra: int):
 def _critic_run(rank: int, world: int, path: str) -> dict:
     from megarl.actors.critic import CriticWorker
     from megarl.algos.losses import make_value_loss_fn
-    from megarl.config.sections import AlgorithmConfig
+    from megarl.config.algorithm_sections import AlgorithmConfig
 
     cfg = CriticConfig(
         parallel=ParallelConfig(tp=2), micro_batch_size=2, optimizer=OptimizerConfig(lr=3e-3, clip_grad=1.0)

@@ -24,7 +24,7 @@ import pytest
 import torch
 from spawn import run_distributed
 
-from megarl.config.sections import ActorConfig, OptimizerConfig, ParallelConfig
+from megarl.config.train_sections import ActorConfig, OptimizerConfig, ParallelConfig
 from megarl.megatron_runtime.optim import adam_step_layout
 from megarl.megatron_runtime.training import (
     _materialise_optimizer_state,

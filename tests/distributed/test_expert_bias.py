@@ -51,7 +51,7 @@ def _train_and_resume(rank: int, world: int, path: str, ckpt: str):
     from actor_cases import make_batch, pg_loss
 
     from megarl.actors.policy import PolicyWorker
-    from megarl.config.sections import ActorConfig
+    from megarl.config.train_sections import ActorConfig
     from megarl.models.qwen3_moe import Qwen3MoeBridge
 
     # Megatron's checkpoint writer starts a multiprocessing Manager, which the spawn helper's

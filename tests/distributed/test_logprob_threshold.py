@@ -166,7 +166,7 @@ def _push_and_check(policy, engine, export_fn, version: int, checks) -> dict:
 def _run(rank: int, world_size: int, model_dir: str, probe: list, steps: list) -> dict:
     from megarl.actors.policy import PolicyWorker
     from megarl.config.rollout_sections import WeightSyncConfig
-    from megarl.config.sections import ActorConfig, OptimizerConfig, ParallelConfig
+    from megarl.config.train_sections import ActorConfig, OptimizerConfig, ParallelConfig
     from megarl.engines.base import SamplingParams
     from megarl.engines.torch_engine import TorchEngine
     from megarl.weight_sync.logprob_check import PostPushCheck

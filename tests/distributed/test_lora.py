@@ -15,7 +15,7 @@ import pytest
 import torch
 from spawn import run_distributed
 
-from megarl.config.sections import ActorConfig, LoRAConfig, OptimizerConfig, ParallelConfig
+from megarl.config.train_sections import ActorConfig, LoRAConfig, OptimizerConfig, ParallelConfig
 
 TEMPERATURE = 0.7
 LORA = LoRAConfig(rank=4, alpha=8.0)  # all-linear

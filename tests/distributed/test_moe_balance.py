@@ -35,7 +35,7 @@ def _update(rank: int, world: int, path: str, recompute: str):
     from actor_cases import make_batch, pg_loss
 
     from megarl.actors.policy import PolicyWorker
-    from megarl.config.sections import ActorConfig
+    from megarl.config.train_sections import ActorConfig
 
     cfg = ActorConfig(micro_batch_size=3, optimizer={"lr": 1e-9, "clip_grad": 0.0}, recompute=recompute,
                       moe={"aux_loss_coef": AUX, "z_loss_coef": Z})  # fmt: skip
@@ -116,7 +116,7 @@ def _staged_update(rank: int, world: int, path: str, pp: int):
     from actor_cases import make_batch, pg_loss
 
     from megarl.actors.policy import PolicyWorker
-    from megarl.config.sections import ActorConfig
+    from megarl.config.train_sections import ActorConfig
 
     cfg = ActorConfig(micro_batch_size=2, parallel={"pp": pp}, optimizer={"lr": 1e-9, "clip_grad": 0.0},
                       moe={"aux_loss_coef": AUX, "z_loss_coef": Z})  # fmt: skip
@@ -159,7 +159,7 @@ def _hf_grads(rank: int, world: int, path: str, parallel: dict):
     from actor_cases import batch_of_lengths, pg_loss
 
     from megarl.actors.policy import PolicyWorker
-    from megarl.config.sections import ActorConfig
+    from megarl.config.train_sections import ActorConfig
 
     cfg = ActorConfig(micro_batch_size=2, parallel=parallel, optimizer={"lr": 1e-9, "clip_grad": 0.0},
                       moe={"aux_loss_coef": AUX, "z_loss_coef": Z})  # fmt: skip

@@ -58,7 +58,7 @@ def _batch(dp_rank: int, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
 def _build(path: str, tp: int, ep: int, dtype=torch.float32, etp: int = 1, pp: int = 1):
     from transformers import AutoConfig
 
-    from megarl.config.sections import ParallelConfig
+    from megarl.config.train_sections import ParallelConfig
     from megarl.models.bridges import get_bridge
     from megarl.parallel.groups import current_parallel_info
 

@@ -23,7 +23,7 @@ def _save_or_reload(rank: int, world: int, path: str, ep: int, source: str | Non
     from actor_cases import make_batch, pg_loss
 
     from megarl.actors.policy import PolicyWorker
-    from megarl.config.sections import ActorConfig
+    from megarl.config.train_sections import ActorConfig
 
     # The spawn helper's ranks are daemonic and Megatron's checkpoint writer starts a Manager.
     multiprocessing.current_process()._config["daemon"] = False

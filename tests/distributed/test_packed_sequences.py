@@ -26,7 +26,7 @@ import pytest
 import torch
 from spawn import run_distributed
 
-from megarl.config.sections import ActorConfig, OptimizerConfig, ParallelConfig
+from megarl.config.train_sections import ActorConfig, OptimizerConfig, ParallelConfig
 from megarl.megatron_runtime.micro_batches import MicroBatching
 
 TEMPERATURE = 0.7

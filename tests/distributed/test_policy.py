@@ -20,7 +20,7 @@ import pytest
 import torch
 from spawn import run_distributed
 
-from megarl.config.sections import ActorConfig, OptimizerConfig, ParallelConfig
+from megarl.config.train_sections import ActorConfig, OptimizerConfig, ParallelConfig
 
 TEMPERATURE = 0.7
 LR, CLIP, MINI = 2e-4, 1.0, 3  # 6 rows -> two optimizer steps

@@ -115,7 +115,7 @@ def _engine_batch(path: str):
 def _worker(rank: int, world: int, path: str) -> dict:
     from megatron.core.transformer.moe.router_replay import RouterReplay
 
-    from megarl.config.sections import ActorConfig, MoEConfig, ParallelConfig
+    from megarl.config.train_sections import ActorConfig, MoEConfig, ParallelConfig
     from megarl.megatron_runtime.micro_batches import MicroBatching, pack_micro_batch, replica_rows
     from megarl.megatron_runtime.model import MegatronModel, token_logprob_head
     from megarl.megatron_runtime.routing_replay import replay_metrics
@@ -163,7 +163,7 @@ def _parallel_worker(rank: int, world: int, path: str, parallel: dict) -> dict:
     rank routes its slice of the sequence; PP=2: each stage its own MoE layers), packed and
     padded micro-batches: the Batch layer of each of this rank's routers, and per layout
     :func:`_parity`."""
-    from megarl.config.sections import ActorConfig, MoEConfig, ParallelConfig
+    from megarl.config.train_sections import ActorConfig, MoEConfig, ParallelConfig
     from megarl.megatron_runtime.micro_batches import MicroBatching
     from megarl.megatron_runtime.model import MegatronModel
 

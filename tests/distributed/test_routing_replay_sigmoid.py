@@ -51,7 +51,7 @@ def _own_choice(scores: torch.Tensor) -> torch.Tensor:
 
 
 def _replay(rank: int, world: int) -> dict:
-    from megarl.config.sections import ParallelConfig
+    from megarl.config.train_sections import ParallelConfig
     from megarl.megatron_runtime.model import ensure_parallel
     from megarl.megatron_runtime.routing_replay import RoutingReplay
 
@@ -97,7 +97,7 @@ def test_replay_on_a_sigmoid_router_with_bias_groups_and_scale():
 
 
 def _weights_with_bias(rank: int, world: int) -> dict:
-    from megarl.config.sections import ParallelConfig
+    from megarl.config.train_sections import ParallelConfig
     from megarl.megatron_runtime.model import ensure_parallel
     from megarl.megatron_runtime.routing_replay import RoutingReplay
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from spawn import run_distributed
 
-from megarl.config.sections import ActorConfig, OptimizerConfig, ParallelConfig
+from megarl.config.train_sections import ActorConfig, OptimizerConfig, ParallelConfig
 
 TEMPERATURE = 0.7
 

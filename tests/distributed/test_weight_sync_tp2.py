@@ -78,7 +78,7 @@ def _engine_vs_trainer(policy, engine) -> float:
 
 def _run(rank: int, world_size: int, model_dir: str, engine_dir: str) -> None:
     from megarl.actors.policy import PolicyWorker
-    from megarl.config.sections import ActorConfig, OptimizerConfig, ParallelConfig
+    from megarl.config.train_sections import ActorConfig, OptimizerConfig, ParallelConfig
     from megarl.engines.torch_engine import TorchEngine
     from megarl.weight_sync.stream import WeightStream
     from megarl.weight_sync.transports import InProcessTransport

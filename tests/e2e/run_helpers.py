@@ -15,7 +15,7 @@ from megarl.config.loading import load_config
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "configs" / "tiny_grpo.yaml"
 
-# Every GRPO step writes at least these (the README's metrics table; megarl/metrics.py).
+# Every GRPO step writes at least these (docs/metrics.md's table; megarl/metrics.py).
 REQUIRED_METRICS = (
     "step", "reward/mean", "reward/errors", "response_length/mean", "response/truncated_frac", "actor/kl",
     "actor/entropy", "actor/clip_frac", "actor/ppo_kl", "actor/loss", "actor/grad_norm", "actor/lr",

@@ -30,7 +30,7 @@ def test_te_spec_equals_local_spec(tmp_path):
     from safetensors.torch import load_file
 
     from megarl.actors.policy import PolicyWorker
-    from megarl.config.sections import ActorConfig
+    from megarl.config.train_sections import ActorConfig
     from megarl.data.batch import Batch, TokenRows
     from megarl.models.tiny import build_tiny_model
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from megarl.config.sections import LORA_MODULES
+from megarl.config.train_sections import LORA_MODULES
 from megarl.engines.base import GenerationResult, SamplingParams
 from megarl.rollout_sglang.client import SGLangHTTPError
 from megarl.rollout_sglang.engine import SGLangEngine
@@ -149,3 +149,19 @@ def test_a_re_push_loads_a_version_the_server_still_holds(engine, adapters):
     unload_if_held(engine, 8)  # a name this server never held
     served = {m["id"] for m in engine.client.get("/v1/models").body["data"]}
     assert adapter_name(7) in served and adapter_name(8) not in served
+
+
+def test_an_adapter_sent_in_the_request_generates_as_peft(engine, adapters, tiny_model):
+    """What an adapter-mode push does for a server on another host (megarl/weight_sync/lora_adapter.py):
+    the PEFT-named tensors and megarl's adapter_config.json go in ``/load_lora_adapter_from_tensors``;
+    the server reads no directory."""
+    from safetensors.torch import load_file
+
+    from megarl.config.train_sections import LoRAConfig
+    from megarl.models.lora import PEFT_WEIGHTS
+    from megarl.weight_sync.lora_adapter import adapter_request, load_adapter
+
+    tensors = load_file(str(adapters["v2"] / PEFT_WEIGHTS))  # peft's names, as LoRAAdapters.peft_tensors gives them
+    load_adapter(engine, "sent_v2", adapter_request(tensors, LoRAConfig(rank=RANK, alpha=ALPHA), str(tiny_model)))
+    engine.active_adapter = "sent_v2"
+    assert_matches(reference(tiny_model, adapters["v2"]), engine.generate(PROMPTS, GREEDY))

@@ -198,3 +198,34 @@ def test_ray_s_own_log_of_the_raylet_s_loss_names_the_node(capsys, tmp_path):
     assert code == 2
     assert len(err) == 1 and err[0].startswith("error: the Ray node under the run died: node 127.0.0.1"), err
     assert "exited with code 1 (its raylet died first)" in err[0]
+
+
+def test_a_driver_killed_after_its_raylet_died_is_named_by_its_own_death(capsys, tmp_path):
+    """kill -9 of the driver: its raylet can be seen dead before the driver is reapable (its
+    children get their parent-death signal before it becomes a zombie). Here the raylet is seen
+    dead first for sure, then the driver is killed: the driver's death by SIGKILL is the line, as
+    Ray ends a driver for its raylet with an exit, never with a kill."""
+    body = RAYLET + _node(tmp_path) + "os.kill(raylet.pid, signal.SIGKILL)\ntime.sleep(1)\nos.kill(os.getpid(), signal.SIGKILL)"
+    code = supervise(_driver(body))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and err[0].startswith("error: the driver process (pid "), err
+    assert "was killed by SIGKILL without reporting an error" in err[0] and "Ray node" not in err[0]
+
+
+def test_a_raylet_that_dies_as_ray_starts_is_the_node_s_death_before_the_driver_reports_it(capsys, tmp_path):
+    """The raylet killed right after Ray started, before the driver said where its node is: the
+    supervisor finds the raylet among the driver's children itself (its name, its command line),
+    so the line is the node's, not user code's "before Ray started"."""
+    session = tmp_path / "session_2026-11-29_12-00-00_000000_1"
+    raylet = ("import subprocess, ctypes\n"
+              "name = 'import ctypes, time; ctypes.CDLL(None).prctl(15, b\"raylet\"); time.sleep(120)'\n"
+              "raylet = subprocess.Popen([sys.executable, '-c', name, "
+              f"'--raylet_socket_name={session}/sockets/raylet', '--node_id=ab12cd34ef56aa', '--node_ip_address=127.0.0.1'], "
+              "preexec_fn=lambda: ctypes.CDLL(None).prctl(1, signal.SIGKILL))\n"
+              "time.sleep(1.5)\nos.kill(raylet.pid, signal.SIGKILL)\ntime.sleep(2)\nos._exit(1)")  # fmt: skip
+    code = supervise(_driver(f"s.report(resume={RESUME!r})\n" + raylet))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and err[0].startswith("error: the Ray node under the run died: node 127.0.0.1 (id ab12cd34ef56)"), err
+    assert "(its raylet died first)" in err[0] and str(session / "logs" / "raylet.out") in err[0]

@@ -1,6 +1,6 @@
 """The metrics catalogue (megarl/metrics.py) is the one home of metric names: what the updates,
 the advantage step, the rollout and the scorer emit is declared there, every name string in the
-package is, and the README's metrics table lists exactly the catalogue, reductions included."""
+package is, and the metrics table of docs/metrics.md lists exactly the catalogue, reductions included."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from megarl.algos.losses import ModelOutputs, make_policy_loss_fn, make_value_lo
 from megarl.algos.metrics import reduce_metrics
 from megarl.algos.mismatch import mismatch_by_staleness
 from megarl.algos.step import advantage_step
-from megarl.config.sections import AlgorithmConfig
+from megarl.config.algorithm_sections import AlgorithmConfig
 from megarl.data.batch import Batch
 from megarl.metrics import (
     CATALOGUE,
@@ -67,7 +67,7 @@ def is_catalogued(name: str) -> bool:
 
 
 def families() -> set[str]:
-    """Every first path segment of the catalogue (what the README's table must cover)."""
+    """Every first path segment of the catalogue (what docs/metrics.md's table must cover)."""
     return {m.family for m in CATALOGUE}
 
 
@@ -166,12 +166,10 @@ def test_lookup_exact_names_before_families_and_suggests_on_a_typo():
     assert not is_catalogued("actor/logprob_mismatch")  # one public name: rollout/logprob_mismatch
 
 
-def _readme_table() -> list[tuple[list[str], list[str]]]:
-    """(keys, reductions) of each row of the README's metrics table."""
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("## Metrics") : text.index("## Checkpoints")]
+def _metrics_page_table() -> list[tuple[list[str], list[str]]]:
+    """(keys, reductions) of each row of the metrics table in docs/metrics.md."""
     rows = []
-    for line in section.splitlines():
+    for line in (ROOT / "docs" / "metrics.md").read_text().splitlines():
         cells = [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]
         if len(cells) != 3 or cells[0] in ("key", "---"):
             continue
@@ -179,10 +177,10 @@ def _readme_table() -> list[tuple[list[str], list[str]]]:
     return rows
 
 
-def test_readme_table_lists_exactly_the_catalogue_with_its_reductions():
-    rows = _readme_table()
+def test_metrics_page_table_lists_exactly_the_catalogue_with_its_reductions():
+    rows = _metrics_page_table()
     listed = [key for keys, _ in rows for key in keys]
-    assert sorted(listed) == sorted(m.name for m in CATALOGUE), "README table vs megarl/metrics.py"
+    assert sorted(listed) == sorted(m.name for m in CATALOGUE), "docs/metrics.md table vs megarl/metrics.py"
     for keys, reductions in rows:
         if len(reductions) == 1:
             reductions = reductions * len(keys)

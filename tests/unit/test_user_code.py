@@ -13,6 +13,7 @@ import time
 import pytest
 
 from megarl.cli import report
+from megarl.data.batch import Batch
 from megarl.rollout.agents.errors import AgentError
 from megarl.rollout.agents.interactions import Interaction
 from megarl.rollout.agents.tools import Tool, start_tool_call
@@ -76,7 +77,7 @@ def _generate(engines, prompts, params):
     ("prompts", "did"), [("exit", "called sys.exit(9)"), ("raise", "raised RuntimeError: my bug")]
 )
 def test_a_generate_function_is_named_with_its_file(prompts, did, capsys):
-    generate = named_generate_function(_generate, "my_pkg.rollouts:generate")
+    generate = named_generate_function(_generate, "my_pkg.rollouts:generate", returns=Batch)
     with pytest.raises(UserCodeError) as info:
         generate(None, prompts, None)
     assert str(info.value).startswith(
@@ -87,6 +88,21 @@ def test_a_generate_function_is_named_with_its_file(prompts, did, capsys):
     )
 
 
+@pytest.mark.parametrize(("returned", "said"), [(None, "returned None, not a megarl.data.batch.Batch"),
+                                                ({"responses": []}, "returned a dict ({'responses': []}), not a")])
+def test_a_generate_function_that_returns_no_batch_is_one_line_naming_it(returned, said, capsys):
+    """Before: None went on into megarl and ended in a 44-line traceback far from the function."""
+    generate = named_generate_function(lambda engines, prompts, params: returned, "my_pkg.rollouts:generate", returns=Batch)
+    with pytest.raises(UserCodeError) as info:
+        generate(None, None, None)
+    message = str(info.value)
+    assert message.startswith(f"rollout.generate_function my_pkg.rollouts:generate ({__file__}) {said}"), message
+    assert "a generate function must return a Batch of the responses" in message
+    assert report(info.value) == EXIT_USER
+    err = capsys.readouterr().err
+    assert err.startswith("error: rollout.generate_function") and err.count("\n") == 1
+
+
 def test_an_error_raised_inside_megarl_code_the_function_called_is_not_blamed_on_it(tmp_path):
     """The function's own bug is its own; an error from inside a megarl call it made (here a write
     into a folder that is gone; in a run, an engine actor's death) passes as it is, noting the function."""
@@ -95,7 +111,7 @@ def test_an_error_raised_inside_megarl_code_the_function_called_is_not_blamed_on
     def calls_megarl(engines, prompts, params):
         write_atomically(tmp_path / "gone" / "rows.txt", "x")
 
-    generate = named_generate_function(calls_megarl, "my_pkg.rollouts:generate")
+    generate = named_generate_function(calls_megarl, "my_pkg.rollouts:generate", returns=Batch)
     with pytest.raises(FileNotFoundError) as info:
         generate(None, [], None)
     assert any("rollout.generate_function my_pkg.rollouts:generate" in note for note in info.value.__notes__)
@@ -142,7 +158,7 @@ def test_megarls_own_signal_handler_is_never_blamed_on_the_generate_function():
             pass
 
     for signum in (signal.SIGINT, HANG_SIGNAL):
-        wrapped = named_generate_function(user_gen, "mymod:user_gen")
+        wrapped = named_generate_function(user_gen, "mymod:user_gen", returns=Batch)
         with RunControl().handlers():
             timer = threading.Timer(0.3, os.kill, (os.getpid(), signum))
             timer.start()

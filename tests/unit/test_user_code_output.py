@@ -11,8 +11,10 @@ import sys
 import threading
 
 import pytest
+import torch
 
 from megarl.cli import report
+from megarl.data.batch import Batch
 from megarl.rollout.agents.interactions import Interaction, InteractionTimeout
 from megarl.rollout.agents.tools import Tool, start_tool_call
 from megarl.terminal import EXIT_USER, setup_logging
@@ -57,6 +59,8 @@ def test_a_tools_prints_go_to_the_log_and_megarls_lines_to_the_terminal(tmp_path
 def _calls_megarl(engines, prompts, params):
     print("generate prints")
     logging.getLogger("megarl.engines").warning("engine 0 is slow")  # megarl's own, in a call the function made
+    one = torch.ones(1, 1, dtype=torch.long)  # what the contract asks: a Batch (here of one 1-token response)
+    return Batch(one, one, one, torch.ones(1, dtype=torch.long), one.float(), torch.zeros(1, dtype=torch.long))
 
 
 def test_megarls_log_records_still_reach_the_terminal_even_from_inside_user_code(tmp_path, capsys):
@@ -68,7 +72,7 @@ def test_megarls_log_records_still_reach_the_terminal_even_from_inside_user_code
         with user_output_to(tmp_path / "user_code.log"):
             start_tool_call(ChattyTool({}, SCHEMA), {}, {}).result(timeout=60)
             logging.getLogger("megarl.trainer").warning("step 1 took long")
-            named_generate_function(_calls_megarl, "my_pkg:generate")(None, None, None)
+            named_generate_function(_calls_megarl, "my_pkg:generate", returns=Batch)(None, None, None)
     finally:
         root.handlers[:] = handlers
     err = capsys.readouterr().err
@@ -85,7 +89,7 @@ def test_a_generate_functions_prints_go_to_the_log_and_its_error_quotes_their_he
     from megarl.commands.generate import user_code_log
 
     log = user_code_log(tmp_path / "out.jsonl")  # `megarl generate`'s: it has no run log for the traceback
-    generate = named_generate_function(_chatty_generate, "my_pkg.rollouts:generate")
+    generate = named_generate_function(_chatty_generate, "my_pkg.rollouts:generate", returns=Batch)
     with user_output_to(log), pytest.raises(UserCodeError) as info:
         generate(None, None, None)
     assert capsys.readouterr().out == ""

@@ -133,13 +133,22 @@ class _Driver:
     def run(self, loops: list[AgentLoop]) -> list[str]:
         try:
             self._run(loops)
-        finally:  # a failure mid-step still ends every loop (their finally blocks: interactions end)
-            for steps in self.steps.values():
-                steps.close()
+        finally:  # a failure mid-step (or a stop) closes every loop still running, now, not at garbage collection
+            self._close_loops()
         for name, (calls, failures, first) in self.calls.items():
             if failures:  # the model is told; the user is told too, once per tool and rollout
                 log.warning("tool %s failed %d of %d calls in this rollout; the first: %s", name, failures, calls, first)
         return [self.finish[i] for i in range(len(loops))]
+
+    def _close_loops(self) -> None:
+        """Close the loops still running: the error that got here is the one to report, so a loop
+        whose own ``finally`` fails on the way out (a user's loop) does not replace it."""
+        steps, self.steps = list(self.steps.values()), {}
+        for loop_steps in steps:
+            try:
+                loop_steps.close()
+            except Exception as exc:  # noqa: BLE001 - the rollout already failed or stops
+                log.debug("an agent loop failed while it was closed: %r", exc)
 
     def _run(self, loops: list[AgentLoop]) -> None:
         queue = list(range(len(loops)))[::-1]

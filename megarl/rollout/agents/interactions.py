@@ -44,6 +44,9 @@ class InteractionTimeout(AgentError):
     """A method of an interaction did not return within rollout.agent.interaction_timeout_s."""
 
 
+_WHEN = {"start_interaction": "as each conversation starts", "finalize_interaction": "as each conversation ends"}
+
+
 class Interaction:
     """A user's interaction object, called the same way whether its methods are async or not."""
 
@@ -65,8 +68,9 @@ class Interaction:
             # in a thread with a deadline, as a tool call: a method that never returns would hang the run
             return call_with_deadline(lambda: run_method(invoke()), self.timeout_s, where)
         except DeadlinePassed:
+            when = _WHEN.get(method, "between the model's turns")
             raise InteractionTimeout(f"{where} did not return within {self.timeout_s:g} s; make it return sooner (it "
-                                     "runs between the model's turns: a rule check, not a long call) or raise "
+                                     f"runs {when}: a rule check, not a long call) or raise "
                                      f"rollout.agent.interaction_timeout_s{printed_head(where)}") from None
         except Exception as exc:  # the user's code: name it (the run stops; a simulated user has no fallback)
             raise AgentError(f"{where} raised {type(exc).__name__}: {exc}; fix it{printed_head(where)}") from exc
@@ -156,8 +160,10 @@ def _without_name(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     return without_nulls({k: v for k, v in kwargs.items() if k != "name"})
 
 
-def load_interactions(path: str | Path, timeout_s: float = 600.0) -> dict[str, Interaction]:
-    """The interactions of a verl-format interaction file, by name; ``timeout_s``: rollout.agent.interaction_timeout_s."""
+def load_interactions(path: str | Path, timeout_s: float = 600.0,
+                      building: Callable[[str], None] | None = None) -> dict[str, Interaction]:
+    """The interactions of a verl-format interaction file, by name; ``timeout_s``: rollout.agent.interaction_timeout_s;
+    ``building``: told what is built next, once its class is imported (as load_tools's)."""
     label = f"interaction file {path}"
     out: dict[str, Interaction] = {}
     for i, entry in enumerate(read_yaml_list(path, "interaction", "interaction file", InteractionFileError)):
@@ -167,6 +173,8 @@ def load_interactions(path: str | Path, timeout_s: float = 600.0) -> dict[str, I
         if name in out:
             raise InteractionFileError(f"{where}: a second interaction named {name!r}; names must be unique")
         config = {**dict(entry.get("config") or {}), "name": name}
+        if building is not None:
+            building(f"building {entry['class_name']} ({where})")
         try:
             out[name] = Interaction(name, cls(config=config), timeout_s)
         except Exception as exc:  # noqa: BLE001 - the user's class: name it and its error

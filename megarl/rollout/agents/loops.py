@@ -185,11 +185,14 @@ class ToolAgent(AgentLoop):
 
     def run(self) -> Steps:
         interaction = self._interaction()
-        try:
-            return (yield from self._turns(interaction))
-        finally:
-            if interaction is not None:
-                interaction.finish()
+        reason = yield from self._turns(interaction)
+        # Only a conversation that ended is finalized: one abandoned (the rollout failed elsewhere,
+        # or the run stops) is closed with no user code in the way. A hung finalize_interaction
+        # there held every closed loop up to its deadline, and its errors, raised while Python
+        # closed generators, came out as "Exception ignored" tracebacks with Ctrl-C swallowed.
+        if interaction is not None:
+            interaction.finish()
+        return reason
 
     def _turns(self, interaction: InteractionSession | None) -> Steps:
         traj, limits = self.trajectory, self.env.limits

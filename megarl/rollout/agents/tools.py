@@ -26,7 +26,7 @@ import asyncio
 import importlib
 import inspect
 import math
-from collections.abc import Awaitable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,13 +61,15 @@ class ToolOutcome:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-def load_tools(path: str | Path) -> dict[str, Tool]:
-    """The tools of a verl-format tool file, by function name."""
+def load_tools(path: str | Path, building: Callable[[str], None] | None = None) -> dict[str, Tool]:
+    """The tools of a verl-format tool file, by function name. ``building``: told what is built
+    next, once its class is imported (the pre-launch check's process names a class whose
+    ``__init__`` ends that process, rather than its import)."""
     label = f"tool file {path}"
     entries = read_yaml_list(path, "tools", "tool file", ToolFileError)
     tools: dict[str, Tool] = {}
     for i, entry in enumerate(entries):
-        tool = _tool_from_entry(entry, f"{label}, tools[{i}]")
+        tool = _tool_from_entry(entry, f"{label}, tools[{i}]", building)
         if tool.name in tools:
             raise ToolFileError(f"{label}, tools[{i}]: a second tool named {tool.name!r}; function names must be unique")
         tools[tool.name] = tool
@@ -90,13 +92,15 @@ def _schema_of(entry: Any, where: str) -> dict[str, Any]:
     return schema
 
 
-def _tool_from_entry(entry: Any, where: str) -> Tool:
+def _tool_from_entry(entry: Any, where: str, building: Callable[[str], None] | None = None) -> Tool:
     schema = _schema_of(entry, where)
     cls = _tool_class(str(entry["class_name"]), where)
     if not issubclass(cls, Tool):
         raise ToolFileError(f"{where}: class_name {entry['class_name']!r} is not a megarl.rollout.agents.tool_base.Tool subclass; "
                             "derive it from Tool (a verl tool needs only its base class changed)")
     config = {k: v for k, v in (entry.get("config") or {}).items() if k != "type"}  # verl's type: native
+    if building is not None:
+        building(f"building {entry['class_name']} ({where})")
     try:
         return cls(config, schema)
     except Exception as exc:  # noqa: BLE001 - the user's class: name it and its error

@@ -11,7 +11,7 @@ from megarl.algos import (
     token_rewards_from_scores,
 )
 from megarl.algos.advantages import discounted_reverse_scan, group_stats, masked_reverse_scan
-from megarl.config.sections import AlgorithmConfig
+from megarl.config.algorithm_sections import AlgorithmConfig
 from megarl.data.batch import Batch
 
 GROUP_MODES = {"grpo": "grpo", "dr_grpo": "dr_grpo", "rloo": "rloo"}

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from megarl.algos import ModelOutputs, make_policy_loss_fn, reduce_metrics
+from megarl.config.algorithm_sections import AlgorithmConfig
 from megarl.config.loading import load_config
-from megarl.config.sections import AlgorithmConfig
 from megarl.data.batch import Batch
 from megarl.trainer.build import old_logprobs_phase
 from megarl.trainer.phases import EngineOldLogprobs, OldLogprobs, Skip

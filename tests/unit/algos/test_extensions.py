@@ -12,7 +12,8 @@ from megarl.algos import make_kl_controller
 from megarl.algos.losses import POLICY_LOSSES, ModelOutputs, make_policy_loss_fn
 from megarl.algos.registry import Registry, UnknownNameError
 from megarl.algos.step import advantage_step
-from megarl.config.sections import AlgorithmConfig, MegaRLConfig
+from megarl.config.algorithm_sections import AlgorithmConfig
+from megarl.config.sections import MegaRLConfig
 from megarl.data.batch import Batch
 from megarl.plan.extensions import import_problem, named_functions
 

@@ -10,7 +10,7 @@ from megarl.algos import (
     kl_estimate,
     make_kl_controller,
 )
-from megarl.config.sections import KLConfig
+from megarl.config.algorithm_sections import KLConfig
 
 
 def test_estimators_hand_values():

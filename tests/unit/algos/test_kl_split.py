@@ -15,8 +15,8 @@ from megarl.algos import (
     reduce_metrics,
 )
 from megarl.algos.step import advantage_step
+from megarl.config.algorithm_sections import AlgorithmConfig, KLConfig
 from megarl.config.loading import ConfigError, load_config
-from megarl.config.sections import AlgorithmConfig, KLConfig
 
 
 def verl_kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, name: str) -> torch.Tensor:

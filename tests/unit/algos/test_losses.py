@@ -14,7 +14,7 @@ from megarl.algos import (
     reduce_metrics,
 )
 from megarl.algos.kl import kl_estimate
-from megarl.config.sections import AlgorithmConfig, ClipConfig
+from megarl.config.algorithm_sections import AlgorithmConfig, ClipConfig
 from megarl.data.batch import Batch
 
 MAX_LEN = 16

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from megarl.algos import ModelOutputs, make_policy_loss_fn, reduce_metrics
 from megarl.algos.mismatch import corrections_by_staleness, mis_mask, mismatch_by_staleness
-from megarl.config.sections import AlgorithmConfig, MISConfig
+from megarl.config.algorithm_sections import AlgorithmConfig, MISConfig
 from megarl.data.batch import Batch
 
 L = math.log

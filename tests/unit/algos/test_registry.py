@@ -2,7 +2,8 @@ import pytest
 
 from megarl.algos import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
 from megarl.algos.registry import Registry, UnknownNameError
-from megarl.config import rollout_sections, sections
+from megarl.config import algorithm_sections as sections
+from megarl.config import rollout_sections
 
 
 def test_registries_hold_exactly_the_config_names():

@@ -3,7 +3,7 @@ import torch
 
 from megarl.algos import make_kl_controller
 from megarl.algos.step import advantage_step
-from megarl.config.sections import AlgorithmConfig
+from megarl.config.algorithm_sections import AlgorithmConfig
 from megarl.data.batch import Batch
 
 

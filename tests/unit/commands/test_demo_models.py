@@ -13,7 +13,8 @@ from megarl.config.architectures import BUILTIN_ARCHS, arch_from_hf_dir
 from megarl.config.loading import load_config
 
 
-@pytest.mark.parametrize("config", ["configs/tiny_grpo.yaml", "configs/tiny_moe_grpo.yaml", "configs/tiny_dsv3_grpo.yaml"])
+@pytest.mark.parametrize("config", ["configs/tiny_grpo.yaml", "configs/tiny_moe_grpo.yaml", "configs/tiny_dsv3_grpo.yaml",
+                                    "configs/tiny_tool_agent.yaml"])
 def test_a_demo_arch_is_the_model_the_demo_builds(config, tmp_path):
     arch = load_config(config).model.arch
     assert arch in DEMO_MODELS

@@ -43,7 +43,7 @@ def test_derived_roles():
 
 
 def test_a_checkpoint_format_needs_the_distributed_optimizer():
-    from megarl.config.sections import OptimizerConfig
+    from megarl.config.train_sections import OptimizerConfig
 
     assert OptimizerConfig(checkpoint_format="fully_reshardable").distributed  # the default optimizer takes it
     with pytest.raises(pydantic.ValidationError, match="checkpoint_format=fully_reshardable lays out the distributed"):

@@ -3,7 +3,7 @@ logprob_max_tokens_per_gpu): selected for log-probs, never for the update."""
 
 import torch
 
-from megarl.config.sections import ActorConfig
+from megarl.config.train_sections import ActorConfig
 from megarl.data.batch import Batch
 from megarl.megatron_runtime import model as model_module
 from megarl.megatron_runtime.micro_batches import MicroBatching

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from megarl.config.loading import ConfigError, load_config
-from megarl.config.sections import OptimizerConfig
+from megarl.config.train_sections import OptimizerConfig
 from megarl.megatron_runtime.optim import LRSchedule
 
 

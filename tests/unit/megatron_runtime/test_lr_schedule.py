@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from megarl.config.sections import OptimizerConfig
+from megarl.config.train_sections import OptimizerConfig
 from megarl.megatron_runtime.optim import LRSchedule
 
 

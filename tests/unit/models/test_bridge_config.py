@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from megarl.config.sections import ParallelConfig
+from megarl.config.train_sections import ParallelConfig
 from megarl.models.bridges import get_bridge
 from megarl.models.tiny import build_tiny_model, tiny_hf_config
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from megarl.config.sections import LoRAConfig
+from megarl.config.train_sections import LoRAConfig
 from megarl.models.lora import adapts_experts
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from transformers import Qwen2Config
 
-from megarl.config.sections import ParallelConfig
+from megarl.config.train_sections import ParallelConfig
 from megarl.models.bridges import get_bridge
 
 

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from megarl.config.sections import ParallelConfig
+from megarl.config.train_sections import ParallelConfig
 from megarl.models import qwen3_moe
 from megarl.models.bridges import get_bridge
 from megarl.models.layouts import ShardInfo, export_parts, read_shard
@@ -82,7 +82,7 @@ def test_what_the_bridge_does_not_handle_is_refused_by_name(overrides, parallel,
 
 
 def test_the_moe_section_sets_megatrons_load_balance_and_drops():
-    from megarl.config.sections import MoEConfig
+    from megarl.config.train_sections import MoEConfig
 
     cfg = _cfg(output_router_logits=True)  # HF's own training flag: accepted, not read
     moe = MoEConfig(aux_loss_coef=0.01, z_loss_coef=0.001, capacity_factor=1.5, token_drop_policy="position")
@@ -99,7 +99,7 @@ def test_the_moe_section_sets_megatrons_load_balance_and_drops():
     ({"expert_bias_update_rate": 0.001}, {}, r"actor.moe.expert_bias_update_rate \(0.001\) needs a sigmoid router.*set it to 0"),
 ])  # fmt: skip
 def test_load_balance_settings_megatron_or_megarl_cannot_run_are_refused_by_name(moe, parallel, match):
-    from megarl.config.sections import MoEConfig
+    from megarl.config.train_sections import MoEConfig
 
     cfg = _cfg()
     with pytest.raises(ValueError, match=match):

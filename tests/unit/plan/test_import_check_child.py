@@ -172,6 +172,30 @@ def test_a_tool_whose_init_calls_sys_exit_is_named_by_its_class(tmp_path, monkey
     assert "at import" not in finding.message
 
 
+def test_a_tool_and_an_interaction_whose_init_calls_os_exit_are_named_at_construction(tmp_path, monkeypatch):
+    """os._exit in a class's __init__ ends the check's process without a word: the last thing it
+    said it did (building that class, once imported) names the construction, not the import."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    (tmp_path / "exiting_classes.py").write_text(
+        "import os\nfrom megarl.rollout.agents.tool_base import Tool\n\n"
+        "class Exits(Tool):\n    def __init__(self, config, tool_schema):\n        os._exit(4)\n\n"
+        "class ExitingUser:\n    def __init__(self, config):\n        os._exit(5)\n")  # fmt: skip
+    tools = tmp_path / "tools.yaml"
+    tools.write_text("tools:\n  - class_name: exiting_classes.Exits\n"
+                     "    tool_schema: {type: function, function: {name: exits, parameters: {type: object}}}\n")  # fmt: skip
+    interactions = tmp_path / "interactions.yaml"
+    interactions.write_text("interaction:\n  - name: user\n    class_name: exiting_classes.ExitingUser\n")
+    for field, path, code, cls in (("rollout.agent.tools_file", tools, 4, "Exits"),
+                                   ("rollout.agent.interactions_file", interactions, 5, "ExitingUser")):  # fmt: skip
+        child = preflight.ChildChecks(None, [(field, str(path))])
+        try:
+            (finding,) = child.results(field)
+        finally:
+            child.stop()
+        assert f"ended (exit code {code}) while building exiting_classes.{cls} (" in finding.message, finding.message
+        assert "while it was built (in its __init__)" in finding.message and "at import" not in finding.message
+
+
 def test_empty_logs_of_killed_drivers_are_removed_by_the_next_check(tmp_path):
     """A driver killed with SIGKILL leaves its check's log (no cleanup runs): the next check removes
     it when it is empty and its driver is gone; a log with output, or a live driver's, stays."""

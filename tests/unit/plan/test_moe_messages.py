@@ -9,7 +9,7 @@ from rich.console import Console
 
 from megarl.commands.conversion import _parallel_text
 from megarl.config.loading import load_config
-from megarl.config.sections import ParallelConfig
+from megarl.config.train_sections import ParallelConfig
 from megarl.models.tiny import build_tiny_model
 from megarl.plan.planner import PlanError, make_plan
 from megarl.plan.report import print_plan

@@ -85,3 +85,37 @@ def test_the_cli_tells_rays_failure_in_the_driver_in_one_line(capsys):
     code = report(ObjectStoreFullError("Failed to put object ffff in object store because it is full."))
     err = capsys.readouterr().err
     assert code == EXIT_USER and err.startswith("error: a Ray call of the driver failed: the Ray object store") and err.count("\n") == 1
+
+
+def test_a_node_of_an_embedded_ray_points_at_its_raylet_log_not_ray_status(monkeypatch, tmp_path):
+    """Ray embedded in the run (its raylet this process's child): once its node is dead there is no
+    cluster left for `ray status` to ask; the line names the raylet log megarl prints."""
+    node = types.SimpleNamespace(all_processes={"raylet": [object()]}, get_logs_dir_path=lambda: str(tmp_path))
+    fake = types.SimpleNamespace(is_initialized=lambda: True, _private=types.SimpleNamespace(
+        worker=types.SimpleNamespace(global_worker=types.SimpleNamespace(node=node)),
+        ray_constants=types.SimpleNamespace(PROCESS_TYPE_RAYLET="raylet")))  # fmt: skip
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    line = ray_failure(died(f"The actor died because its node has died. Node Id: {NODE}"))
+    assert line is not None and line.startswith("its node 10.0.0.7 (id 5f3c0a9e1b2d) died (Ray reports it dead)")
+    assert "ray status" not in line and "ray logs" not in line and f"{tmp_path}/raylet.out" in line
+    node.all_processes = {}  # attached to a cluster: its raylets are not this process's
+    assert "`ray status`" in (ray_failure(died(f"The actor died because its node has died. Node Id: {NODE}")) or "")
+
+
+def test_an_embedded_raylet_dead_as_ray_starts_is_refused_as_the_node_s_death(tmp_path):
+    """The raylet killed right after Ray started: the driver says so before it imports user code
+    (whose later death it would otherwise seem to be). A real child process stands for the raylet."""
+    import signal
+    import subprocess
+
+    from megarl.ray_cluster.session import raylet_end_problem
+
+    raylet = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        assert raylet_end_problem(raylet, str(tmp_path)) is None  # running: nothing to say
+    finally:
+        raylet.send_signal(signal.SIGKILL)
+        raylet.wait(timeout=60)
+    line = raylet_end_problem(raylet, str(tmp_path)) or ""
+    assert line.startswith(f"the Ray node under the run died as Ray started: its raylet (pid {raylet.pid}) was killed by SIGKILL")
+    assert f"{tmp_path}/raylet.out" in line and "dmesg" in line and "\n" not in line

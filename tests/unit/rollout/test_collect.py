@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from megarl.algos.dapo import overlong_penalty
-from megarl.config.sections import CustomRewardConfig, OverlongConfig, RewardConfig
+from megarl.config.algorithm_sections import OverlongConfig
+from megarl.config.sections import CustomRewardConfig, RewardConfig
 from megarl.data.batch import Batch
 from megarl.engines.base import SamplingParams
 from megarl.rollout.collect import GreedyBaseline, Scorer

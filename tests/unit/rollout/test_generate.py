@@ -36,24 +36,32 @@ def test_default_is_the_agent_rollout_bound_to_the_run():
 
 def test_a_users_function_is_used_as_is_and_one_asking_for_the_run_is_bound(tmp_path, monkeypatch):
     (tmp_path / "my_generate.py").write_text(textwrap.dedent("""
+        import torch
+        from megarl.data.batch import Batch
+
+        def batch(*tags):  # a generate function returns a Batch: one response, its group id the tags
+            one = torch.ones(1, 1, dtype=torch.long)
+            return Batch(one, one, one, torch.ones(1, dtype=torch.long), one.float(), torch.tensor([sum(tags)]),
+                         data_source=[repr(tags)])
+
         def plain(engines, prompts, params):
-            return "plain"
+            return batch(1)
 
         class Bound:
             def __call__(self, engines, prompts, params):
-                return "unbound"
+                return batch(2)
 
             def for_run(self, cfg, tokenizer, eos_token_ids):
-                return lambda engines, prompts, params: ("bound", cfg.trainer.seed, tuple(eos_token_ids))
+                return lambda engines, prompts, params: batch(cfg.trainer.seed, *eos_token_ids)
 
         bound = Bound()
     """))
     monkeypatch.syspath_prepend(str(tmp_path))
     try:
         plain = make_generate(load_config(TINY, ["rollout.generate_function=my_generate:plain"]), None, [7])
-        assert plain(None, None, None) == "plain"
+        assert plain(None, None, None).data_source == ["(1,)"]
         bound = make_generate(load_config(TINY, ["rollout.generate_function=my_generate:bound", "trainer.seed=3"]), None, [7])
-        assert bound(None, None, None) == ("bound", 3, (7,))
+        assert bound(None, None, None).data_source == ["(3, 7)"]
     finally:
         sys.modules.pop("my_generate", None)
 

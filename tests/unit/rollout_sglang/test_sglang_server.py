@@ -13,7 +13,8 @@ import textwrap
 import pytest
 
 from megarl.config.rollout_sections import RolloutConfig, WeightSyncConfig
-from megarl.config.sections import ClusterConfig, LoRAConfig
+from megarl.config.sections import ClusterConfig
+from megarl.config.train_sections import LoRAConfig
 from megarl.rollout_sglang.engine import SGLangEngine
 from megarl.rollout_sglang.server import (
     ServerLaunchError,

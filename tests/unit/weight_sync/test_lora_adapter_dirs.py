@@ -1,26 +1,32 @@
 """Adapter-mode pushes (megarl/weight_sync/lora_adapter.py) keep only the adapter directories the
-servers hold: a resumed run's first push removes what the earlier launch left."""
+servers hold: a resumed run's first push removes what the earlier launch left. A server on
+another host gets the adapters in the request, and no directory is written for it alone."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 
+from megarl.config.train_sections import LoRAConfig
 from megarl.weight_sync import lora_adapter
-from megarl.weight_sync.lora_adapter import AdapterTransport
+from megarl.weight_sync.lora_adapter import AdapterTransport, on_this_host
+
+KEY = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
+OTHER_HOST = "http://192.0.2.1:30000"  # TEST-NET-1 (RFC 5737): no host's address
 
 
 class _Adapters:
-    cfg = None
+    cfg = LoRAConfig(rank=4, alpha=8.0, target_modules=["q_proj"])
 
     def has_experts(self) -> bool:
         return False
 
     def peft_tensors(self) -> dict[str, torch.Tensor]:
-        return {"a": torch.zeros(2)}
+        return {KEY: torch.arange(8.0).reshape(4, 2)}
 
     @contextlib.contextmanager
     def disabled(self):
@@ -41,21 +47,27 @@ class _Base:
 class _Client:
     def __init__(self) -> None:
         self.held: set[str] = set()
+        self.sent: dict[str, tuple[dict, list[str]]] = {}  # name -> (config, payloads) of the tensor loads
 
     def load_lora_adapter(self, name: str, path: Path) -> None:
         assert path.is_dir()
         self.held.add(name)
 
+    def load_lora_adapter_from_tensors(self, name: str, config: dict, payloads: list[str]) -> None:
+        self.held.add(name)
+        self.sent[name] = (config, payloads)
+
     def unload_lora_adapter(self, name: str) -> None:
         self.held.discard(name)
 
 
-def _engine():
-    return SimpleNamespace(client=_Client(), set_weight_version=lambda v: None, check_weight_version=lambda v: None)
+def _engine(url: str = "http://127.0.0.1:30000", tp: int = 1):
+    return SimpleNamespace(client=_Client(), url=url, tp=tp, set_weight_version=lambda v: None,
+                           check_weight_version=lambda v: None)  # fmt: skip
 
 
-def _transport(directory: Path) -> AdapterTransport:
-    engines = [_engine()]
+def _transport(directory: Path, engines: list | None = None) -> AdapterTransport:
+    engines = engines or [_engine()]
     t = AdapterTransport(_Base(), _Adapters(), directory, writer=True, base_model="base",
                          engines_of=lambda endpoints: engines, barrier=lambda: None)  # fmt: skip
     t.connect(None)
@@ -81,3 +93,35 @@ def test_a_resumed_runs_first_push_removes_the_earlier_launchs_adapter_directori
     t.connect(None)
     t.push(6)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["lora_v5", "lora_v6", "lora_vx", "notes", "v2"]
+
+
+def test_a_server_on_another_host_gets_the_adapters_in_the_request(tmp_path):
+    import base64
+    import pickle
+
+    local, remote = _engine(), _engine(OTHER_HOST, tp=2)
+    t = _transport(tmp_path, [local, remote])
+    t.push(1)
+    assert local.client.held == {"policy_v1"} and not local.client.sent  # from the directory
+    assert (tmp_path / "lora_v1" / "adapter_model.safetensors").is_file()
+    config, payloads = remote.client.sent["policy_v1"]
+    assert len(payloads) == 2 and payloads[0] == payloads[1]  # one per engine TP rank
+    sent = pickle.loads(base64.b64decode(payloads[0]))  # what SGLang's deserializer reads
+    assert sent.keys() == {KEY} and torch.equal(sent[KEY], _Adapters().peft_tensors()[KEY])
+    written = json.loads((tmp_path / "lora_v1" / "adapter_config.json").read_text())
+    assert config == written and config["r"] == 4 and config["target_modules"] == ["q_proj"]
+
+
+def test_servers_on_other_hosts_alone_need_no_directory(tmp_path):
+    remote = _engine(OTHER_HOST)
+    _transport(tmp_path, [remote]).push(1)
+    assert remote.client.held == {"policy_v1"} and list(tmp_path.iterdir()) == []
+
+
+def test_which_servers_are_on_this_host():
+    import socket
+
+    for url in ("http://127.0.0.1:1", "http://localhost:1", f"http://{socket.gethostname()}:1", "http://[::1]:1"):
+        assert on_this_host(url), url
+    assert not on_this_host(OTHER_HOST)
+    assert not on_this_host("http://no-such-host.invalid:1")  # unresolvable: the request, the safe side

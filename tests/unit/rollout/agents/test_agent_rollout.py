@@ -10,6 +10,7 @@ Everything else is real: the tiny ChatML tokenizer and its template, the parser,
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from pathlib import Path
 
@@ -538,3 +539,70 @@ def test_a_tool_module_slow_to_import_says_so_while_the_run_builds_it(tmp_path, 
     lines = [r.getMessage() for r in caplog.records if r.name == "megarl.progress"]
     assert any(line.startswith(f"{what} ... (") for line in lines), lines
     assert lines[-1].startswith(f"{what}: done in "), lines
+
+
+class StuckAtTheEnd(RecordingUser):
+    """An interaction whose finalize_interaction never returns (until released)."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.finalized, self.release = [], threading.Event()
+
+    def finalize_interaction(self, instance_id):
+        self.finalized.append(instance_id)
+        self.release.wait()
+
+
+def _stuck_rollout(tok, impl, timeout_s):
+    from megarl.rollout.agents.interactions import Interaction
+
+    env = _calc_env(tok)
+    env.interactions = {"u": Interaction("u", impl, timeout_s=timeout_s)}
+    engine = ReplayEngine(tok, {"a": ["hello"], "b": [_call("calc", expr="1+1"), "bye"]})  # a ends first; b is then mid-way
+    extra = [{"interaction_kwargs": {"name": "u"}}] * 2
+    return lambda: AgentRollout(AgentConfig(), env, overlap_tools=False)(engine, _prompts(tok, ["a", "b"], extra=extra),
+                                                                          SamplingParams(max_new_tokens=100))  # fmt: skip
+
+
+def test_a_hung_finalize_interaction_is_one_error_at_its_deadline_and_no_noise(tok, capsys):
+    """Before: every other loop, closed, ran finalize_interaction again (each up to its deadline),
+    and what those raised came out as "Exception ignored in generator ToolAgent.run" tracebacks."""
+    import gc
+
+    from megarl.rollout.agents.interactions import InteractionTimeout
+
+    impl = StuckAtTheEnd({})
+    try:
+        with pytest.raises(InteractionTimeout) as info:
+            _stuck_rollout(tok, impl, 0.5)()
+        gc.collect()
+    finally:
+        impl.release.set()
+    assert str(info.value).startswith("interaction 'u' (StuckAtTheEnd.finalize_interaction in ") and (
+        "did not return within 0.5 s; make it return sooner (it runs as each conversation ends" in str(info.value))
+    assert "rollout.agent.interaction_timeout_s" in str(info.value)
+    assert len(impl.finalized) == 1  # the conversation still running was closed without it
+    assert "Exception ignored" not in capsys.readouterr().err
+
+
+def test_ctrl_c_while_finalize_interaction_hangs_stops_the_rollout_at_once(tok, capsys):
+    """The user's Ctrl-C during the wait ends the rollout as a KeyboardInterrupt, and no
+    finalize_interaction runs while the other loops are closed (each would wait its deadline)."""
+    import gc
+    import os
+    import signal as signals
+
+    impl = StuckAtTheEnd({})
+    previous = signals.signal(signals.SIGINT, signals.default_int_handler)
+    timer = threading.Timer(1.0, os.kill, (os.getpid(), signals.SIGINT))
+    try:
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            _stuck_rollout(tok, impl, 600)()
+        gc.collect()
+    finally:
+        timer.cancel()
+        signals.signal(signals.SIGINT, previous)
+        impl.release.set()
+    assert len(impl.finalized) == 1
+    assert "Exception ignored" not in capsys.readouterr().err
