@@ -136,6 +136,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         code = _main(argv)
         return code
+    except KeyboardInterrupt:  # a Ctrl-C while the command starts (its imports), before any handler of its own
+        print("interrupted (Ctrl-C) while starting; nothing was started", file=sys.stderr)
+        code = EXIT_SIGINT
+        return code
     except SystemExit as exc:
         code = exc.code
         raise

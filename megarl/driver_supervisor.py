@@ -1,4 +1,5 @@
-"""`megarl launch` watched from outside: the driver runs as a child of the command's process.
+"""`megarl launch` watched from outside: the driver runs as a child of the command's process (as
+every command's whose driver starts Ray: megarl/commands/supervision.py).
 
 Ray's core worker ends a driver whose raylet is gone at the C level (a quick exit: no Python
 handler, no ``finally``, only Ray's state dump on stderr), and Ray has no setting that keeps the
@@ -93,10 +94,11 @@ def report_ray_node() -> None:
         pass
 
 
-def supervise(command: Sequence[str], *, ray: bool = True) -> int:
+def supervise(command: Sequence[str], *, ray: bool = True, kept: str | None = None) -> int:
     """Run ``command`` (a driver) as a child; its exit code, or, when it ended without reporting
     its end, one ``error:`` line and exit code 2 (130 after a Ctrl-C). ``ray``: whether the
-    driver starts Ray (not for ``--in-process``), for that line."""
+    driver starts Ray (not for ``--in-process``), for that line; ``kept``: what that line says is
+    left, for a command that has no resume command to report (megarl/commands/supervision.py)."""
     read_end, write_end = os.pipe()
     os.set_blocking(read_end, False)
     interrupted: list[int] = []
@@ -133,9 +135,9 @@ def supervise(command: Sequence[str], *, ray: bool = True) -> int:
     if "end" in reports:
         return code if code >= 0 else 128 - code
     if code < 0 and (-code in passed_on or (-code == signal.SIGINT and interrupted)):  # before its handlers were up
-        _say(f"stopped by {signal.Signals(-code).name} while starting; nothing was trained or saved")
+        _say(f"stopped by {signal.Signals(-code).name} while starting; {kept or 'nothing was trained or saved'}")
         return 128 - code
-    _say(silent_end_line(code, reports, child.pid, raylet_first=raylet_first, ray=ray))
+    _say(silent_end_line(code, reports, child.pid, raylet_first=raylet_first, ray=ray, kept=kept))
     return 130 if interrupted else 2
 
 
@@ -270,12 +272,14 @@ def _parse_reports(data: bytes) -> dict[str, Any]:
     return reports
 
 
-def silent_end_line(code: int, reports: dict[str, Any], pid: int, *, raylet_first: bool = False, ray: bool = True) -> str:
+def silent_end_line(code: int, reports: dict[str, Any], pid: int, *, raylet_first: bool = False, ray: bool = True,
+                    kept: str | None = None) -> str:  # fmt: skip
     """The ``error:`` line of a driver that ended without a word of its own: the Ray node's death
     when its raylet went first (seen dead while the driver lived, or, for a raylet the supervisor
-    could not watch, one that no longer answers), else the driver's own death."""
+    could not watch, one that no longer answers), else the driver's own death. It ends with the
+    command that resumes (reported by the driver), else with what is ``kept`` (a command's own)."""
     how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
-    resume = f"; resume with: {reports['resume']}" if reports.get("resume") else ""
+    resume = f"; resume with: {reports['resume']}" if reports.get("resume") else f"; {kept}" if kept else ""
     node = reports.get("ray")
     silent = None
     if node and not raylet_first and not node.get("raylet_pid") and node.get("raylet"):
@@ -287,10 +291,12 @@ def silent_end_line(code: int, reports: dict[str, Any], pid: int, *, raylet_firs
                 f"the driver process (pid {pid}) {how} ({raylet}); check that machine (killed processes, memory: dmesg) "
                 f"and the raylet's logs {os.path.join(logs, 'raylet.out')} and raylet.err{resume}")  # fmt: skip
     when = " before Ray started" if ray and not node else ""
-    log = reports.get("log") or "the run's logs/driver.log"
+    # A command with no log file of its own (convert, generate) has its output on the terminal only.
+    log = reports.get("log") or (None if kept else "the run's logs/driver.log")
+    log = f"the driver's log: {log}" if log else "its output is above"
     return (f"error: the driver process (pid {pid}) {how} without reporting an error{when}: user code in the driver "
             "(a generate function, tool, interaction or dataset class) calling os._exit, a kill from outside, or the "
-            f"OOM killer (check dmesg); the driver's log: {log}{resume}")  # fmt: skip
+            f"OOM killer (check dmesg); {log}{resume}")  # fmt: skip
 
 
 def _unanswered(address: str) -> str | None:

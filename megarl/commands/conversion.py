@@ -177,15 +177,10 @@ def convert_hf_to_megatron(hf: str | Path, out: str | Path, tp: int = 1, pp: int
     model's experts split over ``ep`` ranks, each expert over ``etp``), or ``in_process`` by one rank in this process; with the HF
     config and tokenizer); verified bit for bit."""
     from megarl.actors.conversion_rank import ImportRank
-    from megarl.checkpoint.model_checkpoint import RECORD, is_model_checkpoint, write_verified
+    from megarl.checkpoint.model_checkpoint import write_verified
     from megarl.models.carried_tensors import save_carried
 
-    source = Path(hf).absolute()
-    if is_model_checkpoint(source):
-        raise OutputError(f"--hf {hf} is already a model checkpoint; give an HF model directory (config.json + safetensors)")
-    target = Path(out).absolute()
-    check_output_target(target, overwrite, {"the HF model directory": source}, manifest=RECORD)
-    hf_config = read_hf_config(source)
+    source, target, hf_config = check_hf_import(hf, out, overwrite)
     dtype = dtype or _config_dtype(hf_config)
     actor = _layout_config(source, tp, pp, ep, etp, check_weights=True)
     ranks = _cpu_ranks(tp, pp, in_process, ep, etp)
@@ -201,6 +196,19 @@ def convert_hf_to_megatron(hf: str | Path, out: str | Path, tp: int = 1, pp: int
         finish_output(staging, target)
     say(f"wrote {out} from {source} ({_layout_text(tp, pp, ep, etp)}, {dtype}); {_verified(checked)}")
     return Path(out)
+
+
+def check_hf_import(hf: str | Path, out: str | Path, overwrite: bool) -> tuple[Path, Path, dict[str, Any]]:
+    """hf-to-megatron's input and output, checked before any work (OutputError naming the fix):
+    the HF directory (absolute), OUT (absolute) and the HF config."""
+    from megarl.checkpoint.model_checkpoint import RECORD, is_model_checkpoint
+
+    source = Path(hf).absolute()
+    if is_model_checkpoint(source):
+        raise OutputError(f"--hf {hf} is already a model checkpoint; give an HF model directory (config.json + safetensors)")
+    target = Path(out).absolute()
+    check_output_target(target, overwrite, {"the HF model directory": source}, manifest=RECORD)
+    return source, target, read_hf_config(source)
 
 
 def _layout_text(tp: int, pp: int, ep: int, etp: int = 1) -> str:

@@ -34,11 +34,13 @@ from pathlib import Path
 from megarl.commands.arguments import user_path
 from megarl.commands.conversion import (
     DTYPES,
+    check_hf_import,
     convert_checkpoint,
     convert_hf_to_megatron,
     export_model_checkpoint,
 )
 from megarl.commands.outputs import OutputError
+from megarl.commands.supervision import Supervision, starts_ray, supervised_command
 from megarl.disk_full import writing
 
 DIRECTIONS = ("hf-to-megatron", "megatron-to-hf")
@@ -91,7 +93,7 @@ def _register_to_megatron(directions: argparse._SubParsersAction) -> None:
     p.add_argument("--overwrite", action="store_true",
                    help="replace OUT when it holds a previous hf-to-megatron output (and nothing else)")
     _add_in_process(p)
-    p.set_defaults(handler=_run_to_megatron)
+    p.set_defaults(handler=supervised_command(_run_to_megatron, _prepare_to_megatron))
 
 
 def _add_in_process(p: argparse.ArgumentParser) -> None:
@@ -129,7 +131,7 @@ def _register_to_hf(directions: argparse._SubParsersAction) -> None:
     p.add_argument("--overwrite", action="store_true",
                    help="replace OUT when it holds a previous megatron-to-hf output (and nothing else)")
     _add_in_process(p)
-    p.set_defaults(handler=_run_to_hf)
+    p.set_defaults(handler=supervised_command(_run_to_hf, _prepare_to_hf))
 
 
 # Options of megatron-to-hf that take a value (the short form's bare words are the others).
@@ -165,6 +167,26 @@ _STOPPED = "while converting; OUT is as it was (the staging folder is removed); 
 _KEPT = "OUT as it was (the staging folder is removed)"
 
 
+def _kept(out: str) -> str:
+    """What a driver that dies without a word leaves (the supervisor's line): OUT is swapped in
+    only once verified (megarl/commands/model_outputs.py)."""
+    return (f"{out} is as it was (a conversion writes beside it and swaps it in only once verified; the next convert "
+            "to it removes the staging folder left): run the same command again")
+
+
+def _prepare_to_megatron(args: argparse.Namespace) -> Supervision:
+    """The HF directory and OUT checked in the command's process, before any driver starts."""
+    check_hf_import(args.hf, args.out, args.overwrite)
+    return Supervision(_kept(args.out), ray=starts_ray(args))
+
+
+def _prepare_to_hf(args: argparse.Namespace) -> Supervision:
+    """The arguments and the checkpoint checked in the command's process, before any driver
+    starts (OUT is checked by the driver: a training checkpoint's run config says what it may not be)."""
+    _checked_source(args, check_files=True)
+    return Supervision(_kept(args.out), ray=starts_ray(args))
+
+
 def _run_to_megatron(args: argparse.Namespace) -> int:
     from megarl.trainer.run_lock import output_lock
     from megarl.trainer.watchdog import run_stoppable
@@ -179,16 +201,25 @@ def _run_to_hf(args: argparse.Namespace) -> int:
     from megarl.trainer.run_lock import output_lock
     from megarl.trainer.watchdog import run_stoppable
 
-    if args.ckpt is None or args.out is None:
-        raise OutputError("megatron-to-hf needs --ckpt CHECKPOINT and --out HF_DIR (or: megarl convert CHECKPOINT HF_DIR)")
+    _check_both_given(args)
     with output_lock(args.out), writing(args.out, "the converted model", kept=_KEPT):  # one convert writes OUT
         return run_stoppable(lambda: _to_hf(args), _STOPPED)
 
 
-def _to_hf(args: argparse.Namespace) -> int:
-    ckpt, out = args.ckpt, args.out
-    from megarl.checkpoint.model_checkpoint import is_model_checkpoint
+def _check_both_given(args: argparse.Namespace) -> None:
+    if args.ckpt is None or args.out is None:
+        raise OutputError("megatron-to-hf needs --ckpt CHECKPOINT and --out HF_DIR (or: megarl convert CHECKPOINT HF_DIR)")
 
+
+def _checked_source(args: argparse.Namespace, *, check_files: bool = False) -> bool:
+    """megatron-to-hf's arguments against its --ckpt, and with ``check_files`` the checkpoint
+    itself (a missing, torn or unreadable one refused; the export checks it again as it loads it);
+    whether it is a model checkpoint (else a training checkpoint)."""
+    ckpt = args.ckpt
+    from megarl.checkpoint.model_checkpoint import check_model_checkpoint, is_model_checkpoint
+    from megarl.checkpoint.verification import verify_checkpoint
+
+    _check_both_given(args)
     if (Path(ckpt) / "config.json").is_file() and not (Path(ckpt) / "manifest.json").is_file() and not is_model_checkpoint(ckpt):
         raise OutputError(f"{ckpt} is a Hugging Face model directory, not a checkpoint; to make a Megatron "
                           f"checkpoint of it: megarl convert hf-to-megatron --hf {ckpt} --out CKPT_DIR")
@@ -196,12 +227,23 @@ def _to_hf(args: argparse.Namespace) -> int:
         if args.config is not None or args.adapter:
             raise OutputError(f"--{'config' if args.config is not None else 'adapter'} is for training checkpoints; {ckpt} is a "
                               "model checkpoint (a plain model, with its own config)")  # fmt: skip
+        if check_files:
+            check_model_checkpoint(Path(ckpt).absolute())
+        return True
+    if any(v is not None for v in (args.tp, args.pp, args.ep, args.etp)):
+        raise OutputError(f"--tp/--pp/--ep/--etp are for model checkpoints; a training checkpoint ({ckpt}) is exported with "
+                          "the run's layout")
+    if check_files:
+        verify_checkpoint(ckpt)
+    return False
+
+
+def _to_hf(args: argparse.Namespace) -> int:
+    ckpt, out = args.ckpt, args.out
+    if _checked_source(args):
         export_model_checkpoint(ckpt, out, args.tp, args.pp, args.overwrite, args.verify, report=print,
                                 in_process=args.in_process, ep=args.ep, etp=args.etp)  # fmt: skip
     else:
-        if any(v is not None for v in (args.tp, args.pp, args.ep, args.etp)):
-            raise OutputError(f"--tp/--pp/--ep/--etp are for model checkpoints; a training checkpoint ({ckpt}) is exported with "
-                              "the run's layout")
         convert_checkpoint(ckpt, out, args.config, args.overwrite, report=print, verify=args.verify, in_process=args.in_process,
                            adapter=args.adapter)  # fmt: skip
     return 0

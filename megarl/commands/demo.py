@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from megarl.commands.arguments import user_path
+from megarl.commands.supervision import Supervision, supervised_command
 from megarl.config.loading import ConfigError
 from megarl.data.tasks import TASK_VOCAB, write_reverse_digits
 from megarl.data.tool_sums import CALL_MARKERS, TOOL_SUM_VOCAB, write_tool_sums
@@ -57,7 +58,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="where the model, data and run go (default: the folder of the config's model.path: outputs/demo "
                         "for configs/tiny_grpo.yaml, outputs/moe-demo for configs/tiny_moe_grpo.yaml, outputs/dsv3-demo for "
                         "configs/tiny_dsv3_grpo.yaml, outputs/tool-demo for configs/tiny_tool_agent.yaml)")
-    p.set_defaults(handler=_run)
+    p.set_defaults(handler=supervised_command(_run, _prepare))
+
+
+def _prepare(args: argparse.Namespace) -> Supervision:
+    """A config mistake: its line from the command's process, no driver started. The driver
+    reports the command that resumes the demo (its launch does)."""
+    from megarl.config.loading import load_config
+
+    load_config(_demo_config(args.config), args.overrides)
+    return Supervision()
 
 
 def _run(args: argparse.Namespace) -> int:

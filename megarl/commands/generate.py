@@ -61,6 +61,7 @@ from megarl.commands.outputs import (
     check_outside_checkpoints,
     same_file,
 )
+from megarl.commands.supervision import Supervision, starts_ray, supervised_command
 from megarl.disk_full import writing
 from megarl.trainer.watchdog import RunControl, RunStopped
 
@@ -91,18 +92,32 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--in-process", action="store_true",
                    help="no Ray: a checkpoint's export to HF files runs with one rank in this process (as `megarl "
                    "convert --in-process`; a layout of one rank)")  # fmt: skip
-    p.set_defaults(handler=_run)
+    p.set_defaults(handler=supervised_command(_run, _prepare))
+
+
+def _prepare(args: argparse.Namespace) -> Supervision:
+    """The flags, the config, OUT and the model checked in the command's process, before any
+    driver starts; Ray starts only to export a checkpoint (an HF directory is used as it is)."""
+    _check_flags(args)
+    _, target, source = _checked_request(args.config, _overrides(args), Path(args.data), args.out, args.model, args.batch_size)
+    partial = target.with_name(target.name + PARTIAL_SUFFIX)
+    kept = f"the parts finished so far are kept in {partial}: the same command goes on from them"
+    return Supervision(kept, ray=starts_ray(args) and _model_export(Path(source)) is not None)
 
 
 def _run(args: argparse.Namespace) -> int:
     _check_flags(args)
-    shortcuts = {"rollout.n": args.n, "rollout.sampling.temperature": args.temperature,
-                 "rollout.sampling.top_p": args.top_p, "rollout.sampling.max_new_tokens": args.max_new_tokens}  # fmt: skip
-    overrides = [*args.overrides, *(f"{key}={value}" for key, value in shortcuts.items() if value is not None)]
-    generate(args.config, overrides, args.data, args.out, model=args.model, batch_size=args.batch_size,
+    generate(args.config, _overrides(args), args.data, args.out, model=args.model, batch_size=args.batch_size,
              overwrite=args.overwrite, in_process=args.in_process)  # fmt: skip
     print(f"wrote {args.out}")
     return 0
+
+
+def _overrides(args: argparse.Namespace) -> list[str]:
+    """The config's overrides with the shortcut flags' (--n: rollout.n=...)."""
+    shortcuts = {"rollout.n": args.n, "rollout.sampling.temperature": args.temperature,
+                 "rollout.sampling.top_p": args.top_p, "rollout.sampling.max_new_tokens": args.max_new_tokens}  # fmt: skip
+    return [*args.overrides, *(f"{key}={value}" for key, value in shortcuts.items() if value is not None)]
 
 
 def _check_flags(args: argparse.Namespace) -> None:
@@ -123,19 +138,27 @@ def generate(config: str | Path, overrides: list[str], data: str | Path, out: st
              batch_size: int = 64, overwrite: bool = False, in_process: bool = False) -> Path:  # fmt: skip
     """Generate for every prompt of ``data`` into ``out`` (see the module docstring); ``in_process``:
     a checkpoint is exported without Ray (`megarl convert --in-process`)."""
+    from megarl.trainer.run_lock import output_lock
+
+    cfg, target, source = _checked_request(config, overrides, Path(data), out, model, batch_size)
+    with output_lock(target):  # a second generate into OUT is refused: it would continue this one's partial folder
+        return _generate(cfg, Path(data), target, source, batch_size=batch_size, overwrite=overwrite, in_process=in_process)
+
+
+def _checked_request(config: str | Path, overrides: list[str], data: Path, out: str | Path, model: str | None,
+                     batch_size: int) -> tuple[Any, Path, str]:  # fmt: skip
+    """The config (overrides applied), OUT (absolute) and the model (absolute), each checked as
+    far as it can be before OUT is held."""
     from megarl.checkpoint.verification import CHECKPOINTS_DIR
     from megarl.config.loading import load_config
     from megarl.rollout_sglang.cpu_venv import with_cpu_server_python
-    from megarl.trainer.run_lock import output_lock
 
     cfg = with_cpu_server_python(load_config(config, overrides))  # SGLang on CPU: as `megarl demo` finds it
     if not model and not cfg.model.path:
         raise GenerateError("no model: set model.path in the config or give --model")
     target = Path(out).absolute()
-    _check_target(target, Path(data), batch_size, Path(cfg.trainer.output_dir) / CHECKPOINTS_DIR)
-    with output_lock(target):  # a second generate into OUT is refused: it would continue this one's partial folder
-        return _generate(cfg, Path(data), target, str(Path(model or cfg.model.path or "").absolute()), batch_size=batch_size,
-                         overwrite=overwrite, in_process=in_process)  # fmt: skip
+    _check_target(target, data, batch_size, Path(cfg.trainer.output_dir) / CHECKPOINTS_DIR)
+    return cfg, target, str(Path(model or cfg.model.path or "").absolute())
 
 
 def _generate(cfg: Any, data: Path, target: Path, source: str, *, batch_size: int, overwrite: bool, in_process: bool) -> Path:

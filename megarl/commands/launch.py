@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 
 from megarl.commands.arguments import add_config_args
+from megarl.commands.supervision import Supervision, starts_ray, supervised_command
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -33,22 +34,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     where.add_argument("--in-process", action="store_true",
                        help="no Ray: every role in this process (a world of one, e.g. one GPU under torchrun; needs "
                        "cluster.nnodes=1 cluster.gpus_per_node=1 and rollout.engine=torch)")  # fmt: skip
-    p.set_defaults(handler=_run)
+    p.set_defaults(handler=supervised_command(_run, _prepare))
+
+
+def _prepare(args: argparse.Namespace) -> Supervision:
+    """A config mistake: its line from the command's process, no driver started. The driver
+    reports the command that resumes it (megarl/trainer/launch.py)."""
+    from megarl.config.loading import load_config
+
+    load_config(args.config, args.overrides)
+    return Supervision(ray=starts_ray(args))
 
 
 def _run(args: argparse.Namespace) -> int:
-    import sys
-
-    from megarl.driver_supervisor import supervise, supervised
-
-    if not supervised():  # Ray, or user code (os._exit), may end the driver without a word: watch it from outside
-        from megarl.config.loading import load_config
-
-        load_config(args.config, args.overrides)  # a config mistake: its line from here, no driver started
-        return supervise([sys.executable, "-m", "megarl.cli", *args.argv], ray=not args.in_process)
     from megarl.trainer.launch import launch
 
     launch(args.config, args.overrides, args.address, in_process=args.in_process)
     return 0
-
-

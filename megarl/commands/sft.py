@@ -33,6 +33,7 @@ from typing import Any
 
 from megarl.checkpoint.model_checkpoint import SFT_MODEL_DIR as MODEL_DIR
 from megarl.commands.arguments import add_config_args
+from megarl.commands.supervision import Supervision, starts_ray, supervised_command
 from megarl.trainer.watchdog import RunControl, RunStopped
 
 log = logging.getLogger(__name__)
@@ -59,7 +60,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     where.add_argument("--in-process", action="store_true",
                        help="no Ray: the policy worker in this process (a world of one, e.g. one GPU; needs "
                        "cluster.nnodes=1 cluster.gpus_per_node=1)")  # fmt: skip
-    p.set_defaults(handler=_run)
+    p.set_defaults(handler=supervised_command(_run, _prepare))
+
+
+def _prepare(args: argparse.Namespace) -> Supervision:
+    """A config mistake: its line from the command's process, no driver started; what a driver
+    that dies without a word leaves (for the supervisor's line)."""
+    from megarl.config.loading import load_config
+
+    target = Path(load_config(args.config, args.overrides).sft.output_dir) / MODEL_DIR
+    kept = (f"SFT keeps no checkpoint to resume from, and {target} appears only once written whole and verified (it is "
+            "staged beside itself): run the same command again")
+    return Supervision(kept, ray=starts_ray(args))
 
 
 def _run(args: argparse.Namespace) -> int:

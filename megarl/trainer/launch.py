@@ -137,7 +137,10 @@ def _session(in_process: bool, address: str | None, local_cpus: int | None, cfg:
 def driver_log(path: Path) -> Iterator[None]:
     """Everything the driver logs also goes to ``path``, plus the traceback of what ends the run
     (the terminal gets one line: megarl/cli.py)."""
+    from megarl.driver_supervisor import report
+
     path.parent.mkdir(parents=True, exist_ok=True)
+    report(log=str(path))  # what the supervisor's line names should this process end without a word (`megarl sft`'s too)
     handler = LogFileHandler(path)  # a full disk silences it: no "--- Logging error ---" per record
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%Y-%m-%d %H:%M:%S"))
     root, errors = logging.getLogger(), logging.getLogger("megarl.driver_errors")

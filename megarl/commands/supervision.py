@@ -1,0 +1,68 @@
+"""The commands whose driver starts Ray (launch, demo, sft, convert, generate) run that driver as
+a child of the command's process, watched from outside (megarl/driver_supervisor.py says why:
+Ray's core worker ends a driver whose raylet died at the C level, without a word, and user code
+in the driver may call ``os._exit``). One wrapper does it for all of them: the command's process
+checks the arguments and the config first (a mistake: its one line from here, no child started),
+then runs the same command line again as its supervised driver, which finds itself supervised and
+does the work.
+
+What the supervisor's line says is kept when the driver dies without a word is each command's:
+launch and demo report the command that resumes them; sft, convert and generate say it here
+(``prepare`` returns it), from what the driver would have written by then.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Supervision:
+    """What the supervisor says of a command's driver that dies without a word."""
+
+    kept: str | None = None  # what is left, and what to run (None: the driver reports the command that resumes)
+    ray: bool = True  # whether the driver starts Ray (not under --in-process): the line names the Ray node then
+
+
+Handler = Callable[[argparse.Namespace], int]
+Prepare = Callable[[argparse.Namespace], Supervision]
+
+
+def supervised_command(run: Handler, prepare: Prepare) -> Handler:
+    """The handler of a command whose driver starts Ray: ``run(args)`` in the supervised driver.
+    ``prepare(args)``, in the command's process before the driver starts, makes the checks of the
+    arguments and config (raising the user's error: its line from here, no child started) and
+    says what the supervisor's line would say of a silent death of the driver."""
+
+    def handler(args: argparse.Namespace) -> int:
+        from megarl.driver_supervisor import supervise, supervised
+
+        if supervised():
+            return run(args)
+        watch = prepare(args)
+        if watch.ray:
+            _check_ray_installed()
+        return supervise([sys.executable, "-m", "megarl.cli", *args.argv], ray=watch.ray, kept=watch.kept)
+
+    return handler
+
+
+def starts_ray(args: argparse.Namespace) -> bool:
+    """Whether a command's driver starts Ray by its flags: unless --in-process."""
+    return not getattr(args, "in_process", False)
+
+
+def _check_ray_installed() -> None:
+    """A missing Ray refused here, not by a driver that would start only to say so (megarl/cli.py
+    turns the error into its one line, with --in-process as the way without Ray)."""
+    import importlib.util
+
+    try:
+        missing = importlib.util.find_spec("ray") is None
+    except ValueError:  # a ray module without a spec: there, whatever it is
+        missing = False
+    if missing:
+        raise ModuleNotFoundError("No module named 'ray'", name="ray")
