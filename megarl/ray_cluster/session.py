@@ -136,7 +136,7 @@ def raylet_end_problem(process: subprocess.Popen[Any], logs: str | None) -> str 
     how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
     return (f"the Ray node under the run died as Ray started: its raylet (pid {process.pid}) {how}; check this machine "
             f"(killed processes, memory: dmesg) and the raylet's logs {os.path.join(logs or 'the Ray session', 'raylet.out')} "
-            "and raylet.err, then start the run again")  # fmt: skip
+            "and raylet.err, then run the same command again")  # fmt: skip
 
 
 def _probe(address: str) -> None:
@@ -196,7 +196,7 @@ def _dead_raylet(before: set[int]) -> str | None:
             if process.pid not in before and process.name() == "raylet" and process.status() == psutil.STATUS_ZOMBIE:
                 return (f"the Ray node under the run died as Ray started: its raylet (pid {process.pid}) ended; check "
                         "this machine (killed processes, memory: dmesg) and the raylet's logs in the Ray session's "
-                        "folder (/tmp/ray/session_latest/logs by default: raylet.out, raylet.err), then start the run again")
+                        "folder (/tmp/ray/session_latest/logs by default: raylet.out, raylet.err), then run the same command again")
         except psutil.Error:  # gone meanwhile
             continue
     return None
