@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from megarl.actors.reference import ReferenceWorker
 from megarl.algos.losses import LossFn, ModelOutputs, loss_count
 from megarl.config.sections import ActorConfig
 from megarl.data.batch import Batch, TokenRows
@@ -62,6 +63,14 @@ def lora_base_identity(model: MegatronModel, model_path: str | Path) -> dict[str
     # and first and last MiB: a few MiB read; megarl/plan/resume_checks.py)
     return {"path": str(Path(model_path).resolve()), "fingerprint": [sum(s for s, _ in stats), sum(a for _, a in stats)],
             "files": [list(f) for f in weights_fingerprint(Path(model_path))]}  # fmt: skip
+
+
+def _counted_rows(rows: Batch, reference: ReferenceWorker | None) -> Batch:
+    """``rows`` as the loss count sees them: with the reference computed in the update, zero
+    reference log-probs (the count depends on the rows alone: LossFn contract)."""
+    if reference is None:
+        return rows
+    return rows.replace(ref_logprobs=torch.zeros(rows.response_mask.shape, dtype=torch.float32, device=rows.response_mask.device))
 
 
 class PolicyWorker(TrainedWorker):
@@ -125,18 +134,22 @@ class PolicyWorker(TrainedWorker):
         temperature: float = 1.0,
         with_entropy: bool = True,
         shuffle_seed: int | None = None,
+        reference: ReferenceWorker | None = None,
     ) -> dict[str, float]:
         """Train on ``batch`` with ``loss_fn`` (mini-batch / epoch defaults from the config).
 
         ``loss_fn`` sees each micro-batch's rows and ``ModelOutputs(logprobs, entropy)`` at
-        ``temperature``; ``shuffle_seed`` permutes the rows each epoch (None: in order). Returns metrics equal on every rank: the loss function's metrics and
+        ``temperature``; ``shuffle_seed`` permutes the rows each epoch (None: in order). With
+        ``reference``, each micro-batch's rows carry its ``ref_logprobs``, computed on that very
+        micro-batch (no pass of their own; MegaRLConfig.reference_in_update). Returns metrics equal on every rank: the loss function's metrics and
         ``loss`` as global sum/count, ``grad_norm``, ``lr``, ``optimizer_steps``, ``skipped_steps``.
         """
         head = token_logprob_head(self.model, temperature, with_entropy)
 
         def loss_head(mb: MicroBatch, logits: torch.Tensor):
             out = head(mb, logits)
-            return loss_fn(mb.batch, ModelOutputs(logprobs=out["logprobs"], entropy=out.get("entropy")))
+            rows = mb.batch if reference is None else mb.batch.replace(ref_logprobs=reference.micro_batch_logprobs(mb, temperature))
+            return loss_fn(rows, ModelOutputs(logprobs=out["logprobs"], entropy=out.get("entropy")))
 
         if self.model.routing is not None and batch.routed_experts is None:
             raise ValueError(f"actor.moe.routing_replay is {self.cfg.moe.routing_replay}, and the step's samples carry no "
@@ -144,7 +157,7 @@ class PolicyWorker(TrainedWorker):
                              "SamplingParams, whose return_routing asks the engines for it, as the default one does; or "
                              "set actor.moe.routing_replay: none")  # fmt: skip
         replay = self._replay_metrics(batch, temperature)
-        count = lambda mb: loss_count(loss_fn, mb.batch, entropy=with_entropy)  # noqa: E731
+        count = lambda mb: loss_count(loss_fn, _counted_rows(mb.batch, reference), entropy=with_entropy)  # noqa: E731
         return self.trainer.train(batch, loss_head, mini_batch_size=mini_batch_size, ppo_epochs=ppo_epochs,
                                   shuffle_seed=shuffle_seed, loss_count=count) | replay  # fmt: skip
 

@@ -118,8 +118,9 @@ class PolicyRank(TrainedRank):
         batch = batch.with_routing_share(routing)
         a = self.cfg.actor
         seed = shuffle_seed(self.cfg.trainer.seed, step) if a.shuffle else None
+        reference = self.reference if self.cfg.reference_in_update else None  # else batch.ref_logprobs, if any
         return self.policy.update(batch, self.loss_fn, mini_batch_size=a.mini_batch_size, ppo_epochs=a.ppo_epochs,
-                                  temperature=temperature, shuffle_seed=seed)  # fmt: skip
+                                  temperature=temperature, shuffle_seed=seed, reference=reference)  # fmt: skip
 
     # ---- weight sync (collective) -----------------------------------------------------------
     def connect_engines(self, endpoints: Any) -> None:

@@ -72,6 +72,14 @@ def old_logprobs_phase(cfg: MegaRLConfig, forward: PolicyForward) -> OldLogprobs
     return Skip() if is_strictly_on_policy(cfg) else OldLogprobs(forward, cfg.rollout.sampling.temperature)
 
 
+def reference_phase(cfg: MegaRLConfig, policy: Any, handover: Handover) -> ReferenceLogprobs | Skip:
+    """The reference log-probs' own pass over the batch; none without a reference, or where the
+    policy update computes them on its own micro-batches (``cfg.reference_in_update``)."""
+    if not cfg.reference_enabled or cfg.reference_in_update:
+        return Skip()
+    return ReferenceLogprobs(policy, cfg.rollout.sampling.temperature, handover)
+
+
 # The first line of the config.yaml megarl writes; a file is recognised as megarl's by its stable
 # prefix, so that rewording the rest never makes a run's own config look foreign.
 RUN_CONFIG_MARK = "# megarl:"
@@ -316,7 +324,7 @@ def _components(cfg: MegaRLConfig, models: dict[str, Any], stream: Any, val_prom
         baseline=(GreedyBaseline(engines, scorer, cfg.algorithm.overlong, cfg.rollout.sampling.max_new_tokens)
                   if cfg.algorithm.estimator == "remax" else NoBaseline()),
         old_logprobs=old_logprobs_phase(cfg, forward),
-        reference=ReferenceLogprobs(policy, temperature, handover) if cfg.reference_enabled else Skip(),
+        reference=reference_phase(cfg, policy, handover),
         critic=CriticPhase(models["critic"], handover) if "critic" in models else Skip(),
         advantages=Advantages(cfg),
         policy=PolicyUpdate(policy, temperature, cfg.trainer.critic_warmup_steps, handover),
