@@ -132,13 +132,29 @@ class TreeMemory:
         return tree
 
 
+# Where a megarl demo run's end-to-end time goes: the first output line that contains each text,
+# in the order they come (seconds from the command's start, from the stamped log).
+MILESTONES = (
+    ("checks", "starting an embedded Ray"),  # imports, config, the pre-launch checks
+    ("ray", "Started a local Ray instance"),  # Ray's processes
+    ("ranks", "rank(s) ready"),  # the policy ranks: imports, policy, reference, engine, optimizer
+    ("first_push", "training steps"),  # rewards, first weight push and check, validation at step 0
+    ("trained", "checkpoint: saved step"),  # the steps, validations and the last step's checkpoint
+    ("plotted", "curves:"),  # Ray and the workers shut down, the curves drawn
+)
+
+
 def run_measured(cmd: list[str], log: Path, env: dict | None = None, cwd: Path = ROOT) -> dict:
-    """Run ``cmd`` (in ``cwd``) to its end; wall time and the process tree's peak memory."""
+    """Run ``cmd`` (in ``cwd``) to its end; wall time, the process tree's peak memory, and its
+    output in ``log``, each line stamped with the seconds since the start."""
     start = time.perf_counter()
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=cwd, env=env)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=cwd, env=env, text=True)
         memory = TreeMemory(proc.pid)
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            out.write(f"{time.perf_counter() - start:8.2f} {line}")
         rc = proc.wait()
         memory.stop()
     if rc != 0:
@@ -146,6 +162,17 @@ def run_measured(cmd: list[str], log: Path, env: dict | None = None, cwd: Path =
     return {"wall_s": time.perf_counter() - start, "peak_rss_gib": memory.peak_rss / 2**30,
             "peak_pss_gib": memory.peak_pss / 2**30, "processes": memory.peak_procs,
             "pss_at_peak_gib": dict(sorted(memory.at_peak.items(), key=lambda kv: -kv[1]))}
+
+
+def milestones(log: Path) -> dict[str, float]:
+    """Seconds from the start to each of MILESTONES found in a stamped log."""
+    found: dict[str, float] = {}
+    for line in log.read_text().splitlines():
+        stamp, _, text = line.strip().partition(" ")
+        for name, mark in MILESTONES:
+            if name not in found and mark in text:
+                found[name] = float(stamp)
+    return found
 
 
 def run_megarl(work: Path, run: Path, seed: int, args: argparse.Namespace, extra: list[str], checkout: Path = ROOT) -> dict:
@@ -159,7 +186,7 @@ def run_megarl(work: Path, run: Path, seed: int, args: argparse.Namespace, extra
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if "time/step_s" in r and r.get("step", 0) >= 1]
     evals = {r["step"]: r["val/reward/mean"] for r in records if "val/reward/mean" in r}
-    return measured | summarize(steps) | {"held_out": evals}
+    return measured | summarize(steps) | {"held_out": evals, "milestones_s": milestones(run.with_suffix(".log"))}
 
 
 def run_trl(python: Path, work: Path, run: Path, seed: int, args: argparse.Namespace) -> dict:
@@ -276,7 +303,27 @@ def aggregate(runs: list[dict]) -> dict:
     med["phases_s"] = {p: statistics.median(r["phases_s"].get(p, 0.0) for r in runs) for p in phases}
     steps = sorted({int(s) for r in runs for s in r["held_out"]})
     med["held_out"] = {s: statistics.mean(r["held_out"][s] for r in runs if s in r["held_out"]) for s in steps}
+    # What is not the steps: the wall time less the run's steps at its median step time.
+    med["fixed_s"] = statistics.median(r["wall_s"] - r["steps"] * r["step_s"] for r in runs)
+    spans = [_spans(r) for r in runs if r.get("milestones_s")]
+    if spans:
+        med["spans_s"] = {k: statistics.median(sp.get(k, 0.0) for sp in spans) for k in spans[0]}
     return med
+
+
+def _spans(run: dict) -> dict[str, float]:
+    """Seconds between consecutive MILESTONES of a megarl run (each named after the one it ends
+    at), the exit last; the steps' median time taken out of "trained"."""
+    marks, out, before = run["milestones_s"], {}, 0.0
+    for name, _ in MILESTONES:
+        if name in marks:
+            out[name] = marks[name] - before
+            before = marks[name]
+    out["exit"] = run["wall_s"] - before
+    if "trained" in out:
+        out["steps"] = run["steps"] * run["step_s"]
+        out["trained"] -= out["steps"]
+    return out
 
 
 def markdown(out: dict) -> str:
@@ -293,6 +340,7 @@ def markdown(out: dict) -> str:
         lines += ["", "Ratios to TRL (target: s/step <= 1.0, end to end <= 1.2, PSS <= 2):", ""]
         lines += [f"- {s}: s/step {r['step_s']:.2f}x, end to end {r['wall_s']:.2f}x, PSS {r['peak_pss_gib']:.2f}x"
                   for s, r in out["ratios_to_trl"].items()]
+    lines += startup_table(sides)
     names = sorted({p for v in sides.values() for p in v["phases_s"]})
     lines += ["", "Phase medians, ms (megarl: time/<phase>_s; TRL: generate_and_score holds generate, reward and ref_logprobs; "
               "update is the rest of its step):", "", "| phase | " + " | ".join(sides) + " |", "|---" * (len(sides) + 1) + "|"]  # fmt: skip
@@ -305,6 +353,27 @@ def markdown(out: dict) -> str:
     lines += ["", "Settings TRL does not match, and why the comparison holds:", ""]
     lines += [f"- {what}: {how} ({why})." for what, how, why in out["unmatched"]]
     return "\n".join(lines) + "\n"
+
+
+# What each span of startup_table holds.
+SPANS = {"checks": "imports, config, pre-launch checks", "ray": "Ray's processes start",
+         "ranks": "training data read; the policy ranks: imports, policy, reference, engine, optimizer",
+         "first_push": "reward workers, first weight push and its check, validation at step 0",
+         "steps": "the steps (count x median step)", "trained": "the rest of the training loop: validations, "
+         "slower first steps, the last step's checkpoint", "plotted": "Ray and the workers shut down, the curves drawn",
+         "exit": "the interpreter's exit"}  # fmt: skip
+
+
+def startup_table(sides: dict) -> list[str]:
+    """End to end, span by span (megarl sides, from their stamped logs), and each side's fixed part."""
+    lines = ["", "End to end, s (medians over the seeds; fixed: the wall time less steps x median step):", "",
+             "| side | end to end | fixed | " + " | ".join(SPANS) + " |", "|---" * (len(SPANS) + 3) + "|"]  # fmt: skip
+    for side, v in sides.items():
+        spans = v.get("spans_s", {})
+        lines.append(f"| {side} | {v['wall_s']:.1f} | {v['fixed_s']:.1f} | "
+                     + " | ".join(f"{spans[k]:.1f}" if k in spans else "-" for k in SPANS) + " |")  # fmt: skip
+    lines += ["", "Spans: " + "; ".join(f"{k}: {what}" for k, what in SPANS.items()) + "."]
+    return lines
 
 
 def readings(out: dict) -> list[str]:
