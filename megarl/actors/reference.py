@@ -17,7 +17,12 @@ import torch
 from megarl.config.sections import ActorConfig
 from megarl.data.batch import Batch, TokenRows
 from megarl.megatron_runtime.micro_batches import MicroBatch
-from megarl.megatron_runtime.model import MegatronModel, dtype_of, response_logprobs, token_logprob_head
+from megarl.megatron_runtime.model import (
+    MegatronModel,
+    dtype_of,
+    response_logprobs,
+    token_logprob_head,
+)
 from megarl.megatron_runtime.offload import ModelStates, model_weights
 
 
