@@ -29,7 +29,7 @@ from megarl.actors.reference import ReferenceWorker
 from megarl.algos.losses import LossFn, ModelOutputs, loss_count
 from megarl.config.sections import ActorConfig
 from megarl.data.batch import Batch, TokenRows
-from megarl.megatron_runtime.micro_batches import MicroBatch
+from megarl.megatron_runtime.micro_batches import MicroBatch, MicroBatching
 from megarl.megatron_runtime.model import (
     MegatronModel,
     dtype_of,
@@ -105,10 +105,19 @@ class PolicyWorker(TrainedWorker):
         """This rank's place in the layout (``megarl.parallel.groups.ParallelInfo``)."""
         return self.model.info
 
-    def compute_logprobs(self, batch: Batch, temperature: float = 1.0, with_entropy: bool = False) -> TokenRows | None:
+    def compute_logprobs(self, batch: Batch, temperature: float = 1.0, with_entropy: bool = False,
+                         reference: ReferenceWorker | None = None) -> TokenRows | None:  # fmt: skip
         """``logprobs`` (and ``entropy``) ``[n, R]`` float32 of this rank's rows (``TokenRows``,
-        on output ranks; None elsewhere)."""
-        return response_logprobs(self.model, self.cfg, batch, temperature, with_entropy)
+        on output ranks; None elsewhere). With ``reference``, its ``ref_logprobs`` too, computed
+        on each of this pass's micro-batches (the values its own pass gives)."""
+        if reference is None:
+            return response_logprobs(self.model, self.cfg, batch, temperature, with_entropy)
+        head = token_logprob_head(self.model, temperature, with_entropy)
+
+        def both(mb: MicroBatch, hidden: torch.Tensor) -> dict[str, torch.Tensor]:
+            return head(mb, hidden) | {"ref_logprobs": reference.micro_batch_logprobs(mb, temperature)}
+
+        return self.model.forward_tokens(batch, both, MicroBatching.forward_only(self.cfg))
 
     def _replay_metrics(self, batch: Batch, temperature: float) -> dict[str, float]:
         """With routing replay, what it changes (``moe/...``, megarl/megatron_runtime/routing_replay.py):

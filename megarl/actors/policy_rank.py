@@ -101,6 +101,14 @@ class PolicyRank(TrainedRank):
         """``routing``: this replica's rows of the step's routing, sent apart from ``batch`` (PolicyClient)."""
         return self.policy.compute_logprobs(batch.with_routing_share(routing), temperature)
 
+    def compute_logprobs_and_reference(self, batch: Batch, temperature: float,
+                                       routing: RoutingShare | None = None) -> TokenRows | None:  # fmt: skip
+        """``logprobs`` and ``ref_logprobs`` in one pass: the reference runs on each of the policy's
+        micro-batches (MegaRLConfig.reference_beside_policy)."""
+        if self.reference is None:
+            raise RuntimeError("the controller asked for reference log-probs beside the policy's, but this run has no reference model")
+        return self.policy.compute_logprobs(batch.with_routing_share(routing), temperature, reference=self.reference)
+
     def compute_ref_logprobs(self, batch: Batch, temperature: float, routing: RoutingShare | None = None) -> TokenRows | None:
         """The reference model's log-probs; with LoRA, the policy's with its adapters off (the base model)."""
         batch = batch.with_routing_share(routing)

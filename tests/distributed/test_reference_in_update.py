@@ -1,5 +1,6 @@
 """The reference log-probs computed inside the policy update (MegaRLConfig.reference_in_update)
-against their own forward pass first (what the step does otherwise): the same update, bit for bit.
+against their own forward pass first: the same update, bit for bit; and beside the old log-probs,
+in their pass (megarl/trainer/build.py: reference_with_old_logprobs): the same values.
 
 Two processes (DP=2), a policy and its reference in each; the loss is megarl's own (GRPO's
 clipped ratio with the k3 KL term in the loss, a large coefficient so the reference weighs)."""
@@ -39,8 +40,11 @@ def _updates(rank: int, world: int, path: str) -> dict:
     batch = ac.make_batch(0)
     old = ac.gathered(policy.compute_logprobs(batch, TEMPERATURE), batch)["logprobs"]
     ref = ac.gathered(reference.compute_logprobs(batch, TEMPERATURE), batch)["logprobs"]
+    # The old log-probs' pass with the reference's beside them (one packing): the same values.
+    both = ac.gathered(policy.compute_logprobs(batch, TEMPERATURE, reference=reference), batch)
     batch = batch.replace(old_logprobs=old)
-    out = {"ref_vs_policy": float((ref - old).abs().max())}
+    out = {"ref_vs_policy": float((ref - old).abs().max()), "one_pass_equal": torch.equal(both["logprobs"], old)
+           and torch.equal(both["ref_logprobs"], ref)}  # fmt: skip
     start = {n: p.detach().clone() for n, p in policy.model.module.named_parameters()}
     out["apart"] = policy.update(batch.replace(ref_logprobs=ref), loss_fn, temperature=TEMPERATURE)
     out["apart_state"] = ac.exported_state(policy)
@@ -58,6 +62,7 @@ def _updates(rank: int, world: int, path: str) -> dict:
 def test_reference_in_update_equals_its_own_pass(model_dir):
     for r in [ac.tensors(x) for x in run_distributed(_updates, 2, model_dir)]:
         assert r["ref_vs_policy"] > 1e-3  # the KL term is not zero: the reference's values matter
+        assert r["one_pass_equal"]
         assert r["in_update"] == r["apart"]  # loss, KL, ratio, grad norm: equal bit for bit
         assert r["in_update"]["actor/kl"] > 0
         for name, tensor in r["apart_state"].items():
