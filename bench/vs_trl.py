@@ -231,8 +231,10 @@ UNMATCHED = [
      "initial weights; held-out rewards are compared over seeds"),
     ("threads", "TRL: --trl-threads torch threads in one process; megarl: as `make demo` sets them", "on a loaded machine "
      "TRL's default of all cores spins against the other jobs (1 to 18 s a step against 0.4 s with 1 thread)"),
-    ("checkpoints and loggers", "megarl: trainer.save_freq=0, loggers [jsonl] (the demo saves every 200 steps, logs "
-     "to the console and tensorboard); TRL: save_strategy no", "neither side writes checkpoints in the bench"),
+    ("checkpoints, loggers and curves", "megarl: trainer.save_freq=0, loggers [jsonl] (the demo saves every 200 steps, "
+     "logs to the console and tensorboard), and the last step's checkpoint, which megarl always writes, and the curves "
+     "`megarl demo` draws; TRL: save_strategy no, no plot", "both are in megarl's end to end (the spans table: the loop's "
+     "rest and shutdown)"),
 ]
 
 
@@ -248,7 +250,10 @@ def main() -> None:
                         "spin against the other jobs, 1 to 18 s a step against 0.4 s with 1; on an idle machine use the cores)")
     parser.add_argument("--work", type=Path, default=ROOT / "outputs" / "bench_vs_trl", help="model, data and runs")
     parser.add_argument("--results", type=Path, default=ROOT / "bench" / "results", help="where vs_trl.json and .md go")
+    parser.add_argument("--rerender", action="store_true", help="only write vs_trl.md again from --results' vs_trl.json")
     args = parser.parse_args()
+    if args.rerender:
+        return rerender(args.results)
     if "baseline" in args.sides and (args.baseline is None or not (args.baseline / "megarl" / "cli.py").is_file()):
         raise SystemExit(f"error: --sides baseline needs --baseline, a megarl checkout (got {args.baseline})")
     from megarl.commands.demo import prepare_demo
@@ -389,24 +394,61 @@ def readings(out: dict) -> list[str]:
                      f"against {old['phases_s'].get('weight_sync', 0) * 1e3:.0f} ms. Held-out rewards "
                      f"{'equal at every step and seed: the cuts do not change what is trained' if same else 'differ'}.")  # fmt: skip
     if "trl" in sides and "megarl" in sides:
-        new, trl = sides["megarl"], sides["trl"]
-        first = next(r for r in out["runs"] if r["side"] == "megarl")
-        where = ", ".join(f"{name} {gib:.2f}" for name, gib in list(first.get("pss_at_peak_gib", {}).items())[:6])
-        lines.append(f"- Memory: megarl's tree of {new['processes']:.0f} processes holds "
-                     f"{new['peak_pss_gib'] / trl['peak_pss_gib']:.1f}x TRL's single process in PSS (GiB by process name at "
-                     f"the peak, seed {first['seed']}: {where}). The target (2x) is not met: closing it takes fewer "
-                     "processes (no Ray for a CPU demo, rewards in the driver), which gives up the process isolation of "
-                     "rewards; not done here.")  # fmt: skip
-        lines.append(f"- TRL ran with {out['trl_threads']} torch thread(s) (see threads below). An idle machine with TRL on "
-                     "both cores (--trl-threads 2) is not measured in this file.")  # fmt: skip
-        lines.append(f"- Phase by phase: policy update {new['phases_s'].get('policy_update', 0) * 1e3:.0f} ms against TRL's "
-                     f"update (forward, backward, Adam, its logging) {trl['phases_s'].get('update', 0) * 1e3:.0f}; reference "
-                     f"log-probs {new['phases_s'].get('ref_logprobs', 0) * 1e3:.0f} against "
-                     f"{trl['phases_s'].get('ref_logprobs', 0) * 1e3:.0f}; generation {new['phases_s'].get('generate', 0) * 1e3:.0f} "
-                     f"against {trl['phases_s'].get('generate', 0) * 1e3:.0f}; megarl's weight push "
-                     f"{new['phases_s'].get('weight_sync', 0) * 1e3:.0f} ms has no TRL counterpart (a Ray call to both ranks, "
-                     "the export, the exact export check and, every 10th push, the post-push check).")  # fmt: skip
+        lines += _gaps(out, sides["megarl"], sides["trl"])
     return lines
+
+
+def _ms(side: dict, phase: str) -> float:
+    return side["phases_s"].get(phase, 0.0) * 1e3
+
+
+def _gaps(out: dict, new: dict, trl: dict) -> list[str]:
+    """Each remaining gap to TRL, with its share and what closing it would take."""
+    step_gap = (new["step_s"] - trl["step_s"]) * 1e3
+    push = _ms(new, "weight_sync")
+    named = sum(_ms(new, p) for p in ("generate", "reward", "ref_logprobs", "old_logprobs", "advantages", "policy_update"))
+    rest = new["step_s"] * 1e3 - named - push
+    lines = [f"- s/step: {new['step_s'] * 1e3:.0f} against {trl['step_s'] * 1e3:.0f} ms ({step_gap:+.0f} ms). Phase by phase: "
+             f"policy update, the reference's log-probs computed in its pass, {_ms(new, 'policy_update'):.0f} ms against TRL's "
+             f"update {_ms(trl, 'update'):.0f} + its reference log-probs {_ms(trl, 'ref_logprobs'):.0f}; generation "
+             f"{_ms(new, 'generate'):.0f} against {_ms(trl, 'generate'):.0f}; reward {_ms(new, 'reward'):.0f} against "
+             f"{_ms(trl, 'reward'):.0f}; megarl's weight push {push:.0f} ms has no TRL counterpart (TRL generates with the "
+             "model it trains; megarl's engine is a copy of the weights, as SGLang's is at scale: a Ray call to both ranks, "
+             "the export, its exact check and, every 10th push, the post-push check); the rest of megarl's step "
+             f"(Ray round trips, the controller's batch work) {rest:.0f} ms. Without the push the step would be "
+             f"{(new['step_s'] * 1e3 - push) / (trl['step_s'] * 1e3):.2f}x TRL's: closing the push takes an engine that reads "
+             "the policy's own parameters (TP=PP=1, in the rank), which gives up the separate copy the post-push check "
+             "compares with."]  # fmt: skip
+    spans = new.get("spans_s", {})
+    fixed_gap = new["fixed_s"] - trl["fixed_s"]
+    lines.append(f"- End to end: {new['wall_s']:.0f} against {trl['wall_s']:.0f} s; the steps' part "
+                 f"{new['wall_s'] - new['fixed_s']:.0f} against {trl['wall_s'] - trl['fixed_s']:.0f} s, the fixed part "
+                 f"{new['fixed_s']:.0f} against {trl['fixed_s']:.0f} s ({fixed_gap:+.0f} s). megarl's fixed part (spans "
+                 f"table): pre-launch checks {spans.get('checks', 0):.1f} s (the imports and the tokenizer the prompt "
+                 f"length check needs), Ray's start {spans.get('ray', 0):.1f} s, the ranks {spans.get('ranks', 0):.1f} s (each "
+                 f"imports torch and megatron-core and builds policy, reference, engine and optimizer), rewards, first push "
+                 f"and validation {spans.get('first_push', 0):.1f} s, the loop's rest {spans.get('trained', 0):.1f} s (the last "
+                 f"step's checkpoint, which megarl always writes and TRL's save_strategy no does not), shutdown and the "
+                 f"curves {spans.get('plotted', 0):.1f} s. Ray's start and the 2 rank processes are the process layout "
+                 "(Ray, DP=2): closing them takes an in-process CPU demo without Ray, which gives up the rewards' process "
+                 "isolation; the checkpoint is what a user resumes from.")  # fmt: skip
+    first = next(r for r in out["runs"] if r["side"] == "megarl")
+    where = ", ".join(f"{name} {gib:.2f}" for name, gib in list(first.get("pss_at_peak_gib", {}).items())[:6])
+    lines.append(f"- Memory: megarl's tree of {new['processes']:.0f} processes holds "
+                 f"{new['peak_pss_gib'] / trl['peak_pss_gib']:.1f}x TRL's single process in PSS (GiB by process name at "
+                 f"the peak, seed {first['seed']}: {where}). The target (2x) is not met: closing it takes fewer "
+                 "processes (no Ray for a CPU demo, rewards in the driver), which gives up the process isolation of "
+                 "rewards; not done here.")  # fmt: skip
+    lines.append(f"- TRL ran with {out['trl_threads']} torch thread(s) (see threads below). An idle machine with TRL on "
+                 "both cores (--trl-threads 2) is not measured in this file.")  # fmt: skip
+    return lines
+
+
+def rerender(results: Path) -> None:
+    """vs_trl.md again from the vs_trl.json of an earlier run (the readings as this file writes them)."""
+    out = json.loads((results / "vs_trl.json").read_text())
+    out["unmatched"] = UNMATCHED
+    (results / "vs_trl.md").write_text(markdown(out))
 
 
 if __name__ == "__main__":
