@@ -28,6 +28,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from machine import describe  # bench/machine.py
 
@@ -152,16 +153,22 @@ def run_measured(cmd: list[str], log: Path, env: dict | None = None, cwd: Path =
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=cwd, env=env, text=True)
         memory = TreeMemory(proc.pid)
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            out.write(f"{time.perf_counter() - start:8.2f} {line}")
-        rc = proc.wait()
+        reader = threading.Thread(target=_stamp, args=(proc.stdout, out, start), daemon=True)
+        reader.start()
+        rc = proc.wait()  # the command's end (processes it left behind may hold its output a while longer)
+        wall = time.perf_counter() - start
         memory.stop()
+        reader.join(timeout=60)
     if rc != 0:
         raise SystemExit(f"error: {' '.join(cmd[:3])} ... exited {rc}; see {log}")
-    return {"wall_s": time.perf_counter() - start, "peak_rss_gib": memory.peak_rss / 2**30,
+    return {"wall_s": wall, "peak_rss_gib": memory.peak_rss / 2**30,
             "peak_pss_gib": memory.peak_pss / 2**30, "processes": memory.peak_procs,
             "pss_at_peak_gib": dict(sorted(memory.at_peak.items(), key=lambda kv: -kv[1]))}
+
+
+def _stamp(lines: Any, out: Any, start: float) -> None:
+    for line in lines:
+        out.write(f"{time.perf_counter() - start:8.2f} {line}")
 
 
 def milestones(log: Path) -> dict[str, float]:
