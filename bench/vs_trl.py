@@ -455,6 +455,8 @@ def rerender(results: Path) -> None:
     """vs_trl.md again from the vs_trl.json of an earlier run (the readings as this file writes them)."""
     out = json.loads((results / "vs_trl.json").read_text())
     out["unmatched"] = UNMATCHED
+    for side in out["sides"].values():  # JSON's keys are strings: the steps again as numbers, in order
+        side["held_out"] = {int(k): v for k, v in side["held_out"].items()}
     (results / "vs_trl.md").write_text(markdown(out))
 
 
