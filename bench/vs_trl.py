@@ -352,6 +352,7 @@ def markdown(out: dict) -> str:
         lines += ["", "Ratios to TRL (target: s/step <= 1.0, end to end <= 1.2, PSS <= 2):", ""]
         lines += [f"- {s}: s/step {r['step_s']:.2f}x, end to end {r['wall_s']:.2f}x, PSS {r['peak_pss_gib']:.2f}x"
                   for s, r in out["ratios_to_trl"].items()]
+    lines += seed_table(out)
     lines += startup_table(sides)
     names = sorted({p for v in sides.values() for p in v["phases_s"]})
     lines += ["", "Phase medians, ms (megarl: time/<phase>_s; TRL: generate_and_score holds generate, reward and ref_logprobs; "
@@ -365,6 +366,19 @@ def markdown(out: dict) -> str:
     lines += ["", "Settings TRL does not match, and why the comparison holds:", ""]
     lines += [f"- {what}: {how} ({why})." for what, how, why in out["unmatched"]]
     return "\n".join(lines) + "\n"
+
+
+def seed_table(out: dict) -> list[str]:
+    """Each run (the load at its end), and per seed each side's ratios to TRL's run of that seed
+    (runs of one seed ran back to back: the pair shares the load better than the medians do)."""
+    lines = ["", "Per run (load: 1-minute load average at the run's end; ratios to TRL's run of the same seed):", "",
+             "| side | seed | load | s/step | end to end s | s/step ratio | end to end ratio |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    trl = {r["seed"]: r for r in out["runs"] if r["side"] == "trl"}
+    for r in out["runs"]:
+        t = trl.get(r["seed"])
+        ratios = f"{r['step_s'] / t['step_s']:.2f}x | {r['wall_s'] / t['wall_s']:.2f}x" if t and r["side"] != "trl" else "- | -"
+        lines.append(f"| {r['side']} | {r['seed']} | {r['load_avg_1m']} | {r['step_s']:.3f} | {r['wall_s']:.0f} | {ratios} |")
+    return lines
 
 
 # What each span of startup_table holds.
