@@ -28,6 +28,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from machine import describe  # bench/machine.py
 
@@ -132,20 +133,53 @@ class TreeMemory:
         return tree
 
 
+# Where a megarl demo run's end-to-end time goes: the first output line that contains each text,
+# in the order they come (seconds from the command's start, from the stamped log).
+MILESTONES = (
+    ("checks", "starting an embedded Ray"),  # imports, config, the pre-launch checks
+    ("ray", "Started a local Ray instance"),  # Ray's processes
+    ("ranks", "rank(s) ready"),  # the policy ranks: imports, policy, reference, engine, optimizer
+    ("first_push", "training steps"),  # rewards, first weight push and check, validation at step 0
+    ("trained", "checkpoint: saved step"),  # the steps, validations and the last step's checkpoint
+    ("plotted", "curves:"),  # Ray and the workers shut down, the curves drawn
+)
+
+
 def run_measured(cmd: list[str], log: Path, env: dict | None = None, cwd: Path = ROOT) -> dict:
-    """Run ``cmd`` (in ``cwd``) to its end; wall time and the process tree's peak memory."""
+    """Run ``cmd`` (in ``cwd``) to its end; wall time, the process tree's peak memory, and its
+    output in ``log``, each line stamped with the seconds since the start."""
     start = time.perf_counter()
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=cwd, env=env)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=cwd, env=env, text=True)
         memory = TreeMemory(proc.pid)
-        rc = proc.wait()
+        reader = threading.Thread(target=_stamp, args=(proc.stdout, out, start), daemon=True)
+        reader.start()
+        rc = proc.wait()  # the command's end (processes it left behind may hold its output a while longer)
+        wall = time.perf_counter() - start
         memory.stop()
+        reader.join(timeout=60)
     if rc != 0:
         raise SystemExit(f"error: {' '.join(cmd[:3])} ... exited {rc}; see {log}")
-    return {"wall_s": time.perf_counter() - start, "peak_rss_gib": memory.peak_rss / 2**30,
+    return {"wall_s": wall, "peak_rss_gib": memory.peak_rss / 2**30,
             "peak_pss_gib": memory.peak_pss / 2**30, "processes": memory.peak_procs,
             "pss_at_peak_gib": dict(sorted(memory.at_peak.items(), key=lambda kv: -kv[1]))}
+
+
+def _stamp(lines: Any, out: Any, start: float) -> None:
+    for line in lines:
+        out.write(f"{time.perf_counter() - start:8.2f} {line}")
+
+
+def milestones(log: Path) -> dict[str, float]:
+    """Seconds from the start to each of MILESTONES found in a stamped log."""
+    found: dict[str, float] = {}
+    for line in log.read_text().splitlines():
+        stamp, _, text = line.strip().partition(" ")
+        for name, mark in MILESTONES:
+            if name not in found and mark in text:
+                found[name] = float(stamp)
+    return found
 
 
 def run_megarl(work: Path, run: Path, seed: int, args: argparse.Namespace, extra: list[str], checkout: Path = ROOT) -> dict:
@@ -159,7 +193,7 @@ def run_megarl(work: Path, run: Path, seed: int, args: argparse.Namespace, extra
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if "time/step_s" in r and r.get("step", 0) >= 1]
     evals = {r["step"]: r["val/reward/mean"] for r in records if "val/reward/mean" in r}
-    return measured | summarize(steps) | {"held_out": evals}
+    return measured | summarize(steps) | {"held_out": evals, "milestones_s": milestones(run.with_suffix(".log"))}
 
 
 def run_trl(python: Path, work: Path, run: Path, seed: int, args: argparse.Namespace) -> dict:
@@ -204,8 +238,10 @@ UNMATCHED = [
      "initial weights; held-out rewards are compared over seeds"),
     ("threads", "TRL: --trl-threads torch threads in one process; megarl: as `make demo` sets them", "on a loaded machine "
      "TRL's default of all cores spins against the other jobs (1 to 18 s a step against 0.4 s with 1 thread)"),
-    ("checkpoints and loggers", "megarl: trainer.save_freq=0, loggers [jsonl] (the demo saves every 200 steps, logs "
-     "to the console and tensorboard); TRL: save_strategy no", "neither side writes checkpoints in the bench"),
+    ("checkpoints, loggers and curves", "megarl: trainer.save_freq=0, loggers [jsonl] (the demo saves every 200 steps, "
+     "logs to the console and tensorboard), and the last step's checkpoint, which megarl always writes, and the curves "
+     "`megarl demo` draws; TRL: save_strategy no, no plot", "both are in megarl's end to end (the spans table: the loop's "
+     "rest and shutdown)"),
 ]
 
 
@@ -221,7 +257,10 @@ def main() -> None:
                         "spin against the other jobs, 1 to 18 s a step against 0.4 s with 1; on an idle machine use the cores)")
     parser.add_argument("--work", type=Path, default=ROOT / "outputs" / "bench_vs_trl", help="model, data and runs")
     parser.add_argument("--results", type=Path, default=ROOT / "bench" / "results", help="where vs_trl.json and .md go")
+    parser.add_argument("--rerender", action="store_true", help="only write vs_trl.md again from --results' vs_trl.json")
     args = parser.parse_args()
+    if args.rerender:
+        return rerender(args.results)
     if "baseline" in args.sides and (args.baseline is None or not (args.baseline / "megarl" / "cli.py").is_file()):
         raise SystemExit(f"error: --sides baseline needs --baseline, a megarl checkout (got {args.baseline})")
     from megarl.commands.demo import prepare_demo
@@ -276,7 +315,27 @@ def aggregate(runs: list[dict]) -> dict:
     med["phases_s"] = {p: statistics.median(r["phases_s"].get(p, 0.0) for r in runs) for p in phases}
     steps = sorted({int(s) for r in runs for s in r["held_out"]})
     med["held_out"] = {s: statistics.mean(r["held_out"][s] for r in runs if s in r["held_out"]) for s in steps}
+    # What is not the steps: the wall time less the run's steps at its median step time.
+    med["fixed_s"] = statistics.median(r["wall_s"] - r["steps"] * r["step_s"] for r in runs)
+    spans = [_spans(r) for r in runs if r.get("milestones_s")]
+    if spans:
+        med["spans_s"] = {k: statistics.median(sp.get(k, 0.0) for sp in spans) for k in spans[0]}
     return med
+
+
+def _spans(run: dict) -> dict[str, float]:
+    """Seconds between consecutive MILESTONES of a megarl run (each named after the one it ends
+    at), the exit last; the steps' median time taken out of "trained"."""
+    marks, out, before = run["milestones_s"], {}, 0.0
+    for name, _ in MILESTONES:
+        if name in marks:
+            out[name] = marks[name] - before
+            before = marks[name]
+    out["exit"] = run["wall_s"] - before
+    if "trained" in out:
+        out["steps"] = run["steps"] * run["step_s"]
+        out["trained"] -= out["steps"]
+    return out
 
 
 def markdown(out: dict) -> str:
@@ -293,6 +352,8 @@ def markdown(out: dict) -> str:
         lines += ["", "Ratios to TRL (target: s/step <= 1.0, end to end <= 1.2, PSS <= 2):", ""]
         lines += [f"- {s}: s/step {r['step_s']:.2f}x, end to end {r['wall_s']:.2f}x, PSS {r['peak_pss_gib']:.2f}x"
                   for s, r in out["ratios_to_trl"].items()]
+    lines += seed_table(out)
+    lines += startup_table(sides)
     names = sorted({p for v in sides.values() for p in v["phases_s"]})
     lines += ["", "Phase medians, ms (megarl: time/<phase>_s; TRL: generate_and_score holds generate, reward and ref_logprobs; "
               "update is the rest of its step):", "", "| phase | " + " | ".join(sides) + " |", "|---" * (len(sides) + 1) + "|"]  # fmt: skip
@@ -305,6 +366,40 @@ def markdown(out: dict) -> str:
     lines += ["", "Settings TRL does not match, and why the comparison holds:", ""]
     lines += [f"- {what}: {how} ({why})." for what, how, why in out["unmatched"]]
     return "\n".join(lines) + "\n"
+
+
+def seed_table(out: dict) -> list[str]:
+    """Each run (the load at its end), and per seed each side's ratios to TRL's run of that seed
+    (runs of one seed ran back to back: the pair shares the load better than the medians do)."""
+    lines = ["", "Per run (load: 1-minute load average at the run's end; ratios to TRL's run of the same seed):", "",
+             "| side | seed | load | s/step | end to end s | s/step ratio | end to end ratio |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    trl = {r["seed"]: r for r in out["runs"] if r["side"] == "trl"}
+    for r in out["runs"]:
+        t = trl.get(r["seed"])
+        ratios = f"{r['step_s'] / t['step_s']:.2f}x | {r['wall_s'] / t['wall_s']:.2f}x" if t and r["side"] != "trl" else "- | -"
+        lines.append(f"| {r['side']} | {r['seed']} | {r['load_avg_1m']} | {r['step_s']:.3f} | {r['wall_s']:.0f} | {ratios} |")
+    return lines
+
+
+# What each span of startup_table holds.
+SPANS = {"checks": "imports, config, pre-launch checks", "ray": "Ray's processes start",
+         "ranks": "training data read; the policy ranks: imports, policy, reference, engine, optimizer",
+         "first_push": "reward workers, first weight push and its check, validation at step 0",
+         "steps": "the steps (count x median step)", "trained": "the rest of the training loop: validations, "
+         "slower first steps, the last step's checkpoint", "plotted": "Ray and the workers shut down, the curves drawn",
+         "exit": "the interpreter's exit"}  # fmt: skip
+
+
+def startup_table(sides: dict) -> list[str]:
+    """End to end, span by span (megarl sides, from their stamped logs), and each side's fixed part."""
+    lines = ["", "End to end, s (medians over the seeds; fixed: the wall time less steps x median step):", "",
+             "| side | end to end | fixed | " + " | ".join(SPANS) + " |", "|---" * (len(SPANS) + 3) + "|"]  # fmt: skip
+    for side, v in sides.items():
+        spans = v.get("spans_s", {})
+        lines.append(f"| {side} | {v['wall_s']:.1f} | {v['fixed_s']:.1f} | "
+                     + " | ".join(f"{spans[k]:.1f}" if k in spans else "-" for k in SPANS) + " |")  # fmt: skip
+    lines += ["", "Spans: " + "; ".join(f"{k}: {what}" for k, what in SPANS.items()) + "."]
+    return lines
 
 
 def readings(out: dict) -> list[str]:
@@ -320,24 +415,63 @@ def readings(out: dict) -> list[str]:
                      f"against {old['phases_s'].get('weight_sync', 0) * 1e3:.0f} ms. Held-out rewards "
                      f"{'equal at every step and seed: the cuts do not change what is trained' if same else 'differ'}.")  # fmt: skip
     if "trl" in sides and "megarl" in sides:
-        new, trl = sides["megarl"], sides["trl"]
-        first = next(r for r in out["runs"] if r["side"] == "megarl")
-        where = ", ".join(f"{name} {gib:.2f}" for name, gib in list(first.get("pss_at_peak_gib", {}).items())[:6])
-        lines.append(f"- Memory: megarl's tree of {new['processes']:.0f} processes holds "
-                     f"{new['peak_pss_gib'] / trl['peak_pss_gib']:.1f}x TRL's single process in PSS (GiB by process name at "
-                     f"the peak, seed {first['seed']}: {where}). The target (2x) is not met: closing it takes fewer "
-                     "processes (no Ray for a CPU demo, rewards in the driver), which gives up the process isolation of "
-                     "rewards; not done here.")  # fmt: skip
-        lines.append(f"- TRL ran with {out['trl_threads']} torch thread(s) (see threads below). An idle machine with TRL on "
-                     "both cores (--trl-threads 2) is not measured in this file.")  # fmt: skip
-        lines.append(f"- Phase by phase: policy update {new['phases_s'].get('policy_update', 0) * 1e3:.0f} ms against TRL's "
-                     f"update (forward, backward, Adam, its logging) {trl['phases_s'].get('update', 0) * 1e3:.0f}; reference "
-                     f"log-probs {new['phases_s'].get('ref_logprobs', 0) * 1e3:.0f} against "
-                     f"{trl['phases_s'].get('ref_logprobs', 0) * 1e3:.0f}; generation {new['phases_s'].get('generate', 0) * 1e3:.0f} "
-                     f"against {trl['phases_s'].get('generate', 0) * 1e3:.0f}; megarl's weight push "
-                     f"{new['phases_s'].get('weight_sync', 0) * 1e3:.0f} ms has no TRL counterpart (a Ray call to both ranks, "
-                     "the export, the exact export check and, every 10th push, the post-push check).")  # fmt: skip
+        lines += _gaps(out, sides["megarl"], sides["trl"])
     return lines
+
+
+def _ms(side: dict, phase: str) -> float:
+    return side["phases_s"].get(phase, 0.0) * 1e3
+
+
+def _gaps(out: dict, new: dict, trl: dict) -> list[str]:
+    """Each remaining gap to TRL, with its share and what closing it would take."""
+    step_gap = (new["step_s"] - trl["step_s"]) * 1e3
+    push = _ms(new, "weight_sync")
+    named = sum(_ms(new, p) for p in ("generate", "reward", "ref_logprobs", "old_logprobs", "advantages", "policy_update"))
+    rest = new["step_s"] * 1e3 - named - push
+    lines = [f"- s/step: {new['step_s'] * 1e3:.0f} against {trl['step_s'] * 1e3:.0f} ms ({step_gap:+.0f} ms). Phase by phase: "
+             f"policy update, the reference's log-probs computed in its pass, {_ms(new, 'policy_update'):.0f} ms against TRL's "
+             f"update {_ms(trl, 'update'):.0f} + its reference log-probs {_ms(trl, 'ref_logprobs'):.0f}; generation "
+             f"{_ms(new, 'generate'):.0f} against {_ms(trl, 'generate'):.0f}; reward {_ms(new, 'reward'):.0f} against "
+             f"{_ms(trl, 'reward'):.0f}; megarl's weight push {push:.0f} ms has no TRL counterpart (TRL generates with the "
+             "model it trains; megarl's engine is a copy of the weights, as SGLang's is at scale: a Ray call to both ranks, "
+             "the export, its exact check and, every 10th push, the post-push check); the rest of megarl's step "
+             f"(Ray round trips, the controller's batch work) {rest:.0f} ms. Without the push the step would be "
+             f"{(new['step_s'] * 1e3 - push) / (trl['step_s'] * 1e3):.2f}x TRL's: closing the push takes an engine that reads "
+             "the policy's own parameters (TP=PP=1, in the rank), which gives up the separate copy the post-push check "
+             "compares with."]  # fmt: skip
+    spans = new.get("spans_s", {})
+    fixed_gap = new["fixed_s"] - trl["fixed_s"]
+    lines.append(f"- End to end: {new['wall_s']:.0f} against {trl['wall_s']:.0f} s; the steps' part "
+                 f"{new['wall_s'] - new['fixed_s']:.0f} against {trl['wall_s'] - trl['fixed_s']:.0f} s, the fixed part "
+                 f"{new['fixed_s']:.0f} against {trl['fixed_s']:.0f} s ({fixed_gap:+.0f} s). megarl's fixed part (spans "
+                 f"table): pre-launch checks {spans.get('checks', 0):.1f} s (the imports and the tokenizer the prompt "
+                 f"length check needs), Ray's start {spans.get('ray', 0):.1f} s, the ranks {spans.get('ranks', 0):.1f} s (each "
+                 f"imports torch and megatron-core and builds policy, reference, engine and optimizer), rewards, first push "
+                 f"and validation {spans.get('first_push', 0):.1f} s, the loop's rest {spans.get('trained', 0):.1f} s (the last "
+                 f"step's checkpoint, which megarl always writes and TRL's save_strategy no does not), shutdown and the "
+                 f"curves {spans.get('plotted', 0):.1f} s. Ray's start and the 2 rank processes are the process layout "
+                 "(Ray, DP=2): closing them takes an in-process CPU demo without Ray, which gives up the rewards' process "
+                 "isolation; the checkpoint is what a user resumes from.")  # fmt: skip
+    first = next(r for r in out["runs"] if r["side"] == "megarl")
+    where = ", ".join(f"{name} {gib:.2f}" for name, gib in list(first.get("pss_at_peak_gib", {}).items())[:6])
+    lines.append(f"- Memory: megarl's tree of {new['processes']:.0f} processes holds "
+                 f"{new['peak_pss_gib'] / trl['peak_pss_gib']:.1f}x TRL's single process in PSS (GiB by process name at "
+                 f"the peak, seed {first['seed']}: {where}). The target (2x) is not met: closing it takes fewer "
+                 "processes (no Ray for a CPU demo, rewards in the driver), which gives up the process isolation of "
+                 "rewards; not done here.")  # fmt: skip
+    lines.append(f"- TRL ran with {out['trl_threads']} torch thread(s) (see threads below). An idle machine with TRL on "
+                 "both cores (--trl-threads 2) is not measured in this file.")  # fmt: skip
+    return lines
+
+
+def rerender(results: Path) -> None:
+    """vs_trl.md again from the vs_trl.json of an earlier run (the readings as this file writes them)."""
+    out = json.loads((results / "vs_trl.json").read_text())
+    out["unmatched"] = UNMATCHED
+    for side in out["sides"].values():  # JSON's keys are strings: the steps again as numbers, in order
+        side["held_out"] = {int(k): v for k, v in side["held_out"].items()}
+    (results / "vs_trl.md").write_text(markdown(out))
 
 
 if __name__ == "__main__":

@@ -148,6 +148,11 @@ class PolicyClient(TrainedClient[PolicyRank]):
         """``[B, R]`` log-probs of the responses under the current policy (0 past each length)."""
         return _rows(self._call_routed(PolicyRank.compute_logprobs, batch, temperature), batch)["logprobs"]
 
+    def compute_logprobs_and_reference(self, batch: Batch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[B, R]`` log-probs under the current policy and under the reference, in one pass."""
+        rows = _rows(self._call_routed(PolicyRank.compute_logprobs_and_reference, batch, temperature), batch)
+        return rows["logprobs"], rows["ref_logprobs"]
+
     def compute_ref_logprobs(self, batch: Batch, temperature: float) -> torch.Tensor:
         """``[B, R]`` log-probs under the frozen reference policy."""
         return _rows(self._call_routed(PolicyRank.compute_ref_logprobs, batch, temperature), batch)["logprobs"]

@@ -25,10 +25,11 @@ from pathlib import Path
 
 import torch
 
+from megarl.actors.reference import ReferenceWorker
 from megarl.algos.losses import LossFn, ModelOutputs, loss_count
 from megarl.config.train_sections import ActorConfig
 from megarl.data.batch import Batch, TokenRows
-from megarl.megatron_runtime.micro_batches import MicroBatch
+from megarl.megatron_runtime.micro_batches import MicroBatch, MicroBatching
 from megarl.megatron_runtime.model import (
     MegatronModel,
     dtype_of,
@@ -64,6 +65,14 @@ def lora_base_identity(model: MegatronModel, model_path: str | Path) -> dict[str
             "files": [list(f) for f in weights_fingerprint(Path(model_path))]}  # fmt: skip
 
 
+def _counted_rows(rows: Batch, reference: ReferenceWorker | None) -> Batch:
+    """``rows`` as the loss count sees them: with the reference computed in the update, zero
+    reference log-probs (the count depends on the rows alone: LossFn contract)."""
+    if reference is None:
+        return rows
+    return rows.replace(ref_logprobs=torch.zeros(rows.response_mask.shape, dtype=torch.float32, device=rows.response_mask.device))
+
+
 class PolicyWorker(TrainedWorker):
     """Megatron policy: ``compute_logprobs``, ``update``, ``export_weights``, ``save``/``load``,
     ``offload``/``onload``."""
@@ -96,10 +105,19 @@ class PolicyWorker(TrainedWorker):
         """This rank's place in the layout (``megarl.parallel.groups.ParallelInfo``)."""
         return self.model.info
 
-    def compute_logprobs(self, batch: Batch, temperature: float = 1.0, with_entropy: bool = False) -> TokenRows | None:
+    def compute_logprobs(self, batch: Batch, temperature: float = 1.0, with_entropy: bool = False,
+                         reference: ReferenceWorker | None = None) -> TokenRows | None:  # fmt: skip
         """``logprobs`` (and ``entropy``) ``[n, R]`` float32 of this rank's rows (``TokenRows``,
-        on output ranks; None elsewhere)."""
-        return response_logprobs(self.model, self.cfg, batch, temperature, with_entropy)
+        on output ranks; None elsewhere). With ``reference``, its ``ref_logprobs`` too, computed
+        on each of this pass's micro-batches (the values its own pass gives)."""
+        if reference is None:
+            return response_logprobs(self.model, self.cfg, batch, temperature, with_entropy)
+        head = token_logprob_head(self.model, temperature, with_entropy)
+
+        def both(mb: MicroBatch, hidden: torch.Tensor) -> dict[str, torch.Tensor]:
+            return head(mb, hidden) | {"ref_logprobs": reference.micro_batch_logprobs(mb, temperature)}
+
+        return self.model.forward_tokens(batch, both, MicroBatching.forward_only(self.cfg))
 
     def _replay_metrics(self, batch: Batch, temperature: float) -> dict[str, float]:
         """With routing replay, what it changes (``moe/...``, megarl/megatron_runtime/routing_replay.py):
@@ -125,18 +143,22 @@ class PolicyWorker(TrainedWorker):
         temperature: float = 1.0,
         with_entropy: bool = True,
         shuffle_seed: int | None = None,
+        reference: ReferenceWorker | None = None,
     ) -> dict[str, float]:
         """Train on ``batch`` with ``loss_fn`` (mini-batch / epoch defaults from the config).
 
         ``loss_fn`` sees each micro-batch's rows and ``ModelOutputs(logprobs, entropy)`` at
-        ``temperature``; ``shuffle_seed`` permutes the rows each epoch (None: in order). Returns metrics equal on every rank: the loss function's metrics and
+        ``temperature``; ``shuffle_seed`` permutes the rows each epoch (None: in order). With
+        ``reference``, each micro-batch's rows carry its ``ref_logprobs``, computed on that very
+        micro-batch (no pass of their own; MegaRLConfig.reference_in_update). Returns metrics equal on every rank: the loss function's metrics and
         ``loss`` as global sum/count, ``grad_norm``, ``lr``, ``optimizer_steps``, ``skipped_steps``.
         """
         head = token_logprob_head(self.model, temperature, with_entropy)
 
         def loss_head(mb: MicroBatch, logits: torch.Tensor):
             out = head(mb, logits)
-            return loss_fn(mb.batch, ModelOutputs(logprobs=out["logprobs"], entropy=out.get("entropy")))
+            rows = mb.batch if reference is None else mb.batch.replace(ref_logprobs=reference.micro_batch_logprobs(mb, temperature))
+            return loss_fn(rows, ModelOutputs(logprobs=out["logprobs"], entropy=out.get("entropy")))
 
         if self.model.routing is not None and batch.routed_experts is None:
             raise ValueError(f"actor.moe.routing_replay is {self.cfg.moe.routing_replay}, and the step's samples carry no "
@@ -144,7 +166,7 @@ class PolicyWorker(TrainedWorker):
                              "SamplingParams, whose return_routing asks the engines for it, as the default one does; or "
                              "set actor.moe.routing_replay: none")  # fmt: skip
         replay = self._replay_metrics(batch, temperature)
-        count = lambda mb: loss_count(loss_fn, mb.batch, entropy=with_entropy)  # noqa: E731
+        count = lambda mb: loss_count(loss_fn, _counted_rows(mb.batch, reference), entropy=with_entropy)  # noqa: E731
         return self.trainer.train(batch, loss_head, mini_batch_size=mini_batch_size, ppo_epochs=ppo_epochs,
                                   shuffle_seed=shuffle_seed, loss_count=count) | replay  # fmt: skip
 

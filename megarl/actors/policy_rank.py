@@ -101,6 +101,14 @@ class PolicyRank(TrainedRank):
         """``routing``: this replica's rows of the step's routing, sent apart from ``batch`` (PolicyClient)."""
         return self.policy.compute_logprobs(batch.with_routing_share(routing), temperature)
 
+    def compute_logprobs_and_reference(self, batch: Batch, temperature: float,
+                                       routing: RoutingShare | None = None) -> TokenRows | None:  # fmt: skip
+        """``logprobs`` and ``ref_logprobs`` in one pass: the reference runs on each of the policy's
+        micro-batches (MegaRLConfig.reference_beside_policy)."""
+        if self.reference is None:
+            raise RuntimeError("the controller asked for reference log-probs beside the policy's, but this run has no reference model")
+        return self.policy.compute_logprobs(batch.with_routing_share(routing), temperature, reference=self.reference)
+
     def compute_ref_logprobs(self, batch: Batch, temperature: float, routing: RoutingShare | None = None) -> TokenRows | None:
         """The reference model's log-probs; with LoRA, the policy's with its adapters off (the base model)."""
         batch = batch.with_routing_share(routing)
@@ -118,8 +126,9 @@ class PolicyRank(TrainedRank):
         batch = batch.with_routing_share(routing)
         a = self.cfg.actor
         seed = shuffle_seed(self.cfg.trainer.seed, step) if a.shuffle else None
+        reference = self.reference if self.cfg.reference_in_update else None  # else batch.ref_logprobs, if any
         return self.policy.update(batch, self.loss_fn, mini_batch_size=a.mini_batch_size, ppo_epochs=a.ppo_epochs,
-                                  temperature=temperature, shuffle_seed=seed)  # fmt: skip
+                                  temperature=temperature, shuffle_seed=seed, reference=reference)  # fmt: skip
 
     # ---- weight sync (collective) -----------------------------------------------------------
     def connect_engines(self, endpoints: Any) -> None:

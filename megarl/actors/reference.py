@@ -16,7 +16,13 @@ import torch
 
 from megarl.config.train_sections import ActorConfig
 from megarl.data.batch import Batch, TokenRows
-from megarl.megatron_runtime.model import MegatronModel, dtype_of, response_logprobs
+from megarl.megatron_runtime.micro_batches import MicroBatch
+from megarl.megatron_runtime.model import (
+    MegatronModel,
+    dtype_of,
+    response_logprobs,
+    token_logprob_head,
+)
 from megarl.megatron_runtime.offload import ModelStates, model_weights
 
 
@@ -54,3 +60,12 @@ class ReferenceWorker:
             raise RuntimeError("the reference's weights are off the device; the memory hand-over brings them back "
                                "for reference_forward (megarl/memory/handover.py)")  # fmt: skip
         return response_logprobs(self.model, self.cfg, batch, temperature, with_entropy)
+
+    def micro_batch_logprobs(self, mb: MicroBatch, temperature: float) -> torch.Tensor:
+        """``[b, R]`` log-probs of one micro-batch the policy's update packed (its rows' order;
+        0 past each response's length): the update's own pass computes the reference's too
+        (MegaRLConfig.reference_in_update)."""
+        if self.states.offloaded():
+            raise RuntimeError("the reference's weights are off the device; a reference computed in the update "
+                               "stays on it (reference.offload: false)")  # fmt: skip
+        return self.model.forward_micro_batch(mb, token_logprob_head(self.model, temperature, False))["logprobs"]

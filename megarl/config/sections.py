@@ -356,6 +356,24 @@ class MegaRLConfig(Section):
         return self.reference_enabled and self.actor.lora is None
 
     @property
+    def reference_beside_policy(self) -> bool:
+        """The reference can run micro-batch by micro-batch on the policy's micro-batches, in the
+        policy's pass: one pipeline stage runs the whole model (pp 1), the reference is a model of
+        its own that stays on the device (no LoRA reference, no reference.offload) and no router
+        replays the engine's routing."""
+        a = self.actor
+        return self.reference_model and a.parallel.pp == 1 and not self.reference.offload and a.moe.routing_replay == "none"
+
+    @property
+    def reference_in_update(self) -> bool:
+        """The reference log-probs are computed inside the policy update, on the very micro-batches
+        the policy trains on (one packing, one call to the ranks, no pass of their own): where
+        :attr:`reference_beside_policy`, only the loss reads them (not algorithm.kl.use_in_reward)
+        and each sample passes the update once (ppo_epochs 1)."""
+        kl = self.algorithm.kl
+        return self.reference_beside_policy and kl.use_in_loss and not kl.use_in_reward and self.actor.ppo_epochs == 1
+
+    @property
     def critic_enabled(self) -> bool:
         if self.critic.enabled is not None:
             return self.critic.enabled

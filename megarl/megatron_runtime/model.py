@@ -267,23 +267,15 @@ class MegatronModel:
         """Drive Megatron's schedule (1F1B under PP) over this replica's micro-batches of ``batch``."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        from megarl.models.attention import packed_seq_params
-
         # Each MoE layer of each micro-batch is an all-to-all over the expert-parallel group, which
         # may span DP replicas: with ep > 1 a forward pass keeps the replicas in step too.
         micro = self._micro_batches(batch, batching, even=not forward_only or self.info.ep_size > 1)
 
         def forward_step(data_iterator, model):
             mb = next(data_iterator)
-            self.positions.rows, self.positions.columns = mb.token_rows, mb.token_columns
             if self.routing is not None:
                 self.routing.install(mb)
-            # Padded rows are left-aligned: plain causal attention (mask None) is exact; packed
-            # rows are kept apart by the attention, told by the packed-sequence parameters.
-            params = None if mb.layout is None else packed_seq_params(mb.layout, host_offsets=self.layer_spec == "local",
-                                                                       flex=self.flex_attention)  # fmt: skip
-            output = model(input_ids=mb.tokens, position_ids=mb.position_ids, attention_mask=None,
-                           packed_seq_params=params)  # fmt: skip
+            output = self._forward(model, mb)
             if stage_output is not None:
                 stage_output(mb, output)
             return output, partial(loss_func, mb)
@@ -298,6 +290,26 @@ class MegatronModel:
                 micro_batch_size=max(mb.tokens.shape[0] for mb in micro),
                 forward_only=forward_only,
             )
+
+    def _forward(self, module: Any, mb: MicroBatch) -> torch.Tensor:
+        """``module`` (this model, wrapped or not) on micro-batch ``mb``: this stage's output."""
+        from megarl.models.attention import packed_seq_params
+
+        self.positions.rows, self.positions.columns = mb.token_rows, mb.token_columns
+        # Padded rows are left-aligned: plain causal attention (mask None) is exact; packed
+        # rows are kept apart by the attention, told by the packed-sequence parameters.
+        params = None if mb.layout is None else packed_seq_params(mb.layout, host_offsets=self.layer_spec == "local",
+                                                                   flex=self.flex_attention)  # fmt: skip
+        return module(input_ids=mb.tokens, position_ids=mb.position_ids, attention_mask=None, packed_seq_params=params)
+
+    def forward_micro_batch(self, mb: MicroBatch, head: Head) -> dict[str, torch.Tensor]:
+        """``head``'s values of one micro-batch another model packed (its update's), forward only
+        and without a schedule: one pipeline stage (pp 1) and no routing replay only. The values
+        are those :meth:`forward_tokens` gives for the same rows in the same micro-batch."""
+        assert self.info.pp_size == 1 and self.routing is None, "a micro-batch forward runs the whole model in one stage"
+        self.module.eval()
+        with torch.no_grad():
+            return {k: v.detach() for k, v in head(mb, self._forward(self.module, mb)).items()}
 
     def reduce_metrics(self, metrics: MetricAccumulator, replicated: dict[str, torch.Tensor] | None = None) -> None:
         """Make ``metrics`` the group's, in place on the device, identical on every rank: one

@@ -66,10 +66,29 @@ def is_strictly_on_policy(cfg: MegaRLConfig) -> bool:
 
 def old_logprobs_phase(cfg: MegaRLConfig, forward: PolicyForward) -> OldLogprobs | EngineOldLogprobs | Skip:
     """Where the PPO ratio's old log-probs come from: the engine's (algorithm.old_logprobs=engine,
-    no forward), none (strictly on-policy: the update's own forward), or the trainer's forward."""
+    no forward), none (strictly on-policy: the update's own forward), or the trainer's forward
+    (with the reference's log-probs in the same pass where it can: :func:`reference_with_old_logprobs`)."""
     if cfg.algorithm.old_logprobs == "engine":
         return EngineOldLogprobs()
-    return Skip() if is_strictly_on_policy(cfg) else OldLogprobs(forward, cfg.rollout.sampling.temperature)
+    if is_strictly_on_policy(cfg):
+        return Skip()
+    return OldLogprobs(forward, cfg.rollout.sampling.temperature, with_reference=reference_with_old_logprobs(cfg))
+
+
+def reference_with_old_logprobs(cfg: MegaRLConfig) -> bool:
+    """The old log-probs' pass computes the reference's too, micro-batch by micro-batch (one
+    packing, one call to the ranks): both are needed and the update does not compute them."""
+    needs_old = cfg.algorithm.old_logprobs == "recompute" and not is_strictly_on_policy(cfg)
+    return cfg.reference_enabled and needs_old and cfg.reference_beside_policy and not cfg.reference_in_update
+
+
+def reference_phase(cfg: MegaRLConfig, policy: Any, handover: Handover) -> ReferenceLogprobs | Skip:
+    """The reference log-probs' own pass over the batch; none without a reference, or where
+    another pass computes them: the policy update's (``cfg.reference_in_update``) or the old
+    log-probs' (:func:`reference_with_old_logprobs`)."""
+    if not cfg.reference_enabled or cfg.reference_in_update or reference_with_old_logprobs(cfg):
+        return Skip()
+    return ReferenceLogprobs(policy, cfg.rollout.sampling.temperature, handover)
 
 
 # The first line of the config.yaml megarl writes; a file is recognised as megarl's by its stable
@@ -316,7 +335,7 @@ def _components(cfg: MegaRLConfig, models: dict[str, Any], stream: Any, val_prom
         baseline=(GreedyBaseline(engines, scorer, cfg.algorithm.overlong, cfg.rollout.sampling.max_new_tokens)
                   if cfg.algorithm.estimator == "remax" else NoBaseline()),
         old_logprobs=old_logprobs_phase(cfg, forward),
-        reference=ReferenceLogprobs(policy, temperature, handover) if cfg.reference_enabled else Skip(),
+        reference=reference_phase(cfg, policy, handover),
         critic=CriticPhase(models["critic"], handover) if "critic" in models else Skip(),
         advantages=Advantages(cfg),
         policy=PolicyUpdate(policy, temperature, cfg.trainer.critic_warmup_steps, handover),

@@ -127,7 +127,7 @@ class Trainer:
         with timer.phase("old_logprobs"):
             batch = p.old_logprobs(batch)  # skipped when strictly on-policy; the engine's with old_logprobs=engine
         with timer.phase("ref_logprobs"):
-            batch = p.reference(batch)
+            batch = p.reference(batch)  # skipped where the update computes them per micro-batch (cfg.reference_in_update)
         with timer.phase("values"):
             batch = p.critic(batch)
         with timer.phase("advantages"):

@@ -53,15 +53,25 @@ class PolicyForward:
         self.handover.enter(POLICY_FORWARD)
         return self.policy.compute_logprobs(batch, temperature)
 
+    def compute_logprobs_and_reference(self, batch: Batch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """The policy's and the reference's log-probs in one pass (the reference stays on the device)."""
+        self.handover.enter(POLICY_FORWARD)
+        return self.policy.compute_logprobs_and_reference(batch, temperature)
+
 
 class OldLogprobs:
-    """The policy's log-probs before the update (needed off-policy: several epochs or mini-batches)."""
+    """The policy's log-probs before the update (needed off-policy: several epochs or mini-batches);
+    ``with_reference``: the reference's too, in the same pass (the step's reference phase is then
+    skipped: megarl/trainer/build.py)."""
 
-    def __init__(self, policy: PolicyForward, temperature: float):
-        self.policy, self.temperature = policy, temperature
+    def __init__(self, policy: PolicyForward, temperature: float, with_reference: bool = False):
+        self.policy, self.temperature, self.with_reference = policy, temperature, with_reference
 
     def __call__(self, batch: Batch) -> Batch:
-        return batch.replace(old_logprobs=self.policy.compute_logprobs(batch, self.temperature))
+        if not self.with_reference:
+            return batch.replace(old_logprobs=self.policy.compute_logprobs(batch, self.temperature))
+        old, ref = self.policy.compute_logprobs_and_reference(batch, self.temperature)
+        return batch.replace(old_logprobs=old, ref_logprobs=ref)
 
 
 class EngineOldLogprobs:

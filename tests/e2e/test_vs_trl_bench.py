@@ -39,7 +39,13 @@ def test_both_sides_run_the_same_two_steps(tmp_path):
         assert {int(s) for s in run["held_out"]} == {0, 1, 2}
         assert all(0.0 <= v <= 1.0 for v in run["held_out"].values())
     megarl, trl = out["sides"]["megarl"], out["sides"]["trl"]
-    assert {"generate", "reward", "ref_logprobs", "policy_update", "weight_sync"} <= set(megarl["phases_s"])
+    # megarl's reference log-probs are computed in the update's pass (KL in the loss only): no phase of their own
+    assert {"generate", "reward", "policy_update", "weight_sync"} <= set(megarl["phases_s"])
+    assert megarl["phases_s"].get("ref_logprobs", 0.0) < 1e-3  # the skipped phase's timer only
+    (run,) = [r for r in out["runs"] if r["side"] == "megarl"]  # its end to end, span by span, from the stamped log
+    assert list(run["milestones_s"]) == ["checks", "ray", "ranks", "first_push", "trained", "plotted"]
+    assert sorted(run["milestones_s"].values()) == list(run["milestones_s"].values()) and run["milestones_s"]["plotted"] < run["wall_s"]
+    assert megarl["fixed_s"] > 0 and sum(megarl["spans_s"].values()) == pytest.approx(megarl["wall_s"])
     assert {"generate", "reward", "ref_logprobs", "update"} <= set(trl["phases_s"])
     assert megarl["processes"] > trl["processes"] >= 1  # Ray, 2 ranks, reward workers against one process
     # The same prompts in the same order: the TRL job's rows are megarl's sampler's for the seed.
