@@ -12,7 +12,8 @@ import pytest
 import torch
 from spawn import run_distributed
 
-from megarl.config.sections import ActorConfig, AlgorithmConfig, OptimizerConfig
+from megarl.config.algorithm_sections import AlgorithmConfig
+from megarl.config.train_sections import ActorConfig, OptimizerConfig
 
 TEMPERATURE = 0.7
 
