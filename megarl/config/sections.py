@@ -374,6 +374,23 @@ class MegaRLConfig(Section):
         return self.reference_beside_policy and kl.use_in_loss and not kl.use_in_reward and self.actor.ppo_epochs == 1
 
     @property
+    def strictly_on_policy(self) -> bool:
+        """One epoch, one optimizer step per RL step, no KL-in-reward, synchronous: the update's
+        own forward gives the old log-probs (the ratio starts at exactly 1), so no separate
+        forward is needed. Asynchronous samples come from older policies: their proximal
+        log-probs are recomputed, unless algorithm.old_logprobs=engine takes the behaviour
+        policy's (docs/async.md)."""
+        one_step = (self.actor.mini_batch_size or self.samples_per_step) == self.samples_per_step
+        return self.actor.ppo_epochs == 1 and one_step and not self.algorithm.kl.use_in_reward and not self.asynchronous
+
+    @property
+    def reference_with_old_logprobs(self) -> bool:
+        """The old log-probs' pass computes the reference's too, micro-batch by micro-batch (one
+        packing, one call to the ranks): both are needed and the update does not compute them."""
+        needs_old = self.algorithm.old_logprobs == "recompute" and not self.strictly_on_policy
+        return self.reference_enabled and needs_old and self.reference_beside_policy and not self.reference_in_update
+
+    @property
     def critic_enabled(self) -> bool:
         if self.critic.enabled is not None:
             return self.critic.enabled

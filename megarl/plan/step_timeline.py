@@ -29,10 +29,30 @@ _WORKERS = {
 
 
 def step_phases(cfg: MegaRLConfig) -> list[tuple[str, str]]:
-    """(phase, who works in it) for one step, in order."""
+    """(phase, who works in it) for one step, in order: the passes the trainer runs (a strictly
+    on-policy step has no old log-probs' pass; the reference's log-probs may come in the old
+    log-probs' pass or in the update's, megarl/trainer/build.py)."""
     table = residency_of(cfg)
     phases = [(GENERATE, _generators(cfg)), (REWARD, ", ".join(reward_workers(cfg)))]
-    return phases + [(p, _WORKERS[p]) for p in STEP_PHASES if p in table.rows and p not in (GENERATE, REWARD)]
+    for p in STEP_PHASES:
+        if p not in table.rows or p in (GENERATE, REWARD) or _folded(cfg, p):
+            continue
+        who = _WORKERS[p]
+        if p == "policy_forward" and cfg.reference_with_old_logprobs:
+            who += ", with the reference's"
+        elif p == "policy_update" and cfg.reference_in_update:
+            who += ", with the reference's log-probs on its micro-batches"
+        phases.append((p, who))
+    return phases
+
+
+def _folded(cfg: MegaRLConfig, phase: str) -> bool:
+    """Whether ``phase`` has no pass of its own in the step (its work is in another one, or none)."""
+    if phase == "policy_forward":
+        return cfg.algorithm.old_logprobs == "engine" or cfg.strictly_on_policy
+    if phase == "reference_forward":
+        return cfg.reference_in_update or cfg.reference_with_old_logprobs
+    return False
 
 
 def reward_workers(cfg: MegaRLConfig) -> list[str]:

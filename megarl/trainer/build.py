@@ -55,38 +55,22 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def is_strictly_on_policy(cfg: MegaRLConfig) -> bool:
-    """One epoch, one optimizer step per RL step, no KL-in-reward: the update's own forward gives
-    the old log-probs (the ratio starts at exactly 1), so no separate forward is needed."""
-    one_step = (cfg.actor.mini_batch_size or cfg.samples_per_step) == cfg.samples_per_step
-    # Asynchronous samples come from older policies: the proximal log-probs are recomputed, unless
-    # algorithm.old_logprobs=engine takes the behaviour policy's (docs/async.md).
-    return cfg.actor.ppo_epochs == 1 and one_step and not cfg.algorithm.kl.use_in_reward and not cfg.asynchronous
-
-
 def old_logprobs_phase(cfg: MegaRLConfig, forward: PolicyForward) -> OldLogprobs | EngineOldLogprobs | Skip:
     """Where the PPO ratio's old log-probs come from: the engine's (algorithm.old_logprobs=engine,
     no forward), none (strictly on-policy: the update's own forward), or the trainer's forward
-    (with the reference's log-probs in the same pass where it can: :func:`reference_with_old_logprobs`)."""
+    (with the reference's log-probs in the same pass where it can: ``cfg.reference_with_old_logprobs``)."""
     if cfg.algorithm.old_logprobs == "engine":
         return EngineOldLogprobs()
-    if is_strictly_on_policy(cfg):
+    if cfg.strictly_on_policy:
         return Skip()
-    return OldLogprobs(forward, cfg.rollout.sampling.temperature, with_reference=reference_with_old_logprobs(cfg))
-
-
-def reference_with_old_logprobs(cfg: MegaRLConfig) -> bool:
-    """The old log-probs' pass computes the reference's too, micro-batch by micro-batch (one
-    packing, one call to the ranks): both are needed and the update does not compute them."""
-    needs_old = cfg.algorithm.old_logprobs == "recompute" and not is_strictly_on_policy(cfg)
-    return cfg.reference_enabled and needs_old and cfg.reference_beside_policy and not cfg.reference_in_update
+    return OldLogprobs(forward, cfg.rollout.sampling.temperature, with_reference=cfg.reference_with_old_logprobs)
 
 
 def reference_phase(cfg: MegaRLConfig, policy: Any, handover: Handover) -> ReferenceLogprobs | Skip:
     """The reference log-probs' own pass over the batch; none without a reference, or where
     another pass computes them: the policy update's (``cfg.reference_in_update``) or the old
-    log-probs' (:func:`reference_with_old_logprobs`)."""
-    if not cfg.reference_enabled or cfg.reference_in_update or reference_with_old_logprobs(cfg):
+    log-probs' (``cfg.reference_with_old_logprobs``)."""
+    if not cfg.reference_enabled or cfg.reference_in_update or cfg.reference_with_old_logprobs:
         return Skip()
     return ReferenceLogprobs(policy, cfg.rollout.sampling.temperature, handover)
 

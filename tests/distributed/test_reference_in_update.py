@@ -1,6 +1,6 @@
 """The reference log-probs computed inside the policy update (MegaRLConfig.reference_in_update)
 against their own forward pass first: the same update, bit for bit; and beside the old log-probs,
-in their pass (megarl/trainer/build.py: reference_with_old_logprobs): the same values.
+in their pass (MegaRLConfig.reference_with_old_logprobs): the same values.
 
 Two processes (DP=2), a policy and its reference in each; the loss is megarl's own (GRPO's
 clipped ratio with the k3 KL term in the loss, a large coefficient so the reference weighs)."""

@@ -279,7 +279,7 @@ def test_the_plan_shows_where_the_reward_roles_act_in_the_step(tmp_path):
     one = dict(step_phases(_cfg(f"reward.model.path={rm}", *ROLE)))["reward"]  # one process on cpu: singular
     assert "reward model 1 actor on 1 process of its own" in one
     workers = timeline_text(_cfg(f"reward.model.path={rm}"))  # placement workers: the model is in the reward workers
-    assert "reward (reward model in the 2 reward workers on cpu) -> policy_forward" in workers and "every phase" not in workers
+    assert "reward (reward model in the 2 reward workers on cpu) -> policy_update" in workers and "every phase" not in workers
     producer = timeline_text(_cfg("rollout.max_staleness=1"))
     assert producer.startswith("producer: generate (torch engine process of its own) -> reward (rule rewards in 2 reward "
                                "workers); concurrently, trainer: policy_forward")  # fmt: skip
