@@ -12,7 +12,20 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from megarl.config.algorithm_sections import AlgorithmConfig
+from megarl.config.algorithm_sections import (
+    ESTIMATORS,
+    GROUP_ESTIMATORS,
+    KL_ESTIMATORS,
+    LOSS_AGGS,
+    POLICY_LOSSES,
+    AlgorithmConfig,
+    ClipConfig,
+    DynamicSamplingConfig,
+    KLConfig,
+    MISConfig,
+    OverlongConfig,
+    TISConfig,
+)
 from megarl.config.architectures import BUILTIN_ARCHS
 from megarl.config.reward_sections import (
     RewardJudgeConfig,
@@ -21,9 +34,70 @@ from megarl.config.reward_sections import (
     combine_problem,
     combine_weights,
 )
-from megarl.config.rollout_sections import RolloutConfig
+from megarl.config.rollout_sections import (
+    AgentConfig,
+    RolloutConfig,
+    SamplingConfig,
+    ValSamplingConfig,
+    WeightSyncConfig,
+)
 from megarl.config.section_base import Section, UserPath
-from megarl.config.train_sections import ActorConfig, CriticConfig, ReferenceConfig
+from megarl.config.train_sections import (
+    LORA_MODULES,
+    ActorConfig,
+    CriticConfig,
+    LoRAConfig,
+    MoEConfig,
+    OptimizerConfig,
+    ParallelConfig,
+    ReferenceConfig,
+)
+
+# The key tree's sections, this module's and those defined beside it (train_sections.py,
+# algorithm_sections.py, reward_sections.py, rollout_sections.py): all importable from here, as
+# user extensions annotate with them (docs/extending.md).
+__all__ = [
+    "ActorConfig",
+    "AgentConfig",
+    "AlgorithmConfig",
+    "BUILD_TIMEOUT_S",
+    "ClipConfig",
+    "ClusterConfig",
+    "CriticConfig",
+    "CustomDatasetConfig",
+    "CustomRewardConfig",
+    "DataConfig",
+    "DataFile",
+    "DynamicSamplingConfig",
+    "ESTIMATORS",
+    "GROUP_ESTIMATORS",
+    "KLConfig",
+    "KL_ESTIMATORS",
+    "LORA_MODULES",
+    "LOSS_AGGS",
+    "LoRAConfig",
+    "MISConfig",
+    "MegaRLConfig",
+    "MoEConfig",
+    "ModelConfig",
+    "OptimizerConfig",
+    "OverlongConfig",
+    "POLICY_LOSSES",
+    "ParallelConfig",
+    "ROLE_SECTIONS",
+    "ReferenceConfig",
+    "RewardConfig",
+    "RewardJudgeConfig",
+    "RewardModelConfig",
+    "RolloutConfig",
+    "SFTConfig",
+    "SamplingConfig",
+    "TEMPLATE_ARGUMENTS",
+    "TISConfig",
+    "TrainerConfig",
+    "ValSamplingConfig",
+    "WeightSyncConfig",
+]
 
 
 class ModelConfig(Section):

@@ -74,3 +74,27 @@ def test_an_empty_lora_section_turns_lora_on_with_its_defaults():
     lora = load_config(tiny, ["actor.lora={}"]).actor.lora
     assert lora is not None and (lora.rank, lora.alpha, lora.target_modules) == (8, 16.0, ["all-linear"])
     assert load_config(tiny, ["actor.lora={}", "actor.lora=null"]).actor.lora is None
+
+
+def test_every_section_of_the_key_tree_is_importable_from_sections():
+    """User extensions import the section classes from megarl.config.sections (docs/extending.md),
+    wherever they are defined."""
+    import typing
+
+    from pydantic import BaseModel
+
+    from megarl.config import sections
+
+    seen, todo = set(), [sections.MegaRLConfig]
+    while todo:
+        model = todo.pop()
+        if model in seen:
+            continue
+        seen.add(model)
+        for field in model.model_fields.values():
+            for arg in [field.annotation, *typing.get_args(field.annotation)]:
+                for inner in [arg, *typing.get_args(arg)]:
+                    if isinstance(inner, type) and issubclass(inner, BaseModel):
+                        todo.append(inner)
+    missing = sorted(m.__name__ for m in seen if getattr(sections, m.__name__, None) is not m or m.__name__ not in sections.__all__)
+    assert not missing and len(seen) > 20, missing
