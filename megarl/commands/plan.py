@@ -38,9 +38,9 @@ def run(args: argparse.Namespace) -> int:
     if args.list_archs:
         print(describe_archs())
         return 0
-    if args.config is None:
-        raise ConfigError("megarl plan needs a CONFIG file (or --list-archs)")
     try:
+        if args.config is None:
+            raise ConfigError("megarl plan needs a CONFIG file (or --list-archs)")
         cfg = load_config(args.config, args.overrides)
         # a Ctrl-C, SIGTERM or SIGHUP while --check-files imports user code: one line, the check's child killed
         with still_waiting("checking the config and its files"):

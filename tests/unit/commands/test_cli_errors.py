@@ -95,6 +95,9 @@ def test_plan_json_is_json_when_refused_too(capsys):
     assert main(["plan", str(TINY), "--json", "rollout.n=many"]) == EXIT_USER  # the loader refuses it
     out = json.loads(capsys.readouterr().out)
     assert out["ok"] is False and out["issues"] == [] and "override rollout.n=many" in out["error"]
+    assert main(["plan", "--json"]) == EXIT_USER  # no config: JSON too
+    out = json.loads(capsys.readouterr().out)
+    assert out["ok"] is False and "needs a CONFIG file" in out["error"]
     assert main(["plan", str(TINY), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["ok"] is True and out["roles"]["policy"]["pp"] == 1
