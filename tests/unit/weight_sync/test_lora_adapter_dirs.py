@@ -126,4 +126,9 @@ def test_which_servers_are_on_this_host():
     for url in ("http://127.0.0.1:1", "http://localhost:1", f"http://{socket.gethostname()}:1", "http://[::1]:1"):
         assert on_this_host(url), url
     assert not on_this_host(OTHER_HOST)
+    # the node IP Ray gives this host, where its SGLang servers listen, though the hostname may
+    # resolve to a loopback address only (/etc/hosts)
+    import ray.util
+
+    assert on_this_host(f"http://{ray.util.get_node_ip_address()}:1")
     assert not on_this_host("http://no-such-host.invalid:1")  # unresolvable: the request, the safe side
