@@ -214,7 +214,7 @@ def make_plan(cfg: MegaRLConfig, *, check_files: bool = False, in_process: bool 
     _raise_errors(issues)
     resolved |= lora_resolved(cfg)
     p = roles["policy"]
-    push = push_estimate(cfg, arch, p.tp, p.pp, p.dp, p.ep)
+    push = push_estimate(cfg, arch, p.tp, p.pp, p.dp, p.ep, rollout=roles.get("rollout"), writer_gpu=p.gpus[0])
     deadline, largest = cfg.rollout.weight_sync.timeout_s, _largest_push_seconds(cfg, arch, push, (p.tp, p.pp, p.dp, p.ep))
     if cfg.cluster.device == "cuda" and deadline and largest > deadline:
         issues.append(Issue("rollout.weight_sync.timeout_s", f"({deadline:g}) is shorter than the plan's estimate of one "

@@ -29,7 +29,13 @@ three parts (megarl/parallel/stage_collection.py says who receives what):
 With LoRA and ``rollout.weight_sync.lora: adapter`` a push carries the adapters only: ``W`` is
 their bytes (:func:`push_bytes`), no experts, and the TP gather moves the TP-split halves of them
 (B of a column-parallel linear, A of a row-parallel one); ``merged`` pushes the whole model, as
-full fine-tuning does.
+full fine-tuning does. The adapters do not go through the transport
+(megarl/weight_sync/lora_adapter.py): every rank gathers the other stages' ``(pp - 1) / pp x W``
+(an all-gather over the PP group), then policy rank 0 serves each SGLang server in turn
+(:func:`adapter_sends`): for the servers on its node it writes one PEFT directory (``W``, host)
+that each of them reads (``W`` each, host); a server on another node gets the request instead,
+which carries one base64 copy per engine TP rank: ``W x 4/3 x rollout.tp`` over the network
+per server (about 9 GB at 72B, rank 32, TP 8, against 0.84 GB of adapters).
 
 Each part takes its bytes / the link's bandwidth (``cluster.nvlink_gb_per_s``,
 ``network_gb_per_s``, ``host_gb_per_s``: gigabytes, not gigabits, per second per GPU and
@@ -47,12 +53,13 @@ from dataclasses import dataclass
 from megarl.config.architectures import ArchSpec
 from megarl.config.sections import MegaRLConfig
 from megarl.plan.gpu_memory import DTYPE_BYTES, lora_stage_params
+from megarl.plan.role_layout import RoleLayout
 from megarl.weight_sync.transport_base import (
     TRANSPORT_COLLECT,  # the run's transports follow it too
 )
 
 GB = 1e9
-
+BASE64 = 4 / 3  # a base64 payload's bytes per byte it carries
 
 
 def push_bytes(cfg: MegaRLConfig, arch: ArchSpec) -> tuple[float, float, float]:
@@ -76,8 +83,11 @@ class PushEstimate:
     seconds: float
 
 
-def push_estimate(cfg: MegaRLConfig, arch: ArchSpec, tp: int, pp: int, dp: int, ep: int = 1) -> PushEstimate:
-    """The push of ``cfg``'s policy (layout ``tp x pp x dp``, experts over ``ep``) through its transport."""
+def push_estimate(cfg: MegaRLConfig, arch: ArchSpec, tp: int, pp: int, dp: int, ep: int = 1, *,
+                  rollout: RoleLayout | None = None, writer_gpu: int = 0) -> PushEstimate:  # fmt: skip
+    """The push of ``cfg``'s policy (layout ``tp x pp x dp``, experts over ``ep``) through its transport.
+    ``rollout``: the SGLang engines' layout, which an adapter push needs (it serves each server by
+    where it runs relative to policy rank 0's GPU, ``writer_gpu``)."""
     transport = cfg.weight_transport
     collect = TRANSPORT_COLLECT[transport]
     cl = cfg.cluster
@@ -88,6 +98,12 @@ def push_estimate(cfg: MegaRLConfig, arch: ArchSpec, tp: int, pp: int, dp: int, 
     ep_link = "nvlink" if ep <= cl.gpus_per_node else "network"
     export = [("TP gather", split / pp * (tp - 1) / tp, tp_link),
               ("EP gather", experts / pp * (ep - 1) / ep, ep_link)]  # the export, one part after the other  # fmt: skip
+    if cfg.actor.lora is not None and cfg.rollout.weight_sync.lora == "adapter":
+        if rollout is None:
+            raise ValueError("an adapter push's estimate needs the engines' layout (rollout)")
+        export.append(("PP gather (every rank)", others, pp_link))
+        # one part after the other: the gather, the directory, then each server's load in turn
+        return _estimate(cfg, "adapter", export + adapter_sends(total, rollout, writer_gpu, cl.gpus_per_node), [], [])
     if collect == "all":
         export += [("PP collect (1/tp slices)", others / tp, pp_link),
                    ("TP gather of the PP slices", others * (tp - 1) / tp, tp_link)]  # fmt: skip
@@ -96,6 +112,31 @@ def push_estimate(cfg: MegaRLConfig, arch: ArchSpec, tp: int, pp: int, dp: int, 
     send = {"distributed": [("to the engines", total, "network")],
             "disk": [("written by policy rank 0", total, "host")]}.get(transport, [])  # fmt: skip
     after = [("read by each engine GPU", total, "host")] if transport == "disk" else []  # once every bucket is written
+    return _estimate(cfg, transport, export, send, after)
+
+
+def adapter_sends(total: float, rollout: RoleLayout, writer_gpu: int, gpus_per_node: int) -> list[tuple[str, float, str]]:
+    """What policy rank 0 (on ``writer_gpu``) moves to the servers of ``rollout`` for ``total``
+    bytes of adapters: the PEFT directory for those on its node, the request (a base64 copy per
+    engine TP rank) to each on another node (module docstring)."""
+    node = writer_gpu // gpus_per_node
+    server_nodes = [rollout.gpus[i * rollout.tp] // gpus_per_node for i in range(rollout.dp)]
+    local = sum(n == node for n in server_nodes)
+    remote = len(server_nodes) - local
+    parts = []
+    if local:
+        parts += [("PEFT directory written by policy rank 0", total, "host"),
+                  (f"read by the {local} server(s) on its node", local * total, "host")]  # fmt: skip
+    if remote:
+        parts.append((f"requests to the {remote} server(s) on other nodes (base64, a copy per engine TP rank: "
+                      f"rollout.tp {rollout.tp})", remote * total * BASE64 * rollout.tp, "network"))  # fmt: skip
+    return parts
+
+
+def _estimate(cfg: MegaRLConfig, transport: str, export: list[tuple[str, float, str]],
+              send: list[tuple[str, float, str]], after: list[tuple[str, float, str]]) -> PushEstimate:  # fmt: skip
+    """The estimate of parts ``export``, then ``send`` (beside the export with overlap), then ``after``."""
+    cl = cfg.cluster
     bandwidth = {"nvlink": cl.nvlink_gb_per_s, "network": cl.network_gb_per_s, "host": cl.host_gb_per_s}
 
     def seconds(parts: list[tuple[str, float, str]]) -> float:

@@ -213,6 +213,8 @@ def _print_push(cfg: MegaRLConfig, plan: Plan, console: Console) -> None:
     parts = " + ".join(f"{name} {b / 1e9:.3g} GB ({names.get(link, link)})" for name, b, link in push.parts) or "nothing over a link"
     per = "GPU" if plan.device == "cuda" else "process"
     line = f"[bold]weight push[/] (transport {push.transport}) received per {per}: {parts}"
+    if push.transport == "adapter":  # policy rank 0 serves each server in turn: whole bytes, not per GPU
+        line = f"[bold]weight push[/] (LoRA adapters, not through the transport) moved: {parts}"
     if plan.device == "cuda":
         cl = cfg.cluster
         line += (f"; about {push.seconds:.2g} s at {cl.nvlink_gb_per_s:g} / {cl.network_gb_per_s:g} / {cl.host_gb_per_s:g} GB/s "

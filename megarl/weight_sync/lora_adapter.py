@@ -33,6 +33,7 @@ mode with expert adapters; :func:`write_peft_adapter` refuses expert tensors).
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import shutil
 import socket
@@ -54,23 +55,46 @@ EXPERTS_REFUSED = ("rollout.weight_sync.lora (adapter) cannot carry adapters on 
 
 def on_this_host(url: str) -> bool:
     """Whether the server at ``url`` runs on this host: a loopback address, this host's name, or
-    an address this host's name resolves to. An unresolvable name counts as another host (the
-    request, which needs no shared filesystem, is the safe side)."""
+    an address of one of this host's interfaces or of its name. The interfaces count because a
+    host's name often resolves to a loopback address only (/etc/hosts: Ubuntu's 127.0.1.1), while
+    servers listen on its node IP. An unresolvable name counts as another host (the request, which
+    needs no shared filesystem, is the safe side)."""
     host = urlsplit(url).hostname or ""
     if host in ("localhost", socket.gethostname(), socket.getfqdn()):
         return True
+    address = _address(host)
+    if address is None:
+        return False
+    return address.is_loopback or address in _host_addresses()
+
+
+def _address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """``host`` as an address: a literal (IPv6 too, without a zone), or what its name resolves to."""
+    literal = _literal(host)
+    if literal is not None:
+        return literal
     try:
-        address = ipaddress.ip_address(host)  # a literal (IPv6 too)
-    except ValueError:
-        try:
-            address = ipaddress.ip_address(socket.gethostbyname(host))
-        except OSError:
-            return False
-    try:
-        mine = {socket.gethostbyname(socket.gethostname())}
+        return ipaddress.ip_address(socket.gethostbyname(host))
     except OSError:
-        mine = set()
-    return address.is_loopback or str(address) in mine
+        return None
+
+
+def _host_addresses() -> set[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    """This host's addresses: every interface's (psutil), and what its name resolves to."""
+    import psutil
+
+    found = {a.address for addresses in psutil.net_if_addrs().values() for a in addresses}
+    with contextlib.suppress(OSError):
+        found |= {info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None)}
+    return {a for a in map(_literal, found) if a is not None}
+
+
+def _literal(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """``text`` as an address (a link-local one without its zone), or None (a MAC address)."""
+    try:
+        return ipaddress.ip_address(text.split("%")[0])
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True)

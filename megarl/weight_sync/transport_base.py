@@ -48,7 +48,11 @@ def check_versions(engines: Iterable[VersionedEngine], version: int) -> None:
 
 def remove_versions(directory: str | Path, prefix: str, keep: Iterable[int]) -> None:
     """Remove the ``<prefix><N>`` and ``<prefix><N>.tmp`` directories a transport wrote into
-    ``directory``, but for the versions ``keep``; nothing else (the directory may hold other things)."""
+    ``directory``, but for the versions ``keep``; nothing else (the directory may hold other things).
+    A directory that is not there holds nothing to remove (an adapter push writes none when every
+    server is on another host)."""
+    if not Path(directory).is_dir():
+        return
     pattern, kept = re.compile(rf"{re.escape(prefix)}(\d+)(\.tmp)?"), set(keep)
     for old in Path(directory).iterdir():
         match = pattern.fullmatch(old.name)

@@ -22,6 +22,7 @@ from megarl.plan.host_memory import save_gather_host_bytes
 from megarl.plan.planner import PlanError, make_plan
 from megarl.plan.push_model import push_estimate
 from megarl.plan.report import print_plan
+from megarl.plan.role_layout import RoleLayout
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 LORA72 = CONFIGS / "qwen72b_grpo_lora.yaml"
@@ -178,15 +179,42 @@ def test_an_adapter_push_carries_the_adapters_only():
     assert merged.parts == (
         ("TP gather", 2 * arch.num_params * 7 / 8, "nvlink"),
     )  # the whole model
+    engine = RoleLayout("rollout", 8, 1, 1, tuple(range(8)))  # on policy rank 0's node
     adapter = push_estimate(
-        load_config(LORA72, ["rollout.weight_sync.lora=adapter"]), arch, tp=8, pp=1, dp=1
+        load_config(LORA72, ["rollout.weight_sync.lora=adapter"]), arch, tp=8, pp=1, dp=1, rollout=engine
     )
     replicated, split = lora_layer_params(arch, 32, ALL)
-    assert adapter.parts == (
-        ("TP gather", 2 * 80 * split * 7 / 8, "nvlink"),
-    )  # only the split halves are gathered
+    assert adapter.parts[0] == ("TP gather", 2 * 80 * split * 7 / 8, "nvlink")  # only the split halves are gathered
     assert 2 * 80 * (replicated + split) == 2 * lora_params(arch, 32, ALL) == 2 * 421_068_800
-    assert adapter.seconds < merged.seconds / 100
+    # the tensor transport's merged push crosses NVLink only; the adapters' directory the host link
+    assert sum(b for _, b, _ in adapter.parts) < sum(b for _, b, _ in merged.parts) / 40
+
+
+@pytest.mark.parametrize(("overrides", "local", "remote"), [
+    (["cluster.nnodes=1"], 1, 0),  # one node: the engine reads the directory
+    (["cluster.nnodes=2", "cluster.placement=disaggregated", "cluster.rollout_gpus=8"], 0, 1),  # engine on node 1
+    (["cluster.nnodes=2"], 1, 1),  # colocated on 2 nodes: one engine per node
+])  # fmt: skip
+def test_an_adapter_push_counts_the_directory_and_each_remote_servers_request(overrides, local, remote):
+    # a server on another node gets one base64 copy (4/3 of the bytes) per engine TP rank: at 72B,
+    # rank 32 and rollout.tp 8, 0.842 GB of adapters make 8.98 GB per server and push
+    cfg = load_config(LORA72, ["rollout.weight_sync.lora=adapter", *overrides])
+    push = make_plan(cfg).push
+    assert push is not None and push.transport == "adapter"
+    arch = builtin_arch("qwen2.5-72b")
+    adapters = 2 * lora_params(arch, 32, ALL)  # bf16
+    assert adapters == 842_137_600
+    expected = [("TP gather", 2 * 80 * lora_layer_params(arch, 32, ALL)[1] * 7 / 8, "nvlink")]
+    if local:
+        expected += [("PEFT directory written by policy rank 0", adapters, "host"),
+                     (f"read by the {local} server(s) on its node", local * adapters, "host")]  # fmt: skip
+    if remote:
+        expected.append((f"requests to the {remote} server(s) on other nodes", remote * adapters * 4 / 3 * 8, "network"))
+    assert [(name.split(" (")[0], link) for name, _, link in push.parts] == [(name, link) for name, _, link in expected]
+    assert [b for _, b, _ in push.parts] == pytest.approx([b for _, b, _ in expected])
+    cl = cfg.cluster
+    bandwidth = {"nvlink": cl.nvlink_gb_per_s, "host": cl.host_gb_per_s, "network": cl.network_gb_per_s}
+    assert push.seconds == pytest.approx(sum(b / (bandwidth[link] * 1e9) for _, b, link in expected))
 
 
 def test_auto_layer_spec_resolves_to_local_with_lora():

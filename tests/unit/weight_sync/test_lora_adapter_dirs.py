@@ -114,8 +114,10 @@ def test_a_server_on_another_host_gets_the_adapters_in_the_request(tmp_path):
 
 def test_servers_on_other_hosts_alone_need_no_directory(tmp_path):
     remote = _engine(OTHER_HOST)
-    _transport(tmp_path, [remote]).push(1)
-    assert remote.client.held == {"policy_v1"} and list(tmp_path.iterdir()) == []
+    t = _transport(tmp_path / "weights", [remote])  # as the demo's: <root>/run-*/weights, never made
+    for version in (1, 2, 3):  # the third push unloads version 1 and tidies the directory that is not there
+        t.push(version)
+    assert remote.client.held == {"policy_v2", "policy_v3"} and list(tmp_path.iterdir()) == []
 
 
 def test_which_servers_are_on_this_host():
@@ -124,4 +126,9 @@ def test_which_servers_are_on_this_host():
     for url in ("http://127.0.0.1:1", "http://localhost:1", f"http://{socket.gethostname()}:1", "http://[::1]:1"):
         assert on_this_host(url), url
     assert not on_this_host(OTHER_HOST)
+    # the node IP Ray gives this host, where its SGLang servers listen, though the hostname may
+    # resolve to a loopback address only (/etc/hosts)
+    import ray.util
+
+    assert on_this_host(f"http://{ray.util.get_node_ip_address()}:1")
     assert not on_this_host("http://no-such-host.invalid:1")  # unresolvable: the request, the safe side
