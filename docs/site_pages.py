@@ -1,10 +1,12 @@
 """mkdocs hooks (mkdocs.yml `hooks:`): the pages the documentation site generates when it is
 built, and the links of the repository's pages rewritten for the site.
 
-Generated (nothing of it is committed, so it cannot drift from the code): the home page from
+Generated (nothing generated is committed, so it cannot drift from the code): the home page from
 README.md, the changelog from CHANGELOG.md, and the reference pages: configuration (the config
 models), commands (the argument parser's --help), the metrics catalogue (megarl/metrics.py) and
-the benchmark results (bench/results/*.md). Every page is written for GitHub too, where a link
+the benchmark results (bench/results/*.md). Each reference page is committed in docs/reference/
+as a short stub that says where its content comes from, so that the links to it resolve on
+GitHub as well; the site replaces the stub's text with the generated page. Every page is written for GitHub too, where a link
 such as ``../bench/results/moe.md`` is a repository file; on the site that file is a section of
 the benchmarks page, and a repository file the site does not hold (a config, a script) reads as
 its path in code.
@@ -32,25 +34,34 @@ MARK = re.compile(r"^(\s*)<!-- (?:illustrative: (.+)|run by (tests/\S+)) -->\s*$
 def on_files(files: Files, config) -> Files:
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))  # megarl from this checkout, installed or not
-    for uri, make in _generated().items():
-        files.append(File.generated(config, uri, content=make()))
+    for uri, text in _pages_outside_docs().items():
+        files.append(File.generated(config, uri, content=text()))
     return files
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:
-    if page.file.generated_by is None:  # a page of docs/ (generated ones are written for the site)
+    if (generate := _reference_pages().get(page.file.src_uri)) is not None:
+        return generate()  # the committed stub's text, replaced (generated pages are written for the site)
+    if page.file.generated_by is None:  # a page of docs/
         return site_links(markdown, "docs", page.file.src_uri)
     return markdown
 
 
-def _generated() -> dict[str, Callable[[], str]]:
+def _pages_outside_docs() -> dict[str, Callable[[], str]]:
+    """The site's pages made from repository files outside docs/, by their path in the site."""
+    return {
+        "index.md": lambda: site_links((ROOT / "README.md").read_text(), "", "index.md"),
+        "changelog.md": lambda: site_links((ROOT / "CHANGELOG.md").read_text(), "", "changelog.md"),
+    }
+
+
+def _reference_pages() -> dict[str, Callable[[], str]]:
+    """The generated reference pages, by the path in docs/ of the stub each replaces."""
     from megarl.cli import commands_markdown
     from megarl.config.documentation import reference_markdown
     from megarl.metrics import catalogue_markdown
 
     return {
-        "index.md": lambda: site_links((ROOT / "README.md").read_text(), "", "index.md"),
-        "changelog.md": lambda: site_links((ROOT / "CHANGELOG.md").read_text(), "", "changelog.md"),
         "reference/configuration.md": reference_markdown,
         "reference/commands.md": commands_markdown,
         "reference/metrics.md": catalogue_markdown,

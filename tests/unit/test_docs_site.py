@@ -1,5 +1,5 @@
-"""The documentation site builds in strict mode (mkdocs.yml, docs/), its generated reference pages
-hold what the code declares (every config key with its default, every catalogued metric with its
+"""The documentation site builds in strict mode (mkdocs.yml, docs/), its reference pages are
+generated in place of their committed stubs (docs/reference/) and hold what the code declares (every config key with its default, every catalogued metric with its
 reduction), its links to repository files outside docs/ point at the site's pages, its lists are
 lists as on GitHub, and the built
 home page renders in a real browser (headless Chromium) with the navigation and the generated
@@ -58,6 +58,33 @@ def test_configuration_page_lists_every_key_with_its_default(site: Path):
 def test_metrics_page_lists_the_catalogue_with_its_reductions(site: Path):
     rows = {r[0]: r[1] for r in _rows(site / "reference" / "metrics.html")}
     assert rows == {m.name: m.reduction for m in CATALOGUE}
+
+
+def _text(page: Path) -> str:
+    """The page's text as a reader sees it: tags dropped, entities decoded, spaces collapsed."""
+    return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", page.read_text())).split())
+
+
+# Each reference page the site generates, and what only the generated page holds: a key's row, a
+# (sub)command's --help, a metric's row, each results file's section
+GENERATED_CONTENT = {
+    "configuration": ["<td><code>actor.optimizer.lr</code></td>"],
+    "commands": ["usage: megarl convert hf-to-megatron"],
+    "metrics": [f"<td><code>{CATALOGUE[-1].name}</code></td>"],
+    "benchmarks": [f'id="{p.stem}"' for p in (ROOT / "bench" / "results").glob("*.md")],
+}
+
+
+@pytest.mark.parametrize("page", GENERATED_CONTENT)
+def test_reference_pages_are_generated_not_their_committed_stubs(site: Path, page: str):
+    # docs/reference/*.md are committed so that the links to them work on GitHub; the hook replaces each
+    stub = (ROOT / "docs" / "reference" / f"{page}.md").read_text()
+    built = site / "reference" / f"{page}.html"
+    opening = " ".join(stub.split("\n\n")[1].split()[:5])  # "This page is generated from": plain words
+    assert opening not in _text(built), f"{built.name} shows its stub"
+    lacking = [c for c in GENERATED_CONTENT[page] if c not in built.read_text()]
+    assert not lacking, f"{built.name} lacks the generated {lacking}"
+    assert sorted(p.stem for p in (ROOT / "docs" / "reference").glob("*.md")) == sorted(GENERATED_CONTENT)
 
 
 def test_links_outside_docs_point_at_the_sites_pages(site: Path):

@@ -1,5 +1,6 @@
 """The manual (README.md, docs/*.md, CHANGELOG.md, every --help) stays true to the code: its
-links resolve (to a repository file, or to a page the documentation site generates), the config
+links resolve to committed files (as on GitHub; a reference page the documentation site generates
+is committed as a stub, docs/reference/), the config
 keys, metrics, repository files (and the functions it names in them), Python names and flags it
 names exist, the defaults it states are the config's, docs/configuration.md's overview names every
 key, the site's commands page shows `megarl --help` as it is, and the examples in --help pass
@@ -9,9 +10,10 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import importlib
-import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -26,11 +28,9 @@ from megarl.config.verl_keys import is_verl_key
 from megarl.metrics import CATALOGUE, UnknownMetricError, lookup
 
 ROOT = Path(__file__).resolve().parents[2]
-# The reference pages the documentation site generates when it is built (docs/site_pages.py): in
-# mkdocs.yml's nav, not in the checkout. A link to one resolves on the site (its strict build checks it).
-GENERATED = {page for page in re.findall(r":\s+(reference/[\w/.-]+\.md)\s*$", (ROOT / "mkdocs.yml").read_text(), flags=re.M)
-             if not (ROOT / "docs" / page).exists()}  # fmt: skip
-PAGES = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md"))]
+# docs/reference/: the committed stubs of the reference pages the site generates (docs/site_pages.py)
+PAGES = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md")),
+         *sorted((ROOT / "docs" / "reference").glob("*.md"))]  # fmt: skip
 SECTIONS = tuple(MegaRLConfig.model_fields)
 
 # Dotted words in the manual that look like config keys but are not meant as ones: misspelt keys
@@ -51,18 +51,42 @@ def _anchors(page: Path) -> set[str]:
     return anchors
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def _page_id(page: Path) -> str:
+    return page.relative_to(ROOT).as_posix()  # docs/configuration.md and docs/reference/configuration.md
+
+
+@functools.cache
+def _committed() -> set[Path] | None:
+    """The files git tracks in this checkout and their folders (what GitHub shows), or None
+    outside a git checkout (an unpacked sdist), where a link's file only has to exist."""
+    try:
+        run = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    except FileNotFoundError:
+        return None
+    if run.returncode != 0:
+        return None
+    files = [ROOT / f for f in run.stdout.split("\0") if f]
+    return {*files, *(parent for f in files for parent in f.parents)}
+
+
+def _is_committed(target: Path) -> bool:
+    committed = _committed()
+    return target.exists() and (committed is None or target.resolve() in committed)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_page_id)
 def test_relative_links_and_anchors_resolve(page: Path):
+    """As GitHub renders the page: each relative link is a committed file of the repository (a
+    folder: its listing), each anchor a heading of the page it names. A page the site generates
+    has a committed stub, so that its links work on GitHub too."""
     broken = []
     for link in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
         if re.match(r"[a-z]+:", link):  # https:, mailto:
             continue
         path, _, anchor = link.partition("#")
         target = page.parent / path if path else page
-        if not target.exists() and os.path.relpath(target, ROOT / "docs") in GENERATED:
-            continue  # a generated page: the site test builds it and checks its links (strict mode)
-        if not target.exists():
-            broken.append(f"{link} (no such file)")
+        if not _is_committed(target):
+            broken.append(f"{link} (no such file committed)")
         elif anchor and target.suffix == ".md" and anchor not in _anchors(target):
             broken.append(f"{link} (no such heading in {target.name})")
     assert not broken, f"{page.name}: {broken}"
@@ -83,7 +107,7 @@ def _is_key(dotted: str) -> bool:
 VERL_PAGES = {"migrating-from-verl.md"}
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+@pytest.mark.parametrize("page", PAGES, ids=_page_id)
 def test_every_config_key_the_manual_names_exists(page: Path):
     sections = "|".join(SECTIONS)
     word = re.compile(rf"(?<![\w./~-])((?:{sections})(?:\.[A-Za-z_]\w*)+)")
@@ -103,7 +127,7 @@ def _current(page: Path) -> str:
     return text[start : end if end >= 0 else len(text)]
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+@pytest.mark.parametrize("page", PAGES, ids=_page_id)
 def test_every_default_the_manual_states_is_the_config_default(page: Path):
     """`trainer.hang_timeout_s` (default 3600 s), `actor.packed_attention` (`auto` | `flex`, default `auto`)."""
     sections = "|".join(SECTIONS)
@@ -122,7 +146,7 @@ NOT_METRICS = {"actor/pg_clipfrac"}
 NOT_IN_CHECKOUT = {"ci/gpu/out"}
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+@pytest.mark.parametrize("page", PAGES, ids=_page_id)
 def test_every_metric_the_manual_names_is_in_the_catalogue(page: Path):
     families = "|".join(sorted({m.family for m in CATALOGUE}))
     # `val/<data_source>/pass@<k>`, `actor/clip_frac`; not a path (outputs/demo/data/val.parquet)
@@ -141,7 +165,7 @@ def test_every_metric_the_manual_names_is_in_the_catalogue(page: Path):
     assert not unknown, f"{page.name} names metrics that megarl/metrics.py does not declare: {unknown}"
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+@pytest.mark.parametrize("page", PAGES, ids=_page_id)
 def test_every_repository_file_and_function_the_manual_names_exists(page: Path):
     """`megarl/x.py`, `tests/e2e/test_y.py` exist; `Name.attr` in `megarl/x.py` (or
     `megarl/x.py`'s `Name`, `megarl/x.py` (`Name`), megarl/x.py:name) is defined or assigned there."""
@@ -180,7 +204,7 @@ def _resolves(dotted: str) -> bool:
     return False
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+@pytest.mark.parametrize("page", PAGES, ids=_page_id)
 def test_every_python_name_the_manual_gives_resolves(page: Path):
     """`megarl.rollout.agents.tools.Tool`, `megarl.rewards.compute_score(...)` can be imported as written."""
     names = set(re.findall(r"`(megarl(?:\.\w+)+)", page.read_text()))
@@ -254,7 +278,7 @@ def _unknown_flags(text: str) -> list[str]:
     return wrong
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+@pytest.mark.parametrize("page", PAGES, ids=_page_id)
 def test_every_flag_the_manual_shows_exists(page: Path):
     assert not (wrong := _unknown_flags(page.read_text())), f"{page.name} shows flags that do not exist: {wrong}"
 
