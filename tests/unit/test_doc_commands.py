@@ -1,5 +1,6 @@
-"""Every command block of the manual (README.md, docs/*.md: a ```bash block, or one with `$ `
-lines) says what it is, on the line before it: ``<!-- run by tests/unit/test_doc_commands.py -->``
+"""Every command block of the manual (README.md, docs/*.md: a ```bash block, one with `$ `
+lines, or a plain ``` block with a line that starts with a command such as `megarl plan`,
+`make`, `python` or `sbatch`) says what it is, on the line before it: ``<!-- run by tests/unit/test_doc_commands.py -->``
 (this test runs each of its `$ megarl ...` lines and compares the output the block shows, a
 ``...`` line standing for any lines, and the exit code: 2 where it shows an `error:`), or
 ``<!-- illustrative: why -->`` (it needs a GPU, a cluster, minutes, or files of the reader's own).
@@ -20,6 +21,10 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 RUN = "<!-- run by tests/unit/test_doc_commands.py -->"
 ILLUSTRATIVE = re.compile(r"<!-- illustrative: [^>]+ -->")
 BLOCK = re.compile(r"^( *)```(\w*)\n(.*?)^\1```", flags=re.S | re.M)
+# A line of a plain block that is a command the reader types: a program and its first argument, not a
+# message that starts with the program's name ("megarl demo: 500 steps ...", "error: ...").
+COMMAND_LINE = re.compile(r"^\s*(?:megarl|make|python3?|pip|uv|sbatch|srun|bash|sh|docker|git|ray|torchrun|cd|export"
+                          r"|\.venv/bin/\S+|launch/\S+|\./\S+) +(?!\S*: )\S", flags=re.M)  # fmt: skip
 
 
 def command_blocks(page: Path) -> list[tuple[int, str, str]]:
@@ -27,7 +32,8 @@ def command_blocks(page: Path) -> list[tuple[int, str, str]]:
     text = page.read_text()
     blocks = []
     for m in BLOCK.finditer(text):
-        if m.group(2) in ("bash", "sh", "shell", "console") or re.search(r"^\s*\$ ", m.group(3), flags=re.M):
+        shell = m.group(2) in ("bash", "sh", "shell", "console") or re.search(r"^\s*\$ ", m.group(3), flags=re.M)
+        if shell or (m.group(2) in ("", "text") and COMMAND_LINE.search(m.group(3))):
             before = text[: m.start()].rstrip().splitlines()
             blocks.append((text.count("\n", 0, m.start()) + 1, before[-1].strip() if before else "", m.group(3)))
     return blocks
