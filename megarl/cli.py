@@ -304,7 +304,8 @@ def commands_markdown(width: int = 100) -> str:
         parser = build_parser()
         out = ["# Commands", "",
                "Generated from megarl's argument parser when the site is built: each block is that command's "
-               "`--help`, exactly as the terminal prints it.", "", "## `megarl`", "", "```text",
+               f"`--help`, exactly as a {width}-column terminal prints it (argparse wraps the text to the terminal's width).",
+               "", "## `megarl`", "", "```text",
                parser.format_help().rstrip(), "```", ""]  # fmt: skip
         out += _subcommands_markdown(parser, level=2)
     finally:

@@ -297,3 +297,4 @@ def test_commands_page_shows_every_help_as_it_is(monkeypatch):
     helps += [c.format_help() for a in parser._actions if isinstance(a, argparse._SubParsersAction) for c in a.choices.values()]
     assert all(f"```text\n{h.rstrip()}\n```" in page for h in helps) and len(helps) == 13
     assert "## `megarl convert hf-to-megatron`" in page and "## `megarl data gsm8k`" in page
+    assert "exactly as a 100-column terminal prints it" in page  # argparse wraps to the terminal's width
