@@ -11,6 +11,7 @@ from megarl.config.sections import MegaRLConfig
 from megarl.plan.async_checks import async_summary
 from megarl.plan.gpu_memory import GIB, RuntimeMemory
 from megarl.plan.host_memory import host_memory_text
+from megarl.plan.issues import counted
 from megarl.plan.lora_checks import lora_summary
 from megarl.plan.planner import Plan
 from megarl.plan.reward_checks import reward_roles
@@ -25,7 +26,7 @@ def print_plan(cfg: MegaRLConfig, plan: Plan, console: Console | None = None) ->
     console.print(
         f"[bold]model[/] {a.name} ({a.model_type}, {_count(a.num_params)} params, {a.num_layers} layers, "
         f"{a.num_heads} heads / {a.num_kv_heads} kv, vocab {a.vocab_size})"
-        + (f"; its {a.num_mtp_layers} multi-token-prediction layer(s) not counted, not trained" if a.num_mtp_layers else "")
+        + (f"; its {counted(a.num_mtp_layers, 'multi-token-prediction layer')} not counted, not trained" if a.num_mtp_layers else "")
     )
     layouts = ", ".join(
         f"{r.role}: tp{r.tp} pp{r.pp} dp{r.dp}{_model_flags(cfg, plan, r.role)}"
@@ -33,7 +34,7 @@ def print_plan(cfg: MegaRLConfig, plan: Plan, console: Console | None = None) ->
         else ("rollout: 1 torch engine process of its own" if cfg.asynchronous and cfg.rollout.engine == "torch"
               else f"rollout: {r.dp} x {cfg.rollout.engine} engine tp{r.tp}")
         for r in plan.roles.values()
-    ) + (f", reward model: {plan.reward_model.dp} actor(s) "
+    ) + (f", reward model: {counted(plan.reward_model.dp, 'actor')} "
          f"{'on the training devices' if colocated_reward_model(cfg) else 'of its own'}" if plan.reward_model else "") + (
         f", LLM judge: {plan.judge.dp} x sglang server tp{plan.judge.tp} of its own" if plan.judge else "")
     console.print(f"[bold]placement[/] {plan.placement} on {cfg.cluster.nnodes} x {cfg.cluster.gpus_per_node} {plan.device}; {layouts}")

@@ -99,9 +99,9 @@ def reward_roles(cfg: MegaRLConfig, samples_per_step: int, training: RoleLayout 
     if r.model is not None and layout is not None:
         mem = reward_model_memory(cfg)
         unit, units = ("GPU", "GPUs") if cfg.cluster.device == "cuda" else ("process", "processes")
-        where = (f"{layout.dp} Ray actor(s) on the training {units}, one per {unit} beside its policy rank, on the {unit} in "
+        where = (f"{counted(layout.dp, 'Ray actor')} on the training {units}, one per {unit} beside its policy rank, on the {unit} in "
                  "phase reward only (offloaded to host memory otherwise)" if r.model.placement == "colocated" else
-                 f"{layout.dp} Ray actor(s) of its own, one per {unit}, on {counted(layout.dp, unit, units)} kept out of the training and "
+                 f"{counted(layout.dp, 'Ray actor')} of its own, one per {unit}, on {counted(layout.dp, unit, units)} kept out of the training and "
                  "rollout pools (a placement group bundle each)")  # fmt: skip
         roles.append({"role": "reward model", "where": where, "per": f"per {unit}",
                       "memory_gib": mem.total / 2**30 if mem else None,
@@ -114,8 +114,9 @@ def reward_roles(cfg: MegaRLConfig, samples_per_step: int, training: RoleLayout 
     judge = judge_layout(cfg)
     if r.judge is not None and judge is not None:
         held = judge_memory(cfg)
-        roles.append({"role": "LLM judge", "where": f"{judge.dp} SGLang server(s) of its own, tp {judge.tp}, on {len(judge.gpus)} "
-                      "GPUs kept out of the other pools (a placement group each), its log judge_sglang<k>.log",
+        roles.append({"role": "LLM judge", "where": f"{counted(judge.dp, 'SGLang server')} of its own, tp {judge.tp}, on "
+                      f"{counted(len(judge.gpus), 'GPU')} kept out of the other pools (a placement group each), its log "
+                      "judge_sglang<k>.log",
                       "per": "per GPU", "memory_gib": held.total / 2**30 if held else None,
                       "what": "mem_fraction of the GPU for weights + KV cache, + SGLang's own outside it"})  # fmt: skip
     elif r.judge is not None:

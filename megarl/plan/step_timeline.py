@@ -67,7 +67,7 @@ def reward_workers(cfg: MegaRLConfig) -> list[str]:
                  "colocated": f"one actor on each training {unit}, loaded onto it for this phase only"}[r.model.placement]  # fmt: skip
         out.append(f"reward model {where}")
     if r.judge is not None and judge_on_devices(cfg):
-        out.append(f"LLM judge in {r.judge.gpus // r.judge.tp} SGLang server(s) on {counted(r.judge.gpus, 'GPU')} of its own")
+        out.append(f"LLM judge in {counted(r.judge.gpus // r.judge.tp, 'SGLang server')} on {counted(r.judge.gpus, 'GPU')} of its own")
     elif r.judge is not None:
         out.append(f"LLM judge in its {r.judge.engine} engine")
     return out
@@ -79,9 +79,9 @@ def held_throughout(cfg: MegaRLConfig) -> list[str]:
     unit, units = ("GPU", "GPUs") if cfg.cluster.device == "cuda" else ("process", "processes")
     held = []
     if reward_model_gpus(cfg):
-        held.append(f"the reward model holds its {r.model.gpus} {unit}(s) in every phase and works in reward only")  # type: ignore[union-attr]
+        held.append(f"the reward model holds its {counted(r.model.gpus, unit, units)} in every phase and works in reward only")  # type: ignore[union-attr]
     if r.judge is not None and judge_on_devices(cfg):
-        held.append(f"the LLM judge holds its {r.judge.gpus} GPU(s) in every phase and works in reward only")
+        held.append(f"the LLM judge holds its {counted(r.judge.gpus, 'GPU')} in every phase and works in reward only")
     elif r.judge is not None:
         held.append(f"the LLM judge's {r.judge.engine} engine keeps its weights in host memory in every phase and works in reward only")
     return held

@@ -275,7 +275,7 @@ def test_deepseek_v3_config_prints_its_experts_and_mla_memory():
     assert "experts rollout: each of the 32 engines splits every expert over its tp 8 (256 of its 2048" in out
     assert "weights 156.2 + KV cache" in out and "ok: the plan fits" in out
     assert "model deepseek-v3 (deepseek_v3, 671.03B params, 61 layers, 128 heads / 128 kv, vocab 129280); its 1 " \
-        "multi-token-prediction layer(s) not counted, not trained" in out
+        "multi-token-prediction layer not counted, not trained" in out
     p = plan(DSV3)
     # the rollout's KV per token is MLA's latent: 61 x 576 x 2 bytes, on every GPU of an engine
     assert p.memory.rollout.kv_bytes_per_token == 70_272

@@ -87,7 +87,7 @@ def test_the_reward_model_role_takes_the_last_gpus_and_its_memory_is_planned(tmp
     console = Console(record=True, width=300)
     print_plan(cfg, plan, console)
     text = console.export_text()
-    assert "reward model: 4 actor(s) of its own" in text
+    assert "reward model: 4 actors of its own" in text
     assert f"step timeline {timeline_text(cfg)}" in " ".join(text.split())  # (the console wraps it)
     assert [f"reward_model actor {i} (a placement group of its own)" in text for i in range(4)] == [True] * 4
     assert f"reward model memory/GPU weights 13.2 (bfloat16) + activations {mem.activations / 2**30:.1f}" in text
@@ -134,7 +134,7 @@ def test_an_in_process_run_refuses_the_role_and_a_cpu_plan_counts_processes(tmp_
     plan = make_plan(_cfg(f"reward.model.path={rm}", *ROLE, "actor.mini_batch_size=256"))
     assert plan.roles["policy"].gpus == (0,) and plan.reward_model.gpus == (1,)
     (role,) = reward_roles(_cfg(f"reward.model.path={rm}", *ROLE), 256)
-    assert role["where"] == ("1 Ray actor(s) of its own, one per process, on 1 process kept out of the training and "
+    assert role["where"] == ("1 Ray actor of its own, one per process, on 1 process kept out of the training and "
                              "rollout pools (a placement group bundle each)") and role["per"] == "per process"
 def _judge(path: Path, *extra: str) -> list[str]:
     """reward.judge on SGLang with a 7B causal LM's config.json (the plan reads nothing else of it)."""
@@ -166,8 +166,10 @@ def test_an_sglang_judge_on_cuda_takes_the_last_gpus_and_its_memory_is_planned(t
     for k, gpu in enumerate((4, 5, 6, 7)):
         assert f"{gpu} │ judge server {k // 2} tp{k % 2} (SGLang, a placement group of its own) │ {mem.total / GIB:.1f}" in text
     assert f"judge memory/GPU {budget / GIB:.1f} GiB (reward.judge.mem_fraction 0.8 of the 78.5 GiB free at launch)" in text
-    assert timeline_text(cfg).endswith("the LLM judge holds its 4 GPU(s) in every phase and works in reward only")
-    assert "LLM judge in 2 SGLang server(s) on 4 GPUs of its own" in timeline_text(cfg)
+    assert timeline_text(cfg).endswith("the LLM judge holds its 4 GPUs in every phase and works in reward only")
+    assert "LLM judge in 2 SGLang servers on 4 GPUs of its own" in timeline_text(cfg)
+    (role,) = reward_roles(cfg, cfg.samples_per_step)
+    assert role["where"].startswith("2 SGLang servers of its own, tp 2, on 4 GPUs kept out of the other pools")
     # with a reward model's role too: its devices first, then the judge's
     both = make_plan(load_config(PPO7, [*_judge(tmp_path / "judge", "reward.judge.gpus=2"), f"reward.model.path={_rm_config(tmp_path / 'rm')}",
                                         *ROLE, "reward.model.gpus=2", "reward.combine={gsm8k: {model: 1.0, judge: 1.0}}"]))  # fmt: skip
@@ -274,7 +276,7 @@ def test_the_plan_shows_where_the_reward_roles_act_in_the_step(tmp_path):
                                       "LLM judge in its torch engine")  # fmt: skip
     text = timeline_text(cfg)
     assert text.startswith("generate (SGLang engines on the training GPUs) -> reward (rule rewards")
-    assert text.endswith("the reward model holds its 4 GPU(s) in every phase and works in reward only; the LLM judge's "
+    assert text.endswith("the reward model holds its 4 GPUs in every phase and works in reward only; the LLM judge's "
                          "torch engine keeps its weights in host memory in every phase and works in reward only")  # fmt: skip
     one = dict(step_phases(_cfg(f"reward.model.path={rm}", *ROLE)))["reward"]  # one process on cpu: singular
     assert "reward model 1 actor on 1 process of its own" in one
@@ -307,7 +309,7 @@ def test_a_colocated_reward_model_is_on_every_training_gpu_and_counted_in_its_ph
     assert mem.residency["reward"]["reward_model/weights"] == rm_mem.weights
     assert mem.host.offloaded["reward_model"] == pytest.approx(8 * rm_mem.weights)  # one host copy per actor on the node
     text = " ".join(_printed_plan(cfg, plan).split())
-    assert "reward model: 8 actor(s) on the training devices" in text
+    assert "reward model: 8 actors on the training devices" in text
     assert text.count("(on the device in phase reward only)") == 8
     assert "reward (reward model one actor on each training GPU, loaded onto it for this phase only) -> policy_forward" in text
     assert f"reward {mem.phases['reward'] / GIB:.1f}, policy_forward" in text
