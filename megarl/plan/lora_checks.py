@@ -162,8 +162,16 @@ def lora_summary(cfg: MegaRLConfig, arch: ArchSpec) -> str | None:
         else f"model.layer_spec {cfg.model.layer_spec}"
     )
     return (f"[bold]LoRA[/] rank {lora.rank}, alpha {lora.alpha:g} (scale {lora.scale:g}), modules {', '.join(lora.modules)}{moe}; "
-            f"trainable {_count(trainable)} params ({100 * trainable / arch.num_params:.2g}% of the model's "
-            f"{_count(arch.num_params)}), base frozen; {reference}; {push}; {spec}")  # fmt: skip
+            f"trainable {_count(trainable)} params ({_share(trainable, arch.num_params)}), base frozen; {reference}; "
+            f"{push}; {spec}")  # fmt: skip
+
+
+def _share(trainable: float, model: float) -> str:
+    """``0.58% of the model's 72.7B``; a wide adapter on a tiny model can outgrow it (201%)."""
+    percent = 100 * trainable / model
+    share = f"{percent:.2g}%" if percent < 10 else f"{percent:.0f}%"
+    larger = ": the adapters are larger than the model" if percent > 100 else ""
+    return f"{share} of the model's {_count(model)}{larger}"
 
 
 def _count(n: float) -> str:

@@ -31,6 +31,7 @@ TINY = CONFIGS / "tiny_grpo.yaml"
 MOE30 = CONFIGS / "qwen3_30b_a3b_grpo.yaml"
 DSV3 = CONFIGS / "deepseek_v3_grpo.yaml"
 TINY_DSV3 = CONFIGS / "tiny_dsv3_grpo.yaml"
+TINY_MOE = CONFIGS / "tiny_moe_grpo.yaml"
 ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 ATTENTION = ALL[:4]
 
@@ -282,6 +283,12 @@ def test_the_report_says_lora_is_on():
         "down_proj; trainable 421M params (0.58% of the model's 72.7B), base frozen; no reference model"
     )
     assert "push adapter: the adapters only, 0.842 GB" in line and "model.layer_spec local" in line
+    # rank 64 on every module of the tiny MoE model: the adapters outgrow it (the line said "2e+02%")
+    tiny = load_config(TINY_MOE, ["actor.lora.rank=64"])
+    console = Console(record=True, width=500)
+    print_plan(tiny, make_plan(tiny), console)
+    line = next(x for x in console.export_text().splitlines() if x.startswith("LoRA "))
+    assert "trainable 254K params (202% of the model's 126K: the adapters are larger than the model), base frozen" in line
     moe = load_config(MOE30, ["actor.lora={rank: 8}"])
     console = Console(record=True, width=500)
     print_plan(moe, make_plan(moe), console)
