@@ -15,7 +15,8 @@ def check_asynchronous(cfg: MegaRLConfig, issues: list[Issue], *, in_process: bo
             issues.append(Issue("rollout.partial", f"({str(r.partial).lower()}) applies to asynchronous runs only; set "
                                 "rollout.max_staleness >= 1 or leave it out", level="warning"))  # fmt: skip
         return
-    k = f"({r.max_staleness})"
+    k = f"({r.max_staleness})"  # after the key of an issue about rollout.max_staleness itself
+    staleness = f"rollout.max_staleness={r.max_staleness}"  # in an issue about another key
     if cfg.cluster.device == "cuda" and cfg.cluster.placement == "colocated":
         issues.append(Issue("rollout.max_staleness", f"{k} generates while the policy trains, so the engines need GPUs "
                             "of their own: set cluster.placement=disaggregated and cluster.rollout_gpus"))  # fmt: skip
@@ -28,12 +29,12 @@ def check_asynchronous(cfg: MegaRLConfig, issues: list[Issue], *, in_process: bo
         issues.append(Issue("rollout.max_staleness", f"{k} runs the engine as a process of its own, which --in-process "
                             "does not start; launch without --in-process or set rollout.max_staleness=0"))  # fmt: skip
     if cfg.actor.moe.routing_replay != "none":
-        issues.append(Issue("actor.moe.routing_replay", f"({cfg.actor.moe.routing_replay}) is not supported with "
-                            f"asynchronous training yet {k} (a retracted or concurrent request's routing is not recorded "
-                            "whole); set actor.moe.routing_replay=none or rollout.max_staleness=0"))  # fmt: skip
+        issues.append(Issue("actor.moe.routing_replay", f"({cfg.actor.moe.routing_replay}) is not supported yet with "
+                            f"asynchronous training ({staleness}): a retracted or concurrent request's routing is not "
+                            "recorded whole; set actor.moe.routing_replay=none or rollout.max_staleness=0"))  # fmt: skip
     if cfg.algorithm.estimator == "remax":
         issues.append(Issue("algorithm.estimator", f"(remax) scores each prompt's greedy response under the current "
-                            f"weights, which an asynchronous sample {k} was not generated with; use grpo, or "
+                            f"weights, which an asynchronous sample ({staleness}) was not generated with; use grpo, or "
                             "rollout.max_staleness=0"))  # fmt: skip
     if r.engine == "torch" and r.weight_sync.transport not in ("auto", "disk"):
         issues.append(Issue("rollout.weight_sync.transport", f"({r.weight_sync.transport}) cannot reach an engine process "

@@ -14,6 +14,7 @@ CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 TINY = CONFIGS / "tiny_grpo.yaml"
 PPO7 = CONFIGS / "qwen2.5_7b_ppo.yaml"
 GRPO72 = CONFIGS / "qwen72b_grpo.yaml"
+TINY_MOE = CONFIGS / "tiny_moe_grpo.yaml"
 # The demo's placement of SGLang on CPU: one server in a pool of its own beside the 2 policy ranks.
 SGLANG_CPU = ("rollout.engine=sglang", "cluster.placement=disaggregated", "cluster.gpus_per_node=3", "cluster.rollout_gpus=1")
 # SGLang on GPUs of their own: 8 policy GPUs, 8 rollout GPUs (4 servers of TP 2).
@@ -64,6 +65,15 @@ def test_sglang_pushes_that_wait_for_the_requests_in_flight_are_refused():
     assert "rollout.partial: (false) is not supported with asynchronous SGLang engines" in err
     assert "set rollout.partial=true or leave it out" in err
     make_plan(load_config(TINY, ["rollout.max_staleness=1", "rollout.partial=false"]))  # the torch engine waits
+
+
+def test_what_asynchronous_training_cannot_do_yet_names_the_staleness_key():
+    # an issue about another key named the staleness as a bare value: "... with asynchronous training yet (1)"
+    err = refused(TINY_MOE, "rollout.max_staleness=1", "actor.moe.routing_replay=experts")
+    assert ("actor.moe.routing_replay: (experts) is not supported yet with asynchronous training (rollout.max_staleness=1): "
+            "a retracted or concurrent request's routing is not recorded whole") in err  # fmt: skip
+    err = refused(TINY, "rollout.max_staleness=2", "algorithm.estimator=remax")
+    assert "which an asynchronous sample (rollout.max_staleness=2) was not generated with; use grpo" in err
 
 
 def test_sglang_engines_take_their_own_transports_asynchronously():
