@@ -53,6 +53,7 @@ from dataclasses import dataclass
 from megarl.config.architectures import ArchSpec
 from megarl.config.sections import MegaRLConfig
 from megarl.plan.gpu_memory import DTYPE_BYTES, lora_stage_params
+from megarl.plan.issues import counted
 from megarl.plan.role_layout import RoleLayout
 from megarl.weight_sync.transport_base import (
     TRANSPORT_COLLECT,  # the run's transports follow it too
@@ -126,9 +127,9 @@ def adapter_sends(total: float, rollout: RoleLayout, writer_gpu: int, gpus_per_n
     parts = []
     if local:
         parts += [("PEFT directory written by policy rank 0", total, "host"),
-                  (f"read by the {local} server(s) on its node", local * total, "host")]  # fmt: skip
+                  (f"read by the {counted(local, 'server')} on its node", local * total, "host")]  # fmt: skip
     if remote:
-        parts.append((f"requests to the {remote} server(s) on other nodes (base64, a copy per engine TP rank: "
+        parts.append((f"requests to the {counted(remote, 'server')} on other nodes (base64, a copy per engine TP rank: "
                       f"rollout.tp {rollout.tp})", remote * total * BASE64 * rollout.tp, "network"))  # fmt: skip
     return parts
 

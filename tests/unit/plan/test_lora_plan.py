@@ -208,9 +208,9 @@ def test_an_adapter_push_counts_the_directory_and_each_remote_servers_request(ov
     expected = [("TP gather", 2 * 80 * lora_layer_params(arch, 32, ALL)[1] * 7 / 8, "nvlink")]
     if local:
         expected += [("PEFT directory written by policy rank 0", adapters, "host"),
-                     (f"read by the {local} server(s) on its node", local * adapters, "host")]  # fmt: skip
+                     (f"read by the {local} server{'s' * (local > 1)} on its node", local * adapters, "host")]  # fmt: skip
     if remote:
-        expected.append((f"requests to the {remote} server(s) on other nodes", remote * adapters * 4 / 3 * 8, "network"))
+        expected.append((f"requests to the {remote} server{'s' * (remote > 1)} on other nodes", remote * adapters * 4 / 3 * 8, "network"))
     assert [(name.split(" (")[0], link) for name, _, link in push.parts] == [(name, link) for name, _, link in expected]
     assert [b for _, b, _ in push.parts] == pytest.approx([b for _, b, _ in expected])
     cl = cfg.cluster
