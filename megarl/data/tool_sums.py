@@ -23,10 +23,11 @@ from typing import Any
 import numpy as np
 
 from megarl.data.datasets import DataError, write_prompt_file
+from megarl.rewards.tool_sum import CALL_CLOSE, CALL_OPEN
 
 TOOL_SUM = "tool_sum"  # the data_source, and the name of its scorer (megarl/rewards/tool_sum.py)
 TOOL_SUM_VOCAB = "0123456789+"  # the tiny model's task_vocab for this task
-CALL_MARKERS = ("<tool_call>", "</tool_call>")  # added to the vocabulary as single tokens
+CALL_MARKERS = (CALL_OPEN, CALL_CLOSE)  # added to the vocabulary as single tokens
 
 
 def tool_sum_rows(*, size: int = 2000, val_size: int = 200, seed: int = 0) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -56,10 +57,9 @@ def _rows(pairs: list[tuple[int, int]], split: str) -> list[dict[str, Any]]:
 def correct_trajectory(row: dict[str, Any]) -> list[dict[str, str]]:
     """The conversation a correct rollout of ``row`` renders: prompt, call, tool answer, answer."""
     expression, answer = row["prompt"][0]["content"], row["reward_model"]["ground_truth"]
-    opening, closing = CALL_MARKERS
     return [
         *row["prompt"],
-        {"role": "assistant", "content": f"{opening}{expression}{closing}"},
+        {"role": "assistant", "content": f"{CALL_OPEN}{expression}{CALL_CLOSE}"},
         {"role": "tool", "content": answer},
         {"role": "assistant", "content": answer},
     ]

@@ -2,10 +2,12 @@
 launch (megarl/plan/preflight.py calls it once model.path's tokenizer loads):
 
 - the tool calls the agent loop's parser reads (rollout.agent.tool_parser ``hermes``:
-  ``<tool_call>{json}</tool_call>``), when rollout.agent.tools_file offers tools;
+  ``<tool_call>{json}</tool_call>``, or the tool-use demo's compact parser: ``<tool_call>12+34</tool_call>``),
+  when rollout.agent.tools_file offers tools;
 - per data file, the answer its first row's built-in scorer reads (``#### 42`` for gsm8k,
-  ``\\boxed{42}`` for math, ...: megarl/rewards/registry.py, model_answer), made from the row's
-  ground truth (a data source of reward.combine is left to its components' checks).
+  ``\\boxed{42}`` for math, the whole trajectory of call and answer for tool_sum, ...:
+  megarl/rewards/registry.py, model_answer), made from the row's ground truth and extra_info (a
+  data source of reward.combine is left to its components' checks).
 
 Each is encoded and decoded by the tokenizer, as a response the model samples is: a text that
 does not come back as it must (the parser finds no call, the scorer scores less) is text the
@@ -26,8 +28,12 @@ ROWS_TRIED = 20  # rows of a file tried for one whose right answer its scorer ta
 
 
 def round_trip(tokenizer: Any, text: str) -> str:
-    """``text`` as the model would write it: its token ids, decoded (as responses are)."""
-    return tokenizer.decode(tokenizer.encode(text, add_special_tokens=False), skip_special_tokens=True)
+    """``text`` as the model would write it: its token ids, decoded as responses are, special
+    tokens kept (a trajectory's turn markers are what the tool_sum scorer reads). Unknown
+    characters are dropped, so the finding shows what is left of the text rather than ``<unk>``s."""
+    unknown = getattr(tokenizer, "unk_token_id", None)
+    ids = [i for i in tokenizer.encode(text, add_special_tokens=False) if unknown is None or i != unknown]
+    return tokenizer.decode(ids, skip_special_tokens=False)
 
 
 def check_tool_calls(cfg: MegaRLConfig, tokenizer: Callable[[], Any], findings: list[Finding]) -> None:
@@ -66,7 +72,7 @@ def check_answers(cfg: MegaRLConfig, files: list[tuple[str, list[Any]]], tokeniz
                 name = registry.resolve(record.data_source, r.functions)
             except ValueError:
                 continue  # the scorer check's finding
-            answer = registry.model_answer(name, record.ground_truth)
+            answer = registry.model_answer(name, record.ground_truth, record.extra_info)
             if answer is None:
                 continue
             full = _score(registry, name, record, answer)

@@ -112,23 +112,24 @@ def can_match(name: str, ground_truth: Any) -> bool:
 
 
 # A right response in the format each built-in scorer reads, from the answer text (the pre-launch
-# check that the model's tokenizer can write it: megarl/plan/token_checks.py); code has none.
-_MODEL_ANSWERS: dict[str, Callable[[str], str]] = {
-    "gsm8k": lambda truth: f"#### {truth}",
-    "gsm8k_flexible": lambda truth: f"The answer is {truth}",
-    "math": lambda truth: f"\\boxed{{{truth}}}",
-    "reverse_digits": lambda truth: truth,
-    "tool_sum": lambda truth: truth,
-    "qa_em": lambda truth: f"<answer>{truth}</answer>",
+# check that the model's tokenizer can write it: megarl/plan/token_checks.py), from the answer
+# text and the row's extra_info (tool_sum's trajectory holds the call of the row's sum); code has none.
+_MODEL_ANSWERS: dict[str, Callable[[str, dict | None], str | None]] = {
+    "gsm8k": lambda truth, _: f"#### {truth}",
+    "gsm8k_flexible": lambda truth, _: f"The answer is {truth}",
+    "math": lambda truth, _: f"\\boxed{{{truth}}}",
+    "reverse_digits": lambda truth, _: truth,
+    "tool_sum": tool_sum.model_answer,
+    "qa_em": lambda truth, _: f"<answer>{truth}</answer>",
 }
 
 
-def model_answer(name: str, ground_truth: Any) -> str | None:
-    """A response the built-in scorer ``name`` should score full on ``ground_truth`` (None for
-    code, or a ground truth with no answer text): the format the scorer reads, around the answer."""
+def model_answer(name: str, ground_truth: Any, extra_info: dict | None = None) -> str | None:
+    """A response the built-in scorer ``name`` should score full on ``ground_truth`` and the row's
+    ``extra_info`` (None for code, or a row with no answer text): the format the scorer reads."""
     make = _MODEL_ANSWERS.get(name)
     truth = answer_text(ground_truth)
-    return make(truth) if make is not None and isinstance(truth, str) and truth.strip() else None
+    return make(truth, extra_info) if make is not None and isinstance(truth, str) and truth.strip() else None
 
 
 def score(name: str, data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None,

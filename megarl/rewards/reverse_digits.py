@@ -21,7 +21,12 @@ def compute_score(data_source, solution_str: str, ground_truth: str, extra_info=
     truth = str(ground_truth)
     if not truth.isdigit():
         raise ValueError(f"reverse_digits ground_truth must be a string of digits, got {truth!r}")
+    return position_credit(solution_str, truth)
+
+
+def position_credit(text: str, truth: str) -> float:
+    """1/(n+1) per position where ``text`` matches ``truth``, plus 1/(n+1) for the same length
+    (n = len(truth)); the tool-use demo's scorer grades its call and answer with it too."""
     n = len(truth)
-    correct = sum(1 for i in range(min(n, len(solution_str))) if solution_str[i] == truth[i])
-    stopped = len(solution_str) == n
-    return (correct + stopped) / (n + 1)
+    correct = sum(1 for i in range(min(n, len(text))) if text[i] == truth[i])
+    return (correct + (len(text) == n)) / (n + 1)

@@ -187,9 +187,10 @@ class ToolAgent(AgentLoop):
         interaction = self._interaction()
         reason = yield from self._turns(interaction)
         # Only a conversation that ended is finalized: one abandoned (the rollout failed elsewhere,
-        # or the run stops) is closed with no user code in the way. A hung finalize_interaction
-        # there held every closed loop up to its deadline, and its errors, raised while Python
-        # closed generators, came out as "Exception ignored" tracebacks with Ctrl-C swallowed.
+        # or the run stops) is closed with no user code in the way, because a finalize_interaction
+        # that hangs there would hold every closed loop up to its deadline, and its errors, raised
+        # while Python closes generators, would come out as "Exception ignored" tracebacks that
+        # swallow Ctrl-C.
         if interaction is not None:
             interaction.finish()
         return reason

@@ -7,7 +7,9 @@ from pathlib import Path
 
 from megarl.cli import main
 from megarl.config.loading import load_config
+from megarl.data.datasets import check_prompt_file, file_label
 from megarl.data.tasks import TASK_VOCAB
+from megarl.data.tool_sums import CALL_MARKERS, TOOL_SUM_VOCAB, write_tool_sums
 from megarl.models.tiny import build_tokenizer
 from megarl.plan.issues import Finding
 from megarl.plan.preflight import preflight
@@ -54,3 +56,26 @@ def test_a_tokenizer_that_writes_them_passes_and_the_demo_task_does_too():
     reverse = type("Record", (), {"row": 3, "data_source": "reverse_digits", "ground_truth": "321", "extra_info": None})()
     check_answers(cfg, [("f", [reverse])], lambda: digits, found)
     assert found == []
+
+
+def tool_demo_checks(tmp_path: Path, tokenizer) -> list[Finding]:
+    """The pre-launch checks of configs/tiny_tool_agent.yaml on its data, read as the plan reads it."""
+    train, _ = write_tool_sums(tmp_path / "data", size=40, val_size=4)
+    cfg = load_config(ROOT / "configs" / "tiny_tool_agent.yaml", [f"rollout.agent.tools_file={ROOT / 'configs' / 'tools' / 'calculator.yaml'}"])
+    label = file_label("data.train_files[0]", train)
+    found: list[Finding] = []
+    check_tool_calls(cfg, lambda: tokenizer, found)
+    check_answers(cfg, [(label, check_prompt_file(train, label=label))], lambda: tokenizer, found)
+    return found
+
+
+def test_the_tool_demo_passes_on_its_tokenizer_and_is_refused_on_one_without_the_markers_or_plus(tmp_path):
+    assert tool_demo_checks(tmp_path / "ok", build_tokenizer(TOOL_SUM_VOCAB, markers=CALL_MARKERS)) == []
+    found = {f.field: f.message for f in tool_demo_checks(tmp_path / "digits", build_tokenizer(TASK_VOCAB))}
+    call = found.pop("rollout.agent.tools_file")
+    assert "(megarl.rollout.agents.compact_calls:calculator_calls) reads, '<tool_call>12+34</tool_call>'" in call
+    assert "as '1234': the model cannot write a tool call" in call
+    ((where, answer),) = found.items()
+    assert where == "data.train_files[0] (train.parquet)" and "\n" not in answer
+    assert "a right answer in the format the 'tool_sum' scorer reads, '<tool_call>" in answer
+    assert "and scores 0, not 1: the model cannot write it" in answer
