@@ -4,8 +4,8 @@ process that dies with the one that started it.
 megatron-core (``dist_checkpointing/strategies/filesystem_async.py``, 0.16 to 0.19) makes that
 queue at the first save from a spawn-context ``multiprocessing.Manager()``: a server process
 that only a clean exit of its starter shuts down. After a ``kill -9`` of the driver (an
-``--in-process`` run saves there) it was left running, re-parented to pid 1, and so was
-multiprocessing's resource tracker, whose pipe the server still held. The same queue from a
+``--in-process`` run saves there) it would stay, re-parented to pid 1, and so would
+multiprocessing's resource tracker, whose pipe the server holds. The same queue from a
 manager whose server has PR_SET_PDEATHSIG dies with its starter, and the resource tracker then
 reads the end of its pipe and exits. The writers the save forks (fork context, from the main
 thread) die with their starter as well (megarl/checkpoint/dist_save.py runs the save under
