@@ -47,8 +47,8 @@ def test_a_killed_saver_leaves_no_manager_and_no_resource_tracker():
 # An --in-process driver at a save: the reward pool up (forkserver, a worker, the resource
 # tracker), megarl's results queue, and a writer forked from the main thread as megatron-core's
 # save forks its writers (filesystem_async.write_preloaded_data_multiproc, fork context), caught
-# while it runs. Such a writer outlived a kill -9 of the driver and held the pipes that tell the
-# others the driver is gone: all of them stayed.
+# while it runs. Without the parent-death signal such a writer would outlive a kill -9 of the driver
+# and hold the pipes that tell the others the driver is gone: all of them would stay.
 IN_PROCESS_DRIVER = """
 import multiprocessing, time
 from megarl.checkpoint import results_queue as rq
