@@ -290,10 +290,6 @@ def _quiet_broken_pipe() -> int:
     return EXIT_BROKEN_PIPE
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def commands_markdown(width: int = 100) -> str:
     """The commands page of the documentation site: `megarl --help` and every (sub)command's
     --help as argparse prints them at ``width`` columns, built in this process (no subprocess;
@@ -324,3 +320,7 @@ def _subcommands_markdown(parser: argparse.ArgumentParser, level: int) -> list[s
                 out += [f"{'#' * level} `{command.prog}`", "", "```text", command.format_help().rstrip(), "```", ""]
                 out += _subcommands_markdown(command, min(level + 1, 6))
     return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -144,24 +144,28 @@ def supervise(command: Sequence[str], *, ray: bool = True, kept: str | None = No
 def _watch(child: subprocess.Popen[bytes], fd: int, *, ray: bool = True) -> tuple[int, bytes, bool, dict[str, Any] | None]:
     """Wait for the driver, watching the raylet it reported (a local pid), or, with ``ray``, the
     one found among its children before it could report (Ray starts an embedded raylet as the
-    driver's child): its exit code, what it wrote, whether the raylet was seen dead while the
+    driver's child; its children are looked at only until the driver's ``ray`` report, which
+    names no pid for a cluster's raylet, attached to with ``--address``): its exit code, what it wrote, whether the raylet was seen dead while the
     driver still lived, and the raylet found so. The order is the cause: an embedded raylet dies
     with its driver (Ray's fate sharing), so a raylet found dead after the driver says nothing,
     and Ray ends a driver only after its raylet is gone."""
     data = b""
     raylet_pid: int | None = None
     found: dict[str, Any] | None = None
+    node: dict[str, Any] | None = None
     while True:
         try:
             return child.wait(timeout=WATCH_INTERVAL_S), data, False, found
         except subprocess.TimeoutExpired:
             pass
-        data += _drain(fd)
-        if raylet_pid is None:
-            raylet_pid = _parse_reports(data).get("ray", {}).get("raylet_pid")
-        if raylet_pid is None and ray and found is None:
-            found = raylet_child(child.pid)
-            raylet_pid = found["raylet_pid"] if found else None
+        chunk = _drain(fd)
+        data += chunk
+        if raylet_pid is None and node is None:  # still looking: a cluster's raylet (--address) is not the driver's child
+            node = _parse_reports(data).get("ray") if chunk else None
+            raylet_pid = node.get("raylet_pid") if node else None
+            if node is None and ray:  # until the driver's report: Ray starts an embedded raylet as its child
+                found = raylet_child(child.pid)
+                raylet_pid = found["raylet_pid"] if found else None
         if raylet_pid is not None and not _alive(raylet_pid):
             # The driver's death first: a killed driver's raylet can be seen dead before the
             # driver is reapable (its children get their parent-death signal before it becomes a

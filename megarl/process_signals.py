@@ -77,7 +77,8 @@ def die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-_fork_hook: list[bool] = []  # registered once per process; [True] in a child forked by the main thread
+_fork_hook: list[bool] = []  # registered once per process; [True] in a child forked by the main thread in scope
+_in_scope: list[bool] = []  # [True] while forks_die_with_this_process's block runs
 _pass_stops_on: list[bool] = []  # [True]: this process is a driver (forks_pass_stops_on)
 
 
@@ -86,18 +87,35 @@ def forks_pass_stops_on() -> None:
     _pass_stops_on[:] = [True]
 
 
-def forks_die_with_this_process() -> None:
-    """From now on, a child this process forks from its main thread (``os.fork``: multiprocessing's
-    fork context, megatron-core's checkpoint writers) gets PR_SET_PDEATHSIG: it is killed with this
-    process, whatever ends it. A writer forked during a save outlived a ``kill -9`` of the driver,
-    and held the pipes that tell the reward pool's forkserver, its workers and multiprocessing's
-    resource tracker that the driver is gone, so they stayed too. Forks from other threads are
-    left alone (the signal fires when the forking thread ends, not the process). Idempotent.
+@contextmanager
+def forks_die_with_this_process() -> Iterator[None]:
+    """While the block runs (megatron-core's save), a child this process forks from its main
+    thread (``os.fork``: multiprocessing's fork context, the save's checkpoint writers) gets
+    PR_SET_PDEATHSIG: it is killed with this process, whatever ends it, and does not hold the pipes
+    that tell the reward pool's forkserver, its workers and multiprocessing's resource tracker
+    that the driver is gone. Scoped to the block because the hook is process-wide: it would also
+    reach a ``subprocess.Popen(preexec_fn=...)`` from the main thread (Python runs at-fork hooks
+    there), such as an SGLang server started to outlive the driver; inside the block such a Popen
+    is covered too. Forks from other threads are left alone (the signal fires when the forking
+    thread ends, not the process). A stop sent to a child while it is being forked, before its
+    after-fork setup ran, is lost: signal it once it has reported that it runs.
 
-    In a driver (forks_pass_stops_on), such a child passes SIGTERM and SIGHUP on to this process. It
-    carries the driver's command line, so ``pgrep -f`` finds it as well, and with the driver's
-    handler (inherited) it announced a stop and did nothing. Repeats of those two within seconds
-    count as one stop (megarl/trainer/watchdog.py), so a signal that reached both is not doubled."""
+    In a driver (forks_pass_stops_on), such a child passes SIGTERM and SIGHUP on to this process:
+    it carries the driver's command line, so ``pgrep -f`` finds it as well, and the driver's
+    handler it inherited would announce a stop in a process that cannot act on it. Repeats of
+    those two within seconds count as one stop (megarl/trainer/watchdog.py), so a signal that
+    reached both is not doubled."""
+    _register_fork_hook()
+    outer = bool(_in_scope)
+    _in_scope[:] = [True]
+    try:
+        yield
+    finally:
+        if not outer:
+            _in_scope.clear()
+
+
+def _register_fork_hook() -> None:
     import ctypes
 
     if _fork_hook:
@@ -109,11 +127,12 @@ def forks_die_with_this_process() -> None:
     _fork_hook.append(False)
 
     def before() -> None:
-        _fork_hook[0] = threading.current_thread() is threading.main_thread()
+        _fork_hook[0] = bool(_in_scope) and threading.current_thread() is threading.main_thread()
 
     def after_in_child() -> None:
         if not _fork_hook[0]:
             return
+        _fork_hook[0] = False
         parent = os.getppid()
         prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
         if parent == 1:  # the parent was gone before the call: nothing would kill this child
@@ -123,4 +142,3 @@ def forks_die_with_this_process() -> None:
                 signal.signal(signum, lambda s, frame: os.kill(parent, s))
 
     os.register_at_fork(before=before, after_in_child=after_in_child)
-

@@ -24,9 +24,11 @@ def save_dist_checkpoint(state: dict[str, Any], path: str | os.PathLike) -> None
     from megatron.core import dist_checkpointing
 
     from megarl.checkpoint.results_queue import install_results_queue
+    from megarl.process_signals import forks_die_with_this_process
 
     install_results_queue()  # megatron's own manager process would outlive a killed driver
-    dist_checkpointing.save(state, str(path))
+    with forks_die_with_this_process():  # the writers the save forks would hold the driver's pipes past its death
+        dist_checkpointing.save(state, str(path))
     try:
         release_pinned_staging()
     except Exception as err:  # noqa: BLE001 - the checkpoint is written; a kept cache only costs memory

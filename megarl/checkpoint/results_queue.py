@@ -4,13 +4,13 @@ process that dies with the one that started it.
 megatron-core (``dist_checkpointing/strategies/filesystem_async.py``, 0.16 to 0.19) makes that
 queue at the first save from a spawn-context ``multiprocessing.Manager()``: a server process
 that only a clean exit of its starter shuts down. After a ``kill -9`` of the driver (an
-``--in-process`` run saves there) it was left running, re-parented to pid 1, and so was
-multiprocessing's resource tracker, whose pipe the server still held. The same queue from a
+``--in-process`` run saves there) it would stay, re-parented to pid 1, and so would
+multiprocessing's resource tracker, whose pipe the server holds. The same queue from a
 manager whose server has PR_SET_PDEATHSIG dies with its starter, and the resource tracker then
 reads the end of its pipe and exits. The writers the save forks (fork context, from the main
-thread) die with their starter as well (process_signals.forks_die_with_this_process): one caught
-mid-save outlived the driver and kept the reward pool's forkserver, its workers and the resource
-tracker alive through the pipes it held.
+thread) die with their starter as well (megarl/checkpoint/dist_save.py runs the save under
+process_signals.forks_die_with_this_process): a writer caught mid-save would otherwise keep the
+reward pool's forkserver, its workers and the resource tracker alive through the pipes it holds.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import os
 from multiprocessing.managers import SyncManager
 from typing import Any
 
-from megarl.process_signals import die_with_parent, forks_die_with_this_process
+from megarl.process_signals import die_with_parent
 
 _manager: SyncManager | None = None  # kept for the process's life: the queue is megatron's global
 
@@ -35,7 +35,6 @@ def install_results_queue() -> None:
 
     if threading.current_thread() is not threading.main_thread():  # PDEATHSIG would fire when this thread ends
         return
-    forks_die_with_this_process()  # the writers a save forks outlived a kill -9 of the driver
     if getattr(filesystem_async, "_results_queue", False) is None:
         filesystem_async._results_queue = results_queue()
 

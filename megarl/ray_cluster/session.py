@@ -134,9 +134,16 @@ def raylet_end_problem(process: subprocess.Popen[Any], logs: str | None) -> str 
     if code is None:
         return None
     how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
-    return (f"the Ray node under the run died as Ray started: its raylet (pid {process.pid}) {how}; check this machine "
-            f"(killed processes, memory: dmesg) and the raylet's logs {os.path.join(logs or 'the Ray session', 'raylet.out')} "
-            "and raylet.err, then run the same command again")  # fmt: skip
+    return raylet_died_as_ray_started(process.pid, how, logs)
+
+
+def raylet_died_as_ray_started(pid: int, how: str, logs: str | None) -> str:
+    """The one line for an embedded raylet (``pid``) that ended (``how``) while Ray started, found
+    during ray.init or just after it; ``logs``: its session's log folder, when known."""
+    where = (f"{os.path.join(logs, 'raylet.out')} and raylet.err" if logs else
+             "in the Ray session's folder (/tmp/ray/session_latest/logs by default: raylet.out, raylet.err)")  # fmt: skip
+    return (f"the Ray node under the run died as Ray started: its raylet (pid {pid}) {how}; check this machine "
+            f"(killed processes, memory: dmesg) and the raylet's logs {where}, then run the same command again")
 
 
 def _probe(address: str) -> None:
@@ -194,9 +201,7 @@ def _dead_raylet(before: set[int]) -> str | None:
     for process in psutil.Process().children(recursive=True):
         try:
             if process.pid not in before and process.name() == "raylet" and process.status() == psutil.STATUS_ZOMBIE:
-                return (f"the Ray node under the run died as Ray started: its raylet (pid {process.pid}) ended; check "
-                        "this machine (killed processes, memory: dmesg) and the raylet's logs in the Ray session's "
-                        "folder (/tmp/ray/session_latest/logs by default: raylet.out, raylet.err), then run the same command again")
+                return raylet_died_as_ray_started(process.pid, "ended", None)  # a zombie tells no exit code
         except psutil.Error:  # gone meanwhile
             continue
     return None

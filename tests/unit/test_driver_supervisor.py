@@ -229,3 +229,27 @@ def test_a_raylet_that_dies_as_ray_starts_is_the_node_s_death_before_the_driver_
     assert code == 2
     assert len(err) == 1 and err[0].startswith("error: the Ray node under the run died: node 127.0.0.1 (id ab12cd34ef56)"), err
     assert "(its raylet died first)" in err[0] and str(session / "logs" / "raylet.out") in err[0]
+
+
+def test_an_attached_driver_s_children_are_not_searched_for_a_raylet_after_its_report(capsys, tmp_path):
+    """A driver attached to a cluster (--address) reports a raylet that is not its child (no pid,
+    an address that answers); the supervisor stops looking among its children then. A child
+    named raylet that it starts afterwards and that dies is not the node's death: the driver's
+    own silent exit is the line."""
+    with socket.socket() as cluster_raylet:
+        cluster_raylet.bind(("127.0.0.1", 0))
+        cluster_raylet.listen()
+        address = f"127.0.0.1:{cluster_raylet.getsockname()[1]}"
+        session = tmp_path / "session_2026-11-29_12-00-00_000000_1"
+        report = f"s.report(resume={RESUME!r})\ns.report(ray=dict(ip='127.0.0.1', node_id='ab12cd34ef56aa', logs={str(tmp_path)!r}, raylet={address!r}, raylet_pid=None))\n"
+        other = ("import subprocess, ctypes\ntime.sleep(1)\n"
+                 "name = 'import ctypes, time; ctypes.CDLL(None).prctl(15, b\"raylet\"); time.sleep(120)'\n"
+                 "raylet = subprocess.Popen([sys.executable, '-c', name, "
+                 f"'--raylet_socket_name={session}/sockets/raylet', '--node_id=ab12cd34ef56aa', '--node_ip_address=127.0.0.1'], "
+                 "preexec_fn=lambda: ctypes.CDLL(None).prctl(1, signal.SIGKILL))\n"
+                 "time.sleep(1.5)\nos.kill(raylet.pid, signal.SIGKILL)\ntime.sleep(2)\nos._exit(1)")  # fmt: skip
+        code = supervise(_driver(report + other))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and err[0].startswith("error: the driver process (pid "), err
+    assert "exited with code 1 without reporting an error" in err[0] and "Ray node" not in err[0]

@@ -47,12 +47,13 @@ def test_a_killed_saver_leaves_no_manager_and_no_resource_tracker():
 # An --in-process driver at a save: the reward pool up (forkserver, a worker, the resource
 # tracker), megarl's results queue, and a writer forked from the main thread as megatron-core's
 # save forks its writers (filesystem_async.write_preloaded_data_multiproc, fork context), caught
-# while it runs. Such a writer outlived a kill -9 of the driver and held the pipes that tell the
-# others the driver is gone: all of them stayed.
+# while it runs. Without the parent-death signal such a writer would outlive a kill -9 of the driver
+# and hold the pipes that tell the others the driver is gone: all of them would stay.
 IN_PROCESS_DRIVER = """
 import multiprocessing, time
 from megarl.checkpoint import results_queue as rq
 from megarl.config.sections import RewardConfig
+from megarl.process_signals import forks_die_with_this_process
 from megarl.rewards.scorer import RewardScorer
 
 def write():
@@ -61,8 +62,9 @@ def write():
 scorer = RewardScorer(RewardConfig(workers=1)).__enter__()
 assert scorer.score(["gsm8k"], ["#### 7"], ["7"]) is not None
 rq.install_results_queue()
-writer = multiprocessing.get_context("fork").Process(target=write)
-writer.start()
+with forks_die_with_this_process():  # as megarl/checkpoint/dist_save.py runs megatron's save
+    writer = multiprocessing.get_context("fork").Process(target=write)
+    writer.start()
 print(writer.pid, flush=True)
 time.sleep(300)
 """
@@ -91,22 +93,28 @@ def test_a_killed_in_process_driver_leaves_no_descendant(tmp_path):
 
 # A driver at a save, with its run's signal handling (a step in progress: a stop waits for its
 # end), and a writer forked as megatron-core forks one. The writer carries the driver's command
-# line (`pgrep -f` finds it too); it inherited the driver's handler, announced the stop and did nothing.
+# line (`pgrep -f` finds it too), so a stop may reach it alone. It says it runs before the test
+# signals it: a signal that arrives while the child is being forked, before its after-fork setup,
+# is lost.
 DRIVER_WITH_WRITER = """
 import multiprocessing, time
 from megarl.process_signals import forks_die_with_this_process, forks_pass_stops_on
 from megarl.trainer.watchdog import RunControl
 
-def write():
+def write(running):
+    running.set()
     time.sleep(300)
 
 control = RunControl()
 with control.handlers():
     control.deferred = True
     forks_pass_stops_on()  # as megarl's CLI does in a supervised driver
-    forks_die_with_this_process()
-    writer = multiprocessing.get_context("fork").Process(target=write)
-    writer.start()
+    fork = multiprocessing.get_context("fork")
+    running = fork.Event()
+    with forks_die_with_this_process():  # as megarl/checkpoint/dist_save.py runs megatron's save
+        writer = fork.Process(target=write, args=(running,))
+        writer.start()
+        assert running.wait(60)
     print(writer.pid, flush=True)
     deadline = time.monotonic() + 120
     while not control.stop_requested and time.monotonic() < deadline:

@@ -5,6 +5,7 @@ another host gets the adapters in the request, and no directory is written for i
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -49,15 +50,15 @@ class _Client:
         self.held: set[str] = set()
         self.sent: dict[str, tuple[dict, list[str]]] = {}  # name -> (config, payloads) of the tensor loads
 
-    def load_lora_adapter(self, name: str, path: Path) -> None:
-        assert path.is_dir()
+    def load_lora_adapter(self, name: str, path: Path, timeout: float | None = None) -> None:
+        assert Path(path).is_dir()
         self.held.add(name)
 
-    def load_lora_adapter_from_tensors(self, name: str, config: dict, payloads: list[str]) -> None:
+    def load_lora_adapter_from_tensors(self, name: str, config: dict, payloads: list[str], timeout: float | None = None) -> None:
         self.held.add(name)
         self.sent[name] = (config, payloads)
 
-    def unload_lora_adapter(self, name: str) -> None:
+    def unload_lora_adapter(self, name: str, timeout: float | None = None) -> None:
         self.held.discard(name)
 
 
@@ -132,3 +133,13 @@ def test_which_servers_are_on_this_host():
 
     assert on_this_host(f"http://{ray.util.get_node_ip_address()}:1")
     assert not on_this_host("http://no-such-host.invalid:1")  # unresolvable: the request, the safe side
+
+
+def test_the_stand_in_client_takes_what_megarl_s_client_takes():
+    """The stand-in servers above answer the calls megarl's SGLang client answers, with its
+    parameters (names and defaults), so a push that passes one passes the other."""
+    from megarl.rollout_sglang.client import SGLangClient
+
+    for method in ("load_lora_adapter", "load_lora_adapter_from_tensors", "unload_lora_adapter"):
+        ours, real = inspect.signature(getattr(_Client, method)), inspect.signature(getattr(SGLangClient, method))
+        assert [(p.name, p.default) for p in ours.parameters.values()] == [(p.name, p.default) for p in real.parameters.values()], method
