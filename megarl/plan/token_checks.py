@@ -38,7 +38,7 @@ def round_trip(tokenizer: Any, text: str) -> str:
 
 def check_tool_calls(cfg: MegaRLConfig, tokenizer: Callable[[], Any], findings: list[Finding]) -> None:
     """A call of the first offered tool, in the parser's format, survives the round trip."""
-    from megarl.rollout.agents.tool_calls import sample_call
+    from megarl.rollout.agents.sample_calls import sample_call
     from megarl.rollout.agents.tools import prompt_tools
 
     tools = prompt_tools(cfg)

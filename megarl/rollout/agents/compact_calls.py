@@ -5,7 +5,7 @@ A tiny model whose vocabulary is a task alphabet plus the two markers (megarl/mo
 between the markers as the ``expression`` of the ``calculator`` tool. The tool-use demo
 (configs/tiny_tool_agent.yaml) names it by import path, as a parser of your own would be
 named: ``rollout.agent.tool_parser: megarl.rollout.agents.compact_calls:calculator_calls``
-(COMPACT_PARSER). Its format is known to the plan all the same (tool_calls.sample_call), so a
+(COMPACT_PARSER). Its format is known to the plan all the same (sample_calls.sample_call), so a
 model that cannot write the markers or ``+`` is refused before launch.
 """
 

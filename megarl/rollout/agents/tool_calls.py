@@ -66,20 +66,6 @@ def parse_hermes(text: str) -> ParsedCalls:
     return ParsedCalls(items)
 
 
-def sample_call(parser: str, tool: str) -> tuple[str, ToolCallParser] | None:
-    """A call of ``tool`` as ``parser`` reads it, and that parser: the built-in ``hermes`` or the
-    tool-use demo's compact parser (named by import path; it calls only ``calculator``). None for
-    a parser of the user's, whose format is not known here (the pre-launch check that the model's
-    tokenizer can write a call: megarl/plan/token_checks.py)."""
-    if parser == "hermes":
-        return f"{HERMES_OPEN}\n{json.dumps({'name': tool, 'arguments': {}})}\n{HERMES_CLOSE}", parse_hermes
-    from megarl.rollout.agents import compact_calls  # imports this module: imported on use
-
-    if parser == compact_calls.COMPACT_PARSER and tool == "calculator":
-        return compact_calls.SAMPLE_CALL, compact_calls.calculator_calls
-    return None
-
-
 def _call_from_json(body: str) -> ToolCall | str:
     """A ToolCall from ``{"name": str, "arguments": dict | JSON string}``, else an error message."""
     try:

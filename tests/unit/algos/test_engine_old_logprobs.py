@@ -35,6 +35,10 @@ class CountingForward:
         self.calls += 1
         return torch.zeros_like(batch.response_mask)
 
+    def compute_logprobs_and_reference(self, batch: Batch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+        self.calls += 1  # one pass for both (the reference's beside the policy's)
+        return torch.zeros_like(batch.response_mask), torch.zeros_like(batch.response_mask)
+
 
 def _batch(**fields) -> Batch:
     return Batch(prompt_ids=torch.ones(2, 2, dtype=torch.long), prompt_mask=torch.ones(2, 2, dtype=torch.long),
