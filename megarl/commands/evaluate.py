@@ -227,7 +227,7 @@ def _reward_problem(reward: Any) -> str | None:
     if any(problems):
         return next(p for p in problems if p)
     if reward.custom is not None:
-        from megarl.plan.preflight import reward_file_problem
+        from megarl.plan.import_check_child import reward_file_problem
 
         return reward_file_problem(reward.custom)
     if reward.model is not None:

@@ -35,7 +35,7 @@ the fix, so all of them are reported at once, in seconds, before Ray or any work
   the checkpoint it resumes loadable in this launch (megarl/plan/resume_checks.py).
 
 User code never runs in the driver process: the reward import and the import-path functions
-run in one child process, started first, in parallel with the rest. The bridge check runs in the
+run in one child process (megarl/plan/import_check_child.py), started first, in parallel with the rest. The bridge check runs in the
 driver, last, whenever model.path (and critic.path) were found, whatever else failed, so that every
 problem is named at once: it imports torch and transformers (a few seconds), which the driver of a launch imports anyway for the tokenizer and the controller, so
 checking here costs the run nothing (it imports no Megatron module).
@@ -48,12 +48,9 @@ from __future__ import annotations
 import functools
 import importlib.util
 import json
-import logging
 import os
-import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,14 +60,11 @@ from megarl.config.sections import MegaRLConfig
 from megarl.data.datasets import training_rows
 from megarl.models.hf_files import tokenizer_files_problem
 from megarl.plan.extensions import named_functions
+from megarl.plan.import_check_child import ChildChecks
 from megarl.plan.issues import Finding
-from megarl.process_signals import pid_alive
 from megarl.rewards.answers import no_answer
 
 SAMPLE_ROWS = 1000
-CHILD_TIMEOUT_S = 120.0
-PROGRESS_EVERY_S = 5.0  # a slow import in the check: "importing reward.custom from FILE ... (N s)" this often
-log = logging.getLogger(__name__)
 
 
 def preflight(cfg: MegaRLConfig, *, bridge: bool = True) -> list[Finding]:
@@ -504,258 +498,3 @@ def _truth_problem(name: str, ground_truth: Any) -> str | None:
                 "response would score 0: write the number alone (commas and $ allowed), map the data_source to another "
                 "scorer in reward.functions, or score with reward.custom")  # fmt: skip
     return None
-
-
-# The child process: the user's reward module and functions never load in the driver.
-_CHILD_CODE = r"""
-import json, os, signal, sys, traceback
-spec = json.loads(sys.argv[1])
-try:  # killed with the driver, whatever ends it (SIGKILL included: it cannot be handled there)
-    import ctypes
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (Linux)
-except (OSError, AttributeError):
-    pass
-if os.getppid() != spec["parent"]:  # the driver died before the line above
-    os._exit(1)
-# answers on a copy of stdout; the user's code prints (fds 1 and 2) to the log file
-answers = os.fdopen(os.dup(1), "w")
-log = os.open(spec["log"], os.O_WRONLY | os.O_APPEND)
-os.dup2(log, 1)
-os.dup2(log, 2)
-
-def emit(check, error):
-    answers.write(json.dumps({"check": check, "error": error}) + "\n")
-    answers.flush()
-
-def starting(check, what):
-    answers.write(json.dumps({"starting": check, "what": what}) + "\n")
-    answers.flush()
-
-def ended(exc):  # user code that tried to end the process (sys.exit, Ctrl-C's exception)
-    if isinstance(exc, SystemExit):
-        return f"it called sys.exit({exc.code!r}) at import"
-    return f"{type(exc).__name__}: {exc}"
-
-if spec.get("reward"):
-    path, name = spec["reward"]
-    starting("reward", f"importing reward.custom from {path}")
-    try:
-        # custom.py alone (standard library only), not the megarl.rewards package (sympy, ...).
-        import importlib.util
-        loader = importlib.util.spec_from_file_location("megarl_preflight_custom", spec["custom_module"])
-        custom = importlib.util.module_from_spec(loader)
-        loader.loader.exec_module(custom)
-        custom.load_function(path, name)
-        emit("reward", None)
-    except BaseException as exc:
-        frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == path]
-        where = f" (line {frames[-1].lineno})" if frames else ""
-        emit("reward", f"{ended(exc)}{where}")
-for source, (path, name) in spec.get("reward_functions", {}).items():
-    check = f"reward.functions[{source!r}]"
-    starting(check, f"importing {check} from {path}")
-    try:
-        import importlib.util
-        loader = importlib.util.spec_from_file_location("megarl_preflight_custom", spec["custom_module"])
-        custom = importlib.util.module_from_spec(loader)
-        loader.loader.exec_module(custom)
-        custom.load_function(path, name, field=check)
-        emit(check, None)
-    except (FileNotFoundError, AttributeError) as exc:
-        emit(check, str(exc).removeprefix(check + ": "))
-    except BaseException as exc:
-        emit(check, f"importing {path} failed: {ended(exc)}")
-for field, name in spec.get("extensions", []):
-    starting(field, f"importing {field} ({name})")
-    try:
-        from megarl.plan.extensions import import_problem
-        emit(field, import_problem(field, name, lambda what, field=field: starting(field, what)))
-    except BaseException as exc:
-        emit(field, ended(exc))
-# Last: building a dataset class can outlast the deadline (a warning, not a refusal), and the
-# checks after it would then go unanswered.
-if spec.get("dataset"):
-    starting("data.custom_cls", f"importing data.custom_cls from {spec['dataset'][0]}")
-    building = False
-    try:
-        from megarl.data.custom_dataset import class_problem, first_rows_problem
-        problem = class_problem(*spec["dataset"])
-        if problem is None and spec.get("dataset_build"):
-            building = True
-            starting("data.custom_cls", f"building data.custom_cls {spec['dataset'][1]} and reading its first rows")
-            problem = first_rows_problem(*spec["dataset"], spec["dataset_build"])
-        emit("data.custom_cls", problem)
-    except BaseException as exc:
-        if not building:
-            emit("data.custom_cls", f"importing {spec['dataset'][0]} failed: {ended(exc)}")
-        else:  # sys.exit, KeyboardInterrupt: the user's code ending the process, never the user's Ctrl-C
-            from megarl.user_code import exit_description
-            how = exit_description(exc) if not isinstance(exc, Exception) else f"raised {type(exc).__name__}: {exc}"
-            emit("data.custom_cls", f"data.custom_cls: {spec['dataset'][1]} ({spec['dataset'][0]}) {how} while it was built "
-                 "or its first rows read; a dataset class must raise an exception for data it cannot read, never end the process")
-"""
-
-
-CHECK_LOG_PREFIX = "megarl-import-check-"  # then the driver's pid: whose log it is
-
-
-def remove_orphaned_logs() -> None:
-    """Empty check logs of drivers that are gone: a driver killed with SIGKILL (or its machine
-    reset) ran no cleanup. A log that holds output is kept: a finding may have named it."""
-    for path in Path(tempfile.gettempdir()).glob(f"{CHECK_LOG_PREFIX}*.log"):
-        pid = path.name.removeprefix(CHECK_LOG_PREFIX).split("-")[0]
-        try:
-            if pid.isdigit() and not pid_alive(int(pid)) and path.stat().st_size == 0:
-                path.unlink()
-        except OSError:  # another user's, or removed meanwhile
-            continue
-
-
-
-class ChildChecks:
-    """reward.custom's import and the import-path functions ``(field, name)``, in one child process
-    started at once; each answer awaited at most CHILD_TIMEOUT_S (user code can hang at import), with
-    a log line every PROGRESS_EVERY_S while one is awaited. The child dies with the driver (Linux's
-    parent-death signal), its prints go to a log file (a temporary one, kept and named in a finding
-    when a check failed), and one that ends before answering is named with its exit code."""
-
-    def __init__(self, custom: Any, extensions: list[tuple[str, str]], dataset: Any = None,
-                 functions: dict[str, str] | None = None, dataset_build: dict[str, Any] | None = None):
-        from megarl.rewards.registry import user_function
-
-        users = {source: user_function(name) for source, name in (functions or {}).items()}
-        self.spec: dict[str, Any] = {  # JSON for the child
-            "reward": [os.path.abspath(custom.path), custom.name] if custom and Path(custom.path).is_file() else None,
-            "custom_module": str(Path(__file__).resolve().parents[1] / "rewards" / "custom.py"),
-            "extensions": extensions,
-            "dataset": [os.path.abspath(dataset.path), dataset.name] if dataset is not None else None,
-            "dataset_build": dataset_build,  # built and its first rows read (custom_dataset.first_rows_problem)
-            # reward.functions' user functions whose file exists (a missing one: check_functions' finding)
-            "reward_functions": {source: [os.path.abspath(user[0]), user[1]] for source, user in users.items()
-                                 if user is not None and Path(user[0]).is_file()},
-            "parent": os.getpid(),
-        }
-        self.custom = custom
-        self.got: dict[str, str | None] = {}
-        self._buffer = b""
-        self._doing = ("", time.monotonic())  # what the child said it is importing, since when
-        self._log: Path | None = None
-        self._quoted = False  # a finding named the log: it is kept
-        self.proc: subprocess.Popen | None = None
-        if any(self.spec[k] for k in ("reward", "extensions", "dataset", "reward_functions")):
-            remove_orphaned_logs()
-            fd, log = tempfile.mkstemp(prefix=f"{CHECK_LOG_PREFIX}{os.getpid()}-", suffix=".log")
-            self._log = Path(log)
-            self.spec["log"] = log
-            env = {**os.environ, "PYTHONWARNINGS": "ignore", "TRANSFORMERS_VERBOSITY": "error"}
-            try:
-                self.proc = subprocess.Popen([sys.executable, "-c", _CHILD_CODE, json.dumps(self.spec)], stdout=subprocess.PIPE,
-                                             stderr=fd, stdin=subprocess.DEVNULL, env=env)
-            finally:
-                os.close(fd)
-
-    def results(self, check: str) -> list[Finding]:
-        """The child's finding for ``check`` (reward | an import-path field), waiting for it if needed."""
-        if (check == "reward" and not self.spec["reward"]) or (check == "data.custom_cls" and not self.spec["dataset"]):
-            return []
-        if check not in self.got:
-            self.got.update(self._read({check}))
-        if check not in self.got and self._building_too_long(check):
-            return [Finding("data.custom_cls", f"{self.spec['dataset'][1]}: building it took over {CHILD_TIMEOUT_S:g} s, "
-                            "not checked before launch; the run builds it", level="warning")]
-        error = self.got[check] if check in self.got else self._no_answer()
-        return [self._finding(check, error + self._output())] if error is not None else []
-
-    def _building_too_long(self, check: str) -> bool:
-        """The dataset class imported but its build (all of data.train_files; a class may tokenize
-        every row in __init__) is still running at the deadline: slow, not wrong."""
-        running = self.proc is not None and self.proc.poll() is None
-        return check == "data.custom_cls" and running and self._doing[0].startswith("building data.custom_cls")
-
-    def _no_answer(self) -> str:
-        """Why an answer never came: the child ended (its exit code) or did not answer in time."""
-        doing = self._doing[0] or "starting"
-        code = self.proc.poll() if self.proc is not None else None
-        if code is None:
-            return f"{doing} did not finish within {CHILD_TIMEOUT_S:g} s: check it for work done at import (network, locks, long loops)"
-        how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
-        at = "while it was built (in its __init__)" if doing.startswith("building ") else "at import"
-        return f"the check's process ended ({how}) while {doing}, before it answered: os._exit or a crash in C code {at}"
-
-    def _output(self) -> str:
-        """The head of what the child printed, for a finding (the log is then kept)."""
-        from megarl.rewards.scorer import quoted_output
-
-        try:
-            text = self._log.read_text(errors="replace")[:2000] if self._log is not None else ""
-        except OSError:
-            return ""
-        if not text.strip():
-            return ""
-        self._quoted = True
-        return f" (its output, in {self._log}: {quoted_output(text)})"
-
-    def _read(self, wanted: set[str]) -> dict[str, str | None]:
-        """Answers (one JSON line each) until every wanted one came, the child ended, or the deadline."""
-        import select
-
-        got: dict[str, str | None] = {}
-        if self.proc is None:
-            return got
-        fd = self.proc.stdout.fileno()  # type: ignore[union-attr]
-        deadline = time.monotonic() + CHILD_TIMEOUT_S
-        while wanted - set(got):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            if not select.select([fd], [], [], min(left, PROGRESS_EVERY_S))[0]:
-                self._say_waiting()
-                continue
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                self.proc.wait()  # the child ended (or died) before answering everything: its exit code
-                break
-            *lines, self._buffer = (self._buffer + chunk).split(b"\n")
-            for line in lines:
-                answer = json.loads(line)
-                if "starting" in answer:
-                    self._doing = (answer["what"], time.monotonic())
-                else:
-                    got[answer["check"]] = answer["error"]
-        return got
-
-    def _say_waiting(self) -> None:
-        """A slow import is no silent launch: a line every PROGRESS_EVERY_S, on a terminal or a pipe."""
-        what, since = self._doing
-        log.info("%s ... (%.0f s)", what or "starting the import check", time.monotonic() - since)
-
-    def _finding(self, check: str, error: str) -> Finding:
-        if check == "reward":
-            custom = self.custom
-            return Finding("reward.custom", f"loading {custom.name!r} from {custom.path} failed: {error}; fix the file "
-                           "(or install what it imports) and check reward.custom.name")
-        if check == "data.custom_cls" and error.startswith("data.custom_cls"):  # class_problem's line names its key
-            field, _, rest = error.partition(": ")
-            return Finding(field, rest)
-        return Finding(check, error)  # an import-path function: the registry's message names it and the fix
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-        if self.proc is not None:
-            self.proc.wait()
-            self.proc.stdout.close()  # type: ignore[union-attr]
-        if self._log is not None and not self._quoted:
-            self._log.unlink(missing_ok=True)
-
-
-def reward_file_problem(custom: Any) -> str | None:
-    """reward.custom (a ``CustomReward`` or None) loaded in a child process, as a launch checks
-    it: why it does not load, or does not answer within CHILD_TIMEOUT_S, as one line; or None.
-    For the commands that score without a launch (`megarl evaluate`): a file that hangs at import
-    would hang the reward workers with no word."""
-    child = ChildChecks(custom, [])
-    try:
-        return next((f"{f.field}: {f.message}" for f in child.results("reward")), None)
-    finally:
-        child.stop()

@@ -19,7 +19,7 @@ import pytest
 from megarl.cli import EXIT_USER, main
 from megarl.commands.evaluate import evaluate
 from megarl.evaluation import EvaluationError
-from megarl.plan import preflight
+from megarl.plan import import_check_child
 
 # A reward function that leaves a trace: whether scoring started at all (it runs in the workers).
 TRACING_REWARD = """
@@ -158,7 +158,7 @@ def test_a_reward_file_that_hangs_at_import_is_refused_in_bounded_time(tmp_path,
                              "responses": [["4", "5"]]}), data)  # fmt: skip
     hangs = tmp_path / "hangs.py"
     hangs.write_text("import time\ntime.sleep(10000)\n\ndef compute_score(**kwargs):\n    return 1.0\n")
-    monkeypatch.setattr(preflight, "CHILD_TIMEOUT_S", 2.0)  # launch's bound, shortened for the test
+    monkeypatch.setattr(import_check_child, "CHILD_TIMEOUT_S", 2.0)  # launch's bound, shortened for the test
     start = time.monotonic()
     with pytest.raises(EvaluationError, match=rf"^reward.custom: loading 'compute_score' from {hangs} failed: importing "
                                               rf"reward.custom from {hangs} did not finish within 2 s: check it"):  # fmt: skip

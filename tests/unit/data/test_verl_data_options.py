@@ -14,7 +14,7 @@ from megarl.config.sections import CustomDatasetConfig, DataConfig, RewardConfig
 from megarl.data.datasets import DataError, read_prompt_file, write_prompt_file
 from megarl.data.prompts import PromptBuilder
 from megarl.data.stream import build_train_stream, load_val_prompts
-from megarl.plan.preflight import ChildChecks
+from megarl.plan.import_check_child import ChildChecks
 
 
 def test_reward_fn_key_names_the_column_read_as_the_data_source(tmp_path):
@@ -203,12 +203,12 @@ def test_custom_cls_is_built_and_read_before_launch(dataset_file, byte_tokenizer
 def test_a_build_past_the_deadline_is_a_warning_not_a_refusal(dataset_file, byte_tokenizer_dir, tmp_path, monkeypatch):
     """A class that tokenizes every row in __init__ can outlast the check on real data: the run is
     not refused for it (the import succeeded); a class that raises still is (the test above)."""
-    from megarl.plan import preflight
+    from megarl.plan import import_check_child
 
     slow = tmp_path / "slow_dataset.py"
     slow.write_text(dataset_file.read_text() + "\nimport time\n\nclass Slow(JsonlPrompts):\n"
                     "    def __init__(self, *a, **kw):\n        time.sleep(30)\n        super().__init__(*a, **kw)\n")
-    monkeypatch.setattr(preflight, "CHILD_TIMEOUT_S", 3.0)  # launch's bound, shortened for the test
+    monkeypatch.setattr(import_check_child, "CHILD_TIMEOUT_S", 3.0)  # launch's bound, shortened for the test
     cfg = DataConfig(train_files=[str(dataset_file.with_name("train.jsonl"))], custom_cls=CustomDatasetConfig(path=str(slow), name="Slow"),
                      prompts_per_step=2, max_prompt_length=200)  # fmt: skip
     build = {"files": [f.path for f in cfg.train_files], "field": "data.train_files", "model": str(byte_tokenizer_dir),

@@ -20,8 +20,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from megarl.config.sections import CustomRewardConfig
-from megarl.plan import preflight
-from megarl.plan.preflight import reward_file_problem
+from megarl.plan import import_check_child
+from megarl.plan.import_check_child import reward_file_problem
 from megarl.terminal import EXIT_SIGTERM
 
 pytestmark = pytest.mark.timeout(
@@ -82,8 +82,8 @@ def test_a_failed_check_keeps_its_log_and_names_it(tmp_path):
 
 
 def test_a_slow_import_says_what_it_imports_every_few_seconds(tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr(preflight, "PROGRESS_EVERY_S", 0.3)
-    with caplog.at_level(logging.INFO, logger="megarl.plan.preflight"):
+    monkeypatch.setattr(import_check_child, "PROGRESS_EVERY_S", 0.3)
+    with caplog.at_level(logging.INFO, logger="megarl.plan.import_check_child"):
         assert _problem(tmp_path, "import time\ntime.sleep(2)\n" + SCORE) is None
     lines = [
         r.getMessage()
@@ -121,7 +121,7 @@ def _gone(process: psutil.Process) -> bool:
 
 def test_the_check_dies_with_a_killed_parent(tmp_path):
     (tmp_path / "reward.py").write_text(HANGS)
-    code = ("from megarl.config.sections import CustomRewardConfig\nfrom megarl.plan.preflight import reward_file_problem\n"
+    code = ("from megarl.config.sections import CustomRewardConfig\nfrom megarl.plan.import_check_child import reward_file_problem\n"
             f"reward_file_problem(CustomRewardConfig(path={str(tmp_path / 'reward.py')!r}))\n")  # fmt: skip
     parent = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(REPO)},
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
@@ -163,7 +163,7 @@ def test_a_tool_whose_init_calls_sys_exit_is_named_by_its_class(tmp_path, monkey
     tools = tmp_path / "tools.yaml"
     tools.write_text("tools:\n  - class_name: quitting_tool.Quits\n"
                      "    tool_schema: {type: function, function: {name: quits, parameters: {type: object}}}\n")  # fmt: skip
-    child = preflight.ChildChecks(None, [("rollout.agent.tools_file", str(tools))])
+    child = import_check_child.ChildChecks(None, [("rollout.agent.tools_file", str(tools))])
     try:
         (finding,) = child.results("rollout.agent.tools_file")
     finally:
@@ -187,7 +187,7 @@ def test_a_tool_and_an_interaction_whose_init_calls_os_exit_are_named_at_constru
     interactions.write_text("interaction:\n  - name: user\n    class_name: exiting_classes.ExitingUser\n")
     for field, path, code, cls in (("rollout.agent.tools_file", tools, 4, "Exits"),
                                    ("rollout.agent.interactions_file", interactions, 5, "ExitingUser")):  # fmt: skip
-        child = preflight.ChildChecks(None, [(field, str(path))])
+        child = import_check_child.ChildChecks(None, [(field, str(path))])
         try:
             (finding,) = child.results(field)
         finally:
