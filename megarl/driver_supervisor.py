@@ -11,12 +11,13 @@ that it ended on its own. A child that ends without that last report was ended f
 Python, and the supervisor prints the one ``error:`` line the driver could not. Which one
 depends on what died first: the supervisor watches the raylet while the driver runs, since an
 embedded raylet dies with its driver (Ray's fate sharing) and a dead raylet found afterwards
-says nothing. A raylet seen dead while the driver lived, or Ray's log of the driver ending in
-its raylet's loss (Ray often ends the driver within a moment): the node's line (where its
-raylet's logs are); else, and always for a driver killed by a signal from outside (a ``kill -9``:
-Ray ends a driver for its raylet with an exit, and a killed driver's raylet may be seen dead
-before the driver can be reaped), the driver's own death (its exit code or signal, the likely
-causes, its log).
+says nothing. The node's line (where its raylet's logs are) needs positive evidence: an ending
+Ray gives a driver for its raylet (its quick exit, exit code 1) and either a raylet seen dead
+while the driver lived or Ray's log of the driver ending in its raylet's loss (Ray often ends
+the driver within a moment). Else, and always for another exit code (user code's
+``os._exit(0)``) or a signal from outside (a ``kill -9``), the driver's own death (its exit code
+or signal, the likely causes, its log): a driver that ends on its own takes its raylet with it,
+and that raylet may be seen dead before the driver can be reaped.
 Both end with the command that resumes.
 
 Signals: the driver runs in a process group of its own, so every stop signal reaches it once,
@@ -130,7 +131,7 @@ def supervise(command: Sequence[str], *, ray: bool = True, kept: str | None = No
     os.close(read_end)
     if found and "ray" not in reports:  # the raylet died as Ray started, before the driver could say where
         reports["ray"] = found
-    if not _killed_from_outside(code):  # a driver killed from outside is the kill's, whatever Ray logged
+    if ended_by_ray(code):  # any other ending is the driver's own, whatever Ray logged
         raylet_first = raylet_first or _ray_saw_its_raylet_die(reports.get("ray"), child.pid)
     if "end" in reports:
         return code if code >= 0 else 128 - code
@@ -167,13 +168,14 @@ def _watch(child: subprocess.Popen[bytes], fd: int, *, ray: bool = True) -> tupl
                 found = raylet_child(child.pid)
                 raylet_pid = found["raylet_pid"] if found else None
         if raylet_pid is not None and not _alive(raylet_pid):
-            # The driver's death first: a killed driver's raylet can be seen dead before the
-            # driver is reapable (its children get their parent-death signal before it becomes a
-            # zombie), and Ray ends a driver for its raylet with an exit, never a kill from outside
+            # Seen dead first is not enough: a driver that ends on its own (user code's os._exit,
+            # a kill) takes its raylet with it, which may be seen dead before the driver is
+            # reapable (its children get their parent-death signal before it becomes a zombie).
+            # Only an ending that Ray gives a driver for its raylet confirms the order.
             if child.poll() is not None:
                 return child.returncode, data, False, found
             code = child.wait()
-            return code, data, not _killed_from_outside(code), found
+            return code, data, ended_by_ray(code), found
 
 
 def raylet_child(pid: int) -> dict[str, Any] | None:
@@ -205,16 +207,22 @@ def raylet_child(pid: int) -> dict[str, Any] | None:
     return None
 
 
-def _killed_from_outside(code: int) -> bool:
-    """Whether exit code ``code`` is a signal that Ray never ends its driver with (Ray's quick exit
-    for a lost raylet is an exit; a failed check in its C code an abort): a kill from outside."""
-    return code < 0 and -code not in (signal.SIGABRT, signal.SIGSEGV)
+RAY_QUICK_EXIT_CODE = 1  # Ray's QuickExit(), which ends a driver whose raylet is gone: _Exit(1)
+
+
+def ended_by_ray(code: int) -> bool:
+    """Whether exit code ``code`` is one Ray ends its driver with: its quick exit for a lost
+    raylet (exit code 1), or a failed check in its C code (an abort, a crash). Any other (user
+    code's ``os._exit(0)`` or ``os._exit(9)``, a kill from outside) is the driver's own death."""
+    return code == RAY_QUICK_EXIT_CODE or (code < 0 and -code in (signal.SIGABRT, signal.SIGSEGV))
 
 
 # What the driver's core worker logs just before it ends the process for a dead raylet (Ray 2.x):
 # it often notices within a moment, before the supervisor's next look at the raylet.
+# "Failed to register worker": the raylet died as Ray started, before the driver could connect.
 RAYLET_LOST = ("The connection to the plasma store is failed", "the local Raylet is dead",
-               "Terminating the worker due to local raylet death")  # fmt: skip
+               "Terminating the worker due to local raylet death", "because the local raylet failed",
+               "Failed to register worker to Raylet")  # fmt: skip
 
 
 def _ray_saw_its_raylet_die(node: dict[str, Any] | None, pid: int) -> bool:
