@@ -41,6 +41,7 @@ from typing import Any
 
 SUPERVISOR_FD_ENV = "MEGARL_SUPERVISOR_FD"  # the driver's end of the pipe (set for the child only)
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+USER_CODE = "a generate function, tool, interaction or dataset class"  # what a driver may run of the user's
 WATCH_INTERVAL_S = 0.2  # how often the supervisor looks at the raylet (one /proc read): to see it die before its driver
 _report_fd: int | None = None
 _supervisor_pid: int | None = None
@@ -95,11 +96,13 @@ def report_ray_node() -> None:
         pass
 
 
-def supervise(command: Sequence[str], *, ray: bool = True, kept: str | None = None) -> int:
+def supervise(command: Sequence[str], *, ray: bool = True, kept: str | None = None,
+              user_code: str | None = USER_CODE) -> int:  # fmt: skip
     """Run ``command`` (a driver) as a child; its exit code, or, when it ended without reporting
     its end, one ``error:`` line and exit code 2 (130 after a Ctrl-C). ``ray``: whether the
     driver starts Ray (not for ``--in-process``), for that line; ``kept``: what that line says is
-    left, for a command that has no resume command to report (megarl/commands/supervision.py)."""
+    left, for a command that has no resume command to report; ``user_code``: the user code the
+    driver runs, named as a likely cause (None: it runs none) (megarl/commands/supervision.py)."""
     read_end, write_end = os.pipe()
     os.set_blocking(read_end, False)
     interrupted: list[int] = []
@@ -138,7 +141,7 @@ def supervise(command: Sequence[str], *, ray: bool = True, kept: str | None = No
     if code < 0 and (-code in passed_on or (-code == signal.SIGINT and interrupted)):  # before its handlers were up
         _say(f"stopped by {signal.Signals(-code).name} while starting; {kept or 'nothing was trained or saved'}")
         return 128 - code
-    _say(silent_end_line(code, reports, child.pid, raylet_first=raylet_first, ray=ray, kept=kept))
+    _say(silent_end_line(code, reports, child.pid, raylet_first=raylet_first, ray=ray, kept=kept, user_code=user_code))
     return 130 if interrupted else 2
 
 
@@ -285,7 +288,7 @@ def _parse_reports(data: bytes) -> dict[str, Any]:
 
 
 def silent_end_line(code: int, reports: dict[str, Any], pid: int, *, raylet_first: bool = False, ray: bool = True,
-                    kept: str | None = None) -> str:  # fmt: skip
+                    kept: str | None = None, user_code: str | None = USER_CODE) -> str:  # fmt: skip
     """The ``error:`` line of a driver that ended without a word of its own: the Ray node's death
     when its raylet went first (seen dead while the driver lived, or, for a raylet the supervisor
     could not watch, one that no longer answers), else the driver's own death. It ends with the
@@ -306,9 +309,9 @@ def silent_end_line(code: int, reports: dict[str, Any], pid: int, *, raylet_firs
     # A command with no log file of its own (convert, generate) has its output on the terminal only.
     log = reports.get("log") or (None if kept else "the run's logs/driver.log")
     log = f"the driver's log: {log}" if log else "its output is above"
-    return (f"error: the driver process (pid {pid}) {how} without reporting an error{when}: user code in the driver "
-            "(a generate function, tool, interaction or dataset class) calling os._exit, a kill from outside, or the "
-            f"OOM killer (check dmesg); {log}{resume}")  # fmt: skip
+    causes = (f"user code in the driver ({user_code}) calling os._exit, a kill from outside, or the OOM killer" if user_code
+              else "a kill from outside or the OOM killer (the command runs none of your code)")  # fmt: skip
+    return f"error: the driver process (pid {pid}) {how} without reporting an error{when}: {causes} (check dmesg); {log}{resume}"
 
 
 def _unanswered(address: str) -> str | None:
