@@ -150,9 +150,10 @@ def _watch(child: subprocess.Popen[bytes], fd: int, *, ray: bool = True) -> tupl
     one found among its children before it could report (Ray starts an embedded raylet as the
     driver's child; its children are looked at only until the driver's ``ray`` report, which
     names no pid for a cluster's raylet, attached to with ``--address``): its exit code, what it wrote, whether the raylet was seen dead while the
-    driver still lived, and the raylet found so. The order is the cause: an embedded raylet dies
-    with its driver (Ray's fate sharing), so a raylet found dead after the driver says nothing,
-    and Ray ends a driver only after its raylet is gone."""
+    driver still lived and the driver then ended as Ray ends one for its raylet (exit code 1),
+    and the raylet found so. The order is the cause: an embedded raylet dies with its driver
+    (Ray's fate sharing), so a raylet found dead after the driver says nothing, and Ray ends a
+    driver only after its raylet is gone."""
     data = b""
     raylet_pid: int | None = None
     found: dict[str, Any] | None = None
