@@ -136,8 +136,8 @@ def supervise(command: Sequence[str], *, ray: bool = True, kept: str | None = No
         reports["ray"] = found
     if ended_by_ray(code):  # any other ending is the driver's own, whatever Ray logged
         raylet_first = raylet_first or _ray_saw_its_raylet_die(reports.get("ray"), child.pid)
-    if "end" in reports:
-        return code if code >= 0 else 128 - code
+    if "end" in reports:  # the driver's own exit code stands, whatever its teardown did after (Ray's C++ may abort it)
+        return _reported_end(reports["end"], code)
     if code < 0 and (-code in passed_on or (-code == signal.SIGINT and interrupted)):  # before its handlers were up
         _say(f"stopped by {signal.Signals(-code).name} while starting; {kept or 'nothing was trained or saved'}")
         return 128 - code
@@ -180,6 +180,14 @@ def _watch(child: subprocess.Popen[bytes], fd: int, *, ray: bool = True) -> tupl
                 return child.returncode, data, False, found
             code = child.wait()
             return code, data, ended_by_ray(code), found
+
+
+def _reported_end(end: Any, code: int) -> int:
+    """The exit code a driver reported as its end; where it reported none (an exception on its way
+    out, ``sys.exit(None)`` or a message), its process's (``code``, a signal as 128 + N)."""
+    if isinstance(end, int) and not isinstance(end, bool):
+        return end
+    return code if code >= 0 else 128 - code
 
 
 def raylet_child(pid: int) -> dict[str, Any] | None:

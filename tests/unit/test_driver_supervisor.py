@@ -52,6 +52,10 @@ def test_sigkill_before_ray_is_named(capsys):
 def test_reported_end_passes_the_exit_code_through(capsys):
     assert supervise(_driver("s.report(end=3)\nsys.exit(3)")) == 3
     assert capsys.readouterr().err == ""
+    # a teardown that aborts after the end was reported (Ray's C++ after a SIGTERM): the reported code
+    assert supervise(_driver("s.report(end=143)\nos.abort()")) == 143
+    assert supervise(_driver("s.report(end=None)\nsys.exit(1)")) == 1  # an exception on the way out: no code reported
+    assert capsys.readouterr().err == ""
 
 
 def test_real_cli_driver_reports_its_own_error():
