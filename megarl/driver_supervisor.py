@@ -11,12 +11,13 @@ that it ended on its own. A child that ends without that last report was ended f
 Python, and the supervisor prints the one ``error:`` line the driver could not. Which one
 depends on what died first: the supervisor watches the raylet while the driver runs, since an
 embedded raylet dies with its driver (Ray's fate sharing) and a dead raylet found afterwards
-says nothing. A raylet seen dead while the driver lived, or Ray's log of the driver ending in
-its raylet's loss (Ray often ends the driver within a moment): the node's line (where its
-raylet's logs are); else, and always for a driver killed by a signal from outside (a ``kill -9``:
-Ray ends a driver for its raylet with an exit, and a killed driver's raylet may be seen dead
-before the driver can be reaped), the driver's own death (its exit code or signal, the likely
-causes, its log).
+says nothing. The node's line (where its raylet's logs are) needs positive evidence: an ending
+Ray gives a driver for its raylet (its quick exit, exit code 1) and either a raylet seen dead
+while the driver lived or Ray's log of the driver ending in its raylet's loss (Ray often ends
+the driver within a moment). Else, and always for another exit code (user code's
+``os._exit(0)``) or a signal from outside (a ``kill -9``), the driver's own death (its exit code
+or signal, the likely causes, its log): a driver that ends on its own takes its raylet with it,
+and that raylet may be seen dead before the driver can be reaped.
 Both end with the command that resumes.
 
 Signals: the driver runs in a process group of its own, so every stop signal reaches it once,
@@ -40,6 +41,7 @@ from typing import Any
 
 SUPERVISOR_FD_ENV = "MEGARL_SUPERVISOR_FD"  # the driver's end of the pipe (set for the child only)
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+USER_CODE = "a generate function, tool, interaction or dataset class"  # what a driver may run of the user's
 WATCH_INTERVAL_S = 0.2  # how often the supervisor looks at the raylet (one /proc read): to see it die before its driver
 _report_fd: int | None = None
 _supervisor_pid: int | None = None
@@ -94,11 +96,13 @@ def report_ray_node() -> None:
         pass
 
 
-def supervise(command: Sequence[str], *, ray: bool = True, kept: str | None = None) -> int:
+def supervise(command: Sequence[str], *, ray: bool = True, kept: str | None = None,
+              user_code: str | None = USER_CODE) -> int:  # fmt: skip
     """Run ``command`` (a driver) as a child; its exit code, or, when it ended without reporting
     its end, one ``error:`` line and exit code 2 (130 after a Ctrl-C). ``ray``: whether the
     driver starts Ray (not for ``--in-process``), for that line; ``kept``: what that line says is
-    left, for a command that has no resume command to report (megarl/commands/supervision.py)."""
+    left, for a command that has no resume command to report; ``user_code``: the user code the
+    driver runs, named as a likely cause (None: it runs none) (megarl/commands/supervision.py)."""
     read_end, write_end = os.pipe()
     os.set_blocking(read_end, False)
     interrupted: list[int] = []
@@ -130,14 +134,14 @@ def supervise(command: Sequence[str], *, ray: bool = True, kept: str | None = No
     os.close(read_end)
     if found and "ray" not in reports:  # the raylet died as Ray started, before the driver could say where
         reports["ray"] = found
-    if not _killed_from_outside(code):  # a driver killed from outside is the kill's, whatever Ray logged
+    if ended_by_ray(code):  # any other ending is the driver's own, whatever Ray logged
         raylet_first = raylet_first or _ray_saw_its_raylet_die(reports.get("ray"), child.pid)
     if "end" in reports:  # the driver's own exit code stands, whatever its teardown did after (Ray's C++ may abort it)
         return _reported_end(reports["end"], code)
     if code < 0 and (-code in passed_on or (-code == signal.SIGINT and interrupted)):  # before its handlers were up
         _say(f"stopped by {signal.Signals(-code).name} while starting; {kept or 'nothing was trained or saved'}")
         return 128 - code
-    _say(silent_end_line(code, reports, child.pid, raylet_first=raylet_first, ray=ray, kept=kept))
+    _say(silent_end_line(code, reports, child.pid, raylet_first=raylet_first, ray=ray, kept=kept, user_code=user_code))
     return 130 if interrupted else 2
 
 
@@ -146,9 +150,10 @@ def _watch(child: subprocess.Popen[bytes], fd: int, *, ray: bool = True) -> tupl
     one found among its children before it could report (Ray starts an embedded raylet as the
     driver's child; its children are looked at only until the driver's ``ray`` report, which
     names no pid for a cluster's raylet, attached to with ``--address``): its exit code, what it wrote, whether the raylet was seen dead while the
-    driver still lived, and the raylet found so. The order is the cause: an embedded raylet dies
-    with its driver (Ray's fate sharing), so a raylet found dead after the driver says nothing,
-    and Ray ends a driver only after its raylet is gone."""
+    driver still lived and the driver then ended as Ray ends one for its raylet (exit code 1),
+    and the raylet found so. The order is the cause: an embedded raylet dies with its driver
+    (Ray's fate sharing), so a raylet found dead after the driver says nothing, and Ray ends a
+    driver only after its raylet is gone."""
     data = b""
     raylet_pid: int | None = None
     found: dict[str, Any] | None = None
@@ -167,13 +172,22 @@ def _watch(child: subprocess.Popen[bytes], fd: int, *, ray: bool = True) -> tupl
                 found = raylet_child(child.pid)
                 raylet_pid = found["raylet_pid"] if found else None
         if raylet_pid is not None and not _alive(raylet_pid):
-            # The driver's death first: a killed driver's raylet can be seen dead before the
-            # driver is reapable (its children get their parent-death signal before it becomes a
-            # zombie), and Ray ends a driver for its raylet with an exit, never a kill from outside
+            # Seen dead first is not enough: a driver that ends on its own (user code's os._exit,
+            # a kill) takes its raylet with it, which may be seen dead before the driver is
+            # reapable (its children get their parent-death signal before it becomes a zombie).
+            # Only an ending that Ray gives a driver for its raylet confirms the order.
             if child.poll() is not None:
                 return child.returncode, data, False, found
             code = child.wait()
-            return code, data, not _killed_from_outside(code), found
+            return code, data, ended_by_ray(code), found
+
+
+def _reported_end(end: Any, code: int) -> int:
+    """The exit code a driver reported as its end; where it reported none (an exception on its way
+    out, ``sys.exit(None)`` or a message), its process's (``code``, a signal as 128 + N)."""
+    if isinstance(end, int) and not isinstance(end, bool):
+        return end
+    return code if code >= 0 else 128 - code
 
 
 def _reported_end(end: Any, code: int) -> int:
@@ -213,16 +227,22 @@ def raylet_child(pid: int) -> dict[str, Any] | None:
     return None
 
 
-def _killed_from_outside(code: int) -> bool:
-    """Whether exit code ``code`` is a signal that Ray never ends its driver with (Ray's quick exit
-    for a lost raylet is an exit; a failed check in its C code an abort): a kill from outside."""
-    return code < 0 and -code not in (signal.SIGABRT, signal.SIGSEGV)
+RAY_QUICK_EXIT_CODE = 1  # Ray's QuickExit(), which ends a driver whose raylet is gone: _Exit(1)
+
+
+def ended_by_ray(code: int) -> bool:
+    """Whether exit code ``code`` is one Ray ends its driver with: its quick exit for a lost
+    raylet (exit code 1), or a failed check in its C code (an abort, a crash). Any other (user
+    code's ``os._exit(0)`` or ``os._exit(9)``, a kill from outside) is the driver's own death."""
+    return code == RAY_QUICK_EXIT_CODE or (code < 0 and -code in (signal.SIGABRT, signal.SIGSEGV))
 
 
 # What the driver's core worker logs just before it ends the process for a dead raylet (Ray 2.x):
 # it often notices within a moment, before the supervisor's next look at the raylet.
+# "Failed to register worker": the raylet died as Ray started, before the driver could connect.
 RAYLET_LOST = ("The connection to the plasma store is failed", "the local Raylet is dead",
-               "Terminating the worker due to local raylet death")  # fmt: skip
+               "Terminating the worker due to local raylet death", "because the local raylet failed",
+               "Failed to register worker to Raylet")  # fmt: skip
 
 
 def _ray_saw_its_raylet_die(node: dict[str, Any] | None, pid: int) -> bool:
@@ -285,7 +305,7 @@ def _parse_reports(data: bytes) -> dict[str, Any]:
 
 
 def silent_end_line(code: int, reports: dict[str, Any], pid: int, *, raylet_first: bool = False, ray: bool = True,
-                    kept: str | None = None) -> str:  # fmt: skip
+                    kept: str | None = None, user_code: str | None = USER_CODE) -> str:  # fmt: skip
     """The ``error:`` line of a driver that ended without a word of its own: the Ray node's death
     when its raylet went first (seen dead while the driver lived, or, for a raylet the supervisor
     could not watch, one that no longer answers), else the driver's own death. It ends with the
@@ -306,9 +326,9 @@ def silent_end_line(code: int, reports: dict[str, Any], pid: int, *, raylet_firs
     # A command with no log file of its own (convert, generate) has its output on the terminal only.
     log = reports.get("log") or (None if kept else "the run's logs/driver.log")
     log = f"the driver's log: {log}" if log else "its output is above"
-    return (f"error: the driver process (pid {pid}) {how} without reporting an error{when}: user code in the driver "
-            "(a generate function, tool, interaction or dataset class) calling os._exit, a kill from outside, or the "
-            f"OOM killer (check dmesg); {log}{resume}")  # fmt: skip
+    causes = (f"user code in the driver ({user_code}) calling os._exit, a kill from outside, or the OOM killer" if user_code
+              else "a kill from outside or the OOM killer (the command runs none of your code)")  # fmt: skip
+    return f"error: the driver process (pid {pid}) {how} without reporting an error{when}: {causes} (check dmesg); {log}{resume}"
 
 
 def _unanswered(address: str) -> str | None:

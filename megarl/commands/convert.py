@@ -177,14 +177,14 @@ def _kept(out: str) -> str:
 def _prepare_to_megatron(args: argparse.Namespace) -> Supervision:
     """The HF directory and OUT checked in the command's process, before any driver starts."""
     check_hf_import(args.hf, args.out, args.overwrite)
-    return Supervision(_kept(args.out), ray=starts_ray(args))
+    return Supervision(_kept(args.out), ray=starts_ray(args), user_code=None)  # a conversion runs no user code
 
 
 def _prepare_to_hf(args: argparse.Namespace) -> Supervision:
     """The arguments and the checkpoint checked in the command's process, before any driver
     starts (OUT is checked by the driver: a training checkpoint's run config says what it may not be)."""
     _checked_source(args, check_files=True)
-    return Supervision(_kept(args.out), ray=starts_ray(args))
+    return Supervision(_kept(args.out), ray=starts_ray(args), user_code=None)  # a conversion runs no user code
 
 
 def _run_to_megatron(args: argparse.Namespace) -> int:

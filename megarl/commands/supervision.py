@@ -18,6 +18,8 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from megarl.driver_supervisor import USER_CODE
+
 
 @dataclass(frozen=True)
 class Supervision:
@@ -25,6 +27,8 @@ class Supervision:
 
     kept: str | None = None  # what is left, and what to run (None: the driver reports the command that resumes)
     ray: bool = True  # whether the driver starts Ray (not under --in-process): the line names the Ray node then
+    # the user code the driver runs, a likely cause of its os._exit (None: it runs none, as convert)
+    user_code: str | None = USER_CODE
 
 
 Handler = Callable[[argparse.Namespace], int]
@@ -45,7 +49,8 @@ def supervised_command(run: Handler, prepare: Prepare) -> Handler:
         watch = prepare(args)
         if watch.ray:
             _check_ray_installed()
-        return supervise([sys.executable, "-m", "megarl.cli", *args.argv], ray=watch.ray, kept=watch.kept)
+        return supervise([sys.executable, "-m", "megarl.cli", *args.argv], ray=watch.ray, kept=watch.kept,
+                         user_code=watch.user_code)  # fmt: skip
 
     return handler
 

@@ -116,33 +116,47 @@ def ray_session(
 def _refuse_a_dead_raylet() -> None:
     """ConnectionError naming the node when the embedded raylet already ended (killed right after
     Ray started: the driver would go on importing user code, and its later death read as that code's)."""
-    try:
-        node = ray._private.worker.global_worker.node
-        raylets = node.all_processes.get(ray._private.ray_constants.PROCESS_TYPE_RAYLET) or []
-        process, logs = (raylets[0].process, node.get_logs_dir_path()) if raylets else (None, None)
-    except Exception:  # noqa: BLE001 - another Ray's internals: nothing to check
-        return
-    problem = raylet_end_problem(process, logs) if process is not None else None
+    raylet = _embedded_raylet()
+    problem = raylet_end_problem(*raylet) if raylet is not None else None
     if problem is not None:
         raise ConnectionError(problem)
 
 
-def raylet_end_problem(process: subprocess.Popen[Any], logs: str | None) -> str | None:
+def _embedded_raylet() -> tuple[subprocess.Popen[Any], str | None] | None:
+    """This driver's embedded raylet (its process, a child of this one) and its session's log
+    folder; None when attached to a cluster (its raylets are not this process's) or without Ray."""
+    try:
+        node = ray._private.worker.global_worker.node
+        raylets = node.all_processes.get(ray._private.ray_constants.PROCESS_TYPE_RAYLET) or []
+        return (raylets[0].process, node.get_logs_dir_path()) if raylets else None
+    except Exception:  # noqa: BLE001 - another Ray's internals (or none started): nothing to check
+        return None
+
+
+def embedded_node_death(when: str = "while the ranks started") -> str | None:
+    """The one line for the embedded raylet's death, or None while it runs (or for a cluster's
+    raylet). For the waits that nothing else ends when the raylet is gone: ranks that never
+    start (Ray keeps their actors pending; the driver's core worker may not notice the loss)."""
+    raylet = _embedded_raylet()
+    return raylet_end_problem(*raylet, when=when) if raylet is not None else None
+
+
+def raylet_end_problem(process: subprocess.Popen[Any], logs: str | None, when: str = "as Ray started") -> str | None:
     """Why an embedded raylet (``process``, this process's child) is no more, as the driver's one
-    line, or None while it runs."""
+    line (``when`` it died), or None while it runs."""
     code = process.poll()
     if code is None:
         return None
     how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
-    return raylet_died_as_ray_started(process.pid, how, logs)
+    return raylet_died_as_ray_started(process.pid, how, logs, when)
 
 
-def raylet_died_as_ray_started(pid: int, how: str, logs: str | None) -> str:
+def raylet_died_as_ray_started(pid: int, how: str, logs: str | None, when: str = "as Ray started") -> str:
     """The one line for an embedded raylet (``pid``) that ended (``how``) while Ray started, found
-    during ray.init or just after it; ``logs``: its session's log folder, when known."""
+    during ray.init or just after it (or ``when`` else); ``logs``: its session's log folder, when known."""
     where = (f"{os.path.join(logs, 'raylet.out')} and raylet.err" if logs else
              "in the Ray session's folder (/tmp/ray/session_latest/logs by default: raylet.out, raylet.err)")  # fmt: skip
-    return (f"the Ray node under the run died as Ray started: its raylet (pid {pid}) {how}; check this machine "
+    return (f"the Ray node under the run died {when}: its raylet (pid {pid}) {how}; check this machine "
             f"(killed processes, memory: dmesg) and the raylet's logs {where}, then run the same command again")
 
 

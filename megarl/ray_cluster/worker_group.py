@@ -63,6 +63,7 @@ from megarl.progress import still_waiting
 from megarl.ray_cluster.placement import PlacedRole, RolePlacement, place_roles
 from megarl.ray_cluster.rank_env import RANK_LOG_ENV
 from megarl.ray_cluster.ray_failures import node_view, ray_failure
+from megarl.ray_cluster.session import embedded_node_death
 from megarl.ray_cluster.worker_error import WorkerError
 from megarl.terminal import worker_logging
 
@@ -266,14 +267,14 @@ class WorkerGroup(Generic[W]):
         ranks = list(range(self.world_size))
         timeout = self.options.init_timeout_s or None  # 0: no deadline (each of the three waits)
         try:
-            self.node_infos = self._gather([a.node_info.remote() for a in self._actors], ranks, "<start>", timeout)
-            port = self._gather([self._actors[0].free_port.remote()], [0], "<free_port>", timeout)[0]
+            self.node_infos = self._gather([a.node_info.remote() for a in self._actors], ranks, "<start>", timeout, watch_node=True)
+            port = self._gather([self._actors[0].free_port.remote()], [0], "<free_port>", timeout, watch_node=True)[0]
             envs = self.rank_envs(self.node_infos, self.node_infos[0]["ip"], port)
             log.info("%s: %d rank(s) up; building %s in each (loads the model) ...", self.role, self.world_size, self.cls.__qualname__)
             packed = ray.put((init_args, init_kwargs))  # a top-level ref: Ray resolves it per actor
             refs = [a.construct.remote(self.cls, packed, envs[r]) for r, a in enumerate(self._actors)]
             with still_waiting(f"{self.role}: building {self.cls.__qualname__} in {self.world_size} rank(s)"):
-                self._gather(refs, ranks, "__init__", timeout)
+                self._gather(refs, ranks, "__init__", timeout, watch_node=True)
         except CallTimeout as err:
             raise build_timeout_error(err, self.options) from None
         log.info("%s: %d rank(s) ready in %.0f s", self.role, self.world_size, time.monotonic() - started)
@@ -371,8 +372,10 @@ class WorkerGroup(Generic[W]):
             raise AttributeError(f"{self.role}: {self.cls.__qualname__} has no method '{name}'")
         return name
 
-    def _gather(self, refs: list[Any], ranks: list[int], method: str, timeout_s: float | None) -> list[Any]:
-        """Wait for all refs; the first failure (in completion order) raises WorkerError."""
+    def _gather(self, refs: list[Any], ranks: list[int], method: str, timeout_s: float | None,
+                watch_node: bool = False) -> list[Any]:  # fmt: skip
+        """Wait for all refs; the first failure (in completion order) raises WorkerError.
+        ``watch_node``: the embedded raylet is checked every few seconds meanwhile (start-up)."""
         pending = dict(zip(refs, range(len(refs)), strict=True))
         results: list[Any] = [None] * len(refs)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -380,8 +383,7 @@ class WorkerGroup(Generic[W]):
         try:
             while pending:
                 self._note_wait(key, method, sorted(ranks[i] for i in pending.values()))
-                left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                ready, _ = ray.wait(list(pending), num_returns=1, timeout=left)
+                ready = wait_watching_the_node(list(pending), deadline, watch_node)
                 if not ready:
                     waiting = sorted(ranks[i] for i in pending.values())
                     raise CallTimeout(
@@ -552,3 +554,23 @@ def _as_packed(x: Any) -> tuple[tuple, dict]:
     if isinstance(x, (tuple, list)):
         return tuple(x), {}
     return (x,), {}
+
+
+NODE_CHECK_S = 5.0  # how often a start-up wait looks at the embedded raylet (one waitpid)
+
+
+def wait_watching_the_node(refs: list[Any], deadline: float | None, watch_node: bool) -> list[Any]:
+    """The refs of ``refs`` ready first (one at least), or none once ``deadline`` (monotonic; None:
+    no deadline) passed. With ``watch_node``, ConnectionError naming the node as soon as the
+    embedded raylet is found dead: the ranks' actors would wait for it until the deadline
+    (cluster.build_timeout_s, 30 minutes by default)."""
+    while True:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        step = left if not watch_node else NODE_CHECK_S if left is None else min(left, NODE_CHECK_S)
+        ready, _ = ray.wait(refs, num_returns=1, timeout=step)
+        if ready:
+            return list(ready)
+        if watch_node and (problem := embedded_node_death()) is not None:
+            raise ConnectionError(problem)
+        if deadline is not None and time.monotonic() >= deadline:
+            return []

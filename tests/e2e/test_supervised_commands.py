@@ -65,6 +65,8 @@ def test_a_raylet_killed_under_convert_is_one_line_naming_the_node(tmp_path):
         assert "/raylet.out and raylet.err" in errors[0], errors[0]
         assert errors[0].endswith(f"{out} is as it was (a conversion writes beside it and swaps it in only once verified; "
                                   "the next convert to it removes the staging folder left): run the same command again")  # fmt: skip
+    elif errors[0].startswith("error: the Ray node under the run died while the ranks started"):  # the start's watch
+        assert re.search(r"its raylet \(pid \d+\) was killed by SIGKILL; .*/raylet.out and raylet.err", errors[0]), errors[0]
     else:  # a rank's failed call met first: the driver's own line, which names the node's death too
         assert re.search(r"its node \S+ \(id \w+\) died \(its raylet does not answer|Ray marked it dead", errors[0]), errors[0]
     assert not out.exists()

@@ -149,14 +149,19 @@ def _node(tmp_path: Path) -> str:
             f"raylet='127.0.0.1:{_closed_port()}', raylet_pid=raylet.pid))\ntime.sleep(1)\n")  # fmt: skip
 
 
-def test_a_driver_that_exits_on_its_own_is_blamed_not_its_embedded_raylet(capsys, tmp_path):
-    """User code's os._exit(0) in the driver: its raylet dies with it (and answers no more), but
-    was alive while the driver ran, so the line names the driver's own death."""
-    code = supervise(_driver(RAYLET + _node(tmp_path) + "os._exit(0)"))
+@pytest.mark.parametrize("raylet_first", [False, True], ids=["raylet-alive", "raylet-seen-dead-first"])
+@pytest.mark.parametrize("exit_code", [0, 9])
+def test_a_driver_that_exits_on_its_own_is_blamed_not_its_embedded_raylet(capsys, tmp_path, exit_code, raylet_first):
+    """User code's os._exit(0) or os._exit(9) in the driver: its raylet dies with it (and answers
+    no more), and may even be seen dead before the driver can be reaped (here, with
+    ``raylet_first``, it surely is: the raylet is killed a second before the driver exits). Ray
+    ends a driver for its raylet with exit code 1 only, so the line names the driver's own death."""
+    first = "os.kill(raylet.pid, signal.SIGKILL)\ntime.sleep(1)\n" if raylet_first else ""
+    code = supervise(_driver(RAYLET + _node(tmp_path) + first + f"os._exit({exit_code})"))
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2
     assert len(err) == 1 and err[0].startswith("error: the driver process (pid "), err
-    assert "exited with code 0 without reporting an error: user code in the driver" in err[0] and "os._exit" in err[0]
+    assert f"exited with code {exit_code} without reporting an error: user code in the driver" in err[0] and "os._exit" in err[0]
     assert "Ray node" not in err[0] and "before Ray started" not in err[0]
     assert f"the driver's log: {tmp_path / 'driver.log'}" in err[0] and err[0].endswith(f"resume with: {RESUME}")
 
@@ -191,17 +196,35 @@ def test_an_in_process_driver_s_silent_exit_0_is_an_error(capsys):
     assert "Ray" not in err[0]
 
 
-def test_ray_s_own_log_of_the_raylet_s_loss_names_the_node(capsys, tmp_path):
+# Ray's real lines, as its core worker logs them before its quick exit (exit code 1).
+PLASMA_LOST = ("[2026-11-29 14:13:45,428 W 1 1] connection.cc:216: The connection to the plasma store is failed. "
+               "Terminate the process. Status: IOError: Connection reset by peer\\n")  # fmt: skip
+NOT_REGISTERED = ("[2026-11-29 17:01:02,003 C 1 1] core_worker_process.cc:282: Failed to register worker to Raylet: "
+                  "IOError: [RayletClient] Unable to register worker with raylet. Failed to read data from the socket: "
+                  "End of file worker_id=01000000ffffffffffffffffffffffffffffffffffffffffffffffff\\n")  # fmt: skip
+
+
+@pytest.mark.parametrize("lost", [PLASMA_LOST, NOT_REGISTERED], ids=["plasma-store-lost", "not-registered"])
+def test_ray_s_own_log_of_the_raylet_s_loss_names_the_node(capsys, tmp_path, lost):
     """Ray's core worker often ends the driver within a moment of its raylet's death, before the
-    supervisor looks again; what it logged last (its real line) says the raylet went first."""
-    lost = ("[2026-11-29 14:13:45,428 W 1 1] connection.cc:216: The connection to the plasma store is failed. "
-            "Terminate the process. Status: IOError: Connection reset by peer\\n")  # fmt: skip
+    supervisor looks again; what it logged last (its real line) says the raylet went first, also
+    for a raylet killed as Ray started (the driver could not register with it)."""
     log = f"open(os.path.join({str(tmp_path)!r}, f'python-core-driver-01000000ff_{{os.getpid()}}.log'), 'w').write({lost!r})\n"
     code = supervise(_driver(RAYLET + _node(tmp_path) + log + "os._exit(1)"))
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2
     assert len(err) == 1 and err[0].startswith("error: the Ray node under the run died: node 127.0.0.1"), err
     assert "exited with code 1 (its raylet died first)" in err[0]
+
+
+def test_ray_s_log_does_not_blame_the_node_for_an_exit_ray_never_gives(capsys, tmp_path):
+    """Ray's log ends in the raylet's loss, but the driver exited with code 0 (Ray's quick exit
+    is code 1): user code ended it, and the line says so."""
+    log = f"open(os.path.join({str(tmp_path)!r}, f'python-core-driver-01000000ff_{{os.getpid()}}.log'), 'w').write({PLASMA_LOST!r})\n"
+    code = supervise(_driver(RAYLET + _node(tmp_path) + log + "os._exit(0)"))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and "exited with code 0 without reporting an error: user code" in err[0] and "Ray node" not in err[0], err
 
 
 def test_a_driver_killed_after_its_raylet_died_is_named_by_its_own_death(capsys, tmp_path):

@@ -107,3 +107,23 @@ def test_one_ctrl_c_to_a_supervised_sft_stays_one(tmp_path):
     said = ("stopped by SIGINT", "interrupted (Ctrl-C)")  # the driver's handlers up, or not yet (imports)
     assert [line for line in err.splitlines() if line.startswith((*said, "error:"))] == [err.splitlines()[-1]], err
     assert err.splitlines()[-1].startswith(said) and "Traceback" not in err, err
+
+
+def test_a_killed_convert_driver_is_not_blamed_on_user_code(tmp_path):
+    """convert runs none of the user's code: a kill -9 of its driver names a kill or the OOM
+    killer, not a generate function or tool calling os._exit (which launch's line names)."""
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text('{"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_size": 32, '
+                                    '"num_hidden_layers": 1, "intermediate_size": 64, "num_attention_heads": 2, '
+                                    '"num_key_value_heads": 1, "vocab_size": 100, "max_position_embeddings": 64}')  # fmt: skip
+    out = tmp_path / "out"
+    code, err, pid = _kill_the_driver(["convert", "hf-to-megatron", "--hf", str(hf), "--out", str(out), "--in-process"], tmp_path)
+    assert code == 2, err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert lines == [err.splitlines()[-1]], err
+    assert lines[0].startswith(f"error: the driver process (pid {pid}) was killed by SIGKILL without reporting an error: "
+                               "a kill from outside or the OOM killer (the command runs none of your code) (check dmesg)"), lines  # fmt: skip
+    assert "user code" not in lines[0] and "generate function" not in lines[0]
+    assert lines[0].endswith(f"{out} is as it was (a conversion writes beside it and swaps it in only once verified; the next "
+                             "convert to it removes the staging folder left): run the same command again")  # fmt: skip
