@@ -190,14 +190,6 @@ def _reported_end(end: Any, code: int) -> int:
     return code if code >= 0 else 128 - code
 
 
-def _reported_end(end: Any, code: int) -> int:
-    """The exit code a driver reported as its end; where it reported none (an exception on its way
-    out, ``sys.exit(None)`` or a message), its process's (``code``, a signal as 128 + N)."""
-    if isinstance(end, int) and not isinstance(end, bool):
-        return end
-    return code if code >= 0 else 128 - code
-
-
 def raylet_child(pid: int) -> dict[str, Any] | None:
     """An embedded raylet among process ``pid``'s children (/proc: its name, and what its command
     line says of its node: address, id, session folder), as the driver reports its node; None
