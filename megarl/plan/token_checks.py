@@ -51,8 +51,18 @@ def check_tool_calls(cfg: MegaRLConfig, tokenizer: Callable[[], Any], findings: 
     if [c.name for c in parse(written).calls] != [name]:
         findings.append(Finding("rollout.agent.tools_file", f"offers tools, and a call in the format rollout.agent.tool_parser "
                                 f"({cfg.rollout.agent.tool_parser}) reads, {text!r}, comes back from model.path's tokenizer "
-                                f"as {written!r}: the model cannot write a tool call; use a model whose tokenizer can "
-                                "(e.g. Qwen2.5 or Qwen3), or data without tools (megarl data gsm8k without --tools)"))  # fmt: skip
+                                f"as {written!r}: the model cannot write a tool call; {_model_fix(cfg)}"))  # fmt: skip
+
+
+def _model_fix(cfg: MegaRLConfig) -> str:
+    """The fix for a tokenizer that cannot write the parser's calls: the tool-use demo's model for
+    its compact format (a digits-only demo model is the likely mistake), else a real chat model."""
+    from megarl.rollout.agents.compact_calls import COMPACT_PARSER
+
+    if cfg.rollout.agent.tool_parser == COMPACT_PARSER:
+        return ("use the tool-use demo's model, which has the call markers in its vocabulary (model.path of "
+                "configs/tiny_tool_agent.yaml, built by `megarl demo --config configs/tiny_tool_agent.yaml`)")
+    return "use a model whose tokenizer can (e.g. Qwen2.5 or Qwen3), or data without tools (megarl data gsm8k without --tools)"
 
 
 def check_answers(cfg: MegaRLConfig, files: list[tuple[str, list[Any]]], tokenizer: Callable[[], Any],

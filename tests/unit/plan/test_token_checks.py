@@ -75,6 +75,7 @@ def test_the_tool_demo_passes_on_its_tokenizer_and_is_refused_on_one_without_the
     call = found.pop("rollout.agent.tools_file")
     assert "(megarl.rollout.agents.compact_calls:calculator_calls) reads, '<tool_call>12+34</tool_call>'" in call
     assert "as '1234': the model cannot write a tool call" in call
+    assert "the tool-use demo's model" in call and "Qwen" not in call  # the fix for this format, not a chat model's
     ((where, answer),) = found.items()
     assert where == "data.train_files[0] (train.parquet)" and "\n" not in answer
     assert "a right answer in the format the 'tool_sum' scorer reads, '<tool_call>" in answer
