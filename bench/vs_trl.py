@@ -38,12 +38,17 @@ CONFIG = ROOT / "configs" / "tiny_grpo.yaml"
 # The sides: a name -> megarl demo overrides (None: TRL). "megarl (check every push)": the
 # post-push check as before rollout.weight_sync.check_logprobs_every existed; "baseline": the
 # demo run from another checkout (--baseline, e.g. a worktree of an earlier commit).
+# "megarl (in-process)": `megarl launch --in-process` on the demo's model and data: one process,
+# no Ray, one policy rank (DP=1), the rewards' worker processes as in the demo.
 SIDES: dict[str, list[str] | None] = {
     "megarl": [],
     "megarl (check every push)": ["rollout.weight_sync.check_logprobs_every=1"],
+    "megarl (in-process)": ["cluster.gpus_per_node=1"],
     "baseline": [],
     "trl": None,
 }
+RUN_NAMES = {"megarl": "megarl", "megarl (check every push)": "megarl-check1", "megarl (in-process)": "megarl-inproc",
+             "baseline": "baseline", "trl": "trl"}  # fmt: skip
 
 
 def trl_python() -> Path:
@@ -80,12 +85,14 @@ def _row(r: dict) -> dict:
 
 
 class TreeMemory:
-    """Peak RSS and PSS (bytes) summed over ``pid`` and its descendants, sampled in a thread."""
+    """Peak RSS and PSS (bytes) summed over ``pid`` and its descendants, sampled in a thread, and
+    the CPU time they used (user + system, each process's last sample with its reaped children's)."""
 
     def __init__(self, pid: int, every_s: float = 0.5) -> None:
         self.pid, self.every_s = pid, every_s
         self.peak_rss = self.peak_pss = self.peak_procs = 0
-        self.at_peak: dict[str, float] = {}  # process name (/proc/<pid>/comm) -> PSS GiB summed, at the PSS peak
+        self.at_peak: dict[str, float] = {}  # process role (process_role) -> PSS GiB summed, at the PSS peak
+        self.cpu_ticks: dict[int, int] = {}  # pid -> its CPU time and its reaped children's, clock ticks, last sample
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -102,9 +109,11 @@ class TreeMemory:
             for pid in pids:
                 try:
                     text = Path(f"/proc/{pid}/smaps_rollup").read_text()
-                    name = Path(f"/proc/{pid}/comm").read_text().strip()
+                    name = self.process_role(pid)
+                    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
                 except OSError:
                     continue  # gone meanwhile
+                self.cpu_ticks[pid] = sum(int(t) for t in stat[11:15])  # utime, stime, cutime, cstime
                 fields = dict(line.split(":", 1) for line in text.splitlines()[1:])
                 rss += int(fields["Rss"].split()[0]) << 10
                 own = int(fields["Pss"].split()[0]) << 10
@@ -114,6 +123,31 @@ class TreeMemory:
                 self.at_peak = names
             self.peak_rss, self.peak_pss = max(self.peak_rss, rss), max(self.peak_pss, pss)
             self.peak_procs = max(self.peak_procs, len(pids))
+
+    def process_role(self, pid: int) -> str:
+        """What a process of the tree is: the command the bench started, megarl's driver, the reward
+        workers' forkserver and workers, multiprocessing's resource tracker, else its name (Ray's
+        processes: ``ray::<what>``, gcs_server, raylet)."""
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        text = " ".join(a.decode(errors="replace") for a in argv)
+        if pid == self.pid:
+            return "the command"
+        if "-m megarl.cli" in text:
+            return "megarl driver"
+        if "forkserver" in text:
+            return "reward workers (forkserver)"
+        if "resource_tracker" in text:
+            return "resource tracker"
+        if "PR_SET_PDEATHSIG" in text:  # megarl/plan/import_check_child.py's code, on its command line
+            return "pre-launch import check"
+        if "site-packages/ray/" in text:  # Ray's Python processes: dashboard, log monitor, autoscaler monitor
+            script = next((a.decode(errors="replace") for a in argv if a.endswith(b".py")), "ray")
+            return f"ray ({Path(script).stem})"
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+
+    @property
+    def cpu_s(self) -> float:
+        return sum(self.cpu_ticks.values()) / os.sysconf("SC_CLK_TCK")
 
     def _tree(self) -> list[int]:
         children: dict[int, list[int]] = {}
@@ -162,7 +196,7 @@ def run_measured(cmd: list[str], log: Path, env: dict | None = None, cwd: Path =
     if rc != 0:
         raise SystemExit(f"error: {' '.join(cmd[:3])} ... exited {rc}; see {log}")
     return {"wall_s": wall, "peak_rss_gib": memory.peak_rss / 2**30,
-            "peak_pss_gib": memory.peak_pss / 2**30, "processes": memory.peak_procs,
+            "peak_pss_gib": memory.peak_pss / 2**30, "processes": memory.peak_procs, "cpu_s": memory.cpu_s,
             "pss_at_peak_gib": dict(sorted(memory.at_peak.items(), key=lambda kv: -kv[1]))}
 
 
@@ -188,7 +222,12 @@ def run_megarl(work: Path, run: Path, seed: int, args: argparse.Namespace, extra
                  "trainer.loggers=[jsonl]", "trainer.resume=disable", f"trainer.output_dir={run}", *extra]  # fmt: skip
     # The checkout's megarl: `python -c` puts the working directory first on sys.path, so the
     # command runs there (PYTHONPATH alone would lose to this checkout as the working directory).
-    cmd = [sys.executable, "-c", "import sys; from megarl.cli import main; sys.exit(main())", "demo", *overrides, "--root", str(work)]
+    command = ["demo", *overrides, "--root", str(work)]
+    if "cluster.gpus_per_node=1" in extra:  # the in-process side: launch on the demo's model and data
+        data = work / "data"
+        command = ["launch", "--in-process", str(CONFIG), f"model.path={work / 'model'}", f"data.train_files=[{data / 'train.parquet'}]",
+                   f"data.val_files=[{data / 'val.parquet'}]", *overrides]  # fmt: skip
+    cmd = [sys.executable, "-c", "import sys; from megarl.cli import main; sys.exit(main())", *command]
     measured = run_measured(cmd, run.with_suffix(".log"), env=os.environ | {"PYTHONPATH": str(checkout)}, cwd=checkout)
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if "time/step_s" in r and r.get("step", 0) >= 1]
@@ -258,9 +297,11 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=ROOT / "outputs" / "bench_vs_trl", help="model, data and runs")
     parser.add_argument("--results", type=Path, default=ROOT / "bench" / "results", help="where vs_trl.json and .md go")
     parser.add_argument("--rerender", action="store_true", help="only write vs_trl.md again from --results' vs_trl.json")
+    parser.add_argument("--summary", type=Path, help="with --rerender: a Markdown file whose text is kept in vs_trl.json "
+                        "and heads vs_trl.md (the reading of a run, written after it)")  # fmt: skip
     args = parser.parse_args()
     if args.rerender:
-        return rerender(args.results)
+        return rerender(args.results, args.summary)
     if "baseline" in args.sides and (args.baseline is None or not (args.baseline / "megarl" / "cli.py").is_file()):
         raise SystemExit(f"error: --sides baseline needs --baseline, a megarl checkout (got {args.baseline})")
     from megarl.commands.demo import prepare_demo
@@ -272,7 +313,7 @@ def main() -> None:
     for k, seed in enumerate(args.seeds):
         order = args.sides if k % 2 == 0 else args.sides[::-1]  # interleaved: alternate who goes first
         for side in order:
-            run = args.work / "runs" / f"{side.split()[0]}{'-check1' if '(' in side else ''}-seed{seed}"
+            run = args.work / "runs" / f"{RUN_NAMES[side]}-seed{seed}"
             extra = SIDES[side]
             if extra is None:
                 assert python is not None
@@ -311,6 +352,8 @@ def baseline_commit(checkout: Path | None) -> str | None:
 def aggregate(runs: list[dict]) -> dict:
     """Medians over the seeds' runs; the held-out reward as the mean over seeds per step."""
     med = {k: statistics.median(r[k] for r in runs) for k in ("step_s", "wall_s", "peak_rss_gib", "peak_pss_gib", "processes")}
+    if all("cpu_s" in r for r in runs):  # the cores the run kept busy on average (results before it have none)
+        med["cores_busy"] = statistics.median(r["cpu_s"] / r["wall_s"] for r in runs)
     phases = sorted({p for r in runs for p in r["phases_s"]})
     med["phases_s"] = {p: statistics.median(r["phases_s"].get(p, 0.0) for r in runs) for p in phases}
     steps = sorted({int(s) for r in runs for s in r["held_out"]})
@@ -340,14 +383,18 @@ def _spans(run: dict) -> dict[str, float]:
 
 def markdown(out: dict) -> str:
     m, sides = out["machine"], out["sides"]
-    lines = ["# megarl's CPU demo against TRL's GRPOTrainer (bench/vs_trl.py)\n",
-             f"{m['date']}, {m['cpu']}, {m['cores']} cores, torch {m.get('torch')}, load (1 min) {m['load_avg_1m']} at the start, "
-             f"{out['load_avg_1m_at_end']} at the end (other jobs shared the cores: timings are loaded). {out['steps']} steps, seeds "
-             f"{out['seeds']}, the sides interleaved; medians over the seeds of each run's median step. TRL's torch threads: "
-             f"{out['trl_threads']}. Baseline: {out['baseline']}.\n",
-             "| side | s/step | end to end s | peak RSS GiB | peak PSS GiB | processes |", "|---|---|---|---|---|---|"]  # fmt: skip
-    lines += [f"| {s} | {v['step_s']:.3f} | {v['wall_s']:.0f} | {v['peak_rss_gib']:.2f} | {v['peak_pss_gib']:.2f} | {v['processes']:.0f} |"
-              for s, v in sides.items()]  # fmt: skip
+    lines = ["# megarl's CPU demo against TRL's GRPOTrainer (bench/vs_trl.py)\n"]
+    if out.get("summary"):
+        lines += [out["summary"] + "\n"]
+    lines += [f"{m['date']}, {m['cpu']}, {m['cores']} cores, torch {m.get('torch')}, load (1 min) {m['load_avg_1m']} at the start, "
+              f"{out['load_avg_1m_at_end']} at the end (the bench's own runs make about 1 to 2; more is other jobs: the "
+              f"per-run table has each run's). {out['steps']} steps, seeds {out['seeds']}, the sides interleaved; medians over "
+              f"the seeds of each run's median step. TRL's torch threads: {out['trl_threads']}. Baseline: {out['baseline']}.\n",
+              "| side | s/step | end to end s | peak RSS GiB | peak PSS GiB | processes | cores busy |",
+              "|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines += [f"| {s} | {v['step_s']:.3f} | {v['wall_s']:.0f} | {v['peak_rss_gib']:.2f} | {v['peak_pss_gib']:.2f} | {v['processes']:.0f} | "
+              + (f"{v['cores_busy']:.2f} |" if "cores_busy" in v else "- |") for s, v in sides.items()]  # fmt: skip
+    lines += ["", "cores busy: the CPU time of the run's processes (user and system) over its wall time, start to exit."]
     if "ratios_to_trl" in out:
         lines += ["", "Ratios to TRL (target: s/step <= 1.0, end to end <= 1.2, PSS <= 2):", ""]
         lines += [f"- {s}: s/step {r['step_s']:.2f}x, end to end {r['wall_s']:.2f}x, PSS {r['peak_pss_gib']:.2f}x"
@@ -455,20 +502,40 @@ def _gaps(out: dict, new: dict, trl: dict) -> list[str]:
                  "isolation; the checkpoint is what a user resumes from.")  # fmt: skip
     first = next(r for r in out["runs"] if r["side"] == "megarl")
     where = ", ".join(f"{name} {gib:.2f}" for name, gib in list(first.get("pss_at_peak_gib", {}).items())[:6])
-    lines.append(f"- Memory: megarl's tree of {new['processes']:.0f} processes holds "
-                 f"{new['peak_pss_gib'] / trl['peak_pss_gib']:.1f}x TRL's single process in PSS (GiB by process name at "
-                 f"the peak, seed {first['seed']}: {where}). The target (2x) is not met: closing it takes fewer "
-                 "processes (no Ray for a CPU demo, rewards in the driver), which gives up the process isolation of "
-                 "rewards; not done here.")  # fmt: skip
+    ratio = new["peak_pss_gib"] / trl["peak_pss_gib"]
+    verdict = ("The target (2x) is met." if ratio <= 2 else "The target (2x) is not met: each process imports torch (and "
+               "the ranks megatron-core); closing it takes fewer processes (one rank, no Ray: `megarl launch --in-process`), "
+               "which gives up the DP=2 layout the demo shows and Ray's process isolation.")  # fmt: skip
+    lines.append(f"- Memory: megarl's tree of {new['processes']:.0f} processes holds {ratio:.1f}x TRL's single process in "
+                 f"PSS (GiB by process at the peak, seed {first['seed']}: {where}). {verdict}")  # fmt: skip
+    lines += _in_process(out, trl)
     lines.append(f"- TRL ran with {out['trl_threads']} torch thread(s) (see threads below). An idle machine with TRL on "
                  "both cores (--trl-threads 2) is not measured in this file.")  # fmt: skip
     return lines
 
 
-def rerender(results: Path) -> None:
-    """vs_trl.md again from the vs_trl.json of an earlier run (the readings as this file writes them)."""
+def _in_process(out: dict, trl: dict) -> list[str]:
+    """The in-process side against TRL: one process as TRL's, so what is left is megarl's own."""
+    side = out["sides"].get("megarl (in-process)")
+    if side is None:
+        return []
+    run = next(r for r in out["runs"] if r["side"] == "megarl (in-process)")
+    where = ", ".join(f"{name} {gib:.2f}" for name, gib in list(run.get("pss_at_peak_gib", {}).items())[:5])
+    busy = f", {side['cores_busy']:.2f} cores busy against TRL's {trl['cores_busy']:.2f}" if "cores_busy" in side and "cores_busy" in trl else ""
+    return [f"- In process (`megarl launch --in-process`: one policy rank, no Ray, rewards in 2 worker processes): "
+            f"{side['step_s'] * 1e3:.0f} ms a step ({side['step_s'] / trl['step_s']:.2f}x TRL's), {side['wall_s']:.0f} s end "
+            f"to end ({side['wall_s'] / trl['wall_s']:.2f}x), PSS {side['peak_pss_gib']:.2f} GiB "
+            f"({side['peak_pss_gib'] / trl['peak_pss_gib']:.1f}x; by process at the peak, seed {run['seed']}: {where}){busy}."]
+
+
+def rerender(results: Path, summary: Path | None = None) -> None:
+    """vs_trl.md again from the vs_trl.json of an earlier run (the readings as this file writes
+    them); ``summary``'s text, when given, is stored in the JSON and heads the page from then on."""
     out = json.loads((results / "vs_trl.json").read_text())
     out["unmatched"] = UNMATCHED
+    if summary is not None:
+        out["summary"] = summary.read_text().strip()
+        (results / "vs_trl.json").write_text(json.dumps(out, indent=2) + "\n")
     for side in out["sides"].values():  # JSON's keys are strings: the steps again as numbers, in order
         side["held_out"] = {int(k): v for k, v in side["held_out"].items()}
     (results / "vs_trl.md").write_text(markdown(out))
