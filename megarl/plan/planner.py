@@ -157,21 +157,48 @@ def make_plan(cfg: MegaRLConfig, *, check_files: bool = False, in_process: bool 
     except ArchError as exc:
         raise PlanError([Issue("model", str(exc))]) from None
     _check_scope(cfg, arch, issues, sft=sft)
-    if sft:  # the policy alone, on every GPU of the cluster (no rollout pool, no critic)
-        policy = _train_layout("policy", cfg.actor, list(range(cfg.cluster.world_size)))
-        _check_model_parallel("actor", cfg.actor, arch, cfg.cluster.world_size, issues)
-        _check_sft(cfg, arch, issues)
-        check_lora(cfg, arch, issues, rollout=False)
-        _raise_errors(issues)
-        assert policy is not None  # a layout problem is an error, raised above
-        return Plan(arch, cfg.cluster.device, cfg.cluster.placement, {"policy": policy}, None,
-                    [i for i in issues if i.level == "warning"], _auto_recompute(cfg, "none") | lora_resolved(cfg))  # no memory plan: none
+    if sft:
+        return _sft_plan(cfg, arch, issues)
     # first: the pools below are cut from what the reward roles leave
     check_reward_model(cfg, issues, in_process=in_process)
     check_judge(cfg, issues, in_process=in_process)
     if not in_process:  # (an in-process run refuses the roles above)
         check_own_devices(cfg, issues)
     roles = _layout_roles(cfg, arch, issues)
+    _check_sections(cfg, arch, roles, issues, in_process=in_process)
+    memory, resolved = None, _auto_recompute(cfg, "none")
+    layout_ok = not any(i.level == "error" for i in issues)
+    if layout_ok:  # the memory model needs a config the checks above accept; the files do not matter to it
+        cfg, resolved = _resolve_recompute(cfg, arch, roles)
+        memory = _plan_all_memory(cfg, arch, roles, issues)
+    if check_files:  # reported with the config's problems, not after they are fixed
+        _check_files(cfg, issues, bridge=layout_ok)
+        check_server_python(cfg, issues)
+        check_nccl_versions(cfg, issues)  # two subprocesses import torch: seconds, so only with these checks
+    _raise_errors(issues)
+    resolved |= lora_resolved(cfg)
+    push = _push_plan(cfg, arch, roles["policy"], roles.get("rollout"), issues)
+    warnings = [i for i in issues if i.level == "warning"]
+    return Plan(arch, cfg.cluster.device, cfg.cluster.placement, roles, memory, warnings, resolved, push,
+                reward_model_layout(cfg, roles.get("policy")), judge_layout(cfg))
+
+
+def _sft_plan(cfg: MegaRLConfig, arch: ArchSpec, issues: list[Issue]) -> Plan:
+    """`megarl sft`'s plan: the policy alone, on every GPU of the cluster (no rollout pool, no
+    critic, no memory plan)."""
+    policy = _train_layout("policy", cfg.actor, list(range(cfg.cluster.world_size)))
+    _check_model_parallel("actor", cfg.actor, arch, cfg.cluster.world_size, issues)
+    _check_sft(cfg, arch, issues)
+    check_lora(cfg, arch, issues, rollout=False)
+    _raise_errors(issues)
+    assert policy is not None  # a layout problem is an error, raised above
+    return Plan(arch, cfg.cluster.device, cfg.cluster.placement, {"policy": policy}, None,
+                [i for i in issues if i.level == "warning"], _auto_recompute(cfg, "none") | lora_resolved(cfg))
+
+
+def _check_sections(cfg: MegaRLConfig, arch: ArchSpec, roles: dict[str, RoleLayout], issues: list[Issue], *,
+                    in_process: bool) -> None:  # fmt: skip
+    """Every check of an RL config's sections on the roles' layout (each adds its issues)."""
     issues += [Issue("reward.combine", problem) for problem in component_problems(cfg.reward)]
     for role, section_name in (("policy", "actor"), ("critic", "critic")):
         if role == "policy" or cfg.critic_enabled:
@@ -195,34 +222,30 @@ def make_plan(cfg: MegaRLConfig, *, check_files: bool = False, in_process: bool 
     check_lora(cfg, arch, issues)
     _check_offload(cfg, issues)
     if in_process:
-        check_in_process(cfg, issues, sft=sft)
-    memory, resolved = None, _auto_recompute(cfg, "none")
-    layout_ok = not any(i.level == "error" for i in issues)
-    if layout_ok:  # the memory model needs a config the checks above accept; the files do not matter to it
-        cfg, resolved = _resolve_recompute(cfg, arch, roles)
-        rm_memory = reward_model_memory(cfg) if reward_model_gpus(cfg) or colocated_reward_model(cfg) else None
-        memory = _plan_memory(cfg, arch, roles, issues, reward_model=rm_memory)
-        if reward_model_gpus(cfg):
-            check_reward_model_memory(cfg, rm_memory, issues)
-        judge_mem = judge_memory(cfg)
-        check_judge_memory(cfg, judge_mem, issues)
-        memory = replace(memory, reward_model=rm_memory, judge=judge_mem)
-    if check_files:  # reported with the config's problems, not after they are fixed
-        _check_files(cfg, issues, bridge=layout_ok)
-        check_server_python(cfg, issues)
-        check_nccl_versions(cfg, issues)  # two subprocesses import torch: seconds, so only with these checks
-    _raise_errors(issues)
-    resolved |= lora_resolved(cfg)
-    p = roles["policy"]
-    push = push_estimate(cfg, arch, p.tp, p.pp, p.dp, p.ep, rollout=roles.get("rollout"), writer_gpu=p.gpus[0])
+        check_in_process(cfg, issues, sft=False)
+
+
+def _plan_all_memory(cfg: MegaRLConfig, arch: ArchSpec, roles: dict[str, RoleLayout], issues: list[Issue]) -> MemoryPlan:
+    """The memory plan of every role, the reward model's and the judge's included, with their checks."""
+    rm_memory = reward_model_memory(cfg) if reward_model_gpus(cfg) or colocated_reward_model(cfg) else None
+    memory = _plan_memory(cfg, arch, roles, issues, reward_model=rm_memory)
+    if reward_model_gpus(cfg):
+        check_reward_model_memory(cfg, rm_memory, issues)
+    judge_mem = judge_memory(cfg)
+    check_judge_memory(cfg, judge_mem, issues)
+    return replace(memory, reward_model=rm_memory, judge=judge_mem)
+
+
+def _push_plan(cfg: MegaRLConfig, arch: ArchSpec, p: RoleLayout, rollout: RoleLayout | None, issues: list[Issue]) -> PushEstimate:
+    """The estimate of one weight push from the policy's layout ``p``; a warning when the push
+    deadline is below it on GPUs."""
+    push = push_estimate(cfg, arch, p.tp, p.pp, p.dp, p.ep, rollout=rollout, writer_gpu=p.gpus[0])
     deadline, largest = cfg.rollout.weight_sync.timeout_s, _largest_push_seconds(cfg, arch, push, (p.tp, p.pp, p.dp, p.ep))
     if cfg.cluster.device == "cuda" and deadline and largest > deadline:
         issues.append(Issue("rollout.weight_sync.timeout_s", f"({deadline:g}) is shorter than the plan's estimate of one "
                             f"push ({largest:.2g} s, a lower bound): every push would stop the run; raise it",
                             level="warning"))  # fmt: skip
-    warnings = [i for i in issues if i.level == "warning"]
-    return Plan(arch, cfg.cluster.device, cfg.cluster.placement, roles, memory, warnings, resolved, push,
-                reward_model_layout(cfg, roles.get("policy")), judge_layout(cfg))
+    return push
 
 
 def _largest_push_seconds(cfg: MegaRLConfig, arch: ArchSpec, push: PushEstimate, layout: tuple[int, int, int, int]) -> float:
