@@ -27,6 +27,10 @@ signal to the command's process group. SIGINT, SIGTERM and SIGHUP are forwarded;
 Ctrl-C stays a second one (it stops at once). The driver dies with the
 supervisor (PR_SET_PDEATHSIG, SIGKILL: a `kill -9` of `megarl launch` ends the run at once, as it
 did when that process was the driver; the embedded Ray's reaper then ends the rest).
+
+Leftovers: however the driver ended, the supervisor then ends every process that still carries
+the driver's tag (megarl/tagged_processes.py) before it exits: Ray's workers whose raylet was
+killed live on, re-parented, for 20-40 s, out of reach of the driver's teardown and its reaper.
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from typing import Any
+
+from megarl.tagged_processes import DRIVER_TAG_ENV, end_tagged, new_tag
 
 SUPERVISOR_FD_ENV = "MEGARL_SUPERVISOR_FD"  # the driver's end of the pipe (set for the child only)
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -120,8 +126,9 @@ def supervise(command: Sequence[str], *, ray: bool = True, kept: str | None = No
         passed_on.add(signum)
 
     previous = {s: signal.signal(s, on_signal) for s in FORWARDED}
+    tag = new_tag()  # what every process the driver starts inherits: they are ended with it
     try:
-        child = subprocess.Popen(list(command), env={**os.environ, SUPERVISOR_FD_ENV: str(write_end)},
+        child = subprocess.Popen(list(command), env={**os.environ, SUPERVISOR_FD_ENV: str(write_end), DRIVER_TAG_ENV: tag},
                                  pass_fds=(write_end,), preexec_fn=_die_with_parent, process_group=0)  # fmt: skip
         os.close(write_end)
         for signum in pending:
@@ -130,6 +137,7 @@ def supervise(command: Sequence[str], *, ray: bool = True, kept: str | None = No
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+    end_tagged(tag)  # what outlived the driver (Ray's workers re-parented when their raylet died) ends with it
     reports = _parse_reports(data + _drain(read_end))
     os.close(read_end)
     if found and "ray" not in reports:  # the raylet died as Ray started, before the driver could say where
@@ -180,14 +188,6 @@ def _watch(child: subprocess.Popen[bytes], fd: int, *, ray: bool = True) -> tupl
                 return child.returncode, data, False, found
             code = child.wait()
             return code, data, ended_by_ray(code), found
-
-
-def _reported_end(end: Any, code: int) -> int:
-    """The exit code a driver reported as its end; where it reported none (an exception on its way
-    out, ``sys.exit(None)`` or a message), its process's (``code``, a signal as 128 + N)."""
-    if isinstance(end, int) and not isinstance(end, bool):
-        return end
-    return code if code >= 0 else 128 - code
 
 
 def _reported_end(end: Any, code: int) -> int:

@@ -280,3 +280,40 @@ def test_an_attached_driver_s_children_are_not_searched_for_a_raylet_after_its_r
     assert code == 2
     assert len(err) == 1 and err[0].startswith("error: the driver process (pid "), err
     assert "exited with code 1 without reporting an error" in err[0] and "Ray node" not in err[0]
+
+
+# A stand-in for Ray's workers whose raylet died: started by the driver's child (the raylet), re-parented
+# when that one is killed, alive past the driver (a real worker notices its raylet's loss after 20-40 s).
+ORPHAN = ("import subprocess, ctypes\n"
+          "raylet = subprocess.Popen([sys.executable, '-c', 'import subprocess, sys, time; "
+          "w = subprocess.Popen([sys.executable, \"-c\", \"import time; time.sleep(120)\"], start_new_session=True); "
+          "open(sys.argv[1], \"w\").write(str(w.pid)); time.sleep(120)', {pids!r}])\n"
+          "while not (os.path.exists({pids!r}) and os.path.getsize({pids!r})): time.sleep(0.05)\n"
+          "os.kill(raylet.pid, signal.SIGKILL)\nraylet.wait()\n")  # fmt: skip
+
+
+@pytest.mark.parametrize("ending", ["s.report(end=0)\nsys.exit(0)", "os._exit(1)"], ids=["reported-end", "silent-end"])
+def test_what_the_driver_leaves_behind_ends_with_it_and_nothing_else(capsys, tmp_path, ending):
+    """Processes the driver's tree started that outlive it, re-parented (Ray's workers after a
+    raylet's kill -9), are ended before the command exits; a process of another run is left alone."""
+    pids = tmp_path / "worker.pid"
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])  # not the driver's: no tag
+    try:
+        supervise(_driver(ORPHAN.format(pids=str(pids)) + ending))
+        worker = int(pids.read_text())
+        assert not _running(worker), "the driver's orphaned worker outlived the command"
+        assert other.poll() is None  # another run's process: untouched
+    finally:
+        other.kill()
+        other.wait()
+        if pids.exists() and _running(int(pids.read_text())):
+            os.kill(int(pids.read_text()), signal.SIGKILL)
+    capsys.readouterr()
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
