@@ -146,6 +146,7 @@ def supervise(command: Sequence[str], *, ray: bool = True, kept: str | None = No
         raylet_first = raylet_first or _ray_saw_its_raylet_die(reports.get("ray"), child.pid)
     if "end" in reports:  # the driver's own exit code stands, whatever its teardown did after (Ray's C++ may abort it)
         return _reported_end(reports["end"], code)
+    _keep_rank_logs_that_say_something(reports)
     if code < 0 and (-code in passed_on or (-code == signal.SIGINT and interrupted)):  # before its handlers were up
         _say(f"stopped by {signal.Signals(-code).name} while starting; {kept or 'nothing was trained or saved'}")
         return 128 - code
@@ -196,6 +197,25 @@ def _reported_end(end: Any, code: int) -> int:
     if isinstance(end, int) and not isinstance(end, bool):
         return end
     return code if code >= 0 else 128 - code
+
+
+def _keep_rank_logs_that_say_something(reports: dict[str, Any]) -> None:
+    """The folder of rank logs a driver reported (``rank_logs``: `megarl convert`'s, in /tmp) and
+    could not clean up as it does when it ends on its own: removed when no ``*.log`` in it holds
+    anything (its ``rank_logs`` report dropped then), else kept, for the line to name."""
+    import glob
+    import shutil
+
+    folder = reports.get("rank_logs")
+    if not folder:
+        return
+    try:
+        said = any(os.path.getsize(path) > 0 for path in glob.glob(os.path.join(glob.escape(folder), "*.log")))
+    except OSError:  # a log removed meanwhile: whatever is left says too little to keep
+        said = False
+    if not said:
+        shutil.rmtree(folder, ignore_errors=True)
+        reports.pop("rank_logs")
 
 
 def raylet_child(pid: int) -> dict[str, Any] | None:
@@ -312,6 +332,8 @@ def silent_end_line(code: int, reports: dict[str, Any], pid: int, *, raylet_firs
     command that resumes (reported by the driver), else with what is ``kept`` (a command's own)."""
     how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
     resume = f"; resume with: {reports['resume']}" if reports.get("resume") else f"; {kept}" if kept else ""
+    if reports.get("rank_logs"):  # kept by the supervisor only when a rank wrote something there
+        resume = f"; the ranks' logs: {reports['rank_logs']}{resume}"
     node = reports.get("ray")
     silent = None
     if node and not raylet_first and not node.get("raylet_pid") and node.get("raylet"):

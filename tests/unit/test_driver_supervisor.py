@@ -317,3 +317,19 @@ def _running(pid: int) -> bool:
     except (OSError, IndexError):
         return False
 
+
+@pytest.mark.parametrize("wrote", [True, False], ids=["a-rank-wrote", "nothing-written"])
+def test_rank_logs_a_killed_driver_leaves_are_named_or_removed(capsys, tmp_path, wrote):
+    """`megarl convert`'s ranks log in a temp folder its driver removes unless a rank failed; a
+    driver ended at the C level (Ray's quick exit) removes nothing: the supervisor names the
+    folder when a rank wrote something there, and removes it when no log holds anything."""
+    logs = tmp_path / "megarl-convert-logs-x"
+    logs.mkdir()
+    (logs / "progress").write_text("3 10")  # rank 0's tensor count, not a log
+    (logs / "import_rank0.log").write_text("Traceback ...\n" if wrote else "")
+    code = supervise(_driver(f"s.report(rank_logs={str(logs)!r})\nos._exit(9)"), ray=False, kept="OUT is as it was")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert logs.exists() == wrote
+    assert (f"; the ranks' logs: {logs}; OUT is as it was" in err[0]) == wrote, err[0]
+    assert err[0].endswith("; OUT is as it was")
