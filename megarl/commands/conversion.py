@@ -330,7 +330,7 @@ def _rank_group(rank_cls: type, ranks: ConversionRanks, rank_args: tuple, logs: 
     from megarl.ray_cluster.session import ray_session
     from megarl.ray_cluster.worker_group import GroupOptions, WorkerGroup
 
-    with ray_session(ranks.address, num_cpus=None if ranks.address else ranks.count + 1):
+    with ray_session(ranks.address, num_cpus=None if ranks.address else ranks.count + 1, ray_reports=logs / "ray_reports.log"):
         group = WorkerGroup(rank_cls, ranks.placement, *rank_args, group_options=GroupOptions(log_dir=logs),
                             progress_file=progress_file)  # fmt: skip
         try:

@@ -59,12 +59,15 @@ def ray_session(
     log_to_driver: bool = True,
     namespace: str = "megarl",
     env_vars: Mapping[str, str] | None = None,
+    ray_reports: Path | None = None,
 ) -> Iterator[RaySession]:
     """Ray for the duration of the `with` block.
 
     address None starts a local Ray with num_cpus / num_gpus (None: what the machine has);
     "auto" or "host:port" attaches to a cluster (num_cpus / num_gpus must then be None: the
     cluster's nodes declare their resources). env_vars reach every worker process.
+    ray_reports: where Ray's report of a dead raylet goes for a command without a log file of its
+    own (megarl/ray_cluster/raylet_report.py); never the terminal.
     """
     if address is not None and (num_cpus is not None or num_gpus is not None):
         raise ValueError(
@@ -102,7 +105,7 @@ def ray_session(
         if address is None:
             reaper = start_reaper()
             _refuse_a_dead_raylet()  # before the run imports any user code: a dead node is not that code's fault
-        with raylet_reports_to_log():  # megarl's own line says a node died: Ray's 45 lines go to the log
+        with raylet_reports_to_log(ray_reports):  # megarl's own line says a node died: Ray's 45 lines go to the log
             yield _describe(started_here=True)
     finally:
         if address is None:
