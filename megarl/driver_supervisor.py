@@ -43,11 +43,13 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from megarl.driver_stderr import StderrRelay
 from megarl.tagged_processes import DRIVER_TAG_ENV, end_tagged, new_tag
 
 SUPERVISOR_FD_ENV = "MEGARL_SUPERVISOR_FD"  # the driver's end of the pipe (set for the child only)
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 USER_CODE = "a generate function, tool, interaction or dataset class"  # what a driver may run of the user's
+RAY_REPORTS_LOG = "ray_reports.log"  # Ray's reports beside a command's ranks' logs, for one without a driver.log (convert)
 WATCH_INTERVAL_S = 0.2  # how often the supervisor looks at the raylet (one /proc read): to see it die before its driver
 _report_fd: int | None = None
 _supervisor_pid: int | None = None
@@ -127,17 +129,20 @@ def supervise(command: Sequence[str], *, ray: bool = True, kept: str | None = No
 
     previous = {s: signal.signal(s, on_signal) for s in FORWARDED}
     tag = new_tag()  # what every process the driver starts inherits: they are ended with it
+    relay = StderrRelay()  # the driver's stderr, less Ray's C++ lines (megarl/driver_stderr.py)
     try:
         child = subprocess.Popen(list(command), env={**os.environ, SUPERVISOR_FD_ENV: str(write_end), DRIVER_TAG_ENV: tag},
-                                 pass_fds=(write_end,), preexec_fn=_die_with_parent, process_group=0)  # fmt: skip
+                                 pass_fds=(write_end,), stderr=relay.write_fd, preexec_fn=_die_with_parent, process_group=0)  # fmt: skip
         os.close(write_end)
+        relay.start()
         for signum in pending:
             child.send_signal(signum)
-        code, data, raylet_first, found = _watch(child, read_end, ray=ray)
+        code, data, raylet_first, found = _watch(child, read_end, ray=ray, relay=relay)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
     end_tagged(tag)  # what outlived the driver (Ray's workers re-parented when their raylet died) ends with it
+    relay.finish()  # all the driver wrote, before this process's own line
     reports = _parse_reports(data + _drain(read_end))
     os.close(read_end)
     if found and "ray" not in reports:  # the raylet died as Ray started, before the driver could say where
@@ -154,13 +159,14 @@ def supervise(command: Sequence[str], *, ray: bool = True, kept: str | None = No
     return 130 if interrupted else 2
 
 
-def _watch(child: subprocess.Popen[bytes], fd: int, *, ray: bool = True) -> tuple[int, bytes, bool, dict[str, Any] | None]:
+def _watch(child: subprocess.Popen[bytes], fd: int, *, ray: bool = True,
+           relay: StderrRelay | None = None) -> tuple[int, bytes, bool, dict[str, Any] | None]:  # fmt: skip
     """Wait for the driver, watching the raylet it reported (a local pid), or, with ``ray``, the
     one found among its children before it could report (Ray starts an embedded raylet as the
     driver's child; its children are looked at only until the driver's ``ray`` report, which
     names no pid for a cluster's raylet, attached to with ``--address``): its exit code, what it wrote, whether the raylet was seen dead while the
     driver still lived and the driver then ended as Ray ends one for its raylet (exit code 1),
-    and the raylet found so. The order is the cause: an embedded raylet dies with its driver
+    and the raylet found so; ``relay`` learns the log file the driver reports. The order is the cause: an embedded raylet dies with its driver
     (Ray's fate sharing), so a raylet found dead after the driver says nothing, and Ray ends a
     driver only after its raylet is gone."""
     data = b""
@@ -174,6 +180,8 @@ def _watch(child: subprocess.Popen[bytes], fd: int, *, ray: bool = True) -> tupl
             pass
         chunk = _drain(fd)
         data += chunk
+        if chunk and relay is not None:
+            relay.log_file = ray_lines_file(_parse_reports(data))
         if raylet_pid is None and node is None:  # still looking: a cluster's raylet (--address) is not the driver's child
             node = _parse_reports(data).get("ray") if chunk else None
             raylet_pid = node.get("raylet_pid") if node else None
@@ -189,6 +197,14 @@ def _watch(child: subprocess.Popen[bytes], fd: int, *, ray: bool = True) -> tupl
                 return child.returncode, data, False, found
             code = child.wait()
             return code, data, ended_by_ray(code), found
+
+
+def ray_lines_file(reports: dict[str, Any]) -> str | None:
+    """Where Ray's C++ lines on the driver's stderr go: the driver's log (launch, sft), else a file
+    beside the ranks' logs (convert's, whose own ray_reports.log it is), else None (the terminal)."""
+    if reports.get("log"):
+        return str(reports["log"])
+    return os.path.join(reports["rank_logs"], RAY_REPORTS_LOG) if reports.get("rank_logs") else None
 
 
 def _reported_end(end: Any, code: int) -> int:

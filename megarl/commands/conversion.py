@@ -327,10 +327,11 @@ def _rank_group(rank_cls: type, ranks: ConversionRanks, rank_args: tuple, logs: 
             finally:
                 group.shutdown()
         return
+    from megarl.driver_supervisor import RAY_REPORTS_LOG
     from megarl.ray_cluster.session import ray_session
     from megarl.ray_cluster.worker_group import GroupOptions, WorkerGroup
 
-    with ray_session(ranks.address, num_cpus=None if ranks.address else ranks.count + 1, ray_reports=logs / "ray_reports.log"):
+    with ray_session(ranks.address, num_cpus=None if ranks.address else ranks.count + 1, ray_reports=logs / RAY_REPORTS_LOG):
         group = WorkerGroup(rank_cls, ranks.placement, *rank_args, group_options=GroupOptions(log_dir=logs),
                             progress_file=progress_file)  # fmt: skip
         try:

@@ -333,3 +333,31 @@ def test_rank_logs_a_killed_driver_leaves_are_named_or_removed(capsys, tmp_path,
     assert logs.exists() == wrote
     assert (f"; the ranks' logs: {logs}; OUT is as it was" in err[0]) == wrote, err[0]
     assert err[0].endswith("; OUT is as it was")
+
+
+# Ray's core worker's line (its real words) when the raylet died as the driver registered, written at the C level.
+RAY_CPP_LINE = ("[2026-11-29 19:51:17,280 E 14936 14936] core_worker_process.cc:247: Failed to register worker to Raylet: "
+                "IOError: Failed to read data from the socket: End of file worker_id=01000000ffffffffffffffffffffffffffffffffff\n")  # fmt: skip
+ABSL_BLOCK = "*** SIGABRT received at time=1795981500 on cpu 0 ***\nPC: @     0x7f9035ca3f16  (unknown)  abort\n"
+
+
+@pytest.mark.parametrize("log", [True, False], ids=["driver-log-reported", "no-log-yet"])
+def test_ray_s_c_level_lines_on_the_driver_s_stderr_go_to_its_log(capfd, tmp_path, log):
+    """What Ray's C++ writes on the driver's stderr (no Python handler sees it) goes to the log file
+    the driver reported, not before the supervisor's line; the driver's own stderr, partial lines
+    included, passes in order; with no log reported yet, nothing is hidden."""
+    driver_log = tmp_path / "driver.log"
+    body = (f"s.report(log={str(driver_log)!r})\n" if log else "") + (
+        "os.write(2, b'starting Ray ... ')\ntime.sleep(0.3)\nos.write(2, b'(6 s)\\n')\n"
+        f"os.write(2, {RAY_CPP_LINE!r}.encode())\nos.write(2, {ABSL_BLOCK!r}.encode())\n"
+        "sys.stderr.write('a warning of the driver\\n')\nsys.stderr.flush()\nos._exit(1)")  # fmt: skip
+    code = supervise(_driver(body), ray=False, kept="OUT is as it was")
+    err = capfd.readouterr().err
+    assert code == 2
+    assert err.startswith("starting Ray ... (6 s)\n") and "a warning of the driver\n" in err, err
+    assert err.splitlines()[-1].startswith("error: the driver process"), err
+    if log:
+        assert "core_worker_process.cc" not in err and "SIGABRT" not in err and "PC: @" not in err, err
+        assert driver_log.read_text() == RAY_CPP_LINE + ABSL_BLOCK
+    else:
+        assert "core_worker_process.cc:247: Failed to register worker" in err and "*** SIGABRT received" in err
