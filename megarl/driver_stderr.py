@@ -8,8 +8,10 @@ and stack frames) when Ray's teardown aborts. Such lines came before megarl's on
 supervisor (megarl/driver_supervisor.py) gives the driver a pipe as its stderr and relays it: those
 lines go to the command's log file instead (the one the driver reported: launch's and sft's
 driver.log, convert's ray_reports.log beside its ranks' logs), or stay on the terminal while the
-driver has named none; everything else passes at once, partial lines included (a line that may
-be Ray's waits for its end). The driver's stdout is left as it is (a progress bar's terminal).
+driver has named none (the supervisor reads the driver's reports every 0.2 s: a log named just
+before is not known yet; Ray starts seconds after the driver names it); everything else passes at once, partial lines included (a line that may
+be Ray's waits for its end). The driver's stdout is left as it is on a terminal (a progress bar's);
+where stdout and stderr are one file or pipe, it goes through the relay too, which keeps their order.
 """
 
 from __future__ import annotations
@@ -33,6 +35,17 @@ class StderrRelay:
         self.read_fd, self.write_fd = os.pipe()
         self.log_file: str | None = None
         self._thread = threading.Thread(target=self._relay, name="megarl-driver-stderr", daemon=True)
+
+    def child_streams(self) -> tuple[int | None, int]:
+        """Popen's (stdout, stderr) for the driver: its stderr through the relay; its stdout too
+        where this process's stdout and stderr are one file that is no terminal (``2>&1`` into a
+        log, a pipe, Slurm's output), so that the two stay in the order the driver wrote them. A
+        terminal's stdout stays the driver's own (its progress bar needs the terminal)."""
+        try:
+            merged = os.path.samestat(os.fstat(1), os.fstat(2)) and not os.isatty(1)
+        except OSError:  # a closed stdout or stderr: each as it is
+            merged = False
+        return (self.write_fd if merged else None), self.write_fd
 
     def start(self) -> None:
         """Once the driver holds ``write_fd``: this process's copy is closed (the end of the pipe

@@ -130,9 +130,11 @@ def supervise(command: Sequence[str], *, ray: bool = True, kept: str | None = No
     previous = {s: signal.signal(s, on_signal) for s in FORWARDED}
     tag = new_tag()  # what every process the driver starts inherits: they are ended with it
     relay = StderrRelay()  # the driver's stderr, less Ray's C++ lines (megarl/driver_stderr.py)
+    stdout, stderr = relay.child_streams()
     try:
         child = subprocess.Popen(list(command), env={**os.environ, SUPERVISOR_FD_ENV: str(write_end), DRIVER_TAG_ENV: tag},
-                                 pass_fds=(write_end,), stderr=relay.write_fd, preexec_fn=_die_with_parent, process_group=0)  # fmt: skip
+                                 pass_fds=(write_end,), stdout=stdout, stderr=stderr, preexec_fn=_die_with_parent,
+                                 process_group=0)  # fmt: skip
         os.close(write_end)
         relay.start()
         for signum in pending:

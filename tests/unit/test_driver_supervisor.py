@@ -361,3 +361,19 @@ def test_ray_s_c_level_lines_on_the_driver_s_stderr_go_to_its_log(capfd, tmp_pat
         assert driver_log.read_text() == RAY_CPP_LINE + ABSL_BLOCK
     else:
         assert "core_worker_process.cc:247: Failed to register worker" in err and "*** SIGABRT received" in err
+
+
+def test_stdout_and_stderr_into_one_file_keep_their_order(tmp_path):
+    """`megarl ... > log 2>&1` (a script, Slurm): the driver's stdout goes through the relay with
+    its stderr, so alternating writes land in the order made, Ray's C++ line to the log reported."""
+    driver_log, out = tmp_path / "driver.log", tmp_path / "out.txt"
+    body = (f"s.report(log={str(driver_log)!r})\ntime.sleep(0.5)\n"  # (the supervisor reads the reports every 0.2 s)
+            "for i in range(50):\n    print(f'out {i}', flush=True)\n    print(f'err {i}', file=sys.stderr, flush=True)\n"
+            f"os.write(2, {RAY_CPP_LINE!r}.encode())\ns.report(end=0)")  # fmt: skip
+    with out.open("w") as f:
+        code = subprocess.run([sys.executable, "-c", "import sys; from megarl.driver_supervisor import supervise; "
+                               f"sys.exit(supervise({_driver(body)!r}, ray=False))"], stdout=f, stderr=subprocess.STDOUT,
+                              timeout=120).returncode  # fmt: skip
+    assert code == 0
+    assert out.read_text().splitlines() == [f"{kind} {i}" for i in range(50) for kind in ("out", "err")]
+    assert driver_log.read_text() == RAY_CPP_LINE
