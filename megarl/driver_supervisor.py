@@ -27,6 +27,10 @@ signal to the command's process group. SIGINT, SIGTERM and SIGHUP are forwarded;
 Ctrl-C stays a second one (it stops at once). The driver dies with the
 supervisor (PR_SET_PDEATHSIG, SIGKILL: a `kill -9` of `megarl launch` ends the run at once, as it
 did when that process was the driver; the embedded Ray's reaper then ends the rest).
+
+Leftovers: however the driver ended, the supervisor then ends every process that still carries
+the driver's tag (megarl/tagged_processes.py) before it exits: Ray's workers whose raylet was
+killed live on, re-parented, for 20-40 s, out of reach of the driver's teardown and its reaper.
 """
 
 from __future__ import annotations
@@ -39,9 +43,13 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from megarl.driver_stderr import StderrRelay
+from megarl.tagged_processes import DRIVER_TAG_ENV, end_tagged, new_tag
+
 SUPERVISOR_FD_ENV = "MEGARL_SUPERVISOR_FD"  # the driver's end of the pipe (set for the child only)
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 USER_CODE = "a generate function, tool, interaction or dataset class"  # what a driver may run of the user's
+RAY_REPORTS_LOG = "ray_reports.log"  # Ray's reports beside a command's ranks' logs, for one without a driver.log (convert)
 WATCH_INTERVAL_S = 0.2  # how often the supervisor looks at the raylet (one /proc read): to see it die before its driver
 _report_fd: int | None = None
 _supervisor_pid: int | None = None
@@ -120,16 +128,23 @@ def supervise(command: Sequence[str], *, ray: bool = True, kept: str | None = No
         passed_on.add(signum)
 
     previous = {s: signal.signal(s, on_signal) for s in FORWARDED}
+    tag = new_tag()  # what every process the driver starts inherits: they are ended with it
+    relay = StderrRelay()  # the driver's stderr, less Ray's C++ lines (megarl/driver_stderr.py)
+    stdout, stderr = relay.child_streams()
     try:
-        child = subprocess.Popen(list(command), env={**os.environ, SUPERVISOR_FD_ENV: str(write_end)},
-                                 pass_fds=(write_end,), preexec_fn=_die_with_parent, process_group=0)  # fmt: skip
+        child = subprocess.Popen(list(command), env={**os.environ, SUPERVISOR_FD_ENV: str(write_end), DRIVER_TAG_ENV: tag},
+                                 pass_fds=(write_end,), stdout=stdout, stderr=stderr, preexec_fn=_die_with_parent,
+                                 process_group=0)  # fmt: skip
         os.close(write_end)
+        relay.start()
         for signum in pending:
             child.send_signal(signum)
-        code, data, raylet_first, found = _watch(child, read_end, ray=ray)
+        code, data, raylet_first, found = _watch(child, read_end, ray=ray, relay=relay)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+    end_tagged(tag)  # what outlived the driver (Ray's workers re-parented when their raylet died) ends with it
+    relay.finish()  # all the driver wrote, before this process's own line
     reports = _parse_reports(data + _drain(read_end))
     os.close(read_end)
     if found and "ray" not in reports:  # the raylet died as Ray started, before the driver could say where
@@ -138,6 +153,7 @@ def supervise(command: Sequence[str], *, ray: bool = True, kept: str | None = No
         raylet_first = raylet_first or _ray_saw_its_raylet_die(reports.get("ray"), child.pid)
     if "end" in reports:  # the driver's own exit code stands, whatever its teardown did after (Ray's C++ may abort it)
         return _reported_end(reports["end"], code)
+    _keep_rank_logs_that_say_something(reports)
     if code < 0 and (-code in passed_on or (-code == signal.SIGINT and interrupted)):  # before its handlers were up
         _say(f"stopped by {signal.Signals(-code).name} while starting; {kept or 'nothing was trained or saved'}")
         return 128 - code
@@ -145,13 +161,14 @@ def supervise(command: Sequence[str], *, ray: bool = True, kept: str | None = No
     return 130 if interrupted else 2
 
 
-def _watch(child: subprocess.Popen[bytes], fd: int, *, ray: bool = True) -> tuple[int, bytes, bool, dict[str, Any] | None]:
+def _watch(child: subprocess.Popen[bytes], fd: int, *, ray: bool = True,
+           relay: StderrRelay | None = None) -> tuple[int, bytes, bool, dict[str, Any] | None]:  # fmt: skip
     """Wait for the driver, watching the raylet it reported (a local pid), or, with ``ray``, the
     one found among its children before it could report (Ray starts an embedded raylet as the
     driver's child; its children are looked at only until the driver's ``ray`` report, which
     names no pid for a cluster's raylet, attached to with ``--address``): its exit code, what it wrote, whether the raylet was seen dead while the
     driver still lived and the driver then ended as Ray ends one for its raylet (exit code 1),
-    and the raylet found so. The order is the cause: an embedded raylet dies with its driver
+    and the raylet found so; ``relay`` learns the log file the driver reports. The order is the cause: an embedded raylet dies with its driver
     (Ray's fate sharing), so a raylet found dead after the driver says nothing, and Ray ends a
     driver only after its raylet is gone."""
     data = b""
@@ -165,6 +182,8 @@ def _watch(child: subprocess.Popen[bytes], fd: int, *, ray: bool = True) -> tupl
             pass
         chunk = _drain(fd)
         data += chunk
+        if chunk and relay is not None:
+            relay.log_file = ray_lines_file(_parse_reports(data))
         if raylet_pid is None and node is None:  # still looking: a cluster's raylet (--address) is not the driver's child
             node = _parse_reports(data).get("ray") if chunk else None
             raylet_pid = node.get("raylet_pid") if node else None
@@ -182,12 +201,39 @@ def _watch(child: subprocess.Popen[bytes], fd: int, *, ray: bool = True) -> tupl
             return code, data, ended_by_ray(code), found
 
 
+def ray_lines_file(reports: dict[str, Any]) -> str | None:
+    """Where Ray's C++ lines on the driver's stderr go: the driver's log (launch, sft), else a file
+    beside the ranks' logs (convert's, whose own ray_reports.log it is), else None (the terminal)."""
+    if reports.get("log"):
+        return str(reports["log"])
+    return os.path.join(reports["rank_logs"], RAY_REPORTS_LOG) if reports.get("rank_logs") else None
+
+
 def _reported_end(end: Any, code: int) -> int:
     """The exit code a driver reported as its end; where it reported none (an exception on its way
     out, ``sys.exit(None)`` or a message), its process's (``code``, a signal as 128 + N)."""
     if isinstance(end, int) and not isinstance(end, bool):
         return end
     return code if code >= 0 else 128 - code
+
+
+def _keep_rank_logs_that_say_something(reports: dict[str, Any]) -> None:
+    """The folder of rank logs a driver reported (``rank_logs``: `megarl convert`'s, in /tmp) and
+    could not clean up as it does when it ends on its own: removed when no ``*.log`` in it holds
+    anything (its ``rank_logs`` report dropped then), else kept, for the line to name."""
+    import glob
+    import shutil
+
+    folder = reports.get("rank_logs")
+    if not folder:
+        return
+    try:
+        said = any(os.path.getsize(path) > 0 for path in glob.glob(os.path.join(glob.escape(folder), "*.log")))
+    except OSError:  # a log removed meanwhile: whatever is left says too little to keep
+        said = False
+    if not said:
+        shutil.rmtree(folder, ignore_errors=True)
+        reports.pop("rank_logs")
 
 
 def raylet_child(pid: int) -> dict[str, Any] | None:
@@ -304,6 +350,8 @@ def silent_end_line(code: int, reports: dict[str, Any], pid: int, *, raylet_firs
     command that resumes (reported by the driver), else with what is ``kept`` (a command's own)."""
     how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
     resume = f"; resume with: {reports['resume']}" if reports.get("resume") else f"; {kept}" if kept else ""
+    if reports.get("rank_logs"):  # kept by the supervisor only when a rank wrote something there
+        resume = f"; the ranks' logs: {reports['rank_logs']}{resume}"
     node = reports.get("ray")
     silent = None
     if node and not raylet_first and not node.get("raylet_pid") and node.get("raylet"):

@@ -292,8 +292,10 @@ def _conversion_group(rank_cls: type, ranks: ConversionRanks, rank_args: tuple, 
     something failed in a rank that wrote one (not when the cluster could not place the ranks;
     a rank in this process writes to this process's output)."""
     from megarl.actors.clients import ConversionClient
+    from megarl.driver_supervisor import report
 
     logs = Path(tempfile.mkdtemp(prefix="megarl-convert-logs-"))
+    report(rank_logs=str(logs))  # a driver Ray ends at the C level cleans up nothing: its supervisor keeps or removes them
     progress_file = logs / "progress"  # rank 0 on another node writes its own: no bar then
     failed = False
     try:
@@ -325,10 +327,11 @@ def _rank_group(rank_cls: type, ranks: ConversionRanks, rank_args: tuple, logs: 
             finally:
                 group.shutdown()
         return
+    from megarl.driver_supervisor import RAY_REPORTS_LOG
     from megarl.ray_cluster.session import ray_session
     from megarl.ray_cluster.worker_group import GroupOptions, WorkerGroup
 
-    with ray_session(ranks.address, num_cpus=None if ranks.address else ranks.count + 1):
+    with ray_session(ranks.address, num_cpus=None if ranks.address else ranks.count + 1, ray_reports=logs / RAY_REPORTS_LOG):
         group = WorkerGroup(rank_cls, ranks.placement, *rank_args, group_options=GroupOptions(log_dir=logs),
                             progress_file=progress_file)  # fmt: skip
         try:

@@ -59,12 +59,15 @@ def ray_session(
     log_to_driver: bool = True,
     namespace: str = "megarl",
     env_vars: Mapping[str, str] | None = None,
+    ray_reports: Path | None = None,
 ) -> Iterator[RaySession]:
     """Ray for the duration of the `with` block.
 
     address None starts a local Ray with num_cpus / num_gpus (None: what the machine has);
     "auto" or "host:port" attaches to a cluster (num_cpus / num_gpus must then be None: the
     cluster's nodes declare their resources). env_vars reach every worker process.
+    ray_reports: where Ray's report of a dead raylet goes for a command without a log file of its
+    own (megarl/ray_cluster/raylet_report.py); never the terminal.
     """
     if address is not None and (num_cpus is not None or num_gpus is not None):
         raise ValueError(
@@ -102,7 +105,7 @@ def ray_session(
         if address is None:
             reaper = start_reaper()
             _refuse_a_dead_raylet()  # before the run imports any user code: a dead node is not that code's fault
-        with raylet_reports_to_log():  # megarl's own line says a node died: Ray's 45 lines go to the log
+        with raylet_reports_to_log(ray_reports):  # megarl's own line says a node died: Ray's 45 lines go to the log
             yield _describe(started_here=True)
     finally:
         if address is None:
@@ -170,7 +173,8 @@ def _probe(address: str) -> None:
 
 
 def _init(**kwargs: Any) -> None:
-    """ray.init, keeping a SIGTERM handler of this process's own (megarl's RunControl).
+    """ray.init, keeping a SIGTERM handler of this process's own (megarl's RunControl), at the C
+    level too (:func:`_python_handles_sigterm`).
 
     ray.init installs a handler that exits at once (``sys.exit(15)``), and a signal that lands
     while it forks its daemons can even be swallowed (an exception in an at-fork callback is
@@ -189,6 +193,8 @@ def _init(**kwargs: Any) -> None:
     try:
         with still_waiting("starting Ray" if embedded else f"connecting to Ray at {kwargs.get('address')}"):
             ray.init(**kwargs)
+        if main:
+            _python_handles_sigterm()
     except BaseException as exc:  # a signal (SIGTERM, Ctrl-C) or an error: leave no half-started Ray
         dead = _dead_raylet(before) if embedded and isinstance(exc, Exception) else None
         try:
@@ -205,6 +211,17 @@ def _init(**kwargs: Any) -> None:
     finally:
         if install is not None:
             utils.set_sigterm_handler = install
+
+
+def _python_handles_sigterm() -> None:
+    """SIGTERM back to Python's handler (ours, or Ray's where there was none). Ray's core worker
+    installs absl's failure-signal handler for SIGTERM at the C level in the driver: each SIGTERM
+    then prints "*** SIGTERM received at time=... ***" and a C++ stack on stderr before it passes
+    the signal on, noise before megarl's one line. Setting the Python handler again puts Python's
+    own C handler back in place (absl's stays for the crash signals, where its stack says something)."""
+    handler = signal.getsignal(signal.SIGTERM)
+    if callable(handler):
+        signal.signal(signal.SIGTERM, handler)
 
 
 def _dead_raylet(before: set[int]) -> str | None:

@@ -280,3 +280,100 @@ def test_an_attached_driver_s_children_are_not_searched_for_a_raylet_after_its_r
     assert code == 2
     assert len(err) == 1 and err[0].startswith("error: the driver process (pid "), err
     assert "exited with code 1 without reporting an error" in err[0] and "Ray node" not in err[0]
+
+
+# A stand-in for Ray's workers whose raylet died: started by the driver's child (the raylet), re-parented
+# when that one is killed, alive past the driver (a real worker notices its raylet's loss after 20-40 s).
+ORPHAN = ("import subprocess, ctypes\n"
+          "raylet = subprocess.Popen([sys.executable, '-c', 'import subprocess, sys, time; "
+          "w = subprocess.Popen([sys.executable, \"-c\", \"import time; time.sleep(120)\"], start_new_session=True); "
+          "open(sys.argv[1], \"w\").write(str(w.pid)); time.sleep(120)', {pids!r}])\n"
+          "while not (os.path.exists({pids!r}) and os.path.getsize({pids!r})): time.sleep(0.05)\n"
+          "os.kill(raylet.pid, signal.SIGKILL)\nraylet.wait()\n")  # fmt: skip
+
+
+@pytest.mark.parametrize("ending", ["s.report(end=0)\nsys.exit(0)", "os._exit(1)"], ids=["reported-end", "silent-end"])
+def test_what_the_driver_leaves_behind_ends_with_it_and_nothing_else(capsys, tmp_path, ending):
+    """Processes the driver's tree started that outlive it, re-parented (Ray's workers after a
+    raylet's kill -9), are ended before the command exits; a process of another run is left alone."""
+    pids = tmp_path / "worker.pid"
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])  # not the driver's: no tag
+    try:
+        supervise(_driver(ORPHAN.format(pids=str(pids)) + ending))
+        worker = int(pids.read_text())
+        assert not _running(worker), "the driver's orphaned worker outlived the command"
+        assert other.poll() is None  # another run's process: untouched
+    finally:
+        other.kill()
+        other.wait()
+        if pids.exists() and _running(int(pids.read_text())):
+            os.kill(int(pids.read_text()), signal.SIGKILL)
+    capsys.readouterr()
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+@pytest.mark.parametrize("wrote", [True, False], ids=["a-rank-wrote", "nothing-written"])
+def test_rank_logs_a_killed_driver_leaves_are_named_or_removed(capsys, tmp_path, wrote):
+    """`megarl convert`'s ranks log in a temp folder its driver removes unless a rank failed; a
+    driver ended at the C level (Ray's quick exit) removes nothing: the supervisor names the
+    folder when a rank wrote something there, and removes it when no log holds anything."""
+    logs = tmp_path / "megarl-convert-logs-x"
+    logs.mkdir()
+    (logs / "progress").write_text("3 10")  # rank 0's tensor count, not a log
+    (logs / "import_rank0.log").write_text("Traceback ...\n" if wrote else "")
+    code = supervise(_driver(f"s.report(rank_logs={str(logs)!r})\nos._exit(9)"), ray=False, kept="OUT is as it was")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert logs.exists() == wrote
+    assert (f"; the ranks' logs: {logs}; OUT is as it was" in err[0]) == wrote, err[0]
+    assert err[0].endswith("; OUT is as it was")
+
+
+# Ray's core worker's line (its real words) when the raylet died as the driver registered, written at the C level.
+RAY_CPP_LINE = ("[2026-11-29 19:51:17,280 E 14936 14936] core_worker_process.cc:247: Failed to register worker to Raylet: "
+                "IOError: Failed to read data from the socket: End of file worker_id=01000000ffffffffffffffffffffffffffffffffff\n")  # fmt: skip
+ABSL_BLOCK = "*** SIGABRT received at time=1795981500 on cpu 0 ***\nPC: @     0x7f9035ca3f16  (unknown)  abort\n"
+
+
+@pytest.mark.parametrize("log", [True, False], ids=["driver-log-reported", "no-log-yet"])
+def test_ray_s_c_level_lines_on_the_driver_s_stderr_go_to_its_log(capfd, tmp_path, log):
+    """What Ray's C++ writes on the driver's stderr (no Python handler sees it) goes to the log file
+    the driver reported, not before the supervisor's line; the driver's own stderr, partial lines
+    included, passes in order; with no log reported yet, nothing is hidden."""
+    driver_log = tmp_path / "driver.log"
+    body = (f"s.report(log={str(driver_log)!r})\n" if log else "") + (
+        "os.write(2, b'starting Ray ... ')\ntime.sleep(0.3)\nos.write(2, b'(6 s)\\n')\n"
+        f"os.write(2, {RAY_CPP_LINE!r}.encode())\nos.write(2, {ABSL_BLOCK!r}.encode())\n"
+        "sys.stderr.write('a warning of the driver\\n')\nsys.stderr.flush()\nos._exit(1)")  # fmt: skip
+    code = supervise(_driver(body), ray=False, kept="OUT is as it was")
+    err = capfd.readouterr().err
+    assert code == 2
+    assert err.startswith("starting Ray ... (6 s)\n") and "a warning of the driver\n" in err, err
+    assert err.splitlines()[-1].startswith("error: the driver process"), err
+    if log:
+        assert "core_worker_process.cc" not in err and "SIGABRT" not in err and "PC: @" not in err, err
+        assert driver_log.read_text() == RAY_CPP_LINE + ABSL_BLOCK
+    else:
+        assert "core_worker_process.cc:247: Failed to register worker" in err and "*** SIGABRT received" in err
+
+
+def test_stdout_and_stderr_into_one_file_keep_their_order(tmp_path):
+    """`megarl ... > log 2>&1` (a script, Slurm): the driver's stdout goes through the relay with
+    its stderr, so alternating writes land in the order made, Ray's C++ line to the log reported."""
+    driver_log, out = tmp_path / "driver.log", tmp_path / "out.txt"
+    body = (f"s.report(log={str(driver_log)!r})\ntime.sleep(0.5)\n"  # (the supervisor reads the reports every 0.2 s)
+            "for i in range(50):\n    print(f'out {i}', flush=True)\n    print(f'err {i}', file=sys.stderr, flush=True)\n"
+            f"os.write(2, {RAY_CPP_LINE!r}.encode())\ns.report(end=0)")  # fmt: skip
+    with out.open("w") as f:
+        code = subprocess.run([sys.executable, "-c", "import sys; from megarl.driver_supervisor import supervise; "
+                               f"sys.exit(supervise({_driver(body)!r}, ray=False))"], stdout=f, stderr=subprocess.STDOUT,
+                              timeout=120).returncode  # fmt: skip
+    assert code == 0
+    assert out.read_text().splitlines() == [f"{kind} {i}" for i in range(50) for kind in ("out", "err")]
+    assert driver_log.read_text() == RAY_CPP_LINE

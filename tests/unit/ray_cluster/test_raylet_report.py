@@ -17,6 +17,11 @@ REPORT = {"lines": ["Raylet is terminated. Termination is unexpected. Possible r
                     "    [state-dump] \tNodeManager.deadline_timer.debug_state_dump - 1 total (1 active)\n"
                     "    [state-dump] DebugString() time ms: 7\n"],
           "pid": "raylet", "is_err": False}  # fmt: skip
+# The GCS's report of the same death (gcs_node_manager; Ray 2.60's words), for a driver still there when it comes.
+MARKED_DEAD = {"lines": ["The node with node id: 7a8628e4ce6d and address: 192.0.2.2 and node name: 192.0.2.2 has been "
+                         "marked dead because the detector has missed too many heartbeats from it. This can happen when a "
+                         "\t(1) raylet crashes unexpectedly (OOM, etc.) \n\t(2) raylet has lagging heartbeats due to slow "
+                         "network or busy workload."], "pid": "raylet", "is_err": False}  # fmt: skip
 OTHER = {"lines": ["A worker died or was killed while executing a task by an unexpected system error."],
          "pid": "raylet", "is_err": False}  # fmt: skip
 
@@ -41,3 +46,27 @@ def test_a_raylet_death_report_goes_to_the_log_file_only(capsys, caplog):
     assert not for_the_terminal(record)  # the driver's log file has it; the terminal's handler skips it
     ray_worker.print_to_stdstream(REPORT, ignore_prefix=False)  # outside the session: Ray's printing
     assert "Raylet is terminated" in capsys.readouterr().out
+
+
+def test_the_gcs_s_word_that_the_node_is_dead_goes_to_the_log_file_only(capsys, caplog):
+    with caplog.at_level(logging.WARNING, logger="megarl.ray_cluster.raylet_report"), raylet_reports_to_log():
+        ray_worker.print_to_stdstream(MARKED_DEAD, ignore_prefix=False)
+    assert "marked dead" not in capsys.readouterr().out
+    [record] = [r for r in caplog.records if r.name == "megarl.ray_cluster.raylet_report"]
+    assert "has been marked dead because" in record.getMessage() and not for_the_terminal(record)
+
+
+def test_a_command_without_a_log_file_gets_the_report_in_the_file_it_names(capsys, tmp_path):
+    """convert and generate's export have no driver.log: the report goes beside their ranks' logs,
+    written only when one comes (an empty file would keep a folder that says nothing)."""
+    quiet, told = tmp_path / "quiet.log", tmp_path / "ray_reports.log"
+    with raylet_reports_to_log(quiet):
+        ray_worker.print_to_stdstream(OTHER, ignore_prefix=False)
+    assert not quiet.exists()
+    with raylet_reports_to_log(told):
+        ray_worker.print_to_stdstream(REPORT, ignore_prefix=False)
+        ray_worker.print_to_stdstream(MARKED_DEAD, ignore_prefix=False)
+    out = capsys.readouterr().out
+    assert "Raylet is terminated" not in out and "marked dead" not in out
+    text = told.read_text()
+    assert "[state-dump] DebugString() time ms: 7" in text and "has been marked dead because" in text

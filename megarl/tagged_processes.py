@@ -1,0 +1,90 @@
+"""The processes of one supervised driver, found after it ended by a tag in their environment.
+
+The supervisor (megarl/driver_supervisor.py) starts the driver with ``MEGARL_DRIVER_TAG=<unique>``
+in its environment; every process the driver starts inherits it, and the processes those start
+too: an embedded Ray's GCS, raylet, agents and workers (a raylet starts its workers with its own
+environment), reward workers, engines. A process re-parented when its parent died keeps it: Ray's
+workers whose raylet was killed (they take 20-40 s to notice), which neither the driver's teardown
+nor the session's reaper can find any more, since both look down the driver's process tree.
+Another run's processes carry another tag (or none: a cluster's raylet and workers, attached to
+with ``--address``, never came from this driver), so the sweep touches this run's alone.
+
+Left out: a process that replaced its environment on exec (none of megarl's or Ray's does), and
+systems without /proc (nothing is found there).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+DRIVER_TAG_ENV = "MEGARL_DRIVER_TAG"
+SWEEP_ROUNDS = 20  # a process that starts another while the sweep runs is found on the next round
+SWEEP_PAUSE_S = 0.05
+
+
+def new_tag() -> str:
+    """A tag no other driver on this machine has: this supervisor's pid and the time."""
+    return f"{os.getpid()}-{time.time_ns()}"
+
+
+def tagged(tag: str) -> list[int]:
+    """The pids of the running processes whose environment carries ``tag`` (this one excepted)."""
+    entry = f"{DRIVER_TAG_ENV}={tag}".encode()
+    found = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in names:
+        if name.isdigit() and int(name) != os.getpid() and _carries(int(name), entry):
+            found.append(int(name))
+    return found
+
+
+def _carries(pid: int, entry: bytes) -> bool:
+    """Whether process ``pid``'s initial environment holds ``entry`` (a zombie's reads empty;
+    another user's process cannot be read: neither is ours to end)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return entry in f.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def end_tagged(tag: str) -> int:
+    """SIGKILL every process carrying ``tag``, round after round until none is left (a few
+    rounds at most); the number ended. Each is held by a pidfd while its tag is read, so a pid
+    that a new process took meanwhile is never signalled."""
+    ended: set[int] = set()
+    for _ in range(SWEEP_ROUNDS):
+        pids = tagged(tag)
+        if not pids:
+            break
+        for pid in pids:
+            if _kill_if_tagged(pid, tag):
+                ended.add(pid)
+        time.sleep(SWEEP_PAUSE_S)
+    return len(ended)
+
+
+def _kill_if_tagged(pid: int, tag: str) -> bool:
+    entry = f"{DRIVER_TAG_ENV}={tag}".encode()
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:  # gone already (or a kernel without pidfds: the plain kill below)
+        fd = None
+    try:
+        if not _carries(pid, entry):
+            return False
+        if fd is None:
+            os.kill(pid, signal.SIGKILL)
+        else:
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+        return True
+    except OSError:  # ended meanwhile
+        return False
+    finally:
+        if fd is not None:
+            os.close(fd)
