@@ -79,6 +79,7 @@ from megarl.rewards.failures import (
 )
 from megarl.rewards.pool_problems import HangWatch, break_problem, start_problem
 from megarl.rewards.worker import Outcome, UserExit
+from megarl.user_code import give_up_after_stop, waiting_on
 
 log = logging.getLogger(__name__)
 
@@ -497,7 +498,13 @@ class RewardScorer:
     def _wait_any(self, pending: dict[Future, _Job], samples: list[tuple]) -> set[Future]:
         """The futures of ``pending`` that finished, once one did. Meanwhile a pool that broke is
         restarted (see POOL_CHECK_S), and a stall is a RewardError: no task running or ending for
-        the start limit, every worker still in its initializer."""
+        the start limit, every worker still in its initializer. After a stop request the wait
+        lasts STOP_GRACE_S at most (megarl/user_code.py): a hanging function does not hold the stop."""
+        who = ", ".join(sorted({job.function for job in pending.values()}))
+        with waiting_on(who) as since:
+            return self._wait_any_since(pending, samples, who, since)
+
+    def _wait_any_since(self, pending: dict[Future, _Job], samples: list[tuple], who: str, since: float) -> set[Future]:
         quiet_since = time.monotonic()
         while True:
             done, _ = wait(list(pending), timeout=POOL_CHECK_S, return_when=FIRST_COMPLETED)
@@ -505,6 +512,7 @@ class RewardScorer:
                 self._progress.tick()
             if done:
                 return done
+            give_up_after_stop(who, since)
             self._look_for_vanished(pending)
             if self._vanished.keys() & pending.keys():
                 return set(self._vanished.keys() & pending.keys())
