@@ -14,6 +14,9 @@ What such code prints goes to a log file, not the terminal: :func:`user_output_t
 threads megarl starts for it) to ``logs/user_code.log`` and any other write (megarl's own lines,
 its progress bars) to the terminal as before (log records skip it: megarl/terminal.py); an error
 about the code quotes the head of what it printed (:func:`printed_head`). :func:`call_with_deadline` bounds a call of user code in time.
+After a stop request (the driver's first signal inside a step) the main thread's waits on user code
+(:func:`wait_for_user`, :func:`give_up_after_stop`) last at most STOP_GRACE_S more: code that hangs
+does not hold a stop for its whole timeout.
 
 Left out: reward functions, which run in worker processes (megarl/rewards/worker.py reports
 them the same way), and code that ends its process at the C level (os._exit): in the driver that
@@ -31,9 +34,10 @@ import os
 import re
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
+from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future
 from concurrent.futures import wait as wait_futures
 from contextlib import contextmanager
 from pathlib import Path
@@ -296,10 +300,80 @@ def start_user_call(invoke: Callable[[], Any], who: str) -> Future[Any]:
 
 def call_with_deadline(invoke: Callable[[], Any], seconds: float, who: str) -> Any:
     """``invoke()`` in a daemon thread (:func:`start_user_call`): its value, or what it raised
-    (SystemExit too); DeadlinePassed after ``seconds``. The thread is then abandoned: the caller
-    stops or goes on without it."""
+    (SystemExit too); DeadlinePassed after ``seconds``, WaitAbandoned sooner after a stop request
+    (:func:`wait_for_user`). The thread is then abandoned: the caller stops or goes on without it."""
     future = start_user_call(invoke, who)
-    wait_futures([future], timeout=seconds)
+    wait_for_user([future], seconds, who)
     if not future.done():
         raise DeadlinePassed(f"{who} did not return within {seconds:g} s")
     return future.result()
+
+
+# A stop asked for during a step (the driver's first Ctrl-C / SIGTERM / SIGHUP: megarl/trainer/
+# watchdog.py) waits for the step's end, but not for user code that does not return: each wait of
+# the main thread on user code lasts at most STOP_GRACE_S after the stop (or after the wait's start,
+# when it started later; a pool that returns something starts a new wait), then WaitAbandoned
+# abandons the step as a second signal would. Other threads (the asynchronous producer) wait as before.
+STOP_GRACE_S = 10.0
+_POLL_S = 0.25  # a wait looks for a stop request this often (a signal's handler cannot end the wait itself)
+_STOP_AT: float | None = None  # time.monotonic() of the stop request, None: no stop asked
+_WAITING: tuple[str, float] | None = None  # the main thread's current wait on user code: (who, since)
+
+
+class WaitAbandoned(SignalInterrupt):
+    """The main thread stopped waiting for user code STOP_GRACE_S after a stop request (a signal's
+    consequence, not the code's doing: a SignalInterrupt); the message names the code and how long it was waited on."""
+
+
+def stop_requested(at: float | None) -> None:
+    """Record a stop request made at ``at`` (time.monotonic()), or forget it (None: a run's end)."""
+    global _STOP_AT
+    _STOP_AT = at
+
+
+def current_wait() -> tuple[str, float] | None:
+    """What the main thread waits on now, as (who, seconds so far), or None."""
+    waiting = _WAITING
+    return None if waiting is None else (waiting[0], time.monotonic() - waiting[1])
+
+
+def give_up_after_stop(who: str, since: float) -> None:
+    """WaitAbandoned when a stop was requested and ``who``, waited on since ``since``
+    (time.monotonic()), has not returned within STOP_GRACE_S of the later of the two; main thread only."""
+    stop_at = _STOP_AT
+    if stop_at is None or threading.current_thread() is not threading.main_thread():
+        return
+    now = time.monotonic()
+    if now - max(stop_at, since) >= STOP_GRACE_S:
+        raise WaitAbandoned(f"{who} was waited on for {now - since:.0f} s and did not return within {STOP_GRACE_S:g} s of the stop")
+
+
+@contextmanager
+def waiting_on(who: str) -> Iterator[float]:
+    """Meanwhile the main thread waits on user code ``who``, as :func:`current_wait` tells the
+    signal handler; yields when the wait began (time.monotonic())."""
+    global _WAITING
+    start = time.monotonic()
+    main = threading.current_thread() is threading.main_thread()
+    previous = _WAITING
+    if main:
+        _WAITING = (who, start)
+    try:
+        yield start
+    finally:
+        if main:
+            _WAITING = previous
+
+
+def wait_for_user(futures: list[Future[Any]], timeout: float, who: str, return_when: str = ALL_COMPLETED) -> set[Future[Any]]:
+    """``concurrent.futures.wait(futures, timeout, return_when)``'s done set, for futures of user
+    code ``who``; WaitAbandoned (:func:`give_up_after_stop`) when a stop was requested and they did
+    not finish within STOP_GRACE_S of it."""
+    with waiting_on(who) as since:
+        end = since + timeout
+        while True:
+            remaining = end - time.monotonic()
+            done, pending = wait_futures(futures, timeout=max(0.0, min(_POLL_S, remaining)), return_when=return_when)
+            if not pending or (done and return_when == FIRST_COMPLETED) or remaining <= _POLL_S:
+                return done
+            give_up_after_stop(who, since)

@@ -45,7 +45,9 @@ DEATHS_IN_A_ROW of them with no return in between stop the call (a worker respaw
 costs seconds each, and says nothing new). pebble reports no worker that exits with code 0 (a
 worker it retires itself does), so a wait also looks for running tasks whose worker is gone.
 The workers' stdout and stderr go to the scorer's ``log_path`` (logs/reward_workers.log in a run),
-quoted in these errors. A long call logs its progress every PROGRESS_EVERY_S.
+quoted in these errors, and so does what multiprocessing's helpers print (megarl/rewards/
+pool_helpers.py: a resource tracker killed from outside is started again there, quietly). A long
+call logs its progress every PROGRESS_EVERY_S.
 
 Left out: rewards that need the GPU of the trainer, async scoring overlapped with generation.
 """
@@ -57,9 +59,8 @@ import logging
 import math
 import multiprocessing
 import os
-import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
@@ -77,8 +78,10 @@ from megarl.rewards.failures import (
     check_failed_fraction,
     log_failures,
 )
+from megarl.rewards.pool_helpers import helpers_output_to, restart_dead_tracker
 from megarl.rewards.pool_problems import HangWatch, break_problem, start_problem
 from megarl.rewards.worker import Outcome, UserExit
+from megarl.user_code import give_up_after_stop, waiting_on
 
 log = logging.getLogger(__name__)
 
@@ -183,31 +186,6 @@ def remove_if_empty(log_path: Path) -> None:
     with contextlib.suppress(OSError):
         if log_path.stat().st_size == 0:
             log_path.unlink()
-
-
-@contextlib.contextmanager
-def helpers_output_to(log_path: Path | None) -> Iterator[None]:
-    """multiprocessing's helpers started meanwhile (the forkserver, the resource tracker; each
-    starts once per process) write to ``log_path`` instead of the terminal: what a worker prints
-    before its initializer sends its output to the log is the forkserver's stderr, e.g. the
-    traceback of a worker started while the pool is torn down (its locks already unlinked:
-    SemLock's FileNotFoundError); and the tracker's leaked-semaphore notes at exit."""
-    if log_path is None:
-        yield
-        return
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()
-    saved = [os.dup(1), os.dup(2)]
-    target = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.dup2(target, 1)
-        os.dup2(target, 2)
-        yield
-    finally:
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        for fd in (*saved, target):
-            os.close(fd)
 
 
 class RewardScorer:
@@ -361,6 +339,7 @@ class RewardScorer:
         ``scorers``: a built-in scorer's name per sample (reward.combine's rule components), None
         where the sample's own scorer is found as without it (reward.custom, reward.functions).
         ``raw_prompts``: the prompts as the data holds them, which reward.model re-renders in its own template."""
+        restart_dead_tracker(self.log_path)  # (killed since the last call: see megarl/rewards/pool_helpers.py)
         n = len(solution_strs)
         infos = list(extra_infos) if extra_infos is not None else [None] * n
         lengths = {
@@ -497,7 +476,13 @@ class RewardScorer:
     def _wait_any(self, pending: dict[Future, _Job], samples: list[tuple]) -> set[Future]:
         """The futures of ``pending`` that finished, once one did. Meanwhile a pool that broke is
         restarted (see POOL_CHECK_S), and a stall is a RewardError: no task running or ending for
-        the start limit, every worker still in its initializer."""
+        the start limit, every worker still in its initializer. After a stop request the wait
+        lasts STOP_GRACE_S at most (megarl/user_code.py): a hanging function does not hold the stop."""
+        who = ", ".join(sorted({job.function for job in pending.values()}))
+        with waiting_on(who) as since:
+            return self._wait_any_since(pending, samples, who, since)
+
+    def _wait_any_since(self, pending: dict[Future, _Job], samples: list[tuple], who: str, since: float) -> set[Future]:
         quiet_since = time.monotonic()
         while True:
             done, _ = wait(list(pending), timeout=POOL_CHECK_S, return_when=FIRST_COMPLETED)
@@ -505,6 +490,8 @@ class RewardScorer:
                 self._progress.tick()
             if done:
                 return done
+            give_up_after_stop(who, since)
+            restart_dead_tracker(self.log_path)
             self._look_for_vanished(pending)
             if self._vanished.keys() & pending.keys():
                 return set(self._vanished.keys() & pending.keys())
@@ -700,6 +687,7 @@ class RewardScorer:
     def close(self) -> None:
         """Stop the workers (running tasks are abandoned)."""
         self._closed = True
+        restart_dead_tracker(self.log_path)  # stopping the pool releases its semaphores: a dead tracker would be relaunched noisily
         self._pool.stop()
         self._pool.join()
         if self._log_made and self.log_path is not None:

@@ -50,6 +50,7 @@ from megarl.trainer.phases import (
 from megarl.trainer.rollout_source import AsyncRollouts, SyncRollouts
 from megarl.trainer.sample_files import RolloutDump, write_sample_rows
 from megarl.trainer.watchdog import HangError, RunControl, RunStopped, Watchdog
+from megarl.user_code import WaitAbandoned
 
 log = logging.getLogger(__name__)
 
@@ -174,11 +175,12 @@ class Trainer:
                         return self._train(start, control)
                     with Watchdog(control, timeout, groups, self.out / "logs"):
                         return self._train(start, control)
-            except KeyboardInterrupt:  # a second signal, or the watchdog: the step is abandoned
+            except KeyboardInterrupt as exc:  # a second signal, the watchdog, or user code past the stop's grace: the step is abandoned
                 control.cleaning = True
                 if control.hang:
                     raise HangError(control.hang) from None
-                raise RunStopped(self._stopped_message(control, None), control.exit_code) from None
+                why = str(exc) if isinstance(exc, WaitAbandoned) else ""
+                raise RunStopped(self._stopped_message(control, None, why=why), control.exit_code) from None
 
     def _train(self, start: int, control: RunControl) -> dict[str, float]:
         assert self.logger is not None  # fit() makes it before training
@@ -252,9 +254,10 @@ class Trainer:
         kept = f"the last complete checkpoint, step {latest.step} ({latest.path})" if latest else "no checkpoint yet"
         return kept, control.resume_command or "the same command (trainer.resume=auto)"
 
-    def _stopped_message(self, control: RunControl, step: int | None, saved: bool = False) -> str:
+    def _stopped_message(self, control: RunControl, step: int | None, saved: bool = False, why: str = "") -> str:
         """What a stop on a signal leaves behind (``step``: the last completed one, None when the
-        step in progress was abandoned), and the command that goes on from there."""
+        step in progress was abandoned; ``why``: what it was abandoned for, when not a second
+        signal), and the command that goes on from there."""
         latest = self.checkpoints.latest_valid(quiet=True)
         if saved and step is not None:
             what = f"after step {step}; saved checkpoint {self.checkpoints.root / step_dir_name(step)}"
@@ -263,7 +266,8 @@ class Trainer:
             if step is not None:
                 done = f"after step {step} (not saved: trainer.checkpoint_on_signal=false)"
             else:
-                done = f"during step {self.step} (abandoned)" if self.step > self._start else f"before step {self._start + 1}"
+                abandoned = f"abandoned: {why}" if why else "abandoned"
+                done = f"during step {self.step} ({abandoned})" if self.step > self._start else f"before step {self._start + 1}"
             what = f"{done}; {kept}"
         command = control.resume_command or "the same command (trainer.resume=auto)"
         return f"stopped by {control.signal_name} {what}\nresume with: {command}"

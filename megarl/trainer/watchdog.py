@@ -6,7 +6,9 @@ run). Outside the step loop a signal stops at once (KeyboardInterrupt: nothing i
 Inside it the first SIGINT / SIGTERM (Slurm's preemption signal) / SIGHUP (a closed terminal, an
 ssh connection dropped: the shell passes it to its jobs) only asks to stop: the step
 finishes, a checkpoint is written if ``trainer.checkpoint_on_signal`` (and the step did not
-already save one), then ``RunStopped`` ends the run; a second signal abandons the step at once.
+already save one), then ``RunStopped`` ends the run; a second signal abandons the step at once,
+and so does user code (an interaction, tools, reward functions) the step waits on that does not
+return within STOP_GRACE_S of the stop (megarl/user_code.py ``WaitAbandoned``).
 A SIGTERM repeated within ``REPEAT_WINDOW_S`` counts as the same request: on preemption Slurm
 signals every process of the job and the batch script forwards the TERM too (launch/); so does a
 SIGHUP, which the kernel and the hung-up shell both send. After a SIGHUP the terminal is gone (a
@@ -35,8 +37,9 @@ from contextlib import AbstractContextManager, ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
+from megarl import user_code
 from megarl.progress import PROGRESS
-from megarl.user_code import SignalInterrupt
+from megarl.user_code import SignalInterrupt, current_wait, stop_requested
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +105,7 @@ class RunControl:
             for s, handler in previous.items():
                 signal.signal(s, handler)
             self.installed = False
+            stop_requested(None)  # (a later run in this process starts with no stop asked)
 
     def reclaim(self) -> None:
         """Put the handlers back after a library replaced them: ray.init installs Ray's own
@@ -135,8 +139,12 @@ class RunControl:
             print("\nmegarl: shutting down, please wait", file=sys.stderr, flush=True)
             return
         if first and self.deferred:
+            stop_requested(self.signal_at)  # user code the step waits on gets STOP_GRACE_S more, not its whole timeout
             save = f" and saving {self.saves}" if self.save_on_signal else ""
-            print(f"\nmegarl: {_NAMES.get(signum, signum)} received: stopping after this step{save}; "
+            waiting = current_wait()
+            meanwhile = (f"; waiting at most {user_code.STOP_GRACE_S:g} s more for {waiting[0]} (waited on for {waiting[1]:.0f} s)"
+                         if waiting is not None else "")
+            print(f"\nmegarl: {_NAMES.get(signum, signum)} received: stopping after this step{save}{meanwhile}; "
                   "send it again to stop at once (a SIGTERM or SIGHUP: after 5 s)", file=sys.stderr, flush=True)
             return
         raise SignalInterrupt  # abandon what runs now (Ray's waits turn it into KeyboardInterrupt too)

@@ -112,7 +112,23 @@ class HangingUser:
 '''
 
 
-def _run_hanging_interaction(rank: int, world: int, root: str) -> dict:
+def _stop_once_it_hangs(log: Path) -> None:
+    """A Ctrl-C to this process as soon as the user's code printed its first line (it hangs then)."""
+    import os
+    import signal
+    import threading
+    import time
+
+    def watch() -> None:
+        while not (log.exists() and "let me think about" in log.read_text()):
+            time.sleep(0.1)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def _run_hanging_interaction(rank: int, world: int, root: str, stop: bool = False) -> dict:
+    """``stop``: a Ctrl-C once the interaction hangs, whose timeout is 10 minutes then (the stop's grace 1 s)."""
     import os
     import sys
 
@@ -136,9 +152,15 @@ def _run_hanging_interaction(rank: int, world: int, root: str) -> dict:
             for k in range(16)]  # fmt: skip
     data = write_prompt_file(rows, Path(root) / "talk.parquet")
     cfg = load_config(ROOT / "configs" / "tiny_grpo.yaml", [*overrides, f"data.train_files=[{data}]", "trainer.total_steps=1",
-                      f"rollout.agent.interactions_file={Path(root) / 'interactions.yaml'}", "rollout.agent.interaction_timeout_s=2"])  # fmt: skip
+                      f"rollout.agent.interactions_file={Path(root) / 'interactions.yaml'}",
+                      f"rollout.agent.interaction_timeout_s={600 if stop else 2}"])  # fmt: skip
     log = Path(root) / "run" / "logs" / "user_code.log"
     trainer = build_trainer(cfg, make_plan(cfg, check_files=True, in_process=True), in_process=True)
+    if stop:
+        import megarl.user_code
+
+        megarl.user_code.STOP_GRACE_S = 1.0  # (this process is the test's own)
+        _stop_once_it_hangs(log)
     try:
         with user_output_to(log):
             trainer.fit()
@@ -157,3 +179,15 @@ def test_an_interaction_that_never_answers_ends_the_run_at_its_deadline_naming_i
     assert "hanging_user.py) did not return within 2 s; " in ended["message"]
     assert "rollout.agent.interaction_timeout_s" in ended["message"] and "it printed: 'let me think about" in ended["message"]
     assert ended["log"].startswith("let me think about")
+
+
+def test_a_first_ctrl_c_while_an_interaction_hangs_stops_the_run_after_the_grace_naming_it(tmp_path):
+    """Before: the first Ctrl-C said "stopping after this step", the step waited the interaction's
+    whole timeout and the run ended in its error (exit 2) instead of the stop (exit 130)."""
+    ended = run_distributed(_run_hanging_interaction, 1, str(tmp_path), True, timeout_s=600, daemon=False)[0]
+    assert ended["type"] == "RunStopped" and ended["exit"] == 130
+    first, resume = ended["message"].split("\n")
+    assert first.startswith("stopped by SIGINT (Ctrl-C) during step 1 (abandoned: interaction 'hang' "
+                            "(HangingUser.generate_response in ")
+    assert first.endswith(" did not return within 1 s of the stop); no checkpoint yet (it starts again at step 0)")
+    assert resume.startswith("resume with: ")

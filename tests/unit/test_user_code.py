@@ -166,3 +166,41 @@ def test_megarls_own_signal_handler_is_never_blamed_on_the_generate_function():
                 wrapped()
             timer.join()
         assert not isinstance(info.value, UserCodeError) and not raised_by_code(info.value)
+
+
+def test_after_a_stop_each_wait_on_user_code_gets_the_grace_from_its_own_start(monkeypatch):
+    """A stop asked long before a wait began (a Ctrl-C during generation, then the rewards) does
+    not cut that wait short: code that returns within STOP_GRACE_S of the wait's start is waited
+    for; code that does not is given up on then, as what the run waited on (main thread only)."""
+    import megarl.user_code
+    from megarl.user_code import (
+        DeadlinePassed,
+        WaitAbandoned,
+        call_with_deadline,
+        current_wait,
+        stop_requested,
+    )
+
+    monkeypatch.setattr(megarl.user_code, "STOP_GRACE_S", 1.5)
+    never = threading.Event()
+    stop_requested(time.monotonic() - 100)
+    try:
+        assert call_with_deadline(lambda: (time.sleep(0.3), 7)[1], 60, "quick code") == 7
+        with pytest.raises(WaitAbandoned, match="^hung code was waited on for [12] s and did not return within 1.5 s of the stop$"):
+            call_with_deadline(never.wait, 60, "hung code")
+        assert current_wait() is None
+        outcome: list[BaseException] = []
+
+        def elsewhere() -> None:  # another thread (the asynchronous producer): its deadline as before
+            try:
+                call_with_deadline(never.wait, 2.0, "hung code")
+            except BaseException as exc:  # noqa: BLE001 - the outcome is the test's result
+                outcome.append(exc)
+
+        thread = threading.Thread(target=elsewhere)
+        thread.start()
+        thread.join(timeout=60)
+        assert len(outcome) == 1 and isinstance(outcome[0], DeadlinePassed)
+    finally:
+        stop_requested(None)
+        never.set()

@@ -28,8 +28,7 @@ import inspect
 import logging
 import time
 from collections.abc import Sequence
-from concurrent.futures import Future
-from concurrent.futures import wait as wait_futures
+from concurrent.futures import FIRST_COMPLETED, Future
 from typing import Any
 
 import torch
@@ -56,6 +55,7 @@ from megarl.rollout.agents.tool_calls import PARSERS, ToolCall
 from megarl.rollout.agents.tools import ToolOutcome, start_tool_call, timed_out
 from megarl.rollout.batching import batch_from_generations
 from megarl.rollout.single_turn import generate_batch
+from megarl.user_code import wait_for_user
 
 log = logging.getLogger(__name__)
 ROUND_SEED_SALT = 0xA6E7  # round r samples with step_seed(seed ^ salt, r): never the single-turn streams
@@ -232,10 +232,11 @@ class _Driver:
                 self._advance(i, loops[i], outcomes)
             if not block or not self.tools or (self.overlap_tools and self.wants):
                 return
-            running = [(f, d) for calls in self.tools.values() for _, f, d in calls if not f.done() and d > now]
-            if running:  # sleep until a call ends or the first deadline passes
-                timeout = max(0.0, min(d for _, d in running) - time.monotonic())
-                wait_futures([f for f, _ in running], timeout=timeout, return_when="FIRST_COMPLETED")
+            running = [(c, f, d) for calls in self.tools.values() for c, f, d in calls if not f.done() and d > now]
+            if running:  # sleep until a call ends or the first deadline passes (after a stop: a few seconds at most)
+                timeout = max(0.0, min(d for _, _, d in running) - time.monotonic())
+                names = ", ".join(sorted({repr(c.name) for c, _, _ in running}))
+                wait_for_user([f for _, f, _ in running], timeout, f"tool {names}", return_when=FIRST_COMPLETED)
 
 
 def _cut(result: GenerationResult, budget: int) -> GenerationResult:

@@ -38,7 +38,7 @@ BROKEN = textwrap.dedent(
 def scorer(tmp_path, name: str, **kw) -> RewardScorer:
     path = tmp_path / "broken_reward.py"
     path.write_text(BROKEN)
-    cfg = RewardConfig(custom=CustomRewardConfig(path=str(path), name=name), timeout_s=TIMEOUT_S, workers=WORKERS, **kw)
+    cfg = RewardConfig(custom=CustomRewardConfig(path=str(path), name=name), **{"timeout_s": TIMEOUT_S, "workers": WORKERS, **kw})
     return RewardScorer(cfg)
 
 
@@ -98,3 +98,29 @@ def test_a_return_that_is_no_score_stops_in_one_line_said_for_the_caller(tmp_pat
     # what was returned says it all: no traceback of megarl's own check, no warnings before the error
     assert "returned str 'not a score'" in msg and "\n" not in msg and "train" not in msg
     assert "reward error" not in caplog.text
+
+
+def test_after_a_first_ctrl_c_a_hanging_function_is_given_up_after_the_grace(tmp_path, monkeypatch):
+    """Before: a first Ctrl-C inside a step waited for every hanging sample's reward.timeout_s."""
+    import os
+    import signal
+    import threading
+
+    import megarl.user_code
+    from megarl.trainer.watchdog import RunControl
+    from megarl.user_code import WaitAbandoned
+
+    monkeypatch.setattr(megarl.user_code, "STOP_GRACE_S", 1.0)
+    control = RunControl()
+    with control.handlers(), scorer(tmp_path, "sleeps", timeout_s=600.0) as s:
+        control.deferred = True  # inside a step: the first signal asks for a stop after it
+        timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
+        try:
+            timer.start()
+            with pytest.raises(WaitAbandoned) as info:
+                score(s, ["fast 0", "hang 1", "fast 2"])
+        finally:
+            timer.cancel()
+    assert control.stop_requested and control.exit_code == 130
+    assert str(info.value).startswith("reward.custom 'sleeps' (broken_reward.py) was waited on for ")
+    assert str(info.value).endswith(" s and did not return within 1 s of the stop")

@@ -606,3 +606,83 @@ def test_ctrl_c_while_finalize_interaction_hangs_stops_the_rollout_at_once(tok, 
         impl.release.set()
     assert len(impl.finalized) == 1
     assert "Exception ignored" not in capsys.readouterr().err
+
+
+def _stop_requested_after(seconds: float, control, monkeypatch, grace_s: float):
+    """``control``'s handlers installed, inside a step (a first signal asks for a stop after it),
+    user code given ``grace_s`` after a stop, and a SIGINT to this process in ``seconds``."""
+    import os
+    import signal as signals
+
+    import megarl.user_code
+
+    monkeypatch.setattr(megarl.user_code, "STOP_GRACE_S", grace_s)
+    control.deferred = True
+    return threading.Timer(seconds, os.kill, (os.getpid(), signals.SIGINT))
+
+
+def test_a_first_ctrl_c_while_finalize_interaction_hangs_gives_up_on_it_after_the_grace(tok, capsys, monkeypatch):
+    """Before: the first Ctrl-C said "stopping after this step" and the step then waited the
+    method's whole interaction_timeout_s, to end in its timeout error (exit 2, nothing saved)."""
+    import gc
+
+    from megarl.trainer.watchdog import RunControl
+    from megarl.user_code import WaitAbandoned, current_wait
+
+    impl, control = StuckAtTheEnd({}), RunControl()
+    with control.handlers():
+        timer = _stop_requested_after(0.5, control, monkeypatch, grace_s=1.0)
+        try:
+            timer.start()
+            with pytest.raises(WaitAbandoned) as info:
+                _stuck_rollout(tok, impl, 120)()  # (without the grace: InteractionTimeout, 2 minutes later)
+            gc.collect()
+        finally:
+            timer.cancel()
+            impl.release.set()
+    assert control.stop_requested and control.exit_code == 130 and current_wait() is None
+    assert str(info.value).startswith("interaction 'u' (StuckAtTheEnd.finalize_interaction in ")
+    assert str(info.value).endswith(" did not return within 1 s of the stop") and " was waited on for " in str(info.value)
+    err = capsys.readouterr().err
+    assert "megarl: SIGINT (Ctrl-C) received: stopping after this step and saving a checkpoint; waiting at most 1 s more " \
+           "for interaction 'u' (StuckAtTheEnd.finalize_interaction in " in err
+    assert "Exception ignored" not in err
+    assert len(impl.finalized) == 1  # the other conversation, closed, ran no finalize_interaction
+
+
+def test_after_a_first_ctrl_c_a_tool_that_answers_within_the_grace_lets_the_step_finish(tok, monkeypatch):
+    from megarl.trainer.watchdog import RunControl
+
+    sleepy = {"sleep": Sleepy({"seconds": 1.5}, {"type": "function", "function": {"name": "sleep"}})}
+    script = {f"q{i}": [_call("sleep", slow=i == 0), "end"] for i in range(2)}
+    env = _env(tok, sleepy, tool_timeout_s=120.0)
+    control = RunControl()
+    with control.handlers():
+        timer = _stop_requested_after(0.5, control, monkeypatch, grace_s=60.0)
+        try:
+            timer.start()
+            batch = AgentRollout(env.limits, env, overlap_tools=False)(ReplayEngine(tok, script), _prompts(tok, list(script)),
+                                                                       SamplingParams(max_new_tokens=300))  # fmt: skip
+        finally:
+            timer.cancel()
+    assert control.stop_requested  # asked during the tool's call, which answered: the step is whole
+    assert batch.finish_reason == ["stop", "stop"]
+
+
+def test_a_first_ctrl_c_while_a_tool_hangs_gives_up_on_it_after_the_grace(tok, monkeypatch):
+    from megarl.trainer.watchdog import RunControl
+    from megarl.user_code import WaitAbandoned
+
+    sleepy = {"sleep": Sleepy({"seconds": 60.0}, {"type": "function", "function": {"name": "sleep"}})}
+    script = {f"q{i}": [_call("sleep", slow=i == 0), "end"] for i in range(2)}
+    env = _env(tok, sleepy, tool_timeout_s=120.0)
+    control = RunControl()
+    with control.handlers():
+        timer = _stop_requested_after(0.5, control, monkeypatch, grace_s=1.0)
+        try:
+            timer.start()
+            with pytest.raises(WaitAbandoned, match="^tool 'sleep' was waited on for .* s and did not return within 1 s of the stop$"):
+                AgentRollout(env.limits, env, overlap_tools=False)(ReplayEngine(tok, script), _prompts(tok, list(script)),
+                                                                   SamplingParams(max_new_tokens=300))  # fmt: skip
+        finally:
+            timer.cancel()
