@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 
 import psutil
 import pytest
@@ -37,7 +38,10 @@ def _marked(mark: str, name: str | None = None) -> list[psutil.Process]:
     return found
 
 
-def test_a_raylet_killed_under_convert_is_one_line_naming_the_node(tmp_path):
+@contextmanager
+def _convert_building_ranks(tmp_path):
+    """`megarl convert hf-to-megatron --tp 2` of a tiny model, with Ray, output into a log file;
+    yields (process, log, OUT, mark) once its ranks build (Ray is up); the run killed on the way out."""
     model = build_tiny_model(tmp_path / "hf", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, ffn_hidden_size=128)
     out, log = tmp_path / "ckpt", tmp_path / "convert.log"
     mark = f"{os.getpid()}-{time.time_ns()}"
@@ -50,13 +54,18 @@ def test_a_raylet_killed_under_convert_is_one_line_naming_the_node(tmp_path):
         while "building ImportRank" not in log.read_text():  # the ranks build: Ray is up
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.05)
-        (raylet,) = _marked(mark, "raylet")
-        raylet.kill()
-        proc.wait(timeout=300)
+        yield proc, log, out, mark
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def test_a_raylet_killed_under_convert_is_one_line_naming_the_node(tmp_path):
+    with _convert_building_ranks(tmp_path) as (proc, log, out, mark):
+        (raylet,) = _marked(mark, "raylet")
+        raylet.kill()
+        proc.wait(timeout=300)
     output = log.read_text()
     for logs in re.findall(r"\(logs: (\S+megarl-convert-logs-\w+)\)", output):  # the ranks' logs: a killed driver keeps them
         shutil.rmtree(logs, ignore_errors=True)
@@ -77,29 +86,13 @@ def test_a_raylet_killed_under_convert_is_one_line_naming_the_node(tmp_path):
     assert not _marked(mark), "processes of the run outlived the command"  # Ray's workers included
 
 
-
 def test_a_sigterm_to_convert_under_ray_is_its_one_stop_line(tmp_path):
     """SIGTERM to `megarl convert` while its Ray ranks build: the stop's one line, exit code 143,
     nothing before it from Ray (absl's "*** SIGTERM received ..." stack, which Ray's core worker
     installs in the driver at the C level), no process of the run left, OUT as it was."""
-    model = build_tiny_model(tmp_path / "hf", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, ffn_hidden_size=128)
-    out, log = tmp_path / "ckpt", tmp_path / "convert.log"
-    mark = f"{os.getpid()}-{time.time_ns()}"
-    args = [sys.executable, "-m", "megarl.cli", "convert", "hf-to-megatron", "--hf", str(model), "--out", str(out), "--tp", "2"]
-    with log.open("w") as f:
-        proc = subprocess.Popen(args, cwd=tmp_path, env={**os.environ, MARK: mark, "OMP_NUM_THREADS": "1"}, stdout=f,
-                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
-    try:
-        deadline = time.monotonic() + 300
-        while "building ImportRank" not in log.read_text():
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.05)
+    with _convert_building_ranks(tmp_path) as (proc, log, out, mark):
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=300)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
     output = log.read_text()
     assert proc.returncode == 143, output[-3000:]
     assert output.splitlines()[-1] == "stopped by SIGTERM while converting; OUT is as it was (the staging folder is removed); run the same command again"
