@@ -16,6 +16,7 @@ import json
 import logging
 import math
 import tempfile
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -28,7 +29,7 @@ from megarl.disk_full import writing
 from megarl.kept_files import write_atomically
 
 log = logging.getLogger(__name__)
-SCORE_CHUNK = 1024  # responses per scoring call: the progress display's step
+SCORE_CHUNK = 1024  # responses per scoring call (the reward pool reports each sample as it is scored)
 SUMMARY_SUFFIX = ".eval.json"
 
 
@@ -298,6 +299,7 @@ def _scorer(reward: Any, judge_runs: JudgeRuns, stops: str, log_path: str | Path
 def _score(reward: Any, rows: Any, flat: list[tuple[int, int]], judge_runs: JudgeRuns, log_path: str | Path | None) -> Scored:
     """Every response scored in the reward pool (and reward.combine's judge), in chunks (one progress tick each)."""
     from megarl.progress import counting
+    from megarl.rewards.scorer import RewardScorer
 
     total = Scored()
     scratch = None
@@ -316,16 +318,31 @@ def _score(reward: Any, rows: Any, flat: list[tuple[int, int]], judge_runs: Judg
                 chunk = flat[start : start + SCORE_CHUNK]
                 records = [rows.records[r] for r, _ in chunk]
                 prompts = [rows.prompt_text[r] if rows.prompt_text else str(rows.records[r].prompt) for r, _ in chunk]
+                told = _Told(advance)
+                # the reward pool tells each sample scored (the bar moves within a chunk, no second
+                # progress line of its own); reward.combine's scorer moves it chunk by chunk
+                progress = {"on_scored": told} if isinstance(scorer, RewardScorer) else {}
                 part = scorer.score([x.data_source for x in records], [rows.responses[r][j] for r, j in chunk],
                                     [x.ground_truth for x in records], [x.extra_info for x in records], prompts=prompts,
-                                    raw_prompts=[x.prompt for x in records])  # fmt: skip
+                                    raw_prompts=[x.prompt for x in records], **progress)  # fmt: skip
                 _add_part(total, part, len(chunk))
-                advance(len(chunk))
+                advance(len(chunk) - told.count)
     finally:
         scorer.close()
         if scratch is not None:
             scratch.cleanup()
     return total
+
+
+class _Told:
+    """``advance`` of the progress display, counting what it was told."""
+
+    def __init__(self, advance: Callable[[int], None]) -> None:
+        self.advance, self.count = advance, 0
+
+    def __call__(self, n: int) -> None:
+        self.count += n
+        self.advance(n)
 
 
 def _add_part(total: Scored, part: Any, n: int) -> None:

@@ -60,7 +60,7 @@ import math
 import multiprocessing
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
@@ -152,14 +152,23 @@ def quoted_output(text: str) -> str:
 
 
 class _CallProgress:
-    """A long scoring call's progress: one log line every PROGRESS_EVERY_S (terminal and pipe alike)."""
+    """A long scoring call's progress: one log line every PROGRESS_EVERY_S (terminal and pipe
+    alike), or, given ``report``, the samples scored since the last tick passed to it (a caller
+    with a progress display of its own: `megarl evaluate`'s)."""
 
-    def __init__(self, outcomes: list[Outcome], unscored: Outcome):
-        self.outcomes, self.unscored = outcomes, unscored
+    def __init__(self, outcomes: list[Outcome], unscored: Outcome, report: Callable[[int], None] | None = None):
+        self.outcomes, self.unscored, self.report = outcomes, unscored, report
         self.start = self.last = time.monotonic()
+        self.reported = 0
 
     def tick(self) -> None:
         now = time.monotonic()
+        if self.report is not None:
+            scored = sum(o is not self.unscored for o in self.outcomes)
+            if scored > self.reported:
+                self.report(scored - self.reported)
+                self.reported = scored
+            return
         if now - self.last < PROGRESS_EVERY_S:
             return
         self.last = now
@@ -334,11 +343,14 @@ class RewardScorer:
         prompts: Sequence[str] | None = None,
         scorers: Sequence[str | None] | None = None,
         raw_prompts: Sequence[Any] | None = None,
+        on_scored: Callable[[int], None] | None = None,
     ) -> ScoreResult:
         """Score every sample; errors and timeouts score 0 and are counted, never raised.
         ``scorers``: a built-in scorer's name per sample (reward.combine's rule components), None
         where the sample's own scorer is found as without it (reward.custom, reward.functions).
-        ``raw_prompts``: the prompts as the data holds them, which reward.model re-renders in its own template."""
+        ``raw_prompts``: the prompts as the data holds them, which reward.model re-renders in its own template.
+        ``on_scored(n)``: told of each n samples scored as they are (instead of this call's own
+        progress lines), for a caller that shows the progress itself."""
         restart_dead_tracker(self.log_path)  # (killed since the last call: see megarl/rewards/pool_helpers.py)
         n = len(solution_strs)
         infos = list(extra_infos) if extra_infos is not None else [None] * n
@@ -363,7 +375,7 @@ class RewardScorer:
             jobs = self._batched_jobs(samples)
         else:
             jobs = self._sample_jobs(samples, scorers)
-        outcomes = self._collect(jobs, samples)
+        outcomes = self._collect(jobs, samples, on_scored)
         result = self._result(outcomes, samples)
         self._examine(samples, result, prompts)
         return result
@@ -434,12 +446,12 @@ class RewardScorer:
         custom = self.cfg.custom
         return f"reward.custom {custom.name!r} ({os.path.basename(custom.path)})" if custom else "reward.custom"
 
-    def _collect(self, jobs: list[_Job], samples: list[tuple]) -> list[Outcome]:
+    def _collect(self, jobs: list[_Job], samples: list[tuple], on_scored: Callable[[int], None] | None = None) -> list[Outcome]:
         """Wait for the jobs as they finish; re-run failed chunks one sample per task; give up on
         a function that hangs on everything (see the module docstring)."""
         unscored: Outcome = ("error", "not scored", "")
         outcomes: list[Outcome] = [unscored] * len(samples)
-        self._progress = _CallProgress(outcomes, unscored)
+        self._progress = _CallProgress(outcomes, unscored, on_scored)
         self._vanished.clear()  # an earlier call's, given up with their jobs
         self._missing.clear()
         pending = {job.future: job for job in jobs}
@@ -471,6 +483,8 @@ class RewardScorer:
                     outcomes[i] = failure
                 if watch.hopeless(job.function):
                     self._give_up(job.function, pending, outcomes, watch)
+        if on_scored is not None:
+            self._progress.tick()  # the last samples' report
         return outcomes
 
     def _wait_any(self, pending: dict[Future, _Job], samples: list[tuple]) -> set[Future]:

@@ -36,6 +36,9 @@ USER_REWARDS = textwrap.dedent(
             ctypes.string_at(0)
         if solution_str == "dict":
             return {"score": 0.5, "length": len(ground_truth), "label": "not a number", "pred": 42}
+        if solution_str == "pause":
+            time.sleep(0.3)
+            return 1.0
         if solution_str == "nan":
             return float("nan")
         return float(solution_str == ground_truth)
@@ -67,6 +70,15 @@ def custom_scorer(user_file):
 def _score(scorer, solutions, truths=None):
     truths = truths or ["a"] * len(solutions)
     return scorer.score(["any"] * len(solutions), solutions, truths, [None] * len(solutions))
+
+
+def test_a_caller_is_told_of_the_samples_as_they_are_scored(custom_scorer):
+    """`megarl evaluate`'s progress display moves within a call (it showed 0 until the call ended)."""
+    told: list[int] = []
+    solutions = ["pause"] * 6 + ["raise"]  # a sample that failed is done too
+    result = custom_scorer.score(["any"] * 7, solutions, ["a"] * 7, [None] * 7, on_scored=told.append)
+    assert sum(told) == 7 and len(told) >= 2 and all(n > 0 for n in told), told  # 2 workers: samples end in turns
+    assert result.scores == [1.0] * 6 + [0.0]
 
 
 def test_custom_scores_errors_and_extras(custom_scorer, caplog):
