@@ -81,6 +81,8 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=RESULTS / "lora", help="results path without suffix (.json, .md)")
     ap.add_argument("--report-only", action="store_true", help="measure nothing: rewrite --out's .md from its .json")
+    ap.add_argument("--plan-only", action="store_true", help="the planner's part again (a model, no measurement) into "
+                    "--out's .json, after a change to the planner; the measured parts are kept")  # fmt: skip
     return ap.parse_args()
 
 
@@ -320,7 +322,8 @@ def report(result: dict[str, Any]) -> str:
         "`rollout.weight_sync.lora=adapter`). update_peak = weights + grads + optimizer + activations + logits + "
         "head_grad (`TrainMemory.peak`); phase rows: the planner's total for a training GPU in that phase (its resident "
         "states, the phase's working memory, the processes' own memory); train_peak = the heaviest phase, generation aside; "
-        "push bytes = one whole push (`push_bytes`), not per GPU.", "",
+        "push bytes = one whole push (`push_bytes`), not per GPU."
+        + (f" Made {result['plan_made']} (`--plan-only`, after a change to the planner)." if "plan_made" in result else ""), "",
         *plan_table(result["plan"]), ""])  # fmt: skip
 
 
@@ -328,6 +331,13 @@ def main() -> None:
     args = parse()
     if args.report_only:  # the table's wording changed, not the numbers
         args.out.with_suffix(".md").write_text(report(json.loads(args.out.with_suffix(".json").read_text())))
+        return
+    if args.plan_only:
+        kept = json.loads(args.out.with_suffix(".json").read_text())
+        kept["plan"] = measure_plan()
+        kept["plan_made"] = describe()["date"]  # the planner's part is younger than the measurements
+        args.out.with_suffix(".json").write_text(json.dumps(kept, indent=2) + "\n")
+        args.out.with_suffix(".md").write_text(report(kept))
         return
     torch.set_num_threads(args.threads)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("MASTER_PORT", "29536"), RANK="0",
