@@ -83,6 +83,7 @@ from megarl.plan.rollout_checks import (
     check_sampling,
     check_server_args,
     check_server_python,
+    check_sglang_keys_used,
     check_validation,
     rollout_tp_choices,
 )
@@ -211,6 +212,7 @@ def _check_sections(cfg: MegaRLConfig, arch: ArchSpec, roles: dict[str, RoleLayo
         check_rollout(cfg, arch, issues)
         check_server_args(cfg, issues)
         check_moe_serving(cfg, arch, issues)
+    check_sglang_keys_used(cfg, issues)
     check_sampling(cfg, arch, issues)
     check_validation(cfg, issues)
     check_agent(cfg, issues)

@@ -194,6 +194,16 @@ OWNED_SERVER_ARGS = {
 }  # fmt: skip
 
 
+def check_sglang_keys_used(cfg: MegaRLConfig, issues: list[Issue]) -> None:
+    """A warning for SGLang's server keys set with another engine, which ignores them."""
+    if cfg.rollout.engine == "sglang":
+        return
+    for key, value in (("engine_kwargs", cfg.rollout.engine_kwargs), ("server_args", cfg.rollout.server_args)):
+        if value:
+            issues.append(Issue(f"rollout.{key}", f"is set, and it is SGLang's: rollout.engine={cfg.rollout.engine} "
+                                "ignores it; drop it, or set rollout.engine=sglang", level="warning"))  # fmt: skip
+
+
 def check_server_args(cfg: MegaRLConfig, issues: list[Issue], environ: Mapping[str, str] | None = None) -> None:
     """rollout.server_args that repeat a flag megarl sets from the config, or that would make the
     SGLang servers' NCCL_CUMEM_ENABLE differ from the policy ranks' (the run's value: the user's

@@ -797,3 +797,11 @@ def test_a_validation_pass_threshold_the_reward_cannot_meet_is_refused():
         make_plan(load_config(TINY, ["rollout.val.pass_threshold=2"]))
     custom = ["reward.custom.path=mine.py", "reward.custom.name=score"]  # a custom function's scores have no fixed range
     assert make_plan(load_config(TINY, ["rollout.val.pass_threshold=2", *custom]))
+
+
+def test_sglang_server_keys_with_the_torch_engine_are_a_warning():
+    warned = " ".join(map(str, plan(TINY, "rollout.engine_kwargs={chunked_prefill_size: 512}", "rollout.server_args=[--log-level=debug]").warnings))
+    assert "rollout.engine_kwargs: is set, and it is SGLang's: rollout.engine=torch ignores it" in warned
+    assert "rollout.server_args: is set, and it is SGLang's" in warned
+    assert not [w for w in plan(GRPO72, "rollout.engine_kwargs={chunked_prefill_size: 512}").warnings  # its engine: SGLang
+                if w.field.startswith("rollout.engine_kwargs")]
