@@ -107,58 +107,72 @@ def report_ray_node() -> None:
 def supervise(command: Sequence[str], *, ray: bool = True, kept: str | None = None,
               user_code: str | None = USER_CODE) -> int:  # fmt: skip
     """Run ``command`` (a driver) as a child; its exit code, or, when it ended without reporting
-    its end, one ``error:`` line and exit code 2 (130 after a Ctrl-C). ``ray``: whether the
+    its end, one ``error:`` line and exit code 2 (130 after a Ctrl-C; 128 + N for a stop signal N
+    that came after the driver had ended, while its leftovers were ended: a driver's reported
+    exit code stands then). ``ray``: whether the
     driver starts Ray (not for ``--in-process``), for that line; ``kept``: what that line says is
     left, for a command that has no resume command to report; ``user_code``: the user code the
     driver runs, named as a likely cause (None: it runs none) (megarl/commands/supervision.py)."""
     read_end, write_end = os.pipe()
     os.set_blocking(read_end, False)
-    interrupted: list[int] = []
-    pending: list[int] = []  # a stop that came before the driver was there: passed on once it is
-    passed_on: set[int] = set()
-    child: subprocess.Popen[bytes] | None = None
-
-    def on_signal(signum: int, frame: Any) -> None:
-        if signum == signal.SIGINT:
-            interrupted.append(signum)
-        if child is None:
-            pending.append(signum)
-        elif child.poll() is None:
-            child.send_signal(signum)
-        passed_on.add(signum)
-
-    previous = {s: signal.signal(s, on_signal) for s in FORWARDED}
+    stops = _Stops()
+    # The handlers stay up until the end: a stop while the leftovers are ended and the relay drains
+    # would otherwise raise KeyboardInterrupt there (a traceback, no line) or kill this process silently.
+    previous = {s: signal.signal(s, stops.on_signal) for s in FORWARDED}
     tag = new_tag()  # what every process the driver starts inherits: they are ended with it
     relay = StderrRelay()  # the driver's stderr, less Ray's C++ lines (megarl/driver_stderr.py)
     stdout, stderr = relay.child_streams()
     try:
-        child = subprocess.Popen(list(command), env={**os.environ, SUPERVISOR_FD_ENV: str(write_end), DRIVER_TAG_ENV: tag},
-                                 pass_fds=(write_end,), stdout=stdout, stderr=stderr, preexec_fn=_die_with_parent,
-                                 process_group=0)  # fmt: skip
+        child = stops.child = subprocess.Popen(
+            list(command), env={**os.environ, SUPERVISOR_FD_ENV: str(write_end), DRIVER_TAG_ENV: tag}, pass_fds=(write_end,),
+            stdout=stdout, stderr=stderr, preexec_fn=_die_with_parent, process_group=0)  # fmt: skip
         os.close(write_end)
         relay.start()
-        for signum in pending:
+        for signum in stops.pending:
             child.send_signal(signum)
         code, data, raylet_first, found = _watch(child, read_end, ray=ray, relay=relay)
+        end_tagged(tag)  # what outlived the driver (Ray's workers re-parented when their raylet died) ends with it
+        relay.finish()  # all the driver wrote, before this process's own line
+        reports = _parse_reports(data + _drain(read_end))
+        if found and "ray" not in reports:  # the raylet died as Ray started, before the driver could say where
+            reports["ray"] = found
+        if ended_by_ray(code):  # any other ending is the driver's own, whatever Ray logged
+            raylet_first = raylet_first or _ray_saw_its_raylet_die(reports.get("ray"), child.pid)
+        if "end" in reports:  # the driver's own exit code stands, whatever its teardown (or a stop during the sweep) did after
+            return _reported_end(reports["end"], code)
+        _keep_rank_logs_that_say_something(reports)
+        if code < 0 and (-code in stops.passed_on or (-code == signal.SIGINT and stops.interrupted)):  # before its handlers were up
+            _say(f"stopped by {signal.Signals(-code).name} while starting; {kept or 'nothing was trained or saved'}")
+            return 128 - code
+        _say(silent_end_line(code, reports, child.pid, raylet_first=raylet_first, ray=ray, kept=kept, user_code=user_code))
+        return 128 + stops.late[0] if stops.late else 130 if stops.interrupted else 2
     finally:
+        os.close(read_end)
         for s, handler in previous.items():
             signal.signal(s, handler)
-    end_tagged(tag)  # what outlived the driver (Ray's workers re-parented when their raylet died) ends with it
-    relay.finish()  # all the driver wrote, before this process's own line
-    reports = _parse_reports(data + _drain(read_end))
-    os.close(read_end)
-    if found and "ray" not in reports:  # the raylet died as Ray started, before the driver could say where
-        reports["ray"] = found
-    if ended_by_ray(code):  # any other ending is the driver's own, whatever Ray logged
-        raylet_first = raylet_first or _ray_saw_its_raylet_die(reports.get("ray"), child.pid)
-    if "end" in reports:  # the driver's own exit code stands, whatever its teardown did after (Ray's C++ may abort it)
-        return _reported_end(reports["end"], code)
-    _keep_rank_logs_that_say_something(reports)
-    if code < 0 and (-code in passed_on or (-code == signal.SIGINT and interrupted)):  # before its handlers were up
-        _say(f"stopped by {signal.Signals(-code).name} while starting; {kept or 'nothing was trained or saved'}")
-        return 128 - code
-    _say(silent_end_line(code, reports, child.pid, raylet_first=raylet_first, ray=ray, kept=kept, user_code=user_code))
-    return 130 if interrupted else 2
+
+
+class _Stops:
+    """The stop signals a supervisor received: each is passed on to the driver once (``pending``
+    until it is there); one that came after the driver had ended is ``late``, this process's own."""
+
+    def __init__(self) -> None:
+        self.child: subprocess.Popen[bytes] | None = None
+        self.interrupted = False
+        self.pending: list[int] = []
+        self.passed_on: set[int] = set()
+        self.late: list[int] = []
+
+    def on_signal(self, signum: int, frame: Any) -> None:
+        if signum == signal.SIGINT:
+            self.interrupted = True
+        if self.child is None:
+            self.pending.append(signum)
+        elif self.child.poll() is None:
+            self.child.send_signal(signum)
+        else:
+            self.late.append(signum)
+        self.passed_on.add(signum)
 
 
 def _watch(child: subprocess.Popen[bytes], fd: int, *, ray: bool = True,

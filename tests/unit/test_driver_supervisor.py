@@ -377,3 +377,34 @@ def test_stdout_and_stderr_into_one_file_keep_their_order(tmp_path):
     assert code == 0
     assert out.read_text().splitlines() == [f"{kind} {i}" for i in range(50) for kind in ("out", "err")]
     assert driver_log.read_text() == RAY_CPP_LINE
+
+
+# A leftover outside the sweep (no tag: a fresh environment) that holds the driver's stderr for 3 s.
+HOLDS_STDERR = "import subprocess\nsubprocess.Popen(['env', '-i', 'sh', '-c', 'sleep 3'])\n"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("ending", ["os._exit(1)", "s.report(end=0)\nos._exit(0)"], ids=["silent-end", "reported-end"])
+def test_a_stop_while_the_supervisor_cleans_up_is_no_traceback(tmp_path, signum, ending):
+    """The driver ended; the supervisor waits for what still holds its stderr (up to seconds) when
+    a Ctrl-C or SIGTERM comes: no traceback, no silent death; the line and 128 + N after a silent
+    end, the driver's own exit code after a reported one."""
+    done = tmp_path / "done"
+    body = HOLDS_STDERR + f"open({str(done)!r}, 'w').close()\n" + ending
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; from megarl.driver_supervisor import supervise; "
+                             f"sys.exit(supervise({_driver(body)!r}, ray=False))"],
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    for _ in range(600):
+        if done.exists():
+            break
+        time.sleep(0.1)
+    time.sleep(1.0)  # the driver is gone; the supervisor waits on the relay
+    proc.send_signal(signum)
+    code = proc.wait(timeout=60)
+    err = proc.stderr.read()
+    assert "Traceback" not in err, err
+    if ending == "os._exit(1)":
+        assert code == 128 + signum
+        assert len(err.splitlines()) == 1 and err.startswith("error: the driver process"), err
+    else:
+        assert code == 0 and err == ""
