@@ -22,6 +22,7 @@ import time
 DRIVER_TAG_ENV = "MEGARL_DRIVER_TAG"
 SWEEP_ROUNDS = 20  # a process that starts another while the sweep runs is found on the next round
 SWEEP_PAUSE_S = 0.05
+TERM_GRACE_S = 1.0  # how long the tagged processes have to end on SIGTERM before the SIGKILL
 
 
 def new_tag() -> str:
@@ -54,22 +55,24 @@ def _carries(pid: int, entry: bytes) -> bool:
 
 
 def end_tagged(tag: str) -> int:
-    """SIGKILL every process carrying ``tag``, round after round until none is left (a few
-    rounds at most); the number ended. Each is held by a pidfd while its tag is read, so a pid
-    that a new process took meanwhile is never signalled."""
-    ended: set[int] = set()
+    """End every process carrying ``tag``: SIGTERM first, and up to TERM_GRACE_S for them to go
+    (wandb's service flushes, multiprocessing's resource tracker cleans /dev/shm), then SIGKILL,
+    round after round until none is left (a few rounds at most); the number ended. Each is held
+    by a pidfd while its tag is read, so a pid that a new process took meanwhile is never signalled."""
+    ended = {pid for pid in tagged(tag) if _signal_if_tagged(pid, tag, signal.SIGTERM)}
+    deadline = time.monotonic() + TERM_GRACE_S
+    while ended and time.monotonic() < deadline and tagged(tag):
+        time.sleep(SWEEP_PAUSE_S)
     for _ in range(SWEEP_ROUNDS):
         pids = tagged(tag)
         if not pids:
             break
-        for pid in pids:
-            if _kill_if_tagged(pid, tag):
-                ended.add(pid)
+        ended.update(pid for pid in pids if _signal_if_tagged(pid, tag, signal.SIGKILL))
         time.sleep(SWEEP_PAUSE_S)
     return len(ended)
 
 
-def _kill_if_tagged(pid: int, tag: str) -> bool:
+def _signal_if_tagged(pid: int, tag: str, signum: int) -> bool:
     entry = f"{DRIVER_TAG_ENV}={tag}".encode()
     try:
         fd = os.pidfd_open(pid)
@@ -79,9 +82,9 @@ def _kill_if_tagged(pid: int, tag: str) -> bool:
         if not _carries(pid, entry):
             return False
         if fd is None:
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, signum)
         else:
-            signal.pidfd_send_signal(fd, signal.SIGKILL)
+            signal.pidfd_send_signal(fd, signum)
         return True
     except OSError:  # ended meanwhile
         return False

@@ -1,0 +1,51 @@
+"""The sweep of a supervised driver's leftovers (megarl/tagged_processes.py) on stand-in processes:
+SIGTERM first (a process's handler gets its chance), SIGKILL for what does not go; untagged
+processes and other tags are left alone."""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from megarl.tagged_processes import DRIVER_TAG_ENV, end_tagged, new_tag
+
+
+def _start(tmp_path: Path, name: str, tag: str | None, on_term: str) -> tuple[subprocess.Popen, Path]:
+    """A process carrying ``tag`` (None: none) whose SIGTERM handler runs ``on_term``; returned
+    once its handler is up, with the file the handler may write."""
+    ready, said = tmp_path / f"{name}.ready", tmp_path / f"{name}.term"
+    code = ("import signal, sys, time\n"
+            f"def on_term(signum, frame):\n    {on_term}\n"
+            "signal.signal(signal.SIGTERM, on_term)\n"
+            f"open({str(ready)!r}, 'w').close()\ntime.sleep(120)")  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != DRIVER_TAG_ENV}
+    if tag is not None:
+        env[DRIVER_TAG_ENV] = tag
+    proc = subprocess.Popen([sys.executable, "-c", code.replace("SAID", repr(str(said)))], env=env)
+    for _ in range(600):
+        if ready.exists():
+            break
+        time.sleep(0.05)
+    return proc, said
+
+
+def test_sigterm_first_then_sigkill_for_what_stays(tmp_path):
+    tag = new_tag()
+    polite, said = _start(tmp_path, "polite", tag, "open(SAID, 'w').write('flushed'); sys.exit(0)")
+    stubborn, _ = _start(tmp_path, "stubborn", tag, "pass")  # ignores SIGTERM
+    others = [_start(tmp_path, "untagged", None, "sys.exit(0)")[0], _start(tmp_path, "other-run", new_tag(), "sys.exit(0)")[0],
+              _start(tmp_path, "prefixed", tag + "0", "sys.exit(0)")[0]]  # fmt: skip
+    try:
+        assert end_tagged(tag) == 2
+        assert polite.wait(timeout=10) == 0 and said.read_text() == "flushed"  # its handler ran: SIGTERM came first
+        assert stubborn.wait(timeout=10) == -9
+        assert all(p.poll() is None for p in others)
+    finally:
+        for p in (polite, stubborn, *others):
+            p.kill()
+            p.wait()
+
+
+def test_nothing_tagged_returns_at_once():
+    assert end_tagged(new_tag()) == 0
