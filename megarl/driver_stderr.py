@@ -9,8 +9,10 @@ supervisor (megarl/driver_supervisor.py) gives the driver a pipe as its stderr a
 lines go to the command's log file instead (the one the driver reported: launch's and sft's
 driver.log, convert's ray_reports.log beside its ranks' logs), or stay on the terminal while the
 driver has named none (the supervisor reads the driver's reports every 0.2 s: a log named just
-before is not known yet; Ray starts seconds after the driver names it); everything else passes at once, partial lines included (a line that may
-be Ray's waits for its end). The driver's stdout is left as it is on a terminal (a progress bar's);
+before is not known yet; Ray starts seconds after the driver names it); everything else passes at
+once, partial lines included (a prompt, a progress bar's ``\r`` updates): only a partial line that
+can still become one of Ray's or absl's (what has arrived so far fits their start) waits for its
+end, and HOLD_S at most without more data. The driver's stdout is left as it is on a terminal (a progress bar's);
 where stdout and stderr are one file or pipe, it goes through the relay too, which keeps their order.
 """
 
@@ -18,12 +20,15 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import threading
 
 # Ray's C++ log line (spdlog: [date time,ms level pid tid] file:line: ...) and absl's report of a fatal signal.
 RAY_LINE = re.compile(rb"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [DIWEFC] \d+ \d+\] \S+:\d+: ")
 ABSL_LINE = re.compile(rb"\*\*\* SIG[A-Z]+ received at time=\d+|PC: @ |    @ +0x[0-9a-f]+ ")
-MAY_BE_RAY = (b"[", b"*", b"P", b" ")  # a partial line starting so may be one of those: kept until its end
+RAY_START = b"[0000-00-00 00:00:00,000 L"  # the fixed-width start of Ray's line: 0 a digit, L its level
+ABSL_STARTS = (b"*** SIG", b"PC: @ ", b"    @ ")
+HOLD_S = 0.1  # how long a partial line that may be Ray's waits for more before it is passed on
 JOIN_TIMEOUT_S = 5.0  # a process that kept the pipe open (none should, once the driver's tree is ended)
 
 
@@ -58,8 +63,15 @@ class StderrRelay:
         self._thread.join(timeout=JOIN_TIMEOUT_S)
 
     def _relay(self) -> None:
+        poller = select.poll()
+        poller.register(self.read_fd, select.POLLIN)
         pending = b""
         while True:
+            if not poller.poll(int(HOLD_S * 1000)):  # nothing more for HOLD_S: a held partial line goes on
+                if pending:
+                    self._pass(pending)
+                    pending = b""
+                continue
             try:
                 chunk = os.read(self.read_fd, 65536)
             except OSError:
@@ -69,7 +81,7 @@ class StderrRelay:
             *lines, pending = (pending + chunk).split(b"\n")
             for line in lines:
                 self._pass(line + b"\n")
-            if pending and not pending.startswith(MAY_BE_RAY):
+            if pending and not may_become_ray(pending):
                 self._pass(pending)
                 pending = b""
         if pending:
@@ -84,6 +96,15 @@ class StderrRelay:
                 data = data[os.write(2, data) :]
         except OSError:  # a terminal that hung up: what the driver writes is dropped, never left to block it
             pass
+
+
+def may_become_ray(partial: bytes) -> bool:
+    """Whether a partial line can still become one of Ray's or absl's lines: what arrived so far
+    fits the start of one (a digit where Ray's date has one, its level letter)."""
+    if any(partial[: len(start)] == start[: len(partial)] for start in ABSL_STARTS):
+        return True
+    return all(want == got or (want == ord("0") and 0x30 <= got <= 0x39) or (want == ord("L") and got in b"DIWEFC")
+               for want, got in zip(RAY_START, partial))  # fmt: skip
 
 
 def _appended(path: str, data: bytes) -> bool:

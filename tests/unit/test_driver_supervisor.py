@@ -5,6 +5,7 @@ SIGTERM to the supervisor reaches the driver, a Ctrl-C to the process group is n
 the driver dies with the supervisor."""
 
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from megarl.driver_stderr import may_become_ray
 from megarl.driver_supervisor import supervise
 
 TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny_grpo.yaml"
@@ -408,3 +410,33 @@ def test_a_stop_while_the_supervisor_cleans_up_is_no_traceback(tmp_path, signum,
         assert len(err.splitlines()) == 1 and err.startswith("error: the driver process"), err
     else:
         assert code == 0 and err == ""
+
+
+@pytest.mark.parametrize("partial", ["  50%|###       | 5/10\r", "Password: ", "[2026-11-29 19:5"], ids=["progress", "prompt", "ray-like"])
+def test_a_partial_line_reaches_the_terminal_without_its_end(tmp_path, partial):
+    """A prompt or a progress bar's \\r update is passed on as written; one that might become
+    Ray's line (it fits its start so far) too, once nothing more came for a moment."""
+    seen = tmp_path / "seen"
+    body = (f"os.write(2, {partial!r}.encode())\n"
+            f"for _ in range(300):\n    if os.path.exists({str(seen)!r}): break\n    time.sleep(0.1)\n"
+            "s.report(end=0)")  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; from megarl.driver_supervisor import supervise; "
+                             f"sys.exit(supervise({_driver(body)!r}, ray=False))"], stderr=subprocess.PIPE)  # fmt: skip
+    got = b""
+    try:
+        while len(got) < len(partial.encode()) and select.select([proc.stderr], [], [], 20)[0]:
+            got += os.read(proc.stderr.fileno(), 4096)
+        seen.touch()  # the driver may go on
+        assert got == partial.encode()
+        assert proc.wait(timeout=60) == 0
+    finally:
+        seen.touch()
+        proc.kill()
+        proc.wait()
+
+
+def test_what_may_become_ray_s_line_is_what_fits_its_start():
+    assert may_become_ray(b"[") and may_become_ray(b"[2026-11-29 19:51:17,280 E 1") and may_become_ray(b"*** SIGAB")
+    assert may_become_ray(b"PC: @   ") and may_become_ray(b"    @ 0x7f")
+    assert not may_become_ray(b"[INFO] loading") and not may_become_ray(b"[2026-11-29 19:51:17,280 X")
+    assert not may_become_ray(b"  50%|###") and not may_become_ray(b"Password: ") and not may_become_ray(b"*** done")
