@@ -30,6 +30,7 @@ RAY_START = b"[0000-00-00 00:00:00,000 L"  # the fixed-width start of Ray's line
 ABSL_STARTS = (b"*** SIG", b"PC: @ ", b"    @ ")
 HOLD_S = 0.1  # how long a partial line that may be Ray's waits for more before it is passed on
 JOIN_TIMEOUT_S = 5.0  # a process that kept the pipe open (none should, once the driver's tree is ended)
+STOP_TIMEOUT_S = 1.0  # for the relay to stop after that (a write to a stalled terminal may hold it)
 
 
 class StderrRelay:
@@ -40,6 +41,7 @@ class StderrRelay:
         self.read_fd, self.write_fd = os.pipe()
         self.log_file: str | None = None
         self._thread = threading.Thread(target=self._relay, name="megarl-driver-stderr", daemon=True)
+        self._stopped = threading.Event()  # set once the supervisor stops waiting: nothing more is passed on
 
     def child_streams(self) -> tuple[int | None, int]:
         """Popen's (stdout, stderr) for the driver: its stderr through the relay; its stdout too
@@ -59,14 +61,19 @@ class StderrRelay:
         self._thread.start()
 
     def finish(self) -> None:
-        """Wait for the rest of what the driver wrote (after it ended), at most JOIN_TIMEOUT_S."""
+        """Wait for the rest of what the driver wrote (after it ended), at most JOIN_TIMEOUT_S; then
+        the relay stops (what a process still holding the pipe writes is dropped) and closes the
+        pipe, so that nothing it passes on comes after the supervisor's own line."""
         self._thread.join(timeout=JOIN_TIMEOUT_S)
+        if self._thread.is_alive():
+            self._stopped.set()
+            self._thread.join(timeout=STOP_TIMEOUT_S)  # it looks at the flag every HOLD_S
 
     def _relay(self) -> None:
         poller = select.poll()
         poller.register(self.read_fd, select.POLLIN)
         pending = b""
-        while True:
+        while not self._stopped.is_set():
             if not poller.poll(int(HOLD_S * 1000)):  # nothing more for HOLD_S: a held partial line goes on
                 if pending:
                     self._pass(pending)
@@ -89,6 +96,8 @@ class StderrRelay:
         os.close(self.read_fd)
 
     def _pass(self, data: bytes) -> None:
+        if self._stopped.is_set():  # the supervisor's line may be printing
+            return
         if self.log_file and (RAY_LINE.match(data) or ABSL_LINE.match(data)) and _appended(self.log_file, data):
             return
         try:

@@ -440,3 +440,24 @@ def test_what_may_become_ray_s_line_is_what_fits_its_start():
     assert may_become_ray(b"PC: @   ") and may_become_ray(b"    @ 0x7f")
     assert not may_become_ray(b"[INFO] loading") and not may_become_ray(b"[2026-11-29 19:51:17,280 X")
     assert not may_become_ray(b"  50%|###") and not may_become_ray(b"Password: ") and not may_become_ray(b"*** done")
+
+
+def test_a_leftover_that_keeps_writing_comes_not_after_the_line(tmp_path):
+    """A process outside the sweep (no tag) that holds the driver's stderr and keeps writing: after
+    the relay's wait (1 s here) the relay stops, so the supervisor's line is the last."""
+    pid_file = tmp_path / "leftover.pid"
+    writer = ("import os, sys, time\nopen(sys.argv[1], 'w').write(str(os.getpid()))\nend = time.time() + 20\n"
+              "while time.time() < end:\n    os.write(2, b'leftover\\n')\n    time.sleep(0.002)")  # fmt: skip
+    body = (f"import subprocess\nsubprocess.Popen(['env', '-i', sys.executable, '-c', {writer!r}, {str(pid_file)!r}])\n"
+            f"while not (os.path.exists({str(pid_file)!r}) and os.path.getsize({str(pid_file)!r})): time.sleep(0.05)\n"
+            "time.sleep(0.2)\nos._exit(1)")  # fmt: skip
+    try:
+        proc = subprocess.run([sys.executable, "-c", "import sys; import megarl.driver_stderr as d; d.JOIN_TIMEOUT_S = 1.0\n"
+                               "from megarl.driver_supervisor import supervise\n"
+                               f"sys.exit(supervise({_driver(body)!r}, ray=False))"], capture_output=True, text=True, timeout=60)  # fmt: skip
+    finally:
+        if pid_file.exists() and pid_file.read_text():
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == 2 and "leftover" in lines, proc.stderr[-500:]
+    assert lines[-1].startswith("error: the driver process"), lines[-5:]
