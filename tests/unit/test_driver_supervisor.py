@@ -294,22 +294,34 @@ ORPHAN = ("import subprocess, ctypes\n"
           "os.kill(raylet.pid, signal.SIGKILL)\nraylet.wait()\n")  # fmt: skip
 
 
+# Stand-ins for another run's processes: started with another tag, one of them this run's tag and a digit more.
+OTHER_RUNS = ("tag = os.environ['MEGARL_DRIVER_TAG']\n"
+              "others = [subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], start_new_session=True, "
+              "env={{**os.environ, 'MEGARL_DRIVER_TAG': t}}).pid for t in (tag + '0', '1-2')]\n"
+              "open({others!r}, 'w').write(' '.join(map(str, others)))\n")  # fmt: skip
+
+
 @pytest.mark.parametrize("ending", ["s.report(end=0)\nsys.exit(0)", "os._exit(1)"], ids=["reported-end", "silent-end"])
 def test_what_the_driver_leaves_behind_ends_with_it_and_nothing_else(capsys, tmp_path, ending):
     """Processes the driver's tree started that outlive it, re-parented (Ray's workers after a
-    raylet's kill -9), are ended before the command exits; a process of another run is left alone."""
-    pids = tmp_path / "worker.pid"
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])  # not the driver's: no tag
+    raylet's kill -9), are ended before the command exits; a process of another run is left
+    alone: one with no tag, one with another run's tag, one whose tag starts with this run's."""
+    pids, others_file = tmp_path / "worker.pid", tmp_path / "others.pid"
+    untagged = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])  # not the driver's: no tag
+    others: list[int] = []
     try:
-        supervise(_driver(ORPHAN.format(pids=str(pids)) + ending))
+        supervise(_driver(ORPHAN.format(pids=str(pids)) + OTHER_RUNS.format(others=str(others_file)) + ending))
         worker = int(pids.read_text())
+        others = [int(pid) for pid in others_file.read_text().split()]
         assert not _running(worker), "the driver's orphaned worker outlived the command"
-        assert other.poll() is None  # another run's process: untouched
+        assert untagged.poll() is None and len(others) == 2 and all(_running(pid) for pid in others)  # other runs': untouched
     finally:
-        other.kill()
-        other.wait()
-        if pids.exists() and _running(int(pids.read_text())):
-            os.kill(int(pids.read_text()), signal.SIGKILL)
+        untagged.kill()
+        untagged.wait()
+        left = [int(pids.read_text())] if pids.exists() and pids.read_text() else []
+        for pid in left + others:
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)
     capsys.readouterr()
 
 
