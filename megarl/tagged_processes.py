@@ -9,8 +9,12 @@ nor the session's reaper can find any more, since both look down the driver's pr
 Another run's processes carry another tag (or none: a cluster's raylet and workers, attached to
 with ``--address``, never came from this driver), so the sweep touches this run's alone.
 
-Left out: a process that replaced its environment on exec (none of megarl's or Ray's does), and
-systems without /proc (nothing is found there).
+megarl's code sandbox (megarl/rewards/code_sandbox.py) starts each program with a fresh
+environment but passes the tag on, so a program that sleeps past its test is found too.
+
+Left out: a process that replaced its environment on exec without keeping the tag (user code
+that starts processes with an environment of its own), and systems without /proc (nothing is
+found there).
 """
 
 from __future__ import annotations

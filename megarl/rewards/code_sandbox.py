@@ -13,7 +13,8 @@ whitespace and trailing blank lines ignored.
 
 Each test runs the program in a fresh child process:
 - always: a new temporary working directory (deleted afterwards), a minimal environment (no
-  inherited variables, so no secrets), ``python -I -S`` (no site-packages, no PYTHON* vars),
+  inherited variables, so no secrets; only a supervised run's MEGARL_DRIVER_TAG, by which the
+  run's end finds what a program left running: megarl/tagged_processes.py), ``python -I -S`` (no site-packages, no PYTHON* vars),
   rlimits set in the child (address space, CPU seconds, output file size, no core dumps,
   processes for non-root users), stdout to a size-limited file, its own process group killed
   with SIGKILL at the wall-clock limit, and death with its parent (PR_SET_PDEATHSIG).
@@ -44,6 +45,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from megarl.tagged_processes import DRIVER_TAG_ENV
 
 DEFAULT_TIME_LIMIT_S = 2.0
 DEFAULT_MEMORY_LIMIT_MB = 512
@@ -223,6 +226,8 @@ def run_program(
             "LANG": "C.UTF-8",
             "PYTHONIOENCODING": "utf-8",
         }
+        if os.environ.get(DRIVER_TAG_ENV):  # a supervised run's tag: its sweep ends what the program left (a sleep)
+            env[DRIVER_TAG_ENV] = os.environ[DRIVER_TAG_ENV]
         return _execute(argv, stdin, scratch, env, time_limit_s)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -9,6 +9,7 @@ import pytest
 
 from megarl.rewards import compute_score
 from megarl.rewards.code_sandbox import bwrap_available, extract_program, parse_tests, run_program
+from megarl.tagged_processes import DRIVER_TAG_ENV
 
 MODES = [
     pytest.param(False, id="plain"),
@@ -115,6 +116,19 @@ def test_environment_is_fresh_and_scratch_is_removed(bwrap, monkeypatch):
     assert "MEGARL_TEST_SECRET" not in names and "hunter2" not in result.stdout
     if not bwrap:
         assert not os.path.exists(cwd)
+
+
+@pytest.mark.parametrize("bwrap", MODES)
+@pytest.mark.parametrize("tag", ["4242-17", None], ids=["supervised", "not-supervised"])
+def test_a_supervised_run_s_tag_reaches_the_program(bwrap, monkeypatch, tag):
+    """The one variable passed through: a supervised run's tag, by which its end finds a program
+    left running (megarl/tagged_processes.py); nothing of it without a supervisor."""
+    if tag is None:
+        monkeypatch.delenv(DRIVER_TAG_ENV, raising=False)
+    else:
+        monkeypatch.setenv(DRIVER_TAG_ENV, tag)
+    result = run_program(f"import os\nprint(os.environ.get({DRIVER_TAG_ENV!r}))", time_limit_s=20, use_bwrap=bwrap)
+    assert result.stdout.strip() == str(tag)
 
 
 def test_tests_as_numpy_arrays_from_parquet():
