@@ -59,7 +59,10 @@ def tracker_died() -> bool:
     probe: a write to its pipe; another Python without these internals: False, as before)."""
     tracker = getattr(resource_tracker, "_resource_tracker", None)
     alive = getattr(tracker, "_check_alive", None)
-    return getattr(tracker, "_fd", None) is not None and callable(alive) and not alive()
+    # The tracker's own lock, as its users take it: the probe writes to its pipe, and another
+    # thread may be registering a semaphore or starting the tracker meanwhile.
+    with getattr(tracker, "_lock", None) or contextlib.nullcontext():
+        return getattr(tracker, "_fd", None) is not None and callable(alive) and not alive()
 
 
 def restart_dead_tracker(log_path: Path | None) -> None:

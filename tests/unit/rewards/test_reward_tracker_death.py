@@ -57,3 +57,22 @@ def test_a_killed_resource_tracker_costs_the_scoring_nothing_and_says_nothing(tm
     log = (tmp_path / "reward_workers.log").read_text()
     assert "megarl: multiprocessing's resource tracker died (killed from outside?); resource_tracker: process died " \
            "unexpectedly, relaunching.  Some resources might leak." in log
+
+
+def test_the_tracker_probe_takes_the_tracker_s_lock():
+    """The probe writes to the tracker's pipe: it waits while another thread holds the tracker's
+    lock (registering a semaphore, starting the tracker), as multiprocessing's own callers do."""
+    import threading
+    from multiprocessing import resource_tracker
+
+    from megarl.rewards.pool_helpers import tracker_died
+
+    resource_tracker.ensure_running()
+    result: list[bool] = []
+    probe = threading.Thread(target=lambda: result.append(tracker_died()))
+    with resource_tracker._resource_tracker._lock:
+        probe.start()
+        probe.join(timeout=0.5)
+        assert probe.is_alive() and not result  # waiting for the lock
+    probe.join(timeout=60)
+    assert result == [False]
