@@ -78,26 +78,9 @@ def ray_session(
         log.info("ray_session: reusing the Ray instance already initialised in this process")
         yield _describe(started_here=False)
         return
-    if LOG_LEVEL_ENV in os.environ:  # megarl --log-level: the workers' too (megarl/terminal.py)
-        env_vars = {LOG_LEVEL_ENV: os.environ[LOG_LEVEL_ENV], **(env_vars or {})}
-    runtime_env = {"env_vars": dict(env_vars)} if env_vars else None
-    kwargs = dict(log_to_driver=log_to_driver, namespace=namespace, runtime_env=runtime_env)
+    _start_or_attach(address, num_cpus=num_cpus, num_gpus=num_gpus, log_to_driver=log_to_driver, namespace=namespace,
+                     env_vars=env_vars)  # fmt: skip
     reaper = None
-    if address is None:
-        # "local" always starts a new instance; plain ray.init() would join a cluster found
-        # through RAY_ADDRESS or a `ray start` on this machine (someone else's, on a shared box).
-        with _quiet_auth_notice(), stop_signals_blocked_in_children():
-            _init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, **kwargs)
-    else:
-        try:
-            _probe(address)  # ray.init would retry a dead address for minutes
-            _init(address=address, **kwargs)
-        except ConnectionError as exc:
-            raise ConnectionError(
-                f"--address / cluster.ray_address {address!r}: no Ray cluster answered ({exc}). Start one with "
-                "`ray start --head` (or the launch/ scripts), or unset cluster.ray_address to run "
-                "an embedded local Ray"
-            ) from exc
     from megarl.driver_supervisor import report_ray_node
 
     report_ray_node()  # where the supervisor of `megarl launch` finds the raylet's logs
@@ -114,6 +97,32 @@ def ray_session(
             ray.shutdown()
         if reaper is not None:
             stop_reaper(reaper)
+
+
+def _start_or_attach(address: str | None, *, num_cpus: int | None, num_gpus: int | None, log_to_driver: bool,
+                     namespace: str, env_vars: Mapping[str, str] | None) -> None:  # fmt: skip
+    """ray.init: a new local Ray (address None) or the cluster at ``address``, with ``env_vars``
+    (and megarl's log level) in every worker's environment; ConnectionError naming the address
+    when no cluster answers there."""
+    if LOG_LEVEL_ENV in os.environ:  # megarl --log-level: the workers' too (megarl/terminal.py)
+        env_vars = {LOG_LEVEL_ENV: os.environ[LOG_LEVEL_ENV], **(env_vars or {})}
+    runtime_env = {"env_vars": dict(env_vars)} if env_vars else None
+    kwargs = dict(log_to_driver=log_to_driver, namespace=namespace, runtime_env=runtime_env)
+    if address is None:
+        # "local" always starts a new instance; plain ray.init() would join a cluster found
+        # through RAY_ADDRESS or a `ray start` on this machine (someone else's, on a shared box).
+        with _quiet_auth_notice(), stop_signals_blocked_in_children():
+            _init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, **kwargs)
+    else:
+        try:
+            _probe(address)  # ray.init would retry a dead address for minutes
+            _init(address=address, **kwargs)
+        except ConnectionError as exc:
+            raise ConnectionError(
+                f"--address / cluster.ray_address {address!r}: no Ray cluster answered ({exc}). Start one with "
+                "`ray start --head` (or the launch/ scripts), or unset cluster.ray_address to run "
+                "an embedded local Ray"
+            ) from exc
 
 
 def _refuse_a_dead_raylet() -> None:
