@@ -313,11 +313,14 @@ def call_with_deadline(invoke: Callable[[], Any], seconds: float, who: str) -> A
 # watchdog.py) waits for the step's end, but not for user code that does not return: each wait of
 # the main thread on user code lasts at most STOP_GRACE_S after the stop (or after the wait's start,
 # when it started later; a pool that returns something starts a new wait), then WaitAbandoned
-# abandons the step as a second signal would. Other threads (the asynchronous producer) wait as before.
+# abandons the step as a second signal would. Another thread's wait (the asynchronous rollout
+# producer's) is recorded for the main thread, which waits on that thread: it gives up the same way
+# while that thread waits on user code (megarl/rollout/producer.py).
 STOP_GRACE_S = 10.0
 _POLL_S = 0.25  # a wait looks for a stop request this often (a signal's handler cannot end the wait itself)
 _STOP_AT: float | None = None  # time.monotonic() of the stop request, None: no stop asked
 _WAITING: tuple[str, float] | None = None  # the main thread's current wait on user code: (who, since)
+_THREAD_WAITS: dict[int, tuple[str, float]] = {}  # other threads' current waits on user code, by thread id
 
 
 class WaitAbandoned(SignalInterrupt):
@@ -350,19 +353,32 @@ def give_up_after_stop(who: str, since: float) -> None:
 
 @contextmanager
 def waiting_on(who: str) -> Iterator[float]:
-    """Meanwhile the main thread waits on user code ``who``, as :func:`current_wait` tells the
-    signal handler; yields when the wait began (time.monotonic())."""
+    """Meanwhile this thread waits on user code ``who``, as :func:`current_wait` tells the signal
+    handler (the main thread) and :func:`thread_wait` the main thread (another thread); yields when
+    the wait began (time.monotonic())."""
     global _WAITING
     start = time.monotonic()
     main = threading.current_thread() is threading.main_thread()
-    previous = _WAITING
+    ident = threading.get_ident()
+    previous = _WAITING if main else _THREAD_WAITS.get(ident)
     if main:
         _WAITING = (who, start)
+    else:
+        _THREAD_WAITS[ident] = (who, start)
     try:
         yield start
     finally:
         if main:
             _WAITING = previous
+        elif previous is None:
+            _THREAD_WAITS.pop(ident, None)
+        else:
+            _THREAD_WAITS[ident] = previous
+
+
+def thread_wait(thread: threading.Thread | None) -> tuple[str, float] | None:
+    """What ``thread`` (not the main one) waits on now, as (who, since: time.monotonic()), or None."""
+    return None if thread is None or thread.ident is None else _THREAD_WAITS.get(thread.ident)
 
 
 def wait_for_user(futures: list[Future[Any]], timeout: float, who: str, return_when: str = ALL_COMPLETED) -> set[Future[Any]]:

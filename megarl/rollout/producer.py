@@ -21,7 +21,9 @@ checkpoint resumes by re-issuing exactly those (no prompt lost, none trained twi
 
 Every wait has a deadline: a trainer that waits longer than ``timeout_s`` for groups names the
 producer's state (what it was doing, since when); an error in the producer thread is raised in
-the trainer.
+the trainer. After a stop request, a trainer waiting while the producer waits on user code (a
+tool, a reward function) gives up STOP_GRACE_S later, as it would on that code itself
+(megarl/user_code.py: WaitAbandoned).
 """
 
 from __future__ import annotations
@@ -43,10 +45,12 @@ from megarl.data.prompt_batch import PromptBatch
 from megarl.engines.base import SamplingParams
 from megarl.progress import PhaseTimer
 from megarl.rollout.collect import add_counts
+from megarl.user_code import give_up_after_stop, thread_wait
 
 log = logging.getLogger(__name__)
 
 PromptKey = tuple[int, int]  # (file index in data.train_files, row in that file)
+STOP_POLL_S = 0.25  # how often a waiting trainer looks for a stop request (user code's grace after it)
 
 
 class RolloutStalled(RuntimeError):
@@ -281,7 +285,10 @@ class RolloutProducer:
                 raise RolloutStalled(f"no rollouts for {waited:.0f} s: the producer is {self._doing} since "
                                      f"{time.monotonic() - self._since:.0f} s (raise trainer.hang_timeout_s if the "
                                      "engines are just slow)")  # fmt: skip
-            self._cond.wait(timeout=5.0)
+            self._cond.wait(timeout=STOP_POLL_S)
+            waiting = thread_wait(self._thread)  # a stop's grace: the producer's user code that does not return
+            if waiting is not None:
+                give_up_after_stop(f"the rollout producer ({waiting[0]})", waiting[1])
         return self._buffer.popleft()
 
     def generating_overlap(self, start: float, stop: float) -> float:

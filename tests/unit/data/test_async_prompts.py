@@ -16,7 +16,7 @@ from megarl.config.sections import DataConfig
 from megarl.data.stream import build_train_stream
 from megarl.engines.base import GenerationResult, SamplingParams
 from megarl.rollout.batching import batch_from_generations
-from megarl.rollout.producer import RolloutProducer
+from megarl.rollout.producer import RolloutProducer, RolloutStalled
 
 N = 2  # samples per prompt
 
@@ -160,3 +160,36 @@ def test_dynamic_sampling_keeps_a_draw_after_max_rounds_without_variance(prompt_
     dropped = [(k, r) for t in taken for k, r in t.dropped]  # (which step reports a drop depends on timing)
     assert len(dropped) == 8 and all(r == "no_reward_variance" for _, r in dropped)
     assert not {k for k, _ in dropped} & {k for t in taken for k in t.trained}
+
+
+def test_a_stop_gives_up_on_the_producer_s_hanging_user_code(prompt_file, digit_tokenizer, monkeypatch):
+    """rollout.max_staleness >= 1: user code runs in the producer thread while the trainer waits in
+    take(). After a stop request, a tool that never returns there is given up on STOP_GRACE_S
+    later (0.5 s here), as in a synchronous step; with no stop, the trainer's wait goes on."""
+    import threading
+
+    import pytest
+
+    from megarl import user_code
+
+    monkeypatch.setattr(user_code, "STOP_GRACE_S", 0.5)
+    release = threading.Event()
+    engines = Engines()
+
+    def collect(prompts, params, timer):  # a tool call that hangs until released
+        user_code.call_with_deadline(lambda: release.wait(120), 300, "tool `hang`")
+        return engines.collect(prompts, params, timer)
+
+    producer = RolloutProducer(collect, _stream(prompt_file, digit_tokenizer), lambda draw: SamplingParams(seed=draw),
+                               groups_per_step=2, max_staleness=1, dynamic_sampling=0, timeout_s=3.0)  # fmt: skip
+    producer.start(0, steps_left=2)
+    try:
+        with pytest.raises(RolloutStalled):  # no stop: only the producer's own deadline ends the wait
+            producer.take(1)
+        user_code.stop_requested(time.monotonic())
+        with pytest.raises(user_code.WaitAbandoned, match=r"the rollout producer \(tool `hang`\)"):
+            producer.take(1)
+    finally:
+        user_code.stop_requested(None)
+        release.set()
+        producer.stop()
