@@ -221,6 +221,9 @@ class Trainer:
             _log_reward_failures(step, metrics)
             if saving:
                 self.save(step)
+            elif control.stop_requested and control.save_on_signal:  # the signal came while the step was logged
+                self.save(step)
+                saving = True
             if control.stop_requested:
                 control.cleaning = True
                 raise RunStopped(self._stopped_message(control, step, saved=bool(saving)), control.exit_code)

@@ -271,3 +271,44 @@ def test_a_resumed_shuffled_run_logs_what_the_uninterrupted_one_does(tmp_path):
     whole, resumed = ([{k: v for k, v in r.items() if not k.startswith(timing)} for r in runs[n]] for n in ("whole", "resumed"))
     assert [r["step"] for r in resumed] == [1, 2, 3, 4]
     assert resumed[2:] == whole[2:]
+
+
+def _stop_while_the_step_is_logged(rank: int, world: int, root: str) -> dict:
+    """A real SIGINT delivered while step 1's metrics are written (after the step decided whether
+    it saves): the stop still saves the step, as its line promised."""
+    import os
+    import signal
+
+    from megarl.cli import report
+    from megarl.config.loading import load_config
+    from megarl.plan.planner import make_plan
+    from megarl.trainer.build import build_trainer, shutdown
+
+    out = Path(root) / "run"
+    cfg = load_config(ROOT / "configs" / "tiny_grpo.yaml", _overrides(Path(root) / "demo", out, ("trainer.total_steps=5",)))
+    trainer = build_trainer(cfg, make_plan(cfg, check_files=True, in_process=True), in_process=True)
+    import megarl.trainer.loop as loop
+
+    logged = loop._log_reward_failures  # what the loop runs right after writing a step's metrics
+
+    def then_interrupt(step: int, metrics: dict) -> None:
+        logged(step, metrics)
+        if step == 1:
+            os.kill(os.getpid(), signal.SIGINT)  # handled at once in this (the main) thread: the step's end is after it
+
+    loop._log_reward_failures = then_interrupt  # (this process is the test's own)
+    try:
+        trainer.fit()
+    except Exception as exc:  # noqa: BLE001 - what ends the run is the result
+        return {"message": str(exc), "exit": report(exc), "saved": sorted(p.name for p in (out / "checkpoints").glob("step_*"))}
+    finally:
+        shutdown(trainer)
+    return {"message": None}
+
+
+def test_a_ctrl_c_while_the_step_is_logged_still_saves_it(tmp_path):
+    """Before: a signal between the step's save decision and its end stopped it unsaved, blaming
+    trainer.checkpoint_on_signal=false (its default is true)."""
+    ended = run_distributed(_stop_while_the_step_is_logged, 1, str(tmp_path), timeout_s=600, daemon=False)[0]
+    assert ended["exit"] == 130 and ended["saved"] == ["step_000001"], ended
+    assert "after step 1" in ended["message"] and "checkpoint_on_signal" not in ended["message"], ended["message"]
