@@ -19,7 +19,8 @@ the fix, so all of them are reported at once, in seconds, before Ray or any work
   ground truth, but for code), reward.custom importable and defining its function,
   reward.model's config.json one the reward workers load (megarl/rewards/reward_model.py: a
   sequence classifier with num_labels 1; no weights read) and its tokenizer files present;
-- agent rollouts: each sampled row's agent_name names a loop and its interaction_kwargs an
+- agent rollouts: rollout.agent.tools_file and interactions_file readable (their YAML; the
+  classes are built in the child process), each sampled row's agent_name names a loop and its interaction_kwargs an
   interaction of rollout.agent.interactions_file (megarl/rollout/agents/checks.py);
 - the user's own functions named by import path (algorithm.estimator, algorithm.policy_loss,
   rollout.generate_function; megarl/plan/extensions.py): importable and callable;
@@ -73,9 +74,10 @@ def preflight(cfg: MegaRLConfig, *, bridge: bool = True) -> list[Finding]:
     planner passes False when the layouts themselves are refused)."""
     from megarl.plan.resume_checks import check_resume
 
-    findings: list[Finding] = []
-    child = ChildChecks(cfg.reward.custom, named_functions(cfg), cfg.data.custom_cls, cfg.reward.functions,
-                        _dataset_build(cfg))
+    findings = agent_file_findings(cfg)  # first: the prompt checks read the tools' schemas
+    unreadable = {f.field for f in findings}  # named once: the child does not load them again
+    child = ChildChecks(cfg.reward.custom, [(field, v) for field, v in named_functions(cfg) if field not in unreadable],
+                        cfg.data.custom_cls, cfg.reward.functions, _dataset_build(cfg))
     try:
         _check_output_dir(cfg, findings)
         check_loggers(cfg, findings)
@@ -117,6 +119,27 @@ def preflight(cfg: MegaRLConfig, *, bridge: bool = True) -> list[Finding]:
             findings += _check_bridge(cfg)
     finally:
         child.stop()
+    return findings
+
+
+def agent_file_findings(cfg: MegaRLConfig) -> list[Finding]:
+    """rollout.agent's tool and interaction files read as YAML (no class imported: the child
+    process builds them): one that cannot be read, a relative path that does not resolve from
+    the working directory, is named with the plan's other problems."""
+    from megarl.rollout.agents.interactions import InteractionFileError, read_interaction_names
+    from megarl.rollout.agents.tools import ToolFileError, read_tool_schemas
+
+    agent = cfg.rollout.agent
+    if cfg.rollout.generate_function != "default":
+        return []
+    findings = []
+    for field, path, read in (("rollout.agent.tools_file", agent.tools_file, read_tool_schemas),
+                              ("rollout.agent.interactions_file", agent.interactions_file, read_interaction_names)):
+        try:
+            if path:
+                read(path)
+        except (ToolFileError, InteractionFileError) as exc:
+            findings.append(Finding(field, str(exc)))
     return findings
 
 
@@ -271,11 +294,11 @@ def _check_prompts(cfg: MegaRLConfig, samples: list[_Sample], tokenizer: Callabl
     one it would halve is named (_dropped). ``tokenizer``: model.path's, loaded on first call."""
     from megarl.data.datasets import DataError
     from megarl.data.prompts import PromptBuilder
-    from megarl.rollout.agents.tools import prompt_tools
+    from megarl.plan.token_checks import offered_tools
 
     d = cfg.data
     try:
-        builder = PromptBuilder.from_config(d, tokenizer(), prompt_tools(cfg))
+        builder = PromptBuilder.from_config(d, tokenizer(), offered_tools(cfg))
     except DataError as exc:
         findings.append(Finding("data.apply_chat_template" if "chat template" in str(exc) else "model.path", str(exc)))
         return

@@ -36,12 +36,22 @@ def round_trip(tokenizer: Any, text: str) -> str:
     return tokenizer.decode(ids, skip_special_tokens=False)
 
 
+def offered_tools(cfg: MegaRLConfig) -> list[dict[str, Any]]:
+    """The tool schemas the prompts show; none when rollout.agent.tools_file cannot be read (the
+    preflight names that file once, with the plan's other problems, rather than stop here)."""
+    from megarl.rollout.agents.tools import ToolFileError, prompt_tools
+
+    try:
+        return prompt_tools(cfg)
+    except ToolFileError:
+        return []
+
+
 def check_tool_calls(cfg: MegaRLConfig, tokenizer: Callable[[], Any], findings: list[Finding]) -> None:
     """A call of the first offered tool, in the parser's format, survives the round trip."""
     from megarl.rollout.agents.sample_calls import sample_call
-    from megarl.rollout.agents.tools import prompt_tools
 
-    tools = prompt_tools(cfg)
+    tools = offered_tools(cfg)
     name = next((t.get("function", {}).get("name") for t in tools if isinstance(t, dict)), None)
     call = sample_call(cfg.rollout.agent.tool_parser, name) if name else None
     if call is None:

@@ -657,6 +657,21 @@ def test_the_agent_rollouts_user_code_is_loaded_before_launch(demo, tmp_path, mo
             "megarl.rollout.agents.loops.AgentLoop") in msg  # fmt: skip
 
 
+def test_agent_files_that_cannot_be_read_are_refused_with_the_plans_other_problems(demo, tmp_path, monkeypatch):
+    """A relative tools_file or interactions_file that does not resolve from the working directory
+    is one more problem of the refused plan, named with the others (here a bad output_dir), not
+    an error of its own raised by the prompt checks that read the tools' schemas."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "taken").write_text("a file where the output directory should be")
+    msg = refusal(config(demo, tmp_path / "taken", "rollout.agent.tools_file=configs/tools/calculator.yaml",
+                         "rollout.agent.interactions_file=configs/users.yaml", "data.filter_overlong_prompts=true"))  # fmt: skip
+    assert "trainer.output_dir" in msg
+    assert ("rollout.agent.tools_file: tool file configs/tools/calculator.yaml: cannot be read (No such file or "
+            "directory); check the path (a relative path is relative to the working directory)") in msg
+    assert "rollout.agent.interactions_file: interaction file configs/users.yaml: cannot be read" in msg
+    assert msg.count("calculator.yaml") == 1  # once, not again by the checks that read its schemas
+
+
 def test_agent_names_of_every_row_and_interactions_of_the_sampled_rows(demo, tmp_path):
     (tmp_path / "users.yaml").write_text("interaction:\n  - {name: a, class_name: x.A}\n  - {name: b, class_name: x.B}\n")
     data = tmp_path / "agents.parquet"
