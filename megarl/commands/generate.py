@@ -148,11 +148,14 @@ def generate(config: str | Path, overrides: list[str], data: str | Path, out: st
 def _checked_request(config: str | Path, overrides: list[str], data: Path, out: str | Path, model: str | None,
                      batch_size: int) -> tuple[Any, Path, str]:  # fmt: skip
     """The config (overrides applied), OUT (absolute) and the model (absolute), each checked as
-    far as it can be before OUT is held."""
+    far as it can be before OUT is held. First of all, another generate writing OUT: refused before
+    the config, the model's checks and (in the command's process) the driver's start."""
     from megarl.checkpoint.verification import CHECKPOINTS_DIR
     from megarl.config.loading import load_config
     from megarl.rollout_sglang.cpu_venv import with_cpu_server_python
+    from megarl.trainer.run_lock import check_output_free
 
+    check_output_free(out)
     cfg = with_cpu_server_python(load_config(config, overrides))  # SGLang on CPU: as `megarl demo` finds it
     if not model and not cfg.model.path:
         raise GenerateError("no model: set model.path in the config or give --model")

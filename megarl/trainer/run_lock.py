@@ -19,7 +19,8 @@ that is replaced whole, so its lock is a file of its own beside it, ``.<name>.me
 removed when the command ends (a killed command's stays, harmless: the next one takes it). A
 process that opened that file just before its holder removed it sees, once it holds the lock,
 that the path names another file (or none) and starts again, so two processes never hold two
-files of one output.
+files of one output. A command checks that lock (check_output_free) before its slow start, so
+that a second one is refused in seconds, and holds it once it writes.
 """
 
 from __future__ import annotations
@@ -98,6 +99,30 @@ def output_lock(output: str | Path, flag: str = "--out") -> Iterator[None]:
                 break
 
 
+def check_output_free(output: str | Path, flag: str = "--out") -> None:
+    """Refuse now (OutputDirInUse naming the holder) when another process, or this one, holds the
+    lock of ``output`` (output_lock's): the check a command makes before its slow start (the
+    config, the model's checks, a driver's imports), so that a second one into the same output
+    is refused in seconds. Holds nothing and creates nothing: no lock file, no holder."""
+    path = Path(output).absolute()
+    lock = path.parent.resolve() / f".{path.name}.megarl.lock"
+    refusal = functools.partial(_in_use, flag, output, what="command")
+    if lock in _HELD:  # (a probe's close would drop this process's own hold)
+        raise refusal("this process")
+    try:
+        fd = os.open(lock, os.O_RDONLY)
+    except OSError:  # none there (or a folder that is not): the hold itself decides
+        return
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # refused while a holder has its exclusive lock
+    except OSError as exc:
+        if exc.errno in (errno.EACCES, errno.EAGAIN):
+            raise refusal(_holder(fd)) from None
+        # a filesystem without record locks: the hold says so
+    finally:
+        os.close(fd)
+
+
 @contextmanager
 def _held(lock: Path, field: str, output: str | Path, what: str, *, remove: bool) -> Iterator[None]:
     """Hold the record lock on the file ``lock`` for ``field``'s ``output`` (a ``what``: run or
@@ -142,10 +167,14 @@ def _lock(fd: int, refusal: Callable[[str], OutputDirInUse], unlocked: str) -> b
             log.warning(unlocked, exc.strerror)
             return False
         if exc.errno in (errno.EACCES, errno.EAGAIN):
-            holder = os.read(fd, 512).decode(errors="replace").strip() or "another process"
-            raise refusal(holder) from None
+            raise refusal(_holder(fd)) from None
         raise
     return True
+
+
+def _holder(fd: int) -> str:
+    """What the lock file ``fd`` says of its holder (the pid, host and time _held wrote)."""
+    return os.read(fd, 512).decode(errors="replace").strip() or "another process"
 
 
 def _names(lock: Path, fd: int) -> bool:

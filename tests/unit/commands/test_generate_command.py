@@ -356,3 +356,41 @@ def test_visible_gpus_keep_uuids_as_cuda_visible_devices_lists_them(monkeypatch)
     assert _visible_gpus() == ["3", "1"]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert _visible_gpus() == []
+
+
+HOLD_OUT = """import sys, time
+from megarl.trainer.run_lock import output_lock
+with output_lock(sys.argv[1]):
+    print('held', flush=True)
+    sys.stdin.read()
+"""
+
+
+def test_a_second_generate_into_a_held_out_is_refused_before_its_config_is_read(tmp_path, capsys):
+    """Another generate writing OUT (a process holding its lock) is the first thing checked, in the
+    command's process and in the driver: before the config (here missing, which would be refused
+    otherwise), the model's checks and the driver's start; the check takes no lock of its own."""
+    import subprocess
+    import sys
+
+    from megarl.cli import main
+    from megarl.trainer.run_lock import OutputDirInUse, output_lock
+
+    out = tmp_path / "gen.parquet"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_OUT, str(out)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        missing = tmp_path / "missing.yaml"
+        with pytest.raises(OutputDirInUse, match=rf"^--out {out} is in use by pid {holder.pid} on "):
+            generate(missing, [], tmp_path / "val.parquet", out)
+        assert main(["generate", str(missing), "--data", str(tmp_path / "val.parquet"), "--out", str(out)]) == 2
+        assert capsys.readouterr().err.startswith(f"error: --out {out} is in use by pid {holder.pid} on ")
+    finally:
+        holder.communicate("")
+    from megarl.config.loading import ConfigError
+
+    with pytest.raises(ConfigError, match="does not exist"):  # the holder gone, the config is read (and refused)
+        generate(missing, [], tmp_path / "val.parquet", out)
+    with output_lock(out):  # nothing was left held
+        pass
