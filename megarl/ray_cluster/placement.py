@@ -24,11 +24,14 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from megarl.progress import still_waiting
+from megarl.ray_cluster.session import wait_watching_the_node
 
 
 class PlacementError(RuntimeError):
@@ -323,21 +326,27 @@ def _alive_nodes(nodes: Sequence[Mapping[str, Any]]) -> list[tuple[str, Mapping[
 
 
 def _wait_ready(pools: Sequence[BundlePool], timeout_s: float) -> None:
+    """Wait for every placement group, saying so when it lasts; the embedded raylet is looked at
+    meanwhile: dead, Ray never places them and its one line ends the wait at once (ranks that
+    started later would only wait for it in turn)."""
     deadline = time.monotonic() + timeout_s
-    for pool in pools:
-        for index, pg in enumerate(pool.groups):
-            left = max(0.0, deadline - time.monotonic())
-            ready, _ = ray.wait([pg.ready()], timeout=left)
-            if ready:
-                continue
-            avail = ray.available_resources()
-            bundle = pg.bundle_specs[0]
-            raise PlacementError(
-                f"placement: node-group {index} of {'+'.join(pool.roles)} ({pool.shape.procs_per_node} "
-                f"bundles of {_resources_text(bundle)}, STRICT_PACK) was not placed within {timeout_s:g} s; "
-                f"available now: {_resources_text(avail)}. Other placement groups or jobs may hold "
-                "the resources, or no single node has them all"
-            )
+    what = ", ".join(f"{'+'.join(pool.roles)} ({len(pool.groups)} node-group(s))" for pool in pools)
+    with still_waiting(f"placement: waiting for Ray to place {what}"):
+        for pool in pools:
+            for index, pg in enumerate(pool.groups):
+                if not wait_watching_the_node([pg.ready()], deadline, True, when="while Ray placed the workers"):
+                    _not_placed(pool, index, pg, timeout_s)
+
+
+def _not_placed(pool: BundlePool, index: int, pg: PlacementGroup, timeout_s: float) -> NoReturn:
+    avail = ray.available_resources()
+    bundle = pg.bundle_specs[0]
+    raise PlacementError(
+        f"placement: node-group {index} of {'+'.join(pool.roles)} ({pool.shape.procs_per_node} "
+        f"bundles of {_resources_text(bundle)}, STRICT_PACK) was not placed within {timeout_s:g} s; "
+        f"available now: {_resources_text(avail)}. Other placement groups or jobs may hold "
+        "the resources, or no single node has them all"
+    )
 
 
 def _resources_text(res: Mapping[str, float]) -> str:

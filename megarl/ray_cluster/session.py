@@ -25,6 +25,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -151,6 +152,28 @@ def embedded_node_death(when: str = "while the ranks started") -> str | None:
     start (Ray keeps their actors pending; the driver's core worker may not notice the loss)."""
     raylet = _embedded_raylet()
     return raylet_end_problem(*raylet, when=when) if raylet is not None else None
+
+
+NODE_CHECK_S = 5.0  # how often a start-up wait looks at the embedded raylet (one waitpid)
+
+
+def wait_watching_the_node(refs: list[Any], deadline: float | None, watch_node: bool,
+                           when: str = "while the ranks started") -> list[Any]:  # fmt: skip
+    """The refs of ``refs`` ready first (one at least), or none once ``deadline`` (monotonic; None:
+    no deadline) passed. With ``watch_node``, ConnectionError naming the node as soon as the
+    embedded raylet is found dead (``when``, in its line): the ranks' actors, or the placement
+    groups they go in, would wait for it until the deadline (cluster.build_timeout_s, 30 minutes
+    by default)."""
+    while True:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        step = left if not watch_node else NODE_CHECK_S if left is None else min(left, NODE_CHECK_S)
+        ready, _ = ray.wait(refs, num_returns=1, timeout=step)
+        if ready:
+            return list(ready)
+        if watch_node and (problem := embedded_node_death(when)) is not None:
+            raise ConnectionError(problem)
+        if deadline is not None and time.monotonic() >= deadline:
+            return []
 
 
 def raylet_end_problem(process: subprocess.Popen[Any], logs: str | None, when: str = "as Ray started") -> str | None:

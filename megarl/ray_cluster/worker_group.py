@@ -63,7 +63,7 @@ from megarl.progress import still_waiting
 from megarl.ray_cluster.placement import PlacedRole, RolePlacement, place_roles
 from megarl.ray_cluster.rank_env import RANK_LOG_ENV
 from megarl.ray_cluster.ray_failures import node_view, ray_failure
-from megarl.ray_cluster.session import embedded_node_death
+from megarl.ray_cluster.session import wait_watching_the_node
 from megarl.ray_cluster.worker_error import WorkerError
 from megarl.terminal import worker_logging
 
@@ -554,23 +554,3 @@ def _as_packed(x: Any) -> tuple[tuple, dict]:
     if isinstance(x, (tuple, list)):
         return tuple(x), {}
     return (x,), {}
-
-
-NODE_CHECK_S = 5.0  # how often a start-up wait looks at the embedded raylet (one waitpid)
-
-
-def wait_watching_the_node(refs: list[Any], deadline: float | None, watch_node: bool) -> list[Any]:
-    """The refs of ``refs`` ready first (one at least), or none once ``deadline`` (monotonic; None:
-    no deadline) passed. With ``watch_node``, ConnectionError naming the node as soon as the
-    embedded raylet is found dead: the ranks' actors would wait for it until the deadline
-    (cluster.build_timeout_s, 30 minutes by default)."""
-    while True:
-        left = None if deadline is None else max(0.0, deadline - time.monotonic())
-        step = left if not watch_node else NODE_CHECK_S if left is None else min(left, NODE_CHECK_S)
-        ready, _ = ray.wait(refs, num_returns=1, timeout=step)
-        if ready:
-            return list(ready)
-        if watch_node and (problem := embedded_node_death()) is not None:
-            raise ConnectionError(problem)
-        if deadline is not None and time.monotonic() >= deadline:
-            return []
