@@ -206,7 +206,7 @@ def _generate(cfg: Any, data: Path, target: Path, source: str, *, batch_size: in
             if todo:
                 model_dir = _hf_model(Path(source), export, partial / MODEL_DIR, in_process)
                 control.reclaim()  # an export ran under Ray, which installs its own SIGTERM handler
-                with user_output_to(user_code_log(target)):  # what a generate function or a tool prints
+                with user_output_to(user_code_log(target), cfg.reward.output_log_max_mb):  # what a generate function or a tool prints
                     _generate_parts(cfg, model_dir, Path(data), records, parts, todo, partial)
     except KeyboardInterrupt:
         done = sum(1 for i in range(len(parts)) if part_path(partial, i).is_file())
