@@ -181,7 +181,11 @@ class ChildChecks:
         if check not in self.got:
             self.got.update(self._read({check}))
         if check not in self.got and self._building_too_long(check):
-            return [Finding("data.custom_cls", f"{self.spec['dataset'][1]}: building it took over {CHILD_TIMEOUT_S:g} s, "
+            from megarl.data.custom_dataset import step_hook
+
+            hook = step_hook(self._doing[0])
+            doing = "building it" if hook == "__init__" else f"reading its first rows (its {hook})"
+            return [Finding("data.custom_cls", f"{self.spec['dataset'][1]}: {doing} took over {CHILD_TIMEOUT_S:g} s, "
                             "not checked before launch; the run builds it", level="warning")]
         error = self.got[check] if check in self.got else self._no_answer()
         return [self._finding(check, error + self._output())] if error is not None else []

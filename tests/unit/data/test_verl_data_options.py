@@ -245,3 +245,22 @@ def test_a_build_past_the_deadline_is_a_warning_not_a_refusal(dataset_file, byte
     assert (finding.field, finding.level) == ("data.custom_cls", "warning")
     assert finding.message == "Slow: building it took over 3 s, not checked before launch; the run builds it"
     assert "nowhere_megarl" in others[0].message  # the checks after it in the child still answered, not timed out
+
+
+def test_a_slow_first_row_is_named_as_that_in_the_warning(dataset_file, byte_tokenizer_dir, tmp_path, monkeypatch):
+    from megarl.plan import import_check_child
+
+    slow = tmp_path / "slow_rows.py"
+    slow.write_text(dataset_file.read_text() + "\nimport time\n\nclass SlowRow(JsonlPrompts):\n"
+                    "    def __getitem__(self, i):\n        time.sleep(300)\n        return super().__getitem__(i)\n")
+    monkeypatch.setattr(import_check_child, "CHILD_TIMEOUT_S", 15.0)  # (the tokenizer's load comes first: seconds on a busy machine)
+    cfg = _custom(dataset_file, "SlowRow").model_copy(update={"custom_cls": CustomDatasetConfig(path=str(slow), name="SlowRow")})
+    build = {"files": [f.path for f in cfg.train_files], "field": "data.train_files", "model": str(byte_tokenizer_dir),
+             "config": cfg.model_dump(mode="json")}  # fmt: skip
+    child = ChildChecks(None, [], cfg.custom_cls, RewardConfig().functions, build)
+    try:
+        (finding,) = child.results("data.custom_cls")
+    finally:
+        child.stop()
+    assert (finding.level, finding.message) == ("warning", "SlowRow: reading its first rows (its __getitem__(0)) took over 15 s, "
+                                                "not checked before launch; the run builds it")
