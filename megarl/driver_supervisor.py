@@ -378,8 +378,8 @@ def silent_end_line(code: int, reports: dict[str, Any], pid: int, *, raylet_firs
                 f"and the raylet's logs {os.path.join(logs, 'raylet.out')} and raylet.err{resume}")  # fmt: skip
     when = " before Ray started" if ray and not node else ""
     # A command with no log file of its own (convert, generate) has its output on the terminal only.
-    log = reports.get("log") or (None if kept else "the run's logs/driver.log")
-    log = f"the driver's log: {log}" if log else "its output is above"
+    log = reports.get("log")  # named once it exists: a driver killed in its checks has written none
+    log = f"the driver's log: {log}" if log and os.path.exists(log) else "its output is above"
     causes = (f"user code in the driver ({user_code}) calling os._exit, a kill from outside, or the OOM killer" if user_code
               else "a kill from outside or the OOM killer (the command runs none of your code)")  # fmt: skip
     return f"error: the driver process (pid {pid}) {how} without reporting an error{when}: {causes} (check dmesg); {log}{resume}"

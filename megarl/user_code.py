@@ -43,6 +43,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
+from megarl.output_cap import MB, marker, warn_once
+
 EXITS = (SystemExit, KeyboardInterrupt, GeneratorExit)  # user code trying to end its process
 
 
@@ -159,14 +161,18 @@ class _UserOutput:
     """The log file user code's output goes to (opened at its first write), and the head of what
     each piece of code printed."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, max_mb: float = 0):
         self.path = path
         self.file: TextIO | None = None
         self.heads: dict[str, str] = {}
         self.lock = threading.Lock()  # tools run in threads
+        self.max_mb = max_mb  # the log's cap (reward.output_log_max_mb; 0: none): past it prints are dropped
+        self.size = 0  # the file's, in bytes
+        self.full = False
 
     def write(self, who: str | None, text: str) -> None:
-        """``text`` into the log; ``who``'s head too (None: megarl's own note, no print of the code's)."""
+        """``text`` into the log; ``who``'s head too (None: megarl's own note, no print of the code's,
+        written past the cap too: a traceback is never dropped)."""
         with self.lock:
             head = self.heads.get(who, "") if who is not None else ""
             if who is not None and len(head) < HEAD_CHARS:
@@ -175,10 +181,26 @@ class _UserOutput:
                 if self.file is None:
                     self.path.parent.mkdir(parents=True, exist_ok=True)
                     self.file = open(self.path, "a", encoding="utf-8", errors="replace")  # noqa: SIM115 - closed by close()
-                self.file.write(text)
+                    self.size = self.path.stat().st_size
+                capped = self._capped(text) if who is not None else text
+                self.file.write(capped)
                 self.file.flush()  # (a run that dies keeps what was printed)
+                self.size += len(capped.encode("utf-8", errors="replace"))
             except OSError:  # a full disk: the print is dropped, never the user's code failing on it
                 pass
+        if self.full:
+            warn_once(self.path, "user code", self.max_mb)
+
+    def _capped(self, text: str) -> str:
+        """What of ``text`` fits under the cap: past it, the marker line once, then nothing."""
+        limit = int(self.max_mb * MB)
+        if not limit or self.size + 4 * len(text) <= limit or self.size + len(text.encode("utf-8", errors="replace")) <= limit:
+            return text  # (a char is at most 4 bytes: most prints are under the cap without encoding them)
+        if self.full:
+            return ""
+        self.full = True
+        room = text.encode("utf-8", errors="replace")[: max(0, limit - self.size)]
+        return room.decode("utf-8", errors="ignore") + marker("user code", self.max_mb)
 
     def close(self) -> None:
         with self.lock:
@@ -214,10 +236,11 @@ class RoutedStream:
 
 
 @contextmanager
-def user_output_to(path: str | Path) -> Iterator[None]:
-    """Meanwhile, what user code prints in this process goes to ``path``, not the terminal."""
+def user_output_to(path: str | Path, max_mb: float = 0) -> Iterator[None]:
+    """Meanwhile, what user code prints in this process goes to ``path``, not the terminal; past
+    ``max_mb`` MB (reward.output_log_max_mb; 0: no cap) it is dropped, with a marker line there."""
     global _OUTPUT
-    previous, _OUTPUT = _OUTPUT, _UserOutput(Path(path))
+    previous, _OUTPUT = _OUTPUT, _UserOutput(Path(path), max_mb)
     streams = sys.stdout, sys.stderr
     sys.stdout, sys.stderr = (s if isinstance(s, RoutedStream) else RoutedStream(s) for s in streams)
     try:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from megarl.commands.arguments import user_path
-from megarl.commands.supervision import Supervision, supervised_command
+from megarl.commands.supervision import Supervision, driver_user_code, supervised_command
 from megarl.config.loading import ConfigError
 from megarl.data.tasks import TASK_VOCAB, write_reverse_digits
 from megarl.data.tool_sums import CALL_MARKERS, TOOL_SUM_VOCAB, write_tool_sums
@@ -66,8 +66,8 @@ def _prepare(args: argparse.Namespace) -> Supervision:
     reports the command that resumes the demo (its launch does)."""
     from megarl.config.loading import load_config
 
-    load_config(_demo_config(args.config), args.overrides)
-    return Supervision()
+    cfg = load_config(_demo_config(args.config), args.overrides)
+    return Supervision(user_code=driver_user_code(cfg))
 
 
 def _run(args: argparse.Namespace) -> int:

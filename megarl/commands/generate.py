@@ -61,7 +61,12 @@ from megarl.commands.outputs import (
     check_outside_checkpoints,
     same_file,
 )
-from megarl.commands.supervision import Supervision, starts_ray, supervised_command
+from megarl.commands.supervision import (
+    Supervision,
+    driver_user_code,
+    starts_ray,
+    supervised_command,
+)
 from megarl.disk_full import writing
 from megarl.trainer.watchdog import RunControl, RunStopped
 
@@ -99,10 +104,11 @@ def _prepare(args: argparse.Namespace) -> Supervision:
     """The flags, the config, OUT and the model checked in the command's process, before any
     driver starts; Ray starts only to export a checkpoint (an HF directory is used as it is)."""
     _check_flags(args)
-    _, target, source = _checked_request(args.config, _overrides(args), Path(args.data), args.out, args.model, args.batch_size)
+    cfg, target, source = _checked_request(args.config, _overrides(args), Path(args.data), args.out, args.model, args.batch_size)
     partial = target.with_name(target.name + PARTIAL_SUFFIX)
     kept = f"the parts finished so far are kept in {partial}: the same command goes on from them"
-    return Supervision(kept, ray=starts_ray(args) and _model_export(Path(source)) is not None)
+    return Supervision(kept, ray=starts_ray(args) and _model_export(Path(source)) is not None,
+                       user_code=driver_user_code(cfg, dataset=False))  # --data, not data.custom_cls
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -203,7 +209,7 @@ def _generate(cfg: Any, data: Path, target: Path, source: str, *, batch_size: in
             if todo:
                 model_dir = _hf_model(Path(source), export, partial / MODEL_DIR, in_process)
                 control.reclaim()  # an export ran under Ray, which installs its own SIGTERM handler
-                with user_output_to(user_code_log(target)):  # what a generate function or a tool prints
+                with user_output_to(user_code_log(target), cfg.reward.output_log_max_mb):  # what a generate function or a tool prints
                     _generate_parts(cfg, model_dir, Path(data), records, parts, todo, partial)
     except KeyboardInterrupt:
         done = sum(1 for i in range(len(parts)) if part_path(partial, i).is_file())

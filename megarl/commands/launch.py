@@ -14,7 +14,12 @@ from __future__ import annotations
 import argparse
 
 from megarl.commands.arguments import add_config_args
-from megarl.commands.supervision import Supervision, starts_ray, supervised_command
+from megarl.commands.supervision import (
+    Supervision,
+    driver_user_code,
+    starts_ray,
+    supervised_command,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -42,8 +47,8 @@ def _prepare(args: argparse.Namespace) -> Supervision:
     reports the command that resumes it (megarl/trainer/launch.py)."""
     from megarl.config.loading import load_config
 
-    load_config(args.config, args.overrides)
-    return Supervision(ray=starts_ray(args))
+    cfg = load_config(args.config, args.overrides)
+    return Supervision(ray=starts_ray(args), user_code=driver_user_code(cfg))
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -71,7 +71,7 @@ def _prepare(args: argparse.Namespace) -> Supervision:
     target = Path(load_config(args.config, args.overrides).sft.output_dir) / MODEL_DIR
     kept = (f"SFT keeps no checkpoint to resume from, and {target} appears only once written whole and verified (it is "
             "staged beside itself): run the same command again")
-    return Supervision(kept, ray=starts_ray(args))
+    return Supervision(kept, ray=starts_ray(args), user_code=None)  # SFT trains on sft.train_files: none of the user's code
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -17,6 +17,7 @@ import argparse
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from megarl.driver_supervisor import USER_CODE
 
@@ -29,6 +30,18 @@ class Supervision:
     ray: bool = True  # whether the driver starts Ray (not under --in-process): the line names the Ray node then
     # the user code the driver runs, a likely cause of its os._exit (None: it runs none, as convert)
     user_code: str | None = USER_CODE
+
+
+def driver_user_code(cfg: Any, *, dataset: bool = True) -> str | None:
+    """The user's code a config has the driver run, named by its keys for the supervisor's line (None:
+    none; reward functions run in worker processes). ``dataset``: whether the command builds
+    data.custom_cls (generate reads --data instead)."""
+    agent = cfg.rollout.agent
+    hooks = [f"rollout.generate_function {cfg.rollout.generate_function}" if cfg.rollout.generate_function != "default" else "",
+             f"the tools of rollout.agent.tools_file {agent.tools_file}" if agent.tools_file else "",
+             f"the interactions of rollout.agent.interactions_file {agent.interactions_file}" if agent.interactions_file else "",
+             f"data.custom_cls {cfg.data.custom_cls.name}" if dataset and cfg.data.custom_cls is not None else ""]
+    return ", ".join(hook for hook in hooks if hook) or None
 
 
 Handler = Callable[[argparse.Namespace], int]

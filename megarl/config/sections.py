@@ -291,6 +291,11 @@ class RewardConfig(Section):
     )
     timeout_s: float = Field(10.0, gt=0, description="Per-sample scoring timeout; a timeout scores 0 and is counted.")
     workers: int = Field(2, ge=1, description="Reward worker processes.")
+    output_log_max_mb: float = Field(
+        100.0, ge=0, description="Cap, in MB, of each log your code's prints go to (logs/reward_workers.log, "
+        "logs/user_code.log, evaluate's and generate's logs beside their output): past it the rest is dropped, with a "
+        "marker line in the log and one warning; 0 = no cap.",
+    )
     max_failed_fraction: float = Field(
         1.0, gt=0, le=1,
         description="Stop the run (with the first failure's traceback) when reward functions raise or time out on at "

@@ -32,7 +32,9 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import inspect
+import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -104,11 +106,13 @@ def class_problem(path: str, name: str) -> str | None:
 ROWS_CHECKED = 2  # read before launch: enough to meet an error of the reading code, cheap for any dataset
 
 
-def first_rows_problem(path: str, name: str, build: dict[str, Any]) -> str | None:
+def first_rows_problem(path: str, name: str, build: dict[str, Any], step: Callable[[str], None] | None = None) -> str | None:
     """The class built as a run builds it and its first ROWS_CHECKED rows read and checked, as the
     pre-launch check runs it (in its child process): why that fails, as one line, or None. ``build``:
     ``files`` and their ``field`` (data.train_files), the tokenizer's ``model`` directory, the data
-    section as ``config``. A model directory without a tokenizer is the model check's finding: no build."""
+    section as ``config``. A model directory without a tokenizer is the model check's finding: no build.
+    ``step(what)`` is told each call into the class before it runs (:func:`step_name`'s words): a
+    process that ends in one (os._exit, a crash in C) is named by the one it had started."""
     from megarl.data.datasets import record_of_row
     from megarl.data.summary import load_tokenizer
 
@@ -117,9 +121,16 @@ def first_rows_problem(path: str, name: str, build: dict[str, Any]) -> str | Non
     except ValueError:
         return None
     label = f"data.custom_cls: {name} ({path}) on {build['field']}"
+    step = step or (lambda what: None)
     try:
-        dataset = build_dataset(load_class(path, name), build["files"], tokenizer, build["config"])
-        rows = [dataset[i] for i in range(min(len(dataset), ROWS_CHECKED))]
+        cls = load_class(path, name)
+        step(step_name(name, "__init__"))
+        dataset = build_dataset(cls, build["files"], tokenizer, build["config"])
+        step(step_name(name, "__len__"))
+        rows = []
+        for i in range(min(len(dataset), ROWS_CHECKED)):
+            step(step_name(name, f"__getitem__({i})"))
+            rows.append(dataset[i])
     except Exception as exc:  # the user's own code: the same words as the run's (megarl/data/stream.py)
         return f"{label}: building it or reading its first rows failed: {type(exc).__name__}: {exc}"
     if not rows:
@@ -130,6 +141,18 @@ def first_rows_problem(path: str, name: str, build: dict[str, Any]) -> str | Non
     except ValueError as exc:
         return str(exc)
     return None
+
+
+def step_name(name: str, hook: str) -> str:
+    """What the pre-launch check says it runs of the class: its ``hook`` (``__init__``, ``__len__``,
+    ``__getitem__(i)``) last, in parentheses, for :func:`step_hook`."""
+    return f"building data.custom_cls {name} (its {hook})" if hook == "__init__" else f"reading data.custom_cls {name} (its {hook})"
+
+
+def step_hook(what: str) -> str | None:
+    """The hook a :func:`step_name` names (``__getitem__(0)``), or None for another step."""
+    found = re.fullmatch(r"(?:building|reading) data\.custom_cls .* \(its (__\w+__(?:\(\d+\))?)\)", what)
+    return found.group(1) if found else None
 
 
 def build_dataset(cls: type, files: list[str], tokenizer: Any, config: dict[str, Any]) -> Any:

@@ -94,23 +94,25 @@ for field, name in spec.get("extensions", []):
 # checks after it would then go unanswered.
 if spec.get("dataset"):
     starting("data.custom_cls", f"importing data.custom_cls from {spec['dataset'][0]}")
-    building = False
+    steps = []  # the class's hooks called so far (its __init__, __len__, __getitem__(i)): the last one ran
+    def step(what):
+        steps.append(what)
+        starting("data.custom_cls", what)
     try:
-        from megarl.data.custom_dataset import class_problem, first_rows_problem
+        from megarl.data.custom_dataset import class_problem, first_rows_problem, step_hook
         problem = class_problem(*spec["dataset"])
         if problem is None and spec.get("dataset_build"):
-            building = True
-            starting("data.custom_cls", f"building data.custom_cls {spec['dataset'][1]} and reading its first rows")
-            problem = first_rows_problem(*spec["dataset"], spec["dataset_build"])
+            problem = first_rows_problem(*spec["dataset"], spec["dataset_build"], step)
         emit("data.custom_cls", problem)
     except BaseException as exc:
-        if not building:
+        if not steps:
             emit("data.custom_cls", f"importing {spec['dataset'][0]} failed: {ended(exc)}")
         else:  # sys.exit, KeyboardInterrupt: the user's code ending the process, never the user's Ctrl-C
             from megarl.user_code import exit_description
             how = exit_description(exc) if not isinstance(exc, Exception) else f"raised {type(exc).__name__}: {exc}"
-            emit("data.custom_cls", f"data.custom_cls: {spec['dataset'][1]} ({spec['dataset'][0]}) {how} while it was built "
-                 "or its first rows read; a dataset class must raise an exception for data it cannot read, never end the process")
+            emit("data.custom_cls", f"data.custom_cls: {spec['dataset'][1]} ({spec['dataset'][0]}) {how} in its "
+                 f"{step_hook(steps[-1])} while it was built or its first rows read; a dataset class must raise an "
+                 "exception for data it cannot read, never end the process")
 """
 
 
@@ -179,7 +181,11 @@ class ChildChecks:
         if check not in self.got:
             self.got.update(self._read({check}))
         if check not in self.got and self._building_too_long(check):
-            return [Finding("data.custom_cls", f"{self.spec['dataset'][1]}: building it took over {CHILD_TIMEOUT_S:g} s, "
+            from megarl.data.custom_dataset import step_hook
+
+            hook = step_hook(self._doing[0])
+            doing = "building it" if hook == "__init__" else f"reading its first rows (its {hook})"
+            return [Finding("data.custom_cls", f"{self.spec['dataset'][1]}: {doing} took over {CHILD_TIMEOUT_S:g} s, "
                             "not checked before launch; the run builds it", level="warning")]
         error = self.got[check] if check in self.got else self._no_answer()
         return [self._finding(check, error + self._output())] if error is not None else []
@@ -188,7 +194,9 @@ class ChildChecks:
         """The dataset class imported but its build (all of data.train_files; a class may tokenize
         every row in __init__) is still running at the deadline: slow, not wrong."""
         running = self.proc is not None and self.proc.poll() is None
-        return check == "data.custom_cls" and running and self._doing[0].startswith("building data.custom_cls")
+        from megarl.data.custom_dataset import step_hook
+
+        return check == "data.custom_cls" and running and step_hook(self._doing[0]) is not None
 
     def _no_answer(self) -> str:
         """Why an answer never came: the child ended (its exit code) or did not answer in time."""
@@ -197,7 +205,10 @@ class ChildChecks:
         if code is None:
             return f"{doing} did not finish within {CHILD_TIMEOUT_S:g} s: check it for work done at import (network, locks, long loops)"
         how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
-        at = "while it was built (in its __init__)" if doing.startswith("building ") else "at import"
+        from megarl.data.custom_dataset import step_hook
+
+        hook = step_hook(doing)  # a dataset class's: the hook it had started (its __getitem__(0), ...)
+        at = f"in its {hook}" if hook else "while it was built (in its __init__)" if doing.startswith("building ") else "at import"
         return f"the check's process ended ({how}) while {doing}, before it answered: os._exit or a crash in C code {at}"
 
     def _output(self) -> str:

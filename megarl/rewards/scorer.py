@@ -73,6 +73,7 @@ from pebble import ProcessExpired, ProcessPool
 import megarl.rewards.registry as registry
 import megarl.rewards.worker as worker
 from megarl.config.sections import RewardConfig
+from megarl.output_cap import enforce
 from megarl.rewards.failures import (
     RewardError,
     check_failed_fraction,
@@ -225,6 +226,7 @@ class RewardScorer:
         if self.log_path is not None:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             self.log_path.touch()
+        self._max_mb = cfg.output_log_max_mb  # the log's cap (megarl/output_cap.py), kept after each call and wait
         self._spec = {"custom": custom, "model": model, "preload_math": custom is None and model is None,
                       "format_score": cfg.format_score, "log": str(self.log_path) if self.log_path else None,
                       "model_input": (cfg.model.chat_template, cfg.model.max_length) if cfg.model else None}
@@ -376,6 +378,7 @@ class RewardScorer:
         else:
             jobs = self._sample_jobs(samples, scorers)
         outcomes = self._collect(jobs, samples, on_scored)
+        enforce(self.log_path, self._max_mb, "reward functions")
         result = self._result(outcomes, samples)
         self._examine(samples, result, prompts)
         return result
@@ -499,6 +502,7 @@ class RewardScorer:
     def _wait_any_since(self, pending: dict[Future, _Job], samples: list[tuple], who: str, since: float) -> set[Future]:
         quiet_since = time.monotonic()
         while True:
+            enforce(self.log_path, self._max_mb, "reward functions")  # (a stat) a function may print gigabytes a call
             done, _ = wait(list(pending), timeout=POOL_CHECK_S, return_when=FIRST_COMPLETED)
             if self._progress is not None:
                 self._progress.tick()

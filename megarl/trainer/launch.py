@@ -98,7 +98,7 @@ def run(cfg: MegaRLConfig, plan, address: str | None = None, resume_command: str
     with (
         output_dir_lock(cfg.trainer.output_dir),  # one run per output_dir: a second launch there is refused
         driver_log(Path(cfg.trainer.output_dir) / "logs" / DRIVER_LOG),
-        user_output_to(Path(cfg.trainer.output_dir) / "logs" / USER_CODE_LOG),  # tools', interactions', ... prints
+        user_output_to(Path(cfg.trainer.output_dir) / "logs" / USER_CODE_LOG, cfg.reward.output_log_max_mb),  # tools', interactions', ... prints
         control.handlers(),
     ):
         where = "this process" if in_process else f"Ray at {address}" if address else f"an embedded Ray ({local_cpus} CPUs)"

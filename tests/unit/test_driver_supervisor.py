@@ -51,6 +51,33 @@ def test_sigkill_before_ray_is_named(capsys):
     assert err.startswith("error: the driver process") and "was killed by SIGKILL" in err and "before Ray started" in err
 
 
+def test_a_driver_killed_before_its_log_exists_names_no_log(capsys, tmp_path):
+    """Killed in its checks (the reward import check), before output_dir exists: the line names
+    no driver's log, since there is none yet; the output so far is on the terminal."""
+    log = tmp_path / "run" / "logs" / "driver.log"
+    code = supervise(_driver(f"s.report(log={str(log)!r})\ntime.sleep(0.5)\nos.kill(os.getpid(), signal.SIGKILL)"))
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "was killed by SIGKILL" in err
+    assert "driver's log" not in err and "driver.log" not in err and "its output is above" in err, err
+
+
+def test_the_line_names_only_the_user_code_the_config_has_the_driver_run(capsys, tmp_path):
+    """A config whose only user code is reward.custom (run by reward workers) has a driver that
+    runs none of it; one with a dataset class names that class, not a generate function or tools."""
+    from megarl.commands.supervision import driver_user_code
+    from megarl.config.loading import load_config
+
+    assert driver_user_code(load_config(str(TINY), ["reward.custom.path=r.py", "reward.custom.name=f"])) is None
+    cfg = load_config(str(TINY), ["data.custom_cls.path=d.py", "data.custom_cls.name=Rows"])
+    assert driver_user_code(cfg) == "data.custom_cls Rows" and driver_user_code(cfg, dataset=False) is None
+    code = supervise(_driver("os.kill(os.getpid(), signal.SIGKILL)"), user_code=None)
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "user code" not in err and "runs none of your code" in err, err
+    supervise(_driver("os._exit(3)"), user_code=driver_user_code(cfg))
+    err = capsys.readouterr().err.strip()
+    assert "user code in the driver (data.custom_cls Rows) calling os._exit" in err and "generate function" not in err, err
+
+
 def test_reported_end_passes_the_exit_code_through(capsys):
     assert supervise(_driver("s.report(end=3)\nsys.exit(3)")) == 3
     assert capsys.readouterr().err == ""
@@ -146,6 +173,7 @@ RAYLET = ("import subprocess, ctypes\n"
 
 def _node(tmp_path: Path) -> str:
     """The driver's report of its node: the raylet stand-in's pid, at an address nothing answers."""
+    (tmp_path / "driver.log").touch()  # the driver's log, as a launch's driver has opened it by then
     return (f"s.report(resume={RESUME!r}, log={str(tmp_path / 'driver.log')!r})\n"
             f"s.report(ray=dict(ip='127.0.0.1', node_id='ab12cd34ef56aa', logs={str(tmp_path)!r}, "
             f"raylet='127.0.0.1:{_closed_port()}', raylet_pid=raylet.pid))\ntime.sleep(1)\n")  # fmt: skip

@@ -56,6 +56,26 @@ def test_a_tools_prints_go_to_the_log_and_megarls_lines_to_the_terminal(tmp_path
     assert sys.stdout is not None and type(sys.stdout).__name__ != "RoutedStream"  # put back after the run
 
 
+def test_user_code_that_prints_past_the_cap_is_dropped_with_one_marker_and_one_warning(tmp_path, caplog, capsys):
+    """The driver's user-code log (a tool here) stops at reward.output_log_max_mb; megarl's own
+    notes (a traceback) are still written after it."""
+    from megarl.user_code import running, traceback_to_log
+
+    log = tmp_path / "logs" / "user_code.log"
+    with caplog.at_level(logging.WARNING, logger="megarl.output_cap"), user_output_to(log, 0.5):
+        with running("tool loud"):
+            for _ in range(8):
+                print("z" * 100_000)
+        traceback_to_log("tool loud", ValueError("kept"))
+    written = log.read_text()
+    marker = "\n[megarl: user code's output past 0.5 MB dropped from here]\n"
+    head, _, rest = written.partition(marker)
+    assert len(head) == 1 << 19 and set(head) <= {"z", "\n"} and "ValueError: kept" in rest and "zzz" not in rest
+    assert [r.getMessage() for r in caplog.records] == [f"user code printed more than 0.5 MB: {log} keeps the first 0.5 MB; "
+                                                         "print less (or raise reward.output_log_max_mb)"]  # fmt: skip
+    assert "zzz" not in capsys.readouterr().out
+
+
 def _calls_megarl(engines, prompts, params):
     print("generate prints")
     logging.getLogger("megarl.engines").warning("engine 0 is slow")  # megarl's own, in a call the function made

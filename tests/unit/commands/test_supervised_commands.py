@@ -85,6 +85,25 @@ def test_a_killed_sft_driver_is_one_line_saying_what_sft_keeps(tmp_path):
                              "written whole and verified (it is staged beside itself): run the same command again")  # fmt: skip
 
 
+@pytest.mark.parametrize("user_code", [(), ("data.custom_cls.path=ds.py", "data.custom_cls.name=Rows")], ids=["reward-only", "dataset"])
+def test_a_killed_launch_driver_names_only_the_user_code_its_config_runs_there(tmp_path, user_code):
+    """The demo's config with reward.custom alone (run by the reward workers): a kill -9 of the
+    driver, during its checks, blames no user code in the driver and names no driver's log, which
+    does not exist yet; with a dataset class, the line names that class, not generate functions."""
+    (tmp_path / "r.py").write_text("def score(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n")
+    argv = ["launch", str(TINY), "--in-process", "cluster.nnodes=1", "cluster.gpus_per_node=1", "rollout.engine=torch",
+            f"trainer.output_dir={tmp_path / 'run'}", "reward.custom.path=r.py", "reward.custom.name=score", *user_code]  # fmt: skip
+    code, err, pid = _kill_the_driver(argv, tmp_path)
+    assert code == 2, err
+    [line] = [line for line in err.splitlines() if line.startswith("error:")]
+    assert line.startswith(f"error: the driver process (pid {pid}) was killed by SIGKILL without reporting an error"), line
+    assert "driver.log" not in line and "its output is above" in line and "generate function" not in line, line
+    if user_code:
+        assert "user code in the driver (data.custom_cls Rows) calling os._exit" in line, line
+    else:
+        assert "user code" not in line and "(the command runs none of your code)" in line, line
+
+
 def test_one_ctrl_c_to_a_supervised_sft_stays_one(tmp_path):
     """Ctrl-C reaches the terminal's whole process group: the driver, in a group of its own, gets
     it once, from the supervisor; whether it had its handlers up or was still importing, one line

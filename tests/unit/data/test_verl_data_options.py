@@ -176,14 +176,36 @@ def test_custom_cls_is_checked_before_launch(dataset_file, tmp_path):
     assert found["no class"][0][0] == "data.custom_cls" and "verl's arguments" in found["no class"][0][1]
 
 
+@pytest.mark.parametrize("hook", ["__init__", "__len__", "__getitem__(1)"])
+def test_a_class_that_ends_the_check_s_process_is_named_by_the_hook_it_was_in(dataset_file, byte_tokenizer_dir, tmp_path, hook):
+    """os._exit(0) in one of the class's hooks ends the check's process without a word: the finding
+    names the hook that was running (its __getitem__(1), not its __init__), from the child's steps."""
+    body = {"__init__": "    def __init__(self, *a, **kw):\n        os._exit(0)\n",
+            "__len__": "    def __len__(self):\n        os._exit(0)\n",
+            "__getitem__(1)": "    def __getitem__(self, i):\n        if i == 1:\n            os._exit(0)\n        return super().__getitem__(i)\n"}
+    ending = tmp_path / "ending_dataset.py"
+    ending.write_text(dataset_file.read_text() + "\nimport os\n\nclass Ends(JsonlPrompts):\n" + body[hook])
+    cfg = _custom(dataset_file, "Ends").model_copy(update={"custom_cls": CustomDatasetConfig(path=str(ending), name="Ends")})
+    build = {"files": [f.path for f in cfg.train_files], "field": "data.train_files", "model": str(byte_tokenizer_dir),
+             "config": cfg.model_dump(mode="json")}  # fmt: skip
+    child = ChildChecks(None, [], cfg.custom_cls, RewardConfig().functions, build)
+    try:
+        (finding,) = child.results("data.custom_cls")
+    finally:
+        child.stop()
+    assert finding.field == "data.custom_cls" and "ended (exit code 0)" in finding.message, finding.message
+    assert finding.message.endswith(f"os._exit or a crash in C code in its {hook}"), finding.message
+    assert [h for h in ("__init__", "__len__", "__getitem__(0)", "__getitem__(1)") if f"its {h}" in finding.message] == [hook]
+
+
 @pytest.mark.parametrize("name, error", [
     ("FailsToBuild", r"^FailsToBuild \(.*my_dataset.py\) on data.train_files: building it or reading its first rows failed: "
                      r"ValueError: column 'question' not found$"),
     ("FailsToRead", r"^FailsToRead \(.*\) on data.train_files: building it or reading its first rows failed: KeyError: 'question'$"),
     ("BadRow", r"^BadRow \(.*\) on data.train_files: row 0 has no key 'reward_model'"),
-    ("Exits", r"^Exits \(.*my_dataset.py\) called sys.exit\(5\) while it was built or its first rows read; a dataset class "
+    ("Exits", r"^Exits \(.*my_dataset.py\) called sys.exit\(5\) in its __getitem__\(0\) while it was built or its first rows read; a dataset class "
               r"must raise an exception"),
-    ("Interrupts", r"^Interrupts \(.*\) raised KeyboardInterrupt while it was built"),
+    ("Interrupts", r"^Interrupts \(.*\) raised KeyboardInterrupt in its __len__ while it was built"),
 ])  # fmt: skip
 def test_custom_cls_is_built_and_read_before_launch(dataset_file, byte_tokenizer_dir, name, error):
     """Errors of the class's own building and reading code, found in the check's child (before Ray
@@ -223,3 +245,22 @@ def test_a_build_past_the_deadline_is_a_warning_not_a_refusal(dataset_file, byte
     assert (finding.field, finding.level) == ("data.custom_cls", "warning")
     assert finding.message == "Slow: building it took over 3 s, not checked before launch; the run builds it"
     assert "nowhere_megarl" in others[0].message  # the checks after it in the child still answered, not timed out
+
+
+def test_a_slow_first_row_is_named_as_that_in_the_warning(dataset_file, byte_tokenizer_dir, tmp_path, monkeypatch):
+    from megarl.plan import import_check_child
+
+    slow = tmp_path / "slow_rows.py"
+    slow.write_text(dataset_file.read_text() + "\nimport time\n\nclass SlowRow(JsonlPrompts):\n"
+                    "    def __getitem__(self, i):\n        time.sleep(300)\n        return super().__getitem__(i)\n")
+    monkeypatch.setattr(import_check_child, "CHILD_TIMEOUT_S", 15.0)  # (the tokenizer's load comes first: seconds on a busy machine)
+    cfg = _custom(dataset_file, "SlowRow").model_copy(update={"custom_cls": CustomDatasetConfig(path=str(slow), name="SlowRow")})
+    build = {"files": [f.path for f in cfg.train_files], "field": "data.train_files", "model": str(byte_tokenizer_dir),
+             "config": cfg.model_dump(mode="json")}  # fmt: skip
+    child = ChildChecks(None, [], cfg.custom_cls, RewardConfig().functions, build)
+    try:
+        (finding,) = child.results("data.custom_cls")
+    finally:
+        child.stop()
+    assert (finding.level, finding.message) == ("warning", "SlowRow: reading its first rows (its __getitem__(0)) took over 15 s, "
+                                                "not checked before launch; the run builds it")

@@ -154,6 +154,49 @@ def test_printed_output_goes_to_the_log_file_not_the_terminal(tmp_path, capfd):
     assert "PRINTED a" in log and "WARNED b" in log
 
 
+LOUD = textwrap.dedent(
+    """
+    import sys
+
+    def loud(data_source, solution_str, ground_truth, extra_info=None):
+        sys.stdout.write("x" * 599_999 + "\\n")  # (a line: written at once, line buffering)
+        sys.stderr.write("y" * 599_999 + "\\n")
+        return 1.0
+    """
+)
+
+
+def test_a_function_that_prints_megabytes_is_capped_in_its_log_with_one_warning(tmp_path, caplog, capfd):
+    """Each call prints 1.2 MB; the cap of 1 MB holds across calls (the workers append past the
+    marker, cut again), one warning says so, and the scores are unharmed."""
+    (tmp_path / "loud.py").write_text(LOUD)
+    cfg = RewardConfig(custom=CustomRewardConfig(path=str(tmp_path / "loud.py"), name="loud"), timeout_s=TIMEOUT_S,
+                       workers=2, output_log_max_mb=1)  # fmt: skip
+    log = tmp_path / "logs" / "reward_workers.log"
+    with caplog.at_level(logging.WARNING, logger="megarl.output_cap"), RewardScorer(cfg, log_path=log) as s:
+        for _ in range(3):
+            assert _score(s, ["a", "b", "c"]).scores == [1.0, 1.0, 1.0]
+            written = log.read_bytes()
+            marker = b"\n[megarl: reward functions' output past 1 MB dropped from here]\n"
+            assert written.endswith(marker) and len(written) == (1 << 20) + len(marker), len(written)
+            assert set(written[: 1 << 20]) <= set(b"xy\n")
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [f"reward functions printed more than 1 MB: {log} keeps the first 1 MB; print less (or raise "
+                        "reward.output_log_max_mb)"]  # fmt: skip
+    out, err = capfd.readouterr()
+    assert "xxxx" not in out + err and "yyyy" not in out + err
+
+
+def test_output_log_max_mb_0_keeps_everything(tmp_path):
+    (tmp_path / "loud.py").write_text(LOUD)
+    cfg = RewardConfig(custom=CustomRewardConfig(path=str(tmp_path / "loud.py"), name="loud"), timeout_s=TIMEOUT_S,
+                       workers=2, output_log_max_mb=0)  # fmt: skip
+    log = tmp_path / "logs" / "reward_workers.log"
+    with RewardScorer(cfg, log_path=log) as s:
+        _score(s, ["a", "b"])
+    assert log.stat().st_size == 2 * 1_200_000 and b"megarl:" not in log.read_bytes()
+
+
 def test_a_log_no_worker_wrote_to_is_removed(tmp_path):
     with _scorer(tmp_path, "slow") as s:
         _score(s, ["a"])
