@@ -138,6 +138,41 @@ def test_a_stop_before_the_driver_s_handlers_is_a_stop_not_an_error(tmp_path):
     assert proc.stderr.read().strip() == "stopped by SIGTERM while starting; nothing was trained or saved"
 
 
+# A driver in its step loop under megarl's real signal handling (RunControl), ending as the trainer's loop does.
+STEP_LOOP = ("from megarl.trainer.watchdog import RunControl\ncontrol = RunControl()\n"
+             "with control.handlers():\n    control.deferred = True\n    open(sys.argv[1], 'w').write(str(os.getpid()))\n"
+             "    try:\n        time.sleep(120)\n    except KeyboardInterrupt:\n"
+             "        print(f'stopped by {control.signal_name} during step 1 (abandoned); resume with: R', file=sys.stderr)\n"
+             "        s.report(end=control.exit_code)\n        sys.exit(control.exit_code)\n")  # fmt: skip
+
+
+@pytest.mark.parametrize("to", ["command", "command-group", "driver-alone"])
+def test_ctrl_backslash_stops_the_run_at_once_with_its_line(tmp_path, to):
+    """SIGQUIT (Ctrl-\\, `kill -QUIT`) to `megarl launch`, its process group or the driver alone:
+    the driver stops at once with its stop line and exit code 131 (no silent death with a core)."""
+    pid_file = tmp_path / "pid"
+    driver = [sys.executable, "-c", "import os, signal, sys, time\nfrom megarl import driver_supervisor as s\n"
+              "s.take_report_pipe()\n" + STEP_LOOP, str(pid_file)]  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-c", f"import sys; from megarl.driver_supervisor import supervise; sys.exit(supervise({driver!r}))"],
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    for _ in range(600):
+        if pid_file.exists() and pid_file.read_text():
+            break
+        time.sleep(0.1)
+    {"command": lambda: proc.send_signal(signal.SIGQUIT), "command-group": lambda: os.killpg(proc.pid, signal.SIGQUIT),
+     "driver-alone": lambda: os.kill(int(pid_file.read_text()), signal.SIGQUIT)}[to]()  # fmt: skip
+    assert proc.wait(timeout=60) == 131
+    assert proc.stderr.read().strip() == "stopped by SIGQUIT (Ctrl-\\) during step 1 (abandoned); resume with: R"
+
+
+def test_ctrl_backslash_before_the_driver_s_handlers_is_a_stop(tmp_path):
+    """SIGQUIT while the driver still has Python's default (death with a core): a stop, 131."""
+    proc, _ = _supervisor(tmp_path, "import resource\nresource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file")
+    proc.send_signal(signal.SIGQUIT)
+    assert proc.wait(timeout=60) == 131
+    assert proc.stderr.read().strip() == "stopped by SIGQUIT (Ctrl-\\) while starting; nothing was trained or saved"
+
+
 # A stand-in for an embedded raylet: the driver's child, killed with it (Ray's fate sharing).
 RAYLET = ("import subprocess, ctypes\n"
           "raylet = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], "
