@@ -237,18 +237,17 @@ def _reported_end(end: Any, code: int) -> int:
 def _keep_rank_logs_that_say_something(reports: dict[str, Any]) -> None:
     """The folder of rank logs a driver reported (``rank_logs``: `megarl convert`'s, in /tmp) and
     could not clean up as it does when it ends on its own: removed when no ``*.log`` in it holds
-    anything (its ``rank_logs`` report dropped then), else kept, for the line to name."""
+    anything beyond the ranks' own start lines (its ``rank_logs`` report dropped then), else
+    kept, for the line to name."""
     import glob
     import shutil
+
+    from megarl.rank_logs import says_something
 
     folder = reports.get("rank_logs")
     if not folder:
         return
-    try:
-        said = any(os.path.getsize(path) > 0 for path in glob.glob(os.path.join(glob.escape(folder), "*.log")))
-    except OSError:  # a log removed meanwhile: whatever is left says too little to keep
-        said = False
-    if not said:
+    if not any(says_something(path) for path in glob.glob(os.path.join(glob.escape(folder), "*.log"))):
         shutil.rmtree(folder, ignore_errors=True)
         reports.pop("rank_logs")
 

@@ -17,6 +17,7 @@ import pytest
 
 from megarl.driver_stderr import may_become_ray
 from megarl.driver_supervisor import supervise
+from megarl.rank_logs import START_LINE
 
 TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny_grpo.yaml"
 RESUME = "megarl launch run.yaml trainer.resume=auto"
@@ -367,15 +368,19 @@ def _running(pid: int) -> bool:
         return False
 
 
-@pytest.mark.parametrize("wrote", [True, False], ids=["a-rank-wrote", "nothing-written"])
-def test_rank_logs_a_killed_driver_leaves_are_named_or_removed(capsys, tmp_path, wrote):
+@pytest.mark.parametrize("log", ["Traceback ...\n", "", "start-line"], ids=["a-rank-wrote", "nothing-written", "start-line-only"])
+def test_rank_logs_a_killed_driver_leaves_are_named_or_removed(capsys, tmp_path, log):
     """`megarl convert`'s ranks log in a temp folder its driver removes unless a rank failed; a
     driver ended at the C level (Ray's quick exit) removes nothing: the supervisor names the
-    folder when a rank wrote something there, and removes it when no log holds anything."""
+    folder when a rank wrote something there, and removes it when no log holds anything beyond
+    the line every rank starts its log with."""
+    wrote = log.startswith("Traceback")
     logs = tmp_path / "megarl-convert-logs-x"
     logs.mkdir()
     (logs / "progress").write_text("3 10")  # rank 0's tensor count, not a log
-    (logs / "import_rank0.log").write_text("Traceback ...\n" if wrote else "")
+    start = START_LINE.format(rank=0, pid=123, name="ImportRank") + "\n"
+    (logs / "import_rank0.log").write_text(start if log == "start-line" else log)
+    (logs / "import_rank1.log").write_text(start)
     code = supervise(_driver(f"s.report(rank_logs={str(logs)!r})\nos._exit(9)"), ray=False, kept="OUT is as it was")
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1, err
