@@ -38,7 +38,8 @@ exit codes:
   2    user error: one `error:` line names the problem and the fix (command line, config, data,
        checkpoint, reward function, paths, a worker that raised or died); --debug adds the traceback
   130  stopped by Ctrl-C (SIGINT); 143 stopped by SIGTERM; 129 stopped by SIGHUP (the terminal
-       closed: the end is in logs/driver.log): the last checkpoint and the resume command are printed
+       closed: the end is in logs/driver.log); 131 stopped at once by Ctrl-\\ (SIGQUIT): the last
+       checkpoint and the resume command are printed
 """
 
 # The project's user-facing errors, by the module that defines each (one that re-exports it may

@@ -3,7 +3,8 @@
 Ray's core worker in the driver writes its own log lines to the process's stderr at the C level,
 where no Python handler sees them: when its raylet dies, "[2026-11-29 19:51:17,280 E 14936 14936]
 core_worker_process.cc:247: Failed to register worker to Raylet: ..." and the like, just before it
-ends the driver; and absl's failure-signal report ("*** SIGABRT received at time=... ***", its PC
+ends the driver (and its Python logger: "2026-11-29 20:33:14,340 INFO node.py:438 -- Failed to
+get node info ...", 30 s after the raylet died as Ray started); and absl's failure-signal report ("*** SIGABRT received at time=... ***", its PC
 and stack frames) when Ray's teardown aborts. Such lines came before megarl's one line. The
 supervisor (megarl/driver_supervisor.py) gives the driver a pipe as its stderr and relays it: those
 lines go to the command's log file instead (the one the driver reported: launch's and sft's
@@ -27,6 +28,13 @@ import threading
 RAY_LINE = re.compile(rb"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [DIWEFC] \d+ \d+\] \S+:\d+: ")
 ABSL_LINE = re.compile(rb"\*\*\* SIG[A-Z]+ received at time=\d+|PC: @ |    @ +0x[0-9a-f]+ ")
 RAY_START = b"[0000-00-00 00:00:00,000 L"  # the fixed-width start of Ray's line: 0 a digit, L its level
+# Ray's Python logger's line (its own format: "<date> <time>,<ms>\tLEVEL file.py:line -- msg"), as
+# "INFO node.py:438 -- Failed to get node info b'GCS cannot find the node ...'" when the raylet died
+# as Ray started. Ray's word on what it started ("Started a local Ray instance", or a cluster it
+# joined) stays on the terminal: it is what tells a local Ray from an attached one.
+RAY_PY_LINE = re.compile(rb"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}\s+(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \S+\.py:\d+ -- ")
+RAY_PY_START = b"0000-00-00 00:00:00,000"
+RAY_PY_KEPT = (b"-- Started a local Ray instance", b"-- Connected to Ray cluster")
 ABSL_STARTS = (b"*** SIG", b"PC: @ ", b"    @ ")
 HOLD_S = 0.1  # how long a partial line that may be Ray's waits for more before it is passed on
 JOIN_TIMEOUT_S = 5.0  # a process that kept the pipe open (none should, once the driver's tree is ended)
@@ -98,7 +106,7 @@ class StderrRelay:
     def _pass(self, data: bytes) -> None:
         if self._stopped.is_set():  # the supervisor's line may be printing
             return
-        if self.log_file and (RAY_LINE.match(data) or ABSL_LINE.match(data)) and _appended(self.log_file, data):
+        if self.log_file and is_ray_s(data) and _appended(self.log_file, data):
             return
         try:
             while data:
@@ -107,13 +115,21 @@ class StderrRelay:
             pass
 
 
+def is_ray_s(line: bytes) -> bool:
+    """Whether ``line`` is one of Ray's (its C++ log's, its Python logger's but for what it started)
+    or absl's: for the log file."""
+    if RAY_PY_LINE.match(line):
+        return not any(kept in line for kept in RAY_PY_KEPT)
+    return bool(RAY_LINE.match(line) or ABSL_LINE.match(line))
+
+
 def may_become_ray(partial: bytes) -> bool:
     """Whether a partial line can still become one of Ray's or absl's lines: what arrived so far
     fits the start of one (a digit where Ray's date has one, its level letter)."""
     if any(partial[: len(start)] == start[: len(partial)] for start in ABSL_STARTS):
         return True
-    return all(want == got or (want == ord("0") and 0x30 <= got <= 0x39) or (want == ord("L") and got in b"DIWEFC")
-               for want, got in zip(RAY_START, partial))  # fmt: skip
+    return any(all(want == got or (want == ord("0") and 0x30 <= got <= 0x39) or (want == ord("L") and got in b"DIWEFC")
+                   for want, got in zip(start, partial)) for start in (RAY_START, RAY_PY_START))  # fmt: skip
 
 
 def _appended(path: str, data: bytes) -> bool:

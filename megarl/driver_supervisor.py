@@ -23,8 +23,8 @@ Both end with the command that resumes.
 Signals: the driver runs in a process group of its own, so every stop signal reaches it once,
 from the supervisor, however it was sent: a terminal's Ctrl-C (which reaches the foreground
 group: the supervisor's), `kill -INT <pid of megarl launch>` from a script or an orchestrator, a
-signal to the command's process group. SIGINT, SIGTERM and SIGHUP are forwarded; a second
-Ctrl-C stays a second one (it stops at once). The driver dies with the
+signal to the command's process group. SIGINT, SIGTERM, SIGHUP and SIGQUIT (Ctrl-\\, which stops
+at once) are forwarded; a second Ctrl-C stays a second one (it stops at once). The driver dies with the
 supervisor (PR_SET_PDEATHSIG, SIGKILL: a `kill -9` of `megarl launch` ends the run at once, as it
 did when that process was the driver; the embedded Ray's reaper then ends the rest).
 
@@ -47,7 +47,10 @@ from megarl.driver_stderr import StderrRelay
 from megarl.tagged_processes import DRIVER_TAG_ENV, end_tagged, new_tag
 
 SUPERVISOR_FD_ENV = "MEGARL_SUPERVISOR_FD"  # the driver's end of the pipe (set for the child only)
-FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# SIGQUIT (Ctrl-\) too: the driver stops at once on it (megarl/trainer/watchdog.py); Python's
+# default would end this process with no line (and a core), the driver then killed with it.
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+_SHOWN: dict[int, str] = {signal.SIGQUIT: "SIGQUIT (Ctrl-\\)"}  # how a stop names its signal where the name alone says too little
 USER_CODE = "a generate function, tool, interaction or dataset class"  # what a driver may run of the user's
 RAY_REPORTS_LOG = "ray_reports.log"  # Ray's reports beside a command's ranks' logs, for one without a driver.log (convert)
 WATCH_INTERVAL_S = 0.2  # how often the supervisor looks at the raylet (one /proc read): to see it die before its driver
@@ -142,7 +145,7 @@ def supervise(command: Sequence[str], *, ray: bool = True, kept: str | None = No
             return _reported_end(reports["end"], code)
         _keep_rank_logs_that_say_something(reports)
         if code < 0 and (-code in stops.passed_on or (-code == signal.SIGINT and stops.interrupted)):  # before its handlers were up
-            _say(f"stopped by {signal.Signals(-code).name} while starting; {kept or 'nothing was trained or saved'}")
+            _say(f"stopped by {_SHOWN.get(-code, signal.Signals(-code).name)} while starting; {kept or 'nothing was trained or saved'}")
             return 128 - code
         _say(silent_end_line(code, reports, child.pid, raylet_first=raylet_first, ray=ray, kept=kept, user_code=user_code))
         return 128 + stops.late[0] if stops.late else 130 if stops.interrupted else 2
@@ -234,18 +237,17 @@ def _reported_end(end: Any, code: int) -> int:
 def _keep_rank_logs_that_say_something(reports: dict[str, Any]) -> None:
     """The folder of rank logs a driver reported (``rank_logs``: `megarl convert`'s, in /tmp) and
     could not clean up as it does when it ends on its own: removed when no ``*.log`` in it holds
-    anything (its ``rank_logs`` report dropped then), else kept, for the line to name."""
+    anything beyond the ranks' own start lines (its ``rank_logs`` report dropped then), else
+    kept, for the line to name."""
     import glob
     import shutil
+
+    from megarl.rank_logs import says_something
 
     folder = reports.get("rank_logs")
     if not folder:
         return
-    try:
-        said = any(os.path.getsize(path) > 0 for path in glob.glob(os.path.join(glob.escape(folder), "*.log")))
-    except OSError:  # a log removed meanwhile: whatever is left says too little to keep
-        said = False
-    if not said:
+    if not any(says_something(path) for path in glob.glob(os.path.join(glob.escape(folder), "*.log"))):
         shutil.rmtree(folder, ignore_errors=True)
         reports.pop("rank_logs")
 

@@ -303,13 +303,22 @@ def _conversion_group(rank_cls: type, ranks: ConversionRanks, rank_args: tuple, 
             yield ConversionClient(group)
     except (KeyboardInterrupt, SystemExit):  # stopped by the user: nothing to diagnose
         raise
-    except BaseException:
-        # a rank's log that holds something: the error names it (empty ones say nothing: removed)
-        failed = any(p != progress_file and p.is_file() and p.stat().st_size > 0 for p in logs.iterdir())
+    except BaseException as exc:
+        failed = _keeps_rank_logs(logs, exc)
         raise
     finally:
         if not failed:
             shutil.rmtree(logs, ignore_errors=True)
+
+
+def _keeps_rank_logs(logs: Path, exc: BaseException) -> bool:
+    """Whether a failed conversion keeps its folder of rank logs: when the error names it (a rank
+    killed right after its start: "(log: <folder>/policy_rank0.log)", a file the user must find),
+    or a rank's log says more than its start line; else it goes (it says nothing)."""
+    from megarl.rank_logs import says_something
+
+    named = str(logs) in "\n".join(str(e) for e in (exc, exc.__cause__, exc.__context__) if e is not None)
+    return named or any(p.suffix == ".log" and says_something(p) for p in logs.iterdir())
 
 
 @contextmanager

@@ -7,8 +7,10 @@ statistics. The driver's error-listener thread (``ray._private.worker.listen_err
 started by every ray.init; no Ray setting or variable turns it off: RAY_BACKEND_LOG_LEVEL and
 log_to_driver govern other output) prints each to stdout as ``(raylet) ...``: some 45 lines
 before megarl's own ``error:`` line about the node; a driver still waiting some 15 s later also
-gets the GCS's own report of it (the node "has been marked dead"). :func:`raylet_reports_to_log`
-sends both to the command's log file instead (a warning the terminal's handler skips,
+gets the GCS's own report of it (the node "has been marked dead"). A rank killed on a live node
+(``kill -9``, the OOM killer) gets the raylet's one long line "A worker died or was killed ...",
+before megarl's own line that names the rank's death. :func:`raylet_reports_to_log` sends them
+to the command's log file instead (a warning the terminal's handler skips,
 megarl/terminal.py); every other message of the listener is printed as Ray prints it.
 """
 
@@ -28,6 +30,10 @@ RAYLET_DIED = "Raylet is terminated."  # how Ray's report begins (ray/_private/p
 # for a driver still waiting then): "The node with node id: ... has been marked dead because the
 # detector has missed too many heartbeats from it. ..." (gcs_server, published as an error).
 NODE_MARKED_DEAD = "has been marked dead because"
+# The raylet's word on one of its workers killed (a rank's `kill -9`, the OOM killer): one long line
+# ("... Worker PID: ... Worker exit type: SYSTEM_ERROR ...") before megarl's own line naming the rank's death.
+WORKER_DIED = "A worker died or was killed while executing a task by an unexpected system error"
+RAY_REPORTS = (RAYLET_DIED, NODE_MARKED_DEAD, WORKER_DIED)  # what the listener's first line holds (a start, or words within)
 
 
 @contextmanager
@@ -70,11 +76,12 @@ def _routed(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def logged_instead(data: dict[str, Any]) -> bool:
     """Log ``data`` (the listener's message: ``lines``, ``pid``) to the log file only when it is
-    a raylet's death report, its agents' or the GCS's; False (not handled) otherwise."""
+    a raylet's death report, its agents' or the GCS's, or the raylet's report of a worker's death;
+    False (not handled) otherwise."""
     lines = data.get("lines") or []
     if data.get("pid") != "raylet" or not lines:
         return False
-    if not (str(lines[0]).startswith(RAYLET_DIED) or NODE_MARKED_DEAD in str(lines[0])):
+    if not any(words in str(lines[0]) for words in RAY_REPORTS):
         return False
     log.warning("Ray reported (raylet): %s", "\n".join(str(line).rstrip("\n") for line in lines), extra=FILE_ONLY)
     return True

@@ -189,8 +189,10 @@ def raylet_end_problem(process: subprocess.Popen[Any], logs: str | None, when: s
 def raylet_died_as_ray_started(pid: int, how: str, logs: str | None, when: str = "as Ray started") -> str:
     """The one line for an embedded raylet (``pid``) that ended (``how``) while Ray started, found
     during ray.init or just after it (or ``when`` else); ``logs``: its session's log folder, when known."""
+    # Not session_latest: on a machine other Ray runs share, that link is whichever started last.
     where = (f"{os.path.join(logs, 'raylet.out')} and raylet.err" if logs else
-             "in the Ray session's folder (/tmp/ray/session_latest/logs by default: raylet.out, raylet.err)")  # fmt: skip
+             "in this run's session folder under /tmp/ray (its logs/raylet.out and raylet.err; not session_latest "
+             "when other Ray runs share the machine)")  # fmt: skip
     return (f"the Ray node under the run died {when}: its raylet (pid {pid}) {how}; check this machine "
             f"(killed processes, memory: dmesg) and the raylet's logs {where}, then run the same command again")
 
@@ -261,12 +263,31 @@ def _dead_raylet(before: set[int]) -> str | None:
     while Ray started), or None."""
     import psutil
 
-    for process in psutil.Process().children(recursive=True):
+    started = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    for process in started:
         try:
-            if process.pid not in before and process.name() == "raylet" and process.status() == psutil.STATUS_ZOMBIE:
-                return raylet_died_as_ray_started(process.pid, "ended", None)  # a zombie tells no exit code
+            if process.name() == "raylet" and process.status() == psutil.STATUS_ZOMBIE:
+                return raylet_died_as_ray_started(process.pid, "ended", _session_logs(started))  # a zombie tells no exit code
         except psutil.Error:  # gone meanwhile
             continue
+    return None
+
+
+def _session_logs(processes: list[Any]) -> str | None:
+    """The logs folder of the Ray session ``processes`` (psutil's, a Ray start's) belong to, from
+    the command line of one still running (the GCS's, an agent's: ``--session-dir=``; a dead
+    raylet's says nothing); None when none says."""
+    import psutil
+
+    for process in processes:
+        try:
+            args = process.cmdline()
+        except psutil.Error:
+            continue
+        for arg in args:
+            name, _, value = arg.partition("=")
+            if name in ("--session-dir", "--session_dir") and value:
+                return os.path.join(value, "logs")
     return None
 
 

@@ -60,6 +60,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError, Unseria
 
 from megarl.config.sections import BUILD_TIMEOUT_S
 from megarl.progress import still_waiting
+from megarl.rank_logs import START_LINE
 from megarl.ray_cluster.placement import PlacedRole, RolePlacement, place_roles
 from megarl.ray_cluster.rank_env import RANK_LOG_ENV
 from megarl.ray_cluster.ray_failures import node_view, ray_failure
@@ -161,7 +162,7 @@ class _WorkerHost:
     def construct(self, cls: type, packed: tuple[tuple, dict], env: dict[str, str]) -> None:
         args, kwargs = packed
         os.environ.update(env)
-        print(f"[megarl] rank {env.get('RANK')} pid {os.getpid()}: building {cls.__qualname__}", flush=True)
+        print(START_LINE.format(rank=env.get("RANK"), pid=os.getpid(), name=cls.__qualname__), flush=True)
         self._worker = self._guarded(cls, args, kwargs)
 
     def run(self, method: str, packed: tuple[tuple, dict]) -> Any:

@@ -14,10 +14,12 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
+from megarl.checkpoint.manager import CheckpointManager
 from megarl.config.loading import load_config
 from megarl.config.sections import MegaRLConfig
 from megarl.plan.planner import Plan, make_plan
 from megarl.progress import still_waiting
+from megarl.ray_cluster.worker_error import WorkerError
 from megarl.terminal import LogFileHandler, library_warnings_logged
 from megarl.user_code import user_output_to
 
@@ -112,6 +114,10 @@ def run(cfg: MegaRLConfig, plan, address: str | None = None, resume_command: str
                 return trainer.fit(control)  # stops in the step loop are its own (RunStopped)
             except KeyboardInterrupt:  # Ctrl-C / SIGTERM while starting (workers, restore): nothing to save
                 raise stopped() from None
+            except WorkerError as exc:
+                if trainer is not None:  # mid-run: what is kept and how to go on, as the run's other endings say
+                    add_kept_and_resume(exc, trainer.checkpoints, resume_command)
+                raise
             finally:
                 control.cleaning = True  # signals from here on wait for the shutdown
                 shutdown(trainer)
@@ -119,6 +125,15 @@ def run(cfg: MegaRLConfig, plan, address: str | None = None, resume_command: str
                     from megarl.ray_cluster.session import save_timeline
 
                     save_timeline(Path(cfg.trainer.output_dir) / "profile" / "ray_timeline.json")
+
+
+def add_kept_and_resume(exc: WorkerError, checkpoints: CheckpointManager, command: str) -> None:
+    """A rank's failure mid-run (a rank killed, its node's death) ends the run's one line with the
+    last complete checkpoint and the command that resumes (``command``), as a stop or a full disk
+    does: the rank's own line knows neither."""
+    latest = checkpoints.latest_valid(quiet=True)
+    kept = f"last checkpoint: step {latest.step} ({latest.path})" if latest else "no checkpoint yet (it starts again at step 0)"
+    exc.summary = f"{exc.summary}; {kept}; resume with: {command or 'the same command (trainer.resume=auto)'}"
 
 
 @contextmanager

@@ -43,10 +43,15 @@ from megarl.user_code import SignalInterrupt, current_wait, stop_requested
 
 log = logging.getLogger(__name__)
 
-EXIT_CODES: dict[int, int] = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}  # by number: a handler gets an int
-HANDLED_SIGNALS = tuple(EXIT_CODES)  # a first one asks the run to stop after the step
+EXIT_CODES: dict[int, int] = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129,
+                              signal.SIGQUIT: 131}  # by number: a handler gets an int  # fmt: skip
+HANDLED_SIGNALS = tuple(EXIT_CODES)  # a first one asks the run to stop after the step (SIGQUIT: at once)
+# Ctrl-\ (SIGQUIT) stops at once, as a second Ctrl-C does: Python's default would kill the driver
+# with no line (and a core), nothing of the step's end saved, Ray's processes left to the reaper.
+AT_ONCE = (signal.SIGQUIT,)
 HANG_SIGNAL = signal.SIGUSR2  # the watchdog -> the main thread (ranks use SIGUSR1 for their stacks)
-_NAMES: dict[int, str] = {signal.SIGINT: "SIGINT (Ctrl-C)", signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP (terminal closed)"}
+_NAMES: dict[int, str] = {signal.SIGINT: "SIGINT (Ctrl-C)", signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP (terminal closed)",
+                          signal.SIGQUIT: "SIGQUIT (Ctrl-\\)"}  # fmt: skip
 REPEAT_WINDOW_S = 5.0  # a SIGTERM / SIGHUP this soon after the first is the same request, not "stop at once"
 
 
@@ -130,7 +135,7 @@ class RunControl:
         if signum == signal.SIGHUP:
             _leave_hung_up_terminal()
         first = self.signal is None
-        if first:
+        if first or (signum in AT_ONCE and not self.cleaning):  # the stop line names the stop at once
             self.signal, self.signal_at = signum, time.monotonic()
         elif (signum == self.signal and signum in (signal.SIGTERM, signal.SIGHUP)
               and time.monotonic() - self.signal_at < REPEAT_WINDOW_S):
@@ -138,7 +143,7 @@ class RunControl:
         if self.cleaning:
             print("\nmegarl: shutting down, please wait", file=sys.stderr, flush=True)
             return
-        if first and self.deferred:
+        if first and self.deferred and signum not in AT_ONCE:
             stop_requested(self.signal_at)  # user code the step waits on gets STOP_GRACE_S more, not its whole timeout
             save = f" and saving {self.saves}" if self.save_on_signal else ""
             waiting = current_wait()

@@ -17,6 +17,7 @@ import pytest
 
 from megarl.driver_stderr import may_become_ray
 from megarl.driver_supervisor import supervise
+from megarl.rank_logs import START_LINE
 
 TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny_grpo.yaml"
 RESUME = "megarl launch run.yaml trainer.resume=auto"
@@ -163,6 +164,41 @@ def test_a_stop_before_the_driver_s_handlers_is_a_stop_not_an_error(tmp_path):
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 143
     assert proc.stderr.read().strip() == "stopped by SIGTERM while starting; nothing was trained or saved"
+
+
+# A driver in its step loop under megarl's real signal handling (RunControl), ending as the trainer's loop does.
+STEP_LOOP = ("from megarl.trainer.watchdog import RunControl\ncontrol = RunControl()\n"
+             "with control.handlers():\n    control.deferred = True\n    open(sys.argv[1], 'w').write(str(os.getpid()))\n"
+             "    try:\n        time.sleep(120)\n    except KeyboardInterrupt:\n"
+             "        print(f'stopped by {control.signal_name} during step 1 (abandoned); resume with: R', file=sys.stderr)\n"
+             "        s.report(end=control.exit_code)\n        sys.exit(control.exit_code)\n")  # fmt: skip
+
+
+@pytest.mark.parametrize("to", ["command", "command-group", "driver-alone"])
+def test_ctrl_backslash_stops_the_run_at_once_with_its_line(tmp_path, to):
+    """SIGQUIT (Ctrl-\\, `kill -QUIT`) to `megarl launch`, its process group or the driver alone:
+    the driver stops at once with its stop line and exit code 131 (no silent death with a core)."""
+    pid_file = tmp_path / "pid"
+    driver = [sys.executable, "-c", "import os, signal, sys, time\nfrom megarl import driver_supervisor as s\n"
+              "s.take_report_pipe()\n" + STEP_LOOP, str(pid_file)]  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-c", f"import sys; from megarl.driver_supervisor import supervise; sys.exit(supervise({driver!r}))"],
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    for _ in range(600):
+        if pid_file.exists() and pid_file.read_text():
+            break
+        time.sleep(0.1)
+    {"command": lambda: proc.send_signal(signal.SIGQUIT), "command-group": lambda: os.killpg(proc.pid, signal.SIGQUIT),
+     "driver-alone": lambda: os.kill(int(pid_file.read_text()), signal.SIGQUIT)}[to]()  # fmt: skip
+    assert proc.wait(timeout=60) == 131
+    assert proc.stderr.read().strip() == "stopped by SIGQUIT (Ctrl-\\) during step 1 (abandoned); resume with: R"
+
+
+def test_ctrl_backslash_before_the_driver_s_handlers_is_a_stop(tmp_path):
+    """SIGQUIT while the driver still has Python's default (death with a core): a stop, 131."""
+    proc, _ = _supervisor(tmp_path, "import resource\nresource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file")
+    proc.send_signal(signal.SIGQUIT)
+    assert proc.wait(timeout=60) == 131
+    assert proc.stderr.read().strip() == "stopped by SIGQUIT (Ctrl-\\) while starting; nothing was trained or saved"
 
 
 # A stand-in for an embedded raylet: the driver's child, killed with it (Ray's fate sharing).
@@ -360,15 +396,19 @@ def _running(pid: int) -> bool:
         return False
 
 
-@pytest.mark.parametrize("wrote", [True, False], ids=["a-rank-wrote", "nothing-written"])
-def test_rank_logs_a_killed_driver_leaves_are_named_or_removed(capsys, tmp_path, wrote):
+@pytest.mark.parametrize("log", ["Traceback ...\n", "", "start-line"], ids=["a-rank-wrote", "nothing-written", "start-line-only"])
+def test_rank_logs_a_killed_driver_leaves_are_named_or_removed(capsys, tmp_path, log):
     """`megarl convert`'s ranks log in a temp folder its driver removes unless a rank failed; a
     driver ended at the C level (Ray's quick exit) removes nothing: the supervisor names the
-    folder when a rank wrote something there, and removes it when no log holds anything."""
+    folder when a rank wrote something there, and removes it when no log holds anything beyond
+    the line every rank starts its log with."""
+    wrote = log.startswith("Traceback")
     logs = tmp_path / "megarl-convert-logs-x"
     logs.mkdir()
     (logs / "progress").write_text("3 10")  # rank 0's tensor count, not a log
-    (logs / "import_rank0.log").write_text("Traceback ...\n" if wrote else "")
+    start = START_LINE.format(rank=0, pid=123, name="ImportRank") + "\n"
+    (logs / "import_rank0.log").write_text(start if log == "start-line" else log)
+    (logs / "import_rank1.log").write_text(start)
     code = supervise(_driver(f"s.report(rank_logs={str(logs)!r})\nos._exit(9)"), ray=False, kept="OUT is as it was")
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1, err
@@ -403,6 +443,26 @@ def test_ray_s_c_level_lines_on_the_driver_s_stderr_go_to_its_log(capfd, tmp_pat
         assert driver_log.read_text() == RAY_CPP_LINE + ABSL_BLOCK
     else:
         assert "core_worker_process.cc:247: Failed to register worker" in err and "*** SIGABRT received" in err
+
+
+# Ray's Python logger's lines on the driver's stderr (their real words and format, a tab before the level).
+RAY_PY_LINE = "2026-11-29 20:33:14,340\tINFO node.py:438 -- Failed to get node info b'GCS cannot find the node with node ID 4f'\n"
+RAY_STARTED = "2026-11-29 20:27:58,940\tINFO worker.py:2038 -- Started a local Ray instance.\n"
+
+
+def test_ray_s_python_logger_lines_go_to_the_log_but_what_it_started(capfd, tmp_path):
+    """Ray's Python logger's line after a raylet killed as Ray started (written in two pieces, as a
+    long line may arrive) goes to the driver's log; its word that it started a local Ray stays on
+    the terminal, and so does megarl's own log line."""
+    driver_log = tmp_path / "driver.log"
+    body = (f"s.report(log={str(driver_log)!r})\ntime.sleep(0.5)\nos.write(2, {RAY_STARTED!r}.encode())\n"
+            f"os.write(2, {RAY_PY_LINE[:30]!r}.encode())\ntime.sleep(0.05)\nos.write(2, {RAY_PY_LINE[30:]!r}.encode())\n"
+            "os.write(2, b'20:33:15 INFO megarl.trainer.launch: starting\\n')\nos._exit(1)")  # fmt: skip
+    code = supervise(_driver(body), ray=False, kept="OUT is as it was")
+    err = capfd.readouterr().err
+    assert code == 2
+    assert "Failed to get node info" not in err and driver_log.read_text() == RAY_PY_LINE, err
+    assert err.startswith(RAY_STARTED + "20:33:15 INFO megarl.trainer.launch: starting\n"), err
 
 
 def test_stdout_and_stderr_into_one_file_keep_their_order(tmp_path):
@@ -477,7 +537,8 @@ def test_a_partial_line_reaches_the_terminal_without_its_end(tmp_path, partial):
 
 def test_what_may_become_ray_s_line_is_what_fits_its_start():
     assert may_become_ray(b"[") and may_become_ray(b"[2026-11-29 19:51:17,280 E 1") and may_become_ray(b"*** SIGAB")
-    assert may_become_ray(b"PC: @   ") and may_become_ray(b"    @ 0x7f")
+    assert may_become_ray(b"PC: @   ") and may_become_ray(b"    @ 0x7f") and may_become_ray(b"2026-11-29 20:33:14,3")
+    assert not may_become_ray(b"20:33:15 INFO megarl")
     assert not may_become_ray(b"[INFO] loading") and not may_become_ray(b"[2026-11-29 19:51:17,280 X")
     assert not may_become_ray(b"  50%|###") and not may_become_ray(b"Password: ") and not may_become_ray(b"*** done")
 

@@ -9,6 +9,7 @@ import socket
 import sys
 import types
 
+import pytest
 from ray.core.generated.common_pb2 import ActorDiedErrorContext
 from ray.exceptions import ActorDiedError, ObjectStoreFullError, OutOfMemoryError
 
@@ -119,3 +120,38 @@ def test_an_embedded_raylet_dead_as_ray_starts_is_refused_as_the_node_s_death(tm
     line = raylet_end_problem(raylet, str(tmp_path)) or ""
     assert line.startswith(f"the Ray node under the run died as Ray started: its raylet (pid {raylet.pid}) was killed by SIGKILL")
     assert f"{tmp_path}/raylet.out" in line and "dmesg" in line and "\n" not in line
+
+
+@pytest.mark.parametrize("gcs", [True, False], ids=["gcs-names-the-session", "nothing-names-it"])
+def test_a_raylet_dead_as_ray_init_waits_names_this_run_s_session_not_session_latest(tmp_path, gcs):
+    """The raylet killed while ray.init waits for it (a zombie child: no exit code, no command line
+    left): the line names the session folder from a live Ray process's command line (the GCS's
+    --session-dir), else this run's folder under /tmp/ray, never session_latest (another run's on
+    a shared machine). Real child processes stand for the raylet (named so) and the GCS."""
+    import subprocess
+    import time
+    from pathlib import Path
+
+    from megarl.ray_cluster.session import _dead_raylet, _descendants
+
+    before = _descendants()
+    raylet = subprocess.Popen([sys.executable, "-c", "import ctypes, os; ctypes.CDLL(None).prctl(15, b'raylet'); os._exit(0)"])
+    session = tmp_path / "session_2026-11-29_20-33-14_1"
+    others = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", f"--session-dir={session}"])] if gcs else []
+    try:
+        for _ in range(600):  # exited, not reaped: a zombie, as a killed raylet is until Ray's shutdown
+            if Path(f"/proc/{raylet.pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z":
+                break
+            time.sleep(0.05)
+        line = _dead_raylet(before) or ""
+    finally:
+        for other in others:
+            other.kill()
+            other.wait(timeout=60)
+        raylet.wait(timeout=60)
+    assert line.startswith(f"the Ray node under the run died as Ray started: its raylet (pid {raylet.pid}) ended"), line
+    assert "session_latest/logs by default" not in line
+    if gcs:
+        assert f"{session}/logs/raylet.out and raylet.err" in line, line
+    else:
+        assert "this run's session folder under /tmp/ray" in line and "not session_latest when other Ray runs" in line, line

@@ -22,8 +22,14 @@ MARKED_DEAD = {"lines": ["The node with node id: 7a8628e4ce6d and address: 192.0
                          "marked dead because the detector has missed too many heartbeats from it. This can happen when a "
                          "\t(1) raylet crashes unexpectedly (OOM, etc.) \n\t(2) raylet has lagging heartbeats due to slow "
                          "network or busy workload."], "pid": "raylet", "is_err": False}  # fmt: skip
-OTHER = {"lines": ["A worker died or was killed while executing a task by an unexpected system error."],
-         "pid": "raylet", "is_err": False}  # fmt: skip
+# The raylet's report of a rank killed on a live node (Ray 2.x's words, abridged).
+WORKER_DIED = {"lines": ["A worker died or was killed while executing a task by an unexpected system error. To troubleshoot "
+                         "the problem, check the logs for the dead worker. Lease ID: 00000000a89d Worker ID: 21f278bd Node ID: "
+                         "34a68784 Worker IP address: 192.0.2.2 Worker port: 43263 Worker PID: 14472 Worker exit type: "
+                         "SYSTEM_ERROR Worker exit detail: Worker unexpectedly exits with a connection error code 2."],
+               "pid": "raylet", "is_err": False}  # fmt: skip
+OTHER = {"lines": ["Warning: The following resource request cannot be scheduled right now: {'CPU': 8.0}. This is likely "
+                   "due to all cluster resources being claimed by actors."], "pid": "raylet", "is_err": False}  # fmt: skip
 
 
 def test_the_listener_looks_the_printer_up_when_it_prints():
@@ -40,7 +46,7 @@ def test_a_raylet_death_report_goes_to_the_log_file_only(capsys, caplog):
     assert ray_worker.print_to_stdstream is original  # Ray's printer again after the session
     out = capsys.readouterr().out
     assert "state-dump" not in out and "Raylet is terminated" not in out
-    assert "A worker died or was killed" in out  # any other message: as Ray prints it
+    assert "cannot be scheduled right now" in out  # any other message: as Ray prints it
     [record] = [r for r in caplog.records if r.name == "megarl.ray_cluster.raylet_report"]
     assert record.levelno == logging.WARNING and "[state-dump] DebugString() time ms: 7" in record.getMessage()
     assert not for_the_terminal(record)  # the driver's log file has it; the terminal's handler skips it
@@ -54,6 +60,20 @@ def test_the_gcs_s_word_that_the_node_is_dead_goes_to_the_log_file_only(capsys, 
     assert "marked dead" not in capsys.readouterr().out
     [record] = [r for r in caplog.records if r.name == "megarl.ray_cluster.raylet_report"]
     assert "has been marked dead because" in record.getMessage() and not for_the_terminal(record)
+
+
+def test_the_raylet_s_word_on_a_killed_rank_goes_to_the_log_file_only(capsys, caplog, tmp_path):
+    """A rank killed -9 (demo, sft, convert, generate): megarl's own line names its death; Ray's
+    long line about it goes to the log file (convert's: the file beside its ranks' logs)."""
+    with caplog.at_level(logging.WARNING, logger="megarl.ray_cluster.raylet_report"), raylet_reports_to_log():
+        ray_worker.print_to_stdstream(WORKER_DIED, ignore_prefix=False)
+    assert "A worker died" not in capsys.readouterr().out
+    [record] = [r for r in caplog.records if r.name == "megarl.ray_cluster.raylet_report"]
+    assert "Worker PID: 14472" in record.getMessage() and not for_the_terminal(record)
+    beside = tmp_path / "ray_reports.log"
+    with raylet_reports_to_log(beside):
+        ray_worker.print_to_stdstream(WORKER_DIED, ignore_prefix=False)
+    assert "A worker died" not in capsys.readouterr().out and "Worker PID: 14472" in beside.read_text()
 
 
 def test_a_command_without_a_log_file_gets_the_report_in_the_file_it_names(capsys, tmp_path):

@@ -64,6 +64,21 @@ def test_inside_a_step_the_first_signal_waits_and_the_second_abandons(capsys):
     assert "shutting down, please wait" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("first", [None, signal.SIGINT], ids=["alone", "after-a-ctrl-c"])
+def test_ctrl_backslash_stops_at_once_inside_a_step(capsys, first):
+    """SIGQUIT (Ctrl-\\) abandons the step at once, as a second Ctrl-C does, and the stop names it
+    (exit 131), also after a first Ctrl-C that only asked to stop after the step."""
+    control = RunControl(save_on_signal=True)
+    with control.handlers():
+        control.deferred = True
+        if first is not None:
+            deliver(first)
+        with pytest.raises(KeyboardInterrupt):
+            deliver(signal.SIGQUIT)
+    assert control.signal == signal.SIGQUIT and control.exit_code == 131 and control.signal_name == "SIGQUIT (Ctrl-\\)"
+    assert ("stopping after this step" in capsys.readouterr().err) == (first is not None)
+
+
 def test_the_first_signal_names_what_the_stop_writes(capsys):
     control = RunControl(saves="the model")  # megarl sft: a stop writes the model, not a checkpoint
     with control.handlers():
