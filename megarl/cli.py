@@ -13,6 +13,7 @@ the exit code is 1.
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import sys
 import traceback
@@ -131,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     from megarl.process_signals import forks_pass_stops_on
 
     take_report_pipe()  # `megarl launch`'s driver, started by its supervisor (megarl/driver_supervisor.py)
+    _stacks_on_request()
     if supervised():  # a stop sent to a process it forks (it carries this command line) is the driver's
         forks_pass_stops_on()
     code: object = None
@@ -146,6 +148,19 @@ def main(argv: list[str] | None = None) -> int:
         raise
     finally:  # the driver ended on its own (a quick exit of Ray's in C never gets here)
         report_to_supervisor(end=code)
+
+
+def _stacks_on_request() -> None:
+    """`kill -USR1 <pid>` makes this process write every thread's Python stack to stderr and go
+    on (Python's default for it would end the process without a word); a supervisor passes it
+    on to its driver instead (megarl/driver_supervisor.py)."""
+    import faulthandler
+    import signal
+
+    try:
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
+    except (AttributeError, RuntimeError, ValueError, io.UnsupportedOperation):  # no SIGUSR1 (Windows), no stderr fd
+        pass
 
 
 def _main(argv: list[str] | None) -> int:

@@ -50,6 +50,9 @@ SUPERVISOR_FD_ENV = "MEGARL_SUPERVISOR_FD"  # the driver's end of the pipe (set 
 # SIGQUIT (Ctrl-\) too: the driver stops at once on it (megarl/trainer/watchdog.py); Python's
 # default would end this process with no line (and a core), the driver then killed with it.
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+# `kill -USR1 <megarl>`: the driver writes every thread's Python stack to its stderr and goes on
+# (as the ranks write theirs to their logs on it); passed on, never a stop.
+STACKS_SIGNAL = signal.SIGUSR1
 _SHOWN: dict[int, str] = {signal.SIGQUIT: "SIGQUIT (Ctrl-\\)"}  # how a stop names its signal where the name alone says too little
 USER_CODE = "a generate function, tool, interaction or dataset class"  # what a driver may run of the user's
 RAY_REPORTS_LOG = "ray_reports.log"  # Ray's reports beside a command's ranks' logs, for one without a driver.log (convert)
@@ -122,6 +125,7 @@ def supervise(command: Sequence[str], *, ray: bool = True, kept: str | None = No
     # The handlers stay up until the end: a stop while the leftovers are ended and the relay drains
     # would otherwise raise KeyboardInterrupt there (a traceback, no line) or kill this process silently.
     previous = {s: signal.signal(s, stops.on_signal) for s in FORWARDED}
+    previous[STACKS_SIGNAL] = signal.signal(STACKS_SIGNAL, stops.pass_stacks_request)
     tag = new_tag()  # what every process the driver starts inherits: they are ended with it
     relay = StderrRelay()  # the driver's stderr, less Ray's C++ lines (megarl/driver_stderr.py)
     stdout, stderr = relay.child_streams()
@@ -165,6 +169,11 @@ class _Stops:
         self.pending: list[int] = []
         self.passed_on: set[int] = set()
         self.late: list[int] = []
+
+    def pass_stacks_request(self, signum: int, frame: Any) -> None:
+        """SIGUSR1: the driver writes its Python stacks (megarl/cli.py); no stop, nothing recorded."""
+        if self.child is not None and self.child.poll() is None:
+            self.child.send_signal(signum)
 
     def on_signal(self, signum: int, frame: Any) -> None:
         if signum == signal.SIGINT:

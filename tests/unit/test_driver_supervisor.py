@@ -193,6 +193,32 @@ def test_ctrl_backslash_stops_the_run_at_once_with_its_line(tmp_path, to):
     assert proc.stderr.read().strip() == "stopped by SIGQUIT (Ctrl-\\) during step 1 (abandoned); resume with: R"
 
 
+def test_sigusr1_to_the_command_makes_the_driver_write_its_stacks_and_go_on(tmp_path):
+    """`kill -USR1 <megarl launch>`: the driver's Python stacks on stderr, the run goes on (Python's
+    default for SIGUSR1 ended the supervisor, then the driver, without a word)."""
+    pid_file, done = tmp_path / "pid", tmp_path / "done"
+    body = ("from megarl.cli import _stacks_on_request\n_stacks_on_request()\n"
+            "open(sys.argv[1], 'w').write(str(os.getpid()))\n"
+            "def waiting_for_the_user():\n    deadline = time.monotonic() + 120\n"
+            "    while not os.path.exists(sys.argv[2]) and time.monotonic() < deadline:\n        time.sleep(0.05)\n"
+            "waiting_for_the_user()\ns.report(end=0)\n")  # fmt: skip
+    driver = [sys.executable, "-c", "import os, signal, sys, time\nfrom megarl import driver_supervisor as s\n"
+              "s.take_report_pipe()\n" + body, str(pid_file), str(done)]  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-c", f"import sys; from megarl.driver_supervisor import supervise; sys.exit(supervise({driver!r}))"],
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    for _ in range(600):
+        if pid_file.exists() and pid_file.read_text():
+            break
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGUSR1)
+    time.sleep(1.0)  # the stacks written, the driver still waiting
+    assert proc.poll() is None
+    done.touch()
+    assert proc.wait(timeout=60) == 0
+    err = proc.stderr.read()
+    assert "most recent call first" in err and "waiting_for_the_user" in err, err
+
+
 def test_ctrl_backslash_before_the_driver_s_handlers_is_a_stop(tmp_path):
     """SIGQUIT while the driver still has Python's default (death with a core): a stop, 131."""
     proc, _ = _supervisor(tmp_path, "import resource\nresource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file")
