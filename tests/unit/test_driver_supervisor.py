@@ -102,13 +102,19 @@ def _supervisor(tmp_path: Path, body: str) -> tuple[subprocess.Popen, Path]:
     driver wrote its pid to <tmp_path>/pid."""
     pid_file = tmp_path / "pid"
     driver = _driver(f"{body}\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(120)")
+    return _supervising(driver, pid_file), pid_file
+
+
+def _supervising(driver: list[str], pid_file: Path) -> subprocess.Popen:
+    """A supervisor process (its own process group, stderr piped) over ``driver``, once the driver
+    wrote its pid to ``pid_file``."""
     proc = subprocess.Popen([sys.executable, "-c", f"import sys; from megarl.driver_supervisor import supervise; sys.exit(supervise({driver!r}))"],
                             stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
     for _ in range(600):
         if pid_file.exists() and pid_file.read_text():
             break
         time.sleep(0.1)
-    return proc, pid_file
+    return proc
 
 
 ENDS_ON_SIGNAL = "def end(signum, frame):\n    s.report(end=128 + signum)\n    os._exit(128 + signum)\nsignal.signal(signal.SIGTERM, end)\nsignal.signal(signal.SIGINT, end)"
@@ -181,12 +187,7 @@ def test_ctrl_backslash_stops_the_run_at_once_with_its_line(tmp_path, to):
     pid_file = tmp_path / "pid"
     driver = [sys.executable, "-c", "import os, signal, sys, time\nfrom megarl import driver_supervisor as s\n"
               "s.take_report_pipe()\n" + STEP_LOOP, str(pid_file)]  # fmt: skip
-    proc = subprocess.Popen([sys.executable, "-c", f"import sys; from megarl.driver_supervisor import supervise; sys.exit(supervise({driver!r}))"],
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
-    for _ in range(600):
-        if pid_file.exists() and pid_file.read_text():
-            break
-        time.sleep(0.1)
+    proc = _supervising(driver, pid_file)
     {"command": lambda: proc.send_signal(signal.SIGQUIT), "command-group": lambda: os.killpg(proc.pid, signal.SIGQUIT),
      "driver-alone": lambda: os.kill(int(pid_file.read_text()), signal.SIGQUIT)}[to]()  # fmt: skip
     assert proc.wait(timeout=60) == 131
@@ -204,12 +205,7 @@ def test_sigusr1_to_the_command_makes_the_driver_write_its_stacks_and_go_on(tmp_
             "waiting_for_the_user()\ns.report(end=0)\n")  # fmt: skip
     driver = [sys.executable, "-c", "import os, signal, sys, time\nfrom megarl import driver_supervisor as s\n"
               "s.take_report_pipe()\n" + body, str(pid_file), str(done)]  # fmt: skip
-    proc = subprocess.Popen([sys.executable, "-c", f"import sys; from megarl.driver_supervisor import supervise; sys.exit(supervise({driver!r}))"],
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
-    for _ in range(600):
-        if pid_file.exists() and pid_file.read_text():
-            break
-        time.sleep(0.1)
+    proc = _supervising(driver, pid_file)
     proc.send_signal(signal.SIGUSR1)
     time.sleep(1.0)  # the stacks written, the driver still waiting
     assert proc.poll() is None
