@@ -106,7 +106,7 @@ def check_output_free(output: str | Path, flag: str = "--out") -> None:
     is refused in seconds. Holds nothing and creates nothing: no lock file, no holder."""
     path = Path(output).absolute()
     lock = path.parent.resolve() / f".{path.name}.megarl.lock"
-    refusal = functools.partial(_in_use, flag, output, what="command")
+    refusal = functools.partial(_in_use, flag, path, what="command")  # named as the hold names it: absolute
     if lock in _HELD:  # (a probe's close would drop this process's own hold)
         raise refusal("this process")
     try:
