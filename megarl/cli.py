@@ -151,14 +151,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _stacks_on_request() -> None:
-    """`kill -USR1 <pid>` makes this process write every thread's Python stack to stderr and go
-    on (Python's default for it would end the process without a word); a supervisor passes it
-    on to its driver instead (megarl/driver_supervisor.py)."""
+    """`kill -USR1 <pid>` (or -USR2) makes this process write every thread's Python stack to
+    stderr and go on (Python's default for them would end the process without a word); a
+    supervisor passes them on to its driver instead (megarl/driver_supervisor.py)."""
     import faulthandler
     import signal
 
     try:
-        faulthandler.register(signal.SIGUSR1, all_threads=True)
+        for signum in (signal.SIGUSR1, signal.SIGUSR2):  # (a run's SIGUSR2 handler does the same: trainer/watchdog.py)
+            faulthandler.register(signum, all_threads=True)
     except (AttributeError, RuntimeError, ValueError, io.UnsupportedOperation):  # no SIGUSR1 (Windows), no stderr fd
         pass
 

@@ -50,9 +50,9 @@ SUPERVISOR_FD_ENV = "MEGARL_SUPERVISOR_FD"  # the driver's end of the pipe (set 
 # SIGQUIT (Ctrl-\) too: the driver stops at once on it (megarl/trainer/watchdog.py); Python's
 # default would end this process with no line (and a core), the driver then killed with it.
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
-# `kill -USR1 <megarl>`: the driver writes every thread's Python stack to its stderr and goes on
+# `kill -USR1 <megarl>` (or -USR2): the driver writes every thread's Python stack to its stderr and goes on
 # (as the ranks write theirs to their logs on it); passed on, never a stop.
-STACKS_SIGNAL = signal.SIGUSR1
+STACKS_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)  # (SIGUSR2 as well: schedulers send either)
 _SHOWN: dict[int, str] = {signal.SIGQUIT: "SIGQUIT (Ctrl-\\)"}  # how a stop names its signal where the name alone says too little
 USER_CODE = "a generate function, tool, interaction or dataset class"  # what a driver may run of the user's
 RAY_REPORTS_LOG = "ray_reports.log"  # Ray's reports beside a command's ranks' logs, for one without a driver.log (convert)
@@ -125,7 +125,7 @@ def supervise(command: Sequence[str], *, ray: bool = True, kept: str | None = No
     # The handlers stay up until the end: a stop while the leftovers are ended and the relay drains
     # would otherwise raise KeyboardInterrupt there (a traceback, no line) or kill this process silently.
     previous = {s: signal.signal(s, stops.on_signal) for s in FORWARDED}
-    previous[STACKS_SIGNAL] = signal.signal(STACKS_SIGNAL, stops.pass_stacks_request)
+    previous |= {s: signal.signal(s, stops.pass_stacks_request) for s in STACKS_SIGNALS}
     tag = new_tag()  # what every process the driver starts inherits: they are ended with it
     relay = StderrRelay()  # the driver's stderr, less Ray's C++ lines (megarl/driver_stderr.py)
     stdout, stderr = relay.child_streams()

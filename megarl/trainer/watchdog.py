@@ -155,6 +155,9 @@ class RunControl:
         raise SignalInterrupt  # abandon what runs now (Ray's waits turn it into KeyboardInterrupt too)
 
     def _on_hang(self, signum: int, frame: Any) -> None:
+        if self.hang is None:  # a SIGUSR2 from outside (`kill -USR2`, a scheduler's): the stacks, as SIGUSR1's
+            faulthandler.dump_traceback(all_threads=True)
+            return
         if not self.cleaning:
             raise SignalInterrupt
 

@@ -194,9 +194,10 @@ def test_ctrl_backslash_stops_the_run_at_once_with_its_line(tmp_path, to):
     assert proc.stderr.read().strip() == "stopped by SIGQUIT (Ctrl-\\) during step 1 (abandoned); resume with: R"
 
 
-def test_sigusr1_to_the_command_makes_the_driver_write_its_stacks_and_go_on(tmp_path):
-    """`kill -USR1 <megarl launch>`: the driver's Python stacks on stderr, the run goes on (Python's
-    default for SIGUSR1 ended the supervisor, then the driver, without a word)."""
+@pytest.mark.parametrize("signum", [signal.SIGUSR1, signal.SIGUSR2], ids=["usr1", "usr2"])
+def test_sigusr1_to_the_command_makes_the_driver_write_its_stacks_and_go_on(tmp_path, signum):
+    """`kill -USR1 <megarl launch>` (or -USR2): the driver's Python stacks on stderr, the run goes
+    on (Python's default for them ended the supervisor, then the driver, without a word)."""
     pid_file, done = tmp_path / "pid", tmp_path / "done"
     body = ("from megarl.cli import _stacks_on_request\n_stacks_on_request()\n"
             "open(sys.argv[1], 'w').write(str(os.getpid()))\n"
@@ -206,7 +207,7 @@ def test_sigusr1_to_the_command_makes_the_driver_write_its_stacks_and_go_on(tmp_
     driver = [sys.executable, "-c", "import os, signal, sys, time\nfrom megarl import driver_supervisor as s\n"
               "s.take_report_pipe()\n" + body, str(pid_file), str(done)]  # fmt: skip
     proc = _supervising(driver, pid_file)
-    proc.send_signal(signal.SIGUSR1)
+    proc.send_signal(signum)
     time.sleep(1.0)  # the stacks written, the driver still waiting
     assert proc.poll() is None
     done.touch()

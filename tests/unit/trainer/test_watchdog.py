@@ -79,6 +79,17 @@ def test_ctrl_backslash_stops_at_once_inside_a_step(capsys, first):
     assert ("stopping after this step" in capsys.readouterr().err) == (first is not None)
 
 
+def test_a_sigusr2_from_outside_writes_the_stacks_and_is_no_stop(capfd):
+    """SIGUSR2 is also the watchdog's own interrupt; one from outside (no hang found) was taken for
+    it and abandoned the step as a Ctrl-C."""
+    control = RunControl(save_on_signal=True)
+    with control.handlers():
+        control.deferred = True
+        deliver(signal.SIGUSR2)  # nothing raised
+    assert not control.stop_requested and control.hang is None
+    assert "most recent call first" in capfd.readouterr().err
+
+
 def test_the_first_signal_names_what_the_stop_writes(capsys):
     control = RunControl(saves="the model")  # megarl sft: a stop writes the model, not a checkpoint
     with control.handlers():
