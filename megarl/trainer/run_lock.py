@@ -87,7 +87,7 @@ def output_lock(output: str | Path, flag: str = "--out") -> Iterator[None]:
     path = Path(output).absolute()
     made = [p for p in [path.parent, *path.parent.parents] if not os.path.lexists(p)]
     path.parent.mkdir(parents=True, exist_ok=True)
-    lock = path.parent.resolve() / f".{path.name}.megarl.lock"
+    lock = _output_lock_file(path)
     try:
         with _held(lock, flag, output, "command", remove=True):
             yield
@@ -99,13 +99,18 @@ def output_lock(output: str | Path, flag: str = "--out") -> Iterator[None]:
                 break
 
 
+def _output_lock_file(path: Path) -> Path:
+    """The lock file of the output ``path`` (absolute): beside it, in its real folder."""
+    return path.parent.resolve() / f".{path.name}.megarl.lock"
+
+
 def check_output_free(output: str | Path, flag: str = "--out") -> None:
     """Refuse now (OutputDirInUse naming the holder) when another process, or this one, holds the
     lock of ``output`` (output_lock's): the check a command makes before its slow start (the
     config, the model's checks, a driver's imports), so that a second one into the same output
     is refused in seconds. Holds nothing and creates nothing: no lock file, no holder."""
     path = Path(output).absolute()
-    lock = path.parent.resolve() / f".{path.name}.megarl.lock"
+    lock = _output_lock_file(path)
     refusal = functools.partial(_in_use, flag, path, what="command")  # named as the hold names it: absolute
     if lock in _HELD:  # (a probe's close would drop this process's own hold)
         raise refusal("this process")
