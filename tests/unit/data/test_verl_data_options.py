@@ -160,6 +160,19 @@ def test_a_class_that_does_not_fit_is_one_line(dataset_file, byte_tokenizer, nam
     assert "\n" not in str(info.value)
 
 
+def _class_finding(cfg: DataConfig, tokenizer_dir) -> object:
+    """The pre-launch check child's one finding on ``cfg``'s data.custom_cls (built and read on
+    its train files with the tokenizer at ``tokenizer_dir``)."""
+    build = {"files": [f.path for f in cfg.train_files], "field": "data.train_files", "model": str(tokenizer_dir),
+             "config": cfg.model_dump(mode="json")}  # fmt: skip
+    child = ChildChecks(None, [], cfg.custom_cls, RewardConfig().functions, build)
+    try:
+        (finding,) = child.results("data.custom_cls")
+    finally:
+        child.stop()
+    return finding
+
+
 def test_custom_cls_is_checked_before_launch(dataset_file, tmp_path):
     missing = CustomDatasetConfig(path=str(tmp_path / "nope.py"), name="X")
     checks = {"fits": CustomDatasetConfig(path=str(dataset_file), name="JsonlPrompts"), "missing file": missing,
@@ -186,13 +199,7 @@ def test_a_class_that_ends_the_check_s_process_is_named_by_the_hook_it_was_in(da
     ending = tmp_path / "ending_dataset.py"
     ending.write_text(dataset_file.read_text() + "\nimport os\n\nclass Ends(JsonlPrompts):\n" + body[hook])
     cfg = _custom(dataset_file, "Ends").model_copy(update={"custom_cls": CustomDatasetConfig(path=str(ending), name="Ends")})
-    build = {"files": [f.path for f in cfg.train_files], "field": "data.train_files", "model": str(byte_tokenizer_dir),
-             "config": cfg.model_dump(mode="json")}  # fmt: skip
-    child = ChildChecks(None, [], cfg.custom_cls, RewardConfig().functions, build)
-    try:
-        (finding,) = child.results("data.custom_cls")
-    finally:
-        child.stop()
+    finding = _class_finding(cfg, byte_tokenizer_dir)
     assert finding.field == "data.custom_cls" and "ended (exit code 0)" in finding.message, finding.message
     assert finding.message.endswith(f"os._exit or a crash in C code in its {hook}"), finding.message
     assert [h for h in ("__init__", "__len__", "__getitem__(0)", "__getitem__(1)") if f"its {h}" in finding.message] == [hook]
@@ -211,13 +218,7 @@ def test_custom_cls_is_built_and_read_before_launch(dataset_file, byte_tokenizer
     """Errors of the class's own building and reading code, found in the check's child (before Ray
     starts) with the run's words, where only its import was checked."""
     cfg = _custom(dataset_file, name)
-    build = {"files": [f.path for f in cfg.train_files], "field": "data.train_files", "model": str(byte_tokenizer_dir),
-             "config": cfg.model_dump(mode="json")}  # fmt: skip
-    child = ChildChecks(None, [], cfg.custom_cls, RewardConfig().functions, build)
-    try:
-        (finding,) = child.results("data.custom_cls")
-    finally:
-        child.stop()
+    finding = _class_finding(cfg, byte_tokenizer_dir)
     assert finding.field == "data.custom_cls"
     assert re.search(error, finding.message), finding.message
 
@@ -255,12 +256,6 @@ def test_a_slow_first_row_is_named_as_that_in_the_warning(dataset_file, byte_tok
                     "    def __getitem__(self, i):\n        time.sleep(300)\n        return super().__getitem__(i)\n")
     monkeypatch.setattr(import_check_child, "CHILD_TIMEOUT_S", 15.0)  # (the tokenizer's load comes first: seconds on a busy machine)
     cfg = _custom(dataset_file, "SlowRow").model_copy(update={"custom_cls": CustomDatasetConfig(path=str(slow), name="SlowRow")})
-    build = {"files": [f.path for f in cfg.train_files], "field": "data.train_files", "model": str(byte_tokenizer_dir),
-             "config": cfg.model_dump(mode="json")}  # fmt: skip
-    child = ChildChecks(None, [], cfg.custom_cls, RewardConfig().functions, build)
-    try:
-        (finding,) = child.results("data.custom_cls")
-    finally:
-        child.stop()
+    finding = _class_finding(cfg, byte_tokenizer_dir)
     assert (finding.level, finding.message) == ("warning", "SlowRow: reading its first rows (its __getitem__(0)) took over 15 s, "
                                                 "not checked before launch; the run builds it")
