@@ -158,7 +158,7 @@ def _stacks_on_request() -> None:
     import signal
 
     try:
-        for signum in (signal.SIGUSR1, signal.SIGUSR2):  # (a run's SIGUSR2 handler does the same: trainer/watchdog.py)
+        for signum in (signal.SIGUSR1, signal.SIGUSR2):
             faulthandler.register(signum, all_threads=True)
     except (AttributeError, RuntimeError, ValueError, io.UnsupportedOperation):  # no SIGUSR1 (Windows), no stderr fd
         pass

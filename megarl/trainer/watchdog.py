@@ -49,7 +49,9 @@ HANDLED_SIGNALS = tuple(EXIT_CODES)  # a first one asks the run to stop after th
 # Ctrl-\ (SIGQUIT) stops at once, as a second Ctrl-C does: Python's default would kill the driver
 # with no line (and a core), nothing of the step's end saved, Ray's processes left to the reaper.
 AT_ONCE = (signal.SIGQUIT,)
-HANG_SIGNAL = signal.SIGUSR2  # the watchdog -> the main thread (ranks use SIGUSR1 for their stacks)
+# The watchdog -> the main thread: a real-time signal nobody sends from outside (SIGUSR1 and SIGUSR2
+# are the user's and the scheduler's "write your stacks": megarl/cli.py), past the ones glibc keeps.
+HANG_SIGNAL: int = signal.SIGRTMIN + 4 if hasattr(signal, "SIGRTMIN") else signal.SIGUSR2
 _NAMES: dict[int, str] = {signal.SIGINT: "SIGINT (Ctrl-C)", signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP (terminal closed)",
                           signal.SIGQUIT: "SIGQUIT (Ctrl-\\)"}  # fmt: skip
 REPEAT_WINDOW_S = 5.0  # a SIGTERM / SIGHUP this soon after the first is the same request, not "stop at once"
@@ -155,10 +157,7 @@ class RunControl:
         raise SignalInterrupt  # abandon what runs now (Ray's waits turn it into KeyboardInterrupt too)
 
     def _on_hang(self, signum: int, frame: Any) -> None:
-        if self.hang is None:  # a SIGUSR2 from outside (`kill -USR2`, a scheduler's): the stacks, as SIGUSR1's
-            faulthandler.dump_traceback(all_threads=True)
-            return
-        if not self.cleaning:
+        if self.hang is not None and not self.cleaning:  # (one sent by hand, with no hang found, is no stop)
             raise SignalInterrupt
 
     def interrupt_for_hang(self, message: str) -> None:

@@ -80,12 +80,25 @@ def test_ctrl_backslash_stops_at_once_inside_a_step(capsys, first):
 
 
 def test_a_sigusr2_from_outside_writes_the_stacks_and_is_no_stop(capfd):
-    """SIGUSR2 is also the watchdog's own interrupt; one from outside (no hang found) was taken for
-    it and abandoned the step as a Ctrl-C."""
-    control = RunControl(save_on_signal=True)
-    with control.handlers():
-        control.deferred = True
-        deliver(signal.SIGUSR2)  # nothing raised
+    """SIGUSR1 / SIGUSR2 (a user's `kill -USR2`, a scheduler's warning) write the driver's stacks
+    during a run and stop nothing: the watchdog's own interrupt is a signal of its own, and one of
+    those sent by hand (no hang found) is no stop either."""
+    import faulthandler
+
+    from megarl.cli import _stacks_on_request
+    from megarl.trainer.watchdog import HANG_SIGNAL
+
+    assert HANG_SIGNAL not in (signal.SIGUSR1, signal.SIGUSR2)
+    _stacks_on_request()
+    try:
+        control = RunControl(save_on_signal=True)
+        with control.handlers():
+            control.deferred = True
+            deliver(signal.SIGUSR2)  # nothing raised
+            deliver(HANG_SIGNAL)
+    finally:
+        for signum in (signal.SIGUSR1, signal.SIGUSR2):
+            faulthandler.unregister(signum)
     assert not control.stop_requested and control.hang is None
     assert "most recent call first" in capfd.readouterr().err
 
