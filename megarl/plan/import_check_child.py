@@ -22,11 +22,12 @@ from megarl.process_signals import pid_alive
 
 CHILD_TIMEOUT_S = 120.0
 PROGRESS_EVERY_S = 5.0  # a slow import in the check: "importing reward.custom from FILE ... (N s)" this often
+SLOW_IMPORT_S = 5.0  # a reward file that takes longer to import is named in a warning (each reward worker imports it)
 log = logging.getLogger(__name__)
 
 # The child process: the user's reward module and functions never load in the driver.
 _CHILD_CODE = r"""
-import json, os, signal, sys, traceback
+import json, os, signal, sys, time, traceback
 spec = json.loads(sys.argv[1])
 try:  # killed with the driver, whatever ends it (SIGKILL included: it cannot be handled there)
     import ctypes
@@ -41,8 +42,8 @@ log = os.open(spec["log"], os.O_WRONLY | os.O_APPEND)
 os.dup2(log, 1)
 os.dup2(log, 2)
 
-def emit(check, error):
-    answers.write(json.dumps({"check": check, "error": error}) + "\n")
+def emit(check, error, seconds=None):  # seconds: how long a reward file's import took
+    answers.write(json.dumps({"check": check, "error": error, "seconds": seconds}) + "\n")
     answers.flush()
 
 def starting(check, what):
@@ -63,8 +64,9 @@ if spec.get("reward"):
         loader = importlib.util.spec_from_file_location("megarl_preflight_custom", spec["custom_module"])
         custom = importlib.util.module_from_spec(loader)
         loader.loader.exec_module(custom)
+        start = time.monotonic()
         custom.load_function(path, name)
-        emit("reward", None)
+        emit("reward", None, time.monotonic() - start)
     except BaseException as exc:
         frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == path]
         where = f" (line {frames[-1].lineno})" if frames else ""
@@ -77,8 +79,9 @@ for source, (path, name) in spec.get("reward_functions", {}).items():
         loader = importlib.util.spec_from_file_location("megarl_preflight_custom", spec["custom_module"])
         custom = importlib.util.module_from_spec(loader)
         loader.loader.exec_module(custom)
+        start = time.monotonic()
         custom.load_function(path, name, field=check)
-        emit(check, None)
+        emit(check, None, time.monotonic() - start)
     except (FileNotFoundError, AttributeError) as exc:
         emit(check, str(exc).removeprefix(check + ": "))
     except BaseException as exc:
@@ -157,6 +160,7 @@ class ChildChecks:
         }
         self.custom = custom
         self.got: dict[str, str | None] = {}
+        self.seconds: dict[str, float] = {}  # how long each reward file's import took in the child
         self._buffer = b""
         self._doing = ("", time.monotonic())  # what the child said it is importing, since when
         self._log: Path | None = None
@@ -188,7 +192,19 @@ class ChildChecks:
             return [Finding("data.custom_cls", f"{self.spec['dataset'][1]}: {doing} took over {CHILD_TIMEOUT_S:g} s, "
                             "not checked before launch; the run builds it", level="warning")]
         error = self.got[check] if check in self.got else self._no_answer()
-        return [self._finding(check, error + self._output())] if error is not None else []
+        return [self._finding(check, error + self._output())] if error is not None else self._slow_import(check)
+
+    def _slow_import(self, check: str) -> list[Finding]:
+        """A warning for a reward file that imported fine but slowly (the user would wonder why
+        the reward workers are slow to start)."""
+        seconds = self.seconds.get(check, 0.0)
+        if seconds <= SLOW_IMPORT_S:
+            return []
+        files = {f"reward.functions[{source!r}]": user[0] for source, user in self.spec["reward_functions"].items()}
+        field, path = ("reward.custom", self.spec["reward"][0]) if check == "reward" else (check, files[check])
+        return [Finding(field, f"importing {path} took {seconds:.1f} s; each reward worker imports it as it starts (not "
+                        "counted in reward.timeout_s), and again when a worker is replaced after a timeout or a death: "
+                        "move slow work out of the import if it need not be there", level="warning")]
 
     def _building_too_long(self, check: str) -> bool:
         """The dataset class imported but its build (all of data.train_files; a class may tokenize
@@ -251,6 +267,8 @@ class ChildChecks:
                     self._doing = (answer["what"], time.monotonic())
                 else:
                     got[answer["check"]] = answer["error"]
+                    if answer.get("seconds") is not None:
+                        self.seconds[answer["check"]] = answer["seconds"]
         return got
 
     def _say_waiting(self) -> None:
@@ -285,6 +303,6 @@ def reward_file_problem(custom: Any) -> str | None:
     would hang the reward workers with no word."""
     child = ChildChecks(custom, [])
     try:
-        return next((f"{f.field}: {f.message}" for f in child.results("reward")), None)
+        return next((f"{f.field}: {f.message}" for f in child.results("reward") if f.level == "error"), None)
     finally:
         child.stop()

@@ -8,6 +8,7 @@ import logging
 import os
 
 from megarl.config.sections import RewardConfig
+from megarl.rewards.registry import user_function
 
 log = logging.getLogger("megarl.rewards.scorer")
 
@@ -45,18 +46,20 @@ class HangWatch:
 def start_problem(cfg: RewardConfig, hung: bool, limit_s: float) -> str:
     """A worker hung or died in its initializer (no task runs there, so pebble says nothing useful):
     what it was loading and the fix, as one line."""
-    if cfg.custom is not None:
-        what, doing = "reward.custom", f"importing {os.path.basename(cfg.custom.path)!r}"
+    files = [cfg.custom.path] if cfg.custom is not None else _user_files(cfg) if cfg.model is None else []
+    if files:
+        what = "reward.custom" if cfg.custom is not None else "reward.functions"
+        doing = "importing " + " and ".join(repr(os.path.basename(f)) for f in files)
         fix = ("check it for work done at import (network, locks, long loops)" if hung
-               else f"import it on its own to see why: {_import_command(os.path.abspath(cfg.custom.path))}")
+               else "import it on its own to see why: " + ", ".join(_import_command(os.path.abspath(f)) for f in files))
     elif cfg.model is not None:
         what, doing = "reward.model", f"loading {cfg.model.path}"
         fix = ("check that it loads in a plain Python process" if hung
                else "check the memory that reward.workers copies of it need (a worker killed for memory dies so)")
     else:
         what, doing, fix = "reward scorers", "importing math_verify", "check the Python environment (megarl doctor)"
-    if hung:
-        return f"{what}: {doing} did not finish in {limit_s:g} s in a reward worker; {fix}"
+    if hung:  # (not the samples': reward.timeout_s starts when a loaded worker takes one)
+        return f"{what}: {doing} took more than {limit_s:g} s in a reward worker; {fix}"
     # a crash in C, os._exit or the OOM killer: no traceback to pass on
     return f"{what}: a reward worker died while {doing} before it took a sample; {fix}"
 
@@ -68,7 +71,7 @@ def break_problem(cfg: RewardConfig, loaded: int, unscored: list[tuple], limit_s
     ends its process before pebble read the worker's acknowledgement of it (which one is unknown)."""
     if not loaded:
         return start_problem(cfg, False, limit_s)
-    what = "reward.custom" if cfg.custom else "reward.model" if cfg.model else "reward scorers"
+    what = "reward.custom" if cfg.custom else "reward.model" if cfg.model else "reward.functions" if _user_files(cfg) else "reward scorers"
     cause, fix = "killed from outside (the OOM killer; see dmesg)", "check dmesg"
     if unscored:
         cause += (f" or by a sample that ends its process at once (os._exit, a crash in C), maybe one of the call's "
@@ -76,6 +79,12 @@ def break_problem(cfg: RewardConfig, loaded: int, unscored: list[tuple], limit_s
                   f"response={str(unscored[0][1])[:80]!r})")
         fix += ", then score those samples in a plain Python process"
     return f"{what}: a reward worker died after it loaded, before pebble saw it take a sample: {cause}; {fix}"
+
+
+def _user_files(cfg: RewardConfig) -> list[str]:
+    """The files of reward.functions' user functions (``file.py:function``), each once."""
+    found = [user_function(name) for name in cfg.functions.values()]
+    return sorted({f[0] for f in found if f is not None})
 
 
 def _import_command(path: str) -> str:

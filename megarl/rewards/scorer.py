@@ -25,10 +25,14 @@ marked as timeouts without running, so a step where every sample hangs ends with
 timeouts reach ``reward.max_failed_fraction`` of a call's samples, ``score`` raises
 RewardError with the function's first traceback: the run stops instead of training on zeros.
 
-A worker that hangs or dies in its initializer (importing reward.custom, loading reward.model)
-runs no task, so no task timeout covers it and pebble reports only a broken pool: the scorer
-bounds that wait itself (WORKER_START_TIMEOUT_S, MODEL_LOAD_TIMEOUT_S), then stops the workers
-and raises one RewardError naming what was loading.
+Workers import the user's files (reward.custom, reward.functions' ``file.py:function``) and load
+reward.model in their initializer, before they take a task: pebble starts a task's timeout when a
+worker takes it, so ``reward.timeout_s`` bounds the samples only, never a slow import, a
+replacement worker's (after a timeout or a death) included. A worker that hangs or dies in its
+initializer runs no task, so no task timeout covers it and pebble reports only a broken pool: the
+scorer bounds that wait itself (WORKER_START_TIMEOUT_S, MODEL_LOAD_TIMEOUT_S, or LOAD_BOUND_FACTOR
+times the longest load a worker measured, when more), then stops the workers and raises one
+RewardError naming what was loading.
 
 What runs where (the workers' side, initializer and tasks, is megarl/rewards/worker.py):
 - built-in rule scorers (registry.py): cheap ones go in chunks of samples per task (the pool's
@@ -91,6 +95,9 @@ CHUNK_SIZE = 32  # samples per task for cheap scorers
 # code that hangs at import would never start one. The driver bounds that wait itself.
 WORKER_START_TIMEOUT_S = 60.0  # reward.custom's import, math_verify's
 MODEL_LOAD_TIMEOUT_S = 600.0  # reward.model: a large model read from a slow disk takes minutes
+# A replacement worker's load may take this many times the longest one measured (a loaded machine
+# is slower than the quiet start was) before its wait counts as a hang.
+LOAD_BOUND_FACTOR = 3.0
 TRAINING_STOPS = "the run stops rather than train on zero rewards"
 # How often a wait looks at the pool itself: when it breaks, pebble fails the tasks it registered,
 # but one scheduled a moment before (not yet taken by its scheduler thread) is never finished.
@@ -227,7 +234,8 @@ class RewardScorer:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             self.log_path.touch()
         self._max_mb = cfg.output_log_max_mb  # the log's cap (megarl/output_cap.py), kept after each call and wait
-        self._spec = {"custom": custom, "model": model, "preload_math": custom is None and model is None,
+        users = sorted(n for n in self._functions.values() if registry.user_function(n)) if custom is None and model is None else []
+        self._spec = {"custom": custom, "model": model, "preload_math": custom is None and model is None, "functions": users,
                       "format_score": cfg.format_score, "log": str(self.log_path) if self.log_path else None,
                       "model_input": (cfg.model.chat_template, cfg.model.max_length) if cfg.model else None}
         self._vanished: dict[Future, int] = {}  # running tasks whose worker exited with code 0 -> its pid
@@ -235,6 +243,7 @@ class RewardScorer:
         self._progress: _CallProgress | None = None
         self._context = multiprocessing.get_context(start_method)
         self._loaded: Any = None  # the current pool's count of workers past their initializer
+        self._load_s: Any = None  # the longest a worker's initializer took, seconds (kept across pools)
         if start_method == "forkserver":  # workers replaced after a timeout start in milliseconds
             self._context.set_forkserver_preload(["megarl.rewards.scorer", "math_verify"])
         self._pool = self._new_pool()
@@ -264,6 +273,8 @@ class RewardScorer:
         with helpers_output_to(self.log_path):
             with hangup_blocked_in_children():  # multiprocessing's resource tracker, started for the Value
                 self._loaded = self._context.Value("i", 0)
+                load_s, self._load_s = self._load_s, self._context.Value("d", 0.0)
+                self._load_s.value = load_s.value if load_s is not None else 0.0
             if self._context.get_start_method() == "forkserver":
                 from multiprocessing import forkserver
 
@@ -271,7 +282,7 @@ class RewardScorer:
                     forkserver.ensure_running()
         with stop_signals_blocked_in_children():
             pool = ProcessPool(max_workers=self.cfg.workers, initializer=worker.init_worker,
-                               initargs=(self._spec, self._loaded), context=self._context)
+                               initargs=(self._spec, self._loaded, self._load_s), context=self._context)
             if not pool.active:  # (starts it)
                 raise RewardError("the reward workers' pool did not start")
         return pool
@@ -279,20 +290,22 @@ class RewardScorer:
     @property
     def _start_limit_s(self) -> float:
         # read at each wait, not fixed at construction: the module's setting when the wait starts
-        return MODEL_LOAD_TIMEOUT_S if self.cfg.model is not None else WORKER_START_TIMEOUT_S
+        base = MODEL_LOAD_TIMEOUT_S if self.cfg.model is not None else WORKER_START_TIMEOUT_S
+        return max(base, LOAD_BOUND_FACTOR * self._load_s.value)
 
     def _check_custom(self, custom: tuple[str, str]) -> None:
-        """The custom function loads in a worker within WORKER_START_TIMEOUT_S; RewardError otherwise
+        """The custom function loads in a worker within the start limit; RewardError otherwise
         (a user error: one line, wherever the scorer starts, training included)."""
-        future = self._pool.schedule(worker.check_custom, timeout=WORKER_START_TIMEOUT_S)
+        limit = self._start_limit_s
+        future = self._pool.schedule(worker.check_custom, timeout=limit)
         try:
-            self._result_within(future, WORKER_START_TIMEOUT_S)  # the whole wait: worker start, import, check
+            self._result_within(future, limit)  # the whole wait: worker start, import, check
         except Exception as exc:
             self.close()  # workers stuck in the import are killed, not left behind
             if isinstance(exc, FutureTimeout):
-                raise RewardError(start_problem(self.cfg, True, WORKER_START_TIMEOUT_S)) from exc
+                raise RewardError(start_problem(self.cfg, True, limit)) from exc
             if isinstance(exc, BrokenProcessPool):
-                raise RewardError(break_problem(self.cfg, self._loaded.value, [], WORKER_START_TIMEOUT_S)) from exc
+                raise RewardError(break_problem(self.cfg, self._loaded.value, [], limit)) from exc
             if isinstance(exc, UserExit):
                 raise RewardError(f"{self._custom_label()} {exc.what}{self._output_note(exc.output)}; a reward file must "
                                   "not end its process at import: remove that call") from None
@@ -302,15 +315,19 @@ class RewardScorer:
             ) from exc
 
     def _check_function(self, source: str, spec: str) -> None:
-        """A reward.functions user function loads in a worker: RewardError (one line) otherwise."""
-        future = self._pool.schedule(worker.check_function, args=(spec,), timeout=WORKER_START_TIMEOUT_S)
+        """A reward.functions user function loads in a worker (its initializer imports every one):
+        RewardError (one line) otherwise."""
+        limit = self._start_limit_s
+        future = self._pool.schedule(worker.check_function, args=(spec,), timeout=limit)
         try:
-            self._result_within(future, WORKER_START_TIMEOUT_S)
+            self._result_within(future, limit)
         except Exception as exc:
             self.close()
-            why = (f"importing it did not finish in {WORKER_START_TIMEOUT_S:g} s" if isinstance(exc, FutureTimeout)
-                   else f"it {exc}{self._output_note(exc.output)}" if isinstance(exc, UserExit)
-                   else f"{type(exc).__name__}: {exc}")
+            if isinstance(exc, FutureTimeout):
+                raise RewardError(start_problem(self.cfg, True, limit)) from exc
+            if isinstance(exc, BrokenProcessPool):  # a death at import: no traceback, the way to see why
+                raise RewardError(break_problem(self.cfg, self._loaded.value, [], limit)) from exc
+            why = f"it {exc}{self._output_note(exc.output)}" if isinstance(exc, UserExit) else f"{type(exc).__name__}: {exc}"
             raise RewardError(f"reward.functions[{source!r}] = {self.cfg.functions[source]!r} failed to load in a reward "
                               f"worker: {why}; fix the file or the function name") from exc
 
@@ -500,7 +517,7 @@ class RewardScorer:
             return self._wait_any_since(pending, samples, who, since)
 
     def _wait_any_since(self, pending: dict[Future, _Job], samples: list[tuple], who: str, since: float) -> set[Future]:
-        quiet_since = time.monotonic()
+        quiet_since = said = time.monotonic()
         while True:
             enforce(self.log_path, self._max_mb, "reward functions")  # (a stat) a function may print gigabytes a call
             done, _ = wait(list(pending), timeout=POOL_CHECK_S, return_when=FIRST_COMPLETED)
@@ -520,6 +537,9 @@ class RewardScorer:
                 quiet_since = time.monotonic()
             elif time.monotonic() - quiet_since >= self._start_limit_s:
                 raise self._stopped(start_problem(self.cfg, True, self._start_limit_s))
+            elif time.monotonic() - max(quiet_since, said) >= IMPORT_PROGRESS_EVERY_S:  # replacement workers loading
+                said = time.monotonic()
+                log.info("reward workers: %s ... (%.0f s, not counted in reward.timeout_s)", self._loading(), said - quiet_since)
 
     def _worker_pids(self) -> set[int]:
         """The pool's live workers (pebble's internals; another pebble: none known)."""

@@ -15,6 +15,7 @@ import contextlib
 import os
 import signal
 import sys
+import time
 import traceback
 from typing import Any
 
@@ -82,10 +83,13 @@ def _log_size() -> int:
         return 0
 
 
-def init_worker(spec: dict[str, Any], loaded: Any) -> None:
-    """Pool initializer: load the custom function / reward model once, then count the worker in
-    ``loaded`` (a shared int: the driver tells a death while loading from one after it). Never
-    raises (pebble would respawn a failing worker forever); a load error is re-raised by each task."""
+def init_worker(spec: dict[str, Any], loaded: Any, load_s: Any) -> None:
+    """Pool initializer: load the custom function / reward model / reward.functions' user files
+    once, then count the worker in ``loaded`` (a shared int: the driver tells a death while loading
+    from one after it) and keep the longest load so far in ``load_s`` (a shared double: the driver's
+    bound on a worker's start). Here, not in a task: pebble starts a task's timeout (reward.timeout_s)
+    when a worker takes it, so a slow import is never charged to a sample. Never raises (pebble
+    would respawn a failing worker forever); a load error is re-raised by each task."""
     _WORKER.clear()
     _WORKER["spec"] = spec
     _redirect_output(spec.get("log"))
@@ -98,6 +102,19 @@ def init_worker(spec: dict[str, Any], loaded: Any) -> None:
     with contextlib.suppress(OSError):
         os.setpgid(0, 0)
     unblock_stop_signals()
+    start = time.monotonic()
+    _load(spec)
+    with load_s.get_lock():
+        load_s.value = max(load_s.value, time.monotonic() - start)
+    with loaded.get_lock():
+        loaded.value += 1
+
+
+def _load(spec: dict[str, Any]) -> None:
+    """What the worker's tasks call, loaded; a load error kept for them (see init_worker)."""
+    for function in spec.get("functions", ()):
+        with contextlib.suppress(Exception):  # kept by _user_function, raised by each task of it
+            _user_function(function)
     try:
         if spec.get("custom"):
             _WORKER["custom"] = custom_fn.load_function(*spec["custom"])
@@ -111,8 +128,6 @@ def init_worker(spec: dict[str, Any], loaded: Any) -> None:
         _WORKER["load_error"] = exc
     except BaseException as exc:  # noqa: BLE001 - sys.exit at import: must not end a task as SystemExit
         _WORKER["load_error"] = _user_exit(exc, 0, 0, " while it was imported")
-    with loaded.get_lock():
-        loaded.value += 1
 
 
 def _chain_sigterm() -> None:
@@ -149,15 +164,22 @@ def check_function(spec: str) -> str:
 
 
 def _user_function(spec: str) -> Any:
-    """The user function ``path.py:function`` of reward.functions, imported once per worker."""
-    loaded = _WORKER.setdefault("functions", {})
+    """The user function ``path.py:function`` of reward.functions, imported once per worker (by
+    init_worker); its load error, kept, raised again at each call."""
+    loaded, failed = _WORKER.setdefault("functions", {}), _WORKER.setdefault("function_errors", {})
+    if spec in failed:
+        raise failed[spec]
     if spec not in loaded:
         path, name = registry.user_function(spec)  # type: ignore[misc]  # the scorer sends user functions only
         offset = _log_size()
         try:
             loaded[spec] = custom_fn.load_function(path, name, field=f"reward.functions ({spec})")
         except EXITS as exc:
-            raise _user_exit(exc, 0, offset, " while it was imported") from None
+            failed[spec] = _user_exit(exc, 0, offset, " while it was imported")
+            raise failed[spec] from None
+        except Exception as exc:
+            failed[spec] = exc
+            raise
     return loaded[spec]
 
 

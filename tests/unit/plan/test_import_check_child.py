@@ -210,3 +210,17 @@ def test_empty_logs_of_killed_drivers_are_removed_by_the_next_check(tmp_path):
     assert _problem(tmp_path, SCORE) is None
     assert not orphan.exists() and told.exists() and live.exists()
     assert sorted(p.name for p in tmp_path.glob("megarl-import-check-*")) == sorted([told.name, live.name])  # its own removed too
+
+
+def test_a_slow_import_that_works_is_a_warning_naming_the_file_and_its_time(tmp_path, monkeypatch):
+    monkeypatch.setattr(import_check_child, "SLOW_IMPORT_S", 0.5)
+    path = tmp_path / "reward.py"
+    path.write_text("import time\ntime.sleep(1)\n" + SCORE)
+    assert reward_file_problem(CustomRewardConfig(path=str(path))) is None  # a warning refuses nothing
+    child = import_check_child.ChildChecks(CustomRewardConfig(path=str(path)), [])
+    try:
+        (finding,) = child.results("reward")
+    finally:
+        child.stop()
+    assert (finding.field, finding.level) == ("reward.custom", "warning")
+    assert finding.message.startswith(f"importing {path} took ") and "not counted in reward.timeout_s" in finding.message
