@@ -154,6 +154,8 @@ def counting(total: int, label: str, unit: str, done: int = 0) -> Iterator[Calla
         with still_waiting(line, first_s=NOTE_EVERY_S, every_s=NOTE_EVERY_S, done_line=False) as notes:
 
             def log_line(n: int) -> None:
+                if not n:  # nothing new (a caller's last advance after its callback told every one): no second line
+                    return
                 state["done"] += n
                 if state["done"] >= total or notes.quiet_for() >= NOTE_FIRST_S:
                     _log.info("%s", line())

@@ -210,7 +210,7 @@ def evaluate(data: str | Path, config: str | Path | None = None, overrides: list
     return {
         "data": str(data),
         "pass_threshold": pass_threshold,
-        "reward": {"errors": result.errors, "timeouts": result.timeouts, **result.judge_counts},
+        "reward": {"errors": result.errors, "worker_deaths": result.deaths, "timeouts": result.timeouts, **result.judge_counts},
         "per_data_source": {source: _finite(values) for source, values in summary.items()},
     }
 
@@ -269,6 +269,7 @@ class Scored:
     preds: list[Any] = field(default_factory=list)
     extra: dict[str, list[float]] = field(default_factory=dict)
     errors: int = 0
+    deaths: int = 0  # of the errors, samples whose worker died (os._exit, a crash, a kill)
     timeouts: int = 0
     judge_counts: dict[str, int] = field(default_factory=dict)  # judge_errors, judge_timeouts: with reward.judge
 
@@ -352,6 +353,7 @@ def _add_part(total: Scored, part: Any, n: int) -> None:
     total.scores += part.scores
     total.preds += part.preds
     total.errors, total.timeouts = total.errors + part.errors, total.timeouts + part.timeouts
+    total.deaths += getattr(part, "deaths", 0)  # (reward.combine's result counts none apart)
     if getattr(part, "judged", False):
         total.judge_counts["judge_errors"] = total.judge_counts.get("judge_errors", 0) + part.judge_errors
         total.judge_counts["judge_timeouts"] = total.judge_counts.get("judge_timeouts", 0) + part.judge_timeouts
@@ -401,7 +403,12 @@ def format_table(summary: dict[str, Any]) -> str:
              for row in [header, *body]]  # fmt: skip
     failed = summary["reward"]
     if failed["errors"] or failed["timeouts"]:
-        lines.append(f"reward functions raised on {failed['errors']} and timed out on {failed['timeouts']} responses (scored 0)")
+        from megarl.rewards.scorer import WORKER_DIED
+
+        deaths = failed.get("worker_deaths", 0)
+        died = f", {WORKER_DIED} on {deaths}" if deaths else ""  # the scorer's words for those samples
+        lines.append(f"reward functions raised on {failed['errors'] - deaths}{died} and timed out on {failed['timeouts']} "
+                     "responses (scored 0)")
     return "\n".join(lines)
 
 

@@ -109,6 +109,7 @@ DEATHS_IN_A_ROW = 3
 PROGRESS_EVERY_S = 10.0  # a long scoring call: "reward: 512/1024 samples scored" this often
 IMPORT_PROGRESS_EVERY_S = 5.0  # the workers' start: "reward workers: importing reward.custom from FILE ... (N s)"
 LOG_QUOTE_CHARS = 300  # what of the workers' log an error line quotes
+WORKER_DIED = "the worker process died"  # how a sample whose task ended its worker is said, here and by `megarl evaluate`
 REWARD_WORKERS_LOG = "reward_workers.log"  # a run's, in <output_dir>/logs beside driver.log
 
 
@@ -127,6 +128,7 @@ class ScoreResult:
     preds: list[str | None] = field(default_factory=list)  # the functions' "pred" answers, None where not given
     errors: int = 0
     timeouts: int = 0
+    deaths: int = 0  # of the errors, samples whose task ended its worker (os._exit, a crash, a kill): WORKER_DIED
 
     def metrics(self, prefix: str = "reward/") -> dict[str, float]:
         """Means for logging: score, each extra key (NaN ignored), error and timeout counts."""
@@ -593,7 +595,7 @@ class RewardScorer:
         """A task killed its worker (os._exit, a crash in C): that sample's failure, or, the
         DEATHS_IN_A_ROW-th time in a row, a RewardError that stops the call."""
         sample = samples[job.indices[0]]
-        died = f"the worker process died (exit code {code}{', a segfault' if code == -11 else ''}) while scoring"
+        died = f"{WORKER_DIED} (exit code {code}{', a segfault' if code == -11 else ''}) while scoring"
         if watch.died(job.function) >= DEATHS_IN_A_ROW:
             raise self._stopped_by_user_code(
                 f"{job.function}: {died} {_sample_text(sample)}; {DEATHS_IN_A_ROW} samples in a row ended their worker "
@@ -691,6 +693,7 @@ class RewardScorer:
                     result.extra.setdefault(key, [math.nan] * n)[i] = value
         result.timeouts = sum(outcomes[i][0] == "timeout" for i in failed)
         result.errors = sum(outcomes[i][0] == "error" for i in failed)
+        result.deaths = sum(outcomes[i][0] == "error" and str(outcomes[i][1]).startswith(WORKER_DIED) for i in failed)
         self._check_failed_fraction(outcomes, samples)  # first: its one line says it all, no warnings before it
         log_failures("reward", outcomes, [x[0] for x in samples], [x[1] for x in samples], [x[2] for x in samples])
         return result

@@ -124,3 +124,12 @@ def test_nothing_to_say_yet_is_no_line():
     count["text"] = "megatron-to-hf: exporting: 12/290 tensors"
     notes.tick()
     assert said == ["megatron-to-hf: exporting: 12/290 tensors ... (30 s)"]
+
+
+def test_counting_on_a_pipe_says_the_last_count_once(caplog):
+    """A caller whose callback told every sample, then advances by what is left (0): one last line."""
+    with caplog.at_level(logging.INFO, logger="megarl.progress"):
+        with counting(12, "scoring", "responses") as advance:
+            advance(12)
+            advance(0)
+    assert [r.getMessage() for r in caplog.records] == ["scoring: 12/12 responses"]

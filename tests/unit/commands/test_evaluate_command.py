@@ -273,7 +273,7 @@ def test_reward_combine_scores_the_weighted_sum_and_reports_each_component(gener
         assert values["reward/mean"] == pytest.approx(values["reward/reverse_digits"] + 0.5 * values["reward/gsm8k_flexible"])
     scores = pq.read_table(tmp_path / "scored.parquet").column("scores").to_pylist()
     assert scores[1] == [1.5, 1.5]  # both components full: 1.0 + 0.5
-    assert summary["reward"] == {"errors": 0, "timeouts": 0}  # no judge: no judge counts
+    assert summary["reward"] == {"errors": 0, "worker_deaths": 0, "timeouts": 0}  # no judge: no judge counts
 
 
 def test_reward_combine_naming_no_scorer_is_refused_before_scoring(generated, tmp_path):
@@ -297,3 +297,12 @@ def test_the_sglang_judges_server_log_lies_beside_out_and_no_temporary_folder_is
     assert code != 0, capsys.readouterr()
     assert (tmp_path / "out" / "summary.judge_sglang.log").is_file()
     assert set(Path(tempfile.gettempdir()).glob("megarl-evaluate-judge-*")) == before
+
+
+def test_the_summary_says_a_worker_died_rather_than_that_the_function_raised():
+    from megarl.commands.evaluate import format_table
+
+    summary = {"per_data_source": {"all": {"reward/mean": 0.5}},
+               "reward": {"errors": 3, "worker_deaths": 2, "timeouts": 1}}
+    assert format_table(summary).splitlines()[-1] == (
+        "reward functions raised on 1, the worker process died on 2 and timed out on 1 responses (scored 0)")
