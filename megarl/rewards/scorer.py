@@ -93,7 +93,7 @@ log = logging.getLogger(__name__)
 CHUNK_SIZE = 32  # samples per task for cheap scorers
 # pebble starts a task's timeout when a worker takes it, after the worker's initializer: user
 # code that hangs at import would never start one. The driver bounds that wait itself.
-WORKER_START_TIMEOUT_S = 60.0  # reward.custom's import, math_verify's
+WORKER_START_TIMEOUT_S = 120.0  # reward.custom's import, math_verify's: as long as the pre-launch import check waits (what passes it starts)
 MODEL_LOAD_TIMEOUT_S = 600.0  # reward.model: a large model read from a slow disk takes minutes
 # A replacement worker's load may take this many times the longest one measured (a loaded machine
 # is slower than the quiet start was) before its wait counts as a hang.

@@ -2,7 +2,7 @@
 task timeout does not reach): one clear error in bounded time, and no worker left behind.
 
 Robust on a loaded machine: the start limit is shortened (SHORT_LIMIT_S) only where a start must
-time out (an import that sleeps for days); a healthy start runs under the default 60 s, and a
+time out (an import that sleeps for days); a healthy start runs under the default 120 s, and a
 worker that dies is reported by pebble, whatever the limit. The tests assert outcomes (the limit
 named in the error proves the scorer's own bound ended the wait), never elapsed times; a wait
 that does not end fails at the pytest-timeout mark."""
