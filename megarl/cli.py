@@ -40,7 +40,9 @@ exit codes:
        checkpoint, reward function, paths, a worker that raised or died); --debug adds the traceback
   130  stopped by Ctrl-C (SIGINT); 143 stopped by SIGTERM; 129 stopped by SIGHUP (the terminal
        closed: the end is in logs/driver.log); 131 stopped at once by Ctrl-\\ (SIGQUIT): the last
-       checkpoint and the resume command are printed
+       checkpoint and the resume command are printed; 128+N stopped by another signal N whose
+       default would end the command, as by SIGTERM (142: SIGALRM; SIGXCPU, SIGPWR, the
+       real-time signals): its line names the signal
 """
 
 # The project's user-facing errors, by the module that defines each (one that re-exports it may
@@ -155,10 +157,11 @@ def _stacks_on_request() -> None:
     stderr and go on (Python's default for them would end the process without a word); a
     supervisor passes them on to its driver instead (megarl/driver_supervisor.py)."""
     import faulthandler
-    import signal
+
+    from megarl.signal_kinds import STACKS_SIGNALS
 
     try:
-        for signum in (signal.SIGUSR1, signal.SIGUSR2):
+        for signum in STACKS_SIGNALS:
             faulthandler.register(signum, all_threads=True)
     except (AttributeError, RuntimeError, ValueError, io.UnsupportedOperation):  # no SIGUSR1 (Windows), no stderr fd
         pass

@@ -23,10 +23,14 @@ Both end with the command that resumes.
 Signals: the driver runs in a process group of its own, so every stop signal reaches it once,
 from the supervisor, however it was sent: a terminal's Ctrl-C (which reaches the foreground
 group: the supervisor's), `kill -INT <pid of megarl launch>` from a script or an orchestrator, a
-signal to the command's process group. SIGINT, SIGTERM, SIGHUP and SIGQUIT (Ctrl-\\, which stops
-at once) are forwarded; a second Ctrl-C stays a second one (it stops at once). The driver dies with the
-supervisor (PR_SET_PDEATHSIG, SIGKILL: a `kill -9` of `megarl launch` ends the run at once, as it
-did when that process was the driver; the embedded Ray's reaper then ends the rest).
+signal to the command's process group. SIGINT, SIGTERM, SIGHUP, SIGQUIT (Ctrl-\\, which stops
+at once) and every other signal whose default would end a process without a word (SIGALRM,
+SIGXCPU, the real-time signals: megarl/signal_kinds.py) are forwarded; a second Ctrl-C stays a
+second one (it stops at once). A driver such a stop killed before its handlers were up ends the
+start-up with one line: ``stopped by <signal> while starting``, exit code 128 + its number. The
+driver dies with the supervisor (PR_SET_PDEATHSIG, SIGKILL: a `kill -9` of `megarl launch` ends
+the run at once, as it did when that process was the driver; the embedded Ray's reaper then ends
+the rest).
 
 Leftovers: however the driver ended, the supervisor then ends every process that still carries
 the driver's tag (megarl/tagged_processes.py) before it exits: Ray's workers whose raylet was
@@ -44,15 +48,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from megarl.driver_stderr import StderrRelay
+from megarl.signal_kinds import OTHER_STOPS, STACKS_SIGNALS, STOPS, signal_name, unclaimed
 from megarl.tagged_processes import DRIVER_TAG_ENV, end_tagged, new_tag
 
 SUPERVISOR_FD_ENV = "MEGARL_SUPERVISOR_FD"  # the driver's end of the pipe (set for the child only)
-# SIGQUIT (Ctrl-\) too: the driver stops at once on it (megarl/trainer/watchdog.py); Python's
-# default would end this process with no line (and a core), the driver then killed with it.
-FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
-# `kill -USR1 <megarl>` (or -USR2): the driver writes every thread's Python stack to its stderr and goes on
-# (as the ranks write theirs to their logs on it); passed on, never a stop.
-STACKS_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)  # (SIGUSR2 as well: schedulers send either)
+# Every stop is forwarded (megarl/signal_kinds.py): SIGQUIT (Ctrl-\) too, on which the driver stops
+# at once, and OTHER_STOPS (SIGALRM, SIGXCPU, the real-time signals, ...), on which it stops as on
+# SIGTERM: Python's default would end this process with no line, the driver then killed with it.
+# `kill -USR1 <megarl>` (or -USR2, STACKS_SIGNALS): the driver writes every thread's Python stack to
+# its stderr and goes on (as the ranks write theirs to their logs on it); passed on, never a stop.
 _SHOWN: dict[int, str] = {signal.SIGQUIT: "SIGQUIT (Ctrl-\\)"}  # how a stop names its signal where the name alone says too little
 USER_CODE = "a generate function, tool, interaction or dataset class"  # what a driver may run of the user's
 RAY_REPORTS_LOG = "ray_reports.log"  # Ray's reports beside a command's ranks' logs, for one without a driver.log (convert)
@@ -124,7 +128,7 @@ def supervise(command: Sequence[str], *, ray: bool = True, kept: str | None = No
     stops = _Stops()
     # The handlers stay up until the end: a stop while the leftovers are ended and the relay drains
     # would otherwise raise KeyboardInterrupt there (a traceback, no line) or kill this process silently.
-    previous = {s: signal.signal(s, stops.on_signal) for s in FORWARDED}
+    previous = {s: signal.signal(s, stops.on_signal) for s in (*STOPS, *unclaimed(OTHER_STOPS))}
     previous |= {s: signal.signal(s, stops.pass_stacks_request) for s in STACKS_SIGNALS}
     tag = new_tag()  # what every process the driver starts inherits: they are ended with it
     relay = StderrRelay()  # the driver's stderr, less Ray's C++ lines (megarl/driver_stderr.py)
@@ -149,7 +153,7 @@ def supervise(command: Sequence[str], *, ray: bool = True, kept: str | None = No
             return _reported_end(reports["end"], code)
         _keep_rank_logs_that_say_something(reports)
         if code < 0 and (-code in stops.passed_on or (-code == signal.SIGINT and stops.interrupted)):  # before its handlers were up
-            _say(f"stopped by {_SHOWN.get(-code, signal.Signals(-code).name)} while starting; {kept or 'nothing was trained or saved'}")
+            _say(f"stopped by {_SHOWN.get(-code) or signal_name(-code)} while starting; {kept or 'nothing was trained or saved'}")
             return 128 - code
         _say(silent_end_line(code, reports, child.pid, raylet_first=raylet_first, ray=ray, kept=kept, user_code=user_code))
         return 128 + stops.late[0] if stops.late else 130 if stops.interrupted else 2
@@ -373,7 +377,7 @@ def silent_end_line(code: int, reports: dict[str, Any], pid: int, *, raylet_firs
     when its raylet went first (seen dead while the driver lived, or, for a raylet the supervisor
     could not watch, one that no longer answers), else the driver's own death. It ends with the
     command that resumes (reported by the driver), else with what is ``kept`` (a command's own)."""
-    how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+    how = f"was killed by {signal_name(-code)}" if code < 0 else f"exited with code {code}"
     resume = f"; resume with: {reports['resume']}" if reports.get("resume") else f"; {kept}" if kept else ""
     if reports.get("rank_logs"):  # kept by the supervisor only when a rank wrote something there
         resume = f"; the ranks' logs: {reports['rank_logs']}{resume}"

@@ -4,7 +4,9 @@ own shutdown, with one message that says what was saved and how to go on.
 ``RunControl`` holds the driver's signal handlers (installed in the main thread for the whole
 run). Outside the step loop a signal stops at once (KeyboardInterrupt: nothing is half done).
 Inside it the first SIGINT / SIGTERM (Slurm's preemption signal) / SIGHUP (a closed terminal, an
-ssh connection dropped: the shell passes it to its jobs) only asks to stop: the step
+ssh connection dropped: the shell passes it to its jobs) / any other signal whose default would
+end the driver without a word (SIGALRM, SIGXCPU, a real-time signal: megarl/signal_kinds.py
+``OTHER_STOPS``, a SIGTERM of its own name and exit code) only asks to stop: the step
 finishes, a checkpoint is written if ``trainer.checkpoint_on_signal`` (and the step did not
 already save one), then ``RunStopped`` ends the run; a second signal abandons the step at once,
 and so does user code (an interaction, tools, reward functions) the step waits on that does not
@@ -39,21 +41,16 @@ from typing import Any
 
 from megarl import user_code
 from megarl.progress import PROGRESS
+from megarl.signal_kinds import HANG_SIGNAL, OTHER_STOPS, STOPS, exit_code, signal_name, unclaimed
 from megarl.user_code import SignalInterrupt, current_wait, stop_requested
 
 log = logging.getLogger(__name__)
 
-EXIT_CODES: dict[int, int] = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129,
-                              signal.SIGQUIT: 131}  # by number: a handler gets an int  # fmt: skip
-HANDLED_SIGNALS = tuple(EXIT_CODES)  # a first one asks the run to stop after the step (SIGQUIT: at once)
 # Ctrl-\ (SIGQUIT) stops at once, as a second Ctrl-C does: Python's default would kill the driver
 # with no line (and a core), nothing of the step's end saved, Ray's processes left to the reaper.
 AT_ONCE = (signal.SIGQUIT,)
-# The watchdog -> the main thread: a real-time signal nobody sends from outside (SIGUSR1 and SIGUSR2
-# are the user's and the scheduler's "write your stacks": megarl/cli.py), past the ones glibc keeps.
-HANG_SIGNAL: int = signal.SIGRTMIN + 4 if hasattr(signal, "SIGRTMIN") else signal.SIGUSR2
-_NAMES: dict[int, str] = {signal.SIGINT: "SIGINT (Ctrl-C)", signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP (terminal closed)",
-                          signal.SIGQUIT: "SIGQUIT (Ctrl-\\)"}  # fmt: skip
+_NAMES: dict[int, str] = {signal.SIGINT: "SIGINT (Ctrl-C)", signal.SIGHUP: "SIGHUP (terminal closed)",
+                          signal.SIGQUIT: "SIGQUIT (Ctrl-\\)"}  # where the name alone says too little  # fmt: skip
 REPEAT_WINDOW_S = 5.0  # a SIGTERM / SIGHUP this soon after the first is the same request, not "stop at once"
 
 
@@ -76,7 +73,7 @@ class RunControl:
         self.resume_command = resume_command
         self.save_on_signal = save_on_signal
         self.saves = saves  # what a stop writes, named in the first signal's line ("the model" for megarl sft)
-        self.signal: int | None = None  # the first of HANDLED_SIGNALS received
+        self.signal: int | None = None  # the first stop signal received (STOPS, OTHER_STOPS)
         self.signal_at = 0.0  # when it came (time.monotonic())
         self.deferred = False  # inside the step loop: the first signal waits for the step's end
         self.cleaning = False  # shutting down: signals are ignored
@@ -89,11 +86,12 @@ class RunControl:
 
     @property
     def exit_code(self) -> int:
-        return EXIT_CODES.get(self.signal or signal.SIGINT, 130)
+        return exit_code(self.signal or signal.SIGINT)
 
     @property
     def signal_name(self) -> str:
-        return _NAMES.get(self.signal or signal.SIGINT, f"signal {self.signal}")
+        signum = self.signal or signal.SIGINT
+        return _NAMES.get(signum) or signal_name(signum)
 
     @contextmanager
     def handlers(self) -> Iterator[RunControl]:
@@ -101,8 +99,12 @@ class RunControl:
         if self.installed or threading.current_thread() is not threading.main_thread():
             yield self
             return
-        previous = {s: signal.getsignal(s) for s in (*HANDLED_SIGNALS, HANG_SIGNAL)}
-        for s in HANDLED_SIGNALS:
+        # OTHER_STOPS (SIGALRM, SIGXCPU, the real-time signals, ...) stop as SIGTERM does, where
+        # nothing else handles them (a library's handler, an ignore the parent chose): their
+        # default would end the driver without a word, nothing saved, Ray's processes left behind.
+        stops = (*STOPS, *unclaimed(OTHER_STOPS, owner=RunControl))
+        previous = {s: signal.getsignal(s) for s in (*stops, HANG_SIGNAL)}
+        for s in stops:
             signal.signal(s, self._on_signal)
         signal.signal(HANG_SIGNAL, self._on_hang)
         self.installed = True
@@ -118,7 +120,7 @@ class RunControl:
         """Put the handlers back after a library replaced them: ray.init installs Ray's own
         SIGTERM handler, which ends the driver at once (exit 15) instead of after the step."""
         if self.installed:
-            for s in HANDLED_SIGNALS:
+            for s in STOPS:
                 signal.signal(s, self._on_signal)
 
     def enter_starting(self, stack: ExitStack, session: AbstractContextManager[Any], stopped: Callable[[], Exception]) -> None:
@@ -151,7 +153,7 @@ class RunControl:
             waiting = current_wait()
             meanwhile = (f"; waiting at most {user_code.STOP_GRACE_S:g} s more for {waiting[0]} (waited on for {waiting[1]:.0f} s)"
                          if waiting is not None else "")
-            print(f"\nmegarl: {_NAMES.get(signum, signum)} received: stopping after this step{save}{meanwhile}; "
+            print(f"\nmegarl: {_NAMES.get(signum) or signal_name(signum)} received: stopping after this step{save}{meanwhile}; "
                   "send it again to stop at once (a SIGTERM or SIGHUP: after 5 s)", file=sys.stderr, flush=True)
             return
         raise SignalInterrupt  # abandon what runs now (Ray's waits turn it into KeyboardInterrupt too)
@@ -172,7 +174,8 @@ def run_stoppable(work: Callable[[], Any], stopped: str) -> Any:
     Ctrl-C, SIGTERM or SIGHUP stops it at once, the ``finally`` blocks and context managers on
     the way out running (Python's default SIGTERM / SIGHUP would end the process there and then:
     no line, a reward pool's workers or Ray's left to the reaper), and ends in RunStopped:
-    ``stopped by <signal> <stopped>``, with the signal's exit code (130 / 143 / 129)."""
+    ``stopped by <signal> <stopped>``, with the signal's exit code, 128 + its number (130 / 143 /
+    129; 142 for SIGALRM)."""
     control = RunControl()
     try:
         with control.handlers():

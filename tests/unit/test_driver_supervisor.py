@@ -18,6 +18,7 @@ import pytest
 from megarl.driver_stderr import may_become_ray
 from megarl.driver_supervisor import supervise
 from megarl.rank_logs import START_LINE
+from megarl.signal_kinds import signal_name
 
 TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny_grpo.yaml"
 RESUME = "megarl launch run.yaml trainer.resume=auto"
@@ -192,6 +193,47 @@ def test_ctrl_backslash_stops_the_run_at_once_with_its_line(tmp_path, to):
      "driver-alone": lambda: os.kill(int(pid_file.read_text()), signal.SIGQUIT)}[to]()  # fmt: skip
     assert proc.wait(timeout=60) == 131
     assert proc.stderr.read().strip() == "stopped by SIGQUIT (Ctrl-\\) during step 1 (abandoned); resume with: R"
+
+
+# A driver whose step loop stops after its step on a first stop signal, as the trainer's loop does.
+STOPS_AFTER_THE_STEP = ("from megarl.trainer.watchdog import RunControl\ncontrol = RunControl()\n"
+                        "with control.handlers():\n    control.deferred = True\n    open(sys.argv[1], 'w').write(str(os.getpid()))\n"
+                        "    while not control.stop_requested:\n        time.sleep(0.05)\n"
+                        "    print(f'stopped by {control.signal_name} after step 1; saved checkpoint C', file=sys.stderr)\n"
+                        "    s.report(end=control.exit_code)\n    sys.exit(control.exit_code)\n")  # fmt: skip
+OTHER_STOPS_SENT = [signal.SIGALRM, signal.SIGRTMIN + 2]  # (SIGRTMIN+2: a real-time signal, not the watchdog's own)
+
+
+@pytest.mark.parametrize("signum", OTHER_STOPS_SENT, ids=["sigalrm", "rt"])
+def test_another_terminating_signal_to_the_command_stops_the_run_after_its_step(tmp_path, signum):
+    """`kill -ALRM <pid of megarl launch>` (any signal whose default would end it without a word):
+    forwarded to the driver, which stops after its step with its line; exit code 128 + N."""
+    pid_file = tmp_path / "pid"
+    driver = [sys.executable, "-c", "import os, signal, sys, time\nfrom megarl import driver_supervisor as s\n"
+              "s.take_report_pipe()\n" + STOPS_AFTER_THE_STEP, str(pid_file)]  # fmt: skip
+    proc = _supervising(driver, pid_file)
+    proc.send_signal(signum)
+    assert proc.wait(timeout=60) == 128 + signum
+    name = signal_name(signum)
+    assert proc.stderr.read().strip().splitlines() == [
+        f"megarl: {name} received: stopping after this step and saving a checkpoint; send it again to stop at once "
+        "(a SIGTERM or SIGHUP: after 5 s)", f"stopped by {name} after step 1; saved checkpoint C"]  # fmt: skip
+
+
+@pytest.mark.parametrize("signum", OTHER_STOPS_SENT, ids=["sigalrm", "rt"])
+def test_another_terminating_signal_before_the_driver_s_handlers_ends_the_start_with_its_line(tmp_path, signum):
+    proc, _ = _supervisor(tmp_path, "")  # the driver keeps Python's defaults: the signal kills it
+    proc.send_signal(signum)
+    assert proc.wait(timeout=60) == 128 + signum
+    assert proc.stderr.read().strip() == f"stopped by {signal_name(signum)} while starting; nothing was trained or saved"
+
+
+def test_a_driver_killed_by_a_real_time_signal_from_outside_is_named(capsys):
+    """Sent to the driver alone (not through the command): its silent death, the signal named as
+    `kill -l` names it (a real-time signal has no name of its own in Python)."""
+    code = supervise(_driver("os.kill(os.getpid(), signal.SIGRTMIN + 2)"))
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "was killed by SIGRTMIN+2 without reporting an error" in err, err
 
 
 @pytest.mark.parametrize("signum", [signal.SIGUSR1, signal.SIGUSR2], ids=["usr1", "usr2"])

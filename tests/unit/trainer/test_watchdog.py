@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -101,6 +102,79 @@ def test_a_sigusr2_from_outside_writes_the_stacks_and_is_no_stop(capfd):
             faulthandler.unregister(signum)
     assert not control.stop_requested and control.hang is None
     assert "most recent call first" in capfd.readouterr().err
+
+
+# SIGALRM and a real-time signal (SIGRTMIN+2: not the watchdog's own): any signal whose default
+# would end the driver without a word is a stop as SIGTERM's, named, with exit code 128 + its number.
+OTHER_STOPS_SENT = [(signal.SIGALRM, "SIGALRM"), (signal.SIGRTMIN + 2, "SIGRTMIN+2")]
+
+
+@pytest.fixture
+def sigalrm_at_default():
+    """pytest-timeout holds SIGALRM (its deadline's), and RunControl leaves a handler set before it
+    alone: the test gets it at its default, as a megarl command has it, and pytest-timeout's back after."""
+    previous = signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    yield
+    signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.mark.parametrize(("signum", "name"), OTHER_STOPS_SENT, ids=["sigalrm", "rt"])
+def test_another_terminating_signal_is_a_stop_after_the_step_and_a_second_one_abandons(capsys, signum, name, sigalrm_at_default):
+    control = RunControl(save_on_signal=True)
+    previous = signal.getsignal(signum)
+    with control.handlers():
+        control.deferred = True
+        deliver(signum)  # would have killed this process (the test with it) without a handler
+        assert control.stop_requested and control.signal == signum
+        assert control.exit_code == 128 + signum and control.signal_name == name
+        assert f"megarl: {name} received: stopping after this step and saving a checkpoint" in capsys.readouterr().err
+        with pytest.raises(KeyboardInterrupt):
+            deliver(signum)  # a second one stops at once (no repeat window: only SIGTERM / SIGHUP have one)
+    assert control.signal == signum and signal.getsignal(signum) is previous  # put back
+
+
+def test_a_sigterm_after_a_sigalrm_stops_at_once(sigalrm_at_default):
+    control = RunControl()
+    with control.handlers():
+        control.deferred = True
+        deliver(signal.SIGALRM)
+        with pytest.raises(KeyboardInterrupt):
+            deliver(signal.SIGTERM)
+    assert control.signal_name == "SIGALRM" and control.exit_code == 142  # the stop names the first signal
+
+
+@pytest.mark.parametrize(("signum", "name"), OTHER_STOPS_SENT, ids=["sigalrm", "rt"])
+def test_a_command_without_steps_stops_at_once_on_another_terminating_signal(signum, name, sigalrm_at_default):
+    with pytest.raises(RunStopped, match=f"^stopped by {re.escape(name)} while converting$") as stopped:
+        run_stoppable(lambda: deliver(signum), "while converting")
+    assert stopped.value.exit_code == 128 + signum
+
+
+def test_a_handler_or_an_ignore_set_before_stays():
+    """A library's own handler for one of these signals (a profiler's SIGPROF) and an ignore the
+    parent chose are left as they are; the watchdog's interrupt is no stop from outside either."""
+    seen = []
+    signal.signal(signal.SIGPROF, lambda signum, frame: seen.append(signum))
+    signal.signal(signal.SIGVTALRM, signal.SIG_IGN)
+    try:
+        control = RunControl()
+        with control.handlers():
+            control.deferred = True
+            deliver(signal.SIGPROF)
+            deliver(signal.SIGVTALRM)
+        assert seen == [signal.SIGPROF] and not control.stop_requested
+    finally:
+        signal.signal(signal.SIGPROF, signal.SIG_DFL)
+        signal.signal(signal.SIGVTALRM, signal.SIG_DFL)
+
+
+def test_an_inner_run_control_takes_the_other_stops_from_an_outer_one(sigalrm_at_default):
+    outer, inner = RunControl(), RunControl()
+    with outer.handlers():
+        with inner.handlers():
+            inner.deferred = True
+            deliver(signal.SIGALRM)
+        assert inner.signal == signal.SIGALRM and outer.signal is None
 
 
 def test_the_first_signal_names_what_the_stop_writes(capsys):
