@@ -395,6 +395,7 @@ def silent_end_line(code: int, reports: dict[str, Any], pid: int, *, raylet_firs
     # A command with no log file of its own (convert, generate) has its output on the terminal only.
     log = reports.get("log")  # named once it exists: a driver killed in its checks has written none
     log = f"the driver's log: {log}" if log and os.path.exists(log) else "its output is above"
+    user_code = reports.get("user_code") or user_code  # what the driver said it was running, when it did
     causes = (f"user code in the driver ({user_code}) calling os._exit, a kill from outside, or the OOM killer" if user_code
               else "a kill from outside or the OOM killer (the command runs none of your code)")  # fmt: skip
     return f"error: the driver process (pid {pid}) {how} without reporting an error{when}: {causes} (check dmesg); {log}{resume}"

@@ -146,7 +146,7 @@ class PromptStream:
 def custom_prompt_set(cfg: DataConfig, files: list[str], field: str, tokenizer: Any, builder: PromptBuilder) -> PromptSet:
     """The rows of ``data.custom_cls`` built on ``files`` (data.train_files or data.val_files, named
     by ``field``), checked as parquet rows are and filtered as a file is (megarl/data/custom_dataset.py)."""
-    from megarl.data.custom_dataset import build_dataset, load_class
+    from megarl.data.custom_dataset import load_class
     from megarl.data.datasets import record_of_row
     from megarl.user_code import EXITS, printed_head, raised_by_code, running
 
@@ -163,8 +163,7 @@ def custom_prompt_set(cfg: DataConfig, files: list[str], field: str, tokenizer: 
         raise _ended(exc, f"{label} ({spec.path})", "while it was imported") from exc
     try:
         with running(label):  # what the class prints goes to the user-code log, not the terminal
-            dataset = build_dataset(cls, files, tokenizer, cfg.model_dump(mode="json"))
-            rows = [dataset[i] for i in range(len(dataset))]
+            rows = _read_rows(cls, f"data.custom_cls {spec.name}", files, tokenizer, cfg)
     except Exception as exc:  # the user's own code: one line with its error, the traceback chained
         raise DataError(f"{label}: building it or reading its rows failed: {type(exc).__name__}: {exc}"
                         f"{printed_head(label)}") from exc  # fmt: skip
@@ -174,6 +173,23 @@ def custom_prompt_set(cfg: DataConfig, files: list[str], field: str, tokenizer: 
         raise _ended(exc, f"{label} ({spec.path})", "while it was built or its rows read", printed_head(label)) from exc
     records = [record_of_row(label, i, row, prompt_key=cfg.prompt_key, source_key=cfg.reward_fn_key) for i, row in enumerate(rows)]
     return _filtered(records, f"{spec.path}:{spec.name}", label, builder, cfg.filter_overlong_prompts)
+
+
+def _read_rows(cls: type, name: str, files: list[str], tokenizer: Any, cfg: DataConfig) -> list[Any]:
+    """Every row of ``cls`` built on ``files``; the method running is told to a supervisor (one
+    report per method, not per row), whose line then names it if the class ends the process."""
+    from megarl.data.custom_dataset import build_dataset
+    from megarl.driver_supervisor import report
+
+    try:
+        report(user_code=f"{name}.__init__")
+        dataset = build_dataset(cls, files, tokenizer, cfg.model_dump(mode="json"))
+        report(user_code=f"{name}.__len__")
+        count = len(dataset)
+        report(user_code=f"{name}.__getitem__ (reading its {count} rows)")
+        return [dataset[i] for i in range(count)]
+    finally:
+        report(user_code=None)  # past it, the supervisor names the config's hooks again
 
 
 def _ended(exc: BaseException, what: str, when: str, printed: str = "") -> DataError:
