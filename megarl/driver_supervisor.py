@@ -19,6 +19,9 @@ the driver within a moment). Else, and always for another exit code (user code's
 or signal, the likely causes, its log): a driver that ends on its own takes its raylet with it,
 and that raylet may be seen dead before the driver can be reaped.
 Both end with the command that resumes.
+A raylet that dies inside the driver's ray.init (before its report) leaves the driver waiting 30 s
+in Ray's C code for the node: the supervisor ends it after START_GRACE_S with the line the driver
+would have given.
 
 Signals: the driver runs in a process group of its own, so every stop signal reaches it once,
 from the supervisor, however it was sent: a terminal's Ctrl-C (which reaches the foreground
@@ -61,6 +64,7 @@ _SHOWN: dict[int, str] = {signal.SIGQUIT: "SIGQUIT (Ctrl-\\)"}  # how a stop nam
 USER_CODE = "a generate function, tool, interaction or dataset class"  # what a driver may run of the user's
 RAY_REPORTS_LOG = "ray_reports.log"  # Ray's reports beside a command's ranks' logs, for one without a driver.log (convert)
 WATCH_INTERVAL_S = 0.2  # how often the supervisor looks at the raylet (one /proc read): to see it die before its driver
+START_GRACE_S = 5.0  # a driver whose raylet died inside ray.init and that has not ended after this is ended
 _report_fd: int | None = None
 _supervisor_pid: int | None = None
 
@@ -152,6 +156,9 @@ def supervise(command: Sequence[str], *, ray: bool = True, kept: str | None = No
         if "end" in reports:  # the driver's own exit code stands, whatever its teardown (or a stop during the sweep) did after
             return _reported_end(reports["end"], code)
         _keep_rank_logs_that_say_something(reports)
+        if found and found.get("stuck_in_start"):  # the line the driver would have given 30 s later
+            _say(f"error: {raylet_died_as_ray_started(found['raylet_pid'], 'died', found.get('logs'))}")
+            return 128 + stops.late[0] if stops.late else 130 if stops.interrupted else 2
         if code < 0 and (-code in stops.passed_on or (-code == signal.SIGINT and stops.interrupted)):  # before its handlers were up
             _say(f"stopped by {_SHOWN.get(-code) or signal_name(-code)} while starting; {kept or 'nothing was trained or saved'}")
             return 128 - code
@@ -227,8 +234,23 @@ def _watch(child: subprocess.Popen[bytes], fd: int, *, ray: bool = True,
             # Only an ending that Ray gives a driver for its raylet confirms the order.
             if child.poll() is not None:
                 return child.returncode, data, False, found
+            if node is None and found is not None:  # (before the driver's report: it is inside ray.init)
+                found["stuck_in_start"] = _stuck_in_start(child)
             code = child.wait()
             return code, data, ended_by_ray(code), found
+
+
+def _stuck_in_start(child: subprocess.Popen[bytes]) -> bool:
+    """Whether the driver, whose raylet died inside its ray.init, had to be ended (SIGKILL): Ray's
+    start waits 30 s for the node (in Ray's C code, where no Python handler or thread of the
+    driver's can end it); a driver Ray ends at once (its quick exit) or that gets control back
+    (its own line) ends within START_GRACE_S."""
+    try:
+        child.wait(timeout=START_GRACE_S)
+        return False
+    except subprocess.TimeoutExpired:
+        child.kill()
+        return True
 
 
 def ray_lines_file(reports: dict[str, Any]) -> str | None:
@@ -288,10 +310,25 @@ def raylet_child(pid: int) -> dict[str, Any] | None:
                     args = dict(a.partition("=")[::2] for a in f.read().decode(errors="replace").split("\0") if a.startswith("--"))
             except OSError:
                 continue
-            session = os.path.dirname(os.path.dirname(args.get("--raylet_socket_name", "")))  # <session>/sockets/raylet
+            # <session>/sockets/raylet; a raylet already dead (a zombie) has no command line left: the GCS's names it
+            session = os.path.dirname(os.path.dirname(args.get("--raylet_socket_name", ""))) or _session_dir(children)
             return {"ip": args.get("--node_ip_address", "?"), "node_id": args.get("--node_id", "?"),
                     "logs": os.path.join(session, "logs") if session else None, "raylet_pid": int(child)}  # fmt: skip
     return None
+
+
+def _session_dir(pids: list[str]) -> str:
+    """The Ray session folder one of ``pids`` names on its command line (the GCS's ``--session-dir=``), or ""."""
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = f.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        for arg in args:
+            if arg.startswith("--session-dir="):
+                return arg.partition("=")[2]
+    return ""
 
 
 RAY_QUICK_EXIT_CODE = 1  # Ray's QuickExit(), which ends a driver whose raylet is gone: _Exit(1)
@@ -369,6 +406,19 @@ def _parse_reports(data: bytes) -> dict[str, Any]:
         except (ValueError, TypeError):
             continue
     return reports
+
+
+def raylet_died_as_ray_started(pid: int, how: str, logs: str | None, when: str = "as Ray started") -> str:
+    """The one line for an embedded raylet (``pid``) that ended (``how``) while Ray started, found
+    during ray.init or just after it (or ``when`` else); ``logs``: its session's log folder, when
+    known. The driver's (megarl/ray_cluster/session.py) and, for a driver stuck in ray.init, its
+    supervisor's."""
+    # Not session_latest: on a machine other Ray runs share, that link is whichever started last.
+    where = (f"{os.path.join(logs, 'raylet.out')} and raylet.err" if logs else
+             "in this run's session folder under /tmp/ray (its logs/raylet.out and raylet.err; not session_latest "
+             "when other Ray runs share the machine)")  # fmt: skip
+    return (f"the Ray node under the run died {when}: its raylet (pid {pid}) {how}; check this machine "
+            f"(killed processes, memory: dmesg) and the raylet's logs {where}, then run the same command again")
 
 
 def silent_end_line(code: int, reports: dict[str, Any], pid: int, *, raylet_first: bool = False, ray: bool = True,

@@ -6,6 +6,7 @@ its manifest. What the command line accepts: megarl/commands/convert.py."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 import shutil
 import tempfile
@@ -24,6 +25,8 @@ from megarl.commands.model_outputs import (
 )
 from megarl.commands.outputs import OutputError
 from megarl.progress import NOTE_EVERY_S, still_waiting
+
+log = logging.getLogger(__name__)
 
 # A model conversion initialises nothing at random that it keeps (every weight is loaded), so any
 # seed does; the export's bucket size bounds rank 0's extra memory while writing.
@@ -288,14 +291,16 @@ def _where_it_runs(ranks: ConversionRanks, name: str) -> Iterator[None]:
 @contextmanager
 def _conversion_group(rank_cls: type, ranks: ConversionRanks, rank_args: tuple, progress: str) -> Iterator[Any]:
     """A ConversionClient over a group of ``rank_cls``, with a progress bar (``progress``: its
-    label) of rank 0's tensors; a Ray group's logs are kept (and named by the error) only when
-    something failed in a rank that wrote one (not when the cluster could not place the ranks;
-    a rank in this process writes to this process's output)."""
+    label) of rank 0's tensors; a Ray group's logs are named when the group starts, and kept (and
+    named by the error) only when something failed in a rank that wrote one (not when the cluster
+    could not place the ranks; a rank in this process writes to this process's output)."""
     from megarl.actors.clients import ConversionClient
     from megarl.driver_supervisor import report
 
     logs = Path(tempfile.mkdtemp(prefix="megarl-convert-logs-"))
     report(rank_logs=str(logs))  # a driver Ray ends at the C level cleans up nothing: its supervisor keeps or removes them
+    if not ranks.in_process:  # named at once: a kill -9 of the command itself leaves it, and nothing can say so then
+        log.info("the ranks' logs: %s (removed at the end unless a rank fails)", logs)
     progress_file = logs / "progress"  # rank 0 on another node writes its own: no bar then
     failed = False
     try:

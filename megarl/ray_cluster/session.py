@@ -34,6 +34,7 @@ from typing import Any
 
 import ray
 
+from megarl.driver_supervisor import raylet_died_as_ray_started
 from megarl.process_signals import stop_signals_blocked_in_children
 from megarl.progress import still_waiting
 from megarl.ray_cluster.raylet_report import raylet_reports_to_log
@@ -186,17 +187,6 @@ def raylet_end_problem(process: subprocess.Popen[Any], logs: str | None, when: s
     return raylet_died_as_ray_started(process.pid, how, logs, when)
 
 
-def raylet_died_as_ray_started(pid: int, how: str, logs: str | None, when: str = "as Ray started") -> str:
-    """The one line for an embedded raylet (``pid``) that ended (``how``) while Ray started, found
-    during ray.init or just after it (or ``when`` else); ``logs``: its session's log folder, when known."""
-    # Not session_latest: on a machine other Ray runs share, that link is whichever started last.
-    where = (f"{os.path.join(logs, 'raylet.out')} and raylet.err" if logs else
-             "in this run's session folder under /tmp/ray (its logs/raylet.out and raylet.err; not session_latest "
-             "when other Ray runs share the machine)")  # fmt: skip
-    return (f"the Ray node under the run died {when}: its raylet (pid {pid}) {how}; check this machine "
-            f"(killed processes, memory: dmesg) and the raylet's logs {where}, then run the same command again")
-
-
 def _probe(address: str) -> None:
     """ConnectionError unless the cluster ``address`` names is recorded and listening."""
     from megarl.ray_cluster.address import address_problem
@@ -267,10 +257,25 @@ def _dead_raylet(before: set[int]) -> str | None:
     for process in started:
         try:
             if process.name() == "raylet" and process.status() == psutil.STATUS_ZOMBIE:
-                return raylet_died_as_ray_started(process.pid, "ended", _session_logs(started))  # a zombie tells no exit code
+                return raylet_died_as_ray_started(process.pid, _how_it_ended(process.pid), _session_logs(started))
         except psutil.Error:  # gone meanwhile
             continue
     return None
+
+
+def _how_it_ended(pid: int) -> str:
+    """How a dead child not yet reaped ended ("was killed by SIGKILL", "exited with code 1"), read
+    without reaping it (Ray's record of the process reaps it later); "ended" where that cannot be
+    read (a grandchild, no waitid)."""
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except (OSError, AttributeError):
+        return "ended"
+    if info is None:
+        return "ended"
+    if info.si_code in (os.CLD_KILLED, os.CLD_DUMPED):
+        return f"was killed by {signal.Signals(info.si_status).name}"
+    return f"exited with code {info.si_status}"
 
 
 def _session_logs(processes: list[Any]) -> str | None:

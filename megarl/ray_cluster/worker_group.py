@@ -60,7 +60,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError, Unseria
 
 from megarl.config.sections import BUILD_TIMEOUT_S
 from megarl.progress import still_waiting
-from megarl.rank_logs import START_LINE
+from megarl.rank_logs import START_LINE, without_warnings
 from megarl.ray_cluster.placement import PlacedRole, RolePlacement, place_roles
 from megarl.ray_cluster.rank_env import RANK_LOG_ENV
 from megarl.ray_cluster.ray_failures import node_view, ray_failure
@@ -483,7 +483,8 @@ class WorkerGroup(Generic[W]):
 
     def log_tail(self, rank: int, lines: int = LOG_TAIL_LINES) -> str:
         """The last `lines` lines this group's rank wrote to its log (read on the driver's
-        filesystem)."""
+        filesystem), less the library warnings (megarl/rank_logs.py): torch's, a dozen lines
+        of them, would push out what the rank did last."""
         path = self.log_paths[rank]
         try:
             with open(path, "rb") as f:
@@ -495,7 +496,7 @@ class WorkerGroup(Generic[W]):
             if not info or info.get("hostname") == socket.gethostname():
                 return f"(no log: {exc.strerror}: {path})"
             return f"(log not readable here: {exc.strerror}; it is on {info.get('hostname')}, or use a shared log_dir)"
-        return "\n".join(text.splitlines()[-lines:])
+        return "\n".join(without_warnings(text.splitlines())[-lines:])
 
     # ---- shutdown -------------------------------------------------------------------
 

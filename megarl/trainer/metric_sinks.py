@@ -20,6 +20,8 @@ import logging
 import math
 import os
 import re
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -28,6 +30,7 @@ from megarl.config.sections import TrainerConfig
 from megarl.disk_full import disk_full_cause, writing
 from megarl.kept_files import kept_name, time_tag, write_atomically
 from megarl.plan.logger_checks import WANDB_LOGIN_FIX
+from megarl.progress import NOTE_EVERY_S
 
 log = logging.getLogger(__name__)
 
@@ -232,9 +235,15 @@ def mlflow_name(metric: str) -> str:
 
 class ConsoleSink:
     """A rich progress bar: step, reward (or the SFT loss), KL, step time; validation results
-    printed as lines."""
+    printed as lines. On stdout that is no terminal (a redirect, a pipe, Slurm's output), where a
+    rich bar shows nothing until it stops, a plain line per step instead (:class:`_StepLines`)."""
 
     def __init__(self, total_steps: int, start_step: int = 0):
+        import sys
+
+        self._lines = None if sys.stdout.isatty() else _StepLines(total_steps)
+        if self._lines is not None:
+            return
         from rich.progress import (
             BarColumn,
             MofNCompleteColumn,
@@ -253,21 +262,74 @@ class ConsoleSink:
         routed_again()  # user code's prints to their log as they are, not through the bar's console
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        parts = [f"reward {metrics['reward/mean']:.3f}" if "reward/mean" in metrics else ""]
-        failed = {label: int(metrics.get(key) or 0) for key, label in (("reward/errors", "errors"), ("reward/timeouts", "timeouts"))}
-        if any(failed.values()):  # reward functions that raised / timed out: visible at a glance
-            parts.append("[red]reward " + " ".join(f"{label} {n}" for label, n in failed.items() if n) + "[/]")
-        for key, label in (("sft/loss", "loss"), ("actor/kl", "kl"), ("time/step_s", "s/step")):
-            if key in metrics and metrics[key] is not None and not math.isnan(metrics[key]):
-                parts.append(f"{label} {metrics[key]:.3g}")
-        self._progress.update(self._task, completed=step, info="  ".join(p for p in parts if p))
-        if "val/reward/mean" in metrics:
-            self._progress.console.print(f"step {step}: validation reward {metrics['val/reward/mean']:.3f}")
-        if metrics.get("sft/val_loss") is not None:
-            self._progress.console.print(f"step {step}: held-out loss {metrics['sft/val_loss']:.4f}")
+        if self._lines is not None:
+            self._lines.log(step, metrics)
+            return
+        self._progress.update(self._task, completed=step, info=step_info(metrics, markup=True))
+        for line in validation_lines(step, metrics):
+            self._progress.console.print(line)
 
     def close(self) -> None:
-        self._progress.stop()
+        if self._lines is not None:
+            self._lines.close()
+        else:
+            self._progress.stop()
+
+
+class _StepLines:
+    """The console's progress as plain lines (no bar, no terminal codes) for stdout that is no
+    terminal: ``step 12/500  reward 0.410  kl 0.002  s/step 0.12``, for the first step, then at
+    most every NOTE_EVERY_S, and always the last (at the last step, or when the run ends before
+    it); validation results as they come."""
+
+    def __init__(self, total_steps: int, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.total, self.clock = total_steps, clock
+        self._last_said = -math.inf
+        self._unsaid: str | None = None  # the latest step's line, when it was not printed
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        line = f"step {step}/{self.total}  {step_info(metrics, markup=False)}".rstrip()
+        now = self.clock()
+        if step >= self.total or now - self._last_said >= NOTE_EVERY_S:
+            _say(line)
+            self._last_said, self._unsaid = now, None
+        else:
+            self._unsaid = line
+        for extra in validation_lines(step, metrics):
+            _say(extra)
+
+    def close(self) -> None:
+        if self._unsaid is not None:
+            _say(self._unsaid)
+            self._unsaid = None
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+def step_info(metrics: dict[str, float], *, markup: bool) -> str:
+    """What the console shows of a step: reward (and failed reward calls), the SFT loss, KL, step
+    time; ``markup``: rich's colour for the failures (the bar), else plain text."""
+    parts = [f"reward {metrics['reward/mean']:.3f}" if "reward/mean" in metrics else ""]
+    failed = {label: int(metrics.get(key) or 0) for key, label in (("reward/errors", "errors"), ("reward/timeouts", "timeouts"))}
+    if any(failed.values()):  # reward functions that raised / timed out: visible at a glance
+        text = "reward " + " ".join(f"{label} {n}" for label, n in failed.items() if n)
+        parts.append(f"[red]{text}[/]" if markup else text)
+    for key, label in (("sft/loss", "loss"), ("actor/kl", "kl"), ("time/step_s", "s/step")):
+        if key in metrics and metrics[key] is not None and not math.isnan(metrics[key]):
+            parts.append(f"{label} {metrics[key]:.3g}")
+    return "  ".join(p for p in parts if p)
+
+
+def validation_lines(step: int, metrics: dict[str, float]) -> list[str]:
+    """The lines a step's validation results print as."""
+    lines = []
+    if "val/reward/mean" in metrics:
+        lines.append(f"step {step}: validation reward {metrics['val/reward/mean']:.3f}")
+    if metrics.get("sft/val_loss") is not None:
+        lines.append(f"step {step}: held-out loss {metrics['sft/val_loss']:.4f}")
+    return lines
 
 
 class MetricsLogger:

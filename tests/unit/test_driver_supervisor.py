@@ -389,6 +389,34 @@ def test_a_raylet_that_dies_as_ray_starts_is_the_node_s_death_before_the_driver_
     assert "(its raylet died first)" in err[0] and str(session / "logs" / "raylet.out") in err[0]
 
 
+def test_a_driver_stuck_in_ray_init_after_its_raylet_died_is_ended_with_the_node_s_line(capsys, tmp_path, monkeypatch):
+    """The raylet killed inside ray.init: Ray's start waits 30 s for the node in its C code, where
+    the driver can do nothing. The supervisor, which saw the raylet die before the driver's
+    report, ends the driver once START_GRACE_S passed and gives the line the driver would have
+    given then (naming the raylet and its logs), at once instead of 30 s later."""
+    from megarl import driver_supervisor
+
+    monkeypatch.setattr(driver_supervisor, "START_GRACE_S", 1.0)
+    session = tmp_path / "session_2026-11-29_12-00-00_000000_1"
+    raylet = ("import subprocess, ctypes\n"
+              "name = 'import ctypes, time; ctypes.CDLL(None).prctl(15, b\"raylet\"); time.sleep(120)'\n"
+              "raylet = subprocess.Popen([sys.executable, '-c', name, "
+              f"'--raylet_socket_name={session}/sockets/raylet', '--node_id=ab12cd34ef56aa', '--node_ip_address=127.0.0.1'], "
+              "preexec_fn=lambda: ctypes.CDLL(None).prctl(1, signal.SIGKILL))\n"
+              f"open({str(tmp_path / 'raylet.pid')!r}, 'w').write(str(raylet.pid))\n"
+              "time.sleep(1.5)\nos.kill(raylet.pid, signal.SIGKILL)\ntime.sleep(120)")  # fmt: skip
+    started = time.monotonic()
+    code = supervise(_driver(f"s.report(resume={RESUME!r})\n" + raylet))
+    assert time.monotonic() - started < 60  # not the driver's 120 s (generous: a loaded machine)
+    lines = capsys.readouterr().err.strip().splitlines()
+    pid = (tmp_path / "raylet.pid").read_text()
+    assert code == 2
+    assert len(lines) == 1, lines
+    assert lines[0] == (f"error: the Ray node under the run died as Ray started: its raylet (pid {pid}) died; check this "
+                        f"machine (killed processes, memory: dmesg) and the raylet's logs {session / 'logs' / 'raylet.out'} and "
+                        "raylet.err, then run the same command again")  # fmt: skip
+
+
 def test_an_attached_driver_s_children_are_not_searched_for_a_raylet_after_its_report(capsys, tmp_path):
     """A driver attached to a cluster (--address) reports a raylet that is not its child (no pid,
     an address that answers); the supervisor stops looking among its children then. A child

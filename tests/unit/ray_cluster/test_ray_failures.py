@@ -124,8 +124,8 @@ def test_an_embedded_raylet_dead_as_ray_starts_is_refused_as_the_node_s_death(tm
 
 @pytest.mark.parametrize("gcs", [True, False], ids=["gcs-names-the-session", "nothing-names-it"])
 def test_a_raylet_dead_as_ray_init_waits_names_this_run_s_session_not_session_latest(tmp_path, gcs):
-    """The raylet killed while ray.init waits for it (a zombie child: no exit code, no command line
-    left): the line names the session folder from a live Ray process's command line (the GCS's
+    """The raylet killed while ray.init waits for it (a zombie child: its exit code read without
+    reaping it, no command line left): the line names the session folder from a live Ray process's command line (the GCS's
     --session-dir), else this run's folder under /tmp/ray, never session_latest (another run's on
     a shared machine). Real child processes stand for the raylet (named so) and the GCS."""
     import subprocess
@@ -149,7 +149,7 @@ def test_a_raylet_dead_as_ray_init_waits_names_this_run_s_session_not_session_la
             other.kill()
             other.wait(timeout=60)
         raylet.wait(timeout=60)
-    assert line.startswith(f"the Ray node under the run died as Ray started: its raylet (pid {raylet.pid}) ended"), line
+    assert line.startswith(f"the Ray node under the run died as Ray started: its raylet (pid {raylet.pid}) exited with code 0"), line
     assert "session_latest/logs by default" not in line
     if gcs:
         assert f"{session}/logs/raylet.out and raylet.err" in line, line

@@ -205,7 +205,13 @@ def test_wandb_resumes_the_same_run_id(tmp_path, monkeypatch):
     assert all(kw["resume"] == "allow" for kw in fake.inits)
 
 
-def test_the_progress_bar_shows_reward_failures():
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_the_progress_bar_shows_reward_failures(monkeypatch):
+    monkeypatch.setattr(sys, "stdout", _Terminal())  # the bar is for a terminal only
     sink = ConsoleSink(total_steps=3)
     sink._progress.console.file = io.StringIO()
     sink.log(1, {"reward/mean": 0.0, "reward/errors": 4.0, "reward/timeouts": 2.0})
