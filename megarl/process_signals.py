@@ -9,6 +9,13 @@ and the reward workers with the forkserver and multiprocessing's resource tracke
 is inherited across fork and exec, as Ray blocks SIGINT in its processes); a process that must
 stop on a plain SIGTERM again (an SGLang server, a reward worker, which pebble stops with one)
 unblocks them itself.
+
+Only SIGTERM and SIGHUP are shielded so. The other stops the driver takes (SIGALRM, SIGXCPU, the
+real-time signals: megarl/signal_kinds.py) are not blocked in these processes: a blocked signal
+stays blocked in every process they start, Ray's workers included, which run user code and
+unblock nothing, where it would silently disable a ``signal.alarm`` timeout (common in reward
+and answer-checking code) or a sampling profiler's SIGPROF. Such a signal sent to the whole
+process group ends Ray's processes as their default has it.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGHUP}  # (SIGINT: Ray blocks it itself, reward workers ignore it)
@@ -80,11 +87,23 @@ def die_with_parent(parent: int) -> None:
 _fork_hook: list[bool] = []  # registered once per process; [True] in a child forked by the main thread in scope
 _in_scope: list[bool] = []  # [True] while forks_die_with_this_process's block runs
 _pass_stops_on: list[bool] = []  # [True]: this process is a driver (forks_pass_stops_on)
+_driver_stops: list[tuple[int, ...]] = []  # the signals the driver's handlers take as stops now, innermost last
 
 
 def forks_pass_stops_on() -> None:
-    """In a driver: the children forks_die_with_this_process covers pass SIGTERM and SIGHUP on to it."""
+    """In a driver: the children forks_die_with_this_process covers pass its stops on to it."""
     _pass_stops_on[:] = [True]
+
+
+@contextmanager
+def stops_handled(signals: Iterable[int]) -> Iterator[None]:
+    """While the block runs, ``signals`` are the driver's stops (megarl/trainer/watchdog.py
+    RunControl): the ones a child forked under forks_die_with_this_process passes on."""
+    _driver_stops.append(tuple(signals))
+    try:
+        yield
+    finally:
+        _driver_stops.pop()
 
 
 @contextmanager
@@ -100,11 +119,14 @@ def forks_die_with_this_process() -> Iterator[None]:
     thread ends, not the process). A stop sent to a child while it is being forked, before its
     after-fork setup ran, is lost: signal it once it has reported that it runs.
 
-    In a driver (forks_pass_stops_on), such a child passes SIGTERM and SIGHUP on to this process:
-    it carries the driver's command line, so ``pgrep -f`` finds it as well, and the driver's
-    handler it inherited would announce a stop in a process that cannot act on it. Repeats of
-    those two within seconds count as one stop (megarl/trainer/watchdog.py), so a signal that
-    reached both is not doubled."""
+    In a driver (forks_pass_stops_on), such a child passes every stop the driver's handlers take
+    (stops_handled: SIGTERM, SIGHUP, SIGALRM, the real-time signals, ...) on to this process: it
+    carries the driver's command line, so ``pgrep -f`` finds it as well, and the driver's handler
+    it inherited would announce a stop in a process that cannot act on it (and, after a first
+    stop, abort the child's write). Repeats of one within seconds count as one stop
+    (megarl/trainer/watchdog.py), so a signal that reached both is not doubled; but a repeated
+    SIGINT stops at once, so the child ignores SIGINT (a Ctrl-C, `pkill -INT -f` reach the
+    driver as well)."""
     _register_fork_hook()
     outer = bool(_in_scope)
     _in_scope[:] = [True]
@@ -137,8 +159,8 @@ def _register_fork_hook() -> None:
         prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
         if parent == 1:  # the parent was gone before the call: nothing would kill this child
             os._exit(1)
-        if _pass_stops_on:
-            for signum in STOP_SIGNALS:
-                signal.signal(signum, lambda s, frame: os.kill(parent, s))
+        if _pass_stops_on and _driver_stops:
+            for signum in _driver_stops[-1]:
+                signal.signal(signum, signal.SIG_IGN if signum == signal.SIGINT else lambda s, frame: os.kill(parent, s))
 
     os.register_at_fork(before=before, after_in_child=after_in_child)

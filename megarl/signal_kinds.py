@@ -12,7 +12,8 @@
   SIGILL, SIGTRAP, SIGSYS, SIGABRT: faulthandler's and Ray's crash reports), and SIGKILL / SIGSTOP
   (no handler can be set).
 - ``STACKS_SIGNALS``: SIGUSR1 / SIGUSR2, "write your stacks" (megarl/cli.py), never a stop.
-- ``HANG_SIGNAL``: the watchdog's interrupt of the driver's main thread, never sent from outside.
+- ``HANG_SIGNAL``: the watchdog's interrupt of the driver's main thread (SIGRTMIN+4). Sent from
+  outside (no hang found) it is a stop like the OTHER_STOPS: ``OUTSIDE_STOPS`` is both.
 
 Every stop ends the command with exit code 128 + the signal's number, as a shell reports a
 process that signal killed.
@@ -40,6 +41,9 @@ def _other_stops() -> tuple[int, ...]:
 
 
 OTHER_STOPS: tuple[int, ...] = _other_stops()
+# What a stop from outside may be, besides STOPS: every real-time signal, the watchdog's too (where
+# it has one of its own: without SIGRTMIN it is SIGUSR2, the stacks request).
+OUTSIDE_STOPS: tuple[int, ...] = OTHER_STOPS if HANG_SIGNAL in STACKS_SIGNALS else tuple(sorted((*OTHER_STOPS, HANG_SIGNAL)))
 
 
 def exit_code(signum: int) -> int:
@@ -62,8 +66,9 @@ def signal_name(signum: int) -> str:
 def unclaimed(signals: Iterable[int], owner: type | None = None) -> list[int]:
     """Those of ``signals`` at their default action here, or handled by a method of an ``owner``
     instance (an outer one of the same kind, whose handler comes back when the inner one ends): a
-    handler a library set (in Python or in its C code) and an ignore the parent process chose
-    (`nohup`, a scheduler) are left alone."""
+    handler a library set in Python and an ignore the parent process chose (`nohup`, a scheduler)
+    are left alone. Only Python's view is read (signal.getsignal): a handler a library's C code set
+    with sigaction after the interpreter started looks like the default here and is replaced."""
     def free(handler: object) -> bool:
         return handler == signal.SIG_DFL or (owner is not None and isinstance(getattr(handler, "__self__", None), owner))
 

@@ -11,9 +11,12 @@ finishes, a checkpoint is written if ``trainer.checkpoint_on_signal`` (and the s
 already save one), then ``RunStopped`` ends the run; a second signal abandons the step at once,
 and so does user code (an interaction, tools, reward functions) the step waits on that does not
 return within STOP_GRACE_S of the stop (megarl/user_code.py ``WaitAbandoned``).
-A SIGTERM repeated within ``REPEAT_WINDOW_S`` counts as the same request: on preemption Slurm
-signals every process of the job and the batch script forwards the TERM too (launch/); so does a
-SIGHUP, which the kernel and the hung-up shell both send. After a SIGHUP the terminal is gone (a
+A stop signal repeated within ``REPEAT_WINDOW_S`` counts as the same request (all but SIGINT
+and SIGQUIT, which a person sends): on preemption Slurm signals every process of the job and the
+batch script forwards the TERM too (launch/); the kernel and the hung-up shell both send SIGHUP;
+the kernel resends SIGXCPU about once a CPU-second past the limit, and an interval timer repeats
+SIGALRM, SIGVTALRM and SIGPROF. The watchdog's own interrupt (HANG_SIGNAL) sent from outside,
+with no hang found, is a stop like those. After a SIGHUP the terminal is gone (a
 write to it fails with EIO), so stdout and stderr, where they were that terminal, go to
 /dev/null: the run ends in <output_dir>/logs/driver.log.
 While shutting down, further signals are ignored (Ray and the worker processes are cleaned up
@@ -40,8 +43,17 @@ from pathlib import Path
 from typing import Any
 
 from megarl import user_code
+from megarl.process_signals import stops_handled
 from megarl.progress import PROGRESS
-from megarl.signal_kinds import HANG_SIGNAL, OTHER_STOPS, STOPS, exit_code, signal_name, unclaimed
+from megarl.signal_kinds import (
+    HANG_SIGNAL,
+    OTHER_STOPS,
+    STACKS_SIGNALS,
+    STOPS,
+    exit_code,
+    signal_name,
+    unclaimed,
+)
 from megarl.user_code import SignalInterrupt, current_wait, stop_requested
 
 log = logging.getLogger(__name__)
@@ -51,7 +63,8 @@ log = logging.getLogger(__name__)
 AT_ONCE = (signal.SIGQUIT,)
 _NAMES: dict[int, str] = {signal.SIGINT: "SIGINT (Ctrl-C)", signal.SIGHUP: "SIGHUP (terminal closed)",
                           signal.SIGQUIT: "SIGQUIT (Ctrl-\\)"}  # where the name alone says too little  # fmt: skip
-REPEAT_WINDOW_S = 5.0  # a SIGTERM / SIGHUP this soon after the first is the same request, not "stop at once"
+REPEAT_WINDOW_S = 5.0  # a repeat this soon after the first (but a Ctrl-C's, Ctrl-\\'s) is the same request, not "stop at once"
+ONCE_MORE_AT_ONCE = (signal.SIGINT, signal.SIGQUIT)  # sent by a person: a repeat is meant, at once
 
 
 class RunStopped(Exception):
@@ -79,6 +92,7 @@ class RunControl:
         self.cleaning = False  # shutting down: signals are ignored
         self.hang: str | None = None  # the watchdog's finding
         self.installed = False
+        self._hang_lock = threading.Lock()  # installed's check and the hang interrupt, apart from putting the handlers back
 
     @property
     def stop_requested(self) -> bool:
@@ -109,16 +123,26 @@ class RunControl:
         signal.signal(HANG_SIGNAL, self._on_hang)
         self.installed = True
         try:
-            yield self
+            with stops_handled((*stops, HANG_SIGNAL)):  # what a child forked in a save passes on (megarl/process_signals.py)
+                yield self
         finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
-            self.installed = False
-            stop_requested(None)  # (a later run in this process starts with no stop asked)
+            # Not installed before a handler is put back: a watchdog thread that outlived its join
+            # would send HANG_SIGNAL to a process whose default action for it is to die.
+            try:
+                with self._hang_lock:  # (its wait may raise the interrupt sent meanwhile)
+                    self.installed = False
+            finally:
+                self.installed = False
+                for s, handler in previous.items():
+                    signal.signal(s, handler)
+                stop_requested(None)  # (a later run in this process starts with no stop asked)
 
     def reclaim(self) -> None:
         """Put the handlers back after a library replaced them: ray.init installs Ray's own
-        SIGTERM handler, which ends the driver at once (exit 15) instead of after the step."""
+        SIGTERM handler, which ends the driver at once (exit 15) instead of after the step. Only
+        the four named STOPS are taken back: Ray sets handlers for SIGINT and SIGTERM (SIGHUP and
+        SIGQUIT go with them); a handler a library set for one of the OTHER_STOPS (a profiler's
+        SIGPROF) stays the library's, as one set before the run's does."""
         if self.installed:
             for s in STOPS:
                 signal.signal(s, self._on_signal)
@@ -141,9 +165,9 @@ class RunControl:
         first = self.signal is None
         if first or (signum in AT_ONCE and not self.cleaning):  # the stop line names the stop at once
             self.signal, self.signal_at = signum, time.monotonic()
-        elif (signum == self.signal and signum in (signal.SIGTERM, signal.SIGHUP)
+        elif (signum == self.signal and signum not in ONCE_MORE_AT_ONCE
               and time.monotonic() - self.signal_at < REPEAT_WINDOW_S):
-            return  # the same stop request delivered twice (Slurm and the batch script; the kernel and the shell)
+            return  # the same request delivered twice (Slurm and the batch script; the kernel and the shell; a timer)
         if self.cleaning:
             print("\nmegarl: shutting down, please wait", file=sys.stderr, flush=True)
             return
@@ -154,19 +178,23 @@ class RunControl:
             meanwhile = (f"; waiting at most {user_code.STOP_GRACE_S:g} s more for {waiting[0]} (waited on for {waiting[1]:.0f} s)"
                          if waiting is not None else "")
             print(f"\nmegarl: {_NAMES.get(signum) or signal_name(signum)} received: stopping after this step{save}{meanwhile}; "
-                  "send it again to stop at once (a SIGTERM or SIGHUP: after 5 s)", file=sys.stderr, flush=True)
+                  f"send it again{'' if signum in ONCE_MORE_AT_ONCE else ' after 5 s'} to stop at once", file=sys.stderr, flush=True)
             return
         raise SignalInterrupt  # abandon what runs now (Ray's waits turn it into KeyboardInterrupt too)
 
     def _on_hang(self, signum: int, frame: Any) -> None:
-        if self.hang is not None and not self.cleaning:  # (one sent by hand, with no hang found, is no stop)
+        if self.hang is None:  # sent from outside: a stop, as every other real-time signal
+            if signum not in STACKS_SIGNALS:  # (without SIGRTMIN it is SIGUSR2: a stacks request, no stop)
+                self._on_signal(signum, frame)
+        elif not self.cleaning:
             raise SignalInterrupt
 
     def interrupt_for_hang(self, message: str) -> None:
         """From the watchdog thread: the main thread raises (and the run ends in HangError)."""
         self.hang = message
-        if self.installed:
-            signal.pthread_kill(threading.main_thread().ident, HANG_SIGNAL)  # type: ignore[arg-type]
+        with self._hang_lock:
+            if self.installed:
+                signal.pthread_kill(threading.main_thread().ident, HANG_SIGNAL)  # type: ignore[arg-type]
 
 
 def run_stoppable(work: Callable[[], Any], stopped: str) -> Any:

@@ -88,3 +88,42 @@ def test_megatron_s_checkpoint_writers_get_the_parent_death_signal_and_a_later_p
     result = json.loads(done.stdout.splitlines()[-1])
     assert result["writers"] and set(result["writers"]) == {9}, result  # SIGKILL in each process the save forked
     assert result["popen_after"] == 0, result
+
+
+# A driver (forks_pass_stops_on) with its stop handlers up forks a writer inside the block; a
+# SIGALRM to the writer (and one more, as a timer repeats it) reaches the driver as its stop,
+# and the writer goes on to its end (exit 0) instead of announcing or raising a stop of its own.
+PASS_ON = r"""
+import json, multiprocessing, os, signal, sys, time
+from megarl.process_signals import forks_die_with_this_process, forks_pass_stops_on
+from megarl.trainer.watchdog import RunControl
+
+def writer(ready):
+    ready.set()
+    time.sleep(3)  # (the write)
+
+forks_pass_stops_on()
+fork = multiprocessing.get_context("fork")
+control = RunControl()
+with control.handlers():
+    control.deferred = True
+    with forks_die_with_this_process():
+        ready = fork.Event()
+        child = fork.Process(target=writer, args=(ready,))
+        child.start()
+        ready.wait(60)
+        for _ in range(2):
+            os.kill(child.pid, signal.SIGALRM)
+            time.sleep(0.5)
+        child.join(60)
+print(json.dumps({"stop": control.signal, "writer": child.exitcode}))
+"""
+
+
+def test_a_stop_sent_to_a_driver_s_forked_writer_is_the_driver_s():
+    import signal
+
+    done = subprocess.run([sys.executable, "-c", PASS_ON], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == {"stop": signal.SIGALRM, "writer": 0}, done.stdout
+    assert done.stderr.count("SIGALRM received: stopping after this step") == 1, done.stderr  # the driver's line alone

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from megarl.progress import PROGRESS
-from megarl.trainer.watchdog import RunControl, RunStopped, Watchdog, run_stoppable
+from megarl.trainer.watchdog import REPEAT_WINDOW_S, RunControl, RunStopped, Watchdog, run_stoppable
 
 
 def deliver(signum: int) -> None:
@@ -82,8 +82,7 @@ def test_ctrl_backslash_stops_at_once_inside_a_step(capsys, first):
 
 def test_a_sigusr2_from_outside_writes_the_stacks_and_is_no_stop(capfd):
     """SIGUSR1 / SIGUSR2 (a user's `kill -USR2`, a scheduler's warning) write the driver's stacks
-    during a run and stop nothing: the watchdog's own interrupt is a signal of its own, and one of
-    those sent by hand (no hang found) is no stop either."""
+    during a run and stop nothing: the watchdog's own interrupt is a signal of its own."""
     import faulthandler
 
     from megarl.cli import _stacks_on_request
@@ -96,7 +95,6 @@ def test_a_sigusr2_from_outside_writes_the_stacks_and_is_no_stop(capfd):
         with control.handlers():
             control.deferred = True
             deliver(signal.SIGUSR2)  # nothing raised
-            deliver(HANG_SIGNAL)
     finally:
         for signum in (signal.SIGUSR1, signal.SIGUSR2):
             faulthandler.unregister(signum)
@@ -128,8 +126,11 @@ def test_another_terminating_signal_is_a_stop_after_the_step_and_a_second_one_ab
         assert control.stop_requested and control.signal == signum
         assert control.exit_code == 128 + signum and control.signal_name == name
         assert f"megarl: {name} received: stopping after this step and saving a checkpoint" in capsys.readouterr().err
+        deliver(signum)  # a repeat within REPEAT_WINDOW_S is the same request (SIGXCPU each CPU-second, a timer's SIGALRM)
+        assert "stopping after this step" not in capsys.readouterr().err
+        control.signal_at -= REPEAT_WINDOW_S  # one sent 5 s later abandons the step
         with pytest.raises(KeyboardInterrupt):
-            deliver(signum)  # a second one stops at once (no repeat window: only SIGTERM / SIGHUP have one)
+            deliver(signum)
     assert control.signal == signum and signal.getsignal(signum) is previous  # put back
 
 
@@ -148,6 +149,20 @@ def test_a_command_without_steps_stops_at_once_on_another_terminating_signal(sig
     with pytest.raises(RunStopped, match=f"^stopped by {re.escape(name)} while converting$") as stopped:
         run_stoppable(lambda: deliver(signum), "while converting")
     assert stopped.value.exit_code == 128 + signum
+
+
+def test_the_watchdog_s_signal_from_outside_is_a_stop_like_any_real_time_signal(capsys):
+    """`kill -s SIGRTMIN+4` (no hang found): a stop after the step, named, exit code 128 + 38; Python's
+    default would end the driver without a word."""
+    from megarl.trainer.watchdog import HANG_SIGNAL
+
+    control = RunControl()
+    with control.handlers():
+        control.deferred = True
+        deliver(HANG_SIGNAL)
+        assert control.signal == HANG_SIGNAL and control.hang is None
+    assert control.signal_name == "SIGRTMIN+4" and control.exit_code == 128 + HANG_SIGNAL
+    assert "megarl: SIGRTMIN+4 received: stopping after this step" in capsys.readouterr().err
 
 
 def test_a_handler_or_an_ignore_set_before_stays():
@@ -175,6 +190,40 @@ def test_an_inner_run_control_takes_the_other_stops_from_an_outer_one(sigalrm_at
             inner.deferred = True
             deliver(signal.SIGALRM)
         assert inner.signal == signal.SIGALRM and outer.signal is None
+
+
+def test_a_second_ctrl_c_stops_at_once_however_soon(capsys):
+    control = RunControl()
+    with control.handlers():
+        control.deferred = True
+        deliver(signal.SIGINT)
+        with pytest.raises(KeyboardInterrupt):
+            deliver(signal.SIGINT)  # within REPEAT_WINDOW_S: a person pressed it twice
+    assert "send it again to stop at once\n" in capsys.readouterr().err
+
+
+def test_after_the_run_a_late_hang_interrupt_sends_nothing(monkeypatch):
+    """The watchdog thread may outlive Watchdog.__exit__'s join: by the time HANG_SIGNAL's handler
+    is put back (its default ends the process), the hang interrupt is off, and it sends nothing."""
+    from megarl.trainer.watchdog import HANG_SIGNAL
+
+    control = RunControl()
+    installed_as_put_back = []
+    put_back = signal.signal
+
+    def recording(signum, handler):  # (the standard library's signal.signal, watched)
+        if signum == HANG_SIGNAL and handler == signal.SIG_DFL:
+            installed_as_put_back.append(control.installed)
+        return put_back(signum, handler)
+
+    with control.handlers():
+        monkeypatch.setattr(signal, "signal", recording)
+    monkeypatch.undo()
+    assert installed_as_put_back == [False]
+    assert signal.getsignal(HANG_SIGNAL) == signal.SIG_DFL and not control.installed
+    control.interrupt_for_hang("late")  # would kill this process
+    time.sleep(0.2)
+    assert control.hang == "late"
 
 
 def test_the_first_signal_names_what_the_stop_writes(capsys):
