@@ -21,7 +21,8 @@ and that raylet may be seen dead before the driver can be reaped.
 Both end with the command that resumes.
 A raylet that dies inside the driver's ray.init (before its report) leaves the driver waiting 30 s
 in Ray's C code for the node: the supervisor ends it after START_GRACE_S with the line the driver
-would have given.
+would have given (but waits for a driver it passed a stop on to: its ray.shutdown, which ended
+the raylet, takes its time, and its own line says it stopped).
 
 Signals: the driver runs in a process group of its own, so every stop signal reaches it once,
 from the supervisor, however it was sent: a terminal's Ctrl-C (which reaches the foreground
@@ -47,17 +48,17 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from megarl.driver_stderr import StderrRelay
-from megarl.signal_kinds import OTHER_STOPS, STACKS_SIGNALS, STOPS, signal_name, unclaimed
+from megarl.signal_kinds import OUTSIDE_STOPS, STACKS_SIGNALS, STOPS, signal_name, unclaimed
 from megarl.tagged_processes import DRIVER_TAG_ENV, end_tagged, new_tag
 
 SUPERVISOR_FD_ENV = "MEGARL_SUPERVISOR_FD"  # the driver's end of the pipe (set for the child only)
 # Every stop is forwarded (megarl/signal_kinds.py): SIGQUIT (Ctrl-\) too, on which the driver stops
-# at once, and OTHER_STOPS (SIGALRM, SIGXCPU, the real-time signals, ...), on which it stops as on
-# SIGTERM: Python's default would end this process with no line, the driver then killed with it.
+# at once, and OUTSIDE_STOPS (SIGALRM, SIGXCPU, every real-time signal, the watchdog's SIGRTMIN+4
+# too, ...), on which it stops as on SIGTERM: Python's default would end this process with no line, the driver then killed with it.
 # `kill -USR1 <megarl>` (or -USR2, STACKS_SIGNALS): the driver writes every thread's Python stack to
 # its stderr and goes on (as the ranks write theirs to their logs on it); passed on, never a stop.
 _SHOWN: dict[int, str] = {signal.SIGQUIT: "SIGQUIT (Ctrl-\\)"}  # how a stop names its signal where the name alone says too little
@@ -132,7 +133,7 @@ def supervise(command: Sequence[str], *, ray: bool = True, kept: str | None = No
     stops = _Stops()
     # The handlers stay up until the end: a stop while the leftovers are ended and the relay drains
     # would otherwise raise KeyboardInterrupt there (a traceback, no line) or kill this process silently.
-    previous = {s: signal.signal(s, stops.on_signal) for s in (*STOPS, *unclaimed(OTHER_STOPS))}
+    previous = {s: signal.signal(s, stops.on_signal) for s in (*STOPS, *unclaimed(OUTSIDE_STOPS))}
     previous |= {s: signal.signal(s, stops.pass_stacks_request) for s in STACKS_SIGNALS}
     tag = new_tag()  # what every process the driver starts inherits: they are ended with it
     relay = StderrRelay()  # the driver's stderr, less Ray's C++ lines (megarl/driver_stderr.py)
@@ -145,7 +146,7 @@ def supervise(command: Sequence[str], *, ray: bool = True, kept: str | None = No
         relay.start()
         for signum in stops.pending:
             child.send_signal(signum)
-        code, data, raylet_first, found = _watch(child, read_end, ray=ray, relay=relay)
+        code, data, raylet_first, found = _watch(child, read_end, ray=ray, relay=relay, stops=stops)
         end_tagged(tag)  # what outlived the driver (Ray's workers re-parented when their raylet died) ends with it
         relay.finish()  # all the driver wrote, before this process's own line
         reports = _parse_reports(data + _drain(read_end))
@@ -198,14 +199,15 @@ class _Stops:
         self.passed_on.add(signum)
 
 
-def _watch(child: subprocess.Popen[bytes], fd: int, *, ray: bool = True,
-           relay: StderrRelay | None = None) -> tuple[int, bytes, bool, dict[str, Any] | None]:  # fmt: skip
+def _watch(child: subprocess.Popen[bytes], fd: int, *, ray: bool = True, relay: StderrRelay | None = None,
+           stops: _Stops | None = None) -> tuple[int, bytes, bool, dict[str, Any] | None]:  # fmt: skip
     """Wait for the driver, watching the raylet it reported (a local pid), or, with ``ray``, the
     one found among its children before it could report (Ray starts an embedded raylet as the
     driver's child; its children are looked at only until the driver's ``ray`` report, which
     names no pid for a cluster's raylet, attached to with ``--address``): its exit code, what it wrote, whether the raylet was seen dead while the
     driver still lived and the driver then ended as Ray ends one for its raylet (exit code 1),
-    and the raylet found so; ``relay`` learns the log file the driver reports. The order is the cause: an embedded raylet dies with its driver
+    and the raylet found so; ``relay`` learns the log file the driver reports; ``stops``: the
+    stops passed on to the driver (one that stops does not get the raylet's verdict). The order is the cause: an embedded raylet dies with its driver
     (Ray's fate sharing), so a raylet found dead after the driver says nothing, and Ray ends a
     driver only after its raylet is gone."""
     data = b""
@@ -235,20 +237,26 @@ def _watch(child: subprocess.Popen[bytes], fd: int, *, ray: bool = True,
             if child.poll() is not None:
                 return child.returncode, data, False, found
             if node is None and found is not None:  # (before the driver's report: it is inside ray.init)
-                found["stuck_in_start"] = _stuck_in_start(child)
+                found["stuck_in_start"] = _stuck_in_start(child, stops)
             code = child.wait()
             return code, data, ended_by_ray(code), found
 
 
-def _stuck_in_start(child: subprocess.Popen[bytes]) -> bool:
+def _stuck_in_start(child: subprocess.Popen[bytes], stops: _Stops | None = None) -> bool:
     """Whether the driver, whose raylet died inside its ray.init, had to be ended (SIGKILL): Ray's
     start waits 30 s for the node (in Ray's C code, where no Python handler or thread of the
     driver's can end it); a driver Ray ends at once (its quick exit) or that gets control back
-    (its own line) ends within START_GRACE_S."""
+    (its own line) ends within START_GRACE_S. A driver a stop was passed on to is waited for: its
+    ray.shutdown ends the raylet first (the death seen here) and then waits about a second for
+    each of Ray's other processes, so it may need longer, and its own line (``stopped by SIGINT
+    ... while starting``) is the one that says what happened."""
     try:
         child.wait(timeout=START_GRACE_S)
         return False
     except subprocess.TimeoutExpired:
+        if stops is not None and stops.passed_on:
+            child.wait()
+            return False
         child.kill()
         return True
 
@@ -311,14 +319,15 @@ def raylet_child(pid: int) -> dict[str, Any] | None:
             except OSError:
                 continue
             # <session>/sockets/raylet; a raylet already dead (a zombie) has no command line left: the GCS's names it
-            session = os.path.dirname(os.path.dirname(args.get("--raylet_socket_name", ""))) or _session_dir(children)
+            session = os.path.dirname(os.path.dirname(args.get("--raylet_socket_name", ""))) or session_dir(children)
             return {"ip": args.get("--node_ip_address", "?"), "node_id": args.get("--node_id", "?"),
                     "logs": os.path.join(session, "logs") if session else None, "raylet_pid": int(child)}  # fmt: skip
     return None
 
 
-def _session_dir(pids: list[str]) -> str:
-    """The Ray session folder one of ``pids`` names on its command line (the GCS's ``--session-dir=``), or ""."""
+def session_dir(pids: Iterable[int | str]) -> str:
+    """The Ray session folder one of ``pids`` names on its command line (the GCS's, an agent's:
+    ``--session-dir=``; a dead raylet's says nothing), or "" (megarl/ray_cluster/session.py's too)."""
     for pid in pids:
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -326,8 +335,9 @@ def _session_dir(pids: list[str]) -> str:
         except OSError:
             continue
         for arg in args:
-            if arg.startswith("--session-dir="):
-                return arg.partition("=")[2]
+            name, _, value = arg.partition("=")
+            if name in ("--session-dir", "--session_dir") and value:
+                return value
     return ""
 
 

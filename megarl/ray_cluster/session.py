@@ -34,10 +34,11 @@ from typing import Any
 
 import ray
 
-from megarl.driver_supervisor import raylet_died_as_ray_started
+from megarl.driver_supervisor import raylet_died_as_ray_started, session_dir
 from megarl.process_signals import stop_signals_blocked_in_children
 from megarl.progress import still_waiting
 from megarl.ray_cluster.raylet_report import raylet_reports_to_log
+from megarl.signal_kinds import signal_name
 from megarl.terminal import LOG_LEVEL_ENV
 
 log = logging.getLogger(__name__)
@@ -183,7 +184,7 @@ def raylet_end_problem(process: subprocess.Popen[Any], logs: str | None, when: s
     code = process.poll()
     if code is None:
         return None
-    how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+    how = f"was killed by {signal_name(-code)}" if code < 0 else f"exited with code {code}"
     return raylet_died_as_ray_started(process.pid, how, logs, when)
 
 
@@ -274,7 +275,7 @@ def _how_it_ended(pid: int) -> str:
     if info is None:
         return "ended"
     if info.si_code in (os.CLD_KILLED, os.CLD_DUMPED):
-        return f"was killed by {signal.Signals(info.si_status).name}"
+        return f"was killed by {signal_name(info.si_status)}"
     return f"exited with code {info.si_status}"
 
 
@@ -282,18 +283,8 @@ def _session_logs(processes: list[Any]) -> str | None:
     """The logs folder of the Ray session ``processes`` (psutil's, a Ray start's) belong to, from
     the command line of one still running (the GCS's, an agent's: ``--session-dir=``; a dead
     raylet's says nothing); None when none says."""
-    import psutil
-
-    for process in processes:
-        try:
-            args = process.cmdline()
-        except psutil.Error:
-            continue
-        for arg in args:
-            name, _, value = arg.partition("=")
-            if name in ("--session-dir", "--session_dir") and value:
-                return os.path.join(value, "logs")
-    return None
+    folder = session_dir(process.pid for process in processes)
+    return os.path.join(folder, "logs") if folder else None
 
 
 def _descendants() -> set[int]:

@@ -201,10 +201,10 @@ STOPS_AFTER_THE_STEP = ("from megarl.trainer.watchdog import RunControl\ncontrol
                         "    while not control.stop_requested:\n        time.sleep(0.05)\n"
                         "    print(f'stopped by {control.signal_name} after step 1; saved checkpoint C', file=sys.stderr)\n"
                         "    s.report(end=control.exit_code)\n    sys.exit(control.exit_code)\n")  # fmt: skip
-OTHER_STOPS_SENT = [signal.SIGALRM, signal.SIGRTMIN + 2]  # (SIGRTMIN+2: a real-time signal, not the watchdog's own)
+OTHER_STOPS_SENT = [signal.SIGALRM, signal.SIGRTMIN + 2, signal.SIGRTMIN + 4]  # (SIGRTMIN+4: the watchdog's own)
 
 
-@pytest.mark.parametrize("signum", OTHER_STOPS_SENT, ids=["sigalrm", "rt"])
+@pytest.mark.parametrize("signum", OTHER_STOPS_SENT, ids=["sigalrm", "rt", "hang"])
 def test_another_terminating_signal_to_the_command_stops_the_run_after_its_step(tmp_path, signum):
     """`kill -ALRM <pid of megarl launch>` (any signal whose default would end it without a word):
     forwarded to the driver, which stops after its step with its line; exit code 128 + N."""
@@ -216,11 +216,11 @@ def test_another_terminating_signal_to_the_command_stops_the_run_after_its_step(
     assert proc.wait(timeout=60) == 128 + signum
     name = signal_name(signum)
     assert proc.stderr.read().strip().splitlines() == [
-        f"megarl: {name} received: stopping after this step and saving a checkpoint; send it again to stop at once "
-        "(a SIGTERM or SIGHUP: after 5 s)", f"stopped by {name} after step 1; saved checkpoint C"]  # fmt: skip
+        f"megarl: {name} received: stopping after this step and saving a checkpoint; send it again after 5 s to stop at once",
+        f"stopped by {name} after step 1; saved checkpoint C"]  # fmt: skip
 
 
-@pytest.mark.parametrize("signum", OTHER_STOPS_SENT, ids=["sigalrm", "rt"])
+@pytest.mark.parametrize("signum", OTHER_STOPS_SENT, ids=["sigalrm", "rt", "hang"])
 def test_another_terminating_signal_before_the_driver_s_handlers_ends_the_start_with_its_line(tmp_path, signum):
     proc, _ = _supervisor(tmp_path, "")  # the driver keeps Python's defaults: the signal kills it
     proc.send_signal(signum)
@@ -415,6 +415,31 @@ def test_a_driver_stuck_in_ray_init_after_its_raylet_died_is_ended_with_the_node
     assert lines[0] == (f"error: the Ray node under the run died as Ray started: its raylet (pid {pid}) died; check this "
                         f"machine (killed processes, memory: dmesg) and the raylet's logs {session / 'logs' / 'raylet.out'} and "
                         "raylet.err, then run the same command again")  # fmt: skip
+
+
+def test_a_stop_whose_ray_shutdown_ends_the_raylet_is_the_driver_s_stop_not_the_node_s_death(tmp_path):
+    """A Ctrl-C inside ray.init: the driver's ray.shutdown ends the raylet first, then waits about a
+    second for each of Ray's other processes, past START_GRACE_S. The supervisor waits for it
+    and its own line, instead of ending it as stuck with the node's."""
+    pid_file = tmp_path / "pid"
+    body = ("import subprocess, ctypes\n"
+            "name = 'import ctypes, time; ctypes.CDLL(None).prctl(15, b\"raylet\"); time.sleep(120)'\n"
+            "raylet = subprocess.Popen([sys.executable, '-c', name, '--node_id=ab12cd34ef56aa', '--node_ip_address=127.0.0.1'], "
+            "preexec_fn=lambda: ctypes.CDLL(None).prctl(1, signal.SIGKILL))\n"
+            "def shutdown(signum, frame):\n    os.kill(raylet.pid, signal.SIGKILL)\n    time.sleep(3)\n"
+            "    print('stopped by SIGINT (Ctrl-C) while starting; nothing was trained or saved', file=sys.stderr)\n"
+            "    s.report(end=130)\n    os._exit(130)\n"
+            "signal.signal(signal.SIGINT, shutdown)\ntime.sleep(1)\n"
+            f"open({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(120)")  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; from megarl import driver_supervisor as d; d.START_GRACE_S = 1.0; "
+                             f"sys.exit(d.supervise({_driver(body)!r}))"], stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    for _ in range(600):
+        if pid_file.exists() and pid_file.read_text():
+            break
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 130
+    assert proc.stderr.read().strip() == "stopped by SIGINT (Ctrl-C) while starting; nothing was trained or saved"
 
 
 def test_an_attached_driver_s_children_are_not_searched_for_a_raylet_after_its_report(capsys, tmp_path):

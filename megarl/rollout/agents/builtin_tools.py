@@ -23,13 +23,13 @@ import ast
 import json
 import math
 import operator
-import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from megarl.rewards.code_sandbox import bwrap_available, extract_program, run_program
 from megarl.rollout.agents.tool_base import Tool, register_tool
+from megarl.signal_kinds import signal_name
 
 MAX_EXPRESSION_CHARS = 200
 MAX_EXPONENT = 64  # |exponent| of ** at most this
@@ -202,11 +202,7 @@ class PythonTool(Tool):
         elif result.returncode is not None and result.returncode > 0:
             problem += f"\nError: the program exited with code {result.returncode}"
         elif result.returncode is not None and result.returncode < 0:
-            try:
-                name = signal.Signals(-result.returncode).name
-            except ValueError:
-                name = str(-result.returncode)
-            problem += f"\nError: the program was killed by signal {name} (a CPU, memory or output limit)"
+            problem += f"\nError: the program was killed by signal {signal_name(-result.returncode)} (a CPU, memory or output limit)"
         problem = problem.strip("\n") + "\n"
         stdout = result.stdout
         room = max(OUTPUT_CHARS - len(problem) - 100, 0)  # keep the error visible after the cut

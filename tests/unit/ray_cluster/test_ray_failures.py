@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import socket
 import sys
+import time
 import types
 
 import pytest
@@ -120,6 +121,25 @@ def test_an_embedded_raylet_dead_as_ray_starts_is_refused_as_the_node_s_death(tm
     line = raylet_end_problem(raylet, str(tmp_path)) or ""
     assert line.startswith(f"the Ray node under the run died as Ray started: its raylet (pid {raylet.pid}) was killed by SIGKILL")
     assert f"{tmp_path}/raylet.out" in line and "dmesg" in line and "\n" not in line
+
+
+def test_a_raylet_killed_by_a_real_time_signal_is_named_as_kill_l_names_it(tmp_path):
+    """Python's signal.Signals has no name for SIGRTMIN+2 (it raised ValueError); read both ways:
+    from the reaped process and, unreaped, from waitid."""
+    import signal
+    import subprocess
+
+    from megarl.ray_cluster.session import _how_it_ended, raylet_end_problem
+
+    raylet = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    raylet.send_signal(signal.SIGRTMIN + 2)
+    for _ in range(600):  # dead, not reaped
+        if open(f"/proc/{raylet.pid}/stat").read().rpartition(")")[2].split()[0] == "Z":
+            break
+        time.sleep(0.1)
+    assert _how_it_ended(raylet.pid) == "was killed by SIGRTMIN+2"
+    raylet.wait(timeout=60)
+    assert f"its raylet (pid {raylet.pid}) was killed by SIGRTMIN+2;" in (raylet_end_problem(raylet, str(tmp_path)) or "")
 
 
 @pytest.mark.parametrize("gcs", [True, False], ids=["gcs-names-the-session", "nothing-names-it"])
