@@ -17,7 +17,7 @@ import signal
 import sys
 import time
 import traceback
-from typing import Any
+from typing import Any, NoReturn
 
 import megarl.rewards.code_sandbox as code_sandbox
 import megarl.rewards.custom as custom_fn
@@ -130,6 +130,13 @@ def _load(spec: dict[str, Any]) -> None:
         _WORKER["load_error"] = _user_exit(exc, 0, 0, " while it was imported")
 
 
+def _raise_kept(error: BaseException) -> NoReturn:
+    """Raise a kept load error again with the traceback of its first raise: raised as it is, the
+    one object gathered each raise's frames in its traceback, which grew with every task."""
+    first = _WORKER.setdefault("first_tracebacks", {}).setdefault(id(error), error.__traceback__)  # (kept: ids stay)
+    raise error.with_traceback(first)
+
+
 def _chain_sigterm() -> None:
     # pebble stops a timed-out task's worker with SIGTERM and os._exit, skipping ``finally``:
     # kill that task's sandboxed programs and delete their directories first.
@@ -147,7 +154,7 @@ def _chain_sigterm() -> None:
 
 def _custom() -> Any:
     if "load_error" in _WORKER:
-        raise _WORKER["load_error"]
+        _raise_kept(_WORKER["load_error"])
     return _WORKER["custom"]
 
 
@@ -168,7 +175,7 @@ def _user_function(spec: str) -> Any:
     init_worker); its load error, kept, raised again at each call."""
     loaded, failed = _WORKER.setdefault("functions", {}), _WORKER.setdefault("function_errors", {})
     if spec in failed:
-        raise failed[spec]
+        _raise_kept(failed[spec])
     if spec not in loaded:
         path, name = registry.user_function(spec)  # type: ignore[misc]  # the scorer sends user functions only
         offset = _log_size()
@@ -263,7 +270,7 @@ def score_model(samples: list[tuple]) -> list[Outcome]:
     from megarl.rewards.reward_model import score_samples
 
     if "load_error" in _WORKER:
-        raise _WORKER["load_error"]
+        _raise_kept(_WORKER["load_error"])
     path, device = _WORKER["spec"]["model"]
     chat_template, max_length = _WORKER["spec"].get("model_input", (False, None))
     return [("ok", s, {}) for s in score_samples(path, device, samples, chat_template, max_length)]

@@ -239,3 +239,27 @@ def test_a_reward_file_that_ends_its_worker_at_import_is_named(tmp_path, ending,
     with pytest.raises(RewardError) as info:
         RewardScorer(cfg, log_path=tmp_path / "reward_workers.log")
     assert str(info.value).startswith(said), info.value
+
+
+def test_a_kept_load_error_is_raised_again_with_the_traceback_of_its_load(tmp_path):
+    """A reward.functions file that fails to import fails each of the worker's tasks with its load
+    error; raised as the one kept object, its traceback gathered every task's frames."""
+    import traceback
+
+    from megarl.rewards import worker
+
+    file = tmp_path / "broken.py"
+    file.write_text("def helper():\n    raise ValueError('no table')\n\nhelper()\n\ndef fn(*args):\n    return 1.0\n")
+    spec = f"{file}:fn"
+    lengths = []
+    try:
+        for _ in range(4):
+            with pytest.raises(ValueError, match="no table") as raised:
+                worker._user_function(spec)
+            frames = traceback.extract_tb(raised.value.__traceback__)
+            assert any(frame.name == "helper" for frame in frames)  # where the import failed
+            lengths.append(len(frames))
+    finally:
+        for key in ("functions", "function_errors", "first_tracebacks"):
+            worker._WORKER.pop(key, None)
+    assert len(set(lengths[1:])) == 1, lengths  # the same each time
