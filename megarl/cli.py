@@ -157,14 +157,15 @@ def _stacks_on_request() -> None:
     stderr and go on (Python's default for them would end the process without a word); a
     supervisor passes them on to its driver instead (megarl/driver_supervisor.py)."""
     import faulthandler
+    import signal
 
     from megarl.signal_kinds import STACKS_SIGNALS
 
-    try:
-        for signum in STACKS_SIGNALS:
-            faulthandler.register(signum, all_threads=True)
-    except (AttributeError, RuntimeError, ValueError, io.UnsupportedOperation):  # no SIGUSR1 (Windows), no stderr fd
-        pass
+    for signum in STACKS_SIGNALS:
+        try:  # the process's own stderr: sys.stderr may be a stream without a file descriptor
+            faulthandler.register(signum, file=sys.__stderr__ or sys.stderr, all_threads=True)
+        except (AttributeError, RuntimeError, ValueError, io.UnsupportedOperation):  # no stderr fd
+            signal.signal(signum, signal.SIG_IGN)  # no stacks then, but never the default's silent end
 
 
 def _main(argv: list[str] | None) -> int:
