@@ -162,7 +162,11 @@ def _stacks_on_request() -> None:
     from megarl.signal_kinds import STACKS_SIGNALS
 
     for signum in STACKS_SIGNALS:
-        try:  # the process's own stderr: sys.stderr may be a stream without a file descriptor
+        try:
+            # faulthandler skips installing its handler when it thinks it already has (a Python-level
+            # signal.signal since may have put the default back): unregister first. The process's
+            # own stderr: sys.stderr may be a stream without a file descriptor.
+            faulthandler.unregister(signum)
             faulthandler.register(signum, file=sys.__stderr__ or sys.stderr, all_threads=True)
         except (AttributeError, RuntimeError, ValueError, io.UnsupportedOperation):  # no stderr fd
             signal.signal(signum, signal.SIG_IGN)  # no stacks then, but never the default's silent end

@@ -104,12 +104,15 @@ def test_a_sigusr2_from_outside_writes_the_stacks_and_is_no_stop(capfd):
 
 def test_the_stacks_request_works_when_sys_stderr_has_no_file_descriptor():
     """A process whose sys.stderr was replaced by a stream without a descriptor (a test's capture,
-    a user's redirect) still writes its stacks to its own stderr on SIGUSR2, and lives."""
+    a user's redirect) still writes its stacks to its own stderr on SIGUSR2, and lives,"""
     import subprocess
     import sys
 
+    # and when asked again after a Python-level signal.signal put the default back (a supervisor's
+    # restore of what signal.getsignal saw), which faulthandler alone does not notice
     code = ("import io, os, signal, sys, time\nsys.stderr = io.StringIO()\nfrom megarl.cli import _stacks_on_request\n"
-            "_stacks_on_request()\nos.kill(os.getpid(), signal.SIGUSR2)\ntime.sleep(0.5)\nprint('alive')\n")
+            "_stacks_on_request()\nsignal.signal(signal.SIGUSR2, signal.SIG_DFL)\n_stacks_on_request()\n"
+            "os.kill(os.getpid(), signal.SIGUSR2)\ntime.sleep(0.5)\nprint('alive')\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert (done.returncode, done.stdout) == (0, "alive\n"), done
     assert "most recent call first" in done.stderr, done.stderr
