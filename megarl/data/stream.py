@@ -177,19 +177,46 @@ def custom_prompt_set(cfg: DataConfig, files: list[str], field: str, tokenizer: 
 
 def _read_rows(cls: type, name: str, files: list[str], tokenizer: Any, cfg: DataConfig) -> list[Any]:
     """Every row of ``cls`` built on ``files``; the method running is told to a supervisor (one
-    report per method, not per row), whose line then names it if the class ends the process."""
+    report per method, not per row), whose line then names it if the class ends the process, and
+    to user_code.waiting_on, which a stop's line reads (``... while starting (data.custom_cls
+    DS.__getitem__(5) had run for 28 s)``). A read that lasts says where it is, as other waits do
+    (``data.custom_cls DS: reading rows 5/800 ... (15 s)``): a class that hangs is no silent start."""
+    from megarl import progress
     from megarl.data.custom_dataset import build_dataset
     from megarl.driver_supervisor import report
+    from megarl.user_code import waiting_on
 
-    try:
-        report(user_code=f"{name}.__init__")
-        dataset = build_dataset(cls, files, tokenizer, cfg.model_dump(mode="json"))
-        report(user_code=f"{name}.__len__")
-        count = len(dataset)
-        report(user_code=f"{name}.__getitem__ (reading its {count} rows)")
-        return [dataset[i] for i in range(count)]
-    finally:
-        report(user_code=None)  # past it, the supervisor names the config's hooks again
+    reading = _Reading(name)
+    # (the intervals read here, not bound as defaults: a test makes them short)
+    with progress.still_waiting(reading.text, first_s=progress.NOTE_FIRST_S, every_s=progress.NOTE_EVERY_S):
+        try:
+            report(user_code=f"{name}.__init__")
+            with waiting_on(f"{name}.__init__"):
+                dataset = build_dataset(cls, files, tokenizer, cfg.model_dump(mode="json"))
+            report(user_code=f"{name}.__len__")
+            with waiting_on(f"{name}.__len__"):
+                reading.count = len(dataset)
+            report(user_code=f"{name}.__getitem__ (reading its {reading.count} rows)")
+            rows = []
+            for i in range(reading.count):
+                with waiting_on(f"{name}.__getitem__({i})"):
+                    rows.append(dataset[i])
+                reading.done = i + 1
+            return rows
+        finally:
+            report(user_code=None)  # past it, the supervisor names the config's hooks again
+
+
+class _Reading:
+    """Where the read of a dataset class's rows is, for its progress lines."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.count, self.done = name, -1, 0  # count: -1 until __len__ returned
+
+    def text(self) -> str:
+        if self.count < 0:
+            return f"{self.name}: building it (__init__, __len__)"
+        return f"{self.name}: reading rows {self.done}/{self.count}"
 
 
 def _ended(exc: BaseException, what: str, when: str, printed: str = "") -> DataError:

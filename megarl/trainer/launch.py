@@ -105,7 +105,7 @@ def run(cfg: MegaRLConfig, plan, address: str | None = None, resume_command: str
     ):
         where = "this process" if in_process else f"Ray at {address}" if address else f"an embedded Ray ({local_cpus} CPUs)"
         log.info("starting %s, then %s", where, _roles(plan))
-        stopped = lambda: RunStopped(f"stopped by {control.signal_name} while starting; nothing was trained or saved\n"  # noqa: E731
+        stopped = lambda: RunStopped(f"stopped by {control.signal_name} while starting{control.meanwhile}; nothing was trained or saved\n"  # noqa: E731
                                      f"start again with: {resume_command or 'the same command'}", control.exit_code)
         with ExitStack() as session:
             control.enter_starting(session, _session(in_process, address, local_cpus, cfg), stopped)

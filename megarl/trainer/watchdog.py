@@ -91,6 +91,7 @@ class RunControl:
         self.deferred = False  # inside the step loop: the first signal waits for the step's end
         self.cleaning = False  # shutting down: signals are ignored
         self.hang: str | None = None  # the watchdog's finding
+        self.interrupted: tuple[str, float] | None = None  # the user code the main thread waited on when a signal abandoned it
         self.installed = False
         self._hang_lock = threading.Lock()  # installed's check and the hang interrupt, apart from putting the handlers back
 
@@ -106,6 +107,15 @@ class RunControl:
     def signal_name(self) -> str:
         signum = self.signal or signal.SIGINT
         return _NAMES.get(signum) or signal_name(signum)
+
+    @property
+    def meanwhile(self) -> str:
+        """For a stop line: " (data.custom_cls DS.__getitem__(5) had run for 28 s)" when the signal
+        abandoned a wait on user code (user_code.waiting_on), else "": a stop during start-up names what it cut short."""
+        if self.interrupted is None:
+            return ""
+        who, seconds = self.interrupted
+        return f" ({who} had run for {seconds:.0f} s)"
 
     @contextmanager
     def handlers(self) -> Iterator[RunControl]:
@@ -180,6 +190,7 @@ class RunControl:
             print(f"\nmegarl: {_NAMES.get(signum) or signal_name(signum)} received: stopping after this step{save}{meanwhile}; "
                   f"send it again{'' if signum in ONCE_MORE_AT_ONCE else ' after 5 s'} to stop at once", file=sys.stderr, flush=True)
             return
+        self.interrupted = self.interrupted or current_wait()
         raise SignalInterrupt  # abandon what runs now (Ray's waits turn it into KeyboardInterrupt too)
 
     def _on_hang(self, signum: int, frame: Any) -> None:
