@@ -19,10 +19,12 @@ the driver within a moment). Else, and always for another exit code (user code's
 or signal, the likely causes, its log): a driver that ends on its own takes its raylet with it,
 and that raylet may be seen dead before the driver can be reaped.
 Both end with the command that resumes.
-A raylet that dies inside the driver's ray.init (before its report) leaves the driver waiting 30 s
-in Ray's C code for the node: the supervisor ends it after START_GRACE_S with the line the driver
-would have given (but waits for a driver it passed a stop on to: its ray.shutdown, which ended
-the raylet, takes its time, and its own line says it stopped).
+A raylet that dies inside the driver's ray.init (between its reports that ray.init begins and
+that it ended) leaves the driver waiting 30 s in Ray's C code for the node: the supervisor ends
+it after START_GRACE_S with the line the driver would have given (but waits for a driver it
+passed a stop on to: its ray.shutdown, which ended the raylet, takes its time, and its own line
+says it stopped). Past ray.init the driver is waited for, however long it takes: Ray ends it, or
+it gives its own line.
 
 Signals: the driver runs in a process group of its own, so every stop signal reaches it once,
 from the supervisor, however it was sent: a terminal's Ctrl-C (which reaches the foreground
@@ -102,21 +104,30 @@ def report(**fields: Any) -> None:
         pass
 
 
+def report_ray_starting() -> None:
+    """Just before ray.init: a raylet that dies from here until :func:`report_ray_node` leaves the
+    driver waiting in Ray's C code (START_GRACE_S), and only then."""
+    report(ray_starting=True)
+
+
 def report_ray_node() -> None:
-    """The Ray node this driver runs on and its log folder, for the supervisor's line when the
-    node's raylet takes the driver down with it."""
+    """Ray started: the node this driver runs on and its log folder, for the supervisor's line
+    when the node's raylet takes the driver down with it. The end of ray.init is reported even
+    when the node cannot be described: past it, a raylet's death is the running node's."""
     if _report_fd is None:
         return
+    node: dict[str, Any] = {}
     try:
         import ray
 
-        node = ray._private.worker.global_worker.node
-        raylets = node.all_processes.get(ray._private.ray_constants.PROCESS_TYPE_RAYLET) or []  # an embedded Ray's
-        report(ray={"ip": node.node_ip_address, "node_id": ray.get_runtime_context().get_node_id(),
-                    "logs": node.get_logs_dir_path(), "raylet": f"{node.node_ip_address}:{node.node_manager_port}",
-                    "raylet_pid": raylets[0].process.pid if raylets else None})
+        worker_node = ray._private.worker.global_worker.node
+        raylets = worker_node.all_processes.get(ray._private.ray_constants.PROCESS_TYPE_RAYLET) or []  # an embedded Ray's
+        node = {"ip": worker_node.node_ip_address, "node_id": ray.get_runtime_context().get_node_id(),
+                "logs": worker_node.get_logs_dir_path(), "raylet": f"{worker_node.node_ip_address}:{worker_node.node_manager_port}",
+                "raylet_pid": raylets[0].process.pid if raylets else None}  # fmt: skip
     except Exception:  # noqa: BLE001 - another Ray's internals: the supervisor then says less
         pass
+    report(ray_starting=False, **({"ray": node} if node else {}))
 
 
 def supervise(command: Sequence[str], *, ray: bool = True, kept: str | None = None,
@@ -206,14 +217,15 @@ def _watch(child: subprocess.Popen[bytes], fd: int, *, ray: bool = True, relay: 
     driver's child; its children are looked at only until the driver's ``ray`` report, which
     names no pid for a cluster's raylet, attached to with ``--address``): its exit code, what it wrote, whether the raylet was seen dead while the
     driver still lived and the driver then ended as Ray ends one for its raylet (exit code 1),
-    and the raylet found so; ``relay`` learns the log file the driver reports; ``stops``: the
+    and the raylet found so (``stuck_in_start`` when it died inside ray.init and the driver had
+    to be ended); ``relay`` learns the log file the driver reports; ``stops``: the
     stops passed on to the driver (one that stops does not get the raylet's verdict). The order is the cause: an embedded raylet dies with its driver
     (Ray's fate sharing), so a raylet found dead after the driver says nothing, and Ray ends a
     driver only after its raylet is gone."""
     data = b""
+    reports: dict[str, Any] = {}
     raylet_pid: int | None = None
     found: dict[str, Any] | None = None
-    node: dict[str, Any] | None = None
     while True:
         try:
             return child.wait(timeout=WATCH_INTERVAL_S), data, False, found
@@ -221,12 +233,14 @@ def _watch(child: subprocess.Popen[bytes], fd: int, *, ray: bool = True, relay: 
             pass
         chunk = _drain(fd)
         data += chunk
-        if chunk and relay is not None:
-            relay.log_file = ray_lines_file(_parse_reports(data))
-        if raylet_pid is None and node is None:  # still looking: a cluster's raylet (--address) is not the driver's child
-            node = _parse_reports(data).get("ray") if chunk else None
-            raylet_pid = node.get("raylet_pid") if node else None
-            if node is None and ray:  # until the driver's report: Ray starts an embedded raylet as its child
+        if chunk:  # every report is read as it comes, the ``ray`` one too after the raylet was found
+            reports = _parse_reports(data)
+            if relay is not None:
+                relay.log_file = ray_lines_file(reports)
+        if raylet_pid is None:  # still looking: a cluster's raylet (--address) is not the driver's child
+            if "ray" in reports:
+                raylet_pid = reports["ray"].get("raylet_pid")
+            elif ray:  # until the driver's report: Ray starts an embedded raylet as its child
                 found = raylet_child(child.pid)
                 raylet_pid = found["raylet_pid"] if found else None
         if raylet_pid is not None and not _alive(raylet_pid):
@@ -236,7 +250,8 @@ def _watch(child: subprocess.Popen[bytes], fd: int, *, ray: bool = True, relay: 
             # Only an ending that Ray gives a driver for its raylet confirms the order.
             if child.poll() is not None:
                 return child.returncode, data, False, found
-            if node is None and found is not None:  # (before the driver's report: it is inside ray.init)
+            data += _drain(fd)  # the driver's last reports: whether it was still inside ray.init
+            if found is not None and _parse_reports(data).get("ray_starting"):
                 found["stuck_in_start"] = _stuck_in_start(child, stops)
             code = child.wait()
             return code, data, ended_by_ray(code), found

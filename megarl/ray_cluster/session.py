@@ -34,7 +34,12 @@ from typing import Any
 
 import ray
 
-from megarl.driver_supervisor import raylet_died_as_ray_started, session_dir
+from megarl.driver_supervisor import (
+    raylet_died_as_ray_started,
+    report_ray_node,
+    report_ray_starting,
+    session_dir,
+)
 from megarl.process_signals import stop_signals_blocked_in_children
 from megarl.progress import still_waiting
 from megarl.ray_cluster.raylet_report import raylet_reports_to_log
@@ -81,12 +86,11 @@ def ray_session(
         log.info("ray_session: reusing the Ray instance already initialised in this process")
         yield _describe(started_here=False)
         return
+    report_ray_starting()  # until report_ray_node, a raylet's death leaves this process stuck in ray.init (its supervisor ends it)
     _start_or_attach(address, num_cpus=num_cpus, num_gpus=num_gpus, log_to_driver=log_to_driver, namespace=namespace,
                      env_vars=env_vars)  # fmt: skip
     reaper = None
-    from megarl.driver_supervisor import report_ray_node
-
-    report_ray_node()  # where the supervisor of `megarl launch` finds the raylet's logs
+    report_ray_node()  # Ray is up, and where the supervisor finds the raylet's logs
     try:
         if address is None:
             reaper = start_reaper()

@@ -382,7 +382,7 @@ def test_a_raylet_that_dies_as_ray_starts_is_the_node_s_death_before_the_driver_
               f"'--raylet_socket_name={session}/sockets/raylet', '--node_id=ab12cd34ef56aa', '--node_ip_address=127.0.0.1'], "
               "preexec_fn=lambda: ctypes.CDLL(None).prctl(1, signal.SIGKILL))\n"
               "time.sleep(1.5)\nos.kill(raylet.pid, signal.SIGKILL)\ntime.sleep(2)\nos._exit(1)")  # fmt: skip
-    code = supervise(_driver(f"s.report(resume={RESUME!r})\n" + raylet))
+    code = supervise(_driver(f"s.report(resume={RESUME!r})\ns.report_ray_starting()\n" + raylet))
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2
     assert len(err) == 1 and err[0].startswith("error: the Ray node under the run died: node 127.0.0.1 (id ab12cd34ef56)"), err
@@ -406,7 +406,7 @@ def test_a_driver_stuck_in_ray_init_after_its_raylet_died_is_ended_with_the_node
               f"open({str(tmp_path / 'raylet.pid')!r}, 'w').write(str(raylet.pid))\n"
               "time.sleep(1.5)\nos.kill(raylet.pid, signal.SIGKILL)\ntime.sleep(120)")  # fmt: skip
     started = time.monotonic()
-    code = supervise(_driver(f"s.report(resume={RESUME!r})\n" + raylet))
+    code = supervise(_driver(f"s.report(resume={RESUME!r})\ns.report_ray_starting()\n" + raylet))
     assert time.monotonic() - started < 60  # not the driver's 120 s (generous: a loaded machine)
     lines = capsys.readouterr().err.strip().splitlines()
     pid = (tmp_path / "raylet.pid").read_text()
@@ -417,12 +417,40 @@ def test_a_driver_stuck_in_ray_init_after_its_raylet_died_is_ended_with_the_node
                         "raylet.err, then run the same command again")  # fmt: skip
 
 
+@pytest.mark.parametrize("described", [True, False], ids=["node-reported", "node-not-described"])
+def test_a_raylet_that_dies_after_ray_started_waits_for_the_driver_and_names_the_node(capsys, tmp_path, monkeypatch, described):
+    """The raylet found among the driver's children while Ray started, killed mid-run (after the
+    driver reported that ray.init ended, with its node or, when Ray's internals could not be
+    read, without): not "as Ray started". The driver is waited for past START_GRACE_S (Ray ends
+    it when it notices; here it exits as Ray does, with code 1) and the line is the running
+    node's, with the command that resumes."""
+    from megarl import driver_supervisor
+
+    monkeypatch.setattr(driver_supervisor, "START_GRACE_S", 0.5)
+    session = tmp_path / "session_2026-11-29_12-00-00_000000_1"
+    # report_ray_node itself, in a process without Ray: it still says that ray.init ended
+    ended = ("s.report(ray_starting=False, ray=dict(ip='127.0.0.1', node_id='ab12cd34ef56aa', "
+             f"logs={str(session / 'logs')!r}, raylet='127.0.0.1:1', raylet_pid=raylet.pid))\n" if described else "s.report_ray_node()\n")  # fmt: skip
+    body = (f"s.report(resume={RESUME!r})\ns.report_ray_starting()\nimport subprocess, ctypes\n"
+            "name = 'import ctypes, time; ctypes.CDLL(None).prctl(15, b\"raylet\"); time.sleep(120)'\n"
+            "raylet = subprocess.Popen([sys.executable, '-c', name, "
+            f"'--raylet_socket_name={session}/sockets/raylet', '--node_id=ab12cd34ef56aa', '--node_ip_address=127.0.0.1'], "
+            "preexec_fn=lambda: ctypes.CDLL(None).prctl(1, signal.SIGKILL))\n"
+            "time.sleep(1.5)\n" + ended + "time.sleep(1)\nos.kill(raylet.pid, signal.SIGKILL)\ntime.sleep(3)\nos._exit(1)")  # fmt: skip
+    code = supervise(_driver(body))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and err[0].startswith("error: the Ray node under the run died: node 127.0.0.1 (id ab12cd34ef56)"), err
+    assert "exited with code 1 (its raylet died first)" in err[0] and "as Ray started" not in err[0]
+    assert str(session / "logs" / "raylet.out") in err[0] and err[0].endswith(f"resume with: {RESUME}")
+
+
 def test_a_stop_whose_ray_shutdown_ends_the_raylet_is_the_driver_s_stop_not_the_node_s_death(tmp_path):
     """A Ctrl-C inside ray.init: the driver's ray.shutdown ends the raylet first, then waits about a
     second for each of Ray's other processes, past START_GRACE_S. The supervisor waits for it
     and its own line, instead of ending it as stuck with the node's."""
     pid_file = tmp_path / "pid"
-    body = ("import subprocess, ctypes\n"
+    body = ("s.report_ray_starting()\nimport subprocess, ctypes\n"
             "name = 'import ctypes, time; ctypes.CDLL(None).prctl(15, b\"raylet\"); time.sleep(120)'\n"
             "raylet = subprocess.Popen([sys.executable, '-c', name, '--node_id=ab12cd34ef56aa', '--node_ip_address=127.0.0.1'], "
             "preexec_fn=lambda: ctypes.CDLL(None).prctl(1, signal.SIGKILL))\n"
