@@ -15,8 +15,9 @@ threads megarl starts for it) to ``logs/user_code.log`` and any other write (meg
 its progress bars) to the terminal as before (log records skip it: megarl/terminal.py); an error
 about the code quotes the head of what it printed (:func:`printed_head`). :func:`call_with_deadline` bounds a call of user code in time.
 After a stop request (the driver's first signal inside a step) the main thread's waits on user code
-(:func:`wait_for_user`, :func:`give_up_after_stop`) last at most STOP_GRACE_S more: code that hangs
-does not hold a stop for its whole timeout.
+(:func:`wait_for_user`, :func:`give_up_after_stop`) and a generate function it runs itself
+(:func:`running_here`) last at most STOP_GRACE_S more: code that hangs does not hold a stop for its
+whole timeout.
 
 Left out: reward functions, which run in worker processes (megarl/rewards/worker.py reports
 them the same way), and code that ends its process at the C level (os._exit): in the driver that
@@ -106,7 +107,7 @@ def named_generate_function(fn: Any, name: str, returns: type) -> Any:
     def generate(*args: Any, **kwargs: Any) -> Any:
         what = f"rollout.generate_function {name} ({source_file(fn)})"
         try:
-            with running(what):
+            with running(what), running_here(what):  # (a stop's grace: the thread runs it, no wait of its own polls)
                 result = fn(*args, **kwargs)
         except EXITS as exc:
             if not raised_by_code(exc):  # the user's own Ctrl-C
@@ -346,15 +347,29 @@ _WAITING: tuple[str, float] | None = None  # the main thread's current wait on u
 _THREAD_WAITS: dict[int, tuple[str, float]] = {}  # other threads' current waits on user code, by thread id
 
 
+# User code the main thread runs itself (a generate function: no wait of megarl's polls for the
+# stop), as (who, since); the identity of the tuple tells one call from the next. After a stop a
+# timer calls _INTERRUPT when the same call still runs STOP_GRACE_S later; _OVERDUE is then what
+# the signal's handler raises.
+_IN_MAIN: tuple[str, float] | None = None
+_INTERRUPT: Callable[[], None] | None = None
+_OVERDUE: tuple[tuple[str, float], str] | None = None
+
+
 class WaitAbandoned(SignalInterrupt):
     """The main thread stopped waiting for user code STOP_GRACE_S after a stop request (a signal's
     consequence, not the code's doing: a SignalInterrupt); the message names the code and how long it was waited on."""
 
 
-def stop_requested(at: float | None) -> None:
-    """Record a stop request made at ``at`` (time.monotonic()), or forget it (None: a run's end)."""
-    global _STOP_AT
-    _STOP_AT = at
+def stop_requested(at: float | None, interrupt: Callable[[], None] | None = None) -> None:
+    """Record a stop request made at ``at`` (time.monotonic()), or forget it (None: a run's end);
+    ``interrupt`` (RunControl's) interrupts the main thread when user code it runs itself
+    (:func:`running_here`) is overdue: the signal's handler then raises :func:`overdue`'s WaitAbandoned."""
+    global _STOP_AT, _INTERRUPT
+    _STOP_AT, _INTERRUPT = at, interrupt
+    call = _IN_MAIN
+    if at is not None and call is not None:
+        _arm(call)
 
 
 def current_wait() -> tuple[str, float] | None:
@@ -397,6 +412,58 @@ def waiting_on(who: str) -> Iterator[float]:
             _THREAD_WAITS.pop(ident, None)
         else:
             _THREAD_WAITS[ident] = previous
+
+
+@contextmanager
+def running_here(who: str) -> Iterator[None]:
+    """Meanwhile this thread runs user code ``who`` itself (a generate function), a wait on it (the
+    first signal's line names it): in the main thread a stop gives it STOP_GRACE_S (from the stop,
+    or from the call's start when later), then :func:`stop_requested`'s ``interrupt`` abandons the
+    step; in another (the rollout producer) the main thread waiting on that thread gives up (:func:`thread_wait`)."""
+    global _IN_MAIN
+    with waiting_on(who) as since:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous, call = _IN_MAIN, (who, since)
+        _IN_MAIN = call
+        try:
+            if _STOP_AT is not None:
+                _arm(call)
+            yield
+        finally:
+            _IN_MAIN = previous
+
+
+def _arm(call: tuple[str, float]) -> None:
+    """A timer that interrupts the main thread when ``call`` still runs STOP_GRACE_S after the stop (or its start)."""
+    stop_at = _STOP_AT
+    if stop_at is None:
+        return
+    start = max(stop_at, call[1])
+    timer = threading.Timer(max(0.0, start + STOP_GRACE_S - time.monotonic()), _interrupt_if_running, (call,))
+    timer.daemon = True  # (a run that ends meanwhile does not wait for it)
+    timer.start()
+
+
+def _interrupt_if_running(call: tuple[str, float]) -> None:
+    global _OVERDUE
+    interrupt = _INTERRUPT
+    if _IN_MAIN is not call or interrupt is None:
+        return  # it returned, or the run ended
+    who, since = call
+    _OVERDUE = (call, f"{who} ran for {time.monotonic() - since:.0f} s and did not return within {STOP_GRACE_S:g} s of the stop")
+    interrupt()
+
+
+def overdue() -> WaitAbandoned | None:
+    """In the main thread's signal handler: the WaitAbandoned to raise when user code it runs
+    itself was found overdue and runs still (not when it returned meanwhile); None otherwise."""
+    global _OVERDUE
+    found, _OVERDUE = _OVERDUE, None
+    if found is None or found[0] is not _IN_MAIN:
+        return None
+    return WaitAbandoned(found[1])
 
 
 def thread_wait(thread: threading.Thread | None) -> tuple[str, float] | None:

@@ -9,8 +9,10 @@ end the driver without a word (SIGALRM, SIGXCPU, a real-time signal: megarl/sign
 ``OTHER_STOPS``, a SIGTERM of its own name and exit code) only asks to stop: the step
 finishes, a checkpoint is written if ``trainer.checkpoint_on_signal`` (and the step did not
 already save one), then ``RunStopped`` ends the run; a second signal abandons the step at once,
-and so does user code (an interaction, tools, reward functions) the step waits on that does not
-return within STOP_GRACE_S of the stop (megarl/user_code.py ``WaitAbandoned``).
+and so does user code (an interaction, tools, reward functions, a generate function) the step
+waits on that does not return within STOP_GRACE_S of the stop (megarl/user_code.py ``WaitAbandoned``;
+a generate function runs in the main thread itself: a timer interrupts it). The handlers' own lines
+reach the terminal also while user code, whose prints go to its log, runs.
 A stop signal repeated within ``REPEAT_WINDOW_S`` counts as the same request (all but SIGINT
 and SIGQUIT, which a person sends): on preemption Slurm signals every process of the job and the
 batch script forwards the TERM too (launch/); the kernel and the hung-up shell both send SIGHUP;
@@ -31,6 +33,7 @@ Python stacks to its log (``WorkerGroup.dump_stacks``), writes the driver's to
 
 from __future__ import annotations
 
+import contextvars
 import faulthandler
 import logging
 import signal
@@ -93,6 +96,7 @@ class RunControl:
         self.hang: str | None = None  # the watchdog's finding
         self.interrupted: tuple[str, float] | None = None  # the user code the main thread waited on when a signal abandoned it
         self.installed = False
+        self._overdue_sent = False  # HANG_SIGNAL sent for user code past the stop's grace (_interrupt_overdue)
         self._hang_lock = threading.Lock()  # installed's check and the hang interrupt, apart from putting the handlers back
 
     @property
@@ -179,26 +183,39 @@ class RunControl:
               and time.monotonic() - self.signal_at < REPEAT_WINDOW_S):
             return  # the same request delivered twice (Slurm and the batch script; the kernel and the shell; a timer)
         if self.cleaning:
-            print("\nmegarl: shutting down, please wait", file=sys.stderr, flush=True)
+            _say("\nmegarl: shutting down, please wait")
             return
         if first and self.deferred and signum not in AT_ONCE:
-            stop_requested(self.signal_at)  # user code the step waits on gets STOP_GRACE_S more, not its whole timeout
+            stop_requested(self.signal_at, self._interrupt_overdue)  # user code the step waits on gets STOP_GRACE_S more, not its whole timeout
             save = f" and saving {self.saves}" if self.save_on_signal else ""
             waiting = current_wait()
             meanwhile = (f"; waiting at most {user_code.STOP_GRACE_S:g} s more for {waiting[0]} (waited on for {waiting[1]:.0f} s)"
                          if waiting is not None else "")
-            print(f"\nmegarl: {_NAMES.get(signum) or signal_name(signum)} received: stopping after this step{save}{meanwhile}; "
-                  f"send it again{'' if signum in ONCE_MORE_AT_ONCE else ' after 5 s'} to stop at once", file=sys.stderr, flush=True)
+            _say(f"\nmegarl: {_NAMES.get(signum) or signal_name(signum)} received: stopping after this step{save}{meanwhile}; "
+                 f"send it again{'' if signum in ONCE_MORE_AT_ONCE else ' after 5 s'} to stop at once")
             return
         self.interrupted = self.interrupted or current_wait()
         raise SignalInterrupt  # abandon what runs now (Ray's waits turn it into KeyboardInterrupt too)
 
     def _on_hang(self, signum: int, frame: Any) -> None:
+        if self._overdue_sent:  # user code the main thread runs itself is past the stop's grace
+            self._overdue_sent = False
+            abandoned = user_code.overdue()
+            if abandoned is not None and not self.cleaning:  # (None: it returned meanwhile)
+                raise abandoned
+            return
         if self.hang is None:  # sent from outside: a stop, as every other real-time signal
             if signum not in STACKS_SIGNALS:  # (without SIGRTMIN it is SIGUSR2: a stacks request, no stop)
                 self._on_signal(signum, frame)
         elif not self.cleaning:
             raise SignalInterrupt
+
+    def _interrupt_overdue(self) -> None:
+        """From user_code's timer: the main thread raises WaitAbandoned (:meth:`_on_hang`)."""
+        with self._hang_lock:
+            if self.installed:
+                self._overdue_sent = True
+                signal.pthread_kill(threading.main_thread().ident, HANG_SIGNAL)  # type: ignore[arg-type]
 
     def interrupt_for_hang(self, message: str) -> None:
         """From the watchdog thread: the main thread raises (and the run ends in HangError)."""
@@ -228,6 +245,13 @@ def run_stoppable(work: Callable[[], Any], stopped: str) -> Any:
         # callbacks), which then failed of the stop (its GCS, sent the Ctrl-C too, was gone):
         # the stop is what the user asked for, not an error of the command.
         raise RunStopped(f"stopped by {control.signal_name} {stopped}", control.exit_code) from None
+
+
+def _say(line: str) -> None:
+    """``line`` to the terminal (stderr), also from a handler that interrupted user code: in an
+    empty context the routing of user code's prints (megarl/user_code.py) sends it there, not to
+    the user-code log."""
+    contextvars.Context().run(print, line, file=sys.stderr, flush=True)
 
 
 def _leave_hung_up_terminal() -> None:

@@ -5,12 +5,14 @@ function's own exit code, never "stopped by Ctrl-C" (a real SIGINT stays the use
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 import threading
 import time
 
 import pytest
+import torch
 
 from megarl.cli import report
 from megarl.data.batch import Batch
@@ -206,3 +208,59 @@ def test_after_a_stop_each_wait_on_user_code_gets_the_grace_from_its_own_start(m
     finally:
         stop_requested(None)
         never.set()
+
+
+def test_a_generate_function_that_hangs_past_a_stop_is_abandoned_and_the_stop_line_reaches_the_terminal(
+        monkeypatch, tmp_path, capsys):
+    """The generate function runs in the main thread itself: after a first Ctrl-C inside a step it
+    gets STOP_GRACE_S, then the step is abandoned (WaitAbandoned naming it) as a second Ctrl-C
+    would; the first signal's line goes to the terminal, not to the user-code log its prints go to."""
+    import megarl.user_code
+    from megarl.trainer.watchdog import RunControl
+    from megarl.user_code import WaitAbandoned, user_output_to
+
+    monkeypatch.setattr(megarl.user_code, "STOP_GRACE_S", 1.0)
+
+    def hangs(engines, prompts, params):
+        print("generating")
+        os.kill(os.getpid(), signal.SIGINT)  # the user's first Ctrl-C, while the function runs
+        time.sleep(120)  # (a blocking call: the interrupt ends it)
+
+    log = tmp_path / "user_code.log"
+    wrapped = named_generate_function(hangs, "mymod:hangs", returns=Batch)
+    with user_output_to(log), RunControl().handlers() as control:
+        control.deferred = True
+        with pytest.raises(WaitAbandoned) as info:
+            wrapped(None, None, None)
+        control.cleaning = True
+    assert re.fullmatch(r"rollout\.generate_function mymod:hangs \(.*test_user_code\.py\) ran for [1-9]\d* s "
+                        r"and did not return within 1 s of the stop", str(info.value)), info.value
+    err = capsys.readouterr().err
+    assert "megarl: SIGINT (Ctrl-C) received: stopping after this step and saving a checkpoint; waiting at most 1 s more " \
+           "for rollout.generate_function mymod:hangs" in err
+    assert log.read_text() == "generating\n"
+
+
+def test_a_generate_function_that_returns_within_the_grace_is_waited_for_and_not_interrupted_later(monkeypatch):
+    """A call that returns within STOP_GRACE_S of the stop (or of its own start, when that came
+    later) returns its Batch, and nothing interrupts the main thread after it returned."""
+    import megarl.user_code
+    from megarl.trainer.watchdog import RunControl
+
+    monkeypatch.setattr(megarl.user_code, "STOP_GRACE_S", 1.0)
+    one = torch.ones(1, 1, dtype=torch.long)  # a Batch of one 1-token response
+    returned = Batch(one, one, one, torch.ones(1, dtype=torch.long), one.float(), torch.zeros(1, dtype=torch.long))
+
+    def slow(engines, prompts, params):
+        time.sleep(0.6)
+        return returned
+
+    wrapped = named_generate_function(slow, "mymod:slow", returns=Batch)
+    with RunControl().handlers() as control:
+        control.deferred = True
+        os.kill(os.getpid(), signal.SIGINT)  # the stop, before the calls
+        time.sleep(0.8)
+        for _ in range(2):  # each gets the grace from its own start: 1.4 s after the stop, still returned
+            assert wrapped(None, None, None) is returned
+        time.sleep(1.5)  # past every call's grace: no interrupt comes once they returned
+        control.cleaning = True
