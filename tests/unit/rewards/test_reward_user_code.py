@@ -187,6 +187,35 @@ def test_a_function_that_prints_megabytes_is_capped_in_its_log_with_one_warning(
     assert "xxxx" not in out + err and "yyyy" not in out + err
 
 
+STREAMING = textwrap.dedent(
+    """
+    import os
+
+    def streams(data_source, solution_str, ground_truth, extra_info=None):
+        for _ in range(1000):  # 4 MB in 4 KB lines, straight to the fd: written while the driver cuts the log
+            os.write(1, b"s" * 4095 + b"\\n")
+        return 1.0
+    """
+)
+
+
+def test_the_cap_holds_while_workers_write_as_the_log_is_cut(tmp_path):
+    """Two workers append without pause while the driver cuts the log: what they appended between
+    the marker and the driver's look at the file was kept past the marker at every later cut (6 MB
+    past a 1 MB cap in a run). The log ends at the cap and the marker, written once, at the cut."""
+    (tmp_path / "streams.py").write_text(STREAMING)
+    cfg = RewardConfig(custom=CustomRewardConfig(path=str(tmp_path / "streams.py"), name="streams"), timeout_s=TIMEOUT_S,
+                       workers=2, output_log_max_mb=1)  # fmt: skip
+    log = tmp_path / "logs" / "reward_workers.log"
+    marker = b"\n[megarl: reward functions' output past 1 MB dropped from here]\n"
+    with RewardScorer(cfg, log_path=log) as s:
+        for _ in range(2):
+            assert _score(s, [str(i) for i in range(16)]).scores == [1.0] * 16
+            written = log.read_bytes()
+            assert len(written) == (1 << 20) + len(marker), len(written)
+            assert written[1 << 20 :] == marker and set(written[: 1 << 20]) == set(b"s\n")
+
+
 def test_output_log_max_mb_0_keeps_everything(tmp_path):
     (tmp_path / "loud.py").write_text(LOUD)
     cfg = RewardConfig(custom=CustomRewardConfig(path=str(tmp_path / "loud.py"), name="loud"), timeout_s=TIMEOUT_S,
