@@ -92,6 +92,8 @@ def test_a_function_that_ends_its_process_stops_the_call_in_one_line(tmp_path, n
         f"reward.custom {name!r} (user_reward.py) {did} while scoring data_source='task'"
     ), message
     assert "never end the process" in message and "\n" not in message
+    # the other worker's exit, in the shared log meanwhile, is not quoted as this call's output
+    assert "Traceback" not in message and "megarl:" not in message, message
     log = (tmp_path / "logs" / "reward_workers.log").read_text()
     assert (
         did.removeprefix("raised ").removeprefix("called ") in log
@@ -292,3 +294,57 @@ def test_a_kept_load_error_is_raised_again_with_the_traceback_of_its_load(tmp_pa
         for key in ("functions", "function_errors", "first_tracebacks"):
             worker._WORKER.pop(key, None)
     assert len(set(lengths[1:])) == 1, lengths  # the same each time
+
+
+TAKES_TURNS = textwrap.dedent(
+    """
+    import time
+
+    def interrupts_in_turn(data_source, solution_str, ground_truth, extra_info=None):
+        print("started", solution_str, flush=True)
+        if solution_str == "second":  # raise once the first one's traceback is in the shared log (ground_truth)
+            deadline = time.monotonic() + 60
+            while "KeyboardInterrupt" not in open(ground_truth).read() and time.monotonic() < deadline:
+                time.sleep(0.05)
+        raise KeyboardInterrupt
+    """
+)
+
+
+def _exit_output(spec: dict, solution: str, results) -> None:
+    """A reward worker's initializer and task in a process of its own: the output its UserExit quotes."""
+    import multiprocessing as mp
+
+    from megarl.rewards import worker
+
+    worker.init_worker(spec, mp.Value("i", 0), mp.Value("d", 0.0))
+    try:
+        worker.score_samples([None], [("task", solution, spec["log"], None)])
+    except worker.UserExit as exc:
+        results.put((solution, exc.output))
+
+
+def test_a_call_quotes_its_own_output_not_another_workers_traceback(tmp_path):
+    """Two workers share the log: the second's exit came after the first's traceback was written
+    there, which its error line quoted as its output (300 characters of escaped traceback)."""
+    import multiprocessing as mp
+
+    (tmp_path / "turns.py").write_text(TAKES_TURNS)
+    log = tmp_path / "reward_workers.log"
+    log.touch()
+    spec = {"custom": (str(tmp_path / "turns.py"), "interrupts_in_turn"), "log": str(log)}
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    second = context.Process(target=_exit_output, args=(spec, "second", results))
+    second.start()
+    while "started second" not in log.read_text():  # (its call's output starts before the first one's exit)
+        second.join(0.05)
+        assert second.is_alive()
+    first = context.Process(target=_exit_output, args=(spec, "first", results))
+    first.start()
+    outputs = dict(results.get(timeout=120) for _ in range(2))
+    for process in (first, second):
+        process.join(60)
+    assert "Traceback" in log.read_text()  # the first's, between the second's lines
+    # (the first one's line, printed meanwhile, is quoted too: the workers' lines interleave)
+    assert outputs == {"first": "started first\n", "second": "started second\nstarted first\n"}
