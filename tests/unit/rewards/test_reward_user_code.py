@@ -143,6 +143,9 @@ def test_a_function_that_kills_every_worker_stops_after_a_few_samples(
         f"{DEATHS_IN_A_ROW} samples in a row ended their worker" in message
         and "os._exit" in message
     )
+    # -11 given as what a segfault's code would be, not as this worker's
+    assert message.endswith("look for os._exit, or a crash in C code (which ends a worker with a negative exit code: "
+                            "-11 for a segfault)"), message
     if code == 0:  # its last words, quoted from the log
         assert "there: '" in message and "leaving die" in message
 
