@@ -4,7 +4,8 @@ function that prints megabytes a call would otherwise fill the disk with no word
 The reward workers write to their log through file descriptors of their own (fds 1 and 2 dup'd
 to it, O_APPEND), which the trainer cannot stop: :func:`enforce` cuts the file back to the cap
 from outside, after each scoring call and while one waits, and writes one marker line there; the
-workers' later writes land after it (O_APPEND) and are cut again at the next look. The driver's
+workers' later writes land after it (O_APPEND) and are cut again at the next look, back to the
+cap and the marker, whichever process wrote them (between two looks the file may be longer). The driver's
 own user-code log (megarl/user_code.py) is written by megarl itself and stops writing at the cap
 (:func:`marker` and :func:`warn_once` give it the same words). Either way one warning, once per
 file in a process.
@@ -59,13 +60,21 @@ def enforce(path: Path | None, max_mb: float, who: str) -> None:
                 return
             if size <= limit:
                 return
-            os.truncate(path, limit)
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND)
-            try:
-                os.write(fd, marker(who, max_mb).encode())
-            finally:
-                os.close(fd)
-            _capped[key] = path.stat().st_size
+            _capped[key] = _cut(path, limit, marker(who, max_mb).encode())
     except OSError:
         return
     warn_once(path, who, max_mb)
+
+
+def _cut(path: Path, limit: int, line: bytes) -> int:
+    """``path`` made its first ``limit`` bytes and ``line``; returns that size. The workers go on
+    appending meanwhile: the line is written at its offset, not appended (an append would land
+    after theirs), and the size is computed, not read back (a stat would count what they appended
+    since, which every later cut would then keep: issue, 6 MB past a 1 MB cap)."""
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.pwrite(fd, line, limit)  # over what was appended past the limit (the file is longer than it)
+        os.ftruncate(fd, limit + len(line))
+    finally:
+        os.close(fd)
+    return limit + len(line)

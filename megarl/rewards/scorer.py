@@ -600,7 +600,8 @@ class RewardScorer:
             raise self._stopped_by_user_code(
                 f"{job.function}: {died} {_sample_text(sample)}; {DEATHS_IN_A_ROW} samples in a row ended their worker "
                 f"with no score returned between them{self._output_note(self._log_tail())}; a reward function must return a "
-                "score (or raise), not end its process: look for os._exit, or a crash in C code (exit code -11)")
+                "score (or raise), not end its process: look for os._exit, or a crash in C code (which ends a worker with a "
+                "negative exit code: -11 for a segfault)")
         if watch.deaths[job.function] == 1:  # at once, not when the batch ends
             log.warning("reward: %s: %s %s (scored 0)", job.function, died, _sample_text(sample))
         return ("error", f"{died} it", "")

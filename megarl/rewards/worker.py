@@ -44,6 +44,7 @@ class UserExit(Exception):
 
 
 OUTPUT_HEAD_CHARS = 300  # what of a failing call's output the error line quotes
+EXIT_NOTE = "megarl: the reward function "  # how the traceback of a function that ended its process starts in the log
 
 
 def _redirect_output(path: str | None) -> None:
@@ -62,7 +63,8 @@ def _redirect_output(path: str | None) -> None:
 
 def _output_since(offset: int) -> str:
     """The head of what was appended to the worker's log since ``offset`` (other workers' lines
-    may be interleaved: they share the file)."""
+    may be interleaved: they share the file), up to the first traceback megarl wrote there: one
+    another worker's exit put there is no output of this call, and would fill the error line."""
     log = _WORKER.get("spec", {}).get("log")
     if not log:
         return ""
@@ -71,7 +73,9 @@ def _output_since(offset: int) -> str:
             stream.flush()
     with contextlib.suppress(OSError), open(log, "rb") as f:
         f.seek(offset)
-        return f.read(OUTPUT_HEAD_CHARS).decode(errors="replace")
+        head = f.read(OUTPUT_HEAD_CHARS + len(EXIT_NOTE)).decode(errors="replace")
+        note = ("\n" + head).find("\n" + EXIT_NOTE)  # (a line's start: its newline kept)
+        return head[: note if note >= 0 else OUTPUT_HEAD_CHARS][:OUTPUT_HEAD_CHARS]
     return ""
 
 
@@ -234,7 +238,7 @@ def _user_exit(exc: BaseException, position: int, offset: int, when: str = "") -
     output = _output_since(offset)
     what = exit_description(exc) + when
     if _WORKER.get("spec", {}).get("log"):  # the traceback beside the output, in the log the error names
-        print(f"megarl: the reward function {what}, which stops the run:\n{trace}", file=sys.stderr, flush=True)
+        print(f"{EXIT_NOTE}{what}, which stops the run:\n{trace}", file=sys.stderr, flush=True)
     return UserExit(what, position, output, trace)
 
 

@@ -92,6 +92,8 @@ def test_a_function_that_ends_its_process_stops_the_call_in_one_line(tmp_path, n
         f"reward.custom {name!r} (user_reward.py) {did} while scoring data_source='task'"
     ), message
     assert "never end the process" in message and "\n" not in message
+    # the other worker's exit, in the shared log meanwhile, is not quoted as this call's output
+    assert "Traceback" not in message and "megarl:" not in message, message
     log = (tmp_path / "logs" / "reward_workers.log").read_text()
     assert (
         did.removeprefix("raised ").removeprefix("called ") in log
@@ -141,6 +143,9 @@ def test_a_function_that_kills_every_worker_stops_after_a_few_samples(
         f"{DEATHS_IN_A_ROW} samples in a row ended their worker" in message
         and "os._exit" in message
     )
+    # -11 given as what a segfault's code would be, not as this worker's
+    assert message.endswith("look for os._exit, or a crash in C code (which ends a worker with a negative exit code: "
+                            "-11 for a segfault)"), message
     if code == 0:  # its last words, quoted from the log
         assert "there: '" in message and "leaving die" in message
 
@@ -185,6 +190,35 @@ def test_a_function_that_prints_megabytes_is_capped_in_its_log_with_one_warning(
                         "reward.output_log_max_mb)"]  # fmt: skip
     out, err = capfd.readouterr()
     assert "xxxx" not in out + err and "yyyy" not in out + err
+
+
+STREAMING = textwrap.dedent(
+    """
+    import os
+
+    def streams(data_source, solution_str, ground_truth, extra_info=None):
+        for _ in range(1000):  # 4 MB in 4 KB lines, straight to the fd: written while the driver cuts the log
+            os.write(1, b"s" * 4095 + b"\\n")
+        return 1.0
+    """
+)
+
+
+def test_the_cap_holds_while_workers_write_as_the_log_is_cut(tmp_path):
+    """Two workers append without pause while the driver cuts the log: what they appended between
+    the marker and the driver's look at the file was kept past the marker at every later cut (6 MB
+    past a 1 MB cap in a run). The log ends at the cap and the marker, written once, at the cut."""
+    (tmp_path / "streams.py").write_text(STREAMING)
+    cfg = RewardConfig(custom=CustomRewardConfig(path=str(tmp_path / "streams.py"), name="streams"), timeout_s=TIMEOUT_S,
+                       workers=2, output_log_max_mb=1)  # fmt: skip
+    log = tmp_path / "logs" / "reward_workers.log"
+    marker = b"\n[megarl: reward functions' output past 1 MB dropped from here]\n"
+    with RewardScorer(cfg, log_path=log) as s:
+        for _ in range(2):
+            assert _score(s, [str(i) for i in range(16)]).scores == [1.0] * 16
+            written = log.read_bytes()
+            assert len(written) == (1 << 20) + len(marker), len(written)
+            assert written[1 << 20 :] == marker and set(written[: 1 << 20]) == set(b"s\n")
 
 
 def test_output_log_max_mb_0_keeps_everything(tmp_path):
@@ -263,3 +297,57 @@ def test_a_kept_load_error_is_raised_again_with_the_traceback_of_its_load(tmp_pa
         for key in ("functions", "function_errors", "first_tracebacks"):
             worker._WORKER.pop(key, None)
     assert len(set(lengths[1:])) == 1, lengths  # the same each time
+
+
+TAKES_TURNS = textwrap.dedent(
+    """
+    import time
+
+    def interrupts_in_turn(data_source, solution_str, ground_truth, extra_info=None):
+        print("started", solution_str, flush=True)
+        if solution_str == "second":  # raise once the first one's traceback is in the shared log (ground_truth)
+            deadline = time.monotonic() + 60
+            while "KeyboardInterrupt" not in open(ground_truth).read() and time.monotonic() < deadline:
+                time.sleep(0.05)
+        raise KeyboardInterrupt
+    """
+)
+
+
+def _exit_output(spec: dict, solution: str, results) -> None:
+    """A reward worker's initializer and task in a process of its own: the output its UserExit quotes."""
+    import multiprocessing as mp
+
+    from megarl.rewards import worker
+
+    worker.init_worker(spec, mp.Value("i", 0), mp.Value("d", 0.0))
+    try:
+        worker.score_samples([None], [("task", solution, spec["log"], None)])
+    except worker.UserExit as exc:
+        results.put((solution, exc.output))
+
+
+def test_a_call_quotes_its_own_output_not_another_workers_traceback(tmp_path):
+    """Two workers share the log: the second's exit came after the first's traceback was written
+    there, which its error line quoted as its output (300 characters of escaped traceback)."""
+    import multiprocessing as mp
+
+    (tmp_path / "turns.py").write_text(TAKES_TURNS)
+    log = tmp_path / "reward_workers.log"
+    log.touch()
+    spec = {"custom": (str(tmp_path / "turns.py"), "interrupts_in_turn"), "log": str(log)}
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    second = context.Process(target=_exit_output, args=(spec, "second", results))
+    second.start()
+    while "started second" not in log.read_text():  # (its call's output starts before the first one's exit)
+        second.join(0.05)
+        assert second.is_alive()
+    first = context.Process(target=_exit_output, args=(spec, "first", results))
+    first.start()
+    outputs = dict(results.get(timeout=120) for _ in range(2))
+    for process in (first, second):
+        process.join(60)
+    assert "Traceback" in log.read_text()  # the first's, between the second's lines
+    # (the first one's line, printed meanwhile, is quoted too: the workers' lines interleave)
+    assert outputs == {"first": "started first\n", "second": "started second\nstarted first\n"}
