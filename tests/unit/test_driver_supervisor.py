@@ -30,6 +30,17 @@ def _driver(body: str) -> list[str]:
     return [sys.executable, "-c", head + body]
 
 
+def _fake_raylet(session: Path | None) -> str:
+    """Driver code starting ``raylet``: a stand-in for an embedded Ray's raylet, as the supervisor
+    finds one among the driver's children (named raylet, a raylet's command line, its session's
+    socket path when ``session`` is given), dying with the driver."""
+    socket_arg = f"'--raylet_socket_name={session}/sockets/raylet', " if session is not None else ""
+    return ("import subprocess, ctypes\n"
+            "name = 'import ctypes, time; ctypes.CDLL(None).prctl(15, b\"raylet\"); time.sleep(120)'\n"
+            f"raylet = subprocess.Popen([sys.executable, '-c', name, {socket_arg}'--node_id=ab12cd34ef56aa', "
+            "'--node_ip_address=127.0.0.1'], preexec_fn=lambda: ctypes.CDLL(None).prctl(1, signal.SIGKILL))\n")
+
+
 def _closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -376,11 +387,7 @@ def test_a_raylet_that_dies_as_ray_starts_is_the_node_s_death_before_the_driver_
     supervisor finds the raylet among the driver's children itself (its name, its command line),
     so the line is the node's, not user code's "before Ray started"."""
     session = tmp_path / "session_2026-11-29_12-00-00_000000_1"
-    raylet = ("import subprocess, ctypes\n"
-              "name = 'import ctypes, time; ctypes.CDLL(None).prctl(15, b\"raylet\"); time.sleep(120)'\n"
-              "raylet = subprocess.Popen([sys.executable, '-c', name, "
-              f"'--raylet_socket_name={session}/sockets/raylet', '--node_id=ab12cd34ef56aa', '--node_ip_address=127.0.0.1'], "
-              "preexec_fn=lambda: ctypes.CDLL(None).prctl(1, signal.SIGKILL))\n"
+    raylet = (_fake_raylet(session) +
               "time.sleep(1.5)\nos.kill(raylet.pid, signal.SIGKILL)\ntime.sleep(2)\nos._exit(1)")  # fmt: skip
     code = supervise(_driver(f"s.report(resume={RESUME!r})\ns.report_ray_starting()\n" + raylet))
     err = capsys.readouterr().err.strip().splitlines()
@@ -398,11 +405,7 @@ def test_a_driver_stuck_in_ray_init_after_its_raylet_died_is_ended_with_the_node
 
     monkeypatch.setattr(driver_supervisor, "START_GRACE_S", 1.0)
     session = tmp_path / "session_2026-11-29_12-00-00_000000_1"
-    raylet = ("import subprocess, ctypes\n"
-              "name = 'import ctypes, time; ctypes.CDLL(None).prctl(15, b\"raylet\"); time.sleep(120)'\n"
-              "raylet = subprocess.Popen([sys.executable, '-c', name, "
-              f"'--raylet_socket_name={session}/sockets/raylet', '--node_id=ab12cd34ef56aa', '--node_ip_address=127.0.0.1'], "
-              "preexec_fn=lambda: ctypes.CDLL(None).prctl(1, signal.SIGKILL))\n"
+    raylet = (_fake_raylet(session) +
               f"open({str(tmp_path / 'raylet.pid')!r}, 'w').write(str(raylet.pid))\n"
               "time.sleep(1.5)\nos.kill(raylet.pid, signal.SIGKILL)\ntime.sleep(120)")  # fmt: skip
     started = time.monotonic()
@@ -431,12 +434,7 @@ def test_a_raylet_that_dies_after_ray_started_waits_for_the_driver_and_names_the
     # report_ray_node itself, in a process without Ray: it still says that ray.init ended
     ended = ("s.report(ray_starting=False, ray=dict(ip='127.0.0.1', node_id='ab12cd34ef56aa', "
              f"logs={str(session / 'logs')!r}, raylet='127.0.0.1:1', raylet_pid=raylet.pid))\n" if described else "s.report_ray_node()\n")  # fmt: skip
-    body = (f"s.report(resume={RESUME!r})\ns.report_ray_starting()\nimport subprocess, ctypes\n"
-            "name = 'import ctypes, time; ctypes.CDLL(None).prctl(15, b\"raylet\"); time.sleep(120)'\n"
-            "raylet = subprocess.Popen([sys.executable, '-c', name, "
-            f"'--raylet_socket_name={session}/sockets/raylet', '--node_id=ab12cd34ef56aa', '--node_ip_address=127.0.0.1'], "
-            "preexec_fn=lambda: ctypes.CDLL(None).prctl(1, signal.SIGKILL))\n"
-            "time.sleep(1.5)\n" + ended + "time.sleep(1)\nos.kill(raylet.pid, signal.SIGKILL)\ntime.sleep(3)\nos._exit(1)")  # fmt: skip
+    body = (f"s.report(resume={RESUME!r})\ns.report_ray_starting()\n" + _fake_raylet(session) + "time.sleep(1.5)\n" + ended + "time.sleep(1)\nos.kill(raylet.pid, signal.SIGKILL)\ntime.sleep(3)\nos._exit(1)")  # fmt: skip
     code = supervise(_driver(body))
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2
@@ -450,10 +448,7 @@ def test_a_stop_whose_ray_shutdown_ends_the_raylet_is_the_driver_s_stop_not_the_
     second for each of Ray's other processes, past START_GRACE_S. The supervisor waits for it
     and its own line, instead of ending it as stuck with the node's."""
     pid_file = tmp_path / "pid"
-    body = ("s.report_ray_starting()\nimport subprocess, ctypes\n"
-            "name = 'import ctypes, time; ctypes.CDLL(None).prctl(15, b\"raylet\"); time.sleep(120)'\n"
-            "raylet = subprocess.Popen([sys.executable, '-c', name, '--node_id=ab12cd34ef56aa', '--node_ip_address=127.0.0.1'], "
-            "preexec_fn=lambda: ctypes.CDLL(None).prctl(1, signal.SIGKILL))\n"
+    body = ("s.report_ray_starting()\n" + _fake_raylet(None) +
             "def shutdown(signum, frame):\n    os.kill(raylet.pid, signal.SIGKILL)\n    time.sleep(3)\n"
             "    print('stopped by SIGINT (Ctrl-C) while starting; nothing was trained or saved', file=sys.stderr)\n"
             "    s.report(end=130)\n    os._exit(130)\n"
@@ -481,11 +476,7 @@ def test_an_attached_driver_s_children_are_not_searched_for_a_raylet_after_its_r
         address = f"127.0.0.1:{cluster_raylet.getsockname()[1]}"
         session = tmp_path / "session_2026-11-29_12-00-00_000000_1"
         report = f"s.report(resume={RESUME!r})\ns.report(ray=dict(ip='127.0.0.1', node_id='ab12cd34ef56aa', logs={str(tmp_path)!r}, raylet={address!r}, raylet_pid=None))\n"
-        other = ("import subprocess, ctypes\ntime.sleep(1)\n"
-                 "name = 'import ctypes, time; ctypes.CDLL(None).prctl(15, b\"raylet\"); time.sleep(120)'\n"
-                 "raylet = subprocess.Popen([sys.executable, '-c', name, "
-                 f"'--raylet_socket_name={session}/sockets/raylet', '--node_id=ab12cd34ef56aa', '--node_ip_address=127.0.0.1'], "
-                 "preexec_fn=lambda: ctypes.CDLL(None).prctl(1, signal.SIGKILL))\n"
+        other = ("time.sleep(1)\n" + _fake_raylet(session) +
                  "time.sleep(1.5)\nos.kill(raylet.pid, signal.SIGKILL)\ntime.sleep(2)\nos._exit(1)")  # fmt: skip
         code = supervise(_driver(report + other))
     err = capsys.readouterr().err.strip().splitlines()
