@@ -305,7 +305,19 @@ class _StepLines:
 
 
 def _say(line: str) -> None:
-    print(line, flush=True)
+    try:
+        print(line, flush=True)
+    except OSError as exc:  # stdout closed under the run (`| head`: EPIPE; a terminal gone: EIO)
+        _stdout_to_devnull(exc)
+
+
+def _stdout_to_devnull(exc: OSError) -> None:
+    """A closed stdout ends no run: what is printed there from now on (and what is still buffered)
+    goes nowhere, once said in the log; metrics.jsonl and logs/driver.log go on."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.close(devnull)
+    log.warning("stdout is closed (%s): the step lines stop there; the run goes on (metrics.jsonl, logs/driver.log)", exc)
 
 
 def step_info(metrics: dict[str, float], *, markup: bool) -> str:

@@ -73,3 +73,17 @@ def test_on_a_terminal_it_is_the_bar(monkeypatch):
     sink.log(1, STEP)
     assert sink._progress.tasks[0].completed == 1 and "kl 0.002" in sink._progress.tasks[0].fields["info"]
     sink.close()
+
+
+def test_a_closed_stdout_ends_no_run():
+    """`megarl launch ... | head -1`: once head has gone, a step line fails with EPIPE; the lines
+    stop (said once in the log), the run goes on, and nothing fails at exit either."""
+    code = ("import sys\nfrom megarl.trainer.metric_sinks import _StepLines\nlines = _StepLines(3, clock=iter(range(0, 900, 60)).__next__)\n"
+            "for step in (1, 2, 3):\n    lines.log(step, {'reward/mean': 0.5})\nlines.close()\nprint('more of the run')\n"
+            "print('alive', file=sys.stderr)\n")  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()  # the reader gone before the first line (the child is still importing)
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 0, err
+    assert err.count("stdout is closed") == 1 and err.rstrip().endswith("alive"), err
+    assert "Traceback" not in err and "Exception ignored" not in err, err
