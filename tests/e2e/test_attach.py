@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from run_helpers import TINY, read_jsonl, small_overrides
 
+from megarl.tagged_processes import DRIVER_TAG_ENV, end_tagged, new_tag
+
 pytestmark = pytest.mark.slow
 RAY = str(Path(sys.executable).with_name("ray"))
 
@@ -26,8 +28,11 @@ def test_launch_attaches_to_a_running_cluster(tmp_path):
     port = free_port()
     start = [RAY, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=4",
              "--include-dashboard=false", "--disable-usage-stats"]
-    # A loopback-only test cluster: no token auth, so the test needs no token files.
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    # A loopback-only test cluster: no token auth, so the test needs no token files. Its processes
+    # carry a tag of this test's, by which they are ended after it: `ray stop --force` would end
+    # every Ray process on the machine (another run's, another test session's).
+    tag = new_tag()
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", DRIVER_TAG_ENV: tag}
     subprocess.run(start, check=True, capture_output=True, timeout=120, env=env)
     try:
         out = tmp_path / "run"
@@ -38,4 +43,4 @@ def test_launch_attaches_to_a_running_cluster(tmp_path):
         assert "Started a local Ray instance" not in proc.stderr  # it joined the cluster
         assert [r["step"] for r in read_jsonl(out / "metrics.jsonl")] == [1, 2]
     finally:
-        subprocess.run([RAY, "stop", "--force"], capture_output=True, timeout=120, env=env)
+        end_tagged(tag)
