@@ -23,6 +23,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 from collections.abc import Sequence
@@ -311,6 +312,11 @@ class SGLangServer:
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = spec.log_path
         self.launches = 0
+        # A host actor runs start and shutdown at once (a shutdown must not queue behind a start
+        # that waits for health): the lock orders a launch against a shutdown, and a shutdown that
+        # comes first makes the start refuse, so no server outlives the shutdown that was meant for it.
+        self._lock = threading.Lock()
+        self._shut = False
 
     @property
     def url(self) -> str:
@@ -323,6 +329,12 @@ class SGLangServer:
 
     def launch(self) -> None:
         """Start the process (does not wait for health; see :meth:`wait_healthy`)."""
+        with self._lock:
+            if self._shut:
+                raise ServerLaunchError(f"SGLang server {self.url} was shut down before it started")
+            self._launch()
+
+    def _launch(self) -> None:
         if self.alive():
             assert self.proc is not None  # alive: a process was started
             raise RuntimeError(
@@ -382,7 +394,7 @@ class SGLangServer:
         try:
             self.wait_healthy(timeout, poll)
         except ServerLaunchError:
-            self.shutdown()
+            self._kill()
             raise
 
     def alive(self) -> bool:
@@ -396,22 +408,31 @@ class SGLangServer:
         return read_log_tail(self.log_path, max_lines) if self.log_path else ""
 
     def shutdown(self, grace: float = 10.0) -> None:
-        """SIGTERM the process group, SIGKILL it after ``grace`` seconds."""
-        if self.proc is None:
+        """SIGTERM the process group, SIGKILL it after ``grace`` seconds; a start still to come
+        refuses (only :meth:`restart` starts it again)."""
+        with self._lock:
+            self._shut = True
+        self._kill(grace)
+
+    def _kill(self, grace: float = 10.0) -> None:
+        proc = self.proc
+        if proc is None:
             return
-        if self.proc.poll() is None:
-            _signal_group(self.proc.pid, signal.SIGTERM)
+        if proc.poll() is None:
+            _signal_group(proc.pid, signal.SIGTERM)
             try:
-                self.proc.wait(timeout=grace)
+                proc.wait(timeout=grace)
             except subprocess.TimeoutExpired:
-                _signal_group(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=grace)
+                _signal_group(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=grace)
         # Children (scheduler / TP workers) may outlive the leader: kill what is left.
-        _signal_group(self.proc.pid, signal.SIGKILL)
+        _signal_group(proc.pid, signal.SIGKILL)
 
     def restart(self, timeout: float = 600.0, poll: float = 1.0) -> None:
         """Kill whatever is left of the old process and start a new one."""
-        self.shutdown()
+        with self._lock:
+            self._shut = False
+        self._kill()
         self.start(timeout, poll)
 
     def _failure(self, what: str) -> str:

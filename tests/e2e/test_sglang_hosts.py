@@ -4,6 +4,7 @@ restarts through the actor and shuts down; bundle probes report where a placemen
 
 from __future__ import annotations
 
+import re
 import sys
 import textwrap
 
@@ -94,6 +95,9 @@ def test_a_host_shuts_its_server_down_while_its_start_still_waits(ray_local, tmp
         ray.get(host.shutdown.remote(), timeout=60)  # not queued behind the start
         with pytest.raises(ray.exceptions.RayTaskError) as info:
             ray.get(starting, timeout=60)  # the start sees its server gone at once
-        assert isinstance(info.value.cause, ServerLaunchError) and "exited with code" in str(info.value.cause)
+        # On a loaded machine the shutdown can run before the start launched anything: then the
+        # start refuses to launch at all.
+        assert isinstance(info.value.cause, ServerLaunchError)
+        assert re.search(r"exited with code|was shut down before it started", str(info.value.cause))
     finally:
         ray.kill(host)

@@ -258,6 +258,22 @@ def test_healthy_server_starts_is_detected_dead_and_restarts(tmp_path):
     assert not server.alive()
 
 
+def test_a_shutdown_before_the_start_makes_the_start_refuse_and_restart_starts_again(tmp_path):
+    # A host actor runs start and shutdown at once: a shutdown that comes first must win, or the
+    # start would launch a server nobody stops and wait its whole timeout for it.
+    server = _stand_in(tmp_path, HEALTHY_STAND_IN)
+    server.shutdown()
+    with pytest.raises(ServerLaunchError, match=r"was shut down before it started"):
+        server.start(timeout=30.0, poll=0.05)
+    assert server.proc is None and server.launches == 0
+    server.restart(timeout=30.0, poll=0.05)  # only an explicit restart starts it again
+    try:
+        assert server.healthy() and server.launches == 1
+    finally:
+        server.shutdown()
+    assert not server.alive()
+
+
 def test_a_server_that_exits_while_starting_fails_with_its_log(tmp_path):
     (tmp_path / "a").mkdir()
     good = _stand_in(tmp_path / "a", HEALTHY_STAND_IN)
