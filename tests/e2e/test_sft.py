@@ -89,7 +89,12 @@ def test_sft_then_rl_generate_and_evaluate(tmp_path, monkeypatch, caplog):
     pq.write_table(pq.read_table(data / "val.parquet").slice(0, 16), tmp_path / "val16.parquet")
     step = tmp_path / "rl" / "checkpoints" / "step_000001"
     from_rl = generate(CONFIG, greedy[1:], tmp_path / "val16.parquet", tmp_path / "rl-gen.parquet", model=str(step))
-    assert evaluate(from_rl, CONFIG, greedy[1:])["per_data_source"]["all"]["pass@1"] >= 0.25  # the base model: ~0.03
+    # The step's own model answers: its greedy answers are the ones the RL run logged for its
+    # step-1 validation (the first held-out rows), whatever one RL step did to the SFT model.
+    logged = [(r["ground_truth"], r["response"]) for r in read_jsonl(tmp_path / "rl" / "samples" / "step_000001.jsonl")]
+    answers = [(r["reward_model"]["ground_truth"], r["responses"][0]) for r in pq.read_table(from_rl).to_pylist()]
+    assert len(logged) == 4 and answers[: len(logged)] == logged
+    assert evaluate(from_rl, CONFIG, greedy[1:])["per_data_source"]["all"]["responses"] == 16
 
 
 def test_a_step_of_more_rows_than_the_training_file_has_is_refused(tmp_path):
