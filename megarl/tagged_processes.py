@@ -19,9 +19,11 @@ found there).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
+from collections.abc import Collection, Iterator
 
 DRIVER_TAG_ENV = "MEGARL_DRIVER_TAG"
 SWEEP_ROUNDS = 20  # a process that starts another while the sweep runs is found on the next round
@@ -58,22 +60,58 @@ def _carries(pid: int, entry: bytes) -> bool:
         return False
 
 
-def end_tagged(tag: str) -> int:
-    """End every process carrying ``tag``: SIGTERM first, and up to TERM_GRACE_S for them to go
-    (wandb's service flushes, multiprocessing's resource tracker cleans /dev/shm), then SIGKILL,
-    round after round until none is left (a few rounds at most); the number ended. Each is held
-    by a pidfd while its tag is read, so a pid that a new process took meanwhile is never signalled."""
-    ended = {pid for pid in tagged(tag) if _signal_if_tagged(pid, tag, signal.SIGTERM)}
+def end_tagged(tag: str, spare: Collection[int] = ()) -> int:
+    """End every process carrying ``tag`` but the ``spare`` pids: SIGTERM first, and up to
+    TERM_GRACE_S for them to go (wandb's service flushes, multiprocessing's resource tracker
+    cleans /dev/shm), then SIGKILL, round after round until none is left (a few rounds at most);
+    the number ended. Each is held by a pidfd while its tag is read, so a pid that a new process
+    took meanwhile is never signalled."""
+
+    def left() -> list[int]:
+        return [pid for pid in tagged(tag) if pid not in spare]
+
+    ended = {pid for pid in left() if _signal_if_tagged(pid, tag, signal.SIGTERM)}
     deadline = time.monotonic() + TERM_GRACE_S
-    while ended and time.monotonic() < deadline and tagged(tag):
+    while ended and time.monotonic() < deadline and left():
         time.sleep(SWEEP_PAUSE_S)
     for _ in range(SWEEP_ROUNDS):
-        pids = tagged(tag)
+        pids = left()
         if not pids:
             break
         ended.update(pid for pid in pids if _signal_if_tagged(pid, tag, signal.SIGKILL))
         time.sleep(SWEEP_PAUSE_S)
     return len(ended)
+
+
+@contextlib.contextmanager
+def ending_what_it_starts() -> Iterator[None]:
+    """For a command that runs without a supervisor (``megarl evaluate``): every process started
+    inside the block, and every one those start (a reward function's own forked children, which
+    outlive their worker re-parented), is ended at the block's end if still there. The processes
+    find their way by the tag in this process's environment while the block runs; what forks from
+    a process started before the block (a forkserver this process already had) carries none and
+    is not found. This process's multiprocessing resource tracker is spared: it must outlive the
+    block, to unlink the process's semaphores at its exit (ended early, it is started again and
+    prints a KeyError for each semaphore it never heard of)."""
+    tag, before = new_tag(), os.environ.get(DRIVER_TAG_ENV)
+    os.environ[DRIVER_TAG_ENV] = tag
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(DRIVER_TAG_ENV, None)
+        else:
+            os.environ[DRIVER_TAG_ENV] = before
+        end_tagged(tag, spare=_resource_tracker_pids())
+
+
+def _resource_tracker_pids() -> set[int]:
+    """multiprocessing's resource tracker of this process, when it started one (its internals: on
+    another Python without them, none is known and none is spared)."""
+    from multiprocessing import resource_tracker
+
+    pid = getattr(getattr(resource_tracker, "_resource_tracker", None), "_pid", None)
+    return {pid} if isinstance(pid, int) else set()
 
 
 def _signal_if_tagged(pid: int, tag: str, signum: int) -> bool:

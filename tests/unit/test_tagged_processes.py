@@ -49,3 +49,21 @@ def test_sigterm_first_then_sigkill_for_what_stays(tmp_path):
 
 def test_nothing_tagged_returns_at_once():
     assert end_tagged(new_tag()) == 0
+
+
+def test_a_block_ends_what_it_started_and_a_spared_pid_is_left(tmp_path):
+    from megarl.tagged_processes import ending_what_it_starts
+
+    before = os.environ.get(DRIVER_TAG_ENV)
+    with ending_what_it_starts():  # the tag is in this process's environment only while the block runs
+        inside = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    tag = new_tag()
+    spared, _ = _start(tmp_path, "spared", tag, "sys.exit(0)")
+    try:
+        assert inside.wait(timeout=30) == -15 and os.environ.get(DRIVER_TAG_ENV) == before
+        assert end_tagged(tag, spare={spared.pid}) == 0 and spared.poll() is None
+        assert end_tagged(tag) == 1 and spared.wait(timeout=10) == 0
+    finally:
+        for p in (spared, inside):
+            p.kill()
+            p.wait()

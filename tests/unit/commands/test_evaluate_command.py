@@ -241,6 +241,46 @@ def test_a_stop_signal_while_scoring_stops_with_one_line_and_its_exit_code(gener
     assert not list(tmp_path.glob("sc.parquet*")) and not list(tmp_path.glob("*.eval.json"))
 
 
+FORKING_REWARD = """
+import os
+import time
+
+def score(data_source, solution_str, ground_truth, extra_info=None):
+    if os.fork() == 0:  # a child of the user's that outlives its worker, re-parented
+        time.sleep(300)
+        os._exit(0)
+    return 0.5
+"""
+
+
+def _carrying(entry: bytes) -> list[int]:
+    found = []
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                if entry in f.read().split(b"\0"):
+                    found.append(int(name))
+        except OSError:  # gone meanwhile, or a zombie
+            pass
+    return found
+
+
+def test_what_a_reward_function_starts_ends_with_the_command(generated, tmp_path):
+    # Without the sweep, every worker's forked child, the forkserver and the resource tracker were
+    # still running long after evaluate's rc 0.
+    (tmp_path / "forking.py").write_text(FORKING_REWARD)
+    mark = f"MEGARL_TEST_MARK={os.getpid()}-{time.time_ns()}"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3]), mark.split("=")[0]: mark.split("=")[1]}
+    done = subprocess.run([sys.executable, "-m", "megarl.cli", "evaluate", "--data", str(generated), "--out", str(tmp_path / "e.json"),
+                           f"reward.custom.path={tmp_path / 'forking.py'}", "reward.custom.name=score"],
+                          env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    deadline = time.monotonic() + 60  # the resource tracker ends on its own once the command has
+    while _carrying(mark.encode()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _carrying(mark.encode()) == []
+
+
 def test_rows_with_different_numbers_of_responses_keep_pass_at_the_largest_k_and_say_so(tmp_path, caplog):
     rows = {"data_source": ["reverse_digits"] * 2, "prompt": ["123", "456"],
             "reward_model": [{"ground_truth": "321", "style": "rule"}, {"ground_truth": "654", "style": "rule"}],
