@@ -115,19 +115,44 @@ class WaitNotes:
             self.say(f"{self.text()}: done in {self.clock() - self.start:.0f} s")
 
 
+# The waits now running, each with the thread that entered it: a line about a wait inside another
+# (a slow import inside "checking the config and its files") makes the outer one's next line due
+# every_s later, so the user reads one stream of lines, not two interleaved.
+_ACTIVE: list[tuple[int, WaitNotes]] = []
+_ACTIVE_LOCK = threading.Lock()
+
+
+def said_inside(owner: int | None = None, inner: WaitNotes | None = None) -> None:
+    """A line about a wait inside the running ones of thread ``owner`` (None: this thread) was just
+    said: theirs are due every_s from now. ``inner``: that wait's own notes, when it is one of them
+    (only the waits entered before it are outer ones)."""
+    owner = threading.get_ident() if owner is None else owner
+    with _ACTIVE_LOCK:
+        outer = [notes for thread, notes in _ACTIVE if thread == owner]
+    if inner is not None and inner in outer:
+        outer = outer[: outer.index(inner)]
+    for notes in outer:
+        notes.said_now()
+
+
 @contextmanager
 def still_waiting(what: str | Callable[[], str], *, first_s: float = NOTE_FIRST_S, every_s: float = NOTE_EVERY_S,
                   done_line: bool = True) -> Iterator[WaitNotes]:  # fmt: skip
     """A wait the user sees: a thread ticks :class:`WaitNotes` while the body runs. ``done_line``:
     a line at the end of a wait that said anything (not when the body raised: its error says)."""
     notes = WaitNotes(what, first_s=first_s, every_s=every_s)
-    stop = threading.Event()
+    stop, owner = threading.Event(), threading.get_ident()
 
     def watch() -> None:
         while not stop.wait(min(1.0, first_s, every_s)):
+            said = notes.said
             notes.tick()
+            if notes.said != said:
+                said_inside(owner, notes)
 
     thread = threading.Thread(target=watch, name="megarl-wait-notes", daemon=True)
+    with _ACTIVE_LOCK:
+        _ACTIVE.append((owner, notes))
     thread.start()
     finished = False
     try:
@@ -136,6 +161,8 @@ def still_waiting(what: str | Callable[[], str], *, first_s: float = NOTE_FIRST_
     finally:
         stop.set()
         thread.join(timeout=5)
+        with _ACTIVE_LOCK:
+            _ACTIVE.remove((owner, notes))
         if finished and done_line:
             notes.end()
 

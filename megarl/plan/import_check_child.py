@@ -273,8 +273,11 @@ class ChildChecks:
 
     def _say_waiting(self) -> None:
         """A slow import is no silent launch: a line every PROGRESS_EVERY_S, on a terminal or a pipe."""
+        from megarl.progress import said_inside
+
         what, since = self._doing
         log.info("%s ... (%.0f s)", what or "starting the import check", time.monotonic() - since)
+        said_inside()  # "checking the config and its files" around it waits for this line to go quiet
 
     def _finding(self, check: str, error: str) -> Finding:
         if check == "reward":

@@ -133,3 +133,30 @@ def test_counting_on_a_pipe_says_the_last_count_once(caplog):
             advance(12)
             advance(0)
     assert [r.getMessage() for r in caplog.records] == ["scoring: 12/12 responses"]
+
+
+def test_a_line_about_a_wait_inside_another_puts_off_the_outer_ones_line():
+    # "checking the config and its files ... (N s)" every 10 s interleaved with "importing
+    # reward.custom from FILE ... (N s)" every 5 s: two streams for one wait.
+    with still_waiting("outer", first_s=3600, every_s=3600) as outer, still_waiting("inner", first_s=3600, every_s=3600) as inner:
+        outer.next = inner.next = 0.0  # both due
+        progress.said_inside(threading.get_ident(), inner)  # the inner wait said a line
+        assert outer.next > time.monotonic() and inner.next == 0.0
+        other = threading.Thread(target=progress.said_inside)  # another thread's waits are not these
+        inner.next = 0.0
+        other.start()
+        other.join()
+        assert inner.next == 0.0
+        progress.said_inside()  # a line said in this thread (the import check's): every wait of it
+        assert inner.next > time.monotonic()
+    assert progress._ACTIVE == []
+
+
+def test_the_inner_waits_own_line_puts_off_the_outer_one():
+    with still_waiting("outer", first_s=3600, every_s=3600) as outer:
+        due = outer.next = time.monotonic() + 1000
+        with still_waiting("inner", first_s=0.01, every_s=3600) as inner:
+            deadline = time.monotonic() + 60
+            while not inner.said and time.monotonic() < deadline:
+                time.sleep(0.01)
+        assert inner.said == 1 and outer.next > due  # put off: due every_s (3600 s) after the inner line
