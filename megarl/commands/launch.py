@@ -46,8 +46,10 @@ def _prepare(args: argparse.Namespace) -> Supervision:
     """A config mistake: its line from the command's process, no driver started. The driver
     reports the command that resumes it (megarl/trainer/launch.py)."""
     from megarl.config.loading import load_config
+    from megarl.trainer.run_lock import check_output_dir_free
 
     cfg = load_config(args.config, args.overrides)
+    check_output_dir_free(cfg.trainer.output_dir)  # a run there: refused before the driver's seconds of imports
     return Supervision(ray=starts_ray(args), user_code=driver_user_code(cfg))
 
 

@@ -67,8 +67,11 @@ def _prepare(args: argparse.Namespace) -> Supervision:
     """A config mistake: its line from the command's process, no driver started; what a driver
     that dies without a word leaves (for the supervisor's line)."""
     from megarl.config.loading import load_config
+    from megarl.trainer.run_lock import check_output_dir_free
 
-    target = Path(load_config(args.config, args.overrides).sft.output_dir) / MODEL_DIR
+    output_dir = load_config(args.config, args.overrides).sft.output_dir
+    check_output_dir_free(output_dir, "sft.output_dir")  # an sft there: refused before the driver's seconds of imports
+    target = Path(output_dir) / MODEL_DIR
     kept = (f"SFT keeps no checkpoint to resume from, and {target} appears only once written whole and verified (it is "
             "staged beside itself): run the same command again")
     return Supervision(kept, ray=starts_ray(args), user_code=None)  # SFT trains on sft.train_files: none of the user's code

@@ -10,7 +10,12 @@ import sys
 
 import pytest
 
-from megarl.trainer.run_lock import LOCK_FILE, OutputDirInUse, output_dir_lock
+from megarl.trainer.run_lock import (
+    LOCK_FILE,
+    OutputDirInUse,
+    check_output_dir_free,
+    output_dir_lock,
+)
 
 # Holds the lock, forks a child that outlives it (as a reward pool's worker could), and waits.
 HOLD = """import os, sys, time
@@ -34,8 +39,11 @@ def test_a_second_process_is_refused_until_the_first_is_gone(tmp_path):
                                                  r".*\); wait for that run to end or stop it .*, or give another sft.output_dir$"):  # fmt: skip
             with output_dir_lock(out, "sft.output_dir"):
                 pass
+        with pytest.raises(OutputDirInUse, match=rf"^trainer.output_dir {out} is in use by pid {holder.pid} "):
+            check_output_dir_free(out)  # the command's probe before its driver starts: the same line
         holder.kill()  # SIGKILL: the kernel releases the lock; the forked child, still alive, holds none
         holder.wait()
+        check_output_dir_free(out)
         with output_dir_lock(out):
             pass
         assert (out / LOCK_FILE).read_text().startswith("pid ")  # (read after: a close in the holder drops its lock)
@@ -46,7 +54,11 @@ def test_a_second_process_is_refused_until_the_first_is_gone(tmp_path):
 
 def test_a_second_hold_in_the_same_process_is_refused(tmp_path):
     """A POSIX lock does not stop its own process, and a second open + close would drop it."""
+    check_output_dir_free(tmp_path / "new")  # no folder: free, and none made
+    assert not (tmp_path / "new").exists()
     with output_dir_lock(tmp_path):
+        with pytest.raises(OutputDirInUse, match="is in use by this process"):
+            check_output_dir_free(tmp_path)
         with pytest.raises(OutputDirInUse, match="is in use by this process"):
             with output_dir_lock(tmp_path / "." ):
                 pass
