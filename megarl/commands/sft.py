@@ -208,6 +208,9 @@ def _checked(cfg: Any, address: str | None, in_process: bool) -> tuple[Any, Any]
     if problems:
         raise SFTError(problems[0])
     assert plan is not None
+    if cfg.data.custom_cls is not None:  # an RL config's dataset class: said, or SFT would seem to train on it
+        log.warning("sft: data.custom_cls %s is not used: megarl sft trains on sft.train_files (parquet files with prompt + "
+                    "response columns or chat messages); write your class's rows to such a file", cfg.data.custom_cls.name)
     return cfg, plan
 
 

@@ -16,6 +16,7 @@ import pytest
 from megarl.commands.demo import prepare_demo
 from megarl.commands.sft import SFTError, run_sft
 from megarl.config.loading import load_config
+from megarl.data.datasets import DataError
 from megarl.terminal import EXIT_SIGTERM
 from megarl.trainer.run_lock import OutputDirInUse
 
@@ -122,3 +123,17 @@ def test_a_second_sft_into_one_output_dir_is_refused_before_reading_the_data(tmp
             run_sft(cfg, in_process=True)
     finally:
         holder.communicate(input="", timeout=60)  # its stdin closed: it lets go and ends
+
+
+def test_a_dataset_class_of_the_config_is_said_to_be_unused(tmp_path, caplog):
+    # an RL config's data.custom_cls: SFT reads sft.train_files, which must not look as if it trained on the class
+    model, _ = prepare_demo(tmp_path / "demo")
+    (tmp_path / "ds.py").write_text("class DS:\n    pass\n")
+    cfg = load_config(CONFIG, [f"model.path={model}", f"sft.train_files=[{tmp_path / 'missing.parquet'}]", "sft.val_files=[]",
+                               f"sft.output_dir={tmp_path / 'sft'}", "cluster.gpus_per_node=1",
+                               f"data.custom_cls.path={tmp_path / 'ds.py'}", "data.custom_cls.name=DS"])  # fmt: skip
+    with pytest.raises(DataError, match="missing.parquet"):  # the data's own refusal, after the checks
+        run_sft(cfg, in_process=True)
+    said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert said == ["sft: data.custom_cls DS is not used: megarl sft trains on sft.train_files (parquet files with prompt + "
+                    "response columns or chat messages); write your class's rows to such a file"]
