@@ -29,16 +29,29 @@ class ConfigError(ValueError):
 
 
 def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> MegaRLConfig:
-    """Read ``path`` (YAML), apply ``key.path=value`` overrides, validate."""
+    """Read ``path`` (YAML), apply ``key.path=value`` overrides, validate. Every mistake is named
+    at once: an override that cannot apply (an unknown key, bad YAML) is left out of the
+    validation, which then names the values that are wrong."""
     raw: dict[str, Any] = {}
     if path is not None:
         raw = _read_yaml(Path(path))
     applied: dict[str, str] = {}  # key -> the override as typed, to name it in errors
+    problems: list[str] = []
     for item in overrides:
-        key, value = parse_override(item)
-        _set_dotted(raw, key, value, merge=_check_key_path(key))
+        try:
+            key, value = parse_override(item)
+            _set_dotted(raw, key, value, merge=_check_key_path(key))
+        except ConfigError as exc:
+            problems.append(str(exc))
+            continue
         applied[key] = item
-    return validate_config(raw, source=str(path) if path else "<overrides>", overrides=applied)
+    try:
+        cfg = validate_config(raw, source=str(path) if path else "<overrides>", overrides=applied)
+    except ConfigError as exc:
+        problems.append(str(exc))
+    if problems:
+        raise ConfigError("\n".join(problems))
+    return cfg
 
 
 def load_section(overrides: list[str] | tuple[str, ...], section: str) -> Any:

@@ -173,3 +173,16 @@ def test_one_section_from_overrides_without_a_file():
         load_section(["reward.workers=0"], "reward")
     with pytest.raises(ConfigError, match="unknown key reward.worker"):
         load_section(["reward.worker=2"], "reward")
+
+
+def test_an_unknown_key_hides_no_other_mistake():
+    # the unknown key used to be the only line: the wrong values showed one fix later
+    with pytest.raises(ConfigError) as refused:
+        load_config(None, [*BASE, "trainer.bogus=1", "rollout.n=0", "rollout.sampling.stop=[a", "actor.optimizer.lr=abc"])
+    lines = str(refused.value).splitlines()
+    assert lines[0].startswith("unknown key trainer.bogus; ")
+    assert lines[1].startswith("override 'rollout.sampling.stop=[a': value '[a' is not valid YAML")
+    assert lines[2:] == ["override rollout.n=0: invalid configuration",
+                         "  - rollout.n: Input should be greater than or equal to 1 (got 0)",
+                         "override actor.optimizer.lr=abc: invalid configuration",
+                         "  - actor.optimizer.lr: Input should be a valid number, unable to parse string as a number (got 'abc')"]
