@@ -30,11 +30,12 @@ ABSL_LINE = re.compile(rb"\*\*\* SIG[A-Z]+ received at time=\d+|PC: @ |    @ +0x
 RAY_START = b"[0000-00-00 00:00:00,000 L"  # the fixed-width start of Ray's line: 0 a digit, L its level
 # Ray's Python logger's line (its own format: "<date> <time>,<ms>\tLEVEL file.py:line -- msg"), as
 # "INFO node.py:438 -- Failed to get node info b'GCS cannot find the node ...'" when the raylet died
-# as Ray started. Ray's word on what it started ("Started a local Ray instance", or a cluster it
-# joined) stays on the terminal: it is what tells a local Ray from an attached one.
+# as Ray started. Ray's word on the cluster it joined (with its dashboard's address) stays on the
+# terminal; its "Started a local Ray instance" goes to the log too: megarl's own line has said it
+# starts an embedded Ray.
 RAY_PY_LINE = re.compile(rb"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}\s+(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \S+\.py:\d+ -- ")
 RAY_PY_START = b"0000-00-00 00:00:00,000"
-RAY_PY_KEPT = (b"-- Started a local Ray instance", b"-- Connected to Ray cluster")
+RAY_PY_KEPT = (b"-- Connected to Ray cluster",)
 ABSL_STARTS = (b"*** SIG", b"PC: @ ", b"    @ ")
 HOLD_S = 0.1  # how long a partial line that may be Ray's waits for more before it is passed on
 JOIN_TIMEOUT_S = 5.0  # a process that kept the pipe open (none should, once the driver's tree is ended)

@@ -585,21 +585,24 @@ def test_ray_s_c_level_lines_on_the_driver_s_stderr_go_to_its_log(capfd, tmp_pat
 # Ray's Python logger's lines on the driver's stderr (their real words and format, a tab before the level).
 RAY_PY_LINE = "2026-11-29 20:33:14,340\tINFO node.py:438 -- Failed to get node info b'GCS cannot find the node with node ID 4f'\n"
 RAY_STARTED = "2026-11-29 20:27:58,940\tINFO worker.py:2038 -- Started a local Ray instance.\n"
+RAY_JOINED = "2026-11-29 20:27:58,940\tINFO worker.py:1832 -- Connected to Ray cluster. View the dashboard at 10.0.0.7:8265 \n"
 
 
-def test_ray_s_python_logger_lines_go_to_the_log_but_what_it_started(capfd, tmp_path):
+def test_ray_s_python_logger_lines_go_to_the_log_but_the_cluster_it_joined(capfd, tmp_path):
     """Ray's Python logger's line after a raylet killed as Ray started (written in two pieces, as a
-    long line may arrive) goes to the driver's log; its word that it started a local Ray stays on
-    the terminal, and so does megarl's own log line."""
+    long line may arrive) and its word that it started a local Ray (megarl's own line said so) go
+    to the driver's log; the cluster it joined (its dashboard) stays on the terminal, and so does
+    megarl's own log line."""
     driver_log = tmp_path / "driver.log"
     body = (f"s.report(log={str(driver_log)!r})\ntime.sleep(0.5)\nos.write(2, {RAY_STARTED!r}.encode())\n"
+            f"os.write(2, {RAY_JOINED!r}.encode())\n"
             f"os.write(2, {RAY_PY_LINE[:30]!r}.encode())\ntime.sleep(0.05)\nos.write(2, {RAY_PY_LINE[30:]!r}.encode())\n"
             "os.write(2, b'20:33:15 INFO megarl.trainer.launch: starting\\n')\nos._exit(1)")  # fmt: skip
     code = supervise(_driver(body), ray=False, kept="OUT is as it was")
     err = capfd.readouterr().err
     assert code == 2
-    assert "Failed to get node info" not in err and driver_log.read_text() == RAY_PY_LINE, err
-    assert err.startswith(RAY_STARTED + "20:33:15 INFO megarl.trainer.launch: starting\n"), err
+    assert "Failed to get node info" not in err and driver_log.read_text() == RAY_STARTED + RAY_PY_LINE, err
+    assert err.startswith(RAY_JOINED + "20:33:15 INFO megarl.trainer.launch: starting\n"), err
 
 
 def test_stdout_and_stderr_into_one_file_keep_their_order(tmp_path):
