@@ -165,7 +165,7 @@ def test_the_resume_command_finishes_the_run_as_one(finished, launch_dir):
     assert steps_logged(launch_dir / "run") == list(range(1, STEPS + 1))  # appended, cut back: each step once
     # Running it once more: nothing to do, said before Ray starts.
     again = subprocess.run(args, cwd=launch_dir, capture_output=True, text=True, timeout=300)
-    assert again.returncode == 0 and "already finished" in again.stdout and "Started a local Ray" not in again.stderr
+    assert again.returncode == 0 and "already finished" in again.stdout and "embedded Ray" not in again.stderr
 
 
 def test_convert_from_elsewhere_and_what_it_refuses(finished, launch_dir, tmp_path):
@@ -187,7 +187,7 @@ def test_convert_from_elsewhere_and_what_it_refuses(finished, launch_dir, tmp_pa
     dot = subprocess.run([*MEGARL, "convert", str(ckpt), ".", "--overwrite"], cwd=elsewhere, capture_output=True, text=True,
                          timeout=300)
     assert dot.returncode == 2 and dot.stderr.startswith("error: ") and "is the current directory" in dot.stderr
-    assert "Started a local Ray" not in dot.stderr and (elsewhere / "precious.txt").read_text() == "mine"
+    assert "the ranks' logs" not in dot.stderr and (elsewhere / "precious.txt").read_text() == "mine"  # no Ray, no rank
     assert (hf / "megarl_export.json").is_file()
 
 
