@@ -1,4 +1,5 @@
-"""The processes of one supervised driver, found after it ended by a tag in their environment.
+"""The processes of one supervised driver (or of one block of a command without a supervisor:
+:func:`ending_what_it_starts`), found after it ended by a tag in their environment.
 
 The supervisor (megarl/driver_supervisor.py) starts the driver with ``MEGARL_DRIVER_TAG=<unique>``
 in its environment; every process the driver starts inherits it, and the processes those start
@@ -22,8 +23,9 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import threading
 import time
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 
 DRIVER_TAG_ENV = "MEGARL_DRIVER_TAG"
 SWEEP_ROUNDS = 20  # a process that starts another while the sweep runs is found on the next round
@@ -62,37 +64,58 @@ def _carries(pid: int, entry: bytes) -> bool:
 
 def end_tagged(tag: str, spare: Collection[int] = ()) -> int:
     """End every process carrying ``tag`` but the ``spare`` pids: SIGTERM first, and up to
-    TERM_GRACE_S for them to go (wandb's service flushes, multiprocessing's resource tracker
-    cleans /dev/shm), then SIGKILL, round after round until none is left (a few rounds at most);
-    the number ended. Each is held by a pidfd while its tag is read, so a pid that a new process
-    took meanwhile is never signalled."""
+    TERM_GRACE_S for them to go (wandb's service flushes), then SIGKILL, round after round until
+    none is left (a few rounds at most); the number ended. A process that blocks SIGTERM (Ray's
+    processes and the reward pool's forkserver, shielded from a group's SIGTERM) would never act
+    on it: SIGKILL at once. Each is held by a pidfd while its tag is read, so a pid that a new
+    process took meanwhile is never signalled."""
 
     def left() -> list[int]:
         return [pid for pid in tagged(tag) if pid not in spare]
 
-    ended = {pid for pid in left() if _signal_if_tagged(pid, tag, signal.SIGTERM)}
+    termed: set[int] = set()
+    killed: set[int] = set()
+    for pid in left():
+        if _blocks_sigterm(pid):
+            killed.update([pid] if _signal_if_tagged(pid, tag, signal.SIGKILL) else [])
+        elif _signal_if_tagged(pid, tag, signal.SIGTERM):
+            termed.add(pid)
     deadline = time.monotonic() + TERM_GRACE_S
-    while ended and time.monotonic() < deadline and left():
+    while termed and time.monotonic() < deadline and left():
         time.sleep(SWEEP_PAUSE_S)
     for _ in range(SWEEP_ROUNDS):
         pids = left()
         if not pids:
             break
-        ended.update(pid for pid in pids if _signal_if_tagged(pid, tag, signal.SIGKILL))
+        killed.update(pid for pid in pids if _signal_if_tagged(pid, tag, signal.SIGKILL))
         time.sleep(SWEEP_PAUSE_S)
-    return len(ended)
+    return len(termed | killed)
+
+
+def _blocks_sigterm(pid: int) -> bool:
+    """Whether process ``pid`` has SIGTERM blocked (its /proc status's SigBlk mask; unreadable:
+    False, it gets its SIGTERM)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            mask = next((line.split()[1] for line in f if line.startswith("SigBlk:")), "0")
+        return bool(int(mask, 16) >> (signal.SIGTERM - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        return False
 
 
 @contextlib.contextmanager
-def ending_what_it_starts() -> Iterator[None]:
-    """For a command that runs without a supervisor (``megarl evaluate``): every process started
-    inside the block, and every one those start (a reward function's own forked children, which
-    outlive their worker re-parented), is ended at the block's end if still there. The processes
-    find their way by the tag in this process's environment while the block runs; what forks from
-    a process started before the block (a forkserver this process already had) carries none and
-    is not found. This process's multiprocessing resource tracker is spared: it must outlive the
-    block, to unlink the process's semaphores at its exit (ended early, it is started again and
-    prints a KeyError for each semaphore it never heard of)."""
+def ending_what_it_starts(spare: Callable[[], Collection[int]] = set) -> Iterator[None]:
+    """For a command that runs without a supervisor (``megarl evaluate``): the processes started
+    inside the block by an exec (a forkserver, a server, a subprocess), and every process those
+    fork or start (a reward function's own children, which outlive their worker re-parented),
+    are ended at the block's end if still there, but for ``spare()`` (asked then: multiprocessing's
+    resource tracker, which must outlive the block to unlink the process's semaphores at its
+    exit). They carry the tag this process's environment holds while the block runs. Not found:
+    a child this process forks itself without an exec (its environment as this process's was at
+    its own start), what forks from a process started before the block (a forkserver this process
+    already had), a process that replaced its environment. The environment is the process's, so
+    the block runs in the main thread, never nested."""
+    assert threading.current_thread() is threading.main_thread(), "ending_what_it_starts: main thread only"
     tag, before = new_tag(), os.environ.get(DRIVER_TAG_ENV)
     os.environ[DRIVER_TAG_ENV] = tag
     try:
@@ -102,16 +125,7 @@ def ending_what_it_starts() -> Iterator[None]:
             os.environ.pop(DRIVER_TAG_ENV, None)
         else:
             os.environ[DRIVER_TAG_ENV] = before
-        end_tagged(tag, spare=_resource_tracker_pids())
-
-
-def _resource_tracker_pids() -> set[int]:
-    """multiprocessing's resource tracker of this process, when it started one (its internals: on
-    another Python without them, none is known and none is spared)."""
-    from multiprocessing import resource_tracker
-
-    pid = getattr(getattr(resource_tracker, "_resource_tracker", None), "_pid", None)
-    return {pid} if isinstance(pid, int) else set()
+        end_tagged(tag, spare=spare())
 
 
 def _signal_if_tagged(pid: int, tag: str, signum: int) -> bool:

@@ -67,6 +67,7 @@ def _run(args: argparse.Namespace) -> int:
     ks = _parse_ks(args.k)
     out = Path(args.out) if args.out else _default_out(Path(args.data))
     _check_outputs(Path(args.data), out, Path(args.scored) if args.scored else None, args.overwrite)
+    from megarl.rewards.pool_helpers import resource_tracker_pids
     from megarl.tagged_processes import ending_what_it_starts
     from megarl.trainer.run_lock import output_lock
     from megarl.trainer.watchdog import run_stoppable
@@ -75,7 +76,9 @@ def _run(args: argparse.Namespace) -> int:
         for flag, path in (("--out", out), ("--scored", args.scored)):
             if path is not None:
                 held.enter_context(output_lock(path, flag))
-        held.enter_context(ending_what_it_starts())  # a reward function's own children end with the command
+        # a reward function's own children end with the command; the resource tracker unlinks the
+        # pool's semaphores when this process exits
+        held.enter_context(ending_what_it_starts(spare=resource_tracker_pids))
         # nothing written yet: --scored is renamed into place only when whole
         summary = run_stoppable(lambda: evaluate(args.data, config, overrides, ks=ks, pass_threshold=args.pass_threshold,
                                                  scored=args.scored, reward_log=reward_log(out),

@@ -30,25 +30,16 @@ class ConfigError(ValueError):
 
 def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> MegaRLConfig:
     """Read ``path`` (YAML), apply ``key.path=value`` overrides, validate. Every mistake is named
-    at once: an override that cannot apply (an unknown key, bad YAML) is left out of the
-    validation, which then names the values that are wrong."""
+    at once: an override that cannot apply (an unknown key, bad YAML) is named and left out, and
+    the validation names the other values that are wrong (not what the left-out one would have set)."""
     raw: dict[str, Any] = {}
     if path is not None:
         raw = _read_yaml(Path(path))
-    applied: dict[str, str] = {}  # key -> the override as typed, to name it in errors
-    problems: list[str] = []
-    for item in overrides:
-        try:
-            key, value = parse_override(item)
-            _set_dotted(raw, key, value, merge=_check_key_path(key))
-        except ConfigError as exc:
-            problems.append(str(exc))
-            continue
-        applied[key] = item
+    applied, problems, left_out = _apply_overrides(raw, overrides)
     try:
-        cfg = validate_config(raw, source=str(path) if path else "<overrides>", overrides=applied)
+        cfg = validate_config(raw, source=str(path) if path else "<overrides>", overrides=applied, left_out=left_out)
     except ConfigError as exc:
-        problems.append(str(exc))
+        problems += [str(exc)] if str(exc) else []  # (empty: every error was a left-out override's)
     if problems:
         raise ConfigError("\n".join(problems))
     return cfg
@@ -56,33 +47,64 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
 
 def load_section(overrides: list[str] | tuple[str, ...], section: str) -> Any:
     """One section of a config without a config file (e.g. ``reward`` for `megarl evaluate`):
-    its defaults with ``section.key=value`` overrides."""
+    its defaults with ``section.key=value`` overrides; every mistake named at once, as load_config does."""
     raw: dict[str, Any] = {}
-    applied: dict[str, str] = {}
-    for item in overrides:
-        key, value = parse_override(item)
-        if key.split(".")[0] != section:
-            raise ConfigError(f"override {item!r}: without a config file only {section}.* settings apply here; "
-                              f"give the config file to set {key}")  # fmt: skip
-        _set_dotted(raw, key, value, merge=_check_key_path(key))
-        applied[key] = item
+    applied, problems, left_out = _apply_overrides(raw, overrides, section)
     model = _section_type(MegaRLConfig.model_fields[section].annotation)
     assert model is not None, section
     try:
-        return model.model_validate(raw.get(section, {}))
+        result = model.model_validate(raw.get(section, {}))
     except ValidationError as exc:
-        lines = [_describe_error({**err, "loc": (section, *err["loc"])}) for err in exc.errors()]
+        errors = [{**err, "loc": (section, *err["loc"])} for err in exc.errors()]
+        lines = [_describe_error(err) for err in errors if not _near_left_out(err["loc"], left_out)]
         origin = next(iter(applied.values()), "<defaults>")
-        raise ConfigError(f"override {origin}: invalid configuration\n" + "\n".join(f"  - {ln}" for ln in lines)) from None
+        if lines:
+            problems.append(f"override {origin}: invalid configuration\n" + "\n".join(f"  - {ln}" for ln in lines))
+    if problems:
+        raise ConfigError("\n".join(problems))
+    return result
 
 
-def validate_config(raw: dict[str, Any], source: str = "<config>", overrides: dict[str, str] | None = None) -> MegaRLConfig:
-    """Validate ``raw``; errors name ``source``, or the override (``key=value``) that set the value."""
+def _apply_overrides(raw: dict[str, Any], overrides: list[str] | tuple[str, ...],
+                     section: str | None = None) -> tuple[dict[str, str], list[str], list[tuple[str, ...]]]:  # fmt: skip
+    """Set each override in ``raw``: (key -> the override as typed, to name it in errors; the
+    problems of those that cannot apply; their keys, split). ``section``: the only one allowed."""
+    applied: dict[str, str] = {}
+    problems: list[str] = []
+    left_out: list[tuple[str, ...]] = []
+    for item in overrides:
+        try:
+            key, value = parse_override(item)
+            if section is not None and key.split(".")[0] != section:
+                raise ConfigError(f"override {item!r}: without a config file only {section}.* settings apply here; "
+                                  f"give the config file to set {key}")  # fmt: skip
+            _set_dotted(raw, key, value, merge=_check_key_path(key))
+        except ConfigError as exc:
+            problems.append(str(exc))
+            left_out.append(tuple(item.split("=", 1)[0].strip().split(".")))
+            continue
+        applied[key] = item
+    return applied, problems, left_out
+
+
+def _near_left_out(loc: tuple[Any, ...], left_out: list[tuple[str, ...]]) -> bool:
+    """Whether a validation error at ``loc`` is about what a left-out override would have set: the
+    key itself, a section above it (``model`` missing after ``model.arh=...``) or a value under it."""
+    path = tuple(str(p) for p in loc if not isinstance(p, int))
+    return any(path[: len(key)] == key or key[: len(path)] == path for key in left_out)
+
+
+def validate_config(raw: dict[str, Any], source: str = "<config>", overrides: dict[str, str] | None = None,
+                    left_out: list[tuple[str, ...]] = ()) -> MegaRLConfig:  # fmt: skip
+    """Validate ``raw``; errors name ``source``, or the override (``key=value``) that set the value.
+    ``left_out``: the keys of overrides that could not apply (their errors are said already)."""
     try:
         return MegaRLConfig.model_validate(raw)
     except ValidationError as exc:
         by_source: dict[str, list[str]] = {}
         for err in exc.errors():
+            if _near_left_out(err["loc"], left_out):
+                continue
             origin = _override_of(err["loc"], overrides or {})
             by_source.setdefault(f"override {origin}" if origin else source, []).append(_describe_error(err))
         parts = [f"{where}: invalid configuration\n" + "\n".join(f"  - {ln}" for ln in lines) for where, lines in by_source.items()]

@@ -54,6 +54,13 @@ def helpers_output_to(log_path: Path | None) -> Iterator[None]:
             os.close(fd)
 
 
+def resource_tracker_pids() -> set[int]:
+    """This process's resource tracker, when it started one (multiprocessing's internals: on another
+    Python without them, none is known)."""
+    pid = getattr(getattr(resource_tracker, "_resource_tracker", None), "_pid", None)
+    return {pid} if isinstance(pid, int) else set()
+
+
 def tracker_died() -> bool:
     """Whether this process started a resource tracker that is gone now (multiprocessing's own
     probe: a write to its pipe; another Python without these internals: False, as before)."""

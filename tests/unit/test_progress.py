@@ -139,16 +139,15 @@ def test_a_line_about_a_wait_inside_another_puts_off_the_outer_ones_line():
     # "checking the config and its files ... (N s)" every 10 s interleaved with "importing
     # reward.custom from FILE ... (N s)" every 5 s: two streams for one wait.
     with still_waiting("outer", first_s=3600, every_s=3600) as outer, still_waiting("inner", first_s=3600, every_s=3600) as inner:
-        outer.next = inner.next = 0.0  # both due
+        due = outer.next = inner.next = time.monotonic() + 1000  # never due while the test runs: no tick moves them
         progress.said_inside(threading.get_ident(), inner)  # the inner wait said a line
-        assert outer.next > time.monotonic() and inner.next == 0.0
+        assert outer.next > due and inner.next == due
         other = threading.Thread(target=progress.said_inside)  # another thread's waits are not these
-        inner.next = 0.0
         other.start()
         other.join()
-        assert inner.next == 0.0
+        assert inner.next == due
         progress.said_inside()  # a line said in this thread (the import check's): every wait of it
-        assert inner.next > time.monotonic()
+        assert inner.next > due
     assert progress._ACTIVE == []
 
 

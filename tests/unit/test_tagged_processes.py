@@ -67,3 +67,25 @@ def test_a_block_ends_what_it_started_and_a_spared_pid_is_left(tmp_path):
         for p in (spared, inside):
             p.kill()
             p.wait()
+
+
+def test_a_process_that_blocks_sigterm_gets_sigkill_without_the_grace(monkeypatch):
+    # the reward pool's forkserver and Ray's processes block SIGTERM: the grace would only be waited out
+    import threading
+
+    from megarl import tagged_processes
+
+    monkeypatch.setattr(tagged_processes, "TERM_GRACE_S", 600.0)
+    tag = new_tag()
+    code = "import signal, time\nsignal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})\nprint('up', flush=True)\ntime.sleep(120)"
+    blocked = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, DRIVER_TAG_ENV: tag}, stdout=subprocess.PIPE,
+                               text=True)  # fmt: skip
+    try:
+        assert blocked.stdout.readline().strip() == "up"
+        sweep = threading.Thread(target=end_tagged, args=(tag,))
+        sweep.start()
+        sweep.join(timeout=60)  # far below the 600 s grace
+        assert not sweep.is_alive() and blocked.wait(timeout=10) == -9
+    finally:
+        blocked.kill()
+        blocked.wait()

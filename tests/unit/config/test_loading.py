@@ -186,3 +186,27 @@ def test_an_unknown_key_hides_no_other_mistake():
                          "  - rollout.n: Input should be greater than or equal to 1 (got 0)",
                          "override actor.optimizer.lr=abc: invalid configuration",
                          "  - actor.optimizer.lr: Input should be a valid number, unable to parse string as a number (got 'abc')"]
+
+
+@pytest.mark.parametrize(("overrides", "said"), [
+    (["model.arh=qwen2.5-7b", "trainer.total_steps=1"], "unknown key model.arh; did you mean model.arch? valid keys here: "),
+    ([*BASE, "rollout.n=0", "rollout.n=[1"], "override 'rollout.n=[1': value '[1' is not valid YAML"),
+    ([*BASE, "rollout=5", "rollout.n=2"], "override rollout.n: rollout is a value (5), not a section"),
+], ids=["a-section-missing-for-it", "a-value-it-replaced", "a-section-it-needs"])  # fmt: skip
+def test_a_left_out_override_is_named_once_and_what_it_would_have_set_is_not_blamed(overrides, said):
+    # the left-out override's key: not "model: Field required" (blaming the file), not the value
+    # the failing override would have replaced, not its own mistake a second time
+    with pytest.raises(ConfigError) as refused:
+        load_config(None, overrides)
+    assert str(refused.value).startswith(said) and "\n" not in str(refused.value)
+
+
+def test_without_a_config_file_every_override_mistake_is_named_too():
+    from megarl.config.loading import load_section
+
+    with pytest.raises(ConfigError) as refused:
+        load_section(["reward.worker=2", "reward.timeout_s=-1", "trainer.seed=1"], "reward")
+    lines = str(refused.value).splitlines()
+    assert lines[0].startswith("unknown key reward.worker; did you mean reward.workers?")
+    assert lines[1].startswith("override 'trainer.seed=1': without a config file only reward.* settings apply here")
+    assert lines[2:] == ["override reward.timeout_s=-1: invalid configuration", "  - reward.timeout_s: Input should be greater than 0 (got -1)"]
