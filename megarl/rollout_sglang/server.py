@@ -382,6 +382,8 @@ class SGLangServer:
         while time.monotonic() < deadline:
             if not self.alive():
                 code = self.proc.returncode if self.proc is not None else None
+                if self._shut:  # not a crash: the shutdown meant for it came while it started
+                    raise ServerLaunchError(f"SGLang server {self.url} was shut down while starting (exit code {code})")
                 raise ServerLaunchError(self._failure(f"exited with code {code} while starting"))
             if probe_health(self.url, timeout=min(5.0, poll + 1.0)):
                 return

@@ -7,6 +7,7 @@ path (``command=``), since SGLang itself cannot run here.
 
 from __future__ import annotations
 
+import re
 import sys
 import textwrap
 
@@ -272,6 +273,30 @@ def test_a_shutdown_before_the_start_makes_the_start_refuse_and_restart_starts_a
     finally:
         server.shutdown()
     assert not server.alive()
+
+
+def test_a_shutdown_while_the_start_waits_ends_the_start_with_that_not_a_crash(tmp_path):
+    import threading
+    import time
+
+    server = _stand_in(tmp_path, "import time\nprint('up', flush=True)\ntime.sleep(600)")  # never healthy
+    failures: list[Exception] = []
+
+    def start() -> None:
+        try:
+            server.start(timeout=300.0, poll=0.05)
+        except ServerLaunchError as exc:
+            failures.append(exc)
+
+    starting = threading.Thread(target=start)
+    starting.start()
+    deadline = time.monotonic() + 120
+    while not server.alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    server.shutdown()
+    starting.join(timeout=120)
+    assert not starting.is_alive() and len(failures) == 1
+    assert re.fullmatch(r"SGLang server http://\S+ was shut down while starting \(exit code -15\)", str(failures[0]))
 
 
 def test_a_server_that_exits_while_starting_fails_with_its_log(tmp_path):
