@@ -31,8 +31,8 @@ RAY_START = b"[0000-00-00 00:00:00,000 L"  # the fixed-width start of Ray's line
 # Ray's Python logger's line (its own format: "<date> <time>,<ms>\tLEVEL file.py:line -- msg"), as
 # "INFO node.py:438 -- Failed to get node info b'GCS cannot find the node ...'" when the raylet died
 # as Ray started. Ray's word on the cluster it joined (with its dashboard's address) stays on the
-# terminal; its "Started a local Ray instance" goes to the log too: megarl's own line has said it
-# starts an embedded Ray.
+# terminal; its "Started a local Ray instance" goes to the log too (megarl's own lines say where
+# Ray starts: launch's "starting an embedded Ray", the others' "starting Ray ..." on a slow start).
 RAY_PY_LINE = re.compile(rb"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}\s+(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \S+\.py:\d+ -- ")
 RAY_PY_START = b"0000-00-00 00:00:00,000"
 RAY_PY_KEPT = (b"-- Connected to Ray cluster",)
@@ -117,8 +117,8 @@ class StderrRelay:
 
 
 def is_ray_s(line: bytes) -> bool:
-    """Whether ``line`` is one of Ray's (its C++ log's, its Python logger's but for what it started)
-    or absl's: for the log file."""
+    """Whether ``line`` is one of Ray's (its C++ log's, its Python logger's but for the cluster it
+    joined) or absl's: for the log file."""
     if RAY_PY_LINE.match(line):
         return not any(kept in line for kept in RAY_PY_KEPT)
     return bool(RAY_LINE.match(line) or ABSL_LINE.match(line))

@@ -43,8 +43,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _prepare(args: argparse.Namespace) -> Supervision:
-    """A config mistake: its line from the command's process, no driver started. The driver
-    reports the command that resumes it (megarl/trainer/launch.py)."""
+    """A config mistake, or an output folder another run holds: its line from the command's
+    process, no driver started. The driver reports the command that resumes it
+    (megarl/trainer/launch.py)."""
     from megarl.config.loading import load_config
     from megarl.trainer.run_lock import check_output_dir_free
 

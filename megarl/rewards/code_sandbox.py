@@ -13,8 +13,8 @@ whitespace and trailing blank lines ignored.
 
 Each test runs the program in a fresh child process:
 - always: a new temporary working directory (deleted afterwards), a minimal environment (no
-  inherited variables, so no secrets; only a supervised run's MEGARL_DRIVER_TAG, by which the
-  run's end finds what a program left running: megarl/tagged_processes.py), ``python -I -S`` (no site-packages, no PYTHON* vars),
+  inherited variables, so no secrets; only the MEGARL_DRIVER_TAG of a supervised run (or of
+  `megarl evaluate`'s scoring), by which its end finds what a program left running: megarl/tagged_processes.py), ``python -I -S`` (no site-packages, no PYTHON* vars),
   rlimits set in the child (address space, CPU seconds, output file size, no core dumps,
   processes for non-root users), stdout to a size-limited file, its own process group killed
   with SIGKILL at the wall-clock limit, and death with its parent (PR_SET_PDEATHSIG).
@@ -226,7 +226,7 @@ def run_program(
             "LANG": "C.UTF-8",
             "PYTHONIOENCODING": "utf-8",
         }
-        if os.environ.get(DRIVER_TAG_ENV):  # a supervised run's tag: its sweep ends what the program left (a sleep)
+        if os.environ.get(DRIVER_TAG_ENV):  # a supervised run's (or evaluate's) tag: its sweep ends what the program left (a sleep)
             env[DRIVER_TAG_ENV] = os.environ[DRIVER_TAG_ENV]
         return _execute(argv, stdin, scratch, env, time_limit_s)
     finally:
