@@ -65,8 +65,12 @@ def _prepare(args: argparse.Namespace) -> Supervision:
     """A config mistake: its line from the command's process, no driver started. The driver
     reports the command that resumes the demo (its launch does)."""
     from megarl.config.loading import load_config
+    from megarl.trainer.run_lock import check_output_dir_free
 
-    cfg = load_config(_demo_config(args.config), args.overrides)
+    config = _demo_config(args.config)
+    cfg = load_config(config, args.overrides)
+    # another demo into the same folder: refused before the driver's seconds of imports, as launch does
+    check_output_dir_free(demo_run_dir(args.root or default_root(config), args.overrides))
     return Supervision(user_code=driver_user_code(cfg))
 
 

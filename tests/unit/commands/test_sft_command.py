@@ -139,7 +139,8 @@ def test_a_dataset_class_of_the_config_is_said_to_be_unused(tmp_path, caplog):
                     "response columns or chat messages); write your class's rows to such a file"]
 
 
-@pytest.mark.parametrize(("command", "field"), [("sft", "sft.output_dir"), ("launch", "trainer.output_dir")])
+@pytest.mark.parametrize(("command", "field"), [("sft", "sft.output_dir"), ("launch", "trainer.output_dir"),
+                                                ("demo", "trainer.output_dir")])  # fmt: skip
 def test_a_folder_a_run_holds_is_refused_by_the_command_before_its_driver_starts(tmp_path, capsys, command, field):
     # The refusal is the command process's own (captured here): a driver would have checked the
     # config for seconds first (and, with no training files, said that instead).
@@ -150,7 +151,9 @@ def test_a_folder_a_run_holds_is_refused_by_the_command_before_its_driver_starts
                               text=True, env={**os.environ, "PYTHONPATH": str(CONFIG.parents[1])})  # fmt: skip
     try:
         assert holder.stdout.readline().strip() == "held"
-        assert main([command, str(CONFIG), f"{field}={out}", "sft.train_files=[]", "data.train_files=[]"]) == EXIT_USER
+        args = (["demo", "--config", str(CONFIG), "--root", str(tmp_path)] if command == "demo"  # the demo's run: ROOT/run
+                else [command, str(CONFIG), f"{field}={out}"])  # fmt: skip
+        assert main([*args, "sft.train_files=[]", "data.train_files=[]"]) == EXIT_USER
         err = capsys.readouterr().err
         assert err.startswith(f"error: {field} {out} is in use by pid {holder.pid} ") and err.count("\n") == 1, err
     finally:
