@@ -621,8 +621,9 @@ def test_stdout_and_stderr_into_one_file_keep_their_order(tmp_path):
     assert driver_log.read_text() == RAY_CPP_LINE
 
 
-# A leftover outside the sweep (no tag: a fresh environment) that holds the driver's stderr for 3 s.
-HOLDS_STDERR = "import subprocess\nsubprocess.Popen(['env', '-i', 'sh', '-c', 'sleep 3'])\n"
+# A leftover outside the sweep (no tag: a fresh environment) that holds the driver's stderr for 8 s,
+# longer than the supervisor waits for it (JOIN_TIMEOUT_S).
+HOLDS_STDERR = "import subprocess\nsubprocess.Popen(['env', '-i', 'sh', '-c', 'sleep 8'])\n"
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
@@ -632,15 +633,19 @@ def test_a_stop_while_the_supervisor_cleans_up_is_no_traceback(tmp_path, signum,
     a Ctrl-C or SIGTERM comes: no traceback, no silent death; the line and 128 + N after a silent
     end, the driver's own exit code after a reported one."""
     done = tmp_path / "done"
-    body = HOLDS_STDERR + f"open({str(done)!r}, 'w').close()\n" + ending
+    body = HOLDS_STDERR + f"open({str(done)!r}, 'w').write(str(os.getpid()))\n" + ending
     proc = subprocess.Popen([sys.executable, "-c", "import sys; from megarl.driver_supervisor import supervise; "
                              f"sys.exit(supervise({_driver(body)!r}, ray=False))"],
                             stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
     for _ in range(600):
-        if done.exists():
+        if done.exists() and done.read_text():
             break
         time.sleep(0.1)
-    time.sleep(1.0)  # the driver is gone; the supervisor waits on the relay
+    driver = Path(f"/proc/{done.read_text()}")
+    for _ in range(600):  # reaped by the supervisor, which then waits on the relay (up to JOIN_TIMEOUT_S)
+        if not driver.exists():
+            break
+        time.sleep(0.05)
     proc.send_signal(signum)
     code = proc.wait(timeout=60)
     err = proc.stderr.read()
