@@ -13,6 +13,7 @@ from __future__ import annotations
 import difflib
 import re
 import typing
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +56,7 @@ def load_section(overrides: list[str] | tuple[str, ...], section: str) -> Any:
     try:
         result = model.model_validate(raw.get(section, {}))
     except ValidationError as exc:
-        errors = [{**err, "loc": (section, *err["loc"])} for err in exc.errors()]
+        errors: list[ErrorDetails] = [{**err, "loc": (section, *err["loc"])} for err in exc.errors()]
         lines = [_describe_error(err) for err in errors if not _near_left_out(err["loc"], left_out)]
         origin = next(iter(applied.values()), "<defaults>")
         if lines:
@@ -87,7 +88,7 @@ def _apply_overrides(raw: dict[str, Any], overrides: list[str] | tuple[str, ...]
     return applied, problems, left_out
 
 
-def _near_left_out(loc: tuple[Any, ...], left_out: list[tuple[str, ...]]) -> bool:
+def _near_left_out(loc: tuple[Any, ...], left_out: Sequence[tuple[str, ...]]) -> bool:
     """Whether a validation error at ``loc`` is about what a left-out override would have set: the
     key itself, a section above it (``model`` missing after ``model.arh=...``) or a value under it."""
     path = tuple(str(p) for p in loc if not isinstance(p, int))
@@ -95,7 +96,7 @@ def _near_left_out(loc: tuple[Any, ...], left_out: list[tuple[str, ...]]) -> boo
 
 
 def validate_config(raw: dict[str, Any], source: str = "<config>", overrides: dict[str, str] | None = None,
-                    left_out: list[tuple[str, ...]] = ()) -> MegaRLConfig:  # fmt: skip
+                    left_out: Sequence[tuple[str, ...]] = ()) -> MegaRLConfig:  # fmt: skip
     """Validate ``raw``; errors name ``source``, or the override (``key=value``) that set the value.
     ``left_out``: the keys of overrides that could not apply (their errors are said already)."""
     try:
