@@ -133,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     from megarl.driver_supervisor import supervised, take_report_pipe
     from megarl.process_signals import forks_pass_stops_on
 
+    _closed_std_streams_to_devnull()
     take_report_pipe()  # `megarl launch`'s driver, started by its supervisor (megarl/driver_supervisor.py)
     _stacks_on_request()
     if supervised():  # a stop sent to a process it forks (it carries this command line) is the driver's
@@ -150,6 +151,28 @@ def main(argv: list[str] | None = None) -> int:
         raise
     finally:  # the driver ended on its own (a quick exit of Ray's in C never gets here)
         report_to_supervisor(end=code)
+
+
+def _closed_std_streams_to_devnull() -> None:
+    """A command started with stdin, stdout or stderr closed (`>&-`, `2>&-`, a bare daemon start)
+    gets /dev/null there: Python leaves such a stream None (the first flush of it ended the command
+    with a traceback), and the next file opened would take the free descriptor and receive what
+    is written to fd 1 or 2 (by Ray, a library's C code, a child). What the user closed stays
+    unseen; the exit code still says how the command ended."""
+    for fd, name in ((0, "stdin"), (1, "stdout"), (2, "stderr")):
+        try:
+            os.fstat(fd)
+            continue
+        except OSError:
+            pass
+        null = os.open(os.devnull, os.O_RDWR)
+        if null != fd:  # (the lowest free descriptor: fd itself when the ones below it are open)
+            os.dup2(null, fd)
+            os.close(null)
+        if getattr(sys, name) is None:
+            stream = open(fd, "r" if fd == 0 else "w", closefd=False)  # noqa: SIM115 - the process's own, for its life
+            setattr(sys, name, stream)
+            setattr(sys, f"__{name}__", stream)
 
 
 def _stacks_on_request() -> None:

@@ -53,6 +53,8 @@ def starting(check, what):
 def ended(exc):  # user code that tried to end the process (sys.exit, Ctrl-C's exception)
     if isinstance(exc, SystemExit):
         return f"it called sys.exit({exc.code!r}) at import"
+    if isinstance(exc, KeyboardInterrupt):  # this child has a process group of its own: no Ctrl-C of the user's
+        return "it raised KeyboardInterrupt at import (a SIGINT it sent to its own process or process group)"
     return f"{type(exc).__name__}: {exc}"
 
 if spec.get("reward"):
@@ -173,8 +175,10 @@ class ChildChecks:
             self.spec["log"] = log
             env = {**os.environ, "PYTHONWARNINGS": "ignore", "TRANSFORMERS_VERBOSITY": "error"}
             try:
+                # A process group of its own: user code that signals its group (os.killpg(os.getpgrp(), ...))
+                # reaches this child alone, which reports it, not the command as if the user had pressed Ctrl-C.
                 self.proc = subprocess.Popen([sys.executable, "-c", _CHILD_CODE, json.dumps(self.spec)], stdout=subprocess.PIPE,
-                                             stderr=fd, stdin=subprocess.DEVNULL, env=env)
+                                             stderr=fd, stdin=subprocess.DEVNULL, env=env, process_group=0)
             finally:
                 os.close(fd)
 

@@ -44,6 +44,7 @@ from megarl.process_signals import stop_signals_blocked_in_children
 from megarl.progress import still_waiting
 from megarl.ray_cluster.raylet_report import raylet_reports_to_log
 from megarl.signal_kinds import signal_name
+from megarl.tagged_processes import DRIVER_TAG_ENV
 from megarl.terminal import LOG_LEVEL_ENV
 
 log = logging.getLogger(__name__)
@@ -421,8 +422,12 @@ for _ in range(5):  # freeze first: a frozen parent starts nothing new while its
 def start_reaper() -> subprocess.Popen | None:
     """Start the reaper of this driver's processes (see the module docstring); None if it cannot."""
     try:
+        # Without the supervised driver's tag: the supervisor's sweep of the tagged processes must not
+        # end the reaper between its SIGSTOP and its SIGKILL of Ray's agents, which carry no tag and
+        # would stay stopped for good.
+        env = {k: v for k, v in os.environ.items() if k != DRIVER_TAG_ENV}
         return subprocess.Popen([sys.executable, "-c", _REAPER_CODE, str(os.getpid())], stdin=subprocess.PIPE,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=env)
     except OSError as exc:  # no reaper is no reason not to train
         log.warning("ray_session: cannot start the process reaper (%s); a killed driver may leave Ray processes behind", exc)
         return None

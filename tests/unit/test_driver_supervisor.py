@@ -19,6 +19,7 @@ from megarl.driver_stderr import may_become_ray
 from megarl.driver_supervisor import supervise
 from megarl.rank_logs import START_LINE
 from megarl.signal_kinds import signal_name
+from megarl.tagged_processes import DRIVER_TAG_ENV, new_tag
 
 TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny_grpo.yaml"
 RESUME = "megarl launch run.yaml trainer.resume=auto"
@@ -707,3 +708,35 @@ def test_a_leftover_that_keeps_writing_comes_not_after_the_line(tmp_path):
     lines = proc.stderr.splitlines()
     assert proc.returncode == 2 and "leftover" in lines, proc.stderr[-500:]
     assert lines[-1].startswith("error: the driver process"), lines[-5:]
+
+
+def test_a_driver_that_ends_itself_leaves_no_untagged_ray_agent_behind(tmp_path):
+    # Ray's agents carry no tag: only the driver's reaper ends them. The reaper carried the tag, and
+    # the supervisor's sweep ended it before (or between its SIGSTOP and its SIGKILL: agents left
+    # stopped for good) it could.
+    pid_file = tmp_path / "agent.pid"
+    body = ("from megarl.ray_cluster.session import start_reaper\nimport subprocess\nreaper = start_reaper()\n"
+            "agent = subprocess.Popen(['env', '-i', 'sleep', '120'])\n"  # a stand-in for an agent: no tag
+            f"open({str(pid_file)!r}, 'w').write(str(agent.pid))\ntime.sleep(1.5)\nos._exit(1)")  # (seen by the reaper's scans)
+    assert supervise(_driver(body), ray=False) == 2
+    agent = Path(f"/proc/{pid_file.read_text()}")
+    for _ in range(600):
+        if not agent.exists():
+            break
+        time.sleep(0.05)
+    assert not agent.exists(), (agent / "status").read_text()
+
+
+def test_the_reaper_carries_no_tag(monkeypatch):
+    # so that the sweep (end_tagged) never cuts its freeze-then-kill of Ray's untagged agents short
+    from megarl.ray_cluster.session import start_reaper, stop_reaper
+    from megarl.tagged_processes import tagged
+
+    tag = new_tag()
+    monkeypatch.setenv(DRIVER_TAG_ENV, tag)
+    reaper = start_reaper()
+    assert reaper is not None
+    try:
+        assert reaper.pid not in tagged(tag)
+    finally:
+        stop_reaper(reaper)

@@ -281,6 +281,32 @@ def test_what_a_reward_function_starts_ends_with_the_command(generated, tmp_path
     assert _carrying(mark.encode()) == []
 
 
+@pytest.mark.parametrize("closed", [">&-", "2>&-"], ids=["stdout", "stderr"])
+def test_a_closed_stdout_or_stderr_ends_no_evaluate(generated, tmp_path, closed):
+    # Python leaves a closed standard stream None: the reward pool's first flush of it ended the
+    # command with a traceback and exit code 1 (a launch too, after Ray and its ranks had started).
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
+    command = f'exec "$@" {closed}'
+    done = subprocess.run(["sh", "-c", command, "sh", sys.executable, "-m", "megarl.cli", "evaluate", "--data", str(generated),
+                           "--out", str(tmp_path / "e.json")], env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0 and "Traceback" not in done.stdout + done.stderr, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "per_data_source" in (tmp_path / "e.json").read_text()
+
+
+def test_a_reward_file_that_signals_its_process_group_at_import_is_named_not_a_ctrl_c(generated, tmp_path):
+    # The import check's child shared the command's process group: os.killpg(os.getpgrp(), SIGINT)
+    # there reached the command, which said "interrupted (Ctrl-C)" with exit code 130.
+    (tmp_path / "rude.py").write_text("import os, signal\nos.killpg(os.getpgrp(), signal.SIGINT)\n\n"
+                                      "def f(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n")  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
+    done = subprocess.run([sys.executable, "-m", "megarl.cli", "evaluate", "--data", str(generated), "--out", str(tmp_path / "e.json"),
+                           f"reward.custom.path={tmp_path / 'rude.py'}", "reward.custom.name=f"], env=env, capture_output=True,
+                          text=True, timeout=300, start_new_session=True)  # fmt: skip (its own group: a regression hits it alone)
+    assert done.returncode == EXIT_USER, done.stderr[-3000:]
+    assert done.stderr.startswith("error: reward.custom: loading 'f' from ") and done.stderr.count("\n") == 1, done.stderr
+    assert "it raised KeyboardInterrupt at import (a SIGINT it sent to its own process or process group)" in done.stderr
+
+
 def test_rows_with_different_numbers_of_responses_keep_pass_at_the_largest_k_and_say_so(tmp_path, caplog):
     rows = {"data_source": ["reverse_digits"] * 2, "prompt": ["123", "456"],
             "reward_model": [{"ground_truth": "321", "style": "rule"}, {"ground_truth": "654", "style": "rule"}],
