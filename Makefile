@@ -24,7 +24,7 @@ demo: $(VENV)/.installed
 	$(VENV)/bin/megarl demo
 
 test: $(VENV)/.installed
-	@echo "== running the test suite (30 to 45 minutes on 2 cores; the 15 slowest tests are listed at the end)"
+	@echo "== running the test suite (about an hour on 2 cores; the 15 slowest tests are listed at the end)"
 	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(PY) -m pytest --durations=15
 
 # ruff; the dead-code check: a function, class or attribute nothing uses fails CI
