@@ -55,6 +55,7 @@ from typing import Any
 
 from megarl.driver_stderr import StderrRelay
 from megarl.signal_kinds import OUTSIDE_STOPS, STACKS_SIGNALS, STOPS, signal_name, unclaimed
+from megarl.stop_origin import StopWitnesses, take_witnesses
 from megarl.tagged_processes import DRIVER_TAG_ENV, end_tagged, new_tag
 
 SUPERVISOR_FD_ENV = "MEGARL_SUPERVISOR_FD"  # the driver's end of the pipe (set for the child only)
@@ -80,6 +81,7 @@ def take_report_pipe() -> None:
     if fd is not None and fd.isdigit():
         _report_fd, _supervisor_pid = int(fd), os.getppid()
         os.set_inheritable(_report_fd, False)
+    take_witnesses()  # where its stops come from (megarl/stop_origin.py)
 
 
 def supervised() -> bool:
@@ -141,7 +143,7 @@ def supervise(command: Sequence[str], *, ray: bool = True, kept: str | None = No
     driver runs, named as a likely cause (None: it runs none) (megarl/commands/supervision.py)."""
     read_end, write_end = os.pipe()
     os.set_blocking(read_end, False)
-    stops = _Stops()
+    stops = _Stops(StopWitnesses(user_code))  # which stops the driver gets are the user's (megarl/stop_origin.py)
     # The handlers stay up until the end: a stop while the leftovers are ended and the relay drains
     # would otherwise raise KeyboardInterrupt there (a traceback, no line) or kill this process silently.
     previous = {s: signal.signal(s, stops.on_signal) for s in (*STOPS, *unclaimed(OUTSIDE_STOPS))}
@@ -150,13 +152,15 @@ def supervise(command: Sequence[str], *, ray: bool = True, kept: str | None = No
     relay = StderrRelay()  # the driver's stderr, less Ray's C++ lines (megarl/driver_stderr.py)
     stdout, stderr = relay.child_streams()
     try:
+        env = {**os.environ, SUPERVISOR_FD_ENV: str(write_end), DRIVER_TAG_ENV: tag, **stops.witnesses.driver_env()}
         child = stops.child = subprocess.Popen(
-            list(command), env={**os.environ, SUPERVISOR_FD_ENV: str(write_end), DRIVER_TAG_ENV: tag}, pass_fds=(write_end,),
+            list(command), env=env, pass_fds=(write_end, *stops.witnesses.driver_fds()),
             stdout=stdout, stderr=stderr, preexec_fn=_die_with_parent, process_group=0)  # fmt: skip
         os.close(write_end)
+        stops.witnesses.driver_started(child.pid, (*STOPS, *OUTSIDE_STOPS), _die_with_parent)
         relay.start()
         for signum in stops.pending:
-            child.send_signal(signum)
+            stops.send(signum)
         code, data, raylet_first, found = _watch(child, read_end, ray=ray, relay=relay, stops=stops)
         end_tagged(tag)  # what outlived the driver (Ray's workers re-parented when their raylet died) ends with it
         relay.finish()  # all the driver wrote, before this process's own line
@@ -178,6 +182,7 @@ def supervise(command: Sequence[str], *, ray: bool = True, kept: str | None = No
         return 128 + stops.late[0] if stops.late else 130 if stops.interrupted else 2
     finally:
         os.close(read_end)
+        stops.witnesses.close()
         for s, handler in previous.items():
             signal.signal(s, handler)
 
@@ -186,12 +191,18 @@ class _Stops:
     """The stop signals a supervisor received: each is passed on to the driver once (``pending``
     until it is there); one that came after the driver had ended is ``late``, this process's own."""
 
-    def __init__(self) -> None:
+    def __init__(self, witnesses: StopWitnesses) -> None:
+        self.witnesses = witnesses
         self.child: subprocess.Popen[bytes] | None = None
         self.interrupted = False
         self.pending: list[int] = []
         self.passed_on: set[int] = set()
         self.late: list[int] = []
+
+    def send(self, signum: int) -> None:
+        assert self.child is not None
+        self.witnesses.announce(signum)  # before the signal: the driver's handler finds it there
+        self.child.send_signal(signum)
 
     def pass_stacks_request(self, signum: int, frame: Any) -> None:
         """SIGUSR1: the driver writes its Python stacks (megarl/cli.py); no stop, nothing recorded."""
@@ -204,7 +215,7 @@ class _Stops:
         if self.child is None:
             self.pending.append(signum)
         elif self.child.poll() is None:
-            self.child.send_signal(signum)
+            self.send(signum)
         else:
             self.late.append(signum)
         self.passed_on.add(signum)

@@ -68,7 +68,7 @@ from megarl.commands.supervision import (
     supervised_command,
 )
 from megarl.disk_full import writing
-from megarl.trainer.watchdog import RunControl, RunStopped
+from megarl.trainer.watchdog import RunControl
 
 log = logging.getLogger(__name__)
 
@@ -213,8 +213,8 @@ def _generate(cfg: Any, data: Path, target: Path, source: str, *, batch_size: in
                     _generate_parts(cfg, model_dir, Path(data), records, parts, todo, partial)
     except KeyboardInterrupt:
         done = sum(1 for i in range(len(parts)) if part_path(partial, i).is_file())
-        raise RunStopped(f"stopped by {control.signal_name}: {done} of {len(parts)} parts are in {partial}; run the "
-                         "same command to go on", control.exit_code) from None  # fmt: skip
+        raise control.stopped(f"stopped by {control.signal_name}: {done} of {len(parts)} parts are in {partial}; run the "
+                              "same command to go on") from None  # fmt: skip
     with writing(target, "the merged output", **full):
         merge_parts(partial, len(parts), target)
     remove_partial(partial)

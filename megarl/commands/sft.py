@@ -34,7 +34,7 @@ from typing import Any
 from megarl.checkpoint.model_checkpoint import SFT_MODEL_DIR as MODEL_DIR
 from megarl.commands.arguments import add_config_args
 from megarl.commands.supervision import Supervision, starts_ray, supervised_command
-from megarl.trainer.watchdog import RunControl, RunStopped
+from megarl.trainer.watchdog import RunControl
 
 log = logging.getLogger(__name__)
 
@@ -123,8 +123,7 @@ def _fine_tune(cfg: Any, plan: Any, hf_config: dict[str, Any], data: _Data, addr
     # must find the run starting (nothing written), not half-way through an import.
     placement, ray = (None, None) if in_process else _ray_start(cfg, plan, address)
     control = RunControl(saves="the model")  # a stop writes and verifies the model; SFT keeps no checkpoint
-    stopped = lambda: RunStopped(f"stopped by {control.signal_name} while starting; nothing was trained or "  # noqa: E731
-                                 "written", control.exit_code)
+    stopped = lambda: control.stopped(f"stopped by {control.signal_name} while starting; nothing was trained or written")  # noqa: E731
     with driver_log(out / "logs" / DRIVER_LOG), control.handlers(), ExitStack() as session:
         # Logged once a signal is handled: a SIGTERM sent on seeing it stops the run cleanly.
         log.info("sft: %d training rows, %d held-out, %d steps of %d sequences (DP=%d)", len(data.train), len(data.val),
@@ -142,9 +141,9 @@ def _fine_tune(cfg: Any, plan: Any, hf_config: dict[str, Any], data: _Data, addr
         finally:
             group.shutdown()
     if done < steps:
-        raise RunStopped(f"stopped by {control.signal_name} after step {done} of {steps}; the weights so far are in "
-                         f"{target} (verified); SFT does not resume: start RL from them, or fine-tune them further "
-                         f"with model.path={target} and another sft.output_dir", control.exit_code)  # fmt: skip
+        raise control.stopped(f"stopped by {control.signal_name} after step {done} of {steps}; the weights so far are in "
+                              f"{target} (verified); SFT does not resume: start RL from them, or fine-tune them further "
+                              f"with model.path={target} and another sft.output_dir")  # fmt: skip
     return target
 
 

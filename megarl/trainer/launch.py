@@ -91,7 +91,7 @@ def run(cfg: MegaRLConfig, plan, address: str | None = None, resume_command: str
         in_process: bool = False) -> dict[str, float]:  # fmt: skip
     from megarl.trainer.build import build_trainer, shutdown
     from megarl.trainer.run_lock import output_dir_lock
-    from megarl.trainer.watchdog import RunControl, RunStopped
+    from megarl.trainer.watchdog import RunControl
 
     address = address or cfg.cluster.ray_address
     local_cpus = None if address else max(os.cpu_count() or 1, _cpus_needed(plan))
@@ -105,8 +105,8 @@ def run(cfg: MegaRLConfig, plan, address: str | None = None, resume_command: str
     ):
         where = "this process" if in_process else f"Ray at {address}" if address else f"an embedded Ray ({local_cpus} CPUs)"
         log.info("starting %s, then %s", where, _roles(plan))
-        stopped = lambda: RunStopped(f"stopped by {control.signal_name} while starting{control.meanwhile}; nothing was trained or saved\n"  # noqa: E731
-                                     f"start again with: {resume_command or 'the same command'}", control.exit_code)
+        stopped = lambda: control.stopped(f"stopped by {control.signal_name} while starting{control.meanwhile}; nothing was "  # noqa: E731
+                                          f"trained or saved\nstart again with: {resume_command or 'the same command'}")
         with ExitStack() as session:
             control.enter_starting(session, _session(in_process, address, local_cpus, cfg), stopped)
             try:

@@ -49,7 +49,7 @@ from megarl.trainer.phases import (
 )
 from megarl.trainer.rollout_source import AsyncRollouts, SyncRollouts
 from megarl.trainer.sample_files import RolloutDump, write_sample_rows
-from megarl.trainer.watchdog import HangError, RunControl, RunStopped, Watchdog
+from megarl.trainer.watchdog import HangError, RunControl, Watchdog
 from megarl.user_code import WaitAbandoned
 
 log = logging.getLogger(__name__)
@@ -180,7 +180,7 @@ class Trainer:
                 if control.hang:
                     raise HangError(control.hang) from None
                 why = str(exc) if isinstance(exc, WaitAbandoned) else ""
-                raise RunStopped(self._stopped_message(control, None, why=why), control.exit_code) from None
+                raise control.stopped(self._stopped_message(control, None, why=why)) from None
 
     def _train(self, start: int, control: RunControl) -> dict[str, float]:
         assert self.logger is not None  # fit() makes it before training
@@ -226,7 +226,7 @@ class Trainer:
                 saving = True
             if control.stop_requested:
                 control.cleaning = True
-                raise RunStopped(self._stopped_message(control, step, saved=bool(saving)), control.exit_code)
+                raise control.stopped(self._stopped_message(control, step, saved=bool(saving)))
         return self.logger.last
 
     @contextmanager

@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextvars
 import faulthandler
 import logging
+import os
 import signal
 import sys
 import threading
@@ -46,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from megarl import user_code
+from megarl.driver_supervisor import command_pid
 from megarl.process_signals import stops_handled
 from megarl.progress import PROGRESS
 from megarl.signal_kinds import (
@@ -57,6 +59,7 @@ from megarl.signal_kinds import (
     signal_name,
     unclaimed,
 )
+from megarl.stop_origin import group_signalled, passed_on, user_code_in_driver
 from megarl.user_code import SignalInterrupt, current_wait, stop_requested
 
 log = logging.getLogger(__name__)
@@ -68,6 +71,12 @@ _NAMES: dict[int, str] = {signal.SIGINT: "SIGINT (Ctrl-C)", signal.SIGHUP: "SIGH
                           signal.SIGQUIT: "SIGQUIT (Ctrl-\\)"}  # where the name alone says too little  # fmt: skip
 REPEAT_WINDOW_S = 5.0  # a repeat this soon after the first (but a Ctrl-C's, Ctrl-\\'s) is the same request, not "stop at once"
 ONCE_MORE_AT_ONCE = (signal.SIGINT, signal.SIGQUIT)  # sent by a person: a repeat is meant, at once
+# A supervised driver's first stop that its supervisor did not announce waits this long for the
+# supervisor's: Slurm signals every process of the job, the driver too, and the supervisor's copy
+# may come a moment later. None by then: a stop to the driver's process group came from inside
+# (megarl/stop_origin.py), one to its pid is a stop as any other.
+ANNOUNCE_WAIT_S = 3.0
+EXIT_USER_CODE = 2  # a stop user code sent is its error, not the user's stop (megarl/cli.py EXIT_USER)
 
 
 class RunStopped(Exception):
@@ -97,6 +106,11 @@ class RunControl:
         self.interrupted: tuple[str, float] | None = None  # the user code the main thread waited on when a signal abandoned it
         self.installed = False
         self._overdue_sent = False  # HANG_SIGNAL sent for user code past the stop's grace (_interrupt_overdue)
+        # A stop from the driver's own process group or to its pid, not through its supervisor (user
+        # code's os.killpg(os.getpgrp(), ...)): what it says, once no announced stop came after it.
+        self.inside: str | None = None
+        self._unannounced_sent: tuple[int, str | None] | None = None  # HANG_SIGNAL sent to act on an unannounced stop
+        self._unannounced_ok = False  # acting on it: not held again
         self._hang_lock = threading.Lock()  # installed's check and the hang interrupt, apart from putting the handlers back
 
     @property
@@ -105,12 +119,21 @@ class RunControl:
 
     @property
     def exit_code(self) -> int:
-        return exit_code(self.signal or signal.SIGINT)
+        return EXIT_USER_CODE if self.inside else exit_code(self.signal or signal.SIGINT)
+
+    def stopped(self, message: str) -> RunStopped:
+        """The RunStopped ending a stopped command: ``message`` (what was kept, how to go on), after
+        the ``error:`` line of a stop that user code in the driver sent."""
+        if self.inside is None:
+            return RunStopped(message, self.exit_code)
+        fix = (f"let user code signal only the processes it starts (start them with start_new_session=True and "
+               f"signal their group); to stop a run, signal the megarl command (pid {command_pid()})")
+        return RunStopped(f"error: {self.inside}; {fix}\n{message}", self.exit_code)
 
     @property
     def signal_name(self) -> str:
         signum = self.signal or signal.SIGINT
-        return _NAMES.get(signum) or signal_name(signum)
+        return signal_name(signum) if self.inside else _NAMES.get(signum) or signal_name(signum)  # (no "(Ctrl-C)" then)
 
     @property
     def meanwhile(self) -> str:
@@ -176,6 +199,9 @@ class RunControl:
     def _on_signal(self, signum: int, frame: Any) -> None:
         if signum == signal.SIGHUP:
             _leave_hung_up_terminal()
+        if self.signal is None and not self._unannounced_ok and not self.cleaning and passed_on(signum) is False:
+            self._hold_unannounced(signum)
+            return
         first = self.signal is None
         if first or (signum in AT_ONCE and not self.cleaning):  # the stop line names the stop at once
             self.signal, self.signal_at = signum, time.monotonic()
@@ -191,13 +217,44 @@ class RunControl:
             waiting = current_wait()
             meanwhile = (f"; waiting at most {user_code.STOP_GRACE_S:g} s more for {waiting[0]} (waited on for {waiting[1]:.0f} s)"
                          if waiting is not None else "")
-            _say(f"\nmegarl: {_NAMES.get(signum) or signal_name(signum)} received: stopping after this step{save}{meanwhile}; "
+            received = self.inside or f"{_NAMES.get(signum) or signal_name(signum)} received"
+            _say(f"\nmegarl: {received}: stopping after this step{save}{meanwhile}; "
                  f"send it again{'' if signum in ONCE_MORE_AT_ONCE else ' after 5 s'} to stop at once")
             return
         self.interrupted = self.interrupted or current_wait()
         raise SignalInterrupt  # abandon what runs now (Ray's waits turn it into KeyboardInterrupt too)
 
+    def _hold_unannounced(self, signum: int) -> None:
+        """A stop the supervisor did not announce: acted on after ANNOUNCE_WAIT_S unless an
+        announced one comes meanwhile (then it was Slurm's copy of that one); what it says if it
+        came from inside is written now, while the user code that sent it may still run."""
+        waiting = current_wait()
+        running = f"{waiting[0]}, which ran then" if waiting else user_code_in_driver()
+        said = (f"{signal_name(signum)} reached the driver's whole process group (pid {os.getpid()}), not through the megarl "
+                f"command (pid {command_pid()}): user code in the driver{f' ({running})' if running else ''} signalled its "
+                "own process group (os.killpg(os.getpgrp(), ...), os.kill(0, ...))")
+        timer = threading.Timer(ANNOUNCE_WAIT_S, self._act_on_unannounced, args=(signum, said))
+        timer.daemon = True
+        timer.start()
+
+    def _act_on_unannounced(self, signum: int, said: str) -> None:
+        """From :meth:`_hold_unannounced`'s timer: no announced stop came; the main thread acts on
+        this one (:meth:`_on_hang`), as from inside if it reached the whole process group."""
+        with self._hang_lock:
+            if self.installed and self.signal is None and not self.cleaning:
+                self._unannounced_sent = (signum, said if group_signalled(signum) else None)
+                signal.pthread_kill(threading.main_thread().ident, HANG_SIGNAL)  # type: ignore[arg-type]
+
     def _on_hang(self, signum: int, frame: Any) -> None:
+        if self._unannounced_sent is not None:
+            (stop, said), self._unannounced_sent = self._unannounced_sent, None
+            if self.signal is None and not self.cleaning:
+                self.inside, self._unannounced_ok = said, True
+                try:
+                    self._on_signal(stop, frame)
+                finally:
+                    self._unannounced_ok = False
+            return
         if self._overdue_sent:  # user code the main thread runs itself is past the stop's grace
             self._overdue_sent = False
             abandoned = user_code.overdue()
@@ -237,14 +294,14 @@ def run_stoppable(work: Callable[[], Any], stopped: str) -> Any:
         with control.handlers():
             return work()
     except KeyboardInterrupt:
-        raise RunStopped(f"stopped by {control.signal_name} {stopped}", control.exit_code) from None
+        raise control.stopped(f"stopped by {control.signal_name} {stopped}") from None
     except Exception:
         if control.signal is None:
             raise
         # The stop's interrupt was swallowed inside a library (a signal in ray.init's at-fork
         # callbacks), which then failed of the stop (its GCS, sent the Ctrl-C too, was gone):
         # the stop is what the user asked for, not an error of the command.
-        raise RunStopped(f"stopped by {control.signal_name} {stopped}", control.exit_code) from None
+        raise control.stopped(f"stopped by {control.signal_name} {stopped}") from None
 
 
 def _say(line: str) -> None:

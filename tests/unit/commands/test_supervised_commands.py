@@ -42,14 +42,16 @@ def test_convert_s_missing_hf_directory_is_refused_by_the_command_s_own_process(
 
 
 def _children(pid: int) -> list[int]:
+    """``pid``'s children that run megarl's CLI: its driver (not the sentinel of megarl/stop_origin.py)."""
     found = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 stat = Path(f"/proc/{entry}/stat").read_text()
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
             except OSError:
                 continue
-            if int(stat.rpartition(")")[2].split()[1]) == pid:
+            if int(stat.rpartition(")")[2].split()[1]) == pid and b"megarl.cli" in cmdline:
                 found.append(int(entry))
     return found
 
