@@ -23,9 +23,13 @@ $(VENV)/.installed: pyproject.toml
 demo: $(VENV)/.installed
 	$(VENV)/bin/megarl demo
 
+# The unit tests mostly wait (on child processes, deadlines, files): three at a time keep 2 cores
+# busy. The multi-process tests (gloo ranks, Ray runs, SGLang servers) each use both cores: one by one.
 test: $(VENV)/.installed
-	@echo "== running the test suite (about an hour on 2 cores; the 15 slowest tests are listed at the end)"
-	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(PY) -m pytest --durations=15
+	@echo "== running the test suite (about an hour on 2 cores): 1/2 the unit tests, three at a time"
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(PY) -m pytest -n 3 --durations=10 tests/unit
+	@echo "== 2/2 the multi-process and end-to-end tests, one at a time (the 15 slowest are listed at the end)"
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(PY) -m pytest --durations=15 --ignore=tests/unit
 
 # ruff; the dead-code check: a function, class or attribute nothing uses fails CI
 # (ci/vulture_whitelist.py lists the names used by name: registries, pydantic, Megatron); the
