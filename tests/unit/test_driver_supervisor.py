@@ -268,6 +268,8 @@ def test_sigusr1_to_the_command_makes_the_driver_write_its_stacks_and_go_on(tmp_
     assert proc.wait(timeout=60) == 0
     err = proc.stderr.read()
     assert "most recent call first" in err and "waiting_for_the_user" in err, err
+    said = f"megarl: the Python stacks above are every thread of pid {pid_file.read_text()}, written on request ({signal.Signals(signum).name}); the command goes on"
+    assert err.strip().splitlines()[-1] == said, err  # after the stacks, what they were
 
 
 def test_ctrl_backslash_before_the_driver_s_handlers_is_a_stop(tmp_path):
