@@ -28,10 +28,13 @@ STOPS: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.S
 STACKS_SIGNALS: tuple[int, ...] = (signal.SIGUSR1, signal.SIGUSR2)  # (SIGUSR2 as well: schedulers send either)
 # A real-time signal nobody sends from outside, past the ones glibc keeps for itself.
 HANG_SIGNAL: int = signal.SIGRTMIN + 4 if hasattr(signal, "SIGRTMIN") else signal.SIGUSR2
+_FAULTS = ("SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGTRAP", "SIGSYS", "SIGABRT", "SIGEMT")  # a process's own faults
 _NO_STOP = ("SIGCHLD", "SIGCONT", "SIGURG", "SIGWINCH", "SIGINFO", "SIGTSTP", "SIGTTIN", "SIGTTOU",  # default: nothing ends
             "SIGPIPE", "SIGXFSZ",  # Python ignores them
-            "SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGTRAP", "SIGSYS", "SIGABRT", "SIGEMT",  # a process's own faults
+            *_FAULTS,
             "SIGKILL", "SIGSTOP")  # no handler  # fmt: skip
+# The signals a process's crash ends it with (a fault in C code, abort()): the others came from a kill.
+FAULTS: tuple[int, ...] = tuple(int(getattr(signal, name)) for name in _FAULTS if hasattr(signal, name))
 
 
 def _other_stops() -> tuple[int, ...]:

@@ -31,7 +31,7 @@ USER_CODE_ENV = "MEGARL_DRIVER_USER_CODE"  # the user code the driver runs, as t
 
 # The sentinel: records each stop that reaches the driver's process group and goes on (the
 # supervisor kills it when the driver has ended; it dies with the supervisor: PR_SET_PDEATHSIG).
-_SENTINEL = """
+_SENTINEL = """# megarl: the stop sentinel of a driver's process group (megarl/stop_origin.py)
 import os, signal, sys, time
 fd = int(sys.argv[1])
 def seen(signum, frame):

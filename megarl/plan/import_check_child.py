@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -19,6 +20,7 @@ from typing import Any
 
 from megarl.plan.issues import Finding
 from megarl.process_signals import pid_alive
+from megarl.signal_kinds import FAULTS, signal_name
 
 CHILD_TIMEOUT_S = 120.0
 PROGRESS_EVERY_S = 5.0  # a slow import in the check: "importing reward.custom from FILE ... (N s)" this often
@@ -224,12 +226,15 @@ class ChildChecks:
         code = self.proc.poll() if self.proc is not None else None
         if code is None:
             return f"{doing} did not finish within {CHILD_TIMEOUT_S:g} s: check it for work done at import (network, locks, long loops)"
-        how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+        how = f"killed by {signal_name(-code)}" if code < 0 else f"exit code {code}"
         from megarl.data.custom_dataset import step_hook
 
         hook = step_hook(doing)  # a dataset class's: the hook it had started (its __getitem__(0), ...)
         at = f"in its {hook}" if hook else "while it was built (in its __init__)" if doing.startswith("building ") else "at import"
-        return f"the check's process ended ({how}) while {doing}, before it answered: os._exit or a crash in C code {at}"
+        cause = ("os._exit" if code >= 0 else "a crash in C code" if -code in FAULTS else
+                 "the kernel's out-of-memory killer or a kill -9" if -code == signal.SIGKILL else
+                 "a signal it sent to its own process or process group (os.kill, os.killpg)")  # (its group is its own)  # fmt: skip
+        return f"the check's process ended ({how}) while {doing}, before it answered: {cause} {at}"
 
     def _output(self) -> str:
         """The head of what the child printed, for a finding (the log is then kept)."""
