@@ -254,7 +254,8 @@ class RunControl:
                     self._on_signal(stop, frame)
                 finally:
                     self._unannounced_ok = False
-            return
+            if not self._overdue_sent and self.hang is None:  # (one handler call may answer two sends of it)
+                return
         if self._overdue_sent:  # user code the main thread runs itself is past the stop's grace
             self._overdue_sent = False
             abandoned = user_code.overdue()
