@@ -13,6 +13,7 @@ the exit code is 1.
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import os
 import sys
@@ -191,20 +192,22 @@ def _stacks_on_request() -> None:
             # own stderr: sys.stderr may be a stream without a file descriptor.
             faulthandler.unregister(signum)
             # faulthandler writes the stacks at once, from C (a main thread stuck in C code too), then
-            # chains to this Python handler, whose line says what they were once the main thread runs.
-            signal.signal(signum, _stacks_written)
-            faulthandler.register(signum, file=sys.__stderr__ or sys.stderr, all_threads=True, chain=True)
+            # chains to this Python handler, whose line says what they were once the main thread
+            # runs Python again (late, or never, if it stays stuck), on the same descriptor.
+            stream = sys.__stderr__ or sys.stderr
+            signal.signal(signum, functools.partial(_stacks_written, stream.fileno()))
+            faulthandler.register(signum, file=stream, all_threads=True, chain=True)
         except (AttributeError, RuntimeError, ValueError, io.UnsupportedOperation):  # no stderr fd
             signal.signal(signum, signal.SIG_IGN)  # no stacks then, but never the default's silent end
 
 
-def _stacks_written(signum: int, frame: object) -> None:
+def _stacks_written(fd: int, signum: int, frame: object) -> None:
     import signal
 
     line = (f"megarl: the Python stacks above are every thread of pid {os.getpid()}, written on request "
             f"({signal.Signals(signum).name}); the command goes on\n")
     try:
-        os.write(2, line.encode())
+        os.write(fd, line.encode())
     except OSError:  # no stderr to write to: the stacks did not get there either
         pass
 

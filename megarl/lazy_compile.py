@@ -4,14 +4,19 @@ megatron-core decorates its fused kernels with ``torch.compile`` when it is impo
 (``megatron.core.jit.jit_fuser``, used by ``fusions/fused_bias_geglu.py`` and others), and
 ``torch.compile`` imports TorchDynamo and Inductor to build its wrapper: about 2.5 s of the 7 s
 ``import megatron.core`` takes on one CPU core, in every process that trains (each rank of each role,
-each test that spawns one). On CPU megarl never calls those kernels (the models turn the fusions
-off: megarl/models/dense.py), and on GPU ``torch.compile`` compiles at the first call anyway. So
-while ``megatron.core`` itself is imported, ``torch.compile(fn, ...)`` returns a wrapper that calls
-``torch.compile(fn, ...)`` the first time it is called, and that compiled function afterwards;
-``torch.compile`` is itself again once the import is done. Nothing else is changed.
+each test that spawns one; bench/import_time.py). On CPU megarl never calls those kernels (the
+models turn the fusions off: megarl/models/dense.py), and on GPU ``torch.compile`` compiles at the
+first call anyway. So while the ``megatron.core`` package itself is imported, ``torch.compile(fn,
+...)`` of a function returns a wrapper that calls ``torch.compile(fn, ...)`` the first time it is
+called, and that compiled function afterwards (a module or other object is compiled at once, as
+before). ``torch.compile`` is torch's own again once that import is done; ``megatron.core.jit.jit_fuser``,
+taken during it, stays the lazy one for the process (megatron's ``enable_jit_fuser()`` puts
+torch's back). What differs for a kernel: an error ``torch.compile`` raises when applied comes at
+its first call, not at import.
 
-:func:`install` (run by ``megarl/__init__.py``) puts a finder first on ``sys.meta_path`` that only
-wraps the loading of the ``megatron.core`` package and then removes itself.
+:func:`install` (run by ``megarl/__init__.py``: importing megarl is enough) puts a finder first on
+``sys.meta_path``; it answers only for ``megatron.core``, wraps the loading of that package, and
+removes itself once it ran (a process that never imports megatron-core keeps it: a no-op then).
 """
 
 from __future__ import annotations
@@ -51,16 +56,20 @@ def _lazy(real: Callable[..., Any]) -> Callable[..., Any]:
 
 
 class _Finder(importlib.abc.MetaPathFinder):
+    def __init__(self) -> None:
+        self._finding = False  # (its own lookup of the real spec goes past it)
+
     def find_spec(self, name: str, path: Sequence[str] | None, target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
-        if name != _PACKAGE:
+        if name != _PACKAGE or self._finding:
             return None
-        if self in sys.meta_path:
-            sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
+        self._finding = True
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            self._finding = False
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
-        loader = spec.loader
-        run = loader.exec_module
+        run = spec.loader.exec_module
 
         def exec_module(module: ModuleType) -> None:
             import torch
@@ -71,8 +80,10 @@ class _Finder(importlib.abc.MetaPathFinder):
                 run(module)
             finally:
                 torch.compile = real
+                if self in sys.meta_path:
+                    sys.meta_path.remove(self)
 
-        loader.exec_module = exec_module  # type: ignore[method-assign]
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
 
 

@@ -1,48 +1,69 @@
 """Where a supervised driver's stop signal came from: the user (through the megarl command, whose
-supervisor passes every stop on: megarl/driver_supervisor.py), its own process group, or its pid.
+supervisor passes every stop on: megarl/driver_supervisor.py), or the driver itself.
 
 A driver runs in a process group of its own, and user code runs in it (a generate function, a
 tool, an interaction, a dataset class): ``os.killpg(os.getpgrp(), SIGTERM)`` there, meant for the
-processes the code started, reaches the driver as a stop that no handler can tell from the user's
-(Python gives a handler no sender). Two witnesses tell them apart:
+processes the code started, reaches the driver as a stop that its handler cannot tell from the
+user's (Python gives a handler no sender). Two witnesses tell them apart:
 
 - the supervisor writes each stop's number on a pipe (``announce``) just before it passes it on,
-  so the announcement is there by the time the driver's handler asks (:func:`passed_on`);
-- a sentinel, a small process the supervisor starts in the driver's process group, writes each
-  stop it receives on a second pipe: only a signal to the whole group reaches it
-  (:func:`group_signalled`).
+  so the announcement is there by the time the driver's handler asks (:func:`passed_on`): such a
+  stop is the user's, acted on at once;
+- a sentinel, a small process the supervisor starts in the driver's process group, takes every
+  stop that reaches the whole group with ``sigwaitinfo`` (which gives the sender's pid) and writes
+  the signal and whether its sender was the driver or one of its descendants (:func:`group_sender`).
 
-A stop that is neither announced nor seen by the sentinel was sent to the driver's pid (`kill PID`),
-an ordinary stop. One that is not announced but reached the whole group came from inside (or from
-whoever signalled the driver's group: Slurm signals every process of a job, the supervisor too,
-whose announcement follows within moments: megarl/trainer/watchdog.py waits for it).
+Only that positive evidence makes a stop the driver's own doing (megarl/trainer/watchdog.py); a stop
+sent to the group from outside (Slurm signals every process of a job; `kill -- -PGID`), or to the
+driver's pid alone, or one the sentinel did not record in time, is the user's stop as any other.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import struct
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterable
 
 ANNOUNCE_FD_ENV = "MEGARL_STOPS_ANNOUNCED_FD"  # the driver's end of the announcements
 GROUP_FD_ENV = "MEGARL_STOPS_GROUP_FD"  # the driver's end of what the sentinel saw
 USER_CODE_ENV = "MEGARL_DRIVER_USER_CODE"  # the user code the driver runs, as the supervisor names it
+_RECORD = struct.Struct("=iiB")  # the sentinel's record: signal, sender pid, sender inside the driver
 
-# The sentinel: records each stop that reaches the driver's process group and goes on (the
-# supervisor kills it when the driver has ended; it dies with the supervisor: PR_SET_PDEATHSIG).
+# The sentinel: blocks the stops (so they wait for sigwaitinfo, which names the sender) and records
+# each with whether its sender is the driver, the group's leader, or a descendant of it. The
+# supervisor kills it when the driver has ended; it dies with the supervisor (PR_SET_PDEATHSIG).
 _SENTINEL = """# megarl: the stop sentinel of a driver's process group (megarl/stop_origin.py)
-import os, signal, sys, time
-fd = int(sys.argv[1])
-def seen(signum, frame):
-    try:
-        os.write(fd, bytes([signum]))
-    except OSError:
-        os._exit(0)
-for s in sys.argv[2:]:
-    signal.signal(int(s), seen)
+import errno, os, signal, struct, sys
+fd, stops = int(sys.argv[1]), {int(s) for s in sys.argv[2:]}
+signal.pthread_sigmask(signal.SIG_BLOCK, stops)
+driver = os.getpgrp()
+
+def inside(pid):
+    for _ in range(256):
+        if pid == driver:
+            return True
+        if pid <= 1:
+            return False
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rpartition(")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False  # gone already: not known to be the driver's
+    return False
+
 while True:
-    time.sleep(3600)
+    info = signal.sigwaitinfo(stops)
+    try:
+        os.write(fd, struct.pack("=iiB", info.si_signo, info.si_pid, inside(info.si_pid)))
+    except BlockingIOError:
+        pass  # a driver that reads none: nothing to tell it
+    except OSError as exc:
+        if exc.errno in (errno.EPIPE, errno.EBADF):
+            os._exit(0)
 """
 
 
@@ -55,6 +76,7 @@ class StopWitnesses:
         self._seen_read, self._seen_write = os.pipe()
         os.set_blocking(self._announce, False)  # a driver that never reads them must not block a handler
         os.set_blocking(self._seen_write, False)
+        self._open = [self._announced_read, self._announce, self._seen_read, self._seen_write]
         self._sentinel: subprocess.Popen[bytes] | None = None
 
     def driver_env(self) -> dict[str, str]:
@@ -66,16 +88,15 @@ class StopWitnesses:
 
     def driver_started(self, driver_pid: int, stops: Iterable[int], preexec_fn: Callable[[], object]) -> None:
         """Start the sentinel in the driver's process group (``stops``: what it records) and let go of
-        the driver's ends. Without a sentinel (it could not start) every unannounced stop is a `kill PID`."""
+        the driver's ends. Without a sentinel (it could not start) every stop is the user's."""
         try:
             self._sentinel = subprocess.Popen(
                 [sys.executable, "-S", "-c", _SENTINEL, str(self._seen_write), *map(str, stops)], pass_fds=(self._seen_write,),
                 process_group=driver_pid, preexec_fn=preexec_fn, stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={"PATH": os.environ.get("PATH", "")})  # fmt: skip
-        except OSError:  # (a driver already gone: no group to join)
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        except (OSError, subprocess.SubprocessError):  # (a driver already gone: no group to join)
             self._sentinel = None
-        for fd in (self._announced_read, self._seen_read, self._seen_write):
-            os.close(fd)
+        self._close(self._announced_read, self._seen_read, self._seen_write)
 
     def announce(self, signum: int) -> None:
         """Before passing ``signum`` on to the driver."""
@@ -88,11 +109,20 @@ class StopWitnesses:
         if self._sentinel is not None:
             self._sentinel.kill()
             self._sentinel.wait()
-        os.close(self._announce)
+        self._close(*self._open)
+
+    def _close(self, *fds: int) -> None:
+        for fd in fds:
+            if fd in self._open:
+                self._open.remove(fd)
+                os.close(fd)
 
 
 _fds: dict[str, int] = {}
-_read: dict[str, list[int]] = {"announced": [], "group": []}  # read from the pipes, not yet matched
+_announced: list[int] = []  # read from the supervisor's pipe, not yet matched with a signal
+_recorded: list[tuple[int, int, bool]] = []  # the sentinel's records not yet asked for
+_partial = bytearray()  # a record the last read cut
+_records_lock = threading.Lock()  # (each held stop's judge is a thread of its own)
 _user_code: str | None = None
 
 
@@ -113,12 +143,30 @@ def passed_on(signum: int) -> bool | None:
     """Whether the supervisor passed this stop on (None: no supervisor). One announcement answers
     one signal (two sends that reached the driver as one, standard signals not queueing, leave one
     over: only a run's first stop is asked about)."""
-    return _matched("announced", signum)
+    if "announced" not in _fds:
+        return None
+    _announced.extend(_read(_fds["announced"]))
+    if signum in _announced:
+        _announced.remove(signum)
+        return True
+    return False
 
 
-def group_signalled(signum: int) -> bool:
-    """Whether ``signum`` reached the driver's whole process group (the sentinel saw it)."""
-    return bool(_matched("group", signum))
+def group_sender(signum: int) -> tuple[int, bool] | None:
+    """The sentinel's record of ``signum`` reaching the driver's whole process group: (the sender's
+    pid, whether it is the driver or one of its descendants); None: none (yet)."""
+    if "group" not in _fds:
+        return None
+    with _records_lock:
+        _partial.extend(_read(_fds["group"]))
+        whole = len(_partial) - len(_partial) % _RECORD.size
+        _recorded.extend((s, pid, bool(inside)) for s, pid, inside in _RECORD.iter_unpack(bytes(_partial[:whole])))
+        del _partial[:whole]
+        for record in _recorded:
+            if record[0] == signum:
+                _recorded.remove(record)
+                return record[1], record[2]
+    return None
 
 
 def user_code_in_driver() -> str | None:
@@ -126,19 +174,18 @@ def user_code_in_driver() -> str | None:
     return _user_code
 
 
-def _matched(name: str, signum: int) -> bool | None:
-    fd = _fds.get(name)
-    if fd is None:
-        return None
+def _read(fd: int) -> bytes:
+    data = b""
     while True:
         try:
             chunk = os.read(fd, 4096)
         except BlockingIOError:
             break
+        except OSError as exc:  # (closed: nothing more)
+            if exc.errno == errno.EBADF:
+                break
+            raise
         if not chunk:
             break
-        _read[name].extend(chunk)
-    if signum in _read[name]:
-        _read[name].remove(signum)
-        return True
-    return False
+        data += chunk
+    return data

@@ -233,7 +233,7 @@ class ChildChecks:
         at = f"in its {hook}" if hook else "while it was built (in its __init__)" if doing.startswith("building ") else "at import"
         cause = ("os._exit" if code >= 0 else "a crash in C code" if -code in FAULTS else
                  "the kernel's out-of-memory killer or a kill -9" if -code == signal.SIGKILL else
-                 "a signal it sent to its own process or process group (os.kill, os.killpg)")  # (its group is its own)  # fmt: skip
+                 "a signal it sent to its own process or process group (os.kill, os.killpg), or a kill from outside")  # fmt: skip
         return f"the check's process ended ({how}) while {doing}, before it answered: {cause} {at}"
 
     def _output(self) -> str:

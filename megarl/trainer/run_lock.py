@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from megarl.disk_full import FULL, DiskFullError, reason_of
 from megarl.driver_supervisor import command_pid
 
 LOCK_FILE = ".megarl.lock"
@@ -159,10 +160,7 @@ def _held(lock: Path, field: str, output: str | Path, what: str, *, remove: bool
         os.close(fd)  # its holder removed it as we opened it: lock the file the path names now
     try:
         if locked:
-            os.ftruncate(fd, 0)
-            since = time.strftime("%Y-%m-%d %H:%M:%S")
-            # the pid the user started (megarl launch's, not its driver's): the one to stop
-            os.pwrite(fd, f"pid {command_pid()} on {socket.gethostname()} (since {since})".encode(), 0)
+            _write_holder(fd, lock, f"{field} {output}", remove=remove)
         _HELD.add(lock)
         try:
             yield
@@ -172,6 +170,22 @@ def _held(lock: Path, field: str, output: str | Path, what: str, *, remove: bool
                 lock.unlink(missing_ok=True)  # while still held: a process waiting on it starts again
     finally:
         os.close(fd)  # releases the lock
+
+
+def _write_holder(fd: int, lock: Path, of: str, *, remove: bool) -> None:
+    """Who holds the lock, in its file: the pid the user started (megarl launch's, not its
+    driver's), the one to stop. A full disk here is the command's first write: one line naming the
+    lock file, and the file made for it goes (``remove``)."""
+    since = time.strftime("%Y-%m-%d %H:%M:%S")
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {command_pid()} on {socket.gethostname()} (since {since})".encode(), 0)
+    except OSError as exc:
+        if exc.errno not in FULL:
+            raise
+        if remove:
+            lock.unlink(missing_ok=True)
+        raise DiskFullError(lock, f"the lock file of {of}", reason_of(exc), kept="nothing: the command had written nothing yet") from None
 
 
 def _lock(fd: int, refusal: Callable[[str], OutputDirInUse], unlocked: str) -> bool:

@@ -41,6 +41,7 @@ import signal
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from pathlib import Path
@@ -59,7 +60,7 @@ from megarl.signal_kinds import (
     signal_name,
     unclaimed,
 )
-from megarl.stop_origin import group_signalled, passed_on, user_code_in_driver
+from megarl.stop_origin import group_sender, passed_on, user_code_in_driver
 from megarl.user_code import SignalInterrupt, current_wait, stop_requested
 
 log = logging.getLogger(__name__)
@@ -71,11 +72,10 @@ _NAMES: dict[int, str] = {signal.SIGINT: "SIGINT (Ctrl-C)", signal.SIGHUP: "SIGH
                           signal.SIGQUIT: "SIGQUIT (Ctrl-\\)"}  # where the name alone says too little  # fmt: skip
 REPEAT_WINDOW_S = 5.0  # a repeat this soon after the first (but a Ctrl-C's, Ctrl-\\'s) is the same request, not "stop at once"
 ONCE_MORE_AT_ONCE = (signal.SIGINT, signal.SIGQUIT)  # sent by a person: a repeat is meant, at once
-# A supervised driver's first stop that its supervisor did not announce waits this long for the
-# supervisor's: Slurm signals every process of the job, the driver too, and the supervisor's copy
-# may come a moment later. None by then: a stop to the driver's process group came from inside
-# (megarl/stop_origin.py), one to its pid is a stop as any other.
-ANNOUNCE_WAIT_S = 3.0
+# A supervised driver's first stop that its supervisor did not announce waits at most this long for
+# the sentinel's record of who sent it (megarl/stop_origin.py), which comes within milliseconds for a
+# signal to the driver's whole group; a stop to the driver's pid alone has none and waits it out.
+HOLD_S = 2.0
 EXIT_USER_CODE = 2  # a stop user code sent is its error, not the user's stop (megarl/cli.py EXIT_USER)
 
 
@@ -109,8 +109,8 @@ class RunControl:
         # A stop from the driver's own process group or to its pid, not through its supervisor (user
         # code's os.killpg(os.getpgrp(), ...)): what it says, once no announced stop came after it.
         self.inside: str | None = None
-        self._unannounced_sent: tuple[int, str | None] | None = None  # HANG_SIGNAL sent to act on an unannounced stop
-        self._unannounced_ok = False  # acting on it: not held again
+        self._judged: deque[tuple[int, str | None]] = deque()  # unannounced stops judged, for the main thread (HANG_SIGNAL)
+        self._unannounced_ok = False  # acting on one: not held again
         self._hang_lock = threading.Lock()  # installed's check and the hang interrupt, apart from putting the handlers back
 
     @property
@@ -225,35 +225,42 @@ class RunControl:
         raise SignalInterrupt  # abandon what runs now (Ray's waits turn it into KeyboardInterrupt too)
 
     def _hold_unannounced(self, signum: int) -> None:
-        """A stop the supervisor did not announce: acted on after ANNOUNCE_WAIT_S unless an
-        announced one comes meanwhile (then it was Slurm's copy of that one); what it says if it
-        came from inside is written now, while the user code that sent it may still run."""
+        """A stop the supervisor did not announce: judged by a thread of its own (the sentinel's
+        record may come after this handler runs); the user code the step waits on is noted now,
+        while the code that sent the stop may still run."""
         waiting = current_wait()
         running = f"{waiting[0]}, which ran then" if waiting else user_code_in_driver()
-        said = (f"{signal_name(signum)} reached the driver's whole process group (pid {os.getpid()}), not through the megarl "
-                f"command (pid {command_pid()}): user code in the driver{f' ({running})' if running else ''} signalled its "
-                "own process group (os.killpg(os.getpgrp(), ...), os.kill(0, ...))")
-        timer = threading.Timer(ANNOUNCE_WAIT_S, self._act_on_unannounced, args=(signum, said))
-        timer.daemon = True
-        timer.start()
+        threading.Thread(target=self._judge_unannounced, args=(signum, running), name="megarl-stop-origin", daemon=True).start()
 
-    def _act_on_unannounced(self, signum: int, said: str) -> None:
-        """From :meth:`_hold_unannounced`'s timer: no announced stop came; the main thread acts on
-        this one (:meth:`_on_hang`), as from inside if it reached the whole process group."""
+    def _judge_unannounced(self, signum: int, running: str | None) -> None:
+        """The driver's own doing only when the sentinel saw its group get ``signum`` from the
+        driver or a descendant; else (a sender outside, no record within HOLD_S) the user's stop.
+        The main thread acts on it (:meth:`_on_hang`)."""
+        deadline = time.monotonic() + HOLD_S
+        while (sender := group_sender(signum)) is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        said = None
+        if sender is not None and sender[1]:
+            who = "the driver itself" if sender[0] == os.getpid() else f"pid {sender[0]}, a process the driver started"
+            code = f"user code in the driver ({running})" if running else "code in the driver"
+            said = (f"{signal_name(signum)} was sent to the driver's process group (pid {os.getpid()}) by {who}, not through the "
+                    f"megarl command (pid {command_pid()}): {code} signalled its own process group (os.killpg(os.getpgrp(), ...), "
+                    "os.kill(0, ...))")  # fmt: skip
         with self._hang_lock:
             if self.installed and self.signal is None and not self.cleaning:
-                self._unannounced_sent = (signum, said if group_signalled(signum) else None)
+                self._judged.append((signum, said))
                 signal.pthread_kill(threading.main_thread().ident, HANG_SIGNAL)  # type: ignore[arg-type]
 
     def _on_hang(self, signum: int, frame: Any) -> None:
-        if self._unannounced_sent is not None:
-            (stop, said), self._unannounced_sent = self._unannounced_sent, None
-            if self.signal is None and not self.cleaning:
-                self.inside, self._unannounced_ok = said, True
-                try:
-                    self._on_signal(stop, frame)
-                finally:
-                    self._unannounced_ok = False
+        if self._judged:
+            while self._judged:  # (a deque: the judges append from their threads meanwhile)
+                stop, said = self._judged.popleft()
+                if self.signal is None and not self.cleaning:
+                    self.inside, self._unannounced_ok = said, True
+                    try:
+                        self._on_signal(stop, frame)
+                    finally:
+                        self._unannounced_ok = False
             if not self._overdue_sent and self.hang is None:  # (one handler call may answer two sends of it)
                 return
         if self._overdue_sent:  # user code the main thread runs itself is past the stop's grace

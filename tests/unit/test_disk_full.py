@@ -202,3 +202,24 @@ def test_the_checkpoint_estimate_counts_what_each_trained_model_saves():
     assert checkpoint_bytes(load_config(CONFIG, ["algorithm.estimator=gae"])) == 2 * arch.num_params * per_param
     lora = load_config(CONFIG, ["actor.lora={rank: 4}"])
     assert checkpoint_bytes(lora) == lora_params(arch, 4, lora.actor.lora.modules) * per_param < checkpoint_bytes(cfg) / 4
+
+
+def test_an_output_whose_lock_cannot_be_written_on_a_full_disk_is_named_and_leaves_no_lock(small_disk, capsys):
+    """`megarl evaluate --out` (and generate, convert) on a full disk: the lock's holder line is the
+    command's first write; one line naming the lock file of --out, and the file made for it goes."""
+    from megarl.cli import main
+
+    data = small_disk.parent / "scored.parquet"
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"prompt": ["2+2?"], "data_source": ["openai/gsm8k"], "reward_model": [{"ground_truth": "4"}],
+                             "responses": [["#### 4", "5"]]}), data)  # fmt: skip
+    _fill(small_disk)
+    out = small_disk / "summary.json"
+    assert main(["evaluate", "--data", str(data), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (f"error: the disk is full: writing the lock file of --out {out} to {small_disk / '.summary.json.megarl.lock'} "
+                       "failed (No space left on device); kept: nothing: the command had written nothing yet; free space on "
+                       "that disk (megarl deletes nothing of yours to make room), then run the same command again")  # fmt: skip
+    assert sorted(p.name for p in small_disk.iterdir()) == ["filler"]

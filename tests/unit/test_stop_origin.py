@@ -1,10 +1,12 @@
 """Which stops a supervised driver gets are the user's (megarl/stop_origin.py), with the real
-supervisor and the trainer's RunControl in its driver, no Ray: user code in the driver that
-signals its own process group is named as the sender (exit code 2, not the signal's), while a stop
-through the command, Slurm's to every process of the job, or a `kill` of the driver's pid stays the
-user's stop (128 + N)."""
+supervisor, its sentinel and the trainer's RunControl in its driver, no Ray: code in the driver (or a
+process it started) that signals the driver's own process group is named as the sender (exit code 2,
+not the signal's), while a stop through the command, one to every process of the job (Slurm's, also
+when the command's copy comes late), to the driver's group from outside, or to the driver's pid
+stays the user's stop (128 + N)."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -14,20 +16,37 @@ from pathlib import Path
 import pytest
 
 USER_CODE = "rollout.generate_function gen:gen"
-# A driver as the trainer's step loop: a first stop waits for the step's end; the "user code" of
-# mode 'killpg' signals the driver's own process group, as os.killpg(os.getpgrp(), ...) in a tool does.
-DRIVER = """import os, signal, sys, time
+# A driver as the trainer's step loop: a first stop waits for the step's end. Mode 'killpg': its
+# "user code" signals the driver's own process group, as os.killpg(os.getpgrp(), ...) in a tool does;
+# 'child-killpg': a process it started does. It starts once the sentinel in its group waits for them.
+DRIVER = """import os, signal, subprocess, sys, time
 from megarl import driver_supervisor as s
 s.take_report_pipe()
 from megarl.trainer.watchdog import RunControl
 pid_file, mode, signum = sys.argv[1], sys.argv[2], int(sys.argv[3])
+
+def sentinel_ready():
+    for entry in filter(str.isdigit, os.listdir('/proc')):
+        try:
+            stat = open(f'/proc/{entry}/stat').read().rpartition(')')[2].split()
+            waiting = 'sigtimedwait' in open(f'/proc/{entry}/wchan').read()  # in sigwaitinfo: the stops are its
+            if int(stat[2]) == os.getpgrp() and b'stop sentinel' in open(f'/proc/{entry}/cmdline', 'rb').read() and waiting:
+                return True
+        except (OSError, IndexError, ValueError):
+            pass
+    return False
+
+deadline = time.monotonic() + 120
+while not sentinel_ready() and time.monotonic() < deadline:
+    time.sleep(0.05)
 control = RunControl()
 with control.handlers():
     control.deferred = True
     open(pid_file, 'w').write(str(os.getpid()))
     if mode == 'killpg':
-        time.sleep(0.5)  # (the supervisor has started its sentinel in this group)
         os.killpg(os.getpgrp(), signum)
+    if mode == 'child-killpg':
+        subprocess.run([sys.executable, '-c', f'import os; os.killpg({os.getpgrp()}, {signum})'])  # (it ends itself too)
     while not control.stop_requested:
         time.sleep(0.05)
     stopped = control.stopped(f'stopped by {control.signal_name} after step 1; saved checkpoint C')
@@ -35,6 +54,8 @@ with control.handlers():
     s.report(end=stopped.exit_code)
     sys.exit(stopped.exit_code)
 """
+USERS_STOP = ["megarl: SIGTERM received: stopping after this step and saving a checkpoint; send it again after 5 s to stop at once",
+              "stopped by SIGTERM after step 1; saved checkpoint C"]  # fmt: skip
 
 
 def _supervised(tmp_path: Path, mode: str, signum: int) -> tuple[subprocess.Popen, int]:
@@ -51,34 +72,42 @@ def _supervised(tmp_path: Path, mode: str, signum: int) -> tuple[subprocess.Pope
     return proc, int(pid_file.read_text())
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "sigint"])
-def test_user_code_that_signals_its_process_group_is_named_not_taken_for_the_user_s_stop(tmp_path, signum):
-    proc, driver = _supervised(tmp_path, "killpg", signum)
+@pytest.mark.parametrize(("signum", "mode"), [(signal.SIGTERM, "killpg"), (signal.SIGINT, "killpg"), (signal.SIGTERM, "child-killpg")],
+                         ids=["sigterm", "sigint", "from-a-child"])  # fmt: skip
+def test_code_in_the_driver_that_signals_its_process_group_is_named_not_taken_for_the_user_s_stop(tmp_path, signum, mode):
+    proc, driver = _supervised(tmp_path, mode, signum)
     assert proc.wait(timeout=120) == 2
     lines = proc.stderr.read().strip().splitlines()
-    said = (f"{signal.Signals(signum).name} reached the driver's whole process group (pid {driver}), not through the megarl "
-            f"command (pid {proc.pid}): user code in the driver ({USER_CODE}) signalled its own process group "
-            "(os.killpg(os.getpgrp(), ...), os.kill(0, ...))")
-    assert lines[0] == f"megarl: {said}: stopping after this step and saving a checkpoint; send it again{'' if signum == signal.SIGINT else ' after 5 s'} to stop at once"
-    assert lines[1] == (f"error: {said}; let user code signal only the processes it starts (start them with "
-                        f"start_new_session=True and signal their group); to stop a run, signal the megarl command (pid {proc.pid})")
-    assert lines[2:] == [f"stopped by {signal.Signals(signum).name} after step 1; saved checkpoint C"]  # (not "SIGINT (Ctrl-C)")
+    name = signal.Signals(signum).name
+    sender = "the driver itself" if mode == "killpg" else r"pid \d+, a process the driver started"
+    said = (f"{name} was sent to the driver's process group \\(pid {driver}\\) by {sender}, not through the megarl command "
+            f"\\(pid {proc.pid}\\): user code in the driver \\({USER_CODE}\\) signalled its own process group "
+            r"\(os.killpg\(os.getpgrp\(\), ...\), os.kill\(0, ...\)\)")
+    again = "send it again to stop at once" if signum == signal.SIGINT else "send it again after 5 s to stop at once"
+    assert re.fullmatch(f"megarl: {said}: stopping after this step and saving a checkpoint; {again}", lines[0]), lines
+    assert re.fullmatch(f"error: {said}; let user code signal only the processes it starts \\(start them with "
+                        f"start_new_session=True and signal their group\\); to stop a run, signal the megarl command "
+                        f"\\(pid {proc.pid}\\)", lines[1]), lines  # fmt: skip
+    assert lines[2:] == [f"stopped by {name} after step 1; saved checkpoint C"]  # (not "SIGINT (Ctrl-C)")
 
 
-@pytest.mark.parametrize("to", ["command", "every-process", "driver-pid"])
+@pytest.mark.parametrize("to", ["command", "every-process", "every-process-command-late", "driver-group", "driver-pid"])
 def test_a_stop_from_outside_stays_the_user_s_stop(tmp_path, to):
-    """Through the command; to every process of the job as Slurm sends it (the driver's whole group
-    too, before the supervisor's copy comes); a `kill` of the driver's pid: SIGTERM's line and 143."""
+    """Through the command; to every process of the job as Slurm sends it (the driver's group first;
+    also with the command's copy 4 s late: a loaded node); to the driver's group alone from outside
+    (`kill -- -PGID`); to the driver's pid: SIGTERM's own lines and 143."""
     proc, driver = _supervised(tmp_path, "wait", signal.SIGTERM)
-    time.sleep(1.0)  # (the sentinel is in the driver's group)
-    if to == "every-process":
-        os.killpg(driver, signal.SIGTERM)  # the driver and the sentinel first
-        time.sleep(0.3)
+    if to == "every-process-command-late":
+        os.kill(proc.pid, signal.SIGSTOP)  # the command's handler cannot run before SIGCONT
+    if to.startswith("every-process") or to == "driver-group":
+        os.killpg(driver, signal.SIGTERM)  # the driver and the sentinel
     if to == "driver-pid":
         os.kill(driver, signal.SIGTERM)
-    else:
+    if to == "every-process-command-late":
+        time.sleep(4)
+        proc.send_signal(signal.SIGTERM)
+        os.kill(proc.pid, signal.SIGCONT)
+    elif to in ("command", "every-process"):
         proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=120) == 143
-    assert proc.stderr.read().strip().splitlines() == [
-        "megarl: SIGTERM received: stopping after this step and saving a checkpoint; send it again after 5 s to stop at once",
-        "stopped by SIGTERM after step 1; saved checkpoint C"]
+    assert proc.stderr.read().strip().splitlines() == USERS_STOP

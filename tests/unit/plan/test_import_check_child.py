@@ -47,7 +47,7 @@ def _problem(tmp_path: Path, source: str) -> str | None:
 
 
 @pytest.mark.parametrize(("signum", "cause"), [
-    ("SIGTERM", "a signal it sent to its own process or process group (os.kill, os.killpg)"),
+    ("SIGTERM", "a signal it sent to its own process or process group (os.kill, os.killpg), or a kill from outside"),
     ("SIGSEGV", "a crash in C code"),
     ("SIGKILL", "the kernel's out-of-memory killer or a kill -9")])  # fmt: skip
 def test_a_signal_that_ends_the_import_is_named_with_its_likely_sender(tmp_path, signum, cause):
