@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from megarl.config.differences import ABSENT, differences
+from megarl.disk_full import writing
+from megarl.kept_files import write_atomically
 
 log = logging.getLogger(__name__)
 PARTIAL_SUFFIX = ".partial"
@@ -84,7 +86,13 @@ def open_partial(partial: Path, job: dict[str, Any]) -> None:
     if partial.exists():
         if not record.is_file():
             raise GenerateError(f"{partial} exists but was not made by megarl generate (no {JOB_FILE}); move it away")
-        before = json.loads(record.read_text())
+        try:
+            before = json.loads(record.read_text())
+        except ValueError:  # cut (written whole since: a full disk or a kill met an older version's write)
+            if any(partial.glob("part-*.parquet")):
+                raise GenerateError(f"{record} is not a whole job record, so the finished parts in {partial} cannot be "
+                                    "checked against these settings; move the folder away to start over") from None  # fmt: skip
+            before = {}
         differ = differences(before, job, whole={"model_fingerprint"})
         changed = {key.split(".")[0] for key in differ}  # the job record's fields
         if not changed:
@@ -96,9 +104,10 @@ def open_partial(partial: Path, job: dict[str, Any]) -> None:
                                 f"run {same} to continue it, or move it away to start over")  # fmt: skip
         # e.g. a run that failed before its first part: nothing to continue, so the new settings start it afresh
         log.info("%s holds no finished part; starting it afresh with these settings (%s)", partial, _told(differ, before))
-    else:
-        partial.mkdir()
-    record.write_text(json.dumps(job, indent=2) + "\n")
+    with writing(record, "the partial generation's job record", kept="no part generated yet; the same command starts again"):
+        if not partial.exists():
+            partial.mkdir()
+        write_atomically(record, json.dumps(job, indent=2) + "\n")  # never a cut record to read next time
 
 
 def _told(differ: dict[str, tuple[Any, Any]], before: dict[str, Any]) -> str:

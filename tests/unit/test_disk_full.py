@@ -223,3 +223,17 @@ def test_an_output_whose_lock_cannot_be_written_on_a_full_disk_is_named_and_leav
                        "failed (No space left on device); kept: nothing: the command had written nothing yet; free space on "
                        "that disk (megarl deletes nothing of yours to make room), then run the same command again")  # fmt: skip
     assert sorted(p.name for p in small_disk.iterdir()) == ["filler"]
+
+
+def test_a_partial_generation_s_job_record_on_a_full_disk_is_named_and_never_cut(small_disk):
+    """`megarl generate` whose job record meets a full disk: one DiskFullError naming the record, no
+    empty generate.json for the next run to choke on."""
+    from megarl.commands.generate_partial import open_partial
+
+    _fill(small_disk)
+    partial = small_disk / "gen.parquet.partial"
+    record = partial / "generate.json"
+    with pytest.raises(DiskFullError) as info:
+        open_partial(partial, {"data_sha256": "ab", "model": "/m", "padding": "x" * 100_000})
+    assert str(info.value).startswith(f"the disk is full: writing the partial generation's job record to {record} failed")
+    assert not record.exists() and not list(partial.glob(".generate.json.tmp*"))

@@ -57,6 +57,27 @@ def test_a_partial_generation_with_other_settings_names_each_old_and_new_value(t
         open_partial(partial, added)
 
 
+def test_a_cut_job_record_starts_afresh_without_parts_and_is_refused_with_them(tmp_path):
+    """A job record a full disk or a kill cut (an older megarl wrote it in place): no traceback; with no
+    finished part the generation starts again and the record is written whole, with parts it is refused."""
+    import json
+
+    from megarl.commands.generate_partial import GenerateError, open_partial
+
+    job = {"data_sha256": "ab", "model": "/m", "n": 4, "batch_size": 64}
+    partial = tmp_path / "gen.parquet.partial"
+    partial.mkdir()
+    (partial / "generate.json").write_text("")
+    open_partial(partial, job)
+    assert json.loads((partial / "generate.json").read_text()) == job
+    assert sorted(p.name for p in partial.iterdir()) == ["generate.json"]  # no temporary file left
+    (partial / "generate.json").write_text('{"data_sha')
+    (partial / "part-000000.parquet").write_bytes(b"a finished part")
+    with pytest.raises(GenerateError, match=r"generate.json is not a whole job record, so the finished parts in \S+ cannot be "
+                                            "checked against these settings; move the folder away to start over$"):
+        open_partial(partial, job)
+
+
 def _model(path: Path, weights: bytes) -> Path:
     path.mkdir(exist_ok=True)
     (path / "config.json").write_text("{}")
