@@ -55,7 +55,7 @@ from typing import Any
 
 from megarl.driver_stderr import StderrRelay
 from megarl.signal_kinds import OUTSIDE_STOPS, STACKS_SIGNALS, STOPS, signal_name, unclaimed
-from megarl.stop_origin import StopWitnesses, take_witnesses
+from megarl.stop_origin import StopWitnesses, drain, take_witnesses
 from megarl.tagged_processes import DRIVER_TAG_ENV, end_tagged, new_tag
 
 SUPERVISOR_FD_ENV = "MEGARL_SUPERVISOR_FD"  # the driver's end of the pipe (set for the child only)
@@ -164,7 +164,7 @@ def supervise(command: Sequence[str], *, ray: bool = True, kept: str | None = No
         code, data, raylet_first, found = _watch(child, read_end, ray=ray, relay=relay, stops=stops)
         end_tagged(tag)  # what outlived the driver (Ray's workers re-parented when their raylet died) ends with it
         relay.finish()  # all the driver wrote, before this process's own line
-        reports = _parse_reports(data + _drain(read_end))
+        reports = _parse_reports(data + drain(read_end))
         if found and "ray" not in reports:  # the raylet died as Ray started, before the driver could say where
             reports["ray"] = found
         if ended_by_ray(code):  # any other ending is the driver's own, whatever Ray logged
@@ -242,7 +242,7 @@ def _watch(child: subprocess.Popen[bytes], fd: int, *, ray: bool = True, relay: 
             return child.wait(timeout=WATCH_INTERVAL_S), data, False, found
         except subprocess.TimeoutExpired:
             pass
-        chunk = _drain(fd)
+        chunk = drain(fd)
         data += chunk
         if chunk:  # every report is read as it comes, the ``ray`` one too after the raylet was found
             reports = _parse_reports(data)
@@ -261,7 +261,7 @@ def _watch(child: subprocess.Popen[bytes], fd: int, *, ray: bool = True, relay: 
             # Only an ending that Ray gives a driver for its raylet confirms the order.
             if child.poll() is not None:
                 return child.returncode, data, False, found
-            data += _drain(fd)  # the driver's last reports: whether it was still inside ray.init
+            data += drain(fd)  # the driver's last reports: whether it was still inside ray.init
             if found is not None and _parse_reports(data).get("ray_starting"):
                 found["stuck_in_start"] = _stuck_in_start(child, stops)
             code = child.wait()
@@ -417,20 +417,6 @@ def _die_with_parent() -> None:
     import ctypes
 
     ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: the driver dies with the supervisor
-
-
-def _drain(fd: int) -> bytes:
-    """What the child wrote since the last read (the pipe is non-blocking)."""
-    data = b""
-    while True:
-        try:
-            chunk = os.read(fd, 65536)
-        except BlockingIOError:  # nothing more for now (or a process the driver started holds the pipe)
-            break
-        if not chunk:
-            break
-        data += chunk
-    return data
 
 
 def _parse_reports(data: bytes) -> dict[str, Any]:

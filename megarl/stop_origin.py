@@ -145,7 +145,7 @@ def passed_on(signum: int) -> bool | None:
     over: only a run's first stop is asked about)."""
     if "announced" not in _fds:
         return None
-    _announced.extend(_read(_fds["announced"]))
+    _announced.extend(drain(_fds["announced"]))
     if signum in _announced:
         _announced.remove(signum)
         return True
@@ -158,7 +158,7 @@ def group_sender(signum: int) -> tuple[int, bool] | None:
     if "group" not in _fds:
         return None
     with _records_lock:
-        _partial.extend(_read(_fds["group"]))
+        _partial.extend(drain(_fds["group"]))
         whole = len(_partial) - len(_partial) % _RECORD.size
         _recorded.extend((s, pid, bool(inside)) for s, pid, inside in _RECORD.iter_unpack(bytes(_partial[:whole])))
         del _partial[:whole]
@@ -174,7 +174,8 @@ def user_code_in_driver() -> str | None:
     return _user_code
 
 
-def _read(fd: int) -> bytes:
+def drain(fd: int) -> bytes:
+    """What was written on the non-blocking pipe ``fd`` since the last read (nothing once it is closed)."""
     data = b""
     while True:
         try:
