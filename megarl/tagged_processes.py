@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import threading
 import time
@@ -31,6 +32,7 @@ DRIVER_TAG_ENV = "MEGARL_DRIVER_TAG"
 SWEEP_ROUNDS = 20  # a process that starts another while the sweep runs is found on the next round
 SWEEP_PAUSE_S = 0.05
 TERM_GRACE_S = 1.0  # how long the tagged processes have to end on SIGTERM before the SIGKILL
+EXIT_WAIT_S = 10.0  # how long the signalled processes have to finish exiting
 
 
 def new_tag() -> str:
@@ -89,7 +91,24 @@ def end_tagged(tag: str, spare: Collection[int] = ()) -> int:
             break
         killed.update(pid for pid in pids if _signal_if_tagged(pid, tag, signal.SIGKILL))
         time.sleep(SWEEP_PAUSE_S)
+    _wait_exited(termed | killed, time.monotonic() + EXIT_WAIT_S)
     return len(termed | killed)
+
+
+def _wait_exited(pids: Collection[int], deadline: float) -> None:
+    """Until each of ``pids`` has exited (a zombie at least) or ``deadline``. A killed process's
+    environment reads empty as soon as its memory is released, before it has closed its files:
+    a forkserver this process started was still accepting a connection then, and a pool started
+    next in this process (a second evaluate) asked it for a worker and read EOF."""
+    for pid in pids:
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:  # gone and reaped (or a kernel without pidfds: not waited for)
+            continue
+        try:
+            select.select([fd], [], [], max(0.0, deadline - time.monotonic()))  # readable once it exited
+        finally:
+            os.close(fd)
 
 
 def _blocks_sigterm(pid: int) -> bool:
