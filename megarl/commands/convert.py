@@ -29,6 +29,7 @@ the directory the run was launched from (recorded in the checkpoint), not the ca
 from __future__ import annotations
 
 import argparse
+from functools import partial
 from pathlib import Path
 
 from megarl.commands.arguments import user_path
@@ -176,15 +177,21 @@ def _kept(out: str) -> str:
 
 def _prepare_to_megatron(args: argparse.Namespace) -> Supervision:
     """The HF directory and OUT checked in the command's process, before any driver starts."""
+    from megarl.trainer.run_lock import output_lock
+
     check_hf_import(args.hf, args.out, args.overwrite)
-    return Supervision(_kept(args.out), ray=starts_ray(args), user_code=None)  # a conversion runs no user code
+    return Supervision(_kept(args.out), ray=starts_ray(args), user_code=None,  # a conversion runs no user code
+                       holds=partial(output_lock, args.out))  # one convert writes OUT
 
 
 def _prepare_to_hf(args: argparse.Namespace) -> Supervision:
     """The arguments and the checkpoint checked in the command's process, before any driver
     starts (OUT is checked by the driver: a training checkpoint's run config says what it may not be)."""
+    from megarl.trainer.run_lock import output_lock
+
     _checked_source(args, check_files=True)
-    return Supervision(_kept(args.out), ray=starts_ray(args), user_code=None)  # a conversion runs no user code
+    return Supervision(_kept(args.out), ray=starts_ray(args), user_code=None,  # a conversion runs no user code
+                       holds=partial(output_lock, args.out))  # one convert writes OUT
 
 
 def _run_to_megatron(args: argparse.Namespace) -> int:

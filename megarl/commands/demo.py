@@ -12,6 +12,7 @@ import os
 import shlex
 import shutil
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -65,13 +66,13 @@ def _prepare(args: argparse.Namespace) -> Supervision:
     """A config mistake: its line from the command's process, no driver started. The driver
     reports the command that resumes the demo (its launch does)."""
     from megarl.config.loading import load_config
-    from megarl.trainer.run_lock import check_output_dir_free
+    from megarl.trainer.run_lock import output_dir_lock
 
     config = _demo_config(args.config)
     cfg = load_config(config, args.overrides)
     # another demo into the same folder: refused before the driver's seconds of imports, as launch does
-    check_output_dir_free(demo_run_dir(args.root or default_root(config), args.overrides))
-    return Supervision(user_code=driver_user_code(cfg))
+    run_dir = demo_run_dir(args.root or default_root(config), args.overrides)
+    return Supervision(user_code=driver_user_code(cfg), holds=partial(output_dir_lock, run_dir))
 
 
 def _run(args: argparse.Namespace) -> int:

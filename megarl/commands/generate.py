@@ -38,6 +38,7 @@ import argparse
 import logging
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -103,12 +104,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _prepare(args: argparse.Namespace) -> Supervision:
     """The flags, the config, OUT and the model checked in the command's process, before any
     driver starts; Ray starts only to export a checkpoint (an HF directory is used as it is)."""
+    from megarl.trainer.run_lock import output_lock
+
     _check_flags(args)
     cfg, target, source = _checked_request(args.config, _overrides(args), Path(args.data), args.out, args.model, args.batch_size)
-    partial = target.with_name(target.name + PARTIAL_SUFFIX)
-    kept = f"the parts finished so far are kept in {partial}: the same command goes on from them"
+    partial_dir = target.with_name(target.name + PARTIAL_SUFFIX)
+    kept = f"the parts finished so far are kept in {partial_dir}: the same command goes on from them"
     return Supervision(kept, ray=starts_ray(args) and _model_export(Path(source)) is not None,
-                       user_code=driver_user_code(cfg, dataset=False))  # --data, not data.custom_cls
+                       user_code=driver_user_code(cfg, dataset=False),  # --data, not data.custom_cls
+                       holds=partial(output_lock, target))  # a second generate into OUT refused at once
 
 
 def _run(args: argparse.Namespace) -> int:

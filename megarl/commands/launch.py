@@ -12,6 +12,7 @@ the exact command that resumes it is printed when it stops. The run itself: mega
 from __future__ import annotations
 
 import argparse
+from functools import partial
 
 from megarl.commands.arguments import add_config_args
 from megarl.commands.supervision import (
@@ -47,11 +48,11 @@ def _prepare(args: argparse.Namespace) -> Supervision:
     process, no driver started. The driver reports the command that resumes it
     (megarl/trainer/launch.py)."""
     from megarl.config.loading import load_config
-    from megarl.trainer.run_lock import check_output_dir_free
+    from megarl.trainer.run_lock import output_dir_lock
 
     cfg = load_config(args.config, args.overrides)
-    check_output_dir_free(cfg.trainer.output_dir)  # a run there: refused before the driver's seconds of imports
-    return Supervision(ray=starts_ray(args), user_code=driver_user_code(cfg))
+    # a run there: refused before the driver's seconds of imports
+    return Supervision(ray=starts_ray(args), user_code=driver_user_code(cfg), holds=partial(output_dir_lock, cfg.trainer.output_dir))
 
 
 def _run(args: argparse.Namespace) -> int:

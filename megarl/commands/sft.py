@@ -28,6 +28,7 @@ import logging
 import os
 from collections.abc import Iterator
 from contextlib import ExitStack
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -67,14 +68,15 @@ def _prepare(args: argparse.Namespace) -> Supervision:
     """A config mistake: its line from the command's process, no driver started; what a driver
     that dies without a word leaves (for the supervisor's line)."""
     from megarl.config.loading import load_config
-    from megarl.trainer.run_lock import check_output_dir_free
+    from megarl.trainer.run_lock import output_dir_lock
 
     output_dir = load_config(args.config, args.overrides).sft.output_dir
-    check_output_dir_free(output_dir, "sft.output_dir")  # an sft there: refused before the driver's seconds of imports
     target = Path(output_dir) / MODEL_DIR
     kept = (f"SFT keeps no checkpoint to resume from, and {target} appears only once written whole and verified (it is "
             "staged beside itself): run the same command again")
-    return Supervision(kept, ray=starts_ray(args), user_code=None)  # SFT trains on sft.train_files: none of the user's code
+    # SFT trains on sft.train_files: none of the user's code; an sft there: refused before the driver's seconds of imports
+    return Supervision(kept, ray=starts_ray(args), user_code=None,
+                       holds=partial(output_dir_lock, Path(output_dir).absolute(), "sft.output_dir"))
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -14,8 +14,10 @@ launch and demo report the command that resumes them; sft, convert and generate 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +32,10 @@ class Supervision:
     ray: bool = True  # whether the driver starts Ray (not under --in-process): the line names the Ray node then
     # the user code the driver runs, a likely cause of its os._exit (None: it runs none, as convert)
     user_code: str | None = USER_CODE
+    # the output lock the driver takes (megarl/trainer/run_lock.py), taken first by the command's process and
+    # kept until the driver and its leftovers have ended: a second command is refused at once, not after the
+    # driver's imports (None: the driver locks nothing)
+    holds: Callable[[], AbstractContextManager[None]] | None = None
 
 
 def driver_user_code(cfg: Any, *, dataset: bool = True) -> str | None:
@@ -62,8 +68,9 @@ def supervised_command(run: Handler, prepare: Prepare) -> Handler:
         watch = prepare(args)
         if watch.ray:
             _check_ray_installed()
-        return supervise([sys.executable, "-m", "megarl.cli", *args.argv], ray=watch.ray, kept=watch.kept,
-                         user_code=watch.user_code)  # fmt: skip
+        with watch.holds() if watch.holds is not None else contextlib.nullcontext():
+            return supervise([sys.executable, "-m", "megarl.cli", *args.argv], ray=watch.ray, kept=watch.kept,
+                             user_code=watch.user_code)  # fmt: skip
 
     return handler
 

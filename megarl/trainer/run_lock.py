@@ -21,6 +21,12 @@ process that opened that file just before its holder removed it sees, once it ho
 that the path names another file (or none) and starts again, so two processes never hold two
 files of one output. A command checks that lock (check_output_free) before its slow start, so
 that a second one is refused in seconds, and holds it once it writes.
+
+A supervised command (megarl/commands/supervision.py) takes its driver's lock in the command's
+process before the driver starts and keeps it until the driver and what it left have ended: a
+second command is refused in its first second, not after the first one's driver has imported for
+seconds. The driver, whose record locks are its own, finds the lock held by its supervisor (the
+holder line names the supervisor's pid on this host) and writes under that hold.
 """
 
 from __future__ import annotations
@@ -61,9 +67,8 @@ def output_dir_lock(output_dir: str | Path, field: str = "trainer.output_dir") -
     try:
         with _held((path / LOCK_FILE).resolve(), field, output_dir, "run", remove=False):
             yield
-    except BaseException:
-        _remove_if_only_the_lock(path, made)  # a run refused before it wrote anything leaves no folder
-        raise
+    finally:  # a run refused (or a supervised driver that failed) before it wrote anything leaves no folder
+        _remove_if_only_the_lock(path, made)
 
 
 def _remove_if_only_the_lock(path: Path, made: list[Path]) -> None:
@@ -127,6 +132,8 @@ def _probe(lock: Path, refusal: Callable[[str], OutputDirInUse]) -> None:
     """``refusal(holder)`` raised when the record lock of the file ``lock`` is held."""
     if lock in _HELD:  # (a probe's close would drop this process's own hold)
         raise refusal("this process")
+    if _held_by_supervisor(lock):
+        return
     try:
         fd = os.open(lock, os.O_RDONLY)
     except OSError:  # none there (or a folder that is not): the hold itself decides
@@ -148,6 +155,13 @@ def _held(lock: Path, field: str, output: str | Path, what: str, *, remove: bool
     refusal = functools.partial(_in_use, field, output, what=what)
     if lock in _HELD:
         raise refusal("this process")
+    if _held_by_supervisor(lock):  # for this driver's whole life: it writes under that hold
+        _HELD.add(lock)
+        try:
+            yield
+        finally:
+            _HELD.discard(lock)
+        return
     while True:
         fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)  # umask decides: a group-writable folder stays shared
         try:
@@ -179,7 +193,7 @@ def _write_holder(fd: int, lock: Path, of: str, *, remove: bool) -> None:
     since = time.strftime("%Y-%m-%d %H:%M:%S")
     try:
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {command_pid()} on {socket.gethostname()} (since {since})".encode(), 0)
+        os.pwrite(fd, f"{_holder_name()} (since {since})".encode(), 0)
     except OSError as exc:
         if exc.errno not in FULL:
             raise
@@ -201,6 +215,29 @@ def _lock(fd: int, refusal: Callable[[str], OutputDirInUse], unlocked: str) -> b
             raise refusal(_holder(fd)) from None
         raise
     return True
+
+
+def _holder_name() -> str:
+    return f"pid {command_pid()} on {socket.gethostname()}"
+
+
+def _held_by_supervisor(lock: Path) -> bool:
+    """Whether this process is a supervised driver and the file ``lock`` is held by its supervisor
+    (its holder line names the supervisor's pid on this host: while the supervisor lives, no other
+    process has that pid)."""
+    if command_pid() == os.getpid():
+        return False
+    try:
+        fd = os.open(lock, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False  # nobody holds it (the close releases this probe's shared lock)
+    except OSError as exc:
+        return exc.errno in (errno.EACCES, errno.EAGAIN) and _holder(fd).startswith(f"{_holder_name()} (")
+    finally:
+        os.close(fd)
 
 
 def _holder(fd: int) -> str:

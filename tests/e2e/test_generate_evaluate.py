@@ -158,6 +158,11 @@ def test_a_second_generate_into_the_same_out_is_refused_naming_the_first(demo, t
         while not started.exists() and first.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
         assert started.exists(), first.communicate()[1]
+        # the command's own process holds OUT for its driver from before the driver started: a second
+        # command is refused by that hold in its first second, not after the driver's imports
+        inode = (tmp_path / ".gen.parquet.megarl.lock").stat().st_ino
+        owners = [line.split()[4] for line in Path("/proc/locks").read_text().splitlines() if line.split()[5].endswith(f":{inode}")]
+        assert owners == [str(first.pid)]
         second = _cli(args, env, tmp_path)
         assert second.returncode == 2, second.stderr
         assert re.fullmatch(rf"error: --out {tmp_path / 'gen.parquet'} is in use by pid {first.pid} on \S+ \(since [^)]*\); wait for that "

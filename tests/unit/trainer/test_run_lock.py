@@ -4,6 +4,7 @@ first; the lock goes with the process however it ends, and not to the processes 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -122,3 +123,37 @@ def test_a_run_refused_inside_the_lock_leaves_no_folder_it_made(tmp_path):
             raise ValueError("refused before anything was written")
     assert not (tmp_path / "a").exists()  # both folders it made are gone
     assert (kept / LOCK_FILE).is_file()  # a folder that was there is left as a held one is
+
+
+# A supervised driver: checks OUT free, holds it, says which process holds the record lock (the
+# kernel's /proc/locks) and whether an unsupervised process is refused meanwhile, and ends.
+SUPERVISED_DRIVER = """import os, subprocess, sys
+from megarl import driver_supervisor
+driver_supervisor.take_report_pipe()
+from megarl.trainer.run_lock import check_output_free, output_lock
+out = sys.argv[1]
+check_output_free(out)
+with output_lock(out):
+    inode = os.stat(os.path.join(os.path.dirname(out), '.' + os.path.basename(out) + '.megarl.lock')).st_ino
+    owners = [line.split()[4] for line in open('/proc/locks') if line.split()[5].endswith(':' + str(inode))]
+    other = subprocess.run([sys.executable, '-c', 'import sys; from megarl.trainer.run_lock import check_output_free; '
+                            'check_output_free(sys.argv[1])', out], capture_output=True, text=True)
+    print('owners', owners, 'supervisor', os.getppid(), 'other', other.returncode, other.stderr.strip().splitlines()[-1])
+driver_supervisor.report(end=0)
+"""
+
+
+def test_a_supervisors_hold_is_its_drivers_and_no_one_elses(tmp_path, capfd):
+    """The command's process takes its driver's output lock before the driver starts (a second
+    command refused at once, not after the driver's imports): the driver checks and holds the output
+    under that hold; any other process is refused, naming the supervisor."""
+    from megarl.driver_supervisor import supervise
+    from megarl.trainer.run_lock import output_lock
+
+    out = tmp_path / "gen.parquet"
+    with output_lock(out):
+        assert supervise([sys.executable, "-c", SUPERVISED_DRIVER, str(out)], ray=False) == 0
+    said = capfd.readouterr().out.strip()
+    assert said.startswith(f"owners ['{os.getpid()}'] supervisor {os.getpid()} other 1 "), said  # the lock stayed this process's
+    assert re.search(rf" other 1 megarl.trainer.run_lock.OutputDirInUse: --out {re.escape(str(out))} is in use by pid {os.getpid()} on \S+ \(since ", said)
+    assert list(tmp_path.iterdir()) == []  # the lock file went with the supervisor's hold
