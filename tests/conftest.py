@@ -4,6 +4,7 @@ plain name: put them on sys.path (``--import-mode=importlib`` does not). Fixture
 
 import contextlib
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -49,3 +50,12 @@ def real_wandb():
     wandb.teardown()
     yield wandb
     wandb.teardown()
+
+
+@pytest.fixture
+def refused_port():
+    """A local TCP port that refuses connections for the whole test: bound and not listening, and
+    held (a port closed before use could be taken meanwhile by another test's server, under -n)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield sock.getsockname()[1]

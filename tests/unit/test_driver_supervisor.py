@@ -42,14 +42,8 @@ def _fake_raylet(session: Path | None) -> str:
             "'--node_ip_address=127.0.0.1'], preexec_fn=lambda: ctypes.CDLL(None).prctl(1, signal.SIGKILL))\n")
 
 
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def test_quick_exit_after_ray_started_names_the_node_its_logs_and_the_resume(capsys, tmp_path):
-    ray = {"ip": "127.0.0.1", "node_id": "ab12cd34ef56aa", "logs": str(tmp_path / "logs"), "raylet": f"127.0.0.1:{_closed_port()}"}
+def test_quick_exit_after_ray_started_names_the_node_its_logs_and_the_resume(capsys, tmp_path, refused_port):
+    ray = {"ip": "127.0.0.1", "node_id": "ab12cd34ef56aa", "logs": str(tmp_path / "logs"), "raylet": f"127.0.0.1:{refused_port}"}
     code = supervise(_driver(f"s.report(resume={RESUME!r})\ns.report(ray={ray!r})\nos._exit(1)"))
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2
@@ -286,23 +280,23 @@ RAYLET = ("import subprocess, ctypes\n"
           "preexec_fn=lambda: ctypes.CDLL(None).prctl(1, signal.SIGKILL))\n")  # fmt: skip
 
 
-def _node(tmp_path: Path) -> str:
+def _node(tmp_path: Path, port: int) -> str:
     """The driver's report of its node: the raylet stand-in's pid, at an address nothing answers."""
     (tmp_path / "driver.log").touch()  # the driver's log, as a launch's driver has opened it by then
     return (f"s.report(resume={RESUME!r}, log={str(tmp_path / 'driver.log')!r})\n"
             f"s.report(ray=dict(ip='127.0.0.1', node_id='ab12cd34ef56aa', logs={str(tmp_path)!r}, "
-            f"raylet='127.0.0.1:{_closed_port()}', raylet_pid=raylet.pid))\ntime.sleep(1)\n")  # fmt: skip
+            f"raylet='127.0.0.1:{port}', raylet_pid=raylet.pid))\ntime.sleep(1)\n")  # fmt: skip
 
 
 @pytest.mark.parametrize("raylet_first", [False, True], ids=["raylet-alive", "raylet-seen-dead-first"])
 @pytest.mark.parametrize("exit_code", [0, 9])
-def test_a_driver_that_exits_on_its_own_is_blamed_not_its_embedded_raylet(capsys, tmp_path, exit_code, raylet_first):
+def test_a_driver_that_exits_on_its_own_is_blamed_not_its_embedded_raylet(capsys, tmp_path, exit_code, raylet_first, refused_port):
     """User code's os._exit(0) or os._exit(9) in the driver: its raylet dies with it (and answers
     no more), and may even be seen dead before the driver can be reaped (here, with
     ``raylet_first``, it surely is: the raylet is killed a second before the driver exits). Ray
     ends a driver for its raylet with exit code 1 only, so the line names the driver's own death."""
     first = "os.kill(raylet.pid, signal.SIGKILL)\ntime.sleep(1)\n" if raylet_first else ""
-    code = supervise(_driver(RAYLET + _node(tmp_path) + first + f"os._exit({exit_code})"))
+    code = supervise(_driver(RAYLET + _node(tmp_path, refused_port) + first + f"os._exit({exit_code})"))
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2
     assert len(err) == 1 and err[0].startswith("error: the driver process (pid "), err
@@ -311,10 +305,10 @@ def test_a_driver_that_exits_on_its_own_is_blamed_not_its_embedded_raylet(capsys
     assert f"the driver's log: {tmp_path / 'driver.log'}" in err[0] and err[0].endswith(f"resume with: {RESUME}")
 
 
-def test_a_raylet_that_died_before_its_driver_is_the_node_s_death(capsys, tmp_path):
+def test_a_raylet_that_died_before_its_driver_is_the_node_s_death(capsys, tmp_path, refused_port):
     """The raylet dies first (here killed; the driver keeps it unreaped, a zombie, as Ray does),
     then the driver ends without a word, as Ray's quick exit ends it a moment later."""
-    body = RAYLET + _node(tmp_path) + "os.kill(raylet.pid, signal.SIGKILL)\ntime.sleep(2)\nos._exit(1)"
+    body = RAYLET + _node(tmp_path, refused_port) + "os.kill(raylet.pid, signal.SIGKILL)\ntime.sleep(2)\nos._exit(1)"
     code = supervise(_driver(body))
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2
@@ -322,9 +316,9 @@ def test_a_raylet_that_died_before_its_driver_is_the_node_s_death(capsys, tmp_pa
     assert "exited with code 1 (its raylet died first)" in err[0] and err[0].endswith(f"resume with: {RESUME}")
 
 
-def test_a_driver_killed_from_outside_is_named_with_its_signal(tmp_path):
+def test_a_driver_killed_from_outside_is_named_with_its_signal(tmp_path, refused_port):
     """kill -9 of the driver child during a run: its own death by SIGKILL, not its raylet's."""
-    proc, pid_file = _supervisor(tmp_path, RAYLET + _node(tmp_path))
+    proc, pid_file = _supervisor(tmp_path, RAYLET + _node(tmp_path, refused_port))
     os.kill(int(pid_file.read_text()), signal.SIGKILL)
     assert proc.wait(timeout=60) == 2
     err = proc.stderr.read().strip().splitlines()
@@ -350,34 +344,34 @@ NOT_REGISTERED = ("[2026-11-29 17:01:02,003 C 1 1] core_worker_process.cc:282: F
 
 
 @pytest.mark.parametrize("lost", [PLASMA_LOST, NOT_REGISTERED], ids=["plasma-store-lost", "not-registered"])
-def test_ray_s_own_log_of_the_raylet_s_loss_names_the_node(capsys, tmp_path, lost):
+def test_ray_s_own_log_of_the_raylet_s_loss_names_the_node(capsys, tmp_path, lost, refused_port):
     """Ray's core worker often ends the driver within a moment of its raylet's death, before the
     supervisor looks again; what it logged last (its real line) says the raylet went first, also
     for a raylet killed as Ray started (the driver could not register with it)."""
     log = f"open(os.path.join({str(tmp_path)!r}, f'python-core-driver-01000000ff_{{os.getpid()}}.log'), 'w').write({lost!r})\n"
-    code = supervise(_driver(RAYLET + _node(tmp_path) + log + "os._exit(1)"))
+    code = supervise(_driver(RAYLET + _node(tmp_path, refused_port) + log + "os._exit(1)"))
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2
     assert len(err) == 1 and err[0].startswith("error: the Ray node under the run died: node 127.0.0.1"), err
     assert "exited with code 1 (its raylet died first)" in err[0]
 
 
-def test_ray_s_log_does_not_blame_the_node_for_an_exit_ray_never_gives(capsys, tmp_path):
+def test_ray_s_log_does_not_blame_the_node_for_an_exit_ray_never_gives(capsys, tmp_path, refused_port):
     """Ray's log ends in the raylet's loss, but the driver exited with code 0 (Ray's quick exit
     is code 1): user code ended it, and the line says so."""
     log = f"open(os.path.join({str(tmp_path)!r}, f'python-core-driver-01000000ff_{{os.getpid()}}.log'), 'w').write({PLASMA_LOST!r})\n"
-    code = supervise(_driver(RAYLET + _node(tmp_path) + log + "os._exit(0)"))
+    code = supervise(_driver(RAYLET + _node(tmp_path, refused_port) + log + "os._exit(0)"))
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2
     assert len(err) == 1 and "exited with code 0 without reporting an error: user code" in err[0] and "Ray node" not in err[0], err
 
 
-def test_a_driver_killed_after_its_raylet_died_is_named_by_its_own_death(capsys, tmp_path):
+def test_a_driver_killed_after_its_raylet_died_is_named_by_its_own_death(capsys, tmp_path, refused_port):
     """kill -9 of the driver: its raylet can be seen dead before the driver is reapable (its
     children get their parent-death signal before it becomes a zombie). Here the raylet is seen
     dead first for sure, then the driver is killed: the driver's death by SIGKILL is the line, as
     Ray ends a driver for its raylet with an exit, never with a kill."""
-    body = RAYLET + _node(tmp_path) + "os.kill(raylet.pid, signal.SIGKILL)\ntime.sleep(1)\nos.kill(os.getpid(), signal.SIGKILL)"
+    body = RAYLET + _node(tmp_path, refused_port) + "os.kill(raylet.pid, signal.SIGKILL)\ntime.sleep(1)\nos.kill(os.getpid(), signal.SIGKILL)"
     code = supervise(_driver(body))
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2

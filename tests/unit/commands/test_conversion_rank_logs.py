@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -47,13 +46,11 @@ def test_a_failed_conversion_keeps_the_rank_logs_its_error_names(log, named, kep
     shutil.rmtree(folders[0], ignore_errors=True)
 
 
-def test_a_ray_group_s_folder_of_logs_is_named_when_it_is_made(caplog):
+def test_a_ray_group_s_folder_of_logs_is_named_when_it_is_made(caplog, refused_port):
     """A `kill -9` of the command leaves the folder, and nothing can say so then: it is named as
     the group starts (here the cluster at --address does not answer, so no Ray starts; the folder,
     empty, goes)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]  # closed once the block ends: no cluster there
+    port = refused_port  # no cluster there
     caplog.set_level(logging.INFO, logger="megarl")
     with pytest.raises(ConnectionError):
         with _conversion_group(object, ConversionRanks(1, address=f"127.0.0.1:{port}"), (), "exporting"):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 from pathlib import Path
 
 import pyarrow as pa
@@ -55,7 +54,7 @@ def test_a_bridge_refusal_memory_and_missing_files_are_named_together(demo, tmp_
     assert "does not exist" in fields["data.train_files[0] (dapo-math-17k.parquet)"] and "model.path" in fields
 
 
-def test_the_machine_problems_come_with_the_plans(demo, tmp_path, monkeypatch):
+def test_the_machine_problems_come_with_the_plans(demo, tmp_path, monkeypatch, refused_port):
     """`megarl launch` of a multi-node config on one machine named that alone; fixed, the rest came."""
     monkeypatch.delenv("RAY_ADDRESS", raising=False)  # (Ray lets it win over the address given)
     cfg = tiny(demo, tmp_path / "run", "cluster.nnodes=2", f"data.val_files=[{tmp_path / 'gone.parquet'}]")
@@ -63,9 +62,7 @@ def test_the_machine_problems_come_with_the_plans(demo, tmp_path, monkeypatch):
         launch_plan(cfg, None)
     fields = [i.field for i in info.value.issues]
     assert fields == ["cluster.nnodes", "data.val_files[0] (gone.parquet)"], info.value
-    with socket.socket() as closed:  # a cluster address nothing listens at
-        closed.bind(("127.0.0.1", 0))
-        port = closed.getsockname()[1]
+    port = refused_port  # a cluster address nothing listens at
     with pytest.raises(PlanError) as info:
         launch_plan(tiny(demo, tmp_path / "run"), f"127.0.0.1:{port}")
     (issue,) = info.value.issues

@@ -12,15 +12,9 @@ from megarl.ray_cluster.address import find_cluster, one_machine_problem, unansw
 from megarl.ray_cluster.session import ray_session
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]  # nothing listens once the socket is closed
-
-
-def test_a_dead_address_is_refused_at_once_naming_it(monkeypatch):
+def test_a_dead_address_is_refused_at_once_naming_it(monkeypatch, refused_port):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    port = _closed_port()
+    port = refused_port
     start = time.monotonic()
     with pytest.raises(ConnectionError, match=rf"--address / cluster.ray_address '127.0.0.1:{port}': no Ray cluster answered "
                        rf"\(127.0.0.1:{port} does not answer: Connection refused\)"):  # fmt: skip

@@ -5,7 +5,6 @@ exception objects and recorded texts; the cluster's view of a node is Ray's ``no
 
 from __future__ import annotations
 
-import socket
 import sys
 import time
 import types
@@ -65,10 +64,8 @@ def test_a_processs_own_errors_are_not_rays():
     assert ray_failure(died("Worker exits unexpectedly by a signal. SIGSEGV")) is None
 
 
-def test_the_clusters_view_of_a_node(monkeypatch):
-    with socket.socket() as closed:  # a port nothing listens at: a raylet that is gone
-        closed.bind(("127.0.0.1", 0))
-        port = closed.getsockname()[1]
+def test_the_clusters_view_of_a_node(monkeypatch, refused_port):
+    port = refused_port  # a port nothing listens at: a raylet that is gone
     nodes = [{"NodeID": NODE, "Alive": True, "NodeManagerAddress": "127.0.0.1", "NodeManagerPort": port}]
     fake = types.SimpleNamespace(is_initialized=lambda: True, nodes=lambda: nodes)
     monkeypatch.setitem(sys.modules, "ray", fake)
