@@ -28,6 +28,7 @@ from megarl.terminal import (
     LOG_LEVEL_ENV,
     LOG_LEVELS,
     setup_logging,
+    to_devnull,
 )
 
 EPILOG = """examples:
@@ -166,10 +167,7 @@ def _closed_std_streams_to_devnull() -> None:
             continue
         except OSError:
             pass
-        null = os.open(os.devnull, os.O_RDWR)
-        if null != fd:  # (the lowest free descriptor: fd itself when the ones below it are open)
-            os.dup2(null, fd)
-            os.close(null)
+        to_devnull(fd)
         if getattr(sys, name) is None:
             stream = open(fd, "r" if fd == 0 else "w", closefd=False)  # noqa: SIM115 - the process's own, for its life
             setattr(sys, name, stream)
@@ -348,8 +346,7 @@ def _stopped_code(exc: BaseException) -> int | None:
 def _quiet_broken_pipe() -> int:
     """`megarl data inspect x.parquet | head`: the reader left; exit without a traceback."""
     try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())  # Python flushes stdout at exit: make that harmless
+        to_devnull(sys.stdout.fileno())  # Python flushes stdout at exit: make that harmless
     except (OSError, ValueError):
         pass
     return EXIT_BROKEN_PIPE

@@ -27,6 +27,15 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 FILE_ONLY = {"megarl_file_only": True}
 
 
+def to_devnull(fd: int) -> None:
+    """Point descriptor ``fd`` at /dev/null: a standard stream whose reader left (a pipe's EPIPE, a
+    terminal gone: EIO) or that was closed; what is written there from now on goes nowhere."""
+    null = os.open(os.devnull, os.O_RDWR)
+    if null != fd:  # (the lowest free descriptor: fd itself when it was closed and the ones below are open)
+        os.dup2(null, fd)
+        os.close(null)
+
+
 def setup_logging(level: str = "info") -> None:
     """The terminal's log: INFO and above of megarl and of your own code, the libraries'
     warnings. A library's INFO (Megatron's config dumps and gradient-bucket listings, in a run's

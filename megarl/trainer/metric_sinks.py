@@ -31,6 +31,7 @@ from megarl.disk_full import disk_full_cause, writing
 from megarl.kept_files import kept_name, time_tag, write_atomically
 from megarl.plan.logger_checks import WANDB_LOGIN_FIX
 from megarl.progress import NOTE_EVERY_S
+from megarl.terminal import to_devnull
 
 log = logging.getLogger(__name__)
 
@@ -314,9 +315,7 @@ def _say(line: str) -> None:
 def _stdout_to_devnull(exc: OSError) -> None:
     """A closed stdout ends no run: what is printed there from now on (and what is still buffered)
     goes nowhere, once said in the log; metrics.jsonl and logs/driver.log go on."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 1)
-    os.close(devnull)
+    to_devnull(1)
     log.warning("stdout is closed (%s): the step lines stop there; the run goes on (metrics.jsonl, logs/driver.log)", exc)
 
 

@@ -61,6 +61,7 @@ from megarl.signal_kinds import (
     unclaimed,
 )
 from megarl.stop_origin import group_sender, passed_on, user_code_in_driver
+from megarl.terminal import EXIT_USER, to_devnull
 from megarl.user_code import SignalInterrupt, current_wait, stop_requested
 
 log = logging.getLogger(__name__)
@@ -76,7 +77,6 @@ ONCE_MORE_AT_ONCE = (signal.SIGINT, signal.SIGQUIT)  # sent by a person: a repea
 # the sentinel's record of who sent it (megarl/stop_origin.py), which comes within milliseconds for a
 # signal to the driver's whole group; a stop to the driver's pid alone has none and waits it out.
 HOLD_S = 2.0
-EXIT_USER_CODE = 2  # a stop user code sent is its error, not the user's stop (megarl/cli.py EXIT_USER)
 
 
 class RunStopped(Exception):
@@ -119,7 +119,8 @@ class RunControl:
 
     @property
     def exit_code(self) -> int:
-        return EXIT_USER_CODE if self.inside else exit_code(self.signal or signal.SIGINT)
+        # a stop user code sent is its error (the user's mistake), not the user's stop
+        return EXIT_USER if self.inside else exit_code(self.signal or signal.SIGINT)
 
     def stopped(self, message: str) -> RunStopped:
         """The RunStopped ending a stopped command: ``message`` (what was kept, how to go on), after
@@ -332,9 +333,7 @@ def _leave_hung_up_terminal() -> None:
             os.write(fd, b"")
         except OSError as exc:
             if exc.errno == errno.EIO:
-                devnull = os.open(os.devnull, os.O_WRONLY)
-                os.dup2(devnull, fd)
-                os.close(devnull)
+                to_devnull(fd)
 
 
 class Watchdog:

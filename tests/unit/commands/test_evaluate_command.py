@@ -351,7 +351,7 @@ def test_reward_combine_naming_no_scorer_is_refused_before_scoring(generated, tm
         evaluate(generated, None, ["reward.combine={reverse_digits: {gsm9k: 1.0}}"])
 
 
-def test_the_sglang_judges_server_log_lies_beside_out_and_no_temporary_folder_is_left(generated, tmp_path, capsys):
+def test_the_sglang_judges_server_log_lies_beside_out_and_no_temporary_folder_is_left(generated, tmp_path, capsys, monkeypatch):
     """The judge's server log goes beside --out (as the reward workers' log does), not into a
     temporary folder that nothing removes. No SGLang here: the server fails to start, and its log says why."""
     import tempfile
@@ -359,6 +359,10 @@ def test_the_sglang_judges_server_log_lies_beside_out_and_no_temporary_folder_is
     from megarl.commands.demo import prepare_demo
 
     model, _ = prepare_demo(tmp_path / "demo")
+    private = tmp_path / "tmp"  # this test's own: another test's evaluate (under -n) may make and remove one meanwhile
+    private.mkdir()
+    monkeypatch.setenv("TMPDIR", str(private))
+    monkeypatch.setattr(tempfile, "tempdir", str(private))
     before = set(Path(tempfile.gettempdir()).glob("megarl-evaluate-judge-*"))
     out = tmp_path / "out" / "summary.json"
     code = main(["evaluate", "--data", str(generated), "--out", str(out), "reward.workers=1",
