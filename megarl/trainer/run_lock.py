@@ -119,15 +119,6 @@ def check_output_free(output: str | Path, flag: str = "--out") -> None:
     _probe(_output_lock_file(path), functools.partial(_in_use, flag, path, what="command"))  # named as the hold names it
 
 
-def check_output_dir_free(output_dir: str | Path, field: str = "trainer.output_dir") -> None:
-    """check_output_free for a run's folder (output_dir_lock's): a second launch or sft into a
-    folder a run holds is refused by the command's process, before the driver starts and its
-    checks import for seconds."""
-    path = Path(output_dir).absolute()
-    if path.is_dir():
-        _probe((path / LOCK_FILE).resolve(), functools.partial(_in_use, field, output_dir, what="run"))
-
-
 def _probe(lock: Path, refusal: Callable[[str], OutputDirInUse]) -> None:
     """``refusal(holder)`` raised when the record lock of the file ``lock`` is held."""
     if lock in _HELD:  # (a probe's close would drop this process's own hold)

@@ -14,7 +14,6 @@ import pytest
 from megarl.trainer.run_lock import (
     LOCK_FILE,
     OutputDirInUse,
-    check_output_dir_free,
     output_dir_lock,
 )
 
@@ -41,10 +40,10 @@ def test_a_second_process_is_refused_until_the_first_is_gone(tmp_path):
             with output_dir_lock(out, "sft.output_dir"):
                 pass
         with pytest.raises(OutputDirInUse, match=rf"^trainer.output_dir {out} is in use by pid {holder.pid} "):
-            check_output_dir_free(out)  # the command's probe before its driver starts: the same line
+            with output_dir_lock(out):
+                pass
         holder.kill()  # SIGKILL: the kernel releases the lock; the forked child, still alive, holds none
         holder.wait()
-        check_output_dir_free(out)
         with output_dir_lock(out):
             pass
         assert (out / LOCK_FILE).read_text().startswith("pid ")  # (read after: a close in the holder drops its lock)
@@ -55,11 +54,7 @@ def test_a_second_process_is_refused_until_the_first_is_gone(tmp_path):
 
 def test_a_second_hold_in_the_same_process_is_refused(tmp_path):
     """A POSIX lock does not stop its own process, and a second open + close would drop it."""
-    check_output_dir_free(tmp_path / "new")  # no folder: free, and none made
-    assert not (tmp_path / "new").exists()
     with output_dir_lock(tmp_path):
-        with pytest.raises(OutputDirInUse, match="is in use by this process"):
-            check_output_dir_free(tmp_path)
         with pytest.raises(OutputDirInUse, match="is in use by this process"):
             with output_dir_lock(tmp_path / "." ):
                 pass
