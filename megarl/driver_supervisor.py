@@ -50,7 +50,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from megarl.driver_stderr import StderrRelay
@@ -59,6 +59,9 @@ from megarl.stop_origin import StopWitnesses, drain, take_witnesses
 from megarl.tagged_processes import DRIVER_TAG_ENV, end_tagged, new_tag
 
 SUPERVISOR_FD_ENV = "MEGARL_SUPERVISOR_FD"  # the driver's end of the pipe (set for the child only)
+# The output locks the supervisor holds for its driver (megarl/trainer/run_lock.py: device:inode of
+# each lock file, comma-separated; set for the child only, and forgotten there as the pipe is)
+SUPERVISOR_HOLDS_ENV = "MEGARL_SUPERVISOR_HOLDS"
 # Every stop is forwarded (megarl/signal_kinds.py): SIGQUIT (Ctrl-\) too, on which the driver stops
 # at once, and OUTSIDE_STOPS (SIGALRM, SIGXCPU, every real-time signal, the watchdog's SIGRTMIN+4
 # too, ...), on which it stops as on SIGTERM: Python's default would end this process with no line, the driver then killed with it.
@@ -71,15 +74,18 @@ WATCH_INTERVAL_S = 0.2  # how often the supervisor looks at the raylet (one /pro
 START_GRACE_S = 5.0  # a driver whose raylet died inside ray.init and that has not ended after this is ended
 _report_fd: int | None = None
 _supervisor_pid: int | None = None
+_supervisor_holds: frozenset[str] = frozenset()
 
 
 def take_report_pipe() -> None:
     """At the start of a command: a supervisor's pipe, if any, becomes this process's (the
     environment variable is forgotten, so processes this one starts do not write on it)."""
-    global _report_fd, _supervisor_pid
+    global _report_fd, _supervisor_pid, _supervisor_holds
     fd = os.environ.pop(SUPERVISOR_FD_ENV, None)
+    holds = os.environ.pop(SUPERVISOR_HOLDS_ENV, "")
     if fd is not None and fd.isdigit():
         _report_fd, _supervisor_pid = int(fd), os.getppid()
+        _supervisor_holds = frozenset(claim for claim in holds.split(",") if claim)
         os.set_inheritable(_report_fd, False)
     take_witnesses()  # where its stops come from (megarl/stop_origin.py)
 
@@ -87,6 +93,12 @@ def take_report_pipe() -> None:
 def supervised() -> bool:
     """Whether this process is a driver under a supervisor."""
     return _report_fd is not None
+
+
+def supervisor_holds() -> frozenset[str]:
+    """The output locks this driver's supervisor holds for it (claims: device:inode of each lock
+    file; none without a supervisor)."""
+    return _supervisor_holds
 
 
 def command_pid() -> int:
@@ -133,14 +145,15 @@ def report_ray_node() -> None:
 
 
 def supervise(command: Sequence[str], *, ray: bool = True, kept: str | None = None,
-              user_code: str | None = USER_CODE) -> int:  # fmt: skip
+              user_code: str | None = USER_CODE, env_extra: Mapping[str, str] | None = None) -> int:  # fmt: skip
     """Run ``command`` (a driver) as a child; its exit code, or, when it ended without reporting
     its end, one ``error:`` line and exit code 2 (130 after a Ctrl-C; 128 + N for a stop signal N
     that came after the driver had ended, while its leftovers were ended: a driver's reported
     exit code stands then). ``ray``: whether the
     driver starts Ray (not for ``--in-process``), for that line; ``kept``: what that line says is
     left, for a command that has no resume command to report; ``user_code``: the user code the
-    driver runs, named as a likely cause (None: it runs none) (megarl/commands/supervision.py)."""
+    driver runs, named as a likely cause (None: it runs none) (megarl/commands/supervision.py);
+    ``env_extra``: more of the driver's environment (what this process holds for it)."""
     read_end, write_end = os.pipe()
     os.set_blocking(read_end, False)
     stops = _Stops(StopWitnesses(user_code))  # which stops the driver gets are the user's (megarl/stop_origin.py)
@@ -151,8 +164,10 @@ def supervise(command: Sequence[str], *, ray: bool = True, kept: str | None = No
     tag = new_tag()  # what every process the driver starts inherits: they are ended with it
     relay = StderrRelay()  # the driver's stderr, less Ray's C++ lines (megarl/driver_stderr.py)
     stdout, stderr = relay.child_streams()
+    child: subprocess.Popen[bytes] | None = None
     try:
-        env = {**os.environ, SUPERVISOR_FD_ENV: str(write_end), DRIVER_TAG_ENV: tag, **stops.witnesses.driver_env()}
+        env = {**os.environ, **(env_extra or {}), SUPERVISOR_FD_ENV: str(write_end), DRIVER_TAG_ENV: tag,
+               **stops.witnesses.driver_env()}  # fmt: skip
         child = stops.child = subprocess.Popen(
             list(command), env=env, pass_fds=(write_end, *stops.witnesses.driver_fds()),
             stdout=stdout, stderr=stderr, preexec_fn=_die_with_parent, process_group=0)  # fmt: skip
@@ -180,6 +195,12 @@ def supervise(command: Sequence[str], *, ray: bool = True, kept: str | None = No
             return 128 - code
         _say(silent_end_line(code, reports, child.pid, raylet_first=raylet_first, ray=ray, kept=kept, user_code=user_code))
         return 128 + stops.late[0] if stops.late else 130 if stops.interrupted else 2
+    except BaseException:  # this process's own failure: the driver ends with it, not after what this process held
+        if child is not None and child.poll() is None:
+            child.kill()
+            child.wait()
+            end_tagged(tag)
+        raise
     finally:
         os.close(read_end)
         stops.witnesses.close()

@@ -21,6 +21,7 @@ found there).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import select
 import signal
@@ -33,6 +34,7 @@ SWEEP_ROUNDS = 20  # a process that starts another while the sweep runs is found
 SWEEP_PAUSE_S = 0.05
 TERM_GRACE_S = 1.0  # how long the tagged processes have to end on SIGTERM before the SIGKILL
 EXIT_WAIT_S = 10.0  # how long the signalled processes have to finish exiting
+log = logging.getLogger(__name__)
 
 
 def new_tag() -> str:
@@ -67,48 +69,56 @@ def _carries(pid: int, entry: bytes) -> bool:
 def end_tagged(tag: str, spare: Collection[int] = ()) -> int:
     """End every process carrying ``tag`` but the ``spare`` pids: SIGTERM first, and up to
     TERM_GRACE_S for them to go (wandb's service flushes), then SIGKILL, round after round until
-    none is left (a few rounds at most); the number ended. A process that blocks SIGTERM (Ray's
-    processes and the reward pool's forkserver, shielded from a group's SIGTERM) would never act
-    on it: SIGKILL at once. Each is held by a pidfd while its tag is read, so a pid that a new
-    process took meanwhile is never signalled."""
+    none is left (a few rounds at most); the number ended, once each has exited (up to
+    EXIT_WAIT_S). A process that blocks SIGTERM (Ray's processes and the reward pool's forkserver,
+    shielded from a group's SIGTERM) would never act on it: SIGKILL at once. Each is held by a
+    pidfd from before its tag is read until it has exited, so a pid that a new process took
+    meanwhile is never signalled nor waited for."""
 
     def left() -> list[int]:
         return [pid for pid in tagged(tag) if pid not in spare]
 
+    held: dict[int, int] = {}  # pid -> its pidfd, for each process signalled
     termed: set[int] = set()
     killed: set[int] = set()
-    for pid in left():
-        if _blocks_sigterm(pid):
-            killed.update([pid] if _signal_if_tagged(pid, tag, signal.SIGKILL) else [])
-        elif _signal_if_tagged(pid, tag, signal.SIGTERM):
-            termed.add(pid)
-    deadline = time.monotonic() + TERM_GRACE_S
-    while termed and time.monotonic() < deadline and left():
-        time.sleep(SWEEP_PAUSE_S)
-    for _ in range(SWEEP_ROUNDS):
-        pids = left()
-        if not pids:
-            break
-        killed.update(pid for pid in pids if _signal_if_tagged(pid, tag, signal.SIGKILL))
-        time.sleep(SWEEP_PAUSE_S)
-    _wait_exited(termed | killed, time.monotonic() + EXIT_WAIT_S)
+    try:
+        for pid in left():
+            if _blocks_sigterm(pid):
+                killed.update([pid] if _signal_if_tagged(pid, tag, signal.SIGKILL, held) else [])
+            elif _signal_if_tagged(pid, tag, signal.SIGTERM, held):
+                termed.add(pid)
+        deadline = time.monotonic() + TERM_GRACE_S
+        while termed and time.monotonic() < deadline and left():
+            time.sleep(SWEEP_PAUSE_S)
+        for _ in range(SWEEP_ROUNDS):
+            pids = left()
+            if not pids:
+                break
+            killed.update(pid for pid in pids if _signal_if_tagged(pid, tag, signal.SIGKILL, held))
+            time.sleep(SWEEP_PAUSE_S)
+        _wait_exited(held, time.monotonic() + EXIT_WAIT_S)
+    finally:
+        for fd in held.values():
+            os.close(fd)
     return len(termed | killed)
 
 
-def _wait_exited(pids: Collection[int], deadline: float) -> None:
-    """Until each of ``pids`` has exited (a zombie at least) or ``deadline``. A killed process's
-    environment reads empty as soon as its memory is released, before it has closed its files:
-    a forkserver this process started was still accepting a connection then, and a pool started
-    next in this process (a second evaluate) asked it for a worker and read EOF."""
-    for pid in pids:
-        try:
-            fd = os.pidfd_open(pid)
-        except OSError:  # gone and reaped (or a kernel without pidfds: not waited for)
-            continue
-        try:
-            select.select([fd], [], [], max(0.0, deadline - time.monotonic()))  # readable once it exited
-        finally:
-            os.close(fd)
+def _wait_exited(held: dict[int, int], deadline: float) -> None:
+    """Until each process of ``held`` (pid -> pidfd) has exited (a zombie at least) or ``deadline``.
+    A killed process's environment reads empty as soon as its memory is released, before it has
+    closed its files: a forkserver this process started was still accepting a connection then,
+    and a pool started next in this process (a second evaluate) asked it for a worker and read EOF."""
+    waiting = select.poll()
+    for fd in held.values():
+        waiting.register(fd, select.POLLIN)  # readable once the process has exited
+    running = dict(held)
+    while running and (left_s := deadline - time.monotonic()) > 0:
+        for fd, _ in waiting.poll(left_s * 1000):
+            waiting.unregister(fd)
+            running = {pid: f for pid, f in running.items() if f != fd}
+    if running:  # uninterruptible sleep (a hung NFS mount, a device's teardown): not waited for longer
+        log.warning("processes %s had not exited %.0f s after their stop signal; going on without them",
+                    sorted(running), EXIT_WAIT_S)  # fmt: skip
 
 
 def _blocks_sigterm(pid: int) -> bool:
@@ -147,12 +157,17 @@ def ending_what_it_starts(spare: Callable[[], Collection[int]] = set) -> Iterato
         end_tagged(tag, spare=spare())
 
 
-def _signal_if_tagged(pid: int, tag: str, signum: int) -> bool:
+def _signal_if_tagged(pid: int, tag: str, signum: int, held: dict[int, int]) -> bool:
+    """Send ``signum`` to ``pid`` if it carries ``tag``; its pidfd then stays in ``held`` (the one
+    it already has there is used)."""
     entry = f"{DRIVER_TAG_ENV}={tag}".encode()
-    try:
-        fd = os.pidfd_open(pid)
-    except OSError:  # gone already (or a kernel without pidfds: the plain kill below)
-        fd = None
+    fd = held.get(pid)
+    if fd is None:
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:  # gone already (or a kernel without pidfds: the plain kill below)
+            fd = None
+    sent = False
     try:
         if not _carries(pid, entry):
             return False
@@ -160,9 +175,13 @@ def _signal_if_tagged(pid: int, tag: str, signum: int) -> bool:
             os.kill(pid, signum)
         else:
             signal.pidfd_send_signal(fd, signum)
+        sent = True
         return True
     except OSError:  # ended meanwhile
         return False
     finally:
-        if fd is not None:
-            os.close(fd)
+        if fd is not None and pid not in held:
+            if sent:
+                held[pid] = fd  # (closed by end_tagged, after the wait)
+            else:
+                os.close(fd)

@@ -69,10 +69,11 @@ def _prepare(args: argparse.Namespace) -> Supervision:
     from megarl.trainer.run_lock import output_dir_lock
 
     config = _demo_config(args.config)
-    cfg = load_config(config, args.overrides)
+    # the run folder the driver's launch holds (a trainer.output_dir override wins, as in run_demo)
+    run_dir = f"trainer.output_dir={demo_run_dir(args.root or default_root(config), args.overrides)}"
+    cfg = load_config(config, [run_dir, *args.overrides])
     # another demo into the same folder: refused before the driver's seconds of imports, as launch does
-    run_dir = demo_run_dir(args.root or default_root(config), args.overrides)
-    return Supervision(user_code=driver_user_code(cfg), holds=partial(output_dir_lock, run_dir))
+    return Supervision(user_code=driver_user_code(cfg), holds=partial(output_dir_lock, cfg.trainer.output_dir))
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -181,11 +181,11 @@ def _generate(cfg: Any, data: Path, target: Path, source: str, *, batch_size: in
     from megarl.models.hf_files import tokenizer_files_problem
     from megarl.user_code import user_output_to
 
-    partial = target.with_name(target.name + PARTIAL_SUFFIX)
+    partial_dir = target.with_name(target.name + PARTIAL_SUFFIX)
     job = job_record(cfg, Path(data), source, batch_size)
-    if target.exists() and not overwrite and merged_before(partial, job):
-        log.info("%s was merged by an earlier run that stopped before removing %s; removing it now", target, partial)
-        remove_partial(partial)
+    if target.exists() and not overwrite and merged_before(partial_dir, job):
+        log.info("%s was merged by an earlier run that stopped before removing %s; removing it now", target, partial_dir)
+        remove_partial(partial_dir)
         return target
     check_new_file(target, overwrite)
     records = read_prompt_file(data, label="--data", prompt_key=cfg.data.prompt_key, source_key=cfg.data.reward_fn_key)  # checked before any work
@@ -202,26 +202,26 @@ def _generate(cfg: Any, data: Path, target: Path, source: str, *, batch_size: in
     _check_agent_rows(cfg, Path(data), records)
     _check_sglang(cfg)
     _warn_greedy_copies(cfg)
-    open_partial(partial, job)
+    open_partial(partial_dir, job)
     parts = parts_of(len(records), batch_size)
-    check_parts(partial, parts)
-    todo = [i for i in range(len(parts)) if not part_path(partial, i).is_file()]
+    check_parts(partial_dir, parts)
+    todo = [i for i in range(len(parts)) if not part_path(partial_dir, i).is_file()]
     control = RunControl()  # Ctrl-C / SIGTERM: the servers are shut down, the written parts stay
-    full = {"kept": f"the finished parts in {partial}", "fix": "free space on that disk, then run the same command: it goes on from them"}
+    full = {"kept": f"the finished parts in {partial_dir}", "fix": "free space on that disk, then run the same command: it goes on from them"}
     try:
-        with control.handlers(), writing(partial, "the generation's parts (and the staged model)", **full):
+        with control.handlers(), writing(partial_dir, "the generation's parts (and the staged model)", **full):
             if todo:
-                model_dir = _hf_model(Path(source), export, partial / MODEL_DIR, in_process)
+                model_dir = _hf_model(Path(source), export, partial_dir / MODEL_DIR, in_process)
                 control.reclaim()  # an export ran under Ray, which installs its own SIGTERM handler
                 with user_output_to(user_code_log(target), cfg.reward.output_log_max_mb):  # what a generate function or a tool prints
-                    _generate_parts(cfg, model_dir, Path(data), records, parts, todo, partial)
+                    _generate_parts(cfg, model_dir, Path(data), records, parts, todo, partial_dir)
     except KeyboardInterrupt:
-        done = sum(1 for i in range(len(parts)) if part_path(partial, i).is_file())
-        raise control.stopped(f"stopped by {control.signal_name}: {done} of {len(parts)} parts are in {partial}; run the "
+        done = sum(1 for i in range(len(parts)) if part_path(partial_dir, i).is_file())
+        raise control.stopped(f"stopped by {control.signal_name}: {done} of {len(parts)} parts are in {partial_dir}; run the "
                               "same command to go on") from None  # fmt: skip
     with writing(target, "the merged output", **full):
-        merge_parts(partial, len(parts), target)
-    remove_partial(partial)
+        merge_parts(partial_dir, len(parts), target)
+    remove_partial(partial_dir)
     return target
 
 

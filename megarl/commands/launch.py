@@ -51,8 +51,8 @@ def _prepare(args: argparse.Namespace) -> Supervision:
     from megarl.trainer.run_lock import output_dir_lock
 
     cfg = load_config(args.config, args.overrides)
-    # a run there: refused before the driver's seconds of imports
-    return Supervision(ray=starts_ray(args), user_code=driver_user_code(cfg), holds=partial(output_dir_lock, cfg.trainer.output_dir))
+    return Supervision(ray=starts_ray(args), user_code=driver_user_code(cfg),
+                       holds=partial(output_dir_lock, cfg.trainer.output_dir))  # a run there: refused before the driver's imports
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -74,9 +74,8 @@ def _prepare(args: argparse.Namespace) -> Supervision:
     target = Path(output_dir) / MODEL_DIR
     kept = (f"SFT keeps no checkpoint to resume from, and {target} appears only once written whole and verified (it is "
             "staged beside itself): run the same command again")
-    # SFT trains on sft.train_files: none of the user's code; an sft there: refused before the driver's seconds of imports
-    return Supervision(kept, ray=starts_ray(args), user_code=None,
-                       holds=partial(output_dir_lock, Path(output_dir).absolute(), "sft.output_dir"))
+    return Supervision(kept, ray=starts_ray(args), user_code=None,  # SFT trains on sft.train_files: none of the user's code
+                       holds=partial(output_dir_lock, Path(output_dir).absolute(), "sft.output_dir"))  # refused before the imports
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -21,7 +21,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
-from megarl.driver_supervisor import USER_CODE
+from megarl.driver_supervisor import SUPERVISOR_HOLDS_ENV, USER_CODE
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class Supervision:
     # the output lock the driver takes (megarl/trainer/run_lock.py), taken first by the command's process and
     # kept until the driver and its leftovers have ended: a second command is refused at once, not after the
     # driver's imports (None: the driver locks nothing)
-    holds: Callable[[], AbstractContextManager[None]] | None = None
+    holds: Callable[[], AbstractContextManager[str | None]] | None = None
 
 
 def driver_user_code(cfg: Any, *, dataset: bool = True) -> str | None:
@@ -68,9 +68,9 @@ def supervised_command(run: Handler, prepare: Prepare) -> Handler:
         watch = prepare(args)
         if watch.ray:
             _check_ray_installed()
-        with watch.holds() if watch.holds is not None else contextlib.nullcontext():
+        with watch.holds() if watch.holds is not None else contextlib.nullcontext() as claim:
             return supervise([sys.executable, "-m", "megarl.cli", *args.argv], ray=watch.ray, kept=watch.kept,
-                             user_code=watch.user_code)  # fmt: skip
+                             user_code=watch.user_code, env_extra={SUPERVISOR_HOLDS_ENV: claim} if claim else None)  # fmt: skip
 
     return handler
 

@@ -4,15 +4,18 @@ first one's checkpoints while it trains, save over its steps and cut its metrics
 `megarl generate` into the same --out would continue the first one's partial folder while it
 writes there, and two converts or evaluates would swap their outputs over each other.
 
-The lock is a POSIX record lock (``lockf``) on ``<output_dir>/.megarl.lock``, held by the driver
-for the whole run: the kernel releases it when the process ends however it ends (no stale lock
-after a SIGKILL), processes the driver forks (a reward pool) do not inherit it, unlike
-``flock``'s, and NFS honours it. Being the process's own, it does not stop a second hold from
-the same process and is dropped when the process closes any descriptor of the file: so a second
-hold in one process is refused here (a registry of held paths), and nothing else opens the file.
-The file names its holder for the refusal; it stays in place (removing it while another process
-opens it would let two runs lock two different files). Where the filesystem has no record locks
-(some Lustre and NFS mounts), the run goes on unlocked, with a warning.
+The lock is a POSIX record lock (``lockf``) on ``<output_dir>/.megarl.lock``, held by the
+command's process (a supervised driver's supervisor, below) for the whole run: the kernel releases
+it when the process ends however it ends (no stale lock after a SIGKILL), processes the holder
+forks (a reward pool) do not inherit it, unlike ``flock``'s, and NFS honours it. Being the
+process's own, it does not stop a second hold from the same process and is dropped when the
+process closes any descriptor of the file: so a second hold in one process is refused here (a
+registry of held paths), and nothing else opens the file. The file names its holder for the
+refusal; it stays in place, but in a folder made for it that nothing else was written into (a run
+refused, or failed, at once): the folder goes, while the lock is held, and a process that opened
+the file meanwhile finds once it holds it that the path names another file (or none) and starts
+again. Where the filesystem has no record locks (some Lustre and NFS mounts), the run goes on
+unlocked, with a warning.
 
 A command's --out (output_lock: `megarl generate`, `convert`, `evaluate`) is a file or folder
 that is replaced whole, so its lock is a file of its own beside it, ``.<name>.megarl.lock``,
@@ -25,8 +28,8 @@ that a second one is refused in seconds, and holds it once it writes.
 A supervised command (megarl/commands/supervision.py) takes its driver's lock in the command's
 process before the driver starts and keeps it until the driver and what it left have ended: a
 second command is refused in its first second, not after the first one's driver has imported for
-seconds. The driver, whose record locks are its own, finds the lock held by its supervisor (the
-holder line names the supervisor's pid on this host) and writes under that hold.
+seconds. The driver, whose record locks are its own, is told in its environment which file its
+supervisor holds for it (device and inode) and writes under that hold.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from megarl.disk_full import FULL, DiskFullError, reason_of
-from megarl.driver_supervisor import command_pid
+from megarl.driver_supervisor import command_pid, supervisor_holds
 
 LOCK_FILE = ".megarl.lock"
 log = logging.getLogger(__name__)
@@ -58,22 +61,26 @@ _NO_LOCKS = (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL)  # a fi
 
 
 @contextmanager
-def output_dir_lock(output_dir: str | Path, field: str = "trainer.output_dir") -> Iterator[None]:
+def output_dir_lock(output_dir: str | Path, field: str = "trainer.output_dir") -> Iterator[str | None]:
     """Hold ``output_dir`` for this process; refuse (OutputDirInUse naming the holder) when
-    another process, or this one, holds it. ``field`` names the config key in the message."""
+    another process, or this one, holds it. ``field`` names the config key in the message. Yields
+    the hold's claim for a supervised driver (see _held)."""
     path = Path(output_dir).absolute()
+    if path.exists() and not path.is_dir():
+        raise OutputDirInUse(f"{field} {output_dir} is a file; give a folder (the run writes its checkpoints, logs and "
+                             "metrics in it)")  # fmt: skip
     made = [p for p in [path, *path.parents] if not os.path.lexists(p)]
     path.mkdir(parents=True, exist_ok=True)
-    try:
-        with _held((path / LOCK_FILE).resolve(), field, output_dir, "run", remove=False):
-            yield
-    finally:  # a run refused (or a supervised driver that failed) before it wrote anything leaves no folder
-        _remove_if_only_the_lock(path, made)
+    # a run refused (or a supervised driver that failed) before it wrote anything leaves no folder
+    with _held((path / LOCK_FILE).resolve(), field, output_dir, "run", remove=False,
+               at_end=functools.partial(_remove_if_only_the_lock, path, made)) as claim:  # fmt: skip
+        yield claim
 
 
 def _remove_if_only_the_lock(path: Path, made: list[Path]) -> None:
     """The folders this process made for the lock (deepest first), when nothing but the lock file
-    was put in them: nobody else knew of them, so no other holder can be waiting on that file."""
+    was put in them; done while the lock is still held (another process that opened the file
+    meanwhile finds, once it holds it, that the path names none, and starts again)."""
     try:
         if not made or set(os.listdir(path)) != {LOCK_FILE}:
             return
@@ -85,18 +92,18 @@ def _remove_if_only_the_lock(path: Path, made: list[Path]) -> None:
 
 
 @contextmanager
-def output_lock(output: str | Path, flag: str = "--out") -> Iterator[None]:
+def output_lock(output: str | Path, flag: str = "--out") -> Iterator[str | None]:
     """Hold the file or folder ``output`` that a command writes (its lock file beside it, removed
     at the end); refuse (OutputDirInUse naming the holder's pid) when another process, or this
     one, writes it. Folders made for the lock file are removed at the end when still empty (a
-    command refused later leaves none)."""
+    command refused later leaves none). Yields the hold's claim for a supervised driver (see _held)."""
     path = Path(output).absolute()
     made = [p for p in [path.parent, *path.parent.parents] if not os.path.lexists(p)]
     path.parent.mkdir(parents=True, exist_ok=True)
     lock = _output_lock_file(path)
     try:
-        with _held(lock, flag, output, "command", remove=True):
-            yield
+        with _held(lock, flag, output, "command", remove=True) as claim:
+            yield claim
     finally:
         for folder in made:  # deepest first
             try:
@@ -140,39 +147,47 @@ def _probe(lock: Path, refusal: Callable[[str], OutputDirInUse]) -> None:
 
 
 @contextmanager
-def _held(lock: Path, field: str, output: str | Path, what: str, *, remove: bool) -> Iterator[None]:
+def _held(lock: Path, field: str, output: str | Path, what: str, *, remove: bool,
+          at_end: Callable[[], None] | None = None) -> Iterator[str | None]:  # fmt: skip
     """Hold the record lock on the file ``lock`` for ``field``'s ``output`` (a ``what``: run or
-    command, in the messages); ``remove``: the file goes when the hold ends."""
+    command, in the messages); ``remove``: the file goes when the hold ends; ``at_end``: run then,
+    while still held. Yields the claim a supervisor passes its driver (SUPERVISOR_HOLDS_ENV): the
+    file's device and inode, by which the driver knows the hold is its supervisor's (None where
+    this process writes under its own supervisor's hold)."""
     refusal = functools.partial(_in_use, field, output, what=what)
     if lock in _HELD:
         raise refusal("this process")
     if _held_by_supervisor(lock):  # for this driver's whole life: it writes under that hold
         _HELD.add(lock)
         try:
-            yield
+            yield None
         finally:
             _HELD.discard(lock)
         return
     while True:
+        lock.parent.mkdir(parents=True, exist_ok=True)  # (gone if its holder removed the folder as we opened)
         fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)  # umask decides: a group-writable folder stays shared
         try:
             locked = _lock(fd, refusal, f"{field} {output}: the filesystem has no file locks (%s); nothing stops a second {what} there")
         except BaseException:
             os.close(fd)
             raise
-        if not remove or not locked or _names(lock, fd):
+        if not locked or _names(lock, fd):
             break
         os.close(fd)  # its holder removed it as we opened it: lock the file the path names now
     try:
         if locked:
             _write_holder(fd, lock, f"{field} {output}", remove=remove)
         _HELD.add(lock)
+        stat = os.fstat(fd)
         try:
-            yield
+            yield f"{stat.st_dev}:{stat.st_ino}"
         finally:
             _HELD.discard(lock)
-            if remove and locked:
+            if remove:
                 lock.unlink(missing_ok=True)  # while still held: a process waiting on it starts again
+            if at_end is not None:
+                at_end()
     finally:
         os.close(fd)  # releases the lock
 
@@ -184,7 +199,7 @@ def _write_holder(fd: int, lock: Path, of: str, *, remove: bool) -> None:
     since = time.strftime("%Y-%m-%d %H:%M:%S")
     try:
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{_holder_name()} (since {since})".encode(), 0)
+        os.pwrite(fd, f"pid {command_pid()} on {socket.gethostname()} (since {since})".encode(), 0)
     except OSError as exc:
         if exc.errno not in FULL:
             raise
@@ -208,27 +223,17 @@ def _lock(fd: int, refusal: Callable[[str], OutputDirInUse], unlocked: str) -> b
     return True
 
 
-def _holder_name() -> str:
-    return f"pid {command_pid()} on {socket.gethostname()}"
-
-
 def _held_by_supervisor(lock: Path) -> bool:
-    """Whether this process is a supervised driver and the file ``lock`` is held by its supervisor
-    (its holder line names the supervisor's pid on this host: while the supervisor lives, no other
-    process has that pid)."""
-    if command_pid() == os.getpid():
+    """Whether this process is a supervised driver whose supervisor holds the file ``lock`` for it
+    (the claim it was given names that file's device and inode)."""
+    claims = supervisor_holds()
+    if not claims:
         return False
     try:
-        fd = os.open(lock, os.O_RDONLY)
+        stat = os.stat(lock)
     except OSError:
         return False
-    try:
-        fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return False  # nobody holds it (the close releases this probe's shared lock)
-    except OSError as exc:
-        return exc.errno in (errno.EACCES, errno.EAGAIN) and _holder(fd).startswith(f"{_holder_name()} (")
-    finally:
-        os.close(fd)
+    return f"{stat.st_dev}:{stat.st_ino}" in claims
 
 
 def _holder(fd: int) -> str:

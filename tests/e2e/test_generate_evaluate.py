@@ -160,8 +160,9 @@ def test_a_second_generate_into_the_same_out_is_refused_naming_the_first(demo, t
         assert started.exists(), first.communicate()[1]
         # the command's own process holds OUT for its driver from before the driver started: a second
         # command is refused by that hold in its first second, not after the driver's imports
-        inode = (tmp_path / ".gen.parquet.megarl.lock").stat().st_ino
-        owners = [line.split()[4] for line in Path("/proc/locks").read_text().splitlines() if line.split()[5].endswith(f":{inode}")]
+        st = (tmp_path / ".gen.parquet.megarl.lock").stat()
+        key = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+        owners = [line.split()[4] for line in Path("/proc/locks").read_text().splitlines() if line.split()[5] == key]
         assert owners == [str(first.pid)]
         second = _cli(args, env, tmp_path)
         assert second.returncode == 2, second.stderr

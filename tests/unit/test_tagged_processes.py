@@ -95,21 +95,28 @@ def test_the_sweep_returns_once_what_it_killed_has_exited():
     # A killed process's environment reads empty once its memory is gone, before its files are
     # closed: the sweep returned then, and a forkserver it had killed still accepted a connection
     # (the next in-process evaluate's pool read EOF from it). Many open files make that window long.
+    # The sweeping process has many files open too: its pidfds lie above select()'s 1024.
     import resource
 
-    files = max(100, min(resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 100, 16000))
-    code = ("import os, signal, time\nsignal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})\n"
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    files = max(100, min(hard - 100, 16000))
+    code = ("import os, resource, signal, time\nsignal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})\n"
+            f"resource.setrlimit(resource.RLIMIT_NOFILE, ({hard}, {hard}))\n"
             f"fd = os.open(os.devnull, os.O_RDONLY)\nfds = [os.dup(fd) for _ in range({files})]\n"
             "print('up', flush=True)\ntime.sleep(120)")  # fmt: skip
     tag = new_tag()
     child = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, DRIVER_TAG_ENV: tag}, stdout=subprocess.PIPE,
                              text=True)  # fmt: skip
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    filler = [os.open(os.devnull, os.O_RDONLY) for _ in range(max(0, min(1100, soft - 200)))]
     try:
         assert child.stdout.readline().strip() == "up"
         assert end_tagged(tag) == 1
         assert os.waitpid(child.pid, os.WNOHANG)[0] == child.pid  # a zombie already: nothing of it is left running
         child.returncode = -9
     finally:
+        for fd in filler:
+            os.close(fd)
         if child.returncode is None:
             child.kill()
             child.wait()

@@ -146,7 +146,7 @@ def test_a_dataset_class_of_the_config_is_said_to_be_unused(tmp_path, caplog):
 
 
 @pytest.mark.parametrize(("command", "field"), [("sft", "sft.output_dir"), ("launch", "trainer.output_dir"),
-                                                ("demo", "trainer.output_dir")])  # fmt: skip
+                                                ("demo", "trainer.output_dir"), ("demo-elsewhere", "trainer.output_dir")])  # fmt: skip
 def test_a_folder_a_run_holds_is_refused_by_the_command_before_its_driver_starts(tmp_path, capsys, command, field):
     # The refusal is the command process's own (captured here): a driver would have checked the
     # config for seconds first (and, with no training files, said that instead).
@@ -157,8 +157,10 @@ def test_a_folder_a_run_holds_is_refused_by_the_command_before_its_driver_starts
                               text=True, env={**os.environ, "PYTHONPATH": str(CONFIG.parents[1])})  # fmt: skip
     try:
         assert holder.stdout.readline().strip() == "held"
-        args = (["demo", "--config", str(CONFIG), "--root", str(tmp_path)] if command == "demo"  # the demo's run: ROOT/run
-                else [command, str(CONFIG), f"{field}={out}"])  # fmt: skip
+        args = {"demo": ["demo", "--config", str(CONFIG), "--root", str(tmp_path)],  # the demo's run: ROOT/run
+                # a demo whose trainer.output_dir is given: its run goes there (the command holds what its driver will)
+                "demo-elsewhere": ["demo", "--config", str(CONFIG), "--root", str(tmp_path / "root"), f"{field}={out}"],
+                }.get(command, [command, str(CONFIG), f"{field}={out}"])  # fmt: skip
         assert main([*args, "sft.train_files=[]", "data.train_files=[]"]) == EXIT_USER
         err = capsys.readouterr().err
         assert err.startswith(f"error: {field} {out} is in use by pid {holder.pid} ") and err.count("\n") == 1, err

@@ -121,7 +121,8 @@ def test_a_run_refused_inside_the_lock_leaves_no_folder_it_made(tmp_path):
 
 
 # A supervised driver: checks OUT free, holds it, says which process holds the record lock (the
-# kernel's /proc/locks) and whether an unsupervised process is refused meanwhile, and ends.
+# kernel's /proc/locks) and whether an unsupervised process is refused meanwhile, and ends; refused
+# (its error on stderr, no end reported) when its supervisor holds nothing for it.
 SUPERVISED_DRIVER = """import os, subprocess, sys
 from megarl import driver_supervisor
 driver_supervisor.take_report_pipe()
@@ -129,8 +130,9 @@ from megarl.trainer.run_lock import check_output_free, output_lock
 out = sys.argv[1]
 check_output_free(out)
 with output_lock(out):
-    inode = os.stat(os.path.join(os.path.dirname(out), '.' + os.path.basename(out) + '.megarl.lock')).st_ino
-    owners = [line.split()[4] for line in open('/proc/locks') if line.split()[5].endswith(':' + str(inode))]
+    st = os.stat(os.path.join(os.path.dirname(out), '.' + os.path.basename(out) + '.megarl.lock'))
+    key = f'{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}'
+    owners = [line.split()[4] for line in open('/proc/locks') if line.split()[5] == key]
     other = subprocess.run([sys.executable, '-c', 'import sys; from megarl.trainer.run_lock import check_output_free; '
                             'check_output_free(sys.argv[1])', out], capture_output=True, text=True)
     print('owners', owners, 'supervisor', os.getppid(), 'other', other.returncode, other.stderr.strip().splitlines()[-1])
@@ -140,15 +142,34 @@ driver_supervisor.report(end=0)
 
 def test_a_supervisors_hold_is_its_drivers_and_no_one_elses(tmp_path, capfd):
     """The command's process takes its driver's output lock before the driver starts (a second
-    command refused at once, not after the driver's imports): the driver checks and holds the output
-    under that hold; any other process is refused, naming the supervisor."""
-    from megarl.driver_supervisor import supervise
+    command refused at once, not after the driver's imports) and tells its driver which file it
+    holds: the driver checks and holds the output under that hold; any other process is refused,
+    naming the supervisor; a driver not told so is refused as any other process."""
+    from megarl.driver_supervisor import SUPERVISOR_HOLDS_ENV, supervise
     from megarl.trainer.run_lock import output_lock
 
     out = tmp_path / "gen.parquet"
-    with output_lock(out):
-        assert supervise([sys.executable, "-c", SUPERVISED_DRIVER, str(out)], ray=False) == 0
-    said = capfd.readouterr().out.strip()
+    driver = [sys.executable, "-c", SUPERVISED_DRIVER, str(out)]
+    with output_lock(out) as claim:
+        assert supervise(driver, ray=False, env_extra={SUPERVISOR_HOLDS_ENV: claim}) == 0
+        said = capfd.readouterr().out.strip()
+        assert supervise(driver, ray=False) == 2  # a hold this process does not pass on is not the driver's
+        refused = capfd.readouterr().err
     assert said.startswith(f"owners ['{os.getpid()}'] supervisor {os.getpid()} other 1 "), said  # the lock stayed this process's
-    assert re.search(rf" other 1 megarl.trainer.run_lock.OutputDirInUse: --out {re.escape(str(out))} is in use by pid {os.getpid()} on \S+ \(since ", said)
+    assert re.search(rf" other 1 megarl.trainer.run_lock.OutputDirInUse: --out {re.escape(str(out))} is in use by pid {os.getpid()} on "
+                     r"\S+ \(since ", said)  # fmt: skip
+    assert f"OutputDirInUse: --out {out} is in use by pid {os.getpid()} on " in refused, refused
     assert list(tmp_path.iterdir()) == []  # the lock file went with the supervisor's hold
+
+
+def test_a_run_folder_made_for_the_lock_goes_at_the_end_when_nothing_else_came_into_it(tmp_path):
+    with output_dir_lock(tmp_path / "made" / "run"):
+        pass
+    with output_dir_lock(tmp_path / "used" / "run"):
+        (tmp_path / "used" / "run" / "metrics.jsonl").touch()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["used"]
+    assert sorted(p.name for p in (tmp_path / "used" / "run").iterdir()) == [LOCK_FILE, "metrics.jsonl"]
+    (tmp_path / "afile").touch()
+    with pytest.raises(OutputDirInUse, match=rf"^trainer.output_dir {tmp_path / 'afile'} is a file; give a folder "):
+        with output_dir_lock(tmp_path / "afile"):
+            pass
