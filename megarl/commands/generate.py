@@ -38,7 +38,6 @@ import argparse
 import logging
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +62,7 @@ from megarl.commands.outputs import (
     same_file,
 )
 from megarl.commands.supervision import (
+    Hold,
     Supervision,
     driver_user_code,
     starts_ray,
@@ -98,21 +98,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--in-process", action="store_true",
                    help="no Ray: a checkpoint's export to HF files runs with one rank in this process (as `megarl "
                    "convert --in-process`; a layout of one rank)")  # fmt: skip
-    p.set_defaults(handler=supervised_command(_run, _prepare))
+    p.set_defaults(handler=supervised_command(_run, _prepare, holds=_held_out))
+
+
+def _held_out(args: argparse.Namespace) -> Hold:
+    """OUT, held from the command's first moment: a second generate into it is refused at once."""
+    from megarl.trainer.run_lock import output_lock
+
+    return output_lock(args.out)
 
 
 def _prepare(args: argparse.Namespace) -> Supervision:
     """The flags, the config, OUT and the model checked in the command's process, before any
     driver starts; Ray starts only to export a checkpoint (an HF directory is used as it is)."""
-    from megarl.trainer.run_lock import output_lock
-
     _check_flags(args)
     cfg, target, source = _checked_request(args.config, _overrides(args), Path(args.data), args.out, args.model, args.batch_size)
     partial_dir = target.with_name(target.name + PARTIAL_SUFFIX)
     kept = f"the parts finished so far are kept in {partial_dir}: the same command goes on from them"
     return Supervision(kept, ray=starts_ray(args) and _model_export(Path(source)) is not None,
-                       user_code=driver_user_code(cfg, dataset=False),  # --data, not data.custom_cls
-                       holds=partial(output_lock, target))  # a second generate into OUT refused at once
+                       user_code=driver_user_code(cfg, dataset=False))  # --data, not data.custom_cls
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -23,6 +23,8 @@ from typing import Any
 
 from megarl.driver_supervisor import SUPERVISOR_HOLDS_ENV, USER_CODE
 
+Hold = AbstractContextManager[str | None]  # an output lock held, yielding its claim for the driver (megarl/trainer/run_lock.py)
+
 
 @dataclass(frozen=True)
 class Supervision:
@@ -35,7 +37,7 @@ class Supervision:
     # the output lock the driver takes (megarl/trainer/run_lock.py), taken first by the command's process and
     # kept until the driver and its leftovers have ended: a second command is refused at once, not after the
     # driver's imports (None: the driver locks nothing)
-    holds: Callable[[], AbstractContextManager[str | None]] | None = None
+    holds: Callable[[], Hold] | None = None
 
 
 def driver_user_code(cfg: Any, *, dataset: bool = True) -> str | None:
@@ -54,25 +56,35 @@ Handler = Callable[[argparse.Namespace], int]
 Prepare = Callable[[argparse.Namespace], Supervision]
 
 
-def supervised_command(run: Handler, prepare: Prepare) -> Handler:
+def supervised_command(run: Handler, prepare: Prepare, holds: Callable[[argparse.Namespace], Hold] | None = None) -> Handler:
     """The handler of a command whose driver starts Ray: ``run(args)`` in the supervised driver.
     ``prepare(args)``, in the command's process before the driver starts, makes the checks of the
     arguments and config (raising the user's error: its line from here, no child started) and
-    says what the supervisor's line would say of a silent death of the driver."""
+    says what the supervisor's line would say of a silent death of the driver. ``holds(args)``:
+    the output lock the driver takes, known from the arguments alone, taken before ``prepare``
+    (whose checks may take seconds: a second command is refused at once) and kept as
+    Supervision.holds is."""
 
     def handler(args: argparse.Namespace) -> int:
-        from megarl.driver_supervisor import supervise, supervised
+        from megarl.driver_supervisor import supervised
 
         if supervised():
             return run(args)
-        watch = prepare(args)
-        if watch.ray:
-            _check_ray_installed()
-        with watch.holds() if watch.holds is not None else contextlib.nullcontext() as claim:
-            return supervise([sys.executable, "-m", "megarl.cli", *args.argv], ray=watch.ray, kept=watch.kept,
-                             user_code=watch.user_code, env_extra={SUPERVISOR_HOLDS_ENV: claim} if claim else None)  # fmt: skip
+        with holds(args) if holds is not None else contextlib.nullcontext() as early:
+            watch = prepare(args)
+            if watch.ray:
+                _check_ray_installed()
+            with watch.holds() if watch.holds is not None else contextlib.nullcontext() as claim:
+                return _supervise(args, watch, [c for c in (early, claim) if c])
 
     return handler
+
+
+def _supervise(args: argparse.Namespace, watch: Supervision, claims: list[str]) -> int:
+    from megarl.driver_supervisor import supervise
+
+    return supervise([sys.executable, "-m", "megarl.cli", *args.argv], ray=watch.ray, kept=watch.kept,
+                     user_code=watch.user_code, env_extra={SUPERVISOR_HOLDS_ENV: ",".join(claims)} if claims else None)  # fmt: skip
 
 
 def starts_ray(args: argparse.Namespace) -> bool:

@@ -118,19 +118,18 @@ def _output_lock_file(path: Path) -> Path:
 
 
 def check_output_free(output: str | Path, flag: str = "--out") -> None:
-    """Refuse now (OutputDirInUse naming the holder) when another process, or this one, holds the
-    lock of ``output`` (output_lock's): the check a command makes before its slow start (the
-    config, the model's checks, a driver's imports), so that a second one into the same output
-    is refused in seconds. Holds nothing and creates nothing: no lock file, no holder."""
+    """Refuse now (OutputDirInUse naming the holder) when another process holds the lock of
+    ``output`` (output_lock's; this process's own hold, or its supervisor's for it, is no
+    refusal): the check a command makes before its slow start (the config, the model's checks, a
+    driver's imports), so that a second one into the same output is refused in seconds. Holds
+    nothing and creates nothing: no lock file, no holder."""
     path = Path(output).absolute()
     _probe(_output_lock_file(path), functools.partial(_in_use, flag, path, what="command"))  # named as the hold names it
 
 
 def _probe(lock: Path, refusal: Callable[[str], OutputDirInUse]) -> None:
     """``refusal(holder)`` raised when the record lock of the file ``lock`` is held."""
-    if lock in _HELD:  # (a probe's close would drop this process's own hold)
-        raise refusal("this process")
-    if _held_by_supervisor(lock):
+    if lock in _HELD or _held_by_supervisor(lock):  # free for this process (a probe's close would drop its own hold)
         return
     try:
         fd = os.open(lock, os.O_RDONLY)
