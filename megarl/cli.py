@@ -27,6 +27,8 @@ from megarl.terminal import (
     EXIT_USER,
     LOG_LEVEL_ENV,
     LOG_LEVELS,
+    error_line,
+    keep_stderr,
     setup_logging,
     to_devnull,
 )
@@ -136,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     from megarl.process_signals import forks_pass_stops_on
 
     _closed_std_streams_to_devnull()
+    keep_stderr()  # the last line reaches the user even if user code in the driver closes fd 2
     take_report_pipe()  # `megarl launch`'s driver, started by its supervisor (megarl/driver_supervisor.py)
     _stacks_on_request()
     if supervised():  # a stop sent to a process it forks (it carries this command line) is the driver's
@@ -246,10 +249,10 @@ def report(exc: BaseException, debug: bool = False) -> int:
     """Print how ``exc`` ended the command; returns the exit code."""
     stopped = _stopped_code(exc)
     if stopped is not None:
-        print(str(exc), file=sys.stderr)
+        error_line(str(exc))
         return stopped
     if isinstance(exc, KeyboardInterrupt):
-        print("interrupted (Ctrl-C)", file=sys.stderr)
+        error_line("interrupted (Ctrl-C)")
         return EXIT_SIGINT
     if isinstance(exc, SystemExit):
         raise exc
@@ -260,7 +263,7 @@ def report(exc: BaseException, debug: bool = False) -> int:
     log_path = getattr(exc, "megarl_log", None)
     if debug:
         traceback.print_exception(exc)
-    print(f"error: {line}" + (f"\n(traceback: {log_path})" if log_path and not debug else ""), file=sys.stderr)
+    error_line(f"error: {line}" + (f"\n(traceback: {log_path})" if log_path and not debug else ""))
     return EXIT_USER
 
 

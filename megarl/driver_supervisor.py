@@ -224,6 +224,9 @@ class _Stops:
         assert self.child is not None
         self.witnesses.announce(signum)  # before the signal: the driver's handler finds it there
         self.child.send_signal(signum)
+        # a driver stopped (SIGSTOP from user code in it, a `kill -STOP`) would take the stop only once
+        # continued: the user's stop continues it
+        self.child.send_signal(signal.SIGCONT)
 
     def pass_stacks_request(self, signum: int, frame: Any) -> None:
         """SIGUSR1: the driver writes its Python stacks (megarl/cli.py); no stop, nothing recorded."""

@@ -152,6 +152,14 @@ def passed_on(signum: int) -> bool | None:
     return False
 
 
+def announced_unclaimed() -> list[int]:
+    """The stops the supervisor announced that no signal delivered to a handler of megarl's has
+    claimed yet (passed_on): a stop user code kept from megarl (its own handler, SIG_IGN)."""
+    if "announced" in _fds:
+        _announced.extend(drain(_fds["announced"]))
+    return list(_announced)
+
+
 def group_sender(signum: int) -> tuple[int, bool] | None:
     """The sentinel's record of ``signum`` reaching the driver's whole process group: (the sender's
     pid, whether it is the driver or one of its descendants); None: none (yet)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import sys
 import sysconfig
 import warnings
 from collections.abc import Iterator
@@ -34,6 +35,44 @@ def to_devnull(fd: int) -> None:
     if null != fd:  # (the lowest free descriptor: fd itself when it was closed and the ones below are open)
         os.dup2(null, fd)
         os.close(null)
+
+
+_KEPT_STDERR: list[int] = []  # a copy of the command's stderr made at its start (keep_stderr)
+
+
+def keep_stderr() -> None:
+    """A copy of fd 2 as the command started, for its last line (error_line): user code in the
+    driver may close or replace the process's stderr, and that line must still reach the user."""
+    if not _KEPT_STDERR:
+        try:
+            _KEPT_STDERR.append(os.dup(2))  # (not inherited by children: Python's dup is non-inheritable)
+        except OSError:
+            pass
+
+
+def error_line(text: str) -> None:
+    """``text`` (a command's last line) on stderr, or on the copy keep_stderr made when the
+    process's stderr was closed, broken or replaced meanwhile (fd 2 another file: a file opened
+    after a close took its number)."""
+    if not _KEPT_STDERR or _same_file(2, _KEPT_STDERR[0]):
+        try:
+            print(text, file=sys.stderr, flush=True)
+            return
+        except (OSError, ValueError, AttributeError):  # closed (EBADF), a None stream, a gone reader
+            pass
+    if _KEPT_STDERR:
+        try:
+            os.write(_KEPT_STDERR[0], (text + "\n").encode(errors="replace"))
+        except OSError:
+            pass
+
+
+def _same_file(fd: int, other: int) -> bool:
+    try:
+        a, b = os.fstat(fd), os.fstat(other)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 def setup_logging(level: str = "info") -> None:

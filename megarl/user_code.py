@@ -31,8 +31,10 @@ from __future__ import annotations
 import contextvars
 import functools
 import inspect
+import logging
 import os
 import re
+import signal
 import sys
 import threading
 import time
@@ -45,8 +47,12 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from megarl.output_cap import MB, marker, warn_once
+from megarl.signal_kinds import STOPS, signal_name
+from megarl.stop_origin import announced_unclaimed
 
 EXITS = (SystemExit, KeyboardInterrupt, GeneratorExit)  # user code trying to end its process
+log = logging.getLogger(__name__)
+_WARNED: set[str] = set()  # the process-state warnings given (one per piece of user code and kind)
 
 
 class SignalInterrupt(KeyboardInterrupt):  # noqa: N818 - a KeyboardInterrupt, named as its kind is
@@ -98,6 +104,51 @@ def user_exit_error(what: str, exc: BaseException, fix: str) -> UserCodeError:
     return UserCodeError(f"{what} {exit_description(exc)}; {fix}")
 
 
+@contextmanager
+def process_state_kept(who: str) -> Iterator[None]:
+    """Meanwhile user code ``who`` runs in this thread: the process's working directory and, in the
+    main thread, megarl's stop signal handlers are put back afterwards when the code changed them,
+    with a warning naming it (megarl's relative paths, a run's output folder, would point elsewhere;
+    a Ctrl-C would be ignored). A stop the supervisor passed on that the code's handler took
+    meanwhile is delivered again, to megarl's."""
+    main = threading.current_thread() is threading.main_thread()
+    handlers = {s: signal.getsignal(s) for s in STOPS} if main else {}
+    try:
+        cwd: str | None = os.getcwd()
+    except OSError:  # (already gone: nothing to put back)
+        cwd = None
+    try:
+        yield
+    finally:
+        changed = [s for s, handler in handlers.items() if signal.getsignal(s) != handler]
+        for s in changed:
+            signal.signal(s, handlers[s])
+        if changed:
+            _warn_once(f"handlers:{who}", "%s replaced megarl's handler of %s; put back: megarl's stop signals are its own (a "
+                      "Ctrl-C stops after the step)", who, ", ".join(signal_name(s) for s in changed))  # fmt: skip
+            for s in announced_unclaimed():
+                if s in changed:
+                    signal.raise_signal(s)
+        _restore_cwd(cwd, who)
+
+
+def _warn_once(key: str, message: str, *args: Any) -> None:
+    if key not in _WARNED:
+        _WARNED.add(key)
+        log.warning(message, *args)
+
+
+def _restore_cwd(cwd: str | None, who: str) -> None:
+    try:
+        now = os.getcwd()
+    except OSError:
+        now = None
+    if cwd is not None and now != cwd:
+        os.chdir(cwd)
+        _warn_once(f"cwd:{who}", "%s changed the working directory to %s; put back to %s (megarl's paths, the run's "
+                  "output folder among them, are relative to it)", who, now, cwd)  # fmt: skip
+
+
 def named_generate_function(fn: Any, name: str, returns: type) -> Any:
     """``fn`` (the user's rollout.generate_function ``name``) called so that an exit or an exception
     of the user's own is one UserCodeError naming it and its file (megarl's own errors pass as they
@@ -107,7 +158,7 @@ def named_generate_function(fn: Any, name: str, returns: type) -> Any:
     def generate(*args: Any, **kwargs: Any) -> Any:
         what = f"rollout.generate_function {name} ({source_file(fn)})"
         try:
-            with running(what), running_here(what):  # (a stop's grace: the thread runs it, no wait of its own polls)
+            with running(what), running_here(what), process_state_kept(what):  # (running_here: a stop's grace)
                 result = fn(*args, **kwargs)
         except EXITS as exc:
             if not raised_by_code(exc):  # the user's own Ctrl-C
@@ -125,6 +176,11 @@ def named_generate_function(fn: Any, name: str, returns: type) -> Any:
             raise UserCodeError(
                 f"{what} raised {type(exc).__name__}: {exc}; fix the function (the traceback is in "
                 f"{traceback_to_log(what, exc)}){printed_head(what)}"
+            ) from exc
+        except BaseException as exc:  # a BaseException of its own (GeneratorExit, SystemExit, KeyboardInterrupt: above)
+            raise UserCodeError(
+                f"{what} raised {type(exc).__name__} (a BaseException, which only ends a process): {exc}; raise an Exception "
+                f"(the traceback is in {traceback_to_log(what, exc)}){printed_head(what)}"
             ) from exc
         if not isinstance(result, returns):  # else the first use of it fails deep in megarl, in a traceback
             raise UserCodeError(
@@ -308,7 +364,7 @@ def start_user_call(invoke: Callable[[], Any], who: str) -> Future[Any]:
     future: Future[Any] = Future()
 
     def work() -> None:
-        with running(who):
+        with running(who), process_state_kept(who):
             try:
                 value = invoke()
             except BaseException as exc:  # noqa: BLE001 - handed to the caller as it is

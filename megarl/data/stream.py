@@ -148,7 +148,7 @@ def custom_prompt_set(cfg: DataConfig, files: list[str], field: str, tokenizer: 
     by ``field``), checked as parquet rows are and filtered as a file is (megarl/data/custom_dataset.py)."""
     from megarl.data.custom_dataset import load_class
     from megarl.data.datasets import record_of_row
-    from megarl.user_code import EXITS, printed_head, raised_by_code, running
+    from megarl.user_code import EXITS, printed_head, process_state_kept, raised_by_code, running
 
     spec = cfg.custom_cls
     assert spec is not None
@@ -162,7 +162,7 @@ def custom_prompt_set(cfg: DataConfig, files: list[str], field: str, tokenizer: 
             raise
         raise _ended(exc, f"{label} ({spec.path})", "while it was imported") from exc
     try:
-        with running(label):  # what the class prints goes to the user-code log, not the terminal
+        with running(label), process_state_kept(label):  # what the class prints goes to the user-code log, not the terminal
             rows = _read_rows(cls, f"data.custom_cls {spec.name}", files, tokenizer, cfg)
     except Exception as exc:  # the user's own code: one line with its error, the traceback chained
         raise DataError(f"{label}: building it or reading its rows failed: {type(exc).__name__}: {exc}"

@@ -736,3 +736,25 @@ def test_the_reaper_carries_no_tag(monkeypatch):
         assert reaper.pid not in tagged(tag)
     finally:
         stop_reaper(reaper)
+
+
+def test_a_driver_that_stopped_itself_is_continued_by_the_users_stop(tmp_path):
+    # User code in the driver that sends it SIGSTOP: the user's Ctrl-C / SIGTERM, passed on, did
+    # nothing while it stayed stopped (the signal waits for a SIGCONT).
+    import threading
+
+    ready = tmp_path / "stopping"
+    body = (f"signal.signal(signal.SIGTERM, lambda *a: (s.report(end=143), os._exit(143)))\n"
+            f"open({str(ready)!r}, 'w').close()\nos.kill(os.getpid(), signal.SIGSTOP)\ntime.sleep(120)\nos._exit(0)")  # fmt: skip
+
+    def stop_once_stopped() -> None:
+        deadline = time.monotonic() + 120
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1)  # (the driver stops itself just after)
+        os.kill(os.getpid(), signal.SIGTERM)  # the user's stop, to the supervisor (this process)
+
+    sender = threading.Thread(target=stop_once_stopped, daemon=True)
+    sender.start()
+    assert supervise(_driver(body), ray=False) == 143
+    sender.join(timeout=10)

@@ -264,3 +264,55 @@ def test_a_generate_function_that_returns_within_the_grace_is_waited_for_and_not
             assert wrapped(None, None, None) is returned
         time.sleep(1.5)  # past every call's grace: no interrupt comes once they returned
         control.cleaning = True
+
+
+class Boom(BaseException):
+    """A BaseException of the user's own (not an Exception): only a process's end raises one."""
+
+
+def test_a_generate_function_raising_a_base_exception_of_its_own_is_one_line_naming_it(capsys):
+    def generate_fn(engines, prompts, params):
+        raise Boom("custom")
+
+    generate = named_generate_function(generate_fn, "my_pkg.rollouts:generate", returns=Batch)
+    with pytest.raises(UserCodeError) as info:
+        generate(None, None, None)
+    assert str(info.value).startswith(f"rollout.generate_function my_pkg.rollouts:generate ({__file__}) raised Boom "
+                                      "(a BaseException, which only ends a process): custom; raise an Exception")  # fmt: skip
+    assert report(info.value) == EXIT_USER and capsys.readouterr().err.count("\n") == 1
+
+
+def test_a_generate_function_that_changes_the_cwd_or_megarls_signal_handlers_has_them_put_back(tmp_path, caplog):
+    # Before: a relative output folder pointed elsewhere after os.chdir (a lost checkpoint), and a
+    # function that ignored SIGINT made the user's Ctrl-C (twice too) do nothing.
+    def generate_fn(engines, prompts, params):
+        os.chdir(tmp_path)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        return Batch.__new__(Batch)
+
+    before_cwd, before_int = os.getcwd(), signal.getsignal(signal.SIGINT)
+    generate = named_generate_function(generate_fn, "my_pkg.rollouts:generate", returns=Batch)
+    try:
+        generate(None, None, None)
+        generate(None, None, None)
+        assert os.getcwd() == before_cwd and signal.getsignal(signal.SIGINT) == before_int
+    finally:
+        os.chdir(before_cwd)
+        signal.signal(signal.SIGINT, before_int)
+    said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(said) == 2, said  # once each, not per call
+    assert said[0].startswith("rollout.generate_function my_pkg.rollouts:generate") and "replaced megarl's handler of SIGINT" in said[0]
+    assert f"changed the working directory to {tmp_path}; put back to {before_cwd}" in said[1]
+
+
+def test_the_last_line_reaches_the_user_when_user_code_closed_stderr(tmp_path):
+    # A generate function that closed fds 1 and 2: the command ended rc 1 with nothing on the
+    # terminal (its error line, written to a closed or reused fd 2, went nowhere).
+    import subprocess
+
+    code = ("import os\nfrom megarl.terminal import keep_stderr, error_line\nkeep_stderr()\nos.close(1)\nos.close(2)\n"
+            f"reused = [os.open({str(tmp_path / 'other.txt')!r}, os.O_WRONLY | os.O_CREAT) for _ in range(2)]\n"
+            "error_line('error: the last line')\n")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stderr == "error: the last line\n", done.stderr
+    assert (tmp_path / "other.txt").read_text() == ""  # the file that took fds 1 and 2 got none of it
