@@ -178,6 +178,8 @@ def named_generate_function(fn: Any, name: str, returns: type) -> Any:
                 f"{traceback_to_log(what, exc)}){printed_head(what)}"
             ) from exc
         except BaseException as exc:  # a BaseException of its own (GeneratorExit, SystemExit, KeyboardInterrupt: above)
+            if type(exc).__module__.startswith("megarl.") or _raised_in_megarl(exc):  # (an asyncio cancellation of megarl's)
+                raise
             raise UserCodeError(
                 f"{what} raised {type(exc).__name__} (a BaseException, which only ends a process): {exc}; raise an Exception "
                 f"(the traceback is in {traceback_to_log(what, exc)}){printed_head(what)}"
