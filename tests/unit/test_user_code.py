@@ -282,12 +282,16 @@ def test_a_generate_function_raising_a_base_exception_of_its_own_is_one_line_nam
     assert report(info.value) == EXIT_USER and capsys.readouterr().err.count("\n") == 1
 
 
+def _its_own_handler(signum, frame):
+    pass
+
+
 def test_a_generate_function_that_changes_the_cwd_or_megarls_signal_handlers_has_them_put_back(tmp_path, caplog):
     # Before: a relative output folder pointed elsewhere after os.chdir (a lost checkpoint), and a
     # function that ignored SIGINT made the user's Ctrl-C (twice too) do nothing.
     def generate_fn(engines, prompts, params):
         os.chdir(tmp_path)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, _its_own_handler)  # (not SIG_IGN: an xdist worker ignores SIGINT already)
         return Batch.__new__(Batch)
 
     before_cwd, before_int = os.getcwd(), signal.getsignal(signal.SIGINT)
