@@ -146,7 +146,7 @@ def _restore_cwd(cwd: str | None, who: str) -> None:
     if cwd is not None and now != cwd:
         os.chdir(cwd)
         _warn_once(f"cwd:{who}", "%s changed the working directory to %s; put back to %s (megarl's paths, the run's "
-                  "output folder among them, are relative to it)", who, now, cwd)  # fmt: skip
+                  "output folder among them, are relative to it)", who, now or "a folder since removed", cwd)  # fmt: skip
 
 
 def named_generate_function(fn: Any, name: str, returns: type) -> Any:
