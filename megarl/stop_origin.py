@@ -145,7 +145,7 @@ def passed_on(signum: int) -> bool | None:
     over: only a run's first stop is asked about)."""
     if "announced" not in _fds:
         return None
-    _announced.extend(drain(_fds["announced"]))
+    _take_announcements()
     if signum in _announced:
         _announced.remove(signum)
         return True
@@ -155,9 +155,14 @@ def passed_on(signum: int) -> bool | None:
 def announced_unclaimed() -> list[int]:
     """The stops the supervisor announced that no signal delivered to a handler of megarl's has
     claimed yet (passed_on): a stop user code kept from megarl (its own handler, SIG_IGN)."""
+    _take_announcements()
+    return list(_announced)
+
+
+def _take_announcements() -> None:
+    """The supervisor's announcements written since the last look, into ``_announced``."""
     if "announced" in _fds:
         _announced.extend(drain(_fds["announced"]))
-    return list(_announced)
 
 
 def group_sender(signum: int) -> tuple[int, bool] | None:
