@@ -12,6 +12,11 @@ user's (Python gives a handler no sender). Two witnesses tell them apart:
 - a sentinel, a small process the supervisor starts in the driver's process group, takes every
   stop that reaches the whole group with ``sigwaitinfo`` (which gives the sender's pid) and writes
   the signal and whether its sender was the driver or one of its descendants (:func:`group_sender`).
+  A sender that has already exited and been reaped (``subprocess.run(["kill", "-TERM", "0"])``
+  ends within microseconds) has no ancestry left to follow: the driver keeps the pids of the
+  processes it started with ``subprocess`` (asyncio's subprocesses and ``os.popen`` use it too), and
+  such a sender among them is the driver's; one started otherwise (``os.system``, ``os.fork``) that
+  ended first cannot be traced.
 
 Only that positive evidence makes a stop the driver's own doing (megarl/trainer/watchdog.py); a stop
 sent to the group from outside (Slurm signals every process of a job; `kill -- -PGID`), or to the
@@ -21,17 +26,21 @@ driver's pid alone, or one the sentinel did not record in time, is the user's st
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import struct
 import subprocess
 import sys
 import threading
+from collections import deque
 from collections.abc import Callable, Iterable
+from typing import Any
 
 ANNOUNCE_FD_ENV = "MEGARL_STOPS_ANNOUNCED_FD"  # the driver's end of the announcements
 GROUP_FD_ENV = "MEGARL_STOPS_GROUP_FD"  # the driver's end of what the sentinel saw
 USER_CODE_ENV = "MEGARL_DRIVER_USER_CODE"  # the user code the driver runs, as the supervisor names it
-_RECORD = struct.Struct("=iiB")  # the sentinel's record: signal, sender pid, sender inside the driver
+_RECORD = struct.Struct("=iiB")  # the sentinel's record: signal, sender pid, where the sender is (below)
+INSIDE, GONE = 1, 2  # the sender: the driver or its descendant; exited before it was looked at (0: outside the driver's)
 
 # The sentinel: blocks the stops (so they wait for sigwaitinfo, which names the sender) and records
 # each with whether its sender is the driver, the group's leader, or a descendant of it. The
@@ -42,23 +51,23 @@ fd, stops = int(sys.argv[1]), {int(s) for s in sys.argv[2:]}
 signal.pthread_sigmask(signal.SIG_BLOCK, stops)
 driver = os.getpgrp()
 
-def inside(pid):
-    for _ in range(256):
+def where(pid):  # 0: outside the driver's tree, 1: the driver or its descendant, 2: gone before looked at
+    for step in range(256):
         if pid == driver:
-            return True
+            return 1
         if pid <= 1:
-            return False
+            return 0
         try:
             with open(f"/proc/{pid}/stat") as f:
                 pid = int(f.read().rpartition(")")[2].split()[1])
         except (OSError, ValueError, IndexError):
-            return False  # gone already: not known to be the driver's
-    return False
+            return 2 if step == 0 else 0  # (an ancestor gone: its orphans were re-parented, not the driver's)
+    return 0
 
 while True:
     info = signal.sigwaitinfo(stops)
     try:
-        os.write(fd, struct.pack("=iiB", info.si_signo, info.si_pid, inside(info.si_pid)))
+        os.write(fd, struct.pack("=iiB", info.si_signo, info.si_pid, where(info.si_pid)))
     except BlockingIOError:
         pass  # a driver that reads none: nothing to tell it
     except OSError as exc:
@@ -124,6 +133,7 @@ _recorded: list[tuple[int, int, bool]] = []  # the sentinel's records not yet as
 _partial = bytearray()  # a record the last read cut
 _records_lock = threading.Lock()  # (each held stop's judge is a thread of its own)
 _user_code: str | None = None
+_spawned: deque[int] = deque(maxlen=4096)  # the pids of the driver's latest subprocesses (a bound: pids are reused)
 
 
 def take_witnesses() -> None:
@@ -137,6 +147,23 @@ def take_witnesses() -> None:
             _fds[name] = int(fd)
             os.set_inheritable(_fds[name], False)
             os.set_blocking(_fds[name], False)
+    if _fds:
+        _note_subprocesses()
+
+
+def _note_subprocesses() -> None:
+    """From now on every ``subprocess.Popen`` of this process notes its child's pid in ``_spawned``:
+    the one record of a sender that exited before the sentinel could follow its ancestry. (A
+    wrapper of Popen's constructor: Python offers no hook on process creation; ``os.register_at_fork``
+    does not run for the fork that ``subprocess`` does in C.)"""
+    start = subprocess.Popen.__init__
+
+    @functools.wraps(start)
+    def started(self: subprocess.Popen[Any], *args: Any, **kwargs: Any) -> None:
+        start(self, *args, **kwargs)
+        _spawned.append(self.pid)
+
+    subprocess.Popen.__init__ = started  # type: ignore[method-assign]
 
 
 def passed_on(signum: int) -> bool | None:
@@ -167,13 +194,15 @@ def _take_announcements() -> None:
 
 def group_sender(signum: int) -> tuple[int, bool] | None:
     """The sentinel's record of ``signum`` reaching the driver's whole process group: (the sender's
-    pid, whether it is the driver or one of its descendants); None: none (yet)."""
+    pid, whether it is the driver or one of its descendants, or a subprocess of the driver's that
+    had exited when the sentinel looked); None: none (yet)."""
     if "group" not in _fds:
         return None
     with _records_lock:
         _partial.extend(drain(_fds["group"]))
         whole = len(_partial) - len(_partial) % _RECORD.size
-        _recorded.extend((s, pid, bool(inside)) for s, pid, inside in _RECORD.iter_unpack(bytes(_partial[:whole])))
+        _recorded.extend((s, pid, where == INSIDE or (where == GONE and pid in _spawned))
+                         for s, pid, where in _RECORD.iter_unpack(bytes(_partial[:whole])))
         del _partial[:whole]
         for record in _recorded:
             if record[0] == signum:

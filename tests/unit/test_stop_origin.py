@@ -6,6 +6,7 @@ when the command's copy comes late), to the driver's group from outside, or to t
 stays the user's stop (128 + N)."""
 
 import os
+import inspect
 import re
 import signal
 import subprocess
@@ -16,40 +17,59 @@ from pathlib import Path
 import pytest
 
 USER_CODE = "rollout.generate_function gen:gen"
+
+
+def _sentinel(group: int) -> int | None:
+    """The pid of the stop sentinel in process group ``group`` once it waits for the stops (None: not yet)."""
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = open(f"/proc/{entry}/stat").read().rpartition(")")[2].split()
+            waiting = "sigtimedwait" in open(f"/proc/{entry}/wchan").read()  # in sigwaitinfo: the stops are its
+            if int(stat[2]) == group and b"stop sentinel" in open(f"/proc/{entry}/cmdline", "rb").read() and waiting:
+                return int(entry)
+        except (OSError, IndexError, ValueError):
+            pass
+    return None
+
+
+def _sender_gone_first(sentinel: int, kill: list[str]) -> None:
+    """Run ``kill`` (a signal to the driver's group) while the sentinel is stopped, so that the
+    sender has exited and been reaped before the sentinel looks at it."""
+    os.kill(sentinel, signal.SIGSTOP)
+    try:
+        subprocess.run(kill)
+    finally:
+        os.kill(sentinel, signal.SIGCONT)
+
+
 # A driver as the trainer's step loop: a first stop waits for the step's end. Mode 'killpg': its
 # "user code" signals the driver's own process group, as os.killpg(os.getpgrp(), ...) in a tool does;
-# 'child-killpg': a process it started does (and lives on a moment). It starts once the sentinel in its group waits for them.
-DRIVER = """import os, signal, subprocess, sys, time
+# 'child-killpg': a process it started does (and lives on a moment); 'gone-child-killpg': `kill -TERM 0`
+# run as a subprocess, exited and reaped before the sentinel looks. It starts once the sentinel in its
+# group waits for them.
+DRIVER = f"""import os, signal, subprocess, sys, time
 from megarl import driver_supervisor as s
 s.take_report_pipe()
 from megarl.trainer.watchdog import RunControl
 pid_file, mode, signum = sys.argv[1], sys.argv[2], int(sys.argv[3])
-
-def sentinel_ready():
-    for entry in filter(str.isdigit, os.listdir('/proc')):
-        try:
-            stat = open(f'/proc/{entry}/stat').read().rpartition(')')[2].split()
-            waiting = 'sigtimedwait' in open(f'/proc/{entry}/wchan').read()  # in sigwaitinfo: the stops are its
-            if int(stat[2]) == os.getpgrp() and b'stop sentinel' in open(f'/proc/{entry}/cmdline', 'rb').read() and waiting:
-                return True
-        except (OSError, IndexError, ValueError):
-            pass
-    return False
-
+{inspect.getsource(_sentinel)}
+{inspect.getsource(_sender_gone_first)}
 deadline = time.monotonic() + 120
-while not sentinel_ready() and time.monotonic() < deadline:
+while (sentinel := _sentinel(os.getpgrp())) is None and time.monotonic() < deadline:
     time.sleep(0.05)
-control = RunControl()
+"""
+DRIVER += """control = RunControl()
 with control.handlers():
     control.deferred = True
     open(pid_file, 'w').write(str(os.getpid()))
     if mode == 'killpg':
         os.killpg(os.getpgrp(), signum)
     if mode == 'child-killpg':
-        # the sender lives on a moment (its own copy blocked): one that has exited and been reaped before the
-        # sentinel looks cannot be traced to the driver (docs/checks.md), and is taken for the user's stop
+        # the sender lives on a moment (its own copy blocked): the sentinel follows its ancestry to the driver
         subprocess.run([sys.executable, '-c', f'import os, signal, time; signal.pthread_sigmask(signal.SIG_BLOCK, {{{signum}}}); '
                         f'os.killpg({os.getpgrp()}, {signum}); time.sleep(1)'])
+    if mode == 'gone-child-killpg':
+        _sender_gone_first(sentinel, ['kill', '-s', signal.Signals(signum).name, '0'])
     while not control.stop_requested:
         time.sleep(0.05)
     stopped = control.stopped(f'stopped by {control.signal_name} after step 1; saved checkpoint C')
@@ -75,8 +95,9 @@ def _supervised(tmp_path: Path, mode: str, signum: int) -> tuple[subprocess.Pope
     return proc, int(pid_file.read_text())
 
 
-@pytest.mark.parametrize(("signum", "mode"), [(signal.SIGTERM, "killpg"), (signal.SIGINT, "killpg"), (signal.SIGTERM, "child-killpg")],
-                         ids=["sigterm", "sigint", "from-a-child"])  # fmt: skip
+@pytest.mark.parametrize(("signum", "mode"), [(signal.SIGTERM, "killpg"), (signal.SIGINT, "killpg"), (signal.SIGTERM, "child-killpg"),
+                                             (signal.SIGTERM, "gone-child-killpg")],
+                         ids=["sigterm", "sigint", "from-a-child", "from-a-child-gone-first"])  # fmt: skip
 def test_code_in_the_driver_that_signals_its_process_group_is_named_not_taken_for_the_user_s_stop(tmp_path, signum, mode):
     proc, driver = _supervised(tmp_path, mode, signum)
     assert proc.wait(timeout=120) == 2
@@ -94,12 +115,16 @@ def test_code_in_the_driver_that_signals_its_process_group_is_named_not_taken_fo
     assert lines[2:] == [f"stopped by {name} after step 1; saved checkpoint C"]  # (not "SIGINT (Ctrl-C)")
 
 
-@pytest.mark.parametrize("to", ["command", "every-process", "every-process-command-late", "driver-group", "driver-pid"])
+@pytest.mark.parametrize("to", ["command", "every-process", "every-process-command-late", "driver-group", "driver-group-gone-first",
+                                "driver-pid"])  # fmt: skip
 def test_a_stop_from_outside_stays_the_user_s_stop(tmp_path, to):
     """Through the command; to every process of the job as Slurm sends it (the driver's group first;
     also with the command's copy 4 s late: a loaded node); to the driver's group alone from outside
-    (`kill -- -PGID`); to the driver's pid: SIGTERM's own lines and 143."""
+    (`kill -- -PGID`, also by a `kill` process gone before the sentinel looked); to the driver's
+    pid: SIGTERM's own lines and 143."""
     proc, driver = _supervised(tmp_path, "wait", signal.SIGTERM)
+    if to == "driver-group-gone-first":
+        _sender_gone_first(_sentinel(driver), ["kill", "-s", "TERM", "--", f"-{driver}"])
     if to == "every-process-command-late":
         os.kill(proc.pid, signal.SIGSTOP)  # the command's handler cannot run before SIGCONT
     if to.startswith("every-process") or to == "driver-group":
