@@ -5,8 +5,8 @@ not the signal's), while a stop through the command, one to every process of the
 when the command's copy comes late), to the driver's group from outside, or to the driver's pid
 stays the user's stop (128 + N)."""
 
-import os
 import inspect
+import os
 import re
 import signal
 import subprocess
