@@ -107,12 +107,15 @@ def user_exit_error(what: str, exc: BaseException, fix: str) -> UserCodeError:
 @contextmanager
 def process_state_kept(who: str) -> Iterator[None]:
     """Meanwhile user code ``who`` runs in this thread: the process's working directory and, in the
-    main thread, megarl's stop signal handlers are put back afterwards when the code changed them,
-    with a warning naming it (megarl's relative paths, a run's output folder, would point elsewhere;
-    a Ctrl-C would be ignored). A stop the supervisor passed on that the code's handler took
-    meanwhile is delivered again, to megarl's."""
+    main thread, megarl's stop signal handlers and the process's stdout and stderr (fds 1 and 2)
+    are put back afterwards when the code changed them, with a warning naming it (megarl's relative
+    paths, a run's output folder, would point elsewhere; a Ctrl-C would be ignored; the run's
+    checkpoint and error lines would go to /dev/null). A stop the supervisor passed on that the
+    code's handler took meanwhile is delivered again, to megarl's. (Off the main thread the streams
+    are left alone: a concurrent tool may redirect them for the length of its own call.)"""
     main = threading.current_thread() is threading.main_thread()
     handlers = {s: signal.getsignal(s) for s in STOPS} if main else {}
+    streams = _stream_copies() if main else {}
     try:
         cwd: str | None = os.getcwd()
     except OSError:  # (already gone: nothing to put back)
@@ -129,6 +132,7 @@ def process_state_kept(who: str) -> Iterator[None]:
             for s in announced_unclaimed():
                 if s in changed:
                     signal.raise_signal(s)
+        _restore_streams(streams, who)
         _restore_cwd(cwd, who)
 
 
@@ -136,6 +140,38 @@ def _warn_once(key: str, message: str, *args: Any) -> None:
     if key not in _WARNED:
         _WARNED.add(key)
         log.warning(message, *args)
+
+
+def _stream_copies() -> dict[int, int]:
+    """A copy of each of fds 1 and 2 that is open (to put back, :func:`_restore_streams`)."""
+    copies = {}
+    for fd in (1, 2):
+        try:
+            copies[fd] = os.dup(fd)  # (non-inheritable: not passed to what the code starts)
+        except OSError:
+            pass
+    return copies
+
+
+def _restore_streams(copies: dict[int, int], who: str) -> None:
+    """Put fds 1 and 2 back where ``copies`` point when the code closed them or pointed them elsewhere."""
+    changed = []
+    for fd, copy in copies.items():
+        if _file_of(fd) != _file_of(copy):
+            os.dup2(copy, fd)  # (inheritable, as a standard stream is)
+            changed.append("stdout" if fd == 1 else "stderr")
+        os.close(copy)
+    if changed:
+        _warn_once(f"streams:{who}", "%s closed or redirected the process's %s; put back: megarl's lines (a checkpoint "
+                   "saved, an error) go there", who, " and ".join(changed))  # fmt: skip
+
+
+def _file_of(fd: int) -> tuple[int, int] | None:
+    try:
+        stat = os.fstat(fd)
+    except OSError:  # (closed)
+        return None
+    return stat.st_dev, stat.st_ino
 
 
 def _restore_cwd(cwd: str | None, who: str) -> None:

@@ -309,6 +309,26 @@ def test_a_generate_function_that_changes_the_cwd_or_megarls_signal_handlers_has
     assert f"changed the working directory to {tmp_path}; put back to {before_cwd}" in said[1]
 
 
+@pytest.mark.parametrize("does", ["dup2-devnull", "close"])
+def test_a_generate_function_that_redirects_or_closes_stdout_and_stderr_has_them_put_back(does):
+    # Before: os.dup2 of /dev/null onto fds 1 and 2 (and a normal return) sent the run's later
+    # lines (a checkpoint saved, a stop) nowhere, without a word. (A process of its own: the
+    # streams are pytest's here.)
+    import subprocess
+
+    code = (f"import os\nfrom megarl.user_code import named_generate_function\ndef gen(*args):\n"
+            f"    null = os.open(os.devnull, os.O_WRONLY)\n"
+            f"    for fd in (1, 2):\n        os.dup2(null, fd) if {does == 'dup2-devnull'} else os.close(fd)\n"
+            f"    return 0\n"
+            "generate = named_generate_function(gen, 'my_pkg.rollouts:generate', returns=int)\n"
+            "generate(); generate()\nprint('a line after it', flush=True)\nos.write(2, b'and on stderr')\n")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout == "a line after it\n", (done.stdout, done.stderr)
+    said = done.stderr.splitlines()
+    assert said == ["rollout.generate_function my_pkg.rollouts:generate (<string>) closed or redirected the process's stdout "
+                    "and stderr; put back: megarl's lines (a checkpoint saved, an error) go there", "and on stderr"], said  # fmt: skip
+
+
 def test_the_last_line_reaches_the_user_when_user_code_closed_stderr(tmp_path):
     # A generate function that closed fds 1 and 2: the command ended rc 1 with nothing on the
     # terminal (its error line, written to a closed or reused fd 2, went nowhere).
