@@ -66,12 +66,22 @@ class UserCodeError(RuntimeError):
 
 
 def exit_description(exc: BaseException) -> str:
-    """How code tried to end its process, for an error line: "called sys.exit(3)", "raised KeyboardInterrupt"."""
+    """How code tried to end its process, for an error line: "called sys.exit(3)", "raised KeyboardInterrupt",
+    "raised Boom (a BaseException, which only ends a process): ..."."""
     if isinstance(exc, SystemExit):
         frames = traceback.extract_tb(exc.__traceback__)
         called = bool(frames) and "exit(" in (frames[-1].line or "")
         return f"called sys.exit({exc.code!r})" if called else f"raised SystemExit({exc.code!r})"
-    return f"raised {type(exc).__name__}"
+    if isinstance(exc, EXITS):
+        return f"raised {type(exc).__name__}"
+    return f"raised {type(exc).__name__} (a BaseException, which only ends a process){f': {exc}' if str(exc) else ''}"
+
+
+def ends_process(exc: BaseException) -> bool:
+    """Whether ``exc``, out of user code, is the code trying to end its process: no Exception (one
+    of EXITS, or a BaseException subclass of its own) and raised by the code, not by a signal's
+    handler (:func:`raised_by_code`)."""
+    return not isinstance(exc, Exception) and raised_by_code(exc)
 
 
 def raised_by_code(exc: BaseException) -> bool:
@@ -217,8 +227,8 @@ def named_generate_function(fn: Any, name: str, returns: type) -> Any:
             if type(exc).__module__.startswith("megarl.") or _raised_in_megarl(exc):  # (an asyncio cancellation of megarl's)
                 raise
             raise UserCodeError(
-                f"{what} raised {type(exc).__name__} (a BaseException, which only ends a process): {exc}; raise an Exception "
-                f"(the traceback is in {traceback_to_log(what, exc)}){printed_head(what)}"
+                f"{what} {exit_description(exc)}; raise an Exception (the traceback is in {traceback_to_log(what, exc)})"
+                f"{printed_head(what)}"
             ) from exc
         if not isinstance(result, returns):  # else the first use of it fails deep in megarl, in a traceback
             raise UserCodeError(

@@ -148,7 +148,7 @@ def custom_prompt_set(cfg: DataConfig, files: list[str], field: str, tokenizer: 
     by ``field``), checked as parquet rows are and filtered as a file is (megarl/data/custom_dataset.py)."""
     from megarl.data.custom_dataset import load_class
     from megarl.data.datasets import record_of_row
-    from megarl.user_code import EXITS, printed_head, process_state_kept, raised_by_code, running
+    from megarl.user_code import ends_process, printed_head, process_state_kept, running
 
     spec = cfg.custom_cls
     assert spec is not None
@@ -157,8 +157,8 @@ def custom_prompt_set(cfg: DataConfig, files: list[str], field: str, tokenizer: 
         cls = load_class(spec.path, spec.name)
     except ValueError as exc:
         raise DataError(str(exc)) from exc
-    except EXITS as exc:
-        if not raised_by_code(exc):  # the user's own Ctrl-C
+    except BaseException as exc:
+        if not ends_process(exc):  # the user's own Ctrl-C, an import's own error
             raise
         raise _ended(exc, f"{label} ({spec.path})", "while it was imported") from exc
     try:
@@ -167,8 +167,8 @@ def custom_prompt_set(cfg: DataConfig, files: list[str], field: str, tokenizer: 
     except Exception as exc:  # the user's own code: one line with its error, the traceback chained
         raise DataError(f"{label}: building it or reading its rows failed: {type(exc).__name__}: {exc}"
                         f"{printed_head(label)}") from exc  # fmt: skip
-    except EXITS as exc:
-        if not raised_by_code(exc):
+    except BaseException as exc:
+        if not ends_process(exc):
             raise
         raise _ended(exc, f"{label} ({spec.path})", "while it was built or its rows read", printed_head(label)) from exc
     records = [record_of_row(label, i, row, prompt_key=cfg.prompt_key, source_key=cfg.reward_fn_key) for i, row in enumerate(rows)]
@@ -220,7 +220,7 @@ class _Reading:
 
 
 def _ended(exc: BaseException, what: str, when: str, printed: str = "") -> DataError:
-    """A dataset class that tried to end the process (user_code.EXITS), said as a DataError;
+    """A dataset class that tried to end the process (user_code.ends_process), said as a DataError;
     ``printed``: user_code.printed_head of the class."""
     from megarl.user_code import exit_description
 

@@ -23,7 +23,7 @@ import megarl.rewards.code_sandbox as code_sandbox
 import megarl.rewards.custom as custom_fn
 import megarl.rewards.registry as registry
 from megarl.process_signals import unblock_stop_signals
-from megarl.user_code import EXITS, exit_description
+from megarl.user_code import exit_description
 
 Outcome = tuple
 
@@ -185,12 +185,12 @@ def _user_function(spec: str) -> Any:
         offset = _log_size()
         try:
             loaded[spec] = custom_fn.load_function(path, name, field=f"reward.functions ({spec})")
-        except EXITS as exc:
-            failed[spec] = _user_exit(exc, 0, offset, " while it was imported")
-            raise failed[spec] from None
         except Exception as exc:
             failed[spec] = exc
             raise
+        except BaseException as exc:  # sys.exit, KeyboardInterrupt, one of its own: it ends the process
+            failed[spec] = _user_exit(exc, 0, offset, " while it was imported")
+            raise failed[spec] from None
     return loaded[spec]
 
 
@@ -211,14 +211,14 @@ def score_samples(scorers: list[str | None], samples: list[tuple]) -> list[Outco
         offset = _log_size()
         try:
             value = _call(name, sample)
-        except EXITS as exc:
-            raise _user_exit(exc, position, offset) from None  # the task fails: the driver stops the call
         except Exception as exc:  # noqa: BLE001 - a reward error scores 0 and is counted
             # The traceback from the function's own frame on (this loop's frame says nothing).
             assert exc.__traceback__ is not None  # a caught exception carries its traceback
             user_tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__.tb_next))
             outcomes.append(("error", f"{type(exc).__name__}: {exc}", user_tb))
             continue
+        except BaseException as exc:  # sys.exit, KeyboardInterrupt, one of its own: it ends the process
+            raise _user_exit(exc, position, offset) from None  # the task fails: the driver stops the call
         outcomes.append(_scored(value, where))
     return outcomes
 
@@ -249,12 +249,12 @@ def score_batched(columns: tuple[list, list, list, list]) -> list[Outcome]:
     offset, n = _log_size(), len(columns[0])
     try:
         values = _custom()(*columns)
-    except EXITS as exc:
-        raise _user_exit(exc, 0, offset) from None
     except Exception as exc:  # noqa: BLE001 - every sample fails; the traceback from the function's frame on
         assert exc.__traceback__ is not None  # a caught exception carries its traceback
         user_tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__.tb_next))
         return [("error", f"{type(exc).__name__}: {exc}", user_tb)] * n
+    except BaseException as exc:  # sys.exit, KeyboardInterrupt, one of its own: it ends the process
+        raise _user_exit(exc, 0, offset) from None
     if not isinstance(values, (list, tuple)) or len(values) != n:
         # megarl's own check: no traceback (its only frame would be this one), what came back instead
         got = f"a {type(values).__name__} of {len(values)}" if isinstance(values, (list, tuple)) else f"a {type(values).__name__}"

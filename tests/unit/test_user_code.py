@@ -34,8 +34,14 @@ SCHEMA = {
 }
 
 
+class Boom(BaseException):
+    """A BaseException of the user's own (not an Exception): only a process's end raises one."""
+
+
 class QuittingTool(Tool):
     def execute(self, instance_id, parameters, **kwargs):
+        if parameters.get("how") == "boom":
+            raise Boom("custom")
         sys.exit(7)
 
 
@@ -47,14 +53,14 @@ class InterruptingUser:
         raise KeyboardInterrupt
 
 
-def test_a_tool_that_calls_sys_exit_stops_the_rollout_at_once_in_one_line(capsys):
-    future = start_tool_call(QuittingTool({}, SCHEMA), {}, {})
+@pytest.mark.parametrize(("how", "did"), [("exit", "called sys.exit(7)"),
+                                         ("boom", "raised Boom (a BaseException, which only ends a process): custom")])  # fmt: skip
+def test_a_tool_that_calls_sys_exit_stops_the_rollout_at_once_in_one_line(capsys, how, did):
+    future = start_tool_call(QuittingTool({}, SCHEMA), {"how": how}, {})
     with pytest.raises(AgentError) as info:
         future.result(timeout=60)  # said at once: not left to the tool timeout
     message = str(info.value)
-    assert message.startswith(
-        f"tool 'quits' (QuittingTool in {__file__}) called sys.exit(7); a tool must return text"
-    )
+    assert message.startswith(f"tool 'quits' (QuittingTool in {__file__}) {did}; a tool must return text")
     assert report(info.value) == EXIT_USER and capsys.readouterr().err.startswith(
         "error: tool 'quits'"
     )
@@ -264,10 +270,6 @@ def test_a_generate_function_that_returns_within_the_grace_is_waited_for_and_not
             assert wrapped(None, None, None) is returned
         time.sleep(1.5)  # past every call's grace: no interrupt comes once they returned
         control.cleaning = True
-
-
-class Boom(BaseException):
-    """A BaseException of the user's own (not an Exception): only a process's end raises one."""
 
 
 def test_a_generate_function_raising_a_base_exception_of_its_own_is_one_line_naming_it(capsys):

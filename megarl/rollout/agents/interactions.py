@@ -26,12 +26,11 @@ from typing import Any
 from megarl.rollout.agents.errors import AgentError
 from megarl.rollout.agents.tools import import_class, read_yaml_list, run_method
 from megarl.user_code import (
-    EXITS,
     DeadlinePassed,
     call_with_deadline,
+    ends_process,
     exit_description,
     printed_head,
-    raised_by_code,
     source_file,
 )
 
@@ -74,8 +73,8 @@ class Interaction:
                                      f"rollout.agent.interaction_timeout_s{printed_head(where)}") from None
         except Exception as exc:  # the user's code: name it (the run stops; a simulated user has no fallback)
             raise AgentError(f"{where} raised {type(exc).__name__}: {exc}; fix it{printed_head(where)}") from exc
-        except EXITS as exc:
-            if not raised_by_code(exc):  # the user's own Ctrl-C
+        except BaseException as exc:
+            if not ends_process(exc):  # the user's own Ctrl-C
                 raise
             raise AgentError(f"{where} {exit_description(exc)}; an interaction must return its answer or raise, never "
                              f"end the process{printed_head(where)}") from exc
@@ -179,8 +178,8 @@ def load_interactions(path: str | Path, timeout_s: float = 600.0,
             out[name] = Interaction(name, cls(config=config), timeout_s)
         except Exception as exc:  # noqa: BLE001 - the user's class: name it and its error
             raise InteractionFileError(f"{where}: {entry['class_name']}(config={config}) failed: {type(exc).__name__}: {exc}") from exc
-        except EXITS as exc:  # sys.exit in __init__: the class named (the user's Ctrl-C passes)
-            if not raised_by_code(exc):
+        except BaseException as exc:  # sys.exit in __init__: the class named (the user's Ctrl-C passes)
+            if not ends_process(exc):
                 raise
             raise InteractionFileError(f"{where}: {entry['class_name']}(config={config}) {exit_description(exc)} while it was "
                                        "built; an interaction must raise an exception, never end the process") from exc

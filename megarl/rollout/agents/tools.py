@@ -38,10 +38,9 @@ import megarl.rollout.agents.builtin_tools  # noqa: F401 - registers the built-i
 from megarl.rollout.agents.errors import AgentError
 from megarl.rollout.agents.tool_base import BUILTIN_TOOLS, Tool
 from megarl.user_code import (
-    EXITS,
+    ends_process,
     exit_description,
     printed_head,
-    raised_by_code,
     source_file,
     start_user_call,
 )
@@ -105,8 +104,8 @@ def _tool_from_entry(entry: Any, where: str, building: Callable[[str], None] | N
         return cls(config, schema)
     except Exception as exc:  # noqa: BLE001 - the user's class: name it and its error
         raise ToolFileError(f"{where}: {entry['class_name']}({config}) failed: {type(exc).__name__}: {exc}") from exc
-    except EXITS as exc:  # sys.exit in __init__: the class named, not "at import" (the user's Ctrl-C passes)
-        if not raised_by_code(exc):
+    except BaseException as exc:  # sys.exit in __init__: the class named, not "at import" (the user's Ctrl-C passes)
+        if not ends_process(exc):
             raise
         raise ToolFileError(f"{where}: {entry['class_name']}({config}) {exit_description(exc)} while it was built; a tool "
                             "must raise an exception for what it cannot do, never end the process") from exc
@@ -226,7 +225,7 @@ def start_tool_call(tool: Tool, arguments: dict[str, Any], kwargs: Mapping[str, 
             # A ValueError is the tool refusing its input: its message is for the model as it is.
             text = f"Error: {exc}" if isinstance(exc, ValueError) else f"Error: {type(exc).__name__}: {exc}"
             return ToolOutcome(text, error="error")
-        except EXITS as exc:  # (this thread gets no signal: the tool's own doing) said at once, not as a timeout
+        except BaseException as exc:  # (this thread gets no signal: the tool's own doing) said at once, not as a timeout
             raise AgentError(f"{who} {exit_description(exc)}; a tool must return text (an 'Error: ...' for the model) "
                              f"or raise, never end the process{printed_head(who)}") from exc
 

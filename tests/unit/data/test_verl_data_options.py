@@ -113,6 +113,11 @@ DATASET = textwrap.dedent(
     class Interrupts(JsonlPrompts):
         def __len__(self): raise KeyboardInterrupt
 
+    class Boom(BaseException): pass
+
+    class OwnBaseException(JsonlPrompts):
+        def __getitem__(self, i): raise Boom("custom")
+
     class FailsToBuild(JsonlPrompts):
         def __init__(self, data_files, tokenizer, config):
             raise ValueError("column 'question' not found")
@@ -145,7 +150,7 @@ def test_custom_cls_gives_the_training_prompts(dataset_file, byte_tokenizer):
 
 
 @pytest.mark.parametrize("name, error", [
-    ("Missing", r"data.custom_cls.name: 'Missing' is not defined in .*my_dataset.py; classes there: BadRow, Exits, FailsToBuild, FailsToRead, Interrupts, JsonlPrompts"),
+    ("Missing", r"data.custom_cls.name: 'Missing' is not defined in .*my_dataset.py; classes there: BadRow, Boom, Exits, FailsToBuild, FailsToRead, Interrupts, JsonlPrompts"),
     ("NoRows", r"data.custom_cls: NoRows \(.*\) has no __getitem__"),
     ("OtherArguments", r"data.custom_cls: OtherArguments \(.*\) cannot be built as OtherArguments\(data_files=..., "),
     ("BadRow", r"data.custom_cls \(BadRow on data.train_files\): row 0 has no key 'reward_model'"),
@@ -153,6 +158,8 @@ def test_custom_cls_gives_the_training_prompts(dataset_file, byte_tokenizer):
               r"or its rows read; a dataset class must raise an exception"),  # not the function's exit code
     ("Interrupts", r"data.custom_cls \(Interrupts on data.train_files\) \(.*my_dataset.py\) raised KeyboardInterrupt while "
                    r"it was built"),  # not the user's Ctrl-C
+    ("OwnBaseException", r"data.custom_cls \(OwnBaseException on data.train_files\) \(.*my_dataset.py\) raised Boom \(a "
+                         r"BaseException, which only ends a process\): custom while it was built or its rows read; a dataset class"),
 ])  # fmt: skip
 def test_a_class_that_does_not_fit_is_one_line(dataset_file, byte_tokenizer, name, error):
     with pytest.raises(DataError, match=error) as info:

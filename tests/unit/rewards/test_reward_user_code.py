@@ -36,6 +36,12 @@ REWARDS = textwrap.dedent(
     def generator_exit(data_source, solution_str, ground_truth, extra_info=None):
         raise GeneratorExit
 
+    class Boom(BaseException):
+        pass
+
+    def own_base_exception(data_source, solution_str, ground_truth, extra_info=None):
+        raise Boom("custom")
+
     def exits_quietly(data_source, solution_str, ground_truth, extra_info=None):
         if solution_str.startswith("ok"):
             return 1.0
@@ -82,6 +88,7 @@ def _score(scorer: RewardScorer, solutions: list[str]):
         ("exits", "called sys.exit(3)"),
         ("interrupts", "raised KeyboardInterrupt"),
         ("generator_exit", "raised GeneratorExit"),
+        ("own_base_exception", "raised Boom (a BaseException, which only ends a process): custom"),
     ],
 )
 def test_a_function_that_ends_its_process_stops_the_call_in_one_line(tmp_path, name, did):
