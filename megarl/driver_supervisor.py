@@ -45,6 +45,7 @@ killed live on, re-parented, for 20-40 s, out of reach of the driver's teardown 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -168,11 +169,12 @@ def supervise(command: Sequence[str], *, ray: bool = True, kept: str | None = No
     try:
         env = {**os.environ, **(env_extra or {}), SUPERVISOR_FD_ENV: str(write_end), DRIVER_TAG_ENV: tag,
                **stops.witnesses.driver_env()}  # fmt: skip
+        dies_with_this = functools.partial(_die_with_parent, os.getpid())
         child = stops.child = subprocess.Popen(
             list(command), env=env, pass_fds=(write_end, *stops.witnesses.driver_fds()),
-            stdout=stdout, stderr=stderr, preexec_fn=_die_with_parent, process_group=0)  # fmt: skip
+            stdout=stdout, stderr=stderr, preexec_fn=dies_with_this, process_group=0)  # fmt: skip
         os.close(write_end)
-        stops.witnesses.driver_started(child.pid, (*STOPS, *OUTSIDE_STOPS), _die_with_parent)
+        stops.witnesses.driver_started(child.pid, (*STOPS, *OUTSIDE_STOPS), dies_with_this)
         relay.start()
         for signum in stops.pending:
             stops.send(signum)
@@ -437,10 +439,14 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _die_with_parent() -> None:
+def _die_with_parent(parent: int) -> None:
+    """In a child before its exec: it is killed when ``parent`` (the supervisor) ends, and at once
+    when that happened between the fork and now (no death signal would come then)."""
     import ctypes
 
     ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: the driver dies with the supervisor
+    if os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _parse_reports(data: bytes) -> dict[str, Any]:

@@ -162,6 +162,21 @@ def test_driver_dies_with_its_supervisor(tmp_path):
         raise AssertionError("the driver outlived its supervisor")
 
 
+def test_a_driver_whose_supervisor_ended_before_it_could_watch_it_ends_at_once():
+    """The supervisor dying between the fork and the driver's PR_SET_PDEATHSIG would leave a driver
+    no death signal ever reaches (running without its supervisor's lock): here its parent is not
+    the supervisor named, as after such a death (re-parented)."""
+    from megarl.driver_supervisor import _die_with_parent
+
+    this, not_its_parent = os.getpid(), os.getppid()
+    started = subprocess.run([sys.executable, "-c", "print('ran')"], capture_output=True, text=True, timeout=60,
+                             preexec_fn=lambda: _die_with_parent(not_its_parent))  # fmt: skip
+    assert started.returncode == -signal.SIGKILL and started.stdout == ""
+    alive = subprocess.run([sys.executable, "-c", "print('ran')"], capture_output=True, text=True, timeout=60,
+                           preexec_fn=lambda: _die_with_parent(this))  # fmt: skip
+    assert alive.returncode == 0 and alive.stdout == "ran\n"
+
+
 def test_a_supervised_driver_names_the_command_s_pid(tmp_path):
     """What a lock's refusal names (and a user would kill) is the `megarl launch` process's pid."""
     out = tmp_path / "pids"
