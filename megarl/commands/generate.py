@@ -105,7 +105,7 @@ def _held_out(args: argparse.Namespace) -> Hold:
     """OUT, held from the command's first moment: a second generate into it is refused at once."""
     from megarl.trainer.run_lock import output_lock
 
-    return output_lock(Path(args.out).absolute())  # named absolute in a refusal, as the driver's checks name it
+    return output_lock(args.out)
 
 
 def _prepare(args: argparse.Namespace) -> Supervision:

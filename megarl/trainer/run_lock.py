@@ -102,7 +102,7 @@ def output_lock(output: str | Path, flag: str = "--out") -> Iterator[str | None]
     path.parent.mkdir(parents=True, exist_ok=True)
     lock = _output_lock_file(path)
     try:
-        with _held(lock, flag, output, "command", remove=True) as claim:
+        with _held(lock, flag, path, "command", remove=True) as claim:  # (named absolute: the command's and its driver's words agree)
             yield claim
     finally:
         for folder in made:  # deepest first

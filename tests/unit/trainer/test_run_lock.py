@@ -83,19 +83,22 @@ with output_lock(sys.argv[1], "--scored"):
 """
 
 
-def test_a_commands_output_is_held_by_a_lock_file_beside_it_that_goes_with_the_command(tmp_path):
+def test_a_commands_output_is_held_by_a_lock_file_beside_it_that_goes_with_the_command(tmp_path, monkeypatch):
     """generate, convert and evaluate: a second writer of one --out is refused naming the first's
-    pid; the lock file is removed at the end, and so are the folders made only for it."""
+    pid (and the output absolute, however it was given); the lock file is removed at the end, and
+    so are the folders made only for it."""
     from megarl.trainer.run_lock import output_lock
 
     out = tmp_path / "new" / "deeper" / "scored.parquet"
     holder = subprocess.Popen([sys.executable, "-c", HOLD_OUTPUT, str(out)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
+        monkeypatch.chdir(tmp_path / "new")
         with pytest.raises(OutputDirInUse, match=rf"^--scored {out} is in use by pid {holder.pid} on .*; wait for that "
                                                  r"command to end or stop it .*, or give another --scored$"):  # fmt: skip
-            with output_lock(out, "--scored"):
+            with output_lock("deeper/scored.parquet", "--scored"):
                 pass
+        monkeypatch.chdir(tmp_path)
     finally:
         holder.kill()
         holder.wait()
