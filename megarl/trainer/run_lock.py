@@ -175,8 +175,13 @@ def _held(lock: Path, field: str, output: str | Path, what: str, *, remove: bool
             break
         os.close(fd)  # its holder removed it as we opened it: lock the file the path names now
     try:
-        if locked:
-            _write_holder(fd, lock, f"{field} {output}", remove=remove)
+        try:
+            if locked:
+                _write_holder(fd, lock, f"{field} {output}", remove=remove)
+        except BaseException:  # (a full disk) the hold ends before it began: what it made goes as at its end
+            if at_end is not None:
+                at_end()
+            raise
         _HELD.add(lock)
         stat = os.fstat(fd)
         try:

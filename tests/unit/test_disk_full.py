@@ -225,6 +225,20 @@ def test_an_output_whose_lock_cannot_be_written_on_a_full_disk_is_named_and_leav
     assert sorted(p.name for p in small_disk.iterdir()) == ["filler"]
 
 
+def test_a_run_folder_whose_lock_cannot_be_written_on_a_full_disk_is_named_and_not_left_behind(small_disk):
+    """`megarl launch` / `sft` into a new trainer.output_dir on a full disk: one DiskFullError naming
+    the lock file, and the folders made for it go (they held an empty lock file)."""
+    from megarl.disk_full import DiskFullError
+    from megarl.trainer.run_lock import output_dir_lock
+
+    _fill(small_disk)
+    run = small_disk / "runs" / "x"
+    with pytest.raises(DiskFullError, match=rf"writing the lock file of trainer.output_dir {run} to {run / '.megarl.lock'} "):
+        with output_dir_lock(run):
+            pass
+    assert sorted(p.name for p in small_disk.iterdir()) == ["filler"]
+
+
 def test_a_partial_generation_s_job_record_on_a_full_disk_is_named_and_never_cut(small_disk):
     """`megarl generate` whose job record meets a full disk: one DiskFullError naming the record, no
     empty generate.json for the next run to choke on."""
