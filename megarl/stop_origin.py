@@ -13,10 +13,12 @@ user's (Python gives a handler no sender). Two witnesses tell them apart:
   stop that reaches the whole group with ``sigwaitinfo`` (which gives the sender's pid) and writes
   the signal and whether its sender was the driver or one of its descendants (:func:`group_sender`).
   A sender that has already exited and been reaped (``subprocess.run(["kill", "-TERM", "0"])``
-  ends within microseconds) has no ancestry left to follow: the driver keeps the pids of the
-  processes it started with ``subprocess`` (asyncio's subprocesses and ``os.popen`` use it too), and
-  such a sender among them is the driver's; one started otherwise (``os.system``, ``os.fork``) that
-  ended first cannot be traced.
+  ends within microseconds) has no ancestry left to follow: the driver notes the pid of each
+  process it starts itself with ``subprocess`` (asyncio's subprocesses and ``os.popen`` use it too)
+  and when it was reaped, and such a sender among them, reaped after the signal could have been
+  sent, is the driver's (an older one's pid may since have been given to another process). One
+  that process started in turn, or one started otherwise (``os.system``, ``os.fork``,
+  ``multiprocessing``), that ended first cannot be traced.
 
 Only that positive evidence makes a stop the driver's own doing (megarl/trainer/watchdog.py); a stop
 sent to the group from outside (Slurm signals every process of a job; `kill -- -PGID`), or to the
@@ -32,6 +34,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -39,14 +42,15 @@ from typing import Any
 ANNOUNCE_FD_ENV = "MEGARL_STOPS_ANNOUNCED_FD"  # the driver's end of the announcements
 GROUP_FD_ENV = "MEGARL_STOPS_GROUP_FD"  # the driver's end of what the sentinel saw
 USER_CODE_ENV = "MEGARL_DRIVER_USER_CODE"  # the user code the driver runs, as the supervisor names it
-_RECORD = struct.Struct("=iiB")  # the sentinel's record: signal, sender pid, where the sender is (below)
+_RECORD = struct.Struct("=iiBd")  # the sentinel's record: signal, sender pid, where the sender is (below), when it looked
 INSIDE, GONE = 1, 2  # the sender: the driver or its descendant; exited before it was looked at (0: outside the driver's)
+REAPED_WITHIN_S = 5.0  # a gone sender the driver started was reaped at most this long before the sentinel looked
 
 # The sentinel: blocks the stops (so they wait for sigwaitinfo, which names the sender) and records
 # each with whether its sender is the driver, the group's leader, or a descendant of it. The
 # supervisor kills it when the driver has ended; it dies with the supervisor (PR_SET_PDEATHSIG).
 _SENTINEL = """# megarl: the stop sentinel of a driver's process group (megarl/stop_origin.py)
-import errno, os, signal, struct, sys
+import errno, os, signal, struct, sys, time
 fd, stops = int(sys.argv[1]), {int(s) for s in sys.argv[2:]}
 signal.pthread_sigmask(signal.SIG_BLOCK, stops)
 driver = os.getpgrp()
@@ -60,14 +64,16 @@ def where(pid):  # 0: outside the driver's tree, 1: the driver or its descendant
         try:
             with open(f"/proc/{pid}/stat") as f:
                 pid = int(f.read().rpartition(")")[2].split()[1])
-        except (OSError, ValueError, IndexError):
+        except FileNotFoundError:
             return 2 if step == 0 else 0  # (an ancestor gone: its orphans were re-parented, not the driver's)
+        except (OSError, ValueError, IndexError):  # (not readable: /proc mounted hidepid)
+            return 0
     return 0
 
 while True:
     info = signal.sigwaitinfo(stops)
     try:
-        os.write(fd, struct.pack("=iiB", info.si_signo, info.si_pid, where(info.si_pid)))
+        os.write(fd, struct.pack("=iiBd", info.si_signo, info.si_pid, where(info.si_pid), time.monotonic()))
     except BlockingIOError:
         pass  # a driver that reads none: nothing to tell it
     except OSError as exc:
@@ -129,11 +135,12 @@ class StopWitnesses:
 
 _fds: dict[str, int] = {}
 _announced: list[int] = []  # read from the supervisor's pipe, not yet matched with a signal
-_recorded: list[tuple[int, int, bool]] = []  # the sentinel's records not yet asked for
+_recorded: list[tuple[int, int, int, float]] = []  # the sentinel's records not yet asked for
 _partial = bytearray()  # a record the last read cut
 _records_lock = threading.Lock()  # (each held stop's judge is a thread of its own)
 _user_code: str | None = None
-_spawned: deque[int] = deque(maxlen=4096)  # the pids of the driver's latest subprocesses (a bound: pids are reused)
+_spawned: deque[int] = deque(maxlen=4096)  # the pids of the driver's latest subprocesses
+_reaped: dict[int, float] = {}  # of those, when each was reaped (time.monotonic()), as far as known
 
 
 def take_witnesses() -> None:
@@ -152,18 +159,35 @@ def take_witnesses() -> None:
 
 
 def _note_subprocesses() -> None:
-    """From now on every ``subprocess.Popen`` of this process notes its child's pid in ``_spawned``:
-    the one record of a sender that exited before the sentinel could follow its ancestry. (A
-    wrapper of Popen's constructor: Python offers no hook on process creation; ``os.register_at_fork``
-    does not run for the fork that ``subprocess`` does in C.)"""
-    start = subprocess.Popen.__init__
+    """From now on every ``subprocess.Popen`` of this process notes its child's pid in ``_spawned``,
+    and when it was reaped in ``_reaped``: the one record of a sender that exited before the
+    sentinel could follow its ancestry. (Wrappers of Popen's constructor and of the method that
+    records a child's exit status, which every wait, poll and clean-up goes through: Python offers
+    no hook on process creation, and ``os.register_at_fork`` does not run for the fork that
+    ``subprocess`` does in C.)"""
+    popen: Any = subprocess.Popen
+    if getattr(popen.__init__, "_megarl_notes", False):
+        return
+    start, ended = popen.__init__, getattr(popen, "_handle_exitstatus", None)
 
     @functools.wraps(start)
     def started(self: subprocess.Popen[Any], *args: Any, **kwargs: Any) -> None:
         start(self, *args, **kwargs)
+        _reaped.pop(self.pid, None)  # (a pid given again)
         _spawned.append(self.pid)
 
-    subprocess.Popen.__init__ = started  # type: ignore[method-assign]
+    started._megarl_notes = True  # type: ignore[attr-defined]
+    popen.__init__ = started
+    if ended is not None:  # (a private method: a Python without it leaves reap times unknown)
+
+        @functools.wraps(ended)
+        def reaped(self: subprocess.Popen[Any], *args: Any, **kwargs: Any) -> None:
+            ended(self, *args, **kwargs)
+            _reaped[self.pid] = time.monotonic()
+            while len(_reaped) > 4096:
+                del _reaped[next(iter(_reaped))]
+
+        popen._handle_exitstatus = reaped
 
 
 def passed_on(signum: int) -> bool | None:
@@ -201,14 +225,24 @@ def group_sender(signum: int) -> tuple[int, bool] | None:
     with _records_lock:
         _partial.extend(drain(_fds["group"]))
         whole = len(_partial) - len(_partial) % _RECORD.size
-        _recorded.extend((s, pid, where == INSIDE or (where == GONE and pid in _spawned))
-                         for s, pid, where in _RECORD.iter_unpack(bytes(_partial[:whole])))
+        _recorded.extend(_RECORD.iter_unpack(bytes(_partial[:whole])))
         del _partial[:whole]
         for record in _recorded:
             if record[0] == signum:
                 _recorded.remove(record)
-                return record[1], record[2]
+                _, pid, where, looked_at = record
+                return pid, where == INSIDE or (where == GONE and _started_and_just_reaped(pid, looked_at))
     return None
+
+
+def _started_and_just_reaped(pid: int, looked_at: float) -> bool:
+    """Whether ``pid`` is a subprocess of this driver's, reaped (if known) no longer than
+    REAPED_WITHIN_S before the sentinel looked at ``looked_at``: not a pid of one long gone, given since
+    to a process outside."""
+    if pid not in _spawned:
+        return False
+    reaped = _reaped.get(pid)
+    return reaped is None or reaped >= looked_at - REAPED_WITHIN_S
 
 
 def user_code_in_driver() -> str | None:

@@ -124,7 +124,9 @@ def test_a_stop_from_outside_stays_the_user_s_stop(tmp_path, to):
     pid: SIGTERM's own lines and 143."""
     proc, driver = _supervised(tmp_path, "wait", signal.SIGTERM)
     if to == "driver-group-gone-first":
-        _sender_gone_first(_sentinel(driver), ["kill", "-s", "TERM", "--", f"-{driver}"])
+        sentinel = _sentinel(driver)
+        assert sentinel is not None, "no stop sentinel in the driver's process group"
+        _sender_gone_first(sentinel, ["kill", "-s", "TERM", "--", f"-{driver}"])
     if to == "every-process-command-late":
         os.kill(proc.pid, signal.SIGSTOP)  # the command's handler cannot run before SIGCONT
     if to.startswith("every-process") or to == "driver-group":
@@ -139,3 +141,29 @@ def test_a_stop_from_outside_stays_the_user_s_stop(tmp_path, to):
         proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=120) == 143
     assert proc.stderr.read().strip().splitlines() == USERS_STOP
+
+
+def test_a_gone_sender_is_the_driver_s_only_as_a_subprocess_of_its_reaped_just_before(monkeypatch):
+    """The sentinel's records as the driver reads them: a sender gone before the sentinel looked is
+    the driver's when its pid is one the driver started and reaped just before; a pid of the
+    driver's reaped long before may since belong to a process outside (pids are reused)."""
+    import struct
+
+    from megarl import stop_origin
+
+    read, write = os.pipe()
+    os.set_blocking(read, False)
+    monkeypatch.setitem(stop_origin._fds, "group", read)
+    monkeypatch.setattr(stop_origin, "_spawned", stop_origin.deque([101, 102], maxlen=8))
+    now = time.monotonic()
+    monkeypatch.setattr(stop_origin, "_reaped", {101: now - 0.1, 102: now - 600})
+    try:
+        for pid in (101, 102, 103):  # (103: not the driver's)
+            os.write(write, struct.pack("=iiBd", signal.SIGTERM, pid, stop_origin.GONE, now))
+        os.write(write, struct.pack("=iiBd", signal.SIGINT, 104, stop_origin.INSIDE, now))
+        said = [stop_origin.group_sender(signal.SIGTERM) for _ in range(3)]
+        assert said == [(101, True), (102, False), (103, False)]
+        assert stop_origin.group_sender(signal.SIGINT) == (104, True) and stop_origin.group_sender(signal.SIGTERM) is None
+    finally:
+        os.close(read)
+        os.close(write)
