@@ -20,6 +20,7 @@ import sys
 import traceback
 
 from megarl import __version__
+from megarl.std_streams import to_devnull
 from megarl.terminal import (
     EXIT_BROKEN_PIPE,
     EXIT_INTERNAL,
@@ -30,7 +31,6 @@ from megarl.terminal import (
     error_line,
     keep_stderr,
     setup_logging,
-    to_devnull,
 )
 
 EPILOG = """examples:

@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from megarl.std_streams import file_of
+
 EXIT_OK, EXIT_INTERNAL, EXIT_USER = 0, 1, 2
 EXIT_SIGINT, EXIT_SIGTERM, EXIT_BROKEN_PIPE = 130, 143, 141
 
@@ -26,15 +28,6 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 # A record logged with ``extra=FILE_ONLY`` goes to the command's log file, never the terminal
 # (a library's report that megarl's own line already says in one, e.g. a raylet's death).
 FILE_ONLY = {"megarl_file_only": True}
-
-
-def to_devnull(fd: int) -> None:
-    """Point descriptor ``fd`` at /dev/null: a standard stream whose reader left (a pipe's EPIPE, a
-    terminal gone: EIO) or that was closed; what is written there from now on goes nowhere."""
-    null = os.open(os.devnull, os.O_RDWR)
-    if null != fd:  # (the lowest free descriptor: fd itself when it was closed and the ones below are open)
-        os.dup2(null, fd)
-        os.close(null)
 
 
 _KEPT_STDERR: list[int] = []  # a copy of the command's stderr made at its start (keep_stderr)
@@ -54,7 +47,7 @@ def error_line(text: str) -> None:
     """``text`` (a command's last line) on stderr, or on the copy keep_stderr made when the
     process's stderr was closed, broken or replaced meanwhile (fd 2 another file: a file opened
     after a close took its number)."""
-    if not _KEPT_STDERR or _same_file(2, _KEPT_STDERR[0]):
+    if not _KEPT_STDERR or file_of(2) == file_of(_KEPT_STDERR[0]):
         try:
             print(text, file=sys.stderr, flush=True)
             return
@@ -65,14 +58,6 @@ def error_line(text: str) -> None:
             os.write(_KEPT_STDERR[0], (text + "\n").encode(errors="replace"))
         except OSError:
             pass
-
-
-def _same_file(fd: int, other: int) -> bool:
-    try:
-        a, b = os.fstat(fd), os.fstat(other)
-    except OSError:
-        return False
-    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 def setup_logging(level: str = "info") -> None:

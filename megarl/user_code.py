@@ -2,11 +2,12 @@
 function), reported as the user's: what it did to end the process and where it lives.
 
 Python's ways for code to end its process (``sys.exit``, ``raise KeyboardInterrupt`` /
-``SystemExit`` / ``GeneratorExit``) would otherwise pass through megarl as if they were megarl's
-own ending: the function's exit code, or "stopped by SIGINT (Ctrl-C)" blaming the user's keyboard.
-:func:`user_exit_error` turns such an exception into :class:`UserCodeError`, one `error:` line
-with exit code 2 naming the function, its file, what it did and the fix. A KeyboardInterrupt that
-a signal raised (the user's own Ctrl-C) is left alone: see :func:`raised_by_code`.
+``SystemExit`` / ``GeneratorExit``, or a BaseException subclass of its own) would otherwise pass
+through megarl as if they were megarl's own ending: the function's exit code, "stopped by SIGINT
+(Ctrl-C)" blaming the user's keyboard, or a traceback. Each place that calls user code catches
+what :func:`ends_process` names and says it as the code's (:func:`exit_description`): one
+`error:` line with exit code 2 naming the function, its file, what it did and the fix. A
+KeyboardInterrupt that a signal raised (the user's own Ctrl-C) is left alone: see :func:`raised_by_code`.
 
 What such code prints goes to a log file, not the terminal: :func:`user_output_to` puts a
 :class:`RoutedStream` in place of sys.stdout and sys.stderr, which sends a write made while
@@ -28,6 +29,7 @@ printf), are not marked: they reach the terminal.
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import functools
 import inspect
@@ -48,6 +50,7 @@ from typing import Any, TextIO
 
 from megarl.output_cap import MB, marker, warn_once
 from megarl.signal_kinds import STOPS, signal_name
+from megarl.std_streams import file_of, moves
 from megarl.stop_origin import announced_unclaimed
 
 EXITS = (SystemExit, KeyboardInterrupt, GeneratorExit)  # user code trying to end its process
@@ -74,6 +77,8 @@ def exit_description(exc: BaseException) -> str:
         return f"called sys.exit({exc.code!r})" if called else f"raised SystemExit({exc.code!r})"
     if isinstance(exc, EXITS):
         return f"raised {type(exc).__name__}"
+    if isinstance(exc, asyncio.CancelledError):
+        return "let an asyncio cancellation (CancelledError) escape it, which only ends a process"
     return f"raised {type(exc).__name__} (a BaseException, which only ends a process){f': {exc}' if str(exc) else ''}"
 
 
@@ -109,11 +114,6 @@ def source_file(obj: Any) -> str:
         return "its file"
 
 
-def user_exit_error(what: str, exc: BaseException, fix: str) -> UserCodeError:
-    """``exc`` (one of EXITS, raised by the code) as the one-line error: "<what> <did>; <fix>"."""
-    return UserCodeError(f"{what} {exit_description(exc)}; {fix}")
-
-
 @contextmanager
 def process_state_kept(who: str) -> Iterator[None]:
     """Meanwhile user code ``who`` runs in this thread: the process's working directory and, in the
@@ -121,8 +121,9 @@ def process_state_kept(who: str) -> Iterator[None]:
     are put back afterwards when the code changed them, with a warning naming it (megarl's relative
     paths, a run's output folder, would point elsewhere; a Ctrl-C would be ignored; the run's
     checkpoint and error lines would go to /dev/null). A stop the supervisor passed on that the
-    code's handler took meanwhile is delivered again, to megarl's. (Off the main thread the streams
-    are left alone: a concurrent tool may redirect them for the length of its own call.)"""
+    code's handler took meanwhile is delivered again, to megarl's, once all else is put back (its
+    handler may raise). (Off the main thread the streams are left alone: a concurrent tool may
+    redirect them for the length of its own call.)"""
     main = threading.current_thread() is threading.main_thread()
     handlers = {s: signal.getsignal(s) for s in STOPS} if main else {}
     streams = _stream_copies() if main else {}
@@ -133,6 +134,8 @@ def process_state_kept(who: str) -> Iterator[None]:
     try:
         yield
     finally:
+        _restore_streams(streams, who)
+        _restore_cwd(cwd, who)
         changed = [s for s, handler in handlers.items() if signal.getsignal(s) != handler]
         for s in changed:
             signal.signal(s, handlers[s])
@@ -142,8 +145,6 @@ def process_state_kept(who: str) -> Iterator[None]:
             for s in announced_unclaimed():
                 if s in changed:
                     signal.raise_signal(s)
-        _restore_streams(streams, who)
-        _restore_cwd(cwd, who)
 
 
 def _warn_once(key: str, message: str, *args: Any) -> None:
@@ -152,36 +153,32 @@ def _warn_once(key: str, message: str, *args: Any) -> None:
         log.warning(message, *args)
 
 
-def _stream_copies() -> dict[int, int]:
-    """A copy of each of fds 1 and 2 that is open (to put back, :func:`_restore_streams`)."""
+def _stream_copies() -> dict[int, tuple[int, int]]:
+    """Each of fds 1 and 2 that is open: a copy of it (to put back, :func:`_restore_streams`) and
+    how many times megarl itself had pointed it at /dev/null."""
     copies = {}
     for fd in (1, 2):
         try:
-            copies[fd] = os.dup(fd)  # (non-inheritable: not passed to what the code starts)
+            copies[fd] = (os.dup(fd), moves(fd))  # (the copy non-inheritable: not passed to what the code starts)
         except OSError:
             pass
     return copies
 
 
-def _restore_streams(copies: dict[int, int], who: str) -> None:
-    """Put fds 1 and 2 back where ``copies`` point when the code closed them or pointed them elsewhere."""
+def _restore_streams(copies: dict[int, tuple[int, int]], who: str) -> None:
+    """Put fds 1 and 2 back where ``copies`` point when the code closed them or pointed them
+    elsewhere; not when megarl did meanwhile (a terminal that hung up: megarl/trainer/watchdog.py)."""
     changed = []
-    for fd, copy in copies.items():
-        if _file_of(fd) != _file_of(copy):
-            os.dup2(copy, fd)  # (inheritable, as a standard stream is)
-            changed.append("stdout" if fd == 1 else "stderr")
-        os.close(copy)
+    for fd, (copy, moved) in copies.items():
+        try:
+            if moves(fd) == moved and file_of(fd) != file_of(copy):
+                os.dup2(copy, fd)  # (inheritable, as a standard stream is)
+                changed.append("stdout" if fd == 1 else "stderr")
+        finally:
+            os.close(copy)
     if changed:
         _warn_once(f"streams:{who}", "%s closed or redirected the process's %s; put back: megarl's lines (a checkpoint "
                    "saved, an error) go there", who, " and ".join(changed))  # fmt: skip
-
-
-def _file_of(fd: int) -> tuple[int, int] | None:
-    try:
-        stat = os.fstat(fd)
-    except OSError:  # (closed)
-        return None
-    return stat.st_dev, stat.st_ino
 
 
 def _restore_cwd(cwd: str | None, who: str) -> None:
@@ -206,12 +203,6 @@ def named_generate_function(fn: Any, name: str, returns: type) -> Any:
         try:
             with running(what), running_here(what), process_state_kept(what):  # (running_here: a stop's grace)
                 result = fn(*args, **kwargs)
-        except EXITS as exc:
-            if not raised_by_code(exc):  # the user's own Ctrl-C
-                raise
-            raise user_exit_error(
-                what, exc, "a generate function must return a Batch or raise, never end the process" + printed_head(what)
-            ) from exc
         except Exception as exc:
             # megarl's own (an engine's, a user error it names) passes as it is, and so does
             # anything raised inside a megarl call the function made (an engine actor's death, a
@@ -223,13 +214,13 @@ def named_generate_function(fn: Any, name: str, returns: type) -> Any:
                 f"{what} raised {type(exc).__name__}: {exc}; fix the function (the traceback is in "
                 f"{traceback_to_log(what, exc)}){printed_head(what)}"
             ) from exc
-        except BaseException as exc:  # a BaseException of its own (GeneratorExit, SystemExit, KeyboardInterrupt: above)
-            if type(exc).__module__.startswith("megarl.") or _raised_in_megarl(exc):  # (an asyncio cancellation of megarl's)
+        except BaseException as exc:  # sys.exit, KeyboardInterrupt, GeneratorExit, a BaseException of its own
+            # the user's own Ctrl-C passes, and so does megarl's own (an asyncio cancellation of megarl's)
+            if not ends_process(exc) or type(exc).__module__.startswith("megarl.") or _raised_in_megarl(exc):
                 raise
-            raise UserCodeError(
-                f"{what} {exit_description(exc)}; raise an Exception (the traceback is in {traceback_to_log(what, exc)})"
-                f"{printed_head(what)}"
-            ) from exc
+            fix = ("a generate function must return a Batch or raise, never end the process" if isinstance(exc, EXITS)
+                   else f"raise an Exception (the traceback is in {traceback_to_log(what, exc)})")  # fmt: skip
+            raise UserCodeError(f"{what} {exit_description(exc)}; {fix}{printed_head(what)}") from exc
         if not isinstance(result, returns):  # else the first use of it fails deep in megarl, in a traceback
             raise UserCodeError(
                 f"{what} returned {_short(result)}, not a {returns.__module__}.{returns.__qualname__}; a generate "

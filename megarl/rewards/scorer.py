@@ -43,7 +43,7 @@ What runs where (the workers' side, initializer and tasks, is megarl/rewards/wor
 - reward.model: one task per ``batch_size`` samples; the model is loaded once per worker.
 
 User code that ends its worker: a function that calls ``sys.exit`` (or raises KeyboardInterrupt,
-SystemExit, GeneratorExit) stops the call at once with a RewardError naming it (worker.UserExit); one
+SystemExit, GeneratorExit, a BaseException subclass of its own) stops the call at once with a RewardError naming it (worker.UserExit); one
 that kills its process (os._exit, a segfault) scores 0 and is named with the exit code, and
 DEATHS_IN_A_ROW of them with no return in between stop the call (a worker respawned per sample
 costs seconds each, and says nothing new). pebble reports no worker that exits with code 0 (a

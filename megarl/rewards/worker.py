@@ -5,8 +5,8 @@ traceback); the driver adds ("timeout", message).
 
 User code runs here isolated from the driver: its stdout and stderr (Python's and C's, file
 descriptors 1 and 2) go to the scorer's log file, and a function that tries to end the process
-the Python way (``sys.exit``, ``raise KeyboardInterrupt`` / ``SystemExit`` / ``GeneratorExit``)
-fails its task with :class:`UserExit`, which the driver reports at once (no sample is scored 0
+the Python way (``sys.exit``, ``raise KeyboardInterrupt`` / ``SystemExit`` / ``GeneratorExit``,
+a BaseException subclass of its own) fails its task with :class:`UserExit`, which the driver reports at once (no sample is scored 0
 for it: a function that exits is a bug to fix, not a score)."""
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ _WORKER: dict[str, Any] = {}
 
 
 class UserExit(Exception):
-    """User code tried to end its process (sys.exit, KeyboardInterrupt, SystemExit, GeneratorExit):
+    """User code tried to end its process (sys.exit, KeyboardInterrupt, SystemExit, GeneratorExit, a
+    BaseException of its own):
     ``what`` says how ("called sys.exit(3)"); ``position`` is the sample's place in its task;
     ``output`` the head of what the worker printed during the call; ``trace`` its traceback."""
 

@@ -31,7 +31,7 @@ from megarl.disk_full import disk_full_cause, writing
 from megarl.kept_files import kept_name, time_tag, write_atomically
 from megarl.plan.logger_checks import WANDB_LOGIN_FIX
 from megarl.progress import NOTE_EVERY_S
-from megarl.terminal import to_devnull
+from megarl.std_streams import to_devnull
 
 log = logging.getLogger(__name__)
 

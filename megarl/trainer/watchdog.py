@@ -60,8 +60,9 @@ from megarl.signal_kinds import (
     signal_name,
     unclaimed,
 )
+from megarl.std_streams import to_devnull
 from megarl.stop_origin import group_sender, passed_on, user_code_in_driver
-from megarl.terminal import EXIT_USER, to_devnull
+from megarl.terminal import EXIT_USER
 from megarl.user_code import SignalInterrupt, current_wait, stop_requested
 
 log = logging.getLogger(__name__)

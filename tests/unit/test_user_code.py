@@ -47,10 +47,10 @@ class QuittingTool(Tool):
 
 class InterruptingUser:
     def __init__(self, config):
-        pass
+        self.raises = config.get("raises", KeyboardInterrupt)
 
     def start_interaction(self, instance_id, **kwargs):
-        raise KeyboardInterrupt
+        raise self.raises
 
 
 @pytest.mark.parametrize(("how", "did"), [("exit", "called sys.exit(7)"),
@@ -73,6 +73,13 @@ def test_an_interaction_that_raises_keyboard_interrupt_is_not_the_users_ctrl_c()
         r"raised KeyboardInterrupt; an interaction must return its answer or raise",
     ):
         Interaction("u", InterruptingUser({})).session({})
+
+
+def test_an_interaction_that_raises_a_base_exception_of_its_own_is_named():
+    with pytest.raises(AgentError, match=r"^interaction 'u' \(InterruptingUser.start_interaction in .*test_user_code.py\) "
+                                         r"raised Boom \(a BaseException, which only ends a process\): custom; an interaction "
+                                         r"must return its answer or raise"):  # fmt: skip
+        Interaction("u", InterruptingUser({"raises": Boom("custom")})).session({})
 
 
 def _generate(engines, prompts, params):
@@ -307,8 +314,9 @@ def test_a_generate_function_that_changes_the_cwd_or_megarls_signal_handlers_has
         signal.signal(signal.SIGINT, before_int)
     said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(said) == 2, said  # once each, not per call
-    assert said[0].startswith("rollout.generate_function my_pkg.rollouts:generate") and "replaced megarl's handler of SIGINT" in said[0]
-    assert f"changed the working directory to {tmp_path}; put back to {before_cwd}" in said[1]
+    cwd, handlers = sorted(said)  # ("changed the working directory" first)
+    assert handlers.startswith("rollout.generate_function my_pkg.rollouts:generate") and "replaced megarl's handler of SIGINT" in handlers
+    assert f"changed the working directory to {tmp_path}; put back to {before_cwd}" in cwd
 
 
 @pytest.mark.parametrize("does", ["dup2-devnull", "close"])
@@ -329,6 +337,38 @@ def test_a_generate_function_that_redirects_or_closes_stdout_and_stderr_has_them
     said = done.stderr.splitlines()
     assert said == ["rollout.generate_function my_pkg.rollouts:generate (<string>) closed or redirected the process's stdout "
                     "and stderr; put back: megarl's lines (a checkpoint saved, an error) go there", "and on stderr"], said  # fmt: skip
+
+
+def test_megarls_own_move_of_a_stream_to_devnull_during_a_call_is_not_undone_nor_blamed():
+    # A terminal that hangs up while a generate function runs: megarl's SIGHUP handler points fds 1
+    # and 2 at /dev/null (every write there would fail); the call's end must not put the dead
+    # terminal back, nor blame the function.
+    import subprocess
+
+    code = ("import os\nfrom megarl.std_streams import file_of, to_devnull\nfrom megarl.user_code import named_generate_function\n"
+            "def gen(*args):\n    to_devnull(1)\n    return 0\n"
+            "named_generate_function(gen, 'my_pkg.rollouts:generate', returns=int)()\n"
+            "os.write(2, b'stdout on /dev/null: %s' % str(file_of(1) == os.stat(os.devnull)[1:3][::-1]).encode())\n")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout == "" and done.stderr == "stdout on /dev/null: True", done.stderr
+
+
+def test_a_stop_delivered_again_after_a_call_comes_once_its_streams_are_put_back():
+    # megarl's handler of the stop delivered again may raise (a first stop outside a step): the
+    # streams and the working directory must be put back before, not skipped.
+    import subprocess
+
+    code = ("import os, signal\nfrom megarl import stop_origin\nfrom megarl.user_code import named_generate_function\n"
+            "r, w = os.pipe(); os.set_blocking(r, False); stop_origin._fds['announced'] = r\n"
+            "def megarls(signum, frame):\n    raise RuntimeError('the stop')\n"
+            "signal.signal(signal.SIGINT, megarls)\n"
+            "def gen(*args):\n    signal.signal(signal.SIGINT, signal.SIG_IGN)\n    os.write(w, bytes([signal.SIGINT]))\n"
+            "    null = os.open(os.devnull, os.O_WRONLY)\n    os.dup2(null, 1); os.dup2(null, 2); os.chdir('/')\n    return 0\n"
+            "cwd = os.getcwd()\n"
+            "try:\n    named_generate_function(gen, 'g:g', returns=int)()\nexcept RuntimeError as exc:\n"
+            "    print(exc, os.getcwd() == cwd, flush=True)\n")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout == "the stop True\n", (done.stdout, done.stderr)
 
 
 def test_the_last_line_reaches_the_user_when_user_code_closed_stderr(tmp_path):
