@@ -117,8 +117,8 @@ def source_file(obj: Any) -> str:
 @contextmanager
 def process_state_kept(who: str) -> Iterator[None]:
     """Meanwhile user code ``who`` runs in this thread: the process's working directory and, in the
-    main thread, megarl's stop signal handlers and the process's stdout and stderr (fds 1 and 2)
-    are put back afterwards when the code changed them, with a warning naming it (megarl's relative
+    main thread, megarl's stop signal handlers and the process's stdout and stderr (fds 1 and 2, and
+    sys.stdout and sys.stderr) are put back afterwards when the code changed them, with a warning naming it (megarl's relative
     paths, a run's output folder, would point elsewhere; a Ctrl-C would be ignored; the run's
     checkpoint and error lines would go to /dev/null). A stop the supervisor passed on that the
     code's handler took meanwhile is delivered again, to megarl's, once all else is put back (its
@@ -127,6 +127,7 @@ def process_state_kept(who: str) -> Iterator[None]:
     main = threading.current_thread() is threading.main_thread()
     handlers = {s: signal.getsignal(s) for s in STOPS} if main else {}
     streams = _stream_copies() if main else {}
+    objects = {"stdout": sys.stdout, "stderr": sys.stderr} if main else {}
     try:
         cwd: str | None = os.getcwd()
     except OSError:  # (already gone: nothing to put back)
@@ -134,7 +135,7 @@ def process_state_kept(who: str) -> Iterator[None]:
     try:
         yield
     finally:
-        _restore_streams(streams, who)
+        _restore_streams(streams, objects, who)
         _restore_cwd(cwd, who)
         changed = [s for s, handler in handlers.items() if signal.getsignal(s) != handler]
         for s in changed:
@@ -165,9 +166,10 @@ def _stream_copies() -> dict[int, tuple[int, int]]:
     return copies
 
 
-def _restore_streams(copies: dict[int, tuple[int, int]], who: str) -> None:
+def _restore_streams(copies: dict[int, tuple[int, int]], objects: dict[str, Any], who: str) -> None:
     """Put fds 1 and 2 back where ``copies`` point when the code closed them or pointed them
-    elsewhere; not when megarl did meanwhile (a terminal that hung up: megarl/trainer/watchdog.py)."""
+    elsewhere (not when megarl did meanwhile: a terminal that hung up, megarl/trainer/watchdog.py),
+    and sys.stdout and sys.stderr when it replaced them (``objects``: what they were)."""
     changed = []
     for fd, (copy, moved) in copies.items():
         try:
@@ -176,6 +178,10 @@ def _restore_streams(copies: dict[int, tuple[int, int]], who: str) -> None:
                 changed.append("stdout" if fd == 1 else "stderr")
         finally:
             os.close(copy)
+    for name, before in objects.items():
+        if getattr(sys, name) is not before:  # (None, open(os.devnull, "w"): megarl's lines would vanish)
+            setattr(sys, name, before)
+            changed.append(f"sys.{name}")
     if changed:
         _warn_once(f"streams:{who}", "%s closed or redirected the process's %s; put back: megarl's lines (a checkpoint "
                    "saved, an error) go there", who, " and ".join(changed))  # fmt: skip

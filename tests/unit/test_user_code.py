@@ -319,8 +319,9 @@ def test_a_generate_function_that_changes_the_cwd_or_megarls_signal_handlers_has
     assert f"changed the working directory to {tmp_path}; put back to {before_cwd}" in cwd
 
 
-@pytest.mark.parametrize("does", ["dup2-devnull", "close"])
-def test_a_generate_function_that_redirects_or_closes_stdout_and_stderr_has_them_put_back(does):
+@pytest.mark.parametrize(("does", "what"), [("dup2-devnull", "stdout and stderr"), ("close", "stdout and stderr"),
+                                           ("sys-none", "sys.stdout and sys.stderr")])  # fmt: skip
+def test_a_generate_function_that_redirects_or_closes_stdout_and_stderr_has_them_put_back(does, what):
     # Before: os.dup2 of /dev/null onto fds 1 and 2 (and a normal return) sent the run's later
     # lines (a checkpoint saved, a stop) nowhere, without a word. (A process of its own: the
     # streams are pytest's here.)
@@ -330,13 +331,14 @@ def test_a_generate_function_that_redirects_or_closes_stdout_and_stderr_has_them
             f"    null = os.open(os.devnull, os.O_WRONLY)\n"
             f"    for fd in (1, 2):\n        os.dup2(null, fd) if {does == 'dup2-devnull'} else os.close(fd)\n"
             f"    return 0\n"
+            f"if {does == 'sys-none'}:\n    import sys\n    def gen(*args):\n        sys.stdout = sys.stderr = None\n        return 0\n"
             "generate = named_generate_function(gen, 'my_pkg.rollouts:generate', returns=int)\n"
             "generate(); generate()\nprint('a line after it', flush=True)\nos.write(2, b'and on stderr')\n")  # fmt: skip
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout == "a line after it\n", (done.stdout, done.stderr)
     said = done.stderr.splitlines()
-    assert said == ["rollout.generate_function my_pkg.rollouts:generate (<string>) closed or redirected the process's stdout "
-                    "and stderr; put back: megarl's lines (a checkpoint saved, an error) go there", "and on stderr"], said  # fmt: skip
+    assert said == [f"rollout.generate_function my_pkg.rollouts:generate (<string>) closed or redirected the process's {what}; "
+                    "put back: megarl's lines (a checkpoint saved, an error) go there", "and on stderr"], said  # fmt: skip
 
 
 def test_megarls_own_move_of_a_stream_to_devnull_during_a_call_is_not_undone_nor_blamed():
