@@ -243,11 +243,12 @@ class RunControl:
             time.sleep(0.02)
         said = None
         if sender is not None and sender[1]:
-            who = "the driver itself" if sender[0] == os.getpid() else f"pid {sender[0]}, a process the driver started"
+            itself = sender[0] == os.getpid()
+            who = "the driver itself" if itself else f"pid {sender[0]}, a process the driver started"
+            how = "os.killpg(os.getpgrp(), ...), os.kill(0, ...)" if itself else "kill -TERM 0, os.killpg(0, ...) in a process it started"
             code = f"user code in the driver ({running})" if running else "code in the driver"
             said = (f"{signal_name(signum)} was sent to the driver's process group (pid {os.getpid()}) by {who}, not through the "
-                    f"megarl command (pid {command_pid()}): {code} signalled its own process group (os.killpg(os.getpgrp(), ...), "
-                    "os.kill(0, ...))")  # fmt: skip
+                    f"megarl command (pid {command_pid()}): {code} signalled its own process group ({how})")  # fmt: skip
         with self._hang_lock:
             if self.installed and self.signal is None and not self.cleaning:
                 self._judged.append((signum, said))
@@ -370,7 +371,7 @@ class Watchdog:
             written = group.dump_stacks()
             silent += [f"{role} rank {r}" for r, ok in written.items() if not ok]
         driver = self._driver_stacks()
-        parts = [f"no progress for {idle:.0f} s in phase '{phase}' of step {step} (trainer.hang_timeout_s={self.timeout_s:g})",
+        parts = [f"no progress for {idle:.{0 if idle >= 10 else 1}f} s in phase '{phase}' of step {step} (trainer.hang_timeout_s={self.timeout_s:g})",
                  "; ".join(waiting) or "no worker call was in flight (the driver itself was stuck)",
                  f"every rank wrote its Python stacks to its log in {self.log_dir}" if not silent else
                  f"Python stacks are in the rank logs in {self.log_dir}, except {', '.join(silent)} (stopped or dead?)",

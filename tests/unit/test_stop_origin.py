@@ -104,9 +104,10 @@ def test_code_in_the_driver_that_signals_its_process_group_is_named_not_taken_fo
     lines = proc.stderr.read().strip().splitlines()
     name = signal.Signals(signum).name
     sender = "the driver itself" if mode == "killpg" else r"pid \d+, a process the driver started"
+    how = (r"os.killpg\(os.getpgrp\(\), ...\), os.kill\(0, ...\)" if mode == "killpg"
+           else r"kill -TERM 0, os.killpg\(0, ...\) in a process it started")  # fmt: skip
     said = (f"{name} was sent to the driver's process group \\(pid {driver}\\) by {sender}, not through the megarl command "
-            f"\\(pid {proc.pid}\\): user code in the driver \\({USER_CODE}\\) signalled its own process group "
-            r"\(os.killpg\(os.getpgrp\(\), ...\), os.kill\(0, ...\)\)")
+            f"\\(pid {proc.pid}\\): user code in the driver \\({USER_CODE}\\) signalled its own process group \\({how}\\)")
     again = "send it again to stop at once" if signum == signal.SIGINT else "send it again after 5 s to stop at once"
     assert re.fullmatch(f"megarl: {said}: stopping after this step and saving a checkpoint; {again}", lines[0]), lines
     assert re.fullmatch(f"error: {said}; let user code signal only the processes it starts \\(start them with "
