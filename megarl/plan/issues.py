@@ -20,11 +20,13 @@ class Issue:
 
 
 class PlanError(ValueError):
-    """The config cannot run; ``issues`` lists every reason."""
+    """The config cannot run; ``issues`` lists every reason, and ``warnings`` what the plan would
+    warn of once they are fixed (said now, with them: not one round of fixes later)."""
 
-    def __init__(self, issues: list[Issue]):
-        self.issues = issues
-        super().__init__("the plan is refused:\n" + "\n".join(f"  - {i}" for i in issues))
+    def __init__(self, issues: list[Issue], warnings: list[Issue] | None = None):
+        self.issues, self.warnings = issues, warnings or []
+        also = "\nand warns (not a refusal):\n" + "\n".join(f"  - {w}" for w in warnings) if warnings else ""
+        super().__init__("the plan is refused:\n" + "\n".join(f"  - {i}" for i in issues) + also)
 
 
 @dataclass(frozen=True)

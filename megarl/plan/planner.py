@@ -308,7 +308,7 @@ def _check_sft(cfg: MegaRLConfig, arch: ArchSpec, issues: list[Issue]) -> None:
 def _raise_errors(issues: list[Issue]) -> None:
     errors = [i for i in issues if i.level == "error"]
     if errors:
-        raise PlanError(errors)
+        raise PlanError(errors, [i for i in issues if i.level == "warning"])
 
 
 # The HF model types megarl has a bridge for (megarl/models: dense.py, qwen3_moe.py, deepseek_v3.py);

@@ -68,9 +68,9 @@ def launch_plan(cfg: MegaRLConfig, address: str | None, *, in_process: bool = Fa
     try:
         plan = make_plan(cfg, check_files=not sft, in_process=in_process, sft=sft)
     except PlanError as exc:
-        raise PlanError(machine + exc.issues) from None
+        raise PlanError(machine + exc.issues, exc.warnings) from None
     if machine:
-        raise PlanError(machine)
+        raise PlanError(machine, plan.warnings)
     return plan
 
 

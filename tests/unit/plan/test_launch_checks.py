@@ -92,6 +92,17 @@ def test_more_prompts_a_step_than_training_rows_is_a_warning(demo, tmp_path):
     assert "data.prompts_per_step" not in warnings_of(tiny(demo, tmp_path / "run"))
 
 
+def test_a_refused_plan_says_its_warnings_with_its_errors(demo, tmp_path):
+    # Before: the warnings appeared only once the refusal's errors were fixed, one round later.
+    cfg = tiny(demo, tmp_path / "run", "data.val_files=[]", "actor.mini_batch_size=7")
+    with pytest.raises(PlanError) as info:
+        launch_plan(cfg, None, in_process=True)
+    refused, _, warned = str(info.value).partition("\nand warns (not a refusal):\n")
+    assert "actor.mini_batch_size" in refused and "trainer.eval_freq" not in refused
+    assert warned.startswith("  - trainer.eval_freq: ") and "no validation runs" in warned
+    assert [w.field for w in info.value.warnings] == ["trainer.eval_freq"]
+
+
 def test_validation_asked_for_without_validation_files(demo, tmp_path):
     cfg = tiny(demo, tmp_path / "run", "data.val_files=[]")  # the demo config: eval_freq 20, eval_before_train
     message = warnings_of(cfg)["trainer.eval_freq"]
