@@ -64,7 +64,7 @@ def where(pid):  # 0: outside the driver's tree, 1: the driver or its descendant
         try:
             with open(f"/proc/{pid}/stat") as f:
                 pid = int(f.read().rpartition(")")[2].split()[1])
-        except FileNotFoundError:
+        except (FileNotFoundError, ProcessLookupError):  # (ESRCH: reaped while its file was read)
             return 2 if step == 0 else 0  # (an ancestor gone: its orphans were re-parented, not the driver's)
         except (OSError, ValueError, IndexError):  # (not readable: /proc mounted hidepid)
             return 0
