@@ -55,7 +55,7 @@ from megarl.rollout.agents.tool_calls import PARSERS, ToolCall
 from megarl.rollout.agents.tools import ToolOutcome, start_tool_call, timed_out
 from megarl.rollout.batching import batch_from_generations
 from megarl.rollout.single_turn import generate_batch
-from megarl.user_code import wait_for_user
+from megarl.user_code import process_state_kept, wait_for_user
 
 log = logging.getLogger(__name__)
 ROUND_SEED_SALT = 0xA6E7  # round r samples with step_seed(seed ^ salt, r): never the single-turn streams
@@ -97,8 +97,18 @@ class AgentRollout:
                              "template, and the tokenizer of model.path has none; use a model whose tokenizer has one")  # fmt: skip
         samples = [_sample(prompts, p, params.max_new_tokens) for p in range(len(prompts)) for _ in range(params.n)]
         loops = [self.loops[names[i // params.n]](s, self.env) for i, s in enumerate(samples)]
-        finish = _Driver(engines, params, self.env, self.cfg, self.overlap_tools).run(loops)
+        # tools run in threads of their own, which leave the streams to their calls: what they changed is put back here, once all are done
+        with process_state_kept(_agent_code(self.cfg)):
+            finish = _Driver(engines, params, self.env, self.cfg, self.overlap_tools).run(loops)
         return batch_from_trajectories(prompts, samples, finish, params.n, turn_rewards=self.cfg.turn_rewards)
+
+
+def _agent_code(cfg: Any) -> str:
+    """The user code an agent rollout runs, named by its keys (as the command's supervisor names it)."""
+    named = [f"the tools of rollout.agent.tools_file {cfg.tools_file}" if cfg.tools_file else "",
+             f"the interactions of rollout.agent.interactions_file {cfg.interactions_file}" if cfg.interactions_file else "",
+             "the agent loops of rollout.agent.loops" if cfg.loops else ""]  # fmt: skip
+    return ", ".join(n for n in named if n) or "the agent loops"
 
 
 def agent_names(prompts: PromptBatch, default: str) -> list[str]:

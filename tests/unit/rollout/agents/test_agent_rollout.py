@@ -173,6 +173,34 @@ def test_no_turn_asks_past_its_trajectorys_budget_when_a_round_mixes_budgets(tok
     assert engine.calls == [2, 2] and batch.finish_reason == ["stop", "stop"]  # the second round held both
 
 
+class Silencing(Tool):
+    """Points sys.stdout and sys.stderr nowhere (a tool's own `sys.stdout = None`), then answers."""
+
+    def execute(self, instance_id, parameters, **kwargs):
+        import sys
+
+        sys.stdout = sys.stderr = None
+        return "ok"
+
+
+def test_a_tool_that_replaces_sys_stdout_has_it_put_back_when_the_rollout_ends(tok, caplog):
+    # Before: the run's later lines (the step, a checkpoint saved, the last line) went nowhere, without a word.
+    import sys
+
+    before = sys.stdout, sys.stderr
+    engine = ReplayEngine(tok, {"q": [_call("calc"), "done"]})
+    schema = {"type": "function", "function": {**CALC["function"], "name": "calc"}}
+    try:
+        AgentRollout(AgentConfig(tools_file="my_tools.yaml"), _env(tok, {"calc": Silencing({}, schema)}), overlap_tools=False)(
+            engine, _prompts(tok, ["q"]), SamplingParams(max_new_tokens=400))  # fmt: skip
+        assert (sys.stdout, sys.stderr) == before
+    finally:
+        sys.stdout, sys.stderr = before
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        "the tools of rollout.agent.tools_file my_tools.yaml closed or redirected the process's sys.stdout and sys.stderr; "
+        "put back: megarl's lines (a checkpoint saved, an error) go there"]
+
+
 def test_a_failed_call_is_the_models_feedback_and_the_trajectory_goes_on(tok, caplog):
     engine = ReplayEngine(tok, {"q": [_call("calc", expression="1/0"), _call("nope"), "done"]})
     batch = AgentRollout(AgentConfig(), _calc_env(tok), overlap_tools=False)(engine, _prompts(tok, ["q"]), SamplingParams(max_new_tokens=400))
