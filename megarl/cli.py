@@ -156,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         raise
     finally:  # the driver ended on its own (a quick exit of Ray's in C never gets here)
         report_to_supervisor(end=code)
+        if supervised():
+            _teardown_ends_on_a_stop(code)
 
 
 def _closed_std_streams_to_devnull() -> None:
@@ -175,6 +177,29 @@ def _closed_std_streams_to_devnull() -> None:
             stream = open(fd, "r" if fd == 0 else "w", closefd=False)  # noqa: SIM115 - the process's own, for its life
             setattr(sys, name, stream)
             setattr(sys, f"__{name}__", stream)
+
+
+def _teardown_ends_on_a_stop(code: object) -> None:
+    """A supervised driver that reported its end: a stop during the interpreter's teardown (the
+    atexit finalizers of torch and Ray) ends it at once with the reported code. Python's own
+    handler would raise KeyboardInterrupt inside a finalizer, a traceback of a teardown the run
+    no longer needs; what it leaves, the supervisor ends (megarl/tagged_processes.py)."""
+    import signal
+
+    from megarl.signal_kinds import STOPS
+
+    exit_code = code if isinstance(code, int) else (0 if code is None else 1)
+
+    def end(signum: int, frame: object) -> None:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError, AttributeError):
+                pass
+        os._exit(exit_code)
+
+    for signum in STOPS:
+        signal.signal(signum, end)
 
 
 def _stacks_on_request() -> None:

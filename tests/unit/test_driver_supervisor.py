@@ -104,6 +104,20 @@ def test_real_cli_driver_reports_its_own_error():
     assert proc.stderr.startswith("error: ") and "the driver process" not in proc.stderr
 
 
+def test_a_stop_during_the_driver_s_teardown_ends_it_with_its_reported_code_and_no_traceback():
+    """A stop that reaches the driver after it reported its end, in an atexit finalizer (torch's,
+    Ray's): before, Python's handler raised KeyboardInterrupt there, and its traceback followed the
+    run's last line."""
+    driver = ("import atexit, os, signal, sys, time\n"
+              "atexit.register(lambda: (os.kill(os.getpid(), signal.SIGINT), time.sleep(5), print('finalized', file=sys.stderr)))\n"
+              f"from megarl.cli import main\nsys.exit(main(['plan', {str(TINY)!r}, 'actor.parallel.pp=3']))\n")  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", "import sys; from megarl.driver_supervisor import supervise; "
+                           f"sys.exit(supervise([sys.executable, '-c', {driver!r}]))"],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 2 and proc.stderr.startswith("error: "), proc.stderr
+    assert "KeyboardInterrupt" not in proc.stderr and "finalized" not in proc.stderr, proc.stderr
+
+
 def _supervisor(tmp_path: Path, body: str) -> tuple[subprocess.Popen, Path]:
     """A supervisor process (its own process group) over a driver running ``body``; waits until the
     driver wrote its pid to <tmp_path>/pid."""
