@@ -269,6 +269,7 @@ class Trainer:
             if step is not None:
                 done = f"after step {step} (not saved: trainer.checkpoint_on_signal=false)"
             else:
+                why = why or control.abandoned_by
                 abandoned = f"abandoned: {why}" if why else "abandoned"
                 done = f"during step {self.step} ({abandoned})" if self.step > self._start else f"before step {self._start + 1}"
             what = f"{done}; {kept}"

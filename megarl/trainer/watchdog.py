@@ -105,6 +105,7 @@ class RunControl:
         self.cleaning = False  # shutting down: signals are ignored
         self.hang: str | None = None  # the watchdog's finding
         self.interrupted: tuple[str, float] | None = None  # the user code the main thread waited on when a signal abandoned it
+        self.again: int | None = None  # a second stop, other than the first, that abandoned the step
         self.installed = False
         self._overdue_sent = False  # HANG_SIGNAL sent for user code past the stop's grace (_interrupt_overdue)
         # A stop from the driver's own process group or to its pid, not through its supervisor (user
@@ -136,6 +137,14 @@ class RunControl:
     def signal_name(self) -> str:
         signum = self.signal or signal.SIGINT
         return signal_name(signum) if self.inside else _NAMES.get(signum) or signal_name(signum)  # (no "(Ctrl-C)" then)
+
+    @property
+    def abandoned_by(self) -> str:
+        """"SIGINT (Ctrl-C) received" when a second stop, not the first one's signal, abandoned the
+        step (the first one, named by the stop line, had asked to stop after it), else ""."""
+        if self.again is None:
+            return ""
+        return f"{_NAMES.get(self.again) or signal_name(self.again)} received"
 
     @property
     def meanwhile(self) -> str:
@@ -224,6 +233,8 @@ class RunControl:
                  f"send it again{'' if signum in ONCE_MORE_AT_ONCE else ' after 5 s'} to stop at once")
             return
         self.interrupted = self.interrupted or current_wait()
+        if not first and signum != self.signal and self.again is None:
+            self.again = signum
         raise SignalInterrupt  # abandon what runs now (Ray's waits turn it into KeyboardInterrupt too)
 
     def _hold_unannounced(self, signum: int) -> None:

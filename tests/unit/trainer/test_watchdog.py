@@ -208,6 +208,28 @@ def test_an_inner_run_control_takes_the_other_stops_from_an_outer_one(sigalrm_at
         assert inner.signal == signal.SIGALRM and outer.signal is None
 
 
+def test_a_second_stop_of_another_kind_that_abandons_the_step_is_named():
+    # Before: a Ctrl-C soon after a SIGTERM (user code's, or Slurm's) abandoned the step, and the
+    # stop line said only "stopped by SIGTERM during step 2 (abandoned)": the Ctrl-C's doing, unnamed.
+    control = RunControl()
+    with control.handlers():
+        control.deferred = True
+        deliver(signal.SIGTERM)
+        assert control.abandoned_by == ""
+        with pytest.raises(KeyboardInterrupt):
+            deliver(signal.SIGINT)
+        control.cleaning = True
+    assert control.signal == signal.SIGTERM and control.abandoned_by == "SIGINT (Ctrl-C) received"
+    again = RunControl()
+    with again.handlers():
+        again.deferred = True
+        deliver(signal.SIGINT)
+        with pytest.raises(KeyboardInterrupt):
+            deliver(signal.SIGINT)  # the same stop twice: the stop line's signal says it
+        again.cleaning = True
+    assert again.abandoned_by == ""
+
+
 def test_a_second_ctrl_c_stops_at_once_however_soon(capsys):
     control = RunControl()
     with control.handlers():
