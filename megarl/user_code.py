@@ -135,11 +135,11 @@ def process_state_kept(who: str) -> Iterator[None]:
     try:
         yield
     finally:
-        _restore_streams(streams, objects, who)
-        _restore_cwd(cwd, who)
         changed = [s for s, handler in handlers.items() if signal.getsignal(s) != handler]
         for s in changed:
             signal.signal(s, handlers[s])
+        _restore_streams(streams, objects, who)
+        _restore_cwd(cwd, who)
         if changed:
             _warn_once(f"handlers:{who}", "%s replaced megarl's handler of %s; put back: megarl's stop signals are its own (a "
                       "Ctrl-C stops after the step)", who, ", ".join(signal_name(s) for s in changed))  # fmt: skip
@@ -179,7 +179,9 @@ def _restore_streams(copies: dict[int, tuple[int, int]], objects: dict[str, Any]
         finally:
             os.close(copy)
     for name, before in objects.items():
-        if getattr(sys, name) is not before:  # (None, open(os.devnull, "w"): megarl's lines would vanish)
+        # (None, open(os.devnull, "w"): megarl's lines would vanish) put back only to megarl's own
+        # stream: one taken while another call's redirect_stdout was in force is that call's
+        if getattr(sys, name) is not before and (isinstance(before, RoutedStream) or before is getattr(sys, f"__{name}__")):
             setattr(sys, name, before)
             changed.append(f"sys.{name}")
     if changed:
@@ -193,7 +195,11 @@ def _restore_cwd(cwd: str | None, who: str) -> None:
     except OSError:
         now = None
     if cwd is not None and now != cwd:
-        os.chdir(cwd)
+        try:
+            os.chdir(cwd)
+        except OSError as exc:  # (removed meanwhile): said, and the code's own exception, if any, goes on
+            log.warning("%s changed the working directory to %s; %s cannot be put back (%s)", who, now, cwd, exc.strerror)
+            return
         _warn_once(f"cwd:{who}", "%s changed the working directory to %s; put back to %s (megarl's paths, the run's "
                   "output folder among them, are relative to it)", who, now or "a folder since removed", cwd)  # fmt: skip
 

@@ -24,6 +24,14 @@ from megarl.user_code import UserCodeError, named_generate_function, raised_by_c
 
 pytestmark = pytest.mark.timeout(120)
 
+
+@pytest.fixture(autouse=True)
+def _no_warning_said_yet(monkeypatch):
+    """user_code warns once per piece of code and kind in a process: each test starts with none said."""
+    import megarl.user_code
+
+    monkeypatch.setattr(megarl.user_code, "_WARNED", set())
+
 SCHEMA = {
     "type": "function",
     "function": {

@@ -183,19 +183,25 @@ class Silencing(Tool):
         return "ok"
 
 
-def test_a_tool_that_replaces_sys_stdout_has_it_put_back_when_the_rollout_ends(tok, caplog):
+def test_a_tool_that_replaces_sys_stdout_has_it_put_back_when_the_rollout_ends(tok, caplog, tmp_path, monkeypatch):
     # Before: the run's later lines (the step, a checkpoint saved, the last line) went nowhere, without a word.
     import sys
 
-    before = sys.stdout, sys.stderr
+    import megarl.user_code
+    from megarl.user_code import user_output_to
+
+    monkeypatch.setattr(megarl.user_code, "_WARNED", set())  # (said once per code in a process)
+
     engine = ReplayEngine(tok, {"q": [_call("calc"), "done"]})
     schema = {"type": "function", "function": {**CALC["function"], "name": "calc"}}
-    try:
-        AgentRollout(AgentConfig(tools_file="my_tools.yaml"), _env(tok, {"calc": Silencing({}, schema)}), overlap_tools=False)(
-            engine, _prompts(tok, ["q"]), SamplingParams(max_new_tokens=400))  # fmt: skip
-        assert (sys.stdout, sys.stderr) == before
-    finally:
-        sys.stdout, sys.stderr = before
+    with user_output_to(tmp_path / "user_code.log"):  # the driver's streams, as a run has them
+        before = sys.stdout, sys.stderr
+        try:
+            AgentRollout(AgentConfig(tools_file="my_tools.yaml"), _env(tok, {"calc": Silencing({}, schema)}), overlap_tools=False)(
+                engine, _prompts(tok, ["q"]), SamplingParams(max_new_tokens=400))  # fmt: skip
+            assert (sys.stdout, sys.stderr) == before
+        finally:
+            sys.stdout, sys.stderr = before
     assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
         "the tools of rollout.agent.tools_file my_tools.yaml closed or redirected the process's sys.stdout and sys.stderr; "
         "put back: megarl's lines (a checkpoint saved, an error) go there"]
