@@ -156,8 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         raise
     finally:  # the driver ended on its own (a quick exit of Ray's in C never gets here)
         report_to_supervisor(end=code)
-        if supervised():
-            _teardown_ends_on_a_stop(code)
+        if supervised():  # (an exception on its way out, no code: megarl's own failure)
+            _teardown_ends_on_a_stop(EXIT_INTERNAL if code is None and sys.exc_info()[1] is not None else code)
 
 
 def _closed_std_streams_to_devnull() -> None:
@@ -181,9 +181,11 @@ def _closed_std_streams_to_devnull() -> None:
 
 def _teardown_ends_on_a_stop(code: object) -> None:
     """A supervised driver that reported its end: a stop during the interpreter's teardown (the
-    atexit finalizers of torch and Ray) ends it at once with the reported code. Python's own
-    handler would raise KeyboardInterrupt inside a finalizer, a traceback of a teardown the run
-    no longer needs; what it leaves, the supervisor ends (megarl/tagged_processes.py)."""
+    atexit finalizers of torch and Ray) ends it at once with the reported code, the finalizers not
+    yet run skipped. Python's own handler would raise KeyboardInterrupt inside a finalizer, a
+    traceback of a teardown the run no longer needs; what it leaves, the supervisor ends
+    (megarl/tagged_processes.py). (No flush: a stalled terminal would hold the stop there; the
+    run's lines were flushed as they were written.)"""
     import signal
 
     from megarl.signal_kinds import STOPS
@@ -191,11 +193,6 @@ def _teardown_ends_on_a_stop(code: object) -> None:
     exit_code = code if isinstance(code, int) else (0 if code is None else 1)
 
     def end(signum: int, frame: object) -> None:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError, AttributeError):
-                pass
         os._exit(exit_code)
 
     for signum in STOPS:
