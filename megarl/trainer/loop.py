@@ -260,7 +260,7 @@ class Trainer:
     def _stopped_message(self, control: RunControl, step: int | None, saved: bool = False, why: str = "") -> str:
         """What a stop on a signal leaves behind (``step``: the last completed one, None when the
         step in progress was abandoned; ``why``: what it was abandoned for, when not a second
-        signal), and the command that goes on from there."""
+        signal: a second one of another kind is named by ``control``), and the command that goes on from there."""
         latest = self.checkpoints.latest_valid(quiet=True)
         if saved and step is not None:
             what = f"after step {step}; saved checkpoint {self.checkpoints.root / step_dir_name(step)}"

@@ -106,6 +106,7 @@ class RunControl:
         self.hang: str | None = None  # the watchdog's finding
         self.interrupted: tuple[str, float] | None = None  # the user code the main thread waited on when a signal abandoned it
         self.again: int | None = None  # a second stop, other than the first, that abandoned the step
+        self._again_passed_on = False  # ... and whether it came through the megarl command (a person's: "Ctrl-C")
         self.installed = False
         self._overdue_sent = False  # HANG_SIGNAL sent for user code past the stop's grace (_interrupt_overdue)
         # A stop from the driver's own process group or to its pid, not through its supervisor (user
@@ -144,7 +145,7 @@ class RunControl:
         step (the first one, named by the stop line, had asked to stop after it), else ""."""
         if self.again is None:
             return ""
-        return f"{_NAMES.get(self.again) or signal_name(self.again)} received"
+        return f"{(_NAMES.get(self.again) if self._again_passed_on else None) or signal_name(self.again)} received"
 
     @property
     def meanwhile(self) -> str:
@@ -234,7 +235,7 @@ class RunControl:
             return
         self.interrupted = self.interrupted or current_wait()
         if not first and signum != self.signal and self.again is None:
-            self.again = signum
+            self.again, self._again_passed_on = signum, passed_on(signum) is not False
         raise SignalInterrupt  # abandon what runs now (Ray's waits turn it into KeyboardInterrupt too)
 
     def _hold_unannounced(self, signum: int) -> None:
@@ -256,7 +257,8 @@ class RunControl:
         if sender is not None and sender[1]:
             itself = sender[0] == os.getpid()
             who = "the driver itself" if itself else f"pid {sender[0]}, a process the driver started"
-            how = "os.killpg(os.getpgrp(), ...), os.kill(0, ...)" if itself else "kill -TERM 0, os.killpg(0, ...) in a process it started"
+            how = ("os.killpg(os.getpgrp(), ...), os.kill(0, ...)" if itself
+                   else f"kill -{signal_name(signum).removeprefix('SIG')} 0, os.killpg(0, ...) in a process it started")  # fmt: skip
             code = f"user code in the driver ({running})" if running else "code in the driver"
             said = (f"{signal_name(signum)} was sent to the driver's process group (pid {os.getpid()}) by {who}, not through the "
                     f"megarl command (pid {command_pid()}): {code} signalled its own process group ({how})")  # fmt: skip
