@@ -16,7 +16,8 @@ user's (Python gives a handler no sender). Two witnesses tell them apart:
   ends within microseconds) has no ancestry left to follow: the driver notes the pid of each
   process it starts itself with ``subprocess`` (asyncio's subprocesses and ``os.popen`` use it too)
   and when it was reaped, and such a sender among them, reaped after the signal could have been
-  sent, is the driver's (an older one's pid may since have been given to another process). One
+  sent, is the driver's (an older one's pid may since have been given to another process; asyncio
+  reaps its own children, so theirs count whenever they ended). One
   that process started in turn, or one started otherwise (``os.system``, ``os.fork``,
   ``multiprocessing``), that ended first cannot be traced.
 
@@ -139,7 +140,8 @@ _recorded: list[tuple[int, int, int, float]] = []  # the sentinel's records not 
 _partial = bytearray()  # a record the last read cut
 _records_lock = threading.Lock()  # (each held stop's judge is a thread of its own)
 _user_code: str | None = None
-_spawned: deque[int] = deque(maxlen=4096)  # the pids of the driver's latest subprocesses
+_NOTED = 4096  # subprocesses the driver keeps a note of (the latest)
+_spawned: deque[int] = deque(maxlen=_NOTED)  # the pids of the driver's latest subprocesses
 _reaped: dict[int, float] = {}  # of those, when each was reaped (time.monotonic()), as far as known
 
 
@@ -183,9 +185,12 @@ def _note_subprocesses() -> None:
         @functools.wraps(ended)
         def reaped(self: subprocess.Popen[Any], *args: Any, **kwargs: Any) -> None:
             ended(self, *args, **kwargs)
-            _reaped[self.pid] = time.monotonic()
-            while len(_reaped) > 4096:
-                del _reaped[next(iter(_reaped))]
+            try:
+                _reaped[self.pid] = time.monotonic()
+                while len(_reaped) > _NOTED:
+                    _reaped.pop(next(iter(_reaped)), None)
+            except (RuntimeError, StopIteration, TypeError):  # (two threads trimming at once; globals gone at exit)
+                pass
 
         popen._handle_exitstatus = reaped
 

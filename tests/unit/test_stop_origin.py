@@ -158,6 +158,8 @@ def test_a_gone_sender_is_the_driver_s_only_as_a_subprocess_of_its_reaped_just_b
     monkeypatch.setattr(stop_origin, "_spawned", stop_origin.deque([101, 102], maxlen=8))
     now = time.monotonic()
     monkeypatch.setattr(stop_origin, "_reaped", {101: now - 0.1, 102: now - 600})
+    monkeypatch.setattr(stop_origin, "_recorded", [])
+    monkeypatch.setattr(stop_origin, "_partial", bytearray())
     try:
         for pid in (101, 102, 103):  # (103: not the driver's)
             os.write(write, struct.pack("=iiBd", signal.SIGTERM, pid, stop_origin.GONE, now))
