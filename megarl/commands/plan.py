@@ -68,7 +68,7 @@ def _print_refusal(exc: Exception) -> int:
     from megarl.terminal import EXIT_USER
 
     if isinstance(exc, PlanError):
-        out: dict = {"ok": False, "issues": [asdict(i) for i in exc.issues]}
+        out: dict = {"ok": False, "issues": [asdict(i) for i in exc.issues], "warnings": [asdict(w) for w in exc.warnings]}
     else:  # the config could not be read or validated: no planner issues, the loader's message
         out = {"ok": False, "error": str(exc), "issues": []}
     print(json.dumps(out, indent=2))

@@ -86,12 +86,13 @@ def test_an_override_type_error_names_the_override(capsys):
 def test_plan_json_is_json_when_refused_too(capsys):
     import json
 
-    assert main(["plan", str(TINY), "--json", "actor.parallel.pp=3"]) == EXIT_USER
+    assert main(["plan", str(TINY), "--json", "actor.parallel.pp=3", "data.val_files=[]", "trainer.eval_freq=2"]) == EXIT_USER
     out = json.loads(capsys.readouterr().out)
     assert out["ok"] is False
     by_field = {i["field"]: i for i in out["issues"]}
     assert by_field["actor.parallel.pp"]["level"] == "error"
     assert by_field["actor.parallel.pp"]["message"].startswith("(3) must divide num_layers (2)")
+    assert [w["field"] for w in out["warnings"]] == ["trainer.eval_freq"]  # the warnings too, as the text refusal has them
     assert main(["plan", str(TINY), "--json", "rollout.n=many"]) == EXIT_USER  # the loader refuses it
     out = json.loads(capsys.readouterr().out)
     assert out["ok"] is False and out["issues"] == [] and "override rollout.n=many" in out["error"]
