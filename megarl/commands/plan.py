@@ -20,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_config_args(p, optional=True)  # not with --list-archs
     p.add_argument("--list-archs", action="store_true", help="list the built-in architectures (model.arch) and exit")
     p.add_argument("--json", action="store_true", help='print one JSON object: the plan with "ok": true (and "step": the step\'s phases in order with their workers), or '
-                   '{"ok": false, "issues": [{field, message, level}]} (a config that cannot be read: "error") with exit code 2')
+                   '{"ok": false, "issues": [{field, message, level}], "warnings": [...]} (a config that cannot be read: "error") with exit code 2')
     p.add_argument("--check-files", action="store_true", help="also run the checks launch makes before Ray starts: the data, model, reward, tool and "
                    "output files, the checkpoints to resume, your own functions named by import path, and the SGLang servers' Python "
                    "(sglang, and its NCCL version against the trainer's)")

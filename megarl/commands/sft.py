@@ -203,10 +203,8 @@ def _checked(cfg: Any, address: str | None, in_process: bool) -> tuple[Any, Any]
         raise refused
     if refused is not None or len(problems) > 1:
         every = [str(i) for i in refused.issues] if refused is not None else []
-        warned = [str(w) for w in refused.warnings] if refused is not None else []
-        also = "\nand warns (not a refusal):\n" + "\n".join(f"  - {w}" for w in warned) if warned else ""
         raise SFTError(f"megarl sft cannot start ({len(every) + len(problems)} problems):\n"
-                       + "\n".join(f"  - {p}" for p in every + problems) + also)
+                       + "\n".join(f"  - {p}" for p in every + problems) + (refused.warned() if refused is not None else ""))
     if problems:
         raise SFTError(problems[0])
     assert plan is not None

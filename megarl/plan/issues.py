@@ -25,8 +25,11 @@ class PlanError(ValueError):
 
     def __init__(self, issues: list[Issue], warnings: list[Issue] | None = None):
         self.issues, self.warnings = issues, warnings or []
-        also = "\nand warns (not a refusal):\n" + "\n".join(f"  - {w}" for w in warnings) if warnings else ""
-        super().__init__("the plan is refused:\n" + "\n".join(f"  - {i}" for i in issues) + also)
+        super().__init__("the plan is refused:\n" + "\n".join(f"  - {i}" for i in issues) + self.warned())
+
+    def warned(self) -> str:
+        """The refusal's warnings, as its message ends with them ("" for none)."""
+        return "\nand warns (not a refusal):\n" + "\n".join(f"  - {w}" for w in self.warnings) if self.warnings else ""
 
 
 @dataclass(frozen=True)
